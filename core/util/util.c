@@ -1,0 +1,101 @@
+/*
+ * core/util/util.c — error filling, stderr logging, small helpers.
+ */
+#include "util/util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+loom_status loom_error_vset(loom_error *err, loom_status code, const char *fmt, va_list ap) {
+    if (err) {
+        err->code = code;
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+    }
+    return code;
+}
+
+loom_status loom_error_set(loom_error *err, loom_status code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    loom_error_vset(err, code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+void loom_error_prefix(loom_error *err, const char *fmt, ...) {
+    if (!err) return;
+    char prefix[LOOM_ERROR_MSG_MAX], old[LOOM_ERROR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, err->message, sizeof old);
+    snprintf(err->message, sizeof err->message, "%s: %s", prefix, old);
+}
+
+const char *loom_status_name(loom_status s) {
+    switch (s) {
+    case LOOM_OK: return "ok";
+    case LOOM_ERR_INVALID: return "invalid argument";
+    case LOOM_ERR_NOMEM: return "out of memory";
+    case LOOM_ERR_NOT_FOUND: return "not found";
+    case LOOM_ERR_IO: return "I/O error";
+    case LOOM_ERR_FORMAT: return "malformed input";
+    case LOOM_ERR_UNSUPPORTED: return "unsupported";
+    case LOOM_ERR_ABI: return "ABI mismatch";
+    case LOOM_ERR_NO_SPACE: return "no space";
+    case LOOM_ERR_DEVICE: return "device error";
+    case LOOM_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+static int g_level = -1;
+
+static loom_log_level level_from_env(void) {
+    const char *s = getenv("LOOM_LOG_LEVEL");
+    if (!s) return LOOM_LOG_WARN;
+    if (!strcasecmp(s, "debug")) return LOOM_LOG_DEBUG;
+    if (!strcasecmp(s, "info")) return LOOM_LOG_INFO;
+    if (!strcasecmp(s, "error")) return LOOM_LOG_ERROR;
+    return LOOM_LOG_WARN;
+}
+
+void loom_log_set_level(loom_log_level level) { g_level = (int)level; }
+
+loom_log_level loom_log_get_level(void) {
+    if (g_level < 0) g_level = (int)level_from_env();
+    return (loom_log_level)g_level;
+}
+
+void loom_vlog(loom_log_level level, const char *who, const char *fmt, va_list ap) {
+    if (level < loom_log_get_level()) return;
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+    char line[2048];
+    vsnprintf(line, sizeof line, fmt, ap);
+    fprintf(stderr, "loom[%s]%s%s: %s\n", names[level], who ? " " : "", who ? who : "", line);
+}
+
+void loom_log(loom_log_level level, const char *who, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    loom_vlog(level, who, fmt, ap);
+    va_end(ap);
+}
+
+char *loom_strdup(const char *s) {
+    if (!s) return NULL;
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+double loom_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

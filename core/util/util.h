@@ -1,0 +1,40 @@
+/*
+ * core/util/util.h — small helpers shared by the core: error filling,
+ * logging, checked allocation, string helpers. Internal: never installed.
+ */
+#ifndef LOOM_CORE_UTIL_H
+#define LOOM_CORE_UTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/plugin.h"
+
+#if defined(__GNUC__)
+#define LOOM_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define LOOM_PRINTF(a, b)
+#endif
+
+/* Fill `err` (may be NULL) and return `code`. */
+loom_status loom_error_set(loom_error *err, loom_status code, const char *fmt, ...) LOOM_PRINTF(3, 4);
+loom_status loom_error_vset(loom_error *err, loom_status code, const char *fmt, va_list ap);
+/* Prefix an existing message: "<prefix>: <old message>". */
+void loom_error_prefix(loom_error *err, const char *fmt, ...) LOOM_PRINTF(2, 3);
+/* "ok", "invalid argument", ... */
+const char *loom_status_name(loom_status s);
+
+/* Logging to stderr; level from LOOM_LOG_LEVEL (debug|info|warn|error),
+ * default warn, or loom_log_set_level(). */
+void loom_log_set_level(loom_log_level level);
+loom_log_level loom_log_get_level(void);
+void loom_log(loom_log_level level, const char *who, const char *fmt, ...) LOOM_PRINTF(3, 4);
+void loom_vlog(loom_log_level level, const char *who, const char *fmt, va_list ap);
+
+/* strdup that returns NULL on NULL. */
+char *loom_strdup(const char *s);
+/* Monotonic clock in seconds. */
+double loom_now(void);
+
+#endif

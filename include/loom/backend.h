@@ -1,0 +1,122 @@
+/*
+ * loom/backend.h — backends and executors: where one forward pass runs.
+ *
+ * A backend owns the weights (transformed by the quantizer, if any) and the
+ * KV-cache tensors on its device. It knows nothing of sequences' lifetimes:
+ * each step the core hands it a flattened batch with block tables and a
+ * slot mapping decided by the cache manager, and gets logits back for the
+ * positions the sampler needs. Executors (kind LOOM_KIND_EXECUTOR, e.g.
+ * tensor parallel) use the same ops table and drive several devices.
+ *
+ * KV-cache layout (every backend, so cache managers and kernels agree):
+ * per layer one K pool and one V pool, each
+ *     (num_blocks, num_kv_heads, block_size, head_dim)    head_dim contiguous
+ * and a token at position p of a sequence lives in physical slot
+ *     slot = block_table[p / block_size] * block_size + p % block_size.
+ */
+#ifndef LOOM_BACKEND_H
+#define LOOM_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/model.h"
+#include "loom/plugin.h"
+#include "loom/quant.h"
+#include "loom/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * One step's work, flattened (vLLM's "varlen" layout). Sequence s owns query
+ * tokens [query_start[s], query_start[s+1]) — a prefill chunk, one decode
+ * token, or k+1 tokens to verify drafts — at consecutive positions ending at
+ * context_len[s] - 1. Every token's K/V is written to slot_mapping[t] before
+ * attention, and token t attends causally to positions 0..positions[t] of its
+ * sequence, read through that sequence's block table. All arrays are host
+ * memory borrowed for the duration of forward(). Grows only at its end.
+ */
+typedef struct loom_batch {
+    uint32_t struct_size;
+    int32_t num_seqs;              /* sequences in this step                   */
+    int32_t num_tokens;            /* query tokens, all sequences              */
+    const int32_t *token_ids;      /* (num_tokens)                             */
+    const int32_t *positions;      /* (num_tokens) position within its sequence */
+    const int32_t *query_start;    /* (num_seqs + 1) offsets into the tokens   */
+    const int32_t *context_len;    /* (num_seqs) tokens with K/V after this step */
+    const int32_t *block_table;    /* (num_seqs, block_table_stride) block ids */
+    int32_t block_table_stride;    /* entries per row (>= blocks any seq uses) */
+    const int64_t *slot_mapping;   /* (num_tokens) KV slot per token; -1 = skip write */
+    int32_t num_logits;            /* rows of logits wanted                    */
+    const int32_t *logits_index;   /* (num_logits) token indices, ascending    */
+} loom_batch;
+
+/* How the cache manager sized the KV pools. Grows only at its end. */
+typedef struct loom_kv_layout {
+    uint32_t struct_size;
+    int32_t block_size;        /* tokens per block                           */
+    int32_t num_blocks;        /* device blocks (all layers share block ids) */
+    int32_t num_cpu_blocks;    /* host blocks for swap-out; 0 = no swapping  */
+    loom_dtype dtype;          /* K/V element type (f32, f16, bf16, fp8_e4m3);
+                                  LOOM_DTYPE_COUNT = the backend's own default */
+} loom_kv_layout;
+
+typedef enum loom_swap_dir {
+    LOOM_SWAP_OUT = 0,         /* device block -> host block                 */
+    LOOM_SWAP_IN = 1,          /* host block -> device block                 */
+} loom_swap_dir;
+
+/* Device memory as the backend sees it, for sizing the KV pool. */
+typedef struct loom_backend_memory {
+    uint32_t struct_size;
+    size_t total_bytes;        /* device (or host RAM for cpu) capacity      */
+    size_t free_bytes;         /* free now, after weights were loaded        */
+    size_t weight_bytes;       /* bytes held by weights                      */
+} loom_backend_memory;
+
+typedef struct loom_backend_ops {
+    uint32_t struct_size;      /* sizeof(loom_backend_ops)                   */
+
+    /* [engine] Make an instance from its bound config (borrowed for the call).
+     * On failure nothing is left behind and destroy is not called. */
+    loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
+    /* [engine] Free everything; self may be NULL. */
+    void (*destroy)(void *self);
+
+    /* [engine] Take the model's weights to the device. `quant` (nullable) is
+     * the quantizer binding: the backend asks it, per tensor, which format
+     * to use and keeps the result. `model` is borrowed until destroy. */
+    loom_status (*load)(void *self, const loom_model_view *model, const loom_quant_binding *quant,
+                        loom_error *err);
+
+    /* [engine] Bytes one KV block of `block_size` tokens takes across all
+     * layers (K and V) in `dtype` (LOOM_DTYPE_COUNT = the backend's own
+     * default, e.g. its kv_dtype parameter); 0 when unsupported. */
+    size_t (*kv_block_bytes)(void *self, int32_t block_size, loom_dtype dtype);
+    /* [engine] Memory after load, for sizing the KV pool. */
+    loom_status (*memory)(void *self, loom_backend_memory *out, loom_error *err);
+    /* [engine] Allocate the KV pools (once, after load). Running out of
+     * memory is LOOM_ERR_NOMEM with the bytes asked and what to change. */
+    loom_status (*kv_alloc)(void *self, const loom_kv_layout *layout, loom_error *err);
+
+    /* [engine] One forward pass. Writes logits (num_logits, vocab_size)
+     * float32 row-major into `logits` (host memory, caller-owned). */
+    loom_status (*forward)(void *self, const loom_batch *batch, float *logits, loom_error *err);
+
+    /* [engine] Copy whole device blocks (copy-on-write): pairs (n, 2) of
+     * {src, dst} block ids. Completed before the next forward. */
+    loom_status (*copy_blocks)(void *self, const int32_t *pairs, int32_t n, loom_error *err);
+    /* [engine] Move blocks between the device pool and the host pool:
+     * pairs (n, 2) of {src, dst}; OUT: src device, dst host; IN: reverse.
+     * NULL when the backend cannot swap (cache managers then recompute). */
+    loom_status (*swap_blocks)(void *self, loom_swap_dir dir, const int32_t *pairs, int32_t n,
+                               loom_error *err);
+    /* since ABI 1.1 — add new members below this line only */
+} loom_backend_ops;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_BACKEND_H */

@@ -1,0 +1,124 @@
+/*
+ * loom/engine.h — the embedding API: build an engine from a YAML pipeline,
+ * submit requests, step, stream tokens, read stats.
+ *
+ * Threads: loom_engine_add_request and loom_engine_abort are [any] (they
+ * post to an inbox the step loop drains); everything else is [engine]:
+ * one thread drives loom_engine_step. Callbacks run on the stepping thread.
+ */
+#ifndef LOOM_ENGINE_H
+#define LOOM_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/plugin.h"
+#include "loom/sampler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct loom_engine loom_engine;
+
+typedef enum loom_finish_reason {
+    LOOM_FINISH_NONE = 0,      /* still running                              */
+    LOOM_FINISH_EOS = 1,       /* end-of-generation token                    */
+    LOOM_FINISH_STOP = 2,      /* a stop string matched                      */
+    LOOM_FINISH_LENGTH = 3,    /* max_tokens or the context length reached   */
+    LOOM_FINISH_ABORT = 4,     /* loom_engine_abort                          */
+    LOOM_FINISH_ERROR = 5,     /* the request could not run (message given)  */
+} loom_finish_reason;
+
+/* One event per generated token (and a final one with finish != NONE).
+ * Pointers are valid for the call only. */
+typedef struct loom_token_event {
+    int64_t request_id;
+    int32_t sample_index;      /* 0..n-1                                     */
+    int32_t token;             /* -1 on a final event without a token        */
+    const char *text;          /* newly complete UTF-8 text (may be "")      */
+    float logprob;
+    int32_t num_top;           /* alternatives in top_ids/top_logprobs       */
+    const int32_t *top_ids;
+    const float *top_logprobs;
+    loom_finish_reason finish;
+    const char *error;         /* finish == ERROR: why                       */
+} loom_token_event;
+
+typedef void (*loom_token_cb)(void *user, const loom_token_event *ev);
+
+/* Grows only at its end. */
+typedef struct loom_request {
+    uint32_t struct_size;
+    const char *prompt;        /* UTF-8 text, or NULL when tokens are given  */
+    const int32_t *tokens;     /* prompt token ids (num_tokens) when prompt is NULL */
+    int32_t num_tokens;
+    bool chat;                 /* wrap prompt as one user turn in the model's chat template */
+    const char *system;        /* chat system prompt, NULL = template default */
+    loom_sampling_params params;
+    int32_t max_tokens;        /* new tokens; <= 0 = up to the context length */
+    int32_t n;                 /* samples; 0 or 1 = one                      */
+    int32_t priority;          /* lower is served first                      */
+    const char *const *stop;   /* NULL-terminated stop strings, or NULL      */
+    bool ignore_eos;           /* benchmarks: generate exactly max_tokens    */
+    loom_token_cb on_token;    /* nullable                                   */
+    void *user;
+} loom_request;
+
+static inline loom_request loom_request_default(void) {
+    loom_request r = {0};
+    r.struct_size = sizeof r;
+    r.params = loom_sampling_params_default();
+    r.n = 1;
+    return r;
+}
+
+/* Grows only at its end. */
+typedef struct loom_engine_stats {
+    uint32_t struct_size;
+    int64_t steps;
+    int64_t prompt_tokens;         /* prompt tokens admitted                 */
+    int64_t prefill_tokens;        /* prompt tokens actually computed        */
+    int64_t cached_prompt_tokens;  /* prompt tokens served by prefix cache   */
+    int64_t generated_tokens;
+    double prefill_seconds;        /* wall time in steps doing only prefill  */
+    double decode_seconds;         /* wall time in the other steps           */
+    int32_t running, waiting, swapped;
+    int64_t preemptions;
+    int32_t kv_blocks_total, kv_blocks_used, kv_blocks_peak;
+    int32_t block_size;
+    int64_t prefix_queries, prefix_hits, evictions, swaps_out, swaps_in;
+    int64_t spec_proposed, spec_accepted;
+    int32_t max_running;           /* most sequences in one step             */
+} loom_engine_stats;
+
+/* Build an engine from a pipeline file with "a.b=value" overrides. */
+loom_status loom_engine_create(const char *pipeline_path, const char *const *overrides,
+                               int32_t num_overrides, loom_engine **out, loom_error *err);
+void loom_engine_destroy(loom_engine *e);
+
+/* [any] Queue a request; returns its id (>= 0) or -1 and fills err (e.g.
+ * prompt longer than the context). */
+int64_t loom_engine_add_request(loom_engine *e, const loom_request *req, loom_error *err);
+/* [any] Abort; a final event with LOOM_FINISH_ABORT follows. */
+loom_status loom_engine_abort(loom_engine *e, int64_t request_id);
+/* [engine] Run one step. *active = requests not yet finished. */
+loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err);
+/* [engine] Step until no request is active. */
+loom_status loom_engine_run(loom_engine *e, loom_error *err);
+void loom_engine_get_stats(loom_engine *e, loom_engine_stats *out);
+
+/* Tokenizer access. *ids / *text malloc'd, caller frees. */
+loom_status loom_engine_tokenize(loom_engine *e, const char *text, bool add_bos, int32_t **ids,
+                                 int32_t *n, loom_error *err);
+loom_status loom_engine_detokenize(loom_engine *e, const int32_t *ids, int32_t n, char **text,
+                                   loom_error *err);
+int32_t loom_engine_vocab_size(const loom_engine *e);
+int32_t loom_engine_max_context(const loom_engine *e);
+const char *loom_engine_model_name(const loom_engine *e);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_ENGINE_H */

@@ -1,0 +1,90 @@
+/*
+ * loom/model.h — what a backend sees of a loaded model: the architecture's
+ * hyper-parameters and read-only access to named weight tensors.
+ *
+ * The core's loaders (GGUF, safetensors, dummy) all present tensors under the
+ * canonical GGUF names and in one layout, so backends never care where
+ * weights came from:
+ *   token_embd.weight            (vocab, hidden)
+ *   output_norm.weight           (hidden)
+ *   output.weight                (vocab, hidden)  absent when embeddings are tied
+ *   blk.N.attn_norm.weight       (hidden)
+ *   blk.N.attn_q.weight          (n_heads*head_dim, hidden)
+ *   blk.N.attn_k.weight          (n_kv_heads*head_dim, hidden)
+ *   blk.N.attn_v.weight          (n_kv_heads*head_dim, hidden)
+ *   blk.N.attn_q.bias / attn_k.bias / attn_v.bias   (Qwen2 only)
+ *   blk.N.attn_output.weight     (hidden, n_heads*head_dim)
+ *   blk.N.ffn_norm.weight        (hidden)
+ *   blk.N.ffn_gate.weight        (intermediate, hidden)
+ *   blk.N.ffn_up.weight          (intermediate, hidden)
+ *   blk.N.ffn_down.weight        (hidden, intermediate)
+ * Q and K rows are in Hugging Face order (RoPE rotates dims i and
+ * i + head_dim/2, "NeoX" style); the GGUF loader undoes llama.cpp's
+ * interleaving permutation at load.
+ */
+#ifndef LOOM_MODEL_H
+#define LOOM_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "loom/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum loom_arch {
+    LOOM_ARCH_LLAMA = 0, /* Llama 2/3, SmolLM2, Mistral (no sliding window) */
+    LOOM_ARCH_QWEN2 = 1, /* Llama + QKV bias                               */
+} loom_arch;
+
+typedef enum loom_rope_scaling {
+    LOOM_ROPE_SCALING_NONE = 0,
+    LOOM_ROPE_SCALING_LLAMA3 = 1, /* Llama 3.1 frequency-dependent scaling */
+    LOOM_ROPE_SCALING_LINEAR = 2, /* positions divided by factor           */
+} loom_rope_scaling;
+
+/* Grows only at its end. */
+typedef struct loom_model_config {
+    uint32_t struct_size;
+    loom_arch arch;
+    int32_t vocab_size;
+    int32_t hidden_size;          /* d_model                                 */
+    int32_t intermediate_size;    /* FFN width                               */
+    int32_t num_layers;
+    int32_t num_heads;            /* query heads                             */
+    int32_t num_kv_heads;         /* K/V heads (GQA when < num_heads)        */
+    int32_t head_dim;             /* per head, usually hidden/num_heads      */
+    int32_t max_context;          /* trained context length, tokens          */
+    float rope_theta;             /* base frequency                          */
+    float rms_norm_eps;
+    loom_rope_scaling rope_scaling;
+    float rope_factor;            /* LLAMA3 / LINEAR                         */
+    float rope_low_freq_factor;   /* LLAMA3                                  */
+    float rope_high_freq_factor;  /* LLAMA3                                  */
+    int32_t rope_original_context;/* LLAMA3: original_max_position_embeddings */
+    bool tie_embeddings;          /* output.weight absent: reuse token_embd  */
+    bool qkv_bias;                /* attn_{q,k,v}.bias present               */
+    int32_t bos_token_id;         /* -1 when none                            */
+    int32_t eos_token_id;         /* -1 when none                            */
+    char name[128];               /* human-readable model name               */
+} loom_model_config;
+
+/* Read-only view of a loaded model. Valid while the engine lives; tensors
+ * are host memory (often mmap'd) and must not be written. */
+typedef struct loom_model_view {
+    uint32_t struct_size;
+    const loom_model_config *config;
+    void *ctx;
+    /* [any] Tensor by canonical name, or NULL when absent. */
+    const loom_tensor *(*get)(void *ctx, const char *name);
+    /* [any] Number of tensors and the i-th one (for iteration). */
+    int32_t (*count)(void *ctx);
+    const loom_tensor *(*at)(void *ctx, int32_t i);
+} loom_model_view;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_MODEL_H */

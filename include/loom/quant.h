@@ -1,0 +1,103 @@
+/*
+ * loom/quant.h — quantizers: which format each weight takes, the quantized
+ * data itself, and the KV-cache element type.
+ *
+ * At load time a backend walks the model's tensors and, for each linear
+ * weight, asks the bound quantizer for a plan (keep, int8, fp8, int4, or the
+ * GGUF block type as stored) and, if it changes the format, for the
+ * quantized tensor in host memory. The backend then uploads it and runs its
+ * own linear kernel for that format; a backend lacking a format fails
+ * load() with an error naming the tensor, the format and the backends that
+ * have it. Quantizers never touch devices.
+ */
+#ifndef LOOM_QUANT_H
+#define LOOM_QUANT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "loom/model.h"
+#include "loom/plugin.h"
+#include "loom/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Weight formats with a linear kernel in a backend. Stable values. */
+typedef enum loom_qformat {
+    LOOM_QFMT_NONE = 0,        /* backend's compute dtype (f32 / bf16)            */
+    LOOM_QFMT_INT8_W8A16 = 1,  /* int8 weights, per-output-channel f32 scales     */
+    LOOM_QFMT_INT8_W8A8 = 2,   /* int8 weights + per-token dynamic int8 activations */
+    LOOM_QFMT_FP8_W8A8 = 3,    /* e4m3 weights, per-tensor/channel scales, e4m3 acts */
+    LOOM_QFMT_INT4_W4A16 = 4,  /* group-wise asymmetric 4-bit, f32 scale + zero   */
+    LOOM_QFMT_GGUF = 5,        /* GGUF block type as stored (q4_0, q4_1, q4_k ...) */
+} loom_qformat;
+
+/* The quantizer's decision for one tensor. Grows only at its end. */
+typedef struct loom_quant_plan {
+    uint32_t struct_size;
+    loom_qformat format;       /* what the backend will hold                 */
+    int32_t group_size;        /* INT4: input elements per group (e.g. 128)  */
+    bool per_channel;          /* FP8: per-output-channel (true) or per-tensor scale */
+} loom_quant_plan;
+
+/*
+ * A quantized weight of logical shape (rows = out, cols = in), in host
+ * memory owned by the quantizer until release(). Grows only at its end.
+ *   INT8_*   : data I8 (rows, cols); scales F32 (rows)
+ *   FP8_W8A8 : data FP8_E4M3 (rows, cols); scales F32 (rows) or (1)
+ *   INT4     : data U8 (rows, cols/2), low nibble = even column;
+ *              scales F32 (rows, cols/group); zeros F32 (rows, cols/group);
+ *              w = (q - zero) * scale
+ *   GGUF     : data as stored (dtype q4_0/q4_1/q4_k/q8_0/q6_k), no scales
+ *   smooth   : W8A8 SmoothQuant only: F32 (cols), activations are divided by
+ *              it before quantization (weights were multiplied); else empty.
+ */
+typedef struct loom_qtensor {
+    uint32_t struct_size;
+    loom_qformat format;
+    int64_t rows, cols;
+    int32_t group_size;
+    loom_tensor data;
+    loom_tensor scales;
+    loom_tensor zeros;
+    loom_tensor smooth;
+    void *owner;               /* quantizer-private; release() frees it       */
+} loom_qtensor;
+
+typedef struct loom_quant_ops {
+    uint32_t struct_size;
+    /* [engine] create/destroy as every component (see loom/backend.h). */
+    loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
+    void (*destroy)(void *self);
+
+    /* [engine] Decide the format of tensor `w` (a 2-D linear weight named by
+     * its canonical name). Embeddings, norms and (by default) the LM head
+     * are usually kept. */
+    loom_status (*plan)(void *self, const loom_model_view *model, const loom_tensor *w,
+                        loom_quant_plan *out, loom_error *err);
+    /* [engine] Produce the quantized tensor for a plan whose format is not
+     * NONE or GGUF. `w` may be any dtype the host can dequantize. */
+    loom_status (*quantize)(void *self, const loom_model_view *model, const loom_tensor *w,
+                            const loom_quant_plan *plan, loom_qtensor *out, loom_error *err);
+    /* [engine] Free what quantize() allocated; NULL-safe on an empty tensor. */
+    void (*release)(void *self, loom_qtensor *q);
+    /* [engine] KV-cache element type, or LOOM_DTYPE_COUNT for the backend's
+     * default. FP8 KV caches also need per-layer scales: kv_scale. */
+    loom_dtype (*kv_dtype)(void *self);
+    /* since ABI 1.1 — add new members below this line only */
+} loom_quant_ops;
+
+/* What a backend receives in load(): the quantizer instance. */
+typedef struct loom_quant_binding {
+    uint32_t struct_size;
+    const loom_quant_ops *ops;
+    void *self;
+    const char *name;          /* plugin component name, for messages        */
+} loom_quant_binding;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_QUANT_H */

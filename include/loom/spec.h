@@ -1,0 +1,68 @@
+/*
+ * loom/spec.h — speculators: propose draft tokens; the core verifies them.
+ *
+ * Before a step the core asks the speculator for up to k drafts per decoding
+ * sequence. The drafts are appended to the sequence (seq->num_draft counts
+ * them), the scheduler budgets k+1 positions, one target forward scores
+ * them all, and the core verifies: greedy — accept while the draft equals
+ * the target's argmax; sampling — accept with probability min(1, p/q), on
+ * rejection resample from normalise(max(0, p - q)), with p and q both taken
+ * through the sampler's probs() so temperature/top-k/top-p apply to both.
+ * Rejected slots are rolled back through the cache manager's truncate().
+ *
+ * All functions are [engine].
+ */
+#ifndef LOOM_SPEC_H
+#define LOOM_SPEC_H
+
+#include <stdint.h>
+
+#include "loom/plugin.h"
+#include "loom/sampler.h"
+#include "loom/seq.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct loom_spec_init {
+    uint32_t struct_size;
+    int32_t vocab_size;
+    const char *pipeline_dir;  /* directory of the main YAML (for relative draft paths) */
+} loom_spec_init;
+
+/* Grows only at its end. */
+typedef struct loom_spec_stats {
+    uint32_t struct_size;
+    int64_t proposed;          /* draft tokens proposed                     */
+    int64_t accepted;          /* draft tokens accepted                     */
+    int64_t steps_off;         /* steps where speculation turned itself off */
+} loom_spec_stats;
+
+typedef struct loom_spec_ops {
+    uint32_t struct_size;
+    loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
+    void (*destroy)(void *self);
+    loom_status (*init)(void *self, const loom_spec_init *init, loom_error *err);
+    /* How many drafts per sequence this step for a batch of `batch_size`
+     * decoding sequences; 0 turns speculation off for this step. */
+    int32_t (*plan)(void *self, int32_t batch_size);
+    /* Propose up to max_k drafts for seq (whose tokens hold everything so
+     * far). Writes draft ids and, when `q` is non-NULL and the drafter is
+     * stochastic, the draft distribution per position (k, vocab); a
+     * deterministic drafter leaves q untouched and returns with *q_valid 0
+     * (q is then one-hot). Returns k (0..max_k). */
+    int32_t (*propose)(void *self, const loom_seq_info *seq, const loom_sampling_params *params,
+                       int32_t max_k, int32_t *draft, float *q, int32_t *q_valid);
+    /* Feedback after verification (adaptive k). */
+    void (*observe)(void *self, loom_seq_id seq, int32_t proposed, int32_t accepted);
+    /* The sequence ended: drop per-sequence state. */
+    void (*release)(void *self, loom_seq_id seq);
+    void (*stats)(void *self, loom_spec_stats *out);
+    /* since ABI 1.1 — add new members below this line only */
+} loom_spec_ops;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_SPEC_H */
