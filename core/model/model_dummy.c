@@ -1,0 +1,301 @@
+/*
+ * core/model/model_dummy.c — random weights of a named model shape, for
+ * tests and performance work without downloading anything.
+ *
+ * Values are a pure function of (shape, dtype, seed): every tensor is cut
+ * into fixed chunks of CHUNK elements and chunk c of tensor t draws from a
+ * splitmix64 stream seeded by (seed, t, c), so the result does not depend on
+ * the number of threads. Matrices are uniform in [-1/sqrt(fan_in),
+ * +1/sqrt(fan_in)) (activations keep their scale through a layer), norm
+ * weights are 1 + U(-0.05, 0.05), biases U(-0.02, 0.02). All tensors live in
+ * one anonymous mapping filled by a pool of pthreads; llama3-8b in bf16 is
+ * 16 GB and takes seconds, not minutes.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "model/half.h"
+#include "model/model_internal.h"
+#include "util/util.h"
+
+#define CHUNK (1 << 20)     /* elements per work unit / RNG stream   */
+#define ALIGN 256           /* bytes; start of every tensor           */
+#define MAX_THREADS 64
+
+typedef struct shape_def {
+    const char *name;
+    loom_arch arch;
+    int32_t vocab, hidden, inter, layers, heads, kv_heads, head_dim, ctx;
+    float theta, eps;
+    bool tie;
+    int32_t bos, eos;
+    const char *label;
+} shape_def;
+
+static const shape_def k_shapes[] = {
+    {"llama3-8b", LOOM_ARCH_LLAMA, 128256, 4096, 14336, 32, 32, 8, 128, 8192, 500000.0f, 1e-5f, false, 128000,
+     128001, "dummy Llama-3-8B"},
+    {"llama2-7b", LOOM_ARCH_LLAMA, 32000, 4096, 11008, 32, 32, 32, 128, 4096, 10000.0f, 1e-5f, false, 1, 2,
+     "dummy Llama-2-7B"},
+    {"smollm2-135m", LOOM_ARCH_LLAMA, 49152, 576, 1536, 30, 9, 3, 64, 8192, 100000.0f, 1e-5f, true, 1, 2,
+     "dummy SmolLM2-135M"},
+    {"qwen2-0.5b", LOOM_ARCH_QWEN2, 151936, 896, 4864, 24, 14, 2, 64, 32768, 1000000.0f, 1e-6f, true, 151643,
+     151645, "dummy Qwen2-0.5B"},
+    {"tiny", LOOM_ARCH_LLAMA, 256, 64, 128, 2, 4, 2, 16, 256, 10000.0f, 1e-5f, false, 1, 2, "dummy tiny"},
+};
+
+const char *const *loom_model_dummy_shapes(void) {
+    static const char *const names[] = {"llama3-8b", "llama2-7b", "smollm2-135m", "qwen2-0.5b", "tiny", NULL};
+    return names;
+}
+
+typedef enum { INIT_MATRIX, INIT_NORM, INIT_BIAS } init_kind;
+
+typedef struct dtensor {
+    loom_tensor *t;          /* filled after all tensors are added        */
+    int32_t index;           /* position among the model's tensors        */
+    int64_t numel;
+    size_t offset;           /* in the arena                              */
+    init_kind kind;
+    float scale;             /* half-width of the uniform distribution    */
+} dtensor;
+
+typedef struct fill_job {
+    uint8_t *arena;
+    dtensor *ts;
+    int32_t n_ts;
+    int64_t *unit_start;     /* prefix sums: first unit of each tensor (n_ts+1) */
+    int64_t n_units;
+    loom_dtype dtype;
+    uint64_t seed;
+    atomic_llong next;       /* next unit to take                         */
+    atomic_llong done;       /* units finished                            */
+} fill_job;
+
+static inline uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void fill_unit(fill_job *j, int64_t u) {
+    /* find the tensor owning unit u (binary search over prefix sums) */
+    int32_t lo = 0, hi = j->n_ts - 1;
+    while (lo < hi) {
+        int32_t mid = (lo + hi + 1) / 2;
+        if (j->unit_start[mid] <= u) lo = mid;
+        else hi = mid - 1;
+    }
+    const dtensor *d = &j->ts[lo];
+    int64_t c = u - j->unit_start[lo];
+    int64_t begin = c * CHUNK, end = begin + CHUNK < d->numel ? begin + CHUNK : d->numel;
+    uint64_t s = j->seed ^ 0x6c6f6f6d64756d6dull; /* "loomdumm" */
+    splitmix64(&s);
+    s ^= (uint64_t)d->index * 0xd1b54a32d192ed03ull;
+    splitmix64(&s);
+    s ^= (uint64_t)c * 0x8cb92ba72f3d8dd7ull;
+    float center = d->kind == INIT_NORM ? 1.0f : 0.0f;
+    float mul = d->scale * 0x1p-31f; /* int32 -> [-scale, scale) */
+    uint8_t *base = j->arena + d->offset;
+    /* one splitmix64 draw gives two values; the loop is specialised per dtype
+     * so the compiler keeps it branch-free (this is the whole cost of a load) */
+#define DRAW2(v0, v1)                                                                  \
+    uint64_t r_ = splitmix64(&s);                                                      \
+    float v0 = center + (float)(int32_t)(uint32_t)r_ * mul;                            \
+    float v1 = center + (float)(int32_t)(uint32_t)(r_ >> 32) * mul
+    int64_t i = begin, stop = begin + ((end - begin) & ~(int64_t)1);
+    if (j->dtype == LOOM_DTYPE_F32) {
+        float *o = (float *)base;
+        for (; i < stop; i += 2) {
+            DRAW2(a, b);
+            o[i] = a;
+            o[i + 1] = b;
+        }
+        if (i < end) { DRAW2(a, b); (void)b; o[i] = a; }
+    } else if (j->dtype == LOOM_DTYPE_F16) {
+        uint16_t *o = (uint16_t *)base;
+        for (; i < stop; i += 2) {
+            DRAW2(a, b);
+            o[i] = loom_fp32_to_fp16(a);
+            o[i + 1] = loom_fp32_to_fp16(b);
+        }
+        if (i < end) { DRAW2(a, b); (void)b; o[i] = loom_fp32_to_fp16(a); }
+    } else {
+        uint16_t *o = (uint16_t *)base;
+        for (; i < stop; i += 2) {
+            DRAW2(a, b);
+            o[i] = loom_fp32_to_bf16(a);
+            o[i + 1] = loom_fp32_to_bf16(b);
+        }
+        if (i < end) { DRAW2(a, b); (void)b; o[i] = loom_fp32_to_bf16(a); }
+    }
+#undef DRAW2
+}
+
+static void *fill_worker(void *arg) {
+    fill_job *j = arg;
+    for (;;) {
+        int64_t u = atomic_fetch_add(&j->next, 1);
+        if (u >= j->n_units) break;
+        fill_unit(j, u);
+        atomic_fetch_add(&j->done, 1);
+    }
+    return NULL;
+}
+
+static const shape_def *find_shape(const char *name) {
+    for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
+        if (!strcmp(k_shapes[i].name, name)) return &k_shapes[i];
+    return NULL;
+}
+
+loom_status lm_load_dummy(loom_model *m, const loom_model_load_opts *o, loom_error *err) {
+    loom_status st = LOOM_OK;
+    dtensor *ts = NULL;
+    int64_t *unit_start = NULL;
+    pthread_t threads[MAX_THREADS];
+    int n_threads = 0;
+    fill_job job;
+    if (!o->dummy_shape || !*o->dummy_shape)
+        return loom_error_set(err, LOOM_ERR_INVALID,
+                              "dummy model needs a shape (llama3-8b, llama2-7b, smollm2-135m, qwen2-0.5b or tiny)");
+    const shape_def *sd = find_shape(o->dummy_shape);
+    if (!sd)
+        return loom_error_set(err, LOOM_ERR_INVALID,
+                              "unknown dummy shape '%s' (use llama3-8b, llama2-7b, smollm2-135m, qwen2-0.5b or tiny)",
+                              o->dummy_shape);
+    loom_dtype dt = o->dummy_dtype;
+    if (dt != LOOM_DTYPE_F32 && dt != LOOM_DTYPE_F16 && dt != LOOM_DTYPE_BF16)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED, "dummy weights can be f32, f16 or bf16, not %s",
+                              loom_dtype_name(dt));
+    if (o->num_layers_override > 4096)
+        return loom_error_set(err, LOOM_ERR_INVALID, "num_layers_override=%d is too large (at most 4096)",
+                              o->num_layers_override);
+    loom_model_config *c = &m->cfg;
+    c->arch = sd->arch;
+    c->vocab_size = sd->vocab;
+    c->hidden_size = sd->hidden;
+    c->intermediate_size = sd->inter;
+    c->num_layers = o->num_layers_override > 0 ? o->num_layers_override : sd->layers;
+    c->num_heads = sd->heads;
+    c->num_kv_heads = sd->kv_heads;
+    c->head_dim = sd->head_dim;
+    c->max_context = sd->ctx;
+    c->rope_theta = sd->theta;
+    c->rms_norm_eps = sd->eps;
+    c->tie_embeddings = sd->tie;
+    c->qkv_bias = sd->arch == LOOM_ARCH_QWEN2;
+    c->bos_token_id = sd->bos;
+    c->eos_token_id = sd->eos;
+    snprintf(c->name, sizeof c->name, "%s (%s, seed %llu)", sd->label, loom_dtype_name(dt),
+             (unsigned long long)o->seed);
+    lm_keys keys = {"vocab", "hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim"};
+    if ((st = lm_check_config(c, o->dummy_shape, &keys, err))) return st;
+
+    /* ---- the tensor list */
+    int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+    int64_t Q = (int64_t)c->num_heads * c->head_dim, KV = (int64_t)c->num_kv_heads * c->head_dim;
+    int32_t max_ts = 3 + 12 * c->num_layers;
+    ts = calloc((size_t)max_ts, sizeof *ts);
+    unit_start = calloc((size_t)max_ts + 1, sizeof *unit_start);
+    if (!ts || !unit_start) {
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    size_t esz = dt == LOOM_DTYPE_F32 ? 4 : 2, total = 0;
+    int32_t n_ts = 0;
+    char name[96];
+#define ADD(nm, nd, s0, s1, kind_, fan_in)                                                                          \
+    do {                                                                                                            \
+        int64_t shp_[2] = {(s0), (s1)};                                                                             \
+        int64_t numel_ = (nd) == 1 ? shp_[0] : shp_[0] * shp_[1];                                                  \
+        if ((st = lm_add_tensor(m, (nm), dt, (nd), shp_, NULL, (size_t)numel_ * esz, err))) goto out;            \
+        ts[n_ts] = (dtensor){.index = n_ts, .numel = numel_, .offset = total, .kind = (kind_),                      \
+                             .scale = (kind_) == INIT_MATRIX ? 1.0f / sqrtf((float)(fan_in))                        \
+                                      : (kind_) == INIT_NORM ? 0.05f : 0.02f};                                      \
+        total += ((size_t)numel_ * esz + ALIGN - 1) / ALIGN * ALIGN;                                                \
+        n_ts++;                                                                                                     \
+    } while (0)
+    ADD("token_embd.weight", 2, V, H, INIT_MATRIX, H);
+    ADD("output_norm.weight", 1, H, 0, INIT_NORM, 1);
+    if (!c->tie_embeddings) ADD("output.weight", 2, V, H, INIT_MATRIX, H);
+    for (int32_t l = 0; l < c->num_layers; l++) {
+#define LNAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+        ADD(LNAME("attn_norm.weight"), 1, H, 0, INIT_NORM, 1);
+        ADD(LNAME("attn_q.weight"), 2, Q, H, INIT_MATRIX, H);
+        ADD(LNAME("attn_k.weight"), 2, KV, H, INIT_MATRIX, H);
+        ADD(LNAME("attn_v.weight"), 2, KV, H, INIT_MATRIX, H);
+        if (c->qkv_bias) {
+            ADD(LNAME("attn_q.bias"), 1, Q, 0, INIT_BIAS, 1);
+            ADD(LNAME("attn_k.bias"), 1, KV, 0, INIT_BIAS, 1);
+            ADD(LNAME("attn_v.bias"), 1, KV, 0, INIT_BIAS, 1);
+        }
+        ADD(LNAME("attn_output.weight"), 2, H, Q, INIT_MATRIX, Q);
+        ADD(LNAME("ffn_norm.weight"), 1, H, 0, INIT_NORM, 1);
+        ADD(LNAME("ffn_gate.weight"), 2, I, H, INIT_MATRIX, H);
+        ADD(LNAME("ffn_up.weight"), 2, I, H, INIT_MATRIX, H);
+        ADD(LNAME("ffn_down.weight"), 2, H, I, INIT_MATRIX, I);
+#undef LNAME
+    }
+#undef ADD
+
+    /* ---- one anonymous mapping for all of it */
+    void *arena = mmap(NULL, total ? total : ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (arena == MAP_FAILED) {
+        st = loom_error_set(err, LOOM_ERR_NOMEM,
+                            "cannot allocate %.2f GB for dummy %s weights in %s; use a smaller shape, "
+                            "num_layers_override or bf16",
+                            (double)total / 1e9, sd->name, loom_dtype_name(dt));
+        goto out;
+    }
+#ifdef MADV_HUGEPAGE
+    madvise(arena, total ? total : ALIGN, MADV_HUGEPAGE);
+#endif
+    if ((st = lm_add_map(m, arena, total ? total : ALIGN, err))) goto out;
+    for (int32_t i = 0; i < n_ts; i++) {
+        m->tensors[i].data = (uint8_t *)arena + ts[i].offset;
+        unit_start[i + 1] = unit_start[i] + (ts[i].numel + CHUNK - 1) / CHUNK;
+    }
+
+    /* ---- fill: workers plus this thread, which also reports progress */
+    job = (fill_job){.arena = arena, .ts = ts, .n_ts = n_ts, .unit_start = unit_start,
+                     .n_units = unit_start[n_ts], .dtype = dt, .seed = o->seed};
+    atomic_init(&job.next, 0);
+    atomic_init(&job.done, 0);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int want = ncpu > 0 ? (int)(ncpu < MAX_THREADS ? ncpu : MAX_THREADS) : 1;
+    if (want > job.n_units) want = (int)job.n_units;
+    for (int i = 1; i < want; i++) {
+        if (pthread_create(&threads[n_threads], NULL, fill_worker, &job) != 0) break; /* fewer threads is fine */
+        n_threads++;
+    }
+    double last = -1;
+    for (;;) {
+        int64_t u = atomic_fetch_add(&job.next, 1);
+        if (u >= job.n_units) break;
+        fill_unit(&job, u);
+        int64_t d = atomic_fetch_add(&job.done, 1) + 1;
+        double f = (double)d / (double)job.n_units;
+        if (f - last >= 0.01) {
+            lm_progress(o, "dummy: generate weights", f);
+            last = f;
+        }
+    }
+    for (int i = 0; i < n_threads; i++) pthread_join(threads[i], NULL);
+    n_threads = 0;
+    lm_progress(o, "dummy: generate weights", 1.0);
+    if ((st = lm_index(m, sd->name, err))) goto out;
+    st = lm_validate(m, sd->name, &keys, err);
+out:
+    for (int i = 0; i < n_threads; i++) pthread_join(threads[i], NULL);
+    free(ts);
+    free(unit_start);
+    return st;
+}

@@ -1,0 +1,303 @@
+/*
+ * core/model/model_gguf.c — model config and tensors from a GGUF file.
+ *
+ * Reads the llama.cpp metadata keys of architectures "llama" and "qwen2"
+ * into loom_model_config, exposes every readable tensor under its GGUF name
+ * with the GGML dims reversed into row-major order (ne[0] contiguous ->
+ * last), then, for arch llama only, copies Q/K weights and biases into owned
+ * memory with llama.cpp's interleaving permutation undone (whole rows, so
+ * quantized rows are moved, never dequantized). qwen2 GGUFs are converted
+ * without that permutation (llama.cpp uses NeoX RoPE for them).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+#include "util/util.h"
+
+#define KEYLEN 160
+
+typedef struct gg_ctx {
+    const loom_gguf *g;
+    const char *path;
+    char arch[32];
+} gg_ctx;
+
+static const char *akey(char buf[KEYLEN], const gg_ctx *c, const char *suffix) {
+    snprintf(buf, KEYLEN, "%s.%s", c->arch, suffix);
+    return buf;
+}
+
+/* Integer key of the arch. required: missing is an error; otherwise *v keeps its default. */
+static loom_status get_int(const gg_ctx *c, const char *suffix, bool required, int32_t *v, loom_error *err) {
+    char k[KEYLEN];
+    akey(k, c, suffix);
+    int64_t x;
+    if (loom_gguf_find(c->g, k) < 0) {
+        if (!required) return LOOM_OK;
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: metadata key %s is missing; the file was not written by a llama.cpp converter "
+                              "for this architecture or is damaged",
+                              c->path, k);
+    }
+    if (!loom_gguf_get_i64(c->g, k, &x))
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "%s: metadata key %s must be a single integer (per-layer values are not supported)",
+                              c->path, k);
+    if (x < INT32_MIN || x > INT32_MAX)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: metadata key %s=%lld is out of range", c->path, k,
+                              (long long)x);
+    *v = (int32_t)x;
+    return LOOM_OK;
+}
+
+static loom_status get_float(const gg_ctx *c, const char *suffix, float *v, loom_error *err) {
+    char k[KEYLEN];
+    akey(k, c, suffix);
+    double x;
+    if (loom_gguf_find(c->g, k) < 0) return LOOM_OK;
+    if (!loom_gguf_get_f64(c->g, k, &x) || !isfinite(x))
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: metadata key %s must be a finite number", c->path, k);
+    *v = (float)x;
+    return LOOM_OK;
+}
+
+/* Llama 3.1 GGUFs carry RoPE scaling as a tensor of per-frequency divisors
+ * (rope_freqs.weight, head_dim/2 floats) instead of keys. Recover the
+ * Llama-3 parameters: factor = the largest divisor; low/high frequency
+ * factors 1 and 4 and original context 8192 are what every Llama 3.x
+ * release uses; check they reproduce the tensor and warn when not. */
+static void infer_llama3_scaling(loom_model_config *c, const loom_gguf_tensor_info *ti, const char *path) {
+    if (ti->dtype != LOOM_DTYPE_F32 || ti->n_dims != 1 || ti->ne[0] != (uint64_t)(c->head_dim / 2)) {
+        loom_log(LOOM_LOG_WARN, "model", "%s: rope_freqs.weight has an unexpected shape/type; ignoring it", path);
+        return;
+    }
+    const float *f = ti->data;
+    float fmax = 0;
+    for (uint64_t i = 0; i < ti->ne[0]; i++) fmax = f[i] > fmax ? f[i] : fmax;
+    if (!(fmax > 1.0f)) return;
+    c->rope_scaling = LOOM_ROPE_SCALING_LLAMA3;
+    c->rope_factor = fmax;
+    c->rope_low_freq_factor = 1.0f;
+    c->rope_high_freq_factor = 4.0f;
+    if (c->rope_original_context <= 0) c->rope_original_context = 8192;
+    double low_wl = c->rope_original_context / c->rope_low_freq_factor;
+    double high_wl = c->rope_original_context / c->rope_high_freq_factor;
+    double worst = 0;
+    for (uint64_t i = 0; i < ti->ne[0]; i++) {
+        double freq = pow(c->rope_theta, -2.0 * (double)i / c->head_dim);
+        double wl = 2 * M_PI / freq, want;
+        if (wl < high_wl) want = 1;
+        else if (wl > low_wl) want = c->rope_factor;
+        else {
+            double smooth = (c->rope_original_context / wl - c->rope_low_freq_factor) /
+                            (c->rope_high_freq_factor - c->rope_low_freq_factor);
+            want = 1.0 / ((1 - smooth) / c->rope_factor + smooth);
+        }
+        double d = fabs(want - f[i]) / want;
+        worst = d > worst ? d : worst;
+    }
+    if (worst > 1e-3)
+        loom_log(LOOM_LOG_WARN, "model",
+                 "%s: rope_freqs.weight does not match Llama-3 scaling with factor %g (rel. error %.3g); "
+                 "backends that use the tensor itself are exact",
+                 path, (double)c->rope_factor, worst);
+}
+
+static loom_status read_config(gg_ctx *c, loom_model *m, loom_error *err) {
+    loom_model_config *cfg = &m->cfg;
+    const loom_gguf *g = c->g;
+    loom_status st;
+    loom_gguf_str s;
+    if (!loom_gguf_get_str(g, "general.architecture", &s))
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: general.architecture is missing; not a model file from llama.cpp's converter",
+                              c->path);
+    if (loom_gguf_str_eq(s, "llama")) cfg->arch = LOOM_ARCH_LLAMA;
+    else if (loom_gguf_str_eq(s, "qwen2")) cfg->arch = LOOM_ARCH_QWEN2;
+    else
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "%s: architecture '%.*s' is not supported (loom runs llama and qwen2 GGUFs)", c->path,
+                              (int)(s.len > 40 ? 40 : s.len), s.ptr);
+    snprintf(c->arch, sizeof c->arch, "%s", cfg->arch == LOOM_ARCH_LLAMA ? "llama" : "qwen2");
+
+    if ((st = get_int(c, "block_count", true, &cfg->num_layers, err))) return st;
+    if ((st = get_int(c, "embedding_length", true, &cfg->hidden_size, err))) return st;
+    if ((st = get_int(c, "feed_forward_length", true, &cfg->intermediate_size, err))) return st;
+    if ((st = get_int(c, "attention.head_count", true, &cfg->num_heads, err))) return st;
+    cfg->num_kv_heads = cfg->num_heads;
+    if ((st = get_int(c, "attention.head_count_kv", false, &cfg->num_kv_heads, err))) return st;
+    char k[KEYLEN], k2[KEYLEN];
+    if (cfg->num_heads <= 0 || cfg->hidden_size <= 0)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s and %s must be positive", c->path,
+                              akey(k, c, "embedding_length"), akey(k2, c, "attention.head_count"));
+    cfg->head_dim = 0;
+    if ((st = get_int(c, "attention.key_length", false, &cfg->head_dim, err))) return st;
+    if (cfg->head_dim == 0) {
+        if (cfg->hidden_size % cfg->num_heads != 0)
+            return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s=%d is not a multiple of %s=%d", c->path,
+                                  akey(k, c, "embedding_length"), cfg->hidden_size,
+                                  akey(k2, c, "attention.head_count"), cfg->num_heads);
+        cfg->head_dim = cfg->hidden_size / cfg->num_heads;
+    }
+    int32_t vdim = cfg->head_dim, rope_dim = cfg->head_dim;
+    if ((st = get_int(c, "attention.value_length", false, &vdim, err))) return st;
+    if ((st = get_int(c, "rope.dimension_count", false, &rope_dim, err))) return st;
+    if (vdim != cfg->head_dim)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED, "%s: value head size %d differs from key head size %d",
+                              c->path, vdim, cfg->head_dim);
+    if (rope_dim != cfg->head_dim)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "%s: %s=%d but the head size is %d; partial rotary embeddings are not supported",
+                              c->path, akey(k, c, "rope.dimension_count"), rope_dim, cfg->head_dim);
+    cfg->max_context = 0;
+    if ((st = get_int(c, "context_length", false, &cfg->max_context, err))) return st;
+    if (cfg->max_context == 0) {
+        cfg->max_context = 2048;
+        loom_log(LOOM_LOG_WARN, "model", "%s: %s missing; assuming 2048 tokens", c->path,
+                 akey(k, c, "context_length"));
+    }
+    cfg->rope_theta = 10000.0f;
+    if ((st = get_float(c, "rope.freq_base", &cfg->rope_theta, err))) return st;
+    cfg->rms_norm_eps = cfg->arch == LOOM_ARCH_QWEN2 ? 1e-6f : 1e-5f;
+    if ((st = get_float(c, "attention.layer_norm_rms_epsilon", &cfg->rms_norm_eps, err))) return st;
+
+    /* RoPE scaling */
+    cfg->rope_scaling = LOOM_ROPE_SCALING_NONE;
+    float factor = 0, scale_linear = 0;
+    if ((st = get_float(c, "rope.scaling.factor", &factor, err))) return st;
+    if ((st = get_float(c, "rope.scale_linear", &scale_linear, err))) return st; /* older converters */
+    if ((st = get_int(c, "rope.scaling.original_context_length", false, &cfg->rope_original_context, err)))
+        return st;
+    if (loom_gguf_get_str(g, akey(k, c, "rope.scaling.type"), &s)) {
+        if (loom_gguf_str_eq(s, "linear")) {
+            cfg->rope_scaling = LOOM_ROPE_SCALING_LINEAR;
+            cfg->rope_factor = factor;
+        } else if (loom_gguf_str_eq(s, "llama3")) {
+            cfg->rope_scaling = LOOM_ROPE_SCALING_LLAMA3;
+            cfg->rope_factor = factor;
+            cfg->rope_low_freq_factor = 1.0f;
+            cfg->rope_high_freq_factor = 4.0f;
+            if ((st = get_float(c, "rope.scaling.low_freq_factor", &cfg->rope_low_freq_factor, err))) return st;
+            if ((st = get_float(c, "rope.scaling.high_freq_factor", &cfg->rope_high_freq_factor, err))) return st;
+            if (cfg->rope_original_context <= 0) cfg->rope_original_context = 8192;
+        } else if (!loom_gguf_str_eq(s, "none")) {
+            return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                                  "%s: %s='%.*s' is not supported (loom supports none, linear and llama3)", c->path,
+                                  k, (int)(s.len > 40 ? 40 : s.len), s.ptr);
+        }
+    } else if (scale_linear > 0 && scale_linear != 1.0f) {
+        cfg->rope_scaling = LOOM_ROPE_SCALING_LINEAR;
+        cfg->rope_factor = scale_linear;
+    }
+    const loom_gguf_tensor_info *rf = loom_gguf_find_tensor(g, "rope_freqs.weight");
+    if (rf && cfg->rope_scaling == LOOM_ROPE_SCALING_NONE) infer_llama3_scaling(cfg, rf, c->path);
+
+    /* vocabulary: <arch>.vocab_size, else the tokenizer's token list */
+    loom_gguf_type et;
+    uint64_t n_tokens = 0;
+    bool have_tokens = loom_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n_tokens);
+    cfg->vocab_size = 0;
+    if ((st = get_int(c, "vocab_size", false, &cfg->vocab_size, err))) return st;
+    if (cfg->vocab_size == 0) {
+        if (!have_tokens)
+            return loom_error_set(err, LOOM_ERR_FORMAT,
+                                  "%s: no vocabulary size (neither %s nor tokenizer.ggml.tokens is present)",
+                                  c->path, akey(k, c, "vocab_size"));
+        if (n_tokens > INT32_MAX)
+            return loom_error_set(err, LOOM_ERR_FORMAT, "%s: tokenizer.ggml.tokens is too long", c->path);
+        cfg->vocab_size = (int32_t)n_tokens;
+    } else if (have_tokens && n_tokens > (uint64_t)cfg->vocab_size) {
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: tokenizer.ggml.tokens has %llu tokens but %s=%d; the file is inconsistent",
+                              c->path, (unsigned long long)n_tokens, akey(k, c, "vocab_size"), cfg->vocab_size);
+    }
+    int64_t id;
+    if (loom_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &id) && id >= 0 && id < INT32_MAX)
+        cfg->bos_token_id = (int32_t)id;
+    if (loom_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &id) && id >= 0 && id < INT32_MAX)
+        cfg->eos_token_id = (int32_t)id;
+    if (loom_gguf_get_str(g, "general.name", &s)) {
+        size_t n = s.len < sizeof cfg->name - 1 ? (size_t)s.len : sizeof cfg->name - 1;
+        memcpy(cfg->name, s.ptr, n);
+        cfg->name[n] = 0;
+    } else {
+        const char *b = strrchr(c->path, '/');
+        snprintf(cfg->name, sizeof cfg->name, "%s", b ? b + 1 : c->path);
+    }
+    cfg->tie_embeddings = loom_gguf_find_tensor(g, "output.weight") == NULL;
+    cfg->qkv_bias = cfg->arch == LOOM_ARCH_QWEN2 || loom_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
+    return LOOM_OK;
+}
+
+/* Is name "blk.<N>.attn_q.weight" (or k, or .bias)? Sets *is_q. */
+static bool is_qk(const char *name, bool *is_q) {
+    if (strncmp(name, "blk.", 4) != 0) return false;
+    const char *p = name + 4;
+    if (*p < '0' || *p > '9') return false;
+    while (*p >= '0' && *p <= '9') p++;
+    if (strcmp(p, ".attn_q.weight") == 0 || strcmp(p, ".attn_q.bias") == 0) return *is_q = true, true;
+    if (strcmp(p, ".attn_k.weight") == 0 || strcmp(p, ".attn_k.bias") == 0) return *is_q = false, true;
+    return false;
+}
+
+loom_status lm_load_gguf(loom_model *m, const loom_model_load_opts *o, loom_error *err) {
+    loom_status st;
+    if ((st = loom_gguf_open(o->path, &m->gguf, err))) return st;
+    gg_ctx c = {.g = m->gguf, .path = o->path};
+    if ((st = read_config(&c, m, err))) return st;
+    char kk[7][KEYLEN];
+    lm_keys keys = {akey(kk[0], &c, "vocab_size"), akey(kk[1], &c, "embedding_length"),
+                    akey(kk[2], &c, "feed_forward_length"), akey(kk[3], &c, "block_count"),
+                    akey(kk[4], &c, "attention.head_count"), akey(kk[5], &c, "attention.head_count_kv"),
+                    "head_dim"};
+    if ((st = lm_check_config(&m->cfg, o->path, &keys, err))) return st;
+
+    /* tensors: mmap'd views with reversed dims */
+    int64_t n = loom_gguf_num_tensors(m->gguf);
+    char name[80];
+    for (int64_t i = 0; i < n; i++) {
+        const loom_gguf_tensor_info *ti = loom_gguf_tensor(m->gguf, i);
+        snprintf(name, sizeof name, "%.*s", (int)ti->name.len, ti->name.ptr);
+        if (!ti->supported) {
+            if ((st = lm_add_unsupported(m, name, loom_gguf_type_name(ti->ggml_type), err))) return st;
+            continue;
+        }
+        int64_t shape[4];
+        for (uint32_t d = 0; d < ti->n_dims; d++) shape[d] = (int64_t)ti->ne[ti->n_dims - 1 - d];
+        if ((st = lm_add_tensor(m, name, ti->dtype, (int)ti->n_dims, shape, (void *)ti->data, ti->nbytes, err)))
+            return st;
+    }
+    if ((st = lm_index(m, o->path, err))) return st;
+    if ((st = lm_validate(m, o->path, &keys, err))) return st;
+
+    /* undo llama.cpp's Q/K row interleaving (arch llama only) */
+    if (m->cfg.arch == LOOM_ARCH_LLAMA) {
+        int32_t done = 0, total = 0;
+        bool q;
+        for (int32_t i = 0; i < m->n_tensors; i++) total += is_qk(m->names[i], &q);
+        for (int32_t i = 0; i < m->n_tensors; i++) {
+            loom_tensor *t = &m->tensors[i];
+            if (!is_qk(t->name, &q)) continue;
+            int32_t heads = q ? m->cfg.num_heads : m->cfg.num_kv_heads;
+            int64_t rows = t->shape[0];
+            void *copy = lm_alloc(m, t->nbytes);
+            if (!copy) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying %s", t->name);
+            if (loom_model_unpermute_rows(t->data, copy, rows, t->nbytes / (size_t)rows, heads) != LOOM_OK)
+                return loom_error_set(err, LOOM_ERR_INTERNAL, "%s: cannot un-permute %s (%lld rows, %d heads)",
+                                      o->path, t->name, (long long)rows, heads);
+            t->data = copy;
+            lm_progress(o, "gguf: reorder q/k rows", (double)++done / (total ? total : 1));
+        }
+    }
+    free(m->dir);
+    m->dir = loom_strdup(o->path);
+    if (!m->dir) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+    char *slash = strrchr(m->dir, '/');
+    if (slash == m->dir) slash[1] = 0;
+    else if (slash) *slash = 0;
+    else strcpy(m->dir, ".");
+    return LOOM_OK;
+}
