@@ -1,0 +1,220 @@
+/*
+ * core/tokenizer/chat.c — chat templates without a Jinja engine: the family
+ * is recognised from the template text (or the vocabulary) and rendered by
+ * hand, reproducing what the Hugging Face templates print:
+ *   ChatML   <|im_start|>{role}\n{content}<|im_end|>\n ... (SmolLM2, Qwen);
+ *            the template's own default system prompt is added when the
+ *            conversation does not start with one, as those templates do.
+ *   Llama 3  <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n
+ *            {content|trim}<|eot_id|> ...
+ *   Llama 2  <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s>
+ *            and its Mistral variant <s>[INST] {user} [/INST]{assistant}</s>
+ *            (chosen when the template has [INST] but no <<SYS>>).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokenizer/tok_internal.h"
+#include "util/util.h"
+
+loom_chat_format tok_detect_chat_format(const loom_tokenizer *t) {
+    const char *tmpl = t->chat_template;
+    if (tmpl) {
+        if (strstr(tmpl, "<|im_start|>")) return LOOM_CHAT_CHATML;
+        if (strstr(tmpl, "<|start_header_id|>")) return LOOM_CHAT_LLAMA3;
+        if (strstr(tmpl, "[INST]")) return LOOM_CHAT_LLAMA2;
+    }
+    if (loom_tokenizer_find(t, "<|im_start|>") >= 0) return LOOM_CHAT_CHATML;
+    if (loom_tokenizer_find(t, "<|start_header_id|>") >= 0) return LOOM_CHAT_LLAMA3;
+    if (t->kind == TOK_SPM) return LOOM_CHAT_LLAMA2;
+    return LOOM_CHAT_AUTO;
+}
+
+loom_chat_format loom_tokenizer_chat_format(const loom_tokenizer *t) {
+    return t ? t->chat_fmt : LOOM_CHAT_AUTO;
+}
+
+const char *loom_chat_format_name(loom_chat_format fmt) {
+    switch (fmt) {
+    case LOOM_CHAT_AUTO: return "auto";
+    case LOOM_CHAT_CHATML: return "chatml";
+    case LOOM_CHAT_LLAMA3: return "llama3";
+    case LOOM_CHAT_LLAMA2: return "llama2";
+    }
+    return "?";
+}
+
+/* The literal default system prompt of a ChatML template:
+ * '<|im_start|>system\n' TEXT '<|im_end|>' inside one string literal, with
+ * \n either a real newline or the two characters backslash-n. Returns a
+ * malloc'd copy or NULL. */
+static char *chatml_default_system(const char *tmpl) {
+    static const char head[] = "<|im_start|>system";
+    const char *p = tmpl;
+    while (tmpl && (p = strstr(p, head)) != NULL) {
+        p += sizeof head - 1;
+        const char *q = p;
+        if (*q == '\n') q++;
+        else if (q[0] == '\\' && q[1] == 'n') q += 2;
+        else continue;
+        const char *end = strstr(q, "<|im_end|>");
+        if (!end || end == q) continue;
+        bool clean = true;
+        for (const char *c = q; c < end; c++)
+            if (*c == '\'' || *c == '"' || *c == '{' || *c == '}' || *c == '<' || *c == '\\') clean = false;
+        if (!clean) continue;
+        size_t n = (size_t)(end - q);
+        char *s = malloc(n + 1);
+        if (!s) return NULL;
+        memcpy(s, q, n);
+        s[n] = '\0';
+        return s;
+    }
+    return NULL;
+}
+
+static bool ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+/* Append s with leading and trailing whitespace removed (Jinja trim/strip). */
+static void put_trimmed(tok_buf *b, const char *s) {
+    size_t n = strlen(s), i = 0;
+    while (i < n && ws(s[i])) i++;
+    while (n > i && ws(s[n - 1])) n--;
+    tok_buf_put(b, s + i, n - i);
+}
+
+static const char *special_text(const loom_tokenizer *t, int32_t id, const char *dflt) {
+    const char *s = (t && id >= 0) ? loom_tokenizer_token_text(t, id) : NULL;
+    return s && *s ? s : dflt;
+}
+
+static loom_status render_llama2(const loom_tokenizer *t, const loom_chat_msg *msgs, int32_t n,
+                                 tok_buf *b, loom_error *err) {
+    bool spm = t && t->kind == TOK_SPM; /* else the markers are not this vocabulary's */
+    const char *bos = special_text(t, spm ? t->bos : -1, "<s>");
+    const char *eos = special_text(t, spm ? t->eos : -1, "</s>");
+    bool mistral = t && t->chat_template && !strstr(t->chat_template, "<<SYS>>");
+    const char *sys = NULL;
+    int32_t first = 0;
+    if (n > 0 && strcmp(msgs[0].role, "system") == 0) {
+        sys = msgs[0].content;
+        first = 1;
+    }
+    if (mistral) tok_buf_puts(b, bos);
+    for (int32_t i = first; i < n; i++) {
+        int32_t k = i - first;
+        bool user = strcmp(msgs[i].role, "user") == 0;
+        if (!user && strcmp(msgs[i].role, "assistant") != 0)
+            return loom_error_set(err, LOOM_ERR_INVALID,
+                                  "chat (llama2): message %d has role '%s'; only a leading "
+                                  "'system', then 'user'/'assistant' are allowed",
+                                  (int)i, msgs[i].role);
+        if (user != (k % 2 == 0))
+            return loom_error_set(err, LOOM_ERR_INVALID,
+                                  "chat (llama2): roles must alternate user/assistant/user/... "
+                                  "(message %d is '%s')",
+                                  (int)i, msgs[i].role);
+        if (mistral) {
+            if (user) {
+                tok_buf_puts(b, "[INST] ");
+                if (k == 0 && sys) { tok_buf_puts(b, sys); tok_buf_puts(b, "\n\n"); }
+                tok_buf_puts(b, msgs[i].content);
+                tok_buf_puts(b, " [/INST]");
+            } else {
+                tok_buf_puts(b, msgs[i].content);
+                tok_buf_puts(b, eos);
+            }
+            continue;
+        }
+        /* Llama 2: the system block is part of the first user turn, stripped with it. */
+        tok_buf content = {0};
+        tok_buf_puts(&content, "");
+        if (k == 0 && sys) {
+            tok_buf_puts(&content, "<<SYS>>\n");
+            tok_buf_puts(&content, sys);
+            tok_buf_puts(&content, "\n<</SYS>>\n\n");
+        }
+        tok_buf_puts(&content, msgs[i].content);
+        if (content.oom) { free(content.p); b->oom = true; return LOOM_OK; }
+        if (user) {
+            tok_buf_puts(b, bos);
+            tok_buf_puts(b, "[INST] ");
+            put_trimmed(b, content.p);
+            tok_buf_puts(b, " [/INST]");
+        } else {
+            tok_buf_puts(b, " ");
+            put_trimmed(b, content.p);
+            tok_buf_puts(b, " ");
+            tok_buf_puts(b, eos);
+        }
+        free(content.p);
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_chat_apply(const loom_tokenizer *t, loom_chat_format fmt,
+                            const loom_chat_msg *msgs, int32_t n, bool add_generation_prompt,
+                            char **out, loom_error *err) {
+    if (!out) return loom_error_set(err, LOOM_ERR_INVALID, "chat: NULL output");
+    *out = NULL;
+    if (n < 0 || (n > 0 && !msgs)) return loom_error_set(err, LOOM_ERR_INVALID, "chat: bad message list");
+    for (int32_t i = 0; i < n; i++)
+        if (!msgs[i].role || !msgs[i].content)
+            return loom_error_set(err, LOOM_ERR_INVALID, "chat: message %d has no %s", (int)i,
+                                  msgs[i].role ? "content" : "role");
+    if (fmt == LOOM_CHAT_AUTO) fmt = t ? t->chat_fmt : LOOM_CHAT_AUTO;
+    if (fmt == LOOM_CHAT_AUTO) {
+        loom_log(LOOM_LOG_INFO, "chat", "no chat template recognised; using ChatML");
+        fmt = LOOM_CHAT_CHATML;
+    }
+    tok_buf b = {0};
+    loom_status st = LOOM_OK;
+    tok_buf_puts(&b, "");
+    switch (fmt) {
+    case LOOM_CHAT_CHATML: {
+        if (n > 0 && strcmp(msgs[0].role, "system") != 0) {
+            char *sys = chatml_default_system(t ? t->chat_template : NULL);
+            if (sys) {
+                tok_buf_puts(&b, "<|im_start|>system\n");
+                tok_buf_puts(&b, sys);
+                tok_buf_puts(&b, "<|im_end|>\n");
+                free(sys);
+            }
+        }
+        for (int32_t i = 0; i < n; i++) {
+            tok_buf_puts(&b, "<|im_start|>");
+            tok_buf_puts(&b, msgs[i].role);
+            tok_buf_puts(&b, "\n");
+            tok_buf_puts(&b, msgs[i].content);
+            tok_buf_puts(&b, "<|im_end|>\n");
+        }
+        if (add_generation_prompt) tok_buf_puts(&b, "<|im_start|>assistant\n");
+        break;
+    }
+    case LOOM_CHAT_LLAMA3: {
+        tok_buf_puts(&b, "<|begin_of_text|>");
+        for (int32_t i = 0; i < n; i++) {
+            tok_buf_puts(&b, "<|start_header_id|>");
+            tok_buf_puts(&b, msgs[i].role);
+            tok_buf_puts(&b, "<|end_header_id|>\n\n");
+            put_trimmed(&b, msgs[i].content);
+            tok_buf_puts(&b, "<|eot_id|>");
+        }
+        if (add_generation_prompt) tok_buf_puts(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        break;
+    }
+    case LOOM_CHAT_LLAMA2:
+        st = render_llama2(t, msgs, n, &b, err);
+        break;
+    default:
+        st = loom_error_set(err, LOOM_ERR_INVALID, "chat: unknown format %d", (int)fmt);
+        break;
+    }
+    if (!st && b.oom) st = loom_error_set(err, LOOM_ERR_NOMEM, "chat: out of memory");
+    if (st) {
+        free(b.p);
+        return st;
+    }
+    *out = b.p;
+    return LOOM_OK;
+}

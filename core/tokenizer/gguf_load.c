@@ -1,0 +1,188 @@
+/*
+ * core/tokenizer/gguf_load.c — the adapter from a GGUF file's tokenizer.*
+ * keys to loom_tokenizer_from_arrays(). Reads: tokenizer.ggml.{model, pre,
+ * tokens, scores, token_type, merges, bos/eos/unknown/eot/eom/padding
+ * _token_id, add_bos_token, add_space_prefix} and tokenizer.chat_template.
+ * GGUF strings are not NUL-terminated: lengths travel alongside.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokenizer/tok_internal.h"
+#include "util/util.h"
+
+static int32_t gguf_id(const loom_gguf *g, const char *key) {
+    int64_t v;
+    if (!loom_gguf_get_i64(g, key, &v) || v < 0 || v > INT32_MAX) return -1;
+    return (int32_t)v;
+}
+
+static int gguf_flag(const loom_gguf *g, const char *key) {
+    bool b;
+    return loom_gguf_get_bool(g, key, &b) ? (int)b : -1;
+}
+
+/* Copy a numeric GGUF array into int32 (types) or float (scores). */
+static bool gguf_numbers(const loom_gguf *g, const char *key, uint64_t n, int32_t *ints,
+                         float *flts) {
+    loom_gguf_type et;
+    uint64_t len;
+    if (!loom_gguf_get_arr(g, key, &et, &len) || len != n) return false;
+    const unsigned char *p = loom_gguf_arr_data(g, key);
+    if (!p && n) return false;
+    for (uint64_t i = 0; i < n; i++) {
+        double v;
+        switch (et) {
+        case LOOM_GGUF_INT8: { int8_t x; memcpy(&x, p + i, 1); v = x; break; }
+        case LOOM_GGUF_UINT8: v = p[i]; break;
+        case LOOM_GGUF_INT16: { int16_t x; memcpy(&x, p + 2 * i, 2); v = x; break; }
+        case LOOM_GGUF_UINT16: { uint16_t x; memcpy(&x, p + 2 * i, 2); v = x; break; }
+        case LOOM_GGUF_INT32: { int32_t x; memcpy(&x, p + 4 * i, 4); v = x; break; }
+        case LOOM_GGUF_UINT32: { uint32_t x; memcpy(&x, p + 4 * i, 4); v = x; break; }
+        case LOOM_GGUF_FLOAT32: { float x; memcpy(&x, p + 4 * i, 4); v = x; break; }
+        case LOOM_GGUF_FLOAT64: { double x; memcpy(&x, p + 8 * i, 8); v = x; break; }
+        default: return false;
+        }
+        if (ints) ints[i] = (int32_t)v;
+        if (flts) flts[i] = (float)v;
+    }
+    return true;
+}
+
+/* Gather a string array as pointer + length lists (pointing into the map). */
+static loom_status gguf_strings(const loom_gguf *g, const char *key, uint64_t *n,
+                                const char ***ptrs, uint32_t **lens, loom_error *err) {
+    loom_gguf_type et;
+    uint64_t len;
+    *ptrs = NULL;
+    *lens = NULL;
+    *n = 0;
+    if (!loom_gguf_get_arr(g, key, &et, &len)) return LOOM_ERR_NOT_FOUND;
+    if (et != LOOM_GGUF_STRING)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: '%s' is not an array of strings",
+                              loom_gguf_path(g), key);
+    if (len > (1u << 24))
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: '%s' has %llu entries (max %u)",
+                              loom_gguf_path(g), key, (unsigned long long)len, 1u << 24);
+    *ptrs = malloc((len ? len : 1) * sizeof **ptrs);
+    *lens = malloc((len ? len : 1) * sizeof **lens);
+    if (!*ptrs || !*lens) {
+        free(*ptrs);
+        free(*lens);
+        *ptrs = NULL;
+        *lens = NULL;
+        return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory reading '%s'", key);
+    }
+    for (uint64_t i = 0; i < len; i++) {
+        loom_gguf_str s = loom_gguf_arr_str(g, key, i);
+        (*ptrs)[i] = s.ptr ? s.ptr : "";
+        (*lens)[i] = s.ptr && s.len < UINT32_MAX / 2 ? (uint32_t)s.len : 0;
+    }
+    *n = len;
+    return LOOM_OK;
+}
+
+loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out, loom_error *err) {
+    loom_status st = LOOM_OK;
+    const char **toks = NULL, **merges = NULL;
+    uint32_t *tok_lens = NULL, *merge_lens = NULL;
+    int32_t *types = NULL;
+    float *scores = NULL;
+    char model[32] = "", pre[64] = "";
+    char *tmpl = NULL;
+    if (!g || !out) return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer: NULL argument");
+    *out = NULL;
+
+    loom_gguf_str s;
+    if (!loom_gguf_get_str(g, "tokenizer.ggml.model", &s)) {
+        return loom_error_set(err, LOOM_ERR_NOT_FOUND,
+                              "%s: no tokenizer.ggml.model key; this GGUF carries no tokenizer "
+                              "(load the model's tokenizer.json instead)",
+                              loom_gguf_path(g));
+    }
+    snprintf(model, sizeof model, "%.*s", (int)(s.len < 31 ? s.len : 31), s.ptr);
+    if (loom_gguf_get_str(g, "tokenizer.ggml.pre", &s))
+        snprintf(pre, sizeof pre, "%.*s", (int)(s.len < 63 ? s.len : 63), s.ptr);
+
+    uint64_t nv = 0, nm = 0;
+    st = gguf_strings(g, "tokenizer.ggml.tokens", &nv, &toks, &tok_lens, err);
+    if (st == LOOM_ERR_NOT_FOUND)
+        st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: tokenizer.ggml.tokens is missing",
+                            loom_gguf_path(g));
+    if (st) goto done;
+    if (nv == 0) {
+        st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: tokenizer.ggml.tokens is empty", loom_gguf_path(g));
+        goto done;
+    }
+    st = gguf_strings(g, "tokenizer.ggml.merges", &nm, &merges, &merge_lens, err);
+    if (st == LOOM_ERR_NOT_FOUND) st = LOOM_OK;
+    if (st) goto done;
+    if (strcmp(model, "gpt2") == 0 && nm == 0) {
+        st = loom_error_set(err, LOOM_ERR_FORMAT,
+                            "%s: byte-level BPE vocabulary without tokenizer.ggml.merges",
+                            loom_gguf_path(g));
+        goto done;
+    }
+
+    types = malloc(nv * sizeof *types);
+    if (!types) { st = loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
+    if (loom_gguf_find(g, "tokenizer.ggml.token_type") >= 0 &&
+        !gguf_numbers(g, "tokenizer.ggml.token_type", nv, types, NULL)) {
+        st = loom_error_set(err, LOOM_ERR_FORMAT,
+                            "%s: tokenizer.ggml.token_type is not a numeric array of %llu entries",
+                            loom_gguf_path(g), (unsigned long long)nv);
+        goto done;
+    } else if (loom_gguf_find(g, "tokenizer.ggml.token_type") < 0) {
+        for (uint64_t i = 0; i < nv; i++) types[i] = LOOM_TOKEN_NORMAL;
+    }
+    if (loom_gguf_find(g, "tokenizer.ggml.scores") >= 0) {
+        scores = malloc(nv * sizeof *scores);
+        if (!scores) { st = loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
+        if (!gguf_numbers(g, "tokenizer.ggml.scores", nv, NULL, scores)) {
+            st = loom_error_set(err, LOOM_ERR_FORMAT,
+                                "%s: tokenizer.ggml.scores is not a numeric array of %llu entries",
+                                loom_gguf_path(g), (unsigned long long)nv);
+            goto done;
+        }
+    }
+    if (loom_gguf_get_str(g, "tokenizer.chat_template", &s) && s.len > 0) {
+        tmpl = malloc(s.len + 1);
+        if (!tmpl) { st = loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
+        memcpy(tmpl, s.ptr, s.len);
+        tmpl[s.len] = '\0';
+    }
+
+    loom_tokenizer_spec spec;
+    loom_tokenizer_spec_init(&spec);
+    spec.model = model;
+    spec.pre = pre[0] ? pre : NULL;
+    spec.n_vocab = (int32_t)nv;
+    spec.tokens = toks;
+    spec.token_lens = tok_lens;
+    spec.scores = scores;
+    spec.token_types = types;
+    spec.n_merges = (int32_t)nm;
+    spec.merges = merges;
+    spec.merge_lens = merge_lens;
+    spec.bos_id = gguf_id(g, "tokenizer.ggml.bos_token_id");
+    spec.eos_id = gguf_id(g, "tokenizer.ggml.eos_token_id");
+    spec.unk_id = gguf_id(g, "tokenizer.ggml.unknown_token_id");
+    spec.eot_id = gguf_id(g, "tokenizer.ggml.eot_token_id");
+    spec.eom_id = gguf_id(g, "tokenizer.ggml.eom_token_id");
+    spec.pad_id = gguf_id(g, "tokenizer.ggml.padding_token_id");
+    spec.add_bos = gguf_flag(g, "tokenizer.ggml.add_bos_token");
+    spec.add_space_prefix = gguf_flag(g, "tokenizer.ggml.add_space_prefix");
+    spec.chat_template = tmpl;
+    st = loom_tokenizer_from_arrays(&spec, out, err);
+    if (st) loom_error_prefix(err, "%s", loom_gguf_path(g));
+done:
+    free(toks);
+    free(tok_lens);
+    free(merges);
+    free(merge_lens);
+    free(types);
+    free(scores);
+    free(tmpl);
+    return st;
+}
