@@ -1,0 +1,656 @@
+/*
+ * cli/cmd_bench.c — `loom bench`: offline serving benchmark, and A/B
+ * comparison of two pipelines on one workload.
+ *
+ * A workload is N requests (prompt tokens, output length, arrival time),
+ * read from a JSONL file or generated from length distributions with an
+ * optional shared prefix and Poisson arrivals. Requests enter the engine
+ * when their arrival time has passed on the wall clock; every request
+ * generates exactly its output length (ignore_eos), so two pipelines do the
+ * same work. Reported: throughput, TTFT and TPOT percentiles, peak KV use,
+ * preemptions and prefix-cache hits; --json writes them for scripts.
+ * Uses only the public engine API.
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "loom/engine.h"
+
+static void bench_usage(FILE *f) {
+    fputs("Usage: loom bench CONFIG [options]\n"
+          "       loom bench --compare A.yaml B.yaml [options]\n"
+          "\n"
+          "Offline benchmark: run a workload through the engine and report throughput,\n"
+          "TTFT/TPOT percentiles, peak KV-cache use, preemptions and prefix hits.\n"
+          "\n"
+          "Workload (a file, or a generator):\n"
+          "  --workload FILE        JSONL, one request per line:\n"
+          "                         {\"prompt\": \"text\" | \"prompt_tokens\": [ids], \"output_len\": N}\n"
+          "  --num-requests N       generated requests (default 64)\n"
+          "  --input-len A[:B]      prompt tokens, uniform in [A, B] (default 128)\n"
+          "  --output-len A[:B]     output tokens, uniform in [A, B] (default 64)\n"
+          "  --shared-prefix-ratio R  fraction of requests starting with one shared prefix (default 0)\n"
+          "  --prefix-len N         length of that shared prefix in tokens (default 64)\n"
+          "  --rate R               Poisson arrivals, requests/s (default: all at once)\n"
+          "  --seed S               workload seed (default 0)\n"
+          "\n"
+          "Run:\n"
+          "  --compare A B          run both pipelines on the same workload, interleaved,\n"
+          "                         and print each metric side by side with the ratio B/A\n"
+          "  --repeat N             runs per pipeline, interleaved (default 1; medians reported)\n"
+          "  --set KEY=VALUE        override a pipeline key (applies to both in --compare)\n"
+          "  --json FILE            also write the results as JSON ('-' = stdout)\n"
+          "  --no-progress          no progress bar\n"
+          "  -h, --help             this help\n",
+          f);
+}
+
+typedef struct bench_req {
+    int32_t *tokens;
+    int32_t num_tokens;
+    char *prompt;        /* text prompt from a workload file, else NULL */
+    int32_t output_len;
+    double arrival;      /* seconds after start */
+} bench_req;
+
+typedef struct bench_track {
+    double start_wall;
+    double *first;       /* (n) time of first token, -1 = none yet */
+    double *last;        /* (n) time of the last token              */
+    int32_t *count;      /* (n) tokens generated                    */
+    int32_t *index_of;   /* engine request id -> workload index     */
+    int64_t index_cap;
+    int32_t finished;
+    int64_t tokens;
+    int32_t errors;
+    char error[256];
+} bench_track;
+
+typedef struct bench_result {
+    double seconds, req_per_s, out_tok_per_s, total_tok_per_s;
+    double ttft[3], tpot[3]; /* p50 p90 p99, seconds */
+    double peak_kv, prefix_hit_rate;
+    int64_t preemptions, prefill_tokens, cached_tokens, output_tokens;
+    int32_t max_running, errors;
+} bench_result;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* splitmix64: the workload generator's own deterministic stream. */
+static uint64_t mix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static double unif(uint64_t *s) { return (double)(mix(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+static bool parse_range(const char *opt, const char *v, int32_t *a, int32_t *b) {
+    char *end;
+    long x = strtol(v, &end, 10), y = x;
+    if (*end == ':') y = strtol(end + 1, &end, 10);
+    if (*end || x < 1 || y < x || y > 10000000) {
+        fprintf(stderr, "loom bench: %s expects N or A:B with 1 <= A <= B, got '%s'\n", opt, v);
+        return false;
+    }
+    *a = (int32_t)x;
+    *b = (int32_t)y;
+    return true;
+}
+
+static void on_token(void *user, const loom_token_event *ev) {
+    bench_track *t = user;
+    if (ev->request_id < 0 || ev->request_id >= t->index_cap) return;
+    int32_t i = t->index_of[ev->request_id];
+    double now = now_s() - t->start_wall;
+    if (ev->token >= 0) {
+        if (t->first[i] < 0) t->first[i] = now;
+        t->last[i] = now;
+        t->count[i]++;
+        t->tokens++;
+    }
+    if (ev->finish != LOOM_FINISH_NONE) {
+        t->finished++;
+        if (ev->finish == LOOM_FINISH_ERROR) {
+            t->errors++;
+            if (ev->error) snprintf(t->error, sizeof t->error, "%s", ev->error);
+        }
+    }
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void percentiles(double *v, int32_t n, double out[3]) {
+    if (n == 0) {
+        out[0] = out[1] = out[2] = NAN;
+        return;
+    }
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    const double q[3] = {0.50, 0.90, 0.99};
+    for (int k = 0; k < 3; k++) {
+        double pos = q[k] * (n - 1);
+        int32_t lo = (int32_t)pos;
+        int32_t hi = lo + 1 < n ? lo + 1 : lo;
+        out[k] = v[lo] + (v[hi] - v[lo]) * (pos - lo);
+    }
+}
+
+/* Run the workload once through a fresh engine built from `config`. */
+static int run_once(const char *label, const char *config, const char **sets, int nsets, bench_req *w,
+                    int32_t n, bool progress, bench_result *res) {
+    loom_error err = {0};
+    loom_engine *eng = NULL;
+    int rc = 1;
+    bench_track t = {0};
+    double *ttft = NULL, *tpot = NULL;
+    if (loom_engine_create(config, sets, nsets, &eng, &err) != LOOM_OK) {
+        fprintf(stderr, "loom bench: %s: %s\n", config, err.message);
+        return 1;
+    }
+    t.first = malloc((size_t)n * sizeof(double));
+    t.last = calloc((size_t)n, sizeof(double));
+    t.count = calloc((size_t)n, sizeof(int32_t));
+    t.index_cap = n;
+    t.index_of = calloc((size_t)n, sizeof(int32_t));
+    ttft = malloc((size_t)n * sizeof(double));
+    tpot = malloc((size_t)n * sizeof(double));
+    if (!t.first || !t.last || !t.count || !t.index_of || !ttft || !tpot) goto out;
+    for (int32_t i = 0; i < n; i++) t.first[i] = -1;
+
+    bool tty = isatty(2);
+    t.start_wall = now_s();
+    int32_t next = 0, active = 0;
+    double last_print = 0;
+    while (next < n || active > 0) {
+        double now = now_s() - t.start_wall;
+        while (next < n && w[next].arrival <= now) {
+            loom_request rq = loom_request_default();
+            if (w[next].prompt) rq.prompt = w[next].prompt;
+            else {
+                rq.tokens = w[next].tokens;
+                rq.num_tokens = w[next].num_tokens;
+            }
+            rq.max_tokens = w[next].output_len;
+            rq.ignore_eos = true;
+            rq.on_token = on_token;
+            rq.user = &t;
+            int64_t id = loom_engine_add_request(eng, &rq, &err);
+            if (id < 0) {
+                fprintf(stderr, "loom bench: request %d: %s\n", next, err.message);
+                goto out;
+            }
+            if (id >= t.index_cap) { /* ids are dense from 0 in a fresh engine */
+                fprintf(stderr, "loom bench: unexpected request id %lld\n", (long long)id);
+                goto out;
+            }
+            t.index_of[id] = next;
+            next++;
+        }
+        if (loom_engine_step(eng, &active, &err) != LOOM_OK) {
+            fprintf(stderr, "\nloom bench: %s: %s\n", label, err.message);
+            goto out;
+        }
+        if (active == 0 && next < n) {
+            double wait = w[next].arrival - (now_s() - t.start_wall);
+            if (wait > 0) usleep((useconds_t)(wait * 1e6));
+        }
+        now = now_s() - t.start_wall;
+        if (progress && (now - last_print > (tty ? 0.2 : 5.0) || (next == n && active == 0))) {
+            fprintf(stderr, "%s[%s] %d/%d requests done, %lld tokens, %.1f s%s", tty ? "\r" : "", label,
+                    t.finished, n, (long long)t.tokens, now, tty ? "   " : "\n");
+            last_print = now;
+        }
+    }
+    if (progress && tty) fputc('\n', stderr);
+    double total = now_s() - t.start_wall;
+
+    loom_engine_stats st;
+    loom_engine_get_stats(eng, &st);
+    int32_t nt = 0, np = 0;
+    int64_t out_tokens = 0, in_tokens = 0;
+    for (int32_t i = 0; i < n; i++) {
+        out_tokens += t.count[i];
+        in_tokens += w[i].num_tokens;
+        if (t.first[i] >= 0) ttft[nt++] = t.first[i] - w[i].arrival;
+        if (t.count[i] > 1) tpot[np++] = (t.last[i] - t.first[i]) / (t.count[i] - 1);
+    }
+    memset(res, 0, sizeof *res);
+    res->seconds = total;
+    res->req_per_s = n / total;
+    res->out_tok_per_s = (double)out_tokens / total;
+    res->total_tok_per_s = (double)(out_tokens + st.prompt_tokens) / total;
+    percentiles(ttft, nt, res->ttft);
+    percentiles(tpot, np, res->tpot);
+    res->peak_kv = st.kv_blocks_total ? (double)st.kv_blocks_peak / st.kv_blocks_total : 0;
+    res->prefix_hit_rate = st.prefix_queries ? (double)st.prefix_hits / (double)st.prefix_queries : 0;
+    res->preemptions = st.preemptions;
+    res->prefill_tokens = st.prefill_tokens;
+    res->cached_tokens = st.cached_prompt_tokens;
+    res->output_tokens = out_tokens;
+    res->max_running = st.max_running;
+    res->errors = t.errors;
+    if (t.errors) fprintf(stderr, "loom bench: %d requests failed, e.g.: %s\n", t.errors, t.error);
+    rc = t.errors ? 1 : 0;
+out:
+    loom_engine_destroy(eng);
+    free(t.first);
+    free(t.last);
+    free(t.count);
+    free(t.index_of);
+    free(ttft);
+    free(tpot);
+    return rc;
+}
+
+/* ------------------------------------------------------------- workload */
+
+static int load_workload(const char *path, bench_req **out, int32_t *n) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "loom bench: cannot open workload '%s': %s\n", path, strerror(errno));
+        return 1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int32_t count = 0, alloc = 0, lineno = 0;
+    bench_req *w = NULL;
+    int rc = 1;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        if (len <= 1) continue;
+        cJSON *j = cJSON_Parse(line);
+        if (!j || !cJSON_IsObject(j)) {
+            fprintf(stderr, "%s:%d: not a JSON object (expected {\"prompt\": ..., \"output_len\": N})\n", path,
+                    lineno);
+            cJSON_Delete(j);
+            goto out;
+        }
+        if (count == alloc) {
+            alloc = alloc ? alloc * 2 : 64;
+            bench_req *nw = realloc(w, (size_t)alloc * sizeof *w);
+            if (!nw) goto out;
+            w = nw;
+        }
+        bench_req *r = &w[count];
+        memset(r, 0, sizeof *r);
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+        const cJSON *pt = cJSON_GetObjectItemCaseSensitive(j, "prompt_tokens");
+        const cJSON *ol = cJSON_GetObjectItemCaseSensitive(j, "output_len");
+        if (cJSON_IsString(p)) {
+            r->prompt = strdup(p->valuestring);
+        } else if (cJSON_IsArray(pt) && cJSON_GetArraySize(pt) > 0) {
+            r->num_tokens = cJSON_GetArraySize(pt);
+            r->tokens = malloc((size_t)r->num_tokens * sizeof(int32_t));
+            int32_t k = 0;
+            const cJSON *e;
+            cJSON_ArrayForEach(e, pt) {
+                if (!cJSON_IsNumber(e)) {
+                    fprintf(stderr, "%s:%d: prompt_tokens must hold integers\n", path, lineno);
+                    cJSON_Delete(j);
+                    count++;
+                    goto out;
+                }
+                r->tokens[k++] = (int32_t)e->valuedouble;
+            }
+        } else {
+            fprintf(stderr, "%s:%d: needs \"prompt\" (string) or \"prompt_tokens\" (array)\n", path, lineno);
+            cJSON_Delete(j);
+            goto out;
+        }
+        if (!cJSON_IsNumber(ol) || ol->valuedouble < 1) {
+            fprintf(stderr, "%s:%d: needs \"output_len\" >= 1\n", path, lineno);
+            cJSON_Delete(j);
+            count++;
+            goto out;
+        }
+        r->output_len = (int32_t)ol->valuedouble;
+        count++;
+        cJSON_Delete(j);
+    }
+    if (count == 0) {
+        fprintf(stderr, "loom bench: workload '%s' has no requests\n", path);
+        goto out;
+    }
+    rc = 0;
+out:
+    free(line);
+    fclose(f);
+    if (rc) {
+        for (int32_t i = 0; i < count; i++) {
+            free(w[i].tokens);
+            free(w[i].prompt);
+        }
+        free(w);
+        w = NULL;
+        count = 0;
+    }
+    *out = w;
+    *n = count;
+    return rc;
+}
+
+/* Random prompt tokens drawn from [100, vocab_hint): avoids the special
+ * tokens most vocabularies keep at the start. */
+static bench_req *gen_workload(int32_t n, int32_t in_a, int32_t in_b, int32_t out_a, int32_t out_b,
+                               double shared_ratio, int32_t prefix_len, double rate, uint64_t seed,
+                               int32_t vocab_hint) {
+    bench_req *w = calloc((size_t)n, sizeof *w);
+    if (!w) return NULL;
+    uint64_t s = seed * 0x2545F4914F6CDD1DULL + 1;
+    int32_t span = vocab_hint > 200 ? vocab_hint - 100 : 100;
+    int32_t *prefix = malloc((size_t)prefix_len * sizeof(int32_t));
+    if (!prefix) {
+        free(w);
+        return NULL;
+    }
+    for (int32_t k = 0; k < prefix_len; k++) prefix[k] = 100 + (int32_t)(mix(&s) % (uint64_t)span);
+    double t = 0;
+    for (int32_t i = 0; i < n; i++) {
+        bench_req *r = &w[i];
+        r->num_tokens = in_a + (int32_t)(mix(&s) % (uint64_t)(in_b - in_a + 1));
+        r->output_len = out_a + (int32_t)(mix(&s) % (uint64_t)(out_b - out_a + 1));
+        r->tokens = malloc((size_t)r->num_tokens * sizeof(int32_t));
+        bool shared = unif(&s) < shared_ratio;
+        for (int32_t k = 0; k < r->num_tokens; k++)
+            r->tokens[k] = shared && k < prefix_len ? prefix[k] : 100 + (int32_t)(mix(&s) % (uint64_t)span);
+        if (rate > 0) t += -log(1.0 - unif(&s)) / rate;
+        r->arrival = t;
+    }
+    free(prefix);
+    return w;
+}
+
+/* ------------------------------------------------------------- reporting */
+
+typedef struct metric {
+    const char *name;
+    const char *unit;
+    size_t offset;
+    bool higher_better;
+} metric;
+
+#define M(field) offsetof(bench_result, field)
+static const metric metrics[] = {
+    {"throughput", "req/s", M(req_per_s), true},
+    {"output tokens/s", "tok/s", M(out_tok_per_s), true},
+    {"total tokens/s", "tok/s", M(total_tok_per_s), true},
+    {"TTFT p50", "ms", M(ttft[0]), false},
+    {"TTFT p90", "ms", M(ttft[1]), false},
+    {"TTFT p99", "ms", M(ttft[2]), false},
+    {"TPOT p50", "ms", M(tpot[0]), false},
+    {"TPOT p90", "ms", M(tpot[1]), false},
+    {"TPOT p99", "ms", M(tpot[2]), false},
+    {"peak KV use", "%", M(peak_kv), false},
+    {"prefix hit rate", "%", M(prefix_hit_rate), true},
+    {"wall time", "s", M(seconds), false},
+};
+#undef M
+
+static double metric_value(const bench_result *r, const metric *m) {
+    double v = *(const double *)((const char *)r + m->offset);
+    if (!strcmp(m->unit, "ms")) v *= 1e3;
+    if (!strcmp(m->unit, "%")) v *= 100;
+    return v;
+}
+
+static void print_counts(const char *label, const bench_result *r) {
+    printf("%-18s prefill %lld tokens computed, %lld served from prefix cache, %lld output tokens, "
+           "%lld preemptions, %d sequences at most in one step\n",
+           label, (long long)r->prefill_tokens, (long long)r->cached_tokens, (long long)r->output_tokens,
+           (long long)r->preemptions, r->max_running);
+}
+
+static cJSON *result_json(const bench_result *r) {
+    cJSON *o = cJSON_CreateObject();
+    for (size_t k = 0; k < sizeof metrics / sizeof metrics[0]; k++) {
+        char key[64];
+        snprintf(key, sizeof key, "%s_%s", metrics[k].name, metrics[k].unit);
+        for (char *c = key; *c; c++)
+            if (*c == ' ' || *c == '/') *c = '_';
+        cJSON_AddNumberToObject(o, key, metric_value(r, &metrics[k]));
+    }
+    cJSON_AddNumberToObject(o, "preemptions", (double)r->preemptions);
+    cJSON_AddNumberToObject(o, "prefill_tokens", (double)r->prefill_tokens);
+    cJSON_AddNumberToObject(o, "cached_prompt_tokens", (double)r->cached_tokens);
+    cJSON_AddNumberToObject(o, "output_tokens", (double)r->output_tokens);
+    cJSON_AddNumberToObject(o, "max_running", r->max_running);
+    cJSON_AddNumberToObject(o, "errors", r->errors);
+    return o;
+}
+
+/* Median over repeats, metric by metric. */
+static void median_result(bench_result *runs, int n, bench_result *out) {
+    *out = runs[n / 2];
+    double *v = malloc((size_t)n * sizeof(double));
+    if (!v) return;
+    size_t nd = offsetof(bench_result, preemptions) / sizeof(double);
+    for (size_t k = 0; k < nd; k++) {
+        for (int i = 0; i < n; i++) v[i] = ((double *)&runs[i])[k];
+        qsort(v, (size_t)n, sizeof *v, cmp_d);
+        ((double *)out)[k] = v[n / 2];
+    }
+    free(v);
+}
+
+int loom_cmd_bench(int argc, char **argv) {
+    const char *config = NULL, *cmp_a = NULL, *cmp_b = NULL, *workload = NULL, *json_path = NULL;
+    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
+    int nsets = 0, rc = 1, repeat = 1;
+    int32_t nreq = 64, in_a = 128, in_b = 128, out_a = 64, out_b = 64, prefix_len = 64;
+    double shared = 0, rate = 0;
+    uint64_t seed = 0;
+    bool progress = true;
+    bench_req *w = NULL;
+    int32_t n = 0;
+    bench_result *ra = NULL, *rb = NULL;
+    if (!sets) return 1;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+#define VAL()                                                                          \
+    do {                                                                               \
+        if (!v) {                                                                      \
+            fprintf(stderr, "loom bench: %s needs a value (see loom bench --help)\n", a); \
+            rc = 2;                                                                    \
+            goto out;                                                                  \
+        }                                                                              \
+        i++;                                                                           \
+    } while (0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            bench_usage(stdout);
+            rc = 0;
+            goto out;
+        } else if (!strcmp(a, "--compare")) {
+            if (i + 2 >= argc) {
+                fprintf(stderr, "loom bench: --compare needs two pipeline files\n");
+                rc = 2;
+                goto out;
+            }
+            cmp_a = argv[++i];
+            cmp_b = argv[++i];
+        } else if (!strcmp(a, "--workload")) {
+            VAL();
+            workload = v;
+        } else if (!strcmp(a, "--num-requests")) {
+            VAL();
+            nreq = (int32_t)strtol(v, &end, 10);
+            if (*end || nreq < 1) {
+                fprintf(stderr, "loom bench: --num-requests expects a positive integer, got '%s'\n", v);
+                rc = 2;
+                goto out;
+            }
+        } else if (!strcmp(a, "--input-len")) {
+            VAL();
+            if (!parse_range(a, v, &in_a, &in_b)) { rc = 2; goto out; }
+        } else if (!strcmp(a, "--output-len")) {
+            VAL();
+            if (!parse_range(a, v, &out_a, &out_b)) { rc = 2; goto out; }
+        } else if (!strcmp(a, "--shared-prefix-ratio")) {
+            VAL();
+            shared = strtod(v, &end);
+            if (*end || shared < 0 || shared > 1) {
+                fprintf(stderr, "loom bench: --shared-prefix-ratio expects a number in [0, 1], got '%s'\n", v);
+                rc = 2;
+                goto out;
+            }
+        } else if (!strcmp(a, "--prefix-len")) {
+            VAL();
+            prefix_len = (int32_t)strtol(v, &end, 10);
+            if (*end || prefix_len < 1) {
+                fprintf(stderr, "loom bench: --prefix-len expects a positive integer, got '%s'\n", v);
+                rc = 2;
+                goto out;
+            }
+        } else if (!strcmp(a, "--rate")) {
+            VAL();
+            rate = !strcmp(v, "inf") ? 0 : strtod(v, &end);
+            if ((end && *end) || rate < 0) {
+                fprintf(stderr, "loom bench: --rate expects requests/s (> 0) or 'inf', got '%s'\n", v);
+                rc = 2;
+                goto out;
+            }
+        } else if (!strcmp(a, "--seed")) {
+            VAL();
+            seed = strtoull(v, &end, 10);
+        } else if (!strcmp(a, "--repeat")) {
+            VAL();
+            repeat = (int)strtol(v, &end, 10);
+            if (*end || repeat < 1 || repeat > 100) {
+                fprintf(stderr, "loom bench: --repeat expects 1..100, got '%s'\n", v);
+                rc = 2;
+                goto out;
+            }
+        } else if (!strcmp(a, "--set")) {
+            VAL();
+            sets[nsets++] = v;
+        } else if (!strcmp(a, "--json")) {
+            VAL();
+            json_path = v;
+        } else if (!strcmp(a, "--no-progress")) {
+            progress = false;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "loom bench: unknown option '%s' (see loom bench --help)\n", a);
+            rc = 2;
+            goto out;
+        } else if (!config) {
+            config = a;
+        } else {
+            fprintf(stderr, "loom bench: unexpected argument '%s'\n", a);
+            rc = 2;
+            goto out;
+        }
+#undef VAL
+    }
+    if (!config && !cmp_a) {
+        fprintf(stderr, "loom bench: give a pipeline file or --compare A B\n\n");
+        bench_usage(stderr);
+        rc = 2;
+        goto out;
+    }
+    if (config && cmp_a) {
+        fprintf(stderr, "loom bench: give either CONFIG or --compare A B, not both\n");
+        rc = 2;
+        goto out;
+    }
+    if (workload) {
+        if (load_workload(workload, &w, &n)) goto out;
+    } else {
+        /* The vocabulary bounds generated token ids: ask a short-lived engine. */
+        loom_engine *probe = NULL;
+        loom_error err = {0};
+        if (loom_engine_create(config ? config : cmp_a, sets, nsets, &probe, &err) != LOOM_OK) {
+            fprintf(stderr, "loom bench: %s\n", err.message);
+            goto out;
+        }
+        int32_t vocab = loom_engine_vocab_size(probe);
+        int32_t ctx = loom_engine_max_context(probe);
+        loom_engine_destroy(probe);
+        if (in_b + out_b > ctx) {
+            fprintf(stderr, "loom bench: input %d + output %d tokens exceed the context (%d)\n", in_b, out_b, ctx);
+            rc = 2;
+            goto out;
+        }
+        n = nreq;
+        w = gen_workload(n, in_a, in_b, out_a, out_b, shared, prefix_len, rate, seed, vocab);
+        if (!w) goto out;
+    }
+
+    const char *la = config ? config : cmp_a, *lb = cmp_b;
+    ra = calloc((size_t)repeat, sizeof *ra);
+    rb = calloc((size_t)repeat, sizeof *rb);
+    if (!ra || !rb) goto out;
+    for (int r = 0; r < repeat; r++) {
+        if (run_once("A", la, sets, nsets, w, n, progress, &ra[r])) goto out;
+        if (lb && run_once("B", lb, sets, nsets, w, n, progress, &rb[r])) goto out;
+    }
+    bench_result A, B;
+    median_result(ra, repeat, &A);
+    if (lb) median_result(rb, repeat, &B);
+
+    printf("\nworkload: %d requests%s%s, %d run(s) each\n", n, workload ? " from " : " generated",
+           workload ? workload : "", repeat);
+    if (!lb) {
+        printf("%-18s %14s\n", "metric", la);
+        for (size_t k = 0; k < sizeof metrics / sizeof metrics[0]; k++)
+            printf("%-18s %14.3f %s\n", metrics[k].name, metric_value(&A, &metrics[k]), metrics[k].unit);
+        print_counts("counts:", &A);
+    } else {
+        printf("%-18s %14s %14s %10s\n", "metric", "A", "B", "B/A");
+        for (size_t k = 0; k < sizeof metrics / sizeof metrics[0]; k++) {
+            double x = metric_value(&A, &metrics[k]), y = metric_value(&B, &metrics[k]);
+            printf("%-18s %14.3f %14.3f %9.2fx  %s\n", metrics[k].name, x, y, x != 0 ? y / x : NAN,
+                   metrics[k].unit);
+        }
+        printf("A = %s\nB = %s\n", la, lb);
+        print_counts("A counts:", &A);
+        print_counts("B counts:", &B);
+    }
+    if (json_path) {
+        cJSON *root = cJSON_CreateObject();
+        cJSON_AddNumberToObject(root, "num_requests", n);
+        cJSON_AddNumberToObject(root, "repeat", repeat);
+        cJSON_AddStringToObject(root, "a", la);
+        cJSON_AddItemToObject(root, "a_results", result_json(&A));
+        if (lb) {
+            cJSON_AddStringToObject(root, "b", lb);
+            cJSON_AddItemToObject(root, "b_results", result_json(&B));
+        }
+        char *s = cJSON_Print(root);
+        FILE *f = strcmp(json_path, "-") ? fopen(json_path, "w") : stdout;
+        if (!f || !s) {
+            fprintf(stderr, "loom bench: cannot write %s: %s\n", json_path, strerror(errno));
+        } else {
+            fprintf(f, "%s\n", s);
+            if (f != stdout) fclose(f);
+        }
+        free(s);
+        cJSON_Delete(root);
+    }
+    rc = 0;
+out:
+    for (int32_t i = 0; i < n; i++) {
+        free(w[i].tokens);
+        free(w[i].prompt);
+    }
+    free(w);
+    free(ra);
+    free(rb);
+    free(sets);
+    return rc;
+}

@@ -1,0 +1,47 @@
+/*
+ * cli/commands.h — the `loom` subcommands and what they share.
+ *
+ * Adding a command `foo`:
+ *   1. add   X(foo, "one-line summary")   to LOOM_COMMANDS below (the order
+ *      here is the order in `loom --help`);
+ *   2. write cli/cmd_foo.c defining  int loom_cmd_foo(int argc, char **argv)
+ *      (argv[0] is "foo"; handle --help; return a LOOM_EXIT_* code);
+ *   3. add 'foo' to `loom_commands` in cli/meson.build.
+ * loom.c builds its dispatch table from the same list.
+ */
+#ifndef LOOM_CLI_COMMANDS_H
+#define LOOM_CLI_COMMANDS_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#define LOOM_COMMANDS(X)                                                                           \
+    X(run, "generate text from a prompt with a pipeline")                                          \
+    X(bench, "offline benchmark of a pipeline, or an A/B comparison of two")                       \
+    X(plugins, "list every plugin in the search path (and broken files, with why)")                \
+    X(check, "validate a pipeline file, load its plugins, print it resolved")
+
+#define LOOM_DECLARE_COMMAND(name, summary) int loom_cmd_##name(int argc, char **argv);
+LOOM_COMMANDS(LOOM_DECLARE_COMMAND)
+#undef LOOM_DECLARE_COMMAND
+
+/* Exit codes of every command. */
+enum {
+    LOOM_EXIT_OK = 0,    /* did what was asked                          */
+    LOOM_EXIT_FAIL = 1,  /* ran, but the input is bad or something failed */
+    LOOM_EXIT_USAGE = 2, /* unknown command/option or missing argument   */
+};
+
+/* ---- helpers in cli/cli_util.c ----------------------------------------- */
+
+/* "loom 0.1.0" + ABI + CUDA lines, for --version. */
+void cli_print_version(FILE *f);
+/* Print "loom CMD: message" and the command's usage to stderr; returns
+ * LOOM_EXIT_USAGE. */
+int  cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Text for getopt_long's last complaint: `ret` is what it returned ('?'
+ * unknown option, ':' missing value — use an optstring starting with ':'). */
+void cli_bad_option(int ret, char **argv, char *buf, size_t size);
+
+#endif

@@ -1,0 +1,812 @@
+/*
+ * core/engine/engine.c — the step loop and the requests it serves.
+ *
+ * The engine owns requests, sequences, the model and the tokenizer; every
+ * decision is a plugin's. One step:
+ *   drain the inbox (new requests, aborts) -> scheduler picks {seq: tokens}
+ *   (allocating slots through the cache manager, preempting on NO_SPACE)
+ *   -> run the cache's queued block copies/swaps on the backend -> build the
+ *   flattened batch (block tables, slot mapping) -> backend forward ->
+ *   sampler -> append tokens, detokenize, stop checks, stream events ->
+ *   finished sequences leave the scheduler and release their blocks.
+ *
+ * It refuses to be clever: no policy lives here. A request with n > 1
+ * samples runs its prompt once; when the prompt's last token has logits,
+ * the other samples are forked from it (sharing its KV blocks through the
+ * cache manager's fork, copy-on-write) and each draws its own first token
+ * from the same row.
+ */
+#include "engine/engine_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/util.h"
+
+#define ENGINE_WHO "engine"
+
+/* ------------------------------------------------------------ sequences */
+
+static loom_status grow(void **p, int32_t *cap, int32_t need, size_t elem) {
+    if (need <= *cap) return LOOM_OK;
+    int32_t n = *cap ? *cap : 16;
+    while (n < need) n *= 2;
+    void *q = realloc(*p, (size_t)n * elem);
+    if (!q) return LOOM_ERR_NOMEM;
+    *p = q;
+    *cap = n;
+    return LOOM_OK;
+}
+
+static loom_status seq_reserve(loom_seq *s, int32_t need) {
+    loom_status st = grow((void **)&s->tokens, &s->cap, need, sizeof(int32_t));
+    s->info.tokens = s->tokens;
+    return st;
+}
+
+static loom_status seq_push(loom_seq *s, int32_t tok) {
+    loom_status st = seq_reserve(s, s->info.num_tokens + 1);
+    if (st != LOOM_OK) return st;
+    s->tokens[s->info.num_tokens++] = tok;
+    return LOOM_OK;
+}
+
+void loom_engine_seq_free(loom_seq *s) {
+    if (!s) return;
+    free(s->tokens);
+    free(s->text);
+    free(s);
+}
+
+static loom_seq *seq_new(loom_engine *e, loom_req *rq, int32_t sample_index) {
+    loom_seq *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->info.struct_size = sizeof s->info;
+    s->info.id = e->next_seq_id++;
+    s->info.request_id = rq->id;
+    s->info.priority = rq->r.priority;
+    s->info.arrival_time = rq->arrival;
+    s->info.num_prompt_tokens = rq->prompt_len;
+    s->info.max_total_tokens = rq->prompt_len + rq->max_new;
+    s->req = rq;
+    s->sample_index = sample_index;
+    if (seq_reserve(s, rq->prompt_len + 16) != LOOM_OK) {
+        loom_engine_seq_free(s);
+        return NULL;
+    }
+    memcpy(s->tokens, rq->prompt, (size_t)rq->prompt_len * sizeof(int32_t));
+    s->info.num_tokens = rq->prompt_len;
+    uint64_t seed = rq->r.params.has_seed ? rq->r.params.seed + (uint64_t)sample_index * 0x9E3779B97F4A7C15ULL
+                                          : e->seed ^ ((uint64_t)s->info.id * 0xD1B54A32D192ED03ULL);
+    loom_rng_seed(s->rng, seed);
+    if (e->tok) loom_detok_init(&s->detok, e->tok, true);
+    return s;
+}
+
+static loom_status engine_track_seq(loom_engine *e, loom_seq *s) {
+    if (grow((void **)&e->seqs, &e->cap_seqs, e->num_seqs + 1, sizeof(loom_seq *)) != LOOM_OK)
+        return LOOM_ERR_NOMEM;
+    e->seqs[e->num_seqs++] = s;
+    return LOOM_OK;
+}
+
+loom_seq *loom_engine_find_seq(loom_engine *e, loom_seq_id id) {
+    /* Sequences are appended in id order: binary search. */
+    int32_t lo = 0, hi = e->num_seqs - 1;
+    while (lo <= hi) {
+        int32_t mid = (lo + hi) / 2;
+        loom_seq_id v = e->seqs[mid]->info.id;
+        if (v == id) return e->seqs[mid];
+        if (v < id) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return NULL;
+}
+
+static const loom_seq_info *env_get_seq(void *ctx, loom_seq_id id) {
+    loom_seq *s = loom_engine_find_seq(ctx, id);
+    return s && !s->finished ? &s->info : NULL;
+}
+
+void loom_engine_req_free(loom_req *rq) {
+    if (!rq) return;
+    if (rq->stop) {
+        for (char **p = rq->stop; *p; p++) free(*p);
+        free(rq->stop);
+    }
+    free(rq->prompt);
+    free(rq->seqs);
+    free((char *)rq->r.system);
+    free(rq);
+}
+
+/* ---------------------------------------------------------------- events */
+
+static bool append_text(loom_seq *s, const char *piece, size_t n);
+
+static void emit(loom_engine *e, loom_seq *s, int32_t token, const char *text, float logprob,
+                 int32_t num_top, const int32_t *top_ids, const float *top_lp,
+                 loom_finish_reason finish, const char *error) {
+    (void)e;
+    if (!s->req->r.on_token) return;
+    loom_token_event ev = {
+        .request_id = s->req->id,
+        .sample_index = s->sample_index,
+        .token = token,
+        .text = text ? text : "",
+        .logprob = logprob,
+        .num_top = num_top,
+        .top_ids = top_ids,
+        .top_logprobs = top_lp,
+        .finish = finish,
+        .error = error,
+    };
+    s->req->r.on_token(s->req->r.user, &ev);
+}
+
+/* Remove finished sequences of finished requests from the tables. */
+static void engine_reap(loom_engine *e) {
+    int32_t w = 0;
+    for (int32_t i = 0; i < e->num_seqs; i++) {
+        loom_seq *s = e->seqs[i];
+        if (s->finished && s->req->live == 0) continue; /* freed with its request below */
+        e->seqs[w++] = s;
+    }
+    int32_t nseq = w;
+    w = 0;
+    for (int32_t i = 0; i < e->num_reqs; i++) {
+        loom_req *rq = e->reqs[i];
+        if (rq->live == 0) {
+            for (int32_t k = 0; k < rq->n; k++) loom_engine_seq_free(rq->seqs[k]);
+            loom_engine_req_free(rq);
+            continue;
+        }
+        e->reqs[w++] = rq;
+    }
+    e->num_reqs = w;
+    e->num_seqs = nseq;
+}
+
+static void seq_finish(loom_engine *e, loom_seq *s, loom_finish_reason why, const char *error) {
+    if (s->finished) return;
+    s->finished = true;
+    e->sch->remove(e->sch_self, s->info.id); /* unknown ids are ignored */
+    e->cache->free(e->cache_self, s->info.id);
+    if (e->spec) e->spec->release(e->spec_self, s->info.id);
+    /* The final event carries what the detokenizer and the stop-string
+     * hold-back still had. */
+    if (e->tok && why != LOOM_FINISH_STOP) {
+        char tail[64];
+        size_t n = loom_detok_flush(&s->detok, tail, sizeof tail);
+        if (n) append_text(s, tail, n);
+    }
+    emit(e, s, -1, s->text ? s->text + s->text_emitted : "", 0.0f, 0, NULL, NULL, why, error);
+    s->text_emitted = s->text_len;
+    loom_req *rq = s->req;
+    if (!rq->forked) {
+        /* Samples 1..n-1 never started: they end with the same reason. */
+        rq->live = 0;
+    } else {
+        rq->live--;
+    }
+    if (rq->live == 0) {
+        pthread_mutex_lock(&e->inbox_mu);
+        e->active--;
+        pthread_mutex_unlock(&e->inbox_mu);
+    }
+}
+
+/* ------------------------------------------------------------- requests */
+
+int64_t loom_engine_add_request(loom_engine *e, const loom_request *req, loom_error *err) {
+    if (!e || !req) {
+        loom_error_set(err, LOOM_ERR_INVALID, "loom_engine_add_request: engine and request are required");
+        return -1;
+    }
+    if (req->struct_size < sizeof(uint32_t) || req->struct_size > sizeof(loom_request)) {
+        loom_error_set(err, LOOM_ERR_ABI, "loom_request.struct_size %u is not one this engine knows (%zu)",
+                       req->struct_size, sizeof(loom_request));
+        return -1;
+    }
+    loom_req *rq = calloc(1, sizeof *rq);
+    if (!rq) {
+        loom_error_set(err, LOOM_ERR_NOMEM, "out of memory queueing a request");
+        return -1;
+    }
+    memcpy(&rq->r, req, req->struct_size);
+    rq->r.system = loom_strdup(req->system);
+    rq->r.prompt = NULL;
+    rq->r.tokens = NULL;
+    rq->n = req->n > 1 ? req->n : 1;
+    rq->arrival = loom_now();
+    loom_status st = LOOM_OK;
+
+    /* Tokenize here, on the caller's thread: the tokenizer is immutable. */
+    if (req->prompt && !e->tok) {
+        st = loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                            "this model has no tokenizer (dummy weights): give prompt token ids instead of text");
+        goto fail;
+    } else if (req->prompt) {
+        char *text = NULL;
+        const char *src = req->prompt;
+        if (req->chat && !e->chat_none) {
+            loom_chat_msg msgs[2];
+            int32_t nm = 0;
+            if (req->system) msgs[nm++] = (loom_chat_msg){"system", req->system};
+            msgs[nm++] = (loom_chat_msg){"user", req->prompt};
+            st = loom_chat_apply(e->tok, e->chat_format, msgs, nm, true, &text, err);
+            if (st != LOOM_OK) goto fail;
+            src = text;
+        }
+        st = loom_tokenizer_encode(e->tok, src, strlen(src), !(req->chat && !e->chat_none) && loom_tokenizer_adds_bos(e->tok),
+                                   req->chat && !e->chat_none, &rq->prompt, &rq->prompt_len, err);
+        free(text);
+        if (st != LOOM_OK) goto fail;
+    } else if (req->tokens && req->num_tokens > 0) {
+        rq->prompt = malloc((size_t)req->num_tokens * sizeof(int32_t));
+        if (!rq->prompt) {
+            st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying %d prompt tokens", req->num_tokens);
+            goto fail;
+        }
+        for (int32_t i = 0; i < req->num_tokens; i++) {
+            if (req->tokens[i] < 0 || req->tokens[i] >= e->vocab) {
+                st = loom_error_set(err, LOOM_ERR_INVALID,
+                                    "prompt token %d at index %d is outside the vocabulary [0, %d)",
+                                    req->tokens[i], i, e->vocab);
+                goto fail;
+            }
+            rq->prompt[i] = req->tokens[i];
+        }
+        rq->prompt_len = req->num_tokens;
+    } else {
+        st = loom_error_set(err, LOOM_ERR_INVALID, "request has neither a prompt nor prompt tokens");
+        goto fail;
+    }
+    if (rq->prompt_len == 0) {
+        st = loom_error_set(err, LOOM_ERR_INVALID, "the prompt encodes to zero tokens: give some text");
+        goto fail;
+    }
+    if (rq->prompt_len >= e->max_model_len) {
+        st = loom_error_set(err, LOOM_ERR_INVALID,
+                            "prompt is %d tokens but the context holds %d (prompt + at least one new "
+                            "token): shorten the prompt or raise engine.max_model_len (model trained to %d)",
+                            rq->prompt_len, e->max_model_len, e->mcfg->max_context);
+        goto fail;
+    }
+    int32_t room = e->max_model_len - rq->prompt_len;
+    rq->max_new = req->max_tokens > 0 && req->max_tokens < room ? req->max_tokens : room;
+
+    /* Sampling parameters are checked by the sampler on first use; the
+     * obvious mistakes are caught here so the caller gets them at once. */
+    const loom_sampling_params *p = &req->params;
+    if (!(p->temperature >= 0) || !(p->top_p > 0 && p->top_p <= 1) || p->top_k < 0 ||
+        !(p->min_p >= 0 && p->min_p <= 1) || p->logprobs < 0 || p->logprobs > LOOM_MAX_LOGPROBS) {
+        st = loom_error_set(err, LOOM_ERR_INVALID,
+                            "sampling parameters out of range (temperature %g >= 0, top_p %g in (0,1], "
+                            "top_k %d >= 0, min_p %g in [0,1], logprobs %d in [0,%d])",
+                            p->temperature, p->top_p, p->top_k, p->min_p, p->logprobs, LOOM_MAX_LOGPROBS);
+        goto fail;
+    }
+
+    if (req->stop) {
+        int32_t ns = 0;
+        while (req->stop[ns]) ns++;
+        rq->stop = calloc((size_t)ns + 1, sizeof(char *));
+        if (!rq->stop) {
+            st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying stop strings");
+            goto fail;
+        }
+        for (int32_t i = 0; i < ns; i++) {
+            rq->stop[i] = loom_strdup(req->stop[i]);
+            int32_t l = (int32_t)strlen(req->stop[i]);
+            if (l > rq->max_stop_len) rq->max_stop_len = l;
+        }
+    }
+    rq->r.stop = NULL;
+    rq->seqs = calloc((size_t)rq->n, sizeof(loom_seq *));
+    if (!rq->seqs) {
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+
+    loom_inbox_item *it = calloc(1, sizeof *it);
+    if (!it) {
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    it->req = rq;
+    pthread_mutex_lock(&e->inbox_mu);
+    rq->id = e->next_req_id++;
+    e->active++;
+    if (e->inbox_tail) e->inbox_tail->next = it;
+    else e->inbox_head = it;
+    e->inbox_tail = it;
+    int64_t id = rq->id;
+    pthread_mutex_unlock(&e->inbox_mu);
+    return id;
+fail:
+    (void)st;
+    loom_engine_req_free(rq);
+    return -1;
+}
+
+loom_status loom_engine_abort(loom_engine *e, int64_t request_id) {
+    loom_inbox_item *it = calloc(1, sizeof *it);
+    if (!it) return LOOM_ERR_NOMEM;
+    it->abort_id = request_id;
+    pthread_mutex_lock(&e->inbox_mu);
+    if (e->inbox_tail) e->inbox_tail->next = it;
+    else e->inbox_head = it;
+    e->inbox_tail = it;
+    pthread_mutex_unlock(&e->inbox_mu);
+    return LOOM_OK;
+}
+
+static loom_status admit(loom_engine *e, loom_req *rq, loom_error *err) {
+    if (grow((void **)&e->reqs, &e->cap_reqs, e->num_reqs + 1, sizeof(loom_req *)) != LOOM_OK)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory admitting a request");
+    loom_seq *s = seq_new(e, rq, 0);
+    if (!s || engine_track_seq(e, s) != LOOM_OK) {
+        loom_engine_seq_free(s);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory admitting a request");
+    }
+    e->reqs[e->num_reqs++] = rq;
+    rq->seqs[0] = s;
+    rq->live = 1;
+    rq->forked = rq->n == 1;
+    e->stats.prompt_tokens += rq->prompt_len;
+    loom_status st = e->sch->add(e->sch_self, &s->info, err);
+    if (st != LOOM_OK) {
+        loom_error_prefix(err, "scheduler refused request %lld", (long long)rq->id);
+        seq_finish(e, s, LOOM_FINISH_ERROR, err ? err->message : "scheduler refused the request");
+        return LOOM_OK; /* the request ended with an error event; the engine goes on */
+    }
+    return LOOM_OK;
+}
+
+static loom_status drain_inbox(loom_engine *e, loom_error *err) {
+    pthread_mutex_lock(&e->inbox_mu);
+    loom_inbox_item *it = e->inbox_head;
+    e->inbox_head = e->inbox_tail = NULL;
+    pthread_mutex_unlock(&e->inbox_mu);
+    loom_status st = LOOM_OK;
+    while (it) {
+        loom_inbox_item *next = it->next;
+        if (it->req) {
+            if (st == LOOM_OK) st = admit(e, it->req, err);
+            else loom_engine_req_free(it->req);
+        } else {
+            for (int32_t i = 0; i < e->num_reqs; i++) {
+                loom_req *rq = e->reqs[i];
+                if (rq->id != it->abort_id || rq->live == 0) continue;
+                rq->aborted = true;
+                for (int32_t k = 0; k < rq->n; k++)
+                    if (rq->seqs[k]) seq_finish(e, rq->seqs[k], LOOM_FINISH_ABORT, NULL);
+            }
+        }
+        free(it);
+        it = next;
+    }
+    return st;
+}
+
+/* ----------------------------------------------------------- the step */
+
+static loom_status ensure_step_buffers(loom_engine *e, int32_t nseq, int32_t ntok, int32_t bt_stride) {
+    if (grow((void **)&e->sched_entries, &e->sched_cap, nseq, sizeof(loom_sched_entry)) != LOOM_OK)
+        return LOOM_ERR_NOMEM;
+    e->preempted = realloc(e->preempted, (size_t)e->sched_cap * sizeof(loom_seq_id));
+    e->preempt_modes = realloc(e->preempt_modes, (size_t)e->sched_cap * sizeof(loom_preempt_mode));
+    if (!e->preempted || !e->preempt_modes) return LOOM_ERR_NOMEM;
+    if (ntok > e->tok_cap) {
+        int32_t n = ntok * 2;
+        e->tok_ids = realloc(e->tok_ids, (size_t)n * sizeof(int32_t));
+        e->positions = realloc(e->positions, (size_t)n * sizeof(int32_t));
+        e->slots = realloc(e->slots, (size_t)n * sizeof(int64_t));
+        e->logits_index = realloc(e->logits_index, (size_t)n * sizeof(int32_t));
+        e->logit_seqs = realloc(e->logit_seqs, (size_t)n * sizeof(loom_seq *));
+        if (!e->tok_ids || !e->positions || !e->slots || !e->logits_index || !e->logit_seqs)
+            return LOOM_ERR_NOMEM;
+        e->tok_cap = n;
+    }
+    if (nseq + 1 > e->seq_cap) {
+        int32_t n = (nseq + 1) * 2;
+        e->query_start = realloc(e->query_start, (size_t)n * sizeof(int32_t));
+        e->context_len = realloc(e->context_len, (size_t)n * sizeof(int32_t));
+        if (!e->query_start || !e->context_len) return LOOM_ERR_NOMEM;
+        e->seq_cap = n;
+    }
+    if ((int64_t)nseq * bt_stride > e->bt_cap) {
+        int32_t n = nseq * bt_stride * 2;
+        e->block_table = realloc(e->block_table, (size_t)n * sizeof(int32_t));
+        if (!e->block_table) return LOOM_ERR_NOMEM;
+        e->bt_cap = n;
+    }
+    return LOOM_OK;
+}
+
+/* Run the cache manager's queued copies and swaps, grouped into runs of
+ * one kind so the backend sees as few calls as possible, order kept. */
+static loom_status run_block_ops(loom_engine *e, loom_error *err) {
+    enum { CAP = 256 };
+    if (!e->ops) {
+        e->ops = malloc(CAP * sizeof(loom_block_op));
+        e->pairs = malloc(CAP * 2 * sizeof(int32_t));
+        if (!e->ops || !e->pairs) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+    }
+    int32_t n;
+    while ((n = e->cache->take_block_ops(e->cache_self, e->ops, CAP)) > 0) {
+        int32_t i = 0;
+        while (i < n) {
+            int32_t j = i;
+            loom_block_op_kind k = e->ops[i].kind;
+            while (j < n && e->ops[j].kind == k) {
+                e->pairs[2 * (j - i)] = e->ops[j].src;
+                e->pairs[2 * (j - i) + 1] = e->ops[j].dst;
+                j++;
+            }
+            loom_status st;
+            if (k == LOOM_BLOCK_COPY) {
+                st = e->be->copy_blocks(e->be_self, e->pairs, j - i, err);
+            } else if (!e->be->swap_blocks) {
+                st = loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                                    "the cache manager asked for a swap but the backend cannot swap: "
+                                    "set cache.cpu_swap_gib: 0");
+            } else {
+                st = e->be->swap_blocks(e->be_self, k == LOOM_BLOCK_SWAP_OUT ? LOOM_SWAP_OUT : LOOM_SWAP_IN,
+                                        e->pairs, j - i, err);
+            }
+            if (st != LOOM_OK) return st;
+            i = j;
+        }
+    }
+    return LOOM_OK;
+}
+
+/* Append generated text and check stop strings; returns true when a stop
+ * string matched (the text is cut before it). */
+static bool append_text(loom_seq *s, const char *piece, size_t n) {
+    if (s->text_len + n + 1 > s->text_cap) {
+        size_t c = s->text_cap ? s->text_cap : 256;
+        while (c < s->text_len + n + 1) c *= 2;
+        char *t = realloc(s->text, c);
+        if (!t) return false;
+        s->text = t;
+        s->text_cap = c;
+    }
+    memcpy(s->text + s->text_len, piece, n);
+    s->text_len += n;
+    s->text[s->text_len] = 0;
+    loom_req *rq = s->req;
+    if (!rq->stop) return false;
+    /* Only the tail that could contain a new match needs scanning. */
+    size_t from = s->text_len > n + (size_t)rq->max_stop_len ? s->text_len - n - (size_t)rq->max_stop_len : 0;
+    for (char **p = rq->stop; *p; p++) {
+        if (!**p) continue;
+        char *hit = strstr(s->text + from, *p);
+        if (hit) {
+            s->text_len = (size_t)(hit - s->text);
+            s->text[s->text_len] = 0;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Text not yet streamed, holding back what could still become a stop
+ * string, so a stop string is never shown in part. */
+static void stream_text(loom_engine *e, loom_seq *s, int32_t token, float lp, int32_t num_top,
+                        const int32_t *top_ids, const float *top_lp) {
+    if (!s->text) {
+        emit(e, s, token, "", lp, num_top, top_ids, top_lp, LOOM_FINISH_NONE, NULL);
+        return;
+    }
+    size_t hold = (size_t)(s->req->max_stop_len > 0 ? s->req->max_stop_len - 1 : 0);
+    size_t end = s->text_len > hold ? s->text_len - hold : 0;
+    /* Never cut inside a UTF-8 character. */
+    while (end > s->text_emitted && end < s->text_len && ((unsigned char)s->text[end] & 0xC0) == 0x80) end--;
+    if (end < s->text_emitted) end = s->text_emitted;
+    char save = s->text[end];
+    s->text[end] = 0;
+    emit(e, s, token, s->text + s->text_emitted, lp, num_top, top_ids, top_lp, LOOM_FINISH_NONE, NULL);
+    s->text[end] = save;
+    s->text_emitted = end;
+}
+
+/* One sampled token for s: append, detokenize, stream, check the end. */
+static void accept_token(loom_engine *e, loom_seq *s, int32_t tok, float lp, int32_t num_top,
+                         const int32_t *top_ids, const float *top_lp) {
+    if (seq_push(s, tok) != LOOM_OK) {
+        seq_finish(e, s, LOOM_FINISH_ERROR, "out of memory appending a token");
+        return;
+    }
+    s->num_generated++;
+    e->stats.generated_tokens++;
+    bool eog = e->tok && !s->req->r.ignore_eos && loom_tokenizer_is_eog(e->tok, tok);
+    char piece[256];
+    size_t n = eog || !e->tok ? 0 : loom_detok_push(&s->detok, tok, piece, sizeof piece);
+    bool stopped = n && append_text(s, piece, n);
+    stream_text(e, s, tok, lp, num_top, top_ids, top_lp);
+    if (eog || stopped || s->num_generated >= s->req->max_new)
+        seq_finish(e, s, eog ? LOOM_FINISH_EOS : stopped ? LOOM_FINISH_STOP : LOOM_FINISH_LENGTH, NULL);
+}
+
+/* After the first sample's prompt has logits: make samples 1..n-1 share its
+ * blocks and give each its own first token from the same row. */
+static loom_status fork_samples(loom_engine *e, loom_seq *parent, const float *row_logits, loom_error *err) {
+    loom_req *rq = parent->req;
+    rq->forked = true;
+    for (int32_t k = 1; k < rq->n; k++) {
+        loom_seq *c = seq_new(e, rq, k);
+        if (!c || engine_track_seq(e, c) != LOOM_OK) {
+            loom_engine_seq_free(c);
+            return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory forking sample %d", k);
+        }
+        rq->seqs[k] = c;
+        rq->live++;
+        c->info.num_computed = parent->info.num_computed;
+        loom_status st = e->cache->fork(e->cache_self, parent->info.id, c->info.id, err);
+        if (st != LOOM_OK) return st;
+        st = e->sch->add(e->sch_self, &c->info, err);
+        if (st != LOOM_OK) return st;
+        /* Its own draw from the prompt's distribution. */
+        float *row = malloc((size_t)e->vocab * sizeof(float));
+        if (!row) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+        memcpy(row, row_logits, (size_t)e->vocab * sizeof(float));
+        loom_sample_row sr = {&rq->r.params, c->tokens, c->info.num_prompt_tokens, NULL, 0, c->rng};
+        int32_t tok;
+        float lp;
+        int32_t top_ids[LOOM_MAX_LOGPROBS];
+        float top_lp[LOOM_MAX_LOGPROBS];
+        loom_sample_out out = {&tok, &lp, top_ids, top_lp};
+        st = e->smp->sample(e->smp_self, row, e->vocab, &sr, 1, &out, err);
+        free(row);
+        if (st != LOOM_OK) return st;
+        accept_token(e, c, tok, lp, rq->r.params.logprobs, top_ids, top_lp);
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
+    loom_status st = drain_inbox(e, err);
+    if (st != LOOM_OK) return st;
+
+    int32_t live = 0;
+    for (int32_t i = 0; i < e->num_seqs; i++) live += !e->seqs[i]->finished;
+    if (live == 0) {
+        engine_reap(e);
+        goto done;
+    }
+
+    double t0 = loom_now();
+    int32_t bt_stride = (e->max_model_len + e->layout.block_size - 1) / e->layout.block_size;
+    if (ensure_step_buffers(e, e->num_seqs, 1, bt_stride) != LOOM_OK)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory growing step buffers");
+
+    loom_sched_output out = {
+        .struct_size = sizeof out,
+        .capacity = e->sched_cap,
+        .scheduled = e->sched_entries,
+        .preempted = e->preempted,
+        .preempt_mode = e->preempt_modes,
+    };
+    loom_sched_env env = {
+        .struct_size = sizeof env,
+        .ctx = e,
+        .get_seq = env_get_seq,
+        .cache = e->cache,
+        .cache_self = e->cache_self,
+        .now = t0,
+    };
+    st = e->sch->schedule(e->sch_self, &env, &out, err);
+    if (st != LOOM_OK) {
+        loom_error_prefix(err, "scheduler");
+        return st;
+    }
+    for (int32_t i = 0; i < out.num_preempted; i++) {
+        loom_seq *s = loom_engine_find_seq(e, out.preempted[i]);
+        if (!s) continue;
+        e->stats.preemptions++;
+        if (out.preempt_mode[i] == LOOM_PREEMPT_RECOMPUTE) s->info.num_computed = 0;
+    }
+    if (out.num_scheduled == 0) {
+        /* Work is waiting but nothing can run: the cache cannot hold even
+         * one sequence. Fail the oldest waiting request rather than hang. */
+        for (int32_t i = 0; i < e->num_seqs; i++) {
+            loom_seq *s = e->seqs[i];
+            if (s->finished) continue;
+            char msg[LOOM_ERROR_MSG_MAX];
+            snprintf(msg, sizeof msg,
+                     "no progress possible: the KV cache (%d blocks of %d tokens) cannot hold this "
+                     "sequence of %d tokens; give the cache more memory or lower engine.max_model_len",
+                     e->layout.num_blocks, e->layout.block_size, s->info.num_tokens);
+            seq_finish(e, s, LOOM_FINISH_ERROR, msg);
+            break;
+        }
+        engine_reap(e);
+        goto done;
+    }
+
+    st = run_block_ops(e, err);
+    if (st != LOOM_OK) return st;
+
+    /* Flatten the batch. */
+    int32_t ntok = 0;
+    for (int32_t i = 0; i < out.num_scheduled; i++) ntok += out.scheduled[i].num_tokens;
+    if (ensure_step_buffers(e, out.num_scheduled, ntok, bt_stride) != LOOM_OK)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory growing step buffers");
+    int32_t t = 0, nlog = 0;
+    bool any_decode = false;
+    for (int32_t i = 0; i < out.num_scheduled; i++) {
+        const loom_sched_entry *en = &out.scheduled[i];
+        loom_seq *s = loom_engine_find_seq(e, en->seq);
+        if (!s || s->finished || en->num_tokens <= 0 || en->num_computed < 0 ||
+            en->num_computed + en->num_tokens > s->info.num_tokens)
+            return loom_error_set(err, LOOM_ERR_INTERNAL,
+                                  "scheduler entry %d (seq %lld, tokens [%d, %d)) does not fit the sequence",
+                                  i, (long long)en->seq, en->num_computed, en->num_computed + en->num_tokens);
+        int32_t *row = e->block_table + (size_t)i * bt_stride;
+        int32_t nb = e->cache->block_table(e->cache_self, s->info.id, row, bt_stride);
+        int32_t end = en->num_computed + en->num_tokens;
+        if (nb * e->layout.block_size < end)
+            return loom_error_set(err, LOOM_ERR_INTERNAL,
+                                  "seq %lld has %d blocks for %d tokens: the scheduler did not allocate",
+                                  (long long)s->info.id, nb, end);
+        for (int32_t k = nb; k < bt_stride; k++) row[k] = -1;
+        e->query_start[i] = t;
+        e->context_len[i] = end;
+        if (en->num_computed >= s->info.num_prompt_tokens) any_decode = true;
+        if (en->num_computed < s->info.num_prompt_tokens)
+            e->stats.prefill_tokens += (end < s->info.num_prompt_tokens ? end : s->info.num_prompt_tokens) -
+                                       en->num_computed;
+        for (int32_t p = en->num_computed; p < end; p++, t++) {
+            e->tok_ids[t] = s->tokens[p];
+            e->positions[t] = p;
+            e->slots[t] = (int64_t)row[p / e->layout.block_size] * e->layout.block_size + p % e->layout.block_size;
+        }
+        if (end == s->info.num_tokens) {
+            e->logits_index[nlog] = t - 1;
+            e->logit_seqs[nlog] = s;
+            nlog++;
+        }
+    }
+    e->query_start[out.num_scheduled] = t;
+
+    size_t need = (size_t)nlog * (size_t)e->vocab;
+    if (need > e->logits_cap) {
+        float *l = realloc(e->logits, need * sizeof(float));
+        if (!l) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for %d logits rows", nlog);
+        e->logits = l;
+        e->logits_cap = need;
+    }
+    loom_batch batch = {
+        .struct_size = sizeof batch,
+        .num_seqs = out.num_scheduled,
+        .num_tokens = ntok,
+        .token_ids = e->tok_ids,
+        .positions = e->positions,
+        .query_start = e->query_start,
+        .context_len = e->context_len,
+        .block_table = e->block_table,
+        .block_table_stride = bt_stride,
+        .slot_mapping = e->slots,
+        .num_logits = nlog,
+        .logits_index = e->logits_index,
+    };
+    st = e->be->forward(e->be_self, &batch, e->logits, err);
+    if (st != LOOM_OK) {
+        loom_error_prefix(err, "backend forward (%d sequences, %d tokens)", out.num_scheduled, ntok);
+        return st;
+    }
+    for (int32_t i = 0; i < out.num_scheduled; i++) {
+        loom_seq *s = loom_engine_find_seq(e, out.scheduled[i].seq);
+        s->info.num_computed = out.scheduled[i].num_computed + out.scheduled[i].num_tokens;
+    }
+
+    /* Sample every row in one call. */
+    if (nlog > 0) {
+        loom_sample_row *rows = calloc((size_t)nlog, sizeof *rows);
+        int32_t *toks = malloc((size_t)nlog * sizeof(int32_t));
+        float *lps = malloc((size_t)nlog * sizeof(float));
+        int32_t *top_ids = malloc((size_t)nlog * LOOM_MAX_LOGPROBS * sizeof(int32_t));
+        float *top_lp = malloc((size_t)nlog * LOOM_MAX_LOGPROBS * sizeof(float));
+        float *first_rows = NULL;
+        if (!rows || !toks || !lps || !top_ids || !top_lp) {
+            st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory sampling %d rows", nlog);
+            goto sample_done;
+        }
+        /* Rows of requests about to fork: keep the raw logits, since the
+         * sampler may modify them in place. */
+        for (int32_t r = 0; r < nlog; r++) {
+            loom_seq *s = e->logit_seqs[r];
+            if (!s->req->forked && !first_rows) {
+                first_rows = malloc(need * sizeof(float));
+                if (!first_rows) {
+                    st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+                    goto sample_done;
+                }
+                memcpy(first_rows, e->logits, need * sizeof(float));
+            }
+            rows[r] = (loom_sample_row){&s->req->r.params, s->tokens, s->info.num_prompt_tokens,
+                                        s->tokens + s->info.num_prompt_tokens,
+                                        s->info.num_tokens - s->info.num_prompt_tokens, s->rng};
+        }
+        loom_sample_out so = {toks, lps, top_ids, top_lp};
+        st = e->smp->sample(e->smp_self, e->logits, e->vocab, rows, nlog, &so, err);
+        if (st != LOOM_OK) {
+            loom_error_prefix(err, "sampler");
+            goto sample_done;
+        }
+        for (int32_t r = 0; r < nlog && st == LOOM_OK; r++) {
+            loom_seq *s = e->logit_seqs[r];
+            int32_t ntop = s->req->r.params.logprobs;
+            /* Fork before sample 0 takes its token, so every sample starts
+             * from the prompt alone. */
+            if (!s->req->forked) st = fork_samples(e, s, first_rows + (size_t)r * e->vocab, err);
+            if (st != LOOM_OK) break;
+            accept_token(e, s, toks[r], lps[r], ntop, top_ids + (size_t)r * LOOM_MAX_LOGPROBS,
+                         top_lp + (size_t)r * LOOM_MAX_LOGPROBS);
+        }
+    sample_done:
+        free(rows);
+        free(toks);
+        free(lps);
+        free(top_ids);
+        free(top_lp);
+        free(first_rows);
+        if (st != LOOM_OK) return st;
+    }
+
+    double dt = loom_now() - t0;
+    if (any_decode) e->stats.decode_seconds += dt;
+    else e->stats.prefill_seconds += dt;
+    e->stats.steps++;
+    if (out.num_scheduled > e->stats.max_running) e->stats.max_running = out.num_scheduled;
+    engine_reap(e);
+done:
+    if (active) {
+        pthread_mutex_lock(&e->inbox_mu);
+        *active = e->active;
+        pthread_mutex_unlock(&e->inbox_mu);
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_engine_run(loom_engine *e, loom_error *err) {
+    int32_t active = 1;
+    while (active > 0) {
+        loom_status st = loom_engine_step(e, &active, err);
+        if (st != LOOM_OK) return st;
+    }
+    return LOOM_OK;
+}
+
+void loom_engine_get_stats(loom_engine *e, loom_engine_stats *out) {
+    *out = e->stats;
+    out->struct_size = sizeof *out;
+    loom_sched_stats ss = {.struct_size = sizeof ss};
+    e->sch->stats(e->sch_self, &ss);
+    out->running = ss.num_running;
+    out->waiting = ss.num_waiting;
+    out->swapped = ss.num_swapped;
+    loom_cache_stats cs = {.struct_size = sizeof cs};
+    e->cache->stats(e->cache_self, &cs);
+    out->kv_blocks_total = cs.num_blocks;
+    out->kv_blocks_used = cs.num_blocks - cs.free_blocks;
+    out->kv_blocks_peak = cs.peak_used_blocks;
+    out->block_size = cs.block_size;
+    out->prefix_queries = cs.prefix_queries;
+    out->prefix_hits = cs.prefix_hits;
+    out->cached_prompt_tokens = cs.prefix_hits;
+    out->evictions = cs.evictions;
+    out->swaps_out = cs.swaps_out;
+    out->swaps_in = cs.swaps_in;
+    if (e->spec && e->spec->stats) {
+        loom_spec_stats sp = {.struct_size = sizeof sp};
+        e->spec->stats(e->spec_self, &sp);
+        out->spec_proposed = sp.proposed;
+        out->spec_accepted = sp.accepted;
+    }
+}

@@ -1,0 +1,295 @@
+/*
+ * core/engine/engine_create.c — building an engine from a pipeline file and
+ * tearing it down: load the pipeline, the model and its tokenizer, create
+ * every plugin instance, load weights through the (optional) quantizer,
+ * size the KV cache with the cache manager and allocate it on the backend.
+ * Also the small tokenizer/model accessors of loom/engine.h.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/engine_internal.h"
+#include "plugin/host.h"
+#include "util/util.h"
+
+/* Model-load progress on stderr, only when a person is watching. */
+static void load_progress(void *user, const char *what, double fraction) {
+    int *last = user;
+    int pct = (int)(fraction * 100);
+    if (pct == *last) return;
+    *last = pct;
+    fprintf(stderr, "\rloading %s: %3d%%%s", what ? what : "model", pct, pct >= 100 ? "\n" : "");
+    fflush(stderr);
+}
+
+static loom_status diag_to_err(const loom_diag *d, loom_status code, const char *file, loom_error *err) {
+    if (!err) return code;
+    char buf[LOOM_ERROR_MSG_MAX];
+    size_t n = (size_t)snprintf(buf, sizeof buf, "%s: invalid pipeline", file);
+    for (int i = 0; i < d->count && n < sizeof buf; i++) {
+        const loom_diag_entry *e = &d->entries[i];
+        char where[LOOM_ERROR_MSG_MAX];
+        loom_cfg_mark_format(&e->mark, where, sizeof where);
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "\n  %s%s%s", where, where[0] ? ": " : "", e->message);
+    }
+    return loom_error_set(err, code, "%s", buf);
+}
+
+static loom_status make_instance(loom_engine *e, loom_kind kind, bool required, const void **ops, void **self,
+                                 loom_error *err) {
+    const loom_pipeline_slot *slot = loom_pipeline_slot_get(e->pipe, kind);
+    *ops = NULL;
+    *self = NULL;
+    if (!slot) {
+        if (!required) return LOOM_OK;
+        return loom_error_set(err, LOOM_ERR_INVALID, "%s: the pipeline has no %s section",
+                              loom_pipeline_file(e->pipe), loom_kind_name(kind));
+    }
+    loom_status st = loom_pipeline_create_instance(slot, e->host, self, err);
+    if (st == LOOM_OK) *ops = slot->component->ops;
+    return st;
+}
+
+static void destroy_instance(loom_engine *e, loom_kind kind, void *self) {
+    if (!self) return;
+    const loom_pipeline_slot *slot = loom_pipeline_slot_get(e->pipe, kind);
+    if (slot) loom_pipeline_destroy_instance(slot, self);
+}
+
+static size_t cache_block_bytes(void *ctx, int32_t block_size) {
+    loom_engine *e = ctx;
+    return e->be->kv_block_bytes(e->be_self, block_size, e->layout.dtype);
+}
+
+static loom_status load_tokenizer(loom_engine *e, loom_error *err) {
+    const loom_gguf *g = loom_model_gguf(e->model);
+    if (g) return loom_tokenizer_from_gguf(g, &e->tok, err);
+    const char *tj = loom_model_tokenizer_json(e->model);
+    if (tj) {
+        char cfg[LOOM_PIPELINE_PATH_MAX + 32];
+        snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", loom_model_dir(e->model));
+        struct stat sb;
+        return loom_tokenizer_from_json(tj, stat(cfg, &sb) == 0 ? cfg : NULL, &e->tok, err);
+    }
+    e->tok = NULL; /* dummy weights: token ids in, token ids out */
+    return LOOM_OK;
+}
+
+loom_status loom_engine_create(const char *pipeline_path, const char *const *overrides, int32_t num_overrides,
+                               loom_engine **out, loom_error *err) {
+    if (!out || !pipeline_path)
+        return loom_error_set(err, LOOM_ERR_INVALID, "loom_engine_create: pipeline path and out are required");
+    *out = NULL;
+    loom_engine *e = calloc(1, sizeof *e);
+    if (!e) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory creating the engine");
+    pthread_mutex_init(&e->inbox_mu, NULL);
+    e->host = loom_host_default();
+    loom_status st;
+
+    loom_diag diag;
+    loom_diag_init(&diag);
+    st = loom_pipeline_load(pipeline_path, overrides, num_overrides, &e->pipe, &diag);
+    if (st != LOOM_OK) {
+        diag_to_err(&diag, st, pipeline_path, err);
+        loom_diag_free(&diag);
+        goto fail;
+    }
+    loom_diag_free(&diag);
+
+    const loom_engine_settings *es = loom_pipeline_engine(e->pipe);
+    const loom_model_settings *ms = loom_pipeline_model(e->pipe);
+    loom_host_set_threads(es->threads);
+    e->seed = (uint64_t)es->seed;
+
+    /* The model. */
+    static const char *const fmt_names[] = {"auto", "gguf", "safetensors", "dummy"};
+    int last_pct = -1;
+    bool show = isatty(2) || getenv("LOOM_PROGRESS");
+    loom_model_load_opts mo = {
+        .path = ms->path[0] ? ms->path : NULL,
+        .format = fmt_names[ms->format],
+        .dummy_shape = ms->shape[0] ? ms->shape : NULL,
+        .seed = (uint64_t)ms->seed,
+        .dummy_dtype = ms->dtype,
+        .progress = show ? load_progress : NULL,
+        .user = &last_pct,
+    };
+    st = loom_model_load(&mo, &e->model, err);
+    if (st != LOOM_OK) {
+        loom_error_prefix(err, "%s: model", pipeline_path);
+        goto fail;
+    }
+    e->view = loom_model_view_get(e->model);
+    e->mcfg = loom_model_config_get(e->model);
+    e->vocab = e->mcfg->vocab_size;
+    e->max_model_len = es->max_model_len > 0 ? es->max_model_len : e->mcfg->max_context;
+    if (e->max_model_len < 2) {
+        st = loom_error_set(err, LOOM_ERR_INVALID, "%s: engine.max_model_len %d is too small", pipeline_path,
+                            e->max_model_len);
+        goto fail;
+    }
+
+    st = load_tokenizer(e, err);
+    if (st != LOOM_OK) {
+        loom_error_prefix(err, "%s: tokenizer", pipeline_path);
+        goto fail;
+    }
+    if (e->tok) {
+        static const loom_chat_format map[] = {LOOM_CHAT_AUTO, LOOM_CHAT_CHATML, LOOM_CHAT_LLAMA3,
+                                               LOOM_CHAT_LLAMA2, LOOM_CHAT_AUTO};
+        e->chat_format = ms->chat_template == LOOM_CHAT_TEMPLATE_AUTO ? loom_tokenizer_chat_format(e->tok)
+                                                                      : map[ms->chat_template];
+        e->chat_none = ms->chat_template == LOOM_CHAT_TEMPLATE_NONE;
+    }
+
+    /* Plugin instances: the backend (or executor) first, since the cache is
+     * sized from what it has left after the weights. */
+    const void *ops;
+    loom_kind be_kind = loom_pipeline_slot_get(e->pipe, LOOM_KIND_EXECUTOR) ? LOOM_KIND_EXECUTOR : LOOM_KIND_BACKEND;
+    e->be_kind = be_kind;
+    if ((st = make_instance(e, be_kind, true, &ops, &e->be_self, err)) != LOOM_OK) goto fail;
+    e->be = ops;
+    if ((st = make_instance(e, LOOM_KIND_QUANTIZER, false, &ops, &e->quant_self, err)) != LOOM_OK) goto fail;
+    e->quant = ops;
+    if ((st = make_instance(e, LOOM_KIND_CACHE, true, &ops, &e->cache_self, err)) != LOOM_OK) goto fail;
+    e->cache = ops;
+    if ((st = make_instance(e, LOOM_KIND_SCHEDULER, true, &ops, &e->sch_self, err)) != LOOM_OK) goto fail;
+    e->sch = ops;
+    if ((st = make_instance(e, LOOM_KIND_SAMPLER, true, &ops, &e->smp_self, err)) != LOOM_OK) goto fail;
+    e->smp = ops;
+    if ((st = make_instance(e, LOOM_KIND_SPECULATOR, false, &ops, &e->spec_self, err)) != LOOM_OK) goto fail;
+    e->spec = ops;
+
+    /* Weights to the backend, through the quantizer when there is one. */
+    if (e->quant) {
+        e->quant_binding = (loom_quant_binding){sizeof(loom_quant_binding), e->quant, e->quant_self,
+                                                loom_pipeline_slot_get(e->pipe, LOOM_KIND_QUANTIZER)->name};
+    }
+    st = e->be->load(e->be_self, e->view, e->quant ? &e->quant_binding : NULL, err);
+    if (st != LOOM_OK) {
+        loom_error_prefix(err, "%s: backend '%s' loading weights", pipeline_path,
+                          loom_pipeline_slot_get(e->pipe, be_kind)->name);
+        goto fail;
+    }
+
+    /* Size the KV cache and allocate it. */
+    e->layout.struct_size = sizeof e->layout;
+    e->layout.dtype = e->quant && e->quant->kv_dtype ? e->quant->kv_dtype(e->quant_self) : LOOM_DTYPE_COUNT;
+    loom_backend_memory mem = {.struct_size = sizeof mem};
+    st = e->be->memory(e->be_self, &mem, err);
+    if (st != LOOM_OK) goto fail;
+    loom_sched_stats dummy_stats = {.struct_size = sizeof dummy_stats};
+    (void)dummy_stats;
+    loom_cache_init ci = {
+        .struct_size = sizeof ci,
+        .block_bytes = cache_block_bytes,
+        .ctx = e,
+        .device_free_bytes = mem.free_bytes,
+        .device_total_bytes = mem.total_bytes,
+        .max_model_len = e->max_model_len,
+        .max_num_seqs = 0,
+        .backend_can_swap = e->be->swap_blocks != NULL,
+    };
+    st = e->cache->init(e->cache_self, &ci, &e->layout, err);
+    if (st != LOOM_OK) {
+        loom_error_prefix(err, "%s: cache '%s'", pipeline_path, loom_pipeline_slot_get(e->pipe, LOOM_KIND_CACHE)->name);
+        goto fail;
+    }
+    if (e->layout.block_size < 1 || e->layout.num_blocks < 1) {
+        st = loom_error_set(err, LOOM_ERR_INTERNAL, "cache manager returned an empty layout (%d blocks of %d)",
+                            e->layout.num_blocks, e->layout.block_size);
+        goto fail;
+    }
+    st = e->be->kv_alloc(e->be_self, &e->layout, err);
+    if (st != LOOM_OK) {
+        loom_error_prefix(err, "%s: KV cache of %d blocks x %d tokens", pipeline_path, e->layout.num_blocks,
+                          e->layout.block_size);
+        goto fail;
+    }
+    if (e->spec) {
+        loom_spec_init si = {sizeof si, e->vocab, loom_pipeline_dir(e->pipe)};
+        st = e->spec->init(e->spec_self, &si, err);
+        if (st != LOOM_OK) goto fail;
+    }
+    loom_log(LOOM_LOG_INFO, "engine", "%s: %d layers, KV cache %d blocks x %d tokens, context %d",
+             e->mcfg->name, e->mcfg->num_layers, e->layout.num_blocks, e->layout.block_size, e->max_model_len);
+    *out = e;
+    return LOOM_OK;
+fail:
+    loom_engine_destroy(e);
+    return st;
+}
+
+void loom_engine_destroy(loom_engine *e) {
+    if (!e) return;
+    for (int32_t i = 0; i < e->num_reqs; i++) {
+        loom_req *rq = e->reqs[i];
+        for (int32_t k = 0; k < rq->n; k++) loom_engine_seq_free(rq->seqs[k]);
+        loom_engine_req_free(rq);
+    }
+    while (e->inbox_head) {
+        loom_inbox_item *it = e->inbox_head;
+        e->inbox_head = it->next;
+        loom_engine_req_free(it->req);
+        free(it);
+    }
+    free(e->reqs);
+    free(e->seqs);
+    if (e->pipe) {
+        destroy_instance(e, LOOM_KIND_SPECULATOR, e->spec_self);
+        destroy_instance(e, LOOM_KIND_SAMPLER, e->smp_self);
+        destroy_instance(e, LOOM_KIND_SCHEDULER, e->sch_self);
+        destroy_instance(e, LOOM_KIND_CACHE, e->cache_self);
+        destroy_instance(e, e->be_kind ? e->be_kind : LOOM_KIND_BACKEND, e->be_self);
+        destroy_instance(e, LOOM_KIND_QUANTIZER, e->quant_self); /* after the backend released its tensors */
+    }
+    loom_tokenizer_free(e->tok);
+    loom_model_free(e->model);
+    loom_pipeline_destroy(e->pipe);
+    free(e->sched_entries);
+    free(e->preempted);
+    free(e->preempt_modes);
+    free(e->tok_ids);
+    free(e->positions);
+    free(e->query_start);
+    free(e->context_len);
+    free(e->block_table);
+    free(e->logits_index);
+    free(e->slots);
+    free(e->logits);
+    free(e->logit_seqs);
+    free(e->ops);
+    free(e->pairs);
+    pthread_mutex_destroy(&e->inbox_mu);
+    free(e);
+}
+
+/* ----------------------------------------------------------- accessors */
+
+static loom_status need_tokenizer(const loom_engine *e, loom_error *err) {
+    if (e->tok) return LOOM_OK;
+    return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                          "this model has no tokenizer (dummy weights): give prompt token ids instead of text");
+}
+
+loom_status loom_engine_tokenize(loom_engine *e, const char *text, bool add_bos, int32_t **ids, int32_t *n,
+                                 loom_error *err) {
+    loom_status st = need_tokenizer(e, err);
+    if (st != LOOM_OK) return st;
+    return loom_tokenizer_encode(e->tok, text, strlen(text), add_bos, false, ids, n, err);
+}
+
+loom_status loom_engine_detokenize(loom_engine *e, const int32_t *ids, int32_t n, char **text, loom_error *err) {
+    loom_status st = need_tokenizer(e, err);
+    if (st != LOOM_OK) return st;
+    return loom_tokenizer_decode(e->tok, ids, n, false, text, err);
+}
+
+int32_t loom_engine_vocab_size(const loom_engine *e) { return e->vocab; }
+int32_t loom_engine_max_context(const loom_engine *e) { return e->max_model_len; }
+const char *loom_engine_model_name(const loom_engine *e) {
+    return e->mcfg && e->mcfg->name[0] ? e->mcfg->name : "model";
+}

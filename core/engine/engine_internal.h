@@ -1,0 +1,123 @@
+/*
+ * core/engine/engine_internal.h — the engine's private state: requests,
+ * sequences, plugin instances and per-step buffers. Only the files in core/engine
+ * include this.
+ */
+#ifndef LOOM_CORE_ENGINE_INTERNAL_H
+#define LOOM_CORE_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "loom/backend.h"
+#include "loom/cache.h"
+#include "loom/engine.h"
+#include "loom/quant.h"
+#include "loom/sampler.h"
+#include "loom/scheduler.h"
+#include "loom/seq.h"
+#include "loom/spec.h"
+#include "model/model.h"
+#include "pipeline/pipeline.h"
+#include "tokenizer/tokenizer.h"
+
+typedef struct loom_req loom_req;
+
+/* One sample of one request. info.tokens points at tokens[]. */
+typedef struct loom_seq {
+    loom_seq_info info;
+    int32_t *tokens;           /* (cap) prompt + generated (+ drafts)        */
+    int32_t cap;
+    loom_req *req;
+    int32_t sample_index;
+    uint64_t rng[4];
+    loom_detok detok;
+    char *text;                /* generated text so far (stop strings)       */
+    size_t text_len, text_cap;
+    size_t text_emitted;       /* bytes of text already streamed             */
+    int32_t num_generated;
+    bool finished;
+} loom_seq;
+
+struct loom_req {
+    int64_t id;
+    loom_request r;            /* copy; r.system owned, r.prompt/tokens/stop cleared */
+    char **stop;               /* NULL-terminated owned copy of the stop strings */
+    int32_t max_stop_len;
+    int32_t *prompt;           /* (prompt_len) token ids                     */
+    int32_t prompt_len;
+    int32_t max_new;           /* resolved max new tokens                    */
+    int32_t n;                 /* samples                                    */
+    int32_t live;              /* samples not finished                       */
+    bool forked;               /* samples 1..n-1 exist (or n == 1)           */
+    loom_seq **seqs;           /* (n)                                        */
+    bool aborted;
+    double arrival;
+};
+
+/* Inbox entry posted by [any]-thread calls. */
+typedef struct loom_inbox_item {
+    loom_req *req;             /* an add, or NULL for an abort               */
+    int64_t abort_id;
+    struct loom_inbox_item *next;
+} loom_inbox_item;
+
+struct loom_engine {
+    loom_pipeline *pipe;
+    const loom_host *host;
+    loom_model *model;
+    const loom_model_view *view;
+    const loom_model_config *mcfg;
+    loom_tokenizer *tok;       /* NULL for dummy weights                     */
+    loom_chat_format chat_format;
+    bool chat_none;            /* model.chat_template: none                  */
+
+    loom_kind be_kind;              /* BACKEND or EXECUTOR                   */
+    const loom_backend_ops *be;     void *be_self;
+    const loom_scheduler_ops *sch;  void *sch_self;
+    const loom_cache_ops *cache;    void *cache_self;
+    const loom_sampler_ops *smp;    void *smp_self;
+    const loom_quant_ops *quant;    void *quant_self;
+    const loom_spec_ops *spec;      void *spec_self;
+    loom_quant_binding quant_binding;
+
+    loom_kv_layout layout;
+    int32_t max_model_len;
+    int32_t vocab;
+    uint64_t seed;
+
+    /* Requests and sequences (engine thread only); seqs sorted by id. */
+    loom_req **reqs;           int32_t num_reqs, cap_reqs;
+    loom_seq **seqs;           int32_t num_seqs, cap_seqs;
+    int64_t next_seq_id;
+
+    /* Inbox ([any] threads). */
+    pthread_mutex_t inbox_mu;
+    loom_inbox_item *inbox_head, *inbox_tail;
+    int64_t next_req_id;
+    int32_t active;            /* requests queued or running (inbox_mu)      */
+
+    /* Step buffers, grown as needed. */
+    loom_sched_entry *sched_entries;
+    loom_seq_id *preempted;
+    loom_preempt_mode *preempt_modes;
+    int32_t sched_cap;
+    int32_t *tok_ids, *positions, *query_start, *context_len, *block_table, *logits_index;
+    int64_t *slots;
+    int32_t tok_cap, seq_cap, bt_cap;
+    float *logits;
+    size_t logits_cap;
+    loom_seq **logit_seqs;     /* (num_logits) the sequence of each row      */
+    loom_block_op *ops;
+    int32_t *pairs;
+
+    loom_engine_stats stats;
+};
+
+/* engine.c */
+loom_seq *loom_engine_find_seq(loom_engine *e, loom_seq_id id);
+void loom_engine_seq_free(loom_seq *s);
+void loom_engine_req_free(loom_req *rq);
+
+#endif

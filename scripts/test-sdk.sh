@@ -1,0 +1,98 @@
+#!/bin/sh
+# scripts/test-sdk.sh — prove the installed SDK is enough to write a plugin.
+#
+# Installs loom from BUILD_DIR into a temporary --destdir, copies
+# examples/plugin-hello out of the source tree, builds it with make using
+# only pkg-config (restricted to the installed loom-plugin.pc), then checks
+# that the installed `loom` lists the hello sampler and validates a pipeline
+# using it (and rejects an unknown key of it).
+#
+# usage: scripts/test-sdk.sh BUILD_DIR [TEST_PLUGIN_DIR]
+#   TEST_PLUGIN_DIR: the build's tests/plugin/good (tback, tsched, tcache);
+#   without it the other slots use the real cpu/continuous/paged plugins.
+# Exit 0 on success, 1 on any failure (with what failed on stderr).
+set -eu
+
+fail() { echo "test-sdk: FAIL: $*" >&2; exit 1; }
+
+[ $# -ge 1 ] || { echo "usage: $0 BUILD_DIR [TEST_PLUGIN_DIR]" >&2; exit 2; }
+BUILD=$(cd "$1" && pwd)
+TEST_PLUGINS=${2:-}
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/loom-sdk-XXXXXX")
+trap 'rm -rf "$TMP"' EXIT INT TERM
+DEST=$TMP/dest
+
+echo "test-sdk: installing $BUILD into $DEST"
+meson install -C "$BUILD" --destdir "$DEST" --no-rebuild >"$TMP/install.log" 2>&1 ||
+    { cat "$TMP/install.log" >&2; fail "meson install"; }
+
+LOOM=$(find "$DEST" -path '*/bin/loom' -type f | head -n 1)
+PC=$(find "$DEST" -name loom-plugin.pc | head -n 1)
+[ -x "$LOOM" ] || fail "no bin/loom installed"
+[ -n "$PC" ] || fail "no loom-plugin.pc installed"
+PCDIR=$(dirname "$PC")
+INCDIR=$(dirname "$(find "$DEST" -path '*/include/loom/plugin.h' | head -n 1)")
+[ -d "$INCDIR" ] || fail "loom/plugin.h not installed"
+# Every public header of the source tree must be installed and compile on
+# its own against the installed tree (a plugin of any kind needs them all).
+for h in "$SRC"/include/loom/*.h; do
+    name=$(basename "$h")
+    [ -f "$INCDIR/$name" ] || fail "header loom/$name is not installed (list it in include/loom/meson.build)"
+done
+for h in "$SRC"/include/loom/*.h; do
+    name=$(basename "$h")
+    printf '#include "loom/%s"\nint main(void) { return 0; }\n' "$name" >"$TMP/hdr.c"
+    ${CC:-cc} -std=c11 -fsyntax-only -I"$(dirname "$INCDIR")" "$TMP/hdr.c" 2>"$TMP/hdr.log" ||
+        { cat "$TMP/hdr.log" >&2; fail "installed loom/$name does not compile on its own"; }
+done
+
+# pkg-config sees only the installed .pc; the sysroot maps its paths into DEST.
+export PKG_CONFIG_LIBDIR="$PCDIR" PKG_CONFIG_PATH="" PKG_CONFIG_SYSROOT_DIR="$DEST"
+CFLAGS_SDK=$(pkg-config --cflags loom-plugin) || fail "pkg-config --cflags loom-plugin"
+case "$CFLAGS_SDK" in *"$SRC"*) fail "SDK cflags point into the source tree: $CFLAGS_SDK" ;; esac
+PLUGINDIR=$(pkg-config --variable=plugindir loom-plugin)
+[ -n "$PLUGINDIR" ] || fail "loom-plugin.pc has no plugindir variable"
+echo "test-sdk: cflags $CFLAGS_SDK; plugindir $PLUGINDIR"
+
+cp -R "$SRC/examples/plugin-hello" "$TMP/hello"
+rm -rf "$TMP/hello/build"
+make -s -C "$TMP/hello" OUT="$TMP/hello/out" >"$TMP/make.log" 2>&1 ||
+    { cat "$TMP/make.log" >&2; fail "building the example against the installed SDK"; }
+[ -f "$TMP/hello/out/loom-sampler-hello.so" ] || fail "example produced no loom-sampler-hello.so"
+
+PLUGIN_PATH="$TMP/hello/out"
+[ -n "$TEST_PLUGINS" ] && PLUGIN_PATH="$PLUGIN_PATH:$TEST_PLUGINS"
+export LOOM_PLUGIN_PATH="$PLUGIN_PATH"
+unset LOOM_PLUGIN_PATH_ONLY
+
+"$LOOM" plugins >"$TMP/plugins.txt" 2>&1 || { cat "$TMP/plugins.txt" >&2; fail "loom plugins"; }
+grep -Eq '^sampler +hello +1\.0\.0 +1\.0 ' "$TMP/plugins.txt" ||
+    { cat "$TMP/plugins.txt" >&2; fail "'loom plugins' does not list the hello sampler"; }
+"$LOOM" plugins --params >"$TMP/params.txt" 2>&1 || fail "loom plugins --params"
+grep -q 'greeting' "$TMP/params.txt" || fail "'loom plugins --params' lacks hello's greeting"
+
+if [ -n "$TEST_PLUGINS" ]; then
+    BACKEND=tback SCHEDULER=tsched CACHE=tcache
+else
+    BACKEND=cpu SCHEDULER=continuous CACHE=paged
+fi
+cat >"$TMP/hello.yaml" <<YAML
+model: {format: dummy, shape: tiny}
+backend: {plugin: $BACKEND}
+scheduler: {plugin: $SCHEDULER}
+cache: {plugin: $CACHE}
+sampler: {plugin: hello, greeting: "hi from the SDK test"}
+YAML
+"$LOOM" check "$TMP/hello.yaml" >"$TMP/check.txt" 2>&1 ||
+    { cat "$TMP/check.txt" >&2; fail "loom check with sampler: {plugin: hello}"; }
+grep -q "plugin: hello  # $TMP/hello/out/loom-sampler-hello.so" "$TMP/check.txt" ||
+    { cat "$TMP/check.txt" >&2; fail "resolved config does not show the hello plugin's file"; }
+
+if "$LOOM" check "$TMP/hello.yaml" --set sampler.greting=x >"$TMP/bad.txt" 2>&1; then
+    fail "loom check accepted an unknown key of the hello sampler"
+fi
+grep -q "sampler.greting: unknown key; did you mean 'greeting'" "$TMP/bad.txt" ||
+    { cat "$TMP/bad.txt" >&2; fail "unknown-key message for the hello sampler"; }
+
+echo "test-sdk: OK (installed loom lists and loads the out-of-tree hello plugin)"

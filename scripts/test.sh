@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# scripts/test.sh — set up, build and run loom's whole CPU test suite, then
+# the same under AddressSanitizer + UndefinedBehaviorSanitizer, and print one
+# summary line "N passed, N failed" counting individual test cases.
+# GPU tests (tests/gpu) run only on a GPU machine: scripts/gpu-check.sh.
+set -uo pipefail
+usage() {
+  cat <<'USAGE'
+Usage: scripts/test.sh [--no-sanitize] [--suite NAME]...
+
+Installs build dependencies (scripts/setup.sh), fetches the default model
+(scripts/fetch-model.sh; tests that need it skip with a message if that
+fails), builds in ./build and runs every test suite; then builds in
+./build-asan with ASan+UBSan and runs them again. Ends with
+"N passed, N failed" (Criterion test cases; other tests count one each).
+USAGE
+}
+root=$(cd "$(dirname "$0")/.." && pwd)
+sanitize=1
+suites=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --no-sanitize) sanitize=0; shift ;;
+    --suite) suites+=(--suite "$2"); shift 2 ;;
+    *) echo "test.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
+  esac
+done
+cd "$root"
+
+if model=$(scripts/fetch-model.sh); then
+  export LOOM_TEST_MODEL="$model"
+else
+  echo "test.sh: WARNING: could not fetch the default model; tests that need it will skip" >&2
+fi
+
+builds=("$root/build")
+scripts/setup.sh --build-dir "$root/build" >/dev/null || { echo "test.sh: build failed"; echo "0 passed, 1 failed"; exit 1; }
+if [ $sanitize = 1 ]; then
+  scripts/setup.sh --sanitize --build-dir "$root/build-asan" >/dev/null || {
+    echo "test.sh: sanitizer build failed"; echo "0 passed, 1 failed"; exit 1; }
+  builds+=("$root/build-asan")
+fi
+
+rc=0
+for b in "${builds[@]}"; do
+  echo "== meson test -C $b ==" >&2
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    meson test -C "$b" --print-errorlogs --num-processes 2 -t 4 "${suites[@]}" >&2 || rc=1
+done
+
+python3 "$root/scripts/count_tests.py" "${builds[@]}" || rc=1
+exit $rc
