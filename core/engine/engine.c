@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/spec_verify.h"
 #include "util/util.h"
 
 #define ENGINE_WHO "engine"
@@ -57,6 +58,7 @@ void loom_engine_seq_free(loom_seq *s) {
     if (!s) return;
     free(s->tokens);
     free(s->text);
+    free(s->spec_q);
     free(s);
 }
 
@@ -129,7 +131,6 @@ static bool append_text(loom_seq *s, const char *piece, size_t n);
 static void emit(loom_engine *e, loom_seq *s, int32_t token, const char *text, float logprob,
                  int32_t num_top, const int32_t *top_ids, const float *top_lp,
                  loom_finish_reason finish, const char *error) {
-    (void)e;
     if (!s->req->r.on_token) return;
     loom_token_event ev = {
         .request_id = s->req->id,
@@ -142,6 +143,8 @@ static void emit(loom_engine *e, loom_seq *s, int32_t token, const char *text, f
         .top_logprobs = top_lp,
         .finish = finish,
         .error = error,
+        .probs = token >= 0 ? s->cur_probs : NULL,
+        .vocab = e->vocab,
     };
     s->req->r.on_token(s->req->r.user, &ev);
 }
@@ -569,6 +572,219 @@ static loom_status fork_samples(loom_engine *e, loom_seq *parent, const float *r
     return LOOM_OK;
 }
 
+/* Scratch rows for verification and want_probs, grown as needed. */
+static float *scratch_rows(loom_engine *e, int32_t rows) {
+    size_t need = (size_t)rows * (size_t)e->vocab;
+    if (need > e->scratch_cap) {
+        float *p = realloc(e->scratch, need * sizeof(float));
+        if (!p) return NULL;
+        e->scratch = p;
+        e->scratch_cap = need;
+    }
+    return e->scratch;
+}
+
+/* The sampler's row for s, with the output history as of token `upto`. */
+static loom_sample_row sample_row(loom_seq *s, int32_t upto) {
+    return (loom_sample_row){&s->req->r.params, s->tokens, s->info.num_prompt_tokens,
+                             s->tokens + s->info.num_prompt_tokens, upto - s->info.num_prompt_tokens, s->rng};
+}
+
+/* log-softmax of one raw logits row at `tok`. */
+static float raw_logprob(const float *row, int32_t vocab, int32_t tok) {
+    float mx = row[0];
+    for (int32_t v = 1; v < vocab; v++)
+        if (row[v] > mx) mx = row[v];
+    double z = 0;
+    for (int32_t v = 0; v < vocab; v++) z += exp((double)row[v] - mx);
+    return (float)((double)row[tok] - mx - log(z));
+}
+
+/* Sample rows [0, n) of e->logits, one per sequence in e->logit_seqs. */
+static loom_status sample_plain(loom_engine *e, int32_t nlog, loom_error *err) {
+    loom_status st = LOOM_OK;
+    size_t need = (size_t)nlog * (size_t)e->vocab;
+    {
+        loom_sample_row *rows = calloc((size_t)nlog, sizeof *rows);
+        int32_t *toks = malloc((size_t)nlog * sizeof(int32_t));
+        float *lps = malloc((size_t)nlog * sizeof(float));
+        int32_t *top_ids = malloc((size_t)nlog * LOOM_MAX_LOGPROBS * sizeof(int32_t));
+        float *top_lp = malloc((size_t)nlog * LOOM_MAX_LOGPROBS * sizeof(float));
+        float *first_rows = NULL;
+        if (!rows || !toks || !lps || !top_ids || !top_lp) {
+            st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory sampling %d rows", nlog);
+            goto sample_done;
+        }
+        /* Rows of requests about to fork: keep the raw logits, since the
+         * sampler may modify them in place. */
+        for (int32_t r = 0; r < nlog; r++) {
+            loom_seq *s = e->logit_seqs[r];
+            if (!s->req->forked && !first_rows) {
+                first_rows = malloc(need * sizeof(float));
+                if (!first_rows) {
+                    st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+                    goto sample_done;
+                }
+                memcpy(first_rows, e->logits, need * sizeof(float));
+            }
+            rows[r] = (loom_sample_row){&s->req->r.params, s->tokens, s->info.num_prompt_tokens,
+                                        s->tokens + s->info.num_prompt_tokens,
+                                        s->info.num_tokens - s->info.num_prompt_tokens, s->rng};
+        }
+        /* Requests that want the distribution (draft engines) get the
+         * sampler's probs() of the raw row, computed before sampling. */
+        float *probs = NULL;
+        int32_t nwant = 0;
+        for (int32_t r = 0; r < nlog; r++) nwant += e->logit_seqs[r]->req->r.want_probs;
+        if (nwant) {
+            probs = scratch_rows(e, nlog);
+            if (!probs) {
+                st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+                goto sample_done;
+            }
+            for (int32_t r = 0; r < nlog; r++) {
+                if (!e->logit_seqs[r]->req->r.want_probs) continue;
+                float *pr = probs + (size_t)r * e->vocab;
+                memcpy(pr, e->logits + (size_t)r * e->vocab, (size_t)e->vocab * sizeof(float));
+                st = e->smp->probs(e->smp_self, pr, e->vocab, &rows[r], err);
+                if (st != LOOM_OK) goto sample_done;
+            }
+        }
+        loom_sample_out so = {toks, lps, top_ids, top_lp};
+        st = e->smp->sample(e->smp_self, e->logits, e->vocab, rows, nlog, &so, err);
+        if (st != LOOM_OK) {
+            loom_error_prefix(err, "sampler");
+            goto sample_done;
+        }
+        for (int32_t r = 0; r < nlog && st == LOOM_OK; r++) {
+            loom_seq *s = e->logit_seqs[r];
+            int32_t ntop = s->req->r.params.logprobs;
+            /* Fork before sample 0 takes its token, so every sample starts
+             * from the prompt alone. */
+            if (!s->req->forked) st = fork_samples(e, s, first_rows + (size_t)r * e->vocab, err);
+            if (st != LOOM_OK) break;
+            s->cur_probs = probs && s->req->r.want_probs ? probs + (size_t)r * e->vocab : NULL;
+            accept_token(e, s, toks[r], lps[r], ntop, top_ids + (size_t)r * LOOM_MAX_LOGPROBS,
+                         top_lp + (size_t)r * LOOM_MAX_LOGPROBS);
+            s->cur_probs = NULL;
+        }
+    sample_done:
+        free(rows);
+        free(toks);
+        free(lps);
+        free(top_ids);
+        free(top_lp);
+        free(first_rows);
+        if (st != LOOM_OK) return st;
+    }
+
+    return st;
+}
+
+/* Before scheduling: ask the speculator for drafts for every sequence that
+ * is decoding (exactly one token not yet computed) and append them. */
+static loom_status spec_propose(loom_engine *e, loom_error *err) {
+    int32_t decoding = 0;
+    for (int32_t i = 0; i < e->num_seqs; i++) {
+        loom_seq *s = e->seqs[i];
+        if (!s->finished && s->info.num_draft == 0 && s->info.num_computed == s->info.num_tokens - 1 &&
+            s->num_generated > 0)
+            decoding++;
+    }
+    if (decoding == 0) return LOOM_OK;
+    int32_t k = e->spec->plan(e->spec_self, decoding);
+    if (k <= 0) return LOOM_OK;
+    for (int32_t i = 0; i < e->num_seqs; i++) {
+        loom_seq *s = e->seqs[i];
+        if (s->finished || s->info.num_draft != 0 || s->info.num_computed != s->info.num_tokens - 1 ||
+            s->num_generated == 0)
+            continue;
+        /* Drafts must leave room for the token verification adds. */
+        int32_t room_new = s->req->max_new - s->num_generated - 1;
+        int32_t room_ctx = e->max_model_len - s->info.num_tokens - 1;
+        int32_t max_k = k < room_new ? k : room_new;
+        if (room_ctx < max_k) max_k = room_ctx;
+        if (max_k <= 0) continue;
+        if (seq_reserve(s, s->info.num_tokens + max_k) != LOOM_OK)
+            return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for drafts");
+        size_t qn = (size_t)max_k * (size_t)e->vocab;
+        if (qn > s->spec_q_cap) {
+            float *q = realloc(s->spec_q, qn * sizeof(float));
+            if (!q) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for draft distributions");
+            s->spec_q = q;
+            s->spec_q_cap = qn;
+        }
+        int32_t q_valid = 0;
+        int32_t n = e->spec->propose(e->spec_self, &s->info, &s->req->r.params, max_k,
+                                     s->tokens + s->info.num_tokens, s->spec_q, &q_valid);
+        if (n <= 0) continue;
+        if (n > max_k) n = max_k;
+        for (int32_t d = 0; d < n; d++)
+            if (s->tokens[s->info.num_tokens + d] < 0 || s->tokens[s->info.num_tokens + d] >= e->vocab)
+                return loom_error_set(err, LOOM_ERR_INVALID, "speculator proposed token %d outside the vocabulary",
+                                      s->tokens[s->info.num_tokens + d]);
+        s->info.num_tokens += n;
+        s->info.num_draft = n;
+        s->spec_q_valid = q_valid != 0;
+        e->stats.spec_proposed += n;
+    }
+    return LOOM_OK;
+}
+
+/* Drop a sequence's drafts, keeping what was computed of its real tokens. */
+static void spec_drop(loom_engine *e, loom_seq *s) {
+    int32_t real = s->info.num_tokens - s->info.num_draft;
+    s->info.num_tokens = real;
+    s->info.num_draft = 0;
+    /* The last real token is recomputed so it gets logits again. */
+    if (s->info.num_computed > real - 1) s->info.num_computed = real - 1;
+    e->cache->truncate(e->cache_self, &s->info, s->info.num_computed);
+}
+
+/* After the forward: verify s's drafts against rows (num_draft + 1, vocab)
+ * of raw logits and append what was accepted plus one token. */
+static loom_status spec_accept(loom_engine *e, loom_seq *s, const float *rows, loom_error *err) {
+    int32_t n = s->info.num_draft;
+    int32_t real = s->info.num_tokens - n;
+    float *p = scratch_rows(e, n + 1);
+    int32_t *out = malloc((size_t)(n + 1) * 2 * sizeof(int32_t));
+    if (!p || !out) {
+        free(out);
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory verifying drafts");
+    }
+    int32_t *draft = out + n + 1;
+    memcpy(draft, s->tokens + real, (size_t)n * sizeof(int32_t));
+    /* p_i: what the sampler would draw from after real tokens + drafts[0..i). */
+    memcpy(p, rows, (size_t)(n + 1) * e->vocab * sizeof(float));
+    for (int32_t i = 0; i <= n; i++) {
+        loom_sample_row sr = sample_row(s, real + i);
+        loom_status st = e->smp->probs(e->smp_self, p + (size_t)i * e->vocab, e->vocab, &sr, err);
+        if (st != LOOM_OK) {
+            free(out);
+            loom_error_prefix(err, "sampler probs");
+            return st;
+        }
+    }
+    int32_t accepted = 0;
+    int32_t m = loom_spec_verify(p, s->spec_q_valid ? s->spec_q : NULL, draft, n, e->vocab, s->rng, out, &accepted);
+    e->spec->observe(e->spec_self, s->info.id, n, accepted);
+    e->stats.spec_accepted += accepted;
+    /* K/V of real tokens and accepted drafts stay; the rest roll back. */
+    s->info.num_tokens = real;
+    s->info.num_draft = 0;
+    s->info.num_computed = real + accepted;
+    e->cache->truncate(e->cache_self, &s->info, s->info.num_computed);
+    for (int32_t i = 0; i < m && !s->finished; i++) {
+        const float *row = rows + (size_t)i * e->vocab;
+        s->cur_probs = s->req->r.want_probs ? p + (size_t)i * e->vocab : NULL;
+        accept_token(e, s, out[i], raw_logprob(row, e->vocab, out[i]), 0, NULL, NULL);
+    }
+    s->cur_probs = NULL;
+    if (!s->finished) s->info.num_computed = s->info.num_tokens - 1;
+    free(out);
+    return LOOM_OK;
+}
+
 loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
     loom_status st = drain_inbox(e, err);
     if (st != LOOM_OK) return st;
@@ -581,6 +797,7 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
     }
 
     double t0 = loom_now();
+    if (e->spec && (st = spec_propose(e, err)) != LOOM_OK) return st;
     int32_t bt_stride = (e->max_model_len + e->layout.block_size - 1) / e->layout.block_size;
     if (ensure_step_buffers(e, e->num_seqs, 1, bt_stride) != LOOM_OK)
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory growing step buffers");
@@ -609,7 +826,10 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
         loom_seq *s = loom_engine_find_seq(e, out.preempted[i]);
         if (!s) continue;
         e->stats.preemptions++;
-        if (out.preempt_mode[i] == LOOM_PREEMPT_RECOMPUTE) s->info.num_computed = 0;
+        if (out.preempt_mode[i] == LOOM_PREEMPT_RECOMPUTE) {
+            s->info.num_computed = 0;
+            if (s->info.num_draft) spec_drop(e, s);
+        }
     }
     if (out.num_scheduled == 0) {
         /* Work is waiting but nothing can run: the cache cannot hold even
@@ -632,7 +852,8 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
     st = run_block_ops(e, err);
     if (st != LOOM_OK) return st;
 
-    /* Flatten the batch. */
+    /* Flatten the batch. A sequence that catches up gets logits for its
+     * last token, or for its last token and every draft after it. */
     int32_t ntok = 0;
     for (int32_t i = 0; i < out.num_scheduled; i++) ntok += out.scheduled[i].num_tokens;
     if (ensure_step_buffers(e, out.num_scheduled, ntok, bt_stride) != LOOM_OK)
@@ -667,9 +888,12 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
             e->slots[t] = (int64_t)row[p / e->layout.block_size] * e->layout.block_size + p % e->layout.block_size;
         }
         if (end == s->info.num_tokens) {
-            e->logits_index[nlog] = t - 1;
-            e->logit_seqs[nlog] = s;
-            nlog++;
+            int32_t rows = 1 + s->info.num_draft; /* end == num_tokens: all drafts are in this step */
+            for (int32_t r = 0; r < rows; r++) {
+                e->logits_index[nlog] = t - rows + r;
+                e->logit_seqs[nlog] = s;
+                nlog++;
+            }
         }
     }
     e->query_start[out.num_scheduled] = t;
@@ -703,59 +927,34 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
     for (int32_t i = 0; i < out.num_scheduled; i++) {
         loom_seq *s = loom_engine_find_seq(e, out.scheduled[i].seq);
         s->info.num_computed = out.scheduled[i].num_computed + out.scheduled[i].num_tokens;
+        /* Drafts whose verification rows were not all computed are dropped. */
+        if (s->info.num_draft && (s->info.num_computed < s->info.num_tokens ||
+                                  out.scheduled[i].num_tokens < 1 + s->info.num_draft))
+            spec_drop(e, s);
     }
 
-    /* Sample every row in one call. */
-    if (nlog > 0) {
-        loom_sample_row *rows = calloc((size_t)nlog, sizeof *rows);
-        int32_t *toks = malloc((size_t)nlog * sizeof(int32_t));
-        float *lps = malloc((size_t)nlog * sizeof(float));
-        int32_t *top_ids = malloc((size_t)nlog * LOOM_MAX_LOGPROBS * sizeof(int32_t));
-        float *top_lp = malloc((size_t)nlog * LOOM_MAX_LOGPROBS * sizeof(float));
-        float *first_rows = NULL;
-        if (!rows || !toks || !lps || !top_ids || !top_lp) {
-            st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory sampling %d rows", nlog);
-            goto sample_done;
-        }
-        /* Rows of requests about to fork: keep the raw logits, since the
-         * sampler may modify them in place. */
-        for (int32_t r = 0; r < nlog; r++) {
-            loom_seq *s = e->logit_seqs[r];
-            if (!s->req->forked && !first_rows) {
-                first_rows = malloc(need * sizeof(float));
-                if (!first_rows) {
-                    st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
-                    goto sample_done;
-                }
-                memcpy(first_rows, e->logits, need * sizeof(float));
+    /* Verify sequences with drafts one by one; sample all other rows in
+     * one call. */
+    int32_t nplain = 0;
+    for (int32_t r = 0; r < nlog;) {
+        loom_seq *s = e->logit_seqs[r];
+        int32_t rows = 1 + s->info.num_draft;
+        if (s->info.num_draft) {
+            st = spec_accept(e, s, e->logits + (size_t)r * e->vocab, err);
+            if (st != LOOM_OK) return st;
+        } else {
+            /* Compact plain rows to the front, keeping their order. */
+            if (nplain != r) {
+                memmove(e->logits + (size_t)nplain * e->vocab, e->logits + (size_t)r * e->vocab,
+                        (size_t)e->vocab * sizeof(float));
+                e->logit_seqs[nplain] = s;
             }
-            rows[r] = (loom_sample_row){&s->req->r.params, s->tokens, s->info.num_prompt_tokens,
-                                        s->tokens + s->info.num_prompt_tokens,
-                                        s->info.num_tokens - s->info.num_prompt_tokens, s->rng};
+            nplain++;
         }
-        loom_sample_out so = {toks, lps, top_ids, top_lp};
-        st = e->smp->sample(e->smp_self, e->logits, e->vocab, rows, nlog, &so, err);
-        if (st != LOOM_OK) {
-            loom_error_prefix(err, "sampler");
-            goto sample_done;
-        }
-        for (int32_t r = 0; r < nlog && st == LOOM_OK; r++) {
-            loom_seq *s = e->logit_seqs[r];
-            int32_t ntop = s->req->r.params.logprobs;
-            /* Fork before sample 0 takes its token, so every sample starts
-             * from the prompt alone. */
-            if (!s->req->forked) st = fork_samples(e, s, first_rows + (size_t)r * e->vocab, err);
-            if (st != LOOM_OK) break;
-            accept_token(e, s, toks[r], lps[r], ntop, top_ids + (size_t)r * LOOM_MAX_LOGPROBS,
-                         top_lp + (size_t)r * LOOM_MAX_LOGPROBS);
-        }
-    sample_done:
-        free(rows);
-        free(toks);
-        free(lps);
-        free(top_ids);
-        free(top_lp);
-        free(first_rows);
+        r += rows;
+    }
+    if (nplain > 0) {
+        st = sample_plain(e, nplain, err);
         if (st != LOOM_OK) return st;
     }
 

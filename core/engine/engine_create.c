@@ -210,7 +210,8 @@ loom_status loom_engine_create(const char *pipeline_path, const char *const *ove
         goto fail;
     }
     if (e->spec) {
-        loom_spec_init si = {sizeof si, e->vocab, loom_pipeline_dir(e->pipe)};
+        loom_spec_init si = {sizeof si, e->vocab, loom_pipeline_dir(e->pipe), e->max_model_len,
+                             loom_engine_api_get()};
         st = e->spec->init(e->spec_self, &si, err);
         if (st != LOOM_OK) goto fail;
     }
@@ -261,6 +262,7 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->slots);
     free(e->logits);
     free(e->logit_seqs);
+    free(e->scratch);
     free(e->ops);
     free(e->pairs);
     pthread_mutex_destroy(&e->inbox_mu);
@@ -268,6 +270,20 @@ void loom_engine_destroy(loom_engine *e) {
 }
 
 /* ----------------------------------------------------------- accessors */
+
+const loom_engine_api *loom_engine_api_get(void) {
+    static const loom_engine_api api = {
+        .struct_size = sizeof(loom_engine_api),
+        .create = loom_engine_create,
+        .destroy = loom_engine_destroy,
+        .add_request = loom_engine_add_request,
+        .abort = loom_engine_abort,
+        .step = loom_engine_step,
+        .vocab_size = loom_engine_vocab_size,
+        .max_context = loom_engine_max_context,
+    };
+    return &api;
+}
 
 static loom_status need_tokenizer(const loom_engine *e, loom_error *err) {
     if (e->tok) return LOOM_OK;

@@ -38,6 +38,11 @@ typedef struct loom_seq {
     size_t text_emitted;       /* bytes of text already streamed             */
     int32_t num_generated;
     bool finished;
+    /* Speculation: info.num_draft drafts sit at the end of tokens[]. */
+    float *spec_q;             /* (num_draft, vocab) draft distributions    */
+    size_t spec_q_cap;         /* floats allocated                           */
+    bool spec_q_valid;         /* false: drafts are deterministic (one-hot) */
+    const float *cur_probs;    /* distribution of the token being emitted    */
 } loom_seq;
 
 struct loom_req {
@@ -109,6 +114,8 @@ struct loom_engine {
     float *logits;
     size_t logits_cap;
     loom_seq **logit_seqs;     /* (num_logits) the sequence of each row      */
+    float *scratch;            /* (vocab * k) rows for want_probs / verification */
+    size_t scratch_cap;
     loom_block_op *ops;
     int32_t *pairs;
 

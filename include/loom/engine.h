@@ -44,6 +44,9 @@ typedef struct loom_token_event {
     const float *top_logprobs;
     loom_finish_reason finish;
     const char *error;         /* finish == ERROR: why                       */
+    const float *probs;        /* (vocab) distribution the token was drawn
+                                  from, when the request set want_probs; else NULL */
+    int32_t vocab;             /* entries in probs                           */
 } loom_token_event;
 
 typedef void (*loom_token_cb)(void *user, const loom_token_event *ev);
@@ -64,6 +67,7 @@ typedef struct loom_request {
     bool ignore_eos;           /* benchmarks: generate exactly max_tokens    */
     loom_token_cb on_token;    /* nullable                                   */
     void *user;
+    bool want_probs;           /* events carry the sampling distribution (draft models) */
 } loom_request;
 
 static inline loom_request loom_request_default(void) {
@@ -117,6 +121,23 @@ loom_status loom_engine_detokenize(loom_engine *e, const int32_t *ids, int32_t n
 int32_t loom_engine_vocab_size(const loom_engine *e);
 int32_t loom_engine_max_context(const loom_engine *e);
 const char *loom_engine_model_name(const loom_engine *e);
+
+/* The engine API as a table, for plugins (which never link libloom) that
+ * run an engine of their own, e.g. a draft model. Grows only at its end. */
+typedef struct loom_engine_api {
+    uint32_t struct_size;
+    loom_status (*create)(const char *pipeline_path, const char *const *overrides, int32_t num_overrides,
+                          loom_engine **out, loom_error *err);
+    void (*destroy)(loom_engine *e);
+    int64_t (*add_request)(loom_engine *e, const loom_request *req, loom_error *err);
+    loom_status (*abort)(loom_engine *e, int64_t request_id);
+    loom_status (*step)(loom_engine *e, int32_t *active, loom_error *err);
+    int32_t (*vocab_size)(const loom_engine *e);
+    int32_t (*max_context)(const loom_engine *e);
+} loom_engine_api;
+
+/* The table above, filled with this library's functions. */
+const loom_engine_api *loom_engine_api_get(void);
 
 #ifdef __cplusplus
 }

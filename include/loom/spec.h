@@ -17,6 +17,7 @@
 
 #include <stdint.h>
 
+#include "loom/engine.h"
 #include "loom/plugin.h"
 #include "loom/sampler.h"
 #include "loom/seq.h"
@@ -29,6 +30,8 @@ typedef struct loom_spec_init {
     uint32_t struct_size;
     int32_t vocab_size;
     const char *pipeline_dir;  /* directory of the main YAML (for relative draft paths) */
+    int32_t max_model_len;     /* the target's context, tokens               */
+    const loom_engine_api *engine_api; /* to build and run a draft engine    */
 } loom_spec_init;
 
 /* Grows only at its end. */
