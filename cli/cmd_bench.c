@@ -614,8 +614,10 @@ int loom_cmd_bench(int argc, char **argv) {
         printf("%-18s %14s %14s %10s\n", "metric", "A", "B", "B/A");
         for (size_t k = 0; k < sizeof metrics / sizeof metrics[0]; k++) {
             double x = metric_value(&A, &metrics[k]), y = metric_value(&B, &metrics[k]);
-            printf("%-18s %14.3f %14.3f %9.2fx  %s\n", metrics[k].name, x, y, x != 0 ? y / x : NAN,
-                   metrics[k].unit);
+            if (x != 0 && isfinite(x) && isfinite(y))
+                printf("%-18s %14.3f %14.3f %9.2fx  %s\n", metrics[k].name, x, y, y / x, metrics[k].unit);
+            else
+                printf("%-18s %14.3f %14.3f %10s  %s\n", metrics[k].name, x, y, "-", metrics[k].unit);
         }
         printf("A = %s\nB = %s\n", la, lb);
         print_counts("A counts:", &A);
