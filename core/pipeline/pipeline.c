@@ -703,6 +703,17 @@ void loom_pipeline_print(const loom_pipeline *p, FILE *f) {
         const char *d = loom_registry_dir(p->reg, i, &origin, &exists);
         fprintf(f, "#   %s (%s%s)\n", d, origin, exists ? "" : ", missing");
     }
+    /* The file's own plugin_path, absolute, so the printed YAML loads anywhere. */
+    bool any = false;
+    for (int i = 0; i < nd; i++) {
+        const char *origin = NULL;
+        const char *d = loom_registry_dir(p->reg, i, &origin, NULL);
+        if (strcmp(origin, "plugin_path") != 0) continue;
+        fputs(any ? "\n  - " : "plugin_path:\n  - ", f);
+        print_string(d, f);
+        any = true;
+    }
+    if (any) fputc('\n', f);
     fprintf(f, "model:\n  path: ");
     print_string(p->model.path, f);
     fputc('\n', f);

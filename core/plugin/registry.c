@@ -123,7 +123,7 @@ struct loom_registry {
     found_file *files; /* every *.so under the dirs, in search order        */
     int nfiles;
     bool files_done;
-    opened *open;      /* cache of attempts                                 */
+    opened **open;     /* cache of attempts; entries never move            */
     int nopen;
     int capopen;
     loom_registry_item *items; /* listing, built once                       */
@@ -416,22 +416,26 @@ static opened *open_file(loom_registry *reg, const char *path) {
     char *real = real_path(path);
     if (!real) return NULL;
     for (int i = 0; i < reg->nopen; i++)
-        if (strcmp(reg->open[i].real, real) == 0) {
+        if (strcmp(reg->open[i]->real, real) == 0) {
             free(real);
-            return &reg->open[i];
+            return reg->open[i];
         }
     if (reg->nopen == reg->capopen) {
         int cap = reg->capopen ? reg->capopen * 2 : 16;
-        opened *o = realloc(reg->open, (size_t)cap * sizeof *o);
-        if (!o) {
+        opened **arr = realloc(reg->open, (size_t)cap * sizeof *arr);
+        if (!arr) {
             free(real);
             return NULL;
         }
-        reg->open = o;
+        reg->open = arr;
         reg->capopen = cap;
     }
-    opened *o = &reg->open[reg->nopen];
-    memset(o, 0, sizeof *o);
+    /* Heap entries, so pointers callers hold stay valid as the cache grows. */
+    opened *o = calloc(1, sizeof *o);
+    if (!o) {
+        free(real);
+        return NULL;
+    }
     o->real = real;
     o->found = loom_strdup(path);
     char msg[MSG] = "";
@@ -501,9 +505,10 @@ done:
         free(o->found);
         free(o->error);
         free(o->real);
+        free(o);
         return NULL;
     }
-    reg->nopen++;
+    reg->open[reg->nopen++] = o;
     return o;
 }
 
@@ -660,10 +665,11 @@ void loom_registry_destroy(loom_registry *reg) {
     }
     free(reg->files);
     for (int i = 0; i < reg->nopen; i++) {
-        plugin_unref(reg->open[i].plugin);
-        free(reg->open[i].real);
-        free(reg->open[i].found);
-        free(reg->open[i].error);
+        plugin_unref(reg->open[i]->plugin);
+        free(reg->open[i]->real);
+        free(reg->open[i]->found);
+        free(reg->open[i]->error);
+        free(reg->open[i]);
     }
     free(reg->open);
     for (int i = 0; i < reg->nitems; i++) free(reg->item_errors[i]);

@@ -1,0 +1,288 @@
+/*
+ * tests/cli/test_cli.c — the built `loom` binary (LOOM_BIN): exit codes and
+ * output of --help / --version / usage errors, `plugins` (text, --params,
+ * --json) over the good and broken test plugins, and `check` on good, bad
+ * and A/B configs with --set. Each run is a child process with its stdout
+ * and stderr captured to files.
+ */
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tp_util.h"
+
+typedef struct run_result {
+    int code;  /* exit status; -1 when killed */
+    char *out; /* stdout */
+    char *err; /* stderr */
+} run_result;
+
+static void run_free(run_result *r) {
+    free(r->out);
+    free(r->err);
+}
+
+/* Run LOOM_BIN with args (NULL-terminated) in an environment that searches
+ * only the good test plugins (plus `extra_path`, may be NULL). */
+static run_result run(const char *extra_path, const char *const *args) {
+    char *dir = tp_mkdtemp();
+    char *out = tp_join(dir, "out"), *err = tp_join(dir, "err");
+    const char *bin = tp_env("LOOM_BIN");
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        char path[8192];
+        snprintf(path, sizeof path, "%s%s%s", tp_env("LOOM_TEST_GOOD_DIR"), extra_path ? ":" : "",
+                 extra_path ? extra_path : "");
+        setenv("LOOM_PLUGIN_PATH", path, 1);
+        setenv("LOOM_PLUGIN_PATH_ONLY", "1", 1);
+        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fo < 0 || fe < 0) _exit(127);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        char *argv[32] = {(char *)bin};
+        int n = 1;
+        for (; args && args[n - 1] && n < 31; n++) argv[n] = (char *)args[n - 1];
+        argv[n] = NULL;
+        execv(bin, argv);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    run_result r = {.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                    .out = tp_read(out),
+                    .err = tp_read(err)};
+    tp_rm_rf(dir);
+    free(dir), free(out), free(err);
+    return r;
+}
+
+#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+static void has(const char *text, const char *needle) {
+    cr_assert_not_null(strstr(text, needle), "output lacks \"%s\":\n%s", needle, text);
+}
+
+/* Some line of text contains every word of `words` (NULL-terminated). */
+static void has_line(const char *text, const char *const *words) {
+    for (const char *line = text; line && *line;) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        char buf[4096];
+        snprintf(buf, sizeof buf, "%.*s", (int)len, line);
+        bool all = true;
+        for (const char *const *w = words; *w && all; w++) all = strstr(buf, *w) != NULL;
+        if (all) return;
+        line = end ? end + 1 : NULL;
+    }
+    cr_assert_fail("no line has all of \"%s\", \"%s\", ...:\n%s", words[0], words[1] ? words[1] : "",
+                   text);
+}
+
+static char *data(const char *name) { return tp_join(tp_env("LOOM_CLI_DATA"), name); }
+
+/* ------------------------------------------------------------ top level */
+
+Test(cli, help) {
+    run_result r = run(NULL, ARGS("--help"));
+    cr_assert_eq(r.code, 0);
+    has(r.out, "usage: loom");
+    has(r.out, "plugins");
+    has(r.out, "check");
+    has(r.out, "LOOM_PLUGIN_PATH");
+    run_free(&r);
+    r = run(NULL, ARGS("help", "check"));
+    cr_assert_eq(r.code, 0);
+    has(r.out, "usage: loom check CONFIG");
+    run_free(&r);
+}
+
+Test(cli, version) {
+    run_result r = run(NULL, ARGS("--version"));
+    cr_assert_eq(r.code, 0);
+    has(r.out, "loom 0.1.0");
+    has(r.out, "plugin ABI 1.0");
+    has(r.out, "CUDA: ");
+    run_free(&r);
+}
+
+Test(cli, usage_errors_exit_2) {
+    run_result r = run(NULL, NULL);
+    cr_assert_eq(r.code, 2);
+    has(r.err, "no command given");
+    has(r.err, "usage: loom");
+    run_free(&r);
+    r = run(NULL, ARGS("frobnicate"));
+    cr_assert_eq(r.code, 2);
+    has(r.err, "unknown command 'frobnicate'");
+    has(r.err, "usage: loom");
+    run_free(&r);
+    r = run(NULL, ARGS("--frob"));
+    cr_assert_eq(r.code, 2);
+    has(r.err, "unknown option '--frob'");
+    run_free(&r);
+    r = run(NULL, ARGS("plugins", "--bogus"));
+    cr_assert_eq(r.code, 2);
+    has(r.err, "loom plugins: unknown option '--bogus'");
+    has(r.err, "usage: loom plugins");
+    run_free(&r);
+    r = run(NULL, ARGS("plugins", "extra"));
+    cr_assert_eq(r.code, 2);
+    run_free(&r);
+    r = run(NULL, ARGS("check"));
+    cr_assert_eq(r.code, 2);
+    has(r.err, "no pipeline file given");
+    run_free(&r);
+    r = run(NULL, ARGS("check", "a.yaml", "b.yaml"));
+    cr_assert_eq(r.code, 2);
+    has(r.err, "unexpected argument 'b.yaml'");
+    run_free(&r);
+    r = run(NULL, ARGS("check", "a.yaml", "--set"));
+    cr_assert_eq(r.code, 2);
+    has(r.err, "option '--set' needs a value");
+    run_free(&r);
+    r = run(NULL, ARGS("check", "-x"));
+    cr_assert_eq(r.code, 2);
+    has(r.err, "unknown option '-x'");
+    run_free(&r);
+}
+
+/* -------------------------------------------------------------- plugins */
+
+Test(cli, plugins_lists_good_and_broken) {
+    run_result r = run(tp_env("LOOM_TEST_BAD_DIR"), ARGS("plugins"));
+    cr_assert_eq(r.code, 0, "stderr: %s", r.err);
+    has(r.out, "plugin search path:");
+    has(r.out, "KIND");
+    has_line(r.out, ARGS("sampler ", " tsamp ", " 0.0.1 ", " 1.0 ", "/loom-sampler-tsamp.so"));
+    has_line(r.out, ARGS("scheduler ", " msched ", " 1.2.3 ", " 1.0 ", "/libmulti.so"));
+    has(r.out, "broken plugin files");
+    has(r.out, "plugin ABI 2.0, host ABI 1.0");
+    has(r.out, "not binary compatible");
+    has(r.out, "is not a loadable shared object");
+    has(r.out, "no entry symbol");
+    run_free(&r);
+}
+
+Test(cli, plugins_params) {
+    run_result r = run(NULL, ARGS("plugins", "--params"));
+    cr_assert_eq(r.code, 0);
+    has(r.out, "sampler tsamp — test tsamp (does nothing)");
+    has(r.out, "KEY");
+    has_line(r.out, ARGS("size ", " int ", " 8 ", " [1, 1024] ", "an integer in [1, 1024]"));
+    has(r.out, "fcfs|priority|random");
+    has(r.out, "an integer in [1, 1024]");
+    has(r.out, "(no parameters)"); /* msched */
+    run_free(&r);
+}
+
+Test(cli, plugins_json) {
+    run_result r = run(tp_env("LOOM_TEST_BAD_DIR"), ARGS("plugins", "--json", "--params"));
+    cr_assert_eq(r.code, 0);
+    cJSON *root = cJSON_Parse(r.out);
+    cr_assert_not_null(root, "not JSON:\n%s", r.out);
+    cJSON *plugins = cJSON_GetObjectItem(root, "plugins");
+    cJSON *broken = cJSON_GetObjectItem(root, "broken");
+    cr_assert_eq(cJSON_GetArraySize(broken), 9);
+    bool found = false;
+    cJSON *p;
+    cJSON_ArrayForEach(p, plugins) {
+        cJSON *comps = cJSON_GetObjectItem(p, "components");
+        cJSON *c0 = cJSON_GetArrayItem(comps, 0);
+        if (strcmp(cJSON_GetObjectItem(c0, "name")->valuestring, "tsamp") != 0) continue;
+        found = true;
+        cr_assert_str_eq(cJSON_GetObjectItem(p, "abi")->valuestring, "1.0");
+        cr_assert_str_eq(cJSON_GetObjectItem(c0, "kind")->valuestring, "sampler");
+        cJSON *params = cJSON_GetObjectItem(c0, "params");
+        cr_assert_eq(cJSON_GetArraySize(params), 6);
+        cJSON *size = cJSON_GetArrayItem(params, 0);
+        cr_assert_str_eq(cJSON_GetObjectItem(size, "key")->valuestring, "size");
+        cr_assert_eq(cJSON_GetObjectItem(size, "max")->valuedouble, 1024.0);
+        cJSON *policy = cJSON_GetArrayItem(params, 4);
+        cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(policy, "choices")), 3);
+    }
+    cr_assert(found);
+    cJSON_Delete(root);
+    run_free(&r);
+}
+
+/* ---------------------------------------------------------------- check */
+
+Test(cli, check_good) {
+    char *good = data("good.yaml");
+    run_result r = run(NULL, ARGS("check", good));
+    cr_assert_eq(r.code, 0, "stderr: %s", r.err);
+    has(r.out, "scheduler:\n  plugin: tsched  # ");
+    has(r.out, "/loom-scheduler-tsched.so (plugin test-tsched 0.0.1, ABI 1.0)");
+    has(r.out, "  policy: priority\n");
+    has(r.out, "  size: 8\n");
+    run_free(&r);
+    r = run(NULL, ARGS("check", "--set", "scheduler.size=99", good, "-s", "engine.threads=2"));
+    cr_assert_eq(r.code, 0, "stderr: %s", r.err);
+    has(r.out, "  size: 99\n");
+    has(r.out, "engine:\n  threads: 2\n");
+    run_free(&r);
+    r = run(NULL, ARGS("check", "--quiet", good));
+    cr_assert_eq(r.code, 0);
+    cr_assert_str_eq(r.out, "");
+    run_free(&r);
+    free(good);
+}
+
+Test(cli, check_bad_reports_every_error) {
+    char *bad = data("bad.yaml");
+    run_result r = run(NULL, ARGS("check", bad));
+    cr_assert_eq(r.code, 1);
+    cr_assert_str_eq(r.out, "");
+    char want[4096];
+    snprintf(want, sizeof want, "%s:2:1: error: unknown top-level key 'schedular'", bad);
+    has(r.err, want);
+    snprintf(want, sizeof want, "%s:3:19: error: backend.plugin: no backend plugin named 'nope'", bad);
+    has(r.err, want);
+    snprintf(want, sizeof want, "%s:4:25: error: cache.sise: unknown key", bad);
+    has(r.err, want);
+    snprintf(want, sizeof want, "%s:5:32: error: sampler.size: expected an integer", bad);
+    has(r.err, want);
+    snprintf(want, sizeof want, "%s: error: missing required section 'scheduler'", bad);
+    has(r.err, want);
+    has(r.err, "5 errors");
+    run_free(&r);
+
+    char *good = data("good.yaml");
+    r = run(NULL, ARGS("check", good, "--set", "scheduler.size=0"));
+    cr_assert_eq(r.code, 1);
+    has(r.err, "<command line> (argument 1): error: scheduler.size");
+    run_free(&r);
+    r = run(NULL, ARGS("check", "/no/such/file.yaml"));
+    cr_assert_eq(r.code, 1);
+    has(r.err, "cannot open pipeline '/no/such/file.yaml'");
+    run_free(&r);
+    free(bad), free(good);
+}
+
+Test(cli, check_ab_pair) {
+    char *a = data("good.yaml"), *b = data("b.yaml");
+    run_result ra = run(NULL, ARGS("check", a)), rb = run(NULL, ARGS("check", b));
+    cr_assert_eq(ra.code, 0);
+    cr_assert_eq(rb.code, 0, "%s", rb.err);
+    has(ra.out, "  policy: priority\n");
+    has(rb.out, "  policy: random\n");
+    /* Beyond the first line (the file name) only the scheduler policy differs. */
+    const char *pa = strchr(ra.out, '\n'), *pb = strchr(rb.out, '\n');
+    int diffs = 0;
+    while (pa && pb && *pa && *pb) {
+        const char *ea = strchr(pa + 1, '\n'), *eb = strchr(pb + 1, '\n');
+        size_t la = ea ? (size_t)(ea - pa) : strlen(pa), lb = eb ? (size_t)(eb - pb) : strlen(pb);
+        if (la != lb || memcmp(pa, pb, la) != 0) diffs++;
+        pa = ea, pb = eb;
+    }
+    cr_assert_eq(diffs, 1, "A and B differ in %d lines", diffs);
+    run_free(&ra), run_free(&rb);
+    free(a), free(b);
+}
