@@ -973,6 +973,85 @@ done:
     return LOOM_OK;
 }
 
+loom_status loom_engine_score(loom_engine *e, const int32_t *tokens, int32_t n, float *logprobs,
+                              loom_error *err) {
+    pthread_mutex_lock(&e->inbox_mu);
+    int32_t active = e->active;
+    pthread_mutex_unlock(&e->inbox_mu);
+    if (active > 0)
+        return loom_error_set(err, LOOM_ERR_INVALID, "loom_engine_score: %d requests are still running", active);
+    if (n < 1 || n > e->max_model_len)
+        return loom_error_set(err, LOOM_ERR_INVALID, "loom_engine_score: %d tokens do not fit the context (1..%d)",
+                              n, e->max_model_len);
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= e->vocab)
+            return loom_error_set(err, LOOM_ERR_INVALID, "loom_engine_score: token %d at %d outside [0, %d)",
+                                  tokens[i], i, e->vocab);
+    loom_seq_info info = {
+        .struct_size = sizeof info,
+        .id = e->next_seq_id++,
+        .request_id = -1,
+        .num_prompt_tokens = n,
+        .num_tokens = n,
+        .max_total_tokens = n,
+        .tokens = tokens,
+    };
+    loom_status st = e->cache->allocate(e->cache_self, &info, n, err);
+    if (st == LOOM_ERR_NO_SPACE)
+        return loom_error_set(err, LOOM_ERR_NO_SPACE,
+                              "loom_engine_score: the KV cache cannot hold %d tokens (%d blocks of %d): give the "
+                              "cache more memory or score shorter windows", n, e->layout.num_blocks,
+                              e->layout.block_size);
+    if (st != LOOM_OK) return st;
+    enum { CHUNK = 256 };
+    int32_t bt_stride = (e->max_model_len + e->layout.block_size - 1) / e->layout.block_size;
+    if ((st = run_block_ops(e, err)) != LOOM_OK) goto out;
+    if (ensure_step_buffers(e, 1, CHUNK, bt_stride) != LOOM_OK) {
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    size_t need = (size_t)CHUNK * (size_t)e->vocab;
+    if (need > e->logits_cap) {
+        float *l = realloc(e->logits, need * sizeof(float));
+        if (!l) {
+            st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for logits");
+            goto out;
+        }
+        e->logits = l;
+        e->logits_cap = need;
+    }
+    int32_t nb = e->cache->block_table(e->cache_self, info.id, e->block_table, bt_stride);
+    for (int32_t k = nb; k < bt_stride; k++) e->block_table[k] = -1;
+    logprobs[0] = 0.0f;
+    for (int32_t start = 0; start < n; start += CHUNK) {
+        int32_t c = n - start < CHUNK ? n - start : CHUNK;
+        for (int32_t i = 0; i < c; i++) {
+            int32_t p = start + i;
+            e->tok_ids[i] = tokens[p];
+            e->positions[i] = p;
+            e->slots[i] = (int64_t)e->block_table[p / e->layout.block_size] * e->layout.block_size +
+                          p % e->layout.block_size;
+            e->logits_index[i] = i;
+        }
+        e->query_start[0] = 0;
+        e->query_start[1] = c;
+        e->context_len[0] = start + c;
+        loom_batch batch = {
+            .struct_size = sizeof batch, .num_seqs = 1, .num_tokens = c, .token_ids = e->tok_ids,
+            .positions = e->positions, .query_start = e->query_start, .context_len = e->context_len,
+            .block_table = e->block_table, .block_table_stride = bt_stride, .slot_mapping = e->slots,
+            .num_logits = c, .logits_index = e->logits_index,
+        };
+        st = e->be->forward(e->be_self, &batch, e->logits, err);
+        if (st != LOOM_OK) goto out;
+        for (int32_t i = 0; i < c && start + i + 1 < n; i++)
+            logprobs[start + i + 1] = raw_logprob(e->logits + (size_t)i * e->vocab, e->vocab, tokens[start + i + 1]);
+    }
+out:
+    e->cache->free(e->cache_self, info.id);
+    return st;
+}
+
 loom_status loom_engine_run(loom_engine *e, loom_error *err) {
     int32_t active = 1;
     while (active > 0) {

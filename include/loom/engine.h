@@ -113,6 +113,13 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err);
 loom_status loom_engine_run(loom_engine *e, loom_error *err);
 void loom_engine_get_stats(loom_engine *e, loom_engine_stats *out);
 
+/* [engine] Teacher-forced scoring (perplexity): logprobs[i] = log p(tokens[i]
+ * | tokens[0..i)) under the model's raw distribution for i >= 1;
+ * logprobs[0] = 0. The engine must be idle (no active requests); n must fit
+ * the context and the KV cache. */
+loom_status loom_engine_score(loom_engine *e, const int32_t *tokens, int32_t n, float *logprobs,
+                              loom_error *err);
+
 /* Tokenizer access. *ids / *text malloc'd, caller frees. */
 loom_status loom_engine_tokenize(loom_engine *e, const char *text, bool add_bos, int32_t **ids,
                                  int32_t *n, loom_error *err);
