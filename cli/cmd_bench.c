@@ -408,8 +408,8 @@ static double metric_value(const bench_result *r, const metric *m) {
     return v;
 }
 
-static void print_counts(const char *label, const bench_result *r) {
-    printf("%-18s prefill %lld tokens computed, %lld served from prefix cache, %lld output tokens, "
+static void print_counts(FILE *f, const char *label, const bench_result *r) {
+    fprintf(f, "%-18s prefill %lld tokens computed, %lld served from prefix cache, %lld output tokens, "
            "%lld preemptions, %d sequences at most in one step\n",
            label, (long long)r->prefill_tokens, (long long)r->cached_tokens, (long long)r->output_tokens,
            (long long)r->preemptions, r->max_running);
@@ -603,25 +603,27 @@ int loom_cmd_bench(int argc, char **argv) {
     median_result(ra, repeat, &A);
     if (lb) median_result(rb, repeat, &B);
 
-    printf("\nworkload: %d requests%s%s, %d run(s) each\n", n, workload ? " from " : " generated",
+    /* With --json -, stdout carries only the JSON document. */
+    FILE *tbl = json_path && !strcmp(json_path, "-") ? stderr : stdout;
+    fprintf(tbl, "\nworkload: %d requests%s%s, %d run(s) each\n", n, workload ? " from " : " generated",
            workload ? workload : "", repeat);
     if (!lb) {
-        printf("%-18s %14s\n", "metric", la);
+        fprintf(tbl, "%-18s %14s\n", "metric", la);
         for (size_t k = 0; k < sizeof metrics / sizeof metrics[0]; k++)
-            printf("%-18s %14.3f %s\n", metrics[k].name, metric_value(&A, &metrics[k]), metrics[k].unit);
-        print_counts("counts:", &A);
+            fprintf(tbl, "%-18s %14.3f %s\n", metrics[k].name, metric_value(&A, &metrics[k]), metrics[k].unit);
+        print_counts(tbl, "counts:", &A);
     } else {
-        printf("%-18s %14s %14s %10s\n", "metric", "A", "B", "B/A");
+        fprintf(tbl, "%-18s %14s %14s %10s\n", "metric", "A", "B", "B/A");
         for (size_t k = 0; k < sizeof metrics / sizeof metrics[0]; k++) {
             double x = metric_value(&A, &metrics[k]), y = metric_value(&B, &metrics[k]);
             if (x != 0 && isfinite(x) && isfinite(y))
-                printf("%-18s %14.3f %14.3f %9.2fx  %s\n", metrics[k].name, x, y, y / x, metrics[k].unit);
+                fprintf(tbl, "%-18s %14.3f %14.3f %9.2fx  %s\n", metrics[k].name, x, y, y / x, metrics[k].unit);
             else
-                printf("%-18s %14.3f %14.3f %10s  %s\n", metrics[k].name, x, y, "-", metrics[k].unit);
+                fprintf(tbl, "%-18s %14.3f %14.3f %10s  %s\n", metrics[k].name, x, y, "-", metrics[k].unit);
         }
-        printf("A = %s\nB = %s\n", la, lb);
-        print_counts("A counts:", &A);
-        print_counts("B counts:", &B);
+        fprintf(tbl, "A = %s\nB = %s\n", la, lb);
+        print_counts(tbl, "A counts:", &A);
+        print_counts(tbl, "B counts:", &B);
     }
     if (json_path) {
         cJSON *root = cJSON_CreateObject();

@@ -181,15 +181,21 @@ static void seq_finish(loom_engine *e, loom_seq *s, loom_finish_reason why, cons
     /* The final event carries what the detokenizer and the stop-string
      * hold-back still had. */
     if (e->tok && why != LOOM_FINISH_STOP) {
-        char tail[64];
-        size_t n = loom_detok_flush(&s->detok, tail, sizeof tail);
-        if (n) append_text(s, tail, n);
+        char tail[256];
+        size_t n;
+        while ((n = loom_detok_flush(&s->detok, tail, sizeof tail)) > 0) append_text(s, tail, n);
     }
     emit(e, s, -1, s->text ? s->text + s->text_emitted : "", 0.0f, 0, NULL, NULL, why, error);
     s->text_emitted = s->text_len;
     loom_req *rq = s->req;
     if (!rq->forked) {
-        /* Samples 1..n-1 never started: they end with the same reason. */
+        /* Samples 1..n-1 never started: each ends with the same reason and
+         * its own final event (one final event per sample). */
+        for (int32_t k = 1; k < rq->n && rq->r.on_token; k++) {
+            loom_token_event ev = {.request_id = rq->id, .sample_index = k, .token = -1, .text = "",
+                                   .finish = why, .error = error};
+            rq->r.on_token(rq->r.user, &ev);
+        }
         rq->live = 0;
     } else {
         rq->live--;
@@ -213,12 +219,17 @@ int64_t loom_engine_add_request(loom_engine *e, const loom_request *req, loom_er
                        req->struct_size, sizeof(loom_request));
         return -1;
     }
+    /* Read only the caller's struct_size bytes; later fields keep their defaults. */
+    loom_request full = loom_request_default();
+    memcpy(&full, req, req->struct_size);
+    full.struct_size = sizeof full;
+    req = &full;
     loom_req *rq = calloc(1, sizeof *rq);
     if (!rq) {
         loom_error_set(err, LOOM_ERR_NOMEM, "out of memory queueing a request");
         return -1;
     }
-    memcpy(&rq->r, req, req->struct_size);
+    memcpy(&rq->r, req, sizeof *req);
     rq->r.system = loom_strdup(req->system);
     rq->r.prompt = NULL;
     rq->r.tokens = NULL;
@@ -284,12 +295,17 @@ int64_t loom_engine_add_request(loom_engine *e, const loom_request *req, loom_er
     /* Sampling parameters are checked by the sampler on first use; the
      * obvious mistakes are caught here so the caller gets them at once. */
     const loom_sampling_params *p = &req->params;
-    if (!(p->temperature >= 0) || !(p->top_p > 0 && p->top_p <= 1) || p->top_k < 0 ||
-        !(p->min_p >= 0 && p->min_p <= 1) || p->logprobs < 0 || p->logprobs > LOOM_MAX_LOGPROBS) {
+    if (p->struct_size < sizeof(loom_sampling_params) || !(p->temperature >= 0 && isfinite(p->temperature)) ||
+        !(p->top_p > 0 && p->top_p <= 1) || p->top_k < 0 || !(p->min_p >= 0 && p->min_p <= 1) ||
+        !(isfinite(p->repetition_penalty) && p->repetition_penalty > 0) || !isfinite(p->presence_penalty) ||
+        !isfinite(p->frequency_penalty) || p->logprobs < 0 || p->logprobs > LOOM_MAX_LOGPROBS) {
         st = loom_error_set(err, LOOM_ERR_INVALID,
-                            "sampling parameters out of range (temperature %g >= 0, top_p %g in (0,1], "
-                            "top_k %d >= 0, min_p %g in [0,1], logprobs %d in [0,%d])",
-                            p->temperature, p->top_p, p->top_k, p->min_p, p->logprobs, LOOM_MAX_LOGPROBS);
+                            "sampling parameters out of range (params.struct_size %u, start from "
+                            "loom_sampling_params_default(); temperature %g finite >= 0, top_p %g in (0,1], "
+                            "top_k %d >= 0, min_p %g in [0,1], repetition_penalty %g finite > 0, presence/frequency "
+                            "penalties %g/%g finite, logprobs %d in [0,%d])",
+                            p->struct_size, p->temperature, p->top_p, p->top_k, p->min_p, p->repetition_penalty,
+                            p->presence_penalty, p->frequency_penalty, p->logprobs, LOOM_MAX_LOGPROBS);
         goto fail;
     }
 
@@ -347,6 +363,20 @@ loom_status loom_engine_abort(loom_engine *e, int64_t request_id) {
     return LOOM_OK;
 }
 
+static loom_status sampler_check(loom_engine *e, loom_req *rq, const loom_seq *s, loom_error *err) {
+    float *row = calloc((size_t)e->vocab, sizeof(float));
+    if (!row) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory checking sampling parameters");
+    uint64_t rng[4];
+    loom_rng_seed(rng, 1);
+    loom_sample_row sr = {&rq->r.params, s->tokens, rq->prompt_len, NULL, 0, rng};
+    int32_t tok, top_ids[LOOM_MAX_LOGPROBS];
+    float lp, top_lp[LOOM_MAX_LOGPROBS];
+    loom_sample_out so = {&tok, &lp, top_ids, top_lp};
+    loom_status st = e->smp->sample(e->smp_self, row, e->vocab, &sr, 1, &so, err);
+    free(row);
+    return st;
+}
+
 static loom_status admit(loom_engine *e, loom_req *rq, loom_error *err) {
     if (grow((void **)&e->reqs, &e->cap_reqs, e->num_reqs + 1, sizeof(loom_req *)) != LOOM_OK)
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory admitting a request");
@@ -360,7 +390,16 @@ static loom_status admit(loom_engine *e, loom_req *rq, loom_error *err) {
     rq->live = 1;
     rq->forked = rq->n == 1;
     e->stats.prompt_tokens += rq->prompt_len;
-    loom_status st = e->sch->add(e->sch_self, &s->info, err);
+    /* The sampler's own rules (e.g. its max_logprobs): one dry draw from
+     * flat logits, so a request it rejects ends alone with an error
+     * instead of failing every row of a later step. */
+    loom_status st = sampler_check(e, rq, s, err);
+    if (st == LOOM_ERR_NOMEM) return st;
+    if (st != LOOM_OK) {
+        seq_finish(e, s, LOOM_FINISH_ERROR, err ? err->message : "the sampler rejected the request's parameters");
+        return LOOM_OK;
+    }
+    st = e->sch->add(e->sch_self, &s->info, err);
     if (st != LOOM_OK) {
         loom_error_prefix(err, "scheduler refused request %lld", (long long)rq->id);
         seq_finish(e, s, LOOM_FINISH_ERROR, err ? err->message : "scheduler refused the request");
@@ -528,7 +567,9 @@ static void accept_token(loom_engine *e, loom_seq *s, int32_t tok, float lp, int
     s->num_generated++;
     e->stats.generated_tokens++;
     bool eog = e->tok && !s->req->r.ignore_eos && loom_tokenizer_is_eog(e->tok, tok);
-    char piece[256];
+    /* Large enough for any piece of real vocabularies (SmolLM2's longest is
+     * 81 bytes); a longer one is carried by the detokenizer to the next call. */
+    char piece[1024];
     size_t n = eog || !e->tok ? 0 : loom_detok_push(&s->detok, tok, piece, sizeof piece);
     bool stopped = n && append_text(s, piece, n);
     stream_text(e, s, tok, lp, num_top, top_ids, top_lp);
@@ -878,6 +919,12 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
         for (int32_t k = nb; k < bt_stride; k++) row[k] = -1;
         e->query_start[i] = t;
         e->context_len[i] = end;
+        if (!s->prefix_counted && s->sample_index == 0) {
+            /* First schedule of the prompt: what it starts with came from the prefix cache. */
+            s->prefix_counted = true;
+            e->stats.cached_prompt_tokens += en->num_computed < s->info.num_prompt_tokens ? en->num_computed
+                                                                                         : s->info.num_prompt_tokens;
+        }
         if (en->num_computed >= s->info.num_prompt_tokens) any_decode = true;
         if (en->num_computed < s->info.num_prompt_tokens)
             e->stats.prefill_tokens += (end < s->info.num_prompt_tokens ? end : s->info.num_prompt_tokens) -
@@ -1077,7 +1124,6 @@ void loom_engine_get_stats(loom_engine *e, loom_engine_stats *out) {
     out->block_size = cs.block_size;
     out->prefix_queries = cs.prefix_queries;
     out->prefix_hits = cs.prefix_hits;
-    out->cached_prompt_tokens = cs.prefix_hits;
     out->evictions = cs.evictions;
     out->swaps_out = cs.swaps_out;
     out->swaps_in = cs.swaps_in;

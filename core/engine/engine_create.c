@@ -301,7 +301,7 @@ loom_status loom_engine_tokenize(loom_engine *e, const char *text, bool add_bos,
 loom_status loom_engine_detokenize(loom_engine *e, const int32_t *ids, int32_t n, char **text, loom_error *err) {
     loom_status st = need_tokenizer(e, err);
     if (st != LOOM_OK) return st;
-    return loom_tokenizer_decode(e->tok, ids, n, false, text, err);
+    return loom_tokenizer_decode(e->tok, ids, n, true, text, err);
 }
 
 int32_t loom_engine_vocab_size(const loom_engine *e) { return e->vocab; }

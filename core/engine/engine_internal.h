@@ -37,6 +37,7 @@ typedef struct loom_seq {
     size_t text_len, text_cap;
     size_t text_emitted;       /* bytes of text already streamed             */
     int32_t num_generated;
+    bool prefix_counted;       /* cached prompt tokens counted (first schedule) */
     bool finished;
     /* Speculation: info.num_draft drafts sit at the end of tokens[]. */
     float *spec_q;             /* (num_draft, vocab) draft distributions    */

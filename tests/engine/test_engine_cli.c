@@ -1,0 +1,257 @@
+/*
+ * tests/engine/test_engine_cli.c — `loom run` and `loom bench` end to end:
+ * the built binary (LOOM_CLI) as a child process, stdout and stderr
+ * captured to files. Real-model runs skip when LOOM_TEST_MODEL is unset;
+ * bench runs use the tiny dummy pipeline and always run.
+ */
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "eng_util.h"
+
+typedef struct cli_out {
+    int code;   /* exit status; -1 when killed by a signal */
+    char *out;
+    char *err;
+} cli_out;
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    cr_assert(b);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+/* Run LOOM_CLI with NULL-terminated args (stdin from /dev/null). */
+static cli_out cli(const char *const *args) {
+    const char *bin = getenv("LOOM_CLI");
+    cr_assert(bin && bin[0], "LOOM_CLI is not set (run through meson test)");
+    char dir[] = "/tmp/loom-eng-cli-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char out[64], err[64];
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(err, sizeof err, "%s/err", dir);
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        int fi = open("/dev/null", O_RDONLY);
+        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fi < 0 || fo < 0 || fe < 0) _exit(127);
+        dup2(fi, 0);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        char *argv[48] = {(char *)bin};
+        int n = 1;
+        for (; args[n - 1] && n < 47; n++) argv[n] = (char *)args[n - 1];
+        argv[n] = NULL;
+        execv(bin, argv);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    cli_out r = {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+    unlink(out);
+    unlink(err);
+    rmdir(dir);
+    return r;
+}
+
+static void cli_free(cli_out *r) {
+    free(r->out);
+    free(r->err);
+}
+
+static char *default_config(void) {
+    const char *src = getenv("LOOM_SOURCE_DIR");
+    cr_assert(src);
+    char *p = malloc(strlen(src) + 32);
+    sprintf(p, "%s/configs/default.yaml", src);
+    return p;
+}
+
+/* ------------------------------------------------------------ run */
+
+Test(cli, run_paris) {
+    const char *model = eng_need_model();
+    char *cfg = default_config();
+    char set_model[1024];
+    snprintf(set_model, sizeof set_model, "model.path=%s", model);
+    /* default.yaml as documented, with a small KV pool and context. */
+    const char *args[] = {"run", cfg, "--chat", "-p", "What is the capital of France?", "-n", "20", "--set",
+                          set_model, "--set", "cache.memory_gib=0.25", "--set", "engine.max_model_len=1024", NULL};
+    cli_out r = cli(args);
+    cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
+    cr_assert(strstr(r.out, "Paris"), "stdout lacks Paris: '%s'", r.out);
+    cr_assert(strstr(r.err, "finish: end of generation"), "stderr: %s", r.err);
+    cli_free(&r);
+    /* --stream and -q print the same text. */
+    const char *args2[] = {"run", cfg, "--chat", "-p", "What is the capital of France?", "-n", "20", "--stream", "-q",
+                           "--set", set_model, "--set", "cache.memory_gib=0.25", "--set",
+                           "engine.max_model_len=1024", NULL};
+    cli_out s = cli(args2);
+    cr_assert_eq(s.code, 0, "stderr: %s", s.err);
+    cr_assert(strstr(s.out, "Paris"), "stdout: '%s'", s.out);
+    cr_assert_eq(s.err[0], 0, "-q should leave stderr empty, got '%s'", s.err);
+    cli_free(&s);
+    free(cfg);
+}
+
+Test(cli, run_stop_and_samples) {
+    const char *model = eng_need_model();
+    char *cfg = default_config();
+    char set_model[1024];
+    snprintf(set_model, sizeof set_model, "model.path=%s", model);
+    const char *args[] = {"run", cfg, "--chat", "-p", "What is the capital of France?", "-n", "20", "--stop", "Paris",
+                          "--samples", "2", "--set", set_model, "--set", "cache.memory_gib=0.25", "--set",
+                          "engine.max_model_len=1024", NULL};
+    cli_out r = cli(args);
+    cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
+    cr_assert(strstr(r.out, "--- sample 0 ---\nThe capital of France is \n--- sample 1 ---\nThe capital of France is \n"),
+              "stdout: '%s'", r.out);
+    cr_assert(strstr(r.err, "finish: stop string"), "stderr: %s", r.err);
+    cli_free(&r);
+    free(cfg);
+}
+
+Test(cli, run_errors) {
+    const char *a1[] = {"run", "/nonexistent/pipeline.yaml", "-p", "hi", NULL};
+    cli_out r = cli(a1);
+    cr_assert_eq(r.code, 1, "nonexistent config: exit %d", r.code);
+    cr_assert(strstr(r.err, "/nonexistent/pipeline.yaml"), "stderr does not name the file: '%s'", r.err);
+    cli_free(&r);
+
+    const char *a2[] = {"run", "--help", NULL};
+    r = cli(a2);
+    cr_assert_eq(r.code, 0);
+    cr_assert(strstr(r.out, "Usage: loom run CONFIG"), "'%s'", r.out);
+    cli_free(&r);
+
+    const char *a3[] = {"run", NULL};
+    r = cli(a3);
+    cr_assert_eq(r.code, 2, "no config: exit %d", r.code);
+    cr_assert(strstr(r.err, "no pipeline file"), "'%s'", r.err);
+    cli_free(&r);
+
+    char *tiny = eng_data("tiny.yaml");
+    const char *a4[] = {"run", tiny, "-p", "hello", NULL};
+    r = cli(a4);
+    cr_assert_eq(r.code, 1, "text prompt on a dummy model: exit %d", r.code);
+    cr_assert(strstr(r.err, "no tokenizer"), "'%s'", r.err);
+    cli_free(&r);
+
+    const char *a5[] = {"run", tiny, "-p", "hello", "--bogus", NULL};
+    r = cli(a5);
+    cr_assert_eq(r.code, 2);
+    cr_assert(strstr(r.err, "--bogus"), "'%s'", r.err);
+    cli_free(&r);
+
+    const char *a6[] = {"run", tiny, "-p", "hello", "-n", "0", NULL};
+    r = cli(a6);
+    cr_assert_eq(r.code, 1);
+    cr_assert(strstr(r.err, "-n"), "'%s'", r.err);
+    cli_free(&r);
+    free(tiny);
+}
+
+/* ---------------------------------------------------------- bench */
+
+static double num(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    cr_assert(cJSON_IsNumber(v), "JSON has no number '%s'", key);
+    return v->valuedouble;
+}
+
+static void check_bench_doc(const cJSON *j) {
+    cr_assert_eq(num(j, "num_requests"), 8);
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "a_results");
+    cr_assert(cJSON_IsObject(a));
+    cr_assert_gt(num(a, "throughput_req_s"), 0);
+    cr_assert_gt(num(a, "output_tokens_s_tok_s"), 0);
+    cr_assert_gt(num(a, "total_tokens_s_tok_s"), num(a, "output_tokens_s_tok_s"));
+    cr_assert_eq(num(a, "output_tokens"), 64, "8 requests x 8 tokens");
+    cr_assert_eq(num(a, "errors"), 0);
+    cr_assert_eq(num(a, "prefill_tokens") + num(a, "cached_prompt_tokens"), 128);
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(j, "b_results"));
+}
+
+/* --json FILE: the values. */
+Test(cli, bench_json_file) {
+    char *tiny = eng_data("tiny.yaml");
+    char dir[] = "/tmp/loom-eng-json-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char path[64];
+    snprintf(path, sizeof path, "%s/r.json", dir);
+    const char *args[] = {"bench", tiny, "--num-requests", "8", "--input-len", "16", "--output-len", "8",
+                          "--json", path, "--no-progress", NULL};
+    cli_out r = cli(args);
+    cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
+    cr_assert(strstr(r.out, "throughput"), "no table on stdout: '%s'", r.out);
+    char *text = slurp(path);
+    cJSON *j = cJSON_Parse(text);
+    cr_assert_not_null(j, "%s is not JSON: '%s'", path, text);
+    check_bench_doc(j);
+    cJSON_Delete(j);
+    free(text);
+    unlink(path);
+    rmdir(dir);
+    cli_free(&r);
+    free(tiny);
+}
+
+/* `--json -` writes the document to stdout: stdout must then parse as JSON
+ * on its own (scripts pipe it to jq), so the human-readable table has to
+ * go elsewhere (stderr). */
+Test(cli, bench_json_stdout) {
+    char *tiny = eng_data("tiny.yaml");
+    const char *args[] = {"bench", tiny, "--num-requests", "8", "--input-len", "16", "--output-len", "8",
+                          "--json", "-", "--no-progress", NULL};
+    cli_out r = cli(args);
+    cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
+    cJSON *j = cJSON_Parse(r.out);
+    cr_assert_not_null(j, "`loom bench --json -`: stdout is not valid JSON (the table precedes the document):\n%s",
+                       r.out);
+    check_bench_doc(j);
+    cJSON_Delete(j);
+    cli_free(&r);
+    free(tiny);
+}
+
+Test(cli, bench_compare) {
+    char *a = eng_data("tiny.yaml"), *b = eng_data("tiny_contiguous.yaml");
+    const char *args[] = {"bench", "--compare", a, b, "--num-requests", "6", "--input-len", "8:24",
+                          "--output-len", "4:8", "--no-progress", NULL};
+    cli_out r = cli(args);
+    cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
+    cr_assert(strstr(r.out, "B/A"), "no B/A column: '%s'", r.out);
+    const char *row = strstr(r.out, "\nthroughput ");
+    cr_assert(row, "no throughput row: '%s'", r.out);
+    double x, y, ratio;
+    cr_assert_eq(sscanf(row, "\nthroughput %lf %lf %lfx", &x, &y, &ratio), 3, "row: %.80s", row + 1);
+    cr_assert_gt(x, 0);
+    cr_assert_gt(y, 0);
+    cr_assert_float_eq(ratio, y / x, 0.01 + 0.01 * (y / x));
+    cr_assert(strstr(r.out, "A counts:") && strstr(r.out, "B counts:"), "'%s'", r.out);
+    cli_free(&r);
+
+    const char *bad[] = {"bench", "--compare", a, NULL};
+    r = cli(bad);
+    cr_assert_eq(r.code, 2);
+    cr_assert(strstr(r.err, "--compare needs two pipeline files"), "'%s'", r.err);
+    cli_free(&r);
+    free(a);
+    free(b);
+}
