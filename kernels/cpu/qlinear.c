@@ -1,0 +1,692 @@
+/*
+ * kernels/cpu/qlinear.c — quantized linear layers on the CPU (see
+ * qlinear.h for the formats and the arithmetic each one promises).
+ *
+ * Structure: the caller's thread prepares the activations a format needs
+ * (int8 codes + per-token scales for W8A8, E4M3-rounded floats + scales for
+ * FP8; both spread over the pool by token), then weight rows are spread
+ * over the pool. A thread decodes a tile of R rows into its own float32
+ * buffer (R chosen so the tile is ~64 KiB: it stays in L1/L2 while every
+ * token passes over it) and runs a register-blocked float kernel; W8A8
+ * instead dots int8 rows with int8 tokens in int32.
+ *
+ * Why decode to a tile rather than fuse the decode into every FMA: at
+ * batch 1 both stream the same weight bytes from memory, and at batch M the
+ * tile amortises one decode over M tokens; the code for five formats stays
+ * one decoder each plus one shared multiply kernel.
+ */
+#include "qlinear.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define QL_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define QL_CLONES
+#endif
+#define QL_INLINE static inline __attribute__((always_inline))
+
+#define QL_TILE_FLOATS 16384 /* 64 KiB of decoded weight per thread            */
+#define QL_ALIGN 64
+
+typedef float ql_v16 __attribute__((vector_size(64)));
+typedef float ql_v8 __attribute__((vector_size(32)));
+typedef float ql_v4 __attribute__((vector_size(16)));
+
+/* Unaligned 16-float load (a macro: passing 64-byte vectors by value has a
+ * target-dependent ABI). */
+#define QL_LD(v, p) memcpy(&(v), (p), sizeof(ql_v16))
+
+QL_INLINE float ql_hsum(const ql_v16 *v) {
+    ql_v8 a = __builtin_shufflevector(*v, *v, 0, 1, 2, 3, 4, 5, 6, 7);
+    ql_v8 b = __builtin_shufflevector(*v, *v, 8, 9, 10, 11, 12, 13, 14, 15);
+    ql_v8 s8 = a + b;
+    ql_v4 c = __builtin_shufflevector(s8, s8, 0, 1, 2, 3);
+    ql_v4 d = __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
+    ql_v4 s4 = c + d;
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+/* ------------------------------------------------------------- FP8 E4M3 */
+
+uint8_t loom_cpu_e4m3_encode(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu); /* NaN               */
+    if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7eu); /* >= 448 saturates */
+    int e = (int)(a >> 23) - 127;
+    if (e >= -6) {
+        /* normal: 3 of 23 mantissa bits, round half to even; a carry runs
+         * into the exponent field, which is the next binade */
+        uint32_t m = a & 0x7fffffu, keep = m >> 20, rem = m & 0xfffffu;
+        uint32_t code = ((uint32_t)(e + 7) << 3) | keep;
+        if (rem > 0x80000u || (rem == 0x80000u && (keep & 1u))) code++;
+        return (uint8_t)(sign | code);
+    }
+    if ((a >> 23) == 0) return sign; /* float32 subnormal: rounds to 0 */
+    uint32_t m24 = (a & 0x7fffffu) | 0x800000u;
+    int shift = 14 - e; /* subnormal code = value * 2^9 = m24 >> shift, >= 21 */
+    if (shift > 24) return sign;
+    uint32_t q = m24 >> shift, rem = m24 & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint8_t)(sign | q);
+}
+
+float loom_cpu_e4m3_decode(uint8_t c) {
+    uint32_t sign = (uint32_t)(c & 0x80u) << 24;
+    uint32_t e = (c >> 3) & 15u, m = c & 7u, bits;
+    if (e == 15u && m == 7u) {
+        bits = sign | 0x7fc00000u;
+    } else if (e == 0) {
+        float v = (float)m * 0x1p-9f;
+        memcpy(&bits, &v, 4);
+        bits |= sign;
+    } else {
+        bits = sign | ((e + 120u) << 23) | (m << 20);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static float ql_e4m3_lut[256];
+static pthread_once_t ql_lut_once = PTHREAD_ONCE_INIT;
+
+static void ql_lut_init(void) {
+    for (int i = 0; i < 256; i++) ql_e4m3_lut[i] = loom_cpu_e4m3_decode((uint8_t)i);
+}
+
+void loom_cpu_f32_to_e4m3(uint8_t *dst, const float *src, int64_t n, float inv_scale) {
+    for (int64_t i = 0; i < n; i++) dst[i] = loom_cpu_e4m3_encode(src[i] * inv_scale);
+}
+
+void loom_cpu_e4m3_to_f32(float *dst, const uint8_t *src, int64_t n, float scale) {
+    pthread_once(&ql_lut_once, ql_lut_init);
+    for (int64_t i = 0; i < n; i++) dst[i] = ql_e4m3_lut[src[i]] * scale;
+}
+
+/* ------------------------------------------------------------ f16 helper */
+
+/* IEEE binary16 at p (little-endian) -> float32, exact. */
+QL_INLINE float ql_f16(const uint8_t *p) {
+    uint32_t h = (uint32_t)p[0] | ((uint32_t)p[1] << 8);
+    uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+    if (exp == 0x1fu) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else if (exp == 0) {
+        float f = (float)mant * 0x1p-24f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    } else {
+        bits = sign | ((exp + 112u) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* ------------------------------------------------------------ weights */
+
+bool loom_cpu_qformat_supported(loom_qformat format, loom_dtype dtype) {
+    switch (format) {
+    case LOOM_QFMT_INT8_W8A16: case LOOM_QFMT_INT8_W8A8: case LOOM_QFMT_FP8_W8A8:
+    case LOOM_QFMT_INT4_W4A16:
+        return true;
+    case LOOM_QFMT_GGUF:
+        return dtype == LOOM_DTYPE_Q4_0 || dtype == LOOM_DTYPE_Q4_1 || dtype == LOOM_DTYPE_Q4_K ||
+               dtype == LOOM_DTYPE_Q8_0 || dtype == LOOM_DTYPE_Q6_K;
+    default:
+        return false;
+    }
+}
+
+static bool ql_why(char *why, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static bool ql_why(char *why, size_t size, const char *fmt, ...) {
+    if (why && size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, size, fmt, ap);
+        va_end(ap);
+    }
+    return false;
+}
+
+/* t is a host tensor of `dtype` with at least `count` elements. */
+static bool ql_is(const loom_tensor *t, loom_dtype dtype, int64_t count) {
+    return t->data && t->device == LOOM_DEVICE_HOST && t->dtype == dtype &&
+           loom_tensor_numel(t) >= count && t->nbytes >= (size_t)count * loom_dtype_block_bytes(dtype);
+}
+
+bool loom_cpu_qweight_init(loom_cpu_qweight *w, const loom_qtensor *q, char *why, size_t size) {
+    memset(w, 0, sizeof *w);
+    if (!q) return ql_why(why, size, "no quantized tensor");
+    const int64_t n = q->rows, k = q->cols;
+    if (n <= 0 || k <= 0) return ql_why(why, size, "shape (%lld, %lld) is empty", (long long)n, (long long)k);
+    w->format = q->format;
+    w->n = n;
+    w->k = k;
+    switch (q->format) {
+    case LOOM_QFMT_INT8_W8A16:
+    case LOOM_QFMT_INT8_W8A8:
+        if (!ql_is(&q->data, LOOM_DTYPE_I8, n * k))
+            return ql_why(why, size, "data must be i8 (%lld, %lld) on the host, got %s of %zu bytes",
+                          (long long)n, (long long)k, loom_dtype_name(q->data.dtype), q->data.nbytes);
+        if (!ql_is(&q->scales, LOOM_DTYPE_F32, n))
+            return ql_why(why, size, "scales must be f32 (%lld)", (long long)n);
+        w->dtype = LOOM_DTYPE_I8;
+        w->row_bytes = (size_t)k;
+        if (q->format == LOOM_QFMT_INT8_W8A8 && q->smooth.data) {
+            if (!ql_is(&q->smooth, LOOM_DTYPE_F32, k))
+                return ql_why(why, size, "smooth must be f32 (%lld)", (long long)k);
+            w->smooth = q->smooth.data;
+        }
+        break;
+    case LOOM_QFMT_FP8_W8A8: {
+        if (!ql_is(&q->data, LOOM_DTYPE_FP8_E4M3, n * k))
+            return ql_why(why, size, "data must be fp8_e4m3 (%lld, %lld) on the host, got %s of %zu bytes",
+                          (long long)n, (long long)k, loom_dtype_name(q->data.dtype), q->data.nbytes);
+        int64_t ns = loom_tensor_numel(&q->scales);
+        if (!(ns == n || ns == 1) || !ql_is(&q->scales, LOOM_DTYPE_F32, ns))
+            return ql_why(why, size, "scales must be f32 (%lld) or (1), got %lld", (long long)n, (long long)ns);
+        w->per_tensor = ns == 1 && n != 1;
+        w->dtype = LOOM_DTYPE_FP8_E4M3;
+        w->row_bytes = (size_t)k;
+        break;
+    }
+    case LOOM_QFMT_INT4_W4A16: {
+        int32_t g = q->group_size;
+        if (g < 2 || g % 2 || k % g)
+            return ql_why(why, size, "group_size %d must be even and divide %lld columns", g, (long long)k);
+        if (!ql_is(&q->data, LOOM_DTYPE_U8, n * (k / 2)))
+            return ql_why(why, size, "data must be u8 (%lld, %lld) on the host, got %s of %zu bytes",
+                          (long long)n, (long long)(k / 2), loom_dtype_name(q->data.dtype), q->data.nbytes);
+        if (!ql_is(&q->scales, LOOM_DTYPE_F32, n * (k / g)) || !ql_is(&q->zeros, LOOM_DTYPE_F32, n * (k / g)))
+            return ql_why(why, size, "scales and zeros must be f32 (%lld, %lld)", (long long)n, (long long)(k / g));
+        w->dtype = LOOM_DTYPE_U8;
+        w->group_size = g;
+        w->row_bytes = (size_t)(k / 2);
+        w->zeros = q->zeros.data;
+        break;
+    }
+    default:
+        return ql_why(why, size, "format %d has no CPU kernel here (GGUF tensors: use loom_cpu_qweight_gguf)",
+                      (int)q->format);
+    }
+    w->data = q->data.data;
+    w->scales = q->scales.data;
+    return true;
+}
+
+bool loom_cpu_qweight_gguf(loom_cpu_qweight *w, const loom_tensor *t, char *why, size_t size) {
+    memset(w, 0, sizeof *w);
+    if (!t || t->ndim != 2) return ql_why(why, size, "not a 2-D tensor");
+    if (!loom_cpu_qformat_supported(LOOM_QFMT_GGUF, t->dtype))
+        return ql_why(why, size, "GGUF type %s has no CPU kernel (q4_0, q4_1, q4_k, q8_0, q6_k do)",
+                      loom_dtype_name(t->dtype));
+    const int64_t n = t->shape[0], k = t->shape[1];
+    size_t rb = loom_dtype_row_bytes(t->dtype, k);
+    if (n <= 0 || rb == 0)
+        return ql_why(why, size, "%lld columns are not whole %s blocks of %lld", (long long)k,
+                      loom_dtype_name(t->dtype), (long long)loom_dtype_block_elems(t->dtype));
+    if (!t->data || t->device != LOOM_DEVICE_HOST || t->nbytes < rb * (size_t)n)
+        return ql_why(why, size, "%zu bytes of host data, need %zu", t->nbytes, rb * (size_t)n);
+    *w = (loom_cpu_qweight){.format = LOOM_QFMT_GGUF, .dtype = t->dtype, .n = n, .k = k,
+                            .row_bytes = rb, .data = t->data};
+    return true;
+}
+
+size_t loom_cpu_qweight_bytes(const loom_cpu_qweight *w) {
+    size_t b = w->row_bytes * (size_t)w->n;
+    if (w->format == LOOM_QFMT_INT4_W4A16) b += (size_t)w->n * (size_t)(w->k / w->group_size) * 8;
+    else if (w->format != LOOM_QFMT_GGUF) b += (size_t)(w->per_tensor ? 1 : w->n) * 4;
+    return b;
+}
+
+/* ------------------------------------------------------------ decoders */
+
+/* One GGUF row of K elements into dst (see core/model/dequant.c for the
+ * block layouts; this is the kernels' own copy, as plugins never link the
+ * core). */
+QL_INLINE void ql_dec_gguf(loom_dtype t, const uint8_t *b, int64_t K, float *y) {
+    switch (t) {
+    case LOOM_DTYPE_Q8_0:
+        for (int64_t i = 0; i < K; i += 32, b += 34, y += 32) {
+            float d = ql_f16(b);
+            const int8_t *q = (const int8_t *)(b + 2);
+            for (int j = 0; j < 32; j++) y[j] = d * (float)q[j];
+        }
+        break;
+    case LOOM_DTYPE_Q4_0:
+        for (int64_t i = 0; i < K; i += 32, b += 18, y += 32) {
+            float d = ql_f16(b), c = -8.0f * d;
+            const uint8_t *qs = b + 2;
+            for (int j = 0; j < 16; j++) {
+                y[j] = (float)(qs[j] & 0xF) * d + c;
+                y[j + 16] = (float)(qs[j] >> 4) * d + c;
+            }
+        }
+        break;
+    case LOOM_DTYPE_Q4_1:
+        for (int64_t i = 0; i < K; i += 32, b += 20, y += 32) {
+            float d = ql_f16(b), m = ql_f16(b + 2);
+            const uint8_t *qs = b + 4;
+            for (int j = 0; j < 16; j++) {
+                y[j] = (float)(qs[j] & 0xF) * d + m;
+                y[j + 16] = (float)(qs[j] >> 4) * d + m;
+            }
+        }
+        break;
+    case LOOM_DTYPE_Q4_K:
+        for (int64_t i = 0; i < K; i += 256, b += 144) {
+            float d = ql_f16(b), dmin = ql_f16(b + 2);
+            const uint8_t *sc = b + 4, *q = b + 16;
+            for (int s = 0; s < 8; s += 2, q += 32) {
+                /* 6-bit scale and min of sub-blocks s and s + 1 */
+                float dd[2], mm[2];
+                for (int h = 0; h < 2; h++) {
+                    int j = s + h;
+                    uint8_t scv, mv;
+                    if (j < 4) {
+                        scv = sc[j] & 63;
+                        mv = sc[j + 4] & 63;
+                    } else {
+                        scv = (uint8_t)((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4));
+                        mv = (uint8_t)((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
+                    }
+                    dd[h] = d * scv;
+                    mm[h] = dmin * mv;
+                }
+                for (int l = 0; l < 32; l++) y[l] = dd[0] * (float)(q[l] & 0xF) - mm[0];
+                for (int l = 0; l < 32; l++) y[l + 32] = dd[1] * (float)(q[l] >> 4) - mm[1];
+                y += 64;
+            }
+        }
+        break;
+    case LOOM_DTYPE_Q6_K:
+        for (int64_t i = 0; i < K; i += 256, b += 210) {
+            const uint8_t *ql = b, *qh = b + 128;
+            const int8_t *sc = (const int8_t *)(b + 192);
+            float d = ql_f16(b + 208);
+            for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, y += 128) {
+                for (int l = 0; l < 32; l++) {
+                    int is = l / 16;
+                    int q1 = (int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                    int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                    int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                    int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                    y[l] = d * (float)sc[is] * (float)q1;
+                    y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+                    y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+                    y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+                }
+            }
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+/* Rows [r0, r0 + nr) of w as float32 into t (nr, K). */
+QL_INLINE void ql_decode(const loom_cpu_qweight *w, int64_t r0, int64_t nr, float *t) {
+    const int64_t K = w->k;
+    for (int64_t r = 0; r < nr; r++) {
+        const uint8_t *row = w->data + (size_t)(r0 + r) * w->row_bytes;
+        float *dst = t + r * K;
+        switch (w->format) {
+        case LOOM_QFMT_INT8_W8A16:
+        case LOOM_QFMT_INT8_W8A8: {
+            const int8_t *q = (const int8_t *)row;
+            float s = w->scales[r0 + r];
+            for (int64_t k = 0; k < K; k++) dst[k] = (float)q[k] * s;
+            break;
+        }
+        case LOOM_QFMT_FP8_W8A8: {
+            float s = w->per_tensor ? w->scales[0] : w->scales[r0 + r];
+            for (int64_t k = 0; k < K; k++) dst[k] = ql_e4m3_lut[row[k]] * s;
+            break;
+        }
+        case LOOM_QFMT_INT4_W4A16: {
+            const int32_t g = w->group_size;
+            const int64_t ng = K / g;
+            const float *sc = w->scales + (r0 + r) * ng, *zr = w->zeros + (r0 + r) * ng;
+            for (int64_t gi = 0; gi < ng; gi++) {
+                /* (q - zero) * scale as one FMA: q * scale + (-zero * scale) */
+                const float a = sc[gi], c = -zr[gi] * a;
+                const uint8_t *p = row + gi * (g / 2);
+                float *o = dst + gi * g;
+                for (int32_t i = 0; i < g / 2; i++) {
+                    o[2 * i] = (float)(p[i] & 0xF) * a + c;
+                    o[2 * i + 1] = (float)(p[i] >> 4) * a + c;
+                }
+            }
+            break;
+        }
+        case LOOM_QFMT_GGUF:
+            ql_dec_gguf(w->dtype, row, K, dst);
+            break;
+        default:
+            memset(dst, 0, (size_t)K * sizeof(float));
+            break;
+        }
+    }
+}
+
+void loom_cpu_qweight_rows(const loom_cpu_qweight *w, int64_t r0, int64_t nr, float *dst) {
+    pthread_once(&ql_lut_once, ql_lut_init);
+    ql_decode(w, r0, nr, dst);
+}
+
+/* ------------------------------------------------------------ scratch */
+
+struct loom_cpu_qscratch {
+    float *tiles;      /* (threads, tile_floats)                            */
+    size_t tiles_cap;  /* floats                                            */
+    int8_t *xq;        /* W8A8: (M, K) int8 codes                           */
+    size_t xq_cap;     /* bytes                                             */
+    float *xf;         /* FP8: (M, K) E4M3-rounded activations (unscaled)   */
+    size_t xf_cap;     /* floats                                            */
+    float *sx;         /* (2, M): W8A8 then FP8 per-token scales            */
+    size_t sx_cap;     /* floats                                            */
+};
+
+loom_cpu_qscratch *loom_cpu_qscratch_create(void) {
+    pthread_once(&ql_lut_once, ql_lut_init);
+    return calloc(1, sizeof(loom_cpu_qscratch));
+}
+
+void loom_cpu_qscratch_destroy(loom_cpu_qscratch *s) {
+    if (!s) return;
+    free(s->tiles);
+    free(s->xq);
+    free(s->xf);
+    free(s->sx);
+    free(s);
+}
+
+/* Make *p hold `need` elements of `elem` bytes (64-byte aligned). */
+static bool ql_grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return true;
+    void *q = NULL;
+    size_t bytes = need * elem;
+    if (posix_memalign(&q, QL_ALIGN, bytes ? bytes : QL_ALIGN) != 0) return false;
+    free(*p);
+    *p = q;
+    *cap = need;
+    return true;
+}
+
+/* ------------------------------------------------------------ the job */
+
+typedef struct ql_job {
+    float *y;
+    int64_t ldy;
+    const float *x;            /* float activations (M, ldx)                    */
+    int64_t ldx;
+    const float *xf;           /* FP8: E4M3-rounded activations (M, K) or NULL  */
+    const float *sxf;          /* FP8: per-token scales (M)                     */
+    const int8_t *xq;          /* W8A8: int8 activations (M, K) or NULL         */
+    const float *sxq;          /* W8A8: per-token scales (M)                    */
+    const float *smooth;       /* W8A8: smoothing vector in use, or NULL        */
+    int64_t M, K;
+    float beta;
+    int nparts;
+    const loom_cpu_qweight *w[LOOM_CPU_QLINEAR_MAX_PARTS];
+    const float *bias[LOOM_CPU_QLINEAR_MAX_PARTS];
+    int64_t off[LOOM_CPU_QLINEAR_MAX_PARTS + 1]; /* first output column of each part */
+    float *tiles;              /* (threads, tile_floats)                        */
+    size_t tile_floats;
+    int64_t tile_rows;         /* R                                             */
+} ql_job;
+
+QL_INLINE void ql_store(const ql_job *j, int64_t m, int64_t col, float v) {
+    float *o = j->y + m * j->ldy + col;
+    *o = j->beta != 0.0f ? v + j->beta * *o : v;
+}
+
+/* M = 1: rows of the tile t (nr, K) against the single token x, four rows
+ * at a time. Output columns col.., bias indexed from 0 (already offset);
+ * xs: per-token scale or NULL. */
+QL_INLINE void ql_tile_m1(const ql_job *j, const float *t, int64_t nr, const float *x,
+                          const float *xs, int64_t col, const float *bias) {
+    const int64_t K = j->K, K16 = K & ~(int64_t)15;
+    for (int64_t r = 0; r < nr; r += 4) {
+        int rr = nr - r < 4 ? (int)(nr - r) : 4;
+        const float *w0 = t + r * K;
+        const float *w1 = rr > 1 ? w0 + K : w0, *w2 = rr > 2 ? w0 + 2 * K : w0;
+        const float *w3 = rr > 3 ? w0 + 3 * K : w0;
+        ql_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        for (int64_t k = 0; k < K16; k += 16) {
+            ql_v16 xv, v0, v1, v2, v3;
+            QL_LD(xv, x + k);
+            QL_LD(v0, w0 + k), QL_LD(v1, w1 + k), QL_LD(v2, w2 + k), QL_LD(v3, w3 + k);
+            a0 += v0 * xv, a1 += v1 * xv, a2 += v2 * xv, a3 += v3 * xv;
+        }
+        float s[4] = {ql_hsum(&a0), ql_hsum(&a1), ql_hsum(&a2), ql_hsum(&a3)};
+        for (int64_t k = K16; k < K; k++) {
+            s[0] += w0[k] * x[k], s[1] += w1[k] * x[k];
+            s[2] += w2[k] * x[k], s[3] += w3[k] * x[k];
+        }
+        for (int i = 0; i < rr; i++) {
+            float v = xs ? s[i] * xs[0] : s[i];
+            if (bias) v += bias[r + i];
+            ql_store(j, 0, col + r + i, v);
+        }
+    }
+}
+
+/* M > 1: two tile rows x four tokens per block (missing rows / tokens
+ * alias the first: computed, never stored). x (M, ldx). */
+QL_INLINE void ql_tile_mn(const ql_job *j, const float *t, int64_t nr, const float *x,
+                          int64_t ldx, const float *xs, int64_t col, const float *bias) {
+    const int64_t K = j->K, K16 = K & ~(int64_t)15, M = j->M;
+    for (int64_t r = 0; r < nr; r += 2) {
+        int rr = r + 1 < nr ? 2 : 1;
+        const float *w0 = t + r * K, *w1 = rr == 2 ? w0 + K : w0;
+        for (int64_t m = 0; m < M; m += 4) {
+            int mr = M - m < 4 ? (int)(M - m) : 4;
+            const float *x0 = x + m * ldx;
+            const float *x1 = mr > 1 ? x0 + ldx : x0, *x2 = mr > 2 ? x0 + 2 * ldx : x0;
+            const float *x3 = mr > 3 ? x0 + 3 * ldx : x0;
+            ql_v16 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0};
+            ql_v16 a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
+            for (int64_t k = 0; k < K16; k += 16) {
+                ql_v16 v0, v1, b0, b1, b2, b3;
+                QL_LD(v0, w0 + k), QL_LD(v1, w1 + k);
+                QL_LD(b0, x0 + k), QL_LD(b1, x1 + k), QL_LD(b2, x2 + k), QL_LD(b3, x3 + k);
+                a00 += v0 * b0, a01 += v0 * b1, a02 += v0 * b2, a03 += v0 * b3;
+                a10 += v1 * b0, a11 += v1 * b1, a12 += v1 * b2, a13 += v1 * b3;
+            }
+            float s[2][4] = {{ql_hsum(&a00), ql_hsum(&a01), ql_hsum(&a02), ql_hsum(&a03)},
+                             {ql_hsum(&a10), ql_hsum(&a11), ql_hsum(&a12), ql_hsum(&a13)}};
+            for (int64_t k = K16; k < K; k++) {
+                s[0][0] += w0[k] * x0[k], s[0][1] += w0[k] * x1[k];
+                s[0][2] += w0[k] * x2[k], s[0][3] += w0[k] * x3[k];
+                s[1][0] += w1[k] * x0[k], s[1][1] += w1[k] * x1[k];
+                s[1][2] += w1[k] * x2[k], s[1][3] += w1[k] * x3[k];
+            }
+            for (int a = 0; a < rr; a++)
+                for (int c = 0; c < mr; c++) {
+                    float v = xs ? s[a][c] * xs[m + c] : s[a][c];
+                    if (bias) v += bias[r + a];
+                    ql_store(j, m + c, col + r + a, v);
+                }
+        }
+    }
+}
+
+/* W8A8: rows [n0, n1) of w, int8 x int8 -> int32, four tokens at a time. */
+QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t n0, int64_t n1,
+                            int64_t col, const float *bias) {
+    const int64_t K = j->K, M = j->M;
+    for (int64_t n = n0; n < n1; n++) {
+        const int8_t *wq = (const int8_t *)(w->data + (size_t)n * w->row_bytes);
+        const float sw = w->scales[n];
+        for (int64_t m = 0; m < M; m += 4) {
+            int mr = M - m < 4 ? (int)(M - m) : 4;
+            const int8_t *x0 = j->xq + m * K;
+            const int8_t *x1 = mr > 1 ? x0 + K : x0, *x2 = mr > 2 ? x0 + 2 * K : x0;
+            const int8_t *x3 = mr > 3 ? x0 + 3 * K : x0;
+            int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            for (int64_t k = 0; k < K; k++) {
+                int32_t wk = wq[k];
+                s0 += wk * x0[k], s1 += wk * x1[k], s2 += wk * x2[k], s3 += wk * x3[k];
+            }
+            int32_t s[4] = {s0, s1, s2, s3};
+            for (int c = 0; c < mr; c++) {
+                float v = (float)s[c] * (j->sxq[m + c] * sw);
+                if (bias) v += bias[n - n0];
+                ql_store(j, m + c, col + n - n0, v);
+            }
+        }
+    }
+}
+
+/* Global output rows [b, e) (over all parts). */
+QL_CLONES
+static void ql_range(const ql_job *j, int64_t b, int64_t e, int worker) {
+    float *tile = j->tiles + (size_t)worker * j->tile_floats;
+    for (int p = 0; p < j->nparts; p++) {
+        int64_t s = b > j->off[p] ? b : j->off[p], t = e < j->off[p + 1] ? e : j->off[p + 1];
+        if (s >= t) continue;
+        const loom_cpu_qweight *w = j->w[p];
+        const int64_t n0 = s - j->off[p], n1 = t - j->off[p];
+        const float *bias = j->bias[p];
+        if (w->format == LOOM_QFMT_INT8_W8A8) {
+            ql_int8_rows(j, w, n0, n1, s, bias ? bias + n0 : NULL);
+            continue;
+        }
+        const bool fp8 = w->format == LOOM_QFMT_FP8_W8A8;
+        const float *x = fp8 ? j->xf : j->x, *xs = fp8 ? j->sxf : NULL;
+        const int64_t ldx = fp8 ? j->K : j->ldx;
+        for (int64_t r = n0; r < n1; r += j->tile_rows) {
+            int64_t nr = n1 - r < j->tile_rows ? n1 - r : j->tile_rows;
+            ql_decode(w, r, nr, tile);
+            const float *br = bias ? bias + r : NULL;
+            if (j->M == 1) ql_tile_m1(j, tile, nr, x, xs, j->off[p] + r, br);
+            else ql_tile_mn(j, tile, nr, x, ldx, xs, j->off[p] + r, br);
+        }
+    }
+}
+
+static void ql_task(void *ctx, int64_t b, int64_t e, int worker) { ql_range(ctx, b, e, worker); }
+
+/* ------------------------------------------------- activation quantizers */
+
+/* W8A8 tokens [b, e): xq = rint(xs * (127 / amax)), sxq = amax / 127 where
+ * xs = x (or x / smooth). */
+static void ql_prep_int8(void *ctx, int64_t b, int64_t e, int worker) {
+    (void)worker;
+    const ql_job *j = ctx;
+    int8_t *xq = (int8_t *)j->xq;
+    float *sx = (float *)j->sxq;
+    const float *sm = j->smooth;
+    for (int64_t m = b; m < e; m++) {
+        const float *x = j->x + m * j->ldx;
+        float amax = 0.0f;
+        for (int64_t k = 0; k < j->K; k++) amax = fmaxf(amax, fabsf(sm ? x[k] / sm[k] : x[k]));
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        sx[m] = amax / 127.0f;
+        int8_t *q = xq + m * j->K;
+        for (int64_t k = 0; k < j->K; k++) {
+            float v = rintf((sm ? x[k] / sm[k] : x[k]) * inv);
+            q[k] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+        }
+    }
+}
+
+/* FP8 tokens [b, e): xf = decode(e4m3(x / sx)), sxf = amax / 448. */
+static void ql_prep_fp8(void *ctx, int64_t b, int64_t e, int worker) {
+    (void)worker;
+    const ql_job *j = ctx;
+    float *xf = (float *)j->xf, *sx = (float *)j->sxf;
+    for (int64_t m = b; m < e; m++) {
+        const float *x = j->x + m * j->ldx;
+        float amax = 0.0f;
+        for (int64_t k = 0; k < j->K; k++) amax = fmaxf(amax, fabsf(x[k]));
+        float s = amax / 448.0f;
+        sx[m] = s;
+        float *o = xf + m * j->K;
+        for (int64_t k = 0; k < j->K; k++)
+            o[k] = s > 0.0f ? ql_e4m3_lut[loom_cpu_e4m3_encode(x[k] / s)] : 0.0f;
+    }
+}
+
+/* ------------------------------------------------------------ entry */
+
+bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
+                            const loom_cpu_qweight *const *w, const float *const *bias,
+                            int nparts, int64_t M, float beta, loom_cpu_qscratch *s,
+                            loom_cpu_pool *pool) {
+    if (M <= 0 || nparts <= 0) return true;
+    if (nparts > LOOM_CPU_QLINEAR_MAX_PARTS) return false;
+    pthread_once(&ql_lut_once, ql_lut_init);
+    /* W8A8 parts with different smoothing vectors quantize x differently:
+     * run them one call each */
+    const float *smooth = NULL;
+    bool any_w8a8 = false, any_fp8 = false;
+    for (int p = 0; p < nparts; p++) {
+        if (w[p]->format == LOOM_QFMT_INT8_W8A8) {
+            if (any_w8a8 && w[p]->smooth != smooth) {
+                int64_t off = 0;
+                for (int q = 0; q < nparts; q++) {
+                    if (!loom_cpu_qlinear(y + off, ldy, x, ldx, w[q], bias ? bias[q] : NULL, M,
+                                          beta, s, pool))
+                        return false;
+                    off += w[q]->n;
+                }
+                return true;
+            }
+            any_w8a8 = true;
+            smooth = w[p]->smooth;
+        }
+        any_fp8 |= w[p]->format == LOOM_QFMT_FP8_W8A8;
+    }
+
+    ql_job j = {.y = y, .ldy = ldy, .x = x, .ldx = ldx, .smooth = smooth, .M = M, .K = w[0]->k,
+                .beta = beta, .nparts = nparts};
+    j.off[0] = 0;
+    for (int p = 0; p < nparts; p++) {
+        j.w[p] = w[p];
+        j.bias[p] = bias ? bias[p] : NULL;
+        j.off[p + 1] = j.off[p] + w[p]->n;
+    }
+    const int64_t K = j.K, N = j.off[nparts];
+    int64_t R = QL_TILE_FLOATS / (K > 0 ? K : 1);
+    R = R < 2 ? 2 : R > 32 ? 32 : R & ~(int64_t)1;
+    j.tile_rows = R;
+    j.tile_floats = (size_t)(R * K + 16) & ~(size_t)15;
+    size_t threads = (size_t)loom_cpu_pool_size(pool);
+    if (!ql_grow((void **)&s->tiles, &s->tiles_cap, j.tile_floats * threads, sizeof(float)) ||
+        !ql_grow((void **)&s->sx, &s->sx_cap, 2 * (size_t)M, sizeof(float)) ||
+        (any_w8a8 && !ql_grow((void **)&s->xq, &s->xq_cap, (size_t)(M * K), 1)) ||
+        (any_fp8 && !ql_grow((void **)&s->xf, &s->xf_cap, (size_t)(M * K), sizeof(float))))
+        return false;
+    j.tiles = s->tiles;
+    j.sxq = s->sx;
+    j.sxf = s->sx + M;
+    if (any_w8a8) {
+        j.xq = s->xq;
+        loom_cpu_pool_for(pool, M, 4, ql_prep_int8, &j);
+    }
+    if (any_fp8) {
+        j.xf = s->xf;
+        loom_cpu_pool_for(pool, M, 4, ql_prep_fp8, &j);
+    }
+    loom_cpu_pool_for(pool, N, R, ql_task, &j);
+    return true;
+}
+
+bool loom_cpu_qlinear(float *y, int64_t ldy, const float *x, int64_t ldx,
+                      const loom_cpu_qweight *w, const float *bias, int64_t M, float beta,
+                      loom_cpu_qscratch *s, loom_cpu_pool *pool) {
+    const float *b[1] = {bias};
+    return loom_cpu_qlinear_multi(y, ldy, x, ldx, &w, bias ? b : NULL, 1, M, beta, s, pool);
+}

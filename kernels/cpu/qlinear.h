@@ -1,0 +1,127 @@
+/*
+ * kernels/cpu/qlinear.h — CPU linear layers on quantized weights:
+ *     y (M, N) = x (M, K) @ W^T  [+ bias]  [+ beta * y]
+ * for every weight format of loom/quant.h:
+ *   INT8_W8A16  int8 (N, K), f32 scale per row; dequantization fused.
+ *   INT8_W8A8   the same weights; each token of x is quantized to int8 on
+ *               the fly (symmetric, dynamic per token: sx = max|x| / 127,
+ *               xq = rint(x * (127 / max|x|)) in float32), products
+ *               accumulate in int32 and are scaled by sx * scale[row] at
+ *               the end. With a SmoothQuant vector, x / smooth is quantized.
+ *   FP8_W8A8    E4M3 (N, K), scale per row or per tensor; each token is
+ *               quantized to E4M3 (sx = max|x| / 448, code = e4m3(x / sx)),
+ *               products of decoded values accumulate in fp32 (an emulation
+ *               of an FP8 tensor-core GEMM), scaled by sx * scale at the end.
+ *   INT4_W4A16  U8 (N, K/2) nibbles (low = even column), f32 scale and zero
+ *               per (row, group): w = (q - zero) * scale; unpack fused.
+ *   GGUF        rows of q4_0 / q4_1 / q4_k / q8_0 / q6_k blocks as stored;
+ *               float activations.
+ *
+ * How: rows of W are spread over the pool; each thread decodes a tile of a
+ * few rows (<= ~64 KiB of float32, in L1/L2) and multiplies it with all M
+ * tokens in a register-blocked kernel (4 rows x 1 token at M = 1, else
+ * 2 rows x 4 tokens; GCC vector extensions, built for x86-64-v4/v3/baseline
+ * and picked at load). W8A8 dots int8 rows directly. The weight is never
+ * dequantized as a whole: only the tile in flight exists as float.
+ *
+ * What this is not: the fastest possible CPU kernel (no VNNI intrinsics,
+ * no Q8 activation tricks); it is the CPU path that lets CI test every
+ * scheme, with the right memory traffic for batch-1 decode.
+ *
+ * Threads: one call at a time per scratch; the pool is driven by the caller.
+ */
+#ifndef LOOM_CPU_QLINEAR_H
+#define LOOM_CPU_QLINEAR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu_kernels.h"
+#include "loom/quant.h"
+#include "loom/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A quantized weight as the kernels read it: borrowed pointers, no
+ * ownership. Build it with loom_cpu_qweight_init / _gguf, which check
+ * every size. */
+typedef struct loom_cpu_qweight {
+    loom_qformat format;    /* INT8_W8A16 .. GGUF                                */
+    loom_dtype dtype;       /* data element / block type (i8, fp8_e4m3, u8, q4_1...) */
+    int64_t n, k;           /* rows (outputs), columns (inputs)                  */
+    int32_t group_size;     /* INT4: inputs per group                            */
+    size_t row_bytes;       /* bytes of one row of data                          */
+    const uint8_t *data;    /* (n, row_bytes)                                    */
+    const float *scales;    /* INT8/FP8: (n), or (1) when per_tensor; INT4: (n, k/g) */
+    const float *zeros;     /* INT4: (n, k/g); else NULL                         */
+    const float *smooth;    /* INT8_W8A8: (k) SmoothQuant divisor, or NULL       */
+    bool per_tensor;        /* FP8: one scale for the whole tensor               */
+} loom_cpu_qweight;
+
+/* Can these kernels run `format` (and, for GGUF, block type `dtype`)? */
+bool loom_cpu_qformat_supported(loom_qformat format, loom_dtype dtype);
+
+/* View a quantizer's tensor (format INT8_*, FP8_W8A8 or INT4_W4A16) for the
+ * kernels, checking dtypes, shapes and byte counts. False with a reason in
+ * why[size] (e.g. "scales hold 10 floats, need 576"). `q` must outlive w. */
+bool loom_cpu_qweight_init(loom_cpu_qweight *w, const loom_qtensor *q, char *why, size_t size);
+
+/* View a GGUF block-quantized 2-D tensor t (rows, cols) as stored (format
+ * GGUF). False with a reason when its type has no kernel here or its rows
+ * are not whole blocks. */
+bool loom_cpu_qweight_gguf(loom_cpu_qweight *w, const loom_tensor *t, char *why, size_t size);
+
+/* Bytes of weight data one product streams (for bandwidth figures). */
+size_t loom_cpu_qweight_bytes(const loom_cpu_qweight *w);
+
+/* Per-call scratch: per-thread tiles and quantized activations. Grows on
+ * demand (the only allocation in these kernels); keep one per backend and
+ * reuse it, so steady-state calls never allocate. */
+typedef struct loom_cpu_qscratch loom_cpu_qscratch;
+loom_cpu_qscratch *loom_cpu_qscratch_create(void);
+void loom_cpu_qscratch_destroy(loom_cpu_qscratch *s); /* NULL-safe */
+
+/*
+ * y (M, sum of w[i]->n) = x (M, K) @ [w[0]; w[1]; ...]^T (+ bias[i]) + beta * y
+ * Part i writes columns [off_i, off_i + w[i]->n) of y, off_i = sum of the
+ * earlier parts' n, so fused projections (Q, K, V or gate, up) need no
+ * concatenated weight. Every part has the same k = K. x rows have stride
+ * ldx floats, y rows ldy floats; beta = 0 never reads y. `bias` may be NULL
+ * (no bias anywhere) or hold NULL entries. nparts in [1, 8].
+ * Returns false only when the scratch cannot grow (out of memory); y is
+ * then unspecified.
+ */
+#define LOOM_CPU_QLINEAR_MAX_PARTS 8
+bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
+                            const loom_cpu_qweight *const *w, const float *const *bias,
+                            int nparts, int64_t M, float beta, loom_cpu_qscratch *s,
+                            loom_cpu_pool *pool);
+
+/* One weight: y (M, w->n) = x (M, w->k) @ W^T (+ bias) + beta * y. */
+bool loom_cpu_qlinear(float *y, int64_t ldy, const float *x, int64_t ldx,
+                      const loom_cpu_qweight *w, const float *bias, int64_t M, float beta,
+                      loom_cpu_qscratch *s, loom_cpu_pool *pool);
+
+/* Dequantize rows [r0, r0 + nr) of w into dst (nr, w->k) float32 — the
+ * kernels' own decoder, for tests and for embedding lookups of quantized
+ * tables (W8A8 rows decode as W8A16, ignoring smooth). */
+void loom_cpu_qweight_rows(const loom_cpu_qweight *w, int64_t r0, int64_t nr, float *dst);
+
+/* ---------------------------------------------------- FP8 E4M3 rows */
+
+/* E4M3 ("fn": bias 7, max 448, no inf, S.1111.111 = NaN) <-> float32.
+ * Encoding: round to nearest even, |x| >= 448 and inf saturate to +-448,
+ * NaN -> NaN, sign of zero kept. dst[i] = e4m3(src[i] * inv_scale) and
+ * dst[i] = decode(src[i]) * scale; for an FP8 KV cache. */
+uint8_t loom_cpu_e4m3_encode(float f);
+float loom_cpu_e4m3_decode(uint8_t c);
+void loom_cpu_f32_to_e4m3(uint8_t *dst, const float *src, int64_t n, float inv_scale);
+void loom_cpu_e4m3_to_f32(float *dst, const uint8_t *src, int64_t n, float scale);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_CPU_QLINEAR_H */

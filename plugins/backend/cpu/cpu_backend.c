@@ -1,0 +1,618 @@
+/*
+ * plugins/backend/cpu/cpu_backend.c — the "cpu" backend component: a
+ * Llama-family forward pass in float32 on the host, built from
+ * kernels/cpu and OpenBLAS.
+ *
+ * This file holds the descriptor and parameter table, instance lifetime,
+ * weight loading (every weight is dequantized to float32 through
+ * host->dequantize; Q/K/V and gate/up are fused at load), memory reporting,
+ * and the KV pools (device pool and the separate host swap pool — both
+ * ordinary host memory here, so swapping is a memcpy). The forward pass is in
+ * cpu_forward.c.
+ *
+ * What it refuses to be: a quantized-kernel backend (yet). A quantizer that
+ * plans any format but NONE for a weight fails load() with the tensor's
+ * name; weight_dtype has room for more choices later.
+ */
+#include "cpu_backend.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CPU_ALIGN 64 /* bytes: cache line, and AVX-512 loads never split */
+
+static const char *const cpu_kv_dtype_choices[] = {"f32", "f16", NULL};
+static const char *const cpu_weight_dtype_choices[] = {"f32", NULL};
+
+static const loom_param cpu_params[] = {
+    {.key = "threads", .type = LOOM_PARAM_INT, .offset = offsetof(cpu_backend_config, threads),
+     .default_value = "0", .min = 0, .max = 1024,
+     .doc = "compute threads (attention pool and OpenBLAS); 0 = the pipeline's `threads`"},
+    {.key = "kv_dtype", .type = LOOM_PARAM_ENUM, .offset = offsetof(cpu_backend_config, kv_dtype),
+     .default_value = "f32", .min = 1, .max = 0, .choices = cpu_kv_dtype_choices,
+     .doc = "KV-cache element type when the cache manager leaves it to the backend"},
+    {.key = "weight_dtype", .type = LOOM_PARAM_ENUM,
+     .offset = offsetof(cpu_backend_config, weight_dtype), .default_value = "f32", .min = 1,
+     .max = 0, .choices = cpu_weight_dtype_choices,
+     .doc = "type every weight is dequantized to at load"},
+    {.key = NULL},
+};
+
+/* ---------------------------------------------------------------- helpers */
+
+static size_t cpu_round_floats(size_t n) { return (n + 15) & ~(size_t)15; }
+
+static const char *cpu_qformat_name(loom_qformat f) {
+    switch (f) {
+    case LOOM_QFMT_NONE: return "none";
+    case LOOM_QFMT_INT8_W8A16: return "int8_w8a16";
+    case LOOM_QFMT_INT8_W8A8: return "int8_w8a8";
+    case LOOM_QFMT_FP8_W8A8: return "fp8_w8a8";
+    case LOOM_QFMT_INT4_W4A16: return "int4_w4a16";
+    case LOOM_QFMT_GGUF: return "gguf";
+    }
+    return "unknown";
+}
+
+/* KV element type for `dtype` as asked by the cache manager:
+ * LOOM_DTYPE_COUNT means "the backend's default" (the kv_dtype param).
+ * Returns LOOM_DTYPE_COUNT for a type this backend cannot hold. */
+static loom_dtype cpu_kv_resolve(const cpu_backend *b, loom_dtype dtype) {
+    if (dtype == LOOM_DTYPE_COUNT) return b->cfg.kv_dtype == 1 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
+    if (dtype == LOOM_DTYPE_F32 || dtype == LOOM_DTYPE_F16) return dtype;
+    return LOOM_DTYPE_COUNT;
+}
+
+/* Read "<key>: <n> kB" from /proc/meminfo into bytes; false when absent. */
+static bool cpu_meminfo(const char *key, size_t *out) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return false;
+    char line[256];
+    size_t klen = strlen(key);
+    bool found = false;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (!strncmp(line, key, klen) && line[klen] == ':' &&
+            sscanf(line + klen + 1, "%llu", &kb) == 1) {
+            *out = (size_t)kb * 1024u;
+            found = true;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* --------------------------------------------------------------- lifetime */
+
+static void cpu_destroy(void *self);
+
+static loom_status cpu_create(const loom_host *host, const void *config, void **self,
+                              loom_error *err) {
+    if (!host || !self || host->struct_size < offsetof(loom_host, num_threads) + sizeof(void *)) {
+        if (err) {
+            err->code = LOOM_ERR_ABI;
+            snprintf(err->message, sizeof err->message,
+                     "backend cpu: create() needs a host table of at least %zu bytes (got %u)",
+                     offsetof(loom_host, num_threads) + sizeof(void *),
+                     host ? host->struct_size : 0u);
+        }
+        return LOOM_ERR_ABI;
+    }
+    *self = NULL;
+    cpu_backend_config cfg = {.threads = 0, .kv_dtype = 0, .weight_dtype = 0};
+    if (config) memcpy(&cfg, config, sizeof cfg);
+    if (cfg.threads < 0 || cfg.threads > 1024 || cfg.kv_dtype < 0 || cfg.kv_dtype > 1 ||
+        cfg.weight_dtype != 0)
+        return host->error(host->ctx, err, LOOM_ERR_INVALID,
+                           "backend cpu: bad config (threads %lld in [0, 1024], kv_dtype %lld in "
+                           "{0 f32, 1 f16}, weight_dtype %lld in {0 f32})",
+                           (long long)cfg.threads, (long long)cfg.kv_dtype,
+                           (long long)cfg.weight_dtype);
+
+    cpu_backend *b = host->calloc(host->ctx, 1, sizeof *b);
+    if (!b)
+        return host->error(host->ctx, err, LOOM_ERR_NOMEM,
+                           "backend cpu: out of memory for the instance (%zu bytes)", sizeof *b);
+    b->host = host;
+    b->cfg = cfg;
+    int32_t n = cfg.threads > 0 ? (int32_t)cfg.threads : host->num_threads(host->ctx);
+    b->threads = n > 0 ? n : 1;
+    b->pool = loom_cpu_pool_create(b->threads);
+    if (!b->pool) {
+        host->free(host->ctx, b);
+        return host->error(host->ctx, err, LOOM_ERR_NOMEM,
+                           "backend cpu: could not start %d worker threads; lower `threads`",
+                           b->threads - 1);
+    }
+    /* OpenBLAS's pool is process-wide: the last backend created sets it. */
+    loom_cpu_blas_threads(b->threads);
+    const char *core = loom_cpu_blas_core();
+    host->log(host->ctx, LOOM_LOG_INFO, CPU_WHO, "%d threads, OpenBLAS core %s", b->threads,
+              core ? core : "?");
+#if defined(__x86_64__) && defined(__GNUC__)
+    /* OpenBLAS releases older than the CPU (0.3.21 on Zen 5) fall back to
+     * AVX2 kernels; its AVX-512 GEMM measured 1.75x faster on such a CPU. */
+    if (core && __builtin_cpu_supports("avx512f") && !strstr(core, "Skylake") &&
+        !strstr(core, "Cooper") && !strstr(core, "Sapphire") && !getenv("OPENBLAS_CORETYPE"))
+        host->log(host->ctx, LOOM_LOG_INFO, CPU_WHO,
+                  "OpenBLAS chose its %s kernels on a CPU with AVX-512; OPENBLAS_CORETYPE=SkylakeX "
+                  "in the environment may run prefill much faster",
+                  core);
+#endif
+    *self = b;
+    return LOOM_OK;
+}
+
+static void cpu_destroy(void *self) {
+    cpu_backend *b = self;
+    if (!b) return;
+    const loom_host *h = b->host;
+    loom_cpu_pool_destroy(b->pool);
+    h->free(h->ctx, b->scratch);
+    h->free(h->ctx, b->kv);
+    h->free(h->ctx, b->swap);
+    h->free(h->ctx, b->layers);
+    h->free(h->ctx, b->inv_freq);
+    h->free(h->ctx, b->arena_raw);
+    h->free(h->ctx, b);
+}
+
+/* ------------------------------------------------------------------- load */
+
+/* Fetch tensor `name` and check it is a host tensor of shape (d0) or
+ * (d0, d1) (d1 < 0: 1-D) in a type the host can dequantize. A missing
+ * optional tensor gives *out = NULL and LOOM_OK. */
+static loom_status cpu_tensor(cpu_backend *b, const loom_model_view *m, const char *name,
+                              int64_t d0, int64_t d1, bool required, const loom_tensor **out,
+                              loom_error *err) {
+    const loom_host *h = b->host;
+    const loom_tensor *t = m->get(m->ctx, name);
+    *out = NULL;
+    if (!t) {
+        if (!required) return LOOM_OK;
+        return h->error(h->ctx, err, LOOM_ERR_NOT_FOUND,
+                        "backend cpu: model '%s' has no tensor '%s' (arch needs it); is the file "
+                        "complete and of a Llama-family architecture?",
+                        b->mc.name, name);
+    }
+    int ndim = d1 < 0 ? 1 : 2;
+    bool shape_ok = t->ndim == ndim && t->shape[0] == d0 && (ndim == 1 || t->shape[1] == d1);
+    if (!shape_ok)
+        return h->error(h->ctx, err, LOOM_ERR_FORMAT,
+                        "backend cpu: tensor '%s' has shape (%lld, %lld) [%d dims], the config "
+                        "implies (%lld%s%lld)",
+                        name, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0),
+                        t->ndim, (long long)d0, ndim == 1 ? "" : ", ",
+                        (long long)(ndim == 1 ? 0 : d1));
+    int64_t cols = ndim == 1 ? d0 : d1, rows = ndim == 1 ? 1 : d0;
+    size_t row_bytes = loom_dtype_row_bytes(t->dtype, cols);
+    if (t->device != LOOM_DEVICE_HOST || !t->data || row_bytes == 0 ||
+        t->nbytes < row_bytes * (size_t)rows)
+        return h->error(h->ctx, err, LOOM_ERR_FORMAT,
+                        "backend cpu: tensor '%s' (%s, %zu bytes, device %d) is not host data of "
+                        "%lld rows x %zu bytes",
+                        name, loom_dtype_name(t->dtype), t->nbytes, (int)t->device,
+                        (long long)rows, row_bytes);
+    *out = t;
+    return LOOM_OK;
+}
+
+typedef struct cpu_deq_job {
+    const loom_host *host;
+    const loom_tensor *t;
+    size_t row_bytes;   /* source bytes per row            */
+    int64_t cols;       /* floats per row                  */
+    float *dst;         /* (rows, cols)                    */
+    atomic_int failed;  /* a row the host could not convert */
+} cpu_deq_job;
+
+static void cpu_deq_rows(void *arg, int64_t b, int64_t e, int worker) {
+    (void)worker;
+    cpu_deq_job *j = arg;
+    const uint8_t *src = j->t->data;
+    for (int64_t r = b; r < e; r++)
+        if (j->host->dequantize(j->host->ctx, j->t->dtype, src + (size_t)r * j->row_bytes,
+                                j->dst + r * j->cols, j->cols) != LOOM_OK)
+            atomic_store(&j->failed, 1);
+}
+
+/* Dequantize all of `t` (checked by cpu_tensor) into float32 at dst, rows
+ * spread over the pool (host->dequantize is [any] thread). */
+static loom_status cpu_dequant(cpu_backend *b, const loom_tensor *t, float *dst, loom_error *err) {
+    int64_t rows = t->ndim == 1 ? 1 : t->shape[0], cols = t->shape[t->ndim - 1];
+    cpu_deq_job j = {.host = b->host, .t = t, .row_bytes = loom_dtype_row_bytes(t->dtype, cols),
+                     .cols = cols, .dst = dst};
+    atomic_init(&j.failed, 0);
+    loom_cpu_pool_for(b->pool, rows, 64, cpu_deq_rows, &j);
+    if (atomic_load(&j.failed))
+        return b->host->error(b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
+                              "backend cpu: cannot dequantize tensor '%s' of type %s to f32; the "
+                              "host's dequantizer does not handle it",
+                              t->name ? t->name : "?", loom_dtype_name(t->dtype));
+    return LOOM_OK;
+}
+
+/* Ask the quantizer (if any) for a linear weight's plan: only NONE runs here. */
+static loom_status cpu_check_plan(cpu_backend *b, const loom_model_view *m,
+                                  const loom_quant_binding *q, const loom_tensor *t,
+                                  const char *name, loom_error *err) {
+    if (!q || !q->ops || !q->ops->plan) return LOOM_OK;
+    loom_quant_plan plan = {.struct_size = sizeof plan, .format = LOOM_QFMT_NONE};
+    loom_status st = q->ops->plan(q->self, m, t, &plan, err);
+    if (st != LOOM_OK) return st;
+    if (plan.format != LOOM_QFMT_NONE)
+        return b->host->error(
+            b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
+            "backend cpu: quantizer '%s' planned format %s for tensor '%s', but the cpu backend "
+            "runs only float32 weights (format none); drop the quantizer from the pipeline or use "
+            "backend cuda",
+            q->name ? q->name : "?", cpu_qformat_name(plan.format), name);
+    return LOOM_OK;
+}
+
+/* Carve n floats (rounded to the alignment) from the arena cursor. */
+static float *cpu_carve(float **cursor, size_t n) {
+    float *p = *cursor;
+    *cursor += cpu_round_floats(n);
+    return p;
+}
+
+static loom_status cpu_load(void *self, const loom_model_view *m, const loom_quant_binding *quant,
+                            loom_error *err) {
+    cpu_backend *b = self;
+    const loom_host *h = b->host;
+    loom_status st = LOOM_OK;
+    char name[96];
+    if (b->loaded)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: load() called twice; create a new instance per model");
+    if (!m || !m->config || !m->get)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cpu: load() needs a model view");
+    b->mc = *m->config;
+    const loom_model_config *c = &b->mc;
+    if (c->arch != LOOM_ARCH_LLAMA && c->arch != LOOM_ARCH_QWEN2)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cpu: model '%s' has architecture %d; only llama (0) and qwen2 "
+                        "(1) run here",
+                        c->name, (int)c->arch);
+    if (c->vocab_size <= 0 || c->hidden_size <= 0 || c->intermediate_size <= 0 ||
+        c->num_layers <= 0 || c->num_heads <= 0 || c->num_kv_heads <= 0 ||
+        c->num_heads % c->num_kv_heads != 0 || c->head_dim <= 0 || c->head_dim % 2 != 0 ||
+        c->head_dim > LOOM_CPU_MAX_HEAD_DIM || !(c->rms_norm_eps >= 0) || !(c->rope_theta > 0))
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cpu: model '%s' config not runnable here (vocab %d, hidden %d, "
+                        "ffn %d, layers %d, heads %d/%d kv, head_dim %d: must be even and <= %d, "
+                        "heads a multiple of kv heads, rope_theta %g > 0)",
+                        c->name, c->vocab_size, c->hidden_size, c->intermediate_size,
+                        c->num_layers, c->num_heads, c->num_kv_heads, c->head_dim,
+                        LOOM_CPU_MAX_HEAD_DIM, (double)c->rope_theta);
+    if (c->rope_scaling == LOOM_ROPE_SCALING_LLAMA3 &&
+        !(c->rope_factor > 0 && c->rope_high_freq_factor > c->rope_low_freq_factor &&
+          c->rope_low_freq_factor > 0 && c->rope_original_context > 0)) {
+        return h->error(h->ctx, err, LOOM_ERR_FORMAT,
+                        "backend cpu: model '%s' asks for llama3 RoPE scaling with factor %g, "
+                        "low/high freq factors %g/%g, original context %d: need factor > 0, "
+                        "0 < low < high, context > 0",
+                        c->name, (double)c->rope_factor, (double)c->rope_low_freq_factor,
+                        (double)c->rope_high_freq_factor, c->rope_original_context);
+    }
+    if (c->rope_scaling == LOOM_ROPE_SCALING_LINEAR && !(c->rope_factor > 0))
+        return h->error(h->ctx, err, LOOM_ERR_FORMAT,
+                        "backend cpu: model '%s' asks for linear RoPE scaling with factor %g; "
+                        "need factor > 0",
+                        c->name, (double)c->rope_factor);
+    const int64_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
+    const int32_t L = c->num_layers;
+    b->q_dim = c->num_heads * c->head_dim;
+    b->kv_dim = c->num_kv_heads * c->head_dim;
+    b->qkv_rows = b->q_dim + 2 * b->kv_dim;
+    const int64_t QKV = b->qkv_rows, QD = b->q_dim, KVD = b->kv_dim;
+
+    /* --- check every tensor (and the quantizer's plan) before allocating */
+    const loom_tensor *t_embed, *t_onorm, *t_out, *t_probe;
+    if ((st = cpu_tensor(b, m, "token_embd.weight", V, H, true, &t_embed, err)) ||
+        (st = cpu_tensor(b, m, "output_norm.weight", H, -1, true, &t_onorm, err)) ||
+        (st = cpu_tensor(b, m, "output.weight", V, H, false, &t_out, err)))
+        return st;
+    if (!t_out && !c->tie_embeddings)
+        h->log(h->ctx, LOOM_LOG_WARN, CPU_WHO,
+               "model '%s' has no output.weight and tie_embeddings is false; using the token "
+               "embeddings as the LM head",
+               c->name);
+    if (t_out && (st = cpu_check_plan(b, m, quant, t_out, "output.weight", err))) return st;
+    if ((st = cpu_tensor(b, m, "blk.0.attn_q.bias", QD, -1, false, &t_probe, err))) return st;
+    bool bias = c->qkv_bias || t_probe != NULL;
+
+    static const char *const lin[] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                      "ffn_gate", "ffn_up", "ffn_down"};
+    const int64_t lin_shape[7][2] = {{QD, H}, {KVD, H}, {KVD, H}, {H, QD},
+                                     {I, H},  {I, H},   {H, I}};
+    for (int32_t l = 0; l < L; l++) {
+        const loom_tensor *t;
+        for (int k = 0; k < 7; k++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, lin[k]);
+            if ((st = cpu_tensor(b, m, name, lin_shape[k][0], lin_shape[k][1], true, &t, err)) ||
+                (st = cpu_check_plan(b, m, quant, t, name, err)))
+                return st;
+        }
+        snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
+        if ((st = cpu_tensor(b, m, name, H, -1, true, &t, err))) return st;
+        snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
+        if ((st = cpu_tensor(b, m, name, H, -1, true, &t, err))) return st;
+        for (int k = 0; bias && k < 3; k++) {
+            snprintf(name, sizeof name, "blk.%d.%s.bias", l, lin[k]);
+            if ((st = cpu_tensor(b, m, name, k == 0 ? QD : KVD, -1, true, &t, err))) return st;
+        }
+    }
+
+    /* --- one arena for all weights, carved in this order below */
+    size_t per_layer = 2 * cpu_round_floats((size_t)H) + cpu_round_floats((size_t)(QKV * H)) +
+                       (bias ? cpu_round_floats((size_t)QKV) : 0) +
+                       cpu_round_floats((size_t)(H * QD)) + cpu_round_floats((size_t)(2 * I * H)) +
+                       cpu_round_floats((size_t)(H * I));
+    size_t floats = cpu_round_floats((size_t)(V * H)) * (t_out ? 2 : 1) +
+                    cpu_round_floats((size_t)H) + per_layer * (size_t)L;
+    b->weight_bytes = floats * sizeof(float);
+    b->arena_raw = h->alloc(h->ctx, b->weight_bytes + CPU_ALIGN);
+    b->layers = h->calloc(h->ctx, (size_t)L, sizeof *b->layers);
+    b->inv_freq = h->calloc(h->ctx, (size_t)c->head_dim / 2, sizeof *b->inv_freq);
+    if (!b->arena_raw || !b->layers || !b->inv_freq) {
+        st = h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                      "backend cpu: out of memory for %.1f MiB of float32 weights of '%s'; free "
+                      "host RAM or use a smaller model",
+                      (double)b->weight_bytes / (1 << 20), c->name);
+        goto fail;
+    }
+    b->arena = (float *)(((uintptr_t)b->arena_raw + CPU_ALIGN - 1) & ~(uintptr_t)(CPU_ALIGN - 1));
+
+    float *cur = b->arena;
+    float *embed = cpu_carve(&cur, (size_t)(V * H));
+    float *onorm = cpu_carve(&cur, (size_t)H);
+    if ((st = cpu_dequant(b, t_embed, embed, err)) || (st = cpu_dequant(b, t_onorm, onorm, err)))
+        goto fail;
+    b->embed = embed;
+    b->out_norm = onorm;
+    b->lm_head = embed;
+    if (t_out) {
+        float *out = cpu_carve(&cur, (size_t)(V * H));
+        if ((st = cpu_dequant(b, t_out, out, err))) goto fail;
+        b->lm_head = out;
+    }
+    for (int32_t l = 0; l < L; l++) {
+        cpu_layer *ly = &b->layers[l];
+        float *an = cpu_carve(&cur, (size_t)H), *qkv = cpu_carve(&cur, (size_t)(QKV * H));
+        float *bq = bias ? cpu_carve(&cur, (size_t)QKV) : NULL;
+        float *wo = cpu_carve(&cur, (size_t)(H * QD)), *fn = cpu_carve(&cur, (size_t)H);
+        float *gu = cpu_carve(&cur, (size_t)(2 * I * H)), *wd = cpu_carve(&cur, (size_t)(H * I));
+        /* destinations in the order of lin[]: Q, K, V rows of the fused
+         * matrix, O, then gate and up rows of the fused FFN input */
+        float *dst[7] = {qkv, qkv + QD * H, qkv + (QD + KVD) * H, wo, gu, gu + I * H, wd};
+        const loom_tensor *t;
+        for (int k = 0; k < 7; k++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, lin[k]);
+            t = m->get(m->ctx, name);
+            if ((st = cpu_dequant(b, t, dst[k], err))) goto fail;
+        }
+        snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
+        if ((st = cpu_dequant(b, m->get(m->ctx, name), an, err))) goto fail;
+        snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
+        if ((st = cpu_dequant(b, m->get(m->ctx, name), fn, err))) goto fail;
+        for (int k = 0; bias && k < 3; k++) {
+            snprintf(name, sizeof name, "blk.%d.%s.bias", l, lin[k]);
+            float *bd = bq + (k == 0 ? 0 : QD + (k - 1) * KVD);
+            if ((st = cpu_dequant(b, m->get(m->ctx, name), bd, err))) goto fail;
+        }
+        *ly = (cpu_layer){.attn_norm = an, .wqkv = qkv, .bqkv = bq, .wo = wo, .ffn_norm = fn,
+                          .wgu = gu, .wdown = wd};
+    }
+
+    loom_cpu_rope_inv_freq(b->inv_freq, c->head_dim, c->rope_theta, c->rope_scaling,
+                           c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
+                           c->rope_original_context);
+    b->loaded = true;
+    if (h->metric_set) h->metric_set(h->ctx, "backend.cpu.weight_bytes", (double)b->weight_bytes);
+    h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO, "loaded '%s': %d layers, %.1f MiB f32 weights%s",
+           c->name, L, (double)b->weight_bytes / (1 << 20), t_out ? "" : " (tied LM head)");
+    return LOOM_OK;
+
+fail:
+    h->free(h->ctx, b->arena_raw);
+    h->free(h->ctx, b->layers);
+    h->free(h->ctx, b->inv_freq);
+    b->arena_raw = NULL;
+    b->arena = NULL;
+    b->layers = NULL;
+    b->inv_freq = NULL;
+    b->weight_bytes = 0;
+    return st;
+}
+
+/* ----------------------------------------------------------- memory / KV */
+
+static size_t cpu_kv_block_bytes(void *self, int32_t block_size, loom_dtype dtype) {
+    cpu_backend *b = self;
+    loom_dtype dt = cpu_kv_resolve(b, dtype);
+    if (!b->loaded || block_size <= 0 || dt == LOOM_DTYPE_COUNT) return 0;
+    size_t per_pool = (size_t)b->mc.num_kv_heads * (size_t)block_size * (size_t)b->mc.head_dim *
+                      loom_dtype_block_bytes(dt);
+    return per_pool * 2 * (size_t)b->mc.num_layers;
+}
+
+static loom_status cpu_memory(void *self, loom_backend_memory *out, loom_error *err) {
+    cpu_backend *b = self;
+    if (!out)
+        return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
+                              "backend cpu: memory() needs an output struct");
+    size_t total = 0, avail = 0;
+    if (!cpu_meminfo("MemTotal", &total)) {
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        total = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz : 0;
+    }
+    if (!cpu_meminfo("MemAvailable", &avail)) {
+        long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        avail = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz : 0;
+    }
+    *out = (loom_backend_memory){.struct_size = sizeof *out, .total_bytes = total,
+                                 .free_bytes = avail, .weight_bytes = b->weight_bytes};
+    return LOOM_OK;
+}
+
+static loom_status cpu_kv_alloc(void *self, const loom_kv_layout *layout, loom_error *err) {
+    cpu_backend *b = self;
+    const loom_host *h = b->host;
+    if (!b->loaded)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cpu: kv_alloc() before load()");
+    if (b->kv_ready)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: kv_alloc() called twice; KV pools are allocated once");
+    if (!layout || layout->block_size <= 0 || layout->num_blocks <= 0 ||
+        layout->num_cpu_blocks < 0)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: bad KV layout (block_size %d, num_blocks %d, "
+                        "num_cpu_blocks %d): need block_size > 0, num_blocks > 0, cpu blocks >= 0",
+                        layout ? layout->block_size : 0, layout ? layout->num_blocks : 0,
+                        layout ? layout->num_cpu_blocks : 0);
+    loom_dtype dt = cpu_kv_resolve(b, layout->dtype);
+    if (dt == LOOM_DTYPE_COUNT)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cpu: KV cache dtype %s is not supported; the cpu backend holds "
+                        "f32 or f16",
+                        loom_dtype_name(layout->dtype));
+    size_t block = (size_t)b->mc.num_kv_heads * (size_t)layout->block_size *
+                   (size_t)b->mc.head_dim * loom_dtype_block_bytes(dt);
+    size_t pools = 2 * (size_t)b->mc.num_layers;
+    double want = (double)block * (double)pools * ((double)layout->num_blocks + layout->num_cpu_blocks);
+    size_t avail = 0;
+    bool have_avail = cpu_meminfo("MemAvailable", &avail);
+    if (want > (double)SIZE_MAX / 2 || (have_avail && want > (double)avail))
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                        "backend cpu: KV pools of %d + %d blocks x %zu bytes = %.0f bytes "
+                        "(%.1f MiB) exceed available host memory (%.1f MiB); lower num_blocks / "
+                        "cpu swap blocks or the cache's memory fraction",
+                        layout->num_blocks, layout->num_cpu_blocks, block * pools, want,
+                        want / (1 << 20), (double)avail / (1 << 20));
+    /* calloc: pages are committed lazily, as blocks are first written */
+    size_t dev_bytes = block * pools * (size_t)layout->num_blocks;
+    b->kv = h->calloc(h->ctx, 1, dev_bytes);
+    if (!b->kv)
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                        "backend cpu: could not allocate %zu bytes (%.1f MiB) for %d KV blocks "
+                        "(%zu bytes each across %d layers); lower num_blocks",
+                        dev_bytes, (double)dev_bytes / (1 << 20), layout->num_blocks,
+                        block * pools, b->mc.num_layers);
+    if (layout->num_cpu_blocks > 0) {
+        size_t swap_bytes = block * pools * (size_t)layout->num_cpu_blocks;
+        b->swap = h->calloc(h->ctx, 1, swap_bytes);
+        if (!b->swap) {
+            h->free(h->ctx, b->kv);
+            b->kv = NULL;
+            return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                            "backend cpu: could not allocate %.1f MiB for %d swap blocks; lower "
+                            "the number of cpu (swap) blocks",
+                            (double)swap_bytes / (1 << 20), layout->num_cpu_blocks);
+        }
+    }
+    b->kv_layout = *layout;
+    b->kv_layout.dtype = dt;
+    b->kv_block_bytes = block;
+    b->kv_ready = true;
+    return LOOM_OK;
+}
+
+/* Copy block src of pool (src_swap) to block dst of pool (dst_swap), K and V
+ * of every layer. */
+static void cpu_copy_block(cpu_backend *b, int32_t src, bool src_swap, int32_t dst,
+                           bool dst_swap) {
+    for (int32_t l = 0; l < b->mc.num_layers; l++)
+        for (int kv = 0; kv < 2; kv++)
+            memcpy(cpu_pool_base(b, l, kv, dst_swap) + (size_t)dst * b->kv_block_bytes,
+                   cpu_pool_base(b, l, kv, src_swap) + (size_t)src * b->kv_block_bytes,
+                   b->kv_block_bytes);
+}
+
+static loom_status cpu_check_pairs(cpu_backend *b, const char *op, const int32_t *pairs, int32_t n,
+                                   int32_t src_n, const char *src_what, int32_t dst_n,
+                                   const char *dst_what, loom_error *err) {
+    const loom_host *h = b->host;
+    if (!b->kv_ready)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cpu: %s() before kv_alloc()", op);
+    if (n < 0 || (n > 0 && !pairs))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cpu: %s(): bad pair list (n %d)",
+                        op, n);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t s = pairs[2 * i], d = pairs[2 * i + 1];
+        if (s < 0 || s >= src_n || d < 0 || d >= dst_n)
+            return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                            "backend cpu: %s() pair %d is {%d, %d}: source must be a %s block in "
+                            "[0, %d), destination a %s block in [0, %d)",
+                            op, i, s, d, src_what, src_n, dst_what, dst_n);
+    }
+    return LOOM_OK;
+}
+
+static loom_status cpu_copy_blocks(void *self, const int32_t *pairs, int32_t n, loom_error *err) {
+    cpu_backend *b = self;
+    int32_t nb = b->kv_layout.num_blocks;
+    loom_status st = cpu_check_pairs(b, "copy_blocks", pairs, n, nb, "device", nb, "device", err);
+    if (st) return st;
+    for (int32_t i = 0; i < n; i++)
+        if (pairs[2 * i] != pairs[2 * i + 1])
+            cpu_copy_block(b, pairs[2 * i], false, pairs[2 * i + 1], false);
+    return LOOM_OK;
+}
+
+static loom_status cpu_swap_blocks(void *self, loom_swap_dir dir, const int32_t *pairs, int32_t n,
+                                   loom_error *err) {
+    cpu_backend *b = self;
+    int32_t nd = b->kv_layout.num_blocks, nh = b->kv_layout.num_cpu_blocks;
+    if (dir != LOOM_SWAP_OUT && dir != LOOM_SWAP_IN)
+        return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
+                              "backend cpu: swap_blocks(): direction %d is neither OUT nor IN",
+                              (int)dir);
+    bool out = dir == LOOM_SWAP_OUT;
+    loom_status st = cpu_check_pairs(b, "swap_blocks", pairs, n, out ? nd : nh,
+                                     out ? "device" : "host", out ? nh : nd,
+                                     out ? "host" : "device", err);
+    if (st) return st;
+    for (int32_t i = 0; i < n; i++) cpu_copy_block(b, pairs[2 * i], !out, pairs[2 * i + 1], out);
+    return LOOM_OK;
+}
+
+/* ------------------------------------------------------------- descriptor */
+
+static const loom_backend_ops cpu_ops = {
+    .struct_size = sizeof(loom_backend_ops),
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .load = cpu_load,
+    .kv_block_bytes = cpu_kv_block_bytes,
+    .memory = cpu_memory,
+    .kv_alloc = cpu_kv_alloc,
+    .forward = cpu_backend_forward,
+    .copy_blocks = cpu_copy_blocks,
+    .swap_blocks = cpu_swap_blocks,
+};
+
+static const loom_component cpu_components[] = {{
+    .struct_size = sizeof(loom_component),
+    .kind = LOOM_KIND_BACKEND,
+    .name = "cpu",
+    .summary = "Llama-family forward on the host: float32 weights, OpenBLAS GEMMs, paged KV",
+    .ops = &cpu_ops,
+    .params = cpu_params,
+    .config_size = sizeof(cpu_backend_config),
+}};
+
+static const loom_plugin_desc cpu_desc = {
+    LOOM_PLUGIN_DESC_HEADER,
+    .name = "loom-backend-cpu",
+    .version = "0.1.0",
+    .num_components = 1,
+    .components = cpu_components,
+};
+
+LOOM_EXPORT const loom_plugin_desc *loom_plugin_entry(void) { return &cpu_desc; }

@@ -1,0 +1,94 @@
+/*
+ * plugins/backend/cpu/cpu_backend.h — private state of the cpu backend
+ * (loom-backend-cpu.so), shared by its two source files: cpu_backend.c
+ * (descriptor, lifetime, weights, memory, KV pools) and cpu_forward.c (the
+ * forward pass and the checks on each batch).
+ *
+ * Weights are dequantized to float32 at load into one 64-byte-aligned arena,
+ * with Q, K, V fused into one (q_dim + 2 kv_dim, hidden) matrix and gate/up
+ * into one (2 * intermediate, hidden) matrix, so a decode step streams each
+ * layer in four GEMVs. Not an installed header.
+ */
+#ifndef LOOM_PLUGIN_CPU_BACKEND_H
+#define LOOM_PLUGIN_CPU_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu_kernels.h"
+#include "loom/backend.h"
+#include "loom/plugin.h"
+
+#define CPU_WHO "backend.cpu"
+
+/* The bound configuration the host fills from the `params` table. */
+typedef struct cpu_backend_config {
+    int64_t threads;      /* compute threads; 0 = host->num_threads()          */
+    int64_t kv_dtype;     /* index into cpu_kv_dtype_choices: 0 f32, 1 f16     */
+    int64_t weight_dtype; /* index into cpu_weight_dtype_choices: 0 f32        */
+} cpu_backend_config;
+
+/* One decoder layer's weights, pointers into the arena (float32). */
+typedef struct cpu_layer {
+    const float *attn_norm; /* (hidden)                                      */
+    const float *wqkv;      /* (q_dim + 2 kv_dim, hidden): rows Q, then K, V  */
+    const float *bqkv;      /* (q_dim + 2 kv_dim) Qwen2 bias, or NULL        */
+    const float *wo;        /* (hidden, q_dim)                               */
+    const float *ffn_norm;  /* (hidden)                                      */
+    const float *wgu;       /* (2 intermediate, hidden): rows gate, then up  */
+    const float *wdown;     /* (hidden, intermediate)                        */
+} cpu_layer;
+
+typedef struct cpu_backend {
+    const loom_host *host;      /* borrowed until destroy                     */
+    cpu_backend_config cfg;     /* copy of the bound config                   */
+    int threads;                /* resolved thread count                      */
+    loom_cpu_pool *pool;        /* attention / element-wise threads           */
+
+    /* --- after load */
+    bool loaded;
+    loom_model_config mc;       /* copy of the model's config                 */
+    int32_t q_dim, kv_dim;      /* heads x head_dim                           */
+    int32_t qkv_rows;           /* q_dim + 2 kv_dim                           */
+    void *arena_raw;            /* host->alloc'd; arena is it, 64-B aligned   */
+    float *arena;
+    size_t weight_bytes;        /* bytes of the arena in use                  */
+    const float *embed;         /* (vocab, hidden)                            */
+    const float *out_norm;      /* (hidden)                                   */
+    const float *lm_head;       /* (vocab, hidden); == embed when tied        */
+    cpu_layer *layers;          /* (num_layers)                               */
+    double *inv_freq;           /* (head_dim / 2) RoPE frequencies            */
+
+    /* --- after kv_alloc */
+    bool kv_ready;
+    loom_kv_layout kv_layout;   /* copy; dtype resolved to F32 or F16         */
+    size_t kv_block_bytes;      /* one block of one pool (K or V) of a layer  */
+    uint8_t *kv;                /* (layers, 2, num_blocks) blocks             */
+    uint8_t *swap;              /* (layers, 2, num_cpu_blocks) blocks or NULL */
+
+    /* --- forward scratch, grown on demand (float32) */
+    int64_t scratch_rows;       /* token rows the scratch holds               */
+    float *scratch;             /* host->alloc'd block carved below           */
+    float *x;                   /* (rows, hidden) residual stream             */
+    float *xn;                  /* (rows, hidden) normed                      */
+    float *qkv;                 /* (rows, qkv_rows)                           */
+    float *att;                 /* (rows, q_dim) attention output             */
+    float *gu;                  /* (rows, 2 intermediate)                     */
+    float *act;                 /* (rows, intermediate)                       */
+    float *rope_cos, *rope_sin; /* (rows, head_dim / 2)                       */
+} cpu_backend;
+
+/* cpu_forward.c */
+loom_status cpu_backend_forward(void *self, const loom_batch *batch, float *logits,
+                                loom_error *err);
+
+/* K or V pool `kv` (0 = K, 1 = V) of `layer` in the device (swap = false)
+ * or host swap (swap = true) pool. */
+static inline uint8_t *cpu_pool_base(const cpu_backend *b, int32_t layer, int kv, bool swap) {
+    int64_t nb = swap ? b->kv_layout.num_cpu_blocks : b->kv_layout.num_blocks;
+    uint8_t *base = swap ? b->swap : b->kv;
+    return base + ((int64_t)layer * 2 + kv) * nb * (int64_t)b->kv_block_bytes;
+}
+
+#endif

@@ -1,0 +1,215 @@
+/*
+ * plugins/backend/cpu/cpu_forward.c — the cpu backend's forward pass over
+ * one flattened batch (loom/backend.h): embeddings, then per layer
+ *   xn = rmsnorm(x); qkv = xn Wqkv^T (+ bias); RoPE on q, k; K/V -> cache;
+ *   att = paged_attention(q, cache); x += att Wo^T;
+ *   xn = rmsnorm(x); gu = xn Wgu^T; act = silu(gate) * up; x += act Wdown^T
+ * then the final norm and the LM head for the `logits_index` rows only.
+ *
+ * The residual adds ride on the GEMMs (beta = 1 into x), so the residual
+ * stream is never copied. Every index in the batch is checked before any
+ * work, so a bad batch is an error naming the field, never a stray write.
+ */
+#include "cpu_backend.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ----------------------------------------------------------- batch checks */
+
+static loom_status cpu_check_batch(cpu_backend *b, const loom_batch *bt, const float *logits,
+                                   loom_error *err) {
+    const loom_host *h = b->host;
+    if (!b->loaded || !b->kv_ready)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: forward() before %s", !b->loaded ? "load()" : "kv_alloc()");
+    if (!bt || bt->struct_size < offsetof(loom_batch, logits_index) + sizeof(void *))
+        return h->error(h->ctx, err, LOOM_ERR_ABI,
+                        "backend cpu: forward() got %s batch (struct_size %u, need >= %zu)",
+                        bt ? "a short" : "no", bt ? bt->struct_size : 0u,
+                        offsetof(loom_batch, logits_index) + sizeof(void *));
+    const int32_t S = bt->num_seqs, T = bt->num_tokens, NL = bt->num_logits;
+    const int32_t bs = b->kv_layout.block_size, nblk = b->kv_layout.num_blocks;
+    if (S < 0 || T < 0 || NL < 0)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: batch has num_seqs %d, num_tokens %d, num_logits %d "
+                        "(negative)",
+                        S, T, NL);
+    if (T > 0 && (S == 0 || !bt->token_ids || !bt->positions || !bt->query_start ||
+                  !bt->context_len || !bt->block_table || !bt->slot_mapping))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: batch of %d tokens in %d sequences lacks one of token_ids, "
+                        "positions, query_start, context_len, block_table, slot_mapping",
+                        T, S);
+    if (NL > 0 && (!bt->logits_index || !logits))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: %d logits rows asked but %s is NULL", NL,
+                        !logits ? "the logits buffer" : "logits_index");
+    if (T == 0) {
+        if (NL > 0)
+            return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                            "backend cpu: %d logits rows asked of a batch with no tokens", NL);
+        return LOOM_OK;
+    }
+    if (bt->query_start[0] != 0 || bt->query_start[S] != T)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: batch query_start[0] = %d and query_start[%d] = %d; must be "
+                        "0 and num_tokens (%d)",
+                        bt->query_start[0], S, bt->query_start[S], T);
+    if (bt->block_table_stride <= 0)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: batch block_table_stride is %d; must be > 0",
+                        bt->block_table_stride);
+    for (int32_t s = 0; s < S; s++) {
+        int32_t q0 = bt->query_start[s], q1 = bt->query_start[s + 1];
+        if (q1 < q0)
+            return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                            "backend cpu: batch query_start decreases at sequence %d (%d -> %d)", s,
+                            q0, q1);
+        if (q1 == q0) continue;
+        int32_t ctx = bt->context_len[s];
+        int64_t need = ((int64_t)ctx + bs - 1) / bs;
+        if (ctx <= 0 || need > bt->block_table_stride)
+            return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                            "backend cpu: sequence %d has context_len %d: must be > 0 and fit its "
+                            "block table (%d blocks of %d tokens)",
+                            s, ctx, bt->block_table_stride, bs);
+        const int32_t *row = bt->block_table + (int64_t)s * bt->block_table_stride;
+        for (int64_t j = 0; j < need; j++)
+            if (row[j] < 0 || row[j] >= nblk)
+                return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                                "backend cpu: sequence %d block_table[%lld] = %d is outside the "
+                                "pool [0, %d)",
+                                s, (long long)j, row[j], nblk);
+        for (int32_t t = q0; t < q1; t++) {
+            if (bt->positions[t] < 0 || bt->positions[t] >= ctx)
+                return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                                "backend cpu: token %d (sequence %d) has position %d outside "
+                                "[0, context_len %d)",
+                                t, s, bt->positions[t], ctx);
+            if (bt->token_ids[t] < 0 || bt->token_ids[t] >= b->mc.vocab_size)
+                return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                                "backend cpu: token %d has id %d outside the vocabulary [0, %d)",
+                                t, bt->token_ids[t], b->mc.vocab_size);
+            int64_t slot = bt->slot_mapping[t];
+            if (slot < -1 || slot >= (int64_t)nblk * bs)
+                return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                                "backend cpu: token %d has slot %lld outside [-1, %lld)", t,
+                                (long long)slot, (long long)nblk * bs);
+        }
+    }
+    for (int32_t i = 0; i < NL; i++) {
+        int32_t k = bt->logits_index[i];
+        if (k < 0 || k >= T || (i > 0 && k < bt->logits_index[i - 1]))
+            return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                            "backend cpu: logits_index[%d] = %d: must be in [0, %d) and "
+                            "ascending",
+                            i, k, T);
+    }
+    return LOOM_OK;
+}
+
+/* ----------------------------------------------------------------- scratch */
+
+/* Make the scratch hold `rows` token rows. */
+static loom_status cpu_scratch(cpu_backend *b, int64_t rows, loom_error *err) {
+    if (rows <= b->scratch_rows) return LOOM_OK;
+    const loom_host *h = b->host;
+    const loom_model_config *c = &b->mc;
+    if (rows < 16) rows = 16;
+    /* each piece rounded to 16 floats so every buffer starts 64-B aligned
+     * relative to the block */
+    size_t r16[8] = {(size_t)c->hidden_size, (size_t)c->hidden_size, (size_t)b->qkv_rows,
+                     (size_t)b->q_dim, 2 * (size_t)c->intermediate_size,
+                     (size_t)c->intermediate_size, (size_t)c->head_dim / 2,
+                     (size_t)c->head_dim / 2};
+    size_t per_row[8], total = 0;
+    for (int i = 0; i < 8; i++) {
+        per_row[i] = (r16[i] * (size_t)rows + 15) & ~(size_t)15;
+        total += per_row[i];
+    }
+    float *s = h->alloc(h->ctx, total * sizeof(float));
+    if (!s)
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                        "backend cpu: out of memory for %.1f MiB of activations (%lld tokens); "
+                        "lower max_num_batched_tokens",
+                        (double)total * sizeof(float) / (1 << 20), (long long)rows);
+    h->free(h->ctx, b->scratch);
+    b->scratch = s;
+    b->scratch_rows = rows;
+    float **dst[8] = {&b->x, &b->xn, &b->qkv, &b->att, &b->gu, &b->act, &b->rope_cos,
+                      &b->rope_sin};
+    for (int i = 0; i < 8; i++) {
+        *dst[i] = s;
+        s += per_row[i];
+    }
+    return LOOM_OK;
+}
+
+/* ----------------------------------------------------------------- forward */
+
+loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits, loom_error *err) {
+    cpu_backend *b = self;
+    loom_status st = cpu_check_batch(b, bt, logits, err);
+    if (st != LOOM_OK || bt->num_tokens == 0) return st;
+    const loom_model_config *c = &b->mc;
+    const int64_t T = bt->num_tokens, H = c->hidden_size, I = c->intermediate_size;
+    const int64_t QKV = b->qkv_rows, QD = b->q_dim, KVD = b->kv_dim, D = c->head_dim;
+    const int64_t NL = bt->num_logits;
+    if ((st = cpu_scratch(b, T > NL ? T : NL, err)) != LOOM_OK) return st;
+
+    float *x = b->x, *xn = b->xn, *qkv = b->qkv, *att = b->att, *gu = b->gu, *act = b->act;
+    loom_cpu_embedding(x, b->embed, bt->token_ids, T, H);
+    loom_cpu_rope_table(b->rope_cos, b->rope_sin, bt->positions, T, b->inv_freq, (int32_t)(D / 2));
+
+    loom_cpu_kv kv = {.dtype = b->kv_layout.dtype,
+                      .num_blocks = b->kv_layout.num_blocks,
+                      .num_kv_heads = c->num_kv_heads,
+                      .block_size = b->kv_layout.block_size,
+                      .head_dim = c->head_dim};
+    loom_cpu_attn_args aa = {.out = att,
+                             .ldo = QD,
+                             .q = qkv,
+                             .ldq = QKV,
+                             .kv = &kv,
+                             .num_heads = c->num_heads,
+                             .num_tokens = bt->num_tokens,
+                             .num_seqs = bt->num_seqs,
+                             .query_start = bt->query_start,
+                             .positions = bt->positions,
+                             .block_table = bt->block_table,
+                             .block_table_stride = bt->block_table_stride,
+                             .scale = (float)(1.0 / sqrt((double)D))};
+
+    for (int32_t l = 0; l < c->num_layers; l++) {
+        const cpu_layer *ly = &b->layers[l];
+        kv.k = cpu_pool_base(b, l, 0, false);
+        kv.v = cpu_pool_base(b, l, 1, false);
+
+        /* attention block: (T, H) -> (T, QKV) -> (T, QD) -> += (T, H) */
+        loom_cpu_rmsnorm(xn, H, x, H, ly->attn_norm, T, H, c->rms_norm_eps, b->pool);
+        loom_cpu_linear(qkv, QKV, xn, H, ly->wqkv, ly->bqkv, T, QKV, H, 0.0f, b->pool);
+        loom_cpu_rope_apply(qkv, QKV, T, c->num_heads, c->head_dim, b->rope_cos, b->rope_sin);
+        loom_cpu_rope_apply(qkv + QD, QKV, T, c->num_kv_heads, c->head_dim, b->rope_cos,
+                            b->rope_sin);
+        loom_cpu_kv_write(&kv, qkv + QD, QKV, qkv + QD + KVD, QKV, bt->slot_mapping, T);
+        loom_cpu_paged_attention(&aa, b->pool);
+        loom_cpu_linear(x, H, att, QD, ly->wo, NULL, T, H, QD, 1.0f, b->pool);
+
+        /* FFN block: (T, H) -> (T, 2I) -> (T, I) -> += (T, H) */
+        loom_cpu_rmsnorm(xn, H, x, H, ly->ffn_norm, T, H, c->rms_norm_eps, b->pool);
+        loom_cpu_linear(gu, 2 * I, xn, H, ly->wgu, NULL, T, 2 * I, H, 0.0f, b->pool);
+        loom_cpu_swiglu(act, gu, 2 * I, gu + I, 2 * I, T, I, b->pool);
+        loom_cpu_linear(x, H, act, I, ly->wdown, NULL, T, H, I, 1.0f, b->pool);
+    }
+
+    /* final norm and LM head on the wanted rows only: (NL, H) -> (NL, V) */
+    if (NL > 0) {
+        for (int64_t i = 0; i < NL; i++)
+            loom_cpu_rmsnorm(xn + i * H, H, x + (int64_t)bt->logits_index[i] * H, H, b->out_norm,
+                             1, H, c->rms_norm_eps, NULL);
+        loom_cpu_linear(logits, c->vocab_size, xn, H, b->lm_head, NULL, NL, c->vocab_size, H,
+                        0.0f, b->pool);
+    }
+    return LOOM_OK;
+}
