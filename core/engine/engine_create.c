@@ -152,6 +152,37 @@ loom_status loom_engine_create(const char *pipeline_path, const char *const *ove
     e->be_kind = be_kind;
     if ((st = make_instance(e, be_kind, true, &ops, &e->be_self, err)) != LOOM_OK) goto fail;
     e->be = ops;
+    if (be_kind == LOOM_KIND_EXECUTOR) {
+        /* An executor drives N instances of the pipeline's backend. */
+        const loom_pipeline_slot *bslot = loom_pipeline_slot_get(e->pipe, LOOM_KIND_BACKEND);
+        if (!e->be->inner_count || !e->be->attach_inner) {
+            st = loom_error_set(err, LOOM_ERR_INVALID, "%s: executor '%s' does not take inner backends",
+                                pipeline_path, loom_pipeline_slot_get(e->pipe, be_kind)->name);
+            goto fail;
+        }
+        if (!bslot) {
+            st = loom_error_set(err, LOOM_ERR_INVALID,
+                                "%s: an executor needs a backend: section saying what each rank runs "
+                                "(e.g. backend: {plugin: cpu})", pipeline_path);
+            goto fail;
+        }
+        int32_t n = e->be->inner_count(e->be_self);
+        if (n < 1 || n > 1024) {
+            st = loom_error_set(err, LOOM_ERR_INVALID, "executor asked for %d inner backends", n);
+            goto fail;
+        }
+        e->inner = calloc((size_t)n, sizeof(void *));
+        if (!e->inner) {
+            st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        for (int32_t i = 0; i < n; i++) {
+            if ((st = loom_pipeline_create_instance(bslot, e->host, &e->inner[i], err)) != LOOM_OK) goto fail;
+            e->num_inner++;
+        }
+        st = e->be->attach_inner(e->be_self, bslot->component->ops, e->inner, n, err);
+        if (st != LOOM_OK) goto fail;
+    }
     if ((st = make_instance(e, LOOM_KIND_QUANTIZER, false, &ops, &e->quant_self, err)) != LOOM_OK) goto fail;
     e->quant = ops;
     if ((st = make_instance(e, LOOM_KIND_CACHE, true, &ops, &e->cache_self, err)) != LOOM_OK) goto fail;
@@ -245,6 +276,7 @@ void loom_engine_destroy(loom_engine *e) {
         destroy_instance(e, LOOM_KIND_SCHEDULER, e->sch_self);
         destroy_instance(e, LOOM_KIND_CACHE, e->cache_self);
         destroy_instance(e, e->be_kind ? e->be_kind : LOOM_KIND_BACKEND, e->be_self);
+        for (int32_t i = 0; i < e->num_inner; i++) destroy_instance(e, LOOM_KIND_BACKEND, e->inner[i]);
         destroy_instance(e, LOOM_KIND_QUANTIZER, e->quant_self); /* after the backend released its tensors */
     }
     loom_tokenizer_free(e->tok);
@@ -263,6 +295,7 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->logits);
     free(e->logit_seqs);
     free(e->scratch);
+    free(e->inner);
     free(e->ops);
     free(e->pairs);
     pthread_mutex_destroy(&e->inbox_mu);

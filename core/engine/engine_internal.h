@@ -80,6 +80,8 @@ struct loom_engine {
     bool chat_none;            /* model.chat_template: none                  */
 
     loom_kind be_kind;              /* BACKEND or EXECUTOR                   */
+    void **inner;                   /* executor's backend instances (ranks)   */
+    int32_t num_inner;
     const loom_backend_ops *be;     void *be_self;
     const loom_scheduler_ops *sch;  void *sch_self;
     const loom_cache_ops *cache;    void *cache_self;

@@ -76,6 +76,27 @@ typedef struct loom_backend_memory {
     size_t weight_bytes;       /* bytes held by weights                      */
 } loom_backend_memory;
 
+/*
+ * A communicator among the ranks of one tensor-parallel group, handed by an
+ * executor to each rank's backend in load_shard(). Collectives are called by
+ * every rank of the group with the same count and dtype, each from its own
+ * thread; `stream` is the backend's device stream (NULL on the host).
+ * Grows only at its end.
+ */
+typedef struct loom_comm {
+    uint32_t struct_size;
+    int32_t rank;              /* this backend's rank, 0..size-1              */
+    int32_t size;              /* ranks in the group                          */
+    void *ctx;                 /* the executor's state                        */
+    /* [instance] Sum `count` elements of `buf` across ranks, in place. */
+    loom_status (*all_reduce_sum)(void *ctx, int32_t rank, void *buf, int64_t count, loom_dtype dtype,
+                                  void *stream, loom_error *err);
+    /* [instance] Concatenate every rank's `count` elements of `send` into
+     * `recv` (size * count elements, rank-major). */
+    loom_status (*all_gather)(void *ctx, int32_t rank, const void *send, void *recv, int64_t count,
+                              loom_dtype dtype, void *stream, loom_error *err);
+} loom_comm;
+
 typedef struct loom_backend_ops {
     uint32_t struct_size;      /* sizeof(loom_backend_ops)                   */
 
@@ -113,6 +134,21 @@ typedef struct loom_backend_ops {
      * NULL when the backend cannot swap (cache managers then recompute). */
     loom_status (*swap_blocks)(void *self, loom_swap_dir dir, const int32_t *pairs, int32_t n,
                                loom_error *err);
+
+    /* --- tensor parallelism (all nullable) ---------------------------- */
+    /* [engine] Backends: like load(), but keep only `comm->rank`'s shard
+     * (Megatron: QKV and gate/up by columns, O and down by rows, heads
+     * split, vocabulary-parallel embedding and LM head) and use `comm`
+     * inside forward(). NULL = this backend cannot be sharded. */
+    loom_status (*load_shard)(void *self, const loom_model_view *model, const loom_quant_binding *quant,
+                              const loom_comm *comm, loom_error *err);
+    /* [engine] Executors: how many inner backend instances to create. */
+    int32_t (*inner_count)(void *self);
+    /* [engine] Executors: receive them (created from the pipeline's
+     * `backend:` section, one per rank, before load()); the executor owns
+     * calling their ops, the engine destroys them after the executor. */
+    loom_status (*attach_inner)(void *self, const struct loom_backend_ops *inner, void *const *instances,
+                                int32_t n, loom_error *err);
     /* since ABI 1.1 — add new members below this line only */
 } loom_backend_ops;
 
