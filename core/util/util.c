@@ -33,7 +33,15 @@ void loom_error_prefix(loom_error *err, const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, err->message, sizeof old);
-    snprintf(err->message, sizeof err->message, "%s: %s", prefix, old);
+    /* Prefix, then as much of the old message as still fits. */
+    size_t n = strlen(prefix);
+    if (n > sizeof err->message - 3) n = sizeof err->message - 3;
+    memcpy(err->message, prefix, n);
+    memcpy(err->message + n, ": ", 2);
+    size_t room = sizeof err->message - n - 3, m = strnlen(old, sizeof old);
+    if (m > room) m = room;
+    memcpy(err->message + n + 2, old, m);
+    err->message[n + 2 + m] = 0;
 }
 
 const char *loom_status_name(loom_status s) {

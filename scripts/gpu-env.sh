@@ -1,0 +1,11 @@
+# scripts/gpu-env.sh — source on the GPU machine: unpack .devpack (made by
+# scripts/pack-gpu.sh) into /tmp/loom and point the loader at it.
+#   . scripts/gpu-env.sh     → $LB is the unpacked build tree
+export LB=/tmp/loom/build
+if [ ! -x "$LB/cli/loom" ] || [ .devpack/build.tar.xz -nt "$LB/cli/loom" ]; then
+  rm -rf /tmp/loom && mkdir -p /tmp/loom/build /tmp/loom/lib
+  tar -xJf .devpack/build.tar.xz -C "$LB" && tar -xJf .devpack/libs.tar.xz -C /tmp/loom/lib
+fi
+export LD_LIBRARY_PATH=/tmp/loom/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LOOM_PLUGIN_PATH="$LB/plugins" LOOM_PLUGIN_PATH_ONLY=1 NCCL_NVLS_ENABLE=0
+export PATH="$LB/cli:$PATH"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# scripts/pack-gpu.sh BUILD_DIR — pack what the GPU machine needs into
+# .devpack/ (git-ignored; named in the device tool's `carry`): the built
+# binaries of BUILD_DIR (keeping the build-tree layout) and the host shared
+# libraries the GPU image lacks (libyaml, PCRE2, cJSON, OpenBLAS + Fortran
+# runtime), xz-compressed to fit the transfer limit. The GPU machine has no
+# package registry, so nothing can be installed there.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+B=$(cd "${1:?usage: pack-gpu.sh BUILD_DIR}" && pwd)
+P="$root/.devpack"
+mkdir -p "$P"
+grep -qx '/.devpack/' "$root/.git/info/exclude" 2>/dev/null || echo '/.devpack/' >> "$root/.git/info/exclude"
+cd "$B"
+dirs=$(for d in core cli plugins tests/e2e tests/gpu bench/gpu tests/backend; do [ -d "$d" ] && echo "$d"; done)
+files=$(find $dirs -maxdepth 4 \( -name '*.so' -o -name '*.so.*' -o \( -perm -u+x -type f \) \) \
+        \( -type f -o -type l \) | grep -v '\.p/' | grep -v meson- || true)
+tar -cJf "$P/build.tar.xz" $files loom_build_config.h
+libs=()
+for l in libcjson.so.1 libgfortran.so.5 libpcre2-8.so.0 libquadmath.so.0 libyaml-0.so.2; do
+  libs+=("$(readlink -f /lib/x86_64-linux-gnu/$l)")
+done
+libs+=("$(readlink -f /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0)")
+tmp=$(mktemp -d)
+for f in "${libs[@]}"; do cp "$f" "$tmp/"; done
+# Keep the sonames the binaries ask for.
+(cd "$tmp" && for f in *; do
+   so=$(objdump -p "$f" | awk '/SONAME/{print $2}'); [ -n "$so" ] && [ "$so" != "$f" ] && mv "$f" "$so"; done)
+tar -cJf "$P/libs.tar.xz" -C "$tmp" .
+rm -rf "$tmp"
+du -sh "$P"/* >&2
