@@ -1,0 +1,712 @@
+/*
+ * bench/gpu/gpu_bench.c — speed of the cuda backend and its attention
+ * kernel on one Hopper GPU, next to the ceilings measured in the same run.
+ *
+ *   gpu_bench OUT.json [loom-backend-cuda.so] [--quick]
+ *
+ * Ceilings (measured first): device-to-device cudaMemcpy bandwidth (bytes
+ * read + written, 2 GiB buffers, PERF.md's convention) and a bf16 GEMM
+ * 8192^3 through the same cuBLASLt path the backend uses.
+ * Workloads (dummy bf16 weights from core/model's dummy loader):
+ *   - Llama-3-8B batch-1 decode step at 512 tokens of context (CUDA graph),
+ *     batch-64 decode step, and a 2048-token prefill;
+ *   - SmolLM2-135M batch-1 decode step;
+ *   - paged decode attention alone (Llama-3-8B heads, 32k context, batch 1
+ *     and 8, shuffled 16-token blocks), K/V bytes read per second.
+ * Step times are the host wall clock around forward() — which ends with a
+ * sync of the backend's stream — medians after warm-up; kernel times are
+ * CUDA events, medians. Each row gives bytes and FLOPs next to the time and
+ * the ratio to the roofline of the limiting resource. Prints a table and
+ * writes the numbers to OUT.json. Not a test; exit 0 unless something
+ * failed.
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_kernels.h"
+#include "loom/backend.h"
+#include "model/model.h"
+#include "plugin/host.h"
+
+#ifndef LOOM_CUDA_BACKEND_DEFAULT
+#define LOOM_CUDA_BACKEND_DEFAULT "loom-backend-cuda.so"
+#endif
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ----------------------------------------------------------------- results */
+
+typedef struct row {
+    char name[96];
+    double ms;        /* median time                              */
+    double bytes;     /* device bytes the work must move           */
+    double flops;
+    double per_s;     /* tokens/s, or 0                            */
+    double ratio;     /* vs the limiting ceiling                   */
+    const char *bound;/* "memory" or "compute"                     */
+} row;
+
+static row g_rows[32];
+static int g_nrows;
+static double g_copy_bw, g_gemm_flops; /* bytes/s, FLOP/s */
+
+static void add_row(const char *name, double ms, double bytes, double flops, double per_s) {
+    row *r = &g_rows[g_nrows++];
+    snprintf(r->name, sizeof r->name, "%s", name);
+    r->ms = ms, r->bytes = bytes, r->flops = flops, r->per_s = per_s;
+    double t_mem = bytes / g_copy_bw, t_cmp = g_gemm_flops > 0 ? flops / g_gemm_flops : 0;
+    r->bound = t_mem >= t_cmp ? "memory" : "compute";
+    r->ratio = (t_mem >= t_cmp ? t_mem : t_cmp) / (ms * 1e-3);
+    printf("  %-44s %9.3f ms  %8.2f GB  %9.2f TFLOP  %5.1f%% of %s roofline%s", r->name, ms,
+           bytes / 1e9, flops / 1e12, 100 * r->ratio, r->bound, per_s > 0 ? "" : "\n");
+    if (per_s > 0) printf("  %.1f tok/s\n", per_s);
+    fflush(stdout);
+}
+
+/* ---------------------------------------------------------------- ceilings */
+
+static void measure_copy(void) {
+    const size_t n = (size_t)2 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, n));
+    CK(cudaMalloc(&b, n));
+    CK(cudaMemset(a, 1, n));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double t[10];
+    for (int i = -2; i < 10; i++) {
+        CK(cudaEventRecord(e0, 0));
+        CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 0) t[i] = ms;
+    }
+    double ms = median(t, 10);
+    g_copy_bw = 2.0 * (double)n / (ms * 1e-3);
+    printf("  %-44s %9.3f ms  %.0f GB/s (read + write)\n", "ceiling: D2D cudaMemcpy 2 GiB", ms,
+           g_copy_bw / 1e9);
+    cudaFree(a), cudaFree(b);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+}
+
+static void measure_gemm(void) {
+    const int n = 8192;
+    int code = 0;
+    char msg[256] = "";
+    loom_cuda_gemm *g = loom_cuda_gemm_create((size_t)32 << 20, &code, msg, sizeof msg);
+    if (!g) {
+        printf("  gemm ceiling: %s\n", msg);
+        return;
+    }
+    void *x, *w, *y;
+    CK(cudaMalloc(&x, (size_t)n * n * 2));
+    CK(cudaMalloc(&w, (size_t)n * n * 2));
+    CK(cudaMalloc(&y, (size_t)n * n * 2));
+    /* random bits in a sane range: bf16 exponents near 1 (never time on zeros) */
+    uint16_t *h = malloc((size_t)n * n * 2);
+    uint64_t s = 12345;
+    for (size_t i = 0; i < (size_t)n * n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = (uint16_t)(0x3c00u | ((s >> 33) & 0x83ffu)); /* +-[0.0078, 0.0156) */
+    }
+    CK(cudaMemcpy(x, h, (size_t)n * n * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(w, h, (size_t)n * n * 2, cudaMemcpyHostToDevice));
+    free(h);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double t[10];
+    for (int i = -2; i < 10; i++) {
+        CK(cudaEventRecord(e0, 0));
+        if (loom_cuda_gemm_run(g, LOOM_CUDA_BF16, 0, n, n, n, x, w, y, 0, msg, sizeof msg)) {
+            printf("  gemm ceiling: %s\n", msg);
+            break;
+        }
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 0) t[i] = ms;
+    }
+    double ms = median(t, 10);
+    g_gemm_flops = 2.0 * n * (double)n * n / (ms * 1e-3);
+    printf("  %-44s %9.3f ms  %.0f TFLOP/s\n", "ceiling: bf16 GEMM 8192^3 (cuBLASLt)", ms,
+           g_gemm_flops / 1e12);
+    cudaFree(x), cudaFree(w), cudaFree(y);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    loom_cuda_gemm_destroy(g);
+}
+
+/* ------------------------------------------------------- attention alone */
+
+static void bench_attention(int batch, int ctx) {
+    const int H = 32, KVH = 8, D = 128, bs = 16, G = H / KVH;
+    const int nb_seq = (ctx + bs - 1) / bs, nblk = nb_seq * batch;
+    const size_t cache = (size_t)nblk * KVH * bs * D;
+    void *k, *v, *q, *o, *d_bt, *d_pos, *d_stride, *d_tiles;
+    float *ws;
+    CK(cudaMalloc(&k, cache * 2));
+    CK(cudaMalloc(&v, cache * 2));
+    uint16_t *h = malloc(cache * 2);
+    uint64_t s = 777;
+    for (size_t i = 0; i < cache; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = (uint16_t)(0x3c00u | ((s >> 33) & 0x83ffu));
+    }
+    CK(cudaMemcpy(k, h, cache * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(v, h, cache * 2, cudaMemcpyHostToDevice));
+    free(h);
+    CK(cudaMalloc(&q, (size_t)batch * (H + 2 * KVH) * D * 2));
+    CK(cudaMemset(q, 0x3c, (size_t)batch * (H + 2 * KVH) * D * 2));
+    CK(cudaMalloc(&o, (size_t)batch * H * D * 2));
+    int32_t *bt = malloc((size_t)nblk * 4), *pos = malloc((size_t)batch * 4);
+    for (int i = 0; i < nblk; i++) bt[i] = i;
+    for (int i = nblk - 1; i > 0; i--) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((s >> 33) % (uint64_t)(i + 1)), t = bt[i];
+        bt[i] = bt[j], bt[j] = t;
+    }
+    loom_cuda_attn_tile *tiles = malloc(sizeof *tiles * (size_t)batch);
+    for (int b = 0; b < batch; b++) {
+        pos[b] = ctx - 1;
+        tiles[b] = (loom_cuda_attn_tile){b, b, 1, 0};
+    }
+    int stride = nb_seq;
+    CK(cudaMalloc(&d_bt, (size_t)nblk * 4));
+    CK(cudaMemcpy(d_bt, bt, (size_t)nblk * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&d_pos, (size_t)batch * 4));
+    CK(cudaMemcpy(d_pos, pos, (size_t)batch * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&d_stride, 4));
+    CK(cudaMemcpy(d_stride, &stride, 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&d_tiles, sizeof *tiles * (size_t)batch));
+    CK(cudaMemcpy(d_tiles, tiles, sizeof *tiles * (size_t)batch, cudaMemcpyHostToDevice));
+    int sms = 132;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    int ms_split = loom_cuda_attn_max_splits(
+        batch, KVH, sms * loom_cuda_attn_ctas_per_sm(LOOM_CUDA_BF16, LOOM_CUDA_ATTN_DECODE, D));
+    size_t wsf = loom_cuda_attn_workspace_floats(LOOM_CUDA_ATTN_DECODE, batch, KVH, D, ms_split);
+    CK(cudaMalloc((void **)&ws, wsf * 4 + 16));
+    int *sem;
+    CK(cudaMalloc((void **)&sem, (size_t)batch * KVH * sizeof(int)));
+    CK(cudaMemset(sem, 0, (size_t)batch * KVH * sizeof(int)));
+    loom_cuda_attn_args a = {.dt = LOOM_CUDA_BF16, .shape = LOOM_CUDA_ATTN_DECODE, .out = o,
+                             .ldo = H * D, .q = q, .ldq = (H + 2 * KVH) * D, .k_cache = k,
+                             .v_cache = v, .block_table = d_bt, .bt_stride = d_stride,
+                             .positions = d_pos, .tiles = d_tiles, .num_tiles = batch,
+                             .num_heads = H, .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
+                             .scale = 1.0f / sqrtf((float)D), .max_splits = ms_split,
+                             .partial = ws, .sem = sem};
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double t[30];
+    for (int i = -3; i < 30; i++) {
+        CK(cudaEventRecord(e0, 0));
+        CK(loom_cuda_attention(&a, 0));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 0) t[i] = ms;
+    }
+    double ms = median(t, 30);
+    const double bytes = (double)batch * ctx * KVH * D * 2.0 * 2.0;
+    const double flops = (double)batch * ctx * H * D * 4.0;
+    char name[96];
+    snprintf(name, sizeof name, "decode attention b=%d ctx=%d (G=%d, splits<=%d)", batch, ctx, G,
+             ms_split);
+    add_row(name, ms, bytes, flops, 0);
+    printf("      K/V read %.0f GB/s = %.1f%% of the D2D copy bandwidth\n", bytes / (ms * 1e-3) / 1e9,
+           100.0 * bytes / (ms * 1e-3) / g_copy_bw);
+    cudaFree(k), cudaFree(v), cudaFree(q), cudaFree(o), cudaFree(d_bt), cudaFree(d_pos);
+    cudaFree(d_stride), cudaFree(d_tiles), cudaFree(ws), cudaFree(sem);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    free(bt), free(pos), free(tiles);
+}
+
+/* ------------------------------------------------ per-kernel breakdown */
+
+/* Median time (ms) of `fn` over `n` runs after 3 warm-ups, CUDA events. */
+typedef void (*op_fn)(void *ctx);
+static double time_op(op_fn fn, void *ctx, int n) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double *t = malloc(sizeof(double) * (size_t)n);
+    for (int i = -3; i < n; i++) {
+        CK(cudaEventRecord(e0, 0));
+        fn(ctx);
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 0) t[i] = ms;
+    }
+    double m = median(t, n);
+    free(t);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return m;
+}
+
+typedef struct comp_ctx {
+    loom_cuda_gemm *g;
+    int M, N, K;
+    void *x, *w, *y;
+    int out_f32;
+    /* element-wise */
+    float *xf, *wn, *cs;
+    void *r, *yn, *gu, *act, *qkv, *kc, *vc;
+    int32_t *pos, *rows;
+    int64_t *slot;
+    int T, H, I, NH, KVH, D;
+    loom_cuda_attn_args aa;
+} comp_ctx;
+
+static void op_gemm(void *p) {
+    comp_ctx *c = p;
+    char msg[128];
+    if (loom_cuda_gemm_run(c->g, LOOM_CUDA_BF16, c->out_f32, c->M, c->N, c->K, c->x, c->w, c->y, 0,
+                           msg, sizeof msg))
+        fprintf(stderr, "gemm: %s\n", msg);
+}
+static void op_norm(void *p) {
+    comp_ctx *c = p;
+    CK(loom_cuda_add_rmsnorm(LOOM_CUDA_BF16, c->yn, c->xf, c->r, c->wn, NULL, c->T, c->H, 1e-5f, 0));
+}
+static void op_swiglu(void *p) {
+    comp_ctx *c = p;
+    CK(loom_cuda_swiglu(LOOM_CUDA_BF16, c->act, c->gu, c->T, c->I, 0));
+}
+static void op_rope(void *p) {
+    comp_ctx *c = p;
+    CK(loom_cuda_rope_kv(LOOM_CUDA_BF16, c->qkv, (c->NH + 2 * c->KVH) * c->D, NULL, c->cs, c->pos,
+                         c->slot, c->kc, c->vc, c->T, c->NH, c->KVH, c->D, 16, 0));
+}
+static void op_attn(void *p) {
+    comp_ctx *c = p;
+    CK(loom_cuda_attention(&c->aa, 0));
+}
+
+static void *dev_rand(size_t n16) { /* n16 random bf16 in +-[0.0078, 0.0156) */
+    uint16_t *h = malloc(n16 * 2);
+    uint64_t s = n16 * 2654435761u + 1;
+    for (size_t i = 0; i < n16; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = (uint16_t)(0x3c00u | ((s >> 33) & 0x83ffu));
+    }
+    void *d;
+    CK(cudaMalloc(&d, n16 * 2 + 16));
+    CK(cudaMemcpy(d, h, n16 * 2, cudaMemcpyHostToDevice));
+    free(h);
+    return d;
+}
+
+/* Every kernel of one Llama-3-8B layer at T tokens (T = 1: decode at
+ * context `ctx`; T > 1: one prefill of T tokens), plus the LM head, timed
+ * alone: what a step would cost with no gaps between kernels. */
+static int g_autotune = 0;
+static void bench_components(int T, int ctx, int gemv_max_m) {
+    const int H = 4096, I = 14336, NH = 32, KVH = 8, D = 128, V = 128256, L = 32, bs = 16;
+    const int QKV = (NH + 2 * KVH) * D, QD = NH * D;
+    comp_ctx c = {.T = T, .H = H, .I = I, .NH = NH, .KVH = KVH, .D = D};
+    int code;
+    char msg[256];
+    c.g = loom_cuda_gemm_create((size_t)32 << 20, &code, msg, sizeof msg);
+    loom_cuda_gemm_set_gemv_max_m(c.g, gemv_max_m);
+    loom_cuda_gemm_set_autotune(c.g, g_autotune);
+    void *wbig = dev_rand((size_t)V * H), *xin = dev_rand((size_t)T * I * 2 + 16);
+    void *ybuf;
+    CK(cudaMalloc(&ybuf, (size_t)(T > 256 ? T : 256) * V * 4));
+    printf("  per-kernel times, Llama-3-8B layer at T=%d%s%s%s:\n", T, T == 1 ? " (decode)" : " (prefill)",
+           T <= 8 ? (gemv_max_m >= T ? ", GEMV kernel" : ", cuBLASLt") : "",
+           T > 8 || gemv_max_m < T ? (g_autotune ? ", autotuned" : ", heuristic pick") : "");
+    struct { const char *n; int N, K, f32, per_layer; } gm[5] = {
+        {"gemm qkv", QKV, H, 0, 1}, {"gemm o", H, QD, 0, 1}, {"gemm gate_up", 2 * I, H, 0, 1},
+        {"gemm down", H, I, 0, 1}, {"gemm lm_head (1 row)", V, H, 1, 0}};
+    double layer_ms = 0, total_extra = 0;
+    for (int i = 0; i < 5; i++) {
+        c.M = gm[i].per_layer ? T : 1, c.N = gm[i].N, c.K = gm[i].K, c.out_f32 = gm[i].f32;
+        c.x = xin, c.w = wbig, c.y = ybuf;
+        double ms = time_op(op_gemm, &c, 20);
+        double bytes = 2.0 * c.N * c.K, fl = 2.0 * c.M * c.N * (double)c.K;
+        printf("    %-26s %8.1f us  %6.0f GB/s  %6.0f TFLOP/s\n", gm[i].n, ms * 1e3,
+               bytes / (ms * 1e-3) / 1e9, fl / (ms * 1e-3) / 1e12);
+        if (gm[i].per_layer) layer_ms += ms;
+        else total_extra += ms;
+    }
+    c.xf = dev_rand((size_t)T * H * 2); /* read as floats: finite, small */
+    c.r = dev_rand((size_t)T * H);
+    CK(cudaMalloc(&c.yn, (size_t)T * H * 2));
+    c.wn = dev_rand((size_t)H * 2);
+    double ms = time_op(op_norm, &c, 20);
+    printf("    %-26s %8.1f us  (x2 per layer)\n", "add_rmsnorm", ms * 1e3);
+    layer_ms += 2 * ms;
+    c.gu = dev_rand((size_t)T * 2 * I);
+    CK(cudaMalloc(&c.act, (size_t)T * I * 2));
+    ms = time_op(op_swiglu, &c, 20);
+    printf("    %-26s %8.1f us\n", "swiglu", ms * 1e3);
+    layer_ms += ms;
+    /* rope + KV write, then attention over a context of ctx (decode) or T */
+    const int kv_len = T == 1 ? ctx : T, nblk = (kv_len + bs - 1) / bs + 1;
+    c.qkv = dev_rand((size_t)T * QKV);
+    c.kc = dev_rand((size_t)nblk * KVH * bs * D);
+    c.vc = dev_rand((size_t)nblk * KVH * bs * D);
+    int32_t *pos = malloc((size_t)T * 4), *btab = malloc((size_t)nblk * 4);
+    int64_t *slot = malloc((size_t)T * 8);
+    for (int t = 0; t < T; t++) pos[t] = kv_len - T + t, slot[t] = pos[t];
+    for (int i = 0; i < nblk; i++) btab[i] = i;
+    CK(cudaMalloc((void **)&c.pos, (size_t)T * 4));
+    CK(cudaMemcpy(c.pos, pos, (size_t)T * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc((void **)&c.slot, (size_t)T * 8));
+    CK(cudaMemcpy(c.slot, slot, (size_t)T * 8, cudaMemcpyHostToDevice));
+    CK(cudaMalloc((void **)&c.cs, (size_t)(kv_len + 1) * D / 2 * 2 * 4));
+    CK(cudaMemset(c.cs, 0, (size_t)(kv_len + 1) * D / 2 * 2 * 4));
+    ms = time_op(op_rope, &c, 20);
+    printf("    %-26s %8.1f us\n", "rope_kv", ms * 1e3);
+    layer_ms += ms;
+    void *d_bt, *d_stride, *d_tiles, *out;
+    int stride = nblk;
+    CK(cudaMalloc(&d_bt, (size_t)nblk * 4));
+    CK(cudaMemcpy(d_bt, btab, (size_t)nblk * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&d_stride, 4));
+    CK(cudaMemcpy(d_stride, &stride, 4, cudaMemcpyHostToDevice));
+    const int G = NH / KVH, tpt = T == 1 ? 1 : 64 / G, ntiles = (T + tpt - 1) / tpt;
+    loom_cuda_attn_tile *tl = malloc(sizeof *tl * (size_t)ntiles);
+    for (int i = 0; i < ntiles; i++)
+        tl[i] = (loom_cuda_attn_tile){0, i * tpt, T - i * tpt < tpt ? T - i * tpt : tpt, 0};
+    CK(cudaMalloc(&d_tiles, sizeof *tl * (size_t)ntiles));
+    CK(cudaMemcpy(d_tiles, tl, sizeof *tl * (size_t)ntiles, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&out, (size_t)T * QD * 2));
+    int sms = 132;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    loom_cuda_attn_shape shp = T == 1 ? LOOM_CUDA_ATTN_DECODE : LOOM_CUDA_ATTN_PREFILL;
+    int msplit = loom_cuda_attn_max_splits(ntiles, KVH,
+                                           sms * loom_cuda_attn_ctas_per_sm(LOOM_CUDA_BF16, shp, D));
+    float *ws;
+    int *sem;
+    CK(cudaMalloc((void **)&ws, loom_cuda_attn_workspace_floats(shp, ntiles, KVH, D, msplit) * 4 + 16));
+    CK(cudaMalloc((void **)&sem, (size_t)ntiles * KVH * sizeof(int)));
+    CK(cudaMemset(sem, 0, (size_t)ntiles * KVH * sizeof(int)));
+    c.aa = (loom_cuda_attn_args){.dt = LOOM_CUDA_BF16, .shape = shp, .out = out, .ldo = QD,
+                                 .q = c.qkv, .ldq = QKV, .k_cache = c.kc, .v_cache = c.vc,
+                                 .block_table = d_bt, .bt_stride = d_stride, .positions = c.pos,
+                                 .tiles = d_tiles, .num_tiles = ntiles, .num_heads = NH,
+                                 .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
+                                 .scale = 0.088388f, .max_splits = msplit, .partial = ws,
+                                 .sem = sem};
+    ms = time_op(op_attn, &c, 20);
+    double afl = 4.0 * NH * D * (T == 1 ? (double)kv_len : (double)T * (T + 1) / 2);
+    printf("    %-26s %8.1f us  %6.0f TFLOP/s  (kv_len %d, %d tiles, splits <= %d)\n", "attention",
+           ms * 1e3, afl / (ms * 1e-3) / 1e12, kv_len, ntiles, msplit);
+    layer_ms += ms;
+    printf("    per layer %.1f us; x %d layers + LM head = %.3f ms of kernels back to back\n",
+           layer_ms * 1e3, L, layer_ms * L + total_extra);
+    loom_cuda_gemm_destroy(c.g);
+    cudaFree(wbig), cudaFree(xin), cudaFree(ybuf), cudaFree(c.xf), cudaFree(c.r), cudaFree(c.yn);
+    cudaFree(c.wn), cudaFree(c.gu), cudaFree(c.act), cudaFree(c.qkv), cudaFree(c.kc), cudaFree(c.vc);
+    cudaFree(c.pos), cudaFree(c.slot), cudaFree(c.cs), cudaFree(d_bt), cudaFree(d_stride);
+    cudaFree(d_tiles), cudaFree(out), cudaFree(ws), cudaFree(sem);
+    free(pos), free(btab), free(slot), free(tl);
+}
+
+/* ------------------------------------------------------- backend workloads */
+
+typedef struct backend {
+    void *lib;
+    const loom_component *comp;
+    const loom_backend_ops *ops;
+} backend;
+
+static void *config_make(const loom_component *c, const char *const *overrides) {
+    uint8_t *cfg = calloc(1, c->config_size + 16);
+    for (const loom_param *p = c->params; p && p->key; p++) {
+        const char *v = p->default_value;
+        for (const char *const *o = overrides; o && *o; o++) {
+            size_t kl = strlen(p->key);
+            if (!strncmp(*o, p->key, kl) && (*o)[kl] == '=') v = *o + kl + 1;
+        }
+        if (!v) continue;
+        uint8_t *f = cfg + p->offset;
+        switch (p->type) {
+        case LOOM_PARAM_BOOL: *(bool *)f = !strcmp(v, "true"); break;
+        case LOOM_PARAM_INT: *(int64_t *)f = strtoll(v, NULL, 0); break;
+        case LOOM_PARAM_FLOAT: *(double *)f = strtod(v, NULL); break;
+        case LOOM_PARAM_STRING: snprintf((char *)f, LOOM_PARAM_STRING_MAX, "%s", v); break;
+        case LOOM_PARAM_ENUM:
+            for (int64_t i = 0; p->choices && p->choices[i]; i++)
+                if (!strcmp(p->choices[i], v)) *(int64_t *)f = i;
+            break;
+        }
+    }
+    return cfg;
+}
+
+/* One step: nseq sequences, each with `nnew` tokens after `done` in its
+ * own contiguous blocks (seq s owns blocks [s * per_seq, ...)). Logits of
+ * each sequence's last token. */
+typedef struct stepbuf {
+    loom_batch b;
+    int32_t *tok, *pos, *qs, *ctx, *bt, *lidx;
+    int64_t *slot;
+} stepbuf;
+
+static void step_build(stepbuf *sb, int nseq, int done, int nnew, int per_seq, int bs, int vocab) {
+    int T = nseq * nnew;
+    sb->tok = realloc(sb->tok, (size_t)T * 4);
+    sb->pos = realloc(sb->pos, (size_t)T * 4);
+    sb->slot = realloc(sb->slot, (size_t)T * 8);
+    sb->lidx = realloc(sb->lidx, (size_t)nseq * 4);
+    sb->qs = realloc(sb->qs, (size_t)(nseq + 1) * 4);
+    sb->ctx = realloc(sb->ctx, (size_t)nseq * 4);
+    sb->bt = realloc(sb->bt, (size_t)nseq * per_seq * 4);
+    int t = 0;
+    sb->qs[0] = 0;
+    for (int s = 0; s < nseq; s++) {
+        for (int j = 0; j < per_seq; j++) sb->bt[s * per_seq + j] = s * per_seq + j;
+        for (int j = 0; j < nnew; j++, t++) {
+            int p = done + j;
+            sb->tok[t] = (int32_t)((p * 7919u + s * 104729u) % (unsigned)vocab);
+            sb->pos[t] = p;
+            sb->slot[t] = (int64_t)(s * per_seq + p / bs) * bs + p % bs;
+        }
+        sb->lidx[s] = t - 1;
+        sb->qs[s + 1] = t;
+        sb->ctx[s] = done + nnew;
+    }
+    sb->b = (loom_batch){.struct_size = sizeof(loom_batch), .num_seqs = nseq, .num_tokens = T,
+                         .token_ids = sb->tok, .positions = sb->pos, .query_start = sb->qs,
+                         .context_len = sb->ctx, .block_table = sb->bt,
+                         .block_table_stride = per_seq, .slot_mapping = sb->slot,
+                         .num_logits = nseq, .logits_index = sb->lidx};
+}
+
+/* Bytes a decode step must read: every linear weight and the LM head once,
+ * the embedding rows, and the K/V of the context. */
+static double decode_bytes(const loom_model_config *c, int nseq, int ctx) {
+    const double H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+    const double QD = (double)c->num_heads * c->head_dim, KVD = (double)c->num_kv_heads * c->head_dim;
+    const double lin = H * (QD + 2 * KVD) + QD * H + 2 * I * H + I * H;
+    return 2.0 * (lin * c->num_layers + V * H) + 2.0 * 2.0 * KVD * c->num_layers * (double)ctx * nseq;
+}
+static double step_flops(const loom_model_config *c, double tokens, double attn_pairs) {
+    const double H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+    const double QD = (double)c->num_heads * c->head_dim, KVD = (double)c->num_kv_heads * c->head_dim;
+    const double lin = H * (QD + 2 * KVD) + QD * H + 3 * I * H;
+    return 2.0 * lin * c->num_layers * tokens + 2.0 * V * H * 1 +
+           4.0 * attn_pairs * c->num_heads * c->head_dim * c->num_layers;
+}
+
+static bool run_model(const backend *be, const char *shape, int decode_batch, int decode_ctx,
+                      int prefill_tokens, int iters) {
+    loom_model_load_opts o = {.format = "dummy", .dummy_shape = shape, .seed = 1,
+                              .dummy_dtype = LOOM_DTYPE_BF16};
+    loom_model *m = NULL;
+    loom_error e = {0};
+    loom_status st = loom_model_load(&o, &m, &e);
+    if (st) {
+        printf("  %s: model load failed: %s\n", shape, e.message);
+        return false;
+    }
+    const loom_model_view *view = loom_model_view_get(m);
+    const loom_model_config *c = view->config;
+    const int bs = 16;
+    int max_seq_tokens = decode_ctx + iters + 16 > prefill_tokens ? decode_ctx + iters + 16
+                                                                  : prefill_tokens;
+    const int per_seq = (max_seq_tokens + bs - 1) / bs;
+    const int nseq_max = decode_batch > 1 ? decode_batch : 1;
+    const char *ov[] = {"cuda_graphs=true", "max_batched_tokens=4096", NULL};
+    void *cfg = config_make(be->comp, ov), *inst = NULL;
+    loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = bs,
+                          .num_blocks = per_seq * nseq_max, .dtype = LOOM_DTYPE_COUNT};
+    float *logits = malloc((size_t)nseq_max * c->vocab_size * 4);
+    stepbuf sb = {0};
+    bool ok = false;
+    char name[96];
+    double t0 = now_s();
+    if ((st = be->ops->create(loom_host_default(), cfg, &inst, &e)) ||
+        (st = be->ops->load(inst, view, NULL, &e)) || (st = be->ops->kv_alloc(inst, &kvl, &e))) {
+        printf("  %s: backend setup failed: %s\n", shape, e.message);
+        goto out;
+    }
+    printf("  %s: loaded in %.1f s\n", shape, now_s() - t0);
+    /* decode: prefill the contexts (in chunks), then time single-token steps */
+    if (decode_batch > 0) {
+        const int b = decode_batch;
+        for (int done = 0; done < decode_ctx;) {
+            int n = decode_ctx - done < 2048 / b ? decode_ctx - done : 2048 / b;
+            step_build(&sb, b, done, n, per_seq, bs, c->vocab_size);
+            if ((st = be->ops->forward(inst, &sb.b, logits, &e))) goto fail;
+            done += n;
+        }
+        double *t = malloc(sizeof(double) * (size_t)iters);
+        for (int i = -10; i < iters; i++) { /* 10 warm-up steps include the graph capture */
+            step_build(&sb, b, decode_ctx + 10 + i, 1, per_seq, bs, c->vocab_size);
+            double a = now_s();
+            if ((st = be->ops->forward(inst, &sb.b, logits, &e))) {
+                free(t);
+                goto fail;
+            }
+            if (i >= 0) t[i] = now_s() - a;
+        }
+        double ms = median(t, iters) * 1e3;
+        free(t);
+        snprintf(name, sizeof name, "%s decode batch %d ctx %d", shape, b, decode_ctx);
+        add_row(name, ms, decode_bytes(c, b, decode_ctx + 30),
+                step_flops(c, b, (double)b * (decode_ctx + 30)), b / (ms * 1e-3));
+    }
+    if (prefill_tokens > 0) {
+        double t[7];
+        for (int i = -2; i < 7; i++) {
+            step_build(&sb, 1, 0, prefill_tokens, per_seq, bs, c->vocab_size);
+            double a = now_s();
+            if ((st = be->ops->forward(inst, &sb.b, logits, &e))) goto fail;
+            if (i >= 0) t[i] = now_s() - a;
+        }
+        double ms = median(t, 7) * 1e3;
+        snprintf(name, sizeof name, "%s prefill %d tokens", shape, prefill_tokens);
+        const double P = prefill_tokens;
+        add_row(name, ms, decode_bytes(c, 1, 0),
+                step_flops(c, P, P * (P + 1) / 2), P / (ms * 1e-3));
+    }
+    ok = true;
+    goto out;
+fail:
+    printf("  %s: forward failed: %s\n", shape, e.message);
+out:
+    if (inst) be->ops->destroy(inst);
+    free(cfg), free(logits);
+    free(sb.tok), free(sb.pos), free(sb.slot), free(sb.lidx), free(sb.qs), free(sb.ctx), free(sb.bt);
+    loom_model_free(m);
+    return ok;
+}
+
+/* -------------------------------------------------------------------- main */
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: gpu_bench OUT.json [loom-backend-cuda.so] [--quick] [--components]\n");
+        return 2;
+    }
+    const char *out_path = argv[1];
+    const char *so = LOOM_CUDA_BACKEND_DEFAULT;
+    bool quick = false, components_only = false;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--components")) components_only = true;
+        else so = argv[i];
+    }
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    time_t now = time(NULL);
+    char date[64];
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    printf("gpu_bench: %s (%d SMs), %s, commit %s\n", prop.name, prop.multiProcessorCount, date,
+           getenv("LOOM_COMMIT") ? getenv("LOOM_COMMIT") : "?");
+
+    measure_copy();
+    measure_gemm();
+    bench_components(1, 512, 8);
+    bench_components(1, 512, 0);
+    if (components_only) {
+        bench_components(8, 0, 8);
+        bench_components(64, 0, 8);
+        bench_components(256, 0, 8);
+        g_autotune = 1;
+        bench_components(64, 0, 8);
+        bench_components(256, 0, 8);
+        bench_components(2048, 0, 8);
+        g_autotune = 0;
+    }
+    bench_components(2048, 0, 8);
+    loom_cuda_attn_set_prefill_ctas(3);
+    printf("  (prefill attention built for 3 CTAs/SM:)\n");
+    bench_components(2048, 0, 8);
+    loom_cuda_attn_set_prefill_ctas(2);
+    if (components_only) return 0;
+    bench_attention(1, 32768);
+    bench_attention(8, 32768);
+    loom_cuda_attn_set_decode_stages(2);
+    printf("  (decode attention with 2 stages:)\n");
+    bench_attention(1, 32768);
+    bench_attention(8, 32768);
+    loom_cuda_attn_set_decode_stages(3);
+    if (!quick) bench_attention(64, 4096);
+
+    backend be = {0};
+    be.lib = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    loom_plugin_entry_fn entry = be.lib ? (loom_plugin_entry_fn)dlsym(be.lib, LOOM_PLUGIN_ENTRY_SYMBOL) : NULL;
+    const loom_plugin_desc *d = entry ? entry() : NULL;
+    for (uint32_t i = 0; d && i < d->num_components; i++)
+        if (d->components[i].kind == LOOM_KIND_BACKEND && !strcmp(d->components[i].name, "cuda"))
+            be.comp = &d->components[i];
+    int failed = 0;
+    if (!be.comp) {
+        printf("  cannot load the cuda backend from %s: %s\n", so, be.lib ? "no 'cuda' component" : dlerror());
+        failed = 1;
+    } else {
+        be.ops = be.comp->ops;
+        failed += !run_model(&be, "smollm2-135m", 1, 512, 0, quick ? 50 : 200);
+        failed += !run_model(&be, "llama3-8b", 1, 512, 2048, quick ? 30 : 100);
+        if (!quick) failed += !run_model(&be, "llama3-8b", 64, 512, 0, 30);
+    }
+
+    FILE *f = fopen(out_path, "w");
+    if (!f) {
+        fprintf(stderr, "cannot write %s\n", out_path);
+        return 1;
+    }
+    fprintf(f, "{\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"date\": \"%s\",\n  \"commit\": \"%s\",\n",
+            prop.name, prop.multiProcessorCount, date, getenv("LOOM_COMMIT") ? getenv("LOOM_COMMIT") : "?");
+    fprintf(f, "  \"copy_bytes_per_s\": %.6g,\n  \"gemm_bf16_flops_per_s\": %.6g,\n  \"rows\": [\n",
+            g_copy_bw, g_gemm_flops);
+    for (int i = 0; i < g_nrows; i++) {
+        const row *r = &g_rows[i];
+        fprintf(f, "    {\"name\": \"%s\", \"ms\": %.6g, \"bytes\": %.6g, \"flops\": %.6g, "
+                "\"tokens_per_s\": %.6g, \"roofline_ratio\": %.4f, \"bound\": \"%s\"}%s\n",
+                r->name, r->ms, r->bytes, r->flops, r->per_s, r->ratio, r->bound,
+                i + 1 < g_nrows ? "," : "");
+    }
+    fprintf(f, "  ]\n}\n");
+    fclose(f);
+
+    printf("\n%-46s %10s %10s %12s %10s %8s\n", "workload", "ms", "GB", "TFLOP", "tok/s", "roof%");
+    for (int i = 0; i < g_nrows; i++) {
+        const row *r = &g_rows[i];
+        printf("%-46s %10.3f %10.3f %12.3f %10.1f %7.1f%% (%s)\n", r->name, r->ms, r->bytes / 1e9,
+               r->flops / 1e12, r->per_s, 100 * r->ratio, r->bound);
+    }
+    printf("wrote %s\n", out_path);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,651 @@
+/*
+ * kernels/cuda/attention.cu — causal paged attention over a flattened
+ * variable-length batch, on the tensor cores (mma.sync m16n8k16, bf16/f16
+ * operands, float32 accumulation), with FlashAttention-2's online softmax
+ * and flash-decoding's split-K.
+ *
+ * Work decomposition. The host cuts every sequence's query tokens into
+ * tiles (loom_cuda_attn_tile). A CTA handles one (tile, kv head, key split):
+ * its rows are the (token, query head) pairs of the tile that share the kv
+ * head — token-major, row r = token tok0 + r / G, head kvh*G + r % G — so
+ * K and V are read once for all G heads of a GQA group. Keys come straight
+ * from the paged cache (the current chunk's K/V were written there by
+ * loom_cuda_rope_kv), which is what makes chunked prefill and decode the
+ * same code: a row at position p sees keys 0..p of its sequence.
+ *
+ * Two shapes of one kernel template <T, D, WM, BN, MINB, STAGES>, 4 warps:
+ *   PREFILL (WM=4, BN=64): 64 rows, warp w owns rows 16w..16w+15, all warps
+ *            walk the same 64-key tiles;
+ *   DECODE  (WM=1, BN=16): 16 rows (a decode token x G heads), the 4 warps
+ *            take different 16-key slices of each 64-key tile and their
+ *            softmax states are merged at the end (intra-CTA split-K).
+ * K/V tiles are staged in shared memory with cp.async (a ring of STAGES
+ * tiles: 2 for prefill, 3 for decode, whose CTAs are few and only stream
+ * memory), 16-byte chunks XOR-swizzled by row so ldmatrix reads are
+ * conflict-free. S = Q K^T uses ldmatrix on K
+ * rows, O += P V uses ldmatrix.trans on V rows; P is re-packed from the S
+ * accumulators without touching shared memory.
+ *
+ * Split-K: a (tile, kv head) with kv_len keys is split into
+ * ceil(kv_len / chunk) CTAs (loom_cuda_attn_split_plan; at most
+ * max_splits, chunks of at least one stage — 64 keys — in the decode shape,
+ * where a short context must still spread over many CTAs, and 256 keys in
+ * the prefill shape). The split count is decided on the device from the
+ * positions, so one captured CUDA graph serves any context length. Splits write normalised partial outputs and their
+ * (max, sum) to the workspace and count themselves on a per-(tile, kv head)
+ * semaphore; the last one to arrive merges all partials and writes the
+ * output (and resets the semaphore to zero for the next launch), so split-K
+ * costs no second kernel. A tile that needs one split writes directly.
+ *
+ * Scheduling: CTAs take tiles in reverse order (the host lists each
+ * sequence's tiles by ascending position, so the longest causal rows start
+ * first and the partial last wave holds the short ones), and key tiles
+ * entirely below every row's diagonal skip the mask arithmetic.
+ *
+ * Every kernel starts with griddepcontrol.wait (programmatic dependent
+ * launch, common.cuh). Measured on an H200 (docs/gpu.md): 150 TFLOP/s for a
+ * causal 2048-token prefill at head_dim 128, 78% of copy bandwidth for
+ * decode over 32k contexts at batch 8.
+ *
+ * Not here: ALiBi, sliding windows, soft-capping, fp8 KV. Head dims 16, 32,
+ * 64, 128.
+ */
+#include "common.cuh"
+
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+
+#define LC_ATT_THREADS 128
+/* Upper bound on splits per (tile, kv head). */
+#define LC_SPLIT_MAX 64
+
+/* ------------------------------------------------------- PTX wrappers */
+
+__device__ __forceinline__ uint32_t lc_smem_u32(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* 16-byte async copy global -> shared; zero-fills when !valid (no read). */
+__device__ __forceinline__ void lc_cp_async16(uint32_t dst, const void *src, bool valid) {
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void lc_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void lc_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void lc_ldsm_x4(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void lc_ldsm_x2(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void lc_ldsm_x4_t(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* c (16x8 f32) += a (16x16) * b (16x8). */
+template <typename T> __device__ __forceinline__ void lc_mma(float *c, const uint32_t *a, const uint32_t *b);
+template <>
+__device__ __forceinline__ void lc_mma<__nv_bfloat16>(float *c, const uint32_t *a,
+                                                      const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <>
+__device__ __forceinline__ void lc_mma<__half>(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* 2^x, approximate (the softmax runs in the log2 domain); 2^-inf = 0. */
+__device__ __forceinline__ float lc_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Index (in 16-byte chunks) of chunk c of row `row` in a tile of CPR chunks
+ * per row, XOR-swizzled so the 8 rows one ldmatrix reads hit distinct banks. */
+template <int CPR> __device__ __forceinline__ int lc_swz(int row, int c) {
+    constexpr int M = CPR >= 8 ? 7 : CPR - 1;
+    return row * CPR + (c ^ (row & M));
+}
+
+/* ------------------------------------------------------------ split plan */
+
+__host__ __device__ __forceinline__ void lc_split_plan(int kv_len, int max_splits, int cta_n,
+                                                       int min_keys, int *splits, int *chunk) {
+    int s = (kv_len + min_keys - 1) / min_keys;
+    if (s > max_splits) s = max_splits;
+    if (s > LC_SPLIT_MAX) s = LC_SPLIT_MAX;
+    if (s < 1) s = 1;
+    int c = (kv_len + s - 1) / s;
+    c = ((c + cta_n - 1) / cta_n) * cta_n;
+    if (c < cta_n) c = cta_n;
+    *chunk = c;
+    *splits = (kv_len + c - 1) / c;
+    if (*splits < 1) *splits = 1;
+}
+
+template <int WM, int BN> struct lc_shape {
+    static constexpr int NW = 4;
+    static constexpr int WN = NW / WM;          /* warps along the keys      */
+    static constexpr int ROWS = 16 * WM;        /* query rows per CTA        */
+    static constexpr int CTA_N = BN * WN;       /* keys per shared-mem stage */
+    static constexpr int SPLIT_MIN = WM == 1 ? CTA_N : 256; /* keys per split, at least */
+};
+
+typedef lc_shape<1, 16> lc_decode_shape;
+typedef lc_shape<4, 64> lc_prefill_shape;
+
+/* Largest position + 1 among the tile's tokens, computed by warp 0 and
+ * broadcast through `slot`. Every thread must call it. */
+__device__ __forceinline__ int lc_tile_kv_len(const int32_t *__restrict__ positions,
+                                              const loom_cuda_attn_tile &tile, int *slot) {
+    if (threadIdx.x < 32) {
+        int m = -1;
+        for (int i = threadIdx.x; i < tile.ntok; i += 32) m = max(m, positions[tile.tok0 + i]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (threadIdx.x == 0) *slot = m + 1;
+    }
+    __syncthreads();
+    return *slot;
+}
+
+/* --------------------------------------------------------------- kernel */
+
+/* grid (num_tiles, KVH, max_splits), block 128, dynamic smem lc_att_smem().
+ * q (T, ldq) dt; out (T, ldo) dt; caches (num_blocks, KVH, bs, D) dt;
+ * partial: see loom_cuda_attn_workspace_floats. */
+template <typename T, int D, int WM, int BN, int MINB, int STAGES>
+__global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
+    lc_attn_kernel(const loom_cuda_attn_args a) {
+    typedef lc_shape<WM, BN> S;
+    constexpr int WN = S::WN, ROWS = S::ROWS, CTA_N = S::CTA_N;
+    constexpr int CPR = D / 8;      /* 16-byte chunks per row     */
+    constexpr int KSTEPS = D / 16;  /* k16 steps over head_dim    */
+    constexpr int NT = BN / 8;      /* n8 tiles of S per warp     */
+    constexpr int DT = D / 8;       /* n8 tiles of O per warp     */
+    constexpr int OB_LD = D + 8;    /* padded row of the merge buffer (floats) */
+
+    extern __shared__ uint4 lc_smem[];
+    __shared__ int row_pos[ROWS];
+    __shared__ float ml[WN][ROWS][2];
+    __shared__ int s_kvlen, s_last;
+
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int ti = gridDim.x - 1 - blockIdx.x; /* longest tiles first */
+    const loom_cuda_attn_tile tile = a.tiles[ti];
+    if (tile.ntok <= 0) return;
+    const int kvh = blockIdx.y, z = blockIdx.z;
+    const int KVH = a.num_kv_heads, G = a.num_heads / a.num_kv_heads;
+    const int bs = a.block_size;
+    const int nrows = min(tile.ntok * G, ROWS);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % WM, wn = warp / WM;
+    const T *__restrict__ q = static_cast<const T *>(a.q);
+    const T *__restrict__ kc = static_cast<const T *>(a.k_cache);
+    const T *__restrict__ vc = static_cast<const T *>(a.v_cache);
+
+    for (int r = tid; r < ROWS; r += LC_ATT_THREADS)
+        row_pos[r] = r < nrows ? a.positions[tile.tok0 + r / G] : -1;
+    const int kv_len = lc_tile_kv_len(a.positions, tile, &s_kvlen); /* syncs */
+    int splits, chunk;
+    lc_split_plan(kv_len, a.max_splits, CTA_N, S::SPLIT_MIN, &splits, &chunk);
+    if (z >= splits) return; /* uniform over the CTA */
+    const int k_begin = z * chunk;
+    const int k_end = min(kv_len, k_begin + chunk);
+    const int n_iter = (k_end - k_begin + CTA_N - 1) / CTA_N;
+    const int32_t *__restrict__ bt = a.block_table + (size_t)tile.seq * (size_t)(*a.bt_stride);
+
+    /* shared memory: K stages (STAGES, CTA_N, D) | V stages; Q (ROWS <=
+     * CTA_N rows) borrows the last K stage, which is first filled only after
+     * the Q fragments are in registers */
+    static_assert(ROWS <= CTA_N, "Q must fit in one K stage");
+    static_assert(STAGES >= 2, "two stages at least");
+    T *Ks = reinterpret_cast<T *>(lc_smem);
+    T *Vs = Ks + STAGES * CTA_N * D;
+    T *Qs = Ks + (STAGES - 1) * CTA_N * D;
+    const uint32_t q_s = lc_smem_u32(Qs), k_s = lc_smem_u32(Ks), v_s = lc_smem_u32(Vs);
+
+    /* Q rows -> shared (zero rows past nrows) */
+    for (int idx = tid; idx < ROWS * CPR; idx += LC_ATT_THREADS) {
+        const int r = idx / CPR, c = idx % CPR;
+        const bool ok = r < nrows;
+        const T *src = ok ? q + (size_t)(tile.tok0 + r / G) * a.ldq + (size_t)(kvh * G + r % G) * D + c * 8
+                          : q;
+        lc_cp_async16(q_s + lc_swz<CPR>(r, c) * 16, src, ok);
+    }
+    lc_cp_async_commit();
+
+    /* K/V rows [kb, kb + CTA_N) -> stage st, through the block table.
+     * Thread tid always copies chunk c = tid % CPR of rows j0 + i * JSTEP, so
+     * its shared-memory offsets are fixed and its global offsets need one
+     * block-table read and a multiply-add per row; a power-of-two block size
+     * (the usual 16) replaces the division by a shift. Element offsets fit
+     * 32 bits (a pool of up to 4 G elements). */
+    constexpr int JSTEP = LC_ATT_THREADS / CPR; /* rows per pass (CPR <= 16) */
+    const int c_ld = tid % CPR, j0 = tid / CPR;
+    const uint32_t s_off0 = (uint32_t)lc_swz<CPR>(j0, c_ld) * 16; /* row j0 + i*JSTEP adds i*JSTEP*CPR*16 */
+    const uint32_t blk_elems = (uint32_t)KVH * bs * D;
+    const uint32_t head_off = (uint32_t)kvh * bs * D + c_ld * 8;
+    const int bs_shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
+    auto load_kv = [&](int st, int kb) {
+        const uint32_t sbase = st * CTA_N * CPR * 16 + s_off0;
+#pragma unroll
+        for (int i = 0; i < CTA_N / JSTEP; i++) {
+            const int key = kb + j0 + i * JSTEP;
+            const bool ok = key < k_end;
+            uint32_t e = 0;
+            if (ok) {
+                int blk, off;
+                if (bs_shift >= 0) blk = bt[key >> bs_shift], off = key & (bs - 1);
+                else blk = bt[key / bs], off = key % bs;
+                e = (uint32_t)blk * blk_elems + head_off + (uint32_t)off * D;
+            }
+            const uint32_t so = sbase + i * JSTEP * CPR * 16;
+            lc_cp_async16(k_s + so, kc + e, ok);
+            lc_cp_async16(v_s + so, vc + e, ok);
+        }
+    };
+    /* prologue: stages 0 .. STAGES-2 in flight (one commit group each, empty
+     * when past the range, so group counting stays uniform) */
+#pragma unroll
+    for (int sp = 0; sp < STAGES - 1; sp++) {
+        if (sp < n_iter) load_kv(sp, k_begin + sp * CTA_N);
+        lc_cp_async_commit();
+    }
+
+    /* Q fragments (A operand, 16 rows x D) stay in registers */
+    lc_cp_async_wait<STAGES - 1>();
+    __syncthreads();
+    uint32_t qf[KSTEPS][4];
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; kk++) {
+        const int r = wm * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        lc_ldsm_x4(qf[kk], q_s + lc_swz<CPR>(r, 2 * kk + (lane >> 4)) * 16);
+    }
+    __syncthreads(); /* every warp has its Q: the last stage may be overwritten */
+
+    const int g = lane >> 2, tq = lane & 3;
+    const int rp0 = row_pos[wm * 16 + g], rp1 = row_pos[wm * 16 + g + 8];
+    /* smallest position among this warp's valid rows: key tiles at or below
+     * it need no causal mask (invalid rows are never written) */
+    int rp_min = min(rp0 < 0 ? INT_MAX : rp0, rp1 < 0 ? INT_MAX : rp1);
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) rp_min = min(rp_min, __shfl_xor_sync(0xffffffffu, rp_min, off));
+    const float sl2 = a.scale * 1.4426950408889634f; /* raw score -> log2 units */
+    float o[DT][4];
+#pragma unroll
+    for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    const int kw = wn * BN; /* this warp's key offset inside a stage */
+
+    for (int it = 0; it < n_iter; it++) {
+        const int st = it % STAGES;
+        /* refill the slot computed at it - 1 (the barrier closing that
+         * iteration made it free), keeping STAGES - 1 tiles in flight */
+        if (it + STAGES - 1 < n_iter) load_kv((it + STAGES - 1) % STAGES, k_begin + (it + STAGES - 1) * CTA_N);
+        lc_cp_async_commit();
+        lc_cp_async_wait<STAGES - 1>(); /* tile `it` has landed */
+        __syncthreads();
+        const uint32_t ks = k_s + st * CTA_N * CPR * 16, vs = v_s + st * CTA_N * CPR * 16;
+
+        /* S (16 x BN) = Q K^T */
+        float sc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+            const int kr = kw + nt * 8 + (lane & 7);
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; kk += 2) {
+                if (kk + 1 < KSTEPS) {
+                    uint32_t b[4];
+                    lc_ldsm_x4(b, ks + lc_swz<CPR>(kr, 2 * kk + (lane >> 3)) * 16);
+                    lc_mma<T>(sc[nt], qf[kk], b);
+                    lc_mma<T>(sc[nt], qf[kk + 1], b + 2);
+                } else {
+                    uint32_t b[2];
+                    lc_ldsm_x2(b, ks + lc_swz<CPR>(kr, 2 * kk + ((lane >> 3) & 1)) * 16);
+                    lc_mma<T>(sc[nt], qf[kk], b);
+                }
+            }
+        }
+
+        /* scale, causal + range mask (edge tiles only), running max */
+        const int kbase = k_begin + it * CTA_N + kw;
+        const bool edge = kbase + BN - 1 >= k_end || kbase + BN - 1 > rp_min;
+        const int key0 = kbase + 2 * tq;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float s = sc[nt][e]; /* raw q.k; scaled inside the exp below */
+                if (edge) {
+                    const int key = key0 + nt * 8 + (e & 1);
+                    const int rp = e < 2 ? rp0 : rp1;
+                    if (key >= k_end || key > rp) s = -INFINITY;
+                }
+                sc[nt][e] = s;
+            }
+            mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
+        }
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+        }
+        /* running max in raw units (the scale is positive); a row with no
+         * visible key yet keeps m = -inf and subtracts 0 */
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float ms0 = mn0 == -INFINITY ? 0.0f : mn0 * sl2, ms1 = mn1 == -INFINITY ? 0.0f : mn1 * sl2;
+        const float c0 = mn0 == -INFINITY ? 1.0f : lc_exp2((m0 - mn0) * sl2);
+        const float c1 = mn1 == -INFINITY ? 1.0f : lc_exp2((m1 - mn1) * sl2);
+        m0 = mn0, m1 = mn1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) { /* p = 2^(s * scale log2e - m) in one FFMA + EX2 */
+            sc[nt][0] = lc_exp2(fmaf(sc[nt][0], sl2, -ms0));
+            sc[nt][1] = lc_exp2(fmaf(sc[nt][1], sl2, -ms0));
+            sc[nt][2] = lc_exp2(fmaf(sc[nt][2], sl2, -ms1));
+            sc[nt][3] = lc_exp2(fmaf(sc[nt][3], sl2, -ms1));
+            ps0 += sc[nt][0] + sc[nt][1];
+            ps1 += sc[nt][2] + sc[nt][3];
+        }
+        l0 = l0 * c0 + ps0;
+        l1 = l1 * c1 + ps1;
+        if (c0 != 1.0f || c1 != 1.0f) { /* a row's max moved: rescale (rare once warm) */
+#pragma unroll
+            for (int d = 0; d < DT; d++) {
+                o[d][0] *= c0, o[d][1] *= c0;
+                o[d][2] *= c1, o[d][3] *= c1;
+            }
+        }
+
+        /* O (16 x D) += P (16 x BN) V (BN x D) */
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t pa[4];
+            pa[0] = lc_pack2<T>(sc[2 * kk][0], sc[2 * kk][1]);
+            pa[1] = lc_pack2<T>(sc[2 * kk][2], sc[2 * kk][3]);
+            pa[2] = lc_pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            pa[3] = lc_pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            const int vr = kw + 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int d = 0; d < DT; d += 2) {
+                uint32_t b[4];
+                lc_ldsm_x4_t(b, vs + lc_swz<CPR>(vr, d + (lane >> 4)) * 16);
+                lc_mma<T>(o[d], pa, b);
+                lc_mma<T>(o[d + 1], pa, b + 2);
+            }
+        }
+        __syncthreads(); /* the next iteration's load overwrites this stage */
+    }
+
+    /* row sums were partial per thread: reduce over the quad */
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+
+    /* merge buffer (WN, ROWS, OB_LD) f32 over the (now idle) tiles */
+    float *ob = reinterpret_cast<float *>(lc_smem);
+    {
+        const int r0 = wm * 16 + g;
+        float *b0 = ob + ((size_t)wn * ROWS + r0) * OB_LD;
+        float *b1 = b0 + 8 * OB_LD;
+#pragma unroll
+        for (int d = 0; d < DT; d++) {
+            *reinterpret_cast<float2 *>(b0 + d * 8 + 2 * tq) = make_float2(o[d][0], o[d][1]);
+            *reinterpret_cast<float2 *>(b1 + d * 8 + 2 * tq) = make_float2(o[d][2], o[d][3]);
+        }
+        if (tq == 0) { /* max in log2 units from here on */
+            ml[wn][r0][0] = m0 * sl2, ml[wn][r0][1] = l0;
+            ml[wn][r0 + 8][0] = m1 * sl2, ml[wn][r0 + 8][1] = l1;
+        }
+    }
+    __syncthreads();
+
+    T *out = static_cast<T *>(a.out);
+    const size_t cta0 = ((size_t)ti * KVH + kvh) * a.max_splits, cta = cta0 + z;
+    float *po = a.partial + cta * ROWS * D;
+    float *pml_all = a.partial + (size_t)a.num_tiles * KVH * a.max_splits * ROWS * D;
+    float *pml = pml_all + cta * ROWS * 2;
+    for (int idx = tid; idx < nrows * CPR; idx += LC_ATT_THREADS) {
+        const int r = idx / CPR, c = idx % CPR;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < WN; w++) M = fmaxf(M, ml[w][r][0]);
+        float L = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < WN; w++) {
+                const float f = lc_exp2(ml[w][r][0] - M);
+                L += ml[w][r][1] * f;
+                const float4 *src = reinterpret_cast<const float4 *>(ob + ((size_t)w * ROWS + r) * OB_LD + c * 8);
+                const float4 x0 = src[0], x1 = src[1];
+                acc[0] += x0.x * f, acc[1] += x0.y * f, acc[2] += x0.z * f, acc[3] += x0.w * f;
+                acc[4] += x1.x * f, acc[5] += x1.y * f, acc[6] += x1.z * f, acc[7] += x1.w * f;
+            }
+        }
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[e] *= inv;
+        if (splits == 1) {
+            const int t = tile.tok0 + r / G, h = kvh * G + r % G;
+            lc_stg16(out + (size_t)t * a.ldo + (size_t)h * D + c * 8, lc_pack8<T>(acc));
+        } else {
+            float4 *dst = reinterpret_cast<float4 *>(po + (size_t)r * D + c * 8);
+            dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+            if (c == 0) pml[2 * r] = M, pml[2 * r + 1] = L;
+        }
+    }
+    if (splits == 1) return;
+
+    /* split-K: the last split of this (tile, kv head) to finish merges */
+    __threadfence(); /* this CTA's partial is visible before it is counted */
+    __syncthreads();
+    if (tid == 0) {
+        int *sem = a.sem + (size_t)ti * KVH + kvh;
+        const int prev = atomicAdd(sem, 1);
+        s_last = prev == splits - 1;
+        if (s_last) *sem = 0; /* every split has counted: reset for the next launch */
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence(); /* see the other splits' partials */
+    for (int idx = tid; idx < nrows * CPR; idx += LC_ATT_THREADS) {
+        const int r = idx / CPR, c = idx % CPR;
+        float M = -INFINITY;
+        for (int sp = 0; sp < splits; sp++) M = fmaxf(M, __ldcg(pml_all + ((cta0 + sp) * ROWS + r) * 2));
+        float L = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (M != -INFINITY) {
+            for (int sp = 0; sp < splits; sp++) {
+                const float *mlz = pml_all + ((cta0 + sp) * ROWS + r) * 2;
+                const float f = __ldcg(mlz + 1) * lc_exp2(__ldcg(mlz) - M);
+                L += f;
+                const float4 *src = reinterpret_cast<const float4 *>(
+                    a.partial + ((cta0 + sp) * ROWS + r) * D + c * 8);
+                const float4 x0 = __ldcg(src), x1 = __ldcg(src + 1);
+                acc[0] += x0.x * f, acc[1] += x0.y * f, acc[2] += x0.z * f, acc[3] += x0.w * f;
+                acc[4] += x1.x * f, acc[5] += x1.y * f, acc[6] += x1.z * f, acc[7] += x1.w * f;
+            }
+        }
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[e] *= inv;
+        const int t = tile.tok0 + r / G, h = kvh * G + r % G;
+        lc_stg16(out + (size_t)t * a.ldo + (size_t)h * D + c * 8, lc_pack8<T>(acc));
+    }
+}
+
+/* ----------------------------------------------------------------- host */
+
+template <int D, int WM, int BN, int STAGES> static size_t lc_att_smem() {
+    typedef lc_shape<WM, BN> S;
+    const size_t tiles = (size_t)(2 * STAGES * S::CTA_N) * D * 2;
+    const size_t merge = (size_t)S::WN * S::ROWS * (D + 8) * sizeof(float);
+    return tiles > merge ? tiles : merge;
+}
+
+/* Raise the kernel's dynamic shared-memory limit, once per device. */
+template <typename T, int D, int WM, int BN, int MINB, int STAGES>
+static cudaError_t lc_att_prepare(size_t smem) {
+    /* The default limit is 48 KB of static + dynamic shared memory per
+     * block; raise it always (once per device and instantiation: bit d of
+     * `done`), so a launch being captured into a graph makes no attribute
+     * call. */
+    static unsigned long long done = 0;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    const unsigned long long bit = 1ull << (dev & 63);
+    if (!(__atomic_load_n(&done, __ATOMIC_ACQUIRE) & bit)) {
+        e = cudaFuncSetAttribute(lc_attn_kernel<T, D, WM, BN, MINB, STAGES>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+        __atomic_fetch_or(&done, bit, __ATOMIC_RELEASE);
+    }
+    return cudaSuccess;
+}
+
+template <typename T, int D, int WM, int BN, int MINB, int STAGES>
+static int lc_att_occupancy() {
+    const size_t smem = lc_att_smem<D, WM, BN, STAGES>();
+    if (lc_att_prepare<T, D, WM, BN, MINB, STAGES>(smem) != cudaSuccess) return 0;
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lc_attn_kernel<T, D, WM, BN, MINB, STAGES>,
+                                                      LC_ATT_THREADS, smem) != cudaSuccess)
+        return 0;
+    return n;
+}
+
+template <typename T, int D, int WM, int BN, int MINB, int STAGES>
+static cudaError_t lc_att_launch(const loom_cuda_attn_args *a, cudaStream_t s) {
+    const size_t smem = lc_att_smem<D, WM, BN, STAGES>();
+    cudaError_t e = lc_att_prepare<T, D, WM, BN, MINB, STAGES>(smem);
+    if (e != cudaSuccess) return e;
+    dim3 grid((unsigned)a->num_tiles, (unsigned)a->num_kv_heads, (unsigned)a->max_splits);
+    return lc_launch(lc_attn_kernel<T, D, WM, BN, MINB, STAGES>, grid, dim3(LC_ATT_THREADS), smem,
+                     s, *a);
+}
+
+/* Register budget of the prefill shape: 2 CTAs per SM (no spills) or 3
+ * (168 registers, a few spilled bytes at head_dim 64/128). Benchmarks flip
+ * it with loom_cuda_attn_set_prefill_ctas; the decode shape always fits 3. */
+static int lc_prefill_minb = 2;
+/* Pipeline depth of the decode shape: 3 stages (two tiles in flight while
+ * one is computed; 2 CTAs per SM at head_dim 128) or 2 (one in flight, 3
+ * CTAs). Benchmarks flip it with loom_cuda_attn_set_decode_stages. */
+static int lc_decode_stages = 3;
+
+template <typename T, int D>
+static cudaError_t lc_att_shape(const loom_cuda_attn_args *a, cudaStream_t s) {
+    if (a->shape == LOOM_CUDA_ATTN_DECODE) {
+        if (lc_decode_stages == 2) return lc_att_launch<T, D, 1, 16, 3, 2>(a, s);
+        return lc_att_launch<T, D, 1, 16, 3, 3>(a, s);
+    }
+    if (lc_prefill_minb == 3) return lc_att_launch<T, D, 4, 64, 3, 2>(a, s);
+    return lc_att_launch<T, D, 4, 64, 2, 2>(a, s);
+}
+
+template <typename T> static cudaError_t lc_att_dim(const loom_cuda_attn_args *a, cudaStream_t s) {
+    switch (a->head_dim) {
+    case 16: return lc_att_shape<T, 16>(a, s);
+    case 32: return lc_att_shape<T, 32>(a, s);
+    case 64: return lc_att_shape<T, 64>(a, s);
+    case 128: return lc_att_shape<T, 128>(a, s);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+template <typename T, int D> static int lc_occ_d(loom_cuda_attn_shape shape) {
+    if (shape == LOOM_CUDA_ATTN_DECODE)
+        return lc_decode_stages == 2 ? lc_att_occupancy<T, D, 1, 16, 3, 2>()
+                                     : lc_att_occupancy<T, D, 1, 16, 3, 3>();
+    if (lc_prefill_minb == 3) return lc_att_occupancy<T, D, 4, 64, 3, 2>();
+    return lc_att_occupancy<T, D, 4, 64, 2, 2>();
+}
+
+template <typename T> static int lc_occ_dim(loom_cuda_attn_shape shape, int d) {
+    switch (d) {
+    case 16: return lc_occ_d<T, 16>(shape);
+    case 32: return lc_occ_d<T, 32>(shape);
+    case 64: return lc_occ_d<T, 64>(shape);
+    case 128: return lc_occ_d<T, 128>(shape);
+    default: return 0;
+    }
+}
+
+extern "C" void loom_cuda_attn_set_prefill_ctas(int ctas_per_sm) {
+    lc_prefill_minb = ctas_per_sm >= 3 ? 3 : 2;
+}
+
+extern "C" void loom_cuda_attn_set_decode_stages(int stages) {
+    lc_decode_stages = stages <= 2 ? 2 : 3;
+}
+
+extern "C" int loom_cuda_attn_ctas_per_sm(loom_cuda_dt dt, loom_cuda_attn_shape shape,
+                                          int head_dim) {
+    return dt == LOOM_CUDA_F16 ? lc_occ_dim<__half>(shape, head_dim)
+                               : lc_occ_dim<__nv_bfloat16>(shape, head_dim);
+}
+
+extern "C" int loom_cuda_attn_max_splits(int num_tiles, int num_kv_heads, int resident) {
+    const long ctas = (long)num_tiles * num_kv_heads;
+    if (ctas <= 0 || resident <= 0 || ctas >= resident) return 1;
+    long ms = resident / ctas;
+    return (int)(ms < 1 ? 1 : ms > LC_SPLIT_MAX ? LC_SPLIT_MAX : ms);
+}
+
+extern "C" int loom_cuda_attn_rows(loom_cuda_attn_shape shape) {
+    return shape == LOOM_CUDA_ATTN_DECODE ? lc_decode_shape::ROWS : lc_prefill_shape::ROWS;
+}
+
+extern "C" size_t loom_cuda_attn_workspace_floats(loom_cuda_attn_shape shape, int num_tiles,
+                                                  int num_kv_heads, int head_dim, int max_splits) {
+    if (max_splits <= 1 || num_tiles <= 0) return 0;
+    const size_t rows = (size_t)loom_cuda_attn_rows(shape);
+    const size_t ctas = (size_t)num_tiles * num_kv_heads * max_splits;
+    return ctas * rows * ((size_t)head_dim + 2);
+}
+
+extern "C" void loom_cuda_attn_split_plan(loom_cuda_attn_shape shape, int kv_len, int max_splits,
+                                          int *splits, int *chunk) {
+    if (shape == LOOM_CUDA_ATTN_DECODE)
+        lc_split_plan(kv_len, max_splits, lc_decode_shape::CTA_N, lc_decode_shape::SPLIT_MIN,
+                      splits, chunk);
+    else
+        lc_split_plan(kv_len, max_splits, lc_prefill_shape::CTA_N, lc_prefill_shape::SPLIT_MIN,
+                      splits, chunk);
+}
+
+extern "C" cudaError_t loom_cuda_attention(const loom_cuda_attn_args *a, cudaStream_t s) {
+    if (a->num_tiles <= 0) return cudaSuccess;
+    const int G = a->num_kv_heads > 0 ? a->num_heads / a->num_kv_heads : 0;
+    if (G < 1 || G * a->num_kv_heads != a->num_heads || G > loom_cuda_attn_rows(a->shape) ||
+        a->max_splits < 1 || a->max_splits > 65535 || a->num_kv_heads > 65535 ||
+        (a->max_splits > 1 && (!a->partial || !a->sem)))
+        return cudaErrorInvalidValue;
+    if (a->dt == LOOM_CUDA_F16) return lc_att_dim<__half>(a, s);
+    return lc_att_dim<__nv_bfloat16>(a, s);
+}

@@ -1,0 +1,129 @@
+/*
+ * kernels/cuda/common.cuh — device helpers shared by the kernel files:
+ * 16-byte vectors of 8 bf16/f16 and their float conversions, the
+ * dispatch from loom_cuda_dt to a C++ element type, and block reductions.
+ * Internal to kernels/cuda; not part of the C API.
+ */
+#ifndef LOOM_CUDA_COMMON_CUH
+#define LOOM_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda_kernels.h"
+
+/* Run the statements with `E` bound to the element type of `dt`. */
+#define LOOM_CUDA_DISPATCH_DT(dt, ...)                                                             \
+    do {                                                                                           \
+        if ((dt) == LOOM_CUDA_F16) {                                                               \
+            typedef __half E;                                                                      \
+            __VA_ARGS__;                                                                           \
+        } else {                                                                                   \
+            typedef __nv_bfloat16 E;                                                               \
+            __VA_ARGS__;                                                                           \
+        }                                                                                          \
+    } while (0)
+
+template <typename T> struct lc_vec2;
+template <> struct lc_vec2<__nv_bfloat16> { typedef __nv_bfloat162 type; };
+template <> struct lc_vec2<__half> { typedef __half2 type; };
+
+__device__ __forceinline__ float lc_to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float lc_to_f(__half x) { return __half2float(x); }
+
+template <typename T> __device__ __forceinline__ T lc_from_f(float x);
+template <> __device__ __forceinline__ __nv_bfloat16 lc_from_f<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ __half lc_from_f<__half>(float x) {
+    return __float2half_rn(x);
+}
+
+/* Two floats -> one 32-bit register of two dt (low half = a). */
+template <typename T> __device__ __forceinline__ uint32_t lc_pack2(float a, float b);
+template <> __device__ __forceinline__ uint32_t lc_pack2<__nv_bfloat16>(float a, float b) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+template <> __device__ __forceinline__ uint32_t lc_pack2<__half>(float a, float b) {
+    __half2 v = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* 8 dt in a 16-byte vector <-> 8 floats. */
+template <typename T> __device__ __forceinline__ void lc_unpack8(const uint4 &v, float *f) {
+    const T *e = reinterpret_cast<const T *>(&v);
+#pragma unroll
+    for (int i = 0; i < 8; i++) f[i] = lc_to_f(e[i]);
+}
+
+template <typename T> __device__ __forceinline__ uint4 lc_pack8(const float *f) {
+    uint4 v;
+    v.x = lc_pack2<T>(f[0], f[1]);
+    v.y = lc_pack2<T>(f[2], f[3]);
+    v.z = lc_pack2<T>(f[4], f[5]);
+    v.w = lc_pack2<T>(f[6], f[7]);
+    return v;
+}
+
+/* 16-byte global loads: read-only path for data that is not written by
+ * the same kernel. */
+__device__ __forceinline__ uint4 lc_ldg16(const void *p) {
+    return __ldg(reinterpret_cast<const uint4 *>(p));
+}
+__device__ __forceinline__ void lc_stg16(void *p, uint4 v) { *reinterpret_cast<uint4 *>(p) = v; }
+
+/* Sum over the block (blockDim.x a multiple of 32, <= 1024). Every thread
+ * gets the result. `red` is __shared__ float[32]. */
+__device__ __forceinline__ float lc_block_sum(float v, float *red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nwarps = blockDim.x >> 5;
+    __syncthreads(); /* red may still be read by a previous call */
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = lane < nwarps ? red[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
+}
+
+static inline int lc_ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+/* ------------------------------------------ programmatic dependent launch
+ * Every kernel here is launched with programmatic stream serialisation
+ * (lc_launch), so its launch and CTA rasterisation overlap the tail of the
+ * kernel before it — in a decode step of ~320 small kernels that is most of
+ * the gap between them. Correctness rests on two lines at the top of every
+ * kernel: lc_pdl_wait() before the first global memory access (it returns
+ * once the previous grid has completed and its writes are visible; a no-op
+ * when launched without the attribute), then lc_pdl_trigger() to let the
+ * next kernel start launching. Captured into CUDA graphs as programmatic
+ * edges. */
+__device__ __forceinline__ void lc_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void lc_pdl_trigger() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+/* kern<<<grid, block, smem, s>>>(args...) with programmatic stream
+ * serialisation; returns the launch status. */
+template <typename... KArgs, typename... Args>
+static cudaError_t lc_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t s, Args... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kern, static_cast<KArgs>(args)...);
+}
+
+#endif

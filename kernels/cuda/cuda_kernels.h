@@ -1,0 +1,238 @@
+/*
+ * kernels/cuda/cuda_kernels.h — the CUDA kernels of a Llama-family forward
+ * pass (bf16 or f16 storage, float32 accumulation), behind a plain C API so
+ * the backend plugin, the GPU tests and the benchmark are ordinary C11.
+ *
+ * What this is: embedding gather, RMSNorm fused with the residual add (and
+ * with a row gather for the LM head), NeoX RoPE fused with the Qwen2 QKV bias
+ * and the KV-cache write through the slot mapping, paged attention over a
+ * flattened variable-length batch (one tensor-core kernel in a prefill shape
+ * and a decode shape, split-K over the keys merged by the last split —
+ * flash-decoding),
+ * SwiGLU, KV block copies (copy-on-write and swap to mapped host memory),
+ * and the linear layers: a streaming GEMV for batches of <= 8 rows, cuBLASLt
+ * (with a plan cache) above.
+ *
+ * What this is not: a tensor library. Every function takes raw device
+ * pointers with the shape in its comment — (T, H) means T rows of H
+ * elements, last dimension contiguous — and trusts its caller (the cuda
+ * backend plugin) to have validated indices. Functions enqueue work on the
+ * given stream and return the launch status (cudaGetLastError) without
+ * synchronising; they never exit and never allocate device memory, so each
+ * may be captured into a CUDA graph. Kernels are launched with programmatic
+ * dependent launch (each waits for its predecessor on the stream before
+ * touching memory), so back-to-back launches overlap their set-up.
+ *
+ * Element type: `loom_cuda_dt` picks bf16 or IEEE f16 for every tensor the
+ * comment calls "dt"; residual stream, norm weights, biases and RoPE tables
+ * are float32.
+ *
+ * KV cache layout (loom/backend.h): each of a layer's K and V pools is
+ *   (num_blocks, num_kv_heads, block_size, head_dim), head_dim contiguous,
+ * and token slot s lives in block s / block_size at offset s % block_size.
+ */
+#ifndef LOOM_CUDA_KERNELS_H
+#define LOOM_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Storage element type of activations, weights and the KV cache. */
+typedef enum loom_cuda_dt {
+    LOOM_CUDA_BF16 = 0,
+    LOOM_CUDA_F16 = 1,
+} loom_cuda_dt;
+
+/* Head dims the attention kernels are built for (the tensor-core tiles need
+ * a power of two, multiple of 16). */
+#define LOOM_CUDA_HEAD_DIM_OK(d) ((d) == 16 || (d) == 32 || (d) == 64 || (d) == 128)
+/* Query heads per KV head the attention kernels can pack into one tile. */
+#define LOOM_CUDA_MAX_GQA 64
+
+/* ------------------------------------------------------------ element-wise */
+
+/* x[t,:] = float(table[ids[t],:]).  x (T, H) float32; table (V, H) dt;
+ * ids (T) in [0, V). H % 8 == 0. */
+cudaError_t loom_cuda_embedding(loom_cuda_dt dt, float *x, const void *table, const int32_t *ids,
+                                int T, int H, cudaStream_t s);
+
+/* Residual add fused with RMSNorm. For output row i, input row j = rows ?
+ * rows[i] : i:
+ *   v = x[j,:] (+ r[j,:] when r != NULL)
+ *   y[i,:] = dt(v / sqrt(mean(v^2) + eps) * w)
+ * and, only when rows == NULL and r != NULL, x[j,:] = v (the residual
+ * stream advances). With rows != NULL (the LM-head gather) x is not written.
+ * x (., H) float32; r (., H) dt or NULL; w (H) float32; y (T, H) dt;
+ * rows (T) or NULL. H % 8 == 0. */
+cudaError_t loom_cuda_add_rmsnorm(loom_cuda_dt dt, void *y, float *x, const void *r,
+                                  const float *w, const int32_t *rows, int T, int H, float eps,
+                                  cudaStream_t s);
+
+/* SwiGLU over the fused gate|up GEMM output:
+ *   out[t,i] = dt(silu(gu[t,i]) * gu[t,I+i]),  silu(g) = g / (1 + e^-g).
+ * gu (T, 2I) dt; out (T, I) dt. I % 8 == 0. */
+cudaError_t loom_cuda_swiglu(loom_cuda_dt dt, void *out, const void *gu, int T, int I,
+                             cudaStream_t s);
+
+/* ------------------------------------------------------------------- RoPE */
+
+/* cos/sin table for positions [0, max_pos): cs[p][i] = (cos(p f_i),
+ * sin(p f_i)) computed in float64, stored float32. inv_freq (half) float64
+ * device; cs (max_pos, half, 2) float32. Run once at load. */
+cudaError_t loom_cuda_rope_table(float *cs, const double *inv_freq, int max_pos, int half,
+                                 cudaStream_t s);
+
+/* RoPE (NeoX: dims i and i + D/2 rotate together) fused with the QKV bias
+ * and the KV-cache write. qkv row t = [q (H, D) | k (KVH, D) | v (KVH, D)],
+ * ld elements apart. Per token t at position pos[t]:
+ *   q += bias_q; q = rope(q)             (in place in qkv)
+ *   k = rope(k + bias_k) -> k_cache[slot[t]],  v + bias_v -> v_cache[slot[t]]
+ * skipping the cache write when slot[t] < 0.
+ * qkv (T, ld) dt; bias (H*D + 2*KVH*D) float32 or NULL; cs from
+ * loom_cuda_rope_table (pos[t] < its max_pos); pos (T); slot (T) int64;
+ * k_cache, v_cache (num_blocks, KVH, block_size, D) dt. D % 16 == 0. */
+cudaError_t loom_cuda_rope_kv(loom_cuda_dt dt, void *qkv, int ld, const float *bias,
+                              const float *cs, const int32_t *pos, const int64_t *slot,
+                              void *k_cache, void *v_cache, int T, int H, int KVH, int D,
+                              int block_size, cudaStream_t s);
+
+/* -------------------------------------------------------------- attention */
+
+/* One attention work tile: `ntok` consecutive query tokens of sequence
+ * `seq`, starting at flattened token index `tok0`. All tokens of a tile
+ * belong to one sequence. 16 bytes so the host can pack them as int32x4. */
+typedef struct loom_cuda_attn_tile {
+    int32_t seq;   /* row of the block table                                */
+    int32_t tok0;  /* first query token (index into positions, q, out)      */
+    int32_t ntok;  /* tokens; ntok * G <= rows of the kernel shape; 0 = idle */
+    int32_t pad;
+} loom_cuda_attn_tile;
+
+/* The two shapes of the attention kernel. A tile's rows are (token, query
+ * head of the KV group) pairs, token-major: row r is token tok0 + r / G,
+ * head kvh * G + r % G, so one CTA reads each K/V row once for all G query
+ * heads sharing it (GQA/MQA packing).
+ *   DECODE : 16 rows, the 4 warps split the keys between them (a tile is one
+ *            decode token, or a few verify tokens, times G heads);
+ *   PREFILL: 64 rows, the 4 warps split the rows and share the keys. */
+typedef enum loom_cuda_attn_shape {
+    LOOM_CUDA_ATTN_DECODE = 0,
+    LOOM_CUDA_ATTN_PREFILL = 1,
+} loom_cuda_attn_shape;
+
+/* Rows (token x head pairs) one tile of `shape` holds. */
+int loom_cuda_attn_rows(loom_cuda_attn_shape shape);
+
+/* Arguments of loom_cuda_attention. Device pointers unless stated. */
+typedef struct loom_cuda_attn_args {
+    loom_cuda_dt dt;
+    loom_cuda_attn_shape shape;
+    void *out;                     /* (T, H*D) dt, row stride ldo elements      */
+    int ldo;
+    const void *q;                 /* (T, H*D) dt (RoPE applied), stride ldq    */
+    int ldq;
+    const void *k_cache;           /* (num_blocks, KVH, block_size, D) dt       */
+    const void *v_cache;
+    const int32_t *block_table;    /* (S, *bt_stride) block ids                 */
+    const int32_t *bt_stride;      /* device int: entries per block-table row   */
+    const int32_t *positions;      /* (T) position of each token in its seq     */
+    const loom_cuda_attn_tile *tiles; /* (num_tiles)                            */
+    int num_tiles;
+    int num_heads, num_kv_heads, head_dim, block_size;
+    float scale;                   /* softmax scale, 1/sqrt(D)                  */
+    int max_splits;                /* >= 1: key partitions per (tile, kv head)  */
+    float *partial;                /* split-K workspace; >= loom_cuda_attn_workspace_floats */
+    int *sem;                      /* split-K counters, >= num_tiles * KVH ints;
+                                      zero before the first call, left zero */
+} loom_cuda_attn_args;
+
+/* Causal paged attention: every query row attends to keys 0..pos of its
+ * sequence, read through the block table. A (tile, kv head) is split over
+ * up to max_splits CTAs by key range (the split count is decided on the
+ * device from the tile's context length, so one captured graph serves any
+ * context); the last split of each (tile, kv head) to finish merges the
+ * partial results (one kernel launch in all).
+ * Head dim must satisfy LOOM_CUDA_HEAD_DIM_OK, num_heads / num_kv_heads <=
+ * rows of the shape. */
+cudaError_t loom_cuda_attention(const loom_cuda_attn_args *a, cudaStream_t s);
+
+/* Floats of split-K workspace loom_cuda_attention needs for `num_tiles`
+ * tiles of `shape` with `max_splits` (0 when max_splits <= 1). */
+size_t loom_cuda_attn_workspace_floats(loom_cuda_attn_shape shape, int num_tiles,
+                                       int num_kv_heads, int head_dim, int max_splits);
+
+/* CTAs of `shape` one multiprocessor runs at once (occupancy with the
+ * kernel's shared memory and registers); 0 on error. Host-only; call it
+ * outside graph capture (it may set the kernel's shared-memory limit). */
+int loom_cuda_attn_ctas_per_sm(loom_cuda_dt dt, loom_cuda_attn_shape shape, int head_dim);
+
+/* Process-wide knob for benchmarks: build the prefill shape for 2 (default,
+ * no register spills) or 3 CTAs per SM. Not thread-safe; set it before any
+ * attention call. */
+void loom_cuda_attn_set_prefill_ctas(int ctas_per_sm);
+/* Likewise: pipeline depth of the decode shape, 2 or 3 (default). */
+void loom_cuda_attn_set_decode_stages(int stages);
+
+/* Split-K bound for a launch of num_tiles tiles: as many key splits as fill
+ * one wave of `resident` CTAs (num_SMs x ctas_per_sm), at most 64, at least
+ * 1 — a partial second wave costs as much as a full one. */
+int loom_cuda_attn_max_splits(int num_tiles, int num_kv_heads, int resident);
+
+/* The split plan both kernels share: a tile whose longest row sees kv_len
+ * keys is cut into *splits ranges of *chunk keys (the last shorter). */
+void loom_cuda_attn_split_plan(loom_cuda_attn_shape shape, int kv_len, int max_splits,
+                               int *splits, int *chunk);
+
+/* ------------------------------------------------------------- KV blocks */
+
+/* Copy whole blocks between pools: for pair i = {src, dst} and pool p,
+ *   dst_pools[p] + dst * block_bytes <- src_pools[p] + src * block_bytes.
+ * src_pools, dst_pools: device arrays of npools pointers (device memory or
+ * mapped pinned host memory); pairs (npairs, 2) device int32.
+ * block_bytes % 16 == 0. One launch for every pair and pool. */
+cudaError_t loom_cuda_copy_blocks(void *const *src_pools, void *const *dst_pools, int npools,
+                                  const int32_t *pairs, int npairs, size_t block_bytes,
+                                  cudaStream_t s);
+
+/* ------------------------------------------------------------------ GEMM */
+
+/* y (M, N) = x (M, K) @ w^T through cuBLASLt, bf16/f16 operands, float32
+ * accumulation; w (N, K) row-major (PyTorch's (out, in)). The output is dt,
+ * or float32 when out_f32. M <= 8 runs a streaming GEMV kernel; larger M
+ * cuBLASLt, whose plans (descriptors + heuristic algorithm) are cached per
+ * (M, N, K, output type). One context per backend instance; not
+ * thread-safe. */
+typedef struct loom_cuda_gemm loom_cuda_gemm;
+
+/* workspace_bytes of device memory is allocated for cuBLASLt (32 MiB is
+ * what NVIDIA recommends on Hopper). On failure returns a cuBLAS/CUDA
+ * status code in *code and a short reason in msg. */
+loom_cuda_gemm *loom_cuda_gemm_create(size_t workspace_bytes, int *code, char *msg,
+                                      size_t msg_size);
+void loom_cuda_gemm_destroy(loom_cuda_gemm *g);
+/* Returns 0 on success, else a cuBLAS status (or CUDA error + 10000) with a
+ * reason in msg (may be NULL). Capturable into a CUDA graph. */
+int loom_cuda_gemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, int N, int K,
+                       const void *x, const void *w, void *y, cudaStream_t s, char *msg,
+                       size_t msg_size);
+
+/* Batches of at most max_m rows (0..8; default 8) run the streaming GEMV
+ * kernel instead of cuBLASLt (benchmarks compare the two). */
+void loom_cuda_gemm_set_gemv_max_m(loom_cuda_gemm *g, int max_m);
+/* On: the first call of a shape times cuBLASLt's top heuristic candidates
+ * on its own operands and keeps the fastest (skipped while the stream is
+ * being captured: the heuristic's first pick is used then), synchronising
+ * the stream once per shape. Off by default: on an H200 it gained nothing
+ * measurable over the heuristic's first pick for Llama-3-8B shapes. */
+void loom_cuda_gemm_set_autotune(loom_cuda_gemm *g, int on);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_CUDA_KERNELS_H */

@@ -1,0 +1,305 @@
+/*
+ * kernels/cuda/elementwise.cu — the memory-bound kernels of the forward
+ * pass: embedding gather, residual add + RMSNorm (optionally gathering the
+ * LM-head rows), SwiGLU, the RoPE cos/sin table, RoPE fused with the QKV
+ * bias and the KV-cache write, and whole-block KV copies.
+ *
+ * Every kernel moves 16-byte vectors (8 bf16/f16, or 4 floats twice) so a
+ * warp reads 512 contiguous bytes per instruction; widths are multiples of
+ * 8 elements (checked by the backend at load). One CTA per token row for
+ * the row-wise kernels: a row of a Llama hidden state is 4-16 KB, enough
+ * work for one CTA, and the grid has T CTAs — for a batch-1 decode step
+ * these kernels are a few microseconds, so launch count matters more than
+ * occupancy (they run inside a CUDA graph in decode).
+ */
+#include "common.cuh"
+
+#include <math.h>
+
+/* ------------------------------------------------------------- embedding */
+
+/* x (T, H) f32 <- table (V, H) dt rows ids (T). grid T, block 128. */
+template <typename T>
+__global__ void lc_embedding_kernel(float *__restrict__ x, const T *__restrict__ table,
+                                    const int32_t *__restrict__ ids, int H) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int t = blockIdx.x;
+    const T *src = table + (size_t)ids[t] * H;
+    float *dst = x + (size_t)t * H;
+    for (int c = threadIdx.x; c < H / 8; c += blockDim.x) {
+        float f[8];
+        lc_unpack8<T>(lc_ldg16(src + c * 8), f);
+        float4 *d = reinterpret_cast<float4 *>(dst + c * 8);
+        d[0] = make_float4(f[0], f[1], f[2], f[3]);
+        d[1] = make_float4(f[4], f[5], f[6], f[7]);
+    }
+}
+
+extern "C" cudaError_t loom_cuda_embedding(loom_cuda_dt dt, float *x, const void *table,
+                                           const int32_t *ids, int T, int H, cudaStream_t s) {
+    if (T <= 0) return cudaSuccess;
+    cudaError_t e;
+    LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_embedding_kernel<E>, dim3(T), dim3(128), 0, s, x,
+                                            static_cast<const E *>(table), ids, H));
+    return e;
+}
+
+/* ------------------------------------------------------ add + RMSNorm */
+
+/* Chunks of 8 elements a thread keeps in registers: with up to 1024
+ * threads, rows up to 4 * 8 * 1024 = 32768 wide. */
+#define LC_NORM_MAXC 4
+
+/* One CTA per output row i (input row j = rows ? rows[i] : i):
+ * v = x[j] (+ r[j]); y[i] = v * rsqrt(mean(v^2) + eps) * w; x[j] = v when
+ * writing back. v stays in registers between the two phases.
+ * x (., H) f32; r (., H) dt or NULL; w (H) f32; y (T, H) dt. */
+template <typename T>
+__global__ void lc_add_rmsnorm_kernel(T *__restrict__ y, float *__restrict__ x,
+                                      const T *__restrict__ r, const float *__restrict__ w,
+                                      const int32_t *__restrict__ rows, int H, float eps) {
+    __shared__ float red[32];
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int i = blockIdx.x;
+    const int j = rows ? rows[i] : i;
+    const int nc = H / 8;
+    float *xr = x + (size_t)j * H;
+    const T *rr = r ? r + (size_t)j * H : nullptr;
+    const bool write_x = r && !rows;
+    float v[LC_NORM_MAXC][8];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < LC_NORM_MAXC; k++) {
+        const int c = threadIdx.x + k * blockDim.x;
+        if (c < nc) {
+            const float4 a = reinterpret_cast<const float4 *>(xr + c * 8)[0];
+            const float4 b = reinterpret_cast<const float4 *>(xr + c * 8)[1];
+            v[k][0] = a.x, v[k][1] = a.y, v[k][2] = a.z, v[k][3] = a.w;
+            v[k][4] = b.x, v[k][5] = b.y, v[k][6] = b.z, v[k][7] = b.w;
+            if (rr) {
+                float f[8];
+                lc_unpack8<T>(lc_ldg16(rr + c * 8), f);
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[k][e] += f[e];
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++) ss += v[k][e] * v[k][e];
+        }
+    }
+    ss = lc_block_sum(ss, red);
+    const float inv = rsqrtf(ss / (float)H + eps);
+    T *yr = y + (size_t)i * H;
+#pragma unroll
+    for (int k = 0; k < LC_NORM_MAXC; k++) {
+        const int c = threadIdx.x + k * blockDim.x;
+        if (c < nc) {
+            const float4 w0 = __ldg(reinterpret_cast<const float4 *>(w + c * 8));
+            const float4 w1 = __ldg(reinterpret_cast<const float4 *>(w + c * 8) + 1);
+            const float wf[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+            if (write_x) {
+                float4 *d = reinterpret_cast<float4 *>(xr + c * 8);
+                d[0] = make_float4(v[k][0], v[k][1], v[k][2], v[k][3]);
+                d[1] = make_float4(v[k][4], v[k][5], v[k][6], v[k][7]);
+            }
+            float o[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) o[e] = v[k][e] * inv * wf[e];
+            lc_stg16(yr + c * 8, lc_pack8<T>(o));
+        }
+    }
+}
+
+extern "C" cudaError_t loom_cuda_add_rmsnorm(loom_cuda_dt dt, void *y, float *x, const void *r,
+                                             const float *w, const int32_t *rows, int T, int H,
+                                             float eps, cudaStream_t s) {
+    if (T <= 0) return cudaSuccess;
+    const int nc = H / 8;
+    /* one 8-element chunk per thread where the row allows (a decode step has
+     * a single row: spread it over as many threads as possible) */
+    int threads = ((nc + 31) / 32) * 32;
+    if (threads < 64) threads = 64;
+    if (threads > 1024) threads = 1024;
+    if (H % 8 || nc > threads * LC_NORM_MAXC) return cudaErrorInvalidValue;
+    cudaError_t e;
+    LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_add_rmsnorm_kernel<E>, dim3(T), dim3(threads), 0, s,
+                                            static_cast<E *>(y), x, static_cast<const E *>(r), w,
+                                            rows, H, eps));
+    return e;
+}
+
+/* ----------------------------------------------------------------- SwiGLU */
+
+/* out (T, I) = silu(gu[:, :I]) * gu[:, I:]; grid-stride over 8-element chunks. */
+template <typename T>
+__global__ void lc_swiglu_kernel(T *__restrict__ out, const T *__restrict__ gu, int T_, int I) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int nc = I / 8;
+    const size_t total = (size_t)T_ * nc;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = idx / nc;
+        const int c = (int)(idx - t * nc);
+        const T *g = gu + t * 2 * (size_t)I + c * 8;
+        float gf[8], uf[8], o[8];
+        lc_unpack8<T>(lc_ldg16(g), gf);
+        lc_unpack8<T>(lc_ldg16(g + I), uf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) o[e] = gf[e] / (1.0f + __expf(-gf[e])) * uf[e];
+        lc_stg16(out + t * I + c * 8, lc_pack8<T>(o));
+    }
+}
+
+extern "C" cudaError_t loom_cuda_swiglu(loom_cuda_dt dt, void *out, const void *gu, int T, int I,
+                                        cudaStream_t s) {
+    if (T <= 0) return cudaSuccess;
+    if (I % 8) return cudaErrorInvalidValue;
+    const size_t chunks = (size_t)T * (I / 8);
+    size_t blocks = (chunks + 255) / 256;
+    if (blocks > 132 * 16) blocks = 132 * 16; /* grid-stride beyond a few waves */
+    cudaError_t e;
+    LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_swiglu_kernel<E>, dim3((unsigned)blocks), dim3(256),
+                                            0, s, static_cast<E *>(out),
+                                            static_cast<const E *>(gu), T, I));
+    return e;
+}
+
+/* ------------------------------------------------------------ RoPE table */
+
+/* cs (max_pos, half, 2) = cos/sin(p * inv_freq[i]) in float64. */
+__global__ void lc_rope_table_kernel(float *__restrict__ cs, const double *__restrict__ inv_freq,
+                                     int max_pos, int half) {
+    const size_t total = (size_t)max_pos * half;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        const size_t p = idx / half;
+        const int i = (int)(idx - p * half);
+        double sn, cn;
+        sincos((double)p * inv_freq[i], &sn, &cn);
+        cs[2 * idx] = (float)cn;
+        cs[2 * idx + 1] = (float)sn;
+    }
+}
+
+extern "C" cudaError_t loom_cuda_rope_table(float *cs, const double *inv_freq, int max_pos,
+                                            int half, cudaStream_t s) {
+    if (max_pos <= 0 || half <= 0) return cudaSuccess;
+    const size_t total = (size_t)max_pos * half;
+    size_t blocks = (total + 255) / 256;
+    if (blocks > 65535) blocks = 65535;
+    lc_rope_table_kernel<<<(unsigned)blocks, 256, 0, s>>>(cs, inv_freq, max_pos, half);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------ RoPE + KV write */
+
+/* One CTA per token. Work units: (H + KVH) * D/16 rotations of 8 pairs
+ * (q heads, then k heads), then KVH * D/8 copies of 8 V elements.
+ * qkv (T, ld) dt; bias (H*D + 2 KVH*D) f32 or NULL; cs (max_pos, D/2, 2). */
+template <typename T>
+__global__ void lc_rope_kv_kernel(T *__restrict__ qkv, int ld, const float *__restrict__ bias,
+                                  const float *__restrict__ cs, const int32_t *__restrict__ pos,
+                                  const int64_t *__restrict__ slot, T *__restrict__ kc,
+                                  T *__restrict__ vc, int H, int KVH, int D, int bs) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int t = blockIdx.x;
+    const int half = D / 2;
+    const int p = pos[t];
+    const int64_t sl = slot[t];
+    const int64_t blk = sl >= 0 ? sl / bs : 0, off = sl >= 0 ? sl % bs : 0;
+    T *row = qkv + (size_t)t * ld;
+    const int cph = D / 16; /* rotation units per head */
+    const int nrot = (H + KVH) * cph;
+    const int nv = KVH * (D / 8);
+    for (int u = threadIdx.x; u < nrot + nv; u += blockDim.x) {
+        if (u < nrot) {
+            const int hh = u / cph, i0 = (u - hh * cph) * 8;
+            T *xa = row + hh * D + i0;
+            float a[8], b[8];
+            lc_unpack8<T>(*reinterpret_cast<const uint4 *>(xa), a);
+            lc_unpack8<T>(*reinterpret_cast<const uint4 *>(xa + half), b);
+            if (bias) {
+                const float *ba = bias + hh * D + i0;
+#pragma unroll
+                for (int e = 0; e < 8; e++) a[e] += ba[e], b[e] += ba[half + e];
+            }
+            const float4 *c4 = reinterpret_cast<const float4 *>(cs + ((size_t)p * half + i0) * 2);
+            float cn[8], sn[8];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float4 q = __ldg(c4 + e);
+                cn[2 * e] = q.x, sn[2 * e] = q.y, cn[2 * e + 1] = q.z, sn[2 * e + 1] = q.w;
+            }
+            float ra[8], rb[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                ra[e] = a[e] * cn[e] - b[e] * sn[e];
+                rb[e] = b[e] * cn[e] + a[e] * sn[e];
+            }
+            if (hh < H) {
+                *reinterpret_cast<uint4 *>(xa) = lc_pack8<T>(ra);
+                *reinterpret_cast<uint4 *>(xa + half) = lc_pack8<T>(rb);
+            } else if (sl >= 0) {
+                T *dst = kc + (((size_t)blk * KVH + (hh - H)) * bs + off) * D + i0;
+                *reinterpret_cast<uint4 *>(dst) = lc_pack8<T>(ra);
+                *reinterpret_cast<uint4 *>(dst + half) = lc_pack8<T>(rb);
+            }
+        } else if (sl >= 0) {
+            const int v = u - nrot;
+            const int kh = v / (D / 8), i0 = (v - kh * (D / 8)) * 8;
+            const int col = (H + KVH + kh) * D + i0;
+            uint4 val = *reinterpret_cast<const uint4 *>(row + col);
+            if (bias) {
+                float f[8];
+                lc_unpack8<T>(val, f);
+#pragma unroll
+                for (int e = 0; e < 8; e++) f[e] += bias[col + e];
+                val = lc_pack8<T>(f);
+            }
+            *reinterpret_cast<uint4 *>(vc + (((size_t)blk * KVH + kh) * bs + off) * D + i0) = val;
+        }
+    }
+}
+
+extern "C" cudaError_t loom_cuda_rope_kv(loom_cuda_dt dt, void *qkv, int ld, const float *bias,
+                                         const float *cs, const int32_t *pos, const int64_t *slot,
+                                         void *k_cache, void *v_cache, int T, int H, int KVH,
+                                         int D, int block_size, cudaStream_t s) {
+    if (T <= 0) return cudaSuccess;
+    if (D % 16 || ld % 8) return cudaErrorInvalidValue;
+    cudaError_t e;
+    LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_rope_kv_kernel<E>, dim3(T), dim3(128), 0, s,
+                                            static_cast<E *>(qkv), ld, bias, cs, pos, slot,
+                                            static_cast<E *>(k_cache), static_cast<E *>(v_cache),
+                                            H, KVH, D, block_size));
+    return e;
+}
+
+/* ------------------------------------------------------------- KV blocks */
+
+/* grid (npairs, npools): CTA copies one block of one pool in 16-B words. */
+__global__ void lc_copy_blocks_kernel(void *const *__restrict__ src_pools,
+                                      void *const *__restrict__ dst_pools,
+                                      const int32_t *__restrict__ pairs, size_t block_bytes) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int i = blockIdx.x, p = blockIdx.y;
+    const size_t n16 = block_bytes / 16;
+    const uint4 *src = reinterpret_cast<const uint4 *>(
+        static_cast<const char *>(src_pools[p]) + (size_t)pairs[2 * i] * block_bytes);
+    uint4 *dst = reinterpret_cast<uint4 *>(static_cast<char *>(dst_pools[p]) +
+                                           (size_t)pairs[2 * i + 1] * block_bytes);
+    for (size_t k = threadIdx.x; k < n16; k += blockDim.x) dst[k] = src[k];
+}
+
+extern "C" cudaError_t loom_cuda_copy_blocks(void *const *src_pools, void *const *dst_pools,
+                                             int npools, const int32_t *pairs, int npairs,
+                                             size_t block_bytes, cudaStream_t s) {
+    if (npairs <= 0 || npools <= 0) return cudaSuccess;
+    if (block_bytes % 16 || npools > 65535) return cudaErrorInvalidValue;
+    return lc_launch(lc_copy_blocks_kernel, dim3((unsigned)npairs, (unsigned)npools), dim3(256), 0,
+                     s, src_pools, dst_pools, pairs, block_bytes);
+}

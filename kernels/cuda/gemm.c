@@ -1,0 +1,242 @@
+/*
+ * kernels/cuda/gemm.c — the linear layers: y (M, N) = x (M, K) @ w^T with
+ * bf16/f16 operands and float32 accumulation, through cuBLASLt.
+ *
+ * Row-major y = x w^T is column-major y^T = w x^T: cuBLASLt sees A = w as a
+ * (K, N) column-major matrix used transposed, B = x as (K, M) column-major,
+ * D = y^T as (N, M) with ld N — the "TN" GEMM every cuBLAS kernel family
+ * serves best. Descriptors and the heuristic's algorithm are cached per
+ * (M, N, K, dt, output type) in a small table (round-robin replacement), so
+ * a decode step or a replayed CUDA graph pays for no heuristic query. The
+ * workspace is allocated once; no call allocates, so every call may be
+ * captured into a CUDA graph. Small batches (M <= gemv_max_m, default 8)
+ * go to the streaming GEMV of gemv.cu instead, which reads the weights
+ * closer to copy bandwidth than cuBLASLt's picks at those shapes.
+ */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include "cuda_kernels.h"
+#include "gemv.h"
+
+#define LC_GEMM_CACHE 96
+
+typedef struct lc_gemm_plan {
+    bool valid;
+    int m, n, k, dt, out_f32;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} lc_gemm_plan;
+
+struct loom_cuda_gemm {
+    cublasLtHandle_t lt;
+    void *ws;
+    size_t ws_bytes;
+    lc_gemm_plan plans[LC_GEMM_CACHE];
+    int next;       /* round-robin victim                          */
+    int gemv_max_m; /* M at or below which gemv.cu runs (0 = never) */
+    int autotune;   /* time the heuristic's candidates on first use */
+};
+
+#define LC_GEMM_CANDIDATES 8
+
+static void lc_plan_free(lc_gemm_plan *p) {
+    if (!p->valid) return;
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    memset(p, 0, sizeof *p);
+}
+
+static void lc_msg(char *msg, size_t n, const char *fmt, const char *what, int code) {
+    if (msg && n) snprintf(msg, n, fmt, what, code);
+}
+
+loom_cuda_gemm *loom_cuda_gemm_create(size_t workspace_bytes, int *code, char *msg,
+                                      size_t msg_size) {
+    loom_cuda_gemm *g = calloc(1, sizeof *g);
+    if (!g) {
+        if (code) *code = CUBLAS_STATUS_ALLOC_FAILED;
+        lc_msg(msg, msg_size, "%s (%d)", "out of host memory for the GEMM context", 0);
+        return NULL;
+    }
+    cublasStatus_t st = cublasLtCreate(&g->lt);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        if (code) *code = (int)st;
+        lc_msg(msg, msg_size, "%s failed with cuBLAS status %d", "cublasLtCreate", (int)st);
+        free(g);
+        return NULL;
+    }
+    if (workspace_bytes) {
+        cudaError_t e = cudaMalloc(&g->ws, workspace_bytes);
+        if (e != cudaSuccess) {
+            if (code) *code = 10000 + (int)e;
+            lc_msg(msg, msg_size, "%s failed with CUDA error %d", "cudaMalloc(GEMM workspace)",
+                   (int)e);
+            cublasLtDestroy(g->lt);
+            free(g);
+            return NULL;
+        }
+        g->ws_bytes = workspace_bytes;
+    }
+    g->gemv_max_m = LC_GEMV_MAX_M;
+    g->autotune = 0; /* measured on an H200: no gain over the heuristic's pick */
+    if (code) *code = 0;
+    return g;
+}
+
+void loom_cuda_gemm_destroy(loom_cuda_gemm *g) {
+    if (!g) return;
+    for (int i = 0; i < LC_GEMM_CACHE; i++) lc_plan_free(&g->plans[i]);
+    if (g->ws) cudaFree(g->ws);
+    cublasLtDestroy(g->lt);
+    free(g);
+}
+
+/* Median-of-3 time (ms) of one algorithm on the caller's operands; a
+ * negative value when it cannot run. */
+static float lc_time_algo(loom_cuda_gemm *g, lc_gemm_plan *p, const cublasLtMatmulAlgo_t *algo,
+                          const void *x, const void *w, void *y, cudaStream_t s,
+                          cudaEvent_t e0, cudaEvent_t e1) {
+    const float alpha = 1.0f, beta = 0.0f;
+    float t[3];
+    for (int i = -1; i < 3; i++) {
+        if (cudaEventRecord(e0, s) != cudaSuccess) return -1;
+        if (cublasLtMatmul(g->lt, p->op, &alpha, w, p->la, x, p->lb, &beta, y, p->lc, y, p->lc,
+                           algo, g->ws, g->ws_bytes, s) != CUBLAS_STATUS_SUCCESS)
+            return -1;
+        if (cudaEventRecord(e1, s) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess)
+            return -1;
+        if (i >= 0 && cudaEventElapsedTime(&t[i], e0, e1) != cudaSuccess) return -1;
+    }
+    float a = t[0] < t[1] ? t[0] : t[1], b = t[0] < t[1] ? t[1] : t[0];
+    return t[2] < a ? a : t[2] > b ? b : t[2];
+}
+
+/* Build descriptors and pick an algorithm for one shape: the heuristic's
+ * first choice, or — when autotuning and the stream is not being captured
+ * into a graph — the fastest of its first LC_GEMM_CANDIDATES, timed once on
+ * the caller's operands (y is overwritten by the trials; the real call
+ * follows). The heuristic's first pick at M = 64 was measured well off the
+ * GEMM ceiling on an H200. */
+static int lc_plan_make(loom_cuda_gemm *g, lc_gemm_plan *p, loom_cuda_dt dt, int out_f32, int M,
+                        int N, int K, const void *x, const void *w, void *y, cudaStream_t stream,
+                        char *msg, size_t msg_size) {
+    cudaDataType_t ab = dt == LOOM_CUDA_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    cudaDataType_t cd = out_f32 ? CUDA_R_32F : ab;
+    cublasStatus_t st;
+    const char *what = "cublasLtMatmulDescCreate";
+    memset(p, 0, sizeof *p);
+    p->valid = true; /* so lc_plan_free releases what was made on failure */
+    if ((st = cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) goto fail;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    what = "cublasLtMatmulDescSetAttribute";
+    if ((st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
+        (st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)))
+        goto fail;
+    what = "cublasLtMatrixLayoutCreate";
+    if ((st = cublasLtMatrixLayoutCreate(&p->la, ab, (uint64_t)K, (uint64_t)N, (int64_t)K)) ||
+        (st = cublasLtMatrixLayoutCreate(&p->lb, ab, (uint64_t)K, (uint64_t)M, (int64_t)K)) ||
+        (st = cublasLtMatrixLayoutCreate(&p->lc, cd, (uint64_t)N, (uint64_t)M, (int64_t)N)))
+        goto fail;
+
+    cublasLtMatmulPreference_t pref = NULL;
+    what = "cublasLtMatmulPreferenceCreate";
+    if ((st = cublasLtMatmulPreferenceCreate(&pref))) goto fail;
+    size_t ws = g->ws_bytes;
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                              sizeof ws);
+    cublasLtMatmulHeuristicResult_t res[LC_GEMM_CANDIDATES];
+    int found = 0;
+    memset(res, 0, sizeof res);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->la, p->lb, p->lc, p->lc, pref,
+                                            LC_GEMM_CANDIDATES, res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    what = "cublasLtMatmulAlgoGetHeuristic";
+    if (st) goto fail;
+    if (found < 1) {
+        st = CUBLAS_STATUS_NOT_SUPPORTED;
+        what = "cublasLtMatmulAlgoGetHeuristic (no algorithm for this shape)";
+        goto fail;
+    }
+    p->algo = res[0].algo;
+    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (g->autotune && found > 1 && x && w && y &&
+        cudaStreamIsCapturing(stream, &cap) == cudaSuccess && cap == cudaStreamCaptureStatusNone) {
+        cudaEvent_t e0 = NULL, e1 = NULL;
+        if (cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
+            float best = -1;
+            for (int i = 0; i < found; i++) {
+                if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+                float t = lc_time_algo(g, p, &res[i].algo, x, w, y, stream, e0, e1);
+                if (t > 0 && (best < 0 || t < best)) best = t, p->algo = res[i].algo;
+            }
+        }
+        if (e0) cudaEventDestroy(e0);
+        if (e1) cudaEventDestroy(e1);
+        (void)cudaGetLastError(); /* a candidate that failed to run is not an error */
+    }
+    p->m = M, p->n = N, p->k = K, p->dt = (int)dt, p->out_f32 = out_f32;
+    return 0;
+
+fail:
+    if (msg && msg_size)
+        snprintf(msg, msg_size, "%s failed with cuBLAS status %d for GEMM M=%d N=%d K=%d", what,
+                 (int)st, M, N, K);
+    lc_plan_free(p);
+    return (int)st ? (int)st : 1;
+}
+
+int loom_cuda_gemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, int N, int K,
+                       const void *x, const void *w, void *y, cudaStream_t s, char *msg,
+                       size_t msg_size) {
+    if (M <= 0) return 0;
+    out_f32 = out_f32 ? 1 : 0;
+    if (M <= g->gemv_max_m && K % 8 == 0) {
+        cudaError_t e = lc_gemv(dt, out_f32, M, N, K, x, w, y, s);
+        if (e != cudaSuccess && msg && msg_size)
+            snprintf(msg, msg_size, "gemv kernel launch failed for M=%d N=%d K=%d: %s", M, N, K,
+                     cudaGetErrorString(e));
+        return e == cudaSuccess ? 0 : 10000 + (int)e;
+    }
+    lc_gemm_plan *p = NULL;
+    for (int i = 0; i < LC_GEMM_CACHE; i++) {
+        lc_gemm_plan *c = &g->plans[i];
+        if (c->valid && c->m == M && c->n == N && c->k == K && c->dt == (int)dt &&
+            c->out_f32 == out_f32) {
+            p = c;
+            break;
+        }
+    }
+    if (!p) {
+        p = &g->plans[g->next];
+        g->next = (g->next + 1) % LC_GEMM_CACHE;
+        lc_plan_free(p);
+        int rc = lc_plan_make(g, p, dt, out_f32, M, N, K, x, w, y, s, msg, msg_size);
+        if (rc) return rc;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    cublasStatus_t st = cublasLtMatmul(g->lt, p->op, &alpha, w, p->la, x, p->lb, &beta, y, p->lc,
+                                       y, p->lc, &p->algo, g->ws, g->ws_bytes, s);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        if (msg && msg_size)
+            snprintf(msg, msg_size, "cublasLtMatmul failed with cuBLAS status %d for GEMM M=%d "
+                     "N=%d K=%d", (int)st, M, N, K);
+        return (int)st;
+    }
+    return 0;
+}
+
+void loom_cuda_gemm_set_gemv_max_m(loom_cuda_gemm *g, int max_m) {
+    g->gemv_max_m = max_m < 0 ? 0 : max_m > LC_GEMV_MAX_M ? LC_GEMV_MAX_M : max_m;
+}
+
+void loom_cuda_gemm_set_autotune(loom_cuda_gemm *g, int on) { g->autotune = on ? 1 : 0; }

@@ -1,0 +1,25 @@
+/*
+ * kernels/cuda/gemv.h — internal: the small-batch linear kernel (gemv.cu)
+ * that loom_cuda_gemm_run (gemm.c) uses instead of cuBLASLt when M is at
+ * most LC_GEMV_MAX_M. Not part of the C API.
+ */
+#ifndef LOOM_CUDA_GEMV_H
+#define LOOM_CUDA_GEMV_H
+
+#include "cuda_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LC_GEMV_MAX_M 8
+
+/* y (M, N) = x (M, K) @ w^T; M in [1, LC_GEMV_MAX_M], K % 8 == 0, rows
+ * 16-byte aligned; y dt or float32 (out_f32). */
+cudaError_t lc_gemv(loom_cuda_dt dt, int out_f32, int M, int N, int K, const void *x,
+                    const void *w, void *y, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

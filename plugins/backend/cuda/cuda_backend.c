@@ -1,0 +1,462 @@
+/*
+ * plugins/backend/cuda/cuda_backend.c — the "cuda" backend component: a
+ * Llama-family forward pass on one NVIDIA GPU (bf16/f16 storage, float32
+ * accumulation), built from kernels/cuda and cuBLASLt.
+ *
+ * This file holds the descriptor and parameter table, instance lifetime
+ * (one non-default stream, one cuBLASLt context per instance, so two
+ * instances coexist in a process), memory reporting, the KV pools (one
+ * cudaMalloc per layer for K and one for V, in loom/backend.h's layout, and
+ * an optional pinned, device-mapped host pool for swapping) and the block
+ * copies. Weight loading is in cuda_load.c, the forward pass in
+ * cuda_forward.c.
+ *
+ * What it refuses to be: a quantized-kernel backend (yet) — a quantizer
+ * that plans any format but NONE fails load() naming the tensor — and a
+ * multi-GPU one (executors do that). Built for sm_90a (Hopper) only.
+ */
+#include "cuda_backend.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *const cb_dtype_choices[] = {"bf16", "f16", NULL};
+
+static const loom_param cb_params[] = {
+    {.key = "device", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, device),
+     .default_value = "0", .min = 0, .max = 1023, .doc = "CUDA device ordinal"},
+    {.key = "dtype", .type = LOOM_PARAM_ENUM, .offset = offsetof(cuda_backend_config, dtype),
+     .default_value = "bf16", .min = 1, .max = 0, .choices = cb_dtype_choices,
+     .doc = "storage type of weights, activations and the KV cache (accumulation is float32)"},
+    {.key = "cuda_graphs", .type = LOOM_PARAM_BOOL,
+     .offset = offsetof(cuda_backend_config, cuda_graphs), .default_value = "true",
+     .doc = "capture pure decode steps per batch bucket (1..256) as CUDA graphs and replay them"},
+    {.key = "max_graph_batch", .type = LOOM_PARAM_INT,
+     .offset = offsetof(cuda_backend_config, max_graph_batch), .default_value = "256", .min = 1,
+     .max = 256, .doc = "largest decode batch run through a CUDA graph; larger steps run eagerly"},
+    {.key = "max_batched_tokens", .type = LOOM_PARAM_INT,
+     .offset = offsetof(cuda_backend_config, max_batched_tokens), .default_value = "8192",
+     .min = 1, .max = 1 << 20,
+     .doc = "most query tokens one forward step may carry (sizes the device work buffers)"},
+    {.key = "max_positions", .type = LOOM_PARAM_INT,
+     .offset = offsetof(cuda_backend_config, max_positions), .default_value = "0", .min = 0,
+     .max = 1 << 24,
+     .doc = "positions covered by the RoPE table; 0 = the model's trained context length"},
+    {.key = NULL},
+};
+
+/* ---------------------------------------------------------------- helpers */
+
+loom_status cb_cuda_check(cuda_backend *b, loom_error *err, cudaError_t e, const char *what,
+                          const char *file, int line) {
+    if (e == cudaSuccess) return LOOM_OK;
+    (void)cudaGetLastError(); /* clear a non-sticky error so later calls are not blamed */
+    loom_status code = e == cudaErrorMemoryAllocation ? LOOM_ERR_NOMEM : LOOM_ERR_DEVICE;
+    const loom_host *h = b->host;
+    return h->error(h->ctx, err, code, "backend cuda (device %d): %s failed at %s:%d: %s (%s)",
+                    b->device, what, file, line, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+void cb_graphs_reset(cuda_backend *b) {
+    for (int i = 0; i < CB_NUM_BUCKETS; i++) {
+        if (b->graphs[i].exec) cudaGraphExecDestroy(b->graphs[i].exec);
+        b->graphs[i].exec = NULL;
+        b->graphs[i].tried = false;
+    }
+}
+
+/* KV element type asked by the cache manager: COUNT means "the backend's
+ * default" (the compute type); only the compute type is held. Returns
+ * LOOM_DTYPE_COUNT for anything else. */
+static loom_dtype cb_kv_resolve(const cuda_backend *b, loom_dtype dtype) {
+    if (dtype == LOOM_DTYPE_COUNT || dtype == b->ldt) return b->ldt;
+    return LOOM_DTYPE_COUNT;
+}
+
+static double cb_mib(size_t n) { return (double)n / (1024.0 * 1024.0); }
+
+/* --------------------------------------------------------------- lifetime */
+
+static void cb_destroy(void *self);
+
+static loom_status cb_create(const loom_host *host, const void *config, void **self,
+                             loom_error *err) {
+    if (!host || !self || host->struct_size < offsetof(loom_host, num_threads) + sizeof(void *)) {
+        if (err) {
+            err->code = LOOM_ERR_ABI;
+            snprintf(err->message, sizeof err->message,
+                     "backend cuda: create() needs a host table of at least %zu bytes (got %u)",
+                     offsetof(loom_host, num_threads) + sizeof(void *),
+                     host ? host->struct_size : 0u);
+        }
+        return LOOM_ERR_ABI;
+    }
+    *self = NULL;
+    cuda_backend_config cfg = {.device = 0, .dtype = 0, .cuda_graphs = true,
+                               .max_graph_batch = 256, .max_batched_tokens = 8192,
+                               .max_positions = 0};
+    if (config) memcpy(&cfg, config, sizeof cfg);
+    if (cfg.device < 0 || cfg.dtype < 0 || cfg.dtype > 1 || cfg.max_graph_batch < 1 ||
+        cfg.max_graph_batch > 256 || cfg.max_batched_tokens < 1 ||
+        cfg.max_batched_tokens > (1 << 20) || cfg.max_positions < 0)
+        return host->error(host->ctx, err, LOOM_ERR_INVALID,
+                           "backend cuda: bad config (device %lld >= 0, dtype %lld in {0 bf16, "
+                           "1 f16}, max_graph_batch %lld in [1, 256], max_batched_tokens %lld in "
+                           "[1, 1048576], max_positions %lld >= 0)",
+                           (long long)cfg.device, (long long)cfg.dtype,
+                           (long long)cfg.max_graph_batch, (long long)cfg.max_batched_tokens,
+                           (long long)cfg.max_positions);
+
+    int ndev = 0;
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0)
+        return host->error(host->ctx, err, LOOM_ERR_DEVICE,
+                           "backend cuda: no usable CUDA device (%s: %s); check the driver "
+                           "(nvidia-smi) or use backend cpu",
+                           e != cudaSuccess ? cudaGetErrorName(e) : "cudaGetDeviceCount",
+                           e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    if (cfg.device >= ndev)
+        return host->error(host->ctx, err, LOOM_ERR_INVALID,
+                           "backend cuda: device %lld asked, this machine has %d (0..%d)",
+                           (long long)cfg.device, ndev, ndev - 1);
+    struct cudaDeviceProp prop;
+    if ((e = cudaGetDeviceProperties(&prop, (int)cfg.device)) != cudaSuccess)
+        return host->error(host->ctx, err, LOOM_ERR_DEVICE,
+                           "backend cuda: cudaGetDeviceProperties(%lld): %s",
+                           (long long)cfg.device, cudaGetErrorString(e));
+    if (prop.major != 9 || prop.minor != 0)
+        return host->error(host->ctx, err, LOOM_ERR_UNSUPPORTED,
+                           "backend cuda: device %lld (%s) is sm_%d%d, but this build carries "
+                           "sm_90a code only (Hopper: H100/H200); rebuild with that architecture "
+                           "in cuda_gencode (meson.build) or use backend cpu",
+                           (long long)cfg.device, prop.name, prop.major, prop.minor);
+
+    cuda_backend *b = host->calloc(host->ctx, 1, sizeof *b);
+    if (!b)
+        return host->error(host->ctx, err, LOOM_ERR_NOMEM,
+                           "backend cuda: out of memory for the instance (%zu bytes)", sizeof *b);
+    b->host = host;
+    b->cfg = cfg;
+    b->device = (int)cfg.device;
+    b->dt = cfg.dtype == 1 ? LOOM_CUDA_F16 : LOOM_CUDA_BF16;
+    b->ldt = cfg.dtype == 1 ? LOOM_DTYPE_F16 : LOOM_DTYPE_BF16;
+    b->elt = 2;
+    b->num_sms = prop.multiProcessorCount;
+    snprintf(b->device_name, sizeof b->device_name, "%.127s", prop.name);
+    loom_status st;
+    if ((st = CB_CUDA(b, err, cudaSetDevice(b->device))) ||
+        (st = CB_CUDA(b, err, cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)))) {
+        cb_destroy(b);
+        return st;
+    }
+    int code = 0;
+    char msg[256] = "";
+    b->gemm = loom_cuda_gemm_create((size_t)32 << 20, &code, msg, sizeof msg);
+    if (!b->gemm) {
+        cb_destroy(b);
+        return host->error(host->ctx, err, code == 10000 + (int)cudaErrorMemoryAllocation
+                                               ? LOOM_ERR_NOMEM : LOOM_ERR_DEVICE,
+                           "backend cuda: cuBLASLt setup on device %lld: %s",
+                           (long long)cfg.device, msg);
+    }
+    host->log(host->ctx, LOOM_LOG_INFO, CB_WHO, "device %d: %s, %d SMs, %.1f GiB; %s, graphs %s",
+              b->device, prop.name, prop.multiProcessorCount,
+              (double)prop.totalGlobalMem / (1u << 30), cb_dtype_choices[cfg.dtype],
+              cfg.cuda_graphs ? "on" : "off");
+    *self = b;
+    return LOOM_OK;
+}
+
+static void cb_destroy(void *self) {
+    cuda_backend *b = self;
+    if (!b) return;
+    const loom_host *h = b->host;
+    cudaSetDevice(b->device);
+    if (b->stream) cudaStreamSynchronize(b->stream);
+    cb_graphs_reset(b);
+    if (b->pools) {
+        for (int32_t i = 0; i < 2 * b->mc.num_layers; i++)
+            if (b->pools[i]) cudaFree(b->pools[i]);
+        h->free(h->ctx, b->pools);
+    }
+    cudaFree(b->pools_dev);
+    cudaFree(b->swap_dev);
+    if (b->swap) cudaFreeHost(b->swap);
+    cudaFree(b->pairs_dev);
+    cudaFree(b->work);
+    cudaFree(b->weights);
+    cudaFree(b->rope_cs);
+    cudaFree(b->meta_dev);
+    if (b->meta_host) cudaFreeHost(b->meta_host);
+    if (b->logits_host) cudaFreeHost(b->logits_host);
+    h->free(h->ctx, b->layers);
+    loom_cuda_gemm_destroy(b->gemm);
+    if (b->stream) cudaStreamDestroy(b->stream);
+    h->free(h->ctx, b);
+}
+
+/* ----------------------------------------------------------- memory / KV */
+
+static size_t cb_kv_block_bytes(void *self, int32_t block_size, loom_dtype dtype) {
+    cuda_backend *b = self;
+    loom_dtype dt = cb_kv_resolve(b, dtype);
+    if (!b->loaded || block_size <= 0 || dt == LOOM_DTYPE_COUNT) return 0;
+    size_t per_pool = (size_t)b->mc.num_kv_heads * (size_t)block_size * (size_t)b->mc.head_dim *
+                      loom_dtype_block_bytes(dt);
+    return per_pool * 2 * (size_t)b->mc.num_layers;
+}
+
+static loom_status cb_memory(void *self, loom_backend_memory *out, loom_error *err) {
+    cuda_backend *b = self;
+    if (!out)
+        return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
+                              "backend cuda: memory() needs an output struct");
+    size_t free_b = 0, total = 0;
+    loom_status st;
+    if ((st = CB_CUDA(b, err, cudaSetDevice(b->device))) ||
+        (st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &total))))
+        return st;
+    *out = (loom_backend_memory){.struct_size = sizeof *out, .total_bytes = total,
+                                 .free_bytes = free_b, .weight_bytes = b->weight_bytes};
+    return LOOM_OK;
+}
+
+static void cb_kv_free(cuda_backend *b) {
+    const loom_host *h = b->host;
+    if (b->pools) {
+        for (int32_t i = 0; i < 2 * b->mc.num_layers; i++)
+            if (b->pools[i]) cudaFree(b->pools[i]);
+        h->free(h->ctx, b->pools);
+        b->pools = NULL;
+    }
+    cudaFree(b->pools_dev);
+    cudaFree(b->swap_dev);
+    if (b->swap) cudaFreeHost(b->swap);
+    b->pools_dev = NULL;
+    b->swap_dev = NULL;
+    b->swap = NULL;
+}
+
+static loom_status cb_kv_alloc(void *self, const loom_kv_layout *layout, loom_error *err) {
+    cuda_backend *b = self;
+    const loom_host *h = b->host;
+    loom_status st;
+    if (!b->loaded)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: kv_alloc() before load()");
+    if (b->kv_ready)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: kv_alloc() called twice; KV pools are allocated once");
+    if (!layout || layout->block_size <= 0 || layout->num_blocks <= 0 ||
+        layout->num_cpu_blocks < 0)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: bad KV layout (block_size %d, num_blocks %d, "
+                        "num_cpu_blocks %d): need block_size > 0, num_blocks > 0, cpu blocks >= 0",
+                        layout ? layout->block_size : 0, layout ? layout->num_blocks : 0,
+                        layout ? layout->num_cpu_blocks : 0);
+    loom_dtype dt = cb_kv_resolve(b, layout->dtype);
+    if (dt == LOOM_DTYPE_COUNT)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: KV cache dtype %s is not supported; this instance holds "
+                        "its compute type %s (set the backend's dtype, or leave the cache's "
+                        "dtype to the backend)",
+                        loom_dtype_name(layout->dtype), loom_dtype_name(b->ldt));
+    const int32_t L = b->mc.num_layers;
+    const size_t block = (size_t)b->mc.num_kv_heads * (size_t)layout->block_size *
+                         (size_t)b->mc.head_dim * b->elt;
+    const size_t pool = block * (size_t)layout->num_blocks;
+    const size_t need = pool * 2 * (size_t)L;
+    if (pool / b->elt > (size_t)UINT32_MAX)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: one KV pool of %d blocks would hold %.2f G elements; the "
+                        "attention kernels index a pool with 32 bits (4 G elements); lower "
+                        "cache.num_blocks or cache.memory_fraction",
+                        layout->num_blocks, (double)(pool / b->elt) / 1e9);
+    size_t free_b = 0, total = 0;
+    if ((st = CB_CUDA(b, err, cudaSetDevice(b->device))) ||
+        (st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &total))))
+        return st;
+    if (need > free_b)
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                        "backend cuda: KV pools of %d blocks x %zu bytes (%d layers, K and V) "
+                        "need %.1f MiB but device %d has %.1f MiB free; lower "
+                        "cache.memory_fraction or cache.num_blocks, or engine.max_model_len",
+                        layout->num_blocks, block * 2 * (size_t)L, L, cb_mib(need), b->device,
+                        cb_mib(free_b));
+    b->pools = h->calloc(h->ctx, 2 * (size_t)L, sizeof(void *));
+    if (!b->pools)
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cuda: out of host memory");
+    for (int32_t i = 0; i < 2 * L; i++) {
+        cudaError_t e = cudaMalloc(&b->pools[i], pool);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            cudaMemGetInfo(&free_b, &total);
+            cb_kv_free(b);
+            return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                            "backend cuda: cudaMalloc of KV pool %d of %d (%.1f MiB each, %.1f MiB "
+                            "in all) failed with %s; %.1f MiB free; lower cache.memory_fraction "
+                            "or cache.num_blocks, or engine.max_model_len",
+                            i + 1, 2 * L, cb_mib(pool), cb_mib(need), cudaGetErrorName(e),
+                            cb_mib(free_b));
+        }
+        /* zeros: padded graph rows read block 0; never let them see NaN bits */
+        if ((st = CB_CUDA(b, err, cudaMemsetAsync(b->pools[i], 0, pool, b->stream)))) goto fail;
+    }
+    if ((st = CB_CUDA(b, err, cudaMalloc((void **)&b->pools_dev, 2 * (size_t)L * sizeof(void *)))) ||
+        (st = CB_CUDA(b, err, cudaMemcpyAsync(b->pools_dev, b->pools, 2 * (size_t)L * sizeof(void *),
+                                              cudaMemcpyHostToDevice, b->stream))))
+        goto fail;
+    if (layout->num_cpu_blocks > 0) {
+        const size_t host_pool = block * (size_t)layout->num_cpu_blocks;
+        cudaError_t e = cudaHostAlloc(&b->swap, host_pool * 2 * (size_t)L,
+                                      cudaHostAllocMapped | cudaHostAllocPortable);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            b->swap = NULL;
+            st = h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                          "backend cuda: could not pin %.1f MiB of host memory for %d swap "
+                          "blocks (%s); lower the cache's cpu (swap) blocks",
+                          cb_mib(host_pool * 2 * (size_t)L), layout->num_cpu_blocks,
+                          cudaGetErrorName(e));
+            goto fail;
+        }
+        void **hp = h->alloc(h->ctx, 2 * (size_t)L * sizeof(void *));
+        if (!hp) {
+            st = h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cuda: out of host memory");
+            goto fail;
+        }
+        for (int32_t i = 0; i < 2 * L && st == LOOM_OK; i++) {
+            void *dp = NULL;
+            st = CB_CUDA(b, err, cudaHostGetDevicePointer(&dp, (char *)b->swap + host_pool * i, 0));
+            hp[i] = dp;
+        }
+        if (st == LOOM_OK &&
+            (st = CB_CUDA(b, err, cudaMalloc((void **)&b->swap_dev, 2 * (size_t)L * sizeof(void *)))) ==
+                LOOM_OK)
+            st = CB_CUDA(b, err, cudaMemcpy(b->swap_dev, hp, 2 * (size_t)L * sizeof(void *),
+                                            cudaMemcpyHostToDevice));
+        h->free(h->ctx, hp);
+        if (st) goto fail;
+    }
+    if ((st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream)))) goto fail;
+    b->kv_layout = *layout;
+    b->kv_layout.dtype = dt;
+    b->kv_block_bytes = block;
+    b->kv_ready = true;
+    h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "KV pools: %d blocks of %d tokens, %.1f MiB (+%d swap "
+           "blocks, %.1f MiB pinned)", layout->num_blocks, layout->block_size, cb_mib(need),
+           layout->num_cpu_blocks, cb_mib(block * 2 * (size_t)L * (size_t)layout->num_cpu_blocks));
+    if (h->metric_set) h->metric_set(h->ctx, "backend.cuda.kv_bytes", (double)need);
+    return LOOM_OK;
+
+fail:
+    cudaStreamSynchronize(b->stream);
+    cb_kv_free(b);
+    return st;
+}
+
+/* ---------------------------------------------------------- block copies */
+
+static loom_status cb_check_pairs(cuda_backend *b, const char *op, const int32_t *pairs, int32_t n,
+                                  int32_t src_n, const char *src_what, int32_t dst_n,
+                                  const char *dst_what, loom_error *err) {
+    const loom_host *h = b->host;
+    if (!b->kv_ready)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: %s() before kv_alloc()", op);
+    if (n < 0 || (n > 0 && !pairs))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: %s(): bad pair list (n %d)",
+                        op, n);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t s = pairs[2 * i], d = pairs[2 * i + 1];
+        if (s < 0 || s >= src_n || d < 0 || d >= dst_n)
+            return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                            "backend cuda: %s() pair %d is {%d, %d}: source must be a %s block in "
+                            "[0, %d), destination a %s block in [0, %d)",
+                            op, i, s, d, src_what, src_n, dst_what, dst_n);
+    }
+    return LOOM_OK;
+}
+
+/* Upload pairs and run one copy kernel over every pair and every pool. The
+ * pairs come from pageable memory: cudaMemcpyAsync has staged them before
+ * it returns, so the caller may reuse its array at once. */
+static loom_status cb_copy(cuda_backend *b, void *const *src_pools, void *const *dst_pools,
+                           const int32_t *pairs, int32_t n, loom_error *err) {
+    loom_status st;
+    if (n == 0) return LOOM_OK;
+    if ((st = CB_CUDA(b, err, cudaSetDevice(b->device)))) return st;
+    if (n > b->pairs_cap) {
+        int32_t cap = n < 1024 ? 1024 : n;
+        cudaFree(b->pairs_dev); /* synchronises: earlier copies are done with it */
+        b->pairs_dev = NULL;
+        b->pairs_cap = 0;
+        if ((st = CB_CUDA(b, err, cudaMalloc((void **)&b->pairs_dev, (size_t)cap * 2 * sizeof(int32_t)))))
+            return st;
+        b->pairs_cap = cap;
+    }
+    if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->pairs_dev, pairs, (size_t)n * 2 * sizeof(int32_t),
+                                              cudaMemcpyHostToDevice, b->stream))))
+        return st;
+    return CB_CUDA(b, err, loom_cuda_copy_blocks(src_pools, dst_pools, 2 * b->mc.num_layers,
+                                                 b->pairs_dev, n, b->kv_block_bytes, b->stream));
+}
+
+static loom_status cb_copy_blocks(void *self, const int32_t *pairs, int32_t n, loom_error *err) {
+    cuda_backend *b = self;
+    int32_t nb = b->kv_layout.num_blocks;
+    loom_status st = cb_check_pairs(b, "copy_blocks", pairs, n, nb, "device", nb, "device", err);
+    if (st) return st;
+    return cb_copy(b, b->pools_dev, b->pools_dev, pairs, n, err);
+}
+
+static loom_status cb_swap_blocks(void *self, loom_swap_dir dir, const int32_t *pairs, int32_t n,
+                                  loom_error *err) {
+    cuda_backend *b = self;
+    int32_t nd = b->kv_layout.num_blocks, nh = b->kv_layout.num_cpu_blocks;
+    if (dir != LOOM_SWAP_OUT && dir != LOOM_SWAP_IN)
+        return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
+                              "backend cuda: swap_blocks(): direction %d is neither OUT nor IN",
+                              (int)dir);
+    bool out = dir == LOOM_SWAP_OUT;
+    loom_status st = cb_check_pairs(b, "swap_blocks", pairs, n, out ? nd : nh,
+                                    out ? "device" : "host", out ? nh : nd,
+                                    out ? "host" : "device", err);
+    if (st) return st;
+    return out ? cb_copy(b, b->pools_dev, b->swap_dev, pairs, n, err)
+               : cb_copy(b, b->swap_dev, b->pools_dev, pairs, n, err);
+}
+
+/* ------------------------------------------------------------- descriptor */
+
+static const loom_backend_ops cb_ops = {
+    .struct_size = sizeof(loom_backend_ops),
+    .create = cb_create,
+    .destroy = cb_destroy,
+    .load = cb_load,
+    .kv_block_bytes = cb_kv_block_bytes,
+    .memory = cb_memory,
+    .kv_alloc = cb_kv_alloc,
+    .forward = cb_forward,
+    .copy_blocks = cb_copy_blocks,
+    .swap_blocks = cb_swap_blocks,
+};
+
+static const loom_component cb_components[] = {{
+    .struct_size = sizeof(loom_component),
+    .kind = LOOM_KIND_BACKEND,
+    .name = "cuda",
+    .summary = "Llama-family forward on one NVIDIA Hopper GPU: bf16/f16, cuBLASLt GEMMs, paged "
+               "flash attention, CUDA graphs for decode",
+    .ops = &cb_ops,
+    .params = cb_params,
+    .config_size = sizeof(cuda_backend_config),
+}};
+
+static const loom_plugin_desc cb_desc = {
+    LOOM_PLUGIN_DESC_HEADER,
+    .name = "loom-backend-cuda",
+    .version = "0.1.0",
+    .num_components = 1,
+    .components = cb_components,
+};
+
+LOOM_EXPORT const loom_plugin_desc *loom_plugin_entry(void) { return &cb_desc; }

@@ -1,0 +1,161 @@
+/*
+ * plugins/backend/cuda/cuda_backend.h — private state of the cuda backend
+ * (loom-backend-cuda.so), shared by its source files: cuda_backend.c
+ * (descriptor, parameters, lifetime, memory, KV pools, block copies),
+ * cuda_load.c (weights to the device) and cuda_forward.c (batch checks,
+ * the per-step metadata, the forward pass, CUDA graphs).
+ *
+ * Weights live in one device arena in the compute type (bf16 or f16), with
+ * Q, K, V fused into one (q_dim + 2 kv_dim, hidden) matrix and gate/up into
+ * one (2 intermediate, hidden) matrix, so a layer is four GEMMs; norm
+ * weights and QKV biases are float32. Work buffers are sized at load for
+ * `max_batched_tokens` rows, so forward() never allocates device memory
+ * (a precondition of CUDA-graph replay). Not an installed header.
+ */
+#ifndef LOOM_PLUGIN_CUDA_BACKEND_H
+#define LOOM_PLUGIN_CUDA_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_kernels.h"
+#include "loom/backend.h"
+#include "loom/plugin.h"
+
+#define CB_WHO "backend.cuda"
+
+/* Logits rows computed per LM-head GEMM (and the largest graph bucket):
+ * bounds the device logits buffer and its pinned host mirror. */
+#define CB_LOGITS_ROWS 256
+/* CUDA-graph batch buckets: a pure decode step of n sequences runs the
+ * graph of the smallest bucket >= n, padded with dummy rows. */
+#define CB_NUM_BUCKETS 9
+static const int32_t cb_buckets[CB_NUM_BUCKETS] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+
+/* The bound configuration the host fills from the `params` table. */
+typedef struct cuda_backend_config {
+    int64_t device;             /* CUDA ordinal                                  */
+    int64_t dtype;              /* index into cb_dtype_choices: 0 bf16, 1 f16    */
+    bool cuda_graphs;           /* capture/replay pure decode steps              */
+    int64_t max_graph_batch;    /* largest decode batch run through a graph      */
+    int64_t max_batched_tokens; /* token rows the work buffers hold              */
+    int64_t max_positions;      /* RoPE table length; 0 = the model's context    */
+} cuda_backend_config;
+
+/* One decoder layer's weights: pointers into the device arena. */
+typedef struct cuda_layer {
+    float *attn_norm;  /* (hidden) f32                                          */
+    void *wqkv;        /* (q_dim + 2 kv_dim, hidden) dt: rows Q, then K, V       */
+    float *bqkv;       /* (q_dim + 2 kv_dim) f32 Qwen2 bias, or NULL             */
+    void *wo;          /* (hidden, q_dim) dt                                     */
+    float *ffn_norm;   /* (hidden) f32                                          */
+    void *wgu;         /* (2 intermediate, hidden) dt: rows gate, then up        */
+    void *wdown;       /* (hidden, intermediate) dt                              */
+} cuda_layer;
+
+/* A captured decode graph for one bucket. */
+typedef struct cuda_graph_slot {
+    bool tried;             /* capture attempted (failed captures stay eager) */
+    cudaGraphExec_t exec;   /* NULL until captured                            */
+} cuda_graph_slot;
+
+/* One step's work as the kernels see it: counts and device pointers into
+ * the uploaded metadata block (see cuda_forward.c). */
+typedef struct cuda_plan {
+    int32_t T;                 /* token rows processed, padding included    */
+    int32_t NL;                /* logits rows                               */
+    int32_t n_dec, n_pre;      /* attention tiles of each shape             */
+    int32_t dec_splits, pre_splits; /* split-K bound of each launch        */
+    const int32_t *ids;        /* (T)                                       */
+    const int32_t *pos;        /* (T)                                       */
+    const int64_t *slot;       /* (T)                                       */
+    const int32_t *lidx;       /* (NL) rows of the LM head                  */
+    const int32_t *stride;     /* device int: block-table row length        */
+    const int32_t *bt;         /* (rows, *stride)                           */
+    const loom_cuda_attn_tile *dec_tiles, *pre_tiles;
+    size_t bytes;              /* metadata bytes to upload                  */
+} cuda_plan;
+
+typedef struct cuda_backend {
+    const loom_host *host;      /* borrowed until destroy                     */
+    cuda_backend_config cfg;    /* copy of the bound config                   */
+    int device;                 /* CUDA ordinal                               */
+    loom_cuda_dt dt;            /* compute / storage type                     */
+    loom_dtype ldt;             /* the same as a loom dtype                   */
+    size_t elt;                 /* bytes per element of dt (2)                */
+    int num_sms;                /* multiprocessors, for split-K sizing        */
+    char device_name[128];
+    cudaStream_t stream;        /* every op of this instance runs here        */
+    loom_cuda_gemm *gemm;       /* cuBLASLt context + plan cache              */
+
+    /* --- after load */
+    bool loaded;
+    loom_model_config mc;       /* copy of the model's config                 */
+    int32_t q_dim, kv_dim, qkv_rows, group; /* group = heads per kv head     */
+    void *weights;              /* device arena                               */
+    size_t weight_bytes;
+    void *embed;                /* (vocab, hidden) dt                         */
+    void *lm_head;              /* (vocab, hidden) dt; == embed when tied      */
+    float *out_norm;            /* (hidden) f32                               */
+    cuda_layer *layers;         /* host array (num_layers)                    */
+    float *rope_cs;             /* (rope_max_pos, head_dim/2, 2) f32 device    */
+    int32_t rope_max_pos;
+
+    /* work buffers, rows = max_tokens (one device allocation) */
+    int32_t max_tokens;
+    int32_t logits_rows;        /* rows per LM-head chunk                     */
+    void *work;
+    float *x;                   /* (rows, hidden) f32 residual stream         */
+    void *xn;                   /* (rows, hidden) dt normed                   */
+    void *qkv;                  /* (rows, qkv_rows) dt                        */
+    void *att;                  /* (rows, q_dim) dt attention output          */
+    void *r;                    /* (rows, hidden) dt O / down projections     */
+    void *gu;                   /* (rows, 2 intermediate) dt                  */
+    void *act;                  /* (rows, intermediate) dt                    */
+    void *xs;                   /* (logits_rows, hidden) dt LM-head input     */
+    float *logits_dev;          /* (logits_rows, vocab) f32                   */
+    float *attn_ws;             /* split-K workspace                          */
+    int32_t attn_resident[2];   /* CTAs resident at once, per attention shape */
+    int *attn_sem;              /* (rows, kv heads) split-K counters, kept zero */
+    size_t attn_ws_floats;
+    float *logits_host;         /* pinned (logits_rows, vocab) f32            */
+
+    /* per-step metadata: pinned staging and its device copy */
+    uint8_t *meta_host, *meta_dev;
+    size_t meta_cap;
+
+    /* --- after kv_alloc */
+    bool kv_ready;
+    loom_kv_layout kv_layout;   /* copy; dtype resolved                       */
+    size_t kv_block_bytes;      /* one block of one pool (K or V of a layer)  */
+    void **pools;               /* host array (2 L): K of layers, then V      */
+    void **pools_dev;           /* device copy of `pools`                     */
+    void *swap;                 /* pinned mapped host pool (2 L, cpu blocks)  */
+    void **swap_dev;            /* device array (2 L) of mapped pointers      */
+    int32_t *pairs_dev;         /* block-copy pairs upload                    */
+    int32_t pairs_cap;          /* pairs it holds                             */
+
+    /* --- CUDA graphs */
+    cuda_graph_slot graphs[CB_NUM_BUCKETS];
+    int64_t graph_replays, eager_steps;
+} cuda_backend;
+
+/* cuda_backend.c */
+/* LOOM_OK for cudaSuccess; otherwise fills err with the call, file:line and
+ * CUDA's name for the error (NOMEM for allocation failures, else DEVICE). */
+loom_status cb_cuda_check(cuda_backend *b, loom_error *err, cudaError_t e, const char *what,
+                          const char *file, int line);
+#define CB_CUDA(b, err, call) cb_cuda_check((b), (err), (call), #call, __FILE__, __LINE__)
+void cb_graphs_reset(cuda_backend *b);
+
+/* cuda_load.c */
+loom_status cb_load(void *self, const loom_model_view *m, const loom_quant_binding *quant,
+                    loom_error *err);
+
+/* cuda_forward.c */
+loom_status cb_forward(void *self, const loom_batch *batch, float *logits, loom_error *err);
+
+#endif

@@ -1,0 +1,496 @@
+/*
+ * plugins/backend/cuda/cuda_forward.c — the cuda backend's forward pass
+ * over one flattened batch (loom/backend.h):
+ *   x = embed(ids)
+ *   per layer: xn = rmsnorm(x [+= r]); qkv = xn Wqkv^T; rope + bias + KV
+ *              write; att = paged_attention(q, cache); r = att Wo^T;
+ *              xn = rmsnorm(x += r); gu = xn Wgu^T; act = swiglu(gu);
+ *              r = act Wdown^T
+ *   logits rows: xs = rmsnorm(x[idx] + r[idx]); logits = xs LM^T (float32)
+ * with x the float32 residual stream and everything else bf16/f16.
+ *
+ * Per step the host packs everything the kernels index — token ids,
+ * positions, slots, logits rows, attention tiles and the block table — into
+ * one pinned buffer and uploads it with a single copy; kernels read the
+ * block-table row length from that buffer too, so nothing that changes from
+ * step to step is a kernel argument. That is what lets a pure decode step
+ * (every sequence one token, every token's logits) be captured once per
+ * batch bucket as a CUDA graph and replayed: the step is padded to the
+ * bucket with dummy rows (token 0 at position 0, slot -1 so nothing is
+ * written, block table row of zeros, logits discarded), the metadata is
+ * uploaded at the bucket's fixed offsets, and the graph runs the same
+ * kernels and GEMMs at the same addresses. The first step of a bucket runs
+ * the padded sequence eagerly (warming up every kernel and cuBLASLt plan it
+ * uses) and is then captured; a failed capture leaves that bucket eager.
+ *
+ * The only host synchronisation is on this instance's stream, before the
+ * logits are read.
+ */
+#include "cuda_backend.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+/* ----------------------------------------------------------- batch checks */
+
+static loom_status cb_check_batch(cuda_backend *b, const loom_batch *bt, const float *logits,
+                                  loom_error *err) {
+    const loom_host *h = b->host;
+    if (!b->loaded || !b->kv_ready)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: forward() before %s", !b->loaded ? "load()" : "kv_alloc()");
+    if (!bt || bt->struct_size < offsetof(loom_batch, logits_index) + sizeof(void *))
+        return h->error(h->ctx, err, LOOM_ERR_ABI,
+                        "backend cuda: forward() got %s batch (struct_size %u, need >= %zu)",
+                        bt ? "a short" : "no", bt ? bt->struct_size : 0u,
+                        offsetof(loom_batch, logits_index) + sizeof(void *));
+    const int32_t S = bt->num_seqs, T = bt->num_tokens, NL = bt->num_logits;
+    const int32_t bs = b->kv_layout.block_size, nblk = b->kv_layout.num_blocks;
+    if (S < 0 || T < 0 || NL < 0)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: batch has num_seqs %d, num_tokens %d, num_logits %d "
+                        "(negative)",
+                        S, T, NL);
+    if (T > b->max_tokens)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: batch of %d tokens exceeds the work buffers' %d; raise the "
+                        "backend's max_batched_tokens or lower scheduler.max_batched_tokens",
+                        T, b->max_tokens);
+    if (T > 0 && (S == 0 || !bt->token_ids || !bt->positions || !bt->query_start ||
+                  !bt->context_len || !bt->block_table || !bt->slot_mapping))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: batch of %d tokens in %d sequences lacks one of "
+                        "token_ids, positions, query_start, context_len, block_table, "
+                        "slot_mapping",
+                        T, S);
+    if (NL > 0 && (!bt->logits_index || !logits))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: %d logits rows asked but %s is NULL", NL,
+                        !logits ? "the logits buffer" : "logits_index");
+    if (T == 0) {
+        if (NL > 0)
+            return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                            "backend cuda: %d logits rows asked of a batch with no tokens", NL);
+        return LOOM_OK;
+    }
+    if (bt->query_start[0] != 0 || bt->query_start[S] != T)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: batch query_start[0] = %d and query_start[%d] = %d; must "
+                        "be 0 and num_tokens (%d)",
+                        bt->query_start[0], S, bt->query_start[S], T);
+    if (bt->block_table_stride <= 0)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: batch block_table_stride is %d; must be > 0",
+                        bt->block_table_stride);
+    for (int32_t s = 0; s < S; s++) {
+        int32_t q0 = bt->query_start[s], q1 = bt->query_start[s + 1];
+        if (q1 < q0)
+            return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                            "backend cuda: batch query_start decreases at sequence %d (%d -> %d)",
+                            s, q0, q1);
+        if (q1 == q0) continue;
+        int32_t ctx = bt->context_len[s];
+        int64_t need = ((int64_t)ctx + bs - 1) / bs;
+        if (ctx <= 0 || need > bt->block_table_stride)
+            return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                            "backend cuda: sequence %d has context_len %d: must be > 0 and fit "
+                            "its block table (%d blocks of %d tokens)",
+                            s, ctx, bt->block_table_stride, bs);
+        const int32_t *row = bt->block_table + (int64_t)s * bt->block_table_stride;
+        for (int64_t j = 0; j < need; j++)
+            if (row[j] < 0 || row[j] >= nblk)
+                return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                                "backend cuda: sequence %d block_table[%lld] = %d is outside the "
+                                "pool [0, %d)",
+                                s, (long long)j, row[j], nblk);
+        for (int32_t t = q0; t < q1; t++) {
+            if (bt->positions[t] < 0 || bt->positions[t] >= ctx)
+                return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                                "backend cuda: token %d (sequence %d) has position %d outside "
+                                "[0, context_len %d)",
+                                t, s, bt->positions[t], ctx);
+            if (bt->positions[t] >= b->rope_max_pos)
+                return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                                "backend cuda: token %d has position %d beyond the RoPE table "
+                                "(%d positions); raise the backend's max_positions or lower "
+                                "engine.max_model_len",
+                                t, bt->positions[t], b->rope_max_pos);
+            if (bt->token_ids[t] < 0 || bt->token_ids[t] >= b->mc.vocab_size)
+                return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                                "backend cuda: token %d has id %d outside the vocabulary [0, %d)",
+                                t, bt->token_ids[t], b->mc.vocab_size);
+            int64_t slot = bt->slot_mapping[t];
+            if (slot < -1 || slot >= (int64_t)nblk * bs)
+                return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                                "backend cuda: token %d has slot %lld outside [-1, %lld)", t,
+                                (long long)slot, (long long)nblk * bs);
+        }
+    }
+    for (int32_t i = 0; i < NL; i++) {
+        int32_t k = bt->logits_index[i];
+        if (k < 0 || k >= T || (i > 0 && k < bt->logits_index[i - 1]))
+            return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                            "backend cuda: logits_index[%d] = %d: must be in [0, %d) and "
+                            "ascending",
+                            i, k, T);
+    }
+    return LOOM_OK;
+}
+
+/* -------------------------------------------------------------- metadata */
+
+/* Byte offsets of the regions of one step's metadata block; every region
+ * starts 16-byte aligned. The block table comes last (its size varies
+ * with the stride, the rest depends only on the capacities). */
+typedef struct cb_meta_layout {
+    size_t hdr, ids, pos, slot, lidx, dtiles, ptiles, bt;
+} cb_meta_layout;
+
+static size_t cb_a16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+static void cb_meta_layout_of(int32_t Tcap, int32_t NLcap, int32_t ndec, int32_t npre,
+                              cb_meta_layout *l) {
+    size_t o = 0;
+    l->hdr = o, o += 16;
+    l->ids = o, o += cb_a16((size_t)Tcap * 4);
+    l->pos = o, o += cb_a16((size_t)Tcap * 4);
+    l->slot = o, o += cb_a16((size_t)Tcap * 8);
+    l->lidx = o, o += cb_a16((size_t)NLcap * 4);
+    l->dtiles = o, o += (size_t)ndec * sizeof(loom_cuda_attn_tile);
+    l->ptiles = o, o += (size_t)npre * sizeof(loom_cuda_attn_tile);
+    l->bt = o;
+}
+
+/* Grow the metadata buffers to hold `bytes` (drops captured graphs: they
+ * point into the old buffer). */
+static loom_status cb_meta_reserve(cuda_backend *b, size_t bytes, loom_error *err) {
+    if (bytes <= b->meta_cap) return LOOM_OK;
+    size_t cap = b->meta_cap ? b->meta_cap : 1;
+    while (cap < bytes) cap *= 2;
+    loom_status st;
+    if ((st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream)))) return st;
+    cb_graphs_reset(b);
+    cudaFree(b->meta_dev);
+    cudaFreeHost(b->meta_host);
+    b->meta_dev = NULL;
+    b->meta_host = NULL;
+    b->meta_cap = 0;
+    if ((st = CB_CUDA(b, err, cudaHostAlloc((void **)&b->meta_host, cap, cudaHostAllocDefault))) ||
+        (st = CB_CUDA(b, err, cudaMalloc((void **)&b->meta_dev, cap))))
+        return st;
+    b->meta_cap = cap;
+    return LOOM_OK;
+}
+
+/* Split-K bound for a launch of `ntiles` tiles: one full wave of CTAs,
+ * within the workspace. */
+static int32_t cb_max_splits(const cuda_backend *b, loom_cuda_attn_shape shape, int32_t ntiles) {
+    if (ntiles <= 0) return 1;
+    int32_t ms = loom_cuda_attn_max_splits(ntiles, b->mc.num_kv_heads, b->attn_resident[shape]);
+    while (ms > 1 && loom_cuda_attn_workspace_floats(shape, ntiles, b->mc.num_kv_heads,
+                                                     b->mc.head_dim, (int)ms) > b->attn_ws_floats)
+        ms--;
+    return ms;
+}
+
+/* Pack the step's metadata into meta_host and fill the plan. pad_to > 0:
+ * a pure decode step padded to that many rows (graph layout). */
+static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t pad_to,
+                                 cuda_plan *p, loom_error *err) {
+    const int32_t S = bt->num_seqs, T = bt->num_tokens, G = b->group;
+    const int32_t dec_rows = loom_cuda_attn_rows(LOOM_CUDA_ATTN_DECODE);
+    const int32_t tpt = loom_cuda_attn_rows(LOOM_CUDA_ATTN_PREFILL) / G; /* tokens per tile */
+    const int32_t rowsT = pad_to > 0 ? pad_to : T, rowsS = pad_to > 0 ? pad_to : S;
+    const int32_t NL = pad_to > 0 ? pad_to : bt->num_logits;
+    const int32_t stride = bt->block_table_stride;
+
+    int32_t ndec = 0, npre = 0;
+    for (int32_t s = 0; s < rowsS; s++) {
+        int32_t n = s < S ? bt->query_start[s + 1] - bt->query_start[s] : 1;
+        if (n <= 0) continue;
+        if (n * G <= dec_rows) ndec++;
+        else npre += (n + tpt - 1) / tpt;
+    }
+    cb_meta_layout l;
+    cb_meta_layout_of(rowsT, NL, ndec, npre, &l);
+    const size_t bytes = l.bt + (size_t)rowsS * (size_t)stride * 4;
+    loom_status st = cb_meta_reserve(b, bytes, err);
+    if (st) return st;
+
+    uint8_t *m = b->meta_host;
+    int32_t *hdr = (int32_t *)(m + l.hdr);
+    int32_t *ids = (int32_t *)(m + l.ids), *pos = (int32_t *)(m + l.pos);
+    int64_t *slot = (int64_t *)(m + l.slot);
+    int32_t *lidx = (int32_t *)(m + l.lidx), *btab = (int32_t *)(m + l.bt);
+    loom_cuda_attn_tile *dt = (loom_cuda_attn_tile *)(m + l.dtiles);
+    loom_cuda_attn_tile *pt = (loom_cuda_attn_tile *)(m + l.ptiles);
+    hdr[0] = stride, hdr[1] = hdr[2] = hdr[3] = 0;
+    memcpy(ids, bt->token_ids, (size_t)T * 4);
+    memcpy(pos, bt->positions, (size_t)T * 4);
+    memcpy(slot, bt->slot_mapping, (size_t)T * 8);
+    for (int32_t t = T; t < rowsT; t++) ids[t] = 0, pos[t] = 0, slot[t] = -1;
+    if (pad_to > 0)
+        for (int32_t i = 0; i < NL; i++) lidx[i] = i;
+    else
+        memcpy(lidx, bt->logits_index, (size_t)NL * 4);
+    memcpy(btab, bt->block_table, (size_t)S * (size_t)stride * 4);
+    memset(btab + (size_t)S * stride, 0, (size_t)(rowsS - S) * (size_t)stride * 4);
+    int32_t id = 0, ip = 0;
+    for (int32_t s = 0; s < rowsS; s++) {
+        int32_t q0 = s < S ? bt->query_start[s] : s, n = s < S ? bt->query_start[s + 1] - q0 : 1;
+        if (n <= 0) continue;
+        if (n * G <= dec_rows) {
+            dt[id++] = (loom_cuda_attn_tile){.seq = s, .tok0 = q0, .ntok = n, .pad = 0};
+        } else {
+            for (int32_t k = 0; k < n; k += tpt)
+                pt[ip++] = (loom_cuda_attn_tile){.seq = s, .tok0 = q0 + k,
+                                                 .ntok = n - k < tpt ? n - k : tpt, .pad = 0};
+        }
+    }
+
+    uint8_t *d = b->meta_dev;
+    *p = (cuda_plan){.T = rowsT, .NL = NL, .n_dec = ndec, .n_pre = npre,
+                     .dec_splits = cb_max_splits(b, LOOM_CUDA_ATTN_DECODE, ndec),
+                     .pre_splits = cb_max_splits(b, LOOM_CUDA_ATTN_PREFILL, npre),
+                     .ids = (const int32_t *)(d + l.ids), .pos = (const int32_t *)(d + l.pos),
+                     .slot = (const int64_t *)(d + l.slot), .lidx = (const int32_t *)(d + l.lidx),
+                     .stride = (const int32_t *)(d + l.hdr), .bt = (const int32_t *)(d + l.bt),
+                     .dec_tiles = (const loom_cuda_attn_tile *)(d + l.dtiles),
+                     .pre_tiles = (const loom_cuda_attn_tile *)(d + l.ptiles), .bytes = bytes};
+    return LOOM_OK;
+}
+
+/* --------------------------------------------------------------- record */
+
+static loom_status cb_gemm(cuda_backend *b, bool out_f32, int32_t M, int32_t N, int32_t K,
+                           const void *x, const void *w, void *y, const char *what,
+                           loom_error *err) {
+    char msg[256] = "";
+    int rc = loom_cuda_gemm_run(b->gemm, b->dt, out_f32, M, N, K, x, w, y, b->stream, msg,
+                                sizeof msg);
+    if (rc == 0) return LOOM_OK;
+    return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE,
+                          "backend cuda (device %d): %s GEMM (%d x %d x %d): %s", b->device, what,
+                          M, N, K, msg);
+}
+
+/* Enqueue the embedding and every layer for p->T rows. Leaves the residual
+ * stream in x and the last layer's down projection in r. */
+static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    const int32_t T = p->T, H = c->hidden_size, I = c->intermediate_size;
+    const int32_t QKV = b->qkv_rows, QD = b->q_dim;
+    const float eps = c->rms_norm_eps;
+    cudaStream_t s = b->stream;
+    loom_status st;
+    if ((st = CB_CUDA(b, err, loom_cuda_embedding(b->dt, b->x, b->embed, p->ids, T, H, s))))
+        return st;
+    loom_cuda_attn_args aa = {.dt = b->dt, .out = b->att, .ldo = QD, .q = b->qkv, .ldq = QKV,
+                              .block_table = p->bt, .bt_stride = p->stride, .positions = p->pos,
+                              .num_heads = c->num_heads, .num_kv_heads = c->num_kv_heads,
+                              .head_dim = c->head_dim, .block_size = b->kv_layout.block_size,
+                              .scale = (float)(1.0 / sqrt((double)c->head_dim)),
+                              .partial = b->attn_ws, .sem = b->attn_sem};
+    for (int32_t l = 0; l < c->num_layers; l++) {
+        const cuda_layer *ly = &b->layers[l];
+        void *kc = b->pools[l], *vc = b->pools[c->num_layers + l];
+        /* attention block: (T, H) -> (T, QKV) -> (T, QD) -> r (T, H) */
+        if ((st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, l ? b->r : NULL,
+                                                        ly->attn_norm, NULL, T, H, eps, s))) ||
+            (st = cb_gemm(b, false, T, QKV, H, b->xn, ly->wqkv, b->qkv, "QKV", err)) ||
+            (st = CB_CUDA(b, err, loom_cuda_rope_kv(b->dt, b->qkv, QKV, ly->bqkv, b->rope_cs,
+                                                    p->pos, p->slot, kc, vc, T, c->num_heads,
+                                                    c->num_kv_heads, c->head_dim,
+                                                    b->kv_layout.block_size, s))))
+            return st;
+        aa.k_cache = kc, aa.v_cache = vc;
+        if (p->n_dec > 0) {
+            aa.shape = LOOM_CUDA_ATTN_DECODE, aa.tiles = p->dec_tiles, aa.num_tiles = p->n_dec;
+            aa.max_splits = p->dec_splits;
+            if ((st = CB_CUDA(b, err, loom_cuda_attention(&aa, s)))) return st;
+        }
+        if (p->n_pre > 0) {
+            aa.shape = LOOM_CUDA_ATTN_PREFILL, aa.tiles = p->pre_tiles, aa.num_tiles = p->n_pre;
+            aa.max_splits = p->pre_splits;
+            if ((st = CB_CUDA(b, err, loom_cuda_attention(&aa, s)))) return st;
+        }
+        /* FFN block: x += r; (T, H) -> (T, 2I) -> (T, I) -> r (T, H) */
+        if ((st = cb_gemm(b, false, T, H, QD, b->att, ly->wo, b->r, "attn_output", err)) ||
+            (st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, b->r, ly->ffn_norm,
+                                                        NULL, T, H, eps, s))) ||
+            (st = cb_gemm(b, false, T, 2 * I, H, b->xn, ly->wgu, b->gu, "ffn_gate_up", err)) ||
+            (st = CB_CUDA(b, err, loom_cuda_swiglu(b->dt, b->act, b->gu, T, I, s))) ||
+            (st = cb_gemm(b, false, T, H, I, b->act, ly->wdown, b->r, "ffn_down", err)))
+            return st;
+    }
+    return LOOM_OK;
+}
+
+/* Enqueue the final norm and LM head for logits rows [row0, row0 + n) and
+ * the copy of (n, vocab) float32 into the pinned logits_host. */
+static loom_status cb_record_logits(cuda_backend *b, const cuda_plan *p, int32_t row0, int32_t n,
+                                    loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    loom_status st;
+    if ((st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xs, b->x, b->r, b->out_norm,
+                                                    p->lidx + row0, n, c->hidden_size,
+                                                    c->rms_norm_eps, b->stream))) ||
+        (st = cb_gemm(b, true, n, c->vocab_size, c->hidden_size, b->xs, b->lm_head,
+                      b->logits_dev, "lm_head", err)))
+        return st;
+    return CB_CUDA(b, err, cudaMemcpyAsync(b->logits_host, b->logits_dev,
+                                           (size_t)n * (size_t)c->vocab_size * sizeof(float),
+                                           cudaMemcpyDeviceToHost, b->stream));
+}
+
+static loom_status cb_upload_meta(cuda_backend *b, const cuda_plan *p, loom_error *err) {
+    return CB_CUDA(b, err, cudaMemcpyAsync(b->meta_dev, b->meta_host, p->bytes,
+                                           cudaMemcpyHostToDevice, b->stream));
+}
+
+/* Copy `rows` rows of logits from the pinned mirror to the caller. One
+ * thread moves ~10 GB/s; a batch-64 step of a 128k vocabulary is 33 MB, so
+ * large copies are split over a few threads. */
+typedef struct cb_copy_job {
+    char *dst;
+    const char *src;
+    size_t n;
+} cb_copy_job;
+
+static void *cb_copy_main(void *arg) {
+    cb_copy_job *j = arg;
+    memcpy(j->dst, j->src, j->n);
+    return NULL;
+}
+
+#define CB_COPY_THREADS 8
+#define CB_COPY_SPLIT ((size_t)2 << 20) /* bytes per thread, at least */
+
+static void cb_logits_out(cuda_backend *b, float *dst, int32_t rows) {
+    const size_t bytes = (size_t)rows * (size_t)b->mc.vocab_size * sizeof(float);
+    int nt = (int)(bytes / CB_COPY_SPLIT);
+    int host_threads = b->host->num_threads ? b->host->num_threads(b->host->ctx) : 1;
+    if (nt > CB_COPY_THREADS) nt = CB_COPY_THREADS;
+    if (nt > host_threads) nt = host_threads;
+    if (nt <= 1) {
+        memcpy(dst, b->logits_host, bytes);
+        return;
+    }
+    cb_copy_job jobs[CB_COPY_THREADS];
+    pthread_t tids[CB_COPY_THREADS];
+    bool started[CB_COPY_THREADS] = {false};
+    for (int i = 0; i < nt; i++) {
+        size_t a = bytes * (size_t)i / (size_t)nt, e = bytes * (size_t)(i + 1) / (size_t)nt;
+        a &= ~(size_t)63, e = i + 1 == nt ? bytes : e & ~(size_t)63;
+        jobs[i] = (cb_copy_job){(char *)dst + a, (const char *)b->logits_host + a, e - a};
+        if (i > 0) started[i] = pthread_create(&tids[i], NULL, cb_copy_main, &jobs[i]) == 0;
+    }
+    cb_copy_main(&jobs[0]);
+    for (int i = 1; i < nt; i++) {
+        if (started[i]) pthread_join(tids[i], NULL);
+        else cb_copy_main(&jobs[i]);
+    }
+}
+
+/* Whole step eagerly: layers, then the LM head over all p->NL rows in
+ * chunks of logits_rows, of which the first `real_logits` go to the caller
+ * (a padded decode step computes its dummy rows too, so the warm-up runs
+ * exactly the GEMM shapes the graph will capture). */
+static loom_status cb_run_eager(cuda_backend *b, const cuda_plan *p, float *logits,
+                                int32_t real_logits, loom_error *err) {
+    loom_status st;
+    if ((st = cb_upload_meta(b, p, err)) || (st = cb_record_layers(b, p, err))) return st;
+    for (int32_t r0 = 0; r0 < p->NL; r0 += b->logits_rows) {
+        int32_t n = p->NL - r0 < b->logits_rows ? p->NL - r0 : b->logits_rows;
+        if ((st = cb_record_logits(b, p, r0, n, err)) ||
+            (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream))))
+            return st;
+        int32_t nreal = real_logits - r0 < n ? real_logits - r0 : n;
+        if (nreal > 0) cb_logits_out(b, logits + (size_t)r0 * b->mc.vocab_size, nreal);
+    }
+    if (p->NL == 0) st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
+    b->eager_steps++;
+    return st;
+}
+
+/* Capture the padded decode step of plan p as bucket k's graph. Failure
+ * leaves the bucket eager and is only logged. */
+static void cb_capture(cuda_backend *b, int k, const cuda_plan *p) {
+    const loom_host *h = b->host;
+    cuda_graph_slot *g = &b->graphs[k];
+    g->tried = true;
+    loom_error e = {0};
+    cudaGraph_t graph = NULL;
+    cudaError_t ce = cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal);
+    loom_status st = ce == cudaSuccess ? LOOM_OK : cb_cuda_check(b, &e, ce, "cudaStreamBeginCapture",
+                                                                 __FILE__, __LINE__);
+    if (st == LOOM_OK) {
+        st = cb_record_layers(b, p, &e);
+        if (st == LOOM_OK) st = cb_record_logits(b, p, 0, p->NL, &e);
+        ce = cudaStreamEndCapture(b->stream, &graph); /* always end what was begun */
+        if (st == LOOM_OK && ce != cudaSuccess)
+            st = cb_cuda_check(b, &e, ce, "cudaStreamEndCapture", __FILE__, __LINE__);
+    }
+    if (st == LOOM_OK) {
+        ce = cudaGraphInstantiateWithFlags(&g->exec, graph, 0);
+        if (ce != cudaSuccess) {
+            g->exec = NULL;
+            st = cb_cuda_check(b, &e, ce, "cudaGraphInstantiate", __FILE__, __LINE__);
+        }
+    }
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    if (st != LOOM_OK)
+        h->log(h->ctx, LOOM_LOG_WARN, CB_WHO,
+               "CUDA graph capture for decode batch %d failed; that bucket stays eager: %s",
+               cb_buckets[k], e.message);
+    else {
+        h->log(h->ctx, LOOM_LOG_DEBUG, CB_WHO, "captured decode graph for batch %d", cb_buckets[k]);
+        if (h->metric_add) h->metric_add(h->ctx, "backend.cuda.graph_captures", 1);
+    }
+}
+
+/* Bucket index for a pure decode step that may use a graph, or -1. */
+static int cb_graph_bucket(const cuda_backend *b, const loom_batch *bt) {
+    if (!b->cfg.cuda_graphs) return -1;
+    const int32_t S = bt->num_seqs, T = bt->num_tokens;
+    if (T != S || bt->num_logits != T || T > b->cfg.max_graph_batch || T > b->logits_rows ||
+        T > b->max_tokens)
+        return -1;
+    for (int32_t s = 0; s < S; s++)
+        if (bt->query_start[s + 1] - bt->query_start[s] != 1 || bt->logits_index[s] != s) return -1;
+    for (int k = 0; k < CB_NUM_BUCKETS; k++)
+        if (cb_buckets[k] >= T)
+            return cb_buckets[k] <= b->max_tokens && cb_buckets[k] <= b->logits_rows ? k : -1;
+    return -1;
+}
+
+loom_status cb_forward(void *self, const loom_batch *bt, float *logits, loom_error *err) {
+    cuda_backend *b = self;
+    loom_status st = cb_check_batch(b, bt, logits, err);
+    if (st != LOOM_OK || bt->num_tokens == 0) return st;
+    if ((st = CB_CUDA(b, err, cudaSetDevice(b->device)))) return st;
+    cuda_plan p;
+    const int k = cb_graph_bucket(b, bt);
+    if (k < 0) {
+        if ((st = cb_meta_build(b, bt, 0, &p, err))) return st;
+        return cb_run_eager(b, &p, logits, bt->num_logits, err);
+    }
+    if ((st = cb_meta_build(b, bt, cb_buckets[k], &p, err))) return st;
+    if (b->graphs[k].exec) {
+        if ((st = cb_upload_meta(b, &p, err)) ||
+            (st = CB_CUDA(b, err, cudaGraphLaunch(b->graphs[k].exec, b->stream))) ||
+            (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream))))
+            return st;
+        cb_logits_out(b, logits, bt->num_logits);
+        b->graph_replays++;
+        if (b->host->metric_add) b->host->metric_add(b->host->ctx, "backend.cuda.graph_replays", 1);
+        return LOOM_OK;
+    }
+    /* first time for this bucket: the padded step eagerly (warm-up and this
+     * step's logits), then capture it for the next ones */
+    if ((st = cb_run_eager(b, &p, logits, bt->num_logits, err))) return st;
+    if (!b->graphs[k].tried) cb_capture(b, k, &p);
+    return LOOM_OK;
+}

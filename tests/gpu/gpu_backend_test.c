@@ -1,0 +1,650 @@
+/*
+ * tests/gpu/gpu_backend_test.c — the cuda backend against the cpu backend
+ * on the same model and the same batches. Runs only on a Hopper GPU (not a
+ * meson test(): CI has none).
+ *
+ *   gpu_backend_test [cuda.so cpu.so [seed]]
+ *       (defaults: the paths meson compiled in, or $LOOM_CUDA_BACKEND_SO /
+ *        $LOOM_CPU_BACKEND_SO; seed from the clock, printed)
+ *
+ * Both plugins are dlopen'd and driven through loom_backend_ops on a small
+ * host table of our own, over fake model views with random weights: tiny
+ * Llama shapes with head_dim 64 and 128 (one Qwen2-style with QKV bias), a
+ * GQA-8 head_dim-64 shape, and a Llama-3-8B-like shape cut to 2 layers
+ * (smaller vocabulary). Some store their matrices in bf16 (uploaded as is),
+ * others in f32 (the loader's dequantize, round and stage path, several
+ * 32 MiB chunks for the 8B-like shape); one runs the cuda backend in f16. Three backend instances run every step —
+ * cpu (float32), cuda eager (cuda_graphs false) and cuda with graphs — so
+ * two cuda instances coexist in the process. Steps, on shuffled (paged)
+ * block tables of 16-token blocks: a ragged prefill (lengths 1..100,
+ * block boundaries), chunked prefill, a mixed step (decodes + chunks), a
+ * fork through copy_blocks, a swap out and in, and runs of pure decode
+ * steps at batch 6, 3 and 1 (graph buckets 8, 4 and 1: captured, then
+ * replayed). Checks print `PASS|FAIL name err` (err: largest row-wise
+ * ||a - b|| / ||b|| over the logits rows); exit status = failures.
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "loom/backend.h"
+#include "loom/plugin.h"
+
+#ifndef LOOM_CUDA_BACKEND_DEFAULT
+#define LOOM_CUDA_BACKEND_DEFAULT "loom-backend-cuda.so"
+#endif
+#ifndef LOOM_CPU_BACKEND_DEFAULT
+#define LOOM_CPU_BACKEND_DEFAULT "loom-backend-cpu.so"
+#endif
+
+#define TOL_CPU 2e-2   /* bf16 weights+activations vs float32 activations */
+#define TOL_GRAPH 1e-2 /* graph replay vs eager (GEMM shapes differ by padding) */
+
+static int g_fail, g_pass;
+static uint64_t g_rng;
+static double g_graph_replays, g_graph_captures;
+
+/* ---------------------------------------------------------------- host */
+
+static void h_log(void *ctx, loom_log_level lv, const char *who, const char *fmt, ...) {
+    (void)ctx;
+    if (lv < LOOM_LOG_WARN && !getenv("GPU_TEST_VERBOSE")) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "[%s] ", who ? who : "?");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+static void *h_alloc(void *ctx, size_t n) { (void)ctx; return malloc(n ? n : 1); }
+static void *h_calloc(void *ctx, size_t n, size_t s) { (void)ctx; return calloc(n ? n : 1, s ? s : 1); }
+static void h_free(void *ctx, void *p) { (void)ctx; free(p); }
+static loom_status h_error(void *ctx, loom_error *err, loom_status code, const char *fmt, ...) {
+    (void)ctx;
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        err->code = code;
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+static void h_metric_add(void *ctx, const char *name, double d) {
+    (void)ctx;
+    if (!strcmp(name, "backend.cuda.graph_replays")) g_graph_replays += d;
+    if (!strcmp(name, "backend.cuda.graph_captures")) g_graph_captures += d;
+}
+static void h_metric_set(void *ctx, const char *name, double v) { (void)ctx, (void)name, (void)v; }
+static float bf2f(uint16_t b) {
+    uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+static uint16_t f2bf(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+static float h2f(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+    if (exp == 0x1fu) bits = sign | 0x7f800000u | (mant << 13);
+    else if (exp == 0) {
+        float f = (float)mant * 0x1p-24f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    } else bits = sign | ((exp + 112u) << 23) | (mant << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+static loom_status h_dequantize(void *ctx, loom_dtype t, const void *src, float *dst, int64_t n) {
+    (void)ctx;
+    if (t == LOOM_DTYPE_F32) memcpy(dst, src, (size_t)n * 4);
+    else if (t == LOOM_DTYPE_F16)
+        for (int64_t i = 0; i < n; i++) dst[i] = h2f(((const uint16_t *)src)[i]);
+    else if (t == LOOM_DTYPE_BF16)
+        for (int64_t i = 0; i < n; i++) dst[i] = bf2f(((const uint16_t *)src)[i]);
+    else return LOOM_ERR_UNSUPPORTED;
+    return LOOM_OK;
+}
+static int32_t h_num_threads(void *ctx) {
+    (void)ctx;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int32_t)n : 1;
+}
+
+static const loom_host g_host = {
+    .struct_size = sizeof(loom_host), .abi_major = LOOM_ABI_MAJOR, .abi_minor = LOOM_ABI_MINOR,
+    .log = h_log, .alloc = h_alloc, .calloc = h_calloc, .free = h_free, .error = h_error,
+    .metric_add = h_metric_add, .metric_set = h_metric_set, .dequantize = h_dequantize,
+    .num_threads = h_num_threads,
+};
+
+/* -------------------------------------------------------------- plugins */
+
+typedef struct plugin {
+    void *lib;
+    const loom_component *comp;
+    const loom_backend_ops *ops;
+} plugin;
+
+static bool plugin_open(plugin *p, const char *path, const char *name) {
+    memset(p, 0, sizeof *p);
+    p->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!p->lib) {
+        fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
+        return false;
+    }
+    loom_plugin_entry_fn entry = (loom_plugin_entry_fn)dlsym(p->lib, LOOM_PLUGIN_ENTRY_SYMBOL);
+    const loom_plugin_desc *d = entry ? entry() : NULL;
+    for (uint32_t i = 0; d && i < d->num_components; i++)
+        if (d->components[i].kind == LOOM_KIND_BACKEND && !strcmp(d->components[i].name, name))
+            p->comp = &d->components[i];
+    if (!p->comp) {
+        fprintf(stderr, "%s: no backend component '%s'\n", path, name);
+        return false;
+    }
+    p->ops = p->comp->ops;
+    return true;
+}
+
+/* Fill a config struct from the component's parameter defaults, then
+ * apply "key=value" overrides (the host's job in the engine). */
+static void *config_make(const loom_component *c, const char *const *overrides) {
+    uint8_t *cfg = calloc(1, c->config_size + 16);
+    for (const loom_param *p = c->params; p && p->key; p++) {
+        const char *v = p->default_value;
+        for (const char *const *o = overrides; o && *o; o++) {
+            size_t kl = strlen(p->key);
+            if (!strncmp(*o, p->key, kl) && (*o)[kl] == '=') v = *o + kl + 1;
+        }
+        if (!v) continue;
+        uint8_t *f = cfg + p->offset;
+        switch (p->type) {
+        case LOOM_PARAM_BOOL: *(bool *)f = !strcmp(v, "true") || !strcmp(v, "1"); break;
+        case LOOM_PARAM_INT: *(int64_t *)f = strtoll(v, NULL, 0); break;
+        case LOOM_PARAM_FLOAT: *(double *)f = strtod(v, NULL); break;
+        case LOOM_PARAM_STRING: snprintf((char *)f, LOOM_PARAM_STRING_MAX, "%s", v); break;
+        case LOOM_PARAM_ENUM:
+            for (int64_t i = 0; p->choices && p->choices[i]; i++)
+                if (!strcmp(p->choices[i], v)) *(int64_t *)f = i;
+            break;
+        }
+    }
+    return cfg;
+}
+
+/* ------------------------------------------------------------ fake model */
+
+#define MAX_TENSORS 64
+
+typedef struct fake_model {
+    loom_model_config cfg;
+    loom_model_view view;
+    loom_tensor t[MAX_TENSORS];
+    char names[MAX_TENSORS][64];
+    int n;
+} fake_model;
+
+static uint64_t rng_next(void) {
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float rng_unif(float lo, float hi) {
+    return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0));
+}
+
+static const loom_tensor *fm_get(void *ctx, const char *name) {
+    fake_model *m = ctx;
+    for (int i = 0; i < m->n; i++)
+        if (!strcmp(m->names[i], name)) return &m->t[i];
+    return NULL;
+}
+static int32_t fm_count(void *ctx) { return ((fake_model *)ctx)->n; }
+static const loom_tensor *fm_at(void *ctx, int32_t i) { return &((fake_model *)ctx)->t[i]; }
+
+/* Matrices are stored in this type (bf16 goes to the device as is; f32
+ * takes the loader's dequantize-and-round path through pinned staging). */
+static loom_dtype g_matrix_dtype = LOOM_DTYPE_BF16;
+
+/* Add a tensor: matrices U(-a, a) in g_matrix_dtype, or f32 vectors c + U(-a, a). */
+static void fm_add(fake_model *m, const char *name, int64_t d0, int64_t d1, bool f32, float c,
+                   float a) {
+    if (!f32 && g_matrix_dtype == LOOM_DTYPE_F32) f32 = true, c = 0;
+    loom_tensor *t = &m->t[m->n];
+    snprintf(m->names[m->n], sizeof m->names[0], "%s", name);
+    int64_t n = d0 * (d1 > 0 ? d1 : 1);
+    *t = (loom_tensor){.struct_size = sizeof *t, .dtype = f32 ? LOOM_DTYPE_F32 : LOOM_DTYPE_BF16,
+                       .ndim = d1 > 0 ? 2 : 1, .shape = {d0, d1 > 0 ? d1 : 0},
+                       .nbytes = (size_t)n * (f32 ? 4 : 2), .device = LOOM_DEVICE_HOST,
+                       .name = m->names[m->n]};
+    t->data = malloc(t->nbytes);
+    if (f32)
+        for (int64_t i = 0; i < n; i++) ((float *)t->data)[i] = c + rng_unif(-a, a);
+    else
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)t->data)[i] = f2bf(rng_unif(-a, a));
+    m->n++;
+}
+
+typedef struct shape {
+    const char *name;
+    loom_arch arch;
+    int32_t vocab, hidden, inter, layers, heads, kv_heads, head_dim;
+    float theta;
+    bool tie, bias, llama3;
+    bool f32_weights;   /* matrices stored f32 (exercises the converting upload) */
+    const char *dtype;  /* cuda backend compute type; NULL = default (bf16)     */
+} shape;
+
+static fake_model *fm_make(const shape *s) {
+    fake_model *m = calloc(1, sizeof *m);
+    g_matrix_dtype = s->f32_weights ? LOOM_DTYPE_F32 : LOOM_DTYPE_BF16;
+    loom_model_config *c = &m->cfg;
+    *c = (loom_model_config){.struct_size = sizeof *c, .arch = s->arch, .vocab_size = s->vocab,
+                             .hidden_size = s->hidden, .intermediate_size = s->inter,
+                             .num_layers = s->layers, .num_heads = s->heads,
+                             .num_kv_heads = s->kv_heads, .head_dim = s->head_dim,
+                             .max_context = 8192, .rope_theta = s->theta, .rms_norm_eps = 1e-5f,
+                             .rope_scaling = s->llama3 ? LOOM_ROPE_SCALING_LLAMA3 : LOOM_ROPE_SCALING_NONE,
+                             .rope_factor = 8, .rope_low_freq_factor = 1, .rope_high_freq_factor = 4,
+                             .rope_original_context = 8192, .tie_embeddings = s->tie,
+                             .qkv_bias = s->bias, .bos_token_id = 1, .eos_token_id = 2};
+    snprintf(c->name, sizeof c->name, "fake %s", s->name);
+    const int64_t H = s->hidden, I = s->inter, QD = (int64_t)s->heads * s->head_dim;
+    const int64_t KVD = (int64_t)s->kv_heads * s->head_dim;
+    fm_add(m, "token_embd.weight", s->vocab, H, false, 0, 1.0f);
+    fm_add(m, "output_norm.weight", H, 0, true, 1, 0.05f);
+    if (!s->tie) fm_add(m, "output.weight", s->vocab, H, false, 0, 1.0f / sqrtf((float)H));
+    char nm[64];
+    for (int l = 0; l < s->layers; l++) {
+#define ADDW(suffix, d0, d1, fan)                                                                  \
+    snprintf(nm, sizeof nm, "blk.%d." suffix, l), fm_add(m, nm, d0, d1, false, 0, 1.0f / sqrtf((float)(fan)))
+        ADDW("attn_q.weight", QD, H, H);
+        ADDW("attn_k.weight", KVD, H, H);
+        ADDW("attn_v.weight", KVD, H, H);
+        ADDW("attn_output.weight", H, QD, QD);
+        ADDW("ffn_gate.weight", I, H, H);
+        ADDW("ffn_up.weight", I, H, H);
+        ADDW("ffn_down.weight", H, I, I);
+#undef ADDW
+        snprintf(nm, sizeof nm, "blk.%d.attn_norm.weight", l), fm_add(m, nm, H, 0, true, 1, 0.05f);
+        snprintf(nm, sizeof nm, "blk.%d.ffn_norm.weight", l), fm_add(m, nm, H, 0, true, 1, 0.05f);
+        if (s->bias) {
+            snprintf(nm, sizeof nm, "blk.%d.attn_q.bias", l), fm_add(m, nm, QD, 0, true, 0, 0.5f);
+            snprintf(nm, sizeof nm, "blk.%d.attn_k.bias", l), fm_add(m, nm, KVD, 0, true, 0, 0.5f);
+            snprintf(nm, sizeof nm, "blk.%d.attn_v.bias", l), fm_add(m, nm, KVD, 0, true, 0, 0.5f);
+        }
+    }
+    m->view = (loom_model_view){.struct_size = sizeof m->view, .config = &m->cfg, .ctx = m,
+                                .get = fm_get, .count = fm_count, .at = fm_at};
+    return m;
+}
+
+static void fm_free(fake_model *m) {
+    for (int i = 0; i < m->n; i++) free(m->t[i].data);
+    free(m);
+}
+
+/* ------------------------------------------------------ a tiny scheduler */
+
+#define NB 1024          /* device blocks */
+#define NCPU 64          /* swap blocks   */
+#define BS 16
+#define MAX_SEQ_BLOCKS 64
+
+typedef struct seq {
+    int32_t tokens[MAX_SEQ_BLOCKS * BS];
+    int32_t len;         /* tokens known                         */
+    int32_t done;        /* tokens whose K/V is in the cache     */
+    int32_t blocks[MAX_SEQ_BLOCKS];
+    int32_t nblocks;
+} seq;
+
+typedef struct sched {
+    int32_t free_list[NB];
+    int32_t n_free;
+} sched;
+
+static void sched_init(sched *s) {
+    for (int i = 0; i < NB; i++) s->free_list[i] = i;
+    for (int i = NB - 1; i > 0; i--) { /* shuffled: block tables are scattered */
+        int j = (int)(rng_next() % (uint64_t)(i + 1)), t = s->free_list[i];
+        s->free_list[i] = s->free_list[j], s->free_list[j] = t;
+    }
+    s->n_free = NB;
+}
+
+static int32_t sched_alloc(sched *s) { return s->free_list[--s->n_free]; }
+
+typedef struct batch_buf {
+    loom_batch b;
+    int32_t tok[4096], pos[4096], qs[65], ctx[64], bt[64 * MAX_SEQ_BLOCKS], lidx[4096];
+    int64_t slot[4096];
+} batch_buf;
+
+/* Step where seqs[i] gets nnew[i] new tokens; logits for all tokens or
+ * the last of each sequence. */
+static void build(sched *sc, seq **seqs, const int *nnew, int nseq, bool all_logits, batch_buf *o) {
+    int T = 0, nl = 0, stride = 1;
+    for (int i = 0; i < nseq; i++) {
+        seq *s = seqs[i];
+        int need = (s->done + nnew[i] + BS - 1) / BS;
+        while (s->nblocks < need) s->blocks[s->nblocks++] = sched_alloc(sc);
+        if (s->nblocks > stride) stride = s->nblocks;
+    }
+    o->qs[0] = 0;
+    for (int i = 0; i < nseq; i++) {
+        seq *s = seqs[i];
+        for (int j = 0; j < stride; j++) o->bt[i * stride + j] = j < s->nblocks ? s->blocks[j] : -1;
+        for (int j = 0; j < nnew[i]; j++, T++) {
+            int p = s->done + j;
+            o->tok[T] = s->tokens[p];
+            o->pos[T] = p;
+            o->slot[T] = (int64_t)s->blocks[p / BS] * BS + p % BS;
+            if (all_logits || j == nnew[i] - 1) o->lidx[nl++] = T;
+        }
+        o->qs[i + 1] = T;
+        o->ctx[i] = s->done + nnew[i];
+    }
+    o->b = (loom_batch){.struct_size = sizeof(loom_batch), .num_seqs = nseq, .num_tokens = T,
+                        .token_ids = o->tok, .positions = o->pos, .query_start = o->qs,
+                        .context_len = o->ctx, .block_table = o->bt, .block_table_stride = stride,
+                        .slot_mapping = o->slot, .num_logits = nl, .logits_index = o->lidx};
+}
+
+/* ------------------------------------------------------------- checking */
+
+static void check(const char *name, const float *a, const float *b, int rows, int V, double tol) {
+    double worst = 0;
+    bool bad = false;
+    for (int r = 0; r < rows; r++) {
+        double d = 0, n = 0;
+        for (int i = 0; i < V; i++) {
+            double x = a[(size_t)r * V + i], y = b[(size_t)r * V + i];
+            if (isnan(x) || isinf(x)) bad = true;
+            d += (x - y) * (x - y);
+            n += y * y;
+        }
+        double e = sqrt(d) / (n > 0 ? sqrt(n) : 1e-30);
+        if (!(e <= worst)) worst = e;
+    }
+    bool ok = !bad && worst <= tol && rows > 0;
+    printf("%s %-64s %.3e%s\n", ok ? "PASS" : "FAIL", name, worst, bad ? " (NaN)" : "");
+    fflush(stdout);
+    if (ok) g_pass++;
+    else g_fail++;
+}
+
+static void expect_status(const char *name, loom_status got, loom_status want, const loom_error *e) {
+    bool ok = got == want;
+    printf("%s %-64s status %d%s%s\n", ok ? "PASS" : "FAIL", name, (int)got,
+           e && e->message[0] ? ": " : "", e ? e->message : "");
+    if (ok) g_pass++;
+    else g_fail++;
+}
+
+typedef struct trio {
+    const plugin *cpu_p, *cuda_p;
+    void *cpu, *eager, *graph;
+    float *l_cpu, *l_eager, *l_graph;
+    int V;
+} trio;
+
+/* Run one step on the three instances and compare. */
+static bool run_step(trio *t, const char *shape_name, const char *step, batch_buf *bb) {
+    loom_error e = {0};
+    loom_status st;
+    char name[160];
+    const int NLr = bb->b.num_logits;
+    if ((st = t->cpu_p->ops->forward(t->cpu, &bb->b, t->l_cpu, &e)) ||
+        (st = t->cuda_p->ops->forward(t->eager, &bb->b, t->l_eager, &e)) ||
+        (st = t->cuda_p->ops->forward(t->graph, &bb->b, t->l_graph, &e))) {
+        printf("FAIL %s %s: forward status %d: %s\n", shape_name, step, (int)st, e.message);
+        g_fail++;
+        return false;
+    }
+    snprintf(name, sizeof name, "%s %s cuda vs cpu (%d rows)", shape_name, step, NLr);
+    check(name, t->l_eager, t->l_cpu, NLr, t->V, TOL_CPU);
+    snprintf(name, sizeof name, "%s %s graphs-on vs eager", shape_name, step);
+    check(name, t->l_graph, t->l_eager, NLr, t->V, TOL_GRAPH);
+    return true;
+}
+
+static void advance(seq **seqs, const int *nnew, int n) {
+    for (int i = 0; i < n; i++) seqs[i]->done += nnew[i];
+}
+
+/* ------------------------------------------------------------ one shape */
+
+static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh) {
+    printf("--- %s: vocab %d hidden %d ffn %d layers %d heads %d/%d head_dim %d%s%s%s, cuda %s\n",
+           sh->name, sh->vocab, sh->hidden, sh->inter, sh->layers, sh->heads, sh->kv_heads,
+           sh->head_dim, sh->bias ? " qkv-bias" : "", sh->llama3 ? " llama3-rope" : "",
+           sh->f32_weights ? " f32-weights" : " bf16-weights", sh->dtype ? sh->dtype : "bf16");
+    fake_model *m = fm_make(sh);
+    loom_error e = {0};
+    loom_status st;
+    trio t = {.cpu_p = cpu_p, .cuda_p = cuda_p, .V = sh->vocab};
+    char dt_ov[32];
+    snprintf(dt_ov, sizeof dt_ov, "dtype=%s", sh->dtype ? sh->dtype : "bf16");
+    const char *ov_eager[] = {"cuda_graphs=false", "max_batched_tokens=1024", dt_ov, NULL};
+    const char *ov_graph[] = {"cuda_graphs=true", "max_batched_tokens=1024", dt_ov, NULL};
+    void *c_cpu = config_make(cpu_p->comp, NULL), *c_e = config_make(cuda_p->comp, ov_eager),
+         *c_g = config_make(cuda_p->comp, ov_graph);
+    loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = BS, .num_blocks = NB,
+                          .num_cpu_blocks = NCPU, .dtype = LOOM_DTYPE_COUNT};
+    void **inst[3] = {&t.cpu, &t.eager, &t.graph};
+    const plugin *pl[3] = {cpu_p, cuda_p, cuda_p};
+    void *cfgs[3] = {c_cpu, c_e, c_g};
+    for (int i = 0; i < 3; i++) {
+        if ((st = pl[i]->ops->create(&g_host, cfgs[i], inst[i], &e)) ||
+            (st = pl[i]->ops->load(*inst[i], &m->view, NULL, &e)) ||
+            (st = pl[i]->ops->kv_alloc(*inst[i], &kvl, &e))) {
+            printf("FAIL %s setup of instance %d: status %d: %s\n", sh->name, i, (int)st, e.message);
+            g_fail++;
+            goto out;
+        }
+    }
+    {
+        loom_backend_memory mem = {0};
+        st = cuda_p->ops->memory(t.eager, &mem, &e);
+        printf("      cuda memory: total %.1f GiB, free %.1f GiB, weights %.1f MiB\n",
+               mem.total_bytes / 1073741824.0, mem.free_bytes / 1073741824.0,
+               mem.weight_bytes / 1048576.0);
+    }
+    t.l_cpu = malloc((size_t)1024 * sh->vocab * 4);
+    t.l_eager = malloc((size_t)1024 * sh->vocab * 4);
+    t.l_graph = malloc((size_t)1024 * sh->vocab * 4);
+
+    sched sc;
+    sched_init(&sc);
+    static seq S[8];
+    memset(S, 0, sizeof S);
+    const int plen[6] = {1, 15, 16, 17, 33, 100};
+    for (int i = 0; i < 8; i++) {
+        S[i].len = MAX_SEQ_BLOCKS * BS;
+        for (int j = 0; j < S[i].len; j++) S[i].tokens[j] = (int32_t)(rng_next() % (uint64_t)sh->vocab);
+    }
+    static batch_buf bb;
+    /* 1. ragged prefill of seqs 0..3, every token's logits */
+    {
+        seq *ss[4] = {&S[0], &S[1], &S[2], &S[3]};
+        int nn[4] = {plen[0], plen[1], plen[2], plen[3]};
+        build(&sc, ss, nn, 4, true, &bb);
+        if (!run_step(&t, sh->name, "prefill 1/15/16/17", &bb)) goto out;
+        advance(ss, nn, 4);
+    }
+    /* 2. chunked prefill: seq 4 (33 tokens) and seq 5 (100) in pieces */
+    {
+        seq *ss[2] = {&S[4], &S[5]};
+        int nn[2] = {20, 37};
+        build(&sc, ss, nn, 2, true, &bb);
+        if (!run_step(&t, sh->name, "chunked prefill 20+37", &bb)) goto out;
+        advance(ss, nn, 2);
+    }
+    /* 3. mixed: decodes of 0..3 + the rest of 4 and a chunk of 5 */
+    {
+        seq *ss[6] = {&S[0], &S[1], &S[2], &S[3], &S[4], &S[5]};
+        int nn[6] = {1, 1, 1, 1, 13, 40};
+        build(&sc, ss, nn, 6, false, &bb);
+        if (!run_step(&t, sh->name, "mixed 4 decodes + chunks 13, 40", &bb)) goto out;
+        advance(ss, nn, 6);
+    }
+    /* 4. last chunk of 5 (verify-like: 23 tokens, all logits) */
+    {
+        seq *ss[1] = {&S[5]};
+        int nn[1] = {23};
+        build(&sc, ss, nn, 1, true, &bb);
+        if (!run_step(&t, sh->name, "last chunk 23", &bb)) goto out;
+        advance(ss, nn, 1);
+    }
+    /* 5. fork: seq 6 = copy of seq 4's blocks (copy_blocks), same next token */
+    {
+        int32_t pairs[2 * MAX_SEQ_BLOCKS];
+        S[6] = S[4];
+        S[6].nblocks = 0;
+        for (int j = 0; j < S[4].nblocks; j++) {
+            S[6].blocks[S[6].nblocks++] = sched_alloc(&sc);
+            pairs[2 * j] = S[4].blocks[j], pairs[2 * j + 1] = S[6].blocks[j];
+        }
+        int n = S[4].nblocks;
+        if ((st = cpu_p->ops->copy_blocks(t.cpu, pairs, n, &e)) ||
+            (st = cuda_p->ops->copy_blocks(t.eager, pairs, n, &e)) ||
+            (st = cuda_p->ops->copy_blocks(t.graph, pairs, n, &e))) {
+            printf("FAIL %s copy_blocks: %s\n", sh->name, e.message);
+            g_fail++;
+            goto out;
+        }
+        seq *ss[2] = {&S[4], &S[6]};
+        int nn[2] = {1, 1};
+        build(&sc, ss, nn, 2, false, &bb);
+        if (!run_step(&t, sh->name, "decode original + copy_blocks fork", &bb)) goto out;
+        char name[128];
+        snprintf(name, sizeof name, "%s fork logits equal original (cuda)", sh->name);
+        check(name, t.l_eager + sh->vocab, t.l_eager, 1, sh->vocab, 1e-6);
+        advance(ss, nn, 2);
+    }
+    /* 6. swap seq 1 out to host blocks and back in to fresh device blocks */
+    {
+        int32_t out_pairs[2 * MAX_SEQ_BLOCKS], in_pairs[2 * MAX_SEQ_BLOCKS];
+        int n = S[1].nblocks;
+        for (int j = 0; j < n; j++) {
+            out_pairs[2 * j] = S[1].blocks[j], out_pairs[2 * j + 1] = j;
+            S[1].blocks[j] = sched_alloc(&sc);
+            in_pairs[2 * j] = j, in_pairs[2 * j + 1] = S[1].blocks[j];
+        }
+        const plugin *ps[3] = {cpu_p, cuda_p, cuda_p};
+        void *is[3] = {t.cpu, t.eager, t.graph};
+        for (int i = 0; i < 3; i++)
+            if ((st = ps[i]->ops->swap_blocks(is[i], LOOM_SWAP_OUT, out_pairs, n, &e)) ||
+                (st = ps[i]->ops->swap_blocks(is[i], LOOM_SWAP_IN, in_pairs, n, &e))) {
+                printf("FAIL %s swap_blocks: %s\n", sh->name, e.message);
+                g_fail++;
+                goto out;
+            }
+        seq *ss[1] = {&S[1]};
+        int nn[1] = {1};
+        build(&sc, ss, nn, 1, false, &bb);
+        if (!run_step(&t, sh->name, "decode after swap out + in", &bb)) goto out;
+        advance(ss, nn, 1);
+    }
+    /* 7. pure decode runs: batch 6 (bucket 8), 3 (bucket 4), 1 (bucket 1) */
+    {
+        const int sizes[3] = {6, 3, 1};
+        for (int k = 0; k < 3; k++) {
+            for (int step = 0; step < 4; step++) {
+                seq *ss[6] = {&S[0], &S[1], &S[2], &S[3], &S[4], &S[5]};
+                int nn[6] = {1, 1, 1, 1, 1, 1};
+                build(&sc, ss, nn, sizes[k], false, &bb);
+                char label[64];
+                snprintf(label, sizeof label, "decode batch %d step %d", sizes[k], step);
+                if (!run_step(&t, sh->name, label, &bb)) goto out;
+                advance(ss, nn, sizes[k]);
+            }
+        }
+    }
+    /* 8. a batch over max_batched_tokens is refused with INVALID */
+    {
+        seq *ss[1] = {&S[7]};
+        int nn[1] = {1025};
+        build(&sc, ss, nn, 1, false, &bb);
+        loom_error e2 = {0};
+        st = cuda_p->ops->forward(t.eager, &bb.b, t.l_eager, &e2);
+        char name[128];
+        snprintf(name, sizeof name, "%s 1025 tokens > max_batched_tokens -> INVALID", sh->name);
+        expect_status(name, st, LOOM_ERR_INVALID, &e2);
+    }
+out:
+    for (int i = 0; i < 3; i++)
+        if (*inst[i]) pl[i]->ops->destroy(*inst[i]);
+    free(c_cpu), free(c_e), free(c_g);
+    free(t.l_cpu), free(t.l_eager), free(t.l_graph);
+    fm_free(m);
+}
+
+/* A quantizer that plans int8 for every attn_q weight: load must refuse. */
+static loom_status fq_plan(void *self, const loom_model_view *m, const loom_tensor *w,
+                           loom_quant_plan *out, loom_error *err) {
+    (void)self, (void)m, (void)err;
+    out->format = strstr(w->name ? w->name : "", "attn_q") ? LOOM_QFMT_INT8_W8A16 : LOOM_QFMT_NONE;
+    return LOOM_OK;
+}
+
+static void test_quant_refused(const plugin *cuda_p) {
+    shape sh = {"quant", LOOM_ARCH_LLAMA, 256, 128, 256, 1, 2, 2, 64, 10000, true, false, false, false, NULL};
+    fake_model *m = fm_make(&sh);
+    static const loom_quant_ops qops = {.struct_size = sizeof qops, .plan = fq_plan};
+    loom_quant_binding qb = {.struct_size = sizeof qb, .ops = &qops, .self = NULL, .name = "fake-int8"};
+    void *cfg = config_make(cuda_p->comp, NULL), *inst = NULL;
+    loom_error e = {0};
+    loom_status st = cuda_p->ops->create(&g_host, cfg, &inst, &e);
+    if (st == LOOM_OK) st = cuda_p->ops->load(inst, &m->view, &qb, &e);
+    expect_status("quantizer planning int8 -> load UNSUPPORTED", st, LOOM_ERR_UNSUPPORTED, &e);
+    if (inst) cuda_p->ops->destroy(inst);
+    free(cfg);
+    fm_free(m);
+}
+
+int main(int argc, char **argv) {
+    const char *cuda_so = argc > 2 ? argv[1] : getenv("LOOM_CUDA_BACKEND_SO");
+    const char *cpu_so = argc > 2 ? argv[2] : getenv("LOOM_CPU_BACKEND_SO");
+    if (!cuda_so) cuda_so = LOOM_CUDA_BACKEND_DEFAULT;
+    if (!cpu_so) cpu_so = LOOM_CPU_BACKEND_DEFAULT;
+    uint64_t seed = argc > 3 ? strtoull(argv[3], NULL, 0) : (uint64_t)time(NULL);
+    g_rng = seed;
+    printf("gpu_backend_test: seed %llu\n  cuda: %s\n  cpu:  %s\n", (unsigned long long)seed,
+           cuda_so, cpu_so);
+    plugin cpu_p, cuda_p;
+    if (!plugin_open(&cuda_p, cuda_so, "cuda") || !plugin_open(&cpu_p, cpu_so, "cpu")) return 100;
+
+    const shape shapes[] = {
+        {"tiny-d64", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, true, false, false, false, NULL},
+        {"tiny-d64-f16", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, true, false, false, true, "f16"},
+        {"tiny-d128-qwen2", LOOM_ARCH_QWEN2, 384, 384, 768, 2, 6, 2, 128, 1000000, false, true, false, true, NULL},
+        {"d64-gqa8", LOOM_ARCH_LLAMA, 8192, 2048, 5632, 2, 32, 4, 64, 100000, true, false, false, false, NULL},
+        {"llama3-8b-2layer", LOOM_ARCH_LLAMA, 32768, 4096, 14336, 2, 32, 8, 128, 500000, false, false, true, true, NULL},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) run_shape(&cpu_p, &cuda_p, &shapes[i]);
+    test_quant_refused(&cuda_p);
+
+    bool replayed = g_graph_replays > 0 && g_graph_captures > 0;
+    printf("%s %-64s captures %.0f, replays %.0f\n", replayed ? "PASS" : "FAIL",
+           "CUDA graphs captured and replayed", g_graph_captures, g_graph_replays);
+    if (replayed) g_pass++;
+    else g_fail++;
+    printf("gpu_backend_test: %d passed, %d failed (seed %llu)\n", g_pass, g_fail,
+           (unsigned long long)seed);
+    return g_fail > 255 ? 255 : g_fail;
+}

@@ -1,0 +1,752 @@
+/*
+ * tests/gpu/gpu_kernel_tests.c — every kernel of kernels/cuda against a
+ * float64 CPU reference, on fresh random inputs, at many shapes. Runs only
+ * on a machine with a Hopper GPU (it is not a meson test(): CI has none).
+ *
+ *   gpu_kernel_tests [seed]        (default seed: from the clock; printed)
+ *
+ * Each check prints `PASS|FAIL <name> <err>` where err is the largest
+ * row-wise relative error ||out - ref|| / ||ref|| over the rows checked
+ * (bf16/f16 outputs pass below 1e-2, float32 ones below 1e-5). Outputs are
+ * poisoned (all bytes 0xFF: NaN in every float type) before each run, so an
+ * element the kernel failed to write fails the check; the split-K workspace
+ * is poisoned too. Exit status is the number of failures (0 = all passed).
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_kernels.h"
+
+static int g_fail, g_pass;
+static uint64_t g_rng;
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s failed: %s (%s)\n", __FILE__, __LINE__, #call,              \
+                    cudaGetErrorName(e_), cudaGetErrorString(e_));                                 \
+            exit(100); /* a test program, not a library: stop at a device fault */               \
+        }                                                                                          \
+    } while (0)
+
+/* ---------------------------------------------------------------- helpers */
+
+static uint64_t rng_next(void) {
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float rng_unif(float lo, float hi) {
+    return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0));
+}
+static int rng_int(int n) { return (int)(rng_next() % (uint64_t)n); }
+
+static uint16_t f2bf(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+static float bf2f(uint16_t b) {
+    uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+static uint16_t f2h(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    x &= 0x7fffffffu;
+    if (x >= 0x7f800000u) return (uint16_t)(sign | (x > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
+    if (x < 0x38800000u) {
+        float a, r;
+        memcpy(&a, &x, 4);
+        r = a + 0.5f;
+        uint32_t rb;
+        memcpy(&rb, &r, 4);
+        return (uint16_t)(sign | (rb - 0x3f000000u));
+    }
+    uint32_t odd = (x >> 13) & 1u;
+    x += 0xc8000000u + 0xfffu + odd;
+    return (uint16_t)(sign | (x >> 13));
+}
+static float h2f(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+    if (exp == 0x1fu) bits = sign | 0x7f800000u | (mant << 13);
+    else if (exp == 0) {
+        float f = (float)mant * 0x1p-24f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    } else bits = sign | ((exp + 112u) << 23) | (mant << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+static uint16_t to16(loom_cuda_dt dt, float f) { return dt == LOOM_CUDA_F16 ? f2h(f) : f2bf(f); }
+static float from16(loom_cuda_dt dt, uint16_t v) { return dt == LOOM_CUDA_F16 ? h2f(v) : bf2f(v); }
+static const char *dtn(loom_cuda_dt dt) { return dt == LOOM_CUDA_F16 ? "f16" : "bf16"; }
+
+/* n random 16-bit values in [lo, hi), rounded; `shadow` (may be NULL) gets
+ * their exact float values. */
+static uint16_t *rand16(loom_cuda_dt dt, size_t n, float lo, float hi, float *shadow) {
+    uint16_t *v = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        v[i] = to16(dt, rng_unif(lo, hi));
+        if (shadow) shadow[i] = from16(dt, v[i]);
+    }
+    return v;
+}
+
+static void *dev_upload(const void *h, size_t bytes) {
+    void *d = NULL;
+    CK(cudaMalloc(&d, bytes ? bytes : 16));
+    if (bytes) CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+static void *dev_poison(size_t bytes) {
+    void *d = NULL;
+    CK(cudaMalloc(&d, bytes ? bytes : 16));
+    CK(cudaMemset(d, 0xff, bytes ? bytes : 16));
+    return d;
+}
+
+/* Row-wise relative error accumulator. */
+typedef struct err_acc {
+    double worst;
+    bool nan;
+    long rows;
+} err_acc;
+
+static void err_row(err_acc *a, const double *out, const double *ref, int64_t n) {
+    double d = 0, r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(out[i]) || isinf(out[i])) a->nan = true;
+        d += (out[i] - ref[i]) * (out[i] - ref[i]);
+        r += ref[i] * ref[i];
+    }
+    double e = sqrt(d) / (sqrt(r) > 1e-30 ? sqrt(r) : 1e-30);
+    if (!(e <= a->worst)) a->worst = e; /* NaN propagates as worst */
+    a->rows++;
+}
+
+static void report(const char *name, const err_acc *a, double tol) {
+    bool ok = !a->nan && a->worst <= tol && a->rows > 0;
+    printf("%s %-58s %.3e%s\n", ok ? "PASS" : "FAIL", name, a->worst,
+           a->nan ? " (NaN/unwritten)" : a->rows == 0 ? " (nothing checked)" : "");
+    fflush(stdout);
+    if (ok) g_pass++;
+    else g_fail++;
+}
+
+#define TOL16 1e-2
+#define TOL32 1e-5
+
+/* -------------------------------------------------------------- embedding */
+
+static void test_embedding(loom_cuda_dt dt, int V, int H, int T) {
+    float *tab_f = malloc((size_t)V * H * sizeof(float));
+    uint16_t *tab = rand16(dt, (size_t)V * H, -1, 1, tab_f);
+    int32_t *ids = malloc((size_t)T * 4);
+    for (int t = 0; t < T; t++) ids[t] = rng_int(V);
+    void *d_tab = dev_upload(tab, (size_t)V * H * 2), *d_ids = dev_upload(ids, (size_t)T * 4);
+    float *d_x = dev_poison((size_t)T * H * 4);
+    CK(loom_cuda_embedding(dt, d_x, d_tab, d_ids, T, H, 0));
+    CK(cudaDeviceSynchronize());
+    float *x = malloc((size_t)T * H * 4);
+    CK(cudaMemcpy(x, d_x, (size_t)T * H * 4, cudaMemcpyDeviceToHost));
+    err_acc a = {0};
+    double *o = malloc((size_t)H * 8), *r = malloc((size_t)H * 8);
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < H; i++) o[i] = x[(size_t)t * H + i], r[i] = tab_f[(size_t)ids[t] * H + i];
+        err_row(&a, o, r, H);
+    }
+    char name[128];
+    snprintf(name, sizeof name, "embedding %s V=%d H=%d T=%d", dtn(dt), V, H, T);
+    report(name, &a, TOL32);
+    cudaFree(d_tab), cudaFree(d_ids), cudaFree(d_x);
+    free(tab_f), free(tab), free(ids), free(x), free(o), free(r);
+}
+
+/* ----------------------------------------------------------- add+RMSNorm */
+
+/* mode 0: y = norm(x); 1: x += r, y = norm(x); 2: gather rows of x + r. */
+static void test_rmsnorm(loom_cuda_dt dt, int H, int T, int mode) {
+    const int R = mode == 2 ? T + 5 : T; /* input rows */
+    const float eps = 1e-5f;
+    float *x = malloc((size_t)R * H * 4), *w = malloc((size_t)H * 4);
+    float *r_f = malloc((size_t)R * H * 4);
+    for (size_t i = 0; i < (size_t)R * H; i++) x[i] = rng_unif(-2, 2);
+    for (int i = 0; i < H; i++) w[i] = rng_unif(0.5f, 1.5f);
+    uint16_t *r = rand16(dt, (size_t)R * H, -1, 1, r_f);
+    int32_t *rows = malloc((size_t)T * 4);
+    for (int i = 0; i < T; i++) rows[i] = (i * 7 + 3) % R; /* any order, repeats allowed */
+    float *d_x = dev_upload(x, (size_t)R * H * 4), *d_w = dev_upload(w, (size_t)H * 4);
+    void *d_r = dev_upload(r, (size_t)R * H * 2), *d_rows = dev_upload(rows, (size_t)T * 4);
+    void *d_y = dev_poison((size_t)T * H * 2);
+    CK(loom_cuda_add_rmsnorm(dt, d_y, d_x, mode ? d_r : NULL, d_w, mode == 2 ? d_rows : NULL, T, H,
+                             eps, 0));
+    CK(cudaDeviceSynchronize());
+    uint16_t *y = malloc((size_t)T * H * 2);
+    float *x2 = malloc((size_t)R * H * 4);
+    CK(cudaMemcpy(y, d_y, (size_t)T * H * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(x2, d_x, (size_t)R * H * 4, cudaMemcpyDeviceToHost));
+    err_acc ay = {0}, ax = {0};
+    double *v = malloc((size_t)H * 8), *o = malloc((size_t)H * 8), *ref = malloc((size_t)H * 8);
+    for (int i = 0; i < T; i++) {
+        int j = mode == 2 ? rows[i] : i;
+        double ss = 0;
+        for (int k = 0; k < H; k++) {
+            v[k] = (double)x[(size_t)j * H + k] + (mode ? (double)r_f[(size_t)j * H + k] : 0.0);
+            ss += v[k] * v[k];
+        }
+        double inv = 1.0 / sqrt(ss / H + eps);
+        for (int k = 0; k < H; k++) {
+            ref[k] = v[k] * inv * w[k];
+            o[k] = from16(dt, y[(size_t)i * H + k]);
+        }
+        err_row(&ay, o, ref, H);
+        /* x: advanced in place in mode 1, untouched otherwise */
+        for (int k = 0; k < H; k++) {
+            o[k] = x2[(size_t)j * H + k];
+            ref[k] = mode == 1 ? v[k] : x[(size_t)j * H + k];
+        }
+        err_row(&ax, o, ref, H);
+    }
+    char name[128];
+    static const char *mn[] = {"rmsnorm", "add_rmsnorm", "add_rmsnorm_gather"};
+    snprintf(name, sizeof name, "%s %s H=%d T=%d (y)", mn[mode], dtn(dt), H, T);
+    report(name, &ay, TOL16);
+    snprintf(name, sizeof name, "%s %s H=%d T=%d (x)", mn[mode], dtn(dt), H, T);
+    report(name, &ax, TOL32);
+    cudaFree(d_x), cudaFree(d_w), cudaFree(d_r), cudaFree(d_rows), cudaFree(d_y);
+    free(x), free(w), free(r_f), free(r), free(rows), free(y), free(x2), free(v), free(o), free(ref);
+}
+
+/* ----------------------------------------------------------------- SwiGLU */
+
+static void test_swiglu(loom_cuda_dt dt, int I, int T) {
+    float *gu_f = malloc((size_t)T * 2 * I * 4);
+    uint16_t *gu = rand16(dt, (size_t)T * 2 * I, -4, 4, gu_f);
+    void *d_gu = dev_upload(gu, (size_t)T * 2 * I * 2), *d_o = dev_poison((size_t)T * I * 2);
+    CK(loom_cuda_swiglu(dt, d_o, d_gu, T, I, 0));
+    CK(cudaDeviceSynchronize());
+    uint16_t *o = malloc((size_t)T * I * 2);
+    CK(cudaMemcpy(o, d_o, (size_t)T * I * 2, cudaMemcpyDeviceToHost));
+    err_acc a = {0};
+    double *out = malloc((size_t)I * 8), *ref = malloc((size_t)I * 8);
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < I; i++) {
+            double g = gu_f[(size_t)t * 2 * I + i], u = gu_f[(size_t)t * 2 * I + I + i];
+            ref[i] = g / (1.0 + exp(-g)) * u;
+            out[i] = from16(dt, o[(size_t)t * I + i]);
+        }
+        err_row(&a, out, ref, I);
+    }
+    char name[128];
+    snprintf(name, sizeof name, "swiglu %s I=%d T=%d", dtn(dt), I, T);
+    report(name, &a, TOL16);
+    cudaFree(d_gu), cudaFree(d_o);
+    free(gu_f), free(gu), free(o), free(out), free(ref);
+}
+
+/* ------------------------------------------------------------ RoPE + KV */
+
+static void inv_freq_llama3(double *f, int D, double theta, bool llama3) {
+    for (int i = 0; i < D / 2; i++) {
+        double v = pow(theta, -(double)(2 * i) / D);
+        if (llama3) { /* factor 8, low 1, high 4, original context 8192 */
+            double lo = 1, hi = 4, factor = 8, octx = 8192;
+            double wl = 2 * M_PI / v, lw = octx / lo, hw = octx / hi;
+            double sc = wl > lw ? v / factor : v;
+            if (!(wl < hw) && !(wl > lw)) {
+                double sm = (octx / wl - lo) / (hi - lo);
+                sc = (1 - sm) * sc / factor + sm * sc;
+            }
+            v = sc;
+        }
+        f[i] = v;
+    }
+}
+
+static void test_rope_kv(loom_cuda_dt dt, int H, int KVH, int D, int bs, int T, bool bias,
+                         bool llama3) {
+    const int max_pos = 40000, half = D / 2, QKV = (H + 2 * KVH) * D, nblk = (T + bs - 1) / bs + 3;
+    double *inv = malloc((size_t)half * 8);
+    inv_freq_llama3(inv, D, llama3 ? 500000.0 : 10000.0, llama3);
+    float *cs_d = NULL;
+    double *d_inv = dev_upload(inv, (size_t)half * 8);
+    CK(cudaMalloc((void **)&cs_d, (size_t)max_pos * half * 2 * 4));
+    CK(loom_cuda_rope_table(cs_d, d_inv, max_pos, half, 0));
+    float *qkv_f = malloc((size_t)T * QKV * 4), *b_f = malloc((size_t)QKV * 4);
+    uint16_t *qkv = rand16(dt, (size_t)T * QKV, -1, 1, qkv_f);
+    for (int i = 0; i < QKV; i++) b_f[i] = rng_unif(-0.5f, 0.5f);
+    int32_t *pos = malloc((size_t)T * 4);
+    int64_t *slot = malloc((size_t)T * 8);
+    /* distinct slots in a shuffled order, some tokens skipped (-1) */
+    int nslots = nblk * bs;
+    int *perm = malloc((size_t)nslots * sizeof(int));
+    for (int i = 0; i < nslots; i++) perm[i] = i;
+    for (int i = nslots - 1; i > 0; i--) {
+        int j = rng_int(i + 1), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int t = 0; t < T; t++) {
+        pos[t] = rng_int(max_pos);
+        slot[t] = (t % 5 == 3) ? -1 : perm[t];
+    }
+    const size_t cache_elems = (size_t)nblk * KVH * bs * D;
+    void *d_qkv = dev_upload(qkv, (size_t)T * QKV * 2), *d_b = dev_upload(b_f, (size_t)QKV * 4);
+    void *d_pos = dev_upload(pos, (size_t)T * 4), *d_slot = dev_upload(slot, (size_t)T * 8);
+    void *d_k = dev_poison(cache_elems * 2), *d_v = dev_poison(cache_elems * 2);
+    CK(loom_cuda_rope_kv(dt, d_qkv, QKV, bias ? d_b : NULL, cs_d, d_pos, d_slot, d_k, d_v, T, H,
+                         KVH, D, bs, 0));
+    CK(cudaDeviceSynchronize());
+    uint16_t *q2 = malloc((size_t)T * QKV * 2), *kc = malloc(cache_elems * 2),
+             *vc = malloc(cache_elems * 2);
+    CK(cudaMemcpy(q2, d_qkv, (size_t)T * QKV * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(kc, d_k, cache_elems * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(vc, d_v, cache_elems * 2, cudaMemcpyDeviceToHost));
+    err_acc aq = {0}, ak = {0}, av = {0};
+    double *in = malloc((size_t)D * 8), *ref = malloc((size_t)D * 8), *out = malloc((size_t)D * 8);
+    unsigned char *written = calloc(cache_elems / D, 1);
+    for (int t = 0; t < T; t++) {
+        for (int hh = 0; hh < H + 2 * KVH; hh++) {
+            for (int i = 0; i < D; i++)
+                in[i] = qkv_f[(size_t)t * QKV + hh * D + i] + (bias ? b_f[hh * D + i] : 0.0);
+            if (hh < H + KVH)
+                for (int i = 0; i < half; i++) {
+                    double a = (double)pos[t] * inv[i];
+                    /* the table stores float32 cos/sin: round like it */
+                    double c = (float)cos(a), s = (float)sin(a);
+                    ref[i] = in[i] * c - in[i + half] * s;
+                    ref[i + half] = in[i + half] * c + in[i] * s;
+                }
+            else
+                memcpy(ref, in, (size_t)D * 8);
+            if (hh < H) {
+                for (int i = 0; i < D; i++) out[i] = from16(dt, q2[(size_t)t * QKV + hh * D + i]);
+                err_row(&aq, out, ref, D);
+            } else if (slot[t] >= 0) {
+                int kh = hh < H + KVH ? hh - H : hh - H - KVH;
+                size_t row = ((size_t)(slot[t] / bs) * KVH + kh) * bs + slot[t] % bs;
+                const uint16_t *c = hh < H + KVH ? kc : vc;
+                for (int i = 0; i < D; i++) out[i] = from16(dt, c[row * D + i]);
+                err_row(hh < H + KVH ? &ak : &av, out, ref, D);
+                written[row] = 1;
+            }
+        }
+    }
+    /* rows of the cache no token maps to must still hold the poison */
+    long clobbered = 0;
+    for (size_t row = 0; row < cache_elems / D; row++)
+        if (!written[row])
+            for (int i = 0; i < D; i++)
+                if (kc[row * D + i] != 0xffff || vc[row * D + i] != 0xffff) clobbered++;
+    char name[160];
+    snprintf(name, sizeof name, "rope_kv %s H=%d KVH=%d D=%d T=%d%s%s (q)", dtn(dt), H, KVH, D, T,
+             bias ? " bias" : "", llama3 ? " llama3" : "");
+    report(name, &aq, TOL16);
+    snprintf(name, sizeof name, "rope_kv %s H=%d KVH=%d D=%d T=%d%s%s (k cache)", dtn(dt), H, KVH,
+             D, T, bias ? " bias" : "", llama3 ? " llama3" : "");
+    report(name, &ak, TOL16);
+    snprintf(name, sizeof name, "rope_kv %s H=%d KVH=%d D=%d T=%d%s%s (v cache)", dtn(dt), H, KVH,
+             D, T, bias ? " bias" : "", llama3 ? " llama3" : "");
+    report(name, &av, TOL16);
+    err_acc ac = {.worst = (double)clobbered, .rows = 1};
+    snprintf(name, sizeof name, "rope_kv %s D=%d no stray cache writes (count)", dtn(dt), D);
+    report(name, &ac, 0.0);
+    cudaFree(d_inv), cudaFree(cs_d), cudaFree(d_qkv), cudaFree(d_b), cudaFree(d_pos);
+    cudaFree(d_slot), cudaFree(d_k), cudaFree(d_v);
+    free(inv), free(qkv_f), free(b_f), free(qkv), free(pos), free(slot), free(perm), free(q2);
+    free(kc), free(vc), free(in), free(ref), free(out), free(written);
+}
+
+/* -------------------------------------------------------------- attention */
+
+/* One attention check. Sequences s have context ctx[s] and nq[s] query
+ * tokens (the last ones). shape_mode: -1 the backend's policy (decode tile
+ * when nq * G <= 16, else prefill tiles), 0 / 1 force decode (when it fits)
+ * / prefill. max_splits: 0 = backend-like choice, else this value. */
+static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int KVH, int bs,
+                           int nseq, const int *ctx, const int *nq, int shape_mode,
+                           int max_splits_req) {
+    const int G = H / KVH;
+    const int ldq = (H + 2 * KVH) * D, ldo = H * D;
+    int T = 0, nblk_used = 0, maxblk = 0;
+    for (int s = 0; s < nseq; s++) {
+        T += nq[s];
+        int nb = (ctx[s] + bs - 1) / bs;
+        nblk_used += nb;
+        if (nb > maxblk) maxblk = nb;
+    }
+    const int nblk = nblk_used + 7;
+    /* shuffled physical blocks */
+    int *perm = malloc((size_t)nblk * sizeof(int));
+    for (int i = 0; i < nblk; i++) perm[i] = i;
+    for (int i = nblk - 1; i > 0; i--) {
+        int j = rng_int(i + 1), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    const int stride = maxblk + 2;
+    int32_t *bt = malloc((size_t)nseq * stride * 4);
+    for (int s = 0, k = 0; s < nseq; s++)
+        for (int j = 0; j < stride; j++)
+            bt[(size_t)s * stride + j] = j < (ctx[s] + bs - 1) / bs ? perm[k++] : -1;
+    const size_t cache_elems = (size_t)nblk * KVH * bs * D;
+    float *kf = malloc(cache_elems * 4), *vf = malloc(cache_elems * 4);
+    uint16_t *kc = rand16(dt, cache_elems, -1, 1, kf), *vc = rand16(dt, cache_elems, -1, 1, vf);
+    float *qf = malloc((size_t)T * ldq * 4);
+    uint16_t *q = rand16(dt, (size_t)T * ldq, -1, 1, qf);
+    int32_t *pos = malloc((size_t)T * 4);
+    int *seq_of = malloc((size_t)T * sizeof(int));
+    for (int s = 0, t = 0; s < nseq; s++)
+        for (int i = 0; i < nq[s]; i++, t++) pos[t] = ctx[s] - nq[s] + i, seq_of[t] = s;
+
+    /* tiles, as the backend builds them */
+    const int drows = loom_cuda_attn_rows(LOOM_CUDA_ATTN_DECODE);
+    const int tpt = loom_cuda_attn_rows(LOOM_CUDA_ATTN_PREFILL) / G;
+    loom_cuda_attn_tile *dtl = malloc(sizeof *dtl * (size_t)(T + 1));
+    loom_cuda_attn_tile *ptl = malloc(sizeof *ptl * (size_t)(T + 1));
+    int nd = 0, np = 0;
+    for (int s = 0, t0 = 0; s < nseq; t0 += nq[s], s++) {
+        bool dec = shape_mode == 0 ? nq[s] * G <= drows
+                                   : shape_mode == 1 ? false : nq[s] * G <= drows;
+        if (dec) dtl[nd++] = (loom_cuda_attn_tile){s, t0, nq[s], 0};
+        else
+            for (int k = 0; k < nq[s]; k += tpt)
+                ptl[np++] = (loom_cuda_attn_tile){s, t0 + k, nq[s] - k < tpt ? nq[s] - k : tpt, 0};
+    }
+    int sms = 132;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    int ms[2];
+    int ntl[2] = {nd, np};
+    size_t ws = 0;
+    for (int k = 0; k < 2; k++) {
+        if (max_splits_req > 0) ms[k] = max_splits_req;
+        else /* the backend's policy: one wave of resident CTAs */
+            ms[k] = loom_cuda_attn_max_splits(
+                ntl[k], KVH, sms * loom_cuda_attn_ctas_per_sm(dt, (loom_cuda_attn_shape)k, D));
+        size_t w = loom_cuda_attn_workspace_floats(k ? LOOM_CUDA_ATTN_PREFILL : LOOM_CUDA_ATTN_DECODE,
+                                                   ntl[k], KVH, D, ms[k]);
+        if (w > ws) ws = w;
+    }
+    void *d_k = dev_upload(kc, cache_elems * 2), *d_v = dev_upload(vc, cache_elems * 2);
+    void *d_q = dev_upload(q, (size_t)T * ldq * 2), *d_pos = dev_upload(pos, (size_t)T * 4);
+    void *d_bt = dev_upload(bt, (size_t)nseq * stride * 4);
+    int32_t stride_h = stride;
+    void *d_stride = dev_upload(&stride_h, 4);
+    void *d_dt = dev_upload(dtl, sizeof *dtl * (size_t)(nd ? nd : 1));
+    void *d_pt = dev_upload(ptl, sizeof *ptl * (size_t)(np ? np : 1));
+    void *d_out = dev_poison((size_t)T * ldo * 2);
+    float *d_ws = dev_poison(ws * 4 + 16);
+    int *d_sem = NULL;
+    CK(cudaMalloc((void **)&d_sem, (size_t)(T + 1) * KVH * sizeof(int)));
+    CK(cudaMemset(d_sem, 0, (size_t)(T + 1) * KVH * sizeof(int)));
+    loom_cuda_attn_args a = {.dt = dt, .out = d_out, .ldo = ldo, .q = d_q, .ldq = ldq,
+                             .k_cache = d_k, .v_cache = d_v, .block_table = d_bt,
+                             .bt_stride = d_stride, .positions = d_pos, .num_heads = H,
+                             .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
+                             .scale = (float)(1.0 / sqrt((double)D)), .partial = d_ws,
+                             .sem = d_sem};
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int rep = 0; rep < 2; rep++) { /* twice: the counters must work on reuse */
+    if (rep == 1) CK(cudaMemset(d_out, 0xff, (size_t)T * ldo * 2));
+    CK(cudaEventRecord(e0, 0));
+    if (nd) {
+        a.shape = LOOM_CUDA_ATTN_DECODE, a.tiles = d_dt, a.num_tiles = nd, a.max_splits = ms[0];
+        CK(loom_cuda_attention(&a, 0));
+    }
+    if (np) {
+        a.shape = LOOM_CUDA_ATTN_PREFILL, a.tiles = d_pt, a.num_tiles = np, a.max_splits = ms[1];
+        CK(loom_cuda_attention(&a, 0));
+    }
+    CK(cudaEventRecord(e1, 0));
+    CK(cudaDeviceSynchronize());
+    }
+    float ms_time = 0;
+    cudaEventElapsedTime(&ms_time, e0, e1);
+    uint16_t *o_h = malloc((size_t)T * ldo * 2);
+    CK(cudaMemcpy(o_h, d_out, (size_t)T * ldo * 2, cudaMemcpyDeviceToHost));
+
+    /* float64 reference, every (token, head) row (rows spread over OpenMP
+     * threads; per-row errors merged afterwards) */
+    err_acc acc = {0};
+    int maxctx = 0;
+    for (int s = 0; s < nseq; s++) maxctx = ctx[s] > maxctx ? ctx[s] : maxctx;
+    double *row_err = malloc((size_t)T * H * sizeof(double));
+    unsigned char *row_nan = calloc((size_t)T * H, 1);
+    const double scale = 1.0 / sqrt((double)D);
+#pragma omp parallel
+    {
+        double *sc = malloc((size_t)maxctx * 8), *ref = malloc((size_t)D * 8);
+#pragma omp for schedule(dynamic, 1)
+        for (int th = 0; th < T * H; th++) {
+            const int t = th / H, h = th % H;
+            const int s = seq_of[t], p = pos[t], kvh = h / G;
+            const float *qr = qf + (size_t)t * ldq + (size_t)h * D;
+            double m = -INFINITY;
+            for (int j = 0; j <= p; j++) {
+                size_t row = ((size_t)bt[(size_t)s * stride + j / bs] * KVH + kvh) * bs + j % bs;
+                const float *kr = kf + row * D;
+                double d = 0;
+                for (int i = 0; i < D; i++) d += (double)qr[i] * kr[i];
+                sc[j] = d * scale;
+                if (sc[j] > m) m = sc[j];
+            }
+            double l = 0;
+            for (int i = 0; i < D; i++) ref[i] = 0;
+            for (int j = 0; j <= p; j++) {
+                double w = exp(sc[j] - m);
+                l += w;
+                size_t row = ((size_t)bt[(size_t)s * stride + j / bs] * KVH + kvh) * bs + j % bs;
+                const float *vr = vf + row * D;
+                for (int i = 0; i < D; i++) ref[i] += w * vr[i];
+            }
+            double dd = 0, rr = 0;
+            for (int i = 0; i < D; i++) {
+                double r = ref[i] / l, o = from16(dt, o_h[(size_t)t * ldo + (size_t)h * D + i]);
+                if (isnan(o) || isinf(o)) row_nan[th] = 1;
+                dd += (o - r) * (o - r);
+                rr += r * r;
+            }
+            row_err[th] = sqrt(dd) / (sqrt(rr) > 1e-30 ? sqrt(rr) : 1e-30);
+        }
+        free(sc), free(ref);
+    }
+    for (int th = 0; th < T * H; th++) {
+        if (row_nan[th]) acc.nan = true;
+        if (!(row_err[th] <= acc.worst)) acc.worst = row_err[th];
+        acc.rows++;
+    }
+    char name[200];
+    snprintf(name, sizeof name, "attention %s %s D=%d H=%d/%d bs=%d T=%d tiles %d+%d splits %d/%d (%.2f ms)",
+             label, dtn(dt), D, H, KVH, bs, T, nd, np, ms[0], ms[1], ms_time);
+    report(name, &acc, TOL16);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaFree(d_k), cudaFree(d_v), cudaFree(d_q), cudaFree(d_pos), cudaFree(d_bt);
+    /* the kernel must leave its split-K counters at zero */
+    int *sem_h = malloc((size_t)(T + 1) * KVH * sizeof(int));
+    CK(cudaMemcpy(sem_h, d_sem, (size_t)(T + 1) * KVH * sizeof(int), cudaMemcpyDeviceToHost));
+    long nonzero = 0;
+    for (int i = 0; i < (T + 1) * KVH; i++) nonzero += sem_h[i] != 0;
+    if (nonzero) {
+        err_acc bad = {.worst = (double)nonzero, .rows = 1};
+        report("  ... split-K counters left non-zero (count)", &bad, 0.0);
+    }
+    free(sem_h);
+    cudaFree(d_sem);
+    cudaFree(d_stride), cudaFree(d_dt), cudaFree(d_pt), cudaFree(d_out), cudaFree(d_ws);
+    free(perm), free(bt), free(kf), free(vf), free(kc), free(vc), free(qf), free(q), free(pos);
+    free(seq_of), free(dtl), free(ptl), free(o_h), free(row_err), free(row_nan);
+}
+
+/* ------------------------------------------------------------ KV copies */
+
+static void test_copy_blocks(bool to_host) {
+    const int npools = 6, nblk = 40;
+    const size_t bb = 8 * 16 * 64 * 2; /* KVH 8, bs 16, D 64, bf16 */
+    uint8_t *src_h = malloc(npools * nblk * bb);
+    for (size_t i = 0; i < npools * nblk * bb; i++) src_h[i] = (uint8_t)rng_next();
+    void *src_ptrs[6], *dst_ptrs[6];
+    void *dst_host = NULL;
+    for (int p = 0; p < npools; p++) src_ptrs[p] = dev_upload(src_h + p * nblk * bb, nblk * bb);
+    if (to_host) {
+        CK(cudaHostAlloc(&dst_host, npools * nblk * bb, cudaHostAllocMapped));
+        memset(dst_host, 0xab, npools * nblk * bb);
+        for (int p = 0; p < npools; p++)
+            CK(cudaHostGetDevicePointer(&dst_ptrs[p], (uint8_t *)dst_host + p * nblk * bb, 0));
+    } else {
+        for (int p = 0; p < npools; p++) {
+            dst_ptrs[p] = dev_poison(nblk * bb);
+            CK(cudaMemset(dst_ptrs[p], 0xab, nblk * bb));
+        }
+    }
+    int32_t pairs[2 * 9];
+    for (int i = 0; i < 9; i++) pairs[2 * i] = (i * 7 + 1) % nblk, pairs[2 * i + 1] = (i * 11 + 5) % nblk;
+    void *d_src = dev_upload(src_ptrs, sizeof src_ptrs), *d_dst = dev_upload(dst_ptrs, sizeof dst_ptrs);
+    void *d_pairs = dev_upload(pairs, sizeof pairs);
+    CK(loom_cuda_copy_blocks(d_src, d_dst, npools, d_pairs, 9, bb, 0));
+    CK(cudaDeviceSynchronize());
+    long bad = 0;
+    uint8_t *got = malloc(nblk * bb);
+    for (int p = 0; p < npools; p++) {
+        if (to_host) memcpy(got, (uint8_t *)dst_host + p * nblk * bb, nblk * bb);
+        else CK(cudaMemcpy(got, dst_ptrs[p], nblk * bb, cudaMemcpyDeviceToHost));
+        for (int b = 0; b < nblk; b++) {
+            int from = -1;
+            for (int i = 0; i < 9; i++)
+                if (pairs[2 * i + 1] == b) from = pairs[2 * i];
+            for (size_t k = 0; k < bb; k++) {
+                uint8_t want = from >= 0 ? src_h[(p * nblk + from) * bb + k] : 0xab;
+                if (got[b * bb + k] != want) bad++;
+            }
+        }
+    }
+    err_acc a = {.worst = (double)bad, .rows = 1};
+    report(to_host ? "copy_blocks device -> mapped host (wrong bytes)"
+                   : "copy_blocks device -> device (wrong bytes)", &a, 0.0);
+    for (int p = 0; p < npools; p++) {
+        cudaFree(src_ptrs[p]);
+        if (!to_host) cudaFree(dst_ptrs[p]);
+    }
+    if (dst_host) cudaFreeHost(dst_host);
+    cudaFree(d_src), cudaFree(d_dst), cudaFree(d_pairs);
+    free(src_h), free(got);
+}
+
+/* ------------------------------------------------------------------ GEMM */
+
+static void test_gemm(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int K, bool out_f32) {
+    float *xf = malloc((size_t)M * K * 4), *wf = malloc((size_t)N * K * 4);
+    uint16_t *x = rand16(dt, (size_t)M * K, -1, 1, xf), *w = rand16(dt, (size_t)N * K, -1, 1, wf);
+    void *d_x = dev_upload(x, (size_t)M * K * 2), *d_w = dev_upload(w, (size_t)N * K * 2);
+    const size_t oel = out_f32 ? 4 : 2;
+    void *d_y = dev_poison((size_t)M * N * oel);
+    char msg[256] = "";
+    int rc = loom_cuda_gemm_run(g, dt, out_f32, M, N, K, d_x, d_w, d_y, 0, msg, sizeof msg);
+    CK(cudaDeviceSynchronize());
+    err_acc a = {0};
+    char name[128];
+    snprintf(name, sizeof name, "gemm %s M=%d N=%d K=%d -> %s", dtn(dt), M, N, K,
+             out_f32 ? "f32" : dtn(dt));
+    if (rc) {
+        printf("      gemm error: %s\n", msg);
+        a.nan = true;
+        report(name, &a, TOL16);
+        goto done;
+    }
+    void *y = malloc((size_t)M * N * oel);
+    CK(cudaMemcpy(y, d_y, (size_t)M * N * oel, cudaMemcpyDeviceToHost));
+    double *out = malloc((size_t)N * 8), *ref = malloc((size_t)N * 8);
+    for (int m = 0; m < M; m++) {
+        for (int n = 0; n < N; n++) {
+            double s = 0;
+            const float *xr = xf + (size_t)m * K, *wr = wf + (size_t)n * K;
+            for (int k = 0; k < K; k++) s += (double)xr[k] * wr[k];
+            ref[n] = s;
+            out[n] = out_f32 ? ((float *)y)[(size_t)m * N + n] : from16(dt, ((uint16_t *)y)[(size_t)m * N + n]);
+        }
+        err_row(&a, out, ref, N);
+    }
+    report(name, &a, out_f32 ? 1e-4 : TOL16);
+    free(y), free(out), free(ref);
+done:
+    cudaFree(d_x), cudaFree(d_w), cudaFree(d_y);
+    free(xf), free(wf), free(x), free(w);
+}
+
+/* ------------------------------------------------------------------ main */
+
+int main(int argc, char **argv) {
+    uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : (uint64_t)time(NULL);
+    g_rng = seed;
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("gpu_kernel_tests: seed %llu, device %s (sm_%d%d, %d SMs)\n", (unsigned long long)seed,
+           prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+
+    const loom_cuda_dt dts[2] = {LOOM_CUDA_BF16, LOOM_CUDA_F16};
+    test_embedding(LOOM_CUDA_BF16, 1000, 4096, 7);
+    test_embedding(LOOM_CUDA_F16, 49152, 576, 3);
+    for (int mode = 0; mode < 3; mode++) {
+        test_rmsnorm(LOOM_CUDA_BF16, 4096, 1, mode);
+        test_rmsnorm(LOOM_CUDA_BF16, 576, 33, mode);
+        test_rmsnorm(LOOM_CUDA_F16, 8192, 5, mode);
+        test_rmsnorm(LOOM_CUDA_BF16, 64, 3, mode);
+    }
+    test_swiglu(LOOM_CUDA_BF16, 14336, 3);
+    test_swiglu(LOOM_CUDA_BF16, 1536, 17);
+    test_swiglu(LOOM_CUDA_F16, 8, 2);
+
+    test_rope_kv(LOOM_CUDA_BF16, 32, 8, 128, 16, 37, false, true);
+    test_rope_kv(LOOM_CUDA_BF16, 9, 3, 64, 16, 20, false, false);
+    test_rope_kv(LOOM_CUDA_BF16, 14, 2, 64, 16, 11, true, false);
+    test_rope_kv(LOOM_CUDA_F16, 4, 2, 16, 8, 9, true, false);
+    test_rope_kv(LOOM_CUDA_BF16, 8, 1, 32, 32, 5, false, false);
+
+    /* attention: ragged prefill, block boundaries, GQA 1/3/4/8, D 64/128 */
+    {
+        const int ctx[6] = {1, 15, 16, 17, 33, 1000};
+        const int nq_prefill[6] = {1, 15, 16, 17, 33, 1000};
+        const int nq_decode[6] = {1, 1, 1, 1, 1, 1};
+        const int nq_chunk[6] = {1, 5, 16, 1, 20, 300}; /* chunked prefill / verify */
+        const int gqa[4][2] = {{8, 8}, {9, 3}, {32, 8}, {32, 4}};
+        for (int di = 0; di < 2; di++) {
+            const int D = di ? 128 : 64;
+            for (int gi = 0; gi < 4; gi++) {
+                const int H = gqa[gi][0], KVH = gqa[gi][1];
+                test_attention("prefill", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_prefill, -1, 0);
+                test_attention("decode", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_decode, -1, 0);
+                test_attention("chunked", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_chunk, -1, 0);
+            }
+        }
+        /* forced shapes and split counts */
+        test_attention("decode nosplit", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, -1, 1);
+        test_attention("decode split64", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, -1, 64);
+        test_attention("decode as prefill", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, 1, 0);
+        test_attention("chunk as prefill split7", LOOM_CUDA_BF16, 64, 9, 3, 16, 6, ctx, nq_chunk, 1, 7);
+        test_attention("prefill f16", LOOM_CUDA_F16, 128, 32, 8, 16, 6, ctx, nq_chunk, -1, 0);
+        test_attention("decode f16", LOOM_CUDA_F16, 64, 8, 2, 16, 6, ctx, nq_decode, -1, 0);
+        /* other block sizes and head dims */
+        test_attention("bs1", LOOM_CUDA_BF16, 64, 4, 2, 1, 6, ctx, nq_chunk, -1, 0);
+        test_attention("bs7", LOOM_CUDA_BF16, 128, 8, 8, 7, 6, ctx, nq_chunk, -1, 0);
+        test_attention("bs32", LOOM_CUDA_BF16, 64, 12, 4, 32, 6, ctx, nq_chunk, -1, 0);
+        test_attention("D32", LOOM_CUDA_BF16, 32, 8, 2, 16, 6, ctx, nq_chunk, -1, 0);
+        test_attention("D16", LOOM_CUDA_BF16, 16, 4, 2, 16, 6, ctx, nq_chunk, -1, 0);
+        test_attention("MQA G16", LOOM_CUDA_BF16, 64, 16, 1, 16, 6, ctx, nq_chunk, -1, 0);
+        test_attention("MQA G32", LOOM_CUDA_BF16, 64, 32, 1, 16, 6, ctx, nq_decode, -1, 0);
+    }
+    /* long contexts: split-K decode and a verify step */
+    {
+        const int ctx[2] = {32768, 20001}, nq1[2] = {1, 1}, nq4[2] = {4, 3};
+        test_attention("long decode", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, ctx, nq1, -1, 0);
+        test_attention("long decode", LOOM_CUDA_BF16, 64, 9, 3, 16, 2, ctx, nq1, -1, 0);
+        test_attention("long verify", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, ctx, nq4, -1, 0);
+        const int ctx1[1] = {32768}, nq64[1] = {64};
+        test_attention("long chunk", LOOM_CUDA_BF16, 128, 8, 2, 16, 1, ctx1, nq64, -1, 0);
+    }
+
+    test_copy_blocks(false);
+    test_copy_blocks(true);
+
+    int code = 0;
+    char msg[256] = "";
+    loom_cuda_gemm *g = loom_cuda_gemm_create((size_t)32 << 20, &code, msg, sizeof msg);
+    if (!g) {
+        printf("FAIL gemm_create: %s\n", msg);
+        g_fail++;
+    } else {
+        for (int di = 0; di < 2; di++) {
+            /* M <= 8: the streaming GEMV; larger: cuBLASLt */
+            for (int m = 1; m <= 8; m++) test_gemm(g, dts[di], m, 1000 + 8 * m, 576, m % 2);
+            test_gemm(g, dts[di], 1, 4096, 14336, false);
+            test_gemm(g, dts[di], 8, 6144, 4096, false);
+            test_gemm(g, dts[di], 1, 4096, 4096, false);
+            test_gemm(g, dts[di], 7, 6144, 4096, false);
+            test_gemm(g, dts[di], 130, 576, 1536, false);
+            test_gemm(g, dts[di], 3, 49152, 576, true);
+        }
+        test_gemm(g, LOOM_CUDA_BF16, 9, 4096, 4096, false); /* cached plan */
+        loom_cuda_gemm_set_gemv_max_m(g, 0); /* cuBLASLt at M = 1 too */
+        test_gemm(g, LOOM_CUDA_BF16, 1, 4096, 4096, false);
+        test_gemm(g, LOOM_CUDA_BF16, 4, 49152, 576, true);
+        loom_cuda_gemm_destroy(g);
+    }
+    printf("gpu_kernel_tests: %d passed, %d failed (seed %llu)\n", g_pass, g_fail,
+           (unsigned long long)seed);
+    return g_fail > 255 ? 255 : g_fail;
+}

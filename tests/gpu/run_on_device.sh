@@ -1,0 +1,53 @@
+#!/bin/bash
+# tests/gpu/run_on_device.sh — run the GPU tests and the GPU benchmark on a
+# machine with a Hopper GPU, from a build tree made elsewhere or there.
+#
+#   tests/gpu/run_on_device.sh BUILD_DIR [OUT_DIR] [--no-bench] [--sanitize] [--quick]
+#
+# BUILD_DIR holds tests/gpu/gpu_kernel_tests, tests/gpu/gpu_backend_test,
+# bench/gpu/gpu_bench, plugins/backend/{cuda,cpu}/*.so and core/libloom.so.0
+# (a meson build dir, or a copy of those files in the same layout). Extra
+# shared libraries the machine lacks (openblas, libyaml, ...) may sit in
+# BUILD_DIR/../lib. Logs and gpu_bench.json go to OUT_DIR (default $OUT, or
+# ./gpu-out). Exit status: number of failed programs.
+set -u
+B=$(cd "${1:?usage: run_on_device.sh BUILD_DIR [OUT_DIR] [--no-bench] [--sanitize] [--quick]}" && pwd)
+shift
+O=${OUT:-./gpu-out}
+if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then O=$1; shift; fi
+BENCH=1 SAN="" QUICK=""
+for a in "$@"; do
+  case $a in
+    --no-bench) BENCH=0 ;;
+    --sanitize) SAN="compute-sanitizer --tool memcheck --error-exitcode 99" ;;
+    --quick) QUICK=--quick ;;
+  esac
+done
+mkdir -p "$O"
+for d in "$B/../lib" /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+if ! ldconfig -p | grep -q libcublasLt.so.13 && [ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]; then
+  lt=$(find / -name 'libcublasLt.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
+  [ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt"):$LD_LIBRARY_PATH"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$O/device.txt"
+fails=0
+echo "=== gpu_kernel_tests"
+$SAN "$B/tests/gpu/gpu_kernel_tests" 2>&1 | tee "$O/kernel_tests.log"
+[ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+echo "=== gpu_backend_test"
+$SAN "$B/tests/gpu/gpu_backend_test" "$B/plugins/backend/cuda/loom-backend-cuda.so" \
+  "$B/plugins/backend/cpu/loom-backend-cpu.so" 2>&1 | tee "$O/backend_test.log"
+[ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+if [ $BENCH = 1 ]; then
+  echo "=== gpu_bench"
+  "$B/bench/gpu/gpu_bench" "$O/gpu_bench.json" "$B/plugins/backend/cuda/loom-backend-cuda.so" $QUICK \
+    2>&1 | tee "$O/bench.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+fi
+echo "=== summary"
+grep -h '^FAIL' "$O"/kernel_tests.log "$O"/backend_test.log 2>/dev/null | head -50
+grep -h 'passed,' "$O"/kernel_tests.log "$O"/backend_test.log 2>/dev/null
+echo "programs failed: $fails"
+exit $fails
