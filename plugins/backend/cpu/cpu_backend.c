@@ -10,6 +10,9 @@
  * ordinary host memory here, so swapping is a memcpy). The forward pass is in
  * cpu_forward.c.
  *
+ * load_shard() is load() keeping one tensor-parallel rank's part of every
+ * weight (cpu_shard_plan says which); see docs/tensor-parallel.md.
+ *
  * What it refuses to be: a quantized-kernel backend (yet). A quantizer that
  * plans any format but NONE for a weight fails load() with the tensor's
  * name; weight_dtype has room for more choices later.
@@ -153,6 +156,7 @@ static void cpu_destroy(void *self) {
     const loom_host *h = b->host;
     loom_cpu_pool_destroy(b->pool);
     h->free(h->ctx, b->scratch);
+    h->free(h->ctx, b->lg_local);
     h->free(h->ctx, b->kv);
     h->free(h->ctx, b->swap);
     h->free(h->ctx, b->layers);
@@ -204,36 +208,68 @@ static loom_status cpu_tensor(cpu_backend *b, const loom_model_view *m, const ch
 typedef struct cpu_deq_job {
     const loom_host *host;
     const loom_tensor *t;
-    size_t row_bytes;   /* source bytes per row            */
-    int64_t cols;       /* floats per row                  */
-    float *dst;         /* (rows, cols)                    */
-    atomic_int failed;  /* a row the host could not convert */
+    size_t row_bytes;   /* source bytes per row                          */
+    int64_t cols;       /* floats per source row                         */
+    int64_t r0;         /* first source row                              */
+    int64_t c0, nc;     /* column slice kept of every row                */
+    float *dst;         /* (rows, nc)                                    */
+    float *rowbuf;      /* (pool threads, cols) whole rows of a slice, or
+                           NULL when whole rows are kept                 */
+    atomic_int failed;  /* a row the host could not convert              */
 } cpu_deq_job;
 
 static void cpu_deq_rows(void *arg, int64_t b, int64_t e, int worker) {
-    (void)worker;
     cpu_deq_job *j = arg;
     const uint8_t *src = j->t->data;
-    for (int64_t r = b; r < e; r++)
-        if (j->host->dequantize(j->host->ctx, j->t->dtype, src + (size_t)r * j->row_bytes,
-                                j->dst + r * j->cols, j->cols) != LOOM_OK)
+    for (int64_t r = b; r < e; r++) {
+        const uint8_t *row = src + (size_t)(j->r0 + r) * j->row_bytes;
+        /* a quantized row decodes only whole, so a column slice goes
+         * through this worker's row buffer */
+        float *out = j->rowbuf ? j->rowbuf + (int64_t)worker * j->cols : j->dst + r * j->nc;
+        if (j->host->dequantize(j->host->ctx, j->t->dtype, row, out, j->cols) != LOOM_OK) {
             atomic_store(&j->failed, 1);
+            continue;
+        }
+        if (j->rowbuf) memcpy(j->dst + r * j->nc, out + j->c0, (size_t)j->nc * sizeof(float));
+    }
 }
 
-/* Dequantize all of `t` (checked by cpu_tensor) into float32 at dst, rows
- * spread over the pool (host->dequantize is [any] thread). */
+/* Dequantize rows [r0, r0 + nr) of `t` (checked by cpu_tensor), keeping
+ * columns [c0, c0 + nc) of each, into float32 dst (nr, nc); a 1-D tensor is
+ * one row. Rows are spread over the pool (host->dequantize is [any]). A
+ * whole tensor is (0, rows, 0, cols); a tensor-parallel shard cuts rows
+ * (column-parallel weights) or columns (row-parallel weights). */
+static loom_status cpu_dequant_part(cpu_backend *b, const loom_tensor *t, int64_t r0, int64_t nr,
+                                    int64_t c0, int64_t nc, float *dst, loom_error *err) {
+    const loom_host *h = b->host;
+    int64_t cols = t->shape[t->ndim - 1];
+    if (nr <= 0 || nc <= 0) return LOOM_OK;
+    cpu_deq_job j = {.host = h, .t = t, .row_bytes = loom_dtype_row_bytes(t->dtype, cols),
+                     .cols = cols, .r0 = r0, .c0 = c0, .nc = nc, .dst = dst};
+    atomic_init(&j.failed, 0);
+    if (c0 != 0 || nc != cols) {
+        size_t n = (size_t)loom_cpu_pool_size(b->pool) * (size_t)cols;
+        j.rowbuf = h->alloc(h->ctx, n * sizeof(float));
+        if (!j.rowbuf)
+            return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                            "backend cpu: out of memory for %zu floats of row buffers while "
+                            "slicing tensor '%s'",
+                            n, t->name ? t->name : "?");
+    }
+    loom_cpu_pool_for(b->pool, nr, 64, cpu_deq_rows, &j);
+    h->free(h->ctx, j.rowbuf);
+    if (atomic_load(&j.failed))
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cpu: cannot dequantize tensor '%s' of type %s to f32; the "
+                        "host's dequantizer does not handle it",
+                        t->name ? t->name : "?", loom_dtype_name(t->dtype));
+    return LOOM_OK;
+}
+
+/* All of `t` into dst. */
 static loom_status cpu_dequant(cpu_backend *b, const loom_tensor *t, float *dst, loom_error *err) {
     int64_t rows = t->ndim == 1 ? 1 : t->shape[0], cols = t->shape[t->ndim - 1];
-    cpu_deq_job j = {.host = b->host, .t = t, .row_bytes = loom_dtype_row_bytes(t->dtype, cols),
-                     .cols = cols, .dst = dst};
-    atomic_init(&j.failed, 0);
-    loom_cpu_pool_for(b->pool, rows, 64, cpu_deq_rows, &j);
-    if (atomic_load(&j.failed))
-        return b->host->error(b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
-                              "backend cpu: cannot dequantize tensor '%s' of type %s to f32; the "
-                              "host's dequantizer does not handle it",
-                              t->name ? t->name : "?", loom_dtype_name(t->dtype));
-    return LOOM_OK;
+    return cpu_dequant_part(b, t, 0, rows, 0, cols, dst, err);
 }
 
 /* Ask the quantizer (if any) for a linear weight's plan: only NONE runs here. */
@@ -261,9 +297,62 @@ static float *cpu_carve(float **cursor, size_t n) {
     return p;
 }
 
-static loom_status cpu_load(void *self, const loom_model_view *m, const loom_quant_binding *quant,
-                            loom_error *err) {
-    cpu_backend *b = self;
+/* Which part of the model rank `rank` of `size` keeps (Megatron-style; see
+ * docs/tensor-parallel.md). Heads split evenly; KV heads split evenly when
+ * there are at least as many as ranks, else each rank keeps the one KV head
+ * its query heads read (replicated over size / num_kv_heads ranks); the FFN
+ * width splits evenly; the vocabulary is cut into ceil(vocab / size) rows
+ * per rank, the last rank holding the remainder (possibly none) so every
+ * rank's logits slice has the same padded width. */
+typedef struct cpu_shard {
+    int32_t rank, size;
+    int32_t heads, head0;     /* query heads kept, first one              */
+    int32_t kv_heads, kv0;    /* KV heads kept, first one                 */
+    int32_t inter, inter0;    /* FFN columns kept, first one              */
+    int32_t vocab_lo, vocab_rows, vocab_pad;
+} cpu_shard;
+
+static loom_status cpu_shard_plan(cpu_backend *b, const loom_model_config *c, const loom_comm *comm,
+                                  cpu_shard *s, loom_error *err) {
+    const loom_host *h = b->host;
+    int32_t n = comm ? comm->size : 1, r = comm ? comm->rank : 0;
+    if (n < 1 || r < 0 || r >= n)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: load_shard() got rank %d of a group of %d", r, n);
+    if (c->num_heads % n != 0 || c->intermediate_size % n != 0 ||
+        (c->num_kv_heads % n != 0 && n % c->num_kv_heads != 0))
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cpu: model '%s' (%d heads, %d KV heads, FFN width %d) does not "
+                        "split over %d ranks: heads and FFN width must divide by the size, and "
+                        "KV heads divide by it or it by them",
+                        c->name, c->num_heads, c->num_kv_heads, c->intermediate_size, n);
+    s->rank = r;
+    s->size = n;
+    s->heads = c->num_heads / n;
+    s->head0 = r * s->heads;
+    if (c->num_kv_heads >= n) {
+        s->kv_heads = c->num_kv_heads / n;
+        s->kv0 = r * s->kv_heads;
+    } else {
+        /* n / kv ranks share a KV head: the one this rank's (consecutive)
+         * query heads belong to */
+        s->kv_heads = 1;
+        s->kv0 = s->head0 / (c->num_heads / c->num_kv_heads);
+    }
+    s->inter = c->intermediate_size / n;
+    s->inter0 = r * s->inter;
+    s->vocab_pad = (int32_t)(((int64_t)c->vocab_size + n - 1) / n);
+    int64_t lo = (int64_t)r * s->vocab_pad;
+    s->vocab_lo = (int32_t)(lo < c->vocab_size ? lo : c->vocab_size);
+    int64_t rows = (int64_t)c->vocab_size - s->vocab_lo;
+    s->vocab_rows = (int32_t)(rows < s->vocab_pad ? rows : s->vocab_pad);
+    return LOOM_OK;
+}
+
+/* load() and load_shard(): `comm` NULL keeps the whole model. */
+static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
+                                 const loom_quant_binding *quant, const loom_comm *comm,
+                                 loom_error *err) {
     const loom_host *h = b->host;
     loom_status st = LOOM_OK;
     char name[96];
@@ -272,6 +361,12 @@ static loom_status cpu_load(void *self, const loom_model_view *m, const loom_qua
                         "backend cpu: load() called twice; create a new instance per model");
     if (!m || !m->config || !m->get)
         return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cpu: load() needs a model view");
+    if (comm && (comm->struct_size < offsetof(loom_comm, all_gather) + sizeof(void *) ||
+                 !comm->all_reduce_sum || !comm->all_gather))
+        return h->error(h->ctx, err, LOOM_ERR_ABI,
+                        "backend cpu: load_shard() got a communicator without all_reduce_sum and "
+                        "all_gather (struct_size %u)",
+                        comm->struct_size);
     b->mc = *m->config;
     const loom_model_config *c = &b->mc;
     if (c->arch != LOOM_ARCH_LLAMA && c->arch != LOOM_ARCH_QWEN2)
@@ -305,12 +400,19 @@ static loom_status cpu_load(void *self, const loom_model_view *m, const loom_qua
                         "backend cpu: model '%s' asks for linear RoPE scaling with factor %g; "
                         "need factor > 0",
                         c->name, (double)c->rope_factor);
+    cpu_shard sh = {0};
+    if ((st = cpu_shard_plan(b, c, comm, &sh, err)) != LOOM_OK) return st;
+    /* whole-model sizes (the tensors' shapes) ... */
     const int64_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
+    const int64_t D = c->head_dim, QD = (int64_t)c->num_heads * D, KVD = (int64_t)c->num_kv_heads * D;
     const int32_t L = c->num_layers;
-    b->q_dim = c->num_heads * c->head_dim;
-    b->kv_dim = c->num_kv_heads * c->head_dim;
+    /* ... and this rank's (all of it without a communicator) */
+    const int64_t Il = sh.inter, Vl = sh.vocab_rows;
+    b->q_dim = sh.heads * c->head_dim;
+    b->kv_dim = sh.kv_heads * c->head_dim;
     b->qkv_rows = b->q_dim + 2 * b->kv_dim;
-    const int64_t QKV = b->qkv_rows, QD = b->q_dim, KVD = b->kv_dim;
+    const int64_t QKVl = b->qkv_rows, QDl = b->q_dim, KVDl = b->kv_dim;
+    const int64_t q0 = (int64_t)sh.head0 * D, k0 = (int64_t)sh.kv0 * D, i0 = sh.inter0;
 
     /* --- check every tensor (and the quantizer's plan) before allocating */
     const loom_tensor *t_embed, *t_onorm, *t_out, *t_probe;
@@ -318,7 +420,7 @@ static loom_status cpu_load(void *self, const loom_model_view *m, const loom_qua
         (st = cpu_tensor(b, m, "output_norm.weight", H, -1, true, &t_onorm, err)) ||
         (st = cpu_tensor(b, m, "output.weight", V, H, false, &t_out, err)))
         return st;
-    if (!t_out && !c->tie_embeddings)
+    if (!t_out && !c->tie_embeddings && (!comm || comm->rank == 0))
         h->log(h->ctx, LOOM_LOG_WARN, CPU_WHO,
                "model '%s' has no output.weight and tie_embeddings is false; using the token "
                "embeddings as the LM head",
@@ -349,12 +451,12 @@ static loom_status cpu_load(void *self, const loom_model_view *m, const loom_qua
         }
     }
 
-    /* --- one arena for all weights, carved in this order below */
-    size_t per_layer = 2 * cpu_round_floats((size_t)H) + cpu_round_floats((size_t)(QKV * H)) +
-                       (bias ? cpu_round_floats((size_t)QKV) : 0) +
-                       cpu_round_floats((size_t)(H * QD)) + cpu_round_floats((size_t)(2 * I * H)) +
-                       cpu_round_floats((size_t)(H * I));
-    size_t floats = cpu_round_floats((size_t)(V * H)) * (t_out ? 2 : 1) +
+    /* --- one arena for all (this rank's) weights, carved in this order below */
+    size_t per_layer = 2 * cpu_round_floats((size_t)H) + cpu_round_floats((size_t)(QKVl * H)) +
+                       (bias ? cpu_round_floats((size_t)QKVl) : 0) +
+                       cpu_round_floats((size_t)(H * QDl)) +
+                       cpu_round_floats((size_t)(2 * Il * H)) + cpu_round_floats((size_t)(H * Il));
+    size_t floats = cpu_round_floats((size_t)(Vl * H)) * (t_out ? 2 : 1) +
                     cpu_round_floats((size_t)H) + per_layer * (size_t)L;
     b->weight_bytes = floats * sizeof(float);
     b->arena_raw = h->alloc(h->ctx, b->weight_bytes + CPU_ALIGN);
@@ -369,33 +471,42 @@ static loom_status cpu_load(void *self, const loom_model_view *m, const loom_qua
     }
     b->arena = (float *)(((uintptr_t)b->arena_raw + CPU_ALIGN - 1) & ~(uintptr_t)(CPU_ALIGN - 1));
 
+    /* vocabulary-parallel: this rank's rows of the embedding and LM head */
     float *cur = b->arena;
-    float *embed = cpu_carve(&cur, (size_t)(V * H));
+    float *embed = cpu_carve(&cur, (size_t)(Vl * H));
     float *onorm = cpu_carve(&cur, (size_t)H);
-    if ((st = cpu_dequant(b, t_embed, embed, err)) || (st = cpu_dequant(b, t_onorm, onorm, err)))
+    if ((st = cpu_dequant_part(b, t_embed, sh.vocab_lo, Vl, 0, H, embed, err)) ||
+        (st = cpu_dequant(b, t_onorm, onorm, err)))
         goto fail;
     b->embed = embed;
     b->out_norm = onorm;
     b->lm_head = embed;
     if (t_out) {
-        float *out = cpu_carve(&cur, (size_t)(V * H));
-        if ((st = cpu_dequant(b, t_out, out, err))) goto fail;
+        float *out = cpu_carve(&cur, (size_t)(Vl * H));
+        if ((st = cpu_dequant_part(b, t_out, sh.vocab_lo, Vl, 0, H, out, err))) goto fail;
         b->lm_head = out;
     }
     for (int32_t l = 0; l < L; l++) {
         cpu_layer *ly = &b->layers[l];
-        float *an = cpu_carve(&cur, (size_t)H), *qkv = cpu_carve(&cur, (size_t)(QKV * H));
-        float *bq = bias ? cpu_carve(&cur, (size_t)QKV) : NULL;
-        float *wo = cpu_carve(&cur, (size_t)(H * QD)), *fn = cpu_carve(&cur, (size_t)H);
-        float *gu = cpu_carve(&cur, (size_t)(2 * I * H)), *wd = cpu_carve(&cur, (size_t)(H * I));
-        /* destinations in the order of lin[]: Q, K, V rows of the fused
-         * matrix, O, then gate and up rows of the fused FFN input */
-        float *dst[7] = {qkv, qkv + QD * H, qkv + (QD + KVD) * H, wo, gu, gu + I * H, wd};
-        const loom_tensor *t;
+        float *an = cpu_carve(&cur, (size_t)H), *qkv = cpu_carve(&cur, (size_t)(QKVl * H));
+        float *bq = bias ? cpu_carve(&cur, (size_t)QKVl) : NULL;
+        float *wo = cpu_carve(&cur, (size_t)(H * QDl)), *fn = cpu_carve(&cur, (size_t)H);
+        float *gu = cpu_carve(&cur, (size_t)(2 * Il * H)), *wd = cpu_carve(&cur, (size_t)(H * Il));
+        /* in the order of lin[]: destination, then the part kept as
+         * {first row, rows, first column, columns}. Q, K, V rows of the
+         * fused matrix, then gate and up rows of the fused FFN input, are
+         * column-parallel (a slice of rows); O and down are row-parallel (a
+         * slice of their input columns, summed over ranks in forward) */
+        float *dst[7] = {qkv, qkv + QDl * H, qkv + (QDl + KVDl) * H, wo, gu, gu + Il * H, wd};
+        const int64_t part[7][4] = {{q0, QDl, 0, H}, {k0, KVDl, 0, H}, {k0, KVDl, 0, H},
+                                    {0, H, q0, QDl}, {i0, Il, 0, H},   {i0, Il, 0, H},
+                                    {0, H, i0, Il}};
         for (int k = 0; k < 7; k++) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, lin[k]);
-            t = m->get(m->ctx, name);
-            if ((st = cpu_dequant(b, t, dst[k], err))) goto fail;
+            const loom_tensor *t = m->get(m->ctx, name);
+            if ((st = cpu_dequant_part(b, t, part[k][0], part[k][1], part[k][2], part[k][3], dst[k],
+                                       err)))
+                goto fail;
         }
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
         if ((st = cpu_dequant(b, m->get(m->ctx, name), an, err))) goto fail;
@@ -403,8 +514,10 @@ static loom_status cpu_load(void *self, const loom_model_view *m, const loom_qua
         if ((st = cpu_dequant(b, m->get(m->ctx, name), fn, err))) goto fail;
         for (int k = 0; bias && k < 3; k++) {
             snprintf(name, sizeof name, "blk.%d.%s.bias", l, lin[k]);
-            float *bd = bq + (k == 0 ? 0 : QD + (k - 1) * KVD);
-            if ((st = cpu_dequant(b, m->get(m->ctx, name), bd, err))) goto fail;
+            float *bd = bq + (k == 0 ? 0 : QDl + (k - 1) * KVDl);
+            if ((st = cpu_dequant_part(b, m->get(m->ctx, name), 0, 1, k == 0 ? q0 : k0,
+                                       k == 0 ? QDl : KVDl, bd, err)))
+                goto fail;
         }
         *ly = (cpu_layer){.attn_norm = an, .wqkv = qkv, .bqkv = bq, .wo = wo, .ffn_norm = fn,
                           .wgu = gu, .wdown = wd};
@@ -413,10 +526,27 @@ static loom_status cpu_load(void *self, const loom_model_view *m, const loom_qua
     loom_cpu_rope_inv_freq(b->inv_freq, c->head_dim, c->rope_theta, c->rope_scaling,
                            c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
                            c->rope_original_context);
+    /* from here on mc is the model as this rank runs it */
+    b->mc.num_heads = sh.heads;
+    b->mc.num_kv_heads = sh.kv_heads;
+    b->mc.intermediate_size = sh.inter;
+    b->vocab_lo = sh.vocab_lo;
+    b->vocab_rows = sh.vocab_rows;
+    b->vocab_pad = sh.vocab_pad;
+    b->sharded = comm != NULL;
+    if (comm) b->comm = *comm;
     b->loaded = true;
     if (h->metric_set) h->metric_set(h->ctx, "backend.cpu.weight_bytes", (double)b->weight_bytes);
-    h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO, "loaded '%s': %d layers, %.1f MiB f32 weights%s",
-           c->name, L, (double)b->weight_bytes / (1 << 20), t_out ? "" : " (tied LM head)");
+    if (comm)
+        h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO,
+               "rank %d/%d of '%s': heads %d..%d, KV heads %d..%d, FFN %lld..%lld, vocab "
+               "%d..%d, %.1f MiB f32 weights",
+               sh.rank, sh.size, c->name, sh.head0, sh.head0 + sh.heads - 1, sh.kv0,
+               sh.kv0 + sh.kv_heads - 1, (long long)i0, (long long)(i0 + Il - 1), sh.vocab_lo,
+               sh.vocab_lo + sh.vocab_rows - 1, (double)b->weight_bytes / (1 << 20));
+    else
+        h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO, "loaded '%s': %d layers, %.1f MiB f32 weights%s",
+               c->name, L, (double)b->weight_bytes / (1 << 20), t_out ? "" : " (tied LM head)");
     return LOOM_OK;
 
 fail:
@@ -429,6 +559,24 @@ fail:
     b->inv_freq = NULL;
     b->weight_bytes = 0;
     return st;
+}
+
+static loom_status cpu_load(void *self, const loom_model_view *m, const loom_quant_binding *quant,
+                            loom_error *err) {
+    return cpu_load_impl(self, m, quant, NULL, err);
+}
+
+/* Tensor parallelism: keep rank comm->rank's shard and sum partial results
+ * through `comm` in forward() (cpu_forward.c). The communicator must work
+ * on host memory (the executor's threads communicator). */
+static loom_status cpu_load_shard(void *self, const loom_model_view *m,
+                                  const loom_quant_binding *quant, const loom_comm *comm,
+                                  loom_error *err) {
+    cpu_backend *b = self;
+    if (!comm)
+        return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
+                              "backend cpu: load_shard() needs a communicator");
+    return cpu_load_impl(b, m, quant, comm, err);
 }
 
 /* ----------------------------------------------------------- memory / KV */
@@ -595,6 +743,7 @@ static const loom_backend_ops cpu_ops = {
     .forward = cpu_backend_forward,
     .copy_blocks = cpu_copy_blocks,
     .swap_blocks = cpu_swap_blocks,
+    .load_shard = cpu_load_shard,
 };
 
 static const loom_component cpu_components[] = {{

@@ -8,6 +8,13 @@
  * with Q, K, V fused into one (q_dim + 2 kv_dim, hidden) matrix and gate/up
  * into one (2 * intermediate, hidden) matrix, so a decode step streams each
  * layer in four GEMVs. Not an installed header.
+ *
+ * Tensor parallelism (load_shard, loom/backend.h): a rank keeps only its
+ * shard — its query heads and the KV heads they read, its slice of the FFN
+ * width, its slice of the vocabulary — and `mc` then describes the model as
+ * this rank runs it (num_heads, num_kv_heads, intermediate_size are the
+ * rank's share; vocab_size stays the whole vocabulary), so the KV pools,
+ * scratch and kernels need no other change. See docs/tensor-parallel.md.
  */
 #ifndef LOOM_PLUGIN_CPU_BACKEND_H
 #define LOOM_PLUGIN_CPU_BACKEND_H
@@ -48,17 +55,29 @@ typedef struct cpu_backend {
 
     /* --- after load */
     bool loaded;
-    loom_model_config mc;       /* copy of the model's config                 */
+    loom_model_config mc;       /* the model's config as this rank runs it    */
     int32_t q_dim, kv_dim;      /* heads x head_dim                           */
     int32_t qkv_rows;           /* q_dim + 2 kv_dim                           */
     void *arena_raw;            /* host->alloc'd; arena is it, 64-B aligned   */
     float *arena;
     size_t weight_bytes;        /* bytes of the arena in use                  */
-    const float *embed;         /* (vocab, hidden)                            */
+    const float *embed;         /* (vocab_rows, hidden)                       */
     const float *out_norm;      /* (hidden)                                   */
-    const float *lm_head;       /* (vocab, hidden); == embed when tied        */
+    const float *lm_head;       /* (vocab_rows, hidden); == embed when tied   */
     cpu_layer *layers;          /* (num_layers)                               */
     double *inv_freq;           /* (head_dim / 2) RoPE frequencies            */
+
+    /* --- tensor parallelism: set by load_shard; whole model after load() */
+    bool sharded;               /* forward() calls the collectives of `comm`  */
+    loom_comm comm;             /* copy of the executor's communicator        */
+    int32_t vocab_lo;           /* first vocabulary row this rank holds       */
+    int32_t vocab_rows;         /* rows it holds, 0..vocab_pad                */
+    int32_t vocab_pad;          /* ceil(vocab / size): every rank's share of
+                                   a logits row, padding included            */
+    int64_t lg_rows;            /* logits rows lg_local / lg_all can hold     */
+    float *lg_local;            /* (lg_rows, vocab_pad) this rank's logits;
+                                   host->alloc'd, lg_all carved after it      */
+    float *lg_all;              /* (size, lg_rows, vocab_pad) gathered        */
 
     /* --- after kv_alloc */
     bool kv_ready;

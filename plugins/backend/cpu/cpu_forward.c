@@ -9,6 +9,16 @@
  * The residual adds ride on the GEMMs (beta = 1 into x), so the residual
  * stream is never copied. Every index in the batch is checked before any
  * work, so a bad batch is an error naming the field, never a stray write.
+ *
+ * Loaded by load_shard (tensor parallelism), a rank holds its heads, FFN
+ * columns and vocabulary rows, and three things change: the embedding looks
+ * up only its vocabulary rows (zeros elsewhere) and all-reduces; after the
+ * row-parallel O and down GEMMs the partial sums are all-reduced into x —
+ * rank 0's GEMM adds onto the residual (beta = 1), the others' start from
+ * zero (beta = 0), so the residual is counted once and every rank ends with
+ * the same x; the LM head computes this rank's vocabulary slice and an
+ * all-gather assembles whole rows, which the rank given a logits buffer
+ * writes out.
  */
 #include "cpu_backend.h"
 
@@ -41,7 +51,7 @@ static loom_status cpu_check_batch(cpu_backend *b, const loom_batch *bt, const f
                         "backend cpu: batch of %d tokens in %d sequences lacks one of token_ids, "
                         "positions, query_start, context_len, block_table, slot_mapping",
                         T, S);
-    if (NL > 0 && (!bt->logits_index || !logits))
+    if (NL > 0 && (!bt->logits_index || (!logits && !b->sharded)))
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "backend cpu: %d logits rows asked but %s is NULL", NL,
                         !logits ? "the logits buffer" : "logits_index");
@@ -146,6 +156,67 @@ static loom_status cpu_scratch(cpu_backend *b, int64_t rows, loom_error *err) {
     return LOOM_OK;
 }
 
+/* ------------------------------------------------------ tensor parallelism */
+
+/* Sum x (n floats) over the ranks; nothing to do for a whole model. */
+static loom_status cpu_all_reduce(cpu_backend *b, float *x, int64_t n, loom_error *err) {
+    if (!b->sharded) return LOOM_OK;
+    return b->comm.all_reduce_sum(b->comm.ctx, b->comm.rank, x, n, LOOM_DTYPE_F32, NULL, err);
+}
+
+/* Vocabulary-parallel embedding: x (T, H) gets this rank's rows (tokens of
+ * other ranks' slices get zeros), then the sum over ranks. Exactly one rank
+ * contributes each row, so the sum is exact. */
+static loom_status cpu_embed_shard(cpu_backend *b, float *x, const int32_t *ids, int64_t T,
+                                   int64_t H, loom_error *err) {
+    for (int64_t t = 0; t < T; t++) {
+        int64_t v = (int64_t)ids[t] - b->vocab_lo;
+        if (v >= 0 && v < b->vocab_rows)
+            memcpy(x + t * H, b->embed + v * H, (size_t)H * sizeof(float));
+        else
+            memset(x + t * H, 0, (size_t)H * sizeof(float));
+    }
+    return cpu_all_reduce(b, x, T * H, err);
+}
+
+/* Vocabulary-parallel LM head on xn (NL, H): this rank's (NL, vocab_pad)
+ * slice, all-gathered as (size, NL, vocab_pad), reordered into logits
+ * (NL, vocab) when this rank was given a buffer. */
+static loom_status cpu_lm_head_shard(cpu_backend *b, const float *xn, int64_t NL, float *logits,
+                                     loom_error *err) {
+    const loom_host *h = b->host;
+    const int64_t H = b->mc.hidden_size, V = b->mc.vocab_size, P = b->vocab_pad;
+    const int64_t n = b->comm.size;
+    if (NL > b->lg_rows) {
+        int64_t rows = NL < 16 ? 16 : NL;
+        float *p = h->alloc(h->ctx, (size_t)(rows * P * (n + 1)) * sizeof(float));
+        if (!p)
+            return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                            "backend cpu: out of memory for %.1f MiB of logits (%lld rows of %lld "
+                            "on %lld ranks)",
+                            (double)(rows * P * (n + 1)) * sizeof(float) / (1 << 20),
+                            (long long)rows, (long long)P, (long long)n);
+        h->free(h->ctx, b->lg_local);
+        b->lg_local = p;
+        b->lg_all = p + rows * P;
+        b->lg_rows = rows;
+    }
+    float *loc = b->lg_local;
+    loom_cpu_linear(loc, P, xn, H, b->lm_head, NULL, NL, b->vocab_rows, H, 0.0f, b->pool);
+    if (b->vocab_rows < P) /* padding: gathered, never read; keep it defined */
+        for (int64_t i = 0; i < NL; i++)
+            memset(loc + i * P + b->vocab_rows, 0, (size_t)(P - b->vocab_rows) * sizeof(float));
+    loom_status st = b->comm.all_gather(b->comm.ctx, b->comm.rank, loc, b->lg_all, NL * P,
+                                        LOOM_DTYPE_F32, NULL, err);
+    if (st != LOOM_OK || !logits) return st;
+    for (int64_t r = 0; r < n; r++) {
+        int64_t lo = r * P, w = V - lo < P ? V - lo : P;
+        for (int64_t i = 0; w > 0 && i < NL; i++)
+            memcpy(logits + i * V + lo, b->lg_all + (r * NL + i) * P, (size_t)w * sizeof(float));
+    }
+    return LOOM_OK;
+}
+
 /* ----------------------------------------------------------------- forward */
 
 loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits, loom_error *err) {
@@ -159,7 +230,12 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
     if ((st = cpu_scratch(b, T > NL ? T : NL, err)) != LOOM_OK) return st;
 
     float *x = b->x, *xn = b->xn, *qkv = b->qkv, *att = b->att, *gu = b->gu, *act = b->act;
-    loom_cpu_embedding(x, b->embed, bt->token_ids, T, H);
+    if (!b->sharded)
+        loom_cpu_embedding(x, b->embed, bt->token_ids, T, H);
+    else if ((st = cpu_embed_shard(b, x, bt->token_ids, T, H, err)) != LOOM_OK)
+        return st;
+    /* the residual joins the row-parallel GEMMs on one rank only */
+    const float beta_res = !b->sharded || b->comm.rank == 0 ? 1.0f : 0.0f;
     loom_cpu_rope_table(b->rope_cos, b->rope_sin, bt->positions, T, b->inv_freq, (int32_t)(D / 2));
 
     loom_cpu_kv kv = {.dtype = b->kv_layout.dtype,
@@ -194,13 +270,15 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
                             b->rope_sin);
         loom_cpu_kv_write(&kv, qkv + QD, QKV, qkv + QD + KVD, QKV, bt->slot_mapping, T);
         loom_cpu_paged_attention(&aa, b->pool);
-        loom_cpu_linear(x, H, att, QD, ly->wo, NULL, T, H, QD, 1.0f, b->pool);
+        loom_cpu_linear(x, H, att, QD, ly->wo, NULL, T, H, QD, beta_res, b->pool);
+        if ((st = cpu_all_reduce(b, x, T * H, err)) != LOOM_OK) return st;
 
         /* FFN block: (T, H) -> (T, 2I) -> (T, I) -> += (T, H) */
         loom_cpu_rmsnorm(xn, H, x, H, ly->ffn_norm, T, H, c->rms_norm_eps, b->pool);
         loom_cpu_linear(gu, 2 * I, xn, H, ly->wgu, NULL, T, 2 * I, H, 0.0f, b->pool);
         loom_cpu_swiglu(act, gu, 2 * I, gu + I, 2 * I, T, I, b->pool);
-        loom_cpu_linear(x, H, act, I, ly->wdown, NULL, T, H, I, 1.0f, b->pool);
+        loom_cpu_linear(x, H, act, I, ly->wdown, NULL, T, H, I, beta_res, b->pool);
+        if ((st = cpu_all_reduce(b, x, T * H, err)) != LOOM_OK) return st;
     }
 
     /* final norm and LM head on the wanted rows only: (NL, H) -> (NL, V) */
@@ -208,6 +286,7 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
         for (int64_t i = 0; i < NL; i++)
             loom_cpu_rmsnorm(xn + i * H, H, x + (int64_t)bt->logits_index[i] * H, H, b->out_norm,
                              1, H, c->rms_norm_eps, NULL);
+        if (b->sharded) return cpu_lm_head_shard(b, xn, NL, logits, err);
         loom_cpu_linear(logits, c->vocab_size, xn, H, b->lm_head, NULL, NL, c->vocab_size, H,
                         0.0f, b->pool);
     }

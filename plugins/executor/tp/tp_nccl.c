@@ -1,0 +1,216 @@
+/*
+ * plugins/executor/tp/tp_nccl.c — the NCCL communicator of the tp executor:
+ * one ncclComm_t per local rank (one GPU each, devices 0..local-1), driven
+ * by that rank's own thread, collectives enqueued on the stream the backend
+ * passes (so they order with its kernels; nothing here synchronises).
+ *
+ * One node: ncclCommInitAll. Several nodes (executor.rendezvous set): node 0
+ * creates the unique id and serves it over TCP (tp_rendezvous.c); every node
+ * then initialises its local ranks with ncclCommInitRank inside one group
+ * call, rank = node_rank * local + i.
+ *
+ * Built only with LOOM_TP_HAVE_NCCL (CUDA and libnccl found at configure).
+ * The single-node path is what CI compiles and the GPU machine runs; the
+ * multi-node path is NCCL's own mechanism and documented in
+ * docs/tensor-parallel.md.
+ */
+#ifdef LOOM_TP_HAVE_NCCL
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tp.h"
+
+struct tp_nccl {
+    const loom_host *host;
+    int32_t local;            /* ranks (GPUs) in this process              */
+    int32_t world;            /* ranks in the group, all nodes             */
+    int32_t base;             /* global rank of local rank 0               */
+    ncclComm_t *comms;        /* (local)                                   */
+    atomic_bool aborted;
+};
+
+int tp_nccl_device_count(const char **why) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        if (why) *why = cudaGetErrorString(e);
+        return -1;
+    }
+    return n;
+}
+
+static loom_status tp_nccl_fail(const loom_host *h, loom_error *err, const char *what,
+                                ncclResult_t r) {
+    return h->error(h->ctx, err, LOOM_ERR_DEVICE, "executor tp: %s failed: %s (%s)", what,
+                    ncclGetErrorString(r), ncclGetLastError(NULL));
+}
+
+loom_status tp_nccl_create(const loom_host *h, int32_t local, int32_t nodes, int32_t node_rank,
+                           const char *rendezvous, int32_t timeout_s, tp_nccl **out,
+                           loom_error *err) {
+    *out = NULL;
+    loom_status st = LOOM_OK;
+    tp_nccl *c = h->calloc(h->ctx, 1, sizeof *c);
+    if (!c) return h->error(h->ctx, err, LOOM_ERR_NOMEM, "executor tp: out of memory");
+    c->host = h;
+    c->local = local;
+    c->world = local * nodes;
+    c->base = node_rank * local;
+    atomic_init(&c->aborted, false);
+    c->comms = h->calloc(h->ctx, (size_t)local, sizeof *c->comms);
+    if (!c->comms) {
+        st = h->error(h->ctx, err, LOOM_ERR_NOMEM, "executor tp: out of memory");
+        goto fail;
+    }
+    ncclResult_t r;
+    if (nodes == 1 && (!rendezvous || !*rendezvous)) {
+        if ((r = ncclCommInitAll(c->comms, local, NULL)) != ncclSuccess) {
+            st = tp_nccl_fail(h, err, "ncclCommInitAll over devices 0..size-1", r);
+            goto fail;
+        }
+    } else {
+        ncclUniqueId id;
+        if (node_rank == 0) {
+            if ((r = ncclGetUniqueId(&id)) != ncclSuccess) {
+                st = tp_nccl_fail(h, err, "ncclGetUniqueId", r);
+                goto fail;
+            }
+            if (nodes > 1 &&
+                (st = tp_rdv_serve(h, rendezvous, &id, sizeof id, nodes - 1, timeout_s, err)))
+                goto fail;
+        } else if ((st = tp_rdv_fetch(h, rendezvous, node_rank, nodes, &id, sizeof id, timeout_s,
+                                      err))) {
+            goto fail;
+        }
+        /* one thread initialises several ranks: a group call, or the first
+         * ncclCommInitRank would wait forever for the others */
+        if ((r = ncclGroupStart()) != ncclSuccess) {
+            st = tp_nccl_fail(h, err, "ncclGroupStart", r);
+            goto fail;
+        }
+        for (int32_t i = 0; i < local; i++) {
+            cudaError_t e = cudaSetDevice(i);
+            if (e != cudaSuccess) {
+                ncclGroupEnd();
+                st = h->error(h->ctx, err, LOOM_ERR_DEVICE, "executor tp: cudaSetDevice(%d): %s",
+                              i, cudaGetErrorString(e));
+                goto fail;
+            }
+            ncclCommInitRank(&c->comms[i], c->world, id, c->base + i);
+        }
+        if ((r = ncclGroupEnd()) != ncclSuccess) {
+            st = tp_nccl_fail(h, err, "ncclCommInitRank (group of this node's ranks)", r);
+            goto fail;
+        }
+    }
+    h->log(h->ctx, LOOM_LOG_INFO, TP_WHO, "NCCL: %d local rank(s) of %d, node %d of %d", local,
+           c->world, node_rank, nodes);
+    *out = c;
+    return LOOM_OK;
+fail:
+    tp_nccl_destroy(c);
+    return st;
+}
+
+void tp_nccl_destroy(tp_nccl *c) {
+    if (!c) return;
+    const loom_host *h = c->host;
+    bool aborted = atomic_load(&c->aborted);
+    for (int32_t i = 0; c->comms && i < c->local; i++)
+        if (c->comms[i] && !aborted) ncclCommDestroy(c->comms[i]);
+    h->free(h->ctx, c->comms);
+    h->free(h->ctx, c);
+}
+
+void tp_nccl_abort(tp_nccl *c) {
+    bool was = atomic_exchange(&c->aborted, true);
+    if (was) return;
+    /* unblocks ranks whose collectives wait for the failed one; the
+     * communicators are unusable afterwards */
+    for (int32_t i = 0; i < c->local; i++)
+        if (c->comms[i]) ncclCommAbort(c->comms[i]);
+}
+
+bool tp_nccl_aborted(const tp_nccl *c) { return atomic_load(&c->aborted); }
+
+loom_status tp_nccl_bind_thread(tp_nccl *c, int32_t local, loom_error *err) {
+    cudaError_t e = cudaSetDevice(local);
+    if (e != cudaSuccess)
+        return c->host->error(c->host->ctx, err, LOOM_ERR_DEVICE,
+                              "executor tp: rank thread %d: cudaSetDevice(%d): %s", local, local,
+                              cudaGetErrorString(e));
+    return LOOM_OK;
+}
+
+static bool tp_nccl_type(loom_dtype d, ncclDataType_t *t) {
+    switch (d) {
+    case LOOM_DTYPE_F32: *t = ncclFloat32; return true;
+    case LOOM_DTYPE_F16: *t = ncclFloat16; return true;
+    case LOOM_DTYPE_BF16: *t = ncclBfloat16; return true;
+    case LOOM_DTYPE_I32: *t = ncclInt32; return true;
+    case LOOM_DTYPE_I8: *t = ncclInt8; return true;
+    case LOOM_DTYPE_U8: *t = ncclUint8; return true;
+    default: return false;
+    }
+}
+
+/* Checks common to both collectives; the local rank's communicator. */
+static loom_status tp_nccl_prep(tp_nccl *c, const char *what, int32_t rank, loom_dtype dtype,
+                                const void *stream, ncclComm_t *comm, ncclDataType_t *type,
+                                loom_error *err) {
+    const loom_host *h = c->host;
+    if (atomic_load(&c->aborted))
+        return h->error(h->ctx, err, LOOM_ERR_DEVICE,
+                        "executor tp: rank %d: %s on an aborted NCCL communicator (a rank failed "
+                        "earlier); recreate the engine",
+                        rank, what);
+    if (!stream)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "executor tp: rank %d called %s without a CUDA stream: the NCCL "
+                        "communicator needs device buffers; host backends (cpu) use "
+                        "executor.comm: threads",
+                        rank, what);
+    int32_t i = rank - c->base;
+    if (i < 0 || i >= c->local)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "executor tp: %s from rank %d, but this node holds ranks %d..%d", what,
+                        rank, c->base, c->base + c->local - 1);
+    if (!tp_nccl_type(dtype, type))
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "executor tp: %s of %s elements is not supported over NCCL", what,
+                        loom_dtype_name(dtype));
+    *comm = c->comms[i];
+    return LOOM_OK;
+}
+
+loom_status tp_nccl_all_reduce(void *ctx, int32_t rank, void *buf, int64_t count, loom_dtype dtype,
+                               void *stream, loom_error *err) {
+    tp_nccl *c = ctx;
+    ncclComm_t comm;
+    ncclDataType_t type;
+    loom_status st = tp_nccl_prep(c, "all_reduce_sum", rank, dtype, stream, &comm, &type, err);
+    if (st != LOOM_OK) return st;
+    ncclResult_t r = ncclAllReduce(buf, buf, (size_t)count, type, ncclSum, comm,
+                                   (cudaStream_t)stream);
+    return r == ncclSuccess ? LOOM_OK : tp_nccl_fail(c->host, err, "ncclAllReduce", r);
+}
+
+loom_status tp_nccl_all_gather(void *ctx, int32_t rank, const void *send, void *recv,
+                               int64_t count, loom_dtype dtype, void *stream, loom_error *err) {
+    tp_nccl *c = ctx;
+    ncclComm_t comm;
+    ncclDataType_t type;
+    loom_status st = tp_nccl_prep(c, "all_gather", rank, dtype, stream, &comm, &type, err);
+    if (st != LOOM_OK) return st;
+    ncclResult_t r = ncclAllGather(send, recv, (size_t)count, type, comm, (cudaStream_t)stream);
+    return r == ncclSuccess ? LOOM_OK : tp_nccl_fail(c->host, err, "ncclAllGather", r);
+}
+
+#else
+/* ISO C forbids an empty translation unit. */
+typedef int tp_nccl_not_built;
+#endif

@@ -1,0 +1,435 @@
+/*
+ * tests/tp/test_tp_engine.c — the tp executor through the whole engine
+ * (suite 'tp'): pipelines under tests/tp/data with an `executor: {plugin:
+ * tp}` section over cpu backends and the threads communicator, against the
+ * same pipeline without an executor.
+ *
+ *   tiny dummy Llama (4 heads, 2 KV heads, FFN 128, vocab 256), sizes 1, 2, 4:
+ *     teacher-forced log-probs (loom_engine_score) within 1e-4 of one
+ *     backend — bit-identical at size 1 — and identical greedy token ids
+ *     and sampling distributions for a chunked, batched set of requests;
+ *   composition: static scheduler + contiguous cache; swap preemption,
+ *     n > 1 samples (fork, copy-on-write) and prefix caching on the paged
+ *     cache; a quantizer (f16 KV cache) — each one combined run;
+ *   errors: size 0, heads that do not divide, threads across nodes, comm
+ *     nccl in a build without it;
+ *   SmolLM2-135M (LOOM_TEST_MODEL; skipped when unset): size 3 gives the
+ *     greedy text of one backend and its log-probs within 2.5e-4 (30
+ *     layers of float32 sums in another order; observed ~3e-5); size 2 is
+ *     a clear error naming the heads and the sizes that work.
+ *
+ * Not a mock: each rank is a real cpu backend holding its shard, and the
+ * collectives really sum partial products across threads.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eng_util.h"
+
+#define VOCAB 256
+
+/* ------------------------------------------------------------- helpers */
+
+static char *tp_data(const char *name) {
+    const char *src = getenv("LOOM_SOURCE_DIR");
+    cr_assert(src, "LOOM_SOURCE_DIR is not set (run through meson test)");
+    size_t n = strlen(src) + strlen(name) + 32;
+    char *p = malloc(n);
+    cr_assert(p);
+    snprintf(p, n, "%s/tests/tp/data/%s", src, name);
+    return p;
+}
+
+static loom_status tp_try_open(const char *pipe, const char *const *ov, loom_engine **e,
+                               loom_error *err) {
+    char *path = tp_data(pipe);
+    int32_t n = 0;
+    while (ov && ov[n]) n++;
+    *e = NULL;
+    loom_status st = loom_engine_create(path, ov, n, e, err);
+    free(path);
+    return st;
+}
+
+static loom_engine *tp_open(const char *pipe, const char *const *ov) {
+    loom_engine *e = NULL;
+    loom_error err = {0};
+    loom_status st = tp_try_open(pipe, ov, &e, &err);
+    cr_assert_eq(st, LOOM_OK, "loom_engine_create(%s): %s", pipe, err.message);
+    return e;
+}
+
+/* Overrides `base` plus "executor.size=N" (static storage per call site). */
+typedef struct tp_ov {
+    char size[32];
+    const char *list[16];
+} tp_ov;
+
+static const char *const *tp_with_size(tp_ov *o, int size, const char *const *base) {
+    int n = 0;
+    snprintf(o->size, sizeof o->size, "executor.size=%d", size);
+    o->list[n++] = o->size;
+    while (base && base[n - 1] && n < 15) {
+        o->list[n] = base[n - 1];
+        n++;
+    }
+    o->list[n] = NULL;
+    return o->list;
+}
+
+static float *tp_score(loom_engine *e, const int32_t *tok, int32_t n) {
+    float *lp = malloc((size_t)n * sizeof(float));
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_score(e, tok, n, lp, &err), LOOM_OK, "score: %s", err.message);
+    return lp;
+}
+
+static void tp_expect_error(const char *pipe, const char *const *ov, const char *const *needles) {
+    loom_engine *e = NULL;
+    loom_error err = {0};
+    loom_status st = tp_try_open(pipe, ov, &e, &err);
+    if (e) loom_engine_destroy(e);
+    cr_assert_neq(st, LOOM_OK, "%s with %s: engine created, an error was expected", pipe,
+                  ov && ov[0] ? ov[0] : "no overrides");
+    for (int i = 0; needles[i]; i++)
+        cr_assert(strstr(err.message, needles[i]), "error lacks \"%s\": %s", needles[i],
+                  err.message);
+}
+
+/* ------------------------------------------------------- a request set */
+
+#define NP 5
+static const int32_t k_lens[NP] = {5, 37, 12, 64, 23};
+static const int32_t k_outs[NP] = {20, 9, 16, 12, 25};
+
+typedef struct tp_probs {
+    float *rows;   /* (count, VOCAB) the distributions drawn from */
+    int32_t count, cap;
+} tp_probs;
+
+/* eng_on_token plus a copy of the distribution of every token event. */
+typedef struct tp_rec {
+    eng_rec rec;
+    tp_probs probs;
+} tp_rec;
+
+static void tp_on_token(void *user, const loom_token_event *ev) {
+    tp_rec *r = user;
+    eng_on_token(&r->rec, ev);
+    if (ev->token < 0 || !ev->probs || ev->vocab != VOCAB) return;
+    tp_probs *p = &r->probs;
+    if (p->count == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 32;
+        p->rows = realloc(p->rows, (size_t)p->cap * VOCAB * sizeof(float));
+        if (!p->rows) abort();
+    }
+    memcpy(p->rows + (size_t)p->count * VOCAB, ev->probs, VOCAB * sizeof(float));
+    p->count++;
+}
+
+/* Run the NP prompts together (chunked by max_batched_tokens 24 so prefill
+ * chunks share steps with decodes); request 0 streams its distributions. */
+static void run_set(const char *pipe, const char *const *ov, tp_rec *recs, loom_engine_stats *st) {
+    int32_t p[NP][64];
+    loom_engine *e = tp_open(pipe, ov);
+    for (int i = 0; i < NP; i++) {
+        eng_prompt(p[i], k_lens[i], 100 + (uint32_t)i, VOCAB);
+        memset(&recs[i], 0, sizeof recs[i]);
+        eng_rec_init(&recs[i].rec, 1);
+        loom_request rq = eng_req_tokens(p[i], k_lens[i], k_outs[i]);
+        rq.params.logprobs = 2;
+        rq.want_probs = i == 0;
+        rq.on_token = tp_on_token;
+        rq.user = &recs[i];
+        loom_error err = {0};
+        cr_assert_geq(loom_engine_add_request(e, &rq, &err), 0, "add_request: %s", err.message);
+    }
+    eng_run(e, 10000);
+    for (int i = 0; i < NP; i++) {
+        eng_rec_check_done(&recs[i].rec);
+        cr_assert_eq(recs[i].rec.s[0].ntok, k_outs[i], "%s: request %d made %d tokens, want %d",
+                     pipe, i, recs[i].rec.s[0].ntok, k_outs[i]);
+    }
+    if (st) loom_engine_get_stats(e, st);
+    loom_engine_destroy(e);
+}
+
+static void free_set(tp_rec *recs) {
+    for (int i = 0; i < NP; i++) {
+        eng_rec_free(&recs[i].rec);
+        free(recs[i].probs.rows);
+    }
+}
+
+/* Identical greedy ids (no near-tie allowance), log-probs within tol, and
+ * request 0's distributions within tol. */
+static void same_set(const tp_rec *a, const tp_rec *b, float tol, const char *what) {
+    for (int i = 0; i < NP; i++) {
+        const eng_sample *x = &a[i].rec.s[0], *y = &b[i].rec.s[0];
+        cr_assert_eq(x->ntok, y->ntok, "%s: request %d: %d vs %d tokens", what, i, x->ntok,
+                     y->ntok);
+        for (int32_t k = 0; k < x->ntok; k++) {
+            cr_assert_eq(x->tokens[k], y->tokens[k], "%s: request %d token %d: %d vs %d", what, i,
+                         k, x->tokens[k], y->tokens[k]);
+            cr_assert(fabsf(x->lps[k] - y->lps[k]) <= tol,
+                      "%s: request %d token %d: log-prob %.7f vs %.7f (tolerance %g)", what, i, k,
+                      (double)x->lps[k], (double)y->lps[k], (double)tol);
+        }
+    }
+    const tp_probs *pa = &a[0].probs, *pb = &b[0].probs;
+    cr_assert_eq(pa->count, pb->count, "%s: %d vs %d distributions", what, pa->count, pb->count);
+    double worst = 0;
+    for (size_t k = 0; k < (size_t)pa->count * VOCAB; k++)
+        worst = fmax(worst, fabs((double)pa->rows[k] - pb->rows[k]));
+    cr_assert(worst <= tol, "%s: distributions differ by up to %g (tolerance %g)", what, worst,
+              (double)tol);
+}
+
+/* ------------------------------------------------ tiny: sizes 1, 2, 4 */
+
+/* Teacher-forced log-probs of 200 tokens (prefill of one sequence; every
+ * position's logits) through 1, 2, 4 ranks vs one plain backend. */
+Test(tp, tiny_score_matches_one_backend) {
+    enum { N = 200 };
+    int32_t tok[N];
+    eng_prompt(tok, N, 5, VOCAB);
+    loom_engine *ref = tp_open("tiny.yaml", NULL);
+    float *want = tp_score(ref, tok, N);
+    loom_engine_destroy(ref);
+    static const int sizes[] = {1, 2, 4};
+    for (int s = 0; s < 3; s++) {
+        tp_ov o;
+        loom_engine *e = tp_open("tiny_tp.yaml", tp_with_size(&o, sizes[s], NULL));
+        float *got = tp_score(e, tok, N);
+        double worst = 0;
+        for (int i = 0; i < N; i++) worst = fmax(worst, fabs((double)got[i] - want[i]));
+        cr_log_info("size %d: max |log-prob difference| %.3g over %d tokens", sizes[s], worst, N);
+        if (sizes[s] == 1)
+            cr_assert(!memcmp(got, want, sizeof want[0] * N),
+                      "size 1 must be bit-identical to the plain backend (max diff %g)", worst);
+        else
+            cr_assert(worst <= 1e-4, "size %d: log-probs differ by up to %g (tolerance 1e-4)",
+                      sizes[s], worst);
+        free(got);
+        loom_engine_destroy(e);
+    }
+    free(want);
+}
+
+/* Five requests batched with chunked prefill: identical greedy ids, the same
+ * log-probs and sampling distributions, at sizes 2 and 4. */
+Test(tp, tiny_greedy_identical) {
+    const char *ov[] = {"scheduler.max_batched_tokens=24", NULL};
+    tp_rec ref[NP], got[NP];
+    run_set("tiny.yaml", ov, ref, NULL);
+    static const int sizes[] = {2, 4};
+    for (int s = 0; s < 2; s++) {
+        tp_ov o;
+        loom_engine_stats st;
+        run_set("tiny_tp.yaml", tp_with_size(&o, sizes[s], ov), got, &st);
+        cr_assert_geq(st.max_running, 3, "the batch never ran more than %d sequences together",
+                      st.max_running);
+        char what[64];
+        snprintf(what, sizeof what, "size %d vs one backend", sizes[s]);
+        same_set(ref, got, 1e-4f, what);
+        free_set(got);
+    }
+    free_set(ref);
+}
+
+/* -------------------------------------------------------- composition */
+
+/* Static scheduler and contiguous cache (no prefix sharing), size 2. */
+Test(tp, composes_with_static_scheduler_and_contiguous_cache) {
+    const char *ov[] = {"scheduler.plugin=static", "cache.plugin=contiguous", NULL};
+    tp_rec ref[NP], got[NP];
+    run_set("tiny.yaml", ov, ref, NULL);
+    tp_ov o;
+    loom_engine_stats st;
+    run_set("tiny_tp.yaml", tp_with_size(&o, 2, ov), got, &st);
+    cr_assert_eq(st.cached_prompt_tokens, 0);
+    same_set(ref, got, 1e-4f, "static + contiguous, size 2");
+    free_set(ref);
+    free_set(got);
+}
+
+/* Paged cache under pressure with swap preemption (swap_blocks on every
+ * rank), then the same prompt twice (prefix cache hit) and n = 2 sampled
+ * continuations (fork + copy-on-write: copy_blocks on every rank), size 4. */
+Test(tp, composes_with_swap_preemption_forks_and_prefix_cache) {
+    const char *ov_small[] = {"engine.max_model_len=96", "cache.num_blocks=8",
+                              "cache.num_cpu_blocks=64", "scheduler.preemption=swap", NULL};
+    const char *ov_big[] = {"engine.max_model_len=96", NULL};
+    tp_rec ref[NP], got[NP];
+    run_set("tiny.yaml", ov_big, ref, NULL);
+    tp_ov o;
+    loom_engine_stats st;
+    run_set("tiny_tp.yaml", tp_with_size(&o, 4, ov_small), got, &st);
+    cr_assert_gt(st.swaps_out, 0, "a pool of 8 blocks with swap should swap out (preemptions %lld)",
+                 (long long)st.preemptions);
+    cr_assert_eq(st.swaps_in, st.swaps_out);
+    cr_assert_eq(st.kv_blocks_used, 0);
+    same_set(ref, got, 1e-4f, "swap preemption at size 4 vs unconstrained one backend");
+    free_set(ref);
+    free_set(got);
+
+    /* forks and the prefix cache: sampled, seeded, so both runs draw alike */
+    int32_t p[40];
+    eng_prompt(p, 40, 9, VOCAB);
+    eng_rec a[2], b[2];
+    for (int run = 0; run < 2; run++) {
+        eng_rec *r = run == 0 ? a : b;
+        loom_engine *e = run == 0 ? tp_open("tiny.yaml", NULL)
+                                  : tp_open("tiny_tp.yaml", tp_with_size(&o, 4, NULL));
+        eng_rec_init(&r[0], 1);
+        eng_add(e, eng_req_tokens(p, 40, 8), &r[0]);
+        eng_run(e, 1000);
+        loom_request rq = eng_req_tokens(p, 40, 12);
+        rq.n = 2;
+        rq.params.temperature = 0.9f;
+        rq.params.seed = 1234;
+        eng_rec_init(&r[1], 2);
+        eng_add(e, rq, &r[1]);
+        eng_run(e, 1000);
+        eng_rec_check_done(&r[1]);
+        loom_engine_get_stats(e, &st);
+        cr_assert_gt(st.cached_prompt_tokens, 0, "run %d: the repeated prompt missed the prefix cache",
+                     run);
+        loom_engine_destroy(e);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int s = 0; s < a[k].n; s++) {
+            cr_assert_eq(a[k].s[s].ntok, b[k].s[s].ntok);
+            cr_assert(!memcmp(a[k].s[s].tokens, b[k].s[s].tokens,
+                              (size_t)a[k].s[s].ntok * sizeof(int32_t)),
+                      "request %d sample %d: size 4 drew other tokens than one backend", k, s);
+        }
+    for (int k = 0; k < 2; k++) {
+        eng_rec_free(&a[k]);
+        eng_rec_free(&b[k]);
+    }
+}
+
+/* A quantizer in the pipeline: its plan is asked on every rank (weights
+ * kept in float here) and its f16 KV cache type reaches every rank. */
+Test(tp, composes_with_a_quantizer) {
+    const char *ov[] = {"quantizer.plugin=int8", "quantizer.skip=token_embd,output,blk",
+                        "quantizer.kv_cache=f16", NULL};
+    tp_rec ref[NP], got[NP];
+    run_set("tiny.yaml", ov, ref, NULL);
+    tp_ov o;
+    run_set("tiny_tp.yaml", tp_with_size(&o, 2, ov), got, NULL);
+    /* K/V rounded to f16 on both sides; the float inputs differ in the last
+     * bits, so a rounding can flip: a looser tolerance, same tokens */
+    same_set(ref, got, 2e-3f, "f16 KV cache, size 2");
+    free_set(ref);
+    free_set(got);
+}
+
+/* ------------------------------------------------------------- errors */
+
+Test(tp, error_size_zero) {
+    const char *ov[] = {"executor.size=0", NULL};
+    tp_expect_error("tiny_tp.yaml", ov, (const char *const[]){"executor.size", "out of range", NULL});
+}
+
+Test(tp, error_heads_not_divisible) {
+    const char *ov[] = {"executor.size=3", NULL};
+    tp_expect_error("tiny_tp.yaml", ov,
+                    (const char *const[]){"4 attention heads", "size 3", "1, 2, 4", NULL});
+}
+
+Test(tp, error_threads_across_nodes) {
+    const char *ov[] = {"executor.rendezvous=localhost:29500", "executor.nodes=2", NULL};
+    tp_expect_error("tiny_tp.yaml", ov, (const char *const[]){"comm: nccl", NULL});
+}
+
+Test(tp, error_nccl_without_cuda_or_gpus) {
+    const char *ov[] = {"executor.comm=nccl", "executor.size=64", NULL};
+#ifdef TP_TEST_HAVE_NCCL
+    /* built with NCCL: this machine has fewer than 64 GPUs (or none) */
+    tp_expect_error("tiny_tp.yaml", ov, (const char *const[]){"GPU", NULL});
+#else
+    tp_expect_error("tiny_tp.yaml", ov,
+                    (const char *const[]){"comm nccl", "without CUDA and NCCL", "comm: threads",
+                                          NULL});
+#endif
+}
+
+/* ------------------------------------------------------------ SmolLM2 */
+
+static const char *need_model(void) {
+    const char *m = getenv("LOOM_TEST_MODEL");
+    if (!m || !m[0])
+        cr_skip_test("LOOM_TEST_MODEL is unset: set it to the SmolLM2-135M-Instruct Q4_1 GGUF "
+                     "(scripts/fetch-model.sh prints the path) to run the SmolLM2 TP tests");
+    return m;
+}
+
+static char *smol_generate(loom_engine *e, eng_rec *r) {
+    loom_request rq = loom_request_default();
+    rq.prompt = "Explain in two sentences why the sky is blue.";
+    rq.chat = true;
+    rq.max_tokens = 40;
+    rq.params.logprobs = 2;
+    eng_rec_init(r, 1);
+    eng_add(e, rq, r);
+    eng_run(e, 1000);
+    eng_rec_check_done(r);
+    return r->s[0].text;
+}
+
+/* 9 heads, 3 KV heads, FFN 1536: 3 ranks of 3 heads / 1 KV head / 512 FFN
+ * columns / 16384 vocabulary rows give one backend's text and log-probs. */
+Test(tp, smollm2_size3_matches_one_backend, .timeout = 240) {
+    need_model();
+    static const char text[] =
+        "The quick brown fox jumps over the lazy dog. Tensor parallelism splits every weight "
+        "matrix of a transformer across devices: the attention heads, the feed-forward columns "
+        "and the vocabulary, so that each device holds a slice and the partial results are "
+        "summed by an all-reduce after each block.";
+    eng_rec ra, rb;
+    loom_engine *ref = tp_open("smol.yaml", NULL);
+    int32_t *tok = NULL, n = 0;
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_tokenize(ref, text, true, &tok, &n, &err), LOOM_OK, "%s", err.message);
+    float *want = tp_score(ref, tok, n);
+    char *ta = smol_generate(ref, &ra);
+    loom_engine_destroy(ref);
+
+    loom_engine *e = tp_open("smol_tp.yaml", NULL);
+    float *got = tp_score(e, tok, n);
+    char *tb = smol_generate(e, &rb);
+    loom_engine_destroy(e);
+
+    double worst = 0;
+    for (int32_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)got[i] - want[i]));
+    cr_log_info("SmolLM2 size 3: max |log-prob difference| %.3g over %d tokens", worst, n);
+    cr_assert(worst <= 2.5e-4, "size 3: teacher-forced log-probs differ by up to %g (tolerance 2.5e-4)",
+              worst);
+    cr_assert(ta && tb, "no text generated");
+    cr_assert_str_eq(ta, tb, "size 3 wrote other text than one backend:\n--- one backend\n%s\n--- size 3\n%s",
+                     ta, tb);
+    cr_assert_eq(ra.s[0].ntok, rb.s[0].ntok);
+    for (int32_t k = 0; k < ra.s[0].ntok; k++) {
+        cr_assert_eq(ra.s[0].tokens[k], rb.s[0].tokens[k]);
+        cr_assert(fabsf(ra.s[0].lps[k] - rb.s[0].lps[k]) <= 2.5e-4f, "token %d: %.6f vs %.6f", k,
+                  (double)ra.s[0].lps[k], (double)rb.s[0].lps[k]);
+    }
+    eng_rec_free(&ra);
+    eng_rec_free(&rb);
+    free(tok);
+    free(want);
+    free(got);
+}
+
+Test(tp, smollm2_size2_is_a_clear_error) {
+    need_model();
+    const char *ov[] = {"executor.size=2", NULL};
+    tp_expect_error("smol_tp.yaml", ov,
+                    (const char *const[]){"9 attention heads", "size 2", "divides the heads: 1, 3",
+                                          NULL});
+}
