@@ -641,6 +641,33 @@ static float raw_logprob(const float *row, int32_t vocab, int32_t tok) {
     return (float)((double)row[tok] - mx - log(z));
 }
 
+/* The n (<= LOOM_MAX_LOGPROBS) most likely entries of one raw logits row
+ * under its log-softmax, best first, ties to the lower id (as the sampler
+ * reports them): top logprobs for tokens that come from verification. */
+static int32_t raw_top(const float *row, int32_t vocab, int32_t n, int32_t *ids, float *lps) {
+    if (n > LOOM_MAX_LOGPROBS) n = LOOM_MAX_LOGPROBS;
+    if (n > vocab) n = vocab;
+    float mx = row[0];
+    for (int32_t v = 1; v < vocab; v++)
+        if (row[v] > mx) mx = row[v];
+    double z = 0;
+    for (int32_t v = 0; v < vocab; v++) z += exp((double)row[v] - mx);
+    double lz = log(z);
+    int32_t k = 0;
+    for (int32_t v = 0; v < vocab && n > 0; v++) {
+        float x = row[v];
+        if (k == n && !(x > row[ids[k - 1]])) continue;
+        int32_t j = k < n ? k++ : n - 1;
+        while (j > 0 && x > row[ids[j - 1]]) {
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        ids[j] = v;
+    }
+    for (int32_t i = 0; i < k; i++) lps[i] = (float)((double)row[ids[i]] - mx - lz);
+    return k;
+}
+
 /* Sample rows [0, n) of e->logits, one per sequence in e->logit_seqs. */
 static loom_status sample_plain(loom_engine *e, int32_t nlog, loom_error *err) {
     loom_status st = LOOM_OK;
@@ -735,6 +762,11 @@ static loom_status spec_propose(loom_engine *e, loom_error *err) {
     if (decoding == 0) return LOOM_OK;
     int32_t k = e->spec->plan(e->spec_self, decoding);
     if (k <= 0) return LOOM_OK;
+    /* Drafts use only KV blocks free now, after one block per decoding
+     * sequence is set aside for its real token: speculation must never make
+     * the scheduler preempt (or fail) a sequence that runs without it. */
+    const int32_t bs = e->layout.block_size;
+    int64_t spare = (int64_t)e->cache->num_free_blocks(e->cache_self) - decoding;
     for (int32_t i = 0; i < e->num_seqs; i++) {
         loom_seq *s = e->seqs[i];
         if (s->finished || s->info.num_draft != 0 || s->info.num_computed != s->info.num_tokens - 1 ||
@@ -745,6 +777,10 @@ static loom_status spec_propose(loom_engine *e, loom_error *err) {
         int32_t room_ctx = e->max_model_len - s->info.num_tokens - 1;
         int32_t max_k = k < room_new ? k : room_new;
         if (room_ctx < max_k) max_k = room_ctx;
+        /* Slots left in the sequence's last block, then whole spare blocks. */
+        int32_t slack = (bs - s->info.num_tokens % bs) % bs;
+        int64_t fit = slack + (spare > 0 ? spare * bs : 0);
+        if (fit < max_k) max_k = (int32_t)fit;
         if (max_k <= 0) continue;
         if (seq_reserve(s, s->info.num_tokens + max_k) != LOOM_OK)
             return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for drafts");
@@ -764,6 +800,7 @@ static loom_status spec_propose(loom_engine *e, loom_error *err) {
             if (s->tokens[s->info.num_tokens + d] < 0 || s->tokens[s->info.num_tokens + d] >= e->vocab)
                 return loom_error_set(err, LOOM_ERR_INVALID, "speculator proposed token %d outside the vocabulary",
                                       s->tokens[s->info.num_tokens + d]);
+        if (n > slack) spare -= (n - slack + bs - 1) / bs;
         s->info.num_tokens += n;
         s->info.num_draft = n;
         s->spec_q_valid = q_valid != 0;
@@ -818,7 +855,11 @@ static loom_status spec_accept(loom_engine *e, loom_seq *s, const float *rows, l
     for (int32_t i = 0; i < m && !s->finished; i++) {
         const float *row = rows + (size_t)i * e->vocab;
         s->cur_probs = s->req->r.want_probs ? p + (size_t)i * e->vocab : NULL;
-        accept_token(e, s, out[i], raw_logprob(row, e->vocab, out[i]), 0, NULL, NULL);
+        int32_t top_ids[LOOM_MAX_LOGPROBS];
+        float top_lp[LOOM_MAX_LOGPROBS];
+        int32_t nt = s->req->r.params.logprobs > 0
+                         ? raw_top(row, e->vocab, s->req->r.params.logprobs, top_ids, top_lp) : 0;
+        accept_token(e, s, out[i], raw_logprob(row, e->vocab, out[i]), nt, top_ids, top_lp);
     }
     s->cur_probs = NULL;
     if (!s->finished) s->info.num_computed = s->info.num_tokens - 1;

@@ -47,6 +47,16 @@ typedef float sm_v8 __attribute__((vector_size(32)));
     (__builtin_shufflevector(a, b, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +     \
      __builtin_shufflevector(a, b, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31))
 
+/* One accumulator's lane sum in exactly the order SM_L1..SM_L3 and the final
+ * pair add give each of the 8 (lanes i + i+8, then + i+4, then + i+2, then
+ * + i+1), for the one-row path below: a row's result must not depend on M. */
+static inline float sm_hsum1(const sm_v16 *v) {
+    sm_v8 u = __builtin_shufflevector(*v, *v, 0, 1, 2, 3, 4, 5, 6, 7) +
+              __builtin_shufflevector(*v, *v, 8, 9, 10, 11, 12, 13, 14, 15);
+    float w0 = u[0] + u[4], w1 = u[1] + u[5], w2 = u[2] + u[6], w3 = u[3] + u[7];
+    return (w0 + w2) + (w1 + w3);
+}
+
 typedef struct sm_job {
     float *y;
     int64_t ldy;
@@ -65,6 +75,30 @@ static void sm_rows(const sm_job *j, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; n += 2) {
         int nr = n + 1 < n1 ? 2 : 1;
         const float *w0 = j->w + n * K, *w1 = nr == 2 ? w0 + K : w0;
+        if (M == 1) {
+            /* One activation row (decode at batch 1): two accumulators, the
+             * same per-output order as the 4-row tile (lane-wise over K16,
+             * the same reduction, scalar tail), so a token computed alone and
+             * inside a k+1-row speculative verify get bit-identical results. */
+            const float *x0 = j->x;
+            sm_v16 a00 = {0}, a10 = {0};
+            const float *pf = w0 + 2 * K;
+            for (int64_t k = 0; k < K16; k += 16) {
+                __builtin_prefetch(pf + k);
+                __builtin_prefetch(pf + K + k);
+                sm_v16 v0, v1, b0;
+                SM_LD(v0, w0 + k), SM_LD(v1, w1 + k), SM_LD(b0, x0 + k);
+                a00 += v0 * b0, a10 += v1 * b0;
+            }
+            float s[2] = {sm_hsum1(&a00), sm_hsum1(&a10)};
+            for (int64_t k = K16; k < K; k++) s[0] += w0[k] * x0[k], s[1] += w1[k] * x0[k];
+            for (int r = 0; r < nr; r++) {
+                float *out = j->y + n + r;
+                float v = s[r] + (j->bias ? j->bias[n + r] : 0.0f);
+                *out = j->beta != 0.0f ? v + j->beta * *out : v;
+            }
+            continue;
+        }
         for (int64_t m = 0; m < M; m += 4) {
             int mr = M - m < 4 ? (int)(M - m) : 4;
             /* missing rows alias row 0: computed, never stored */

@@ -17,7 +17,10 @@ void loom_cpu_linear(float *y, int64_t ldy, const float *x, int64_t ldx, const f
                      const float *bias, int64_t M, int64_t N, int64_t K, float beta,
                      loom_cpu_pool *pool) {
     if (M <= 0 || N <= 0) return;
-    if (M > 1 && M <= LOOM_CPU_SMALL_M) {
+    /* M = 1 too: gemm_small's per-row result does not depend on M, so a
+     * token computed alone or in a k+1-row speculative verify batch gets
+     * bit-identical logits (and its one-row path beats sgemv here). */
+    if (M <= LOOM_CPU_SMALL_M) {
         loom_cpu_linear_small_m(y, ldy, x, ldx, w, bias, M, N, K, beta, pool);
         return;
     }
