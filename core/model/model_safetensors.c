@@ -162,8 +162,13 @@ static loom_status read_config(const char *path, loom_model_config *cfg, loom_er
     }
     cfg->max_context = 2048;
     if ((st = js_int(&c, "max_position_embeddings", false, &cfg->max_context, err))) goto out;
+    /* transformers >= 5 writes rope settings (theta included) into a
+     * `rope_parameters` object; earlier versions use top-level rope_theta
+     * and a `rope_scaling` object. Accept both. */
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
     cfg->rope_theta = 10000.0f;
     if ((st = js_num(root, path, "rope_theta", &cfg->rope_theta, err))) goto out;
+    if (cJSON_IsObject(rp) && (st = js_num(rp, path, "rope_theta", &cfg->rope_theta, err))) goto out;
     cfg->rms_norm_eps = 1e-6f;
     if ((st = js_num(root, path, "rms_norm_eps", &cfg->rms_norm_eps, err))) goto out;
     if ((st = js_int(&c, "bos_token_id", false, &cfg->bos_token_id, err))) goto out;
@@ -179,6 +184,7 @@ static loom_status read_config(const char *path, loom_model_config *cfg, loom_er
                  sw->valuedouble);
 
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    if (!cJSON_IsObject(rs)) rs = rp;
     if (cJSON_IsObject(rs)) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
         if (!cJSON_IsString(ty)) ty = cJSON_GetObjectItemCaseSensitive(rs, "type");

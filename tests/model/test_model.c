@@ -579,6 +579,40 @@ static void write_config(const char *arch, bool tie) {
     write_text(tmp_path("config.json"), cfg);
 }
 
+/* transformers >= 5 writes rope_theta (and any scaling) inside a
+ * `rope_parameters` object, as seen on the GPU machine's transformers 5.17.
+ * A loader that only read the top-level rope_theta silently used 10000. */
+Test(model, safetensors_rope_parameters_v5) {
+    make_tmpdir();
+    st_entry e[64];
+    char names[64][96];
+    int n = hf_entries(e, "BF16", true, false, names);
+    write_safetensors(tmp_path("model.safetensors"), e, n, NULL);
+    write_text(tmp_path("config.json"),
+               "{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"vocab_size\":40,"
+               "\"hidden_size\":32,\"intermediate_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+               "\"num_key_value_heads\":2,\"max_position_embeddings\":256,\"rms_norm_eps\":1e-05,"
+               "\"head_dim\":8,\"tie_word_embeddings\":false,"
+               "\"rope_parameters\":{\"rope_theta\":500000.0,\"rope_type\":\"default\"}}");
+    loom_model *m = load_ok(g_dir, "auto");
+    const loom_model_config *c = loom_model_config_get(m);
+    cr_assert_eq(c->rope_theta, 500000.0f);
+    cr_assert_eq(c->rope_scaling, LOOM_ROPE_SCALING_NONE);
+    loom_model_free(m);
+
+    write_text(tmp_path("config.json"),
+               "{\"architectures\":[\"LlamaForCausalLM\"],\"model_type\":\"llama\",\"vocab_size\":40,"
+               "\"hidden_size\":32,\"intermediate_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+               "\"num_key_value_heads\":2,\"max_position_embeddings\":256,\"head_dim\":8,"
+               "\"rope_parameters\":{\"rope_theta\":500000.0,\"rope_type\":\"llama3\",\"factor\":8.0,"
+               "\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":64}}");
+    m = load_ok(g_dir, "auto");
+    c = loom_model_config_get(m);
+    cr_assert(c->rope_theta == 500000.0f && c->rope_scaling == LOOM_ROPE_SCALING_LLAMA3 && c->rope_factor == 8.0f &&
+              c->rope_original_context == 64);
+    loom_model_free(m);
+}
+
 Test(model, safetensors_single_file) {
     make_tmpdir();
     st_entry e[64];
