@@ -718,7 +718,13 @@ static loom_status sample_plain(loom_engine *e, int32_t nlog, loom_error *err) {
                 if (st != LOOM_OK) goto sample_done;
             }
         }
-        loom_sample_out so = {toks, lps, top_ids, top_lp};
+        /* The full-vocabulary log-softmax is only paid for when some
+         * request asked for logprobs (at 128k vocab it costs more than a
+         * decode step's GPU time at large batch). */
+        bool want_lp = false;
+        for (int32_t r = 0; r < nlog; r++) want_lp |= e->logit_seqs[r]->req->r.params.logprobs > 0;
+        for (int32_t r = 0; r < nlog; r++) lps[r] = 0.0f;
+        loom_sample_out so = {toks, want_lp ? lps : NULL, want_lp ? top_ids : NULL, want_lp ? top_lp : NULL};
         st = e->smp->sample(e->smp_self, e->logits, e->vocab, rows, nlog, &so, err);
         if (st != LOOM_OK) {
             loom_error_prefix(err, "sampler");
@@ -859,7 +865,8 @@ static loom_status spec_accept(loom_engine *e, loom_seq *s, const float *rows, l
         float top_lp[LOOM_MAX_LOGPROBS];
         int32_t nt = s->req->r.params.logprobs > 0
                          ? raw_top(row, e->vocab, s->req->r.params.logprobs, top_ids, top_lp) : 0;
-        accept_token(e, s, out[i], raw_logprob(row, e->vocab, out[i]), nt, top_ids, top_lp);
+        accept_token(e, s, out[i], s->req->r.params.logprobs > 0 ? raw_logprob(row, e->vocab, out[i]) : 0.0f, nt,
+                     top_ids, top_lp);
     }
     s->cur_probs = NULL;
     if (!s->finished) s->info.num_computed = s->info.num_tokens - 1;

@@ -38,7 +38,8 @@ typedef struct loom_token_event {
     int32_t sample_index;      /* 0..n-1                                     */
     int32_t token;             /* -1 on a final event without a token        */
     const char *text;          /* newly complete UTF-8 text (may be "")      */
-    float logprob;
+    float logprob;             /* of the token, when the request set
+                                  params.logprobs > 0; else 0            */
     int32_t num_top;           /* alternatives in top_ids/top_logprobs       */
     const int32_t *top_ids;
     const float *top_logprobs;

@@ -676,6 +676,7 @@ static void score_vs_generation(const char *const *ov, int32_t plen, int32_t gen
     eng_rec r;
     eng_rec_init(&r, 1);
     loom_request rq = eng_req_tokens(p, plen, gen);
+    rq.params.logprobs = 1; /* events carry logprobs only when asked */
     eng_add(e, rq, &r);
     eng_run(e, 10000);
     eng_rec_check_done(&r);

@@ -541,6 +541,7 @@ Test(real, score_matches_generation) {
     rq.num_tokens = n;
     rq.max_tokens = 16;
     rq.ignore_eos = true;
+    rq.params.logprobs = 1; /* events carry logprobs only when asked */
     eng_add(e, rq, &r);
     eng_run(e, 1000);
     eng_rec_check_done(&r);
