@@ -5,15 +5,19 @@
  * Structure: the caller's thread prepares the activations a format needs
  * (int8 codes + per-token scales for W8A8, E4M3-rounded floats + scales for
  * FP8; both spread over the pool by token), then weight rows are spread
- * over the pool. A thread decodes a tile of R rows into its own float32
- * buffer (R chosen so the tile is ~64 KiB: it stays in L1/L2 while every
- * token passes over it) and runs a register-blocked float kernel; W8A8
- * instead dots int8 rows with int8 tokens in int32.
- *
- * Why decode to a tile rather than fuse the decode into every FMA: at
- * batch 1 both stream the same weight bytes from memory, and at batch M the
- * tile amortises one decode over M tokens; the code for five formats stays
- * one decoder each plus one shared multiply kernel.
+ * over the pool, by M:
+ *   M <= 4    each row is decoded 32 weights at a time into vector registers
+ *             and multiplied with every token (decode is the cost at batch 1,
+ *             so it happens once per weight, next to the FMAs);
+ *   M <= 31   a thread decodes a tile of a few rows (~8 KiB of float32, in
+ *             L1) and runs a 2 rows x 4 tokens register-blocked kernel;
+ *   M >= 32   float-activation formats decode 256-row panels and multiply
+ *             them with OpenBLAS's sgemm (prefill is compute-bound);
+ *   W8A8      dots int8 rows with int8 tokens in int32 at every M.
+ * Measured choices (one core of the dev machine, N 1536 x K 576, weights
+ * out of cache): fusing beats the tile at M = 1..4 by 1.3-1.8x; a 64 KiB
+ * tile was 10-30% slower than an 8 KiB one at M = 4..16; GCC 12 scalarises
+ * 8-bit -> float __builtin_convertvector, hence the widening in steps.
  */
 #include "qlinear.h"
 
@@ -31,12 +35,22 @@
 #endif
 #define QL_INLINE static inline __attribute__((always_inline))
 
-#define QL_TILE_FLOATS 16384 /* 64 KiB of decoded weight per thread            */
+#define QL_TILE_FLOATS 2048  /* ~8 KiB of decoded weight per thread: stays in L1  */
+#define QL_PANEL_ROWS 256    /* weight rows decoded per sgemm panel (large M)   */
+#define QL_FUSED_M 4         /* up to this many tokens, rows decode into registers */
+
+
 #define QL_ALIGN 64
 
 typedef float ql_v16 __attribute__((vector_size(64)));
 typedef float ql_v8 __attribute__((vector_size(32)));
 typedef float ql_v4 __attribute__((vector_size(16)));
+typedef int8_t ql_i8x16 __attribute__((vector_size(16)));
+typedef uint8_t ql_u8x16 __attribute__((vector_size(16)));
+typedef uint8_t ql_u8x8 __attribute__((vector_size(8)));
+typedef int16_t ql_i16x16 __attribute__((vector_size(32)));
+typedef int32_t ql_i32x16 __attribute__((vector_size(64)));
+typedef uint32_t ql_u32x16 __attribute__((vector_size(64)));
 
 /* Unaligned 16-float load (a macro: passing 64-byte vectors by value has a
  * target-dependent ABI). */
@@ -114,8 +128,14 @@ void loom_cpu_e4m3_to_f32(float *dst, const uint8_t *src, int64_t n, float scale
 
 /* ------------------------------------------------------------ f16 helper */
 
-/* IEEE binary16 at p (little-endian) -> float32, exact. */
+/* IEEE binary16 at p (little-endian) -> float32, exact. _Float16 (GCC 12
+ * on x86-64) becomes one vcvtph2ps in the x86-64-v3/v4 clones. */
 QL_INLINE float ql_f16(const uint8_t *p) {
+#if defined(__FLT16_MAX__)
+    _Float16 h;
+    memcpy(&h, p, 2);
+    return (float)h;
+#else
     uint32_t h = (uint32_t)p[0] | ((uint32_t)p[1] << 8);
     uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
     if (exp == 0x1fu) {
@@ -130,6 +150,7 @@ QL_INLINE float ql_f16(const uint8_t *p) {
     float f;
     memcpy(&f, &bits, 4);
     return f;
+#endif
 }
 
 /* ------------------------------------------------------------ weights */
@@ -221,6 +242,8 @@ bool loom_cpu_qweight_init(loom_cpu_qweight *w, const loom_qtensor *q, char *why
     }
     w->data = q->data.data;
     w->scales = q->scales.data;
+    w->row_stride = w->row_bytes;
+    w->scale_stride = w->group_size > 0 ? k / w->group_size : 0;
     return true;
 }
 
@@ -238,7 +261,46 @@ bool loom_cpu_qweight_gguf(loom_cpu_qweight *w, const loom_tensor *t, char *why,
     if (!t->data || t->device != LOOM_DEVICE_HOST || t->nbytes < rb * (size_t)n)
         return ql_why(why, size, "%zu bytes of host data, need %zu", t->nbytes, rb * (size_t)n);
     *w = (loom_cpu_qweight){.format = LOOM_QFMT_GGUF, .dtype = t->dtype, .n = n, .k = k,
-                            .row_bytes = rb, .data = t->data};
+                            .row_bytes = rb, .row_stride = rb, .data = t->data};
+    return true;
+}
+
+bool loom_cpu_qweight_slice(loom_cpu_qweight *out, const loom_cpu_qweight *w, int64_t r0,
+                            int64_t nr, int64_t c0, int64_t nc, char *why, size_t size) {
+    if (r0 < 0 || nr <= 0 || r0 + nr > w->n || c0 < 0 || nc <= 0 || c0 + nc > w->k)
+        return ql_why(why, size, "slice rows [%lld, %lld) x columns [%lld, %lld) is outside "
+                      "(%lld, %lld)", (long long)r0, (long long)(r0 + nr), (long long)c0,
+                      (long long)(c0 + nc), (long long)w->n, (long long)w->k);
+    int64_t align = w->format == LOOM_QFMT_INT4_W4A16 ? w->group_size
+                    : w->format == LOOM_QFMT_GGUF    ? loom_dtype_block_elems(w->dtype)
+                                                     : 1;
+    if (c0 % align || nc % align)
+        return ql_why(why, size, "column slice [%lld, %lld) does not start and end on a %s of %lld",
+                      (long long)c0, (long long)(c0 + nc),
+                      w->format == LOOM_QFMT_GGUF ? "block" : "group", (long long)align);
+    loom_cpu_qweight v = *w;
+    v.n = nr;
+    v.k = nc;
+    v.data = w->data + (size_t)r0 * w->row_stride;
+    switch (w->format) {
+    case LOOM_QFMT_INT4_W4A16:
+        v.data += c0 / 2;
+        v.row_bytes = (size_t)(nc / 2);
+        v.scales = w->scales + r0 * w->scale_stride + c0 / w->group_size;
+        v.zeros = w->zeros + r0 * w->scale_stride + c0 / w->group_size;
+        break;
+    case LOOM_QFMT_GGUF:
+        v.data += (size_t)(c0 / align) * loom_dtype_block_bytes(w->dtype);
+        v.row_bytes = loom_dtype_row_bytes(w->dtype, nc);
+        break;
+    default: /* one byte per weight, one scale per row (or per tensor) */
+        v.data += c0;
+        v.row_bytes = (size_t)nc;
+        if (!w->per_tensor) v.scales = w->scales + r0;
+        if (w->smooth) v.smooth = w->smooth + c0;
+        break;
+    }
+    *out = v;
     return true;
 }
 
@@ -334,11 +396,186 @@ QL_INLINE void ql_dec_gguf(loom_dtype t, const uint8_t *b, int64_t K, float *y) 
     }
 }
 
-/* Rows [r0, r0 + nr) of w as float32 into t (nr, K). */
-QL_INLINE void ql_decode(const loom_cpu_qweight *w, int64_t r0, int64_t nr, float *t) {
+/* ------------------------------------------------ 16-wide decoders */
+
+/* Formats decoded 16 weights at a time into one vector (every 16-aligned
+ * run of a row shares one scale / zero / block): the fused small-M kernel
+ * and the tile decoder use them. Others (q4_k, q6_k, int4 groups that are
+ * not multiples of 16) take the scalar decoder. */
+enum { QK_I8, QK_FP8, QK_I4, QK_Q4_0, QK_Q4_1, QK_Q8_0, QK_NONE };
+
+static inline int ql_kind(const loom_cpu_qweight *w) {
+    switch (w->format) {
+    case LOOM_QFMT_INT8_W8A16: case LOOM_QFMT_INT8_W8A8: return QK_I8;
+    case LOOM_QFMT_FP8_W8A8: return QK_FP8;
+    case LOOM_QFMT_INT4_W4A16: return w->group_size % 16 == 0 ? QK_I4 : QK_NONE;
+    case LOOM_QFMT_GGUF:
+        return w->dtype == LOOM_DTYPE_Q4_0   ? QK_Q4_0
+               : w->dtype == LOOM_DTYPE_Q4_1 ? QK_Q4_1
+               : w->dtype == LOOM_DTYPE_Q8_0 ? QK_Q8_0
+                                             : QK_NONE;
+    default: return QK_NONE;
+    }
+}
+
+/* Per-row state of a 16-wide decoder. */
+typedef struct ql_row {
+    const uint8_t *p;          /* the row's data                               */
+    float s;                   /* INT8 / FP8 scale                             */
+    const float *sc, *z;       /* INT4 (k/g) scales and zeros of the row       */
+    int32_t g;                 /* INT4 group                                   */
+    int gshift;                /* log2(g) when g is a power of two, else -1    */
+} ql_row;
+
+/* Group of input k (a division only for groups that are not powers of two). */
+QL_INLINE int64_t ql_group(const ql_row *q, int64_t k) {
+    return q->gshift >= 0 ? k >> q->gshift : k / q->g;
+}
+
+QL_INLINE ql_row ql_row_of(const loom_cpu_qweight *w, int64_t r) {
+    ql_row q = {.p = w->data + (size_t)r * w->row_stride, .g = w->group_size, .gshift = -1};
+    if (w->format == LOOM_QFMT_INT4_W4A16) {
+        if ((q.g & (q.g - 1)) == 0) q.gshift = __builtin_ctz((unsigned)q.g);
+        q.sc = w->scales + r * w->scale_stride;
+        q.z = w->zeros + r * w->scale_stride;
+    } else if (w->format != LOOM_QFMT_GGUF) {
+        q.s = w->per_tensor ? w->scales[0] : w->scales[r];
+    }
+    return q;
+}
+
+/* int8 / uint8 lanes -> float lanes, widening one step at a time: GCC 12
+ * scalarises a direct 8-bit -> 32-bit or -> float __builtin_convertvector
+ * but turns each doubling into one pmovsx/pmovzx. */
+#define QL_I8F(c)                                                                                  \
+    __builtin_convertvector(                                                                       \
+        __builtin_convertvector(__builtin_convertvector((c), ql_i16x16), ql_i32x16), ql_v16)
+
+/* Weights [k, k + 16) of the row, dequantized, into *out; k a multiple of
+ * 16. (An out-parameter: a 64-byte vector return value has a
+ * target-dependent ABI.) */
+QL_INLINE void ql_dec16(const int kind, const ql_row *q, int64_t k, ql_v16 *out) {
+    ql_v16 v = {0};
+    switch (kind) {
+    case QK_I8: {
+        ql_i8x16 c;
+        memcpy(&c, q->p + k, 16);
+        v = QL_I8F(c) * q->s;
+        break;
+    }
+    case QK_FP8: {
+        ql_u8x16 c8;
+        memcpy(&c8, q->p + k, 16);
+        /* E4M3 -> f32 by bits: normal codes rebias the exponent (7 -> 127),
+         * subnormal codes (exponent 0) are mantissa * 2^-9; no NaN weights */
+        ql_u32x16 c = (ql_u32x16)__builtin_convertvector(__builtin_convertvector(c8, ql_i16x16),
+                                                         ql_i32x16);
+        ql_u32x16 em = c & 0x7fu, sg = (c & 0x80u) << 24;
+        ql_u32x16 nb = sg | ((em << 20) + (120u << 23)), sb;
+        ql_v16 sf = __builtin_convertvector((ql_i32x16)em, ql_v16) * 0x1p-9f;
+        memcpy(&sb, &sf, sizeof sb);
+        sb |= sg;
+        ql_u32x16 m = (ql_u32x16)(em >= 8u), bits = (nb & m) | (sb & ~m);
+        memcpy(&v, &bits, sizeof v);
+        v *= q->s;
+        break;
+    }
+    case QK_I4: {
+        /* 8 bytes -> 16 nibbles, low nibble first; one group per 16 */
+        const int64_t gi = ql_group(q, k);
+        const float a = q->sc[gi], c0 = -q->z[gi] * a;
+        ql_u8x8 b;
+        memcpy(&b, q->p + k / 2, 8);
+        ql_u8x8 lo = b & 15, hi = b >> 4;
+        ql_u8x16 d = __builtin_shufflevector(lo, hi, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14,
+                                             7, 15);
+        v = QL_I8F(d) * a + c0;
+        break;
+    }
+    case QK_Q4_0:
+    case QK_Q4_1: {
+        /* block of 32: elements 0..15 are the low nibbles of qs[16], 16..31
+         * the high ones */
+        const bool q41 = kind == QK_Q4_1;
+        const uint8_t *blk = q->p + (k / 32) * (q41 ? 20 : 18);
+        const float d = ql_f16(blk), m = q41 ? ql_f16(blk + 2) : -8.0f * d;
+        ql_u8x16 c;
+        memcpy(&c, blk + (q41 ? 4 : 2), 16);
+        c = (k & 16) ? c >> 4 : c & 15;
+        v = QL_I8F(c) * d + m;
+        break;
+    }
+    case QK_Q8_0: {
+        const uint8_t *blk = q->p + (k / 32) * 34;
+        ql_i8x16 c;
+        memcpy(&c, blk + 2 + (k & 16), 16);
+        v = QL_I8F(c) * ql_f16(blk);
+        break;
+    }
+    default: break;
+    }
+    *out = v;
+}
+
+/* Weights [k, k + 32) into *v0 (first 16) and *v1; k a multiple of 32.
+ * One load of a q4 block's 16 bytes gives both halves. */
+QL_INLINE void ql_dec32(const int kind, const ql_row *q, int64_t k, ql_v16 *v0, ql_v16 *v1) {
+    switch (kind) {
+    case QK_I4: {
+        const int64_t g0 = ql_group(q, k), g1 = ql_group(q, k + 16);
+        const float a0 = q->sc[g0], c0 = -q->z[g0] * a0, a1 = q->sc[g1], c1 = -q->z[g1] * a1;
+        ql_u8x16 b;
+        memcpy(&b, q->p + k / 2, 16);
+        ql_u8x16 lo = b & 15, hi = b >> 4;
+        /* interleave back to column order: unpacklo / unpackhi of bytes */
+        ql_u8x16 e0 = __builtin_shufflevector(lo, hi, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6,
+                                              22, 7, 23);
+        ql_u8x16 e1 = __builtin_shufflevector(lo, hi, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29,
+                                              14, 30, 15, 31);
+        *v0 = QL_I8F(e0) * a0 + c0;
+        *v1 = QL_I8F(e1) * a1 + c1;
+        break;
+    }
+    case QK_Q4_0:
+    case QK_Q4_1: {
+        const bool q41 = kind == QK_Q4_1;
+        const uint8_t *blk = q->p + (k / 32) * (q41 ? 20 : 18);
+        const float d = ql_f16(blk), m = q41 ? ql_f16(blk + 2) : -8.0f * d;
+        ql_u8x16 c;
+        memcpy(&c, blk + (q41 ? 4 : 2), 16);
+        ql_u8x16 lo = c & 15, hi = c >> 4;
+        *v0 = QL_I8F(lo) * d + m;
+        *v1 = QL_I8F(hi) * d + m;
+        break;
+    }
+    case QK_Q8_0: {
+        const uint8_t *blk = q->p + (k / 32) * 34;
+        const float d = ql_f16(blk);
+        ql_i8x16 c0, c1;
+        memcpy(&c0, blk + 2, 16);
+        memcpy(&c1, blk + 18, 16);
+        *v0 = QL_I8F(c0) * d;
+        *v1 = QL_I8F(c1) * d;
+        break;
+    }
+    default:
+        ql_dec16(kind, q, k, v0);
+        ql_dec16(kind, q, k + 16, v1);
+        break;
+    }
+}
+
+/* Weight k of the row for the K % 16 tail (INT8 / FP8 only: the other
+ * vector kinds have K a multiple of 16). */
+QL_INLINE float ql_dec1(const int kind, const ql_row *q, int64_t k) {
+    return kind == QK_FP8 ? ql_e4m3_lut[q->p[k]] * q->s : (float)(int8_t)q->p[k] * q->s;
+}
+
+/* Rows [r0, r0 + nr) of w as float32 into t (nr, K), scalar. */
+QL_INLINE void ql_decode_scalar(const loom_cpu_qweight *w, int64_t r0, int64_t nr, float *t) {
     const int64_t K = w->k;
     for (int64_t r = 0; r < nr; r++) {
-        const uint8_t *row = w->data + (size_t)(r0 + r) * w->row_bytes;
+        const uint8_t *row = w->data + (size_t)(r0 + r) * w->row_stride;
         float *dst = t + r * K;
         switch (w->format) {
         case LOOM_QFMT_INT8_W8A16:
@@ -356,7 +593,8 @@ QL_INLINE void ql_decode(const loom_cpu_qweight *w, int64_t r0, int64_t nr, floa
         case LOOM_QFMT_INT4_W4A16: {
             const int32_t g = w->group_size;
             const int64_t ng = K / g;
-            const float *sc = w->scales + (r0 + r) * ng, *zr = w->zeros + (r0 + r) * ng;
+            const float *sc = w->scales + (r0 + r) * w->scale_stride;
+            const float *zr = w->zeros + (r0 + r) * w->scale_stride;
             for (int64_t gi = 0; gi < ng; gi++) {
                 /* (q - zero) * scale as one FMA: q * scale + (-zero * scale) */
                 const float a = sc[gi], c = -zr[gi] * a;
@@ -379,6 +617,41 @@ QL_INLINE void ql_decode(const loom_cpu_qweight *w, int64_t r0, int64_t nr, floa
     }
 }
 
+/* Rows [r0, r0 + nr) of w into t (nr, K): 16-wide where the format allows. */
+QL_INLINE void ql_decode_kind(const int kind, const loom_cpu_qweight *w, int64_t r0, int64_t nr,
+                              float *t) {
+    const int64_t K = w->k, K16 = K & ~(int64_t)15;
+    for (int64_t r = 0; r < nr; r++) {
+        const ql_row q = ql_row_of(w, r0 + r);
+        float *dst = t + r * K;
+        const int64_t K32 = K & ~(int64_t)31;
+        for (int64_t k = 0; k < K32; k += 32) {
+            ql_v16 v0, v1;
+            ql_dec32(kind, &q, k, &v0, &v1);
+            memcpy(dst + k, &v0, sizeof v0);
+            memcpy(dst + k + 16, &v1, sizeof v1);
+        }
+        if (K16 > K32) {
+            ql_v16 v;
+            ql_dec16(kind, &q, K32, &v);
+            memcpy(dst + K32, &v, sizeof v);
+        }
+        for (int64_t k = K16; k < K; k++) dst[k] = ql_dec1(kind, &q, k);
+    }
+}
+
+QL_INLINE void ql_decode(const loom_cpu_qweight *w, int64_t r0, int64_t nr, float *t) {
+    switch (ql_kind(w)) {
+    case QK_I8: ql_decode_kind(QK_I8, w, r0, nr, t); break;
+    case QK_FP8: ql_decode_kind(QK_FP8, w, r0, nr, t); break;
+    case QK_I4: ql_decode_kind(QK_I4, w, r0, nr, t); break;
+    case QK_Q4_0: ql_decode_kind(QK_Q4_0, w, r0, nr, t); break;
+    case QK_Q4_1: ql_decode_kind(QK_Q4_1, w, r0, nr, t); break;
+    case QK_Q8_0: ql_decode_kind(QK_Q8_0, w, r0, nr, t); break;
+    default: ql_decode_scalar(w, r0, nr, t); break;
+    }
+}
+
 void loom_cpu_qweight_rows(const loom_cpu_qweight *w, int64_t r0, int64_t nr, float *dst) {
     pthread_once(&ql_lut_once, ql_lut_init);
     ql_decode(w, r0, nr, dst);
@@ -395,6 +668,8 @@ struct loom_cpu_qscratch {
     size_t xf_cap;     /* floats                                            */
     float *sx;         /* (2, M): W8A8 then FP8 per-token scales            */
     size_t sx_cap;     /* floats                                            */
+    float *panel;      /* large M: (QL_PANEL_ROWS, K) decoded rows for sgemm */
+    size_t panel_cap;  /* floats                                            */
 };
 
 loom_cpu_qscratch *loom_cpu_qscratch_create(void) {
@@ -408,6 +683,7 @@ void loom_cpu_qscratch_destroy(loom_cpu_qscratch *s) {
     free(s->xq);
     free(s->xf);
     free(s->sx);
+    free(s->panel);
     free(s);
 }
 
@@ -527,7 +803,7 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
                             int64_t col, const float *bias) {
     const int64_t K = j->K, M = j->M;
     for (int64_t n = n0; n < n1; n++) {
-        const int8_t *wq = (const int8_t *)(w->data + (size_t)n * w->row_bytes);
+        const int8_t *wq = (const int8_t *)(w->data + (size_t)n * w->row_stride);
         const float sw = w->scales[n];
         for (int64_t m = 0; m < M; m += 4) {
             int mr = M - m < 4 ? (int)(M - m) : 4;
@@ -549,6 +825,67 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
     }
 }
 
+/* Small M (<= 4 tokens): rows [n0, n1) of w decoded 16 weights at a time
+ * straight into registers and multiplied with all MR token rows (MR = 1 or
+ * 4, a compile-time constant after inlining; missing tokens alias the
+ * first, computed, never stored). x (M, ldx); xs per-token scales or NULL. */
+QL_INLINE void ql_fused(const ql_job *j, const int kind, const int MR, const loom_cpu_qweight *w,
+                        int64_t n0, int64_t n1, int64_t col, const float *bias, const float *x,
+                        int64_t ldx, const float *xs) {
+    const int64_t K = j->K, K16 = K & ~(int64_t)15, M = j->M;
+    const int mr = (int)M;
+    const float *x0 = x, *x1 = mr > 1 ? x + ldx : x, *x2 = mr > 2 ? x + 2 * ldx : x;
+    const float *x3 = mr > 3 ? x + 3 * ldx : x;
+    for (int64_t n = n0; n < n1; n++) {
+        const ql_row q = ql_row_of(w, n);
+        /* the next row streams in while this one is computed */
+        __builtin_prefetch(q.p + w->row_stride);
+        __builtin_prefetch(q.p + w->row_stride + 64);
+        ql_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        const int64_t K32 = K & ~(int64_t)31;
+        for (int64_t k = 0; k < K32; k += 32) {
+            ql_v16 w0, w1, b, c;
+            ql_dec32(kind, &q, k, &w0, &w1);
+            QL_LD(b, x0 + k), QL_LD(c, x0 + k + 16);
+            a0 += w0 * b + w1 * c;
+            if (MR > 1) {
+                QL_LD(b, x1 + k), QL_LD(c, x1 + k + 16);
+                a1 += w0 * b + w1 * c;
+                QL_LD(b, x2 + k), QL_LD(c, x2 + k + 16);
+                a2 += w0 * b + w1 * c;
+                QL_LD(b, x3 + k), QL_LD(c, x3 + k + 16);
+                a3 += w0 * b + w1 * c;
+            }
+        }
+        if (K16 > K32) {
+            ql_v16 wv, b;
+            ql_dec16(kind, &q, K32, &wv);
+            QL_LD(b, x0 + K32);
+            a0 += wv * b;
+            if (MR > 1) {
+                QL_LD(b, x1 + K32);
+                a1 += wv * b;
+                QL_LD(b, x2 + K32);
+                a2 += wv * b;
+                QL_LD(b, x3 + K32);
+                a3 += wv * b;
+            }
+        }
+        float s[4] = {ql_hsum(&a0), MR > 1 ? ql_hsum(&a1) : 0.0f, MR > 1 ? ql_hsum(&a2) : 0.0f,
+                      MR > 1 ? ql_hsum(&a3) : 0.0f};
+        for (int64_t k = K16; k < K; k++) {
+            float wk = ql_dec1(kind, &q, k);
+            s[0] += wk * x0[k];
+            if (MR > 1) s[1] += wk * x1[k], s[2] += wk * x2[k], s[3] += wk * x3[k];
+        }
+        for (int c = 0; c < mr; c++) {
+            float v = xs ? s[c] * xs[c] : s[c];
+            if (bias) v += bias[n - n0];
+            ql_store(j, c, col + n - n0, v);
+        }
+    }
+}
+
 /* Global output rows [b, e) (over all parts). */
 QL_CLONES
 static void ql_range(const ql_job *j, int64_t b, int64_t e, int worker) {
@@ -566,6 +903,25 @@ static void ql_range(const ql_job *j, int64_t b, int64_t e, int worker) {
         const bool fp8 = w->format == LOOM_QFMT_FP8_W8A8;
         const float *x = fp8 ? j->xf : j->x, *xs = fp8 ? j->sxf : NULL;
         const int64_t ldx = fp8 ? j->K : j->ldx;
+        const float *bn = bias ? bias + n0 : NULL;
+        const int kind = ql_kind(w);
+        if (j->M <= QL_FUSED_M && kind != QK_NONE) {
+#define QL_FUSED(K)                                                                    \
+    case K:                                                                            \
+        if (j->M == 1) ql_fused(j, K, 1, w, n0, n1, s, bn, x, ldx, xs);                 \
+        else ql_fused(j, K, 4, w, n0, n1, s, bn, x, ldx, xs);                           \
+        break;
+            switch (kind) {
+                QL_FUSED(QK_I8)
+                QL_FUSED(QK_FP8)
+                QL_FUSED(QK_I4)
+                QL_FUSED(QK_Q4_0)
+                QL_FUSED(QK_Q4_1)
+                QL_FUSED(QK_Q8_0)
+            }
+#undef QL_FUSED
+            continue;
+        }
         for (int64_t r = n0; r < n1; r += j->tile_rows) {
             int64_t nr = n1 - r < j->tile_rows ? n1 - r : j->tile_rows;
             ql_decode(w, r, nr, tile);
@@ -621,6 +977,45 @@ static void ql_prep_fp8(void *ctx, int64_t b, int64_t e, int worker) {
 
 /* ------------------------------------------------------------ entry */
 
+/* Large M, float activations: rows [b, e) of the panel's weight decoded
+ * into the panel. */
+typedef struct ql_panel_job {
+    const loom_cpu_qweight *w;
+    int64_t r0;                /* first weight row of the panel                 */
+    float *panel;              /* (rows, K)                                     */
+} ql_panel_job;
+
+QL_CLONES
+static void ql_panel_rows(const ql_panel_job *pj, int64_t b, int64_t e) {
+    ql_decode(pj->w, pj->r0 + b, e - b, pj->panel + b * pj->w->k);
+}
+
+static void ql_panel_task(void *ctx, int64_t b, int64_t e, int worker) {
+    (void)worker;
+    ql_panel_rows(ctx, b, e);
+}
+
+/* Large M with float activations (W8A16, INT4, GGUF): the product is
+ * compute-bound, so panels of QL_PANEL_ROWS weight rows are decoded (in
+ * parallel) into a float32 scratch panel and multiplied by OpenBLAS's sgemm
+ * (loom_cpu_linear). Only one panel exists at a time; the decode costs
+ * 1 / M of the multiply. */
+static bool ql_panels(float *y, int64_t ldy, const float *x, int64_t ldx,
+                      const loom_cpu_qweight *w, const float *bias, int64_t M, float beta,
+                      loom_cpu_qscratch *s, loom_cpu_pool *pool) {
+    const int64_t K = w->k;
+    if (!ql_grow((void **)&s->panel, &s->panel_cap, (size_t)(QL_PANEL_ROWS * K), sizeof(float)))
+        return false;
+    for (int64_t r0 = 0; r0 < w->n; r0 += QL_PANEL_ROWS) {
+        int64_t nr = w->n - r0 < QL_PANEL_ROWS ? w->n - r0 : QL_PANEL_ROWS;
+        ql_panel_job pj = {.w = w, .r0 = r0, .panel = s->panel};
+        loom_cpu_pool_for(pool, nr, 8, ql_panel_task, &pj);
+        loom_cpu_linear(y + r0, ldy, x, ldx, s->panel, bias ? bias + r0 : NULL, M, nr, K, beta,
+                        pool);
+    }
+    return true;
+}
+
 bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const loom_cpu_qweight *const *w, const float *const *bias,
                             int nparts, int64_t M, float beta, loom_cpu_qscratch *s,
@@ -628,6 +1023,41 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
     if (M <= 0 || nparts <= 0) return true;
     if (nparts > LOOM_CPU_QLINEAR_MAX_PARTS) return false;
     pthread_once(&ql_lut_once, ql_lut_init);
+    /* large M: the parts left for the fused job (w and bias may point here) */
+    const loom_cpu_qweight *rest[LOOM_CPU_QLINEAR_MAX_PARTS];
+    const float *rbias[LOOM_CPU_QLINEAR_MAX_PARTS];
+    if (M >= LOOM_CPU_QLINEAR_PANEL_M) {
+        /* float-activation parts through sgemm panels, the rest below */
+        int64_t off = 0, roff[LOOM_CPU_QLINEAR_MAX_PARTS];
+        int nrest = 0;
+        bool contiguous = true; /* the rest occupy adjacent columns */
+        for (int p = 0; p < nparts; p++) {
+            const float *bp = bias ? bias[p] : NULL;
+            if (w[p]->format == LOOM_QFMT_INT8_W8A8 || w[p]->format == LOOM_QFMT_FP8_W8A8) {
+                contiguous &= nrest == 0 || off == roff[nrest - 1] + rest[nrest - 1]->n;
+                roff[nrest] = off;
+                rbias[nrest] = bp;
+                rest[nrest++] = w[p];
+            } else if (!ql_panels(y + off, ldy, x, ldx, w[p], bp, M, beta, s, pool)) {
+                return false;
+            }
+            off += w[p]->n;
+        }
+        if (nrest == 0) return true;
+        if (nrest < nparts) {
+            if (!contiguous) {
+                for (int p = 0; p < nrest; p++)
+                    if (!loom_cpu_qlinear_multi(y + roff[p], ldy, x, ldx, &rest[p],
+                                                bias ? &rbias[p] : NULL, 1, M, beta, s, pool))
+                        return false;
+                return true;
+            }
+            y += roff[0];
+            w = rest;
+            bias = bias ? rbias : NULL;
+            nparts = nrest;
+        }
+    }
     /* W8A8 parts with different smoothing vectors quantize x differently:
      * run them one call each */
     const float *smooth = NULL;

@@ -17,12 +17,16 @@
  *   GGUF        rows of q4_0 / q4_1 / q4_k / q8_0 / q6_k blocks as stored;
  *               float activations.
  *
- * How: rows of W are spread over the pool; each thread decodes a tile of a
- * few rows (<= ~64 KiB of float32, in L1/L2) and multiplies it with all M
- * tokens in a register-blocked kernel (4 rows x 1 token at M = 1, else
- * 2 rows x 4 tokens; GCC vector extensions, built for x86-64-v4/v3/baseline
- * and picked at load). W8A8 dots int8 rows directly. The weight is never
- * dequantized as a whole: only the tile in flight exists as float.
+ * How: rows of W are spread over the pool. At M <= 4 (decode) each row is
+ * decoded 16/32 weights at a time straight into vector registers and
+ * multiplied with every token (the weight bytes stream once). At larger M a
+ * thread decodes a tile of a few rows (~8 KiB of float32) and runs a
+ * register-blocked 2 rows x 4 tokens kernel over all tokens; from
+ * LOOM_CPU_QLINEAR_PANEL_M tokens, float-activation formats hand 256-row
+ * decoded panels to OpenBLAS. W8A8 dots int8 rows with int8 tokens in int32
+ * at every M. GCC vector extensions, built for x86-64-v4/v3/baseline and
+ * picked at load. The weight is never dequantized as a whole: only the
+ * tile or panel in flight exists as float.
  *
  * What this is not: the fastest possible CPU kernel (no VNNI intrinsics,
  * no Q8 activation tricks); it is the CPU path that lets CI test every
@@ -54,7 +58,11 @@ typedef struct loom_cpu_qweight {
     int64_t n, k;           /* rows (outputs), columns (inputs)                  */
     int32_t group_size;     /* INT4: inputs per group                            */
     size_t row_bytes;       /* bytes of one row of data                          */
-    const uint8_t *data;    /* (n, row_bytes)                                    */
+    size_t row_stride;      /* bytes from one row's data to the next (>= row_bytes;
+                               larger in a column slice)                         */
+    int64_t scale_stride;   /* INT4: floats from one row's scales / zeros to the
+                               next (k / g, larger in a column slice)            */
+    const uint8_t *data;    /* (n, row_stride)                                   */
     const float *scales;    /* INT8/FP8: (n), or (1) when per_tensor; INT4: (n, k/g) */
     const float *zeros;     /* INT4: (n, k/g); else NULL                         */
     const float *smooth;    /* INT8_W8A8: (k) SmoothQuant divisor, or NULL       */
@@ -74,6 +82,15 @@ bool loom_cpu_qweight_init(loom_cpu_qweight *w, const loom_qtensor *q, char *why
  * are not whole blocks. */
 bool loom_cpu_qweight_gguf(loom_cpu_qweight *w, const loom_tensor *t, char *why, size_t size);
 
+/* A view of rows [r0, r0 + nr) and columns [c0, c0 + nc) of w (tensor
+ * parallelism: column-parallel layers keep a slice of rows, row-parallel
+ * ones a slice of input columns). No copy. Columns must start and end on a
+ * group (INT4) or block (GGUF) boundary; INT8 / FP8 slice anywhere (their
+ * per-row scales stay; W8A8 / FP8 then scale each token over its slice).
+ * False with a reason when the ranges or the alignment do not fit. */
+bool loom_cpu_qweight_slice(loom_cpu_qweight *out, const loom_cpu_qweight *w, int64_t r0,
+                            int64_t nr, int64_t c0, int64_t nc, char *why, size_t size);
+
 /* Bytes of weight data one product streams (for bandwidth figures). */
 size_t loom_cpu_qweight_bytes(const loom_cpu_qweight *w);
 
@@ -91,10 +108,15 @@ void loom_cpu_qscratch_destroy(loom_cpu_qscratch *s); /* NULL-safe */
  * concatenated weight. Every part has the same k = K. x rows have stride
  * ldx floats, y rows ldy floats; beta = 0 never reads y. `bias` may be NULL
  * (no bias anywhere) or hold NULL entries. nparts in [1, 8].
- * Returns false only when the scratch cannot grow (out of memory); y is
- * then unspecified.
+ * Returns false when the scratch cannot grow (out of memory) or nparts is
+ * out of range; y is then unspecified.
  */
 #define LOOM_CPU_QLINEAR_MAX_PARTS 8
+/* From this many tokens on, float-activation formats (W8A16, INT4, GGUF)
+ * decode 256-row panels into scratch and multiply them with OpenBLAS's
+ * sgemm (loom_cpu_linear): prefill is compute-bound, the decode is 1/M of
+ * it. W8A8 and FP8 keep their own arithmetic at every M. */
+#define LOOM_CPU_QLINEAR_PANEL_M 32
 bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const loom_cpu_qweight *const *w, const float *const *bias,
                             int nparts, int64_t M, float beta, loom_cpu_qscratch *s,

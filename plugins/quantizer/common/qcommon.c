@@ -1,0 +1,332 @@
+/*
+ * plugins/quantizer/common/qcommon.c — see qcommon.h: tensor rules, float
+ * input, quantized-tensor storage and the arithmetic of each scheme.
+ *
+ * The arithmetic is plain C on the engine thread at load time; it runs once
+ * per weight, so clarity wins over speed (SmolLM2's 106 M linear weights
+ * quantize in a few seconds on one core).
+ */
+#include "qcommon.h"
+
+#include <fnmatch.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define QC_ALIGN 64 /* bytes: every piece of a qtensor starts on a cache line */
+
+/* ------------------------------------------------------------ rules */
+
+/* One plain pattern (no wildcards) of length n against name: some
+ * occurrence bounded by the start/end of the name or by dots. */
+static bool qc_match_components(const char *name, const char *pat, size_t n) {
+    size_t len = strlen(name);
+    for (size_t i = 0; i + n <= len; i++) {
+        if (memcmp(name + i, pat, n) != 0) continue;
+        bool left = i == 0 || name[i - 1] == '.';
+        bool right = i + n == len || name[i + n] == '.';
+        if (left && right) return true;
+    }
+    return false;
+}
+
+/* Call fn on each trimmed, non-empty pattern of list; stops when fn
+ * returns true and returns true then. */
+static bool qc_each_pattern(const char *list, bool (*fn)(void *, const char *, size_t),
+                            void *ctx) {
+    if (!list) return false;
+    const char *p = list;
+    while (*p) {
+        while (*p == ' ' || *p == '\t' || *p == ',') p++;
+        const char *s = p;
+        while (*p && *p != ',') p++;
+        const char *e = p;
+        while (e > s && (e[-1] == ' ' || e[-1] == '\t')) e--;
+        if (e > s && fn(ctx, s, (size_t)(e - s))) return true;
+    }
+    return false;
+}
+
+static bool qc_match_one(void *ctx, const char *pat, size_t n) {
+    const char *name = ctx;
+    if (memchr(pat, '*', n) || memchr(pat, '?', n) || memchr(pat, '[', n)) {
+        char buf[LOOM_PARAM_STRING_MAX];
+        if (n >= sizeof buf) return false;
+        memcpy(buf, pat, n);
+        buf[n] = 0;
+        return fnmatch(buf, name, 0) == 0;
+    }
+    return qc_match_components(name, pat, n);
+}
+
+bool qc_name_matches(const char *name, const char *list) {
+    if (!name) return false;
+    return qc_each_pattern(list, qc_match_one, (void *)name);
+}
+
+typedef struct qc_bad {
+    char *out;
+    size_t size;
+} qc_bad;
+
+static bool qc_find_bad(void *ctx, const char *pat, size_t n) {
+    qc_bad *b = ctx;
+    bool bad = pat[0] == '.' || pat[n - 1] == '.';
+    for (size_t i = 0; !bad && i < n; i++)
+        bad = pat[i] == ' ' || pat[i] == '\t' || (i > 0 && pat[i] == '.' && pat[i - 1] == '.');
+    if (bad) snprintf(b->out, b->size, "%.*s", (int)n, pat);
+    return bad;
+}
+
+bool qc_patterns_valid(const char *list, char *bad, size_t size) {
+    qc_bad b = {bad, size};
+    return !qc_each_pattern(list, qc_find_bad, &b);
+}
+
+bool qc_is_linear(const loom_tensor *w) {
+    if (!w || w->ndim != 2 || !w->name) return false;
+    size_t n = strlen(w->name);
+    return n > 7 && !strcmp(w->name + n - 7, ".weight");
+}
+
+bool qc_sibling_name(const char *name, const char *suffix, char *out, size_t size) {
+    if (!name) return false;
+    size_t n = strlen(name);
+    if (n <= 7 || strcmp(name + n - 7, ".weight") != 0) return false;
+    int k = snprintf(out, size, "%.*s%s", (int)(n - 7), name, suffix);
+    return k > 0 && (size_t)k < size;
+}
+
+const loom_tensor *qc_packed_sibling(const loom_model_view *m, const loom_tensor *w) {
+    char nm[256];
+    if (!m || !m->get || !w || !qc_sibling_name(w->name, ".qweight", nm, sizeof nm)) return NULL;
+    return m->get(m->ctx, nm);
+}
+
+/* ------------------------------------------------------- float input */
+
+loom_status qc_read_f32(const loom_host *h, const char *who, const loom_tensor *w, float **out,
+                        loom_error *err) {
+    *out = NULL;
+    const char *nm = w && w->name ? w->name : "(unnamed)";
+    if (!w || w->ndim != 2 || w->shape[0] <= 0 || w->shape[1] <= 0)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "%s: tensor '%s' is not a 2-D (out, in) weight", who, nm);
+    int64_t rows = w->shape[0], cols = w->shape[1];
+    size_t rb = loom_dtype_row_bytes(w->dtype, cols);
+    if (w->device != LOOM_DEVICE_HOST || !w->data || rb == 0 || w->nbytes < rb * (size_t)rows)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "%s: tensor '%s' (%s, %lld x %lld, %zu bytes) is not readable host data "
+                        "of %lld rows x %zu bytes",
+                        who, nm, loom_dtype_name(w->dtype), (long long)rows, (long long)cols,
+                        w->nbytes, (long long)rows, rb);
+    float *f = h->alloc(h->ctx, (size_t)rows * (size_t)cols * sizeof(float));
+    if (!f)
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                        "%s: out of memory for %.1f MiB of float32 copy of '%s'", who,
+                        (double)rows * (double)cols * 4.0 / (1 << 20), nm);
+    const uint8_t *src = w->data;
+    for (int64_t r = 0; r < rows; r++)
+        if (h->dequantize(h->ctx, w->dtype, src + (size_t)r * rb, f + r * cols, cols) != LOOM_OK) {
+            h->free(h->ctx, f);
+            return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                            "%s: cannot read tensor '%s' of type %s as float32 (the host's "
+                            "dequantizer does not handle it); add it to `skip`",
+                            who, nm, loom_dtype_name(w->dtype));
+        }
+    *out = f;
+    return LOOM_OK;
+}
+
+/* ---------------------------------------------------- qtensor storage */
+
+static size_t qc_round(size_t n) { return (n + QC_ALIGN - 1) & ~(size_t)(QC_ALIGN - 1); }
+
+static loom_tensor qc_view(loom_dtype dt, int64_t d0, int64_t d1, void *data, size_t bytes,
+                           const char *name) {
+    loom_tensor t = {.struct_size = sizeof(loom_tensor), .dtype = dt, .ndim = d1 > 0 ? 2 : 1,
+                     .data = data, .nbytes = bytes, .device = LOOM_DEVICE_HOST, .name = name};
+    t.shape[0] = d0;
+    if (d1 > 0) t.shape[1] = d1;
+    return t;
+}
+
+loom_status qc_qtensor_alloc(const loom_host *h, const char *who, const char *name,
+                             loom_qformat format, int64_t rows, int64_t cols, int32_t group_size,
+                             loom_dtype data_dtype, int64_t data_cols, size_t data_bytes,
+                             int64_t scale_rows, int64_t scale_cols, bool with_zeros,
+                             loom_qtensor *out, loom_error *err) {
+    size_t nsc = (size_t)scale_rows * (size_t)(scale_cols > 0 ? scale_cols : 1);
+    size_t sb = nsc * sizeof(float);
+    size_t total = QC_ALIGN + qc_round(data_bytes) + qc_round(sb) + (with_zeros ? qc_round(sb) : 0);
+    void *block = h->alloc(h->ctx, total);
+    if (!block)
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                        "%s: out of memory for %.1f MiB of quantized '%s'", who,
+                        (double)total / (1 << 20), name ? name : "?");
+    uint8_t *base = (uint8_t *)(((uintptr_t)block + QC_ALIGN - 1) & ~(uintptr_t)(QC_ALIGN - 1));
+    uint8_t *d = base, *s = d + qc_round(data_bytes), *z = s + qc_round(sb);
+    memset(d, 0, data_bytes);
+    *out = (loom_qtensor){.struct_size = sizeof(loom_qtensor), .format = format, .rows = rows,
+                          .cols = cols, .group_size = group_size, .owner = block};
+    out->data = qc_view(data_dtype, rows, data_cols, d, data_bytes, name);
+    out->scales = qc_view(LOOM_DTYPE_F32, scale_rows, scale_cols, s, sb, NULL);
+    if (with_zeros) out->zeros = qc_view(LOOM_DTYPE_F32, scale_rows, scale_cols, z, sb, NULL);
+    return LOOM_OK;
+}
+
+void qc_release(const loom_host *h, loom_qtensor *q) {
+    if (!q) return;
+    if (q->owner) h->free(h->ctx, q->owner);
+    uint32_t ss = q->struct_size;
+    memset(q, 0, sizeof *q);
+    q->struct_size = ss;
+}
+
+/* -------------------------------------------------------- schemes */
+
+void qc_int8_rows(const float *w, int64_t rows, int64_t cols, int8_t *q, float *scales) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *wr = w + r * cols;
+        float amax = 0.0f;
+        for (int64_t c = 0; c < cols; c++) amax = fmaxf(amax, fabsf(wr[c]));
+        float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        scales[r] = s;
+        for (int64_t c = 0; c < cols; c++) {
+            float v = rintf(wr[c] * inv);
+            q[r * cols + c] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+        }
+    }
+}
+
+void qc_fp8_rows(const float *w, int64_t rows, int64_t cols, bool per_channel, uint8_t *q,
+                 float *scales) {
+    float tmax = 0.0f;
+    if (!per_channel)
+        for (int64_t i = 0; i < rows * cols; i++) tmax = fmaxf(tmax, fabsf(w[i]));
+    if (!per_channel) scales[0] = tmax / QC_FP8_MAX;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *wr = w + r * cols;
+        float amax = tmax;
+        if (per_channel) {
+            amax = 0.0f;
+            for (int64_t c = 0; c < cols; c++) amax = fmaxf(amax, fabsf(wr[c]));
+            scales[r] = amax / QC_FP8_MAX;
+        }
+        /* divide by the scale, not multiply by a rounded reciprocal, so that
+         * the row maximum lands exactly on 448 */
+        float s = amax / QC_FP8_MAX;
+        for (int64_t c = 0; c < cols; c++)
+            q[r * cols + c] = amax > 0.0f ? qc_e4m3_encode(wr[c] / s) : 0;
+    }
+}
+
+/* Quantize one group with (scale, zero): codes into q, returns the squared
+ * error. */
+static double qc_int4_try(const float *v, int32_t g, float scale, float zero, uint8_t *q) {
+    double e = 0.0;
+    float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    for (int32_t i = 0; i < g; i++) {
+        float t = rintf(v[i] * inv + zero);
+        t = t < 0.0f ? 0.0f : t > 15.0f ? 15.0f : t;
+        q[i] = (uint8_t)t;
+        double d = (double)((t - zero) * scale) - (double)v[i];
+        e += d * d;
+    }
+    return e;
+}
+
+/* Least-squares refit of (scale, zero) for fixed codes q: w ~ s*q + b,
+ * zero = -b / s. False when the codes are all equal (no fit). */
+static bool qc_int4_refit(const float *v, const uint8_t *q, int32_t g, float *scale, float *zero) {
+    double sq = 0, sw = 0, sqq = 0, sqw = 0;
+    for (int32_t i = 0; i < g; i++) {
+        sq += q[i];
+        sw += v[i];
+        sqq += (double)q[i] * q[i];
+        sqw += (double)q[i] * v[i];
+    }
+    double den = g * sqq - sq * sq;
+    if (den <= 0) return false;
+    double s = (g * sqw - sq * sw) / den, b = (sw - s * sq) / g;
+    if (!(s > 0)) return false;
+    *scale = (float)s;
+    *zero = (float)(-b / s);
+    return true;
+}
+
+void qc_int4_rows(const float *w, int64_t rows, int64_t cols, int32_t group, uint8_t *data,
+                  float *scales, float *zeros) {
+    enum { QC_RATIOS = 8 };
+    static const float ratios[QC_RATIOS] = {1.0f, 0.96f, 0.92f, 0.88f, 0.84f, 0.80f, 0.76f, 0.72f};
+    int64_t ng = cols / group;
+    /* codes of the best candidate, of the current one, of its refit;
+     * group <= QC_INT4_MAX_GROUP (checked by callers) */
+    uint8_t best[QC_INT4_MAX_GROUP], cur[QC_INT4_MAX_GROUP], fit[QC_INT4_MAX_GROUP];
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t gi = 0; gi < ng; gi++) {
+            const float *v = w + r * cols + gi * group;
+            float lo = v[0], hi = v[0];
+            double energy = 0.0;
+            for (int32_t i = 1; i < group; i++) lo = fminf(lo, v[i]), hi = fmaxf(hi, v[i]);
+            for (int32_t i = 0; i < group; i++) energy += (double)v[i] * v[i];
+            float bs = 1.0f, bz = -lo;
+            if (hi == lo) {
+                /* constant group: scale 1, zero -lo, all codes 0 is exact */
+                memset(best, 0, (size_t)group);
+            } else {
+                double berr = INFINITY;
+                float c = 0.5f * (lo + hi), half = 0.5f * (hi - lo);
+                for (int k = 0; k < QC_RATIOS; k++) {
+                    float l = c - half * ratios[k], h = c + half * ratios[k];
+                    float s = (h - l) / 15.0f, z = -l / s, s2 = s, z2 = z;
+                    double e = qc_int4_try(v, group, s, z, cur);
+                    if (qc_int4_refit(v, cur, group, &s2, &z2)) {
+                        double e2 = qc_int4_try(v, group, s2, z2, fit);
+                        if (e2 < e) {
+                            e = e2, s = s2, z = z2;
+                            memcpy(cur, fit, (size_t)group);
+                        }
+                    }
+                    if (e < berr) {
+                        berr = e, bs = s, bz = z;
+                        memcpy(best, cur, (size_t)group);
+                    }
+                    /* exact up to float rounding: the group already is a
+                     * 4-bit grid (e.g. a GGUF q4_1 block) */
+                    if (berr <= 1e-12 * energy) break;
+                }
+            }
+            scales[r * ng + gi] = bs;
+            zeros[r * ng + gi] = bz;
+            uint8_t *dst = data + r * (cols / 2) + gi * (group / 2);
+            for (int32_t i = 0; i < group; i += 2)
+                dst[i / 2] = (uint8_t)(best[i] | (best[i + 1] << 4));
+        }
+    }
+}
+
+void qc_int8_dequant(const int8_t *q, const float *scales, int64_t rows, int64_t cols, float *w) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) w[r * cols + c] = (float)q[r * cols + c] * scales[r];
+}
+
+void qc_fp8_dequant(const uint8_t *q, const float *scales, bool per_channel, int64_t rows,
+                    int64_t cols, float *w) {
+    for (int64_t r = 0; r < rows; r++) {
+        float s = per_channel ? scales[r] : scales[0];
+        for (int64_t c = 0; c < cols; c++) w[r * cols + c] = qc_e4m3_decode(q[r * cols + c]) * s;
+    }
+}
+
+void qc_int4_dequant(const uint8_t *data, const float *scales, const float *zeros, int64_t rows,
+                     int64_t cols, int32_t group, float *w) {
+    int64_t ng = cols / group;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            uint8_t b = data[r * (cols / 2) + c / 2];
+            int q = (c & 1) ? b >> 4 : b & 15;
+            int64_t g = r * ng + c / group;
+            w[r * cols + c] = ((float)q - zeros[g]) * scales[g];
+        }
+}

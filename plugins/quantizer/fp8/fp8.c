@@ -1,0 +1,175 @@
+/*
+ * plugins/quantizer/fp8/fp8.c — loom-quantizer-fp8.so: the "fp8"
+ * quantizer component (FP8 E4M3, W8A8).
+ *
+ * Every linear weight not kept by `skip` becomes E4M3 codes with f32 scales
+ * (w = e4m3(q) * scale), one per output channel (`scales: per_channel`,
+ * scale = max|row| / 448) or one per tensor (`per_tensor`). At run time the
+ * backend quantizes each token's activations to E4M3 with a dynamic
+ * per-token scale (max|x| / 448) and accumulates in fp32 (cuBLASLt FP8 GEMM
+ * on sm_90; emulated on the CPU). `kv_cache: fp8` asks for an E4M3 KV
+ * cache; backends without one fail kv_alloc with the type named.
+ *
+ * The E4M3 codec (round to nearest even, saturate at +-448, no infinity,
+ * NaN kept) is in ../common/qcommon.h.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "../common/qcommon.h"
+#include "loom/quant.h"
+
+#define FP8_WHO "quantizer fp8"
+
+enum { FP8_SCALES_PER_CHANNEL = 0, FP8_SCALES_PER_TENSOR = 1 };
+enum { FP8_KV_AUTO = 0, FP8_KV_FP8 = 1 };
+
+/* Filled by the host from fp8_params. */
+typedef struct fp8_config {
+    int64_t scales;                    /* FP8_SCALES_*                          */
+    char skip[LOOM_PARAM_STRING_MAX];  /* patterns kept unquantized             */
+    int64_t kv_cache;                  /* FP8_KV_*                              */
+} fp8_config;
+
+typedef struct fp8_quant {
+    const loom_host *host;             /* borrowed until destroy                */
+    fp8_config cfg;
+} fp8_quant;
+
+static const char *const fp8_scale_choices[] = {"per_channel", "per_tensor", NULL};
+static const char *const fp8_kv_choices[] = {"auto", "fp8", NULL};
+
+static const loom_param fp8_params[] = {
+    {.key = "scales", .type = LOOM_PARAM_ENUM, .offset = offsetof(fp8_config, scales),
+     .default_value = "per_channel", .min = 1, .max = 0, .choices = fp8_scale_choices,
+     .doc = "weight scales: one per output channel, or one per tensor"},
+    {.key = "skip", .type = LOOM_PARAM_STRING, .offset = offsetof(fp8_config, skip),
+     .default_value = "token_embd,output",
+     .doc = "comma-separated tensor-name patterns kept unquantized (dot components, e.g. "
+            "'output', 'blk.0', 'ffn_down', or globs 'blk.*.attn_v.weight')"},
+    {.key = "kv_cache", .type = LOOM_PARAM_ENUM, .offset = offsetof(fp8_config, kv_cache),
+     .default_value = "auto", .min = 1, .max = 0, .choices = fp8_kv_choices,
+     .doc = "KV-cache element type: auto = the backend's default, fp8 = e4m3"},
+    {.key = NULL},
+};
+
+static loom_status fp8_create(const loom_host *host, const void *config, void **self,
+                              loom_error *err) {
+    *self = NULL;
+    fp8_config cfg = {.scales = FP8_SCALES_PER_CHANNEL, .skip = "token_embd,output"};
+    if (config) memcpy(&cfg, config, sizeof cfg);
+    cfg.skip[sizeof cfg.skip - 1] = 0;
+    if (cfg.scales < 0 || cfg.scales > 1 || cfg.kv_cache < 0 || cfg.kv_cache > 1)
+        return host->error(host->ctx, err, LOOM_ERR_INVALID,
+                           "%s: bad config (scales %lld in {0 per_channel, 1 per_tensor}, "
+                           "kv_cache %lld in {0 auto, 1 fp8})",
+                           FP8_WHO, (long long)cfg.scales, (long long)cfg.kv_cache);
+    char bad[LOOM_PARAM_STRING_MAX];
+    if (!qc_patterns_valid(cfg.skip, bad, sizeof bad))
+        return host->error(host->ctx, err, LOOM_ERR_INVALID,
+                           "%s: skip pattern '%s' is malformed (no spaces, no empty dot "
+                           "components); e.g. skip: \"token_embd,output,blk.0\"",
+                           FP8_WHO, bad);
+    fp8_quant *q = host->calloc(host->ctx, 1, sizeof *q);
+    if (!q) return host->error(host->ctx, err, LOOM_ERR_NOMEM, "%s: out of memory", FP8_WHO);
+    q->host = host;
+    q->cfg = cfg;
+    *self = q;
+    return LOOM_OK;
+}
+
+static void fp8_destroy(void *self) {
+    fp8_quant *q = self;
+    if (q) q->host->free(q->host->ctx, q);
+}
+
+static loom_status fp8_plan(void *self, const loom_model_view *model, const loom_tensor *w,
+                            loom_quant_plan *out, loom_error *err) {
+    fp8_quant *q = self;
+    const loom_host *h = q->host;
+    bool pc = q->cfg.scales == FP8_SCALES_PER_CHANNEL;
+    *out = (loom_quant_plan){.struct_size = sizeof *out, .format = LOOM_QFMT_NONE,
+                             .per_channel = pc};
+    if (!qc_is_linear(w) || qc_name_matches(w->name, q->cfg.skip)) return LOOM_OK;
+    if (qc_packed_sibling(model, w))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "%s: tensor '%s' is stored as a packed 4-bit AWQ/GPTQ checkpoint "
+                        "(qweight/qzeros/scales); fp8 quantizes float weights. Use "
+                        "`quantizer: {plugin: int4, source: awq}` (or gptq), or a float "
+                        "checkpoint",
+                        FP8_WHO, w->name);
+    if (loom_dtype_row_bytes(w->dtype, w->shape[1]) == 0)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "%s: tensor '%s' has %lld columns, not whole %s blocks", FP8_WHO, w->name,
+                        (long long)w->shape[1], loom_dtype_name(w->dtype));
+    out->format = LOOM_QFMT_FP8_W8A8;
+    return LOOM_OK;
+}
+
+static loom_status fp8_quantize(void *self, const loom_model_view *model, const loom_tensor *w,
+                                const loom_quant_plan *plan, loom_qtensor *out, loom_error *err) {
+    (void)model;
+    fp8_quant *q = self;
+    const loom_host *h = q->host;
+    if (!plan || plan->format != LOOM_QFMT_FP8_W8A8)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "%s: quantize('%s') with plan format %d; fp8 makes only FP8_W8A8 (3)",
+                        FP8_WHO, w && w->name ? w->name : "?", plan ? (int)plan->format : -1);
+    float *f = NULL;
+    loom_status st = qc_read_f32(h, FP8_WHO, w, &f, err);
+    if (st) return st;
+    int64_t rows = w->shape[0], cols = w->shape[1];
+    bool pc = plan->per_channel;
+    st = qc_qtensor_alloc(h, FP8_WHO, w->name, LOOM_QFMT_FP8_W8A8, rows, cols, 0,
+                          LOOM_DTYPE_FP8_E4M3, cols, (size_t)rows * (size_t)cols, pc ? rows : 1,
+                          0, false, out, err);
+    if (st == LOOM_OK) {
+        qc_fp8_rows(f, rows, cols, pc, out->data.data, out->scales.data);
+        if (h->metric_add) {
+            h->metric_add(h->ctx, "quant.fp8.tensors", 1);
+            h->metric_add(h->ctx, "quant.fp8.bytes", (double)(rows * cols + (pc ? rows : 1) * 4));
+        }
+    }
+    h->free(h->ctx, f);
+    return st;
+}
+
+static void fp8_release(void *self, loom_qtensor *t) {
+    fp8_quant *q = self;
+    qc_release(q->host, t);
+}
+
+static loom_dtype fp8_kv_dtype(void *self) {
+    fp8_quant *q = self;
+    return q->cfg.kv_cache == FP8_KV_FP8 ? LOOM_DTYPE_FP8_E4M3 : LOOM_DTYPE_COUNT;
+}
+
+static const loom_quant_ops fp8_ops = {
+    .struct_size = sizeof(loom_quant_ops),
+    .create = fp8_create,
+    .destroy = fp8_destroy,
+    .plan = fp8_plan,
+    .quantize = fp8_quantize,
+    .release = fp8_release,
+    .kv_dtype = fp8_kv_dtype,
+};
+
+static const loom_component fp8_components[] = {{
+    .struct_size = sizeof(loom_component),
+    .kind = LOOM_KIND_QUANTIZER,
+    .name = "fp8",
+    .summary = "FP8 E4M3 weights (per-channel or per-tensor scales), per-token E4M3 activations",
+    .ops = &fp8_ops,
+    .params = fp8_params,
+    .config_size = sizeof(fp8_config),
+}};
+
+static const loom_plugin_desc fp8_desc = {
+    LOOM_PLUGIN_DESC_HEADER,
+    .name = "loom-quantizer-fp8",
+    .version = "0.1.0",
+    .num_components = 1,
+    .components = fp8_components,
+};
+
+LOOM_EXPORT const loom_plugin_desc *loom_plugin_entry(void) { return &fp8_desc; }

@@ -1,0 +1,192 @@
+/*
+ * plugins/quantizer/int8/int8.c — loom-quantizer-int8.so: the "int8"
+ * quantizer component.
+ *
+ * Every linear weight not kept by `skip` becomes int8 with one symmetric
+ * f32 scale per output channel (w = q * scale[row], q in [-127, 127]):
+ *   mode w8a16: activations stay in the backend's float type; the backend's
+ *               kernel fuses the dequantization into its GEMV/GEMM;
+ *   mode w8a8:  activations are quantized per token at run time (dynamic,
+ *               symmetric int8) and the product accumulates in int32.
+ * The KV cache stays the backend's default unless `kv_cache` says f16/fp8.
+ *
+ * What it refuses: weights already packed as 4-bit AWQ/GPTQ (use int4) and,
+ * for now, SmoothQuant (smoothquant > 0): its calibration pass needs
+ * activation statistics the quantizer interface cannot yet obtain; the
+ * backend kernels already honour a smoothing vector (loom_qtensor.smooth).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "../common/qcommon.h"
+#include "loom/quant.h"
+
+#define INT8_WHO "quantizer int8"
+
+enum { INT8_MODE_W8A16 = 0, INT8_MODE_W8A8 = 1 };
+enum { INT8_KV_AUTO = 0, INT8_KV_F16 = 1, INT8_KV_FP8 = 2 };
+
+/* Filled by the host from int8_params. */
+typedef struct int8_config {
+    int64_t mode;                      /* INT8_MODE_*                           */
+    double smoothquant;                /* alpha; 0 = off                        */
+    char skip[LOOM_PARAM_STRING_MAX];  /* patterns kept unquantized             */
+    int64_t kv_cache;                  /* INT8_KV_*                             */
+} int8_config;
+
+typedef struct int8_quant {
+    const loom_host *host;             /* borrowed until destroy                */
+    int8_config cfg;
+} int8_quant;
+
+static const char *const int8_mode_choices[] = {"w8a16", "w8a8", NULL};
+static const char *const int8_kv_choices[] = {"auto", "f16", "fp8", NULL};
+
+static const loom_param int8_params[] = {
+    {.key = "mode", .type = LOOM_PARAM_ENUM, .offset = offsetof(int8_config, mode),
+     .default_value = "w8a16", .min = 1, .max = 0, .choices = int8_mode_choices,
+     .doc = "w8a16: int8 weights, float activations; w8a8: int8 weights and per-token int8 "
+            "activations (int32 accumulate)"},
+    {.key = "smoothquant", .type = LOOM_PARAM_FLOAT, .offset = offsetof(int8_config, smoothquant),
+     .default_value = "0", .min = 0, .max = 1,
+     .doc = "SmoothQuant migration strength alpha for w8a8; 0 = off (> 0 not implemented yet)"},
+    {.key = "skip", .type = LOOM_PARAM_STRING, .offset = offsetof(int8_config, skip),
+     .default_value = "token_embd,output",
+     .doc = "comma-separated tensor-name patterns kept unquantized (dot components, e.g. "
+            "'output', 'blk.0', 'ffn_down', or globs 'blk.*.attn_v.weight')"},
+    {.key = "kv_cache", .type = LOOM_PARAM_ENUM, .offset = offsetof(int8_config, kv_cache),
+     .default_value = "auto", .min = 1, .max = 0, .choices = int8_kv_choices,
+     .doc = "KV-cache element type: auto = the backend's default, f16, or fp8 (e4m3)"},
+    {.key = NULL},
+};
+
+static loom_status int8_create(const loom_host *host, const void *config, void **self,
+                               loom_error *err) {
+    *self = NULL;
+    int8_config cfg = {.mode = INT8_MODE_W8A16, .skip = "token_embd,output"};
+    if (config) memcpy(&cfg, config, sizeof cfg);
+    cfg.skip[sizeof cfg.skip - 1] = 0;
+    if (cfg.mode < 0 || cfg.mode > 1 || cfg.kv_cache < 0 || cfg.kv_cache > 2)
+        return host->error(host->ctx, err, LOOM_ERR_INVALID,
+                           "%s: bad config (mode %lld in {0 w8a16, 1 w8a8}, kv_cache %lld in "
+                           "{0 auto, 1 f16, 2 fp8})",
+                           INT8_WHO, (long long)cfg.mode, (long long)cfg.kv_cache);
+    if (cfg.smoothquant != 0.0)
+        return host->error(host->ctx, err, LOOM_ERR_UNSUPPORTED,
+                           "%s: smoothquant %g: SmoothQuant calibration is not implemented yet "
+                           "(it needs per-channel activation statistics from a calibration "
+                           "text); set quantizer.smoothquant: 0",
+                           INT8_WHO, cfg.smoothquant);
+    char bad[LOOM_PARAM_STRING_MAX];
+    if (!qc_patterns_valid(cfg.skip, bad, sizeof bad))
+        return host->error(host->ctx, err, LOOM_ERR_INVALID,
+                           "%s: skip pattern '%s' is malformed (no spaces, no empty dot "
+                           "components); e.g. skip: \"token_embd,output,blk.0\"",
+                           INT8_WHO, bad);
+    int8_quant *q = host->calloc(host->ctx, 1, sizeof *q);
+    if (!q)
+        return host->error(host->ctx, err, LOOM_ERR_NOMEM, "%s: out of memory", INT8_WHO);
+    q->host = host;
+    q->cfg = cfg;
+    *self = q;
+    return LOOM_OK;
+}
+
+static void int8_destroy(void *self) {
+    int8_quant *q = self;
+    if (q) q->host->free(q->host->ctx, q);
+}
+
+static loom_status int8_plan(void *self, const loom_model_view *model, const loom_tensor *w,
+                             loom_quant_plan *out, loom_error *err) {
+    int8_quant *q = self;
+    const loom_host *h = q->host;
+    *out = (loom_quant_plan){.struct_size = sizeof *out, .format = LOOM_QFMT_NONE,
+                             .per_channel = true};
+    if (!qc_is_linear(w) || qc_name_matches(w->name, q->cfg.skip)) return LOOM_OK;
+    if (qc_packed_sibling(model, w))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "%s: tensor '%s' is stored as a packed 4-bit AWQ/GPTQ checkpoint "
+                        "(qweight/qzeros/scales); int8 quantizes float weights. Use "
+                        "`quantizer: {plugin: int4, source: awq}` (or gptq), or a float "
+                        "checkpoint",
+                        INT8_WHO, w->name);
+    if (loom_dtype_row_bytes(w->dtype, w->shape[1]) == 0)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "%s: tensor '%s' has %lld columns, not whole %s blocks", INT8_WHO,
+                        w->name, (long long)w->shape[1], loom_dtype_name(w->dtype));
+    out->format = q->cfg.mode == INT8_MODE_W8A8 ? LOOM_QFMT_INT8_W8A8 : LOOM_QFMT_INT8_W8A16;
+    return LOOM_OK;
+}
+
+static loom_status int8_quantize(void *self, const loom_model_view *model, const loom_tensor *w,
+                                 const loom_quant_plan *plan, loom_qtensor *out,
+                                 loom_error *err) {
+    (void)model;
+    int8_quant *q = self;
+    const loom_host *h = q->host;
+    if (!plan || (plan->format != LOOM_QFMT_INT8_W8A16 && plan->format != LOOM_QFMT_INT8_W8A8))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "%s: quantize('%s') with plan format %d; int8 makes only INT8_W8A16 (1) "
+                        "and INT8_W8A8 (2)",
+                        INT8_WHO, w && w->name ? w->name : "?", plan ? (int)plan->format : -1);
+    float *f = NULL;
+    loom_status st = qc_read_f32(h, INT8_WHO, w, &f, err);
+    if (st) return st;
+    int64_t rows = w->shape[0], cols = w->shape[1];
+    st = qc_qtensor_alloc(h, INT8_WHO, w->name, plan->format, rows, cols, 0, LOOM_DTYPE_I8, cols,
+                          (size_t)rows * (size_t)cols, rows, 0, false, out, err);
+    if (st == LOOM_OK) {
+        qc_int8_rows(f, rows, cols, out->data.data, out->scales.data);
+        if (h->metric_add) {
+            h->metric_add(h->ctx, "quant.int8.tensors", 1);
+            h->metric_add(h->ctx, "quant.int8.bytes", (double)(rows * cols + rows * 4));
+        }
+    }
+    h->free(h->ctx, f);
+    return st;
+}
+
+static void int8_release(void *self, loom_qtensor *t) {
+    int8_quant *q = self;
+    qc_release(q->host, t);
+}
+
+static loom_dtype int8_kv_dtype(void *self) {
+    int8_quant *q = self;
+    switch (q->cfg.kv_cache) {
+    case INT8_KV_F16: return LOOM_DTYPE_F16;
+    case INT8_KV_FP8: return LOOM_DTYPE_FP8_E4M3;
+    default: return LOOM_DTYPE_COUNT;
+    }
+}
+
+static const loom_quant_ops int8_ops = {
+    .struct_size = sizeof(loom_quant_ops),
+    .create = int8_create,
+    .destroy = int8_destroy,
+    .plan = int8_plan,
+    .quantize = int8_quantize,
+    .release = int8_release,
+    .kv_dtype = int8_kv_dtype,
+};
+
+static const loom_component int8_components[] = {{
+    .struct_size = sizeof(loom_component),
+    .kind = LOOM_KIND_QUANTIZER,
+    .name = "int8",
+    .summary = "int8 weights, per-channel scales: W8A16 or W8A8 (per-token dynamic activations)",
+    .ops = &int8_ops,
+    .params = int8_params,
+    .config_size = sizeof(int8_config),
+}};
+
+static const loom_plugin_desc int8_desc = {
+    LOOM_PLUGIN_DESC_HEADER,
+    .name = "loom-quantizer-int8",
+    .version = "0.1.0",
+    .num_components = 1,
+    .components = int8_components,
+};
+
+LOOM_EXPORT const loom_plugin_desc *loom_plugin_entry(void) { return &int8_desc; }
