@@ -451,7 +451,12 @@ static opened *open_file(loom_registry *reg, const char *path) {
         goto done;
     }
     dlerror();
-    h = dlopen(real, RTLD_NOW | RTLD_LOCAL);
+    /* RTLD_NODELETE: a plugin stays mapped after its last reference.
+     * Runtimes inside plugins (CUDA's libstdc++, cuBLAS) register
+     * process-wide state — exception pools, atexit handlers, TLS — that
+     * does not survive an unmap (ggml's "backends cannot be unloaded");
+     * the reference counts still decide when the registry lets go. */
+    h = dlopen(real, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!h) {
         const char *e = dlerror();
         snprintf(msg, sizeof msg,
