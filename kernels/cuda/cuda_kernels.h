@@ -57,8 +57,9 @@ typedef enum loom_cuda_dt {
 
 /* ------------------------------------------------------------ element-wise */
 
-/* x[t,:] = float(table[ids[t],:]).  x (T, H) float32; table (V, H) dt;
- * ids (T) in [0, V). H % 8 == 0. */
+/* x[t,:] = float(table[ids[t],:]), or zeros where ids[t] < 0 (a
+ * tensor-parallel rank's token outside its vocabulary slice).
+ * x (T, H) float32; table (V, H) dt; ids (T) in [0, V) or -1. H % 8 == 0. */
 cudaError_t loom_cuda_embedding(loom_cuda_dt dt, float *x, const void *table, const int32_t *ids,
                                 int T, int H, cudaStream_t s);
 

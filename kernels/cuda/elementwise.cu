@@ -18,15 +18,25 @@
 
 /* ------------------------------------------------------------- embedding */
 
-/* x (T, H) f32 <- table (V, H) dt rows ids (T). grid T, block 128. */
+/* x (T, H) f32 <- table (V, H) dt rows ids (T); id -1: a zero row (a
+ * tensor-parallel rank's token outside its vocabulary slice). grid T,
+ * block 128. */
 template <typename T>
 __global__ void lc_embedding_kernel(float *__restrict__ x, const T *__restrict__ table,
                                     const int32_t *__restrict__ ids, int H) {
     lc_pdl_wait();
     lc_pdl_trigger();
     const int t = blockIdx.x;
-    const T *src = table + (size_t)ids[t] * H;
+    const int32_t id = ids[t];
     float *dst = x + (size_t)t * H;
+    if (id < 0) {
+        for (int c = threadIdx.x; c < H / 8; c += blockDim.x) {
+            float4 *d = reinterpret_cast<float4 *>(dst + c * 8);
+            d[0] = d[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        return;
+    }
+    const T *src = table + (size_t)id * H;
     for (int c = threadIdx.x; c < H / 8; c += blockDim.x) {
         float f[8];
         lc_unpack8<T>(lc_ldg16(src + c * 8), f);

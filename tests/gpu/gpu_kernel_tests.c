@@ -155,11 +155,13 @@ static void report(const char *name, const err_acc *a, double tol) {
 
 /* -------------------------------------------------------------- embedding */
 
-static void test_embedding(loom_cuda_dt dt, int V, int H, int T) {
+/* holes: every other id is -1 (a tensor-parallel rank's token outside its
+ * vocabulary slice), whose row must come out zero. */
+static void test_embedding(loom_cuda_dt dt, int V, int H, int T, bool holes) {
     float *tab_f = malloc((size_t)V * H * sizeof(float));
     uint16_t *tab = rand16(dt, (size_t)V * H, -1, 1, tab_f);
     int32_t *ids = malloc((size_t)T * 4);
-    for (int t = 0; t < T; t++) ids[t] = rng_int(V);
+    for (int t = 0; t < T; t++) ids[t] = holes && t % 2 ? -1 : rng_int(V);
     void *d_tab = dev_upload(tab, (size_t)V * H * 2), *d_ids = dev_upload(ids, (size_t)T * 4);
     float *d_x = dev_poison((size_t)T * H * 4);
     CK(loom_cuda_embedding(dt, d_x, d_tab, d_ids, T, H, 0));
@@ -169,11 +171,13 @@ static void test_embedding(loom_cuda_dt dt, int V, int H, int T) {
     err_acc a = {0};
     double *o = malloc((size_t)H * 8), *r = malloc((size_t)H * 8);
     for (int t = 0; t < T; t++) {
-        for (int i = 0; i < H; i++) o[i] = x[(size_t)t * H + i], r[i] = tab_f[(size_t)ids[t] * H + i];
+        for (int i = 0; i < H; i++)
+            o[i] = x[(size_t)t * H + i], r[i] = ids[t] < 0 ? 0.0 : tab_f[(size_t)ids[t] * H + i];
         err_row(&a, o, r, H);
     }
     char name[128];
-    snprintf(name, sizeof name, "embedding %s V=%d H=%d T=%d", dtn(dt), V, H, T);
+    snprintf(name, sizeof name, "embedding %s V=%d H=%d T=%d%s", dtn(dt), V, H, T,
+             holes ? " (ids -1: zero rows)" : "");
     report(name, &a, TOL32);
     cudaFree(d_tab), cudaFree(d_ids), cudaFree(d_x);
     free(tab_f), free(tab), free(ids), free(x), free(o), free(r);
@@ -660,8 +664,9 @@ int main(int argc, char **argv) {
            prop.name, prop.major, prop.minor, prop.multiProcessorCount);
 
     const loom_cuda_dt dts[2] = {LOOM_CUDA_BF16, LOOM_CUDA_F16};
-    test_embedding(LOOM_CUDA_BF16, 1000, 4096, 7);
-    test_embedding(LOOM_CUDA_F16, 49152, 576, 3);
+    test_embedding(LOOM_CUDA_BF16, 1000, 4096, 7, false);
+    test_embedding(LOOM_CUDA_F16, 49152, 576, 3, false);
+    test_embedding(LOOM_CUDA_BF16, 1000, 64, 9, true);
     for (int mode = 0; mode < 3; mode++) {
         test_rmsnorm(LOOM_CUDA_BF16, 4096, 1, mode);
         test_rmsnorm(LOOM_CUDA_BF16, 576, 33, mode);

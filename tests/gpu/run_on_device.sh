@@ -6,8 +6,10 @@
 #
 # BUILD_DIR holds tests/gpu/gpu_kernel_tests, tests/gpu/gpu_backend_test,
 # bench/gpu/gpu_bench, plugins/backend/{cuda,cpu}/*.so and core/libloom.so.0
-# (a meson build dir, or a copy of those files in the same layout). Extra
-# shared libraries the machine lacks (openblas, libyaml, ...) may sit in
+# (a meson build dir, or a copy of those files in the same layout), and
+# optionally tests/gpu/gpu_tp_test with plugins/executor/tp/*.so (tensor
+# parallelism; it skips itself with fewer than 2 GPUs). Extra shared
+# libraries the machine lacks (openblas, libyaml, libnccl, ...) may sit in
 # BUILD_DIR/../lib. Logs and gpu_bench.json go to OUT_DIR (default $OUT, or
 # ./gpu-out). Exit status: number of failed programs.
 set -u
@@ -40,6 +42,13 @@ echo "=== gpu_backend_test"
 $SAN "$B/tests/gpu/gpu_backend_test" "$B/plugins/backend/cuda/loom-backend-cuda.so" \
   "$B/plugins/backend/cpu/loom-backend-cpu.so" 2>&1 | tee "$O/backend_test.log"
 [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+if [ -x "$B/tests/gpu/gpu_tp_test" ]; then
+  echo "=== gpu_tp_test"
+  export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}   # docs/tensor-parallel.md
+  $SAN "$B/tests/gpu/gpu_tp_test" "$B/plugins/backend/cuda/loom-backend-cuda.so" \
+    "$B/plugins/executor/tp/loom-executor-tp.so" 2>&1 | tee "$O/tp_test.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+fi
 if [ $BENCH = 1 ]; then
   echo "=== gpu_bench"
   "$B/bench/gpu/gpu_bench" "$O/gpu_bench.json" "$B/plugins/backend/cuda/loom-backend-cuda.so" $QUICK \
@@ -47,7 +56,7 @@ if [ $BENCH = 1 ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
 fi
 echo "=== summary"
-grep -h '^FAIL' "$O"/kernel_tests.log "$O"/backend_test.log 2>/dev/null | head -50
-grep -h 'passed,' "$O"/kernel_tests.log "$O"/backend_test.log 2>/dev/null
+grep -h '^FAIL\|^SKIP' "$O"/kernel_tests.log "$O"/backend_test.log "$O"/tp_test.log 2>/dev/null | head -50
+grep -h 'passed,' "$O"/kernel_tests.log "$O"/backend_test.log "$O"/tp_test.log 2>/dev/null
 echo "programs failed: $fails"
 exit $fails

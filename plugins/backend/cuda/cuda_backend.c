@@ -13,7 +13,9 @@
  *
  * What it refuses to be: a quantized-kernel backend (yet) — a quantizer
  * that plans any format but NONE fails load() naming the tensor — and a
- * multi-GPU one (executors do that). Built for sm_90a (Hopper) only.
+ * multi-GPU one by itself: the tp executor drives one instance per GPU
+ * through load_shard (cuda_load.c) and joins them with NCCL collectives in
+ * forward (cuda_forward.c). Built for sm_90a (Hopper) only.
  */
 #include "cuda_backend.h"
 
@@ -193,6 +195,48 @@ static void cb_destroy(void *self) {
     loom_cuda_gemm_destroy(b->gemm);
     if (b->stream) cudaStreamDestroy(b->stream);
     h->free(h->ctx, b);
+}
+
+loom_status cb_bind_current_device(cuda_backend *b, loom_error *err) {
+    const loom_host *h = b->host;
+    int d = -1;
+    loom_status st;
+    if ((st = CB_CUDA(b, err, cudaGetDevice(&d)))) return st;
+    if (d == b->device) return LOOM_OK;
+    struct cudaDeviceProp prop;
+    if ((st = CB_CUDA(b, err, cudaGetDeviceProperties(&prop, d)))) return st;
+    if (prop.major != 9 || prop.minor != 0)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: tensor-parallel rank bound to device %d (%s), which is "
+                        "sm_%d%d, but this build carries sm_90a code only (Hopper: H100/H200); "
+                        "choose Hopper GPUs with CUDA_VISIBLE_DEVICES",
+                        d, prop.name, prop.major, prop.minor);
+    /* the stream and cuBLASLt context (with its workspace) belong to the
+     * device the instance was created on: release them there, then make
+     * new ones on d */
+    const int old = b->device;
+    cudaSetDevice(old);
+    if (b->stream) cudaStreamSynchronize(b->stream);
+    loom_cuda_gemm_destroy(b->gemm);
+    if (b->stream) cudaStreamDestroy(b->stream);
+    b->gemm = NULL;
+    b->stream = NULL;
+    b->device = d;
+    b->num_sms = prop.multiProcessorCount;
+    snprintf(b->device_name, sizeof b->device_name, "%.127s", prop.name);
+    if ((st = CB_CUDA(b, err, cudaSetDevice(d))) ||
+        (st = CB_CUDA(b, err, cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking))))
+        return st;
+    int code = 0;
+    char msg[256] = "";
+    b->gemm = loom_cuda_gemm_create((size_t)32 << 20, &code, msg, sizeof msg);
+    if (!b->gemm)
+        return h->error(h->ctx, err, code == 10000 + (int)cudaErrorMemoryAllocation
+                                         ? LOOM_ERR_NOMEM : LOOM_ERR_DEVICE,
+                        "backend cuda: cuBLASLt setup on device %d: %s", d, msg);
+    h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "moved from device %d to device %d (%s, %d SMs): the "
+           "tensor-parallel rank's GPU", old, d, prop.name, prop.multiProcessorCount);
+    return LOOM_OK;
 }
 
 /* ----------------------------------------------------------- memory / KV */
@@ -438,6 +482,7 @@ static const loom_backend_ops cb_ops = {
     .forward = cb_forward,
     .copy_blocks = cb_copy_blocks,
     .swap_blocks = cb_swap_blocks,
+    .load_shard = cb_load_shard,
 };
 
 static const loom_component cb_components[] = {{

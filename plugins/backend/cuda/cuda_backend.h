@@ -11,6 +11,16 @@
  * weights and QKV biases are float32. Work buffers are sized at load for
  * `max_batched_tokens` rows, so forward() never allocates device memory
  * (a precondition of CUDA-graph replay). Not an installed header.
+ *
+ * Tensor parallelism (load_shard, loom/backend.h, docs/tensor-parallel.md):
+ * a rank keeps only its shard — its query heads and the KV heads they read,
+ * its slice of the FFN width, its slice of the vocabulary padded with zero
+ * rows to vocab_pad — and `mc` then describes the model as this rank runs
+ * it (num_heads, num_kv_heads, intermediate_size are the rank's share;
+ * vocab_size stays the whole vocabulary), so the KV pools, work buffers and
+ * kernels need no other change. Every added path is guarded by `sharded`
+ * (a communicator of more than one rank); without it nothing differs from
+ * a plain single-GPU instance.
  */
 #ifndef LOOM_PLUGIN_CUDA_BACKEND_H
 #define LOOM_PLUGIN_CUDA_BACKEND_H
@@ -93,12 +103,12 @@ typedef struct cuda_backend {
 
     /* --- after load */
     bool loaded;
-    loom_model_config mc;       /* copy of the model's config                 */
+    loom_model_config mc;       /* the model's config as this rank runs it    */
     int32_t q_dim, kv_dim, qkv_rows, group; /* group = heads per kv head     */
     void *weights;              /* device arena                               */
     size_t weight_bytes;
-    void *embed;                /* (vocab, hidden) dt                         */
-    void *lm_head;              /* (vocab, hidden) dt; == embed when tied      */
+    void *embed;                /* (vocab_pad, hidden) dt                     */
+    void *lm_head;              /* (vocab_pad, hidden) dt; == embed when tied  */
     float *out_norm;            /* (hidden) f32                               */
     cuda_layer *layers;         /* host array (num_layers)                    */
     float *rope_cs;             /* (rope_max_pos, head_dim/2, 2) f32 device    */
@@ -127,6 +137,19 @@ typedef struct cuda_backend {
     uint8_t *meta_host, *meta_dev;
     size_t meta_cap;
 
+    /* --- tensor parallelism: set by load_shard; whole model after load() */
+    bool sharded;               /* comm.size > 1: forward() calls the
+                                   collectives of `comm` on `stream`          */
+    loom_comm comm;             /* copy of the executor's communicator        */
+    int32_t vocab_lo;           /* first vocabulary row this rank holds       */
+    int32_t vocab_rows;         /* rows it holds, 0..vocab_pad                */
+    int32_t vocab_pad;          /* ceil(vocab / size): rows of embed and
+                                   lm_head (zero rows past vocab_rows) and
+                                   this rank's width of a logits row; vocab
+                                   when not sharded                           */
+    float *logits_local;        /* (logits_rows, vocab_pad) f32, sharded only */
+    float *logits_gathered;     /* (size, logits_rows, vocab_pad) f32, ditto  */
+
     /* --- after kv_alloc */
     bool kv_ready;
     loom_kv_layout kv_layout;   /* copy; dtype resolved                       */
@@ -150,10 +173,17 @@ loom_status cb_cuda_check(cuda_backend *b, loom_error *err, cudaError_t e, const
                           const char *file, int line);
 #define CB_CUDA(b, err, call) cb_cuda_check((b), (err), (call), #call, __FILE__, __LINE__)
 void cb_graphs_reset(cuda_backend *b);
+/* Tensor parallelism: move the instance (its stream and cuBLASLt context;
+ * nothing else exists before load) to the device current on the calling
+ * thread, if that is not b->device. Called by load_shard on the rank's
+ * thread, where the executor has made the rank's GPU current. */
+loom_status cb_bind_current_device(cuda_backend *b, loom_error *err);
 
 /* cuda_load.c */
 loom_status cb_load(void *self, const loom_model_view *m, const loom_quant_binding *quant,
                     loom_error *err);
+loom_status cb_load_shard(void *self, const loom_model_view *m, const loom_quant_binding *quant,
+                          const loom_comm *comm, loom_error *err);
 
 /* cuda_forward.c */
 loom_status cb_forward(void *self, const loom_batch *batch, float *logits, loom_error *err);

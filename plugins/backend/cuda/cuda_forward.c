@@ -25,6 +25,20 @@
  *
  * The only host synchronisation is on this instance's stream, before the
  * logits are read.
+ *
+ * Loaded by load_shard (tensor parallelism), a rank holds its heads, FFN
+ * columns and vocabulary rows, and the step gains collectives, all enqueued
+ * on this instance's stream (the NCCL communicator orders them with the
+ * kernels; nothing here waits for a peer): token ids are mapped to this
+ * rank's embedding rows at packing time (-1 outside its slice, a zero row)
+ * and x is all-reduced after the embedding; after each row-parallel GEMM
+ * (O and down, the last layer's too) its partial output r is all-reduced in
+ * place, so every rank adds the same complete r to the same x; the LM head
+ * computes this rank's (rows, vocab_pad) slice, an all-gather collects every
+ * rank's and the rank given a logits buffer reorders them into whole rows
+ * (ranks given none — the executor passes NULL to all but rank 0 — still
+ * take part in every collective and sync). CUDA graphs are off while
+ * sharded (see cb_graph_bucket).
  */
 #include "cuda_backend.h"
 
@@ -64,7 +78,7 @@ static loom_status cb_check_batch(cuda_backend *b, const loom_batch *bt, const f
                         "token_ids, positions, query_start, context_len, block_table, "
                         "slot_mapping",
                         T, S);
-    if (NL > 0 && (!bt->logits_index || !logits))
+    if (NL > 0 && (!bt->logits_index || (!logits && !b->sharded)))
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "backend cuda: %d logits rows asked but %s is NULL", NL,
                         !logits ? "the logits buffer" : "logits_index");
@@ -230,6 +244,11 @@ static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t 
     memcpy(pos, bt->positions, (size_t)T * 4);
     memcpy(slot, bt->slot_mapping, (size_t)T * 8);
     for (int32_t t = T; t < rowsT; t++) ids[t] = 0, pos[t] = 0, slot[t] = -1;
+    if (b->sharded) /* vocabulary-parallel: this rank's embedding rows, -1 = a zero row */
+        for (int32_t t = 0; t < rowsT; t++) {
+            int64_t v = (int64_t)ids[t] - b->vocab_lo;
+            ids[t] = v >= 0 && v < b->vocab_rows ? (int32_t)v : -1;
+        }
     if (pad_to > 0)
         for (int32_t i = 0; i < NL; i++) lidx[i] = i;
     else
@@ -275,8 +294,19 @@ static loom_status cb_gemm(cuda_backend *b, bool out_f32, int32_t M, int32_t N, 
                           M, N, K, msg);
 }
 
+/* Tensor parallelism: sum `count` elements of buf (device memory, dtype
+ * dt) over the ranks, in place, on this instance's stream. Nothing to do
+ * for a whole model. */
+static loom_status cb_all_reduce(cuda_backend *b, void *buf, int64_t count, loom_dtype dt,
+                                 loom_error *err) {
+    if (!b->sharded) return LOOM_OK;
+    return b->comm.all_reduce_sum(b->comm.ctx, b->comm.rank, buf, count, dt, (void *)b->stream,
+                                  err);
+}
+
 /* Enqueue the embedding and every layer for p->T rows. Leaves the residual
- * stream in x and the last layer's down projection in r. */
+ * stream in x and the last layer's down projection in r (sharded: both
+ * already summed over the ranks). */
 static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_error *err) {
     const loom_model_config *c = &b->mc;
     const int32_t T = p->T, H = c->hidden_size, I = c->intermediate_size;
@@ -284,7 +314,8 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
     const float eps = c->rms_norm_eps;
     cudaStream_t s = b->stream;
     loom_status st;
-    if ((st = CB_CUDA(b, err, loom_cuda_embedding(b->dt, b->x, b->embed, p->ids, T, H, s))))
+    if ((st = CB_CUDA(b, err, loom_cuda_embedding(b->dt, b->x, b->embed, p->ids, T, H, s))) ||
+        (st = cb_all_reduce(b, b->x, (int64_t)T * H, LOOM_DTYPE_F32, err)))
         return st;
     loom_cuda_attn_args aa = {.dt = b->dt, .out = b->att, .ldo = QD, .q = b->qkv, .ldq = QKV,
                               .block_table = p->bt, .bt_stride = p->stride, .positions = p->pos,
@@ -315,30 +346,64 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
             aa.max_splits = p->pre_splits;
             if ((st = CB_CUDA(b, err, loom_cuda_attention(&aa, s)))) return st;
         }
-        /* FFN block: x += r; (T, H) -> (T, 2I) -> (T, I) -> r (T, H) */
+        /* FFN block: x += r; (T, H) -> (T, 2I) -> (T, I) -> r (T, H). The
+         * row-parallel GEMMs' partial r are summed over ranks (sharded) */
         if ((st = cb_gemm(b, false, T, H, QD, b->att, ly->wo, b->r, "attn_output", err)) ||
+            (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)) ||
             (st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, b->r, ly->ffn_norm,
                                                         NULL, T, H, eps, s))) ||
             (st = cb_gemm(b, false, T, 2 * I, H, b->xn, ly->wgu, b->gu, "ffn_gate_up", err)) ||
             (st = CB_CUDA(b, err, loom_cuda_swiglu(b->dt, b->act, b->gu, T, I, s))) ||
-            (st = cb_gemm(b, false, T, H, I, b->act, ly->wdown, b->r, "ffn_down", err)))
+            (st = cb_gemm(b, false, T, H, I, b->act, ly->wdown, b->r, "ffn_down", err)) ||
+            (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)))
             return st;
     }
     return LOOM_OK;
 }
 
-/* Enqueue the final norm and LM head for logits rows [row0, row0 + n) and
- * the copy of (n, vocab) float32 into the pinned logits_host. */
+/* Vocabulary-parallel LM head on xs (n, H): this rank's (n, vocab_pad)
+ * slice (zero columns past its vocab_rows: the padded weight rows are
+ * zero), all-gathered as (size, n, vocab_pad), reordered into logits_dev
+ * (n, vocab) when `to_host` (this rank was given a logits buffer). */
+static loom_status cb_lm_head_shard(cuda_backend *b, int32_t n, bool to_host, loom_error *err) {
+    const int64_t H = b->mc.hidden_size, V = b->mc.vocab_size, P = b->vocab_pad;
+    loom_status st;
+    if ((st = cb_gemm(b, true, n, (int32_t)P, (int32_t)H, b->xs, b->lm_head, b->logits_local,
+                      "lm_head", err)) ||
+        (st = b->comm.all_gather(b->comm.ctx, b->comm.rank, b->logits_local, b->logits_gathered,
+                                 (int64_t)n * P, LOOM_DTYPE_F32, (void *)b->stream, err)))
+        return st;
+    if (!to_host) return LOOM_OK;
+    for (int64_t r = 0; r < b->comm.size; r++) {
+        const int64_t lo = r * P, w = V - lo < P ? V - lo : P;
+        if (w <= 0) continue; /* a rank without vocabulary: padding only */
+        if ((st = CB_CUDA(b, err, cudaMemcpy2DAsync(b->logits_dev + lo, (size_t)V * sizeof(float),
+                                                    b->logits_gathered + r * n * P,
+                                                    (size_t)P * sizeof(float),
+                                                    (size_t)w * sizeof(float), (size_t)n,
+                                                    cudaMemcpyDeviceToDevice, b->stream))))
+            return st;
+    }
+    return LOOM_OK;
+}
+
+/* Enqueue the final norm and LM head for logits rows [row0, row0 + n) and,
+ * when `to_host`, the copy of (n, vocab) float32 into the pinned
+ * logits_host (always for a whole model). */
 static loom_status cb_record_logits(cuda_backend *b, const cuda_plan *p, int32_t row0, int32_t n,
-                                    loom_error *err) {
+                                    bool to_host, loom_error *err) {
     const loom_model_config *c = &b->mc;
     loom_status st;
     if ((st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xs, b->x, b->r, b->out_norm,
                                                     p->lidx + row0, n, c->hidden_size,
-                                                    c->rms_norm_eps, b->stream))) ||
-        (st = cb_gemm(b, true, n, c->vocab_size, c->hidden_size, b->xs, b->lm_head,
-                      b->logits_dev, "lm_head", err)))
+                                                    c->rms_norm_eps, b->stream))))
         return st;
+    if (b->sharded) {
+        if ((st = cb_lm_head_shard(b, n, to_host, err)) || !to_host) return st;
+    } else if ((st = cb_gemm(b, true, n, c->vocab_size, c->hidden_size, b->xs, b->lm_head,
+                             b->logits_dev, "lm_head", err))) {
+        return st;
+    }
     return CB_CUDA(b, err, cudaMemcpyAsync(b->logits_host, b->logits_dev,
                                            (size_t)n * (size_t)c->vocab_size * sizeof(float),
                                            cudaMemcpyDeviceToHost, b->stream));
@@ -403,11 +468,13 @@ static loom_status cb_run_eager(cuda_backend *b, const cuda_plan *p, float *logi
     if ((st = cb_upload_meta(b, p, err)) || (st = cb_record_layers(b, p, err))) return st;
     for (int32_t r0 = 0; r0 < p->NL; r0 += b->logits_rows) {
         int32_t n = p->NL - r0 < b->logits_rows ? p->NL - r0 : b->logits_rows;
-        if ((st = cb_record_logits(b, p, r0, n, err)) ||
+        if ((st = cb_record_logits(b, p, r0, n, logits != NULL, err)) ||
             (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream))))
             return st;
         int32_t nreal = real_logits - r0 < n ? real_logits - r0 : n;
-        if (nreal > 0) cb_logits_out(b, logits + (size_t)r0 * b->mc.vocab_size, nreal);
+        /* logits NULL: a tensor-parallel rank other than the one that
+         * returns them (cb_check_batch allows it only when sharded) */
+        if (nreal > 0 && logits) cb_logits_out(b, logits + (size_t)r0 * b->mc.vocab_size, nreal);
     }
     if (p->NL == 0) st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
     b->eager_steps++;
@@ -427,7 +494,7 @@ static void cb_capture(cuda_backend *b, int k, const cuda_plan *p) {
                                                                  __FILE__, __LINE__);
     if (st == LOOM_OK) {
         st = cb_record_layers(b, p, &e);
-        if (st == LOOM_OK) st = cb_record_logits(b, p, 0, p->NL, &e);
+        if (st == LOOM_OK) st = cb_record_logits(b, p, 0, p->NL, true, &e);
         ce = cudaStreamEndCapture(b->stream, &graph); /* always end what was begun */
         if (st == LOOM_OK && ce != cudaSuccess)
             st = cb_cuda_check(b, &e, ce, "cudaStreamEndCapture", __FILE__, __LINE__);
@@ -453,7 +520,12 @@ static void cb_capture(cuda_backend *b, int k, const cuda_plan *p) {
 
 /* Bucket index for a pure decode step that may use a graph, or -1. */
 static int cb_graph_bucket(const cuda_backend *b, const loom_batch *bt) {
-    if (!b->cfg.cuda_graphs) return -1;
+    /* Sharded: no graphs. NCCL collectives may be captured into a CUDA
+     * graph (NCCL >= 2.9 supports stream capture), and every rank sees the
+     * same batches, so all would capture and replay the same buckets
+     * together — but that path has never run on GPUs, so to stay safe every
+     * sharded step runs eagerly until it is tested (docs/gpu.md). */
+    if (!b->cfg.cuda_graphs || b->sharded) return -1;
     const int32_t S = bt->num_seqs, T = bt->num_tokens;
     if (T != S || bt->num_logits != T || T > b->cfg.max_graph_batch || T > b->logits_rows ||
         T > b->max_tokens)

@@ -158,7 +158,8 @@ typedef struct cb_conv_job {
     const uint8_t *src;     /* first row of the chunk                       */
     size_t src_row_bytes;
     int64_t cols, rows;
-    uint8_t *dst;           /* staging                                      */
+    int64_t c0, nc;         /* columns kept of each row: [c0, c0 + nc)     */
+    uint8_t *dst;           /* staging, rows of nc elements                 */
     int out;                /* 0 bf16, 1 f16, 2 f32                          */
     float *rowbuf;          /* this worker's row                            */
     int64_t r0, r1;         /* rows of the chunk this worker converts        */
@@ -167,19 +168,27 @@ typedef struct cb_conv_job {
 
 static void *cb_conv_main(void *arg) {
     cb_conv_job *j = arg;
+    /* a column window (tensor-parallel row-parallel weights, bias slices)
+     * dequantizes whole rows into rowbuf and keeps the window */
+    const bool whole = j->c0 == 0 && j->nc == j->cols;
     for (int64_t r = j->r0; r < j->r1; r++) {
-        float *f = j->out == 2 ? (float *)(j->dst + (size_t)r * j->cols * 4) : j->rowbuf;
+        float *f = j->out == 2 && whole ? (float *)(j->dst + (size_t)r * j->cols * 4) : j->rowbuf;
         if (j->host->dequantize(j->host->ctx, j->t->dtype, j->src + (size_t)r * j->src_row_bytes,
                                 f, j->cols) != LOOM_OK) {
             atomic_store(j->failed, 1);
             return NULL;
         }
-        if (j->out == 2) continue;
-        uint16_t *d = (uint16_t *)(j->dst + (size_t)r * j->cols * 2);
+        if (j->out == 2) {
+            if (!whole)
+                memcpy(j->dst + (size_t)r * j->nc * 4, f + j->c0, (size_t)j->nc * 4);
+            continue;
+        }
+        uint16_t *d = (uint16_t *)(j->dst + (size_t)r * j->nc * 2);
+        const float *fw = f + j->c0;
         if (j->out == 0)
-            for (int64_t c = 0; c < j->cols; c++) d[c] = cb_f32_to_bf16(f[c]);
+            for (int64_t c = 0; c < j->nc; c++) d[c] = cb_f32_to_bf16(fw[c]);
         else
-            for (int64_t c = 0; c < j->cols; c++) d[c] = cb_f32_to_f16(f[c]);
+            for (int64_t c = 0; c < j->nc; c++) d[c] = cb_f32_to_f16(fw[c]);
     }
     return NULL;
 }
@@ -217,20 +226,28 @@ static void cb_uploader_free(cb_uploader *u) {
 }
 
 /* Upload tensor t (rows x cols, any dtype the host dequantizes) to dst as
- * dt (out_f32 = false) or float32. Asynchronous on b->stream; the staging
- * buffers are reused only after their previous upload finished. */
+ * dt (out_f32 = false) or float32, keeping columns [c0, c0 + nc) of every
+ * row (0 and cols: all of it) as a dense (rows, nc) matrix. Asynchronous on
+ * b->stream; the staging buffers are reused only after their previous
+ * upload finished. */
 static loom_status cb_upload(cb_uploader *u, const loom_tensor *t, int64_t rows, int64_t cols,
-                             void *dst, bool out_f32, loom_error *err) {
+                             int64_t c0, int64_t nc, void *dst, bool out_f32, loom_error *err) {
     cuda_backend *b = u->b;
     const loom_host *h = b->host;
     loom_status st;
     const size_t oel = out_f32 ? 4 : b->elt;
     const bool same = out_f32 ? t->dtype == LOOM_DTYPE_F32 : t->dtype == b->ldt;
-    if (same) /* straight from the model's memory: pageable, staged by the driver */
+    const bool whole = c0 == 0 && nc == cols;
+    if (same && whole) /* straight from the model's memory: pageable, staged by the driver */
         return CB_CUDA(b, err, cudaMemcpyAsync(dst, t->data, (size_t)rows * (size_t)cols * oel,
                                                cudaMemcpyHostToDevice, b->stream));
+    if (same) /* a column window: one strided copy, source pitch a whole row */
+        return CB_CUDA(b, err, cudaMemcpy2DAsync(dst, (size_t)nc * oel,
+                                                 (const uint8_t *)t->data + (size_t)c0 * oel,
+                                                 (size_t)cols * oel, (size_t)nc * oel,
+                                                 (size_t)rows, cudaMemcpyHostToDevice, b->stream));
     const size_t src_row = loom_dtype_row_bytes(t->dtype, cols);
-    const size_t dst_row = (size_t)cols * oel;
+    const size_t dst_row = (size_t)nc * oel;
     const int64_t chunk_rows = (int64_t)(CB_STAGE_BYTES / dst_row);
     if (chunk_rows < 1 || cols > u->max_cols)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
@@ -254,7 +271,7 @@ static loom_status cb_upload(cb_uploader *u, const loom_tensor *t, int64_t rows,
             jobs[i] = (cb_conv_job){.host = h, .t = t,
                                     .src = (const uint8_t *)t->data + (size_t)r0 * src_row,
                                     .src_row_bytes = src_row, .cols = cols, .rows = n,
-                                    .dst = u->stage[s],
+                                    .c0 = c0, .nc = nc, .dst = u->stage[s],
                                     .out = out_f32 ? 2 : (b->dt == LOOM_CUDA_F16 ? 1 : 0),
                                     .rowbuf = u->rowbuf + (size_t)i * (size_t)u->max_cols,
                                     .r0 = n * i / nt, .r1 = n * (i + 1) / nt, .failed = &failed};
@@ -279,6 +296,24 @@ static loom_status cb_upload(cb_uploader *u, const loom_tensor *t, int64_t rows,
         u->cur ^= 1;
     }
     return LOOM_OK;
+}
+
+/* Upload the part {rows [r0, r0 + nr), columns [c0, c0 + nc)} of t — a
+ * (rows, cols) matrix, or a 1-D tensor as one row — to dst as a dense
+ * (nr, nc) matrix. The whole tensor is (0, rows, 0, cols); a tensor-parallel
+ * shard cuts rows (column-parallel weights: a view starting at row r0) or
+ * columns (row-parallel weights and bias slices). Nothing for an empty part. */
+static loom_status cb_upload_part(cb_uploader *u, const loom_tensor *t, int64_t r0, int64_t nr,
+                                  int64_t c0, int64_t nc, void *dst, bool out_f32,
+                                  loom_error *err) {
+    if (nr <= 0 || nc <= 0) return LOOM_OK;
+    const int64_t cols = t->shape[t->ndim - 1];
+    const size_t row_bytes = loom_dtype_row_bytes(t->dtype, cols);
+    loom_tensor v = *t;
+    v.data = (uint8_t *)t->data + (size_t)r0 * row_bytes;
+    v.nbytes = (size_t)nr * row_bytes;
+    if (v.ndim > 1) v.shape[0] = nr;
+    return cb_upload(u, &v, nr, cols, c0, nc, dst, out_f32, err);
 }
 
 /* ----------------------------------------------------------------- RoPE */
@@ -345,12 +380,16 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     b->max_tokens = (int32_t)MT;
     b->logits_rows = MT < CB_LOGITS_ROWS ? (int32_t)MT : CB_LOGITS_ROWS;
     const size_t LR = (size_t)b->logits_rows;
-    size_t sz[11] = {MT * H * 4,      MT * H * e,  MT * (size_t)b->qkv_rows * e,
+    /* sharded: this rank's logits slice and every rank's, gathered (empty,
+     * so the layout is unchanged, otherwise) */
+    const size_t VP = b->sharded ? (size_t)b->vocab_pad : 0;
+    const size_t NR = b->sharded ? (size_t)b->comm.size : 0;
+    size_t sz[13] = {MT * H * 4,      MT * H * e,  MT * (size_t)b->qkv_rows * e,
                      MT * (size_t)b->q_dim * e, MT * H * e, MT * 2 * I * e, MT * I * e,
                      LR * H * e,      LR * V * 4,  CB_ATTN_WS_FLOATS * 4,
-                     MT * (size_t)c->num_kv_heads * sizeof(int)};
+                     MT * (size_t)c->num_kv_heads * sizeof(int), LR * VP * 4, NR * LR * VP * 4};
     size_t total = 0;
-    for (int i = 0; i < 11; i++) total += cb_round(sz[i]);
+    for (int i = 0; i < 13; i++) total += cb_round(sz[i]);
     size_t free_b = 0, tot = 0;
     if ((st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &tot)))) return st;
     if (total > free_b)
@@ -361,12 +400,14 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
                         (long long)MT, cb_mib(total), b->device, cb_mib(free_b));
     if ((st = CB_CUDA(b, err, cudaMalloc(&b->work, total)))) return st;
     uint8_t *p = b->work;
-    void **dst[11] = {(void **)&b->x, &b->xn, &b->qkv, &b->att, &b->r, &b->gu, &b->act, &b->xs,
-                      (void **)&b->logits_dev, (void **)&b->attn_ws, (void **)&b->attn_sem};
-    for (int i = 0; i < 11; i++) {
+    void **dst[13] = {(void **)&b->x, &b->xn, &b->qkv, &b->att, &b->r, &b->gu, &b->act, &b->xs,
+                      (void **)&b->logits_dev, (void **)&b->attn_ws, (void **)&b->attn_sem,
+                      (void **)&b->logits_local, (void **)&b->logits_gathered};
+    for (int i = 0; i < 13; i++) {
         *dst[i] = p;
         p += cb_round(sz[i]);
     }
+    if (!b->sharded) b->logits_local = b->logits_gathered = NULL;
     /* the split-K counters start at zero; the attention kernel leaves them so */
     if ((st = CB_CUDA(b, err, cudaMemsetAsync(b->attn_sem, 0, sz[10], b->stream))) ||
         (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream))))
@@ -395,9 +436,72 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
 static const char *const cb_lin[] = {"attn_q", "attn_k", "attn_v", "attn_output",
                                      "ffn_gate", "ffn_up", "ffn_down"};
 
-loom_status cb_load(void *self, const loom_model_view *m, const loom_quant_binding *quant,
-                    loom_error *err) {
-    cuda_backend *b = self;
+/* Which part of the model rank `rank` of `size` keeps — the cpu backend's
+ * rules exactly (cpu_shard_plan in plugins/backend/cpu/cpu_backend.c; see
+ * docs/tensor-parallel.md). Heads split evenly; KV heads split evenly when
+ * there are at least as many as ranks, else each rank keeps the one KV head
+ * its query heads read (replicated over size / num_kv_heads ranks); the FFN
+ * width splits evenly; the vocabulary is cut into ceil(vocab / size) rows
+ * per rank, the last rank holding the remainder (possibly none) so every
+ * rank's logits slice has the same padded width. Without a communicator:
+ * the whole model (rank 0 of 1). */
+typedef struct cb_shard {
+    int32_t rank, size;
+    int32_t heads, head0;     /* query heads kept, first one              */
+    int32_t kv_heads, kv0;    /* KV heads kept, first one                 */
+    int32_t inter, inter0;    /* FFN columns kept, first one              */
+    int32_t vocab_lo, vocab_rows, vocab_pad;
+} cb_shard;
+
+static loom_status cb_shard_plan(cuda_backend *b, const loom_model_config *c, const loom_comm *comm,
+                                 cb_shard *s, loom_error *err) {
+    const loom_host *h = b->host;
+    int32_t n = comm ? comm->size : 1, r = comm ? comm->rank : 0;
+    if (n < 1 || r < 0 || r >= n)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: load_shard() got rank %d of a group of %d", r, n);
+    if (c->num_heads % n != 0 || c->intermediate_size % n != 0 ||
+        (c->num_kv_heads % n != 0 && n % c->num_kv_heads != 0))
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: model '%s' (%d heads, %d KV heads, FFN width %d) does not "
+                        "split over %d ranks: heads and FFN width must divide by the size, and "
+                        "KV heads divide by it or it by them",
+                        c->name, c->num_heads, c->num_kv_heads, c->intermediate_size, n);
+    /* the kernels move 16-byte vectors: a rank's FFN width (SwiGLU, the
+     * down projection's K) must stay a multiple of 8 like the model's */
+    if ((c->intermediate_size / n) % 8 != 0)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: model '%s' FFN width %d over %d ranks leaves %d columns per "
+                        "rank, not a multiple of 8 as the cuda kernels need; use a size that "
+                        "keeps FFN width / size a multiple of 8",
+                        c->name, c->intermediate_size, n, c->intermediate_size / n);
+    s->rank = r;
+    s->size = n;
+    s->heads = c->num_heads / n;
+    s->head0 = r * s->heads;
+    if (c->num_kv_heads >= n) {
+        s->kv_heads = c->num_kv_heads / n;
+        s->kv0 = r * s->kv_heads;
+    } else {
+        /* n / kv ranks share a KV head: the one this rank's (consecutive)
+         * query heads belong to */
+        s->kv_heads = 1;
+        s->kv0 = s->head0 / (c->num_heads / c->num_kv_heads);
+    }
+    s->inter = c->intermediate_size / n;
+    s->inter0 = r * s->inter;
+    s->vocab_pad = (int32_t)(((int64_t)c->vocab_size + n - 1) / n);
+    int64_t lo = (int64_t)r * s->vocab_pad;
+    s->vocab_lo = (int32_t)(lo < c->vocab_size ? lo : c->vocab_size);
+    int64_t rows = (int64_t)c->vocab_size - s->vocab_lo;
+    s->vocab_rows = (int32_t)(rows < s->vocab_pad ? rows : s->vocab_pad);
+    return LOOM_OK;
+}
+
+/* load() and load_shard(): `comm` NULL keeps the whole model. */
+static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
+                                const loom_quant_binding *quant, const loom_comm *comm,
+                                loom_error *err) {
     const loom_host *h = b->host;
     loom_status st = LOOM_OK;
     char name[96];
@@ -406,6 +510,12 @@ loom_status cb_load(void *self, const loom_model_view *m, const loom_quant_bindi
                         "backend cuda: load() called twice; create a new instance per model");
     if (!m || !m->config || !m->get)
         return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: load() needs a model view");
+    if (comm && (comm->struct_size < offsetof(loom_comm, all_gather) + sizeof(void *) ||
+                 !comm->all_reduce_sum || !comm->all_gather))
+        return h->error(h->ctx, err, LOOM_ERR_ABI,
+                        "backend cuda: load_shard() got a communicator without all_reduce_sum "
+                        "and all_gather (struct_size %u)",
+                        comm->struct_size);
     b->mc = *m->config;
     const loom_model_config *c = &b->mc;
     if (c->arch != LOOM_ARCH_LLAMA && c->arch != LOOM_ARCH_QWEN2)
@@ -436,15 +546,23 @@ loom_status cb_load(void *self, const loom_model_view *m, const loom_quant_bindi
                         "0 < low < high, context > 0",
                         c->name, (double)c->rope_factor, (double)c->rope_low_freq_factor,
                         (double)c->rope_high_freq_factor, c->rope_original_context);
+    cb_shard sh = {0};
+    if ((st = cb_shard_plan(b, c, comm, &sh, err)) != LOOM_OK) return st;
     if ((st = CB_CUDA(b, err, cudaSetDevice(b->device)))) return st;
 
+    /* whole-model sizes (the tensors' shapes) ... */
     const int64_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
+    const int64_t D = c->head_dim;
+    const int64_t QD = (int64_t)c->num_heads * D, KVD = (int64_t)c->num_kv_heads * D;
     const int32_t L = c->num_layers;
-    b->q_dim = c->num_heads * c->head_dim;
-    b->kv_dim = c->num_kv_heads * c->head_dim;
+    /* ... and this rank's (all of it without a communicator) */
+    b->q_dim = sh.heads * c->head_dim;
+    b->kv_dim = sh.kv_heads * c->head_dim;
     b->qkv_rows = b->q_dim + 2 * b->kv_dim;
-    b->group = c->num_heads / c->num_kv_heads;
-    const int64_t QKV = b->qkv_rows, QD = b->q_dim, KVD = b->kv_dim;
+    b->group = sh.heads / sh.kv_heads;
+    const int64_t QKVl = b->qkv_rows, QDl = b->q_dim, KVDl = b->kv_dim, Il = sh.inter;
+    const int64_t Vp = sh.vocab_pad, Vl = sh.vocab_rows;
+    const int64_t q0 = (int64_t)sh.head0 * D, k0 = (int64_t)sh.kv0 * D, i0 = sh.inter0;
     const size_t e = b->elt;
 
     /* --- check every tensor (and the quantizer's plan) before allocating */
@@ -453,7 +571,7 @@ loom_status cb_load(void *self, const loom_model_view *m, const loom_quant_bindi
         (st = cb_tensor(b, m, "output_norm.weight", H, -1, true, &t_onorm, err)) ||
         (st = cb_tensor(b, m, "output.weight", V, H, false, &t_out, err)))
         return st;
-    if (!t_out && !c->tie_embeddings)
+    if (!t_out && !c->tie_embeddings && (!comm || comm->rank == 0))
         h->log(h->ctx, LOOM_LOG_WARN, CB_WHO,
                "model '%s' has no output.weight and tie_embeddings is false; using the token "
                "embeddings as the LM head",
@@ -481,12 +599,12 @@ loom_status cb_load(void *self, const loom_model_view *m, const loom_quant_bindi
         }
     }
 
-    /* --- one device arena, carved in this order below */
-    const size_t per_layer = 2 * cb_round((size_t)H * 4) + cb_round((size_t)(QKV * H) * e) +
-                             (bias ? cb_round((size_t)QKV * 4) : 0) +
-                             cb_round((size_t)(H * QD) * e) + cb_round((size_t)(2 * I * H) * e) +
-                             cb_round((size_t)(H * I) * e);
-    b->weight_bytes = cb_round((size_t)(V * H) * e) * (t_out ? 2 : 1) + cb_round((size_t)H * 4) +
+    /* --- one device arena for (this rank's) weights, carved in this order below */
+    const size_t per_layer = 2 * cb_round((size_t)H * 4) + cb_round((size_t)(QKVl * H) * e) +
+                             (bias ? cb_round((size_t)QKVl * 4) : 0) +
+                             cb_round((size_t)(H * QDl) * e) + cb_round((size_t)(2 * Il * H) * e) +
+                             cb_round((size_t)(H * Il) * e);
+    b->weight_bytes = cb_round((size_t)(Vp * H) * e) * (t_out ? 2 : 1) + cb_round((size_t)H * 4) +
                       per_layer * (size_t)L;
     size_t free_b = 0, total = 0;
     if ((st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &total)))) return st;
@@ -507,6 +625,7 @@ loom_status cb_load(void *self, const loom_model_view *m, const loom_quant_bindi
     if ((st = CB_CUDA(b, err, cudaMalloc(&b->weights, b->weight_bytes)))) goto fail;
 
     cb_uploader up;
+    /* whole source rows: a column window dequantizes the full row first */
     int64_t max_cols = H > I ? H : I;
     if (QD > max_cols) max_cols = QD;
     if ((st = cb_uploader_init(b, &up, max_cols, err))) {
@@ -515,46 +634,66 @@ loom_status cb_load(void *self, const loom_model_view *m, const loom_quant_bindi
     }
     uint8_t *cur = b->weights;
 #define CB_CARVE(bytes) (cur += cb_round(bytes), (void *)(cur - cb_round(bytes)))
-    b->embed = CB_CARVE((size_t)(V * H) * e);
+    /* vocabulary-parallel: this rank's rows of the embedding and LM head,
+     * then zero rows up to vocab_pad (only a sharded rank has any) */
+    b->embed = CB_CARVE((size_t)(Vp * H) * e);
     b->out_norm = CB_CARVE((size_t)H * 4);
     b->lm_head = b->embed;
-    if ((st = cb_upload(&up, t_embed, V, H, b->embed, false, err)) ||
-        (st = cb_upload(&up, t_onorm, 1, H, b->out_norm, true, err)))
+    if ((st = cb_upload_part(&up, t_embed, sh.vocab_lo, Vl, 0, H, b->embed, false, err)) ||
+        (st = cb_upload(&up, t_onorm, 1, H, 0, H, b->out_norm, true, err)))
+        goto fail_up;
+    if (Vl < Vp &&
+        (st = CB_CUDA(b, err, cudaMemsetAsync((uint8_t *)b->embed + (size_t)(Vl * H) * e, 0,
+                                              (size_t)((Vp - Vl) * H) * e, b->stream))))
         goto fail_up;
     if (t_out) {
-        b->lm_head = CB_CARVE((size_t)(V * H) * e);
-        if ((st = cb_upload(&up, t_out, V, H, b->lm_head, false, err))) goto fail_up;
+        b->lm_head = CB_CARVE((size_t)(Vp * H) * e);
+        if ((st = cb_upload_part(&up, t_out, sh.vocab_lo, Vl, 0, H, b->lm_head, false, err)))
+            goto fail_up;
+        if (Vl < Vp &&
+            (st = CB_CUDA(b, err, cudaMemsetAsync((uint8_t *)b->lm_head + (size_t)(Vl * H) * e, 0,
+                                                  (size_t)((Vp - Vl) * H) * e, b->stream))))
+            goto fail_up;
     }
     for (int32_t l = 0; l < L; l++) {
         cuda_layer *ly = &b->layers[l];
         ly->attn_norm = CB_CARVE((size_t)H * 4);
-        ly->wqkv = CB_CARVE((size_t)(QKV * H) * e);
-        ly->bqkv = bias ? CB_CARVE((size_t)QKV * 4) : NULL;
-        ly->wo = CB_CARVE((size_t)(H * QD) * e);
+        ly->wqkv = CB_CARVE((size_t)(QKVl * H) * e);
+        ly->bqkv = bias ? CB_CARVE((size_t)QKVl * 4) : NULL;
+        ly->wo = CB_CARVE((size_t)(H * QDl) * e);
         ly->ffn_norm = CB_CARVE((size_t)H * 4);
-        ly->wgu = CB_CARVE((size_t)(2 * I * H) * e);
-        ly->wdown = CB_CARVE((size_t)(H * I) * e);
+        ly->wgu = CB_CARVE((size_t)(2 * Il * H) * e);
+        ly->wdown = CB_CARVE((size_t)(H * Il) * e);
         /* destinations in the order of cb_lin[]: Q, K, V rows of the fused
-         * matrix, O, then gate and up rows of the fused FFN input */
+         * matrix, O, then gate and up rows of the fused FFN input; then the
+         * part kept as {first row, rows, first column, columns}. Q, K, V and
+         * gate, up are column-parallel (a slice of rows); O and down are
+         * row-parallel (a slice of their input columns, summed over ranks in
+         * forward). Without a communicator every part is the whole tensor. */
         uint8_t *qkv = ly->wqkv, *gu = ly->wgu;
-        void *dst[7] = {qkv, qkv + (size_t)(QD * H) * e, qkv + (size_t)((QD + KVD) * H) * e,
-                        ly->wo, gu, gu + (size_t)(I * H) * e, ly->wdown};
+        void *dst[7] = {qkv, qkv + (size_t)(QDl * H) * e, qkv + (size_t)((QDl + KVDl) * H) * e,
+                        ly->wo, gu, gu + (size_t)(Il * H) * e, ly->wdown};
+        const int64_t part[7][4] = {{q0, QDl, 0, H}, {k0, KVDl, 0, H}, {k0, KVDl, 0, H},
+                                    {0, H, q0, QDl}, {i0, Il, 0, H},   {i0, Il, 0, H},
+                                    {0, H, i0, Il}};
         for (int k = 0; k < 7; k++) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, cb_lin[k]);
-            if ((st = cb_upload(&up, m->get(m->ctx, name), lin_shape[k][0], lin_shape[k][1],
-                                dst[k], false, err)))
+            if ((st = cb_upload_part(&up, m->get(m->ctx, name), part[k][0], part[k][1],
+                                     part[k][2], part[k][3], dst[k], false, err)))
                 goto fail_up;
         }
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
-        if ((st = cb_upload(&up, m->get(m->ctx, name), 1, H, ly->attn_norm, true, err)))
+        if ((st = cb_upload(&up, m->get(m->ctx, name), 1, H, 0, H, ly->attn_norm, true, err)))
             goto fail_up;
         snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
-        if ((st = cb_upload(&up, m->get(m->ctx, name), 1, H, ly->ffn_norm, true, err)))
+        if ((st = cb_upload(&up, m->get(m->ctx, name), 1, H, 0, H, ly->ffn_norm, true, err)))
             goto fail_up;
+        /* biases are sliced like the rows of Q, K and V */
         for (int k = 0; bias && k < 3; k++) {
             snprintf(name, sizeof name, "blk.%d.%s.bias", l, cb_lin[k]);
-            float *bd = ly->bqkv + (k == 0 ? 0 : QD + (k - 1) * KVD);
-            if ((st = cb_upload(&up, m->get(m->ctx, name), 1, k == 0 ? QD : KVD, bd, true, err)))
+            float *bd = ly->bqkv + (k == 0 ? 0 : QDl + (k - 1) * KVDl);
+            if ((st = cb_upload_part(&up, m->get(m->ctx, name), 0, 1, k == 0 ? q0 : k0,
+                                     k == 0 ? QDl : KVDl, bd, true, err)))
                 goto fail_up;
         }
     }
@@ -562,12 +701,31 @@ loom_status cb_load(void *self, const loom_model_view *m, const loom_quant_bindi
     if ((st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream)))) goto fail_up;
     cb_uploader_free(&up);
 
+    /* from here on mc is the model as this rank runs it (the work buffers,
+     * KV pools and kernels size themselves from it) */
+    b->mc.num_heads = sh.heads;
+    b->mc.num_kv_heads = sh.kv_heads;
+    b->mc.intermediate_size = sh.inter;
+    b->vocab_lo = sh.vocab_lo;
+    b->vocab_rows = sh.vocab_rows;
+    b->vocab_pad = sh.vocab_pad;
+    b->sharded = comm && comm->size > 1;
+    if (b->sharded) b->comm = *comm;
     if ((st = cb_rope_init(b, err)) || (st = cb_work_init(b, err))) goto fail;
     b->loaded = true;
     if (h->metric_set) h->metric_set(h->ctx, "backend.cuda.weight_bytes", (double)b->weight_bytes);
-    h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "loaded '%s': %d layers, %.1f MiB %s weights%s%s",
-           c->name, L, cb_mib(b->weight_bytes), loom_dtype_name(b->ldt),
-           t_out ? "" : " (tied LM head)", bias ? ", QKV bias" : "");
+    if (comm)
+        h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
+               "rank %d/%d of '%s' on device %d: heads %d..%d, KV heads %d..%d, FFN %lld..%lld, "
+               "vocab %d..%d, %.1f MiB %s weights%s",
+               sh.rank, sh.size, c->name, b->device, sh.head0, sh.head0 + sh.heads - 1, sh.kv0,
+               sh.kv0 + sh.kv_heads - 1, (long long)i0, (long long)(i0 + Il - 1), sh.vocab_lo,
+               sh.vocab_lo + sh.vocab_rows - 1, cb_mib(b->weight_bytes), loom_dtype_name(b->ldt),
+               b->sharded && b->cfg.cuda_graphs ? "; CUDA graphs off while sharded" : "");
+    else
+        h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "loaded '%s': %d layers, %.1f MiB %s weights%s%s",
+               c->name, L, cb_mib(b->weight_bytes), loom_dtype_name(b->ldt),
+               t_out ? "" : " (tied LM head)", bias ? ", QKV bias" : "");
     return LOOM_OK;
 
 fail_up:
@@ -587,5 +745,33 @@ fail:
     b->logits_host = NULL;
     b->layers = NULL;
     b->weight_bytes = 0;
+    b->sharded = false;
+    b->logits_local = b->logits_gathered = NULL;
     return st;
+}
+
+loom_status cb_load(void *self, const loom_model_view *m, const loom_quant_binding *quant,
+                    loom_error *err) {
+    return cb_load_impl(self, m, quant, NULL, err);
+}
+
+/* Tensor parallelism: bind to the rank's GPU (current on this thread, made
+ * so by the executor), keep rank comm->rank's shard and join the ranks
+ * through `comm` in forward() (cuda_forward.c). Collectives get this
+ * instance's stream, so the communicator must take device buffers (the tp
+ * executor's nccl). No collective is called here: ranks load one after
+ * another. */
+loom_status cb_load_shard(void *self, const loom_model_view *m, const loom_quant_binding *quant,
+                          const loom_comm *comm, loom_error *err) {
+    cuda_backend *b = self;
+    loom_status st;
+    if (!comm)
+        return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
+                              "backend cuda: load_shard() needs a communicator");
+    if (b->loaded)
+        return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
+                              "backend cuda: load() called twice; create a new instance per "
+                              "model");
+    if ((st = cb_bind_current_device(b, err)) != LOOM_OK) return st;
+    return cb_load_impl(b, m, quant, comm, err);
 }

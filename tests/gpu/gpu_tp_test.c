@@ -1,0 +1,522 @@
+/*
+ * tests/gpu/gpu_tp_test.c — tensor parallelism on GPUs: the tp executor
+ * (loom-executor-tp.so, comm nccl) over cuda backend ranks, against one
+ * plain cuda backend on the same model and the same batches. Needs at least
+ * two Hopper GPUs and a tp plugin built with NCCL; with fewer GPUs it prints
+ * a SKIP line and exits 0. Not a meson test(): CI has no GPU.
+ *
+ *   gpu_tp_test [cuda.so tp.so]
+ *       (defaults: the paths meson compiled in, or $LOOM_CUDA_BACKEND_SO /
+ *        $LOOM_TP_EXECUTOR_SO)
+ *
+ * Models are core/model's dummy weights (libloom's loader and default host,
+ * as bench/gpu does): "tiny" (vocab 256, hidden 64, 4 heads / 2 KV heads of
+ * 16, FFN 128, 2 layers, untied LM head) in bf16 (weights copied as they
+ * are, O and down by strided 2-D copies) and in f32 (the dequantize-and-
+ * round path, with column windows), tiny cut to vocab 251 (the last rank
+ * holds 125 rows plus a zero padding row), and "qwen2-0.5b" cut to 2 layers
+ * (QKV biases sliced, tied and padded LM head, 14 heads / 2 KV heads).
+ *
+ * Every run replays the same steps on fresh instances with the same block
+ * tables: a ragged prefill (all logits), chunked prefill next to a decode
+ * (all logits), a fork through copy_blocks on every rank, then pure decode
+ * steps (graph-shaped for a plain backend). Checks, printed as
+ * `PASS|FAIL name err` (err: largest row-wise ||a - b|| / ||b||):
+ *   - executor size 1 == the plain backend (no collectives; expected bit
+ *     for bit, which is printed);
+ *   - size 2 (and 4 with four GPUs and a model that splits) within TOL_TP
+ *     of the plain backend — bf16 partial sums all-reduced in bf16 differ
+ *     by a rounding from one GEMM's sum; every row is written;
+ *   - the forked sequence's logits equal the original's on every rank;
+ *   - kv_block_bytes of the executor is the plain one over the size (KV
+ *     heads split);
+ *   - with cuda_graphs on, a sharded run captures no graph (graphs are off
+ *     while sharded) and matches the eager sharded run.
+ * Exit status = failures.
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "loom/backend.h"
+#include "loom/plugin.h"
+#include "model/model.h"
+#include "plugin/host.h"
+
+#ifndef LOOM_CUDA_BACKEND_DEFAULT
+#define LOOM_CUDA_BACKEND_DEFAULT "loom-backend-cuda.so"
+#endif
+#ifndef LOOM_TP_EXECUTOR_DEFAULT
+#define LOOM_TP_EXECUTOR_DEFAULT "loom-executor-tp.so"
+#endif
+
+#define TOL_TP 2e-2   /* sharded vs one backend: bf16 all-reduce of partial sums */
+#define TOL_SAME 1e-6 /* fork vs original; graphs-on vs eager sharded runs */
+
+static int g_fail, g_pass;
+
+static void result(bool ok, const char *name, double err, const char *extra) {
+    printf("%s %-64s %.3e%s\n", ok ? "PASS" : "FAIL", name, err, extra ? extra : "");
+    fflush(stdout);
+    if (ok) g_pass++;
+    else g_fail++;
+}
+
+/* Row-wise relative error; NaN (an unwritten row) is infinite. */
+static double rows_err(const float *a, const float *b, int rows, int V) {
+    double worst = 0;
+    for (int r = 0; r < rows; r++) {
+        double d = 0, n = 0;
+        for (int i = 0; i < V; i++) {
+            double x = a[(size_t)r * V + i], y = b[(size_t)r * V + i];
+            if (isnan(x) || isinf(x)) return INFINITY;
+            d += (x - y) * (x - y);
+            n += y * y;
+        }
+        double e = sqrt(d) / (n > 0 ? sqrt(n) : 1e-30);
+        if (!(e <= worst)) worst = e;
+    }
+    return worst;
+}
+
+/* -------------------------------------------------------------- plugins */
+
+typedef struct plugin {
+    void *lib;
+    const loom_component *comp;
+    const loom_backend_ops *ops;
+} plugin;
+
+static bool plugin_open(plugin *p, const char *path, loom_kind kind, const char *name) {
+    memset(p, 0, sizeof *p);
+    p->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!p->lib) {
+        fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
+        return false;
+    }
+    loom_plugin_entry_fn entry = (loom_plugin_entry_fn)dlsym(p->lib, LOOM_PLUGIN_ENTRY_SYMBOL);
+    const loom_plugin_desc *d = entry ? entry() : NULL;
+    for (uint32_t i = 0; d && i < d->num_components; i++)
+        if (d->components[i].kind == kind && !strcmp(d->components[i].name, name))
+            p->comp = &d->components[i];
+    if (!p->comp) {
+        fprintf(stderr, "%s: no component '%s'\n", path, name);
+        return false;
+    }
+    p->ops = p->comp->ops;
+    return true;
+}
+
+/* A config struct from the component's parameter defaults plus
+ * "key=value" overrides (the host's job in the engine). */
+static void *config_make(const loom_component *c, const char *const *overrides) {
+    uint8_t *cfg = calloc(1, c->config_size + 16);
+    for (const loom_param *p = c->params; p && p->key; p++) {
+        const char *v = p->default_value;
+        for (const char *const *o = overrides; o && *o; o++) {
+            size_t kl = strlen(p->key);
+            if (!strncmp(*o, p->key, kl) && (*o)[kl] == '=') v = *o + kl + 1;
+        }
+        if (!v) continue;
+        uint8_t *f = cfg + p->offset;
+        switch (p->type) {
+        case LOOM_PARAM_BOOL: *(bool *)f = !strcmp(v, "true") || !strcmp(v, "1"); break;
+        case LOOM_PARAM_INT: *(int64_t *)f = strtoll(v, NULL, 0); break;
+        case LOOM_PARAM_FLOAT: *(double *)f = strtod(v, NULL); break;
+        case LOOM_PARAM_STRING: snprintf((char *)f, LOOM_PARAM_STRING_MAX, "%s", v); break;
+        case LOOM_PARAM_ENUM:
+            for (int64_t i = 0; p->choices && p->choices[i]; i++)
+                if (!strcmp(p->choices[i], v)) *(int64_t *)f = i;
+            break;
+        }
+    }
+    return cfg;
+}
+
+/* --------------------------------------------- a vocabulary-cut model view */
+
+/* The base model with its vocabulary cut to `vocab` rows (token_embd and
+ * output keep their first rows), to get a vocabulary that does not divide
+ * by the size from a dummy shape. */
+typedef struct vocab_cut {
+    loom_model_view view;
+    loom_model_config cfg;
+    const loom_model_view *base;
+    loom_tensor emb, out;
+    bool has_out;
+} vocab_cut;
+
+static const loom_tensor *vc_get(void *ctx, const char *name) {
+    vocab_cut *v = ctx;
+    if (!strcmp(name, "token_embd.weight")) return &v->emb;
+    if (v->has_out && !strcmp(name, "output.weight")) return &v->out;
+    return v->base->get(v->base->ctx, name);
+}
+static int32_t vc_count(void *ctx) {
+    vocab_cut *v = ctx;
+    return v->base->count(v->base->ctx);
+}
+static const loom_tensor *vc_at(void *ctx, int32_t i) {
+    vocab_cut *v = ctx;
+    const loom_tensor *t = v->base->at(v->base->ctx, i);
+    return t && t->name ? vc_get(ctx, t->name) : t;
+}
+
+static void vocab_cut_init(vocab_cut *v, const loom_model_view *base, int32_t vocab) {
+    memset(v, 0, sizeof *v);
+    v->base = base;
+    v->cfg = *base->config;
+    v->cfg.vocab_size = vocab;
+    const loom_tensor *e = base->get(base->ctx, "token_embd.weight");
+    const loom_tensor *o = base->get(base->ctx, "output.weight");
+    v->emb = *e;
+    v->emb.shape[0] = vocab;
+    v->emb.nbytes = (size_t)vocab * loom_dtype_row_bytes(e->dtype, e->shape[1]);
+    if (o) {
+        v->has_out = true;
+        v->out = *o;
+        v->out.shape[0] = vocab;
+        v->out.nbytes = (size_t)vocab * loom_dtype_row_bytes(o->dtype, o->shape[1]);
+    }
+    v->view = (loom_model_view){.struct_size = sizeof v->view, .config = &v->cfg, .ctx = v,
+                                .get = vc_get, .count = vc_count, .at = vc_at};
+}
+
+/* ------------------------------------------------------------- the steps */
+
+#define BS 16
+#define NB 64
+#define NSEQ 4
+#define SEQ_BLOCKS 8
+#define MAX_T 128
+#define MAX_ROWS 128 /* logits rows of one run (the scenario has 71) */
+
+typedef struct seq {
+    int32_t tokens[SEQ_BLOCKS * BS];
+    int32_t done;
+    int32_t blocks[SEQ_BLOCKS];
+} seq;
+
+typedef struct step_buf {
+    loom_batch b;
+    int32_t tok[MAX_T], pos[MAX_T], qs[NSEQ + 1], ctx[NSEQ], bt[NSEQ * SEQ_BLOCKS], lidx[MAX_T];
+    int64_t slot[MAX_T];
+} step_buf;
+
+/* Step where seqs[i] gets nnew[i] tokens; logits for every token or the
+ * last of each sequence. Block tables are full rows (SEQ_BLOCKS). */
+static void build(seq **seqs, const int *nnew, int n, bool all_logits, step_buf *o) {
+    int T = 0, nl = 0;
+    o->qs[0] = 0;
+    for (int i = 0; i < n; i++) {
+        seq *s = seqs[i];
+        memcpy(o->bt + i * SEQ_BLOCKS, s->blocks, sizeof s->blocks);
+        for (int j = 0; j < nnew[i]; j++, T++) {
+            int p = s->done + j;
+            o->tok[T] = s->tokens[p];
+            o->pos[T] = p;
+            o->slot[T] = (int64_t)s->blocks[p / BS] * BS + p % BS;
+            if (all_logits || j == nnew[i] - 1) o->lidx[nl++] = T;
+        }
+        o->qs[i + 1] = T;
+        o->ctx[i] = s->done + nnew[i];
+    }
+    o->b = (loom_batch){.struct_size = sizeof(loom_batch), .num_seqs = n, .num_tokens = T,
+                        .token_ids = o->tok, .positions = o->pos, .query_start = o->qs,
+                        .context_len = o->ctx, .block_table = o->bt,
+                        .block_table_stride = SEQ_BLOCKS, .slot_mapping = o->slot,
+                        .num_logits = nl, .logits_index = o->lidx};
+}
+
+/* One engine's worth of instances: a plain backend (size 0) or the tp
+ * executor over `size` cuda ranks. */
+typedef struct rig {
+    const plugin *cuda, *tp;
+    void *exec, *inner[8], *plain;
+    int size;
+    const loom_backend_ops *ops;
+    void *self;
+} rig;
+
+static void rig_close(rig *g) {
+    if (g->exec) g->tp->ops->destroy(g->exec); /* the engine's order: executor, then ranks */
+    for (int i = 0; i < g->size; i++)
+        if (g->inner[i]) g->cuda->ops->destroy(g->inner[i]);
+    if (g->plain) g->cuda->ops->destroy(g->plain);
+    memset(g, 0, sizeof *g);
+}
+
+static loom_status rig_open(rig *g, const plugin *cuda, const plugin *tp, int size, bool graphs,
+                            const loom_model_view *view, loom_error *e) {
+    memset(g, 0, sizeof *g);
+    g->cuda = cuda, g->tp = tp;
+    const char *ov[] = {graphs ? "cuda_graphs=true" : "cuda_graphs=false",
+                        "max_batched_tokens=512", NULL};
+    void *bcfg = config_make(cuda->comp, ov);
+    const loom_host *h = loom_host_default();
+    loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = BS, .num_blocks = NB,
+                          .num_cpu_blocks = 0, .dtype = LOOM_DTYPE_COUNT};
+    loom_status st;
+    if (size == 0) {
+        if ((st = cuda->ops->create(h, bcfg, &g->plain, e))) goto out;
+        g->ops = cuda->ops, g->self = g->plain;
+    } else {
+        char sz[32];
+        snprintf(sz, sizeof sz, "size=%d", size);
+        const char *tov[] = {sz, "comm=nccl", NULL};
+        void *tcfg = config_make(tp->comp, tov);
+        st = tp->ops->create(h, tcfg, &g->exec, e);
+        free(tcfg);
+        if (st) goto out;
+        g->size = size;
+        for (int i = 0; i < size; i++) /* on this (the engine) thread, device 0 */
+            if ((st = cuda->ops->create(h, bcfg, &g->inner[i], e))) goto out;
+        if ((st = tp->ops->attach_inner(g->exec, cuda->ops, g->inner, size, e))) goto out;
+        g->ops = tp->ops, g->self = g->exec;
+    }
+    if ((st = g->ops->load(g->self, view, NULL, e)) || (st = g->ops->kv_alloc(g->self, &kvl, e)))
+        goto out;
+out:
+    free(bcfg);
+    return st;
+}
+
+typedef struct run_out {
+    float *logits;        /* (rows, V) every step's rows, in order */
+    int rows;
+    int fork_row;         /* first of the two fork-decode rows     */
+    size_t kv_block_bytes;
+    bool ok;
+} run_out;
+
+/* The scenario on one rig; seqs' tokens drawn from [0, V) with a fixed seed. */
+static run_out run_steps(rig *g, int V, const char *label) {
+    run_out r = {.logits = calloc((size_t)MAX_ROWS * V, sizeof(float)), .fork_row = -1};
+    static seq S[NSEQ];
+    memset(S, 0, sizeof S);
+    uint64_t x = 0x1234567;
+    for (int s = 0; s < NSEQ; s++) {
+        for (int j = 0; j < SEQ_BLOCKS * BS; j++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            S[s].tokens[j] = (int32_t)((x >> 33) % (uint64_t)V);
+        }
+        for (int j = 0; j < SEQ_BLOCKS; j++) /* scattered, the same in every run */
+            S[s].blocks[j] = (s * SEQ_BLOCKS + j) * 7 % NB;
+    }
+    r.kv_block_bytes = g->ops->kv_block_bytes(g->self, BS, LOOM_DTYPE_COUNT);
+    static step_buf sb;
+    loom_error e = {0};
+    loom_status st = LOOM_OK;
+#define STEP(seqs_, nnew_, n_, all_)                                                               \
+    do {                                                                                           \
+        build(seqs_, nnew_, n_, all_, &sb);                                                        \
+        float *dst = r.logits + (size_t)r.rows * V;                                                \
+        for (size_t i_ = 0; i_ < (size_t)sb.b.num_logits * V; i_++) dst[i_] = NAN;                 \
+        if ((st = g->ops->forward(g->self, &sb.b, dst, &e))) goto fail;                            \
+        r.rows += sb.b.num_logits;                                                                 \
+        for (int i_ = 0; i_ < n_; i_++) seqs_[i_]->done += nnew_[i_];                              \
+    } while (0)
+    {
+        seq *ss[2] = {&S[0], &S[1]};
+        int nn[2] = {11, 7};
+        STEP(ss, nn, 2, true); /* ragged prefill */
+    }
+    {
+        seq *ss[3] = {&S[0], &S[1], &S[2]};
+        int nn[3] = {8, 1, 30};
+        STEP(ss, nn, 3, true); /* chunked prefill next to a decode */
+    }
+    {
+        /* fork: seq 3 = seq 0 through copy_blocks (its first 2 blocks hold
+         * 19 tokens), then both decode the same token */
+        int32_t pairs[4];
+        for (int j = 0; j < 2; j++) pairs[2 * j] = S[0].blocks[j], pairs[2 * j + 1] = S[3].blocks[j];
+        if ((st = g->ops->copy_blocks(g->self, pairs, 2, &e))) goto fail;
+        memcpy(S[3].tokens, S[0].tokens, sizeof S[0].tokens);
+        S[3].done = S[0].done;
+        seq *ss[2] = {&S[0], &S[3]};
+        int nn[2] = {1, 1};
+        r.fork_row = r.rows;
+        STEP(ss, nn, 2, false);
+    }
+    for (int k = 0; k < 4; k++) { /* pure decode: graph-shaped (bucket 4) */
+        seq *ss[3] = {&S[0], &S[1], &S[2]};
+        int nn[3] = {1, 1, 1};
+        STEP(ss, nn, 3, false);
+    }
+#undef STEP
+    r.ok = true;
+    return r;
+fail:
+    printf("FAIL %s: status %d: %s\n", label, (int)st, e.message);
+    g_fail++;
+    return r;
+}
+
+/* ------------------------------------------------------------- a model */
+
+static void run_model(const plugin *cuda, const plugin *tp, int ndev, const char *name,
+                      const loom_model_view *view) {
+    const loom_model_config *c = view->config;
+    const int V = c->vocab_size;
+    printf("--- %s: vocab %d hidden %d ffn %d layers %d heads %d/%d head_dim %d%s\n", name, V,
+           c->hidden_size, c->intermediate_size, c->num_layers, c->num_heads, c->num_kv_heads,
+           c->head_dim, c->tie_embeddings ? " tied" : "");
+    char label[160];
+    loom_error e = {0};
+    rig g;
+    loom_status st = rig_open(&g, cuda, tp, 0, false, view, &e);
+    if (st) {
+        printf("FAIL %s: plain backend setup: status %d: %s\n", name, (int)st, e.message);
+        g_fail++;
+        rig_close(&g);
+        return;
+    }
+    snprintf(label, sizeof label, "%s plain", name);
+    run_out ref = run_steps(&g, V, label);
+    rig_close(&g);
+    if (!ref.ok) goto out;
+
+    const int sizes[3] = {1, 2, 4};
+    run_out eager2 = {0};
+    for (int k = 0; k < 3; k++) {
+        const int n = sizes[k];
+        if (n > ndev) continue;
+        if (c->num_heads % n || c->intermediate_size % n ||
+            (c->num_kv_heads % n && n % c->num_kv_heads) || (c->intermediate_size / n) % 8)
+            continue;
+        snprintf(label, sizeof label, "%s tp size %d", name, n);
+        if ((st = rig_open(&g, cuda, tp, n, false, view, &e))) {
+            printf("FAIL %s: setup: status %d: %s\n", label, (int)st, e.message);
+            g_fail++;
+            rig_close(&g);
+            continue;
+        }
+        run_out got = run_steps(&g, V, label);
+        rig_close(&g);
+        if (!got.ok) {
+            free(got.logits);
+            continue;
+        }
+        char what[200];
+        double err = rows_err(got.logits, ref.logits, ref.rows, V);
+        if (n == 1) {
+            /* one rank runs no collective and the whole model: the plain
+             * backend's kernels and GEMM plans, so expected bit for bit */
+            bool same = got.rows == ref.rows &&
+                        !memcmp(got.logits, ref.logits, sizeof(float) * (size_t)ref.rows * V);
+            snprintf(what, sizeof what, "%s == plain backend (%d rows)", label, ref.rows);
+            result(got.rows == ref.rows && err <= TOL_SAME, what, err,
+                   same ? " (bit-identical)" : " (not bit-identical)");
+        } else {
+            snprintf(what, sizeof what, "%s vs plain backend (%d rows)", label, ref.rows);
+            result(got.rows == ref.rows && err <= TOL_TP, what, err, isinf(err) ? " (NaN)" : NULL);
+        }
+        double fe = rows_err(got.logits + (size_t)(got.fork_row + 1) * V,
+                             got.logits + (size_t)got.fork_row * V, 1, V);
+        snprintf(what, sizeof what, "%s fork via copy_blocks == original", label);
+        result(fe <= TOL_SAME, what, fe, NULL);
+        bool kv_ok = got.kv_block_bytes > 0 &&
+                     (c->num_kv_heads >= n ? got.kv_block_bytes * (size_t)n == ref.kv_block_bytes
+                                           : got.kv_block_bytes * (size_t)c->num_kv_heads ==
+                                                 ref.kv_block_bytes);
+        snprintf(what, sizeof what, "%s kv_block_bytes %zu (plain %zu)", label, got.kv_block_bytes,
+                 ref.kv_block_bytes);
+        result(kv_ok, what, 0, NULL);
+        if (n == 2) eager2 = got;
+        else free(got.logits);
+    }
+
+    /* graphs requested while sharded: none captured, same logits as eager */
+    if (eager2.ok) {
+        double cap0 = loom_metrics_get("backend.cuda.graph_captures");
+        snprintf(label, sizeof label, "%s tp size 2 cuda_graphs=true", name);
+        if ((st = rig_open(&g, cuda, tp, 2, true, view, &e))) {
+            printf("FAIL %s: setup: status %d: %s\n", label, (int)st, e.message);
+            g_fail++;
+        } else {
+            run_out got = run_steps(&g, V, label);
+            if (got.ok) {
+                double caps = loom_metrics_get("backend.cuda.graph_captures") - cap0;
+                char what[200];
+                snprintf(what, sizeof what, "%s: no graph captured (%g)", label, caps);
+                result(caps == 0, what, 0, NULL);
+                double err = rows_err(got.logits, eager2.logits, eager2.rows, V);
+                snprintf(what, sizeof what, "%s == eager sharded run", label);
+                result(err <= TOL_SAME, what, err, NULL);
+            }
+            free(got.logits);
+        }
+        rig_close(&g);
+    }
+    free(eager2.logits);
+out:
+    free(ref.logits);
+}
+
+static loom_model *load_dummy(const char *shape, loom_dtype dt, int32_t layers) {
+    loom_model_load_opts o = {.format = "dummy", .dummy_shape = shape, .seed = 7,
+                              .dummy_dtype = dt, .num_layers_override = layers};
+    loom_model *m = NULL;
+    loom_error e = {0};
+    if (loom_model_load(&o, &m, &e) != LOOM_OK) {
+        printf("FAIL dummy model %s: %s\n", shape, e.message);
+        g_fail++;
+        return NULL;
+    }
+    return m;
+}
+
+int main(int argc, char **argv) {
+    const char *cuda_so = argc > 2 ? argv[1] : getenv("LOOM_CUDA_BACKEND_SO");
+    const char *tp_so = argc > 2 ? argv[2] : getenv("LOOM_TP_EXECUTOR_SO");
+    if (!cuda_so) cuda_so = LOOM_CUDA_BACKEND_DEFAULT;
+    if (!tp_so) tp_so = LOOM_TP_EXECUTOR_DEFAULT;
+    /* NVLink multicast off: docs/tensor-parallel.md (required on the
+     * project's shared H200 machines) */
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    printf("gpu_tp_test\n  cuda: %s\n  tp:   %s\n", cuda_so, tp_so);
+#ifndef GPU_TP_HAVE_NCCL
+    printf("SKIP loom-executor-tp.so was built without NCCL (libnccl not found at configure)\n");
+    return 0;
+#endif
+    int ndev = 0;
+    cudaError_t ce = cudaGetDeviceCount(&ndev);
+    if (ce != cudaSuccess || ndev < 2) {
+        printf("SKIP tensor parallelism needs >= 2 GPUs; %d visible%s%s\n",
+               ce == cudaSuccess ? ndev : 0, ce == cudaSuccess ? "" : ": ",
+               ce == cudaSuccess ? "" : cudaGetErrorString(ce));
+        return 0;
+    }
+    printf("  %d GPUs visible\n", ndev);
+    plugin cuda, tp;
+    if (!plugin_open(&cuda, cuda_so, LOOM_KIND_BACKEND, "cuda") ||
+        !plugin_open(&tp, tp_so, LOOM_KIND_EXECUTOR, "tp"))
+        return 100;
+
+    loom_model *m;
+    if ((m = load_dummy("tiny", LOOM_DTYPE_BF16, 0))) {
+        const loom_model_view *v = loom_model_view_get(m);
+        run_model(&cuda, &tp, ndev, "tiny bf16", v);
+        vocab_cut vc;
+        vocab_cut_init(&vc, v, 251);
+        run_model(&cuda, &tp, ndev, "tiny bf16 vocab 251", &vc.view);
+        loom_model_free(m);
+    }
+    if ((m = load_dummy("tiny", LOOM_DTYPE_F32, 0))) {
+        run_model(&cuda, &tp, ndev, "tiny f32 (converted, column windows)", loom_model_view_get(m));
+        loom_model_free(m);
+    }
+    if ((m = load_dummy("qwen2-0.5b", LOOM_DTYPE_BF16, 2))) {
+        run_model(&cuda, &tp, ndev, "qwen2-0.5b 2 layers (bias, tied)", loom_model_view_get(m));
+        loom_model_free(m);
+    }
+    printf("gpu_tp_test: %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail;
+}
