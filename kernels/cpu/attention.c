@@ -15,6 +15,7 @@
  * and the result is acc / l. Nothing of size (T, context) is ever formed.
  */
 #include "cpu_kernels.h"
+#include "qlinear.h" /* E4M3 codec for an FP8 KV cache */
 
 #include <math.h>
 #include <string.h>
@@ -131,6 +132,10 @@ void loom_cpu_kv_write(const loom_cpu_kv *kv, const float *k, int64_t ldk, const
             if (kv->dtype == LOOM_DTYPE_F16) {
                 loom_cpu_f32_to_f16((uint16_t *)kv->k + dst, ks, D);
                 loom_cpu_f32_to_f16((uint16_t *)kv->v + dst, vs, D);
+            } else if (kv->dtype == LOOM_DTYPE_FP8_E4M3) {
+                /* scale 1.0: |x| > 448 saturates (see cpu_kernels.h) */
+                loom_cpu_f32_to_e4m3((uint8_t *)kv->k + dst, ks, D, 1.0f);
+                loom_cpu_f32_to_e4m3((uint8_t *)kv->v + dst, vs, D, 1.0f);
             } else {
                 memcpy((float *)kv->k + dst, ks, (size_t)D * sizeof(float));
                 memcpy((float *)kv->v + dst, vs, (size_t)D * sizeof(float));
@@ -164,11 +169,15 @@ static int32_t attn_seq_of(const int32_t *qs, int32_t S, int64_t t) {
 }
 
 /* Key/value row j of a tile as float32: the pool row itself for F32, or a
- * conversion into `tmp` for F16. */
+ * conversion into `tmp` for F16 / FP8 E4M3. */
 static inline const float *attn_row(const void *base, loom_dtype dt, int64_t elem, float *tmp,
                                     int64_t D) {
     if (dt == LOOM_DTYPE_F16) {
         loom_cpu_f16_to_f32(tmp, (const uint16_t *)base + elem, D);
+        return tmp;
+    }
+    if (dt == LOOM_DTYPE_FP8_E4M3) {
+        loom_cpu_e4m3_to_f32(tmp, (const uint8_t *)base + elem, D, 1.0f);
         return tmp;
     }
     return (const float *)base + elem;

@@ -485,7 +485,10 @@ Test(tp, kv_block_bytes_and_memory) {
                  plain);
     cr_assert_eq(g.ops->kv_block_bytes(g.self, 16, LOOM_DTYPE_F16) * 2,
                  p.ops->kv_block_bytes(p.self, 16, LOOM_DTYPE_F16));
-    cr_assert_eq(g.ops->kv_block_bytes(g.self, 16, LOOM_DTYPE_FP8_E4M3), 0,
+    /* E4M3 (a quantizer's kv_cache: fp8) is a quarter of f32 */
+    cr_assert_eq(g.ops->kv_block_bytes(g.self, 16, LOOM_DTYPE_FP8_E4M3) * 4,
+                 g.ops->kv_block_bytes(g.self, 16, LOOM_DTYPE_F32));
+    cr_assert_eq(g.ops->kv_block_bytes(g.self, 16, LOOM_DTYPE_BF16), 0,
                  "a KV type the ranks cannot hold must be 0");
     loom_backend_memory mp = {.struct_size = sizeof mp}, mg = {.struct_size = sizeof mg};
     cr_assert_eq(p.ops->memory(p.self, &mp, &err), LOOM_OK);

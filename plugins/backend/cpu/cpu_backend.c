@@ -13,9 +13,15 @@
  * load_shard() is load() keeping one tensor-parallel rank's part of every
  * weight (cpu_shard_plan says which); see docs/tensor-parallel.md.
  *
- * What it refuses to be: a quantized-kernel backend (yet). A quantizer that
- * plans any format but NONE for a weight fails load() with the tensor's
- * name; weight_dtype has room for more choices later.
+ * Quantizers (loom/quant.h): each linear weight (q, k, v, o, gate, up, down,
+ * output) gets the bound quantizer's plan. NONE dequantizes to float32 as
+ * above; GGUF keeps a zero-copy view of the mmap'd blocks; int8 / fp8 /
+ * int4 take quantize()'s tensor (owned by the quantizer, released at
+ * destroy). Those run on kernels/cpu/qlinear.h and take no arena space; a
+ * tensor-parallel rank keeps a loom_cpu_qweight_slice window of the whole
+ * quantized tensor. A format the kernels lack fails load() naming tensor
+ * and format. The KV cache may be f32, f16 or FP8 E4M3 (scale 1.0: values
+ * saturate at +-448, see docs/quantization.md).
  */
 #include "cpu_backend.h"
 
@@ -65,7 +71,10 @@ static const char *cpu_qformat_name(loom_qformat f) {
  * Returns LOOM_DTYPE_COUNT for a type this backend cannot hold. */
 static loom_dtype cpu_kv_resolve(const cpu_backend *b, loom_dtype dtype) {
     if (dtype == LOOM_DTYPE_COUNT) return b->cfg.kv_dtype == 1 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
-    if (dtype == LOOM_DTYPE_F32 || dtype == LOOM_DTYPE_F16) return dtype;
+    /* FP8 E4M3 (a quantizer's kv_cache: fp8): stored with scale 1.0, so K/V
+     * elements beyond +-448 saturate; Llama-family K/V stay far below */
+    if (dtype == LOOM_DTYPE_F32 || dtype == LOOM_DTYPE_F16 || dtype == LOOM_DTYPE_FP8_E4M3)
+        return dtype;
     return LOOM_DTYPE_COUNT;
 }
 
@@ -92,6 +101,7 @@ static bool cpu_meminfo(const char *key, size_t *out) {
 /* --------------------------------------------------------------- lifetime */
 
 static void cpu_destroy(void *self);
+static void cpu_release_quant(cpu_backend *b);
 
 static loom_status cpu_create(const loom_host *host, const void *config, void **self,
                               loom_error *err) {
@@ -155,6 +165,7 @@ static void cpu_destroy(void *self) {
     if (!b) return;
     const loom_host *h = b->host;
     loom_cpu_pool_destroy(b->pool);
+    cpu_release_quant(b);
     h->free(h->ctx, b->scratch);
     h->free(h->ctx, b->lg_local);
     h->free(h->ctx, b->kv);
@@ -272,22 +283,97 @@ static loom_status cpu_dequant(cpu_backend *b, const loom_tensor *t, float *dst,
     return cpu_dequant_part(b, t, 0, rows, 0, cols, dst, err);
 }
 
-/* Ask the quantizer (if any) for a linear weight's plan: only NONE runs here. */
-static loom_status cpu_check_plan(cpu_backend *b, const loom_model_view *m,
-                                  const loom_quant_binding *q, const loom_tensor *t,
-                                  const char *name, loom_error *err) {
+/* Ask the quantizer (if any) for a linear weight's plan into *plan (NONE
+ * without a quantizer) and check the qlinear kernels run that format. */
+static loom_status cpu_plan(cpu_backend *b, const loom_model_view *m, const loom_quant_binding *q,
+                            const loom_tensor *t, const char *name, loom_quant_plan *plan,
+                            loom_error *err) {
+    *plan = (loom_quant_plan){.struct_size = sizeof *plan, .format = LOOM_QFMT_NONE};
     if (!q || !q->ops || !q->ops->plan) return LOOM_OK;
-    loom_quant_plan plan = {.struct_size = sizeof plan, .format = LOOM_QFMT_NONE};
-    loom_status st = q->ops->plan(q->self, m, t, &plan, err);
+    loom_status st = q->ops->plan(q->self, m, t, plan, err);
     if (st != LOOM_OK) return st;
-    if (plan.format != LOOM_QFMT_NONE)
+    if (plan->format != LOOM_QFMT_NONE && !loom_cpu_qformat_supported(plan->format, t->dtype))
         return b->host->error(
             b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
-            "backend cpu: quantizer '%s' planned format %s for tensor '%s', but the cpu backend "
-            "runs only float32 weights (format none); drop the quantizer from the pipeline or use "
-            "backend cuda",
-            q->name ? q->name : "?", cpu_qformat_name(plan.format), name);
+            "backend cpu: quantizer '%s' planned format %s for tensor '%s' (stored as %s), but "
+            "the cpu backend has no kernel for it; skip the tensor in the quantizer or pick "
+            "another scheme",
+            q->name ? q->name : "?", cpu_qformat_name(plan->format), name,
+            loom_dtype_name(t->dtype));
+    if (plan->format != LOOM_QFMT_NONE && plan->format != LOOM_QFMT_GGUF &&
+        (!q->ops->quantize || !q->ops->release))
+        return b->host->error(b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
+                              "backend cpu: quantizer '%s' planned format %s for tensor '%s' "
+                              "but has no quantize()/release() to produce it",
+                              q->name ? q->name : "?", cpu_qformat_name(plan->format), name);
     return LOOM_OK;
+}
+
+/* Build the quantized weight `out` for tensor t (plan format != NONE):
+ * a zero-copy view of the GGUF blocks, or the quantizer's tensor (kept in
+ * out->q, released at destroy), then this rank's window of it: rows
+ * [r0, r0 + nr), columns [c0, c0 + nc). */
+static loom_status cpu_load_qlin(cpu_backend *b, const loom_model_view *m, const loom_tensor *t,
+                                 const char *name, const loom_quant_plan *plan, int64_t r0,
+                                 int64_t nr, int64_t c0, int64_t nc, cpu_lin *out,
+                                 loom_error *err) {
+    const loom_host *h = b->host;
+    const loom_quant_binding *q = &b->quant;
+    char why[256];
+    loom_cpu_qweight whole;
+    if (plan->format == LOOM_QFMT_GGUF) {
+        if (!loom_cpu_qweight_gguf(&whole, t, why, sizeof why))
+            return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                            "backend cpu: cannot run GGUF tensor '%s' (%s) as stored: %s", name,
+                            loom_dtype_name(t->dtype), why);
+    } else {
+        out->q = (loom_qtensor){.struct_size = sizeof out->q};
+        loom_status st = q->ops->quantize(q->self, m, t, plan, &out->q, err);
+        if (st != LOOM_OK) return st;
+        out->owned = true; /* released at destroy (or by the load's fail path) */
+        if (!loom_cpu_qweight_init(&whole, &out->q, why, sizeof why))
+            return h->error(h->ctx, err, LOOM_ERR_FORMAT,
+                            "backend cpu: quantizer '%s' gave tensor '%s' (format %s) a layout "
+                            "the kernels cannot read: %s",
+                            q->name ? q->name : "?", name, cpu_qformat_name(plan->format), why);
+    }
+    if (r0 == 0 && nr == whole.n && c0 == 0 && nc == whole.k) {
+        out->w = whole;
+    } else if (!loom_cpu_qweight_slice(&out->w, &whole, r0, nr, c0, nc, why, sizeof why)) {
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cpu: tensor-parallel shard of tensor '%s' (format %s): cannot "
+                        "keep rows [%lld, %lld) x columns [%lld, %lld) of its (%lld, %lld): %s; "
+                        "column windows of int4 / GGUF weights must start and end on whole "
+                        "groups / blocks (pick a group_size dividing %lld, or fewer ranks)",
+                        name, cpu_qformat_name(plan->format), (long long)r0, (long long)(r0 + nr),
+                        (long long)c0, (long long)(c0 + nc), (long long)whole.n,
+                        (long long)whole.k, why, (long long)nc);
+    }
+    out->quant = true;
+    out->f = NULL;
+    b->qweight_bytes += loom_cpu_qweight_bytes(&out->w);
+    return LOOM_OK;
+}
+
+/* Release every quantizer-owned tensor and the kernel scratch (destroy and
+ * load's fail path). */
+static void cpu_release_quant(cpu_backend *b) {
+    const loom_quant_binding *q = &b->quant;
+    cpu_lin *lins[CPU_NLIN + 1];
+    for (int32_t l = 0; b->layers && l <= b->mc.num_layers; l++) {
+        int n = 0;
+        if (l < b->mc.num_layers)
+            for (int k = 0; k < CPU_NLIN; k++) lins[n++] = &b->layers[l].lin[k];
+        else
+            lins[n++] = &b->lm_q;
+        for (int i = 0; i < n; i++) {
+            if (lins[i]->owned && q->ops && q->ops->release) q->ops->release(q->self, &lins[i]->q);
+            *lins[i] = (cpu_lin){0};
+        }
+    }
+    loom_cpu_qscratch_destroy(b->qscratch);
+    b->qscratch = NULL;
+    b->qweight_bytes = 0;
 }
 
 /* Carve n floats (rounded to the alignment) from the arena cursor. */
@@ -414,7 +500,8 @@ static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
     const int64_t QKVl = b->qkv_rows, QDl = b->q_dim, KVDl = b->kv_dim;
     const int64_t q0 = (int64_t)sh.head0 * D, k0 = (int64_t)sh.kv0 * D, i0 = sh.inter0;
 
-    /* --- check every tensor (and the quantizer's plan) before allocating */
+    /* --- check every tensor (and the quantizer's plan) before allocating.
+     * plans: (L, 7) linear weights in lin[] order, then output.weight */
     const loom_tensor *t_embed, *t_onorm, *t_out, *t_probe;
     if ((st = cpu_tensor(b, m, "token_embd.weight", V, H, true, &t_embed, err)) ||
         (st = cpu_tensor(b, m, "output_norm.weight", H, -1, true, &t_onorm, err)) ||
@@ -425,48 +512,64 @@ static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
                "model '%s' has no output.weight and tie_embeddings is false; using the token "
                "embeddings as the LM head",
                c->name);
-    if (t_out && (st = cpu_check_plan(b, m, quant, t_out, "output.weight", err))) return st;
     if ((st = cpu_tensor(b, m, "blk.0.attn_q.bias", QD, -1, false, &t_probe, err))) return st;
     bool bias = c->qkv_bias || t_probe != NULL;
+    loom_quant_plan *plans = h->calloc(h->ctx, (size_t)L * CPU_NLIN + 1, sizeof *plans);
+    if (!plans)
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                        "backend cpu: out of memory for %d layers' quantization plans", L);
+    loom_quant_plan *plan_out = &plans[(size_t)L * CPU_NLIN];
+    *plan_out = (loom_quant_plan){.struct_size = sizeof *plan_out, .format = LOOM_QFMT_NONE};
+    if (quant && quant->ops) b->quant = *quant; /* release() needs it on every path */
+    if (t_out && (st = cpu_plan(b, m, quant, t_out, "output.weight", plan_out, err))) goto fail;
 
     static const char *const lin[] = {"attn_q", "attn_k", "attn_v", "attn_output",
                                       "ffn_gate", "ffn_up", "ffn_down"};
     const int64_t lin_shape[7][2] = {{QD, H}, {KVD, H}, {KVD, H}, {H, QD},
                                      {I, H},  {I, H},   {H, I}};
+    /* this rank's part of each, in floats when kept float32 */
+    const int64_t lin_floats[7] = {QDl * H, KVDl * H, KVDl * H, H * QDl, Il * H, Il * H, H * Il};
+    bool any_quant = t_out && plan_out->format != LOOM_QFMT_NONE;
+    size_t floats = cpu_round_floats((size_t)(Vl * H)) *
+                        (t_out && plan_out->format == LOOM_QFMT_NONE ? 2 : 1) +
+                    cpu_round_floats((size_t)H);
     for (int32_t l = 0; l < L; l++) {
         const loom_tensor *t;
+        loom_quant_plan *pl = &plans[(size_t)l * CPU_NLIN];
+        int64_t grp[4] = {0, 0, 0, 0}; /* float32 floats of qkv, o, gate/up, down */
         for (int k = 0; k < 7; k++) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, lin[k]);
             if ((st = cpu_tensor(b, m, name, lin_shape[k][0], lin_shape[k][1], true, &t, err)) ||
-                (st = cpu_check_plan(b, m, quant, t, name, err)))
-                return st;
+                (st = cpu_plan(b, m, quant, t, name, &pl[k], err)))
+                goto fail;
+            if (pl[k].format != LOOM_QFMT_NONE) any_quant = true;
+            else grp[k < 3 ? 0 : k == 3 ? 1 : k < 6 ? 2 : 3] += lin_floats[k];
         }
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
-        if ((st = cpu_tensor(b, m, name, H, -1, true, &t, err))) return st;
+        if ((st = cpu_tensor(b, m, name, H, -1, true, &t, err))) goto fail;
         snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
-        if ((st = cpu_tensor(b, m, name, H, -1, true, &t, err))) return st;
+        if ((st = cpu_tensor(b, m, name, H, -1, true, &t, err))) goto fail;
         for (int k = 0; bias && k < 3; k++) {
             snprintf(name, sizeof name, "blk.%d.%s.bias", l, lin[k]);
-            if ((st = cpu_tensor(b, m, name, k == 0 ? QD : KVD, -1, true, &t, err))) return st;
+            if ((st = cpu_tensor(b, m, name, k == 0 ? QD : KVD, -1, true, &t, err))) goto fail;
         }
+        /* carved in this order below; quantized weights take no arena space */
+        floats += 2 * cpu_round_floats((size_t)H) + (bias ? cpu_round_floats((size_t)QKVl) : 0);
+        for (int g = 0; g < 4; g++) floats += cpu_round_floats((size_t)grp[g]);
     }
 
-    /* --- one arena for all (this rank's) weights, carved in this order below */
-    size_t per_layer = 2 * cpu_round_floats((size_t)H) + cpu_round_floats((size_t)(QKVl * H)) +
-                       (bias ? cpu_round_floats((size_t)QKVl) : 0) +
-                       cpu_round_floats((size_t)(H * QDl)) +
-                       cpu_round_floats((size_t)(2 * Il * H)) + cpu_round_floats((size_t)(H * Il));
-    size_t floats = cpu_round_floats((size_t)(Vl * H)) * (t_out ? 2 : 1) +
-                    cpu_round_floats((size_t)H) + per_layer * (size_t)L;
-    b->weight_bytes = floats * sizeof(float);
-    b->arena_raw = h->alloc(h->ctx, b->weight_bytes + CPU_ALIGN);
+    /* --- one arena for all (this rank's) float32 weights, carved below */
+    size_t arena_bytes = floats * sizeof(float);
+    b->weight_bytes = arena_bytes;
+    b->arena_raw = h->alloc(h->ctx, arena_bytes + CPU_ALIGN);
     b->layers = h->calloc(h->ctx, (size_t)L, sizeof *b->layers);
     b->inv_freq = h->calloc(h->ctx, (size_t)c->head_dim / 2, sizeof *b->inv_freq);
-    if (!b->arena_raw || !b->layers || !b->inv_freq) {
+    b->qscratch = any_quant ? loom_cpu_qscratch_create() : NULL;
+    if (!b->arena_raw || !b->layers || !b->inv_freq || (any_quant && !b->qscratch)) {
         st = h->error(h->ctx, err, LOOM_ERR_NOMEM,
                       "backend cpu: out of memory for %.1f MiB of float32 weights of '%s'; free "
                       "host RAM or use a smaller model",
-                      (double)b->weight_bytes / (1 << 20), c->name);
+                      (double)arena_bytes / (1 << 20), c->name);
         goto fail;
     }
     b->arena = (float *)(((uintptr_t)b->arena_raw + CPU_ALIGN - 1) & ~(uintptr_t)(CPU_ALIGN - 1));
@@ -481,30 +584,52 @@ static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
     b->embed = embed;
     b->out_norm = onorm;
     b->lm_head = embed;
-    if (t_out) {
+    if (t_out && plan_out->format == LOOM_QFMT_NONE) {
         float *out = cpu_carve(&cur, (size_t)(Vl * H));
         if ((st = cpu_dequant_part(b, t_out, sh.vocab_lo, Vl, 0, H, out, err))) goto fail;
         b->lm_head = out;
+    } else if (t_out) {
+        /* a rank past the end of the vocabulary keeps no rows (Vl = 0) */
+        if (Vl > 0 && (st = cpu_load_qlin(b, m, t_out, "output.weight", plan_out, sh.vocab_lo, Vl,
+                                          0, H, &b->lm_q, err)))
+            goto fail;
+        b->lm_q.quant = true;
+        b->lm_head = NULL;
     }
     for (int32_t l = 0; l < L; l++) {
         cpu_layer *ly = &b->layers[l];
-        float *an = cpu_carve(&cur, (size_t)H), *qkv = cpu_carve(&cur, (size_t)(QKVl * H));
+        const loom_quant_plan *pl = &plans[(size_t)l * CPU_NLIN];
+        /* float32 parts of each group, consecutive in lin[] order */
+        int64_t grp[4] = {0, 0, 0, 0};
+        for (int k = 0; k < 7; k++)
+            if (pl[k].format == LOOM_QFMT_NONE) grp[k < 3 ? 0 : k == 3 ? 1 : k < 6 ? 2 : 3] += lin_floats[k];
+        float *an = cpu_carve(&cur, (size_t)H), *qkv = cpu_carve(&cur, (size_t)grp[0]);
         float *bq = bias ? cpu_carve(&cur, (size_t)QKVl) : NULL;
-        float *wo = cpu_carve(&cur, (size_t)(H * QDl)), *fn = cpu_carve(&cur, (size_t)H);
-        float *gu = cpu_carve(&cur, (size_t)(2 * Il * H)), *wd = cpu_carve(&cur, (size_t)(H * Il));
-        /* in the order of lin[]: destination, then the part kept as
-         * {first row, rows, first column, columns}. Q, K, V rows of the
-         * fused matrix, then gate and up rows of the fused FFN input, are
-         * column-parallel (a slice of rows); O and down are row-parallel (a
-         * slice of their input columns, summed over ranks in forward) */
-        float *dst[7] = {qkv, qkv + QDl * H, qkv + (QDl + KVDl) * H, wo, gu, gu + Il * H, wd};
+        float *wo = cpu_carve(&cur, (size_t)grp[1]), *fn = cpu_carve(&cur, (size_t)H);
+        float *gu = cpu_carve(&cur, (size_t)grp[2]), *wd = cpu_carve(&cur, (size_t)grp[3]);
+        float *gbase[4] = {qkv, wo, gu, wd};
+        /* in the order of lin[]: the part kept as {first row, rows, first
+         * column, columns}. Q, K, V rows of the fused matrix, then gate and
+         * up rows of the fused FFN input, are column-parallel (a slice of
+         * rows); O and down are row-parallel (a slice of their input
+         * columns, summed over ranks in forward) */
         const int64_t part[7][4] = {{q0, QDl, 0, H}, {k0, KVDl, 0, H}, {k0, KVDl, 0, H},
                                     {0, H, q0, QDl}, {i0, Il, 0, H},   {i0, Il, 0, H},
                                     {0, H, i0, Il}};
         for (int k = 0; k < 7; k++) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, lin[k]);
             const loom_tensor *t = m->get(m->ctx, name);
-            if ((st = cpu_dequant_part(b, t, part[k][0], part[k][1], part[k][2], part[k][3], dst[k],
+            int g = k < 3 ? 0 : k == 3 ? 1 : k < 6 ? 2 : 3;
+            if (pl[k].format != LOOM_QFMT_NONE) {
+                if ((st = cpu_load_qlin(b, m, t, name, &pl[k], part[k][0], part[k][1],
+                                        part[k][2], part[k][3], &ly->lin[k], err)))
+                    goto fail;
+                continue;
+            }
+            float *dst = gbase[g];
+            gbase[g] += lin_floats[k];
+            ly->lin[k].f = dst;
+            if ((st = cpu_dequant_part(b, t, part[k][0], part[k][1], part[k][2], part[k][3], dst,
                                        err)))
                 goto fail;
         }
@@ -519,9 +644,18 @@ static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
                                        k == 0 ? QDl : KVDl, bd, err)))
                 goto fail;
         }
-        *ly = (cpu_layer){.attn_norm = an, .wqkv = qkv, .bqkv = bq, .wo = wo, .ffn_norm = fn,
-                          .wgu = gu, .wdown = wd};
+        /* the fused float matrices exist only when every part is float */
+        bool fq = !ly->lin[0].quant && !ly->lin[1].quant && !ly->lin[2].quant;
+        bool fg = !ly->lin[4].quant && !ly->lin[5].quant;
+        ly->attn_norm = an;
+        ly->wqkv = fq ? qkv : NULL;
+        ly->bqkv = bq;
+        ly->wo = ly->lin[3].quant ? NULL : wo;
+        ly->ffn_norm = fn;
+        ly->wgu = fg ? gu : NULL;
+        ly->wdown = ly->lin[6].quant ? NULL : wd;
     }
+    b->weight_bytes = arena_bytes + b->qweight_bytes;
 
     loom_cpu_rope_inv_freq(b->inv_freq, c->head_dim, c->rope_theta, c->rope_scaling,
                            c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
@@ -540,16 +674,23 @@ static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
     if (comm)
         h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO,
                "rank %d/%d of '%s': heads %d..%d, KV heads %d..%d, FFN %lld..%lld, vocab "
-               "%d..%d, %.1f MiB f32 weights",
+               "%d..%d, %.1f MiB weights (%.1f MiB quantized)",
                sh.rank, sh.size, c->name, sh.head0, sh.head0 + sh.heads - 1, sh.kv0,
                sh.kv0 + sh.kv_heads - 1, (long long)i0, (long long)(i0 + Il - 1), sh.vocab_lo,
-               sh.vocab_lo + sh.vocab_rows - 1, (double)b->weight_bytes / (1 << 20));
+               sh.vocab_lo + sh.vocab_rows - 1, (double)b->weight_bytes / (1 << 20),
+               (double)b->qweight_bytes / (1 << 20));
     else
-        h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO, "loaded '%s': %d layers, %.1f MiB f32 weights%s",
-               c->name, L, (double)b->weight_bytes / (1 << 20), t_out ? "" : " (tied LM head)");
+        h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO, "loaded '%s': %d layers, %.1f MiB weights (%.1f MiB quantized%s%s)%s",
+               c->name, L, (double)b->weight_bytes / (1 << 20),
+               (double)b->qweight_bytes / (1 << 20), b->quant.ops ? " by " : "",
+               b->quant.ops && b->quant.name ? b->quant.name : "", t_out ? "" : " (tied LM head)");
+    h->free(h->ctx, plans);
     return LOOM_OK;
 
 fail:
+    cpu_release_quant(b);
+    b->quant = (loom_quant_binding){0};
+    h->free(h->ctx, plans);
     h->free(h->ctx, b->arena_raw);
     h->free(h->ctx, b->layers);
     h->free(h->ctx, b->inv_freq);
@@ -628,7 +769,7 @@ static loom_status cpu_kv_alloc(void *self, const loom_kv_layout *layout, loom_e
     if (dt == LOOM_DTYPE_COUNT)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cpu: KV cache dtype %s is not supported; the cpu backend holds "
-                        "f32 or f16",
+                        "f32, f16 or fp8_e4m3",
                         loom_dtype_name(layout->dtype));
     size_t block = (size_t)b->mc.num_kv_heads * (size_t)layout->block_size *
                    (size_t)b->mc.head_dim * loom_dtype_block_bytes(dt);

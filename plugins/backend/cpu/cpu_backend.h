@@ -26,6 +26,8 @@
 #include "cpu_kernels.h"
 #include "loom/backend.h"
 #include "loom/plugin.h"
+#include "loom/quant.h"
+#include "qlinear.h"
 
 #define CPU_WHO "backend.cpu"
 
@@ -36,15 +38,35 @@ typedef struct cpu_backend_config {
     int64_t weight_dtype; /* index into cpu_weight_dtype_choices: 0 f32        */
 } cpu_backend_config;
 
-/* One decoder layer's weights, pointers into the arena (float32). */
+/* One linear weight as this rank runs it: float32 rows in the arena, or a
+ * quantized view (format != NONE in the quantizer's plan). */
+typedef struct cpu_lin {
+    bool quant;             /* true: `w` below; false: float rows `f`          */
+    bool owned;             /* q came from quantize(): release() at destroy    */
+    const float *f;         /* (rows, cols) float32 in the arena, when !quant  */
+    loom_cpu_qweight w;     /* kernel view (this rank's slice) when quant      */
+    loom_qtensor q;         /* quantizer-owned whole tensor (q.owner / data set:
+                               released at destroy); empty for GGUF views     */
+} cpu_lin;
+
+/* Linear weights of a layer, in this order (fused groups: Q K V, gate up). */
+enum { CPU_LQ, CPU_LK, CPU_LV, CPU_LO, CPU_LGATE, CPU_LUP, CPU_LDOWN, CPU_NLIN };
+
+/* One decoder layer's weights. The float path keeps Q, K, V fused into one
+ * matrix and gate/up into another; when the quantizer changes any part of
+ * a group, each part is its own cpu_lin (float parts still carved in order,
+ * so consecutive float parts stay contiguous). */
 typedef struct cpu_layer {
     const float *attn_norm; /* (hidden)                                      */
-    const float *wqkv;      /* (q_dim + 2 kv_dim, hidden): rows Q, then K, V  */
+    const float *wqkv;      /* (q_dim + 2 kv_dim, hidden): rows Q, then K, V;
+                               NULL when a part is quantized                 */
     const float *bqkv;      /* (q_dim + 2 kv_dim) Qwen2 bias, or NULL        */
-    const float *wo;        /* (hidden, q_dim)                               */
+    const float *wo;        /* (hidden, q_dim), NULL when quantized          */
     const float *ffn_norm;  /* (hidden)                                      */
-    const float *wgu;       /* (2 intermediate, hidden): rows gate, then up  */
-    const float *wdown;     /* (hidden, intermediate)                        */
+    const float *wgu;       /* (2 intermediate, hidden): rows gate, then up;
+                               NULL when a part is quantized                 */
+    const float *wdown;     /* (hidden, intermediate), NULL when quantized   */
+    cpu_lin lin[CPU_NLIN];  /* per part (float pointer or quantized view)    */
 } cpu_layer;
 
 typedef struct cpu_backend {
@@ -67,6 +89,12 @@ typedef struct cpu_backend {
     cpu_layer *layers;          /* (num_layers)                               */
     double *inv_freq;           /* (head_dim / 2) RoPE frequencies            */
 
+    /* --- quantized weights (loom/quant.h, kernels/cpu/qlinear.h) */
+    loom_quant_binding quant;   /* copy of the binding; ops NULL: none        */
+    cpu_lin lm_q;               /* output.weight when quantized (lm_q.quant)   */
+    loom_cpu_qscratch *qscratch;/* quantized-kernel scratch; NULL: none needed */
+    size_t qweight_bytes;       /* bytes of quantized weight data this rank reads */
+
     /* --- tensor parallelism: set by load_shard; whole model after load() */
     bool sharded;               /* forward() calls the collectives of `comm`  */
     loom_comm comm;             /* copy of the executor's communicator        */
@@ -81,7 +109,7 @@ typedef struct cpu_backend {
 
     /* --- after kv_alloc */
     bool kv_ready;
-    loom_kv_layout kv_layout;   /* copy; dtype resolved to F32 or F16         */
+    loom_kv_layout kv_layout;   /* copy; dtype resolved to F32, F16 or FP8_E4M3 */
     size_t kv_block_bytes;      /* one block of one pool (K or V) of a layer  */
     uint8_t *kv;                /* (layers, 2, num_blocks) blocks             */
     uint8_t *swap;              /* (layers, 2, num_cpu_blocks) blocks or NULL */

@@ -7,7 +7,8 @@
  * then the final norm and the LM head for the `logits_index` rows only.
  *
  * The residual adds ride on the GEMMs (beta = 1 into x), so the residual
- * stream is never copied. Every index in the batch is checked before any
+ * stream is never copied. Weights a quantizer changed run on
+ * kernels/cpu/qlinear.h with the same beta (cpu_group). Every index in the batch is checked before any
  * work, so a bad batch is an error naming the field, never a stray write.
  *
  * Loaded by load_shard (tensor parallelism), a rank holds its heads, FFN
@@ -156,6 +157,9 @@ static loom_status cpu_scratch(cpu_backend *b, int64_t rows, loom_error *err) {
     return LOOM_OK;
 }
 
+static loom_status cpu_lm_head(cpu_backend *b, float *y, int64_t ldy, const float *xn, int64_t NL,
+                               loom_error *err);
+
 /* ------------------------------------------------------ tensor parallelism */
 
 /* Sum x (n floats) over the ranks; nothing to do for a whole model. */
@@ -185,7 +189,7 @@ static loom_status cpu_embed_shard(cpu_backend *b, float *x, const int32_t *ids,
 static loom_status cpu_lm_head_shard(cpu_backend *b, const float *xn, int64_t NL, float *logits,
                                      loom_error *err) {
     const loom_host *h = b->host;
-    const int64_t H = b->mc.hidden_size, V = b->mc.vocab_size, P = b->vocab_pad;
+    const int64_t V = b->mc.vocab_size, P = b->vocab_pad;
     const int64_t n = b->comm.size;
     if (NL > b->lg_rows) {
         int64_t rows = NL < 16 ? 16 : NL;
@@ -202,11 +206,12 @@ static loom_status cpu_lm_head_shard(cpu_backend *b, const float *xn, int64_t NL
         b->lg_rows = rows;
     }
     float *loc = b->lg_local;
-    loom_cpu_linear(loc, P, xn, H, b->lm_head, NULL, NL, b->vocab_rows, H, 0.0f, b->pool);
+    loom_status st = cpu_lm_head(b, loc, P, xn, NL, err);
+    if (st != LOOM_OK) return st;
     if (b->vocab_rows < P) /* padding: gathered, never read; keep it defined */
         for (int64_t i = 0; i < NL; i++)
             memset(loc + i * P + b->vocab_rows, 0, (size_t)(P - b->vocab_rows) * sizeof(float));
-    loom_status st = b->comm.all_gather(b->comm.ctx, b->comm.rank, loc, b->lg_all, NL * P,
+    st = b->comm.all_gather(b->comm.ctx, b->comm.rank, loc, b->lg_all, NL * P,
                                         LOOM_DTYPE_F32, NULL, err);
     if (st != LOOM_OK || !logits) return st;
     for (int64_t r = 0; r < n; r++) {
@@ -214,6 +219,75 @@ static loom_status cpu_lm_head_shard(cpu_backend *b, const float *xn, int64_t NL
         for (int64_t i = 0; w > 0 && i < NL; i++)
             memcpy(logits + i * V + lo, b->lg_all + (r * NL + i) * P, (size_t)w * sizeof(float));
     }
+    return LOOM_OK;
+}
+
+/* ---------------------------------------------------------- linear groups */
+
+/* Parts [k0, k1) of layer ly's linear weights side by side:
+ * y (T, ldy) columns [off_k, off_k + rows_k) = x (T, K) @ W_k^T (+ bias)
+ * + beta * y. `fused` is the float32 matrix of all the parts when every
+ * part is float (one GEMM, as without a quantizer); otherwise consecutive
+ * quantized parts run as one loom_cpu_qlinear_multi and consecutive float
+ * parts (carved contiguously at load) as one loom_cpu_linear, each into its
+ * column slice. */
+static loom_status cpu_group(cpu_backend *b, const cpu_layer *ly, int k0, int k1, float *y,
+                             int64_t ldy, const float *x, int64_t ldx, const float *fused,
+                             const float *bias, int64_t T, int64_t K, float beta,
+                             loom_error *err) {
+    const int64_t rows[CPU_NLIN] = {b->q_dim, b->kv_dim, b->kv_dim, b->mc.hidden_size,
+                                    b->mc.intermediate_size, b->mc.intermediate_size,
+                                    b->mc.hidden_size};
+    if (fused) {
+        int64_t n = 0;
+        for (int k = k0; k < k1; k++) n += rows[k];
+        loom_cpu_linear(y, ldy, x, ldx, fused, bias, T, n, K, beta, b->pool);
+        return LOOM_OK;
+    }
+    int64_t off = 0;
+    for (int k = k0; k < k1;) {
+        int64_t o0 = off;
+        if (!ly->lin[k].quant) {
+            const float *w = ly->lin[k].f;
+            int64_t n = 0;
+            while (k < k1 && !ly->lin[k].quant) n += rows[k++];
+            loom_cpu_linear(y + o0, ldy, x, ldx, w, bias ? bias + o0 : NULL, T, n, K, beta,
+                            b->pool);
+            off += n;
+            continue;
+        }
+        const loom_cpu_qweight *ws[CPU_NLIN];
+        const float *bs[CPU_NLIN];
+        int n = 0;
+        while (k < k1 && ly->lin[k].quant) {
+            ws[n] = &ly->lin[k].w;
+            bs[n++] = bias ? bias + off : NULL;
+            off += rows[k++];
+        }
+        if (!loom_cpu_qlinear_multi(y + o0, ldy, x, ldx, ws, bias ? bs : NULL, n, T, beta,
+                                    b->qscratch, b->pool))
+            return b->host->error(b->host->ctx, err, LOOM_ERR_NOMEM,
+                                  "backend cpu: out of memory for the quantized kernels' scratch "
+                                  "(%lld tokens); lower max_num_batched_tokens",
+                                  (long long)T);
+    }
+    return LOOM_OK;
+}
+
+/* LM head rows this rank holds: y (NL, ldy) = xn (NL, H) @ head^T. */
+static loom_status cpu_lm_head(cpu_backend *b, float *y, int64_t ldy, const float *xn, int64_t NL,
+                               loom_error *err) {
+    const int64_t H = b->mc.hidden_size;
+    if (b->vocab_rows <= 0) return LOOM_OK;
+    if (!b->lm_q.quant) {
+        loom_cpu_linear(y, ldy, xn, H, b->lm_head, NULL, NL, b->vocab_rows, H, 0.0f, b->pool);
+        return LOOM_OK;
+    }
+    if (!loom_cpu_qlinear(y, ldy, xn, H, &b->lm_q.w, NULL, NL, 0.0f, b->qscratch, b->pool))
+        return b->host->error(b->host->ctx, err, LOOM_ERR_NOMEM,
+                              "backend cpu: out of memory for the quantized kernels' scratch "
+                              "(LM head, %lld rows)",
+                              (long long)NL);
     return LOOM_OK;
 }
 
@@ -264,20 +338,28 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
 
         /* attention block: (T, H) -> (T, QKV) -> (T, QD) -> += (T, H) */
         loom_cpu_rmsnorm(xn, H, x, H, ly->attn_norm, T, H, c->rms_norm_eps, b->pool);
-        loom_cpu_linear(qkv, QKV, xn, H, ly->wqkv, ly->bqkv, T, QKV, H, 0.0f, b->pool);
+        if ((st = cpu_group(b, ly, CPU_LQ, CPU_LV + 1, qkv, QKV, xn, H, ly->wqkv, ly->bqkv, T, H,
+                            0.0f, err)) != LOOM_OK)
+            return st;
         loom_cpu_rope_apply(qkv, QKV, T, c->num_heads, c->head_dim, b->rope_cos, b->rope_sin);
         loom_cpu_rope_apply(qkv + QD, QKV, T, c->num_kv_heads, c->head_dim, b->rope_cos,
                             b->rope_sin);
         loom_cpu_kv_write(&kv, qkv + QD, QKV, qkv + QD + KVD, QKV, bt->slot_mapping, T);
         loom_cpu_paged_attention(&aa, b->pool);
-        loom_cpu_linear(x, H, att, QD, ly->wo, NULL, T, H, QD, beta_res, b->pool);
+        if ((st = cpu_group(b, ly, CPU_LO, CPU_LO + 1, x, H, att, QD, ly->wo, NULL, T, QD,
+                            beta_res, err)) != LOOM_OK)
+            return st;
         if ((st = cpu_all_reduce(b, x, T * H, err)) != LOOM_OK) return st;
 
         /* FFN block: (T, H) -> (T, 2I) -> (T, I) -> += (T, H) */
         loom_cpu_rmsnorm(xn, H, x, H, ly->ffn_norm, T, H, c->rms_norm_eps, b->pool);
-        loom_cpu_linear(gu, 2 * I, xn, H, ly->wgu, NULL, T, 2 * I, H, 0.0f, b->pool);
+        if ((st = cpu_group(b, ly, CPU_LGATE, CPU_LUP + 1, gu, 2 * I, xn, H, ly->wgu, NULL, T, H,
+                            0.0f, err)) != LOOM_OK)
+            return st;
         loom_cpu_swiglu(act, gu, 2 * I, gu + I, 2 * I, T, I, b->pool);
-        loom_cpu_linear(x, H, act, I, ly->wdown, NULL, T, H, I, beta_res, b->pool);
+        if ((st = cpu_group(b, ly, CPU_LDOWN, CPU_LDOWN + 1, x, H, act, I, ly->wdown, NULL, T, I,
+                            beta_res, err)) != LOOM_OK)
+            return st;
         if ((st = cpu_all_reduce(b, x, T * H, err)) != LOOM_OK) return st;
     }
 
@@ -287,8 +369,7 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
             loom_cpu_rmsnorm(xn + i * H, H, x + (int64_t)bt->logits_index[i] * H, H, b->out_norm,
                              1, H, c->rms_norm_eps, NULL);
         if (b->sharded) return cpu_lm_head_shard(b, xn, NL, logits, err);
-        loom_cpu_linear(logits, c->vocab_size, xn, H, b->lm_head, NULL, NL, c->vocab_size, H,
-                        0.0f, b->pool);
+        return cpu_lm_head(b, logits, c->vocab_size, xn, NL, err);
     }
     return LOOM_OK;
 }
