@@ -13,6 +13,10 @@ mkdir -p "$R"
 echo "== continuous vs static (mixed lengths)" >&2
 "$L" bench --compare configs/ab/cpu-base.yaml configs/ab/static.yaml \
   --num-requests 48 --input-len 16:160 --output-len 4:96 --seed 1 --json "$R/cpu-ab-continuous-vs-static.json"
+echo "== continuous vs static (Poisson arrivals, 4 req/s)" >&2
+"$L" bench --compare configs/ab/cpu-base.yaml configs/ab/static.yaml \
+  --num-requests 48 --input-len 16:160 --output-len 4:96 --rate 4 --seed 1 \
+  --json "$R/cpu-ab-continuous-vs-static-poisson.json"
 echo "== paged vs contiguous (same 0.25 GiB KV budget)" >&2
 "$L" bench --compare configs/ab/cpu-base.yaml configs/ab/contiguous.yaml \
   --num-requests 48 --input-len 16:96 --output-len 16:64 --seed 2 --json "$R/cpu-ab-paged-vs-contiguous.json"
