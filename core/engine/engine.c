@@ -920,9 +920,15 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
             if (s->info.num_draft) spec_drop(e, s);
         }
     }
+    if (out.num_scheduled == 0 && out.num_preempted > 0) {
+        /* Nothing runs this step, but blocks were freed: the next schedule()
+         * sees a different cache (the scheduler re-admits next step). */
+        goto done;
+    }
     if (out.num_scheduled == 0) {
-        /* Work is waiting but nothing can run: the cache cannot hold even
-         * one sequence. Fail the oldest waiting request rather than hang. */
+        /* Work is waiting, nothing can run and nothing was freed: the cache
+         * cannot hold even one sequence. Fail the oldest waiting request
+         * rather than hang. */
         for (int32_t i = 0; i < e->num_seqs; i++) {
             loom_seq *s = e->seqs[i];
             if (s->finished) continue;

@@ -80,8 +80,10 @@ typedef struct loom_scheduler_ops {
     /* The sequence finished or was aborted: drop it from every queue. The
      * core frees its cache blocks itself. Unknown ids are ignored. */
     void (*remove)(void *self, loom_seq_id seq);
-    /* Decide the next step. Scheduling nothing while work waits is allowed
-     * only when no sequence can make progress (the core then reports it). */
+    /* Decide the next step. A step that schedules nothing but preempts
+     * (to free blocks) is allowed: the core simply steps again. Scheduling
+     * and preempting nothing while work waits means no sequence can make
+     * progress; the core then fails one with a message. */
     loom_status (*schedule)(void *self, const loom_sched_env *env, loom_sched_output *out,
                             loom_error *err);
     void (*stats)(void *self, loom_sched_stats *out);

@@ -36,7 +36,7 @@ typedef struct gen {
     float gap[MAX_REQ][4][MAX_OUT];    /* top-1 minus top-2 logprob, or -1  */
     loom_finish_reason fin[MAX_REQ][4];
     char error[256];                   /* the first error message           */
-    int32_t other_errors;              /* errors other than "no progress"   */
+    int32_t errors;                    /* finishes with ERROR               */
     int64_t base;                      /* request id of index 0             */
 } gen;
 
@@ -53,8 +53,7 @@ static void on_token(void *user, const loom_token_event *ev) {
         g->fin[r][s] = ev->finish;
         if (ev->finish == LOOM_FINISH_ERROR && !g->error[0])
             snprintf(g->error, sizeof g->error, "%s", ev->error ? ev->error : "?");
-        if (ev->finish == LOOM_FINISH_ERROR && !(ev->error && strstr(ev->error, "no progress possible")))
-            g->other_errors++;
+        if (ev->finish == LOOM_FINISH_ERROR) g->errors++;
     }
 }
 
@@ -382,7 +381,6 @@ Test(spec, rollback_leaks_no_blocks, .timeout = 120) {
     uint64_t rng[4];
     loom_rng_seed(rng, 2024);
     int64_t total_proposed = 0, total_preempt = 0;
-    int stalled_rounds = 0;
     for (int round = 0; round < 30; round++) {
         /* Every third round drafts with the draft-model plugin instead. */
         loom_engine *e = engine_new(round % 3 == 2 ? "tiny_draft.yaml" : "tiny_ngram.yaml", NULL, 0);
@@ -419,19 +417,15 @@ Test(spec, rollback_leaks_no_blocks, .timeout = 120) {
                 if (abort_me[i] && step == 3 + i) loom_engine_abort(e, ids[i]);
             cr_assert(step < 5000, "round %d: no progress", round);
         }
-        /* The one error tolerated: with n > 1 this cache can stall WITHOUT
-         * any speculation too (forked samples wait in the queue holding
-         * blocks while a preempted parent cannot fit; the engine then fails
-         * a request with "no progress possible"): an engine/scheduler issue
-         * of its own, counted and logged, not a speculation failure. */
-        cr_assert_eq(g.other_errors, 0, "round %d: %s", round, g.error);
-        if (g.error[0]) stalled_rounds++;
+        /* No error at all: every sequence fits this cache on its own, so
+         * "no progress possible" (forked samples waiting with blocks while
+         * a preempted parent cannot fit) must not happen either. */
+        cr_assert_eq(g.errors, 0, "round %d: %d samples failed; first: %s", round, g.errors, g.error);
         for (int i = 0; i < nreq; i++)
             for (int s = 0; s < nsamp[i]; s++) {
                 /* An abort before the prompt ran ends only sample 0 (the
-                 * others never existed); likewise a stalled request. */
+                 * others never existed). */
                 if (g.fin[i][s] == LOOM_FINISH_ABORT || g.fin[i][0] == LOOM_FINISH_ABORT) continue;
-                if (g.fin[i][s] == LOOM_FINISH_ERROR || g.fin[i][0] == LOOM_FINISH_ERROR) continue;
                 cr_expect_eq(g.fin[i][s], LOOM_FINISH_LENGTH, "round %d req %d sample %d: finish %d", round, i, s,
                              g.fin[i][s]);
                 cr_expect_eq(g.n[i][s], want[i], "round %d req %d sample %d: %d tokens, asked %d", round, i, s,
@@ -448,8 +442,6 @@ Test(spec, rollback_leaks_no_blocks, .timeout = 120) {
     }
     cr_expect(total_proposed > 0, "no drafts: the property was not exercised");
     cr_expect(total_preempt > 0, "no preemptions: the cache is not small enough to exercise them");
-    cr_expect(stalled_rounds <= 10, "%d of 30 rounds stalled", stalled_rounds);
-    cr_log_info("rollback property: %lld drafts, %lld preemptions, %d rounds with a stalled request (not "
-                "speculation: see above)",
-                (long long)total_proposed, (long long)total_preempt, stalled_rounds);
+    cr_log_info("rollback property: %lld drafts, %lld preemptions", (long long)total_proposed,
+                (long long)total_preempt);
 }

@@ -41,10 +41,37 @@
  *      an otherwise empty step and then prefilled in budget-sized chunks, so
  *      it runs alone instead of starving the queue forever.
  *
+ *   5. Waiting sequences that hold blocks: sequences added with
+ *      num_computed > 0 (the n - 1 samples the core forks after a prompt)
+ *      already share their parent's KV blocks while they wait (flag
+ *      holds_blocks; cleared when admitted or freed). Such a sequence can
+ *      sit behind an older head that does not fit (a preempted parent, an
+ *      earlier request) and keep exactly the blocks that head needs: with
+ *      nothing running, nothing would ever free them (and preempting a
+ *      running parent frees nothing while its waiting samples still share
+ *      its blocks). So such waiting sequences are victims too, freed by
+ *      recompute (cache->free, reported as preempted; each keeps its place
+ *      in the queue):
+ *        - step 1: on NO_SPACE the youngest (policy order) of the victim
+ *          candidates above and the waiting block holders gives up its
+ *          blocks — a younger waiting holder before any running sequence;
+ *        - step 3: when the waiting or swapped head gets NO_SPACE (after
+ *          any priority preemption) and this step has no entry yet, the
+ *          youngest waiting holder behind the head is freed and the head
+ *          retried. Only when the step would otherwise be empty: while
+ *          anything runs it will finish or be preempted and free blocks,
+ *          and shared prompt blocks are not thrown away for nothing.
+ *      Progress: a step that schedules nothing and preempts nothing has no
+ *      running sequence and no waiting sequence holding device blocks other
+ *      than the head, so the head does not fit an otherwise empty cache —
+ *      the one case the core may report as "no progress possible". (A step
+ *      that schedules nothing but preempts is not a stall: the core just
+ *      steps again.)
+ *
  * A sequence preempted in this step is never re-admitted in the same step:
  * the core resets num_computed only after schedule() returns.
- * Sequences added with num_computed > 0 (forked children that already share
- * their parent's blocks) skip acquire_prefix on their first admission.
+ * Sequences added with num_computed > 0 skip acquire_prefix on their first
+ * admission.
  * A waiting head that acquire_prefix'ed but then did not fit gives its
  * prefix references back (cache->free) and asks again next step.
  *
@@ -106,6 +133,7 @@ typedef struct cont_seq {
     double arrival;          /* seconds, core clock                              */
     uint64_t order;          /* add() counter: breaks ties in arrival            */
     bool needs_prefix;       /* acquire_prefix before the next admission         */
+    bool holds_blocks;       /* waiting, yet holds device blocks (forked child)   */
     int64_t scheduled_step;  /* step of its last entry; -1 none                  */
     int64_t preempted_step;  /* step it was last preempted; -1 never             */
 } cont_seq;
@@ -275,6 +303,7 @@ static loom_status cont_preempt(cont_step *st, int32_t j, bool allow_swap) {
         env->cache->free(env->cache_self, victim.id);
         victim.needs_prefix = true;
     }
+    victim.holds_blocks = false;
     cont_queue_remove(&s->running, j);
     victim.scheduled_step = -1;
     victim.preempted_step = s->step;
@@ -308,6 +337,49 @@ static loom_status cont_priority_preempt(cont_step *st, const cont_seq *head, bo
     loom_status rc = cont_preempt(st, j, true);
     if (rc == LOOM_OK) *done = true;
     return rc;
+}
+
+/* Index of the youngest waiting sequence that holds blocks, other than
+ * `except`; -1 none. The queue is in policy order: search from its end. */
+static int32_t cont_youngest_holder(const cont_sched *s, loom_seq_id except) {
+    for (int32_t j = s->waiting.n - 1; j >= 0; j--)
+        if (s->waiting.v[j].holds_blocks && s->waiting.v[j].id != except) return j;
+    return -1;
+}
+
+/* Header step 5: free waiting[j]'s blocks (recompute) and report it; it
+ * keeps its place in the queue. */
+static loom_status cont_free_holder(cont_step *st, int32_t j) {
+    cont_sched *s = st->s;
+    loom_sched_output *out = st->out;
+    cont_seq *w = &s->waiting.v[j];
+    if (out->num_preempted >= out->capacity)
+        return s->host->error(s->host->ctx, st->err, LOOM_ERR_INTERNAL,
+                              CONT_WHO ": more preemptions than output capacity %d",
+                              out->capacity);
+    st->env->cache->free(st->env->cache_self, w->id);
+    w->holds_blocks = false;
+    w->needs_prefix = true;
+    w->preempted_step = s->step;
+    out->preempted[out->num_preempted] = w->id;
+    out->preempt_mode[out->num_preempted] = LOOM_PREEMPT_RECOMPUTE;
+    out->num_preempted++;
+    s->num_preemptions++;
+    st->preempted = true;
+    s->host->metric_add(s->host->ctx, "sched.preemptions", 1);
+    return LOOM_OK;
+}
+
+/* Header step 5, admission: `head` got NO_SPACE. If this step has no entry
+ * yet, free the youngest waiting sequence behind it that holds blocks; *done
+ * says whether anyone was freed (then the caller retries). */
+static loom_status cont_free_waiting_holder(cont_step *st, const cont_seq *head, bool *done) {
+    *done = false;
+    if (st->out->num_scheduled > 0) return LOOM_OK;
+    int32_t j = cont_youngest_holder(st->s, head->id);
+    if (j < 0) return LOOM_OK;
+    *done = true;
+    return cont_free_holder(st, j);
 }
 
 /* Drop a queued sequence the core no longer knows (it should have called
@@ -348,9 +420,15 @@ static loom_status cont_pass_running(cont_step *st, bool decodes) {
         loom_error cerr = {0};
         loom_status rc = env->cache->allocate(env->cache_self, v, v->num_computed + n, &cerr);
         if (rc == LOOM_ERR_NO_SPACE) {
-            /* Some unscheduled sequence at or after i always exists: r. */
+            /* Some unscheduled sequence at or after i always exists: r.
+             * A waiting sequence holding blocks that is younger still
+             * gives them up first (header step 5). */
             int32_t victim = cont_last_unscheduled(s);
-            rc = cont_preempt(st, victim, true);
+            int32_t w = cont_youngest_holder(s, -1);
+            if (w >= 0 && cont_cmp(s, &s->waiting.v[w], &s->running.v[victim]) > 0)
+                rc = cont_free_holder(st, w);
+            else
+                rc = cont_preempt(st, victim, true);
             if (rc != LOOM_OK) return rc;
             continue; /* retry r, or (victim == i) the next one, now at i */
         }
@@ -390,6 +468,7 @@ static loom_status cont_try_swap_in(cont_step *st, bool *stop) {
     if (rc == LOOM_ERR_NO_SPACE) {
         bool done = false;
         rc = cont_priority_preempt(st, &head, &done);
+        if (rc == LOOM_OK && !done) rc = cont_free_waiting_holder(st, &head, &done);
         *stop = !done;
         return rc;
     }
@@ -400,7 +479,12 @@ static loom_status cont_try_swap_in(cont_step *st, bool *stop) {
             /* Undo the swap-in; the blocks just left the host, so this only
              * fails if the cache cannot swap at all: then recompute. */
             loom_status rc2 = env->cache->swap_out(env->cache_self, head.id, &cerr);
-            if (rc2 == LOOM_OK) return LOOM_OK;
+            if (rc2 == LOOM_OK) {
+                bool done = false;
+                rc2 = cont_free_waiting_holder(st, &head, &done);
+                *stop = !done;
+                return rc2;
+            }
             if (rc2 != LOOM_ERR_NO_SPACE && rc2 != LOOM_ERR_UNSUPPORTED)
                 return cont_cache_fail(st, rc2, "swap_out", head.id, &cerr);
             /* Recompute it: move it to RUNNING so cont_preempt can report it. */
@@ -462,10 +546,12 @@ static loom_status cont_try_admit(cont_step *st, bool *stop) {
         if (n == 0) return LOOM_OK; /* token budget, not memory */
         bool done = false;
         rc = cont_priority_preempt(st, &head, &done);
+        if (rc == LOOM_OK && !done) rc = cont_free_waiting_holder(st, &head, &done);
         *stop = !done;
         return rc;
     }
     head.needs_prefix = false;
+    head.holds_blocks = false;
     cont_queue_remove(&s->waiting, 0);
     int32_t j = cont_queue_insert(s, &s->running, &head);
     rc = cont_emit(st, &s->running.v[j], start, n, prefill);
@@ -581,6 +667,7 @@ static loom_status cont_add(void *self, const loom_seq_info *seq, loom_error *er
         .arrival = seq->arrival_time,
         .order = s->next_order++,
         .needs_prefix = seq->num_computed <= 0,
+        .holds_blocks = seq->num_computed > 0,
         .scheduled_step = -1,
         .preempted_step = -1,
     };

@@ -22,8 +22,21 @@
  *   3. No admission while any member remains; remove() (finish or abort)
  *      is the only way out besides preemption.
  *
- * A batch whose first member's prompt alone does not fit the cache is never
- * formed: schedule() then returns nothing and the core reports the stall.
+ * Waiting sequences that hold blocks: sequences added with num_computed > 0
+ * (the n - 1 samples the core forks after a prompt) share their parent's KV
+ * blocks while they wait (flag holds_blocks; cleared when admitted or
+ * freed), possibly behind an older head (a preempted parent) that needs
+ * exactly those blocks (and preempting a member frees nothing while its
+ * waiting samples still share its blocks). So waiting holders are victims
+ * too, preempted by recompute (cache->free, reported; each keeps its place):
+ * in step 1, when the head does not fit and the batch is still empty, the
+ * youngest waiting holder behind the head is freed and the head retried
+ * (with members in the batch the batch just closes: they run, and free
+ * their blocks when they finish or are preempted); in step 2, a waiting
+ * holder younger than the member that would be preempted is freed first.
+ * Hence a step that schedules nothing and preempts nothing has an empty
+ * batch and no blocks held by anyone but the head: its prompt alone does not
+ * fit the cache, and the core reports the stall.
  * Preemption is always recompute (this baseline has no swap).
  * Threads: every op is [engine] (loom/scheduler.h); no locks, no globals.
  */
@@ -57,9 +70,11 @@ typedef struct stat_seq {
     double arrival;          /* seconds, core clock                              */
     uint64_t order;          /* add() counter: breaks ties in arrival            */
     bool needs_prefix;       /* acquire_prefix at the next admission             */
+    bool holds_blocks;       /* waiting, yet holds device blocks (forked child)   */
     bool fresh;              /* admitted, no entry yet: starts at `start`        */
     int32_t start;           /* tokens cached at admission (prefix hit)          */
     int64_t scheduled_step;  /* step of its last entry; -1 none                  */
+    int64_t freed_step;      /* step a holder was freed while waiting; -1 never  */
 } stat_seq;
 
 typedef struct stat_queue {
@@ -138,10 +153,36 @@ static void stat_drop_unknown(stat_sched *s, stat_queue *q, int32_t i) {
     stat_queue_remove(q, i);
 }
 
+/* Free the youngest waiting sequence at index >= from that holds blocks
+ * and is younger than `than` (NULL: any) by recompute, and report it; false
+ * when there is none. */
+static bool stat_free_waiting_holder(stat_sched *s, const loom_sched_env *env,
+                                     loom_sched_output *out, int32_t from, const stat_seq *than) {
+    for (int32_t j = s->waiting.n - 1; j >= from; j--) {
+        stat_seq *w = &s->waiting.v[j];
+        if (!w->holds_blocks) continue;
+        if (than && stat_cmp(w, than) <= 0) return false;
+        env->cache->free(env->cache_self, w->id);
+        w->holds_blocks = false;
+        w->needs_prefix = true;
+        w->freed_step = s->step;
+        out->preempted[out->num_preempted] = w->id; /* capacity >= live sequences */
+        out->preempt_mode[out->num_preempted] = LOOM_PREEMPT_RECOMPUTE;
+        out->num_preempted++;
+        s->num_preemptions++;
+        s->host->metric_add(s->host->ctx, "sched.preemptions", 1);
+        return true;
+    }
+    return false;
+}
+
 /* Step 1: form a batch from the waiting queue. */
-static loom_status stat_form_batch(stat_sched *s, const loom_sched_env *env, loom_error *err) {
+static loom_status stat_form_batch(stat_sched *s, const loom_sched_env *env,
+                                   loom_sched_output *out, loom_error *err) {
     while (s->waiting.n > 0 && s->batch.n < s->cfg.max_num_seqs) {
         stat_seq head = s->waiting.v[0];
+        /* The core resets its num_computed only after schedule() returns. */
+        if (head.freed_step == s->step) break;
         const loom_seq_info *v = env->get_seq(env->ctx, head.id);
         if (!v) {
             stat_drop_unknown(s, &s->waiting, 0);
@@ -156,10 +197,15 @@ static loom_status stat_form_batch(stat_sched *s, const loom_sched_env *env, loo
         loom_status rc = env->cache->allocate(env->cache_self, v, v->num_tokens, &cerr);
         if (rc != LOOM_OK) {
             if (head.needs_prefix) env->cache->free(env->cache_self, head.id);
-            if (rc == LOOM_ERR_NO_SPACE) break;
+            if (rc == LOOM_ERR_NO_SPACE) {
+                /* An empty batch would run nothing: free what waits behind. */
+                if (s->batch.n == 0 && stat_free_waiting_holder(s, env, out, 1, NULL)) continue;
+                break;
+            }
             return stat_cache_fail(s, err, rc, "allocate", head.id, &cerr);
         }
         head.needs_prefix = false;
+        head.holds_blocks = false;
         head.fresh = true;
         head.start = start;
         head.scheduled_step = -1;
@@ -192,7 +238,7 @@ static loom_status stat_schedule(void *self, const loom_sched_env *env, loom_sch
     s->step++;
 
     loom_status rc = LOOM_OK;
-    if (s->batch.n == 0) rc = stat_form_batch(s, env, err);
+    if (s->batch.n == 0) rc = stat_form_batch(s, env, out, err);
 
     int32_t budget = (int32_t)s->cfg.max_batched_tokens;
     int32_t i = 0;
@@ -216,10 +262,16 @@ static loom_status stat_schedule(void *self, const loom_sched_env *env, loom_sch
             /* The youngest member without an entry; r qualifies, so j >= i. */
             int32_t j = s->batch.n - 1;
             while (s->batch.v[j].scheduled_step == s->step) j--;
+            /* A younger waiting sequence holding blocks gives them up first. */
+            if (stat_free_waiting_holder(s, env, out, 0, &s->batch.v[j])) {
+                rc = LOOM_OK;
+                continue;
+            }
             stat_seq victim = s->batch.v[j];
             env->cache->free(env->cache_self, victim.id);
             stat_queue_remove(&s->batch, j);
             victim.needs_prefix = true;
+            victim.holds_blocks = false;
             victim.fresh = false;
             victim.scheduled_step = -1;
             stat_queue_insert(&s->waiting, &victim);
@@ -307,7 +359,9 @@ static loom_status stat_add(void *self, const loom_seq_info *seq, loom_error *er
         .arrival = seq->arrival_time,
         .order = s->next_order++,
         .needs_prefix = seq->num_computed <= 0,
+        .holds_blocks = seq->num_computed > 0,
         .scheduled_step = -1,
+        .freed_step = -1,
     };
     stat_queue_insert(&s->waiting, &x);
     return LOOM_OK;
