@@ -212,8 +212,6 @@ loom_status loom_engine_create(const char *pipeline_path, const char *const *ove
     loom_backend_memory mem = {.struct_size = sizeof mem};
     st = e->be->memory(e->be_self, &mem, err);
     if (st != LOOM_OK) goto fail;
-    loom_sched_stats dummy_stats = {.struct_size = sizeof dummy_stats};
-    (void)dummy_stats;
     loom_cache_init ci = {
         .struct_size = sizeof ci,
         .block_bytes = cache_block_bytes,
@@ -221,7 +219,7 @@ loom_status loom_engine_create(const char *pipeline_path, const char *const *ove
         .device_free_bytes = mem.free_bytes,
         .device_total_bytes = mem.total_bytes,
         .max_model_len = e->max_model_len,
-        .max_num_seqs = 0,
+        .max_num_seqs = 0,         /* not known to the core: schedulers keep their caps private */
         .backend_can_swap = e->be->swap_blocks != NULL,
     };
     st = e->cache->init(e->cache_self, &ci, &e->layout, err);
