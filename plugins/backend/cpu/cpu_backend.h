@@ -27,6 +27,7 @@
 #include "loom/backend.h"
 #include "loom/plugin.h"
 #include "loom/quant.h"
+#include "loom/shard.h"
 #include "qlinear.h"
 
 #define CPU_WHO "backend.cpu"

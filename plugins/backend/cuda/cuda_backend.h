@@ -34,6 +34,7 @@
 #include "cuda_kernels.h"
 #include "loom/backend.h"
 #include "loom/plugin.h"
+#include "loom/shard.h"
 
 #define CB_WHO "backend.cuda"
 

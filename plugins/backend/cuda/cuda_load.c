@@ -436,65 +436,25 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
 static const char *const cb_lin[] = {"attn_q", "attn_k", "attn_v", "attn_output",
                                      "ffn_gate", "ffn_up", "ffn_down"};
 
-/* Which part of the model rank `rank` of `size` keeps — the cpu backend's
- * rules exactly (cpu_shard_plan in plugins/backend/cpu/cpu_backend.c; see
- * docs/tensor-parallel.md). Heads split evenly; KV heads split evenly when
- * there are at least as many as ranks, else each rank keeps the one KV head
- * its query heads read (replicated over size / num_kv_heads ranks); the FFN
- * width splits evenly; the vocabulary is cut into ceil(vocab / size) rows
- * per rank, the last rank holding the remainder (possibly none) so every
- * rank's logits slice has the same padded width. Without a communicator:
- * the whole model (rank 0 of 1). */
-typedef struct cb_shard {
-    int32_t rank, size;
-    int32_t heads, head0;     /* query heads kept, first one              */
-    int32_t kv_heads, kv0;    /* KV heads kept, first one                 */
-    int32_t inter, inter0;    /* FFN columns kept, first one              */
-    int32_t vocab_lo, vocab_rows, vocab_pad;
-} cb_shard;
+/* Which part of the model this rank keeps: loom/shard.h's plan, shared with
+ * every backend; without a communicator the whole model (rank 0 of 1). */
+typedef loom_shard cb_shard;
 
 static loom_status cb_shard_plan(cuda_backend *b, const loom_model_config *c, const loom_comm *comm,
                                  cb_shard *s, loom_error *err) {
     const loom_host *h = b->host;
-    int32_t n = comm ? comm->size : 1, r = comm ? comm->rank : 0;
-    if (n < 1 || r < 0 || r >= n)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "backend cuda: load_shard() got rank %d of a group of %d", r, n);
-    if (c->num_heads % n != 0 || c->intermediate_size % n != 0 ||
-        (c->num_kv_heads % n != 0 && n % c->num_kv_heads != 0))
-        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "backend cuda: model '%s' (%d heads, %d KV heads, FFN width %d) does not "
-                        "split over %d ranks: heads and FFN width must divide by the size, and "
-                        "KV heads divide by it or it by them",
-                        c->name, c->num_heads, c->num_kv_heads, c->intermediate_size, n);
+    char why[LOOM_ERROR_MSG_MAX - 64];
+    int32_t n = comm ? comm->size : 1;
+    loom_status st = loom_shard_plan(c, comm ? comm->rank : 0, n, s, why, sizeof why);
+    if (st != LOOM_OK) return h->error(h->ctx, err, st, "backend cuda: load_shard(): %s", why);
     /* the kernels move 16-byte vectors: a rank's FFN width (SwiGLU, the
      * down projection's K) must stay a multiple of 8 like the model's */
-    if ((c->intermediate_size / n) % 8 != 0)
+    if (s->inter % 8 != 0)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cuda: model '%s' FFN width %d over %d ranks leaves %d columns per "
                         "rank, not a multiple of 8 as the cuda kernels need; use a size that "
                         "keeps FFN width / size a multiple of 8",
-                        c->name, c->intermediate_size, n, c->intermediate_size / n);
-    s->rank = r;
-    s->size = n;
-    s->heads = c->num_heads / n;
-    s->head0 = r * s->heads;
-    if (c->num_kv_heads >= n) {
-        s->kv_heads = c->num_kv_heads / n;
-        s->kv0 = r * s->kv_heads;
-    } else {
-        /* n / kv ranks share a KV head: the one this rank's (consecutive)
-         * query heads belong to */
-        s->kv_heads = 1;
-        s->kv0 = s->head0 / (c->num_heads / c->num_kv_heads);
-    }
-    s->inter = c->intermediate_size / n;
-    s->inter0 = r * s->inter;
-    s->vocab_pad = (int32_t)(((int64_t)c->vocab_size + n - 1) / n);
-    int64_t lo = (int64_t)r * s->vocab_pad;
-    s->vocab_lo = (int32_t)(lo < c->vocab_size ? lo : c->vocab_size);
-    int64_t rows = (int64_t)c->vocab_size - s->vocab_lo;
-    s->vocab_rows = (int32_t)(rows < s->vocab_pad ? rows : s->vocab_pad);
+                        c->name, c->intermediate_size, n, s->inter);
     return LOOM_OK;
 }
 
