@@ -34,89 +34,10 @@ static loom_status cpu_check_batch(cpu_backend *b, const loom_batch *bt, const f
     if (!b->loaded || !b->kv_ready)
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "backend cpu: forward() before %s", !b->loaded ? "load()" : "kv_alloc()");
-    if (!bt || bt->struct_size < offsetof(loom_batch, logits_index) + sizeof(void *))
-        return h->error(h->ctx, err, LOOM_ERR_ABI,
-                        "backend cpu: forward() got %s batch (struct_size %u, need >= %zu)",
-                        bt ? "a short" : "no", bt ? bt->struct_size : 0u,
-                        offsetof(loom_batch, logits_index) + sizeof(void *));
-    const int32_t S = bt->num_seqs, T = bt->num_tokens, NL = bt->num_logits;
-    const int32_t bs = b->kv_layout.block_size, nblk = b->kv_layout.num_blocks;
-    if (S < 0 || T < 0 || NL < 0)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "backend cpu: batch has num_seqs %d, num_tokens %d, num_logits %d "
-                        "(negative)",
-                        S, T, NL);
-    if (T > 0 && (S == 0 || !bt->token_ids || !bt->positions || !bt->query_start ||
-                  !bt->context_len || !bt->block_table || !bt->slot_mapping))
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "backend cpu: batch of %d tokens in %d sequences lacks one of token_ids, "
-                        "positions, query_start, context_len, block_table, slot_mapping",
-                        T, S);
-    if (NL > 0 && (!bt->logits_index || (!logits && !b->sharded)))
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "backend cpu: %d logits rows asked but %s is NULL", NL,
-                        !logits ? "the logits buffer" : "logits_index");
-    if (T == 0) {
-        if (NL > 0)
-            return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                            "backend cpu: %d logits rows asked of a batch with no tokens", NL);
-        return LOOM_OK;
-    }
-    if (bt->query_start[0] != 0 || bt->query_start[S] != T)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "backend cpu: batch query_start[0] = %d and query_start[%d] = %d; must be "
-                        "0 and num_tokens (%d)",
-                        bt->query_start[0], S, bt->query_start[S], T);
-    if (bt->block_table_stride <= 0)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "backend cpu: batch block_table_stride is %d; must be > 0",
-                        bt->block_table_stride);
-    for (int32_t s = 0; s < S; s++) {
-        int32_t q0 = bt->query_start[s], q1 = bt->query_start[s + 1];
-        if (q1 < q0)
-            return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                            "backend cpu: batch query_start decreases at sequence %d (%d -> %d)", s,
-                            q0, q1);
-        if (q1 == q0) continue;
-        int32_t ctx = bt->context_len[s];
-        int64_t need = ((int64_t)ctx + bs - 1) / bs;
-        if (ctx <= 0 || need > bt->block_table_stride)
-            return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                            "backend cpu: sequence %d has context_len %d: must be > 0 and fit its "
-                            "block table (%d blocks of %d tokens)",
-                            s, ctx, bt->block_table_stride, bs);
-        const int32_t *row = bt->block_table + (int64_t)s * bt->block_table_stride;
-        for (int64_t j = 0; j < need; j++)
-            if (row[j] < 0 || row[j] >= nblk)
-                return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                                "backend cpu: sequence %d block_table[%lld] = %d is outside the "
-                                "pool [0, %d)",
-                                s, (long long)j, row[j], nblk);
-        for (int32_t t = q0; t < q1; t++) {
-            if (bt->positions[t] < 0 || bt->positions[t] >= ctx)
-                return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                                "backend cpu: token %d (sequence %d) has position %d outside "
-                                "[0, context_len %d)",
-                                t, s, bt->positions[t], ctx);
-            if (bt->token_ids[t] < 0 || bt->token_ids[t] >= b->mc.vocab_size)
-                return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                                "backend cpu: token %d has id %d outside the vocabulary [0, %d)",
-                                t, bt->token_ids[t], b->mc.vocab_size);
-            int64_t slot = bt->slot_mapping[t];
-            if (slot < -1 || slot >= (int64_t)nblk * bs)
-                return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                                "backend cpu: token %d has slot %lld outside [-1, %lld)", t,
-                                (long long)slot, (long long)nblk * bs);
-        }
-    }
-    for (int32_t i = 0; i < NL; i++) {
-        int32_t k = bt->logits_index[i];
-        if (k < 0 || k >= T || (i > 0 && k < bt->logits_index[i - 1]))
-            return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                            "backend cpu: logits_index[%d] = %d: must be in [0, %d) and "
-                            "ascending",
-                            i, k, T);
-    }
+    char why[LOOM_ERROR_MSG_MAX - 16];
+    loom_status st = loom_batch_check(bt, logits, b->sharded, b->kv_layout.block_size,
+                                      b->kv_layout.num_blocks, b->mc.vocab_size, 0, why, sizeof why);
+    if (st != LOOM_OK) return h->error(h->ctx, err, st, "backend cpu: %s", why);
     return LOOM_OK;
 }
 

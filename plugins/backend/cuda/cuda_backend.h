@@ -35,6 +35,7 @@
 #include "loom/backend.h"
 #include "loom/plugin.h"
 #include "loom/shard.h"
+#include "loom/backend_check.h"
 
 #define CB_WHO "backend.cuda"
 

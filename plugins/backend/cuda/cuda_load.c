@@ -88,35 +88,9 @@ static const char *cb_qformat_name(loom_qformat f) {
 static loom_status cb_tensor(cuda_backend *b, const loom_model_view *m, const char *name,
                              int64_t d0, int64_t d1, bool required, const loom_tensor **out,
                              loom_error *err) {
-    const loom_host *h = b->host;
-    const loom_tensor *t = m->get(m->ctx, name);
-    *out = NULL;
-    if (!t) {
-        if (!required) return LOOM_OK;
-        return h->error(h->ctx, err, LOOM_ERR_NOT_FOUND,
-                        "backend cuda: model '%s' has no tensor '%s' (arch needs it); is the file "
-                        "complete and of a Llama-family architecture?",
-                        b->mc.name, name);
-    }
-    int ndim = d1 < 0 ? 1 : 2;
-    bool shape_ok = t->ndim == ndim && t->shape[0] == d0 && (ndim == 1 || t->shape[1] == d1);
-    if (!shape_ok)
-        return h->error(h->ctx, err, LOOM_ERR_FORMAT,
-                        "backend cuda: tensor '%s' has shape (%lld, %lld) [%d dims], the config "
-                        "implies (%lld%s%lld)",
-                        name, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0),
-                        t->ndim, (long long)d0, ndim == 1 ? "" : ", ",
-                        (long long)(ndim == 1 ? 0 : d1));
-    int64_t cols = ndim == 1 ? d0 : d1, rows = ndim == 1 ? 1 : d0;
-    size_t row_bytes = loom_dtype_row_bytes(t->dtype, cols);
-    if (t->device != LOOM_DEVICE_HOST || !t->data || row_bytes == 0 ||
-        t->nbytes < row_bytes * (size_t)rows)
-        return h->error(h->ctx, err, LOOM_ERR_FORMAT,
-                        "backend cuda: tensor '%s' (%s, %zu bytes, device %d) is not host data of "
-                        "%lld rows x %zu bytes",
-                        name, loom_dtype_name(t->dtype), t->nbytes, (int)t->device,
-                        (long long)rows, row_bytes);
-    *out = t;
+    char why[LOOM_ERROR_MSG_MAX - 16];
+    loom_status st = loom_model_tensor_check(m, name, d0, d1, required, out, why, sizeof why);
+    if (st != LOOM_OK) return b->host->error(b->host->ctx, err, st, "backend cuda: %s", why);
     return LOOM_OK;
 }
 

@@ -1,0 +1,141 @@
+/*
+ * loom/backend_check.h — the input checks every backend makes, in one place
+ * so backends agree on what a valid batch and a usable weight are and say
+ * so in the same words. Header-only (static inline): plugins never link
+ * libloom. Messages are written without a "backend x:" prefix; the caller
+ * adds its own.
+ */
+#ifndef LOOM_BACKEND_CHECK_H
+#define LOOM_BACKEND_CHECK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "loom/backend.h"
+#include "loom/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* [any] Check a batch against a KV pool of `num_blocks` blocks of
+ * `block_size` tokens and a vocabulary of `vocab`. `logits` may be NULL only
+ * when `logits_optional` (a non-zero tensor-parallel rank). `max_positions`
+ * > 0 bounds positions (e.g. a RoPE table). LOOM_ERR_ABI for a short
+ * struct, LOOM_ERR_INVALID otherwise, with `why` filled. */
+static inline loom_status loom_batch_check(const loom_batch *bt, const float *logits, bool logits_optional,
+                                           int32_t block_size, int32_t num_blocks, int32_t vocab,
+                                           int32_t max_positions, char *why, size_t cap) {
+    const size_t need_size = offsetof(loom_batch, logits_index) + sizeof(void *);
+    if (!bt || bt->struct_size < need_size) {
+        snprintf(why, cap, "forward() got %s batch (struct_size %u, need >= %zu)", bt ? "a short" : "no",
+                 bt ? bt->struct_size : 0u, need_size);
+        return LOOM_ERR_ABI;
+    }
+    const int32_t S = bt->num_seqs, T = bt->num_tokens, NL = bt->num_logits;
+    const int32_t bs = block_size, nblk = num_blocks;
+#define LOOM_BATCH_FAIL(...)              \
+    do {                                  \
+        snprintf(why, cap, __VA_ARGS__);  \
+        return LOOM_ERR_INVALID;          \
+    } while (0)
+    if (S < 0 || T < 0 || NL < 0)
+        LOOM_BATCH_FAIL("batch has num_seqs %d, num_tokens %d, num_logits %d (negative)", S, T, NL);
+    if (T > 0 && (S == 0 || !bt->token_ids || !bt->positions || !bt->query_start || !bt->context_len ||
+                  !bt->block_table || !bt->slot_mapping))
+        LOOM_BATCH_FAIL("batch of %d tokens in %d sequences lacks one of token_ids, positions, query_start, "
+                        "context_len, block_table, slot_mapping",
+                        T, S);
+    if (NL > 0 && (!bt->logits_index || (!logits && !logits_optional)))
+        LOOM_BATCH_FAIL("%d logits rows asked but %s is NULL", NL, !logits ? "the logits buffer" : "logits_index");
+    if (T == 0) {
+        if (NL > 0) LOOM_BATCH_FAIL("%d logits rows asked of a batch with no tokens", NL);
+        return LOOM_OK;
+    }
+    if (bt->query_start[0] != 0 || bt->query_start[S] != T)
+        LOOM_BATCH_FAIL("batch query_start[0] = %d and query_start[%d] = %d; must be 0 and num_tokens (%d)",
+                        bt->query_start[0], S, bt->query_start[S], T);
+    if (bt->block_table_stride <= 0)
+        LOOM_BATCH_FAIL("batch block_table_stride is %d; must be > 0", bt->block_table_stride);
+    for (int32_t s = 0; s < S; s++) {
+        int32_t q0 = bt->query_start[s], q1 = bt->query_start[s + 1];
+        if (q1 < q0) LOOM_BATCH_FAIL("batch query_start decreases at sequence %d (%d -> %d)", s, q0, q1);
+        if (q1 == q0) continue;
+        int32_t ctx = bt->context_len[s];
+        int64_t need = ((int64_t)ctx + bs - 1) / bs;
+        if (ctx <= 0 || need > bt->block_table_stride)
+            LOOM_BATCH_FAIL("sequence %d has context_len %d: must be > 0 and fit its block table (%d blocks "
+                            "of %d tokens)",
+                            s, ctx, bt->block_table_stride, bs);
+        const int32_t *row = bt->block_table + (int64_t)s * bt->block_table_stride;
+        for (int64_t j = 0; j < need; j++)
+            if (row[j] < 0 || row[j] >= nblk)
+                LOOM_BATCH_FAIL("sequence %d block_table[%lld] = %d is outside the pool [0, %d)", s,
+                                (long long)j, row[j], nblk);
+        for (int32_t t = q0; t < q1; t++) {
+            if (bt->positions[t] < 0 || bt->positions[t] >= ctx)
+                LOOM_BATCH_FAIL("token %d (sequence %d) has position %d outside [0, context_len %d)", t, s,
+                                bt->positions[t], ctx);
+            if (max_positions > 0 && bt->positions[t] >= max_positions)
+                LOOM_BATCH_FAIL("token %d has position %d beyond the RoPE table (%d positions); raise the "
+                                "backend's max_positions or lower engine.max_model_len",
+                                t, bt->positions[t], max_positions);
+            if (bt->token_ids[t] < 0 || bt->token_ids[t] >= vocab)
+                LOOM_BATCH_FAIL("token %d has id %d outside the vocabulary [0, %d)", t, bt->token_ids[t], vocab);
+            int64_t slot = bt->slot_mapping[t];
+            if (slot < -1 || slot >= (int64_t)nblk * bs)
+                LOOM_BATCH_FAIL("token %d has slot %lld outside [-1, %lld)", t, (long long)slot,
+                                (long long)nblk * bs);
+        }
+    }
+    for (int32_t i = 0; i < NL; i++) {
+        int32_t k = bt->logits_index[i];
+        if (k < 0 || k >= T || (i > 0 && k < bt->logits_index[i - 1]))
+            LOOM_BATCH_FAIL("logits_index[%d] = %d: must be in [0, %d) and ascending", i, k, T);
+    }
+#undef LOOM_BATCH_FAIL
+    return LOOM_OK;
+}
+
+/* [any] Fetch weight `name` from the model and check it is host data of
+ * shape (d0) (d1 < 0) or (d0, d1) in a known element type. A missing
+ * optional tensor gives *out = NULL and LOOM_OK; a missing required one
+ * LOOM_ERR_NOT_FOUND; a bad one LOOM_ERR_FORMAT; `why` says which. */
+static inline loom_status loom_model_tensor_check(const loom_model_view *m, const char *name, int64_t d0,
+                                                  int64_t d1, bool required, const loom_tensor **out,
+                                                  char *why, size_t cap) {
+    const loom_tensor *t = m->get(m->ctx, name);
+    *out = NULL;
+    if (!t) {
+        if (!required) return LOOM_OK;
+        snprintf(why, cap,
+                 "model '%s' has no tensor '%s' (arch needs it); is the file complete and of a "
+                 "Llama-family architecture?",
+                 m->config->name, name);
+        return LOOM_ERR_NOT_FOUND;
+    }
+    int ndim = d1 < 0 ? 1 : 2;
+    bool shape_ok = t->ndim == ndim && t->shape[0] == d0 && (ndim == 1 || t->shape[1] == d1);
+    if (!shape_ok) {
+        snprintf(why, cap, "tensor '%s' has shape (%lld, %lld) [%d dims], the config implies (%lld%s%lld)", name,
+                 (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), t->ndim, (long long)d0,
+                 ndim == 1 ? "" : ", ", (long long)(ndim == 1 ? 0 : d1));
+        return LOOM_ERR_FORMAT;
+    }
+    int64_t cols = ndim == 1 ? d0 : d1, rows = ndim == 1 ? 1 : d0;
+    size_t row_bytes = loom_dtype_row_bytes(t->dtype, cols);
+    if (t->device != LOOM_DEVICE_HOST || !t->data || row_bytes == 0 || t->nbytes < row_bytes * (size_t)rows) {
+        snprintf(why, cap, "tensor '%s' (%s, %zu bytes, device %d) is not host data of %lld rows x %zu bytes",
+                 name, loom_dtype_name(t->dtype), t->nbytes, (int)t->device, (long long)rows, row_bytes);
+        return LOOM_ERR_FORMAT;
+    }
+    *out = t;
+    return LOOM_OK;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_BACKEND_CHECK_H */
