@@ -668,10 +668,25 @@ static int32_t raw_top(const float *row, int32_t vocab, int32_t n, int32_t *ids,
     return k;
 }
 
-/* Sample rows [0, n) of e->logits, one per sequence in e->logit_seqs. */
-static loom_status sample_plain(loom_engine *e, int32_t nlog, loom_error *err) {
+/* log(sum exp) of n floats, in double. */
+static double row_lse(const float *x, int32_t n) {
+    double mx = -INFINITY, z = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        if (x[i] > mx) mx = x[i];
+    if (!(mx > -INFINITY)) return mx;
+    for (int32_t i = 0; i < n; i++) z += exp((double)x[i] - mx);
+    return mx + log(z);
+}
+
+/* Sample rows [0, nlog) of `logits` (width floats each), one per sequence
+ * in seqs. Whole rows: width == vocab, ids == NULL. Candidate rows from
+ * forward_topk: width == k, ids (nlog, k) map a column to its token and
+ * lse (nlog) is each whole row's log-sum-exp, which turns the sampler's
+ * logprobs over the candidates into logprobs over the vocabulary. */
+static loom_status sample_plain(loom_engine *e, float *logits, int32_t width, loom_seq **seqs, int32_t nlog,
+                                const int32_t *ids, const float *lse, loom_error *err) {
     loom_status st = LOOM_OK;
-    size_t need = (size_t)nlog * (size_t)e->vocab;
+    size_t need = (size_t)nlog * (size_t)width;
     {
         loom_sample_row *rows = calloc((size_t)nlog, sizeof *rows);
         int32_t *toks = malloc((size_t)nlog * sizeof(int32_t));
@@ -685,15 +700,21 @@ static loom_status sample_plain(loom_engine *e, int32_t nlog, loom_error *err) {
         }
         /* Rows of requests about to fork: keep the raw logits, since the
          * sampler may modify them in place. */
+        for (int32_t r = 0; r < nlog && ids; r++)
+            if (!seqs[r]->req->forked || seqs[r]->req->r.want_probs) {
+                st = loom_error_set(err, LOOM_ERR_INTERNAL,
+                                    "engine: a row that needs whole logits was reduced to candidates");
+                goto sample_done;
+            }
         for (int32_t r = 0; r < nlog; r++) {
-            loom_seq *s = e->logit_seqs[r];
+            loom_seq *s = seqs[r];
             if (!s->req->forked && !first_rows) {
                 first_rows = malloc(need * sizeof(float));
                 if (!first_rows) {
                     st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
                     goto sample_done;
                 }
-                memcpy(first_rows, e->logits, need * sizeof(float));
+                memcpy(first_rows, logits, need * sizeof(float));
             }
             rows[r] = (loom_sample_row){&s->req->r.params, s->tokens, s->info.num_prompt_tokens,
                                         s->tokens + s->info.num_prompt_tokens,
@@ -703,7 +724,7 @@ static loom_status sample_plain(loom_engine *e, int32_t nlog, loom_error *err) {
          * sampler's probs() of the raw row, computed before sampling. */
         float *probs = NULL;
         int32_t nwant = 0;
-        for (int32_t r = 0; r < nlog; r++) nwant += e->logit_seqs[r]->req->r.want_probs;
+        for (int32_t r = 0; r < nlog; r++) nwant += seqs[r]->req->r.want_probs;
         if (nwant) {
             probs = scratch_rows(e, nlog);
             if (!probs) {
@@ -711,9 +732,9 @@ static loom_status sample_plain(loom_engine *e, int32_t nlog, loom_error *err) {
                 goto sample_done;
             }
             for (int32_t r = 0; r < nlog; r++) {
-                if (!e->logit_seqs[r]->req->r.want_probs) continue;
+                if (!seqs[r]->req->r.want_probs) continue;
                 float *pr = probs + (size_t)r * e->vocab;
-                memcpy(pr, e->logits + (size_t)r * e->vocab, (size_t)e->vocab * sizeof(float));
+                memcpy(pr, logits + (size_t)r * width, (size_t)e->vocab * sizeof(float));
                 st = e->smp->probs(e->smp_self, pr, e->vocab, &rows[r], err);
                 if (st != LOOM_OK) goto sample_done;
             }
@@ -722,20 +743,50 @@ static loom_status sample_plain(loom_engine *e, int32_t nlog, loom_error *err) {
          * request asked for logprobs (at 128k vocab it costs more than a
          * decode step's GPU time at large batch). */
         bool want_lp = false;
-        for (int32_t r = 0; r < nlog; r++) want_lp |= e->logit_seqs[r]->req->r.params.logprobs > 0;
+        for (int32_t r = 0; r < nlog; r++) want_lp |= seqs[r]->req->r.params.logprobs > 0;
+
         for (int32_t r = 0; r < nlog; r++) lps[r] = 0.0f;
         loom_sample_out so = {toks, want_lp ? lps : NULL, want_lp ? top_ids : NULL, want_lp ? top_lp : NULL};
-        st = e->smp->sample(e->smp_self, e->logits, e->vocab, rows, nlog, &so, err);
+        /* Candidate rows: what turns the sampler's logprobs over the k
+         * candidates into logprobs over the vocabulary (before sample(),
+         * which may rewrite the rows). */
+        float *corr = NULL;
+        if (ids && want_lp) {
+            corr = malloc((size_t)nlog * sizeof(float));
+            if (!corr) {
+                st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+                goto sample_done;
+            }
+            for (int32_t r = 0; r < nlog; r++)
+                corr[r] = (float)(row_lse(logits + (size_t)r * width, width) - (double)lse[r]);
+        }
+        st = e->smp->sample(e->smp_self, logits, width, rows, nlog, &so, err);
         if (st != LOOM_OK) {
+            free(corr);
             loom_error_prefix(err, "sampler");
             goto sample_done;
         }
+        if (ids) {
+            for (int32_t r = 0; r < nlog; r++) {
+                const int32_t *map = ids + (size_t)r * width;
+                toks[r] = map[toks[r]];
+                if (!corr) continue;
+                lps[r] += corr[r];
+                int32_t ntop = seqs[r]->req->r.params.logprobs < width ? seqs[r]->req->r.params.logprobs : width;
+                for (int32_t j = 0; j < ntop; j++) {
+                    int32_t *tid = top_ids + (size_t)r * LOOM_MAX_LOGPROBS + j;
+                    if (*tid >= 0 && *tid < width) *tid = map[*tid];
+                    top_lp[(size_t)r * LOOM_MAX_LOGPROBS + j] += corr[r];
+                }
+            }
+            free(corr);
+        }
         for (int32_t r = 0; r < nlog && st == LOOM_OK; r++) {
-            loom_seq *s = e->logit_seqs[r];
+            loom_seq *s = seqs[r];
             int32_t ntop = s->req->r.params.logprobs;
             /* Fork before sample 0 takes its token, so every sample starts
              * from the prompt alone. */
-            if (!s->req->forked) st = fork_samples(e, s, first_rows + (size_t)r * e->vocab, err);
+            if (!s->req->forked) st = fork_samples(e, s, first_rows + (size_t)r * width, err);
             if (st != LOOM_OK) break;
             s->cur_probs = probs && s->req->r.want_probs ? probs + (size_t)r * e->vocab : NULL;
             accept_token(e, s, toks[r], lps[r], ntop, top_ids + (size_t)r * LOOM_MAX_LOGPROBS,
@@ -753,6 +804,39 @@ static loom_status sample_plain(loom_engine *e, int32_t nlog, loom_error *err) {
     }
 
     return st;
+}
+
+/* Whether s's next token needs its whole logits row rather than the top
+ * k candidates: the first token of an n > 1 request (its forks start from
+ * the raw row), draft engines (want_probs), penalties (they move any
+ * token), and sampling not bounded by top_k <= k. */
+static bool needs_whole_row(const loom_seq *s, int32_t k) {
+    const loom_req *rq = s->req;
+    const loom_sampling_params *p = &rq->r.params;
+    if (!rq->forked || rq->r.want_probs) return true;
+    if (p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f)
+        return true;
+    return p->temperature != 0.0f && !(p->top_k > 0 && p->top_k <= k);
+}
+
+/* Room for `rows` forward_topk rows of k candidates. */
+static loom_status topk_reserve(loom_engine *e, int32_t rows, int32_t k, loom_error *err) {
+    if (rows <= e->top_cap) return LOOM_OK;
+    int32_t cap = rows > 2 * e->top_cap ? rows : 2 * e->top_cap;
+    int32_t *ids = realloc(e->top_ids, (size_t)cap * (size_t)k * sizeof *ids);
+    if (ids) e->top_ids = ids;
+    float *vals = realloc(e->top_vals, (size_t)cap * (size_t)k * sizeof *vals);
+    if (vals) e->top_vals = vals;
+    float *lse = realloc(e->top_lse, (size_t)cap * sizeof *lse);
+    if (lse) e->top_lse = lse;
+    uint8_t *wf = realloc(e->want_full, (size_t)cap);
+    if (wf) e->want_full = wf;
+    loom_seq **sq = realloc(e->top_seqs, (size_t)cap * sizeof *sq);
+    if (sq) e->top_seqs = sq;
+    if (!ids || !vals || !lse || !wf || !sq)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for %d candidate rows", rows);
+    e->top_cap = cap;
+    return LOOM_OK;
 }
 
 /* Before scheduling: ask the speculator for drafts for every sequence that
@@ -1020,7 +1104,32 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
         .num_logits = nlog,
         .logits_index = e->logits_index,
     };
-    st = e->be->forward(e->be_self, &batch, e->logits, err);
+    /* Rows the sampler can draw from exactly given the top k candidates
+     * and the log-sum-exp are reduced on the backend's device; the rest
+     * (and every row of a step that verifies drafts) come back whole. */
+    const int32_t kmax = e->vocab < LOOM_LOGITS_TOPK_MAX ? e->vocab : LOOM_LOGITS_TOPK_MAX;
+    bool use_topk = e->device_sampling && nlog > 0;
+    for (int32_t r = 0; r < nlog && use_topk; r++) use_topk = e->logit_seqs[r]->info.num_draft == 0;
+    int32_t topk = 0; /* candidates per row: what the most demanding row needs */
+    if (use_topk) {
+        if ((st = topk_reserve(e, nlog, kmax, err))) return st;
+        for (int32_t r = 0; r < nlog; r++) {
+            const loom_seq *s = e->logit_seqs[r];
+            e->want_full[r] = needs_whole_row(s, kmax);
+            if (e->want_full[r]) continue;
+            const loom_sampling_params *sp = &s->req->r.params;
+            int32_t need = sp->temperature != 0.0f ? sp->top_k : 1;
+            if (sp->logprobs > need) need = sp->logprobs;
+            if (need > topk) topk = need < kmax ? need : kmax;
+        }
+        use_topk = topk > 0;
+    }
+    if (use_topk) {
+        loom_logits_topk o = {sizeof o, topk, e->top_ids, e->top_vals, e->top_lse, e->want_full, e->logits};
+        st = e->be->forward_topk(e->be_self, &batch, &o, err);
+    } else {
+        st = e->be->forward(e->be_self, &batch, e->logits, err);
+    }
     if (st != LOOM_OK) {
         loom_error_prefix(err, "backend forward (%d sequences, %d tokens)", out.num_scheduled, ntok);
         return st;
@@ -1035,14 +1144,24 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
     }
 
     /* Verify sequences with drafts one by one; sample all other rows in
-     * one call. */
-    int32_t nplain = 0;
+     * one call for whole rows and one for candidate rows. */
+    int32_t nplain = 0, ncand = 0;
     for (int32_t r = 0; r < nlog;) {
         loom_seq *s = e->logit_seqs[r];
         int32_t rows = 1 + s->info.num_draft;
         if (s->info.num_draft) {
             st = spec_accept(e, s, e->logits + (size_t)r * e->vocab, err);
             if (st != LOOM_OK) return st;
+        } else if (use_topk && !e->want_full[r]) {
+            /* Compact candidate rows to the front, keeping their order. */
+            if (ncand != r) {
+                memmove(e->top_ids + (size_t)ncand * topk, e->top_ids + (size_t)r * topk,
+                        (size_t)topk * sizeof(int32_t));
+                memmove(e->top_vals + (size_t)ncand * topk, e->top_vals + (size_t)r * topk,
+                        (size_t)topk * sizeof(float));
+                e->top_lse[ncand] = e->top_lse[r];
+            }
+            e->top_seqs[ncand++] = s;
         } else {
             /* Compact plain rows to the front, keeping their order. */
             if (nplain != r) {
@@ -1055,7 +1174,12 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
         r += rows;
     }
     if (nplain > 0) {
-        st = sample_plain(e, nplain, err);
+        st = sample_plain(e, e->logits, e->vocab, e->logit_seqs, nplain, NULL, NULL, err);
+        if (st != LOOM_OK) return st;
+    }
+    if (ncand > 0) {
+        e->stats.device_sampled_rows += ncand;
+        st = sample_plain(e, e->top_vals, topk, e->top_seqs, ncand, e->top_ids, e->top_lse, err);
         if (st != LOOM_OK) return st;
     }
 

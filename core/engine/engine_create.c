@@ -5,6 +5,7 @@
  * size the KV cache with the cache manager and allocate it on the backend.
  * Also the small tokenizer/model accessors of loom/engine.h.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,7 @@ loom_status loom_engine_create(const char *pipeline_path, const char *const *ove
     const loom_model_settings *ms = loom_pipeline_model(e->pipe);
     loom_host_set_threads(es->threads);
     e->seed = (uint64_t)es->seed;
+    e->device_sampling = es->device_sampling;
 
     /* The model. */
     static const char *const fmt_names[] = {"auto", "gguf", "safetensors", "dummy"};
@@ -152,6 +154,10 @@ loom_status loom_engine_create(const char *pipeline_path, const char *const *ove
     e->be_kind = be_kind;
     if ((st = make_instance(e, be_kind, true, &ops, &e->be_self, err)) != LOOM_OK) goto fail;
     e->be = ops;
+    /* forward_topk arrived in ABI 1.1: a plugin built earlier has a shorter table */
+    if (e->be->struct_size < offsetof(loom_backend_ops, forward_topk) + sizeof e->be->forward_topk ||
+        !e->be->forward_topk)
+        e->device_sampling = false;
     if (be_kind == LOOM_KIND_EXECUTOR) {
         /* An executor drives N instances of the pipeline's backend. */
         const loom_pipeline_slot *bslot = loom_pipeline_slot_get(e->pipe, LOOM_KIND_BACKEND);
@@ -293,6 +299,11 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->logits);
     free(e->logit_seqs);
     free(e->scratch);
+    free(e->top_ids);
+    free(e->top_vals);
+    free(e->top_lse);
+    free(e->want_full);
+    free(e->top_seqs);
     free(e->inner);
     free(e->ops);
     free(e->pairs);

@@ -91,6 +91,7 @@ struct loom_engine {
     loom_quant_binding quant_binding;
 
     loom_kv_layout layout;
+    bool device_sampling;      /* engine.device_sampling and the backend has forward_topk */
     int32_t max_model_len;
     int32_t vocab;
     uint64_t seed;
@@ -117,6 +118,12 @@ struct loom_engine {
     float *logits;
     size_t logits_cap;
     loom_seq **logit_seqs;     /* (num_logits) the sequence of each row      */
+    int32_t *top_ids;          /* (num_logits, topk) forward_topk candidates */
+    float *top_vals;
+    float *top_lse;            /* (num_logits)                               */
+    uint8_t *want_full;        /* (num_logits)                               */
+    loom_seq **top_seqs;       /* (num_logits) the sequence of each candidate row */
+    int32_t top_cap;           /* rows the four arrays above hold            */
     float *scratch;            /* (vocab * k) rows for want_probs / verification */
     size_t scratch_cap;
     loom_block_op *ops;

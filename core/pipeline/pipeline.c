@@ -63,6 +63,7 @@ typedef struct engine_raw {
     int64_t threads;
     int64_t max_model_len;
     int64_t seed;
+    bool device_sampling;
 } engine_raw;
 
 static const loom_param k_engine_params[] = {
@@ -72,6 +73,9 @@ static const loom_param k_engine_params[] = {
      "longest sequence in tokens (prompt + output); 0 = the model's trained context"},
     {"seed", LOOM_PARAM_INT, offsetof(engine_raw, seed), "0", 1, 0, NULL,
      "base seed for requests that do not set one"},
+    {"device_sampling", LOOM_PARAM_BOOL, offsetof(engine_raw, device_sampling), "true", 0, 0, NULL,
+     "let the backend reduce logits rows where they are computed (top-64 + log-sum-exp) when "
+     "that samples exactly (greedy, top_k <= 64, no penalties); false = always whole rows"},
     {0},
 };
 
@@ -369,6 +373,7 @@ static void bind_engine(loom_pipeline *p, loom_diag *diag) {
     p->engine.threads = (int32_t)p->engine_raw.threads;
     p->engine.max_model_len = (int32_t)p->engine_raw.max_model_len;
     p->engine.seed = p->engine_raw.seed;
+    p->engine.device_sampling = p->engine_raw.device_sampling;
 }
 
 /* ------------------------------------------------------- plugin slots */

@@ -71,6 +71,7 @@ typedef struct loom_engine_settings {
     int32_t threads;       /* worker threads; 0 = all online cores             */
     int32_t max_model_len; /* tokens per sequence; 0 = the model's context     */
     int64_t seed;          /* base seed for requests without one               */
+    bool device_sampling;  /* use the backend's forward_topk when exact        */
 } loom_engine_settings;
 
 /* ------------------------------------------------------------------ slots */

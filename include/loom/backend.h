@@ -97,6 +97,27 @@ typedef struct loom_comm {
                               loom_dtype dtype, void *stream, loom_error *err);
 } loom_comm;
 
+/* Largest k forward_topk() must serve. */
+#define LOOM_LOGITS_TOPK_MAX 64
+
+/*
+ * Where forward_topk() writes, for the batch's num_logits rows (all arrays
+ * caller-owned host memory). Row i's candidates are top_ids/top_vals
+ * [i*k, i*k + k): values descending, equal values by ascending id, NaN
+ * ranked as -inf; lse[i] = log(sum_v exp(logit_v)) over the whole row.
+ * Rows with want_full[i] != 0 are also copied whole to full + i * vocab
+ * (the other rows of `full` are left untouched).
+ */
+typedef struct loom_logits_topk {
+    uint32_t struct_size;
+    int32_t k;                 /* 1..min(vocab, LOOM_LOGITS_TOPK_MAX)        */
+    int32_t *top_ids;          /* (num_logits, k)                            */
+    float *top_vals;           /* (num_logits, k)                            */
+    float *lse;                /* (num_logits)                               */
+    const uint8_t *want_full;  /* (num_logits)                               */
+    float *full;               /* (num_logits, vocab)                        */
+} loom_logits_topk;
+
 typedef struct loom_backend_ops {
     uint32_t struct_size;      /* sizeof(loom_backend_ops)                   */
 
@@ -149,7 +170,17 @@ typedef struct loom_backend_ops {
      * calling their ops, the engine destroys them after the executor. */
     loom_status (*attach_inner)(void *self, const struct loom_backend_ops *inner, void *const *instances,
                                 int32_t n, loom_error *err);
-    /* since ABI 1.1 — add new members below this line only */
+    /* since ABI 1.1 (read only when struct_size covers it) */
+
+    /* [engine] Optional (NULL = the engine uses forward()). One forward
+     * pass that returns, instead of whole logits rows, each row's summary
+     * computed where the logits are (the device): its `k` largest logits
+     * with their token ids, and its log-sum-exp — enough to sample exactly
+     * when the sampler needs no more (greedy, top-k <= k, logprobs); whole
+     * rows are copied only for the rows `want_full` marks. */
+    loom_status (*forward_topk)(void *self, const loom_batch *batch, const struct loom_logits_topk *out,
+                                loom_error *err);
+    /* since ABI 1.2 — add new members below this line only */
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -96,6 +96,7 @@ typedef struct loom_engine_stats {
     int64_t prefix_queries, prefix_hits, evictions, swaps_out, swaps_in;
     int64_t spec_proposed, spec_accepted;
     int32_t max_running;           /* most sequences in one step             */
+    int64_t device_sampled_rows;   /* tokens sampled from forward_topk candidates */
 } loom_engine_stats;
 
 /* Build an engine from a pipeline file with "a.b=value" overrides. */

@@ -75,6 +75,22 @@ cudaError_t loom_cuda_add_rmsnorm(loom_cuda_dt dt, void *y, float *x, const void
                                   const float *w, const int32_t *rows, int T, int H, float eps,
                                   cudaStream_t s);
 
+/* ------------------------------------------------------------ sampling */
+
+/* Largest k loom_cuda_logits_topk serves (loom/backend.h's forward_topk). */
+#define LOOM_CUDA_TOPK_MAX 64
+
+/* For each of `rows` float32 logits rows (rows, V): its k largest values
+ * (descending, equal values by ascending id, NaN as -inf) into vals/ids
+ * (rows, k), and lse (rows) = log sum exp of the row. ws: device
+ * workspace of loom_cuda_topk_ws_bytes(rows, V, k) bytes (0 for k = 1).
+ * cudaErrorInvalidValue when !loom_cuda_topk_supported(V, k) (vocabularies
+ * above 256k logits, k outside 1..min(V, 64)). */
+size_t loom_cuda_topk_ws_bytes(int rows, int V, int k);
+int loom_cuda_topk_supported(int V, int k);
+cudaError_t loom_cuda_logits_topk(const float *logits, int rows, int V, int k, int32_t *ids, float *vals,
+                                  float *lse, void *ws, cudaStream_t s);
+
 /* SwiGLU over the fused gate|up GEMM output:
  *   out[t,i] = dt(silu(gu[t,i]) * gu[t,I+i]),  silu(g) = g / (1 + e^-g).
  * gu (T, 2I) dt; out (T, I) dt. I % 8 == 0. */

@@ -23,6 +23,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_kernels.h"
+#include "loom/logits_topk.h"
 
 static int g_fail, g_pass;
 static uint64_t g_rng;
@@ -655,6 +656,56 @@ done:
 
 /* ------------------------------------------------------------------ main */
 
+/* ------------------------------------------------------------ logits top-k */
+
+/* loom_cuda_logits_topk against loom/logits_topk.h on rows with many ties
+ * (values on a coarse grid), NaNs and -inf; ids and values exactly, lse
+ * to float rounding. */
+static void test_logits_topk(int rows, int V, int k) {
+    const size_t n = (size_t)rows * V;
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) {
+        int u = rng_int(1000);
+        x[i] = (float)(rng_int(161) - 80) * 0.125f;
+        if (u == 0) x[i] = NAN;
+        else if (u == 1) x[i] = -INFINITY;
+    }
+    if (rows > 1) /* a row with nothing finite but one value */
+        for (int v = 0; v < V; v++) x[(size_t)V + v] = v == V / 2 ? 3.0f : -INFINITY;
+    float *dx = dev_upload(x, n * sizeof *x);
+    int32_t *dids = dev_poison((size_t)rows * k * 4);
+    float *dvals = dev_poison((size_t)rows * k * 4), *dlse = dev_poison((size_t)rows * 4);
+    void *ws = dev_poison(loom_cuda_topk_ws_bytes(rows, V, k));
+    CK(loom_cuda_logits_topk(dx, rows, V, k, dids, dvals, dlse, ws, 0));
+    CK(cudaDeviceSynchronize());
+    int32_t *ids = malloc((size_t)rows * k * 4), *rid = malloc((size_t)k * 4);
+    float *vals = malloc((size_t)rows * k * 4), *lse = malloc((size_t)rows * 4), *rval = malloc((size_t)k * 4);
+    CK(cudaMemcpy(ids, dids, (size_t)rows * k * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(vals, dvals, (size_t)rows * k * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(lse, dlse, (size_t)rows * 4, cudaMemcpyDeviceToHost));
+    long bad = 0;
+    double worst = 0;
+    for (int r = 0; r < rows; r++) {
+        float rl;
+        loom_logits_topk_row(x + (size_t)r * V, V, k, rid, rval, &rl);
+        for (int j = 0; j < k; j++)
+            if (ids[(size_t)r * k + j] != rid[j] || !(vals[(size_t)r * k + j] == rval[j] ||
+                                                      (isinf(rval[j]) && vals[(size_t)r * k + j] == rval[j])))
+                bad++;
+        double e = fabs((double)lse[r] - rl) / (fabs(rl) > 1 ? fabs(rl) : 1);
+        if (!(e <= worst)) worst = e;
+    }
+    char name[128];
+    snprintf(name, sizeof name, "logits_topk rows %d V %d k %d: ids/values", rows, V, k);
+    err_acc a = {.worst = (double)bad, .rows = rows};
+    report(name, &a, 0.0);
+    snprintf(name, sizeof name, "logits_topk rows %d V %d k %d: lse", rows, V, k);
+    err_acc b = {.worst = worst, .rows = rows};
+    report(name, &b, 1e-5);
+    cudaFree(dx), cudaFree(dids), cudaFree(dvals), cudaFree(dlse), cudaFree(ws);
+    free(x), free(ids), free(rid), free(vals), free(lse), free(rval);
+}
+
 int main(int argc, char **argv) {
     uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : (uint64_t)time(NULL);
     g_rng = seed;
@@ -727,6 +778,16 @@ int main(int argc, char **argv) {
 
     test_copy_blocks(false);
     test_copy_blocks(true);
+
+    test_logits_topk(1, 1000, 1);
+    test_logits_topk(3, 49152, 1);
+    test_logits_topk(7, 49152, 20);
+    test_logits_topk(256, 128256, 1);
+    test_logits_topk(256, 128256, 64);
+    test_logits_topk(5, 151936, 64);
+    test_logits_topk(2, 70, 64);
+    test_logits_topk(4, 4096, 7);
+    test_logits_topk(3, 4097, 2);
 
     int code = 0;
     char msg[256] = "";

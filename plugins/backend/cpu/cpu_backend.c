@@ -168,6 +168,7 @@ static void cpu_destroy(void *self) {
     cpu_release_quant(b);
     h->free(h->ctx, b->scratch);
     h->free(h->ctx, b->lg_local);
+    h->free(h->ctx, b->topk_logits);
     h->free(h->ctx, b->kv);
     h->free(h->ctx, b->swap);
     h->free(h->ctx, b->layers);
@@ -817,6 +818,7 @@ static const loom_backend_ops cpu_ops = {
     .memory = cpu_memory,
     .kv_alloc = cpu_kv_alloc,
     .forward = cpu_backend_forward,
+    .forward_topk = cpu_backend_forward_topk,
     .copy_blocks = cpu_copy_blocks,
     .swap_blocks = cpu_swap_blocks,
     .load_shard = cpu_load_shard,

@@ -126,11 +126,15 @@ typedef struct cpu_backend {
     float *gu;                  /* (rows, 2 intermediate)                     */
     float *act;                 /* (rows, intermediate)                       */
     float *rope_cos, *rope_sin; /* (rows, head_dim / 2)                       */
+    float *topk_logits;         /* (rows, vocab) forward_topk's whole rows    */
+    size_t topk_cap;            /* floats it holds                            */
 } cpu_backend;
 
 /* cpu_forward.c */
 loom_status cpu_backend_forward(void *self, const loom_batch *batch, float *logits,
                                 loom_error *err);
+loom_status cpu_backend_forward_topk(void *self, const loom_batch *batch, const loom_logits_topk *out,
+                                     loom_error *err);
 
 /* K or V pool `kv` (0 = K, 1 = V) of `layer` in the device (swap = false)
  * or host swap (swap = true) pool. */

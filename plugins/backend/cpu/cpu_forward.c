@@ -22,6 +22,7 @@
  * writes out.
  */
 #include "cpu_backend.h"
+#include "loom/logits_topk.h"
 
 #include <math.h>
 #include <string.h>
@@ -291,6 +292,44 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
                              1, H, c->rms_norm_eps, NULL);
         if (b->sharded) return cpu_lm_head_shard(b, xn, NL, logits, err);
         return cpu_lm_head(b, logits, c->vocab_size, xn, NL, err);
+    }
+    return LOOM_OK;
+}
+
+/* The logits are on the host already: forward() into a kept buffer, then
+ * the summary loom/logits_topk.h defines. It saves the engine no transfer
+ * here, but runs the engine's candidate path in every CPU test. */
+loom_status cpu_backend_forward_topk(void *self, const loom_batch *bt, const loom_logits_topk *out,
+                                     loom_error *err) {
+    cpu_backend *b = self;
+    const int64_t V = b->mc.vocab_size, NL = bt ? bt->num_logits : 0;
+    if (!out || out->struct_size < sizeof *out || out->k < 1 || out->k > LOOM_LOGITS_TOPK_MAX ||
+        out->k > V || (NL > 0 && (!out->top_ids || !out->top_vals || !out->lse || !out->want_full)))
+        return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
+                              "backend cpu: forward_topk: bad request (k %d, vocab %lld, or NULL arrays)",
+                              out ? out->k : 0, (long long)V);
+    const size_t need = (size_t)NL * (size_t)V;
+    if (need > b->topk_cap) {
+        float *p = b->host->alloc(b->host->ctx, need * sizeof(float));
+        if (!p)
+            return b->host->error(b->host->ctx, err, LOOM_ERR_NOMEM, "backend cpu: out of memory for %lld logits rows",
+                                  (long long)NL);
+        b->host->free(b->host->ctx, b->topk_logits);
+        b->topk_logits = p;
+        b->topk_cap = need;
+    }
+    loom_status st = cpu_backend_forward(self, bt, b->topk_logits, err);
+    if (st != LOOM_OK) return st;
+    for (int64_t r = 0; r < NL; r++) {
+        const float *row = b->topk_logits + (size_t)r * (size_t)V;
+        loom_logits_topk_row(row, (int32_t)V, out->k, out->top_ids + r * out->k, out->top_vals + r * out->k,
+                             out->lse + r);
+        if (out->want_full[r]) {
+            if (!out->full)
+                return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID, "backend cpu: forward_topk: row %lld wants "
+                                      "whole logits but no buffer was given", (long long)r);
+            memcpy(out->full + (size_t)r * (size_t)V, row, (size_t)V * sizeof(float));
+        }
     }
     return LOOM_OK;
 }

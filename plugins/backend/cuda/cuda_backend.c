@@ -191,6 +191,7 @@ static void cb_destroy(void *self) {
     cudaFree(b->meta_dev);
     if (b->meta_host) cudaFreeHost(b->meta_host);
     if (b->logits_host) cudaFreeHost(b->logits_host);
+    if (b->topk_ids_host) cudaFreeHost(b->topk_ids_host);
     h->free(h->ctx, b->layers);
     loom_cuda_gemm_destroy(b->gemm);
     if (b->stream) cudaStreamDestroy(b->stream);
@@ -480,6 +481,7 @@ static const loom_backend_ops cb_ops = {
     .memory = cb_memory,
     .kv_alloc = cb_kv_alloc,
     .forward = cb_forward,
+    .forward_topk = cb_forward_topk,
     .copy_blocks = cb_copy_blocks,
     .swap_blocks = cb_swap_blocks,
     .load_shard = cb_load_shard,

@@ -134,6 +134,12 @@ typedef struct cuda_backend {
     int *attn_sem;              /* (rows, kv heads) split-K counters, kept zero */
     size_t attn_ws_floats;
     float *logits_host;         /* pinned (logits_rows, vocab) f32            */
+    /* forward_topk: each logits row's LOOM_CUDA_TOPK_MAX best and its
+     * log-sum-exp, on the device and their pinned mirrors */
+    int32_t *topk_ids_dev, *topk_ids_host;   /* (logits_rows, 64)         */
+    float *topk_vals_dev, *topk_vals_host;   /* (logits_rows, 64)         */
+    float *lse_dev, *lse_host;               /* (logits_rows)             */
+    void *topk_ws;                           /* loom_cuda_topk_ws_bytes   */
 
     /* per-step metadata: pinned staging and its device copy */
     uint8_t *meta_host, *meta_dev;
@@ -189,5 +195,6 @@ loom_status cb_load_shard(void *self, const loom_model_view *m, const loom_quant
 
 /* cuda_forward.c */
 loom_status cb_forward(void *self, const loom_batch *batch, float *logits, loom_error *err);
+loom_status cb_forward_topk(void *self, const loom_batch *batch, const loom_logits_topk *out, loom_error *err);
 
 #endif

@@ -41,6 +41,7 @@
  * sharded (see cb_graph_bucket).
  */
 #include "cuda_backend.h"
+#include "loom/logits_topk.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -302,9 +303,10 @@ static loom_status cb_lm_head_shard(cuda_backend *b, int32_t n, bool to_host, lo
     return LOOM_OK;
 }
 
-/* Enqueue the final norm and LM head for logits rows [row0, row0 + n) and,
- * when `to_host`, the copy of (n, vocab) float32 into the pinned
- * logits_host (always for a whole model). */
+/* Enqueue the final norm and LM head for logits rows [row0, row0 + n)
+ * into logits_dev (n, vocab) float32 — for a sharded rank only when
+ * `to_host` (this rank returns logits). Moving them to the host is
+ * cb_emit_logits's, after the step (outside any captured graph). */
 static loom_status cb_record_logits(cuda_backend *b, const cuda_plan *p, int32_t row0, int32_t n,
                                     bool to_host, loom_error *err) {
     const loom_model_config *c = &b->mc;
@@ -313,15 +315,9 @@ static loom_status cb_record_logits(cuda_backend *b, const cuda_plan *p, int32_t
                                                     p->lidx + row0, n, c->hidden_size,
                                                     c->rms_norm_eps, b->stream))))
         return st;
-    if (b->sharded) {
-        if ((st = cb_lm_head_shard(b, n, to_host, err)) || !to_host) return st;
-    } else if ((st = cb_gemm(b, true, n, c->vocab_size, c->hidden_size, b->xs, b->lm_head,
-                             b->logits_dev, "lm_head", err))) {
-        return st;
-    }
-    return CB_CUDA(b, err, cudaMemcpyAsync(b->logits_host, b->logits_dev,
-                                           (size_t)n * (size_t)c->vocab_size * sizeof(float),
-                                           cudaMemcpyDeviceToHost, b->stream));
+    if (b->sharded) return cb_lm_head_shard(b, n, to_host, err);
+    return cb_gemm(b, true, n, c->vocab_size, c->hidden_size, b->xs, b->lm_head, b->logits_dev, "lm_head",
+                   err);
 }
 
 static loom_status cb_upload_meta(cuda_backend *b, const cuda_plan *p, loom_error *err) {
@@ -373,23 +369,79 @@ static void cb_logits_out(cuda_backend *b, float *dst, int32_t rows) {
     }
 }
 
+/* Move logits rows [r0, r0 + nreal) of the step, now in logits_dev rows
+ * [0, nreal), to the caller, and wait for the stream. Whole rows
+ * (`logits`, tk NULL) go through the pinned mirror. With `tk`
+ * (forward_topk) the rows are reduced on the device and only the summary
+ * and the rows tk->want_full marks cross; vocabularies the kernel does not
+ * serve are reduced on the host instead (loom/logits_topk.h). Neither:
+ * a tensor-parallel rank that returns nothing; just wait. */
+static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, float *logits,
+                                  const loom_logits_topk *tk, loom_error *err) {
+    const size_t V = (size_t)b->mc.vocab_size, row_bytes = V * sizeof(float);
+    loom_status st;
+    if (nreal <= 0 || (!logits && !tk)) return CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
+    if (!tk) {
+        if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->logits_host, b->logits_dev, (size_t)nreal * row_bytes,
+                                                  cudaMemcpyDeviceToHost, b->stream))) ||
+            (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream))))
+            return st;
+        cb_logits_out(b, logits + (size_t)r0 * V, nreal);
+        return LOOM_OK;
+    }
+    const int32_t k = tk->k;
+    const bool on_device = loom_cuda_topk_supported((int)V, k);
+    if (on_device) {
+        if ((st = CB_CUDA(b, err, loom_cuda_logits_topk(b->logits_dev, nreal, (int)V, k, b->topk_ids_dev,
+                                                        b->topk_vals_dev, b->lse_dev, b->topk_ws, b->stream))) ||
+            (st = CB_CUDA(b, err, cudaMemcpyAsync(b->topk_ids_host, b->topk_ids_dev,
+                                                  (size_t)nreal * k * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                                  b->stream))) ||
+            (st = CB_CUDA(b, err, cudaMemcpyAsync(b->topk_vals_host, b->topk_vals_dev,
+                                                  (size_t)nreal * k * sizeof(float), cudaMemcpyDeviceToHost,
+                                                  b->stream))) ||
+            (st = CB_CUDA(b, err, cudaMemcpyAsync(b->lse_host, b->lse_dev, (size_t)nreal * sizeof(float),
+                                                  cudaMemcpyDeviceToHost, b->stream))))
+            return st;
+    }
+    for (int32_t i = 0; i < nreal; i++) {
+        if (on_device && !tk->want_full[r0 + i]) continue;
+        if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->logits_host + (size_t)i * V, b->logits_dev + (size_t)i * V,
+                                                  row_bytes, cudaMemcpyDeviceToHost, b->stream))))
+            return st;
+    }
+    if ((st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream)))) return st;
+    for (int32_t i = 0; i < nreal; i++) {
+        const size_t r = (size_t)(r0 + i);
+        if (on_device) {
+            memcpy(tk->top_ids + r * k, b->topk_ids_host + (size_t)i * k, (size_t)k * sizeof(int32_t));
+            memcpy(tk->top_vals + r * k, b->topk_vals_host + (size_t)i * k, (size_t)k * sizeof(float));
+            tk->lse[r] = b->lse_host[i];
+        } else {
+            loom_logits_topk_row(b->logits_host + (size_t)i * V, (int32_t)V, k, tk->top_ids + r * k,
+                                 tk->top_vals + r * k, tk->lse + r);
+        }
+        if (tk->want_full[r]) memcpy(tk->full + r * V, b->logits_host + (size_t)i * V, row_bytes);
+    }
+    return LOOM_OK;
+}
+
 /* Whole step eagerly: layers, then the LM head over all p->NL rows in
  * chunks of logits_rows, of which the first `real_logits` go to the caller
  * (a padded decode step computes its dummy rows too, so the warm-up runs
  * exactly the GEMM shapes the graph will capture). */
-static loom_status cb_run_eager(cuda_backend *b, const cuda_plan *p, float *logits,
+static loom_status cb_run_eager(cuda_backend *b, const cuda_plan *p, float *logits, const loom_logits_topk *tk,
                                 int32_t real_logits, loom_error *err) {
     loom_status st;
     if ((st = cb_upload_meta(b, p, err)) || (st = cb_record_layers(b, p, err))) return st;
     for (int32_t r0 = 0; r0 < p->NL; r0 += b->logits_rows) {
         int32_t n = p->NL - r0 < b->logits_rows ? p->NL - r0 : b->logits_rows;
-        if ((st = cb_record_logits(b, p, r0, n, logits != NULL, err)) ||
-            (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream))))
-            return st;
         int32_t nreal = real_logits - r0 < n ? real_logits - r0 : n;
-        /* logits NULL: a tensor-parallel rank other than the one that
-         * returns them (cb_check_batch allows it only when sharded) */
-        if (nreal > 0 && logits) cb_logits_out(b, logits + (size_t)r0 * b->mc.vocab_size, nreal);
+        /* logits and tk NULL: a tensor-parallel rank other than the one
+         * that returns them (cb_check_batch allows it only when sharded) */
+        if ((st = cb_record_logits(b, p, r0, n, logits != NULL || tk != NULL, err)) ||
+            (st = cb_emit_logits(b, r0, nreal, logits, tk, err)))
+            return st;
     }
     if (p->NL == 0) st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
     b->eager_steps++;
@@ -453,31 +505,59 @@ static int cb_graph_bucket(const cuda_backend *b, const loom_batch *bt) {
     return -1;
 }
 
-loom_status cb_forward(void *self, const loom_batch *bt, float *logits, loom_error *err) {
-    cuda_backend *b = self;
-    loom_status st = cb_check_batch(b, bt, logits, err);
-    if (st != LOOM_OK || bt->num_tokens == 0) return st;
+/* One step: through the bucket's graph when it has one, else eagerly
+ * (capturing the bucket after its first eager run). Logits leave as whole
+ * rows (`logits`) or reduced (`tk`, forward_topk). */
+static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits, const loom_logits_topk *tk,
+                           loom_error *err) {
+    loom_status st;
     if ((st = CB_CUDA(b, err, cudaSetDevice(b->device)))) return st;
     cuda_plan p;
     const int k = cb_graph_bucket(b, bt);
     if (k < 0) {
         if ((st = cb_meta_build(b, bt, 0, &p, err))) return st;
-        return cb_run_eager(b, &p, logits, bt->num_logits, err);
+        return cb_run_eager(b, &p, logits, tk, bt->num_logits, err);
     }
     if ((st = cb_meta_build(b, bt, cb_buckets[k], &p, err))) return st;
     if (b->graphs[k].exec) {
         if ((st = cb_upload_meta(b, &p, err)) ||
             (st = CB_CUDA(b, err, cudaGraphLaunch(b->graphs[k].exec, b->stream))) ||
-            (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream))))
+            (st = cb_emit_logits(b, 0, bt->num_logits, logits, tk, err)))
             return st;
-        cb_logits_out(b, logits, bt->num_logits);
         b->graph_replays++;
         if (b->host->metric_add) b->host->metric_add(b->host->ctx, "backend.cuda.graph_replays", 1);
         return LOOM_OK;
     }
     /* first time for this bucket: the padded step eagerly (warm-up and this
      * step's logits), then capture it for the next ones */
-    if ((st = cb_run_eager(b, &p, logits, bt->num_logits, err))) return st;
+    if ((st = cb_run_eager(b, &p, logits, tk, bt->num_logits, err))) return st;
     if (!b->graphs[k].tried) cb_capture(b, k, &p);
     return LOOM_OK;
+}
+
+loom_status cb_forward(void *self, const loom_batch *bt, float *logits, loom_error *err) {
+    cuda_backend *b = self;
+    loom_status st = cb_check_batch(b, bt, logits, err);
+    if (st != LOOM_OK || bt->num_tokens == 0) return st;
+    return cb_step(b, bt, logits, NULL, err);
+}
+
+loom_status cb_forward_topk(void *self, const loom_batch *bt, const loom_logits_topk *tk, loom_error *err) {
+    cuda_backend *b = self;
+    const loom_host *h = b->host;
+    if (!tk || tk->struct_size < sizeof *tk || tk->k < 1 || tk->k > LOOM_LOGITS_TOPK_MAX ||
+        tk->k > b->mc.vocab_size || tk->k > LOOM_CUDA_TOPK_MAX)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: forward_topk: k = %d is outside 1..%d",
+                        tk ? tk->k : 0, LOOM_LOGITS_TOPK_MAX);
+    if (b->sharded)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: forward_topk on a tensor-parallel rank; the executor returns whole rows");
+    /* the batch check wants a logits buffer: the summary arrays stand in */
+    loom_status st = cb_check_batch(b, bt, tk->top_vals, err);
+    if (st != LOOM_OK || bt->num_tokens == 0) return st;
+    for (int32_t i = 0; i < bt->num_logits; i++)
+        if (!tk->top_ids || !tk->lse || !tk->want_full || (tk->want_full[i] && !tk->full))
+            return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                            "backend cuda: forward_topk: row %d: NULL summary arrays or no whole-row buffer", i);
+    return cb_step(b, bt, NULL, tk, err);
 }

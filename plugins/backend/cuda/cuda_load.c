@@ -345,6 +345,8 @@ static loom_status cb_rope_init(cuda_backend *b, loom_error *err) {
 
 /* ---------------------------------------------------------- work buffers */
 
+#define CB_WORK_BUFS 17
+
 static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     const loom_host *h = b->host;
     const loom_model_config *c = &b->mc;
@@ -358,12 +360,15 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
      * so the layout is unchanged, otherwise) */
     const size_t VP = b->sharded ? (size_t)b->vocab_pad : 0;
     const size_t NR = b->sharded ? (size_t)b->comm.size : 0;
-    size_t sz[13] = {MT * H * 4,      MT * H * e,  MT * (size_t)b->qkv_rows * e,
+    const size_t TK = LOOM_CUDA_TOPK_MAX;
+    size_t sz[CB_WORK_BUFS] = {MT * H * 4,      MT * H * e,  MT * (size_t)b->qkv_rows * e,
                      MT * (size_t)b->q_dim * e, MT * H * e, MT * 2 * I * e, MT * I * e,
                      LR * H * e,      LR * V * 4,  CB_ATTN_WS_FLOATS * 4,
-                     MT * (size_t)c->num_kv_heads * sizeof(int), LR * VP * 4, NR * LR * VP * 4};
+                     MT * (size_t)c->num_kv_heads * sizeof(int), LR * VP * 4, NR * LR * VP * 4,
+                     LR * TK * 4, LR * TK * 4, LR * 4,
+                     loom_cuda_topk_ws_bytes((int)LR, (int)V, (int)TK)};
     size_t total = 0;
-    for (int i = 0; i < 13; i++) total += cb_round(sz[i]);
+    for (int i = 0; i < CB_WORK_BUFS; i++) total += cb_round(sz[i]);
     size_t free_b = 0, tot = 0;
     if ((st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &tot)))) return st;
     if (total > free_b)
@@ -374,10 +379,12 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
                         (long long)MT, cb_mib(total), b->device, cb_mib(free_b));
     if ((st = CB_CUDA(b, err, cudaMalloc(&b->work, total)))) return st;
     uint8_t *p = b->work;
-    void **dst[13] = {(void **)&b->x, &b->xn, &b->qkv, &b->att, &b->r, &b->gu, &b->act, &b->xs,
+    void **dst[CB_WORK_BUFS] = {(void **)&b->x, &b->xn, &b->qkv, &b->att, &b->r, &b->gu, &b->act, &b->xs,
                       (void **)&b->logits_dev, (void **)&b->attn_ws, (void **)&b->attn_sem,
-                      (void **)&b->logits_local, (void **)&b->logits_gathered};
-    for (int i = 0; i < 13; i++) {
+                      (void **)&b->logits_local, (void **)&b->logits_gathered,
+                      (void **)&b->topk_ids_dev, (void **)&b->topk_vals_dev, (void **)&b->lse_dev,
+                      &b->topk_ws};
+    for (int i = 0; i < CB_WORK_BUFS; i++) {
         *dst[i] = p;
         p += cb_round(sz[i]);
     }
@@ -392,8 +399,12 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
         b->attn_resident[k] = (per_sm > 0 ? per_sm : 1) * b->num_sms;
     }
     if ((st = CB_CUDA(b, err, cudaHostAlloc((void **)&b->logits_host, LR * V * 4,
+                                            cudaHostAllocDefault))) ||
+        (st = CB_CUDA(b, err, cudaHostAlloc((void **)&b->topk_ids_host, LR * (2 * TK + 1) * 4,
                                             cudaHostAllocDefault))))
         return st;
+    b->topk_vals_host = (float *)(b->topk_ids_host + LR * TK);
+    b->lse_host = b->topk_vals_host + LR * TK;
     /* metadata starts at 1 MiB and grows with the batch (cuda_forward.c) */
     b->meta_cap = (size_t)1 << 20;
     if ((st = CB_CUDA(b, err, cudaHostAlloc((void **)&b->meta_host, b->meta_cap,
@@ -672,11 +683,13 @@ fail:
     cudaFree(b->meta_dev);
     if (b->meta_host) cudaFreeHost(b->meta_host);
     if (b->logits_host) cudaFreeHost(b->logits_host);
+    if (b->topk_ids_host) cudaFreeHost(b->topk_ids_host);
     h->free(h->ctx, b->layers);
     b->weights = b->work = NULL;
     b->rope_cs = NULL;
     b->meta_dev = b->meta_host = NULL;
     b->logits_host = NULL;
+    b->topk_ids_host = NULL;
     b->layers = NULL;
     b->weight_bytes = 0;
     b->sharded = false;

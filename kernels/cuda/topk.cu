@@ -1,0 +1,177 @@
+/*
+ * kernels/cuda/topk.cu — logits rows reduced where they are computed
+ * (loom_cuda_logits_topk, cuda_kernels.h): the k largest logits of each row
+ * with their ids, and the row's log-sum-exp, so a decode step moves a few
+ * hundred bytes per sequence to the host instead of vocab * 4 (512 KB at a
+ * 128k vocabulary) and the host sampler scans k values instead of vocab.
+ *
+ * A (value, id) pair is one 64-bit key: the float's bits made monotone in
+ * the high word and ~id in the low word, so one unsigned comparison ranks
+ * by value, then by ascending id (the ranking the host sampler uses). NaN
+ * ranks as -inf and -0 as +0, like loom/logits_topk.h.
+ *
+ *   pass 1 (every k): one block per row streams the row once: the best key
+ *           and an online log-sum-exp (running max and scaled sum).
+ *   k > 1:  pass 2 — one block per 4096-logit chunk of a row sorts the
+ *           chunk's keys in shared memory (bitonic) and keeps its k best;
+ *           pass 3 — one block per row sorts the chunks' candidates
+ *           (at most 64 chunks x 64) and keeps the k best.
+ * Plain launches (no programmatic dependent launch): they run after the LM
+ * head has finished, and the next step's first kernel waits for them.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "common.cuh"
+#include "cuda_kernels.h"
+
+#define TK_CHUNK 4096   /* logits per pass-2 block                          */
+#define TK_MAX_CHUNKS 64 /* so pass 3 sorts at most 64 * 64 = 4096 keys     */
+#define TK_THREADS 512
+
+__device__ __forceinline__ uint64_t tk_key(float x, int32_t id) {
+    if (x != x) x = -INFINITY;
+    if (x == 0.0f) x = 0.0f; /* -0 ranks as +0 */
+    uint32_t u = __float_as_uint(x);
+    uint32_t o = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((uint64_t)o << 32) | (uint32_t)(0xffffffffu - (uint32_t)id);
+}
+
+__device__ __forceinline__ float tk_val(uint64_t key) {
+    uint32_t o = (uint32_t)(key >> 32);
+    return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
+}
+
+__device__ __forceinline__ int32_t tk_id(uint64_t key) {
+    return (int32_t)(0xffffffffu - (uint32_t)key);
+}
+
+/* Online log-sum-exp state: sum = sum exp(x - m). */
+struct tk_lse {
+    float m, s;
+};
+
+__device__ __forceinline__ tk_lse tk_lse_merge(tk_lse a, tk_lse b) {
+    if (a.m < b.m) {
+        tk_lse t = a;
+        a = b;
+        b = t;
+    }
+    if (b.m == -INFINITY) return a; /* also covers both -inf */
+    if (a.m == INFINITY) return a;
+    return {a.m, a.s + b.s * __expf(b.m - a.m)};
+}
+
+/* Pass 1: grid (rows), block TK_THREADS. */
+__global__ void tk_best_lse_kernel(const float *__restrict__ logits, int V, int32_t *ids, float *vals,
+                                   float *lse, int k) {
+    const int row = blockIdx.x;
+    const float *x = logits + (size_t)row * V;
+    uint64_t best = 0;
+    tk_lse st = {-INFINITY, 0.0f};
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float f = x[v];
+        uint64_t key = tk_key(f, v);
+        best = key > best ? key : best;
+        if (f == f) st = tk_lse_merge(st, {f, 1.0f});
+    }
+    __shared__ uint64_t sk[TK_THREADS / 32];
+    __shared__ float sm[TK_THREADS / 32], ss[TK_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) {
+        uint64_t ok = __shfl_xor_sync(0xffffffffu, best, o);
+        best = ok > best ? ok : best;
+        tk_lse other = {__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o)};
+        st = tk_lse_merge(st, other);
+    }
+    const int w = threadIdx.x / 32, nw = blockDim.x / 32;
+    if ((threadIdx.x & 31) == 0) sk[w] = best, sm[w] = st.m, ss[w] = st.s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < nw; i++) {
+            best = sk[i] > best ? sk[i] : best;
+            st = tk_lse_merge(st, {sm[i], ss[i]});
+        }
+        float l = st.m;
+        if (st.m > -INFINITY && st.m < INFINITY) l = st.m + logf(st.s);
+        lse[row] = l;
+        if (k == 1) {
+            ids[row] = tk_id(best);
+            vals[row] = tk_val(best);
+        }
+    }
+}
+
+/* Sort n (a power of two) keys in shared memory, descending. */
+__device__ void tk_bitonic_desc(uint64_t *s, int n) {
+    for (int size = 2; size <= n; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+                int pos = 2 * i - (i & (stride - 1));
+                uint64_t a = s[pos], b = s[pos + stride];
+                bool desc = (pos & size) == 0;
+                if (desc ? a < b : a > b) {
+                    s[pos] = b;
+                    s[pos + stride] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+/* Pass 2: grid (chunks, rows), block TK_THREADS; cand (rows, chunks, k). */
+__global__ void tk_chunk_kernel(const float *__restrict__ logits, int V, int k, int chunks, uint64_t *cand) {
+    __shared__ uint64_t s[TK_CHUNK];
+    const int row = blockIdx.y, c = blockIdx.x;
+    const float *x = logits + (size_t)row * V;
+    const int base = c * TK_CHUNK;
+    for (int i = threadIdx.x; i < TK_CHUNK; i += blockDim.x) {
+        int v = base + i;
+        s[i] = v < V ? tk_key(x[v], v) : 0; /* 0 ranks below every real key */
+    }
+    __syncthreads();
+    tk_bitonic_desc(s, TK_CHUNK);
+    uint64_t *out = cand + ((size_t)row * chunks + c) * k;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) out[i] = s[i];
+}
+
+/* Pass 3: grid (rows), block TK_THREADS. */
+__global__ void tk_merge_kernel(const uint64_t *__restrict__ cand, int k, int chunks, int n2, int32_t *ids,
+                                float *vals) {
+    __shared__ uint64_t s[TK_MAX_CHUNKS * LOOM_CUDA_TOPK_MAX];
+    const int row = blockIdx.x, n = chunks * k;
+    const uint64_t *in = cand + (size_t)row * n;
+    for (int i = threadIdx.x; i < n2; i += blockDim.x) s[i] = i < n ? in[i] : 0;
+    __syncthreads();
+    tk_bitonic_desc(s, n2);
+    for (int i = threadIdx.x; i < k; i += blockDim.x) {
+        ids[(size_t)row * k + i] = tk_id(s[i]);
+        vals[(size_t)row * k + i] = tk_val(s[i]);
+    }
+}
+
+static int tk_chunks(int V) { return (V + TK_CHUNK - 1) / TK_CHUNK; }
+
+extern "C" size_t loom_cuda_topk_ws_bytes(int rows, int V, int k) {
+    if (k <= 1) return 0;
+    return (size_t)rows * (size_t)tk_chunks(V) * (size_t)k * sizeof(uint64_t);
+}
+
+extern "C" int loom_cuda_topk_supported(int V, int k) {
+    return V >= 1 && k >= 1 && k <= LOOM_CUDA_TOPK_MAX && k <= V && tk_chunks(V) <= TK_MAX_CHUNKS;
+}
+
+extern "C" cudaError_t loom_cuda_logits_topk(const float *logits, int rows, int V, int k, int32_t *ids,
+                                             float *vals, float *lse, void *ws, cudaStream_t s) {
+    if (rows <= 0) return cudaSuccess;
+    if (!loom_cuda_topk_supported(V, k)) return cudaErrorInvalidValue;
+    tk_best_lse_kernel<<<rows, TK_THREADS, 0, s>>>(logits, V, ids, vals, lse, k);
+    if (k == 1) return cudaGetLastError();
+    const int chunks = tk_chunks(V);
+    int n2 = 1;
+    while (n2 < chunks * k) n2 <<= 1;
+    tk_chunk_kernel<<<dim3((unsigned)chunks, (unsigned)rows), TK_THREADS, 0, s>>>(logits, V, k, chunks,
+                                                                                 (uint64_t *)ws);
+    tk_merge_kernel<<<rows, TK_THREADS, 0, s>>>((const uint64_t *)ws, k, chunks, n2, ids, vals);
+    return cudaGetLastError();
+}
