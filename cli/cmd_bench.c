@@ -32,7 +32,8 @@ static void bench_usage(FILE *f) {
           "\n"
           "Workload (a file, or a generator):\n"
           "  --workload FILE        JSONL, one request per line:\n"
-          "                         {\"prompt\": \"text\" | \"prompt_tokens\": [ids], \"output_len\": N}\n"
+          "                         {\"prompt\": \"text\" | \"prompt_tokens\": [ids], \"output_len\": N,\n"
+          "                          \"chat\": true = the prompt is one user turn (optional)}\n"
           "  --num-requests N       generated requests (default 64)\n"
           "  --input-len A[:B]      prompt tokens, uniform in [A, B] (default 128)\n"
           "  --output-len A[:B]     output tokens, uniform in [A, B] (default 64)\n"
@@ -56,6 +57,7 @@ typedef struct bench_req {
     int32_t *tokens;
     int32_t num_tokens;
     char *prompt;        /* text prompt from a workload file, else NULL */
+    bool chat;           /* wrap the prompt in the model's chat template */
     int32_t output_len;
     double arrival;      /* seconds after start */
 } bench_req;
@@ -179,8 +181,10 @@ static int run_once(const char *label, const char *config, const char **sets, in
         double now = now_s() - t.start_wall;
         while (next < n && w[next].arrival <= now) {
             loom_request rq = loom_request_default();
-            if (w[next].prompt) rq.prompt = w[next].prompt;
-            else {
+            if (w[next].prompt) {
+                rq.prompt = w[next].prompt;
+                rq.chat = w[next].chat;
+            } else {
                 rq.tokens = w[next].tokens;
                 rq.num_tokens = w[next].num_tokens;
             }
@@ -291,6 +295,7 @@ static int load_workload(const char *path, bench_req **out, int32_t *n) {
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
         const cJSON *pt = cJSON_GetObjectItemCaseSensitive(j, "prompt_tokens");
         const cJSON *ol = cJSON_GetObjectItemCaseSensitive(j, "output_len");
+        r->chat = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "chat"));
         if (cJSON_IsString(p)) {
             r->prompt = strdup(p->valuestring);
         } else if (cJSON_IsArray(pt) && cJSON_GetArraySize(pt) > 0) {

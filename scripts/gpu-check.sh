@@ -7,8 +7,11 @@
 #           logprobs; offline throughput (1000 requests) and batch-1 decode
 #           on the Llama-3-8B shape.
 #   stage2: SmolLM2 (GGUF carried in two parts) greedy ids vs the CPU
-#           backend's (tests/e2e/data/smollm2_greedy_cpu.txt), and its
-#           batch-1 decode speed.
+#           backend's (tests/e2e/data/smollm2_greedy_cpu.txt), its batch-1
+#           decode speed, every scheduler/cache pipeline with backend cuda
+#           (configs/gpu/ab/), and speculation on/off (configs/gpu/spec-*).
+#   tp:     tensor parallel size 2 vs 1 on the Llama-3-8B shape (two GPUs):
+#           per-token logprobs, greedy ids, batch-1 and offline speed.
 set -u
 . scripts/gpu-env.sh
 O=${OUT:-/tmp/out}; mkdir -p "$O"
@@ -63,8 +66,67 @@ PY
   step "SmolLM2 batch-1 decode through the engine (256 new tokens)"
   timeout 120 loom bench configs/gpu/smollm2.yaml --num-requests 4 --input-len 64 --output-len 256 \
     --set scheduler.max_num_seqs=1 --no-progress --json "$O/smollm2-batch1.json" 2>&1 | grep -E "TPOT p50|output tokens"
+  ab() { # name, B config, extra bench args: A = configs/gpu/ab/base.yaml
+    local name=$1 cfg=$2; shift 2
+    step "pipeline A/B ($name): base vs $cfg"
+    timeout 150 loom bench --compare configs/gpu/ab/base.yaml "$cfg" --no-progress --seed 3 "$@" \
+      --json "$O/ab-$name.json" > "$O/ab-$name.txt" 2>&1 || { fails=$((fails + 1)); echo "FAIL ab $name"; }
+    tail -22 "$O/ab-$name.txt"
+  }
+  W="--num-requests 200 --input-len 64:512 --output-len 32:256"
+  ab static configs/gpu/ab/static.yaml $W
+  ab contiguous configs/gpu/ab/contiguous.yaml $W
+  ab prefix configs/gpu/ab/no-prefix-cache.yaml $W --shared-prefix-ratio 0.9 --prefix-len 384
+  ab tight-recompute configs/gpu/ab/tight.yaml --num-requests 64 --input-len 200:400 --output-len 64:128
+  ab tight-swap configs/gpu/ab/tight-swap.yaml --num-requests 64 --input-len 200:400 --output-len 64:128
+  step "speculation: SmolLM2 with and without ngram, grounded and chat, batch 1 / 8 / 32"
+  for wl in grounded chat; do
+    for i in 1 2 3 4; do cat configs/spec/$wl.jsonl; done > /tmp/$wl-32.jsonl
+    for bs in 1 8 32; do
+      timeout 150 loom bench --compare configs/gpu/smollm2.yaml configs/gpu/spec-ngram.yaml \
+        --workload /tmp/$wl-32.jsonl --set scheduler.max_num_seqs=$bs --no-progress \
+        --json "$O/spec-ngram-$wl-b$bs.json" > "$O/spec-$wl-b$bs.txt" 2>&1 \
+        || { fails=$((fails + 1)); echo "FAIL spec $wl b$bs"; }
+      echo "--- $wl batch $bs"; grep -iE "output tok/s|TPOT p50|accept|proposed" "$O/spec-$wl-b$bs.txt"
+    done
+  done
   ;;
-*) echo "usage: scripts/gpu-check.sh stage1|stage2" >&2; exit 2 ;;
+tp)
+  step "devices"
+  nvidia-smi --query-gpu=index,name,memory.total --format=csv
+  nvidia-smi topo -m 2>/dev/null | head -5
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  python3 -c 'import random; random.seed(5); print(" ".join(str(random.randrange(100, 128000)) for _ in range(200)))' \
+    > /tmp/tp_tokens.txt
+  step "Llama-3-8B shape: per-token logprobs, tp size 2 vs 1"
+  timeout 200 "$LB/tests/e2e/engine_tool" score configs/gpu/llama3-8b-dummy.yaml /tmp/tp_tokens.txt \
+    > "$O/tp1_logprobs.txt" 2> "$O/tp1.err" || tail -3 "$O/tp1.err"
+  timeout 200 "$LB/tests/e2e/engine_tool" score configs/tp/cuda-tp2-llama3-8b.yaml /tmp/tp_tokens.txt \
+    > "$O/tp2_logprobs.txt" 2> "$O/tp2.err" || tail -3 "$O/tp2.err"
+  python3 tests/e2e/compare_logprobs.py "$O/tp1_logprobs.txt" "$O/tp2_logprobs.txt" | tee "$O/tp_compare.txt" \
+    || fails=$((fails + 1))
+  step "Llama-3-8B shape: greedy ids, tp size 2 vs 1"
+  P=$(head -c 400 /tmp/tp_tokens.txt | cut -d' ' -f1-40)
+  g1=$(timeout 200 "$LB/tests/e2e/engine_tool" greedy-ids configs/gpu/llama3-8b-dummy.yaml 64 "$P" 2>>"$O/tp1.err")
+  g2=$(timeout 200 "$LB/tests/e2e/engine_tool" greedy-ids configs/tp/cuda-tp2-llama3-8b.yaml 64 "$P" 2>>"$O/tp2.err")
+  echo "$g1" > "$O/tp1_greedy.txt"; echo "$g2" > "$O/tp2_greedy.txt"
+  python3 - "$g1" "$g2" <<'PY' || fails=$((fails + 1))
+import sys
+a, b = sys.argv[1].split(), sys.argv[2].split()
+k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print(f"{'PASS' if a == b and a else 'DIFF'} greedy tp2 vs tp1: {len(b)} tokens, identical for the first {k} of {len(a)}")
+sys.exit(0 if a == b and a else 1)
+PY
+  step "Llama-3-8B shape: batch-1 decode, tp 1 vs 2"
+  timeout 240 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/tp/cuda-tp2-llama3-8b.yaml \
+    --num-requests 4 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1 --no-progress \
+    --json "$O/tp-batch1.json" 2>&1 | tail -16 || fails=$((fails + 1))
+  step "Llama-3-8B shape: offline 500 requests (~512 in / ~256 out), tp 1 vs 2"
+  timeout 300 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/tp/cuda-tp2-llama3-8b.yaml \
+    --num-requests 500 --input-len 384:640 --output-len 128:384 --seed 7 --no-progress \
+    --json "$O/tp-offline-500.json" 2>&1 | tail -16 || fails=$((fails + 1))
+  ;;
+*) echo "usage: scripts/gpu-check.sh stage1|stage2|tp" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

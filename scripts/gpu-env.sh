@@ -9,3 +9,10 @@ fi
 export LD_LIBRARY_PATH=/tmp/loom/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LOOM_PLUGIN_PATH="$LB/plugins" LOOM_PLUGIN_PATH_ONLY=1 NCCL_NVLS_ENABLE=0
 export PATH="$LB/cli:$PATH"
+# NCCL for the tp executor: the image ships it inside PyTorch's wheels
+# (nvidia-nccl-cu13), not on the loader's path.
+if ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
+  nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) + "/lib")' 2>/dev/null)
+  [ -e "$nccl/libnccl.so.2" ] || nccl=$(dirname "$(find / -name libnccl.so.2 -not -path '/proc/*' 2>/dev/null | head -1)" 2>/dev/null)
+  [ -n "$nccl" ] && [ -e "$nccl/libnccl.so.2" ] && export LD_LIBRARY_PATH="$nccl:$LD_LIBRARY_PATH"
+fi

@@ -20,7 +20,10 @@
 
 static int usage(void) {
     fprintf(stderr, "usage: engine_tool score PIPELINE TOKENS.txt [--set k=v]...\n"
-                    "       engine_tool greedy PIPELINE MAX_NEW PROMPT [--set k=v]...\n");
+                    "       engine_tool greedy PIPELINE MAX_NEW PROMPT [--set k=v]...\n"
+                    "       engine_tool greedy-ids PIPELINE MAX_NEW \"ID ID ...\" [--set k=v]...\n"
+                    "         (greedy: PROMPT as one chat turn; greedy-ids: prompt token ids, for\n"
+                    "          models without a tokenizer such as dummy weights)\n");
     return 2;
 }
 
@@ -45,7 +48,7 @@ static void on_token(void *user, const loom_token_event *ev) {
 int main(int argc, char **argv) {
     if (argc < 4) return usage();
     const char *mode = argv[1], *pipeline = argv[2];
-    int first_opt = !strcmp(mode, "greedy") ? 5 : 4;
+    int first_opt = !strcmp(mode, "greedy") || !strcmp(mode, "greedy-ids") ? 5 : 4;
     if (argc < first_opt) return usage();
     const char *sets[64];
     int nsets = 0;
@@ -85,11 +88,23 @@ int main(int argc, char **argv) {
         }
         free(lp);
         free(ids);
-    } else if (!strcmp(mode, "greedy")) {
+    } else if (!strcmp(mode, "greedy") || !strcmp(mode, "greedy-ids")) {
         collect c = {0};
         loom_request rq = loom_request_default();
-        rq.prompt = argv[4];
-        rq.chat = true;
+        int32_t ids[4096], nids = 0;
+        if (!strcmp(mode, "greedy")) {
+            rq.prompt = argv[4];
+            rq.chat = true;
+        } else {
+            for (char *p = argv[4], *end; *p && nids < 4096; p = end) {
+                long v = strtol(p, &end, 10);
+                if (end == p) break;
+                ids[nids++] = (int32_t)v;
+            }
+            rq.tokens = ids;
+            rq.num_tokens = nids;
+            rq.ignore_eos = true;
+        }
         rq.max_tokens = atoi(argv[3]);
         rq.on_token = on_token;
         rq.user = &c;
