@@ -80,6 +80,7 @@ typedef struct bench_result {
     double ttft[3], tpot[3]; /* p50 p90 p99, seconds */
     double peak_kv, prefix_hit_rate;
     int64_t preemptions, prefill_tokens, cached_tokens, output_tokens;
+    int64_t swaps_out, swaps_in, spec_proposed, spec_accepted, device_sampled;
     int32_t max_running, errors;
 } bench_result;
 
@@ -246,6 +247,11 @@ static int run_once(const char *label, const char *config, const char **sets, in
     res->cached_tokens = st.cached_prompt_tokens;
     res->output_tokens = out_tokens;
     res->max_running = st.max_running;
+    res->swaps_out = st.swaps_out;
+    res->swaps_in = st.swaps_in;
+    res->spec_proposed = st.spec_proposed;
+    res->spec_accepted = st.spec_accepted;
+    res->device_sampled = st.device_sampled_rows;
     res->errors = t.errors;
     if (t.errors) fprintf(stderr, "loom bench: %d requests failed, e.g.: %s\n", t.errors, t.error);
     rc = t.errors ? 1 : 0;
@@ -418,6 +424,12 @@ static void print_counts(FILE *f, const char *label, const bench_result *r) {
            "%lld preemptions, %d sequences at most in one step\n",
            label, (long long)r->prefill_tokens, (long long)r->cached_tokens, (long long)r->output_tokens,
            (long long)r->preemptions, r->max_running);
+    if (r->swaps_out || r->swaps_in)
+        fprintf(f, "%-18s %lld blocks swapped out, %lld in\n", "", (long long)r->swaps_out, (long long)r->swaps_in);
+    if (r->spec_proposed)
+        fprintf(f, "%-18s speculation: %lld draft tokens proposed, %lld accepted (%.1f %%)\n", "",
+                (long long)r->spec_proposed, (long long)r->spec_accepted,
+                100.0 * (double)r->spec_accepted / (double)r->spec_proposed);
 }
 
 static cJSON *result_json(const bench_result *r) {
@@ -434,6 +446,11 @@ static cJSON *result_json(const bench_result *r) {
     cJSON_AddNumberToObject(o, "cached_prompt_tokens", (double)r->cached_tokens);
     cJSON_AddNumberToObject(o, "output_tokens", (double)r->output_tokens);
     cJSON_AddNumberToObject(o, "max_running", r->max_running);
+    cJSON_AddNumberToObject(o, "swaps_out", (double)r->swaps_out);
+    cJSON_AddNumberToObject(o, "swaps_in", (double)r->swaps_in);
+    cJSON_AddNumberToObject(o, "spec_proposed", (double)r->spec_proposed);
+    cJSON_AddNumberToObject(o, "spec_accepted", (double)r->spec_accepted);
+    cJSON_AddNumberToObject(o, "device_sampled_rows", (double)r->device_sampled);
     cJSON_AddNumberToObject(o, "errors", r->errors);
     return o;
 }

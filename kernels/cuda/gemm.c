@@ -235,6 +235,24 @@ int loom_cuda_gemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, i
     return 0;
 }
 
+int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int I, const void *gu,
+                              const void *w, void *act, void *y, cudaStream_t s, char *msg, size_t msg_size) {
+    if (M <= 0) return 0;
+    if (M <= g->gemv_max_m && I % 8 == 0) {
+        cudaError_t e = lc_gemv_swiglu(dt, M, N, I, gu, w, y, s);
+        if (e != cudaSuccess && msg && msg_size)
+            snprintf(msg, msg_size, "swiglu gemv launch failed for M=%d N=%d K=%d: %s", M, N, I,
+                     cudaGetErrorString(e));
+        return e == cudaSuccess ? 0 : 10000 + (int)e;
+    }
+    cudaError_t e = loom_cuda_swiglu(dt, act, gu, M, I, s);
+    if (e != cudaSuccess) {
+        if (msg && msg_size) snprintf(msg, msg_size, "swiglu launch failed: %s", cudaGetErrorString(e));
+        return 10000 + (int)e;
+    }
+    return loom_cuda_gemm_run(g, dt, 0, M, N, I, act, w, y, s, msg, msg_size);
+}
+
 void loom_cuda_gemm_set_gemv_max_m(loom_cuda_gemm *g, int max_m) {
     g->gemv_max_m = max_m < 0 ? 0 : max_m > LC_GEMV_MAX_M ? LC_GEMV_MAX_M : max_m;
 }

@@ -15,6 +15,12 @@
  * weight traffic), 4 warps per CTA; lanes split K in 8-element chunks;
  * warp shuffles reduce the partial dots. K % 8 == 0 and 16-byte aligned
  * rows are the caller's contract.
+ *
+ * SWIGLU variant (lc_gemv_swiglu, the FFN down projection): x is the fused
+ * gate|up output (M, 2K) and the kernel forms silu(gate) * up, rounded to
+ * dt as loom_cuda_swiglu stores it, as it loads x — one launch fewer per
+ * layer, which at batch 1 of a small model (launch-bound: SmolLM2's layer
+ * weights stream in ~2 us, a launch costs ~2.5 us) is the point.
  */
 #include "common.cuh"
 
@@ -23,7 +29,22 @@
 #define LC_GEMV_WARPS 4
 #define LC_GEMV_U 4 /* 16-byte weight chunks per row per lane in flight */
 
-template <typename T, int M, int R, bool F32>
+/* 8 activations of row m, chunk c: x (M, K), or SWIGLU: silu(g) * u from
+ * gu (M, 2K), rounded to T like the unfused kernel's output. */
+template <typename T, bool SWIGLU>
+__device__ __forceinline__ void lc_gemv_x8(const T *__restrict__ x, int K, int m, int c, float *xf) {
+    if (!SWIGLU) {
+        lc_unpack8<T>(lc_ldg16(x + (size_t)m * K + (size_t)c * 8), xf);
+        return;
+    }
+    float g[8], u[8];
+    lc_unpack8<T>(lc_ldg16(x + (size_t)m * 2 * K + (size_t)c * 8), g);
+    lc_unpack8<T>(lc_ldg16(x + (size_t)m * 2 * K + K + (size_t)c * 8), u);
+#pragma unroll
+    for (int e = 0; e < 8; e++) xf[e] = lc_to_f(lc_from_f<T>(g[e] / (1.0f + __expf(-g[e])) * u[e]));
+}
+
+template <typename T, int M, int R, bool F32, bool SWIGLU>
 __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
     lc_gemv_kernel(const T *__restrict__ x, const T *__restrict__ w, void *__restrict__ y, int N,
                    int K) {
@@ -58,7 +79,7 @@ __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
 #pragma unroll
             for (int m = 0; m < M; m++) {
                 float xf[8];
-                lc_unpack8<T>(lc_ldg16(x + (size_t)m * K + (size_t)(c + 32 * u) * 8), xf);
+                lc_gemv_x8<T, SWIGLU>(x, K, m, c + 32 * u, xf);
 #pragma unroll
                 for (int r = 0; r < R; r++)
 #pragma unroll
@@ -74,7 +95,7 @@ __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
 #pragma unroll
         for (int m = 0; m < M; m++) {
             float xf[8];
-            lc_unpack8<T>(lc_ldg16(x + (size_t)m * K + (size_t)c * 8), xf);
+            lc_gemv_x8<T, SWIGLU>(x, K, m, c, xf);
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
@@ -102,27 +123,27 @@ __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
     }
 }
 
-template <typename T, int M, bool F32>
+template <typename T, int M, bool F32, bool SWIGLU>
 static cudaError_t lc_gemv_m(const void *x, const void *w, void *y, int N, int K, cudaStream_t s) {
     constexpr int R = M == 1 ? 1 : M <= 4 ? 2 : 4;
     const int rows_per_cta = LC_GEMV_WARPS * R;
     const unsigned grid = (unsigned)((N + rows_per_cta - 1) / rows_per_cta);
-    return lc_launch(lc_gemv_kernel<T, M, R, F32>, dim3(grid), dim3(LC_GEMV_WARPS * 32), 0, s,
+    return lc_launch(lc_gemv_kernel<T, M, R, F32, SWIGLU>, dim3(grid), dim3(LC_GEMV_WARPS * 32), 0, s,
                      static_cast<const T *>(x), static_cast<const T *>(w), y, N, K);
 }
 
-template <typename T, bool F32>
+template <typename T, bool F32, bool SWIGLU = false>
 static cudaError_t lc_gemv_t(int M, const void *x, const void *w, void *y, int N, int K,
                              cudaStream_t s) {
     switch (M) {
-    case 1: return lc_gemv_m<T, 1, F32>(x, w, y, N, K, s);
-    case 2: return lc_gemv_m<T, 2, F32>(x, w, y, N, K, s);
-    case 3: return lc_gemv_m<T, 3, F32>(x, w, y, N, K, s);
-    case 4: return lc_gemv_m<T, 4, F32>(x, w, y, N, K, s);
-    case 5: return lc_gemv_m<T, 5, F32>(x, w, y, N, K, s);
-    case 6: return lc_gemv_m<T, 6, F32>(x, w, y, N, K, s);
-    case 7: return lc_gemv_m<T, 7, F32>(x, w, y, N, K, s);
-    case 8: return lc_gemv_m<T, 8, F32>(x, w, y, N, K, s);
+    case 1: return lc_gemv_m<T, 1, F32, SWIGLU>(x, w, y, N, K, s);
+    case 2: return lc_gemv_m<T, 2, F32, SWIGLU>(x, w, y, N, K, s);
+    case 3: return lc_gemv_m<T, 3, F32, SWIGLU>(x, w, y, N, K, s);
+    case 4: return lc_gemv_m<T, 4, F32, SWIGLU>(x, w, y, N, K, s);
+    case 5: return lc_gemv_m<T, 5, F32, SWIGLU>(x, w, y, N, K, s);
+    case 6: return lc_gemv_m<T, 6, F32, SWIGLU>(x, w, y, N, K, s);
+    case 7: return lc_gemv_m<T, 7, F32, SWIGLU>(x, w, y, N, K, s);
+    case 8: return lc_gemv_m<T, 8, F32, SWIGLU>(x, w, y, N, K, s);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -135,4 +156,11 @@ extern "C" cudaError_t lc_gemv(loom_cuda_dt dt, int out_f32, int M, int N, int K
                        : lc_gemv_t<__half, false>(M, x, w, y, N, K, s);
     return out_f32 ? lc_gemv_t<__nv_bfloat16, true>(M, x, w, y, N, K, s)
                    : lc_gemv_t<__nv_bfloat16, false>(M, x, w, y, N, K, s);
+}
+
+extern "C" cudaError_t lc_gemv_swiglu(loom_cuda_dt dt, int M, int N, int K, const void *gu, const void *w,
+                                      void *y, cudaStream_t s) {
+    if (M < 1 || M > LC_GEMV_MAX_M || K % 8 || N <= 0) return cudaErrorInvalidValue;
+    if (dt == LOOM_CUDA_F16) return lc_gemv_t<__half, false, true>(M, gu, w, y, N, K, s);
+    return lc_gemv_t<__nv_bfloat16, false, true>(M, gu, w, y, N, K, s);
 }

@@ -19,6 +19,11 @@ extern "C" {
 cudaError_t lc_gemv(loom_cuda_dt dt, int out_f32, int M, int N, int K, const void *x,
                     const void *w, void *y, cudaStream_t s);
 
+/* y (M, N) dt = (silu(gu[:, :K]) * gu[:, K:]) @ w^T — the SwiGLU fused
+ * into the down projection's GEMV; gu (M, 2K) dt. Same contract. */
+cudaError_t lc_gemv_swiglu(loom_cuda_dt dt, int M, int N, int K, const void *gu, const void *w, void *y,
+                           cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,9 +18,10 @@
  * two cuda instances coexist in the process. Steps, on shuffled (paged)
  * block tables of 16-token blocks: a ragged prefill (lengths 1..100,
  * block boundaries), chunked prefill, a mixed step (decodes + chunks), a
- * fork through copy_blocks, a swap out and in, and runs of pure decode
- * steps at batch 6, 3 and 1 (graph buckets 8, 4 and 1: captured, then
- * replayed). Checks print `PASS|FAIL name err` (err: largest row-wise
+ * fork through copy_blocks, a swap out and in, two steps of 1..8 tokens
+ * per sequence (draft verification; graph (q 8, bucket 8) captured, then
+ * replayed), and runs of pure decode steps at batch 6, 3 and 1 (graph
+ * buckets 8, 4 and 1: captured, then replayed). Checks print `PASS|FAIL name err` (err: largest row-wise
  * ||a - b|| / ||b|| over the logits rows); exit status = failures.
  */
 #include <dlfcn.h>
@@ -559,6 +560,18 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
         build(&sc, ss, nn, 1, false, &bb);
         if (!run_step(&t, sh->name, "decode after swap out + in", &bb)) goto out;
         advance(ss, nn, 1);
+    }
+    /* 6b. draft-verification shapes, 1..8 tokens per sequence (graphs pad
+     * each to 8 and the batch to bucket 8): all logits, then only the last
+     * of each sequence — the second replays the first's graph */
+    for (int round = 0; round < 2; round++) {
+        seq *ss[5] = {&S[0], &S[2], &S[3], &S[4], &S[6]};
+        int nn[5] = {3, 1, 5, 8, 2};
+        build(&sc, ss, nn, 5, round == 0, &bb);
+        if (!run_step(&t, sh->name, round ? "verify shapes 3/1/5/8/2, last logits" : "verify shapes 3/1/5/8/2, all logits",
+                      &bb))
+            goto out;
+        advance(ss, nn, 5);
     }
     /* 7. pure decode runs: batch 6 (bucket 8), 3 (bucket 4), 1 (bucket 1) */
     {

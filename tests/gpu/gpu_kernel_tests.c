@@ -152,6 +152,7 @@ static void report(const char *name, const err_acc *a, double tol) {
 }
 
 #define TOL16 1e-2
+#define LC_TEST_GEMV_MAX 8 /* the gemm's default gemv_max_m */
 #define TOL32 1e-5
 
 /* -------------------------------------------------------------- embedding */
@@ -656,6 +657,46 @@ done:
 
 /* ------------------------------------------------------------------ main */
 
+/* loom_cuda_gemm_swiglu_run: the SwiGLU fused into the GEMV (M <= 8) and
+ * the swiglu + GEMM path above, against float64 of the dt-rounded act. */
+static void test_swiglu_down(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int I) {
+    float *guf = malloc((size_t)M * 2 * I * 4), *wf = malloc((size_t)N * I * 4);
+    uint16_t *gu = rand16(dt, (size_t)M * 2 * I, -3, 3, guf), *w = rand16(dt, (size_t)N * I, -1, 1, wf);
+    void *d_gu = dev_upload(gu, (size_t)M * 2 * I * 2), *d_w = dev_upload(w, (size_t)N * I * 2);
+    void *d_act = dev_poison((size_t)M * I * 2), *d_y = dev_poison((size_t)M * N * 2);
+    char msg[256] = "", name[128];
+    int rc = loom_cuda_gemm_swiglu_run(g, dt, M, N, I, d_gu, d_w, d_act, d_y, 0, msg, sizeof msg);
+    CK(cudaDeviceSynchronize());
+    snprintf(name, sizeof name, "swiglu+down %s M=%d N=%d I=%d (%s)", dtn(dt), M, N, I,
+             M <= LC_TEST_GEMV_MAX ? "fused gemv" : "swiglu, gemm");
+    err_acc a = {0};
+    if (rc) {
+        printf("      error: %s\n", msg);
+        a.nan = true;
+    } else {
+        uint16_t *y = malloc((size_t)M * N * 2);
+        double *act = malloc((size_t)I * 8), *out = malloc((size_t)N * 8), *ref = malloc((size_t)N * 8);
+        CK(cudaMemcpy(y, d_y, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
+        for (int m = 0; m < M; m++) {
+            for (int i = 0; i < I; i++) {
+                double gv = guf[(size_t)m * 2 * I + i], uv = guf[(size_t)m * 2 * I + I + i];
+                act[i] = from16(dt, to16(dt, (float)(gv / (1.0 + exp(-gv)) * uv)));
+            }
+            for (int n = 0; n < N; n++) {
+                double sum = 0;
+                for (int i = 0; i < I; i++) sum += act[i] * wf[(size_t)n * I + i];
+                ref[n] = sum;
+                out[n] = from16(dt, y[(size_t)m * N + n]);
+            }
+            err_row(&a, out, ref, N);
+        }
+        free(y), free(act), free(out), free(ref);
+    }
+    report(name, &a, TOL16);
+    cudaFree(d_gu), cudaFree(d_w), cudaFree(d_act), cudaFree(d_y);
+    free(guf), free(wf), free(gu), free(w);
+}
+
 /* ------------------------------------------------------------ logits top-k */
 
 /* loom_cuda_logits_topk against loom/logits_topk.h on rows with many ties
@@ -807,6 +848,10 @@ int main(int argc, char **argv) {
             test_gemm(g, dts[di], 3, 49152, 576, true);
         }
         test_gemm(g, LOOM_CUDA_BF16, 9, 4096, 4096, false); /* cached plan */
+        for (int m = 1; m <= 9; m += 2) test_swiglu_down(g, LOOM_CUDA_BF16, m, 576, 1536);
+        test_swiglu_down(g, LOOM_CUDA_BF16, 8, 4096, 14336);
+        test_swiglu_down(g, LOOM_CUDA_F16, 2, 896, 4864);
+        test_swiglu_down(g, LOOM_CUDA_BF16, 40, 576, 1536);
         loom_cuda_gemm_set_gemv_max_m(g, 0); /* cuBLASLt at M = 1 too */
         test_gemm(g, LOOM_CUDA_BF16, 1, 4096, 4096, false);
         test_gemm(g, LOOM_CUDA_BF16, 4, 49152, 576, true);

@@ -60,11 +60,12 @@ loom_status cb_cuda_check(cuda_backend *b, loom_error *err, cudaError_t e, const
 }
 
 void cb_graphs_reset(cuda_backend *b) {
-    for (int i = 0; i < CB_NUM_BUCKETS; i++) {
-        if (b->graphs[i].exec) cudaGraphExecDestroy(b->graphs[i].exec);
-        b->graphs[i].exec = NULL;
-        b->graphs[i].tried = false;
-    }
+    for (int q = 0; q < CB_GRAPH_MAX_Q; q++)
+        for (int i = 0; i < CB_NUM_BUCKETS; i++) {
+            if (b->graphs[q][i].exec) cudaGraphExecDestroy(b->graphs[q][i].exec);
+            b->graphs[q][i].exec = NULL;
+            b->graphs[q][i].tried = false;
+        }
 }
 
 /* KV element type asked by the cache manager: COUNT means "the backend's

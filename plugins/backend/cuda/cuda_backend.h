@@ -42,8 +42,12 @@
 /* Logits rows computed per LM-head GEMM (and the largest graph bucket):
  * bounds the device logits buffer and its pinned host mirror. */
 #define CB_LOGITS_ROWS 256
-/* CUDA-graph batch buckets: a pure decode step of n sequences runs the
- * graph of the smallest bucket >= n, padded with dummy rows. */
+/* CUDA-graph batch buckets: a step of n sequences, each with at most
+ * CB_GRAPH_MAX_Q query tokens (decode: 1; verifying drafts: k + 1), runs
+ * the graph of (the smallest bucket >= n, q = the most tokens any of them
+ * has), every sequence padded to q tokens and the batch to the bucket
+ * with dummy ones (cuda_forward.c). */
+#define CB_GRAPH_MAX_Q 8
 #define CB_NUM_BUCKETS 9
 static const int32_t cb_buckets[CB_NUM_BUCKETS] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 
@@ -170,7 +174,7 @@ typedef struct cuda_backend {
     int32_t pairs_cap;          /* pairs it holds                             */
 
     /* --- CUDA graphs */
-    cuda_graph_slot graphs[CB_NUM_BUCKETS];
+    cuda_graph_slot graphs[CB_GRAPH_MAX_Q][CB_NUM_BUCKETS]; /* [q - 1][bucket] */
     int64_t graph_replays, eager_steps;
 } cuda_backend;
 

@@ -125,19 +125,26 @@ static int32_t cb_max_splits(const cuda_backend *b, loom_cuda_attn_shape shape, 
 }
 
 /* Pack the step's metadata into meta_host and fill the plan. pad_to > 0:
- * a pure decode step padded to that many rows (graph layout). */
-static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t pad_to,
+ * the graph layout — pad_to sequences of exactly q query tokens each:
+ * sequence s's tokens at rows [s q, s q + n_s), then q - n_s dummy tokens
+ * (the last real token's id and position, no KV write: their attention
+ * reads what the real tokens read and their outputs are never used), then
+ * pad_to - S dummy sequences (position 0, block table of zeros, no KV
+ * write); logits rows are computed for all pad_to * q tokens, the wanted
+ * ones first, in the caller's order. */
+static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t pad_to, int32_t q,
                                  cuda_plan *p, loom_error *err) {
     const int32_t S = bt->num_seqs, T = bt->num_tokens, G = b->group;
     const int32_t dec_rows = loom_cuda_attn_rows(LOOM_CUDA_ATTN_DECODE);
     const int32_t tpt = loom_cuda_attn_rows(LOOM_CUDA_ATTN_PREFILL) / G; /* tokens per tile */
-    const int32_t rowsT = pad_to > 0 ? pad_to : T, rowsS = pad_to > 0 ? pad_to : S;
-    const int32_t NL = pad_to > 0 ? pad_to : bt->num_logits;
+    const bool pad = pad_to > 0;
+    const int32_t rowsT = pad ? pad_to * q : T, rowsS = pad ? pad_to : S;
+    const int32_t NL = pad ? pad_to * q : bt->num_logits;
     const int32_t stride = bt->block_table_stride;
 
     int32_t ndec = 0, npre = 0;
     for (int32_t s = 0; s < rowsS; s++) {
-        int32_t n = s < S ? bt->query_start[s + 1] - bt->query_start[s] : 1;
+        int32_t n = pad ? q : bt->query_start[s + 1] - bt->query_start[s];
         if (n <= 0) continue;
         if (n * G <= dec_rows) ndec++;
         else npre += (n + tpt - 1) / tpt;
@@ -156,24 +163,39 @@ static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t 
     loom_cuda_attn_tile *dt = (loom_cuda_attn_tile *)(m + l.dtiles);
     loom_cuda_attn_tile *pt = (loom_cuda_attn_tile *)(m + l.ptiles);
     hdr[0] = stride, hdr[1] = hdr[2] = hdr[3] = 0;
-    memcpy(ids, bt->token_ids, (size_t)T * 4);
-    memcpy(pos, bt->positions, (size_t)T * 4);
-    memcpy(slot, bt->slot_mapping, (size_t)T * 8);
-    for (int32_t t = T; t < rowsT; t++) ids[t] = 0, pos[t] = 0, slot[t] = -1;
+    if (!pad) {
+        memcpy(ids, bt->token_ids, (size_t)T * 4);
+        memcpy(pos, bt->positions, (size_t)T * 4);
+        memcpy(slot, bt->slot_mapping, (size_t)T * 8);
+        memcpy(lidx, bt->logits_index, (size_t)NL * 4);
+    } else {
+        for (int32_t s = 0; s < rowsS; s++) {
+            const int32_t q0 = s < S ? bt->query_start[s] : 0, n = s < S ? bt->query_start[s + 1] - q0 : 0;
+            for (int32_t j = 0; j < q; j++) {
+                const int32_t r = s * q + j, t = q0 + (j < n ? j : n - 1);
+                ids[r] = n > 0 ? bt->token_ids[t] : 0;
+                pos[r] = n > 0 ? bt->positions[t] : 0;
+                slot[r] = n > 0 && j < n ? bt->slot_mapping[t] : -1;
+            }
+        }
+        /* wanted rows first (t -> its padded row), then any row */
+        for (int32_t i = 0, s = 0; i < bt->num_logits; i++) {
+            const int32_t t = bt->logits_index[i];
+            while (s + 1 < S && bt->query_start[s + 1] <= t) s++; /* logits_index ascends */
+            lidx[i] = s * q + (t - bt->query_start[s]);
+        }
+        for (int32_t i = bt->num_logits; i < NL; i++) lidx[i] = i;
+    }
     if (b->sharded) /* vocabulary-parallel: this rank's embedding rows, -1 = a zero row */
         for (int32_t t = 0; t < rowsT; t++) {
             int64_t v = (int64_t)ids[t] - b->vocab_lo;
             ids[t] = v >= 0 && v < b->vocab_rows ? (int32_t)v : -1;
         }
-    if (pad_to > 0)
-        for (int32_t i = 0; i < NL; i++) lidx[i] = i;
-    else
-        memcpy(lidx, bt->logits_index, (size_t)NL * 4);
     memcpy(btab, bt->block_table, (size_t)S * (size_t)stride * 4);
     memset(btab + (size_t)S * stride, 0, (size_t)(rowsS - S) * (size_t)stride * 4);
     int32_t id = 0, ip = 0;
     for (int32_t s = 0; s < rowsS; s++) {
-        int32_t q0 = s < S ? bt->query_start[s] : s, n = s < S ? bt->query_start[s + 1] - q0 : 1;
+        int32_t q0 = pad ? s * q : bt->query_start[s], n = pad ? q : bt->query_start[s + 1] - q0;
         if (n <= 0) continue;
         if (n * G <= dec_rows) {
             dt[id++] = (loom_cuda_attn_tile){.seq = s, .tok0 = q0, .ntok = n, .pad = 0};
@@ -208,6 +230,17 @@ static loom_status cb_gemm(cuda_backend *b, bool out_f32, int32_t M, int32_t N, 
     return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE,
                           "backend cuda (device %d): %s GEMM (%d x %d x %d): %s", b->device, what,
                           M, N, K, msg);
+}
+
+/* r (T, H) = SwiGLU(gu) @ w_down^T (fused into the GEMV at small T). */
+static loom_status cb_swiglu_down(cuda_backend *b, int32_t T, const void *wdown, loom_error *err) {
+    const int32_t H = b->mc.hidden_size, I = b->mc.intermediate_size;
+    char msg[256] = "";
+    int rc = loom_cuda_gemm_swiglu_run(b->gemm, b->dt, T, H, I, b->gu, wdown, b->act, b->r, b->stream, msg,
+                                       sizeof msg);
+    if (rc == 0) return LOOM_OK;
+    return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE, "backend cuda (device %d): ffn_down (%d x %d x %d): %s",
+                          b->device, T, H, I, msg);
 }
 
 /* Tensor parallelism: sum `count` elements of buf (device memory, dtype
@@ -269,8 +302,7 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
             (st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, b->r, ly->ffn_norm,
                                                         NULL, T, H, eps, s))) ||
             (st = cb_gemm(b, false, T, 2 * I, H, b->xn, ly->wgu, b->gu, "ffn_gate_up", err)) ||
-            (st = CB_CUDA(b, err, loom_cuda_swiglu(b->dt, b->act, b->gu, T, I, s))) ||
-            (st = cb_gemm(b, false, T, H, I, b->act, ly->wdown, b->r, "ffn_down", err)) ||
+            (st = cb_swiglu_down(b, T, ly->wdown, err)) ||
             (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)))
             return st;
     }
@@ -448,11 +480,11 @@ static loom_status cb_run_eager(cuda_backend *b, const cuda_plan *p, float *logi
     return st;
 }
 
-/* Capture the padded decode step of plan p as bucket k's graph. Failure
- * leaves the bucket eager and is only logged. */
-static void cb_capture(cuda_backend *b, int k, const cuda_plan *p) {
+/* Capture the padded step of plan p as graph (q, bucket k). Failure
+ * leaves that graph eager and is only logged. */
+static void cb_capture(cuda_backend *b, int q, int k, const cuda_plan *p) {
     const loom_host *h = b->host;
-    cuda_graph_slot *g = &b->graphs[k];
+    cuda_graph_slot *g = &b->graphs[q - 1][k];
     g->tried = true;
     loom_error e = {0};
     cudaGraph_t graph = NULL;
@@ -477,31 +509,40 @@ static void cb_capture(cuda_backend *b, int k, const cuda_plan *p) {
     (void)cudaGetLastError();
     if (st != LOOM_OK)
         h->log(h->ctx, LOOM_LOG_WARN, CB_WHO,
-               "CUDA graph capture for decode batch %d failed; that bucket stays eager: %s",
-               cb_buckets[k], e.message);
+               "CUDA graph capture for batch %d x %d tokens failed; that shape stays eager: %s",
+               cb_buckets[k], q, e.message);
     else {
-        h->log(h->ctx, LOOM_LOG_DEBUG, CB_WHO, "captured decode graph for batch %d", cb_buckets[k]);
+        h->log(h->ctx, LOOM_LOG_DEBUG, CB_WHO, "captured graph for batch %d x %d tokens", cb_buckets[k], q);
         if (h->metric_add) h->metric_add(h->ctx, "backend.cuda.graph_captures", 1);
     }
 }
 
-/* Bucket index for a pure decode step that may use a graph, or -1. */
-static int cb_graph_bucket(const cuda_backend *b, const loom_batch *bt) {
+/* Bucket index for a step that may use a graph, or -1; *q = the tokens
+ * every sequence is padded to. Any step whose sequences each bring 1..
+ * CB_GRAPH_MAX_Q query tokens qualifies: decode (q = 1), draft
+ * verification (q = k + 1), short prefill tails. */
+static int cb_graph_bucket(const cuda_backend *b, const loom_batch *bt, int32_t *q) {
     /* Sharded: no graphs. NCCL collectives may be captured into a CUDA
      * graph (NCCL >= 2.9 supports stream capture), and every rank sees the
      * same batches, so all would capture and replay the same buckets
      * together — but that path has never run on GPUs, so to stay safe every
      * sharded step runs eagerly until it is tested (docs/gpu.md). */
     if (!b->cfg.cuda_graphs || b->sharded) return -1;
-    const int32_t S = bt->num_seqs, T = bt->num_tokens;
-    if (T != S || bt->num_logits != T || T > b->cfg.max_graph_batch || T > b->logits_rows ||
-        T > b->max_tokens)
-        return -1;
-    for (int32_t s = 0; s < S; s++)
-        if (bt->query_start[s + 1] - bt->query_start[s] != 1 || bt->logits_index[s] != s) return -1;
-    for (int k = 0; k < CB_NUM_BUCKETS; k++)
-        if (cb_buckets[k] >= T)
-            return cb_buckets[k] <= b->max_tokens && cb_buckets[k] <= b->logits_rows ? k : -1;
+    const int32_t S = bt->num_seqs;
+    int32_t qmax = 0;
+    for (int32_t s = 0; s < S; s++) {
+        int32_t n = bt->query_start[s + 1] - bt->query_start[s];
+        if (n < 1 || n > CB_GRAPH_MAX_Q) return -1;
+        if (n > qmax) qmax = n;
+    }
+    if (S > b->cfg.max_graph_batch) return -1;
+    for (int k = 0; k < CB_NUM_BUCKETS; k++) {
+        if (cb_buckets[k] < S) continue;
+        const int32_t rows = cb_buckets[k] * qmax;
+        if (cb_buckets[k] > b->cfg.max_graph_batch || rows > b->max_tokens || rows > b->logits_rows) return -1;
+        *q = qmax;
+        return k;
+    }
     return -1;
 }
 
@@ -513,15 +554,17 @@ static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits,
     loom_status st;
     if ((st = CB_CUDA(b, err, cudaSetDevice(b->device)))) return st;
     cuda_plan p;
-    const int k = cb_graph_bucket(b, bt);
+    int32_t q = 1;
+    const int k = cb_graph_bucket(b, bt, &q);
     if (k < 0) {
-        if ((st = cb_meta_build(b, bt, 0, &p, err))) return st;
+        if ((st = cb_meta_build(b, bt, 0, 0, &p, err))) return st;
         return cb_run_eager(b, &p, logits, tk, bt->num_logits, err);
     }
-    if ((st = cb_meta_build(b, bt, cb_buckets[k], &p, err))) return st;
-    if (b->graphs[k].exec) {
+    if ((st = cb_meta_build(b, bt, cb_buckets[k], q, &p, err))) return st;
+    cuda_graph_slot *g = &b->graphs[q - 1][k];
+    if (g->exec) {
         if ((st = cb_upload_meta(b, &p, err)) ||
-            (st = CB_CUDA(b, err, cudaGraphLaunch(b->graphs[k].exec, b->stream))) ||
+            (st = CB_CUDA(b, err, cudaGraphLaunch(g->exec, b->stream))) ||
             (st = cb_emit_logits(b, 0, bt->num_logits, logits, tk, err)))
             return st;
         b->graph_replays++;
@@ -531,7 +574,7 @@ static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits,
     /* first time for this bucket: the padded step eagerly (warm-up and this
      * step's logits), then capture it for the next ones */
     if ((st = cb_run_eager(b, &p, logits, tk, bt->num_logits, err))) return st;
-    if (!b->graphs[k].tried) cb_capture(b, k, &p);
+    if (!g->tried) cb_capture(b, q, k, &p);
     return LOOM_OK;
 }
 
