@@ -270,12 +270,13 @@ typedef struct loom_cuda_qweight {
 /* Does the kernel contract above hold for fmt / K / group? */
 int loom_cuda_qweight_ok(loom_cuda_qfmt fmt, int K, int group);
 
-/* Device scratch bytes loom_cuda_qgemm_run needs for w at up to max_m rows
- * (dequantized weight for W8A16 / INT4 at large M, quantized activations
- * and a GEMM output buffer for W8A8 / FP8). The backend allocates the
- * largest over its weights once. */
-size_t loom_cuda_qgemm_scratch_bytes(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight *w,
-                                     int max_m);
+/* Device scratch bytes loom_cuda_qgemm_run needs for w at any M up to
+ * max_m with g's current GEMV bounds (quantized activations for W8A8 /
+ * FP8; above the GEMV bound the dequantized weight for W8A16 / INT4 or a
+ * GEMM output buffer for W8A8 / FP8). The backend allocates the largest
+ * over its weights once; change the bounds before asking. */
+size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32,
+                                     const loom_cuda_qweight *w, int max_m);
 
 /* y (M, N) = x (M, K) @ dequant(w)^T, x dt, y dt or float32 (out_f32).
  *   M <= the format's GEMV bound: a fused dequantize-GEMV (8 rows of x per

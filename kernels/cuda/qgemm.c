@@ -58,13 +58,15 @@ static size_t lc_big_bytes(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight
     }
 }
 
-size_t loom_cuda_qgemm_scratch_bytes(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight *w,
-                                     int max_m) {
+/* (the need of a call at M = max_m is exactly what run() checks; it grows
+ * with max_m, so the bytes for the largest M cover every smaller one) */
+size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32,
+                                     const loom_cuda_qweight *w, int max_m) {
     if (!w || w->fmt == LOOM_CUDA_Q_NONE || max_m <= 0) return 0;
     const int ch = max_m < LC_QCHUNK_M ? max_m : LC_QCHUNK_M;
     size_t b = 0;
     if (lc_acts_quantized(w->fmt)) b += lc_r256((size_t)ch * 4) + lc_r256((size_t)ch * (size_t)w->K);
-    if (max_m > LC_QGEMV_MAX_M) b += lc_r256(lc_big_bytes(dt, out_f32, w, ch));
+    if (max_m > lc_gemm_q_gemv_max_m(g, w->fmt)) b += lc_r256(lc_big_bytes(dt, out_f32, w, ch));
     return b;
 }
 
@@ -104,7 +106,7 @@ int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
                      w->group);
         return 10000 + (int)cudaErrorInvalidValue;
     }
-    const size_t need = loom_cuda_qgemm_scratch_bytes(dt, out_f32, w, M);
+    const size_t need = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, w, M);
     if (scratch_bytes < need) {
         if (msg && msg_size)
             snprintf(msg, msg_size, "quantized GEMM M=%d N=%d K=%d needs %zu bytes of scratch, "

@@ -955,10 +955,10 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
         const int lr = mt < CB_LOGITS_ROWS ? mt : CB_LOGITS_ROWS;
         for (int32_t l = 0; l < L; l++)
             for (int gi = 0; gi < CB_NGROUPS; gi++) {
-                size_t n = loom_cuda_qgemm_scratch_bytes(b->dt, 0, &b->layers[l].q[gi], mt);
+                size_t n = loom_cuda_qgemm_scratch_bytes(b->gemm, b->dt, 0, &b->layers[l].q[gi], mt);
                 if (n > b->qscratch_bytes) b->qscratch_bytes = n;
             }
-        size_t n = loom_cuda_qgemm_scratch_bytes(b->dt, 1, &b->lm_q, lr);
+        size_t n = loom_cuda_qgemm_scratch_bytes(b->gemm, b->dt, 1, &b->lm_q, lr);
         if (n > b->qscratch_bytes) b->qscratch_bytes = n;
     }
 
