@@ -10,6 +10,10 @@
 #           backend's (tests/e2e/data/smollm2_greedy_cpu.txt), its batch-1
 #           decode speed, every scheduler/cache pipeline with backend cuda
 #           (configs/gpu/ab/), and speculation on/off (configs/gpu/spec-*).
+#   quant:  each quantizer scheme vs bf16 on the Llama-3-8B shape (batch-1
+#           decode, 2048-token prefill, batch-64 decode) and SmolLM2
+#           perplexity per scheme (needs the SmolLM2 GGUF, as stage2).
+#   offline: the 1000-request offline run at 256 and 512 sequences a step.
 #   tp:     tensor parallel size 2 vs 1 on the Llama-3-8B shape (two GPUs):
 #           per-token logprobs, greedy ids, batch-1 and offline speed.
 set -u
@@ -17,6 +21,15 @@ set -u
 O=${OUT:-/tmp/out}; mkdir -p "$O"
 fails=0
 step() { echo; echo "=== $*"; }
+# The SmolLM2 GGUF, carried in two parts (docs/gpu.md): part aa copied to
+# /tmp by an earlier call, part ab in this call's .devmodel/.
+smollm2_model() {
+  [ -s /tmp/smollm2.gguf ] || cat /tmp/smollm2.part.aa .devmodel/smollm2.part.ab > /tmp/smollm2.gguf 2>/dev/null
+  sha256sum /tmp/smollm2.gguf | grep -q b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 \
+    || { echo "FAIL model checksum (carry .devmodel parts: docs/gpu.md)"; rm -f /tmp/smollm2.gguf; return 1; }
+  mkdir -p /tmp/lc/models && ln -sf /tmp/smollm2.gguf /tmp/lc/models/SmolLM2-135M-Instruct.Q4_1.gguf
+  export LOOM_CACHE=/tmp/lc
+}
 case "${1:-}" in
 stage1)
   step "device"
@@ -42,12 +55,8 @@ stage1)
     || fails=$((fails + 1))
   ;;
 stage2)
+  smollm2_model || exit 1
   step "SmolLM2: greedy on cuda vs the CPU backend"
-  cat /tmp/smollm2.part.aa .devmodel/smollm2.part.ab > /tmp/smollm2.gguf 2>/dev/null
-  sha256sum /tmp/smollm2.gguf | grep -q b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 \
-    || { echo "FAIL model checksum"; exit 1; }
-  mkdir -p /tmp/lc/models && ln -sf /tmp/smollm2.gguf /tmp/lc/models/SmolLM2-135M-Instruct.Q4_1.gguf
-  export LOOM_CACHE=/tmp/lc
   i=0
   while IFS= read -r p; do
     i=$((i + 1))
@@ -91,6 +100,44 @@ PY
     done
   done
   ;;
+quant)
+  for q in int8-w8a16 fp8 int4 int8-w8a8; do
+    step "Llama-3-8B shape: bf16 vs $q — batch-1 decode (128 in, 256 out)"
+    timeout 200 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-$q.yaml \
+      --num-requests 3 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1 --no-progress \
+      --json "$O/quant-$q-batch1.json" > "$O/quant-$q-batch1.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$O/quant-$q-batch1.txt"; }
+    grep -E "output tokens/s|TPOT p50" "$O/quant-$q-batch1.txt"
+    step "Llama-3-8B shape: bf16 vs $q — 2048-token prefill (TTFT, one request at a time)"
+    timeout 200 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-$q.yaml \
+      --num-requests 4 --input-len 2048 --output-len 1 --set scheduler.max_num_seqs=1 --no-progress \
+      --json "$O/quant-$q-prefill.json" > "$O/quant-$q-prefill.txt" 2>&1 || fails=$((fails + 1))
+    grep -E "TTFT p50|total tokens/s" "$O/quant-$q-prefill.txt"
+    step "Llama-3-8B shape: bf16 vs $q — batch-64 decode (128 in, 128 out)"
+    timeout 200 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-$q.yaml \
+      --num-requests 64 --input-len 128 --output-len 128 --set scheduler.max_num_seqs=64 --no-progress \
+      --json "$O/quant-$q-batch64.json" > "$O/quant-$q-batch64.txt" 2>&1 || fails=$((fails + 1))
+    grep -E "output tokens/s|TPOT p50" "$O/quant-$q-batch64.txt"
+  done
+  ;;
+ppl)
+  smollm2_model || exit 1
+  step "SmolLM2 perplexity on cuda per scheme (data/text/us-founding-documents.txt)"
+  for c in smollm2 smollm2-int8-w8a16 smollm2-int8-w8a8 smollm2-fp8 smollm2-int4; do
+    timeout 120 loom perplexity configs/gpu/$c.yaml data/text/us-founding-documents.txt > "$O/ppl-$c.txt" 2>&1 \
+      || { fails=$((fails + 1)); tail -2 "$O/ppl-$c.txt"; }
+    echo "$c: $(grep -i perplexity "$O/ppl-$c.txt" | tail -1)"
+  done
+  ;;
+offline)
+  for n in 256 512; do
+    step "Llama-3-8B shape: offline 1000 requests, max_num_seqs $n"
+    timeout 280 loom bench configs/gpu/llama3-8b-dummy.yaml --num-requests 1000 --input-len 384:640 \
+      --output-len 128:384 --seed 7 --no-progress --set scheduler.max_num_seqs=$n \
+      --set scheduler.max_batched_tokens=16384 --set backend.max_batched_tokens=16384 \
+      --json "$O/llama3-8b-offline-1000-seqs$n.json" 2>&1 | grep -E "output tokens/s|total tokens/s|TPOT p50|wall|counts" \
+      || fails=$((fails + 1))
+  done
+  ;;
 tp)
   step "devices"
   nvidia-smi --query-gpu=index,name,memory.total --format=csv
@@ -126,7 +173,7 @@ PY
     --num-requests 500 --input-len 384:640 --output-len 128:384 --seed 7 --no-progress \
     --json "$O/tp-offline-500.json" 2>&1 | tail -16 || fails=$((fails + 1))
   ;;
-*) echo "usage: scripts/gpu-check.sh stage1|stage2|tp" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu-check.sh stage1|stage2|quant|ppl|offline|tp" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

@@ -2,7 +2,7 @@
  * bench/gpu/gpu_bench.c — speed of the cuda backend and its attention
  * kernel on one Hopper GPU, next to the ceilings measured in the same run.
  *
- *   gpu_bench OUT.json [loom-backend-cuda.so] [--quick]
+ *   gpu_bench OUT.json [loom-backend-cuda.so] [--quick] [--components] [--quant]
  *
  * Ceilings (measured first): device-to-device cudaMemcpy bandwidth (bytes
  * read + written, 2 GiB buffers, PERF.md's convention) and a bf16 GEMM
@@ -11,6 +11,9 @@
  *   - Llama-3-8B batch-1 decode step at 512 tokens of context (CUDA graph),
  *     batch-64 decode step, and a 2048-token prefill;
  *   - SmolLM2-135M batch-1 decode step;
+ *   - the four linear layers of one Llama-3-8B layer at M = 1, 64 and 2048
+ *     in bf16 and in every quantized format (loom_cuda_qgemm_run), with the
+ *     speed-up over bf16 (JSON: "quant_linears"; --quant runs only these);
  *   - paged decode attention alone (Llama-3-8B heads, 32k context, batch 1
  *     and 8, shuffled 16-token blocks), K/V bytes read per second.
  * Step times are the host wall clock around forward() — which ends with a
@@ -75,7 +78,7 @@ typedef struct row {
     const char *bound;/* "memory" or "compute"                     */
 } row;
 
-static row g_rows[32];
+static row g_rows[96];
 static int g_nrows;
 static double g_copy_bw, g_gemm_flops; /* bytes/s, FLOP/s */
 
@@ -331,6 +334,119 @@ static void *dev_rand(size_t n16) { /* n16 random bf16 in +-[0.0078, 0.0156) */
     CK(cudaMemcpy(d, h, n16 * 2, cudaMemcpyHostToDevice));
     free(h);
     return d;
+}
+
+/* ------------------------------------------------ quantized linears */
+
+/* One Llama-3-8B layer's four linear layers (QKV 6144 x 4096, O 4096 x
+ * 4096, gate/up 28672 x 4096, down 4096 x 14336) at M rows, in bf16 and in
+ * every quantized format (int4 with groups of 128), each GEMM timed alone
+ * (CUDA events, median) and summed. Random codes (fp8 codes never NaN). */
+typedef struct qb_ctx {
+    loom_cuda_gemm *g;
+    int M;
+    loom_cuda_qweight w;
+    const void *wb; /* bf16 weight when w.fmt == NONE */
+    void *x, *y, *scratch;
+    size_t scratch_bytes;
+} qb_ctx;
+
+static void op_qgemm(void *p) {
+    qb_ctx *c = p;
+    char msg[256];
+    int rc = c->w.fmt == LOOM_CUDA_Q_NONE
+                 ? loom_cuda_gemm_run(c->g, LOOM_CUDA_BF16, 0, c->M, c->w.N, c->w.K, c->x, c->wb,
+                                      c->y, 0, msg, sizeof msg)
+                 : loom_cuda_qgemm_run(c->g, LOOM_CUDA_BF16, 0, c->M, &c->w, c->x, c->y,
+                                       c->scratch, c->scratch_bytes, 0, msg, sizeof msg);
+    if (rc) fprintf(stderr, "qgemm: %s\n", msg);
+}
+
+typedef struct qres {
+    const char *fmt;
+    int M;
+    double ms, bf16_ms;
+} qres;
+static qres g_qres[32];
+static int g_nqres;
+
+static void *dev_bytes(size_t n, uint8_t mask) {
+    uint8_t *h = malloc(n);
+    uint64_t s = n * 0x9e3779b97f4a7c15ull + mask;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = (uint8_t)(s >> 56) & mask;
+    }
+    void *d;
+    CK(cudaMalloc(&d, n + 16));
+    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    free(h);
+    return d;
+}
+static float *dev_floats(size_t n, float lo, float hi) {
+    float *h = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) h[i] = lo + (hi - lo) * (float)((i * 2654435761u) % 1000) / 1000.0f;
+    float *d;
+    CK(cudaMalloc((void **)&d, n * 4 + 16));
+    CK(cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice));
+    free(h);
+    return d;
+}
+
+static void bench_quant(int M) {
+    static const int shp[4][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+    static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16,
+                                           LOOM_CUDA_Q_INT8_W8A8, LOOM_CUDA_Q_FP8,
+                                           LOOM_CUDA_Q_INT4};
+    static const char *names[5] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128"};
+    int code;
+    char msg[256];
+    loom_cuda_gemm *g = loom_cuda_gemm_create((size_t)32 << 20, &code, msg, sizeof msg);
+    if (!g) {
+        printf("  quant bench: %s\n", msg);
+        return;
+    }
+    void *x = dev_rand((size_t)M * 14336), *y;
+    CK(cudaMalloc(&y, (size_t)M * 28672 * 2));
+    double bf16_ms = 0;
+    for (int fi = 0; fi < 5; fi++) {
+        const loom_cuda_qfmt f = fmts[fi];
+        double ms = 0, bytes = 0;
+        for (int k = 0; k < 4; k++) {
+            const int N = shp[k][0], K = shp[k][1], G = 128;
+            qb_ctx c = {.g = g, .M = M, .x = x, .y = y};
+            void *data = NULL;
+            float *sc = NULL;
+            if (f == LOOM_CUDA_Q_NONE) {
+                data = dev_rand((size_t)N * K);
+                c.w = (loom_cuda_qweight){.fmt = f, .N = N, .K = K};
+                c.wb = data;
+                bytes += (double)N * K * 2;
+            } else {
+                const bool i4 = f == LOOM_CUDA_Q_INT4;
+                data = dev_bytes(i4 ? (size_t)N * K / 2 : (size_t)N * K, f == LOOM_CUDA_Q_FP8 ? 0x77 : 0xff);
+                sc = i4 ? dev_floats((size_t)N * (K / G) * 2, -0.01f, 0.01f)
+                        : dev_floats((size_t)N, 1e-3f, 2e-3f);
+                c.w = (loom_cuda_qweight){.fmt = f, .N = N, .K = K, .group = i4 ? G : 0,
+                                          .data = data, .scales = sc};
+                c.scratch_bytes = loom_cuda_qgemm_scratch_bytes(g, LOOM_CUDA_BF16, 0, &c.w, M);
+                if (c.scratch_bytes) CK(cudaMalloc(&c.scratch, c.scratch_bytes));
+                bytes += i4 ? (double)N * K / 2 + (double)N * (K / G) * 8 : (double)N * K + N * 4;
+            }
+            ms += time_op(op_qgemm, &c, M >= 1024 ? 10 : 30);
+            cudaFree(data), cudaFree(sc), cudaFree(c.scratch);
+        }
+        if (fi == 0) bf16_ms = ms;
+        char nm[96];
+        snprintf(nm, sizeof nm, "llama3-8b layer linears %s M=%d", names[fi], M);
+        const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
+        add_row(nm, ms, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
+        printf("    %-12s M=%-5d %8.1f us per layer, %5.2fx vs bf16\n", names[fi], M, ms * 1e3,
+               bf16_ms / ms);
+        if (g_nqres < 32) g_qres[g_nqres++] = (qres){names[fi], M, ms, bf16_ms};
+    }
+    cudaFree(x), cudaFree(y);
+    loom_cuda_gemm_destroy(g);
 }
 
 /* Every kernel of one Llama-3-8B layer at T tokens (T = 1: decode at
@@ -616,15 +732,18 @@ out:
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: gpu_bench OUT.json [loom-backend-cuda.so] [--quick] [--components]\n");
+        fprintf(stderr, "usage: gpu_bench OUT.json [loom-backend-cuda.so] [--quick] [--components] "
+                        "[--quant]\n");
         return 2;
     }
     const char *out_path = argv[1];
     const char *so = LOOM_CUDA_BACKEND_DEFAULT;
-    bool quick = false, components_only = false;
+    bool quick = false, components_only = false, quant_only = false;
+    int failed = 0;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--components")) components_only = true;
+        else if (!strcmp(argv[i], "--quant")) quant_only = true;
         else so = argv[i];
     }
     struct cudaDeviceProp prop;
@@ -637,6 +756,11 @@ int main(int argc, char **argv) {
 
     measure_copy();
     measure_gemm();
+    printf("  quantized linear layers (one Llama-3-8B layer: QKV, O, gate/up, down):\n");
+    bench_quant(1);
+    bench_quant(64);
+    bench_quant(2048);
+    if (quant_only) goto write;
     bench_components(1, 512, 8);
     bench_components(1, 512, 0);
     if (components_only) {
@@ -671,7 +795,6 @@ int main(int argc, char **argv) {
     for (uint32_t i = 0; d && i < d->num_components; i++)
         if (d->components[i].kind == LOOM_KIND_BACKEND && !strcmp(d->components[i].name, "cuda"))
             be.comp = &d->components[i];
-    int failed = 0;
     if (!be.comp) {
         printf("  cannot load the cuda backend from %s: %s\n", so, be.lib ? "no 'cuda' component" : dlerror());
         failed = 1;
@@ -682,6 +805,7 @@ int main(int argc, char **argv) {
         if (!quick) failed += !run_model(&be, "llama3-8b", 64, 512, 0, 30);
     }
 
+write:;
     FILE *f = fopen(out_path, "w");
     if (!f) {
         fprintf(stderr, "cannot write %s\n", out_path);
@@ -698,6 +822,11 @@ int main(int argc, char **argv) {
                 r->name, r->ms, r->bytes, r->flops, r->per_s, r->ratio, r->bound,
                 i + 1 < g_nrows ? "," : "");
     }
+    fprintf(f, "  ],\n  \"quant_linears\": [\n");
+    for (int i = 0; i < g_nqres; i++)
+        fprintf(f, "    {\"format\": \"%s\", \"M\": %d, \"layer_ms\": %.6g, \"bf16_layer_ms\": "
+                "%.6g, \"speedup_vs_bf16\": %.4f}%s\n", g_qres[i].fmt, g_qres[i].M, g_qres[i].ms,
+                g_qres[i].bf16_ms, g_qres[i].bf16_ms / g_qres[i].ms, i + 1 < g_nqres ? "," : "");
     fprintf(f, "  ]\n}\n");
     fclose(f);
 

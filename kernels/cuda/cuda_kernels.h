@@ -257,6 +257,74 @@ void loom_cuda_gemm_set_gemv_max_m(loom_cuda_gemm *g, int max_m);
  * measurable over the heuristic's first pick for Llama-3-8B shapes. */
 void loom_cuda_gemm_set_autotune(loom_cuda_gemm *g, int on);
 
+
+/* ------------------------------------------------------ quantized linear */
+
+/* Weight formats of the quantized linear layers (the values of loom_qformat
+ * in loom/quant.h, which this header does not include). */
+typedef enum loom_cuda_qfmt {
+    LOOM_CUDA_Q_NONE = 0,       /* not quantized: loom_cuda_gemm_run           */
+    LOOM_CUDA_Q_INT8_W8A16 = 1, /* int8 weights, f32 scale per row; dt acts    */
+    LOOM_CUDA_Q_INT8_W8A8 = 2,  /* the same weights; int8 acts per token       */
+    LOOM_CUDA_Q_FP8 = 3,        /* e4m3 weights, f32 scale per row; e4m3 acts  */
+    LOOM_CUDA_Q_INT4 = 4,       /* 4-bit group-wise asymmetric; dt acts        */
+} loom_cuda_qfmt;
+
+/* A quantized weight of logical shape (N out, K in) on the device, as the
+ * backend uploads it (kernels/cuda/qgemm.cu has the arithmetic):
+ *   INT8_*: data int8 (N, K); scales f32 (N): w[n,k] = q[n,k] * scales[n]
+ *   FP8   : data e4m3 (N, K) (OCP "fn"); scales f32 (N) — a per-tensor scale
+ *           is expanded to every row at upload
+ *   INT4  : data u8 (N, K/2), low nibble = even column; scales f32
+ *           (N, K/group, 2) = {s, b} per (row, group) with s = scale and
+ *           b = -zero * scale, so w = q * s + b = (q - zero) * scale
+ *   smooth: W8A8 only: f32 (K), activations are divided by it before they
+ *           are quantized; NULL for none.
+ * Kernel contract: K % 16 == 0 (INT8, FP8); group % 32 == 0 and K % group
+ * == 0 (INT4); every pointer 16-byte aligned. */
+typedef struct loom_cuda_qweight {
+    loom_cuda_qfmt fmt;
+    int N, K;
+    int group;              /* INT4: inputs per (scale, zero) group           */
+    const void *data;
+    const float *scales;
+    const float *smooth;
+} loom_cuda_qweight;
+
+/* Does the kernel contract above hold for fmt / K / group? */
+int loom_cuda_qweight_ok(loom_cuda_qfmt fmt, int K, int group);
+
+/* Device scratch bytes loom_cuda_qgemm_run needs for w at any M up to
+ * max_m with g's current GEMV bounds (quantized activations for W8A8 /
+ * FP8; above the GEMV bound the dequantized weight for W8A16 / INT4 or a
+ * GEMM output buffer for W8A8 / FP8). The backend allocates the largest
+ * over its weights once; change the bounds before asking. */
+size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32,
+                                     const loom_cuda_qweight *w, int max_m);
+
+/* y (M, N) = x (M, K) @ dequant(w)^T, x dt, y dt or float32 (out_f32).
+ *   M <= the format's GEMV bound: a fused dequantize-GEMV (8 rows of x per
+ *     pass; W8A8 / FP8 quantize x per token first, as the CPU kernels do).
+ *   larger M: W8A16 / INT4 dequantize w into scratch as dt and run the dt
+ *     GEMM (cuBLASLt); FP8 / W8A8 quantize x per token and run cuBLASLt's
+ *     FP8 (e4m3 x e4m3 -> fp32 accumulate) or int8 (int32 accumulate) GEMM
+ *     with unit scales, then scale rows and columns (sx[m] * s[n]) in a
+ *     small epilogue kernel. When cuBLASLt has no algorithm for a shape the
+ *     GEMV runs in passes of 8 rows instead.
+ * scratch: >= loom_cuda_qgemm_scratch_bytes(dt, out_f32, w, M) bytes.
+ * Returns 0 or an error code with a reason in msg (see loom_cuda_gemm_run).
+ * Capturable into a CUDA graph once the shape has run eagerly. */
+int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
+                        const loom_cuda_qweight *w, const void *x, void *y, void *scratch,
+                        size_t scratch_bytes, cudaStream_t s, char *msg, size_t msg_size);
+
+/* Largest M that runs the fused GEMV (in passes of 8 rows) for fmt; larger
+ * M take the GEMM path. Defaults: INT4 32, W8A16 16, W8A8 / FP8 8 (the
+ * GEMV re-reads the weights once per 8 rows; the dequantize-to-scratch path
+ * writes and reads a dt copy). 0 forces the GEMM path for every M (tests);
+ * capped at 256. */
+void loom_cuda_qgemm_set_gemv_max_m(loom_cuda_gemm *g, loom_cuda_qfmt fmt, int max_m);
+
 #ifdef __cplusplus
 }
 #endif

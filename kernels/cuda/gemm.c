@@ -23,12 +23,15 @@
 
 #include "cuda_kernels.h"
 #include "gemv.h"
+#include "qgemm.h"
 
 #define LC_GEMM_CACHE 96
 
 typedef struct lc_gemm_plan {
     bool valid;
     int m, n, k, dt, out_f32;
+    int kind;       /* 0: dt operands; else an LC_LT_* quantized GEMM (qgemm.h) */
+    bool int_scale; /* alpha / beta are int32 (int8 GEMM), else float       */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -42,7 +45,11 @@ struct loom_cuda_gemm {
     int next;       /* round-robin victim                          */
     int gemv_max_m; /* M at or below which gemv.cu runs (0 = never) */
     int autotune;   /* time the heuristic's candidates on first use */
+    int q_gemv_max_m[5]; /* per loom_cuda_qfmt: largest M of the quantized GEMV */
 };
+
+static const float lc_one_f = 1.0f, lc_zero_f = 0.0f;
+static const int32_t lc_one_i = 1, lc_zero_i = 0;
 
 #define LC_GEMM_CANDIDATES 8
 
@@ -87,6 +94,13 @@ loom_cuda_gemm *loom_cuda_gemm_create(size_t workspace_bytes, int *code, char *m
         g->ws_bytes = workspace_bytes;
     }
     g->gemv_max_m = LC_GEMV_MAX_M;
+    /* quantized GEMV bounds: passes of 8 rows re-read the (small) weights;
+     * the GEMM path pays a dt copy (W8A16 / INT4) or runs on tensor cores
+     * (FP8 / W8A8). Starting points, to be tuned with gpu_bench. */
+    g->q_gemv_max_m[LOOM_CUDA_Q_INT8_W8A16] = 16;
+    g->q_gemv_max_m[LOOM_CUDA_Q_INT8_W8A8] = 8;
+    g->q_gemv_max_m[LOOM_CUDA_Q_FP8] = 8;
+    g->q_gemv_max_m[LOOM_CUDA_Q_INT4] = 32;
     g->autotune = 0; /* measured on an H200: no gain over the heuristic's pick */
     if (code) *code = 0;
     return g;
@@ -105,11 +119,12 @@ void loom_cuda_gemm_destroy(loom_cuda_gemm *g) {
 static float lc_time_algo(loom_cuda_gemm *g, lc_gemm_plan *p, const cublasLtMatmulAlgo_t *algo,
                           const void *x, const void *w, void *y, cudaStream_t s,
                           cudaEvent_t e0, cudaEvent_t e1) {
-    const float alpha = 1.0f, beta = 0.0f;
+    const void *alpha = p->int_scale ? (const void *)&lc_one_i : (const void *)&lc_one_f;
+    const void *beta = p->int_scale ? (const void *)&lc_zero_i : (const void *)&lc_zero_f;
     float t[3];
     for (int i = -1; i < 3; i++) {
         if (cudaEventRecord(e0, s) != cudaSuccess) return -1;
-        if (cublasLtMatmul(g->lt, p->op, &alpha, w, p->la, x, p->lb, &beta, y, p->lc, y, p->lc,
+        if (cublasLtMatmul(g->lt, p->op, alpha, w, p->la, x, p->lb, beta, y, p->lc, y, p->lc,
                            algo, g->ws, g->ws_bytes, s) != CUBLAS_STATUS_SUCCESS)
             return -1;
         if (cudaEventRecord(e1, s) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess)
@@ -126,16 +141,32 @@ static float lc_time_algo(loom_cuda_gemm *g, lc_gemm_plan *p, const cublasLtMatm
  * the caller's operands (y is overwritten by the trials; the real call
  * follows). The heuristic's first pick at M = 64 was measured well off the
  * GEMM ceiling on an H200. */
-static int lc_plan_make(loom_cuda_gemm *g, lc_gemm_plan *p, loom_cuda_dt dt, int out_f32, int M,
-                        int N, int K, const void *x, const void *w, void *y, cudaStream_t stream,
-                        char *msg, size_t msg_size) {
+static int lc_plan_make(loom_cuda_gemm *g, lc_gemm_plan *p, int kind, loom_cuda_dt dt,
+                        int out_f32, int M, int N, int K, const void *x, const void *w, void *y,
+                        cudaStream_t stream, char *msg, size_t msg_size) {
     cudaDataType_t ab = dt == LOOM_CUDA_F16 ? CUDA_R_16F : CUDA_R_16BF;
     cudaDataType_t cd = out_f32 ? CUDA_R_32F : ab;
+    cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
+    cudaDataType_t scale_t = CUDA_R_32F;
+    /* quantized operands (qgemm.c): A = w, B = x in the same "TN" layout;
+     * FP8 needs TN and 16-byte aligned leading dimensions on sm_90, int8
+     * IMMA needs TN and K % 4 == 0 — a shape that does not fit gets no
+     * algorithm from the heuristic and the caller falls back */
+    switch (kind) {
+    case LC_LT_FP8_BF16: ab = CUDA_R_8F_E4M3, cd = CUDA_R_16BF; break;
+    case LC_LT_FP8_F16: ab = CUDA_R_8F_E4M3, cd = CUDA_R_16F; break;
+    case LC_LT_FP8_F32: ab = CUDA_R_8F_E4M3, cd = CUDA_R_32F; break;
+    case LC_LT_I8_I32:
+        ab = CUDA_R_8I, cd = CUDA_R_32I, ct = CUBLAS_COMPUTE_32I, scale_t = CUDA_R_32I;
+        break;
+    default: break;
+    }
     cublasStatus_t st;
     const char *what = "cublasLtMatmulDescCreate";
     memset(p, 0, sizeof *p);
     p->valid = true; /* so lc_plan_free releases what was made on failure */
-    if ((st = cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) goto fail;
+    p->int_scale = scale_t == CUDA_R_32I;
+    if ((st = cublasLtMatmulDescCreate(&p->op, ct, scale_t))) goto fail;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     what = "cublasLtMatmulDescSetAttribute";
     if ((st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
@@ -184,7 +215,7 @@ static int lc_plan_make(loom_cuda_gemm *g, lc_gemm_plan *p, loom_cuda_dt dt, int
         if (e1) cudaEventDestroy(e1);
         (void)cudaGetLastError(); /* a candidate that failed to run is not an error */
     }
-    p->m = M, p->n = N, p->k = K, p->dt = (int)dt, p->out_f32 = out_f32;
+    p->m = M, p->n = N, p->k = K, p->dt = (int)dt, p->out_f32 = out_f32, p->kind = kind;
     return 0;
 
 fail:
@@ -193,6 +224,41 @@ fail:
                  (int)st, M, N, K);
     lc_plan_free(p);
     return (int)st ? (int)st : 1;
+}
+
+/* cuBLASLt for one shape and operand kind (0: dt; else LC_LT_*), through
+ * the plan cache. */
+static int lc_lt_run(loom_cuda_gemm *g, int kind, loom_cuda_dt dt, int out_f32, int M, int N,
+                     int K, const void *x, const void *w, void *y, cudaStream_t s, char *msg,
+                     size_t msg_size) {
+    if (kind) dt = LOOM_CUDA_BF16, out_f32 = 0; /* the kind alone names the types */
+    lc_gemm_plan *p = NULL;
+    for (int i = 0; i < LC_GEMM_CACHE; i++) {
+        lc_gemm_plan *c = &g->plans[i];
+        if (c->valid && c->m == M && c->n == N && c->k == K && c->dt == (int)dt &&
+            c->out_f32 == out_f32 && c->kind == kind) {
+            p = c;
+            break;
+        }
+    }
+    if (!p) {
+        p = &g->plans[g->next];
+        g->next = (g->next + 1) % LC_GEMM_CACHE;
+        lc_plan_free(p);
+        int rc = lc_plan_make(g, p, kind, dt, out_f32, M, N, K, x, w, y, s, msg, msg_size);
+        if (rc) return rc;
+    }
+    const void *alpha = p->int_scale ? (const void *)&lc_one_i : (const void *)&lc_one_f;
+    const void *beta = p->int_scale ? (const void *)&lc_zero_i : (const void *)&lc_zero_f;
+    cublasStatus_t st = cublasLtMatmul(g->lt, p->op, alpha, w, p->la, x, p->lb, beta, y, p->lc,
+                                       y, p->lc, &p->algo, g->ws, g->ws_bytes, s);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        if (msg && msg_size)
+            snprintf(msg, msg_size, "cublasLtMatmul failed with cuBLAS status %d for GEMM M=%d "
+                     "N=%d K=%d", (int)st, M, N, K);
+        return (int)st;
+    }
+    return 0;
 }
 
 int loom_cuda_gemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, int N, int K,
@@ -207,32 +273,29 @@ int loom_cuda_gemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, i
                      cudaGetErrorString(e));
         return e == cudaSuccess ? 0 : 10000 + (int)e;
     }
-    lc_gemm_plan *p = NULL;
-    for (int i = 0; i < LC_GEMM_CACHE; i++) {
-        lc_gemm_plan *c = &g->plans[i];
-        if (c->valid && c->m == M && c->n == N && c->k == K && c->dt == (int)dt &&
-            c->out_f32 == out_f32) {
-            p = c;
-            break;
-        }
-    }
-    if (!p) {
-        p = &g->plans[g->next];
-        g->next = (g->next + 1) % LC_GEMM_CACHE;
-        lc_plan_free(p);
-        int rc = lc_plan_make(g, p, dt, out_f32, M, N, K, x, w, y, s, msg, msg_size);
-        if (rc) return rc;
-    }
-    const float alpha = 1.0f, beta = 0.0f;
-    cublasStatus_t st = cublasLtMatmul(g->lt, p->op, &alpha, w, p->la, x, p->lb, &beta, y, p->lc,
-                                       y, p->lc, &p->algo, g->ws, g->ws_bytes, s);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        if (msg && msg_size)
-            snprintf(msg, msg_size, "cublasLtMatmul failed with cuBLAS status %d for GEMM M=%d "
-                     "N=%d K=%d", (int)st, M, N, K);
-        return (int)st;
-    }
-    return 0;
+    return lc_lt_run(g, 0, dt, out_f32, M, N, K, x, w, y, s, msg, msg_size);
+}
+
+int lc_gemm_run_lt(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, int N, int K,
+                   const void *x, const void *w, void *y, cudaStream_t s, char *msg,
+                   size_t msg_size) {
+    if (M <= 0) return 0;
+    return lc_lt_run(g, 0, dt, out_f32 ? 1 : 0, M, N, K, x, w, y, s, msg, msg_size);
+}
+
+int lc_gemm_lt_q(loom_cuda_gemm *g, int kind, int M, int N, int K, const void *xq,
+                 const void *wq, void *d, cudaStream_t s, char *msg, size_t msg_size) {
+    if (M <= 0) return 0;
+    return lc_lt_run(g, kind, LOOM_CUDA_BF16, 0, M, N, K, xq, wq, d, s, msg, msg_size);
+}
+
+int lc_gemm_q_gemv_max_m(const loom_cuda_gemm *g, loom_cuda_qfmt fmt) {
+    return fmt > 0 && fmt < 5 ? g->q_gemv_max_m[fmt] : 0;
+}
+
+void loom_cuda_qgemm_set_gemv_max_m(loom_cuda_gemm *g, loom_cuda_qfmt fmt, int max_m) {
+    if (fmt <= 0 || fmt >= 5) return;
+    g->q_gemv_max_m[fmt] = max_m < 0 ? 0 : max_m > 256 ? 256 : max_m;
 }
 
 int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int I, const void *gu,

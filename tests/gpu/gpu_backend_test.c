@@ -23,6 +23,13 @@
  * replayed), and runs of pure decode steps at batch 6, 3 and 1 (graph
  * buckets 8, 4 and 1: captured, then replayed). Checks print `PASS|FAIL name err` (err: largest row-wise
  * ||a - b|| / ||b|| over the logits rows); exit status = failures.
+ * Then the same sequence with each quantizer plugin (int8 W8A16 / W8A8,
+ * fp8 per channel / per tensor, int4 groups of 32 / 64 / 128, one with a
+ * quantized LM head) loaded by both backends: cuda's quantized kernels
+ * against the cpu backend's, on the same quantized weights; and two plans
+ * the cuda backend must refuse (a mixed Q/K/V group, GGUF as stored).
+ * Quantizers are dlopen'd from $LOOM_QUANTIZER_DIR/NAME/ or
+ * $LOOM_QUANTIZER_DIR/ (default: the build tree's plugins/quantizer).
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -37,12 +44,19 @@
 
 #include "loom/backend.h"
 #include "loom/plugin.h"
+#include "loom/quant.h"
 
 #ifndef LOOM_CUDA_BACKEND_DEFAULT
 #define LOOM_CUDA_BACKEND_DEFAULT "loom-backend-cuda.so"
 #endif
 #ifndef LOOM_CPU_BACKEND_DEFAULT
 #define LOOM_CPU_BACKEND_DEFAULT "loom-backend-cpu.so"
+#endif
+/* quantizer plugins: DIR/NAME/loom-quantizer-NAME.so (a build tree's
+ * plugins/quantizer) or DIR/loom-quantizer-NAME.so; $LOOM_QUANTIZER_DIR
+ * overrides the directory meson compiled in */
+#ifndef LOOM_QUANTIZER_DIR_DEFAULT
+#define LOOM_QUANTIZER_DIR_DEFAULT "plugins/quantizer"
 #endif
 
 #define TOL_CPU 2e-2   /* bf16 weights+activations vs float32 activations */
@@ -401,6 +415,7 @@ typedef struct trio {
     void *cpu, *eager, *graph;
     float *l_cpu, *l_eager, *l_graph;
     int V;
+    double tol;  /* cuda vs cpu */
 } trio;
 
 /* Run one step on the three instances and compare. */
@@ -417,7 +432,7 @@ static bool run_step(trio *t, const char *shape_name, const char *step, batch_bu
         return false;
     }
     snprintf(name, sizeof name, "%s %s cuda vs cpu (%d rows)", shape_name, step, NLr);
-    check(name, t->l_eager, t->l_cpu, NLr, t->V, TOL_CPU);
+    check(name, t->l_eager, t->l_cpu, NLr, t->V, t->tol);
     snprintf(name, sizeof name, "%s %s graphs-on vs eager", shape_name, step);
     check(name, t->l_graph, t->l_eager, NLr, t->V, TOL_GRAPH);
     return true;
@@ -429,15 +444,18 @@ static void advance(seq **seqs, const int *nnew, int n) {
 
 /* ------------------------------------------------------------ one shape */
 
-static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh) {
-    printf("--- %s: vocab %d hidden %d ffn %d layers %d heads %d/%d head_dim %d%s%s%s, cuda %s\n",
+/* qb: a quantizer every instance loads with (NULL: none); tol: cuda vs cpu. */
+static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh,
+                      const loom_quant_binding *qb, double tol) {
+    printf("--- %s: vocab %d hidden %d ffn %d layers %d heads %d/%d head_dim %d%s%s%s, cuda %s%s%s\n",
            sh->name, sh->vocab, sh->hidden, sh->inter, sh->layers, sh->heads, sh->kv_heads,
            sh->head_dim, sh->bias ? " qkv-bias" : "", sh->llama3 ? " llama3-rope" : "",
-           sh->f32_weights ? " f32-weights" : " bf16-weights", sh->dtype ? sh->dtype : "bf16");
+           sh->f32_weights ? " f32-weights" : " bf16-weights", sh->dtype ? sh->dtype : "bf16",
+           qb ? ", quantizer " : "", qb ? qb->name : "");
     fake_model *m = fm_make(sh);
     loom_error e = {0};
     loom_status st;
-    trio t = {.cpu_p = cpu_p, .cuda_p = cuda_p, .V = sh->vocab};
+    trio t = {.cpu_p = cpu_p, .cuda_p = cuda_p, .V = sh->vocab, .tol = tol};
     char dt_ov[32];
     snprintf(dt_ov, sizeof dt_ov, "dtype=%s", sh->dtype ? sh->dtype : "bf16");
     const char *ov_eager[] = {"cuda_graphs=false", "max_batched_tokens=1024", dt_ov, NULL};
@@ -451,7 +469,7 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
     void *cfgs[3] = {c_cpu, c_e, c_g};
     for (int i = 0; i < 3; i++) {
         if ((st = pl[i]->ops->create(&g_host, cfgs[i], inst[i], &e)) ||
-            (st = pl[i]->ops->load(*inst[i], &m->view, NULL, &e)) ||
+            (st = pl[i]->ops->load(*inst[i], &m->view, qb, &e)) ||
             (st = pl[i]->ops->kv_alloc(*inst[i], &kvl, &e))) {
             printf("FAIL %s setup of instance %d: status %d: %s\n", sh->name, i, (int)st, e.message);
             g_fail++;
@@ -607,27 +625,101 @@ out:
     fm_free(m);
 }
 
-/* A quantizer that plans int8 for every attn_q weight: load must refuse. */
-static loom_status fq_plan(void *self, const loom_model_view *m, const loom_tensor *w,
-                           loom_quant_plan *out, loom_error *err) {
+/* Fake quantizers whose plans the cuda backend must refuse: int8 for
+ * attn_q alone (a fused Q/K/V group of mixed formats), and GGUF blocks as
+ * stored (no kernel here). */
+static loom_status fq_plan_mixed(void *self, const loom_model_view *m, const loom_tensor *w,
+                                 loom_quant_plan *out, loom_error *err) {
     (void)self, (void)m, (void)err;
     out->format = strstr(w->name ? w->name : "", "attn_q") ? LOOM_QFMT_INT8_W8A16 : LOOM_QFMT_NONE;
     return LOOM_OK;
 }
+static loom_status fq_plan_gguf(void *self, const loom_model_view *m, const loom_tensor *w,
+                                loom_quant_plan *out, loom_error *err) {
+    (void)self, (void)m, (void)err, (void)w;
+    out->format = LOOM_QFMT_GGUF;
+    return LOOM_OK;
+}
 
-static void test_quant_refused(const plugin *cuda_p) {
+static void test_quant_refused(const plugin *cuda_p, bool gguf) {
     shape sh = {"quant", LOOM_ARCH_LLAMA, 256, 128, 256, 1, 2, 2, 64, 10000, true, false, false, false, NULL};
     fake_model *m = fm_make(&sh);
-    static const loom_quant_ops qops = {.struct_size = sizeof qops, .plan = fq_plan};
-    loom_quant_binding qb = {.struct_size = sizeof qb, .ops = &qops, .self = NULL, .name = "fake-int8"};
+    static const loom_quant_ops qmixed = {.struct_size = sizeof qmixed, .plan = fq_plan_mixed};
+    static const loom_quant_ops qgguf = {.struct_size = sizeof qgguf, .plan = fq_plan_gguf};
+    loom_quant_binding qb = {.struct_size = sizeof qb, .ops = gguf ? &qgguf : &qmixed,
+                             .self = NULL, .name = gguf ? "fake-gguf" : "fake-int8"};
     void *cfg = config_make(cuda_p->comp, NULL), *inst = NULL;
     loom_error e = {0};
     loom_status st = cuda_p->ops->create(&g_host, cfg, &inst, &e);
     if (st == LOOM_OK) st = cuda_p->ops->load(inst, &m->view, &qb, &e);
-    expect_status("quantizer planning int8 -> load UNSUPPORTED", st, LOOM_ERR_UNSUPPORTED, &e);
+    expect_status(gguf ? "quantizer planning GGUF as stored -> load UNSUPPORTED"
+                       : "quantizer planning int8 for attn_q only (mixed Q/K/V) -> UNSUPPORTED",
+                  st, LOOM_ERR_UNSUPPORTED, &e);
     if (inst) cuda_p->ops->destroy(inst);
     free(cfg);
     fm_free(m);
+}
+
+/* ------------------------------------------------------- real quantizers */
+
+typedef struct qplugin {
+    void *lib;
+    const loom_component *comp;
+    const loom_quant_ops *ops;
+} qplugin;
+
+/* dlopen DIR/NAME/loom-quantizer-NAME.so (or DIR/loom-quantizer-NAME.so)
+ * and find its quantizer NAME. */
+static bool qplugin_open(qplugin *q, const char *dir, const char *name) {
+    char path[1024];
+    memset(q, 0, sizeof *q);
+    snprintf(path, sizeof path, "%s/%s/loom-quantizer-%s.so", dir, name, name);
+    if (access(path, R_OK) != 0) snprintf(path, sizeof path, "%s/loom-quantizer-%s.so", dir, name);
+    q->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!q->lib) {
+        fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
+        return false;
+    }
+    loom_plugin_entry_fn entry = (loom_plugin_entry_fn)dlsym(q->lib, LOOM_PLUGIN_ENTRY_SYMBOL);
+    const loom_plugin_desc *d = entry ? entry() : NULL;
+    for (uint32_t i = 0; d && i < d->num_components; i++)
+        if (d->components[i].kind == LOOM_KIND_QUANTIZER && !strcmp(d->components[i].name, name))
+            q->comp = &d->components[i];
+    if (!q->comp) {
+        fprintf(stderr, "%s: no quantizer component '%s'\n", path, name);
+        return false;
+    }
+    q->ops = q->comp->ops;
+    return true;
+}
+
+/* The whole run_shape sequence with quantizer `name` configured by
+ * `overrides` on both backends: cuda's quantized kernels against the cpu
+ * backend's (kernels/cpu/qlinear.c) on the same quantized weights. The cpu
+ * backend keeps float32 activations where cuda has bf16, so W8A8 / FP8
+ * activation codes differ now and then; tol says how much that may move. */
+static void run_quant(const plugin *cpu_p, const plugin *cuda_p, const char *dir, const char *name,
+                      const char *const *overrides, const char *label, const shape *sh,
+                      double tol) {
+    qplugin qp;
+    if (!qplugin_open(&qp, dir, name)) {
+        printf("FAIL quantizer %s: cannot open it from %s (set LOOM_QUANTIZER_DIR)\n", name, dir);
+        g_fail++;
+        return;
+    }
+    void *cfg = config_make(qp.comp, overrides), *self = NULL;
+    loom_error e = {0};
+    loom_status st = qp.ops->create(&g_host, cfg, &self, &e);
+    if (st != LOOM_OK) {
+        printf("FAIL quantizer %s create: %s\n", label, e.message);
+        g_fail++;
+        free(cfg);
+        return;
+    }
+    loom_quant_binding qb = {.struct_size = sizeof qb, .ops = qp.ops, .self = self, .name = label};
+    run_shape(cpu_p, cuda_p, sh, &qb, tol);
+    qp.ops->destroy(self);
+    free(cfg);
 }
 
 int main(int argc, char **argv) {
@@ -649,8 +741,32 @@ int main(int argc, char **argv) {
         {"d64-gqa8", LOOM_ARCH_LLAMA, 8192, 2048, 5632, 2, 32, 4, 64, 100000, true, false, false, false, NULL},
         {"llama3-8b-2layer", LOOM_ARCH_LLAMA, 32768, 4096, 14336, 2, 32, 8, 128, 500000, false, false, true, true, NULL},
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) run_shape(&cpu_p, &cuda_p, &shapes[i]);
-    test_quant_refused(&cuda_p);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        run_shape(&cpu_p, &cuda_p, &shapes[i], NULL, TOL_CPU);
+    test_quant_refused(&cuda_p, false);
+    test_quant_refused(&cuda_p, true);
+
+    /* every quantizer config on cuda vs cpu (same quantizer, same weights) */
+    const char *qdir = getenv("LOOM_QUANTIZER_DIR") ? getenv("LOOM_QUANTIZER_DIR")
+                                                    : LOOM_QUANTIZER_DIR_DEFAULT;
+    const shape qs_tiny = {"q-tiny-d64", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, true, false, false, false, NULL};
+    const shape qs_qwen = {"q-d128-qwen2", LOOM_ARCH_QWEN2, 384, 384, 768, 2, 6, 2, 128, 1000000, false, true, false, true, NULL};
+    const shape qs_8b = {"q-llama3-8b-2layer", LOOM_ARCH_LLAMA, 32768, 4096, 14336, 2, 32, 8, 128, 500000, false, false, true, false, NULL};
+    const char *w8a16[] = {"mode=w8a16", NULL}, *w8a8[] = {"mode=w8a8", NULL};
+    const char *w8a16_lm[] = {"mode=w8a16", "skip=token_embd", NULL}; /* LM head quantized too */
+    const char *fp8c[] = {"scales=per_channel", NULL}, *fp8t[] = {"scales=per_tensor", NULL};
+    const char *i4g64[] = {"group_size=64", NULL}, *i4g128[] = {"group_size=128", NULL};
+    const char *i4g32[] = {"group_size=32", NULL};
+    run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16, "int8-w8a16", &qs_tiny, 3e-2);
+    run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16_lm, "int8-w8a16+lm_head", &qs_qwen, 3e-2);
+    run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a8, "int8-w8a8", &qs_tiny, 6e-2);
+    run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a8, "int8-w8a8", &qs_qwen, 6e-2);
+    run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8c, "fp8-per-channel", &qs_tiny, 8e-2);
+    run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8t, "fp8-per-tensor", &qs_qwen, 8e-2);
+    run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g64, "int4-g64", &qs_tiny, 3e-2);
+    run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g32, "int4-g32", &qs_qwen, 3e-2);
+    run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &qs_8b, 3e-2);
+    run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8c, "fp8-per-channel", &qs_8b, 8e-2);
 
     bool replayed = g_graph_replays > 0 && g_graph_captures > 0;
     printf("%s %-64s captures %.0f, replays %.0f\n", replayed ? "PASS" : "FAIL",

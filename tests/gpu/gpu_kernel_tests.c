@@ -11,6 +11,9 @@
  * poisoned (all bytes 0xFF: NaN in every float type) before each run, so an
  * element the kernel failed to write fails the check; the split-K workspace
  * is poisoned too. Exit status is the number of failures (0 = all passed).
+ * The quantized linear layers (qgemm: int8 W8A16 / W8A8, fp8, int4) are
+ * checked against float64 sums over the same quantized weights and
+ * activations (test_qgemm).
  */
 #include <math.h>
 #include <stdbool.h>
@@ -655,6 +658,245 @@ done:
     free(xf), free(wf), free(x), free(w);
 }
 
+/* ------------------------------------------------------ quantized GEMM */
+
+/* E4M3 ("fn") codec: the copy of kernels/cpu/qlinear.c (round to nearest
+ * even, saturate to +-448, NaN stays NaN). */
+static uint8_t e4m3_enc(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu);
+    if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7eu);
+    int e = (int)(a >> 23) - 127;
+    if (e >= -6) {
+        uint32_t m = a & 0x7fffffu, keep = m >> 20, rem = m & 0xfffffu;
+        uint32_t code = ((uint32_t)(e + 7) << 3) | keep;
+        if (rem > 0x80000u || (rem == 0x80000u && (keep & 1u))) code++;
+        return (uint8_t)(sign | code);
+    }
+    if ((a >> 23) == 0) return sign;
+    uint32_t m24 = (a & 0x7fffffu) | 0x800000u;
+    int shift = 14 - e;
+    if (shift > 24) return sign;
+    uint32_t q = m24 >> shift, rem = m24 & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint8_t)(sign | q);
+}
+static double e4m3_dec(uint8_t c) {
+    int s = c & 0x80 ? -1 : 1, e = (c >> 3) & 15, m = c & 7;
+    if (e == 15 && m == 7) return NAN;
+    if (e == 0) return s * m * ldexp(1.0, -9);
+    return s * (1.0 + m / 8.0) * ldexp(1.0, e - 7);
+}
+
+static const char *qfmt_name(loom_cuda_qfmt f) {
+    switch (f) {
+    case LOOM_CUDA_Q_INT8_W8A16: return "int8_w8a16";
+    case LOOM_CUDA_Q_INT8_W8A8: return "int8_w8a8";
+    case LOOM_CUDA_Q_FP8: return "fp8";
+    case LOOM_CUDA_Q_INT4: return "int4";
+    default: return "?";
+    }
+}
+
+/* Default GEMV bounds of loom_cuda_gemm_create (restored after each test). */
+static void qgemm_defaults(loom_cuda_gemm *g) {
+    loom_cuda_qgemm_set_gemv_max_m(g, LOOM_CUDA_Q_INT8_W8A16, 16);
+    loom_cuda_qgemm_set_gemv_max_m(g, LOOM_CUDA_Q_INT8_W8A8, 8);
+    loom_cuda_qgemm_set_gemv_max_m(g, LOOM_CUDA_Q_FP8, 8);
+    loom_cuda_qgemm_set_gemv_max_m(g, LOOM_CUDA_Q_INT4, 32);
+}
+
+/* Quantize random weights on the host exactly as loom/quant.h lays them
+ * out, run loom_cuda_qgemm_run, and compare with a float64 reference over
+ * the SAME quantized weights — and, for W8A8 / FP8, the same per-token
+ * quantized activations, computed here with kernels/cpu/qlinear.c's float32
+ * arithmetic. path: 0 the default dispatch, 1 the GEMV forced (passes of 8
+ * rows at any M), 2 the GEMM path forced (dequantize + cuBLASLt, or the
+ * FP8 / int8 cuBLASLt GEMM + epilogue, at any M). */
+static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, int M, int N,
+                       int K, int group, int path, bool out_f32, bool smooth) {
+    const bool i4 = fmt == LOOM_CUDA_Q_INT4, acts = fmt == LOOM_CUDA_Q_INT8_W8A8 || fmt == LOOM_CUDA_Q_FP8;
+    const int ng = i4 ? K / group : 1;
+    const size_t data_bytes = i4 ? (size_t)N * K / 2 : (size_t)N * K;
+    uint8_t *data = calloc(data_bytes, 1);
+    float *scales = malloc((size_t)N * (i4 ? ng * 2 : 1) * 4);
+    double *wd = malloc((size_t)N * K * 8); /* decoded weights */
+    float *wrow = malloc((size_t)K * 4);
+    for (int n = 0; n < N; n++) {
+        const float amp = rng_unif(0.02f, 2.0f); /* rows of different magnitude */
+        for (int k = 0; k < K; k++) wrow[k] = amp * rng_unif(-1, 1);
+        if (n == 3 && N > 8) memset(wrow, 0, (size_t)K * 4); /* an all-zero row: scale 0 */
+        if (i4) {
+            for (int gi = 0; gi < ng; gi++) {
+                float lo = wrow[gi * group], hi = lo;
+                for (int k = gi * group; k < (gi + 1) * group; k++)
+                    lo = fminf(lo, wrow[k]), hi = fmaxf(hi, wrow[k]);
+                float s = (hi - lo) / 15.0f, z = s > 0 ? -lo / s : 0.0f;
+                z += rng_unif(-0.3f, 0.3f); /* a float zero, not an integer */
+                scales[((size_t)n * ng + gi) * 2] = s;
+                scales[((size_t)n * ng + gi) * 2 + 1] = -(z * s);
+                for (int k = gi * group; k < (gi + 1) * group; k++) {
+                    float qf = s > 0 ? rintf(wrow[k] / s + z) : 0.0f;
+                    int q = qf < 0 ? 0 : qf > 15 ? 15 : (int)qf;
+                    data[(size_t)n * (K / 2) + k / 2] |= (uint8_t)(k % 2 ? q << 4 : q);
+                    wd[(size_t)n * K + k] = ((double)q - (double)z) * (double)s;
+                }
+            }
+        } else {
+            float amax = 0;
+            for (int k = 0; k < K; k++) amax = fmaxf(amax, fabsf(wrow[k]));
+            const bool f8 = fmt == LOOM_CUDA_Q_FP8;
+            float s = amax / (f8 ? 448.0f : 127.0f);
+            scales[n] = s;
+            for (int k = 0; k < K; k++) {
+                uint8_t c;
+                double v;
+                if (f8) {
+                    c = s > 0 ? e4m3_enc(wrow[k] / s) : 0;
+                    v = e4m3_dec(c);
+                } else {
+                    float q = s > 0 ? rintf(wrow[k] * (127.0f / amax)) : 0.0f;
+                    q = q > 127 ? 127 : q < -127 ? -127 : q;
+                    c = (uint8_t)(int8_t)q;
+                    v = (double)(int8_t)c;
+                }
+                data[(size_t)n * K + k] = c;
+                wd[(size_t)n * K + k] = v * (double)s;
+            }
+        }
+    }
+    /* activations: dt, then (W8A8 / FP8) the codes and scales the device
+     * must produce */
+    float *xf = malloc((size_t)M * K * 4), *sm = NULL;
+    uint16_t *x = rand16(dt, (size_t)M * K, -2, 2, xf);
+    if (M > 2) for (int k = 0; k < K; k++) x[k] = to16(dt, 0.0f), xf[k] = 0.0f; /* zero token */
+    if (smooth) {
+        sm = malloc((size_t)K * 4);
+        for (int k = 0; k < K; k++) sm[k] = rng_unif(0.5f, 2.0f);
+    }
+    double *xr = malloc((size_t)M * K * 8), *sx = malloc((size_t)M * 8);
+    for (int m = 0; m < M; m++) {
+        const float *r = xf + (size_t)m * K;
+        sx[m] = 1.0;
+        if (!acts) {
+            for (int k = 0; k < K; k++) xr[(size_t)m * K + k] = r[k];
+            continue;
+        }
+        float amax = 0;
+        for (int k = 0; k < K; k++) amax = fmaxf(amax, fabsf(sm ? r[k] / sm[k] : r[k]));
+        if (fmt == LOOM_CUDA_Q_FP8) {
+            float s = amax / 448.0f;
+            sx[m] = s;
+            for (int k = 0; k < K; k++)
+                xr[(size_t)m * K + k] = s > 0 ? e4m3_dec(e4m3_enc((sm ? r[k] / sm[k] : r[k]) / s)) : 0;
+        } else {
+            float inv = amax > 0 ? 127.0f / amax : 0.0f;
+            sx[m] = amax / 127.0f;
+            for (int k = 0; k < K; k++) {
+                float v = rintf((sm ? r[k] / sm[k] : r[k]) * inv);
+                xr[(size_t)m * K + k] = v > 127 ? 127 : v < -127 ? -127 : v;
+            }
+        }
+    }
+    void *d_data = dev_upload(data, data_bytes);
+    float *d_sc = dev_upload(scales, (size_t)N * (i4 ? ng * 2 : 1) * 4);
+    float *d_sm = sm ? dev_upload(sm, (size_t)K * 4) : NULL;
+    void *d_x = dev_upload(x, (size_t)M * K * 2);
+    const size_t oel = out_f32 ? 4 : 2;
+    void *d_y = dev_poison((size_t)M * N * oel);
+    loom_cuda_qweight w = {.fmt = fmt, .N = N, .K = K, .group = i4 ? group : 0, .data = d_data,
+                           .scales = d_sc, .smooth = d_sm};
+    if (path == 1) loom_cuda_qgemm_set_gemv_max_m(g, fmt, 256);
+    if (path == 2) loom_cuda_qgemm_set_gemv_max_m(g, fmt, 0);
+    const size_t sb = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &w, M);
+    void *d_s = dev_poison(sb);
+    char msg[256] = "";
+    int rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
+    qgemm_defaults(g);
+    CK(cudaDeviceSynchronize());
+    char name[160];
+    char gs[16] = "";
+    if (i4) snprintf(gs, sizeof gs, " g%d", group);
+    snprintf(name, sizeof name, "qgemm %s %s M=%d N=%d K=%d%s%s%s -> %s", qfmt_name(fmt), dtn(dt),
+             M, N, K, gs, path == 1 ? " gemv" : path == 2 ? " gemm" : "", smooth ? " smooth" : "",
+             out_f32 ? "f32" : dtn(dt));
+    err_acc a = {0};
+    if (rc) {
+        printf("      qgemm error: %s\n", msg);
+        a.nan = true;
+        report(name, &a, TOL16);
+    } else {
+        void *y = malloc((size_t)M * N * oel);
+        CK(cudaMemcpy(y, d_y, (size_t)M * N * oel, cudaMemcpyDeviceToHost));
+        double *out = malloc((size_t)M * N * 8), *ref = malloc((size_t)M * N * 8);
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                double acc = 0;
+                const double *xm = xr + (size_t)m * K, *wn = wd + (size_t)n * K;
+                for (int k = 0; k < K; k++) acc += xm[k] * wn[k];
+                ref[(size_t)m * N + n] = acc * sx[m];
+                out[(size_t)m * N + n] = out_f32 ? ((float *)y)[(size_t)m * N + n]
+                                                 : from16(dt, ((uint16_t *)y)[(size_t)m * N + n]);
+            }
+        for (int m = 0; m < M; m++) {
+            if (M > 2 && m == 0) { /* the zero token: exact zeros */
+                for (int n = 0; n < N; n++)
+                    if (out[n] != 0.0) a.nan = true;
+                continue;
+            }
+            err_row(&a, out + (size_t)m * N, ref + (size_t)m * N, N);
+        }
+        /* GEMV with f32 output is fp32 all the way; the GEMM paths round
+         * the dequantized weights (W8A16 / INT4) or the unscaled sums
+         * (FP8 into bf16) to 16 bits */
+        const bool exact32 = out_f32 && (path == 1 || (path == 0 && M <= 8));
+        report(name, &a, exact32 ? 1e-4 : TOL16);
+        free(y), free(out), free(ref);
+    }
+    cudaFree(d_data), cudaFree(d_sc), cudaFree(d_sm), cudaFree(d_x), cudaFree(d_y), cudaFree(d_s);
+    free(data), free(scales), free(wd), free(wrow), free(xf), free(sm), free(x), free(xr), free(sx);
+}
+
+/* Every format over decode and prefill shapes, both paths at the boundary
+ * sizes, odd N, K not a multiple of 128, both element types. */
+static void test_qgemm_all(loom_cuda_gemm *g) {
+    const loom_cuda_qfmt fmts[4] = {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8, LOOM_CUDA_Q_FP8,
+                                    LOOM_CUDA_Q_INT4};
+    const int Ms[7] = {1, 2, 7, 8, 9, 64, 300};
+    for (int fi = 0; fi < 4; fi++) {
+        const loom_cuda_qfmt f = fmts[fi];
+        const bool i4 = f == LOOM_CUDA_Q_INT4;
+        /* default dispatch over M, an odd N, K = 576 (SmolLM2: not a multiple of 128) */
+        for (int mi = 0; mi < 7; mi++)
+            test_qgemm(g, LOOM_CUDA_BF16, f, Ms[mi], 1001, 576, i4 ? 64 : 0, 0, false, false);
+        /* both paths forced at the boundaries */
+        const int Mb[5] = {1, 7, 8, 9, 64};
+        const int Kb = i4 ? 1152 : 1040; /* int4: 9 groups of 128; else 65 x 16 */
+        for (int mi = 0; mi < 5; mi++) {
+            test_qgemm(g, LOOM_CUDA_BF16, f, Mb[mi], 768, Kb, i4 ? 128 : 0, 1, false, false);
+            test_qgemm(g, LOOM_CUDA_BF16, f, Mb[mi], 768, Kb, i4 ? 128 : 0, 2, false, false);
+        }
+        test_qgemm(g, LOOM_CUDA_BF16, f, 300, 515, 576, i4 ? 32 : 0, 1, false, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 300, 512, 4096, i4 ? 128 : 0, 2, false, false);
+        /* Llama-3-8B shapes at decode */
+        test_qgemm(g, LOOM_CUDA_BF16, f, 1, 4096, 14336, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 4, 6144, 4096, i4 ? 128 : 0, 0, false, false);
+        /* f16, float32 output (LM head), odd N with the GEMM path */
+        test_qgemm(g, LOOM_CUDA_F16, f, 3, 999, 576, i4 ? 32 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, 64, 999, 576, i4 ? 32 : 0, 2, false, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 2, 4097, 576, i4 ? 64 : 0, 0, true, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 40, 4097, 576, i4 ? 64 : 0, 2, true, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, 9, 1001, 576, i4 ? 64 : 0, 2, true, false);
+    }
+    /* W8A8 with a SmoothQuant vector, both paths */
+    test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 3, 1000, 1024, 0, 0, false, true);
+    test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 64, 1000, 1024, 0, 2, false, true);
+}
+
 /* ------------------------------------------------------------------ main */
 
 /* loom_cuda_gemm_swiglu_run: the SwiGLU fused into the GEMV (M <= 8) and
@@ -855,6 +1097,8 @@ int main(int argc, char **argv) {
         loom_cuda_gemm_set_gemv_max_m(g, 0); /* cuBLASLt at M = 1 too */
         test_gemm(g, LOOM_CUDA_BF16, 1, 4096, 4096, false);
         test_gemm(g, LOOM_CUDA_BF16, 4, 49152, 576, true);
+        loom_cuda_gemm_set_gemv_max_m(g, 8);
+        test_qgemm_all(g);
         loom_cuda_gemm_destroy(g);
     }
     printf("gpu_kernel_tests: %d passed, %d failed (seed %llu)\n", g_pass, g_fail,

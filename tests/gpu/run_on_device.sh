@@ -39,6 +39,7 @@ echo "=== gpu_kernel_tests"
 $SAN "$B/tests/gpu/gpu_kernel_tests" 2>&1 | tee "$O/kernel_tests.log"
 [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
 echo "=== gpu_backend_test"
+export LOOM_QUANTIZER_DIR=${LOOM_QUANTIZER_DIR:-$B/plugins/quantizer}   # int8/fp8/int4 checks
 $SAN "$B/tests/gpu/gpu_backend_test" "$B/plugins/backend/cuda/loom-backend-cuda.so" \
   "$B/plugins/backend/cpu/loom-backend-cpu.so" 2>&1 | tee "$O/backend_test.log"
 [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))

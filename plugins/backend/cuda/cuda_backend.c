@@ -11,11 +11,15 @@
  * copies. Weight loading is in cuda_load.c, the forward pass in
  * cuda_forward.c.
  *
- * What it refuses to be: a quantized-kernel backend (yet) — a quantizer
- * that plans any format but NONE fails load() naming the tensor — and a
- * multi-GPU one by itself: the tp executor drives one instance per GPU
- * through load_shard (cuda_load.c) and joins them with NCCL collectives in
- * forward (cuda_forward.c). Built for sm_90a (Hopper) only.
+ * Quantizers (loom/quant.h): int8 W8A16 / W8A8, fp8 and int4 weights run
+ * on kernels/cuda's quantized linear layers (loom_cuda_qgemm_run; see
+ * docs/quantization.md); GGUF blocks as stored are refused at load naming
+ * the tensor. The KV cache stays in the compute type (no FP8 KV cache).
+ *
+ * What it refuses to be: a multi-GPU backend by itself: the tp executor
+ * drives one instance per GPU through load_shard (cuda_load.c) and joins
+ * them with NCCL collectives in forward (cuda_forward.c). Built for sm_90a
+ * (Hopper) only.
  */
 #include "cuda_backend.h"
 

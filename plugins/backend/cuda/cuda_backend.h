@@ -61,7 +61,15 @@ typedef struct cuda_backend_config {
     int64_t max_positions;      /* RoPE table length; 0 = the model's context    */
 } cuda_backend_config;
 
-/* One decoder layer's weights: pointers into the device arena. */
+/* The four linear groups of a layer (one GEMM each). */
+enum { CB_G_QKV = 0, CB_G_O = 1, CB_G_GU = 2, CB_G_DOWN = 3, CB_NGROUPS = 4 };
+
+/* One decoder layer's weights: pointers into the device arena. A group a
+ * quantizer changed (q[g].fmt != LOOM_CUDA_Q_NONE) has its dt pointer NULL
+ * and runs loom_cuda_qgemm_run on q[g]: the parts of a fused group (Q, K,
+ * V; gate, up) are quantized one by one by the quantizer and uploaded as
+ * consecutive rows of one quantized matrix (their per-row scales simply
+ * concatenate), so a layer stays four GEMMs. */
 typedef struct cuda_layer {
     float *attn_norm;  /* (hidden) f32                                          */
     void *wqkv;        /* (q_dim + 2 kv_dim, hidden) dt: rows Q, then K, V       */
@@ -70,6 +78,7 @@ typedef struct cuda_layer {
     float *ffn_norm;   /* (hidden) f32                                          */
     void *wgu;         /* (2 intermediate, hidden) dt: rows gate, then up        */
     void *wdown;       /* (hidden, intermediate) dt                              */
+    loom_cuda_qweight q[CB_NGROUPS]; /* quantized groups (same row order)    */
 } cuda_layer;
 
 /* A captured decode graph for one bucket. */
@@ -116,6 +125,10 @@ typedef struct cuda_backend {
     void *embed;                /* (vocab_pad, hidden) dt                     */
     void *lm_head;              /* (vocab_pad, hidden) dt; == embed when tied  */
     float *out_norm;            /* (hidden) f32                               */
+    loom_cuda_qweight lm_q;     /* quantized LM head (fmt NONE: lm_head)      */
+    void *qscratch;             /* quantized-GEMM scratch (work allocation)   */
+    size_t qscratch_bytes;      /* its size: the largest any weight needs     */
+    size_t qweight_bytes;       /* bytes of quantized weights in the arena    */
     cuda_layer *layers;         /* host array (num_layers)                    */
     float *rope_cs;             /* (rope_max_pos, head_dim/2, 2) f32 device    */
     int32_t rope_max_pos;

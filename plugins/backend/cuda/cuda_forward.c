@@ -220,21 +220,33 @@ static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t 
 
 /* --------------------------------------------------------------- record */
 
+/* y (M, N) = x (M, K) @ W^T: the dt matrix w, or the quantized q when a
+ * quantizer changed this group (q->fmt != NONE; w is NULL then). */
 static loom_status cb_gemm(cuda_backend *b, bool out_f32, int32_t M, int32_t N, int32_t K,
-                           const void *x, const void *w, void *y, const char *what,
-                           loom_error *err) {
+                           const void *x, const void *w, const loom_cuda_qweight *q, void *y,
+                           const char *what, loom_error *err) {
     char msg[256] = "";
-    int rc = loom_cuda_gemm_run(b->gemm, b->dt, out_f32, M, N, K, x, w, y, b->stream, msg,
-                                sizeof msg);
+    int rc = q && q->fmt != LOOM_CUDA_Q_NONE
+                 ? loom_cuda_qgemm_run(b->gemm, b->dt, out_f32, M, q, x, y, b->qscratch,
+                                       b->qscratch_bytes, b->stream, msg, sizeof msg)
+                 : loom_cuda_gemm_run(b->gemm, b->dt, out_f32, M, N, K, x, w, y, b->stream, msg,
+                                      sizeof msg);
     if (rc == 0) return LOOM_OK;
     return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE,
                           "backend cuda (device %d): %s GEMM (%d x %d x %d): %s", b->device, what,
                           M, N, K, msg);
 }
 
-/* r (T, H) = SwiGLU(gu) @ w_down^T (fused into the GEMV at small T). */
-static loom_status cb_swiglu_down(cuda_backend *b, int32_t T, const void *wdown, loom_error *err) {
+/* r (T, H) = SwiGLU(gu) @ w_down^T (fused into the GEMV at small T for
+ * weights in the compute type; quantized ones take act). */
+static loom_status cb_swiglu_down(cuda_backend *b, int32_t T, const void *wdown, const loom_cuda_qweight *q,
+                                  loom_error *err) {
     const int32_t H = b->mc.hidden_size, I = b->mc.intermediate_size;
+    loom_status st;
+    if (q && q->fmt != LOOM_CUDA_Q_NONE)
+        return (st = CB_CUDA(b, err, loom_cuda_swiglu(b->dt, b->act, b->gu, T, I, b->stream)))
+                   ? st
+                   : cb_gemm(b, false, T, H, I, b->act, wdown, q, b->r, "ffn_down", err);
     char msg[256] = "";
     int rc = loom_cuda_gemm_swiglu_run(b->gemm, b->dt, T, H, I, b->gu, wdown, b->act, b->r, b->stream, msg,
                                        sizeof msg);
@@ -278,7 +290,7 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
         /* attention block: (T, H) -> (T, QKV) -> (T, QD) -> r (T, H) */
         if ((st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, l ? b->r : NULL,
                                                         ly->attn_norm, NULL, T, H, eps, s))) ||
-            (st = cb_gemm(b, false, T, QKV, H, b->xn, ly->wqkv, b->qkv, "QKV", err)) ||
+            (st = cb_gemm(b, false, T, QKV, H, b->xn, ly->wqkv, &ly->q[CB_G_QKV], b->qkv, "QKV", err)) ||
             (st = CB_CUDA(b, err, loom_cuda_rope_kv(b->dt, b->qkv, QKV, ly->bqkv, b->rope_cs,
                                                     p->pos, p->slot, kc, vc, T, c->num_heads,
                                                     c->num_kv_heads, c->head_dim,
@@ -297,12 +309,13 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
         }
         /* FFN block: x += r; (T, H) -> (T, 2I) -> (T, I) -> r (T, H). The
          * row-parallel GEMMs' partial r are summed over ranks (sharded) */
-        if ((st = cb_gemm(b, false, T, H, QD, b->att, ly->wo, b->r, "attn_output", err)) ||
+        if ((st = cb_gemm(b, false, T, H, QD, b->att, ly->wo, &ly->q[CB_G_O], b->r, "attn_output", err)) ||
             (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)) ||
             (st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, b->r, ly->ffn_norm,
                                                         NULL, T, H, eps, s))) ||
-            (st = cb_gemm(b, false, T, 2 * I, H, b->xn, ly->wgu, b->gu, "ffn_gate_up", err)) ||
-            (st = cb_swiglu_down(b, T, ly->wdown, err)) ||
+            (st = cb_gemm(b, false, T, 2 * I, H, b->xn, ly->wgu, &ly->q[CB_G_GU], b->gu, "ffn_gate_up",
+                         err)) ||
+            (st = cb_swiglu_down(b, T, ly->wdown, &ly->q[CB_G_DOWN], err)) ||
             (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)))
             return st;
     }
@@ -316,8 +329,8 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
 static loom_status cb_lm_head_shard(cuda_backend *b, int32_t n, bool to_host, loom_error *err) {
     const int64_t H = b->mc.hidden_size, V = b->mc.vocab_size, P = b->vocab_pad;
     loom_status st;
-    if ((st = cb_gemm(b, true, n, (int32_t)P, (int32_t)H, b->xs, b->lm_head, b->logits_local,
-                      "lm_head", err)) ||
+    if ((st = cb_gemm(b, true, n, (int32_t)P, (int32_t)H, b->xs, b->lm_head, &b->lm_q,
+                      b->logits_local, "lm_head", err)) ||
         (st = b->comm.all_gather(b->comm.ctx, b->comm.rank, b->logits_local, b->logits_gathered,
                                  (int64_t)n * P, LOOM_DTYPE_F32, (void *)b->stream, err)))
         return st;
@@ -348,8 +361,8 @@ static loom_status cb_record_logits(cuda_backend *b, const cuda_plan *p, int32_t
                                                     c->rms_norm_eps, b->stream))))
         return st;
     if (b->sharded) return cb_lm_head_shard(b, n, to_host, err);
-    return cb_gemm(b, true, n, c->vocab_size, c->hidden_size, b->xs, b->lm_head, b->logits_dev, "lm_head",
-                   err);
+    return cb_gemm(b, true, n, c->vocab_size, c->hidden_size, b->xs, b->lm_head, &b->lm_q, b->logits_dev,
+                   "lm_head", err);
 }
 
 static loom_status cb_upload_meta(cuda_backend *b, const cuda_plan *p, loom_error *err) {

@@ -11,6 +11,12 @@
  * uploaded asynchronously while the other buffer fills. Q/K/V and gate/up
  * land at their row offsets in the fused matrices, so fusing costs nothing.
  *
+ * A linear weight the quantizer plans in a quantized format is quantized
+ * on the host by the quantizer, checked against loom/quant.h's layout and
+ * uploaded as kernels/cuda reads it (cb_upload_q); the parts of a fused
+ * group (Q/K/V, gate/up) become consecutive rows of one quantized matrix.
+ * A tensor-parallel rank quantizes the whole tensor and keeps its window.
+ *
  * Every tensor (and the quantizer's plan for each linear weight) is checked
  * before anything is allocated; the device arena is sized exactly and
  * checked against cudaMemGetInfo first, so running out of device memory is
@@ -94,23 +100,48 @@ static loom_status cb_tensor(cuda_backend *b, const loom_model_view *m, const ch
     return LOOM_OK;
 }
 
-/* Ask the quantizer (if any) for a linear weight's plan: only NONE runs here. */
-static loom_status cb_check_plan(cuda_backend *b, const loom_model_view *m,
-                                 const loom_quant_binding *q, const loom_tensor *t,
-                                 const char *name, loom_error *err) {
+/* Ask the quantizer (if any) for a linear weight's plan into *plan (NONE
+ * without a quantizer) and check this backend has kernels for it: NONE,
+ * INT8_W8A16, INT8_W8A8, FP8_W8A8 and INT4_W4A16 run here; GGUF blocks as
+ * stored do not (yet). */
+static loom_status cb_plan(cuda_backend *b, const loom_model_view *m, const loom_quant_binding *q,
+                           const loom_tensor *t, const char *name, loom_quant_plan *plan,
+                           loom_error *err) {
+    *plan = (loom_quant_plan){.struct_size = sizeof *plan, .format = LOOM_QFMT_NONE};
     if (!q || !q->ops || !q->ops->plan) return LOOM_OK;
-    loom_quant_plan plan = {.struct_size = sizeof plan, .format = LOOM_QFMT_NONE};
-    loom_status st = q->ops->plan(q->self, m, t, &plan, err);
+    loom_status st = q->ops->plan(q->self, m, t, plan, err);
     if (st != LOOM_OK) return st;
-    if (plan.format != LOOM_QFMT_NONE)
+    switch (plan->format) {
+    case LOOM_QFMT_NONE: return LOOM_OK;
+    case LOOM_QFMT_INT8_W8A16:
+    case LOOM_QFMT_INT8_W8A8:
+    case LOOM_QFMT_FP8_W8A8:
+    case LOOM_QFMT_INT4_W4A16:
+        if (!q->ops->quantize || !q->ops->release)
+            return b->host->error(b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
+                                  "backend cuda: quantizer '%s' planned format %s for tensor '%s' "
+                                  "but has no quantize()/release() to produce it",
+                                  q->name ? q->name : "?", cb_qformat_name(plan->format), name);
+        return LOOM_OK;
+    default:
         return b->host->error(
             b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
             "backend cuda: quantizer '%s' planned format %s for tensor '%s', but the cuda backend "
-            "has no %s linear kernel yet (it runs %s weights, format none); drop the quantizer "
-            "from the pipeline",
-            q->name ? q->name : "?", cb_qformat_name(plan.format), name,
-            cb_qformat_name(plan.format), loom_dtype_name(b->ldt));
-    return LOOM_OK;
+            "has no %s linear kernel yet (it runs none, int8_w8a16, int8_w8a8, fp8_w8a8 and "
+            "int4_w4a16); use source: quantize in the int4 quantizer, or backend cpu for GGUF "
+            "blocks as stored",
+            q->name ? q->name : "?", cb_qformat_name(plan->format), name,
+            cb_qformat_name(plan->format));
+    }
+}
+
+/* Device bytes of one quantized matrix of n rows x k columns (data, scales,
+ * smooth; each region CB_ALIGN-aligned, carved in that order). */
+static size_t cb_qbytes(loom_qformat f, int64_t n, int64_t k, int32_t g) {
+    const size_t data = f == LOOM_QFMT_INT4_W4A16 ? (size_t)(n * (k / 2)) : (size_t)(n * k);
+    const size_t sc = f == LOOM_QFMT_INT4_W4A16 ? (size_t)(n * (k / g)) * 8 : (size_t)n * 4;
+    const size_t sm = f == LOOM_QFMT_INT8_W8A8 ? (size_t)k * 4 : 0;
+    return cb_round(data) + cb_round(sc) + (sm ? cb_round(sm) : 0);
 }
 
 /* --------------------------------------------------------------- upload */
@@ -290,6 +321,147 @@ static loom_status cb_upload_part(cb_uploader *u, const loom_tensor *t, int64_t 
     return cb_upload(u, &v, nr, cols, c0, nc, dst, out_f32, err);
 }
 
+/* ------------------------------------------------------ quantized upload */
+
+/* Is t a host tensor of `dtype` with at least `count` elements? */
+static bool cb_qis(const loom_tensor *t, loom_dtype dtype, int64_t count) {
+    return t->data && t->device == LOOM_DEVICE_HOST && t->dtype == dtype &&
+           loom_tensor_numel(t) >= count &&
+           t->nbytes >= (size_t)count * loom_dtype_block_bytes(dtype);
+}
+
+/* One part of a quantized group: quantize tensor t (rows, cols) on the host
+ * through the quantizer, check the layout it gave (loom/quant.h), and upload
+ * rows [r0, r0 + nr) x columns [c0, c0 + nc) into rows [row_off, row_off +
+ * nr) of the group's device matrix `dst` (dst->K == nc): the data as is,
+ * FP8 per-tensor scales expanded to every row, INT4 {scale, zero} repacked
+ * as {s, -zero * s} (loom_cuda_qweight). The quantizer's tensor is released
+ * once the copies have left host memory.
+ * W8A8 SmoothQuant vectors: the group's first part uploads its columns
+ * into dst->smooth and keeps a host copy in *smooth_ref; later parts must
+ * carry the same vector (one activation quantization serves the group). */
+static loom_status cb_upload_q(cuda_backend *b, const loom_model_view *m,
+                               const loom_quant_binding *qb, const loom_tensor *t,
+                               const char *name, const loom_quant_plan *plan, int64_t r0,
+                               int64_t nr, int64_t c0, int64_t nc, const loom_cuda_qweight *dst,
+                               int64_t row_off, bool first_part, float **smooth_ref,
+                               loom_error *err) {
+    const loom_host *h = b->host;
+    const int64_t rows = t->shape[0], cols = t->shape[1];
+    const loom_qformat f = plan->format;
+    const char *qn = qb->name ? qb->name : "?";
+    loom_qtensor q = {.struct_size = sizeof q};
+    float *tmp = NULL;
+    char why[200] = "";
+    loom_status st = qb->ops->quantize(qb->self, m, t, plan, &q, err);
+    if (st != LOOM_OK) return st;
+    /* the layout loom/quant.h promises, for the rows and columns we read */
+    const int32_t g = f == LOOM_QFMT_INT4_W4A16 ? q.group_size : 1;
+    const int64_t ns = loom_tensor_numel(&q.scales);
+    if (q.format != f || q.rows != rows || q.cols != cols)
+        snprintf(why, sizeof why, "format %s shape (%lld, %lld), expected %s (%lld, %lld)",
+                 cb_qformat_name(q.format), (long long)q.rows, (long long)q.cols,
+                 cb_qformat_name(f), (long long)rows, (long long)cols);
+    else if ((f == LOOM_QFMT_INT8_W8A16 || f == LOOM_QFMT_INT8_W8A8) &&
+             (!cb_qis(&q.data, LOOM_DTYPE_I8, rows * cols) ||
+              !cb_qis(&q.scales, LOOM_DTYPE_F32, rows)))
+        snprintf(why, sizeof why, "int8 data (%lld, %lld) and f32 scales (%lld) expected",
+                 (long long)rows, (long long)cols, (long long)rows);
+    else if (f == LOOM_QFMT_FP8_W8A8 &&
+             (!cb_qis(&q.data, LOOM_DTYPE_FP8_E4M3, rows * cols) || !(ns == rows || ns == 1) ||
+              !cb_qis(&q.scales, LOOM_DTYPE_F32, ns)))
+        snprintf(why, sizeof why, "fp8_e4m3 data (%lld, %lld) and f32 scales (%lld) or (1) "
+                 "expected", (long long)rows, (long long)cols, (long long)rows);
+    else if (f == LOOM_QFMT_INT4_W4A16 &&
+             (g != plan->group_size || g < 2 || cols % g || !cb_qis(&q.data, LOOM_DTYPE_U8, rows * (cols / 2)) ||
+              !cb_qis(&q.scales, LOOM_DTYPE_F32, rows * (cols / g)) ||
+              !cb_qis(&q.zeros, LOOM_DTYPE_F32, rows * (cols / g))))
+        snprintf(why, sizeof why, "u8 data (%lld, %lld), f32 scales and zeros (%lld, %lld / %d) "
+                 "with group_size %d expected (got group_size %d)", (long long)rows,
+                 (long long)(cols / 2), (long long)rows, (long long)cols, plan->group_size,
+                 plan->group_size, g);
+    else if (f == LOOM_QFMT_INT8_W8A8 && q.smooth.data &&
+             !cb_qis(&q.smooth, LOOM_DTYPE_F32, cols))
+        snprintf(why, sizeof why, "smooth must be f32 (%lld)", (long long)cols);
+    if (why[0]) {
+        st = h->error(h->ctx, err, LOOM_ERR_FORMAT,
+                      "backend cuda: quantizer '%s' gave tensor '%s' a layout the kernels cannot "
+                      "read: %s", qn, name, why);
+        goto out;
+    }
+    /* data: a strided window, one 2-D copy (pageable source: staged before
+     * the call returns) */
+    {
+        const bool i4 = f == LOOM_QFMT_INT4_W4A16;
+        const size_t src_pitch = i4 ? (size_t)cols / 2 : (size_t)cols;
+        const size_t width = i4 ? (size_t)nc / 2 : (size_t)nc;
+        const size_t col0 = i4 ? (size_t)c0 / 2 : (size_t)c0;
+        uint8_t *d = (uint8_t *)dst->data + (size_t)row_off * width;
+        if ((st = CB_CUDA(b, err, cudaMemcpy2DAsync(d, width,
+                                                    (const uint8_t *)q.data.data +
+                                                        (size_t)r0 * src_pitch + col0,
+                                                    src_pitch, width, (size_t)nr,
+                                                    cudaMemcpyHostToDevice, b->stream))))
+            goto out;
+        /* scales */
+        const int64_t gl = i4 ? nc / g : 1; /* groups per kept row */
+        const size_t tmp_floats = i4 ? (size_t)(nr * gl) * 2 : (size_t)nr;
+        tmp = h->alloc(h->ctx, tmp_floats * sizeof(float));
+        if (!tmp) {
+            st = h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cuda: out of host memory for the "
+                          "scales of '%s'", name);
+            goto out;
+        }
+        const float *sc = q.scales.data, *z = q.zeros.data;
+        if (i4) {
+            const int64_t gr = cols / g; /* groups per whole row */
+            for (int64_t r = 0; r < nr; r++)
+                for (int64_t i = 0; i < gl; i++) {
+                    const size_t k = (size_t)((r0 + r) * gr + c0 / g + i);
+                    tmp[(size_t)(r * gl + i) * 2] = sc[k];
+                    tmp[(size_t)(r * gl + i) * 2 + 1] = -(z[k] * sc[k]);
+                }
+        } else {
+            for (int64_t r = 0; r < nr; r++) tmp[r] = ns == 1 ? sc[0] : sc[r0 + r];
+        }
+        if ((st = CB_CUDA(b, err, cudaMemcpyAsync((float *)dst->scales +
+                                                      (size_t)row_off * (i4 ? (size_t)gl * 2 : 1),
+                                                  tmp, tmp_floats * sizeof(float),
+                                                  cudaMemcpyHostToDevice, b->stream))))
+            goto out;
+    }
+    /* SmoothQuant vector (W8A8) */
+    if (f == LOOM_QFMT_INT8_W8A8) {
+        const float *sm = q.smooth.data ? (const float *)q.smooth.data + c0 : NULL;
+        if (first_part && sm) {
+            *smooth_ref = h->alloc(h->ctx, (size_t)nc * sizeof(float));
+            if (!*smooth_ref) {
+                st = h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cuda: out of host memory");
+                goto out;
+            }
+            memcpy(*smooth_ref, sm, (size_t)nc * sizeof(float));
+            if ((st = CB_CUDA(b, err, cudaMemcpyAsync((void *)dst->smooth, sm,
+                                                      (size_t)nc * sizeof(float),
+                                                      cudaMemcpyHostToDevice, b->stream))))
+                goto out;
+        } else if (!first_part && ((sm != NULL) != (*smooth_ref != NULL) ||
+                                   (sm && memcmp(sm, *smooth_ref, (size_t)nc * sizeof(float))))) {
+            st = h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                          "backend cuda: tensor '%s' has a SmoothQuant vector different from the "
+                          "other parts of its fused projection (Q/K/V or gate/up share one "
+                          "activation quantization here); calibrate them with one vector",
+                          name);
+            goto out;
+        }
+    }
+    /* the copies above may still read q and tmp until they are staged */
+    st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
+out:
+    h->free(h->ctx, tmp);
+    qb->ops->release(qb->self, &q);
+    return st;
+}
+
 /* ----------------------------------------------------------------- RoPE */
 
 /* Rotary frequencies, float64 — the same formula as kernels/cpu/rope.c
@@ -345,7 +517,7 @@ static loom_status cb_rope_init(cuda_backend *b, loom_error *err) {
 
 /* ---------------------------------------------------------- work buffers */
 
-#define CB_WORK_BUFS 17
+#define CB_WORK_BUFS 18
 
 static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     const loom_host *h = b->host;
@@ -361,34 +533,38 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     const size_t VP = b->sharded ? (size_t)b->vocab_pad : 0;
     const size_t NR = b->sharded ? (size_t)b->comm.size : 0;
     const size_t TK = LOOM_CUDA_TOPK_MAX;
+    /* the last: quantized-GEMM scratch (0 without quantized weights) */
     size_t sz[CB_WORK_BUFS] = {MT * H * 4,      MT * H * e,  MT * (size_t)b->qkv_rows * e,
                      MT * (size_t)b->q_dim * e, MT * H * e, MT * 2 * I * e, MT * I * e,
                      LR * H * e,      LR * V * 4,  CB_ATTN_WS_FLOATS * 4,
                      MT * (size_t)c->num_kv_heads * sizeof(int), LR * VP * 4, NR * LR * VP * 4,
                      LR * TK * 4, LR * TK * 4, LR * 4,
-                     loom_cuda_topk_ws_bytes((int)LR, (int)V, (int)TK)};
+                     loom_cuda_topk_ws_bytes((int)LR, (int)V, (int)TK), b->qscratch_bytes};
     size_t total = 0;
     for (int i = 0; i < CB_WORK_BUFS; i++) total += cb_round(sz[i]);
     size_t free_b = 0, tot = 0;
     if ((st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &tot)))) return st;
     if (total > free_b)
         return h->error(h->ctx, err, LOOM_ERR_NOMEM,
-                        "backend cuda: work buffers for max_batched_tokens = %lld need %.1f MiB, "
-                        "device %d has %.1f MiB free after the weights; lower the backend's "
-                        "max_batched_tokens (and scheduler.max_batched_tokens with it)",
-                        (long long)MT, cb_mib(total), b->device, cb_mib(free_b));
+                        "backend cuda: work buffers for max_batched_tokens = %lld need %.1f MiB "
+                        "(%.1f MiB of it quantized-GEMM scratch), device %d has %.1f MiB free "
+                        "after the weights; lower the backend's max_batched_tokens (and "
+                        "scheduler.max_batched_tokens with it)",
+                        (long long)MT, cb_mib(total), cb_mib(b->qscratch_bytes), b->device,
+                        cb_mib(free_b));
     if ((st = CB_CUDA(b, err, cudaMalloc(&b->work, total)))) return st;
     uint8_t *p = b->work;
     void **dst[CB_WORK_BUFS] = {(void **)&b->x, &b->xn, &b->qkv, &b->att, &b->r, &b->gu, &b->act, &b->xs,
                       (void **)&b->logits_dev, (void **)&b->attn_ws, (void **)&b->attn_sem,
                       (void **)&b->logits_local, (void **)&b->logits_gathered,
                       (void **)&b->topk_ids_dev, (void **)&b->topk_vals_dev, (void **)&b->lse_dev,
-                      &b->topk_ws};
+                      &b->topk_ws, &b->qscratch};
     for (int i = 0; i < CB_WORK_BUFS; i++) {
         *dst[i] = p;
         p += cb_round(sz[i]);
     }
     if (!b->sharded) b->logits_local = b->logits_gathered = NULL;
+    if (!b->qscratch_bytes) b->qscratch = NULL;
     /* the split-K counters start at zero; the attention kernel leaves them so */
     if ((st = CB_CUDA(b, err, cudaMemsetAsync(b->attn_sem, 0, sz[10], b->stream))) ||
         (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream))))
@@ -510,7 +686,8 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
     const int64_t q0 = (int64_t)sh.head0 * D, k0 = (int64_t)sh.kv0 * D, i0 = sh.inter0;
     const size_t e = b->elt;
 
-    /* --- check every tensor (and the quantizer's plan) before allocating */
+    /* --- check every tensor (and the quantizer's plan) before allocating.
+     * plans: (L, 7) linear weights in cb_lin[] order, then output.weight */
     const loom_tensor *t_embed, *t_onorm, *t_out, *t_probe;
     if ((st = cb_tensor(b, m, "token_embd.weight", V, H, true, &t_embed, err)) ||
         (st = cb_tensor(b, m, "output_norm.weight", H, -1, true, &t_onorm, err)) ||
@@ -521,46 +698,127 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                "model '%s' has no output.weight and tie_embeddings is false; using the token "
                "embeddings as the LM head",
                c->name);
-    if (t_out && (st = cb_check_plan(b, m, quant, t_out, "output.weight", err))) return st;
-    if ((st = cb_tensor(b, m, "blk.0.attn_q.bias", QD, -1, false, &t_probe, err))) return st;
+    loom_quant_plan *plans = h->calloc(h->ctx, (size_t)L * 7 + 1, sizeof *plans);
+    if (!plans)
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                        "backend cuda: out of host memory for %d layers' quantization plans", L);
+    loom_quant_plan *plan_out = &plans[(size_t)L * 7];
+    *plan_out = (loom_quant_plan){.struct_size = sizeof *plan_out, .format = LOOM_QFMT_NONE};
+    if (t_out && (st = cb_plan(b, m, quant, t_out, "output.weight", plan_out, err))) goto fail;
+    if ((st = cb_tensor(b, m, "blk.0.attn_q.bias", QD, -1, false, &t_probe, err))) goto fail;
     const bool bias = c->qkv_bias || t_probe != NULL;
     const int64_t lin_shape[7][2] = {{QD, H}, {KVD, H}, {KVD, H}, {H, QD},
                                      {I, H},  {I, H},   {H, I}};
+    /* the four GEMM groups of a layer: parts [first, end) of cb_lin[], this
+     * rank's rows N and input columns K of the fused matrix, and each
+     * part's first row in it */
+    static const int g_first[CB_NGROUPS] = {0, 3, 4, 6}, g_end[CB_NGROUPS] = {3, 4, 6, 7};
+    const int64_t g_n[CB_NGROUPS] = {QKVl, H, 2 * Il, H}, g_k[CB_NGROUPS] = {H, QDl, H, Il};
+    const int64_t part_row[7] = {0, QDl, QDl + KVDl, 0, 0, Il, 0};
+    /* the column window each part keeps (c0 of {r0, nr, c0, nc} below) */
+    const int64_t part_c0[7] = {0, 0, 0, q0, 0, 0, i0};
+    bool any_quant = t_out && plan_out->format != LOOM_QFMT_NONE;
     for (int32_t l = 0; l < L; l++) {
         const loom_tensor *t;
+        loom_quant_plan *pl = &plans[(size_t)l * 7];
         for (int k = 0; k < 7; k++) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, cb_lin[k]);
             if ((st = cb_tensor(b, m, name, lin_shape[k][0], lin_shape[k][1], true, &t, err)) ||
-                (st = cb_check_plan(b, m, quant, t, name, err)))
-                return st;
+                (st = cb_plan(b, m, quant, t, name, &pl[k], err)))
+                goto fail;
+        }
+        /* a fused group runs as one GEMM: one format (and group size) for
+         * all its parts, and the kernels' shape contract */
+        for (int gi = 0; gi < CB_NGROUPS; gi++) {
+            const loom_quant_plan *p0 = &pl[g_first[gi]];
+            for (int k = g_first[gi] + 1; k < g_end[gi]; k++)
+                if (pl[k].format != p0->format ||
+                    (p0->format == LOOM_QFMT_INT4_W4A16 && pl[k].group_size != p0->group_size)) {
+                    st = h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                                  "backend cuda: layer %d: tensor 'blk.%d.%s.weight' is planned "
+                                  "%s (group %d) but 'blk.%d.%s.weight' %s (group %d); the cuda "
+                                  "backend runs Q/K/V and gate/up as one fused GEMM each, so "
+                                  "their parts need one format: skip all of a group in the "
+                                  "quantizer or none (e.g. skip: \"attn_q,attn_k,attn_v\")",
+                                  l, l, cb_lin[g_first[gi]], cb_qformat_name(p0->format),
+                                  p0->group_size, l, cb_lin[k], cb_qformat_name(pl[k].format),
+                                  pl[k].group_size);
+                    goto fail;
+                }
+            if (p0->format == LOOM_QFMT_NONE) continue;
+            any_quant = true;
+            const int32_t gs = p0->format == LOOM_QFMT_INT4_W4A16 ? p0->group_size : 0;
+            if (!loom_cuda_qweight_ok((loom_cuda_qfmt)p0->format, (int)g_k[gi], gs) ||
+                (gs > 0 && part_c0[g_first[gi]] % gs != 0)) {
+                st = h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                              "backend cuda: tensor 'blk.%d.%s.weight' planned %s: the cuda "
+                              "kernels need %s, and this %s keeps %lld input columns from column "
+                              "%lld; %s",
+                              l, cb_lin[g_first[gi]], cb_qformat_name(p0->format),
+                              gs ? "group_size a multiple of 32 dividing the input columns"
+                                 : "input columns a multiple of 16",
+                              comm ? "rank" : "model", (long long)g_k[gi],
+                              (long long)part_c0[g_first[gi]],
+                              gs ? "pick group_size 32, 64 or 128 (one that divides it), or fewer "
+                                   "ranks"
+                                 : "skip the tensor in the quantizer");
+                goto fail;
+            }
         }
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
-        if ((st = cb_tensor(b, m, name, H, -1, true, &t, err))) return st;
+        if ((st = cb_tensor(b, m, name, H, -1, true, &t, err))) goto fail;
         snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
-        if ((st = cb_tensor(b, m, name, H, -1, true, &t, err))) return st;
+        if ((st = cb_tensor(b, m, name, H, -1, true, &t, err))) goto fail;
         for (int k = 0; bias && k < 3; k++) {
             snprintf(name, sizeof name, "blk.%d.%s.bias", l, cb_lin[k]);
-            if ((st = cb_tensor(b, m, name, k == 0 ? QD : KVD, -1, true, &t, err))) return st;
+            if ((st = cb_tensor(b, m, name, k == 0 ? QD : KVD, -1, true, &t, err))) goto fail;
         }
     }
+    if (plan_out->format != LOOM_QFMT_NONE &&
+        !loom_cuda_qweight_ok((loom_cuda_qfmt)plan_out->format, (int)H,
+                              plan_out->format == LOOM_QFMT_INT4_W4A16 ? plan_out->group_size : 0)) {
+        st = h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                      "backend cuda: output.weight planned %s, but the cuda kernels need hidden "
+                      "size %lld to be a multiple of 16 (int4: of a group_size that is a multiple "
+                      "of 32); keep output in the quantizer's skip list",
+                      cb_qformat_name(plan_out->format), (long long)H);
+        goto fail;
+    }
 
-    /* --- one device arena for (this rank's) weights, carved in this order below */
-    const size_t per_layer = 2 * cb_round((size_t)H * 4) + cb_round((size_t)(QKVl * H) * e) +
-                             (bias ? cb_round((size_t)QKVl * 4) : 0) +
-                             cb_round((size_t)(H * QDl) * e) + cb_round((size_t)(2 * Il * H) * e) +
-                             cb_round((size_t)(H * Il) * e);
-    b->weight_bytes = cb_round((size_t)(Vp * H) * e) * (t_out ? 2 : 1) + cb_round((size_t)H * 4) +
-                      per_layer * (size_t)L;
+    /* --- one device arena for (this rank's) weights, carved in this order
+     * below; a quantized group takes its quantized size instead of dt */
+    const bool q_lm = t_out && plan_out->format != LOOM_QFMT_NONE;
+    b->weight_bytes = cb_round((size_t)(Vp * H) * e) + cb_round((size_t)H * 4);
+    if (t_out)
+        b->weight_bytes += q_lm ? cb_qbytes(plan_out->format, Vp, H, plan_out->group_size)
+                                : cb_round((size_t)(Vp * H) * e);
+    b->qweight_bytes = q_lm ? cb_qbytes(plan_out->format, Vp, H, plan_out->group_size) : 0;
+    for (int32_t l = 0; l < L; l++) {
+        const loom_quant_plan *pl = &plans[(size_t)l * 7];
+        b->weight_bytes += 2 * cb_round((size_t)H * 4) + (bias ? cb_round((size_t)QKVl * 4) : 0);
+        for (int gi = 0; gi < CB_NGROUPS; gi++) {
+            const loom_quant_plan *p0 = &pl[g_first[gi]];
+            if (p0->format == LOOM_QFMT_NONE) {
+                b->weight_bytes += cb_round((size_t)(g_n[gi] * g_k[gi]) * e);
+            } else {
+                size_t qb = cb_qbytes(p0->format, g_n[gi], g_k[gi], p0->group_size);
+                b->weight_bytes += qb;
+                b->qweight_bytes += qb;
+            }
+        }
+    }
     size_t free_b = 0, total = 0;
-    if ((st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &total)))) return st;
+    if ((st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &total)))) goto fail;
     if (b->weight_bytes > free_b) {
         st = h->error(h->ctx, err, LOOM_ERR_NOMEM,
-                      "backend cuda: weights of '%s' need %.1f MiB in %s but device %d (%s) has "
-                      "%.1f MiB free of %.1f MiB; use a smaller model or another device",
-                      c->name, cb_mib(b->weight_bytes), loom_dtype_name(b->ldt), b->device,
-                      b->device_name, cb_mib(free_b), cb_mib(total));
+                      "backend cuda: weights of '%s' need %.1f MiB in %s%s but device %d (%s) has "
+                      "%.1f MiB free of %.1f MiB; use a smaller model, a quantizer, or another "
+                      "device",
+                      c->name, cb_mib(b->weight_bytes), loom_dtype_name(b->ldt),
+                      any_quant ? " and quantized formats" : "", b->device, b->device_name,
+                      cb_mib(free_b), cb_mib(total));
         b->weight_bytes = 0;
-        return st;
+        goto fail;
     }
     b->layers = h->calloc(h->ctx, (size_t)L, sizeof *b->layers);
     if (!b->layers) {
@@ -579,6 +837,16 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
     }
     uint8_t *cur = b->weights;
 #define CB_CARVE(bytes) (cur += cb_round(bytes), (void *)(cur - cb_round(bytes)))
+    /* a quantized matrix of n x k: data, scales, smooth (cb_qbytes' order) */
+#define CB_CARVE_Q(qw, qf, n, k, gs)                                                              \
+    do {                                                                                           \
+        const bool i4_ = (qf) == LOOM_QFMT_INT4_W4A16;                                            \
+        (qw) = (loom_cuda_qweight){.fmt = (loom_cuda_qfmt)(qf), .N = (int)(n), .K = (int)(k),     \
+                                   .group = i4_ ? (int)(gs) : 0};                                  \
+        (qw).data = CB_CARVE(i4_ ? (size_t)((n) * ((k) / 2)) : (size_t)((n) * (k)));               \
+        (qw).scales = CB_CARVE(i4_ ? (size_t)((n) * ((k) / (gs))) * 8 : (size_t)(n) * 4);           \
+        (qw).smooth = (qf) == LOOM_QFMT_INT8_W8A8 ? CB_CARVE((size_t)(k) * 4) : NULL;             \
+    } while (0)
     /* vocabulary-parallel: this rank's rows of the embedding and LM head,
      * then zero rows up to vocab_pad (only a sharded rank has any) */
     b->embed = CB_CARVE((size_t)(Vp * H) * e);
@@ -591,7 +859,21 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
         (st = CB_CUDA(b, err, cudaMemsetAsync((uint8_t *)b->embed + (size_t)(Vl * H) * e, 0,
                                               (size_t)((Vp - Vl) * H) * e, b->stream))))
         goto fail_up;
-    if (t_out) {
+    if (q_lm) {
+        /* zeroed first: padding rows (data and scales 0) give logits 0 */
+        uint8_t *q0p = cur;
+        CB_CARVE_Q(b->lm_q, plan_out->format, Vp, H, plan_out->group_size);
+        float *sm = NULL;
+        if ((st = CB_CUDA(b, err, cudaMemsetAsync(q0p, 0, (size_t)(cur - q0p), b->stream))) ||
+            (Vl > 0 && (st = cb_upload_q(b, m, quant, t_out, "output.weight", plan_out,
+                                         sh.vocab_lo, Vl, 0, H, &b->lm_q, 0, true, &sm, err)))) {
+            h->free(h->ctx, sm);
+            goto fail_up;
+        }
+        if (!sm) b->lm_q.smooth = NULL;
+        h->free(h->ctx, sm);
+        b->lm_head = NULL;
+    } else if (t_out) {
         b->lm_head = CB_CARVE((size_t)(Vp * H) * e);
         if ((st = cb_upload_part(&up, t_out, sh.vocab_lo, Vl, 0, H, b->lm_head, false, err)))
             goto fail_up;
@@ -602,31 +884,58 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
     }
     for (int32_t l = 0; l < L; l++) {
         cuda_layer *ly = &b->layers[l];
+        const loom_quant_plan *pl = &plans[(size_t)l * 7];
+        void *gbase[CB_NGROUPS] = {NULL, NULL, NULL, NULL};
         ly->attn_norm = CB_CARVE((size_t)H * 4);
-        ly->wqkv = CB_CARVE((size_t)(QKVl * H) * e);
-        ly->bqkv = bias ? CB_CARVE((size_t)QKVl * 4) : NULL;
-        ly->wo = CB_CARVE((size_t)(H * QDl) * e);
-        ly->ffn_norm = CB_CARVE((size_t)H * 4);
-        ly->wgu = CB_CARVE((size_t)(2 * Il * H) * e);
-        ly->wdown = CB_CARVE((size_t)(H * Il) * e);
-        /* destinations in the order of cb_lin[]: Q, K, V rows of the fused
-         * matrix, O, then gate and up rows of the fused FFN input; then the
-         * part kept as {first row, rows, first column, columns}. Q, K, V and
-         * gate, up are column-parallel (a slice of rows); O and down are
-         * row-parallel (a slice of their input columns, summed over ranks in
-         * forward). Without a communicator every part is the whole tensor. */
-        uint8_t *qkv = ly->wqkv, *gu = ly->wgu;
-        void *dst[7] = {qkv, qkv + (size_t)(QDl * H) * e, qkv + (size_t)((QDl + KVDl) * H) * e,
-                        ly->wo, gu, gu + (size_t)(Il * H) * e, ly->wdown};
+        for (int gi = 0; gi < CB_NGROUPS; gi++) {
+            const loom_quant_plan *p0 = &pl[g_first[gi]];
+            if (p0->format == LOOM_QFMT_NONE)
+                gbase[gi] = CB_CARVE((size_t)(g_n[gi] * g_k[gi]) * e);
+            else
+                CB_CARVE_Q(ly->q[gi], p0->format, g_n[gi], g_k[gi], p0->group_size);
+            if (gi == CB_G_QKV) ly->bqkv = bias ? CB_CARVE((size_t)QKVl * 4) : NULL;
+            if (gi == CB_G_O) ly->ffn_norm = CB_CARVE((size_t)H * 4);
+        }
+        ly->wqkv = gbase[CB_G_QKV];
+        ly->wo = gbase[CB_G_O];
+        ly->wgu = gbase[CB_G_GU];
+        ly->wdown = gbase[CB_G_DOWN];
+        /* each part in the order of cb_lin[], kept as {first row, rows,
+         * first column, columns}: Q, K, V rows of the fused matrix, O, then
+         * gate and up rows of the fused FFN input. Q, K, V and gate, up are
+         * column-parallel (a slice of rows); O and down are row-parallel (a
+         * slice of their input columns, summed over ranks in forward).
+         * Without a communicator every part is the whole tensor. A quantized
+         * part is quantized whole on the host and its window uploaded. */
         const int64_t part[7][4] = {{q0, QDl, 0, H}, {k0, KVDl, 0, H}, {k0, KVDl, 0, H},
                                     {0, H, q0, QDl}, {i0, Il, 0, H},   {i0, Il, 0, H},
                                     {0, H, i0, Il}};
+        float *smooth_ref = NULL;
         for (int k = 0; k < 7; k++) {
+            const int gi = k < 3 ? 0 : k == 3 ? 1 : k < 6 ? 2 : 3;
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, cb_lin[k]);
-            if ((st = cb_upload_part(&up, m->get(m->ctx, name), part[k][0], part[k][1],
-                                     part[k][2], part[k][3], dst[k], false, err)))
+            const loom_tensor *t = m->get(m->ctx, name);
+            if (pl[k].format == LOOM_QFMT_NONE) {
+                void *dst = (uint8_t *)gbase[gi] + (size_t)(part_row[k] * g_k[gi]) * e;
+                if ((st = cb_upload_part(&up, t, part[k][0], part[k][1], part[k][2], part[k][3],
+                                         dst, false, err)))
+                    goto fail_up;
+                continue;
+            }
+            const bool first = k == g_first[gi];
+            if (first) {
+                h->free(h->ctx, smooth_ref);
+                smooth_ref = NULL;
+            }
+            if ((st = cb_upload_q(b, m, quant, t, name, &pl[k], part[k][0], part[k][1],
+                                  part[k][2], part[k][3], &ly->q[gi], part_row[k], first,
+                                  &smooth_ref, err))) {
+                h->free(h->ctx, smooth_ref);
                 goto fail_up;
+            }
+            if (k + 1 == g_end[gi] && !smooth_ref) ly->q[gi].smooth = NULL;
         }
+        h->free(h->ctx, smooth_ref);
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
         if ((st = cb_upload(&up, m->get(m->ctx, name), 1, H, 0, H, ly->attn_norm, true, err)))
             goto fail_up;
@@ -642,9 +951,26 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                 goto fail_up;
         }
     }
+#undef CB_CARVE_Q
 #undef CB_CARVE
     if ((st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream)))) goto fail_up;
     cb_uploader_free(&up);
+    h->free(h->ctx, plans);
+    plans = NULL;
+    /* quantized-GEMM scratch: the largest any quantized weight needs at the
+     * work buffers' row count (the LM head at its logits chunk) */
+    b->qscratch_bytes = 0;
+    {
+        const int mt = (int)b->cfg.max_batched_tokens;
+        const int lr = mt < CB_LOGITS_ROWS ? mt : CB_LOGITS_ROWS;
+        for (int32_t l = 0; l < L; l++)
+            for (int gi = 0; gi < CB_NGROUPS; gi++) {
+                size_t n = loom_cuda_qgemm_scratch_bytes(b->gemm, b->dt, 0, &b->layers[l].q[gi], mt);
+                if (n > b->qscratch_bytes) b->qscratch_bytes = n;
+            }
+        size_t n = loom_cuda_qgemm_scratch_bytes(b->gemm, b->dt, 1, &b->lm_q, lr);
+        if (n > b->qscratch_bytes) b->qscratch_bytes = n;
+    }
 
     /* from here on mc is the model as this rank runs it (the work buffers,
      * KV pools and kernels size themselves from it) */
@@ -668,14 +994,18 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                sh.vocab_lo + sh.vocab_rows - 1, cb_mib(b->weight_bytes), loom_dtype_name(b->ldt),
                b->sharded && b->cfg.cuda_graphs ? "; CUDA graphs off while sharded" : "");
     else
-        h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "loaded '%s': %d layers, %.1f MiB %s weights%s%s",
+        h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
+               "loaded '%s': %d layers, %.1f MiB %s weights (%.1f MiB quantized%s%s)%s%s",
                c->name, L, cb_mib(b->weight_bytes), loom_dtype_name(b->ldt),
+               cb_mib(b->qweight_bytes), quant && quant->name && any_quant ? " by " : "",
+               quant && quant->name && any_quant ? quant->name : "",
                t_out ? "" : " (tied LM head)", bias ? ", QKV bias" : "");
     return LOOM_OK;
 
 fail_up:
     cb_uploader_free(&up);
 fail:
+    h->free(h->ctx, plans);
     cudaStreamSynchronize(b->stream);
     cudaFree(b->weights);
     cudaFree(b->rope_cs);
@@ -692,6 +1022,8 @@ fail:
     b->topk_ids_host = NULL;
     b->layers = NULL;
     b->weight_bytes = 0;
+    b->qweight_bytes = 0;
+    b->lm_q = (loom_cuda_qweight){0};
     b->sharded = false;
     b->logits_local = b->logits_gathered = NULL;
     return st;

@@ -1,0 +1,164 @@
+/*
+ * kernels/cuda/qgemm.c — loom_cuda_qgemm_run: which kernels compute a
+ * quantized linear layer at a given M, and the scratch they share.
+ *
+ *   M <= gemv bound (per format, loom_cuda_qgemm_set_gemv_max_m): the fused
+ *     GEMV of qgemm.cu in passes of 8 rows (W8A8 / FP8 first quantize the
+ *     rows per token into scratch);
+ *   W8A16 / INT4 above it: dequantize the whole weight into scratch as dt,
+ *     then the dt GEMM (cuBLASLt). This costs one extra write and read of a
+ *     dt copy of the weight per call — acceptable for prefill, where the
+ *     GEMM's arithmetic dominates (a fused dequantize-tile tensor-core
+ *     kernel would avoid it; not written yet);
+ *   FP8 / W8A8 above it: per chunk of up to LC_QCHUNK_M rows, quantize x per
+ *     token, run cuBLASLt's e4m3 (fp32 accumulation) or int8 (int32
+ *     accumulation) GEMM with unit scales, then multiply row m / column n by
+ *     sx[m] * s[n] in lc_scale_epilogue. The FP8 GEMM writes bf16 straight
+ *     into y when dt is bf16 (rounding the unscaled sum is the same relative
+ *     error as rounding the scaled one) and float32 into scratch otherwise
+ *     (f16 would overflow on unscaled sums; the LM head wants float32).
+ *     Should cuBLASLt have no algorithm for the shape (alignment), the GEMV
+ *     runs in passes of 8 rows instead — slow but always correct.
+ *
+ * Scratch layout (each region 256-byte aligned): sx (chunk) f32 | xq
+ * (chunk, K) bytes | big: the dequantized weight (N, K) dt, or the GEMM
+ * output (chunk, N) f32 / int32.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_kernels.h"
+#include "qgemm.h"
+
+static size_t lc_r256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+int loom_cuda_qweight_ok(loom_cuda_qfmt fmt, int K, int group) {
+    switch (fmt) {
+    case LOOM_CUDA_Q_INT8_W8A16:
+    case LOOM_CUDA_Q_INT8_W8A8:
+    case LOOM_CUDA_Q_FP8: return K > 0 && K % 16 == 0;
+    case LOOM_CUDA_Q_INT4: return K > 0 && group > 0 && group % 32 == 0 && K % group == 0;
+    default: return 0;
+    }
+}
+
+static int lc_acts_quantized(loom_cuda_qfmt f) {
+    return f == LOOM_CUDA_Q_INT8_W8A8 || f == LOOM_CUDA_Q_FP8;
+}
+
+/* Big-region bytes for a GEMM-path pass of `ch` rows. */
+static size_t lc_big_bytes(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight *w, int ch) {
+    switch (w->fmt) {
+    case LOOM_CUDA_Q_INT8_W8A16:
+    case LOOM_CUDA_Q_INT4: return (size_t)w->N * (size_t)w->K * 2;
+    case LOOM_CUDA_Q_INT8_W8A8: return (size_t)ch * (size_t)w->N * 4;
+    case LOOM_CUDA_Q_FP8:
+        return dt == LOOM_CUDA_BF16 && !out_f32 ? 0 : (size_t)ch * (size_t)w->N * 4;
+    default: return 0;
+    }
+}
+
+/* (the need of a call at M = max_m is exactly what run() checks; it grows
+ * with max_m, so the bytes for the largest M cover every smaller one) */
+size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32,
+                                     const loom_cuda_qweight *w, int max_m) {
+    if (!w || w->fmt == LOOM_CUDA_Q_NONE || max_m <= 0) return 0;
+    const int ch = max_m < LC_QCHUNK_M ? max_m : LC_QCHUNK_M;
+    size_t b = 0;
+    if (lc_acts_quantized(w->fmt)) b += lc_r256((size_t)ch * 4) + lc_r256((size_t)ch * (size_t)w->K);
+    if (max_m > lc_gemm_q_gemv_max_m(g, w->fmt)) b += lc_r256(lc_big_bytes(dt, out_f32, w, ch));
+    return b;
+}
+
+static int lc_cuda_fail(cudaError_t e, const char *what, const loom_cuda_qweight *w, int M,
+                        char *msg, size_t n) {
+    if (msg && n)
+        snprintf(msg, n, "%s failed for quantized GEMM (format %d) M=%d N=%d K=%d: %s", what,
+                 (int)w->fmt, M, w->N, w->K, cudaGetErrorString(e));
+    return 10000 + (int)e;
+}
+
+/* The GEMV over rows [0, M) in passes of 8; xq / sx hold those rows'
+ * quantized activations when the format needs them. */
+static int lc_gemv_passes(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
+                          const void *x, const uint8_t *xq, const float *sx, void *y,
+                          cudaStream_t s, char *msg, size_t n) {
+    const size_t xel = 2, yel = out_f32 ? 4 : 2;
+    for (int m0 = 0; m0 < M; m0 += LC_QGEMV_MAX_M) {
+        const int mc = M - m0 < LC_QGEMV_MAX_M ? M - m0 : LC_QGEMV_MAX_M;
+        cudaError_t e = lc_qgemv(dt, out_f32, mc, w, (const uint8_t *)x + (size_t)m0 * w->K * xel,
+                                 xq ? xq + (size_t)m0 * w->K : NULL, sx ? sx + m0 : NULL,
+                                 (uint8_t *)y + (size_t)m0 * w->N * yel, s);
+        if (e != cudaSuccess) return lc_cuda_fail(e, "quantized GEMV launch", w, mc, msg, n);
+    }
+    return 0;
+}
+
+int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
+                        const loom_cuda_qweight *w, const void *x, void *y, void *scratch,
+                        size_t scratch_bytes, cudaStream_t s, char *msg, size_t msg_size) {
+    if (M <= 0) return 0;
+    out_f32 = out_f32 ? 1 : 0;
+    if (!loom_cuda_qweight_ok(w->fmt, w->K, w->group) || w->N <= 0) {
+        if (msg && msg_size)
+            snprintf(msg, msg_size, "quantized weight (format %d, N=%d K=%d, group %d) breaks the "
+                     "kernels' contract (K %% 16, INT4 group %% 32)", (int)w->fmt, w->N, w->K,
+                     w->group);
+        return 10000 + (int)cudaErrorInvalidValue;
+    }
+    const size_t need = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, w, M);
+    if (scratch_bytes < need) {
+        if (msg && msg_size)
+            snprintf(msg, msg_size, "quantized GEMM M=%d N=%d K=%d needs %zu bytes of scratch, "
+                     "got %zu", M, w->N, w->K, need, scratch_bytes);
+        return 10000 + (int)cudaErrorInvalidValue;
+    }
+    const int acts = lc_acts_quantized(w->fmt);
+    const int ch_max = M < LC_QCHUNK_M ? M : LC_QCHUNK_M;
+    uint8_t *sp = scratch;
+    float *sx = acts ? (float *)sp : NULL;
+    uint8_t *xq = acts ? sp + lc_r256((size_t)ch_max * 4) : NULL;
+    uint8_t *big = sp + (acts ? lc_r256((size_t)ch_max * 4) + lc_r256((size_t)ch_max * w->K) : 0);
+    const int gemv_max = lc_gemm_q_gemv_max_m(g, w->fmt);
+    cudaError_t e;
+    int rc;
+
+    if (!acts) {
+        if (M <= gemv_max) return lc_gemv_passes(dt, out_f32, M, w, x, NULL, NULL, y, s, msg, msg_size);
+        /* dequantize into scratch, then the dt GEMM (never its GEMV: M > 8) */
+        if ((e = lc_dequant_weight(dt, w, big, s)) != cudaSuccess)
+            return lc_cuda_fail(e, "dequantize kernel launch", w, M, msg, msg_size);
+        return lc_gemm_run_lt(g, dt, out_f32, M, w->N, w->K, x, big, y, s, msg, msg_size);
+    }
+
+    /* W8A8 / FP8: per chunk of rows, quantize x, then GEMV passes or GEMM */
+    const size_t xel = 2, yel = out_f32 ? 4 : 2;
+    const int fp8 = w->fmt == LOOM_CUDA_Q_FP8;
+    int kind = fp8 ? (dt == LOOM_CUDA_BF16 && !out_f32 ? LC_LT_FP8_BF16 : LC_LT_FP8_F32)
+                   : LC_LT_I8_I32;
+    for (int m0 = 0; m0 < M; m0 += ch_max) {
+        const int mc = M - m0 < ch_max ? M - m0 : ch_max;
+        const void *xc = (const uint8_t *)x + (size_t)m0 * w->K * xel;
+        void *yc = (uint8_t *)y + (size_t)m0 * w->N * yel;
+        if ((e = lc_quant_act(dt, fp8, mc, w->K, xc, w->smooth, xq, sx, s)) != cudaSuccess)
+            return lc_cuda_fail(e, "activation quantization launch", w, mc, msg, msg_size);
+        if (M <= gemv_max) {
+            if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, s, msg, msg_size)))
+                return rc;
+            continue;
+        }
+        void *d = kind == LC_LT_FP8_BF16 ? yc : big;
+        rc = lc_gemm_lt_q(g, kind, mc, w->N, w->K, xq, w->data, d, s, msg, msg_size);
+        if (rc == 15 /* CUBLAS_STATUS_NOT_SUPPORTED: no algorithm for this shape */) {
+            if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, s, msg, msg_size)))
+                return rc;
+            continue;
+        }
+        if (rc) return rc;
+        const int in_kind = kind == LC_LT_FP8_BF16 ? 0 : kind == LC_LT_I8_I32 ? 2 : 1;
+        if ((e = lc_scale_epilogue(dt, in_kind, d, out_f32, yc, sx, w->scales, mc, w->N, s)) !=
+            cudaSuccess)
+            return lc_cuda_fail(e, "scale epilogue launch", w, mc, msg, msg_size);
+    }
+    return 0;
+}

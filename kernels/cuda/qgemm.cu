@@ -1,0 +1,501 @@
+/*
+ * kernels/cuda/qgemm.cu — the kernels of the quantized linear layers
+ * (cuda_kernels.h: loom_cuda_qweight; qgemm.c puts them together):
+ *
+ *   lc_qgemv          fused dequantize-GEMV for 1..8 rows of x: each
+ *                     weight byte is read once (evict-first 16-byte loads)
+ *                     and decoded in registers. Decode M = 1 is a pure
+ *                     weight stream, so int8 / e4m3 weights (1 byte) approach
+ *                     2x the bf16 GEMV and int4 (0.5 byte + 8 bytes of
+ *                     {scale, bias} per group) approaches 3-3.5x.
+ *   lc_quant_act      per-token int8 / e4m3 activation quantization (W8A8,
+ *                     FP8), the arithmetic of kernels/cpu/qlinear.c.
+ *   lc_dequant_weight W8A16 / INT4 weight -> (N, K) dt, for the large-M path
+ *                     (dequantize into scratch, then the dt GEMM).
+ *   lc_scale_epilogue y = D * sx[m] * sw[n] after a unit-scale cuBLASLt
+ *                     FP8 / int8 GEMM.
+ *
+ * GEMV layout (as gemv.cu): a warp owns R consecutive output rows, 4 warps
+ * per CTA; lanes split each row into 16-byte chunks (16 int8 / e4m3
+ * weights, 32 int4 weights), U chunks per row in flight per lane; warp
+ * shuffles reduce. Decoding is exact and cheap:
+ *   int8 -> float: byte ^ 0x80 placed in the mantissa of 2^23 by one PRMT,
+ *                  minus (2^23 + 128) — no int->float conversion unit;
+ *   int4 -> float: (w & 0x0F0F0F0F) and ((w >> 4) & 0x0F0F0F0F) hold the
+ *                  even and odd columns one per byte, then the same PRMT
+ *                  trick (minus 2^23);
+ *   e4m3 -> float: the sm_89+ e4m3x2 -> f16x2 conversion, then f16 -> f32.
+ * INT4 never forms w = q * s + b per weight: per 32-weight chunk (inside
+ * one group, as group % 32 == 0) it accumulates p = sum(x * q) and
+ * xs = sum(x) and adds s * p + b * xs, so the group's affine map costs two
+ * FMAs per chunk instead of one per weight. W8A8 multiplies int8 codes
+ * with __dp4a into exact int32 sums (as the CPU does), FP8 multiplies the
+ * decoded e4m3 values in fp32 (the CPU's emulation of an FP8 tensor core).
+ *
+ * What this is not: a tensor-core kernel. At M <= 8 the weight stream is
+ * the whole cost; for larger M qgemm.c hands the work to cuBLASLt.
+ */
+#include "common.cuh"
+
+#include <cuda_fp8.h>
+
+#include "qgemm.h"
+
+#define LC_QGEMV_WARPS 4
+
+/* ---------------------------------------------------------------- decode */
+
+/* Byte I of u as a float, minus OFF: 2^23 + byte built by one PRMT, exact. */
+template <int I, int OFF> __device__ __forceinline__ float lc_byte_f(uint32_t u) {
+    return __int_as_float((int)__byte_perm(u, 0x4B000000u, 0x7440u | I)) -
+           (8388608.0f + (float)OFF);
+}
+
+/* Four int8 weights of word w (byte 0 first) as floats. */
+__device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
+    const uint32_t u = w ^ 0x80808080u; /* q + 128 as unsigned bytes */
+    f[0] = lc_byte_f<0, 128>(u);
+    f[1] = lc_byte_f<1, 128>(u);
+    f[2] = lc_byte_f<2, 128>(u);
+    f[3] = lc_byte_f<3, 128>(u);
+}
+
+/* Eight int4 codes of word w (low nibble of byte i = column 2i, high =
+ * 2i + 1) as floats 0..15 in column order. */
+__device__ __forceinline__ void lc_u4x8(uint32_t w, float *f) {
+    const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+    f[0] = lc_byte_f<0, 0>(lo);
+    f[1] = lc_byte_f<0, 0>(hi);
+    f[2] = lc_byte_f<1, 0>(lo);
+    f[3] = lc_byte_f<1, 0>(hi);
+    f[4] = lc_byte_f<2, 0>(lo);
+    f[5] = lc_byte_f<2, 0>(hi);
+    f[6] = lc_byte_f<3, 0>(lo);
+    f[7] = lc_byte_f<3, 0>(hi);
+}
+
+/* Two e4m3 codes (low byte first) as floats; exact (f16 holds every e4m3). */
+__device__ __forceinline__ float2 lc_e4m3x2(uint32_t two) {
+    __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xFFFFu), __NV_E4M3);
+    return __half22float2(__half2(r));
+}
+
+/* Eight e4m3 codes in words a (codes 0..3) and b (4..7) as floats. */
+__device__ __forceinline__ void lc_e4m3x8(uint32_t a, uint32_t b, float *f) {
+    float2 v;
+    v = lc_e4m3x2(a), f[0] = v.x, f[1] = v.y;
+    v = lc_e4m3x2(a >> 16), f[2] = v.x, f[3] = v.y;
+    v = lc_e4m3x2(b), f[4] = v.x, f[5] = v.y;
+    v = lc_e4m3x2(b >> 16), f[6] = v.x, f[7] = v.y;
+}
+
+__device__ __forceinline__ uint32_t lc_word(const uint4 &v, int j) {
+    return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+/* ------------------------------------------------------------------ GEMV */
+
+/* x (M, K) dt for W8A16 / INT4; xq (M, K) int8 / e4m3 codes and sx (M)
+ * for W8A8 / FP8. wd: (N, row_bytes) data; sc: scales as in
+ * loom_cuda_qweight. y (M, N) dt or f32. */
+template <typename T, int FMT, int M, int R, int U, bool F32>
+__global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
+    lc_qgemv_kernel(const T *__restrict__ x, const uint8_t *__restrict__ xq,
+                    const float *__restrict__ sx, const uint8_t *__restrict__ wd,
+                    const float *__restrict__ sc, void *__restrict__ y, int N, int K, int group) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
+    const int lane = threadIdx.x & 31;
+    const int n0 = (blockIdx.x * LC_QGEMV_WARPS + (threadIdx.x >> 5)) * R;
+    if (n0 >= N) return;
+    const size_t row_bytes = I4 ? (size_t)K / 2 : (size_t)K;
+    const int nc = (int)(row_bytes / 16); /* 16-byte chunks per row */
+    int nr[R];                            /* row of each slot (clamped: read, never stored) */
+    const uint8_t *wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        nr[r] = n0 + r < N ? n0 + r : n0;
+        wr[r] = wd + (size_t)nr[r] * row_bytes;
+    }
+    const int groups = I4 ? K / group : 1;
+    float acc[R][M];
+    int iacc[R][M];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < M; m++) acc[r][m] = 0.0f, iacc[r][m] = 0;
+
+    for (int c = lane; c < nc; c += 32 * U) {
+        uint4 wv[U][R];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                wv[u][r] = c + 32 * u < nc
+                               ? __ldcs(reinterpret_cast<const uint4 *>(wr[r] +
+                                                                        (size_t)(c + 32 * u) * 16))
+                               : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int cc = c + 32 * u;
+            if (cc >= nc) break;
+            if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A16) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float wf[R][8];
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        lc_i8x4(lc_word(wv[u][r], 2 * h), wf[r]);
+                        lc_i8x4(lc_word(wv[u][r], 2 * h + 1), wf[r] + 4);
+                    }
+#pragma unroll
+                    for (int m = 0; m < M; m++) {
+                        float xf[8];
+                        lc_unpack8<T>(lc_ldg16(x + (size_t)m * K + (size_t)cc * 16 + h * 8), xf);
+#pragma unroll
+                        for (int r = 0; r < R; r++)
+#pragma unroll
+                            for (int e = 0; e < 8; e++) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
+                    }
+                }
+            } else if constexpr (FMT == LOOM_CUDA_Q_FP8) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float wf[R][8];
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+                        lc_e4m3x8(lc_word(wv[u][r], 2 * h), lc_word(wv[u][r], 2 * h + 1), wf[r]);
+#pragma unroll
+                    for (int m = 0; m < M; m++) {
+                        const uint2 xv = __ldg(reinterpret_cast<const uint2 *>(
+                            xq + (size_t)m * K + (size_t)cc * 16 + h * 8));
+                        float xf[8];
+                        lc_e4m3x8(xv.x, xv.y, xf);
+#pragma unroll
+                        for (int r = 0; r < R; r++)
+#pragma unroll
+                            for (int e = 0; e < 8; e++) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
+                    }
+                }
+            } else if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A8) {
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    const uint4 xv = lc_ldg16(xq + (size_t)m * K + (size_t)cc * 16);
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        int a = iacc[r][m];
+                        a = __dp4a((int)wv[u][r].x, (int)xv.x, a);
+                        a = __dp4a((int)wv[u][r].y, (int)xv.y, a);
+                        a = __dp4a((int)wv[u][r].z, (int)xv.z, a);
+                        a = __dp4a((int)wv[u][r].w, (int)xv.w, a);
+                        iacc[r][m] = a;
+                    }
+                }
+            } else { /* INT4: chunk cc = columns [32 cc, 32 cc + 32), one group */
+                const int g = (cc * 32) / group;
+                float2 sb[R];
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    sb[r] = __ldg(reinterpret_cast<const float2 *>(sc) + (size_t)nr[r] * groups + g);
+                float p[R][M], xs[M];
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    xs[m] = 0.0f;
+#pragma unroll
+                    for (int r = 0; r < R; r++) p[r][m] = 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float wf[R][8];
+#pragma unroll
+                    for (int r = 0; r < R; r++) lc_u4x8(lc_word(wv[u][r], j), wf[r]);
+#pragma unroll
+                    for (int m = 0; m < M; m++) {
+                        float xf[8];
+                        lc_unpack8<T>(lc_ldg16(x + (size_t)m * K + (size_t)cc * 32 + j * 8), xf);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) xs[m] += xf[e];
+#pragma unroll
+                        for (int r = 0; r < R; r++)
+#pragma unroll
+                            for (int e = 0; e < 8; e++) p[r][m] = fmaf(wf[r][e], xf[e], p[r][m]);
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int m = 0; m < M; m++)
+                        acc[r][m] = fmaf(sb[r].x, p[r][m], fmaf(sb[r].y, xs[m], acc[r][m]));
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < M; m++)
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A8)
+                    iacc[r][m] += __shfl_xor_sync(0xffffffffu, iacc[r][m], o);
+                else
+                    acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+            }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int n = n0 + r;
+            if (n >= N) break;
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                float v;
+                if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A16) v = acc[r][m] * sc[n];
+                else if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A8)
+                    v = (float)iacc[r][m] * (sx[m] * sc[n]);
+                else if constexpr (FMT == LOOM_CUDA_Q_FP8) v = acc[r][m] * (sx[m] * sc[n]);
+                else v = acc[r][m];
+                const size_t i = (size_t)m * N + n;
+                if (F32) static_cast<float *>(y)[i] = v;
+                else static_cast<T *>(y)[i] = lc_from_f<T>(v);
+            }
+        }
+    }
+}
+
+template <typename T, int FMT, int M, bool F32>
+static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const void *xq,
+                              const float *sx, void *y, cudaStream_t s) {
+    /* rows per warp: enough to reuse each x load, few enough to keep the
+     * registers of R x M accumulators (and INT4's partial sums) */
+    constexpr int R = FMT == LOOM_CUDA_Q_INT4 ? 2 : M <= 4 ? 2 : 4;
+    constexpr int U = M <= 2 ? 4 : 2;
+    const int rows_per_cta = LC_QGEMV_WARPS * R;
+    const unsigned grid = (unsigned)((w->N + rows_per_cta - 1) / rows_per_cta);
+    return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32>, dim3(grid), dim3(LC_QGEMV_WARPS * 32),
+                     0, s, static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
+                     static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group);
+}
+
+template <typename T, int FMT, bool F32>
+static cudaError_t lc_qgemv_f(int M, const loom_cuda_qweight *w, const void *x, const void *xq,
+                              const float *sx, void *y, cudaStream_t s) {
+    switch (M) {
+    case 1: return lc_qgemv_m<T, FMT, 1, F32>(w, x, xq, sx, y, s);
+    case 2: return lc_qgemv_m<T, FMT, 2, F32>(w, x, xq, sx, y, s);
+    case 3: return lc_qgemv_m<T, FMT, 3, F32>(w, x, xq, sx, y, s);
+    case 4: return lc_qgemv_m<T, FMT, 4, F32>(w, x, xq, sx, y, s);
+    case 5: return lc_qgemv_m<T, FMT, 5, F32>(w, x, xq, sx, y, s);
+    case 6: return lc_qgemv_m<T, FMT, 6, F32>(w, x, xq, sx, y, s);
+    case 7: return lc_qgemv_m<T, FMT, 7, F32>(w, x, xq, sx, y, s);
+    case 8: return lc_qgemv_m<T, FMT, 8, F32>(w, x, xq, sx, y, s);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+template <typename T, bool F32>
+static cudaError_t lc_qgemv_t(int M, const loom_cuda_qweight *w, const void *x, const void *xq,
+                              const float *sx, void *y, cudaStream_t s) {
+    switch (w->fmt) {
+    case LOOM_CUDA_Q_INT8_W8A16:
+        return lc_qgemv_f<T, LOOM_CUDA_Q_INT8_W8A16, F32>(M, w, x, xq, sx, y, s);
+    case LOOM_CUDA_Q_INT8_W8A8:
+        return lc_qgemv_f<T, LOOM_CUDA_Q_INT8_W8A8, F32>(M, w, x, xq, sx, y, s);
+    case LOOM_CUDA_Q_FP8: return lc_qgemv_f<T, LOOM_CUDA_Q_FP8, F32>(M, w, x, xq, sx, y, s);
+    case LOOM_CUDA_Q_INT4: return lc_qgemv_f<T, LOOM_CUDA_Q_INT4, F32>(M, w, x, xq, sx, y, s);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+extern "C" cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
+                                const void *x, const void *xq, const float *sx, void *y,
+                                cudaStream_t s) {
+    if (M < 1 || M > LC_QGEMV_MAX_M || w->N <= 0 || !loom_cuda_qweight_ok(w->fmt, w->K, w->group))
+        return cudaErrorInvalidValue;
+    if (dt == LOOM_CUDA_F16)
+        return out_f32 ? lc_qgemv_t<__half, true>(M, w, x, xq, sx, y, s)
+                       : lc_qgemv_t<__half, false>(M, w, x, xq, sx, y, s);
+    return out_f32 ? lc_qgemv_t<__nv_bfloat16, true>(M, w, x, xq, sx, y, s)
+                   : lc_qgemv_t<__nv_bfloat16, false>(M, w, x, xq, sx, y, s);
+}
+
+/* -------------------------------------------------- activation quantizer */
+
+#define LC_QACT_THREADS 256
+
+/* One CTA per row m of x (M, K) dt; see qgemm.h for the arithmetic. Two
+ * passes over the row (the second re-reads it from L1/L2). */
+template <typename T, bool FP8>
+__global__ void __launch_bounds__(LC_QACT_THREADS)
+    lc_quant_act_kernel(const T *__restrict__ x, const float *__restrict__ smooth,
+                        uint8_t *__restrict__ xq, float *__restrict__ sx, int K) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    __shared__ float red[32];
+    const int m = blockIdx.x;
+    const T *xr = x + (size_t)m * K;
+    uint8_t *qr = xq + (size_t)m * K;
+    float amax = 0.0f;
+    for (int k = threadIdx.x; k < K; k += LC_QACT_THREADS) {
+        float v = lc_to_f(xr[k]);
+        if (smooth) v = v / smooth[k];
+        amax = fmaxf(amax, fabsf(v));
+    }
+    /* block max through the sum helper's pattern */
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) red[warp] = amax;
+    __syncthreads();
+    amax = lane < LC_QACT_THREADS / 32 ? red[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (FP8) {
+        const float sc = amax / 448.0f;
+        if (threadIdx.x == 0) sx[m] = sc;
+        for (int k = threadIdx.x; k < K; k += LC_QACT_THREADS) {
+            float v = lc_to_f(xr[k]);
+            if (smooth) v = v / smooth[k];
+            qr[k] = sc > 0.0f ? (uint8_t)__nv_cvt_float_to_fp8(v / sc, __NV_SATFINITE, __NV_E4M3)
+                              : (uint8_t)0;
+        }
+    } else {
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        if (threadIdx.x == 0) sx[m] = amax / 127.0f;
+        for (int k = threadIdx.x; k < K; k += LC_QACT_THREADS) {
+            float v = lc_to_f(xr[k]);
+            if (smooth) v = v / smooth[k];
+            float q = rintf(__fmul_rn(v, inv));
+            q = fminf(fmaxf(q, -127.0f), 127.0f);
+            qr[k] = (uint8_t)(int8_t)(int)q;
+        }
+    }
+}
+
+extern "C" cudaError_t lc_quant_act(loom_cuda_dt dt, int fp8, int M, int K, const void *x,
+                                    const float *smooth, void *xq, float *sx, cudaStream_t s) {
+    if (M <= 0) return cudaSuccess;
+    cudaError_t e = cudaErrorInvalidValue;
+    LOOM_CUDA_DISPATCH_DT(dt, {
+        e = fp8 ? lc_launch(lc_quant_act_kernel<E, true>, dim3((unsigned)M),
+                            dim3(LC_QACT_THREADS), 0, s, static_cast<const E *>(x), smooth,
+                            static_cast<uint8_t *>(xq), sx, K)
+                : lc_launch(lc_quant_act_kernel<E, false>, dim3((unsigned)M),
+                            dim3(LC_QACT_THREADS), 0, s, static_cast<const E *>(x), smooth,
+                            static_cast<uint8_t *>(xq), sx, K);
+    });
+    return e;
+}
+
+/* ------------------------------------------------------- dequantize to dt */
+
+#define LC_DQ_THREADS 256
+
+/* One thread per 16-byte chunk of weight data: 16 int8 or 32 int4 weights
+ * -> dt. out (N, K). */
+template <typename T, bool I4>
+__global__ void __launch_bounds__(LC_DQ_THREADS)
+    lc_dequant_kernel(const uint8_t *__restrict__ wd, const float *__restrict__ sc,
+                      T *__restrict__ out, int N, int K, int group) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const size_t row_bytes = I4 ? (size_t)K / 2 : (size_t)K;
+    const size_t per_row = row_bytes / 16, total = per_row * (size_t)N;
+    for (size_t i = (size_t)blockIdx.x * LC_DQ_THREADS + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * LC_DQ_THREADS) {
+        const size_t n = i / per_row, c = i % per_row;
+        const uint4 v = __ldcs(reinterpret_cast<const uint4 *>(wd + n * row_bytes + c * 16));
+        if (I4) {
+            const float2 sb = __ldg(reinterpret_cast<const float2 *>(sc) +
+                                    n * (size_t)(K / group) + (c * 32) / (size_t)group);
+            T *o = out + n * (size_t)K + c * 32;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float f[8];
+                lc_u4x8(lc_word(v, j), f);
+#pragma unroll
+                for (int e = 0; e < 8; e++) f[e] = fmaf(f[e], sb.x, sb.y);
+                lc_stg16(o + j * 8, lc_pack8<T>(f));
+            }
+        } else {
+            const float s = sc[n];
+            T *o = out + n * (size_t)K + c * 16;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float f[8];
+                lc_i8x4(lc_word(v, 2 * h), f);
+                lc_i8x4(lc_word(v, 2 * h + 1), f + 4);
+#pragma unroll
+                for (int e = 0; e < 8; e++) f[e] *= s;
+                lc_stg16(o + h * 8, lc_pack8<T>(f));
+            }
+        }
+    }
+}
+
+extern "C" cudaError_t lc_dequant_weight(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out,
+                                         cudaStream_t s) {
+    const bool i4 = w->fmt == LOOM_CUDA_Q_INT4;
+    if ((!i4 && w->fmt != LOOM_CUDA_Q_INT8_W8A16 && w->fmt != LOOM_CUDA_Q_INT8_W8A8) ||
+        !loom_cuda_qweight_ok(w->fmt, w->K, w->group) || w->N <= 0)
+        return cudaErrorInvalidValue;
+    const size_t chunks = (size_t)w->N * (size_t)(i4 ? w->K / 32 : w->K / 16);
+    size_t blocks = (chunks + LC_DQ_THREADS - 1) / LC_DQ_THREADS;
+    if (blocks > 132 * 16) blocks = 132 * 16; /* grid-stride beyond ~16 waves of CTAs */
+    cudaError_t e = cudaErrorInvalidValue;
+    LOOM_CUDA_DISPATCH_DT(dt, {
+        e = i4 ? lc_launch(lc_dequant_kernel<E, true>, dim3((unsigned)blocks), dim3(LC_DQ_THREADS),
+                           0, s, static_cast<const uint8_t *>(w->data), w->scales,
+                           static_cast<E *>(out), w->N, w->K, w->group)
+               : lc_launch(lc_dequant_kernel<E, false>, dim3((unsigned)blocks),
+                           dim3(LC_DQ_THREADS), 0, s, static_cast<const uint8_t *>(w->data),
+                           w->scales, static_cast<E *>(out), w->N, w->K, w->group);
+    });
+    return e;
+}
+
+/* ------------------------------------------------------------- epilogue */
+
+/* y[m, n] = in[m, n] * (sx[m] * sw[n]); IN: 0 dt, 1 f32, 2 int32. */
+template <typename T, int IN, bool F32>
+__global__ void __launch_bounds__(256)
+    lc_scale_kernel(const void *in, void *y, const float *__restrict__ sx,
+                    const float *__restrict__ sw, int M, int N) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const size_t total = (size_t)M * (size_t)N;
+    for (size_t i = (size_t)blockIdx.x * 256 + threadIdx.x; i < total; i += (size_t)gridDim.x * 256) {
+        const size_t m = i / (size_t)N, n = i % (size_t)N;
+        float v;
+        if (IN == 0) v = lc_to_f(static_cast<const T *>(in)[i]);
+        else if (IN == 1) v = static_cast<const float *>(in)[i];
+        else v = (float)static_cast<const int *>(in)[i];
+        v *= sx[m] * sw[n];
+        if (F32) static_cast<float *>(y)[i] = v;
+        else static_cast<T *>(y)[i] = lc_from_f<T>(v);
+    }
+}
+
+template <typename T, int IN>
+static cudaError_t lc_scale_in(int out_f32, const void *in, void *y, const float *sx,
+                               const float *sw, int M, int N, cudaStream_t s) {
+    const size_t total = (size_t)M * (size_t)N;
+    size_t blocks = (total + 255) / 256;
+    if (blocks > 132 * 32) blocks = 132 * 32;
+    return out_f32 ? lc_launch(lc_scale_kernel<T, IN, true>, dim3((unsigned)blocks), dim3(256), 0,
+                               s, in, y, sx, sw, M, N)
+                   : lc_launch(lc_scale_kernel<T, IN, false>, dim3((unsigned)blocks), dim3(256),
+                               0, s, in, y, sx, sw, M, N);
+}
+
+extern "C" cudaError_t lc_scale_epilogue(loom_cuda_dt dt, int in_kind, const void *in,
+                                         int out_f32, void *y, const float *sx, const float *sw,
+                                         int M, int N, cudaStream_t s) {
+    if (M <= 0 || N <= 0) return cudaSuccess;
+    cudaError_t e = cudaErrorInvalidValue;
+    LOOM_CUDA_DISPATCH_DT(dt, {
+        if (in_kind == 0) e = lc_scale_in<E, 0>(out_f32, in, y, sx, sw, M, N, s);
+        else if (in_kind == 1) e = lc_scale_in<E, 1>(out_f32, in, y, sx, sw, M, N, s);
+        else e = lc_scale_in<E, 2>(out_f32, in, y, sx, sw, M, N, s);
+    });
+    return e;
+}

@@ -1,0 +1,63 @@
+/*
+ * kernels/cuda/qgemm.h — internal: the kernels of the quantized linear
+ * layers (qgemm.cu) and the cuBLASLt FP8 / int8 GEMMs (gemm.c) that
+ * loom_cuda_qgemm_run (qgemm.c) puts together. Not part of the C API.
+ */
+#ifndef LOOM_CUDA_QGEMM_H
+#define LOOM_CUDA_QGEMM_H
+
+#include "cuda_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LC_QGEMV_MAX_M 8   /* rows of x one GEMV pass takes                    */
+#define LC_QCHUNK_M 2048   /* rows of x one GEMM-path pass takes (scratch bound) */
+
+/* y (M, N) = x (M, K) @ dequant(w)^T for M in [1, 8], y dt or f32.
+ * W8A16 / INT4 read x (M, K) dt; W8A8 / FP8 read xq (M, K) int8 / e4m3 and
+ * sx (M) per-token scales from lc_quant_act (x unused). */
+cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
+                     const void *x, const void *xq, const float *sx, void *y, cudaStream_t s);
+
+/* Per-token activation quantization, one CTA per row of x (M, K) dt:
+ *   v = x / smooth (smooth may be NULL: v = x), amax = max|v|,
+ *   int8 (fp8 == 0): sx = amax / 127, xq = clamp(rint(v * (127 / amax)), +-127)
+ *   e4m3 (fp8 == 1): sx = amax / 448, xq = e4m3_satfinite(v / sx)
+ * (0 codes and sx 0 for an all-zero row) — the arithmetic of
+ * kernels/cpu/qlinear.c, in float32. xq (M, K) bytes, sx (M) f32. */
+cudaError_t lc_quant_act(loom_cuda_dt dt, int fp8, int M, int K, const void *x,
+                         const float *smooth, void *xq, float *sx, cudaStream_t s);
+
+/* Dequantize a W8A16 / INT4 weight into out (N, K) dt. */
+cudaError_t lc_dequant_weight(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out,
+                              cudaStream_t s);
+
+/* Scale epilogue: y[m, n] = in[m, n] * sx[m] * sw[n] over (M, N).
+ * in_kind 0: in is dt (may equal y), 1: f32, 2: int32. y dt or f32. */
+cudaError_t lc_scale_epilogue(loom_cuda_dt dt, int in_kind, const void *in, int out_f32, void *y,
+                              const float *sx, const float *sw, int M, int N, cudaStream_t s);
+
+/* cuBLASLt GEMMs on quantized operands, D (M, N) = xq (M, K) @ wq^T with
+ * unit scales (gemm.c; plans cached with the dt GEMM's):
+ *   LC_LT_FP8_BF16 / _F16 / _F32: e4m3 x e4m3, fp32 accumulation, D of
+ *     that type;
+ *   LC_LT_I8_I32: int8 x int8, int32 accumulation, D int32.
+ * Returns 0, or CUBLAS_STATUS_NOT_SUPPORTED (15) when no algorithm fits the
+ * shape (the caller falls back), or another cuBLAS status with msg. */
+enum { LC_LT_FP8_BF16 = 1, LC_LT_FP8_F16 = 2, LC_LT_FP8_F32 = 3, LC_LT_I8_I32 = 4 };
+int lc_gemm_lt_q(loom_cuda_gemm *g, int kind, int M, int N, int K, const void *xq,
+                 const void *wq, void *d, cudaStream_t s, char *msg, size_t msg_size);
+/* loom_cuda_gemm_run without its GEMV: cuBLASLt at every M (the large-M
+ * path of W8A16 / INT4 also runs when a test forces it at small M). */
+int lc_gemm_run_lt(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, int N, int K,
+                   const void *x, const void *w, void *y, cudaStream_t s, char *msg,
+                   size_t msg_size);
+/* Per-format GEMV bound of loom_cuda_qgemm_set_gemv_max_m (gemm.c holds it). */
+int lc_gemm_q_gemv_max_m(const loom_cuda_gemm *g, loom_cuda_qfmt fmt);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
