@@ -21,10 +21,12 @@ set -u
 O=${OUT:-/tmp/out}; mkdir -p "$O"
 fails=0
 step() { echo; echo "=== $*"; }
-# The SmolLM2 GGUF, carried in two parts (docs/gpu.md): part aa copied to
-# /tmp by an earlier call, part ab in this call's .devmodel/.
+# The SmolLM2 GGUF, carried in parts (split -b 33M; docs/gpu.md) across
+# back-to-back calls: each call copies the part it carries to /tmp, the
+# last one assembles them.
+for f in .devmodel/smollm2.part.*; do [ -e "$f" ] && cp "$f" /tmp/; done
 smollm2_model() {
-  [ -s /tmp/smollm2.gguf ] || cat /tmp/smollm2.part.aa .devmodel/smollm2.part.ab > /tmp/smollm2.gguf 2>/dev/null
+  [ -s /tmp/smollm2.gguf ] || cat /tmp/smollm2.part.* > /tmp/smollm2.gguf 2>/dev/null
   sha256sum /tmp/smollm2.gguf | grep -q b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 \
     || { echo "FAIL model checksum (carry .devmodel parts: docs/gpu.md)"; rm -f /tmp/smollm2.gguf; return 1; }
   mkdir -p /tmp/lc/models && ln -sf /tmp/smollm2.gguf /tmp/lc/models/SmolLM2-135M-Instruct.Q4_1.gguf
