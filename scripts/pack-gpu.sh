@@ -7,7 +7,10 @@
 # package registry, so nothing can be installed there.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-B=$(cd "${1:?usage: pack-gpu.sh BUILD_DIR}" && pwd)
+B=$(cd "${1:?usage: pack-gpu.sh BUILD_DIR [--slim]}" && pwd)
+# --slim: leave out gpu_kernel_tests and gpu_bench (each embeds every kernel,
+# ~16 MB), so a call can also carry a 49 MB model part within 64 MiB.
+SLIM=${2:-}
 P="$root/.devpack"
 mkdir -p "$P"
 grep -qx '/.devpack/' "$root/.git/info/exclude" 2>/dev/null || echo '/.devpack/' >> "$root/.git/info/exclude"
@@ -15,6 +18,7 @@ cd "$B"
 dirs=$(for d in core cli plugins tests/e2e tests/gpu bench/gpu tests/backend; do [ -d "$d" ] && echo "$d"; done)
 files=$(find $dirs -maxdepth 4 \( -name '*.so' -o -name '*.so.*' -o \( -perm -u+x -type f \) \) \
         \( -type f -o -type l \) | grep -v '\.p/' | grep -v meson- || true)
+[ "$SLIM" = --slim ] && files=$(echo "$files" | grep -v -e gpu_kernel_tests -e 'bench/gpu/gpu_bench')
 tar -cJf "$P/build.tar.xz" $files loom_build_config.h
 libs=()
 for l in libcjson.so.1 libgfortran.so.5 libpcre2-8.so.0 libquadmath.so.0 libyaml-0.so.2; do

@@ -416,6 +416,7 @@ typedef struct trio {
     float *l_cpu, *l_eager, *l_graph;
     int V;
     double tol;  /* cuda vs cpu */
+    bool quantized;
 } trio;
 
 /* Run one step on the three instances and compare. */
@@ -434,7 +435,10 @@ static bool run_step(trio *t, const char *shape_name, const char *step, batch_bu
     snprintf(name, sizeof name, "%s %s cuda vs cpu (%d rows)", shape_name, step, NLr);
     check(name, t->l_eager, t->l_cpu, NLr, t->V, t->tol);
     snprintf(name, sizeof name, "%s %s graphs-on vs eager", shape_name, step);
-    check(name, t->l_graph, t->l_eager, NLr, t->V, TOL_GRAPH);
+    /* quantized shapes: a padded graph step can take another linear path
+     * (GEMV vs tensor-core GEMM) than the eager one at the same M, so it
+     * rounds differently — as much as cuda vs cpu may differ */
+    check(name, t->l_graph, t->l_eager, NLr, t->V, t->quantized && t->tol > TOL_GRAPH ? t->tol : TOL_GRAPH);
     return true;
 }
 
@@ -455,7 +459,7 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
     fake_model *m = fm_make(sh);
     loom_error e = {0};
     loom_status st;
-    trio t = {.cpu_p = cpu_p, .cuda_p = cuda_p, .V = sh->vocab, .tol = tol};
+    trio t = {.cpu_p = cpu_p, .cuda_p = cuda_p, .V = sh->vocab, .tol = tol, .quantized = qb != NULL};
     char dt_ov[32];
     snprintf(dt_ov, sizeof dt_ov, "dtype=%s", sh->dtype ? sh->dtype : "bf16");
     const char *ov_eager[] = {"cuda_graphs=false", "max_batched_tokens=1024", dt_ov, NULL};
