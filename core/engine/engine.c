@@ -816,6 +816,9 @@ static bool needs_whole_row(const loom_seq *s, int32_t k) {
     if (!rq->forked || rq->r.want_probs) return true;
     if (p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f)
         return true;
+    /* drafts: greedy verification needs each row's argmax only; sampled
+     * verification needs the whole distribution p (and the draft's q) */
+    if (s->info.num_draft > 0) return p->temperature != 0.0f;
     return p->temperature != 0.0f && !(p->top_k > 0 && p->top_k <= k);
 }
 
@@ -955,6 +958,36 @@ static loom_status spec_accept(loom_engine *e, loom_seq *s, const float *rows, l
     s->cur_probs = NULL;
     if (!s->finished) s->info.num_computed = s->info.num_tokens - 1;
     free(out);
+    return LOOM_OK;
+}
+
+/* Greedy verification from forward_topk candidates (ids/vals: (n + 1, k)
+ * rows, lse: (n + 1)): a draft is accepted while it is its row's argmax,
+ * then the argmax of the first rejected (or the bonus) row is appended —
+ * what spec_accept computes for greedy rows, without whole rows. */
+static loom_status spec_accept_greedy(loom_engine *e, loom_seq *s, const int32_t *ids, const float *vals,
+                                      const float *lse, int32_t k) {
+    const int32_t n = s->info.num_draft, real = s->info.num_tokens - n;
+    int32_t a = 0;
+    while (a < n && s->tokens[real + a] == ids[(size_t)a * k]) a++;
+    const int32_t m = a + 1;
+    e->spec->observe(e->spec_self, s->info.id, n, a);
+    e->stats.spec_accepted += a;
+    s->info.num_tokens = real;
+    s->info.num_draft = 0;
+    s->info.num_computed = real + a;
+    e->cache->truncate(e->cache_self, &s->info, s->info.num_computed);
+    const int32_t ntop = s->req->r.params.logprobs < k ? s->req->r.params.logprobs : k;
+    for (int32_t i = 0; i < m && !s->finished; i++) {
+        const int32_t *ri = ids + (size_t)i * k;
+        const float *rv = vals + (size_t)i * k;
+        int32_t top_ids[LOOM_MAX_LOGPROBS];
+        float top_lp[LOOM_MAX_LOGPROBS];
+        for (int32_t j = 0; j < ntop; j++) top_ids[j] = ri[j], top_lp[j] = rv[j] - lse[i];
+        accept_token(e, s, ri[0], s->req->r.params.logprobs > 0 ? rv[0] - lse[i] : 0.0f, ntop, top_ids,
+                     top_lp);
+    }
+    if (!s->finished) s->info.num_computed = s->info.num_tokens - 1;
     return LOOM_OK;
 }
 
@@ -1109,7 +1142,6 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
      * (and every row of a step that verifies drafts) come back whole. */
     const int32_t kmax = e->vocab < LOOM_LOGITS_TOPK_MAX ? e->vocab : LOOM_LOGITS_TOPK_MAX;
     bool use_topk = e->device_sampling && nlog > 0;
-    for (int32_t r = 0; r < nlog && use_topk; r++) use_topk = e->logit_seqs[r]->info.num_draft == 0;
     int32_t topk = 0; /* candidates per row: what the most demanding row needs */
     if (use_topk) {
         if ((st = topk_reserve(e, nlog, kmax, err))) return st;
@@ -1149,7 +1181,11 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
     for (int32_t r = 0; r < nlog;) {
         loom_seq *s = e->logit_seqs[r];
         int32_t rows = 1 + s->info.num_draft;
-        if (s->info.num_draft) {
+        if (s->info.num_draft && use_topk && !e->want_full[r]) {
+            st = spec_accept_greedy(e, s, e->top_ids + (size_t)r * topk, e->top_vals + (size_t)r * topk,
+                                    e->top_lse + r, topk);
+            if (st != LOOM_OK) return st;
+        } else if (s->info.num_draft) {
             st = spec_accept(e, s, e->logits + (size_t)r * e->vocab, err);
             if (st != LOOM_OK) return st;
         } else if (use_topk && !e->want_full[r]) {

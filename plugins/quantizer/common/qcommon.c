@@ -9,6 +9,7 @@
 #include "qcommon.h"
 
 #include <fnmatch.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -103,6 +104,77 @@ const loom_tensor *qc_packed_sibling(const loom_model_view *m, const loom_tensor
     return m->get(m->ctx, nm);
 }
 
+/* ---------------------------------------------------- row parallelism */
+
+static void qc_int8_range(const float *w, int64_t r0, int64_t r1, int64_t cols, int8_t *q, float *scales);
+static void qc_fp8_range(const float *w, int64_t r0, int64_t r1, int64_t cols, bool per_channel, float tmax,
+                         uint8_t *q, float *scales);
+static void qc_int4_range(const float *w, int64_t r0, int64_t r1, int64_t cols, int32_t group, uint8_t *data,
+                          float *scales, float *zeros);
+
+
+/* Rows are independent in every scheme: quantizing an 8B model's weights
+ * one thread at a time took minutes at load, so ranges of rows go to the
+ * host's worker count of threads (a thread that cannot start runs its range
+ * on the caller's). */
+typedef struct qc_job {
+    int kind; /* 0 int8, 1 fp8, 2 int4, 3 dequantize rows */
+    const loom_host *h;
+    const float *w;
+    const uint8_t *src;
+    size_t src_row_bytes;
+    loom_dtype src_dtype;
+    float *dst;
+    int64_t r0, r1, cols;
+    int32_t group;
+    bool per_channel;
+    float tmax;
+    void *q;
+    float *scales, *zeros;
+    bool failed;
+} qc_job;
+
+static void *qc_job_main(void *arg) {
+    qc_job *j = arg;
+    switch (j->kind) {
+    case 0: qc_int8_range(j->w, j->r0, j->r1, j->cols, j->q, j->scales); break;
+    case 1: qc_fp8_range(j->w, j->r0, j->r1, j->cols, j->per_channel, j->tmax, j->q, j->scales); break;
+    case 2: qc_int4_range(j->w, j->r0, j->r1, j->cols, j->group, j->q, j->scales, j->zeros); break;
+    default:
+        for (int64_t r = j->r0; r < j->r1 && !j->failed; r++)
+            j->failed = j->h->dequantize(j->h->ctx, j->src_dtype, j->src + (size_t)r * j->src_row_bytes,
+                                         j->dst + r * j->cols, j->cols) != LOOM_OK;
+    }
+    return NULL;
+}
+
+#define QC_MAX_THREADS 64
+
+/* Run `proto` over rows [0, rows) split across threads; false when a
+ * dequantizing job failed. */
+static bool qc_par(const loom_host *h, qc_job proto, int64_t rows) {
+    int nt = h && h->num_threads ? (int)h->num_threads(h->ctx) : 1;
+    if (nt > QC_MAX_THREADS) nt = QC_MAX_THREADS;
+    if ((int64_t)nt > rows / 8) nt = (int)(rows / 8);
+    if (nt < 1) nt = 1;
+    qc_job jobs[QC_MAX_THREADS];
+    pthread_t tid[QC_MAX_THREADS];
+    bool started[QC_MAX_THREADS] = {false};
+    for (int i = 0; i < nt; i++) {
+        jobs[i] = proto;
+        jobs[i].r0 = rows * i / nt, jobs[i].r1 = rows * (i + 1) / nt;
+        if (i > 0) started[i] = pthread_create(&tid[i], NULL, qc_job_main, &jobs[i]) == 0;
+    }
+    qc_job_main(&jobs[0]);
+    bool ok = !jobs[0].failed;
+    for (int i = 1; i < nt; i++) {
+        if (started[i]) pthread_join(tid[i], NULL);
+        else qc_job_main(&jobs[i]);
+        ok = ok && !jobs[i].failed;
+    }
+    return ok;
+}
+
 /* ------------------------------------------------------- float input */
 
 loom_status qc_read_f32(const loom_host *h, const char *who, const loom_tensor *w, float **out,
@@ -125,9 +197,9 @@ loom_status qc_read_f32(const loom_host *h, const char *who, const loom_tensor *
         return h->error(h->ctx, err, LOOM_ERR_NOMEM,
                         "%s: out of memory for %.1f MiB of float32 copy of '%s'", who,
                         (double)rows * (double)cols * 4.0 / (1 << 20), nm);
-    const uint8_t *src = w->data;
-    for (int64_t r = 0; r < rows; r++)
-        if (h->dequantize(h->ctx, w->dtype, src + (size_t)r * rb, f + r * cols, cols) != LOOM_OK) {
+    if (!qc_par(h, (qc_job){.kind = 3, .h = h, .src = w->data, .src_row_bytes = rb, .src_dtype = w->dtype,
+                            .dst = f, .cols = cols},
+                rows)) {
             h->free(h->ctx, f);
             return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                             "%s: cannot read tensor '%s' of type %s as float32 (the host's "
@@ -185,8 +257,8 @@ void qc_release(const loom_host *h, loom_qtensor *q) {
 
 /* -------------------------------------------------------- schemes */
 
-void qc_int8_rows(const float *w, int64_t rows, int64_t cols, int8_t *q, float *scales) {
-    for (int64_t r = 0; r < rows; r++) {
+static void qc_int8_range(const float *w, int64_t r0, int64_t r1, int64_t cols, int8_t *q, float *scales) {
+    for (int64_t r = r0; r < r1; r++) {
         const float *wr = w + r * cols;
         float amax = 0.0f;
         for (int64_t c = 0; c < cols; c++) amax = fmaxf(amax, fabsf(wr[c]));
@@ -199,13 +271,9 @@ void qc_int8_rows(const float *w, int64_t rows, int64_t cols, int8_t *q, float *
     }
 }
 
-void qc_fp8_rows(const float *w, int64_t rows, int64_t cols, bool per_channel, uint8_t *q,
-                 float *scales) {
-    float tmax = 0.0f;
-    if (!per_channel)
-        for (int64_t i = 0; i < rows * cols; i++) tmax = fmaxf(tmax, fabsf(w[i]));
-    if (!per_channel) scales[0] = tmax / QC_FP8_MAX;
-    for (int64_t r = 0; r < rows; r++) {
+static void qc_fp8_range(const float *w, int64_t r0, int64_t r1, int64_t cols, bool per_channel, float tmax,
+                         uint8_t *q, float *scales) {
+    for (int64_t r = r0; r < r1; r++) {
         const float *wr = w + r * cols;
         float amax = tmax;
         if (per_channel) {
@@ -255,15 +323,15 @@ static bool qc_int4_refit(const float *v, const uint8_t *q, int32_t g, float *sc
     return true;
 }
 
-void qc_int4_rows(const float *w, int64_t rows, int64_t cols, int32_t group, uint8_t *data,
-                  float *scales, float *zeros) {
+static void qc_int4_range(const float *w, int64_t r0, int64_t r1, int64_t cols, int32_t group, uint8_t *data,
+                          float *scales, float *zeros) {
     enum { QC_RATIOS = 8 };
     static const float ratios[QC_RATIOS] = {1.0f, 0.96f, 0.92f, 0.88f, 0.84f, 0.80f, 0.76f, 0.72f};
     int64_t ng = cols / group;
     /* codes of the best candidate, of the current one, of its refit;
      * group <= QC_INT4_MAX_GROUP (checked by callers) */
     uint8_t best[QC_INT4_MAX_GROUP], cur[QC_INT4_MAX_GROUP], fit[QC_INT4_MAX_GROUP];
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t r = r0; r < r1; r++) {
         for (int64_t gi = 0; gi < ng; gi++) {
             const float *v = w + r * cols + gi * group;
             float lo = v[0], hi = v[0];
@@ -304,6 +372,28 @@ void qc_int4_rows(const float *w, int64_t rows, int64_t cols, int32_t group, uin
                 dst[i / 2] = (uint8_t)(best[i] | (best[i + 1] << 4));
         }
     }
+}
+
+void qc_int8_rows(const loom_host *h, const float *w, int64_t rows, int64_t cols, int8_t *q, float *scales) {
+    qc_par(h, (qc_job){.kind = 0, .w = w, .cols = cols, .q = q, .scales = scales}, rows);
+}
+
+void qc_fp8_rows(const loom_host *h, const float *w, int64_t rows, int64_t cols, bool per_channel, uint8_t *q,
+                 float *scales) {
+    float tmax = 0.0f;
+    if (!per_channel)
+        for (int64_t i = 0; i < rows * cols; i++) tmax = fmaxf(tmax, fabsf(w[i]));
+    if (!per_channel) scales[0] = tmax / QC_FP8_MAX;
+    qc_par(h, (qc_job){.kind = 1, .w = w, .cols = cols, .per_channel = per_channel, .tmax = tmax, .q = q,
+                       .scales = scales},
+           rows);
+}
+
+void qc_int4_rows(const loom_host *h, const float *w, int64_t rows, int64_t cols, int32_t group, uint8_t *data,
+                  float *scales, float *zeros) {
+    qc_par(h, (qc_job){.kind = 2, .w = w, .cols = cols, .group = group, .q = data, .scales = scales,
+                       .zeros = zeros},
+           rows);
 }
 
 void qc_int8_dequant(const int8_t *q, const float *scales, int64_t rows, int64_t cols, float *w) {

@@ -78,14 +78,16 @@ void qc_release(const loom_host *h, loom_qtensor *q);
 
 /* -------------------------------------------------------- schemes */
 
-/* INT8 symmetric per output channel: for each row r of w (rows, cols),
+/* Each scheme below runs its rows on the host's worker threads (h->num_threads).
+ *
+ * INT8 symmetric per output channel: for each row r of w (rows, cols),
  * scale[r] = max|w[r,:]| / 127 and q = round_half_even(w / scale) in
  * [-127, 127]; an all-zero row gets scale 0 and q 0. */
-void qc_int8_rows(const float *w, int64_t rows, int64_t cols, int8_t *q, float *scales);
+void qc_int8_rows(const loom_host *h, const float *w, int64_t rows, int64_t cols, int8_t *q, float *scales);
 
 /* FP8 E4M3: per_channel: scale[r] = max|w[r,:]| / 448; else one scale for
  * the tensor (scales[0]). q = e4m3(w / scale). Zero rows: scale 0, q 0. */
-void qc_fp8_rows(const float *w, int64_t rows, int64_t cols, bool per_channel, uint8_t *q,
+void qc_fp8_rows(const loom_host *h, const float *w, int64_t rows, int64_t cols, bool per_channel, uint8_t *q,
                  float *scales);
 
 /* INT4 asymmetric group-wise: for each row and group of `group` columns,
@@ -97,7 +99,7 @@ void qc_fp8_rows(const float *w, int64_t rows, int64_t cols, bool per_channel, u
  * cols % group == 0, group even and <= QC_INT4_MAX_GROUP (checked by the
  * caller). */
 #define QC_INT4_MAX_GROUP 4096
-void qc_int4_rows(const float *w, int64_t rows, int64_t cols, int32_t group, uint8_t *data,
+void qc_int4_rows(const loom_host *h, const float *w, int64_t rows, int64_t cols, int32_t group, uint8_t *data,
                   float *scales, float *zeros);
 
 /* The inverse of each scheme into float32 (rows, cols), for tests and the

@@ -124,7 +124,7 @@ static loom_status fp8_quantize(void *self, const loom_model_view *model, const 
                           LOOM_DTYPE_FP8_E4M3, cols, (size_t)rows * (size_t)cols, pc ? rows : 1,
                           0, false, out, err);
     if (st == LOOM_OK) {
-        qc_fp8_rows(f, rows, cols, pc, out->data.data, out->scales.data);
+        qc_fp8_rows(h, f, rows, cols, pc, out->data.data, out->scales.data);
         if (h->metric_add) {
             h->metric_add(h->ctx, "quant.fp8.tensors", 1);
             h->metric_add(h->ctx, "quant.fp8.bytes", (double)(rows * cols + (pc ? rows : 1) * 4));

@@ -263,7 +263,7 @@ static loom_status int4_quantize(void *self, const loom_model_view *model, const
             st = qc_qtensor_alloc(h, INT4_WHO, nm, LOOM_QFMT_INT8_W8A16, rows, cols, 0,
                                   LOOM_DTYPE_I8, cols, (size_t)(rows * cols), rows, 0, false, out,
                                   err);
-        if (st == LOOM_OK) qc_int8_rows(f, rows, cols, out->data.data, out->scales.data);
+        if (st == LOOM_OK) qc_int8_rows(h, f, rows, cols, out->data.data, out->scales.data);
         h->free(h->ctx, f);
         if (st == LOOM_OK)
             h->log(h->ctx, LOOM_LOG_INFO, INT4_WHO, "'%s': act-order GPTQ kept as int8 W8A16", nm);
@@ -289,7 +289,7 @@ static loom_status int4_quantize(void *self, const loom_model_view *model, const
     } else {
         float *f = NULL;
         if ((st = qc_read_f32(h, INT4_WHO, w, &f, err))) goto fail;
-        qc_int4_rows(f, rows, cols, g, out->data.data, out->scales.data, out->zeros.data);
+        qc_int4_rows(h, f, rows, cols, g, out->data.data, out->scales.data, out->zeros.data);
         h->free(h->ctx, f);
     }
     if (h->metric_add) {

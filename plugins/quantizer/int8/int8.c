@@ -137,7 +137,7 @@ static loom_status int8_quantize(void *self, const loom_model_view *model, const
     st = qc_qtensor_alloc(h, INT8_WHO, w->name, plan->format, rows, cols, 0, LOOM_DTYPE_I8, cols,
                           (size_t)rows * (size_t)cols, rows, 0, false, out, err);
     if (st == LOOM_OK) {
-        qc_int8_rows(f, rows, cols, out->data.data, out->scales.data);
+        qc_int8_rows(h, f, rows, cols, out->data.data, out->scales.data);
         if (h->metric_add) {
             h->metric_add(h->ctx, "quant.int8.tensors", 1);
             h->metric_add(h->ctx, "quant.int8.bytes", (double)(rows * cols + rows * 4));
