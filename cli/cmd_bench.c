@@ -46,6 +46,8 @@ static void bench_usage(FILE *f) {
           "  --compare A B          run both pipelines on the same workload, interleaved,\n"
           "                         and print each metric side by side with the ratio B/A\n"
           "  --repeat N             runs per pipeline, interleaved (default 1; medians reported)\n"
+          "  --warmup N             N untimed requests (random ids, 16 new tokens) through each\n"
+          "                         engine first: GPU graph captures and GEMM plans (default 0)\n"
           "  --set KEY=VALUE        override a pipeline key (applies to both in --compare)\n"
           "  --json FILE            also write the results as JSON ('-' = stdout)\n"
           "  --no-progress          no progress bar\n"
@@ -67,7 +69,8 @@ typedef struct bench_track {
     double *first;       /* (n) time of first token, -1 = none yet */
     double *last;        /* (n) time of the last token              */
     int32_t *count;      /* (n) tokens generated                    */
-    int32_t *index_of;   /* engine request id -> workload index     */
+    int32_t *index_of;   /* engine request id - id_base -> workload index */
+    int64_t id_base;     /* id of the first workload request (after warm-up) */
     int64_t index_cap;
     int32_t finished;
     int64_t tokens;
@@ -114,8 +117,9 @@ static bool parse_range(const char *opt, const char *v, int32_t *a, int32_t *b) 
 
 static void on_token(void *user, const loom_token_event *ev) {
     bench_track *t = user;
-    if (ev->request_id < 0 || ev->request_id >= t->index_cap) return;
-    int32_t i = t->index_of[ev->request_id];
+    const int64_t k = ev->request_id - t->id_base;
+    if (k < 0 || k >= t->index_cap) return;
+    int32_t i = t->index_of[k];
     double now = now_s() - t->start_wall;
     if (ev->token >= 0) {
         if (t->first[i] < 0) t->first[i] = now;
@@ -153,6 +157,50 @@ static void percentiles(double *v, int32_t n, double out[3]) {
 }
 
 /* Run the workload once through a fresh engine built from `config`. */
+/* Untimed warm-up on a fresh engine: `count` requests of random token ids
+ * (so they share no prefix with the workload), as long as the workload's
+ * average token prompt (64 for text prompts), 16 new tokens each, all at
+ * once — on a GPU the first steps of each batch shape pay CUDA-graph
+ * captures and GEMM plan searches that the timed run should not. *base
+ * gets the engine's counters afterwards, for run_once to subtract. */
+static int warm_up(loom_engine *eng, const bench_req *w, int32_t n, int32_t count, loom_engine_stats *base) {
+    loom_error err = {0};
+    int64_t sum = 0, cnt = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (w[i].num_tokens > 0) sum += w[i].num_tokens, cnt++;
+    int32_t len = cnt ? (int32_t)(sum / cnt) : 64, vocab = loom_engine_vocab_size(eng);
+    int32_t ctx = loom_engine_max_context(eng);
+    if (len > ctx - 17) len = ctx - 17;
+    if (len < 1 || vocab < 4) return 0;
+    int32_t *ids = malloc((size_t)len * sizeof *ids);
+    if (!ids) return 1;
+    uint64_t x = 0x9e3779b97f4a7c15ULL;
+    for (int32_t r = 0; r < count; r++) {
+        for (int32_t i = 0; i < len; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            ids[i] = 3 + (int32_t)(x % (uint64_t)(vocab - 3));
+        }
+        loom_request rq = loom_request_default();
+        rq.tokens = ids, rq.num_tokens = len, rq.max_tokens = 16, rq.ignore_eos = true;
+        if (loom_engine_add_request(eng, &rq, &err) < 0) {
+            fprintf(stderr, "loom bench: warm-up request: %s\n", err.message);
+            free(ids);
+            return 1;
+        }
+    }
+    free(ids); /* the engine copied the prompt */
+    int32_t active = 1;
+    while (active > 0)
+        if (loom_engine_step(eng, &active, &err) != LOOM_OK) {
+            fprintf(stderr, "loom bench: warm-up: %s\n", err.message);
+            return 1;
+        }
+    loom_engine_get_stats(eng, base);
+    return 0;
+}
+
+static int g_warmup; /* --warmup N */
+
 static int run_once(const char *label, const char *config, const char **sets, int nsets, bench_req *w,
                     int32_t n, bool progress, bench_result *res) {
     loom_error err = {0};
@@ -164,6 +212,8 @@ static int run_once(const char *label, const char *config, const char **sets, in
         fprintf(stderr, "loom bench: %s: %s\n", config, err.message);
         return 1;
     }
+    loom_engine_stats base = {0};
+    if (g_warmup > 0 && warm_up(eng, w, n, g_warmup, &base)) goto out;
     t.first = malloc((size_t)n * sizeof(double));
     t.last = calloc((size_t)n, sizeof(double));
     t.count = calloc((size_t)n, sizeof(int32_t));
@@ -198,7 +248,9 @@ static int run_once(const char *label, const char *config, const char **sets, in
                 fprintf(stderr, "loom bench: request %d: %s\n", next, err.message);
                 goto out;
             }
-            if (id >= t.index_cap) { /* ids are dense from 0 in a fresh engine */
+            if (next == 0) t.id_base = id;
+            id -= t.id_base;
+            if (id < 0 || id >= t.index_cap) { /* ids are dense in a fresh engine */
                 fprintf(stderr, "loom bench: unexpected request id %lld\n", (long long)id);
                 goto out;
             }
@@ -225,6 +277,13 @@ static int run_once(const char *label, const char *config, const char **sets, in
 
     loom_engine_stats st;
     loom_engine_get_stats(eng, &st);
+    /* counters from the warm-up do not belong to the run (peaks stay) */
+    st.prompt_tokens -= base.prompt_tokens, st.prefill_tokens -= base.prefill_tokens;
+    st.cached_prompt_tokens -= base.cached_prompt_tokens, st.preemptions -= base.preemptions;
+    st.prefix_queries -= base.prefix_queries, st.prefix_hits -= base.prefix_hits;
+    st.swaps_out -= base.swaps_out, st.swaps_in -= base.swaps_in;
+    st.spec_proposed -= base.spec_proposed, st.spec_accepted -= base.spec_accepted;
+    st.device_sampled_rows -= base.device_sampled_rows;
     int32_t nt = 0, np = 0;
     int64_t out_tokens = 0, in_tokens = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -550,6 +609,14 @@ int loom_cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--seed")) {
             VAL();
             seed = strtoull(v, &end, 10);
+        } else if (!strcmp(a, "--warmup")) {
+            VAL();
+            g_warmup = (int)strtol(v, &end, 10);
+            if (*end || g_warmup < 0 || g_warmup > 4096) {
+                fprintf(stderr, "loom bench: --warmup expects 0..4096 requests, got '%s'\n", v);
+                rc = 2;
+                goto out;
+            }
         } else if (!strcmp(a, "--repeat")) {
             VAL();
             repeat = (int)strtol(v, &end, 10);

@@ -80,7 +80,7 @@ PY
   ab() { # name, B config, extra bench args: A = configs/gpu/ab/base.yaml
     local name=$1 cfg=$2; shift 2
     step "pipeline A/B ($name): base vs $cfg"
-    timeout 150 loom bench --compare configs/gpu/ab/base.yaml "$cfg" --no-progress --seed 3 "$@" \
+    timeout 150 loom bench --compare configs/gpu/ab/base.yaml "$cfg" --no-progress --seed 3 --warmup 64 "$@" \
       --json "$O/ab-$name.json" > "$O/ab-$name.txt" 2>&1 || { fails=$((fails + 1)); echo "FAIL ab $name"; }
     tail -22 "$O/ab-$name.txt"
   }
@@ -90,12 +90,24 @@ PY
   ab prefix configs/gpu/ab/no-prefix-cache.yaml $W --shared-prefix-ratio 0.9 --prefix-len 384
   ab tight-recompute configs/gpu/ab/tight.yaml --num-requests 64 --input-len 200:400 --output-len 64:128
   ab tight-swap configs/gpu/ab/tight-swap.yaml --num-requests 64 --input-len 200:400 --output-len 64:128
+  step "speculation: greedy ids with ngram drafts vs without, on cuda"
+  while IFS= read -r p; do
+    a=$(timeout 60 "$LB/tests/e2e/engine_tool" greedy configs/gpu/smollm2.yaml 64 "$p" 2>>"$O/smollm2.err")
+    b=$(timeout 60 "$LB/tests/e2e/engine_tool" greedy configs/gpu/spec-ngram.yaml 64 "$p" 2>>"$O/smollm2.err")
+    python3 - "$a" "$b" "$p" <<'PY' || fails=$((fails + 1))
+import sys
+a, b, p = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3]
+k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print(f"{'PASS' if a == b and a else 'DIFF'} spec vs plain '{p}': {len(b)} tokens, identical for the first {k} of {len(a)}")
+sys.exit(0 if a == b and a else 1)
+PY
+  done < tests/e2e/data/smollm2_prompts.txt
   step "speculation: SmolLM2 with and without ngram, grounded and chat, batch 1 / 8 / 32"
   for wl in grounded chat; do
     for i in 1 2 3 4; do cat configs/spec/$wl.jsonl; done > /tmp/$wl-32.jsonl
     for bs in 1 8 32; do
       timeout 150 loom bench --compare configs/gpu/smollm2.yaml configs/gpu/spec-ngram.yaml \
-        --workload /tmp/$wl-32.jsonl --set scheduler.max_num_seqs=$bs --no-progress \
+        --workload /tmp/$wl-32.jsonl --set scheduler.max_num_seqs=$bs --no-progress --warmup 32 \
         --json "$O/spec-ngram-$wl-b$bs.json" > "$O/spec-$wl-b$bs.txt" 2>&1 \
         || { fails=$((fails + 1)); echo "FAIL spec $wl b$bs"; }
       echo "--- $wl batch $bs"; grep -iE "output tok/s|TPOT p50|accept|proposed" "$O/spec-$wl-b$bs.txt"

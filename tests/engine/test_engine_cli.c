@@ -230,6 +230,27 @@ Test(cli, bench_json_stdout) {
     free(tiny);
 }
 
+/* --warmup: the untimed requests run first and none of their tokens or
+ * prompt counts leak into the results. */
+Test(cli, bench_warmup_not_counted) {
+    char *tiny = eng_data("tiny.yaml");
+    const char *args[] = {"bench", tiny, "--num-requests", "8", "--input-len", "16", "--output-len", "8",
+                          "--warmup", "5", "--json", "-", "--no-progress", NULL};
+    cli_out r = cli(args);
+    cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
+    cJSON *j = cJSON_Parse(r.out);
+    cr_assert_not_null(j, "stdout is not JSON:\n%s", r.out);
+    check_bench_doc(j);
+    cJSON_Delete(j);
+    cli_free(&r);
+    const char *bad[] = {"bench", tiny, "--warmup", "-1", NULL};
+    r = cli(bad);
+    cr_assert_eq(r.code, 2);
+    cr_assert(strstr(r.err, "--warmup expects"), "stderr: %s", r.err);
+    cli_free(&r);
+    free(tiny);
+}
+
 Test(cli, bench_compare) {
     char *a = eng_data("tiny.yaml"), *b = eng_data("tiny_contiguous.yaml");
     const char *args[] = {"bench", "--compare", a, b, "--num-requests", "6", "--input-len", "8:24",
