@@ -240,12 +240,14 @@ int loom_cuda_gemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, i
                        size_t msg_size);
 
 /* The FFN's tail: y (M, N) dt = act @ w^T with act = silu(gu[:, :I]) *
- * gu[:, I:] (gu (M, 2I) dt). Small batches (the GEMV's) fuse the SwiGLU
- * into the GEMV's loads and never write act; larger ones run
- * loom_cuda_swiglu into act (M, I) dt, then the GEMM. Returns like
- * loom_cuda_gemm_run. */
+ * gu[:, I:] (gu (M, 2I) dt): loom_cuda_swiglu into act (M, I) dt, then the
+ * GEMM — or, for M <= the fuse bound (loom_cuda_gemm_set_swiglu_fuse,
+ * default 0 = never: slower on the H200, see gemm.c), one GEMV that forms
+ * act in its loads. Returns like loom_cuda_gemm_run. */
 int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int I, const void *gu,
                               const void *w, void *act, void *y, cudaStream_t s, char *msg, size_t msg_size);
+
+void loom_cuda_gemm_set_swiglu_fuse(loom_cuda_gemm *g, int max_m);
 
 /* Batches of at most max_m rows (0..8; default 8) run the streaming GEMV
  * kernel instead of cuBLASLt (benchmarks compare the two). */

@@ -45,6 +45,7 @@ struct loom_cuda_gemm {
     int next;       /* round-robin victim                          */
     int gemv_max_m; /* M at or below which gemv.cu runs (0 = never) */
     int autotune;   /* time the heuristic's candidates on first use */
+    int swiglu_fuse_max_m; /* M at or below which SwiGLU fuses into the GEMV (0 = never) */
     int q_gemv_max_m[5]; /* per loom_cuda_qfmt: largest M of the quantized GEMV */
 };
 
@@ -302,10 +303,12 @@ int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, 
                               const void *w, void *act, void *y, cudaStream_t s, char *msg, size_t msg_size) {
     if (M <= 0) return 0;
     /* Every warp of the fused GEMV recomputes silu over the whole row of
-     * K = I: N * I evaluations. Measured on an H200: a win for SmolLM2's
-     * 576 x 1536 (it saves a ~2.5 us launch), a 45 us loss per layer for
-     * Llama-3-8B's 4096 x 14336 (the separate kernel computes each once). */
-    if (M <= g->gemv_max_m && I % 8 == 0 && (size_t)N * (size_t)I <= ((size_t)1 << 21)) {
+     * K = I: N * I * M evaluations. Measured on an H200 (engine TPOT): a
+     * 45 us loss per layer for Llama-3-8B's 4096 x 14336 at M = 1, and for
+     * SmolLM2 (576 x 1536) no gain at M = 1 (0.76 -> 0.79 ms) and a loss
+     * at M = 8 (1.11 -> 1.98 ms). So it is off unless a caller opts in
+     * (loom_cuda_gemm_set_swiglu_fuse; the kernel tests do). */
+    if (M <= g->swiglu_fuse_max_m && M <= g->gemv_max_m && I % 8 == 0) {
         cudaError_t e = lc_gemv_swiglu(dt, M, N, I, gu, w, y, s);
         if (e != cudaSuccess && msg && msg_size)
             snprintf(msg, msg_size, "swiglu gemv launch failed for M=%d N=%d K=%d: %s", M, N, I,
@@ -318,6 +321,10 @@ int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, 
         return 10000 + (int)e;
     }
     return loom_cuda_gemm_run(g, dt, 0, M, N, I, act, w, y, s, msg, msg_size);
+}
+
+void loom_cuda_gemm_set_swiglu_fuse(loom_cuda_gemm *g, int max_m) {
+    g->swiglu_fuse_max_m = max_m < 0 ? 0 : max_m > LC_GEMV_MAX_M ? LC_GEMV_MAX_M : max_m;
 }
 
 void loom_cuda_gemm_set_gemv_max_m(loom_cuda_gemm *g, int max_m) {

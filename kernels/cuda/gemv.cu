@@ -19,8 +19,9 @@
  * SWIGLU variant (lc_gemv_swiglu, the FFN down projection): x is the fused
  * gate|up output (M, 2K) and the kernel forms silu(gate) * up, rounded to
  * dt as loom_cuda_swiglu stores it, as it loads x — one launch fewer per
- * layer, which at batch 1 of a small model (launch-bound: SmolLM2's layer
- * weights stream in ~2 us, a launch costs ~2.5 us) is the point.
+ * layer, meant for launch-bound small models. Measured on the H200 it did
+ * not pay (every warp recomputes the activations: see gemm.c), so it is
+ * opt-in (loom_cuda_gemm_set_swiglu_fuse) and kept tested.
  */
 #include "common.cuh"
 

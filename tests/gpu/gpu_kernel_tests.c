@@ -29,6 +29,7 @@
 #include "loom/logits_topk.h"
 
 static int g_fail, g_pass;
+static int g_swiglu_fuse; /* mirrors loom_cuda_gemm_set_swiglu_fuse, for names */
 static uint64_t g_rng;
 
 #define CK(call)                                                                                   \
@@ -155,7 +156,6 @@ static void report(const char *name, const err_acc *a, double tol) {
 }
 
 #define TOL16 1e-2
-#define LC_TEST_GEMV_MAX 8 /* the gemm's default gemv_max_m */
 #define TOL32 1e-5
 
 /* -------------------------------------------------------------- embedding */
@@ -910,7 +910,7 @@ static void test_swiglu_down(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, i
     int rc = loom_cuda_gemm_swiglu_run(g, dt, M, N, I, d_gu, d_w, d_act, d_y, 0, msg, sizeof msg);
     CK(cudaDeviceSynchronize());
     snprintf(name, sizeof name, "swiglu+down %s M=%d N=%d I=%d (%s)", dtn(dt), M, N, I,
-             M <= LC_TEST_GEMV_MAX && (size_t)N * I <= ((size_t)1 << 21) ? "fused gemv" : "swiglu, gemm");
+             M <= g_swiglu_fuse ? "fused gemv" : "swiglu, then gemv/gemm");
     err_acc a = {0};
     if (rc) {
         printf("      error: %s\n", msg);
@@ -1090,10 +1090,13 @@ int main(int argc, char **argv) {
             test_gemm(g, dts[di], 3, 49152, 576, true);
         }
         test_gemm(g, LOOM_CUDA_BF16, 9, 4096, 4096, false); /* cached plan */
+        loom_cuda_gemm_set_swiglu_fuse(g, g_swiglu_fuse = 8); /* off by default; test the fused kernel */
         for (int m = 1; m <= 9; m += 2) test_swiglu_down(g, LOOM_CUDA_BF16, m, 576, 1536);
         test_swiglu_down(g, LOOM_CUDA_BF16, 8, 4096, 14336);
         test_swiglu_down(g, LOOM_CUDA_F16, 2, 896, 4864);
         test_swiglu_down(g, LOOM_CUDA_BF16, 40, 576, 1536);
+        loom_cuda_gemm_set_swiglu_fuse(g, g_swiglu_fuse = 0);
+        test_swiglu_down(g, LOOM_CUDA_BF16, 1, 576, 1536); /* the default: swiglu, then the GEMV */
         loom_cuda_gemm_set_gemv_max_m(g, 0); /* cuBLASLt at M = 1 too */
         test_gemm(g, LOOM_CUDA_BF16, 1, 4096, 4096, false);
         test_gemm(g, LOOM_CUDA_BF16, 4, 49152, 576, true);

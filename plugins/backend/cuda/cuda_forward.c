@@ -237,8 +237,8 @@ static loom_status cb_gemm(cuda_backend *b, bool out_f32, int32_t M, int32_t N, 
                           M, N, K, msg);
 }
 
-/* r (T, H) = SwiGLU(gu) @ w_down^T (fused into the GEMV at small T for
- * weights in the compute type; quantized ones take act). */
+/* r (T, H) = SwiGLU(gu) @ w_down^T: through act (loom_cuda_gemm_swiglu_run
+ * decides whether to fuse; quantized weights always take act). */
 static loom_status cb_swiglu_down(cuda_backend *b, int32_t T, const void *wdown, const loom_cuda_qweight *q,
                                   loom_error *err) {
     const int32_t H = b->mc.hidden_size, I = b->mc.intermediate_size;
