@@ -67,7 +67,7 @@ export LOOM_PLUGIN_PATH="$PLUGIN_PATH"
 unset LOOM_PLUGIN_PATH_ONLY
 
 "$LOOM" plugins >"$TMP/plugins.txt" 2>&1 || { cat "$TMP/plugins.txt" >&2; fail "loom plugins"; }
-grep -Eq '^sampler +hello +1\.0\.0 +1\.0 ' "$TMP/plugins.txt" ||
+grep -Eq '^sampler +hello +1\.0\.0 +1\.[0-9]+ ' "$TMP/plugins.txt" ||
     { cat "$TMP/plugins.txt" >&2; fail "'loom plugins' does not list the hello sampler"; }
 "$LOOM" plugins --params >"$TMP/params.txt" 2>&1 || fail "loom plugins --params"
 grep -q 'greeting' "$TMP/params.txt" || fail "'loom plugins --params' lacks hello's greeting"

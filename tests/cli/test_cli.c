@@ -14,7 +14,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "loom/plugin.h"
 #include "tp_util.h"
+
+/* "MAJOR.MINOR" of this SDK, as `loom` prints it */
+#define LOOM_TEST_STR_(x) #x
+#define LOOM_TEST_STR(x) LOOM_TEST_STR_(x)
+#define LOOM_TEST_ABI LOOM_TEST_STR(LOOM_ABI_MAJOR) "." LOOM_TEST_STR(LOOM_ABI_MINOR)
 
 typedef struct run_result {
     int code;  /* exit status; -1 when killed */
@@ -107,7 +113,7 @@ Test(cli, version) {
     run_result r = run(NULL, ARGS("--version"));
     cr_assert_eq(r.code, 0);
     has(r.out, "loom 0.1.0");
-    has(r.out, "plugin ABI 1.0");
+    has(r.out, "plugin ABI " LOOM_TEST_ABI);
     has(r.out, "CUDA: ");
     run_free(&r);
 }
@@ -160,10 +166,10 @@ Test(cli, plugins_lists_good_and_broken) {
     cr_assert_eq(r.code, 0, "stderr: %s", r.err);
     has(r.out, "plugin search path:");
     has(r.out, "KIND");
-    has_line(r.out, ARGS("sampler ", " tsamp ", " 0.0.1 ", " 1.0 ", "/loom-sampler-tsamp.so"));
-    has_line(r.out, ARGS("scheduler ", " msched ", " 1.2.3 ", " 1.0 ", "/libmulti.so"));
+    has_line(r.out, ARGS("sampler ", " tsamp ", " 0.0.1 ", " " LOOM_TEST_ABI " ", "/loom-sampler-tsamp.so"));
+    has_line(r.out, ARGS("scheduler ", " msched ", " 1.2.3 ", " " LOOM_TEST_ABI " ", "/libmulti.so"));
     has(r.out, "broken plugin files");
-    has(r.out, "plugin ABI 2.0, host ABI 1.0");
+    has(r.out, "plugin ABI 2.0, host ABI " LOOM_TEST_ABI);
     has(r.out, "not binary compatible");
     has(r.out, "is not a loadable shared object");
     has(r.out, "no entry symbol");
@@ -197,7 +203,7 @@ Test(cli, plugins_json) {
         cJSON *c0 = cJSON_GetArrayItem(comps, 0);
         if (strcmp(cJSON_GetObjectItem(c0, "name")->valuestring, "tsamp") != 0) continue;
         found = true;
-        cr_assert_str_eq(cJSON_GetObjectItem(p, "abi")->valuestring, "1.0");
+        cr_assert_str_eq(cJSON_GetObjectItem(p, "abi")->valuestring, LOOM_TEST_ABI);
         cr_assert_str_eq(cJSON_GetObjectItem(c0, "kind")->valuestring, "sampler");
         cJSON *params = cJSON_GetObjectItem(c0, "params");
         cr_assert_eq(cJSON_GetArraySize(params), 6);
@@ -219,7 +225,7 @@ Test(cli, check_good) {
     run_result r = run(NULL, ARGS("check", good));
     cr_assert_eq(r.code, 0, "stderr: %s", r.err);
     has(r.out, "scheduler:\n  plugin: tsched  # ");
-    has(r.out, "/loom-scheduler-tsched.so (plugin test-tsched 0.0.1, ABI 1.0)");
+    has(r.out, "/loom-scheduler-tsched.so (plugin test-tsched 0.0.1, ABI " LOOM_TEST_ABI ")");
     has(r.out, "  policy: priority\n");
     has(r.out, "  size: 8\n");
     run_free(&r);

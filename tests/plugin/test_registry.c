@@ -47,6 +47,10 @@ static void expect_fail(loom_registry *reg, loom_kind kind, const char *name, lo
                            err.message);
 }
 
+/* "MAJOR.MINOR" of this SDK, as the loader prints it */
+#define LOOM_TEST_STR_(x) #x
+#define LOOM_TEST_STR(x) LOOM_TEST_STR_(x)
+#define LOOM_TEST_ABI LOOM_TEST_STR(LOOM_ABI_MAJOR) "." LOOM_TEST_STR(LOOM_ABI_MINOR)
 #define NEEDLES(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 /* ------------------------------------------------------------- lookups */
@@ -136,14 +140,16 @@ Test(plugin_registry, empty_search_path_says_so) {
 Test(plugin_registry, abi_major_mismatch) {
     loom_registry *reg = bad_reg();
     expect_fail(reg, LOOM_KIND_SAMPLER, "badmajor", LOOM_ERR_ABI,
-                NEEDLES("plugin ABI 2.0, host ABI 1.0", "loom-sampler-badmajor.so", "rebuild"));
+                NEEDLES("plugin ABI 2.0, host ABI " LOOM_TEST_ABI, "loom-sampler-badmajor.so", "rebuild"));
     loom_registry_destroy(reg);
 }
 
 Test(plugin_registry, abi_minor_newer_than_host) {
     loom_registry *reg = bad_reg();
-    expect_fail(reg, LOOM_KIND_SAMPLER, "newminor", LOOM_ERR_ABI,
-                NEEDLES("plugin ABI 1.1 is newer than host ABI 1.0"));
+    char want[96];
+    snprintf(want, sizeof want, "plugin ABI %d.%d is newer than host ABI %s", LOOM_ABI_MAJOR, LOOM_ABI_MINOR + 1,
+             LOOM_TEST_ABI);
+    expect_fail(reg, LOOM_KIND_SAMPLER, "newminor", LOOM_ERR_ABI, NEEDLES(want));
     loom_registry_destroy(reg);
 }
 
