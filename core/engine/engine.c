@@ -912,6 +912,20 @@ static void spec_drop(loom_engine *e, loom_seq *s) {
     e->cache->truncate(e->cache_self, &s->info, s->info.num_computed);
 }
 
+/* After verifying s's n drafts: tell the speculator, count, and roll the
+ * sequence back to its real tokens plus the `accepted` drafts, whose K/V
+ * stay (the rest of the drafts' slots are freed). The caller then appends
+ * the accepted tokens and the target's own. */
+static void spec_settle(loom_engine *e, loom_seq *s, int32_t n, int32_t accepted) {
+    const int32_t real = s->info.num_tokens - n;
+    e->spec->observe(e->spec_self, s->info.id, n, accepted);
+    e->stats.spec_accepted += accepted;
+    s->info.num_tokens = real;
+    s->info.num_draft = 0;
+    s->info.num_computed = real + accepted;
+    e->cache->truncate(e->cache_self, &s->info, s->info.num_computed);
+}
+
 /* After the forward: verify s's drafts against rows (num_draft + 1, vocab)
  * of raw logits and append what was accepted plus one token. */
 static loom_status spec_accept(loom_engine *e, loom_seq *s, const float *rows, loom_error *err) {
@@ -938,13 +952,7 @@ static loom_status spec_accept(loom_engine *e, loom_seq *s, const float *rows, l
     }
     int32_t accepted = 0;
     int32_t m = loom_spec_verify(p, s->spec_q_valid ? s->spec_q : NULL, draft, n, e->vocab, s->rng, out, &accepted);
-    e->spec->observe(e->spec_self, s->info.id, n, accepted);
-    e->stats.spec_accepted += accepted;
-    /* K/V of real tokens and accepted drafts stay; the rest roll back. */
-    s->info.num_tokens = real;
-    s->info.num_draft = 0;
-    s->info.num_computed = real + accepted;
-    e->cache->truncate(e->cache_self, &s->info, s->info.num_computed);
+    spec_settle(e, s, n, accepted);
     for (int32_t i = 0; i < m && !s->finished; i++) {
         const float *row = rows + (size_t)i * e->vocab;
         s->cur_probs = s->req->r.want_probs ? p + (size_t)i * e->vocab : NULL;
@@ -971,12 +979,7 @@ static loom_status spec_accept_greedy(loom_engine *e, loom_seq *s, const int32_t
     int32_t a = 0;
     while (a < n && s->tokens[real + a] == ids[(size_t)a * k]) a++;
     const int32_t m = a + 1;
-    e->spec->observe(e->spec_self, s->info.id, n, a);
-    e->stats.spec_accepted += a;
-    s->info.num_tokens = real;
-    s->info.num_draft = 0;
-    s->info.num_computed = real + a;
-    e->cache->truncate(e->cache_self, &s->info, s->info.num_computed);
+    spec_settle(e, s, n, a);
     const int32_t ntop = s->req->r.params.logprobs < k ? s->req->r.params.logprobs : k;
     for (int32_t i = 0; i < m && !s->finished; i++) {
         const int32_t *ri = ids + (size_t)i * k;

@@ -26,6 +26,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_kernels.h"
+#include "qlinear.h"
 #include "loom/logits_topk.h"
 
 static int g_fail, g_pass;
@@ -660,36 +661,11 @@ done:
 
 /* ------------------------------------------------------ quantized GEMM */
 
-/* E4M3 ("fn") codec: the copy of kernels/cpu/qlinear.c (round to nearest
- * even, saturate to +-448, NaN stays NaN). */
-static uint8_t e4m3_enc(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu);
-    if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7eu);
-    int e = (int)(a >> 23) - 127;
-    if (e >= -6) {
-        uint32_t m = a & 0x7fffffu, keep = m >> 20, rem = m & 0xfffffu;
-        uint32_t code = ((uint32_t)(e + 7) << 3) | keep;
-        if (rem > 0x80000u || (rem == 0x80000u && (keep & 1u))) code++;
-        return (uint8_t)(sign | code);
-    }
-    if ((a >> 23) == 0) return sign;
-    uint32_t m24 = (a & 0x7fffffu) | 0x800000u;
-    int shift = 14 - e;
-    if (shift > 24) return sign;
-    uint32_t q = m24 >> shift, rem = m24 & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u))) q++;
-    return (uint8_t)(sign | q);
-}
-static double e4m3_dec(uint8_t c) {
-    int s = c & 0x80 ? -1 : 1, e = (c >> 3) & 15, m = c & 7;
-    if (e == 15 && m == 7) return NAN;
-    if (e == 0) return s * m * ldexp(1.0, -9);
-    return s * (1.0 + m / 8.0) * ldexp(1.0, e - 7);
-}
+/* E4M3 ("fn") codec: the CPU kernels' (kernels/cpu/qlinear.c, tested
+ * against a float64 reference in tests/quant), so the device's codes are
+ * checked against the host's. */
+static uint8_t e4m3_enc(float f) { return loom_cpu_e4m3_encode(f); }
+static double e4m3_dec(uint8_t c) { return (double)loom_cpu_e4m3_decode(c); }
 
 static const char *qfmt_name(loom_cuda_qfmt f) {
     switch (f) {
