@@ -79,6 +79,88 @@ static loom_status load_tokenizer(loom_engine *e, loom_error *err) {
     return LOOM_OK;
 }
 
+/* Value of the quantizer slot's declared parameter `key` (NULL when the
+ * component declares none): an ENUM's choice or an INT's number. */
+static const loom_param *quant_param(const loom_pipeline_slot *slot, const char *key, loom_param_type type) {
+    for (const loom_param *p = slot->component->params; p && p->key; p++)
+        if (!strcmp(p->key, key) && p->type == type) return p;
+    return NULL;
+}
+
+/* A packed AWQ/GPTQ checkpoint (loom_model_packing_get) keeps its linear
+ * weights only as 4-bit words, so it runs only through a quantizer that
+ * unpacks that very layout: one declaring an ENUM `source` set to the
+ * checkpoint's method (int4: awq | gptq | gptq_v2) and, if it has one, an
+ * INT `group_size` equal to the checkpoint's. Then every packed weight must
+ * be planned to something other than NONE (a `skip` pattern naming it
+ * would leave nothing to compute with). Checked before the backend loads,
+ * so no backend ever meets a packed weight it cannot run; the message
+ * names the pipeline line to write. */
+static loom_status check_packed(loom_engine *e, const char *pipeline_path, loom_error *err) {
+    const loom_model_packing *pk = loom_model_packing_get(e->model);
+    if (!pk) return LOOM_OK;
+    char want[160];
+    snprintf(want, sizeof want, "quantizer: {plugin: int4, source: %s, group_size: %d}", pk->method,
+             pk->group_size);
+    const loom_pipeline_slot *slot = loom_pipeline_slot_get(e->pipe, LOOM_KIND_QUANTIZER);
+    if (!slot || !e->quant)
+        return loom_error_set(err, LOOM_ERR_INVALID,
+                              "%s: model '%s' is a 4-bit %s checkpoint (%s, groups of %d); its linear weights "
+                              "exist only packed, so the pipeline needs %s",
+                              pipeline_path, e->mcfg->name, pk->method, pk->source, pk->group_size, want);
+    const loom_param *src = quant_param(slot, "source", LOOM_PARAM_ENUM);
+    const char *have = NULL;
+    if (src && src->choices) {
+        int64_t v, nc = 0;
+        memcpy(&v, (const char *)slot->config + src->offset, sizeof v);
+        while (src->choices[nc]) nc++;
+        have = v >= 0 && v < nc ? src->choices[v] : NULL;
+    }
+    if (!have)
+        return loom_error_set(err, LOOM_ERR_INVALID,
+                              "%s: quantizer '%s' quantizes float weights, but model '%s' is a packed 4-bit %s "
+                              "checkpoint (%s); use %s",
+                              pipeline_path, slot->name, e->mcfg->name, pk->method, pk->source, want);
+    if (strcmp(have, pk->method) != 0) {
+        bool gptq_pair = !strncmp(have, "gptq", 4) && !strncmp(pk->method, "gptq", 4);
+        return loom_error_set(err, LOOM_ERR_INVALID,
+                              "%s: quantizer.source is %s, but model '%s' is a packed 4-bit %s checkpoint (%s)%s; "
+                              "use %s",
+                              pipeline_path, have, e->mcfg->name, pk->method, pk->source,
+                              gptq_pair ? " (gptq v1 stores each zero point minus 1, gptq_v2 the zero point itself)"
+                                        : "",
+                              want);
+    }
+    const loom_param *gs = quant_param(slot, "group_size", LOOM_PARAM_INT);
+    if (gs) {
+        int64_t v;
+        memcpy(&v, (const char *)slot->config + gs->offset, sizeof v);
+        if (v != pk->group_size)
+            return loom_error_set(err, LOOM_ERR_INVALID,
+                                  "%s: quantizer.group_size is %lld, but model '%s' was packed in groups of %d "
+                                  "(%s); use %s",
+                                  pipeline_path, (long long)v, e->mcfg->name, pk->group_size, pk->source, want);
+    }
+    if (!e->quant->plan) return LOOM_OK;
+    for (int32_t i = 0; i < e->view->count(e->view->ctx); i++) {
+        const loom_tensor *t = e->view->at(e->view->ctx, i);
+        if (!loom_model_is_packed_weight(e->model, t)) continue;
+        loom_quant_plan plan = {.struct_size = sizeof plan};
+        loom_status st = e->quant->plan(e->quant_self, e->view, t, &plan, err);
+        if (st != LOOM_OK) {
+            loom_error_prefix(err, "%s: quantizer '%s'", pipeline_path, slot->name);
+            return st;
+        }
+        if (plan.format == LOOM_QFMT_NONE)
+            return loom_error_set(err, LOOM_ERR_INVALID,
+                                  "%s: quantizer '%s' keeps tensor '%s' unquantized (a quantizer.skip pattern "
+                                  "matches it), but model '%s' stores it only as packed 4-bit %s data; remove it "
+                                  "from skip (for a packed LM head: skip: \"token_embd\")",
+                                  pipeline_path, slot->name, t->name, e->mcfg->name, pk->method);
+    }
+    return LOOM_OK;
+}
+
 loom_status loom_engine_create(const char *pipeline_path, const char *const *overrides, int32_t num_overrides,
                                loom_engine **out, loom_error *err) {
     if (!out || !pipeline_path)
@@ -201,6 +283,7 @@ loom_status loom_engine_create(const char *pipeline_path, const char *const *ove
     e->spec = ops;
 
     /* Weights to the backend, through the quantizer when there is one. */
+    if ((st = check_packed(e, pipeline_path, err)) != LOOM_OK) goto fail;
     if (e->quant) {
         e->quant_binding = (loom_quant_binding){sizeof(loom_quant_binding), e->quant, e->quant_self,
                                                 loom_pipeline_slot_get(e->pipe, LOOM_KIND_QUANTIZER)->name};

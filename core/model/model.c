@@ -330,6 +330,9 @@ static loom_status check_tensor(loom_model *m, const char *src, const lm_keys *k
                               "configuration (damaged file or mismatched config)",
                               src, name, got, exp, from);
     }
+    /* a packed AWQ/GPTQ linear: its .qweight/.qzeros/.scales were checked
+     * against this shape by the safetensors loader; no float data here */
+    if (loom_model_is_packed_weight(m, t)) return LOOM_OK;
     size_t need = loom_dtype_row_bytes(t->dtype, t->shape[t->ndim - 1]);
     int64_t rows = 1;
     for (int i = 0; i < t->ndim - 1; i++) rows *= t->shape[i];
@@ -430,6 +433,18 @@ const char *loom_model_tokenizer_json(const loom_model *m) { return m ? m->token
 const char *loom_model_dir(const loom_model *m) { return m ? m->dir : NULL; }
 const char *loom_model_format_name(const loom_model *m) { return m ? m->format : NULL; }
 const loom_tensor *loom_model_tensor(const loom_model *m, const char *name) { return m ? lm_find(m, name) : NULL; }
+const loom_model_packing *loom_model_packing_get(const loom_model *m) {
+    return m && m->packing.method ? &m->packing : NULL;
+}
+
+bool loom_model_is_packed_weight(const loom_model *m, const loom_tensor *w) {
+    if (!m || !m->packing.method || !w || w->data || w->nbytes || !w->name) return false;
+    size_t n = strlen(w->name);
+    char nm[128];
+    if (n <= 7 || n + 2 > sizeof nm || strcmp(w->name + n - 7, ".weight") != 0) return false;
+    snprintf(nm, sizeof nm, "%.*s.qweight", (int)(n - 7), w->name);
+    return lm_find(m, nm) != NULL;
+}
 
 /* ------------------------------------------------------------ dispatch */
 

@@ -13,6 +13,7 @@
 #ifndef LOOM_CORE_MODEL_H
 #define LOOM_CORE_MODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,6 +56,25 @@ const char *loom_model_dir(const loom_model *m);              /* directory of th
 const char *loom_model_format_name(const loom_model *m);
 /* Tensor by canonical name (same as the view's get), or NULL. */
 const loom_tensor *loom_model_tensor(const loom_model *m, const char *name);
+/* A 4-bit packed checkpoint (AutoAWQ / AutoGPTQ / GPTQModel safetensors,
+ * read from config.json's `quantization_config`). Its linear weights are
+ * shape-only `<name>.weight` descriptors (data NULL, nbytes 0, dtype the
+ * scales' float type, shape (out, in)) next to `<name>.qweight`, `.qzeros`,
+ * `.scales` and (GPTQ) `.g_idx`; only a quantizer that unpacks them (int4
+ * with `source` = method) can run the model. */
+typedef struct loom_model_packing {
+    const char *method;        /* "awq" | "gptq" | "gptq_v2"; NULL: float weights */
+    int32_t bits;              /* 4                                               */
+    int32_t group_size;        /* inputs per (scale, zero) group                  */
+    bool desc_act;             /* GPTQ act-order (g_idx may be permuted)          */
+    const char *source;        /* file it came from, e.g. ".../config.json"       */
+} loom_model_packing;
+
+/* The checkpoint's packing, or NULL for float / GGUF / dummy models. */
+const loom_model_packing *loom_model_packing_get(const loom_model *m);
+/* The shape-only descriptor `w` (a `.weight`) stands for packed tensors. */
+bool loom_model_is_packed_weight(const loom_model *m, const loom_tensor *w);
+
 /* Names of the dummy shapes, NULL-terminated (for help texts). */
 const char *const *loom_model_dummy_shapes(void);
 

@@ -24,6 +24,8 @@ typedef struct lm_unsupported {
 
 struct loom_model {
     loom_model_config cfg;
+    loom_model_packing packing;  /* method NULL unless an AWQ/GPTQ checkpoint    */
+    char packing_src[64];        /* file the packing was read from (message text) */
     loom_model_view view;
     const char *format;          /* static string                                   */
     loom_tensor *tensors;        /* n_tensors, name -> names[i]                     */

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -216,10 +217,147 @@ out:
     return st;
 }
 
+/* ------------------------------------------------------------ packed 4-bit */
+
+/* Case-insensitive string field of `obj`, or `dflt` when absent/null; NULL
+ * when present but not a string. */
+static const char *js_str(const cJSON *obj, const char *key, const char *dflt) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!it || cJSON_IsNull(it)) return dflt;
+    return cJSON_IsString(it) ? it->valuestring : NULL;
+}
+
+/* Integer field under the first of `keys` present (AutoAWQ's own files say
+ * w_bit / q_group_size, transformers' config.json bits / group_size). */
+static loom_status js_int_any(const cJSON *obj, const char *where, const char *const *keys, int32_t *v,
+                              bool *found, loom_error *err) {
+    *found = false;
+    for (; *keys; keys++) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, *keys);
+        if (!it || cJSON_IsNull(it)) continue;
+        if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || fabs(it->valuedouble) > 1e9)
+            return loom_error_set(err, LOOM_ERR_FORMAT, "%s: \"%s\" must be an integer", where, *keys);
+        *v = (int32_t)it->valuedouble;
+        *found = true;
+        return LOOM_OK;
+    }
+    return LOOM_OK;
+}
+
+/* Fill m->packing from a quantization config object `q` read from `where`
+ * (config.json's quantization_config, or AutoGPTQ's quantize_config.json /
+ * AutoAWQ's quant_config.json, whose quant_method may be implicit:
+ * `dflt_method`). Anything loom cannot run exactly is refused here, before
+ * a tensor is mapped. */
+static loom_status read_packing(loom_model *m, const cJSON *q, const char *where, const char *dflt_method,
+                                loom_error *err) {
+    if (!cJSON_IsObject(q))
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: the quantization config must be a JSON object", where);
+    const char *method = js_str(q, "quant_method", dflt_method);
+    if (!method)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: \"quant_method\" is missing or not a string", where);
+    bool awq = !strcasecmp(method, "awq"), gptq = !strcasecmp(method, "gptq");
+    if (!awq && !gptq)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "%s: quant_method \"%s\" is not supported; loom loads float (f32/f16/bf16) "
+                              "safetensors and 4-bit AWQ (GEMM) or GPTQ checkpoints",
+                              where, method);
+    static const char *const bits_keys[] = {"bits", "w_bit", NULL};
+    static const char *const group_keys[] = {"group_size", "q_group_size", NULL};
+    int32_t bits = 0, group = 0;
+    bool have_bits, have_group;
+    loom_status st;
+    if ((st = js_int_any(q, where, bits_keys, &bits, &have_bits, err)) ||
+        (st = js_int_any(q, where, group_keys, &group, &have_group, err)))
+        return st;
+    if (!have_bits || !have_group)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s needs \"bits\" and \"group_size\"", where,
+                              awq ? "AWQ" : "GPTQ");
+    if (bits != 4)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "%s: %d-bit %s is not supported; loom runs 4-bit AWQ/GPTQ checkpoints only", where,
+                              bits, awq ? "AWQ" : "GPTQ");
+    if (group == -1)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "%s: group_size -1 (one group per output channel) is not supported; loom's int4 "
+                              "layout takes one group size for every tensor (use a checkpoint with group_size "
+                              "32, 64 or 128)",
+                              where);
+    if (group < 2 || group % 2 != 0 || group > (1 << 20))
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: group_size %d must be a positive even number", where,
+                              group);
+    const char *name = awq ? "awq" : "gptq";
+    bool desc_act = false;
+    if (awq) {
+        const char *version = js_str(q, "version", "gemm");
+        if (!version || strcasecmp(version, "gemm") != 0)
+            return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                                  "%s: AWQ version \"%s\" is not supported; loom reads the GEMM packing "
+                                  "(qweight (in, out/8)); GEMV / Marlin / ExLlama packings differ",
+                                  where, version ? version : "(not a string)");
+        const cJSON *zp = cJSON_GetObjectItemCaseSensitive(q, "zero_point");
+        if (cJSON_IsFalse(zp))
+            return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                                  "%s: AWQ with zero_point false (symmetric, no qzeros) is not supported", where);
+    } else {
+        const char *fmt = js_str(q, "checkpoint_format", "gptq");
+        if (fmt && !strcasecmp(fmt, "gptq_v2")) name = "gptq_v2";
+        else if (!fmt || strcasecmp(fmt, "gptq") != 0)
+            return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                                  "%s: GPTQ checkpoint_format \"%s\" is not supported; loom reads \"gptq\" (v1: "
+                                  "stored zeros are zero - 1) and \"gptq_v2\" (real zeros)",
+                                  where, fmt ? fmt : "(not a string)");
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(q, "is_marlin_format")))
+            return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                                  "%s: Marlin-packed GPTQ (is_marlin_format) is not supported; use the plain GPTQ "
+                                  "checkpoint",
+                                  where);
+        desc_act = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(q, "desc_act"));
+    }
+    snprintf(m->packing_src, sizeof m->packing_src, "%s", where);
+    m->packing = (loom_model_packing){.method = name, .bits = bits, .group_size = group, .desc_act = desc_act,
+                                      .source = m->packing_src};
+    return LOOM_OK;
+}
+
+/* The checkpoint's quantization config: config.json's quantization_config
+ * (transformers writes it there), else the quantizer's own file next to
+ * it. No config anywhere: a float checkpoint, m->packing stays empty. */
+static loom_status find_packing(loom_model *m, const char *config_path, char *path, size_t cap,
+                                loom_error *err) {
+    cJSON *root = NULL;
+    loom_status st = parse_json_file(config_path, &root, err);
+    if (st) return st;
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
+    if (q && !cJSON_IsNull(q)) {
+        st = read_packing(m, q, "config.json quantization_config", NULL, err);
+        goto out;
+    }
+    static const struct {
+        const char *file, *method;
+    } own[] = {
+        {"quantize_config.json", "gptq"},     /* AutoGPTQ / GPTQModel          */
+        {"quant_config.json", "awq"},         /* AutoAWQ                       */
+        {"quantization_config.json", "awq"},  /* older AWQ exports             */
+    };
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
+        snprintf(path, cap, "%s/%s", m->dir, own[i].file);
+        if (!file_exists(path)) continue;
+        cJSON *qj = NULL;
+        if ((st = parse_json_file(path, &qj, err))) goto out;
+        st = read_packing(m, qj, own[i].file, own[i].method, err);
+        cJSON_Delete(qj);
+        goto out;
+    }
+out:
+    cJSON_Delete(root);
+    return st;
+}
+
 /* ------------------------------------------------------------ names */
 
-/* HF name -> canonical; false for tensors loom does not use. */
-static bool map_name(const char *hf, char *out, size_t cap) {
+/* HF name -> canonical for plain tensors; false for tensors loom does not use. */
+static bool map_plain(const char *hf, char *out, size_t cap) {
     static const struct {
         const char *hf, *gg;
     } top[] = {
@@ -256,6 +394,48 @@ static bool map_name(const char *hf, char *out, size_t cap) {
     for (size_t i = 0; i < sizeof layer / sizeof layer[0]; i++)
         if (!strcmp(end + 1, layer[i].hf)) return snprintf(out, cap, "blk.%ld.%s", n, layer[i].gg) < (int)cap;
     return false;
+}
+
+/* The parts of a packed 4-bit Linear, next to where its .weight would be. */
+static const char *const k_packed_sfx[] = {".qweight", ".qzeros", ".scales", ".g_idx"};
+#define ST_NPACKED ((int)(sizeof k_packed_sfx / sizeof k_packed_sfx[0]))
+
+/* Index in k_packed_sfx of `name`'s suffix, or -1. */
+static int packed_part(const char *name) {
+    size_t n = strlen(name);
+    for (int i = 0; i < ST_NPACKED; i++) {
+        size_t k = strlen(k_packed_sfx[i]);
+        if (n > k && !strcmp(name + n - k, k_packed_sfx[i])) return i;
+    }
+    return -1;
+}
+
+/* A canonical .weight that is a linear layer (may be packed). */
+static bool linear_canon(const char *canon) {
+    static const char *const lin[] = {".attn_q.weight", ".attn_k.weight", ".attn_v.weight",
+                                      ".attn_output.weight", ".ffn_gate.weight", ".ffn_up.weight",
+                                      ".ffn_down.weight"};
+    if (!strcmp(canon, "output.weight")) return true;
+    size_t n = strlen(canon);
+    for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++) {
+        size_t k = strlen(lin[i]);
+        if (n > k && !strncmp(canon, "blk.", 4) && !strcmp(canon + n - k, lin[i])) return true;
+    }
+    return false;
+}
+
+/* HF name -> canonical: plain tensors, and the packed parts of a linear
+ * layer (model.layers.3.self_attn.q_proj.qzeros -> blk.3.attn_q.qzeros).
+ * false for tensors loom does not use. */
+static bool map_name(const char *hf, char *out, size_t cap) {
+    if (map_plain(hf, out, cap)) return true;
+    int part = packed_part(hf);
+    if (part < 0) return false;
+    char stem[256], canon[128];
+    size_t n = strlen(hf) - strlen(k_packed_sfx[part]);
+    if (snprintf(stem, sizeof stem, "%.*s.weight", (int)n, hf) >= (int)sizeof stem) return false;
+    if (!map_plain(stem, canon, sizeof canon) || !linear_canon(canon)) return false;
+    return snprintf(out, cap, "%.*s%s", (int)(strlen(canon) - 7), canon, k_packed_sfx[part]) < (int)cap;
 }
 
 /* ------------------------------------------------------------ one shard */
@@ -349,7 +529,9 @@ static loom_status load_shard(loom_model *m, const char *file, const cJSON *weig
         if (!strcmp(dts, "F32")) dtype = LOOM_DTYPE_F32, esz = 4;
         else if (!strcmp(dts, "F16")) dtype = LOOM_DTYPE_F16, esz = 2;
         else if (!strcmp(dts, "BF16")) dtype = LOOM_DTYPE_BF16, esz = 2;
+        else if (!strcmp(dts, "I32")) dtype = LOOM_DTYPE_I32, esz = 4; /* packed 4-bit words, g_idx */
         bool used = map_name(hf, canon, sizeof canon);
+        bool packed = used && packed_part(canon) >= 0;
         if (esz && (ob[1] - ob[0]) / esz != numel) {
             st = loom_error_set(err, LOOM_ERR_FORMAT,
                                 "%s: tensor %s: %llu bytes of data but %s shape needs %llu elements; the file is "
@@ -360,6 +542,21 @@ static loom_status load_shard(loom_model *m, const char *file, const cJSON *weig
         if (!used) {
             loom_log(LOOM_LOG_DEBUG, "model", "%s: ignoring tensor %s", file, hf);
             continue;
+        }
+        if (packed && !m->packing.method) {
+            st = loom_error_set(err, LOOM_ERR_FORMAT,
+                                "%s: tensor %s is part of a packed 4-bit AWQ/GPTQ layer, but config.json has no "
+                                "quantization_config (and there is no quantize_config.json); the config does not "
+                                "belong to these weights",
+                                file, hf);
+            goto out;
+        }
+        if (esz && dtype == LOOM_DTYPE_I32 && !packed) {
+            st = loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                                "%s: tensor %s has dtype I32; only the qweight / qzeros / g_idx of AWQ/GPTQ layers "
+                                "may be integers",
+                                file, hf);
+            goto out;
         }
         if (!esz) {
             st = loom_error_set(err, LOOM_ERR_UNSUPPORTED,
@@ -386,6 +583,174 @@ static loom_status load_shard(loom_model *m, const char *file, const cJSON *weig
     st = LOOM_OK;
 out:
     cJSON_Delete(hdr);
+    return st;
+}
+
+/* ------------------------------------------------------------ packed layers */
+
+/* (out, in) of linear `canon` (a canonical .weight name) from the config. */
+static void linear_dims(const loom_model_config *c, const char *canon, int64_t *n, int64_t *k) {
+    const int64_t H = c->hidden_size, I = c->intermediate_size, QD = (int64_t)c->num_heads * c->head_dim,
+                  KVD = (int64_t)c->num_kv_heads * c->head_dim;
+    *n = H, *k = H;
+    if (!strcmp(canon, "output.weight")) *n = c->vocab_size;
+    else if (strstr(canon, ".attn_q.")) *n = QD;
+    else if (strstr(canon, ".attn_k.") || strstr(canon, ".attn_v.")) *n = KVD;
+    else if (strstr(canon, ".attn_output.")) *k = QD;
+    else if (strstr(canon, ".ffn_gate.") || strstr(canon, ".ffn_up.")) *n = I;
+    else if (strstr(canon, ".ffn_down.")) *k = I;
+}
+
+static bool is_2d(const loom_tensor *t, int64_t d0, int64_t d1) {
+    return t && t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1;
+}
+
+static void shape_str(const loom_tensor *t, char *buf, size_t cap) {
+    int n = snprintf(buf, cap, "(");
+    for (int i = 0; i < t->ndim && n < (int)cap; i++)
+        n += snprintf(buf + n, cap - (size_t)n, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (n < (int)cap) snprintf(buf + n, cap - (size_t)n, ")");
+}
+
+/* Check one packed layer `stem` (canonical, without suffix) against the
+ * config and the packing; its shape-only `<stem>.weight` descriptor is
+ * (*n out, *k in) of type *dt (that of the scales). Layouts (int32 words,
+ * 8 nibbles each; g = group_size):
+ *   AWQ   qweight (in, out/8)  qzeros (in/g, out/8)  scales (in/g, out)
+ *   GPTQ  qweight (in/8, out)  qzeros (in/g, out/8)  scales (in/g, out)  g_idx (in)
+ * The int4 quantizer reads the nibbles; here only shapes and types. */
+static loom_status check_packed_layer(loom_model *m, const char *stem, int64_t *n_out, int64_t *k_out,
+                                     loom_dtype *dt, loom_error *err) {
+    const loom_model_packing *pk = &m->packing;
+    const char *src = m->packing_src;
+    bool awq = !strcmp(pk->method, "awq");
+    char nm[ST_NPACKED][176], wname[176], a[64], b[64];
+    const loom_tensor *t[ST_NPACKED];
+    for (int i = 0; i < ST_NPACKED; i++) {
+        snprintf(nm[i], sizeof nm[i], "%s%s", stem, k_packed_sfx[i]);
+        t[i] = lm_find(m, nm[i]);
+    }
+    const loom_tensor *qw = t[0], *qz = t[1], *sc = t[2], *gi = t[3];
+    snprintf(wname, sizeof wname, "%s.weight", stem);
+    if (lm_find(m, wname))
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: layer %s is stored twice, as float %s and as packed %s; the checkpoint is "
+                              "inconsistent",
+                              m->dir, stem, wname, nm[0]);
+    if (!qw || !qz || !sc)
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: packed layer %s has no %s; a %s checkpoint stores qweight, qzeros and scales for "
+                              "every quantized linear (the download is incomplete or not %s)",
+                              m->dir, stem, !qw ? nm[0] : !qz ? nm[1] : nm[2], pk->method, pk->method);
+    int64_t n, k;
+    linear_dims(&m->cfg, wname, &n, &k);
+    const int64_t g = pk->group_size;
+    if (qw->dtype != LOOM_DTYPE_I32 || qz->dtype != LOOM_DTYPE_I32)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s is %s; packed 4-bit words must be I32", m->dir,
+                              qw->dtype != LOOM_DTYPE_I32 ? nm[0] : nm[1],
+                              loom_dtype_name(qw->dtype != LOOM_DTYPE_I32 ? qw->dtype : qz->dtype));
+    if (n % 8 || k % 8)
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: %s would be (%lld out, %lld in); 4-bit packing needs both to be multiples of 8",
+                              m->dir, wname, (long long)n, (long long)k);
+    int64_t want0 = awq ? k : k / 8, want1 = awq ? n / 8 : n;
+    if (!is_2d(qw, want0, want1)) {
+        shape_str(qw, a, sizeof a);
+        bool other = awq ? is_2d(qw, k / 8, n) : is_2d(qw, k, n / 8);
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: %s has shape %s, but a (%lld out, %lld in) layer packed as %s (%s) needs "
+                              "(%lld, %lld)%s",
+                              m->dir, nm[0], a, (long long)n, (long long)k, pk->method, src, (long long)want0,
+                              (long long)want1,
+                              other ? (awq ? "; that is the GPTQ layout (in/8, out): the quantization config "
+                                             "does not match the weights"
+                                           : "; that is the AWQ layout (in, out/8): the quantization config "
+                                             "does not match the weights")
+                                    : "; the weights do not match config.json's sizes");
+    }
+    if (k % g)
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: group_size %lld (%s) does not divide the %lld inputs of %s; the checkpoint "
+                              "cannot have been made with that group size",
+                              m->dir, (long long)g, src, (long long)k, wname);
+    if (sc->dtype != LOOM_DTYPE_F16 && sc->dtype != LOOM_DTYPE_BF16 && sc->dtype != LOOM_DTYPE_F32)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s is %s; scales must be F16, BF16 or F32", m->dir,
+                              nm[2], loom_dtype_name(sc->dtype));
+    if (!is_2d(sc, k / g, n) || !is_2d(qz, k / g, n / 8)) {
+        const loom_tensor *bad = !is_2d(sc, k / g, n) ? sc : qz;
+        shape_str(bad, a, sizeof a);
+        snprintf(b, sizeof b, "(%lld, %lld)", (long long)(k / g), (long long)(bad == sc ? n : n / 8));
+        char hint[128] = "";
+        if (bad->ndim == 2 && bad->shape[0] > 0 && k % bad->shape[0] == 0 && bad->shape[0] != k / g)
+            snprintf(hint, sizeof hint, "; its %lld rows mean groups of %lld inputs", (long long)bad->shape[0],
+                     (long long)(k / bad->shape[0]));
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: %s has shape %s, expected %s for %lld inputs in groups of %lld (%s)%s", m->dir,
+                              bad == sc ? nm[2] : nm[1], a, b, (long long)k, (long long)g, src, hint);
+    }
+    if (gi && !awq && (gi->dtype != LOOM_DTYPE_I32 || gi->ndim != 1 || gi->shape[0] != k)) {
+        shape_str(gi, a, sizeof a);
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s is %s %s; expected I32 (%lld), one group per input",
+                              m->dir, nm[3], loom_dtype_name(gi->dtype), a, (long long)k);
+    }
+    *n_out = n, *k_out = k, *dt = sc->dtype;
+    return LOOM_OK;
+}
+
+/* After every shard is mapped and indexed: each packed layer checked, then
+ * given its .weight descriptor (data NULL, nbytes 0); stray parts and a
+ * config that promises packing the weights lack are refused. Re-indexes. */
+static loom_status finish_packed(loom_model *m, loom_error *err) {
+    loom_status st = LOOM_OK;
+    int32_t n0 = m->n_tensors, layers = 0;
+    char stem[160];
+    /* the stems of every packed layer, found before anything is added:
+     * lm_find's index covers only the tensors present when it was built */
+    struct packed_desc {
+        int32_t qweight;   /* tensor index of <stem>.qweight */
+        int64_t n, k;
+        loom_dtype dt;
+    } *pd = calloc((size_t)n0 + 1, sizeof *pd);
+    if (!pd) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; i < n0; i++) {
+        const char *nm = m->names[i];
+        int part = packed_part(nm);
+        if (part < 0) continue;
+        snprintf(stem, sizeof stem, "%.*s", (int)(strlen(nm) - strlen(k_packed_sfx[part])), nm);
+        if (part != 0) {
+            char q[176];
+            snprintf(q, sizeof q, "%s.qweight", stem);
+            if (!lm_find(m, q)) {
+                st = loom_error_set(err, LOOM_ERR_FORMAT,
+                                    "%s: %s has no %s next to it; the checkpoint is incomplete", m->dir, nm, q);
+                goto out;
+            }
+            continue;
+        }
+        pd[layers].qweight = i;
+        if ((st = check_packed_layer(m, stem, &pd[layers].n, &pd[layers].k, &pd[layers].dt, err))) goto out;
+        layers++;
+    }
+    if (m->packing.method && layers == 0) {
+        st = loom_error_set(err, LOOM_ERR_FORMAT,
+                            "%s: %s declares a 4-bit %s checkpoint, but no tensor is packed (no *.qweight); "
+                            "remove the quantization config or download the quantized weights",
+                            m->dir, m->packing_src, m->packing.method);
+        goto out;
+    }
+    for (int32_t j = 0; j < layers; j++) {
+        char wname[176];
+        const char *q = m->names[pd[j].qweight];
+        snprintf(wname, sizeof wname, "%.*s.weight", (int)(strlen(q) - 8), q);
+        int64_t shape[2] = {pd[j].n, pd[j].k};
+        if ((st = lm_add_tensor(m, wname, pd[j].dt, 2, shape, NULL, 0, err))) goto out;
+    }
+    if (layers)
+        loom_log(LOOM_LOG_INFO, "model", "%s: %d linear layers packed as 4-bit %s, groups of %d%s", m->dir, layers,
+                 m->packing.method, m->packing.group_size, m->packing.desc_act ? ", act-order" : "");
+    st = lm_index(m, m->dir, err);
+out:
+    free(pd);
     return st;
 }
 
@@ -422,6 +787,7 @@ loom_status lm_load_safetensors(loom_model *m, const loom_model_load_opts *o, lo
         size_t n = strlen(m->dir);
         while (n > 1 && m->dir[n - 1] == '/') m->dir[--n] = 0;
     }
+    char idx_probe[PATH_MAX];
     snprintf(path, cap, "%s/config.json", m->dir);
     if (!file_exists(path)) {
         st = loom_error_set(err, LOOM_ERR_NOT_FOUND,
@@ -431,6 +797,7 @@ loom_status lm_load_safetensors(loom_model *m, const loom_model_load_opts *o, lo
         goto out;
     }
     if ((st = read_config(path, &m->cfg, err))) goto out;
+    if ((st = find_packing(m, path, idx_probe, sizeof idx_probe, err))) goto out;
     if (!m->cfg.name[0]) {
         const char *b = strrchr(m->dir, '/');
         snprintf(m->cfg.name, sizeof m->cfg.name, "%s", b && b[1] ? b + 1 : m->dir);
@@ -500,6 +867,7 @@ loom_status lm_load_safetensors(loom_model *m, const loom_model_load_opts *o, lo
         if ((st = load_shard(m, path, NULL, NULL, err))) goto out;
         if ((st = lm_index(m, path, err))) goto out;
     }
+    if ((st = finish_packed(m, err))) goto out;
     /* tied embeddings: HF sometimes stores lm_head anyway; the view omits it */
     bool has_out = lm_find(m, "output.weight") != NULL;
     if (!has_out && !m->cfg.tie_embeddings) {
@@ -507,12 +875,14 @@ loom_status lm_load_safetensors(loom_model *m, const loom_model_load_opts *o, lo
         m->cfg.tie_embeddings = true;
     }
     if (m->cfg.tie_embeddings && has_out) {
-        loom_tensor *t = lm_find(m, "output.weight");
-        int32_t i = (int32_t)(t - m->tensors);
-        free(m->names[i]);
-        memmove(&m->tensors[i], &m->tensors[i + 1], (size_t)(m->n_tensors - i - 1) * sizeof *m->tensors);
-        memmove(&m->names[i], &m->names[i + 1], (size_t)(m->n_tensors - i - 1) * sizeof *m->names);
-        m->n_tensors--;
+        /* output.weight and, when packed, its output.qweight / ... parts */
+        for (int32_t i = m->n_tensors - 1; i >= 0; i--) {
+            if (strncmp(m->names[i], "output.", 7) != 0) continue;
+            free(m->names[i]);
+            memmove(&m->tensors[i], &m->tensors[i + 1], (size_t)(m->n_tensors - i - 1) * sizeof *m->tensors);
+            memmove(&m->names[i], &m->names[i + 1], (size_t)(m->n_tensors - i - 1) * sizeof *m->names);
+            m->n_tensors--;
+        }
         if ((st = lm_index(m, m->dir, err))) goto out;
     }
     st = lm_validate(m, m->dir, &keys, err);

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "loom/backend.h"
 #include "loom/model.h"
@@ -99,8 +100,24 @@ static inline loom_status loom_batch_check(const loom_batch *bt, const float *lo
     return LOOM_OK;
 }
 
+/* [any] The model's `<stem>.qweight` when `t` is a packed AWQ/GPTQ linear
+ * weight: a shape-only `<stem>.weight` descriptor (data NULL, nbytes 0)
+ * whose 4-bit data only a quantizer (int4, source awq / gptq) can read.
+ * NULL for every ordinary tensor. */
+static inline const loom_tensor *loom_model_packed_qweight(const loom_model_view *m, const loom_tensor *t) {
+    char nm[256];
+    size_t n = t && t->name ? strlen(t->name) : 0;
+    if (!m || !m->get || !t || t->data || t->nbytes || n <= 7 || n + 2 > sizeof nm ||
+        strcmp(t->name + n - 7, ".weight") != 0)
+        return NULL;
+    snprintf(nm, sizeof nm, "%.*s.qweight", (int)(n - 7), t->name);
+    return m->get(m->ctx, nm);
+}
+
 /* [any] Fetch weight `name` from the model and check it is host data of
- * shape (d0) (d1 < 0) or (d0, d1) in a known element type. A missing
+ * shape (d0) (d1 < 0) or (d0, d1) in a known element type. A packed
+ * AWQ/GPTQ weight (loom_model_packed_qweight) passes with no data: the
+ * caller must hand it to a quantizer, never read it. A missing
  * optional tensor gives *out = NULL and LOOM_OK; a missing required one
  * LOOM_ERR_NOT_FOUND; a bad one LOOM_ERR_FORMAT; `why` says which. */
 static inline loom_status loom_model_tensor_check(const loom_model_view *m, const char *name, int64_t d0,
@@ -123,6 +140,10 @@ static inline loom_status loom_model_tensor_check(const loom_model_view *m, cons
                  (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), t->ndim, (long long)d0,
                  ndim == 1 ? "" : ", ", (long long)(ndim == 1 ? 0 : d1));
         return LOOM_ERR_FORMAT;
+    }
+    if (ndim == 2 && loom_model_packed_qweight(m, t)) {
+        *out = t;
+        return LOOM_OK;
     }
     int64_t cols = ndim == 1 ? d0 : d1, rows = ndim == 1 ? 1 : d0;
     size_t row_bytes = loom_dtype_row_bytes(t->dtype, cols);

@@ -18,6 +18,11 @@
  *   blk.N.ffn_gate.weight        (intermediate, hidden)
  *   blk.N.ffn_up.weight          (intermediate, hidden)
  *   blk.N.ffn_down.weight        (hidden, intermediate)
+ * A 4-bit AWQ/GPTQ safetensors checkpoint adds, per packed linear,
+ * `<name>.qweight / .qzeros / .scales [/ .g_idx]` and makes `<name>.weight` a
+ * shape-only descriptor (out, in): data NULL, nbytes 0, dtype that of the
+ * scales; only a quantizer can turn it into something to compute with
+ * (loom_model_packed_qweight in loom/backend_check.h, docs/quantization.md).
  * Q and K rows are in Hugging Face order (RoPE rotates dims i and
  * i + head_dim/2, "NeoX" style); the GGUF loader undoes llama.cpp's
  * interleaving permutation at load.

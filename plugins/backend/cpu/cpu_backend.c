@@ -264,9 +264,17 @@ static loom_status cpu_plan(cpu_backend *b, const loom_model_view *m, const loom
                             const loom_tensor *t, const char *name, loom_quant_plan *plan,
                             loom_error *err) {
     *plan = (loom_quant_plan){.struct_size = sizeof *plan, .format = LOOM_QFMT_NONE};
+    loom_status st = LOOM_OK;
+    if (q && q->ops && q->ops->plan && (st = q->ops->plan(q->self, m, t, plan, err)) != LOOM_OK) return st;
+    /* a packed AWQ/GPTQ weight has no float data to fall back on */
+    if (plan->format == LOOM_QFMT_NONE && loom_model_packed_qweight(m, t))
+        return b->host->error(
+            b->host->ctx, err, LOOM_ERR_INVALID,
+            "backend cpu: tensor '%s' is stored only as packed 4-bit AWQ/GPTQ data, but %s; "
+            "use quantizer: {plugin: int4, source: awq | gptq | gptq_v2} and keep the tensor out "
+            "of quantizer.skip",
+            name, q && q->ops ? "the quantizer keeps it unquantized" : "the pipeline has no quantizer");
     if (!q || !q->ops || !q->ops->plan) return LOOM_OK;
-    loom_status st = q->ops->plan(q->self, m, t, plan, err);
-    if (st != LOOM_OK) return st;
     if (plan->format != LOOM_QFMT_NONE && !loom_cpu_qformat_supported(plan->format, t->dtype))
         return b->host->error(
             b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
