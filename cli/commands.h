@@ -20,7 +20,8 @@
     X(bench, "offline benchmark of a pipeline, or an A/B comparison of two")                       \
     X(plugins, "list every plugin in the search path (and broken files, with why)")                \
     X(check, "validate a pipeline file, load its plugins, print it resolved")                      \
-    X(perplexity, "perplexity of a text file under a pipeline's model (compare quantizers)")
+    X(perplexity, "perplexity of a text file under a pipeline's model (compare quantizers)")    \
+    X(calibrate, "record activation statistics of a text for SmoothQuant (int8 w8a8)")
 
 #define LOOM_DECLARE_COMMAND(name, summary) int loom_cmd_##name(int argc, char **argv);
 LOOM_COMMANDS(LOOM_DECLARE_COMMAND)

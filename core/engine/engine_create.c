@@ -434,3 +434,17 @@ int32_t loom_engine_max_context(const loom_engine *e) { return e->max_model_len;
 const char *loom_engine_model_name(const loom_engine *e) {
     return e->mcfg && e->mcfg->name[0] ? e->mcfg->name : "model";
 }
+
+loom_status loom_engine_set_observer(loom_engine *e, const loom_act_observer *obs, loom_error *err) {
+    const loom_pipeline_slot *slot = loom_pipeline_slot_get(e->pipe, e->be_kind);
+    const char *name = slot && slot->name ? slot->name : "?";
+    /* set_observer arrived in ABI 1.2: a plugin built earlier has a shorter table */
+    if (e->be_kind != LOOM_KIND_BACKEND ||
+        e->be->struct_size < offsetof(loom_backend_ops, set_observer) + sizeof e->be->set_observer ||
+        !e->be->set_observer)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "%s '%s' cannot record activations (no set_observer); calibrate with "
+                              "backend: {plugin: cpu} and no executor",
+                              loom_kind_name(e->be_kind), name);
+    return e->be->set_observer(e->be_self, obs, err);
+}

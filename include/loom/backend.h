@@ -118,6 +118,29 @@ typedef struct loom_logits_topk {
     float *full;               /* (num_logits, vocab)                        */
 } loom_logits_topk;
 
+/*
+ * An activation observer (calibration, e.g. SmoothQuant's per-channel
+ * statistics): a backend with one installed calls record() during every
+ * forward() with the float32 input of each linear layer of each decoder
+ * layer, just before the product, once per distinct input:
+ *   Q, K, V   share one input (the attention-normed hidden state),
+ *   O         the attention output,
+ *   gate, up  share one input (the FFN-normed hidden state),
+ *   down      the SwiGLU product.
+ * `names` are the canonical names of the weights that read this input
+ * (e.g. {"blk.3.attn_q.weight", "blk.3.attn_k.weight",
+ * "blk.3.attn_v.weight"}); x is (rows, cols) with row stride ldx, host
+ * memory, borrowed for the call; rows = the batch's tokens, cols = the
+ * weights' input width. Called on the thread running forward(); record()
+ * must not call back into the backend. Grows only at its end.
+ */
+typedef struct loom_act_observer {
+    uint32_t struct_size;      /* sizeof(loom_act_observer)                  */
+    void *ctx;                 /* the observer's state, passed back          */
+    void (*record)(void *ctx, const char *const *names, int32_t num_names, const float *x,
+                   int64_t ldx, int64_t rows, int64_t cols);
+} loom_act_observer;
+
 typedef struct loom_backend_ops {
     uint32_t struct_size;      /* sizeof(loom_backend_ops)                   */
 
@@ -180,7 +203,15 @@ typedef struct loom_backend_ops {
      * rows are copied only for the rows `want_full` marks. */
     loom_status (*forward_topk)(void *self, const loom_batch *batch, const struct loom_logits_topk *out,
                                 loom_error *err);
-    /* since ABI 1.2 — add new members below this line only */
+    /* since ABI 1.2 (read only when struct_size covers it) */
+
+    /* [engine] Optional (NULL = this backend cannot record activations).
+     * Install `obs` (copied; obs->ctx borrowed until replaced) so every
+     * later forward() reports its linear layers' inputs to it, or remove
+     * it with obs == NULL. After load(); a backend may refuse
+     * (LOOM_ERR_UNSUPPORTED with why, e.g. when sharded). */
+    loom_status (*set_observer)(void *self, const loom_act_observer *obs, loom_error *err);
+    /* since ABI 1.3 — add new members below this line only */
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -122,6 +122,14 @@ void loom_engine_get_stats(loom_engine *e, loom_engine_stats *out);
 loom_status loom_engine_score(loom_engine *e, const int32_t *tokens, int32_t n, float *logprobs,
                               loom_error *err);
 
+/* [engine] Install an activation observer on the engine's backend (see
+ * loom_act_observer in loom/backend.h), or remove it with obs == NULL.
+ * LOOM_ERR_UNSUPPORTED, naming the backend, when it cannot record (no
+ * set_observer, an older plugin, or an executor). Used by `loom calibrate`. */
+struct loom_act_observer;
+loom_status loom_engine_set_observer(loom_engine *e, const struct loom_act_observer *obs,
+                                     loom_error *err);
+
 /* Tokenizer access. *ids / *text malloc'd, caller frees. */
 loom_status loom_engine_tokenize(loom_engine *e, const char *text, bool add_bos, int32_t **ids,
                                  int32_t *n, loom_error *err);

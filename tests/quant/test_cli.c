@@ -8,7 +8,10 @@
  *   - with the real model (LOOM_TEST_MODEL; skipped when unset): the
  *     perplexity of the shipped text, a quantized pipeline (runs, or fails
  *     naming the tensor and format when the backend lacks the format), a
- *     group size that does not divide SmolLM2's 576 columns, an FP8 KV cache.
+ *     group size that does not divide SmolLM2's 576 columns, an FP8 KV cache;
+ *   - `loom calibrate`: --help, usage errors, a quantized pipeline refused;
+ *     with the real model: calibrate on one slice of the text, SmoothQuant
+ *     W8A8 beats plain W8A8 on a disjoint slice, damaged files named.
  */
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
@@ -232,4 +235,106 @@ Test(quant_cli, fp8_kv_cache_on_cpu, .timeout = 120) {
         cr_assert(strstr(r.err, "fp8_e4m3") || strstr(r.err, "KV dtype"), "exit %d: %s", r.code,
                   r.err);
     cli_free(&r);
+}
+
+/* ------------------------------------------------------- loom calibrate */
+
+Test(quant_cli, calibrate_help_and_usage) {
+    cli_out r = cli(ARGS("calibrate", "--help"));
+    cr_assert_eq(r.code, 0);
+    cr_assert(strstr(r.out, "usage: loom calibrate CONFIG TEXTFILE --out FILE") &&
+                  strstr(r.out, "--skip-tokens") && strstr(r.out, "smoothquant"),
+              "%s", r.out);
+    cli_free(&r);
+    r = cli(ARGS("--help"));
+    cr_assert(strstr(r.out, "calibrate"), "%s", r.out);
+    cli_free(&r);
+    r = cli(ARGS("calibrate", "configs/default.yaml", "data/text/us-founding-documents.txt"));
+    cr_assert_eq(r.code, 2);
+    cr_assert(strstr(r.err, "--out FILE is required"), "%s", r.err);
+    cli_free(&r);
+    r = cli(ARGS("calibrate", "configs/default.yaml", "--out", "/tmp/x.act"));
+    cr_assert_eq(r.code, 2);
+    cr_assert(strstr(r.err, "expected CONFIG and TEXTFILE"), "%s", r.err);
+    cli_free(&r);
+    r = cli(ARGS("calibrate", "configs/default.yaml", "x.txt", "-o", "/tmp/x.act", "--skip-tokens", "-3"));
+    cr_assert_eq(r.code, 2);
+    cr_assert(strstr(r.err, "--skip-tokens expects an integer"), "%s", r.err);
+    cli_free(&r);
+    r = cli(ARGS("calibrate", "configs/default.yaml", "data/text/no-such-file.txt", "-o", "/tmp/x.act"));
+    cr_assert_eq(r.code, 1);
+    cr_assert(strstr(r.err, "cannot open data/text/no-such-file.txt"), "%s", r.err);
+    cli_free(&r);
+    /* the statistics are the float model's: a quantized pipeline is refused */
+    r = cli(ARGS("calibrate", "configs/quant/int8-w8a8.yaml", "data/text/us-founding-documents.txt",
+                 "-o", "/tmp/x.act"));
+    cr_assert_eq(r.code, 1);
+    cr_assert(strstr(r.err, "has a quantizer (int8)") && strstr(r.err, "configs/default.yaml"), "%s",
+              r.err);
+    cli_free(&r);
+}
+
+/* Calibrate on a slice of the shipped text, then score a disjoint slice:
+ * SmoothQuant must lower W8A8's perplexity. */
+Test(quant_cli, smoothquant_real_model, .timeout = 600) {
+    need_model();
+    char stats[] = "/tmp/loom-sq-e2e-XXXXXX";
+    int fd = mkstemp(stats);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    /* tokens 2048..2431 (Bill of Rights onwards); scored below: 0..1023 */
+    cli_out r = cli(ARGS("calibrate", "tests/quant/data/smol.yaml", "data/text/us-founding-documents.txt",
+                         "--skip-tokens", "2048", "--max-tokens", "384", "-q", "--out", stats));
+    cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    cr_assert(strstr(r.out, "210 weights") && strstr(r.out, "384 tokens"), "%s", r.out);
+    cli_free(&r);
+    char cal[64];
+    snprintf(cal, sizeof cal, "quantizer.calibration=%s", stats);
+    double ppl[3];
+    const char *label[3] = {"f32", "W8A8", "W8A8 + SmoothQuant 0.5"};
+    for (int i = 0; i < 3; i++) {
+        r = i == 0 ? cli(ARGS("perplexity", "tests/quant/data/smol.yaml",
+                              "data/text/us-founding-documents.txt", "-n", "1024", "--json", "-q"))
+            : i == 1 ? cli(ARGS("perplexity", "tests/quant/data/smol.yaml",
+                                "data/text/us-founding-documents.txt", "-n", "1024", "--json", "-q",
+                                "--set", "quantizer.plugin=int8", "--set", "quantizer.mode=w8a8"))
+                     : cli(ARGS("perplexity", "tests/quant/data/smol.yaml",
+                                "data/text/us-founding-documents.txt", "-n", "1024", "--json", "-q",
+                                "--set", "quantizer.plugin=int8", "--set", "quantizer.mode=w8a8",
+                                "--set", "quantizer.smoothquant=0.5", "--set", cal));
+        cJSON *j = ppl_json(&r);
+        ppl[i] = num(j, "perplexity");
+        cJSON_Delete(j);
+        cli_free(&r);
+    }
+    fprintf(stderr, "SmoothQuant e2e (tokens 0..1023, calibrated on 2048..2431): %s %.4f, %s %.4f, %s %.4f\n",
+            label[0], ppl[0], label[1], ppl[1], label[2], ppl[2]);
+    cr_log_info("%s %.4f, %s %.4f, %s %.4f", label[0], ppl[0], label[1], ppl[1], label[2], ppl[2]);
+    cr_assert_lt(ppl[2], ppl[1], "SmoothQuant %.4f should beat plain W8A8 %.4f (f32 %.4f)", ppl[2], ppl[1],
+                 ppl[0]);
+    cr_assert_gt(ppl[2], ppl[0] * 0.97, "smoothed W8A8 %.4f far below f32 %.4f: suspicious", ppl[2], ppl[0]);
+
+    /* a damaged file is named; so is a file that is not one */
+    cr_assert_eq(truncate(stats, 300000), 0);
+    r = cli(ARGS("perplexity", "tests/quant/data/smol.yaml", "data/text/us-founding-documents.txt", "-n",
+                 "16", "-q", "--set", "quantizer.plugin=int8", "--set", "quantizer.mode=w8a8", "--set",
+                 "quantizer.smoothquant=0.5", "--set", cal));
+    cr_assert_eq(r.code, 1);
+    cr_assert(strstr(r.err, stats) && strstr(r.err, "truncated"), "%s", r.err);
+    cli_free(&r);
+    r = cli(ARGS("perplexity", "tests/quant/data/smol.yaml", "data/text/us-founding-documents.txt", "-n",
+                 "16", "-q", "--set", "quantizer.plugin=int8", "--set", "quantizer.mode=w8a8", "--set",
+                 "quantizer.smoothquant=0.5", "--set", "quantizer.calibration=tests/quant/data/smol.yaml"));
+    cr_assert_eq(r.code, 1);
+    cr_assert(strstr(r.err, "tests/quant/data/smol.yaml") && strstr(r.err, "not a loom calibration file"),
+              "%s", r.err);
+    cli_free(&r);
+    /* w8a16 + smoothquant is refused with the fix */
+    r = cli(ARGS("perplexity", "tests/quant/data/smol.yaml", "data/text/us-founding-documents.txt", "-n",
+                 "16", "-q", "--set", "quantizer.plugin=int8", "--set", "quantizer.smoothquant=0.5", "--set",
+                 cal));
+    cr_assert_eq(r.code, 1);
+    cr_assert(strstr(r.err, "mode: w8a8"), "%s", r.err);
+    cli_free(&r);
+    unlink(stats);
 }

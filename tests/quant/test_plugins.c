@@ -7,7 +7,7 @@
  *     derived per scheme (see each test), layouts as loom/quant.h documents
  *     them, release() returning every allocation;
  *   - bad input: group size not dividing a dimension, a GGUF tensor of the
- *     wrong type, SmoothQuant (not implemented yet), malformed patterns,
+ *     wrong type, SmoothQuant without a calibration file, malformed patterns,
  *     packed checkpoints under the wrong quantizer, unreadable dtypes.
  * The dequantization here is written from the documented layouts, not
  * taken from the plugins.
@@ -421,13 +421,14 @@ Test(quant_errors, gguf_source_wrong_type) {
     qt_model_free(&m);
 }
 
-Test(quant_errors, smoothquant_not_implemented_and_bad_patterns) {
+Test(quant_errors, smoothquant_without_calibration_and_bad_patterns) {
     const loom_component *i8 = qt_component("LOOM_QUANT_INT8_SO");
     void *self;
     loom_error err;
+    /* the rest of SmoothQuant's errors: tests/quant/test_smoothquant.c */
     cr_assert_eq(qt_create(i8, SETS("mode=w8a8", "smoothquant=0.5"), &self, &err),
-                 LOOM_ERR_UNSUPPORTED);
-    cr_assert(strstr(err.message, "not implemented yet") && strstr(err.message, "smoothquant: 0"),
+                 LOOM_ERR_INVALID);
+    cr_assert(strstr(err.message, "loom calibrate") && strstr(err.message, "quantizer.calibration"),
               "%s", err.message);
     cr_assert_eq(qt_create(i8, SETS("skip=token_embd,,blk..1"), &self, &err), LOOM_ERR_INVALID);
     cr_assert(strstr(err.message, "blk..1"), "%s", err.message);

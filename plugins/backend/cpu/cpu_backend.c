@@ -830,6 +830,7 @@ static const loom_backend_ops cpu_ops = {
     .copy_blocks = cpu_copy_blocks,
     .swap_blocks = cpu_swap_blocks,
     .load_shard = cpu_load_shard,
+    .set_observer = cpu_backend_set_observer,
 };
 
 static const loom_component cpu_components[] = {{

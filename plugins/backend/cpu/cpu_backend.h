@@ -128,6 +128,9 @@ typedef struct cpu_backend {
     float *rope_cos, *rope_sin; /* (rows, head_dim / 2)                       */
     float *topk_logits;         /* (rows, vocab) forward_topk's whole rows    */
     size_t topk_cap;            /* floats it holds                            */
+
+    /* --- calibration (set_observer); obs.record NULL: none installed */
+    loom_act_observer obs;      /* copy of the installed observer             */
 } cpu_backend;
 
 /* cpu_forward.c */
@@ -135,6 +138,8 @@ loom_status cpu_backend_forward(void *self, const loom_batch *batch, float *logi
                                 loom_error *err);
 loom_status cpu_backend_forward_topk(void *self, const loom_batch *batch, const loom_logits_topk *out,
                                      loom_error *err);
+
+loom_status cpu_backend_set_observer(void *self, const loom_act_observer *obs, loom_error *err);
 
 /* K or V pool `kv` (0 = K, 1 = V) of `layer` in the device (swap = false)
  * or host swap (swap = true) pool. */

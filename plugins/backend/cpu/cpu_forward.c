@@ -25,6 +25,7 @@
 #include "loom/logits_topk.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 /* ----------------------------------------------------------- batch checks */
@@ -213,6 +214,44 @@ static loom_status cpu_lm_head(cpu_backend *b, float *y, int64_t ldy, const floa
     return LOOM_OK;
 }
 
+/* ------------------------------------------------------------ calibration */
+
+loom_status cpu_backend_set_observer(void *self, const loom_act_observer *obs, loom_error *err) {
+    cpu_backend *b = self;
+    const loom_host *h = b->host;
+    if (!obs) {
+        b->obs = (loom_act_observer){0};
+        return LOOM_OK;
+    }
+    if (obs->struct_size < offsetof(loom_act_observer, record) + sizeof obs->record || !obs->record)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: set_observer: observer without record() (struct_size %u)",
+                        obs->struct_size);
+    if (b->sharded)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cpu: a tensor-parallel rank sees only its shard of each "
+                        "activation; record activations on an unsharded backend");
+    b->obs = (loom_act_observer){.struct_size = sizeof b->obs, .ctx = obs->ctx,
+                                 .record = obs->record};
+    return LOOM_OK;
+}
+
+/* Report x (T, cols), the input of layer l's weights `parts` (CPU_L*),
+ * to the installed observer, if any. */
+static void cpu_observe(const cpu_backend *b, int32_t l, const int *parts, int nparts,
+                        const float *x, int64_t ldx, int64_t T, int64_t cols) {
+    static const char *const canon[CPU_NLIN] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                "ffn_gate", "ffn_up", "ffn_down"};
+    if (!b->obs.record) return;
+    char buf[CPU_NLIN][48];
+    const char *names[CPU_NLIN];
+    for (int i = 0; i < nparts; i++) {
+        snprintf(buf[i], sizeof buf[i], "blk.%d.%s.weight", (int)l, canon[parts[i]]);
+        names[i] = buf[i];
+    }
+    b->obs.record(b->obs.ctx, names, nparts, x, ldx, T, cols);
+}
+
 /* ----------------------------------------------------------------- forward */
 
 loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits, loom_error *err) {
@@ -260,6 +299,7 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
 
         /* attention block: (T, H) -> (T, QKV) -> (T, QD) -> += (T, H) */
         loom_cpu_rmsnorm(xn, H, x, H, ly->attn_norm, T, H, c->rms_norm_eps, b->pool);
+        cpu_observe(b, l, (const int[]){CPU_LQ, CPU_LK, CPU_LV}, 3, xn, H, T, H);
         if ((st = cpu_group(b, ly, CPU_LQ, CPU_LV + 1, qkv, QKV, xn, H, ly->wqkv, ly->bqkv, T, H,
                             0.0f, err)) != LOOM_OK)
             return st;
@@ -268,6 +308,7 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
                             b->rope_sin);
         loom_cpu_kv_write(&kv, qkv + QD, QKV, qkv + QD + KVD, QKV, bt->slot_mapping, T);
         loom_cpu_paged_attention(&aa, b->pool);
+        cpu_observe(b, l, (const int[]){CPU_LO}, 1, att, QD, T, QD);
         if ((st = cpu_group(b, ly, CPU_LO, CPU_LO + 1, x, H, att, QD, ly->wo, NULL, T, QD,
                             beta_res, err)) != LOOM_OK)
             return st;
@@ -275,10 +316,12 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
 
         /* FFN block: (T, H) -> (T, 2I) -> (T, I) -> += (T, H) */
         loom_cpu_rmsnorm(xn, H, x, H, ly->ffn_norm, T, H, c->rms_norm_eps, b->pool);
+        cpu_observe(b, l, (const int[]){CPU_LGATE, CPU_LUP}, 2, xn, H, T, H);
         if ((st = cpu_group(b, ly, CPU_LGATE, CPU_LUP + 1, gu, 2 * I, xn, H, ly->wgu, NULL, T, H,
                             0.0f, err)) != LOOM_OK)
             return st;
         loom_cpu_swiglu(act, gu, 2 * I, gu + I, 2 * I, T, I, b->pool);
+        cpu_observe(b, l, (const int[]){CPU_LDOWN}, 1, act, I, T, I);
         if ((st = cpu_group(b, ly, CPU_LDOWN, CPU_LDOWN + 1, x, H, act, I, ly->wdown, NULL, T, I,
                             beta_res, err)) != LOOM_OK)
             return st;
