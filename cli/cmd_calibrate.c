@@ -111,55 +111,11 @@ nomem:
     snprintf(c->why, sizeof c->why, "out of memory for the statistics");
 }
 
-static char *cal_read_file(const char *path, char *why, size_t size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(why, size, "cannot open %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        snprintf(why, size, "cannot size %s: %s", path, strerror(errno));
-    } else if (!(buf = malloc((size_t)n + 1))) {
-        snprintf(why, size, "out of memory for %ld bytes of %s", n, path);
-    } else if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        snprintf(why, size, "cannot read %s: %s", path, strerror(errno));
-        free(buf);
-        buf = NULL;
-    } else {
-        buf[n] = 0;
-        if (strlen(buf) != (size_t)n) {
-            snprintf(why, size, "%s contains NUL bytes; calibration needs a UTF-8 text file", path);
-            free(buf);
-            buf = NULL;
-        }
-    }
-    fclose(f);
-    return buf;
-}
 
-static bool cal_int(const char *opt, const char *v, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        cli_usage_error("calibrate", k_usage, "%s expects an integer in [%ld, %ld], got '%s'", opt,
-                        lo, hi, v);
-        return false;
-    }
-    *out = x;
-    return true;
-}
 
 static void cal_progress(int64_t done, int64_t total) {
-    enum { W = 30 };
-    int fill = total > 0 ? (int)(W * done / total) : W;
-    char bar[W + 1];
-    for (int i = 0; i < W; i++) bar[i] = i < fill ? '#' : '.';
-    bar[W] = 0;
-    fprintf(stderr, "\r[%s] %lld/%lld tokens ", bar, (long long)done, (long long)total);
+    cli_progress_bar(done, total);
+    fprintf(stderr, "%lld/%lld tokens ", (long long)done, (long long)total);
     fflush(stderr);
 }
 
@@ -223,13 +179,13 @@ int loom_cmd_calibrate(int argc, char **argv) {
         switch (ch) {
         case 'o': out_path = optarg; break;
         case 'n':
-            if (!cal_int("--max-tokens", optarg, 2, 1L << 30, &max_tokens)) goto usage;
+            if (!cli_parse_long("calibrate", k_usage, "--max-tokens", optarg, 2, 1L << 30, &max_tokens)) goto usage;
             break;
         case 'k':
-            if (!cal_int("--skip-tokens", optarg, 0, 1L << 30, &skip)) goto usage;
+            if (!cli_parse_long("calibrate", k_usage, "--skip-tokens", optarg, 0, 1L << 30, &skip)) goto usage;
             break;
         case 'w':
-            if (!cal_int("--window", optarg, 2, 1L << 24, &window)) goto usage;
+            if (!cli_parse_long("calibrate", k_usage, "--window", optarg, 2, 1L << 24, &window)) goto usage;
             break;
         case 'B': bos = false; break;
         case 's': sets[nsets++] = optarg; break;
@@ -257,7 +213,7 @@ int loom_cmd_calibrate(int argc, char **argv) {
     }
     const char *config = argv[optind], *path = argv[optind + 1];
     char why[512];
-    if (!(text = cal_read_file(path, why, sizeof why))) {
+    if (!(text = cli_read_text_file(path, "calibration", why, sizeof why))) {
         fprintf(stderr, "loom calibrate: %s\n", why);
         goto out;
     }

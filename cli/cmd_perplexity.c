@@ -47,62 +47,13 @@ static const char k_usage[] =
     "example:\n"
     "  loom perplexity configs/quant/int8-w8a16.yaml data/text/us-founding-documents.txt\n";
 
-static double ppl_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-static char *ppl_read_file(const char *path, char *why, size_t size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(why, size, "cannot open %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        snprintf(why, size, "cannot size %s: %s", path, strerror(errno));
-    } else if (!(buf = malloc((size_t)n + 1))) {
-        snprintf(why, size, "out of memory for %ld bytes of %s", n, path);
-    } else if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        snprintf(why, size, "cannot read %s: %s", path, strerror(errno));
-        free(buf);
-        buf = NULL;
-    } else {
-        buf[n] = 0;
-        if (strlen(buf) != (size_t)n) {
-            snprintf(why, size, "%s contains NUL bytes; perplexity needs a UTF-8 text file", path);
-            free(buf);
-            buf = NULL;
-        }
-    }
-    fclose(f);
-    return buf;
-}
 
-static bool ppl_int(const char *opt, const char *v, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        cli_usage_error("perplexity", k_usage, "%s expects an integer in [%ld, %ld], got '%s'", opt,
-                        lo, hi, v);
-        return false;
-    }
-    *out = x;
-    return true;
-}
 
 /* "[#####.....] 3/7 windows, 2.1k tokens, ppl 12.34" on one stderr line. */
 static void ppl_progress(int32_t done, int32_t total, int64_t scored, double nll) {
-    enum { W = 30 };
-    int fill = total > 0 ? (int)((int64_t)W * done / total) : W;
-    char bar[W + 1];
-    for (int i = 0; i < W; i++) bar[i] = i < fill ? '#' : '.';
-    bar[W] = 0;
-    fprintf(stderr, "\r[%s] %d/%d windows, %lld tokens, ppl %.4f ", bar, done, total,
+    cli_progress_bar(done, total);
+    fprintf(stderr, "%d/%d windows, %lld tokens, ppl %.4f ", done, total,
             (long long)scored, scored > 0 ? exp(nll / (double)scored) : NAN);
     fflush(stderr);
 }
@@ -136,10 +87,10 @@ int loom_cmd_perplexity(int argc, char **argv) {
     while ((ch = getopt_long(argc, argv, ":w:n:s:qh", opts, NULL)) != -1) {
         switch (ch) {
         case 'w':
-            if (!ppl_int("--window", optarg, 2, 1L << 24, &window)) goto usage;
+            if (!cli_parse_long("perplexity", k_usage, "--window", optarg, 2, 1L << 24, &window)) goto usage;
             break;
         case 'n':
-            if (!ppl_int("--max-tokens", optarg, 2, 1L << 30, &max_tokens)) goto usage;
+            if (!cli_parse_long("perplexity", k_usage, "--max-tokens", optarg, 2, 1L << 30, &max_tokens)) goto usage;
             break;
         case 'B': bos = false; break;
         case 's': sets[nsets++] = optarg; break;
@@ -164,18 +115,18 @@ int loom_cmd_perplexity(int argc, char **argv) {
     }
     const char *config = argv[optind], *path = argv[optind + 1];
     char why[512];
-    if (!(text = ppl_read_file(path, why, sizeof why))) {
+    if (!(text = cli_read_text_file(path, "perplexity", why, sizeof why))) {
         fprintf(stderr, "loom perplexity: %s\n", why);
         goto out;
     }
 
     loom_error err = {0};
-    double t_load = ppl_now();
+    double t_load = cli_now();
     if (loom_engine_create(config, sets, nsets, &eng, &err) != LOOM_OK) {
         fprintf(stderr, "loom perplexity: %s\n", err.message);
         goto out;
     }
-    t_load = ppl_now() - t_load;
+    t_load = cli_now() - t_load;
     int32_t n = 0;
     if (loom_engine_tokenize(eng, text, bos, &ids, &n, &err) != LOOM_OK) {
         fprintf(stderr, "loom perplexity: tokenizing %s: %s\n", path, err.message);
@@ -205,7 +156,7 @@ int loom_cmd_perplexity(int argc, char **argv) {
         goto out;
     }
     bool bar = !quiet && isatty(2);
-    double nll = 0.0, t0 = ppl_now();
+    double nll = 0.0, t0 = cli_now();
     int64_t scored = 0;
     for (int32_t w = 0; w < nwin; w++) {
         int32_t start = (int32_t)((int64_t)w * window);
@@ -220,7 +171,7 @@ int loom_cmd_perplexity(int argc, char **argv) {
         for (int32_t i = 1; i < len; i++) nll -= (double)lp[i];
         scored += len - 1;
     }
-    double secs = ppl_now() - t0;
+    double secs = cli_now() - t0;
     if (bar) {
         ppl_progress(nwin, nwin, scored, nll);
         fputc('\n', stderr);

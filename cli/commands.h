@@ -13,6 +13,7 @@
 #define LOOM_CLI_COMMANDS_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #define LOOM_COMMANDS(X)                                                                           \
@@ -45,5 +46,17 @@ int  cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...)
 /* Text for getopt_long's last complaint: `ret` is what it returned ('?'
  * unknown option, ':' missing value — use an optstring starting with ':'). */
 void cli_bad_option(int ret, char **argv, char *buf, size_t size);
+/* A whole text file, NUL-terminated (malloc'd), or NULL with the reason in
+ * `why`; a file with NUL bytes is refused ("<what> needs a UTF-8 text file"). */
+char *cli_read_text_file(const char *path, const char *what, char *why, size_t size);
+/* Parse option `opt`'s value as an integer in [lo, hi]; on failure print a
+ * usage error for command `cmd` and return false. */
+bool cli_parse_long(const char *cmd, const char *usage, const char *opt, const char *v, long lo, long hi,
+                    long *out);
+/* "\r[#####.....] " — a 30-cell bar for done/total on stderr (the caller
+ * prints the rest of the line and flushes). */
+void cli_progress_bar(int64_t done, int64_t total);
+/* Monotonic seconds. */
+double cli_now(void);
 
 #endif
