@@ -14,6 +14,8 @@
 #           decode, 2048-token prefill, batch-64 decode) and SmolLM2
 #           perplexity per scheme (needs the SmolLM2 GGUF, as stage2).
 #   offline: the 1000-request offline run at 256 and 512 sequences a step.
+#   spec2:  draft-model speculation (SmolLM2 drafted by its int4 self) and
+#           the cost side of ngram on the Llama-3-8B shape (needs SmolLM2).
 #   tp:     tensor parallel size 2 vs 1 on the Llama-3-8B shape (two GPUs):
 #           per-token logprobs, greedy ids, batch-1 and offline speed.
 set -u
@@ -144,6 +146,25 @@ offline)
       || fails=$((fails + 1))
   done
   ;;
+spec2)
+  smollm2_model || exit 1
+  for i in 1 2 3 4; do cat configs/spec/grounded.jsonl; done > /tmp/grounded-32.jsonl
+  for bs in 1 8; do
+    step "draft-model (int4 self-draft) vs off, grounded, batch $bs"
+    timeout 150 loom bench --compare configs/gpu/smollm2.yaml configs/gpu/spec-draft-int4.yaml \
+      --workload /tmp/grounded-32.jsonl --set scheduler.max_num_seqs=$bs --no-progress --warmup 32 \
+      --json "$O/spec-draft-int4-grounded-b$bs.json" > "$O/spec-draft-b$bs.txt" 2>&1 || fails=$((fails + 1))
+    grep -E "output tokens/s|TPOT p50|speculation" "$O/spec-draft-b$bs.txt"
+  done
+  for bs in 1 32; do
+    step "Llama-3-8B shape: ngram vs off (random-weight text: the cost side), batch $bs"
+    timeout 200 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-ngram.yaml \
+      --num-requests $((bs == 1 ? 4 : 64)) --input-len 128 --output-len 128 --set scheduler.max_num_seqs=$bs \
+      --no-progress --warmup 8 --json "$O/spec-ngram-llama3-8b-b$bs.json" > "$O/spec-llama-b$bs.txt" 2>&1 \
+      || fails=$((fails + 1))
+    grep -E "output tokens/s|TPOT p50|speculation" "$O/spec-llama-b$bs.txt"
+  done
+  ;;
 tp)
   step "devices"
   nvidia-smi --query-gpu=index,name,memory.total --format=csv
@@ -179,7 +200,7 @@ PY
     --num-requests 500 --input-len 384:640 --output-len 128:384 --seed 7 --no-progress \
     --json "$O/tp-offline-500.json" 2>&1 | tail -16 || fails=$((fails + 1))
   ;;
-*) echo "usage: scripts/gpu-check.sh stage1|stage2|quant|ppl|offline|tp" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu-check.sh stage1|stage2|quant|ppl|offline|spec2|tp" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

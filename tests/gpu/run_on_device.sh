@@ -2,7 +2,11 @@
 # tests/gpu/run_on_device.sh — run the GPU tests and the GPU benchmark on a
 # machine with a Hopper GPU, from a build tree made elsewhere or there.
 #
-#   tests/gpu/run_on_device.sh BUILD_DIR [OUT_DIR] [--no-bench] [--sanitize] [--quick]
+#   tests/gpu/run_on_device.sh BUILD_DIR [OUT_DIR] [--no-bench] [--sanitize] [--racecheck] [--quick]
+#
+# --sanitize: every program under compute-sanitizer memcheck; --racecheck:
+# gpu_kernel_tests again under compute-sanitizer racecheck (shared-memory
+# hazards of the attention, top-k and GEMV kernels).
 #
 # BUILD_DIR holds tests/gpu/gpu_kernel_tests, tests/gpu/gpu_backend_test,
 # bench/gpu/gpu_bench, plugins/backend/{cuda,cpu}/*.so and core/libloom.so.0
@@ -13,16 +17,17 @@
 # BUILD_DIR/../lib. Logs and gpu_bench.json go to OUT_DIR (default $OUT, or
 # ./gpu-out). Exit status: number of failed programs.
 set -u
-B=$(cd "${1:?usage: run_on_device.sh BUILD_DIR [OUT_DIR] [--no-bench] [--sanitize] [--quick]}" && pwd)
+B=$(cd "${1:?usage: run_on_device.sh BUILD_DIR [OUT_DIR] [--no-bench] [--sanitize] [--racecheck] [--quick]}" && pwd)
 shift
 O=${OUT:-./gpu-out}
 if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then O=$1; shift; fi
-BENCH=1 SAN="" QUICK=""
+BENCH=1 SAN="" QUICK="" RACE=0
 for a in "$@"; do
   case $a in
     --no-bench) BENCH=0 ;;
     --sanitize) SAN="compute-sanitizer --tool memcheck --error-exitcode 99" ;;
     --quick) QUICK=--quick ;;
+    --racecheck) RACE=1 ;;
   esac
 done
 mkdir -p "$O"
@@ -38,6 +43,12 @@ fails=0
 echo "=== gpu_kernel_tests"
 $SAN "$B/tests/gpu/gpu_kernel_tests" 2>&1 | tee "$O/kernel_tests.log"
 [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+if [ $RACE = 1 ]; then
+  echo "=== gpu_kernel_tests under racecheck"
+  compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 98 \
+    "$B/tests/gpu/gpu_kernel_tests" 2>&1 | tee "$O/kernel_tests_racecheck.log" | tail -5
+  [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+fi
 echo "=== gpu_backend_test"
 export LOOM_QUANTIZER_DIR=${LOOM_QUANTIZER_DIR:-$B/plugins/quantizer}   # int8/fp8/int4 checks
 $SAN "$B/tests/gpu/gpu_backend_test" "$B/plugins/backend/cuda/loom-backend-cuda.so" \
