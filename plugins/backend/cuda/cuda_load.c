@@ -135,12 +135,16 @@ static loom_status cb_plan(cuda_backend *b, const loom_model_view *m, const loom
     }
 }
 
+/* Formats whose activations are quantized per token, after dividing by a
+ * SmoothQuant vector when the quantizer gives one. */
+#define CB_SMOOTHED(f) ((f) == LOOM_QFMT_INT8_W8A8 || (f) == LOOM_QFMT_FP8_W8A8)
+
 /* Device bytes of one quantized matrix of n rows x k columns (data, scales,
  * smooth; each region CB_ALIGN-aligned, carved in that order). */
 static size_t cb_qbytes(loom_qformat f, int64_t n, int64_t k, int32_t g) {
     const size_t data = f == LOOM_QFMT_INT4_W4A16 ? (size_t)(n * (k / 2)) : (size_t)(n * k);
     const size_t sc = f == LOOM_QFMT_INT4_W4A16 ? (size_t)(n * (k / g)) * 8 : (size_t)n * 4;
-    const size_t sm = f == LOOM_QFMT_INT8_W8A8 ? (size_t)k * 4 : 0;
+    const size_t sm = CB_SMOOTHED(f) ? (size_t)k * 4 : 0;
     return cb_round(data) + cb_round(sc) + (sm ? cb_round(sm) : 0);
 }
 
@@ -380,7 +384,7 @@ static loom_status cb_upload_q(cuda_backend *b, const loom_model_view *m,
                  "with group_size %d expected (got group_size %d)", (long long)rows,
                  (long long)(cols / 2), (long long)rows, (long long)cols, plan->group_size,
                  plan->group_size, g);
-    else if (f == LOOM_QFMT_INT8_W8A8 && q.smooth.data &&
+    else if (CB_SMOOTHED(f) && q.smooth.data &&
              !cb_qis(&q.smooth, LOOM_DTYPE_F32, cols))
         snprintf(why, sizeof why, "smooth must be f32 (%lld)", (long long)cols);
     if (why[0]) {
@@ -430,8 +434,8 @@ static loom_status cb_upload_q(cuda_backend *b, const loom_model_view *m,
                                                   cudaMemcpyHostToDevice, b->stream))))
             goto out;
     }
-    /* SmoothQuant vector (W8A8) */
-    if (f == LOOM_QFMT_INT8_W8A8) {
+    /* SmoothQuant vector (int8 W8A8, fp8) */
+    if (CB_SMOOTHED(f)) {
         const float *sm = q.smooth.data ? (const float *)q.smooth.data + c0 : NULL;
         if (first_part && sm) {
             *smooth_ref = h->alloc(h->ctx, (size_t)nc * sizeof(float));
@@ -845,7 +849,7 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                                    .group = i4_ ? (int)(gs) : 0};                                  \
         (qw).data = CB_CARVE(i4_ ? (size_t)((n) * ((k) / 2)) : (size_t)((n) * (k)));               \
         (qw).scales = CB_CARVE(i4_ ? (size_t)((n) * ((k) / (gs))) * 8 : (size_t)(n) * 4);           \
-        (qw).smooth = (qf) == LOOM_QFMT_INT8_W8A8 ? CB_CARVE((size_t)(k) * 4) : NULL;             \
+        (qw).smooth = CB_SMOOTHED(qf) ? CB_CARVE((size_t)(k) * 4) : NULL;                         \
     } while (0)
     /* vocabulary-parallel: this rank's rows of the embedding and LM head,
      * then zero rows up to vocab_pad (only a sharded rank has any) */
