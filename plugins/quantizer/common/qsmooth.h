@@ -17,6 +17,7 @@
 #ifndef LOOM_QUANT_QSMOOTH_H
 #define LOOM_QUANT_QSMOOTH_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "loom/model.h"
@@ -42,6 +43,21 @@ typedef struct qc_smoother {
     qc_smooth_vec *v;                  /* (n) computed on first use             */
     int32_t n, cap;
 } qc_smoother;
+
+/* The two parameters' table entries (loom_param) for a plugin whose config
+ * struct `cfg_t` has `double smoothquant` and `char calibration[...]`;
+ * `when` narrows the alpha's doc ("" or " for w8a8"). One definition, so
+ * both plugins document them alike. */
+#define QC_SMOOTH_PARAM_ALPHA(cfg_t, when)                                                         \
+    {.key = "smoothquant", .type = LOOM_PARAM_FLOAT, .offset = offsetof(cfg_t, smoothquant),       \
+     .default_value = "0", .min = 0, .max = 1,                                                     \
+     .doc = "SmoothQuant migration strength alpha" when " (0.5 typical); 0 = off; > 0 needs "      \
+            "`calibration`"}
+#define QC_SMOOTH_PARAM_CALIBRATION(cfg_t)                                                         \
+    {.key = "calibration", .type = LOOM_PARAM_STRING, .offset = offsetof(cfg_t, calibration),      \
+     .default_value = "",                                                                          \
+     .doc = "SmoothQuant activation statistics from `loom calibrate CONFIG TEXT --out FILE` "      \
+            "(~ and ${VAR:-default} expanded; relative to the working directory)"}
 
 /* The configuration checks of create(): alpha in [0, 1] (NaN refused), and a
  * calibration file named when alpha > 0 (the message says how to make one).

@@ -61,14 +61,8 @@ static const loom_param fp8_params[] = {
     {.key = "kv_cache", .type = LOOM_PARAM_ENUM, .offset = offsetof(fp8_config, kv_cache),
      .default_value = "auto", .min = 1, .max = 0, .choices = fp8_kv_choices,
      .doc = "KV-cache element type: auto = the backend's default, fp8 = e4m3"},
-    {.key = "smoothquant", .type = LOOM_PARAM_FLOAT, .offset = offsetof(fp8_config, smoothquant),
-     .default_value = "0", .min = 0, .max = 1,
-     .doc = "SmoothQuant migration strength alpha (0.5 typical); 0 = off; > 0 needs "
-            "`calibration`"},
-    {.key = "calibration", .type = LOOM_PARAM_STRING, .offset = offsetof(fp8_config, calibration),
-     .default_value = "",
-     .doc = "SmoothQuant activation statistics from `loom calibrate CONFIG TEXT --out FILE` "
-            "(~ and ${VAR:-default} expanded; relative to the working directory)"},
+    QC_SMOOTH_PARAM_ALPHA(fp8_config, ""),
+    QC_SMOOTH_PARAM_CALIBRATION(fp8_config),
     {.key = NULL},
 };
 
@@ -146,7 +140,8 @@ static loom_status fp8_quantize(void *self, const loom_model_view *model, const 
     float *f = NULL;
     const float *sm = NULL;
     loom_status st = LOOM_OK;
-    if (qc_smoother_on(&q->smooth) && (st = qc_smoother_for(&q->smooth, model, w, &sm, err)) != LOOM_OK)
+    if (qc_smoother_on(&q->smooth) &&
+        (st = qc_smoother_for(&q->smooth, model, w, &sm, err)) != LOOM_OK)
         return st;
     if ((st = qc_read_f32(h, FP8_WHO, w, &f, err)) != LOOM_OK) return st;
     int64_t rows = w->shape[0], cols = w->shape[1];

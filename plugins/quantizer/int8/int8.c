@@ -60,10 +60,7 @@ static const loom_param int8_params[] = {
      .default_value = "w8a16", .min = 1, .max = 0, .choices = int8_mode_choices,
      .doc = "w8a16: int8 weights, float activations; w8a8: int8 weights and per-token int8 "
             "activations (int32 accumulate)"},
-    {.key = "smoothquant", .type = LOOM_PARAM_FLOAT, .offset = offsetof(int8_config, smoothquant),
-     .default_value = "0", .min = 0, .max = 1,
-     .doc = "SmoothQuant migration strength alpha for w8a8 (0.5 typical); 0 = off; > 0 needs "
-            "`calibration`"},
+    QC_SMOOTH_PARAM_ALPHA(int8_config, " for w8a8"),
     {.key = "skip", .type = LOOM_PARAM_STRING, .offset = offsetof(int8_config, skip),
      .default_value = "token_embd,output",
      .doc = "comma-separated tensor-name patterns kept unquantized (dot components, e.g. "
@@ -71,10 +68,7 @@ static const loom_param int8_params[] = {
     {.key = "kv_cache", .type = LOOM_PARAM_ENUM, .offset = offsetof(int8_config, kv_cache),
      .default_value = "auto", .min = 1, .max = 0, .choices = int8_kv_choices,
      .doc = "KV-cache element type: auto = the backend's default, f16, or fp8 (e4m3)"},
-    {.key = "calibration", .type = LOOM_PARAM_STRING, .offset = offsetof(int8_config, calibration),
-     .default_value = "",
-     .doc = "SmoothQuant activation statistics from `loom calibrate CONFIG TEXT --out FILE` "
-            "(~ and ${VAR:-default} expanded; relative to the working directory)"},
+    QC_SMOOTH_PARAM_CALIBRATION(int8_config),
     {.key = NULL},
 };
 
