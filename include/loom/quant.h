@@ -51,8 +51,9 @@ typedef struct loom_quant_plan {
  *              scales F32 (rows, cols/group); zeros F32 (rows, cols/group);
  *              w = (q - zero) * scale
  *   GGUF     : data as stored (dtype q4_0/q4_1/q4_k/q8_0/q6_k), no scales
- *   smooth   : W8A8 SmoothQuant only: F32 (cols), activations are divided by
- *              it before quantization (weights were multiplied); else empty.
+ *   smooth   : SmoothQuant, INT8_W8A8 and FP8_W8A8 only: F32 (cols),
+ *              activations are divided by it before quantization (weights
+ *              were multiplied); else empty.
  */
 typedef struct loom_qtensor {
     uint32_t struct_size;

@@ -203,11 +203,6 @@ bool loom_cpu_qweight_init(loom_cpu_qweight *w, const loom_qtensor *q, char *why
             return ql_why(why, size, "scales must be f32 (%lld)", (long long)n);
         w->dtype = LOOM_DTYPE_I8;
         w->row_bytes = (size_t)k;
-        if (q->format == LOOM_QFMT_INT8_W8A8 && q->smooth.data) {
-            if (!ql_is(&q->smooth, LOOM_DTYPE_F32, k))
-                return ql_why(why, size, "smooth must be f32 (%lld)", (long long)k);
-            w->smooth = q->smooth.data;
-        }
         break;
     case LOOM_QFMT_FP8_W8A8: {
         if (!ql_is(&q->data, LOOM_DTYPE_FP8_E4M3, n * k))
@@ -239,6 +234,12 @@ bool loom_cpu_qweight_init(loom_cpu_qweight *w, const loom_qtensor *q, char *why
     default:
         return ql_why(why, size, "format %d has no CPU kernel here (GGUF tensors: use loom_cpu_qweight_gguf)",
                       (int)q->format);
+    }
+    /* SmoothQuant: the formats whose activations are quantized (W8A8) */
+    if ((q->format == LOOM_QFMT_INT8_W8A8 || q->format == LOOM_QFMT_FP8_W8A8) && q->smooth.data) {
+        if (!ql_is(&q->smooth, LOOM_DTYPE_F32, k))
+            return ql_why(why, size, "smooth must be f32 (%lld)", (long long)k);
+        w->smooth = q->smooth.data;
     }
     w->data = q->data.data;
     w->scales = q->scales.data;
@@ -710,7 +711,7 @@ typedef struct ql_job {
     const float *sxf;          /* FP8: per-token scales (M)                     */
     const int8_t *xq;          /* W8A8: int8 activations (M, K) or NULL         */
     const float *sxq;          /* W8A8: per-token scales (M)                    */
-    const float *smooth;       /* W8A8: smoothing vector in use, or NULL        */
+    const float *smooth;       /* INT8 / FP8 W8A8: smoothing vector, or NULL    */
     int64_t M, K;
     float beta;
     int nparts;
@@ -958,20 +959,23 @@ static void ql_prep_int8(void *ctx, int64_t b, int64_t e, int worker) {
     }
 }
 
-/* FP8 tokens [b, e): xf = decode(e4m3(x / sx)), sxf = amax / 448. */
+/* FP8 tokens [b, e): xf = decode(e4m3(xs / sx)), sxf = amax / 448 where
+ * xs = x (or x / smooth). */
 static void ql_prep_fp8(void *ctx, int64_t b, int64_t e, int worker) {
     (void)worker;
     const ql_job *j = ctx;
     float *xf = (float *)j->xf, *sx = (float *)j->sxf;
+    const float *sm = j->smooth;
     for (int64_t m = b; m < e; m++) {
         const float *x = j->x + m * j->ldx;
         float amax = 0.0f;
-        for (int64_t k = 0; k < j->K; k++) amax = fmaxf(amax, fabsf(x[k]));
+        for (int64_t k = 0; k < j->K; k++) amax = fmaxf(amax, fabsf(sm ? x[k] / sm[k] : x[k]));
         float s = amax / 448.0f;
         sx[m] = s;
         float *o = xf + m * j->K;
         for (int64_t k = 0; k < j->K; k++)
-            o[k] = s > 0.0f ? ql_e4m3_lut[loom_cpu_e4m3_encode(x[k] / s)] : 0.0f;
+            o[k] = s > 0.0f ? ql_e4m3_lut[loom_cpu_e4m3_encode((sm ? x[k] / sm[k] : x[k]) / s)]
+                            : 0.0f;
     }
 }
 
@@ -1058,13 +1062,14 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
             nparts = nrest;
         }
     }
-    /* W8A8 parts with different smoothing vectors quantize x differently:
-     * run them one call each */
+    /* parts that quantize x (INT8 / FP8 W8A8) with different smoothing
+     * vectors quantize it differently: run them one call each */
     const float *smooth = NULL;
-    bool any_w8a8 = false, any_fp8 = false;
+    bool any_w8a8 = false, any_fp8 = false, any_act = false;
     for (int p = 0; p < nparts; p++) {
-        if (w[p]->format == LOOM_QFMT_INT8_W8A8) {
-            if (any_w8a8 && w[p]->smooth != smooth) {
+        const bool act = w[p]->format == LOOM_QFMT_INT8_W8A8 || w[p]->format == LOOM_QFMT_FP8_W8A8;
+        if (act) {
+            if (any_act && w[p]->smooth != smooth) {
                 int64_t off = 0;
                 for (int q = 0; q < nparts; q++) {
                     if (!loom_cpu_qlinear(y + off, ldy, x, ldx, w[q], bias ? bias[q] : NULL, M,
@@ -1074,9 +1079,10 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
                 }
                 return true;
             }
-            any_w8a8 = true;
+            any_act = true;
             smooth = w[p]->smooth;
         }
+        any_w8a8 |= w[p]->format == LOOM_QFMT_INT8_W8A8;
         any_fp8 |= w[p]->format == LOOM_QFMT_FP8_W8A8;
     }
 

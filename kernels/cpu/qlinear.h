@@ -12,6 +12,7 @@
  *               quantized to E4M3 (sx = max|x| / 448, code = e4m3(x / sx)),
  *               products of decoded values accumulate in fp32 (an emulation
  *               of an FP8 tensor-core GEMM), scaled by sx * scale at the end.
+ *               With a SmoothQuant vector, x / smooth is quantized.
  *   INT4_W4A16  U8 (N, K/2) nibbles (low = even column), f32 scale and zero
  *               per (row, group): w = (q - zero) * scale; unpack fused.
  *   GGUF        rows of q4_0 / q4_1 / q4_k / q8_0 / q6_k blocks as stored;
@@ -65,7 +66,7 @@ typedef struct loom_cpu_qweight {
     const uint8_t *data;    /* (n, row_stride)                                   */
     const float *scales;    /* INT8/FP8: (n), or (1) when per_tensor; INT4: (n, k/g) */
     const float *zeros;     /* INT4: (n, k/g); else NULL                         */
-    const float *smooth;    /* INT8_W8A8: (k) SmoothQuant divisor, or NULL       */
+    const float *smooth;    /* INT8_W8A8, FP8_W8A8: (k) SmoothQuant divisor, or NULL */
     bool per_tensor;        /* FP8: one scale for the whole tensor               */
 } loom_cpu_qweight;
 
@@ -107,7 +108,9 @@ void loom_cpu_qscratch_destroy(loom_cpu_qscratch *s); /* NULL-safe */
  * earlier parts' n, so fused projections (Q, K, V or gate, up) need no
  * concatenated weight. Every part has the same k = K. x rows have stride
  * ldx floats, y rows ldy floats; beta = 0 never reads y. `bias` may be NULL
- * (no bias anywhere) or hold NULL entries. nparts in [1, 8].
+ * (no bias anywhere) or hold NULL entries. nparts in [1, 8]. Parts that
+ * quantize x (INT8_W8A8, FP8_W8A8) are fused only when they share one
+ * `smooth` pointer (or none); otherwise each part runs on its own.
  * Returns false when the scratch cannot grow (out of memory) or nparts is
  * out of range; y is then unspecified.
  */

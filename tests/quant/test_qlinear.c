@@ -190,9 +190,10 @@ static void ref_act(loom_qformat fmt, const float *x, int64_t K, const float *sm
         *scale = amax / 127.0f;
     } else if (fmt == LOOM_QFMT_FP8_W8A8) {
         float amax = 0;
-        for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(x[k]));
+        for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(smooth ? x[k] / smooth[k] : x[k]));
         float s = amax / 448.0f;
-        for (int64_t k = 0; k < K; k++) xe[k] = s > 0 ? ref_e4m3(qc_e4m3_encode(x[k] / s)) : 0;
+        for (int64_t k = 0; k < K; k++)
+            xe[k] = s > 0 ? ref_e4m3(qc_e4m3_encode((smooth ? x[k] / smooth[k] : x[k]) / s)) : 0;
         *scale = s;
     } else {
         for (int64_t k = 0; k < K; k++) xe[k] = x[k];
@@ -274,23 +275,28 @@ Test(qlinear, int8_w8a8) { dense_format(LOOM_QFMT_INT8_W8A8, false, "qlinear.int
 Test(qlinear, fp8_per_channel) { dense_format(LOOM_QFMT_FP8_W8A8, false, "qlinear.fp8_pc"); }
 Test(qlinear, fp8_per_tensor) { dense_format(LOOM_QFMT_FP8_W8A8, true, "qlinear.fp8_pt"); }
 
-Test(qlinear, int8_w8a8_smoothquant) {
-    kt_rng r = kt_seeded("qlinear.w8a8_smooth");
+/* A SmoothQuant vector on a W8A8 format: x / smooth is what is quantized. */
+static void smooth_format(loom_qformat fmt, bool per_tensor, const char *name) {
+    kt_rng r = kt_seeded(name);
     for (int it = 0; it < 12; it++) {
         int64_t K = 1 + kt_int(&r, 300), n = 1 + kt_int(&r, 40), M = rand_m(&r);
         tw t;
-        tw_make(&t, &r, LOOM_QFMT_INT8_W8A8, LOOM_DTYPE_COUNT, n, K, 0, false);
+        tw_make(&t, &r, fmt, LOOM_DTYPE_COUNT, n, K, 0, per_tensor);
         float *sm = malloc((size_t)K * 4);
         for (int64_t k = 0; k < K; k++) sm[k] = (float)kt_range(&r, 0.2, 5.0);
         t.q.smooth = view(LOOM_DTYPE_F32, K, 0, sm, (size_t)K * 4);
         char why[128];
         cr_assert(loom_cpu_qweight_init(&t.w, &t.q, why, sizeof why), "%s", why);
         cr_assert_eq(t.w.smooth, sm);
-        run_one(&r, &t, M, sm, "w8a8+smooth");
+        run_one(&r, &t, M, sm, name);
         free(sm);
         tw_free(&t);
     }
 }
+
+Test(qlinear, int8_w8a8_smoothquant) { smooth_format(LOOM_QFMT_INT8_W8A8, false, "qlinear.w8a8_smooth"); }
+Test(qlinear, fp8_smoothquant_per_channel) { smooth_format(LOOM_QFMT_FP8_W8A8, false, "qlinear.fp8_smooth_pc"); }
+Test(qlinear, fp8_smoothquant_per_tensor) { smooth_format(LOOM_QFMT_FP8_W8A8, true, "qlinear.fp8_smooth_pt"); }
 
 Test(qlinear, int4_w4a16) {
     kt_rng r = kt_seeded("qlinear.int4");
@@ -365,28 +371,52 @@ Test(qlinear, fused_parts_match_reference) {
     }
 }
 
-Test(qlinear, parts_with_different_smoothing_split) {
+
+/* Two parts (formats f0, f1) through one call; mode 0: different vectors,
+ * 1: the second has none, 2: both share the first's (fused). */
+static void parts_smoothing(loom_qformat f0, loom_qformat f1, int64_t M, int mode) {
     kt_rng r = kt_seeded("qlinear.parts_smooth");
-    const int64_t K = 48, M = 5;
+    const int64_t K = 48;
     tw t[2];
     float *sm[2];
     const loom_cpu_qweight *ws[2];
+    const loom_qformat f[2] = {f0, f1};
     for (int p = 0; p < 2; p++) {
-        tw_make(&t[p], &r, LOOM_QFMT_INT8_W8A8, LOOM_DTYPE_COUNT, 9 + p, K, 0, false);
+        tw_make(&t[p], &r, f[p], LOOM_DTYPE_COUNT, 9 + p, K, 0, false);
         sm[p] = malloc(K * 4);
         for (int64_t k = 0; k < K; k++) sm[p][k] = (float)kt_range(&r, 0.5, 2.0);
-        t[p].q.smooth = view(LOOM_DTYPE_F32, K, 0, sm[p], K * 4);
+        const float *v = p == 0 || mode == 0 ? sm[p] : mode == 2 ? sm[0] : NULL;
+        if (v) t[p].q.smooth = view(LOOM_DTYPE_F32, K, 0, (void *)v, K * 4);
         char why[128];
         cr_assert(loom_cpu_qweight_init(&t[p].w, &t[p].q, why, sizeof why));
         ws[p] = &t[p].w;
     }
-    float x[5 * 48], y[5 * 19] = {0}, y0[5 * 19] = {0};
+    float *x = malloc((size_t)(M * K) * 4), *y = calloc((size_t)(M * 19), 4);
+    float *y0 = calloc((size_t)(M * 19), 4);
     kt_fill(&r, x, M * K, 1.0);
     cr_assert(loom_cpu_qlinear_multi(y, 19, x, K, ws, NULL, 2, M, 0.0f, g_scratch, g_pool));
     check_part(&t[0], x, K, M, NULL, 0.0f, y0, y, 19, 0, sm[0], "smooth0");
-    check_part(&t[1], x, K, M, NULL, 0.0f, y0, y, 19, 9, sm[1], "smooth1");
+    check_part(&t[1], x, K, M, NULL, 0.0f, y0, y, 19, 9, t[1].w.smooth, "smooth1");
     for (int p = 0; p < 2; p++) tw_free(&t[p]), free(sm[p]);
+    free(x), free(y), free(y0);
 }
+
+/* Parts that quantize x (INT8 / FP8 W8A8, in any mix) with different
+ * smoothing vectors, one with a vector and one without, or one shared
+ * vector, at a fused M (5) and a panel M (40): each part's x / smooth is
+ * its own. */
+Test(qlinear, parts_with_different_smoothing_split) {
+    static const loom_qformat fmts[][2] = {{LOOM_QFMT_INT8_W8A8, LOOM_QFMT_INT8_W8A8},
+                                           {LOOM_QFMT_FP8_W8A8, LOOM_QFMT_FP8_W8A8},
+                                           {LOOM_QFMT_INT8_W8A8, LOOM_QFMT_FP8_W8A8},
+                                           {LOOM_QFMT_FP8_W8A8, LOOM_QFMT_INT8_W8A8}};
+    for (int f = 0; f < 4; f++)
+        for (int mode = 0; mode < 3; mode++) {
+            parts_smoothing(fmts[f][0], fmts[f][1], 5, mode);
+            parts_smoothing(fmts[f][0], fmts[f][1], 40, mode);
+        }
+}
+
 
 /* Slices (tensor parallelism): rows and aligned columns of every format,
  * against the reference restricted to the same block. */
@@ -402,6 +432,7 @@ Test(qlinear, slices_match_reference) {
         {LOOM_QFMT_INT8_W8A8, LOOM_DTYPE_COUNT, 0, false, true},
         {LOOM_QFMT_FP8_W8A8, LOOM_DTYPE_COUNT, 0, false, false},
         {LOOM_QFMT_FP8_W8A8, LOOM_DTYPE_COUNT, 0, true, false},
+        {LOOM_QFMT_FP8_W8A8, LOOM_DTYPE_COUNT, 0, false, true},
         {LOOM_QFMT_INT4_W4A16, LOOM_DTYPE_COUNT, 32, false, false},
         {LOOM_QFMT_INT4_W4A16, LOOM_DTYPE_COUNT, 8, false, false},
         {LOOM_QFMT_GGUF, LOOM_DTYPE_Q4_1, 0, false, false},

@@ -1,6 +1,6 @@
 /*
  * plugins/quantizer/common/qcalib.h — activation statistics for SmoothQuant:
- * the calibration file `loom calibrate` writes and the int8 quantizer reads,
+ * the calibration file `loom calibrate` writes and the quantizers read,
  * and the smoothing arithmetic (Xiao et al. 2023, "SmoothQuant").
  *
  * The file (".act", little-endian, no padding), keyed by canonical weight
@@ -24,8 +24,8 @@
  * fusion. Names are unique. Reading checks every field and reports the file
  * and the record (index and name when known) at fault.
  *
- * Compiled into the int8 quantizer (reads) and the `loom` CLI (writes);
- * depends on libc only, allocates with malloc.
+ * Compiled into the int8 and fp8 quantizers (read, through qsmooth.h) and
+ * the `loom` CLI (writes); depends on libc only, allocates with malloc.
  */
 #ifndef LOOM_QUANT_QCALIB_H
 #define LOOM_QUANT_QCALIB_H

@@ -10,13 +10,21 @@
  * on sm_90; emulated on the CPU). `kv_cache: fp8` asks for an E4M3 KV
  * cache; backends without one fail kv_alloc with the type named.
  *
+ * SmoothQuant (smoothquant = alpha > 0, calibration = a file from `loom
+ * calibrate`): as in the int8 quantizer's w8a8 mode, with the same shared
+ * code (../common/qsmooth.h): per input group (Q K V; gate up; O; down) the
+ * factors s[j] = max|X_j|^alpha / max|W_j|^(1 - alpha); W diag(s) is what
+ * becomes E4M3 (per-channel or per-tensor scales of the smoothed weight),
+ * and the qtensor's `smooth` points at s (one pointer per group), so the
+ * backend quantizes x / s per token.
+ *
  * The E4M3 codec (round to nearest even, saturate at +-448, no infinity,
  * NaN kept) is in ../common/qcommon.h.
  */
-#include <stdio.h>
 #include <string.h>
 
 #include "../common/qcommon.h"
+#include "../common/qsmooth.h"
 #include "loom/quant.h"
 
 #define FP8_WHO "quantizer fp8"
@@ -29,11 +37,14 @@ typedef struct fp8_config {
     int64_t scales;                    /* FP8_SCALES_*                          */
     char skip[LOOM_PARAM_STRING_MAX];  /* patterns kept unquantized             */
     int64_t kv_cache;                  /* FP8_KV_*                              */
+    double smoothquant;                /* alpha; 0 = off                        */
+    char calibration[LOOM_PARAM_STRING_MAX]; /* SmoothQuant statistics file   */
 } fp8_config;
 
 typedef struct fp8_quant {
     const loom_host *host;             /* borrowed until destroy                */
     fp8_config cfg;
+    qc_smoother smooth;                /* SmoothQuant vectors (alpha > 0)       */
 } fp8_quant;
 
 static const char *const fp8_scale_choices[] = {"per_channel", "per_tensor", NULL};
@@ -50,6 +61,8 @@ static const loom_param fp8_params[] = {
     {.key = "kv_cache", .type = LOOM_PARAM_ENUM, .offset = offsetof(fp8_config, kv_cache),
      .default_value = "auto", .min = 1, .max = 0, .choices = fp8_kv_choices,
      .doc = "KV-cache element type: auto = the backend's default, fp8 = e4m3"},
+    QC_SMOOTH_PARAM_ALPHA(fp8_config, ""),
+    QC_SMOOTH_PARAM_CALIBRATION(fp8_config),
     {.key = NULL},
 };
 
@@ -64,6 +77,9 @@ static loom_status fp8_create(const loom_host *host, const void *config, void **
                            "%s: bad config (scales %lld in {0 per_channel, 1 per_tensor}, "
                            "kv_cache %lld in {0 auto, 1 fp8})",
                            FP8_WHO, (long long)cfg.scales, (long long)cfg.kv_cache);
+    cfg.calibration[sizeof cfg.calibration - 1] = 0;
+    loom_status st = qc_smooth_check(host, FP8_WHO, cfg.smoothquant, cfg.calibration, err);
+    if (st != LOOM_OK) return st;
     char bad[LOOM_PARAM_STRING_MAX];
     if (!qc_patterns_valid(cfg.skip, bad, sizeof bad))
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
@@ -74,13 +90,20 @@ static loom_status fp8_create(const loom_host *host, const void *config, void **
     if (!q) return host->error(host->ctx, err, LOOM_ERR_NOMEM, "%s: out of memory", FP8_WHO);
     q->host = host;
     q->cfg = cfg;
+    if ((st = qc_smoother_open(&q->smooth, host, FP8_WHO, cfg.smoothquant, cfg.calibration,
+                               err)) != LOOM_OK) {
+        host->free(host->ctx, q);
+        return st;
+    }
     *self = q;
     return LOOM_OK;
 }
 
 static void fp8_destroy(void *self) {
     fp8_quant *q = self;
-    if (q) q->host->free(q->host->ctx, q);
+    if (!q) return;
+    qc_smoother_free(&q->smooth);
+    q->host->free(q->host->ctx, q);
 }
 
 static loom_status fp8_plan(void *self, const loom_model_view *model, const loom_tensor *w,
@@ -108,7 +131,6 @@ static loom_status fp8_plan(void *self, const loom_model_view *model, const loom
 
 static loom_status fp8_quantize(void *self, const loom_model_view *model, const loom_tensor *w,
                                 const loom_quant_plan *plan, loom_qtensor *out, loom_error *err) {
-    (void)model;
     fp8_quant *q = self;
     const loom_host *h = q->host;
     if (!plan || plan->format != LOOM_QFMT_FP8_W8A8)
@@ -116,14 +138,19 @@ static loom_status fp8_quantize(void *self, const loom_model_view *model, const 
                         "%s: quantize('%s') with plan format %d; fp8 makes only FP8_W8A8 (3)",
                         FP8_WHO, w && w->name ? w->name : "?", plan ? (int)plan->format : -1);
     float *f = NULL;
-    loom_status st = qc_read_f32(h, FP8_WHO, w, &f, err);
-    if (st) return st;
+    const float *sm = NULL;
+    loom_status st = LOOM_OK;
+    if (qc_smoother_on(&q->smooth) &&
+        (st = qc_smoother_for(&q->smooth, model, w, &sm, err)) != LOOM_OK)
+        return st;
+    if ((st = qc_read_f32(h, FP8_WHO, w, &f, err)) != LOOM_OK) return st;
     int64_t rows = w->shape[0], cols = w->shape[1];
     bool pc = plan->per_channel;
     st = qc_qtensor_alloc(h, FP8_WHO, w->name, LOOM_QFMT_FP8_W8A8, rows, cols, 0,
                           LOOM_DTYPE_FP8_E4M3, cols, (size_t)rows * (size_t)cols, pc ? rows : 1,
                           0, false, out, err);
     if (st == LOOM_OK) {
+        if (sm) qc_smooth_attach(f, rows, cols, sm, out); /* W diag(s); x / s in the backend */
         qc_fp8_rows(h, f, rows, cols, pc, out->data.data, out->scales.data);
         if (h->metric_add) {
             h->metric_add(h->ctx, "quant.fp8.tensors", 1);
@@ -158,7 +185,8 @@ static const loom_component fp8_components[] = {{
     .struct_size = sizeof(loom_component),
     .kind = LOOM_KIND_QUANTIZER,
     .name = "fp8",
-    .summary = "FP8 E4M3 weights (per-channel or per-tensor scales), per-token E4M3 activations",
+    .summary = "FP8 E4M3 weights (per-channel or per-tensor scales), per-token E4M3 activations "
+               "(optional SmoothQuant)",
     .ops = &fp8_ops,
     .params = fp8_params,
     .config_size = sizeof(fp8_config),

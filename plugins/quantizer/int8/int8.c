@@ -15,21 +15,21 @@
  * by a group of weights (Q K V; gate up; O; down) the factors
  *   s[j] = max|X_j|^alpha / max|W_j|^(1 - alpha)
  * (W_j: column j of every weight of the group) are computed once and kept
- * until destroy; each weight is quantized as W diag(s), and its qtensor's
- * `smooth` points at s, so the backend divides the activations by s before
- * quantizing them (loom/quant.h). The parts of a fused group share one
- * vector (the same pointer), which the kernels require to fuse them.
+ * until destroy (../common/qsmooth.h, shared with fp8); each weight is
+ * quantized as W diag(s), and its qtensor's `smooth` points at s, so the
+ * backend divides the activations by s before quantizing them
+ * (loom/quant.h). The parts of a fused group share one vector (the same
+ * pointer), which the kernels require to fuse them.
  *
  * What it refuses: weights already packed as 4-bit AWQ/GPTQ (use int4);
  * smoothquant with mode w8a16 (activations stay float: nothing to smooth);
  * smoothquant without a calibration file, or with one that lacks a
  * quantized tensor or records another width for it.
  */
-#include <stdio.h>
 #include <string.h>
 
-#include "../common/qcalib.h"
 #include "../common/qcommon.h"
+#include "../common/qsmooth.h"
 #include "loom/quant.h"
 
 #define INT8_WHO "quantizer int8"
@@ -46,21 +46,10 @@ typedef struct int8_config {
     char calibration[LOOM_PARAM_STRING_MAX]; /* SmoothQuant statistics file   */
 } int8_config;
 
-/* One smoothing vector: the factors of the input that the weights of a
- * group read, keyed by the group's first weight name. */
-typedef struct int8_smooth {
-    char key[QC_CALIB_NAME_MAX];       /* e.g. "blk.3.attn_q.weight"            */
-    int64_t cols;
-    float *s;                          /* (cols) host->alloc'd                   */
-} int8_smooth;
-
 typedef struct int8_quant {
     const loom_host *host;             /* borrowed until destroy                */
     int8_config cfg;
-    char calib_path[4096];             /* cfg.calibration expanded              */
-    qc_calib calib;                    /* loaded when smoothquant > 0           */
-    int8_smooth *smooth;               /* (nsmooth) computed on first use       */
-    int32_t nsmooth, smooth_cap;
+    qc_smoother smooth;                /* SmoothQuant vectors (w8a8, alpha > 0) */
 } int8_quant;
 
 static const char *const int8_mode_choices[] = {"w8a16", "w8a8", NULL};
@@ -71,10 +60,7 @@ static const loom_param int8_params[] = {
      .default_value = "w8a16", .min = 1, .max = 0, .choices = int8_mode_choices,
      .doc = "w8a16: int8 weights, float activations; w8a8: int8 weights and per-token int8 "
             "activations (int32 accumulate)"},
-    {.key = "smoothquant", .type = LOOM_PARAM_FLOAT, .offset = offsetof(int8_config, smoothquant),
-     .default_value = "0", .min = 0, .max = 1,
-     .doc = "SmoothQuant migration strength alpha for w8a8 (0.5 typical); 0 = off; > 0 needs "
-            "`calibration`"},
+    QC_SMOOTH_PARAM_ALPHA(int8_config, " for w8a8"),
     {.key = "skip", .type = LOOM_PARAM_STRING, .offset = offsetof(int8_config, skip),
      .default_value = "token_embd,output",
      .doc = "comma-separated tensor-name patterns kept unquantized (dot components, e.g. "
@@ -82,10 +68,7 @@ static const loom_param int8_params[] = {
     {.key = "kv_cache", .type = LOOM_PARAM_ENUM, .offset = offsetof(int8_config, kv_cache),
      .default_value = "auto", .min = 1, .max = 0, .choices = int8_kv_choices,
      .doc = "KV-cache element type: auto = the backend's default, f16, or fp8 (e4m3)"},
-    {.key = "calibration", .type = LOOM_PARAM_STRING, .offset = offsetof(int8_config, calibration),
-     .default_value = "",
-     .doc = "SmoothQuant activation statistics from `loom calibrate CONFIG TEXT --out FILE` "
-            "(~ and ${VAR:-default} expanded; relative to the working directory)"},
+    QC_SMOOTH_PARAM_CALIBRATION(int8_config),
     {.key = NULL},
 };
 
@@ -101,9 +84,6 @@ static loom_status int8_create(const loom_host *host, const void *config, void *
                            "{0 auto, 1 f16, 2 fp8})",
                            INT8_WHO, (long long)cfg.mode, (long long)cfg.kv_cache);
     cfg.calibration[sizeof cfg.calibration - 1] = 0;
-    if (cfg.smoothquant < 0.0 || cfg.smoothquant > 1.0 || cfg.smoothquant != cfg.smoothquant)
-        return host->error(host->ctx, err, LOOM_ERR_INVALID,
-                           "%s: smoothquant %g outside [0, 1]", INT8_WHO, cfg.smoothquant);
     if (cfg.smoothquant > 0.0 && cfg.mode != INT8_MODE_W8A8)
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "%s: smoothquant %g with mode w8a16: SmoothQuant moves activation "
@@ -111,12 +91,8 @@ static loom_status int8_create(const loom_host *host, const void *config, void *
                            "w8a16 the activations stay float. Set quantizer.mode: w8a8, or "
                            "smoothquant: 0",
                            INT8_WHO, cfg.smoothquant);
-    if (cfg.smoothquant > 0.0 && !cfg.calibration[0])
-        return host->error(host->ctx, err, LOOM_ERR_INVALID,
-                           "%s: smoothquant %g needs activation statistics: run `loom calibrate "
-                           "CONFIG TEXTFILE --out stats.act` (CONFIG: the same pipeline without "
-                           "a quantizer) and set quantizer.calibration: stats.act",
-                           INT8_WHO, cfg.smoothquant);
+    loom_status st = qc_smooth_check(host, INT8_WHO, cfg.smoothquant, cfg.calibration, err);
+    if (st != LOOM_OK) return st;
     char bad[LOOM_PARAM_STRING_MAX];
     if (!qc_patterns_valid(cfg.skip, bad, sizeof bad))
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
@@ -128,14 +104,10 @@ static loom_status int8_create(const loom_host *host, const void *config, void *
         return host->error(host->ctx, err, LOOM_ERR_NOMEM, "%s: out of memory", INT8_WHO);
     q->host = host;
     q->cfg = cfg;
-    if (cfg.smoothquant > 0.0) {
-        char why[LOOM_ERROR_MSG_MAX - 64];
-        if (!qc_expand_path(cfg.calibration, q->calib_path, sizeof q->calib_path, why, sizeof why) ||
-            !qc_calib_read(q->calib_path, &q->calib, why, sizeof why)) {
-            host->free(host->ctx, q);
-            return host->error(host->ctx, err, LOOM_ERR_INVALID, "%s: calibration: %s", INT8_WHO,
-                               why);
-        }
+    if ((st = qc_smoother_open(&q->smooth, host, INT8_WHO, cfg.smoothquant, cfg.calibration,
+                               err)) != LOOM_OK) {
+        host->free(host->ctx, q);
+        return st;
     }
     *self = q;
     return LOOM_OK;
@@ -144,93 +116,8 @@ static loom_status int8_create(const loom_host *host, const void *config, void *
 static void int8_destroy(void *self) {
     int8_quant *q = self;
     if (!q) return;
-    for (int32_t i = 0; i < q->nsmooth; i++) q->host->free(q->host->ctx, q->smooth[i].s);
-    q->host->free(q->host->ctx, q->smooth);
-    qc_calib_free(&q->calib);
+    qc_smoother_free(&q->smooth);
     q->host->free(q->host->ctx, q);
-}
-
-/* The weights that read the same input as `name` ("blk.N.attn_k.weight" ->
- * its layer's attn_q, attn_k, attn_v), written to out[4][QC_CALIB_NAME_MAX];
- * a weight outside those groups is alone. Returns how many. */
-static int int8_group(const char *name, char out[4][QC_CALIB_NAME_MAX]) {
-    static const char *const groups[][4] = {{"attn_q", "attn_k", "attn_v", NULL},
-                                            {"ffn_gate", "ffn_up", NULL, NULL}};
-    const char *dot = strrchr(name, '.'); /* ".weight" */
-    const char *prev = dot;
-    while (prev > name && prev[-1] != '.') prev--; /* start of the last component before it */
-    size_t plen = (size_t)(prev - name), clen = (size_t)(dot - prev);
-    for (size_t g = 0; dot && plen > 0 && g < sizeof groups / sizeof groups[0]; g++)
-        for (int k = 0; groups[g][k]; k++) {
-            if (strlen(groups[g][k]) != clen || memcmp(prev, groups[g][k], clen) != 0) continue;
-            int n = 0;
-            for (; groups[g][n]; n++)
-                snprintf(out[n], QC_CALIB_NAME_MAX, "%.*s%s%s", (int)plen, name, groups[g][n], dot);
-            return n;
-        }
-    snprintf(out[0], QC_CALIB_NAME_MAX, "%s", name);
-    return 1;
-}
-
-/* The smoothing factors for weight w (computed once per group, kept until
- * destroy) into *s. */
-static loom_status int8_smooth_for(int8_quant *q, const loom_model_view *model, const loom_tensor *w,
-                                   const float **s, loom_error *err) {
-    const loom_host *h = q->host;
-    char members[4][QC_CALIB_NAME_MAX];
-    int nm = int8_group(w->name, members);
-    for (int32_t i = 0; i < q->nsmooth; i++)
-        if (!strcmp(q->smooth[i].key, members[0])) {
-            *s = q->smooth[i].s;
-            return LOOM_OK;
-        }
-    const int64_t cols = w->shape[1];
-    const qc_calib_entry *e = qc_calib_find(&q->calib, w->name);
-    if (!e)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "%s: calibration file %s has no statistics for '%s' (made for another "
-                        "model, or the tensor is not a decoder layer's linear weight); "
-                        "recalibrate with `loom calibrate` on this model, or add it to "
-                        "quantizer.skip",
-                        INT8_WHO, q->calib_path, w->name);
-    if (e->cols != cols)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "%s: '%s' has %lld input channels but calibration file %s records %lld "
-                        "for it: the file was made for another model; recalibrate with `loom "
-                        "calibrate` on this one",
-                        INT8_WHO, w->name, (long long)cols, q->calib_path, (long long)e->cols);
-    if (q->nsmooth == q->smooth_cap) {
-        int32_t cap = q->smooth_cap ? 2 * q->smooth_cap : 64;
-        int8_smooth *p = h->alloc(h->ctx, (size_t)cap * sizeof *p);
-        if (!p) return h->error(h->ctx, err, LOOM_ERR_NOMEM, "%s: out of memory", INT8_WHO);
-        if (q->nsmooth) memcpy(p, q->smooth, (size_t)q->nsmooth * sizeof *p);
-        h->free(h->ctx, q->smooth);
-        q->smooth = p;
-        q->smooth_cap = cap;
-    }
-    float *f[4] = {NULL}, *v = h->alloc(h->ctx, (size_t)cols * sizeof(float));
-    int64_t rows[4];
-    int n = 0;
-    loom_status st = LOOM_OK;
-    if (!v) return h->error(h->ctx, err, LOOM_ERR_NOMEM, "%s: out of memory", INT8_WHO);
-    /* max |W_j| over the rows of every weight of the group the model has */
-    for (int i = 0; i < nm && st == LOOM_OK; i++) {
-        const loom_tensor *t = !strcmp(members[i], w->name) ? w : model && model->get ? model->get(model->ctx, members[i]) : NULL;
-        if (!t || !qc_is_linear(t) || t->shape[1] != cols) continue;
-        if ((st = qc_read_f32(h, INT8_WHO, t, &f[n], err)) == LOOM_OK) rows[n++] = t->shape[0];
-    }
-    if (st == LOOM_OK) {
-        qc_smooth_factors(e->amax, (const float *const *)f, rows, n, cols, q->cfg.smoothquant, v);
-        int8_smooth *sm = &q->smooth[q->nsmooth++];
-        snprintf(sm->key, sizeof sm->key, "%s", members[0]);
-        sm->cols = cols;
-        sm->s = v;
-        *s = v;
-        v = NULL;
-    }
-    for (int i = 0; i < n; i++) h->free(h->ctx, f[i]);
-    h->free(h->ctx, v);
-    return st;
 }
 
 static loom_status int8_plan(void *self, const loom_model_view *model, const loom_tensor *w,
@@ -268,22 +155,15 @@ static loom_status int8_quantize(void *self, const loom_model_view *model, const
     float *f = NULL;
     const float *sm = NULL;
     loom_status st = LOOM_OK;
-    if (plan->format == LOOM_QFMT_INT8_W8A8 && q->cfg.smoothquant > 0.0 &&
-        (st = int8_smooth_for(q, model, w, &sm, err)) != LOOM_OK)
+    if (plan->format == LOOM_QFMT_INT8_W8A8 && qc_smoother_on(&q->smooth) &&
+        (st = qc_smoother_for(&q->smooth, model, w, &sm, err)) != LOOM_OK)
         return st;
     if ((st = qc_read_f32(h, INT8_WHO, w, &f, err)) != LOOM_OK) return st;
     int64_t rows = w->shape[0], cols = w->shape[1];
     st = qc_qtensor_alloc(h, INT8_WHO, w->name, plan->format, rows, cols, 0, LOOM_DTYPE_I8, cols,
                           (size_t)rows * (size_t)cols, rows, 0, false, out, err);
     if (st == LOOM_OK) {
-        if (sm) {
-            /* W diag(s): the backend divides x by s (loom/quant.h) */
-            qc_smooth_apply(f, rows, cols, sm);
-            out->smooth = (loom_tensor){.struct_size = sizeof(loom_tensor), .dtype = LOOM_DTYPE_F32,
-                                        .ndim = 1, .shape = {cols}, .data = (void *)sm,
-                                        .nbytes = (size_t)cols * sizeof(float),
-                                        .device = LOOM_DEVICE_HOST};
-        }
+        if (sm) qc_smooth_attach(f, rows, cols, sm, out); /* W diag(s); x / s in the backend */
         qc_int8_rows(h, f, rows, cols, out->data.data, out->scales.data);
         if (h->metric_add) {
             h->metric_add(h->ctx, "quant.int8.tensors", 1);
