@@ -45,7 +45,8 @@ fi
 rc=0
 for b in "${builds[@]}"; do
   echo "== meson test -C $b ==" >&2
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions="$root/scripts/lsan.supp" \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     meson test -C "$b" --print-errorlogs --num-processes 2 -t 4 "${suites[@]}" >&2 || rc=1
 done
 
