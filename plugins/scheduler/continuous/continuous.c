@@ -86,6 +86,7 @@
 
 #include "loom/plugin.h"
 #include "loom/scheduler.h"
+#include "sched_queue.h"
 
 #define CONT_WHO "scheduler.continuous"
 
@@ -177,43 +178,21 @@ static int cont_cmp(const cont_sched *s, const cont_seq *a, const cont_seq *b) {
     return 0;
 }
 
-static loom_status cont_queue_reserve(cont_sched *s, cont_queue *q, int32_t want,
-                                      loom_error *err) {
-    if (q->cap >= want) return LOOM_OK;
-    int32_t cap = q->cap ? q->cap : 16;
-    while (cap < want) cap *= 2;
-    cont_seq *v = s->host->alloc(s->host->ctx, (size_t)cap * sizeof *v);
-    if (!v)
-        return s->host->error(s->host->ctx, err, LOOM_ERR_NOMEM,
-                              CONT_WHO ": out of memory growing a queue to %d sequences", cap);
-    if (q->n) memcpy(v, q->v, (size_t)q->n * sizeof *v);
-    s->host->free(s->host->ctx, q->v);
-    q->v = v;
-    q->cap = cap;
-    return LOOM_OK;
+static int cont_cmp_any(const void *ctx, const void *a, const void *b) {
+    return cont_cmp(ctx, a, b);
+}
+
+static loom_status cont_queue_reserve(cont_sched *s, cont_queue *q, int32_t want, loom_error *err) {
+    return sq_reserve(s->host, CONT_WHO, (void **)&q->v, &q->cap, q->n, want, sizeof *q->v, err);
 }
 
 /* Insert in policy order (after equals); capacity must be reserved. Returns
  * the index it landed at. */
 static int32_t cont_queue_insert(const cont_sched *s, cont_queue *q, const cont_seq *x) {
-    int32_t lo = 0, hi = q->n;
-    while (lo < hi) {
-        int32_t mid = lo + (hi - lo) / 2;
-        if (cont_cmp(s, &q->v[mid], x) <= 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    memmove(&q->v[lo + 1], &q->v[lo], (size_t)(q->n - lo) * sizeof *x);
-    q->v[lo] = *x;
-    q->n++;
-    return lo;
+    return sq_insert(q->v, &q->n, x, sizeof *x, cont_cmp_any, s);
 }
 
-static void cont_queue_remove(cont_queue *q, int32_t i) {
-    memmove(&q->v[i], &q->v[i + 1], (size_t)(q->n - i - 1) * sizeof q->v[0]);
-    q->n--;
-}
+static void cont_queue_remove(cont_queue *q, int32_t i) { sq_remove(q->v, &q->n, i, sizeof q->v[0]); }
 
 static int32_t cont_queue_find(const cont_queue *q, loom_seq_id id) {
     for (int32_t i = 0; i < q->n; i++)
@@ -596,14 +575,8 @@ static loom_status cont_create(const loom_host *host, const void *config, void *
                            CONT_WHO ": create() needs a config (the host fills it from the "
                                     "parameter table)");
     const cont_config *cfg = config;
-    if (cfg->max_num_seqs < 1 || cfg->max_num_seqs > (1 << 20))
-        return host->error(host->ctx, err, LOOM_ERR_INVALID,
-                           CONT_WHO ": max_num_seqs = %lld, must be in [1, %d]",
-                           (long long)cfg->max_num_seqs, 1 << 20);
-    if (cfg->max_batched_tokens < 1 || cfg->max_batched_tokens > (1 << 30))
-        return host->error(host->ctx, err, LOOM_ERR_INVALID,
-                           CONT_WHO ": max_batched_tokens = %lld, must be in [1, %d]",
-                           (long long)cfg->max_batched_tokens, 1 << 30);
+    loom_status st = sq_check_limits(host, CONT_WHO, cfg->max_num_seqs, cfg->max_batched_tokens, err);
+    if (st != LOOM_OK) return st;
     if (cfg->policy != CONT_POLICY_FCFS && cfg->policy != CONT_POLICY_PRIORITY)
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            CONT_WHO ": policy index %lld is not fcfs (0) or priority (1)",

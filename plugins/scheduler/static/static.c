@@ -48,6 +48,7 @@
 
 #include "loom/plugin.h"
 #include "loom/scheduler.h"
+#include "sched_queue.h"
 
 #define STAT_WHO "scheduler.static"
 
@@ -98,41 +99,21 @@ static int stat_cmp(const stat_seq *a, const stat_seq *b) {
     return 0;
 }
 
-static loom_status stat_queue_reserve(stat_sched *s, stat_queue *q, int32_t want,
-                                      loom_error *err) {
-    if (q->cap >= want) return LOOM_OK;
-    int32_t cap = q->cap ? q->cap : 16;
-    while (cap < want) cap *= 2;
-    stat_seq *v = s->host->alloc(s->host->ctx, (size_t)cap * sizeof *v);
-    if (!v)
-        return s->host->error(s->host->ctx, err, LOOM_ERR_NOMEM,
-                              STAT_WHO ": out of memory growing a queue to %d sequences", cap);
-    if (q->n) memcpy(v, q->v, (size_t)q->n * sizeof *v);
-    s->host->free(s->host->ctx, q->v);
-    q->v = v;
-    q->cap = cap;
-    return LOOM_OK;
+static int stat_cmp_any(const void *ctx, const void *a, const void *b) {
+    (void)ctx;
+    return stat_cmp(a, b);
+}
+
+static loom_status stat_queue_reserve(stat_sched *s, stat_queue *q, int32_t want, loom_error *err) {
+    return sq_reserve(s->host, STAT_WHO, (void **)&q->v, &q->cap, q->n, want, sizeof *q->v, err);
 }
 
 /* FCFS insert (after equals); capacity must be reserved. */
 static void stat_queue_insert(stat_queue *q, const stat_seq *x) {
-    int32_t lo = 0, hi = q->n;
-    while (lo < hi) {
-        int32_t mid = lo + (hi - lo) / 2;
-        if (stat_cmp(&q->v[mid], x) <= 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    memmove(&q->v[lo + 1], &q->v[lo], (size_t)(q->n - lo) * sizeof *x);
-    q->v[lo] = *x;
-    q->n++;
+    sq_insert(q->v, &q->n, x, sizeof *x, stat_cmp_any, NULL);
 }
 
-static void stat_queue_remove(stat_queue *q, int32_t i) {
-    memmove(&q->v[i], &q->v[i + 1], (size_t)(q->n - i - 1) * sizeof q->v[0]);
-    q->n--;
-}
+static void stat_queue_remove(stat_queue *q, int32_t i) { sq_remove(q->v, &q->n, i, sizeof q->v[0]); }
 
 static int32_t stat_queue_find(const stat_queue *q, loom_seq_id id) {
     for (int32_t i = 0; i < q->n; i++)
@@ -311,14 +292,8 @@ static loom_status stat_create(const loom_host *host, const void *config, void *
                            STAT_WHO ": create() needs a config (the host fills it from the "
                                     "parameter table)");
     const stat_config *cfg = config;
-    if (cfg->max_num_seqs < 1 || cfg->max_num_seqs > (1 << 20))
-        return host->error(host->ctx, err, LOOM_ERR_INVALID,
-                           STAT_WHO ": max_num_seqs = %lld, must be in [1, %d]",
-                           (long long)cfg->max_num_seqs, 1 << 20);
-    if (cfg->max_batched_tokens < 1 || cfg->max_batched_tokens > (1 << 30))
-        return host->error(host->ctx, err, LOOM_ERR_INVALID,
-                           STAT_WHO ": max_batched_tokens = %lld, must be in [1, %d]",
-                           (long long)cfg->max_batched_tokens, 1 << 30);
+    loom_status st = sq_check_limits(host, STAT_WHO, cfg->max_num_seqs, cfg->max_batched_tokens, err);
+    if (st != LOOM_OK) return st;
     stat_sched *s = host->calloc(host->ctx, 1, sizeof *s);
     if (!s) return host->error(host->ctx, err, LOOM_ERR_NOMEM, STAT_WHO ": out of memory");
     s->host = host;
