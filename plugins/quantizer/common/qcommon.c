@@ -104,6 +104,23 @@ const loom_tensor *qc_packed_sibling(const loom_model_view *m, const loom_tensor
     return m->get(m->ctx, nm);
 }
 
+bool qc_plan_float_linear(const loom_host *h, const char *who, const char *scheme, const loom_model_view *m,
+                          const loom_tensor *w, const char *skip, loom_status *st, loom_error *err) {
+    *st = LOOM_OK;
+    if (!qc_is_linear(w) || qc_name_matches(w->name, skip)) return false;
+    if (qc_packed_sibling(m, w))
+        *st = h->error(h->ctx, err, LOOM_ERR_INVALID,
+                       "%s: tensor '%s' is stored as a packed 4-bit AWQ/GPTQ checkpoint "
+                       "(qweight/qzeros/scales); %s quantizes float weights. Use "
+                       "`quantizer: {plugin: int4, source: awq}` (or gptq), or a float "
+                       "checkpoint",
+                       who, w->name, scheme);
+    else if (loom_dtype_row_bytes(w->dtype, w->shape[1]) == 0)
+        *st = h->error(h->ctx, err, LOOM_ERR_INVALID, "%s: tensor '%s' has %lld columns, not whole %s blocks",
+                       who, w->name, (long long)w->shape[1], loom_dtype_name(w->dtype));
+    return *st == LOOM_OK;
+}
+
 /* ---------------------------------------------------- row parallelism */
 
 static void qc_int8_range(const float *w, int64_t r0, int64_t r1, int64_t cols, int8_t *q, float *scales);

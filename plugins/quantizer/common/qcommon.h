@@ -52,6 +52,14 @@ bool qc_sibling_name(const char *name, const char *suffix, char *out, size_t siz
  * exists), returns that tensor, else NULL. */
 const loom_tensor *qc_packed_sibling(const loom_model_view *m, const loom_tensor *w);
 
+/* For int8 and fp8's plan(): false (and LOOM_OK) when w is kept in float
+ * (not a linear weight, or matched by `skip`); true when it is a float
+ * linear weight to quantize. A packed AWQ/GPTQ weight or a row that is not
+ * whole blocks of its type is an error naming the tensor and the fix;
+ * `scheme` ("int8", "fp8") says what quantizes it. */
+bool qc_plan_float_linear(const loom_host *h, const char *who, const char *scheme, const loom_model_view *m,
+                          const loom_tensor *w, const char *skip, loom_status *st, loom_error *err);
+
 /* ------------------------------------------------------- float input */
 
 /* The whole of 2-D `w` as float32 (rows, cols), allocated with host->alloc

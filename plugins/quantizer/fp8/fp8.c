@@ -113,18 +113,8 @@ static loom_status fp8_plan(void *self, const loom_model_view *model, const loom
     bool pc = q->cfg.scales == FP8_SCALES_PER_CHANNEL;
     *out = (loom_quant_plan){.struct_size = sizeof *out, .format = LOOM_QFMT_NONE,
                              .per_channel = pc};
-    if (!qc_is_linear(w) || qc_name_matches(w->name, q->cfg.skip)) return LOOM_OK;
-    if (qc_packed_sibling(model, w))
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "%s: tensor '%s' is stored as a packed 4-bit AWQ/GPTQ checkpoint "
-                        "(qweight/qzeros/scales); fp8 quantizes float weights. Use "
-                        "`quantizer: {plugin: int4, source: awq}` (or gptq), or a float "
-                        "checkpoint",
-                        FP8_WHO, w->name);
-    if (loom_dtype_row_bytes(w->dtype, w->shape[1]) == 0)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "%s: tensor '%s' has %lld columns, not whole %s blocks", FP8_WHO, w->name,
-                        (long long)w->shape[1], loom_dtype_name(w->dtype));
+    loom_status st;
+    if (!qc_plan_float_linear(h, FP8_WHO, "fp8", model, w, q->cfg.skip, &st, err)) return st;
     out->format = LOOM_QFMT_FP8_W8A8;
     return LOOM_OK;
 }

@@ -126,18 +126,8 @@ static loom_status int8_plan(void *self, const loom_model_view *model, const loo
     const loom_host *h = q->host;
     *out = (loom_quant_plan){.struct_size = sizeof *out, .format = LOOM_QFMT_NONE,
                              .per_channel = true};
-    if (!qc_is_linear(w) || qc_name_matches(w->name, q->cfg.skip)) return LOOM_OK;
-    if (qc_packed_sibling(model, w))
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "%s: tensor '%s' is stored as a packed 4-bit AWQ/GPTQ checkpoint "
-                        "(qweight/qzeros/scales); int8 quantizes float weights. Use "
-                        "`quantizer: {plugin: int4, source: awq}` (or gptq), or a float "
-                        "checkpoint",
-                        INT8_WHO, w->name);
-    if (loom_dtype_row_bytes(w->dtype, w->shape[1]) == 0)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "%s: tensor '%s' has %lld columns, not whole %s blocks", INT8_WHO,
-                        w->name, (long long)w->shape[1], loom_dtype_name(w->dtype));
+    loom_status st;
+    if (!qc_plan_float_linear(h, INT8_WHO, "int8", model, w, q->cfg.skip, &st, err)) return st;
     out->format = q->cfg.mode == INT8_MODE_W8A8 ? LOOM_QFMT_INT8_W8A8 : LOOM_QFMT_INT8_W8A16;
     return LOOM_OK;
 }
