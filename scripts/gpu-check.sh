@@ -199,6 +199,18 @@ PY
   timeout 300 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/tp/cuda-tp2-llama3-8b.yaml \
     --num-requests 500 --input-len 384:640 --output-len 128:384 --seed 7 --no-progress \
     --json "$O/tp-offline-500.json" 2>&1 | tail -16 || fails=$((fails + 1))
+  step "Llama-3-8B shape, fp8 quantizer: greedy ids and batch-1 decode, tp 1 vs 2"
+  g1=$(timeout 200 "$LB/tests/e2e/engine_tool" greedy-ids configs/gpu/llama3-8b-fp8.yaml 64 "$P" 2>>"$O/tp1.err")
+  g2=$(timeout 200 "$LB/tests/e2e/engine_tool" greedy-ids configs/tp/cuda-tp2-llama3-8b-fp8.yaml 64 "$P" 2>>"$O/tp2.err")
+  python3 - "$g1" "$g2" <<'PY'
+import sys
+a, b = sys.argv[1].split(), sys.argv[2].split()
+k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print(f"{'SAME' if a == b and a else 'DIFF'} fp8 greedy tp2 vs tp1: identical for the first {k} of {len(a)} tokens")
+PY
+  timeout 300 loom bench --compare configs/gpu/llama3-8b-fp8.yaml configs/tp/cuda-tp2-llama3-8b-fp8.yaml \
+    --num-requests 4 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1 --no-progress \
+    --json "$O/tp-fp8-batch1.json" 2>&1 | tail -16 || fails=$((fails + 1))
   ;;
 *) echo "usage: scripts/gpu-check.sh stage1|stage2|quant|ppl|offline|spec2|tp" >&2; exit 2 ;;
 esac
