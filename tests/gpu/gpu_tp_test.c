@@ -30,8 +30,12 @@
  *   - the forked sequence's logits equal the original's on every rank;
  *   - kv_block_bytes of the executor is the plain one over the size (KV
  *     heads split);
- *   - with cuda_graphs on, a sharded run captures no graph (graphs are off
- *     while sharded) and matches the eager sharded run.
+ *   - with cuda_graphs on, a sharded run captures graphs (NCCL collectives
+ *     inside) for its decode steps and matches the eager sharded run;
+ *   - forward_topk through the executor (rank 0 reduces the gathered rows
+ *     on its GPU): every row's top-k ids/values and log-sum-exp equal the
+ *     host reference (loom/logits_topk.h) on the eager run's rows, and the
+ *     rows marked want_full equal them whole.
  * Exit status = failures.
  */
 #include <dlfcn.h>
@@ -45,6 +49,7 @@
 #include <cuda_runtime_api.h>
 
 #include "loom/backend.h"
+#include "loom/logits_topk.h"
 #include "loom/plugin.h"
 #include "model/model.h"
 #include "plugin/host.h"
@@ -242,7 +247,10 @@ typedef struct rig {
     int size;
     const loom_backend_ops *ops;
     void *self;
+    bool topk; /* steps through forward_topk (TOPK_K) instead of forward */
 } rig;
+
+#define TOPK_K 8
 
 static void rig_close(rig *g) {
     if (g->exec) g->tp->ops->destroy(g->exec); /* the engine's order: executor, then ranks */
@@ -293,6 +301,10 @@ typedef struct run_out {
     int fork_row;         /* first of the two fork-decode rows     */
     size_t kv_block_bytes;
     bool ok;
+    /* forward_topk runs: each row's summary; rows with an odd index are not
+     * asked whole and stay NaN in `logits` */
+    int32_t top_ids[MAX_ROWS * TOPK_K];
+    float top_vals[MAX_ROWS * TOPK_K], lse[MAX_ROWS];
 } run_out;
 
 /* The scenario on one rig; seqs' tokens drawn from [0, V) with a fixed seed. */
@@ -318,7 +330,17 @@ static run_out run_steps(rig *g, int V, const char *label) {
         build(seqs_, nnew_, n_, all_, &sb);                                                        \
         float *dst = r.logits + (size_t)r.rows * V;                                                \
         for (size_t i_ = 0; i_ < (size_t)sb.b.num_logits * V; i_++) dst[i_] = NAN;                 \
-        if ((st = g->ops->forward(g->self, &sb.b, dst, &e))) goto fail;                            \
+        if (!g->topk) {                                                                            \
+            if ((st = g->ops->forward(g->self, &sb.b, dst, &e))) goto fail;                        \
+        } else {                                                                                   \
+            uint8_t want[MAX_ROWS];                                                                \
+            for (int i_ = 0; i_ < sb.b.num_logits; i_++) want[i_] = (r.rows + i_) % 2 == 0;        \
+            loom_logits_topk tk_ = {.struct_size = sizeof tk_, .k = TOPK_K,                        \
+                                    .top_ids = r.top_ids + (size_t)r.rows * TOPK_K,                \
+                                    .top_vals = r.top_vals + (size_t)r.rows * TOPK_K,              \
+                                    .lse = r.lse + r.rows, .want_full = want, .full = dst};        \
+            if ((st = g->ops->forward_topk(g->self, &sb.b, &tk_, &e))) goto fail;                  \
+        }                                                                                          \
         r.rows += sb.b.num_logits;                                                                 \
         for (int i_ = 0; i_ < n_; i_++) seqs_[i_]->done += nnew_[i_];                              \
     } while (0)
@@ -433,27 +455,61 @@ static void run_model(const plugin *cuda, const plugin *tp, int ndev, const char
         else free(got.logits);
     }
 
-    /* graphs requested while sharded: none captured, same logits as eager */
+    /* graphs while sharded: captured (collectives inside), same logits as
+     * eager; then forward_topk through the executor on graph steps */
     if (eager2.ok) {
-        double cap0 = loom_metrics_get("backend.cuda.graph_captures");
-        snprintf(label, sizeof label, "%s tp size 2 cuda_graphs=true", name);
-        if ((st = rig_open(&g, cuda, tp, 2, true, view, &e))) {
-            printf("FAIL %s: setup: status %d: %s\n", label, (int)st, e.message);
-            g_fail++;
-        } else {
-            run_out got = run_steps(&g, V, label);
-            if (got.ok) {
+        for (int use_topk = 0; use_topk < 2; use_topk++) {
+            double cap0 = loom_metrics_get("backend.cuda.graph_captures");
+            snprintf(label, sizeof label, "%s tp size 2 cuda_graphs=true%s", name,
+                     use_topk ? " forward_topk" : "");
+            if ((st = rig_open(&g, cuda, tp, 2, true, view, &e))) {
+                printf("FAIL %s: setup: status %d: %s\n", label, (int)st, e.message);
+                g_fail++;
+                rig_close(&g);
+                continue;
+            }
+            g.topk = use_topk;
+            run_out *got = malloc(sizeof *got);
+            *got = run_steps(&g, V, label);
+            rig_close(&g);
+            char what[400];
+            if (got->ok && !use_topk) {
                 double caps = loom_metrics_get("backend.cuda.graph_captures") - cap0;
-                char what[200];
-                snprintf(what, sizeof what, "%s: no graph captured (%g)", label, caps);
-                result(caps == 0, what, 0, NULL);
-                double err = rows_err(got.logits, eager2.logits, eager2.rows, V);
+                snprintf(what, sizeof what, "%s: graphs captured on both ranks (%g)", label, caps);
+                result(caps >= 2, what, 0, NULL);
+                double err = rows_err(got->logits, eager2.logits, eager2.rows, V);
                 snprintf(what, sizeof what, "%s == eager sharded run", label);
                 result(err <= TOL_SAME, what, err, NULL);
+            } else if (got->ok) {
+                double full_err = 0, lse_err = 0;
+                int id_bad = 0;
+                for (int r = 0; r < eager2.rows && r < got->rows; r++) {
+                    const float *ref = eager2.logits + (size_t)r * V;
+                    int32_t ids[TOPK_K];
+                    float vals[TOPK_K], lse;
+                    loom_logits_topk_row(ref, V, TOPK_K, ids, vals, &lse);
+                    for (int j = 0; j < TOPK_K; j++) /* a tie may order ids either way */
+                        if (ids[j] != got->top_ids[r * TOPK_K + j] &&
+                            fabsf(vals[j] - got->top_vals[r * TOPK_K + j]) > 1e-6f * fabsf(vals[j]))
+                            id_bad++;
+                    double d = fabs((double)lse - got->lse[r]);
+                    if (!(d <= lse_err)) lse_err = d;
+                    if (r % 2 == 0) {
+                        double fe = rows_err(got->logits + (size_t)r * V, ref, 1, V);
+                        if (!(fe <= full_err)) full_err = fe;
+                    }
+                }
+                snprintf(what, sizeof what, "%s: top-%d ids/values == host reference (%d rows)", label,
+                         TOPK_K, eager2.rows);
+                result(got->rows == eager2.rows && id_bad == 0, what, id_bad, NULL);
+                snprintf(what, sizeof what, "%s: log-sum-exp == host reference", label);
+                result(lse_err <= 1e-4, what, lse_err, NULL);
+                snprintf(what, sizeof what, "%s: want_full rows == eager sharded run", label);
+                result(full_err <= TOL_SAME, what, full_err, NULL);
             }
-            free(got.logits);
+            free(got->logits);
+            free(got);
         }
-        rig_close(&g);
     }
     free(eager2.logits);
 out:

@@ -45,7 +45,12 @@ $SAN "$B/tests/gpu/gpu_kernel_tests" 2>&1 | tee "$O/kernel_tests.log"
 [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
 if [ $RACE = 1 ]; then
   echo "=== gpu_kernel_tests under racecheck"
-  compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 98 \
+  # cuBLASLt's Hopper kernels (nvjet_*, sm90_*) synchronise through
+  # mbarriers and TMA, which racecheck does not model: thousands of
+  # "potential WAR hazards" inside them on every GEMM (seen on the H200).
+  # Only loom's own kernels (lc_*, tk_*) are checked.
+  compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 98 --print-limit 200 \
+    --kernel-name-exclude kns=nvjet --kernel-name-exclude kns=sm90_ --kernel-name-exclude kns=cutlass \
     "$B/tests/gpu/gpu_kernel_tests" 2>&1 | tee "$O/kernel_tests_racecheck.log" | tail -5
   [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
 fi

@@ -13,7 +13,11 @@
  *   memory      the smallest free memory over ranks (divided by size when
  *               the ranks share host RAM);
  *   kv_alloc, copy_blocks, swap_blocks, forward  every rank, same args;
- *               only rank 0 is given the logits buffer.
+ *               only rank 0 is given the logits buffer;
+ *   forward_topk  rank 0 reduces the gathered logits rows where they are
+ *               (the backend's forward_topk), its peers run forward() with
+ *               no buffer; with a backend that has no forward_topk, rank 0
+ *               returns whole rows and they are reduced here on the host.
  * The split itself — which heads, FFN columns and vocabulary rows a rank
  * keeps — is the backend's (Megatron-style, docs/tensor-parallel.md); this
  * file checks that the model divides over the size first, with a message
@@ -34,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/logits_topk.h"
 #include "tp.h"
 
 #define TP_MAX_SIZE 1024
@@ -84,6 +89,7 @@ typedef enum tp_op {
     TP_OP_MEMORY,
     TP_OP_KV_ALLOC,
     TP_OP_FORWARD,
+    TP_OP_FORWARD_TOPK,
     TP_OP_COPY,
     TP_OP_SWAP,
     TP_OP_QUIT,
@@ -98,6 +104,7 @@ typedef struct tp_job {
     const loom_kv_layout *layout;
     const loom_batch *batch;
     float *logits;                     /* rank 0's                            */
+    const loom_logits_topk *topk;      /* rank 0's (TP_OP_FORWARD_TOPK)       */
     const int32_t *pairs;
     int32_t n;
     loom_swap_dir dir;
@@ -129,6 +136,9 @@ typedef struct tp_exec {
     tp_nccl *nc;                       /* NCCL communicator                   */
 #endif
     bool loaded;
+    int64_t vocab;                     /* the loaded model's                  */
+    float *topk_rows;                  /* forward_topk without the backend's  */
+    size_t topk_cap;                   /* floats in topk_rows                 */
 
     /* job hand-off: the engine thread posts, workers run, the last wakes it */
     pthread_mutex_t mu;
@@ -170,6 +180,10 @@ static void tp_rank_run(tp_rank *rk, const tp_job *j) {
     case TP_OP_KV_ALLOC: rk->st = o->kv_alloc(rk->inst, j->layout, err); break;
     case TP_OP_FORWARD:
         rk->st = o->forward(rk->inst, j->batch, rk->index == 0 ? j->logits : NULL, err);
+        break;
+    case TP_OP_FORWARD_TOPK:
+        rk->st = rk->index == 0 ? o->forward_topk(rk->inst, j->batch, j->topk, err)
+                                : o->forward(rk->inst, j->batch, NULL, err);
         break;
     case TP_OP_COPY: rk->st = o->copy_blocks(rk->inst, j->pairs, j->n, err); break;
     case TP_OP_SWAP: rk->st = o->swap_blocks(rk->inst, j->dir, j->pairs, j->n, err); break;
@@ -422,6 +436,7 @@ static void tp_destroy(void *self) {
         pthread_cond_destroy(&tp->cv_job);
         pthread_mutex_destroy(&tp->mu);
     }
+    h->free(h->ctx, tp->topk_rows);
     h->free(h->ctx, tp->ranks);
     h->free(h->ctx, tp);
 }
@@ -540,6 +555,7 @@ static loom_status tp_load(void *self, const loom_model_view *m, const loom_quan
         if ((st = tp_run(tp, j, err)) != LOOM_OK) return st;
     }
     tp->loaded = true;
+    tp->vocab = c->vocab_size;
     int32_t n = tp->world;
     int64_t vpad = ((int64_t)c->vocab_size + n - 1) / n;
     char kv[96];
@@ -607,6 +623,43 @@ static loom_status tp_forward(void *self, const loom_batch *batch, float *logits
                   err);
 }
 
+/* Rows reduced where they are computed (loom/backend.h's forward_topk):
+ * only k candidates per row cross to the host instead of the vocabulary. */
+static loom_status tp_forward_topk(void *self, const loom_batch *batch, const loom_logits_topk *out,
+                                   loom_error *err) {
+    tp_exec *tp = self;
+    const loom_host *h = tp->host;
+    loom_status st = tp_need(tp, true, "forward_topk", err);
+    if (st != LOOM_OK) return st;
+    if (!out || out->struct_size < sizeof *out || out->k < 1 || out->k > LOOM_LOGITS_TOPK_MAX)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "executor tp: forward_topk: k = %d is outside 1..%d",
+                        out ? out->k : 0, LOOM_LOGITS_TOPK_MAX);
+    if (tp->inner->struct_size >= offsetof(loom_backend_ops, forward_topk) + sizeof(void *) &&
+        tp->inner->forward_topk)
+        return tp_run(tp, (tp_job){.op = TP_OP_FORWARD_TOPK, .only = -1, .batch = batch, .topk = out},
+                      err);
+    /* the ranks' backend returns whole rows only: reduce them here */
+    const int64_t V = tp->vocab, NL = batch ? batch->num_logits : 0;
+    if (NL <= 0) return tp_forward(self, batch, NULL, err);
+    const size_t need = (size_t)NL * (size_t)V;
+    if (need > tp->topk_cap) {
+        float *p = h->alloc(h->ctx, need * sizeof(float));
+        if (!p)
+            return h->error(h->ctx, err, LOOM_ERR_NOMEM, "executor tp: out of host memory for %lld logits rows",
+                            (long long)NL);
+        h->free(h->ctx, tp->topk_rows);
+        tp->topk_rows = p, tp->topk_cap = need;
+    }
+    if ((st = tp_forward(self, batch, tp->topk_rows, err)) != LOOM_OK) return st;
+    for (int64_t r = 0; r < NL; r++) {
+        const float *row = tp->topk_rows + (size_t)r * (size_t)V;
+        loom_logits_topk_row(row, (int32_t)V, out->k, out->top_ids + r * out->k, out->top_vals + r * out->k,
+                             out->lse + r);
+        if (out->want_full[r]) memcpy(out->full + (size_t)r * (size_t)V, row, (size_t)V * sizeof(float));
+    }
+    return LOOM_OK;
+}
+
 static loom_status tp_copy_blocks(void *self, const int32_t *pairs, int32_t n, loom_error *err) {
     tp_exec *tp = self;
     loom_status st = tp_need(tp, true, "copy_blocks", err);
@@ -638,6 +691,7 @@ static const loom_backend_ops tp_ops = {
     .memory = tp_memory,
     .kv_alloc = tp_kv_alloc,
     .forward = tp_forward,
+    .forward_topk = tp_forward_topk,
     .copy_blocks = tp_copy_blocks,
     .swap_blocks = tp_swap_blocks,
     .inner_count = tp_inner_count,
