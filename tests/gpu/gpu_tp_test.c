@@ -30,8 +30,9 @@
  *   - the forked sequence's logits equal the original's on every rank;
  *   - kv_block_bytes of the executor is the plain one over the size (KV
  *     heads split);
- *   - with cuda_graphs on, a sharded run captures graphs (NCCL collectives
- *     inside) for its decode steps and matches the eager sharded run;
+ *   - with cuda_graphs on, a sharded run captures no graph (graphs are off
+ *     while sharded: capturing NCCL calls hung on 2 H200s) and matches the
+ *     eager sharded run;
  *   - forward_topk through the executor (rank 0 reduces the gathered rows
  *     on its GPU): every row's top-k ids/values and log-sum-exp equal the
  *     host reference (loom/logits_topk.h) on the eager run's rows, and the
@@ -455,8 +456,8 @@ static void run_model(const plugin *cuda, const plugin *tp, int ndev, const char
         else free(got.logits);
     }
 
-    /* graphs while sharded: captured (collectives inside), same logits as
-     * eager; then forward_topk through the executor on graph steps */
+    /* graphs requested while sharded: none captured, same logits as eager;
+     * then forward_topk through the executor */
     if (eager2.ok) {
         for (int use_topk = 0; use_topk < 2; use_topk++) {
             double cap0 = loom_metrics_get("backend.cuda.graph_captures");
@@ -475,8 +476,8 @@ static void run_model(const plugin *cuda, const plugin *tp, int ndev, const char
             char what[400];
             if (got->ok && !use_topk) {
                 double caps = loom_metrics_get("backend.cuda.graph_captures") - cap0;
-                snprintf(what, sizeof what, "%s: graphs captured on both ranks (%g)", label, caps);
-                result(caps >= 2, what, 0, NULL);
+                snprintf(what, sizeof what, "%s: no graph captured (%g)", label, caps);
+                result(caps == 0, what, 0, NULL);
                 double err = rows_err(got->logits, eager2.logits, eager2.rows, V);
                 snprintf(what, sizeof what, "%s == eager sharded run", label);
                 result(err <= TOL_SAME, what, err, NULL);

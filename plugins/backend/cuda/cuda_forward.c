@@ -37,8 +37,8 @@
  * computes this rank's (rows, vocab_pad) slice, an all-gather collects every
  * rank's and the rank given a logits buffer reorders them into whole rows
  * (ranks given none — the executor passes NULL to all but rank 0 — still
- * take part in every collective and sync). Graphs capture the collectives
- * too (see cb_graph_bucket).
+ * take part in every collective and sync). CUDA graphs are off while
+ * sharded (see cb_graph_bucket).
  */
 #include "cuda_backend.h"
 #include "loom/logits_topk.h"
@@ -535,14 +535,13 @@ static void cb_capture(cuda_backend *b, int q, int k, const cuda_plan *p) {
  * CB_GRAPH_MAX_Q query tokens qualifies: decode (q = 1), draft
  * verification (q = k + 1), short prefill tails. */
 static int cb_graph_bucket(const cuda_backend *b, const loom_batch *bt, int32_t *q) {
-    /* Sharded ranks use graphs too: NCCL collectives are captured into
-     * them (NCCL >= 2.9 supports stream capture) and every rank sees the
-     * same batches, so all ranks capture and replay the same buckets in
-     * the same order. A rank whose capture failed runs that shape eagerly,
-     * issuing the same collectives in the same order, so peers still meet.
-     * Without graphs a tensor-parallel decode step is launch-bound: two
-     * all-reduces and ~12 kernels per layer (measured on 2 H200s). */
-    if (!b->cfg.cuda_graphs) return -1;
+    /* Sharded: no graphs. NCCL supports stream capture and every rank sees
+     * the same batches, so all ranks would capture and replay the same
+     * buckets together; but on 2 H200s (2026-11-29) the first sharded
+     * step that captured its collectives (two ranks, one thread each, one
+     * process) never finished, so sharded steps stay eager until that is
+     * understood (docs/tensor-parallel.md). */
+    if (!b->cfg.cuda_graphs || b->sharded) return -1;
     const int32_t S = bt->num_seqs;
     int32_t qmax = 0;
     for (int32_t s = 0; s < S; s++) {

@@ -992,10 +992,11 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
     if (comm)
         h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
                "rank %d/%d of '%s' on device %d: heads %d..%d, KV heads %d..%d, FFN %lld..%lld, "
-               "vocab %d..%d, %.1f MiB %s weights",
+               "vocab %d..%d, %.1f MiB %s weights%s",
                sh.rank, sh.size, c->name, b->device, sh.head0, sh.head0 + sh.heads - 1, sh.kv0,
                sh.kv0 + sh.kv_heads - 1, (long long)i0, (long long)(i0 + Il - 1), sh.vocab_lo,
-               sh.vocab_lo + sh.vocab_rows - 1, cb_mib(b->weight_bytes), loom_dtype_name(b->ldt));
+               sh.vocab_lo + sh.vocab_rows - 1, cb_mib(b->weight_bytes), loom_dtype_name(b->ldt),
+               b->sharded && b->cfg.cuda_graphs ? "; CUDA graphs off while sharded" : "");
     else
         h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
                "loaded '%s': %d layers, %.1f MiB %s weights (%.1f MiB quantized%s%s)%s%s",
