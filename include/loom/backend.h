@@ -95,6 +95,12 @@ typedef struct loom_comm {
      * `recv` (size * count elements, rank-major). */
     loom_status (*all_gather)(void *ctx, int32_t rank, const void *send, void *recv, int64_t count,
                               loom_dtype dtype, void *stream, loom_error *err);
+    /* since ABI 1.3 (read only when struct_size covers it) */
+
+    /* Collectives of at most this many bytes per rank are plain device
+     * kernels on `stream` (no host work, no NCCL), so a backend may capture
+     * steps that only make such calls into a CUDA graph; 0 = none are. */
+    int64_t graph_safe_bytes;
 } loom_comm;
 
 /* Largest k forward_topk() must serve. */

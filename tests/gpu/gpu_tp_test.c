@@ -30,9 +30,10 @@
  *   - the forked sequence's logits equal the original's on every rank;
  *   - kv_block_bytes of the executor is the plain one over the size (KV
  *     heads split);
- *   - with cuda_graphs on, a sharded run captures no graph (graphs are off
- *     while sharded: capturing NCCL calls hung on 2 H200s) and matches the
- *     eager sharded run;
+ *   - size 2 with graphs on and NCCL collectives captures no graph
+ *     (capturing NCCL calls hung on 2 H200s); with the executor's
+ *     peer-to-peer collectives (p2p_kib) it runs eagerly and captures its
+ *     decode steps; every way equals the eager NCCL run bit for bit;
  *   - forward_topk through the executor (rank 0 reduces the gathered rows
  *     on its GPU): every row's top-k ids/values and log-sum-exp equal the
  *     host reference (loom/logits_topk.h) on the eager run's rows, and the
@@ -262,7 +263,7 @@ static void rig_close(rig *g) {
 }
 
 static loom_status rig_open(rig *g, const plugin *cuda, const plugin *tp, int size, bool graphs,
-                            const loom_model_view *view, loom_error *e) {
+                            bool p2p, const loom_model_view *view, loom_error *e) {
     memset(g, 0, sizeof *g);
     g->cuda = cuda, g->tp = tp;
     const char *ov[] = {graphs ? "cuda_graphs=true" : "cuda_graphs=false",
@@ -278,7 +279,7 @@ static loom_status rig_open(rig *g, const plugin *cuda, const plugin *tp, int si
     } else {
         char sz[32];
         snprintf(sz, sizeof sz, "size=%d", size);
-        const char *tov[] = {sz, "comm=nccl", NULL};
+        const char *tov[] = {sz, "comm=nccl", p2p ? "p2p_kib=8192" : NULL, NULL};
         void *tcfg = config_make(tp->comp, tov);
         st = tp->ops->create(h, tcfg, &g->exec, e);
         free(tcfg);
@@ -394,7 +395,7 @@ static void run_model(const plugin *cuda, const plugin *tp, int ndev, const char
     char label[160];
     loom_error e = {0};
     rig g;
-    loom_status st = rig_open(&g, cuda, tp, 0, false, view, &e);
+    loom_status st = rig_open(&g, cuda, tp, 0, false, false, view, &e);
     if (st) {
         printf("FAIL %s: plain backend setup: status %d: %s\n", name, (int)st, e.message);
         g_fail++;
@@ -415,7 +416,7 @@ static void run_model(const plugin *cuda, const plugin *tp, int ndev, const char
             (c->num_kv_heads % n && n % c->num_kv_heads) || (c->intermediate_size / n) % 8)
             continue;
         snprintf(label, sizeof label, "%s tp size %d", name, n);
-        if ((st = rig_open(&g, cuda, tp, n, false, view, &e))) {
+        if ((st = rig_open(&g, cuda, tp, n, false, false, view, &e))) {
             printf("FAIL %s: setup: status %d: %s\n", label, (int)st, e.message);
             g_fail++;
             rig_close(&g);
@@ -456,61 +457,74 @@ static void run_model(const plugin *cuda, const plugin *tp, int ndev, const char
         else free(got.logits);
     }
 
-    /* graphs requested while sharded: none captured, same logits as eager;
-     * then forward_topk through the executor */
-    if (eager2.ok) {
-        for (int use_topk = 0; use_topk < 2; use_topk++) {
-            double cap0 = loom_metrics_get("backend.cuda.graph_captures");
-            snprintf(label, sizeof label, "%s tp size 2 cuda_graphs=true%s", name,
-                     use_topk ? " forward_topk" : "");
-            if ((st = rig_open(&g, cuda, tp, 2, true, view, &e))) {
-                printf("FAIL %s: setup: status %d: %s\n", label, (int)st, e.message);
-                g_fail++;
-                rig_close(&g);
-                continue;
-            }
-            g.topk = use_topk;
-            run_out *got = malloc(sizeof *got);
-            *got = run_steps(&g, V, label);
+    /* size 2 again, each way a step can run: graphs requested with NCCL
+     * collectives (none captured), then loom's peer-to-peer collectives
+     * (p2p_kib) eager and in graphs (captured: no NCCL inside); each with
+     * forward() and with forward_topk (rank 0 reduces the gathered rows).
+     * Two ranks' sums round once either way, so all equal the eager NCCL
+     * run (eager2) bit for bit. */
+    static const struct { bool graphs, p2p, topk; } variants[] = {
+        {true, false, false}, {true, false, true}, {false, true, false}, {true, true, false}, {true, true, true},
+    };
+    for (size_t vi = 0; eager2.ok && vi < sizeof variants / sizeof variants[0]; vi++) {
+        const bool graphs = variants[vi].graphs, p2p = variants[vi].p2p, use_topk = variants[vi].topk;
+        double cap0 = loom_metrics_get("backend.cuda.graph_captures");
+        snprintf(label, sizeof label, "%s tp size 2 graphs=%s%s%s", name, graphs ? "on" : "off",
+                 p2p ? " p2p" : " nccl", use_topk ? " forward_topk" : "");
+        if ((st = rig_open(&g, cuda, tp, 2, graphs, p2p, view, &e))) {
+            printf("FAIL %s: setup: status %d: %s\n", label, (int)st, e.message);
+            g_fail++;
             rig_close(&g);
-            char what[400];
-            if (got->ok && !use_topk) {
-                double caps = loom_metrics_get("backend.cuda.graph_captures") - cap0;
-                snprintf(what, sizeof what, "%s: no graph captured (%g)", label, caps);
-                result(caps == 0, what, 0, NULL);
-                double err = rows_err(got->logits, eager2.logits, eager2.rows, V);
-                snprintf(what, sizeof what, "%s == eager sharded run", label);
-                result(err <= TOL_SAME, what, err, NULL);
-            } else if (got->ok) {
-                double full_err = 0, lse_err = 0;
-                int id_bad = 0;
-                for (int r = 0; r < eager2.rows && r < got->rows; r++) {
-                    const float *ref = eager2.logits + (size_t)r * V;
-                    int32_t ids[TOPK_K];
-                    float vals[TOPK_K], lse;
-                    loom_logits_topk_row(ref, V, TOPK_K, ids, vals, &lse);
-                    for (int j = 0; j < TOPK_K; j++) /* a tie may order ids either way */
-                        if (ids[j] != got->top_ids[r * TOPK_K + j] &&
-                            fabsf(vals[j] - got->top_vals[r * TOPK_K + j]) > 1e-6f * fabsf(vals[j]))
-                            id_bad++;
-                    double d = fabs((double)lse - got->lse[r]);
-                    if (!(d <= lse_err)) lse_err = d;
-                    if (r % 2 == 0) {
-                        double fe = rows_err(got->logits + (size_t)r * V, ref, 1, V);
-                        if (!(fe <= full_err)) full_err = fe;
-                    }
-                }
-                snprintf(what, sizeof what, "%s: top-%d ids/values == host reference (%d rows)", label,
-                         TOPK_K, eager2.rows);
-                result(got->rows == eager2.rows && id_bad == 0, what, id_bad, NULL);
-                snprintf(what, sizeof what, "%s: log-sum-exp == host reference", label);
-                result(lse_err <= 1e-4, what, lse_err, NULL);
-                snprintf(what, sizeof what, "%s: want_full rows == eager sharded run", label);
-                result(full_err <= TOL_SAME, what, full_err, NULL);
-            }
-            free(got->logits);
-            free(got);
+            continue;
         }
+        g.topk = use_topk;
+        run_out *got = malloc(sizeof *got);
+        *got = run_steps(&g, V, label);
+        rig_close(&g);
+        char what[400];
+        if (got->ok && !use_topk) {
+            double caps = loom_metrics_get("backend.cuda.graph_captures") - cap0;
+            if (graphs && p2p) {
+                snprintf(what, sizeof what, "%s: graphs captured on both ranks (%g)", label, caps);
+                result(caps >= 2, what, 0, NULL);
+            } else if (graphs) {
+                snprintf(what, sizeof what, "%s: no graph captured with NCCL (%g)", label, caps);
+                result(caps == 0, what, 0, NULL);
+            }
+            double err = rows_err(got->logits, eager2.logits, eager2.rows, V);
+            bool same = !memcmp(got->logits, eager2.logits, sizeof(float) * (size_t)eager2.rows * V);
+            snprintf(what, sizeof what, "%s == eager NCCL run", label);
+            result(got->rows == eager2.rows && err <= TOL_SAME, what, err,
+                   same ? " (bit-identical)" : " (not bit-identical)");
+        } else if (got->ok) {
+            double full_err = 0, lse_err = 0;
+            int id_bad = 0;
+            for (int r = 0; r < eager2.rows && r < got->rows; r++) {
+                const float *ref = eager2.logits + (size_t)r * V;
+                int32_t ids[TOPK_K];
+                float vals[TOPK_K], lse;
+                loom_logits_topk_row(ref, V, TOPK_K, ids, vals, &lse);
+                for (int j = 0; j < TOPK_K; j++) /* a tie may order ids either way */
+                    if (ids[j] != got->top_ids[r * TOPK_K + j] &&
+                        fabsf(vals[j] - got->top_vals[r * TOPK_K + j]) > 1e-6f * fabsf(vals[j]))
+                        id_bad++;
+                double d = fabs((double)lse - got->lse[r]);
+                if (!(d <= lse_err)) lse_err = d;
+                if (r % 2 == 0) {
+                    double fe = rows_err(got->logits + (size_t)r * V, ref, 1, V);
+                    if (!(fe <= full_err)) full_err = fe;
+                }
+            }
+            snprintf(what, sizeof what, "%s: top-%d ids/values == host reference (%d rows)", label, TOPK_K,
+                     eager2.rows);
+            result(got->rows == eager2.rows && id_bad == 0, what, id_bad, NULL);
+            snprintf(what, sizeof what, "%s: log-sum-exp == host reference", label);
+            result(lse_err <= 1e-4, what, lse_err, NULL);
+            snprintf(what, sizeof what, "%s: want_full rows == eager NCCL run", label);
+            result(full_err <= TOL_SAME, what, full_err, NULL);
+        }
+        free(got->logits);
+        free(got);
     }
     free(eager2.logits);
 out:

@@ -37,8 +37,8 @@
  * computes this rank's (rows, vocab_pad) slice, an all-gather collects every
  * rank's and the rank given a logits buffer reorders them into whole rows
  * (ranks given none — the executor passes NULL to all but rank 0 — still
- * take part in every collective and sync). CUDA graphs are off while
- * sharded (see cb_graph_bucket).
+ * take part in every collective and sync). CUDA graphs only when the
+ * communicator's collectives are plain kernels (see cb_graph_bucket).
  */
 #include "cuda_backend.h"
 #include "loom/logits_topk.h"
@@ -535,13 +535,15 @@ static void cb_capture(cuda_backend *b, int q, int k, const cuda_plan *p) {
  * CB_GRAPH_MAX_Q query tokens qualifies: decode (q = 1), draft
  * verification (q = k + 1), short prefill tails. */
 static int cb_graph_bucket(const cuda_backend *b, const loom_batch *bt, int32_t *q) {
-    /* Sharded: no graphs. NCCL supports stream capture and every rank sees
-     * the same batches, so all ranks would capture and replay the same
-     * buckets together; but on 2 H200s (2026-11-29) the first sharded
-     * step that captured its collectives (two ranks, one thread each, one
-     * process) never finished, so sharded steps stay eager until that is
-     * understood (docs/tensor-parallel.md). */
-    if (!b->cfg.cuda_graphs || b->sharded) return -1;
+    /* Sharded: graphs only when every collective of the step is one the
+     * communicator runs as a plain kernel (comm.graph_safe_bytes, the tp
+     * executor's peer-to-peer path), never NCCL: on 2 H200s (2026-11-29)
+     * the first sharded step that captured NCCL collectives (two ranks,
+     * one thread each, one process) never finished. Every rank sees the
+     * same batches, so all capture and replay the same buckets together. */
+    if (!b->cfg.cuda_graphs) return -1;
+    const int64_t comm_row_bytes =
+        4 * (b->mc.hidden_size > b->vocab_pad ? (int64_t)b->mc.hidden_size : (int64_t)b->vocab_pad);
     const int32_t S = bt->num_seqs;
     int32_t qmax = 0;
     for (int32_t s = 0; s < S; s++) {
@@ -554,6 +556,8 @@ static int cb_graph_bucket(const cuda_backend *b, const loom_batch *bt, int32_t 
         if (cb_buckets[k] < S) continue;
         const int32_t rows = cb_buckets[k] * qmax;
         if (cb_buckets[k] > b->cfg.max_graph_batch || rows > b->max_tokens || rows > b->logits_rows) return -1;
+        /* f32 x after the embedding, f32 logits slices: 4 bytes a column */
+        if (b->sharded && (int64_t)rows * comm_row_bytes > b->comm.graph_safe_bytes) return -1;
         *q = qmax;
         return k;
     }

@@ -985,7 +985,10 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
     b->vocab_rows = sh.vocab_rows;
     b->vocab_pad = sh.vocab_pad;
     b->sharded = comm && comm->size > 1;
-    if (b->sharded) b->comm = *comm;
+    if (b->sharded) { /* an older executor's table is shorter: its new fields read 0 */
+        memset(&b->comm, 0, sizeof b->comm);
+        memcpy(&b->comm, comm, comm->struct_size < sizeof b->comm ? comm->struct_size : sizeof b->comm);
+    }
     if ((st = cb_rope_init(b, err)) || (st = cb_work_init(b, err))) goto fail;
     b->loaded = true;
     if (h->metric_set) h->metric_set(h->ctx, "backend.cuda.weight_bytes", (double)b->weight_bytes);
@@ -996,7 +999,9 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                sh.rank, sh.size, c->name, b->device, sh.head0, sh.head0 + sh.heads - 1, sh.kv0,
                sh.kv0 + sh.kv_heads - 1, (long long)i0, (long long)(i0 + Il - 1), sh.vocab_lo,
                sh.vocab_lo + sh.vocab_rows - 1, cb_mib(b->weight_bytes), loom_dtype_name(b->ldt),
-               b->sharded && b->cfg.cuda_graphs ? "; CUDA graphs off while sharded" : "");
+               !b->cfg.cuda_graphs || !b->sharded ? ""
+               : b->comm.graph_safe_bytes > 0 ? "; CUDA graphs for steps whose collectives are peer-to-peer kernels"
+                                              : "; CUDA graphs off (NCCL collectives; executor.p2p_kib enables them)");
     else
         h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
                "loaded '%s': %d layers, %.1f MiB %s weights (%.1f MiB quantized%s%s)%s%s",

@@ -55,6 +55,7 @@ typedef struct tp_config {
     int64_t nodes;                        /* processes (one per node)          */
     int64_t node_rank;                    /* this process, 0..nodes-1          */
     int64_t rendezvous_timeout;           /* seconds                           */
+    int64_t p2p_kib;                      /* peer-to-peer collectives up to    */
 } tp_config;
 
 static const loom_param tp_params[] = {
@@ -78,6 +79,11 @@ static const loom_param tp_params[] = {
     {.key = "rendezvous_timeout", .type = LOOM_PARAM_INT,
      .offset = offsetof(tp_config, rendezvous_timeout), .default_value = "300", .min = 1,
      .max = 86400, .doc = "multi-node: seconds to wait for every node to join"},
+    {.key = "p2p_kib", .type = LOOM_PARAM_INT, .offset = offsetof(tp_config, p2p_kib),
+     .default_value = "0", .min = 0, .max = 262144,
+     .doc = "nccl, one node: collectives of at most this many KiB per rank run as loom's own "
+            "peer-to-peer kernels instead of NCCL (lower latency for decode steps, and the cuda "
+            "backend may then capture sharded steps into CUDA graphs); 0 = NCCL for all"},
     {.key = NULL},
 };
 
@@ -238,6 +244,17 @@ static loom_status tp_run(tp_exec *tp, tp_job j, loom_error *err) {
     while (tp->pending > 0) pthread_cond_wait(&tp->cv_done, &tp->mu);
     int32_t failed = tp->failed;
     pthread_mutex_unlock(&tp->mu);
+#ifdef LOOM_TP_HAVE_NCCL
+    /* every rank synced its stream: a peer-to-peer kernel that gave up
+     * waiting for a peer has said so by now */
+    if (failed < 0 && tp->nc && j.op != TP_OP_QUIT) {
+        loom_status cs = tp_nccl_check(tp->nc, err);
+        if (cs != LOOM_OK) {
+            tp_comm_abort(tp);
+            return cs;
+        }
+    }
+#endif
     if (failed < 0) return LOOM_OK;
     /* every rank has left its collectives: the threads group can be reused */
     if (tp->tc) tp_threads_reset(tp->tc);
@@ -484,6 +501,8 @@ static loom_status tp_attach_inner(void *self, const loom_backend_ops *inner,
         proto.ctx = tp->nc;
         proto.all_reduce_sum = tp_nccl_all_reduce;
         proto.all_gather = tp_nccl_all_gather;
+        if (tp->cfg.p2p_kib > 0)
+            proto.graph_safe_bytes = (int64_t)tp_nccl_enable_p2p(tp->nc, (size_t)tp->cfg.p2p_kib << 10);
 #else
         return h->error(h->ctx, err, LOOM_ERR_INTERNAL, "executor tp: nccl in a build without it");
 #endif

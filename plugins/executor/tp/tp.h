@@ -72,6 +72,13 @@ loom_status tp_nccl_all_reduce(void *ctx, int32_t rank, void *buf, int64_t count
                                void *stream, loom_error *err);
 loom_status tp_nccl_all_gather(void *ctx, int32_t rank, const void *send, void *recv,
                                int64_t count, loom_dtype dtype, void *stream, loom_error *err);
+/* [engine] Route collectives of at most `cap` bytes per rank through the
+ * peer-to-peer kernels (tp_p2p.h); one node only. Returns the bytes served
+ * (0 = unavailable, logged; NCCL serves everything). */
+size_t tp_nccl_enable_p2p(tp_nccl *c, size_t cap);
+/* [engine] After a step: an error if a peer-to-peer collective gave up
+ * waiting for a peer. */
+loom_status tp_nccl_check(tp_nccl *c, loom_error *err);
 #endif
 
 /* --------------------------------------------------------------- rendezvous */
