@@ -252,6 +252,13 @@ void loom_cuda_gemm_set_swiglu_fuse(loom_cuda_gemm *g, int max_m);
 /* Batches of at most max_m rows (0..8; default 8) run the streaming GEMV
  * kernel instead of cuBLASLt (benchmarks compare the two). */
 void loom_cuda_gemm_set_gemv_max_m(loom_cuda_gemm *g, int max_m);
+/* Batch-invariant mode: every M runs the streaming GEMV (in passes of 8
+ * rows; K % 8 == 0 or the call fails), the quantized formats their fused
+ * GEMV at every M, no SwiGLU fusion, never cuBLASLt — so each output row
+ * has the same bits whatever M is (gemv.cu says why). Slower above M = 8
+ * (the weights are read once per 8 rows). Set it before asking
+ * loom_cuda_qgemm_scratch_bytes (the quantized GEMV bound changes). */
+void loom_cuda_gemm_set_batch_invariant(loom_cuda_gemm *g, int on);
 /* On: the first call of a shape times cuBLASLt's top heuristic candidates
  * on its own operands and keeps the fastest (skipped while the stream is
  * being captured: the heuristic's first pick is used then), synchronising
