@@ -9,7 +9,11 @@
 #   stage2: SmolLM2 (GGUF carried in two parts) greedy ids vs the CPU
 #           backend's (tests/e2e/data/smollm2_greedy_cpu.txt), its batch-1
 #           decode speed, every scheduler/cache pipeline with backend cuda
-#           (configs/gpu/ab/), and speculation on/off (configs/gpu/spec-*).
+#           (configs/gpu/ab/), and speculation on/off (configs/gpu/spec-*),
+#           greedy ids also with backend.batch_invariant=true.
+#   invariant: only the spec-vs-plain greedy comparison with
+#           backend.batch_invariant=true (graphs on and off), the ordinary
+#           mode for contrast, and the mode's batch-1 cost (needs SmolLM2).
 #   quant:  each quantizer scheme vs bf16 on the Llama-3-8B shape (batch-1
 #           decode, 2048-token prefill, batch-64 decode) and SmolLM2
 #           perplexity per scheme (needs the SmolLM2 GGUF, as stage2).
@@ -33,6 +37,23 @@ smollm2_model() {
     || { echo "FAIL model checksum (carry .devmodel parts: docs/gpu.md)"; rm -f /tmp/smollm2.gguf; return 1; }
   mkdir -p /tmp/lc/models && ln -sf /tmp/smollm2.gguf /tmp/lc/models/SmolLM2-135M-Instruct.Q4_1.gguf
   export LOOM_CACHE=/tmp/lc
+}
+# Greedy text of each SmolLM2 prompt with ngram speculation vs without, on
+# cuda: spec_vs_plain MAX_NEW [engine_tool --set options]. A DIFF counts as
+# a failure.
+spec_vs_plain() {
+  local n=$1; shift
+  while IFS= read -r p; do
+    a=$(timeout 120 "$LB/tests/e2e/engine_tool" greedy configs/gpu/smollm2.yaml "$n" "$p" "$@" 2>>"$O/smollm2.err")
+    b=$(timeout 120 "$LB/tests/e2e/engine_tool" greedy configs/gpu/spec-ngram.yaml "$n" "$p" "$@" 2>>"$O/smollm2.err")
+    python3 - "$a" "$b" "$p" "$*" <<'PY' || fails=$((fails + 1))
+import sys
+a, b, p, opts = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3], sys.argv[4]
+k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print(f"{'PASS' if a == b and a else 'DIFF'} spec vs plain{' (' + opts + ')' if opts else ''} '{p}': {len(b)} tokens, identical for the first {k} of {len(a)}")
+sys.exit(0 if a == b and a else 1)
+PY
+  done < tests/e2e/data/smollm2_prompts.txt
 }
 case "${1:-}" in
 stage1)
@@ -93,17 +114,9 @@ PY
   ab tight-recompute configs/gpu/ab/tight.yaml --num-requests 64 --input-len 200:400 --output-len 64:128
   ab tight-swap configs/gpu/ab/tight-swap.yaml --num-requests 64 --input-len 200:400 --output-len 64:128
   step "speculation: greedy ids with ngram drafts vs without, on cuda"
-  while IFS= read -r p; do
-    a=$(timeout 60 "$LB/tests/e2e/engine_tool" greedy configs/gpu/smollm2.yaml 64 "$p" 2>>"$O/smollm2.err")
-    b=$(timeout 60 "$LB/tests/e2e/engine_tool" greedy configs/gpu/spec-ngram.yaml 64 "$p" 2>>"$O/smollm2.err")
-    python3 - "$a" "$b" "$p" <<'PY' || fails=$((fails + 1))
-import sys
-a, b, p = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3]
-k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-print(f"{'PASS' if a == b and a else 'DIFF'} spec vs plain '{p}': {len(b)} tokens, identical for the first {k} of {len(a)}")
-sys.exit(0 if a == b and a else 1)
-PY
-  done < tests/e2e/data/smollm2_prompts.txt
+  spec_vs_plain 64
+  step "speculation with backend.batch_invariant=true: greedy ids with ngram drafts vs without (must be identical)"
+  spec_vs_plain 128 --set backend.batch_invariant=true
   step "speculation: SmolLM2 with and without ngram, grounded and chat, batch 1 / 8 / 32"
   for wl in grounded chat; do
     for i in 1 2 3 4; do cat configs/spec/$wl.jsonl; done > /tmp/$wl-32.jsonl
@@ -135,6 +148,19 @@ ppl)
       || { fails=$((fails + 1)); tail -2 "$O/ppl-$c.txt"; }
     echo "$c: $(grep -i perplexity "$O/ppl-$c.txt" | tail -1)"
   done
+  ;;
+invariant)
+  smollm2_model || exit 1
+  step "backend.batch_invariant=true: SmolLM2 greedy with ngram drafts vs without (must be identical)"
+  spec_vs_plain 128 --set backend.batch_invariant=true
+  step "the same with CUDA graphs off (eager verify and decode steps)"
+  spec_vs_plain 128 --set backend.batch_invariant=true --set backend.cuda_graphs=false
+  step "for contrast, the ordinary mode (a DIFF here is issue 7, not counted)"
+  f0=$fails; spec_vs_plain 128; fails=$f0
+  step "SmolLM2 batch-1 decode, batch_invariant off vs on (the mode's cost)"
+  timeout 150 loom bench --compare configs/gpu/smollm2.yaml configs/gpu/smollm2-invariant.yaml \
+    --num-requests 4 --input-len 512 --output-len 128 --set scheduler.max_num_seqs=1 --no-progress \
+    --json "$O/invariant-batch1.json" 2>&1 | grep -E "TPOT p50|TTFT p50|output tokens/s" || true
   ;;
 offline)
   for n in 256 512; do
@@ -239,7 +265,7 @@ PY
     --num-requests 4 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1 --no-progress \
     --json "$O/tp-fp8-batch1.json" 2>&1 | tail -16 || fails=$((fails + 1))
   ;;
-*) echo "usage: scripts/gpu-check.sh stage1|stage2|quant|ppl|offline|spec2|tp" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

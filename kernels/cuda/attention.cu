@@ -37,6 +37,16 @@
  * output (and resets the semaphore to zero for the next launch), so split-K
  * costs no second kernel. A tile that needs one split writes directly.
  *
+ * Batch invariance (loom_cuda_attention_invariant): a row's arithmetic is
+ * fixed by the shape, its own position and its tile's split plan, and the
+ * plan follows the tile's longest row and max_splits. With one token per
+ * tile, one shape for every step and a constant max_splits, a (token,
+ * head) row therefore gets the same bits in a decode step, inside a draft
+ * verification or a prefill chunk, next to any other sequences, padded or
+ * not: the key tiles, the warps' key slices, the split chunks and the
+ * merge order (always splits 0, 1, ... whichever CTA finishes last) depend
+ * on its kv length alone.
+ *
  * Scheduling: CTAs take tiles in reverse order (the host lists each
  * sequence's tiles by ascending position, so the longest causal rows start
  * first and the partial last wave holds the short ones), and key tiles
@@ -637,6 +647,38 @@ extern "C" void loom_cuda_attn_split_plan(loom_cuda_attn_shape shape, int kv_len
     else
         lc_split_plan(kv_len, max_splits, lc_prefill_shape::CTA_N, lc_prefill_shape::SPLIT_MIN,
                       splits, chunk);
+}
+
+extern "C" loom_cuda_attn_shape loom_cuda_attn_invariant_shape(int group) {
+    return group <= lc_decode_shape::ROWS ? LOOM_CUDA_ATTN_DECODE : LOOM_CUDA_ATTN_PREFILL;
+}
+
+extern "C" size_t loom_cuda_attn_invariant_ws_floats(int num_heads, int num_kv_heads, int head_dim) {
+    const int G = num_kv_heads > 0 ? num_heads / num_kv_heads : 0;
+    return loom_cuda_attn_workspace_floats(loom_cuda_attn_invariant_shape(G), 1, num_kv_heads,
+                                           head_dim, LOOM_CUDA_ATTN_INVARIANT_SPLITS);
+}
+
+extern "C" cudaError_t loom_cuda_attention_invariant(const loom_cuda_attn_args *a, size_t ws_floats,
+                                                     cudaStream_t s) {
+    if (a->num_tiles <= 0) return cudaSuccess;
+    const int G = a->num_kv_heads > 0 ? a->num_heads / a->num_kv_heads : 0;
+    const size_t per_tile = loom_cuda_attn_invariant_ws_floats(a->num_heads, a->num_kv_heads, a->head_dim);
+    if (G < 1 || per_tile == 0 || ws_floats < per_tile) return cudaErrorInvalidValue;
+    const size_t fit = ws_floats / per_tile;
+    const int per_launch = fit < (size_t)a->num_tiles ? (int)fit : a->num_tiles;
+    loom_cuda_attn_args c = *a;
+    c.shape = loom_cuda_attn_invariant_shape(G);
+    c.max_splits = LOOM_CUDA_ATTN_INVARIANT_SPLITS;
+    /* launches in stream order share the workspace and counters: each
+     * waits for the one before (griddepcontrol.wait) before touching them */
+    for (int t0 = 0; t0 < a->num_tiles; t0 += per_launch) {
+        c.tiles = a->tiles + t0;
+        c.num_tiles = a->num_tiles - t0 < per_launch ? a->num_tiles - t0 : per_launch;
+        const cudaError_t e = loom_cuda_attention(&c, s);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
 }
 
 extern "C" cudaError_t loom_cuda_attention(const loom_cuda_attn_args *a, cudaStream_t s) {

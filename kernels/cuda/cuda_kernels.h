@@ -206,6 +206,35 @@ int loom_cuda_attn_max_splits(int num_tiles, int num_kv_heads, int resident);
 void loom_cuda_attn_split_plan(loom_cuda_attn_shape shape, int kv_len, int max_splits,
                                int *splits, int *chunk);
 
+/* Batch-invariant attention (the cuda backend's batch_invariant mode,
+ * docs/gpu.md). The kernel's arithmetic for a query row is fixed by the
+ * shape, the row's position and its tile's split plan; the plan follows
+ * the tile's longest row and max_splits, which in the ordinary dispatch
+ * come from the other tokens of the tile and the number of tiles. Here
+ * every tile holds one token and max_splits is a constant, so a (token,
+ * head) row's reduction order — key tiles, warp key slices, split chunks,
+ * merge order — depends on its own kv length (position + 1) alone, not on
+ * which tokens or sequences share the step, nor on graph padding. */
+#define LOOM_CUDA_ATTN_INVARIANT_SPLITS 16
+
+/* The one shape every batch-invariant launch uses for G query heads per KV
+ * head: DECODE when a token's G rows fit its 16 rows, else PREFILL. */
+loom_cuda_attn_shape loom_cuda_attn_invariant_shape(int group);
+
+/* Workspace floats per tile of the batch-invariant launch. */
+size_t loom_cuda_attn_invariant_ws_floats(int num_heads, int num_kv_heads, int head_dim);
+
+/* loom_cuda_attention with the batch-invariant plan: a->tiles must hold
+ * exactly one token each (ntok = 1); a->shape and a->max_splits are
+ * ignored (loom_cuda_attn_invariant_shape, LOOM_CUDA_ATTN_INVARIANT_SPLITS).
+ * The tiles run in as many launches as the workspace needs: at most
+ * ws_floats / loom_cuda_attn_invariant_ws_floats tiles each (which tokens
+ * share a launch does not change any token's result). a->sem must hold
+ * min(num_tiles, that count) * KVH counters. cudaErrorInvalidValue when not
+ * even one tile fits. */
+cudaError_t loom_cuda_attention_invariant(const loom_cuda_attn_args *a, size_t ws_floats,
+                                          cudaStream_t s);
+
 /* ------------------------------------------------------------- KV blocks */
 
 /* Copy whole blocks between pools: for pair i = {src, dst} and pool p,
@@ -252,6 +281,13 @@ void loom_cuda_gemm_set_swiglu_fuse(loom_cuda_gemm *g, int max_m);
 /* Batches of at most max_m rows (0..8; default 8) run the streaming GEMV
  * kernel instead of cuBLASLt (benchmarks compare the two). */
 void loom_cuda_gemm_set_gemv_max_m(loom_cuda_gemm *g, int max_m);
+/* Batch-invariant mode: every M runs the streaming GEMV (in passes of 8
+ * rows; K % 8 == 0 or the call fails), the quantized formats their fused
+ * GEMV at every M, no SwiGLU fusion, never cuBLASLt — so each output row
+ * has the same bits whatever M is (gemv.cu says why). Slower above M = 8
+ * (the weights are read once per 8 rows). Set it before asking
+ * loom_cuda_qgemm_scratch_bytes (the quantized GEMV bound changes). */
+void loom_cuda_gemm_set_batch_invariant(loom_cuda_gemm *g, int on);
 /* On: the first call of a shape times cuBLASLt's top heuristic candidates
  * on its own operands and keeps the fastest (skipped while the stream is
  * being captured: the heuristic's first pick is used then), synchronising

@@ -12,7 +12,14 @@
  * captured into a CUDA graph. Small batches (M <= gemv_max_m, default 8)
  * go to the streaming GEMV of gemv.cu instead, which reads the weights
  * closer to copy bandwidth than cuBLASLt's picks at those shapes.
+ *
+ * Batch-invariant mode (loom_cuda_gemm_set_batch_invariant): every M runs
+ * the GEMV (in passes of 8 rows), whose per-row arithmetic does not depend
+ * on M, and the quantized formats their GEMV likewise, so a row of y has
+ * the same bits whatever other rows share the call. cuBLASLt is never used
+ * then: its kernel choice (tile shape, split-K) follows M.
  */
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +54,7 @@ struct loom_cuda_gemm {
     int autotune;   /* time the heuristic's candidates on first use */
     int swiglu_fuse_max_m; /* M at or below which SwiGLU fuses into the GEMV (0 = never) */
     int q_gemv_max_m[5]; /* per loom_cuda_qfmt: largest M of the quantized GEMV */
+    int invariant;  /* batch-invariant: the GEMVs at every M, no cuBLASLt */
 };
 
 static const float lc_one_f = 1.0f, lc_zero_f = 0.0f;
@@ -267,6 +275,13 @@ int loom_cuda_gemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, i
                        size_t msg_size) {
     if (M <= 0) return 0;
     out_f32 = out_f32 ? 1 : 0;
+    if (g->invariant) {
+        cudaError_t e = K % 8 ? cudaErrorInvalidValue : lc_gemv_rows(dt, out_f32, M, N, K, x, w, y, s);
+        if (e != cudaSuccess && msg && msg_size)
+            snprintf(msg, msg_size, "batch-invariant gemv failed for M=%d N=%d K=%d%s: %s", M, N, K,
+                     K % 8 ? " (needs K % 8 == 0)" : "", cudaGetErrorString(e));
+        return e == cudaSuccess ? 0 : 10000 + (int)e;
+    }
     if (M <= g->gemv_max_m && K % 8 == 0) {
         cudaError_t e = lc_gemv(dt, out_f32, M, N, K, x, w, y, s);
         if (e != cudaSuccess && msg && msg_size)
@@ -291,7 +306,8 @@ int lc_gemm_lt_q(loom_cuda_gemm *g, int kind, int M, int N, int K, const void *x
 }
 
 int lc_gemm_q_gemv_max_m(const loom_cuda_gemm *g, loom_cuda_qfmt fmt) {
-    return fmt > 0 && fmt < 5 ? g->q_gemv_max_m[fmt] : 0;
+    if (fmt <= 0 || fmt >= 5) return 0;
+    return g->invariant ? INT_MAX : g->q_gemv_max_m[fmt];
 }
 
 void loom_cuda_qgemm_set_gemv_max_m(loom_cuda_gemm *g, loom_cuda_qfmt fmt, int max_m) {
@@ -308,7 +324,7 @@ int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, 
      * SmolLM2 (576 x 1536) no gain at M = 1 (0.76 -> 0.79 ms) and a loss
      * at M = 8 (1.11 -> 1.98 ms). So it is off unless a caller opts in
      * (loom_cuda_gemm_set_swiglu_fuse; the kernel tests do). */
-    if (M <= g->swiglu_fuse_max_m && M <= g->gemv_max_m && I % 8 == 0) {
+    if (!g->invariant && M <= g->swiglu_fuse_max_m && M <= g->gemv_max_m && I % 8 == 0) {
         cudaError_t e = lc_gemv_swiglu(dt, M, N, I, gu, w, y, s);
         if (e != cudaSuccess && msg && msg_size)
             snprintf(msg, msg_size, "swiglu gemv launch failed for M=%d N=%d K=%d: %s", M, N, I,
@@ -332,3 +348,5 @@ void loom_cuda_gemm_set_gemv_max_m(loom_cuda_gemm *g, int max_m) {
 }
 
 void loom_cuda_gemm_set_autotune(loom_cuda_gemm *g, int on) { g->autotune = on ? 1 : 0; }
+
+void loom_cuda_gemm_set_batch_invariant(loom_cuda_gemm *g, int on) { g->invariant = on ? 1 : 0; }

@@ -16,6 +16,13 @@
  * warp shuffles reduce the partial dots. K % 8 == 0 and 16-byte aligned
  * rows are the caller's contract.
  *
+ * Row invariance: each (output row n, input row m) dot is one lane-strided
+ * fmaf chain over K in ascending chunk order (lane, lane + 32, ...), then
+ * the same 5-step shuffle tree — neither depends on M, on R or on which
+ * other rows share the launch. So a row's bits are the same at every M,
+ * which the batch-invariant mode (lc_gemv_rows, any M in passes of 8 rows;
+ * docs/gpu.md) relies on.
+ *
  * SWIGLU variant (lc_gemv_swiglu, the FFN down projection): x is the fused
  * gate|up output (M, 2K) and the kernel forms silu(gate) * up, rounded to
  * dt as loom_cuda_swiglu stores it, as it loads x — one launch fewer per
@@ -45,15 +52,21 @@ __device__ __forceinline__ void lc_gemv_x8(const T *__restrict__ x, int K, int m
     for (int e = 0; e < 8; e++) xf[e] = lc_to_f(lc_from_f<T>(g[e] / (1.0f + __expf(-g[e])) * u[e]));
 }
 
+/* grid (row tiles x passes): block b computes pass b % passes — input and
+ * output rows [pass M, pass M + M) — of row tile b / passes, so the passes
+ * over one tile of weight rows run side by side and share it in L2. */
 template <typename T, int M, int R, bool F32, bool SWIGLU>
 __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
     lc_gemv_kernel(const T *__restrict__ x, const T *__restrict__ w, void *__restrict__ y, int N,
-                   int K) {
+                   int K, int passes) {
     lc_pdl_wait();
     lc_pdl_trigger();
     const int lane = threadIdx.x & 31;
-    const int n0 = (blockIdx.x * LC_GEMV_WARPS + (threadIdx.x >> 5)) * R;
+    const int pass = (int)(blockIdx.x % (unsigned)passes), tile = (int)(blockIdx.x / (unsigned)passes);
+    const int n0 = (tile * LC_GEMV_WARPS + (threadIdx.x >> 5)) * R;
     if (n0 >= N) return;
+    const size_t row0 = (size_t)pass * M; /* first input / output row of this pass */
+    x += row0 * (SWIGLU ? 2 : 1) * (size_t)K;
     const int nc = K / 8;
     const T *wr[R];
 #pragma unroll
@@ -116,7 +129,7 @@ __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
             if (n0 + r >= N) break;
 #pragma unroll
             for (int m = 0; m < M; m++) {
-                const size_t i = (size_t)m * N + n0 + r;
+                const size_t i = (row0 + m) * N + n0 + r;
                 if (F32) static_cast<float *>(y)[i] = acc[r][m];
                 else static_cast<T *>(y)[i] = lc_from_f<T>(acc[r][m]);
             }
@@ -124,27 +137,31 @@ __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
     }
 }
 
+/* `passes` consecutive groups of M rows in one launch. */
 template <typename T, int M, bool F32, bool SWIGLU>
-static cudaError_t lc_gemv_m(const void *x, const void *w, void *y, int N, int K, cudaStream_t s) {
+static cudaError_t lc_gemv_m(const void *x, const void *w, void *y, int N, int K, int passes,
+                             cudaStream_t s) {
     constexpr int R = M == 1 ? 1 : M <= 4 ? 2 : 4;
     const int rows_per_cta = LC_GEMV_WARPS * R;
-    const unsigned grid = (unsigned)((N + rows_per_cta - 1) / rows_per_cta);
-    return lc_launch(lc_gemv_kernel<T, M, R, F32, SWIGLU>, dim3(grid), dim3(LC_GEMV_WARPS * 32), 0, s,
-                     static_cast<const T *>(x), static_cast<const T *>(w), y, N, K);
+    const unsigned long long grid =
+        (unsigned long long)((N + rows_per_cta - 1) / rows_per_cta) * (unsigned long long)passes;
+    if (passes < 1 || grid > 0x7fffffffull) return cudaErrorInvalidValue;
+    return lc_launch(lc_gemv_kernel<T, M, R, F32, SWIGLU>, dim3((unsigned)grid), dim3(LC_GEMV_WARPS * 32),
+                     0, s, static_cast<const T *>(x), static_cast<const T *>(w), y, N, K, passes);
 }
 
 template <typename T, bool F32, bool SWIGLU = false>
 static cudaError_t lc_gemv_t(int M, const void *x, const void *w, void *y, int N, int K,
-                             cudaStream_t s) {
+                             cudaStream_t s, int passes = 1) {
     switch (M) {
-    case 1: return lc_gemv_m<T, 1, F32, SWIGLU>(x, w, y, N, K, s);
-    case 2: return lc_gemv_m<T, 2, F32, SWIGLU>(x, w, y, N, K, s);
-    case 3: return lc_gemv_m<T, 3, F32, SWIGLU>(x, w, y, N, K, s);
-    case 4: return lc_gemv_m<T, 4, F32, SWIGLU>(x, w, y, N, K, s);
-    case 5: return lc_gemv_m<T, 5, F32, SWIGLU>(x, w, y, N, K, s);
-    case 6: return lc_gemv_m<T, 6, F32, SWIGLU>(x, w, y, N, K, s);
-    case 7: return lc_gemv_m<T, 7, F32, SWIGLU>(x, w, y, N, K, s);
-    case 8: return lc_gemv_m<T, 8, F32, SWIGLU>(x, w, y, N, K, s);
+    case 1: return lc_gemv_m<T, 1, F32, SWIGLU>(x, w, y, N, K, passes, s);
+    case 2: return lc_gemv_m<T, 2, F32, SWIGLU>(x, w, y, N, K, passes, s);
+    case 3: return lc_gemv_m<T, 3, F32, SWIGLU>(x, w, y, N, K, passes, s);
+    case 4: return lc_gemv_m<T, 4, F32, SWIGLU>(x, w, y, N, K, passes, s);
+    case 5: return lc_gemv_m<T, 5, F32, SWIGLU>(x, w, y, N, K, passes, s);
+    case 6: return lc_gemv_m<T, 6, F32, SWIGLU>(x, w, y, N, K, passes, s);
+    case 7: return lc_gemv_m<T, 7, F32, SWIGLU>(x, w, y, N, K, passes, s);
+    case 8: return lc_gemv_m<T, 8, F32, SWIGLU>(x, w, y, N, K, passes, s);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -164,4 +181,31 @@ extern "C" cudaError_t lc_gemv_swiglu(loom_cuda_dt dt, int M, int N, int K, cons
     if (M < 1 || M > LC_GEMV_MAX_M || K % 8 || N <= 0) return cudaErrorInvalidValue;
     if (dt == LOOM_CUDA_F16) return lc_gemv_t<__half, false, true>(M, gu, w, y, N, K, s);
     return lc_gemv_t<__nv_bfloat16, false, true>(M, gu, w, y, N, K, s);
+}
+
+/* Any M: the whole passes of LC_GEMV_MAX_M rows in one launch, the rest
+ * (M % 8 rows) in a second. Every row's bits equal those of the same row
+ * computed at M = 1 (see "Row invariance" above). */
+template <typename T, bool F32>
+static cudaError_t lc_gemv_rows_t(int M, const void *x, const void *w, void *y, int N, int K,
+                                  cudaStream_t s) {
+    const int full = M / LC_GEMV_MAX_M, rest = M % LC_GEMV_MAX_M;
+    const size_t done = (size_t)full * LC_GEMV_MAX_M;
+    cudaError_t e = cudaSuccess;
+    if (full > 0) e = lc_gemv_t<T, F32>(LC_GEMV_MAX_M, x, w, y, N, K, s, full);
+    if (e == cudaSuccess && rest > 0)
+        e = lc_gemv_t<T, F32>(rest, static_cast<const T *>(x) + done * K, w,
+                              static_cast<char *>(y) + done * N * (F32 ? sizeof(float) : sizeof(T)), N, K,
+                              s);
+    return e;
+}
+
+extern "C" cudaError_t lc_gemv_rows(loom_cuda_dt dt, int out_f32, int M, int N, int K, const void *x,
+                                    const void *w, void *y, cudaStream_t s) {
+    if (M < 1 || K % 8 || N <= 0) return cudaErrorInvalidValue;
+    if (dt == LOOM_CUDA_F16)
+        return out_f32 ? lc_gemv_rows_t<__half, true>(M, x, w, y, N, K, s)
+                       : lc_gemv_rows_t<__half, false>(M, x, w, y, N, K, s);
+    return out_f32 ? lc_gemv_rows_t<__nv_bfloat16, true>(M, x, w, y, N, K, s)
+                   : lc_gemv_rows_t<__nv_bfloat16, false>(M, x, w, y, N, K, s);
 }

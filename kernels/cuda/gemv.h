@@ -19,6 +19,13 @@ extern "C" {
 cudaError_t lc_gemv(loom_cuda_dt dt, int out_f32, int M, int N, int K, const void *x,
                     const void *w, void *y, cudaStream_t s);
 
+/* The same for any M >= 1, in passes of LC_GEMV_MAX_M rows (two launches
+ * at most): each output row has the bits it has at M = 1 — the
+ * batch-invariant mode's linear layer. Slow for large M (the weights are
+ * re-read once per pass, from L2 when they fit). */
+cudaError_t lc_gemv_rows(loom_cuda_dt dt, int out_f32, int M, int N, int K, const void *x,
+                         const void *w, void *y, cudaStream_t s);
+
 /* y (M, N) dt = (silu(gu[:, :K]) * gu[:, K:]) @ w^T — the SwiGLU fused
  * into the down projection's GEMV; gu (M, 2K) dt. Same contract. */
 cudaError_t lc_gemv_swiglu(loom_cuda_dt dt, int M, int N, int K, const void *gu, const void *w, void *y,

@@ -30,6 +30,12 @@
  * the cuda backend must refuse (a mixed Q/K/V group, GGUF as stored).
  * Quantizers are dlopen'd from $LOOM_QUANTIZER_DIR/NAME/ or
  * $LOOM_QUANTIZER_DIR/ (default: the build tree's plugins/quantizer).
+ * Last, batch_invariant = true (run_invariant): one sequence's next 5
+ * tokens as 5 decode steps vs as one verify step (alone, next to other
+ * sequences' decode / verify tokens in a padded graph bucket, next to a
+ * prefill chunk), eager and through graphs — the logits must be equal bit
+ * for bit ("... = decode x5", "graphs = eager"); with bf16/f16 and with
+ * int4 / fp8 / int8-w8a8 weights.
  */
 #include <dlfcn.h>
 #include <math.h>
@@ -630,6 +636,193 @@ out:
     fm_free(m);
 }
 
+/* ---------------------------------------------------- batch invariance */
+
+/* Bitwise comparison of rows x V logits: PASS when no element differs
+ * (and none is NaN). */
+static void check_bits(const char *name, const float *a, const float *b, int rows, int V) {
+    long differ = 0;
+    bool bad = false;
+    for (size_t i = 0; i < (size_t)rows * V; i++) {
+        if (isnan(a[i]) || isnan(b[i])) bad = true;
+        differ += memcmp(a + i, b + i, sizeof *a) != 0;
+    }
+    bool ok = !bad && differ == 0 && rows > 0;
+    printf("%s %-64s %ld differ%s\n", ok ? "PASS" : "FAIL", name, differ, bad ? " (NaN)" : "");
+    fflush(stdout);
+    if (ok) g_pass++;
+    else g_fail++;
+}
+
+/* Fork seqs[0] into dst (same tokens and progress, fresh blocks holding a
+ * copy of its KV) on every instance. */
+static bool fork_seq(const plugin *cuda_p, void *const *inst, int ninst, sched *sc, seq *src, seq *dst) {
+    int32_t pairs[2 * MAX_SEQ_BLOCKS];
+    *dst = *src;
+    dst->nblocks = 0;
+    for (int j = 0; j < src->nblocks; j++) {
+        dst->blocks[dst->nblocks++] = sched_alloc(sc);
+        pairs[2 * j] = src->blocks[j], pairs[2 * j + 1] = dst->blocks[j];
+    }
+    loom_error e = {0};
+    for (int i = 0; i < ninst; i++)
+        if (cuda_p->ops->copy_blocks(inst[i], pairs, src->nblocks, &e)) {
+            printf("FAIL copy_blocks for a fork: %s\n", e.message);
+            g_fail++;
+            return false;
+        }
+    return true;
+}
+
+/* batch_invariant = true. After the same prefill of a ctx-token prompt (in
+ * chunks of at most 600), one sequence's next 5 tokens are computed
+ *   (a) as 5 decode steps of that sequence alone,
+ *   (b) as one 5-token step (draft verification), twice on two forks,
+ *   (c) as 5 tokens next to another sequence's decode and a third's
+ *       3-token step (graphs: bucket 4 with a dummy sequence, every
+ *       sequence padded to 5 tokens), twice,
+ *   (d) as 5 tokens next to another sequence's 30-token prefill chunk;
+ * (b)-(d) must reproduce (a)'s logits bit for bit, on an eager instance
+ * and on one with CUDA graphs (whose decode steps and second (b) / (c)
+ * replay captured graphs), and the two instances must agree with each
+ * other. A third instance without the mode runs the same steps: its (a)
+ * must agree with the invariant one within tol (the mode changes rounding,
+ * not results). Forks start from the prefilled sequence's KV (copy_blocks). */
+static void run_invariant(const plugin *cuda_p, const shape *sh, const loom_quant_binding *qb, int ctx,
+                          double tol) {
+    printf("--- batch_invariant %s%s%s, prompt %d tokens: decode x5 vs verify steps\n", sh->name,
+           qb ? ", quantizer " : "", qb ? qb->name : "", ctx);
+    fake_model *m = fm_make(sh);
+    const int V = sh->vocab, NI = 3;
+    char dt_ov[32];
+    snprintf(dt_ov, sizeof dt_ov, "dtype=%s", sh->dtype ? sh->dtype : "bf16");
+    const char *ov[3][5] = {
+        {"batch_invariant=true", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, NULL},
+        {"batch_invariant=true", "cuda_graphs=true", "max_batched_tokens=1024", dt_ov, NULL},
+        {"batch_invariant=false", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, NULL}};
+    const char *iname[3] = {"eager", "graphs", "ordinary"};
+    void *cfg[3] = {NULL, NULL, NULL}, *inst[3] = {NULL, NULL, NULL};
+    float *L[3][6] = {{NULL}}; /* [instance][(a), (b), (b'), (c), (c'), (d)]: (5, V) each */
+    float *step_out = malloc((size_t)64 * V * sizeof(float));
+    loom_error e = {0};
+    loom_status st;
+    loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = BS, .num_blocks = NB,
+                          .num_cpu_blocks = 0, .dtype = LOOM_DTYPE_COUNT};
+    const double replays0 = g_graph_replays;
+    for (int i = 0; i < NI; i++) {
+        cfg[i] = config_make(cuda_p->comp, ov[i]);
+        for (int k = 0; k < 6; k++) L[i][k] = malloc((size_t)5 * V * sizeof(float));
+        if ((st = cuda_p->ops->create(&g_host, cfg[i], &inst[i], &e)) ||
+            (st = cuda_p->ops->load(inst[i], &m->view, qb, &e)) ||
+            (st = cuda_p->ops->kv_alloc(inst[i], &kvl, &e))) {
+            printf("FAIL batch_invariant %s setup of the %s instance: status %d: %s\n", sh->name, iname[i],
+                   (int)st, e.message);
+            g_fail++;
+            goto out;
+        }
+    }
+    {
+        sched sc;
+        sched_init(&sc);
+        static seq S[8]; /* 0 the sequence, 1..5 its forks, 6 and 7 the others */
+        memset(S, 0, sizeof S);
+        for (int i = 0; i < 8; i++) {
+            S[i].len = MAX_SEQ_BLOCKS * BS;
+            for (int j = 0; j < S[i].len; j++) S[i].tokens[j] = (int32_t)(rng_next() % (uint64_t)V);
+        }
+        static batch_buf bb;
+        /* one step on every instance; rows [0, keep) of its logits to out[i] */
+#define INV_STEP(seqs_, nn_, n_, all_, out_k_, label_)                                                   \
+    do {                                                                                                 \
+        build(&sc, seqs_, nn_, n_, all_, &bb);                                                           \
+        for (int i_ = 0; i_ < NI; i_++) {                                                                \
+            if ((st = cuda_p->ops->forward(inst[i_], &bb.b, step_out, &e))) {                             \
+                printf("FAIL batch_invariant %s %s (%s): forward status %d: %s\n", sh->name, label_,      \
+                       iname[i_], (int)st, e.message);                                                   \
+                g_fail++;                                                                                \
+                goto out;                                                                                \
+            }                                                                                            \
+            if ((out_k_) >= 0) memcpy(L[i_][(out_k_) / 5] + (size_t)((out_k_) % 5) * V, step_out,      \
+                                      (size_t)(bb.b.num_logits < 5 ? bb.b.num_logits : 5) * V * 4);      \
+        }                                                                                                \
+        advance(seqs_, nn_, n_);                                                                         \
+    } while (0)
+        /* prefill: the sequence in chunks, then the two others together */
+        for (int done = 0; done < ctx;) {
+            seq *ss[1] = {&S[0]};
+            int nn[1] = {ctx - done < 600 ? ctx - done : 600};
+            INV_STEP(ss, nn, 1, false, -1, "prefill");
+            done += nn[0];
+        }
+        {
+            seq *ss[2] = {&S[6], &S[7]};
+            int nn[2] = {40, 50};
+            INV_STEP(ss, nn, 2, false, -1, "prefill of the others");
+        }
+        for (int f = 1; f <= 5; f++)
+            if (!fork_seq(cuda_p, inst, NI, &sc, &S[0], &S[f])) goto out;
+        /* (a) five decode steps: row j of L[.][0] */
+        for (int j = 0; j < 5; j++) {
+            seq *ss[1] = {&S[0]};
+            int nn[1] = {1};
+            INV_STEP(ss, nn, 1, false, j, "decode");
+        }
+        /* (b), (b'): the five tokens in one step, alone */
+        for (int r = 0; r < 2; r++) {
+            seq *ss[1] = {&S[1 + r]};
+            int nn[1] = {5};
+            INV_STEP(ss, nn, 1, true, 5 * (1 + r), "verify alone");
+        }
+        /* (c), (c'): next to a decode and a 3-token step (its rows first) */
+        for (int r = 0; r < 2; r++) {
+            seq *ss[3] = {&S[3 + r], &S[6], &S[7]};
+            int nn[3] = {5, 1, 3};
+            INV_STEP(ss, nn, 3, true, 5 * (3 + r), "verify with others");
+        }
+        /* (d): next to a 30-token prefill chunk */
+        {
+            seq *ss[2] = {&S[5], &S[7]};
+            int nn[2] = {5, 30};
+            INV_STEP(ss, nn, 2, true, 25, "verify with a prefill chunk");
+        }
+#undef INV_STEP
+    }
+    {
+        static const char *what[6] = {"decode", "5-token step", "5-token step again",
+                                      "5 tokens + decode + 3 tokens", "the same again",
+                                      "5 tokens + 30-token prefill chunk"};
+        char name[200];
+        for (int i = 0; i < 2; i++)
+            for (int k = 1; k < 6; k++) {
+                snprintf(name, sizeof name, "%s ctx %d %s: %s = decode x5", sh->name, ctx, iname[i], what[k]);
+                check_bits(name, L[i][k], L[i][0], 5, V);
+            }
+        for (int k = 0; k < 6; k++) {
+            snprintf(name, sizeof name, "%s ctx %d graphs = eager: %s", sh->name, ctx, what[k]);
+            check_bits(name, L[1][k], L[0][k], 5, V);
+        }
+        snprintf(name, sizeof name, "%s ctx %d invariant vs ordinary decode (tolerance)", sh->name, ctx);
+        check(name, L[0][0], L[2][0], 5, V, tol);
+        long ord_differ = 0;
+        for (size_t i = 0; i < (size_t)5 * V; i++) ord_differ += memcmp(L[2][1] + i, L[2][0] + i, 4) != 0;
+        printf("INFO %s ctx %d ordinary mode: %ld of %d logits of the 5-token step differ from decode\n",
+               sh->name, ctx, ord_differ, 5 * V);
+        const bool replayed = g_graph_replays > replays0;
+        printf("%s %-64s %.0f replays\n", replayed ? "PASS" : "FAIL", "  ... graphs replayed in this run",
+               g_graph_replays - replays0);
+        if (replayed) g_pass++;
+        else g_fail++;
+    }
+out:
+    for (int i = 0; i < NI; i++) {
+        if (inst[i]) cuda_p->ops->destroy(inst[i]);
+        free(cfg[i]);
+        for (int k = 0; k < 6; k++) free(L[i][k]);
+    }
+    free(step_out);
+    fm_free(m);
+}
+
 /* Fake quantizers whose plans the cuda backend must refuse: int8 for
  * attn_q alone (a fused Q/K/V group of mixed formats), and GGUF blocks as
  * stored (no kernel here). */
@@ -781,6 +974,22 @@ int main(int argc, char **argv) {
     test_quant_refused(&cuda_p, false);
     test_quant_refused(&cuda_p, true);
 
+    /* batch_invariant: prompts that end just short of a block boundary
+     * (30: the 5 tokens cross 32) and past one split chunk (1100 keys:
+     * chunks of 128 over 9 splits); GQA 2, 3 (SmolLM2's 9/3 heads), 4
+     * (Llama-3-8B), 32 (MQA: the prefill shape), f16 */
+    {
+        const shape smol = {"smollm2-like", LOOM_ARCH_LLAMA, 2048, 576, 1536, 2, 9, 3, 64, 10000, true, false, false, false, NULL};
+        const shape mqa = {"mqa-g32", LOOM_ARCH_LLAMA, 512, 2048, 1024, 1, 32, 1, 64, 10000, true, false, false, false, NULL};
+        run_invariant(&cuda_p, &shapes[0], NULL, 30, TOL_CPU);
+        run_invariant(&cuda_p, &shapes[1], NULL, 30, TOL_CPU);
+        run_invariant(&cuda_p, &shapes[2], NULL, 30, TOL_CPU);
+        run_invariant(&cuda_p, &smol, NULL, 30, TOL_CPU);
+        run_invariant(&cuda_p, &smol, NULL, 1100, TOL_CPU);
+        run_invariant(&cuda_p, &mqa, NULL, 70, TOL_CPU);
+        run_invariant(&cuda_p, &shapes[4], NULL, 1100, TOL_CPU);
+    }
+
     /* every quantizer config on cuda vs cpu (same quantizer, same weights) */
     const char *qdir = getenv("LOOM_QUANTIZER_DIR") ? getenv("LOOM_QUANTIZER_DIR")
                                                     : LOOM_QUANTIZER_DIR_DEFAULT;
@@ -814,6 +1023,28 @@ int main(int argc, char **argv) {
         run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a8_sq, "int8-w8a8+smoothquant", &qs_qwen, 6e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8_sq, "fp8+smoothquant", &qs_qwen, 8e-2);
         unlink(calib);
+    }
+    /* batch_invariant with quantized weights: every M on the fused GEMV */
+    {
+        const char *const *ovs[3] = {i4g64, fp8c, w8a8};
+        const char *names[3] = {"int4", "fp8", "int8"}, *labels[3] = {"int4-g64", "fp8-per-channel", "int8-w8a8"};
+        const double tols[3] = {3e-2, 8e-2, 6e-2};
+        for (int i = 0; i < 3; i++) {
+            qplugin qp;
+            void *qcfg = NULL, *qself = NULL;
+            loom_error qe = {0};
+            if (!qplugin_open(&qp, qdir, names[i]) ||
+                qp.ops->create(&g_host, qcfg = config_make(qp.comp, ovs[i]), &qself, &qe)) {
+                printf("FAIL batch_invariant quantizer %s: cannot open or create it: %s\n", labels[i], qe.message);
+                g_fail++;
+                free(qcfg);
+                continue;
+            }
+            loom_quant_binding qb = {.struct_size = sizeof qb, .ops = qp.ops, .self = qself, .name = labels[i]};
+            run_invariant(&cuda_p, &qs_qwen, &qb, 30, tols[i]);
+            qp.ops->destroy(qself);
+            free(qcfg);
+        }
     }
 
     bool replayed = g_graph_replays > 0 && g_graph_captures > 0;

@@ -14,6 +14,13 @@
  * The quantized linear layers (qgemm: int8 W8A16 / W8A8, fp8, int4) are
  * checked against float64 sums over the same quantized weights and
  * activations (test_qgemm).
+ *
+ * Batch invariance (the backend's batch_invariant mode): the invariant
+ * attention call, the invariant GEMV / quantized GEMV and the logits top-k
+ * must give a token's row the same bits whether it is computed alone or
+ * with other rows, tokens and sequences (`... invariant ...` checks, err =
+ * elements that differ, must be 0). `INFO` lines count what the ordinary
+ * dispatch changes in the same comparison (expected non-zero; not checks).
  */
 #include <math.h>
 #include <stdbool.h>
@@ -388,7 +395,9 @@ static void test_rope_kv(loom_cuda_dt dt, int H, int KVH, int D, int bs, int T, 
 /* One attention check. Sequences s have context ctx[s] and nq[s] query
  * tokens (the last ones). shape_mode: -1 the backend's policy (decode tile
  * when nq * G <= 16, else prefill tiles), 0 / 1 force decode (when it fits)
- * / prefill. max_splits: 0 = backend-like choice, else this value. */
+ * / prefill, 2 the batch-invariant call (loom_cuda_attention_invariant, one
+ * token per tile). max_splits: 0 = backend-like choice, else this value —
+ * in mode 2 the tiles one launch may take (its workspace), 0 = all. */
 static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int KVH, int bs,
                            int nseq, const int *ctx, const int *nq, int shape_mode,
                            int max_splits_req) {
@@ -424,7 +433,9 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     for (int s = 0, t = 0; s < nseq; s++)
         for (int i = 0; i < nq[s]; i++, t++) pos[t] = ctx[s] - nq[s] + i, seq_of[t] = s;
 
-    /* tiles, as the backend builds them */
+    /* tiles, as the backend builds them (shape_mode 2, batch-invariant: one
+     * token per tile, all in dtl, whatever shape the call picks) */
+    const bool inv = shape_mode == 2;
     const int drows = loom_cuda_attn_rows(LOOM_CUDA_ATTN_DECODE);
     const int tpt = loom_cuda_attn_rows(LOOM_CUDA_ATTN_PREFILL) / G;
     loom_cuda_attn_tile *dtl = malloc(sizeof *dtl * (size_t)(T + 1));
@@ -433,7 +444,9 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     for (int s = 0, t0 = 0; s < nseq; t0 += nq[s], s++) {
         bool dec = shape_mode == 0 ? nq[s] * G <= drows
                                    : shape_mode == 1 ? false : nq[s] * G <= drows;
-        if (dec) dtl[nd++] = (loom_cuda_attn_tile){s, t0, nq[s], 0};
+        if (inv)
+            for (int k = 0; k < nq[s]; k++) dtl[nd++] = (loom_cuda_attn_tile){s, t0 + k, 1, 0};
+        else if (dec) dtl[nd++] = (loom_cuda_attn_tile){s, t0, nq[s], 0};
         else
             for (int k = 0; k < nq[s]; k += tpt)
                 ptl[np++] = (loom_cuda_attn_tile){s, t0 + k, nq[s] - k < tpt ? nq[s] - k : tpt, 0};
@@ -443,7 +456,13 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     int ms[2];
     int ntl[2] = {nd, np};
     size_t ws = 0;
-    for (int k = 0; k < 2; k++) {
+    /* invariant: workspace for max_splits_req tiles a launch (several
+     * launches when fewer than T), or all of them */
+    const size_t inv_tile = loom_cuda_attn_invariant_ws_floats(H, KVH, D);
+    const int inv_per_launch = max_splits_req > 0 && max_splits_req < T ? max_splits_req : T;
+    for (int k = 0; inv && k < 2; k++) ms[k] = LOOM_CUDA_ATTN_INVARIANT_SPLITS;
+    if (inv) ws = inv_tile * (size_t)inv_per_launch;
+    for (int k = 0; !inv && k < 2; k++) {
         if (max_splits_req > 0) ms[k] = max_splits_req;
         else /* the backend's policy: one wave of resident CTAs */
             ms[k] = loom_cuda_attn_max_splits(
@@ -476,7 +495,10 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     for (int rep = 0; rep < 2; rep++) { /* twice: the counters must work on reuse */
     if (rep == 1) CK(cudaMemset(d_out, 0xff, (size_t)T * ldo * 2));
     CK(cudaEventRecord(e0, 0));
-    if (nd) {
+    if (inv) {
+        a.tiles = d_dt, a.num_tiles = nd;
+        CK(loom_cuda_attention_invariant(&a, ws, 0));
+    } else if (nd) {
         a.shape = LOOM_CUDA_ATTN_DECODE, a.tiles = d_dt, a.num_tiles = nd, a.max_splits = ms[0];
         CK(loom_cuda_attention(&a, 0));
     }
@@ -543,8 +565,12 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
         acc.rows++;
     }
     char name[200];
-    snprintf(name, sizeof name, "attention %s %s D=%d H=%d/%d bs=%d T=%d tiles %d+%d splits %d/%d (%.2f ms)",
-             label, dtn(dt), D, H, KVH, bs, T, nd, np, ms[0], ms[1], ms_time);
+    if (inv)
+        snprintf(name, sizeof name, "attention %s %s D=%d H=%d/%d bs=%d T=%d invariant %d tiles/launch (%.2f ms)",
+                 label, dtn(dt), D, H, KVH, bs, T, inv_per_launch, ms_time);
+    else
+        snprintf(name, sizeof name, "attention %s %s D=%d H=%d/%d bs=%d T=%d tiles %d+%d splits %d/%d (%.2f ms)",
+                 label, dtn(dt), D, H, KVH, bs, T, nd, np, ms[0], ms[1], ms_time);
     report(name, &acc, TOL16);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     cudaFree(d_k), cudaFree(d_v), cudaFree(d_q), cudaFree(d_pos), cudaFree(d_bt);
@@ -562,6 +588,160 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     cudaFree(d_stride), cudaFree(d_dt), cudaFree(d_pt), cudaFree(d_out), cudaFree(d_ws);
     free(perm), free(bt), free(kf), free(vf), free(kc), free(vc), free(qf), free(q), free(pos);
     free(seq_of), free(dtl), free(ptl), free(o_h), free(row_err), free(row_nan);
+}
+
+/* ------------------------------------------------- batch invariance */
+
+/* Elements of n 16-bit or 32-bit values whose bits differ. */
+static long bits_differ(const void *a, const void *b, size_t n, size_t el) {
+    long d = 0;
+    for (size_t i = 0; i < n; i++) d += memcmp((const char *)a + i * el, (const char *)b + i * el, el) != 0;
+    return d;
+}
+
+/* NaN elements among n values of `el` bytes (2: dt, 4: float32): what a
+ * poisoned output keeps where nothing was written. */
+static long count_nan(loom_cuda_dt dt, const void *v, size_t n, size_t el) {
+    long c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += el == 4 ? isnan(((const float *)v)[i]) : isnan(from16(dt, ((const uint16_t *)v)[i]));
+    return c;
+}
+
+/* Report a bitwise comparison: PASS when nothing differs (err = count). */
+static void report_bits(const char *name, long differ, long checked) {
+    err_acc a = {.worst = (double)differ, .rows = checked};
+    report(name, &a, 0.0);
+}
+
+/* loom_cuda_attention_invariant: every (token, head) output of one step —
+ * sequence 0 brings nv tokens ending at context ctx0 (a draft
+ * verification), two more sequences bring 1 and 3 (another decode and
+ * another verification), and two dummy tokens repeat sequence 0's last one
+ * (CUDA-graph padding) — must have exactly the bits that token gets when it
+ * is the only one in the launch (a decode step). Checked with the
+ * workspace for every tile and for 3 tiles a launch. The ordinary dispatch
+ * (one decode or prefill tile for sequence 0's tokens, split bound by the
+ * backend's policy) is reported as INFO: it is expected to differ. */
+static void test_attention_invariance(loom_cuda_dt dt, int D, int H, int KVH, int bs, int ctx0, int nv) {
+    const int G = H / KVH, nseq = 3;
+    const int ctx[3] = {ctx0, 37, 300}, nq[3] = {nv, 1, 3}, ndummy = 2;
+    const int ldq = (H + 2 * KVH) * D, ldo = H * D;
+    int T = ndummy, maxblk = 0, nblk = 1;
+    for (int s = 0; s < nseq; s++) {
+        const int nb = (ctx[s] + bs - 1) / bs;
+        T += nq[s], nblk += nb, maxblk = nb > maxblk ? nb : maxblk;
+    }
+    const int stride = maxblk;
+    int32_t *bt = malloc((size_t)nseq * stride * 4);
+    for (int s = 0, k = 1; s < nseq; s++) /* consecutive blocks, block 0 unused */
+        for (int j = 0; j < stride; j++) bt[(size_t)s * stride + j] = j < (ctx[s] + bs - 1) / bs ? k++ : 0;
+    const size_t cache_elems = (size_t)nblk * KVH * bs * D;
+    uint16_t *kc = rand16(dt, cache_elems, -1, 1, NULL), *vc = rand16(dt, cache_elems, -1, 1, NULL);
+    uint16_t *q = rand16(dt, (size_t)T * ldq, -1, 1, NULL);
+    int32_t *pos = malloc((size_t)T * 4);
+    loom_cuda_attn_tile *tl = malloc(sizeof *tl * (size_t)T);
+    int t = 0;
+    for (int s = 0; s < nseq; s++)
+        for (int i = 0; i < nq[s]; i++, t++) {
+            pos[t] = ctx[s] - nq[s] + i;
+            tl[t] = (loom_cuda_attn_tile){s, t, 1, 0};
+        }
+    for (int i = 0; i < ndummy; i++, t++) { /* graph padding: sequence 0's last token again */
+        memcpy(q + (size_t)t * ldq, q + (size_t)(nv - 1) * ldq, (size_t)ldq * 2);
+        pos[t] = pos[nv - 1];
+        tl[t] = (loom_cuda_attn_tile){0, t, 1, 0};
+    }
+    const size_t per_tile = loom_cuda_attn_invariant_ws_floats(H, KVH, D);
+    size_t ws_all = per_tile * (size_t)T;
+    const size_t ws_ord = loom_cuda_attn_workspace_floats(LOOM_CUDA_ATTN_PREFILL, T, KVH, D, 64) +
+                          loom_cuda_attn_workspace_floats(LOOM_CUDA_ATTN_DECODE, T, KVH, D, 64);
+    void *d_k = dev_upload(kc, cache_elems * 2), *d_v = dev_upload(vc, cache_elems * 2);
+    void *d_q = dev_upload(q, (size_t)T * ldq * 2), *d_pos = dev_upload(pos, (size_t)T * 4);
+    void *d_bt = dev_upload(bt, (size_t)nseq * stride * 4);
+    int32_t stride_h = stride;
+    void *d_stride = dev_upload(&stride_h, 4);
+    loom_cuda_attn_tile *d_tl = dev_upload(tl, sizeof *tl * (size_t)T);
+    float *d_ws = dev_poison((ws_all > ws_ord ? ws_all : ws_ord) * 4 + 16);
+    int *d_sem = NULL;
+    CK(cudaMalloc((void **)&d_sem, (size_t)T * KVH * sizeof(int)));
+    CK(cudaMemset(d_sem, 0, (size_t)T * KVH * sizeof(int)));
+    const size_t out_bytes = (size_t)T * ldo * 2;
+    void *d_out = dev_poison(out_bytes);
+    loom_cuda_attn_args a = {.dt = dt, .out = d_out, .ldo = ldo, .q = d_q, .ldq = ldq,
+                             .k_cache = d_k, .v_cache = d_v, .block_table = d_bt,
+                             .bt_stride = d_stride, .positions = d_pos, .num_heads = H,
+                             .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
+                             .scale = (float)(1.0 / sqrt((double)D)), .partial = d_ws,
+                             .sem = d_sem};
+    uint16_t *alone = malloc(out_bytes), *all = malloc(out_bytes), *chunked = malloc(out_bytes);
+    /* each token alone: a launch of its one tile */
+    for (int i = 0; i < T; i++) {
+        a.tiles = d_tl + i, a.num_tiles = 1;
+        CK(loom_cuda_attention_invariant(&a, ws_all, 0));
+    }
+    CK(cudaMemcpy(alone, d_out, out_bytes, cudaMemcpyDeviceToHost));
+    const size_t ws_try[2] = {ws_all, per_tile * 3};
+    uint16_t *dst[2] = {all, chunked};
+    for (int k = 0; k < 2; k++) { /* the whole step at once, then 3 tiles a launch */
+        CK(cudaMemset(d_out, 0xff, out_bytes));
+        a.tiles = d_tl, a.num_tiles = T;
+        CK(loom_cuda_attention_invariant(&a, ws_try[k], 0));
+        CK(cudaMemcpy(dst[k], d_out, out_bytes, cudaMemcpyDeviceToHost));
+    }
+    CK(cudaDeviceSynchronize());
+    const size_t n = (size_t)T * ldo;
+    const long nan = count_nan(dt, alone, n, 2);
+    char name[200];
+    snprintf(name, sizeof name, "attention invariant %s D=%d H=%d/%d bs=%d ctx %d, %d-token verify: alone = in step",
+             dtn(dt), D, H, KVH, bs, ctx0, nv);
+    report_bits(name, bits_differ(alone, all, n, 2) + nan, T);
+    snprintf(name, sizeof name, "attention invariant %s D=%d H=%d/%d bs=%d ctx %d, %d-token verify: alone = 3 tiles/launch",
+             dtn(dt), D, H, KVH, bs, ctx0, nv);
+    report_bits(name, bits_differ(alone, chunked, n, 2), T);
+    /* the padding tokens equal the token they repeat */
+    snprintf(name, sizeof name, "attention invariant %s D=%d H=%d/%d ctx %d: padding token = its original",
+             dtn(dt), D, H, KVH, ctx0);
+    report_bits(name, bits_differ(all + (size_t)(T - 1) * ldo, all + (size_t)(nv - 1) * ldo, (size_t)ldo, 2), 1);
+
+    /* INFO: the ordinary dispatch, sequence 0's tokens as one step vs alone */
+    {
+        const int drows = loom_cuda_attn_rows(LOOM_CUDA_ATTN_DECODE);
+        const loom_cuda_attn_shape sh = nv * G <= drows ? LOOM_CUDA_ATTN_DECODE : LOOM_CUDA_ATTN_PREFILL;
+        const int tpt = loom_cuda_attn_rows(sh) / G;
+        int sms = 132;
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+        const int resident = sms * loom_cuda_attn_ctas_per_sm(dt, sh, D);
+        const int resident_dec = sms * loom_cuda_attn_ctas_per_sm(dt, LOOM_CUDA_ATTN_DECODE, D);
+        loom_cuda_attn_tile group[64];
+        int ng = 0;
+        for (int k = 0; k < nv && ng < 64; k += tpt)
+            group[ng++] = (loom_cuda_attn_tile){0, k, nv - k < tpt ? nv - k : tpt, 0};
+        loom_cuda_attn_tile *d_g = dev_upload(group, sizeof group[0] * (size_t)ng);
+        uint16_t *ord_alone = malloc(out_bytes), *ord_step = malloc(out_bytes);
+        a.shape = LOOM_CUDA_ATTN_DECODE;
+        if (G <= drows) {
+            for (int i = 0; i < nv; i++) {
+                a.tiles = d_tl + i, a.num_tiles = 1;
+                a.max_splits = loom_cuda_attn_max_splits(1, KVH, resident_dec);
+                CK(loom_cuda_attention(&a, 0));
+            }
+            CK(cudaMemcpy(ord_alone, d_out, out_bytes, cudaMemcpyDeviceToHost));
+            a.shape = sh, a.tiles = d_g, a.num_tiles = ng;
+            a.max_splits = loom_cuda_attn_max_splits(ng, KVH, resident);
+            CK(loom_cuda_attention(&a, 0));
+            CK(cudaMemcpy(ord_step, d_out, out_bytes, cudaMemcpyDeviceToHost));
+            CK(cudaDeviceSynchronize());
+            printf("INFO attention ordinary dispatch %s D=%d H=%d/%d ctx %d: %ld of %zu outputs of the %d-token step differ from decode\n",
+                   dtn(dt), D, H, KVH, ctx0, bits_differ(ord_alone, ord_step, (size_t)nv * ldo, 2),
+                   (size_t)nv * ldo, nv);
+        }
+        cudaFree(d_g);
+        free(ord_alone), free(ord_step);
+    }
+    cudaFree(d_k), cudaFree(d_v), cudaFree(d_q), cudaFree(d_pos), cudaFree(d_bt), cudaFree(d_stride);
+    cudaFree(d_tl), cudaFree(d_ws), cudaFree(d_sem), cudaFree(d_out);
+    free(bt), free(kc), free(vc), free(q), free(pos), free(tl), free(alone), free(all), free(chunked);
 }
 
 /* ------------------------------------------------------------ KV copies */
@@ -657,6 +837,49 @@ static void test_gemm(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int K, b
 done:
     cudaFree(d_x), cudaFree(d_w), cudaFree(d_y);
     free(xf), free(wf), free(x), free(w);
+}
+
+/* Batch-invariant linear layer (loom_cuda_gemm_set_batch_invariant): the
+ * rows of y computed at M = 1 (one call per row), 5, 8, 13 and Mmax (the
+ * first M rows of one x) must agree bit for bit. The ordinary path at
+ * M = 13 (cuBLASLt) vs M = 1 (GEMV) is reported as INFO. */
+static void test_gemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, int N, int K, bool out_f32, int Mmax) {
+    uint16_t *x = rand16(dt, (size_t)Mmax * K, -1, 1, NULL), *w = rand16(dt, (size_t)N * K, -1, 1, NULL);
+    void *d_x = dev_upload(x, (size_t)Mmax * K * 2), *d_w = dev_upload(w, (size_t)N * K * 2);
+    const size_t oel = out_f32 ? 4 : 2, row = (size_t)N * oel;
+    void *d_y = dev_poison((size_t)Mmax * row);
+    char *one = malloc((size_t)Mmax * row), *many = malloc((size_t)Mmax * row), msg[256] = "", name[160];
+    int rc = 0;
+    loom_cuda_gemm_set_batch_invariant(g, 1);
+    for (int m = 0; m < Mmax && !rc; m++)
+        rc = loom_cuda_gemm_run(g, dt, out_f32, 1, N, K, (const char *)d_x + (size_t)m * K * 2, d_w,
+                                (char *)d_y + (size_t)m * row, 0, msg, sizeof msg);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(one, d_y, (size_t)Mmax * row, cudaMemcpyDeviceToHost));
+    const long unwritten = count_nan(dt, one, (size_t)Mmax * N, oel);
+    const int Ms[4] = {5, 8, 13, Mmax};
+    for (int i = 0; i < 4; i++) {
+        const int M = Ms[i] < Mmax ? Ms[i] : Mmax;
+        CK(cudaMemset(d_y, 0xff, (size_t)Mmax * row));
+        if (!rc) rc = loom_cuda_gemm_run(g, dt, out_f32, M, N, K, d_x, d_w, d_y, 0, msg, sizeof msg);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(many, d_y, (size_t)M * row, cudaMemcpyDeviceToHost));
+        snprintf(name, sizeof name, "gemm invariant %s N=%d K=%d -> %s: M=%d rows = M=1 rows", dtn(dt), N, K,
+                 out_f32 ? "f32" : dtn(dt), M);
+        if (rc) printf("      gemm error: %s\n", msg);
+        report_bits(name, rc ? 1 : bits_differ(one, many, (size_t)M * N, oel) + unwritten, M);
+    }
+    loom_cuda_gemm_set_batch_invariant(g, 0);
+    if (!rc && Mmax >= 13) {
+        rc = loom_cuda_gemm_run(g, dt, out_f32, 13, N, K, d_x, d_w, d_y, 0, msg, sizeof msg);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(many, d_y, 13 * row, cudaMemcpyDeviceToHost));
+        if (!rc)
+            printf("INFO gemm ordinary path %s N=%d K=%d: %ld of %d outputs at M=13 (cuBLASLt) differ from M=1 (GEMV)\n",
+                   dtn(dt), N, K, bits_differ(one, many, (size_t)13 * N, oel), 13 * N);
+    }
+    cudaFree(d_x), cudaFree(d_w), cudaFree(d_y);
+    free(x), free(w), free(one), free(many);
 }
 
 /* ------------------------------------------------------ quantized GEMM */
@@ -873,6 +1096,70 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
     test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 64, 1000, 1024, 0, 2, false, true);
 }
 
+/* Batch-invariant quantized linear layer: loom_cuda_qgemm_run's rows at
+ * M = 1 (one call per row) vs M = 5, 13 and Mmax, bit for bit — in
+ * invariant mode every M runs the fused GEMV in passes of 8 rows (W8A8 /
+ * FP8 quantize each token's activations alone). Random codes and scales:
+ * the arithmetic is test_qgemm's business. The ordinary dispatch at Mmax
+ * (the GEMM path above the format's GEMV bound) is reported as INFO. */
+static void test_qgemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, int N, int K,
+                                  int group, bool out_f32, int Mmax) {
+    const bool i4 = fmt == LOOM_CUDA_Q_INT4;
+    const int ng = i4 ? K / group : 1;
+    const size_t data_bytes = i4 ? (size_t)N * K / 2 : (size_t)N * K;
+    const size_t nsc = (size_t)N * (i4 ? (size_t)ng * 2 : 1);
+    uint8_t *data = malloc(data_bytes);
+    float *sc = malloc(nsc * 4);
+    for (size_t i = 0; i < data_bytes; i++)
+        data[i] = fmt == LOOM_CUDA_Q_FP8 ? e4m3_enc(rng_unif(-2, 2)) : (uint8_t)rng_next();
+    for (size_t i = 0; i < nsc; i++) sc[i] = i4 && i % 2 ? rng_unif(-0.1f, 0.1f) : rng_unif(0.001f, 0.02f);
+    uint16_t *x = rand16(dt, (size_t)Mmax * K, -2, 2, NULL);
+    void *d_data = dev_upload(data, data_bytes), *d_sc = dev_upload(sc, nsc * 4);
+    void *d_x = dev_upload(x, (size_t)Mmax * K * 2);
+    const loom_cuda_qweight w = {.fmt = fmt, .N = N, .K = K, .group = i4 ? group : 0,
+                                 .data = d_data, .scales = d_sc, .smooth = NULL};
+    loom_cuda_gemm_set_batch_invariant(g, 1);
+    const size_t scr_inv = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &w, Mmax);
+    loom_cuda_gemm_set_batch_invariant(g, 0);
+    const size_t scr_ord = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &w, Mmax);
+    const size_t scr = scr_inv > scr_ord ? scr_inv : scr_ord;
+    void *d_scr = dev_poison(scr);
+    const size_t oel = out_f32 ? 4 : 2, row = (size_t)N * oel;
+    void *d_y = dev_poison((size_t)Mmax * row);
+    char *one = malloc((size_t)Mmax * row), *many = malloc((size_t)Mmax * row), msg[256] = "", name[160];
+    int rc = 0;
+    loom_cuda_gemm_set_batch_invariant(g, 1);
+    for (int m = 0; m < Mmax && !rc; m++)
+        rc = loom_cuda_qgemm_run(g, dt, out_f32, 1, &w, (const char *)d_x + (size_t)m * K * 2,
+                                 (char *)d_y + (size_t)m * row, d_scr, scr, 0, msg, sizeof msg);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(one, d_y, (size_t)Mmax * row, cudaMemcpyDeviceToHost));
+    const long unwritten = count_nan(dt, one, (size_t)Mmax * N, oel);
+    const int Ms[3] = {5, 13, Mmax};
+    for (int i = 0; i < 3; i++) {
+        const int M = Ms[i] < Mmax ? Ms[i] : Mmax;
+        CK(cudaMemset(d_y, 0xff, (size_t)Mmax * row));
+        if (!rc) rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_scr, scr, 0, msg, sizeof msg);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(many, d_y, (size_t)M * row, cudaMemcpyDeviceToHost));
+        snprintf(name, sizeof name, "qgemm invariant %s %s N=%d K=%d -> %s: M=%d rows = M=1 rows",
+                 qfmt_name(fmt), dtn(dt), N, K, out_f32 ? "f32" : dtn(dt), M);
+        if (rc) printf("      qgemm error: %s\n", msg);
+        report_bits(name, rc ? 1 : bits_differ(one, many, (size_t)M * N, oel) + unwritten, M);
+    }
+    loom_cuda_gemm_set_batch_invariant(g, 0);
+    if (!rc) {
+        rc = loom_cuda_qgemm_run(g, dt, out_f32, Mmax, &w, d_x, d_y, d_scr, scr, 0, msg, sizeof msg);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(many, d_y, (size_t)Mmax * row, cudaMemcpyDeviceToHost));
+        if (!rc)
+            printf("INFO qgemm ordinary dispatch %s N=%d K=%d: %ld of %d outputs at M=%d differ from M=1\n",
+                   qfmt_name(fmt), N, K, bits_differ(one, many, (size_t)Mmax * N, oel), Mmax * N, Mmax);
+    }
+    cudaFree(d_data), cudaFree(d_sc), cudaFree(d_x), cudaFree(d_scr), cudaFree(d_y);
+    free(data), free(sc), free(x), free(one), free(many);
+}
+
 /* ------------------------------------------------------------------ main */
 
 /* loom_cuda_gemm_swiglu_run: the SwiGLU fused into the GEMV (M <= 8) and
@@ -916,6 +1203,42 @@ static void test_swiglu_down(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, i
 }
 
 /* ------------------------------------------------------------ logits top-k */
+
+/* A row's top-k and log-sum-exp must not depend on how many rows share the
+ * call (one block per row in every pass): rows reduced together vs each
+ * alone, bit for bit. */
+static void test_logits_topk_invariance(int rows, int V, int k) {
+    const size_t n = (size_t)rows * V;
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = rng_unif(-20, 20);
+    float *dx = dev_upload(x, n * sizeof *x);
+    int32_t *dids = dev_poison((size_t)rows * k * 4);
+    float *dvals = dev_poison((size_t)rows * k * 4), *dlse = dev_poison((size_t)rows * 4);
+    void *ws = dev_poison(loom_cuda_topk_ws_bytes(rows, V, k));
+    const size_t bytes = (size_t)rows * k * 4;
+    int32_t *ids[2] = {malloc(bytes), malloc(bytes)};
+    float *vals[2] = {malloc(bytes), malloc(bytes)}, *lse[2] = {malloc((size_t)rows * 4), malloc((size_t)rows * 4)};
+    for (int pass = 0; pass < 2; pass++) { /* 0: each row alone, 1: all together */
+        if (pass == 0)
+            for (int r = 0; r < rows; r++)
+                CK(loom_cuda_logits_topk(dx + (size_t)r * V, 1, V, k, dids + (size_t)r * k, dvals + (size_t)r * k,
+                                         dlse + r, ws, 0));
+        else CK(loom_cuda_logits_topk(dx, rows, V, k, dids, dvals, dlse, ws, 0));
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(ids[pass], dids, bytes, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(vals[pass], dvals, bytes, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(lse[pass], dlse, (size_t)rows * 4, cudaMemcpyDeviceToHost));
+    }
+    const long d = bits_differ(ids[0], ids[1], (size_t)rows * k, 4) +
+                   bits_differ(vals[0], vals[1], (size_t)rows * k, 4) +
+                   bits_differ(lse[0], lse[1], (size_t)rows, 4) +
+                   count_nan(LOOM_CUDA_BF16, lse[0], (size_t)rows, 4);
+    char name[128];
+    snprintf(name, sizeof name, "logits_topk invariant rows %d V %d k %d: alone = together", rows, V, k);
+    report_bits(name, d, rows);
+    cudaFree(dx), cudaFree(dids), cudaFree(dvals), cudaFree(dlse), cudaFree(ws);
+    free(x), free(ids[0]), free(ids[1]), free(vals[0]), free(vals[1]), free(lse[0]), free(lse[1]);
+}
 
 /* loom_cuda_logits_topk against loom/logits_topk.h on rows with many ties
  * (values on a coarse grid), NaNs and -inf; ids and values exactly, lse
@@ -1035,6 +1358,31 @@ int main(int argc, char **argv) {
         test_attention("long chunk", LOOM_CUDA_BF16, 128, 8, 2, 16, 1, ctx1, nq64, -1, 0);
     }
 
+    /* batch-invariant attention: against float64 (causal masking, GQA,
+     * the prefill shape for G > 16), then bit for bit alone vs in a step at
+     * block-boundary lengths and past one split chunk (64 keys; 1024 =
+     * 16 splits x 64, above which the chunks grow) */
+    {
+        const int ctx[6] = {1, 15, 16, 17, 33, 1000};
+        const int nq_chunk[6] = {1, 5, 16, 1, 20, 300};
+        const int nq_decode[6] = {1, 1, 1, 1, 1, 1};
+        test_attention("invariant", LOOM_CUDA_BF16, 64, 9, 3, 16, 6, ctx, nq_chunk, 2, 0);
+        test_attention("invariant", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_chunk, 2, 7);
+        test_attention("invariant", LOOM_CUDA_F16, 64, 8, 8, 16, 6, ctx, nq_decode, 2, 0);
+        test_attention("invariant MQA G32", LOOM_CUDA_BF16, 64, 32, 1, 16, 6, ctx, nq_chunk, 2, 0);
+        const int lctx[2] = {32768, 20001}, lnq[2] = {4, 3};
+        test_attention("invariant long verify", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, lctx, lnq, 2, 0);
+        const int kv[9] = {5, 16, 17, 64, 65, 129, 1024, 1030, 20001};
+        for (int i = 0; i < 9; i++) {
+            test_attention_invariance(LOOM_CUDA_BF16, 64, 9, 3, 16, kv[i], 5);
+            test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, kv[i], 5);
+        }
+        test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, 4000, 8);
+        test_attention_invariance(LOOM_CUDA_F16, 64, 8, 2, 16, 1030, 7);
+        test_attention_invariance(LOOM_CUDA_BF16, 64, 32, 1, 16, 1030, 5); /* G 32: prefill shape */
+        test_attention_invariance(LOOM_CUDA_BF16, 64, 4, 2, 7, 100, 5);    /* block size 7 */
+    }
+
     test_copy_blocks(false);
     test_copy_blocks(true);
 
@@ -1047,6 +1395,8 @@ int main(int argc, char **argv) {
     test_logits_topk(2, 70, 64);
     test_logits_topk(4, 4096, 7);
     test_logits_topk(3, 4097, 2);
+    test_logits_topk_invariance(7, 49152, 1);
+    test_logits_topk_invariance(7, 128256, 64);
 
     int code = 0;
     char msg[256] = "";
@@ -1077,6 +1427,21 @@ int main(int argc, char **argv) {
         test_gemm(g, LOOM_CUDA_BF16, 1, 4096, 4096, false);
         test_gemm(g, LOOM_CUDA_BF16, 4, 49152, 576, true);
         loom_cuda_gemm_set_gemv_max_m(g, 8);
+        /* batch-invariant linear layers: rows at M = 1 vs 5, 8, 13, Mmax */
+        for (int di = 0; di < 2; di++) {
+            test_gemm_invariance(g, dts[di], 1000, 576, false, 40);
+            test_gemm_invariance(g, dts[di], 4097, 576, true, 21); /* LM head: float32 out */
+        }
+        test_gemm_invariance(g, LOOM_CUDA_BF16, 6144, 4096, false, 64);
+        test_gemm_invariance(g, LOOM_CUDA_BF16, 576, 1536, false, 300);
+        {
+            const loom_cuda_qfmt qf[4] = {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8, LOOM_CUDA_Q_FP8,
+                                          LOOM_CUDA_Q_INT4};
+            for (int i = 0; i < 4; i++) {
+                test_qgemm_invariance(g, LOOM_CUDA_BF16, qf[i], 1001, 576, 64, false, 40);
+                test_qgemm_invariance(g, LOOM_CUDA_F16, qf[i], 515, 1024, 128, true, 19);
+            }
+        }
         test_qgemm_all(g);
         loom_cuda_gemm_destroy(g);
     }

@@ -48,6 +48,11 @@ static const loom_param cb_params[] = {
      .offset = offsetof(cuda_backend_config, max_positions), .default_value = "0", .min = 0,
      .max = 1 << 24,
      .doc = "positions covered by the RoPE table; 0 = the model's trained context length"},
+    {.key = "batch_invariant", .type = LOOM_PARAM_BOOL,
+     .offset = offsetof(cuda_backend_config, batch_invariant), .default_value = "false",
+     .doc = "a token's logits bit-identical however many tokens share its step (decode, draft "
+            "verification, graph padding): one attention tile per token with a fixed split-K "
+            "bound, the GEMV at every batch size; slower prefill; one GPU only (docs/gpu.md)"},
     {.key = NULL},
 };
 
@@ -101,7 +106,7 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
     *self = NULL;
     cuda_backend_config cfg = {.device = 0, .dtype = 0, .cuda_graphs = true,
                                .max_graph_batch = 256, .max_batched_tokens = 8192,
-                               .max_positions = 0};
+                               .max_positions = 0, .batch_invariant = false};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.device < 0 || cfg.dtype < 0 || cfg.dtype > 1 || cfg.max_graph_batch < 1 ||
         cfg.max_graph_batch > 256 || cfg.max_batched_tokens < 1 ||
@@ -166,10 +171,10 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                            "backend cuda: cuBLASLt setup on device %lld: %s",
                            (long long)cfg.device, msg);
     }
-    host->log(host->ctx, LOOM_LOG_INFO, CB_WHO, "device %d: %s, %d SMs, %.1f GiB; %s, graphs %s",
+    host->log(host->ctx, LOOM_LOG_INFO, CB_WHO, "device %d: %s, %d SMs, %.1f GiB; %s, graphs %s%s",
               b->device, prop.name, prop.multiProcessorCount,
               (double)prop.totalGlobalMem / (1u << 30), cb_dtype_choices[cfg.dtype],
-              cfg.cuda_graphs ? "on" : "off");
+              cfg.cuda_graphs ? "on" : "off", cfg.batch_invariant ? ", batch-invariant" : "");
     *self = b;
     return LOOM_OK;
 }

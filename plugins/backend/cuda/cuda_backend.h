@@ -59,6 +59,8 @@ typedef struct cuda_backend_config {
     int64_t max_graph_batch;    /* largest decode batch run through a graph      */
     int64_t max_batched_tokens; /* token rows the work buffers hold              */
     int64_t max_positions;      /* RoPE table length; 0 = the model's context    */
+    bool batch_invariant;       /* a token's result independent of the step's
+                                   other tokens (docs/gpu.md)                   */
 } cuda_backend_config;
 
 /* The four linear groups of a layer (one GEMM each). */

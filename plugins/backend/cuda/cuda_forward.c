@@ -137,6 +137,10 @@ static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t 
     const int32_t S = bt->num_seqs, T = bt->num_tokens, G = b->group;
     const int32_t dec_rows = loom_cuda_attn_rows(LOOM_CUDA_ATTN_DECODE);
     const int32_t tpt = loom_cuda_attn_rows(LOOM_CUDA_ATTN_PREFILL) / G; /* tokens per tile */
+    /* batch-invariant: one token per tile, every tile of one shape, so no
+     * token's split plan follows another token's position */
+    const bool inv = b->cfg.batch_invariant;
+    const bool inv_dec = loom_cuda_attn_invariant_shape(G) == LOOM_CUDA_ATTN_DECODE;
     const bool pad = pad_to > 0;
     const int32_t rowsT = pad ? pad_to * q : T, rowsS = pad ? pad_to : S;
     const int32_t NL = pad ? pad_to * q : bt->num_logits;
@@ -146,7 +150,8 @@ static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t 
     for (int32_t s = 0; s < rowsS; s++) {
         int32_t n = pad ? q : bt->query_start[s + 1] - bt->query_start[s];
         if (n <= 0) continue;
-        if (n * G <= dec_rows) ndec++;
+        if (inv) *(inv_dec ? &ndec : &npre) += n;
+        else if (n * G <= dec_rows) ndec++;
         else npre += (n + tpt - 1) / tpt;
     }
     cb_meta_layout l;
@@ -197,7 +202,13 @@ static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t 
     for (int32_t s = 0; s < rowsS; s++) {
         int32_t q0 = pad ? s * q : bt->query_start[s], n = pad ? q : bt->query_start[s + 1] - q0;
         if (n <= 0) continue;
-        if (n * G <= dec_rows) {
+        if (inv) {
+            for (int32_t k = 0; k < n; k++) {
+                const loom_cuda_attn_tile one = {.seq = s, .tok0 = q0 + k, .ntok = 1, .pad = 0};
+                if (inv_dec) dt[id++] = one;
+                else pt[ip++] = one;
+            }
+        } else if (n * G <= dec_rows) {
             dt[id++] = (loom_cuda_attn_tile){.seq = s, .tok0 = q0, .ntok = n, .pad = 0};
         } else {
             for (int32_t k = 0; k < n; k += tpt)
@@ -297,12 +308,15 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
                                                     b->kv_layout.block_size, s))))
             return st;
         aa.k_cache = kc, aa.v_cache = vc;
-        if (p->n_dec > 0) {
+        if (b->cfg.batch_invariant) { /* one token per tile, all in one of the lists */
+            aa.tiles = p->n_dec > 0 ? p->dec_tiles : p->pre_tiles, aa.num_tiles = p->n_dec + p->n_pre;
+            if ((st = CB_CUDA(b, err, loom_cuda_attention_invariant(&aa, b->attn_ws_floats, s)))) return st;
+        } else if (p->n_dec > 0) {
             aa.shape = LOOM_CUDA_ATTN_DECODE, aa.tiles = p->dec_tiles, aa.num_tiles = p->n_dec;
             aa.max_splits = p->dec_splits;
             if ((st = CB_CUDA(b, err, loom_cuda_attention(&aa, s)))) return st;
         }
-        if (p->n_pre > 0) {
+        if (p->n_pre > 0 && !b->cfg.batch_invariant) {
             aa.shape = LOOM_CUDA_ATTN_PREFILL, aa.tiles = p->pre_tiles, aa.num_tiles = p->n_pre;
             aa.max_splits = p->pre_splits;
             if ((st = CB_CUDA(b, err, loom_cuda_attention(&aa, s)))) return st;

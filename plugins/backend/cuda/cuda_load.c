@@ -34,6 +34,10 @@
 #define CB_STAGE_BYTES ((size_t)32 << 20) /* per pinned staging buffer       */
 #define CB_MAX_THREADS 16            /* dequantizing threads                  */
 #define CB_ATTN_WS_FLOATS ((size_t)4 << 20) /* split-K workspace (16 MiB)    */
+/* Batch-invariant attention: tiles (= tokens) one launch's workspace holds
+ * at least — a graph step of up to 64 tokens in one launch per layer;
+ * larger steps take several (Llama-3-8B: 65 MiB). */
+#define CB_INV_ATTN_TILES 64
 
 static size_t cb_round(size_t n) { return (n + CB_ALIGN - 1) & ~(size_t)(CB_ALIGN - 1); }
 static double cb_mib(size_t n) { return (double)n / (1024.0 * 1024.0); }
@@ -537,10 +541,16 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     const size_t VP = b->sharded ? (size_t)b->vocab_pad : 0;
     const size_t NR = b->sharded ? (size_t)b->comm.size : 0;
     const size_t TK = LOOM_CUDA_TOPK_MAX;
+    size_t attn_ws = CB_ATTN_WS_FLOATS;
+    if (b->cfg.batch_invariant) {
+        const size_t per_tile = loom_cuda_attn_invariant_ws_floats(c->num_heads, c->num_kv_heads, c->head_dim);
+        const size_t want = per_tile * (MT < CB_INV_ATTN_TILES ? MT : CB_INV_ATTN_TILES);
+        if (want > attn_ws) attn_ws = want;
+    }
     /* the last: quantized-GEMM scratch (0 without quantized weights) */
     size_t sz[CB_WORK_BUFS] = {MT * H * 4,      MT * H * e,  MT * (size_t)b->qkv_rows * e,
                      MT * (size_t)b->q_dim * e, MT * H * e, MT * 2 * I * e, MT * I * e,
-                     LR * H * e,      LR * V * 4,  CB_ATTN_WS_FLOATS * 4,
+                     LR * H * e,      LR * V * 4,  attn_ws * 4,
                      MT * (size_t)c->num_kv_heads * sizeof(int), LR * VP * 4, NR * LR * VP * 4,
                      LR * TK * 4, LR * TK * 4, LR * 4,
                      loom_cuda_topk_ws_bytes((int)LR, (int)V, (int)TK), b->qscratch_bytes};
@@ -573,7 +583,7 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     if ((st = CB_CUDA(b, err, cudaMemsetAsync(b->attn_sem, 0, sz[10], b->stream))) ||
         (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream))))
         return st;
-    b->attn_ws_floats = CB_ATTN_WS_FLOATS;
+    b->attn_ws_floats = attn_ws;
     for (int k = 0; k < 2; k++) {
         int per_sm = loom_cuda_attn_ctas_per_sm(b->dt, (loom_cuda_attn_shape)k, c->head_dim);
         b->attn_resident[k] = (per_sm > 0 ? per_sm : 1) * b->num_sms;
@@ -674,6 +684,9 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
     cb_shard sh = {0};
     if ((st = cb_shard_plan(b, c, comm, &sh, err)) != LOOM_OK) return st;
     if ((st = CB_CUDA(b, err, cudaSetDevice(b->device)))) return st;
+    /* before the quantized-GEMM scratch is sized: the mode moves the
+     * quantized GEMV bound */
+    loom_cuda_gemm_set_batch_invariant(b->gemm, b->cfg.batch_invariant);
 
     /* whole-model sizes (the tensors' shapes) ... */
     const int64_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
@@ -992,6 +1005,12 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
     if ((st = cb_rope_init(b, err)) || (st = cb_work_init(b, err))) goto fail;
     b->loaded = true;
     if (h->metric_set) h->metric_set(h->ctx, "backend.cuda.weight_bytes", (double)b->weight_bytes);
+    if (b->sharded && b->cfg.batch_invariant)
+        h->log(h->ctx, LOOM_LOG_WARN, CB_WHO,
+               "batch_invariant covers one GPU: with %d ranks the NCCL all-reduce's summation "
+               "order follows the message size (the step's token count), so results may still "
+               "depend on the batch",
+               b->comm.size);
     if (comm)
         h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
                "rank %d/%d of '%s' on device %d: heads %d..%d, KV heads %d..%d, FFN %lld..%lld, "
