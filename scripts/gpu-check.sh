@@ -205,11 +205,18 @@ tp)
     > "$O/tp2_logprobs.txt" 2> "$O/tp2.err" || tail -3 "$O/tp2.err"
   python3 tests/e2e/compare_logprobs.py "$O/tp1_logprobs.txt" "$O/tp2_logprobs.txt" | tee "$O/tp_compare.txt" \
     || fails=$((fails + 1))
-  step "Llama-3-8B shape: greedy ids, tp size 2 vs 1"
+  step "Llama-3-8B shape: greedy ids, tp size 2 (NCCL; peer-to-peer + graphs) vs 1"
   P=$(head -c 400 /tmp/tp_tokens.txt | cut -d' ' -f1-40)
   g1=$(timeout 200 "$LB/tests/e2e/engine_tool" greedy-ids configs/gpu/llama3-8b-dummy.yaml 64 "$P" 2>>"$O/tp1.err")
   g2=$(timeout 200 "$LB/tests/e2e/engine_tool" greedy-ids configs/tp/cuda-tp2-llama3-8b.yaml 64 "$P" 2>>"$O/tp2.err")
-  echo "$g1" > "$O/tp1_greedy.txt"; echo "$g2" > "$O/tp2_greedy.txt"
+  g3=$(timeout 200 "$LB/tests/e2e/engine_tool" greedy-ids configs/tp/cuda-tp2-llama3-8b-p2p.yaml 64 "$P" 2>>"$O/tp2p.err")
+  echo "$g1" > "$O/tp1_greedy.txt"; echo "$g2" > "$O/tp2_greedy.txt"; echo "$g3" > "$O/tp2p_greedy.txt"
+  python3 - "$g2" "$g3" <<'PY' || fails=$((fails + 1))
+import sys
+a, b = sys.argv[1].split(), sys.argv[2].split()
+print(f"{'PASS' if a == b and a else 'FAIL'} greedy tp2 peer-to-peer+graphs == tp2 NCCL eager ({len(b)} tokens)")
+sys.exit(0 if a == b and a else 1)
+PY
   if ! python3 - "$g1" "$g2" <<'PY'
 import sys
 a, b = sys.argv[1].split(), sys.argv[2].split()
@@ -235,15 +242,21 @@ PY
     python3 -c "import sys; g = abs(float('$la') - float('$lb')); print(f'gap {g:.4f}: ' + ('near-tie (< 0.02), bf16 rounding' if g < 0.02 else 'NOT a near-tie')); sys.exit(0 if g < 0.02 else 1)" \
       | tee -a "$O/tp_greedy_divergence.txt" || fails=$((fails + 1))
   fi
-  step "Llama-3-8B shape: batch-1 decode, tp 1 vs 2"
-  timeout 240 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/tp/cuda-tp2-llama3-8b.yaml \
+  step "Llama-3-8B shape: batch-1 decode, tp 1 vs tp 2 (peer-to-peer + graphs), and tp 2 NCCL eager"
+  timeout 240 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/tp/cuda-tp2-llama3-8b-p2p.yaml \
     --num-requests 4 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1 --no-progress \
     --json "$O/tp-batch1.json" 2>&1 | tail -16 || fails=$((fails + 1))
+  timeout 120 loom bench configs/tp/cuda-tp2-llama3-8b.yaml --num-requests 4 --input-len 128 --output-len 256 \
+    --set scheduler.max_num_seqs=1 --no-progress --json "$O/tp-batch1-nccl.json" 2>&1 | grep -E 'output tokens/s|TPOT p50' \
+    || fails=$((fails + 1))
   step "Llama-3-8B shape: offline 500 requests (~512 in / ~256 out), tp 1 vs 2"
-  timeout 300 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/tp/cuda-tp2-llama3-8b.yaml \
+  timeout 300 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/tp/cuda-tp2-llama3-8b-p2p.yaml \
     --num-requests 500 --input-len 384:640 --output-len 128:384 --seed 7 --no-progress \
     --json "$O/tp-offline-500.json" 2>&1 | tail -16 || fails=$((fails + 1))
-  step "Llama-3-8B shape, fp8 quantizer: logprobs, greedy ids and batch-1 decode, tp 1 vs 2"
+  step "Llama-3-8B shape, fp8 quantizer: batch-1 decode and logprobs, tp 1 vs 2 (peer-to-peer + graphs)"
+  timeout 300 loom bench --compare configs/gpu/llama3-8b-fp8.yaml configs/tp/cuda-tp2-llama3-8b-fp8.yaml \
+    --num-requests 4 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1 --no-progress \
+    --json "$O/tp-fp8-batch1.json" 2>&1 | tail -16 || fails=$((fails + 1))
   # row-parallel layers (O, down) quantize each rank's slice of the
   # activation with its own per-token scale, so fp8 tp 2 is not tp 1's
   # arithmetic split in two: expect a larger (still small) difference
@@ -253,17 +266,6 @@ PY
     > "$O/tp2_fp8_logprobs.txt" 2>> "$O/tp2.err"
   python3 tests/e2e/compare_logprobs.py "$O/tp1_fp8_logprobs.txt" "$O/tp2_fp8_logprobs.txt" \
     | tee "$O/tp_fp8_compare.txt" || fails=$((fails + 1))
-  g1=$(timeout 200 "$LB/tests/e2e/engine_tool" greedy-ids configs/gpu/llama3-8b-fp8.yaml 64 "$P" 2>>"$O/tp1.err")
-  g2=$(timeout 200 "$LB/tests/e2e/engine_tool" greedy-ids configs/tp/cuda-tp2-llama3-8b-fp8.yaml 64 "$P" 2>>"$O/tp2.err")
-  python3 - "$g1" "$g2" <<'PY'
-import sys
-a, b = sys.argv[1].split(), sys.argv[2].split()
-k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-print(f"{'SAME' if a == b and a else 'DIFF'} fp8 greedy tp2 vs tp1: identical for the first {k} of {len(a)} tokens")
-PY
-  timeout 300 loom bench --compare configs/gpu/llama3-8b-fp8.yaml configs/tp/cuda-tp2-llama3-8b-fp8.yaml \
-    --num-requests 4 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1 --no-progress \
-    --json "$O/tp-fp8-batch1.json" 2>&1 | tail -16 || fails=$((fails + 1))
   ;;
 *) echo "usage: scripts/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp" >&2; exit 2 ;;
 esac
