@@ -111,13 +111,6 @@ __device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
     f[3] = lc_byte_f<3, 128>(u);
 }
 
-/* Four unsigned bytes of word w (byte 0 first) as floats 0..255. */
-__device__ __forceinline__ void lc_u8x4(uint32_t w, float *f) {
-    f[0] = lc_byte_f<0, 0>(w);
-    f[1] = lc_byte_f<1, 0>(w);
-    f[2] = lc_byte_f<2, 0>(w);
-    f[3] = lc_byte_f<3, 0>(w);
-}
 
 /* ------------------------------------------ programmatic dependent launch
  * Every kernel here is launched with programmatic stream serialisation

@@ -21,16 +21,18 @@
  * current one is decoded.
  *
  * Decoding: every type is w = a * q + b per 16 weights, q an integer code
- * (to float by one PRMT, common.cuh) and (a, b) from the block:
- *   q4_0: a = d, b = -8 d             q4_1: a = d, b = m
- *   q8_0: a = d, b = 0 (q signed)     q4_k: a = d * sc, b = -dmin * mn
- *   q6_k: a = d * sc, b = -32 a (q the unsigned 6-bit code)
- * The GEMV accumulates p = sum(x q) and xs = sum(x) per 16 weights and adds
- * a p + b xs: two FMAs per 16 weights instead of one per weight. The
- * dequantize kernel forms fmaf(q, a, b), equal bit for bit to the CPU's
- * decode (core/model/dequant.c, kernels/cpu/qlinear.c): the products there
- * are exact in fp32 (at most 23 significant bits) and the one addition
- * rounds once either way.
+ * (to float by one PRMT, minus its offset, exact: common.cuh) and (a, b)
+ * from the block:
+ *   q4_0: q = nibble - 8, a = d        q4_1: q = nibble, a = d, b = m
+ *   q8_0: q = int8, a = d              q4_k: q = nibble, a = d sc, b = -dmin mn
+ *   q6_k: q = 6-bit code - 32, a = d sc
+ * The GEMV accumulates p = sum(x q) per 16 weights and adds a p (q4_1 and
+ * q4_k also b sum(x)): one or two FMAs per 16 weights instead of one per
+ * weight. The dequantize kernel forms fmaf(q, a, b) (b = -0 where the CPU
+ * has a plain product, so even the sign of a zero agrees), equal bit for
+ * bit to the CPU's decode (core/model/dequant.c, kernels/cpu/qlinear.c):
+ * the products there are exact in fp32 (at most 23 significant bits) and
+ * the one addition of q4_1 / q4_k rounds once either way.
  *
  * Bytes streamed per weight at M = 1 (bf16: 2): q4_0 0.5625, q4_1 0.625,
  * q4_k 0.5625, q6_k 0.8203, q8_0 1.0625; x and the output are small.
@@ -70,6 +72,14 @@ template <int TYPE> struct lc_gt {
     static_assert(SM16 <= 32 * LD, "the stores must fill the slack chunk too");
 };
 
+/* Four bytes of w (byte 0 first) as floats, minus OFF. */
+template <int OFF> __device__ __forceinline__ void lc_bytes4(uint32_t w, float *f) {
+    f[0] = lc_byte_f<0, OFF>(w);
+    f[1] = lc_byte_f<1, OFF>(w);
+    f[2] = lc_byte_f<2, OFF>(w);
+    f[3] = lc_byte_f<3, OFF>(w);
+}
+
 /* ------------------------------------------------- shared-memory reads */
 
 /* NW little-endian 32-bit words from byte o (even) of the words sw. */
@@ -105,10 +115,12 @@ __device__ __forceinline__ uint32_t lc_byte12(const uint32_t *s, int k) {
  * block's scales (and, for the 4-bit 32-weight types, its 16 code bytes);
  * half(h) gives codes q[16] of weights 16h .. 16h + 15 and (a, b) with
  * w = a q + b. sw: the tile's words in shared memory; o: the block's first
- * byte there; j: the sub-block within the block (k-quants). */
+ * byte there; j: the sub-block within the block (k-quants). AFFINE: b can
+ * be nonzero (else it is -0 and the GEMV skips sum(x)). */
 template <int TYPE> struct lc_gg_sub;
 
 template <> struct lc_gg_sub<LOOM_CUDA_GGUF_Q4_0> {
+    static constexpr bool AFFINE = false;
     float d;
     uint32_t w[4];
     __device__ __forceinline__ void prep(const uint32_t *sw, int o, int) {
@@ -117,12 +129,13 @@ template <> struct lc_gg_sub<LOOM_CUDA_GGUF_Q4_0> {
     }
     __device__ __forceinline__ void half(const uint32_t *, int h, float *q, float &a, float &b) const {
 #pragma unroll
-        for (int i = 0; i < 4; i++) lc_u8x4((w[i] >> (4 * h)) & 0x0F0F0F0Fu, q + 4 * i);
-        a = d, b = -8.0f * d;
+        for (int i = 0; i < 4; i++) lc_bytes4<8>((w[i] >> (4 * h)) & 0x0F0F0F0Fu, q + 4 * i);
+        a = d, b = -0.0f;
     }
 };
 
 template <> struct lc_gg_sub<LOOM_CUDA_GGUF_Q4_1> {
+    static constexpr bool AFFINE = true;
     float d, m;
     uint32_t w[4];
     __device__ __forceinline__ void prep(const uint32_t *sw, int o, int) {
@@ -133,12 +146,13 @@ template <> struct lc_gg_sub<LOOM_CUDA_GGUF_Q4_1> {
     }
     __device__ __forceinline__ void half(const uint32_t *, int h, float *q, float &a, float &b) const {
 #pragma unroll
-        for (int i = 0; i < 4; i++) lc_u8x4((w[i] >> (4 * h)) & 0x0F0F0F0Fu, q + 4 * i);
+        for (int i = 0; i < 4; i++) lc_bytes4<0>((w[i] >> (4 * h)) & 0x0F0F0F0Fu, q + 4 * i);
         a = d, b = m;
     }
 };
 
 template <> struct lc_gg_sub<LOOM_CUDA_GGUF_Q8_0> {
+    static constexpr bool AFFINE = false;
     float d;
     int qo;
     __device__ __forceinline__ void prep(const uint32_t *sw, int o, int) {
@@ -150,7 +164,7 @@ template <> struct lc_gg_sub<LOOM_CUDA_GGUF_Q8_0> {
         lc_sw_words<4>(sw, qo + 16 * h, w);
 #pragma unroll
         for (int i = 0; i < 4; i++) lc_i8x4(w[i], q + 4 * i);
-        a = d, b = 0.0f;
+        a = d, b = -0.0f;
     }
 };
 
@@ -158,6 +172,7 @@ template <> struct lc_gg_sub<LOOM_CUDA_GGUF_Q8_0> {
  * of nibbles; sub-blocks 2i and 2i + 1 are the low and high nibbles of
  * bytes [32 i, 32 i + 32). */
 template <> struct lc_gg_sub<LOOM_CUDA_GGUF_Q4_K> {
+    static constexpr bool AFFINE = true;
     float a_, b_;
     int qo, sh;
     __device__ __forceinline__ void prep(const uint32_t *sw, int o, int j) {
@@ -181,7 +196,7 @@ template <> struct lc_gg_sub<LOOM_CUDA_GGUF_Q4_K> {
         uint32_t w[4];
         lc_sw_words<4>(sw, qo + 16 * h, w);
 #pragma unroll
-        for (int i = 0; i < 4; i++) lc_u8x4((w[i] >> sh) & 0x0F0F0F0Fu, q + 4 * i);
+        for (int i = 0; i < 4; i++) lc_bytes4<0>((w[i] >> sh) & 0x0F0F0F0Fu, q + 4 * i);
         a = a_, b = b_;
     }
 };
@@ -191,6 +206,7 @@ template <> struct lc_gg_sub<LOOM_CUDA_GGUF_Q4_K> {
  * takes ql[64 hh + 32 (qq & 1) + l] (low nibble for qq < 2, high after),
  * bits 2 qq of qh[32 hh + l], and scale 8 hh + 2 qq + l / 16. */
 template <> struct lc_gg_sub<LOOM_CUDA_GGUF_Q6_K> {
+    static constexpr bool AFFINE = false;
     float a0, a1;
     int lo, ho, nsh, hsh;
     __device__ __forceinline__ void prep(const uint32_t *sw, int o, int s) {
@@ -210,9 +226,10 @@ template <> struct lc_gg_sub<LOOM_CUDA_GGUF_Q6_K> {
         lc_sw_words<4>(sw, ho + 16 * h, hb);
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            lc_u8x4(((l[i] >> nsh) & 0x0F0F0F0Fu) | (((hb[i] >> hsh) & 0x03030303u) << 4), q + 4 * i);
+            lc_bytes4<32>(((l[i] >> nsh) & 0x0F0F0F0Fu) | (((hb[i] >> hsh) & 0x03030303u) << 4),
+                          q + 4 * i);
         a = h ? a1 : a0;
-        b = -32.0f * a;
+        b = -0.0f;
     }
 };
 
@@ -312,14 +329,17 @@ __global__ void __launch_bounds__(LC_GG_WARPS * 32)
                 lc_unpack8<T>(lc_ldg16(xp), xf);
                 lc_unpack8<T>(lc_ldg16(xp + 8), xf + 8);
                 float xs = 0.0f;
+                if constexpr (lc_gg_sub<TYPE>::AFFINE) {
 #pragma unroll
-                for (int e = 0; e < 16; e++) xs += xf[e];
+                    for (int e = 0; e < 16; e++) xs += xf[e];
+                }
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     float p = 0.0f;
 #pragma unroll
                     for (int e = 0; e < 16; e++) p = fmaf(q[r][e], xf[e], p);
-                    acc[r][m] = fmaf(a[r], p, fmaf(b[r], xs, acc[r][m]));
+                    acc[r][m] = lc_gg_sub<TYPE>::AFFINE ? fmaf(a[r], p, fmaf(b[r], xs, acc[r][m]))
+                                                        : fmaf(a[r], p, acc[r][m]);
                 }
             }
         }
