@@ -521,7 +521,7 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
     printf("--- %s: vocab %d hidden %d ffn %d layers %d heads %d/%d head_dim %d%s%s%s, cuda %s%s%s\n",
            sh->name, sh->vocab, sh->hidden, sh->inter, sh->layers, sh->heads, sh->kv_heads,
            sh->head_dim, sh->bias ? " qkv-bias" : "", sh->llama3 ? " llama3-rope" : "",
-           sh->f32_weights ? " f32-weights" : " bf16-weights", sh->dtype ? sh->dtype : "bf16",
+           sh->gguf ? " gguf-block-weights" : sh->f32_weights ? " f32-weights" : " bf16-weights", sh->dtype ? sh->dtype : "bf16",
            qb ? ", quantizer " : "", qb ? qb->name : "");
     fake_model *m = fm_make(sh);
     loom_error e = {0};
