@@ -8,9 +8,11 @@
 #           on the Llama-3-8B shape.
 #   stage2: SmolLM2 (GGUF carried in two parts) greedy ids vs the CPU
 #           backend's (tests/e2e/data/smollm2_greedy_cpu.txt), its batch-1
-#           decode speed, every scheduler/cache pipeline with backend cuda
-#           (configs/gpu/ab/), and speculation on/off (configs/gpu/spec-*),
-#           greedy ids also with backend.batch_invariant=true.
+#           decode speed, the same two with the GGUF q4_1 blocks kept as
+#           stored on the GPU (configs/gpu/smollm2-gguf-native.yaml), every
+#           scheduler/cache pipeline with backend cuda (configs/gpu/ab/),
+#           and speculation on/off (configs/gpu/spec-*), greedy ids also
+#           with backend.batch_invariant=true.
 #   invariant: only the spec-vs-plain greedy comparison with
 #           backend.batch_invariant=true (graphs on and off), the ordinary
 #           mode for contrast, and the mode's batch-1 cost (needs SmolLM2).
@@ -81,14 +83,14 @@ stage1)
   ;;
 stage2)
   smollm2_model || exit 1
-  step "SmolLM2: greedy on cuda vs the CPU backend"
-  i=0
-  while IFS= read -r p; do
-    i=$((i + 1))
-    ref=$(sed -n "${i}p" tests/e2e/data/smollm2_greedy_cpu.txt)
-    got=$(timeout 60 "$LB/tests/e2e/engine_tool" greedy configs/gpu/smollm2.yaml 48 "$p" 2>>"$O/smollm2.err")
-    echo "$got" >> "$O/smollm2_greedy_cuda.txt"
-    python3 - "$ref" "$got" "$p" <<'PY' || fails=$((fails + 1))
+  greedy_vs_cpu() { # config, output file: each prompt's 48 greedy ids on cuda vs the CPU's
+    local cfg=$1 out=$2 i=0 p ref got
+    while IFS= read -r p; do
+      i=$((i + 1))
+      ref=$(sed -n "${i}p" tests/e2e/data/smollm2_greedy_cpu.txt)
+      got=$(timeout 60 "$LB/tests/e2e/engine_tool" greedy "$cfg" 48 "$p" 2>>"$O/smollm2.err")
+      echo "$got" >> "$out"
+      python3 - "$ref" "$got" "$p" <<'PY' || fails=$((fails + 1))
 import sys
 r, g, p = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3]
 k = next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), min(len(r), len(g)))
@@ -96,10 +98,22 @@ same = r == g
 print(f"{'PASS' if same else 'DIFF'} '{p}': {len(g)} tokens, identical for the first {k} of {len(r)} (CPU)")
 sys.exit(0 if same or k >= 16 else 1)
 PY
-  done < tests/e2e/data/smollm2_prompts.txt
+    done < tests/e2e/data/smollm2_prompts.txt
+  }
+  step "SmolLM2: greedy on cuda vs the CPU backend"
+  greedy_vs_cpu configs/gpu/smollm2.yaml "$O/smollm2_greedy_cuda.txt"
   step "SmolLM2 batch-1 decode through the engine (256 new tokens)"
   timeout 120 loom bench configs/gpu/smollm2.yaml --num-requests 4 --input-len 64 --output-len 256 \
     --set scheduler.max_num_seqs=1 --no-progress --json "$O/smollm2-batch1.json" 2>&1 | grep -E "TPOT p50|output tokens"
+  # the same weights as stored: the cuda GGUF kernels read the q4_1 blocks
+  step "SmolLM2, GGUF q4_1 blocks as stored on cuda: greedy vs the CPU backend"
+  greedy_vs_cpu configs/gpu/smollm2-gguf-native.yaml "$O/smollm2_greedy_cuda_gguf_native.txt"
+  step "SmolLM2 batch-1 decode: bf16 vs GGUF blocks as stored (256 new tokens)"
+  timeout 150 loom bench --compare configs/gpu/smollm2.yaml configs/gpu/smollm2-gguf-native.yaml \
+    --num-requests 4 --input-len 64 --output-len 256 --set scheduler.max_num_seqs=1 --no-progress \
+    --json "$O/smollm2-gguf-native-batch1.json" > "$O/smollm2-gguf-native-batch1.txt" 2>&1 \
+    || { fails=$((fails + 1)); echo "FAIL bench gguf-native"; }
+  tail -16 "$O/smollm2-gguf-native-batch1.txt"
   ab() { # name, B config, extra bench args: A = configs/gpu/ab/base.yaml
     local name=$1 cfg=$2; shift 2
     step "pipeline A/B ($name): base vs $cfg"
@@ -143,7 +157,7 @@ quant)
 ppl)
   smollm2_model || exit 1
   step "SmolLM2 perplexity on cuda per scheme (data/text/us-founding-documents.txt)"
-  for c in smollm2 smollm2-int8-w8a16 smollm2-int8-w8a8 smollm2-fp8 smollm2-int4; do
+  for c in smollm2 smollm2-int8-w8a16 smollm2-int8-w8a8 smollm2-fp8 smollm2-int4 smollm2-gguf-native; do
     timeout 120 loom perplexity configs/gpu/$c.yaml data/text/us-founding-documents.txt > "$O/ppl-$c.txt" 2>&1 \
       || { fails=$((fails + 1)); tail -2 "$O/ppl-$c.txt"; }
     echo "$c: $(grep -i perplexity "$O/ppl-$c.txt" | tail -1)"

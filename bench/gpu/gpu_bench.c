@@ -12,7 +12,8 @@
  *     batch-64 decode step, and a 2048-token prefill;
  *   - SmolLM2-135M batch-1 decode step;
  *   - the four linear layers of one Llama-3-8B layer at M = 1, 64 and 2048
- *     in bf16 and in every quantized format (loom_cuda_qgemm_run), with the
+ *     in bf16 and in every quantized format (loom_cuda_qgemm_run; GGUF
+ *     q4_0, q4_1, q4_k and q6_k blocks as stored among them), with the
  *     speed-up over bf16 (JSON: "quant_linears"; --quant runs only these);
  *   - paged decode attention alone (Llama-3-8B heads, 32k context, batch 1
  *     and 8, shuffled 16-token blocks), K/V bytes read per second.
@@ -78,7 +79,7 @@ typedef struct row {
     const char *bound;/* "memory" or "compute"                     */
 } row;
 
-static row g_rows[96];
+static row g_rows[128];
 static int g_nrows;
 static double g_copy_bw, g_gemm_flops; /* bytes/s, FLOP/s */
 
@@ -340,8 +341,10 @@ static void *dev_rand(size_t n16) { /* n16 random bf16 in +-[0.0078, 0.0156) */
 
 /* One Llama-3-8B layer's four linear layers (QKV 6144 x 4096, O 4096 x
  * 4096, gate/up 28672 x 4096, down 4096 x 14336) at M rows, in bf16 and in
- * every quantized format (int4 with groups of 128), each GEMM timed alone
- * (CUDA events, median) and summed. Random codes (fp8 codes never NaN). */
+ * every quantized format (int4 with groups of 128; GGUF blocks of one type
+ * for all four), each GEMM timed alone (CUDA events, median) and summed.
+ * Random codes (fp8 codes never NaN; GGUF bytes masked so every f16 scale
+ * is finite). */
 typedef struct qb_ctx {
     loom_cuda_gemm *g;
     int M;
@@ -367,7 +370,7 @@ typedef struct qres {
     int M;
     double ms, bf16_ms;
 } qres;
-static qres g_qres[32];
+static qres g_qres[48];
 static int g_nqres;
 
 static void *dev_bytes(size_t n, uint8_t mask) {
@@ -395,10 +398,16 @@ static float *dev_floats(size_t n, float lo, float hi) {
 
 static void bench_quant(int M) {
     static const int shp[4][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
-    static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16,
-                                           LOOM_CUDA_Q_INT8_W8A8, LOOM_CUDA_Q_FP8,
-                                           LOOM_CUDA_Q_INT4};
-    static const char *names[5] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128"};
+    enum { NF = 9 };
+    static const loom_cuda_qfmt fmts[NF] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16,
+                                            LOOM_CUDA_Q_INT8_W8A8, LOOM_CUDA_Q_FP8,
+                                            LOOM_CUDA_Q_INT4, LOOM_CUDA_Q_GGUF, LOOM_CUDA_Q_GGUF,
+                                            LOOM_CUDA_Q_GGUF, LOOM_CUDA_Q_GGUF};
+    static const loom_cuda_gguf gtypes[NF] = {0, 0, 0, 0, 0, LOOM_CUDA_GGUF_Q4_0,
+                                              LOOM_CUDA_GGUF_Q4_1, LOOM_CUDA_GGUF_Q4_K,
+                                              LOOM_CUDA_GGUF_Q6_K};
+    static const char *names[NF] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128",
+                                    "gguf_q4_0", "gguf_q4_1", "gguf_q4_k", "gguf_q6_k"};
     int code;
     char msg[256];
     loom_cuda_gemm *g = loom_cuda_gemm_create((size_t)32 << 20, &code, msg, sizeof msg);
@@ -409,7 +418,7 @@ static void bench_quant(int M) {
     void *x = dev_rand((size_t)M * 14336), *y;
     CK(cudaMalloc(&y, (size_t)M * 28672 * 2));
     double bf16_ms = 0;
-    for (int fi = 0; fi < 5; fi++) {
+    for (int fi = 0; fi < NF; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
         double ms = 0, bytes = 0;
         for (int k = 0; k < 4; k++) {
@@ -422,6 +431,15 @@ static void bench_quant(int M) {
                 c.w = (loom_cuda_qweight){.fmt = f, .N = N, .K = K};
                 c.wb = data;
                 bytes += (double)N * K * 2;
+            } else if (f == LOOM_CUDA_Q_GGUF) {
+                /* bytes masked with 0xbb: f16 exponents <= 14, no inf / NaN */
+                const size_t rb = loom_cuda_gguf_row_bytes(gtypes[fi], K);
+                data = dev_bytes((size_t)N * rb + 16, 0xbb);
+                c.w = (loom_cuda_qweight){.fmt = f, .N = N, .K = K, .data = data, .nseg = 1};
+                c.w.seg[0] = (loom_cuda_qseg){.type = gtypes[fi], .rows = N, .data = data};
+                c.scratch_bytes = loom_cuda_qgemm_scratch_bytes(g, LOOM_CUDA_BF16, 0, &c.w, M);
+                if (c.scratch_bytes) CK(cudaMalloc(&c.scratch, c.scratch_bytes));
+                bytes += (double)N * rb;
             } else {
                 const bool i4 = f == LOOM_CUDA_Q_INT4;
                 data = dev_bytes(i4 ? (size_t)N * K / 2 : (size_t)N * K, f == LOOM_CUDA_Q_FP8 ? 0x77 : 0xff);
@@ -443,7 +461,7 @@ static void bench_quant(int M) {
         add_row(nm, ms, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
         printf("    %-12s M=%-5d %8.1f us per layer, %5.2fx vs bf16\n", names[fi], M, ms * 1e3,
                bf16_ms / ms);
-        if (g_nqres < 32) g_qres[g_nqres++] = (qres){names[fi], M, ms, bf16_ms};
+        if (g_nqres < 48) g_qres[g_nqres++] = (qres){names[fi], M, ms, bf16_ms};
     }
     cudaFree(x), cudaFree(y);
     loom_cuda_gemm_destroy(g);

@@ -93,6 +93,25 @@ __device__ __forceinline__ float lc_block_sum(float v, float *red) {
 
 static inline int lc_ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+/* ----------------------------------------------- integer codes to float
+ * Shared by the quantized GEMVs (qgemm.cu, qgguf.cu). */
+
+/* Byte I of u as a float, minus OFF: 2^23 + byte built by one PRMT, exact. */
+template <int I, int OFF> __device__ __forceinline__ float lc_byte_f(uint32_t u) {
+    return __int_as_float((int)__byte_perm(u, 0x4B000000u, 0x7440u | I)) -
+           (8388608.0f + (float)OFF);
+}
+
+/* Four int8 weights of word w (byte 0 first) as floats. */
+__device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
+    const uint32_t u = w ^ 0x80808080u; /* q + 128 as unsigned bytes */
+    f[0] = lc_byte_f<0, 128>(u);
+    f[1] = lc_byte_f<1, 128>(u);
+    f[2] = lc_byte_f<2, 128>(u);
+    f[3] = lc_byte_f<3, 128>(u);
+}
+
+
 /* ------------------------------------------ programmatic dependent launch
  * Every kernel here is launched with programmatic stream serialisation
  * (lc_launch), so its launch and CTA rasterisation overlap the tail of the

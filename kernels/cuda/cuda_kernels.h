@@ -39,6 +39,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "gguf_layout.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -306,20 +308,36 @@ typedef enum loom_cuda_qfmt {
     LOOM_CUDA_Q_INT8_W8A8 = 2,  /* the same weights; int8 acts per token       */
     LOOM_CUDA_Q_FP8 = 3,        /* e4m3 weights, f32 scale per row; e4m3 acts  */
     LOOM_CUDA_Q_INT4 = 4,       /* 4-bit group-wise asymmetric; dt acts        */
+    LOOM_CUDA_Q_GGUF = 5,       /* GGUF blocks as stored (gguf_layout.h); dt acts */
 } loom_cuda_qfmt;
 
+/* GGUF weights: rows [r, r + rows) of the output, all of one block type,
+ * stored as the file stores them (gguf_layout.h). */
+typedef struct loom_cuda_qseg {
+    loom_cuda_gguf type;    /* block type                                      */
+    int rows;               /* consecutive output rows                         */
+    const void *data;       /* (rows, row_bytes(type, K)) blocks, 16-aligned   */
+} loom_cuda_qseg;
+
 /* A quantized weight of logical shape (N out, K in) on the device, as the
- * backend uploads it (kernels/cuda/qgemm.cu has the arithmetic):
+ * backend uploads it (kernels/cuda/qgemm.cu and qgguf.cu have the arithmetic):
  *   INT8_*: data int8 (N, K); scales f32 (N): w[n,k] = q[n,k] * scales[n]
  *   FP8   : data e4m3 (N, K) (OCP "fn"); scales f32 (N) — a per-tensor scale
  *           is expanded to every row at upload
  *   INT4  : data u8 (N, K/2), low nibble = even column; scales f32
  *           (N, K/group, 2) = {s, b} per (row, group) with s = scale and
  *           b = -zero * scale, so w = q * s + b = (q - zero) * scale
+ *   GGUF  : nseg segments (seg[0] first) whose rows add up to N, each rows
+ *           of q4_0 / q4_1 / q4_k / q6_k / q8_0 blocks exactly as the GGUF
+ *           file has them — a fused group whose parts have different block
+ *           types (Q4_K_M files: q4_k Q/K, q6_k V) is several segments;
+ *           data = seg[0].data, scales NULL (the scales are in the blocks)
  *   smooth: W8A8 only: f32 (K), activations are divided by it before they
  *           are quantized; NULL for none.
  * Kernel contract: K % 16 == 0 (INT8, FP8); group % 32 == 0 and K % group
- * == 0 (INT4); every pointer 16-byte aligned. */
+ * == 0 (INT4); GGUF: K a multiple of every segment's block (32, or 256 for
+ * q4_k / q6_k) and each segment readable up to the next 16-byte boundary
+ * past its end; every pointer 16-byte aligned. */
 typedef struct loom_cuda_qweight {
     loom_cuda_qfmt fmt;
     int N, K;
@@ -327,14 +345,20 @@ typedef struct loom_cuda_qweight {
     const void *data;
     const float *scales;
     const float *smooth;
+    int nseg;               /* GGUF: segments used in seg[]                    */
+    loom_cuda_qseg seg[LOOM_CUDA_QSEG_MAX];
 } loom_cuda_qweight;
 
-/* Does the kernel contract above hold for fmt / K / group? */
+/* Does the kernel contract above hold for fmt / K / group? (GGUF: only
+ * K % 32; loom_cuda_qweight_valid checks its segments.) */
 int loom_cuda_qweight_ok(loom_cuda_qfmt fmt, int K, int group);
+/* The whole contract for w, GGUF segments included: 1, or 0 with the
+ * reason in why[n]. */
+int loom_cuda_qweight_valid(const loom_cuda_qweight *w, char *why, size_t n);
 
 /* Device scratch bytes loom_cuda_qgemm_run needs for w at any M up to
  * max_m with g's current GEMV bounds (quantized activations for W8A8 /
- * FP8; above the GEMV bound the dequantized weight for W8A16 / INT4 or a
+ * FP8; above the GEMV bound the dequantized weight for W8A16 / INT4 / GGUF or a
  * GEMM output buffer for W8A8 / FP8). The backend allocates the largest
  * over its weights once; change the bounds before asking. */
 size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32,
@@ -342,9 +366,10 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
 
 /* y (M, N) = x (M, K) @ dequant(w)^T, x dt, y dt or float32 (out_f32).
  *   M <= the format's GEMV bound: a fused dequantize-GEMV (8 rows of x per
- *     pass; W8A8 / FP8 quantize x per token first, as the CPU kernels do).
- *   larger M: W8A16 / INT4 dequantize w into scratch as dt and run the dt
- *     GEMM (cuBLASLt); FP8 / W8A8 quantize x per token and run cuBLASLt's
+ *     pass; W8A8 / FP8 quantize x per token first, as the CPU kernels do;
+ *     GGUF launches once per segment).
+ *   larger M: W8A16 / INT4 / GGUF dequantize w into scratch as dt and run
+ *     the dt GEMM (cuBLASLt); FP8 / W8A8 quantize x per token and run cuBLASLt's
  *     FP8 (e4m3 x e4m3 -> fp32 accumulate) or int8 (int32 accumulate) GEMM
  *     with unit scales, then scale rows and columns (sx[m] * s[n]) in a
  *     small epilogue kernel. When cuBLASLt has no algorithm for a shape the
@@ -357,7 +382,7 @@ int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
                         size_t scratch_bytes, cudaStream_t s, char *msg, size_t msg_size);
 
 /* Largest M that runs the fused GEMV (in passes of 8 rows) for fmt; larger
- * M take the GEMM path. Defaults: INT4 32, W8A16 16, W8A8 / FP8 8 (the
+ * M take the GEMM path. Defaults: INT4 / GGUF 32, W8A16 16, W8A8 / FP8 8 (the
  * GEMV re-reads the weights once per 8 rows; the dequantize-to-scratch path
  * writes and reads a dt copy). 0 forces the GEMM path for every M (tests);
  * capped at 256. */

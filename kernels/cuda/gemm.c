@@ -53,7 +53,7 @@ struct loom_cuda_gemm {
     int gemv_max_m; /* M at or below which gemv.cu runs (0 = never) */
     int autotune;   /* time the heuristic's candidates on first use */
     int swiglu_fuse_max_m; /* M at or below which SwiGLU fuses into the GEMV (0 = never) */
-    int q_gemv_max_m[5]; /* per loom_cuda_qfmt: largest M of the quantized GEMV */
+    int q_gemv_max_m[6]; /* per loom_cuda_qfmt: largest M of the quantized GEMV */
     int invariant;  /* batch-invariant: the GEMVs at every M, no cuBLASLt */
 };
 
@@ -110,6 +110,7 @@ loom_cuda_gemm *loom_cuda_gemm_create(size_t workspace_bytes, int *code, char *m
     g->q_gemv_max_m[LOOM_CUDA_Q_INT8_W8A8] = 8;
     g->q_gemv_max_m[LOOM_CUDA_Q_FP8] = 8;
     g->q_gemv_max_m[LOOM_CUDA_Q_INT4] = 32;
+    g->q_gemv_max_m[LOOM_CUDA_Q_GGUF] = 32; /* as INT4 (similar bytes per weight); not yet measured */
     g->autotune = 0; /* measured on an H200: no gain over the heuristic's pick */
     if (code) *code = 0;
     return g;
@@ -306,12 +307,12 @@ int lc_gemm_lt_q(loom_cuda_gemm *g, int kind, int M, int N, int K, const void *x
 }
 
 int lc_gemm_q_gemv_max_m(const loom_cuda_gemm *g, loom_cuda_qfmt fmt) {
-    if (fmt <= 0 || fmt >= 5) return 0;
+    if (fmt <= 0 || fmt > LOOM_CUDA_Q_GGUF) return 0;
     return g->invariant ? INT_MAX : g->q_gemv_max_m[fmt];
 }
 
 void loom_cuda_qgemm_set_gemv_max_m(loom_cuda_gemm *g, loom_cuda_qfmt fmt, int max_m) {
-    if (fmt <= 0 || fmt >= 5) return;
+    if (fmt <= 0 || fmt > LOOM_CUDA_Q_GGUF) return;
     g->q_gemv_max_m[fmt] = max_m < 0 ? 0 : max_m > 256 ? 256 : max_m;
 }
 

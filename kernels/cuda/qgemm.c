@@ -3,9 +3,9 @@
  * quantized linear layer at a given M, and the scratch they share.
  *
  *   M <= gemv bound (per format, loom_cuda_qgemm_set_gemv_max_m): the fused
- *     GEMV of qgemm.cu in passes of 8 rows (W8A8 / FP8 first quantize the
- *     rows per token into scratch);
- *   W8A16 / INT4 above it: dequantize the whole weight into scratch as dt,
+ *     GEMV of qgemm.cu (GGUF: qgguf.cu, one launch per segment) in passes
+ *     of 8 rows (W8A8 / FP8 first quantize the rows per token into scratch);
+ *   W8A16 / INT4 / GGUF above it: dequantize the whole weight into scratch as dt,
  *     then the dt GEMM (cuBLASLt). This costs one extra write and read of a
  *     dt copy of the weight per call — acceptable for prefill, where the
  *     GEMM's arithmetic dominates (a fused dequantize-tile tensor-core
@@ -38,8 +38,44 @@ int loom_cuda_qweight_ok(loom_cuda_qfmt fmt, int K, int group) {
     case LOOM_CUDA_Q_INT8_W8A8:
     case LOOM_CUDA_Q_FP8: return K > 0 && K % 16 == 0;
     case LOOM_CUDA_Q_INT4: return K > 0 && group > 0 && group % 32 == 0 && K % group == 0;
+    case LOOM_CUDA_Q_GGUF: return K > 0 && K % 32 == 0; /* per segment: _valid */
     default: return 0;
     }
+}
+
+int loom_cuda_qweight_valid(const loom_cuda_qweight *w, char *why, size_t n) {
+    if (!w || w->N <= 0 || !loom_cuda_qweight_ok(w->fmt, w->K, w->group)) {
+        if (why && n)
+            snprintf(why, n, "quantized weight (format %d, N=%d K=%d, group %d) breaks the "
+                     "kernels' contract (K %% 16, INT4 group %% 32, GGUF K %% 32)",
+                     w ? (int)w->fmt : -1, w ? w->N : 0, w ? w->K : 0, w ? w->group : 0);
+        return 0;
+    }
+    if (w->fmt != LOOM_CUDA_Q_GGUF) return 1;
+    if (w->nseg < 1 || w->nseg > LOOM_CUDA_QSEG_MAX) {
+        if (why && n) snprintf(why, n, "GGUF weight with %d segments (1..%d)", w->nseg,
+                               LOOM_CUDA_QSEG_MAX);
+        return 0;
+    }
+    long rows = 0;
+    for (int i = 0; i < w->nseg; i++) {
+        const loom_cuda_qseg *sg = &w->seg[i];
+        if (!loom_cuda_gguf_ok(sg->type, w->K) || sg->rows <= 0 || !sg->data ||
+            ((uintptr_t)sg->data & 15)) {
+            if (why && n)
+                snprintf(why, n, "GGUF segment %d (type %s, %d rows, data %p) of a weight with "
+                         "K=%d: the type must read K (a multiple of its block), rows > 0, data "
+                         "16-byte aligned", i, loom_cuda_gguf_name(sg->type), sg->rows, sg->data,
+                         w->K);
+            return 0;
+        }
+        rows += sg->rows;
+    }
+    if (rows != w->N) {
+        if (why && n) snprintf(why, n, "GGUF segments hold %ld rows, the weight N=%d", rows, w->N);
+        return 0;
+    }
+    return 1;
 }
 
 static int lc_acts_quantized(loom_cuda_qfmt f) {
@@ -50,7 +86,8 @@ static int lc_acts_quantized(loom_cuda_qfmt f) {
 static size_t lc_big_bytes(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight *w, int ch) {
     switch (w->fmt) {
     case LOOM_CUDA_Q_INT8_W8A16:
-    case LOOM_CUDA_Q_INT4: return (size_t)w->N * (size_t)w->K * 2;
+    case LOOM_CUDA_Q_INT4:
+    case LOOM_CUDA_Q_GGUF: return (size_t)w->N * (size_t)w->K * 2;
     case LOOM_CUDA_Q_INT8_W8A8: return (size_t)ch * (size_t)w->N * 4;
     case LOOM_CUDA_Q_FP8:
         return dt == LOOM_CUDA_BF16 && !out_f32 ? 0 : (size_t)ch * (size_t)w->N * 4;
@@ -86,9 +123,12 @@ static int lc_gemv_passes(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_q
     const size_t xel = 2, yel = out_f32 ? 4 : 2;
     for (int m0 = 0; m0 < M; m0 += LC_QGEMV_MAX_M) {
         const int mc = M - m0 < LC_QGEMV_MAX_M ? M - m0 : LC_QGEMV_MAX_M;
-        cudaError_t e = lc_qgemv(dt, out_f32, mc, w, (const uint8_t *)x + (size_t)m0 * w->K * xel,
-                                 xq ? xq + (size_t)m0 * w->K : NULL, sx ? sx + m0 : NULL,
-                                 (uint8_t *)y + (size_t)m0 * w->N * yel, s);
+        const void *xm = (const uint8_t *)x + (size_t)m0 * w->K * xel;
+        void *ym = (uint8_t *)y + (size_t)m0 * w->N * yel;
+        cudaError_t e = w->fmt == LOOM_CUDA_Q_GGUF
+                            ? lc_gguf_gemv(dt, out_f32, mc, w, xm, ym, s)
+                            : lc_qgemv(dt, out_f32, mc, w, xm, xq ? xq + (size_t)m0 * w->K : NULL,
+                                       sx ? sx + m0 : NULL, ym, s);
         if (e != cudaSuccess) return lc_cuda_fail(e, "quantized GEMV launch", w, mc, msg, n);
     }
     return 0;
@@ -99,13 +139,7 @@ int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
                         size_t scratch_bytes, cudaStream_t s, char *msg, size_t msg_size) {
     if (M <= 0) return 0;
     out_f32 = out_f32 ? 1 : 0;
-    if (!loom_cuda_qweight_ok(w->fmt, w->K, w->group) || w->N <= 0) {
-        if (msg && msg_size)
-            snprintf(msg, msg_size, "quantized weight (format %d, N=%d K=%d, group %d) breaks the "
-                     "kernels' contract (K %% 16, INT4 group %% 32)", (int)w->fmt, w->N, w->K,
-                     w->group);
-        return 10000 + (int)cudaErrorInvalidValue;
-    }
+    if (!loom_cuda_qweight_valid(w, msg, msg_size)) return 10000 + (int)cudaErrorInvalidValue;
     const size_t need = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, w, M);
     if (scratch_bytes < need) {
         if (msg && msg_size)
@@ -126,7 +160,9 @@ int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
     if (!acts) {
         if (M <= gemv_max) return lc_gemv_passes(dt, out_f32, M, w, x, NULL, NULL, y, s, msg, msg_size);
         /* dequantize into scratch, then the dt GEMM (never its GEMV: M > 8) */
-        if ((e = lc_dequant_weight(dt, w, big, s)) != cudaSuccess)
+        e = w->fmt == LOOM_CUDA_Q_GGUF ? lc_gguf_dequant(dt, w, big, s)
+                                       : lc_dequant_weight(dt, w, big, s);
+        if (e != cudaSuccess)
             return lc_cuda_fail(e, "dequantize kernel launch", w, M, msg, msg_size);
         return lc_gemm_run_lt(g, dt, out_f32, M, w->N, w->K, x, big, y, s, msg, msg_size);
     }

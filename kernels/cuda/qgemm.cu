@@ -45,20 +45,7 @@
 
 /* ---------------------------------------------------------------- decode */
 
-/* Byte I of u as a float, minus OFF: 2^23 + byte built by one PRMT, exact. */
-template <int I, int OFF> __device__ __forceinline__ float lc_byte_f(uint32_t u) {
-    return __int_as_float((int)__byte_perm(u, 0x4B000000u, 0x7440u | I)) -
-           (8388608.0f + (float)OFF);
-}
-
-/* Four int8 weights of word w (byte 0 first) as floats. */
-__device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
-    const uint32_t u = w ^ 0x80808080u; /* q + 128 as unsigned bytes */
-    f[0] = lc_byte_f<0, 128>(u);
-    f[1] = lc_byte_f<1, 128>(u);
-    f[2] = lc_byte_f<2, 128>(u);
-    f[3] = lc_byte_f<3, 128>(u);
-}
+/* lc_byte_f and lc_i8x4 (int8 -> float) are common.cuh's. */
 
 /* Eight int4 codes of word w (low nibble of byte i = column 2i, high =
  * 2i + 1) as floats 0..15 in column order. */

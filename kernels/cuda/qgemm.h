@@ -1,6 +1,6 @@
 /*
  * kernels/cuda/qgemm.h — internal: the kernels of the quantized linear
- * layers (qgemm.cu) and the cuBLASLt FP8 / int8 GEMMs (gemm.c) that
+ * layers (qgemm.cu, qgguf.cu) and the cuBLASLt FP8 / int8 GEMMs (gemm.c) that
  * loom_cuda_qgemm_run (qgemm.c) puts together. Not part of the C API.
  */
 #ifndef LOOM_CUDA_QGEMM_H
@@ -20,6 +20,15 @@ extern "C" {
  * sx (M) per-token scales from lc_quant_act (x unused). */
 cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
                      const void *x, const void *xq, const float *sx, void *y, cudaStream_t s);
+
+/* GGUF (qgguf.cu): y (M, N) = x (M, K) @ dequant(w)^T for M in [1, 8],
+ * one launch per segment; y dt or f32 (out_f32), x dt. */
+cudaError_t lc_gguf_gemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
+                         const void *x, void *y, cudaStream_t s);
+/* GGUF weight -> out (N, K) dt, the CPU's decode bit for bit before the
+ * rounding to dt. */
+cudaError_t lc_gguf_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out,
+                            cudaStream_t s);
 
 /* Per-token activation quantization, one CTA per row of x (M, K) dt:
  *   v = x / smooth (smooth may be NULL: v = x), amax = max|v|,

@@ -26,8 +26,12 @@
  * Then the same sequence with each quantizer plugin (int8 W8A16 / W8A8,
  * fp8 per channel / per tensor, int4 groups of 32 / 64 / 128, one with a
  * quantized LM head) loaded by both backends: cuda's quantized kernels
- * against the cpu backend's, on the same quantized weights; and two plans
- * the cuda backend must refuse (a mixed Q/K/V group, GGUF as stored).
+ * against the cpu backend's, on the same quantized weights; models whose
+ * linear weights are random GGUF blocks (all q4_1 like SmolLM2; q4_k / q6_k
+ * like a Q4_K_M file, with mixed-type Q/K/V and gate/up and a q6_k LM
+ * head; q8_0 / q4_0 with a Qwen2 bias) run as stored on both (int4
+ * quantizer, source gguf); and two plans the cuda backend must refuse (a
+ * mixed Q/K/V group, GGUF blocks planned for bf16 tensors).
  * Quantizers are dlopen'd from $LOOM_QUANTIZER_DIR/NAME/ or
  * $LOOM_QUANTIZER_DIR/ (default: the build tree's plugins/quantizer).
  * Last, batch_invariant = true (run_invariant): one sequence's next 5
@@ -268,7 +272,62 @@ typedef struct shape {
     bool tie, bias, llama3;
     bool f32_weights;   /* matrices stored f32 (exercises the converting upload) */
     const char *dtype;  /* cuda backend compute type; NULL = default (bf16)     */
+    /* GGUF block types of the linear weights, or NULL: 7 per layer (attn_q,
+     * attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down), then
+     * output.weight's (BF16: keep it bf16) */
+    const loom_dtype *gguf;
 } shape;
+
+/* f as IEEE binary16 (round to nearest even, subnormals kept) at p,
+ * little-endian. */
+static void put_f16(uint8_t *p, float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u), h;
+    x &= 0x7fffffffu;
+    if (x >= 0x477ff000u) h = 0x7c00u; /* no NaN here: overflow to inf */
+    else if (x < 0x38800000u) {
+        float a, r;
+        memcpy(&a, &x, 4);
+        r = a + 0.5f; /* the subnormal's mantissa lands in the low bits */
+        uint32_t rb;
+        memcpy(&rb, &r, 4);
+        h = (uint16_t)(rb - 0x3f000000u);
+    } else {
+        x += 0xc8000000u + 0xfffu + ((x >> 13) & 1u);
+        h = (uint16_t)(x >> 13);
+    }
+    h |= sign;
+    p[0] = (uint8_t)h, p[1] = (uint8_t)(h >> 8);
+}
+
+/* Random GGUF blocks for a (d0, d1) matrix of `type`: random codes and f16
+ * scales sized so the weights are about +-a (the same block layouts as
+ * core/model/dequant.c). Both backends read these bytes as stored. */
+static void fm_add_gguf(fake_model *m, const char *name, int64_t d0, int64_t d1, loom_dtype type,
+                        float a) {
+    loom_tensor *t = &m->t[m->n];
+    snprintf(m->names[m->n], sizeof m->names[0], "%s", name);
+    const size_t rb = loom_dtype_row_bytes(type, d1), bb = loom_dtype_block_bytes(type);
+    *t = (loom_tensor){.struct_size = sizeof *t, .dtype = type, .ndim = 2, .shape = {d0, d1},
+                       .nbytes = (size_t)d0 * rb, .device = LOOM_DEVICE_HOST,
+                       .name = m->names[m->n]};
+    uint8_t *p = malloc(t->nbytes);
+    for (size_t i = 0; i < t->nbytes; i++) p[i] = (uint8_t)(rng_next() >> 56);
+    for (uint8_t *b = p; b < p + t->nbytes; b += bb) {
+        const float neg = rng_next() & 1 ? -1.0f : 1.0f, u = rng_unif(0.5f, 1.0f);
+        switch (type) {
+        case LOOM_DTYPE_Q4_0: put_f16(b, neg * u * a / 8); break;
+        case LOOM_DTYPE_Q4_1: put_f16(b, u * a / 8), put_f16(b + 2, -a); break; /* q d - a */
+        case LOOM_DTYPE_Q8_0: put_f16(b, neg * u * a / 127); break;
+        case LOOM_DTYPE_Q4_K: put_f16(b, u * a / (63 * 8)), put_f16(b + 2, u * a / 63); break;
+        case LOOM_DTYPE_Q6_K: put_f16(b + 208, neg * u * a / (127 * 32)); break;
+        default: break;
+        }
+    }
+    t->data = p;
+    m->n++;
+}
 
 static fake_model *fm_make(const shape *s) {
     fake_model *m = calloc(1, sizeof *m);
@@ -288,11 +347,18 @@ static fake_model *fm_make(const shape *s) {
     const int64_t KVD = (int64_t)s->kv_heads * s->head_dim;
     fm_add(m, "token_embd.weight", s->vocab, H, false, 0, 1.0f);
     fm_add(m, "output_norm.weight", H, 0, true, 1, 0.05f);
-    if (!s->tie) fm_add(m, "output.weight", s->vocab, H, false, 0, 1.0f / sqrtf((float)H));
+    if (!s->tie) {
+        const loom_dtype ot = s->gguf ? s->gguf[7 * s->layers] : LOOM_DTYPE_BF16;
+        if (ot != LOOM_DTYPE_BF16) fm_add_gguf(m, "output.weight", s->vocab, H, ot, 1.0f / sqrtf((float)H));
+        else fm_add(m, "output.weight", s->vocab, H, false, 0, 1.0f / sqrtf((float)H));
+    }
     char nm[64];
     for (int l = 0; l < s->layers; l++) {
+        int wi = 0; /* which linear of the layer, for s->gguf */
 #define ADDW(suffix, d0, d1, fan)                                                                  \
-    snprintf(nm, sizeof nm, "blk.%d." suffix, l), fm_add(m, nm, d0, d1, false, 0, 1.0f / sqrtf((float)(fan)))
+    snprintf(nm, sizeof nm, "blk.%d." suffix, l),                                                  \
+        s->gguf ? fm_add_gguf(m, nm, d0, d1, s->gguf[7 * l + wi++], 1.0f / sqrtf((float)(fan)))   \
+                : fm_add(m, nm, d0, d1, false, 0, 1.0f / sqrtf((float)(fan)))
         ADDW("attn_q.weight", QD, H, H);
         ADDW("attn_k.weight", KVD, H, H);
         ADDW("attn_v.weight", KVD, H, H);
@@ -461,7 +527,7 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
     printf("--- %s: vocab %d hidden %d ffn %d layers %d heads %d/%d head_dim %d%s%s%s, cuda %s%s%s\n",
            sh->name, sh->vocab, sh->hidden, sh->inter, sh->layers, sh->heads, sh->kv_heads,
            sh->head_dim, sh->bias ? " qkv-bias" : "", sh->llama3 ? " llama3-rope" : "",
-           sh->f32_weights ? " f32-weights" : " bf16-weights", sh->dtype ? sh->dtype : "bf16",
+           sh->gguf ? " gguf-block-weights" : sh->f32_weights ? " f32-weights" : " bf16-weights", sh->dtype ? sh->dtype : "bf16",
            qb ? ", quantizer " : "", qb ? qb->name : "");
     fake_model *m = fm_make(sh);
     loom_error e = {0};
@@ -825,7 +891,7 @@ out:
 
 /* Fake quantizers whose plans the cuda backend must refuse: int8 for
  * attn_q alone (a fused Q/K/V group of mixed formats), and GGUF blocks as
- * stored (no kernel here). */
+ * stored for tensors that are bf16 (no blocks to read). */
 static loom_status fq_plan_mixed(void *self, const loom_model_view *m, const loom_tensor *w,
                                  loom_quant_plan *out, loom_error *err) {
     (void)self, (void)m, (void)err;
@@ -850,7 +916,7 @@ static void test_quant_refused(const plugin *cuda_p, bool gguf) {
     loom_error e = {0};
     loom_status st = cuda_p->ops->create(&g_host, cfg, &inst, &e);
     if (st == LOOM_OK) st = cuda_p->ops->load(inst, &m->view, &qb, &e);
-    expect_status(gguf ? "quantizer planning GGUF as stored -> load UNSUPPORTED"
+    expect_status(gguf ? "quantizer planning GGUF for bf16 tensors -> load UNSUPPORTED"
                        : "quantizer planning int8 for attn_q only (mixed Q/K/V) -> UNSUPPORTED",
                   st, LOOM_ERR_UNSUPPORTED, &e);
     if (inst) cuda_p->ops->destroy(inst);
@@ -1011,6 +1077,39 @@ int main(int argc, char **argv) {
     run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g32, "int4-g32", &qs_qwen, 3e-2);
     run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &qs_8b, 3e-2);
     run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8c, "fp8-per-channel", &qs_8b, 8e-2);
+    /* GGUF blocks as stored (int4 quantizer, source gguf) on both backends:
+     * SmolLM2-like all-q4_1; Q4_K_M-like (q4_k with q6_k V and down: two
+     * segments in Q/K/V) then a layer of three types in Q/K/V, with a q6_k
+     * LM head; q8_0 / q4_0 on the Qwen2 shape (hidden 384: no k-quants) */
+    {
+#define Q40 LOOM_DTYPE_Q4_0
+#define Q41 LOOM_DTYPE_Q4_1
+#define Q80 LOOM_DTYPE_Q8_0
+#define Q4K LOOM_DTYPE_Q4_K
+#define Q6K LOOM_DTYPE_Q6_K
+#define BF LOOM_DTYPE_BF16
+        static const loom_dtype all_q41[15] = {Q41, Q41, Q41, Q41, Q41, Q41, Q41,
+                                               Q41, Q41, Q41, Q41, Q41, Q41, Q41, BF};
+        static const loom_dtype km[15] = {Q4K, Q4K, Q6K, Q4K, Q4K, Q4K, Q6K,
+                                          Q40, Q80, Q41, Q80, Q40, Q41, Q40, Q6K};
+        static const loom_dtype q8q4[15] = {Q80, Q80, Q80, Q40, Q40, Q40, Q80,
+                                            Q40, Q40, Q40, Q80, Q80, Q80, Q40, BF};
+        const shape g_q41 = {"g-q4_1-d64", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, true, false, false, false, NULL, all_q41};
+        const shape g_km = {"g-q4_k_m-d64", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, false, false, false, false, NULL, km};
+        const shape g_qwen = {"g-q8_0-qwen2", LOOM_ARCH_QWEN2, 384, 384, 768, 2, 6, 2, 128, 1000000, false, true, false, false, NULL, q8q4};
+        const shape g_f16 = {"g-q4_1-d64-f16", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, true, false, false, false, "f16", all_q41};
+        const char *gg[] = {"source=gguf", NULL}, *gg_lm[] = {"source=gguf", "skip=token_embd", NULL};
+        run_quant(&cpu_p, &cuda_p, qdir, "int4", gg, "gguf-as-stored", &g_q41, 3e-2);
+        run_quant(&cpu_p, &cuda_p, qdir, "int4", gg_lm, "gguf-as-stored+lm_head", &g_km, 3e-2);
+        run_quant(&cpu_p, &cuda_p, qdir, "int4", gg, "gguf-as-stored", &g_qwen, 3e-2);
+        run_quant(&cpu_p, &cuda_p, qdir, "int4", gg, "gguf-as-stored", &g_f16, 3e-2);
+#undef Q40
+#undef Q41
+#undef Q80
+#undef Q4K
+#undef Q6K
+#undef BF
+    }
     /* SmoothQuant: the smoothing vector reaches the device for both W8A8
      * formats (activations divided by it before quantization) */
     const char *calib = write_calib(&qs_qwen);

@@ -13,7 +13,11 @@
  * is poisoned too. Exit status is the number of failures (0 = all passed).
  * The quantized linear layers (qgemm: int8 W8A16 / W8A8, fp8, int4) are
  * checked against float64 sums over the same quantized weights and
- * activations (test_qgemm).
+ * activations (test_qgemm); GGUF blocks as stored (q4_0, q4_1, q4_k, q6_k,
+ * q8_0, one type or a fused group of several) against float64 sums over
+ * the values decoded here from the same random blocks (test_qgemm_gguf),
+ * and their dequantize-to-dt kernel bit for bit against the CPU's decode
+ * rounded to dt (test_gguf_dequant).
  *
  * Batch invariance (the backend's batch_invariant mode): the invariant
  * attention call, the invariant GEMV / quantized GEMV and the logits top-k
@@ -33,6 +37,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_kernels.h"
+#include "qgemm.h" /* lc_gguf_dequant: checked bit for bit */
 #include "qlinear.h"
 #include "loom/logits_topk.h"
 
@@ -1160,6 +1165,307 @@ static void test_qgemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_
     free(data), free(sc), free(x), free(one), free(many);
 }
 
+/* ---------------------------------------------------- GGUF as stored */
+
+static const char *gg_name(loom_cuda_gguf t) { return loom_cuda_gguf_name(t); }
+
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+/* an f16 scale of magnitude about `mag`, random sign when `sign`; now and
+ * then 0 (a zero block) */
+static uint16_t gg_scale(float mag, bool sign) {
+    if (rng_int(64) == 0) return 0;
+    float v = mag * rng_unif(0.25f, 1.0f);
+    return f2h(sign && rng_int(2) ? -v : v);
+}
+
+/* One row of K weights of type t as random blocks: random codes, random
+ * f16 scales scaled so the weights are about +-amp (tiny amp gives f16
+ * subnormal scales). */
+static void gg_fill_row(loom_cuda_gguf t, uint8_t *b, int K, float amp) {
+    const int be = loom_cuda_gguf_block_elems(t), bb = loom_cuda_gguf_block_bytes(t);
+    for (int i = 0; i < K / be; i++, b += bb) {
+        for (int j = 0; j < bb; j++) b[j] = (uint8_t)rng_int(256);
+        switch (t) {
+        case LOOM_CUDA_GGUF_Q4_0: put16(b, gg_scale(amp / 8, true)); break;
+        case LOOM_CUDA_GGUF_Q4_1:
+            put16(b, gg_scale(amp / 8, true));
+            put16(b + 2, gg_scale(amp, true));
+            break;
+        case LOOM_CUDA_GGUF_Q8_0: put16(b, gg_scale(amp / 127, true)); break;
+        case LOOM_CUDA_GGUF_Q4_K: /* scales and mins are 6-bit codes in b[4..15] */
+            put16(b, gg_scale(amp / (63 * 8), false));
+            put16(b + 2, gg_scale(amp / 63, false));
+            break;
+        case LOOM_CUDA_GGUF_Q6_K: put16(b + 208, gg_scale(amp / (127 * 32), true)); break;
+        default: break;
+        }
+    }
+}
+
+/* The row decoded in float32 exactly as core/model/dequant.c does (the
+ * CPU backend's values: every product there is exact). */
+static void gg_decode_row(loom_cuda_gguf t, const uint8_t *b, int K, float *y) {
+    const int be = loom_cuda_gguf_block_elems(t), bb = loom_cuda_gguf_block_bytes(t);
+    for (int i = 0; i < K / be; i++, b += bb, y += be) {
+        switch (t) {
+        case LOOM_CUDA_GGUF_Q4_0: {
+            const float d = h2f(get16(b));
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * (float)((b[2 + j] & 0xF) - 8);
+                y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+            }
+            break;
+        }
+        case LOOM_CUDA_GGUF_Q4_1: {
+            const float d = h2f(get16(b)), m = h2f(get16(b + 2));
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * (float)(b[4 + j] & 0xF) + m;
+                y[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+            }
+            break;
+        }
+        case LOOM_CUDA_GGUF_Q8_0: {
+            const float d = h2f(get16(b));
+            for (int j = 0; j < 32; j++) y[j] = d * (float)(int8_t)b[2 + j];
+            break;
+        }
+        case LOOM_CUDA_GGUF_Q4_K: {
+            const float d = h2f(get16(b)), dmin = h2f(get16(b + 2));
+            const uint8_t *sc = b + 4, *q = b + 16;
+            for (int s = 0; s < 8; s++) {
+                int scv, mv;
+                if (s < 4) scv = sc[s] & 63, mv = sc[s + 4] & 63;
+                else {
+                    scv = (sc[s + 4] & 0xF) | ((sc[s - 4] >> 6) << 4);
+                    mv = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+                }
+                const float d1 = d * (float)scv, m1 = dmin * (float)mv;
+                for (int l = 0; l < 32; l++) {
+                    const int qv = s % 2 ? q[32 * (s / 2) + l] >> 4 : q[32 * (s / 2) + l] & 0xF;
+                    y[32 * s + l] = d1 * (float)qv - m1;
+                }
+            }
+            break;
+        }
+        case LOOM_CUDA_GGUF_Q6_K: {
+            const float d = h2f(get16(b + 208));
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+                const int8_t *sc = (const int8_t *)(b + 192 + 8 * h);
+                float *yy = y + 128 * h;
+                for (int l = 0; l < 32; l++) {
+                    const int is = l / 16;
+                    const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                    const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                    const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                    const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                    yy[l] = d * (float)sc[is] * (float)q1;
+                    yy[l + 32] = d * (float)sc[is + 2] * (float)q2;
+                    yy[l + 64] = d * (float)sc[is + 4] * (float)q3;
+                    yy[l + 96] = d * (float)sc[is + 6] * (float)q4;
+                }
+            }
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+/* A fused GGUF weight of nparts parts (types[i], rows[i]) x K as the cuda
+ * loader lays it out (gguf_layout.h), on the device, and its float32
+ * values on the host (N, K). */
+typedef struct gg_weight {
+    loom_cuda_qweight w;
+    void *dev;
+    float *wf;
+    int N;
+    char label[64];
+} gg_weight;
+
+static void gg_make(gg_weight *g, const loom_cuda_gguf *types, const int *rows, int nparts, int K) {
+    loom_cuda_gguf_layout lay;
+    int64_t r64[LOOM_CUDA_QSEG_MAX];
+    int N = 0;
+    for (int i = 0; i < nparts; i++) r64[i] = rows[i], N += rows[i];
+    char why[200] = "";
+    if (!loom_cuda_gguf_plan_group(types, r64, nparts, K, &lay, why, sizeof why)) {
+        fprintf(stderr, "gguf layout: %s\n", why);
+        exit(100);
+    }
+    uint8_t *host = calloc(lay.bytes + 16, 1);
+    g->wf = malloc((size_t)N * K * sizeof(float));
+    int n = 0;
+    for (int i = 0; i < nparts; i++) {
+        const size_t rb = loom_cuda_gguf_row_bytes(types[i], K);
+        for (int r = 0; r < rows[i]; r++, n++) {
+            uint8_t *row = host + lay.part_offset[i] + (size_t)r * rb;
+            gg_fill_row(types[i], row, K, rng_int(8) == 0 ? 0.002f : rng_unif(0.05f, 2.0f));
+            gg_decode_row(types[i], row, K, g->wf + (size_t)n * K);
+        }
+    }
+    g->dev = dev_upload(host, lay.bytes + 16); /* the kernels may read to a 16-byte boundary */
+    g->N = N;
+    g->w = (loom_cuda_qweight){.fmt = LOOM_CUDA_Q_GGUF, .N = N, .K = K, .data = g->dev,
+                               .nseg = lay.nseg};
+    for (int i = 0; i < lay.nseg; i++)
+        g->w.seg[i] = (loom_cuda_qseg){.type = lay.seg[i].type, .rows = (int)lay.seg[i].rows,
+                                       .data = (const uint8_t *)g->dev + lay.seg[i].offset};
+    int o = 0;
+    g->label[0] = 0;
+    for (int i = 0; i < nparts; i++)
+        o += snprintf(g->label + o, sizeof g->label - (size_t)o, "%s%s", i ? "+" : "",
+                      gg_name(types[i]));
+    free(host);
+}
+
+static void gg_free(gg_weight *g) {
+    cudaFree(g->dev);
+    free(g->wf);
+}
+
+/* loom_cuda_qgemm_run on a GGUF weight against float64 sums over the
+ * decoded weights and the dt-rounded x. path as test_qgemm: 0 default
+ * dispatch (GEMV up to M = 32), 1 GEMV forced, 2 dequantize + GEMM forced. */
+static void test_qgemm_gguf(loom_cuda_gemm *g, loom_cuda_dt dt, const loom_cuda_gguf *types,
+                            const int *rows, int nparts, int M, int K, int path, bool out_f32) {
+    gg_weight gw;
+    gg_make(&gw, types, rows, nparts, K);
+    const int N = gw.N;
+    float *xf = malloc((size_t)M * K * 4);
+    uint16_t *x = rand16(dt, (size_t)M * K, -2, 2, xf);
+    void *d_x = dev_upload(x, (size_t)M * K * 2);
+    const size_t oel = out_f32 ? 4 : 2;
+    void *d_y = dev_poison((size_t)M * N * oel);
+    if (path == 1) loom_cuda_qgemm_set_gemv_max_m(g, LOOM_CUDA_Q_GGUF, 256);
+    if (path == 2) loom_cuda_qgemm_set_gemv_max_m(g, LOOM_CUDA_Q_GGUF, 0);
+    const int gemv_max = path == 1 ? 256 : path == 2 ? 0 : 32;
+    const size_t sb = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &gw.w, M);
+    void *d_s = dev_poison(sb);
+    char msg[256] = "";
+    int rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &gw.w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
+    loom_cuda_qgemm_set_gemv_max_m(g, LOOM_CUDA_Q_GGUF, 32);
+    CK(cudaDeviceSynchronize());
+    char name[160];
+    snprintf(name, sizeof name, "qgemm gguf %s %s M=%d N=%d K=%d%s -> %s", gw.label, dtn(dt), M, N,
+             K, path == 1 ? " gemv" : path == 2 ? " gemm" : "", out_f32 ? "f32" : dtn(dt));
+    err_acc a = {0};
+    if (rc) {
+        printf("      qgemm error: %s\n", msg);
+        a.nan = true;
+        report(name, &a, TOL16);
+    } else {
+        void *y = malloc((size_t)M * N * oel);
+        CK(cudaMemcpy(y, d_y, (size_t)M * N * oel, cudaMemcpyDeviceToHost));
+        double *out = malloc((size_t)M * N * 8), *ref = malloc((size_t)M * N * 8);
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                double acc = 0;
+                const float *xm = xf + (size_t)m * K, *wn = gw.wf + (size_t)n * K;
+                for (int k = 0; k < K; k++) acc += (double)xm[k] * (double)wn[k];
+                ref[(size_t)m * N + n] = acc;
+                out[(size_t)m * N + n] = out_f32 ? ((float *)y)[(size_t)m * N + n]
+                                                 : from16(dt, ((uint16_t *)y)[(size_t)m * N + n]);
+            }
+        for (int m = 0; m < M; m++) err_row(&a, out + (size_t)m * N, ref + (size_t)m * N, N);
+        /* the GEMV sums in fp32 throughout; the GEMM path rounds the
+         * weights to dt first */
+        report(name, &a, out_f32 && M <= gemv_max ? 1e-4 : TOL16);
+        free(y), free(out), free(ref);
+    }
+    cudaFree(d_x), cudaFree(d_y), cudaFree(d_s);
+    free(xf), free(x);
+    gg_free(&gw);
+}
+
+/* lc_gguf_dequant (the large-M path's first half) against the CPU's decode
+ * rounded to dt: every 16-bit value must be identical. */
+static void test_gguf_dequant(loom_cuda_dt dt, const loom_cuda_gguf *types, const int *rows,
+                              int nparts, int K) {
+    gg_weight gw;
+    gg_make(&gw, types, rows, nparts, K);
+    const size_t n = (size_t)gw.N * K;
+    void *d_o = dev_poison(n * 2);
+    CK(lc_gguf_dequant(dt, &gw.w, d_o, 0));
+    CK(cudaDeviceSynchronize());
+    uint16_t *o = malloc(n * 2);
+    CK(cudaMemcpy(o, d_o, n * 2, cudaMemcpyDeviceToHost));
+    size_t bad = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (o[i] != to16(dt, gw.wf[i]) && !(isnan(gw.wf[i]) && isnan(from16(dt, o[i])))) {
+            if (!bad) first = i;
+            bad++;
+        }
+    char name[160];
+    snprintf(name, sizeof name, "gguf dequant %s -> %s N=%d K=%d (bit for bit)", gw.label, dtn(dt),
+             gw.N, K);
+    printf("%s %-58s %zu of %zu differ\n", bad ? "FAIL" : "PASS", name, bad, n);
+    if (bad)
+        printf("      first at row %zu col %zu: device 0x%04x, cpu %.9g -> 0x%04x\n", first / K,
+               first % K, o[first], (double)gw.wf[first], to16(dt, gw.wf[first]));
+    fflush(stdout);
+    if (bad) g_fail++;
+    else g_pass++;
+    cudaFree(d_o);
+    free(o);
+    gg_free(&gw);
+}
+
+/* Every block type over M = 1, 3, 8, 64 (GEMV, GEMV passes, dequantize +
+ * GEMM), odd N, K of 1 / 18 / 33 blocks (q4_0, q4_1, q8_0; 1, 18 and 33
+ * sub-blocks of 32: partial tiles) or 1 / 3 / 9 super-blocks (q4_k, q6_k);
+ * then fused groups of mixed types, forced paths, f16, float32 output
+ * (the LM head) and Llama-3-8B decode shapes. */
+static void test_qgemm_gguf_all(loom_cuda_gemm *g) {
+    const loom_cuda_gguf ty[5] = {LOOM_CUDA_GGUF_Q4_0, LOOM_CUDA_GGUF_Q4_1, LOOM_CUDA_GGUF_Q4_K,
+                                  LOOM_CUDA_GGUF_Q6_K, LOOM_CUDA_GGUF_Q8_0};
+    const int Ms[4] = {1, 3, 8, 64};
+    for (int ti = 0; ti < 5; ti++) {
+        const bool kq = loom_cuda_gguf_block_elems(ty[ti]) == 256;
+        const int Ks[3] = {kq ? 256 : 32, kq ? 768 : 576, kq ? 2304 : 1056};
+        const int N[1] = {1001};
+        for (int ki = 0; ki < 3; ki++)
+            for (int mi = 0; mi < 4; mi++)
+                test_qgemm_gguf(g, LOOM_CUDA_BF16, &ty[ti], N, 1, Ms[mi], Ks[ki], 0, false);
+        const int n3[1] = {3}, n515[1] = {515};
+        test_qgemm_gguf(g, LOOM_CUDA_BF16, &ty[ti], n3, 1, 1, Ks[1], 0, false); /* < one CTA */
+        test_qgemm_gguf(g, LOOM_CUDA_BF16, &ty[ti], n515, 1, 9, Ks[2], 1, false);
+        test_qgemm_gguf(g, LOOM_CUDA_BF16, &ty[ti], n515, 1, 8, Ks[2], 2, false);
+        test_qgemm_gguf(g, LOOM_CUDA_F16, &ty[ti], N, 1, 2, Ks[1], 0, false);
+        test_qgemm_gguf(g, LOOM_CUDA_F16, &ty[ti], N, 1, 40, Ks[1], 0, false);
+        test_qgemm_gguf(g, LOOM_CUDA_BF16, &ty[ti], N, 1, 5, Ks[2], 0, true);
+        test_qgemm_gguf(g, LOOM_CUDA_BF16, &ty[ti], N, 1, 40, Ks[2], 2, true);
+        test_gguf_dequant(LOOM_CUDA_BF16, &ty[ti], n515, 1, Ks[2]);
+        test_gguf_dequant(LOOM_CUDA_F16, &ty[ti], n515, 1, Ks[1]);
+    }
+    /* fused groups: a Q4_K_M-like Q/K/V (q4_k, q4_k, q6_k: two segments),
+     * three types (three segments), a one-type gate/up */
+    const loom_cuda_gguf qkv_km[3] = {LOOM_CUDA_GGUF_Q4_K, LOOM_CUDA_GGUF_Q4_K, LOOM_CUDA_GGUF_Q6_K};
+    const int qkv_rows[3] = {577, 131, 131};
+    const loom_cuda_gguf three[3] = {LOOM_CUDA_GGUF_Q4_0, LOOM_CUDA_GGUF_Q8_0, LOOM_CUDA_GGUF_Q4_1};
+    const int three_rows[3] = {33, 65, 97};
+    const loom_cuda_gguf gu[2] = {LOOM_CUDA_GGUF_Q4_1, LOOM_CUDA_GGUF_Q4_1};
+    const int gu_rows[2] = {1536, 1536};
+    for (int mi = 0; mi < 4; mi++) {
+        test_qgemm_gguf(g, LOOM_CUDA_BF16, qkv_km, qkv_rows, 3, Ms[mi], 1024, 0, false);
+        test_qgemm_gguf(g, LOOM_CUDA_BF16, three, three_rows, 3, Ms[mi], 576, 0, false);
+    }
+    test_qgemm_gguf(g, LOOM_CUDA_BF16, gu, gu_rows, 2, 1, 576, 0, false);
+    test_qgemm_gguf(g, LOOM_CUDA_BF16, three, three_rows, 3, 7, 576, 0, true);
+    test_qgemm_gguf(g, LOOM_CUDA_F16, qkv_km, qkv_rows, 3, 33, 1024, 0, false);
+    test_gguf_dequant(LOOM_CUDA_BF16, qkv_km, qkv_rows, 3, 1024);
+    test_gguf_dequant(LOOM_CUDA_F16, three, three_rows, 3, 576);
+    /* Llama-3-8B decode shapes (Q4_K_M: q4_k Q/K/gate/up/O, q6_k V and down) */
+    const int n4096[1] = {4096};
+    const loom_cuda_gguf q6[1] = {LOOM_CUDA_GGUF_Q6_K}, q4k[1] = {LOOM_CUDA_GGUF_Q4_K};
+    const int qkv8b[3] = {4096, 1024, 1024};
+    test_qgemm_gguf(g, LOOM_CUDA_BF16, qkv_km, qkv8b, 3, 1, 4096, 0, false);
+    test_qgemm_gguf(g, LOOM_CUDA_BF16, q6, n4096, 1, 1, 14336, 0, false);
+    test_qgemm_gguf(g, LOOM_CUDA_BF16, q4k, n4096, 1, 4, 4096, 0, false);
+}
+
 /* ------------------------------------------------------------------ main */
 
 /* loom_cuda_gemm_swiglu_run: the SwiGLU fused into the GEMV (M <= 8) and
@@ -1443,6 +1749,7 @@ int main(int argc, char **argv) {
             }
         }
         test_qgemm_all(g);
+        test_qgemm_gguf_all(g);
         loom_cuda_gemm_destroy(g);
     }
     printf("gpu_kernel_tests: %d passed, %d failed (seed %llu)\n", g_pass, g_fail,

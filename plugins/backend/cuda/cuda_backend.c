@@ -11,10 +11,10 @@
  * copies. Weight loading is in cuda_load.c, the forward pass in
  * cuda_forward.c.
  *
- * Quantizers (loom/quant.h): int8 W8A16 / W8A8, fp8 and int4 weights run
- * on kernels/cuda's quantized linear layers (loom_cuda_qgemm_run; see
- * docs/quantization.md); GGUF blocks as stored are refused at load naming
- * the tensor. The KV cache stays in the compute type (no FP8 KV cache).
+ * Quantizers (loom/quant.h): int8 W8A16 / W8A8, fp8, int4 and GGUF blocks
+ * as stored (q4_0, q4_1, q4_k, q6_k, q8_0) run on kernels/cuda's quantized
+ * linear layers (loom_cuda_qgemm_run; see docs/quantization.md). The KV
+ * cache stays in the compute type (no FP8 KV cache).
  *
  * What it refuses to be: a multi-GPU backend by itself: the tp executor
  * drives one instance per GPU through load_shard (cuda_load.c) and joins

@@ -71,7 +71,8 @@ enum { CB_G_QKV = 0, CB_G_O = 1, CB_G_GU = 2, CB_G_DOWN = 3, CB_NGROUPS = 4 };
  * and runs loom_cuda_qgemm_run on q[g]: the parts of a fused group (Q, K,
  * V; gate, up) are quantized one by one by the quantizer and uploaded as
  * consecutive rows of one quantized matrix (their per-row scales simply
- * concatenate), so a layer stays four GEMMs. */
+ * concatenate), so a layer stays four GEMMs. GGUF groups keep the file's
+ * blocks, one segment per block type (q[g].seg). */
 typedef struct cuda_layer {
     float *attn_norm;  /* (hidden) f32                                          */
     void *wqkv;        /* (q_dim + 2 kv_dim, hidden) dt: rows Q, then K, V       */

@@ -16,6 +16,12 @@
  * uploaded as kernels/cuda reads it (cb_upload_q); the parts of a fused
  * group (Q/K/V, gate/up) become consecutive rows of one quantized matrix.
  * A tensor-parallel rank quantizes the whole tensor and keeps its window.
+ * A weight planned GGUF (the int4 quantizer's `source: gguf`) is not
+ * quantized or dequantized at all: its blocks are copied from the model's
+ * memory as they are (cb_upload_gguf), a group's parts of one block type
+ * sharing a segment and a change of type (q4_k Q/K, q6_k V) starting the
+ * next (kernels/cuda/gguf_layout.h); a rank keeps whole rows, and its
+ * column window (O, down) must fall on whole blocks.
  *
  * Every tensor (and the quantizer's plan for each linear weight) is checked
  * before anything is allocated; the device arena is sized exactly and
@@ -104,10 +110,22 @@ static loom_status cb_tensor(cuda_backend *b, const loom_model_view *m, const ch
     return LOOM_OK;
 }
 
+/* GGUF types are loom dtypes cast; the cuda formats are loom formats cast. */
+_Static_assert((int)LOOM_CUDA_GGUF_Q8_0 == (int)LOOM_DTYPE_Q8_0 &&
+                   (int)LOOM_CUDA_GGUF_Q4_0 == (int)LOOM_DTYPE_Q4_0 &&
+                   (int)LOOM_CUDA_GGUF_Q4_1 == (int)LOOM_DTYPE_Q4_1 &&
+                   (int)LOOM_CUDA_GGUF_Q4_K == (int)LOOM_DTYPE_Q4_K &&
+                   (int)LOOM_CUDA_GGUF_Q6_K == (int)LOOM_DTYPE_Q6_K,
+               "loom_cuda_gguf values must be loom_dtype's");
+_Static_assert((int)LOOM_CUDA_Q_GGUF == (int)LOOM_QFMT_GGUF &&
+                   (int)LOOM_CUDA_Q_INT4 == (int)LOOM_QFMT_INT4_W4A16,
+               "loom_cuda_qfmt values must be loom_qformat's");
+
 /* Ask the quantizer (if any) for a linear weight's plan into *plan (NONE
  * without a quantizer) and check this backend has kernels for it: NONE,
- * INT8_W8A16, INT8_W8A8, FP8_W8A8 and INT4_W4A16 run here; GGUF blocks as
- * stored do not (yet). */
+ * INT8_W8A16, INT8_W8A8, FP8_W8A8, INT4_W4A16, and GGUF blocks as stored
+ * of q4_0, q4_1, q4_k, q6_k and q8_0 (whole blocks per row; the cpu
+ * backend's set). */
 static loom_status cb_plan(cuda_backend *b, const loom_model_view *m, const loom_quant_binding *q,
                            const loom_tensor *t, const char *name, loom_quant_plan *plan,
                            loom_error *err) {
@@ -127,15 +145,24 @@ static loom_status cb_plan(cuda_backend *b, const loom_model_view *m, const loom
                                   "but has no quantize()/release() to produce it",
                                   q->name ? q->name : "?", cb_qformat_name(plan->format), name);
         return LOOM_OK;
+    case LOOM_QFMT_GGUF:
+        /* the blocks are read as stored: their type needs a kernel here */
+        if (!loom_cuda_gguf_ok((loom_cuda_gguf)t->dtype, t->shape[1]))
+            return b->host->error(
+                b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
+                "backend cuda: quantizer '%s' planned GGUF blocks as stored for tensor '%s', but "
+                "it is %s with %lld columns; the cuda kernels read rows of whole q4_0, q4_1, "
+                "q4_k, q6_k and q8_0 blocks; skip the tensor in the quantizer or use source: "
+                "quantize",
+                q->name ? q->name : "?", name, loom_dtype_name(t->dtype), (long long)t->shape[1]);
+        return LOOM_OK;
     default:
         return b->host->error(
             b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
-            "backend cuda: quantizer '%s' planned format %s for tensor '%s', but the cuda backend "
-            "has no %s linear kernel yet (it runs none, int8_w8a16, int8_w8a8, fp8_w8a8 and "
-            "int4_w4a16); use source: quantize in the int4 quantizer, or backend cpu for GGUF "
-            "blocks as stored",
-            q->name ? q->name : "?", cb_qformat_name(plan->format), name,
-            cb_qformat_name(plan->format));
+            "backend cuda: quantizer '%s' planned format %s (%d) for tensor '%s', but the cuda "
+            "backend has no linear kernel for it (it runs none, int8_w8a16, int8_w8a8, "
+            "fp8_w8a8, int4_w4a16 and gguf)",
+            q->name ? q->name : "?", cb_qformat_name(plan->format), (int)plan->format, name);
     }
 }
 
@@ -470,6 +497,48 @@ out:
     return st;
 }
 
+/* ----------------------------------------------------- GGUF as stored */
+
+/* Rows [r0, r0 + nr) x columns [c0, c0 + nc) of GGUF tensor t to dst as a
+ * dense (nr, row_bytes(nc)) block matrix: one 2-D copy straight from the
+ * model's (mmap'd) memory, the blocks byte for byte. The window was checked
+ * at planning (cb_gguf_group); checked again here because the copy trusts
+ * it. */
+static loom_status cb_upload_gguf(cuda_backend *b, const loom_tensor *t, const char *name,
+                                  int64_t r0, int64_t nr, int64_t c0, int64_t nc, void *dst,
+                                  loom_error *err) {
+    if (nr <= 0) return LOOM_OK;
+    const loom_cuda_gguf ty = (loom_cuda_gguf)t->dtype;
+    const int64_t cols = t->shape[1];
+    const size_t pitch = loom_cuda_gguf_row_bytes(ty, cols);
+    size_t src_off = 0, width = 0;
+    char why[160] = "";
+    if (!loom_cuda_gguf_window(ty, cols, c0, nc, &src_off, &width, why, sizeof why) || !t->data ||
+        t->nbytes < (size_t)(r0 + nr) * pitch)
+        return b->host->error(b->host->ctx, err, LOOM_ERR_FORMAT,
+                              "backend cuda: GGUF tensor '%s' (%s, %zu bytes): cannot copy rows "
+                              "[%lld, %lld) x columns [%lld, %lld) as stored%s%s",
+                              name, loom_dtype_name(t->dtype), t->nbytes, (long long)r0,
+                              (long long)(r0 + nr), (long long)c0, (long long)(c0 + nc),
+                              why[0] ? ": " : "", why);
+    return CB_CUDA(b, err, cudaMemcpy2DAsync(dst, width,
+                                             (const uint8_t *)t->data + (size_t)r0 * pitch + src_off,
+                                             pitch, width, (size_t)nr, cudaMemcpyHostToDevice,
+                                             b->stream));
+}
+
+/* The device weight of a GGUF group laid out as `lay` at `base`: N rows,
+ * K columns, one segment per run of one block type. */
+static loom_cuda_qweight cb_gguf_qweight(const loom_cuda_gguf_layout *lay, void *base, int64_t n,
+                                         int64_t k) {
+    loom_cuda_qweight w = {.fmt = LOOM_CUDA_Q_GGUF, .N = (int)n, .K = (int)k, .data = base,
+                           .nseg = lay->nseg};
+    for (int i = 0; i < lay->nseg; i++)
+        w.seg[i] = (loom_cuda_qseg){.type = lay->seg[i].type, .rows = (int)lay->seg[i].rows,
+                                    .data = (const uint8_t *)base + lay->seg[i].offset};
+    return w;
+}
+
 /* ----------------------------------------------------------------- RoPE */
 
 /* Rotary frequencies, float64 — the same formula as kernels/cpu/rope.c
@@ -611,6 +680,44 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
 static const char *const cb_lin[] = {"attn_q", "attn_k", "attn_v", "attn_output",
                                      "ffn_gate", "ffn_up", "ffn_down"};
 
+/* Layer l's group of parts [first, end) of cb_lin[], planned GGUF: each
+ * part's block type (its tensor's), this rank's rows of it (nr[k]) and its
+ * input columns [c0[k], c0[k] + K) — checked (a kernel for the type, a
+ * column window on whole blocks) and laid out as one device allocation
+ * into *lay. Parts of different block types are fine (one segment each),
+ * as the cpu backend runs them; a window that cuts blocks is refused. */
+static loom_status cb_gguf_group(cuda_backend *b, const loom_model_view *m, int32_t l, int first,
+                                 int end, const int64_t *nr, const int64_t *c0, int64_t K,
+                                 bool sharded, loom_cuda_gguf_layout *lay, loom_error *err) {
+    const loom_host *h = b->host;
+    loom_cuda_gguf types[LOOM_CUDA_QSEG_MAX];
+    int64_t rows[LOOM_CUDA_QSEG_MAX];
+    char name[96], why[200];
+    for (int k = first; k < end; k++) {
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, cb_lin[k]);
+        const loom_tensor *t = m->get(m->ctx, name);
+        types[k - first] = (loom_cuda_gguf)t->dtype;
+        rows[k - first] = nr[k];
+        size_t so, wd;
+        if (!loom_cuda_gguf_window(types[k - first], t->shape[1], c0[k], K, &so, &wd, why,
+                                   sizeof why))
+            return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                            "backend cuda: tensor '%s' (%s blocks as stored) cannot be split "
+                            "here: this %s keeps input columns [%lld, %lld): %s; use a "
+                            "tensor-parallel size whose share of the %lld columns is whole "
+                            "blocks of %d, or quantizer source: quantize",
+                            name, loom_dtype_name(t->dtype), sharded ? "rank" : "model",
+                            (long long)c0[k], (long long)(c0[k] + K), why,
+                            (long long)t->shape[1], loom_cuda_gguf_block_elems(types[k - first]));
+    }
+    if (!loom_cuda_gguf_plan_group(types, rows, end - first, K, lay, why, sizeof why))
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: layer %d: the GGUF parts 'blk.%d.%s' .. '%s' cannot run "
+                        "as stored: %s",
+                        l, l, cb_lin[first], cb_lin[end - 1], why);
+    return LOOM_OK;
+}
+
 /* Which part of the model this rank keeps: loom/shard.h's plan, shared with
  * every backend; without a communicator the whole model (rank 0 of 1). */
 typedef loom_shard cb_shard;
@@ -716,9 +823,15 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                "embeddings as the LM head",
                c->name);
     loom_quant_plan *plans = h->calloc(h->ctx, (size_t)L * 7 + 1, sizeof *plans);
-    if (!plans)
+    /* GGUF groups' device layouts: (L, CB_NGROUPS), then output.weight */
+    loom_cuda_gguf_layout *glay = h->calloc(h->ctx, (size_t)L * CB_NGROUPS + 1, sizeof *glay);
+    if (!plans || !glay) {
+        h->free(h->ctx, plans);
+        h->free(h->ctx, glay);
         return h->error(h->ctx, err, LOOM_ERR_NOMEM,
                         "backend cuda: out of host memory for %d layers' quantization plans", L);
+    }
+    loom_cuda_gguf_layout *glay_out = &glay[(size_t)L * CB_NGROUPS];
     loom_quant_plan *plan_out = &plans[(size_t)L * 7];
     *plan_out = (loom_quant_plan){.struct_size = sizeof *plan_out, .format = LOOM_QFMT_NONE};
     if (t_out && (st = cb_plan(b, m, quant, t_out, "output.weight", plan_out, err))) goto fail;
@@ -732,8 +845,20 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
     static const int g_first[CB_NGROUPS] = {0, 3, 4, 6}, g_end[CB_NGROUPS] = {3, 4, 6, 7};
     const int64_t g_n[CB_NGROUPS] = {QKVl, H, 2 * Il, H}, g_k[CB_NGROUPS] = {H, QDl, H, Il};
     const int64_t part_row[7] = {0, QDl, QDl + KVDl, 0, 0, Il, 0};
-    /* the column window each part keeps (c0 of {r0, nr, c0, nc} below) */
+    /* the column window each part keeps (c0 of {r0, nr, c0, nc} below) and
+     * its rows (nr) */
     const int64_t part_c0[7] = {0, 0, 0, q0, 0, 0, i0};
+    const int64_t part_nr[7] = {QDl, KVDl, KVDl, H, Il, Il, H};
+    if (t_out && plan_out->format == LOOM_QFMT_GGUF) {
+        /* the LM head: this rank's vocabulary rows and zero rows to Vp */
+        const loom_cuda_gguf ty = (loom_cuda_gguf)t_out->dtype;
+        char why[160];
+        if (!loom_cuda_gguf_plan_group(&ty, &Vp, 1, H, glay_out, why, sizeof why)) {
+            st = h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                          "backend cuda: output.weight as stored: %s", why);
+            goto fail;
+        }
+    }
     bool any_quant = t_out && plan_out->format != LOOM_QFMT_NONE;
     for (int32_t l = 0; l < L; l++) {
         const loom_tensor *t;
@@ -764,6 +889,13 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                 }
             if (p0->format == LOOM_QFMT_NONE) continue;
             any_quant = true;
+            if (p0->format == LOOM_QFMT_GGUF) {
+                if ((st = cb_gguf_group(b, m, l, g_first[gi], g_end[gi], part_nr, part_c0,
+                                        g_k[gi], comm != NULL,
+                                        &glay[(size_t)l * CB_NGROUPS + gi], err)))
+                    goto fail;
+                continue;
+            }
             const int32_t gs = p0->format == LOOM_QFMT_INT4_W4A16 ? p0->group_size : 0;
             if (!loom_cuda_qweight_ok((loom_cuda_qfmt)p0->format, (int)g_k[gi], gs) ||
                 (gs > 0 && part_c0[g_first[gi]] % gs != 0)) {
@@ -791,7 +923,7 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
             if ((st = cb_tensor(b, m, name, k == 0 ? QD : KVD, -1, true, &t, err))) goto fail;
         }
     }
-    if (plan_out->format != LOOM_QFMT_NONE &&
+    if (plan_out->format != LOOM_QFMT_NONE && plan_out->format != LOOM_QFMT_GGUF &&
         !loom_cuda_qweight_ok((loom_cuda_qfmt)plan_out->format, (int)H,
                               plan_out->format == LOOM_QFMT_INT4_W4A16 ? plan_out->group_size : 0)) {
         st = h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
@@ -805,11 +937,13 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
     /* --- one device arena for (this rank's) weights, carved in this order
      * below; a quantized group takes its quantized size instead of dt */
     const bool q_lm = t_out && plan_out->format != LOOM_QFMT_NONE;
+    const size_t lm_qb = !q_lm                                   ? 0
+                         : plan_out->format == LOOM_QFMT_GGUF ? cb_round(glay_out->bytes)
+                                              : cb_qbytes(plan_out->format, Vp, H,
+                                                          plan_out->group_size);
     b->weight_bytes = cb_round((size_t)(Vp * H) * e) + cb_round((size_t)H * 4);
-    if (t_out)
-        b->weight_bytes += q_lm ? cb_qbytes(plan_out->format, Vp, H, plan_out->group_size)
-                                : cb_round((size_t)(Vp * H) * e);
-    b->qweight_bytes = q_lm ? cb_qbytes(plan_out->format, Vp, H, plan_out->group_size) : 0;
+    if (t_out) b->weight_bytes += q_lm ? lm_qb : cb_round((size_t)(Vp * H) * e);
+    b->qweight_bytes = lm_qb;
     for (int32_t l = 0; l < L; l++) {
         const loom_quant_plan *pl = &plans[(size_t)l * 7];
         b->weight_bytes += 2 * cb_round((size_t)H * 4) + (bias ? cb_round((size_t)QKVl * 4) : 0);
@@ -818,7 +952,9 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
             if (p0->format == LOOM_QFMT_NONE) {
                 b->weight_bytes += cb_round((size_t)(g_n[gi] * g_k[gi]) * e);
             } else {
-                size_t qb = cb_qbytes(p0->format, g_n[gi], g_k[gi], p0->group_size);
+                size_t qb = p0->format == LOOM_QFMT_GGUF
+                                ? cb_round(glay[(size_t)l * CB_NGROUPS + gi].bytes)
+                                : cb_qbytes(p0->format, g_n[gi], g_k[gi], p0->group_size);
                 b->weight_bytes += qb;
                 b->qweight_bytes += qb;
             }
@@ -876,7 +1012,15 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
         (st = CB_CUDA(b, err, cudaMemsetAsync((uint8_t *)b->embed + (size_t)(Vl * H) * e, 0,
                                               (size_t)((Vp - Vl) * H) * e, b->stream))))
         goto fail_up;
-    if (q_lm) {
+    if (q_lm && plan_out->format == LOOM_QFMT_GGUF) {
+        /* zeroed first: padding rows (zero blocks: scale 0) give logits 0 */
+        void *base = CB_CARVE(glay_out->bytes);
+        b->lm_q = cb_gguf_qweight(glay_out, base, Vp, H);
+        if ((st = CB_CUDA(b, err, cudaMemsetAsync(base, 0, glay_out->bytes, b->stream))) ||
+            (st = cb_upload_gguf(b, t_out, "output.weight", sh.vocab_lo, Vl, 0, H, base, err)))
+            goto fail_up;
+        b->lm_head = NULL;
+    } else if (q_lm) {
         /* zeroed first: padding rows (data and scales 0) give logits 0 */
         uint8_t *q0p = cur;
         CB_CARVE_Q(b->lm_q, plan_out->format, Vp, H, plan_out->group_size);
@@ -906,17 +1050,26 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
         ly->attn_norm = CB_CARVE((size_t)H * 4);
         for (int gi = 0; gi < CB_NGROUPS; gi++) {
             const loom_quant_plan *p0 = &pl[g_first[gi]];
-            if (p0->format == LOOM_QFMT_NONE)
+            if (p0->format == LOOM_QFMT_NONE) {
                 gbase[gi] = CB_CARVE((size_t)(g_n[gi] * g_k[gi]) * e);
-            else
+            } else if (p0->format == LOOM_QFMT_GGUF) {
+                /* zeroed: the kernels read the 16-byte alignment gaps */
+                const loom_cuda_gguf_layout *gl = &glay[(size_t)l * CB_NGROUPS + gi];
+                gbase[gi] = CB_CARVE(gl->bytes);
+                ly->q[gi] = cb_gguf_qweight(gl, gbase[gi], g_n[gi], g_k[gi]);
+                if ((st = CB_CUDA(b, err, cudaMemsetAsync(gbase[gi], 0, gl->bytes, b->stream))))
+                    goto fail_up;
+            } else {
                 CB_CARVE_Q(ly->q[gi], p0->format, g_n[gi], g_k[gi], p0->group_size);
+            }
             if (gi == CB_G_QKV) ly->bqkv = bias ? CB_CARVE((size_t)QKVl * 4) : NULL;
             if (gi == CB_G_O) ly->ffn_norm = CB_CARVE((size_t)H * 4);
         }
-        ly->wqkv = gbase[CB_G_QKV];
-        ly->wo = gbase[CB_G_O];
-        ly->wgu = gbase[CB_G_GU];
-        ly->wdown = gbase[CB_G_DOWN];
+        /* a quantized group has no dt matrix (gbase: its GGUF blocks) */
+        ly->wqkv = pl[0].format == LOOM_QFMT_NONE ? gbase[CB_G_QKV] : NULL;
+        ly->wo = pl[3].format == LOOM_QFMT_NONE ? gbase[CB_G_O] : NULL;
+        ly->wgu = pl[4].format == LOOM_QFMT_NONE ? gbase[CB_G_GU] : NULL;
+        ly->wdown = pl[6].format == LOOM_QFMT_NONE ? gbase[CB_G_DOWN] : NULL;
         /* each part in the order of cb_lin[], kept as {first row, rows,
          * first column, columns}: Q, K, V rows of the fused matrix, O, then
          * gate and up rows of the fused FFN input. Q, K, V and gate, up are
@@ -936,6 +1089,14 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                 void *dst = (uint8_t *)gbase[gi] + (size_t)(part_row[k] * g_k[gi]) * e;
                 if ((st = cb_upload_part(&up, t, part[k][0], part[k][1], part[k][2], part[k][3],
                                          dst, false, err)))
+                    goto fail_up;
+                continue;
+            }
+            if (pl[k].format == LOOM_QFMT_GGUF) {
+                const loom_cuda_gguf_layout *gl = &glay[(size_t)l * CB_NGROUPS + gi];
+                void *dst = (uint8_t *)gbase[gi] + gl->part_offset[k - g_first[gi]];
+                if ((st = cb_upload_gguf(b, t, name, part[k][0], part[k][1], part[k][2],
+                                         part[k][3], dst, err)))
                     goto fail_up;
                 continue;
             }
@@ -973,7 +1134,9 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
     if ((st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream)))) goto fail_up;
     cb_uploader_free(&up);
     h->free(h->ctx, plans);
+    h->free(h->ctx, glay);
     plans = NULL;
+    glay = NULL;
     /* quantized-GEMM scratch: the largest any quantized weight needs at the
      * work buffers' row count (the LM head at its logits chunk) */
     b->qscratch_bytes = 0;
@@ -1034,6 +1197,7 @@ fail_up:
     cb_uploader_free(&up);
 fail:
     h->free(h->ctx, plans);
+    h->free(h->ctx, glay);
     cudaStreamSynchronize(b->stream);
     cudaFree(b->weights);
     cudaFree(b->rope_cs);

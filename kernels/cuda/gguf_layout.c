@@ -1,0 +1,108 @@
+/*
+ * kernels/cuda/gguf_layout.c — see gguf_layout.h. Pure C: built into the
+ * cuda kernels library and, on its own, into the cpu test suite.
+ */
+#include "gguf_layout.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static int gl_why(char *why, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int gl_why(char *why, size_t n, const char *fmt, ...) {
+    if (why && n) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, n, fmt, ap);
+        va_end(ap);
+    }
+    return 0;
+}
+
+int loom_cuda_gguf_block_elems(loom_cuda_gguf t) {
+    switch (t) {
+    case LOOM_CUDA_GGUF_Q8_0: case LOOM_CUDA_GGUF_Q4_0: case LOOM_CUDA_GGUF_Q4_1: return 32;
+    case LOOM_CUDA_GGUF_Q4_K: case LOOM_CUDA_GGUF_Q6_K: return 256;
+    default: return 0;
+    }
+}
+
+int loom_cuda_gguf_block_bytes(loom_cuda_gguf t) {
+    switch (t) {
+    case LOOM_CUDA_GGUF_Q8_0: return 34;
+    case LOOM_CUDA_GGUF_Q4_0: return 18;
+    case LOOM_CUDA_GGUF_Q4_1: return 20;
+    case LOOM_CUDA_GGUF_Q4_K: return 144;
+    case LOOM_CUDA_GGUF_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+const char *loom_cuda_gguf_name(loom_cuda_gguf t) {
+    switch (t) {
+    case LOOM_CUDA_GGUF_Q8_0: return "q8_0";
+    case LOOM_CUDA_GGUF_Q4_0: return "q4_0";
+    case LOOM_CUDA_GGUF_Q4_1: return "q4_1";
+    case LOOM_CUDA_GGUF_Q4_K: return "q4_k";
+    case LOOM_CUDA_GGUF_Q6_K: return "q6_k";
+    default: return "?";
+    }
+}
+
+size_t loom_cuda_gguf_row_bytes(loom_cuda_gguf t, int64_t k) {
+    const int be = loom_cuda_gguf_block_elems(t);
+    if (be == 0 || k < 0 || k % be != 0) return 0;
+    return (size_t)(k / be) * (size_t)loom_cuda_gguf_block_bytes(t);
+}
+
+int loom_cuda_gguf_ok(loom_cuda_gguf t, int64_t k) {
+    const int be = loom_cuda_gguf_block_elems(t);
+    return be > 0 && k > 0 && k % be == 0 && k < ((int64_t)1 << 31);
+}
+
+static size_t gl_round16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+int loom_cuda_gguf_plan_group(const loom_cuda_gguf *types, const int64_t *rows, int nparts,
+                              int64_t k, loom_cuda_gguf_layout *out, char *why, size_t n) {
+    *out = (loom_cuda_gguf_layout){0};
+    if (nparts < 1 || nparts > LOOM_CUDA_QSEG_MAX)
+        return gl_why(why, n, "%d parts; a fused group has 1 to %d", nparts, LOOM_CUDA_QSEG_MAX);
+    size_t pos = 0;          /* end of the last row written             */
+    loom_cuda_gguf cur = LOOM_CUDA_GGUF_NONE;
+    for (int i = 0; i < nparts; i++) {
+        if (!loom_cuda_gguf_ok(types[i], k))
+            return loom_cuda_gguf_block_elems(types[i])
+                       ? gl_why(why, n, "part %d (%s): %lld columns are not whole blocks of %d", i,
+                                loom_cuda_gguf_name(types[i]), (long long)k,
+                                loom_cuda_gguf_block_elems(types[i]))
+                       : gl_why(why, n, "part %d has type %d, not a GGUF block type the cuda "
+                                "kernels read (q4_0, q4_1, q4_k, q6_k, q8_0)", i, (int)types[i]);
+        if (rows[i] < 0) return gl_why(why, n, "part %d has %lld rows", i, (long long)rows[i]);
+        if (types[i] != cur) { /* a new segment, on a 16-byte boundary */
+            pos = gl_round16(pos);
+            out->seg[out->nseg++] = (loom_cuda_gguf_seg_layout){.type = types[i], .offset = pos};
+            cur = types[i];
+        }
+        out->part_offset[i] = pos;
+        out->seg[out->nseg - 1].rows += rows[i];
+        pos += (size_t)rows[i] * loom_cuda_gguf_row_bytes(types[i], k);
+    }
+    out->bytes = gl_round16(pos);
+    return 1;
+}
+
+int loom_cuda_gguf_window(loom_cuda_gguf t, int64_t cols, int64_t c0, int64_t nc,
+                          size_t *src_offset, size_t *width, char *why, size_t n) {
+    const int be = loom_cuda_gguf_block_elems(t);
+    if (be == 0)
+        return gl_why(why, n, "type %d is not a GGUF block type the cuda kernels read", (int)t);
+    if (c0 < 0 || nc <= 0 || c0 + nc > cols)
+        return gl_why(why, n, "columns [%lld, %lld) are outside a row of %lld", (long long)c0,
+                      (long long)(c0 + nc), (long long)cols);
+    if (cols % be || c0 % be || nc % be)
+        return gl_why(why, n, "columns [%lld, %lld) of %lld do not start and end on whole %s "
+                      "blocks of %d", (long long)c0, (long long)(c0 + nc), (long long)cols,
+                      loom_cuda_gguf_name(t), be);
+    *src_offset = loom_cuda_gguf_row_bytes(t, c0);
+    *width = loom_cuda_gguf_row_bytes(t, nc);
+    return 1;
+}

@@ -1,0 +1,331 @@
+// tests/gpu/host_emu/qgguf_emu.cpp — kernels/cuda/qgguf.cu on the CPU
+// (built and run by qgguf_emu.sh, which cuts the device code out of the .cu
+// file into qgguf_part.inc). Two checks on random blocks of every type
+// (negative and subnormal f16 scales included), K with partial tiles, rows
+// starting at every even byte offset modulo 16:
+//   decode: one warp's tile staging (lc_gg_issue / lc_gg_stage, lane by
+//     lane) and each lane's prep() / half() then fmaf(q, a, b), as the
+//     dequantize kernel does, equal bit for bit to core/model/dequant.c's
+//     float32 decode (written out again below);
+//   gemv:  lc_gguf_gemv_kernel itself, warp by warp with 32 threads
+//     (__syncwarp and shuffles through a barrier), against float64 sums:
+//     error / sum |x w| below 1e-6, and nothing written past its rows.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <pthread.h>
+#include <vector>
+
+// ------------------------------------------------ CUDA, as the host sees it
+#define __device__
+#define __host__
+#define __global__
+#define __forceinline__ inline
+#define __restrict__
+#define __align__(x)
+#define __launch_bounds__(x)
+#define __shared__ static /* one warp runs at a time */
+struct uint4 { uint32_t x, y, z, w; };
+static inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
+static inline uint4 __ldcs(const uint4 *p) { uint4 v; memcpy(&v, p, 16); return v; }
+static inline uint4 lc_ldg16(const void *p) { uint4 v; memcpy(&v, p, 16); return v; }
+static inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t sh) {
+    return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
+}
+static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+    uint8_t b[8];
+    memcpy(b, &x, 4), memcpy(b + 4, &y, 4);
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++) r |= (uint32_t)b[(s >> (4 * i)) & 7] << (8 * i);
+    return r;
+}
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+static float h2f(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+    if (exp == 0x1fu) bits = sign | 0x7f800000u | (mant << 13);
+    else if (exp == 0) {
+        float f = (float)mant * 0x1p-24f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    } else bits = sign | ((exp + 112u) << 23) | (mant << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+struct __half_raw { unsigned short x; };
+struct __half { __half_raw r; __half(__half_raw v) : r(v) {} };
+static inline float __half2float(__half h) { return h2f(h.r.x); }
+enum { LOOM_CUDA_GGUF_Q8_0 = 3, LOOM_CUDA_GGUF_Q4_0 = 4, LOOM_CUDA_GGUF_Q4_1 = 5,
+       LOOM_CUDA_GGUF_Q4_K = 6, LOOM_CUDA_GGUF_Q6_K = 7 };
+#define LC_GG_WARPS 4
+struct bf16 { uint16_t v; }; /* the activations' element type */
+static inline float lc_to_f(bf16 b) { uint32_t x = (uint32_t)b.v << 16; float f; memcpy(&f, &x, 4); return f; }
+template <typename T> T lc_from_f(float);
+template <> bf16 lc_from_f<bf16>(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return bf16{(uint16_t)(x >> 16)};
+}
+template <typename T> static inline void lc_unpack8(const uint4 &v, float *f) {
+    const T *e = reinterpret_cast<const T *>(&v);
+    for (int i = 0; i < 8; i++) f[i] = lc_to_f(e[i]);
+}
+struct dim { int x; };
+static thread_local dim threadIdx;
+static dim blockIdx;
+static pthread_barrier_t g_bar;
+static float g_shfl[32];
+static thread_local int tl_lane;
+static void __syncwarp() { pthread_barrier_wait(&g_bar); }
+static float __shfl_xor_sync(unsigned, float v, int o) {
+    pthread_barrier_wait(&g_bar);
+    g_shfl[tl_lane] = v;
+    pthread_barrier_wait(&g_bar);
+    const float r = g_shfl[tl_lane ^ o];
+    pthread_barrier_wait(&g_bar);
+    return r;
+}
+static void lc_pdl_wait() {}
+static void lc_pdl_trigger() {}
+
+#include "codes.inc"
+#include "qgguf_part.inc"
+
+// ------------------------------------------- core/model/dequant.c, again
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static void ref_decode(int t, const uint8_t *b, int K, float *y) {
+    switch (t) {
+    case LOOM_CUDA_GGUF_Q8_0:
+        for (int i = 0; i < K; i += 32, b += 34, y += 32) {
+            const float d = h2f(rd16(b));
+            for (int j = 0; j < 32; j++) y[j] = d * (float)(int8_t)b[2 + j];
+        }
+        break;
+    case LOOM_CUDA_GGUF_Q4_0:
+        for (int i = 0; i < K; i += 32, b += 18, y += 32) {
+            const float d = h2f(rd16(b));
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * (float)((b[2 + j] & 0xF) - 8);
+                y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+            }
+        }
+        break;
+    case LOOM_CUDA_GGUF_Q4_1:
+        for (int i = 0; i < K; i += 32, b += 20, y += 32) {
+            const float d = h2f(rd16(b)), m = h2f(rd16(b + 2));
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * (float)(b[4 + j] & 0xF) + m;
+                y[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+            }
+        }
+        break;
+    case LOOM_CUDA_GGUF_Q4_K:
+        for (int i = 0; i < K; i += 256, b += 144) {
+            const float d = h2f(rd16(b)), dmin = h2f(rd16(b + 2));
+            const uint8_t *sc = b + 4, *q = b + 16;
+            for (int s = 0; s < 8; s += 2, q += 32) {
+                float dd[2], mm[2];
+                for (int h = 0; h < 2; h++) {
+                    const int j = s + h;
+                    uint8_t scv, mv;
+                    if (j < 4) scv = sc[j] & 63, mv = sc[j + 4] & 63;
+                    else {
+                        scv = (uint8_t)((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4));
+                        mv = (uint8_t)((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
+                    }
+                    dd[h] = d * scv, mm[h] = dmin * mv;
+                }
+                for (int l = 0; l < 32; l++) y[l] = dd[0] * (float)(q[l] & 0xF) - mm[0];
+                for (int l = 0; l < 32; l++) y[l + 32] = dd[1] * (float)(q[l] >> 4) - mm[1];
+                y += 64;
+            }
+        }
+        break;
+    case LOOM_CUDA_GGUF_Q6_K:
+        for (int i = 0; i < K; i += 256, b += 210) {
+            const uint8_t *ql = b, *qh = b + 128;
+            const int8_t *sc = (const int8_t *)(b + 192);
+            const float d = h2f(rd16(b + 208));
+            for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, y += 128)
+                for (int l = 0; l < 32; l++) {
+                    const int is = l / 16;
+                    const int q1 = (int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                    const int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                    const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                    const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                    y[l] = d * (float)sc[is] * (float)q1;
+                    y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+                    y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+                    y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+                }
+        }
+        break;
+    }
+}
+
+// ------------------------------------------------------------- helpers
+static uint64_t g_rs = 0x5eed;
+static uint32_t rnd() {
+    g_rs = g_rs * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(g_rs >> 33);
+}
+
+/* rows x K random blocks of TYPE at an even offset `mis` past a 16-byte
+ * boundary; f16 scales keep their sign and stay finite (exponent <= 14). */
+template <int TYPE> static uint8_t *make_rows(std::vector<uint8_t> &mem, int K, int rows, int mis) {
+    using G = lc_gt<TYPE>;
+    const size_t rb = (size_t)(K / G::ELEMS) * G::BB;
+    mem.assign(rows * rb + 64, 0);
+    for (auto &b : mem) b = (uint8_t)rnd();
+    uint8_t *seg = (uint8_t *)(((uintptr_t)mem.data() + 15) & ~(uintptr_t)15) + mis;
+    for (int r = 0; r < rows; r++)
+        for (int bl = 0; bl < K / G::ELEMS; bl++) {
+            uint8_t *b = seg + r * rb + bl * G::BB;
+            if (TYPE == LOOM_CUDA_GGUF_Q6_K) b[209] &= 0xbb;
+            else b[1] &= 0xbb;
+            if (TYPE == LOOM_CUDA_GGUF_Q4_1 || TYPE == LOOM_CUDA_GGUF_Q4_K) b[3] &= 0xbb;
+        }
+    return seg;
+}
+
+// -------------------------------------------------------------- decode
+template <int TYPE> static long check_decode(int K, int rows, int mis) {
+    using G = lc_gt<TYPE>;
+    std::vector<uint8_t> mem;
+    uint8_t *seg = make_rows<TYPE>(mem, K, rows, mis);
+    const size_t rb = (size_t)(K / G::ELEMS) * G::BB;
+    std::vector<float> ref(K), got(K);
+    long bad = 0;
+    const int nsb = K >> 5, ntiles = (nsb + 31) >> 5;
+    for (int r = 0; r < rows; r++) {
+        ref_decode(TYPE, seg + r * rb, K, ref.data());
+        const uint8_t *wr[1] = {seg + r * rb};
+        for (int t = 0; t < ntiles; t++) {
+            static uint32_t sm[1][1][G::SM16 * 4];
+            memset(sm, 0xcd, sizeof sm);
+            int off = -1;
+            for (int lane = 0; lane < 32; lane++) {
+                uint4 ld[1][G::LD];
+                int o[1];
+                lc_gg_issue<TYPE, 1>(wr, rb, t, lane, ld, o);
+                lc_gg_stage<TYPE, 1>(sm[0], lane, ld);
+                off = o[0];
+            }
+            for (int lane = 0; lane < 32; lane++) {
+                const int sb = (t << 5) + lane;
+                if (sb >= nsb) continue;
+                lc_gg_sub<TYPE> st;
+                st.prep(sm[0][0], off + (lane / G::SUBS) * G::BB, lane % G::SUBS);
+                for (int h = 0; h < 2; h++) {
+                    float q[16], a, b;
+                    st.half(sm[0][0], h, q, a, b);
+                    for (int e = 0; e < 16; e++) got[sb * 32 + h * 16 + e] = fmaf(q[e], a, b);
+                }
+            }
+        }
+        for (int k = 0; k < K; k++)
+            if (memcmp(&ref[k], &got[k], 4) != 0 && bad++ < 3)
+                printf("  decode type %d K %d row %d col %d: cpu %.9g, kernel %.9g\n", TYPE, K, r, k,
+                       ref[k], got[k]);
+    }
+    return bad;
+}
+
+// ---------------------------------------------------------------- gemv
+template <int TYPE, int M, int R> struct job {
+    const bf16 *x;
+    const uint8_t *wd;
+    int rows, K;
+    float *y;
+    int ldy, warp, lane;
+};
+template <int TYPE, int M, int R> static void *gemv_thread(void *p) {
+    auto *j = (job<TYPE, M, R> *)p;
+    threadIdx.x = j->warp * 32 + j->lane;
+    tl_lane = j->lane;
+    lc_gguf_gemv_kernel<bf16, TYPE, M, R>(j->x, j->wd, j->rows, j->K, j->y, j->ldy, 1);
+    return nullptr;
+}
+
+template <int TYPE, int M, int R> static double check_gemv(int K, int rows, int mis) {
+    using G = lc_gt<TYPE>;
+    std::vector<uint8_t> mem;
+    uint8_t *seg = make_rows<TYPE>(mem, K, rows, mis);
+    const size_t rb = (size_t)(K / G::ELEMS) * G::BB;
+    std::vector<bf16> x((size_t)M * K);
+    std::vector<float> xf((size_t)M * K);
+    for (size_t i = 0; i < x.size(); i++) {
+        x[i] = lc_from_f<bf16>((float)((int)(rnd() % 2001) - 1000) / 500.0f);
+        xf[i] = lc_to_f(x[i]);
+    }
+    const int ldy = rows + 3; /* columns past the rows must stay untouched */
+    std::vector<float> y((size_t)M * ldy, NAN);
+    const int per_cta = LC_GG_WARPS * R, grid = (rows + per_cta - 1) / per_cta;
+    for (int bx = 0; bx < grid; bx++) {
+        blockIdx.x = bx;
+        for (int w = 0; w < LC_GG_WARPS; w++) {
+            if ((bx * LC_GG_WARPS + w) * R >= rows) continue; /* returns before any sync */
+            pthread_barrier_init(&g_bar, nullptr, 32);
+            pthread_t t[32];
+            job<TYPE, M, R> jb[32];
+            for (int l = 0; l < 32; l++) {
+                jb[l] = {x.data(), seg, rows, K, y.data(), ldy, w, l};
+                pthread_create(&t[l], nullptr, gemv_thread<TYPE, M, R>, &jb[l]);
+            }
+            for (int l = 0; l < 32; l++) pthread_join(t[l], nullptr);
+            pthread_barrier_destroy(&g_bar);
+        }
+    }
+    std::vector<float> w(K);
+    double worst = 0;
+    for (int n = 0; n < rows; n++) {
+        ref_decode(TYPE, seg + n * rb, K, w.data());
+        for (int m = 0; m < M; m++) {
+            double ref = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                ref += (double)xf[(size_t)m * K + k] * w[k];
+                mag += fabs((double)xf[(size_t)m * K + k] * w[k]);
+            }
+            const double e = fabs(y[(size_t)m * ldy + n] - ref) / (mag > 1e-30 ? mag : 1e-30);
+            if (!(e <= worst)) worst = e;
+        }
+    }
+    for (int m = 0; m < M; m++)
+        for (int n = rows; n < ldy; n++)
+            if (!std::isnan(y[(size_t)m * ldy + n])) worst = INFINITY;
+    return worst;
+}
+
+int main() {
+    long bad = 0;
+    for (int mis = 0; mis < 16; mis += 2) {
+        for (int K : {32, 64, 576, 1024, 1056, 4096}) {
+            bad += check_decode<LOOM_CUDA_GGUF_Q4_0>(K, 5, mis);
+            bad += check_decode<LOOM_CUDA_GGUF_Q4_1>(K, 5, mis);
+            bad += check_decode<LOOM_CUDA_GGUF_Q8_0>(K, 5, mis);
+        }
+        for (int K : {256, 768, 1024, 2304, 4096}) {
+            bad += check_decode<LOOM_CUDA_GGUF_Q4_K>(K, 4, mis);
+            bad += check_decode<LOOM_CUDA_GGUF_Q6_K>(K, 4, mis);
+        }
+    }
+    printf("%s decode: %ld values differ from the CPU's (bit for bit)\n", bad ? "FAIL" : "PASS", bad);
+    double worst = 0;
+    auto keep = [&](double e) { if (!(e <= worst)) worst = e; };
+    for (int mis : {0, 2, 6, 14}) {
+        keep(check_gemv<LOOM_CUDA_GGUF_Q4_0, 1, 2>(1056, 9, mis));
+        keep(check_gemv<LOOM_CUDA_GGUF_Q4_0, 1, 2>(32, 3, mis));
+        keep(check_gemv<LOOM_CUDA_GGUF_Q4_1, 3, 2>(576, 11, mis));
+        keep(check_gemv<LOOM_CUDA_GGUF_Q8_0, 5, 4>(1056, 13, mis));
+        keep(check_gemv<LOOM_CUDA_GGUF_Q4_K, 2, 2>(2304, 7, mis));
+        keep(check_gemv<LOOM_CUDA_GGUF_Q4_K, 7, 4>(256, 5, mis));
+        keep(check_gemv<LOOM_CUDA_GGUF_Q6_K, 8, 4>(768, 17, mis));
+    }
+    const bool ok = worst < 1e-6;
+    printf("%s gemv: worst |y - ref| / sum |x w| %.3e\n", ok ? "PASS" : "FAIL", worst);
+    return bad || !ok;
+}
