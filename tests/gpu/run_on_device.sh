@@ -45,14 +45,20 @@ $SAN "$B/tests/gpu/gpu_kernel_tests" 2>&1 | tee "$O/kernel_tests.log"
 [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
 if [ $RACE = 1 ]; then
   echo "=== gpu_kernel_tests under racecheck"
-  # cuBLASLt's Hopper kernels (nvjet_*, sm90_*) synchronise through
-  # mbarriers and TMA, which racecheck does not model: thousands of
-  # "potential WAR hazards" inside them on every GEMM (seen on the H200).
-  # Only loom's own kernels (lc_*, tk_*) are checked.
-  compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 98 --print-limit 200 \
-    --kernel-name-exclude kns=nvjet --kernel-name-exclude kns=sm90_ --kernel-name-exclude kns=cutlass \
-    "$B/tests/gpu/gpu_kernel_tests" 2>&1 | tee "$O/kernel_tests_racecheck.log" | tail -5
-  [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+  # cuBLASLt's Hopper kernels (nvjet_*) synchronise through mbarriers and
+  # TMA, which racecheck does not model: thousands of "potential WAR
+  # hazards" inside them on every GEMM (H200, 2026-11-29). Excluding them
+  # with --kernel-name-exclude made the sanitizer fail on a hardware
+  # exception, so every kernel is checked and the report is counted per
+  # kernel; only hazards in loom's own kernels (lc_*, tk_*) fail the run.
+  compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 100000 \
+    "$B/tests/gpu/gpu_kernel_tests" > "$O/kernel_tests_racecheck.log" 2>&1
+  echo "hazards per kernel (access, kernel):"
+  grep -oE '(Read|Write) Thread \([0-9,]+\) at [^+ ]+' "$O/kernel_tests_racecheck.log" \
+    | awk '{print $1, $NF}' | sort | uniq -c | sort -rn | head -20
+  grep -E '(Read|Write) Thread .* at (lc_|tk_|void lc_|void tk_)' "$O/kernel_tests_racecheck.log" | head -3 \
+    | grep -q . && fails=$((fails + 1))
+  tail -2 "$O/kernel_tests_racecheck.log"
 fi
 echo "=== gpu_backend_test"
 export LOOM_QUANTIZER_DIR=${LOOM_QUANTIZER_DIR:-$B/plugins/quantizer}   # int8/fp8/int4 checks
