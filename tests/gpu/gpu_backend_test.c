@@ -318,7 +318,21 @@ static void fm_add_gguf(fake_model *m, const char *name, int64_t d0, int64_t d1,
         const float neg = rng_next() & 1 ? -1.0f : 1.0f, u = rng_unif(0.5f, 1.0f);
         switch (type) {
         case LOOM_DTYPE_Q4_0: put_f16(b, neg * u * a / 8); break;
-        case LOOM_DTYPE_Q4_1: put_f16(b, u * a / 8), put_f16(b + 2, -a); break; /* q d - a */
+        case LOOM_DTYPE_Q4_1: {
+            /* q d + m with m = -(7.5 + j) d, j in [-1, 1] from the random
+             * byte already at b[2] (no extra draw, so the other shapes'
+             * data stay as they were): centred, like a real q4_1 block
+             * (m its minimum, d its range / 15). The former m = -a gave
+             * every weight a mean of -0.3 a: a rank-one common mode that
+             * SwiGLU turns on or off by the sign of sum(x), so tokens
+             * near that switch were ill-conditioned — a bf16 forward off
+             * float64 by up to 2 (relative L2 of the logits) — and
+             * "decode batch 3 step 2" failed for the cuda instances alike
+             * (seed 1795969933: seq 2 at position 25, 0.54 vs cpu). */
+            const float d = u * a / 8, j = (float)b[2] / 127.5f - 1.0f;
+            put_f16(b, d), put_f16(b + 2, -(7.5f + j) * d);
+            break;
+        }
         case LOOM_DTYPE_Q8_0: put_f16(b, neg * u * a / 127); break;
         case LOOM_DTYPE_Q4_K: put_f16(b, u * a / (63 * 8)), put_f16(b + 2, u * a / 63); break;
         case LOOM_DTYPE_Q6_K: put_f16(b + 208, neg * u * a / (127 * 32)); break;
