@@ -200,6 +200,7 @@ typedef struct tp_cfg {
     int64_t nodes;
     int64_t node_rank;
     int64_t rendezvous_timeout;
+    int64_t p2p_kib;
 } tp_cfg;
 
 typedef struct rig {
@@ -240,7 +241,8 @@ static void rig_plugins(rig *g) {
                 {"rendezvous", offsetof(tp_cfg, rendezvous)},
                 {"nodes", offsetof(tp_cfg, nodes)},
                 {"node_rank", offsetof(tp_cfg, node_rank)},
-                {"rendezvous_timeout", offsetof(tp_cfg, rendezvous_timeout)}};
+                {"rendezvous_timeout", offsetof(tp_cfg, rendezvous_timeout)},
+                {"p2p_kib", offsetof(tp_cfg, p2p_kib)}};
     for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
         const loom_param *p = g->tp_comp->params;
         while (p->key && strcmp(p->key, want[k].key)) p++;
@@ -695,6 +697,10 @@ Test(tp, error_config) {
     cfg.node_rank = 1;
     cr_assert_neq(g.tp_ops->create(host(), &cfg, &x, &err), LOOM_OK, "threads across nodes");
     cr_assert(strstr(err.message, "needs comm: nccl"), "%s", err.message);
+    /* peer-to-peer collectives are GPU kernels: threads ranks cannot use them */
+    cfg = (tp_cfg){.size = 2, .comm = 1, .nodes = 1, .rendezvous_timeout = 5, .p2p_kib = 64};
+    cr_assert_neq(g.tp_ops->create(host(), &cfg, &x, &err), LOOM_OK, "p2p_kib with threads");
+    cr_assert(strstr(err.message, "p2p_kib 64") && strstr(err.message, "comm: nccl"), "%s", err.message);
 #ifndef TP_TEST_HAVE_NCCL
     cfg = (tp_cfg){.size = 2, .comm = 2, .nodes = 1, .rendezvous_timeout = 5};
     cr_assert_neq(g.tp_ops->create(host(), &cfg, &x, &err), LOOM_OK);

@@ -375,6 +375,12 @@ static loom_status tp_create(const loom_host *host, const void *config, void **s
                            "executor tp: the threads communicator joins threads of one process; "
                            "multi-node (rendezvous '%s', nodes %lld) needs comm: nccl",
                            cfg.rendezvous, (long long)cfg.nodes);
+    if (cfg.p2p_kib > 0 && kind != TP_COMM_NCCL)
+        return host->error(host->ctx, err, LOOM_ERR_INVALID,
+                           "executor tp: p2p_kib %lld asks for peer-to-peer GPU collectives, which "
+                           "serve comm: nccl (one GPU per rank); the threads communicator is host "
+                           "memory: set p2p_kib: 0 or comm: nccl",
+                           (long long)cfg.p2p_kib);
     if (kind == TP_COMM_NCCL) {
 #ifndef LOOM_TP_HAVE_NCCL
         return host->error(host->ctx, err, LOOM_ERR_UNSUPPORTED,
