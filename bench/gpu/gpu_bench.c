@@ -471,8 +471,13 @@ static void bench_quant(int M) {
  * context `ctx`; T > 1: one prefill of T tokens), plus the LM head, timed
  * alone: what a step would cost with no gaps between kernels. */
 static int g_autotune = 0;
-static void bench_components(int T, int ctx, int gemv_max_m) {
-    const int H = 4096, I = 14336, NH = 32, KVH = 8, D = 128, V = 128256, L = 32, bs = 16;
+/* One Llama-3-8B layer's kernels back to back at T tokens; with tp > 1
+ * the shapes one tensor-parallel rank runs (heads, KV heads, FFN width and
+ * vocabulary divided by tp; the collectives between them are not timed
+ * here: tests/gpu/tp_comm_bench does that). */
+static void bench_components_tp(int T, int ctx, int gemv_max_m, int tp) {
+    const int H = 4096, I = 14336 / tp, NH = 32 / tp, KVH = 8 / tp, D = 128, V = (128256 + tp - 1) / tp,
+              L = 32, bs = 16;
     const int QKV = (NH + 2 * KVH) * D, QD = NH * D;
     comp_ctx c = {.T = T, .H = H, .I = I, .NH = NH, .KVH = KVH, .D = D};
     int code;
@@ -483,6 +488,8 @@ static void bench_components(int T, int ctx, int gemv_max_m) {
     void *wbig = dev_rand((size_t)V * H), *xin = dev_rand((size_t)T * I * 2 + 16);
     void *ybuf;
     CK(cudaMalloc(&ybuf, (size_t)(T > 256 ? T : 256) * V * 4));
+    if (tp > 1) printf("  one rank of tensor-parallel size %d (%d heads, %d KV heads, FFN %d, vocab %d):\n", tp, NH,
+                       KVH, I, V);
     printf("  per-kernel times, Llama-3-8B layer at T=%d%s%s%s:\n", T, T == 1 ? " (decode)" : " (prefill)",
            T <= 8 ? (gemv_max_m >= T ? ", GEMV kernel" : ", cuBLASLt") : "",
            T > 8 || gemv_max_m < T ? (g_autotune ? ", autotuned" : ", heuristic pick") : "");
@@ -574,6 +581,8 @@ static void bench_components(int T, int ctx, int gemv_max_m) {
     cudaFree(d_tiles), cudaFree(out), cudaFree(ws), cudaFree(sem);
     free(pos), free(btab), free(slot), free(tl);
 }
+
+static void bench_components(int T, int ctx, int gemv_max_m) { bench_components_tp(T, ctx, gemv_max_m, 1); }
 
 /* ------------------------------------------------------- backend workloads */
 
@@ -782,6 +791,7 @@ int main(int argc, char **argv) {
     bench_components(1, 512, 8);
     bench_components(1, 512, 0);
     if (components_only) {
+        bench_components_tp(1, 512, 8, 2); /* what each of 2 tensor-parallel ranks runs */
         bench_components(8, 0, 8);
         bench_components(64, 0, 8);
         bench_components(256, 0, 8);
