@@ -100,6 +100,47 @@ static inline loom_status loom_batch_check(const loom_batch *bt, const float *lo
     return LOOM_OK;
 }
 
+/* [any] The model-config checks every backend makes before its own limits
+ * (head_dim, alignment): a Llama-family architecture, positive sizes, query
+ * heads a multiple of KV heads, a usable RMSNorm epsilon and RoPE base, and
+ * RoPE-scaling parameters that mean something. LOOM_ERR_UNSUPPORTED for an
+ * architecture or shape no backend runs, LOOM_ERR_FORMAT for inconsistent
+ * RoPE scaling; `why` says which. */
+static inline loom_status loom_model_config_check(const loom_model_config *c, char *why, size_t cap) {
+    if (c->arch != LOOM_ARCH_LLAMA && c->arch != LOOM_ARCH_QWEN2) {
+        snprintf(why, cap, "model '%s' has architecture %d; only llama (0) and qwen2 (1) run here", c->name,
+                 (int)c->arch);
+        return LOOM_ERR_UNSUPPORTED;
+    }
+    if (c->vocab_size <= 0 || c->hidden_size <= 0 || c->intermediate_size <= 0 || c->num_layers <= 0 ||
+        c->num_heads <= 0 || c->num_kv_heads <= 0 || c->num_heads % c->num_kv_heads != 0 ||
+        c->head_dim <= 0 || !(c->rms_norm_eps >= 0) || !(c->rope_theta > 0)) {
+        snprintf(why, cap,
+                 "model '%s' config not runnable (vocab %d, hidden %d, ffn %d, layers %d: all > 0; "
+                 "heads %d a multiple of kv heads %d; head_dim %d > 0; rms_norm_eps %g >= 0; "
+                 "rope_theta %g > 0)",
+                 c->name, c->vocab_size, c->hidden_size, c->intermediate_size, c->num_layers, c->num_heads,
+                 c->num_kv_heads, c->head_dim, (double)c->rms_norm_eps, (double)c->rope_theta);
+        return LOOM_ERR_UNSUPPORTED;
+    }
+    if (c->rope_scaling == LOOM_ROPE_SCALING_LLAMA3 &&
+        !(c->rope_factor > 0 && c->rope_high_freq_factor > c->rope_low_freq_factor &&
+          c->rope_low_freq_factor > 0 && c->rope_original_context > 0)) {
+        snprintf(why, cap,
+                 "model '%s' asks for llama3 RoPE scaling with factor %g, low/high freq factors %g/%g, "
+                 "original context %d: need factor > 0, 0 < low < high, context > 0",
+                 c->name, (double)c->rope_factor, (double)c->rope_low_freq_factor,
+                 (double)c->rope_high_freq_factor, c->rope_original_context);
+        return LOOM_ERR_FORMAT;
+    }
+    if (c->rope_scaling == LOOM_ROPE_SCALING_LINEAR && !(c->rope_factor > 0)) {
+        snprintf(why, cap, "model '%s' asks for linear RoPE scaling with factor %g; need factor > 0", c->name,
+                 (double)c->rope_factor);
+        return LOOM_ERR_FORMAT;
+    }
+    return LOOM_OK;
+}
+
 /* [any] The model's `<stem>.qweight` when `t` is a packed AWQ/GPTQ linear
  * weight: a shape-only `<stem>.weight` descriptor (data NULL, nbytes 0)
  * whose 4-bit data only a quantizer (int4, source awq / gptq) can read.

@@ -760,34 +760,17 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                         comm->struct_size);
     b->mc = *m->config;
     const loom_model_config *c = &b->mc;
-    if (c->arch != LOOM_ARCH_LLAMA && c->arch != LOOM_ARCH_QWEN2)
+    char why[384];
+    if ((st = loom_model_config_check(c, why, sizeof why)) != LOOM_OK)
+        return h->error(h->ctx, err, st, "backend cuda: %s", why);
+    if (!LOOM_CUDA_HEAD_DIM_OK(c->head_dim) || c->hidden_size % 8 != 0 || c->intermediate_size % 8 != 0 ||
+        c->hidden_size > 32768 || c->num_heads / c->num_kv_heads > LOOM_CUDA_MAX_GQA)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "backend cuda: model '%s' has architecture %d; only llama (0) and qwen2 "
-                        "(1) run here",
-                        c->name, (int)c->arch);
-    if (c->vocab_size <= 0 || c->hidden_size <= 0 || c->intermediate_size <= 0 ||
-        c->num_layers <= 0 || c->num_heads <= 0 || c->num_kv_heads <= 0 ||
-        c->num_heads % c->num_kv_heads != 0 || !LOOM_CUDA_HEAD_DIM_OK(c->head_dim) ||
-        c->hidden_size % 8 != 0 || c->intermediate_size % 8 != 0 ||
-        c->hidden_size > 32768 || c->num_heads / c->num_kv_heads > LOOM_CUDA_MAX_GQA ||
-        !(c->rms_norm_eps >= 0) || !(c->rope_theta > 0))
-        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "backend cuda: model '%s' config not runnable here (vocab %d, hidden %d: "
-                        "multiple of 8 and <= 32768, ffn %d: multiple of 8, layers %d, heads %d/%d "
-                        "kv: a multiple, at most %d per kv head, head_dim %d: one of 16, 32, 64, "
-                        "128, rope_theta %g > 0)",
-                        c->name, c->vocab_size, c->hidden_size, c->intermediate_size,
-                        c->num_layers, c->num_heads, c->num_kv_heads, LOOM_CUDA_MAX_GQA,
-                        c->head_dim, (double)c->rope_theta);
-    if (c->rope_scaling == LOOM_ROPE_SCALING_LLAMA3 &&
-        !(c->rope_factor > 0 && c->rope_high_freq_factor > c->rope_low_freq_factor &&
-          c->rope_low_freq_factor > 0 && c->rope_original_context > 0))
-        return h->error(h->ctx, err, LOOM_ERR_FORMAT,
-                        "backend cuda: model '%s' asks for llama3 RoPE scaling with factor %g, "
-                        "low/high freq factors %g/%g, original context %d: need factor > 0, "
-                        "0 < low < high, context > 0",
-                        c->name, (double)c->rope_factor, (double)c->rope_low_freq_factor,
-                        (double)c->rope_high_freq_factor, c->rope_original_context);
+                        "backend cuda: model '%s' config not runnable here (hidden %d: multiple of 8 "
+                        "and <= 32768, ffn %d: multiple of 8, heads %d/%d kv: at most %d per kv "
+                        "head, head_dim %d: one of 16, 32, 64, 128)",
+                        c->name, c->hidden_size, c->intermediate_size, c->num_heads, c->num_kv_heads,
+                        LOOM_CUDA_MAX_GQA, c->head_dim);
     cb_shard sh = {0};
     if ((st = cb_shard_plan(b, c, comm, &sh, err)) != LOOM_OK) return st;
     if ((st = CB_CUDA(b, err, cudaSetDevice(b->device)))) return st;

@@ -1,0 +1,59 @@
+/*
+ * tests/backend/test_backend_check.c — loom/backend_check.h's model-config
+ * check, which the cpu and cuda backends both run before their own limits:
+ * a valid Llama config passes, and each way a config can be unusable is
+ * refused with its status and a message naming the number at fault.
+ */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "loom/backend_check.h"
+
+static loom_model_config good(void) {
+    loom_model_config c = {.struct_size = sizeof c, .arch = LOOM_ARCH_LLAMA, .vocab_size = 97,
+                           .hidden_size = 64, .intermediate_size = 128, .num_layers = 2, .num_heads = 4,
+                           .num_kv_heads = 2, .head_dim = 16, .max_context = 1024, .rope_theta = 10000.f,
+                           .rms_norm_eps = 1e-5f};
+    snprintf(c.name, sizeof c.name, "tiny");
+    return c;
+}
+
+static void refused(const loom_model_config *c, loom_status want, const char *needle) {
+    char why[384] = "";
+    loom_status st = loom_model_config_check(c, why, sizeof why);
+    cr_assert_eq(st, want, "status %d, want %d (%s)", (int)st, (int)want, why);
+    cr_assert(strstr(why, needle), "message '%s' lacks '%s'", why, needle);
+    cr_assert(strstr(why, "'tiny'"), "message '%s' does not name the model", why);
+}
+
+Test(backend_check, valid_configs_pass) {
+    char why[384] = "";
+    loom_model_config c = good();
+    cr_assert_eq(loom_model_config_check(&c, why, sizeof why), LOOM_OK, "%s", why);
+    c.arch = LOOM_ARCH_QWEN2, c.rope_scaling = LOOM_ROPE_SCALING_LINEAR, c.rope_factor = 2;
+    cr_assert_eq(loom_model_config_check(&c, why, sizeof why), LOOM_OK, "%s", why);
+    c.rope_scaling = LOOM_ROPE_SCALING_LLAMA3, c.rope_factor = 8, c.rope_low_freq_factor = 1,
+    c.rope_high_freq_factor = 4, c.rope_original_context = 8192;
+    cr_assert_eq(loom_model_config_check(&c, why, sizeof why), LOOM_OK, "%s", why);
+}
+
+Test(backend_check, each_bad_config_is_refused_by_name) {
+    loom_model_config c = good();
+    c.arch = (loom_arch)7;
+    refused(&c, LOOM_ERR_UNSUPPORTED, "architecture 7");
+    c = good(), c.num_kv_heads = 3;
+    refused(&c, LOOM_ERR_UNSUPPORTED, "heads 4 a multiple of kv heads 3");
+    c = good(), c.vocab_size = 0;
+    refused(&c, LOOM_ERR_UNSUPPORTED, "vocab 0");
+    c = good(), c.head_dim = 0;
+    refused(&c, LOOM_ERR_UNSUPPORTED, "head_dim 0");
+    c = good(), c.rope_theta = 0;
+    refused(&c, LOOM_ERR_UNSUPPORTED, "rope_theta 0");
+    c = good(), c.rms_norm_eps = -1;
+    refused(&c, LOOM_ERR_UNSUPPORTED, "rms_norm_eps -1");
+    c = good(), c.rope_scaling = LOOM_ROPE_SCALING_LINEAR, c.rope_factor = 0;
+    refused(&c, LOOM_ERR_FORMAT, "linear RoPE scaling with factor 0");
+    c = good(), c.rope_scaling = LOOM_ROPE_SCALING_LLAMA3, c.rope_factor = 8, c.rope_low_freq_factor = 4,
+    c.rope_high_freq_factor = 1, c.rope_original_context = 8192;
+    refused(&c, LOOM_ERR_FORMAT, "low/high freq factors 4/1");
+}
