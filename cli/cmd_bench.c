@@ -85,6 +85,8 @@ typedef struct bench_result {
     int64_t preemptions, prefill_tokens, cached_tokens, output_tokens;
     int64_t swaps_out, swaps_in, spec_proposed, spec_accepted, device_sampled;
     int32_t max_running, errors;
+    int64_t steps;
+    double step_seconds, backend_seconds; /* inside engine steps; inside the backend's forward */
 } bench_result;
 
 static double now_s(void) {
@@ -284,6 +286,9 @@ static int run_once(const char *label, const char *config, const char **sets, in
     st.swaps_out -= base.swaps_out, st.swaps_in -= base.swaps_in;
     st.spec_proposed -= base.spec_proposed, st.spec_accepted -= base.spec_accepted;
     st.device_sampled_rows -= base.device_sampled_rows;
+    st.steps -= base.steps;
+    st.prefill_seconds -= base.prefill_seconds, st.decode_seconds -= base.decode_seconds;
+    st.backend_seconds -= base.backend_seconds;
     int32_t nt = 0, np = 0;
     int64_t out_tokens = 0, in_tokens = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -311,6 +316,9 @@ static int run_once(const char *label, const char *config, const char **sets, in
     res->spec_proposed = st.spec_proposed;
     res->spec_accepted = st.spec_accepted;
     res->device_sampled = st.device_sampled_rows;
+    res->steps = st.steps;
+    res->step_seconds = st.prefill_seconds + st.decode_seconds;
+    res->backend_seconds = st.backend_seconds;
     res->errors = t.errors;
     if (t.errors) fprintf(stderr, "loom bench: %d requests failed, e.g.: %s\n", t.errors, t.error);
     rc = t.errors ? 1 : 0;
@@ -485,6 +493,11 @@ static void print_counts(FILE *f, const char *label, const bench_result *r) {
            (long long)r->preemptions, r->max_running);
     if (r->swaps_out || r->swaps_in)
         fprintf(f, "%-18s %lld blocks swapped out, %lld in\n", "", (long long)r->swaps_out, (long long)r->swaps_in);
+    if (r->steps > 0)
+        fprintf(f, "%-18s %lld steps, %.3f s in them: backend forward %.3f s (%.1f %%), engine's own work %.3f ms a step\n",
+                "", (long long)r->steps, r->step_seconds, r->backend_seconds,
+                r->step_seconds > 0 ? 100.0 * r->backend_seconds / r->step_seconds : 0.0,
+                1e3 * (r->step_seconds - r->backend_seconds) / (double)r->steps);
     if (r->spec_proposed)
         fprintf(f, "%-18s speculation: %lld draft tokens proposed, %lld accepted (%.1f %%)\n", "",
                 (long long)r->spec_proposed, (long long)r->spec_accepted,
@@ -510,6 +523,9 @@ static cJSON *result_json(const bench_result *r) {
     cJSON_AddNumberToObject(o, "spec_proposed", (double)r->spec_proposed);
     cJSON_AddNumberToObject(o, "spec_accepted", (double)r->spec_accepted);
     cJSON_AddNumberToObject(o, "device_sampled_rows", (double)r->device_sampled);
+    cJSON_AddNumberToObject(o, "steps", (double)r->steps);
+    cJSON_AddNumberToObject(o, "step_seconds", r->step_seconds);
+    cJSON_AddNumberToObject(o, "backend_seconds", r->backend_seconds);
     cJSON_AddNumberToObject(o, "errors", r->errors);
     return o;
 }

@@ -1159,12 +1159,14 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
         }
         use_topk = topk > 0;
     }
+    const double tf = loom_now();
     if (use_topk) {
         loom_logits_topk o = {sizeof o, topk, e->top_ids, e->top_vals, e->top_lse, e->want_full, e->logits};
         st = e->be->forward_topk(e->be_self, &batch, &o, err);
     } else {
         st = e->be->forward(e->be_self, &batch, e->logits, err);
     }
+    e->stats.backend_seconds += loom_now() - tf;
     if (st != LOOM_OK) {
         loom_error_prefix(err, "backend forward (%d sequences, %d tokens)", out.num_scheduled, ntok);
         return st;

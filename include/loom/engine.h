@@ -97,6 +97,11 @@ typedef struct loom_engine_stats {
     int64_t spec_proposed, spec_accepted;
     int32_t max_running;           /* most sequences in one step             */
     int64_t device_sampled_rows;   /* tokens sampled from forward_topk candidates */
+    /* wall time inside the backend's forward (a GPU backend returns when its
+     * step is done): the rest of prefill_seconds + decode_seconds is the
+     * engine's own work per step — scheduling, batch building, sampling,
+     * detokenizing — which no backend overlaps today */
+    double backend_seconds;
 } loom_engine_stats;
 
 /* Build an engine from a pipeline file with "a.b=value" overrides. */

@@ -54,6 +54,9 @@ Test(dummy, exact_length_and_events) {
     cr_assert_eq(st.running + st.waiting + st.swapped, 0);
     cr_assert_eq(st.kv_blocks_used, 0, "%d KV blocks still referenced after the request finished", st.kv_blocks_used);
     cr_assert_gt(st.kv_blocks_peak, 0);
+    /* the backend's share of the step time: measured, and part of it */
+    cr_assert_gt(st.backend_seconds, 0.0);
+    cr_assert_leq(st.backend_seconds, st.prefill_seconds + st.decode_seconds);
     eng_rec_free(&r);
     loom_engine_destroy(e);
 }
