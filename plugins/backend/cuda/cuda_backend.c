@@ -183,6 +183,13 @@ static void cb_destroy(void *self) {
     cuda_backend *b = self;
     if (!b) return;
     const loom_host *h = b->host;
+    if (b->steps_timed > 0)
+        h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
+               "%lld steps (%lld from graphs): %.3f ms a step, of which %.3f ms waiting for the GPU "
+               "and %.3f ms host work (metadata, launches, copies out)",
+               (long long)b->steps_timed, (long long)b->graph_replays, 1e3 * b->step_seconds / (double)b->steps_timed,
+               1e3 * b->wait_seconds / (double)b->steps_timed,
+               1e3 * (b->step_seconds - b->wait_seconds) / (double)b->steps_timed);
     cudaSetDevice(b->device);
     if (b->stream) cudaStreamSynchronize(b->stream);
     cb_graphs_reset(b);

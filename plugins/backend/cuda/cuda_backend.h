@@ -192,6 +192,11 @@ typedef struct cuda_backend {
     /* --- CUDA graphs */
     cuda_graph_slot graphs[CB_GRAPH_MAX_Q][CB_NUM_BUCKETS]; /* [q - 1][bucket] */
     int64_t graph_replays, eager_steps;
+    /* where a forward() call's wall time goes: waiting for the GPU at the
+     * step's end, and everything else (metadata, launches, copies out) —
+     * logged at destroy, to tell a host-bound step from a GPU-bound one */
+    int64_t steps_timed;
+    double step_seconds, wait_seconds;
 } cuda_backend;
 
 /* cuda_backend.c */

@@ -40,6 +40,8 @@
  * take part in every collective and sync). CUDA graphs only when the
  * communicator's collectives are plain kernels (see cb_graph_bucket).
  */
+#include <time.h>
+
 #include "cuda_backend.h"
 #include "loom/logits_topk.h"
 
@@ -428,6 +430,20 @@ static void cb_logits_out(cuda_backend *b, float *dst, int32_t rows) {
     }
 }
 
+static double cb_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The step's wait for the GPU, timed (cb_destroy logs the split). */
+static loom_status cb_sync(cuda_backend *b, loom_error *err) {
+    const double t0 = cb_now();
+    loom_status st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
+    b->wait_seconds += cb_now() - t0;
+    return st;
+}
+
 /* Move logits rows [r0, r0 + nreal) of the step, now in logits_dev rows
  * [0, nreal), to the caller, and wait for the stream. Whole rows
  * (`logits`, tk NULL) go through the pinned mirror. With `tk`
@@ -439,11 +455,11 @@ static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, fl
                                   const loom_logits_topk *tk, loom_error *err) {
     const size_t V = (size_t)b->mc.vocab_size, row_bytes = V * sizeof(float);
     loom_status st;
-    if (nreal <= 0 || (!logits && !tk)) return CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
+    if (nreal <= 0 || (!logits && !tk)) return cb_sync(b, err);
     if (!tk) {
         if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->logits_host, b->logits_dev, (size_t)nreal * row_bytes,
                                                   cudaMemcpyDeviceToHost, b->stream))) ||
-            (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream))))
+            (st = cb_sync(b, err)))
             return st;
         cb_logits_out(b, logits + (size_t)r0 * V, nreal);
         return LOOM_OK;
@@ -469,7 +485,7 @@ static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, fl
                                                   row_bytes, cudaMemcpyDeviceToHost, b->stream))))
             return st;
     }
-    if ((st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream)))) return st;
+    if ((st = cb_sync(b, err))) return st;
     for (int32_t i = 0; i < nreal; i++) {
         const size_t r = (size_t)(r0 + i);
         if (on_device) {
@@ -502,7 +518,7 @@ static loom_status cb_run_eager(cuda_backend *b, const cuda_plan *p, float *logi
             (st = cb_emit_logits(b, r0, nreal, logits, tk, err)))
             return st;
     }
-    if (p->NL == 0) st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
+    if (p->NL == 0) st = cb_sync(b, err);
     b->eager_steps++;
     return st;
 }
@@ -610,11 +626,21 @@ static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits,
     return LOOM_OK;
 }
 
+/* cb_step, timed (cb_destroy logs host work vs waiting for the GPU). */
+static loom_status cb_step_timed(cuda_backend *b, const loom_batch *bt, float *logits, const loom_logits_topk *tk,
+                                 loom_error *err) {
+    const double t0 = cb_now();
+    loom_status st = cb_step(b, bt, logits, tk, err);
+    b->step_seconds += cb_now() - t0;
+    b->steps_timed++;
+    return st;
+}
+
 loom_status cb_forward(void *self, const loom_batch *bt, float *logits, loom_error *err) {
     cuda_backend *b = self;
     loom_status st = cb_check_batch(b, bt, logits, err);
     if (st != LOOM_OK || bt->num_tokens == 0) return st;
-    return cb_step(b, bt, logits, NULL, err);
+    return cb_step_timed(b, bt, logits, NULL, err);
 }
 
 loom_status cb_forward_topk(void *self, const loom_batch *bt, const loom_logits_topk *tk, loom_error *err) {
@@ -634,5 +660,5 @@ loom_status cb_forward_topk(void *self, const loom_batch *bt, const loom_logits_
         if (!tk->top_ids || !tk->lse || !tk->want_full || (tk->want_full[i] && !tk->full))
             return h->error(h->ctx, err, LOOM_ERR_INVALID,
                             "backend cuda: forward_topk: row %d: NULL summary arrays or no whole-row buffer", i);
-    return cb_step(b, bt, NULL, tk, err);
+    return cb_step_timed(b, bt, NULL, tk, err);
 }
