@@ -77,9 +77,10 @@ stage1)
     --set scheduler.max_num_seqs=1 --no-progress --json "$O/llama3-8b-batch1.json" 2>&1 | grep -E "TPOT p50|output tokens|wall" \
     || fails=$((fails + 1))
   step "Llama-3-8B shape: offline throughput, 1000 requests (~512 in / ~256 out)"
-  timeout 300 loom bench configs/gpu/llama3-8b-dummy.yaml --num-requests 1000 --input-len 384:640 \
-    --output-len 128:384 --seed 7 --no-progress --json "$O/llama3-8b-offline-1000.json" 2>&1 | tail -18 \
+  LOOM_LOG_LEVEL=info timeout 300 loom bench configs/gpu/llama3-8b-dummy.yaml --num-requests 1000 --input-len 384:640 \
+    --output-len 128:384 --seed 7 --no-progress --json "$O/llama3-8b-offline-1000.json" > "$O/offline-1000.txt" 2>&1 \
     || fails=$((fails + 1))
+  grep -v 'INFO\|info' "$O/offline-1000.txt" | tail -19; grep 'waiting for the GPU' "$O/offline-1000.txt" | tail -1
   ;;
 stage2)
   smollm2_model || exit 1
@@ -103,8 +104,9 @@ PY
   step "SmolLM2: greedy on cuda vs the CPU backend"
   greedy_vs_cpu configs/gpu/smollm2.yaml "$O/smollm2_greedy_cuda.txt"
   step "SmolLM2 batch-1 decode through the engine (256 new tokens)"
-  timeout 120 loom bench configs/gpu/smollm2.yaml --num-requests 4 --input-len 64 --output-len 256 \
-    --set scheduler.max_num_seqs=1 --no-progress --json "$O/smollm2-batch1.json" 2>&1 | grep -E "TPOT p50|output tokens"
+  LOOM_LOG_LEVEL=info timeout 120 loom bench configs/gpu/smollm2.yaml --num-requests 4 --input-len 64 --output-len 256 \
+    --set scheduler.max_num_seqs=1 --no-progress --json "$O/smollm2-batch1.json" 2>&1 \
+    | grep -E "TPOT p50|output tokens|engine's own work|waiting for the GPU"
   # the same weights as stored: the cuda GGUF kernels read the q4_1 blocks
   step "SmolLM2, GGUF q4_1 blocks as stored on cuda: greedy vs the CPU backend"
   greedy_vs_cpu configs/gpu/smollm2-gguf-native.yaml "$O/smollm2_greedy_cuda_gguf_native.txt"
