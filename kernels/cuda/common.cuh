@@ -113,6 +113,39 @@ __device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
 }
 
 
+/* ------------------------------------------ programmatic dependent launch
+ * Every kernel here is launched with programmatic stream serialisation
+ * (lc_launch), so its launch and CTA rasterisation overlap the tail of the
+ * kernel before it — in a decode step of ~320 small kernels that is most of
+ * the gap between them. Correctness rests on two lines at the top of every
+ * kernel: lc_pdl_wait() before the first global memory access (it returns
+ * once the previous grid has completed and its writes are visible; a no-op
+ * when launched without the attribute), then lc_pdl_trigger() to let the
+ * next kernel start launching. Captured into CUDA graphs as programmatic
+ * edges. */
+__device__ __forceinline__ void lc_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void lc_pdl_trigger() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+/* kern<<<grid, block, smem, s>>>(args...) with programmatic stream
+ * serialisation; returns the launch status. */
+template <typename... KArgs, typename... Args>
+static cudaError_t lc_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                             cudaStream_t s, Args... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kern, static_cast<KArgs>(args)...);
+}
+
 /* --------------------------------------------------- FP8 E4M3 KV cache
  * The codec of e4m3.h (the cpu backend's bits) on 8 elements at a time:
  * the RoPE + KV-write kernel encodes, the attention kernels decode. */
@@ -160,39 +193,6 @@ template <typename T> __device__ __forceinline__ uint4 lc_e4m3x8(uint2 c) {
     lc_e4m3x4<T>(c.x, &v.x, &v.y);
     lc_e4m3x4<T>(c.y, &v.z, &v.w);
     return v;
-}
-
-/* ------------------------------------------ programmatic dependent launch
- * Every kernel here is launched with programmatic stream serialisation
- * (lc_launch), so its launch and CTA rasterisation overlap the tail of the
- * kernel before it — in a decode step of ~320 small kernels that is most of
- * the gap between them. Correctness rests on two lines at the top of every
- * kernel: lc_pdl_wait() before the first global memory access (it returns
- * once the previous grid has completed and its writes are visible; a no-op
- * when launched without the attribute), then lc_pdl_trigger() to let the
- * next kernel start launching. Captured into CUDA graphs as programmatic
- * edges. */
-__device__ __forceinline__ void lc_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void lc_pdl_trigger() {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-
-/* kern<<<grid, block, smem, s>>>(args...) with programmatic stream
- * serialisation; returns the launch status. */
-template <typename... KArgs, typename... Args>
-static cudaError_t lc_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                             cudaStream_t s, Args... args) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, kern, static_cast<KArgs>(args)...);
 }
 
 #endif

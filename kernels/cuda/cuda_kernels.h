@@ -31,8 +31,8 @@
  *   (num_blocks, num_kv_heads, block_size, head_dim), head_dim contiguous,
  * and token slot s lives in block s / block_size at offset s % block_size.
  * Its elements are dt, or FP8 E4M3 codes (`loom_cuda_kv`): one byte each,
- * e4m3(x) with a fixed scale of 1.0 — the cpu backend's FP8 KV cache, bit
- * for bit (kernels/cuda/e4m3.h).
+ * e4m3(x) with a fixed scale of 1.0, coded as the cpu backend codes its FP8
+ * KV cache (the same float32 value gets the same code; kernels/cuda/e4m3.h).
  */
 #ifndef LOOM_CUDA_KERNELS_H
 #define LOOM_CUDA_KERNELS_H
@@ -132,10 +132,10 @@ cudaError_t loom_cuda_rope_table(float *cs, const double *inv_freq, int max_pos,
  * qkv (T, ld) dt; bias (H*D + 2*KVH*D) float32 or NULL; cs from
  * loom_cuda_rope_table (pos[t] < its max_pos); pos (T); slot (T) int64;
  * k_cache, v_cache (num_blocks, KVH, block_size, D) of kv. D % 16 == 0. */
-cudaError_t loom_cuda_rope_kv(loom_cuda_dt dt, loom_cuda_kv kv, void *qkv, int ld, const float *bias,
-                              const float *cs, const int32_t *pos, const int64_t *slot,
-                              void *k_cache, void *v_cache, int T, int H, int KVH, int D,
-                              int block_size, cudaStream_t s);
+cudaError_t loom_cuda_rope_kv(loom_cuda_dt dt, loom_cuda_kv kv, void *qkv, int ld,
+                              const float *bias, const float *cs, const int32_t *pos,
+                              const int64_t *slot, void *k_cache, void *v_cache, int T, int H,
+                              int KVH, int D, int block_size, cudaStream_t s);
 
 /* -------------------------------------------------------------- attention */
 
