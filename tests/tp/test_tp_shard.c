@@ -200,6 +200,7 @@ typedef struct tp_cfg {
     int64_t nodes;
     int64_t node_rank;
     int64_t rendezvous_timeout;
+    int64_t p2p_kib; /* peer-to-peer collectives (nccl only); 0 here */
 } tp_cfg;
 
 typedef struct rig {
@@ -240,7 +241,8 @@ static void rig_plugins(rig *g) {
                 {"rendezvous", offsetof(tp_cfg, rendezvous)},
                 {"nodes", offsetof(tp_cfg, nodes)},
                 {"node_rank", offsetof(tp_cfg, node_rank)},
-                {"rendezvous_timeout", offsetof(tp_cfg, rendezvous_timeout)}};
+                {"rendezvous_timeout", offsetof(tp_cfg, rendezvous_timeout)},
+                {"p2p_kib", offsetof(tp_cfg, p2p_kib)}};
     for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
         const loom_param *p = g->tp_comp->params;
         while (p->key && strcmp(p->key, want[k].key)) p++;
