@@ -24,6 +24,10 @@
 #           the cost side of ngram on the Llama-3-8B shape (needs SmolLM2).
 #   tp:     tensor parallel size 2 vs 1 on the Llama-3-8B shape (two GPUs):
 #           per-token logprobs, greedy ids, batch-1 and offline speed.
+#   kvfp8:  the FP8 E4M3 KV cache (kv_cache: fp8, bf16 weights) vs bf16 KV
+#           on the Llama-3-8B shape: per-token logprobs, batch-1 decode at a
+#           long context, offline throughput; SmolLM2 perplexity with both
+#           (needs SmolLM2 for that part).
 set -u
 . scripts/gpu-env.sh
 O=${OUT:-/tmp/out}; mkdir -p "$O"
@@ -288,7 +292,37 @@ PY
   python3 tests/e2e/compare_logprobs.py "$O/tp1_fp8_logprobs.txt" "$O/tp2_fp8_logprobs.txt" \
     | tee "$O/tp_fp8_compare.txt" || fails=$((fails + 1))
   ;;
-*) echo "usage: scripts/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp" >&2; exit 2 ;;
+kvfp8)
+  python3 -c 'import random; random.seed(5); print(" ".join(str(random.randrange(100, 128000)) for _ in range(200)))' \
+    > /tmp/kv_tokens.txt
+  step "Llama-3-8B shape: per-token logprobs, fp8 KV vs bf16 KV (random weights: the size of the change)"
+  timeout 200 "$LB/tests/e2e/engine_tool" score configs/gpu/llama3-8b-dummy.yaml /tmp/kv_tokens.txt \
+    > "$O/kv_bf16_logprobs.txt" 2> "$O/kvfp8.err" || tail -3 "$O/kvfp8.err"
+  timeout 200 "$LB/tests/e2e/engine_tool" score configs/gpu/llama3-8b-kvfp8.yaml /tmp/kv_tokens.txt \
+    > "$O/kv_fp8_logprobs.txt" 2>> "$O/kvfp8.err" || { fails=$((fails + 1)); tail -3 "$O/kvfp8.err"; }
+  python3 tests/e2e/compare_logprobs.py "$O/kv_bf16_logprobs.txt" "$O/kv_fp8_logprobs.txt" --mean 0.2 --max 2 \
+    | tee "$O/kvfp8_compare.txt" || fails=$((fails + 1))
+  step "Llama-3-8B shape: batch-1 decode at ~3900 tokens of context, bf16 KV vs fp8 KV"
+  timeout 300 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-kvfp8.yaml \
+    --num-requests 3 --input-len 3840 --output-len 128 --set scheduler.max_num_seqs=1 --no-progress \
+    --json "$O/kvfp8-batch1.json" > "$O/kvfp8-batch1.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$O/kvfp8-batch1.txt"; }
+  grep -E "TPOT p50|output tokens/s" "$O/kvfp8-batch1.txt"
+  step "Llama-3-8B shape: offline 1000 requests (~512 in / ~256 out), bf16 KV vs fp8 KV (twice the blocks)"
+  timeout 500 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-kvfp8.yaml \
+    --num-requests 1000 --input-len 384:640 --output-len 128:384 --seed 7 --no-progress \
+    --set scheduler.max_num_seqs=512 --json "$O/kvfp8-offline.json" > "$O/kvfp8-offline.txt" 2>&1 \
+    || { fails=$((fails + 1)); tail -3 "$O/kvfp8-offline.txt"; }
+  grep -E "output tokens/s|TPOT p50|wall" "$O/kvfp8-offline.txt"
+  if smollm2_model; then
+    step "SmolLM2 perplexity on cuda, bf16 KV vs fp8 KV (cpu: fp8 KV moves log-probs by ~0.18 nats)"
+    for c in smollm2 smollm2-kvfp8; do
+      timeout 120 loom perplexity configs/gpu/$c.yaml data/text/us-founding-documents.txt > "$O/ppl-$c.txt" 2>&1 \
+        || { fails=$((fails + 1)); tail -2 "$O/ppl-$c.txt"; }
+      echo "$c: $(grep -i perplexity "$O/ppl-$c.txt" | tail -1)"
+    done
+  fi
+  ;;
+*) echo "usage: scripts/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|kvfp8" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

@@ -16,7 +16,8 @@
  *     q4_0, q4_1, q4_k and q6_k blocks as stored among them), with the
  *     speed-up over bf16 (JSON: "quant_linears"; --quant runs only these);
  *   - paged decode attention alone (Llama-3-8B heads, 32k context, batch 1
- *     and 8, shuffled 16-token blocks), K/V bytes read per second.
+ *     and 8, shuffled 16-token blocks), K/V bytes read per second; with a
+ *     bf16 and with an FP8 E4M3 KV cache.
  * Step times are the host wall clock around forward() — which ends with a
  * sync of the backend's stream — medians after warm-up; kernel times are
  * CUDA events, medians. Each row gives bytes and FLOPs next to the time and
@@ -175,22 +176,29 @@ static void measure_gemm(void) {
 
 /* ------------------------------------------------------- attention alone */
 
-static void bench_attention(int batch, int ctx) {
+/* kv: the cache's element type (bf16, or E4M3 codes: half the bytes). */
+static void bench_attention(int batch, int ctx, loom_cuda_kv kv) {
     const int H = 32, KVH = 8, D = 128, bs = 16, G = H / KVH;
     const int nb_seq = (ctx + bs - 1) / bs, nblk = nb_seq * batch;
-    const size_t cache = (size_t)nblk * KVH * bs * D;
+    const size_t cache = (size_t)nblk * KVH * bs * D, elt = LOOM_CUDA_KV_ELT(kv);
     void *k, *v, *q, *o, *d_bt, *d_pos, *d_stride, *d_tiles;
     float *ws;
-    CK(cudaMalloc(&k, cache * 2));
-    CK(cudaMalloc(&v, cache * 2));
+    CK(cudaMalloc(&k, cache * elt));
+    CK(cudaMalloc(&v, cache * elt));
     uint16_t *h = malloc(cache * 2);
     uint64_t s = 777;
     for (size_t i = 0; i < cache; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         h[i] = (uint16_t)(0x3c00u | ((s >> 33) & 0x83ffu));
     }
-    CK(cudaMemcpy(k, h, cache * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(v, h, cache * 2, cudaMemcpyHostToDevice));
+    if (kv == LOOM_CUDA_KV_E4M3) { /* codes: +-[0.5, 2), no NaN */
+        uint8_t *c8 = malloc(cache);
+        for (size_t i = 0; i < cache; i++) c8[i] = (uint8_t)((h[i] >> 8 & 0x80u) | 0x30u | (h[i] & 0x0fu));
+        memcpy(h, c8, cache);
+        free(c8);
+    }
+    CK(cudaMemcpy(k, h, cache * elt, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(v, h, cache * elt, cudaMemcpyHostToDevice));
     free(h);
     CK(cudaMalloc(&q, (size_t)batch * (H + 2 * KVH) * D * 2));
     CK(cudaMemset(q, 0x3c, (size_t)batch * (H + 2 * KVH) * D * 2));
@@ -219,13 +227,13 @@ static void bench_attention(int batch, int ctx) {
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     int ms_split = loom_cuda_attn_max_splits(
-        batch, KVH, sms * loom_cuda_attn_ctas_per_sm(LOOM_CUDA_BF16, LOOM_CUDA_ATTN_DECODE, D));
+        batch, KVH, sms * loom_cuda_attn_ctas_per_sm(LOOM_CUDA_BF16, kv, LOOM_CUDA_ATTN_DECODE, D));
     size_t wsf = loom_cuda_attn_workspace_floats(LOOM_CUDA_ATTN_DECODE, batch, KVH, D, ms_split);
     CK(cudaMalloc((void **)&ws, wsf * 4 + 16));
     int *sem;
     CK(cudaMalloc((void **)&sem, (size_t)batch * KVH * sizeof(int)));
     CK(cudaMemset(sem, 0, (size_t)batch * KVH * sizeof(int)));
-    loom_cuda_attn_args a = {.dt = LOOM_CUDA_BF16, .shape = LOOM_CUDA_ATTN_DECODE, .out = o,
+    loom_cuda_attn_args a = {.dt = LOOM_CUDA_BF16, .kv = kv, .shape = LOOM_CUDA_ATTN_DECODE, .out = o,
                              .ldo = H * D, .q = q, .ldq = (H + 2 * KVH) * D, .k_cache = k,
                              .v_cache = v, .block_table = d_bt, .bt_stride = d_stride,
                              .positions = d_pos, .tiles = d_tiles, .num_tiles = batch,
@@ -246,11 +254,11 @@ static void bench_attention(int batch, int ctx) {
         if (i >= 0) t[i] = ms;
     }
     double ms = median(t, 30);
-    const double bytes = (double)batch * ctx * KVH * D * 2.0 * 2.0;
+    const double bytes = (double)batch * ctx * KVH * D * 2.0 * (double)elt;
     const double flops = (double)batch * ctx * H * D * 4.0;
     char name[96];
-    snprintf(name, sizeof name, "decode attention b=%d ctx=%d (G=%d, splits<=%d)", batch, ctx, G,
-             ms_split);
+    snprintf(name, sizeof name, "decode attention%s b=%d ctx=%d (G=%d, splits<=%d)",
+             kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : "", batch, ctx, G, ms_split);
     add_row(name, ms, bytes, flops, 0);
     printf("      K/V read %.0f GB/s = %.1f%% of the D2D copy bandwidth\n", bytes / (ms * 1e-3) / 1e9,
            100.0 * bytes / (ms * 1e-3) / g_copy_bw);
@@ -315,7 +323,7 @@ static void op_swiglu(void *p) {
 }
 static void op_rope(void *p) {
     comp_ctx *c = p;
-    CK(loom_cuda_rope_kv(LOOM_CUDA_BF16, c->qkv, (c->NH + 2 * c->KVH) * c->D, NULL, c->cs, c->pos,
+    CK(loom_cuda_rope_kv(LOOM_CUDA_BF16, LOOM_CUDA_KV_DT, c->qkv, (c->NH + 2 * c->KVH) * c->D, NULL, c->cs, c->pos,
                          c->slot, c->kc, c->vc, c->T, c->NH, c->KVH, c->D, 16, 0));
 }
 static void op_attn(void *p) {
@@ -554,7 +562,7 @@ static void bench_components_tp(int T, int ctx, int gemv_max_m, int tp) {
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     loom_cuda_attn_shape shp = T == 1 ? LOOM_CUDA_ATTN_DECODE : LOOM_CUDA_ATTN_PREFILL;
     int msplit = loom_cuda_attn_max_splits(ntiles, KVH,
-                                           sms * loom_cuda_attn_ctas_per_sm(LOOM_CUDA_BF16, shp, D));
+                                           sms * loom_cuda_attn_ctas_per_sm(LOOM_CUDA_BF16, LOOM_CUDA_KV_DT, shp, D));
     float *ws;
     int *sem;
     CK(cudaMalloc((void **)&ws, loom_cuda_attn_workspace_floats(shp, ntiles, KVH, D, msplit) * 4 + 16));
@@ -807,14 +815,17 @@ int main(int argc, char **argv) {
     bench_components(2048, 0, 8);
     loom_cuda_attn_set_prefill_ctas(2);
     if (components_only) return 0;
-    bench_attention(1, 32768);
-    bench_attention(8, 32768);
-    loom_cuda_attn_set_decode_stages(2);
-    printf("  (decode attention with 2 stages:)\n");
-    bench_attention(1, 32768);
-    bench_attention(8, 32768);
-    loom_cuda_attn_set_decode_stages(3);
-    if (!quick) bench_attention(64, 4096);
+    for (int f8 = 0; f8 < 2; f8++) { /* bf16 KV, then an E4M3 KV cache (half the bytes) */
+        const loom_cuda_kv kv = f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
+        bench_attention(1, 32768, kv);
+        bench_attention(8, 32768, kv);
+        loom_cuda_attn_set_decode_stages(2);
+        printf("  (decode attention with 2 stages:)\n");
+        bench_attention(1, 32768, kv);
+        bench_attention(8, 32768, kv);
+        loom_cuda_attn_set_decode_stages(3);
+        if (!quick) bench_attention(64, 4096, kv);
+    }
 
     backend be = {0};
     be.lib = dlopen(so, RTLD_NOW | RTLD_LOCAL);

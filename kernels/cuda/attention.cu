@@ -57,8 +57,19 @@
  * causal 2048-token prefill at head_dim 128, 78% of copy bandwidth for
  * decode over 32k contexts at batch 8.
  *
- * Not here: ALiBi, sliding windows, soft-capping, fp8 KV. Head dims 16, 32,
- * 64, 128.
+ * FP8 KV cache (template flag F8, loom_cuda_attn_args.kv = E4M3): K/V are
+ * one-byte E4M3 codes (scale 1.0, the cpu backend's bits; e4m3.h). The
+ * ring of STAGES then holds codes — cp.async moves half the bytes — and
+ * each iteration, once its stage has landed, decodes it into one dt K tile
+ * and one dt V tile laid out (swizzled) exactly like a dt stage, behind one
+ * more barrier; the products, softmax, split-K and merge are the dt path's,
+ * on the decoded values (exact: every code is a bf16 and an f16). The
+ * decode is integer logic and one packed multiply per two elements
+ * (common.cuh: lc_e4m3x4), no conversion-unit instruction. Not measured on
+ * a GPU yet.
+ *
+ * Not here: ALiBi, sliding windows, soft-capping, per-layer KV scales.
+ * Head dims 16, 32, 64, 128.
  */
 #include "common.cuh"
 
@@ -179,14 +190,14 @@ __device__ __forceinline__ int lc_tile_kv_len(const int32_t *__restrict__ positi
 /* --------------------------------------------------------------- kernel */
 
 /* grid (num_tiles, KVH, max_splits), block 128, dynamic smem lc_att_smem().
- * q (T, ldq) dt; out (T, ldo) dt; caches (num_blocks, KVH, bs, D) dt;
- * partial: see loom_cuda_attn_workspace_floats. */
-template <typename T, int D, int WM, int BN, int MINB, int STAGES>
+ * q (T, ldq) dt; out (T, ldo) dt; caches (num_blocks, KVH, bs, D) dt, or
+ * E4M3 codes when F8; partial: see loom_cuda_attn_workspace_floats. */
+template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES>
 __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     lc_attn_kernel(const loom_cuda_attn_args a) {
     typedef lc_shape<WM, BN> S;
     constexpr int WN = S::WN, ROWS = S::ROWS, CTA_N = S::CTA_N;
-    constexpr int CPR = D / 8;      /* 16-byte chunks per row     */
+    constexpr int CPR = D / 8;      /* 16-byte chunks per dt row  */
     constexpr int KSTEPS = D / 16;  /* k16 steps over head_dim    */
     constexpr int NT = BN / 8;      /* n8 tiles of S per warp     */
     constexpr int DT = D / 8;       /* n8 tiles of O per warp     */
@@ -209,8 +220,11 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp % WM, wn = warp / WM;
     const T *__restrict__ q = static_cast<const T *>(a.q);
+    /* caches as dt or as E4M3 codes (one of the pairs is used) */
     const T *__restrict__ kc = static_cast<const T *>(a.k_cache);
     const T *__restrict__ vc = static_cast<const T *>(a.v_cache);
+    const uint8_t *__restrict__ kc8 = static_cast<const uint8_t *>(a.k_cache);
+    const uint8_t *__restrict__ vc8 = static_cast<const uint8_t *>(a.v_cache);
 
     for (int r = tid; r < ROWS; r += LC_ATT_THREADS)
         row_pos[r] = r < nrows ? a.positions[tile.tok0 + r / G] : -1;
@@ -223,14 +237,22 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     const int n_iter = (k_end - k_begin + CTA_N - 1) / CTA_N;
     const int32_t *__restrict__ bt = a.block_table + (size_t)tile.seq * (size_t)(*a.bt_stride);
 
-    /* shared memory: K stages (STAGES, CTA_N, D) | V stages; Q (ROWS <=
-     * CTA_N rows) borrows the last K stage, which is first filled only after
-     * the Q fragments are in registers */
+    /* shared memory, dt cache: K stages (STAGES, CTA_N, D) dt | V stages;
+     * Q (ROWS <= CTA_N rows) borrows the last K stage, which is first
+     * filled only after the Q fragments are in registers.
+     * E4M3 cache (F8): the K and V tiles the products read (CTA_N, D) dt,
+     * one each | K code stages (STAGES, CTA_N, D) bytes | V code stages;
+     * cp.async fills the code stages, and each iteration decodes its stage
+     * into the dt tiles (swizzled as a dt stage would be) before the
+     * products; Q borrows the K tile, first written by iteration 0. */
     static_assert(ROWS <= CTA_N, "Q must fit in one K stage");
     static_assert(STAGES >= 2, "two stages at least");
+    constexpr int TILES = F8 ? 1 : STAGES; /* dt tiles of K (and of V)    */
     T *Ks = reinterpret_cast<T *>(lc_smem);
-    T *Vs = Ks + STAGES * CTA_N * D;
-    T *Qs = Ks + (STAGES - 1) * CTA_N * D;
+    T *Vs = Ks + TILES * CTA_N * D;
+    T *Qs = Ks + (TILES - 1) * CTA_N * D;
+    uint8_t *K8 = reinterpret_cast<uint8_t *>(Vs + TILES * CTA_N * D); /* F8 only */
+    uint8_t *V8 = K8 + STAGES * CTA_N * D;
     const uint32_t q_s = lc_smem_u32(Qs), k_s = lc_smem_u32(Ks), v_s = lc_smem_u32(Vs);
 
     /* Q rows -> shared (zero rows past nrows) */
@@ -244,21 +266,30 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     lc_cp_async_commit();
 
     /* K/V rows [kb, kb + CTA_N) -> stage st, through the block table.
-     * Thread tid always copies chunk c = tid % CPR of rows j0 + i * JSTEP, so
+     * Thread tid always copies chunk c = tid % CPRG of rows j0 + i * JSTEP, so
      * its shared-memory offsets are fixed and its global offsets need one
      * block-table read and a multiply-add per row; a power-of-two block size
      * (the usual 16) replaces the division by a shift. Element offsets fit
-     * 32 bits (a pool of up to 4 G elements). */
-    constexpr int JSTEP = LC_ATT_THREADS / CPR; /* rows per pass (CPR <= 16) */
-    const int c_ld = tid % CPR, j0 = tid / CPR;
-    const uint32_t s_off0 = (uint32_t)lc_swz<CPR>(j0, c_ld) * 16; /* row j0 + i*JSTEP adds i*JSTEP*CPR*16 */
+     * 32 bits (a pool of up to 4 G elements). dt stages are swizzled for
+     * ldmatrix; code stages are plain rows of D bytes (read linearly by the
+     * decode below). */
+    constexpr int EB = F8 ? 1 : 2;              /* bytes per cache element   */
+    constexpr int ROWB = D * EB;                /* bytes per staged row      */
+    constexpr int CPRG = ROWB / 16;             /* 16-byte chunks per row    */
+    constexpr int JSTEP = LC_ATT_THREADS / CPRG; /* rows per pass (CPRG <= 16) */
+    constexpr int NPASS = (CTA_N + JSTEP - 1) / JSTEP; /* JSTEP > CTA_N: F8, D 16 */
+    const int c_ld = tid % CPRG, j0 = tid / CPRG;
+    /* row j0 + i*JSTEP adds i*JSTEP*ROWB (JSTEP is a multiple of the swizzle period) */
+    const uint32_t s_off0 = F8 ? (uint32_t)(j0 * ROWB + c_ld * 16) : (uint32_t)lc_swz<CPR>(j0, c_ld) * 16;
     const uint32_t blk_elems = (uint32_t)KVH * bs * D;
-    const uint32_t head_off = (uint32_t)kvh * bs * D + c_ld * 8;
+    const uint32_t head_off = (uint32_t)kvh * bs * D + c_ld * (16 / EB);
     const int bs_shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
+    const uint32_t kst_s = F8 ? lc_smem_u32(K8) : k_s, vst_s = F8 ? lc_smem_u32(V8) : v_s;
     auto load_kv = [&](int st, int kb) {
-        const uint32_t sbase = st * CTA_N * CPR * 16 + s_off0;
+        const uint32_t sbase = st * CTA_N * ROWB + s_off0;
 #pragma unroll
-        for (int i = 0; i < CTA_N / JSTEP; i++) {
+        for (int i = 0; i < NPASS; i++) {
+            if (NPASS * JSTEP > CTA_N && j0 + i * JSTEP >= CTA_N) break;
             const int key = kb + j0 + i * JSTEP;
             const bool ok = key < k_end;
             uint32_t e = 0;
@@ -268,11 +299,34 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
                 else blk = bt[key / bs], off = key % bs;
                 e = (uint32_t)blk * blk_elems + head_off + (uint32_t)off * D;
             }
-            const uint32_t so = sbase + i * JSTEP * CPR * 16;
-            lc_cp_async16(k_s + so, kc + e, ok);
-            lc_cp_async16(v_s + so, vc + e, ok);
+            const uint32_t so = sbase + i * JSTEP * ROWB;
+            if (F8) {
+                lc_cp_async16(kst_s + so, kc8 + e, ok);
+                lc_cp_async16(vst_s + so, vc8 + e, ok);
+            } else {
+                lc_cp_async16(kst_s + so, kc + e, ok);
+                lc_cp_async16(vst_s + so, vc + e, ok);
+            }
         }
     };
+    /* F8: decode code stage st into the dt tiles. Thread tid converts the
+     * 8-code units u = tid + k * 128 (row u / CPR, dt chunk u % CPR): an
+     * 8-byte read of consecutive codes (a warp reads 256 contiguous bytes)
+     * and one 16-byte store to the chunk's swizzled place (a quarter warp
+     * fills 8 distinct bank groups), both free of bank conflicts. */
+    auto decode_kv = [&](int st) {
+        const uint8_t *k8 = K8 + st * CTA_N * D, *v8 = V8 + st * CTA_N * D;
+#pragma unroll
+        for (int k = 0; k < CTA_N * CPR / LC_ATT_THREADS; k++) {
+            const int u = tid + k * LC_ATT_THREADS;
+            const int r = u / CPR, c = u % CPR;
+            const uint2 kq = *reinterpret_cast<const uint2 *>(k8 + u * 8);
+            const uint2 vq = *reinterpret_cast<const uint2 *>(v8 + u * 8);
+            reinterpret_cast<uint4 *>(Ks)[lc_swz<CPR>(r, c)] = lc_e4m3x8<T>(kq);
+            reinterpret_cast<uint4 *>(Vs)[lc_swz<CPR>(r, c)] = lc_e4m3x8<T>(vq);
+        }
+    };
+    static_assert(CTA_N * CPR % LC_ATT_THREADS == 0, "whole decode passes");
     /* prologue: stages 0 .. STAGES-2 in flight (one commit group each, empty
      * when past the range, so group counting stays uniform) */
 #pragma unroll
@@ -314,7 +368,12 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
         lc_cp_async_commit();
         lc_cp_async_wait<STAGES - 1>(); /* tile `it` has landed */
         __syncthreads();
-        const uint32_t ks = k_s + st * CTA_N * CPR * 16, vs = v_s + st * CTA_N * CPR * 16;
+        if (F8) {
+            decode_kv(st); /* the dt tiles are free: the last iteration ended in a barrier */
+            __syncthreads();
+        }
+        const uint32_t ks = F8 ? k_s : k_s + st * CTA_N * CPR * 16;
+        const uint32_t vs = F8 ? v_s : v_s + st * CTA_N * CPR * 16;
 
         /* S (16 x BN) = Q K^T */
         float sc[NT][4];
@@ -510,15 +569,17 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
 
 /* ----------------------------------------------------------------- host */
 
-template <int D, int WM, int BN, int STAGES> static size_t lc_att_smem() {
+template <bool F8, int D, int WM, int BN, int STAGES> static size_t lc_att_smem() {
     typedef lc_shape<WM, BN> S;
-    const size_t tiles = (size_t)(2 * STAGES * S::CTA_N) * D * 2;
+    /* dt: STAGES K and V tiles; F8: one dt K and V tile + STAGES code stages of each */
+    const size_t tiles = F8 ? (size_t)(2 * S::CTA_N) * D * 2 + (size_t)(2 * STAGES * S::CTA_N) * D
+                            : (size_t)(2 * STAGES * S::CTA_N) * D * 2;
     const size_t merge = (size_t)S::WN * S::ROWS * (D + 8) * sizeof(float);
     return tiles > merge ? tiles : merge;
 }
 
 /* Raise the kernel's dynamic shared-memory limit, once per device. */
-template <typename T, int D, int WM, int BN, int MINB, int STAGES>
+template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES>
 static cudaError_t lc_att_prepare(size_t smem) {
     /* The default limit is 48 KB of static + dynamic shared memory per
      * block; raise it always (once per device and instantiation: bit d of
@@ -530,7 +591,7 @@ static cudaError_t lc_att_prepare(size_t smem) {
     if (e != cudaSuccess) return e;
     const unsigned long long bit = 1ull << (dev & 63);
     if (!(__atomic_load_n(&done, __ATOMIC_ACQUIRE) & bit)) {
-        e = cudaFuncSetAttribute(lc_attn_kernel<T, D, WM, BN, MINB, STAGES>,
+        e = cudaFuncSetAttribute(lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
         __atomic_fetch_or(&done, bit, __ATOMIC_RELEASE);
@@ -538,24 +599,24 @@ static cudaError_t lc_att_prepare(size_t smem) {
     return cudaSuccess;
 }
 
-template <typename T, int D, int WM, int BN, int MINB, int STAGES>
+template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES>
 static int lc_att_occupancy() {
-    const size_t smem = lc_att_smem<D, WM, BN, STAGES>();
-    if (lc_att_prepare<T, D, WM, BN, MINB, STAGES>(smem) != cudaSuccess) return 0;
+    const size_t smem = lc_att_smem<F8, D, WM, BN, STAGES>();
+    if (lc_att_prepare<T, F8, D, WM, BN, MINB, STAGES>(smem) != cudaSuccess) return 0;
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lc_attn_kernel<T, D, WM, BN, MINB, STAGES>,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES>,
                                                       LC_ATT_THREADS, smem) != cudaSuccess)
         return 0;
     return n;
 }
 
-template <typename T, int D, int WM, int BN, int MINB, int STAGES>
+template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES>
 static cudaError_t lc_att_launch(const loom_cuda_attn_args *a, cudaStream_t s) {
-    const size_t smem = lc_att_smem<D, WM, BN, STAGES>();
-    cudaError_t e = lc_att_prepare<T, D, WM, BN, MINB, STAGES>(smem);
+    const size_t smem = lc_att_smem<F8, D, WM, BN, STAGES>();
+    cudaError_t e = lc_att_prepare<T, F8, D, WM, BN, MINB, STAGES>(smem);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)a->num_tiles, (unsigned)a->num_kv_heads, (unsigned)a->max_splits);
-    return lc_launch(lc_attn_kernel<T, D, WM, BN, MINB, STAGES>, grid, dim3(LC_ATT_THREADS), smem,
+    return lc_launch(lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES>, grid, dim3(LC_ATT_THREADS), smem,
                      s, *a);
 }
 
@@ -565,43 +626,45 @@ static cudaError_t lc_att_launch(const loom_cuda_attn_args *a, cudaStream_t s) {
 static int lc_prefill_minb = 2;
 /* Pipeline depth of the decode shape: 3 stages (two tiles in flight while
  * one is computed; 2 CTAs per SM at head_dim 128) or 2 (one in flight, 3
- * CTAs). Benchmarks flip it with loom_cuda_attn_set_decode_stages. */
+ * CTAs). Benchmarks flip it with loom_cuda_attn_set_decode_stages. The
+ * same depth serves an E4M3 cache (its stages are half the bytes). */
 static int lc_decode_stages = 3;
 
-template <typename T, int D>
+template <typename T, bool F8, int D>
 static cudaError_t lc_att_shape(const loom_cuda_attn_args *a, cudaStream_t s) {
     if (a->shape == LOOM_CUDA_ATTN_DECODE) {
-        if (lc_decode_stages == 2) return lc_att_launch<T, D, 1, 16, 3, 2>(a, s);
-        return lc_att_launch<T, D, 1, 16, 3, 3>(a, s);
+        if (lc_decode_stages == 2) return lc_att_launch<T, F8, D, 1, 16, 3, 2>(a, s);
+        return lc_att_launch<T, F8, D, 1, 16, 3, 3>(a, s);
     }
-    if (lc_prefill_minb == 3) return lc_att_launch<T, D, 4, 64, 3, 2>(a, s);
-    return lc_att_launch<T, D, 4, 64, 2, 2>(a, s);
+    if (lc_prefill_minb == 3) return lc_att_launch<T, F8, D, 4, 64, 3, 2>(a, s);
+    return lc_att_launch<T, F8, D, 4, 64, 2, 2>(a, s);
 }
 
-template <typename T> static cudaError_t lc_att_dim(const loom_cuda_attn_args *a, cudaStream_t s) {
+template <typename T, bool F8>
+static cudaError_t lc_att_dim(const loom_cuda_attn_args *a, cudaStream_t s) {
     switch (a->head_dim) {
-    case 16: return lc_att_shape<T, 16>(a, s);
-    case 32: return lc_att_shape<T, 32>(a, s);
-    case 64: return lc_att_shape<T, 64>(a, s);
-    case 128: return lc_att_shape<T, 128>(a, s);
+    case 16: return lc_att_shape<T, F8, 16>(a, s);
+    case 32: return lc_att_shape<T, F8, 32>(a, s);
+    case 64: return lc_att_shape<T, F8, 64>(a, s);
+    case 128: return lc_att_shape<T, F8, 128>(a, s);
     default: return cudaErrorInvalidValue;
     }
 }
 
-template <typename T, int D> static int lc_occ_d(loom_cuda_attn_shape shape) {
+template <typename T, bool F8, int D> static int lc_occ_d(loom_cuda_attn_shape shape) {
     if (shape == LOOM_CUDA_ATTN_DECODE)
-        return lc_decode_stages == 2 ? lc_att_occupancy<T, D, 1, 16, 3, 2>()
-                                     : lc_att_occupancy<T, D, 1, 16, 3, 3>();
-    if (lc_prefill_minb == 3) return lc_att_occupancy<T, D, 4, 64, 3, 2>();
-    return lc_att_occupancy<T, D, 4, 64, 2, 2>();
+        return lc_decode_stages == 2 ? lc_att_occupancy<T, F8, D, 1, 16, 3, 2>()
+                                     : lc_att_occupancy<T, F8, D, 1, 16, 3, 3>();
+    if (lc_prefill_minb == 3) return lc_att_occupancy<T, F8, D, 4, 64, 3, 2>();
+    return lc_att_occupancy<T, F8, D, 4, 64, 2, 2>();
 }
 
-template <typename T> static int lc_occ_dim(loom_cuda_attn_shape shape, int d) {
+template <typename T, bool F8> static int lc_occ_dim(loom_cuda_attn_shape shape, int d) {
     switch (d) {
-    case 16: return lc_occ_d<T, 16>(shape);
-    case 32: return lc_occ_d<T, 32>(shape);
-    case 64: return lc_occ_d<T, 64>(shape);
-    case 128: return lc_occ_d<T, 128>(shape);
+    case 16: return lc_occ_d<T, F8, 16>(shape);
+    case 32: return lc_occ_d<T, F8, 32>(shape);
+    case 64: return lc_occ_d<T, F8, 64>(shape);
+    case 128: return lc_occ_d<T, F8, 128>(shape);
     default: return 0;
     }
 }
@@ -614,10 +677,14 @@ extern "C" void loom_cuda_attn_set_decode_stages(int stages) {
     lc_decode_stages = stages <= 2 ? 2 : 3;
 }
 
-extern "C" int loom_cuda_attn_ctas_per_sm(loom_cuda_dt dt, loom_cuda_attn_shape shape,
-                                          int head_dim) {
-    return dt == LOOM_CUDA_F16 ? lc_occ_dim<__half>(shape, head_dim)
-                               : lc_occ_dim<__nv_bfloat16>(shape, head_dim);
+extern "C" int loom_cuda_attn_ctas_per_sm(loom_cuda_dt dt, loom_cuda_kv kv,
+                                          loom_cuda_attn_shape shape, int head_dim) {
+    if (kv == LOOM_CUDA_KV_E4M3)
+        return dt == LOOM_CUDA_F16 ? lc_occ_dim<__half, true>(shape, head_dim)
+                                   : lc_occ_dim<__nv_bfloat16, true>(shape, head_dim);
+    if (kv != LOOM_CUDA_KV_DT) return 0;
+    return dt == LOOM_CUDA_F16 ? lc_occ_dim<__half, false>(shape, head_dim)
+                               : lc_occ_dim<__nv_bfloat16, false>(shape, head_dim);
 }
 
 extern "C" int loom_cuda_attn_max_splits(int num_tiles, int num_kv_heads, int resident) {
@@ -686,8 +753,34 @@ extern "C" cudaError_t loom_cuda_attention(const loom_cuda_attn_args *a, cudaStr
     const int G = a->num_kv_heads > 0 ? a->num_heads / a->num_kv_heads : 0;
     if (G < 1 || G * a->num_kv_heads != a->num_heads || G > loom_cuda_attn_rows(a->shape) ||
         a->max_splits < 1 || a->max_splits > 65535 || a->num_kv_heads > 65535 ||
-        (a->max_splits > 1 && (!a->partial || !a->sem)))
+        (a->max_splits > 1 && (!a->partial || !a->sem)) ||
+        (a->kv != LOOM_CUDA_KV_DT && a->kv != LOOM_CUDA_KV_E4M3))
         return cudaErrorInvalidValue;
-    if (a->dt == LOOM_CUDA_F16) return lc_att_dim<__half>(a, s);
-    return lc_att_dim<__nv_bfloat16>(a, s);
+    if (a->kv == LOOM_CUDA_KV_E4M3)
+        return a->dt == LOOM_CUDA_F16 ? lc_att_dim<__half, true>(a, s) : lc_att_dim<__nv_bfloat16, true>(a, s);
+    return a->dt == LOOM_CUDA_F16 ? lc_att_dim<__half, false>(a, s) : lc_att_dim<__nv_bfloat16, false>(a, s);
+}
+
+/* ------------------------------------------------------- E4M3 decode test */
+
+/* out (n) dt <- codes (n), 8 a thread, with the kernels' decoder. */
+template <typename T>
+__global__ void lc_e4m3_decode_kernel(uint4 *__restrict__ out, const uint2 *__restrict__ codes, size_t n8) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = lc_e4m3x8<T>(codes[i]);
+}
+
+extern "C" cudaError_t loom_cuda_e4m3_decode(loom_cuda_dt dt, void *out, const uint8_t *codes, size_t n,
+                                             cudaStream_t s) {
+    if (n == 0) return cudaSuccess;
+    if (n % 8) return cudaErrorInvalidValue;
+    const size_t n8 = n / 8;
+    const unsigned blocks = (unsigned)(n8 / 256 + 1 < 4096 ? n8 / 256 + 1 : 4096);
+    cudaError_t e;
+    LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_e4m3_decode_kernel<E>, dim3(blocks), dim3(256), 0, s,
+                                            static_cast<uint4 *>(out), reinterpret_cast<const uint2 *>(codes),
+                                            n8));
+    return e;
 }

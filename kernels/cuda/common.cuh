@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "cuda_kernels.h"
+#include "e4m3.h"
 
 /* Run the statements with `E` bound to the element type of `dt`. */
 #define LOOM_CUDA_DISPATCH_DT(dt, ...)                                                             \
@@ -143,6 +144,55 @@ static cudaError_t lc_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     return cudaLaunchKernelEx(&cfg, kern, static_cast<KArgs>(args)...);
+}
+
+/* --------------------------------------------------- FP8 E4M3 KV cache
+ * The codec of e4m3.h (the cpu backend's bits) on 8 elements at a time:
+ * the RoPE + KV-write kernel encodes, the attention kernels decode. */
+
+/* 8 floats -> 8 E4M3 codes (element 0 in the low byte of .x). */
+__device__ __forceinline__ uint2 lc_e4m3_pack8(const float *f) {
+    uint32_t w[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+        w[h] = lc_e4m3_encode(__float_as_uint(f[4 * h])) |
+               lc_e4m3_encode(__float_as_uint(f[4 * h + 1])) << 8 |
+               lc_e4m3_encode(__float_as_uint(f[4 * h + 2])) << 16 |
+               lc_e4m3_encode(__float_as_uint(f[4 * h + 3])) << 24;
+    return make_uint2(w[0], w[1]);
+}
+
+/* Four codes (code 0 in the low byte) -> two registers of two dt each,
+ * exact for every finite code: one PRMT puts each code at the top of a
+ * 16-bit lane, two logic ops and a shift move its bits into dt's fields
+ * (value * 2^-120 for bf16, * 2^-8 for f16, subnormal codes on dt
+ * subnormals), one packed multiply without flush-to-zero scales it back.
+ * No conversion-unit instruction, so the attention kernels can decode a
+ * tile at the rate they stream it. */
+template <typename T> __device__ __forceinline__ void lc_e4m3x4(uint32_t c, uint32_t *lo, uint32_t *hi);
+template <>
+__device__ __forceinline__ void lc_e4m3x4<__nv_bfloat16>(uint32_t c, uint32_t *lo, uint32_t *hi) {
+    const uint32_t s = 0x7b807b80u; /* bf16x2 (2^120, 2^120) */
+    const uint32_t a = lc_e4m3_bf16_bits(__byte_perm(c, 0, 0x1404));
+    const uint32_t b = lc_e4m3_bf16_bits(__byte_perm(c, 0, 0x3424));
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(*lo) : "r"(a), "r"(s));
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(*hi) : "r"(b), "r"(s));
+}
+template <>
+__device__ __forceinline__ void lc_e4m3x4<__half>(uint32_t c, uint32_t *lo, uint32_t *hi) {
+    const uint32_t s = 0x5c005c00u; /* f16x2 (256, 256) */
+    const uint32_t a = lc_e4m3_f16_bits(__byte_perm(c, 0, 0x1404));
+    const uint32_t b = lc_e4m3_f16_bits(__byte_perm(c, 0, 0x3424));
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(*lo) : "r"(a), "r"(s));
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(*hi) : "r"(b), "r"(s));
+}
+
+/* 8 codes -> 8 dt in a 16-byte vector. */
+template <typename T> __device__ __forceinline__ uint4 lc_e4m3x8(uint2 c) {
+    uint4 v;
+    lc_e4m3x4<T>(c.x, &v.x, &v.y);
+    lc_e4m3x4<T>(c.y, &v.z, &v.w);
+    return v;
 }
 
 #endif

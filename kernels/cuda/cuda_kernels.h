@@ -30,6 +30,9 @@
  * KV cache layout (loom/backend.h): each of a layer's K and V pools is
  *   (num_blocks, num_kv_heads, block_size, head_dim), head_dim contiguous,
  * and token slot s lives in block s / block_size at offset s % block_size.
+ * Its elements are dt, or FP8 E4M3 codes (`loom_cuda_kv`): one byte each,
+ * e4m3(x) with a fixed scale of 1.0, coded as the cpu backend codes its FP8
+ * KV cache (the same float32 value gets the same code; kernels/cuda/e4m3.h).
  */
 #ifndef LOOM_CUDA_KERNELS_H
 #define LOOM_CUDA_KERNELS_H
@@ -50,6 +53,17 @@ typedef enum loom_cuda_dt {
     LOOM_CUDA_BF16 = 0,
     LOOM_CUDA_F16 = 1,
 } loom_cuda_dt;
+
+/* Element type of the KV cache: dt (the compute type), or FP8 E4M3 codes
+ * (OCP "fn", scale 1.0: |x| >= 448 saturates; written by
+ * loom_cuda_rope_kv, decoded exactly to dt by the attention kernels). */
+typedef enum loom_cuda_kv {
+    LOOM_CUDA_KV_DT = 0,
+    LOOM_CUDA_KV_E4M3 = 1,
+} loom_cuda_kv;
+
+/* Bytes of one KV-cache element. */
+#define LOOM_CUDA_KV_ELT(kv) ((kv) == LOOM_CUDA_KV_E4M3 ? 1 : 2)
 
 /* Head dims the attention kernels are built for (the tensor-core tiles need
  * a power of two, multiple of 16). */
@@ -112,14 +126,16 @@ cudaError_t loom_cuda_rope_table(float *cs, const double *inv_freq, int max_pos,
  * ld elements apart. Per token t at position pos[t]:
  *   q += bias_q; q = rope(q)             (in place in qkv)
  *   k = rope(k + bias_k) -> k_cache[slot[t]],  v + bias_v -> v_cache[slot[t]]
- * skipping the cache write when slot[t] < 0.
+ * skipping the cache write when slot[t] < 0. k and v are stored from their
+ * float32 values: rounded to dt, or (kv E4M3) encoded as e4m3(x) exactly as
+ * the cpu backend does (round to nearest even, +-448 saturation).
  * qkv (T, ld) dt; bias (H*D + 2*KVH*D) float32 or NULL; cs from
  * loom_cuda_rope_table (pos[t] < its max_pos); pos (T); slot (T) int64;
- * k_cache, v_cache (num_blocks, KVH, block_size, D) dt. D % 16 == 0. */
-cudaError_t loom_cuda_rope_kv(loom_cuda_dt dt, void *qkv, int ld, const float *bias,
-                              const float *cs, const int32_t *pos, const int64_t *slot,
-                              void *k_cache, void *v_cache, int T, int H, int KVH, int D,
-                              int block_size, cudaStream_t s);
+ * k_cache, v_cache (num_blocks, KVH, block_size, D) of kv. D % 16 == 0. */
+cudaError_t loom_cuda_rope_kv(loom_cuda_dt dt, loom_cuda_kv kv, void *qkv, int ld,
+                              const float *bias, const float *cs, const int32_t *pos,
+                              const int64_t *slot, void *k_cache, void *v_cache, int T, int H,
+                              int KVH, int D, int block_size, cudaStream_t s);
 
 /* -------------------------------------------------------------- attention */
 
@@ -156,7 +172,8 @@ typedef struct loom_cuda_attn_args {
     int ldo;
     const void *q;                 /* (T, H*D) dt (RoPE applied), stride ldq    */
     int ldq;
-    const void *k_cache;           /* (num_blocks, KVH, block_size, D) dt       */
+    loom_cuda_kv kv;               /* element type of the caches (0: dt)        */
+    const void *k_cache;           /* (num_blocks, KVH, block_size, D) kv       */
     const void *v_cache;
     const int32_t *block_table;    /* (S, *bt_stride) block ids                 */
     const int32_t *bt_stride;      /* device int: entries per block-table row   */
@@ -172,7 +189,10 @@ typedef struct loom_cuda_attn_args {
 } loom_cuda_attn_args;
 
 /* Causal paged attention: every query row attends to keys 0..pos of its
- * sequence, read through the block table. A (tile, kv head) is split over
+ * sequence, read through the block table. An E4M3 cache is read as codes
+ * (half the bytes of dt) and decoded exactly to dt in shared memory before
+ * the tensor-core products, so the arithmetic is the dt path's on the
+ * decoded values. A (tile, kv head) is split over
  * up to max_splits CTAs by key range (the split count is decided on the
  * device from the tile's context length, so one captured graph serves any
  * context); the last split of each (tile, kv head) to finish merges the
@@ -187,9 +207,11 @@ size_t loom_cuda_attn_workspace_floats(loom_cuda_attn_shape shape, int num_tiles
                                        int num_kv_heads, int head_dim, int max_splits);
 
 /* CTAs of `shape` one multiprocessor runs at once (occupancy with the
- * kernel's shared memory and registers); 0 on error. Host-only; call it
- * outside graph capture (it may set the kernel's shared-memory limit). */
-int loom_cuda_attn_ctas_per_sm(loom_cuda_dt dt, loom_cuda_attn_shape shape, int head_dim);
+ * kernel's shared memory and registers) for a cache of `kv`; 0 on error.
+ * Host-only; call it outside graph capture (it may set the kernel's
+ * shared-memory limit). */
+int loom_cuda_attn_ctas_per_sm(loom_cuda_dt dt, loom_cuda_kv kv, loom_cuda_attn_shape shape,
+                               int head_dim);
 
 /* Process-wide knob for benchmarks: build the prefill shape for 2 (default,
  * no register spills) or 3 CTAs per SM. Not thread-safe; set it before any
@@ -237,10 +259,16 @@ size_t loom_cuda_attn_invariant_ws_floats(int num_heads, int num_kv_heads, int h
 cudaError_t loom_cuda_attention_invariant(const loom_cuda_attn_args *a, size_t ws_floats,
                                           cudaStream_t s);
 
+/* For tests: decode n E4M3 codes (n % 8 == 0) to dt with the attention
+ * kernels' own decoder. codes (n) u8; out (n) dt; 16-byte aligned. */
+cudaError_t loom_cuda_e4m3_decode(loom_cuda_dt dt, void *out, const uint8_t *codes, size_t n,
+                                  cudaStream_t s);
+
 /* ------------------------------------------------------------- KV blocks */
 
 /* Copy whole blocks between pools: for pair i = {src, dst} and pool p,
  *   dst_pools[p] + dst * block_bytes <- src_pools[p] + src * block_bytes.
+ * Byte copies: any element type (dt or E4M3) alike.
  * src_pools, dst_pools: device arrays of npools pointers (device memory or
  * mapped pinned host memory); pairs (npairs, 2) device int32.
  * block_bytes % 16 == 0. One launch for every pair and pool. */

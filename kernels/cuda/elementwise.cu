@@ -2,7 +2,8 @@
  * kernels/cuda/elementwise.cu — the memory-bound kernels of the forward
  * pass: embedding gather, residual add + RMSNorm (optionally gathering the
  * LM-head rows), SwiGLU, the RoPE cos/sin table, RoPE fused with the QKV
- * bias and the KV-cache write, and whole-block KV copies.
+ * bias and the KV-cache write (dt, or FP8 E4M3 codes through e4m3.h's
+ * encoder), and whole-block KV copies.
  *
  * Every kernel moves 16-byte vectors (8 bf16/f16, or 4 floats twice) so a
  * warp reads 512 contiguous bytes per instruction; widths are multiples of
@@ -205,14 +206,23 @@ extern "C" cudaError_t loom_cuda_rope_table(float *cs, const double *inv_freq, i
 
 /* ------------------------------------------------------ RoPE + KV write */
 
+/* 8 float32 K/V values -> the cache at element offset `at`: dt (one
+ * 16-byte store) or E4M3 codes (one 8-byte store, the cpu's encoder). */
+template <typename T, bool F8>
+__device__ __forceinline__ void lc_kv_store8(void *cache, size_t at, const float *f) {
+    if (F8) *reinterpret_cast<uint2 *>(static_cast<uint8_t *>(cache) + at) = lc_e4m3_pack8(f);
+    else *reinterpret_cast<uint4 *>(static_cast<T *>(cache) + at) = lc_pack8<T>(f);
+}
+
 /* One CTA per token. Work units: (H + KVH) * D/16 rotations of 8 pairs
  * (q heads, then k heads), then KVH * D/8 copies of 8 V elements.
- * qkv (T, ld) dt; bias (H*D + 2 KVH*D) f32 or NULL; cs (max_pos, D/2, 2). */
-template <typename T>
+ * qkv (T, ld) dt; bias (H*D + 2 KVH*D) f32 or NULL; cs (max_pos, D/2, 2);
+ * caches dt, or E4M3 codes when F8. */
+template <typename T, bool F8>
 __global__ void lc_rope_kv_kernel(T *__restrict__ qkv, int ld, const float *__restrict__ bias,
                                   const float *__restrict__ cs, const int32_t *__restrict__ pos,
-                                  const int64_t *__restrict__ slot, T *__restrict__ kc,
-                                  T *__restrict__ vc, int H, int KVH, int D, int bs) {
+                                  const int64_t *__restrict__ slot, void *__restrict__ kc,
+                                  void *__restrict__ vc, int H, int KVH, int D, int bs) {
     lc_pdl_wait();
     lc_pdl_trigger();
     const int t = blockIdx.x;
@@ -253,38 +263,47 @@ __global__ void lc_rope_kv_kernel(T *__restrict__ qkv, int ld, const float *__re
                 *reinterpret_cast<uint4 *>(xa) = lc_pack8<T>(ra);
                 *reinterpret_cast<uint4 *>(xa + half) = lc_pack8<T>(rb);
             } else if (sl >= 0) {
-                T *dst = kc + (((size_t)blk * KVH + (hh - H)) * bs + off) * D + i0;
-                *reinterpret_cast<uint4 *>(dst) = lc_pack8<T>(ra);
-                *reinterpret_cast<uint4 *>(dst + half) = lc_pack8<T>(rb);
+                const size_t at = (((size_t)blk * KVH + (hh - H)) * bs + off) * D + i0;
+                lc_kv_store8<T, F8>(kc, at, ra);
+                lc_kv_store8<T, F8>(kc, at + half, rb);
             }
         } else if (sl >= 0) {
             const int v = u - nrot;
             const int kh = v / (D / 8), i0 = (v - kh * (D / 8)) * 8;
             const int col = (H + KVH + kh) * D + i0;
+            const size_t at = (((size_t)blk * KVH + kh) * bs + off) * D + i0;
             uint4 val = *reinterpret_cast<const uint4 *>(row + col);
-            if (bias) {
+            if (bias || F8) {
                 float f[8];
                 lc_unpack8<T>(val, f);
+                if (bias) {
 #pragma unroll
-                for (int e = 0; e < 8; e++) f[e] += bias[col + e];
-                val = lc_pack8<T>(f);
+                    for (int e = 0; e < 8; e++) f[e] += bias[col + e];
+                }
+                lc_kv_store8<T, F8>(vc, at, f);
+            } else {
+                *reinterpret_cast<uint4 *>(static_cast<T *>(vc) + at) = val;
             }
-            *reinterpret_cast<uint4 *>(vc + (((size_t)blk * KVH + kh) * bs + off) * D + i0) = val;
         }
     }
 }
 
-extern "C" cudaError_t loom_cuda_rope_kv(loom_cuda_dt dt, void *qkv, int ld, const float *bias,
-                                         const float *cs, const int32_t *pos, const int64_t *slot,
-                                         void *k_cache, void *v_cache, int T, int H, int KVH,
-                                         int D, int block_size, cudaStream_t s) {
+extern "C" cudaError_t loom_cuda_rope_kv(loom_cuda_dt dt, loom_cuda_kv kv, void *qkv, int ld,
+                                         const float *bias, const float *cs, const int32_t *pos,
+                                         const int64_t *slot, void *k_cache, void *v_cache, int T,
+                                         int H, int KVH, int D, int block_size, cudaStream_t s) {
     if (T <= 0) return cudaSuccess;
-    if (D % 16 || ld % 8) return cudaErrorInvalidValue;
+    if (D % 16 || ld % 8 || (kv != LOOM_CUDA_KV_DT && kv != LOOM_CUDA_KV_E4M3))
+        return cudaErrorInvalidValue;
     cudaError_t e;
-    LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_rope_kv_kernel<E>, dim3(T), dim3(128), 0, s,
-                                            static_cast<E *>(qkv), ld, bias, cs, pos, slot,
-                                            static_cast<E *>(k_cache), static_cast<E *>(v_cache),
-                                            H, KVH, D, block_size));
+    if (kv == LOOM_CUDA_KV_E4M3)
+        LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_rope_kv_kernel<E, true>, dim3(T), dim3(128), 0, s,
+                                                static_cast<E *>(qkv), ld, bias, cs, pos, slot,
+                                                k_cache, v_cache, H, KVH, D, block_size));
+    else
+        LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_rope_kv_kernel<E, false>, dim3(T), dim3(128), 0, s,
+                                                static_cast<E *>(qkv), ld, bias, cs, pos, slot,
+                                                k_cache, v_cache, H, KVH, D, block_size));
     return e;
 }
 

@@ -40,11 +40,19 @@
  * prefill chunk), eager and through graphs — the logits must be equal bit
  * for bit ("... = decode x5", "graphs = eager"); with bf16/f16 and with
  * int4 / fp8 / int8-w8a8 weights.
+ * FP8 KV cache: shapes marked kv-fp8 give every instance (cpu, cuda eager,
+ * cuda graphs) a kv layout of fp8_e4m3, as the engine does for a
+ * quantizer's kv_cache: fp8 — both backends store e4m3(x) with scale 1.0;
+ * bf16 vs float32 activations move a code now and then, hence a looser
+ * tolerance (an estimate until measured) — and so does the fp8 quantizer
+ * configured with kv_cache=fp8 (its kv_dtype, asked as the engine asks);
+ * run_invariant with an fp8 KV cache too.
  */
 #include <dlfcn.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +80,12 @@
 
 #define TOL_CPU 2e-2   /* bf16 weights+activations vs float32 activations */
 #define TOL_GRAPH 1e-2 /* graph replay vs eager (GEMM shapes differ by padding) */
+/* FP8 KV cache on both backends: a K/V value that rounds differently in bf16
+ * and float32 can land on the neighbouring e4m3 code (6-12% apart), so
+ * cuda vs cpu — and graphs vs eager, whose GEMMs round differently — move
+ * more than with a dt cache. Estimates, not yet measured on a GPU. */
+#define TOL_KV_FP8 5e-2
+#define TOL_KV_FP8_QUANT 1e-1 /* fp8 weights and activations too */
 
 static int g_fail, g_pass;
 static uint64_t g_rng;
@@ -276,6 +290,7 @@ typedef struct shape {
      * attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down), then
      * output.weight's (BF16: keep it bf16) */
     const loom_dtype *gguf;
+    bool kv_fp8;        /* KV cache fp8_e4m3 on every instance               */
 } shape;
 
 /* f as IEEE binary16 (round to nearest even, subnormals kept) at p,
@@ -504,6 +519,7 @@ typedef struct trio {
     int V;
     double tol;  /* cuda vs cpu */
     bool quantized;
+    bool kv_fp8;  /* E4M3 KV cache: graphs vs eager within tol too */
 } trio;
 
 /* Run one step on the three instances and compare. */
@@ -525,7 +541,8 @@ static bool run_step(trio *t, const char *shape_name, const char *step, batch_bu
     /* quantized shapes: a padded graph step can take another linear path
      * (GEMV vs tensor-core GEMM) than the eager one at the same M, so it
      * rounds differently — as much as cuda vs cpu may differ */
-    check(name, t->l_graph, t->l_eager, NLr, t->V, t->quantized && t->tol > TOL_GRAPH ? t->tol : TOL_GRAPH);
+    check(name, t->l_graph, t->l_eager, NLr, t->V,
+          (t->quantized || t->kv_fp8) && t->tol > TOL_GRAPH ? t->tol : TOL_GRAPH);
     return true;
 }
 
@@ -538,15 +555,22 @@ static void advance(seq **seqs, const int *nnew, int n) {
 /* qb: a quantizer every instance loads with (NULL: none); tol: cuda vs cpu. */
 static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh,
                       const loom_quant_binding *qb, double tol) {
-    printf("--- %s: vocab %d hidden %d ffn %d layers %d heads %d/%d head_dim %d%s%s%s, cuda %s%s%s\n",
+    /* the KV type the engine would ask for: the shape's, else the
+     * quantizer's kv_dtype (fp8 with kv_cache=fp8), else the backend's */
+    loom_dtype kv_dt = sh->kv_fp8 ? LOOM_DTYPE_FP8_E4M3 : LOOM_DTYPE_COUNT;
+    if (!sh->kv_fp8 && qb && qb->ops->struct_size > offsetof(loom_quant_ops, kv_dtype) && qb->ops->kv_dtype)
+        kv_dt = qb->ops->kv_dtype(qb->self);
+    const bool kv_fp8 = kv_dt == LOOM_DTYPE_FP8_E4M3;
+    printf("--- %s: vocab %d hidden %d ffn %d layers %d heads %d/%d head_dim %d%s%s%s, cuda %s%s%s%s\n",
            sh->name, sh->vocab, sh->hidden, sh->inter, sh->layers, sh->heads, sh->kv_heads,
            sh->head_dim, sh->bias ? " qkv-bias" : "", sh->llama3 ? " llama3-rope" : "",
            sh->gguf ? " gguf-block-weights" : sh->f32_weights ? " f32-weights" : " bf16-weights", sh->dtype ? sh->dtype : "bf16",
-           qb ? ", quantizer " : "", qb ? qb->name : "");
+           qb ? ", quantizer " : "", qb ? qb->name : "", kv_fp8 ? ", fp8_e4m3 KV cache" : "");
     fake_model *m = fm_make(sh);
     loom_error e = {0};
     loom_status st;
-    trio t = {.cpu_p = cpu_p, .cuda_p = cuda_p, .V = sh->vocab, .tol = tol, .quantized = qb != NULL};
+    trio t = {.cpu_p = cpu_p, .cuda_p = cuda_p, .V = sh->vocab, .tol = tol, .quantized = qb != NULL,
+              .kv_fp8 = kv_fp8};
     char dt_ov[32];
     snprintf(dt_ov, sizeof dt_ov, "dtype=%s", sh->dtype ? sh->dtype : "bf16");
     const char *ov_eager[] = {"cuda_graphs=false", "max_batched_tokens=1024", dt_ov, NULL};
@@ -554,7 +578,7 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
     void *c_cpu = config_make(cpu_p->comp, NULL), *c_e = config_make(cuda_p->comp, ov_eager),
          *c_g = config_make(cuda_p->comp, ov_graph);
     loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = BS, .num_blocks = NB,
-                          .num_cpu_blocks = NCPU, .dtype = LOOM_DTYPE_COUNT};
+                          .num_cpu_blocks = NCPU, .dtype = kv_dt};
     void **inst[3] = {&t.cpu, &t.eager, &t.graph};
     const plugin *pl[3] = {cpu_p, cuda_p, cuda_p};
     void *cfgs[3] = {c_cpu, c_e, c_g};
@@ -770,8 +794,8 @@ static bool fork_seq(const plugin *cuda_p, void *const *inst, int ninst, sched *
  * not results). Forks start from the prefilled sequence's KV (copy_blocks). */
 static void run_invariant(const plugin *cuda_p, const shape *sh, const loom_quant_binding *qb, int ctx,
                           double tol) {
-    printf("--- batch_invariant %s%s%s, prompt %d tokens: decode x5 vs verify steps\n", sh->name,
-           qb ? ", quantizer " : "", qb ? qb->name : "", ctx);
+    printf("--- batch_invariant %s%s%s%s, prompt %d tokens: decode x5 vs verify steps\n", sh->name,
+           qb ? ", quantizer " : "", qb ? qb->name : "", sh->kv_fp8 ? ", fp8_e4m3 KV cache" : "", ctx);
     fake_model *m = fm_make(sh);
     const int V = sh->vocab, NI = 3;
     char dt_ov[32];
@@ -787,7 +811,7 @@ static void run_invariant(const plugin *cuda_p, const shape *sh, const loom_quan
     loom_error e = {0};
     loom_status st;
     loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = BS, .num_blocks = NB,
-                          .num_cpu_blocks = 0, .dtype = LOOM_DTYPE_COUNT};
+                          .num_cpu_blocks = 0, .dtype = sh->kv_fp8 ? LOOM_DTYPE_FP8_E4M3 : LOOM_DTYPE_COUNT};
     const double replays0 = g_graph_replays;
     for (int i = 0; i < NI; i++) {
         cfg[i] = config_make(cuda_p->comp, ov[i]);
@@ -1051,6 +1075,19 @@ int main(int argc, char **argv) {
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         run_shape(&cpu_p, &cuda_p, &shapes[i], NULL, TOL_CPU);
+    /* FP8 E4M3 KV cache on both backends: head dims 64 and 128, GQA 2 / 3 / 4,
+     * a QKV bias, f16 compute, the Llama-3-8B-like shape */
+    {
+        const shape kv8[] = {
+            {"kvfp8-tiny-d64", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, true, false, false, false, NULL, NULL, true},
+            {"kvfp8-tiny-d64-f16", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, true, false, false, true, "f16", NULL, true},
+            {"kvfp8-d128-qwen2", LOOM_ARCH_QWEN2, 384, 384, 768, 2, 6, 2, 128, 1000000, false, true, false, true, NULL, NULL, true},
+            {"kvfp8-smollm2-like", LOOM_ARCH_LLAMA, 2048, 576, 1536, 2, 9, 3, 64, 10000, true, false, false, false, NULL, NULL, true},
+            {"kvfp8-llama3-8b-2layer", LOOM_ARCH_LLAMA, 32768, 4096, 14336, 2, 32, 8, 128, 500000, false, false, true, true, NULL, NULL, true},
+        };
+        for (size_t i = 0; i < sizeof kv8 / sizeof kv8[0]; i++)
+            run_shape(&cpu_p, &cuda_p, &kv8[i], NULL, TOL_KV_FP8);
+    }
     test_quant_refused(&cuda_p, false);
     test_quant_refused(&cuda_p, true);
 
@@ -1068,6 +1105,14 @@ int main(int argc, char **argv) {
         run_invariant(&cuda_p, &smol, NULL, 1100, TOL_CPU);
         run_invariant(&cuda_p, &mqa, NULL, 70, TOL_CPU);
         run_invariant(&cuda_p, &shapes[4], NULL, 1100, TOL_CPU);
+        /* with an FP8 KV cache: the decode of the codes is per element, so
+         * the mode's bit-invariance must hold as with bf16 */
+        shape smol8 = smol, big8 = shapes[4];
+        smol8.kv_fp8 = big8.kv_fp8 = true;
+        smol8.name = "kvfp8-smollm2-like", big8.name = "kvfp8-llama3-8b-2layer";
+        run_invariant(&cuda_p, &smol8, NULL, 30, TOL_KV_FP8);
+        run_invariant(&cuda_p, &smol8, NULL, 1100, TOL_KV_FP8);
+        run_invariant(&cuda_p, &big8, NULL, 1100, TOL_KV_FP8);
     }
 
     /* every quantizer config on cuda vs cpu (same quantizer, same weights) */
@@ -1091,6 +1136,11 @@ int main(int argc, char **argv) {
     run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g32, "int4-g32", &qs_qwen, 3e-2);
     run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &qs_8b, 3e-2);
     run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8c, "fp8-per-channel", &qs_8b, 8e-2);
+    /* the fp8 quantizer asking for an E4M3 KV cache (kv_cache=fp8): both
+     * backends hold one, as the engine would set it up */
+    const char *fp8kv[] = {"scales=per_channel", "kv_cache=fp8", NULL};
+    run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8kv, "fp8-per-channel+kv_cache=fp8", &qs_tiny, TOL_KV_FP8_QUANT);
+    run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8kv, "fp8-per-channel+kv_cache=fp8", &qs_8b, TOL_KV_FP8_QUANT);
     /* GGUF blocks as stored (int4 quantizer, source gguf) on both backends:
      * SmolLM2-like all-q4_1; Q4_K_M-like (q4_k with q6_k V and down: two
      * segments in Q/K/V) then a layer of three types in Q/K/V, with a q6_k

@@ -19,6 +19,16 @@
  * and their dequantize-to-dt kernel bit for bit against the CPU's decode
  * rounded to dt (test_gguf_dequant).
  *
+ * FP8 KV cache (E4M3 codes, scale 1.0, the cpu backend's bits): the
+ * attention checks rerun on a cache of random codes (`... e4m3-KV ...`; the
+ * float64 reference reads the same decoded values, so the tolerance is the
+ * bf16 one); rope_kv's E4M3 write against the cpu encoder
+ * (loom_cpu_e4m3_encode): bit for bit where the kernel's float32 value is
+ * known exactly (V, and K at position 0 — with specials: +-0, +-inf, NaN,
+ * saturation, ties, subnormal codes), within the float32 rounding of the
+ * rotation elsewhere; the attention kernels' decoder on all 256 codes
+ * (`e4m3 decode ...`, bit for bit; the NaN codes read as +-480).
+ *
  * Batch invariance (the backend's batch_invariant mode): the invariant
  * attention call, the invariant GEMV / quantized GEMV and the logits top-k
  * must give a token's row the same bits whether it is computed alone or
@@ -168,8 +178,36 @@ static void report(const char *name, const err_acc *a, double tol) {
     else g_fail++;
 }
 
+/* PASS when none of `checked` things was counted bad (err = the count). */
+static void report_count(const char *name, long bad, long checked) {
+    err_acc a = {.worst = (double)bad, .rows = checked};
+    report(name, &a, 0.0);
+}
+
 #define TOL16 1e-2
 #define TOL32 1e-5
+
+/* ------------------------------------------------------------ E4M3 codes */
+
+static uint8_t e4m3_enc(float f) { return loom_cpu_e4m3_encode(f); }
+static double e4m3_dec(uint8_t c) { return (double)loom_cpu_e4m3_decode(c); }
+
+/* Element type of the KV caches the attention checks build (set around a
+ * block of checks in main). */
+static loom_cuda_kv g_kv = LOOM_CUDA_KV_DT;
+static const char *kvn(void) { return g_kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : ""; }
+
+/* n random cache elements of g_kv in [-1, 1): dt values, or the E4M3 codes
+ * of such values; `shadow` (may be NULL) gets their exact float values. */
+static void *rand_kv(loom_cuda_dt dt, size_t n, float *shadow) {
+    if (g_kv != LOOM_CUDA_KV_E4M3) return rand16(dt, n, -1, 1, shadow);
+    uint8_t *c = malloc(n);
+    for (size_t i = 0; i < n; i++) {
+        c[i] = e4m3_enc(rng_unif(-1, 1));
+        if (shadow) shadow[i] = (float)e4m3_dec(c[i]);
+    }
+    return c;
+}
 
 /* -------------------------------------------------------------- embedding */
 
@@ -302,8 +340,15 @@ static void inv_freq_llama3(double *f, int D, double theta, bool llama3) {
     }
 }
 
-static void test_rope_kv(loom_cuda_dt dt, int H, int KVH, int D, int bs, int T, bool bias,
-                         bool llama3) {
+/* kv E4M3: the caches hold codes, checked against the cpu encoder: V bit
+ * for bit (its float32 value, x + bias, is known exactly), K within the
+ * float32 rounding of the rotation (the code of some value within a few
+ * ulps of the float64 rotation; INFO counts the ones equal to the code of
+ * the float64 value rounded once). */
+static void test_rope_kv(loom_cuda_dt dt, loom_cuda_kv kv, int H, int KVH, int D, int bs, int T,
+                         bool bias, bool llama3) {
+    const bool f8 = kv == LOOM_CUDA_KV_E4M3;
+    const size_t kve = f8 ? 1 : 2;
     const int max_pos = 40000, half = D / 2, QKV = (H + 2 * KVH) * D, nblk = (T + bs - 1) / bs + 3;
     double *inv = malloc((size_t)half * 8);
     inv_freq_llama3(inv, D, llama3 ? 500000.0 : 10000.0, llama3);
@@ -331,16 +376,18 @@ static void test_rope_kv(loom_cuda_dt dt, int H, int KVH, int D, int bs, int T, 
     const size_t cache_elems = (size_t)nblk * KVH * bs * D;
     void *d_qkv = dev_upload(qkv, (size_t)T * QKV * 2), *d_b = dev_upload(b_f, (size_t)QKV * 4);
     void *d_pos = dev_upload(pos, (size_t)T * 4), *d_slot = dev_upload(slot, (size_t)T * 8);
-    void *d_k = dev_poison(cache_elems * 2), *d_v = dev_poison(cache_elems * 2);
-    CK(loom_cuda_rope_kv(dt, d_qkv, QKV, bias ? d_b : NULL, cs_d, d_pos, d_slot, d_k, d_v, T, H,
+    void *d_k = dev_poison(cache_elems * kve), *d_v = dev_poison(cache_elems * kve);
+    CK(loom_cuda_rope_kv(dt, kv, d_qkv, QKV, bias ? d_b : NULL, cs_d, d_pos, d_slot, d_k, d_v, T, H,
                          KVH, D, bs, 0));
     CK(cudaDeviceSynchronize());
     uint16_t *q2 = malloc((size_t)T * QKV * 2), *kc = malloc(cache_elems * 2),
              *vc = malloc(cache_elems * 2);
+    const uint8_t *kc8 = (const uint8_t *)kc, *vc8 = (const uint8_t *)vc; /* f8: codes */
     CK(cudaMemcpy(q2, d_qkv, (size_t)T * QKV * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(kc, d_k, cache_elems * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(vc, d_v, cache_elems * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(kc, d_k, cache_elems * kve, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(vc, d_v, cache_elems * kve, cudaMemcpyDeviceToHost));
     err_acc aq = {0}, ak = {0}, av = {0};
+    long k_bad = 0, k_exact = 0, v_bad = 0, n_k = 0, n_v = 0;
     double *in = malloc((size_t)D * 8), *ref = malloc((size_t)D * 8), *out = malloc((size_t)D * 8);
     unsigned char *written = calloc(cache_elems / D, 1);
     for (int t = 0; t < T; t++) {
@@ -363,10 +410,38 @@ static void test_rope_kv(loom_cuda_dt dt, int H, int KVH, int D, int bs, int T, 
             } else if (slot[t] >= 0) {
                 int kh = hh < H + KVH ? hh - H : hh - H - KVH;
                 size_t row = ((size_t)(slot[t] / bs) * KVH + kh) * bs + slot[t] % bs;
+                written[row] = 1;
+                if (f8) {
+                    /* the float32 inputs the kernel has: x + bias added in float */
+                    float xf[128];
+                    for (int i = 0; i < D; i++)
+                        xf[i] = bias ? qkv_f[(size_t)t * QKV + hh * D + i] + b_f[hh * D + i]
+                                     : qkv_f[(size_t)t * QKV + hh * D + i];
+                    if (hh >= H + KVH) { /* V: bit for bit */
+                        for (int i = 0; i < D; i++) v_bad += vc8[row * D + i] != e4m3_enc(xf[i]);
+                        n_v += D;
+                        continue;
+                    }
+                    for (int i = 0; i < D; i++) { /* K: the rotation in float32, any rounding */
+                        const int j = i < half ? i : i - half;
+                        const double a = (double)pos[t] * inv[j];
+                        const double cn = (float)cos(a), sn = (float)sin(a);
+                        const double x = xf[j], y = xf[j + half];
+                        const double r = i < half ? x * cn - y * sn : y * cn + x * sn;
+                        const double slack = 0x1p-21 * (fabs(x * cn) + fabs(y * sn)) + 1e-30;
+                        const double lo = e4m3_dec(e4m3_enc((float)(r - slack)));
+                        const double hi = e4m3_dec(e4m3_enc((float)(r + slack)));
+                        const uint8_t got = kc8[row * D + i];
+                        const double g = e4m3_dec(got);
+                        k_bad += !(g >= lo && g <= hi);
+                        k_exact += got == e4m3_enc((float)r);
+                    }
+                    n_k += D;
+                    continue;
+                }
                 const uint16_t *c = hh < H + KVH ? kc : vc;
                 for (int i = 0; i < D; i++) out[i] = from16(dt, c[row * D + i]);
                 err_row(hh < H + KVH ? &ak : &av, out, ref, D);
-                written[row] = 1;
             }
         }
     }
@@ -375,24 +450,148 @@ static void test_rope_kv(loom_cuda_dt dt, int H, int KVH, int D, int bs, int T, 
     for (size_t row = 0; row < cache_elems / D; row++)
         if (!written[row])
             for (int i = 0; i < D; i++)
-                if (kc[row * D + i] != 0xffff || vc[row * D + i] != 0xffff) clobbered++;
+                clobbered += f8 ? kc8[row * D + i] != 0xff || vc8[row * D + i] != 0xff
+                                : kc[row * D + i] != 0xffff || vc[row * D + i] != 0xffff;
     char name[160];
-    snprintf(name, sizeof name, "rope_kv %s H=%d KVH=%d D=%d T=%d%s%s (q)", dtn(dt), H, KVH, D, T,
-             bias ? " bias" : "", llama3 ? " llama3" : "");
+    const char *kvs = f8 ? " e4m3-KV" : "";
+    snprintf(name, sizeof name, "rope_kv %s%s H=%d KVH=%d D=%d T=%d%s%s (q)", dtn(dt), kvs, H, KVH, D,
+             T, bias ? " bias" : "", llama3 ? " llama3" : "");
     report(name, &aq, TOL16);
-    snprintf(name, sizeof name, "rope_kv %s H=%d KVH=%d D=%d T=%d%s%s (k cache)", dtn(dt), H, KVH,
-             D, T, bias ? " bias" : "", llama3 ? " llama3" : "");
-    report(name, &ak, TOL16);
-    snprintf(name, sizeof name, "rope_kv %s H=%d KVH=%d D=%d T=%d%s%s (v cache)", dtn(dt), H, KVH,
-             D, T, bias ? " bias" : "", llama3 ? " llama3" : "");
-    report(name, &av, TOL16);
+    if (f8) {
+        snprintf(name, sizeof name, "rope_kv %s e4m3-KV H=%d KVH=%d D=%d T=%d%s%s (k codes off, count)",
+                 dtn(dt), H, KVH, D, T, bias ? " bias" : "", llama3 ? " llama3" : "");
+        report_count(name, k_bad, n_k);
+        snprintf(name, sizeof name, "rope_kv %s e4m3-KV H=%d KVH=%d D=%d T=%d%s%s (v codes = cpu, count)",
+                 dtn(dt), H, KVH, D, T, bias ? " bias" : "", llama3 ? " llama3" : "");
+        report_count(name, v_bad, n_v);
+        printf("INFO rope_kv %s e4m3-KV D=%d: %ld of %ld K codes equal the code of the float64 rotation\n",
+               dtn(dt), D, k_exact, n_k);
+    } else {
+        snprintf(name, sizeof name, "rope_kv %s H=%d KVH=%d D=%d T=%d%s%s (k cache)", dtn(dt), H, KVH,
+                 D, T, bias ? " bias" : "", llama3 ? " llama3" : "");
+        report(name, &ak, TOL16);
+        snprintf(name, sizeof name, "rope_kv %s H=%d KVH=%d D=%d T=%d%s%s (v cache)", dtn(dt), H, KVH,
+                 D, T, bias ? " bias" : "", llama3 ? " llama3" : "");
+        report(name, &av, TOL16);
+    }
     err_acc ac = {.worst = (double)clobbered, .rows = 1};
-    snprintf(name, sizeof name, "rope_kv %s D=%d no stray cache writes (count)", dtn(dt), D);
+    snprintf(name, sizeof name, "rope_kv %s%s D=%d no stray cache writes (count)", dtn(dt), kvs, D);
     report(name, &ac, 0.0);
     cudaFree(d_inv), cudaFree(cs_d), cudaFree(d_qkv), cudaFree(d_b), cudaFree(d_pos);
     cudaFree(d_slot), cudaFree(d_k), cudaFree(d_v);
     free(inv), free(qkv_f), free(b_f), free(qkv), free(pos), free(slot), free(perm), free(q2);
     free(kc), free(vc), free(in), free(ref), free(out), free(written);
+}
+
+/* E4M3 write, bit for bit: every token at position 0 (cos 1, sin 0: the
+ * rotation returns K's inputs unchanged, whatever the kernel's rounding),
+ * no bias, so the kernel encodes exactly the dt values of the qkv rows.
+ * K: nonzero finite values of every magnitude from e4m3 subnormals to past
+ * the 448 saturation (random dt values: ties to even come up often, the
+ * dt mantissa being longer than e4m3's); V: the same plus +-0, +-inf,
+ * NaN of either sign, 448, 464, 480, exact ties. Codes must equal
+ * loom_cpu_e4m3_encode of those values. */
+static void test_rope_kv_e4m3_exact(loom_cuda_dt dt) {
+    const int H = 2, KVH = 2, D = 64, bs = 16, T = 24, QKV = (H + 2 * KVH) * D, half = D / 2;
+    const int nblk = (T + bs - 1) / bs;
+    double *inv = malloc((size_t)half * 8);
+    inv_freq_llama3(inv, D, 10000.0, false);
+    float *cs_d = NULL;
+    double *d_inv = dev_upload(inv, (size_t)half * 8);
+    CK(cudaMalloc((void **)&cs_d, (size_t)4 * half * 2 * 4));
+    CK(loom_cuda_rope_table(cs_d, d_inv, 4, half, 0));
+    uint16_t *qkv = malloc((size_t)T * QKV * 2);
+    float *qkv_f = malloc((size_t)T * QKV * 4);
+    const float sp[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 448.0f, -448.0f, 464.0f,
+                        480.0f, -480.0f, 1e4f, 0x1p-10f, -0x1p-10f, 0x1.8p-9f, 0x1.8p-8f, 1.0625f,
+                        1.1875f, -1.0625f, 0x1p-12f, 0x1.2p-7f, 0x1.1p-6f, 240.0f, 0x1.fp8f};
+    const int nsp = (int)(sizeof sp / sizeof sp[0]);
+    int k_sp = 0;
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < QKV; c++) {
+            const bool is_v = c >= (H + KVH) * D;
+            float f = (rng_next() & 1 ? -1.0f : 1.0f) * exp2f(rng_unif(-13.0f, 10.0f));
+            if (is_v && rng_int(4) == 0) f = sp[k_sp++ % nsp];
+            if (c < H * D) f = rng_unif(-1, 1); /* q: not checked here */
+            qkv[(size_t)t * QKV + c] = to16(dt, f);
+            qkv_f[(size_t)t * QKV + c] = from16(dt, qkv[(size_t)t * QKV + c]);
+            if (!is_v && c >= H * D && qkv_f[(size_t)t * QKV + c] == 0.0f) /* K: never 0 */
+                qkv[(size_t)t * QKV + c] = to16(dt, 1.0f), qkv_f[(size_t)t * QKV + c] = 1.0f;
+        }
+    int32_t *pos = calloc((size_t)T, 4);
+    int64_t *slot = malloc((size_t)T * 8);
+    for (int t = 0; t < T; t++) slot[t] = t;
+    const size_t cache_elems = (size_t)nblk * KVH * bs * D;
+    void *d_qkv = dev_upload(qkv, (size_t)T * QKV * 2), *d_pos = dev_upload(pos, (size_t)T * 4);
+    void *d_slot = dev_upload(slot, (size_t)T * 8);
+    void *d_k = dev_poison(cache_elems), *d_v = dev_poison(cache_elems);
+    CK(loom_cuda_rope_kv(dt, LOOM_CUDA_KV_E4M3, d_qkv, QKV, NULL, cs_d, d_pos, d_slot, d_k, d_v, T,
+                         H, KVH, D, bs, 0));
+    CK(cudaDeviceSynchronize());
+    uint8_t *kc = malloc(cache_elems), *vc = malloc(cache_elems);
+    CK(cudaMemcpy(kc, d_k, cache_elems, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(vc, d_v, cache_elems, cudaMemcpyDeviceToHost));
+    long kbad = 0, vbad = 0, n = 0, ties = 0, sat = 0, sub = 0;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < KVH; h++)
+            for (int i = 0; i < D; i++, n++) {
+                const size_t at = (((size_t)(slot[t] / bs) * KVH + h) * bs + slot[t] % bs) * D + i;
+                const float kx = qkv_f[(size_t)t * QKV + (H + h) * D + i];
+                const float vx = qkv_f[(size_t)t * QKV + (H + KVH + h) * D + i];
+                const uint8_t kw = e4m3_enc(kx);
+                uint8_t vw = e4m3_enc(vx);
+                /* f16 -> float32 on the device (cvt) need not keep a NaN's
+                 * sign (upstream of the encoder, which does): f16 NaN, any */
+                if (dt == LOOM_CUDA_F16 && isnan(vx) && (vc[at] & 0x7f) == 0x7f) vw = vc[at];
+                kbad += kc[at] != kw;
+                vbad += vc[at] != vw;
+                if (kbad + vbad > 0 && kbad + vbad <= 5 && (kc[at] != kw || vc[at] != vw))
+                    printf("  e4m3 write t=%d h=%d i=%d: k %a -> 0x%02x (cpu 0x%02x), v %a -> 0x%02x (cpu 0x%02x)\n",
+                           t, h, i, (double)kx, kc[at], kw, (double)vx, vc[at], vw);
+                /* what was covered: exact ties, saturation, subnormal codes */
+                const double d = fabs(e4m3_dec(kw) - kx);
+                ties += fabs(kx) < 448 && (kw & 0x7f) != 0x7f &&
+                        d == fabs(e4m3_dec((uint8_t)(kw ^ 1)) - kx) && d > 0;
+                sat += (kw & 0x7f) == 0x7e && fabs(kx) > 448;
+                sub += (kw & 0x78) == 0 && (kw & 7) != 0;
+            }
+    char name[160];
+    snprintf(name, sizeof name, "rope_kv %s e4m3 write = cpu encoder, K bit for bit (count)", dtn(dt));
+    report_count(name, kbad, n);
+    snprintf(name, sizeof name, "rope_kv %s e4m3 write = cpu encoder, V + specials (count)", dtn(dt));
+    report_count(name, vbad, n);
+    printf("INFO rope_kv %s e4m3 write: %ld K elements, %ld exact ties, %ld saturated, %ld subnormal codes\n",
+           dtn(dt), n, ties, sat, sub);
+    cudaFree(d_inv), cudaFree(cs_d), cudaFree(d_qkv), cudaFree(d_pos), cudaFree(d_slot);
+    cudaFree(d_k), cudaFree(d_v);
+    free(inv), free(qkv), free(qkv_f), free(pos), free(slot), free(kc), free(vc);
+}
+
+/* The attention kernels' E4M3 decoder (loom_cuda_e4m3_decode) on all 256
+ * codes: the dt bits of the cpu's decoded value (exact in bf16 and f16),
+ * subnormal codes included; the NaN codes read +-480 (e4m3.h). */
+static void test_e4m3_decode(loom_cuda_dt dt) {
+    const int n = 1024;
+    uint8_t codes[1024];
+    for (int i = 0; i < n; i++) codes[i] = i < 256 ? (uint8_t)i : (uint8_t)rng_next();
+    void *d_c = dev_upload(codes, (size_t)n), *d_o = dev_poison((size_t)n * 2);
+    CK(loom_cuda_e4m3_decode(dt, d_o, d_c, (size_t)n, 0));
+    uint16_t out[1024];
+    CK(cudaMemcpy(out, d_o, sizeof out, cudaMemcpyDeviceToHost));
+    long bad = 0;
+    for (int i = 0; i < n; i++) {
+        const uint8_t c = codes[i];
+        const float want = (c & 0x7f) == 0x7f ? (c & 0x80 ? -480.0f : 480.0f) : (float)e4m3_dec(c);
+        const uint16_t wb = to16(dt, want);
+        if (out[i] != wb) {
+            if (bad < 5) printf("  e4m3 decode %s code 0x%02x: 0x%04x, want 0x%04x (%a)\n", dtn(dt), c, out[i], wb, (double)want);
+            bad++;
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof name, "e4m3 decode %s all 256 codes bit for bit (count)", dtn(dt));
+    report_count(name, bad, n);
+    cudaFree(d_c), cudaFree(d_o);
 }
 
 /* -------------------------------------------------------------- attention */
@@ -428,9 +627,9 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     for (int s = 0, k = 0; s < nseq; s++)
         for (int j = 0; j < stride; j++)
             bt[(size_t)s * stride + j] = j < (ctx[s] + bs - 1) / bs ? perm[k++] : -1;
-    const size_t cache_elems = (size_t)nblk * KVH * bs * D;
+    const size_t cache_elems = (size_t)nblk * KVH * bs * D, kve = LOOM_CUDA_KV_ELT(g_kv);
     float *kf = malloc(cache_elems * 4), *vf = malloc(cache_elems * 4);
-    uint16_t *kc = rand16(dt, cache_elems, -1, 1, kf), *vc = rand16(dt, cache_elems, -1, 1, vf);
+    void *kc = rand_kv(dt, cache_elems, kf), *vc = rand_kv(dt, cache_elems, vf);
     float *qf = malloc((size_t)T * ldq * 4);
     uint16_t *q = rand16(dt, (size_t)T * ldq, -1, 1, qf);
     int32_t *pos = malloc((size_t)T * 4);
@@ -471,12 +670,12 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
         if (max_splits_req > 0) ms[k] = max_splits_req;
         else /* the backend's policy: one wave of resident CTAs */
             ms[k] = loom_cuda_attn_max_splits(
-                ntl[k], KVH, sms * loom_cuda_attn_ctas_per_sm(dt, (loom_cuda_attn_shape)k, D));
+                ntl[k], KVH, sms * loom_cuda_attn_ctas_per_sm(dt, g_kv, (loom_cuda_attn_shape)k, D));
         size_t w = loom_cuda_attn_workspace_floats(k ? LOOM_CUDA_ATTN_PREFILL : LOOM_CUDA_ATTN_DECODE,
                                                    ntl[k], KVH, D, ms[k]);
         if (w > ws) ws = w;
     }
-    void *d_k = dev_upload(kc, cache_elems * 2), *d_v = dev_upload(vc, cache_elems * 2);
+    void *d_k = dev_upload(kc, cache_elems * kve), *d_v = dev_upload(vc, cache_elems * kve);
     void *d_q = dev_upload(q, (size_t)T * ldq * 2), *d_pos = dev_upload(pos, (size_t)T * 4);
     void *d_bt = dev_upload(bt, (size_t)nseq * stride * 4);
     int32_t stride_h = stride;
@@ -488,7 +687,7 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     int *d_sem = NULL;
     CK(cudaMalloc((void **)&d_sem, (size_t)(T + 1) * KVH * sizeof(int)));
     CK(cudaMemset(d_sem, 0, (size_t)(T + 1) * KVH * sizeof(int)));
-    loom_cuda_attn_args a = {.dt = dt, .out = d_out, .ldo = ldo, .q = d_q, .ldq = ldq,
+    loom_cuda_attn_args a = {.dt = dt, .kv = g_kv, .out = d_out, .ldo = ldo, .q = d_q, .ldq = ldq,
                              .k_cache = d_k, .v_cache = d_v, .block_table = d_bt,
                              .bt_stride = d_stride, .positions = d_pos, .num_heads = H,
                              .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
@@ -571,11 +770,11 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     }
     char name[200];
     if (inv)
-        snprintf(name, sizeof name, "attention %s %s D=%d H=%d/%d bs=%d T=%d invariant %d tiles/launch (%.2f ms)",
-                 label, dtn(dt), D, H, KVH, bs, T, inv_per_launch, ms_time);
+        snprintf(name, sizeof name, "attention %s %s%s D=%d H=%d/%d bs=%d T=%d invariant %d tiles/launch (%.2f ms)",
+                 label, dtn(dt), kvn(), D, H, KVH, bs, T, inv_per_launch, ms_time);
     else
-        snprintf(name, sizeof name, "attention %s %s D=%d H=%d/%d bs=%d T=%d tiles %d+%d splits %d/%d (%.2f ms)",
-                 label, dtn(dt), D, H, KVH, bs, T, nd, np, ms[0], ms[1], ms_time);
+        snprintf(name, sizeof name, "attention %s %s%s D=%d H=%d/%d bs=%d T=%d tiles %d+%d splits %d/%d (%.2f ms)",
+                 label, dtn(dt), kvn(), D, H, KVH, bs, T, nd, np, ms[0], ms[1], ms_time);
     report(name, &acc, TOL16);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     cudaFree(d_k), cudaFree(d_v), cudaFree(d_q), cudaFree(d_pos), cudaFree(d_bt);
@@ -641,8 +840,8 @@ static void test_attention_invariance(loom_cuda_dt dt, int D, int H, int KVH, in
     int32_t *bt = malloc((size_t)nseq * stride * 4);
     for (int s = 0, k = 1; s < nseq; s++) /* consecutive blocks, block 0 unused */
         for (int j = 0; j < stride; j++) bt[(size_t)s * stride + j] = j < (ctx[s] + bs - 1) / bs ? k++ : 0;
-    const size_t cache_elems = (size_t)nblk * KVH * bs * D;
-    uint16_t *kc = rand16(dt, cache_elems, -1, 1, NULL), *vc = rand16(dt, cache_elems, -1, 1, NULL);
+    const size_t cache_elems = (size_t)nblk * KVH * bs * D, kve = LOOM_CUDA_KV_ELT(g_kv);
+    void *kc = rand_kv(dt, cache_elems, NULL), *vc = rand_kv(dt, cache_elems, NULL);
     uint16_t *q = rand16(dt, (size_t)T * ldq, -1, 1, NULL);
     int32_t *pos = malloc((size_t)T * 4);
     loom_cuda_attn_tile *tl = malloc(sizeof *tl * (size_t)T);
@@ -661,7 +860,7 @@ static void test_attention_invariance(loom_cuda_dt dt, int D, int H, int KVH, in
     size_t ws_all = per_tile * (size_t)T;
     const size_t ws_ord = loom_cuda_attn_workspace_floats(LOOM_CUDA_ATTN_PREFILL, T, KVH, D, 64) +
                           loom_cuda_attn_workspace_floats(LOOM_CUDA_ATTN_DECODE, T, KVH, D, 64);
-    void *d_k = dev_upload(kc, cache_elems * 2), *d_v = dev_upload(vc, cache_elems * 2);
+    void *d_k = dev_upload(kc, cache_elems * kve), *d_v = dev_upload(vc, cache_elems * kve);
     void *d_q = dev_upload(q, (size_t)T * ldq * 2), *d_pos = dev_upload(pos, (size_t)T * 4);
     void *d_bt = dev_upload(bt, (size_t)nseq * stride * 4);
     int32_t stride_h = stride;
@@ -673,7 +872,7 @@ static void test_attention_invariance(loom_cuda_dt dt, int D, int H, int KVH, in
     CK(cudaMemset(d_sem, 0, (size_t)T * KVH * sizeof(int)));
     const size_t out_bytes = (size_t)T * ldo * 2;
     void *d_out = dev_poison(out_bytes);
-    loom_cuda_attn_args a = {.dt = dt, .out = d_out, .ldo = ldo, .q = d_q, .ldq = ldq,
+    loom_cuda_attn_args a = {.dt = dt, .kv = g_kv, .out = d_out, .ldo = ldo, .q = d_q, .ldq = ldq,
                              .k_cache = d_k, .v_cache = d_v, .block_table = d_bt,
                              .bt_stride = d_stride, .positions = d_pos, .num_heads = H,
                              .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
@@ -698,15 +897,15 @@ static void test_attention_invariance(loom_cuda_dt dt, int D, int H, int KVH, in
     const size_t n = (size_t)T * ldo;
     const long nan = count_nan(dt, alone, n, 2);
     char name[200];
-    snprintf(name, sizeof name, "attention invariant %s D=%d H=%d/%d bs=%d ctx %d, %d-token verify: alone = in step",
-             dtn(dt), D, H, KVH, bs, ctx0, nv);
+    snprintf(name, sizeof name, "attention invariant %s%s D=%d H=%d/%d bs=%d ctx %d, %d-token verify: alone = in step",
+             dtn(dt), kvn(), D, H, KVH, bs, ctx0, nv);
     report_bits(name, bits_differ(alone, all, n, 2) + nan, T);
-    snprintf(name, sizeof name, "attention invariant %s D=%d H=%d/%d bs=%d ctx %d, %d-token verify: alone = 3 tiles/launch",
-             dtn(dt), D, H, KVH, bs, ctx0, nv);
+    snprintf(name, sizeof name, "attention invariant %s%s D=%d H=%d/%d bs=%d ctx %d, %d-token verify: alone = 3 tiles/launch",
+             dtn(dt), kvn(), D, H, KVH, bs, ctx0, nv);
     report_bits(name, bits_differ(alone, chunked, n, 2), T);
     /* the padding tokens equal the token they repeat */
-    snprintf(name, sizeof name, "attention invariant %s D=%d H=%d/%d ctx %d: padding token = its original",
-             dtn(dt), D, H, KVH, ctx0);
+    snprintf(name, sizeof name, "attention invariant %s%s D=%d H=%d/%d ctx %d: padding token = its original",
+             dtn(dt), kvn(), D, H, KVH, ctx0);
     report_bits(name, bits_differ(all + (size_t)(T - 1) * ldo, all + (size_t)(nv - 1) * ldo, (size_t)ldo, 2), 1);
 
     /* INFO: the ordinary dispatch, sequence 0's tokens as one step vs alone */
@@ -716,8 +915,8 @@ static void test_attention_invariance(loom_cuda_dt dt, int D, int H, int KVH, in
         const int tpt = loom_cuda_attn_rows(sh) / G;
         int sms = 132;
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-        const int resident = sms * loom_cuda_attn_ctas_per_sm(dt, sh, D);
-        const int resident_dec = sms * loom_cuda_attn_ctas_per_sm(dt, LOOM_CUDA_ATTN_DECODE, D);
+        const int resident = sms * loom_cuda_attn_ctas_per_sm(dt, g_kv, sh, D);
+        const int resident_dec = sms * loom_cuda_attn_ctas_per_sm(dt, g_kv, LOOM_CUDA_ATTN_DECODE, D);
         loom_cuda_attn_tile group[64];
         int ng = 0;
         for (int k = 0; k < nv && ng < 64; k += tpt)
@@ -737,8 +936,8 @@ static void test_attention_invariance(loom_cuda_dt dt, int D, int H, int KVH, in
             CK(loom_cuda_attention(&a, 0));
             CK(cudaMemcpy(ord_step, d_out, out_bytes, cudaMemcpyDeviceToHost));
             CK(cudaDeviceSynchronize());
-            printf("INFO attention ordinary dispatch %s D=%d H=%d/%d ctx %d: %ld of %zu outputs of the %d-token step differ from decode\n",
-                   dtn(dt), D, H, KVH, ctx0, bits_differ(ord_alone, ord_step, (size_t)nv * ldo, 2),
+            printf("INFO attention ordinary dispatch %s%s D=%d H=%d/%d ctx %d: %ld of %zu outputs of the %d-token step differ from decode\n",
+                   dtn(dt), kvn(), D, H, KVH, ctx0, bits_differ(ord_alone, ord_step, (size_t)nv * ldo, 2),
                    (size_t)nv * ldo, nv);
         }
         cudaFree(d_g);
@@ -892,9 +1091,6 @@ static void test_gemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, int N, int 
 /* E4M3 ("fn") codec: the CPU kernels' (kernels/cpu/qlinear.c, tested
  * against a float64 reference in tests/quant), so the device's codes are
  * checked against the host's. */
-static uint8_t e4m3_enc(float f) { return loom_cpu_e4m3_encode(f); }
-static double e4m3_dec(uint8_t c) { return (double)loom_cpu_e4m3_decode(c); }
-
 static const char *qfmt_name(loom_cuda_qfmt f) {
     switch (f) {
     case LOOM_CUDA_Q_INT8_W8A16: return "int8_w8a16";
@@ -1616,11 +1812,18 @@ int main(int argc, char **argv) {
     test_swiglu(LOOM_CUDA_BF16, 1536, 17);
     test_swiglu(LOOM_CUDA_F16, 8, 2);
 
-    test_rope_kv(LOOM_CUDA_BF16, 32, 8, 128, 16, 37, false, true);
-    test_rope_kv(LOOM_CUDA_BF16, 9, 3, 64, 16, 20, false, false);
-    test_rope_kv(LOOM_CUDA_BF16, 14, 2, 64, 16, 11, true, false);
-    test_rope_kv(LOOM_CUDA_F16, 4, 2, 16, 8, 9, true, false);
-    test_rope_kv(LOOM_CUDA_BF16, 8, 1, 32, 32, 5, false, false);
+    for (int f8 = 0; f8 < 2; f8++) { /* dt caches, then E4M3 */
+        const loom_cuda_kv kv = f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
+        test_rope_kv(LOOM_CUDA_BF16, kv, 32, 8, 128, 16, 37, false, true);
+        test_rope_kv(LOOM_CUDA_BF16, kv, 9, 3, 64, 16, 20, false, false);
+        test_rope_kv(LOOM_CUDA_BF16, kv, 14, 2, 64, 16, 11, true, false);
+        test_rope_kv(LOOM_CUDA_F16, kv, 4, 2, 16, 8, 9, true, false);
+        test_rope_kv(LOOM_CUDA_BF16, kv, 8, 1, 32, 32, 5, false, false);
+    }
+    test_rope_kv_e4m3_exact(LOOM_CUDA_BF16);
+    test_rope_kv_e4m3_exact(LOOM_CUDA_F16);
+    test_e4m3_decode(LOOM_CUDA_BF16);
+    test_e4m3_decode(LOOM_CUDA_F16);
 
     /* attention: ragged prefill, block boundaries, GQA 1/3/4/8, D 64/128 */
     {
@@ -1688,6 +1891,52 @@ int main(int argc, char **argv) {
         test_attention_invariance(LOOM_CUDA_BF16, 64, 32, 1, 16, 1030, 5); /* G 32: prefill shape */
         test_attention_invariance(LOOM_CUDA_BF16, 64, 4, 2, 7, 100, 5);    /* block size 7 */
     }
+
+    /* an E4M3 KV cache: the same kernels read codes (half the bytes) and
+     * decode them to dt in shared memory; every shape, head dim, block
+     * size, split plan and the batch-invariant call once more */
+    g_kv = LOOM_CUDA_KV_E4M3;
+    {
+        const int ctx[6] = {1, 15, 16, 17, 33, 1000};
+        const int nq_prefill[6] = {1, 15, 16, 17, 33, 1000};
+        const int nq_decode[6] = {1, 1, 1, 1, 1, 1};
+        const int nq_chunk[6] = {1, 5, 16, 1, 20, 300};
+        const int gqa[2][2] = {{9, 3}, {32, 8}};
+        for (int di = 0; di < 2; di++)
+            for (int gi = 0; gi < 2; gi++) {
+                const int D = di ? 128 : 64, H = gqa[gi][0], KVH = gqa[gi][1];
+                test_attention("prefill", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_prefill, -1, 0);
+                test_attention("decode", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_decode, -1, 0);
+                test_attention("chunked", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_chunk, -1, 0);
+            }
+        test_attention("decode nosplit", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, -1, 1);
+        test_attention("decode split64", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, -1, 64);
+        test_attention("decode as prefill", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, 1, 0);
+        test_attention("chunk as prefill split7", LOOM_CUDA_BF16, 64, 9, 3, 16, 6, ctx, nq_chunk, 1, 7);
+        test_attention("prefill f16", LOOM_CUDA_F16, 128, 32, 8, 16, 6, ctx, nq_chunk, -1, 0);
+        test_attention("decode f16", LOOM_CUDA_F16, 64, 8, 2, 16, 6, ctx, nq_decode, -1, 0);
+        test_attention("bs1", LOOM_CUDA_BF16, 64, 4, 2, 1, 6, ctx, nq_chunk, -1, 0);
+        test_attention("bs7", LOOM_CUDA_BF16, 128, 8, 8, 7, 6, ctx, nq_chunk, -1, 0);
+        test_attention("D32", LOOM_CUDA_BF16, 32, 8, 2, 16, 6, ctx, nq_chunk, -1, 0);
+        test_attention("D16", LOOM_CUDA_BF16, 16, 4, 2, 16, 6, ctx, nq_chunk, -1, 0);
+        test_attention("D16 decode", LOOM_CUDA_BF16, 16, 4, 2, 16, 6, ctx, nq_decode, -1, 0);
+        test_attention("MQA G32", LOOM_CUDA_BF16, 64, 32, 1, 16, 6, ctx, nq_decode, -1, 0);
+        test_attention("invariant", LOOM_CUDA_BF16, 64, 9, 3, 16, 6, ctx, nq_chunk, 2, 0);
+        test_attention("invariant", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_chunk, 2, 7);
+        test_attention("invariant MQA G32", LOOM_CUDA_BF16, 64, 32, 1, 16, 6, ctx, nq_chunk, 2, 0);
+        const int lctx[2] = {32768, 20001}, nq1[2] = {1, 1}, nq4[2] = {4, 3};
+        test_attention("long decode", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, lctx, nq1, -1, 0);
+        test_attention("long verify", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, lctx, nq4, -1, 0);
+        test_attention("invariant long verify", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, lctx, nq4, 2, 0);
+        const int kv[4] = {17, 65, 1030, 20001};
+        for (int i = 0; i < 4; i++) {
+            test_attention_invariance(LOOM_CUDA_BF16, 64, 9, 3, 16, kv[i], 5);
+            test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, kv[i], 5);
+        }
+        test_attention_invariance(LOOM_CUDA_F16, 64, 8, 2, 16, 1030, 7);
+        test_attention_invariance(LOOM_CUDA_BF16, 64, 32, 1, 16, 1030, 5);
+    }
+    g_kv = LOOM_CUDA_KV_DT;
 
     test_copy_blocks(false);
     test_copy_blocks(true);

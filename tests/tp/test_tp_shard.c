@@ -200,7 +200,7 @@ typedef struct tp_cfg {
     int64_t nodes;
     int64_t node_rank;
     int64_t rendezvous_timeout;
-    int64_t p2p_kib;
+    int64_t p2p_kib; /* peer-to-peer collectives (nccl only); 0 here */
 } tp_cfg;
 
 typedef struct rig {

@@ -14,7 +14,10 @@
  * Quantizers (loom/quant.h): int8 W8A16 / W8A8, fp8, int4 and GGUF blocks
  * as stored (q4_0, q4_1, q4_k, q6_k, q8_0) run on kernels/cuda's quantized
  * linear layers (loom_cuda_qgemm_run; see docs/quantization.md). The KV
- * cache stays in the compute type (no FP8 KV cache).
+ * cache holds the compute type, or FP8 E4M3 when the cache manager asks for
+ * fp8_e4m3 (a quantizer's `kv_cache: fp8`): one byte per element, e4m3(x)
+ * with a fixed scale of 1.0 like the cpu backend's (loom_cuda_kv), so a
+ * pool of the same bytes holds twice the tokens.
  *
  * What it refuses to be: a multi-GPU backend by itself: the tp executor
  * drives one instance per GPU through load_shard (cuda_load.c) and joins
@@ -33,7 +36,8 @@ static const loom_param cb_params[] = {
      .default_value = "0", .min = 0, .max = 1023, .doc = "CUDA device ordinal"},
     {.key = "dtype", .type = LOOM_PARAM_ENUM, .offset = offsetof(cuda_backend_config, dtype),
      .default_value = "bf16", .min = 1, .max = 0, .choices = cb_dtype_choices,
-     .doc = "storage type of weights, activations and the KV cache (accumulation is float32)"},
+     .doc = "storage type of weights, activations and the KV cache (accumulation is float32); a "
+            "quantizer's kv_cache: fp8 makes the KV cache FP8 E4M3 instead"},
     {.key = "cuda_graphs", .type = LOOM_PARAM_BOOL,
      .offset = offsetof(cuda_backend_config, cuda_graphs), .default_value = "true",
      .doc = "capture pure decode steps per batch bucket (1..256) as CUDA graphs and replay them"},
@@ -78,10 +82,11 @@ void cb_graphs_reset(cuda_backend *b) {
 }
 
 /* KV element type asked by the cache manager: COUNT means "the backend's
- * default" (the compute type); only the compute type is held. Returns
- * LOOM_DTYPE_COUNT for anything else. */
+ * default" (the compute type); the compute type and FP8 E4M3 are held.
+ * Returns LOOM_DTYPE_COUNT for anything else. */
 static loom_dtype cb_kv_resolve(const cuda_backend *b, loom_dtype dtype) {
     if (dtype == LOOM_DTYPE_COUNT || dtype == b->ldt) return b->ldt;
+    if (dtype == LOOM_DTYPE_FP8_E4M3) return dtype;
     return LOOM_DTYPE_COUNT;
 }
 
@@ -319,20 +324,22 @@ static loom_status cb_kv_alloc(void *self, const loom_kv_layout *layout, loom_er
     if (dt == LOOM_DTYPE_COUNT)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cuda: KV cache dtype %s is not supported; this instance holds "
-                        "its compute type %s (set the backend's dtype, or leave the cache's "
-                        "dtype to the backend)",
+                        "its compute type %s or fp8_e4m3 (set the backend's dtype, or leave the "
+                        "cache's dtype to the backend)",
                         loom_dtype_name(layout->dtype), loom_dtype_name(b->ldt));
     const int32_t L = b->mc.num_layers;
+    const loom_cuda_kv kv = dt == LOOM_DTYPE_FP8_E4M3 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
+    const size_t kv_elt = LOOM_CUDA_KV_ELT(kv);
     const size_t block = (size_t)b->mc.num_kv_heads * (size_t)layout->block_size *
-                         (size_t)b->mc.head_dim * b->elt;
+                         (size_t)b->mc.head_dim * kv_elt;
     const size_t pool = block * (size_t)layout->num_blocks;
     const size_t need = pool * 2 * (size_t)L;
-    if (pool / b->elt > (size_t)UINT32_MAX)
+    if (pool / kv_elt > (size_t)UINT32_MAX)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cuda: one KV pool of %d blocks would hold %.2f G elements; the "
                         "attention kernels index a pool with 32 bits (4 G elements); lower "
                         "cache.num_blocks or cache.memory_fraction",
-                        layout->num_blocks, (double)(pool / b->elt) / 1e9);
+                        layout->num_blocks, (double)(pool / kv_elt) / 1e9);
     size_t free_b = 0, total = 0;
     if ((st = CB_CUDA(b, err, cudaSetDevice(b->device))) ||
         (st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &total))))
@@ -400,13 +407,21 @@ static loom_status cb_kv_alloc(void *self, const loom_kv_layout *layout, loom_er
         if (st) goto fail;
     }
     if ((st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream)))) goto fail;
+    /* the attention kernels for an E4M3 cache use other shared memory:
+     * their resident CTAs (the split-K bound) follow the cache's type */
+    for (int k = 0; k < 2; k++) {
+        int per_sm = loom_cuda_attn_ctas_per_sm(b->dt, kv, (loom_cuda_attn_shape)k, b->mc.head_dim);
+        b->attn_resident[k] = (per_sm > 0 ? per_sm : 1) * b->num_sms;
+    }
     b->kv_layout = *layout;
     b->kv_layout.dtype = dt;
+    b->kv = kv;
     b->kv_block_bytes = block;
     b->kv_ready = true;
-    h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "KV pools: %d blocks of %d tokens, %.1f MiB (+%d swap "
-           "blocks, %.1f MiB pinned)", layout->num_blocks, layout->block_size, cb_mib(need),
-           layout->num_cpu_blocks, cb_mib(block * 2 * (size_t)L * (size_t)layout->num_cpu_blocks));
+    h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "KV pools (%s): %d blocks of %d tokens, %.1f MiB (+%d "
+           "swap blocks, %.1f MiB pinned)", loom_dtype_name(dt), layout->num_blocks,
+           layout->block_size, cb_mib(need), layout->num_cpu_blocks,
+           cb_mib(block * 2 * (size_t)L * (size_t)layout->num_cpu_blocks));
     if (h->metric_set) h->metric_set(h->ctx, "backend.cuda.kv_bytes", (double)need);
     return LOOM_OK;
 

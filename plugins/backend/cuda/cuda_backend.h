@@ -150,7 +150,8 @@ typedef struct cuda_backend {
     void *xs;                   /* (logits_rows, hidden) dt LM-head input     */
     float *logits_dev;          /* (logits_rows, vocab) f32                   */
     float *attn_ws;             /* split-K workspace                          */
-    int32_t attn_resident[2];   /* CTAs resident at once, per attention shape */
+    int32_t attn_resident[2];   /* CTAs resident at once, per attention shape
+                                   (for the KV type: set again by kv_alloc)   */
     int *attn_sem;              /* (rows, kv heads) split-K counters, kept zero */
     size_t attn_ws_floats;
     float *logits_host;         /* pinned (logits_rows, vocab) f32            */
@@ -180,7 +181,8 @@ typedef struct cuda_backend {
 
     /* --- after kv_alloc */
     bool kv_ready;
-    loom_kv_layout kv_layout;   /* copy; dtype resolved                       */
+    loom_kv_layout kv_layout;   /* copy; dtype resolved (dt or fp8_e4m3)      */
+    loom_cuda_kv kv;            /* the pools' element type for the kernels    */
     size_t kv_block_bytes;      /* one block of one pool (K or V of a layer)  */
     void **pools;               /* host array (2 L): K of layers, then V      */
     void **pools_dev;           /* device copy of `pools`                     */

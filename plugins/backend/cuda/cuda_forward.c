@@ -291,8 +291,8 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
     if ((st = CB_CUDA(b, err, loom_cuda_embedding(b->dt, b->x, b->embed, p->ids, T, H, s))) ||
         (st = cb_all_reduce(b, b->x, (int64_t)T * H, LOOM_DTYPE_F32, err)))
         return st;
-    loom_cuda_attn_args aa = {.dt = b->dt, .out = b->att, .ldo = QD, .q = b->qkv, .ldq = QKV,
-                              .block_table = p->bt, .bt_stride = p->stride, .positions = p->pos,
+    loom_cuda_attn_args aa = {.dt = b->dt, .kv = b->kv, .out = b->att, .ldo = QD, .q = b->qkv,
+                              .ldq = QKV, .block_table = p->bt, .bt_stride = p->stride, .positions = p->pos,
                               .num_heads = c->num_heads, .num_kv_heads = c->num_kv_heads,
                               .head_dim = c->head_dim, .block_size = b->kv_layout.block_size,
                               .scale = (float)(1.0 / sqrt((double)c->head_dim)),
@@ -304,7 +304,7 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
         if ((st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, l ? b->r : NULL,
                                                         ly->attn_norm, NULL, T, H, eps, s))) ||
             (st = cb_gemm(b, false, T, QKV, H, b->xn, ly->wqkv, &ly->q[CB_G_QKV], b->qkv, "QKV", err)) ||
-            (st = CB_CUDA(b, err, loom_cuda_rope_kv(b->dt, b->qkv, QKV, ly->bqkv, b->rope_cs,
+            (st = CB_CUDA(b, err, loom_cuda_rope_kv(b->dt, b->kv, b->qkv, QKV, ly->bqkv, b->rope_cs,
                                                     p->pos, p->slot, kc, vc, T, c->num_heads,
                                                     c->num_kv_heads, c->head_dim,
                                                     b->kv_layout.block_size, s))))

@@ -654,7 +654,7 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
         return st;
     b->attn_ws_floats = attn_ws;
     for (int k = 0; k < 2; k++) {
-        int per_sm = loom_cuda_attn_ctas_per_sm(b->dt, (loom_cuda_attn_shape)k, c->head_dim);
+        int per_sm = loom_cuda_attn_ctas_per_sm(b->dt, LOOM_CUDA_KV_DT, (loom_cuda_attn_shape)k, c->head_dim);
         b->attn_resident[k] = (per_sm > 0 ? per_sm : 1) * b->num_sms;
     }
     if ((st = CB_CUDA(b, err, cudaHostAlloc((void **)&b->logits_host, LR * V * 4,
