@@ -10,7 +10,11 @@
  * first is scored given the tokens before it in that window; the first
  * token of each window has no context and is not scored. Perplexity =
  * exp(-mean log p) over all scored tokens. A trailing window of one token
- * scores nothing and is dropped. Uses only the public engine API.
+ * scores nothing and is dropped. --logprobs FILE also writes every scored
+ * token's log-probability, one line each ("position<TAB>token<TAB>log p"),
+ * so that two pipelines can be compared token by token (mean |difference|
+ * does not cancel the way a perplexity difference can). Uses only the
+ * public engine API.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -41,6 +45,8 @@ static const char k_usage[] =
     "  -s, --set KEY=VALUE  override a pipeline key, e.g. --set quantizer.mode=w8a8\n"
     "                       (repeatable)\n"
     "      --json           print one JSON object instead of text\n"
+    "      --logprobs FILE  also write each scored token's log-probability to FILE,\n"
+    "                       one line each: position in the text, token id, log p\n"
     "  -q, --quiet          no progress bar\n"
     "  -h, --help           this text\n"
     "\n"
@@ -65,6 +71,7 @@ int loom_cmd_perplexity(int argc, char **argv) {
         {"no-bos", no_argument, NULL, 'B'},
         {"set", required_argument, NULL, 's'},
         {"json", no_argument, NULL, 'j'},
+        {"logprobs", required_argument, NULL, 'L'},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {0},
@@ -77,6 +84,8 @@ int loom_cmd_perplexity(int argc, char **argv) {
     int nsets = 0, rc = LOOM_EXIT_FAIL;
     long window = 0, max_tokens = 0;
     bool json = false, quiet = false, bos = true;
+    const char *lp_path = NULL;
+    FILE *lp_out = NULL;
     char *text = NULL;
     int32_t *ids = NULL;
     float *lp = NULL;
@@ -95,6 +104,7 @@ int loom_cmd_perplexity(int argc, char **argv) {
         case 'B': bos = false; break;
         case 's': sets[nsets++] = optarg; break;
         case 'j': json = true; break;
+        case 'L': lp_path = optarg; break;
         case 'q': quiet = true; break;
         case 'h':
             fputs(k_usage, stdout);
@@ -117,6 +127,11 @@ int loom_cmd_perplexity(int argc, char **argv) {
     char why[512];
     if (!(text = cli_read_text_file(path, "perplexity", why, sizeof why))) {
         fprintf(stderr, "loom perplexity: %s\n", why);
+        goto out;
+    }
+
+    if (lp_path && !(lp_out = fopen(lp_path, "w"))) {
+        fprintf(stderr, "loom perplexity: cannot write --logprobs %s: %s\n", lp_path, strerror(errno));
         goto out;
     }
 
@@ -169,6 +184,9 @@ int loom_cmd_perplexity(int argc, char **argv) {
             goto out;
         }
         for (int32_t i = 1; i < len; i++) nll -= (double)lp[i];
+        if (lp_out)
+            for (int32_t i = 1; i < len; i++)
+                fprintf(lp_out, "%d\t%d\t%.9g\n", start + i, ids[start + i], (double)lp[i]);
         scored += len - 1;
     }
     double secs = cli_now() - t0;
@@ -212,11 +230,21 @@ int loom_cmd_perplexity(int argc, char **argv) {
         printf("time:       %.2f s load, %.2f s scoring (%.0f tokens/s)\n", t_load, secs,
                secs > 0 ? (double)n / secs : 0.0);
     }
+    if (lp_out) {
+        bool bad = ferror(lp_out) != 0;
+        if (fclose(lp_out) != 0) bad = true;
+        lp_out = NULL;
+        if (bad) {
+            fprintf(stderr, "loom perplexity: writing --logprobs %s failed\n", lp_path);
+            goto out;
+        }
+    }
     rc = LOOM_EXIT_OK;
     goto out;
 usage:
     rc = LOOM_EXIT_USAGE;
 out:
+    if (lp_out) fclose(lp_out);
     loom_engine_destroy(eng);
     free(lp);
     free(ids);

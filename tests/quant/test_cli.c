@@ -4,7 +4,8 @@
  *   - `loom check` on a config with an unknown quantizer option (error with
  *     file:line:col and the choices) or an unknown scheme (plugin named,
  *     how to list what exists), and on every shipped configs/quant file;
- *   - `loom perplexity`: --help, usage errors, a missing text file;
+ *   - `loom perplexity`: --help, usage errors, a missing text file, the
+ *     per-token --logprobs file;
  *   - with the real model (LOOM_TEST_MODEL; skipped when unset): the
  *     perplexity of the shipped text, a quantized pipeline (runs, or fails
  *     naming the tensor and format when the backend lacks the format), a
@@ -209,6 +210,50 @@ Test(quant_cli, perplexity_real_model, .timeout = 240) {
         cr_assert(strstr(r.err, "blk.0.attn_q.weight") && strstr(r.err, "int8_w8a16"), "%s", r.err);
     }
     cli_free(&r);
+}
+
+/* --logprobs FILE: one line per scored token (position, token id, log p);
+ * the window starts are not scored, and the log-probabilities sum to the
+ * JSON's -mean_nll * scored. A path that cannot be written fails before the
+ * model loads. */
+Test(quant_cli, perplexity_logprobs_file, .timeout = 240) {
+    char dir[] = "/tmp/loom-quant-lp-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char path[128], bad[160];
+    snprintf(path, sizeof path, "%s/lp.tsv", dir);
+    snprintf(bad, sizeof bad, "%s/no-such-dir/lp.tsv", dir);
+    cli_out r = cli(ARGS("perplexity", "configs/default.yaml", "data/text/us-founding-documents.txt",
+                         "--logprobs", bad));
+    cr_assert_eq(r.code, 1, "exit %d: %s", r.code, r.err);
+    cr_assert(strstr(r.err, "cannot write --logprobs") && strstr(r.err, "no-such-dir"), "%s", r.err);
+    cli_free(&r);
+
+    need_model();
+    r = cli(ARGS("perplexity", "tests/quant/data/smol.yaml", "data/text/us-founding-documents.txt",
+                 "--max-tokens", "300", "--window", "128", "--json", "--logprobs", path));
+    cJSON *j = ppl_json(&r);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "--logprobs wrote no %s", path);
+    int pos, tok, n = 0, prev = 0;
+    double lp, sum = 0.0;
+    while (fscanf(f, "%d\t%d\t%lf\n", &pos, &tok, &lp) == 3) {
+        cr_assert(pos % 128 != 0, "position %d starts a window and is not scored", pos);
+        cr_assert_gt(pos, prev, "positions increase (%d after %d)", pos, prev);
+        cr_assert(tok >= 0 && lp <= 0.0 && isfinite(lp), "line %d: token %d log p %g", n + 1, tok, lp);
+        prev = pos;
+        sum += lp;
+        n++;
+    }
+    cr_assert(feof(f), "a line of %s is not 'position<TAB>token<TAB>log p'", path);
+    fclose(f);
+    cr_assert_eq(n, 297, "one line per scored token: %d", n);
+    cr_assert_eq(prev, 299);
+    cr_assert_float_eq(-sum / n, num(j, "mean_nll"), 1e-6, "sum %g vs mean_nll %g", -sum / n,
+                       num(j, "mean_nll"));
+    cJSON_Delete(j);
+    cli_free(&r);
+    unlink(path);
+    rmdir(dir);
 }
 
 Test(quant_cli, group_size_not_dividing_real_model, .timeout = 120) {
