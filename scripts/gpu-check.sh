@@ -24,6 +24,10 @@
 #           the cost side of ngram on the Llama-3-8B shape (needs SmolLM2).
 #   tp:     tensor parallel size 2 vs 1 on the Llama-3-8B shape (two GPUs):
 #           per-token logprobs, greedy ids, batch-1 and offline speed.
+#   profile: SmolLM2 batch-1 decode per-kernel GPU time (ncu) against the
+#           step's wall time, graphs on and off (needs SmolLM2).
+#   prefetch: batch-1 decode with the GEMVs' weight prefetch on vs off
+#           (SmolLM2 if carried, Llama-3-8B bf16 / int8 W8A16 / fp8).
 #   kvfp8:  the FP8 E4M3 KV cache (kv_cache: fp8, bf16 weights) vs bf16 KV
 #           on the Llama-3-8B shape: per-token logprobs, batch-1 decode at a
 #           long context, offline throughput; SmolLM2 perplexity with both
@@ -308,11 +312,11 @@ kvfp8)
     --json "$O/kvfp8-batch1.json" > "$O/kvfp8-batch1.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$O/kvfp8-batch1.txt"; }
   grep -E "TPOT p50|output tokens/s" "$O/kvfp8-batch1.txt"
   step "Llama-3-8B shape: offline 1000 requests (~512 in / ~256 out), bf16 KV vs fp8 KV (twice the blocks)"
-  timeout 500 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-kvfp8.yaml \
+  LOOM_LOG_LEVEL=info timeout 500 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-kvfp8.yaml \
     --num-requests 1000 --input-len 384:640 --output-len 128:384 --seed 7 --no-progress \
     --set scheduler.max_num_seqs=512 --json "$O/kvfp8-offline.json" > "$O/kvfp8-offline.txt" 2>&1 \
     || { fails=$((fails + 1)); tail -3 "$O/kvfp8-offline.txt"; }
-  grep -E "output tokens/s|TPOT p50|wall" "$O/kvfp8-offline.txt"
+  grep -E "output tokens/s|TPOT p50|wall|engine's own work|waiting for the GPU" "$O/kvfp8-offline.txt"
   if smollm2_model; then
     step "SmolLM2 perplexity on cuda, bf16 KV vs fp8 KV (cpu: fp8 KV moves log-probs by ~0.18 nats)"
     for c in smollm2 smollm2-kvfp8; do
@@ -322,7 +326,41 @@ kvfp8)
     done
   fi
   ;;
-*) echo "usage: scripts/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|kvfp8" >&2; exit 2 ;;
+profile)
+  smollm2_model || exit 1
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  step "SmolLM2 batch-1 decode: each kernel's GPU time in a step (ncu; graphs off, kernels unchanged)"
+  if [ -n "$NCU" ]; then
+    timeout 240 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 1500 \
+      --launch-count 900 "$LB/tests/e2e/engine_tool" greedy configs/gpu/smollm2.yaml 40 \
+      "Write a short story about a cat." --set backend.cuda_graphs=false > "$O/ncu-smollm2.csv" 2> "$O/ncu.err" \
+      || { tail -3 "$O/ncu.err"; fails=$((fails + 1)); }
+    python3 scripts/ncu-summary.py "$O/ncu-smollm2.csv" | tee "$O/ncu-smollm2-summary.txt" | head -30
+  else
+    echo "no ncu on this machine"; fails=$((fails + 1))
+  fi
+  step "SmolLM2 batch-1 decode wall time: graphs on / off (the step the kernels above add up to)"
+  for g in true false; do
+    echo "cuda_graphs=$g: $(timeout 120 loom bench configs/gpu/smollm2.yaml --num-requests 4 --input-len 64 \
+      --output-len 256 --set scheduler.max_num_seqs=1 --set backend.cuda_graphs=$g --no-progress 2>&1 \
+      | grep -E 'TPOT p50' | tr -s ' ')"
+  done
+  ;;
+prefetch)
+  # LOOM_CUDA_WEIGHT_PREFETCH=0 turns off the GEMVs' L2 prefetch of their
+  # weights ahead of the PDL wait (kernels/cuda/common.cuh); same build.
+  have_smol=0; smollm2_model && have_smol=1
+  for m in smollm2 llama3-8b-dummy llama3-8b-int8-w8a16 llama3-8b-fp8; do
+    [ $m = smollm2 ] && [ $have_smol = 0 ] && continue
+    for pf in 1 0; do
+      step "$m batch-1 decode, weight prefetch $pf"
+      LOOM_CUDA_WEIGHT_PREFETCH=$pf timeout 200 loom bench configs/gpu/$m.yaml --num-requests 4 --input-len 128 \
+        --output-len 256 --set scheduler.max_num_seqs=1 --no-progress --json "$O/prefetch-$m-pf$pf.json" 2>&1 \
+        | grep -E "TPOT p50|output tokens/s" || fails=$((fails + 1))
+    done
+  done
+  ;;
+*) echo "usage: scripts/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|kvfp8|profile|prefetch" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

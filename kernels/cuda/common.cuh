@@ -128,6 +128,21 @@ __device__ __forceinline__ void lc_pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+/* Weight prefetch under PDL: a kernel's weights do not depend on the kernel
+ * before it, so a GEMV asks L2 for its rows before lc_pdl_wait() — while the
+ * previous kernel still runs — and after the wait reads them from L2 instead
+ * of paying a DRAM round trip per launch. At batch 1 a small model's step is
+ * a chain of ~300 such latency-bound launches. Only a hint: L2 is the point of
+ * coherence, so a prefetch can never make a later load see stale data.
+ * lc_weight_prefetch() is the launchers' switch: on unless the environment
+ * says LOOM_CUDA_WEIGHT_PREFETCH=0 (process-wide, for A/B runs). */
+extern "C" int lc_weight_prefetch(void);
+__device__ __forceinline__ void lc_prefetch_l2(const void *p, size_t bytes, int lane) {
+    const char *c = static_cast<const char *>(p);
+    for (size_t o = (size_t)lane * 128; o < bytes; o += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
+}
+
 /* kern<<<grid, block, smem, s>>>(args...) with programmatic stream
  * serialisation; returns the launch status. */
 template <typename... KArgs, typename... Args>

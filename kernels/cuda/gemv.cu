@@ -30,12 +30,23 @@
  * not pay (every warp recomputes the activations: see gemm.c), so it is
  * opt-in (loom_cuda_gemm_set_swiglu_fuse) and kept tested.
  */
+#include <stdlib.h>
+
 #include "common.cuh"
 
 #include "gemv.h"
 
 #define LC_GEMV_WARPS 4
 #define LC_GEMV_U 4 /* 16-byte weight chunks per row per lane in flight */
+
+extern "C" int lc_weight_prefetch(void) {
+    static int on = -1; /* read once; a racing first read computes the same value */
+    if (on < 0) {
+        const char *e = getenv("LOOM_CUDA_WEIGHT_PREFETCH");
+        on = !(e && e[0] == '0');
+    }
+    return on;
+}
 
 /* 8 activations of row m, chunk c: x (M, K), or SWIGLU: silu(g) * u from
  * gu (M, 2K), rounded to T like the unfused kernel's output. */
@@ -58,12 +69,15 @@ __device__ __forceinline__ void lc_gemv_x8(const T *__restrict__ x, int K, int m
 template <typename T, int M, int R, bool F32, bool SWIGLU>
 __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
     lc_gemv_kernel(const T *__restrict__ x, const T *__restrict__ w, void *__restrict__ y, int N,
-                   int K, int passes) {
-    lc_pdl_wait();
-    lc_pdl_trigger();
+                   int K, int passes, int pf) {
     const int lane = threadIdx.x & 31;
     const int pass = (int)(blockIdx.x % (unsigned)passes), tile = (int)(blockIdx.x / (unsigned)passes);
     const int n0 = (tile * LC_GEMV_WARPS + (threadIdx.x >> 5)) * R;
+    /* this warp's R weight rows are contiguous: ask L2 for them first */
+    if (pf && n0 < N && pass == 0)
+        lc_prefetch_l2(w + (size_t)n0 * K, (size_t)(N - n0 < R ? N - n0 : R) * K * sizeof(T), lane);
+    lc_pdl_wait();
+    lc_pdl_trigger();
     if (n0 >= N) return;
     const size_t row0 = (size_t)pass * M; /* first input / output row of this pass */
     x += row0 * (SWIGLU ? 2 : 1) * (size_t)K;
@@ -147,7 +161,8 @@ static cudaError_t lc_gemv_m(const void *x, const void *w, void *y, int N, int K
         (unsigned long long)((N + rows_per_cta - 1) / rows_per_cta) * (unsigned long long)passes;
     if (passes < 1 || grid > 0x7fffffffull) return cudaErrorInvalidValue;
     return lc_launch(lc_gemv_kernel<T, M, R, F32, SWIGLU>, dim3((unsigned)grid), dim3(LC_GEMV_WARPS * 32),
-                     0, s, static_cast<const T *>(x), static_cast<const T *>(w), y, N, K, passes);
+                     0, s, static_cast<const T *>(x), static_cast<const T *>(w), y, N, K, passes,
+                     lc_weight_prefetch());
 }
 
 template <typename T, bool F32, bool SWIGLU = false>

@@ -89,14 +89,17 @@ template <typename T, int FMT, int M, int R, int U, bool F32>
 __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
     lc_qgemv_kernel(const T *__restrict__ x, const uint8_t *__restrict__ xq,
                     const float *__restrict__ sx, const uint8_t *__restrict__ wd,
-                    const float *__restrict__ sc, void *__restrict__ y, int N, int K, int group) {
-    lc_pdl_wait();
-    lc_pdl_trigger();
+                    const float *__restrict__ sc, void *__restrict__ y, int N, int K, int group,
+                    int pf) {
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     const int lane = threadIdx.x & 31;
     const int n0 = (blockIdx.x * LC_QGEMV_WARPS + (threadIdx.x >> 5)) * R;
-    if (n0 >= N) return;
     const size_t row_bytes = I4 ? (size_t)K / 2 : (size_t)K;
+    /* the warp's R rows of codes are contiguous: ask L2 for them first */
+    if (pf && n0 < N) lc_prefetch_l2(wd + (size_t)n0 * row_bytes, (size_t)(N - n0 < R ? N - n0 : R) * row_bytes, lane);
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    if (n0 >= N) return;
     const int nc = (int)(row_bytes / 16); /* 16-byte chunks per row */
     int nr[R];                            /* row of each slot (clamped: read, never stored) */
     const uint8_t *wr[R];
@@ -260,7 +263,8 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
     const unsigned grid = (unsigned)((w->N + rows_per_cta - 1) / rows_per_cta);
     return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32>, dim3(grid), dim3(LC_QGEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
-                     static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group);
+                     static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group,
+                     lc_weight_prefetch());
 }
 
 template <typename T, int FMT, bool F32>

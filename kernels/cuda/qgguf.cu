@@ -282,15 +282,18 @@ __device__ __forceinline__ void lc_gg_stage(uint32_t (*sm)[lc_gt<TYPE>::SM16 * 4
 template <typename T, int TYPE, int M, int R>
 __global__ void __launch_bounds__(LC_GG_WARPS * 32)
     lc_gguf_gemv_kernel(const T *__restrict__ x, const uint8_t *__restrict__ wd, int rows, int K,
-                        void *__restrict__ y, int ldy, int out_f32) {
+                        void *__restrict__ y, int ldy, int out_f32, int pf) {
     using G = lc_gt<TYPE>;
     __shared__ __align__(16) uint32_t sm[LC_GG_WARPS][R][G::SM16 * 4];
-    lc_pdl_wait();
-    lc_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n0 = (blockIdx.x * LC_GG_WARPS + warp) * R;
-    if (n0 >= rows) return; /* whole warps only; nothing below syncs the CTA */
     const size_t row_bytes = (size_t)(K / G::ELEMS) * G::BB;
+    /* the warp's R rows of blocks are contiguous: ask L2 for them first */
+    if (pf && n0 < rows)
+        lc_prefetch_l2(wd + (size_t)n0 * row_bytes, (size_t)(rows - n0 < R ? rows - n0 : R) * row_bytes, lane);
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    if (n0 >= rows) return; /* whole warps only; nothing below syncs the CTA */
     const int nsb = K >> 5, ntiles = (nsb + 31) >> 5;
     const uint8_t *wr[R]; /* rows past the end read row n0 again, never stored */
 #pragma unroll
@@ -375,7 +378,7 @@ static cudaError_t lc_gg_gemv_m(const loom_cuda_qseg *sg, int K, const void *x, 
     const unsigned grid = (unsigned)((sg->rows + rows_per_cta - 1) / rows_per_cta);
     return lc_launch(lc_gguf_gemv_kernel<T, TYPE, M, R>, dim3(grid), dim3(LC_GG_WARPS * 32), 0, s,
                      static_cast<const T *>(x), static_cast<const uint8_t *>(sg->data), sg->rows,
-                     K, y, ldy, out_f32);
+                     K, y, ldy, out_f32, lc_weight_prefetch());
 }
 
 template <typename T, int TYPE>

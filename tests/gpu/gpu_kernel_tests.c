@@ -1799,6 +1799,14 @@ int main(int argc, char **argv) {
            prop.name, prop.major, prop.minor, prop.multiProcessorCount);
 
     const loom_cuda_dt dts[2] = {LOOM_CUDA_BF16, LOOM_CUDA_F16};
+    /* LOOM_GPU_KERNEL_TESTS=linear: only the linear layers (GEMV, cuBLASLt,
+     * quantized, GGUF) — for a racecheck run that the attention tests
+     * would otherwise fill with minutes of sanitizer time */
+    const char *only = getenv("LOOM_GPU_KERNEL_TESTS");
+    if (only && strcmp(only, "linear") == 0) {
+        printf("gpu_kernel_tests: LOOM_GPU_KERNEL_TESTS=linear: the linear-layer tests only\n");
+        goto linear;
+    }
     test_embedding(LOOM_CUDA_BF16, 1000, 4096, 7, false);
     test_embedding(LOOM_CUDA_F16, 49152, 576, 3, false);
     test_embedding(LOOM_CUDA_BF16, 1000, 64, 9, true);
@@ -1953,6 +1961,7 @@ int main(int argc, char **argv) {
     test_logits_topk_invariance(7, 49152, 1);
     test_logits_topk_invariance(7, 128256, 64);
 
+linear:;
     int code = 0;
     char msg[256] = "";
     loom_cuda_gemm *g = loom_cuda_gemm_create((size_t)32 << 20, &code, msg, sizeof msg);

@@ -3,10 +3,14 @@
 # machine with a Hopper GPU, from a build tree made elsewhere or there.
 #
 #   tests/gpu/run_on_device.sh BUILD_DIR [OUT_DIR] [--no-bench] [--sanitize] [--racecheck] [--quick]
+#                              [--racecheck-linear] [--no-kernel-tests] [--no-backend-test]
 #
 # --sanitize: every program under compute-sanitizer memcheck; --racecheck:
 # gpu_kernel_tests again under compute-sanitizer racecheck (shared-memory
-# hazards of the attention, top-k and GEMV kernels).
+# hazards of the attention, top-k and GEMV kernels); --racecheck-linear: the
+# same over the linear-layer tests only (GEMV, quantized, GGUF; a few
+# minutes less); --no-kernel-tests / --no-backend-test: skip the plain
+# gpu_kernel_tests / gpu_backend_test run.
 #
 # BUILD_DIR holds tests/gpu/gpu_kernel_tests, tests/gpu/gpu_backend_test,
 # bench/gpu/gpu_bench, plugins/backend/{cuda,cpu}/*.so and core/libloom.so.0
@@ -21,13 +25,16 @@ B=$(cd "${1:?usage: run_on_device.sh BUILD_DIR [OUT_DIR] [--no-bench] [--sanitiz
 shift
 O=${OUT:-./gpu-out}
 if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then O=$1; shift; fi
-BENCH=1 SAN="" QUICK="" RACE=0
+BENCH=1 SAN="" QUICK="" RACE=0 KT=1 BT=1
 for a in "$@"; do
   case $a in
     --no-bench) BENCH=0 ;;
     --sanitize) SAN="compute-sanitizer --tool memcheck --error-exitcode 99" ;;
     --quick) QUICK=--quick ;;
     --racecheck) RACE=1 ;;
+    --racecheck-linear) RACE=2 ;;
+    --no-kernel-tests) KT=0 ;;
+    --no-backend-test) BT=0 ;;
   esac
 done
 mkdir -p "$O"
@@ -40,10 +47,12 @@ if ! ldconfig -p | grep -q libcublasLt.so.13 && [ ! -e /usr/local/cuda/lib64/lib
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$O/device.txt"
 fails=0
-echo "=== gpu_kernel_tests"
-$SAN "$B/tests/gpu/gpu_kernel_tests" 2>&1 | tee "$O/kernel_tests.log"
-[ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
-if [ $RACE = 1 ]; then
+if [ $KT = 1 ]; then
+  echo "=== gpu_kernel_tests"
+  $SAN "$B/tests/gpu/gpu_kernel_tests" 2>&1 | tee "$O/kernel_tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+fi
+if [ $RACE != 0 ]; then
   echo "=== gpu_kernel_tests under racecheck"
   # cuBLASLt's Hopper kernels (nvjet_*) synchronise through mbarriers and
   # TMA, which racecheck does not model: thousands of "potential WAR
@@ -51,6 +60,7 @@ if [ $RACE = 1 ]; then
   # with --kernel-name-exclude made the sanitizer fail on a hardware
   # exception, so every kernel is checked and the report is counted per
   # kernel; only hazards in loom's own kernels (lc_*, tk_*) fail the run.
+  [ $RACE = 2 ] && export LOOM_GPU_KERNEL_TESTS=linear
   compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 100000 \
     "$B/tests/gpu/gpu_kernel_tests" > "$O/kernel_tests_racecheck.log" 2>&1
   echo "hazards per kernel (access, kernel):"
@@ -59,12 +69,15 @@ if [ $RACE = 1 ]; then
   grep -E '(Read|Write) Thread .* at (lc_|tk_|void lc_|void tk_)' "$O/kernel_tests_racecheck.log" | head -3 \
     | grep -q . && fails=$((fails + 1))
   tail -2 "$O/kernel_tests_racecheck.log"
+  unset LOOM_GPU_KERNEL_TESTS
 fi
-echo "=== gpu_backend_test"
-export LOOM_QUANTIZER_DIR=${LOOM_QUANTIZER_DIR:-$B/plugins/quantizer}   # int8/fp8/int4 checks
-$SAN "$B/tests/gpu/gpu_backend_test" "$B/plugins/backend/cuda/loom-backend-cuda.so" \
-  "$B/plugins/backend/cpu/loom-backend-cpu.so" 2>&1 | tee "$O/backend_test.log"
-[ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+if [ $BT = 1 ]; then
+  echo "=== gpu_backend_test"
+  export LOOM_QUANTIZER_DIR=${LOOM_QUANTIZER_DIR:-$B/plugins/quantizer}   # int8/fp8/int4 checks
+  $SAN "$B/tests/gpu/gpu_backend_test" "$B/plugins/backend/cuda/loom-backend-cuda.so" \
+    "$B/plugins/backend/cpu/loom-backend-cpu.so" 2>&1 | tee "$O/backend_test.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+fi
 if [ -x "$B/tests/gpu/gpu_tp_test" ]; then
   echo "=== gpu_tp_test"
   export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}   # docs/tensor-parallel.md
