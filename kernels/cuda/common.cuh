@@ -134,13 +134,24 @@ __device__ __forceinline__ void lc_pdl_trigger() {
  * of paying a DRAM round trip per launch. At batch 1 a small model's step is
  * a chain of ~300 such latency-bound launches. Only a hint: L2 is the point of
  * coherence, so a prefetch can never make a later load see stale data.
+ * Bounded to each row's first LC_PREFETCH_ROW_BYTES (what a warp's first
+ * loads cover): prefetching whole rows of every resident CTA (~1500 CTAs of
+ * 4 rows x 8 KB on Llama-3-8B's layers, more than L2 holds) evicted them
+ * before use and made its batch-1 decode 20% slower (H200, 2026-12-01)
+ * while SmolLM2's 1 KB rows gained 7%.
  * lc_weight_prefetch() is the launchers' switch: on unless the environment
  * says LOOM_CUDA_WEIGHT_PREFETCH=0 (process-wide, for A/B runs). */
+#define LC_PREFETCH_ROW_BYTES 2048
 extern "C" int lc_weight_prefetch(void);
-__device__ __forceinline__ void lc_prefetch_l2(const void *p, size_t bytes, int lane) {
-    const char *c = static_cast<const char *>(p);
-    for (size_t o = (size_t)lane * 128; o < bytes; o += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
+/* The first min(row_bytes, LC_PREFETCH_ROW_BYTES) of each of `rows` rows
+ * that start at p, one 128-byte line per lane. */
+__device__ __forceinline__ void lc_prefetch_rows(const void *p, int rows, size_t row_bytes, int lane) {
+    const size_t n = row_bytes < LC_PREFETCH_ROW_BYTES ? row_bytes : LC_PREFETCH_ROW_BYTES;
+    for (int r = 0; r < rows; r++) {
+        const char *c = static_cast<const char *>(p) + (size_t)r * row_bytes;
+        for (size_t o = (size_t)lane * 128; o < n; o += 32 * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
+    }
 }
 
 /* kern<<<grid, block, smem, s>>>(args...) with programmatic stream

@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
     const int n0 = (tile * LC_GEMV_WARPS + (threadIdx.x >> 5)) * R;
     /* this warp's R weight rows are contiguous: ask L2 for them first */
     if (pf && n0 < N && pass == 0)
-        lc_prefetch_l2(w + (size_t)n0 * K, (size_t)(N - n0 < R ? N - n0 : R) * K * sizeof(T), lane);
+        lc_prefetch_rows(w + (size_t)n0 * K, N - n0 < R ? N - n0 : R, (size_t)K * sizeof(T), lane);
     lc_pdl_wait();
     lc_pdl_trigger();
     if (n0 >= N) return;

@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
     const int n0 = (blockIdx.x * LC_QGEMV_WARPS + (threadIdx.x >> 5)) * R;
     const size_t row_bytes = I4 ? (size_t)K / 2 : (size_t)K;
     /* the warp's R rows of codes are contiguous: ask L2 for them first */
-    if (pf && n0 < N) lc_prefetch_l2(wd + (size_t)n0 * row_bytes, (size_t)(N - n0 < R ? N - n0 : R) * row_bytes, lane);
+    if (pf && n0 < N) lc_prefetch_rows(wd + (size_t)n0 * row_bytes, N - n0 < R ? N - n0 : R, row_bytes, lane);
     lc_pdl_wait();
     lc_pdl_trigger();
     if (n0 >= N) return;

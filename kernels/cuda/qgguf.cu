@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(LC_GG_WARPS * 32)
     const size_t row_bytes = (size_t)(K / G::ELEMS) * G::BB;
     /* the warp's R rows of blocks are contiguous: ask L2 for them first */
     if (pf && n0 < rows)
-        lc_prefetch_l2(wd + (size_t)n0 * row_bytes, (size_t)(rows - n0 < R ? rows - n0 : R) * row_bytes, lane);
+        lc_prefetch_rows(wd + (size_t)n0 * row_bytes, rows - n0 < R ? rows - n0 : R, row_bytes, lane);
     lc_pdl_wait();
     lc_pdl_trigger();
     if (n0 >= rows) return; /* whole warps only; nothing below syncs the CTA */
