@@ -139,10 +139,16 @@ __device__ __forceinline__ void lc_pdl_trigger() {
  * 4 rows x 8 KB on Llama-3-8B's layers, more than L2 holds) evicted them
  * before use and made its batch-1 decode 20% slower (H200, 2026-12-01)
  * while SmolLM2's 1 KB rows gained 7%.
- * lc_weight_prefetch() is the launchers' switch: on unless the environment
- * says LOOM_CUDA_WEIGHT_PREFETCH=0 (process-wide, for A/B runs). */
+ * Bounded to 2 KB a row, Llama-3-8B was still 3% slower (4.45 vs 4.32 ms a
+ * token): its matrices (32 MiB and up) stream at full bandwidth anyway and
+ * the prefetches only compete; so only matrices of at most
+ * LC_PREFETCH_MAX_BYTES take it (SmolLM2's layers: 0.68 vs 0.73 ms).
+ * lc_weight_prefetch(bytes) is the launchers' switch for a matrix of that
+ * size: off above the bound, and everywhere when the environment says
+ * LOOM_CUDA_WEIGHT_PREFETCH=0 (process-wide, for A/B runs). */
 #define LC_PREFETCH_ROW_BYTES 2048
-extern "C" int lc_weight_prefetch(void);
+#define LC_PREFETCH_MAX_BYTES ((size_t)16 << 20)
+extern "C" int lc_weight_prefetch(size_t matrix_bytes);
 /* The first min(row_bytes, LC_PREFETCH_ROW_BYTES) of each of `rows` rows
  * that start at p, one 128-byte line per lane. */
 __device__ __forceinline__ void lc_prefetch_rows(const void *p, int rows, size_t row_bytes, int lane) {

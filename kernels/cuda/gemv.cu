@@ -39,13 +39,13 @@
 #define LC_GEMV_WARPS 4
 #define LC_GEMV_U 4 /* 16-byte weight chunks per row per lane in flight */
 
-extern "C" int lc_weight_prefetch(void) {
+extern "C" int lc_weight_prefetch(size_t matrix_bytes) {
     static int on = -1; /* read once; a racing first read computes the same value */
     if (on < 0) {
         const char *e = getenv("LOOM_CUDA_WEIGHT_PREFETCH");
         on = !(e && e[0] == '0');
     }
-    return on;
+    return on && matrix_bytes <= LC_PREFETCH_MAX_BYTES;
 }
 
 /* 8 activations of row m, chunk c: x (M, K), or SWIGLU: silu(g) * u from
@@ -115,19 +115,34 @@ __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
             }
         }
     }
-    for (; c < nc; c += 32) {
-        float wf[R][8];
+    if (c < nc) {
+        /* the tail, fewer than U chunks for this lane: its loads issued
+         * together, not one round trip each (small K is all tail: SmolLM2's
+         * K = 576 is 2-3 chunks a lane). Same chunks in the same order as
+         * a chunk-at-a-time loop, so the same bits. */
+        uint4 wv[R][LC_GEMV_U];
 #pragma unroll
         for (int r = 0; r < R; r++)
-            lc_unpack8<T>(__ldcs(reinterpret_cast<const uint4 *>(wr[r] + (size_t)c * 8)), wf[r]);
 #pragma unroll
-        for (int m = 0; m < M; m++) {
-            float xf[8];
-            lc_gemv_x8<T, SWIGLU>(x, K, m, c, xf);
+            for (int u = 0; u < LC_GEMV_U; u++)
+                wv[r][u] = c + 32 * u < nc
+                               ? __ldcs(reinterpret_cast<const uint4 *>(wr[r] + (size_t)(c + 32 * u) * 8))
+                               : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-            for (int r = 0; r < R; r++)
+        for (int u = 0; u < LC_GEMV_U; u++) {
+            if (c + 32 * u >= nc) break;
+            float wf[R][8];
 #pragma unroll
-                for (int e = 0; e < 8; e++) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
+            for (int r = 0; r < R; r++) lc_unpack8<T>(wv[r][u], wf[r]);
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                float xf[8];
+                lc_gemv_x8<T, SWIGLU>(x, K, m, c + 32 * u, xf);
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
+            }
         }
     }
 #pragma unroll
@@ -162,7 +177,7 @@ static cudaError_t lc_gemv_m(const void *x, const void *w, void *y, int N, int K
     if (passes < 1 || grid > 0x7fffffffull) return cudaErrorInvalidValue;
     return lc_launch(lc_gemv_kernel<T, M, R, F32, SWIGLU>, dim3((unsigned)grid), dim3(LC_GEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const T *>(w), y, N, K, passes,
-                     lc_weight_prefetch());
+                     lc_weight_prefetch((size_t)N * K * sizeof(T)));
 }
 
 template <typename T, bool F32, bool SWIGLU = false>

@@ -264,7 +264,7 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
     return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32>, dim3(grid), dim3(LC_QGEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
                      static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group,
-                     lc_weight_prefetch());
+                     lc_weight_prefetch((size_t)w->N * (FMT == LOOM_CUDA_Q_INT4 ? (size_t)w->K / 2 : (size_t)w->K)));
 }
 
 template <typename T, int FMT, bool F32>

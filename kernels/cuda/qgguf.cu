@@ -378,7 +378,8 @@ static cudaError_t lc_gg_gemv_m(const loom_cuda_qseg *sg, int K, const void *x, 
     const unsigned grid = (unsigned)((sg->rows + rows_per_cta - 1) / rows_per_cta);
     return lc_launch(lc_gguf_gemv_kernel<T, TYPE, M, R>, dim3(grid), dim3(LC_GG_WARPS * 32), 0, s,
                      static_cast<const T *>(x), static_cast<const uint8_t *>(sg->data), sg->rows,
-                     K, y, ldy, out_f32, lc_weight_prefetch());
+                     K, y, ldy, out_f32,
+                     lc_weight_prefetch((size_t)sg->rows * (size_t)(K / lc_gt<TYPE>::ELEMS) * lc_gt<TYPE>::BB));
 }
 
 template <typename T, int TYPE>

@@ -466,16 +466,18 @@ static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, fl
     }
     const int32_t k = tk->k;
     const bool on_device = loom_cuda_topk_supported((int)V, k);
+    /* the summary packed as ids (nreal, k) | values (nreal, k) | lse (nreal)
+     * from topk_ids_dev on (the three work buffers are consecutive,
+     * cuda_load.c), so one small copy crosses instead of three — each copy
+     * is a few microseconds of a batch-1 step that is ~0.7 ms on SmolLM2 */
+    const size_t nk = (size_t)nreal * (size_t)k;
+    int32_t *d_ids = b->topk_ids_dev, *h_ids = b->topk_ids_host;
+    float *d_vals = (float *)(d_ids + nk), *d_lse = d_vals + nk;
+    const float *h_vals = (const float *)(h_ids + nk), *h_lse = h_vals + nk;
     if (on_device) {
-        if ((st = CB_CUDA(b, err, loom_cuda_logits_topk(b->logits_dev, nreal, (int)V, k, b->topk_ids_dev,
-                                                        b->topk_vals_dev, b->lse_dev, b->topk_ws, b->stream))) ||
-            (st = CB_CUDA(b, err, cudaMemcpyAsync(b->topk_ids_host, b->topk_ids_dev,
-                                                  (size_t)nreal * k * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                                  b->stream))) ||
-            (st = CB_CUDA(b, err, cudaMemcpyAsync(b->topk_vals_host, b->topk_vals_dev,
-                                                  (size_t)nreal * k * sizeof(float), cudaMemcpyDeviceToHost,
-                                                  b->stream))) ||
-            (st = CB_CUDA(b, err, cudaMemcpyAsync(b->lse_host, b->lse_dev, (size_t)nreal * sizeof(float),
+        if ((st = CB_CUDA(b, err, loom_cuda_logits_topk(b->logits_dev, nreal, (int)V, k, d_ids, d_vals, d_lse,
+                                                        b->topk_ws, b->stream))) ||
+            (st = CB_CUDA(b, err, cudaMemcpyAsync(h_ids, d_ids, (2 * nk + (size_t)nreal) * 4,
                                                   cudaMemcpyDeviceToHost, b->stream))))
             return st;
     }
@@ -489,9 +491,9 @@ static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, fl
     for (int32_t i = 0; i < nreal; i++) {
         const size_t r = (size_t)(r0 + i);
         if (on_device) {
-            memcpy(tk->top_ids + r * k, b->topk_ids_host + (size_t)i * k, (size_t)k * sizeof(int32_t));
-            memcpy(tk->top_vals + r * k, b->topk_vals_host + (size_t)i * k, (size_t)k * sizeof(float));
-            tk->lse[r] = b->lse_host[i];
+            memcpy(tk->top_ids + r * k, h_ids + (size_t)i * k, (size_t)k * sizeof(int32_t));
+            memcpy(tk->top_vals + r * k, h_vals + (size_t)i * k, (size_t)k * sizeof(float));
+            tk->lse[r] = h_lse[i];
         } else {
             loom_logits_topk_row(b->logits_host + (size_t)i * V, (int32_t)V, k, tk->top_ids + r * k,
                                  tk->top_vals + r * k, tk->lse + r);

@@ -642,6 +642,9 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
                       (void **)&b->logits_local, (void **)&b->logits_gathered,
                       (void **)&b->topk_ids_dev, (void **)&b->topk_vals_dev, (void **)&b->lse_dev,
                       &b->topk_ws, &b->qscratch};
+    /* topk_ids_dev, topk_vals_dev and lse_dev stay consecutive: a step's
+     * top-k summary is written packed from topk_ids_dev on and copied out
+     * in one piece (cb_emit_logits) */
     for (int i = 0; i < CB_WORK_BUFS; i++) {
         *dst[i] = p;
         p += cb_round(sz[i]);
