@@ -305,7 +305,10 @@ static int run_once(const char *label, const char *config, const char **sets, in
     percentiles(ttft, nt, res->ttft);
     percentiles(tpot, np, res->tpot);
     res->peak_kv = st.kv_blocks_total ? (double)st.kv_blocks_peak / st.kv_blocks_total : 0;
-    res->prefix_hit_rate = st.prefix_queries ? (double)st.prefix_hits / (double)st.prefix_queries : 0;
+    /* prompt tokens served from the prefix cache, per request once: the
+     * cache's own query counter also counts every admission the scheduler
+     * retried (a request waiting for blocks is looked up again each step) */
+    res->prefix_hit_rate = st.prompt_tokens ? (double)st.cached_prompt_tokens / (double)st.prompt_tokens : 0;
     res->preemptions = st.preemptions;
     res->prefill_tokens = st.prefill_tokens;
     res->cached_tokens = st.cached_prompt_tokens;

@@ -53,7 +53,8 @@ static const loom_param k_model_params[] = {
     {"seed", LOOM_PARAM_INT, offsetof(model_raw, seed), "0", 1, 0, NULL,
      "dummy format only: seed of the random weights"},
     {"dtype", LOOM_PARAM_ENUM, offsetof(model_raw, dtype), "f32", 1, 0, k_dtypes,
-     "compute dtype for unquantized weights and activations"},
+     "dummy format only: storage dtype of the random weights (the backend picks the compute "
+     "dtype: cpu float32, cuda backend.dtype)"},
     {"chat_template", LOOM_PARAM_ENUM, offsetof(model_raw, chat_template), "auto", 1, 0,
      k_templates, "chat prompt format; auto = from the model's metadata"},
     {0},
