@@ -141,6 +141,31 @@ static inline loom_status loom_model_config_check(const loom_model_config *c, ch
     return LOOM_OK;
 }
 
+/* [any] What load() and load_shard() check before anything else: this
+ * instance has not loaded a model yet (`already_loaded`), `m` is a model
+ * view with a config and get(), `comm` (NULL for a whole model) has
+ * all_reduce_sum and all_gather, and the config passes
+ * loom_model_config_check. LOOM_ERR_INVALID, LOOM_ERR_ABI or the config
+ * check's status, with `why` filled. */
+static inline loom_status loom_load_check(bool already_loaded, const loom_model_view *m, const loom_comm *comm,
+                                          char *why, size_t cap) {
+    if (already_loaded) {
+        snprintf(why, cap, "load() called twice; create a new instance per model");
+        return LOOM_ERR_INVALID;
+    }
+    if (!m || !m->config || !m->get) {
+        snprintf(why, cap, "load() needs a model view with a config and get()");
+        return LOOM_ERR_INVALID;
+    }
+    if (comm && (comm->struct_size < offsetof(loom_comm, all_gather) + sizeof(void *) || !comm->all_reduce_sum ||
+                 !comm->all_gather)) {
+        snprintf(why, cap, "load_shard() got a communicator without all_reduce_sum and all_gather (struct_size %u)",
+                 comm->struct_size);
+        return LOOM_ERR_ABI;
+    }
+    return loom_model_config_check(m->config, why, cap);
+}
+
 /* [any] The model's `<stem>.qweight` when `t` is a packed AWQ/GPTQ linear
  * weight: a shape-only `<stem>.weight` descriptor (data NULL, nbytes 0)
  * whose 4-bit data only a quantizer (int4, source awq / gptq) can read.

@@ -57,3 +57,37 @@ Test(backend_check, each_bad_config_is_refused_by_name) {
     c.rope_high_freq_factor = 1, c.rope_original_context = 8192;
     refused(&c, LOOM_ERR_FORMAT, "low/high freq factors 4/1");
 }
+
+/* load()'s preamble, shared by the cpu and cuda backends: each refusal
+ * with its status and a message that says what to do or what was wrong. */
+static const loom_tensor *no_tensor(void *ctx, const char *name) {
+    (void)ctx, (void)name;
+    return NULL;
+}
+
+static loom_status comm_noop_sum(void *ctx, int32_t rank, void *buf, int64_t count, loom_dtype dt, void *stream,
+                                 loom_error *err) {
+    (void)ctx, (void)rank, (void)buf, (void)count, (void)dt, (void)stream, (void)err;
+    return LOOM_OK;
+}
+
+Test(backend_check, load_preamble_refuses_each_bad_call) {
+    char why[384] = "";
+    loom_model_config c = good();
+    loom_model_view m = {.config = &c, .get = no_tensor};
+    cr_assert_eq(loom_load_check(false, &m, NULL, why, sizeof why), LOOM_OK, "%s", why);
+    cr_assert_eq(loom_load_check(true, &m, NULL, why, sizeof why), LOOM_ERR_INVALID);
+    cr_assert(strstr(why, "create a new instance per model"), "%s", why);
+    cr_assert_eq(loom_load_check(false, NULL, NULL, why, sizeof why), LOOM_ERR_INVALID);
+    loom_model_view nog = {.config = &c};
+    cr_assert_eq(loom_load_check(false, &nog, NULL, why, sizeof why), LOOM_ERR_INVALID);
+    cr_assert(strstr(why, "model view"), "%s", why);
+    loom_comm short_comm = {.struct_size = 8};
+    cr_assert_eq(loom_load_check(false, &m, &short_comm, why, sizeof why), LOOM_ERR_ABI);
+    cr_assert(strstr(why, "struct_size 8"), "%s", why);
+    loom_comm half = {.struct_size = sizeof half, .all_reduce_sum = comm_noop_sum};
+    cr_assert_eq(loom_load_check(false, &m, &half, why, sizeof why), LOOM_ERR_ABI, "%s", why);
+    c.num_kv_heads = 3; /* the config check runs last */
+    cr_assert_eq(loom_load_check(false, &m, NULL, why, sizeof why), LOOM_ERR_UNSUPPORTED);
+    cr_assert(strstr(why, "kv heads 3"), "%s", why);
+}

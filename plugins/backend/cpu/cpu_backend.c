@@ -386,22 +386,11 @@ static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
     const loom_host *h = b->host;
     loom_status st = LOOM_OK;
     char name[96];
-    if (b->loaded)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "backend cpu: load() called twice; create a new instance per model");
-    if (!m || !m->config || !m->get)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cpu: load() needs a model view");
-    if (comm && (comm->struct_size < offsetof(loom_comm, all_gather) + sizeof(void *) ||
-                 !comm->all_reduce_sum || !comm->all_gather))
-        return h->error(h->ctx, err, LOOM_ERR_ABI,
-                        "backend cpu: load_shard() got a communicator without all_reduce_sum and "
-                        "all_gather (struct_size %u)",
-                        comm->struct_size);
+    char why[384];
+    if ((st = loom_load_check(b->loaded, m, comm, why, sizeof why)) != LOOM_OK)
+        return h->error(h->ctx, err, st, "backend cpu: %s", why);
     b->mc = *m->config;
     const loom_model_config *c = &b->mc;
-    char why[384];
-    if ((st = loom_model_config_check(c, why, sizeof why)) != LOOM_OK)
-        return h->error(h->ctx, err, st, "backend cpu: %s", why);
     if (c->head_dim % 2 != 0 || c->head_dim > LOOM_CPU_MAX_HEAD_DIM)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cpu: model '%s' has head_dim %d; this backend runs even head_dim up "

@@ -750,22 +750,11 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
     const loom_host *h = b->host;
     loom_status st = LOOM_OK;
     char name[96];
-    if (b->loaded)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "backend cuda: load() called twice; create a new instance per model");
-    if (!m || !m->config || !m->get)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: load() needs a model view");
-    if (comm && (comm->struct_size < offsetof(loom_comm, all_gather) + sizeof(void *) ||
-                 !comm->all_reduce_sum || !comm->all_gather))
-        return h->error(h->ctx, err, LOOM_ERR_ABI,
-                        "backend cuda: load_shard() got a communicator without all_reduce_sum "
-                        "and all_gather (struct_size %u)",
-                        comm->struct_size);
+    char why[384];
+    if ((st = loom_load_check(b->loaded, m, comm, why, sizeof why)) != LOOM_OK)
+        return h->error(h->ctx, err, st, "backend cuda: %s", why);
     b->mc = *m->config;
     const loom_model_config *c = &b->mc;
-    char why[384];
-    if ((st = loom_model_config_check(c, why, sizeof why)) != LOOM_OK)
-        return h->error(h->ctx, err, st, "backend cuda: %s", why);
     if (!LOOM_CUDA_HEAD_DIM_OK(c->head_dim) || c->hidden_size % 8 != 0 || c->intermediate_size % 8 != 0 ||
         c->hidden_size > 32768 || c->num_heads / c->num_kv_heads > LOOM_CUDA_MAX_GQA)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
