@@ -15,7 +15,10 @@
  *     refused with a clear message;
  *   - rollback property: random mixes of requests (lengths, n, sampling,
  *     aborts) under a small paged cache that preempts; every request ends
- *     as it should and no KV block is left in use afterwards;
+ *     as it should and no KV block is left in use afterwards (draft-model
+ *     rounds go through propose_batch);
+ *   - batch 4: greedy outputs identical with draft-model speculation, whose
+ *     drafts come in one batched draft round per step;
  *   - the entry points: a speculator built for ABI 1.3 (its table ends
  *     before propose_batch) is asked per sequence, an ABI 1.4 one with
  *     propose_batch once per step with every decoding sequence; greedy
@@ -109,8 +112,12 @@ static const char *k_prompts[] = {
     "    return total\n",
     "Copy this shopping list, putting a dash before each item:\n\napples\nbread\nmilk\neggs\n"
     "cheese\ntomatoes\nrice\ncoffee\n",
+    /* the batch test's fourth */
+    "List the planets of the solar system in order from the Sun, one per line, with one fact about "
+    "each.",
 };
 #define NUM_PROMPTS 3
+#define NUM_BATCH_PROMPTS 4
 #define GREEDY_TOKENS 64
 
 static bool have_model(void) {
@@ -184,6 +191,59 @@ Test(spec, greedy_identical_draft_self, .timeout = 180) {
     cr_log_info("draft-self: proposed %lld accepted %lld (%.1f%%), steps %lld vs %lld",
                 (long long)ss.spec_proposed, (long long)ss.spec_accepted, 100 * rate, (long long)ss.steps,
                 (long long)sb.steps);
+}
+
+/* The prompts all at once (batch 4). */
+static void greedy_batch(const char *yaml, const char *const *ov, int32_t nov, gen *g, loom_engine_stats *st) {
+    loom_engine *e = engine_new(yaml, ov, nov);
+    memset(g, 0, sizeof *g);
+    for (int i = 0; i < NUM_BATCH_PROMPTS; i++) {
+        loom_request rq = loom_request_default();
+        rq.prompt = k_prompts[i];
+        rq.chat = true;
+        rq.max_tokens = GREEDY_TOKENS;
+        rq.params.logprobs = 2;
+        int64_t id = submit(e, g, &rq);
+        if (i == 0) g->base = id;
+    }
+    run_all(e);
+    loom_engine_get_stats(e, st);
+    cr_assert_eq(st->kv_blocks_used, 0, "%s: %d KV blocks still used after every request ended", yaml,
+                 st->kv_blocks_used);
+    loom_engine_destroy(e);
+    cr_assert_str_empty(g->error, "%s: %s", yaml, g->error);
+}
+
+/* Batch 4 with draft-model self-speculation: the same greedy tokens, and
+ * the drafts of a step come from one batched draft round (k + 1 draft
+ * steps for all four sequences, not 4 x (k + 1)). max_verify_tokens 16
+ * keeps every verify step inside the CPU backend's batch-invariant GEMM
+ * (<= 16 rows; above that sgemm sums in another order and a near-tie could
+ * flip), so any difference is a bug, not rounding. */
+Test(spec, greedy_identical_draft_batch, .timeout = 300) {
+    if (!have_model()) cr_skip_test("LOOM_TEST_MODEL is not set: no real-model speculation test");
+    static gen base, spec;
+    loom_engine_stats sb, ss;
+    greedy_batch("smol.yaml", NULL, 0, &base, &sb);
+    const char *ov[] = {"speculator.max_verify_tokens=16", "speculator.overrides=cache.memory_gib=0.1"};
+    greedy_batch("smol_draft.yaml", ov, 2, &spec, &ss);
+    expect_same(&base, &spec, NUM_BATCH_PROMPTS, "draft-model (self), batch 4");
+    cr_assert_geq(ss.max_running, NUM_BATCH_PROMPTS, "only %d sequences ran together", ss.max_running);
+    double rate = ss.spec_proposed ? (double)ss.spec_accepted / ss.spec_proposed : 0;
+    cr_expect(rate > 0.9, "self-drafting accepted %lld of %lld drafts (%.1f%%); expected ~100%%",
+              (long long)ss.spec_accepted, (long long)ss.spec_proposed, 100 * rate);
+    double rounds = loom_metrics_get("spec.draft-model.rounds");
+    double reqs = loom_metrics_get("spec.draft-model.requests");
+    double dsteps = loom_metrics_get("spec.draft-model.draft_steps");
+    cr_assert(rounds > 0, "no draft rounds");
+    /* k <= 3 here (16 rows / 4 sequences); per sequence it would be ~4 x 3 */
+    cr_expect(reqs / rounds > 2.5, "%.0f draft requests in %.0f rounds: the sequences were not batched", reqs,
+              rounds);
+    cr_expect(dsteps / rounds < 5, "%.0f draft steps in %.0f rounds: not one batched round per step", dsteps, rounds);
+    cr_log_info("draft-self batch 4: proposed %lld accepted %lld (%.1f%%), target steps %lld vs %lld; draft: "
+                "%.0f rounds, %.0f requests, %.0f steps (%.2f steps per target step)",
+                (long long)ss.spec_proposed, (long long)ss.spec_accepted, 100 * rate, (long long)ss.steps,
+                (long long)sb.steps, rounds, reqs, dsteps, dsteps / (double)ss.steps);
 }
 
 /* A draft whose vocabulary differs from the target's is refused clearly
@@ -389,6 +449,7 @@ Test(spec, rollback_leaks_no_blocks, .timeout = 120) {
     uint64_t rng[4];
     loom_rng_seed(rng, 2024);
     int64_t total_proposed = 0, total_preempt = 0;
+    double draft_rounds = 0, draft_reqs = 0;
     for (int round = 0; round < 30; round++) {
         /* Every third round drafts with the draft-model plugin instead. */
         loom_engine *e = engine_new(round % 3 == 2 ? "tiny_draft.yaml" : "tiny_ngram.yaml", NULL, 0);
@@ -446,12 +507,19 @@ Test(spec, rollback_leaks_no_blocks, .timeout = 120) {
         cr_assert_eq(st.running + st.waiting + st.swapped, 0);
         total_proposed += st.spec_proposed;
         total_preempt += st.preemptions;
+        if (round % 3 == 2) {
+            /* this engine's draft-model instance (metrics are per process) */
+            draft_rounds += loom_metrics_get("spec.draft-model.rounds");
+            draft_reqs += loom_metrics_get("spec.draft-model.requests");
+        }
         loom_engine_destroy(e);
     }
     cr_expect(total_proposed > 0, "no drafts: the property was not exercised");
+    cr_expect(draft_reqs > draft_rounds, "draft-model: %.0f requests in %.0f rounds: propose_batch never had two",
+              draft_reqs, draft_rounds);
     cr_expect(total_preempt > 0, "no preemptions: the cache is not small enough to exercise them");
-    cr_log_info("rollback property: %lld drafts, %lld preemptions", (long long)total_proposed,
-                (long long)total_preempt);
+    cr_log_info("rollback property: %lld drafts, %lld preemptions; draft-model: %.0f requests in %.0f batched rounds",
+                (long long)total_proposed, (long long)total_preempt, draft_reqs, draft_rounds);
 }
 
 /* ------------------------------------------- propose vs propose_batch */
