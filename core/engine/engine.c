@@ -842,29 +842,90 @@ static loom_status topk_reserve(loom_engine *e, int32_t rows, int32_t k, loom_er
     return LOOM_OK;
 }
 
+/* A sequence decoding this step: exactly one token not yet computed, no
+ * drafts yet, past its first generated token. */
+static bool spec_decoding(const loom_seq *s) {
+    return !s->finished && s->info.num_draft == 0 && s->info.num_computed == s->info.num_tokens - 1 &&
+           s->num_generated > 0;
+}
+
+/* Room for propose_batch's arguments for n sequences (one block). */
+typedef struct spec_args {
+    loom_seq **seqs;
+    const loom_seq_info **infos;
+    const loom_sampling_params **params;
+    int32_t **draft;
+    float **q;
+    int32_t *max_k, *q_valid, *num;
+} spec_args;
+
+static loom_status spec_args_get(loom_engine *e, int32_t n, spec_args *a) {
+    const size_t per = 5 * sizeof(void *) + 3 * sizeof(int32_t);
+    if (n > e->spec_cap) {
+        void *b = realloc(e->spec_buf, (size_t)n * per);
+        if (!b) return LOOM_ERR_NOMEM;
+        e->spec_buf = b;
+        e->spec_cap = n;
+    }
+    char *p = e->spec_buf;
+    const size_t c = (size_t)e->spec_cap;
+    a->seqs = (loom_seq **)(void *)p, p += c * sizeof(void *);
+    a->infos = (const loom_seq_info **)(void *)p, p += c * sizeof(void *);
+    a->params = (const loom_sampling_params **)(void *)p, p += c * sizeof(void *);
+    a->draft = (int32_t **)(void *)p, p += c * sizeof(void *);
+    a->q = (float **)(void *)p, p += c * sizeof(void *);
+    a->max_k = (int32_t *)(void *)p, p += c * sizeof(int32_t);
+    a->q_valid = (int32_t *)(void *)p, p += c * sizeof(int32_t);
+    a->num = (int32_t *)(void *)p;
+    return LOOM_OK;
+}
+
+/* Append the n drafts the speculator wrote after s's tokens (at most max_k). */
+static loom_status spec_take(loom_engine *e, loom_seq *s, int32_t n, int32_t max_k, int32_t q_valid,
+                             loom_error *err) {
+    if (n <= 0) return LOOM_OK;
+    if (n > max_k) n = max_k;
+    for (int32_t d = 0; d < n; d++)
+        if (s->tokens[s->info.num_tokens + d] < 0 || s->tokens[s->info.num_tokens + d] >= e->vocab)
+            return loom_error_set(err, LOOM_ERR_INVALID, "speculator proposed token %d outside the vocabulary",
+                                  s->tokens[s->info.num_tokens + d]);
+    s->info.num_tokens += n;
+    s->info.num_draft = n;
+    s->spec_q_valid = q_valid != 0;
+    e->stats.spec_proposed += n;
+    return LOOM_OK;
+}
+
 /* Before scheduling: ask the speculator for drafts for every sequence that
- * is decoding (exactly one token not yet computed) and append them. */
+ * is decoding (exactly one token not yet computed) and append them — in one
+ * propose_batch call when the speculator has it, else one propose() per
+ * sequence. */
 static loom_status spec_propose(loom_engine *e, loom_error *err) {
     int32_t decoding = 0;
-    for (int32_t i = 0; i < e->num_seqs; i++) {
-        loom_seq *s = e->seqs[i];
-        if (!s->finished && s->info.num_draft == 0 && s->info.num_computed == s->info.num_tokens - 1 &&
-            s->num_generated > 0)
-            decoding++;
-    }
+    for (int32_t i = 0; i < e->num_seqs; i++) decoding += spec_decoding(e->seqs[i]);
     if (decoding == 0) return LOOM_OK;
     int32_t k = e->spec->plan(e->spec_self, decoding);
     if (k <= 0) return LOOM_OK;
+    spec_args a = {0};
+    if (e->spec_batch && spec_args_get(e, decoding, &a) != LOOM_OK)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for drafts");
     /* Drafts use only KV blocks free now, after one block per decoding
      * sequence is set aside for its real token: speculation must never make
-     * the scheduler preempt (or fail) a sequence that runs without it. */
+     * the scheduler preempt (or fail) a sequence that runs without it.
+     *
+     * One sequence at a time (propose), each sequence's cap comes out of
+     * what the sequences before it really drafted. A batch (propose_batch)
+     * is capped before anyone drafts, so each sequence is charged the blocks
+     * its whole max_k would take: the drafts of all of them together then
+     * fit the spare blocks whatever each returns (fewer drafts only leave
+     * blocks unused this step). Charging the actual counts instead could
+     * hand the same spare block to two sequences. */
     const int32_t bs = e->layout.block_size;
     int64_t spare = (int64_t)e->cache->num_free_blocks(e->cache_self) - decoding;
+    int32_t nb = 0;
     for (int32_t i = 0; i < e->num_seqs; i++) {
         loom_seq *s = e->seqs[i];
-        if (s->finished || s->info.num_draft != 0 || s->info.num_computed != s->info.num_tokens - 1 ||
-            s->num_generated == 0)
-            continue;
+        if (!spec_decoding(s)) continue;
         /* Drafts must leave room for the token verification adds. */
         int32_t room_new = s->req->max_new - s->num_generated - 1;
         int32_t room_ctx = e->max_model_len - s->info.num_tokens - 1;
@@ -884,20 +945,33 @@ static loom_status spec_propose(loom_engine *e, loom_error *err) {
             s->spec_q = q;
             s->spec_q_cap = qn;
         }
+        if (e->spec_batch) {
+            if (max_k > slack) spare -= (max_k - slack + bs - 1) / bs;
+            a.seqs[nb] = s;
+            a.infos[nb] = &s->info;
+            a.params[nb] = &s->req->r.params;
+            a.max_k[nb] = max_k;
+            a.draft[nb] = s->tokens + s->info.num_tokens;
+            a.q[nb] = s->spec_q;
+            a.q_valid[nb] = 0;
+            a.num[nb] = 0;
+            nb++;
+            continue;
+        }
         int32_t q_valid = 0;
         int32_t n = e->spec->propose(e->spec_self, &s->info, &s->req->r.params, max_k,
                                      s->tokens + s->info.num_tokens, s->spec_q, &q_valid);
         if (n <= 0) continue;
         if (n > max_k) n = max_k;
-        for (int32_t d = 0; d < n; d++)
-            if (s->tokens[s->info.num_tokens + d] < 0 || s->tokens[s->info.num_tokens + d] >= e->vocab)
-                return loom_error_set(err, LOOM_ERR_INVALID, "speculator proposed token %d outside the vocabulary",
-                                      s->tokens[s->info.num_tokens + d]);
+        loom_status st = spec_take(e, s, n, max_k, q_valid, err);
+        if (st != LOOM_OK) return st;
         if (n > slack) spare -= (n - slack + bs - 1) / bs;
-        s->info.num_tokens += n;
-        s->info.num_draft = n;
-        s->spec_q_valid = q_valid != 0;
-        e->stats.spec_proposed += n;
+    }
+    if (nb == 0) return LOOM_OK;
+    e->spec->propose_batch(e->spec_self, nb, a.infos, a.params, a.max_k, a.draft, a.q, a.q_valid, a.num);
+    for (int32_t i = 0; i < nb; i++) {
+        loom_status st = spec_take(e, a.seqs[i], a.num[i], a.max_k[i], a.q_valid[i], err);
+        if (st != LOOM_OK) return st;
     }
     return LOOM_OK;
 }

@@ -281,6 +281,11 @@ loom_status loom_engine_create(const char *pipeline_path, const char *const *ove
     e->smp = ops;
     if ((st = make_instance(e, LOOM_KIND_SPECULATOR, false, &ops, &e->spec_self, err)) != LOOM_OK) goto fail;
     e->spec = ops;
+    /* propose_batch arrived in ABI 1.4: a plugin built earlier has a shorter
+     * table, whose bytes past struct_size are not ours to read */
+    e->spec_batch = e->spec &&
+                    e->spec->struct_size >= offsetof(loom_spec_ops, propose_batch) + sizeof e->spec->propose_batch &&
+                    e->spec->propose_batch;
 
     /* Weights to the backend, through the quantizer when there is one. */
     if ((st = check_packed(e, pipeline_path, err)) != LOOM_OK) goto fail;
@@ -390,6 +395,7 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->inner);
     free(e->ops);
     free(e->pairs);
+    free(e->spec_buf);
     pthread_mutex_destroy(&e->inbox_mu);
     free(e);
 }

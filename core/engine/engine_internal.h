@@ -88,6 +88,7 @@ struct loom_engine {
     const loom_sampler_ops *smp;    void *smp_self;
     const loom_quant_ops *quant;    void *quant_self;
     const loom_spec_ops *spec;      void *spec_self;
+    bool spec_batch;                /* spec has propose_batch (ABI 1.4)       */
     loom_quant_binding quant_binding;
 
     loom_kv_layout layout;
@@ -128,6 +129,9 @@ struct loom_engine {
     size_t scratch_cap;
     loom_block_op *ops;
     int32_t *pairs;
+    /* propose_batch's argument arrays, spec_cap entries each (one block). */
+    void *spec_buf;
+    int32_t spec_cap;
 
     loom_engine_stats stats;
 };

@@ -9,6 +9,8 @@
  * rejection resample from normalise(max(0, p - q)), with p and q both taken
  * through the sampler's probs() so temperature/top-k/top-p apply to both.
  * Rejected slots are rolled back through the cache manager's truncate().
+ * A speculator that can draft for many sequences in one go sets
+ * propose_batch (ABI 1.4); the core then asks once per step.
  *
  * All functions are [engine].
  */
@@ -63,6 +65,22 @@ typedef struct loom_spec_ops {
     void (*release)(void *self, loom_seq_id seq);
     void (*stats)(void *self, loom_spec_stats *out);
     /* since ABI 1.1 — add new members below this line only */
+
+    /* since ABI 1.4 (read only when struct_size covers it) */
+    /* Optional (NULL, or an older plugin's shorter table: the core calls
+     * propose() once per sequence). propose() for n sequences at once, so a
+     * drafter can batch its work across them (draft-model: one draft engine
+     * step per draft position for all n, not one per sequence). Entry i
+     * must be exactly what
+     *     num[i] = propose(self, seqs[i], params[i], max_k[i], draft[i], q[i], &q_valid[i])
+     * would give, the calls made for i = 0..n-1 in order: num[i] drafts
+     * (0..max_k[i]) written to draft[i]; q[i] is NULL or room for
+     * (max_k[i], vocab) floats, filled as propose() fills q; q_valid[i] as
+     * propose() sets *q_valid. The core calls it at most once per step,
+     * with every sequence that may draft this step (each seq at most once). */
+    void (*propose_batch)(void *self, int32_t n, const loom_seq_info *const *seqs,
+                          const loom_sampling_params *const *params, const int32_t *max_k,
+                          int32_t *const *draft, float *const *q, int32_t *q_valid, int32_t *num);
 } loom_spec_ops;
 
 #ifdef __cplusplus

@@ -15,7 +15,17 @@
  *     refused with a clear message;
  *   - rollback property: random mixes of requests (lengths, n, sampling,
  *     aborts) under a small paged cache that preempts; every request ends
- *     as it should and no KV block is left in use afterwards.
+ *     as it should and no KV block is left in use afterwards (draft-model
+ *     rounds go through propose_batch);
+ *   - batch 4: greedy outputs identical with draft-model speculation, whose
+ *     drafts come in one batched draft round per step;
+ *   - the entry points: a speculator built for ABI 1.3 (its table ends
+ *     before propose_batch) is asked per sequence, an ABI 1.4 one with
+ *     propose_batch once per step with every decoding sequence; greedy
+ *     outputs identical to no speculation either way;
+ *   - KV room: drafts that take every slot allowed never make the
+ *     scheduler preempt where the run without drafts does not, through
+ *     either entry point.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -24,6 +34,7 @@
 #include <string.h>
 
 #include "loom/engine.h"
+#include "plugin/host.h" /* loom_metrics_get: what the plugins counted */
 
 #define MAX_REQ 64
 #define MAX_OUT 256
@@ -101,8 +112,12 @@ static const char *k_prompts[] = {
     "    return total\n",
     "Copy this shopping list, putting a dash before each item:\n\napples\nbread\nmilk\neggs\n"
     "cheese\ntomatoes\nrice\ncoffee\n",
+    /* the batch test's fourth */
+    "List the planets of the solar system in order from the Sun, one per line, with one fact about "
+    "each.",
 };
 #define NUM_PROMPTS 3
+#define NUM_BATCH_PROMPTS 4
 #define GREEDY_TOKENS 64
 
 static bool have_model(void) {
@@ -133,8 +148,8 @@ static void greedy_run(const char *yaml, gen *g, loom_engine_stats *st, bool top
 
 /* Identical token ids; on a difference, say where and how close the
  * baseline's top two logits were there. */
-static void expect_same(const gen *base, const gen *spec, const char *what) {
-    for (int r = 0; r < NUM_PROMPTS; r++) {
+static void expect_same(const gen *base, const gen *spec, int nreq, const char *what) {
+    for (int r = 0; r < nreq; r++) {
         int32_t n = base->n[r][0] < spec->n[r][0] ? base->n[r][0] : spec->n[r][0];
         int32_t i = 0;
         while (i < n && base->toks[r][0][i] == spec->toks[r][0][i]) i++;
@@ -152,7 +167,7 @@ Test(spec, greedy_identical_ngram, .timeout = 120) {
     loom_engine_stats sb, ss;
     greedy_run("smol.yaml", &base, &sb, true);
     greedy_run("smol_ngram.yaml", &spec, &ss, false);
-    expect_same(&base, &spec, "ngram");
+    expect_same(&base, &spec, NUM_PROMPTS, "ngram");
     cr_expect(ss.spec_proposed > 0 && ss.spec_accepted > 0, "ngram: proposed %lld, accepted %lld",
               (long long)ss.spec_proposed, (long long)ss.spec_accepted);
     cr_expect(ss.steps < sb.steps, "ngram took %lld steps, baseline %lld: speculation saved none",
@@ -169,13 +184,66 @@ Test(spec, greedy_identical_draft_self, .timeout = 180) {
     loom_engine_stats sb, ss;
     greedy_run("smol.yaml", &base, &sb, true);
     greedy_run("smol_draft.yaml", &spec, &ss, false);
-    expect_same(&base, &spec, "draft-model (self)");
+    expect_same(&base, &spec, NUM_PROMPTS, "draft-model (self)");
     double rate = ss.spec_proposed ? (double)ss.spec_accepted / ss.spec_proposed : 0;
     cr_expect(rate > 0.9, "self-drafting accepted %lld of %lld drafts (%.1f%%); expected ~100%%",
               (long long)ss.spec_accepted, (long long)ss.spec_proposed, 100 * rate);
     cr_log_info("draft-self: proposed %lld accepted %lld (%.1f%%), steps %lld vs %lld",
                 (long long)ss.spec_proposed, (long long)ss.spec_accepted, 100 * rate, (long long)ss.steps,
                 (long long)sb.steps);
+}
+
+/* The prompts all at once (batch 4). */
+static void greedy_batch(const char *yaml, const char *const *ov, int32_t nov, gen *g, loom_engine_stats *st) {
+    loom_engine *e = engine_new(yaml, ov, nov);
+    memset(g, 0, sizeof *g);
+    for (int i = 0; i < NUM_BATCH_PROMPTS; i++) {
+        loom_request rq = loom_request_default();
+        rq.prompt = k_prompts[i];
+        rq.chat = true;
+        rq.max_tokens = GREEDY_TOKENS;
+        rq.params.logprobs = 2;
+        int64_t id = submit(e, g, &rq);
+        if (i == 0) g->base = id;
+    }
+    run_all(e);
+    loom_engine_get_stats(e, st);
+    cr_assert_eq(st->kv_blocks_used, 0, "%s: %d KV blocks still used after every request ended", yaml,
+                 st->kv_blocks_used);
+    loom_engine_destroy(e);
+    cr_assert_str_empty(g->error, "%s: %s", yaml, g->error);
+}
+
+/* Batch 4 with draft-model self-speculation: the same greedy tokens, and
+ * the drafts of a step come from one batched draft round (k + 1 draft
+ * steps for all four sequences, not 4 x (k + 1)). max_verify_tokens 16
+ * keeps every verify step inside the CPU backend's batch-invariant GEMM
+ * (<= 16 rows; above that sgemm sums in another order and a near-tie could
+ * flip), so any difference is a bug, not rounding. */
+Test(spec, greedy_identical_draft_batch, .timeout = 300) {
+    if (!have_model()) cr_skip_test("LOOM_TEST_MODEL is not set: no real-model speculation test");
+    static gen base, spec;
+    loom_engine_stats sb, ss;
+    greedy_batch("smol.yaml", NULL, 0, &base, &sb);
+    const char *ov[] = {"speculator.max_verify_tokens=16", "speculator.overrides=cache.memory_gib=0.1"};
+    greedy_batch("smol_draft.yaml", ov, 2, &spec, &ss);
+    expect_same(&base, &spec, NUM_BATCH_PROMPTS, "draft-model (self), batch 4");
+    cr_assert_geq(ss.max_running, NUM_BATCH_PROMPTS, "only %d sequences ran together", ss.max_running);
+    double rate = ss.spec_proposed ? (double)ss.spec_accepted / ss.spec_proposed : 0;
+    cr_expect(rate > 0.9, "self-drafting accepted %lld of %lld drafts (%.1f%%); expected ~100%%",
+              (long long)ss.spec_accepted, (long long)ss.spec_proposed, 100 * rate);
+    double rounds = loom_metrics_get("spec.draft-model.rounds");
+    double reqs = loom_metrics_get("spec.draft-model.requests");
+    double dsteps = loom_metrics_get("spec.draft-model.draft_steps");
+    cr_assert(rounds > 0, "no draft rounds");
+    /* k <= 3 here (16 rows / 4 sequences); per sequence it would be ~4 x 3 */
+    cr_expect(reqs / rounds > 2.5, "%.0f draft requests in %.0f rounds: the sequences were not batched", reqs,
+              rounds);
+    cr_expect(dsteps / rounds < 5, "%.0f draft steps in %.0f rounds: not one batched round per step", dsteps, rounds);
+    cr_log_info("draft-self batch 4: proposed %lld accepted %lld (%.1f%%), target steps %lld vs %lld; draft: "
+                "%.0f rounds, %.0f requests, %.0f steps (%.2f steps per target step)",
+                (long long)ss.spec_proposed, (long long)ss.spec_accepted, 100 * rate, (long long)ss.steps,
+                (long long)sb.steps, rounds, reqs, dsteps, dsteps / (double)ss.steps);
 }
 
 /* A draft whose vocabulary differs from the target's is refused clearly
@@ -381,6 +449,7 @@ Test(spec, rollback_leaks_no_blocks, .timeout = 120) {
     uint64_t rng[4];
     loom_rng_seed(rng, 2024);
     int64_t total_proposed = 0, total_preempt = 0;
+    double draft_rounds = 0, draft_reqs = 0;
     for (int round = 0; round < 30; round++) {
         /* Every third round drafts with the draft-model plugin instead. */
         loom_engine *e = engine_new(round % 3 == 2 ? "tiny_draft.yaml" : "tiny_ngram.yaml", NULL, 0);
@@ -438,10 +507,152 @@ Test(spec, rollback_leaks_no_blocks, .timeout = 120) {
         cr_assert_eq(st.running + st.waiting + st.swapped, 0);
         total_proposed += st.spec_proposed;
         total_preempt += st.preemptions;
+        if (round % 3 == 2) {
+            /* this engine's draft-model instance (metrics are per process) */
+            draft_rounds += loom_metrics_get("spec.draft-model.rounds");
+            draft_reqs += loom_metrics_get("spec.draft-model.requests");
+        }
         loom_engine_destroy(e);
     }
     cr_expect(total_proposed > 0, "no drafts: the property was not exercised");
+    cr_expect(draft_reqs > draft_rounds, "draft-model: %.0f requests in %.0f rounds: propose_batch never had two",
+              draft_reqs, draft_rounds);
     cr_expect(total_preempt > 0, "no preemptions: the cache is not small enough to exercise them");
-    cr_log_info("rollback property: %lld drafts, %lld preemptions", (long long)total_proposed,
-                (long long)total_preempt);
+    cr_log_info("rollback property: %lld drafts, %lld preemptions; draft-model: %.0f requests in %.0f batched rounds",
+                (long long)total_proposed, (long long)total_preempt, draft_reqs, draft_rounds);
+}
+
+/* ------------------------------------------- propose vs propose_batch */
+
+static const char *tspec_path(const char *which) {
+    static char buf[1200];
+    const char *b = getenv("LOOM_BUILD_DIR");
+    snprintf(buf, sizeof buf, "speculator.plugin=%s/tests/spec/loom-speculator-tspec-%s.so", b ? b : ".", which);
+    return buf;
+}
+
+/* Four looping prompts at once on tiny (a cache that never preempts, so
+ * every verify step stays <= 16 rows: bit-identical logits), greedy. */
+static void tiny_batch(const char *spec_ov, gen *g, loom_engine_stats *st) {
+    const char *ov[] = {"cache.num_blocks=512", spec_ov};
+    loom_engine *e = engine_new("tiny.yaml", ov, spec_ov ? 2 : 1);
+    memset(g, 0, sizeof *g);
+    int32_t prompt[40];
+    for (int i = 0; i < 4; i++) {
+        make_prompt(prompt, 40, 300 + (uint64_t)i);
+        loom_request rq = loom_request_default();
+        rq.tokens = prompt;
+        rq.num_tokens = 40;
+        rq.max_tokens = 48;
+        int64_t id = submit(e, g, &rq);
+        if (i == 0) g->base = id;
+    }
+    run_all(e);
+    cr_assert_str_empty(g->error, "%s", g->error);
+    loom_engine_get_stats(e, st);
+    cr_assert_eq(st->kv_blocks_used, 0);
+    loom_engine_destroy(e);
+}
+
+/* A speculator built against ABI 1.3: its table's struct_size ends before
+ * propose_batch (the bytes after it hold one that returns junk drafts). The
+ * core must ask it per sequence, and the output must not change. */
+Test(spec, old_abi_speculator_goes_per_sequence, .timeout = 60) {
+    static gen base, spec;
+    loom_engine_stats sb, ss;
+    tiny_batch(NULL, &base, &sb);
+    tiny_batch(tspec_path("old"), &spec, &ss);
+    expect_same(&base, &spec, 4, "ABI 1.3 speculator");
+    cr_expect_eq(loom_metrics_get("tspec.batch_calls"), 0, "the core called propose_batch past struct_size");
+    cr_expect(loom_metrics_get("tspec.propose_calls") > 0, "propose() was never called");
+    cr_expect(ss.spec_proposed > 0 && ss.spec_accepted > 0, "proposed %lld, accepted %lld",
+              (long long)ss.spec_proposed, (long long)ss.spec_accepted);
+    cr_log_info("ABI 1.3 speculator: %.0f propose calls, %lld drafts, %lld accepted, steps %lld vs %lld",
+                loom_metrics_get("tspec.propose_calls"), (long long)ss.spec_proposed, (long long)ss.spec_accepted,
+                (long long)ss.steps, (long long)sb.steps);
+}
+
+/* An ABI 1.4 speculator with propose_batch: one call per step with every
+ * decoding sequence, never propose(); the same greedy output. */
+Test(spec, batch_speculator_gets_one_call_per_step, .timeout = 60) {
+    static gen base, spec;
+    loom_engine_stats sb, ss;
+    tiny_batch(NULL, &base, &sb);
+    tiny_batch(tspec_path("batch"), &spec, &ss);
+    expect_same(&base, &spec, 4, "ABI 1.4 speculator");
+    double calls = loom_metrics_get("tspec.batch_calls");
+    cr_expect_eq(loom_metrics_get("tspec.propose_calls"), 0, "the core called propose() although propose_batch is there");
+    cr_expect(calls > 0 && calls <= (double)ss.steps, "%.0f propose_batch calls in %lld steps", calls,
+              (long long)ss.steps);
+    cr_expect_eq(loom_metrics_get("tspec.batch_max"), 4, "the largest batch held %.0f sequences, 4 decode",
+                 loom_metrics_get("tspec.batch_max"));
+    cr_expect(ss.spec_proposed > 0 && ss.spec_accepted > 0, "proposed %lld, accepted %lld",
+              (long long)ss.spec_proposed, (long long)ss.spec_accepted);
+    cr_log_info("ABI 1.4 speculator: %.0f propose_batch calls for %.0f sequences, %lld drafts, %lld accepted, "
+                "steps %lld vs %lld",
+                calls, loom_metrics_get("tspec.batch_seqs"), (long long)ss.spec_proposed, (long long)ss.spec_accepted,
+                (long long)ss.steps, (long long)sb.steps);
+}
+
+/* KV room: drafts take only blocks that no sequence running without them
+ * needs. Two short prompts with long outputs and one long prompt with a
+ * short one, on caches of 35..42 blocks of 4 tokens: without drafts nothing
+ * is preempted (the long one ends and frees its blocks just in time). The
+ * test speculators here (fill) draft every slot they are allowed, k 16, no
+ * row cap, with tokens the target (nearly) never accepts — checked: none is,
+ * so every sequence advances exactly as without drafts and any preemption
+ * would be the drafts' doing. Both entry points: propose() one sequence
+ * after another (charged what each really drafted) and propose_batch (caps
+ * fixed before anyone drafts, each charged its whole max_k — charged
+ * nothing, the two long-output sequences take the same spare blocks and the
+ * scheduler preempts: checked, 1-3 preemptions at 35-42 blocks). */
+static void tight_run(int32_t blocks, const char *which, loom_engine_stats *st) {
+    char bov[64];
+    snprintf(bov, sizeof bov, "cache.num_blocks=%d", blocks);
+    const char *ov[] = {bov, which ? tspec_path(which) : NULL, "speculator.num_draft_tokens=16",
+                        "speculator.max_rows=0", "speculator.fill=true"};
+    loom_engine *e = engine_new("tiny.yaml", ov, which ? 5 : 1);
+    static gen g;
+    memset(&g, 0, sizeof g);
+    const int32_t pl[3] = {8, 8, 100}, mt[3] = {60, 60, 8};
+    int32_t prompt[100];
+    for (int i = 0; i < 3; i++) {
+        for (int32_t j = 0; j < pl[i]; j++) prompt[j] = (j * 37 + i * 11) % 256;
+        loom_request rq = loom_request_default();
+        rq.tokens = prompt;
+        rq.num_tokens = pl[i];
+        rq.max_tokens = mt[i];
+        int64_t id = submit(e, &g, &rq);
+        if (i == 0) g.base = id;
+    }
+    run_all(e);
+    cr_assert_str_empty(g.error, "%d blocks: %s", blocks, g.error);
+    for (int i = 0; i < 3; i++) cr_assert_eq(g.n[i][0], mt[i], "%d blocks, request %d: %d tokens", blocks, i, g.n[i][0]);
+    loom_engine_get_stats(e, st);
+    cr_assert_eq(st->kv_blocks_used, 0);
+    loom_engine_destroy(e);
+}
+
+Test(spec, drafts_never_cause_preemption, .timeout = 60) {
+    static const char *const which[2] = {"old", "batch"};
+    int64_t drafts[2] = {0, 0};
+    for (int32_t blocks = 35; blocks <= 42; blocks++) {
+        loom_engine_stats sb;
+        tight_run(blocks, NULL, &sb);
+        cr_assert_eq(sb.preemptions, 0, "%d blocks: the baseline preempted: the test needs a cache it fits", blocks);
+        for (int w = 0; w < 2; w++) {
+            loom_engine_stats ss;
+            tight_run(blocks, which[w], &ss);
+            cr_assert_eq(ss.spec_accepted, 0, "%d blocks, %s: %lld drafts accepted: the sequences no longer advance "
+                         "as without drafts; pick another fill token", blocks, which[w], (long long)ss.spec_accepted);
+            cr_expect_eq(ss.preemptions, 0, "%d blocks, %s: drafts made the scheduler preempt %lld times", blocks,
+                         which[w], (long long)ss.preemptions);
+            cr_expect(ss.spec_proposed > 0, "%d blocks, %s: no drafts", blocks, which[w]);
+            drafts[w] += ss.spec_proposed;
+        }
+    }
+    cr_expect(loom_metrics_get("tspec.batch_max") >= 2, "propose_batch never had two sequences");
+    cr_expect(loom_metrics_get("tspec.propose_calls") > 0, "propose() was never called");
+    cr_log_info("tight caches: %lld drafts one by one, %lld batched, no preemption", (long long)drafts[0],
+                (long long)drafts[1]);
 }

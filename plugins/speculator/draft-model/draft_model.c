@@ -4,14 +4,27 @@
  * YAML — a smaller model with the same tokenizer, or the target itself
  * through a cheaper path (e.g. the int4 quantizer: self-speculation).
  *
- * How a proposal runs: the draft engine gets one request whose prompt is
- * the sequence's tokens so far (token ids, no tokenizer involved), with the
- * target request's sampling parameters (seed forced, derived from the
- * sequence id and length, so drafts are reproducible), max_tokens = k and
- * ignore_eos; the plugin steps the draft engine until that request ends and
- * collects its tokens — and, when sampling (temperature > 0), the
- * distribution each was drawn from (want_probs), which the core's verifier
- * needs as q. Greedy drafts are deterministic: q_valid = 0 (one-hot).
+ * How a proposal runs: the draft engine gets one request per sequence whose
+ * prompt is the sequence's tokens so far (token ids, no tokenizer
+ * involved), with the target request's sampling parameters (seed forced,
+ * derived from the sequence id and length, so drafts are reproducible),
+ * max_tokens = k and ignore_eos; the plugin steps the draft engine until
+ * the requests end and collects their tokens — and, when sampling
+ * (temperature > 0), the distribution each was drawn from (want_probs),
+ * which the core's verifier needs as q. Greedy drafts are deterministic:
+ * q_valid = 0 (one-hot).
+ *
+ * Batched (propose_batch, ABI 1.4): the core hands every decoding sequence
+ * of a step over at once; all their requests go into the draft engine
+ * together, whose continuous batching then runs them side by side — the
+ * tails' prefill in one step and each draft position as one batched decode
+ * step, ~k + 1 draft steps per target step instead of n x (k + 1).
+ * propose() is the same code with n = 1. A request's tokens, seed and
+ * parameters do not depend on what else is in the batch, so the drafts are
+ * the per-sequence ones up to the draft backend's batch invariance (on the
+ * CPU backend a step of more than 16 rows takes another GEMM whose sums
+ * round differently: a near-tie draft token could flip — never the
+ * output, which verification decides).
  *
  * The draft engine keeps its own KV cache. Each proposal is a fresh
  * request, so what keeps it cheap is the draft cache's prefix caching: every
@@ -26,12 +39,11 @@
  * itself as its draft without recursing.
  *
  * Threads: everything is [engine]; the draft engine is stepped on the
- * target's step-loop thread, inside propose(), and its token callbacks run
- * there too.
+ * target's step-loop thread, inside propose() / propose_batch(), and its
+ * token callbacks run there too.
  *
- * Not here: tree drafts, a draft that runs ahead asynchronously, batching
- * the draft across sequences (each sequence's proposal is its own request,
- * run to completion: fine for the small batches speculation pays for).
+ * Not here: tree drafts, a draft that runs ahead asynchronously (each
+ * step's proposals run to completion before the target's forward).
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -91,34 +103,46 @@ typedef struct draft_spec {
     spec_table seqs;              /* per-sequence adaptive state                */
     spec_counters c;              /* statistics                                 */
     int64_t draft_steps;          /* draft engine steps run                     */
+    int64_t rounds;               /* proposal rounds that stepped the draft     */
+    int64_t requests;             /* draft requests those rounds ran            */
 
-    /* The proposal in flight (filled by draft_on_token). */
-    int32_t *cur_draft;           /* (cur_k) borrowed from the core             */
-    float *cur_q;                 /* (cur_k, vocab) or NULL when not wanted     */
-    int32_t cur_k;                /* tokens asked for                           */
-    int32_t cur_n;                /* tokens received                            */
-    bool cur_missing_q;           /* a token came without its distribution      */
-    bool cur_error;               /* the request ended with an error            */
-    char cur_msg[160];            /* that error                                 */
+    /* The proposals in flight, one per sequence (filled by draft_on_token). */
+    struct draft_slot *slots;     /* (slots_cap) host-allocated                 */
+    int32_t slots_cap;
 } draft_spec;
+
+/* One sequence's proposal in flight. */
+typedef struct draft_slot {
+    draft_spec *s;
+    int32_t *draft;               /* (k) borrowed from the core                 */
+    float *q;                     /* (k, vocab) or NULL when not wanted         */
+    int32_t k;                    /* tokens asked for                           */
+    int32_t n;                    /* tokens received                            */
+    bool added;                   /* the draft engine took the request          */
+    bool stochastic;              /* temperature > 0: q rows wanted             */
+    bool missing_q;               /* a token came without its distribution      */
+    bool error;                   /* the request ended with an error            */
+    char msg[160];                /* that error                                 */
+} draft_slot;
 
 /* ------------------------------------------------------------- callbacks */
 
 static void draft_on_token(void *user, const loom_token_event *ev) {
-    draft_spec *s = user;
+    draft_slot *t = user;
     if (ev->finish == LOOM_FINISH_ERROR) {
-        s->cur_error = true;
-        snprintf(s->cur_msg, sizeof s->cur_msg, "%s", ev->error ? ev->error : "unknown error");
+        t->error = true;
+        snprintf(t->msg, sizeof t->msg, "%s", ev->error ? ev->error : "unknown error");
     }
-    if (ev->token < 0 || s->cur_n >= s->cur_k) return;
-    s->cur_draft[s->cur_n] = ev->token;
-    if (s->cur_q) {
-        if (ev->probs && ev->vocab == s->vocab)
-            memcpy(s->cur_q + (size_t)s->cur_n * (size_t)s->vocab, ev->probs, (size_t)s->vocab * sizeof(float));
+    if (ev->token < 0 || t->n >= t->k) return;
+    t->draft[t->n] = ev->token;
+    if (t->q) {
+        const int32_t v = t->s->vocab;
+        if (ev->probs && ev->vocab == v)
+            memcpy(t->q + (size_t)t->n * (size_t)v, ev->probs, (size_t)v * sizeof(float));
         else
-            s->cur_missing_q = true;
+            t->missing_q = true;
     }
-    s->cur_n++;
+    t->n++;
 }
 
 /* ------------------------------------------------------------------- ops */
@@ -148,8 +172,14 @@ static void draft_destroy(void *self) {
     draft_spec *s = self;
     if (!s) return;
     const loom_host *h = s->host;
+    if (s->rounds > 0)
+        h->log(h->ctx, LOOM_LOG_INFO, DRAFT_WHO,
+               "draft engine: %lld rounds, %lld requests, %lld steps (%.2f sequences and %.2f steps a round)",
+               (long long)s->rounds, (long long)s->requests, (long long)s->draft_steps,
+               (double)s->requests / (double)s->rounds, (double)s->draft_steps / (double)s->rounds);
     if (s->draft && s->api) s->api->destroy(s->draft);
     spec_table_free(&s->seqs, h);
+    if (s->slots) h->free(h->ctx, s->slots);
     h->free(h->ctx, s);
 }
 
@@ -250,16 +280,18 @@ static uint64_t draft_seed(const loom_sampling_params *p, const loom_seq_info *s
     return z ^ (z >> 31);
 }
 
-static int32_t draft_propose(void *self, const loom_seq_info *seq, const loom_sampling_params *params,
-                             int32_t max_k, int32_t *draft, float *q, int32_t *q_valid) {
-    draft_spec *s = self;
+/* Prepare sequence seq's request into rq and slot t; false when it drafts
+ * nothing this time (adaptive pause, no room in the draft's context, a
+ * stochastic draft without room for q). Advances the adaptive state once,
+ * as one propose() does. */
+static bool draft_prepare(draft_spec *s, const loom_seq_info *seq, const loom_sampling_params *params,
+                          int32_t max_k, int32_t *draft, float *q, loom_request *rq, draft_slot *t) {
     const loom_host *h = s->host;
-    if (q_valid) *q_valid = 0;
-    if (!s->draft || s->broken || !seq || !seq->tokens || !draft || !params || max_k <= 0) return 0;
+    if (!seq || !seq->tokens || !draft || !params || max_k <= 0) return false;
     spec_seq *st = spec_table_get(&s->seqs, h, seq->id);
     int32_t k = spec_adapt_k(&s->c, h, DRAFT_WHO, st, s->cfg.adaptive, (int32_t)s->cfg.num_draft_tokens,
                              max_k);
-    if (k <= 0) return 0;
+    if (k <= 0) return false;
     int32_t ntok = seq->num_tokens - (seq->num_draft > 0 ? seq->num_draft : 0);
     int32_t room = s->draft_ctx - ntok;
     if (room < k) k = room;
@@ -269,48 +301,93 @@ static int32_t draft_propose(void *self, const loom_seq_info *seq, const loom_sa
                    "sequence of %d tokens does not fit the draft's context of %d: no drafts for it", ntok,
                    s->draft_ctx);
         s->warned_ctx = true;
-        return 0;
+        return false;
     }
 
     /* The target's sampling parameters, with a seed of our own. */
-    loom_request rq = loom_request_default();
+    *rq = loom_request_default();
     /* An older caller's shorter struct keeps our defaults for the rest. */
-    size_t psz = params->struct_size >= sizeof(uint32_t) && params->struct_size <= sizeof rq.params
+    size_t psz = params->struct_size >= sizeof(uint32_t) && params->struct_size <= sizeof rq->params
                      ? params->struct_size
-                     : sizeof rq.params;
-    memcpy(&rq.params, params, psz);
-    rq.params.struct_size = sizeof rq.params;
-    rq.params.has_seed = true;
-    rq.params.seed = draft_seed(params, seq, ntok);
-    rq.params.logprobs = 0;
-    bool stochastic = rq.params.temperature > 0;
+                     : sizeof rq->params;
+    memcpy(&rq->params, params, psz);
+    rq->params.struct_size = sizeof rq->params;
+    rq->params.has_seed = true;
+    rq->params.seed = draft_seed(params, seq, ntok);
+    rq->params.logprobs = 0;
+    bool stochastic = rq->params.temperature > 0;
     /* A stochastic draft without its q would bias the output: no drafts. */
-    if (stochastic && !q) return 0;
-    rq.tokens = seq->tokens;
-    rq.num_tokens = ntok;
-    rq.max_tokens = k;
-    rq.ignore_eos = true;
-    rq.want_probs = stochastic;
-    rq.on_token = draft_on_token;
-    rq.user = s;
+    if (stochastic && !q) return false;
+    rq->tokens = seq->tokens;
+    rq->num_tokens = ntok;
+    rq->max_tokens = k;
+    rq->ignore_eos = true;
+    rq->want_probs = stochastic;
+    rq->on_token = draft_on_token;
+    rq->user = t;
 
-    s->cur_draft = draft;
-    s->cur_q = stochastic ? q : NULL;
-    s->cur_k = k;
-    s->cur_n = 0;
-    s->cur_missing_q = false;
-    s->cur_error = false;
-    s->cur_msg[0] = '\0';
+    memset(t, 0, sizeof *t);
+    t->s = s;
+    t->draft = draft;
+    t->q = stochastic ? q : NULL;
+    t->k = k;
+    t->stochastic = stochastic;
+    return true;
+}
 
-    loom_error err = {0};
-    if (s->api->add_request(s->draft, &rq, &err) < 0) {
-        h->log(h->ctx, s->warned_fail ? LOOM_LOG_DEBUG : LOOM_LOG_WARN, DRAFT_WHO,
-               "draft request refused (no drafts this step): %s", err.message);
-        s->warned_fail = true;
-        return 0;
+/* Room for n slots; false when out of memory. Slots are never in flight
+ * here (every round runs to completion). */
+static bool draft_slots_reserve(draft_spec *s, int32_t n) {
+    if (n <= s->slots_cap) return true;
+    const loom_host *h = s->host;
+    int32_t cap = n > 2 * s->slots_cap ? n : 2 * s->slots_cap;
+    draft_slot *ns = h->calloc(h->ctx, (size_t)cap, sizeof *ns);
+    if (!ns) return false;
+    if (s->slots) h->free(h->ctx, s->slots);
+    s->slots = ns;
+    s->slots_cap = cap;
+    return true;
+}
+
+static void draft_propose_batch(void *self, int32_t n, const loom_seq_info *const *seqs,
+                                const loom_sampling_params *const *params, const int32_t *max_k,
+                                int32_t *const *draft, float *const *q, int32_t *q_valid, int32_t *num) {
+    draft_spec *s = self;
+    const loom_host *h = s->host;
+    if (n <= 0 || !seqs || !params || !max_k || !draft || !num) return;
+    for (int32_t i = 0; i < n; i++) {
+        num[i] = 0;
+        if (q_valid) q_valid[i] = 0;
     }
+    if (!s->draft || s->broken) return;
+    if (!draft_slots_reserve(s, n)) {
+        h->log(h->ctx, s->warned_fail ? LOOM_LOG_DEBUG : LOOM_LOG_WARN, DRAFT_WHO,
+               "out of memory for %d proposals (no drafts this step)", n);
+        s->warned_fail = true;
+        return;
+    }
+
+    /* Every sequence's request first, then one stepping loop for all. */
+    int32_t added = 0;
+    for (int32_t i = 0; i < n; i++) {
+        draft_slot *t = &s->slots[i];
+        t->added = false;
+        loom_request rq;
+        if (!draft_prepare(s, seqs[i], params[i], max_k[i], draft[i], q ? q[i] : NULL, &rq, t)) continue;
+        loom_error err = {0};
+        if (s->api->add_request(s->draft, &rq, &err) < 0) {
+            h->log(h->ctx, s->warned_fail ? LOOM_LOG_DEBUG : LOOM_LOG_WARN, DRAFT_WHO,
+                   "draft request refused (no drafts this step): %s", err.message);
+            s->warned_fail = true;
+            continue;
+        }
+        t->added = true;
+        added++;
+    }
+    if (added == 0) return;
     int32_t active = 1;
     while (active > 0) {
+        loom_error err = {0};
         loom_status rc = s->api->step(s->draft, &active, &err);
         s->draft_steps++;
         if (rc != LOOM_OK) {
@@ -319,25 +396,42 @@ static int32_t draft_propose(void *self, const loom_seq_info *seq, const loom_sa
             s->broken = true;
             h->log(h->ctx, LOOM_LOG_ERROR, DRAFT_WHO, "draft engine failed; speculation is off from now: %s",
                    err.message);
-            return 0;
+            return;
         }
     }
+    s->rounds++;
+    s->requests += added;
     h->metric_set(h->ctx, "spec.draft-model.draft_steps", (double)s->draft_steps);
-    int32_t n = s->cur_n;
-    if (s->cur_error) {
-        /* Warn once: a draft cache too small for long contexts fails every
-         * proposal the same way. */
-        h->log(h->ctx, s->warned_fail ? LOOM_LOG_DEBUG : LOOM_LOG_WARN, DRAFT_WHO,
-               "draft request failed (no drafts this step): %s", s->cur_msg);
-        s->warned_fail = true;
-        n = 0;
+    h->metric_set(h->ctx, "spec.draft-model.rounds", (double)s->rounds);
+    h->metric_set(h->ctx, "spec.draft-model.requests", (double)s->requests);
+
+    for (int32_t i = 0; i < n; i++) {
+        draft_slot *t = &s->slots[i];
+        if (!t->added) continue;
+        int32_t got = t->n;
+        if (t->error) {
+            /* Warn once: a draft cache too small for long contexts fails
+             * every proposal the same way. */
+            h->log(h->ctx, s->warned_fail ? LOOM_LOG_DEBUG : LOOM_LOG_WARN, DRAFT_WHO,
+                   "draft request failed (no drafts this step): %s", t->msg);
+            s->warned_fail = true;
+            got = 0;
+        }
+        if (t->stochastic && t->missing_q) got = 0;
+        spec_adapt_proposed(&s->c, h, DRAFT_WHO, t->k, got);
+        num[i] = got;
+        if (q_valid) q_valid[i] = t->stochastic && got > 0;
+        t->added = false;
     }
-    if (stochastic && s->cur_missing_q) n = 0;
-    s->cur_draft = NULL;
-    s->cur_q = NULL;
-    spec_adapt_proposed(&s->c, h, DRAFT_WHO, k, n);
-    if (q_valid) *q_valid = stochastic && n > 0;
-    return n;
+}
+
+/* One sequence: the batch of one (the same requests, seeds and steps). */
+static int32_t draft_propose(void *self, const loom_seq_info *seq, const loom_sampling_params *params,
+                             int32_t max_k, int32_t *draft, float *q, int32_t *q_valid) {
+    int32_t num = 0, qv = 0;
+    draft_propose_batch(self, 1, &seq, &params, &max_k, &draft, &q, &qv, &num);
+    if (q_valid) *q_valid = qv;
+    return num;
 }
 
 static void draft_observe(void *self, loom_seq_id seq, int32_t proposed, int32_t accepted) {
@@ -368,6 +462,7 @@ static const loom_spec_ops draft_ops = {
     .observe = draft_observe,
     .release = draft_release,
     .stats = draft_stats,
+    .propose_batch = draft_propose_batch,
 };
 
 static const loom_component draft_components[] = {{
