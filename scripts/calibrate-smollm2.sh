@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/calibrate-smollm2.sh — make the SmoothQuant statistics that
-# configs/quant/int8-w8a8-smoothquant.yaml reads:
+# configs/quant/int8-w8a8-smoothquant*.yaml and fp8-smoothquant.yaml read:
 #   ${LOOM_CACHE:-~/.cache/loom}/calib/SmolLM2-135M-Instruct.Q4_1.readme.act
 # by running `loom calibrate` with configs/default.yaml (the float model) over
 # this repository's README.md as of commit ee58f5f (~1,200 tokens; pinned so

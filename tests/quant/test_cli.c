@@ -3,7 +3,8 @@
  * (LOOM_CLI), as a user meets them:
  *   - `loom check` on a config with an unknown quantizer option (error with
  *     file:line:col and the choices) or an unknown scheme (plugin named,
- *     how to list what exists), and on every shipped configs/quant file;
+ *     how to list what exists), a misspelt key (int8's weight_only listed),
+ *     and on every shipped configs/quant file;
  *   - `loom perplexity`: --help, usage errors, a missing text file, the
  *     per-token --logprobs file;
  *   - with the real model (LOOM_TEST_MODEL; skipped when unset): the
@@ -12,7 +13,8 @@
  *     group size that does not divide SmolLM2's 576 columns, an FP8 KV cache;
  *   - `loom calibrate`: --help, usage errors, a quantized pipeline refused;
  *     with the real model: calibrate on one slice of the text, SmoothQuant
- *     W8A8 beats plain W8A8 on a disjoint slice, damaged files named; the
+ *     W8A8 beats plain W8A8 on a disjoint slice (and so does W8A8 with the
+ *     down projections W8A16 through weight_only), damaged files named; the
  *     same for fp8 per-channel (alpha 0.8: see fp8_smoothquant_real_model).
  */
 #include <cjson/cJSON.h>
@@ -114,6 +116,22 @@ Test(quant_cli, check_unknown_scheme_names_it) {
     r = cli(ARGS("check", "-q", "configs/quant/int8-w8a16.yaml", "--set", "quantizer.plugin=fp16"));
     cr_assert_eq(r.code, 1);
     cr_assert(strstr(r.err, "'fp16'"), "%s", r.err);
+    cli_free(&r);
+}
+
+/* int8's weight_only: a misspelt key is named with the valid ones (which
+ * include weight_only); the key itself passes `loom check`. */
+Test(quant_cli, check_weight_only_key) {
+    cli_out r = cli(ARGS("check", "-q", "configs/quant/int8-w8a8.yaml", "--set",
+                         "quantizer.weight_onyl=ffn_down"));
+    cr_assert_eq(r.code, 1, "exit %d; stderr: %s", r.code, r.err);
+    cr_assert(strstr(r.err, "quantizer.weight_onyl") && strstr(r.err, "unknown key") &&
+                  strstr(r.err, "weight_only"),
+              "%s", r.err);
+    cli_free(&r);
+    r = cli(ARGS("check", "-q", "configs/quant/int8-w8a8.yaml", "--set",
+                 "quantizer.weight_only=ffn_down,blk.29"));
+    cr_assert_eq(r.code, 0, "exit %d; stderr: %s", r.code, r.err);
     cli_free(&r);
 }
 
@@ -343,29 +361,38 @@ Test(quant_cli, smoothquant_real_model, .timeout = 600) {
     cli_out r;
     char cal[64];
     snprintf(cal, sizeof cal, "quantizer.calibration=%s", stats);
-    double ppl[3];
-    const char *label[3] = {"f32", "W8A8", "W8A8 + SmoothQuant 0.5"};
-    for (int i = 0; i < 3; i++) {
+    double ppl[4];
+    const char *label[4] = {"f32", "W8A8", "W8A8 + SmoothQuant 0.5", "W8A8, ffn_down W8A16"};
+    for (int i = 0; i < 4; i++) {
         r = i == 0 ? cli(ARGS("perplexity", "tests/quant/data/smol.yaml",
                               "data/text/us-founding-documents.txt", "-n", "1024", "--json", "-q"))
             : i == 1 ? cli(ARGS("perplexity", "tests/quant/data/smol.yaml",
                                 "data/text/us-founding-documents.txt", "-n", "1024", "--json", "-q",
                                 "--set", "quantizer.plugin=int8", "--set", "quantizer.mode=w8a8"))
+            : i == 2 ? cli(ARGS("perplexity", "tests/quant/data/smol.yaml",
+                                "data/text/us-founding-documents.txt", "-n", "1024", "--json", "-q",
+                                "--set", "quantizer.plugin=int8", "--set", "quantizer.mode=w8a8",
+                                "--set", "quantizer.smoothquant=0.5", "--set", cal))
                      : cli(ARGS("perplexity", "tests/quant/data/smol.yaml",
                                 "data/text/us-founding-documents.txt", "-n", "1024", "--json", "-q",
                                 "--set", "quantizer.plugin=int8", "--set", "quantizer.mode=w8a8",
-                                "--set", "quantizer.smoothquant=0.5", "--set", cal));
+                                "--set", "quantizer.weight_only=ffn_down"));
         cJSON *j = ppl_json(&r);
         ppl[i] = num(j, "perplexity");
         cJSON_Delete(j);
         cli_free(&r);
     }
-    fprintf(stderr, "SmoothQuant e2e (tokens 0..1023, calibrated on 2048..2431): %s %.4f, %s %.4f, %s %.4f\n",
-            label[0], ppl[0], label[1], ppl[1], label[2], ppl[2]);
-    cr_log_info("%s %.4f, %s %.4f, %s %.4f", label[0], ppl[0], label[1], ppl[1], label[2], ppl[2]);
+    fprintf(stderr, "SmoothQuant e2e (tokens 0..1023, calibrated on 2048..2431): %s %.4f, %s %.4f, %s %.4f, "
+            "%s %.4f\n", label[0], ppl[0], label[1], ppl[1], label[2], ppl[2], label[3], ppl[3]);
+    cr_log_info("%s %.4f, %s %.4f, %s %.4f, %s %.4f", label[0], ppl[0], label[1], ppl[1], label[2], ppl[2],
+                label[3], ppl[3]);
     cr_assert_lt(ppl[2], ppl[1], "SmoothQuant %.4f should beat plain W8A8 %.4f (f32 %.4f)", ppl[2], ppl[1],
                  ppl[0]);
     cr_assert_gt(ppl[2], ppl[0] * 0.97, "smoothed W8A8 %.4f far below f32 %.4f: suspicious", ppl[2], ppl[0]);
+    /* the down projections' inputs carry W8A8's worst outliers: W8A16 there
+     * (weight_only, no calibration needed) must recover part of the loss */
+    cr_assert_lt(ppl[3], ppl[1], "weight_only=ffn_down %.4f should beat plain W8A8 %.4f", ppl[3], ppl[1]);
+    cr_assert_gt(ppl[3], ppl[0] * 0.97, "%.4f far below f32 %.4f: suspicious", ppl[3], ppl[0]);
 
     /* a damaged file is named; so is a file that is not one */
     cr_assert_eq(truncate(stats, 300000), 0);

@@ -2,12 +2,14 @@
  * tests/quant/test_plugins.c — the int8, fp8 and int4 quantizer plugins,
  * dlopen'ed from the build tree and driven through the fake host:
  *   - plan() rules: embeddings / LM head / norms / biases kept, `skip`
- *     patterns (components, per-layer "blk.N", globs), tied models;
+ *     patterns (components, per-layer "blk.N", globs), tied models, int8's
+ *     `weight_only` (W8A16 exceptions inside w8a8);
  *   - quantize -> dequantize on fresh random tensors with error bounds
  *     derived per scheme (see each test), layouts as loom/quant.h documents
  *     them, release() returning every allocation;
  *   - bad input: group size not dividing a dimension, a GGUF tensor of the
- *     wrong type, SmoothQuant without a calibration file, malformed patterns,
+ *     wrong type, SmoothQuant without a calibration file, malformed patterns
+ *     (skip, weight_only), weight_only with mode w8a16,
  *     packed checkpoints under the wrong quantizer, unreadable dtypes.
  * The dequantization here is written from the documented layouts, not
  * taken from the plugins.
@@ -121,6 +123,66 @@ Test(quant_rules, plan_skips_embeddings_head_norms_biases) {
     /* an empty skip list quantizes the LM head too */
     cr_assert_eq(plan_all(i8, SETS("skip="), &m, NULL, LOOM_QFMT_INT8_W8A16) >= 15, true);
     qt_model_free(&m);
+}
+
+/* int8 `weight_only` inside mode w8a8: matching tensors are planned W8A16,
+ * the rest W8A8; skip wins over it; the same pattern syntax as skip. */
+static void expect_formats(const loom_component *c, const char *const *sets, qt_model *m,
+                           const char *const *names, const loom_qformat *want) {
+    void *self;
+    loom_error err = {0};
+    cr_assert_eq(qt_create(c, sets, &self, &err), LOOM_OK, "%s", err.message);
+    for (int i = 0; names[i]; i++) {
+        loom_quant_plan p;
+        cr_assert_eq(ops_of(c)->plan(self, &m->view, m->view.get(m->view.ctx, names[i]), &p, &err),
+                     LOOM_OK, "%s", err.message);
+        cr_assert_eq(p.format, want[i], "%s: format %d, want %d", names[i], p.format, want[i]);
+        cr_assert(p.format == LOOM_QFMT_NONE || p.per_channel, "%s", names[i]);
+    }
+    ops_of(c)->destroy(self);
+}
+
+Test(quant_rules, int8_weight_only_patterns) {
+    kt_rng r = kt_seeded("rules.weight_only");
+    qt_model m;
+    small_model(&m, &r, false);
+    const loom_component *i8 = qt_component("LOOM_QUANT_INT8_SO");
+    const loom_qformat N = LOOM_QFMT_NONE, A16 = LOOM_QFMT_INT8_W8A16, A8 = LOOM_QFMT_INT8_W8A8;
+    /* over the whole model: both down projections W8A16, the other 12 W8A8 */
+    void *self;
+    loom_error err = {0};
+    cr_assert_eq(qt_create(i8, SETS("mode=w8a8", "weight_only=ffn_down"), &self, &err), LOOM_OK, "%s",
+                 err.message);
+    int count[8] = {0};
+    for (int i = 0; i < m.n; i++) {
+        loom_quant_plan p;
+        cr_assert_eq(ops_of(i8)->plan(self, &m.view, &m.t[i], &p, &err), LOOM_OK, "%s", err.message);
+        cr_assert(p.format >= 0 && p.format < 8);
+        count[p.format]++;
+        if (p.format == A16) cr_assert(strstr(m.t[i].name, ".ffn_down."), "%s", m.t[i].name);
+    }
+    cr_assert_eq(count[A16], 2);
+    cr_assert_eq(count[A8], 12);
+    ops_of(i8)->destroy(self);
+    static const char *const names[] = {"blk.0.ffn_down.weight", "blk.1.ffn_down.weight",
+                                        "blk.0.ffn_up.weight",   "blk.1.attn_q.weight",
+                                        "blk.1.attn_output.weight", "output.weight",
+                                        "blk.0.attn_q.bias", NULL};
+    expect_formats(i8, SETS("mode=w8a8", "weight_only=ffn_down"), &m, names,
+                   (const loom_qformat[]){A16, A16, A8, A8, A8, N, N});
+    /* a per-layer override and a glob; the default (empty) is all W8A8 */
+    expect_formats(i8, SETS("mode=w8a8", "weight_only=blk.1, blk.*.ffn_up.weight"), &m, names,
+                   (const loom_qformat[]){A8, A16, A16, A16, A16, N, N});
+    expect_formats(i8, SETS("mode=w8a8"), &m, names,
+                   (const loom_qformat[]){A8, A8, A8, A8, A8, N, N});
+    /* skip wins over weight_only; weight_only never quantizes what skip keeps */
+    expect_formats(i8, SETS("mode=w8a8", "skip=token_embd,output,blk.0", "weight_only=ffn_down,output"),
+                   &m, names, (const loom_qformat[]){N, A16, N, A8, A8, N, N});
+    /* with an empty skip the LM head can be W8A16 while the rest is W8A8 */
+    expect_formats(i8, SETS("mode=w8a8", "skip=", "weight_only=output"), &m, names,
+                   (const loom_qformat[]){A8, A8, A8, A8, A8, A16, N});
+    qt_model_free(&m);
+    cr_assert_eq(fake_host_live_allocs(), 0);
 }
 
 Test(quant_rules, fp8_plan_scales_and_kv_dtype) {
@@ -434,6 +496,36 @@ Test(quant_errors, smoothquant_without_calibration_and_bad_patterns) {
     cr_assert(strstr(err.message, "blk..1"), "%s", err.message);
     const loom_component *f8 = qt_component("LOOM_QUANT_FP8_SO");
     cr_assert_eq(qt_create(f8, SETS("skip=.output"), &self, &err), LOOM_ERR_INVALID);
+    cr_assert_eq(fake_host_live_allocs(), 0);
+}
+
+/* int8 weight_only: a malformed pattern and mode w8a16 are refused with the
+ * parameter named and the fix; a good list with w8a8 is accepted. */
+Test(quant_errors, int8_weight_only_refusals) {
+    const loom_component *i8 = qt_component("LOOM_QUANT_INT8_SO");
+    void *self = NULL;
+    loom_error err = {0};
+    static const char *const bad[] = {"weight_only=ffn_down,,blk..1", "weight_only=.ffn_down",
+                                      "weight_only=ffn down"};
+    static const char *const shown[] = {"blk..1", ".ffn_down", "ffn down"};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(qt_create(i8, SETS("mode=w8a8", bad[i]), &self, &err), LOOM_ERR_INVALID, "%s",
+                     bad[i]);
+        cr_assert(strstr(err.message, "quantizer int8") && strstr(err.message, "weight_only") &&
+                      strstr(err.message, shown[i]) && !strstr(err.message, "skip pattern"),
+                  "%s", err.message);
+    }
+    /* w8a16 (the default mode): every tensor already is weight-only */
+    cr_assert_eq(qt_create(i8, SETS("weight_only=ffn_down"), &self, &err), LOOM_ERR_INVALID);
+    cr_assert(strstr(err.message, "weight_only") && strstr(err.message, "w8a16") &&
+                  strstr(err.message, "mode: w8a8"),
+              "%s", err.message);
+    cr_assert_eq(qt_create(i8, SETS("mode=w8a16", "weight_only="), &self, &err), LOOM_OK, "%s",
+                 err.message);
+    ops_of(i8)->destroy(self);
+    cr_assert_eq(qt_create(i8, SETS("mode=w8a8", "weight_only= ffn_down , blk.*.attn_v.weight"), &self,
+                           &err), LOOM_OK, "%s", err.message);
+    ops_of(i8)->destroy(self);
     cr_assert_eq(fake_host_live_allocs(), 0);
 }
 

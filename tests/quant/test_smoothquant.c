@@ -14,6 +14,9 @@
  *   - the statistics file: exact round trip, and every bad input (missing,
  *     bad magic, version, truncated anywhere, zero width, NaN, duplicate
  *     name, trailing bytes) refused with the file (and record) named;
+ *   - int8 `weight_only` inside w8a8 + SmoothQuant: a matched tensor is the
+ *     plain W8A16 tensor (no vector, no calibration record, float
+ *     activations in the kernel), the others W8A8 smoothed;
  *   - the plugins' configuration errors: int8 w8a16; for both, no file, an
  *     unreadable file, a file lacking a tensor or recording another width.
  * The real-model checks (perplexity on a slice, calibrated on a disjoint
@@ -327,6 +330,105 @@ Test(smoothquant, fp8_outliers_lower_error) {
                              0.95, "smoothquant.fp8_per_channel"});
     outliers_case(&(sq_case){"LOOM_QUANT_FP8_SO", "scales=per_tensor", LOOM_QFMT_FP8_W8A8, false, 60.0,
                              0.0, "smoothquant.fp8_per_tensor"});
+}
+
+/* int8 w8a8 + SmoothQuant with weight_only = "ffn_down": down becomes
+ * W8A16 — exactly the weights a plain w8a16 instance makes (no smoothing,
+ * scale = max|row| / 127 of the original row, within half a step of each
+ * element), no `smooth` vector and no calibration record needed (the file
+ * here has none for down) — and its product through the cpu kernel keeps
+ * the activations float, so on outlier activations its error is the weight
+ * rounding alone, far below W8A8's; Q, K, V (not matched) stay W8A8 with
+ * their shared vector. */
+Test(smoothquant, int8_weight_only_down_is_w8a16) {
+    kt_rng r = kt_seeded("smoothquant.weight_only");
+    const loom_component *comp = qt_component("LOOM_QUANT_INT8_SO");
+    const loom_quant_ops *ops = ops_of(comp);
+    qt_model m;
+    small_layer(&m, &r);
+    float *xc = malloc(sizeof(float) * M_CAL * K), *xt = malloc(sizeof(float) * M_TEST * KD);
+    float amax_qkv[K], amax_down[KD];
+    outlier_acts(&r, xc, M_CAL, K, 60.0);
+    col_amax(xc, M_CAL, K, amax_qkv);
+    for (int j = 0; j < KD; j++) amax_down[j] = 1.0f;
+    char path[128], cal[200];
+    tmp_name(path, sizeof path, "wonly");
+    write_stats(path, amax_qkv, amax_down, "blk.0.ffn_down.weight", 0); /* no record for down */
+    snprintf(cal, sizeof cal, "calibration=%s", path);
+
+    void *wo = NULL, *w16 = NULL, *w8 = NULL;
+    loom_error err = {0};
+    cr_assert_eq(create_kept(comp, SETS("mode=w8a8", "smoothquant=0.5", cal, "weight_only=ffn_down"), &wo,
+                             &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(create_kept(comp, SETS("mode=w8a16"), &w16, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(create_kept(comp, SETS("mode=w8a8"), &w8, &err), LOOM_OK, "%s", err.message);
+
+    /* down: W8A16, bit for bit what w8a16 makes */
+    const loom_tensor *wd = m.view.get(m.view.ctx, "blk.0.ffn_down.weight");
+    loom_quant_plan pd, p16, p8;
+    loom_qtensor qd = {.struct_size = sizeof qd}, q16 = {.struct_size = sizeof q16},
+                 q8 = {.struct_size = sizeof q8};
+    cr_assert_eq(ops->plan(wo, &m.view, wd, &pd, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(pd.format, LOOM_QFMT_INT8_W8A16);
+    cr_assert_eq(ops->quantize(wo, &m.view, wd, &pd, &qd, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(qd.format, LOOM_QFMT_INT8_W8A16);
+    cr_assert_null(qd.smooth.data, "a weight-only tensor has no SmoothQuant vector");
+    cr_assert_eq(ops->plan(w16, &m.view, wd, &p16, &err), LOOM_OK);
+    cr_assert_eq(ops->quantize(w16, &m.view, wd, &p16, &q16, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(memcmp(qd.data.data, q16.data.data, (size_t)(ND * KD)), 0);
+    cr_assert_eq(memcmp(qd.scales.data, q16.scales.data, sizeof(float) * ND), 0);
+    const float *w = wd->data, *sc = qd.scales.data;
+    const int8_t *d = qd.data.data;
+    for (int64_t i = 0; i < ND; i++) {
+        float amax = 0;
+        for (int j = 0; j < KD; j++) amax = fmaxf(amax, fabsf(w[i * KD + j]));
+        cr_assert_float_eq(sc[i], amax / 127.0f, amax * 1e-6f, "row %lld", (long long)i);
+        for (int j = 0; j < KD; j++)
+            cr_assert_leq(fabsf((float)d[i * KD + j] * sc[i] - w[i * KD + j]), sc[i] * 0.5f * 1.0001f);
+    }
+    cr_assert_eq(ops->plan(w8, &m.view, wd, &p8, &err), LOOM_OK);
+    cr_assert_eq(p8.format, LOOM_QFMT_INT8_W8A8);
+    cr_assert_eq(ops->quantize(w8, &m.view, wd, &p8, &q8, &err), LOOM_OK, "%s", err.message);
+
+    /* the kernel path: float activations, so outliers cost nothing extra */
+    char why[256];
+    loom_cpu_qweight cw;
+    cr_assert(loom_cpu_qweight_init(&cw, &qd, why, sizeof why), "%s", why);
+    cr_assert_eq(cw.format, LOOM_QFMT_INT8_W8A16);
+    cr_assert_null(cw.smooth);
+    outlier_acts(&r, xt, M_TEST, KD, 60.0);
+    loom_qtensor *a[1] = {&qd}, *b[1] = {&q8};
+    const loom_tensor *wv[1] = {wd};
+    double e16 = kernel_err(a, wv, 1, xt, M_TEST), e8 = kernel_err(b, wv, 1, xt, M_TEST);
+    fprintf(stderr, "weight_only down: relative error %.5f W8A16, %.5f W8A8 (outliers 60x)\n", e16, e8);
+    cr_assert_lt(e16, 0.012, "W8A16 error %.5f should be weight rounding only (< 1.2%%)", e16);
+    cr_assert_lt(e16, e8 / 2, "W8A16 %.5f should be far below W8A8 %.5f on outlier activations", e16, e8);
+
+    /* Q, K, V are not matched: W8A8 with one shared vector */
+    static const char *const qkv[] = {"blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"};
+    loom_qtensor qs[3];
+    for (int i = 0; i < 3; i++) {
+        const loom_tensor *t = m.view.get(m.view.ctx, qkv[i]);
+        loom_quant_plan p;
+        qs[i] = (loom_qtensor){.struct_size = sizeof qs[i]};
+        cr_assert_eq(ops->plan(wo, &m.view, t, &p, &err), LOOM_OK);
+        cr_assert_eq(p.format, LOOM_QFMT_INT8_W8A8, "%s", qkv[i]);
+        cr_assert_eq(ops->quantize(wo, &m.view, t, &p, &qs[i], &err), LOOM_OK, "%s", err.message);
+        cr_assert_not_null(qs[i].smooth.data, "%s", qkv[i]);
+        cr_assert_eq(qs[i].smooth.data, qs[0].smooth.data);
+    }
+    for (int i = 0; i < 3; i++) ops->release(wo, &qs[i]);
+    ops->release(wo, &qd);
+    ops->release(w16, &q16);
+    ops->release(w8, &q8);
+    ops->destroy(wo);
+    ops->destroy(w16);
+    ops->destroy(w8);
+    unlink(path);
+    free(xc);
+    free(xt);
+    qt_model_free(&m);
+    cr_assert_eq(fake_host_live_allocs(), 0, "every host allocation returned (%ld live)", fake_host_live_allocs());
 }
 
 /* --------------------------------------------------------- the file */

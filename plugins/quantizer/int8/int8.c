@@ -21,8 +21,19 @@
  * (loom/quant.h). The parts of a fused group share one vector (the same
  * pointer), which the kernels require to fuse them.
  *
+ * Weight-only exceptions (mode w8a8, `weight_only` = patterns in `skip`'s
+ * syntax): a matching tensor is planned INT8_W8A16 instead (the same int8
+ * weights, float activations, no smoothing and no calibration record
+ * needed), e.g. weight_only: "ffn_down" for the projections where W8A8
+ * loses most on SmolLM2 (docs/quantization.md). `skip` wins over
+ * `weight_only` (a tensor matched by both stays float). Matching only part
+ * of a fused group (Q/K/V, gate/up) runs on the cpu backend (the parts
+ * then run separately); the cuda backend refuses mixed groups at load.
+ *
  * What it refuses: weights already packed as 4-bit AWQ/GPTQ (use int4);
  * smoothquant with mode w8a16 (activations stay float: nothing to smooth);
+ * weight_only with mode w8a16 (every tensor already is), or a malformed
+ * pattern in skip / weight_only (the parameter named);
  * smoothquant without a calibration file, or with one that lacks a
  * quantized tensor or records another width for it.
  */
@@ -44,6 +55,7 @@ typedef struct int8_config {
     char skip[LOOM_PARAM_STRING_MAX];  /* patterns kept unquantized             */
     int64_t kv_cache;                  /* INT8_KV_*                             */
     char calibration[LOOM_PARAM_STRING_MAX]; /* SmoothQuant statistics file   */
+    char weight_only[LOOM_PARAM_STRING_MAX]; /* patterns kept W8A16 in w8a8    */
 } int8_config;
 
 typedef struct int8_quant {
@@ -69,6 +81,11 @@ static const loom_param int8_params[] = {
      .default_value = "auto", .min = 1, .max = 0, .choices = int8_kv_choices,
      .doc = "KV-cache element type: auto = the backend's default, f16, or fp8 (e4m3)"},
     QC_SMOOTH_PARAM_CALIBRATION(int8_config),
+    {.key = "weight_only", .type = LOOM_PARAM_STRING, .offset = offsetof(int8_config, weight_only),
+     .default_value = "",
+     .doc = "mode w8a8 only: comma-separated tensor-name patterns (skip's syntax, e.g. "
+            "'ffn_down', 'blk.29') quantized W8A16 instead: int8 weights, float activations, "
+            "no smoothing; skip wins over it"},
     {.key = NULL},
 };
 
@@ -84,6 +101,7 @@ static loom_status int8_create(const loom_host *host, const void *config, void *
                            "{0 auto, 1 f16, 2 fp8})",
                            INT8_WHO, (long long)cfg.mode, (long long)cfg.kv_cache);
     cfg.calibration[sizeof cfg.calibration - 1] = 0;
+    cfg.weight_only[sizeof cfg.weight_only - 1] = 0;
     if (cfg.smoothquant > 0.0 && cfg.mode != INT8_MODE_W8A8)
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "%s: smoothquant %g with mode w8a16: SmoothQuant moves activation "
@@ -91,6 +109,13 @@ static loom_status int8_create(const loom_host *host, const void *config, void *
                            "w8a16 the activations stay float. Set quantizer.mode: w8a8, or "
                            "smoothquant: 0",
                            INT8_WHO, cfg.smoothquant);
+    if (cfg.weight_only[0] && cfg.mode != INT8_MODE_W8A8)
+        return host->error(host->ctx, err, LOOM_ERR_INVALID,
+                           "%s: weight_only \"%s\" with mode w8a16: every tensor is already "
+                           "W8A16 (int8 weights, float activations); weight_only picks W8A16 "
+                           "exceptions inside mode: w8a8. Set quantizer.mode: w8a8, or "
+                           "weight_only: \"\"",
+                           INT8_WHO, cfg.weight_only);
     loom_status st = qc_smooth_check(host, INT8_WHO, cfg.smoothquant, cfg.calibration, err);
     if (st != LOOM_OK) return st;
     char bad[LOOM_PARAM_STRING_MAX];
@@ -98,6 +123,11 @@ static loom_status int8_create(const loom_host *host, const void *config, void *
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "%s: skip pattern '%s' is malformed (no spaces, no empty dot "
                            "components); e.g. skip: \"token_embd,output,blk.0\"",
+                           INT8_WHO, bad);
+    if (!qc_patterns_valid(cfg.weight_only, bad, sizeof bad))
+        return host->error(host->ctx, err, LOOM_ERR_INVALID,
+                           "%s: weight_only pattern '%s' is malformed (no spaces, no empty dot "
+                           "components); e.g. weight_only: \"ffn_down\" or \"blk.29,ffn_down\"",
                            INT8_WHO, bad);
     int8_quant *q = host->calloc(host->ctx, 1, sizeof *q);
     if (!q)
@@ -128,7 +158,8 @@ static loom_status int8_plan(void *self, const loom_model_view *model, const loo
                              .per_channel = true};
     loom_status st;
     if (!qc_plan_float_linear(h, INT8_WHO, "int8", model, w, q->cfg.skip, &st, err)) return st;
-    out->format = q->cfg.mode == INT8_MODE_W8A8 ? LOOM_QFMT_INT8_W8A8 : LOOM_QFMT_INT8_W8A16;
+    bool w8a8 = q->cfg.mode == INT8_MODE_W8A8 && !qc_name_matches(w->name, q->cfg.weight_only);
+    out->format = w8a8 ? LOOM_QFMT_INT8_W8A8 : LOOM_QFMT_INT8_W8A16;
     return LOOM_OK;
 }
 
