@@ -125,11 +125,14 @@ static bool have_model(void) {
     return m && m[0];
 }
 
-/* The prompts one at a time (batch 1, the case speculation is for). */
-static void greedy_run(const char *yaml, gen *g, loom_engine_stats *st, bool tops) {
-    loom_engine *e = engine_new(yaml, NULL, 0);
+/* n prompts through one engine: one at a time (`together` false: batch 1,
+ * the case speculation is for) or all submitted before the first step
+ * (batch n). KV blocks all back and no error at the end. */
+static void greedy_prompts(const char *yaml, const char *const *ov, int32_t nov, int n, bool together, gen *g,
+                           loom_engine_stats *st, bool tops) {
+    loom_engine *e = engine_new(yaml, ov, nov);
     memset(g, 0, sizeof *g);
-    for (int i = 0; i < NUM_PROMPTS; i++) {
+    for (int i = 0; i < n; i++) {
         loom_request rq = loom_request_default();
         rq.prompt = k_prompts[i];
         rq.chat = true;
@@ -137,13 +140,18 @@ static void greedy_run(const char *yaml, gen *g, loom_engine_stats *st, bool top
         rq.params.logprobs = tops ? 2 : 0;
         int64_t id = submit(e, g, &rq);
         if (i == 0) g->base = id;
-        run_all(e);
+        if (!together) run_all(e);
     }
+    if (together) run_all(e);
     loom_engine_get_stats(e, st);
     cr_assert_eq(st->kv_blocks_used, 0, "%s: %d KV blocks still used after every request ended", yaml,
                  st->kv_blocks_used);
     loom_engine_destroy(e);
     cr_assert_str_empty(g->error, "%s: %s", yaml, g->error);
+}
+
+static void greedy_run(const char *yaml, gen *g, loom_engine_stats *st, bool tops) {
+    greedy_prompts(yaml, NULL, 0, NUM_PROMPTS, false, g, st, tops);
 }
 
 /* Identical token ids; on a difference, say where and how close the
@@ -195,23 +203,7 @@ Test(spec, greedy_identical_draft_self, .timeout = 180) {
 
 /* The prompts all at once (batch 4). */
 static void greedy_batch(const char *yaml, const char *const *ov, int32_t nov, gen *g, loom_engine_stats *st) {
-    loom_engine *e = engine_new(yaml, ov, nov);
-    memset(g, 0, sizeof *g);
-    for (int i = 0; i < NUM_BATCH_PROMPTS; i++) {
-        loom_request rq = loom_request_default();
-        rq.prompt = k_prompts[i];
-        rq.chat = true;
-        rq.max_tokens = GREEDY_TOKENS;
-        rq.params.logprobs = 2;
-        int64_t id = submit(e, g, &rq);
-        if (i == 0) g->base = id;
-    }
-    run_all(e);
-    loom_engine_get_stats(e, st);
-    cr_assert_eq(st->kv_blocks_used, 0, "%s: %d KV blocks still used after every request ended", yaml,
-                 st->kv_blocks_used);
-    loom_engine_destroy(e);
-    cr_assert_str_empty(g->error, "%s: %s", yaml, g->error);
+    greedy_prompts(yaml, ov, nov, NUM_BATCH_PROMPTS, true, g, st, true);
 }
 
 /* Batch 4 with draft-model self-speculation: the same greedy tokens, and
