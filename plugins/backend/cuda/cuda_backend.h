@@ -155,11 +155,10 @@ typedef struct cuda_backend {
     int *attn_sem;              /* (rows, kv heads) split-K counters, kept zero */
     size_t attn_ws_floats;
     float *logits_host;         /* pinned (logits_rows, vocab) f32            */
-    /* forward_topk: each logits row's LOOM_CUDA_TOPK_MAX best and its
-     * log-sum-exp, on the device and their pinned mirrors */
-    int32_t *topk_ids_dev, *topk_ids_host;   /* (logits_rows, 64)         */
-    float *topk_vals_dev, *topk_vals_host;   /* (logits_rows, 64)         */
-    float *lse_dev, *lse_host;               /* (logits_rows)             */
+    /* forward_topk: a step's summary, packed as ids (n, k) | values (n, k)
+     * | log-sum-exp (n) for its n rows, on the device and its pinned
+     * mirror; room for logits_rows x (2 x 64 + 1) 4-byte elements */
+    int32_t *topk_dev, *topk_host;
     void *topk_ws;                           /* loom_cuda_topk_ws_bytes   */
 
     /* per-step metadata: pinned staging and its device copy */

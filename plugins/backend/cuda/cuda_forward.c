@@ -466,12 +466,11 @@ static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, fl
     }
     const int32_t k = tk->k;
     const bool on_device = loom_cuda_topk_supported((int)V, k);
-    /* the summary packed as ids (nreal, k) | values (nreal, k) | lse (nreal)
-     * from topk_ids_dev on (the three work buffers are consecutive,
-     * cuda_load.c), so one small copy crosses instead of three — each copy
-     * is a few microseconds of a batch-1 step that is ~0.7 ms on SmolLM2 */
+    /* the summary packed as ids (nreal, k) | values (nreal, k) | lse (nreal),
+     * so one small copy crosses instead of three — each copy is a few
+     * microseconds of a batch-1 step that is ~0.7 ms on SmolLM2 */
     const size_t nk = (size_t)nreal * (size_t)k;
-    int32_t *d_ids = b->topk_ids_dev, *h_ids = b->topk_ids_host;
+    int32_t *d_ids = b->topk_dev, *h_ids = b->topk_host;
     float *d_vals = (float *)(d_ids + nk), *d_lse = d_vals + nk;
     const float *h_vals = (const float *)(h_ids + nk), *h_lse = h_vals + nk;
     if (on_device) {

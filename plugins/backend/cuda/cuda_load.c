@@ -594,7 +594,7 @@ static loom_status cb_rope_init(cuda_backend *b, loom_error *err) {
 
 /* ---------------------------------------------------------- work buffers */
 
-#define CB_WORK_BUFS 18
+#define CB_WORK_BUFS 16
 
 static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     const loom_host *h = b->host;
@@ -621,7 +621,7 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
                      MT * (size_t)b->q_dim * e, MT * H * e, MT * 2 * I * e, MT * I * e,
                      LR * H * e,      LR * V * 4,  attn_ws * 4,
                      MT * (size_t)c->num_kv_heads * sizeof(int), LR * VP * 4, NR * LR * VP * 4,
-                     LR * TK * 4, LR * TK * 4, LR * 4,
+                     LR * (2 * TK + 1) * 4,
                      loom_cuda_topk_ws_bytes((int)LR, (int)V, (int)TK), b->qscratch_bytes};
     size_t total = 0;
     for (int i = 0; i < CB_WORK_BUFS; i++) total += cb_round(sz[i]);
@@ -640,11 +640,7 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     void **dst[CB_WORK_BUFS] = {(void **)&b->x, &b->xn, &b->qkv, &b->att, &b->r, &b->gu, &b->act, &b->xs,
                       (void **)&b->logits_dev, (void **)&b->attn_ws, (void **)&b->attn_sem,
                       (void **)&b->logits_local, (void **)&b->logits_gathered,
-                      (void **)&b->topk_ids_dev, (void **)&b->topk_vals_dev, (void **)&b->lse_dev,
-                      &b->topk_ws, &b->qscratch};
-    /* topk_ids_dev, topk_vals_dev and lse_dev stay consecutive: a step's
-     * top-k summary is written packed from topk_ids_dev on and copied out
-     * in one piece (cb_emit_logits) */
+                      (void **)&b->topk_dev, &b->topk_ws, &b->qscratch};
     for (int i = 0; i < CB_WORK_BUFS; i++) {
         *dst[i] = p;
         p += cb_round(sz[i]);
@@ -662,11 +658,9 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     }
     if ((st = CB_CUDA(b, err, cudaHostAlloc((void **)&b->logits_host, LR * V * 4,
                                             cudaHostAllocDefault))) ||
-        (st = CB_CUDA(b, err, cudaHostAlloc((void **)&b->topk_ids_host, LR * (2 * TK + 1) * 4,
+        (st = CB_CUDA(b, err, cudaHostAlloc((void **)&b->topk_host, LR * (2 * TK + 1) * 4,
                                             cudaHostAllocDefault))))
         return st;
-    b->topk_vals_host = (float *)(b->topk_ids_host + LR * TK);
-    b->lse_host = b->topk_vals_host + LR * TK;
     /* metadata starts at 1 MiB and grows with the batch (cuda_forward.c) */
     b->meta_cap = (size_t)1 << 20;
     if ((st = CB_CUDA(b, err, cudaHostAlloc((void **)&b->meta_host, b->meta_cap,
@@ -1180,13 +1174,13 @@ fail:
     cudaFree(b->meta_dev);
     if (b->meta_host) cudaFreeHost(b->meta_host);
     if (b->logits_host) cudaFreeHost(b->logits_host);
-    if (b->topk_ids_host) cudaFreeHost(b->topk_ids_host);
+    if (b->topk_host) cudaFreeHost(b->topk_host);
     h->free(h->ctx, b->layers);
     b->weights = b->work = NULL;
     b->rope_cs = NULL;
     b->meta_dev = b->meta_host = NULL;
     b->logits_host = NULL;
-    b->topk_ids_host = NULL;
+    b->topk_host = NULL;
     b->layers = NULL;
     b->weight_bytes = 0;
     b->qweight_bytes = 0;
