@@ -37,6 +37,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_kernels.h"
+#include "qgemm.h" /* lc_qgemv_set_tc: the CUDA-core GEMV for comparison */
 #include "loom/backend.h"
 #include "model/model.h"
 #include "plugin/host.h"
@@ -378,7 +379,7 @@ typedef struct qres {
     int M;
     double ms, bf16_ms;
 } qres;
-static qres g_qres[48];
+static qres g_qres[64];
 static int g_nqres;
 
 static void *dev_bytes(size_t n, uint8_t mask) {
@@ -416,6 +417,8 @@ static void bench_quant(int M) {
                                               LOOM_CUDA_GGUF_Q6_K};
     static const char *names[NF] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128",
                                     "gguf_q4_0", "gguf_q4_1", "gguf_q4_k", "gguf_q6_k"};
+    /* "_cc": the CUDA-core GEMV (qgemm.cu) instead of the tensor-core one */
+    static const char *cc_names[5] = {"", "int8_w8a16_cc", "int8_w8a8_cc", "fp8_cc", "int4_g128_cc"};
     int code;
     char msg[256];
     loom_cuda_gemm *g = loom_cuda_gemm_create((size_t)32 << 20, &code, msg, sizeof msg);
@@ -426,7 +429,13 @@ static void bench_quant(int M) {
     void *x = dev_rand((size_t)M * 14336), *y;
     CK(cudaMalloc(&y, (size_t)M * 28672 * 2));
     double bf16_ms = 0;
-    for (int fi = 0; fi < NF; fi++) {
+    /* at GEMV sizes the four loom formats once more on the CUDA-core GEMV
+     * (lc_qgemv_set_tc(0)): the tensor-core kernel's gain, in one run */
+    const int nv = M <= 8 ? NF + 4 : NF;
+    for (int vi = 0; vi < nv; vi++) {
+        const int fi = vi < NF ? vi : 1 + (vi - NF);
+        const bool cores = vi >= NF;
+        lc_qgemv_set_tc(!cores);
         const loom_cuda_qfmt f = fmts[fi];
         double ms = 0, bytes = 0;
         for (int k = 0; k < 4; k++) {
@@ -463,14 +472,16 @@ static void bench_quant(int M) {
             cudaFree(data), cudaFree(sc), cudaFree(c.scratch);
         }
         if (fi == 0) bf16_ms = ms;
-        char nm[96];
-        snprintf(nm, sizeof nm, "llama3-8b layer linears %s M=%d", names[fi], M);
+        char nm[96], label[40];
+        snprintf(label, sizeof label, "%s%s", names[fi], cores ? "_cc" : "");
+        snprintf(nm, sizeof nm, "llama3-8b layer linears %s M=%d", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, ms, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
-        printf("    %-12s M=%-5d %8.1f us per layer, %5.2fx vs bf16\n", names[fi], M, ms * 1e3,
+        printf("    %-15s M=%-5d %8.1f us per layer, %5.2fx vs bf16\n", label, M, ms * 1e3,
                bf16_ms / ms);
-        if (g_nqres < 48) g_qres[g_nqres++] = (qres){names[fi], M, ms, bf16_ms};
+        if (g_nqres < 64) g_qres[g_nqres++] = (qres){cores ? cc_names[fi] : names[fi], M, ms, bf16_ms};
     }
+    lc_qgemv_set_tc(1);
     cudaFree(x), cudaFree(y);
     loom_cuda_gemm_destroy(g);
 }
@@ -793,6 +804,7 @@ int main(int argc, char **argv) {
     measure_gemm();
     printf("  quantized linear layers (one Llama-3-8B layer: QKV, O, gate/up, down):\n");
     bench_quant(1);
+    bench_quant(8);
     bench_quant(64);
     bench_quant(2048);
     if (quant_only) goto write;

@@ -21,6 +21,16 @@ extern "C" {
 cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
                      const void *x, const void *xq, const float *sx, void *y, cudaStream_t s);
 
+/* The tensor-core GEMV (qgemv_tc.cu) that lc_qgemv runs when
+ * lc_qgemv_tc_ok(fmt, K, group): 8-bit formats with K % 64 == 0, INT4 with
+ * K and group multiples of 128; never decided by M, so a row's bits do not
+ * depend on the batch. On unless the environment says LOOM_CUDA_QGEMV_TC=0;
+ * lc_qgemv_set_tc overrides it process-wide (tests, A/B runs). */
+int lc_qgemv_tc_ok(loom_cuda_qfmt fmt, int K, int group);
+void lc_qgemv_set_tc(int on);
+cudaError_t lc_qgemv_tc(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
+                        const void *x, const void *xq, const float *sx, void *y, cudaStream_t s);
+
 /* GGUF (qgguf.cu): y (M, N) = x (M, K) @ dequant(w)^T for M in [1, 8],
  * one launch per segment; y dt or f32 (out_f32), x dt. */
 cudaError_t lc_gguf_gemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,

@@ -1220,9 +1220,12 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     char name[160];
     char gs[16] = "";
     if (i4) snprintf(gs, sizeof gs, " g%d", group);
-    snprintf(name, sizeof name, "qgemm %s %s M=%d N=%d K=%d%s%s%s -> %s", qfmt_name(fmt), dtn(dt),
-             M, N, K, gs, path == 1 ? " gemv" : path == 2 ? " gemm" : "", smooth ? " smooth" : "",
-             out_f32 ? "f32" : dtn(dt));
+    /* which GEMV kernel ran (qgemv_tc.cu's or qgemm.cu's), when one did */
+    const bool gemv = path == 1 || (path == 0 && M <= lc_gemm_q_gemv_max_m(g, fmt));
+    const char *kern = !gemv ? "" : lc_qgemv_tc_ok(fmt, K, group) ? " tc" : " cc";
+    snprintf(name, sizeof name, "qgemm %s %s M=%d N=%d K=%d%s%s%s%s -> %s", qfmt_name(fmt), dtn(dt),
+             M, N, K, gs, path == 1 ? " gemv" : path == 2 ? " gemm" : "", kern,
+             smooth ? " smooth" : "", out_f32 ? "f32" : dtn(dt));
     err_acc a = {0};
     if (rc) {
         printf("      qgemm error: %s\n", msg);
@@ -1291,6 +1294,23 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
         test_qgemm(g, LOOM_CUDA_BF16, f, 2, 4097, 576, i4 ? 64 : 0, 0, true, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 40, 4097, 576, i4 ? 64 : 0, 2, true, false);
         test_qgemm(g, LOOM_CUDA_F16, f, 9, 1001, 576, i4 ? 64 : 0, 2, true, false);
+    }
+    /* the tensor-core GEMV's edges: int4 groups of 256, every M at an N
+     * that is not a multiple of its 16-row tiles with a partial last phase
+     * of 1024 columns, f16 with f32 output; then the Llama-3-8B decode
+     * shapes again on the CUDA-core GEMV (the kernel for shapes the
+     * tensor-core one does not take) */
+    for (int fi = 0; fi < 4; fi++) {
+        const loom_cuda_qfmt f = fmts[fi];
+        const bool i4 = f == LOOM_CUDA_Q_INT4;
+        if (i4) test_qgemm(g, LOOM_CUDA_BF16, f, 3, 515, 2048, 256, 0, false, false);
+        for (int m = 3; m <= 6; m++)
+            test_qgemm(g, LOOM_CUDA_BF16, f, m, 1009, i4 ? 1408 : 1216, i4 ? 128 : 0, 1, false, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, 5, 777, 2048, i4 ? 128 : 0, 0, true, false);
+        lc_qgemv_set_tc(0);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 1, 4096, 14336, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 4, 6144, 4096, i4 ? 128 : 0, 0, false, false);
+        lc_qgemv_set_tc(1);
     }
     /* W8A8 with a SmoothQuant vector, both paths */
     test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 3, 1000, 1024, 0, 0, false, true);
