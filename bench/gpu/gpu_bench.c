@@ -277,8 +277,13 @@ static double time_op(op_fn fn, void *ctx, int n) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
+    /* LOOM_BENCH_REPS=n: n timed runs after one warm-up (few launches to
+     * profile under ncu) */
+    const char *reps = getenv("LOOM_BENCH_REPS");
+    const int warm = reps && atoi(reps) > 0 ? 1 : 3;
+    if (reps && atoi(reps) > 0) n = atoi(reps);
     double *t = malloc(sizeof(double) * (size_t)n);
-    for (int i = -3; i < n; i++) {
+    for (int i = -warm; i < n; i++) {
         CK(cudaEventRecord(e0, 0));
         fn(ctx);
         CK(cudaEventRecord(e1, 0));
@@ -429,9 +434,10 @@ static void bench_quant(int M) {
     void *x = dev_rand((size_t)M * 14336), *y;
     CK(cudaMalloc(&y, (size_t)M * 28672 * 2));
     double bf16_ms = 0;
-    /* at GEMV sizes the four loom formats once more on the CUDA-core GEMV
-     * (lc_qgemv_set_tc(0)): the tensor-core kernel's gain, in one run */
-    const int nv = M <= 8 ? NF + 4 : NF;
+    /* where the tensor-core GEMV runs (2 <= M <= 8) the four loom formats
+     * once more on the CUDA-core one (lc_qgemv_set_tc(0)): its gain, in one
+     * run */
+    const int nv = M >= 2 && M <= 8 ? NF + 4 : NF;
     for (int vi = 0; vi < nv; vi++) {
         const int fi = vi < NF ? vi : 1 + (vi - NF);
         const bool cores = vi >= NF;
@@ -779,17 +785,19 @@ out:
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: gpu_bench OUT.json [loom-backend-cuda.so] [--quick] [--components] "
-                        "[--quant]\n");
+                        "[--quant] [--quant-m M]\n");
         return 2;
     }
     const char *out_path = argv[1];
     const char *so = LOOM_CUDA_BACKEND_DEFAULT;
     bool quick = false, components_only = false, quant_only = false;
+    int quant_m = 0;
     int failed = 0;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--components")) components_only = true;
         else if (!strcmp(argv[i], "--quant")) quant_only = true;
+        else if (!strcmp(argv[i], "--quant-m") && i + 1 < argc) quant_m = atoi(argv[++i]);
         else so = argv[i];
     }
     struct cudaDeviceProp prop;
@@ -803,7 +811,12 @@ int main(int argc, char **argv) {
     measure_copy();
     measure_gemm();
     printf("  quantized linear layers (one Llama-3-8B layer: QKV, O, gate/up, down):\n");
+    if (quant_m > 0) { /* --quant-m M: that M only */
+        bench_quant(quant_m);
+        goto write;
+    }
     bench_quant(1);
+    bench_quant(2);
     bench_quant(8);
     bench_quant(64);
     bench_quant(2048);

@@ -351,3 +351,4 @@ void loom_cuda_gemm_set_gemv_max_m(loom_cuda_gemm *g, int max_m) {
 void loom_cuda_gemm_set_autotune(loom_cuda_gemm *g, int on) { g->autotune = on ? 1 : 0; }
 
 void loom_cuda_gemm_set_batch_invariant(loom_cuda_gemm *g, int on) { g->invariant = on ? 1 : 0; }
+int lc_gemm_invariant(const loom_cuda_gemm *g) { return g->invariant; }

@@ -118,7 +118,7 @@ static int lc_cuda_fail(cudaError_t e, const char *what, const loom_cuda_qweight
 /* The GEMV over rows [0, M) in passes of 8; xq / sx hold those rows'
  * quantized activations when the format needs them. */
 static int lc_gemv_passes(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
-                          const void *x, const uint8_t *xq, const float *sx, void *y,
+                          const void *x, const uint8_t *xq, const float *sx, void *y, int invariant,
                           cudaStream_t s, char *msg, size_t n) {
     const size_t xel = 2, yel = out_f32 ? 4 : 2;
     for (int m0 = 0; m0 < M; m0 += LC_QGEMV_MAX_M) {
@@ -128,7 +128,7 @@ static int lc_gemv_passes(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_q
         cudaError_t e = w->fmt == LOOM_CUDA_Q_GGUF
                             ? lc_gguf_gemv(dt, out_f32, mc, w, xm, ym, s)
                             : lc_qgemv(dt, out_f32, mc, w, xm, xq ? xq + (size_t)m0 * w->K : NULL,
-                                       sx ? sx + m0 : NULL, ym, s);
+                                       sx ? sx + m0 : NULL, ym, invariant, s);
         if (e != cudaSuccess) return lc_cuda_fail(e, "quantized GEMV launch", w, mc, msg, n);
     }
     return 0;
@@ -154,11 +154,12 @@ int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
     uint8_t *xq = acts ? sp + lc_r256((size_t)ch_max * 4) : NULL;
     uint8_t *big = sp + (acts ? lc_r256((size_t)ch_max * 4) + lc_r256((size_t)ch_max * w->K) : 0);
     const int gemv_max = lc_gemm_q_gemv_max_m(g, w->fmt);
+    const int invariant = lc_gemm_invariant(g);
     cudaError_t e;
     int rc;
 
     if (!acts) {
-        if (M <= gemv_max) return lc_gemv_passes(dt, out_f32, M, w, x, NULL, NULL, y, s, msg, msg_size);
+        if (M <= gemv_max) return lc_gemv_passes(dt, out_f32, M, w, x, NULL, NULL, y, invariant, s, msg, msg_size);
         /* dequantize into scratch, then the dt GEMM (never its GEMV: M > 8) */
         e = w->fmt == LOOM_CUDA_Q_GGUF ? lc_gguf_dequant(dt, w, big, s)
                                        : lc_dequant_weight(dt, w, big, s);
@@ -179,14 +180,14 @@ int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
         if ((e = lc_quant_act(dt, fp8, mc, w->K, xc, w->smooth, xq, sx, s)) != cudaSuccess)
             return lc_cuda_fail(e, "activation quantization launch", w, mc, msg, msg_size);
         if (M <= gemv_max) {
-            if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, s, msg, msg_size)))
+            if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, invariant, s, msg, msg_size)))
                 return rc;
             continue;
         }
         void *d = kind == LC_LT_FP8_BF16 ? yc : big;
         rc = lc_gemm_lt_q(g, kind, mc, w->N, w->K, xq, w->data, d, s, msg, msg_size);
         if (rc == 15 /* CUBLAS_STATUS_NOT_SUPPORTED: no algorithm for this shape */) {
-            if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, s, msg, msg_size)))
+            if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, invariant, s, msg, msg_size)))
                 return rc;
             continue;
         }

@@ -32,11 +32,11 @@
  * with __dp4a into exact int32 sums (as the CPU does), FP8 multiplies the
  * decoded e4m3 values in fp32 (the CPU's emulation of an FP8 tensor core).
  *
- * What this is not: a tensor-core kernel. Shapes that fit (K % 64, INT4
- * groups of 128) go to qgemv_tc.cu's mma kernel, which spends far fewer
- * instructions per weight; this one serves the rest (SmolLM2's K = 576
- * int4, groups of 32 / 64) and LOOM_CUDA_QGEMV_TC=0. For larger M qgemm.c
- * hands the work to cuBLASLt.
+ * What this is not: a tensor-core kernel. W8A8 / FP8 / INT4 at 2..8 rows
+ * go to qgemv_tc.cu's mma kernel when the shape fits (its cost hardly grows
+ * with M); this one serves M = 1 (where it was faster), W8A16, the other
+ * shapes, batch-invariant mode and LOOM_CUDA_QGEMV_TC=0. For larger M
+ * qgemm.c hands the work to cuBLASLt.
  */
 #include "common.cuh"
 
@@ -302,10 +302,11 @@ static cudaError_t lc_qgemv_t(int M, const loom_cuda_qweight *w, const void *x, 
 
 extern "C" cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
                                 const void *x, const void *xq, const float *sx, void *y,
-                                cudaStream_t s) {
+                                int invariant, cudaStream_t s) {
     if (M < 1 || M > LC_QGEMV_MAX_M || w->N <= 0 || !loom_cuda_qweight_ok(w->fmt, w->K, w->group))
         return cudaErrorInvalidValue;
-    if (lc_qgemv_tc_ok(w->fmt, w->K, w->group)) return lc_qgemv_tc(dt, out_f32, M, w, x, xq, sx, y, s);
+    if (lc_qgemv_use_tc(w->fmt, w->K, w->group, M, invariant))
+        return lc_qgemv_tc(dt, out_f32, M, w, x, xq, sx, y, s);
     if (dt == LOOM_CUDA_F16)
         return out_f32 ? lc_qgemv_t<__half, true>(M, w, x, xq, sx, y, s)
                        : lc_qgemv_t<__half, false>(M, w, x, xq, sx, y, s);

@@ -17,16 +17,19 @@ extern "C" {
 
 /* y (M, N) = x (M, K) @ dequant(w)^T for M in [1, 8], y dt or f32.
  * W8A16 / INT4 read x (M, K) dt; W8A8 / FP8 read xq (M, K) int8 / e4m3 and
- * sx (M) per-token scales from lc_quant_act (x unused). */
+ * sx (M) per-token scales from lc_quant_act (x unused). invariant: the
+ * batch-invariant mode's call (the CUDA-core kernel at every M). */
 cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
-                     const void *x, const void *xq, const float *sx, void *y, cudaStream_t s);
+                     const void *x, const void *xq, const float *sx, void *y, int invariant,
+                     cudaStream_t s);
 
-/* The tensor-core GEMV (qgemv_tc.cu) that lc_qgemv runs when
- * lc_qgemv_tc_ok(fmt, K, group): 8-bit formats with K % 64 == 0, INT4 with
- * K and group multiples of 128; never decided by M, so a row's bits do not
- * depend on the batch. On unless the environment says LOOM_CUDA_QGEMV_TC=0;
- * lc_qgemv_set_tc overrides it process-wide (tests, A/B runs). */
-int lc_qgemv_tc_ok(loom_cuda_qfmt fmt, int K, int group);
+/* Whether lc_qgemv hands M rows to the tensor-core GEMV (qgemv_tc.cu): W8A8
+ * / FP8 with K % 64 == 0 and INT4 with K and group multiples of 128, at
+ * M >= 2 (LOOM_CUDA_QGEMV_TC_MIN_M), never in batch-invariant mode (whose
+ * rows must have the same bits at every M: the CUDA-core kernel's). On unless
+ * the environment says LOOM_CUDA_QGEMV_TC=0; lc_qgemv_set_tc overrides it
+ * process-wide (tests, A/B runs). */
+int lc_qgemv_use_tc(loom_cuda_qfmt fmt, int K, int group, int M, int invariant);
 void lc_qgemv_set_tc(int on);
 cudaError_t lc_qgemv_tc(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
                         const void *x, const void *xq, const float *sx, void *y, cudaStream_t s);
@@ -73,6 +76,8 @@ int lc_gemm_lt_q(loom_cuda_gemm *g, int kind, int M, int N, int K, const void *x
 int lc_gemm_run_lt(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, int N, int K,
                    const void *x, const void *w, void *y, cudaStream_t s, char *msg,
                    size_t msg_size);
+/* Whether g is in batch-invariant mode (gemm.c holds it). */
+int lc_gemm_invariant(const loom_cuda_gemm *g);
 /* Per-format GEMV bound of loom_cuda_qgemm_set_gemv_max_m (gemm.c holds it). */
 int lc_gemm_q_gemv_max_m(const loom_cuda_gemm *g, loom_cuda_qfmt fmt);
 

@@ -1,24 +1,28 @@
 /*
- * kernels/cuda/qgemv_tc.cu — the quantized GEMV of small decode batches
- * (M = 1..8 rows of x) on the tensor cores: lc_qgemv (qgemm.cu) hands a
- * weight here when lc_qgemv_tc_ok() says its shape fits, else runs its own
- * CUDA-core kernel.
+ * kernels/cuda/qgemv_tc.cu — the quantized GEMV of small decode batches on
+ * the tensor cores, for 2..8 rows of x: lc_qgemv (qgemm.cu) runs it when
+ * lc_qgemv_use_tc() says so, else its own CUDA-core kernel.
  *
- * Why: at M <= 8 a quantized linear layer should be a pure weight stream,
- * but the CUDA-core kernel decodes every weight to fp32 and spends one FMA
- * on it — about 3.8 instructions per int8 weight and 6.6 per int4 byte
- * against bf16's 1.5 per byte — and stopped at 35-61% of the memory
- * roofline on the H200 where the bf16 GEMV reaches 81%. An mma.sync takes
- * 16 rows x 32 (8-bit) or 16 (f16) columns per instruction, so:
- *   FP8  (e4m3 x e4m3, m16n8k32) and W8A8 (s8 x s8, m16n8k32): the weight
- *        bytes are the A operand as loaded, no decoding at all;
- *   W8A16 (int8 -> f16, m16n8k16): one PRMT places two codes in the
- *        mantissas of 1024 + code, one HSUB2 removes the 1024 + 128 —
- *        exact, two instructions per two weights;
- *   INT4 (m16n8k16): one LOP3 places two nibbles under 1024 (or 1024 +
- *        16 nibble), one HSUB2 / HFMA2 makes them exact f16 codes 0..15.
- * The token count M <= 8 rides in the mma's N = 8 columns (unused columns
- * cost nothing: the weight bytes are the work).
+ * Why, and where it pays (H200, 2026-12-01, one Llama-3-8B layer's four
+ * linears, bench/gpu/gpu_bench --quant): the CUDA-core kernel decodes each
+ * weight to fp32 and spends one FMA per weight and token, so its cost grows
+ * with M — FP8 at M = 8 took 1.8x its M = 1 time, INT4 3.7x. An mma.sync
+ * takes 16 rows x 32 (8-bit) or 16 (f16) columns per instruction and the
+ * token count rides in its N = 8 columns for free, so this kernel costs
+ * about the same at M = 8 as at M = 1: FP8 1.82x bf16 at M = 8 (CUDA cores
+ * 1.07x), W8A8 1.90x (1.67x), INT4 190 vs 299 us. At M = 1 it was slower
+ * than the CUDA-core kernel in every format (it reaches only 12-17% occupancy
+ * and 36-72% of DRAM bandwidth on these shapes), so M = 1 stays there, as
+ * does W8A16 (no gain at M = 8). Tried and measured slower at M = 1: a
+ * cp.async shared-memory ring of 4 phases (fewer registers, the same DRAM
+ * throughput), whole-line copies per warp; and 8 chunks a lane in flight
+ * for the CUDA-core kernel.
+ *
+ *   FP8  (e4m3 x e4m3, m16n8k32; on sm_90 the compiler lowers it to f16
+ *        HMMA with F2FP conversions) and W8A8 (s8 x s8, m16n8k32): the
+ *        weight bytes are the A operand as loaded;
+ *   INT4 (m16n8k16): one LOP3 places two nibbles under 1024 (or 1024 + 16
+ *        nibble), one HSUB2 / HFMA2 makes them exact f16 codes 0..15.
  *
  * Operand order trick: a dot product does not care in which order its k
  * terms are summed, so each lane loads 16 contiguous bytes of its rows and
@@ -30,32 +34,30 @@
  * at bytes [64 s + 16 t, +16) of k-step s (64 weight bytes per row and
  * step: 64 columns of 8-bit codes, 128 of int4).
  *
- * f16 activations (W8A16, INT4): x is bf16 / f16 and may exceed f16's
- * range, so each token is scaled by a power of two 2^e chosen from its
- * max |x| (max |x 2^e| in [2^14, 2^15)): exact for every bf16 value (8
- * significant bits in f16's 11) down to 2^-29 of the token's maximum, and
- * undone on the output (y = acc 2^-e, exact). Each CTA stages its x, scaled
- * and converted once, into shared memory phase by phase (1024 columns,
- * double-buffered), so the conversion is paid once per 16 rows, not per
- * lane; INT4 stores each 8-column block as (0,4)(1,5)(2,6)(3,7) — the
- * pairs its nibble extraction yields — and the per-step sums of x that its
- * group bias needs (w = scale q + bias: acc += scale sum(x q) + bias
- * sum(x) per 128-column step, a step never straddles a group).
+ * f16 activations (INT4): x is bf16 / f16 and may exceed f16's range, so
+ * each token is scaled by a power of two 2^e chosen from its max |x| (max
+ * |x 2^e| in [2^14, 2^15)): exact for every bf16 value (8 significant bits
+ * in f16's 11) down to 2^-29 of the token's maximum, and undone on the
+ * output (y = acc 2^-e, exact). Each CTA stages its x, scaled and converted
+ * once, into shared memory phase by phase (1024 columns, double-buffered),
+ * each 8-column block as (0,4)(1,5)(2,6)(3,7) — the pairs the nibble
+ * extraction yields — with the per-step sums of x that the group bias
+ * needs (w = scale q + bias: acc += scale sum(x q) + bias sum(x) per
+ * 128-column step; a step never straddles a group).
  *
- * Accuracy: products are exact in every format (8-bit codes x 8-bit codes,
- * 8-bit codes x 11-bit f16); the tensor core's own fp32 sums are short
- * (one mma for FP8, whose accumulation on Hopper keeps fewer bits; one
- * 64- or 128-column step for f16) and feed fp32 register sums. W8A8 sums
- * int32 exactly, so its bits equal the CUDA-core kernel's.
+ * Accuracy: products are exact (8-bit codes x 8-bit codes, 4-bit codes x
+ * 11-bit f16); the tensor core's own fp32 sums are short (one mma for FP8,
+ * whose accumulation on Hopper keeps fewer bits; one 128-column step for
+ * INT4) and feed fp32 register sums. W8A8 sums int32 exactly, so its bits
+ * equal the CUDA-core kernel's.
  *
  * Layout: one CTA of 4 warps per 16 output rows; the CTA's k-steps go in
  * phases of 1024 columns, each warp taking a quarter of a phase (4 8-bit or
  * 2 int4 steps) and loading the next phase's weights (and 8-bit
  * activations) into registers while it multiplies this one — the first
  * phase's weights before lc_pdl_wait(), as they do not depend on the kernel
- * before. The warps' partial tiles are summed in shared memory in a fixed
- * order, so a row's bits depend on nothing but its own x row: the
- * batch-invariant mode's contract (same bits at every M) holds.
+ * before. Two independent mma chains per step hide the mma latency. The
+ * warps' partial tiles are summed in shared memory in a fixed order.
  */
 #include "common.cuh"
 
@@ -106,14 +108,6 @@ __device__ __forceinline__ uint32_t lc_hfma2(uint32_t a, uint32_t b, uint32_t c)
     return d;
 }
 
-/* Four int8 codes (byte 0 first) -> two f16x2 (codes 0,1 and 2,3): code +
- * 128 in the mantissa of 1024 (f16 0x6400), minus 1152 (0x6480). */
-__device__ __forceinline__ void lc_i8x4_h2(uint32_t w, uint32_t &p0, uint32_t &p1) {
-    const uint32_t u = w ^ 0x80808080u;
-    p0 = lc_hsub2(__byte_perm(u, 0x64646464u, 0x4140), 0x64806480u);
-    p1 = lc_hsub2(__byte_perm(u, 0x64646464u, 0x4342), 0x64806480u);
-}
-
 /* Eight int4 codes (low nibble of byte i = column 2i) -> four f16x2:
  * columns (0,4), (1,5), (2,6), (3,7). Low nibbles under 1024 minus 1024;
  * high nibbles under 1024 are 16 q: times 1/16 (0x2C00) minus 64 (0xD400). */
@@ -134,7 +128,7 @@ __device__ __forceinline__ uint32_t lc_h2(float a, float b) {
 
 template <int FMT> struct lc_tc_fmt {
     static constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
-    static constexpr bool F16 = FMT == LOOM_CUDA_Q_INT8_W8A16 || FMT == LOOM_CUDA_Q_INT4;
+    static constexpr bool F16 = FMT == LOOM_CUDA_Q_INT4; /* f16 activations staged */
     static constexpr int KSTEP = I4 ? 128 : 64; /* columns per 64-byte step */
     static constexpr int U = LC_TC_PHASE_K / KSTEP / LC_TC_WARPS; /* steps per warp per phase */
 };
@@ -161,8 +155,8 @@ __device__ __forceinline__ void lc_tc_load_w(const uint8_t *wa, const uint8_t *w
     }
 }
 
-/* x (M, K) dt for W8A16 / INT4; xq (M, K) codes and sx (M) for FP8 / W8A8.
- * y (M, N) dt or f32. Dynamic shared memory: W8A16 / INT4 only,
+/* x (M, K) dt for INT4; xq (M, K) codes and sx (M) for FP8 / W8A8.
+ * y (M, N) dt or f32. Dynamic shared memory: INT4 only,
  * 2 x M x LC_TC_XSTRIDE halves. */
 template <typename T, int FMT, bool F32>
 __global__ void __launch_bounds__(LC_TC_WARPS * 32)
@@ -302,7 +296,7 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
     if (NP > 1) load_x(PS + warp * U, xa1);
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    int iacc[4] = {0, 0, 0, 0};
+    int iacc[4] = {0, 0, 0, 0}, iacc2[4] = {0, 0, 0, 0};
 
     /* multiply phase p (steps s0 .. s0 + U - 1 of this warp) */
     auto compute = [&](int p, int s0, const uint4 *va, const uint4 *vb, const float2 *fa,
@@ -321,28 +315,14 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
                 for (int i = 0; i < 4; i++) acc[i] += d[i];
             } else if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A8) {
                 lc_mma_s8(iacc, va[u].x, vb[u].x, va[u].y, vb[u].y, xv[u].x, xv[u].y);
-                lc_mma_s8(iacc, va[u].z, vb[u].z, va[u].w, vb[u].w, xv[u].z, xv[u].w);
+                lc_mma_s8(iacc2, va[u].z, vb[u].z, va[u].w, vb[u].w, xv[u].z, xv[u].w); /* exact: any split */
             } else {
                 const int b = p & 1;
                 const uint16_t *xs = lc_tc_xs + ((size_t)b * M + tok) * LC_TC_XSTRIDE +
                                      (s * F::KSTEP - p * LC_TC_PHASE_K) + t * (F::KSTEP / 4);
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A16) {
-                    const uint4 x0 = *reinterpret_cast<const uint4 *>(xs);
-                    const uint4 x1 = *reinterpret_cast<const uint4 *>(xs + 8);
-                    const uint32_t X[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-                    const uint32_t A[4] = {va[u].x, va[u].y, va[u].z, va[u].w};
-                    const uint32_t B[4] = {vb[u].x, vb[u].y, vb[u].z, vb[u].w};
-#pragma unroll
-                    for (int j = 0; j < 4; j++) { /* word j: columns 4j .. 4j + 3 of the lane's 16 */
-                        uint32_t p0, p1, q0, q1;
-                        lc_i8x4_h2(A[j], p0, p1);
-                        lc_i8x4_h2(B[j], q0, q1);
-                        lc_mma_f16(d, p0, q0, p1, q1, X[2 * j], X[2 * j + 1]);
-                    }
-#pragma unroll
-                    for (int i = 0; i < 4; i++) acc[i] += d[i];
-                } else { /* INT4 */
+                {
+                    float e[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* the second mma chain */
                     const uint32_t A[4] = {va[u].x, va[u].y, va[u].z, va[u].w};
                     const uint32_t B[4] = {vb[u].x, vb[u].y, vb[u].z, vb[u].w};
 #pragma unroll
@@ -352,8 +332,10 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
                         lc_u4x8_h2(A[j], P);
                         lc_u4x8_h2(B[j], Q);
                         lc_mma_f16(d, P[0], Q[0], P[1], Q[1], xj.x, xj.y);
-                        lc_mma_f16(d, P[2], Q[2], P[3], Q[3], xj.z, xj.w);
+                        lc_mma_f16(e, P[2], Q[2], P[3], Q[3], xj.z, xj.w);
                     }
+#pragma unroll
+                    for (int i = 0; i < 4; i++) d[i] += e[i];
                     /* C columns: tokens 2t, 2t + 1 */
                     const int sl = s - p * (LC_TC_PHASE_K / 128);
                     const int t0 = 2 * t < M ? 2 * t : M - 1, t1 = 2 * t + 1 < M ? 2 * t + 1 : M - 1;
@@ -391,6 +373,8 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
         }
     }
 
+#pragma unroll
+    for (int i = 0; i < 4; i++) iacc[i] += iacc2[i];
     /* the warps' partial tiles, summed in a fixed order */
     if (warp > 0) {
 #pragma unroll
@@ -411,8 +395,7 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
         const int n = n0 + g + (i >= 2 ? 8 : 0), m = 2 * t + (i & 1);
         if (n >= N || m >= M) continue;
         float v;
-        if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A16) v = acc[i] * tok_inv[m] * sc[n];
-        else if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A8) v = (float)iacc[i] * (sx[m] * sc[n]);
+        if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A8) v = (float)iacc[i] * (sx[m] * sc[n]);
         else if constexpr (FMT == LOOM_CUDA_Q_FP8) v = acc[i] * (sx[m] * sc[n]);
         else v = acc[i] * tok_inv[m];
         const size_t o = (size_t)m * N + n;
@@ -424,22 +407,29 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
 /* ------------------------------------------------------------- dispatch */
 
 static int lc_tc_mode = -1; /* -1: not read yet; 0 off; 1 on */
+static int lc_tc_min_m = 2;
 
 extern "C" void lc_qgemv_set_tc(int on) { lc_tc_mode = on ? 1 : 0; }
 
-extern "C" int lc_qgemv_tc_ok(loom_cuda_qfmt fmt, int K, int group) {
-    if (lc_tc_mode < 0) { /* a racing first read computes the same value */
-        const char *e = getenv("LOOM_CUDA_QGEMV_TC");
-        lc_tc_mode = !(e && e[0] == '0');
-    }
-    if (!lc_tc_mode || K <= 0) return 0;
+/* the shapes the kernel takes */
+static int lc_tc_shape_ok(loom_cuda_qfmt fmt, int K, int group) {
     switch (fmt) {
-    case LOOM_CUDA_Q_INT8_W8A16:
     case LOOM_CUDA_Q_INT8_W8A8:
-    case LOOM_CUDA_Q_FP8: return K % 64 == 0;
-    case LOOM_CUDA_Q_INT4: return K % 128 == 0 && group > 0 && group % 128 == 0 && K % group == 0;
+    case LOOM_CUDA_Q_FP8: return K > 0 && K % 64 == 0;
+    case LOOM_CUDA_Q_INT4: return K > 0 && K % 128 == 0 && group > 0 && group % 128 == 0 && K % group == 0;
     default: return 0;
     }
+}
+
+extern "C" int lc_qgemv_use_tc(loom_cuda_qfmt fmt, int K, int group, int M, int invariant) {
+    if (lc_tc_mode < 0) { /* a racing first read computes the same values */
+        const char *e = getenv("LOOM_CUDA_QGEMV_TC");
+        const char *m = getenv("LOOM_CUDA_QGEMV_TC_MIN_M");
+        if (m && atoi(m) >= 1) lc_tc_min_m = atoi(m);
+        lc_tc_mode = !(e && e[0] == '0');
+    }
+    return lc_tc_mode && !invariant && M >= lc_tc_min_m && M <= LC_QGEMV_MAX_M &&
+           lc_tc_shape_ok(fmt, K, group);
 }
 
 template <typename T, int FMT, bool F32>
@@ -456,8 +446,6 @@ template <typename T, bool F32>
 static cudaError_t lc_tcgemv_t(int M, const loom_cuda_qweight *w, const void *x, const void *xq,
                                const float *sx, void *y, cudaStream_t s) {
     switch (w->fmt) {
-    case LOOM_CUDA_Q_INT8_W8A16:
-        return lc_tcgemv_f<T, LOOM_CUDA_Q_INT8_W8A16, F32>(M, w, x, xq, sx, y, s);
     case LOOM_CUDA_Q_INT8_W8A8:
         return lc_tcgemv_f<T, LOOM_CUDA_Q_INT8_W8A8, F32>(M, w, x, xq, sx, y, s);
     case LOOM_CUDA_Q_FP8: return lc_tcgemv_f<T, LOOM_CUDA_Q_FP8, F32>(M, w, x, xq, sx, y, s);
@@ -469,7 +457,7 @@ static cudaError_t lc_tcgemv_t(int M, const loom_cuda_qweight *w, const void *x,
 extern "C" cudaError_t lc_qgemv_tc(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
                                    const void *x, const void *xq, const float *sx, void *y,
                                    cudaStream_t s) {
-    if (M < 1 || M > LC_QGEMV_MAX_M || w->N <= 0 || !lc_qgemv_tc_ok(w->fmt, w->K, w->group))
+    if (M < 1 || M > LC_QGEMV_MAX_M || w->N <= 0 || !lc_tc_shape_ok(w->fmt, w->K, w->group))
         return cudaErrorInvalidValue;
     if (dt == LOOM_CUDA_F16)
         return out_f32 ? lc_tcgemv_t<__half, true>(M, w, x, xq, sx, y, s)

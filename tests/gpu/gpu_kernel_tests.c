@@ -1222,7 +1222,7 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     if (i4) snprintf(gs, sizeof gs, " g%d", group);
     /* which GEMV kernel ran (qgemv_tc.cu's or qgemm.cu's), when one did */
     const bool gemv = path == 1 || (path == 0 && M <= lc_gemm_q_gemv_max_m(g, fmt));
-    const char *kern = !gemv ? "" : lc_qgemv_tc_ok(fmt, K, group) ? " tc" : " cc";
+    const char *kern = !gemv ? "" : lc_qgemv_use_tc(fmt, K, group, M < 8 ? M : 8, 0) ? " tc" : " cc";
     snprintf(name, sizeof name, "qgemm %s %s M=%d N=%d K=%d%s%s%s%s -> %s", qfmt_name(fmt), dtn(dt),
              M, N, K, gs, path == 1 ? " gemv" : path == 2 ? " gemm" : "", kern,
              smooth ? " smooth" : "", out_f32 ? "f32" : dtn(dt));
@@ -1295,11 +1295,12 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
         test_qgemm(g, LOOM_CUDA_BF16, f, 40, 4097, 576, i4 ? 64 : 0, 2, true, false);
         test_qgemm(g, LOOM_CUDA_F16, f, 9, 1001, 576, i4 ? 64 : 0, 2, true, false);
     }
-    /* the tensor-core GEMV's edges: int4 groups of 256, every M at an N
-     * that is not a multiple of its 16-row tiles with a partial last phase
-     * of 1024 columns, f16 with f32 output; then the Llama-3-8B decode
-     * shapes again on the CUDA-core GEMV (the kernel for shapes the
-     * tensor-core one does not take) */
+    /* the tensor-core GEMV's edges (W8A8 / FP8 / INT4 at 2..8 rows): int4
+     * groups of 256, M = 3..6 at an N that is not a multiple of its 16-row
+     * tiles with a partial last phase of 1024 columns, f16 with f32 output;
+     * then Llama-3-8B decode shapes at M = 2 and 4 on the CUDA-core GEMV (the
+     * kernel of M = 1, of W8A16, of batch-invariant mode and of the shapes
+     * the tensor-core one does not take) */
     for (int fi = 0; fi < 4; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
         const bool i4 = f == LOOM_CUDA_Q_INT4;
@@ -1308,7 +1309,7 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
             test_qgemm(g, LOOM_CUDA_BF16, f, m, 1009, i4 ? 1408 : 1216, i4 ? 128 : 0, 1, false, false);
         test_qgemm(g, LOOM_CUDA_F16, f, 5, 777, 2048, i4 ? 128 : 0, 0, true, false);
         lc_qgemv_set_tc(0);
-        test_qgemm(g, LOOM_CUDA_BF16, f, 1, 4096, 14336, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 2, 4096, 14336, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 4, 6144, 4096, i4 ? 128 : 0, 0, false, false);
         lc_qgemv_set_tc(1);
     }
