@@ -24,11 +24,11 @@ cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweigh
                      cudaStream_t s);
 
 /* Whether lc_qgemv hands M rows to the tensor-core GEMV (qgemv_tc.cu): W8A8
- * / FP8 with K % 64 == 0 and INT4 with K and group multiples of 128, at
- * M >= 2 (LOOM_CUDA_QGEMV_TC_MIN_M), never in batch-invariant mode (whose
- * rows must have the same bits at every M: the CUDA-core kernel's). On unless
- * the environment says LOOM_CUDA_QGEMV_TC=0; lc_qgemv_set_tc overrides it
- * process-wide (tests, A/B runs). */
+ * / FP8 with K % 64 == 0 at M >= 2 and INT4 with K and group multiples of
+ * 128 at M >= 3 (LOOM_CUDA_QGEMV_TC_MIN_M sets both), never in
+ * batch-invariant mode (whose rows must have the same bits at every M: the
+ * CUDA-core kernel's). On unless the environment says LOOM_CUDA_QGEMV_TC=0;
+ * lc_qgemv_set_tc overrides it process-wide (tests, A/B runs). */
 int lc_qgemv_use_tc(loom_cuda_qfmt fmt, int K, int group, int M, int invariant);
 void lc_qgemv_set_tc(int on);
 cudaError_t lc_qgemv_tc(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,

@@ -1,7 +1,7 @@
 /*
  * kernels/cuda/qgemv_tc.cu — the quantized GEMV of small decode batches on
- * the tensor cores, for 2..8 rows of x: lc_qgemv (qgemm.cu) runs it when
- * lc_qgemv_use_tc() says so, else its own CUDA-core kernel.
+ * the tensor cores, for 2..8 rows of x (INT4: 3..8): lc_qgemv (qgemm.cu)
+ * runs it when lc_qgemv_use_tc() says so, else its own CUDA-core kernel.
  *
  * Why, and where it pays (H200, 2026-12-01, one Llama-3-8B layer's four
  * linears, bench/gpu/gpu_bench --quant): the CUDA-core kernel decodes each
@@ -407,7 +407,11 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
 /* ------------------------------------------------------------- dispatch */
 
 static int lc_tc_mode = -1; /* -1: not read yet; 0 off; 1 on */
-static int lc_tc_min_m = 2;
+/* the smallest M this kernel takes: measured 2026-12-01 (gpu_bench --quant,
+ * one Llama-3-8B layer) W8A8 / FP8 at M = 2 already as fast or faster (92.9
+ * vs 93.9, 105.7 vs 108.0 us), INT4 at M = 2 slower (115.8 vs 111.1) but at
+ * M = 8 1.6x faster; its crossover, interpolated, lies between 2 and 3 */
+static int lc_tc_min_m = 2, lc_tc_min_m_i4 = 3;
 
 extern "C" void lc_qgemv_set_tc(int on) { lc_tc_mode = on ? 1 : 0; }
 
@@ -425,11 +429,11 @@ extern "C" int lc_qgemv_use_tc(loom_cuda_qfmt fmt, int K, int group, int M, int 
     if (lc_tc_mode < 0) { /* a racing first read computes the same values */
         const char *e = getenv("LOOM_CUDA_QGEMV_TC");
         const char *m = getenv("LOOM_CUDA_QGEMV_TC_MIN_M");
-        if (m && atoi(m) >= 1) lc_tc_min_m = atoi(m);
+        if (m && atoi(m) >= 1) lc_tc_min_m = lc_tc_min_m_i4 = atoi(m);
         lc_tc_mode = !(e && e[0] == '0');
     }
-    return lc_tc_mode && !invariant && M >= lc_tc_min_m && M <= LC_QGEMV_MAX_M &&
-           lc_tc_shape_ok(fmt, K, group);
+    return lc_tc_mode && !invariant && M >= (fmt == LOOM_CUDA_Q_INT4 ? lc_tc_min_m_i4 : lc_tc_min_m) &&
+           M <= LC_QGEMV_MAX_M && lc_tc_shape_ok(fmt, K, group);
 }
 
 template <typename T, int FMT, bool F32>
