@@ -16,9 +16,10 @@
 #   invariant: only the spec-vs-plain greedy comparison with
 #           backend.batch_invariant=true (graphs on and off), the ordinary
 #           mode for contrast, and the mode's batch-1 cost (needs SmolLM2).
-#   quant:  each quantizer scheme vs bf16 on the Llama-3-8B shape (batch-1
-#           decode, 2048-token prefill, batch-64 decode) and SmolLM2
-#           perplexity per scheme (needs the SmolLM2 GGUF, as stage2).
+#   quant:  each quantizer scheme vs bf16 on the Llama-3-8B shape, each a
+#           `loom bench --compare`: batch-1 decode, batch-64 decode,
+#           2048-token prefill (QUANT_SCHEMES / QUANT_RUNS narrow it; the
+#           SmolLM2 perplexities are the ppl stage).
 #   offline: the 1000-request offline run at 256 and 512 sequences a step.
 #   spec2:  draft-model speculation (SmolLM2 drafted by its int4 self) and
 #           the cost side of ngram on the Llama-3-8B shape (needs SmolLM2).
@@ -159,12 +160,26 @@ quant)
   # bf16 (A) vs each scheme (B) in one `loom bench --compare` each: the
   # ratio the quantization issue asks for; int4 quantizes 7B weights on the
   # host at load (~135 s on 16 threads, 2026-12-01)
-  for c in int8-w8a16 fp8 int8-w8a8 int4; do
-    step "Llama-3-8B shape, bf16 vs $c: batch-1 decode (128 in, 256 out)"
-    timeout 330 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-$c.yaml \
-      --num-requests 3 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1 --no-progress \
-      --json "$O/quant-$c-batch1.json" > "$O/quant-$c.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$O/quant-$c.txt"; }
-    grep -E "output tokens/s|TPOT p50|wall" "$O/quant-$c.txt"
+  # QUANT_SCHEMES / QUANT_RUNS narrow it (one device call is 10 minutes):
+  #   QUANT_SCHEMES="fp8 int4" QUANT_RUNS="b64 prefill" scripts/gpu-check.sh quant
+  for c in ${QUANT_SCHEMES:-int8-w8a16 fp8 int8-w8a8 int4}; do
+    for r in ${QUANT_RUNS:-b1 b64 prefill}; do
+      case $r in
+      b1) what="batch-1 decode (128 in, 256 out)"
+          args="--num-requests 3 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1" ;;
+      b64) what="batch-64 decode (128 requests of 128 in, 256 out)"
+          args="--num-requests 128 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=64 --warmup 2" ;;
+      prefill) what="2048-token prefill (8 prompts one at a time, 1 token out: total tokens/s, TTFT)"
+          args="--num-requests 8 --input-len 2048 --output-len 1 --set scheduler.max_num_seqs=1 --warmup 1" ;;
+      esac
+      step "Llama-3-8B shape, bf16 vs $c: $what"
+      f=$O/quant-$c-$r
+      [ $r = b1 ] && f=$O/quant-$c   # the names of earlier runs
+      # shellcheck disable=SC2086
+      timeout 330 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-$c.yaml \
+        $args --no-progress --json "$f.json" > "$f.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$f.txt"; }
+      grep -E "output tokens/s|total tokens/s|TPOT p50|TTFT p50|wall" "$f.txt"
+    done
   done
   ;;
 ppl)
