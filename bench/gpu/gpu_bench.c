@@ -441,7 +441,7 @@ static void bench_quant(int M) {
     for (int vi = 0; vi < nv; vi++) {
         const int fi = vi < NF ? vi : 1 + (vi - NF);
         const bool cores = vi >= NF;
-        lc_qgemv_set_tc(!cores);
+        lc_qgemv_set_tc(cores ? 0 : -1); /* -1: as the environment says */
         const loom_cuda_qfmt f = fmts[fi];
         double ms = 0, bytes = 0;
         for (int k = 0; k < 4; k++) {
@@ -487,7 +487,7 @@ static void bench_quant(int M) {
                bf16_ms / ms);
         if (g_nqres < 64) g_qres[g_nqres++] = (qres){cores ? cc_names[fi] : names[fi], M, ms, bf16_ms};
     }
-    lc_qgemv_set_tc(1);
+    lc_qgemv_set_tc(-1);
     cudaFree(x), cudaFree(y);
     loom_cuda_gemm_destroy(g);
 }

@@ -118,10 +118,12 @@ __device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
  * (lc_launch), so its launch and CTA rasterisation overlap the tail of the
  * kernel before it — in a decode step of ~320 small kernels that is most of
  * the gap between them. Correctness rests on two lines at the top of every
- * kernel: lc_pdl_wait() before the first global memory access (it returns
- * once the previous grid has completed and its writes are visible; a no-op
- * when launched without the attribute), then lc_pdl_trigger() to let the
- * next kernel start launching. Captured into CUDA graphs as programmatic
+ * kernel: lc_pdl_wait() before the first global memory access that another
+ * kernel may have written (it returns once the previous grid has completed
+ * and its writes are visible; a no-op when launched without the attribute),
+ * then lc_pdl_trigger() to let the next kernel start launching. Weights are
+ * the one exception: no kernel writes them, so GEMVs prefetch or load them
+ * before the wait (loom_cuda_qweight's contract). Captured into CUDA graphs as programmatic
  * edges. */
 __device__ __forceinline__ void lc_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void lc_pdl_trigger() {

@@ -365,7 +365,10 @@ typedef struct loom_cuda_qseg {
  * Kernel contract: K % 16 == 0 (INT8, FP8); group % 32 == 0 and K % group
  * == 0 (INT4); GGUF: K a multiple of every segment's block (32, or 256 for
  * q4_k / q6_k) and each segment readable up to the next 16-byte boundary
- * past its end; every pointer 16-byte aligned. */
+ * past its end; every pointer 16-byte aligned. No kernel writes a weight's
+ * data or scales (they are uploaded and the stream synchronized before
+ * use): the GEMVs read them before lc_pdl_wait(), while the kernel before
+ * still runs. */
 typedef struct loom_cuda_qweight {
     loom_cuda_qfmt fmt;
     int N, K;

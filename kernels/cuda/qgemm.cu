@@ -307,6 +307,7 @@ extern "C" cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_
         return cudaErrorInvalidValue;
     if (lc_qgemv_use_tc(w->fmt, w->K, w->group, M, invariant))
         return lc_qgemv_tc(dt, out_f32, M, w, x, xq, sx, y, s);
+    lc_qgemv_count_cc();
     if (dt == LOOM_CUDA_F16)
         return out_f32 ? lc_qgemv_t<__half, true>(M, w, x, xq, sx, y, s)
                        : lc_qgemv_t<__half, false>(M, w, x, xq, sx, y, s);

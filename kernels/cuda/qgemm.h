@@ -27,10 +27,17 @@ cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweigh
  * / FP8 with K % 64 == 0 at M >= 2 and INT4 with K and group multiples of
  * 128 at M >= 3 (LOOM_CUDA_QGEMV_TC_MIN_M sets both), never in
  * batch-invariant mode (whose rows must have the same bits at every M: the
- * CUDA-core kernel's). On unless the environment says LOOM_CUDA_QGEMV_TC=0;
- * lc_qgemv_set_tc overrides it process-wide (tests, A/B runs). */
+ * CUDA-core kernel's). On unless the environment says LOOM_CUDA_QGEMV_TC=0
+ * (or off / false / no; a MIN_M above 8 also turns it off); lc_qgemv_set_tc
+ * overrides it process-wide (tests, A/B runs). */
 int lc_qgemv_use_tc(loom_cuda_qfmt fmt, int K, int group, int M, int invariant);
+/* on: 1 / 0 force it on / off, -1 back to the environment's choice;
+ * lc_qgemv_get_tc returns the current override (to restore it). */
 void lc_qgemv_set_tc(int on);
+int lc_qgemv_get_tc(void);
+/* GEMV launches so far, tensor-core and CUDA-core (tests name what ran). */
+void lc_qgemv_count(long *tc, long *cc);
+void lc_qgemv_count_cc(void);
 cudaError_t lc_qgemv_tc(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
                         const void *x, const void *xq, const float *sx, void *y, cudaStream_t s);
 

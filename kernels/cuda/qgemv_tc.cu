@@ -56,12 +56,15 @@
  * 2 int4 steps) and loading the next phase's weights (and 8-bit
  * activations) into registers while it multiplies this one — the first
  * phase's weights before lc_pdl_wait(), as they do not depend on the kernel
- * before. Two independent mma chains per step hide the mma latency. The
+ * before (loom_cuda_qweight's contract: no kernel writes a weight). Two independent mma chains per step hide the mma latency. The
  * warps' partial tiles are summed in shared memory in a fixed order.
  */
 #include "common.cuh"
 
 #include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
 
 #include "qgemm.h"
 
@@ -406,14 +409,38 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
 
 /* ------------------------------------------------------------- dispatch */
 
-static int lc_tc_mode = -1; /* -1: not read yet; 0 off; 1 on */
-/* the smallest M this kernel takes: measured 2026-12-01 (gpu_bench --quant,
- * one Llama-3-8B layer) W8A8 / FP8 at M = 2 already as fast or faster (92.9
- * vs 93.9, 105.7 vs 108.0 us), INT4 at M = 2 slower (115.8 vs 111.1) but at
- * M = 8 1.6x faster; its crossover, interpolated, lies between 2 and 3 */
-static int lc_tc_min_m = 2, lc_tc_min_m_i4 = 3;
+/* The environment, read once (a C++ local static: thread-safe), and the
+ * tests' / benchmark's process-wide override (-1: none). The smallest M
+ * the kernel takes: measured 2026-12-01 (gpu_bench --quant, one Llama-3-8B
+ * layer) W8A8 / FP8 at M = 2 already as fast or faster (92.9 vs 93.9, 105.7
+ * vs 108.0 us), INT4 at M = 2 slower (115.8 vs 111.1) but at M = 8 1.6x
+ * faster; its crossover, interpolated, lies between 2 and 3. */
+struct lc_tc_env {
+    bool on;
+    int min_m, min_m_i4;
+};
+static const lc_tc_env &lc_tc_env_get() {
+    static const lc_tc_env env = [] {
+        lc_tc_env v = {true, 2, 3};
+        const char *e = getenv("LOOM_CUDA_QGEMV_TC");
+        if (e && (!strcmp(e, "0") || !strcmp(e, "off") || !strcmp(e, "false") || !strcmp(e, "no")))
+            v.on = false;
+        const char *m = getenv("LOOM_CUDA_QGEMV_TC_MIN_M");
+        if (m && atoi(m) >= 1) v.min_m = v.min_m_i4 = atoi(m);
+        return v;
+    }();
+    return env;
+}
+static std::atomic<int> lc_tc_override{-1};
+static std::atomic<long> lc_tc_launches{0}, lc_cc_launches{0};
 
-extern "C" void lc_qgemv_set_tc(int on) { lc_tc_mode = on ? 1 : 0; }
+extern "C" void lc_qgemv_set_tc(int on) { lc_tc_override = on < 0 ? -1 : on ? 1 : 0; }
+extern "C" int lc_qgemv_get_tc(void) { return lc_tc_override; }
+extern "C" void lc_qgemv_count(long *tc, long *cc) {
+    *tc = lc_tc_launches;
+    *cc = lc_cc_launches;
+}
+extern "C" void lc_qgemv_count_cc(void) { lc_cc_launches++; }
 
 /* the shapes the kernel takes */
 static int lc_tc_shape_ok(loom_cuda_qfmt fmt, int K, int group) {
@@ -426,14 +453,11 @@ static int lc_tc_shape_ok(loom_cuda_qfmt fmt, int K, int group) {
 }
 
 extern "C" int lc_qgemv_use_tc(loom_cuda_qfmt fmt, int K, int group, int M, int invariant) {
-    if (lc_tc_mode < 0) { /* a racing first read computes the same values */
-        const char *e = getenv("LOOM_CUDA_QGEMV_TC");
-        const char *m = getenv("LOOM_CUDA_QGEMV_TC_MIN_M");
-        if (m && atoi(m) >= 1) lc_tc_min_m = lc_tc_min_m_i4 = atoi(m);
-        lc_tc_mode = !(e && e[0] == '0');
-    }
-    return lc_tc_mode && !invariant && M >= (fmt == LOOM_CUDA_Q_INT4 ? lc_tc_min_m_i4 : lc_tc_min_m) &&
-           M <= LC_QGEMV_MAX_M && lc_tc_shape_ok(fmt, K, group);
+    const lc_tc_env &env = lc_tc_env_get();
+    const int over = lc_tc_override;
+    if (!(over < 0 ? env.on : over == 1) || invariant) return 0;
+    return M >= (fmt == LOOM_CUDA_Q_INT4 ? env.min_m_i4 : env.min_m) && M <= LC_QGEMV_MAX_M &&
+           lc_tc_shape_ok(fmt, K, group);
 }
 
 template <typename T, int FMT, bool F32>
@@ -463,6 +487,7 @@ extern "C" cudaError_t lc_qgemv_tc(loom_cuda_dt dt, int out_f32, int M, const lo
                                    cudaStream_t s) {
     if (M < 1 || M > LC_QGEMV_MAX_M || w->N <= 0 || !lc_tc_shape_ok(w->fmt, w->K, w->group))
         return cudaErrorInvalidValue;
+    lc_tc_launches++;
     if (dt == LOOM_CUDA_F16)
         return out_f32 ? lc_tcgemv_t<__half, true>(M, w, x, xq, sx, y, s)
                        : lc_tcgemv_t<__half, false>(M, w, x, xq, sx, y, s);

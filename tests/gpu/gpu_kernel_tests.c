@@ -1116,6 +1116,11 @@ static void qgemm_defaults(loom_cuda_gemm *g) {
  * arithmetic. path: 0 the default dispatch, 1 the GEMV forced (passes of 8
  * rows at any M), 2 the GEMM path forced (dequantize + cuBLASLt, or the
  * FP8 / int8 cuBLASLt GEMM + epilogue, at any M). */
+/* test_qgemm's activations: the [-2, 2] of every test, or (set) tokens of
+ * very different magnitudes — what the tensor-core INT4 path's per-token
+ * power-of-two f16 scaling is for */
+static bool g_qx_wild;
+
 static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, int M, int N,
                        int K, int group, int path, bool out_f32, bool smooth) {
     const bool i4 = fmt == LOOM_CUDA_Q_INT4, acts = fmt == LOOM_CUDA_Q_INT8_W8A8 || fmt == LOOM_CUDA_Q_FP8;
@@ -1172,6 +1177,16 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
      * must produce */
     float *xf = malloc((size_t)M * K * 4), *sm = NULL;
     uint16_t *x = rand16(dt, (size_t)M * K, -2, 2, xf);
+    if (g_qx_wild) /* tokens 1, 2, 3 (mod 4): beyond f16's range (bf16 only), tiny, powers of two */
+        for (int m = 1; m < M; m++) {
+            const int kind = m % 4;
+            const float f = kind == 1 ? (dt == LOOM_CUDA_BF16 ? 5e4f : 2e3f) : kind == 2 ? 1e-6f : 1.0f;
+            for (int k = 0; k < K; k++) {
+                size_t i = (size_t)m * K + k;
+                float v = kind == 3 ? ldexpf(k % 2 ? -1.0f : 1.0f, k % 23 - 11) : xf[i] * f;
+                x[i] = to16(dt, v), xf[i] = (float)from16(dt, x[i]);
+            }
+        }
     if (M > 2) for (int k = 0; k < K; k++) x[k] = to16(dt, 0.0f), xf[k] = 0.0f; /* zero token */
     if (smooth) {
         sm = malloc((size_t)K * 4);
@@ -1214,15 +1229,17 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     const size_t sb = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &w, M);
     void *d_s = dev_poison(sb);
     char msg[256] = "";
+    long tc0, cc0, tc1, cc1;
+    lc_qgemv_count(&tc0, &cc0);
     int rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
+    lc_qgemv_count(&tc1, &cc1);
     qgemm_defaults(g);
     CK(cudaDeviceSynchronize());
     char name[160];
     char gs[16] = "";
     if (i4) snprintf(gs, sizeof gs, " g%d", group);
-    /* which GEMV kernel ran (qgemv_tc.cu's or qgemm.cu's), when one did */
-    const bool gemv = path == 1 || (path == 0 && M <= lc_gemm_q_gemv_max_m(g, fmt));
-    const char *kern = !gemv ? "" : lc_qgemv_use_tc(fmt, K, group, M < 8 ? M : 8, 0) ? " tc" : " cc";
+    /* which GEMV kernels ran (qgemv_tc.cu's, qgemm.cu's), when one did */
+    const char *kern = tc1 > tc0 ? (cc1 > cc0 ? " tc+cc" : " tc") : cc1 > cc0 ? " cc" : "";
     snprintf(name, sizeof name, "qgemm %s %s M=%d N=%d K=%d%s%s%s%s -> %s", qfmt_name(fmt), dtn(dt),
              M, N, K, gs, path == 1 ? " gemv" : path == 2 ? " gemm" : "", kern,
              smooth ? " smooth" : "", out_f32 ? "f32" : dtn(dt));
@@ -1262,6 +1279,49 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     }
     cudaFree(d_data), cudaFree(d_sc), cudaFree(d_sm), cudaFree(d_x), cudaFree(d_y), cudaFree(d_s);
     free(data), free(scales), free(wd), free(wrow), free(xf), free(sm), free(x), free(xr), free(sx);
+}
+
+/* int8 W8A8 at M = 2..8 on the tensor-core GEMV vs the CUDA-core one: both
+ * sum int32 exactly and scale with the same expression, so every output
+ * bit must agree. Random codes and scales (the arithmetic is test_qgemm's
+ * business). */
+static void test_qgemm_tc_bits(loom_cuda_gemm *g, loom_cuda_dt dt, int N, int K, bool out_f32) {
+    const size_t oel = out_f32 ? 4 : 2;
+    uint8_t *data = malloc((size_t)N * K);
+    float *sc = malloc((size_t)N * 4);
+    for (size_t i = 0; i < (size_t)N * K; i++) data[i] = (uint8_t)(int8_t)(rng_int(255) - 127);
+    for (int n = 0; n < N; n++) sc[n] = rng_unif(0.001f, 0.02f);
+    uint16_t *x = rand16(dt, (size_t)8 * K, -2, 2, NULL);
+    void *d_data = dev_upload(data, (size_t)N * K), *d_sc = dev_upload(sc, (size_t)N * 4);
+    void *d_x = dev_upload(x, (size_t)8 * K * 2);
+    const loom_cuda_qweight w = {.fmt = LOOM_CUDA_Q_INT8_W8A8, .N = N, .K = K, .data = d_data, .scales = d_sc};
+    const size_t scr = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &w, 8);
+    void *d_scr = dev_poison(scr), *d_y = dev_poison((size_t)8 * N * oel);
+    char *a = malloc((size_t)8 * N * oel), *b = malloc((size_t)8 * N * oel), msg[256] = "", name[160];
+    const int prev = lc_qgemv_get_tc();
+    for (int M = 2; M <= 8; M += 3) {
+        int rc = 0;
+        long tc0, cc0, tc1, cc1;
+        lc_qgemv_count(&tc0, &cc0);
+        for (int on = 1; on >= 0 && !rc; on--) {
+            lc_qgemv_set_tc(on);
+            CK(cudaMemset(d_y, 0xff, (size_t)8 * N * oel));
+            rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_scr, scr, 0, msg, sizeof msg);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(on ? a : b, d_y, (size_t)M * N * oel, cudaMemcpyDeviceToHost));
+        }
+        lc_qgemv_count(&tc1, &cc1);
+        snprintf(name, sizeof name, "qgemm int8_w8a8 %s M=%d N=%d K=%d -> %s: tc bits = cc bits", dtn(dt),
+                 M, N, K, out_f32 ? "f32" : dtn(dt));
+        if (rc) printf("      qgemm error: %s\n", msg);
+        /* both kernels must have run, or the comparison says nothing */
+        const long bad = rc || tc1 == tc0 || cc1 == cc0 ? 1 : bits_differ(a, b, (size_t)M * N, oel) +
+                                                                 count_nan(dt, a, (size_t)M * N, oel);
+        report_bits(name, bad, M);
+    }
+    lc_qgemv_set_tc(prev);
+    cudaFree(d_data), cudaFree(d_sc), cudaFree(d_x), cudaFree(d_scr), cudaFree(d_y);
+    free(data), free(sc), free(x), free(a), free(b);
 }
 
 /* Every format over decode and prefill shapes, both paths at the boundary
@@ -1308,11 +1368,26 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
         for (int m = 3; m <= 6; m++)
             test_qgemm(g, LOOM_CUDA_BF16, f, m, 1009, i4 ? 1408 : 1216, i4 ? 128 : 0, 1, false, false);
         test_qgemm(g, LOOM_CUDA_F16, f, 5, 777, 2048, i4 ? 128 : 0, 0, true, false);
+        /* three phases with a partial last one; N below one 16-row tile;
+         * bf16 with f32 output; the 8B down projection; tokens of wild
+         * magnitudes (f16's range exceeded, 1e-6, powers of two) */
+        test_qgemm(g, LOOM_CUDA_BF16, f, 4, 300, 2560, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 3, 7, i4 ? 1152 : 1024, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 6, 515, 2048, i4 ? 128 : 0, 0, true, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 3, 4096, 14336, i4 ? 128 : 0, 0, false, false);
+        g_qx_wild = true;
+        test_qgemm(g, LOOM_CUDA_BF16, f, 8, 515, 2048, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, 7, 515, 1024, i4 ? 128 : 0, 0, true, false);
+        g_qx_wild = false;
+        const int prev = lc_qgemv_get_tc();
         lc_qgemv_set_tc(0);
         test_qgemm(g, LOOM_CUDA_BF16, f, 2, 4096, 14336, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 4, 6144, 4096, i4 ? 128 : 0, 0, false, false);
-        lc_qgemv_set_tc(1);
+        lc_qgemv_set_tc(prev);
     }
+    /* W8A8 sums int32 exactly on both GEMVs: the same bits */
+    test_qgemm_tc_bits(g, LOOM_CUDA_BF16, 1001, 2048, false);
+    test_qgemm_tc_bits(g, LOOM_CUDA_F16, 300, 1024, true);
     /* W8A8 with a SmoothQuant vector, both paths */
     test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 3, 1000, 1024, 0, 0, false, true);
     test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 64, 1000, 1024, 0, 2, false, true);
