@@ -1109,6 +1109,11 @@ static void qgemm_defaults(loom_cuda_gemm *g) {
     loom_cuda_qgemm_set_gemv_max_m(g, LOOM_CUDA_Q_INT4, 32);
 }
 
+/* test_qgemm's activations: the [-2, 2] of every test, or (set) tokens of
+ * very different magnitudes — what the tensor-core INT4 path's per-token
+ * power-of-two f16 scaling is for */
+static bool g_qx_wild;
+
 /* Quantize random weights on the host exactly as loom/quant.h lays them
  * out, run loom_cuda_qgemm_run, and compare with a float64 reference over
  * the SAME quantized weights — and, for W8A8 / FP8, the same per-token
@@ -1116,11 +1121,6 @@ static void qgemm_defaults(loom_cuda_gemm *g) {
  * arithmetic. path: 0 the default dispatch, 1 the GEMV forced (passes of 8
  * rows at any M), 2 the GEMM path forced (dequantize + cuBLASLt, or the
  * FP8 / int8 cuBLASLt GEMM + epilogue, at any M). */
-/* test_qgemm's activations: the [-2, 2] of every test, or (set) tokens of
- * very different magnitudes — what the tensor-core INT4 path's per-token
- * power-of-two f16 scaling is for */
-static bool g_qx_wild;
-
 static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, int M, int N,
                        int K, int group, int path, bool out_f32, bool smooth) {
     const bool i4 = fmt == LOOM_CUDA_Q_INT4, acts = fmt == LOOM_CUDA_Q_INT8_W8A8 || fmt == LOOM_CUDA_Q_FP8;
