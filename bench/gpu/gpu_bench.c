@@ -279,9 +279,9 @@ static double time_op(op_fn fn, void *ctx, int n) {
     CK(cudaEventCreate(&e1));
     /* LOOM_BENCH_REPS=n: n timed runs after one warm-up (few launches to
      * profile under ncu) */
-    const char *reps = getenv("LOOM_BENCH_REPS");
-    const int warm = reps && atoi(reps) > 0 ? 1 : 3;
-    if (reps && atoi(reps) > 0) n = atoi(reps);
+    const char *e = getenv("LOOM_BENCH_REPS");
+    const int reps = e ? atoi(e) : 0, warm = reps > 0 ? 1 : 3;
+    if (reps > 0) n = reps;
     double *t = malloc(sizeof(double) * (size_t)n);
     for (int i = -warm; i < n; i++) {
         CK(cudaEventRecord(e0, 0));
@@ -380,7 +380,7 @@ static void op_qgemm(void *p) {
 }
 
 typedef struct qres {
-    const char *fmt;
+    char fmt[24];
     int M;
     double ms, bf16_ms;
 } qres;
@@ -422,8 +422,6 @@ static void bench_quant(int M) {
                                               LOOM_CUDA_GGUF_Q6_K};
     static const char *names[NF] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128",
                                     "gguf_q4_0", "gguf_q4_1", "gguf_q4_k", "gguf_q6_k"};
-    /* "_cc": the CUDA-core GEMV (qgemm.cu) instead of the tensor-core one */
-    static const char *cc_names[5] = {"", "int8_w8a16_cc", "int8_w8a8_cc", "fp8_cc", "int4_g128_cc"};
     int code;
     char msg[256];
     loom_cuda_gemm *g = loom_cuda_gemm_create((size_t)32 << 20, &code, msg, sizeof msg);
@@ -478,14 +476,18 @@ static void bench_quant(int M) {
             cudaFree(data), cudaFree(sc), cudaFree(c.scratch);
         }
         if (fi == 0) bf16_ms = ms;
-        char nm[96], label[40];
+        char nm[96], label[24]; /* "_cc": the CUDA-core GEMV (qgemm.cu), not the tensor-core one */
         snprintf(label, sizeof label, "%s%s", names[fi], cores ? "_cc" : "");
         snprintf(nm, sizeof nm, "llama3-8b layer linears %s M=%d", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, ms, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
         printf("    %-15s M=%-5d %8.1f us per layer, %5.2fx vs bf16\n", label, M, ms * 1e3,
                bf16_ms / ms);
-        if (g_nqres < 64) g_qres[g_nqres++] = (qres){cores ? cc_names[fi] : names[fi], M, ms, bf16_ms};
+        if (g_nqres < 64) {
+            qres *r = &g_qres[g_nqres++];
+            snprintf(r->fmt, sizeof r->fmt, "%s", label);
+            r->M = M, r->ms = ms, r->bf16_ms = bf16_ms;
+        }
     }
     lc_qgemv_set_tc(-1);
     cudaFree(x), cudaFree(y);

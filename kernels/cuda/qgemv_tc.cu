@@ -122,16 +122,10 @@ __device__ __forceinline__ void lc_u4x8_h2(uint32_t w, uint32_t *p) {
     p[3] = lc_hfma2((v & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD400D400u);
 }
 
-__device__ __forceinline__ uint32_t lc_h2(float a, float b) {
-    __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-
 /* ------------------------------------------------------------------ GEMV */
 
 template <int FMT> struct lc_tc_fmt {
-    static constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
-    static constexpr bool F16 = FMT == LOOM_CUDA_Q_INT4; /* f16 activations staged */
+    static constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4; /* also: f16 activations staged */
     static constexpr int KSTEP = I4 ? 128 : 64; /* columns per 64-byte step */
     static constexpr int U = LC_TC_PHASE_K / KSTEP / LC_TC_WARPS; /* steps per warp per phase */
 };
@@ -201,7 +195,7 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
 
     /* f16 staging: x (scaled) into buffer b for phase p */
     auto stage = [&](int p, int b) {
-        if constexpr (F::F16) {
+        if constexpr (F::I4) {
             const int k0 = p * LC_TC_PHASE_K + threadIdx.x * 8; /* one 8-column chunk a thread */
             const bool in = k0 < K;
             uint4 raw[8]; /* every token's chunk requested before any is used */
@@ -217,31 +211,24 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
                     const float s = tok_scale[m];
 #pragma unroll
                     for (int e = 0; e < 8; e++) v[e] *= s;
-                    uint4 h;
-                    if constexpr (F::I4)
-                        h = make_uint4(lc_h2(v[0], v[4]), lc_h2(v[1], v[5]), lc_h2(v[2], v[6]),
-                                       lc_h2(v[3], v[7]));
-                    else
-                        h = make_uint4(lc_h2(v[0], v[1]), lc_h2(v[2], v[3]), lc_h2(v[4], v[5]),
-                                       lc_h2(v[6], v[7]));
+                    const uint4 h = make_uint4(lc_pack2<__half>(v[0], v[4]), lc_pack2<__half>(v[1], v[5]),
+                                               lc_pack2<__half>(v[2], v[6]), lc_pack2<__half>(v[3], v[7]));
                     *reinterpret_cast<uint4 *>(lc_tc_xs + ((size_t)b * M + m) * LC_TC_XSTRIDE +
                                                threadIdx.x * 8) = h;
                 } else {
 #pragma unroll
                     for (int e = 0; e < 8; e++) v[e] = 0.0f;
                 }
-                if constexpr (F::I4) {
-                    /* 16 chunks = one 128-column step: lanes 0-15 / 16-31 */
-                    float s8 = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+                /* 16 chunks = one 128-column step: lanes 0-15 / 16-31 */
+                float s8 = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 #pragma unroll
-                    for (int o = 8; o > 0; o >>= 1) s8 += __shfl_xor_sync(0xffffffffu, s8, o);
-                    if ((lane & 15) == 0) xsum[b][m][threadIdx.x >> 4] = s8;
-                }
+                for (int o = 8; o > 0; o >>= 1) s8 += __shfl_xor_sync(0xffffffffu, s8, o);
+                if ((lane & 15) == 0) xsum[b][m][threadIdx.x >> 4] = s8;
             }
         }
     };
 
-    if constexpr (F::F16) {
+    if constexpr (F::I4) {
         /* per-token scale 2^e with max |x 2^e| in [2^14, 2^15) */
         constexpr int CH = LC_TC_WARPS * 32 * 8; /* columns the CTA covers per load */
 #pragma unroll 1
@@ -286,10 +273,10 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
     }
 
     /* 8-bit activations: this lane's token row, read at the weights' columns */
-    const uint8_t *xr = F::F16 ? nullptr : xq + (size_t)tok * K;
-    uint4 xa0[F::F16 ? 1 : U], xa1[F::F16 ? 1 : U];
+    const uint8_t *xr = F::I4 ? nullptr : xq + (size_t)tok * K;
+    uint4 xa0[F::I4 ? 1 : U], xa1[F::I4 ? 1 : U];
     auto load_x = [&](int s0, uint4 *xv) {
-        if constexpr (!F::F16) {
+        if constexpr (!F::I4) {
 #pragma unroll
             for (int u = 0; u < U; u++)
                 if (s0 + u < S) xv[u] = __ldg(reinterpret_cast<const uint4 *>(xr + (size_t)(s0 + u) * 64 + 16 * t));
@@ -324,30 +311,28 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
                 const uint16_t *xs = lc_tc_xs + ((size_t)b * M + tok) * LC_TC_XSTRIDE +
                                      (s * F::KSTEP - p * LC_TC_PHASE_K) + t * (F::KSTEP / 4);
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                {
-                    float e[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* the second mma chain */
-                    const uint32_t A[4] = {va[u].x, va[u].y, va[u].z, va[u].w};
-                    const uint32_t B[4] = {vb[u].x, vb[u].y, vb[u].z, vb[u].w};
+                float e[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* the second mma chain */
+                const uint32_t A[4] = {va[u].x, va[u].y, va[u].z, va[u].w};
+                const uint32_t B[4] = {vb[u].x, vb[u].y, vb[u].z, vb[u].w};
 #pragma unroll
-                    for (int j = 0; j < 4; j++) { /* word j: columns 8j .. 8j + 7 of the lane's 32 */
-                        const uint4 xj = *reinterpret_cast<const uint4 *>(xs + 8 * j);
-                        uint32_t P[4], Q[4];
-                        lc_u4x8_h2(A[j], P);
-                        lc_u4x8_h2(B[j], Q);
-                        lc_mma_f16(d, P[0], Q[0], P[1], Q[1], xj.x, xj.y);
-                        lc_mma_f16(e, P[2], Q[2], P[3], Q[3], xj.z, xj.w);
-                    }
-#pragma unroll
-                    for (int i = 0; i < 4; i++) d[i] += e[i];
-                    /* C columns: tokens 2t, 2t + 1 */
-                    const int sl = s - p * (LC_TC_PHASE_K / 128);
-                    const int t0 = 2 * t < M ? 2 * t : M - 1, t1 = 2 * t + 1 < M ? 2 * t + 1 : M - 1;
-                    const float X0 = xsum[b][t0][sl], X1 = xsum[b][t1][sl];
-                    acc[0] = fmaf(fa[u].x, d[0], fmaf(fa[u].y, X0, acc[0]));
-                    acc[1] = fmaf(fa[u].x, d[1], fmaf(fa[u].y, X1, acc[1]));
-                    acc[2] = fmaf(fb[u].x, d[2], fmaf(fb[u].y, X0, acc[2]));
-                    acc[3] = fmaf(fb[u].x, d[3], fmaf(fb[u].y, X1, acc[3]));
+                for (int j = 0; j < 4; j++) { /* word j: columns 8j .. 8j + 7 of the lane's 32 */
+                    const uint4 xj = *reinterpret_cast<const uint4 *>(xs + 8 * j);
+                    uint32_t P[4], Q[4];
+                    lc_u4x8_h2(A[j], P);
+                    lc_u4x8_h2(B[j], Q);
+                    lc_mma_f16(d, P[0], Q[0], P[1], Q[1], xj.x, xj.y);
+                    lc_mma_f16(e, P[2], Q[2], P[3], Q[3], xj.z, xj.w);
                 }
+#pragma unroll
+                for (int i = 0; i < 4; i++) d[i] += e[i];
+                /* C columns: tokens 2t, 2t + 1 */
+                const int sl = s - p * (LC_TC_PHASE_K / 128);
+                const int t0 = 2 * t < M ? 2 * t : M - 1, t1 = 2 * t + 1 < M ? 2 * t + 1 : M - 1;
+                const float X0 = xsum[b][t0][sl], X1 = xsum[b][t1][sl];
+                acc[0] = fmaf(fa[u].x, d[0], fmaf(fa[u].y, X0, acc[0]));
+                acc[1] = fmaf(fa[u].x, d[1], fmaf(fa[u].y, X1, acc[1]));
+                acc[2] = fmaf(fb[u].x, d[2], fmaf(fb[u].y, X0, acc[2]));
+                acc[3] = fmaf(fb[u].x, d[3], fmaf(fb[u].y, X1, acc[3]));
             }
         }
     };
@@ -364,7 +349,7 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
             stage(p + 1, (p + 1) & 1);
         }
         compute(p, s0, wa0, wb0, fa0, fb0, xa0);
-        if constexpr (F::F16) __syncthreads();
+        if constexpr (F::I4) __syncthreads();
         if (p + 1 < NP) {
             if (p + 2 < NP) {
                 lc_tc_load_w<FMT>(wa, wb, sa, sb, s1 + PS, S, t, group, wa0, wb0, fa0, fb0);
@@ -372,7 +357,7 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
                 stage(p + 2, p & 1);
             }
             compute(p + 1, s1, wa1, wb1, fa1, fb1, xa1);
-            if constexpr (F::F16) __syncthreads();
+            if constexpr (F::I4) __syncthreads();
         }
     }
 
@@ -463,7 +448,7 @@ extern "C" int lc_qgemv_use_tc(loom_cuda_qfmt fmt, int K, int group, int M, int 
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_tcgemv_f(int M, const loom_cuda_qweight *w, const void *x, const void *xq,
                                const float *sx, void *y, cudaStream_t s) {
-    const size_t smem = lc_tc_fmt<FMT>::F16 ? (size_t)2 * M * LC_TC_XSTRIDE * 2 : 0;
+    const size_t smem = lc_tc_fmt<FMT>::I4 ? (size_t)2 * M * LC_TC_XSTRIDE * 2 : 0;
     return lc_launch(lc_tcgemv_kernel<T, FMT, F32>, dim3((unsigned)((w->N + 15) / 16)),
                      dim3(LC_TC_WARPS * 32), smem, s, static_cast<const T *>(x),
                      static_cast<const uint8_t *>(xq), sx, static_cast<const uint8_t *>(w->data),
