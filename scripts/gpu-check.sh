@@ -171,7 +171,9 @@ quant)
           args="--num-requests 128 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=64 --warmup 2" ;;
       prefill) what="2048-token prefill (8 prompts one at a time, 1 token out: total tokens/s, TTFT)"
           args="--num-requests 8 --input-len 2048 --output-len 1 --set scheduler.max_num_seqs=1 --warmup 1" ;;
+      *) echo "FAIL QUANT_RUNS has '$r'; the runs are b1, b64, prefill"; fails=$((fails + 1)); continue ;;
       esac
+      [ -f "configs/gpu/llama3-8b-$c.yaml" ] || { echo "FAIL QUANT_SCHEMES has '$c': no configs/gpu/llama3-8b-$c.yaml"; fails=$((fails + 1)); break; }
       step "Llama-3-8B shape, bf16 vs $c: $what"
       f=$O/quant-$c-$r
       [ $r = b1 ] && f=$O/quant-$c   # the names of earlier runs
