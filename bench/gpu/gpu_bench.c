@@ -435,11 +435,16 @@ static void bench_quant(int M) {
     /* where the tensor-core GEMV runs (2 <= M <= 8) the four loom formats
      * once more on the CUDA-core one (lc_qgemv_set_tc(0)): its gain, in one
      * run */
-    const int nv = M >= 2 && M <= 8 ? NF + 4 : NF;
+    /* above 8 rows, FP8 once more with unit-scale cuBLASLt + the epilogue
+     * pass instead of cuBLASLt's scale vectors (lc_gemm_set_fp8_vec(0)) */
+    const int nv = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF;
+    const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
-        const int fi = vi < NF ? vi : 1 + (vi - NF);
-        const bool cores = vi >= NF;
+        const bool epi = M > 8 && vi >= NF;
+        const int fi = epi ? 3 : vi < NF ? vi : 1 + (vi - NF);
+        const bool cores = vi >= NF && !epi;
         lc_qgemv_set_tc(cores ? 0 : -1); /* -1: as the environment says */
+        lc_gemm_set_fp8_vec(g, epi ? 0 : vec0);
         const loom_cuda_qfmt f = fmts[fi];
         double ms = 0, bytes = 0;
         for (int k = 0; k < 4; k++) {
@@ -476,8 +481,13 @@ static void bench_quant(int M) {
             cudaFree(data), cudaFree(sc), cudaFree(c.scratch);
         }
         if (fi == 0) bf16_ms = ms;
+        if (fi == 3 && M > 8) { /* which FP8 GEMM that row ran */
+            long v, e;
+            lc_qgemm_fp8_count(&v, &e);
+            printf("    (fp8 GEMM calls so far: %ld with cuBLASLt's scale vectors, %ld unit scales + epilogue)\n", v, e);
+        }
         char nm[96], label[24]; /* "_cc": the CUDA-core GEMV (qgemm.cu), not the tensor-core one */
-        snprintf(label, sizeof label, "%s%s", names[fi], cores ? "_cc" : "");
+        snprintf(label, sizeof label, "%s%s", names[fi], cores ? "_cc" : epi ? "_epi" : "");
         snprintf(nm, sizeof nm, "llama3-8b layer linears %s M=%d", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, ms, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
@@ -490,6 +500,7 @@ static void bench_quant(int M) {
         }
     }
     lc_qgemv_set_tc(-1);
+    lc_gemm_set_fp8_vec(g, vec0);
     cudaFree(x), cudaFree(y);
     loom_cuda_gemm_destroy(g);
 }

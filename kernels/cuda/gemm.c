@@ -36,6 +36,7 @@
 
 typedef struct lc_gemm_plan {
     bool valid;
+    bool unsupported; /* the heuristic had no algorithm: remembered, not re-asked */
     int m, n, k, dt, out_f32;
     int kind;       /* 0: dt operands; else an LC_LT_* quantized GEMM (qgemm.h) */
     bool int_scale; /* alpha / beta are int32 (int8 GEMM), else float       */
@@ -55,6 +56,7 @@ struct loom_cuda_gemm {
     int swiglu_fuse_max_m; /* M at or below which SwiGLU fuses into the GEMV (0 = never) */
     int q_gemv_max_m[6]; /* per loom_cuda_qfmt: largest M of the quantized GEMV */
     int invariant;  /* batch-invariant: the GEMVs at every M, no cuBLASLt */
+    int fp8_vec;    /* FP8 GEMMs may take per-row / per-column scale vectors */
 };
 
 static const float lc_one_f = 1.0f, lc_zero_f = 0.0f;
@@ -112,6 +114,12 @@ loom_cuda_gemm *loom_cuda_gemm_create(size_t workspace_bytes, int *code, char *m
     g->q_gemv_max_m[LOOM_CUDA_Q_INT4] = 32;
     g->q_gemv_max_m[LOOM_CUDA_Q_GGUF] = 32; /* as INT4 (similar bytes per weight); not yet measured */
     g->autotune = 0; /* measured on an H200: no gain over the heuristic's pick */
+    /* cuBLASLt's outer-vector scaling (LC_LT_FP8_VEC_*) for the FP8 GEMMs
+     * unless the environment says LOOM_CUDA_FP8_SCALE_VEC=0 (A/B runs
+     * against the epilogue pass); a shape it has no algorithm for falls
+     * back by itself (qgemm.c) */
+    const char *ev = getenv("LOOM_CUDA_FP8_SCALE_VEC");
+    g->fp8_vec = !(ev && (ev[0] == '0' || !strcmp(ev, "off") || !strcmp(ev, "false") || !strcmp(ev, "no")));
     if (code) *code = 0;
     return g;
 }
@@ -122,6 +130,20 @@ void loom_cuda_gemm_destroy(loom_cuda_gemm *g) {
     if (g->ws) cudaFree(g->ws);
     cublasLtDestroy(g->lt);
     free(g);
+}
+
+static int lc_lt_vec(int kind) {
+    return kind == LC_LT_FP8_VEC_BF16 || kind == LC_LT_FP8_VEC_F16 || kind == LC_LT_FP8_VEC_F32;
+}
+
+/* The scale vectors of an outer-vector FP8 plan: descriptor attributes, so
+ * set for each call (host-side only: graph capture records the matmul with
+ * the pointers it was given). */
+static cublasStatus_t lc_set_scales(lc_gemm_plan *p, const float *sa, const float *sb) {
+    cublasStatus_t st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
+    return st;
 }
 
 /* Median-of-3 time (ms) of one algorithm on the caller's operands; a
@@ -153,7 +175,8 @@ static float lc_time_algo(loom_cuda_gemm *g, lc_gemm_plan *p, const cublasLtMatm
  * GEMM ceiling on an H200. */
 static int lc_plan_make(loom_cuda_gemm *g, lc_gemm_plan *p, int kind, loom_cuda_dt dt,
                         int out_f32, int M, int N, int K, const void *x, const void *w, void *y,
-                        cudaStream_t stream, char *msg, size_t msg_size) {
+                        const float *sa, const float *sb, cudaStream_t stream, char *msg,
+                        size_t msg_size) {
     cudaDataType_t ab = dt == LOOM_CUDA_F16 ? CUDA_R_16F : CUDA_R_16BF;
     cudaDataType_t cd = out_f32 ? CUDA_R_32F : ab;
     cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
@@ -163,9 +186,12 @@ static int lc_plan_make(loom_cuda_gemm *g, lc_gemm_plan *p, int kind, loom_cuda_
      * IMMA needs TN and K % 4 == 0 — a shape that does not fit gets no
      * algorithm from the heuristic and the caller falls back */
     switch (kind) {
-    case LC_LT_FP8_BF16: ab = CUDA_R_8F_E4M3, cd = CUDA_R_16BF; break;
-    case LC_LT_FP8_F16: ab = CUDA_R_8F_E4M3, cd = CUDA_R_16F; break;
-    case LC_LT_FP8_F32: ab = CUDA_R_8F_E4M3, cd = CUDA_R_32F; break;
+    case LC_LT_FP8_BF16:
+    case LC_LT_FP8_VEC_BF16: ab = CUDA_R_8F_E4M3, cd = CUDA_R_16BF; break;
+    case LC_LT_FP8_F16:
+    case LC_LT_FP8_VEC_F16: ab = CUDA_R_8F_E4M3, cd = CUDA_R_16F; break;
+    case LC_LT_FP8_F32:
+    case LC_LT_FP8_VEC_F32: ab = CUDA_R_8F_E4M3, cd = CUDA_R_32F; break;
     case LC_LT_I8_I32:
         ab = CUDA_R_8I, cd = CUDA_R_32I, ct = CUBLAS_COMPUTE_32I, scale_t = CUDA_R_32I;
         break;
@@ -182,6 +208,16 @@ static int lc_plan_make(loom_cuda_gemm *g, lc_gemm_plan *p, int kind, loom_cuda_
     if ((st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
         (st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)))
         goto fail;
+    if (lc_lt_vec(kind)) {
+        /* A = w: one scale per row of op(A), i.e. per output channel n;
+         * B = x: one per column of B, i.e. per token m */
+        const int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        what = "cublasLtMatmulDescSetAttribute (FP8 outer-vector scale mode)";
+        if ((st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec, sizeof vec)) ||
+            (st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec, sizeof vec)) ||
+            (st = lc_set_scales(p, sa, sb)))
+            goto fail;
+    }
     what = "cublasLtMatrixLayoutCreate";
     if ((st = cublasLtMatrixLayoutCreate(&p->la, ab, (uint64_t)K, (uint64_t)N, (int64_t)K)) ||
         (st = cublasLtMatrixLayoutCreate(&p->lb, ab, (uint64_t)K, (uint64_t)M, (int64_t)K)) ||
@@ -239,8 +275,8 @@ fail:
 /* cuBLASLt for one shape and operand kind (0: dt; else LC_LT_*), through
  * the plan cache. */
 static int lc_lt_run(loom_cuda_gemm *g, int kind, loom_cuda_dt dt, int out_f32, int M, int N,
-                     int K, const void *x, const void *w, void *y, cudaStream_t s, char *msg,
-                     size_t msg_size) {
+                     int K, const void *x, const void *w, void *y, const float *sa,
+                     const float *sb, cudaStream_t s, char *msg, size_t msg_size) {
     if (kind) dt = LOOM_CUDA_BF16, out_f32 = 0; /* the kind alone names the types */
     lc_gemm_plan *p = NULL;
     for (int i = 0; i < LC_GEMM_CACHE; i++) {
@@ -255,8 +291,23 @@ static int lc_lt_run(loom_cuda_gemm *g, int kind, loom_cuda_dt dt, int out_f32, 
         p = &g->plans[g->next];
         g->next = (g->next + 1) % LC_GEMM_CACHE;
         lc_plan_free(p);
-        int rc = lc_plan_make(g, p, kind, dt, out_f32, M, N, K, x, w, y, s, msg, msg_size);
+        int rc = lc_plan_make(g, p, kind, dt, out_f32, M, N, K, x, w, y, sa, sb, s, msg, msg_size);
+        if (rc == CUBLAS_STATUS_NOT_SUPPORTED) /* the callers fall back; ask once per shape */
+            *p = (lc_gemm_plan){.valid = true, .unsupported = true, .m = M, .n = N, .k = K,
+                                .dt = (int)dt, .out_f32 = out_f32, .kind = kind};
         if (rc) return rc;
+    } else if (p->unsupported) {
+        if (msg && msg_size)
+            snprintf(msg, msg_size, "cuBLASLt has no algorithm for GEMM M=%d N=%d K=%d (kind %d)", M, N, K, kind);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    } else if (lc_lt_vec(kind)) {
+        cublasStatus_t st = lc_set_scales(p, sa, sb);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            if (msg && msg_size)
+                snprintf(msg, msg_size, "setting the FP8 scale vectors failed with cuBLAS status %d "
+                         "for GEMM M=%d N=%d K=%d", (int)st, M, N, K);
+            return (int)st;
+        }
     }
     const void *alpha = p->int_scale ? (const void *)&lc_one_i : (const void *)&lc_one_f;
     const void *beta = p->int_scale ? (const void *)&lc_zero_i : (const void *)&lc_zero_f;
@@ -290,21 +341,26 @@ int loom_cuda_gemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, i
                      cudaGetErrorString(e));
         return e == cudaSuccess ? 0 : 10000 + (int)e;
     }
-    return lc_lt_run(g, 0, dt, out_f32, M, N, K, x, w, y, s, msg, msg_size);
+    return lc_lt_run(g, 0, dt, out_f32, M, N, K, x, w, y, NULL, NULL, s, msg, msg_size);
 }
 
 int lc_gemm_run_lt(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, int N, int K,
                    const void *x, const void *w, void *y, cudaStream_t s, char *msg,
                    size_t msg_size) {
     if (M <= 0) return 0;
-    return lc_lt_run(g, 0, dt, out_f32 ? 1 : 0, M, N, K, x, w, y, s, msg, msg_size);
+    return lc_lt_run(g, 0, dt, out_f32 ? 1 : 0, M, N, K, x, w, y, NULL, NULL, s, msg, msg_size);
 }
 
 int lc_gemm_lt_q(loom_cuda_gemm *g, int kind, int M, int N, int K, const void *xq,
-                 const void *wq, void *d, cudaStream_t s, char *msg, size_t msg_size) {
+                 const void *wq, const float *sx, const float *sw, void *d, cudaStream_t s,
+                 char *msg, size_t msg_size) {
     if (M <= 0) return 0;
-    return lc_lt_run(g, kind, LOOM_CUDA_BF16, 0, M, N, K, xq, wq, d, s, msg, msg_size);
+    if (lc_lt_vec(kind) && !g->fp8_vec) return CUBLAS_STATUS_NOT_SUPPORTED;
+    return lc_lt_run(g, kind, LOOM_CUDA_BF16, 0, M, N, K, xq, wq, d, sw, sx, s, msg, msg_size);
 }
+
+int lc_gemm_fp8_vec(const loom_cuda_gemm *g) { return g->fp8_vec; }
+void lc_gemm_set_fp8_vec(loom_cuda_gemm *g, int on) { g->fp8_vec = on ? 1 : 0; }
 
 int lc_gemm_q_gemv_max_m(const loom_cuda_gemm *g, loom_cuda_qfmt fmt) {
     if (fmt <= 0 || fmt > LOOM_CUDA_Q_GGUF) return 0;

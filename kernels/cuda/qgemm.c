@@ -11,9 +11,12 @@
  *     GEMM's arithmetic dominates (a fused dequantize-tile tensor-core
  *     kernel would avoid it; not written yet);
  *   FP8 / W8A8 above it: per chunk of up to LC_QCHUNK_M rows, quantize x per
- *     token, run cuBLASLt's e4m3 (fp32 accumulation) or int8 (int32
- *     accumulation) GEMM with unit scales, then multiply row m / column n by
- *     sx[m] * s[n] in lc_scale_epilogue. The FP8 GEMM writes bf16 straight
+ *     token, then cuBLASLt's e4m3 GEMM (fp32 accumulation) with sx and s as
+ *     its outer scale vectors, written straight into y in one rounding
+ *     (LC_LT_FP8_VEC_*). Where cuBLASLt has no algorithm for those (or
+ *     LOOM_CUDA_FP8_SCALE_VEC=0), and for int8 (int32 accumulation), the
+ *     GEMM runs with unit scales and lc_scale_epilogue multiplies row m /
+ *     column n by sx[m] * s[n] in a second pass. That FP8 GEMM writes bf16 straight
  *     into y when dt is bf16 (rounding the unscaled sum is the same relative
  *     error as rounding the scaled one) and float32 into scratch otherwise
  *     (f16 would overflow on unscaled sums; the LM head wants float32).
@@ -76,6 +79,12 @@ int loom_cuda_qweight_valid(const loom_cuda_qweight *w, char *why, size_t n) {
         return 0;
     }
     return 1;
+}
+
+static _Atomic long lc_fp8_vec_runs, lc_fp8_epi_runs;
+void lc_qgemm_fp8_count(long *vec, long *epilogue) {
+    *vec = lc_fp8_vec_runs;
+    *epilogue = lc_fp8_epi_runs;
 }
 
 static int lc_acts_quantized(loom_cuda_qfmt f) {
@@ -171,8 +180,6 @@ int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
     /* W8A8 / FP8: per chunk of rows, quantize x, then GEMV passes or GEMM */
     const size_t xel = 2, yel = out_f32 ? 4 : 2;
     const int fp8 = w->fmt == LOOM_CUDA_Q_FP8;
-    int kind = fp8 ? (dt == LOOM_CUDA_BF16 && !out_f32 ? LC_LT_FP8_BF16 : LC_LT_FP8_F32)
-                   : LC_LT_I8_I32;
     for (int m0 = 0; m0 < M; m0 += ch_max) {
         const int mc = M - m0 < ch_max ? M - m0 : ch_max;
         const void *xc = (const uint8_t *)x + (size_t)m0 * w->K * xel;
@@ -184,14 +191,29 @@ int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
                 return rc;
             continue;
         }
+        /* FP8 with the scales applied by cuBLASLt, straight into y */
+        if (fp8 && lc_gemm_fp8_vec(g)) {
+            const int vk = out_f32 ? LC_LT_FP8_VEC_F32
+                                   : dt == LOOM_CUDA_BF16 ? LC_LT_FP8_VEC_BF16 : LC_LT_FP8_VEC_F16;
+            rc = lc_gemm_lt_q(g, vk, mc, w->N, w->K, xq, w->data, sx, w->scales, yc, s, msg, msg_size);
+            if (rc != 15) {
+                if (rc) return rc;
+                lc_fp8_vec_runs++;
+                continue;
+            }
+            /* 15: no algorithm for the scale vectors at this shape */
+        }
+        const int kind = fp8 ? (dt == LOOM_CUDA_BF16 && !out_f32 ? LC_LT_FP8_BF16 : LC_LT_FP8_F32)
+                             : LC_LT_I8_I32;
         void *d = kind == LC_LT_FP8_BF16 ? yc : big;
-        rc = lc_gemm_lt_q(g, kind, mc, w->N, w->K, xq, w->data, d, s, msg, msg_size);
+        rc = lc_gemm_lt_q(g, kind, mc, w->N, w->K, xq, w->data, NULL, NULL, d, s, msg, msg_size);
         if (rc == 15 /* CUBLAS_STATUS_NOT_SUPPORTED: no algorithm for this shape */) {
             if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, invariant, s, msg, msg_size)))
                 return rc;
             continue;
         }
         if (rc) return rc;
+        if (fp8) lc_fp8_epi_runs++;
         const int in_kind = kind == LC_LT_FP8_BF16 ? 0 : kind == LC_LT_I8_I32 ? 2 : 1;
         if ((e = lc_scale_epilogue(dt, in_kind, d, out_f32, yc, sx, w->scales, mc, w->N, s)) !=
             cudaSuccess)

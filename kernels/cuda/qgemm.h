@@ -68,16 +68,37 @@ cudaError_t lc_dequant_weight(loom_cuda_dt dt, const loom_cuda_qweight *w, void 
 cudaError_t lc_scale_epilogue(loom_cuda_dt dt, int in_kind, const void *in, int out_f32, void *y,
                               const float *sx, const float *sw, int M, int N, cudaStream_t s);
 
-/* cuBLASLt GEMMs on quantized operands, D (M, N) = xq (M, K) @ wq^T with
- * unit scales (gemm.c; plans cached with the dt GEMM's):
- *   LC_LT_FP8_BF16 / _F16 / _F32: e4m3 x e4m3, fp32 accumulation, D of
- *     that type;
+/* cuBLASLt GEMMs on quantized operands, D (M, N) = xq (M, K) @ wq^T
+ * (gemm.c; plans cached with the dt GEMM's):
+ *   LC_LT_FP8_BF16 / _F16 / _F32: e4m3 x e4m3, fp32 accumulation, unit
+ *     scales, D of that type (sx, sw unused);
+ *   LC_LT_FP8_VEC_BF16 / _F16 / _F32: the same with cuBLASLt's outer-vector
+ *     scaling, D[m, n] = sum * sx[m] * sw[n] rounded once — no epilogue pass;
  *   LC_LT_I8_I32: int8 x int8, int32 accumulation, D int32.
  * Returns 0, or CUBLAS_STATUS_NOT_SUPPORTED (15) when no algorithm fits the
- * shape (the caller falls back), or another cuBLAS status with msg. */
-enum { LC_LT_FP8_BF16 = 1, LC_LT_FP8_F16 = 2, LC_LT_FP8_F32 = 3, LC_LT_I8_I32 = 4 };
+ * shape (remembered per shape; the caller falls back: a _VEC kind to the
+ * unit-scale GEMM + epilogue, that to the GEMV), or another cuBLAS status
+ * with msg. */
+enum {
+    LC_LT_FP8_BF16 = 1,
+    LC_LT_FP8_F16 = 2,
+    LC_LT_FP8_F32 = 3,
+    LC_LT_I8_I32 = 4,
+    LC_LT_FP8_VEC_BF16 = 5,
+    LC_LT_FP8_VEC_F16 = 6,
+    LC_LT_FP8_VEC_F32 = 7
+};
 int lc_gemm_lt_q(loom_cuda_gemm *g, int kind, int M, int N, int K, const void *xq,
-                 const void *wq, void *d, cudaStream_t s, char *msg, size_t msg_size);
+                 const void *wq, const float *sx, const float *sw, void *d, cudaStream_t s,
+                 char *msg, size_t msg_size);
+/* Whether g's FP8 GEMMs try the scale vectors first (on unless
+ * LOOM_CUDA_FP8_SCALE_VEC=0); tests and gpu_bench switch it to compare both
+ * paths. */
+int lc_gemm_fp8_vec(const loom_cuda_gemm *g);
+void lc_gemm_set_fp8_vec(loom_cuda_gemm *g, int on);
+/* FP8 GEMM-path calls so far that ran with the scale vectors / with unit
+ * scales and the epilogue (tests and gpu_bench name what ran). */
+void lc_qgemm_fp8_count(long *vec, long *epilogue);
 /* loom_cuda_gemm_run without its GEMV: cuBLASLt at every M (the large-M
  * path of W8A16 / INT4 also runs when a test forces it at small M). */
 int lc_gemm_run_lt(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, int N, int K,

@@ -1229,10 +1229,12 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     const size_t sb = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &w, M);
     void *d_s = dev_poison(sb);
     char msg[256] = "";
-    long tc0, cc0, tc1, cc1;
+    long tc0, cc0, tc1, cc1, v0, e0, v1, e1;
     lc_qgemv_count(&tc0, &cc0);
+    lc_qgemm_fp8_count(&v0, &e0);
     int rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
     lc_qgemv_count(&tc1, &cc1);
+    lc_qgemm_fp8_count(&v1, &e1);
     qgemm_defaults(g);
     CK(cudaDeviceSynchronize());
     char name[160];
@@ -1240,6 +1242,8 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     if (i4) snprintf(gs, sizeof gs, " g%d", group);
     /* which GEMV kernels ran (qgemv_tc.cu's, qgemm.cu's), when one did */
     const char *kern = tc1 > tc0 ? (cc1 > cc0 ? " tc+cc" : " tc") : cc1 > cc0 ? " cc" : "";
+    /* an FP8 GEMM: cuBLASLt's scale vectors, or unit scales + the epilogue */
+    if (v1 > v0 || e1 > e0) kern = v1 > v0 ? (e1 > e0 ? " scale-vec+epilogue" : " scale-vec") : " epilogue";
     snprintf(name, sizeof name, "qgemm %s %s M=%d N=%d K=%d%s%s%s%s -> %s", qfmt_name(fmt), dtn(dt),
              M, N, K, gs, path == 1 ? " gemv" : path == 2 ? " gemm" : "", kern,
              smooth ? " smooth" : "", out_f32 ? "f32" : dtn(dt));
@@ -1384,6 +1388,21 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
         test_qgemm(g, LOOM_CUDA_BF16, f, 2, 4096, 14336, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 4, 6144, 4096, i4 ? 128 : 0, 0, false, false);
         lc_qgemv_set_tc(prev);
+    }
+    /* the FP8 GEMM path both ways: cuBLASLt's outer scale vectors (the
+     * default where it has an algorithm) and unit scales + the epilogue
+     * pass — bf16, f16 and f32 outputs, a Llama-3-8B prefill shape */
+    for (int vec = 1; vec >= 0; vec--) {
+        const int prev = lc_gemm_fp8_vec(g);
+        lc_gemm_set_fp8_vec(g, vec);
+        test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 300, 512, 4096, 0, 2, false, false);
+        test_qgemm(g, LOOM_CUDA_F16, LOOM_CUDA_Q_FP8, 64, 1000, 576, 0, 2, false, false);
+        test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 40, 4097, 576, 0, 2, true, false);
+        test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 130, 6144, 4096, 0, 0, false, false);
+        g_qx_wild = true;
+        test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 64, 515, 2048, 0, 2, false, false);
+        g_qx_wild = false;
+        lc_gemm_set_fp8_vec(g, prev);
     }
     /* W8A8 sums int32 exactly on both GEMVs: the same bits */
     test_qgemm_tc_bits(g, LOOM_CUDA_BF16, 1001, 2048, false);
