@@ -9,6 +9,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -227,6 +228,28 @@ template <typename T> __device__ __forceinline__ uint4 lc_e4m3x8(uint2 c) {
     lc_e4m3x4<T>(c.x, &v.x, &v.y);
     lc_e4m3x4<T>(c.y, &v.z, &v.w);
     return v;
+}
+
+/* ------------------------------------------- per-token activation codes
+ * (qgemm.h: lc_quant_act; elementwise.cu: lc_add_rmsnorm_quant) */
+/* Eight codes of v: e4m3 of v / sc (0 for an all-zero row), or int8
+ * clamp(rint(v * inv), +-127); stored as 8 bytes. */
+template <bool FP8>
+__device__ __forceinline__ void lc_qact_store8(const float *v, float sc, float inv, uint8_t *dst) {
+    uint32_t q[2] = {0u, 0u};
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        uint32_t b;
+        if (FP8) {
+            b = sc > 0.0f ? (uint32_t)__nv_cvt_float_to_fp8(v[e] / sc, __NV_SATFINITE, __NV_E4M3) : 0u;
+        } else {
+            float r = rintf(__fmul_rn(v[e], inv));
+            r = fminf(fmaxf(r, -127.0f), 127.0f);
+            b = (uint32_t)(uint8_t)(int8_t)(int)r;
+        }
+        q[e / 4] |= (b & 0xFFu) << (8 * (e % 4));
+    }
+    *reinterpret_cast<uint2 *>(dst) = make_uint2(q[0], q[1]);
 }
 
 #endif

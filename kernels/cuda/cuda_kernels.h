@@ -401,16 +401,40 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
  *     GGUF launches once per segment).
  *   larger M: W8A16 / INT4 / GGUF dequantize w into scratch as dt and run
  *     the dt GEMM (cuBLASLt); FP8 / W8A8 quantize x per token and run cuBLASLt's
- *     FP8 (e4m3 x e4m3 -> fp32 accumulate) or int8 (int32 accumulate) GEMM
- *     with unit scales, then scale rows and columns (sx[m] * s[n]) in a
- *     small epilogue kernel. When cuBLASLt has no algorithm for a shape the
- *     GEMV runs in passes of 8 rows instead.
+ *     FP8 GEMM (e4m3 x e4m3 -> fp32 accumulate) with the scales sx[m] and
+ *     s[n] as its outer vectors, or — int8 (int32 accumulate), or a shape
+ *     without such an FP8 algorithm — the GEMM with unit scales and a small
+ *     epilogue kernel for the scales. When cuBLASLt has no algorithm for a
+ *     shape at all the GEMV runs in passes of 8 rows instead.
  * scratch: >= loom_cuda_qgemm_scratch_bytes(dt, out_f32, w, M) bytes.
  * Returns 0 or an error code with a reason in msg (see loom_cuda_gemm_run).
  * Capturable into a CUDA graph once the shape has run eagerly. */
 int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
                         const loom_cuda_qweight *w, const void *x, void *y, void *scratch,
                         size_t scratch_bytes, cudaStream_t s, char *msg, size_t msg_size);
+
+/* y (M, N) = swiglu(gu) @ dequant(w)^T, the FFN down projection: gu the
+ * fused gate|up output (M, 2K) dt, y dt. W8A8 / FP8 form silu(gate) * up
+ * (rounded to dt) inside their per-token activation quantization — one
+ * kernel and one (M, K) write + read fewer than loom_cuda_swiglu then
+ * loom_cuda_qgemm_run, with the same codes and so the same bits; the other
+ * formats run exactly those two into act (M, K) dt. scratch as for
+ * loom_cuda_qgemm_run (w, M). */
+int loom_cuda_qgemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const loom_cuda_qweight *w,
+                               const void *gu, void *act, void *y, void *scratch,
+                               size_t scratch_bytes, cudaStream_t s, char *msg, size_t msg_size);
+
+/* y (M, N) = rmsnorm(x (+)= r) @ dequant(w)^T, the QKV and gate|up
+ * projections: x the float32 residual (M, K), advanced to x + r when r is
+ * not NULL (r dt), norm_w (K) f32, y dt — loom_cuda_add_rmsnorm into xn then
+ * loom_cuda_qgemm_run, and exactly that for W8A16 / INT4 / GGUF. W8A8 / FP8
+ * quantize the normalised rows per token inside the norm kernel instead
+ * (K <= 32768): one kernel and one (M, K) write + read fewer, the same codes
+ * and so the same bits — but xn is then not written. */
+int loom_cuda_qgemm_norm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const loom_cuda_qweight *w,
+                             float *x, const void *r, const float *norm_w, float eps, void *xn, void *y,
+                             void *scratch, size_t scratch_bytes, cudaStream_t s, char *msg,
+                             size_t msg_size);
 
 /* Largest M that runs the fused GEMV (in passes of 8 rows) for fmt; larger
  * M take the GEMM path. Defaults: INT4 / GGUF 32, W8A16 16, W8A8 / FP8 8 (the

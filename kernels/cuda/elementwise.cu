@@ -14,6 +14,7 @@
  * occupancy (they run inside a CUDA graph in decode).
  */
 #include "common.cuh"
+#include "qgemm.h"
 
 #include <math.h>
 
@@ -66,10 +67,12 @@ extern "C" cudaError_t loom_cuda_embedding(loom_cuda_dt dt, float *x, const void
  * v = x[j] (+ r[j]); y[i] = v * rsqrt(mean(v^2) + eps) * w; x[j] = v when
  * writing back. v stays in registers between the two phases.
  * x (., H) f32; r (., H) dt or NULL; w (H) f32; y (T, H) dt. */
-template <typename T>
-__global__ void lc_add_rmsnorm_kernel(T *__restrict__ y, float *__restrict__ x,
-                                      const T *__restrict__ r, const float *__restrict__ w,
-                                      const int32_t *__restrict__ rows, int H, float eps) {
+template <typename T, int Q = 0>
+__global__ void __launch_bounds__(1024)
+    lc_add_rmsnorm_kernel(T *__restrict__ y, float *__restrict__ x, const T *__restrict__ r,
+                          const float *__restrict__ w, const int32_t *__restrict__ rows, int H,
+                          float eps, const float *__restrict__ smooth = nullptr,
+                          uint8_t *__restrict__ xq = nullptr, float *__restrict__ sx = nullptr) {
     __shared__ float red[32];
     lc_pdl_wait();
     lc_pdl_trigger();
@@ -101,7 +104,8 @@ __global__ void lc_add_rmsnorm_kernel(T *__restrict__ y, float *__restrict__ x,
     }
     ss = lc_block_sum(ss, red);
     const float inv = rsqrtf(ss / (float)H + eps);
-    T *yr = y + (size_t)i * H;
+    T *yr = Q == 0 ? y + (size_t)i * H : nullptr;
+    float amax = 0.0f; /* Q: of y / smooth */
 #pragma unroll
     for (int k = 0; k < LC_NORM_MAXC; k++) {
         const int c = threadIdx.x + k * blockDim.x;
@@ -117,7 +121,37 @@ __global__ void lc_add_rmsnorm_kernel(T *__restrict__ y, float *__restrict__ x,
             float o[8];
 #pragma unroll
             for (int e = 0; e < 8; e++) o[e] = v[k][e] * inv * wf[e];
-            lc_stg16(yr + c * 8, lc_pack8<T>(o));
+            if constexpr (Q == 0) {
+                lc_stg16(yr + c * 8, lc_pack8<T>(o));
+            } else { /* keep y as dt would store it (/ smooth) for its codes */
+                lc_unpack8<T>(lc_pack8<T>(o), v[k]);
+                if (smooth) {
+#pragma unroll
+                    for (int e = 0; e < 8; e++) v[k][e] /= smooth[c * 8 + e];
+                }
+#pragma unroll
+                for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(v[k][e]));
+            }
+        }
+    }
+    if constexpr (Q != 0) {
+        /* per-token codes of y (lc_quant_act's arithmetic): the block's max */
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        __syncthreads(); /* red was lc_block_sum's */
+        if (lane == 0) red[warp] = amax;
+        __syncthreads();
+        amax = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0f;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float sc = Q == 2 ? amax / 448.0f : amax / 127.0f;
+        const float qinv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        if (threadIdx.x == 0) sx[i] = sc;
+#pragma unroll
+        for (int k = 0; k < LC_NORM_MAXC; k++) {
+            const int c = threadIdx.x + k * blockDim.x;
+            if (c < nc) lc_qact_store8<Q == 2>(v[k], sc, qinv, xq + (size_t)i * H + c * 8);
         }
     }
 }
@@ -136,7 +170,28 @@ extern "C" cudaError_t loom_cuda_add_rmsnorm(loom_cuda_dt dt, void *y, float *x,
     cudaError_t e;
     LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_add_rmsnorm_kernel<E>, dim3(T), dim3(threads), 0, s,
                                             static_cast<E *>(y), x, static_cast<const E *>(r), w,
-                                            rows, H, eps));
+                                            rows, H, eps, nullptr, nullptr, nullptr));
+    return e;
+}
+
+/* qgemm.h: loom_cuda_add_rmsnorm without gather whose y is not stored but
+ * quantized per token (int8 or e4m3 codes + scales) for a W8A8 / FP8 GEMM. */
+extern "C" cudaError_t lc_add_rmsnorm_quant(loom_cuda_dt dt, int fp8, float *x, const void *r,
+                                            const float *w, int T, int H, float eps,
+                                            const float *smooth, void *xq, float *sx, cudaStream_t s) {
+    if (T <= 0) return cudaSuccess;
+    const int nc = H / 8;
+    int threads = ((nc + 31) / 32) * 32;
+    if (threads < 64) threads = 64;
+    if (threads > 1024) threads = 1024;
+    if (H % 8 || nc > threads * LC_NORM_MAXC || ((uintptr_t)xq & 7)) return cudaErrorInvalidValue;
+    cudaError_t e;
+    LOOM_CUDA_DISPATCH_DT(dt, {
+        auto *k = fp8 ? lc_add_rmsnorm_kernel<E, 2> : lc_add_rmsnorm_kernel<E, 1>;
+        e = lc_launch(k, dim3(T), dim3(threads), 0, s, static_cast<E *>(nullptr), x,
+                      static_cast<const E *>(r), w, static_cast<const int32_t *>(nullptr), H, eps,
+                      smooth, static_cast<uint8_t *>(xq), sx);
+    });
     return e;
 }
 

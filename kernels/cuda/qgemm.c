@@ -143,9 +143,26 @@ static int lc_gemv_passes(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_q
     return 0;
 }
 
-int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
-                        const loom_cuda_qweight *w, const void *x, void *y, void *scratch,
-                        size_t scratch_bytes, cudaStream_t s, char *msg, size_t msg_size) {
+/* What the activation quantization of W8A8 / FP8 reads (the other formats
+ * only ever get LC_IN_X: loom_cuda_qgemm_swiglu_run / _norm_run form their
+ * input with the separate kernels first). */
+typedef enum {
+    LC_IN_X,      /* x (M, K) dt                                            */
+    LC_IN_SWIGLU, /* x a gate|up output (M, 2K): silu(gate) * up            */
+    LC_IN_NORM    /* rmsnorm(res (+)= r) with weight nw: the residual f32 */
+} lc_in_kind;
+typedef struct {
+    lc_in_kind kind;
+    float *res;       /* LC_IN_NORM: residual (M, K) f32, advanced when r */
+    const float *nw;  /* norm weight (K) */
+    float eps;
+} lc_qin;
+
+/* loom_cuda_qgemm_run with the input `in` says (x: dt input, or for
+ * LC_IN_NORM the r added to the residual, may be NULL). */
+static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
+                    const void *x, const lc_qin *in, void *y, void *scratch, size_t scratch_bytes,
+                    cudaStream_t s, char *msg, size_t msg_size) {
     if (M <= 0) return 0;
     out_f32 = out_f32 ? 1 : 0;
     if (!loom_cuda_qweight_valid(w, msg, msg_size)) return 10000 + (int)cudaErrorInvalidValue;
@@ -182,9 +199,13 @@ int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
     const int fp8 = w->fmt == LOOM_CUDA_Q_FP8;
     for (int m0 = 0; m0 < M; m0 += ch_max) {
         const int mc = M - m0 < ch_max ? M - m0 : ch_max;
-        const void *xc = (const uint8_t *)x + (size_t)m0 * w->K * xel;
+        const void *xc = x ? (const uint8_t *)x + (size_t)m0 * w->K * xel * (in->kind == LC_IN_SWIGLU ? 2 : 1) : NULL;
         void *yc = (uint8_t *)y + (size_t)m0 * w->N * yel;
-        if ((e = lc_quant_act(dt, fp8, mc, w->K, xc, w->smooth, xq, sx, s)) != cudaSuccess)
+        e = in->kind == LC_IN_NORM
+                ? lc_add_rmsnorm_quant(dt, fp8, in->res + (size_t)m0 * w->K, xc, in->nw, mc, w->K,
+                                       in->eps, w->smooth, xq, sx, s)
+                : lc_quant_act(dt, fp8, in->kind == LC_IN_SWIGLU, mc, w->K, xc, w->smooth, xq, sx, s);
+        if (e != cudaSuccess)
             return lc_cuda_fail(e, "activation quantization launch", w, mc, msg, msg_size);
         if (M <= gemv_max) {
             if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, invariant, s, msg, msg_size)))
@@ -220,4 +241,52 @@ int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
             return lc_cuda_fail(e, "scale epilogue launch", w, mc, msg, msg_size);
     }
     return 0;
+}
+
+static const lc_qin lc_in_x = {.kind = LC_IN_X};
+
+int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
+                        const loom_cuda_qweight *w, const void *x, void *y, void *scratch,
+                        size_t scratch_bytes, cudaStream_t s, char *msg, size_t msg_size) {
+    return lc_qgemm(g, dt, out_f32, M, w, x, &lc_in_x, y, scratch, scratch_bytes, s, msg, msg_size);
+}
+
+int loom_cuda_qgemm_norm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const loom_cuda_qweight *w,
+                             float *x, const void *r, const float *norm_w, float eps, void *xn, void *y,
+                             void *scratch, size_t scratch_bytes, cudaStream_t s, char *msg,
+                             size_t msg_size) {
+    if (M <= 0) return 0;
+    if (w && lc_acts_quantized(w->fmt) && w->K <= 32768) {
+        const lc_qin in = {.kind = LC_IN_NORM, .res = x, .nw = norm_w, .eps = eps};
+        return lc_qgemm(g, dt, 0, M, w, r, &in, y, scratch, scratch_bytes, s, msg, msg_size);
+    }
+    if (!w) {
+        if (msg && msg_size) snprintf(msg, msg_size, "RMSNorm + quantized GEMM: no weight");
+        return 10000 + (int)cudaErrorInvalidValue;
+    }
+    const cudaError_t e = loom_cuda_add_rmsnorm(dt, xn, x, r, norm_w, NULL, M, w->K, eps, s);
+    if (e != cudaSuccess) {
+        if (msg && msg_size) snprintf(msg, msg_size, "add_rmsnorm launch failed: %s", cudaGetErrorString(e));
+        return 10000 + (int)e;
+    }
+    return lc_qgemm(g, dt, 0, M, w, xn, &lc_in_x, y, scratch, scratch_bytes, s, msg, msg_size);
+}
+
+int loom_cuda_qgemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const loom_cuda_qweight *w,
+                               const void *gu, void *act, void *y, void *scratch,
+                               size_t scratch_bytes, cudaStream_t s, char *msg, size_t msg_size) {
+    if (M <= 0) return 0;
+    if (w && lc_acts_quantized(w->fmt))
+        return lc_qgemm(g, dt, 0, M, w, gu, &(const lc_qin){.kind = LC_IN_SWIGLU}, y, scratch,
+                        scratch_bytes, s, msg, msg_size);
+    if (!w || w->K % 8) {
+        if (msg && msg_size) snprintf(msg, msg_size, "SwiGLU + quantized GEMM: %s", w ? "K % 8 != 0" : "no weight");
+        return 10000 + (int)cudaErrorInvalidValue;
+    }
+    const cudaError_t e = loom_cuda_swiglu(dt, act, gu, M, w->K, s);
+    if (e != cudaSuccess) {
+        if (msg && msg_size) snprintf(msg, msg_size, "swiglu launch failed: %s", cudaGetErrorString(e));
+        return 10000 + (int)e;
+    }
+    return lc_qgemm(g, dt, 0, M, w, act, &lc_in_x, y, scratch, scratch_bytes, s, msg, msg_size);
 }

@@ -55,9 +55,21 @@ cudaError_t lc_gguf_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *o
  *   int8 (fp8 == 0): sx = amax / 127, xq = clamp(rint(v * (127 / amax)), +-127)
  *   e4m3 (fp8 == 1): sx = amax / 448, xq = e4m3_satfinite(v / sx)
  * (0 codes and sx 0 for an all-zero row) — the arithmetic of
- * kernels/cpu/qlinear.c, in float32. xq (M, K) bytes, sx (M) f32. */
-cudaError_t lc_quant_act(loom_cuda_dt dt, int fp8, int M, int K, const void *x,
+ * kernels/cpu/qlinear.c, in float32. xq (M, K) bytes, sx (M) f32.
+ * swiglu: x is a fused gate|up output (M, 2K) and the row quantized is
+ * silu(gate) * up rounded to dt — the bits loom_cuda_swiglu would store, so
+ * the codes equal those of the two kernels in a row, without writing and
+ * re-reading the (M, K) activations. K % 8 == 0, x 16-byte aligned. */
+cudaError_t lc_quant_act(loom_cuda_dt dt, int fp8, int swiglu, int M, int K, const void *x,
                          const float *smooth, void *xq, float *sx, cudaStream_t s);
+
+/* loom_cuda_add_rmsnorm (no gather) whose y — the same dt bits — is not
+ * stored but quantized per token as lc_quant_act does (fp8: e4m3, else
+ * int8; divided by smooth first when not NULL): v = x (+ r), x = v when r,
+ * xq (T, H) codes, sx (T) scales. H % 8 == 0, H <= 32768 (elementwise.cu). */
+cudaError_t lc_add_rmsnorm_quant(loom_cuda_dt dt, int fp8, float *x, const void *r, const float *w,
+                                 int T, int H, float eps, const float *smooth, void *xq, float *sx,
+                                 cudaStream_t s);
 
 /* Dequantize a W8A16 / INT4 weight into out (N, K) dt. */
 cudaError_t lc_dequant_weight(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out,

@@ -1328,6 +1328,104 @@ static void test_qgemm_tc_bits(loom_cuda_gemm *g, loom_cuda_dt dt, int N, int K,
     free(data), free(sc), free(x), free(a), free(b);
 }
 
+/* The FFN down projection with the SwiGLU formed inside the activation
+ * quantization (loom_cuda_qgemm_swiglu_run; W8A8 / FP8) against
+ * loom_cuda_swiglu then loom_cuda_qgemm_run: the same codes, so every output
+ * bit must agree — on the GEMV (M <= 8) and the GEMM path, with a
+ * SmoothQuant vector, a row wider than the kernel keeps in registers
+ * (K = 65552: read twice), and W8A16 (which takes the two kernels). */
+static void test_qgemm_swiglu(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, int M, int N,
+                              int K, bool smooth) {
+    uint8_t *data = malloc((size_t)N * K);
+    float *sc = malloc((size_t)N * 4), *sm = malloc((size_t)K * 4);
+    for (size_t i = 0; i < (size_t)N * K; i++) {
+        uint8_t b = (uint8_t)rng_int(256);
+        if (fmt == LOOM_CUDA_Q_FP8 && (b & 0x7F) == 0x7F) b ^= 1; /* no NaN codes */
+        data[i] = b;
+    }
+    for (int n = 0; n < N; n++) sc[n] = rng_unif(0.001f, 0.02f);
+    for (int k = 0; k < K; k++) sm[k] = rng_unif(0.5f, 2.0f);
+    uint16_t *gu = rand16(dt, (size_t)M * 2 * K, -3, 3, NULL);
+    void *d_data = dev_upload(data, (size_t)N * K), *d_sc = dev_upload(sc, (size_t)N * 4);
+    void *d_sm = dev_upload(sm, (size_t)K * 4), *d_gu = dev_upload(gu, (size_t)M * 2 * K * 2);
+    const loom_cuda_qweight w = {.fmt = fmt, .N = N, .K = K, .data = d_data, .scales = d_sc,
+                                 .smooth = smooth ? d_sm : NULL};
+    const size_t scr = loom_cuda_qgemm_scratch_bytes(g, dt, 0, &w, M);
+    void *d_scr = dev_poison(scr), *d_act = dev_poison((size_t)M * K * 2), *d_y = dev_poison((size_t)M * N * 2);
+    char *a = malloc((size_t)M * N * 2), *b = malloc((size_t)M * N * 2), msg[256] = "", name[160];
+    int rc = 0;
+    if (loom_cuda_swiglu(dt, d_act, d_gu, M, K, 0) != cudaSuccess) rc = 1, snprintf(msg, sizeof msg, "swiglu launch");
+    if (!rc) rc = loom_cuda_qgemm_run(g, dt, 0, M, &w, d_act, d_y, d_scr, scr, 0, msg, sizeof msg);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(a, d_y, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemset(d_y, 0xff, (size_t)M * N * 2));
+    CK(cudaMemset(d_act, 0xff, (size_t)M * K * 2)); /* the fused path must not need it */
+    if (!rc) rc = loom_cuda_qgemm_swiglu_run(g, dt, M, &w, d_gu, fmt == LOOM_CUDA_Q_INT8_W8A16 ? d_act : NULL,
+                                             d_y, d_scr, scr, 0, msg, sizeof msg);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(b, d_y, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
+    snprintf(name, sizeof name, "qgemm swiglu %s %s M=%d N=%d K=%d%s: fused bits = swiglu + qgemm bits",
+             qfmt_name(fmt), dtn(dt), M, N, K, smooth ? " smooth" : "");
+    if (rc) printf("      qgemm error: %s\n", msg);
+    report_bits(name, rc ? 1 : bits_differ(a, b, (size_t)M * N, 2) + count_nan(dt, a, (size_t)M * N, 2), M);
+    cudaFree(d_data), cudaFree(d_sc), cudaFree(d_sm), cudaFree(d_gu), cudaFree(d_scr), cudaFree(d_act), cudaFree(d_y);
+    free(data), free(sc), free(sm), free(gu), free(a), free(b);
+}
+
+/* The QKV / gate|up projections with RMSNorm and the per-token
+ * quantization in one kernel (loom_cuda_qgemm_norm_run; W8A8 / FP8) against
+ * loom_cuda_add_rmsnorm then loom_cuda_qgemm_run: the same y bits and the
+ * same advanced residual — with and without the residual add (layer 0),
+ * with a SmoothQuant vector, f16, and W8A16 (which takes the two kernels). */
+static void test_qgemm_norm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, int M, int N, int K,
+                            bool smooth, bool add) {
+    uint8_t *data = malloc((size_t)N * K);
+    float *sc = malloc((size_t)N * 4), *sm = malloc((size_t)K * 4), *nw = malloc((size_t)K * 4);
+    float *x0 = malloc((size_t)M * K * 4);
+    for (size_t i = 0; i < (size_t)N * K; i++) {
+        uint8_t b = (uint8_t)rng_int(256);
+        if (fmt == LOOM_CUDA_Q_FP8 && (b & 0x7F) == 0x7F) b ^= 1; /* no NaN codes */
+        data[i] = b;
+    }
+    for (int n = 0; n < N; n++) sc[n] = rng_unif(0.001f, 0.02f);
+    for (int k = 0; k < K; k++) sm[k] = rng_unif(0.5f, 2.0f), nw[k] = rng_unif(0.2f, 1.5f);
+    for (size_t i = 0; i < (size_t)M * K; i++) x0[i] = rng_unif(-4.0f, 4.0f);
+    uint16_t *r = rand16(dt, (size_t)M * K, -2, 2, NULL);
+    void *d_data = dev_upload(data, (size_t)N * K), *d_sc = dev_upload(sc, (size_t)N * 4);
+    void *d_sm = dev_upload(sm, (size_t)K * 4), *d_nw = dev_upload(nw, (size_t)K * 4);
+    void *d_r = add ? dev_upload(r, (size_t)M * K * 2) : NULL;
+    void *d_xa = dev_upload(x0, (size_t)M * K * 4), *d_xb = dev_upload(x0, (size_t)M * K * 4);
+    const loom_cuda_qweight w = {.fmt = fmt, .N = N, .K = K, .data = d_data, .scales = d_sc,
+                                 .smooth = smooth ? d_sm : NULL};
+    const size_t scr = loom_cuda_qgemm_scratch_bytes(g, dt, 0, &w, M);
+    void *d_scr = dev_poison(scr), *d_xn = dev_poison((size_t)M * K * 2), *d_y = dev_poison((size_t)M * N * 2);
+    char *a = malloc((size_t)M * N * 2), *b = malloc((size_t)M * N * 2), msg[256] = "", name[160];
+    float *xa = malloc((size_t)M * K * 4), *xb = malloc((size_t)M * K * 4);
+    const float eps = 1e-5f;
+    int rc = 0;
+    if (loom_cuda_add_rmsnorm(dt, d_xn, d_xa, d_r, d_nw, NULL, M, K, eps, 0) != cudaSuccess)
+        rc = 1, snprintf(msg, sizeof msg, "add_rmsnorm launch");
+    if (!rc) rc = loom_cuda_qgemm_run(g, dt, 0, M, &w, d_xn, d_y, d_scr, scr, 0, msg, sizeof msg);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(a, d_y, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemset(d_y, 0xff, (size_t)M * N * 2));
+    CK(cudaMemset(d_xn, 0xff, (size_t)M * K * 2)); /* the fused path must not need it */
+    if (!rc) rc = loom_cuda_qgemm_norm_run(g, dt, M, &w, d_xb, d_r, d_nw, eps, d_xn, d_y, d_scr, scr, 0, msg,
+                                           sizeof msg);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(b, d_y, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(xa, d_xa, (size_t)M * K * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(xb, d_xb, (size_t)M * K * 4, cudaMemcpyDeviceToHost));
+    snprintf(name, sizeof name, "qgemm norm %s %s M=%d N=%d K=%d%s%s: fused = add_rmsnorm + qgemm (y, x bits)",
+             qfmt_name(fmt), dtn(dt), M, N, K, smooth ? " smooth" : "", add ? "" : " no-add");
+    if (rc) printf("      qgemm error: %s\n", msg);
+    report_bits(name, rc ? 1 : bits_differ(a, b, (size_t)M * N, 2) + count_nan(dt, a, (size_t)M * N, 2) +
+                                    bits_differ(xa, xb, (size_t)M * K, 4), M);
+    cudaFree(d_data), cudaFree(d_sc), cudaFree(d_sm), cudaFree(d_nw), cudaFree(d_r), cudaFree(d_xa);
+    cudaFree(d_xb), cudaFree(d_scr), cudaFree(d_xn), cudaFree(d_y);
+    free(data), free(sc), free(sm), free(nw), free(x0), free(r), free(a), free(b), free(xa), free(xb);
+}
+
 /* Every format over decode and prefill shapes, both paths at the boundary
  * sizes, odd N, K not a multiple of 128, both element types. */
 static void test_qgemm_all(loom_cuda_gemm *g) {
@@ -1404,6 +1502,26 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
         g_qx_wild = false;
         lc_gemm_set_fp8_vec(g, prev);
     }
+    /* SwiGLU inside the activation quantization (the FFN down projection) */
+    const int Msw[4] = {1, 5, 64, 300};
+    for (int mi = 0; mi < 4; mi++) {
+        test_qgemm_swiglu(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, Msw[mi], 1000, 1536, false);
+        test_qgemm_swiglu(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, Msw[mi], 1000, 1536, false);
+    }
+    test_qgemm_swiglu(g, LOOM_CUDA_F16, LOOM_CUDA_Q_FP8, 3, 515, 14336, false);
+    test_qgemm_swiglu(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 64, 512, 14336, true);
+    test_qgemm_swiglu(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 2, 64, 65552, false);
+    test_qgemm_swiglu(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 1, 64, 65552, true);
+    test_qgemm_swiglu(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 5, 1000, 1536, false);
+    /* RMSNorm + the quantization in one kernel (the QKV / gate|up input) */
+    for (int mi = 0; mi < 4; mi++) {
+        test_qgemm_norm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, Msw[mi], 1000, 4096, false, true);
+        test_qgemm_norm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, Msw[mi], 1000, 4096, false, true);
+    }
+    test_qgemm_norm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 3, 515, 576, false, false);
+    test_qgemm_norm(g, LOOM_CUDA_F16, LOOM_CUDA_Q_FP8, 9, 515, 8192, false, true);
+    test_qgemm_norm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 64, 512, 4096, true, true);
+    test_qgemm_norm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 5, 1000, 4096, false, true);
     /* W8A8 sums int32 exactly on both GEMVs: the same bits */
     test_qgemm_tc_bits(g, LOOM_CUDA_BF16, 1001, 2048, false);
     test_qgemm_tc_bits(g, LOOM_CUDA_F16, 300, 1024, true);

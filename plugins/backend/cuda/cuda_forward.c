@@ -250,19 +250,40 @@ static loom_status cb_gemm(cuda_backend *b, bool out_f32, int32_t M, int32_t N, 
                           M, N, K, msg);
 }
 
+/* y (T, N) = rmsnorm(x (+)= r) @ W^T (QKV, gate|up): add_rmsnorm into xn
+ * then the GEMM; a quantized weight goes to loom_cuda_qgemm_norm_run, where
+ * W8A8 / FP8 quantize the normalised rows inside the norm kernel (xn is not
+ * written then: nothing after these GEMMs reads it). */
+static loom_status cb_norm_gemm(cuda_backend *b, int32_t T, int32_t N, const float *norm_w, const void *r,
+                                const void *w, const loom_cuda_qweight *q, void *y, const char *what,
+                                loom_error *err) {
+    const int32_t H = b->mc.hidden_size;
+    if (!q || q->fmt == LOOM_CUDA_Q_NONE) {
+        loom_status st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, r, norm_w, NULL, T, H,
+                                                               b->mc.rms_norm_eps, b->stream));
+        return st ? st : cb_gemm(b, false, T, N, H, b->xn, w, q, y, what, err);
+    }
+    char msg[256] = "";
+    int rc = loom_cuda_qgemm_norm_run(b->gemm, b->dt, T, q, b->x, r, norm_w, b->mc.rms_norm_eps, b->xn, y,
+                                      b->qscratch, b->qscratch_bytes, b->stream, msg, sizeof msg);
+    if (rc == 0) return LOOM_OK;
+    return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE, "backend cuda (device %d): %s GEMM (%d x %d x %d): %s",
+                          b->device, what, T, N, H, msg);
+}
+
 /* r (T, H) = SwiGLU(gu) @ w_down^T: through act (loom_cuda_gemm_swiglu_run
- * decides whether to fuse; quantized weights always take act). */
+ * decides whether to fuse; a quantized weight goes to
+ * loom_cuda_qgemm_swiglu_run, where W8A8 / FP8 form the SwiGLU inside their
+ * activation quantization and the others take act). */
 static loom_status cb_swiglu_down(cuda_backend *b, int32_t T, const void *wdown, const loom_cuda_qweight *q,
                                   loom_error *err) {
     const int32_t H = b->mc.hidden_size, I = b->mc.intermediate_size;
-    loom_status st;
-    if (q && q->fmt != LOOM_CUDA_Q_NONE)
-        return (st = CB_CUDA(b, err, loom_cuda_swiglu(b->dt, b->act, b->gu, T, I, b->stream)))
-                   ? st
-                   : cb_gemm(b, false, T, H, I, b->act, wdown, q, b->r, "ffn_down", err);
     char msg[256] = "";
-    int rc = loom_cuda_gemm_swiglu_run(b->gemm, b->dt, T, H, I, b->gu, wdown, b->act, b->r, b->stream, msg,
-                                       sizeof msg);
+    const bool quant = q && q->fmt != LOOM_CUDA_Q_NONE;
+    int rc = quant ? loom_cuda_qgemm_swiglu_run(b->gemm, b->dt, T, q, b->gu, b->act, b->r, b->qscratch,
+                                                b->qscratch_bytes, b->stream, msg, sizeof msg)
+                   : loom_cuda_gemm_swiglu_run(b->gemm, b->dt, T, H, I, b->gu, wdown, b->act, b->r,
+                                               b->stream, msg, sizeof msg);
     if (rc == 0) return LOOM_OK;
     return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE, "backend cuda (device %d): ffn_down (%d x %d x %d): %s",
                           b->device, T, H, I, msg);
@@ -285,7 +306,6 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
     const loom_model_config *c = &b->mc;
     const int32_t T = p->T, H = c->hidden_size, I = c->intermediate_size;
     const int32_t QKV = b->qkv_rows, QD = b->q_dim;
-    const float eps = c->rms_norm_eps;
     cudaStream_t s = b->stream;
     loom_status st;
     if ((st = CB_CUDA(b, err, loom_cuda_embedding(b->dt, b->x, b->embed, p->ids, T, H, s))) ||
@@ -301,9 +321,8 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
         const cuda_layer *ly = &b->layers[l];
         void *kc = b->pools[l], *vc = b->pools[c->num_layers + l];
         /* attention block: (T, H) -> (T, QKV) -> (T, QD) -> r (T, H) */
-        if ((st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, l ? b->r : NULL,
-                                                        ly->attn_norm, NULL, T, H, eps, s))) ||
-            (st = cb_gemm(b, false, T, QKV, H, b->xn, ly->wqkv, &ly->q[CB_G_QKV], b->qkv, "QKV", err)) ||
+        if ((st = cb_norm_gemm(b, T, QKV, ly->attn_norm, l ? b->r : NULL, ly->wqkv, &ly->q[CB_G_QKV], b->qkv,
+                               "QKV", err)) ||
             (st = CB_CUDA(b, err, loom_cuda_rope_kv(b->dt, b->kv, b->qkv, QKV, ly->bqkv, b->rope_cs,
                                                     p->pos, p->slot, kc, vc, T, c->num_heads,
                                                     c->num_kv_heads, c->head_dim,
@@ -327,10 +346,8 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
          * row-parallel GEMMs' partial r are summed over ranks (sharded) */
         if ((st = cb_gemm(b, false, T, H, QD, b->att, ly->wo, &ly->q[CB_G_O], b->r, "attn_output", err)) ||
             (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)) ||
-            (st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, b->r, ly->ffn_norm,
-                                                        NULL, T, H, eps, s))) ||
-            (st = cb_gemm(b, false, T, 2 * I, H, b->xn, ly->wgu, &ly->q[CB_G_GU], b->gu, "ffn_gate_up",
-                         err)) ||
+            (st = cb_norm_gemm(b, T, 2 * I, ly->ffn_norm, b->r, ly->wgu, &ly->q[CB_G_GU], b->gu, "ffn_gate_up",
+                               err)) ||
             (st = cb_swiglu_down(b, T, ly->wdown, &ly->q[CB_G_DOWN], err)) ||
             (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)))
             return st;
