@@ -406,7 +406,8 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
  *     without such an FP8 algorithm — the GEMM with unit scales and a small
  *     epilogue kernel for the scales. When cuBLASLt has no algorithm for a
  *     shape at all the GEMV runs in passes of 8 rows instead.
- * scratch: >= loom_cuda_qgemm_scratch_bytes(dt, out_f32, w, M) bytes.
+ * scratch: >= loom_cuda_qgemm_scratch_bytes(dt, out_f32, w, M) bytes. W8A8 /
+ * FP8 read x with 16-byte loads: x 16-byte aligned (K % 16 keeps every row so).
  * Returns 0 or an error code with a reason in msg (see loom_cuda_gemm_run).
  * Capturable into a CUDA graph once the shape has run eagerly. */
 int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,

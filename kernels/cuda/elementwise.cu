@@ -1,7 +1,8 @@
 /*
  * kernels/cuda/elementwise.cu — the memory-bound kernels of the forward
  * pass: embedding gather, residual add + RMSNorm (optionally gathering the
- * LM-head rows), SwiGLU, the RoPE cos/sin table, RoPE fused with the QKV
+ * LM-head rows, or quantizing its rows per token for a W8A8 / FP8 GEMM
+ * instead of storing them), SwiGLU, the RoPE cos/sin table, RoPE fused with the QKV
  * bias and the KV-cache write (dt, or FP8 E4M3 codes through e4m3.h's
  * encoder), and whole-block KV copies.
  *
@@ -66,8 +67,14 @@ extern "C" cudaError_t loom_cuda_embedding(loom_cuda_dt dt, float *x, const void
 /* One CTA per output row i (input row j = rows ? rows[i] : i):
  * v = x[j] (+ r[j]); y[i] = v * rsqrt(mean(v^2) + eps) * w; x[j] = v when
  * writing back. v stays in registers between the two phases.
- * x (., H) f32; r (., H) dt or NULL; w (H) f32; y (T, H) dt. */
-template <typename T, int Q = 0>
+ * x (., H) f32; r (., H) dt or NULL; w (H) f32; y (T, H) dt.
+ * Q (LC_NORM_*): LC_NORM_STORE stores y; LC_NORM_INT8 / LC_NORM_E4M3 keep
+ * y's dt-rounded values (divided by smooth) and store their per-token
+ * codes xq (T, H) and scales sx (T) instead (lc_quant_act's arithmetic).
+ * Launch bounds: up to 1024 threads must fit 64 registers (no spills,
+ * checked with -Xptxas -v). */
+enum { LC_NORM_STORE = 0, LC_NORM_INT8 = 1, LC_NORM_E4M3 = 2 };
+template <typename T, int Q = LC_NORM_STORE>
 __global__ void __launch_bounds__(1024)
     lc_add_rmsnorm_kernel(T *__restrict__ y, float *__restrict__ x, const T *__restrict__ r,
                           const float *__restrict__ w, const int32_t *__restrict__ rows, int H,
@@ -104,7 +111,7 @@ __global__ void __launch_bounds__(1024)
     }
     ss = lc_block_sum(ss, red);
     const float inv = rsqrtf(ss / (float)H + eps);
-    T *yr = Q == 0 ? y + (size_t)i * H : nullptr;
+    T *yr = Q == LC_NORM_STORE ? y + (size_t)i * H : nullptr;
     float amax = 0.0f; /* Q: of y / smooth */
 #pragma unroll
     for (int k = 0; k < LC_NORM_MAXC; k++) {
@@ -121,7 +128,7 @@ __global__ void __launch_bounds__(1024)
             float o[8];
 #pragma unroll
             for (int e = 0; e < 8; e++) o[e] = v[k][e] * inv * wf[e];
-            if constexpr (Q == 0) {
+            if constexpr (Q == LC_NORM_STORE) {
                 lc_stg16(yr + c * 8, lc_pack8<T>(o));
             } else { /* keep y as dt would store it (/ smooth) for its codes */
                 lc_unpack8<T>(lc_pack8<T>(o), v[k]);
@@ -134,7 +141,7 @@ __global__ void __launch_bounds__(1024)
             }
         }
     }
-    if constexpr (Q != 0) {
+    if constexpr (Q != LC_NORM_STORE) {
         /* per-token codes of y (lc_quant_act's arithmetic): the block's max */
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -145,13 +152,13 @@ __global__ void __launch_bounds__(1024)
         amax = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0f;
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float sc = Q == 2 ? amax / 448.0f : amax / 127.0f;
+        const float sc = Q == LC_NORM_E4M3 ? amax / 448.0f : amax / 127.0f;
         const float qinv = amax > 0.0f ? 127.0f / amax : 0.0f;
         if (threadIdx.x == 0) sx[i] = sc;
 #pragma unroll
         for (int k = 0; k < LC_NORM_MAXC; k++) {
             const int c = threadIdx.x + k * blockDim.x;
-            if (c < nc) lc_qact_store8<Q == 2>(v[k], sc, qinv, xq + (size_t)i * H + c * 8);
+            if (c < nc) lc_qact_store8<Q == LC_NORM_E4M3>(v[k], sc, qinv, xq + (size_t)i * H + c * 8);
         }
     }
 }
@@ -187,7 +194,7 @@ extern "C" cudaError_t lc_add_rmsnorm_quant(loom_cuda_dt dt, int fp8, float *x, 
     if (H % 8 || nc > threads * LC_NORM_MAXC || ((uintptr_t)xq & 7)) return cudaErrorInvalidValue;
     cudaError_t e;
     LOOM_CUDA_DISPATCH_DT(dt, {
-        auto *k = fp8 ? lc_add_rmsnorm_kernel<E, 2> : lc_add_rmsnorm_kernel<E, 1>;
+        auto *k = fp8 ? lc_add_rmsnorm_kernel<E, LC_NORM_E4M3> : lc_add_rmsnorm_kernel<E, LC_NORM_INT8>;
         e = lc_launch(k, dim3(T), dim3(threads), 0, s, static_cast<E *>(nullptr), x,
                       static_cast<const E *>(r), w, static_cast<const int32_t *>(nullptr), H, eps,
                       smooth, static_cast<uint8_t *>(xq), sx);

@@ -24,8 +24,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <cublasLt.h>
+#include <cublas_api.h> /* CUBLAS_VER_MAJOR / _MINOR */
 #include <cuda_runtime_api.h>
 
 #include "cuda_kernels.h"
@@ -119,7 +121,8 @@ loom_cuda_gemm *loom_cuda_gemm_create(size_t workspace_bytes, int *code, char *m
      * against the epilogue pass); a shape it has no algorithm for falls
      * back by itself (qgemm.c) */
     const char *ev = getenv("LOOM_CUDA_FP8_SCALE_VEC");
-    g->fp8_vec = !(ev && (ev[0] == '0' || !strcmp(ev, "off") || !strcmp(ev, "false") || !strcmp(ev, "no")));
+    g->fp8_vec = !(ev && (ev[0] == '0' || !strcasecmp(ev, "off") || !strcasecmp(ev, "false") ||
+                          !strcasecmp(ev, "no")));
     if (code) *code = 0;
     return g;
 }
@@ -131,6 +134,14 @@ void loom_cuda_gemm_destroy(loom_cuda_gemm *g) {
     cublasLtDestroy(g->lt);
     free(g);
 }
+
+/* cuBLAS 12.9 brought the outer-vector scale mode; older headers lack it
+ * and FP8 then always takes unit scales + the epilogue pass (qgemm.c) */
+#if CUBLAS_VER_MAJOR > 12 || (CUBLAS_VER_MAJOR == 12 && CUBLAS_VER_MINOR >= 9)
+#define LC_HAVE_OUTER_VEC 1
+#else
+#define LC_HAVE_OUTER_VEC 0
+#endif
 
 static int lc_lt_vec(int kind) {
     return kind == LC_LT_FP8_VEC_BF16 || kind == LC_LT_FP8_VEC_F16 || kind == LC_LT_FP8_VEC_F32;
@@ -209,14 +220,25 @@ static int lc_plan_make(loom_cuda_gemm *g, lc_gemm_plan *p, int kind, loom_cuda_
         (st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)))
         goto fail;
     if (lc_lt_vec(kind)) {
+#if LC_HAVE_OUTER_VEC
         /* A = w: one scale per row of op(A), i.e. per output channel n;
-         * B = x: one per column of B, i.e. per token m */
+         * B = x: one per column of B, i.e. per token m. A library older
+         * than these headers refuses the attributes: "not supported" then,
+         * so the caller falls back instead of failing */
         const int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
         what = "cublasLtMatmulDescSetAttribute (FP8 outer-vector scale mode)";
-        if ((st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec, sizeof vec)) ||
-            (st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec, sizeof vec)) ||
-            (st = lc_set_scales(p, sa, sb)))
+        if (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec, sizeof vec) ||
+            cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec, sizeof vec) ||
+            lc_set_scales(p, sa, sb)) {
+            st = CUBLAS_STATUS_NOT_SUPPORTED;
             goto fail;
+        }
+#else
+        (void)sa, (void)sb;
+        st = CUBLAS_STATUS_NOT_SUPPORTED;
+        what = "FP8 outer-vector scales (cuBLAS < 12.9)";
+        goto fail;
+#endif
     }
     what = "cublasLtMatrixLayoutCreate";
     if ((st = cublasLtMatrixLayoutCreate(&p->la, ab, (uint64_t)K, (uint64_t)N, (int64_t)K)) ||
@@ -355,7 +377,6 @@ int lc_gemm_lt_q(loom_cuda_gemm *g, int kind, int M, int N, int K, const void *x
                  const void *wq, const float *sx, const float *sw, void *d, cudaStream_t s,
                  char *msg, size_t msg_size) {
     if (M <= 0) return 0;
-    if (lc_lt_vec(kind) && !g->fp8_vec) return CUBLAS_STATUS_NOT_SUPPORTED;
     return lc_lt_run(g, kind, LOOM_CUDA_BF16, 0, M, N, K, xq, wq, d, sw, sx, s, msg, msg_size);
 }
 

@@ -23,6 +23,12 @@
  *     Should cuBLASLt have no algorithm for the shape (alignment), the GEMV
  *     runs in passes of 8 rows instead — slow but always correct.
  *
+ * The activations W8A8 / FP8 quantize (lc_qin): x itself; or, for
+ * loom_cuda_qgemm_swiglu_run, silu(gate) * up formed from a gate|up output;
+ * or, for loom_cuda_qgemm_norm_run, rmsnorm(x += r) formed from the residual
+ * stream — both rounded to dt as the separate kernels would store them, so
+ * the codes are the same and nothing (M, K) is written.
+ *
  * Scratch layout (each region 256-byte aligned): sx (chunk) f32 | xq
  * (chunk, K) bytes | big: the dequantized weight (N, K) dt, or the GEMM
  * output (chunk, N) f32 / int32.
@@ -118,6 +124,7 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
 
 static int lc_cuda_fail(cudaError_t e, const char *what, const loom_cuda_qweight *w, int M,
                         char *msg, size_t n) {
+    (void)cudaGetLastError(); /* reported here: not to be blamed on a later kernel */
     if (msg && n)
         snprintf(msg, n, "%s failed for quantized GEMM (format %d) M=%d N=%d K=%d: %s", what,
                  (int)w->fmt, M, w->N, w->K, cudaGetErrorString(e));
@@ -206,7 +213,10 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
                                        in->eps, w->smooth, xq, sx, s)
                 : lc_quant_act(dt, fp8, in->kind == LC_IN_SWIGLU, mc, w->K, xc, w->smooth, xq, sx, s);
         if (e != cudaSuccess)
-            return lc_cuda_fail(e, "activation quantization launch", w, mc, msg, msg_size);
+            return lc_cuda_fail(e, in->kind == LC_IN_NORM ? "RMSNorm + activation quantization launch (K % 8, K <= 32768)"
+                                   : in->kind == LC_IN_SWIGLU ? "SwiGLU + activation quantization launch (K % 8)"
+                                                              : "activation quantization launch (K % 8, x 16-byte aligned)",
+                                w, mc, msg, msg_size);
         if (M <= gemv_max) {
             if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, invariant, s, msg, msg_size)))
                 return rc;
@@ -217,18 +227,18 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
             const int vk = out_f32 ? LC_LT_FP8_VEC_F32
                                    : dt == LOOM_CUDA_BF16 ? LC_LT_FP8_VEC_BF16 : LC_LT_FP8_VEC_F16;
             rc = lc_gemm_lt_q(g, vk, mc, w->N, w->K, xq, w->data, sx, w->scales, yc, s, msg, msg_size);
-            if (rc != 15) {
+            if (rc != LC_LT_NOT_SUPPORTED) {
                 if (rc) return rc;
                 lc_fp8_vec_runs++;
                 continue;
             }
-            /* 15: no algorithm for the scale vectors at this shape */
+            /* no algorithm for the scale vectors at this shape */
         }
         const int kind = fp8 ? (dt == LOOM_CUDA_BF16 && !out_f32 ? LC_LT_FP8_BF16 : LC_LT_FP8_F32)
                              : LC_LT_I8_I32;
         void *d = kind == LC_LT_FP8_BF16 ? yc : big;
         rc = lc_gemm_lt_q(g, kind, mc, w->N, w->K, xq, w->data, NULL, NULL, d, s, msg, msg_size);
-        if (rc == 15 /* CUBLAS_STATUS_NOT_SUPPORTED: no algorithm for this shape */) {
+        if (rc == LC_LT_NOT_SUPPORTED) { /* no algorithm for this shape */
             if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, invariant, s, msg, msg_size)))
                 return rc;
             continue;
@@ -256,7 +266,7 @@ int loom_cuda_qgemm_norm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const lo
                              void *scratch, size_t scratch_bytes, cudaStream_t s, char *msg,
                              size_t msg_size) {
     if (M <= 0) return 0;
-    if (w && lc_acts_quantized(w->fmt) && w->K <= 32768) {
+    if (w && lc_acts_quantized(w->fmt)) {
         const lc_qin in = {.kind = LC_IN_NORM, .res = x, .nw = norm_w, .eps = eps};
         return lc_qgemm(g, dt, 0, M, w, r, &in, y, scratch, scratch_bytes, s, msg, msg_size);
     }

@@ -9,11 +9,16 @@
  *                     2x the bf16 GEMV and int4 (0.5 byte + 8 bytes of
  *                     {scale, bias} per group) approaches 3-3.5x.
  *   lc_quant_act      per-token int8 / e4m3 activation quantization (W8A8,
- *                     FP8), the arithmetic of kernels/cpu/qlinear.c.
+ *                     FP8), the arithmetic of kernels/cpu/qlinear.c; of x,
+ *                     or of silu(gate) * up read from a gate|up output (the
+ *                     down projection's SwiGLU formed here, not stored).
+ *                     elementwise.cu's lc_add_rmsnorm_quant does the same
+ *                     for the normalised rows of the QKV / gate|up input.
  *   lc_dequant_weight W8A16 / INT4 weight -> (N, K) dt, for the large-M path
  *                     (dequantize into scratch, then the dt GEMM).
  *   lc_scale_epilogue y = D * sx[m] * sw[n] after a unit-scale cuBLASLt
- *                     FP8 / int8 GEMM.
+ *                     int8 GEMM, or an FP8 one where cuBLASLt has no
+ *                     outer-vector scaling for the shape.
  *
  * GEMV layout (as gemv.cu): a warp owns R consecutive output rows, 4 warps
  * per CTA; lanes split each row into 16-byte chunks (16 int8 / e4m3
@@ -318,8 +323,8 @@ extern "C" cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_
 /* -------------------------------------------------- activation quantizer */
 
 #define LC_QACT_MAXC 8      /* 8-element chunks a thread keeps in registers    */
-#define LC_QACT_THREADS 512 /* at most: 64 kept floats a thread leave room for 4 warps x 4 */
-#define LC_QACT_STREAM_M 128 /* rows from which the two-pass kernel runs */
+#define LC_QACT_THREADS 512 /* at most: ~90 registers x 512 fit the SM's 65536 */
+#define LC_QACT_STREAM_M 128 /* rows from which threads are few and chunks many */
 
 /* Eight activations of row m at chunk c: x (M, K) dt, or with SWIGLU
  * silu(g) * u from gu (M, 2K) rounded to dt — loom_cuda_swiglu's expression
@@ -361,7 +366,7 @@ __global__ void __launch_bounds__(LC_QACT_THREADS) lc_quant_act_kernel(const T *
     uint8_t *qr = xq + (size_t)m * K;
     float v[KEEP ? LC_QACT_MAXC : 1][8];
     float amax = 0.0f;
-    if (KEEP) {
+    if constexpr (KEEP) {
 #pragma unroll
         for (int j = 0; j < LC_QACT_MAXC; j++) {
             const int c = threadIdx.x + j * blockDim.x;
@@ -390,7 +395,7 @@ __global__ void __launch_bounds__(LC_QACT_THREADS) lc_quant_act_kernel(const T *
     const float sc = FP8 ? amax / 448.0f : amax / 127.0f;
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f; /* int8 */
     if (threadIdx.x == 0) sx[m] = sc;
-    if (KEEP) {
+    if constexpr (KEEP) {
 #pragma unroll
         for (int j = 0; j < LC_QACT_MAXC; j++) {
             const int c = threadIdx.x + j * blockDim.x;
@@ -408,17 +413,20 @@ template <typename T, bool FP8, bool SWIGLU>
 static cudaError_t lc_quant_act_t(int M, int K, const void *x, const float *smooth, void *xq,
                                   float *sx, cudaStream_t s) {
     /* Few rows (decode): latency — a chunk a thread where the row allows,
-     * up to LC_QACT_THREADS threads, then up to LC_QACT_MAXC chunks each
-     * kept in registers (K <= 32768). Many rows (prefill): throughput —
-     * the keeping kernel's ~90 registers allow one 512-thread CTA an SM
-     * (H200: a 2048-token FP8 prefill 1.38x bf16 with the old two-pass
-     * kernel, 1.30x with this one kept for every M), so 256 threads
-     * reading the row twice (the second time from L1 / L2), ~8 CTAs an SM. */
+     * up to LC_QACT_THREADS threads. Many rows (prefill): bytes in flight —
+     * the keeping kernel holds ~90 registers a thread, so a 512-thread CTA
+     * with one chunk a thread is one CTA and 8 KB of loads an SM (H200: a
+     * 2048-token FP8 prefill fell from 1.38x to 1.30x bf16 so); instead as
+     * few threads as give each LC_QACT_MAXC chunks, all loaded at once
+     * (K = 4096: 64 threads, ~11 CTAs an SM). Rows too wide to keep:
+     * 256 threads reading the row twice (the second time from L1 / L2).
+     * Every choice gives the same codes (a max and per-element maps). */
     const int nc = K / 8;
-    int threads = ((nc + 31) / 32) * 32;
+    const int want = M < LC_QACT_STREAM_M ? nc : (nc + LC_QACT_MAXC - 1) / LC_QACT_MAXC;
+    int threads = ((want + 31) / 32) * 32;
     threads = threads < 64 ? 64 : threads > LC_QACT_THREADS ? LC_QACT_THREADS : threads;
-    const bool keep = M < LC_QACT_STREAM_M && nc <= threads * LC_QACT_MAXC;
-    if (!keep && threads > 256) threads = 256;
+    const bool keep = nc <= threads * LC_QACT_MAXC;
+    if (!keep) threads = 256;
     auto *kern = keep ? lc_quant_act_kernel<T, FP8, SWIGLU, true> : lc_quant_act_kernel<T, FP8, SWIGLU, false>;
     return lc_launch(kern, dim3((unsigned)M), dim3(threads), 0, s, static_cast<const T *>(x), smooth,
                      static_cast<uint8_t *>(xq), sx, K);

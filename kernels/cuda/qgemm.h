@@ -59,7 +59,8 @@ cudaError_t lc_gguf_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *o
  * swiglu: x is a fused gate|up output (M, 2K) and the row quantized is
  * silu(gate) * up rounded to dt — the bits loom_cuda_swiglu would store, so
  * the codes equal those of the two kernels in a row, without writing and
- * re-reading the (M, K) activations. K % 8 == 0, x 16-byte aligned. */
+ * re-reading the (M, K) activations. K % 8 == 0, x and smooth 16-byte
+ * aligned, xq 8-byte aligned (else cudaErrorInvalidValue). */
 cudaError_t lc_quant_act(loom_cuda_dt dt, int fp8, int swiglu, int M, int K, const void *x,
                          const float *smooth, void *xq, float *sx, cudaStream_t s);
 
@@ -87,10 +88,11 @@ cudaError_t lc_scale_epilogue(loom_cuda_dt dt, int in_kind, const void *in, int 
  *   LC_LT_FP8_VEC_BF16 / _F16 / _F32: the same with cuBLASLt's outer-vector
  *     scaling, D[m, n] = sum * sx[m] * sw[n] rounded once — no epilogue pass;
  *   LC_LT_I8_I32: int8 x int8, int32 accumulation, D int32.
- * Returns 0, or CUBLAS_STATUS_NOT_SUPPORTED (15) when no algorithm fits the
+ * Returns 0, or LC_LT_NOT_SUPPORTED when no algorithm fits the
  * shape (remembered per shape; the caller falls back: a _VEC kind to the
  * unit-scale GEMM + epilogue, that to the GEMV), or another cuBLAS status
  * with msg. */
+#define LC_LT_NOT_SUPPORTED 15 /* CUBLAS_STATUS_NOT_SUPPORTED, without cuBLAS's header */
 enum {
     LC_LT_FP8_BF16 = 1,
     LC_LT_FP8_F16 = 2,

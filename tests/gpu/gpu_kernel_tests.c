@@ -1360,6 +1360,7 @@ static void test_qgemm_swiglu(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt
     CK(cudaMemcpy(a, d_y, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemset(d_y, 0xff, (size_t)M * N * 2));
     CK(cudaMemset(d_act, 0xff, (size_t)M * K * 2)); /* the fused path must not need it */
+    CK(cudaMemset(d_scr, 0xff, scr));               /* nor the codes the first path left */
     if (!rc) rc = loom_cuda_qgemm_swiglu_run(g, dt, M, &w, d_gu, fmt == LOOM_CUDA_Q_INT8_W8A16 ? d_act : NULL,
                                              d_y, d_scr, scr, 0, msg, sizeof msg);
     CK(cudaDeviceSynchronize());
@@ -1410,6 +1411,7 @@ static void test_qgemm_norm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt f
     CK(cudaMemcpy(a, d_y, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemset(d_y, 0xff, (size_t)M * N * 2));
     CK(cudaMemset(d_xn, 0xff, (size_t)M * K * 2)); /* the fused path must not need it */
+    CK(cudaMemset(d_scr, 0xff, scr));              /* nor the codes the first path left */
     if (!rc) rc = loom_cuda_qgemm_norm_run(g, dt, M, &w, d_xb, d_r, d_nw, eps, d_xn, d_y, d_scr, scr, 0, msg,
                                            sizeof msg);
     CK(cudaDeviceSynchronize());
@@ -1496,7 +1498,14 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
         test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 300, 512, 4096, 0, 2, false, false);
         test_qgemm(g, LOOM_CUDA_F16, LOOM_CUDA_Q_FP8, 64, 1000, 576, 0, 2, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 40, 4097, 576, 0, 2, true, false);
+        long v0, e0, v1, e1;
+        lc_qgemm_fp8_count(&v0, &e0);
         test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 130, 6144, 4096, 0, 0, false, false);
+        lc_qgemm_fp8_count(&v1, &e1);
+        /* on sm_90 with cuBLAS >= 12.9 the 8B shape must take the path asked for */
+        report_bits(vec ? "fp8 GEMM M=130 N=6144 K=4096 ran with cuBLASLt's scale vectors"
+                        : "fp8 GEMM M=130 N=6144 K=4096 ran with unit scales + epilogue",
+                    vec ? (v1 == v0 + 1 && e1 == e0 ? 0 : 1) : (e1 == e0 + 1 && v1 == v0 ? 0 : 1), 1);
         g_qx_wild = true;
         test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 64, 515, 2048, 0, 2, false, false);
         g_qx_wild = false;
@@ -1513,6 +1522,8 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
     test_qgemm_swiglu(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 2, 64, 65552, false);
     test_qgemm_swiglu(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 1, 64, 65552, true);
     test_qgemm_swiglu(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 5, 1000, 1536, false);
+    test_qgemm_swiglu(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 300, 512, 4096, true);
+    test_qgemm_swiglu(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 2085, 64, 256, false); /* 2 chunks of rows */
     /* RMSNorm + the quantization in one kernel (the QKV / gate|up input) */
     for (int mi = 0; mi < 4; mi++) {
         test_qgemm_norm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, Msw[mi], 1000, 4096, false, true);
@@ -1522,6 +1533,9 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
     test_qgemm_norm(g, LOOM_CUDA_F16, LOOM_CUDA_Q_FP8, 9, 515, 8192, false, true);
     test_qgemm_norm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 64, 512, 4096, true, true);
     test_qgemm_norm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 5, 1000, 4096, false, true);
+    test_qgemm_norm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 300, 512, 4096, true, true);
+    test_qgemm_norm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 2085, 64, 256, false, true); /* 2 chunks */
+    test_qgemm_norm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 2085, 64, 256, false, false);
     /* W8A8 sums int32 exactly on both GEMVs: the same bits */
     test_qgemm_tc_bits(g, LOOM_CUDA_BF16, 1001, 2048, false);
     test_qgemm_tc_bits(g, LOOM_CUDA_F16, 300, 1024, true);
@@ -2238,6 +2252,10 @@ linear:;
                 test_qgemm_invariance(g, LOOM_CUDA_BF16, qf[i], 1001, 576, 64, false, 40);
                 test_qgemm_invariance(g, LOOM_CUDA_F16, qf[i], 515, 1024, 128, true, 19);
             }
+            /* W8A8 / FP8 past 128 rows, where the activation quantizer
+             * takes its other thread layout: the same bits as one row */
+            test_qgemm_invariance(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 300, 1024, 0, false, 150);
+            test_qgemm_invariance(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 300, 1024, 0, false, 150);
         }
         test_qgemm_all(g);
         test_qgemm_gguf_all(g);

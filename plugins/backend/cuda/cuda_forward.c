@@ -7,7 +7,10 @@
  *              xn = rmsnorm(x += r); gu = xn Wgu^T; act = swiglu(gu);
  *              r = act Wdown^T
  *   logits rows: xs = rmsnorm(x[idx] + r[idx]); logits = xs LM^T (float32)
- * with x the float32 residual stream and everything else bf16/f16.
+ * with x the float32 residual stream and everything else bf16/f16. W8A8 /
+ * FP8 weights never see xn or act: their per-token activation codes are
+ * made inside the RMSNorm / SwiGLU kernels (loom_cuda_qgemm_norm_run,
+ * loom_cuda_qgemm_swiglu_run).
  *
  * Per step the host packs everything the kernels index — token ids,
  * positions, slots, logits rows, attention tiles and the block table — into
