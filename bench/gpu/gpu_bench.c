@@ -420,6 +420,7 @@ static void bench_quant(int M) {
     static const loom_cuda_gguf gtypes[NF] = {0, 0, 0, 0, 0, LOOM_CUDA_GGUF_Q4_0,
                                               LOOM_CUDA_GGUF_Q4_1, LOOM_CUDA_GGUF_Q4_K,
                                               LOOM_CUDA_GGUF_Q6_K};
+    enum { QB_FP8 = 3 }; /* fmts[QB_FP8]: the FP8 row, run again as fp8_epi above 8 rows */
     static const char *names[NF] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128",
                                     "gguf_q4_0", "gguf_q4_1", "gguf_q4_k", "gguf_q6_k"};
     int code;
@@ -441,12 +442,14 @@ static void bench_quant(int M) {
     const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
         const bool epi = M > 8 && vi >= NF;
-        const int fi = epi ? 3 : vi < NF ? vi : 1 + (vi - NF);
+        const int fi = epi ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
         const bool cores = vi >= NF && !epi;
         lc_qgemv_set_tc(cores ? 0 : -1); /* -1: as the environment says */
         lc_gemm_set_fp8_vec(g, epi ? 0 : vec0);
         const loom_cuda_qfmt f = fmts[fi];
         double ms = 0, bytes = 0;
+        long v0, e0;
+        lc_qgemm_fp8_count(&v0, &e0);
         for (int k = 0; k < 4; k++) {
             const int N = shp[k][0], K = shp[k][1], G = 128;
             qb_ctx c = {.g = g, .M = M, .x = x, .y = y};
@@ -481,10 +484,11 @@ static void bench_quant(int M) {
             cudaFree(data), cudaFree(sc), cudaFree(c.scratch);
         }
         if (fi == 0) bf16_ms = ms;
-        if (fi == 3 && M > 8) { /* which FP8 GEMM that row ran */
+        if (fi == QB_FP8 && M > 8) { /* which FP8 GEMM that row ran */
             long v, e;
             lc_qgemm_fp8_count(&v, &e);
-            printf("    (fp8 GEMM calls so far: %ld with cuBLASLt's scale vectors, %ld unit scales + epilogue)\n", v, e);
+            printf("    (fp8 GEMM calls of this row: %ld with cuBLASLt's scale vectors, %ld unit scales + epilogue)\n",
+                   v - v0, e - e0);
         }
         char nm[96], label[24]; /* "_cc": the CUDA-core GEMV (qgemm.cu), not the tensor-core one */
         snprintf(label, sizeof label, "%s%s", names[fi], cores ? "_cc" : epi ? "_epi" : "");
