@@ -248,6 +248,7 @@ static loom_status cb_gemm(cuda_backend *b, bool out_f32, int32_t M, int32_t N, 
                  : loom_cuda_gemm_run(b->gemm, b->dt, out_f32, M, N, K, x, w, y, b->stream, msg,
                                       sizeof msg);
     if (rc == 0) return LOOM_OK;
+    (void)cudaGetLastError(); /* as cb_cuda_check: a later call is not to be blamed */
     return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE,
                           "backend cuda (device %d): %s GEMM (%d x %d x %d): %s", b->device, what,
                           M, N, K, msg);
@@ -270,6 +271,7 @@ static loom_status cb_norm_gemm(cuda_backend *b, int32_t T, int32_t N, const flo
     int rc = loom_cuda_qgemm_norm_run(b->gemm, b->dt, T, q, b->x, r, norm_w, b->mc.rms_norm_eps, b->xn, y,
                                       b->qscratch, b->qscratch_bytes, b->stream, msg, sizeof msg);
     if (rc == 0) return LOOM_OK;
+    (void)cudaGetLastError();
     return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE, "backend cuda (device %d): %s GEMM (%d x %d x %d): %s",
                           b->device, what, T, N, H, msg);
 }
@@ -288,6 +290,7 @@ static loom_status cb_swiglu_down(cuda_backend *b, int32_t T, const void *wdown,
                    : loom_cuda_gemm_swiglu_run(b->gemm, b->dt, T, H, I, b->gu, wdown, b->act, b->r,
                                                b->stream, msg, sizeof msg);
     if (rc == 0) return LOOM_OK;
+    (void)cudaGetLastError();
     return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE, "backend cuda (device %d): ffn_down (%d x %d x %d): %s",
                           b->device, T, H, I, msg);
 }
