@@ -93,6 +93,22 @@ __device__ __forceinline__ float lc_block_sum(float v, float *red) {
     return s;
 }
 
+/* Max over the block, as lc_block_sum (the per-token amax of the
+ * activation quantizers: exact, so no order can change it). */
+__device__ __forceinline__ float lc_block_max(float v, float *red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nwarps = blockDim.x >> 5;
+    __syncthreads(); /* red may still be read by a previous call */
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float m = lane < nwarps ? red[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
+
 static inline int lc_ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 /* ----------------------------------------------- integer codes to float

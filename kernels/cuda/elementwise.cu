@@ -142,16 +142,8 @@ __global__ void __launch_bounds__(1024)
         }
     }
     if constexpr (Q != LC_NORM_STORE) {
-        /* per-token codes of y (lc_quant_act's arithmetic): the block's max */
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-        __syncthreads(); /* red was lc_block_sum's */
-        if (lane == 0) red[warp] = amax;
-        __syncthreads();
-        amax = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0f;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        /* per-token codes of y (lc_quant_act's arithmetic) */
+        amax = lc_block_max(amax, red);
         const float sc = Q == LC_NORM_E4M3 ? amax / 448.0f : amax / 127.0f;
         const float qinv = amax > 0.0f ? 127.0f / amax : 0.0f;
         if (threadIdx.x == 0) sx[i] = sc;
@@ -163,17 +155,24 @@ __global__ void __launch_bounds__(1024)
     }
 }
 
+/* Threads of a row of width H: one 8-element chunk each where the row
+ * allows (a decode step has a single row: spread it over as many threads as
+ * possible), up to 1024; 0 when H % 8 or the row exceeds LC_NORM_MAXC
+ * chunks a thread. */
+static int lc_norm_threads(int H) {
+    const int nc = H / 8;
+    int threads = ((nc + 31) / 32) * 32;
+    if (threads < 64) threads = 64;
+    if (threads > 1024) threads = 1024;
+    return H % 8 || nc > threads * LC_NORM_MAXC ? 0 : threads;
+}
+
 extern "C" cudaError_t loom_cuda_add_rmsnorm(loom_cuda_dt dt, void *y, float *x, const void *r,
                                              const float *w, const int32_t *rows, int T, int H,
                                              float eps, cudaStream_t s) {
     if (T <= 0) return cudaSuccess;
-    const int nc = H / 8;
-    /* one 8-element chunk per thread where the row allows (a decode step has
-     * a single row: spread it over as many threads as possible) */
-    int threads = ((nc + 31) / 32) * 32;
-    if (threads < 64) threads = 64;
-    if (threads > 1024) threads = 1024;
-    if (H % 8 || nc > threads * LC_NORM_MAXC) return cudaErrorInvalidValue;
+    const int threads = lc_norm_threads(H);
+    if (!threads) return cudaErrorInvalidValue;
     cudaError_t e;
     LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_add_rmsnorm_kernel<E>, dim3(T), dim3(threads), 0, s,
                                             static_cast<E *>(y), x, static_cast<const E *>(r), w,
@@ -187,11 +186,8 @@ extern "C" cudaError_t lc_add_rmsnorm_quant(loom_cuda_dt dt, int fp8, float *x, 
                                             const float *w, int T, int H, float eps,
                                             const float *smooth, void *xq, float *sx, cudaStream_t s) {
     if (T <= 0) return cudaSuccess;
-    const int nc = H / 8;
-    int threads = ((nc + 31) / 32) * 32;
-    if (threads < 64) threads = 64;
-    if (threads > 1024) threads = 1024;
-    if (H % 8 || nc > threads * LC_NORM_MAXC || ((uintptr_t)xq & 7)) return cudaErrorInvalidValue;
+    const int threads = lc_norm_threads(H);
+    if (!threads || ((uintptr_t)xq & 7)) return cudaErrorInvalidValue;
     cudaError_t e;
     LOOM_CUDA_DISPATCH_DT(dt, {
         auto *k = fp8 ? lc_add_rmsnorm_kernel<E, LC_NORM_E4M3> : lc_add_rmsnorm_kernel<E, LC_NORM_INT8>;

@@ -266,13 +266,13 @@ int loom_cuda_qgemm_norm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const lo
                              void *scratch, size_t scratch_bytes, cudaStream_t s, char *msg,
                              size_t msg_size) {
     if (M <= 0) return 0;
-    if (w && lc_acts_quantized(w->fmt)) {
-        const lc_qin in = {.kind = LC_IN_NORM, .res = x, .nw = norm_w, .eps = eps};
-        return lc_qgemm(g, dt, 0, M, w, r, &in, y, scratch, scratch_bytes, s, msg, msg_size);
-    }
     if (!w) {
         if (msg && msg_size) snprintf(msg, msg_size, "RMSNorm + quantized GEMM: no weight");
         return 10000 + (int)cudaErrorInvalidValue;
+    }
+    if (lc_acts_quantized(w->fmt)) {
+        const lc_qin in = {.kind = LC_IN_NORM, .res = x, .nw = norm_w, .eps = eps};
+        return lc_qgemm(g, dt, 0, M, w, r, &in, y, scratch, scratch_bytes, s, msg, msg_size);
     }
     const cudaError_t e = loom_cuda_add_rmsnorm(dt, xn, x, r, norm_w, NULL, M, w->K, eps, s);
     if (e != cudaSuccess) {

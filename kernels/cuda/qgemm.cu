@@ -383,15 +383,7 @@ __global__ void __launch_bounds__(LC_QACT_THREADS) lc_quant_act_kernel(const T *
             for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(v[0][e]));
         }
     }
-    /* block max through the sum helper's pattern */
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) red[warp] = amax;
-    __syncthreads();
-    amax = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    amax = lc_block_max(amax, red);
     const float sc = FP8 ? amax / 448.0f : amax / 127.0f;
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f; /* int8 */
     if (threadIdx.x == 0) sx[m] = sc;

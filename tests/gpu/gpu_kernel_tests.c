@@ -1328,6 +1328,17 @@ static void test_qgemm_tc_bits(loom_cuda_gemm *g, loom_cuda_dt dt, int N, int K,
     free(data), free(sc), free(x), free(a), free(b);
 }
 
+/* Random one-byte codes (int8, or e4m3 without its NaN codes) of an N x K
+ * weight and per-channel scales, for tests that compare two paths. */
+static void rand_q8_weight(loom_cuda_qfmt fmt, int N, int K, uint8_t *data, float *sc) {
+    for (size_t i = 0; i < (size_t)N * K; i++) {
+        uint8_t b = (uint8_t)rng_int(256);
+        if (fmt == LOOM_CUDA_Q_FP8 && (b & 0x7F) == 0x7F) b ^= 1;
+        data[i] = b;
+    }
+    for (int n = 0; n < N; n++) sc[n] = rng_unif(0.001f, 0.02f);
+}
+
 /* The FFN down projection with the SwiGLU formed inside the activation
  * quantization (loom_cuda_qgemm_swiglu_run; W8A8 / FP8) against
  * loom_cuda_swiglu then loom_cuda_qgemm_run: the same codes, so every output
@@ -1338,12 +1349,7 @@ static void test_qgemm_swiglu(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt
                               int K, bool smooth) {
     uint8_t *data = malloc((size_t)N * K);
     float *sc = malloc((size_t)N * 4), *sm = malloc((size_t)K * 4);
-    for (size_t i = 0; i < (size_t)N * K; i++) {
-        uint8_t b = (uint8_t)rng_int(256);
-        if (fmt == LOOM_CUDA_Q_FP8 && (b & 0x7F) == 0x7F) b ^= 1; /* no NaN codes */
-        data[i] = b;
-    }
-    for (int n = 0; n < N; n++) sc[n] = rng_unif(0.001f, 0.02f);
+    rand_q8_weight(fmt, N, K, data, sc);
     for (int k = 0; k < K; k++) sm[k] = rng_unif(0.5f, 2.0f);
     uint16_t *gu = rand16(dt, (size_t)M * 2 * K, -3, 3, NULL);
     void *d_data = dev_upload(data, (size_t)N * K), *d_sc = dev_upload(sc, (size_t)N * 4);
@@ -1383,12 +1389,7 @@ static void test_qgemm_norm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt f
     uint8_t *data = malloc((size_t)N * K);
     float *sc = malloc((size_t)N * 4), *sm = malloc((size_t)K * 4), *nw = malloc((size_t)K * 4);
     float *x0 = malloc((size_t)M * K * 4);
-    for (size_t i = 0; i < (size_t)N * K; i++) {
-        uint8_t b = (uint8_t)rng_int(256);
-        if (fmt == LOOM_CUDA_Q_FP8 && (b & 0x7F) == 0x7F) b ^= 1; /* no NaN codes */
-        data[i] = b;
-    }
-    for (int n = 0; n < N; n++) sc[n] = rng_unif(0.001f, 0.02f);
+    rand_q8_weight(fmt, N, K, data, sc);
     for (int k = 0; k < K; k++) sm[k] = rng_unif(0.5f, 2.0f), nw[k] = rng_unif(0.2f, 1.5f);
     for (size_t i = 0; i < (size_t)M * K; i++) x0[i] = rng_unif(-4.0f, 4.0f);
     uint16_t *r = rand16(dt, (size_t)M * K, -2, 2, NULL);
