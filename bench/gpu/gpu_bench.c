@@ -447,7 +447,7 @@ static void bench_quant(int M) {
         lc_qgemv_set_tc(cores ? 0 : -1); /* -1: as the environment says */
         lc_gemm_set_fp8_vec(g, epi ? 0 : vec0);
         const loom_cuda_qfmt f = fmts[fi];
-        double ms = 0, bytes = 0;
+        double ms = 0, bytes = 0, shape_us[4];
         long v0, e0;
         lc_qgemm_fp8_count(&v0, &e0);
         for (int k = 0; k < 4; k++) {
@@ -480,7 +480,8 @@ static void bench_quant(int M) {
                 if (c.scratch_bytes) CK(cudaMalloc(&c.scratch, c.scratch_bytes));
                 bytes += i4 ? (double)N * K / 2 + (double)N * (K / G) * 8 : (double)N * K + N * 4;
             }
-            ms += time_op(op_qgemm, &c, M >= 1024 ? 10 : 30);
+            const double t = time_op(op_qgemm, &c, M >= 1024 ? 10 : 30);
+            ms += t, shape_us[k] = t * 1e3;
             cudaFree(data), cudaFree(sc), cudaFree(c.scratch);
         }
         if (fi == 0) bf16_ms = ms;
@@ -495,8 +496,8 @@ static void bench_quant(int M) {
         snprintf(nm, sizeof nm, "llama3-8b layer linears %s M=%d", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, ms, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
-        printf("    %-15s M=%-5d %8.1f us per layer, %5.2fx vs bf16\n", label, M, ms * 1e3,
-               bf16_ms / ms);
+        printf("    %-15s M=%-5d %8.1f us per layer, %5.2fx vs bf16   (QKV %.1f, O %.1f, gate|up %.1f, down %.1f us)\n",
+               label, M, ms * 1e3, bf16_ms / ms, shape_us[0], shape_us[1], shape_us[2], shape_us[3]);
         if (g_nqres < 64) {
             qres *r = &g_qres[g_nqres++];
             snprintf(r->fmt, sizeof r->fmt, "%s", label);

@@ -27,13 +27,17 @@
  *   int8 -> float: byte ^ 0x80 placed in the mantissa of 2^23 by one PRMT,
  *                  minus (2^23 + 128) — no int->float conversion unit;
  *   int4 -> float: (w & 0x0F0F0F0F) and ((w >> 4) & 0x0F0F0F0F) hold the
- *                  even and odd columns one per byte, then the same PRMT
- *                  trick (minus 2^23);
+ *                  even and odd columns one per byte; one PRMT puts a code
+ *                  in bits 16..19 of 2^23's mantissa and nothing is
+ *                  subtracted per weight (lc_u4x8_off: the offset comes off
+ *                  once per 32-weight chunk) — int4 is the format whose
+ *                  GEMV is bound by instruction issue, so this was worth
+ *                  13% of a Llama-3-8B layer at one row (H200, 2026-12-01);
  *   e4m3 -> float: the sm_89+ e4m3x2 -> f16x2 conversion, then f16 -> f32.
  * INT4 never forms w = q * s + b per weight: per 32-weight chunk (inside
  * one group, as group % 32 == 0) it accumulates p = sum(x * q) and
  * xs = sum(x) and adds s * p + b * xs, so the group's affine map costs two
- * FMAs per chunk instead of one per weight. W8A8 multiplies int8 codes
+ * FMAs per chunk instead of one per weight (three with the decode offset). W8A8 multiplies int8 codes
  * with __dp4a into exact int32 sums (as the CPU does), FP8 multiplies the
  * decoded e4m3 values in fp32 (the CPU's emulation of an FP8 tensor core).
  *
@@ -67,6 +71,24 @@ __device__ __forceinline__ void lc_u4x8(uint32_t w, float *f) {
     f[5] = lc_byte_f<2, 0>(hi);
     f[6] = lc_byte_f<3, 0>(lo);
     f[7] = lc_byte_f<3, 0>(hi);
+}
+
+/* lc_u4x8 without the subtraction: 2^23 + 2^16 q — the code in bits 16..19
+ * of the mantissa of 2^23, one PRMT a weight. The kernel takes 2^23 sum(x)
+ * off once per 32-weight chunk (its sum(x) is there for the group's bias
+ * anyway) and scales by 2^-16. The code sits 7 bits below the offset, so a
+ * chunk's sum keeps ~17 bits of x q: relative error ~1e-5, far below int4's
+ * own and below the dt rounding of y. */
+__device__ __forceinline__ void lc_u4x8_off(uint32_t w, float *f) {
+    const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+    f[0] = __int_as_float((int)__byte_perm(lo, 0x4B000000u, 0x7044u));
+    f[1] = __int_as_float((int)__byte_perm(hi, 0x4B000000u, 0x7044u));
+    f[2] = __int_as_float((int)__byte_perm(lo, 0x4B000000u, 0x7144u));
+    f[3] = __int_as_float((int)__byte_perm(hi, 0x4B000000u, 0x7144u));
+    f[4] = __int_as_float((int)__byte_perm(lo, 0x4B000000u, 0x7244u));
+    f[5] = __int_as_float((int)__byte_perm(hi, 0x4B000000u, 0x7244u));
+    f[6] = __int_as_float((int)__byte_perm(lo, 0x4B000000u, 0x7344u));
+    f[7] = __int_as_float((int)__byte_perm(hi, 0x4B000000u, 0x7344u));
 }
 
 /* Two e4m3 codes (low byte first) as floats; exact (f16 holds every e4m3). */
@@ -207,7 +229,7 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
                 for (int j = 0; j < 4; j++) {
                     float wf[R][8];
 #pragma unroll
-                    for (int r = 0; r < R; r++) lc_u4x8(lc_word(wv[u][r], j), wf[r]);
+                    for (int r = 0; r < R; r++) lc_u4x8_off(lc_word(wv[u][r], j), wf[r]);
 #pragma unroll
                     for (int m = 0; m < M; m++) {
                         float xf[8];
@@ -223,8 +245,11 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
 #pragma unroll
                 for (int r = 0; r < R; r++)
 #pragma unroll
-                    for (int m = 0; m < M; m++)
-                        acc[r][m] = fmaf(sb[r].x, p[r][m], fmaf(sb[r].y, xs[m], acc[r][m]));
+                    for (int m = 0; m < M; m++) {
+                        /* p summed x (2^23 + 2^16 q): take 2^23 sum(x) off, scale by 2^-16 */
+                        const float pq = fmaf(-8388608.0f, xs[m], p[r][m]) * 1.52587890625e-05f;
+                        acc[r][m] = fmaf(sb[r].x, pq, fmaf(sb[r].y, xs[m], acc[r][m]));
+                    }
             }
         }
     }
@@ -264,15 +289,20 @@ template <typename T, int FMT, int M, bool F32>
 static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const void *xq,
                               const float *sx, void *y, cudaStream_t s) {
     /* rows per warp: enough to reuse each x load, few enough to keep the
-     * registers of R x M accumulators (and INT4's partial sums) */
-    constexpr int R = FMT == LOOM_CUDA_Q_INT4 ? 2 : M <= 4 ? 2 : 4;
+     * registers of R x M accumulators (and INT4's partial sums). INT4 at
+     * one row: 4 rows a warp with 4 chunks each in flight (128 registers) —
+     * x's conversion and sum shared by twice the rows; one Llama-3-8B layer
+     * 76.4 -> 72.8 us on the H200 (gpu_bench --quant-m 1, 2026-12-01),
+     * where the same layout with 2 chunks in flight was slower (82.3). */
+    constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
+    constexpr int R = I4 ? (M == 1 ? 4 : 2) : M <= 4 ? 2 : 4;
     constexpr int U = M <= 2 ? 4 : 2;
     const int rows_per_cta = LC_QGEMV_WARPS * R;
     const unsigned grid = (unsigned)((w->N + rows_per_cta - 1) / rows_per_cta);
     return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32>, dim3(grid), dim3(LC_QGEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
                      static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group,
-                     lc_weight_prefetch((size_t)w->N * (FMT == LOOM_CUDA_Q_INT4 ? (size_t)w->K / 2 : (size_t)w->K)));
+                     lc_weight_prefetch((size_t)w->N * (I4 ? (size_t)w->K / 2 : (size_t)w->K)));
 }
 
 template <typename T, int FMT, bool F32>

@@ -1480,7 +1480,12 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
         test_qgemm(g, LOOM_CUDA_BF16, f, 3, 7, i4 ? 1152 : 1024, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 6, 515, 2048, i4 ? 128 : 0, 0, true, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 3, 4096, 14336, i4 ? 128 : 0, 0, false, false);
+        /* one row with float32 output (held to 1e-4: INT4's offset decode
+         * must stay that close) and an odd N (a partial last CTA of 16
+         * INT4 rows) */
+        test_qgemm(g, LOOM_CUDA_BF16, f, 1, 515, 2048, i4 ? 128 : 0, 1, true, false);
         g_qx_wild = true;
+        test_qgemm(g, LOOM_CUDA_BF16, f, 1, 515, 2048, i4 ? 128 : 0, 1, true, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 8, 515, 2048, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_F16, f, 7, 515, 1024, i4 ? 128 : 0, 0, true, false);
         g_qx_wild = false;
