@@ -92,6 +92,8 @@ void lc_qgemm_fp8_count(long *vec, long *epilogue) {
     *vec = lc_fp8_vec_runs;
     *epilogue = lc_fp8_epi_runs;
 }
+static _Atomic long lc_qmma_runs;
+long lc_qgemm_qmma_count(void) { return lc_qmma_runs; }
 
 static int lc_acts_quantized(loom_cuda_qfmt f) {
     return f == LOOM_CUDA_Q_INT8_W8A8 || f == LOOM_CUDA_Q_FP8;
@@ -110,6 +112,14 @@ static size_t lc_big_bytes(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight
     }
 }
 
+/* Whether qmma.cu's kernel computes W8A16 / INT4 at M rows (above the
+ * GEMV's 8): its shapes, on, and not the batch-invariant mode (whose rows
+ * come from the GEMV at every M). */
+static int lc_qmma_takes(const loom_cuda_gemm *g, const loom_cuda_qweight *w, int M) {
+    return M > LC_QGEMV_MAX_M && !lc_gemm_invariant(g) && !lc_acts_quantized(w->fmt) &&
+           w->fmt != LOOM_CUDA_Q_GGUF && lc_qmma_ok(w, M);
+}
+
 /* (the need of a call at M = max_m is exactly what run() checks; it grows
  * with max_m, so the bytes for the largest M cover every smaller one) */
 size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32,
@@ -118,7 +128,17 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
     const int ch = max_m < LC_QCHUNK_M ? max_m : LC_QCHUNK_M;
     size_t b = 0;
     if (lc_acts_quantized(w->fmt)) b += lc_r256((size_t)ch * 4) + lc_r256((size_t)ch * (size_t)w->K);
-    if (max_m > lc_gemm_q_gemv_max_m(g, w->fmt)) b += lc_r256(lc_big_bytes(dt, out_f32, w, ch));
+    /* the big region: the dequantized copy for the Ms that take that path,
+     * qmma.cu's buffers for the Ms it takes (above the GEMV's 8 rows) */
+    const int gm = lc_gemm_q_gemv_max_m(g, w->fmt);
+    const int q = lc_qmma_takes(g, w, max_m < LC_QMMA_MAX_M ? max_m : LC_QMMA_MAX_M);
+    const int deq = max_m > gm && !(q && max_m <= LC_QMMA_MAX_M);
+    size_t big = deq ? lc_r256(lc_big_bytes(dt, out_f32, w, ch)) : 0;
+    if (q && max_m > LC_QGEMV_MAX_M) {
+        const size_t qb = lc_r256(lc_qmma_scratch_bytes(w, max_m));
+        if (qb > big) big = qb;
+    }
+    b += big;
     return b;
 }
 
@@ -192,6 +212,16 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
     int rc;
 
     if (!acts) {
+        /* above 8 rows the tensor-core kernel with the decode in registers
+         * where it takes the shape (it beats passes of the GEMV: H200,
+         * 2026-12-01, one Llama-3-8B layer at M = 32: W8A16 193 vs 393 us,
+         * INT4 ... vs 712), else the GEMV up to its bound */
+        if (lc_qmma_takes(g, w, M)) {
+            if ((e = lc_qmma(dt, out_f32, M, w, x, y, big, s)) != cudaSuccess)
+                return lc_cuda_fail(e, "tensor-core quantized GEMM launch", w, M, msg, msg_size);
+            lc_qmma_runs++;
+            return 0;
+        }
         if (M <= gemv_max) return lc_gemv_passes(dt, out_f32, M, w, x, NULL, NULL, y, invariant, s, msg, msg_size);
         /* dequantize into scratch, then the dt GEMM (never its GEMV: M > 8) */
         e = w->fmt == LOOM_CUDA_Q_GGUF ? lc_gguf_dequant(dt, w, big, s)

@@ -1224,7 +1224,8 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     void *d_y = dev_poison((size_t)M * N * oel);
     loom_cuda_qweight w = {.fmt = fmt, .N = N, .K = K, .group = i4 ? group : 0, .data = d_data,
                            .scales = d_sc, .smooth = d_sm};
-    if (path == 1) loom_cuda_qgemm_set_gemv_max_m(g, fmt, 256);
+    const int qmma_prev = lc_qmma_get();
+    if (path == 1) loom_cuda_qgemm_set_gemv_max_m(g, fmt, 256), lc_qmma_set(0); /* the GEMV, not qmma.cu */
     if (path == 2) loom_cuda_qgemm_set_gemv_max_m(g, fmt, 0);
     const size_t sb = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &w, M);
     void *d_s = dev_poison(sb);
@@ -1232,7 +1233,10 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     long tc0, cc0, tc1, cc1, v0, e0, v1, e1;
     lc_qgemv_count(&tc0, &cc0);
     lc_qgemm_fp8_count(&v0, &e0);
+    const long q0 = lc_qgemm_qmma_count();
     int rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
+    const bool qmma = lc_qgemm_qmma_count() > q0;
+    lc_qmma_set(qmma_prev);
     lc_qgemv_count(&tc1, &cc1);
     lc_qgemm_fp8_count(&v1, &e1);
     qgemm_defaults(g);
@@ -1244,6 +1248,7 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     const char *kern = tc1 > tc0 ? (cc1 > cc0 ? " tc+cc" : " tc") : cc1 > cc0 ? " cc" : "";
     /* an FP8 GEMM: cuBLASLt's scale vectors, or unit scales + the epilogue */
     if (v1 > v0 || e1 > e0) kern = v1 > v0 ? (e1 > e0 ? " scale-vec+epilogue" : " scale-vec") : " epilogue";
+    if (qmma) kern = " qmma";
     snprintf(name, sizeof name, "qgemm %s %s M=%d N=%d K=%d%s%s%s%s -> %s", qfmt_name(fmt), dtn(dt),
              M, N, K, gs, path == 1 ? " gemv" : path == 2 ? " gemm" : "", kern,
              smooth ? " smooth" : "", out_f32 ? "f32" : dtn(dt));
@@ -1276,8 +1281,9 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
         }
         /* GEMV with f32 output is fp32 all the way; the GEMM paths round
          * the dequantized weights (W8A16 / INT4) or the unscaled sums
-         * (FP8 into bf16) to 16 bits */
-        const bool exact32 = out_f32 && (path == 1 || (path == 0 && M <= 8));
+         * (FP8 into bf16) to 16 bits; qmma.cu's tensor-core kernel does
+         * not (exact products, fp32 sums) */
+        const bool exact32 = out_f32 && (path == 1 || (path == 0 && M <= 8) || qmma);
         report(name, &a, exact32 ? 1e-4 : TOL16);
         free(y), free(out), free(ref);
     }
@@ -1556,6 +1562,38 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
  * FP8 quantize each token's activations alone). Random codes and scales:
  * the arithmetic is test_qgemm's business. The ordinary dispatch at Mmax
  * (the GEMM path above the format's GEMV bound) is reported as INFO. */
+/* W8A16 / INT4 above the GEMV's rows: qmma.cu's tensor-core kernel against
+ * the float64 reference — token tiles of 16 / 32 / 64 and partial ones, M
+ * past one tile (grid y), row counts that leave a partial 64-row tile,
+ * matrices split over K (N = 4096: five slices, the reduce kernel) and not
+ * (N = 16896: 264 row tiles), INT4 groups of 256, f16 with float32 output held to 1e-4, tokens of wild
+ * magnitudes; then the same calls with the kernel off (dequantize + GEMM),
+ * so both paths stay checked. */
+static void test_qgemm_qmma(loom_cuda_gemm *g) {
+    const loom_cuda_qfmt fmts[2] = {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
+    for (int on = 1; on >= 0; on--) {
+        const int prev = lc_qmma_get();
+        lc_qmma_set(on);
+        for (int fi = 0; fi < 2; fi++) {
+            const loom_cuda_qfmt f = fmts[fi];
+            const bool i4 = f == LOOM_CUDA_Q_INT4;
+            const int Ms[8] = {40, 64, 65, 130, 256, 9, 17, 33};
+            for (int mi = 0; mi < (on ? 8 : 3); mi++)
+                test_qgemm(g, LOOM_CUDA_BF16, f, Ms[mi], 1001, 1024, i4 ? 128 : 0, 0, false, false);
+            test_qgemm(g, LOOM_CUDA_BF16, f, 64, 4096, 4096, i4 ? 128 : 0, 0, false, false);
+            test_qgemm(g, LOOM_CUDA_BF16, f, 48, 16896, 512, i4 ? 256 : 0, 0, false, false);
+            test_qgemm(g, LOOM_CUDA_F16, f, 70, 515, 1536, i4 ? 128 : 0, 0, true, false);
+            test_qgemm(g, LOOM_CUDA_BF16, f, 20, 515, 14336, i4 ? 128 : 0, 2, true, false);
+            g_qx_wild = true;
+            test_qgemm(g, LOOM_CUDA_BF16, f, 37, 300, 2048, i4 ? 128 : 0, 0, true, false);
+            test_qgemm(g, LOOM_CUDA_F16, f, 37, 300, 2048, i4 ? 128 : 0, 0, true, false);
+            test_qgemm(g, LOOM_CUDA_BF16, f, 12, 300, 2048, i4 ? 128 : 0, 0, false, false);
+            g_qx_wild = false;
+        }
+        lc_qmma_set(prev);
+    }
+}
+
 static void test_qgemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, int N, int K,
                                   int group, bool out_f32, int Mmax) {
     const bool i4 = fmt == LOOM_CUDA_Q_INT4;
@@ -2264,6 +2302,7 @@ linear:;
             test_qgemm_invariance(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 300, 1024, 0, false, 150);
         }
         test_qgemm_all(g);
+        test_qgemm_qmma(g);
         test_qgemm_gguf_all(g);
         loom_cuda_gemm_destroy(g);
     }

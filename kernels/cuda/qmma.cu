@@ -1,0 +1,470 @@
+/*
+ * kernels/cuda/qmma.cu — W8A16 and INT4 linear layers for mid-size batches
+ * (above the GEMV's rows, up to LC_QMMA_MAX_M) on the tensor cores, the
+ * weights decoded in registers: lc_qmma (qgemm.c dispatches).
+ *
+ * Why: above the GEMV bound these formats used to dequantize the whole
+ * weight into a bf16 scratch copy and run cuBLASLt on it — per call one
+ * read of the codes, a write and a read of twice their bytes: 5 bytes a
+ * weight against bf16's 2, so batch-64 decode ran at 0.48x (W8A16) and 0.38x
+ * (INT4) of bf16 (H200, 2026-12-01). Here every weight byte is read once and
+ * multiplied with all the batch's tokens while in registers.
+ *
+ * Two kernels per call:
+ *   lc_qmma_prep   per token: x scaled by a power of two 2^e with max |x 2^e|
+ *                  in [2^14, 2^15) and stored as f16 (exact for every bf16
+ *                  value down to 2^-29 of the token's maximum, as in
+ *                  qgemv_tc.cu), 2^-e kept to undo it; INT4 also the sum of
+ *                  each 128-column step of the scaled row (the group bias
+ *                  term), and its columns stored in the order the nibble
+ *                  decode yields, (0,4)(1,5)(2,6)(3,7) per 8.
+ *   lc_qmma        a CTA of 4 warps owns 64 weight rows (16 a warp: the mma's
+ *                  M) and up to 64 tokens (8 n-tiles of 8: the mma's N); per
+ *                  k-step each lane loads 16 bytes of each of its two rows
+ *                  (row g and g + 8 of the warp's 16) straight from global
+ *                  memory into registers (one step ahead) and decodes them
+ *                  to exact f16 codes — int8: one PRMT under 1024 and one
+ *                  HSUB2 per two weights; int4: qgemv_tc.cu's LOP3 + HSUB2 /
+ *                  HFMA2 — while the step's token tile streams into shared
+ *                  memory by cp.async (double-buffered). mma.sync m16n8k16
+ *                  f16 x f16 -> f32. Operand order trick (as qgemv_tc.cu): a
+ *                  lane's A registers are its 16 contiguous bytes as loaded,
+ *                  and it reads B at the same physical columns.
+ * Rows of the matrix below 2 x 132 CTAs' worth (the O and down projections
+ * of an 8B model) are also split over K (grid z); the slices' f32 partial
+ * sums are added in slice order by lc_qmma_reduce, so results do not depend
+ * on timing.
+ *
+ * Accuracy: products exact (8-bit / 4-bit codes x f16 activations), fp32
+ * accumulation; INT4's group map s * sum(x q) + b * sum(x) per 128-column
+ * step (group % 128 == 0), the scales applied in fp32; W8A16's row scale
+ * and every token's 2^-e at the end — the GEMV's arithmetic up to the
+ * activations' f16 rounding below 2^-29 of a token's max.
+ *
+ * Contract: K % 128 == 0 (INT4: group % 128 == 0 too), 16-byte aligned x
+ * and weight rows; M <= LC_QMMA_MAX_M. lc_qmma_ok says whether it applies.
+ */
+#include "common.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+
+#include "qgemm.h"
+
+#define LC_QMMA_WARPS 4
+#define LC_QMMA_ROWS (LC_QMMA_WARPS * 16) /* weight rows per CTA */
+#define LC_QMMA_SMS 132                   /* CTAs to aim for: 2 per SM of an H100 / H200 */
+
+template <int FMT> struct lc_qm {
+    static constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
+    static constexpr int KS = 128;            /* columns per k-step */
+    static constexpr int NV = I4 ? 1 : 2;     /* 16-byte weight vectors a lane loads per row and step */
+    static constexpr int SB = 64 * NV;        /* weight bytes a row per step: int8 a whole 128-byte line */
+    /* halves per staged token row: 18 16-byte chunks, so the 8 lanes of a
+     * 16-byte shared load phase (rows g, g + 1; t = 0..3) hit 8 different
+     * 4-bank groups (with lc_qm_chunk's swizzle) */
+    static constexpr int XROW = 144;
+};
+
+/* Where 16-byte chunk c of a staged token row lives: lane t reads chunks
+ * 4t + j (j = 0..3) in turn, and t, t + 2 would share banks. */
+__device__ __forceinline__ int lc_qm_chunk(int c) { return c ^ ((c >> 3) & 1); }
+
+__device__ __forceinline__ void lc_mma16816(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t lc_qm_hsub2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ uint32_t lc_qm_hfma2(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+/* 16 bytes global -> shared, asynchronously; zeros when !valid. */
+__device__ __forceinline__ void lc_cp16(void *smem, const void *gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void lc_cp4(void *smem, const void *gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void lc_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void lc_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* Four int8 codes (word w, byte 0 first) -> two f16x2 of exact values:
+ * (q0, q1) and (q2, q3). byte ^ 0x80 = q + 128 under 1024's exponent, minus
+ * 1152. */
+__device__ __forceinline__ void lc_i8x4_h2(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    const uint32_t u = w ^ 0x80808080u;
+    lo = lc_qm_hsub2(__byte_perm(u, 0x64646464u, 0x4140u), 0x64806480u);
+    hi = lc_qm_hsub2(__byte_perm(u, 0x64646464u, 0x4342u), 0x64806480u);
+}
+/* Eight int4 codes (low nibble of byte i = column 2i) -> four f16x2 of
+ * exact codes 0..15: columns (0,4), (1,5), (2,6), (3,7) (qgemv_tc.cu). */
+__device__ __forceinline__ void lc_u4x8_h2q(uint32_t w, uint32_t *p) {
+    const uint32_t v = w >> 8;
+    p[0] = lc_qm_hsub2((w & 0x000F000Fu) | 0x64006400u, 0x64006400u);
+    p[1] = lc_qm_hfma2((w & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD400D400u);
+    p[2] = lc_qm_hsub2((v & 0x000F000Fu) | 0x64006400u, 0x64006400u);
+    p[3] = lc_qm_hfma2((v & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD400D400u);
+}
+
+/* ------------------------------------------------------------ prepare x */
+
+/* One CTA per token: x16 (M, K) f16 scaled rows, inv (M) the 2^-e to undo,
+ * xg (M, K / 128) INT4's per-step sums of the scaled row. */
+template <typename T, bool I4>
+__global__ void __launch_bounds__(256)
+    lc_qmma_prep_kernel(const T *__restrict__ x, int K, uint16_t *__restrict__ x16,
+                        float *__restrict__ inv, float *__restrict__ xg) {
+    __shared__ float red[32];
+    const int m = blockIdx.x;
+    const T *xr = x + (size_t)m * K;
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    float a = 0.0f;
+    for (int k = threadIdx.x * 8; k < K; k += 256 * 8) {
+        float v[8];
+        lc_unpack8<T>(lc_ldg16(xr + k), v);
+#pragma unroll
+        for (int e = 0; e < 8; e++) a = fmaxf(a, fabsf(v[e]));
+    }
+    a = lc_block_max(a, red);
+    int e = 0;
+    if (a > 0.0f) {
+        e = 141 - (int)((__float_as_uint(a) >> 23) & 0xFFu); /* 14 - unbiased exponent */
+        e = e < -126 ? -126 : e > 126 ? 126 : e;
+    }
+    const float sc = __uint_as_float((uint32_t)(127 + e) << 23);
+    if (threadIdx.x == 0) inv[m] = __uint_as_float((uint32_t)(127 - e) << 23);
+    /* K % 128 == 0: each half-warp's 16 chunks are one 128-column step */
+    for (int k = threadIdx.x * 8; k < K; k += 256 * 8) {
+        float v[8];
+        lc_unpack8<T>(lc_ldg16(xr + k), v);
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = __half2float(__float2half_rn(v[i] * sc));
+        uint4 h;
+        if constexpr (I4)
+            h = make_uint4(lc_pack2<__half>(v[0], v[4]), lc_pack2<__half>(v[1], v[5]),
+                           lc_pack2<__half>(v[2], v[6]), lc_pack2<__half>(v[3], v[7]));
+        else
+            h = make_uint4(lc_pack2<__half>(v[0], v[1]), lc_pack2<__half>(v[2], v[3]),
+                           lc_pack2<__half>(v[4], v[5]), lc_pack2<__half>(v[6], v[7]));
+        lc_stg16(x16 + (size_t)m * K + k, h);
+        if constexpr (I4) {
+            float s8 = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) s8 += __shfl_xor_sync(0xffffffffu, s8, o);
+            if ((threadIdx.x & 15) == 0) xg[(size_t)m * (K / 128) + k / 128] = s8;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ GEMM */
+
+/* grid (row tiles of 64, token tiles of 8 NT, K slices). Z == 1: y (M, N)
+ * dt or f32; else part (Z, M, N) f32 unscaled by W8A16's row scales and by
+ * the tokens' 2^-e (lc_qmma_reduce applies them).
+ *
+ * Latency: a warp's k-step is 1 KB of weights and a few dozen mma, far less
+ * than a DRAM round trip, so the weights of the next LC_QMMA_WP steps are
+ * in flight in registers (a ring, indexed statically by unrolling) and the
+ * token tiles (from L2) LC_QMMA_XS steps deep in shared memory. With one
+ * step ahead the first version ran at 1.4 TB/s of weights (one layer at
+ * M = 64: W8A16 233 us, bf16 157; H200, 2026-12-01). */
+#define LC_QMMA_WP 2
+template <int FMT> constexpr int lc_qmma_xs() { return 3; }
+template <int FMT, int NT> constexpr size_t lc_qmma_smem() {
+    return (size_t)lc_qmma_xs<FMT>() * 8 * NT * lc_qm<FMT>::XROW * 2 +
+           (lc_qm<FMT>::I4 ? (size_t)lc_qmma_xs<FMT>() * 8 * NT * 4 : 0);
+}
+
+template <typename T, int FMT, int NT, bool F32>
+__global__ void __launch_bounds__(LC_QMMA_WARPS * 32)
+    lc_qmma_kernel(const uint16_t *__restrict__ x16, const float *__restrict__ inv,
+                   const float *__restrict__ xg, const uint8_t *__restrict__ wd,
+                   const float *__restrict__ sc, void *__restrict__ y, float *__restrict__ part, int M,
+                   int N, int K, int group) {
+    typedef lc_qm<FMT> F;
+    constexpr int TOK = 8 * NT, XS = lc_qmma_xs<FMT>(), WP = LC_QMMA_WP;
+    extern __shared__ __align__(16) uint16_t lc_qm_xs[]; /* [XS][TOK][XROW] halves, then INT4's [XS][TOK] sums */
+    float *xgs = reinterpret_cast<float *>(lc_qm_xs + XS * TOK * F::XROW);
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * LC_QMMA_ROWS + warp * 16, m0 = blockIdx.y * TOK;
+    const int S = K / F::KS, Z = (int)gridDim.z, z = (int)blockIdx.z;
+    const int s_lo = (int)((long long)S * z / Z), s_hi = (int)((long long)S * (z + 1) / Z);
+    const size_t row_bytes = F::I4 ? (size_t)K / 2 : (size_t)K;
+    const int ra = n0 + g < N ? n0 + g : N - 1, rb = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
+    const uint8_t *wa = wd + (size_t)ra * row_bytes + F::NV * 16 * t;
+    const uint8_t *wb = wd + (size_t)rb * row_bytes + F::NV * 16 * t;
+    const int groups = F::I4 ? K / group : 1;
+    const float2 *sa = reinterpret_cast<const float2 *>(sc) + (F::I4 ? (size_t)ra * groups : 0);
+    const float2 *sb = reinterpret_cast<const float2 *>(sc) + (F::I4 ? (size_t)rb * groups : 0);
+
+    /* the first WP steps' weights do not depend on the kernel before */
+    uint4 wra[WP][F::NV], wrb[WP][F::NV];
+#pragma unroll
+    for (int u = 0; u < WP; u++)
+        if (s_lo + u < s_hi)
+#pragma unroll
+            for (int v = 0; v < F::NV; v++) {
+                wra[u][v] = __ldcs(reinterpret_cast<const uint4 *>(wa + (size_t)(s_lo + u) * F::SB) + v);
+                wrb[u][v] = __ldcs(reinterpret_cast<const uint4 *>(wb + (size_t)(s_lo + u) * F::SB) + v);
+            }
+    lc_pdl_wait();
+    lc_pdl_trigger();
+
+    /* the token tile of step s into buffer b (zeros past M); one cp.async
+     * group per call, empty past the slice so the waits count alike */
+    auto stage = [&](int s, int b) {
+        if (s < s_hi) {
+            constexpr int CH = F::KS / 8; /* 16-byte chunks per token row */
+            for (int i = threadIdx.x; i < TOK * CH; i += LC_QMMA_WARPS * 32) {
+                const int tk = i / CH, c = i % CH, m = m0 + tk;
+                const bool ok = m < M;
+                lc_cp16(lc_qm_xs + ((size_t)b * TOK + tk) * F::XROW + lc_qm_chunk(c) * 8,
+                        x16 + (size_t)(ok ? m : 0) * K + (size_t)s * F::KS + c * 8, ok);
+            }
+            if constexpr (F::I4) {
+                for (int tk = threadIdx.x; tk < TOK; tk += LC_QMMA_WARPS * 32) {
+                    const int m = m0 + tk;
+                    const bool ok = m < M;
+                    lc_cp4(xgs + b * TOK + tk, xg + (size_t)(ok ? m : 0) * (K / 128) + s, ok);
+                }
+            }
+        }
+        lc_cp_commit();
+    };
+
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+#pragma unroll
+    for (int i = 0; i < XS - 1; i++) stage(s_lo + i, i);
+    for (int s0 = s_lo; s0 < s_hi; s0 += WP) {
+#pragma unroll
+        for (int u = 0; u < WP; u++) {
+            const int s = s0 + u;
+            if (s >= s_hi) break;
+            const int b = (s - s_lo) % XS;
+            stage(s + XS - 1, (s - s_lo + XS - 1) % XS); /* the buffer step s - 1 used */
+            lc_cp_wait<XS - 1>();
+            __syncthreads();
+            uint32_t A[4 * F::NV], B[4 * F::NV];
+#pragma unroll
+            for (int v = 0; v < F::NV; v++) {
+                A[4 * v] = wra[u][v].x, A[4 * v + 1] = wra[u][v].y, A[4 * v + 2] = wra[u][v].z, A[4 * v + 3] = wra[u][v].w;
+                B[4 * v] = wrb[u][v].x, B[4 * v + 1] = wrb[u][v].y, B[4 * v + 2] = wrb[u][v].z, B[4 * v + 3] = wrb[u][v].w;
+            }
+            if (s + WP < s_hi) /* refill the slot: step s + WP */
+#pragma unroll
+                for (int v = 0; v < F::NV; v++) {
+                    wra[u][v] = __ldcs(reinterpret_cast<const uint4 *>(wa + (size_t)(s + WP) * F::SB) + v);
+                    wrb[u][v] = __ldcs(reinterpret_cast<const uint4 *>(wb + (size_t)(s + WP) * F::SB) + v);
+                }
+            const uint16_t *xs = lc_qm_xs + (size_t)b * TOK * F::XROW;
+            if constexpr (!F::I4) {
+                /* lane t: columns [32 t, 32 t + 32) of the step, word j = 4 of them */
+                uint32_t a0[8], a1[8], a2[8], a3[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    lc_i8x4_h2(A[j], a0[j], a2[j]);
+                    lc_i8x4_h2(B[j], a1[j], a3[j]);
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const uint16_t *xr = xs + (nt * 8 + g) * F::XROW;
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        const uint4 xv = *reinterpret_cast<const uint4 *>(xr + lc_qm_chunk(4 * t + c) * 8);
+                        lc_mma16816(acc[nt], a0[2 * c], a1[2 * c], a2[2 * c], a3[2 * c], xv.x, xv.y);
+                        lc_mma16816(acc[nt], a0[2 * c + 1], a1[2 * c + 1], a2[2 * c + 1], a3[2 * c + 1], xv.z, xv.w);
+                    }
+                }
+            } else {
+                /* lane t: columns [32 t, 32 t + 32), word j = 8 of them */
+                uint32_t P[4][4], Q[4][4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    lc_u4x8_h2q(A[j], P[j]);
+                    lc_u4x8_h2q(B[j], Q[j]);
+                }
+                const int grp = s * F::KS / group;
+                const float2 fa = __ldg(sa + grp), fb = __ldg(sb + grp);
+                const float *xgb = xgs + b * TOK;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    const uint16_t *xr = xs + (nt * 8 + g) * F::XROW;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const uint4 xv = *reinterpret_cast<const uint4 *>(xr + lc_qm_chunk(4 * t + j) * 8);
+                        lc_mma16816(d, P[j][0], Q[j][0], P[j][1], Q[j][1], xv.x, xv.y);
+                        lc_mma16816(d, P[j][2], Q[j][2], P[j][3], Q[j][3], xv.z, xv.w);
+                    }
+                    const float X0 = xgb[nt * 8 + 2 * t], X1 = xgb[nt * 8 + 2 * t + 1];
+                    acc[nt][0] = fmaf(fa.x, d[0], fmaf(fa.y, X0, acc[nt][0]));
+                    acc[nt][1] = fmaf(fa.x, d[1], fmaf(fa.y, X1, acc[nt][1]));
+                    acc[nt][2] = fmaf(fb.x, d[2], fmaf(fb.y, X0, acc[nt][2]));
+                    acc[nt][3] = fmaf(fb.x, d[3], fmaf(fb.y, X1, acc[nt][3]));
+                }
+            }
+            __syncthreads(); /* buffer b is restaged XS - 1 steps on */
+        }
+    }
+    lc_cp_wait<0>(); /* no copy may land after the CTA has gone */
+
+    /* C: rows g, g + 8 of the warp's 16; tokens 2t, 2t + 1 of each n-tile */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int n = n0 + g + (i >= 2 ? 8 : 0), m = m0 + nt * 8 + 2 * t + (i & 1);
+            if (n >= N || m >= M) continue;
+            const size_t o = (size_t)m * N + n;
+            if (Z > 1) {
+                part[(size_t)z * M * N + o] = acc[nt][i];
+                continue;
+            }
+            float v = acc[nt][i] * inv[m];
+            if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A16) v *= sc[n];
+            if (F32) static_cast<float *>(y)[o] = v;
+            else static_cast<T *>(y)[o] = lc_from_f<T>(v);
+        }
+}
+
+/* y (M, N) = sum over z of part (z, M, N), in z order, times W8A16's row
+ * scale and the token's 2^-e. */
+template <typename T, int FMT, bool F32>
+__global__ void __launch_bounds__(256)
+    lc_qmma_reduce_kernel(const float *__restrict__ part, const float *__restrict__ inv,
+                          const float *__restrict__ sc, void *__restrict__ y, int M, int N, int Z) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const size_t MN = (size_t)M * N;
+    for (size_t o = (size_t)blockIdx.x * 256 + threadIdx.x; o < MN; o += (size_t)gridDim.x * 256) {
+        float v = 0.0f;
+        for (int z = 0; z < Z; z++) v += part[(size_t)z * MN + o];
+        const int m = (int)(o / (size_t)N), n = (int)(o % (size_t)N);
+        v *= inv[m];
+        if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A16) v *= sc[n];
+        if (F32) static_cast<float *>(y)[o] = v;
+        else static_cast<T *>(y)[o] = lc_from_f<T>(v);
+    }
+}
+
+/* ------------------------------------------------------------- dispatch */
+
+static std::atomic<int> lc_qmma_override{-1};
+static bool lc_qmma_env_on() {
+    static const bool on = [] {
+        const char *e = getenv("LOOM_CUDA_QMMA");
+        return !(e && (!strcmp(e, "0") || !strcmp(e, "off") || !strcmp(e, "false") || !strcmp(e, "no")));
+    }();
+    return on;
+}
+extern "C" void lc_qmma_set(int on) { lc_qmma_override = on < 0 ? -1 : on ? 1 : 0; }
+extern "C" int lc_qmma_get(void) { return lc_qmma_override; }
+
+extern "C" int lc_qmma_ok(const loom_cuda_qweight *w, int M) {
+    const int o = lc_qmma_override;
+    if (!(o < 0 ? lc_qmma_env_on() : o == 1)) return 0;
+    if (M < 1 || M > LC_QMMA_MAX_M || w->N <= 0 || w->K <= 0 || w->K % 128) return 0;
+    if (w->fmt == LOOM_CUDA_Q_INT8_W8A16) return 1;
+    return w->fmt == LOOM_CUDA_Q_INT4 && w->group > 0 && w->group % 128 == 0 && w->K % w->group == 0;
+}
+
+/* K slices: enough CTAs for two per SM when the row tiles are few */
+static int lc_qmma_splits(const loom_cuda_qweight *w) {
+    const int tiles = (w->N + LC_QMMA_ROWS - 1) / LC_QMMA_ROWS;
+    const int steps = w->K / 128;
+    int z = tiles >= 2 * LC_QMMA_SMS ? 1 : (2 * LC_QMMA_SMS + tiles - 1) / tiles;
+    if (z > 8) z = 8;
+    if (z > steps / 4) z = steps / 4 > 0 ? steps / 4 : 1;
+    return z;
+}
+
+extern "C" size_t lc_qmma_scratch_bytes(const loom_cuda_qweight *w, int M) {
+    if (M > LC_QMMA_MAX_M) M = LC_QMMA_MAX_M;
+    const size_t r = 255;
+    size_t b = (((size_t)M * w->K * 2 + r) & ~r) + (((size_t)M * 4 + r) & ~r);
+    if (w->fmt == LOOM_CUDA_Q_INT4) b += ((size_t)M * (w->K / 128) * 4 + r) & ~r;
+    const int z = lc_qmma_splits(w);
+    if (z > 1) b += (size_t)z * M * w->N * 4;
+    return b;
+}
+
+template <typename T, int FMT, bool F32>
+static cudaError_t lc_qmma_t(int M, const loom_cuda_qweight *w, const void *x, void *y, uint8_t *scr,
+                             cudaStream_t s) {
+    typedef lc_qm<FMT> F;
+    const size_t r = 255;
+    uint16_t *x16 = reinterpret_cast<uint16_t *>(scr);
+    scr += ((size_t)M * w->K * 2 + r) & ~r;
+    float *inv = reinterpret_cast<float *>(scr);
+    scr += ((size_t)M * 4 + r) & ~r;
+    float *xg = NULL;
+    if (F::I4) {
+        xg = reinterpret_cast<float *>(scr);
+        scr += ((size_t)M * (w->K / 128) * 4 + r) & ~r;
+    }
+    float *part = reinterpret_cast<float *>(scr);
+    cudaError_t e = lc_launch(lc_qmma_prep_kernel<T, F::I4>, dim3((unsigned)M), dim3(256), 0, s,
+                              static_cast<const T *>(x), w->K, x16, inv, xg);
+    if (e != cudaSuccess) return e;
+    const int Z = lc_qmma_splits(w);
+    const unsigned gx = (unsigned)((w->N + LC_QMMA_ROWS - 1) / LC_QMMA_ROWS);
+    /* token tiles of 64; a last (or only) smaller batch takes fewer n-tiles */
+    const int NT = M >= 64 ? 8 : M > 16 ? (M > 32 ? 8 : 4) : 2;
+    const int tok = 8 * NT;
+    const dim3 grid(gx, (unsigned)((M + tok - 1) / tok), (unsigned)Z);
+#define LC_QMMA_GO(NT_)                                                                            \
+    do {                                                                                           \
+        constexpr size_t smem = lc_qmma_smem<FMT, NT_>();                                          \
+        static const cudaError_t attr = cudaFuncSetAttribute(                                     \
+            lc_qmma_kernel<T, FMT, NT_, F32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); \
+        if (attr != cudaSuccess) return attr;                                                      \
+        e = lc_launch(lc_qmma_kernel<T, FMT, NT_, F32>, grid, dim3(LC_QMMA_WARPS * 32), smem, s,  \
+                      x16, (const float *)inv, (const float *)xg,                                  \
+                      static_cast<const uint8_t *>(w->data), (const float *)w->scales, y, part, M, \
+                      w->N, w->K, w->group);                                                       \
+    } while (0)
+    if (NT == 8) LC_QMMA_GO(8);
+    else if (NT == 4) LC_QMMA_GO(4);
+    else LC_QMMA_GO(2);
+#undef LC_QMMA_GO
+    if (e != cudaSuccess || Z == 1) return e;
+    const size_t mn = (size_t)M * w->N;
+    const unsigned rg = (unsigned)((mn + 255) / 256 < 4096 ? (mn + 255) / 256 : 4096);
+    return lc_launch(lc_qmma_reduce_kernel<T, FMT, F32>, dim3(rg), dim3(256), 0, s, (const float *)part,
+                     (const float *)inv, (const float *)w->scales, y, M, w->N, Z);
+}
+
+extern "C" cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
+                               const void *x, void *y, void *scratch, cudaStream_t s) {
+    if (!lc_qmma_ok(w, M)) return cudaErrorInvalidValue;
+    uint8_t *scr = static_cast<uint8_t *>(scratch);
+#define LC_QMMA_T(T)                                                                               \
+    (w->fmt == LOOM_CUDA_Q_INT4                                                                    \
+         ? (out_f32 ? lc_qmma_t<T, LOOM_CUDA_Q_INT4, true>(M, w, x, y, scr, s)                     \
+                    : lc_qmma_t<T, LOOM_CUDA_Q_INT4, false>(M, w, x, y, scr, s))                   \
+         : (out_f32 ? lc_qmma_t<T, LOOM_CUDA_Q_INT8_W8A16, true>(M, w, x, y, scr, s)               \
+                    : lc_qmma_t<T, LOOM_CUDA_Q_INT8_W8A16, false>(M, w, x, y, scr, s)))
+    return dt == LOOM_CUDA_F16 ? LC_QMMA_T(__half) : LC_QMMA_T(__nv_bfloat16);
+#undef LC_QMMA_T
+}
