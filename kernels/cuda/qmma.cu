@@ -59,13 +59,18 @@
 
 template <int FMT> struct lc_qm {
     static constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
-    static constexpr int KS = 128;            /* columns per k-step */
-    static constexpr int NV = I4 ? 1 : 2;     /* 16-byte weight vectors a lane loads per row and step */
-    static constexpr int SB = 64 * NV;        /* weight bytes a row per step: int8 a whole 128-byte line */
-    /* halves per staged token row: 18 16-byte chunks, so the 8 lanes of a
-     * 16-byte shared load phase (rows g, g + 1; t = 0..3) hit 8 different
-     * 4-bank groups (with lc_qm_chunk's swizzle) */
-    static constexpr int XROW = 144;
+    /* Per k-step a warp's rows each give one whole 128-byte line: int8 128
+     * columns, lane t bytes [32 t, 32 t + 32); int4 256 columns as two
+     * 128-column blocks (a group never straddles one), lane t bytes
+     * [16 t, +16) of each half. Half lines per row and step ran at ~1.3 TB/s
+     * (H200, 2026-12-01: W8A16 at M = 16 175 vs 136 us a layer). */
+    static constexpr int KS = I4 ? 256 : 128; /* columns per k-step */
+    static constexpr int LO = I4 ? 16 : 32;   /* a lane's first byte in the line, per t */
+    static constexpr int VS = I4 ? 64 : 16;   /* from its first 16-byte vector to its second */
+    /* halves per staged token row: KS / 8 + 2 16-byte chunks (= 2 mod 8), so
+     * the 8 lanes of a 16-byte shared load phase (rows g, g + 1; t = 0..3)
+     * hit 8 different 4-bank groups (with lc_qm_chunk's swizzle) */
+    static constexpr int XROW = KS + 16;
 };
 
 /* Where 16-byte chunk c of a staged token row lives: lane t reads chunks
@@ -185,10 +190,10 @@ __global__ void __launch_bounds__(256)
  * step ahead the first version ran at 1.4 TB/s of weights (one layer at
  * M = 64: W8A16 233 us, bf16 157; H200, 2026-12-01). */
 #define LC_QMMA_WP 2
-template <int FMT> constexpr int lc_qmma_xs() { return 3; }
+template <int FMT> constexpr int lc_qmma_xs() { return FMT == LOOM_CUDA_Q_INT4 ? 2 : 3; }
 template <int FMT, int NT> constexpr size_t lc_qmma_smem() {
     return (size_t)lc_qmma_xs<FMT>() * 8 * NT * lc_qm<FMT>::XROW * 2 +
-           (lc_qm<FMT>::I4 ? (size_t)lc_qmma_xs<FMT>() * 8 * NT * 4 : 0);
+           (lc_qm<FMT>::I4 ? (size_t)lc_qmma_xs<FMT>() * 8 * NT * 2 * 4 : 0);
 }
 
 template <typename T, int FMT, int NT, bool F32>
@@ -199,7 +204,7 @@ __global__ void __launch_bounds__(LC_QMMA_WARPS * 32)
                    int N, int K, int group) {
     typedef lc_qm<FMT> F;
     constexpr int TOK = 8 * NT, XS = lc_qmma_xs<FMT>(), WP = LC_QMMA_WP;
-    extern __shared__ __align__(16) uint16_t lc_qm_xs[]; /* [XS][TOK][XROW] halves, then INT4's [XS][TOK] sums */
+    extern __shared__ __align__(16) uint16_t lc_qm_xs[]; /* [XS][TOK][XROW] halves, then INT4's [XS][TOK][2] sums */
     float *xgs = reinterpret_cast<float *>(lc_qm_xs + XS * TOK * F::XROW);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -209,21 +214,21 @@ __global__ void __launch_bounds__(LC_QMMA_WARPS * 32)
     const int s_lo = (int)((long long)S * z / Z), s_hi = (int)((long long)S * (z + 1) / Z);
     const size_t row_bytes = F::I4 ? (size_t)K / 2 : (size_t)K;
     const int ra = n0 + g < N ? n0 + g : N - 1, rb = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
-    const uint8_t *wa = wd + (size_t)ra * row_bytes + F::NV * 16 * t;
-    const uint8_t *wb = wd + (size_t)rb * row_bytes + F::NV * 16 * t;
+    const uint8_t *wa = wd + (size_t)ra * row_bytes + F::LO * t;
+    const uint8_t *wb = wd + (size_t)rb * row_bytes + F::LO * t;
     const int groups = F::I4 ? K / group : 1;
     const float2 *sa = reinterpret_cast<const float2 *>(sc) + (F::I4 ? (size_t)ra * groups : 0);
     const float2 *sb = reinterpret_cast<const float2 *>(sc) + (F::I4 ? (size_t)rb * groups : 0);
 
     /* the first WP steps' weights do not depend on the kernel before */
-    uint4 wra[WP][F::NV], wrb[WP][F::NV];
+    uint4 wra[WP][2], wrb[WP][2];
 #pragma unroll
     for (int u = 0; u < WP; u++)
         if (s_lo + u < s_hi)
 #pragma unroll
-            for (int v = 0; v < F::NV; v++) {
-                wra[u][v] = __ldcs(reinterpret_cast<const uint4 *>(wa + (size_t)(s_lo + u) * F::SB) + v);
-                wrb[u][v] = __ldcs(reinterpret_cast<const uint4 *>(wb + (size_t)(s_lo + u) * F::SB) + v);
+            for (int v = 0; v < 2; v++) {
+                wra[u][v] = __ldcs(reinterpret_cast<const uint4 *>(wa + (size_t)(s_lo + u) * 128 + v * F::VS));
+                wrb[u][v] = __ldcs(reinterpret_cast<const uint4 *>(wb + (size_t)(s_lo + u) * 128 + v * F::VS));
             }
     lc_pdl_wait();
     lc_pdl_trigger();
@@ -240,10 +245,10 @@ __global__ void __launch_bounds__(LC_QMMA_WARPS * 32)
                         x16 + (size_t)(ok ? m : 0) * K + (size_t)s * F::KS + c * 8, ok);
             }
             if constexpr (F::I4) {
-                for (int tk = threadIdx.x; tk < TOK; tk += LC_QMMA_WARPS * 32) {
-                    const int m = m0 + tk;
+                for (int i = threadIdx.x; i < 2 * TOK; i += LC_QMMA_WARPS * 32) {
+                    const int tk = i >> 1, h = i & 1, m = m0 + tk;
                     const bool ok = m < M;
-                    lc_cp4(xgs + b * TOK + tk, xg + (size_t)(ok ? m : 0) * (K / 128) + s, ok);
+                    lc_cp4(xgs + (b * TOK + tk) * 2 + h, xg + (size_t)(ok ? m : 0) * (K / 128) + 2 * s + h, ok);
                 }
             }
         }
@@ -265,17 +270,17 @@ __global__ void __launch_bounds__(LC_QMMA_WARPS * 32)
             stage(s + XS - 1, (s - s_lo + XS - 1) % XS); /* the buffer step s - 1 used */
             lc_cp_wait<XS - 1>();
             __syncthreads();
-            uint32_t A[4 * F::NV], B[4 * F::NV];
+            uint32_t A[8], B[8];
 #pragma unroll
-            for (int v = 0; v < F::NV; v++) {
+            for (int v = 0; v < 2; v++) {
                 A[4 * v] = wra[u][v].x, A[4 * v + 1] = wra[u][v].y, A[4 * v + 2] = wra[u][v].z, A[4 * v + 3] = wra[u][v].w;
                 B[4 * v] = wrb[u][v].x, B[4 * v + 1] = wrb[u][v].y, B[4 * v + 2] = wrb[u][v].z, B[4 * v + 3] = wrb[u][v].w;
             }
             if (s + WP < s_hi) /* refill the slot: step s + WP */
 #pragma unroll
-                for (int v = 0; v < F::NV; v++) {
-                    wra[u][v] = __ldcs(reinterpret_cast<const uint4 *>(wa + (size_t)(s + WP) * F::SB) + v);
-                    wrb[u][v] = __ldcs(reinterpret_cast<const uint4 *>(wb + (size_t)(s + WP) * F::SB) + v);
+                for (int v = 0; v < 2; v++) {
+                    wra[u][v] = __ldcs(reinterpret_cast<const uint4 *>(wa + (size_t)(s + WP) * 128 + v * F::VS));
+                    wrb[u][v] = __ldcs(reinterpret_cast<const uint4 *>(wb + (size_t)(s + WP) * 128 + v * F::VS));
                 }
             const uint16_t *xs = lc_qm_xs + (size_t)b * TOK * F::XROW;
             if constexpr (!F::I4) {
@@ -297,31 +302,35 @@ __global__ void __launch_bounds__(LC_QMMA_WARPS * 32)
                     }
                 }
             } else {
-                /* lane t: columns [32 t, 32 t + 32), word j = 8 of them */
-                uint32_t P[4][4], Q[4][4];
+                /* block h (128 columns, one group): lane t columns
+                 * [128 h + 32 t, +32), word j = 8 of them */
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    lc_u4x8_h2q(A[j], P[j]);
-                    lc_u4x8_h2q(B[j], Q[j]);
-                }
-                const int grp = s * F::KS / group;
-                const float2 fa = __ldg(sa + grp), fb = __ldg(sb + grp);
-                const float *xgb = xgs + b * TOK;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    const uint16_t *xr = xs + (nt * 8 + g) * F::XROW;
+                for (int h = 0; h < 2; h++) {
+                    uint32_t P[4][4], Q[4][4];
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
-                        const uint4 xv = *reinterpret_cast<const uint4 *>(xr + lc_qm_chunk(4 * t + j) * 8);
-                        lc_mma16816(d, P[j][0], Q[j][0], P[j][1], Q[j][1], xv.x, xv.y);
-                        lc_mma16816(d, P[j][2], Q[j][2], P[j][3], Q[j][3], xv.z, xv.w);
+                        lc_u4x8_h2q(A[4 * h + j], P[j]);
+                        lc_u4x8_h2q(B[4 * h + j], Q[j]);
                     }
-                    const float X0 = xgb[nt * 8 + 2 * t], X1 = xgb[nt * 8 + 2 * t + 1];
-                    acc[nt][0] = fmaf(fa.x, d[0], fmaf(fa.y, X0, acc[nt][0]));
-                    acc[nt][1] = fmaf(fa.x, d[1], fmaf(fa.y, X1, acc[nt][1]));
-                    acc[nt][2] = fmaf(fb.x, d[2], fmaf(fb.y, X0, acc[nt][2]));
-                    acc[nt][3] = fmaf(fb.x, d[3], fmaf(fb.y, X1, acc[nt][3]));
+                    const int grp = (s * F::KS + 128 * h) / group;
+                    const float2 fa = __ldg(sa + grp), fb = __ldg(sb + grp);
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        const uint16_t *xr = xs + (nt * 8 + g) * F::XROW;
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            const uint4 xv = *reinterpret_cast<const uint4 *>(xr + lc_qm_chunk(16 * h + 4 * t + j) * 8);
+                            lc_mma16816(d, P[j][0], Q[j][0], P[j][1], Q[j][1], xv.x, xv.y);
+                            lc_mma16816(d, P[j][2], Q[j][2], P[j][3], Q[j][3], xv.z, xv.w);
+                        }
+                        const float *xgb = xgs + ((size_t)b * TOK + nt * 8 + 2 * t) * 2 + h;
+                        const float X0 = xgb[0], X1 = xgb[2];
+                        acc[nt][0] = fmaf(fa.x, d[0], fmaf(fa.y, X0, acc[nt][0]));
+                        acc[nt][1] = fmaf(fa.x, d[1], fmaf(fa.y, X1, acc[nt][1]));
+                        acc[nt][2] = fmaf(fb.x, d[2], fmaf(fb.y, X0, acc[nt][2]));
+                        acc[nt][3] = fmaf(fb.x, d[3], fmaf(fb.y, X1, acc[nt][3]));
+                    }
                 }
             }
             __syncthreads(); /* buffer b is restaged XS - 1 steps on */
@@ -386,13 +395,14 @@ extern "C" int lc_qmma_ok(const loom_cuda_qweight *w, int M) {
     if (!(o < 0 ? lc_qmma_env_on() : o == 1)) return 0;
     if (M < 1 || M > LC_QMMA_MAX_M || w->N <= 0 || w->K <= 0 || w->K % 128) return 0;
     if (w->fmt == LOOM_CUDA_Q_INT8_W8A16) return 1;
-    return w->fmt == LOOM_CUDA_Q_INT4 && w->group > 0 && w->group % 128 == 0 && w->K % w->group == 0;
+    return w->fmt == LOOM_CUDA_Q_INT4 && w->K % 256 == 0 && w->group > 0 && w->group % 128 == 0 &&
+           w->K % w->group == 0;
 }
 
 /* K slices: enough CTAs for two per SM when the row tiles are few */
 static int lc_qmma_splits(const loom_cuda_qweight *w) {
     const int tiles = (w->N + LC_QMMA_ROWS - 1) / LC_QMMA_ROWS;
-    const int steps = w->K / 128;
+    const int steps = w->K / (w->fmt == LOOM_CUDA_Q_INT4 ? 256 : 128);
     int z = tiles >= 2 * LC_QMMA_SMS ? 1 : (2 * LC_QMMA_SMS + tiles - 1) / tiles;
     if (z > 8) z = 8;
     if (z > steps / 4) z = steps / 4 > 0 ? steps / 4 : 1;
