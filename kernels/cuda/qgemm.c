@@ -5,11 +5,14 @@
  *   M <= gemv bound (per format, loom_cuda_qgemm_set_gemv_max_m): the fused
  *     GEMV of qgemm.cu (GGUF: qgguf.cu, one launch per segment) in passes
  *     of 8 rows (W8A8 / FP8 first quantize the rows per token into scratch);
- *   W8A16 / INT4 / GGUF above it: dequantize the whole weight into scratch as dt,
- *     then the dt GEMM (cuBLASLt). This costs one extra write and read of a
- *     dt copy of the weight per call — acceptable for prefill, where the
- *     GEMM's arithmetic dominates (a fused dequantize-tile tensor-core
- *     kernel would avoid it; not written yet);
+ *   W8A16 / INT4 from 9 to LC_QMMA_MAX_M rows, where qmma.cu takes the shape
+ *     (K % 128; INT4 K % 256, group % 128) and not in batch-invariant mode:
+ *     its tensor-core kernel, weights decoded in registers — ahead of the
+ *     GEMV's passes too (one 8B layer at 16 rows: 133 vs 350 us);
+ *   W8A16 / INT4 / GGUF otherwise above the bound: dequantize the whole
+ *     weight into scratch as dt, then the dt GEMM (cuBLASLt). This costs one
+ *     extra write and read of a dt copy of the weight per call — acceptable
+ *     for prefill, where the GEMM's arithmetic dominates;
  *   FP8 / W8A8 above it: per chunk of up to LC_QCHUNK_M rows, quantize x per
  *     token, then cuBLASLt's e4m3 GEMM (fp32 accumulation) with sx and s as
  *     its outer scale vectors, written straight into y in one rounding
@@ -30,8 +33,9 @@
  * the codes are the same and nothing (M, K) is written.
  *
  * Scratch layout (each region 256-byte aligned): sx (chunk) f32 | xq
- * (chunk, K) bytes | big: the dequantized weight (N, K) dt, or the GEMM
- * output (chunk, N) f32 / int32.
+ * (chunk, K) bytes | big: the dequantized weight (N, K) dt, qmma.cu's
+ * buffers (lc_qmma_scratch_bytes), or the GEMM output (chunk, N) f32 /
+ * int32.
  */
 #include <stdio.h>
 #include <string.h>
@@ -214,8 +218,8 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
     if (!acts) {
         /* above 8 rows the tensor-core kernel with the decode in registers
          * where it takes the shape (it beats passes of the GEMV: H200,
-         * 2026-12-01, one Llama-3-8B layer at M = 32: W8A16 193 vs 393 us,
-         * INT4 ... vs 712), else the GEMV up to its bound */
+         * 2026-12-01, one Llama-3-8B layer at M = 16: W8A16 133 vs 349 us,
+         * INT4 133 vs 358), else the GEMV up to its bound */
         if (lc_qmma_takes(g, w, M)) {
             if ((e = lc_qmma(dt, out_f32, M, w, x, y, big, s)) != cudaSuccess)
                 return lc_cuda_fail(e, "tensor-core quantized GEMM launch", w, M, msg, msg_size);

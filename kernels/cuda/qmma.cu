@@ -3,46 +3,56 @@
  * (above the GEMV's rows, up to LC_QMMA_MAX_M) on the tensor cores, the
  * weights decoded in registers: lc_qmma (qgemm.c dispatches).
  *
- * Why: above the GEMV bound these formats used to dequantize the whole
+ * Why: above the GEMV's 8 rows these formats used to dequantize the whole
  * weight into a bf16 scratch copy and run cuBLASLt on it — per call one
  * read of the codes, a write and a read of twice their bytes: 5 bytes a
  * weight against bf16's 2, so batch-64 decode ran at 0.48x (W8A16) and 0.38x
  * (INT4) of bf16 (H200, 2026-12-01). Here every weight byte is read once and
- * multiplied with all the batch's tokens while in registers.
+ * multiplied with all the batch's tokens while in registers: one Llama-3-8B
+ * layer at M = 16 133 us (W8A16, INT4) against 349 / 358 dequantized and 141
+ * bf16; at M = 64 215 / 227 against 389 / 489 and 154 bf16 (H200,
+ * bench/results/h200-2026-12-01-s7, call H).
  *
- * Two kernels per call:
+ * Two kernels per call (three with K slices):
  *   lc_qmma_prep   per token: x scaled by a power of two 2^e with max |x 2^e|
  *                  in [2^14, 2^15) and stored as f16 (exact for every bf16
  *                  value down to 2^-29 of the token's maximum, as in
  *                  qgemv_tc.cu), 2^-e kept to undo it; INT4 also the sum of
- *                  each 128-column step of the scaled row (the group bias
+ *                  each 128-column block of the scaled row (the group bias
  *                  term), and its columns stored in the order the nibble
  *                  decode yields, (0,4)(1,5)(2,6)(3,7) per 8.
  *   lc_qmma        a CTA of 4 warps owns 64 weight rows (16 a warp: the mma's
- *                  M) and up to 64 tokens (8 n-tiles of 8: the mma's N); per
- *                  k-step each lane loads 16 bytes of each of its two rows
- *                  (row g and g + 8 of the warp's 16) straight from global
- *                  memory into registers (one step ahead) and decodes them
- *                  to exact f16 codes — int8: one PRMT under 1024 and one
- *                  HSUB2 per two weights; int4: qgemv_tc.cu's LOP3 + HSUB2 /
- *                  HFMA2 — while the step's token tile streams into shared
- *                  memory by cp.async (double-buffered). mma.sync m16n8k16
+ *                  M) and up to 64 tokens (8 n-tiles of 8: the mma's N). Per
+ *                  k-step each of a warp's 16 rows gives one whole 128-byte
+ *                  line (lc_qm says how lanes split it), loaded straight from
+ *                  global memory into registers LC_QMMA_WP steps ahead and
+ *                  decoded to exact f16 codes — int8: one PRMT under 1024 and
+ *                  one HSUB2 per two weights; int4: qgemv_tc.cu's LOP3 +
+ *                  HSUB2 / HFMA2 — while the token tiles stream into shared
+ *                  memory by cp.async (2-3 stages). mma.sync m16n8k16
  *                  f16 x f16 -> f32. Operand order trick (as qgemv_tc.cu): a
- *                  lane's A registers are its 16 contiguous bytes as loaded,
- *                  and it reads B at the same physical columns.
- * Rows of the matrix below 2 x 132 CTAs' worth (the O and down projections
- * of an 8B model) are also split over K (grid z); the slices' f32 partial
- * sums are added in slice order by lc_qmma_reduce, so results do not depend
- * on timing.
+ *                  lane's A registers are its bytes as loaded, and it reads B
+ *                  at the same physical columns.
+ *   lc_qmma_reduce matrices of fewer than 2 x 132 row tiles (the O and down
+ *                  projections of an 8B model) are also split over K (grid
+ *                  z); the slices' f32 partial sums are added here in slice
+ *                  order, so results do not depend on timing.
  *
  * Accuracy: products exact (8-bit / 4-bit codes x f16 activations), fp32
  * accumulation; INT4's group map s * sum(x q) + b * sum(x) per 128-column
- * step (group % 128 == 0), the scales applied in fp32; W8A16's row scale
+ * block (group % 128 == 0), the scales applied in fp32; W8A16's row scale
  * and every token's 2^-e at the end — the GEMV's arithmetic up to the
  * activations' f16 rounding below 2^-29 of a token's max.
  *
- * Contract: K % 128 == 0 (INT4: group % 128 == 0 too), 16-byte aligned x
- * and weight rows; M <= LC_QMMA_MAX_M. lc_qmma_ok says whether it applies.
+ * What it is not (yet): a Hopper wgmma kernel, nor one with weights
+ * repacked at load for fully contiguous warp loads (Marlin's layout): it
+ * beats bf16 at 16 rows (1.06x) but not at 64 (0.68-0.72x; its mma.sync
+ * pipeline is far from the tensor cores' peak), and above LC_QMMA_MAX_M
+ * rows dequantize + cuBLASLt takes over again.
+ *
+ * Contract: K % 128 == 0 (INT4: K % 256 == 0 and group % 128 == 0), 16-byte
+ * aligned x and weight rows; M <= LC_QMMA_MAX_M. lc_qmma_ok says whether
+ * it applies.
  */
 #include "common.cuh"
 
@@ -51,6 +61,7 @@
 
 #include <atomic>
 
+#include "mma.cuh"
 #include "qgemm.h"
 
 #define LC_QMMA_WARPS 4
@@ -77,23 +88,6 @@ template <int FMT> struct lc_qm {
  * 4t + j (j = 0..3) in turn, and t, t + 2 would share banks. */
 __device__ __forceinline__ int lc_qm_chunk(int c) { return c ^ ((c >> 3) & 1); }
 
-__device__ __forceinline__ void lc_mma16816(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                            uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t lc_qm_hsub2(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-__device__ __forceinline__ uint32_t lc_qm_hfma2(uint32_t a, uint32_t b, uint32_t c) {
-    uint32_t d;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
 /* 16 bytes global -> shared, asynchronously; zeros when !valid. */
 __device__ __forceinline__ void lc_cp16(void *smem, const void *gmem, bool valid) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -106,24 +100,6 @@ __device__ __forceinline__ void lc_cp4(void *smem, const void *gmem, bool valid)
 __device__ __forceinline__ void lc_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void lc_cp_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-/* Four int8 codes (word w, byte 0 first) -> two f16x2 of exact values:
- * (q0, q1) and (q2, q3). byte ^ 0x80 = q + 128 under 1024's exponent, minus
- * 1152. */
-__device__ __forceinline__ void lc_i8x4_h2(uint32_t w, uint32_t &lo, uint32_t &hi) {
-    const uint32_t u = w ^ 0x80808080u;
-    lo = lc_qm_hsub2(__byte_perm(u, 0x64646464u, 0x4140u), 0x64806480u);
-    hi = lc_qm_hsub2(__byte_perm(u, 0x64646464u, 0x4342u), 0x64806480u);
-}
-/* Eight int4 codes (low nibble of byte i = column 2i) -> four f16x2 of
- * exact codes 0..15: columns (0,4), (1,5), (2,6), (3,7) (qgemv_tc.cu). */
-__device__ __forceinline__ void lc_u4x8_h2q(uint32_t w, uint32_t *p) {
-    const uint32_t v = w >> 8;
-    p[0] = lc_qm_hsub2((w & 0x000F000Fu) | 0x64006400u, 0x64006400u);
-    p[1] = lc_qm_hfma2((w & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD400D400u);
-    p[2] = lc_qm_hsub2((v & 0x000F000Fu) | 0x64006400u, 0x64006400u);
-    p[3] = lc_qm_hfma2((v & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD400D400u);
 }
 
 /* ------------------------------------------------------------ prepare x */
@@ -183,12 +159,11 @@ __global__ void __launch_bounds__(256)
  * dt or f32; else part (Z, M, N) f32 unscaled by W8A16's row scales and by
  * the tokens' 2^-e (lc_qmma_reduce applies them).
  *
- * Latency: a warp's k-step is 1 KB of weights and a few dozen mma, far less
- * than a DRAM round trip, so the weights of the next LC_QMMA_WP steps are
- * in flight in registers (a ring, indexed statically by unrolling) and the
- * token tiles (from L2) LC_QMMA_XS steps deep in shared memory. With one
- * step ahead the first version ran at 1.4 TB/s of weights (one layer at
- * M = 64: W8A16 233 us, bf16 157; H200, 2026-12-01). */
+ * The weights of the next LC_QMMA_WP steps are in flight in registers (a
+ * ring, indexed statically by unrolling), the token tiles (from L2)
+ * lc_qmma_xs() steps deep in shared memory. Measured on the H200 (calls
+ * E-H): what mattered was whole 128-byte lines per row and step (half lines:
+ * ~1.3 TB/s of weights); a 4-deep ring with half lines gained nothing. */
 #define LC_QMMA_WP 2
 template <int FMT> constexpr int lc_qmma_xs() { return FMT == LOOM_CUDA_Q_INT4 ? 2 : 3; }
 template <int FMT, int NT> constexpr size_t lc_qmma_smem() {
@@ -297,8 +272,8 @@ __global__ void __launch_bounds__(LC_QMMA_WARPS * 32)
 #pragma unroll
                     for (int c = 0; c < 4; c++) {
                         const uint4 xv = *reinterpret_cast<const uint4 *>(xr + lc_qm_chunk(4 * t + c) * 8);
-                        lc_mma16816(acc[nt], a0[2 * c], a1[2 * c], a2[2 * c], a3[2 * c], xv.x, xv.y);
-                        lc_mma16816(acc[nt], a0[2 * c + 1], a1[2 * c + 1], a2[2 * c + 1], a3[2 * c + 1], xv.z, xv.w);
+                        lc_mma_f16(acc[nt], a0[2 * c], a1[2 * c], a2[2 * c], a3[2 * c], xv.x, xv.y);
+                        lc_mma_f16(acc[nt], a0[2 * c + 1], a1[2 * c + 1], a2[2 * c + 1], a3[2 * c + 1], xv.z, xv.w);
                     }
                 }
             } else {
@@ -309,8 +284,8 @@ __global__ void __launch_bounds__(LC_QMMA_WARPS * 32)
                     uint32_t P[4][4], Q[4][4];
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
-                        lc_u4x8_h2q(A[4 * h + j], P[j]);
-                        lc_u4x8_h2q(B[4 * h + j], Q[j]);
+                        lc_u4x8_h2(A[4 * h + j], P[j]);
+                        lc_u4x8_h2(B[4 * h + j], Q[j]);
                     }
                     const int grp = (s * F::KS + 128 * h) / group;
                     const float2 fa = __ldg(sa + grp), fb = __ldg(sb + grp);
@@ -321,8 +296,8 @@ __global__ void __launch_bounds__(LC_QMMA_WARPS * 32)
 #pragma unroll
                         for (int j = 0; j < 4; j++) {
                             const uint4 xv = *reinterpret_cast<const uint4 *>(xr + lc_qm_chunk(16 * h + 4 * t + j) * 8);
-                            lc_mma16816(d, P[j][0], Q[j][0], P[j][1], Q[j][1], xv.x, xv.y);
-                            lc_mma16816(d, P[j][2], Q[j][2], P[j][3], Q[j][3], xv.z, xv.w);
+                            lc_mma_f16(d, P[j][0], Q[j][0], P[j][1], Q[j][1], xv.x, xv.y);
+                            lc_mma_f16(d, P[j][2], Q[j][2], P[j][3], Q[j][3], xv.z, xv.w);
                         }
                         const float *xgb = xgs + ((size_t)b * TOK + nt * 8 + 2 * t) * 2 + h;
                         const float X0 = xgb[0], X1 = xgb[2];

@@ -1,0 +1,53 @@
+/*
+ * kernels/cuda/mma.cuh — what the tensor-core kernels of the quantized
+ * linear layers share (qgemv_tc.cu: 2..8 rows; qmma.cu: W8A16 / INT4 at
+ * 9..128 rows): the f16 mma, packed f16 arithmetic, and the decodes of
+ * int8 / int4 codes into exact f16 values.
+ */
+#ifndef LOOM_CUDA_MMA_CUH
+#define LOOM_CUDA_MMA_CUH
+
+#include <stdint.h>
+
+/* c (16 x 8, f32) += a (16 x 16, f16) b (16 x 8, f16), one warp. */
+__device__ __forceinline__ void lc_mma_f16(float *c, uint32_t a0, uint32_t a1, uint32_t a2,
+                                           uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t lc_hsub2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ uint32_t lc_hfma2(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* Eight int4 codes (low nibble of byte i = column 2i) -> four f16x2 of
+ * exact codes 0..15: columns (0,4), (1,5), (2,6), (3,7). Low nibbles under
+ * 1024 minus 1024; high nibbles under 1024 are 16 q: times 1/16 (0x2C00)
+ * minus 64 (0xD400). */
+__device__ __forceinline__ void lc_u4x8_h2(uint32_t w, uint32_t *p) {
+    const uint32_t v = w >> 8;
+    p[0] = lc_hsub2((w & 0x000F000Fu) | 0x64006400u, 0x64006400u);
+    p[1] = lc_hfma2((w & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD400D400u);
+    p[2] = lc_hsub2((v & 0x000F000Fu) | 0x64006400u, 0x64006400u);
+    p[3] = lc_hfma2((v & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD400D400u);
+}
+
+/* Four int8 codes (word w, byte 0 first) -> two f16x2 of exact values
+ * (q0, q1) and (q2, q3): byte ^ 0x80 = q + 128 under 1024's exponent by one
+ * PRMT, minus 1152. */
+__device__ __forceinline__ void lc_i8x4_h2(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    const uint32_t u = w ^ 0x80808080u;
+    lo = lc_hsub2(__byte_perm(u, 0x64646464u, 0x4140u), 0x64806480u);
+    hi = lc_hsub2(__byte_perm(u, 0x64646464u, 0x4342u), 0x64806480u);
+}
+
+#endif
