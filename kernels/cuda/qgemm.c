@@ -136,7 +136,10 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
      * qmma.cu's buffers for the Ms it takes (above the GEMV's 8 rows) */
     const int gm = lc_gemm_q_gemv_max_m(g, w->fmt);
     const int q = lc_qmma_takes(g, w, max_m < LC_QMMA_MAX_M ? max_m : LC_QMMA_MAX_M);
-    const int deq = max_m > gm && !(q && max_m <= LC_QMMA_MAX_M);
+    /* dequantized: the Ms above the GEMV's bound that qmma.cu does not take
+     * (all of them, or those above its rows, or those up to 8 when the
+     * bound is set below 8) */
+    const int deq = max_m > gm && (!q || gm < LC_QGEMV_MAX_M || max_m > LC_QMMA_MAX_M);
     size_t big = deq ? lc_r256(lc_big_bytes(dt, out_f32, w, ch)) : 0;
     if (q && max_m > LC_QGEMV_MAX_M) {
         const size_t qb = lc_r256(lc_qmma_scratch_bytes(w, max_m));

@@ -76,9 +76,11 @@ __device__ __forceinline__ void lc_u4x8(uint32_t w, float *f) {
 /* lc_u4x8 without the subtraction: 2^23 + 2^16 q — the code in bits 16..19
  * of the mantissa of 2^23, one PRMT a weight. The kernel takes 2^23 sum(x)
  * off once per 32-weight chunk (its sum(x) is there for the group's bias
- * anyway) and scales by 2^-16. The code sits 7 bits below the offset, so a
- * chunk's sum keeps ~17 bits of x q: relative error ~1e-5, far below int4's
- * own and below the dt rounding of y. */
+ * anyway) and scales by 2^-16. The code sits 7 bits below the offset, so
+ * the rounding error is ~2^-17 sum|x| a chunk (in units of a code step):
+ * ~1e-5 of a typical dot, far below int4's own error and the dt rounding
+ * of y (tests hold float32 outputs to 1e-4). Activations beyond 2^104 would
+ * overflow 2^23 x; no bf16 model produces them. */
 __device__ __forceinline__ void lc_u4x8_off(uint32_t w, float *f) {
     const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
     f[0] = __int_as_float((int)__byte_perm(lo, 0x4B000000u, 0x7044u));

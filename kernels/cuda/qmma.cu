@@ -130,7 +130,9 @@ __global__ void __launch_bounds__(256)
     }
     const float sc = __uint_as_float((uint32_t)(127 + e) << 23);
     if (threadIdx.x == 0) inv[m] = __uint_as_float((uint32_t)(127 - e) << 23);
-    /* K % 128 == 0: each half-warp's 16 chunks are one 128-column step */
+    /* each half-warp's 16 chunks are one 128-column block, and the full-mask
+     * shuffle below needs whole warps in the loop: K % 256 == 0 for INT4
+     * (lc_qmma_ok) */
     for (int k = threadIdx.x * 8; k < K; k += 256 * 8) {
         float v[8];
         lc_unpack8<T>(lc_ldg16(xr + k), v);
@@ -394,6 +396,26 @@ extern "C" size_t lc_qmma_scratch_bytes(const loom_cuda_qweight *w, int M) {
     return b;
 }
 
+/* Raise the kernel's dynamic shared-memory limit (up to 70 KB against the
+ * default 48), once per device and instantiation — bit d of `done`, as
+ * attention.cu does: the tensor-parallel ranks are threads of one process
+ * on different GPUs, and the attribute is per device. */
+template <typename T, int FMT, int NT, bool F32>
+static cudaError_t lc_qmma_prepare(size_t smem) {
+    static unsigned long long done = 0;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    const unsigned long long bit = 1ull << (dev & 63);
+    if (!(__atomic_load_n(&done, __ATOMIC_ACQUIRE) & bit)) {
+        e = cudaFuncSetAttribute(lc_qmma_kernel<T, FMT, NT, F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem);
+        if (e != cudaSuccess) return e;
+        __atomic_fetch_or(&done, bit, __ATOMIC_RELEASE);
+    }
+    return cudaSuccess;
+}
+
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qmma_t(int M, const loom_cuda_qweight *w, const void *x, void *y, uint8_t *scr,
                              cudaStream_t s) {
@@ -421,8 +443,7 @@ static cudaError_t lc_qmma_t(int M, const loom_cuda_qweight *w, const void *x, v
 #define LC_QMMA_GO(NT_)                                                                            \
     do {                                                                                           \
         constexpr size_t smem = lc_qmma_smem<FMT, NT_>();                                          \
-        static const cudaError_t attr = cudaFuncSetAttribute(                                     \
-            lc_qmma_kernel<T, FMT, NT_, F32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); \
+        const cudaError_t attr = lc_qmma_prepare<T, FMT, NT_, F32>(smem);                          \
         if (attr != cudaSuccess) return attr;                                                      \
         e = lc_launch(lc_qmma_kernel<T, FMT, NT_, F32>, grid, dim3(LC_QMMA_WARPS * 32), smem, s,  \
                       x16, (const float *)inv, (const float *)xg,                                  \

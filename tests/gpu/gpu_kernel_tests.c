@@ -1566,7 +1566,7 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
  * the float64 reference — token tiles of 16 / 32 / 64 and partial ones, M
  * past one tile (grid y), row counts that leave a partial 64-row tile,
  * matrices split over K (N = 4096: five slices, the reduce kernel) and not
- * (N = 16896: 264 row tiles), INT4 groups of 256, f16 with float32 output held to 1e-4, tokens of wild
+ * (N = 16896: 264 row tiles), INT4 groups of 256, 512 and K, f16 with float32 output held to 1e-4, tokens of wild
  * magnitudes; then the same calls with the kernel off (dequantize + GEMM),
  * so both paths stay checked. */
 static void test_qgemm_qmma(loom_cuda_gemm *g) {
@@ -1584,6 +1584,10 @@ static void test_qgemm_qmma(loom_cuda_gemm *g) {
             test_qgemm(g, LOOM_CUDA_BF16, f, 48, 16896, 512, i4 ? 256 : 0, 0, false, false);
             test_qgemm(g, LOOM_CUDA_F16, f, 70, 515, 1536, i4 ? 128 : 0, 0, true, false);
             test_qgemm(g, LOOM_CUDA_BF16, f, 20, 515, 14336, i4 ? 128 : 0, 2, true, false);
+            if (i4) { /* a group over several k-steps; one group a row */
+                test_qgemm(g, LOOM_CUDA_BF16, f, 48, 515, 2048, 512, 0, true, false);
+                test_qgemm(g, LOOM_CUDA_BF16, f, 24, 300, 1024, 1024, 0, false, false);
+            }
             g_qx_wild = true;
             test_qgemm(g, LOOM_CUDA_BF16, f, 37, 300, 2048, i4 ? 128 : 0, 0, true, false);
             test_qgemm(g, LOOM_CUDA_F16, f, 37, 300, 2048, i4 ? 128 : 0, 0, true, false);
@@ -1591,6 +1595,45 @@ static void test_qgemm_qmma(loom_cuda_gemm *g) {
             g_qx_wild = false;
         }
         lc_qmma_set(prev);
+    }
+}
+
+/* The scratch bytes returned for max_m must serve every M <= max_m, also
+ * when the GEMV's bound is set below 8 (then 5..8 rows dequantize, which
+ * qmma.cu's buffers alone would not hold): sized at 64, called at 6, 40
+ * and 64 with the bound at 4 — each call must run and write finite rows. */
+static void test_qgemm_scratch_bound(loom_cuda_gemm *g) {
+    const loom_cuda_qfmt fmts[2] = {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
+    const int N = 300, K = 1024, Ms[3] = {6, 40, 64};
+    for (int fi = 0; fi < 2; fi++) {
+        const bool i4 = fmts[fi] == LOOM_CUDA_Q_INT4;
+        const size_t db = i4 ? (size_t)N * K / 2 : (size_t)N * K, ns = i4 ? (size_t)N * (K / 128) * 2 : N;
+        uint8_t *data = malloc(db);
+        float *sc = malloc(ns * 4);
+        for (size_t i = 0; i < db; i++) data[i] = (uint8_t)rng_int(256);
+        for (size_t i = 0; i < ns; i++) sc[i] = rng_unif(-0.01f, 0.01f);
+        uint16_t *x = rand16(LOOM_CUDA_BF16, (size_t)64 * K, -2, 2, NULL);
+        void *d_data = dev_upload(data, db), *d_sc = dev_upload(sc, ns * 4), *d_x = dev_upload(x, (size_t)64 * K * 2);
+        const loom_cuda_qweight w = {.fmt = fmts[fi], .N = N, .K = K, .group = i4 ? 128 : 0,
+                                     .data = d_data, .scales = d_sc};
+        loom_cuda_qgemm_set_gemv_max_m(g, fmts[fi], 4);
+        const size_t sb = loom_cuda_qgemm_scratch_bytes(g, LOOM_CUDA_BF16, 0, &w, 64);
+        void *d_s = dev_poison(sb), *d_y = dev_poison((size_t)64 * N * 2);
+        uint16_t *y = malloc((size_t)64 * N * 2);
+        for (int mi = 0; mi < 3; mi++) {
+            char msg[256] = "", name[160];
+            CK(cudaMemset(d_y, 0xff, (size_t)64 * N * 2));
+            const int rc = loom_cuda_qgemm_run(g, LOOM_CUDA_BF16, 0, Ms[mi], &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(y, d_y, (size_t)Ms[mi] * N * 2, cudaMemcpyDeviceToHost));
+            if (rc) printf("      qgemm error: %s\n", msg);
+            snprintf(name, sizeof name, "qgemm %s scratch sized for 64 rows, GEMV bound 4: M=%d runs",
+                     qfmt_name(fmts[fi]), Ms[mi]);
+            report_bits(name, rc ? 1 : count_nan(LOOM_CUDA_BF16, y, (size_t)Ms[mi] * N, 2), Ms[mi]);
+        }
+        qgemm_defaults(g);
+        cudaFree(d_data), cudaFree(d_sc), cudaFree(d_x), cudaFree(d_s), cudaFree(d_y);
+        free(data), free(sc), free(x), free(y);
     }
 }
 
@@ -2303,6 +2346,7 @@ linear:;
         }
         test_qgemm_all(g);
         test_qgemm_qmma(g);
+        test_qgemm_scratch_bound(g);
         test_qgemm_gguf_all(g);
         loom_cuda_gemm_destroy(g);
     }
