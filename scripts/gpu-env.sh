@@ -8,6 +8,8 @@ if [ ! -x "$LB/cli/loom" ] || [ .devpack/build.tar.xz -nt "$LB/cli/loom" ]; then
 fi
 export LD_LIBRARY_PATH=/tmp/loom/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LOOM_PLUGIN_PATH="$LB/plugins" LOOM_PLUGIN_PATH_ONLY=1 NCCL_NVLS_ENABLE=0
+# gpu_backend_test's quantizer plugins (its default is the build machine's path)
+export LOOM_QUANTIZER_DIR="${LOOM_QUANTIZER_DIR:-$LB/plugins/quantizer}"
 export PATH="$LB/cli:$PATH"
 # NCCL for the tp executor: the image ships it inside PyTorch's wheels
 # (nvidia-nccl-cu13), not on the loader's path.
