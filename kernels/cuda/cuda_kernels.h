@@ -390,13 +390,18 @@ int loom_cuda_qweight_valid(const loom_cuda_qweight *w, char *why, size_t n);
 /* Device scratch bytes loom_cuda_qgemm_run needs for w at any M up to
  * max_m with g's current GEMV bounds (quantized activations for W8A8 /
  * FP8; above the GEMV bound the dequantized weight for W8A16 / INT4 / GGUF or a
- * GEMM output buffer for W8A8 / FP8). The backend allocates the largest
- * over its weights once; change the bounds before asking. */
+ * GEMM output buffer for W8A8 / FP8; for W8A16 / INT4 at 9..128 rows the
+ * tensor-core kernel's f16 tokens and partial sums). The backend allocates
+ * the largest over its weights once; change the bounds before asking. */
 size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32,
                                      const loom_cuda_qweight *w, int max_m);
 
 /* y (M, N) = x (M, K) @ dequant(w)^T, x dt, y dt or float32 (out_f32).
- *   M <= the format's GEMV bound: a fused dequantize-GEMV (8 rows of x per
+ *   W8A16 / INT4 at 9..128 rows where the shape fits (K % 128; INT4 K % 256
+ *     and group % 128), outside the batch-invariant mode: a tensor-core
+ *     kernel that decodes the weights in registers (qmma.cu; LOOM_CUDA_QMMA=0
+ *     turns it off).
+ *   else M <= the format's GEMV bound: a fused dequantize-GEMV (8 rows of x per
  *     pass; W8A8 / FP8 quantize x per token first, as the CPU kernels do;
  *     GGUF launches once per segment).
  *   larger M: W8A16 / INT4 / GGUF dequantize w into scratch as dt and run
@@ -438,7 +443,8 @@ int loom_cuda_qgemm_norm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const lo
                              size_t msg_size);
 
 /* Largest M that runs the fused GEMV (in passes of 8 rows) for fmt; larger
- * M take the GEMM path. Defaults: INT4 / GGUF 32, W8A16 16, W8A8 / FP8 8 (the
+ * M take the GEMM path (W8A16 / INT4 shapes the tensor-core kernel takes go
+ * there from 9 rows whatever the bound). Defaults: INT4 / GGUF 32, W8A16 16, W8A8 / FP8 8 (the
  * GEMV re-reads the weights once per 8 rows; the dequantize-to-scratch path
  * writes and reads a dt copy). 0 forces the GEMM path for every M (tests);
  * capped at 256. */
