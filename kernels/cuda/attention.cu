@@ -578,25 +578,12 @@ template <bool F8, int D, int WM, int BN, int STAGES> static size_t lc_att_smem(
     return tiles > merge ? tiles : merge;
 }
 
-/* Raise the kernel's dynamic shared-memory limit, once per device. */
+/* Raise the kernel's dynamic shared-memory limit, once per device
+ * (lc_smem_limit). */
 template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES>
 static cudaError_t lc_att_prepare(size_t smem) {
-    /* The default limit is 48 KB of static + dynamic shared memory per
-     * block; raise it always (once per device and instantiation: bit d of
-     * `done`), so a launch being captured into a graph makes no attribute
-     * call. */
     static unsigned long long done = 0;
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess) return e;
-    const unsigned long long bit = 1ull << (dev & 63);
-    if (!(__atomic_load_n(&done, __ATOMIC_ACQUIRE) & bit)) {
-        e = cudaFuncSetAttribute(lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return e;
-        __atomic_fetch_or(&done, bit, __ATOMIC_RELEASE);
-    }
-    return cudaSuccess;
+    return lc_smem_limit(&done, (const void *)lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES>, smem);
 }
 
 template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES>

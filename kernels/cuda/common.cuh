@@ -179,6 +179,25 @@ __device__ __forceinline__ void lc_prefetch_rows(const void *p, int rows, size_t
     }
 }
 
+/* Raise kern's dynamic shared-memory limit to smem (the default allows 48
+ * KB of static + dynamic shared memory a block), once per device: bit d of
+ * *done, one word per kernel instantiation. The attribute is per device
+ * (tensor-parallel ranks are threads of one process on different GPUs), and
+ * doing it once keeps a launch being captured into a graph free of
+ * attribute calls. */
+static inline cudaError_t lc_smem_limit(unsigned long long *done, const void *kern, size_t smem) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    const unsigned long long bit = 1ull << (dev & 63);
+    if (!(__atomic_load_n(done, __ATOMIC_ACQUIRE) & bit)) {
+        e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+        __atomic_fetch_or(done, bit, __ATOMIC_RELEASE);
+    }
+    return cudaSuccess;
+}
+
 /* kern<<<grid, block, smem, s>>>(args...) with programmatic stream
  * serialisation; returns the launch status. */
 template <typename... KArgs, typename... Args>

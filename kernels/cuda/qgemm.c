@@ -117,11 +117,10 @@ static size_t lc_big_bytes(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight
 }
 
 /* Whether qmma.cu's kernel computes W8A16 / INT4 at M rows (above the
- * GEMV's 8): its shapes, on, and not the batch-invariant mode (whose rows
- * come from the GEMV at every M). */
+ * GEMV's 8): its formats and shapes (lc_qmma_ok), on, and not the
+ * batch-invariant mode (whose rows come from the GEMV at every M). */
 static int lc_qmma_takes(const loom_cuda_gemm *g, const loom_cuda_qweight *w, int M) {
-    return M > LC_QGEMV_MAX_M && !lc_gemm_invariant(g) && !lc_acts_quantized(w->fmt) &&
-           w->fmt != LOOM_CUDA_Q_GGUF && lc_qmma_ok(w, M);
+    return M > LC_QGEMV_MAX_M && !lc_gemm_invariant(g) && lc_qmma_ok(w, M);
 }
 
 /* (the need of a call at M = max_m is exactly what run() checks; it grows
@@ -141,7 +140,7 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
      * bound is set below 8) */
     const int deq = max_m > gm && (!q || gm < LC_QGEMV_MAX_M || max_m > LC_QMMA_MAX_M);
     size_t big = deq ? lc_r256(lc_big_bytes(dt, out_f32, w, ch)) : 0;
-    if (q && max_m > LC_QGEMV_MAX_M) {
+    if (q) {
         const size_t qb = lc_r256(lc_qmma_scratch_bytes(w, max_m));
         if (qb > big) big = qb;
     }

@@ -386,58 +386,50 @@ static int lc_qmma_splits(const loom_cuda_qweight *w) {
     return z;
 }
 
-extern "C" size_t lc_qmma_scratch_bytes(const loom_cuda_qweight *w, int M) {
-    if (M > LC_QMMA_MAX_M) M = LC_QMMA_MAX_M;
-    const size_t r = 255;
-    size_t b = (((size_t)M * w->K * 2 + r) & ~r) + (((size_t)M * 4 + r) & ~r);
-    if (w->fmt == LOOM_CUDA_Q_INT4) b += ((size_t)M * (w->K / 128) * 4 + r) & ~r;
+/* The scratch of a call at M rows, regions 256-byte aligned: x16 (M, K)
+ * f16 | inv (M) | INT4's xg (M, K / 128) | the K slices' partial sums. */
+struct lc_qmma_layout {
+    size_t inv, xg, part, bytes;
+};
+static lc_qmma_layout lc_qmma_layout_of(const loom_cuda_qweight *w, int M) {
+    auto r256 = [](size_t n) { return (n + 255) & ~(size_t)255; };
+    lc_qmma_layout l;
+    l.inv = r256((size_t)M * w->K * 2);
+    l.xg = l.inv + r256((size_t)M * 4);
+    l.part = l.xg + (w->fmt == LOOM_CUDA_Q_INT4 ? r256((size_t)M * (w->K / 128) * 4) : 0);
     const int z = lc_qmma_splits(w);
-    if (z > 1) b += (size_t)z * M * w->N * 4;
-    return b;
+    l.bytes = l.part + (z > 1 ? (size_t)z * M * w->N * 4 : 0);
+    return l;
+}
+
+extern "C" size_t lc_qmma_scratch_bytes(const loom_cuda_qweight *w, int M) {
+    return lc_qmma_layout_of(w, M < LC_QMMA_MAX_M ? M : LC_QMMA_MAX_M).bytes;
 }
 
 /* Raise the kernel's dynamic shared-memory limit (up to 70 KB against the
- * default 48), once per device and instantiation — bit d of `done`, as
- * attention.cu does: the tensor-parallel ranks are threads of one process
- * on different GPUs, and the attribute is per device. */
+ * default 48), once per device (lc_smem_limit). */
 template <typename T, int FMT, int NT, bool F32>
 static cudaError_t lc_qmma_prepare(size_t smem) {
     static unsigned long long done = 0;
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess) return e;
-    const unsigned long long bit = 1ull << (dev & 63);
-    if (!(__atomic_load_n(&done, __ATOMIC_ACQUIRE) & bit)) {
-        e = cudaFuncSetAttribute(lc_qmma_kernel<T, FMT, NT, F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem);
-        if (e != cudaSuccess) return e;
-        __atomic_fetch_or(&done, bit, __ATOMIC_RELEASE);
-    }
-    return cudaSuccess;
+    return lc_smem_limit(&done, (const void *)lc_qmma_kernel<T, FMT, NT, F32>, smem);
 }
 
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qmma_t(int M, const loom_cuda_qweight *w, const void *x, void *y, uint8_t *scr,
                              cudaStream_t s) {
     typedef lc_qm<FMT> F;
-    const size_t r = 255;
+    const lc_qmma_layout l = lc_qmma_layout_of(w, M);
     uint16_t *x16 = reinterpret_cast<uint16_t *>(scr);
-    scr += ((size_t)M * w->K * 2 + r) & ~r;
-    float *inv = reinterpret_cast<float *>(scr);
-    scr += ((size_t)M * 4 + r) & ~r;
-    float *xg = NULL;
-    if (F::I4) {
-        xg = reinterpret_cast<float *>(scr);
-        scr += ((size_t)M * (w->K / 128) * 4 + r) & ~r;
-    }
-    float *part = reinterpret_cast<float *>(scr);
+    float *inv = reinterpret_cast<float *>(scr + l.inv);
+    float *xg = F::I4 ? reinterpret_cast<float *>(scr + l.xg) : NULL;
+    float *part = reinterpret_cast<float *>(scr + l.part);
     cudaError_t e = lc_launch(lc_qmma_prep_kernel<T, F::I4>, dim3((unsigned)M), dim3(256), 0, s,
                               static_cast<const T *>(x), w->K, x16, inv, xg);
     if (e != cudaSuccess) return e;
     const int Z = lc_qmma_splits(w);
     const unsigned gx = (unsigned)((w->N + LC_QMMA_ROWS - 1) / LC_QMMA_ROWS);
     /* token tiles of 64; a last (or only) smaller batch takes fewer n-tiles */
-    const int NT = M >= 64 ? 8 : M > 16 ? (M > 32 ? 8 : 4) : 2;
+    const int NT = M > 32 ? 8 : M > 16 ? 4 : 2;
     const int tok = 8 * NT;
     const dim3 grid(gx, (unsigned)((M + tok - 1) / tok), (unsigned)Z);
 #define LC_QMMA_GO(NT_)                                                                            \
