@@ -380,7 +380,7 @@ static void op_qgemm(void *p) {
 }
 
 typedef struct qres {
-    char fmt[24];
+    char fmt[40];
     int M;
     double ms, bf16_ms;
 } qres;
@@ -511,6 +511,124 @@ static void bench_quant(int M) {
     lc_qmma_set(-1);
     lc_gemm_set_fp8_vec(g, vec0);
     cudaFree(x), cudaFree(y);
+    loom_cuda_gemm_destroy(g);
+}
+
+/* One Llama-3-8B layer's four linear layers chained as a decode step runs
+ * them: captured 8 layers deep into one CUDA graph on a stream (the GEMVs'
+ * programmatic launches overlapping each other, no host launch cost) and
+ * replayed; µs per layer, median of 15 replays. Each loom format, then the
+ * one-row formats again with qgemv_bulk.cu's kernel off (`_cc`), so the
+ * kernel's gain is read in one run. Timed alone (bench_quant) a GEMV pays
+ * ~3-4 µs of launch; chained it pays what the engine pays. */
+static void bench_quant_chain(int M) {
+    static const int shp[4][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+    static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
+                                           LOOM_CUDA_Q_FP8, LOOM_CUDA_Q_INT4};
+    static const char *names[5] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128"};
+    enum { DEPTH = 8, G = 128 };
+    int code;
+    char msg[256];
+    loom_cuda_gemm *g = loom_cuda_gemm_create((size_t)32 << 20, &code, msg, sizeof msg);
+    if (!g) {
+        printf("  quant chain bench: %s\n", msg);
+        return;
+    }
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    void *x = dev_rand((size_t)M * 28672), *y;
+    CK(cudaMalloc(&y, (size_t)M * 28672 * 2));
+    double bf16_us = 0;
+    /* bf16, each quantized format as dispatched, then (M = 1) W8A16 / INT4
+     * on qgemv_bulk.cu's kernel (opt-in: _bulk) and that kernel as the
+     * probe (its weight stream with no arithmetic: _probe) */
+    static const int vfmt[9] = {0, 1, 2, 3, 4, 1, 4, 1, 4};
+    const int nv = M == 1 ? 9 : 5;
+    for (int vi = 0; vi < nv; vi++) {
+        const int fi = vfmt[vi];
+        const bool bulk_on = vi >= 5, probe = vi >= 7;
+        lc_qgemv_bulk_set(bulk_on ? 1 : -1);
+        lc_qgemv_bulk_set_probe(probe);
+        const loom_cuda_qfmt f = fmts[fi];
+        const bool i4 = f == LOOM_CUDA_Q_INT4;
+        void *data[4] = {0};
+        float *sc[4] = {0};
+        loom_cuda_qweight w[4];
+        size_t scr = 0;
+        double bytes = 0;
+        for (int k = 0; k < 4; k++) {
+            const int N = shp[k][0], K = shp[k][1];
+            if (f == LOOM_CUDA_Q_NONE) {
+                data[k] = dev_rand((size_t)N * K);
+                w[k] = (loom_cuda_qweight){.fmt = f, .N = N, .K = K};
+                bytes += (double)N * K * 2;
+                continue;
+            }
+            data[k] = dev_bytes(i4 ? (size_t)N * K / 2 : (size_t)N * K, f == LOOM_CUDA_Q_FP8 ? 0x77 : 0xff);
+            sc[k] = i4 ? dev_floats((size_t)N * (K / G) * 2, -0.01f, 0.01f) : dev_floats((size_t)N, 1e-3f, 2e-3f);
+            w[k] = (loom_cuda_qweight){.fmt = f, .N = N, .K = K, .group = i4 ? G : 0, .data = data[k], .scales = sc[k]};
+            const size_t b = loom_cuda_qgemm_scratch_bytes(g, LOOM_CUDA_BF16, 0, &w[k], M);
+            if (b > scr) scr = b;
+            bytes += i4 ? (double)N * K / 2 + (double)N * (K / G) * 8 : (double)N * K + N * 4;
+        }
+        void *scratch = NULL;
+        if (scr) CK(cudaMalloc(&scratch, scr));
+        long b0 = lc_qgemv_bulk_count();
+        /* one eager pass (plans, attributes), then the capture */
+        int rc = 0;
+        for (int pass = 0; pass < 2 && !rc; pass++) {
+            if (pass == 1) CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            for (int l = 0; l < (pass ? DEPTH : 1) && !rc; l++)
+                for (int k = 0; k < 4 && !rc; k++)
+                    rc = f == LOOM_CUDA_Q_NONE
+                             ? loom_cuda_gemm_run(g, LOOM_CUDA_BF16, 0, M, w[k].N, w[k].K, x, data[k], y, st, msg,
+                                                  sizeof msg)
+                             : loom_cuda_qgemm_run(g, LOOM_CUDA_BF16, 0, M, &w[k], x, y, scratch, scr, st, msg,
+                                                   sizeof msg);
+            if (pass == 0) CK(cudaStreamSynchronize(st));
+        }
+        cudaGraph_t gr;
+        CK(cudaStreamEndCapture(st, &gr));
+        const bool bulk = lc_qgemv_bulk_count() > b0;
+        cudaGraphExec_t ex;
+        CK(cudaGraphInstantiate(&ex, gr, 0));
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        double t[15];
+        for (int i = -2; i < 15; i++) {
+            CK(cudaEventRecord(e0, st));
+            CK(cudaGraphLaunch(ex, st));
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (i >= 0) t[i] = ms;
+        }
+        const double us = median(t, 15) * 1e3 / DEPTH;
+        if (fi == 0) bf16_us = us;
+        char label[32], nm[96];
+        snprintf(label, sizeof label, "%s%s", names[fi], probe ? "_probe" : bulk_on ? "_bulk" : "");
+        snprintf(nm, sizeof nm, "llama3-8b layer linears chained %s M=%d", label, M);
+        const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
+        add_row(nm, us * 1e-3, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
+        printf("    chained %-16s M=%-3d %8.1f us per layer, %5.2fx vs bf16, %5.2f TB/s%s%s\n", label, M, us,
+               bf16_us / us, bytes / (us * 1e-6) / 1e12, bulk ? " (bulk kernel)" : "", rc ? " ERROR" : "");
+        if (rc) printf("      %s\n", msg);
+        if (g_nqres < 64) {
+            qres *r = &g_qres[g_nqres++];
+            snprintf(r->fmt, sizeof r->fmt, "chain_%s", label);
+            r->M = M, r->ms = us * 1e-3, r->bf16_ms = bf16_us * 1e-3;
+        }
+        cudaEventDestroy(e0), cudaEventDestroy(e1);
+        cudaGraphExecDestroy(ex), cudaGraphDestroy(gr);
+        for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
+        cudaFree(scratch);
+    }
+    lc_qgemv_bulk_set(-1);
+    lc_qgemv_bulk_set_probe(0);
+    cudaFree(x), cudaFree(y);
+    cudaStreamDestroy(st);
     loom_cuda_gemm_destroy(g);
 }
 
@@ -835,9 +953,11 @@ int main(int argc, char **argv) {
     printf("  quantized linear layers (one Llama-3-8B layer: QKV, O, gate/up, down):\n");
     if (quant_m > 0) { /* --quant-m M: that M only */
         bench_quant(quant_m);
+        if (quant_m <= 8) bench_quant_chain(quant_m);
         goto write;
     }
     bench_quant(1);
+    bench_quant_chain(1);
     bench_quant(2);
     bench_quant(8);
     bench_quant(64);

@@ -43,9 +43,10 @@
  *
  * What this is not: a tensor-core kernel. W8A8 / FP8 / INT4 at 2..8 rows
  * go to qgemv_tc.cu's mma kernel when the shape fits (its cost hardly grows
- * with M); this one serves M = 1 (where it was faster), W8A16, the other
- * shapes, batch-invariant mode and LOOM_CUDA_QGEMV_TC=0. For larger M
- * qgemm.c hands the work to cuBLASLt.
+ * with M); this one serves M = 1 (where it was faster — also than
+ * qgemv_bulk.cu's bulk-copy mma kernel, opt-in by LOOM_CUDA_QGEMV_BULK=1),
+ * W8A16, the other shapes, batch-invariant mode and LOOM_CUDA_QGEMV_TC=0.
+ * For larger M qgemm.c hands the work to qmma.cu or cuBLASLt.
  */
 #include "common.cuh"
 
@@ -344,6 +345,9 @@ extern "C" cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_
         return cudaErrorInvalidValue;
     if (lc_qgemv_use_tc(w->fmt, w->K, w->group, M, invariant))
         return lc_qgemv_tc(dt, out_f32, M, w, x, xq, sx, y, s);
+    /* W8A16 / INT4 at one row, on request: the bulk-copy tensor-core
+     * kernel (never in batch-invariant mode: it sums in another order) */
+    if (M == 1 && !invariant && lc_qgemv_bulk_ok(w)) return lc_qgemv_bulk(dt, out_f32, w, x, y, s);
     lc_qgemv_count_cc();
     if (dt == LOOM_CUDA_F16)
         return out_f32 ? lc_qgemv_t<__half, true>(M, w, x, xq, sx, y, s)

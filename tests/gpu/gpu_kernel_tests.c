@@ -1177,9 +1177,10 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
      * must produce */
     float *xf = malloc((size_t)M * K * 4), *sm = NULL;
     uint16_t *x = rand16(dt, (size_t)M * K, -2, 2, xf);
-    if (g_qx_wild) /* tokens 1, 2, 3 (mod 4): beyond f16's range (bf16 only), tiny, powers of two */
-        for (int m = 1; m < M; m++) {
-            const int kind = m % 4;
+    if (g_qx_wild) /* tokens 1, 2, 3 (mod 4): beyond f16's range (bf16 only), tiny, powers of two;
+                    * a single token: the first of these */
+        for (int m = M == 1 ? 0 : 1; m < M; m++) {
+            const int kind = M == 1 ? 1 : m % 4;
             const float f = kind == 1 ? (dt == LOOM_CUDA_BF16 ? 5e4f : 2e3f) : kind == 2 ? 1e-6f : 1.0f;
             for (int k = 0; k < K; k++) {
                 size_t i = (size_t)m * K + k;
@@ -1233,9 +1234,9 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     long tc0, cc0, tc1, cc1, v0, e0, v1, e1;
     lc_qgemv_count(&tc0, &cc0);
     lc_qgemm_fp8_count(&v0, &e0);
-    const long q0 = lc_qgemm_qmma_count();
+    const long q0 = lc_qgemm_qmma_count(), b0 = lc_qgemv_bulk_count();
     int rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
-    const bool qmma = lc_qgemm_qmma_count() > q0;
+    const bool qmma = lc_qgemm_qmma_count() > q0, bulk = lc_qgemv_bulk_count() > b0;
     lc_qmma_set(qmma_prev);
     lc_qgemv_count(&tc1, &cc1);
     lc_qgemm_fp8_count(&v1, &e1);
@@ -1249,6 +1250,7 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     /* an FP8 GEMM: cuBLASLt's scale vectors, or unit scales + the epilogue */
     if (v1 > v0 || e1 > e0) kern = v1 > v0 ? (e1 > e0 ? " scale-vec+epilogue" : " scale-vec") : " epilogue";
     if (qmma) kern = " qmma";
+    if (bulk) kern = " bulk";
     snprintf(name, sizeof name, "qgemm %s %s M=%d N=%d K=%d%s%s%s%s -> %s", qfmt_name(fmt), dtn(dt),
              M, N, K, gs, path == 1 ? " gemv" : path == 2 ? " gemm" : "", kern,
              smooth ? " smooth" : "", out_f32 ? "f32" : dtn(dt));
@@ -1343,6 +1345,62 @@ static void rand_q8_weight(loom_cuda_qfmt fmt, int N, int K, uint8_t *data, floa
         data[i] = b;
     }
     for (int n = 0; n < N; n++) sc[n] = rng_unif(0.001f, 0.02f);
+}
+
+/* One row of x on qgemv_bulk.cu's kernel (bulk-copy staging, tensor
+ * cores) against the float64 reference (test_qgemm, float32 output held to
+ * 1e-4): W8A16 and INT4 (groups 128 .. 2048), bf16 / f16, N below one
+ * 16-row CTA and not a multiple of it, K of one 64-column window, with a
+ * partial last stage, of more stages than the ring holds (the 8B down
+ * projection), tokens of wild magnitudes (the per-CTA power-of-two
+ * scaling); each call must have run the kernel. Then the shapes it must
+ * refuse (INT4 groups of 64 / 4096, K % (2 group); W8A16 K % 64) and take. */
+static void test_qgemm_bulk(loom_cuda_gemm *g) {
+    typedef struct { loom_cuda_qfmt fmt; loom_cuda_dt dt; int N, K, group; bool f32; } bcase;
+    const bcase cs[] = {
+        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 1, 64, 0, true},
+        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 17, 576, 0, true},
+        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_F16, 300, 4096, 0, false},
+        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 4096, 14336, 0, true},
+        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 1001, 1088, 0, false},
+        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 1, 512, 128, true},
+        {LOOM_CUDA_Q_INT4, LOOM_CUDA_F16, 77, 1024, 256, true},
+        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 300, 2048, 128, false},
+        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 4096, 14336, 128, true},
+        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 1001, 4096, 256, false},
+        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 64, 5120, 512, true},
+        {LOOM_CUDA_Q_INT4, LOOM_CUDA_F16, 333, 8192, 2048, true},
+        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_F16, 515, 2112, 0, true},
+    };
+    const int prev = lc_qgemv_bulk_get();
+    lc_qgemv_bulk_set(1);
+    for (int wild = 0; wild < 2; wild++)
+        for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+            const bcase c = cs[ci];
+            if (wild && (c.N < 300 || !c.f32)) continue; /* wild tokens overflow a 16-bit output */
+            g_qx_wild = wild;
+            const long b0 = lc_qgemv_bulk_count();
+            test_qgemm(g, c.dt, c.fmt, 1, c.N, c.K, c.group, 0, c.f32, false);
+            char name[160];
+            snprintf(name, sizeof name, "qgemm %s %s M=1 N=%d K=%d%s ran the bulk kernel", qfmt_name(c.fmt), dtn(c.dt),
+                     c.N, c.K, wild ? " (wild tokens)" : "");
+            report_bits(name, lc_qgemv_bulk_count() == b0 + 1 ? 0 : 1, 1);
+        }
+    g_qx_wild = false;
+    const loom_cuda_qweight r[5] = {
+        {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 2048, .group = 64, .data = (void *)256, .scales = (float *)256},
+        {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 8192, .group = 4096, .data = (void *)256, .scales = (float *)256},
+        {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 1152, .group = 128, .data = (void *)256, .scales = (float *)256},
+        {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 1040, .data = (void *)256, .scales = (float *)256},
+        {.fmt = LOOM_CUDA_Q_FP8, .N = 64, .K = 4096, .data = (void *)256, .scales = (float *)256}};
+    const loom_cuda_qweight t1 = {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 14336, .group = 128, .data = (void *)256,
+                                  .scales = (float *)256};
+    const loom_cuda_qweight t2 = {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 4096, .data = (void *)256,
+                                  .scales = (float *)256};
+    long bad = (lc_qgemv_bulk_ok(&t1) ? 0 : 1) + (lc_qgemv_bulk_ok(&t2) ? 0 : 1);
+    for (int i = 0; i < 5; i++) bad += lc_qgemv_bulk_ok(&r[i]) ? 1 : 0;
+    report_bits("qgemv bulk refuses INT4 g64 / g4096 / K % (2 group), W8A16 K % 64, FP8; takes the 8B shapes", bad, 7);
+    lc_qgemv_bulk_set(prev);
 }
 
 /* The FFN down projection with the SwiGLU formed inside the activation
@@ -2346,6 +2404,7 @@ linear:;
         }
         test_qgemm_all(g);
         test_qgemm_qmma(g);
+        test_qgemm_bulk(g);
         test_qgemm_scratch_bound(g);
         test_qgemm_gguf_all(g);
         loom_cuda_gemm_destroy(g);
