@@ -9,6 +9,8 @@
 
 #include <stdint.h>
 
+#include "common.cuh"
+
 /* c (16 x 8, f32) += a (16 x 16, f16) b (16 x 8, f16), one warp. */
 __device__ __forceinline__ void lc_mma_f16(float *c, uint32_t a0, uint32_t a1, uint32_t a2,
                                            uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -48,6 +50,29 @@ __device__ __forceinline__ void lc_i8x4_h2(uint32_t w, uint32_t &lo, uint32_t &h
     const uint32_t u = w ^ 0x80808080u;
     lo = lc_hsub2(__byte_perm(u, 0x64646464u, 0x4140u), 0x64806480u);
     hi = lc_hsub2(__byte_perm(u, 0x64646464u, 0x4342u), 0x64806480u);
+}
+
+/* The token scaling of the f16 kernels fed one token at a time (qmma.cu's
+ * prep, qgemv_bulk.cu): 2^e puts max |x| = amax in [2^14, 2^15), clamped to
+ * float's normal exponents (e = 0 for an all-zero token), so x 2^e rounds
+ * to f16 exactly for every bf16 value down to 2^-29 of amax. */
+__device__ __forceinline__ int lc_tok_exp(float amax) {
+    if (!(amax > 0.0f)) return 0;
+    const int e = 141 - (int)((__float_as_uint(amax) >> 23) & 0xFFu); /* 14 - unbiased exponent */
+    return e < -126 ? -126 : e > 126 ? 126 : e;
+}
+/* 2^e for e in [-126, 126], exactly. */
+__device__ __forceinline__ float lc_pow2(int e) { return __uint_as_float((uint32_t)(127 + e) << 23); }
+
+/* Eight f16-exact floats as f16 in a 16-byte vector: in column order, or
+ * (I4) in the order lc_u4x8_h2 yields the codes, (0,4)(1,5)(2,6)(3,7). */
+template <bool I4> __device__ __forceinline__ uint4 lc_pack_h8(const float *v) {
+    if constexpr (I4)
+        return make_uint4(lc_pack2<__half>(v[0], v[4]), lc_pack2<__half>(v[1], v[5]),
+                          lc_pack2<__half>(v[2], v[6]), lc_pack2<__half>(v[3], v[7]));
+    else
+        return make_uint4(lc_pack2<__half>(v[0], v[1]), lc_pack2<__half>(v[2], v[3]),
+                          lc_pack2<__half>(v[4], v[5]), lc_pack2<__half>(v[6], v[7]));
 }
 
 #endif

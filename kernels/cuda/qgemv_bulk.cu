@@ -171,28 +171,15 @@ __device__ __forceinline__ float lc_qt_token(const T *__restrict__ x, int K, uin
     if (lane == 0) red[warp] = a;
     asm volatile("bar.sync 1, %0;" ::"n"(LC_QT_WARPS * 32) : "memory");
     a = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
-    int e = 0;
-    if (a > 0.0f) {
-        e = 141 - (int)((__float_as_uint(a) >> 23) & 0xFFu);
-        e = e < -126 ? -126 : e > 126 ? 126 : e;
-    }
-    const float scale = __uint_as_float((uint32_t)(127 + e) << 23);
+    const int e = lc_tok_exp(a);
+    const float scale = lc_pow2(e);
     /* chunk c of this thread (w: its values, zeros past K) into x16 / xg;
      * whole warps through every call: INT4's 16-lane shuffle sums */
     auto emit = [&](int c, float *w) {
         const int k = (c * NT + tid) * 8;
 #pragma unroll
         for (int i = 0; i < 8; i++) w[i] = k < K ? __half2float(__float2half_rn(w[i] * scale)) : 0.0f;
-        if (k < K) {
-            uint4 h;
-            if constexpr (I4)
-                h = make_uint4(lc_pack2<__half>(w[0], w[4]), lc_pack2<__half>(w[1], w[5]),
-                               lc_pack2<__half>(w[2], w[6]), lc_pack2<__half>(w[3], w[7]));
-            else
-                h = make_uint4(lc_pack2<__half>(w[0], w[1]), lc_pack2<__half>(w[2], w[3]),
-                               lc_pack2<__half>(w[4], w[5]), lc_pack2<__half>(w[6], w[7]));
-            *reinterpret_cast<uint4 *>(x16 + k) = h;
-        }
+        if (k < K) *reinterpret_cast<uint4 *>(x16 + k) = lc_pack_h8<I4>(w);
         if constexpr (I4) {
             float s8 = ((w[0] + w[1]) + (w[2] + w[3])) + ((w[4] + w[5]) + (w[6] + w[7]));
 #pragma unroll
@@ -215,7 +202,7 @@ __device__ __forceinline__ float lc_qt_token(const T *__restrict__ x, int K, uin
         }
     }
     asm volatile("bar.sync 1, %0;" ::"n"(LC_QT_WARPS * 32) : "memory");
-    return __uint_as_float((uint32_t)(127 - e) << 23);
+    return lc_pow2(-e);
 }
 
 /* grid: one CTA per 16 rows. x (1, K) dt; wd (N, row bytes) codes; sc as

@@ -123,13 +123,9 @@ __global__ void __launch_bounds__(256)
         for (int e = 0; e < 8; e++) a = fmaxf(a, fabsf(v[e]));
     }
     a = lc_block_max(a, red);
-    int e = 0;
-    if (a > 0.0f) {
-        e = 141 - (int)((__float_as_uint(a) >> 23) & 0xFFu); /* 14 - unbiased exponent */
-        e = e < -126 ? -126 : e > 126 ? 126 : e;
-    }
-    const float sc = __uint_as_float((uint32_t)(127 + e) << 23);
-    if (threadIdx.x == 0) inv[m] = __uint_as_float((uint32_t)(127 - e) << 23);
+    const int e = lc_tok_exp(a);
+    const float sc = lc_pow2(e);
+    if (threadIdx.x == 0) inv[m] = lc_pow2(-e);
     /* each half-warp's 16 chunks are one 128-column block, and the full-mask
      * shuffle below needs whole warps in the loop: K % 256 == 0 for INT4
      * (lc_qmma_ok) */
@@ -138,14 +134,7 @@ __global__ void __launch_bounds__(256)
         lc_unpack8<T>(lc_ldg16(xr + k), v);
 #pragma unroll
         for (int i = 0; i < 8; i++) v[i] = __half2float(__float2half_rn(v[i] * sc));
-        uint4 h;
-        if constexpr (I4)
-            h = make_uint4(lc_pack2<__half>(v[0], v[4]), lc_pack2<__half>(v[1], v[5]),
-                           lc_pack2<__half>(v[2], v[6]), lc_pack2<__half>(v[3], v[7]));
-        else
-            h = make_uint4(lc_pack2<__half>(v[0], v[1]), lc_pack2<__half>(v[2], v[3]),
-                           lc_pack2<__half>(v[4], v[5]), lc_pack2<__half>(v[6], v[7]));
-        lc_stg16(x16 + (size_t)m * K + k, h);
+        lc_stg16(x16 + (size_t)m * K + k, lc_pack_h8<I4>(v));
         if constexpr (I4) {
             float s8 = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 #pragma unroll
