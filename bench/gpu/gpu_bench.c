@@ -923,10 +923,15 @@ out:
 /* -------------------------------------------------------------------- main */
 
 int main(int argc, char **argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: gpu_bench OUT.json [loom-backend-cuda.so] [--quick] [--components] "
-                        "[--quant] [--quant-m M]\n");
-        return 2;
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fprintf(argc < 2 ? stderr : stdout,
+                "usage: gpu_bench OUT.json [loom-backend-cuda.so] [--quick] [--components] [--quant] [--quant-m M]\n"
+                "  kernel and engine timings on the GPU, written to OUT.json (docs/performance.md reads them)\n"
+                "  --quick         fewer repetitions, no batch-64 engine run\n"
+                "  --components    every kernel of one Llama-3-8B layer timed alone, several batch sizes\n"
+                "  --quant         the quantized linear layers only (M = 1, 2, 8, 64, 2048; M = 1 also chained)\n"
+                "  --quant-m M     those at M only; M <= 8 also chained in a CUDA graph\n");
+        return argc < 2 ? 2 : 0;
     }
     const char *out_path = argv[1];
     const char *so = LOOM_CUDA_BACKEND_DEFAULT;
