@@ -81,11 +81,16 @@ typedef struct row {
     const char *bound;/* "memory" or "compute"                     */
 } row;
 
-static row g_rows[128];
+#define MAX_ROWS 256
+static row g_rows[MAX_ROWS];
 static int g_nrows;
 static double g_copy_bw, g_gemm_flops; /* bytes/s, FLOP/s */
 
 static void add_row(const char *name, double ms, double bytes, double flops, double per_s) {
+    if (g_nrows == MAX_ROWS) {
+        fprintf(stderr, "gpu_bench: more than %d result rows; '%s' and later left out of the JSON\n", MAX_ROWS, name);
+        return;
+    }
     row *r = &g_rows[g_nrows++];
     snprintf(r->name, sizeof r->name, "%s", name);
     r->ms = ms, r->bytes = bytes, r->flops = flops, r->per_s = per_s;
@@ -384,8 +389,16 @@ typedef struct qres {
     int M;
     double ms, bf16_ms;
 } qres;
-static qres g_qres[64];
+#define MAX_QRES 256
+static qres g_qres[MAX_QRES];
 static int g_nqres;
+/* the next free quant_linears entry, or NULL (said once) when full */
+static qres *qres_next(void) {
+    static int warned;
+    if (g_nqres < MAX_QRES) return &g_qres[g_nqres++];
+    if (!warned++) fprintf(stderr, "gpu_bench: more than %d quant_linears entries; the rest left out\n", MAX_QRES);
+    return NULL;
+}
 
 static void *dev_bytes(size_t n, uint8_t mask) {
     uint8_t *h = malloc(n);
@@ -501,10 +514,10 @@ static void bench_quant(int M) {
         add_row(nm, ms, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
         printf("    %-15s M=%-5d %8.1f us per layer, %5.2fx vs bf16   (QKV %.1f, O %.1f, gate|up %.1f, down %.1f us)\n",
                label, M, ms * 1e3, bf16_ms / ms, shape_us[0], shape_us[1], shape_us[2], shape_us[3]);
-        if (g_nqres < 64) {
-            qres *r = &g_qres[g_nqres++];
-            snprintf(r->fmt, sizeof r->fmt, "%s", label);
-            r->M = M, r->ms = ms, r->bf16_ms = bf16_ms;
+        qres *qr = qres_next();
+        if (qr) {
+            snprintf(qr->fmt, sizeof qr->fmt, "%s", label);
+            qr->M = M, qr->ms = ms, qr->bf16_ms = bf16_ms;
         }
     }
     lc_qgemv_set_tc(-1);
@@ -517,10 +530,11 @@ static void bench_quant(int M) {
 /* One Llama-3-8B layer's four linear layers chained as a decode step runs
  * them: captured 8 layers deep into one CUDA graph on a stream (the GEMVs'
  * programmatic launches overlapping each other, no host launch cost) and
- * replayed; µs per layer, median of 15 replays. Each loom format, then the
- * one-row formats again with qgemv_bulk.cu's kernel off (`_cc`), so the
- * kernel's gain is read in one run. Timed alone (bench_quant) a GEMV pays
- * ~3-4 µs of launch; chained it pays what the engine pays. */
+ * replayed; µs per layer, median of 15 replays. bf16 and each loom format
+ * as dispatched, then (M = 1) W8A16 / INT4 on qgemv_bulk.cu's opt-in kernel
+ * (`_bulk`) and that kernel with its arithmetic skipped (`_probe`: the bare
+ * weight stream). Timed alone (bench_quant) a GEMV pays ~3-4 µs of launch;
+ * chained it pays what the engine pays. */
 static void bench_quant_chain(int M) {
     static const int shp[4][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
     static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
@@ -547,7 +561,7 @@ static void bench_quant_chain(int M) {
     for (int vi = 0; vi < nv; vi++) {
         const int fi = vfmt[vi];
         const bool bulk_on = vi >= 5, probe = vi >= 7;
-        lc_qgemv_bulk_set(bulk_on ? 1 : -1);
+        lc_qgemv_bulk_set(bulk_on ? 1 : 0); /* rows 0..4 as dispatched by default, whatever the environment says */
         lc_qgemv_bulk_set_probe(probe);
         const loom_cuda_qfmt f = fmts[fi];
         const bool i4 = f == LOOM_CUDA_Q_INT4;
@@ -574,8 +588,10 @@ static void bench_quant_chain(int M) {
         void *scratch = NULL;
         if (scr) CK(cudaMalloc(&scratch, scr));
         long b0 = lc_qgemv_bulk_count();
-        /* one eager pass (plans, attributes), then the capture */
+        /* one eager pass (plans, attributes), then the capture; a failed
+         * call is reported and the row skipped */
         int rc = 0;
+        cudaGraph_t gr = NULL;
         for (int pass = 0; pass < 2 && !rc; pass++) {
             if (pass == 1) CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
             for (int l = 0; l < (pass ? DEPTH : 1) && !rc; l++)
@@ -586,9 +602,16 @@ static void bench_quant_chain(int M) {
                              : loom_cuda_qgemm_run(g, LOOM_CUDA_BF16, 0, M, &w[k], x, y, scratch, scr, st, msg,
                                                    sizeof msg);
             if (pass == 0) CK(cudaStreamSynchronize(st));
+            else if (cudaStreamEndCapture(st, &gr) != cudaSuccess && !rc) rc = -1;
         }
-        cudaGraph_t gr;
-        CK(cudaStreamEndCapture(st, &gr));
+        if (rc) {
+            printf("    chained %-16s M=%-3d ERROR: %s\n", names[fi], M, rc == -1 ? "capture failed" : msg);
+            (void)cudaGetLastError();
+            if (gr) cudaGraphDestroy(gr);
+            for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
+            cudaFree(scratch);
+            continue;
+        }
         const bool bulk = lc_qgemv_bulk_count() > b0;
         cudaGraphExec_t ex;
         CK(cudaGraphInstantiate(&ex, gr, 0));
@@ -608,17 +631,16 @@ static void bench_quant_chain(int M) {
         const double us = median(t, 15) * 1e3 / DEPTH;
         if (fi == 0) bf16_us = us;
         char label[32], nm[96];
-        snprintf(label, sizeof label, "%s%s", names[fi], probe ? "_probe" : bulk_on ? "_bulk" : "");
+        snprintf(label, sizeof label, "%s%s", names[fi], probe ? "_probe" : bulk ? "_bulk" : "");
         snprintf(nm, sizeof nm, "llama3-8b layer linears chained %s M=%d", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, us * 1e-3, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
-        printf("    chained %-16s M=%-3d %8.1f us per layer, %5.2fx vs bf16, %5.2f TB/s%s%s\n", label, M, us,
-               bf16_us / us, bytes / (us * 1e-6) / 1e12, bulk ? " (bulk kernel)" : "", rc ? " ERROR" : "");
-        if (rc) printf("      %s\n", msg);
-        if (g_nqres < 64) {
-            qres *r = &g_qres[g_nqres++];
-            snprintf(r->fmt, sizeof r->fmt, "chain_%s", label);
-            r->M = M, r->ms = us * 1e-3, r->bf16_ms = bf16_us * 1e-3;
+        printf("    chained %-16s M=%-3d %8.1f us per layer, %5.2fx vs bf16, %5.2f TB/s%s\n", label, M, us,
+               bf16_us / us, bytes / (us * 1e-6) / 1e12, bulk ? " (bulk kernel)" : "");
+        qres *qr = qres_next();
+        if (qr) {
+            snprintf(qr->fmt, sizeof qr->fmt, "chain_%s", label);
+            qr->M = M, qr->ms = us * 1e-3, qr->bf16_ms = bf16_us * 1e-3;
         }
         cudaEventDestroy(e0), cudaEventDestroy(e1);
         cudaGraphExecDestroy(ex), cudaGraphDestroy(gr);

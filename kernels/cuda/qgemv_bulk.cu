@@ -22,9 +22,11 @@
  * by the one token in the B operand's first column (the other seven are
  * zeros). Measured (call D): W8A16 71.5 us a layer chained against 73.0 on
  * qgemm.cu's kernel, INT4 85.4 against 58.5; in the engine at batch 1
- * slower for both (1.31x / 1.19x bf16 against 1.47x / 1.60x). Its limits,
- * as measured and reasoned: 4 consumer warps a CTA and 2 CTAs an SM (the
- * stages and the token's f16 copy fill shared memory) leave the mma and
+ * slower for both (1.31x / 1.19x bf16, call D; the default kernels 1.48x /
+ * 1.64x in call E). Its limits, as measured and reasoned: 4 consumer warps
+ * a CTA and 2 CTAs an SM (the stages and the token's f16 copy fill shared
+ * memory; 160 registers a thread — the token kept in registers, the
+ * producer warp's included — cap it there as well) leave the mma and
  * shared-load latencies exposed; the token's scaling into f16 is repeated
  * by every CTA (one round trip and two CTA barriers before the first
  * mma); with 64 rows a CTA and 256-byte copies (call C) the stream fell to
@@ -281,6 +283,7 @@ __global__ void __launch_bounds__(LC_QT_THREADS)
     for (int j = 0; j < nst; j++) {
         const int s = j % LC_QT_ST;
         lc_mbar_wait(&full[s], (uint32_t)(j / LC_QT_ST) & 1u);
+        __syncwarp(); /* converged again before mma.sync.aligned */
         const uint32_t off = (uint32_t)j * LC_QT_SB;
         const int nw = (int)((row_bytes - off < LC_QT_SB ? row_bytes - off : LC_QT_SB) / WB);
         const uint8_t *ra = data(s, g), *rb = data(s, g + 8);
@@ -426,8 +429,11 @@ static cudaError_t lc_qb_fmt(const loom_cuda_qweight *w, const void *x, void *y,
 extern "C" cudaError_t lc_qgemv_bulk(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight *w,
                                      const void *x, void *y, cudaStream_t s) {
     if (!lc_qgemv_bulk_ok(w)) return cudaErrorInvalidValue;
-    lc_qb_launches++;
+    cudaError_t e;
     if (dt == LOOM_CUDA_F16)
-        return out_f32 ? lc_qb_fmt<__half, true>(w, x, y, s) : lc_qb_fmt<__half, false>(w, x, y, s);
-    return out_f32 ? lc_qb_fmt<__nv_bfloat16, true>(w, x, y, s) : lc_qb_fmt<__nv_bfloat16, false>(w, x, y, s);
+        e = out_f32 ? lc_qb_fmt<__half, true>(w, x, y, s) : lc_qb_fmt<__half, false>(w, x, y, s);
+    else
+        e = out_f32 ? lc_qb_fmt<__nv_bfloat16, true>(w, x, y, s) : lc_qb_fmt<__nv_bfloat16, false>(w, x, y, s);
+    if (e == cudaSuccess) lc_qb_launches++;
+    return e;
 }

@@ -1110,9 +1110,11 @@ static void qgemm_defaults(loom_cuda_gemm *g) {
 }
 
 /* test_qgemm's activations: the [-2, 2] of every test, or (set) tokens of
- * very different magnitudes — what the tensor-core INT4 path's per-token
- * power-of-two f16 scaling is for */
-static bool g_qx_wild;
+ * very different magnitudes — what the tensor-core paths' per-token
+ * power-of-two f16 scaling is for. At M = 1 the one token is of kind 1
+ * (beyond f16's range), or of kind 2 (tiny) / 3 (powers of two) when
+ * g_qx_wild is 2 / 3. */
+static int g_qx_wild;
 
 /* Quantize random weights on the host exactly as loom/quant.h lays them
  * out, run loom_cuda_qgemm_run, and compare with a float64 reference over
@@ -1180,7 +1182,7 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     if (g_qx_wild) /* tokens 1, 2, 3 (mod 4): beyond f16's range (bf16 only), tiny, powers of two;
                     * a single token: the first of these */
         for (int m = M == 1 ? 0 : 1; m < M; m++) {
-            const int kind = M == 1 ? 1 : m % 4;
+            const int kind = M == 1 ? (g_qx_wild >= 2 ? g_qx_wild : 1) : m % 4;
             const float f = kind == 1 ? (dt == LOOM_CUDA_BF16 ? 5e4f : 2e3f) : kind == 2 ? 1e-6f : 1.0f;
             for (int k = 0; k < K; k++) {
                 size_t i = (size_t)m * K + k;
@@ -1251,9 +1253,11 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     if (v1 > v0 || e1 > e0) kern = v1 > v0 ? (e1 > e0 ? " scale-vec+epilogue" : " scale-vec") : " epilogue";
     if (qmma) kern = " qmma";
     if (bulk) kern = " bulk";
-    snprintf(name, sizeof name, "qgemm %s %s M=%d N=%d K=%d%s%s%s%s -> %s", qfmt_name(fmt), dtn(dt),
+    char wild[16] = "";
+    if (g_qx_wild) snprintf(wild, sizeof wild, M == 1 && g_qx_wild >= 2 ? " wild%d" : " wild", g_qx_wild);
+    snprintf(name, sizeof name, "qgemm %s %s M=%d N=%d K=%d%s%s%s%s%s -> %s", qfmt_name(fmt), dtn(dt),
              M, N, K, gs, path == 1 ? " gemv" : path == 2 ? " gemm" : "", kern,
-             smooth ? " smooth" : "", out_f32 ? "f32" : dtn(dt));
+             smooth ? " smooth" : "", wild, out_f32 ? "f32" : dtn(dt));
     err_acc a = {0};
     if (rc) {
         printf("      qgemm error: %s\n", msg);
@@ -1352,9 +1356,11 @@ static void rand_q8_weight(loom_cuda_qfmt fmt, int N, int K, uint8_t *data, floa
  * 1e-4): W8A16 and INT4 (groups 128 .. 2048), bf16 / f16, N below one
  * 16-row CTA and not a multiple of it, K of one 64-column window, with a
  * partial last stage, of more stages than the ring holds (the 8B down
- * projection), tokens of wild magnitudes (the per-CTA power-of-two
- * scaling); each call must have run the kernel. Then the shapes it must
- * refuse (INT4 groups of 64 / 4096, K % (2 group); W8A16 K % 64) and take. */
+ * projection), K past what the token prologue keeps in registers up to the
+ * 65536 bound, tokens of wild magnitudes (the per-CTA power-of-two
+ * scaling: huge, tiny, powers of two); each call must have run the kernel.
+ * Then: not in batch-invariant mode even when on; the shapes it must
+ * refuse and take; off when set off. */
 static void test_qgemm_bulk(loom_cuda_gemm *g) {
     typedef struct { loom_cuda_qfmt fmt; loom_cuda_dt dt; int N, K, group; bool f32; } bcase;
     const bcase cs[] = {
@@ -1371,35 +1377,59 @@ static void test_qgemm_bulk(loom_cuda_gemm *g) {
         {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 64, 5120, 512, true},
         {LOOM_CUDA_Q_INT4, LOOM_CUDA_F16, 333, 8192, 2048, true},
         {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_F16, 515, 2112, 0, true},
+        /* K past the 16384 a thread's registers keep of the token (read twice), up to the bound */
+        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 300, 28672, 0, true},
+        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 7, 65536, 128, true},
+        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 300, 6144, 1024, true},
     };
     const int prev = lc_qgemv_bulk_get();
     lc_qgemv_bulk_set(1);
-    for (int wild = 0; wild < 2; wild++)
+    /* wild: 0 plain tokens; 1 beyond f16's range, 2 tiny, 3 powers of two
+     * (float32 outputs only: a 16-bit output of kind 1 overflows) */
+    for (int wild = 0; wild < 4; wild++)
         for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
             const bcase c = cs[ci];
-            if (wild && (c.N < 300 || !c.f32)) continue; /* wild tokens overflow a 16-bit output */
+            if (wild && !c.f32) continue;
             g_qx_wild = wild;
             const long b0 = lc_qgemv_bulk_count();
             test_qgemm(g, c.dt, c.fmt, 1, c.N, c.K, c.group, 0, c.f32, false);
             char name[160];
-            snprintf(name, sizeof name, "qgemm %s %s M=1 N=%d K=%d%s ran the bulk kernel", qfmt_name(c.fmt), dtn(c.dt),
-                     c.N, c.K, wild ? " (wild tokens)" : "");
+            snprintf(name, sizeof name, "qgemm %s %s M=1 N=%d K=%d wild%d ran the bulk kernel", qfmt_name(c.fmt),
+                     dtn(c.dt), c.N, c.K, wild);
             report_bits(name, lc_qgemv_bulk_count() == b0 + 1 ? 0 : 1, 1);
         }
-    g_qx_wild = false;
-    const loom_cuda_qweight r[5] = {
+    g_qx_wild = 0;
+    /* never in batch-invariant mode, even when asked for (its rows must have
+     * the bits of every other M) */
+    {
+        loom_cuda_gemm_set_batch_invariant(g, 1);
+        const long b0 = lc_qgemv_bulk_count();
+        test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 1, 300, 4096, 0, 0, true, false);
+        report_bits("qgemm int8_w8a16 M=1 in batch-invariant mode did not run the bulk kernel",
+                    lc_qgemv_bulk_count() == b0 ? 0 : 1, 1);
+        loom_cuda_gemm_set_batch_invariant(g, 0);
+    }
+    const loom_cuda_qweight r[9] = {
         {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 2048, .group = 64, .data = (void *)256, .scales = (float *)256},
         {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 8192, .group = 4096, .data = (void *)256, .scales = (float *)256},
         {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 1152, .group = 128, .data = (void *)256, .scales = (float *)256},
         {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 1040, .data = (void *)256, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_FP8, .N = 64, .K = 4096, .data = (void *)256, .scales = (float *)256}};
+        {.fmt = LOOM_CUDA_Q_FP8, .N = 64, .K = 4096, .data = (void *)256, .scales = (float *)256},
+        {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 65600, .data = (void *)256, .scales = (float *)256},
+        {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 4096, .data = (void *)264, .scales = (float *)256},
+        {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 4096, .group = 128, .data = (void *)256, .scales = (float *)260},
+        {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 0, .K = 4096, .data = (void *)256, .scales = (float *)256}};
     const loom_cuda_qweight t1 = {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 14336, .group = 128, .data = (void *)256,
                                   .scales = (float *)256};
     const loom_cuda_qweight t2 = {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 4096, .data = (void *)256,
                                   .scales = (float *)256};
     long bad = (lc_qgemv_bulk_ok(&t1) ? 0 : 1) + (lc_qgemv_bulk_ok(&t2) ? 0 : 1);
-    for (int i = 0; i < 5; i++) bad += lc_qgemv_bulk_ok(&r[i]) ? 1 : 0;
-    report_bits("qgemv bulk refuses INT4 g64 / g4096 / K % (2 group), W8A16 K % 64, FP8; takes the 8B shapes", bad, 7);
+    for (int i = 0; i < 9; i++) bad += lc_qgemv_bulk_ok(&r[i]) ? 1 : 0;
+    report_bits("qgemv bulk refuses INT4 g64 / g4096 / K % (2 group), W8A16 K % 64, FP8, K > 65536, unaligned "
+                "codes / scales, N = 0; takes the 8B shapes",
+                bad, 11);
+    lc_qgemv_bulk_set(0);
+    report_bits("qgemv bulk off when set off", lc_qgemv_bulk_ok(&t2) ? 1 : 0, 1);
     lc_qgemv_bulk_set(prev);
 }
 
