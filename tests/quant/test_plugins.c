@@ -529,6 +529,49 @@ Test(quant_errors, int8_weight_only_refusals) {
     cr_assert_eq(fake_host_live_allocs(), 0);
 }
 
+/* A skip / weight_only pattern that matches no tensor of the model (a typo,
+ * a layer the model does not have, a glob that hits nothing) is refused at
+ * the first plan() with the parameter, the pattern and what the model's
+ * weights are called; the default skip's names are exempt (a tied-embedding
+ * model has no LM head of its own); patterns that match load as before. */
+static void expect_unmatched(const loom_component *c, const char *const *sets, qt_model *m, const char *param,
+                             const char *pat) {
+    void *self;
+    loom_error err = {0};
+    cr_assert_eq(qt_create(c, sets, &self, &err), LOOM_OK, "%s", err.message);
+    loom_quant_plan p;
+    cr_assert_eq(ops_of(c)->plan(self, &m->view, m->view.get(m->view.ctx, "blk.0.attn_q.weight"), &p, &err),
+                 LOOM_ERR_INVALID, "%s: %s accepted", param, pat);
+    char want[96];
+    snprintf(want, sizeof want, "%s pattern '%s' matches no tensor", param, pat);
+    cr_assert(strstr(err.message, want) && strstr(err.message, "blk.1.ffn_down.weight") &&
+                  strstr(err.message, "fix the pattern or remove it"),
+              "%s", err.message);
+    ops_of(c)->destroy(self);
+}
+
+Test(quant_errors, patterns_matching_nothing) {
+    kt_rng r = kt_seeded("errors.unmatched");
+    qt_model m;
+    small_model(&m, &r, true); /* tied embeddings: no output.weight */
+    const loom_component *i8 = qt_component("LOOM_QUANT_INT8_SO");
+    const loom_component *f8 = qt_component("LOOM_QUANT_FP8_SO");
+    const loom_component *i4 = qt_component("LOOM_QUANT_INT4_SO");
+    expect_unmatched(i8, SETS("skip=token_embd,output,ffn_dwn"), &m, "skip", "ffn_dwn");
+    expect_unmatched(f8, SETS("skip=token_embd,blk.5"), &m, "skip", "blk.5"); /* 2 layers */
+    expect_unmatched(i4, SETS("group_size=32", "skip=token_embd,blk.*.attn_qkv.weight"), &m, "skip",
+                     "blk.*.attn_qkv.weight");
+    expect_unmatched(i8, SETS("mode=w8a8", "weight_only=ffn_down,down_proj"), &m, "weight_only", "down_proj");
+    /* the defaults on a tied model, an exempt "output", patterns that match: planned as before */
+    const char *const def[] = {"token_embd", NULL};
+    cr_assert_eq(plan_all(i8, NULL, &m, def, LOOM_QFMT_INT8_W8A16), 14);
+    cr_assert_eq(plan_all(f8, SETS("skip=output, token_embd ,blk.1"), &m,
+                          (const char *const[]){"token_embd", "blk.1", NULL}, LOOM_QFMT_FP8_W8A8),
+                 7);
+    qt_model_free(&m);
+    cr_assert_eq(fake_host_live_allocs(), 0);
+}
+
 Test(quant_errors, packed_checkpoint_under_float_quantizers) {
     kt_rng r = kt_seeded("errors.packed");
     qt_model m;

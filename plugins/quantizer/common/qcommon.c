@@ -84,6 +84,54 @@ bool qc_patterns_valid(const char *list, char *bad, size_t size) {
     return !qc_each_pattern(list, qc_find_bad, &b);
 }
 
+typedef struct qc_unmatched {
+    const loom_model_view *m;
+    char *out;
+    size_t size;
+} qc_unmatched;
+
+static bool qc_find_unmatched(void *ctx, const char *pat, size_t n) {
+    qc_unmatched *u = ctx;
+    char one[LOOM_PARAM_STRING_MAX];
+    if (n >= sizeof one) return false; /* cannot be a real pattern: qc_patterns_valid's business */
+    memcpy(one, pat, n);
+    one[n] = 0;
+    if (!strcmp(one, "output") || !strcmp(one, "token_embd")) return false; /* the default skip */
+    const int32_t count = u->m->count(u->m->ctx);
+    for (int32_t i = 0; i < count; i++) {
+        const loom_tensor *t = u->m->at(u->m->ctx, i);
+        if (t && qc_name_matches(t->name, one)) return false;
+    }
+    snprintf(u->out, u->size, "%s", one);
+    return true;
+}
+
+bool qc_patterns_match_model(const loom_model_view *m, const char *list, char *bad, size_t size) {
+    if (!m || !m->count || !m->at) return true;
+    qc_unmatched u = {m, bad, size};
+    return !qc_each_pattern(list, qc_find_unmatched, &u);
+}
+
+loom_status qc_check_patterns(const loom_host *h, const char *who, const char *param, const char *list,
+                              const loom_model_view *m, loom_error *err) {
+    char bad[LOOM_PARAM_STRING_MAX];
+    if (qc_patterns_match_model(m, list, bad, sizeof bad)) return LOOM_OK;
+    /* what the names look like: the first and the last linear weight */
+    const char *first = NULL, *last = NULL;
+    const int32_t count = m->count(m->ctx);
+    for (int32_t i = 0; i < count; i++) {
+        const loom_tensor *t = m->at(m->ctx, i);
+        if (!qc_is_linear(t)) continue;
+        if (!first) first = t->name;
+        last = t->name;
+    }
+    return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                    "%s: %s pattern '%s' matches no tensor of this model (its linear weights are "
+                    "named like '%s' ... '%s'); patterns are whole dot components such as ffn_down or "
+                    "blk.3, or globs such as 'blk.1?.ffn_*': fix the pattern or remove it",
+                    who, param, bad, first ? first : "?", last ? last : "?");
+}
+
 bool qc_is_linear(const loom_tensor *w) {
     if (!w || w->ndim != 2 || !w->name) return false;
     size_t n = strlen(w->name);

@@ -44,6 +44,22 @@ bool qc_is_linear(const loom_tensor *w);
  * On a bad one, copies it to bad[size] and returns false. */
 bool qc_patterns_valid(const char *list, char *bad, size_t size);
 
+/* Does every pattern of `list` match some tensor of the model `m`? One that
+ * matches none is almost always a typo ("ffn_dwn", "blk.29" on a 24-layer
+ * model) that would silently quantize what it meant to keep, or keep what
+ * it meant to quantize. The default skip's "token_embd" and "output" are
+ * exempt: a model with tied embeddings has no LM head of its own, and a
+ * partial view (a test's, a shard's) may hold neither. A view without
+ * count/at is not checked. On the first unmatched pattern,
+ * copies it to bad[size] and returns false. */
+bool qc_patterns_match_model(const loom_model_view *m, const char *list, char *bad, size_t size);
+
+/* Check `list` (parameter `param`, e.g. "skip") against m as above; LOOM_OK,
+ * or an error naming the pattern, the parameter and what the model's linear
+ * weights are called. */
+loom_status qc_check_patterns(const loom_host *h, const char *who, const char *param, const char *list,
+                              const loom_model_view *m, loom_error *err);
+
 /* `name` with its trailing ".weight" replaced by `suffix` (e.g. ".qweight")
  * into out[size]; false when it does not fit or does not end in ".weight". */
 bool qc_sibling_name(const char *name, const char *suffix, char *out, size_t size);
