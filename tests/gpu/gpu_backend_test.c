@@ -1055,6 +1055,14 @@ static const char *write_calib(const shape *sh) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        printf("usage: gpu_backend_test [CUDA_BACKEND.so CPU_BACKEND.so [SEED]]\n"
+               "  the cuda backend's logits against the cpu backend's on random models of several\n"
+               "  shapes, dtypes and quantizers, eager and through CUDA graphs (needs a GPU). The .so\n"
+               "  paths default to LOOM_CUDA_BACKEND_SO / LOOM_CPU_BACKEND_SO or the build tree;\n"
+               "  quantizer plugins come from LOOM_QUANTIZER_DIR. Ends with 'N passed, N failed'.\n");
+        return 0;
+    }
     const char *cuda_so = argc > 2 ? argv[1] : getenv("LOOM_CUDA_BACKEND_SO");
     const char *cpu_so = argc > 2 ? argv[2] : getenv("LOOM_CPU_BACKEND_SO");
     if (!cuda_so) cuda_so = LOOM_CUDA_BACKEND_DEFAULT;
