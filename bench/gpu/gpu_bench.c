@@ -423,6 +423,25 @@ static float *dev_floats(size_t n, float lo, float hi) {
     return d;
 }
 
+/* A random N x K weight in bf16 (f == NONE: *data, no scales) or a loom
+ * format (int8 / fp8 codes, int4 with groups of 128 and {scale, bias}
+ * pairs; fp8 codes never NaN) on the device; *bytes grows by what a call
+ * reads of it. The caller frees *data and *sc. */
+static loom_cuda_qweight qb_weight(loom_cuda_qfmt f, int N, int K, void **data, float **sc, double *bytes) {
+    enum { G = 128 };
+    *sc = NULL;
+    if (f == LOOM_CUDA_Q_NONE) {
+        *data = dev_rand((size_t)N * K);
+        *bytes += (double)N * K * 2;
+        return (loom_cuda_qweight){.fmt = f, .N = N, .K = K};
+    }
+    const bool i4 = f == LOOM_CUDA_Q_INT4;
+    *data = dev_bytes(i4 ? (size_t)N * K / 2 : (size_t)N * K, f == LOOM_CUDA_Q_FP8 ? 0x77 : 0xff);
+    *sc = i4 ? dev_floats((size_t)N * (K / G) * 2, -0.01f, 0.01f) : dev_floats((size_t)N, 1e-3f, 2e-3f);
+    *bytes += i4 ? (double)N * K / 2 + (double)N * (K / G) * 8 : (double)N * K + N * 4;
+    return (loom_cuda_qweight){.fmt = f, .N = N, .K = K, .group = i4 ? G : 0, .data = *data, .scales = *sc};
+}
+
 static void bench_quant(int M) {
     static const int shp[4][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
     enum { NF = 9 };
@@ -467,15 +486,13 @@ static void bench_quant(int M) {
         long v0, e0;
         lc_qgemm_fp8_count(&v0, &e0);
         for (int k = 0; k < 4; k++) {
-            const int N = shp[k][0], K = shp[k][1], G = 128;
+            const int N = shp[k][0], K = shp[k][1];
             qb_ctx c = {.g = g, .M = M, .x = x, .y = y};
             void *data = NULL;
             float *sc = NULL;
             if (f == LOOM_CUDA_Q_NONE) {
-                data = dev_rand((size_t)N * K);
-                c.w = (loom_cuda_qweight){.fmt = f, .N = N, .K = K};
+                c.w = qb_weight(f, N, K, &data, &sc, &bytes);
                 c.wb = data;
-                bytes += (double)N * K * 2;
             } else if (f == LOOM_CUDA_Q_GGUF) {
                 /* bytes masked with 0xbb: f16 exponents <= 14, no inf / NaN */
                 const size_t rb = loom_cuda_gguf_row_bytes(gtypes[fi], K);
@@ -486,15 +503,9 @@ static void bench_quant(int M) {
                 if (c.scratch_bytes) CK(cudaMalloc(&c.scratch, c.scratch_bytes));
                 bytes += (double)N * rb;
             } else {
-                const bool i4 = f == LOOM_CUDA_Q_INT4;
-                data = dev_bytes(i4 ? (size_t)N * K / 2 : (size_t)N * K, f == LOOM_CUDA_Q_FP8 ? 0x77 : 0xff);
-                sc = i4 ? dev_floats((size_t)N * (K / G) * 2, -0.01f, 0.01f)
-                        : dev_floats((size_t)N, 1e-3f, 2e-3f);
-                c.w = (loom_cuda_qweight){.fmt = f, .N = N, .K = K, .group = i4 ? G : 0,
-                                          .data = data, .scales = sc};
+                c.w = qb_weight(f, N, K, &data, &sc, &bytes);
                 c.scratch_bytes = loom_cuda_qgemm_scratch_bytes(g, LOOM_CUDA_BF16, 0, &c.w, M);
                 if (c.scratch_bytes) CK(cudaMalloc(&c.scratch, c.scratch_bytes));
-                bytes += i4 ? (double)N * K / 2 + (double)N * (K / G) * 8 : (double)N * K + N * 4;
             }
             const double t = time_op(op_qgemm, &c, M >= 1024 ? 10 : 30);
             ms += t, shape_us[k] = t * 1e3;
@@ -540,7 +551,7 @@ static void bench_quant_chain(int M) {
     static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
                                            LOOM_CUDA_Q_FP8, LOOM_CUDA_Q_INT4};
     static const char *names[5] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128"};
-    enum { DEPTH = 8, G = 128 };
+    enum { DEPTH = 8 };
     int code;
     char msg[256];
     loom_cuda_gemm *g = loom_cuda_gemm_create((size_t)32 << 20, &code, msg, sizeof msg);
@@ -564,26 +575,16 @@ static void bench_quant_chain(int M) {
         lc_qgemv_bulk_set(bulk_on ? 1 : 0); /* rows 0..4 as dispatched by default, whatever the environment says */
         lc_qgemv_bulk_set_probe(probe);
         const loom_cuda_qfmt f = fmts[fi];
-        const bool i4 = f == LOOM_CUDA_Q_INT4;
         void *data[4] = {0};
         float *sc[4] = {0};
         loom_cuda_qweight w[4];
         size_t scr = 0;
         double bytes = 0;
         for (int k = 0; k < 4; k++) {
-            const int N = shp[k][0], K = shp[k][1];
-            if (f == LOOM_CUDA_Q_NONE) {
-                data[k] = dev_rand((size_t)N * K);
-                w[k] = (loom_cuda_qweight){.fmt = f, .N = N, .K = K};
-                bytes += (double)N * K * 2;
-                continue;
-            }
-            data[k] = dev_bytes(i4 ? (size_t)N * K / 2 : (size_t)N * K, f == LOOM_CUDA_Q_FP8 ? 0x77 : 0xff);
-            sc[k] = i4 ? dev_floats((size_t)N * (K / G) * 2, -0.01f, 0.01f) : dev_floats((size_t)N, 1e-3f, 2e-3f);
-            w[k] = (loom_cuda_qweight){.fmt = f, .N = N, .K = K, .group = i4 ? G : 0, .data = data[k], .scales = sc[k]};
+            w[k] = qb_weight(f, shp[k][0], shp[k][1], &data[k], &sc[k], &bytes);
+            if (f == LOOM_CUDA_Q_NONE) continue;
             const size_t b = loom_cuda_qgemm_scratch_bytes(g, LOOM_CUDA_BF16, 0, &w[k], M);
             if (b > scr) scr = b;
-            bytes += i4 ? (double)N * K / 2 + (double)N * (K / G) * 8 : (double)N * K + N * 4;
         }
         void *scratch = NULL;
         if (scr) CK(cudaMalloc(&scratch, scr));
