@@ -12,6 +12,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda_kernels.h"
 #include "e4m3.h"
@@ -177,6 +179,16 @@ __device__ __forceinline__ void lc_prefetch_rows(const void *p, int rows, size_t
         for (size_t o = (size_t)lane * 128; o < n; o += 32 * 128)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
     }
+}
+
+/* A kernel switch from the environment: 0 / off / false / no -> false,
+ * 1 / on / true / yes -> true, unset or anything else -> dflt. */
+static inline bool lc_env_bool(const char *name, bool dflt) {
+    const char *e = getenv(name);
+    if (!e) return dflt;
+    if (!strcmp(e, "0") || !strcmp(e, "off") || !strcmp(e, "false") || !strcmp(e, "no")) return false;
+    if (!strcmp(e, "1") || !strcmp(e, "on") || !strcmp(e, "true") || !strcmp(e, "yes")) return true;
+    return dflt;
 }
 
 /* Raise kern's dynamic shared-memory limit to smem (the default allows 48

@@ -57,7 +57,7 @@
  * in fp32 — qmma.cu's arithmetic; not the CUDA-core kernel's order, so the
  * batch-invariant mode (every M the same bits) never uses it.
  *
- * Contract (lc_qgemv_bulk_ok): sm_90; 16-byte aligned codes and scales;
+ * Contract (lc_qgemv_bulk_ok): sm_90 (the only code built); 16-byte aligned codes and scales;
  * W8A16 K % 64; INT4 groups of 128 .. 2048 dividing 2048 and K % (2 group)
  * (every stage's scale pairs in whole 16-byte pieces); K <= 65536 (the
  * token's f16 copy in shared memory). Others go to qgemm.cu's kernel.
@@ -359,31 +359,13 @@ static std::atomic<int> lc_qb_probe{0};
 /* off unless the environment says LOOM_CUDA_QGEMV_BULK=1 (or on / true /
  * yes): measured slower than qgemm.cu's kernel (see the top of the file) */
 static bool lc_qb_env_on() {
-    static const bool on = [] {
-        const char *e = getenv("LOOM_CUDA_QGEMV_BULK");
-        return e && (!strcmp(e, "1") || !strcmp(e, "on") || !strcmp(e, "true") || !strcmp(e, "yes"));
-    }();
+    static const bool on = lc_env_bool("LOOM_CUDA_QGEMV_BULK", false);
     return on;
 }
 extern "C" void lc_qgemv_bulk_set(int on) { lc_qb_override = on < 0 ? -1 : on ? 1 : 0; }
 extern "C" int lc_qgemv_bulk_get(void) { return lc_qb_override; }
 extern "C" long lc_qgemv_bulk_count(void) { return lc_qb_launches; }
 extern "C" void lc_qgemv_bulk_set_probe(int on) { lc_qb_probe = on ? 1 : 0; }
-
-/* the device's compute capability major, per device (tensor-parallel ranks
- * are threads of one process on different GPUs) */
-static int lc_qb_sm_major() {
-    static std::atomic<int> major[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-    dev &= 63;
-    int m = major[dev].load(std::memory_order_relaxed);
-    if (m == 0) {
-        if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return 0;
-        major[dev].store(m, std::memory_order_relaxed);
-    }
-    return m;
-}
 
 extern "C" int lc_qgemv_bulk_ok(const loom_cuda_qweight *w) {
     const int o = lc_qb_override;
@@ -399,7 +381,7 @@ extern "C" int lc_qgemv_bulk_ok(const loom_cuda_qweight *w) {
     } else {
         return 0;
     }
-    return lc_qb_sm_major() >= 9;
+    return 1; /* sm_90: the build holds sm_90a code only, as for every kernel here */
 }
 
 template <typename T, int FMT, bool F32>

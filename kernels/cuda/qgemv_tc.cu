@@ -376,9 +376,7 @@ struct lc_tc_env {
 static const lc_tc_env &lc_tc_env_get() {
     static const lc_tc_env env = [] {
         lc_tc_env v = {true, 2, 3};
-        const char *e = getenv("LOOM_CUDA_QGEMV_TC");
-        if (e && (!strcmp(e, "0") || !strcmp(e, "off") || !strcmp(e, "false") || !strcmp(e, "no")))
-            v.on = false;
+        v.on = lc_env_bool("LOOM_CUDA_QGEMV_TC", true);
         const char *m = getenv("LOOM_CUDA_QGEMV_TC_MIN_M");
         if (m && atoi(m) >= 1) v.min_m = v.min_m_i4 = atoi(m);
         return v;

@@ -347,10 +347,7 @@ __global__ void __launch_bounds__(256)
 
 static std::atomic<int> lc_qmma_override{-1};
 static bool lc_qmma_env_on() {
-    static const bool on = [] {
-        const char *e = getenv("LOOM_CUDA_QMMA");
-        return !(e && (!strcmp(e, "0") || !strcmp(e, "off") || !strcmp(e, "false") || !strcmp(e, "no")));
-    }();
+    static const bool on = lc_env_bool("LOOM_CUDA_QMMA", true);
     return on;
 }
 extern "C" void lc_qmma_set(int on) { lc_qmma_override = on < 0 ? -1 : on ? 1 : 0; }
