@@ -542,9 +542,9 @@ static void bench_quant(int M) {
  * them: captured 8 layers deep into one CUDA graph on a stream (the GEMVs'
  * programmatic launches overlapping each other, no host launch cost) and
  * replayed; µs per layer, median of 15 replays. bf16 and each loom format
- * as dispatched, then (M = 1) W8A16 / INT4 on qgemv_bulk.cu's opt-in kernel
- * (`_bulk`) and that kernel with its arithmetic skipped (`_probe`: the bare
- * weight stream). Timed alone (bench_quant) a GEMV pays ~3-4 µs of launch;
+ * as dispatched, then (M = 1) W8A16 / FP8 / INT4 on qgemv_bulk.cu's kernel
+ * forced on (`_bulk`: 8 consumer warps a CTA, `_bulk4`: 4) and that kernel
+ * with its arithmetic skipped (`_probe`: the bare weight stream). Timed alone (bench_quant) a GEMV pays ~3-4 µs of launch;
  * chained it pays what the engine pays. */
 static void bench_quant_chain(int M) {
     static const int shp[4][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
@@ -567,13 +567,17 @@ static void bench_quant_chain(int M) {
     /* bf16, each quantized format as dispatched, then (M = 1) W8A16 / INT4
      * on qgemv_bulk.cu's kernel (opt-in: _bulk) and that kernel as the
      * probe (its weight stream with no arithmetic: _probe) */
-    static const int vfmt[9] = {0, 1, 2, 3, 4, 1, 4, 1, 4};
-    const int nv = M == 1 ? 9 : 5;
+    /* variants: format, then (M = 1) the bulk kernel's consumer warps
+     * (0: as dispatched, the bulk kernel forced off) and the probe */
+    static const int vfmt[13] = {0, 1, 2, 3, 4, 1, 3, 4, 1, 3, 4, 1, 4};
+    static const int vwarps[13] = {0, 0, 0, 0, 0, 8, 8, 8, 4, 4, 4, 8, 8};
+    const int nv = M == 1 ? 13 : 5;
     for (int vi = 0; vi < nv; vi++) {
         const int fi = vfmt[vi];
-        const bool bulk_on = vi >= 5, probe = vi >= 7;
+        const bool bulk_on = vwarps[vi] > 0, probe = vi >= 11;
         lc_qgemv_bulk_set(bulk_on ? 1 : 0); /* rows 0..4 as dispatched by default, whatever the environment says */
         lc_qgemv_bulk_set_probe(probe);
+        lc_qgemv_bulk_set_warps(bulk_on ? vwarps[vi] : 8);
         const loom_cuda_qfmt f = fmts[fi];
         void *data[4] = {0};
         float *sc[4] = {0};
@@ -632,7 +636,8 @@ static void bench_quant_chain(int M) {
         const double us = median(t, 15) * 1e3 / DEPTH;
         if (fi == 0) bf16_us = us;
         char label[32], nm[96];
-        snprintf(label, sizeof label, "%s%s", names[fi], probe ? "_probe" : bulk ? "_bulk" : "");
+        snprintf(label, sizeof label, "%s%s%s", names[fi], probe ? "_probe" : bulk ? "_bulk" : "",
+                 bulk && vwarps[vi] == 4 ? "4" : "");
         snprintf(nm, sizeof nm, "llama3-8b layer linears chained %s M=%d", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, us * 1e-3, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
@@ -650,6 +655,7 @@ static void bench_quant_chain(int M) {
     }
     lc_qgemv_bulk_set(-1);
     lc_qgemv_bulk_set_probe(0);
+    lc_qgemv_bulk_set_warps(8);
     cudaFree(x), cudaFree(y);
     cudaStreamDestroy(st);
     loom_cuda_gemm_destroy(g);

@@ -345,9 +345,10 @@ extern "C" cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_
         return cudaErrorInvalidValue;
     if (lc_qgemv_use_tc(w->fmt, w->K, w->group, M, invariant))
         return lc_qgemv_tc(dt, out_f32, M, w, x, xq, sx, y, s);
-    /* W8A16 / INT4 at one row, on request: the bulk-copy tensor-core
-     * kernel (never in batch-invariant mode: it sums in another order) */
-    if (M == 1 && !invariant && lc_qgemv_bulk_ok(w)) return lc_qgemv_bulk(dt, out_f32, w, x, y, s);
+    /* W8A16 / INT4 / FP8 at one row, on request: the bulk-copy
+     * tensor-core kernel (never in batch-invariant mode: it sums in
+     * another order) */
+    if (M == 1 && !invariant && lc_qgemv_bulk_ok(w)) return lc_qgemv_bulk(dt, out_f32, w, x, xq, sx, y, s);
     lc_qgemv_count_cc();
     if (dt == LOOM_CUDA_F16)
         return out_f32 ? lc_qgemv_t<__half, true>(M, w, x, xq, sx, y, s)

@@ -41,23 +41,25 @@ void lc_qgemv_count_cc(void);
 cudaError_t lc_qgemv_tc(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
                         const void *x, const void *xq, const float *sx, void *y, cudaStream_t s);
 
-/* W8A16 / INT4 at one row of x on sm_90 (qgemv_bulk.cu): the weights
- * staged in shared memory by bulk copies, multiplied on the tensor cores.
- * Opt-in (measured no faster than the CUDA-core GEMV: qgemv_bulk.cu says
- * why): on when LOOM_CUDA_QGEMV_BULK=1 (or on / true / yes) or
- * lc_qgemv_bulk_set(1) (0 forces off, -1 back to the environment).
- * lc_qgemv_bulk_ok: whether it takes w (W8A16 K % 64; INT4 groups of
- * 128 .. 2048 dividing 2048 with K % (2 group); aligned; K <= 65536).
- * lc_qgemv calls it at M = 1 outside the batch-invariant mode; count:
- * launches so far. set_probe (gpu_bench only): 1 makes the kernel skip its
- * arithmetic — garbage outputs — to time the bare weight stream. */
+/* W8A16 / INT4 / FP8 at one row of x on sm_90 (qgemv_bulk.cu): the
+ * weights streamed into shared memory by bulk copies, multiplied on the
+ * tensor cores, by persistent CTAs that convert the token once. On when
+ * LOOM_CUDA_QGEMV_BULK=1 (or on / true / yes) or lc_qgemv_bulk_set(1) (0
+ * forces off, -1 back to the environment). lc_qgemv_bulk_ok: whether it
+ * takes w (W8A16 / FP8 K % 64; INT4 groups of 128 .. 2048 dividing 2048
+ * with K % (2 group); aligned; K <= 65536). lc_qgemv calls it at M = 1
+ * outside the batch-invariant mode (FP8 with the token's codes xq and scale
+ * sx); count: launches so far. set_probe (gpu_bench only): 1 makes the
+ * kernel skip its arithmetic — garbage outputs — to time the bare weight
+ * stream; set_warps (gpu_bench): 4 or 8 consumer warps a CTA (8 default). */
 int lc_qgemv_bulk_ok(const loom_cuda_qweight *w);
-cudaError_t lc_qgemv_bulk(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight *w, const void *x, void *y,
-                          cudaStream_t s);
+cudaError_t lc_qgemv_bulk(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight *w, const void *x, const void *xq,
+                          const float *sx, void *y, cudaStream_t s);
 void lc_qgemv_bulk_set(int on);
 int lc_qgemv_bulk_get(void);
 long lc_qgemv_bulk_count(void);
 void lc_qgemv_bulk_set_probe(int on);
+void lc_qgemv_bulk_set_warps(int w);
 
 /* GGUF (qgguf.cu): y (M, N) = x (M, K) @ dequant(w)^T for M in [1, 8],
  * one launch per segment; y dt or f32 (out_f32), x dt. */

@@ -69,30 +69,31 @@
 
 #include <atomic>
 
+#include <cuda_fp8.h>
+
 #include "mma.cuh"
 #include "qgemm.h"
 
-#define LC_QT_WARPS 4                      /* consumer warps                  */
-#define LC_QT_ROWS 16                      /* rows a CTA: one mma tile        */
+#define LC_QT_ROWS 16                      /* rows a tile: one mma tile       */
 #define LC_QT_SB 2048                      /* bytes of a row a stage          */
 #define LC_QT_RS (LC_QT_SB + 64)           /* their stride in shared memory   */
 #define LC_QT_ST 2                         /* stages in flight                */
-#define LC_QT_THREADS ((LC_QT_WARPS + 1) * 32)
-#define LC_QT_XC 16                        /* token chunks a thread keeps (K <= 16384) */
+#define LC_QT_MAXW 8                       /* consumer warps, at most         */
 
 /* Shared memory: LC_QT_ST stages of [rows' codes | INT4: rows' scale pairs
- * (scb bytes each)], the token as f16 (K halves), INT4's 128-column sums,
- * the warps' partial row sums (and the token max), the mbarriers. */
+ * (scb bytes each, scb + 16 apart: no bank conflicts)], the token as f16 (K
+ * halves), INT4's 128-column sums, the warps' partial row sums of two tiles
+ * (and the token maxima), the mbarriers. */
 struct lc_qt_layout {
     size_t stage, x16, xg, red, bar, bytes;
 };
 __host__ __device__ inline lc_qt_layout lc_qt_layout_of(int K, int scb, bool i4) {
     lc_qt_layout l;
-    l.stage = (size_t)LC_QT_ROWS * (LC_QT_RS + scb);
+    l.stage = (size_t)LC_QT_ROWS * (LC_QT_RS + (i4 ? scb + 16 : 0));
     l.x16 = (size_t)LC_QT_ST * l.stage;
     l.xg = l.x16 + (size_t)K * 2;
     l.red = l.xg + (i4 ? (size_t)(K / 128) * 4 : 0);
-    l.bar = (l.red + (LC_QT_WARPS * LC_QT_ROWS + LC_QT_WARPS) * 4 + 7) & ~(size_t)7;
+    l.bar = (l.red + (2 * LC_QT_MAXW * LC_QT_ROWS + LC_QT_MAXW) * 4 + 7) & ~(size_t)7;
     l.bytes = l.bar + 2 * LC_QT_ST * 8;
     return l;
 }
@@ -136,88 +137,94 @@ __device__ __forceinline__ void lc_bulk_g2s(void *dst, const void *src, uint32_t
 
 /* ---------------------------------------------------------------- kernel */
 
-/* The token into shared memory as f16 scaled by 2^e (max |x 2^e| in
- * [2^14, 2^15)); INT4: its columns in the decode's order (0,4)(1,5)(2,6)
- * (3,7) per 8 and xg, the sums of the scaled values per 128 columns.
- * Returns 2^-e. The 128 consumer threads; chunks kept in registers when K
- * allows (one round trip), else read twice. */
-template <typename T, bool I4>
-__device__ __forceinline__ float lc_qt_token(const T *__restrict__ x, int K, uint16_t *x16, float *xg, float *red,
-                                             int tid) {
-    constexpr int NT = LC_QT_WARPS * 32;
+/* Consumers' named barrier (the producer warp never joins it). */
+template <int W> __device__ __forceinline__ void lc_qt_bar() {
+    asm volatile("bar.sync 1, %0;" ::"n"(W * 32) : "memory");
+}
+
+/* The token into shared memory as f16, once per CTA: W8A16 / INT4 scaled
+ * by 2^e (max |x 2^e| in [2^14, 2^15): qmma.cu's prep, exact for every
+ * bf16 value down to 2^-29 of the max); INT4 with its columns in the
+ * decode's order (0,4)(1,5)(2,6)(3,7) per 8 and xg, the sums of the scaled
+ * values per 128 columns; FP8: the e4m3 codes xq as f16 (exact, unscaled).
+ * Returns 2^-e (1 for FP8). The W consumer warps; x is read twice (the max,
+ * then the conversion), the second time from L1 / L2. */
+template <typename T, int FMT, int W>
+__device__ __forceinline__ float lc_qt_token(const T *__restrict__ x, const uint8_t *__restrict__ xq, int K,
+                                             uint16_t *x16, float *xg, float *red, int tid) {
+    constexpr int NT = W * 32;
+    constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     const int lane = tid & 31, warp = tid >> 5;
-    const bool keep = K <= NT * 8 * LC_QT_XC;
-    float v[LC_QT_XC][8];
-    float a = 0.0f;
-    if (keep) {
-#pragma unroll
-        for (int c = 0; c < LC_QT_XC; c++) {
-            const int k = (c * NT + tid) * 8;
-            if (k < K) lc_unpack8<T>(lc_ldg16(x + k), v[c]);
-        }
-#pragma unroll
-        for (int c = 0; c < LC_QT_XC; c++)
-            if ((c * NT + tid) * 8 < K)
-#pragma unroll
-                for (int e = 0; e < 8; e++) a = fmaxf(a, fabsf(v[c][e]));
-    } else {
+    if constexpr (FMT == LOOM_CUDA_Q_FP8) {
         for (int k = tid * 8; k < K; k += NT * 8) {
-            float w[8];
-            lc_unpack8<T>(lc_ldg16(x + k), w);
-#pragma unroll
-            for (int e = 0; e < 8; e++) a = fmaxf(a, fabsf(w[e]));
+            const uint2 c = __ldg(reinterpret_cast<const uint2 *>(xq + k));
+            *reinterpret_cast<uint4 *>(x16 + k) = lc_e4m3x8<__half>(c);
         }
+        lc_qt_bar<W>();
+        return 1.0f;
+    }
+    float a = 0.0f;
+    for (int k = tid * 8; k < K; k += NT * 8) {
+        float w[8];
+        lc_unpack8<T>(lc_ldg16(x + k), w);
+#pragma unroll
+        for (int e = 0; e < 8; e++) a = fmaxf(a, fabsf(w[e]));
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
     if (lane == 0) red[warp] = a;
-    asm volatile("bar.sync 1, %0;" ::"n"(LC_QT_WARPS * 32) : "memory");
-    a = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    lc_qt_bar<W>();
+    a = red[0];
+#pragma unroll
+    for (int i = 1; i < W; i++) a = fmaxf(a, red[i]);
     const int e = lc_tok_exp(a);
     const float scale = lc_pow2(e);
-    /* chunk c of this thread (w: its values, zeros past K) into x16 / xg;
-     * whole warps through every call: INT4's 16-lane shuffle sums */
-    auto emit = [&](int c, float *w) {
-        const int k = (c * NT + tid) * 8;
+    /* whole warps through every pass: INT4's 16-lane shuffle sums */
+    for (int k0 = 0; k0 < K; k0 += NT * 8) {
+        const int k = k0 + tid * 8;
+        float w[8];
+        if (k < K) {
+            lc_unpack8<T>(lc_ldg16(x + k), w);
 #pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = k < K ? __half2float(__float2half_rn(w[i] * scale)) : 0.0f;
-        if (k < K) *reinterpret_cast<uint4 *>(x16 + k) = lc_pack_h8<I4>(w);
+            for (int i = 0; i < 8; i++) w[i] = __half2float(__float2half_rn(w[i] * scale));
+            *reinterpret_cast<uint4 *>(x16 + k) = lc_pack_h8<I4>(w);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[i] = 0.0f;
+        }
         if constexpr (I4) {
             float s8 = ((w[0] + w[1]) + (w[2] + w[3])) + ((w[4] + w[5]) + (w[6] + w[7]));
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1) s8 += __shfl_xor_sync(0xffffffffu, s8, o);
             if ((lane & 15) == 0 && k < K) xg[k / 128] = s8;
         }
-    };
-    if (keep) {
-#pragma unroll
-        for (int c = 0; c < LC_QT_XC; c++) {
-            if (c * NT * 8 >= K) break;
-            emit(c, v[c]);
-        }
-    } else {
-        for (int c = 0; c * NT * 8 < K; c++) {
-            const int k = (c * NT + tid) * 8;
-            float w[8];
-            if (k < K) lc_unpack8<T>(lc_ldg16(x + k), w);
-            emit(c, w);
-        }
     }
-    asm volatile("bar.sync 1, %0;" ::"n"(LC_QT_WARPS * 32) : "memory");
+    lc_qt_bar<W>();
     return lc_pow2(-e);
 }
 
-/* grid: one CTA per 16 rows. x (1, K) dt; wd (N, row bytes) codes; sc as
- * loom_cuda_qweight; y (1, N) dt or f32. scb: INT4's scale bytes a row and
- * stage. probe: skip the arithmetic (gpu_bench). The 4 consumer warps take
- * a stage's units (W8A16: 64-column windows; INT4: a group's windows) in
- * turn, each into its own sums; the sums meet in shared memory at the end,
- * in warp order. */
-template <typename T, int FMT, bool F32>
-__global__ void __launch_bounds__(LC_QT_THREADS)
-    lc_qgemv_bulk_kernel(const T *__restrict__ x, const uint8_t *__restrict__ wd,
-                         const float *__restrict__ sc, void *__restrict__ y, int N, int K, int group,
-                         int scb, int probe) {
+/* Four e4m3 codes (word w, byte 0 first) -> two f16x2 (q0, q1), (q2, q3):
+ * exact, one conversion instruction a pair (sm_89+). */
+__device__ __forceinline__ void lc_e4m3x4_h2(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xFFFFu), __NV_E4M3);
+    const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
+    lo = (uint32_t)a.x | (uint32_t)a.y << 16;
+    hi = (uint32_t)b.x | (uint32_t)b.y << 16;
+}
+
+/* Persistent: CTA c takes the 16-row tiles [c tpc, (c + 1) tpc) (the
+ * launcher picks tpc so every CTA has the same count, give or take one).
+ * x (1, K) dt (W8A16 / INT4); xq (1, K) e4m3 codes and sx (1) (FP8); wd
+ * (N, row bytes) codes; sc as loom_cuda_qweight; y (1, N) dt or f32. scb:
+ * INT4's scale bytes a row and stage. probe: skip the arithmetic
+ * (gpu_bench). The W consumer warps take a stage's units (8-bit: 64-column
+ * windows; INT4: a group's 128-column windows) in turn, each into its own
+ * sums; a tile's sums meet in shared memory in warp order. */
+template <typename T, int FMT, bool F32, int W>
+__global__ void __launch_bounds__((W + 1) * 32, 2)
+    lc_qgemv_bulk_kernel(const T *__restrict__ x, const uint8_t *__restrict__ xq, const float *__restrict__ sx,
+                         const uint8_t *__restrict__ wd, const float *__restrict__ sc, void *__restrict__ y,
+                         int N, int K, int group, int scb, int tpc, int probe) {
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     constexpr int WB = 64;            /* bytes of a row a window */
     constexpr int WK = I4 ? 128 : 64; /* columns a window        */
@@ -227,10 +234,10 @@ __global__ void __launch_bounds__(LC_QT_THREADS)
     uint64_t *empty = full + LC_QT_ST;
     uint16_t *x16 = reinterpret_cast<uint16_t *>(sm + L.x16);
     float *xg = reinterpret_cast<float *>(sm + L.xg);
-    float *red = reinterpret_cast<float *>(sm + L.red); /* [warp][row] partial sums, then 4 maxima */
+    float *red = reinterpret_cast<float *>(sm + L.red); /* [tile & 1][warp][row], then W maxima */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n0 = blockIdx.x * LC_QT_ROWS;
-    const int rows = N - n0 < LC_QT_ROWS ? N - n0 : LC_QT_ROWS;
+    const int tiles = (N + LC_QT_ROWS - 1) / LC_QT_ROWS;
+    const int tile0 = blockIdx.x * tpc, tile1 = tile0 + tpc < tiles ? tile0 + tpc : tiles;
     const uint32_t row_bytes = I4 ? (uint32_t)K / 2 : (uint32_t)K;
     const int nst = (int)((row_bytes + LC_QT_SB - 1) / LC_QT_SB);
     const int groups = I4 ? K / group : 0;
@@ -238,33 +245,38 @@ __global__ void __launch_bounds__(LC_QT_THREADS)
     const int upw = I4 ? group / WK : 1;           /* windows a unit */
     auto data = [&](int s, int r) { return sm + (size_t)s * L.stage + (size_t)r * LC_QT_RS; };
     auto scal = [&](int s, int r) {
-        return sm + (size_t)s * L.stage + (size_t)LC_QT_ROWS * LC_QT_RS + (size_t)r * scb;
+        return sm + (size_t)s * L.stage + (size_t)LC_QT_ROWS * LC_QT_RS + (size_t)r * (scb + 16);
     };
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < LC_QT_ST; s++) lc_mbar_init(&full[s], 1), lc_mbar_init(&empty[s], LC_QT_WARPS);
+        for (int s = 0; s < LC_QT_ST; s++) lc_mbar_init(&full[s], 1), lc_mbar_init(&empty[s], W);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
 
-    if (warp == LC_QT_WARPS) { /* producer: one thread issues every copy */
+    if (warp == W) { /* producer: one thread issues every copy of every tile */
         if (lane == 0) {
             uint64_t policy;
             asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-            const uint8_t *base = wd + (size_t)n0 * row_bytes;
-            const uint8_t *sbase = reinterpret_cast<const uint8_t *>(sc) + (size_t)n0 * groups * 8;
-            for (int j = 0; j < nst; j++) {
-                const int s = j % LC_QT_ST;
-                if (j >= LC_QT_ST) lc_mbar_wait(&empty[s], (uint32_t)((j / LC_QT_ST) - 1) & 1u);
-                const uint32_t off = (uint32_t)j * LC_QT_SB;
-                const uint32_t bytes = row_bytes - off < LC_QT_SB ? row_bytes - off : LC_QT_SB;
-                const uint32_t sbytes = I4 ? (uint32_t)(2 * bytes / group) * 8 : 0;
-                lc_mbar_expect(&full[s], (uint32_t)rows * (bytes + sbytes));
-                for (int r = 0; r < rows; r++) {
-                    lc_bulk_g2s(data(s, r), base + (size_t)r * row_bytes + off, bytes, &full[s], policy);
-                    if constexpr (I4)
-                        lc_bulk_g2s(scal(s, r), sbase + ((size_t)r * groups + (size_t)j * gps) * 8, sbytes,
-                                    &full[s], policy);
+            int it = 0; /* stages issued so far: ring slot it % LC_QT_ST */
+            for (int tile = tile0; tile < tile1; tile++) {
+                const int n0 = tile * LC_QT_ROWS;
+                const int rows = N - n0 < LC_QT_ROWS ? N - n0 : LC_QT_ROWS;
+                const uint8_t *base = wd + (size_t)n0 * row_bytes;
+                const uint8_t *sbase = reinterpret_cast<const uint8_t *>(sc) + (size_t)n0 * groups * 8;
+                for (int j = 0; j < nst; j++, it++) {
+                    const int s = it % LC_QT_ST;
+                    if (it >= LC_QT_ST) lc_mbar_wait(&empty[s], (uint32_t)((it / LC_QT_ST) - 1) & 1u);
+                    const uint32_t off = (uint32_t)j * LC_QT_SB;
+                    const uint32_t bytes = row_bytes - off < LC_QT_SB ? row_bytes - off : LC_QT_SB;
+                    const uint32_t sbytes = I4 ? (uint32_t)(2 * bytes / group) * 8 : 0;
+                    lc_mbar_expect(&full[s], (uint32_t)rows * (bytes + sbytes));
+                    for (int r = 0; r < rows; r++) {
+                        lc_bulk_g2s(data(s, r), base + (size_t)r * row_bytes + off, bytes, &full[s], policy);
+                        if constexpr (I4)
+                            lc_bulk_g2s(scal(s, r), sbase + ((size_t)r * groups + (size_t)j * gps) * 8, sbytes,
+                                        &full[s], policy);
+                    }
                 }
             }
         }
@@ -275,78 +287,93 @@ __global__ void __launch_bounds__(LC_QT_THREADS)
     /* consumers: the token is the previous kernels' output */
     lc_pdl_wait();
     lc_pdl_trigger();
-    const float inv = lc_qt_token<T, I4>(x, K, x16, xg, red + LC_QT_WARPS * LC_QT_ROWS, threadIdx.x);
+    float inv = lc_qt_token<T, FMT, W>(x, xq, K, x16, xg, red + 2 * LC_QT_MAXW * LC_QT_ROWS, threadIdx.x);
+    if constexpr (FMT == LOOM_CUDA_Q_FP8) inv = sx[0];
 
     const int g = lane >> 2, t = lane & 3;
-    float c0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    float tot0 = 0.0f, tot1 = 0.0f; /* INT4: rows g and g + 8 (lanes t = 0) */
-    for (int j = 0; j < nst; j++) {
-        const int s = j % LC_QT_ST;
-        lc_mbar_wait(&full[s], (uint32_t)(j / LC_QT_ST) & 1u);
-        __syncwarp(); /* converged again before mma.sync.aligned */
-        const uint32_t off = (uint32_t)j * LC_QT_SB;
-        const int nw = (int)((row_bytes - off < LC_QT_SB ? row_bytes - off : LC_QT_SB) / WB);
-        const uint8_t *ra = data(s, g), *rb = data(s, g + 8);
-        for (int u = warp; u * upw < nw && !probe; u += LC_QT_WARPS) {
-            for (int wi = u * upw; wi < (u + 1) * upw; wi++) {
-                const uint4 wa = *reinterpret_cast<const uint4 *>(ra + wi * WB + t * 16);
-                const uint4 wb = *reinterpret_cast<const uint4 *>(rb + wi * WB + t * 16);
-                const int kw = (int)(off + wi * WB) * (I4 ? 2 : 1); /* the window's first column */
-                const uint32_t aw[4] = {wa.x, wa.y, wa.z, wa.w}, bw[4] = {wb.x, wb.y, wb.z, wb.w};
-                if constexpr (!I4) {
-                    /* columns kw + 16 t + 4 i + (0..3) in mma i */
-                    const uint4 x0 = *reinterpret_cast<const uint4 *>(x16 + kw + 16 * t);
-                    const uint4 x1 = *reinterpret_cast<const uint4 *>(x16 + kw + 16 * t + 8);
-                    const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    int it = 0;
+    for (int tile = tile0; tile < tile1; tile++) {
+        float c0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float tot0 = 0.0f, tot1 = 0.0f; /* INT4: rows g and g + 8 */
+        for (int j = 0; j < nst; j++, it++) {
+            const int s = it % LC_QT_ST;
+            lc_mbar_wait(&full[s], (uint32_t)(it / LC_QT_ST) & 1u);
+            __syncwarp(); /* converged again before mma.sync.aligned */
+            const uint32_t off = (uint32_t)j * LC_QT_SB;
+            const int nw = (int)((row_bytes - off < LC_QT_SB ? row_bytes - off : LC_QT_SB) / WB);
+            const uint8_t *ra = data(s, g), *rb = data(s, g + 8);
+            for (int u = warp; u * upw < nw && !probe; u += W) {
+                for (int wi = u * upw; wi < (u + 1) * upw; wi++) {
+                    const uint4 wa = *reinterpret_cast<const uint4 *>(ra + wi * WB + t * 16);
+                    const uint4 wb = *reinterpret_cast<const uint4 *>(rb + wi * WB + t * 16);
+                    const int kw = (int)(off + wi * WB) * (I4 ? 2 : 1); /* the window's first column */
+                    const uint32_t aw[4] = {wa.x, wa.y, wa.z, wa.w}, bw[4] = {wb.x, wb.y, wb.z, wb.w};
+                    if constexpr (!I4) {
+                        /* columns kw + 16 t + 4 i + (0..3) in mma i; every
+                         * lane gives the token (B's 8 columns alike) */
+                        const uint4 x0 = *reinterpret_cast<const uint4 *>(x16 + kw + 16 * t);
+                        const uint4 x1 = *reinterpret_cast<const uint4 *>(x16 + kw + 16 * t + 8);
+                        const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        uint32_t a0, a1, a2, a3;
-                        lc_i8x4_h2(aw[i], a0, a2);
-                        lc_i8x4_h2(bw[i], a1, a3);
-                        const uint32_t b0 = g == 0 ? xw[2 * i] : 0u, b1 = g == 0 ? xw[2 * i + 1] : 0u;
-                        lc_mma_f16(i & 1 ? c1 : c0, a0, a1, a2, a3, b0, b1);
-                    }
-                } else {
-                    /* word i: columns kw + 32 t + 8 i + (0..7), decoded as
-                     * pairs (0,4)(1,5)(2,6)(3,7) — x16's order */
+                        for (int i = 0; i < 4; i++) {
+                            uint32_t a0, a1, a2, a3;
+                            if constexpr (FMT == LOOM_CUDA_Q_FP8) {
+                                lc_e4m3x4_h2(aw[i], a0, a2);
+                                lc_e4m3x4_h2(bw[i], a1, a3);
+                            } else {
+                                lc_i8x4_h2(aw[i], a0, a2);
+                                lc_i8x4_h2(bw[i], a1, a3);
+                            }
+                            lc_mma_f16(i & 1 ? c1 : c0, a0, a1, a2, a3, xw[2 * i], xw[2 * i + 1]);
+                        }
+                    } else {
+                        /* word i: columns kw + 32 t + 8 i + (0..7), decoded as
+                         * pairs (0,4)(1,5)(2,6)(3,7) — x16's order */
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const uint4 xv = *reinterpret_cast<const uint4 *>(x16 + kw + 32 * t + 8 * i);
-                        uint32_t pa[4], pb[4];
-                        lc_u4x8_h2(aw[i], pa);
-                        lc_u4x8_h2(bw[i], pb);
-                        lc_mma_f16(c0, pa[0], pb[0], pa[1], pb[1], g == 0 ? xv.x : 0u, g == 0 ? xv.y : 0u);
-                        lc_mma_f16(c1, pa[2], pb[2], pa[3], pb[3], g == 0 ? xv.z : 0u, g == 0 ? xv.w : 0u);
+                        for (int i = 0; i < 4; i++) {
+                            const uint4 xv = *reinterpret_cast<const uint4 *>(x16 + kw + 32 * t + 8 * i);
+                            uint32_t pa[4], pb[4];
+                            lc_u4x8_h2(aw[i], pa);
+                            lc_u4x8_h2(bw[i], pb);
+                            lc_mma_f16(c0, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
+                            lc_mma_f16(c1, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
+                        }
                     }
                 }
-            }
-            if constexpr (I4) { /* unit u is group u of the stage: s sum(x q) + b sum(x) */
-                const int gg = (int)(off * 2) / group + u;
-                const float2 sa = reinterpret_cast<const float2 *>(scal(s, g))[u];
-                const float2 sb = reinterpret_cast<const float2 *>(scal(s, g + 8))[u];
-                float xs = 0.0f;
-                for (int q = gg * upw; q < (gg + 1) * upw; q++) xs += xg[q];
-                tot0 = fmaf(sa.x, c0[0] + c1[0], fmaf(sa.y, xs, tot0));
-                tot1 = fmaf(sb.x, c0[2] + c1[2], fmaf(sb.y, xs, tot1));
+                if constexpr (I4) { /* unit u is group u of the stage: s sum(x q) + b sum(x) */
+                    const int gg = (int)(off * 2) / group + u;
+                    const float2 sa = reinterpret_cast<const float2 *>(scal(s, g))[u];
+                    const float2 sb = reinterpret_cast<const float2 *>(scal(s, g + 8))[u];
+                    float xs = 0.0f;
+                    for (int q = gg * upw; q < (gg + 1) * upw; q++) xs += xg[q];
+                    tot0 = fmaf(sa.x, c0[0] + c1[0], fmaf(sa.y, xs, tot0));
+                    tot1 = fmaf(sb.x, c0[2] + c1[2], fmaf(sb.y, xs, tot1));
 #pragma unroll
-                for (int q = 0; q < 4; q++) c0[q] = c1[q] = 0.0f;
+                    for (int q = 0; q < 4; q++) c0[q] = c1[q] = 0.0f;
+                }
             }
+            __syncwarp();
+            if (lane == 0) lc_mbar_arrive(&empty[s]);
         }
-        __syncwarp();
-        if (lane == 0) lc_mbar_arrive(&empty[s]);
+        /* the tile's sums: red[tile & 1] (a warp can be at most one tile
+         * ahead of warp 0's reading: the barrier below) */
+        float *rt = red + (tile & 1) * LC_QT_MAXW * LC_QT_ROWS;
+        if (t == 0) {
+            rt[warp * LC_QT_ROWS + g] = I4 ? tot0 : c0[0] + c1[0];
+            rt[warp * LC_QT_ROWS + g + 8] = I4 ? tot1 : c0[2] + c1[2];
+        }
+        lc_qt_bar<W>();
+        const int n = tile * LC_QT_ROWS + lane;
+        if (warp == 0 && lane < LC_QT_ROWS && n < N) {
+            float v = rt[lane];
+#pragma unroll
+            for (int w = 1; w < W; w++) v += rt[w * LC_QT_ROWS + lane];
+            v *= inv;
+            if constexpr (!I4) v *= sc[n];
+            if (F32) static_cast<float *>(y)[n] = v;
+            else static_cast<T *>(y)[n] = lc_from_f<T>(v);
+        }
     }
-    if (t == 0) {
-        red[warp * LC_QT_ROWS + g] = I4 ? tot0 : c0[0] + c1[0];
-        red[warp * LC_QT_ROWS + g + 8] = I4 ? tot1 : c0[2] + c1[2];
-    }
-    asm volatile("bar.sync 1, %0;" ::"n"(LC_QT_WARPS * 32) : "memory");
-    if (warp != 0 || lane >= LC_QT_ROWS) return;
-    const int n = n0 + lane;
-    if (n >= N) return;
-    float v = ((red[lane] + red[LC_QT_ROWS + lane]) + (red[2 * LC_QT_ROWS + lane] + red[3 * LC_QT_ROWS + lane])) * inv;
-    if constexpr (!I4) v *= sc[n];
-    if (F32) static_cast<float *>(y)[n] = v;
-    else static_cast<T *>(y)[n] = lc_from_f<T>(v);
 }
 
 /* ------------------------------------------------------------- dispatch */
@@ -356,8 +383,10 @@ static std::atomic<long> lc_qb_launches{0};
 /* gpu_bench's probe: the consumers skip the arithmetic (wrong results), so
  * the weight stream's own rate is read */
 static std::atomic<int> lc_qb_probe{0};
+/* consumer warps a CTA (4 or 8; gpu_bench compares them) */
+static std::atomic<int> lc_qb_warps{8};
 /* off unless the environment says LOOM_CUDA_QGEMV_BULK=1 (or on / true /
- * yes): measured slower than qgemm.cu's kernel (see the top of the file) */
+ * yes) */
 static bool lc_qb_env_on() {
     static const bool on = lc_env_bool("LOOM_CUDA_QGEMV_BULK", false);
     return on;
@@ -366,13 +395,14 @@ extern "C" void lc_qgemv_bulk_set(int on) { lc_qb_override = on < 0 ? -1 : on ? 
 extern "C" int lc_qgemv_bulk_get(void) { return lc_qb_override; }
 extern "C" long lc_qgemv_bulk_count(void) { return lc_qb_launches; }
 extern "C" void lc_qgemv_bulk_set_probe(int on) { lc_qb_probe = on ? 1 : 0; }
+extern "C" void lc_qgemv_bulk_set_warps(int w) { lc_qb_warps = w == 4 ? 4 : 8; }
 
 extern "C" int lc_qgemv_bulk_ok(const loom_cuda_qweight *w) {
     const int o = lc_qb_override;
     if (!(o < 0 ? lc_qb_env_on() : o == 1)) return 0;
     if (w->N <= 0 || w->K <= 0 || w->K > 65536 || ((uintptr_t)w->data & 15) || ((uintptr_t)w->scales & 15))
         return 0;
-    if (w->fmt == LOOM_CUDA_Q_INT8_W8A16) {
+    if (w->fmt == LOOM_CUDA_Q_INT8_W8A16 || w->fmt == LOOM_CUDA_Q_FP8) {
         if (w->K % 64) return 0;
     } else if (w->fmt == LOOM_CUDA_Q_INT4) {
         /* whole 128-column windows a group; an even number of groups in
@@ -384,8 +414,46 @@ extern "C" int lc_qgemv_bulk_ok(const loom_cuda_qweight *w) {
     return 1; /* sm_90: the build holds sm_90a code only, as for every kernel here */
 }
 
-template <typename T, int FMT, bool F32>
-static cudaError_t lc_qb_launch(const loom_cuda_qweight *w, const void *x, void *y, cudaStream_t s) {
+/* CTAs of one launch: as many as fit at once (the occupancy of this
+ * instantiation at this shared-memory size, asked once per size and
+ * device), then as few as give every CTA the same number of tiles — the
+ * matrix streams at DRAM's rate from far fewer CTAs than fit, and a CTA
+ * with a tile more than the others would set the time. */
+template <typename T, int FMT, bool F32, int W>
+static cudaError_t lc_qb_grid(size_t smem, int tiles, int *grid, int *tpc) {
+    /* per device, a few shared-memory sizes (a model's K values): smem << 16 | slots */
+    static std::atomic<unsigned long long> memo[64][4];
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    std::atomic<unsigned long long> *m = memo[dev & 63];
+    int slots = 0;
+    for (int i = 0; i < 4 && !slots; i++) {
+        const unsigned long long v = m[i].load(std::memory_order_acquire);
+        if (v && (v >> 16) == smem) slots = (int)(v & 0xFFFFu);
+    }
+    if (!slots) {
+        int per_sm = 0, sms = 0;
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lc_qgemv_bulk_kernel<T, FMT, F32, W>,
+                                                          (W + 1) * 32, smem);
+        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        if (e != cudaSuccess) return e;
+        if (per_sm < 1) return cudaErrorInvalidConfiguration;
+        slots = per_sm * sms > 0xFFFF ? 0xFFFF : per_sm * sms;
+        /* into the first free entry, else over the one this size hashes to */
+        const unsigned long long v = (unsigned long long)smem << 16 | (unsigned long long)slots;
+        int i = 0;
+        while (i < 4 && m[i].load(std::memory_order_acquire)) i++;
+        m[i < 4 ? i : (int)((smem >> 4) & 3)].store(v, std::memory_order_release);
+    }
+    *tpc = (tiles + slots - 1) / slots;
+    *grid = (tiles + *tpc - 1) / *tpc;
+    return cudaSuccess;
+}
+
+template <typename T, int FMT, bool F32, int W>
+static cudaError_t lc_qb_launch(const loom_cuda_qweight *w, const void *x, const void *xq, const float *sx,
+                                void *y, cudaStream_t s) {
     static unsigned long long done = 0;
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     const int scb = I4 ? 2 * LC_QT_SB / w->group * 8 : 0; /* the pairs of a stage's 4096 columns */
@@ -393,29 +461,46 @@ static cudaError_t lc_qb_launch(const loom_cuda_qweight *w, const void *x, void 
     /* the attribute once, for the largest a launch can ask (K = 65536) */
     const size_t smax = lc_qt_layout_of(65536, I4 ? 2 * LC_QT_SB / 128 * 8 : 0, I4).bytes;
     if (smem > 227 * 1024) return cudaErrorInvalidValue;
-    cudaError_t e = lc_smem_limit(&done, (const void *)lc_qgemv_bulk_kernel<T, FMT, F32>,
+    cudaError_t e = lc_smem_limit(&done, (const void *)lc_qgemv_bulk_kernel<T, FMT, F32, W>,
                                   smax < 227 * 1024 ? smax : 227 * 1024);
     if (e != cudaSuccess) return e;
-    const unsigned grid = (unsigned)((w->N + LC_QT_ROWS - 1) / LC_QT_ROWS);
-    return lc_launch(lc_qgemv_bulk_kernel<T, FMT, F32>, dim3(grid), dim3(LC_QT_THREADS), smem, s,
-                     static_cast<const T *>(x), static_cast<const uint8_t *>(w->data), w->scales, y, w->N,
-                     w->K, w->group, scb, (int)lc_qb_probe);
+    const int tiles = (w->N + LC_QT_ROWS - 1) / LC_QT_ROWS;
+    int grid, tpc;
+    e = lc_qb_grid<T, FMT, F32, W>(smem, tiles, &grid, &tpc);
+    if (e != cudaSuccess) return e;
+    return lc_launch(lc_qgemv_bulk_kernel<T, FMT, F32, W>, dim3((unsigned)grid), dim3((W + 1) * 32), smem, s,
+                     static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
+                     static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group, scb, tpc,
+                     (int)lc_qb_probe);
+}
+
+template <typename T, bool F32, int W>
+static cudaError_t lc_qb_fmt(const loom_cuda_qweight *w, const void *x, const void *xq, const float *sx, void *y,
+                             cudaStream_t s) {
+    switch (w->fmt) {
+    case LOOM_CUDA_Q_INT4: return lc_qb_launch<T, LOOM_CUDA_Q_INT4, F32, W>(w, x, xq, sx, y, s);
+    case LOOM_CUDA_Q_FP8: return lc_qb_launch<T, LOOM_CUDA_Q_FP8, F32, W>(w, x, xq, sx, y, s);
+    default: return lc_qb_launch<T, LOOM_CUDA_Q_INT8_W8A16, F32, W>(w, x, xq, sx, y, s);
+    }
 }
 
 template <typename T, bool F32>
-static cudaError_t lc_qb_fmt(const loom_cuda_qweight *w, const void *x, void *y, cudaStream_t s) {
-    return w->fmt == LOOM_CUDA_Q_INT4 ? lc_qb_launch<T, LOOM_CUDA_Q_INT4, F32>(w, x, y, s)
-                                      : lc_qb_launch<T, LOOM_CUDA_Q_INT8_W8A16, F32>(w, x, y, s);
+static cudaError_t lc_qb_warps_of(const loom_cuda_qweight *w, const void *x, const void *xq, const float *sx,
+                                  void *y, cudaStream_t s) {
+    return lc_qb_warps == 4 ? lc_qb_fmt<T, F32, 4>(w, x, xq, sx, y, s) : lc_qb_fmt<T, F32, 8>(w, x, xq, sx, y, s);
 }
 
-extern "C" cudaError_t lc_qgemv_bulk(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight *w,
-                                     const void *x, void *y, cudaStream_t s) {
+extern "C" cudaError_t lc_qgemv_bulk(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight *w, const void *x,
+                                     const void *xq, const float *sx, void *y, cudaStream_t s) {
     if (!lc_qgemv_bulk_ok(w)) return cudaErrorInvalidValue;
+    if (w->fmt == LOOM_CUDA_Q_FP8 && (!xq || !sx)) return cudaErrorInvalidValue;
     cudaError_t e;
     if (dt == LOOM_CUDA_F16)
-        e = out_f32 ? lc_qb_fmt<__half, true>(w, x, y, s) : lc_qb_fmt<__half, false>(w, x, y, s);
+        e = out_f32 ? lc_qb_warps_of<__half, true>(w, x, xq, sx, y, s)
+                    : lc_qb_warps_of<__half, false>(w, x, xq, sx, y, s);
     else
-        e = out_f32 ? lc_qb_fmt<__nv_bfloat16, true>(w, x, y, s) : lc_qb_fmt<__nv_bfloat16, false>(w, x, y, s);
+        e = out_f32 ? lc_qb_warps_of<__nv_bfloat16, true>(w, x, xq, sx, y, s)
+                    : lc_qb_warps_of<__nv_bfloat16, false>(w, x, xq, sx, y, s);
     if (e == cudaSuccess) lc_qb_launches++;
     return e;
 }

@@ -1352,15 +1352,17 @@ static void rand_q8_weight(loom_cuda_qfmt fmt, int N, int K, uint8_t *data, floa
 }
 
 /* One row of x on qgemv_bulk.cu's kernel (bulk-copy staging, tensor
- * cores) against the float64 reference (test_qgemm, float32 output held to
- * 1e-4): W8A16 and INT4 (groups 128 .. 2048), bf16 / f16, N below one
- * 16-row CTA and not a multiple of it, K of one 64-column window, with a
- * partial last stage, of more stages than the ring holds (the 8B down
- * projection), K past what the token prologue keeps in registers up to the
- * 65536 bound, tokens of wild magnitudes (the per-CTA power-of-two
- * scaling: huge, tiny, powers of two); each call must have run the kernel.
- * Then: not in batch-invariant mode even when on; the shapes it must
- * refuse and take; off when set off. */
+ * cores, persistent CTAs) against the float64 reference (test_qgemm,
+ * float32 output held to 1e-4): W8A16, FP8 and INT4 (groups 128 .. 2048),
+ * bf16 / f16, N below one 16-row tile and not a multiple of it, K of one
+ * 64-column window, with a partial last stage, of more stages than the ring
+ * holds (the 8B down projection), past the old register-kept token up to
+ * the 65536 bound, many tiles a CTA with a partial last one (the ring and
+ * the partial-sum buffers carried across tiles), tokens of wild magnitudes
+ * (the per-CTA power-of-two scaling: huge, tiny, powers of two); with 8
+ * consumer warps and with 4; each call must have run the kernel. Then: not
+ * in batch-invariant mode even when on; the shapes it must refuse and
+ * take; off when set off. */
 static void test_qgemm_bulk(loom_cuda_gemm *g) {
     typedef struct { loom_cuda_qfmt fmt; loom_cuda_dt dt; int N, K, group; bool f32; } bcase;
     const bcase cs[] = {
@@ -1377,27 +1379,41 @@ static void test_qgemm_bulk(loom_cuda_gemm *g) {
         {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 64, 5120, 512, true},
         {LOOM_CUDA_Q_INT4, LOOM_CUDA_F16, 333, 8192, 2048, true},
         {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_F16, 515, 2112, 0, true},
-        /* K past the 16384 a thread's registers keep of the token (read twice), up to the bound */
         {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 300, 28672, 0, true},
         {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 7, 65536, 128, true},
         {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 300, 6144, 1024, true},
+        /* many tiles a CTA (more than the GPU holds at once), the last partial */
+        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 20001, 256, 0, true},
+        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 28672, 4096, 128, false},
+        {LOOM_CUDA_Q_INT4, LOOM_CUDA_F16, 12345, 1024, 128, true},
+        /* FP8: the token's e4m3 codes as f16 */
+        {LOOM_CUDA_Q_FP8, LOOM_CUDA_BF16, 1, 64, 0, true},
+        {LOOM_CUDA_Q_FP8, LOOM_CUDA_BF16, 300, 4096, 0, true},
+        {LOOM_CUDA_Q_FP8, LOOM_CUDA_F16, 1001, 1088, 0, false},
+        {LOOM_CUDA_Q_FP8, LOOM_CUDA_BF16, 4096, 14336, 0, true},
+        {LOOM_CUDA_Q_FP8, LOOM_CUDA_BF16, 20001, 256, 0, false},
     };
     const int prev = lc_qgemv_bulk_get();
     lc_qgemv_bulk_set(1);
     /* wild: 0 plain tokens; 1 beyond f16's range, 2 tiny, 3 powers of two
      * (float32 outputs only: a 16-bit output of kind 1 overflows) */
-    for (int wild = 0; wild < 4; wild++)
-        for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
-            const bcase c = cs[ci];
-            if (wild && !c.f32) continue;
-            g_qx_wild = wild;
-            const long b0 = lc_qgemv_bulk_count();
-            test_qgemm(g, c.dt, c.fmt, 1, c.N, c.K, c.group, 0, c.f32, false);
-            char name[160];
-            snprintf(name, sizeof name, "qgemm %s %s M=1 N=%d K=%d wild%d ran the bulk kernel", qfmt_name(c.fmt),
-                     dtn(c.dt), c.N, c.K, wild);
-            report_bits(name, lc_qgemv_bulk_count() == b0 + 1 ? 0 : 1, 1);
-        }
+    for (int warps = 8; warps >= 4; warps -= 4) {
+        lc_qgemv_bulk_set_warps(warps);
+        for (int wild = 0; wild < 4; wild++)
+            for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+                const bcase c = cs[ci];
+                if (wild && !c.f32) continue;
+                if (warps == 4 && (wild || ci % 3)) continue; /* a third of the plain cases */
+                g_qx_wild = wild;
+                const long b0 = lc_qgemv_bulk_count();
+                test_qgemm(g, c.dt, c.fmt, 1, c.N, c.K, c.group, 0, c.f32, false);
+                char name[160];
+                snprintf(name, sizeof name, "qgemm %s %s M=1 N=%d K=%d wild%d ran the bulk kernel (%d warps)",
+                         qfmt_name(c.fmt), dtn(c.dt), c.N, c.K, wild, warps);
+                report_bits(name, lc_qgemv_bulk_count() == b0 + 1 ? 0 : 1, 1);
+            }
+    }
+    lc_qgemv_bulk_set_warps(8);
     g_qx_wild = 0;
     /* never in batch-invariant mode, even when asked for (its rows must have
      * the bits of every other M) */
@@ -1414,7 +1430,7 @@ static void test_qgemm_bulk(loom_cuda_gemm *g) {
         {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 8192, .group = 4096, .data = (void *)256, .scales = (float *)256},
         {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 1152, .group = 128, .data = (void *)256, .scales = (float *)256},
         {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 1040, .data = (void *)256, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_FP8, .N = 64, .K = 4096, .data = (void *)256, .scales = (float *)256},
+        {.fmt = LOOM_CUDA_Q_INT8_W8A8, .N = 64, .K = 4096, .data = (void *)256, .scales = (float *)256},
         {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 65600, .data = (void *)256, .scales = (float *)256},
         {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 4096, .data = (void *)264, .scales = (float *)256},
         {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 4096, .group = 128, .data = (void *)256, .scales = (float *)260},
@@ -1425,7 +1441,7 @@ static void test_qgemm_bulk(loom_cuda_gemm *g) {
                                   .scales = (float *)256};
     long bad = (lc_qgemv_bulk_ok(&t1) ? 0 : 1) + (lc_qgemv_bulk_ok(&t2) ? 0 : 1);
     for (int i = 0; i < 9; i++) bad += lc_qgemv_bulk_ok(&r[i]) ? 1 : 0;
-    report_bits("qgemv bulk refuses INT4 g64 / g4096 / K % (2 group), W8A16 K % 64, FP8, K > 65536, unaligned "
+    report_bits("qgemv bulk refuses INT4 g64 / g4096 / K % (2 group), W8A16 K % 64, W8A8, K > 65536, unaligned "
                 "codes / scales, N = 0; takes the 8B shapes",
                 bad, 11);
     lc_qgemv_bulk_set(0);
