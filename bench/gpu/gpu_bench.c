@@ -569,12 +569,12 @@ static void bench_quant_chain(int M) {
      * probe (its weight stream with no arithmetic: _probe) */
     /* variants: format, then (M = 1) the bulk kernel's consumer warps
      * (0: as dispatched, the bulk kernel forced off) and the probe */
-    static const int vfmt[13] = {0, 1, 2, 3, 4, 1, 3, 4, 1, 3, 4, 1, 4};
-    static const int vwarps[13] = {0, 0, 0, 0, 0, 8, 8, 8, 4, 4, 4, 8, 8};
-    const int nv = M == 1 ? 13 : 5;
+    static const int vfmt[11] = {0, 1, 2, 3, 4, 1, 3, 4, 1, 1, 4};
+    static const int vwarps[11] = {0, 0, 0, 0, 0, 8, 8, 8, 4, 8, 8};
+    const int nv = M == 1 ? 11 : 5;
     for (int vi = 0; vi < nv; vi++) {
         const int fi = vfmt[vi];
-        const bool bulk_on = vwarps[vi] > 0, probe = vi >= 11;
+        const bool bulk_on = vwarps[vi] > 0, probe = vi >= 9;
         lc_qgemv_bulk_set(bulk_on ? 1 : 0); /* rows 0..4 as dispatched by default, whatever the environment says */
         lc_qgemv_bulk_set_probe(probe);
         lc_qgemv_bulk_set_warps(bulk_on ? vwarps[vi] : 8);

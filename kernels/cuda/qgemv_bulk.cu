@@ -142,48 +142,58 @@ template <int W> __device__ __forceinline__ void lc_qt_bar() {
     asm volatile("bar.sync 1, %0;" ::"n"(W * 32) : "memory");
 }
 
-/* The token into shared memory as f16, once per CTA: W8A16 / INT4 scaled
- * by 2^e (max |x 2^e| in [2^14, 2^15): qmma.cu's prep, exact for every
- * bf16 value down to 2^-29 of the max); INT4 with its columns in the
- * decode's order (0,4)(1,5)(2,6)(3,7) per 8 and xg, the sums of the scaled
- * values per 128 columns; FP8: the e4m3 codes xq as f16 (exact, unscaled).
- * Returns 2^-e (1 for FP8). The W consumer warps; x is read twice (the max,
- * then the conversion), the second time from L1 / L2. */
-template <typename T, int FMT, int W>
-__device__ __forceinline__ float lc_qt_token(const T *__restrict__ x, const uint8_t *__restrict__ xq, int K,
-                                             uint16_t *x16, float *xg, float *red, int tid) {
-    constexpr int NT = W * 32;
+/* Which columns a consumer warp multiplies: a stage holds `ups` units
+ * (8-bit: 64-column windows; INT4: groups), warp w takes units w, w + W,
+ * ... of every stage. ups is a multiple of W or below it (32 units of 8-bit
+ * codes; INT4 4096 / group in 2..32), so over the whole row warp w owns the
+ * units w, w + S, w + 2 S, ... with S = min(ups, W) — and none when w >= S. */
+struct lc_qt_cols {
+    int first, stride, units; /* the warp's first unit, the unit stride, its units */
+    int unit_cols, cpu;       /* columns a unit, 8-column chunks a unit (a power of two) */
+    __device__ __forceinline__ int col(int c) const { /* chunk c of the warp -> its first column */
+        return (first + (c / cpu) * stride) * unit_cols + (c % cpu) * 8;
+    }
+};
+
+/* The token's columns this warp multiplies, into shared memory as f16, by
+ * the warp alone (no CTA barrier: the warp is the only reader): W8A16 /
+ * INT4 scaled by 2^e, e from the max over these columns (max |x 2^e| in
+ * [2^14, 2^15): qmma.cu's prep, exact for every bf16 value down to 2^-29 of
+ * that max), INT4 in the decode's column order (0,4)(1,5)(2,6)(3,7) per 8
+ * with xg, the sums of the scaled values per 128 columns; FP8: the e4m3
+ * codes xq as f16 (exact, unscaled). Returns 2^-e (1 for FP8). x is read
+ * twice (the max, then the conversion; the second time from L1). */
+template <typename T, int FMT>
+__device__ __forceinline__ float lc_qt_token(const T *__restrict__ x, const uint8_t *__restrict__ xq,
+                                             const lc_qt_cols &cl, int lane, uint16_t *x16, float *xg) {
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
-    const int lane = tid & 31, warp = tid >> 5;
+    const int total = cl.units * cl.cpu;
     if constexpr (FMT == LOOM_CUDA_Q_FP8) {
-        for (int k = tid * 8; k < K; k += NT * 8) {
-            const uint2 c = __ldg(reinterpret_cast<const uint2 *>(xq + k));
-            *reinterpret_cast<uint4 *>(x16 + k) = lc_e4m3x8<__half>(c);
+        for (int c = lane; c < total; c += 32) {
+            const int k = cl.col(c);
+            *reinterpret_cast<uint4 *>(x16 + k) = lc_e4m3x8<__half>(__ldg(reinterpret_cast<const uint2 *>(xq + k)));
         }
-        lc_qt_bar<W>();
+        __syncwarp();
         return 1.0f;
     }
     float a = 0.0f;
-    for (int k = tid * 8; k < K; k += NT * 8) {
+#pragma unroll 4
+    for (int c = lane; c < total; c += 32) {
         float w[8];
-        lc_unpack8<T>(lc_ldg16(x + k), w);
+        lc_unpack8<T>(lc_ldg16(x + cl.col(c)), w);
 #pragma unroll
         for (int e = 0; e < 8; e++) a = fmaxf(a, fabsf(w[e]));
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    if (lane == 0) red[warp] = a;
-    lc_qt_bar<W>();
-    a = red[0];
-#pragma unroll
-    for (int i = 1; i < W; i++) a = fmaxf(a, red[i]);
     const int e = lc_tok_exp(a);
     const float scale = lc_pow2(e);
-    /* whole warps through every pass: INT4's 16-lane shuffle sums */
-    for (int k0 = 0; k0 < K; k0 += NT * 8) {
-        const int k = k0 + tid * 8;
+    /* whole warps through every pass: INT4's 16-lane shuffle sums (16
+     * chunks = one 128-column block, inside one unit) */
+    for (int c0 = 0; c0 < total; c0 += 32) {
+        const int c = c0 + lane, k = c < total ? cl.col(c) : 0;
         float w[8];
-        if (k < K) {
+        if (c < total) {
             lc_unpack8<T>(lc_ldg16(x + k), w);
 #pragma unroll
             for (int i = 0; i < 8; i++) w[i] = __half2float(__float2half_rn(w[i] * scale));
@@ -196,10 +206,10 @@ __device__ __forceinline__ float lc_qt_token(const T *__restrict__ x, const uint
             float s8 = ((w[0] + w[1]) + (w[2] + w[3])) + ((w[4] + w[5]) + (w[6] + w[7]));
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1) s8 += __shfl_xor_sync(0xffffffffu, s8, o);
-            if ((lane & 15) == 0 && k < K) xg[k / 128] = s8;
+            if ((lane & 15) == 0 && c < total) xg[k / 128] = s8;
         }
     }
-    lc_qt_bar<W>();
+    __syncwarp();
     return lc_pow2(-e);
 }
 
@@ -219,7 +229,8 @@ __device__ __forceinline__ void lc_e4m3x4_h2(uint32_t w, uint32_t &lo, uint32_t 
  * INT4's scale bytes a row and stage. probe: skip the arithmetic
  * (gpu_bench). The W consumer warps take a stage's units (8-bit: 64-column
  * windows; INT4: a group's 128-column windows) in turn, each into its own
- * sums; a tile's sums meet in shared memory in warp order. */
+ * sums with its own token scale; a tile's sums meet in shared memory in
+ * warp order. */
 template <typename T, int FMT, bool F32, int W>
 __global__ void __launch_bounds__((W + 1) * 32, 2)
     lc_qgemv_bulk_kernel(const T *__restrict__ x, const uint8_t *__restrict__ xq, const float *__restrict__ sx,
@@ -234,7 +245,7 @@ __global__ void __launch_bounds__((W + 1) * 32, 2)
     uint64_t *empty = full + LC_QT_ST;
     uint16_t *x16 = reinterpret_cast<uint16_t *>(sm + L.x16);
     float *xg = reinterpret_cast<float *>(sm + L.xg);
-    float *red = reinterpret_cast<float *>(sm + L.red); /* [tile & 1][warp][row], then W maxima */
+    float *red = reinterpret_cast<float *>(sm + L.red); /* [tile & 1][warp][row] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int tiles = (N + LC_QT_ROWS - 1) / LC_QT_ROWS;
     const int tile0 = blockIdx.x * tpc, tile1 = tile0 + tpc < tiles ? tile0 + tpc : tiles;
@@ -255,6 +266,10 @@ __global__ void __launch_bounds__((W + 1) * 32, 2)
     __syncthreads();
 
     if (warp == W) { /* producer: one thread issues every copy of every tile */
+        /* the kernels after this one may launch now (they wait for its
+         * completion themselves): a persistent grid would otherwise hold
+         * them back until its last copies are issued */
+        lc_pdl_trigger();
         if (lane == 0) {
             uint64_t policy;
             asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
@@ -280,15 +295,22 @@ __global__ void __launch_bounds__((W + 1) * 32, 2)
                 }
             }
         }
-        lc_pdl_trigger();
         return;
     }
 
     /* consumers: the token is the previous kernels' output */
     lc_pdl_wait();
     lc_pdl_trigger();
-    float inv = lc_qt_token<T, FMT, W>(x, xq, K, x16, xg, red + 2 * LC_QT_MAXW * LC_QT_ROWS, threadIdx.x);
-    if constexpr (FMT == LOOM_CUDA_Q_FP8) inv = sx[0];
+    const int ups = I4 ? gps : LC_QT_SB / WB;
+    lc_qt_cols cl;
+    cl.first = warp;
+    cl.stride = ups < W ? ups : W;
+    cl.unit_cols = I4 ? group : WK;
+    cl.cpu = cl.unit_cols / 8;
+    const int utot = K / cl.unit_cols;
+    cl.units = warp < cl.stride ? (utot - warp + cl.stride - 1) / cl.stride : 0;
+    const float inv = lc_qt_token<T, FMT>(x, xq, cl, lane, x16, xg);
+    const float post = FMT == LOOM_CUDA_Q_FP8 ? sx[0] : 1.0f;
 
     const int g = lane >> 2, t = lane & 3;
     int it = 0;
@@ -332,11 +354,11 @@ __global__ void __launch_bounds__((W + 1) * 32, 2)
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
                             const uint4 xv = *reinterpret_cast<const uint4 *>(x16 + kw + 32 * t + 8 * i);
-                            uint32_t pa[4], pb[4];
-                            lc_u4x8_h2(aw[i], pa);
-                            lc_u4x8_h2(bw[i], pb);
-                            lc_mma_f16(c0, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
-                            lc_mma_f16(c1, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
+                                uint32_t pa[4], pb[4];
+                                lc_u4x8_h2(aw[i], pa);
+                                lc_u4x8_h2(bw[i], pb);
+                                lc_mma_f16(c0, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
+                                lc_mma_f16(c1, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
                         }
                     }
                 }
@@ -355,12 +377,13 @@ __global__ void __launch_bounds__((W + 1) * 32, 2)
             __syncwarp();
             if (lane == 0) lc_mbar_arrive(&empty[s]);
         }
-        /* the tile's sums: red[tile & 1] (a warp can be at most one tile
-         * ahead of warp 0's reading: the barrier below) */
+        /* the tile's sums, each warp's in its own token scale: red[tile & 1]
+         * (a warp can be at most one tile ahead of warp 0's reading: the
+         * barrier below) */
         float *rt = red + (tile & 1) * LC_QT_MAXW * LC_QT_ROWS;
         if (t == 0) {
-            rt[warp * LC_QT_ROWS + g] = I4 ? tot0 : c0[0] + c1[0];
-            rt[warp * LC_QT_ROWS + g + 8] = I4 ? tot1 : c0[2] + c1[2];
+            rt[warp * LC_QT_ROWS + g] = (I4 ? tot0 : c0[0] + c1[0]) * inv;
+            rt[warp * LC_QT_ROWS + g + 8] = (I4 ? tot1 : c0[2] + c1[2]) * inv;
         }
         lc_qt_bar<W>();
         const int n = tile * LC_QT_ROWS + lane;
@@ -368,8 +391,7 @@ __global__ void __launch_bounds__((W + 1) * 32, 2)
             float v = rt[lane];
 #pragma unroll
             for (int w = 1; w < W; w++) v += rt[w * LC_QT_ROWS + lane];
-            v *= inv;
-            if constexpr (!I4) v *= sc[n];
+            if constexpr (!I4) v *= sc[n] * post;
             if (F32) static_cast<float *>(y)[n] = v;
             else static_cast<T *>(y)[n] = lc_from_f<T>(v);
         }

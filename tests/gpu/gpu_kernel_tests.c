@@ -1112,8 +1112,8 @@ static void qgemm_defaults(loom_cuda_gemm *g) {
 /* test_qgemm's activations: the [-2, 2] of every test, or (set) tokens of
  * very different magnitudes — what the tensor-core paths' per-token
  * power-of-two f16 scaling is for. At M = 1 the one token is of kind 1
- * (beyond f16's range), or of kind 2 (tiny) / 3 (powers of two) when
- * g_qx_wild is 2 / 3. */
+ * (beyond f16's range), or of kind 2 (tiny) / 3 (powers of two) / 4 (all
+ * positive, 1..3) when g_qx_wild is 2 / 3 / 4. */
 static int g_qx_wild;
 
 /* Quantize random weights on the host exactly as loom/quant.h lays them
@@ -1186,7 +1186,9 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
             const float f = kind == 1 ? (dt == LOOM_CUDA_BF16 ? 5e4f : 2e3f) : kind == 2 ? 1e-6f : 1.0f;
             for (int k = 0; k < K; k++) {
                 size_t i = (size_t)m * K + k;
-                float v = kind == 3 ? ldexpf(k % 2 ? -1.0f : 1.0f, k % 23 - 11) : xf[i] * f;
+                float v = kind == 3   ? ldexpf(k % 2 ? -1.0f : 1.0f, k % 23 - 11)
+                          : kind == 4 ? fabsf(xf[i]) + 1.0f /* one sign: offsets cancel badly */
+                                      : xf[i] * f;
                 x[i] = to16(dt, v), xf[i] = (float)from16(dt, x[i]);
             }
         }
@@ -1359,7 +1361,7 @@ static void rand_q8_weight(loom_cuda_qfmt fmt, int N, int K, uint8_t *data, floa
  * holds (the 8B down projection), past the old register-kept token up to
  * the 65536 bound, many tiles a CTA with a partial last one (the ring and
  * the partial-sum buffers carried across tiles), tokens of wild magnitudes
- * (the per-CTA power-of-two scaling: huge, tiny, powers of two); with 8
+ * (the per-warp power-of-two scaling: huge, tiny, powers of two); with 8
  * consumer warps and with 4; each call must have run the kernel. Then: not
  * in batch-invariant mode even when on; the shapes it must refuse and
  * take; off when set off. */
@@ -1395,15 +1397,19 @@ static void test_qgemm_bulk(loom_cuda_gemm *g) {
     };
     const int prev = lc_qgemv_bulk_get();
     lc_qgemv_bulk_set(1);
-    /* wild: 0 plain tokens; 1 beyond f16's range, 2 tiny, 3 powers of two
+    /* wild: 0 plain tokens; 1 beyond f16's range, 2 tiny, 3 powers of two,
+     * 4 all positive
      * (float32 outputs only: a 16-bit output of kind 1 overflows) */
-    for (int warps = 8; warps >= 4; warps -= 4) {
+    /* the default 8 consumer warps on every case, 4 on a third of the
+     * plain ones */
+    for (int cf = 0; cf < 2; cf++) {
+        const int warps = cf ? 4 : 8;
         lc_qgemv_bulk_set_warps(warps);
-        for (int wild = 0; wild < 4; wild++)
+        for (int wild = 0; wild < 5; wild++)
             for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
                 const bcase c = cs[ci];
                 if (wild && !c.f32) continue;
-                if (warps == 4 && (wild || ci % 3)) continue; /* a third of the plain cases */
+                if (cf && (wild || ci % 3)) continue;
                 g_qx_wild = wild;
                 const long b0 = lc_qgemv_bulk_count();
                 test_qgemm(g, c.dt, c.fmt, 1, c.N, c.K, c.group, 0, c.f32, false);
