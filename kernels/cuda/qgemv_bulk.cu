@@ -1,66 +1,76 @@
 /*
- * kernels/cuda/qgemv_bulk.cu — W8A16 and INT4 linear layers at one row of
- * x (batch-1 decode) on sm_90: the weights staged in shared memory by the
- * bulk-copy engine (cp.async.bulk, the 1-D form of TMA) and multiplied on
- * the tensor cores. lc_qgemv_bulk; qgemm.cu's lc_qgemv calls it at M = 1
- * when lc_qgemv_bulk_ok says so — which is only on request
- * (LOOM_CUDA_QGEMV_BULK=1): measured, it is not faster than qgemm.cu's
- * CUDA-core GEMV, and it is kept, tested, as the measured starting point
- * for the next attempt.
+ * kernels/cuda/qgemv_bulk.cu — W8A16, FP8 and INT4 linear layers at one
+ * row of x (batch-1 decode) on sm_90: the weights streamed into shared
+ * memory by the bulk-copy engine (cp.async.bulk, the 1-D form of TMA) and
+ * multiplied on the tensor cores. lc_qgemv_bulk; qgemm.cu's lc_qgemv calls
+ * it at M = 1 when lc_qgemv_bulk_ok says so — only on request
+ * (LOOM_CUDA_QGEMV_BULK=1): measured, it makes a decode step no faster
+ * than qgemm.cu's CUDA-core GEMV (below), and it is kept, tested, as the
+ * measured starting point for the next attempt.
  *
- * The question it answers: a Llama-3-8B layer's linears at M = 1, chained
- * in a CUDA graph as a decode step runs them, stream at ~3.0 TB/s (W8A16)
- * and ~2.1 TB/s (INT4) on qgemm.cu's kernel against bf16's 4.0 (H200,
- * bench/results/h200-2026-12-01-s8). A first version of this kernel with
- * qgemm.cu's arithmetic (16 rows a CTA, 512 B - 2 KB of each row a stage)
- * read the same weights at 3.8-4.3 TB/s (W8A16) and 3.1-4.0 (INT4) when its
- * arithmetic was skipped (gpu_bench's probe), and at 2.9-3.2 / 1.8-2.2 with
- * it: the arithmetic — ~3.5 instructions a weight (decode to f32, FFMA, the
- * token's conversion) — is the bound, not the loads. So this version does
- * ~1.3 a weight: codes to exact f16 pairs (mma.cuh: PRMT + HSUB2 for int8,
- * LOP3 + HSUB2 / HFMA2 for int4) and mma.sync m16n8k16 on 16 rows at a time
- * by the one token in the B operand's first column (the other seven are
- * zeros). Measured (call D): W8A16 71.5 us a layer chained against 73.0 on
- * qgemm.cu's kernel, INT4 85.4 against 58.5; in the engine at batch 1
- * slower for both (1.31x / 1.19x bf16, call D; the default kernels 1.48x /
- * 1.64x in call E). Its limits, as measured and reasoned: 4 consumer warps
- * a CTA and 2 CTAs an SM (the stages and the token's f16 copy fill shared
- * memory; 160 registers a thread — the token kept in registers, the
- * producer warp's included — cap it there as well) leave the mma and
- * shared-load latencies exposed; the token's scaling into f16 is repeated
- * by every CTA (one round trip and two CTA barriers before the first
- * mma); with 64 rows a CTA and 256-byte copies (call C) the stream fell to
- * ~0.9 TB/s even without arithmetic — small bulk copies are expensive.
- * The next attempt: 2-D tensor-map copies (one instruction a stage), more
- * consumer warps, the token prepared once per matrix.
+ * Why it exists (H200, bench/results/h200-2026-12-01-s8 and -12-02-s9):
+ * qgemm.cu's one-row GEMV spends ~3.5-4.5 instructions a weight (decode to
+ * f32, FFMA, the token's conversion) and a layer's four linears, chained in
+ * a CUDA graph as a step runs them, stream at ~2.95 TB/s (W8A16) / ~2.1
+ * (INT4) against bf16's 4.0. Here the codes become exact f16 pairs
+ * (mma.cuh: PRMT + HSUB2 for int8, LOP3 + HSUB2 / HFMA2 for int4, one
+ * conversion instruction a pair for e4m3) and mma.sync m16n8k16 multiplies
+ * 16 rows at a time by the token (~1.3 instructions a weight).
  *
- * Structure: a producer thread keeps LC_QT_ST stages of the CTA's 16 rows
- * (2 KB of each) in flight; the first are requested before lc_pdl_wait()
- * (nothing writes weights, so they stream while the kernel before
- * finishes). 4 consumer warps scale the token by a power of two into f16 in
- * shared memory (qmma.cu's prep: exact for every bf16 value down to 2^-29
- * of the row's max; INT4 also the 128-column sums for the group bias, the
- * columns in its decode's order), then take a stage's units (W8A16: 64
- * columns; INT4: one group's 128-column windows) in turn, each into its own
- * sums, which meet in shared memory at the end in warp order.
+ * Measured, chained (gpu_bench --quant-m 1; µs a Llama-3-8B layer, default
+ * kernel in brackets): session 8's version — a CTA per 16 rows, the token
+ * scaled by every CTA behind two CTA barriers, 4 consumer warps — W8A16
+ * 71.9 (74.1), INT4 85.4 (58.2). Session 9 (this one): persistent CTAs
+ * (two an SM, each converting the token once for all its tiles; tiles
+ * balanced so every CTA has the same count), 8 consumer warps, each
+ * preparing only the columns it multiplies with its own power-of-two scale
+ * (no CTA barrier), the producer releasing the next kernels' launch (PDL)
+ * at once: W8A16 64.4-66.2 (73.7-74.4), FP8 72.2 (72.7; the chain pays the
+ * activation quantization as its own kernel), INT4 61.2-62.4 (57.9-58.1);
+ * the bare stream (probe: arithmetic skipped) 57.1-57.8 W8A16, 36.8-37.8
+ * INT4. INT4 is still bound by its decode. In the engine at batch 1 the
+ * W8A16 step was no faster (TPOT 3.024-3.073 ms against 3.014 on the
+ * default kernel, bf16 4.30-4.35) — the chained gain does not survive
+ * among the step's other kernels, for reasons not yet measured (each
+ * persistent CTA needs ~77-97 KB of shared memory, so it waits for the
+ * kernel before to leave; the CUDA-core kernel's small CTAs start early).
+ * Tried and dropped (call B): the codes as f16 subnormals (code x 2^-24,
+ * no subtraction; int4 57.0 us but errors up to 1.8e-4 of float64 on
+ * tokens spanning 2^22 — evidently the tensor core does not keep every bit of
+ * subnormal products; W8A16 no faster and, with the 128 sum(x) offset taken off at the
+ * end, 4.3e-4 on one-sign tokens).
+ *
+ * Structure: a producer thread streams the CTA's tiles — LC_QT_ST stages
+ * of 16 rows x 2 KB (INT4: and their scale pairs), a ring carried across
+ * tiles — the first requested before lc_pdl_wait() (nothing writes weights,
+ * so they stream while the kernel before finishes). Consumer warp w takes
+ * units w, w + W, ... of every stage (W8A16 / FP8: 64-column windows; INT4:
+ * one group's 128-column windows); before the first it converts the
+ * token's columns of those units into f16 in shared memory, scaled by a
+ * power of two from their max (qmma.cu's prep: exact for every bf16 value
+ * down to 2^-29 of that max; INT4 in its decode's column order, with the
+ * 128-column sums for the group bias; FP8: the e4m3 codes, exact). A
+ * tile's per-warp sums, each times its warp's 2^-e, meet in shared memory
+ * in warp order (double-buffered by tile: one consumer barrier a tile).
  *
  * Fragments (the operand-order trick of qgemv_tc.cu / qmma.cu): per window
  * lane (g, t) loads bytes [16 t, 16 t + 16) of the window in rows g and
- * g + 8 and uses them as its A registers in a k order of its own; lanes
- * 0..3 (g = 0: B's column 0) read the token at the same physical columns,
- * every other lane gives zeros. Column 0 of D — the row sums — lands in
- * lanes t = 0. Rows lie LC_QT_RS = 2112 bytes apart, so the 8 lanes of a
- * 16-byte shared load phase (rows g, g + 1; t = 0..3) hit 8 different
- * 4-bank groups.
+ * g + 8 and uses them as its A registers in a k order of its own; every
+ * lane gives the token at the same physical columns (B's 8 columns alike,
+ * so D's are too). Row sums land in lanes t = 0. Rows lie LC_QT_RS = 2112
+ * bytes apart, so the 8 lanes of a 16-byte shared load phase (rows g,
+ * g + 1; t = 0..3) hit 8 different 4-bank groups; INT4's scale pairs lie
+ * scb + 16 bytes apart for the same reason.
  *
- * Accuracy: exact products (8-bit / 4-bit codes x f16 activations) summed
- * in fp32 — qmma.cu's arithmetic; not the CUDA-core kernel's order, so the
- * batch-invariant mode (every M the same bits) never uses it.
+ * Accuracy: exact products (8-bit / 4-bit codes x f16 activations, e4m3 x
+ * e4m3) summed in fp32 — qmma.cu's arithmetic; not the CUDA-core kernel's
+ * order, so the batch-invariant mode (every M the same bits) never uses it.
  *
- * Contract (lc_qgemv_bulk_ok): sm_90 (the only code built); 16-byte aligned codes and scales;
- * W8A16 K % 64; INT4 groups of 128 .. 2048 dividing 2048 and K % (2 group)
- * (every stage's scale pairs in whole 16-byte pieces); K <= 65536 (the
- * token's f16 copy in shared memory). Others go to qgemm.cu's kernel.
+ * Contract (lc_qgemv_bulk_ok): sm_90 (the only code built); 16-byte
+ * aligned codes and scales; W8A16 / FP8 K % 64; INT4 groups of 128 .. 2048
+ * dividing 2048 and K % (2 group) (every stage's scale pairs in whole
+ * 16-byte pieces); K <= 65536 (the token's f16 copy in shared memory).
+ * Others go to qgemm.cu's kernel.
  */
 #include "common.cuh"
 
