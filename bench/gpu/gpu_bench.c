@@ -544,9 +544,17 @@ static void bench_quant(int M) {
  * replayed; µs per layer, median of 15 replays. bf16 and each loom format
  * as dispatched, then (M = 1) W8A16 / FP8 / INT4 on qgemv_bulk.cu's kernel
  * forced on (`_bulk`: 8 consumer warps a CTA, `_bulk4`: 4) and that kernel
- * with its arithmetic skipped (`_probe`: the bare weight stream). Timed alone (bench_quant) a GEMV pays ~3-4 µs of launch;
- * chained it pays what the engine pays. */
-static void bench_quant_chain(int M) {
+ * with its arithmetic skipped (`_probe`: the bare weight stream). Timed
+ * alone (bench_quant) a GEMV pays ~3-4 µs of launch. Chained GEMV after
+ * GEMV, a kernel's start overlaps the one before (programmatic launch) —
+ * which a decode step does not offer: there every GEMV follows a small
+ * kernel. So `mixed` (M = 1) puts those small kernels between the linears
+ * (add_rmsnorm before QKV, O and gate|up — the one before O standing in
+ * for RoPE + attention — SwiGLU before down), each on the output of the
+ * kernel before: µs a layer is then the linears plus the small kernels,
+ * nearer what a step pays (session 9: the bulk kernel won 12% chained and
+ * nothing in the engine). */
+static void bench_quant_chain(int M, bool mixed) {
     static const int shp[4][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
     static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
                                            LOOM_CUDA_Q_FP8, LOOM_CUDA_Q_INT4};
@@ -563,15 +571,27 @@ static void bench_quant_chain(int M) {
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     void *x = dev_rand((size_t)M * 28672), *y;
     CK(cudaMalloc(&y, (size_t)M * 28672 * 2));
+    /* mixed: a decode layer's small kernels between the linears, on the
+     * data they pass on — add_rmsnorm before QKV, O (after a stand-in for
+     * attention: another add_rmsnorm over the QKV output) and gate|up,
+     * SwiGLU before down — so every GEMV follows a small kernel as in a
+     * step; buffers: residual (f32), norm weights, normed token, outputs */
+    float *resid = NULL, *nw = NULL;
+    void *xn = NULL, *o[4] = {NULL, NULL, NULL, NULL}, *act = NULL;
+    if (mixed) {
+        resid = dev_floats((size_t)M * 4096, -1.0f, 1.0f);
+        nw = dev_floats(4096, 0.5f, 1.5f);
+        xn = dev_rand((size_t)M * 4096);
+        act = dev_rand((size_t)M * 14336);
+        for (int k = 0; k < 4; k++) o[k] = dev_rand((size_t)M * shp[k][0]);
+    }
     double bf16_us = 0;
-    /* bf16, each quantized format as dispatched, then (M = 1) W8A16 / INT4
-     * on qgemv_bulk.cu's kernel (opt-in: _bulk) and that kernel as the
-     * probe (its weight stream with no arithmetic: _probe) */
     /* variants: format, then (M = 1) the bulk kernel's consumer warps
      * (0: as dispatched, the bulk kernel forced off) and the probe */
     static const int vfmt[11] = {0, 1, 2, 3, 4, 1, 3, 4, 1, 1, 4};
     static const int vwarps[11] = {0, 0, 0, 0, 0, 8, 8, 8, 4, 8, 8};
-    const int nv = M == 1 ? 11 : 5;
+    const int nv = M == 1 ? (mixed ? 8 : 11) : 5; /* mixed: no bulk4, no probes */
+    const char *kind = mixed ? "mixed  " : "chained";
     for (int vi = 0; vi < nv; vi++) {
         const int fi = vfmt[vi];
         const bool bulk_on = vwarps[vi] > 0, probe = vi >= 9;
@@ -600,17 +620,34 @@ static void bench_quant_chain(int M) {
         for (int pass = 0; pass < 2 && !rc; pass++) {
             if (pass == 1) CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
             for (int l = 0; l < (pass ? DEPTH : 1) && !rc; l++)
-                for (int k = 0; k < 4 && !rc; k++)
+                for (int k = 0; k < 4 && !rc; k++) {
+                    const void *in = x;
+                    void *out = y;
+                    if (mixed) { /* the small kernel before linear k, on the previous linear's output */
+                        cudaError_t e;
+                        if (k < 3)
+                            e = loom_cuda_add_rmsnorm(LOOM_CUDA_BF16, xn, resid, o[k == 0 ? 3 : k - 1], nw, NULL,
+                                                      M, 4096, 1e-5f, st);
+                        else
+                            e = loom_cuda_swiglu(LOOM_CUDA_BF16, act, o[2], M, 14336, st);
+                        if (e != cudaSuccess) {
+                            snprintf(msg, sizeof msg, "small kernel: %s", cudaGetErrorString(e));
+                            rc = 1;
+                            break;
+                        }
+                        in = k < 3 ? xn : act, out = o[k];
+                    }
                     rc = f == LOOM_CUDA_Q_NONE
-                             ? loom_cuda_gemm_run(g, LOOM_CUDA_BF16, 0, M, w[k].N, w[k].K, x, data[k], y, st, msg,
+                             ? loom_cuda_gemm_run(g, LOOM_CUDA_BF16, 0, M, w[k].N, w[k].K, in, data[k], out, st, msg,
                                                   sizeof msg)
-                             : loom_cuda_qgemm_run(g, LOOM_CUDA_BF16, 0, M, &w[k], x, y, scratch, scr, st, msg,
+                             : loom_cuda_qgemm_run(g, LOOM_CUDA_BF16, 0, M, &w[k], in, out, scratch, scr, st, msg,
                                                    sizeof msg);
+                }
             if (pass == 0) CK(cudaStreamSynchronize(st));
             else if (cudaStreamEndCapture(st, &gr) != cudaSuccess && !rc) rc = -1;
         }
         if (rc) {
-            printf("    chained %-16s M=%-3d ERROR: %s\n", names[fi], M, rc == -1 ? "capture failed" : msg);
+            printf("    %s %-16s M=%-3d ERROR: %s\n", kind, names[fi], M, rc == -1 ? "capture failed" : msg);
             (void)cudaGetLastError();
             if (gr) cudaGraphDestroy(gr);
             for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
@@ -638,14 +675,14 @@ static void bench_quant_chain(int M) {
         char label[32], nm[96];
         snprintf(label, sizeof label, "%s%s%s", names[fi], probe ? "_probe" : bulk ? "_bulk" : "",
                  bulk && vwarps[vi] == 4 ? "4" : "");
-        snprintf(nm, sizeof nm, "llama3-8b layer linears chained %s M=%d", label, M);
+        snprintf(nm, sizeof nm, "llama3-8b layer linears %s %s M=%d", mixed ? "mixed" : "chained", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, us * 1e-3, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
-        printf("    chained %-16s M=%-3d %8.1f us per layer, %5.2fx vs bf16, %5.2f TB/s%s\n", label, M, us,
+        printf("    %s %-16s M=%-3d %8.1f us per layer, %5.2fx vs bf16, %5.2f TB/s%s\n", kind, label, M, us,
                bf16_us / us, bytes / (us * 1e-6) / 1e12, bulk ? " (bulk kernel)" : "");
         qres *qr = qres_next();
         if (qr) {
-            snprintf(qr->fmt, sizeof qr->fmt, "chain_%s", label);
+            snprintf(qr->fmt, sizeof qr->fmt, "%s_%s", mixed ? "mixed" : "chain", label);
             qr->M = M, qr->ms = us * 1e-3, qr->bf16_ms = bf16_us * 1e-3;
         }
         cudaEventDestroy(e0), cudaEventDestroy(e1);
@@ -657,6 +694,8 @@ static void bench_quant_chain(int M) {
     lc_qgemv_bulk_set_probe(0);
     lc_qgemv_bulk_set_warps(8);
     cudaFree(x), cudaFree(y);
+    cudaFree(resid), cudaFree(nw), cudaFree(xn), cudaFree(act);
+    for (int k = 0; k < 4; k++) cudaFree(o[k]);
     cudaStreamDestroy(st);
     loom_cuda_gemm_destroy(g);
 }
@@ -959,7 +998,8 @@ int main(int argc, char **argv) {
                 "  --quick         fewer repetitions, no batch-64 engine run\n"
                 "  --components    every kernel of one Llama-3-8B layer timed alone, several batch sizes\n"
                 "  --quant         the quantized linear layers only (M = 1, 2, 8, 64, 2048; M = 1 also chained)\n"
-                "  --quant-m M     those at M only; M <= 8 also chained in a CUDA graph\n");
+                "  --quant-m M     those at M only; M <= 8 also chained in a CUDA graph (M = 1: also with a\n"
+                "                  layer's small kernels between the linears, 'mixed')\n");
         return argc < 2 ? 2 : 0;
     }
     const char *out_path = argv[1];
@@ -987,11 +1027,13 @@ int main(int argc, char **argv) {
     printf("  quantized linear layers (one Llama-3-8B layer: QKV, O, gate/up, down):\n");
     if (quant_m > 0) { /* --quant-m M: that M only */
         bench_quant(quant_m);
-        if (quant_m <= 8) bench_quant_chain(quant_m);
+        if (quant_m <= 8) bench_quant_chain(quant_m, false);
+        if (quant_m == 1) bench_quant_chain(1, true);
         goto write;
     }
     bench_quant(1);
-    bench_quant_chain(1);
+    bench_quant_chain(1, false);
+    bench_quant_chain(1, true);
     bench_quant(2);
     bench_quant(8);
     bench_quant(64);
