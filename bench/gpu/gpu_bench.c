@@ -553,7 +553,10 @@ static void bench_quant(int M) {
  * for RoPE + attention — SwiGLU before down), each on the output of the
  * kernel before: µs a layer is then the linears plus the small kernels,
  * nearer what a step pays (session 9: the bulk kernel won 12% chained and
- * nothing in the engine). */
+ * nothing in the engine). W8A8 / FP8 rows pay their activation quantization
+ * as a kernel of its own here, where the engine fuses it into the norm and
+ * SwiGLU kernels; their TB/s (as every mixed row's) divide the linears'
+ * bytes by a time that includes the small kernels. */
 static void bench_quant_chain(int M, bool mixed) {
     static const int shp[4][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
     static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,

@@ -93,7 +93,9 @@
 /* Shared memory: LC_QT_ST stages of [rows' codes | INT4: rows' scale pairs
  * (scb bytes each, scb + 16 apart: no bank conflicts)], the token as f16 (K
  * halves), INT4's 128-column sums, the warps' partial row sums of two tiles
- * (and the token maxima), the mbarriers. */
+ * (rows of a partial last tile keep whatever the ring held: each mma row
+ * depends on its own weight row only, and those rows are never stored),
+ * the mbarriers. */
 struct lc_qt_layout {
     size_t stage, x16, xg, red, bar, bytes;
 };
@@ -103,7 +105,7 @@ __host__ __device__ inline lc_qt_layout lc_qt_layout_of(int K, int scb, bool i4)
     l.x16 = (size_t)LC_QT_ST * l.stage;
     l.xg = l.x16 + (size_t)K * 2;
     l.red = l.xg + (i4 ? (size_t)(K / 128) * 4 : 0);
-    l.bar = (l.red + (2 * LC_QT_MAXW * LC_QT_ROWS + LC_QT_MAXW) * 4 + 7) & ~(size_t)7;
+    l.bar = (l.red + 2 * LC_QT_MAXW * LC_QT_ROWS * 4 + 7) & ~(size_t)7;
     l.bytes = l.bar + 2 * LC_QT_ST * 8;
     return l;
 }
@@ -246,6 +248,7 @@ __global__ void __launch_bounds__((W + 1) * 32, 2)
     lc_qgemv_bulk_kernel(const T *__restrict__ x, const uint8_t *__restrict__ xq, const float *__restrict__ sx,
                          const uint8_t *__restrict__ wd, const float *__restrict__ sc, void *__restrict__ y,
                          int N, int K, int group, int scb, int tpc, int probe) {
+    static_assert(W == 4 || W == 8, "lc_qt_cols: W divides every stage's unit count or exceeds it");
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     constexpr int WB = 64;            /* bytes of a row a window */
     constexpr int WK = I4 ? 128 : 64; /* columns a window        */
@@ -308,9 +311,9 @@ __global__ void __launch_bounds__((W + 1) * 32, 2)
         return;
     }
 
-    /* consumers: the token is the previous kernels' output */
+    /* consumers: the token is the previous kernels' output (the CTA's
+     * launch trigger is the producer warp's, above) */
     lc_pdl_wait();
-    lc_pdl_trigger();
     const int ups = I4 ? gps : LC_QT_SB / WB;
     lc_qt_cols cl;
     cl.first = warp;
@@ -364,11 +367,11 @@ __global__ void __launch_bounds__((W + 1) * 32, 2)
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
                             const uint4 xv = *reinterpret_cast<const uint4 *>(x16 + kw + 32 * t + 8 * i);
-                                uint32_t pa[4], pb[4];
-                                lc_u4x8_h2(aw[i], pa);
-                                lc_u4x8_h2(bw[i], pb);
-                                lc_mma_f16(c0, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
-                                lc_mma_f16(c1, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
+                            uint32_t pa[4], pb[4];
+                            lc_u4x8_h2(aw[i], pa);
+                            lc_u4x8_h2(bw[i], pb);
+                            lc_mma_f16(c0, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
+                            lc_mma_f16(c1, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
                         }
                     }
                 }
