@@ -20,25 +20,29 @@
  * Measured, chained (gpu_bench --quant-m 1; µs a Llama-3-8B layer, default
  * kernel in brackets): session 8's version — a CTA per 16 rows, the token
  * scaled by every CTA behind two CTA barriers, 4 consumer warps — W8A16
- * 71.9 (74.1), INT4 85.4 (58.2). Session 9 (this one): persistent CTAs
- * (two an SM, each converting the token once for all its tiles; tiles
- * balanced so every CTA has the same count), 8 consumer warps, each
- * preparing only the columns it multiplies with its own power-of-two scale
- * (no CTA barrier), the producer releasing the next kernels' launch (PDL)
- * at once: W8A16 64.4-66.2 (73.7-74.4), FP8 72.2 (72.7; the chain pays the
- * activation quantization as its own kernel), INT4 61.2-62.4 (57.9-58.1);
- * the bare stream (probe: arithmetic skipped) 57.1-57.8 W8A16, 36.8-37.8
- * INT4. INT4 is still bound by its decode. In the engine at batch 1 the
- * W8A16 step was no faster (TPOT 3.024-3.073 ms against 3.014 on the
- * default kernel, bf16 4.30-4.35) — the chained gain does not survive
- * among the step's other kernels, for reasons not yet measured (each
- * persistent CTA needs ~77-97 KB of shared memory, so it waits for the
- * kernel before to leave; the CUDA-core kernel's small CTAs start early).
- * Tried and dropped (call B): the codes as f16 subnormals (code x 2^-24,
- * no subtraction; int4 57.0 us but errors up to 1.8e-4 of float64 on
- * tokens spanning 2^22 — evidently the tensor core does not keep every bit of
- * subnormal products; W8A16 no faster and, with the 128 sum(x) offset taken off at the
- * end, 4.3e-4 on one-sign tokens).
+ * 71.9 (74.1), INT4 85.4 (58.2). Session 9 (this one; calls A-D of
+ * bench/results/h200-2026-12-02-s9): persistent CTAs (two an SM, each
+ * converting the token once for all its tiles; tiles balanced so every CTA
+ * has the same count), 8 consumer warps, each preparing only the columns it
+ * multiplies with its own power-of-two scale (no CTA barrier), the producer
+ * releasing the next kernels' launch (PDL) at once: W8A16 64.4-68.1
+ * (73.1-74.4), FP8 72.2-73.6 (72.7-73.0; the chain pays the activation
+ * quantization as its own kernel), INT4 61.2-62.4 (57.8-58.5); the bare
+ * stream (probe: arithmetic skipped) 56.8-57.8 W8A16, 36.8-37.8 INT4. INT4
+ * is still bound by its decode. In the engine at batch 1 the W8A16 step was
+ * no faster (TPOT 3.020-3.073 ms on, 2.996-3.024 off, bf16 4.30-4.34), and
+ * with the layer's small kernels between the linears (gpu_bench's mixed
+ * chain, call D) it is slower: W8A16 75.5 (72.3), INT4 76.9 (58.0). ncu
+ * (call C) has each bulk launch at 18.0 µs on average against 17.3 for the
+ * CUDA-core kernel: alone, every launch pays a longer start (CTAs of ~77-97
+ * KB of shared memory wait for the kernel before to leave; the token
+ * prologue; the ring's fill), which the plain chain, GEMV after GEMV,
+ * partly hides. Tried and dropped (call B): the codes as f16 subnormals
+ * (code x 2^-24, no subtraction; INT4 57.0 µs chained but errors up to
+ * 1.8e-4 of float64 on tokens spanning 2^22 — evidently the tensor core
+ * does not keep every bit of subnormal products; W8A16 0.7 µs faster and,
+ * with the 128 sum(x) offset taken off at the end, 4.3e-4 off on one-sign
+ * tokens).
  *
  * Structure: a producer thread streams the CTA's tiles — LC_QT_ST stages
  * of 16 rows x 2 KB (INT4: and their scale pairs), a ring carried across
