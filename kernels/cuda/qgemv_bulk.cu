@@ -78,9 +78,6 @@
  */
 #include "common.cuh"
 
-#include <stdlib.h>
-#include <string.h>
-
 #include <atomic>
 
 #include <cuda_fp8.h>

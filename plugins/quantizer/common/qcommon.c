@@ -132,6 +132,16 @@ loom_status qc_check_patterns(const loom_host *h, const char *who, const char *p
                     who, param, bad, first ? first : "?", last ? last : "?");
 }
 
+loom_status qc_check_patterns_once(const void **checked, const loom_host *h, const char *who,
+                                   const loom_model_view *m, const char *skip, const char *weight_only,
+                                   loom_error *err) {
+    if (!m || __atomic_load_n(checked, __ATOMIC_ACQUIRE) == m->ctx) return LOOM_OK;
+    loom_status st = qc_check_patterns(h, who, "skip", skip, m, err);
+    if (!st && weight_only) st = qc_check_patterns(h, who, "weight_only", weight_only, m, err);
+    if (!st) __atomic_store_n(checked, m->ctx, __ATOMIC_RELEASE);
+    return st;
+}
+
 bool qc_is_linear(const loom_tensor *w) {
     if (!w || w->ndim != 2 || !w->name) return false;
     size_t n = strlen(w->name);

@@ -60,6 +60,14 @@ bool qc_patterns_match_model(const loom_model_view *m, const char *list, char *b
 loom_status qc_check_patterns(const loom_host *h, const char *who, const char *param, const char *list,
                               const loom_model_view *m, loom_error *err);
 
+/* qc_check_patterns of `skip` and (when not NULL) `weight_only` against m,
+ * once per model: *checked remembers the model view (its ctx) already
+ * checked; plan() runs per tensor and tensor-parallel ranks may plan at once
+ * (atomics). LOOM_OK without a model view. */
+loom_status qc_check_patterns_once(const void **checked, const loom_host *h, const char *who,
+                                   const loom_model_view *m, const char *skip, const char *weight_only,
+                                   loom_error *err);
+
 /* `name` with its trailing ".weight" replaced by `suffix` (e.g. ".qweight")
  * into out[size]; false when it does not fit or does not end in ".weight". */
 bool qc_sibling_name(const char *name, const char *suffix, char *out, size_t size);

@@ -115,11 +115,8 @@ static loom_status fp8_plan(void *self, const loom_model_view *model, const loom
     *out = (loom_quant_plan){.struct_size = sizeof *out, .format = LOOM_QFMT_NONE,
                              .per_channel = pc};
     loom_status st;
-    /* once per model (ranks may plan at once: atomics): no pattern may match nothing */
-    if (model && __atomic_load_n(&q->checked, __ATOMIC_ACQUIRE) != model->ctx) {
-        if ((st = qc_check_patterns(h, FP8_WHO, "skip", q->cfg.skip, model, err))) return st;
-        __atomic_store_n(&q->checked, model->ctx, __ATOMIC_RELEASE);
-    }
+    /* no pattern may match nothing (checked once per model) */
+    if ((st = qc_check_patterns_once(&q->checked, h, FP8_WHO, model, q->cfg.skip, NULL, err))) return st;
     if (!qc_plan_float_linear(h, FP8_WHO, "fp8", model, w, q->cfg.skip, &st, err)) return st;
     out->format = LOOM_QFMT_FP8_W8A8;
     return LOOM_OK;

@@ -176,12 +176,9 @@ static loom_status int4_plan(void *self, const loom_model_view *model, const loo
     int4_quant *q = self;
     const loom_host *h = q->host;
     *out = (loom_quant_plan){.struct_size = sizeof *out, .format = LOOM_QFMT_NONE};
-    /* once per model (ranks may plan at once: atomics): no pattern may match nothing */
-    if (model && __atomic_load_n(&q->checked, __ATOMIC_ACQUIRE) != model->ctx) {
-        loom_status st = qc_check_patterns(h, INT4_WHO, "skip", q->cfg.skip, model, err);
-        if (st) return st;
-        __atomic_store_n(&q->checked, model->ctx, __ATOMIC_RELEASE);
-    }
+    /* no pattern may match nothing (checked once per model) */
+    loom_status st = qc_check_patterns_once(&q->checked, h, INT4_WHO, model, q->cfg.skip, NULL, err);
+    if (st) return st;
     if (!qc_is_linear(w) || qc_name_matches(w->name, q->cfg.skip)) return LOOM_OK;
     const int64_t cols = w->shape[1], g = q->cfg.group_size;
     switch (q->cfg.source) {

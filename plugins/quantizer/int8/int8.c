@@ -158,13 +158,10 @@ static loom_status int8_plan(void *self, const loom_model_view *model, const loo
     *out = (loom_quant_plan){.struct_size = sizeof *out, .format = LOOM_QFMT_NONE,
                              .per_channel = true};
     loom_status st;
-    /* once per model (ranks may plan at once: atomics): no pattern may match nothing */
-    if (model && __atomic_load_n(&q->checked, __ATOMIC_ACQUIRE) != model->ctx) {
-        if ((st = qc_check_patterns(h, INT8_WHO, "skip", q->cfg.skip, model, err)) ||
-            (st = qc_check_patterns(h, INT8_WHO, "weight_only", q->cfg.weight_only, model, err)))
-            return st;
-        __atomic_store_n(&q->checked, model->ctx, __ATOMIC_RELEASE);
-    }
+    /* no pattern may match nothing (checked once per model) */
+    if ((st = qc_check_patterns_once(&q->checked, h, INT8_WHO, model, q->cfg.skip, q->cfg.weight_only,
+                                     err)))
+        return st;
     if (!qc_plan_float_linear(h, INT8_WHO, "int8", model, w, q->cfg.skip, &st, err)) return st;
     bool w8a8 = q->cfg.mode == INT8_MODE_W8A8 && !qc_name_matches(w->name, q->cfg.weight_only);
     out->format = w8a8 ? LOOM_QFMT_INT8_W8A8 : LOOM_QFMT_INT8_W8A16;
