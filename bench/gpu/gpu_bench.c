@@ -423,6 +423,9 @@ static float *dev_floats(size_t n, float lo, float hi) {
     return d;
 }
 
+/* One Llama-3-8B layer's linears (N, K): QKV, O, gate|up, down. */
+static const int l8b_linears[4][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+
 /* A random N x K weight in bf16 (f == NONE: *data, no scales) or a loom
  * format (int8 / fp8 codes, int4 with groups of 128 and {scale, bias}
  * pairs; fp8 codes never NaN) on the device; *bytes grows by what a call
@@ -443,7 +446,7 @@ static loom_cuda_qweight qb_weight(loom_cuda_qfmt f, int N, int K, void **data, 
 }
 
 static void bench_quant(int M) {
-    static const int shp[4][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+    const int(*shp)[2] = l8b_linears;
     enum { NF = 9 };
     static const loom_cuda_qfmt fmts[NF] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16,
                                             LOOM_CUDA_Q_INT8_W8A8, LOOM_CUDA_Q_FP8,
@@ -558,7 +561,7 @@ static void bench_quant(int M) {
  * SwiGLU kernels; their TB/s (as every mixed row's) divide the linears'
  * bytes by a time that includes the small kernels. */
 static void bench_quant_chain(int M, bool mixed) {
-    static const int shp[4][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+    const int(*shp)[2] = l8b_linears;
     static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
                                            LOOM_CUDA_Q_FP8, LOOM_CUDA_Q_INT4};
     static const char *names[5] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128"};
