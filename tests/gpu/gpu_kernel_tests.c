@@ -1358,10 +1358,10 @@ static void rand_q8_weight(loom_cuda_qfmt fmt, int N, int K, uint8_t *data, floa
  * float32 output held to 1e-4): W8A16, FP8 and INT4 (groups 128 .. 2048),
  * bf16 / f16, N below one 16-row tile and not a multiple of it, K of one
  * 64-column window, with a partial last stage, of more stages than the ring
- * holds (the 8B down projection), past the old register-kept token up to
- * the 65536 bound, many tiles a CTA with a partial last one (the ring and
- * the partial-sum buffers carried across tiles), tokens of wild magnitudes
- * (the per-warp power-of-two scaling: huge, tiny, powers of two); with 8
+ * holds (the 8B down projection), long rows up to the 65536 bound, many
+ * tiles a CTA with a partial last one (the ring and the partial-sum
+ * buffers carried across tiles), tokens of wild magnitudes (the per-warp
+ * power-of-two scaling: huge, tiny, powers of two, all positive); with 8
  * consumer warps and with 4; each call must have run the kernel. Then: not
  * in batch-invariant mode even when on; the shapes it must refuse and
  * take; off when set off. */
