@@ -37,6 +37,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_kernels.h"
+#include "gemv.h"  /* lc_early_weights_set: the A/B of early weight loads */
 #include "qgemm.h" /* lc_qgemv_set_tc: the CUDA-core GEMV for comparison */
 #include "loom/backend.h"
 #include "model/model.h"
@@ -547,7 +548,9 @@ static void bench_quant(int M) {
  * replayed; µs per layer, median of 15 replays. bf16 and each loom format
  * as dispatched, then (M = 1) W8A16 / FP8 / INT4 on qgemv_bulk.cu's kernel
  * forced on (`_bulk`: 8 consumer warps a CTA, `_bulk4`: 4) and that kernel
- * with its arithmetic skipped (`_probe`: the bare weight stream). Timed
+ * with its arithmetic skipped (`_probe`: the bare weight stream), and
+ * bf16 / W8A16 / FP8 / INT4 without the GEMVs' early weight loads
+ * (`_late`, common.cuh's lc_early_weights; ratios against bf16_late). Timed
  * alone (bench_quant) a GEMV pays ~3-4 µs of launch. Chained GEMV after
  * GEMV, a kernel's start overlaps the one before (programmatic launch) —
  * which a decode step does not offer: there every GEMV follows a small
@@ -591,19 +594,26 @@ static void bench_quant_chain(int M, bool mixed) {
         act = dev_rand((size_t)M * 14336);
         for (int k = 0; k < 4; k++) o[k] = dev_rand((size_t)M * shp[k][0]);
     }
-    double bf16_us = 0;
-    /* variants: format, then (M = 1) the bulk kernel's consumer warps
-     * (0: as dispatched, the bulk kernel forced off) and the probe */
-    static const int vfmt[11] = {0, 1, 2, 3, 4, 1, 3, 4, 1, 1, 4};
-    static const int vwarps[11] = {0, 0, 0, 0, 0, 8, 8, 8, 4, 8, 8};
-    const int nv = M == 1 ? (mixed ? 8 : 11) : 5; /* mixed: no bulk4, no probes */
+    double bf16_us = 0, bf16_late_us = 0;
+    /* variants: format, the bulk kernel's consumer warps (0: as
+     * dispatched, the bulk kernel forced off), its probe, and `late`: the
+     * CUDA-core GEMVs without their early weight loads (lc_early_weights) */
+    static const struct { int fmt, warps, probe, late; } vars[] = {
+        {0, 0, 0, 0}, {1, 0, 0, 0}, {2, 0, 0, 0}, {3, 0, 0, 0}, {4, 0, 0, 0}, /* as dispatched */
+        {1, 8, 0, 0}, {3, 8, 0, 0}, {4, 8, 0, 0}, {1, 4, 0, 0},               /* M = 1: bulk    */
+        {1, 8, 1, 0}, {4, 8, 1, 0},                                            /* chained: probe */
+        {0, 0, 0, 1}, {1, 0, 0, 1}, {3, 0, 0, 1}, {4, 0, 0, 1},               /* late           */
+    };
     const char *kind = mixed ? "mixed  " : "chained";
-    for (int vi = 0; vi < nv; vi++) {
-        const int fi = vfmt[vi];
-        const bool bulk_on = vwarps[vi] > 0, probe = vi >= 9;
+    for (int vi = 0; vi < (int)(sizeof vars / sizeof vars[0]); vi++) {
+        const int fi = vars[vi].fmt;
+        const bool bulk_on = vars[vi].warps > 0, probe = vars[vi].probe, late = vars[vi].late;
+        if (M > 1 && (vi >= 5 && !late)) continue;  /* the bulk kernel is M = 1's */
+        if (mixed && (probe || vars[vi].warps == 4)) continue;
         lc_qgemv_bulk_set(bulk_on ? 1 : 0); /* rows 0..4 as dispatched by default, whatever the environment says */
         lc_qgemv_bulk_set_probe(probe);
-        lc_qgemv_bulk_set_warps(bulk_on ? vwarps[vi] : 8);
+        lc_qgemv_bulk_set_warps(bulk_on ? vars[vi].warps : 8);
+        lc_early_weights_set(late ? 0 : 1);
         const loom_cuda_qfmt f = fmts[fi];
         void *data[4] = {0};
         float *sc[4] = {0};
@@ -677,19 +687,20 @@ static void bench_quant_chain(int M, bool mixed) {
             if (i >= 0) t[i] = ms;
         }
         const double us = median(t, 15) * 1e3 / DEPTH;
-        if (fi == 0) bf16_us = us;
+        if (fi == 0) *(late ? &bf16_late_us : &bf16_us) = us;
+        const double ref_us = late ? bf16_late_us : bf16_us; /* late rows against late bf16 */
         char label[32], nm[96];
-        snprintf(label, sizeof label, "%s%s%s", names[fi], probe ? "_probe" : bulk ? "_bulk" : "",
-                 bulk && vwarps[vi] == 4 ? "4" : "");
+        snprintf(label, sizeof label, "%s%s%s%s", names[fi], probe ? "_probe" : bulk ? "_bulk" : "",
+                 bulk && vars[vi].warps == 4 ? "4" : "", late ? "_late" : "");
         snprintf(nm, sizeof nm, "llama3-8b layer linears %s %s M=%d", mixed ? "mixed" : "chained", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, us * 1e-3, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
-        printf("    %s %-16s M=%-3d %8.1f us per layer, %5.2fx vs bf16, %5.2f TB/s%s\n", kind, label, M, us,
-               bf16_us / us, bytes / (us * 1e-6) / 1e12, bulk ? " (bulk kernel)" : "");
+        printf("    %s %-16s M=%-3d %8.1f us per layer, %5.2fx vs bf16%s, %5.2f TB/s%s\n", kind, label, M, us,
+               ref_us / us, late ? " (late)" : "", bytes / (us * 1e-6) / 1e12, bulk ? " (bulk kernel)" : "");
         qres *qr = qres_next();
         if (qr) {
             snprintf(qr->fmt, sizeof qr->fmt, "%s_%s", mixed ? "mixed" : "chain", label);
-            qr->M = M, qr->ms = us * 1e-3, qr->bf16_ms = bf16_us * 1e-3;
+            qr->M = M, qr->ms = us * 1e-3, qr->bf16_ms = ref_us * 1e-3;
         }
         cudaEventDestroy(e0), cudaEventDestroy(e1);
         cudaGraphExecDestroy(ex), cudaGraphDestroy(gr);
@@ -699,6 +710,7 @@ static void bench_quant_chain(int M, bool mixed) {
     lc_qgemv_bulk_set(-1);
     lc_qgemv_bulk_set_probe(0);
     lc_qgemv_bulk_set_warps(8);
+    lc_early_weights_set(-1);
     cudaFree(x), cudaFree(y);
     cudaFree(resid), cudaFree(nw), cudaFree(xn), cudaFree(act);
     for (int k = 0; k < 4; k++) cudaFree(o[k]);

@@ -173,6 +173,18 @@ __device__ __forceinline__ void lc_pdl_trigger() {
 #define LC_PREFETCH_ROW_BYTES 2048
 #define LC_PREFETCH_MAX_BYTES ((size_t)16 << 20)
 extern "C" int lc_weight_prefetch(size_t matrix_bytes);
+
+/* Early weights: the CUDA-core GEMVs (gemv.cu, qgemm.cu) load the first U
+ * chunks of each of their rows into the registers their loop uses, before
+ * lc_pdl_wait() — so the first wave of CTAs has its weights in flight while
+ * the kernel before (an RMSNorm, the attention, SwiGLU) still runs, instead
+ * of starting a DRAM round trip when it ends. Registers, not L2: nothing is
+ * loaded twice or evicted before use (the prefetch above's failure on big
+ * matrices). On unless LOOM_CUDA_EARLY_WEIGHTS=0 (read once);
+ * lc_early_weights_set(1 / 0) forces it, -1 returns to the environment's
+ * choice (gpu_bench's A/B rows). When on, lc_weight_prefetch says no. */
+extern "C" int lc_early_weights(void);
+extern "C" void lc_early_weights_set(int on);
 /* The first min(row_bytes, LC_PREFETCH_ROW_BYTES) of each of `rows` rows
  * that start at p, one 128-byte line per lane. */
 __device__ __forceinline__ void lc_prefetch_rows(const void *p, int rows, size_t row_bytes, int lane) {

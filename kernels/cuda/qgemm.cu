@@ -115,6 +115,123 @@ __device__ __forceinline__ uint32_t lc_word(const uint4 &v, int j) {
 
 /* ------------------------------------------------------------------ GEMV */
 
+/* Chunks c, c + 32, ..., c + 32 (U - 1) of each of the R rows (zeros past
+ * the row's nc chunks). */
+template <int U, int R>
+__device__ __forceinline__ void lc_qgemv_load(uint4 (&wv)[U][R], const uint8_t *(&wr)[R], int c, int nc) {
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            wv[u][r] = c + 32 * u < nc ? __ldcs(reinterpret_cast<const uint4 *>(wr[r] + (size_t)(c + 32 * u) * 16))
+                                       : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/* One pass of a lane: acc / iacc [r][m] += the dots of its chunks c + 32 u
+ * (u < U, below nc) of rows r with x's (xq's) row m, in order. */
+template <typename T, int FMT, int M, int R, int U>
+__device__ __forceinline__ void lc_qgemv_pass(const uint4 (&wv)[U][R], const T *__restrict__ x,
+                                              const uint8_t *__restrict__ xq, const float *__restrict__ sc,
+                                              const int (&nr)[R], int K, int groups, int group, int c, int nc,
+                                              float (&acc)[R][M], int (&iacc)[R][M]) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int cc = c + 32 * u;
+        if (cc >= nc) break;
+        if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A16) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float wf[R][8];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    lc_i8x4(lc_word(wv[u][r], 2 * h), wf[r]);
+                    lc_i8x4(lc_word(wv[u][r], 2 * h + 1), wf[r] + 4);
+                }
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    float xf[8];
+                    lc_unpack8<T>(lc_ldg16(x + (size_t)m * K + (size_t)cc * 16 + h * 8), xf);
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
+                }
+            }
+        } else if constexpr (FMT == LOOM_CUDA_Q_FP8) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float wf[R][8];
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    lc_e4m3x8(lc_word(wv[u][r], 2 * h), lc_word(wv[u][r], 2 * h + 1), wf[r]);
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    const uint2 xv = __ldg(reinterpret_cast<const uint2 *>(
+                        xq + (size_t)m * K + (size_t)cc * 16 + h * 8));
+                    float xf[8];
+                    lc_e4m3x8(xv.x, xv.y, xf);
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
+                }
+            }
+        } else if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A8) {
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                const uint4 xv = lc_ldg16(xq + (size_t)m * K + (size_t)cc * 16);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int a = iacc[r][m];
+                    a = __dp4a((int)wv[u][r].x, (int)xv.x, a);
+                    a = __dp4a((int)wv[u][r].y, (int)xv.y, a);
+                    a = __dp4a((int)wv[u][r].z, (int)xv.z, a);
+                    a = __dp4a((int)wv[u][r].w, (int)xv.w, a);
+                    iacc[r][m] = a;
+                }
+            }
+        } else { /* INT4: chunk cc = columns [32 cc, 32 cc + 32), one group */
+            const int g = (cc * 32) / group;
+            float2 sb[R];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                sb[r] = __ldg(reinterpret_cast<const float2 *>(sc) + (size_t)nr[r] * groups + g);
+            float p[R][M], xs[M];
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                xs[m] = 0.0f;
+#pragma unroll
+                for (int r = 0; r < R; r++) p[r][m] = 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float wf[R][8];
+#pragma unroll
+                for (int r = 0; r < R; r++) lc_u4x8_off(lc_word(wv[u][r], j), wf[r]);
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    float xf[8];
+                    lc_unpack8<T>(lc_ldg16(x + (size_t)m * K + (size_t)cc * 32 + j * 8), xf);
+#pragma unroll
+                    for (int e = 0; e < 8; e++) xs[m] += xf[e];
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+#pragma unroll
+                        for (int e = 0; e < 8; e++) p[r][m] = fmaf(wf[r][e], xf[e], p[r][m]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    /* p summed x (2^23 + 2^16 q): take 2^23 sum(x) off, scale by 2^-16 */
+                    const float pq = fmaf(-8388608.0f, xs[m], p[r][m]) * 1.52587890625e-05f;
+                    acc[r][m] = fmaf(sb[r].x, pq, fmaf(sb[r].y, xs[m], acc[r][m]));
+                }
+        }
+    }
+}
+
 /* x (M, K) dt for W8A16 / INT4; xq (M, K) int8 / e4m3 codes and sx (M)
  * for W8A8 / FP8. wd: (N, row_bytes) data; sc: scales as in
  * loom_cuda_qweight. y (M, N) dt or f32. */
@@ -123,16 +240,11 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
     lc_qgemv_kernel(const T *__restrict__ x, const uint8_t *__restrict__ xq,
                     const float *__restrict__ sx, const uint8_t *__restrict__ wd,
                     const float *__restrict__ sc, void *__restrict__ y, int N, int K, int group,
-                    int pf) {
+                    int pf, int early) {
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     const int lane = threadIdx.x & 31;
     const int n0 = (blockIdx.x * LC_QGEMV_WARPS + (threadIdx.x >> 5)) * R;
     const size_t row_bytes = I4 ? (size_t)K / 2 : (size_t)K;
-    /* the warp's R rows of codes are contiguous: ask L2 for them first */
-    if (pf && n0 < N) lc_prefetch_rows(wd + (size_t)n0 * row_bytes, N - n0 < R ? N - n0 : R, row_bytes, lane);
-    lc_pdl_wait();
-    lc_pdl_trigger();
-    if (n0 >= N) return;
     const int nc = (int)(row_bytes / 16); /* 16-byte chunks per row */
     int nr[R];                            /* row of each slot (clamped: read, never stored) */
     const uint8_t *wr[R];
@@ -141,6 +253,17 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
         nr[r] = n0 + r < N ? n0 + r : n0;
         wr[r] = wd + (size_t)nr[r] * row_bytes;
     }
+    /* early (lc_early_weights): the lane's first U chunks of each row into
+     * registers before the wait, while the kernel before still runs (no
+     * kernel writes a weight) — the loop below starts on them. Else the
+     * warp's R rows of codes are contiguous: ask L2 for them first (pf) */
+    uint4 wv[U][R];
+    const bool pre = early && n0 < N;
+    if (pre) lc_qgemv_load<U, R>(wv, wr, lane, nc);
+    else if (pf && n0 < N) lc_prefetch_rows(wd + (size_t)n0 * row_bytes, N - n0 < R ? N - n0 : R, row_bytes, lane);
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    if (n0 >= N) return;
     const int groups = I4 ? K / group : 1;
     float acc[R][M];
     int iacc[R][M];
@@ -149,112 +272,14 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
 #pragma unroll
         for (int m = 0; m < M; m++) acc[r][m] = 0.0f, iacc[r][m] = 0;
 
-    for (int c = lane; c < nc; c += 32 * U) {
-        uint4 wv[U][R];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                wv[u][r] = c + 32 * u < nc
-                               ? __ldcs(reinterpret_cast<const uint4 *>(wr[r] +
-                                                                        (size_t)(c + 32 * u) * 16))
-                               : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int cc = c + 32 * u;
-            if (cc >= nc) break;
-            if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A16) {
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float wf[R][8];
-#pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        lc_i8x4(lc_word(wv[u][r], 2 * h), wf[r]);
-                        lc_i8x4(lc_word(wv[u][r], 2 * h + 1), wf[r] + 4);
-                    }
-#pragma unroll
-                    for (int m = 0; m < M; m++) {
-                        float xf[8];
-                        lc_unpack8<T>(lc_ldg16(x + (size_t)m * K + (size_t)cc * 16 + h * 8), xf);
-#pragma unroll
-                        for (int r = 0; r < R; r++)
-#pragma unroll
-                            for (int e = 0; e < 8; e++) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
-                    }
-                }
-            } else if constexpr (FMT == LOOM_CUDA_Q_FP8) {
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float wf[R][8];
-#pragma unroll
-                    for (int r = 0; r < R; r++)
-                        lc_e4m3x8(lc_word(wv[u][r], 2 * h), lc_word(wv[u][r], 2 * h + 1), wf[r]);
-#pragma unroll
-                    for (int m = 0; m < M; m++) {
-                        const uint2 xv = __ldg(reinterpret_cast<const uint2 *>(
-                            xq + (size_t)m * K + (size_t)cc * 16 + h * 8));
-                        float xf[8];
-                        lc_e4m3x8(xv.x, xv.y, xf);
-#pragma unroll
-                        for (int r = 0; r < R; r++)
-#pragma unroll
-                            for (int e = 0; e < 8; e++) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
-                    }
-                }
-            } else if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A8) {
-#pragma unroll
-                for (int m = 0; m < M; m++) {
-                    const uint4 xv = lc_ldg16(xq + (size_t)m * K + (size_t)cc * 16);
-#pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        int a = iacc[r][m];
-                        a = __dp4a((int)wv[u][r].x, (int)xv.x, a);
-                        a = __dp4a((int)wv[u][r].y, (int)xv.y, a);
-                        a = __dp4a((int)wv[u][r].z, (int)xv.z, a);
-                        a = __dp4a((int)wv[u][r].w, (int)xv.w, a);
-                        iacc[r][m] = a;
-                    }
-                }
-            } else { /* INT4: chunk cc = columns [32 cc, 32 cc + 32), one group */
-                const int g = (cc * 32) / group;
-                float2 sb[R];
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    sb[r] = __ldg(reinterpret_cast<const float2 *>(sc) + (size_t)nr[r] * groups + g);
-                float p[R][M], xs[M];
-#pragma unroll
-                for (int m = 0; m < M; m++) {
-                    xs[m] = 0.0f;
-#pragma unroll
-                    for (int r = 0; r < R; r++) p[r][m] = 0.0f;
-                }
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    float wf[R][8];
-#pragma unroll
-                    for (int r = 0; r < R; r++) lc_u4x8_off(lc_word(wv[u][r], j), wf[r]);
-#pragma unroll
-                    for (int m = 0; m < M; m++) {
-                        float xf[8];
-                        lc_unpack8<T>(lc_ldg16(x + (size_t)m * K + (size_t)cc * 32 + j * 8), xf);
-#pragma unroll
-                        for (int e = 0; e < 8; e++) xs[m] += xf[e];
-#pragma unroll
-                        for (int r = 0; r < R; r++)
-#pragma unroll
-                            for (int e = 0; e < 8; e++) p[r][m] = fmaf(wf[r][e], xf[e], p[r][m]);
-                    }
-                }
-#pragma unroll
-                for (int r = 0; r < R; r++)
-#pragma unroll
-                    for (int m = 0; m < M; m++) {
-                        /* p summed x (2^23 + 2^16 q): take 2^23 sum(x) off, scale by 2^-16 */
-                        const float pq = fmaf(-8388608.0f, xs[m], p[r][m]) * 1.52587890625e-05f;
-                        acc[r][m] = fmaf(sb[r].x, pq, fmaf(sb[r].y, xs[m], acc[r][m]));
-                    }
-            }
-        }
+    /* the first pass on the loads above (or made now), peeled so that the
+     * loop keeps its loads at the top of each pass (a load at the bottom
+     * kept two passes' chunks live: up to +40 registers) */
+    if (!pre) lc_qgemv_load<U, R>(wv, wr, lane, nc);
+    lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, lane, nc, acc, iacc);
+    for (int c = lane + 32 * U; c < nc; c += 32 * U) {
+        lc_qgemv_load<U, R>(wv, wr, c, nc);
+        lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, c, nc, acc, iacc);
     }
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -305,7 +330,8 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
     return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32>, dim3(grid), dim3(LC_QGEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
                      static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group,
-                     lc_weight_prefetch((size_t)w->N * (I4 ? (size_t)w->K / 2 : (size_t)w->K)));
+                     lc_weight_prefetch((size_t)w->N * (I4 ? (size_t)w->K / 2 : (size_t)w->K)),
+                     lc_early_weights());
 }
 
 template <typename T, int FMT, bool F32>
