@@ -273,8 +273,11 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
         for (int m = 0; m < M; m++) acc[r][m] = 0.0f, iacc[r][m] = 0;
 
     /* the first pass on the loads above (or made now), peeled so that the
-     * loop keeps its loads at the top of each pass (a load at the bottom
-     * kept two passes' chunks live: up to +40 registers) */
+     * loop keeps its loads at the top of each pass. Loads at the bottom of
+     * each pass instead (no peel) kept two passes' chunks live (up to +40
+     * registers at M > 1) and at M = 1 made one Llama-3-8B layer's mixed
+     * chain slower: FP8 83.1 vs 79.7 us, INT4 64.7 vs 59.1, W8A16 75.5 vs
+     * 76.1 (H200, 2026-12-02, bench/results/h200-2026-12-02-s10/b) */
     if (!pre) lc_qgemv_load<U, R>(wv, wr, lane, nc);
     lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, lane, nc, acc, iacc);
     for (int c = lane + 32 * U; c < nc; c += 32 * U) {

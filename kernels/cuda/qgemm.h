@@ -45,7 +45,9 @@ cudaError_t lc_qgemv_tc(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qwe
  * weights streamed into shared memory by bulk copies, multiplied on the
  * tensor cores, by persistent CTAs that convert the token once. On when
  * LOOM_CUDA_QGEMV_BULK=1 (or on / true / yes) or lc_qgemv_bulk_set(1) (0
- * forces off, -1 back to the environment). lc_qgemv_bulk_ok: whether it
+ * forces off, -1 back to the environment; with the environment's on,
+ * LOOM_CUDA_QGEMV_BULK_MIN_MB=n keeps matrices under n MiB of codes on the
+ * CUDA-core kernel). lc_qgemv_bulk_ok: whether it
  * takes w (W8A16 / FP8 K % 64; INT4 groups of 128 .. 2048 dividing 2048
  * with K % (2 group); aligned; K <= 65536). lc_qgemv calls it at M = 1
  * outside the batch-invariant mode (FP8 with the token's codes xq and scale

@@ -433,9 +433,21 @@ extern "C" long lc_qgemv_bulk_count(void) { return lc_qb_launches; }
 extern "C" void lc_qgemv_bulk_set_probe(int on) { lc_qb_probe = on ? 1 : 0; }
 extern "C" void lc_qgemv_bulk_set_warps(int w) { lc_qb_warps = w == 4 ? 4 : 8; }
 
+/* LOOM_CUDA_QGEMV_BULK_MIN_MB: only matrices of at least this many MiB of
+ * codes take it (default 0: all) — its steady stream is faster, its start
+ * slower, so a big LM head may gain where a layer's GEMVs lose */
+static size_t lc_qb_min_bytes() {
+    static const size_t b = [] {
+        const char *e = getenv("LOOM_CUDA_QGEMV_BULK_MIN_MB");
+        return e ? (size_t)strtoull(e, NULL, 10) << 20 : (size_t)0;
+    }();
+    return b;
+}
+
 extern "C" int lc_qgemv_bulk_ok(const loom_cuda_qweight *w) {
     const int o = lc_qb_override;
     if (!(o < 0 ? lc_qb_env_on() : o == 1)) return 0;
+    if (o < 0 && (size_t)w->N * (size_t)w->K / (w->fmt == LOOM_CUDA_Q_INT4 ? 2 : 1) < lc_qb_min_bytes()) return 0;
     if (w->N <= 0 || w->K <= 0 || w->K > 65536 || ((uintptr_t)w->data & 15) || ((uintptr_t)w->scales & 15))
         return 0;
     if (w->fmt == LOOM_CUDA_Q_INT8_W8A16 || w->fmt == LOOM_CUDA_Q_FP8) {
