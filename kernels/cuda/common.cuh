@@ -169,7 +169,10 @@ __device__ __forceinline__ void lc_pdl_trigger() {
  * LC_PREFETCH_MAX_BYTES take it (SmolLM2's layers: 0.68 vs 0.73 ms).
  * lc_weight_prefetch(bytes) is the launchers' switch for a matrix of that
  * size: off above the bound, and everywhere when the environment says
- * LOOM_CUDA_WEIGHT_PREFETCH=0 (process-wide, for A/B runs). */
+ * LOOM_CUDA_WEIGHT_PREFETCH=0 (process-wide, for A/B runs). The CUDA-core
+ * GEMVs skip it while their early register loads below are on (the
+ * default: they take the same first bytes of every row); the GGUF GEMVs
+ * use it. */
 #define LC_PREFETCH_ROW_BYTES 2048
 #define LC_PREFETCH_MAX_BYTES ((size_t)16 << 20)
 extern "C" int lc_weight_prefetch(size_t matrix_bytes);
@@ -182,7 +185,7 @@ extern "C" int lc_weight_prefetch(size_t matrix_bytes);
  * loaded twice or evicted before use (the prefetch above's failure on big
  * matrices). On unless LOOM_CUDA_EARLY_WEIGHTS=0 (read once);
  * lc_early_weights_set(1 / 0) forces it, -1 returns to the environment's
- * choice (gpu_bench's A/B rows). When on, lc_weight_prefetch says no. */
+ * choice (gpu_bench's A/B rows). */
 extern "C" int lc_early_weights(void);
 extern "C" void lc_early_weights_set(int on);
 /* The first min(row_bytes, LC_PREFETCH_ROW_BYTES) of each of `rows` rows

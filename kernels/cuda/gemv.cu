@@ -56,9 +56,7 @@ extern "C" int lc_weight_prefetch(size_t matrix_bytes) {
         const char *e = getenv("LOOM_CUDA_WEIGHT_PREFETCH");
         on = !(e && e[0] == '0');
     }
-    /* early register loads take the same first chunks of every row: an L2
-     * prefetch of them as well would only ask twice */
-    return on && !lc_early_weights() && matrix_bytes <= LC_PREFETCH_MAX_BYTES;
+    return on && matrix_bytes <= LC_PREFETCH_MAX_BYTES;
 }
 
 /* 8 activations of row m, chunk c: x (M, K), or SWIGLU: silu(g) * u from
@@ -196,10 +194,13 @@ static cudaError_t lc_gemv_m(const void *x, const void *w, void *y, int N, int K
     const int rows_per_cta = LC_GEMV_WARPS * R;
     const unsigned long long grid =
         (unsigned long long)((N + rows_per_cta - 1) / rows_per_cta) * (unsigned long long)passes;
+    /* early register loads take the same first chunks of every row: an L2
+     * prefetch of them as well would only ask twice */
+    const int early = lc_early_weights();
     if (passes < 1 || grid > 0x7fffffffull) return cudaErrorInvalidValue;
     return lc_launch(lc_gemv_kernel<T, M, R, F32, SWIGLU>, dim3((unsigned)grid), dim3(LC_GEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const T *>(w), y, N, K, passes,
-                     lc_weight_prefetch((size_t)N * K * sizeof(T)), lc_early_weights());
+                     early ? 0 : lc_weight_prefetch((size_t)N * K * sizeof(T)), early);
 }
 
 template <typename T, bool F32, bool SWIGLU = false>

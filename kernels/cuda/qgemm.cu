@@ -330,11 +330,12 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
     constexpr int U = M <= 2 ? 4 : 2;
     const int rows_per_cta = LC_QGEMV_WARPS * R;
     const unsigned grid = (unsigned)((w->N + rows_per_cta - 1) / rows_per_cta);
+    const int early = lc_early_weights(); /* and then no L2 prefetch of the same bytes */
     return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32>, dim3(grid), dim3(LC_QGEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
                      static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group,
-                     lc_weight_prefetch((size_t)w->N * (I4 ? (size_t)w->K / 2 : (size_t)w->K)),
-                     lc_early_weights());
+                     early ? 0 : lc_weight_prefetch((size_t)w->N * (I4 ? (size_t)w->K / 2 : (size_t)w->K)),
+                     early);
 }
 
 template <typename T, int FMT, bool F32>
