@@ -127,6 +127,15 @@ __device__ __forceinline__ void lc_qgemv_load(uint4 (&wv)[U][R], const uint8_t *
                                        : make_uint4(0u, 0u, 0u, 0u);
 }
 
+/* Which formats load their first pass early (lc_early_weights) — not
+ * W8A16: with the early loads and the peeled first pass its batch-1 decode
+ * step was 4% slower (TPOT 3.004 vs 2.888 ms, Llama-3-8B with the LM head
+ * quantized, the same H200, 2026-12-02 — FP8 3.105 -> 3.004, bf16 equal;
+ * bench/results/h200-2026-12-02-s10/d), though one layer's linears chained
+ * were faster with them (73.5 vs 77.2 us late). So W8A16 keeps session 9's
+ * loop and L2 prefetch. */
+#define LC_QGEMV_EARLY(FMT) ((FMT) != LOOM_CUDA_Q_INT8_W8A16)
+
 /* One pass of a lane: acc / iacc [r][m] += the dots of its chunks c + 32 u
  * (u < U, below nc) of rows r with x's (xq's) row m, in order. */
 template <typename T, int FMT, int M, int R, int U>
@@ -278,11 +287,18 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
      * registers at M > 1) and at M = 1 made one Llama-3-8B layer's mixed
      * chain slower: FP8 83.1 vs 79.7 us, INT4 64.7 vs 59.1, W8A16 75.5 vs
      * 76.1 (H200, 2026-12-02, bench/results/h200-2026-12-02-s10/b) */
-    if (!pre) lc_qgemv_load<U, R>(wv, wr, lane, nc);
-    lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, lane, nc, acc, iacc);
-    for (int c = lane + 32 * U; c < nc; c += 32 * U) {
-        lc_qgemv_load<U, R>(wv, wr, c, nc);
-        lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, c, nc, acc, iacc);
+    if constexpr (LC_QGEMV_EARLY(FMT)) {
+        if (!pre) lc_qgemv_load<U, R>(wv, wr, lane, nc);
+        lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, lane, nc, acc, iacc);
+        for (int c = lane + 32 * U; c < nc; c += 32 * U) {
+            lc_qgemv_load<U, R>(wv, wr, c, nc);
+            lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, c, nc, acc, iacc);
+        }
+    } else { /* W8A16: session 9's loop, every pass loading at its top */
+        for (int c = lane; c < nc; c += 32 * U) {
+            lc_qgemv_load<U, R>(wv, wr, c, nc);
+            lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, c, nc, acc, iacc);
+        }
     }
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -330,7 +346,7 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
     constexpr int U = M <= 2 ? 4 : 2;
     const int rows_per_cta = LC_QGEMV_WARPS * R;
     const unsigned grid = (unsigned)((w->N + rows_per_cta - 1) / rows_per_cta);
-    const int early = lc_early_weights(); /* and then no L2 prefetch of the same bytes */
+    const int early = LC_QGEMV_EARLY(FMT) && lc_early_weights(); /* and then no L2 prefetch of the same bytes */
     return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32>, dim3(grid), dim3(LC_QGEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
                      static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group,
