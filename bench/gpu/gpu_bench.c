@@ -550,7 +550,8 @@ static void bench_quant(int M) {
  * forced on (`_bulk`: 8 consumer warps a CTA, `_bulk4`: 4) and that kernel
  * with its arithmetic skipped (`_probe`: the bare weight stream), and
  * bf16 / W8A16 / FP8 / INT4 without the GEMVs' early weight loads
- * (`_late`, common.cuh's lc_early_weights; ratios against bf16_late). Timed
+ * (`_late`, common.cuh's lc_early_weights; ratios against bf16_late; W8A16
+ * has none since session 10, so its two rows time one kernel). Timed
  * alone (bench_quant) a GEMV pays ~3-4 µs of launch. Chained GEMV after
  * GEMV, a kernel's start overlaps the one before (programmatic launch) —
  * which a decode step does not offer: there every GEMV follows a small

@@ -1349,7 +1349,9 @@ static void test_qgemm_tc_bits(loom_cuda_gemm *g, loom_cuda_dt dt, int N, int K,
  * bf16 / f16 GEMV at M = 1, 3, 8 on rows of one chunk a lane (K = 576, the
  * tail alone), of whole passes and of both (K = 4096 + 16, 14336), and the
  * quantized CUDA-core GEMV in every format at M = 1 and W8A16 at M = 6
- * (the tensor-core and bulk kernels off: they have their own loads). */
+ * (the tensor-core and bulk kernels off: they have their own loads; W8A16
+ * has no early loads — qgemm.cu's LC_QGEMV_EARLY — so its rows check that
+ * the switch leaves it alone). */
 static void test_early_weights_bits(loom_cuda_gemm *g) {
     static const int shapes[3][2] = {{300, 576}, {1000, 4112}, {257, 14336}};
     char msg[256] = "", name[200];
