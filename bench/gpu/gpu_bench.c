@@ -549,9 +549,9 @@ static void bench_quant(int M) {
  * as dispatched, then (M = 1) W8A16 / FP8 / INT4 on qgemv_bulk.cu's kernel
  * forced on (`_bulk`: 8 consumer warps a CTA, `_bulk4`: 4) and that kernel
  * with its arithmetic skipped (`_probe`: the bare weight stream), and
- * bf16 / W8A16 / FP8 / INT4 without the GEMVs' early weight loads
- * (`_late`, common.cuh's lc_early_weights; ratios against bf16_late; W8A16
- * has none since session 10, so its two rows time one kernel). Timed
+ * FP8 without its one-row GEMV's early weight loads (`_late`, common.cuh's
+ * lc_early_weights; session 10 measured them for every format, kept for
+ * FP8 only: qgemm.cu's LC_QGEMV_EARLY). Timed
  * alone (bench_quant) a GEMV pays ~3-4 µs of launch. Chained GEMV after
  * GEMV, a kernel's start overlaps the one before (programmatic launch) —
  * which a decode step does not offer: there every GEMV follows a small
@@ -595,21 +595,22 @@ static void bench_quant_chain(int M, bool mixed) {
         act = dev_rand((size_t)M * 14336);
         for (int k = 0; k < 4; k++) o[k] = dev_rand((size_t)M * shp[k][0]);
     }
-    double bf16_us = 0, bf16_late_us = 0;
+    double bf16_us = 0;
     /* variants: format, the bulk kernel's consumer warps (0: as
-     * dispatched, the bulk kernel forced off), its probe, and `late`: the
-     * CUDA-core GEMVs without their early weight loads (lc_early_weights) */
+     * dispatched, the bulk kernel forced off), its probe, and `late`: FP8's
+     * one-row CUDA-core GEMV without its early weight loads
+     * (lc_early_weights; the only kernel that has them) */
     static const struct { int fmt, warps, probe, late; } vars[] = {
         {0, 0, 0, 0}, {1, 0, 0, 0}, {2, 0, 0, 0}, {3, 0, 0, 0}, {4, 0, 0, 0}, /* as dispatched */
         {1, 8, 0, 0}, {3, 8, 0, 0}, {4, 8, 0, 0}, {1, 4, 0, 0},               /* M = 1: bulk    */
         {1, 8, 1, 0}, {4, 8, 1, 0},                                            /* chained: probe */
-        {0, 0, 0, 1}, {1, 0, 0, 1}, {3, 0, 0, 1}, {4, 0, 0, 1},               /* late           */
+        {3, 0, 0, 1},                                                          /* M = 1: late    */
     };
     const char *kind = mixed ? "mixed  " : "chained";
     for (int vi = 0; vi < (int)(sizeof vars / sizeof vars[0]); vi++) {
         const int fi = vars[vi].fmt;
         const bool bulk_on = vars[vi].warps > 0, probe = vars[vi].probe, late = vars[vi].late;
-        if (M > 1 && (vi >= 5 && !late)) continue;  /* the bulk kernel is M = 1's */
+        if (M > 1 && vi >= 5) continue; /* the bulk kernel and the early loads are M = 1's */
         if (mixed && (probe || vars[vi].warps == 4)) continue;
         lc_qgemv_bulk_set(bulk_on ? 1 : 0); /* rows 0..4 as dispatched by default, whatever the environment says */
         lc_qgemv_bulk_set_probe(probe);
@@ -688,16 +689,16 @@ static void bench_quant_chain(int M, bool mixed) {
             if (i >= 0) t[i] = ms;
         }
         const double us = median(t, 15) * 1e3 / DEPTH;
-        if (fi == 0) *(late ? &bf16_late_us : &bf16_us) = us;
-        const double ref_us = late ? bf16_late_us : bf16_us; /* late rows against late bf16 */
+        if (fi == 0) bf16_us = us;
+        const double ref_us = bf16_us;
         char label[32], nm[96];
         snprintf(label, sizeof label, "%s%s%s%s", names[fi], probe ? "_probe" : bulk ? "_bulk" : "",
                  bulk && vars[vi].warps == 4 ? "4" : "", late ? "_late" : "");
         snprintf(nm, sizeof nm, "llama3-8b layer linears %s %s M=%d", mixed ? "mixed" : "chained", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, us * 1e-3, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
-        printf("    %s %-16s M=%-3d %8.1f us per layer, %5.2fx vs bf16%s, %5.2f TB/s%s\n", kind, label, M, us,
-               ref_us / us, late ? " (late)" : "", bytes / (us * 1e-6) / 1e12, bulk ? " (bulk kernel)" : "");
+        printf("    %s %-16s M=%-3d %8.1f us per layer, %5.2fx vs bf16, %5.2f TB/s%s\n", kind, label, M, us,
+               ref_us / us, bytes / (us * 1e-6) / 1e12, bulk ? " (bulk kernel)" : "");
         qres *qr = qres_next();
         if (qr) {
             snprintf(qr->fmt, sizeof qr->fmt, "%s_%s", mixed ? "mixed" : "chain", label);

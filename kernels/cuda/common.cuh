@@ -169,21 +169,21 @@ __device__ __forceinline__ void lc_pdl_trigger() {
  * LC_PREFETCH_MAX_BYTES take it (SmolLM2's layers: 0.68 vs 0.73 ms).
  * lc_weight_prefetch(bytes) is the launchers' switch for a matrix of that
  * size: off above the bound, and everywhere when the environment says
- * LOOM_CUDA_WEIGHT_PREFETCH=0 (process-wide, for A/B runs). The CUDA-core
- * GEMVs skip it while their early register loads below are on (the
- * default: they take the same first bytes of every row); the GGUF GEMVs
- * use it. */
+ * LOOM_CUDA_WEIGHT_PREFETCH=0 (process-wide, for A/B runs). A kernel with
+ * the early register loads below skips it while they are on (they take the
+ * same first bytes of every row). */
 #define LC_PREFETCH_ROW_BYTES 2048
 #define LC_PREFETCH_MAX_BYTES ((size_t)16 << 20)
 extern "C" int lc_weight_prefetch(size_t matrix_bytes);
 
-/* Early weights: the CUDA-core GEMVs (gemv.cu, qgemm.cu) load the first U
- * chunks of each of their rows into the registers their loop uses, before
- * lc_pdl_wait() — so the first wave of CTAs has its weights in flight while
- * the kernel before (an RMSNorm, the attention, SwiGLU) still runs, instead
- * of starting a DRAM round trip when it ends. Registers, not L2: nothing is
- * loaded twice or evicted before use (the prefetch above's failure on big
- * matrices). On unless LOOM_CUDA_EARLY_WEIGHTS=0 (read once);
+/* Early weights: a GEMV loads the first U chunks of each of its rows into
+ * the registers its loop starts on before lc_pdl_wait() — so the first
+ * wave of CTAs has its weights in flight while the kernel before (an
+ * RMSNorm, the attention, SwiGLU) still runs, instead of starting a DRAM
+ * round trip when it ends. Registers, not L2: nothing is loaded twice or
+ * evicted before use (the prefetch above's failure on big matrices). Which
+ * kernels do it is qgemm.cu's LC_QGEMV_EARLY (measured per kernel; today
+ * the one-row FP8 GEMV). On unless LOOM_CUDA_EARLY_WEIGHTS=0 (read once);
  * lc_early_weights_set(1 / 0) forces it, -1 returns to the environment's
  * choice (gpu_bench's A/B rows). */
 extern "C" int lc_early_weights(void);

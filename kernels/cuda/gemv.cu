@@ -32,6 +32,8 @@
  */
 #include <stdlib.h>
 
+#include <atomic>
+
 #include "common.cuh"
 
 #include "gemv.h"
@@ -39,11 +41,14 @@
 #define LC_GEMV_WARPS 4
 #define LC_GEMV_U 4 /* 16-byte weight chunks per row per lane in flight */
 
-static int lc_early_override = -1; /* lc_early_weights_set: -1 = the environment's */
+/* The early weight loads' switch (common.cuh; qgemm.cu's one-row FP8
+ * GEMV uses it), next to the prefetch's. */
+static std::atomic<int> lc_early_override{-1}; /* lc_early_weights_set: -1 = the environment's */
 
 extern "C" int lc_early_weights(void) {
     static int env = -1; /* read once; a racing first read computes the same value */
-    if (lc_early_override >= 0) return lc_early_override;
+    const int o = lc_early_override;
+    if (o >= 0) return o;
     if (env < 0) env = lc_env_bool("LOOM_CUDA_EARLY_WEIGHTS", true) ? 1 : 0;
     return env;
 }
@@ -74,96 +79,87 @@ __device__ __forceinline__ void lc_gemv_x8(const T *__restrict__ x, int K, int m
     for (int e = 0; e < 8; e++) xf[e] = lc_to_f(lc_from_f<T>(g[e] / (1.0f + __expf(-g[e])) * u[e]));
 }
 
-/* Chunks c, c + 32, ..., c + 32 (U - 1) of each of the R rows (zeros past
- * the row's nc chunks). */
-template <typename T, int R>
-__device__ __forceinline__ void lc_gemv_load(uint4 (&wv)[R][LC_GEMV_U], const T *(&wr)[R], int c, int nc) {
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int u = 0; u < LC_GEMV_U; u++)
-            wv[r][u] = c + 32 * u < nc ? __ldcs(reinterpret_cast<const uint4 *>(wr[r] + (size_t)(c + 32 * u) * 8))
-                                       : make_uint4(0u, 0u, 0u, 0u);
-}
-
-/* One pass of a lane: acc[r][m] += the dots of its chunks c + 32 u (u <
- * U; CHECK: only those below nc) of rows r with x's row m, in order. */
-template <typename T, int M, int R, bool SWIGLU, bool CHECK>
-__device__ __forceinline__ void lc_gemv_pass(const uint4 (&wv)[R][LC_GEMV_U], const T *__restrict__ x, int K,
-                                             int c, int nc, float (&acc)[R][M]) {
-#pragma unroll
-    for (int u = 0; u < LC_GEMV_U; u++) {
-        if (CHECK && c + 32 * u >= nc) break;
-        float wf[R][8];
-#pragma unroll
-        for (int r = 0; r < R; r++) lc_unpack8<T>(wv[r][u], wf[r]);
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-            float xf[8];
-            lc_gemv_x8<T, SWIGLU>(x, K, m, c + 32 * u, xf);
-#pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int e = 0; e < 8; e++) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
-        }
-    }
-}
-
 /* grid (row tiles x passes): block b computes pass b % passes — input and
  * output rows [pass M, pass M + M) — of row tile b / passes, so the passes
  * over one tile of weight rows run side by side and share it in L2. */
 template <typename T, int M, int R, bool F32, bool SWIGLU>
 __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
     lc_gemv_kernel(const T *__restrict__ x, const T *__restrict__ w, void *__restrict__ y, int N,
-                   int K, int passes, int pf, int early) {
+                   int K, int passes, int pf) {
     const int lane = threadIdx.x & 31;
     const int pass = (int)(blockIdx.x % (unsigned)passes), tile = (int)(blockIdx.x / (unsigned)passes);
     const int n0 = (tile * LC_GEMV_WARPS + (threadIdx.x >> 5)) * R;
-    const int nc = K / 8;
-    const T *wr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) wr[r] = w + (size_t)(n0 + r < N ? n0 + r : n0) * K;
-    /* early (lc_early_weights): the lane's first U chunks of each row into
-     * registers before the wait, while the kernel before still runs — the
-     * loop below starts on them. Else this warp's R weight rows are
-     * contiguous: ask L2 for them first (pf) */
-    uint4 wv[R][LC_GEMV_U];
-    const bool pre = early && n0 < N;
-    if (pre) lc_gemv_load<T, R>(wv, wr, lane, nc);
-    else if (pf && n0 < N && pass == 0)
+    /* this warp's R weight rows are contiguous: ask L2 for them first */
+    if (pf && n0 < N && pass == 0)
         lc_prefetch_rows(w + (size_t)n0 * K, N - n0 < R ? N - n0 : R, (size_t)K * sizeof(T), lane);
     lc_pdl_wait();
     lc_pdl_trigger();
     if (n0 >= N) return;
     const size_t row0 = (size_t)pass * M; /* first input / output row of this pass */
     x += row0 * (SWIGLU ? 2 : 1) * (size_t)K;
+    const int nc = K / 8;
+    const T *wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wr[r] = w + (size_t)(n0 + r < N ? n0 + r : n0) * K;
     float acc[R][M];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
 
-    /* the first pass on the loads above (or made now), peeled so that the
-     * loop keeps its loads at the top of each pass (a load at the bottom
-     * kept two passes' chunks live: +40 registers at R = 4); every pass
-     * takes the same chunks in the same order, so the same bits */
-    if (!pre) lc_gemv_load<T, R>(wv, wr, lane, nc);
-    lc_gemv_pass<T, M, R, SWIGLU, true>(wv, x, K, lane, nc, acc);
-    int c = lane + 32 * LC_GEMV_U;
+    int c = lane;
     for (; c + 32 * (LC_GEMV_U - 1) < nc; c += 32 * LC_GEMV_U) {
+        uint4 wv[R][LC_GEMV_U];
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int u = 0; u < LC_GEMV_U; u++)
                 wv[r][u] = __ldcs(reinterpret_cast<const uint4 *>(wr[r] + (size_t)(c + 32 * u) * 8));
-        lc_gemv_pass<T, M, R, SWIGLU, false>(wv, x, K, c, nc, acc);
+#pragma unroll
+        for (int u = 0; u < LC_GEMV_U; u++) {
+            float wf[R][8];
+#pragma unroll
+            for (int r = 0; r < R; r++) lc_unpack8<T>(wv[r][u], wf[r]);
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                float xf[8];
+                lc_gemv_x8<T, SWIGLU>(x, K, m, c + 32 * u, xf);
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
+            }
+        }
     }
     if (c < nc) {
         /* the tail, fewer than U chunks for this lane: its loads issued
          * together, not one round trip each (small K is all tail: SmolLM2's
-         * K = 576 is 2-3 chunks a lane) */
-        lc_gemv_load<T, R>(wv, wr, c, nc);
-        lc_gemv_pass<T, M, R, SWIGLU, true>(wv, x, K, c, nc, acc);
+         * K = 576 is 2-3 chunks a lane). Same chunks in the same order as
+         * a chunk-at-a-time loop, so the same bits. */
+        uint4 wv[R][LC_GEMV_U];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int u = 0; u < LC_GEMV_U; u++)
+                wv[r][u] = c + 32 * u < nc
+                               ? __ldcs(reinterpret_cast<const uint4 *>(wr[r] + (size_t)(c + 32 * u) * 8))
+                               : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int u = 0; u < LC_GEMV_U; u++) {
+            if (c + 32 * u >= nc) break;
+            float wf[R][8];
+#pragma unroll
+            for (int r = 0; r < R; r++) lc_unpack8<T>(wv[r][u], wf[r]);
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                float xf[8];
+                lc_gemv_x8<T, SWIGLU>(x, K, m, c + 32 * u, xf);
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
+            }
+        }
     }
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -194,13 +190,10 @@ static cudaError_t lc_gemv_m(const void *x, const void *w, void *y, int N, int K
     const int rows_per_cta = LC_GEMV_WARPS * R;
     const unsigned long long grid =
         (unsigned long long)((N + rows_per_cta - 1) / rows_per_cta) * (unsigned long long)passes;
-    /* early register loads take the same first chunks of every row: an L2
-     * prefetch of them as well would only ask twice */
-    const int early = lc_early_weights();
     if (passes < 1 || grid > 0x7fffffffull) return cudaErrorInvalidValue;
     return lc_launch(lc_gemv_kernel<T, M, R, F32, SWIGLU>, dim3((unsigned)grid), dim3(LC_GEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const T *>(w), y, N, K, passes,
-                     early ? 0 : lc_weight_prefetch((size_t)N * K * sizeof(T)), early);
+                     lc_weight_prefetch((size_t)N * K * sizeof(T)));
 }
 
 template <typename T, bool F32, bool SWIGLU = false>

@@ -31,8 +31,9 @@ cudaError_t lc_gemv_rows(loom_cuda_dt dt, int out_f32, int M, int N, int K, cons
 cudaError_t lc_gemv_swiglu(loom_cuda_dt dt, int M, int N, int K, const void *gu, const void *w, void *y,
                            cudaStream_t s);
 
-/* Early weight loads in the CUDA-core GEMVs (common.cuh): 1 / 0 forces
- * them on / off, -1 back to LOOM_CUDA_EARLY_WEIGHTS (default on). */
+/* Early weight loads (common.cuh; the kernels that have them: qgemm.cu's
+ * LC_QGEMV_EARLY): 1 / 0 forces them on / off, -1 back to
+ * LOOM_CUDA_EARLY_WEIGHTS (default on). */
 int lc_early_weights(void);
 void lc_early_weights_set(int on);
 

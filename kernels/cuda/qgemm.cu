@@ -127,14 +127,29 @@ __device__ __forceinline__ void lc_qgemv_load(uint4 (&wv)[U][R], const uint8_t *
                                        : make_uint4(0u, 0u, 0u, 0u);
 }
 
-/* Which formats load their first pass early (lc_early_weights) — not
- * W8A16: with the early loads and the peeled first pass its batch-1 decode
- * step was 4% slower (TPOT 3.004 vs 2.888 ms, Llama-3-8B with the LM head
- * quantized, the same H200, 2026-12-02 — FP8 3.105 -> 3.004, bf16 equal;
- * bench/results/h200-2026-12-02-s10/d), though one layer's linears chained
- * were faster with them (73.5 vs 77.2 us late). So W8A16 keeps session 9's
- * loop and L2 prefetch. */
-#define LC_QGEMV_EARLY(FMT) ((FMT) != LOOM_CUDA_Q_INT8_W8A16)
+/* Which kernels load their first pass early (lc_early_weights): FP8 at
+ * one row only — the one the engine measured faster, batch-1 decode 3.105
+ * -> 3.004 ms a token (Llama-3-8B, the starting kernels against these in
+ * one H200, 2026-12-02, bench/results/h200-2026-12-02-s10/d). W8A16 with
+ * them was 4% slower there (2.888 -> 3.004 ms, with its LM head quantized)
+ * though one layer's linears chained were faster (73.5 vs 77.2 us late);
+ * INT4 gained chained (54.5 vs 57.8-58.5 us before) but not with the
+ * layer's small kernels between (58.3 vs 58.0) and had no engine A/B; W8A8
+ * and more rows (registers grow: FP8 at 6-8 rows from 4 to 3 CTAs an SM)
+ * were not measured. Those keep the loop they had, and its L2 prefetch. */
+#define LC_QGEMV_EARLY(FMT, M) ((FMT) == LOOM_CUDA_Q_FP8 && (M) == 1)
+
+/* Rows of the warp's R slots (clamped: read, never stored) and where they
+ * start. */
+template <int R>
+__device__ __forceinline__ void lc_qgemv_rows(int n0, int N, const uint8_t *wd, size_t row_bytes, int (&nr)[R],
+                                              const uint8_t *(&wr)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        nr[r] = n0 + r < N ? n0 + r : n0;
+        wr[r] = wd + (size_t)nr[r] * row_bytes;
+    }
+}
 
 /* One pass of a lane: acc / iacc [r][m] += the dots of its chunks c + 32 u
  * (u < U, below nc) of rows r with x's (xq's) row m, in order. */
@@ -251,28 +266,30 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
                     const float *__restrict__ sc, void *__restrict__ y, int N, int K, int group,
                     int pf, int early) {
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
+    constexpr bool EARLY = LC_QGEMV_EARLY(FMT, M);
     const int lane = threadIdx.x & 31;
     const int n0 = (blockIdx.x * LC_QGEMV_WARPS + (threadIdx.x >> 5)) * R;
     const size_t row_bytes = I4 ? (size_t)K / 2 : (size_t)K;
     const int nc = (int)(row_bytes / 16); /* 16-byte chunks per row */
     int nr[R];                            /* row of each slot (clamped: read, never stored) */
     const uint8_t *wr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        nr[r] = n0 + r < N ? n0 + r : n0;
-        wr[r] = wd + (size_t)nr[r] * row_bytes;
-    }
-    /* early (lc_early_weights): the lane's first U chunks of each row into
-     * registers before the wait, while the kernel before still runs (no
-     * kernel writes a weight) — the loop below starts on them. Else the
-     * warp's R rows of codes are contiguous: ask L2 for them first (pf) */
     uint4 wv[U][R];
-    const bool pre = early && n0 < N;
-    if (pre) lc_qgemv_load<U, R>(wv, wr, lane, nc);
-    else if (pf && n0 < N) lc_prefetch_rows(wd + (size_t)n0 * row_bytes, N - n0 < R ? N - n0 : R, row_bytes, lane);
+    bool pre = false;
+    if constexpr (EARLY) {
+        /* early (lc_early_weights): the lane's first U chunks of each row
+         * into registers before the wait, while the kernel before still
+         * runs (no kernel writes a weight) — the loop below starts on them */
+        lc_qgemv_rows<R>(n0, N, wd, row_bytes, nr, wr);
+        pre = early && n0 < N;
+        if (pre) lc_qgemv_load<U, R>(wv, wr, lane, nc);
+    }
+    /* else the warp's R rows of codes are contiguous: ask L2 for them first */
+    if (!pre && pf && n0 < N)
+        lc_prefetch_rows(wd + (size_t)n0 * row_bytes, N - n0 < R ? N - n0 : R, row_bytes, lane);
     lc_pdl_wait();
     lc_pdl_trigger();
     if (n0 >= N) return;
+    if constexpr (!EARLY) lc_qgemv_rows<R>(n0, N, wd, row_bytes, nr, wr);
     const int groups = I4 ? K / group : 1;
     float acc[R][M];
     int iacc[R][M];
@@ -281,20 +298,20 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
 #pragma unroll
         for (int m = 0; m < M; m++) acc[r][m] = 0.0f, iacc[r][m] = 0;
 
-    /* the first pass on the loads above (or made now), peeled so that the
-     * loop keeps its loads at the top of each pass. Loads at the bottom of
-     * each pass instead (no peel) kept two passes' chunks live (up to +40
-     * registers at M > 1) and at M = 1 made one Llama-3-8B layer's mixed
-     * chain slower: FP8 83.1 vs 79.7 us, INT4 64.7 vs 59.1, W8A16 75.5 vs
-     * 76.1 (H200, 2026-12-02, bench/results/h200-2026-12-02-s10/b) */
-    if constexpr (LC_QGEMV_EARLY(FMT)) {
+    if constexpr (EARLY) {
+        /* the first pass on the loads above (or made now), peeled so that
+         * the loop keeps its loads at the top of each pass. Loads at the
+         * bottom of each pass instead (no peel) kept two passes' chunks
+         * live (up to +40 registers at M > 1) and made one Llama-3-8B
+         * layer's mixed chain slower: FP8 83.1 vs 79.7 us (H200,
+         * 2026-12-02, bench/results/h200-2026-12-02-s10/b) */
         if (!pre) lc_qgemv_load<U, R>(wv, wr, lane, nc);
         lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, lane, nc, acc, iacc);
         for (int c = lane + 32 * U; c < nc; c += 32 * U) {
             lc_qgemv_load<U, R>(wv, wr, c, nc);
             lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, c, nc, acc, iacc);
         }
-    } else { /* W8A16: session 9's loop, every pass loading at its top */
+    } else {
         for (int c = lane; c < nc; c += 32 * U) {
             lc_qgemv_load<U, R>(wv, wr, c, nc);
             lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, c, nc, acc, iacc);
@@ -346,7 +363,7 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
     constexpr int U = M <= 2 ? 4 : 2;
     const int rows_per_cta = LC_QGEMV_WARPS * R;
     const unsigned grid = (unsigned)((w->N + rows_per_cta - 1) / rows_per_cta);
-    const int early = LC_QGEMV_EARLY(FMT) && lc_early_weights(); /* and then no L2 prefetch of the same bytes */
+    const int early = LC_QGEMV_EARLY(FMT, M) && lc_early_weights(); /* and then no L2 prefetch of the same bytes */
     return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32>, dim3(grid), dim3(LC_QGEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
                      static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group,

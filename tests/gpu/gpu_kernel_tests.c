@@ -1343,96 +1343,6 @@ static void test_qgemm_tc_bits(loom_cuda_gemm *g, loom_cuda_dt dt, int N, int K,
     free(data), free(sc), free(x), free(a), free(b);
 }
 
-/* Early weight loads (common.cuh's lc_early_weights: the CUDA-core GEMVs
- * load their first chunks before the programmatic-launch wait) change when
- * bytes arrive, never which: every output bit must equal the late path's.
- * bf16 / f16 GEMV at M = 1, 3, 8 on rows of one chunk a lane (K = 576, the
- * tail alone), of whole passes and of both (K = 4096 + 16, 14336), and the
- * quantized CUDA-core GEMV in every format at M = 1 and W8A16 at M = 6
- * (the tensor-core and bulk kernels off: they have their own loads; W8A16
- * has no early loads — qgemm.cu's LC_QGEMV_EARLY — so its rows check that
- * the switch leaves it alone). */
-static void test_early_weights_bits(loom_cuda_gemm *g) {
-    static const int shapes[3][2] = {{300, 576}, {1000, 4112}, {257, 14336}};
-    char msg[256] = "", name[200];
-    const int tc0 = lc_qgemv_get_tc(), bulk0 = lc_qgemv_bulk_get();
-    lc_qgemv_set_tc(0);
-    lc_qgemv_bulk_set(0);
-    for (int si = 0; si < 3; si++) {
-        const int N = shapes[si][0], K = shapes[si][1];
-        for (int di = 0; di < 2; di++) {
-            const loom_cuda_dt dt = di ? LOOM_CUDA_F16 : LOOM_CUDA_BF16;
-            uint16_t *x = rand16(dt, (size_t)8 * K, -2, 2, NULL), *w = rand16(dt, (size_t)N * K, -1, 1, NULL);
-            void *d_x = dev_upload(x, (size_t)8 * K * 2), *d_w = dev_upload(w, (size_t)N * K * 2);
-            void *d_y = dev_poison((size_t)8 * N * 4);
-            char *a = malloc((size_t)8 * N * 4), *b = malloc((size_t)8 * N * 4);
-            for (int M = 1; M <= 8; M += M == 1 ? 2 : 5) {
-                int rc = 0;
-                for (int on = 1; on >= 0 && !rc; on--) {
-                    lc_early_weights_set(on);
-                    CK(cudaMemset(d_y, 0xff, (size_t)8 * N * 4));
-                    rc = loom_cuda_gemm_run(g, dt, M % 2, M, N, K, d_x, d_w, d_y, 0, msg, sizeof msg);
-                    CK(cudaDeviceSynchronize());
-                    CK(cudaMemcpy(on ? a : b, d_y, (size_t)M * N * 4, cudaMemcpyDeviceToHost));
-                }
-                snprintf(name, sizeof name, "gemv %s M=%d N=%d K=%d: early loads' bits = late loads' bits", dtn(dt),
-                         M, N, K);
-                if (rc) printf("      gemm error: %s\n", msg);
-                const size_t el = M % 2 ? 4 : 2;
-                report_bits(name, rc ? 1 : bits_differ(a, b, (size_t)M * N, el), M);
-            }
-            cudaFree(d_x), cudaFree(d_w), cudaFree(d_y);
-            free(x), free(w), free(a), free(b);
-        }
-        static const loom_cuda_qfmt fmts[4] = {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8, LOOM_CUDA_Q_FP8,
-                                               LOOM_CUDA_Q_INT4};
-        for (int fi = 0; fi < 4; fi++) {
-            const loom_cuda_qfmt fmt = fmts[fi];
-            const bool i4 = fmt == LOOM_CUDA_Q_INT4;
-            const int group = 64, groups = K / group;
-            if (i4 && K % group) continue;
-            const size_t wbytes = i4 ? (size_t)N * K / 2 : (size_t)N * K;
-            const size_t nsc = i4 ? (size_t)N * groups * 2 : (size_t)N;
-            uint8_t *data = malloc(wbytes);
-            float *sc = malloc(nsc * 4);
-            for (size_t i = 0; i < wbytes; i++) {
-                uint8_t v = (uint8_t)rng_int(256);
-                if (fmt == LOOM_CUDA_Q_FP8 && (v & 0x7F) == 0x7F) v ^= 1;
-                data[i] = v;
-            }
-            for (size_t i = 0; i < nsc; i++) sc[i] = i4 && i % 2 ? rng_unif(-0.1f, 0.1f) : rng_unif(0.001f, 0.02f);
-            uint16_t *x = rand16(LOOM_CUDA_BF16, (size_t)8 * K, -2, 2, NULL);
-            void *d_data = dev_upload(data, wbytes), *d_sc = dev_upload(sc, nsc * 4);
-            void *d_x = dev_upload(x, (size_t)8 * K * 2);
-            const loom_cuda_qweight qw = {.fmt = fmt, .N = N, .K = K, .group = i4 ? group : 0, .data = d_data,
-                                          .scales = d_sc};
-            const int mmax = fmt == LOOM_CUDA_Q_INT8_W8A16 ? 6 : 1;
-            const size_t scr = loom_cuda_qgemm_scratch_bytes(g, LOOM_CUDA_BF16, 1, &qw, mmax);
-            void *d_scr = dev_poison(scr), *d_y = dev_poison((size_t)mmax * N * 4);
-            char *a = malloc((size_t)mmax * N * 4), *b = malloc((size_t)mmax * N * 4);
-            for (int M = 1; M <= mmax; M += 5) {
-                int rc = 0;
-                for (int on = 1; on >= 0 && !rc; on--) {
-                    lc_early_weights_set(on);
-                    CK(cudaMemset(d_y, 0xff, (size_t)mmax * N * 4));
-                    rc = loom_cuda_qgemm_run(g, LOOM_CUDA_BF16, 1, M, &qw, d_x, d_y, d_scr, scr, 0, msg, sizeof msg);
-                    CK(cudaDeviceSynchronize());
-                    CK(cudaMemcpy(on ? a : b, d_y, (size_t)M * N * 4, cudaMemcpyDeviceToHost));
-                }
-                snprintf(name, sizeof name, "qgemv %s M=%d N=%d K=%d: early loads' bits = late loads' bits",
-                         qfmt_name(fmt), M, N, K);
-                if (rc) printf("      qgemm error: %s\n", msg);
-                report_bits(name, rc ? 1 : bits_differ(a, b, (size_t)M * N, 4), M);
-            }
-            cudaFree(d_data), cudaFree(d_sc), cudaFree(d_x), cudaFree(d_scr), cudaFree(d_y);
-            free(data), free(sc), free(x), free(a), free(b);
-        }
-    }
-    lc_early_weights_set(-1);
-    lc_qgemv_set_tc(tc0);
-    lc_qgemv_bulk_set(bulk0);
-}
-
 /* Random one-byte codes (int8, or e4m3 without its NaN codes) of an N x K
  * weight and per-channel scales, for tests that compare two paths. */
 static void rand_q8_weight(loom_cuda_qfmt fmt, int N, int K, uint8_t *data, float *sc) {
@@ -1442,6 +1352,63 @@ static void rand_q8_weight(loom_cuda_qfmt fmt, int N, int K, uint8_t *data, floa
         data[i] = b;
     }
     for (int n = 0; n < N; n++) sc[n] = rng_unif(0.001f, 0.02f);
+}
+
+/* Early weight loads (common.cuh's lc_early_weights; qgemm.cu's
+ * LC_QGEMV_EARLY: the one-row FP8 CUDA-core GEMV loads its first pass
+ * before the programmatic-launch wait, and its first pass is peeled) change
+ * when bytes arrive, never which: every output bit must equal the late
+ * path's. Rows of one chunk a lane (K = 576, a short pass alone), of whole
+ * passes and a partial one (4096 + 16) and of many (14336), bf16 / f16
+ * tokens, dt and float32 outputs; the tensor-core and bulk kernels off, and
+ * each call must have run the CUDA-core kernel. */
+static void test_early_weights_bits(loom_cuda_gemm *g) {
+    static const int shapes[3][2] = {{300, 576}, {1000, 4112}, {257, 14336}};
+    char msg[256] = "", name[200];
+    const int tc0 = lc_qgemv_get_tc(), bulk0 = lc_qgemv_bulk_get();
+    lc_qgemv_set_tc(0);
+    lc_qgemv_bulk_set(0);
+    for (int si = 0; si < 3; si++) {
+        const int N = shapes[si][0], K = shapes[si][1];
+        uint8_t *data = malloc((size_t)N * K);
+        float *sc = malloc((size_t)N * 4);
+        rand_q8_weight(LOOM_CUDA_Q_FP8, N, K, data, sc);
+        void *d_data = dev_upload(data, (size_t)N * K), *d_sc = dev_upload(sc, (size_t)N * 4);
+        const loom_cuda_qweight qw = {.fmt = LOOM_CUDA_Q_FP8, .N = N, .K = K, .data = d_data, .scales = d_sc};
+        for (int di = 0; di < 2; di++) {
+            const loom_cuda_dt dt = di ? LOOM_CUDA_F16 : LOOM_CUDA_BF16;
+            const bool out_f32 = di == 0 || si == 1;
+            const size_t el = out_f32 ? 4 : 2;
+            uint16_t *x = rand16(dt, (size_t)K, -2, 2, NULL);
+            void *d_x = dev_upload(x, (size_t)K * 2);
+            const size_t scr = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &qw, 1);
+            void *d_scr = dev_poison(scr), *d_y = dev_poison((size_t)N * el);
+            char *a = malloc((size_t)N * el), *b = malloc((size_t)N * el);
+            long tc_0, cc_0, tc_1, cc_1;
+            lc_qgemv_count(&tc_0, &cc_0);
+            int rc = 0;
+            for (int on = 1; on >= 0 && !rc; on--) {
+                lc_early_weights_set(on);
+                CK(cudaMemset(d_y, 0xff, (size_t)N * el));
+                rc = loom_cuda_qgemm_run(g, dt, out_f32, 1, &qw, d_x, d_y, d_scr, scr, 0, msg, sizeof msg);
+                CK(cudaDeviceSynchronize());
+                CK(cudaMemcpy(on ? a : b, d_y, (size_t)N * el, cudaMemcpyDeviceToHost));
+            }
+            lc_qgemv_count(&tc_1, &cc_1);
+            snprintf(name, sizeof name, "qgemv fp8 %s M=1 N=%d K=%d -> %s: early loads' bits = late loads' bits",
+                     dtn(dt), N, K, out_f32 ? "f32" : dtn(dt));
+            if (rc) printf("      qgemm error: %s\n", msg);
+            /* both runs on the CUDA-core kernel, or the comparison says nothing */
+            report_bits(name, rc || cc_1 - cc_0 != 2 ? 1 : bits_differ(a, b, (size_t)N, el) + count_nan(dt, a, (size_t)N, el), 1);
+            cudaFree(d_x), cudaFree(d_scr), cudaFree(d_y);
+            free(x), free(a), free(b);
+        }
+        cudaFree(d_data), cudaFree(d_sc);
+        free(data), free(sc);
+    }
+    lc_early_weights_set(-1);
+    lc_qgemv_set_tc(tc0);
+    lc_qgemv_bulk_set(bulk0);
 }
 
 /* One row of x on qgemv_bulk.cu's kernel (bulk-copy staging, tensor
