@@ -29,6 +29,11 @@
 #           step's wall time, graphs on and off (needs SmolLM2).
 #   prefetch: batch-1 decode with the GEMVs' weight prefetch on vs off
 #           (SmolLM2 if carried, Llama-3-8B bf16 / int8 W8A16 / fp8).
+#   backend-ab: this tree's CUDA backend against an older commit's (packed by
+#           scripts/pack-old-backend.sh REV into .devpack/), new / old
+#           alternated in one machine: batch-1 decode of each config in
+#           AB_CONFIGS (default: Llama-3-8B bf16, W8A16 with its LM head
+#           quantized, fp8), AB_REPEATS rounds (default 1).
 #   kvfp8:  the FP8 E4M3 KV cache (kv_cache: fp8, bf16 weights) vs bf16 KV
 #           on the Llama-3-8B shape: per-token logprobs, batch-1 decode at a
 #           long context, offline throughput; SmolLM2 perplexity with both
@@ -366,6 +371,27 @@ profile)
       | grep -E 'TPOT p50' | tr -s ' ')"
   done
   ;;
+backend-ab)
+  # The old plugin swapped into a copy of the plugin directory: the rest
+  # of the build (core, CLI, other plugins) is this tree's for both.
+  [ -s .devpack/old-backend-cuda.so.xz ] || { echo "FAIL no .devpack/old-backend-cuda.so.xz (scripts/pack-old-backend.sh REV)"; exit 1; }
+  old=/tmp/loom-old-plugins; rm -rf "$old"; mkdir -p "$old" && cp -a "$LB/plugins/." "$old/"
+  xz -dc .devpack/old-backend-cuda.so.xz > "$old/backend/cuda/loom-backend-cuda.so"
+  step "batch-1 decode, this tree's cuda backend (new) vs $(cat .devpack/old-backend.rev 2>/dev/null || echo '?') (old), alternated"
+  for r in $(seq 1 "${AB_REPEATS:-1}"); do
+    for c in ${AB_CONFIGS:-llama3-8b-dummy llama3-8b-int8-w8a16-head llama3-8b-fp8}; do
+      [ -f "configs/gpu/$c.yaml" ] || { echo "FAIL AB_CONFIGS has '$c': no configs/gpu/$c.yaml"; fails=$((fails + 1)); continue; }
+      for side in new old; do
+        dir="$LB/plugins"; [ $side = old ] && dir=$old
+        f="$O/ab-$c-$side-$r"
+        LOOM_PLUGIN_PATH=$dir timeout 200 loom bench configs/gpu/$c.yaml --num-requests 3 --input-len 128 \
+          --output-len 256 --set scheduler.max_num_seqs=1 --no-progress --json "$f.json" > "$f.txt" 2>&1 \
+          || { fails=$((fails + 1)); tail -3 "$f.txt"; }
+        echo "$c $side (round $r): $(grep -E 'TPOT p50' "$f.txt" | tr -s ' ')"
+      done
+    done
+  done
+  ;;
 prefetch)
   # LOOM_CUDA_WEIGHT_PREFETCH=0 turns off the GEMVs' L2 prefetch of their
   # weights ahead of the PDL wait (kernels/cuda/common.cuh); same build.
@@ -380,7 +406,7 @@ prefetch)
     done
   done
   ;;
-*) echo "usage: scripts/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|kvfp8|profile|prefetch" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|kvfp8|profile|prefetch" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails
