@@ -665,7 +665,8 @@ static void bench_quant_chain(int M, bool mixed) {
             else if (cudaStreamEndCapture(st, &gr) != cudaSuccess && !rc) rc = -1;
         }
         if (rc) {
-            printf("    %s %-16s M=%-3d ERROR: %s\n", kind, names[fi], M, rc == -1 ? "capture failed" : msg);
+            printf("    %s %s%s%s M=%-3d ERROR: %s\n", kind, names[fi], bulk_on ? (probe ? "_probe" : "_bulk") : "",
+                   late ? "_late" : "", M, rc == -1 ? "capture failed" : msg);
             (void)cudaGetLastError();
             if (gr) cudaGraphDestroy(gr);
             for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
