@@ -721,6 +721,243 @@ static void bench_quant_chain(int M, bool mixed) {
     loom_cuda_gemm_destroy(g);
 }
 
+/* ------------------------------------------------ one decode layer, whole */
+
+/* One Llama-3-8B decode layer as a step records it (cuda_forward.c's
+ * cb_record_layers at one token: add_rmsnorm + QKV, RoPE + KV write,
+ * attention over ctx keys, O, add_rmsnorm + gate|up, SwiGLU + down, through
+ * the same entry points, so W8A8 / FP8 quantize inside their norms),
+ * DEPTH layers in one CUDA graph, µs a layer. bf16 also runs with each
+ * small kernel left out in turn: the difference is what that kernel costs
+ * inside a graph, between the GEMVs it separates (with one left out the
+ * next kernel reads stale data; only the time counts). 32 of these plus
+ * the LM head against the engine's TPOT is what the step spends outside
+ * its layers. */
+enum { DL_NORM = 1, DL_ROPE = 2, DL_ATTN = 4, DL_SWIGLU = 8 };
+typedef struct dl_ctx {
+    loom_cuda_gemm *g;
+    float *xres, *nw, *cs;
+    void *r, *xn, *qkv, *att, *gu, *act, *kc, *vc, *scratch;
+    size_t scr;
+    int32_t *pos;
+    int64_t *slot;
+    loom_cuda_attn_args aa;
+} dl_ctx;
+
+/* One layer as a step records it. fuse, a mask of LOOM_CUDA_EPI_FUSE_*:
+ * as a one-token step does with those kinds fused — RoPE + KV write and / or
+ * SwiGLU in the QKV and gate|up GEMVs (pair epilogues, loom_cuda_epi), the
+ * down projection then reading act; the others as before them (separate
+ * rope_kv; SwiGLU in its own kernel, or in W8A8 / FP8's activation
+ * quantization), with the small kernels in skip left out (bf16). */
+static int dl_layer(dl_ctx *c, const loom_cuda_qweight *w, void *const *wb, int skip, int fuse, cudaStream_t st,
+                    char *msg, size_t n) {
+    const int H = 4096, I = 14336, NH = 32, KVH = 8, D = 128, QKV = (NH + 2 * KVH) * D, QD = NH * D;
+    const bool quant = w[0].fmt != LOOM_CUDA_Q_NONE;
+    void *gout[2] = {c->qkv, c->gu};
+    const int gn[2] = {QKV, 2 * I};
+    const loom_cuda_epi epi[2] = {{.kind = LOOM_CUDA_EPI_ROPE_KV, .kv = LOOM_CUDA_KV_DT, .cs = c->cs,
+                                   .pos = c->pos, .slot = c->slot, .k_cache = c->kc, .v_cache = c->vc,
+                                   .num_heads = NH, .num_kv_heads = KVH, .head_dim = D, .block_size = 16},
+                                  {.kind = LOOM_CUDA_EPI_SWIGLU, .act = c->act}};
+    for (int half = 0; half < 2; half++) {
+        int rc;
+        const loom_cuda_epi *e = fuse & (half ? LOOM_CUDA_EPI_FUSE_SWIGLU : LOOM_CUDA_EPI_FUSE_ROPE) ? &epi[half] : NULL;
+        if (quant) {
+            rc = loom_cuda_qgemm_norm_epi_run(c->g, LOOM_CUDA_BF16, 1, &w[2 * half], c->xres, c->r, c->nw, 1e-5f,
+                                              c->xn, gout[half], e, c->scratch, c->scr, st, msg, n);
+        } else {
+            if (!(skip & DL_NORM)) CK(loom_cuda_add_rmsnorm(LOOM_CUDA_BF16, c->xn, c->xres, c->r, c->nw, NULL, 1, H,
+                                                            1e-5f, st));
+            rc = loom_cuda_gemm_epi_run(c->g, LOOM_CUDA_BF16, 1, gn[half], H, c->xn, wb[2 * half], gout[half], e,
+                                        st, msg, n);
+        }
+        if (rc) return rc;
+        if (half == 0) {
+            if (!(fuse & LOOM_CUDA_EPI_FUSE_ROPE) && !(skip & DL_ROPE))
+                CK(loom_cuda_rope_kv(LOOM_CUDA_BF16, LOOM_CUDA_KV_DT, c->qkv, QKV, NULL, c->cs, c->pos, c->slot,
+                                     c->kc, c->vc, 1, NH, KVH, D, 16, st));
+            if (!(skip & DL_ATTN)) CK(loom_cuda_attention(&c->aa, st));
+            rc = quant ? loom_cuda_qgemm_run(c->g, LOOM_CUDA_BF16, 0, 1, &w[1], c->att, c->r, c->scratch, c->scr,
+                                             st, msg, n)
+                       : loom_cuda_gemm_run(c->g, LOOM_CUDA_BF16, 0, 1, H, QD, c->att, wb[1], c->r, st, msg, n);
+            if (rc) return rc;
+        }
+    }
+    if (fuse & LOOM_CUDA_EPI_FUSE_SWIGLU)
+        return quant ? loom_cuda_qgemm_run(c->g, LOOM_CUDA_BF16, 0, 1, &w[3], c->act, c->r, c->scratch, c->scr, st,
+                                           msg, n)
+                     : loom_cuda_gemm_run(c->g, LOOM_CUDA_BF16, 0, 1, H, I, c->act, wb[3], c->r, st, msg, n);
+    if (quant)
+        return loom_cuda_qgemm_swiglu_run(c->g, LOOM_CUDA_BF16, 1, &w[3], c->gu, c->act, c->r, c->scratch, c->scr,
+                                          st, msg, n);
+    if (skip & DL_SWIGLU)
+        return loom_cuda_gemm_run(c->g, LOOM_CUDA_BF16, 0, 1, H, I, c->act, wb[3], c->r, st, msg, n);
+    return loom_cuda_gemm_swiglu_run(c->g, LOOM_CUDA_BF16, 1, H, I, c->gu, wb[3], c->act, c->r, st, msg, n);
+}
+
+static void bench_decode_layer(int ctx) {
+    const int H = 4096, I = 14336, NH = 32, KVH = 8, D = 128, bs = 16, QKV = (NH + 2 * KVH) * D, QD = NH * D;
+    enum { DEPTH = 8 };
+    int code;
+    char msg[256];
+    dl_ctx c = {0};
+    c.g = loom_cuda_gemm_create((size_t)32 << 20, &code, msg, sizeof msg);
+    if (!c.g) {
+        printf("  decode layer bench: %s\n", msg);
+        return;
+    }
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    c.xres = dev_floats(H, -1.0f, 1.0f), c.nw = dev_floats(H, 0.5f, 1.5f);
+    c.r = dev_rand(H), c.xn = dev_rand(H), c.qkv = dev_rand(QKV), c.att = dev_rand(QD);
+    c.gu = dev_rand(2 * I), c.act = dev_rand(I);
+    const int nblk = (ctx + bs - 1) / bs + 1;
+    c.kc = dev_rand((size_t)nblk * KVH * bs * D), c.vc = dev_rand((size_t)nblk * KVH * bs * D);
+    c.cs = dev_floats((size_t)(ctx + 1) * D, -1.0f, 1.0f);
+    int32_t p = ctx - 1, *btab = malloc((size_t)nblk * 4);
+    int64_t sl = ctx - 1;
+    for (int i = 0; i < nblk; i++) btab[i] = i;
+    void *d_bt, *d_stride, *d_tiles;
+    const loom_cuda_attn_tile tile = {0, 0, 1, 0};
+    CK(cudaMalloc((void **)&c.pos, 4));
+    CK(cudaMemcpy(c.pos, &p, 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc((void **)&c.slot, 8));
+    CK(cudaMemcpy(c.slot, &sl, 8, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&d_bt, (size_t)nblk * 4));
+    CK(cudaMemcpy(d_bt, btab, (size_t)nblk * 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&d_stride, 4));
+    CK(cudaMemcpy(d_stride, &nblk, 4, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&d_tiles, sizeof tile));
+    CK(cudaMemcpy(d_tiles, &tile, sizeof tile, cudaMemcpyHostToDevice));
+    int sms = 132;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    const int msplit = loom_cuda_attn_max_splits(
+        1, KVH, sms * loom_cuda_attn_ctas_per_sm(LOOM_CUDA_BF16, LOOM_CUDA_KV_DT, LOOM_CUDA_ATTN_DECODE, D));
+    float *ws;
+    int *sem;
+    CK(cudaMalloc((void **)&ws, loom_cuda_attn_workspace_floats(LOOM_CUDA_ATTN_DECODE, 1, KVH, D, msplit) * 4 + 16));
+    CK(cudaMalloc((void **)&sem, KVH * sizeof(int)));
+    CK(cudaMemset(sem, 0, KVH * sizeof(int)));
+    c.aa = (loom_cuda_attn_args){.dt = LOOM_CUDA_BF16, .shape = LOOM_CUDA_ATTN_DECODE, .out = c.att, .ldo = QD,
+                                 .q = c.qkv, .ldq = QKV, .k_cache = c.kc, .v_cache = c.vc, .block_table = d_bt,
+                                 .bt_stride = d_stride, .positions = c.pos, .tiles = d_tiles, .num_tiles = 1,
+                                 .num_heads = NH, .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
+                                 .scale = 0.088388f, .max_splits = msplit, .partial = ws, .sem = sem};
+    /* unfused: a layer as before the pair epilogues (session 10's step),
+     * bf16's ablations against that; then fused (now) */
+    static const struct { loom_cuda_qfmt fmt; int skip, fuse; const char *name; } vars[] = {
+        {LOOM_CUDA_Q_NONE, 0, 0, "bf16 unfused"},
+        {LOOM_CUDA_Q_NONE, DL_ROPE, 0, "bf16 without rope_kv"},
+        {LOOM_CUDA_Q_NONE, DL_ATTN, 0, "bf16 without attention"},
+        {LOOM_CUDA_Q_NONE, DL_ROPE | DL_ATTN, 0, "bf16 without rope_kv, attention"},
+        {LOOM_CUDA_Q_NONE, DL_NORM, 0, "bf16 without the 2 add_rmsnorm"},
+        {LOOM_CUDA_Q_NONE, DL_SWIGLU, 0, "bf16 without swiglu"},
+        {LOOM_CUDA_Q_NONE, DL_NORM | DL_ROPE | DL_ATTN | DL_SWIGLU, 0, "bf16 linears only"},
+        {LOOM_CUDA_Q_NONE, 0, 1, "bf16 rope fused"},
+        {LOOM_CUDA_Q_NONE, 0, 2, "bf16 swiglu fused"},
+        {LOOM_CUDA_Q_NONE, 0, 3, "bf16 both fused"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 0, "int8_w8a16 unfused"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, "int8_w8a16 rope fused"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 2, "int8_w8a16 swiglu fused"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, "int8_w8a16 both fused"},
+        {LOOM_CUDA_Q_INT8_W8A8, 0, 0, "int8_w8a8 unfused"},
+        {LOOM_CUDA_Q_INT8_W8A8, 0, 1, "int8_w8a8 rope fused"},
+        {LOOM_CUDA_Q_INT8_W8A8, 0, 3, "int8_w8a8 both fused"},
+        {LOOM_CUDA_Q_FP8, 0, 0, "fp8 unfused"},
+        {LOOM_CUDA_Q_FP8, 0, 1, "fp8 rope fused"},
+        {LOOM_CUDA_Q_FP8, 0, 3, "fp8 both fused"},
+        {LOOM_CUDA_Q_INT4, 0, 0, "int4_g128 unfused"},
+        {LOOM_CUDA_Q_INT4, 0, 1, "int4_g128 rope fused"},
+        {LOOM_CUDA_Q_INT4, 0, 2, "int4_g128 swiglu fused"},
+        {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 both fused"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 0, "int8_w8a16 unfused (again)"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 2, "int8_w8a16 swiglu fused (again)"},
+        {LOOM_CUDA_Q_NONE, 0, 0, "bf16 unfused (again)"},
+        {LOOM_CUDA_Q_NONE, 0, 3, "bf16 both fused (again)"},
+    };
+    printf("  one Llama-3-8B decode layer, whole (ctx %d, %d deep in a CUDA graph):\n", ctx, DEPTH);
+    double full_us = 0;
+    for (size_t vi = 0; vi < sizeof vars / sizeof vars[0]; vi++) {
+        const loom_cuda_qfmt f = vars[vi].fmt;
+        void *data[4] = {0};
+        float *sc[4] = {0};
+        loom_cuda_qweight w[4];
+        double bytes = 0;
+        c.scr = 0;
+        for (int k = 0; k < 4; k++) {
+            w[k] = qb_weight(f, l8b_linears[k][0], l8b_linears[k][1], &data[k], &sc[k], &bytes);
+            if (f == LOOM_CUDA_Q_NONE) continue;
+            const size_t b = loom_cuda_qgemm_scratch_bytes(c.g, LOOM_CUDA_BF16, 0, &w[k], 1);
+            if (b > c.scr) c.scr = b;
+        }
+        c.scratch = NULL;
+        if (c.scr) CK(cudaMalloc(&c.scratch, c.scr));
+        int rc = 0;
+        cudaGraph_t gr = NULL;
+        loom_cuda_epi_fuse_set(vars[vi].fuse);
+        const long fused0 = loom_cuda_epi_fused_count();
+        for (int pass = 0; pass < 2 && !rc; pass++) { /* one eager layer (plans), then the capture */
+            if (pass == 1) CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            for (int l = 0; l < (pass ? DEPTH : 1) && !rc; l++)
+                rc = dl_layer(&c, w, data, vars[vi].skip, vars[vi].fuse, st, msg, sizeof msg);
+            if (pass == 0) CK(cudaStreamSynchronize(st));
+            else if (cudaStreamEndCapture(st, &gr) != cudaSuccess && !rc) rc = -1;
+        }
+        if (!rc) {
+            cudaGraphExec_t ex;
+            CK(cudaGraphInstantiate(&ex, gr, 0));
+            cudaEvent_t e0, e1;
+            CK(cudaEventCreate(&e0));
+            CK(cudaEventCreate(&e1));
+            double t[15];
+            for (int i = -2; i < 15; i++) {
+                CK(cudaEventRecord(e0, st));
+                CK(cudaGraphLaunch(ex, st));
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                if (i >= 0) t[i] = ms;
+            }
+            const double us = median(t, 15) * 1e3 / DEPTH;
+            if (vi == 0) full_us = us;
+            char nm[96];
+            snprintf(nm, sizeof nm, "llama3-8b decode layer ctx %d %s", ctx, vars[vi].name);
+            add_row(nm, us * 1e-3, bytes, 0, 0);
+            const long fused = loom_cuda_epi_fused_count() - fused0; /* per kind fused: 1 + DEPTH */
+            if (vars[vi].skip)
+                printf("    %-34s %8.1f us a layer (%+.1f us: what it left out costs)\n", vars[vi].name, us,
+                       full_us - us);
+            else
+                printf("    %-34s %8.1f us a layer, %5.2fx bf16's unfused layer, %ld fused epilogues\n",
+                       vars[vi].name, us, full_us / us, fused);
+            qres *qr = qres_next();
+            if (qr) {
+                snprintf(qr->fmt, sizeof qr->fmt, "layer_%s", vars[vi].name);
+                for (char *s = qr->fmt; *s; s++)
+                    if (*s == ' ' || *s == ',') *s = '_';
+                qr->M = 1, qr->ms = us * 1e-3, qr->bf16_ms = full_us * 1e-3;
+            }
+            cudaEventDestroy(e0), cudaEventDestroy(e1);
+            cudaGraphExecDestroy(ex);
+        } else {
+            printf("    %-34s ERROR: %s\n", vars[vi].name, rc == -1 ? "capture failed" : msg);
+            (void)cudaGetLastError();
+        }
+        if (gr) cudaGraphDestroy(gr);
+        for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
+        cudaFree(c.scratch);
+    }
+    loom_cuda_epi_fuse_set(-1);
+    cudaFree(c.xres), cudaFree(c.nw), cudaFree(c.cs), cudaFree(c.r), cudaFree(c.xn), cudaFree(c.qkv);
+    cudaFree(c.att), cudaFree(c.gu), cudaFree(c.act), cudaFree(c.kc), cudaFree(c.vc), cudaFree(c.pos);
+    cudaFree(c.slot), cudaFree(d_bt), cudaFree(d_stride), cudaFree(d_tiles), cudaFree(ws), cudaFree(sem);
+    free(btab);
+    cudaStreamDestroy(st);
+    loom_cuda_gemm_destroy(c.g);
+}
+
 /* Every kernel of one Llama-3-8B layer at T tokens (T = 1: decode at
  * context `ctx`; T > 1: one prefill of T tokens), plus the LM head, timed
  * alone: what a step would cost with no gaps between kernels. */
@@ -1015,24 +1252,28 @@ int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fprintf(argc < 2 ? stderr : stdout,
                 "usage: gpu_bench OUT.json [loom-backend-cuda.so] [--quick] [--components] [--quant] [--quant-m M]\n"
+                "                [--layer CTX]\n"
                 "  kernel and engine timings on the GPU, written to OUT.json (docs/performance.md reads them)\n"
                 "  --quick         fewer repetitions, no batch-64 engine run\n"
                 "  --components    every kernel of one Llama-3-8B layer timed alone, several batch sizes\n"
                 "  --quant         the quantized linear layers only (M = 1, 2, 8, 64, 2048; M = 1 also chained)\n"
                 "  --quant-m M     those at M only; M <= 8 also chained in a CUDA graph (M = 1: also with a\n"
-                "                  layer's small kernels between the linears, 'mixed')\n");
+                "                  layer's small kernels between the linears, 'mixed')\n"
+                "  --layer CTX     one whole decode layer (norms, linears, RoPE, attention over CTX keys, SwiGLU)\n"
+                "                  in a CUDA graph, every format; bf16 also with each small kernel left out\n");
         return argc < 2 ? 2 : 0;
     }
     const char *out_path = argv[1];
     const char *so = LOOM_CUDA_BACKEND_DEFAULT;
     bool quick = false, components_only = false, quant_only = false;
-    int quant_m = 0;
+    int quant_m = 0, layer_ctx = 0;
     int failed = 0;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--components")) components_only = true;
         else if (!strcmp(argv[i], "--quant")) quant_only = true;
         else if (!strcmp(argv[i], "--quant-m") && i + 1 < argc) quant_m = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--layer") && i + 1 < argc) layer_ctx = atoi(argv[++i]);
         else so = argv[i];
     }
     struct cudaDeviceProp prop;
@@ -1045,6 +1286,10 @@ int main(int argc, char **argv) {
 
     measure_copy();
     measure_gemm();
+    if (layer_ctx > 0) { /* --layer CTX: that only */
+        bench_decode_layer(layer_ctx);
+        goto write;
+    }
     printf("  quantized linear layers (one Llama-3-8B layer: QKV, O, gate/up, down):\n");
     if (quant_m > 0) { /* --quant-m M: that M only */
         bench_quant(quant_m);

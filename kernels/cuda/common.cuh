@@ -45,6 +45,21 @@ template <> __device__ __forceinline__ __half lc_from_f<__half>(float x) {
     return __float2half_rn(x);
 }
 
+/* The two element-wise maps a step fuses into several kernels, each in one
+ * place so every kernel that applies one gets the same bits (explicit
+ * roundings: no contraction into an FMA here and not there):
+ *   SwiGLU's silu(g) * u = g / (1 + e^-g) * u (loom_cuda_swiglu, the
+ *   W8A8 / FP8 activation quantizer, the GEMVs' SwiGLU loads and pair
+ *   epilogue); NeoX RoPE's rotation of the pair (a, b) by (cos, sin)
+ *   (loom_cuda_rope_kv and the QKV GEMV's pair epilogue). */
+__device__ __forceinline__ float lc_silu_mul(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, __expf(-g))), u);
+}
+__device__ __forceinline__ void lc_rope_rot(float a, float b, float c, float s, float &ra, float &rb) {
+    ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    rb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
 /* Two floats -> one 32-bit register of two dt (low half = a). */
 template <typename T> __device__ __forceinline__ uint32_t lc_pack2(float a, float b);
 template <> __device__ __forceinline__ uint32_t lc_pack2<__nv_bfloat16>(float a, float b) {

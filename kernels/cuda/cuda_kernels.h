@@ -308,6 +308,58 @@ int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, 
 
 void loom_cuda_gemm_set_swiglu_fuse(loom_cuda_gemm *g, int max_m);
 
+/* ------------------------------------------- one-row GEMV pair epilogues */
+
+/* The kernel that follows a decode step's QKV or gate|up projection, done
+ * by that projection's one-row GEMV instead: its warps take the output rows
+ * in pairs (n, n + P) — RoPE's dims (i, i + D/2) of a head, SwiGLU's (gate
+ * i, up i) — and finish each pair as the separate kernel would, bit for bit
+ * (the same helpers, common.cuh). One launch, one (1, N) round trip and one
+ * kernel boundary fewer a projection: a Llama-3-8B decode layer has two.
+ *   ROPE_KV (P = head_dim / 2): y is the token's qkv row (ld N), then
+ *            loom_cuda_rope_kv's work at T = M with these arguments: q
+ *            rotated in y, k / v (+ bias) into the caches at slot[t].
+ *   SWIGLU  (P = N / 2): y (M, N) is a gate|up output, stored as computed,
+ *            and act (M, N / 2) dt = loom_cuda_swiglu of it.
+ * Where the one-row GEMV is not what runs (M > 1, cuBLASLt, the
+ * tensor-core and bulk kernels, GGUF blocks, N not pairable) or fusing is
+ * off (LOOM_CUDA_FUSE_EPILOGUE=0, loom_cuda_epi_fuse_set), the separate
+ * kernel runs after the GEMM: the result is the same either way. */
+typedef enum loom_cuda_epi_kind {
+    LOOM_CUDA_EPI_NONE = 0,
+    LOOM_CUDA_EPI_ROPE_KV = 1,
+    LOOM_CUDA_EPI_SWIGLU = 2,
+} loom_cuda_epi_kind;
+typedef struct loom_cuda_epi {
+    loom_cuda_epi_kind kind;
+    /* ROPE_KV: as loom_cuda_rope_kv (qkv = y, ld = N, T = M) */
+    loom_cuda_kv kv;
+    const float *bias, *cs;
+    const int32_t *pos;
+    const int64_t *slot;
+    void *k_cache, *v_cache;
+    int num_heads, num_kv_heads, head_dim, block_size;
+    /* SWIGLU: act (M, N / 2) dt */
+    void *act;
+} loom_cuda_epi;
+
+/* y (M, N) dt = x @ w^T as loom_cuda_gemm_run, then epi (NULL or NONE:
+ * nothing) — fused into the GEMV at M = 1. Returns like loom_cuda_gemm_run. */
+int loom_cuda_gemm_epi_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int K, const void *x, const void *w,
+                           void *y, const loom_cuda_epi *epi, cudaStream_t s, char *msg, size_t msg_size);
+
+/* Which kinds fuse: a mask of LOOM_CUDA_EPI_FUSE_* (set: -1 back to
+ * LOOM_CUDA_FUSE_EPILOGUE — 1 / 0, rope, swiglu; default all);
+ * loom_cuda_epi_fuses(kind): whether that kind is in it. */
+#define LOOM_CUDA_EPI_FUSE_ROPE 1
+#define LOOM_CUDA_EPI_FUSE_SWIGLU 2
+#define LOOM_CUDA_EPI_ALL 3
+void loom_cuda_epi_fuse_set(int kinds);
+int loom_cuda_epi_fuse(void);
+int loom_cuda_epi_fuses(loom_cuda_epi_kind kind);
+/* Launches of a fused epilogue so far (tests: the fused kernel ran). */
+long loom_cuda_epi_fused_count(void);
+
 /* Batches of at most max_m rows (0..8; default 8) run the streaming GEMV
  * kernel instead of cuBLASLt (benchmarks compare the two). */
 void loom_cuda_gemm_set_gemv_max_m(loom_cuda_gemm *g, int max_m);
@@ -441,6 +493,15 @@ int loom_cuda_qgemm_norm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const lo
                              float *x, const void *r, const float *norm_w, float eps, void *xn, void *y,
                              void *scratch, size_t scratch_bytes, cudaStream_t s, char *msg,
                              size_t msg_size);
+
+/* loom_cuda_qgemm_norm_run, then epi (cuda_kernels.h: loom_cuda_epi; NULL
+ * or NONE: nothing) — fused into the one-row CUDA-core GEMV at M = 1. For
+ * SWIGLU the down projection then reads act (loom_cuda_qgemm_run), where
+ * W8A8 / FP8 quantize it: the codes loom_cuda_qgemm_swiglu_run forms. */
+int loom_cuda_qgemm_norm_epi_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const loom_cuda_qweight *w, float *x,
+                                 const void *r, const float *norm_w, float eps, void *xn, void *y,
+                                 const loom_cuda_epi *epi, void *scratch, size_t scratch_bytes, cudaStream_t s,
+                                 char *msg, size_t msg_size);
 
 /* Largest M that runs the fused GEMV (in passes of 8 rows) for fmt; larger
  * M take the GEMM path (W8A16 / INT4 shapes the tensor-core kernel takes go

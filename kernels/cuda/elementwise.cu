@@ -216,7 +216,7 @@ __global__ void lc_swiglu_kernel(T *__restrict__ out, const T *__restrict__ gu, 
         lc_unpack8<T>(lc_ldg16(g), gf);
         lc_unpack8<T>(lc_ldg16(g + I), uf);
 #pragma unroll
-        for (int e = 0; e < 8; e++) o[e] = gf[e] / (1.0f + __expf(-gf[e])) * uf[e];
+        for (int e = 0; e < 8; e++) o[e] = lc_silu_mul(gf[e], uf[e]);
         lc_stg16(out + t * I + c * 8, lc_pack8<T>(o));
     }
 }
@@ -313,10 +313,7 @@ __global__ void lc_rope_kv_kernel(T *__restrict__ qkv, int ld, const float *__re
             }
             float ra[8], rb[8];
 #pragma unroll
-            for (int e = 0; e < 8; e++) {
-                ra[e] = a[e] * cn[e] - b[e] * sn[e];
-                rb[e] = b[e] * cn[e] + a[e] * sn[e];
-            }
+            for (int e = 0; e < 8; e++) lc_rope_rot(a[e], b[e], cn[e], sn[e], ra[e], rb[e]);
             if (hh < H) {
                 *reinterpret_cast<uint4 *>(xa) = lc_pack8<T>(ra);
                 *reinterpret_cast<uint4 *>(xa + half) = lc_pack8<T>(rb);

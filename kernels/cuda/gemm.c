@@ -417,6 +417,41 @@ int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, 
     return loom_cuda_gemm_run(g, dt, 0, M, N, I, act, w, y, s, msg, msg_size);
 }
 
+int lc_epi_separate(loom_cuda_dt dt, int M, int N, void *y, const loom_cuda_epi *epi, cudaStream_t s, char *msg,
+                    size_t msg_size) {
+    cudaError_t e = cudaSuccess;
+    if (epi->kind == LOOM_CUDA_EPI_ROPE_KV)
+        e = loom_cuda_rope_kv(dt, epi->kv, y, N, epi->bias, epi->cs, epi->pos, epi->slot, epi->k_cache, epi->v_cache,
+                              M, epi->num_heads, epi->num_kv_heads, epi->head_dim, epi->block_size, s);
+    else if (epi->kind == LOOM_CUDA_EPI_SWIGLU)
+        e = N % 2 ? cudaErrorInvalidValue : loom_cuda_swiglu(dt, epi->act, y, M, N / 2, s);
+    if (e != cudaSuccess && msg && msg_size)
+        snprintf(msg, msg_size, "%s launch after the GEMM (M=%d N=%d) failed: %s",
+                 epi->kind == LOOM_CUDA_EPI_ROPE_KV ? "rope_kv" : "swiglu", M, N, cudaGetErrorString(e));
+    return e == cudaSuccess ? 0 : 10000 + (int)e;
+}
+
+int loom_cuda_gemm_epi_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int K, const void *x, const void *w,
+                           void *y, const loom_cuda_epi *epi, cudaStream_t s, char *msg, size_t msg_size) {
+    if (M <= 0) return 0;
+    if (!epi || epi->kind == LOOM_CUDA_EPI_NONE) return loom_cuda_gemm_run(g, dt, 0, M, N, K, x, w, y, s, msg, msg_size);
+    /* the one-row GEMV, which loom_cuda_gemm_run would run here too (also
+     * in batch-invariant mode: its M = 1 rows are the same kernel's) */
+    if (M == 1 && (g->invariant || M <= g->gemv_max_m) && K % 8 == 0 && loom_cuda_epi_fuses(epi->kind)) {
+        cudaError_t e = lc_gemv_epi(dt, N, K, x, w, y, epi, s);
+        if (e == cudaSuccess) return 0;
+        if (e != cudaErrorNotSupported) {
+            if (msg && msg_size)
+                snprintf(msg, msg_size, "gemv kernel (fused epilogue) launch failed for N=%d K=%d: %s", N, K,
+                         cudaGetErrorString(e));
+            return 10000 + (int)e;
+        }
+        (void)cudaGetLastError();
+    }
+    const int rc = loom_cuda_gemm_run(g, dt, 0, M, N, K, x, w, y, s, msg, msg_size);
+    return rc ? rc : lc_epi_separate(dt, M, N, y, epi, s, msg, msg_size);
+}
+
 void loom_cuda_gemm_set_swiglu_fuse(loom_cuda_gemm *g, int max_m) {
     g->swiglu_fuse_max_m = max_m < 0 ? 0 : max_m > LC_GEMV_MAX_M ? LC_GEMV_MAX_M : max_m;
 }

@@ -31,10 +31,12 @@
  * opt-in (loom_cuda_gemm_set_swiglu_fuse) and kept tested.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include <atomic>
 
 #include "common.cuh"
+#include "epilogue.cuh"
 
 #include "gemv.h"
 
@@ -76,25 +78,31 @@ __device__ __forceinline__ void lc_gemv_x8(const T *__restrict__ x, int K, int m
     lc_unpack8<T>(lc_ldg16(x + (size_t)m * 2 * K + (size_t)c * 8), g);
     lc_unpack8<T>(lc_ldg16(x + (size_t)m * 2 * K + K + (size_t)c * 8), u);
 #pragma unroll
-    for (int e = 0; e < 8; e++) xf[e] = lc_to_f(lc_from_f<T>(g[e] / (1.0f + __expf(-g[e])) * u[e]));
+    for (int e = 0; e < 8; e++) xf[e] = lc_to_f(lc_from_f<T>(lc_silu_mul(g[e], u[e])));
 }
 
 /* grid (row tiles x passes): block b computes pass b % passes — input and
  * output rows [pass M, pass M + M) — of row tile b / passes, so the passes
- * over one tile of weight rows run side by side and share it in L2. */
-template <typename T, int M, int R, bool F32, bool SWIGLU>
+ * over one tile of weight rows run side by side and share it in L2.
+ * PAIR (M = 1, one pass): the rows in pairs (n, n + P) and epi applied to
+ * them (epilogue.cuh) — same dot per row, so the same sums. */
+template <typename T, int M, int R, bool F32, bool SWIGLU, bool PAIR = false>
 __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
     lc_gemv_kernel(const T *__restrict__ x, const T *__restrict__ w, void *__restrict__ y, int N,
-                   int K, int passes, int pf) {
+                   int K, int passes, int pf, int P = 0, loom_cuda_epi epi = {}) {
+    static_assert(!PAIR || (M == 1 && !F32 && LC_GEMV_WARPS == LC_EPI_WARPS), "pair epilogue: one dt row");
     const int lane = threadIdx.x & 31;
     const int pass = (int)(blockIdx.x % (unsigned)passes), tile = (int)(blockIdx.x / (unsigned)passes);
-    const int n0 = (tile * LC_GEMV_WARPS + (threadIdx.x >> 5)) * R;
+    bool live = true;
+    const int n0 = PAIR ? lc_epi_row0(R, P, N, threadIdx.x >> 5, &live)
+                        : (tile * LC_GEMV_WARPS + (threadIdx.x >> 5)) * R;
+    if (!PAIR) live = n0 < N;
     /* this warp's R weight rows are contiguous: ask L2 for them first */
-    if (pf && n0 < N && pass == 0)
+    if (pf && live && pass == 0)
         lc_prefetch_rows(w + (size_t)n0 * K, N - n0 < R ? N - n0 : R, (size_t)K * sizeof(T), lane);
     lc_pdl_wait();
     lc_pdl_trigger();
-    if (n0 >= N) return;
+    if (!PAIR && !live) return; /* PAIR: every warp reaches lc_epi_finish's barrier */
     const size_t row0 = (size_t)pass * M; /* first input / output row of this pass */
     x += row0 * (SWIGLU ? 2 : 1) * (size_t)K;
     const int nc = K / 8;
@@ -168,6 +176,13 @@ __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1)
                 acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+    if constexpr (PAIR) {
+        float sum[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) sum[r] = acc[r][0];
+        lc_epi_finish<T, R>(epi, y, P, N, sum);
+        return;
+    }
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -193,7 +208,7 @@ static cudaError_t lc_gemv_m(const void *x, const void *w, void *y, int N, int K
     if (passes < 1 || grid > 0x7fffffffull) return cudaErrorInvalidValue;
     return lc_launch(lc_gemv_kernel<T, M, R, F32, SWIGLU>, dim3((unsigned)grid), dim3(LC_GEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const T *>(w), y, N, K, passes,
-                     lc_weight_prefetch((size_t)N * K * sizeof(T)));
+                     lc_weight_prefetch((size_t)N * K * sizeof(T)), 0, loom_cuda_epi{});
 }
 
 template <typename T, bool F32, bool SWIGLU = false>
@@ -227,6 +242,53 @@ extern "C" cudaError_t lc_gemv_swiglu(loom_cuda_dt dt, int M, int N, int K, cons
     if (M < 1 || M > LC_GEMV_MAX_M || K % 8 || N <= 0) return cudaErrorInvalidValue;
     if (dt == LOOM_CUDA_F16) return lc_gemv_t<__half, false, true>(M, gu, w, y, N, K, s);
     return lc_gemv_t<__nv_bfloat16, false, true>(M, gu, w, y, N, K, s);
+}
+
+/* Fused pair epilogues: the switch and the count of launches. */
+static std::atomic<int> lc_epi_override{-1};
+static std::atomic<long> lc_epi_fused{0};
+
+extern "C" void loom_cuda_epi_fuse_set(int kinds) { lc_epi_override = kinds < 0 ? -1 : kinds & LOOM_CUDA_EPI_ALL; }
+
+extern "C" int loom_cuda_epi_fuse(void) {
+    static int env = -1; /* read once; a racing first read computes the same value */
+    const int o = lc_epi_override;
+    if (o >= 0) return o;
+    if (env < 0) {
+        const char *e = getenv("LOOM_CUDA_FUSE_EPILOGUE");
+        env = e && !strcmp(e, "rope")     ? LOOM_CUDA_EPI_FUSE_ROPE
+              : e && !strcmp(e, "swiglu") ? LOOM_CUDA_EPI_FUSE_SWIGLU
+              : lc_env_bool("LOOM_CUDA_FUSE_EPILOGUE", true) ? LOOM_CUDA_EPI_ALL
+                                                             : 0;
+    }
+    return env;
+}
+
+extern "C" int loom_cuda_epi_fuses(loom_cuda_epi_kind kind) {
+    return kind != LOOM_CUDA_EPI_NONE && (loom_cuda_epi_fuse() & (1 << (kind - 1))) != 0;
+}
+
+extern "C" long loom_cuda_epi_fused_count(void) { return lc_epi_fused; }
+extern "C" void lc_epi_count(void) { lc_epi_fused++; }
+extern "C" int lc_epi_pairs(const loom_cuda_epi *e, int N) { return lc_epi_p(e, N); }
+
+extern "C" cudaError_t lc_gemv_epi(loom_cuda_dt dt, int N, int K, const void *x, const void *w, void *y,
+                                   const loom_cuda_epi *epi, cudaStream_t s) {
+    const int P = lc_epi_p(epi, N);
+    if (!P || K % 8) return cudaErrorNotSupported;
+    constexpr int R = 1; /* as lc_gemv_m at M = 1 */
+    const unsigned grid = (unsigned)((N / 2 + 2 * R - 1) / (2 * R));
+    const int pf = lc_weight_prefetch((size_t)N * K * 2);
+    cudaError_t e;
+    if (dt == LOOM_CUDA_F16)
+        e = lc_launch(lc_gemv_kernel<__half, 1, R, false, false, true>, dim3(grid), dim3(LC_GEMV_WARPS * 32), 0, s,
+                      static_cast<const __half *>(x), static_cast<const __half *>(w), y, N, K, 1, pf, P, *epi);
+    else
+        e = lc_launch(lc_gemv_kernel<__nv_bfloat16, 1, R, false, false, true>, dim3(grid),
+                      dim3(LC_GEMV_WARPS * 32), 0, s, static_cast<const __nv_bfloat16 *>(x),
+                      static_cast<const __nv_bfloat16 *>(w), y, N, K, 1, pf, P, *epi);
+    if (e == cudaSuccess) lc_epi_fused++;
+    return e;
 }
 
 /* Any M: the whole passes of LC_GEMV_MAX_M rows in one launch, the rest

@@ -31,6 +31,20 @@ cudaError_t lc_gemv_rows(loom_cuda_dt dt, int out_f32, int M, int N, int K, cons
 cudaError_t lc_gemv_swiglu(loom_cuda_dt dt, int M, int N, int K, const void *gu, const void *w, void *y,
                            cudaStream_t s);
 
+/* y (1, N) dt = x @ w^T with epi's pair epilogue fused (cuda_kernels.h:
+ * loom_cuda_epi), or cudaErrorNotSupported when the rows do not pair. */
+cudaError_t lc_gemv_epi(loom_cuda_dt dt, int N, int K, const void *x, const void *w, void *y,
+                        const loom_cuda_epi *epi, cudaStream_t s);
+/* P of epi on N output rows (epilogue.cuh's lc_epi_p), 0: not pairable;
+ * lc_epi_count: one more fused launch (loom_cuda_epi_fused_count). */
+int lc_epi_pairs(const loom_cuda_epi *e, int N);
+void lc_epi_count(void);
+
+/* epi's separate kernel (rope_kv / swiglu) over y (M, N) after an unfused
+ * GEMM (gemm.c); returns like loom_cuda_gemm_run. */
+int lc_epi_separate(loom_cuda_dt dt, int M, int N, void *y, const loom_cuda_epi *epi, cudaStream_t s, char *msg,
+                    size_t msg_size);
+
 /* Early weight loads (common.cuh; the kernels that have them: qgemm.cu's
  * LC_QGEMV_EARLY): 1 / 0 forces them on / off, -1 back to
  * LOOM_CUDA_EARLY_WEIGHTS (default on). */

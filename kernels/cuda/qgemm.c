@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "cuda_kernels.h"
+#include "gemv.h" /* lc_epi_separate */
 #include "qgemm.h"
 
 static size_t lc_r256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -158,11 +159,22 @@ static int lc_cuda_fail(cudaError_t e, const char *what, const loom_cuda_qweight
 }
 
 /* The GEMV over rows [0, M) in passes of 8; xq / sx hold those rows'
- * quantized activations when the format needs them. */
+ * quantized activations when the format needs them. With epi (M = 1, y
+ * dt) its pair epilogue is fused where the kernel allows, and *fused says
+ * so (else the caller runs the separate kernel). */
 static int lc_gemv_passes(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
                           const void *x, const uint8_t *xq, const float *sx, void *y, int invariant,
-                          cudaStream_t s, char *msg, size_t n) {
+                          const loom_cuda_epi *epi, int *fused, cudaStream_t s, char *msg, size_t n) {
     const size_t xel = 2, yel = out_f32 ? 4 : 2;
+    if (epi && M == 1 && !out_f32 && loom_cuda_epi_fuses(epi->kind)) {
+        const cudaError_t e = lc_qgemv_epi(dt, w, x, xq, sx, y, epi, invariant, s);
+        if (e == cudaSuccess) {
+            *fused = 1;
+            return 0;
+        }
+        if (e != cudaErrorNotSupported) return lc_cuda_fail(e, "quantized GEMV (fused epilogue) launch", w, 1, msg, n);
+        (void)cudaGetLastError();
+    }
     for (int m0 = 0; m0 < M; m0 += LC_QGEMV_MAX_M) {
         const int mc = M - m0 < LC_QGEMV_MAX_M ? M - m0 : LC_QGEMV_MAX_M;
         const void *xm = (const uint8_t *)x + (size_t)m0 * w->K * xel;
@@ -194,8 +206,8 @@ typedef struct {
 /* loom_cuda_qgemm_run with the input `in` says (x: dt input, or for
  * LC_IN_NORM the r added to the residual, may be NULL). */
 static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
-                    const void *x, const lc_qin *in, void *y, void *scratch, size_t scratch_bytes,
-                    cudaStream_t s, char *msg, size_t msg_size) {
+                    const void *x, const lc_qin *in, void *y, const loom_cuda_epi *epi, int *fused,
+                    void *scratch, size_t scratch_bytes, cudaStream_t s, char *msg, size_t msg_size) {
     if (M <= 0) return 0;
     out_f32 = out_f32 ? 1 : 0;
     if (!loom_cuda_qweight_valid(w, msg, msg_size)) return 10000 + (int)cudaErrorInvalidValue;
@@ -228,7 +240,8 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
             lc_qmma_runs++;
             return 0;
         }
-        if (M <= gemv_max) return lc_gemv_passes(dt, out_f32, M, w, x, NULL, NULL, y, invariant, s, msg, msg_size);
+        if (M <= gemv_max)
+            return lc_gemv_passes(dt, out_f32, M, w, x, NULL, NULL, y, invariant, epi, fused, s, msg, msg_size);
         /* dequantize into scratch, then the dt GEMM (never its GEMV: M > 8) */
         e = w->fmt == LOOM_CUDA_Q_GGUF ? lc_gguf_dequant(dt, w, big, s)
                                        : lc_dequant_weight(dt, w, big, s);
@@ -254,7 +267,7 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
                                                               : "activation quantization launch (K % 8, x 16-byte aligned)",
                                 w, mc, msg, msg_size);
         if (M <= gemv_max) {
-            if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, invariant, s, msg, msg_size)))
+            if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, invariant, epi, fused, s, msg, msg_size)))
                 return rc;
             continue;
         }
@@ -275,7 +288,8 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
         void *d = kind == LC_LT_FP8_BF16 ? yc : big;
         rc = lc_gemm_lt_q(g, kind, mc, w->N, w->K, xq, w->data, NULL, NULL, d, s, msg, msg_size);
         if (rc == LC_LT_NOT_SUPPORTED) { /* no algorithm for this shape */
-            if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, invariant, s, msg, msg_size)))
+            if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, invariant, NULL, NULL, s, msg,
+                                     msg_size)))
                 return rc;
             continue;
         }
@@ -294,28 +308,40 @@ static const lc_qin lc_in_x = {.kind = LC_IN_X};
 int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
                         const loom_cuda_qweight *w, const void *x, void *y, void *scratch,
                         size_t scratch_bytes, cudaStream_t s, char *msg, size_t msg_size) {
-    return lc_qgemm(g, dt, out_f32, M, w, x, &lc_in_x, y, scratch, scratch_bytes, s, msg, msg_size);
+    return lc_qgemm(g, dt, out_f32, M, w, x, &lc_in_x, y, NULL, NULL, scratch, scratch_bytes, s, msg, msg_size);
+}
+
+int loom_cuda_qgemm_norm_epi_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const loom_cuda_qweight *w, float *x,
+                                 const void *r, const float *norm_w, float eps, void *xn, void *y,
+                                 const loom_cuda_epi *epi, void *scratch, size_t scratch_bytes, cudaStream_t s,
+                                 char *msg, size_t msg_size) {
+    if (M <= 0) return 0;
+    if (!w) {
+        if (msg && msg_size) snprintf(msg, msg_size, "RMSNorm + quantized GEMM: no weight");
+        return 10000 + (int)cudaErrorInvalidValue;
+    }
+    int fused = 0, rc;
+    if (lc_acts_quantized(w->fmt)) {
+        const lc_qin in = {.kind = LC_IN_NORM, .res = x, .nw = norm_w, .eps = eps};
+        rc = lc_qgemm(g, dt, 0, M, w, r, &in, y, epi, &fused, scratch, scratch_bytes, s, msg, msg_size);
+    } else {
+        const cudaError_t e = loom_cuda_add_rmsnorm(dt, xn, x, r, norm_w, NULL, M, w->K, eps, s);
+        if (e != cudaSuccess) {
+            if (msg && msg_size) snprintf(msg, msg_size, "add_rmsnorm launch failed: %s", cudaGetErrorString(e));
+            return 10000 + (int)e;
+        }
+        rc = lc_qgemm(g, dt, 0, M, w, xn, &lc_in_x, y, epi, &fused, scratch, scratch_bytes, s, msg, msg_size);
+    }
+    if (rc || fused || !epi || epi->kind == LOOM_CUDA_EPI_NONE) return rc;
+    return lc_epi_separate(dt, M, w->N, y, epi, s, msg, msg_size);
 }
 
 int loom_cuda_qgemm_norm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const loom_cuda_qweight *w,
                              float *x, const void *r, const float *norm_w, float eps, void *xn, void *y,
                              void *scratch, size_t scratch_bytes, cudaStream_t s, char *msg,
                              size_t msg_size) {
-    if (M <= 0) return 0;
-    if (!w) {
-        if (msg && msg_size) snprintf(msg, msg_size, "RMSNorm + quantized GEMM: no weight");
-        return 10000 + (int)cudaErrorInvalidValue;
-    }
-    if (lc_acts_quantized(w->fmt)) {
-        const lc_qin in = {.kind = LC_IN_NORM, .res = x, .nw = norm_w, .eps = eps};
-        return lc_qgemm(g, dt, 0, M, w, r, &in, y, scratch, scratch_bytes, s, msg, msg_size);
-    }
-    const cudaError_t e = loom_cuda_add_rmsnorm(dt, xn, x, r, norm_w, NULL, M, w->K, eps, s);
-    if (e != cudaSuccess) {
-        if (msg && msg_size) snprintf(msg, msg_size, "add_rmsnorm launch failed: %s", cudaGetErrorString(e));
-        return 10000 + (int)e;
-    }
-    return lc_qgemm(g, dt, 0, M, w, xn, &lc_in_x, y, scratch, scratch_bytes, s, msg, msg_size);
+    return loom_cuda_qgemm_norm_epi_run(g, dt, M, w, x, r, norm_w, eps, xn, y, NULL, scratch, scratch_bytes, s, msg,
+                                        msg_size);
 }
 
 int loom_cuda_qgemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const loom_cuda_qweight *w,
@@ -323,7 +349,7 @@ int loom_cuda_qgemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const 
                                size_t scratch_bytes, cudaStream_t s, char *msg, size_t msg_size) {
     if (M <= 0) return 0;
     if (w && lc_acts_quantized(w->fmt))
-        return lc_qgemm(g, dt, 0, M, w, gu, &(const lc_qin){.kind = LC_IN_SWIGLU}, y, scratch,
+        return lc_qgemm(g, dt, 0, M, w, gu, &(const lc_qin){.kind = LC_IN_SWIGLU}, y, NULL, NULL, scratch,
                         scratch_bytes, s, msg, msg_size);
     if (!w || w->K % 8) {
         if (msg && msg_size) snprintf(msg, msg_size, "SwiGLU + quantized GEMM: %s", w ? "K % 8 != 0" : "no weight");
@@ -334,5 +360,5 @@ int loom_cuda_qgemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const 
         if (msg && msg_size) snprintf(msg, msg_size, "swiglu launch failed: %s", cudaGetErrorString(e));
         return 10000 + (int)e;
     }
-    return lc_qgemm(g, dt, 0, M, w, act, &lc_in_x, y, scratch, scratch_bytes, s, msg, msg_size);
+    return lc_qgemm(g, dt, 0, M, w, act, &lc_in_x, y, NULL, NULL, scratch, scratch_bytes, s, msg, msg_size);
 }

@@ -49,9 +49,11 @@
  * For larger M qgemm.c hands the work to qmma.cu or cuBLASLt.
  */
 #include "common.cuh"
+#include "epilogue.cuh"
 
 #include <cuda_fp8.h>
 
+#include "gemv.h" /* lc_early_weights, lc_epi_count */
 #include "qgemm.h"
 
 #define LC_QGEMV_WARPS 4
@@ -258,17 +260,23 @@ __device__ __forceinline__ void lc_qgemv_pass(const uint4 (&wv)[U][R], const T *
 
 /* x (M, K) dt for W8A16 / INT4; xq (M, K) int8 / e4m3 codes and sx (M)
  * for W8A8 / FP8. wd: (N, row_bytes) data; sc: scales as in
- * loom_cuda_qweight. y (M, N) dt or f32. */
-template <typename T, int FMT, int M, int R, int U, bool F32>
+ * loom_cuda_qweight. y (M, N) dt or f32. PAIR (M = 1, y dt): the rows in
+ * pairs (n, n + P) and epi applied to them (epilogue.cuh) — each row's sum
+ * as without. */
+template <typename T, int FMT, int M, int R, int U, bool F32, bool PAIR = false>
 __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
     lc_qgemv_kernel(const T *__restrict__ x, const uint8_t *__restrict__ xq,
                     const float *__restrict__ sx, const uint8_t *__restrict__ wd,
                     const float *__restrict__ sc, void *__restrict__ y, int N, int K, int group,
-                    int pf, int early) {
+                    int pf, int early, int P, loom_cuda_epi epi) {
+    static_assert(!PAIR || (M == 1 && !F32 && LC_QGEMV_WARPS == LC_EPI_WARPS), "pair epilogue: one dt row");
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     constexpr bool EARLY = LC_QGEMV_EARLY(FMT, M);
     const int lane = threadIdx.x & 31;
-    const int n0 = (blockIdx.x * LC_QGEMV_WARPS + (threadIdx.x >> 5)) * R;
+    bool live = true;
+    const int n0 = PAIR ? lc_epi_row0(R, P, N, threadIdx.x >> 5, &live)
+                        : (blockIdx.x * LC_QGEMV_WARPS + (threadIdx.x >> 5)) * R;
+    if (!PAIR) live = n0 < N;
     const size_t row_bytes = I4 ? (size_t)K / 2 : (size_t)K;
     const int nc = (int)(row_bytes / 16); /* 16-byte chunks per row */
     int nr[R];                            /* row of each slot (clamped: read, never stored) */
@@ -280,15 +288,15 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
          * into registers before the wait, while the kernel before still
          * runs (no kernel writes a weight) — the loop below starts on them */
         lc_qgemv_rows<R>(n0, N, wd, row_bytes, nr, wr);
-        pre = early && n0 < N;
+        pre = early && live;
         if (pre) lc_qgemv_load<U, R>(wv, wr, lane, nc);
     }
     /* else the warp's R rows of codes are contiguous: ask L2 for them first */
-    if (!pre && pf && n0 < N)
+    if (!pre && pf && live)
         lc_prefetch_rows(wd + (size_t)n0 * row_bytes, N - n0 < R ? N - n0 : R, row_bytes, lane);
     lc_pdl_wait();
     lc_pdl_trigger();
-    if (n0 >= N) return;
+    if (!PAIR && !live) return; /* PAIR: every warp reaches lc_epi_finish's barrier */
     if constexpr (!EARLY) lc_qgemv_rows<R>(n0, N, wd, row_bytes, nr, wr);
     const int groups = I4 ? K / group : 1;
     float acc[R][M];
@@ -328,6 +336,19 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
                 else
                     acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
             }
+    if constexpr (PAIR) { /* the sums as the store below forms them (n0 + r < N here) */
+        float sum[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int n = n0 + r;
+            if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A16) sum[r] = acc[r][0] * sc[n];
+            else if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A8) sum[r] = (float)iacc[r][0] * (sx[0] * sc[n]);
+            else if constexpr (FMT == LOOM_CUDA_Q_FP8) sum[r] = acc[r][0] * (sx[0] * sc[n]);
+            else sum[r] = acc[r][0];
+        }
+        lc_epi_finish<T, R>(epi, y, P, N, sum);
+        return;
+    }
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -368,7 +389,34 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
                      0, s, static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
                      static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group,
                      early ? 0 : lc_weight_prefetch((size_t)w->N * (I4 ? (size_t)w->K / 2 : (size_t)w->K)),
-                     early);
+                     early, 0, loom_cuda_epi{});
+}
+
+/* lc_qgemv_m at M = 1 with the pair epilogue (same R, U and loads). */
+template <typename T, int FMT>
+static cudaError_t lc_qgemv_pair(const loom_cuda_qweight *w, const void *x, const void *xq, const float *sx,
+                                 void *y, int P, const loom_cuda_epi *epi, cudaStream_t s) {
+    constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
+    constexpr int R = I4 ? 4 : 2, U = 4;
+    const unsigned grid = (unsigned)((w->N / 2 + 2 * R - 1) / (2 * R));
+    const int early = LC_QGEMV_EARLY(FMT, 1) && lc_early_weights();
+    return lc_launch(lc_qgemv_kernel<T, FMT, 1, R, U, false, true>, dim3(grid), dim3(LC_QGEMV_WARPS * 32), 0, s,
+                     static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
+                     static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group,
+                     early ? 0 : lc_weight_prefetch((size_t)w->N * (I4 ? (size_t)w->K / 2 : (size_t)w->K)),
+                     early, P, *epi);
+}
+
+template <typename T>
+static cudaError_t lc_qgemv_pair_t(const loom_cuda_qweight *w, const void *x, const void *xq, const float *sx,
+                                   void *y, int P, const loom_cuda_epi *epi, cudaStream_t s) {
+    switch (w->fmt) {
+    case LOOM_CUDA_Q_INT8_W8A16: return lc_qgemv_pair<T, LOOM_CUDA_Q_INT8_W8A16>(w, x, xq, sx, y, P, epi, s);
+    case LOOM_CUDA_Q_INT8_W8A8: return lc_qgemv_pair<T, LOOM_CUDA_Q_INT8_W8A8>(w, x, xq, sx, y, P, epi, s);
+    case LOOM_CUDA_Q_FP8: return lc_qgemv_pair<T, LOOM_CUDA_Q_FP8>(w, x, xq, sx, y, P, epi, s);
+    case LOOM_CUDA_Q_INT4: return lc_qgemv_pair<T, LOOM_CUDA_Q_INT4>(w, x, xq, sx, y, P, epi, s);
+    default: return cudaErrorNotSupported;
+    }
 }
 
 template <typename T, int FMT, bool F32>
@@ -399,6 +447,21 @@ static cudaError_t lc_qgemv_t(int M, const loom_cuda_qweight *w, const void *x, 
     case LOOM_CUDA_Q_INT4: return lc_qgemv_f<T, LOOM_CUDA_Q_INT4, F32>(M, w, x, xq, sx, y, s);
     default: return cudaErrorInvalidValue;
     }
+}
+
+extern "C" cudaError_t lc_qgemv_epi(loom_cuda_dt dt, const loom_cuda_qweight *w, const void *x, const void *xq,
+                                    const float *sx, void *y, const loom_cuda_epi *epi, int invariant,
+                                    cudaStream_t s) {
+    /* only where lc_qgemv would run this kernel at M = 1 */
+    const int P = lc_epi_p(epi, w->N);
+    if (!P || w->fmt == LOOM_CUDA_Q_GGUF || !loom_cuda_qweight_ok(w->fmt, w->K, w->group) ||
+        lc_qgemv_use_tc(w->fmt, w->K, w->group, 1, invariant) || (!invariant && lc_qgemv_bulk_ok(w)))
+        return cudaErrorNotSupported;
+    lc_qgemv_count_cc();
+    const cudaError_t e = dt == LOOM_CUDA_F16 ? lc_qgemv_pair_t<__half>(w, x, xq, sx, y, P, epi, s)
+                                              : lc_qgemv_pair_t<__nv_bfloat16>(w, x, xq, sx, y, P, epi, s);
+    if (e == cudaSuccess) lc_epi_count();
+    return e;
 }
 
 extern "C" cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
@@ -439,7 +502,7 @@ __device__ __forceinline__ void lc_qact_load8(const T *__restrict__ x, const flo
         lc_unpack8<T>(lc_ldg16(g), gf);
         lc_unpack8<T>(lc_ldg16(g + K), uf);
 #pragma unroll
-        for (int e = 0; e < 8; e++) v[e] = gf[e] / (1.0f + __expf(-gf[e])) * uf[e];
+        for (int e = 0; e < 8; e++) v[e] = lc_silu_mul(gf[e], uf[e]);
         lc_unpack8<T>(lc_pack8<T>(v), v);
     } else {
         lc_unpack8<T>(lc_ldg16(x + (size_t)m * K + (size_t)c * 8), v);

@@ -23,6 +23,14 @@ cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweigh
                      const void *x, const void *xq, const float *sx, void *y, int invariant,
                      cudaStream_t s);
 
+/* lc_qgemv at M = 1 with epi's pair epilogue fused (cuda_kernels.h:
+ * loom_cuda_epi; qgemm.cu's CUDA-core kernel), or cudaErrorNotSupported
+ * where lc_qgemv would not run that kernel (tensor-core, bulk, GGUF) or
+ * the output rows do not pair — the caller then runs lc_qgemv and the
+ * separate kernel. */
+cudaError_t lc_qgemv_epi(loom_cuda_dt dt, const loom_cuda_qweight *w, const void *x, const void *xq,
+                         const float *sx, void *y, const loom_cuda_epi *epi, int invariant, cudaStream_t s);
+
 /* Whether lc_qgemv hands M rows to the tensor-core GEMV (qgemv_tc.cu): W8A8
  * / FP8 with K % 64 == 0 at M >= 2 and INT4 with K and group multiples of
  * 128 at M >= 3 (LOOM_CUDA_QGEMV_TC_MIN_M sets both), never in

@@ -1411,6 +1411,141 @@ static void test_early_weights_bits(loom_cuda_gemm *g) {
     lc_qgemv_bulk_set(bulk0);
 }
 
+/* The one-row GEMVs' pair epilogues (cuda_kernels.h: loom_cuda_epi) change
+ * which kernel does the work, never its bits: with fusing on and off, the
+ * same y, act and KV caches, bit for bit, for bf16 weights and every
+ * quantized format, bf16 / f16. RoPE + KV write: Llama-3-8B's heads (32 /
+ * 8 of 128) and small ones (4 / 2 of 64, 6 / 6 of 16), with and without
+ * the QKV bias, dt and E4M3 caches, a token with a slot and one without
+ * (slot -1: no cache write); SwiGLU: a Llama-3-8B-sized gate|up and a
+ * small one. The fused launch must have run (loom_cuda_epi_fused_count)
+ * with fusing on and not with it off. W8A8 / FP8 go through the norm-quantize entry point, as a step
+ * does; the residual is left as it is (r NULL) so both runs see one x. */
+static void test_pair_epilogue(loom_cuda_gemm *g) {
+    static const struct { int kind, H, KVH, D, K, bias, f8, slot; } cases[] = {
+        {LOOM_CUDA_EPI_ROPE_KV, 32, 8, 128, 4096, 0, 0, 1}, {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 0, 1},
+        {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 1, 1},    {LOOM_CUDA_EPI_ROPE_KV, 6, 6, 16, 256, 0, 1, 0},
+        {LOOM_CUDA_EPI_SWIGLU, 14336, 0, 0, 4096, 0, 0, 0},
+        {LOOM_CUDA_EPI_SWIGLU, 1536, 0, 0, 576, 0, 0, 0},
+    };
+    static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
+                                           LOOM_CUDA_Q_FP8, LOOM_CUDA_Q_INT4};
+    const int tc0 = lc_qgemv_get_tc(), bulk0 = lc_qgemv_bulk_get();
+    lc_qgemv_bulk_set(0); /* as the engine's default dispatch */
+    lc_qgemv_set_tc(-1);
+    char msg[256] = "", name[240];
+    const int bs = 16, nblk = 4, max_pos = 512;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const bool rope = cases[ci].kind == LOOM_CUDA_EPI_ROPE_KV;
+        const int H = cases[ci].H, KVH = cases[ci].KVH, D = cases[ci].D, K = cases[ci].K;
+        const int N = rope ? (H + 2 * KVH) * D : 2 * H, I = H;
+        const size_t kve = cases[ci].f8 ? 1 : 2, cache = rope ? (size_t)nblk * KVH * bs * D : 0;
+        /* RoPE table of random angles' cos / sin, a position, a slot */
+        float *cs = malloc((size_t)max_pos * (D > 0 ? D : 2) * 4), *bias = malloc((size_t)N * 4);
+        for (int i = 0; i < max_pos * (D > 0 ? D : 2) / 2; i++) {
+            const float a = rng_unif(-3.2f, 3.2f);
+            cs[2 * i] = cosf(a), cs[2 * i + 1] = sinf(a);
+        }
+        for (int i = 0; i < N; i++) bias[i] = rng_unif(-0.5f, 0.5f);
+        const int32_t pos = rng_int(max_pos);
+        const int64_t slot = cases[ci].slot ? rng_int(nblk * bs) : -1;
+        void *d_cs = dev_upload(cs, (size_t)max_pos * (D > 0 ? D : 2) * 4), *d_bias = dev_upload(bias, (size_t)N * 4);
+        void *d_pos = dev_upload(&pos, 4), *d_slot = dev_upload(&slot, 8);
+        for (int di = 0; di < 2; di++) {
+            const loom_cuda_dt dt = di ? LOOM_CUDA_F16 : LOOM_CUDA_BF16;
+            float *xres = malloc((size_t)K * 4), *nw = malloc((size_t)K * 4);
+            for (int k = 0; k < K; k++) xres[k] = rng_unif(-2, 2), nw[k] = rng_unif(0.5f, 1.5f);
+            uint16_t *xn = rand16(dt, (size_t)K, -1, 1, NULL), *wb = NULL;
+            float *d_xres = dev_upload(xres, (size_t)K * 4), *d_nw = dev_upload(nw, (size_t)K * 4);
+            void *d_xn = dev_upload(xn, (size_t)K * 2);
+            for (int fi = 0; fi < 5; fi++) {
+                const loom_cuda_qfmt f = fmts[fi];
+                const bool i4 = f == LOOM_CUDA_Q_INT4;
+                if (i4 && K % 128) continue;
+                loom_cuda_qweight qw = {.fmt = f, .N = N, .K = K, .group = i4 ? 128 : 0};
+                void *d_w = NULL, *d_sc = NULL;
+                if (f == LOOM_CUDA_Q_NONE) {
+                    wb = rand16(dt, (size_t)N * K, -0.05f, 0.05f, NULL);
+                    d_w = dev_upload(wb, (size_t)N * K * 2);
+                    free(wb);
+                } else {
+                    const size_t wbytes = i4 ? (size_t)N * K / 2 : (size_t)N * K;
+                    const size_t nsc = i4 ? (size_t)N * (K / 128) * 2 : (size_t)N;
+                    uint8_t *data = malloc(i4 ? (size_t)N * K : wbytes);
+                    float *sc = malloc(nsc * 4);
+                    if (i4) {
+                        for (size_t i = 0; i < wbytes; i++) data[i] = (uint8_t)rng_int(256);
+                        for (size_t i = 0; i < nsc; i++) sc[i] = rng_unif(-0.01f, 0.01f);
+                    } else {
+                        rand_q8_weight(f, N, K, data, sc);
+                    }
+                    d_w = dev_upload(data, wbytes), d_sc = dev_upload(sc, nsc * 4);
+                    qw.data = d_w, qw.scales = d_sc;
+                    free(data), free(sc);
+                }
+                const size_t scr = f == LOOM_CUDA_Q_NONE ? 0 : loom_cuda_qgemm_scratch_bytes(g, dt, 0, &qw, 1);
+                void *d_scr = scr ? dev_poison(scr) : NULL;
+                /* per run: y, act / k, v caches, copied back */
+                char *out[2][3] = {{0}};
+                const size_t sz[3] = {(size_t)N * 2, rope ? cache * kve : (size_t)I * 2, rope ? cache * kve : 0};
+                long fused[2] = {0, 0};
+                int rc = 0;
+                for (int run = 0; run < 2 && !rc; run++) { /* fused, then not */
+                    loom_cuda_epi_fuse_set(run == 0 ? LOOM_CUDA_EPI_ALL : 0);
+                    void *d_y = dev_poison(sz[0]), *d_a = dev_poison(sz[1] ? sz[1] : 16),
+                         *d_v = dev_poison(sz[2] ? sz[2] : 16);
+                    loom_cuda_epi e = {.kind = (loom_cuda_epi_kind)cases[ci].kind};
+                    if (rope)
+                        e = (loom_cuda_epi){.kind = LOOM_CUDA_EPI_ROPE_KV,
+                                            .kv = cases[ci].f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT,
+                                            .bias = cases[ci].bias ? d_bias : NULL, .cs = d_cs, .pos = d_pos,
+                                            .slot = d_slot, .k_cache = d_a, .v_cache = d_v, .num_heads = H,
+                                            .num_kv_heads = KVH, .head_dim = D, .block_size = bs};
+                    else
+                        e.act = d_a;
+                    const long c0 = loom_cuda_epi_fused_count();
+                    rc = f == LOOM_CUDA_Q_NONE
+                             ? loom_cuda_gemm_epi_run(g, dt, 1, N, K, d_xn, d_w, d_y, &e, 0, msg, sizeof msg)
+                             : loom_cuda_qgemm_norm_epi_run(g, dt, 1, &qw, d_xres, NULL, d_nw, 1e-5f, d_xn, d_y, &e,
+                                                            d_scr, scr, 0, msg, sizeof msg);
+                    CK(cudaDeviceSynchronize());
+                    fused[run] = loom_cuda_epi_fused_count() - c0;
+                    void *dev[3] = {d_y, d_a, d_v};
+                    for (int b = 0; b < 3; b++) {
+                        out[run][b] = malloc(sz[b] ? sz[b] : 1);
+                        if (sz[b]) CK(cudaMemcpy(out[run][b], dev[b], sz[b], cudaMemcpyDeviceToHost));
+                    }
+                    cudaFree(d_y), cudaFree(d_a), cudaFree(d_v);
+                }
+                long differ = rc ? 1 : 0;
+                for (int b = 0; b < 3 && !rc; b++) differ += bits_differ(out[0][b], out[1][b], sz[b], 1);
+                /* the fused launch ran with fusing on, never with it off */
+                if (fused[0] != 1 || fused[1] != 0) differ++;
+                /* something was written: y has no poison left */
+                if (!rc) differ += count_nan(dt, out[0][0], (size_t)N, 2);
+                snprintf(name, sizeof name,
+                         "pair epilogue %s %s %s N=%d K=%d%s%s%s: fused = separate kernel, bit for bit",
+                         rope ? "rope_kv" : "swiglu", dtn(dt), f == LOOM_CUDA_Q_NONE ? "bf16-weights" : qfmt_name(f),
+                         N, K, rope && cases[ci].bias ? " bias" : "", rope && cases[ci].f8 ? " e4m3-KV" : "",
+                         rope && slot < 0 ? " no slot" : "");
+                if (rc) printf("      error: %s\n", msg);
+                if (fused[0] != 1 || fused[1]) printf("      fused launches %ld / %ld\n", fused[0], fused[1]);
+                report_bits(name, differ, 1);
+                for (int r = 0; r < 2; r++)
+                    for (int b = 0; b < 3; b++) free(out[r][b]);
+                cudaFree(d_w), cudaFree(d_sc), cudaFree(d_scr);
+            }
+            cudaFree(d_xres), cudaFree(d_nw), cudaFree(d_xn);
+            free(xres), free(nw), free(xn);
+        }
+        cudaFree(d_cs), cudaFree(d_bias), cudaFree(d_pos), cudaFree(d_slot);
+        free(cs), free(bias);
+    }
+    loom_cuda_epi_fuse_set(-1);
+    lc_qgemv_set_tc(tc0);
+    lc_qgemv_bulk_set(bulk0);
+}
+
 /* One row of x on qgemv_bulk.cu's kernel (bulk-copy staging, tensor
  * cores, persistent CTAs) against the float64 reference (test_qgemm,
  * float32 output held to 1e-4): W8A16, FP8 and INT4 (groups 128 .. 2048),
@@ -2527,6 +2662,7 @@ linear:;
         test_qgemm_qmma(g);
         test_qgemm_bulk(g);
         test_early_weights_bits(g);
+        test_pair_epilogue(g);
         test_qgemm_scratch_bound(g);
         test_qgemm_gguf_all(g);
         loom_cuda_gemm_destroy(g);

@@ -257,19 +257,25 @@ static loom_status cb_gemm(cuda_backend *b, bool out_f32, int32_t M, int32_t N, 
 /* y (T, N) = rmsnorm(x (+)= r) @ W^T (QKV, gate|up): add_rmsnorm into xn
  * then the GEMM; a quantized weight goes to loom_cuda_qgemm_norm_run, where
  * W8A8 / FP8 quantize the normalised rows inside the norm kernel (xn is not
- * written then: nothing after these GEMMs reads it). */
+ * written then: nothing after these GEMMs reads it). epi (NULL: none): the
+ * kernel that follows (RoPE + KV write, SwiGLU), which a one-row GEMV does
+ * itself (cuda_kernels.h: loom_cuda_epi). */
 static loom_status cb_norm_gemm(cuda_backend *b, int32_t T, int32_t N, const float *norm_w, const void *r,
-                                const void *w, const loom_cuda_qweight *q, void *y, const char *what,
-                                loom_error *err) {
+                                const void *w, const loom_cuda_qweight *q, void *y, const loom_cuda_epi *epi,
+                                const char *what, loom_error *err) {
     const int32_t H = b->mc.hidden_size;
+    char msg[256] = "";
+    int rc;
     if (!q || q->fmt == LOOM_CUDA_Q_NONE) {
         loom_status st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, r, norm_w, NULL, T, H,
                                                                b->mc.rms_norm_eps, b->stream));
-        return st ? st : cb_gemm(b, false, T, N, H, b->xn, w, q, y, what, err);
+        if (st) return st;
+        if (!epi) return cb_gemm(b, false, T, N, H, b->xn, w, q, y, what, err);
+        rc = loom_cuda_gemm_epi_run(b->gemm, b->dt, T, N, H, b->xn, w, y, epi, b->stream, msg, sizeof msg);
+    } else {
+        rc = loom_cuda_qgemm_norm_epi_run(b->gemm, b->dt, T, q, b->x, r, norm_w, b->mc.rms_norm_eps, b->xn, y, epi,
+                                          b->qscratch, b->qscratch_bytes, b->stream, msg, sizeof msg);
     }
-    char msg[256] = "";
-    int rc = loom_cuda_qgemm_norm_run(b->gemm, b->dt, T, q, b->x, r, norm_w, b->mc.rms_norm_eps, b->xn, y,
-                                      b->qscratch, b->qscratch_bytes, b->stream, msg, sizeof msg);
     if (rc == 0) return LOOM_OK;
     (void)cudaGetLastError();
     return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE, "backend cuda (device %d): %s GEMM (%d x %d x %d): %s",
@@ -305,14 +311,36 @@ static loom_status cb_all_reduce(cuda_backend *b, void *buf, int64_t count, loom
                                   err);
 }
 
+/* Whether a one-token step fuses SwiGLU into the gate|up GEMV for a layer
+ * whose down projection is q: not when that is a W8A16 / INT4 / GGUF
+ * one-row GEMV, which then follows the gate|up GEMV directly — measured
+ * slower on the H200 (one Llama-3-8B layer in a CUDA graph: W8A16 82.6 ->
+ * 87.8 us, INT4 67.9 -> 71.4; the engine's W8A16 batch 1 2.873 -> 3.068 ms
+ * a token; bf16 126.4 -> 123.5, W8A8 79.6 -> 77.9 with RoPE fused too;
+ * FP8 even; bench/results/h200-2026-12-02-s11/c; why the back-to-back
+ * quantized GEMVs lose is not established). W8A8 / FP8 keep their
+ * activation quantization between the two. */
+static bool cb_swiglu_fuses(const loom_cuda_qweight *q) {
+    if (!loom_cuda_epi_fuses(LOOM_CUDA_EPI_SWIGLU)) return false;
+    return !q || q->fmt == LOOM_CUDA_Q_NONE || q->fmt == LOOM_CUDA_Q_INT8_W8A8 || q->fmt == LOOM_CUDA_Q_FP8;
+}
+
 /* Enqueue the embedding and every layer for p->T rows. Leaves the residual
  * stream in x and the last layer's down projection in r (sharded: both
- * already summed over the ranks). */
+ * already summed over the ranks). A one-token step (batch-1 decode) hands
+ * RoPE + KV write — and SwiGLU where it pays (cb_swiglu_fuses) — to the
+ * QKV and gate|up GEMVs (pair epilogues, cuda_kernels.h: loom_cuda_epi; a
+ * launch and a kernel boundary fewer each, the same bits; in a CUDA graph
+ * on the H200 the separate kernels cost ~2.2 us each of a Llama-3-8B
+ * layer, bench/results/h200-2026-12-02-s11/c); the down projection then
+ * reads act, which the epilogue wrote. */
 static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_error *err) {
     const loom_model_config *c = &b->mc;
     const int32_t T = p->T, H = c->hidden_size, I = c->intermediate_size;
     const int32_t QKV = b->qkv_rows, QD = b->q_dim;
     cudaStream_t s = b->stream;
+    /* the pair epilogues (above); LOOM_CUDA_FUSE_EPILOGUE=0: the step as before them */
+    const bool rope1 = T == 1 && loom_cuda_epi_fuses(LOOM_CUDA_EPI_ROPE_KV);
     loom_status st;
     if ((st = CB_CUDA(b, err, loom_cuda_embedding(b->dt, b->x, b->embed, p->ids, T, H, s))) ||
         (st = cb_all_reduce(b, b->x, (int64_t)T * H, LOOM_DTYPE_F32, err)))
@@ -327,12 +355,17 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
         const cuda_layer *ly = &b->layers[l];
         void *kc = b->pools[l], *vc = b->pools[c->num_layers + l];
         /* attention block: (T, H) -> (T, QKV) -> (T, QD) -> r (T, H) */
+        const loom_cuda_epi rope = {.kind = LOOM_CUDA_EPI_ROPE_KV, .kv = b->kv, .bias = ly->bqkv,
+                                    .cs = b->rope_cs, .pos = p->pos, .slot = p->slot, .k_cache = kc,
+                                    .v_cache = vc, .num_heads = c->num_heads, .num_kv_heads = c->num_kv_heads,
+                                    .head_dim = c->head_dim, .block_size = b->kv_layout.block_size};
         if ((st = cb_norm_gemm(b, T, QKV, ly->attn_norm, l ? b->r : NULL, ly->wqkv, &ly->q[CB_G_QKV], b->qkv,
-                               "QKV", err)) ||
-            (st = CB_CUDA(b, err, loom_cuda_rope_kv(b->dt, b->kv, b->qkv, QKV, ly->bqkv, b->rope_cs,
-                                                    p->pos, p->slot, kc, vc, T, c->num_heads,
-                                                    c->num_kv_heads, c->head_dim,
-                                                    b->kv_layout.block_size, s))))
+                               rope1 ? &rope : NULL, "QKV", err)))
+            return st;
+        if (!rope1 && (st = CB_CUDA(b, err, loom_cuda_rope_kv(b->dt, b->kv, b->qkv, QKV, ly->bqkv, b->rope_cs,
+                                                            p->pos, p->slot, kc, vc, T, c->num_heads,
+                                                            c->num_kv_heads, c->head_dim,
+                                                            b->kv_layout.block_size, s))))
             return st;
         aa.k_cache = kc, aa.v_cache = vc;
         if (b->cfg.batch_invariant) { /* one token per tile, all in one of the lists */
@@ -350,11 +383,14 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
         }
         /* FFN block: x += r; (T, H) -> (T, 2I) -> (T, I) -> r (T, H). The
          * row-parallel GEMMs' partial r are summed over ranks (sharded) */
+        const loom_cuda_epi swiglu = {.kind = LOOM_CUDA_EPI_SWIGLU, .act = b->act};
+        const bool swiglu1 = T == 1 && cb_swiglu_fuses(&ly->q[CB_G_DOWN]);
         if ((st = cb_gemm(b, false, T, H, QD, b->att, ly->wo, &ly->q[CB_G_O], b->r, "attn_output", err)) ||
             (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)) ||
-            (st = cb_norm_gemm(b, T, 2 * I, ly->ffn_norm, b->r, ly->wgu, &ly->q[CB_G_GU], b->gu, "ffn_gate_up",
-                               err)) ||
-            (st = cb_swiglu_down(b, T, ly->wdown, &ly->q[CB_G_DOWN], err)) ||
+            (st = cb_norm_gemm(b, T, 2 * I, ly->ffn_norm, b->r, ly->wgu, &ly->q[CB_G_GU], b->gu,
+                               swiglu1 ? &swiglu : NULL, "ffn_gate_up", err)) ||
+            (st = swiglu1 ? cb_gemm(b, false, T, H, I, b->act, ly->wdown, &ly->q[CB_G_DOWN], b->r, "ffn_down", err)
+                      : cb_swiglu_down(b, T, ly->wdown, &ly->q[CB_G_DOWN], err)) ||
             (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)))
             return st;
     }
