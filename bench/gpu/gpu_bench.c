@@ -357,6 +357,29 @@ static void *dev_rand(size_t n16) { /* n16 random bf16 in +-[0.0078, 0.0156) */
     return d;
 }
 
+/* Median time (ms) of 15 replays of graph gr on stream st after 2
+ * warm-ups, CUDA events around each launch. */
+static double graph_ms(cudaGraph_t gr, cudaStream_t st) {
+    cudaGraphExec_t ex;
+    CK(cudaGraphInstantiate(&ex, gr, 0));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double t[15];
+    for (int i = -2; i < 15; i++) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ex, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 0) t[i] = ms;
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaGraphExecDestroy(ex);
+    return median(t, 15);
+}
+
 /* ------------------------------------------------ quantized linears */
 
 /* One Llama-3-8B layer's four linear layers (QKV 6144 x 4096, O 4096 x
@@ -674,22 +697,7 @@ static void bench_quant_chain(int M, bool mixed) {
             continue;
         }
         const bool bulk = lc_qgemv_bulk_count() > b0;
-        cudaGraphExec_t ex;
-        CK(cudaGraphInstantiate(&ex, gr, 0));
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        double t[15];
-        for (int i = -2; i < 15; i++) {
-            CK(cudaEventRecord(e0, st));
-            CK(cudaGraphLaunch(ex, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            if (i >= 0) t[i] = ms;
-        }
-        const double us = median(t, 15) * 1e3 / DEPTH;
+        const double us = graph_ms(gr, st) * 1e3 / DEPTH;
         if (fi == 0) bf16_us = us;
         const double ref_us = bf16_us;
         char label[32], nm[96];
@@ -705,8 +713,7 @@ static void bench_quant_chain(int M, bool mixed) {
             snprintf(qr->fmt, sizeof qr->fmt, "%s_%s", mixed ? "mixed" : "chain", label);
             qr->M = M, qr->ms = us * 1e-3, qr->bf16_ms = ref_us * 1e-3;
         }
-        cudaEventDestroy(e0), cudaEventDestroy(e1);
-        cudaGraphExecDestroy(ex), cudaGraphDestroy(gr);
+        cudaGraphDestroy(gr);
         for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
         cudaFree(scratch);
     }
@@ -905,22 +912,7 @@ static void bench_decode_layer(int ctx) {
             else if (cudaStreamEndCapture(st, &gr) != cudaSuccess && !rc) rc = -1;
         }
         if (!rc) {
-            cudaGraphExec_t ex;
-            CK(cudaGraphInstantiate(&ex, gr, 0));
-            cudaEvent_t e0, e1;
-            CK(cudaEventCreate(&e0));
-            CK(cudaEventCreate(&e1));
-            double t[15];
-            for (int i = -2; i < 15; i++) {
-                CK(cudaEventRecord(e0, st));
-                CK(cudaGraphLaunch(ex, st));
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                if (i >= 0) t[i] = ms;
-            }
-            const double us = median(t, 15) * 1e3 / DEPTH;
+            const double us = graph_ms(gr, st) * 1e3 / DEPTH;
             if (vi == 0) full_us = us;
             char nm[96];
             snprintf(nm, sizeof nm, "llama3-8b decode layer ctx %d %s", ctx, vars[vi].name);
@@ -939,8 +931,6 @@ static void bench_decode_layer(int ctx) {
                     if (*s == ' ' || *s == ',') *s = '_';
                 qr->M = 1, qr->ms = us * 1e-3, qr->bf16_ms = full_us * 1e-3;
             }
-            cudaEventDestroy(e0), cudaEventDestroy(e1);
-            cudaGraphExecDestroy(ex);
         } else {
             printf("    %-34s ERROR: %s\n", vars[vi].name, rc == -1 ? "capture failed" : msg);
             (void)cudaGetLastError();
