@@ -173,7 +173,7 @@ static int lc_gemv_passes(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_q
             return 0;
         }
         if (e != cudaErrorNotSupported) return lc_cuda_fail(e, "quantized GEMV (fused epilogue) launch", w, 1, msg, n);
-        (void)cudaGetLastError();
+        /* declined: nothing was launched, so no error state to clear */
     }
     for (int m0 = 0; m0 < M; m0 += LC_QGEMV_MAX_M) {
         const int mc = M - m0 < LC_QGEMV_MAX_M ? M - m0 : LC_QGEMV_MAX_M;
@@ -210,6 +210,7 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
                     void *scratch, size_t scratch_bytes, cudaStream_t s, char *msg, size_t msg_size) {
     if (M <= 0) return 0;
     out_f32 = out_f32 ? 1 : 0;
+    if (M != 1) epi = NULL; /* a one-row call only (not the last one-row chunk of a longer one) */
     if (!loom_cuda_qweight_valid(w, msg, msg_size)) return 10000 + (int)cudaErrorInvalidValue;
     const size_t need = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, w, M);
     if (scratch_bytes < need) {

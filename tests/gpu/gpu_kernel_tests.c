@@ -1546,6 +1546,113 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
     lc_qgemv_bulk_set(bulk0);
 }
 
+/* Where the one-row CUDA-core GEMV is not what runs, the pair epilogue
+ * entry points must not fuse and must still finish every row: three rows
+ * (bf16 weights; W8A8 through the norm-quantize entry point) and one row
+ * on the bulk-copy kernel (W8A16, FP8, INT4) — with fusing on, no fused
+ * launch and the bits of fusing off; the three-row RoPE also against
+ * loom_cuda_gemm_run + loom_cuda_rope_kv called by hand. Llama-3-8B's QKV
+ * shape, three tokens at positions in three cache blocks. */
+static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
+    const int H = 32, KVH = 8, D = 128, K = 4096, N = (H + 2 * KVH) * D, bs = 16, nblk = 8, max_pos = 512;
+    const loom_cuda_dt dt = LOOM_CUDA_BF16;
+    const int bulk0 = lc_qgemv_bulk_get();
+    char msg[256] = "", name[200];
+    float *cs = malloc((size_t)max_pos * D * 4);
+    for (int i = 0; i < max_pos * D / 2; i++) {
+        const float a = rng_unif(-3.2f, 3.2f);
+        cs[2 * i] = cosf(a), cs[2 * i + 1] = sinf(a);
+    }
+    const int32_t pos[3] = {rng_int(max_pos), rng_int(max_pos), rng_int(max_pos)};
+    const int64_t slot[3] = {3, bs + 7, 5 * bs + 1};
+    void *d_cs = dev_upload(cs, (size_t)max_pos * D * 4), *d_pos = dev_upload(pos, sizeof pos);
+    void *d_slot = dev_upload(slot, sizeof slot);
+    float *xres = malloc((size_t)3 * K * 4), *nw = malloc((size_t)K * 4);
+    for (int k = 0; k < 3 * K; k++) xres[k] = rng_unif(-2, 2);
+    for (int k = 0; k < K; k++) nw[k] = rng_unif(0.5f, 1.5f);
+    uint16_t *xn = rand16(dt, (size_t)3 * K, -1, 1, NULL), *wb = rand16(dt, (size_t)N * K, -0.05f, 0.05f, NULL);
+    float *d_xres = dev_upload(xres, (size_t)3 * K * 4), *d_nw = dev_upload(nw, (size_t)K * 4);
+    void *d_xn = dev_upload(xn, (size_t)3 * K * 2), *d_wb = dev_upload(wb, (size_t)N * K * 2);
+    const size_t cache = (size_t)nblk * KVH * bs * D * 2;
+    static const struct { loom_cuda_qfmt f; int M, bulk; } cases[] = {
+        {LOOM_CUDA_Q_NONE, 3, 0},        {LOOM_CUDA_Q_INT8_W8A8, 3, 0}, {LOOM_CUDA_Q_INT8_W8A16, 1, 1},
+        {LOOM_CUDA_Q_FP8, 1, 1},          {LOOM_CUDA_Q_INT4, 1, 1},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const loom_cuda_qfmt f = cases[ci].f;
+        const int M = cases[ci].M;
+        const bool i4 = f == LOOM_CUDA_Q_INT4;
+        loom_cuda_qweight qw = {.fmt = f, .N = N, .K = K, .group = i4 ? 128 : 0};
+        void *d_w = NULL, *d_sc = NULL;
+        if (f != LOOM_CUDA_Q_NONE) {
+            const size_t wbytes = i4 ? (size_t)N * K / 2 : (size_t)N * K, nsc = i4 ? (size_t)N * (K / 128) * 2 : N;
+            uint8_t *data = malloc((size_t)N * K);
+            float *sc = malloc(nsc * 4);
+            if (i4) {
+                for (size_t i = 0; i < wbytes; i++) data[i] = (uint8_t)rng_int(256);
+                for (size_t i = 0; i < nsc; i++) sc[i] = rng_unif(-0.01f, 0.01f);
+            } else {
+                rand_q8_weight(f, N, K, data, sc);
+            }
+            d_w = dev_upload(data, wbytes), d_sc = dev_upload(sc, nsc * 4);
+            qw.data = d_w, qw.scales = d_sc;
+            free(data), free(sc);
+        }
+        const size_t scr = f == LOOM_CUDA_Q_NONE ? 0 : loom_cuda_qgemm_scratch_bytes(g, dt, 0, &qw, M);
+        void *d_scr = scr ? dev_poison(scr) : NULL;
+        lc_qgemv_bulk_set(cases[ci].bulk);
+        const size_t sz[3] = {(size_t)M * N * 2, cache, cache};
+        char *out[3][3] = {{0}};
+        long fused[3] = {0, 0, 0};
+        int rc = 0;
+        /* run 0: fusing on; 1: off; 2 (bf16 only): GEMM + rope_kv by hand */
+        for (int run = 0; run < (f == LOOM_CUDA_Q_NONE ? 3 : 2) && !rc; run++) {
+            loom_cuda_epi_fuse_set(run == 0 ? LOOM_CUDA_EPI_ALL : 0);
+            void *d_y = dev_poison(sz[0]), *d_k = dev_poison(cache), *d_v = dev_poison(cache);
+            const loom_cuda_epi e = {.kind = LOOM_CUDA_EPI_ROPE_KV, .kv = LOOM_CUDA_KV_DT, .cs = d_cs, .pos = d_pos,
+                                     .slot = d_slot, .k_cache = d_k, .v_cache = d_v, .num_heads = H,
+                                     .num_kv_heads = KVH, .head_dim = D, .block_size = bs};
+            const long c0 = loom_cuda_epi_fused_count();
+            if (run == 2) {
+                rc = loom_cuda_gemm_run(g, dt, 0, M, N, K, d_xn, d_wb, d_y, 0, msg, sizeof msg);
+                if (!rc)
+                    CK(loom_cuda_rope_kv(dt, LOOM_CUDA_KV_DT, d_y, N, NULL, d_cs, d_pos, d_slot, d_k, d_v, M, H, KVH,
+                                         D, bs, 0));
+            } else {
+                rc = f == LOOM_CUDA_Q_NONE
+                         ? loom_cuda_gemm_epi_run(g, dt, M, N, K, d_xn, d_wb, d_y, &e, 0, msg, sizeof msg)
+                         : loom_cuda_qgemm_norm_epi_run(g, dt, M, &qw, d_xres, NULL, d_nw, 1e-5f, d_xn, d_y, &e,
+                                                        d_scr, scr, 0, msg, sizeof msg);
+            }
+            CK(cudaDeviceSynchronize());
+            fused[run] = loom_cuda_epi_fused_count() - c0;
+            void *dev[3] = {d_y, d_k, d_v};
+            for (int b = 0; b < 3; b++) {
+                out[run][b] = malloc(sz[b]);
+                CK(cudaMemcpy(out[run][b], dev[b], sz[b], cudaMemcpyDeviceToHost));
+            }
+            cudaFree(d_y), cudaFree(d_k), cudaFree(d_v);
+        }
+        long differ = rc ? 1 : 0;
+        for (int run = 1; run < 3 && !rc; run++)
+            for (int b = 0; b < 3 && out[run][0]; b++) differ += bits_differ(out[0][b], out[run][b], sz[b], 1);
+        if (fused[0] || fused[1]) differ++;
+        if (!rc) differ += count_nan(dt, out[0][0], (size_t)M * N, 2);
+        snprintf(name, sizeof name, "pair epilogue declined: rope_kv %s M=%d%s: no fused launch, every row done",
+                 f == LOOM_CUDA_Q_NONE ? "bf16-weights" : qfmt_name(f), M, cases[ci].bulk ? " (bulk kernel)" : "");
+        if (rc) printf("      error: %s\n", msg);
+        if (fused[0] || fused[1]) printf("      fused launches %ld / %ld\n", fused[0], fused[1]);
+        report_bits(name, differ, 1);
+        for (int r = 0; r < 3; r++)
+            for (int b = 0; b < 3; b++) free(out[r][b]);
+        cudaFree(d_w), cudaFree(d_sc), cudaFree(d_scr);
+    }
+    loom_cuda_epi_fuse_set(-1);
+    lc_qgemv_bulk_set(bulk0);
+    cudaFree(d_cs), cudaFree(d_pos), cudaFree(d_slot), cudaFree(d_xres), cudaFree(d_nw), cudaFree(d_xn), cudaFree(d_wb);
+    free(cs), free(xres), free(nw), free(xn), free(wb);
+}
+
 /* One row of x on qgemv_bulk.cu's kernel (bulk-copy staging, tensor
  * cores, persistent CTAs) against the float64 reference (test_qgemm,
  * float32 output held to 1e-4): W8A16, FP8 and INT4 (groups 128 .. 2048),
@@ -2436,7 +2543,7 @@ int main(int argc, char **argv) {
         printf("usage: gpu_kernel_tests [SEED]\n"
                "  every CUDA kernel against a float64 CPU reference on fresh random inputs (needs a GPU);\n"
                "  SEED repeats a run (each run prints its own). LOOM_GPU_KERNEL_TESTS=linear: the\n"
-               "  linear-layer tests only. Ends with 'N passed, N failed'; exit status: the failures (at most 255).\n");
+               "  linear-layer tests only; =attention, =epilogue: those only. Ends with 'N passed, N failed'; exit status: the failures (at most 255).\n");
         return 0;
     }
     uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : (uint64_t)time(NULL);
@@ -2450,10 +2557,18 @@ int main(int argc, char **argv) {
     /* LOOM_GPU_KERNEL_TESTS=linear: only the linear layers (GEMV, cuBLASLt,
      * quantized, GGUF) — for a racecheck run that the attention tests
      * would otherwise fill with minutes of sanitizer time */
+    /* =attention: the attention tests only (dt and E4M3 caches);
+     * =epilogue: the GEMVs' pair-epilogue tests only (short device calls) */
     const char *only = getenv("LOOM_GPU_KERNEL_TESTS");
-    if (only && strcmp(only, "linear") == 0) {
-        printf("gpu_kernel_tests: LOOM_GPU_KERNEL_TESTS=linear: the linear-layer tests only\n");
+    const bool only_att = only && strcmp(only, "attention") == 0, only_epi = only && strcmp(only, "epilogue") == 0;
+    if (only && (strcmp(only, "linear") == 0 || only_epi)) {
+        printf("gpu_kernel_tests: LOOM_GPU_KERNEL_TESTS=%s: the %s tests only\n", only,
+               only_epi ? "pair-epilogue" : "linear-layer");
         goto linear;
+    }
+    if (only_att) {
+        printf("gpu_kernel_tests: LOOM_GPU_KERNEL_TESTS=attention: the attention tests only\n");
+        goto attention;
     }
     test_embedding(LOOM_CUDA_BF16, 1000, 4096, 7, false);
     test_embedding(LOOM_CUDA_F16, 49152, 576, 3, false);
@@ -2482,6 +2597,7 @@ int main(int argc, char **argv) {
     test_e4m3_decode(LOOM_CUDA_F16);
 
     /* attention: ragged prefill, block boundaries, GQA 1/3/4/8, D 64/128 */
+attention:;
     {
         const int ctx[6] = {1, 15, 16, 17, 33, 1000};
         const int nq_prefill[6] = {1, 15, 16, 17, 33, 1000};
@@ -2593,6 +2709,7 @@ int main(int argc, char **argv) {
         test_attention_invariance(LOOM_CUDA_BF16, 64, 32, 1, 16, 1030, 5);
     }
     g_kv = LOOM_CUDA_KV_DT;
+    if (only_att) goto done;
 
     test_copy_blocks(false);
     test_copy_blocks(true);
@@ -2616,6 +2733,10 @@ linear:;
     if (!g) {
         printf("FAIL gemm_create: %s\n", msg);
         g_fail++;
+    } else if (only_epi) {
+        test_pair_epilogue(g);
+        test_pair_epilogue_fallback(g);
+        loom_cuda_gemm_destroy(g);
     } else {
         for (int di = 0; di < 2; di++) {
             /* M <= 8: the streaming GEMV; larger: cuBLASLt */
@@ -2663,10 +2784,12 @@ linear:;
         test_qgemm_bulk(g);
         test_early_weights_bits(g);
         test_pair_epilogue(g);
+        test_pair_epilogue_fallback(g);
         test_qgemm_scratch_bound(g);
         test_qgemm_gguf_all(g);
         loom_cuda_gemm_destroy(g);
     }
+done:
     printf("gpu_kernel_tests: %d passed, %d failed (seed %llu)\n", g_pass, g_fail,
            (unsigned long long)seed);
     return g_fail > 255 ? 255 : g_fail;
