@@ -270,7 +270,6 @@ extern "C" int loom_cuda_epi_fuses(loom_cuda_epi_kind kind) {
 
 extern "C" long loom_cuda_epi_fused_count(void) { return lc_epi_fused; }
 extern "C" void lc_epi_count(void) { lc_epi_fused++; }
-extern "C" int lc_epi_pairs(const loom_cuda_epi *e, int N) { return lc_epi_p(e, N); }
 
 extern "C" cudaError_t lc_gemv_epi(loom_cuda_dt dt, int N, int K, const void *x, const void *w, void *y,
                                    const loom_cuda_epi *epi, cudaStream_t s) {

@@ -35,9 +35,7 @@ cudaError_t lc_gemv_swiglu(loom_cuda_dt dt, int M, int N, int K, const void *gu,
  * loom_cuda_epi), or cudaErrorNotSupported when the rows do not pair. */
 cudaError_t lc_gemv_epi(loom_cuda_dt dt, int N, int K, const void *x, const void *w, void *y,
                         const loom_cuda_epi *epi, cudaStream_t s);
-/* P of epi on N output rows (epilogue.cuh's lc_epi_p), 0: not pairable;
- * lc_epi_count: one more fused launch (loom_cuda_epi_fused_count). */
-int lc_epi_pairs(const loom_cuda_epi *e, int N);
+/* One more fused launch (loom_cuda_epi_fused_count; qgemm.cu's count). */
 void lc_epi_count(void);
 
 /* epi's separate kernel (rope_kv / swiglu) over y (M, N) after an unfused
