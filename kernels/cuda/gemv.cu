@@ -89,7 +89,7 @@ __device__ __forceinline__ void lc_gemv_x8(const T *__restrict__ x, int K, int m
 template <typename T, int M, int R, bool F32, bool SWIGLU, bool PAIR = false>
 __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
     lc_gemv_kernel(const T *__restrict__ x, const T *__restrict__ w, void *__restrict__ y, int N,
-                   int K, int passes, int pf, int P = 0, loom_cuda_epi epi = {}) {
+                   int K, int passes, int pf, int P, loom_cuda_epi epi) {
     static_assert(!PAIR || (M == 1 && !F32 && LC_GEMV_WARPS == LC_EPI_WARPS), "pair epilogue: one dt row");
     const int lane = threadIdx.x & 31;
     const int pass = (int)(blockIdx.x % (unsigned)passes), tile = (int)(blockIdx.x / (unsigned)passes);

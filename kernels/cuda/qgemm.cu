@@ -370,9 +370,13 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
     }
 }
 
-template <typename T, int FMT, int M, bool F32>
+/* PAIR (M = 1, dt out): with the pair epilogue epi of P (lc_epi_p) — the
+ * same R, U and loads; its 2R pairs a CTA are the plain kernel's 4R rows,
+ * so the grid is the same too. */
+template <typename T, int FMT, int M, bool F32, bool PAIR = false>
 static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const void *xq,
-                              const float *sx, void *y, cudaStream_t s) {
+                              const float *sx, void *y, cudaStream_t s, int P = 0,
+                              const loom_cuda_epi *epi = nullptr) {
     /* rows per warp: enough to reuse each x load, few enough to keep the
      * registers of R x M accumulators (and INT4's partial sums). INT4 at
      * one row: 4 rows a warp with 4 chunks each in flight (128 registers) —
@@ -385,36 +389,21 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
     const int rows_per_cta = LC_QGEMV_WARPS * R;
     const unsigned grid = (unsigned)((w->N + rows_per_cta - 1) / rows_per_cta);
     const int early = LC_QGEMV_EARLY(FMT, M) && lc_early_weights(); /* and then no L2 prefetch of the same bytes */
-    return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32>, dim3(grid), dim3(LC_QGEMV_WARPS * 32),
+    return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32, PAIR>, dim3(grid), dim3(LC_QGEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
                      static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group,
                      early ? 0 : lc_weight_prefetch((size_t)w->N * (I4 ? (size_t)w->K / 2 : (size_t)w->K)),
-                     early, 0, loom_cuda_epi{});
-}
-
-/* lc_qgemv_m at M = 1 with the pair epilogue (same R, U and loads). */
-template <typename T, int FMT>
-static cudaError_t lc_qgemv_pair(const loom_cuda_qweight *w, const void *x, const void *xq, const float *sx,
-                                 void *y, int P, const loom_cuda_epi *epi, cudaStream_t s) {
-    constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
-    constexpr int R = I4 ? 4 : 2, U = 4;
-    const unsigned grid = (unsigned)((w->N / 2 + 2 * R - 1) / (2 * R));
-    const int early = LC_QGEMV_EARLY(FMT, 1) && lc_early_weights();
-    return lc_launch(lc_qgemv_kernel<T, FMT, 1, R, U, false, true>, dim3(grid), dim3(LC_QGEMV_WARPS * 32), 0, s,
-                     static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
-                     static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group,
-                     early ? 0 : lc_weight_prefetch((size_t)w->N * (I4 ? (size_t)w->K / 2 : (size_t)w->K)),
-                     early, P, *epi);
+                     early, P, epi ? *epi : loom_cuda_epi{});
 }
 
 template <typename T>
 static cudaError_t lc_qgemv_pair_t(const loom_cuda_qweight *w, const void *x, const void *xq, const float *sx,
                                    void *y, int P, const loom_cuda_epi *epi, cudaStream_t s) {
     switch (w->fmt) {
-    case LOOM_CUDA_Q_INT8_W8A16: return lc_qgemv_pair<T, LOOM_CUDA_Q_INT8_W8A16>(w, x, xq, sx, y, P, epi, s);
-    case LOOM_CUDA_Q_INT8_W8A8: return lc_qgemv_pair<T, LOOM_CUDA_Q_INT8_W8A8>(w, x, xq, sx, y, P, epi, s);
-    case LOOM_CUDA_Q_FP8: return lc_qgemv_pair<T, LOOM_CUDA_Q_FP8>(w, x, xq, sx, y, P, epi, s);
-    case LOOM_CUDA_Q_INT4: return lc_qgemv_pair<T, LOOM_CUDA_Q_INT4>(w, x, xq, sx, y, P, epi, s);
+    case LOOM_CUDA_Q_INT8_W8A16: return lc_qgemv_m<T, LOOM_CUDA_Q_INT8_W8A16, 1, false, true>(w, x, xq, sx, y, s, P, epi);
+    case LOOM_CUDA_Q_INT8_W8A8: return lc_qgemv_m<T, LOOM_CUDA_Q_INT8_W8A8, 1, false, true>(w, x, xq, sx, y, s, P, epi);
+    case LOOM_CUDA_Q_FP8: return lc_qgemv_m<T, LOOM_CUDA_Q_FP8, 1, false, true>(w, x, xq, sx, y, s, P, epi);
+    case LOOM_CUDA_Q_INT4: return lc_qgemv_m<T, LOOM_CUDA_Q_INT4, 1, false, true>(w, x, xq, sx, y, s, P, epi);
     default: return cudaErrorNotSupported;
     }
 }

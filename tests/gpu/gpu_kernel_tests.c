@@ -1411,6 +1411,28 @@ static void test_early_weights_bits(loom_cuda_gemm *g) {
     lc_qgemv_bulk_set(bulk0);
 }
 
+/* A random quantized N x K weight on the device (W8A16 / W8A8 / FP8 codes
+ * with per-row scales, or INT4 nibbles with {scale, bias} pairs per group
+ * of 128), for tests that compare two paths over the same weight; its
+ * buffers are qw.data and qw.scales (cudaFree both). */
+static loom_cuda_qweight dev_rand_qweight(loom_cuda_qfmt f, int N, int K) {
+    const bool i4 = f == LOOM_CUDA_Q_INT4;
+    loom_cuda_qweight qw = {.fmt = f, .N = N, .K = K, .group = i4 ? 128 : 0};
+    const size_t wbytes = i4 ? (size_t)N * K / 2 : (size_t)N * K;
+    const size_t nsc = i4 ? (size_t)N * (K / 128) * 2 : (size_t)N;
+    uint8_t *data = malloc((size_t)N * K);
+    float *sc = malloc(nsc * 4);
+    if (i4) {
+        for (size_t i = 0; i < wbytes; i++) data[i] = (uint8_t)rng_int(256);
+        for (size_t i = 0; i < nsc; i++) sc[i] = rng_unif(-0.01f, 0.01f);
+    } else {
+        rand_q8_weight(f, N, K, data, sc);
+    }
+    qw.data = dev_upload(data, wbytes), qw.scales = dev_upload(sc, nsc * 4);
+    free(data), free(sc);
+    return qw;
+}
+
 /* The one-row GEMVs' pair epilogues (cuda_kernels.h: loom_cuda_epi) change
  * which kernel does the work, never its bits: with fusing on and off, the
  * same y, act and KV caches, bit for bit, for bf16 weights and every
@@ -1462,26 +1484,15 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                 const loom_cuda_qfmt f = fmts[fi];
                 const bool i4 = f == LOOM_CUDA_Q_INT4;
                 if (i4 && K % 128) continue;
-                loom_cuda_qweight qw = {.fmt = f, .N = N, .K = K, .group = i4 ? 128 : 0};
+                loom_cuda_qweight qw = {.fmt = f, .N = N, .K = K};
                 void *d_w = NULL, *d_sc = NULL;
                 if (f == LOOM_CUDA_Q_NONE) {
                     wb = rand16(dt, (size_t)N * K, -0.05f, 0.05f, NULL);
                     d_w = dev_upload(wb, (size_t)N * K * 2);
                     free(wb);
                 } else {
-                    const size_t wbytes = i4 ? (size_t)N * K / 2 : (size_t)N * K;
-                    const size_t nsc = i4 ? (size_t)N * (K / 128) * 2 : (size_t)N;
-                    uint8_t *data = malloc(i4 ? (size_t)N * K : wbytes);
-                    float *sc = malloc(nsc * 4);
-                    if (i4) {
-                        for (size_t i = 0; i < wbytes; i++) data[i] = (uint8_t)rng_int(256);
-                        for (size_t i = 0; i < nsc; i++) sc[i] = rng_unif(-0.01f, 0.01f);
-                    } else {
-                        rand_q8_weight(f, N, K, data, sc);
-                    }
-                    d_w = dev_upload(data, wbytes), d_sc = dev_upload(sc, nsc * 4);
-                    qw.data = d_w, qw.scales = d_sc;
-                    free(data), free(sc);
+                    qw = dev_rand_qweight(f, N, K);
+                    d_w = (void *)qw.data, d_sc = (void *)qw.scales;
                 }
                 const size_t scr = f == LOOM_CUDA_Q_NONE ? 0 : loom_cuda_qgemm_scratch_bytes(g, dt, 0, &qw, 1);
                 void *d_scr = scr ? dev_poison(scr) : NULL;
@@ -1581,22 +1592,11 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const loom_cuda_qfmt f = cases[ci].f;
         const int M = cases[ci].M;
-        const bool i4 = f == LOOM_CUDA_Q_INT4;
-        loom_cuda_qweight qw = {.fmt = f, .N = N, .K = K, .group = i4 ? 128 : 0};
+        loom_cuda_qweight qw = {.fmt = f, .N = N, .K = K};
         void *d_w = NULL, *d_sc = NULL;
         if (f != LOOM_CUDA_Q_NONE) {
-            const size_t wbytes = i4 ? (size_t)N * K / 2 : (size_t)N * K, nsc = i4 ? (size_t)N * (K / 128) * 2 : N;
-            uint8_t *data = malloc((size_t)N * K);
-            float *sc = malloc(nsc * 4);
-            if (i4) {
-                for (size_t i = 0; i < wbytes; i++) data[i] = (uint8_t)rng_int(256);
-                for (size_t i = 0; i < nsc; i++) sc[i] = rng_unif(-0.01f, 0.01f);
-            } else {
-                rand_q8_weight(f, N, K, data, sc);
-            }
-            d_w = dev_upload(data, wbytes), d_sc = dev_upload(sc, nsc * 4);
-            qw.data = d_w, qw.scales = d_sc;
-            free(data), free(sc);
+            qw = dev_rand_qweight(f, N, K);
+            d_w = (void *)qw.data, d_sc = (void *)qw.scales;
         }
         const size_t scr = f == LOOM_CUDA_Q_NONE ? 0 : loom_cuda_qgemm_scratch_bytes(g, dt, 0, &qw, M);
         void *d_scr = scr ? dev_poison(scr) : NULL;
