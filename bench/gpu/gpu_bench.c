@@ -735,12 +735,15 @@ static void bench_quant_chain(int M, bool mixed) {
  * attention over ctx keys, O, add_rmsnorm + gate|up, SwiGLU + down, through
  * the same entry points, so W8A8 / FP8 quantize inside their norms),
  * DEPTH layers in one CUDA graph, µs a layer. bf16 also runs with each
- * small kernel left out in turn: the difference is what that kernel costs
- * inside a graph, between the GEMVs it separates (with one left out the
- * next kernel reads stale data; only the time counts). 32 of these plus
- * the LM head against the engine's TPOT is what the step spends outside
- * its layers. */
-enum { DL_NORM = 1, DL_ROPE = 2, DL_ATTN = 4, DL_SWIGLU = 8 };
+ * small kernel left out in turn, bf16 and W8A16 with each linear left out:
+ * the difference is what that kernel costs inside a graph, between the
+ * kernels it separates (with one left out the next kernel reads stale
+ * data; only the time counts). 32 of these plus the LM head against the
+ * engine's TPOT is what the step spends outside its layers. The quantized
+ * formats also run with the one-row GEMV's K split forced (1, 2, 4) and
+ * auto (lc_qgemv_split_set). */
+enum { DL_NORM = 1, DL_ROPE = 2, DL_ATTN = 4, DL_SWIGLU = 8, DL_QKV = 16, DL_O = 32, DL_GU = 64, DL_DOWN = 128 };
+#define DL_LINEARS (DL_QKV | DL_O | DL_GU | DL_DOWN)
 typedef struct dl_ctx {
     loom_cuda_gemm *g;
     float *xres, *nw, *cs;
@@ -770,7 +773,10 @@ static int dl_layer(dl_ctx *c, const loom_cuda_qweight *w, void *const *wb, int 
     for (int half = 0; half < 2; half++) {
         int rc;
         const loom_cuda_epi *e = fuse & (half ? LOOM_CUDA_EPI_FUSE_SWIGLU : LOOM_CUDA_EPI_FUSE_ROPE) ? &epi[half] : NULL;
-        if (quant) {
+        if (skip & (half ? DL_GU : DL_QKV)) { /* the norm only (bf16 / W8A16 / INT4: no activation codes) */
+            CK(loom_cuda_add_rmsnorm(LOOM_CUDA_BF16, c->xn, c->xres, c->r, c->nw, NULL, 1, H, 1e-5f, st));
+            rc = 0;
+        } else if (quant) {
             rc = loom_cuda_qgemm_norm_epi_run(c->g, LOOM_CUDA_BF16, 1, &w[2 * half], c->xres, c->r, c->nw, 1e-5f,
                                               c->xn, gout[half], e, c->scratch, c->scr, st, msg, n);
         } else {
@@ -785,11 +791,16 @@ static int dl_layer(dl_ctx *c, const loom_cuda_qweight *w, void *const *wb, int 
                 CK(loom_cuda_rope_kv(LOOM_CUDA_BF16, LOOM_CUDA_KV_DT, c->qkv, QKV, NULL, c->cs, c->pos, c->slot,
                                      c->kc, c->vc, 1, NH, KVH, D, 16, st));
             if (!(skip & DL_ATTN)) CK(loom_cuda_attention(&c->aa, st));
-            rc = quant ? loom_cuda_qgemm_run(c->g, LOOM_CUDA_BF16, 0, 1, &w[1], c->att, c->r, c->scratch, c->scr,
+            rc = skip & DL_O ? 0
+                 : quant ? loom_cuda_qgemm_run(c->g, LOOM_CUDA_BF16, 0, 1, &w[1], c->att, c->r, c->scratch, c->scr,
                                              st, msg, n)
                        : loom_cuda_gemm_run(c->g, LOOM_CUDA_BF16, 0, 1, H, QD, c->att, wb[1], c->r, st, msg, n);
             if (rc) return rc;
         }
+    }
+    if (skip & DL_DOWN) { /* the SwiGLU stays where it is not fused */
+        if (!(fuse & LOOM_CUDA_EPI_FUSE_SWIGLU)) CK(loom_cuda_swiglu(LOOM_CUDA_BF16, c->act, c->gu, 1, I, st));
+        return 0;
     }
     if (fuse & LOOM_CUDA_EPI_FUSE_SWIGLU)
         return quant ? loom_cuda_qgemm_run(c->g, LOOM_CUDA_BF16, 0, 1, &w[3], c->act, c->r, c->scratch, c->scr, st,
@@ -853,38 +864,49 @@ static void bench_decode_layer(int ctx) {
                                  .scale = 0.088388f, .max_splits = msplit, .partial = ws, .sem = sem};
     /* unfused: a layer as before the pair epilogues (session 10's step),
      * bf16's ablations against that; then fused (now) */
-    static const struct { loom_cuda_qfmt fmt; int skip, fuse; const char *name; } vars[] = {
-        {LOOM_CUDA_Q_NONE, 0, 0, "bf16 unfused"},
-        {LOOM_CUDA_Q_NONE, DL_ROPE, 0, "bf16 without rope_kv"},
-        {LOOM_CUDA_Q_NONE, DL_ATTN, 0, "bf16 without attention"},
-        {LOOM_CUDA_Q_NONE, DL_ROPE | DL_ATTN, 0, "bf16 without rope_kv, attention"},
-        {LOOM_CUDA_Q_NONE, DL_NORM, 0, "bf16 without the 2 add_rmsnorm"},
-        {LOOM_CUDA_Q_NONE, DL_SWIGLU, 0, "bf16 without swiglu"},
-        {LOOM_CUDA_Q_NONE, DL_NORM | DL_ROPE | DL_ATTN | DL_SWIGLU, 0, "bf16 linears only"},
-        {LOOM_CUDA_Q_NONE, 0, 1, "bf16 rope fused"},
-        {LOOM_CUDA_Q_NONE, 0, 2, "bf16 swiglu fused"},
-        {LOOM_CUDA_Q_NONE, 0, 3, "bf16 both fused"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 0, "int8_w8a16 unfused"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, "int8_w8a16 rope fused"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 2, "int8_w8a16 swiglu fused"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, "int8_w8a16 both fused"},
-        {LOOM_CUDA_Q_INT8_W8A8, 0, 0, "int8_w8a8 unfused"},
-        {LOOM_CUDA_Q_INT8_W8A8, 0, 1, "int8_w8a8 rope fused"},
-        {LOOM_CUDA_Q_INT8_W8A8, 0, 3, "int8_w8a8 both fused"},
-        {LOOM_CUDA_Q_FP8, 0, 0, "fp8 unfused"},
-        {LOOM_CUDA_Q_FP8, 0, 1, "fp8 rope fused"},
-        {LOOM_CUDA_Q_FP8, 0, 3, "fp8 both fused"},
-        {LOOM_CUDA_Q_INT4, 0, 0, "int4_g128 unfused"},
-        {LOOM_CUDA_Q_INT4, 0, 1, "int4_g128 rope fused"},
-        {LOOM_CUDA_Q_INT4, 0, 2, "int4_g128 swiglu fused"},
-        {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 both fused"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 0, "int8_w8a16 unfused (again)"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 2, "int8_w8a16 swiglu fused (again)"},
-        {LOOM_CUDA_Q_NONE, 0, 0, "bf16 unfused (again)"},
-        {LOOM_CUDA_Q_NONE, 0, 3, "bf16 both fused (again)"},
+    /* split: the one-row quantized GEMV's K split (lc_qgemv_split_set: 0
+     * auto, 1 none, 2 / 4 slices). A variant with linears or small kernels
+     * left out follows the one it is measured against. */
+    static const struct { loom_cuda_qfmt fmt; int skip, fuse, split; const char *name; } vars[] = {
+        {LOOM_CUDA_Q_NONE, 0, 0, 1, "bf16 unfused"},
+        {LOOM_CUDA_Q_NONE, DL_ROPE, 0, 1, "bf16 without rope_kv"},
+        {LOOM_CUDA_Q_NONE, DL_ATTN, 0, 1, "bf16 without attention"},
+        {LOOM_CUDA_Q_NONE, DL_NORM, 0, 1, "bf16 without the 2 add_rmsnorm"},
+        {LOOM_CUDA_Q_NONE, DL_SWIGLU, 0, 1, "bf16 without swiglu"},
+        {LOOM_CUDA_Q_NONE, 0, 3, 1, "bf16 both fused"},
+        {LOOM_CUDA_Q_NONE, DL_QKV, 3, 1, "bf16 without QKV"},
+        {LOOM_CUDA_Q_NONE, DL_O, 3, 1, "bf16 without O"},
+        {LOOM_CUDA_Q_NONE, DL_GU, 3, 1, "bf16 without gate|up"},
+        {LOOM_CUDA_Q_NONE, DL_DOWN, 3, 1, "bf16 without down"},
+        {LOOM_CUDA_Q_NONE, DL_LINEARS, 3, 1, "bf16 without the linears"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, 1, "int8_w8a16 rope fused split 1"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_QKV, 1, 1, "int8_w8a16 without QKV"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_O, 1, 1, "int8_w8a16 without O"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_GU, 1, 1, "int8_w8a16 without gate|up"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_DOWN, 1, 1, "int8_w8a16 without down"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_LINEARS, 1, 1, "int8_w8a16 without the linears"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, 0, "int8_w8a16 rope fused split auto"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, 2, "int8_w8a16 rope fused split 2"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, 4, "int8_w8a16 rope fused split 4"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, 1, "int8_w8a16 both fused split 1"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, 0, "int8_w8a16 both fused split auto"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_QKV, 3, 0, "int8_w8a16 auto without QKV"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_O, 3, 0, "int8_w8a16 auto without O"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_GU, 3, 0, "int8_w8a16 auto without gate|up"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_DOWN, 3, 0, "int8_w8a16 auto without down"},
+        {LOOM_CUDA_Q_INT8_W8A8, 0, 3, 1, "int8_w8a8 both fused split 1"},
+        {LOOM_CUDA_Q_INT8_W8A8, 0, 3, 0, "int8_w8a8 both fused split auto"},
+        {LOOM_CUDA_Q_FP8, 0, 3, 1, "fp8 both fused split 1"},
+        {LOOM_CUDA_Q_FP8, 0, 3, 0, "fp8 both fused split auto"},
+        {LOOM_CUDA_Q_INT4, 0, 1, 1, "int4_g128 rope fused split 1"},
+        {LOOM_CUDA_Q_INT4, 0, 1, 0, "int4_g128 rope fused split auto"},
+        {LOOM_CUDA_Q_INT4, 0, 1, 4, "int4_g128 rope fused split 4"},
+        {LOOM_CUDA_Q_INT4, 0, 3, 0, "int4_g128 both fused split auto"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, 1, "int8_w8a16 rope fused split 1 (again)"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, 0, "int8_w8a16 both fused split auto (again)"},
+        {LOOM_CUDA_Q_NONE, 0, 3, 1, "bf16 both fused (again)"},
     };
-    printf("  one Llama-3-8B decode layer, whole (ctx %d, %d deep in a CUDA graph):\n", ctx, DEPTH);
-    double full_us = 0;
+    double full_us = 0, base_us = 0; /* bf16 unfused; the variant the next left-out ones compare with */
     for (size_t vi = 0; vi < sizeof vars / sizeof vars[0]; vi++) {
         const loom_cuda_qfmt f = vars[vi].fmt;
         void *data[4] = {0};
@@ -903,6 +925,7 @@ static void bench_decode_layer(int ctx) {
         int rc = 0;
         cudaGraph_t gr = NULL;
         loom_cuda_epi_fuse_set(vars[vi].fuse);
+        lc_qgemv_split_set(vars[vi].split);
         const long fused0 = loom_cuda_epi_fused_count();
         for (int pass = 0; pass < 2 && !rc; pass++) { /* one eager layer (plans), then the capture */
             if (pass == 1) CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -914,15 +937,16 @@ static void bench_decode_layer(int ctx) {
         if (!rc) {
             const double us = graph_ms(gr, st) * 1e3 / DEPTH;
             if (vi == 0) full_us = us;
+            if (!vars[vi].skip) base_us = us;
             char nm[96];
             snprintf(nm, sizeof nm, "llama3-8b decode layer ctx %d %s", ctx, vars[vi].name);
             add_row(nm, us * 1e-3, bytes, 0, 0);
             const long fused = loom_cuda_epi_fused_count() - fused0; /* per kind fused: 1 + DEPTH */
             if (vars[vi].skip)
-                printf("    %-34s %8.1f us a layer (%+.1f us: what it left out costs)\n", vars[vi].name, us,
-                       full_us - us);
+                printf("    %-40s %8.1f us a layer (%+.1f us: what it left out costs)\n", vars[vi].name, us,
+                       base_us - us);
             else
-                printf("    %-34s %8.1f us a layer, %5.2fx bf16's unfused layer, %ld fused epilogues\n",
+                printf("    %-40s %8.1f us a layer, %5.2fx bf16's unfused layer, %ld fused epilogues\n",
                        vars[vi].name, us, full_us / us, fused);
             qres *qr = qres_next();
             if (qr) {
@@ -940,6 +964,7 @@ static void bench_decode_layer(int ctx) {
         cudaFree(c.scratch);
     }
     loom_cuda_epi_fuse_set(-1);
+    lc_qgemv_split_set(-1);
     cudaFree(c.xres), cudaFree(c.nw), cudaFree(c.cs), cudaFree(c.r), cudaFree(c.xn), cudaFree(c.qkv);
     cudaFree(c.att), cudaFree(c.gu), cudaFree(c.act), cudaFree(c.kc), cudaFree(c.vc), cudaFree(c.pos);
     cudaFree(c.slot), cudaFree(d_bt), cudaFree(d_stride), cudaFree(d_tiles), cudaFree(ws), cudaFree(sem);

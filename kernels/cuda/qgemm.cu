@@ -23,7 +23,11 @@
  * GEMV layout (as gemv.cu): a warp owns R consecutive output rows, 4 warps
  * per CTA; lanes split each row into 16-byte chunks (16 int8 / e4m3
  * weights, 32 int4 weights), U chunks per row in flight per lane; warp
- * shuffles reduce. Decoding is exact and cheap:
+ * shuffles reduce. At one row a matrix of few rows (Llama-3-8B's O and
+ * down projections: 512 CTAs of W8A16 where an H200 holds ~1200) splits K
+ * in two (S): two warps share a row group, one slice each, and add their
+ * sums in shared memory — twice the warps, the GPU's weight stream full
+ * (lc_qgemv_split). Decoding is exact and cheap:
  *   int8 -> float: byte ^ 0x80 placed in the mantissa of 2^23 by one PRMT,
  *                  minus (2^23 + 128) — no int->float conversion unit;
  *   int4 -> float: (w & 0x0F0F0F0F) and ((w >> 4) & 0x0F0F0F0F) hold the
@@ -52,6 +56,9 @@
 #include "epilogue.cuh"
 
 #include <cuda_fp8.h>
+#include <stdlib.h>
+
+#include <atomic>
 
 #include "gemv.h" /* lc_early_weights, lc_epi_count */
 #include "qgemm.h"
@@ -263,22 +270,26 @@ __device__ __forceinline__ void lc_qgemv_pass(const uint4 (&wv)[U][R], const T *
  * loom_cuda_qweight. y (M, N) dt or f32. PAIR (M = 1, y dt): the rows in
  * pairs (n, n + P) and epi applied to them (epilogue.cuh) — each row's sum
  * as without. */
-template <typename T, int FMT, int M, int R, int U, bool F32, bool PAIR = false>
+template <typename T, int FMT, int M, int R, int U, bool F32, bool PAIR = false, int S = 1>
 __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
     lc_qgemv_kernel(const T *__restrict__ x, const uint8_t *__restrict__ xq,
                     const float *__restrict__ sx, const uint8_t *__restrict__ wd,
                     const float *__restrict__ sc, void *__restrict__ y, int N, int K, int group,
                     int pf, int early, int P, loom_cuda_epi epi) {
-    static_assert(!PAIR || (M == 1 && !F32 && LC_QGEMV_WARPS == LC_EPI_WARPS), "pair epilogue: one dt row");
+    static_assert(!PAIR || (M == 1 && !F32 && LC_QGEMV_WARPS == LC_EPI_WARPS && S == 1), "pair epilogue: one dt row");
+    static_assert(LC_QGEMV_WARPS % S == 0, "S warps share a row group");
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     constexpr bool EARLY = LC_QGEMV_EARLY(FMT, M);
-    const int lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ks = warp % S; /* which of the S slices of K this warp sums (split; S = 1: all of K) */
     bool live = true;
-    const int n0 = PAIR ? lc_epi_row0(R, P, N, threadIdx.x >> 5, &live)
-                        : (blockIdx.x * LC_QGEMV_WARPS + (threadIdx.x >> 5)) * R;
+    const int n0 = PAIR ? lc_epi_row0(R, P, N, warp, &live)
+                        : (blockIdx.x * (LC_QGEMV_WARPS / S) + warp / S) * R;
     if (!PAIR) live = n0 < N;
     const size_t row_bytes = I4 ? (size_t)K / 2 : (size_t)K;
-    const int nc = (int)(row_bytes / 16); /* 16-byte chunks per row */
+    /* 16-byte chunks: the slice [c0, nc) of each row (the launcher makes
+     * the row's chunks a multiple of S) */
+    const int ncs = (int)(row_bytes / 16) / S, c0 = ks * ncs + lane, nc = (ks + 1) * ncs;
     int nr[R];                            /* row of each slot (clamped: read, never stored) */
     const uint8_t *wr[R];
     uint4 wv[U][R];
@@ -289,10 +300,10 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
          * runs (no kernel writes a weight) — the loop below starts on them */
         lc_qgemv_rows<R>(n0, N, wd, row_bytes, nr, wr);
         pre = early && live;
-        if (pre) lc_qgemv_load<U, R>(wv, wr, lane, nc);
+        if (pre) lc_qgemv_load<U, R>(wv, wr, c0, nc);
     }
     /* else the warp's R rows of codes are contiguous: ask L2 for them first */
-    if (!pre && pf && live)
+    if (!pre && pf && live && ks == 0)
         lc_prefetch_rows(wd + (size_t)n0 * row_bytes, N - n0 < R ? N - n0 : R, row_bytes, lane);
     lc_pdl_wait();
     lc_pdl_trigger();
@@ -313,14 +324,14 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
          * live (up to +40 registers at M > 1) and made one Llama-3-8B
          * layer's mixed chain slower: FP8 83.1 vs 79.7 us (H200,
          * 2026-12-02, bench/results/h200-2026-12-02-s10/b) */
-        if (!pre) lc_qgemv_load<U, R>(wv, wr, lane, nc);
-        lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, lane, nc, acc, iacc);
-        for (int c = lane + 32 * U; c < nc; c += 32 * U) {
+        if (!pre) lc_qgemv_load<U, R>(wv, wr, c0, nc);
+        lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, c0, nc, acc, iacc);
+        for (int c = c0 + 32 * U; c < nc; c += 32 * U) {
             lc_qgemv_load<U, R>(wv, wr, c, nc);
             lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, c, nc, acc, iacc);
         }
     } else {
-        for (int c = lane; c < nc; c += 32 * U) {
+        for (int c = c0; c < nc; c += 32 * U) {
             lc_qgemv_load<U, R>(wv, wr, c, nc);
             lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, c, nc, acc, iacc);
         }
@@ -336,6 +347,25 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
                 else
                     acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
             }
+    if constexpr (S > 1) {
+        /* the slices' sums meet in shared memory; the row group's first
+         * warp adds them in slice order (fixed: the same bits every run) */
+        __shared__ float part[LC_QGEMV_WARPS][R][M];
+        __shared__ int ipart[LC_QGEMV_WARPS][R][M];
+        if (lane == 0 && ks > 0)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int m = 0; m < M; m++) part[warp][r][m] = acc[r][m], ipart[warp][r][m] = iacc[r][m];
+        __syncthreads(); /* a dead row group's warps left together: none is waited for */
+        if (ks > 0) return;
+#pragma unroll
+        for (int j = 1; j < S; j++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int m = 0; m < M; m++) acc[r][m] += part[warp + j][r][m], iacc[r][m] += ipart[warp + j][r][m];
+    }
     if constexpr (PAIR) { /* the sums as the store below forms them (n0 + r < N here) */
         float sum[R];
 #pragma unroll
@@ -370,13 +400,50 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
     }
 }
 
+/* The split of K across the warps of a CTA at one row (S in lc_qgemv_kernel):
+ * lc_qgemv_split_set's override, else LOOM_CUDA_QGEMV_SPLIT (1, 2, 4 or
+ * auto; auto by default). Read once; a racing first read computes the same. */
+static std::atomic<int> lc_split_override{-1};
+static std::atomic<long> lc_split_launches{0};
+extern "C" void lc_qgemv_split_set(int s) { lc_split_override = s; }
+extern "C" long lc_qgemv_split_count(void) { return lc_split_launches; }
+static int lc_split_mode(void) { /* 0 = auto, else 1 / 2 / 4 */
+    static int env = -1;
+    const int o = lc_split_override;
+    if (o >= 0) return o;
+    if (env < 0) {
+        const char *e = getenv("LOOM_CUDA_QGEMV_SPLIT");
+        const int v = e ? atoi(e) : 0;
+        env = v == 1 || v == 2 || v == 4 ? v : 0;
+    }
+    return env;
+}
+
+/* S for an unsplit grid of `grid` CTAs of which `resident` fit the GPU at
+ * once. auto (mode 0): 2 where the unsplit grid leaves the GPU short of a
+ * full wave — Llama-3-8B's O and down projections, 512 CTAs of W8A16 (256
+ * of INT4) on 132 SMs that hold ~1200 (~530) — so that a matrix of few rows
+ * runs as many warps as a wide one; one whole layer at one token on the
+ * H200 (gpu_bench --layer 256, bench/results/h200-2026-12-02-s12/a): W8A16
+ * 80.6 -> 77.8 us, INT4 67.3 -> 63.5, where 4 slices were slower than
+ * none (82.2, 73.2: a lane has fewer chunks in flight). A forced mode
+ * (1 / 2 / 4) takes S as asked. Either only where the row's chunks and the
+ * rows divide evenly (no dead warp ever meets the barrier) and each lane
+ * has a chunk of every slice. */
+static int lc_qgemv_split(int mode, int grid, int resident, int chunks, int N, int rows_per_cta) {
+    const int S = mode ? mode : grid <= resident ? 2 : 1;
+    if (S == 1 || chunks % S || chunks / S < 32 || N % (rows_per_cta / S)) return 1;
+    return S;
+}
+
 /* PAIR (M = 1, dt out): with the pair epilogue epi of P (lc_epi_p) — the
  * same R, U and loads; its 2R pairs a CTA are the plain kernel's 4R rows,
- * so the grid is the same too. */
+ * so the grid is the same too. split (M = 1, not PAIR, not batch-invariant:
+ * the sums' order changes): may split K across the CTA's warps. */
 template <typename T, int FMT, int M, bool F32, bool PAIR = false>
 static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const void *xq,
                               const float *sx, void *y, cudaStream_t s, int P = 0,
-                              const loom_cuda_epi *epi = nullptr) {
+                              const loom_cuda_epi *epi = nullptr, bool split = false) {
     /* rows per warp: enough to reuse each x load, few enough to keep the
      * registers of R x M accumulators (and INT4's partial sums). INT4 at
      * one row: 4 rows a warp with 4 chunks each in flight (128 registers) —
@@ -389,11 +456,35 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
     const int rows_per_cta = LC_QGEMV_WARPS * R;
     const unsigned grid = (unsigned)((w->N + rows_per_cta - 1) / rows_per_cta);
     const int early = LC_QGEMV_EARLY(FMT, M) && lc_early_weights(); /* and then no L2 prefetch of the same bytes */
+    const size_t row_bytes = I4 ? (size_t)w->K / 2 : (size_t)w->K;
+    const int pf = early ? 0 : lc_weight_prefetch((size_t)w->N * row_bytes);
+    const loom_cuda_epi e = epi ? *epi : loom_cuda_epi{};
+    if constexpr (M == 1 && !PAIR) {
+        if (split) {
+            const int mode = lc_split_mode();
+            static int resident = 0; /* CTAs of the unsplit kernel the GPU holds at once */
+            if (!resident && mode == 0) {
+                int dev = 0, sms = 0, per_sm = 0;
+                cudaGetDevice(&dev);
+                cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lc_qgemv_kernel<T, FMT, M, R, U, F32, false, 1>,
+                                                              LC_QGEMV_WARPS * 32, 0);
+                resident = sms * per_sm > 0 ? sms * per_sm : 1;
+            }
+            const int S = lc_qgemv_split(mode, (int)grid, resident, (int)(row_bytes / 16), w->N, rows_per_cta);
+            if (S == 2 || S == 4) {
+                lc_split_launches++;
+                return lc_launch(S == 2 ? lc_qgemv_kernel<T, FMT, M, R, U, F32, false, 2>
+                                        : lc_qgemv_kernel<T, FMT, M, R, U, F32, false, 4>,
+                                 dim3((unsigned)(w->N / (rows_per_cta / S))), dim3(LC_QGEMV_WARPS * 32), 0, s, static_cast<const T *>(x),
+                                 static_cast<const uint8_t *>(xq), sx, static_cast<const uint8_t *>(w->data),
+                                 w->scales, y, w->N, w->K, w->group, pf, early, P, e);
+            }
+        }
+    }
     return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32, PAIR>, dim3(grid), dim3(LC_QGEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
-                     static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group,
-                     early ? 0 : lc_weight_prefetch((size_t)w->N * (I4 ? (size_t)w->K / 2 : (size_t)w->K)),
-                     early, P, epi ? *epi : loom_cuda_epi{});
+                     static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group, pf, early, P, e);
 }
 
 template <typename T>
@@ -410,9 +501,9 @@ static cudaError_t lc_qgemv_pair_t(const loom_cuda_qweight *w, const void *x, co
 
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qgemv_f(int M, const loom_cuda_qweight *w, const void *x, const void *xq,
-                              const float *sx, void *y, cudaStream_t s) {
+                              const float *sx, void *y, cudaStream_t s, bool split) {
     switch (M) {
-    case 1: return lc_qgemv_m<T, FMT, 1, F32>(w, x, xq, sx, y, s);
+    case 1: return lc_qgemv_m<T, FMT, 1, F32>(w, x, xq, sx, y, s, 0, nullptr, split);
     case 2: return lc_qgemv_m<T, FMT, 2, F32>(w, x, xq, sx, y, s);
     case 3: return lc_qgemv_m<T, FMT, 3, F32>(w, x, xq, sx, y, s);
     case 4: return lc_qgemv_m<T, FMT, 4, F32>(w, x, xq, sx, y, s);
@@ -426,14 +517,14 @@ static cudaError_t lc_qgemv_f(int M, const loom_cuda_qweight *w, const void *x, 
 
 template <typename T, bool F32>
 static cudaError_t lc_qgemv_t(int M, const loom_cuda_qweight *w, const void *x, const void *xq,
-                              const float *sx, void *y, cudaStream_t s) {
+                              const float *sx, void *y, cudaStream_t s, bool split) {
     switch (w->fmt) {
     case LOOM_CUDA_Q_INT8_W8A16:
-        return lc_qgemv_f<T, LOOM_CUDA_Q_INT8_W8A16, F32>(M, w, x, xq, sx, y, s);
+        return lc_qgemv_f<T, LOOM_CUDA_Q_INT8_W8A16, F32>(M, w, x, xq, sx, y, s, split);
     case LOOM_CUDA_Q_INT8_W8A8:
-        return lc_qgemv_f<T, LOOM_CUDA_Q_INT8_W8A8, F32>(M, w, x, xq, sx, y, s);
-    case LOOM_CUDA_Q_FP8: return lc_qgemv_f<T, LOOM_CUDA_Q_FP8, F32>(M, w, x, xq, sx, y, s);
-    case LOOM_CUDA_Q_INT4: return lc_qgemv_f<T, LOOM_CUDA_Q_INT4, F32>(M, w, x, xq, sx, y, s);
+        return lc_qgemv_f<T, LOOM_CUDA_Q_INT8_W8A8, F32>(M, w, x, xq, sx, y, s, split);
+    case LOOM_CUDA_Q_FP8: return lc_qgemv_f<T, LOOM_CUDA_Q_FP8, F32>(M, w, x, xq, sx, y, s, split);
+    case LOOM_CUDA_Q_INT4: return lc_qgemv_f<T, LOOM_CUDA_Q_INT4, F32>(M, w, x, xq, sx, y, s, split);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -465,11 +556,12 @@ extern "C" cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_
      * another order) */
     if (M == 1 && !invariant && lc_qgemv_bulk_ok(w)) return lc_qgemv_bulk(dt, out_f32, w, x, xq, sx, y, s);
     lc_qgemv_count_cc();
+    const bool split = !invariant; /* the batch-invariant rows keep one order at every M */
     if (dt == LOOM_CUDA_F16)
-        return out_f32 ? lc_qgemv_t<__half, true>(M, w, x, xq, sx, y, s)
-                       : lc_qgemv_t<__half, false>(M, w, x, xq, sx, y, s);
-    return out_f32 ? lc_qgemv_t<__nv_bfloat16, true>(M, w, x, xq, sx, y, s)
-                   : lc_qgemv_t<__nv_bfloat16, false>(M, w, x, xq, sx, y, s);
+        return out_f32 ? lc_qgemv_t<__half, true>(M, w, x, xq, sx, y, s, split)
+                       : lc_qgemv_t<__half, false>(M, w, x, xq, sx, y, s, split);
+    return out_f32 ? lc_qgemv_t<__nv_bfloat16, true>(M, w, x, xq, sx, y, s, split)
+                   : lc_qgemv_t<__nv_bfloat16, false>(M, w, x, xq, sx, y, s, split);
 }
 
 /* -------------------------------------------------- activation quantizer */

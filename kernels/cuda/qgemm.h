@@ -43,6 +43,13 @@ int lc_qgemv_use_tc(loom_cuda_qfmt fmt, int K, int group, int M, int invariant);
  * lc_qgemv_get_tc returns the current override (to restore it). */
 void lc_qgemv_set_tc(int on);
 int lc_qgemv_get_tc(void);
+/* The one-row CUDA-core GEMV's split of K across a CTA's warps (outside
+ * the batch-invariant mode): 1, 2 or 4 slices, or 0 = auto (2 where the
+ * unsplit grid does not fill the GPU once: matrices of few rows get as
+ * many warps as wide ones); -1 back to LOOM_CUDA_QGEMV_SPLIT (1 / 2 / 4 /
+ * auto, auto by default). */
+void lc_qgemv_split_set(int s);
+long lc_qgemv_split_count(void); /* split launches so far (tests) */
 /* GEMV launches so far, tensor-core and CUDA-core (tests name what ran). */
 void lc_qgemv_count(long *tc, long *cc);
 void lc_qgemv_count_cc(void);

@@ -1442,7 +1442,10 @@ static loom_cuda_qweight dev_rand_qweight(loom_cuda_qfmt f, int N, int K) {
  * (slot -1: no cache write); SwiGLU: a Llama-3-8B-sized gate|up and a
  * small one. The fused launch must have run (loom_cuda_epi_fused_count)
  * with fusing on and not with it off. W8A8 / FP8 go through the norm-quantize entry point, as a step
- * does; the residual is left as it is (r NULL) so both runs see one x. */
+ * does; the residual is left as it is (r NULL) so both runs see one x.
+ * The separate GEMV unsplit (lc_qgemv_split_set(1)): the fused kernel sums
+ * each row whole, and a split one adds its halves in another order — the
+ * epilogue's arithmetic is what is checked here. */
 static void test_pair_epilogue(loom_cuda_gemm *g) {
     static const struct { int kind, H, KVH, D, K, bias, f8, slot; } cases[] = {
         {LOOM_CUDA_EPI_ROPE_KV, 32, 8, 128, 4096, 0, 0, 1}, {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 0, 1},
@@ -1455,6 +1458,7 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
     const int tc0 = lc_qgemv_get_tc(), bulk0 = lc_qgemv_bulk_get();
     lc_qgemv_bulk_set(0); /* as the engine's default dispatch */
     lc_qgemv_set_tc(-1);
+    lc_qgemv_split_set(1);
     char msg[256] = "", name[240];
     const int bs = 16, nblk = 4, max_pos = 512;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -1553,6 +1557,7 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
         free(cs), free(bias);
     }
     loom_cuda_epi_fuse_set(-1);
+    lc_qgemv_split_set(-1);
     lc_qgemv_set_tc(tc0);
     lc_qgemv_bulk_set(bulk0);
 }
@@ -1651,6 +1656,72 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
     lc_qgemv_bulk_set(bulk0);
     cudaFree(d_cs), cudaFree(d_pos), cudaFree(d_slot), cudaFree(d_xres), cudaFree(d_nw), cudaFree(d_xn), cudaFree(d_wb);
     free(cs), free(xres), free(nw), free(xn), free(wb);
+}
+
+/* The one-row CUDA-core GEMV with K split across a CTA's warps
+ * (qgemm.cu, lc_qgemv_split_set: 2 or 4 slices, their sums added in
+ * shared memory) against the float64 reference (test_qgemm: float32 held to
+ * 1e-4), every format: Llama-3-8B's O and down shapes, a row count that
+ * is no multiple of a CTA's rows (INT4 at 2 slices: the unsplit kernel
+ * runs, so no dead warp meets the barrier), short rows that cannot give
+ * every lane a chunk a slice (unsplit), tokens of wild magnitudes; each
+ * call must have run the split kernel where it can. Then: never in
+ * batch-invariant mode; auto splits the 8B O projection (512 CTAs of W8A16
+ * leave an H200 short of a wave) and not its gate|up (3584 CTAs). */
+static void test_qgemv_split(loom_cuda_gemm *g) {
+    typedef struct { loom_cuda_qfmt fmt; loom_cuda_dt dt; int N, K, group; bool f32; } scase;
+    const scase cs[] = {
+        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 4096, 4096, 0, true},
+        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 4096, 14336, 0, true},
+        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_F16, 300, 4096, 0, false},
+        {LOOM_CUDA_Q_INT8_W8A8, LOOM_CUDA_BF16, 4096, 4096, 0, true},
+        {LOOM_CUDA_Q_INT8_W8A8, LOOM_CUDA_BF16, 300, 14336, 0, false},
+        {LOOM_CUDA_Q_FP8, LOOM_CUDA_BF16, 4096, 14336, 0, true},
+        {LOOM_CUDA_Q_FP8, LOOM_CUDA_F16, 300, 4096, 0, true},
+        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 4096, 4096, 128, true},
+        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 4096, 14336, 128, true},
+        {LOOM_CUDA_Q_INT4, LOOM_CUDA_F16, 300, 8192, 256, true},
+    };
+    const int bulk0 = lc_qgemv_bulk_get(), tc0 = lc_qgemv_get_tc();
+    lc_qgemv_bulk_set(0);
+    lc_qgemv_set_tc(0);
+    for (int S = 2; S <= 4; S *= 2) {
+        lc_qgemv_split_set(S);
+        for (int wild = 0; wild < 5; wild++)
+            for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+                const scase c = cs[ci];
+                if (wild && (!c.f32 || ci % 2)) continue;
+                g_qx_wild = wild;
+                const long s0 = lc_qgemv_split_count();
+                test_qgemm(g, c.dt, c.fmt, 1, c.N, c.K, c.group, 0, c.f32, false);
+                /* splits where the rows of a CTA / S divide N and each lane
+                 * has a chunk of every slice */
+                const int R = c.fmt == LOOM_CUDA_Q_INT4 ? 4 : 2, chunks = (c.fmt == LOOM_CUDA_Q_INT4 ? c.K / 2 : c.K) / 16;
+                const bool can = c.N % (4 * R / S) == 0 && chunks % S == 0 && chunks / S >= 32;
+                char name[160];
+                snprintf(name, sizeof name, "qgemv %s %s M=1 N=%d K=%d wild%d split %d: %s", qfmt_name(c.fmt),
+                         dtn(c.dt), c.N, c.K, wild, S, can ? "ran split" : "ran unsplit");
+                report_bits(name, (lc_qgemv_split_count() > s0) == can ? 0 : 1, 1);
+            }
+    }
+    g_qx_wild = 0;
+    lc_qgemv_split_set(2);
+    loom_cuda_gemm_set_batch_invariant(g, 1);
+    long s0 = lc_qgemv_split_count();
+    test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 1, 4096, 4096, 0, 0, true, false);
+    report_bits("qgemv int8_w8a16 M=1 in batch-invariant mode: not split", lc_qgemv_split_count() == s0 ? 0 : 1, 1);
+    loom_cuda_gemm_set_batch_invariant(g, 0);
+    lc_qgemv_split_set(0);
+    s0 = lc_qgemv_split_count();
+    test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 1, 4096, 4096, 0, 0, true, false);
+    report_bits("qgemv int8_w8a16 M=1 N=4096 K=4096: auto splits it", lc_qgemv_split_count() > s0 ? 0 : 1, 1);
+    s0 = lc_qgemv_split_count();
+    test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 1, 28672, 4096, 0, 0, true, false);
+    report_bits("qgemv int8_w8a16 M=1 N=28672 K=4096: auto leaves it whole (3584 CTAs fill the GPU)",
+                lc_qgemv_split_count() == s0 ? 0 : 1, 1);
+    lc_qgemv_split_set(-1);
+    lc_qgemv_bulk_set(bulk0);
+    lc_qgemv_set_tc(tc0);
 }
 
 /* One row of x on qgemv_bulk.cu's kernel (bulk-copy staging, tensor
@@ -2782,6 +2853,7 @@ linear:;
         test_qgemm_all(g);
         test_qgemm_qmma(g);
         test_qgemm_bulk(g);
+        test_qgemv_split(g);
         test_early_weights_bits(g);
         test_pair_epilogue(g);
         test_pair_epilogue_fallback(g);
