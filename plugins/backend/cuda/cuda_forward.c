@@ -312,17 +312,18 @@ static loom_status cb_all_reduce(cuda_backend *b, void *buf, int64_t count, loom
 }
 
 /* Whether a one-token step fuses SwiGLU into the gate|up GEMV for a layer
- * whose down projection is q: not when that is a W8A16 / INT4 / GGUF
- * one-row GEMV, which then follows the gate|up GEMV directly — measured
- * slower on the H200 (one Llama-3-8B layer in a CUDA graph: W8A16 82.6 ->
- * 87.8 us, INT4 67.9 -> 71.4; the engine's W8A16 batch 1 2.873 -> 3.068 ms
- * a token; bf16 126.4 -> 123.5, W8A8 79.6 -> 77.9 with RoPE fused too;
- * FP8 even; bench/results/h200-2026-12-02-s11/c; why the back-to-back
- * quantized GEMVs lose is not established). W8A8 / FP8 keep their
- * activation quantization between the two. */
+ * whose down projection is q: everywhere but before a GGUF down projection
+ * (its own GEMV, not measured). Session 11 found W8A16 / INT4 slower fused
+ * (one Llama-3-8B layer in a CUDA graph: W8A16 82.6 -> 87.8 us), and
+ * session 12 why: their down projection, 512 (256) CTAs on 132 SMs, ran
+ * with a quarter of the warps an SM holds, which a kernel between hid. With
+ * its K split across the CTA's warps (qgemm.cu: lc_qgemv_split) the fused
+ * layer is the faster one: W8A16 77.8 -> 77.2 us, INT4 63.5 -> 62.6; the
+ * engine's W8A16 batch 1 2.70 -> 2.66 ms a token (H200,
+ * bench/results/h200-2026-12-02-s12/a, c). */
 static bool cb_swiglu_fuses(const loom_cuda_qweight *q) {
     if (!loom_cuda_epi_fuses(LOOM_CUDA_EPI_SWIGLU)) return false;
-    return !q || q->fmt == LOOM_CUDA_Q_NONE || q->fmt == LOOM_CUDA_Q_INT8_W8A8 || q->fmt == LOOM_CUDA_Q_FP8;
+    return !q || q->fmt != LOOM_CUDA_Q_GGUF;
 }
 
 /* Enqueue the embedding and every layer for p->T rows. Leaves the residual
