@@ -906,6 +906,7 @@ static void bench_decode_layer(int ctx) {
         {LOOM_CUDA_Q_INT8_W8A16, 0, 3, 0, "int8_w8a16 both fused split auto (again)"},
         {LOOM_CUDA_Q_NONE, 0, 3, 1, "bf16 both fused (again)"},
     };
+    printf("  one Llama-3-8B decode layer, whole (ctx %d, %d deep in a CUDA graph):\n", ctx, DEPTH);
     double full_us = 0, base_us = 0; /* bf16 unfused; the variant the next left-out ones compare with */
     for (size_t vi = 0; vi < sizeof vars / sizeof vars[0]; vi++) {
         const loom_cuda_qfmt f = vars[vi].fmt;

@@ -448,6 +448,14 @@ int loom_cuda_qweight_valid(const loom_cuda_qweight *w, char *why, size_t n);
 size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32,
                                      const loom_cuda_qweight *w, int max_m);
 
+/* Whether a one-row loom_cuda_qgemm_run of w splits K across the warps of
+ * the GEMV's CTAs (kernels/cuda/qgemm.cu: where the unsplit grid leaves the
+ * GPU short of a wave, e.g. Llama-3-8B's O and down projections; never in
+ * batch-invariant mode; LOOM_CUDA_QGEMV_SPLIT=1 turns it off). The step
+ * fuses SwiGLU before a W8A16 / INT4 down projection only where it splits:
+ * unsplit, that GEMV right after the gate|up one is the slower layer. */
+int loom_cuda_qgemm_splits(const loom_cuda_gemm *g, loom_cuda_dt dt, const loom_cuda_qweight *w);
+
 /* y (M, N) = x (M, K) @ dequant(w)^T, x dt, y dt or float32 (out_f32).
  *   W8A16 / INT4 at 9..128 rows where the shape fits (K % 128; INT4 K % 256
  *     and group % 128), outside the batch-invariant mode: a tensor-core

@@ -149,6 +149,12 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
     return b;
 }
 
+int loom_cuda_qgemm_splits(const loom_cuda_gemm *g, loom_cuda_dt dt, const loom_cuda_qweight *w) {
+    /* one row goes to the GEMV (lc_gemv_passes) when its bound admits it */
+    if (!w || w->fmt == LOOM_CUDA_Q_NONE || lc_gemm_q_gemv_max_m(g, w->fmt) < 1) return 0;
+    return lc_qgemv_splits(dt, w, lc_gemm_invariant(g));
+}
+
 static int lc_cuda_fail(cudaError_t e, const char *what, const loom_cuda_qweight *w, int M,
                         char *msg, size_t n) {
     (void)cudaGetLastError(); /* reported here: not to be blamed on a later kernel */

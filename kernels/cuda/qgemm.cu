@@ -57,6 +57,7 @@
 
 #include <cuda_fp8.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <atomic>
 
@@ -357,7 +358,7 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
             for (int r = 0; r < R; r++)
 #pragma unroll
                 for (int m = 0; m < M; m++) part[warp][r][m] = acc[r][m], ipart[warp][r][m] = iacc[r][m];
-        __syncthreads(); /* a dead row group's warps left together: none is waited for */
+        __syncthreads(); /* every warp reaches it: a split launch has no dead warp (lc_qgemv_slices) */
         if (ks > 0) return;
 #pragma unroll
         for (int j = 1; j < S; j++)
@@ -401,45 +402,97 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
 }
 
 /* The split of K across the warps of a CTA at one row (S in lc_qgemv_kernel):
- * lc_qgemv_split_set's override, else LOOM_CUDA_QGEMV_SPLIT (1, 2, 4 or
- * auto; auto by default). Read once; a racing first read computes the same. */
+ * lc_qgemv_split_set's override, else LOOM_CUDA_QGEMV_SPLIT: 2 / 4 slices,
+ * 1 / 0 / off / no / false none, anything else (auto, unset) auto. Read
+ * once; a racing first read computes the same. */
 static std::atomic<int> lc_split_override{-1};
 static std::atomic<long> lc_split_launches{0};
 extern "C" void lc_qgemv_split_set(int s) { lc_split_override = s; }
 extern "C" long lc_qgemv_split_count(void) { return lc_split_launches; }
 static int lc_split_mode(void) { /* 0 = auto, else 1 / 2 / 4 */
-    static int env = -1;
+    static std::atomic<int> env{-1};
     const int o = lc_split_override;
     if (o >= 0) return o;
-    if (env < 0) {
+    int v = env.load(std::memory_order_relaxed);
+    if (v < 0) {
         const char *e = getenv("LOOM_CUDA_QGEMV_SPLIT");
-        const int v = e ? atoi(e) : 0;
-        env = v == 1 || v == 2 || v == 4 ? v : 0;
+        v = 0;
+        if (e && (!strcmp(e, "2") || !strcmp(e, "4"))) v = atoi(e);
+        else if (e && (!strcmp(e, "1") || !lc_env_bool("LOOM_CUDA_QGEMV_SPLIT", true))) v = 1;
+        env.store(v, std::memory_order_relaxed);
     }
-    return env;
+    return v;
 }
 
-/* S for an unsplit grid of `grid` CTAs of which `resident` fit the GPU at
- * once. auto (mode 0): 2 where the unsplit grid leaves the GPU short of a
- * full wave — Llama-3-8B's O and down projections, 512 CTAs of W8A16 (256
- * of INT4) on 132 SMs that hold ~1200 (~530) — so that a matrix of few rows
- * runs as many warps as a wide one; one whole layer at one token on the
- * H200 (gpu_bench --layer 256, bench/results/h200-2026-12-02-s12/a): W8A16
- * 80.6 -> 77.8 us, INT4 67.3 -> 63.5, where 4 slices were slower than
- * none (82.2, 73.2: a lane has fewer chunks in flight). A forced mode
- * (1 / 2 / 4) takes S as asked. Either only where the row's chunks and the
- * rows divide evenly (no dead warp ever meets the barrier) and each lane
- * has a chunk of every slice. */
-static int lc_qgemv_split(int mode, int grid, int resident, int chunks, int N, int rows_per_cta) {
-    const int S = mode ? mode : grid <= resident ? 2 : 1;
-    if (S == 1 || chunks % S || chunks / S < 32 || N % (rows_per_cta / S)) return 1;
+/* The one-row kernel's rows a warp (R) and chunks a row in flight a lane (U). */
+template <int FMT, int M>
+constexpr int lc_qgemv_rows() {
+    return FMT == LOOM_CUDA_Q_INT4 ? (M == 1 ? 4 : 2) : M <= 4 ? 2 : 4;
+}
+template <int M>
+constexpr int lc_qgemv_u() {
+    return M <= 2 ? 4 : 2;
+}
+
+/* CTAs of the unsplit one-row kernel the current device holds at once,
+ * asked once per device (tensor-parallel ranks are threads on different
+ * GPUs); 0 when the query fails (the caller then does not split; the
+ * query's own error is not left for a later launch to be blamed for). */
+template <typename T, int FMT, bool F32>
+static int lc_qgemv_resident(void) {
+    static std::atomic<int> memo[64];
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) {
+        if (cudaPeekAtLastError() == e) (void)cudaGetLastError();
+        return 0;
+    }
+    int v = memo[dev & 63].load(std::memory_order_relaxed);
+    if (v > 0) return v;
+    constexpr int R = lc_qgemv_rows<FMT, 1>(), U = lc_qgemv_u<1>();
+    int per_sm = 0, sms = 0;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lc_qgemv_kernel<T, FMT, 1, R, U, F32, false, 1>,
+                                                      LC_QGEMV_WARPS * 32, 0);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess || per_sm < 1 || sms < 1) {
+        if (e != cudaSuccess && cudaPeekAtLastError() == e) (void)cudaGetLastError();
+        return 0;
+    }
+    v = per_sm * sms;
+    memo[dev & 63].store(v, std::memory_order_relaxed);
+    return v;
+}
+
+/* S, the slices of K of a one-row call of w (1: unsplit). auto: 2 where
+ * the unsplit grid leaves the GPU short of a full wave — Llama-3-8B's O and
+ * down projections, 512 CTAs of W8A16 (256 of INT4) on 132 SMs that hold
+ * ~1200 (~530) — so that a matrix of few rows runs as many warps as a wide
+ * one; one whole layer at one token on the H200 (gpu_bench --layer 256,
+ * bench/results/h200-2026-12-02-s12/a): W8A16 80.6 -> 77.8 us, INT4 67.3
+ * -> 63.5, where 4 slices were slower than none (82.2, 73.2: a lane has
+ * fewer chunks in flight). A forced mode (1 / 2 / 4) takes S as asked.
+ * Either only where the rows divide into whole split CTAs (so no warp of
+ * one is dead: every warp meets the barrier) and the row's chunks into
+ * slices of at least one chunk a lane. */
+template <typename T, int FMT, bool F32>
+static int lc_qgemv_slices(const loom_cuda_qweight *w) {
+    constexpr int R = lc_qgemv_rows<FMT, 1>();
+    const int mode = lc_split_mode(), rows_per_cta = LC_QGEMV_WARPS * R;
+    const int chunks = (int)((FMT == LOOM_CUDA_Q_INT4 ? (size_t)w->K / 2 : (size_t)w->K) / 16);
+    int S = mode;
+    if (!mode) {
+        const int resident = lc_qgemv_resident<T, FMT, F32>();
+        S = resident > 0 && (w->N + rows_per_cta - 1) / rows_per_cta <= resident ? 2 : 1;
+    }
+    if (S == 1 || chunks % S || chunks / S < 32 || w->N % (rows_per_cta / S)) return 1;
     return S;
 }
 
 /* PAIR (M = 1, dt out): with the pair epilogue epi of P (lc_epi_p) — the
  * same R, U and loads; its 2R pairs a CTA are the plain kernel's 4R rows,
  * so the grid is the same too. split (M = 1, not PAIR, not batch-invariant:
- * the sums' order changes): may split K across the CTA's warps. */
+ * the sums' order changes): K may be split across the CTA's warps
+ * (lc_qgemv_slices). */
 template <typename T, int FMT, int M, bool F32, bool PAIR = false>
 static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const void *xq,
                               const float *sx, void *y, cudaStream_t s, int P = 0,
@@ -451,8 +504,8 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
      * 76.4 -> 72.8 us on the H200 (gpu_bench --quant-m 1, 2026-12-01),
      * where the same layout with 2 chunks in flight was slower (82.3). */
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
-    constexpr int R = I4 ? (M == 1 ? 4 : 2) : M <= 4 ? 2 : 4;
-    constexpr int U = M <= 2 ? 4 : 2;
+    constexpr int R = lc_qgemv_rows<FMT, M>();
+    constexpr int U = lc_qgemv_u<M>();
     const int rows_per_cta = LC_QGEMV_WARPS * R;
     const unsigned grid = (unsigned)((w->N + rows_per_cta - 1) / rows_per_cta);
     const int early = LC_QGEMV_EARLY(FMT, M) && lc_early_weights(); /* and then no L2 prefetch of the same bytes */
@@ -460,26 +513,15 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
     const int pf = early ? 0 : lc_weight_prefetch((size_t)w->N * row_bytes);
     const loom_cuda_epi e = epi ? *epi : loom_cuda_epi{};
     if constexpr (M == 1 && !PAIR) {
-        if (split) {
-            const int mode = lc_split_mode();
-            static int resident = 0; /* CTAs of the unsplit kernel the GPU holds at once */
-            if (!resident && mode == 0) {
-                int dev = 0, sms = 0, per_sm = 0;
-                cudaGetDevice(&dev);
-                cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lc_qgemv_kernel<T, FMT, M, R, U, F32, false, 1>,
-                                                              LC_QGEMV_WARPS * 32, 0);
-                resident = sms * per_sm > 0 ? sms * per_sm : 1;
-            }
-            const int S = lc_qgemv_split(mode, (int)grid, resident, (int)(row_bytes / 16), w->N, rows_per_cta);
-            if (S == 2 || S == 4) {
-                lc_split_launches++;
-                return lc_launch(S == 2 ? lc_qgemv_kernel<T, FMT, M, R, U, F32, false, 2>
-                                        : lc_qgemv_kernel<T, FMT, M, R, U, F32, false, 4>,
-                                 dim3((unsigned)(w->N / (rows_per_cta / S))), dim3(LC_QGEMV_WARPS * 32), 0, s, static_cast<const T *>(x),
-                                 static_cast<const uint8_t *>(xq), sx, static_cast<const uint8_t *>(w->data),
-                                 w->scales, y, w->N, w->K, w->group, pf, early, P, e);
-            }
+        const int S = split ? lc_qgemv_slices<T, FMT, F32>(w) : 1;
+        if (S == 2 || S == 4) {
+            lc_split_launches++;
+            return lc_launch(S == 2 ? lc_qgemv_kernel<T, FMT, M, R, U, F32, false, 2>
+                                    : lc_qgemv_kernel<T, FMT, M, R, U, F32, false, 4>,
+                             dim3((unsigned)(w->N / (rows_per_cta / S))), dim3(LC_QGEMV_WARPS * 32), 0, s,
+                             static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
+                             static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group, pf, early,
+                             P, e);
         }
     }
     return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32, PAIR>, dim3(grid), dim3(LC_QGEMV_WARPS * 32),
@@ -542,6 +584,25 @@ extern "C" cudaError_t lc_qgemv_epi(loom_cuda_dt dt, const loom_cuda_qweight *w,
                                               : lc_qgemv_pair_t<__nv_bfloat16>(w, x, xq, sx, y, P, epi, s);
     if (e == cudaSuccess) lc_epi_count();
     return e;
+}
+
+template <typename T>
+static int lc_qgemv_slices_t(const loom_cuda_qweight *w) {
+    switch (w->fmt) {
+    case LOOM_CUDA_Q_INT8_W8A16: return lc_qgemv_slices<T, LOOM_CUDA_Q_INT8_W8A16, false>(w);
+    case LOOM_CUDA_Q_INT8_W8A8: return lc_qgemv_slices<T, LOOM_CUDA_Q_INT8_W8A8, false>(w);
+    case LOOM_CUDA_Q_FP8: return lc_qgemv_slices<T, LOOM_CUDA_Q_FP8, false>(w);
+    case LOOM_CUDA_Q_INT4: return lc_qgemv_slices<T, LOOM_CUDA_Q_INT4, false>(w);
+    default: return 1;
+    }
+}
+
+extern "C" int lc_qgemv_splits(loom_cuda_dt dt, const loom_cuda_qweight *w, int invariant) {
+    /* lc_qgemv's choice at M = 1 (dt output; f32 outputs decide alike) */
+    if (invariant || w->N <= 0 || w->fmt == LOOM_CUDA_Q_GGUF || !loom_cuda_qweight_ok(w->fmt, w->K, w->group) ||
+        lc_qgemv_use_tc(w->fmt, w->K, w->group, 1, 0) || lc_qgemv_bulk_ok(w))
+        return 0;
+    return (dt == LOOM_CUDA_F16 ? lc_qgemv_slices_t<__half>(w) : lc_qgemv_slices_t<__nv_bfloat16>(w)) > 1;
 }
 
 extern "C" cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,

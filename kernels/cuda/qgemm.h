@@ -18,7 +18,7 @@ extern "C" {
 /* y (M, N) = x (M, K) @ dequant(w)^T for M in [1, 8], y dt or f32.
  * W8A16 / INT4 read x (M, K) dt; W8A8 / FP8 read xq (M, K) int8 / e4m3 and
  * sx (M) per-token scales from lc_quant_act (x unused). invariant: the
- * batch-invariant mode's call (the CUDA-core kernel at every M). */
+ * batch-invariant mode's call (the CUDA-core kernel at every M, unsplit). */
 cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
                      const void *x, const void *xq, const float *sx, void *y, int invariant,
                      cudaStream_t s);
@@ -50,6 +50,9 @@ int lc_qgemv_get_tc(void);
  * auto, auto by default). */
 void lc_qgemv_split_set(int s);
 long lc_qgemv_split_count(void); /* split launches so far (tests) */
+/* Whether lc_qgemv at M = 1 on w would split K (the CUDA-core kernel, not
+ * in batch-invariant mode, the split chosen). */
+int lc_qgemv_splits(loom_cuda_dt dt, const loom_cuda_qweight *w, int invariant);
 /* GEMV launches so far, tensor-core and CUDA-core (tests name what ran). */
 void lc_qgemv_count(long *tc, long *cc);
 void lc_qgemv_count_cc(void);

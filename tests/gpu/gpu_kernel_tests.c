@@ -1665,11 +1665,14 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
  * is no multiple of a CTA's rows (INT4 at 2 slices: the unsplit kernel
  * runs, so no dead warp meets the barrier), short rows that cannot give
  * every lane a chunk a slice (unsplit), tokens of wild magnitudes; each
- * call must have run the split kernel where it can. Then: never in
- * batch-invariant mode; auto splits the 8B O projection (512 CTAs of W8A16
- * leave an H200 short of a wave) and not its gate|up (3584 CTAs). */
+ * call must have run the split kernel where it can; FP8 also with its
+ * early weight loads off. Then: never in batch-invariant mode; auto runs
+ * what loom_cuda_qgemm_splits says, which on a GPU of 100+ SMs splits the
+ * 8B O projection (512 CTAs of W8A16 leave it short of a wave) and not
+ * gate|up (3584 CTAs). */
 static void test_qgemv_split(loom_cuda_gemm *g) {
     typedef struct { loom_cuda_qfmt fmt; loom_cuda_dt dt; int N, K, group; bool f32; } scase;
+    char name[200];
     const scase cs[] = {
         {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 4096, 4096, 0, true},
         {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 4096, 14336, 0, true},
@@ -1687,23 +1690,27 @@ static void test_qgemv_split(loom_cuda_gemm *g) {
     lc_qgemv_set_tc(0);
     for (int S = 2; S <= 4; S *= 2) {
         lc_qgemv_split_set(S);
-        for (int wild = 0; wild < 5; wild++)
+        for (int wild = 0; wild < 6; wild++)
             for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
                 const scase c = cs[ci];
-                if (wild && (!c.f32 || ci % 2)) continue;
-                g_qx_wild = wild;
+                /* wild 5: FP8 with its early weight loads off (the loop's
+                 * own first loads, at the slice's first chunk) */
+                if (wild == 5 ? c.fmt != LOOM_CUDA_Q_FP8 : wild && (!c.f32 || ci % 2)) continue;
+                lc_early_weights_set(wild == 5 ? 0 : -1);
+                g_qx_wild = wild == 5 ? 0 : wild;
                 const long s0 = lc_qgemv_split_count();
                 test_qgemm(g, c.dt, c.fmt, 1, c.N, c.K, c.group, 0, c.f32, false);
                 /* splits where the rows of a CTA / S divide N and each lane
                  * has a chunk of every slice */
                 const int R = c.fmt == LOOM_CUDA_Q_INT4 ? 4 : 2, chunks = (c.fmt == LOOM_CUDA_Q_INT4 ? c.K / 2 : c.K) / 16;
                 const bool can = c.N % (4 * R / S) == 0 && chunks % S == 0 && chunks / S >= 32;
-                char name[160];
-                snprintf(name, sizeof name, "qgemv %s %s M=1 N=%d K=%d wild%d split %d: %s", qfmt_name(c.fmt),
-                         dtn(c.dt), c.N, c.K, wild, S, can ? "ran split" : "ran unsplit");
+                snprintf(name, sizeof name, "qgemv %s %s M=1 N=%d K=%d %s%d split %d: %s", qfmt_name(c.fmt),
+                         dtn(c.dt), c.N, c.K, wild == 5 ? "late loads " : "wild", wild == 5 ? 0 : wild, S,
+                         can ? "ran split" : "ran unsplit");
                 report_bits(name, (lc_qgemv_split_count() > s0) == can ? 0 : 1, 1);
             }
     }
+    lc_early_weights_set(-1);
     g_qx_wild = 0;
     lc_qgemv_split_set(2);
     loom_cuda_gemm_set_batch_invariant(g, 1);
@@ -1711,14 +1718,36 @@ static void test_qgemv_split(loom_cuda_gemm *g) {
     test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 1, 4096, 4096, 0, 0, true, false);
     report_bits("qgemv int8_w8a16 M=1 in batch-invariant mode: not split", lc_qgemv_split_count() == s0 ? 0 : 1, 1);
     loom_cuda_gemm_set_batch_invariant(g, 0);
+    /* auto: the launch does what loom_cuda_qgemm_splits says; on a GPU of
+     * 100 SMs or more (an H100 / H200 holds ~9 CTAs of it an SM) that is
+     * to split the 8B O shape (512 CTAs) and not gate|up (3584) */
     lc_qgemv_split_set(0);
-    s0 = lc_qgemv_split_count();
-    test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 1, 4096, 4096, 0, 0, true, false);
-    report_bits("qgemv int8_w8a16 M=1 N=4096 K=4096: auto splits it", lc_qgemv_split_count() > s0 ? 0 : 1, 1);
-    s0 = lc_qgemv_split_count();
-    test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 1, 28672, 4096, 0, 0, true, false);
-    report_bits("qgemv int8_w8a16 M=1 N=28672 K=4096: auto leaves it whole (3584 CTAs fill the GPU)",
-                lc_qgemv_split_count() == s0 ? 0 : 1, 1);
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    const int auto_n[2] = {4096, 28672};
+    for (int i = 0; i < 2; i++) {
+        const loom_cuda_qweight probe = {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = auto_n[i], .K = 4096,
+                                         .data = (void *)256, .scales = (float *)256};
+        const int says = loom_cuda_qgemm_splits(g, LOOM_CUDA_BF16, &probe);
+        s0 = lc_qgemv_split_count();
+        test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 1, auto_n[i], 4096, 0, 0, true, false);
+        snprintf(name, sizeof name, "qgemv int8_w8a16 M=1 N=%d K=4096 auto: ran split = loom_cuda_qgemm_splits (%d)",
+                 auto_n[i], says);
+        report_bits(name, (lc_qgemv_split_count() > s0) == (says != 0) ? 0 : 1, 1);
+        if (sms >= 100) {
+            snprintf(name, sizeof name, "qgemv int8_w8a16 M=1 N=%d K=4096 auto on %d SMs: %s", auto_n[i], sms,
+                     i ? "whole (3584 CTAs fill the GPU)" : "split (512 CTAs do not)");
+            report_bits(name, (says != 0) == (i == 0) ? 0 : 1, 1);
+        }
+    }
+    loom_cuda_gemm_set_batch_invariant(g, 1);
+    {
+        const loom_cuda_qweight probe = {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 4096, .K = 4096,
+                                         .data = (void *)256, .scales = (float *)256};
+        report_bits("loom_cuda_qgemm_splits: never in batch-invariant mode",
+                    loom_cuda_qgemm_splits(g, LOOM_CUDA_BF16, &probe) ? 1 : 0, 1);
+    }
+    loom_cuda_gemm_set_batch_invariant(g, 0);
     lc_qgemv_split_set(-1);
     lc_qgemv_bulk_set(bulk0);
     lc_qgemv_set_tc(tc0);

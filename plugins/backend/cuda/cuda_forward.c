@@ -312,18 +312,21 @@ static loom_status cb_all_reduce(cuda_backend *b, void *buf, int64_t count, loom
 }
 
 /* Whether a one-token step fuses SwiGLU into the gate|up GEMV for a layer
- * whose down projection is q: everywhere but before a GGUF down projection
- * (its own GEMV, not measured). Session 11 found W8A16 / INT4 slower fused
- * (one Llama-3-8B layer in a CUDA graph: W8A16 82.6 -> 87.8 us), and
- * session 12 why: their down projection, 512 (256) CTAs on 132 SMs, ran
- * with a quarter of the warps an SM holds, which a kernel between hid. With
- * its K split across the CTA's warps (qgemm.cu: lc_qgemv_split) the fused
- * layer is the faster one: W8A16 77.8 -> 77.2 us, INT4 63.5 -> 62.6; the
- * engine's W8A16 batch 1 2.70 -> 2.66 ms a token (H200,
- * bench/results/h200-2026-12-02-s12/a, c). */
-static bool cb_swiglu_fuses(const loom_cuda_qweight *q) {
+ * whose down projection is q. bf16 / W8A8 / FP8: yes. W8A16 / INT4: only
+ * where that down projection's one-row GEMV splits K (loom_cuda_qgemm_splits).
+ * Session 11 measured them slower fused (one Llama-3-8B layer in a CUDA
+ * graph: W8A16 82.6 -> 87.8 us) and session 12 found why: their down
+ * projection, 512 (256) CTAs on 132 SMs, ran a quarter of the warps an SM
+ * holds, which a kernel between hid. Split, the fused layer is the faster
+ * one (W8A16 77.8 -> 77.2 us, INT4 63.5 -> 62.6; engine W8A16 batch 1 2.70
+ * -> 2.66 ms a token, H200, bench/results/h200-2026-12-02-s12/a, c);
+ * unsplit (batch-invariant mode, LOOM_CUDA_QGEMV_SPLIT=1) it is not. GGUF
+ * (its own GEMV, not measured): no. */
+static bool cb_swiglu_fuses(const cuda_backend *b, const loom_cuda_qweight *q) {
     if (!loom_cuda_epi_fuses(LOOM_CUDA_EPI_SWIGLU)) return false;
-    return !q || q->fmt != LOOM_CUDA_Q_GGUF;
+    if (!q || q->fmt == LOOM_CUDA_Q_NONE || q->fmt == LOOM_CUDA_Q_INT8_W8A8 || q->fmt == LOOM_CUDA_Q_FP8)
+        return true;
+    return (q->fmt == LOOM_CUDA_Q_INT8_W8A16 || q->fmt == LOOM_CUDA_Q_INT4) && loom_cuda_qgemm_splits(b->gemm, b->dt, q);
 }
 
 /* Enqueue the embedding and every layer for p->T rows. Leaves the residual
@@ -331,7 +334,8 @@ static bool cb_swiglu_fuses(const loom_cuda_qweight *q) {
  * already summed over the ranks). A one-token step (batch-1 decode) hands
  * RoPE + KV write — and SwiGLU where it pays (cb_swiglu_fuses) — to the
  * QKV and gate|up GEMVs (pair epilogues, cuda_kernels.h: loom_cuda_epi; a
- * launch and a kernel boundary fewer each, the same bits; in a CUDA graph
+ * launch and a kernel boundary fewer each, the same bits as the separate
+ * kernels after an unsplit GEMV; in a CUDA graph
  * on the H200 the separate kernels cost ~2.2 us each of a Llama-3-8B
  * layer, bench/results/h200-2026-12-02-s11/c); the down projection then
  * reads act, which the epilogue wrote. */
@@ -385,7 +389,7 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
         /* FFN block: x += r; (T, H) -> (T, 2I) -> (T, I) -> r (T, H). The
          * row-parallel GEMMs' partial r are summed over ranks (sharded) */
         const loom_cuda_epi swiglu = {.kind = LOOM_CUDA_EPI_SWIGLU, .act = b->act};
-        const bool swiglu1 = T == 1 && cb_swiglu_fuses(&ly->q[CB_G_DOWN]);
+        const bool swiglu1 = T == 1 && cb_swiglu_fuses(b, &ly->q[CB_G_DOWN]);
         if ((st = cb_gemm(b, false, T, H, QD, b->att, ly->wo, &ly->q[CB_G_O], b->r, "attn_output", err)) ||
             (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)) ||
             (st = cb_norm_gemm(b, T, 2 * I, ly->ffn_norm, b->r, ly->wgu, &ly->q[CB_G_GU], b->gu,
