@@ -34,12 +34,17 @@ static inline int lc_epi_p(const loom_cuda_epi *e, int N) {
 }
 
 /* The first row of the R consecutive rows a warp computes, and whether its
- * pairs exist (a warp past the last pair still reaches the barrier). */
-__device__ __forceinline__ int lc_epi_row0(int R, int P, int N, int warp, bool *live) {
-    const int q0 = (int)blockIdx.x * 2 * R + (warp & 1) * R;
+ * pairs exist (a warp past the last pair still reaches the barrier). L:
+ * the CTA's row groups (LC_EPI_WARPS, or fewer where warps share one, each
+ * summing a slice of K: qgemm.cu's split), lw this warp's group — the
+ * first L / 2 groups take the first rows of the CTA's R L / 2 pairs, the
+ * others their partners. */
+__device__ __forceinline__ int lc_epi_row0(int R, int P, int N, int lw, bool *live, int L = LC_EPI_WARPS) {
+    const int half = L / 2;
+    const int q0 = (int)blockIdx.x * R * half + (lw % half) * R;
     *live = q0 < N / 2;
     if (!*live) return 0;
-    return (q0 / P) * 2 * P + q0 % P + (warp >> 1) * P;
+    return (q0 / P) * 2 * P + q0 % P + (lw / half) * P;
 }
 
 /* Pair q of y (1, N) dt: a and b the float sums of rows na and na + P. */
@@ -83,18 +88,23 @@ __device__ __forceinline__ void lc_epi_pair(const loom_cuda_epi &e, T *__restric
     }
 }
 
-/* The CTA's end: lane 0 of each warp hands over its R sums (M = 1), then
- * one thread a pair. Every thread of the CTA must call it. */
-template <typename T, int R>
-__device__ __forceinline__ void lc_epi_finish(const loom_cuda_epi &e, void *y, int P, int N, const float (&sum)[R]) {
-    __shared__ float pv[LC_EPI_WARPS][R];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0)
+/* The CTA's end: lane 0 of each row group's writing warp hands over its R
+ * sums (M = 1), then one thread a pair. Every thread of the CTA must call
+ * it. L and lw as lc_epi_row0's; write: this warp holds its group's sums
+ * (with K split, the group's first warp, after adding the other slices). */
+template <typename T, int R, int L = LC_EPI_WARPS>
+__device__ __forceinline__ void lc_epi_finish(const loom_cuda_epi &e, void *y, int P, int N, const float (&sum)[R],
+                                              int lw = threadIdx.x >> 5, bool write = true) {
+    constexpr int half = L / 2;
+    __shared__ float pv[L][R];
+    const int lane = threadIdx.x & 31;
+    if (lane == 0 && write)
 #pragma unroll
-        for (int r = 0; r < R; r++) pv[warp][r] = sum[r];
+        for (int r = 0; r < R; r++) pv[lw][r] = sum[r];
     __syncthreads();
-    const int t = threadIdx.x, q = (int)blockIdx.x * 2 * R + t;
-    if (t < 2 * R && q < N / 2) lc_epi_pair<T>(e, static_cast<T *>(y), q, P, pv[t / R][t % R], pv[2 + t / R][t % R]);
+    const int t = threadIdx.x, q = (int)blockIdx.x * R * half + t;
+    if (t < R * half && q < N / 2)
+        lc_epi_pair<T>(e, static_cast<T *>(y), q, P, pv[t / R][t % R], pv[half + t / R][t % R]);
 }
 
 #endif
