@@ -7,7 +7,9 @@
  * consecutive (P % R == 0), so its loads are the plain kernel's. Lane 0 of
  * each warp leaves its R sums in shared memory and 2R threads finish one
  * pair each (lc_epi_pair): the separate kernel's arithmetic on the same
- * dt-rounded outputs, element by element.
+ * dt-rounded outputs, element by element. Where K is split (qgemm.cu, two
+ * warps a row group) the CTA has L = 2 groups and R pairs: group 0 the
+ * first rows, group 1 the partners; the general form takes L.
  */
 #ifndef LOOM_CUDA_EPILOGUE_CUH
 #define LOOM_CUDA_EPILOGUE_CUH
@@ -19,7 +21,7 @@
 
 /* Rows of the pair epilogue: P for kind on an output of N rows, or 0 when
  * the rows do not pair (N a whole number of 2P blocks; P % R == 0 for the
- * kernel's R <= 4, and whole CTAs of 2R pairs). */
+ * kernel's R <= 4, and whole CTAs of 2R pairs — R pairs when split). */
 static inline int lc_epi_p(const loom_cuda_epi *e, int N) {
     if (!e || N <= 0) return 0;
     int P = 0;
@@ -95,6 +97,7 @@ __device__ __forceinline__ void lc_epi_pair(const loom_cuda_epi &e, T *__restric
 template <typename T, int R, int L = LC_EPI_WARPS>
 __device__ __forceinline__ void lc_epi_finish(const loom_cuda_epi &e, void *y, int P, int N, const float (&sum)[R],
                                               int lw = threadIdx.x >> 5, bool write = true) {
+    static_assert(L >= 2 && L % 2 == 0, "row groups come in first-row / partner halves");
     constexpr int half = L / 2;
     __shared__ float pv[L][R];
     const int lane = threadIdx.x & 31;

@@ -372,9 +372,9 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
         }
     }
     if constexpr (PAIR) { /* the sums as the store below forms them (n0 + r < N here) */
-        float sum[R];
+        float sum[R] = {};
 #pragma unroll
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < R && ks == 0; r++) { /* a later slice's warp only meets the barrier */
             const int n = n0 + r;
             if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A16) sum[r] = acc[r][0] * sc[n];
             else if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A8) sum[r] = (float)iacc[r][0] * (sx[0] * sc[n]);
@@ -495,9 +495,11 @@ static int lc_qgemv_resident(void) {
  * one is dead: every warp meets the barrier) and the row's chunks into
  * slices of at least one chunk a lane. */
 template <typename T, int FMT, bool F32>
-static int lc_qgemv_slices(const loom_cuda_qweight *w) {
+static int lc_qgemv_slices(const loom_cuda_qweight *w, int max_s = 4) {
     constexpr int R = lc_qgemv_rows<FMT, 1>();
-    const int mode = lc_split_mode(), rows_per_cta = LC_QGEMV_WARPS * R;
+    const int rows_per_cta = LC_QGEMV_WARPS * R;
+    int mode = lc_split_mode();
+    if (mode > max_s) mode = max_s;
     const int chunks = (int)((FMT == LOOM_CUDA_Q_INT4 ? (size_t)w->K / 2 : (size_t)w->K) / 16);
     int S = mode;
     if (!mode) {
@@ -510,9 +512,10 @@ static int lc_qgemv_slices(const loom_cuda_qweight *w) {
 
 /* PAIR (M = 1, dt out): with the pair epilogue epi of P (lc_epi_p) — the
  * same R, U and loads; its 2R pairs a CTA are the plain kernel's 4R rows,
- * so the grid is the same too. split (M = 1, not PAIR, not batch-invariant:
- * the sums' order changes): K may be split across the CTA's warps
- * (lc_qgemv_slices). */
+ * so the grid is the same too. split (M = 1, not batch-invariant: the sums'
+ * order changes): K may be split across the CTA's warps (lc_qgemv_slices;
+ * PAIR only with lc_qgemv_split_pair on, in 2 slices: R pairs a CTA, a
+ * grid of N / 2R). */
 template <typename T, int FMT, int M, bool F32, bool PAIR = false>
 static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const void *xq,
                               const float *sx, void *y, cudaStream_t s, int P = 0,
@@ -535,8 +538,7 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
     if constexpr (M == 1) {
         /* PAIR: 2 slices at most (the CTA's row groups hold pairs), and only
          * with lc_qgemv_split_pair on */
-        int S = split && (!PAIR || lc_qgemv_split_pair()) ? lc_qgemv_slices<T, FMT, F32>(w) : 1;
-        if (PAIR && S > 2) S = 1;
+        int S = split && (!PAIR || lc_qgemv_split_pair()) ? lc_qgemv_slices<T, FMT, F32>(w, PAIR ? 2 : 4) : 1;
         if (S == 2 || S == 4) {
             lc_split_launches++;
             return lc_launch(S == 2 ? lc_qgemv_kernel<T, FMT, M, R, U, F32, PAIR, 2>

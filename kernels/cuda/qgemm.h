@@ -47,7 +47,8 @@ int lc_qgemv_get_tc(void);
  * the batch-invariant mode): 1, 2 or 4 slices, or 0 = auto (2 where the
  * unsplit grid does not fill the GPU once: matrices of few rows get as
  * many warps as wide ones); -1 back to LOOM_CUDA_QGEMV_SPLIT (1 / 2 / 4 /
- * auto, auto by default). */
+ * auto, auto by default). The pair-epilogue GEMV follows it (2 slices at
+ * most) only with lc_qgemv_split_pair_set(1) as well. */
 void lc_qgemv_split_set(int s);
 long lc_qgemv_split_count(void); /* split launches so far (tests) */
 /* Whether lc_qgemv at M = 1 on w would split K (the CUDA-core kernel, not

@@ -1453,6 +1453,8 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
     static const struct { int kind, H, KVH, D, K, bias, f8, slot; } cases[] = {
         {LOOM_CUDA_EPI_ROPE_KV, 32, 8, 128, 4096, 0, 0, 1}, {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 0, 1},
         {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 1, 1},    {LOOM_CUDA_EPI_ROPE_KV, 6, 6, 16, 256, 0, 1, 0},
+        /* small heads (P = 8) long enough to split: bias, E4M3 cache */
+        {LOOM_CUDA_EPI_ROPE_KV, 6, 6, 16, 2048, 1, 1, 1},
         {LOOM_CUDA_EPI_SWIGLU, 14336, 0, 0, 4096, 0, 0, 0},
         {LOOM_CUDA_EPI_SWIGLU, 1536, 0, 0, 576, 0, 0, 0},
     };
