@@ -27,7 +27,7 @@
  * down projections: 512 CTAs of W8A16 where an H200 holds ~1200) splits K
  * in two (S): two warps share a row group, one slice each, and add their
  * sums in shared memory — twice the warps, the GPU's weight stream full
- * (lc_qgemv_split). Decoding is exact and cheap:
+ * (lc_qgemv_slices). Decoding is exact and cheap:
  *   int8 -> float: byte ^ 0x80 placed in the mantissa of 2^23 by one PRMT,
  *                  minus (2^23 + 128) — no int->float conversion unit;
  *   int4 -> float: (w & 0x0F0F0F0F) and ((w >> 4) & 0x0F0F0F0F) hold the
