@@ -90,6 +90,22 @@ static void cli_free(cli_out *r) {
 
 #define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
+/* The SmoothQuant comparisons score 1024 tokens per pipeline: minutes under
+ * AddressSanitizer (the int8 / fp8 cpu kernels are instrumented), past the
+ * test's timeout on a slow 2-core CI machine. The sanitizer build runs the
+ * same code paths on 64 tokens (calibration on 64) and checks that every
+ * run succeeds with a finite perplexity; which pipeline wins is the plain
+ * build's assertion, on the full slice. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SQ_SANITIZED 1
+#define SQ_SCORE_TOKENS "64"
+#define SQ_CAL_TOKENS "64"
+#else
+#define SQ_SANITIZED 0
+#define SQ_SCORE_TOKENS "1024"
+#define SQ_CAL_TOKENS "384"
+#endif
+
 static void need_model(void) {
     const char *m = getenv("LOOM_TEST_MODEL");
     if (!m || !m[0]) cr_skip_test("LOOM_TEST_MODEL is unset (point it at SmolLM2-135M-Instruct.Q4_1.gguf)");
@@ -339,16 +355,16 @@ Test(quant_cli, calibrate_help_and_usage) {
 }
 
 /* Statistics of tokens 2048..2431 of the shipped text (Bill of Rights
- * onwards) into stats[] (a mkstemp template); the real-model tests score the
- * disjoint tokens 0..1023. */
+ * onwards; 2048..2111 under sanitizers) into stats[] (a mkstemp template);
+ * the real-model tests score the disjoint tokens 0..1023 (0..63). */
 static void calibrate_tail(char *stats) {
     int fd = mkstemp(stats);
     cr_assert_geq(fd, 0);
     close(fd);
     cli_out r = cli(ARGS("calibrate", "tests/quant/data/smol.yaml", "data/text/us-founding-documents.txt",
-                         "--skip-tokens", "2048", "--max-tokens", "384", "-q", "--out", stats));
+                         "--skip-tokens", "2048", "--max-tokens", SQ_CAL_TOKENS, "-q", "--out", stats));
     cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
-    cr_assert(strstr(r.out, "210 weights") && strstr(r.out, "384 tokens"), "%s", r.out);
+    cr_assert(strstr(r.out, "210 weights") && strstr(r.out, SQ_CAL_TOKENS " tokens"), "%s", r.out);
     cli_free(&r);
 }
 
@@ -365,16 +381,16 @@ Test(quant_cli, smoothquant_real_model, .timeout = 600) {
     const char *label[4] = {"f32", "W8A8", "W8A8 + SmoothQuant 0.5", "W8A8, ffn_down W8A16"};
     for (int i = 0; i < 4; i++) {
         r = i == 0 ? cli(ARGS("perplexity", "tests/quant/data/smol.yaml",
-                              "data/text/us-founding-documents.txt", "-n", "1024", "--json", "-q"))
+                              "data/text/us-founding-documents.txt", "-n", SQ_SCORE_TOKENS, "--json", "-q"))
             : i == 1 ? cli(ARGS("perplexity", "tests/quant/data/smol.yaml",
-                                "data/text/us-founding-documents.txt", "-n", "1024", "--json", "-q",
+                                "data/text/us-founding-documents.txt", "-n", SQ_SCORE_TOKENS, "--json", "-q",
                                 "--set", "quantizer.plugin=int8", "--set", "quantizer.mode=w8a8"))
             : i == 2 ? cli(ARGS("perplexity", "tests/quant/data/smol.yaml",
-                                "data/text/us-founding-documents.txt", "-n", "1024", "--json", "-q",
+                                "data/text/us-founding-documents.txt", "-n", SQ_SCORE_TOKENS, "--json", "-q",
                                 "--set", "quantizer.plugin=int8", "--set", "quantizer.mode=w8a8",
                                 "--set", "quantizer.smoothquant=0.5", "--set", cal))
                      : cli(ARGS("perplexity", "tests/quant/data/smol.yaml",
-                                "data/text/us-founding-documents.txt", "-n", "1024", "--json", "-q",
+                                "data/text/us-founding-documents.txt", "-n", SQ_SCORE_TOKENS, "--json", "-q",
                                 "--set", "quantizer.plugin=int8", "--set", "quantizer.mode=w8a8",
                                 "--set", "quantizer.weight_only=ffn_down"));
         cJSON *j = ppl_json(&r);
@@ -382,17 +398,21 @@ Test(quant_cli, smoothquant_real_model, .timeout = 600) {
         cJSON_Delete(j);
         cli_free(&r);
     }
-    fprintf(stderr, "SmoothQuant e2e (tokens 0..1023, calibrated on 2048..2431): %s %.4f, %s %.4f, %s %.4f, "
+    fprintf(stderr, "SmoothQuant e2e (first " SQ_SCORE_TOKENS " tokens, calibrated on " SQ_CAL_TOKENS " from 2048): %s %.4f, %s %.4f, %s %.4f, "
             "%s %.4f\n", label[0], ppl[0], label[1], ppl[1], label[2], ppl[2], label[3], ppl[3]);
     cr_log_info("%s %.4f, %s %.4f, %s %.4f, %s %.4f", label[0], ppl[0], label[1], ppl[1], label[2], ppl[2],
                 label[3], ppl[3]);
-    cr_assert_lt(ppl[2], ppl[1], "SmoothQuant %.4f should beat plain W8A8 %.4f (f32 %.4f)", ppl[2], ppl[1],
-                 ppl[0]);
-    cr_assert_gt(ppl[2], ppl[0] * 0.97, "smoothed W8A8 %.4f far below f32 %.4f: suspicious", ppl[2], ppl[0]);
-    /* the down projections' inputs carry W8A8's worst outliers: W8A16 there
-     * (weight_only, no calibration needed) must recover part of the loss */
-    cr_assert_lt(ppl[3], ppl[1], "weight_only=ffn_down %.4f should beat plain W8A8 %.4f", ppl[3], ppl[1]);
-    cr_assert_gt(ppl[3], ppl[0] * 0.97, "%.4f far below f32 %.4f: suspicious", ppl[3], ppl[0]);
+    for (int i = 0; i < 4; i++)
+        cr_assert(isfinite(ppl[i]) && ppl[i] > 1, "%s perplexity %g", label[i], ppl[i]);
+    if (!SQ_SANITIZED) {
+        cr_assert_lt(ppl[2], ppl[1], "SmoothQuant %.4f should beat plain W8A8 %.4f (f32 %.4f)", ppl[2], ppl[1],
+                     ppl[0]);
+        cr_assert_gt(ppl[2], ppl[0] * 0.97, "smoothed W8A8 %.4f far below f32 %.4f: suspicious", ppl[2], ppl[0]);
+        /* the down projections' inputs carry W8A8's worst outliers: W8A16 there
+         * (weight_only, no calibration needed) must recover part of the loss */
+        cr_assert_lt(ppl[3], ppl[1], "weight_only=ffn_down %.4f should beat plain W8A8 %.4f", ppl[3], ppl[1]);
+        cr_assert_gt(ppl[3], ppl[0] * 0.97, "%.4f far below f32 %.4f: suspicious", ppl[3], ppl[0]);
+    }
 
     /* a damaged file is named; so is a file that is not one */
     cr_assert_eq(truncate(stats, 300000), 0);
@@ -436,7 +456,7 @@ Test(quant_cli, fp8_smoothquant_real_model, .timeout = 600) {
     double ppl[2];
     for (int i = 0; i < 2; i++) {
         cli_out r = cli(ARGS("perplexity", "tests/quant/data/smol.yaml",
-                             "data/text/us-founding-documents.txt", "-n", "1024", "--json", "-q",
+                             "data/text/us-founding-documents.txt", "-n", SQ_SCORE_TOKENS, "--json", "-q",
                              "--set", "quantizer.plugin=fp8", "--set", "quantizer.scales=per_channel",
                              "--set", i ? "quantizer.smoothquant=0.8" : "quantizer.smoothquant=0",
                              "--set", cal));
@@ -445,10 +465,14 @@ Test(quant_cli, fp8_smoothquant_real_model, .timeout = 600) {
         cJSON_Delete(j);
         cli_free(&r);
     }
-    fprintf(stderr, "fp8 SmoothQuant e2e (tokens 0..1023, calibrated on 2048..2431): fp8 %.4f, "
+    fprintf(stderr, "fp8 SmoothQuant e2e (first " SQ_SCORE_TOKENS " tokens, calibrated on " SQ_CAL_TOKENS
+            " from 2048): fp8 %.4f, "
             "fp8 + SmoothQuant 0.8 %.4f\n", ppl[0], ppl[1]);
     cr_log_info("fp8 %.4f, fp8 + SmoothQuant 0.8 %.4f", ppl[0], ppl[1]);
-    cr_assert_lt(ppl[1], ppl[0], "SmoothQuant %.4f should beat plain fp8 %.4f", ppl[1], ppl[0]);
+    cr_assert(isfinite(ppl[0]) && ppl[0] > 1 && isfinite(ppl[1]) && ppl[1] > 1, "fp8 %g, smoothed %g", ppl[0],
+              ppl[1]);
+    if (!SQ_SANITIZED)
+        cr_assert_lt(ppl[1], ppl[0], "SmoothQuant %.4f should beat plain fp8 %.4f", ppl[1], ppl[0]);
     /* smoothquant without a file: the fix is in the message */
     cli_out r = cli(ARGS("perplexity", "tests/quant/data/smol.yaml", "data/text/us-founding-documents.txt",
                          "-n", "16", "-q", "--set", "quantizer.plugin=fp8", "--set",
