@@ -18,6 +18,7 @@
 
 #define LOOM_COMMANDS(X)                                                                           \
     X(run, "generate text from a prompt with a pipeline")                                          \
+    X(serve, "OpenAI-compatible HTTP server (completions, chat, streaming) over a pipeline")       \
     X(bench, "offline benchmark of a pipeline, or an A/B comparison of two")                       \
     X(plugins, "list every plugin in the search path (and broken files, with why)")                \
     X(check, "validate a pipeline file, load its plugins, print it resolved")                      \

@@ -3,7 +3,7 @@
 # .devpack/ (git-ignored; named in the device tool's `carry`): the built
 # binaries of BUILD_DIR (keeping the build-tree layout) and the host shared
 # libraries the GPU image lacks (libyaml, PCRE2, cJSON, OpenBLAS + Fortran
-# runtime), xz-compressed to fit the transfer limit. The GPU machine has no
+# runtime, libmicrohttpd + GnuTLS), xz-compressed to fit the transfer limit. The GPU machine has no
 # package registry, so nothing can be installed there.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,6 +25,13 @@ for l in libcjson.so.1 libgfortran.so.5 libpcre2-8.so.0 libquadmath.so.0 libyaml
   libs+=("$(readlink -f /lib/x86_64-linux-gnu/$l)")
 done
 libs+=("$(readlink -f /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0)")
+# `loom serve` links libmicrohttpd, which links GnuTLS and its helpers: the
+# whole closure (glibc aside) travels, as the image may lack any of them.
+for l in $(ldd /lib/x86_64-linux-gnu/libmicrohttpd.so.12 | awk '/=> \//{print $3}' |
+           grep -v -e '/libc\.so' -e '/libm\.so' -e '/ld-linux'); do
+  libs+=("$(readlink -f "$l")")
+done
+libs+=("$(readlink -f /lib/x86_64-linux-gnu/libmicrohttpd.so.12)")
 tmp=$(mktemp -d)
 for f in "${libs[@]}"; do cp "$f" "$tmp/"; done
 # Keep the sonames the binaries ask for.

@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$build" ] || { [ $sanitize = 1 ] && build="$root/build-asan" || build="$root/build"; }
 
-pkgs=(meson ninja-build pkg-config gcc libyaml-dev libpcre2-dev libcjson-dev libopenblas-dev
+pkgs=(meson ninja-build pkg-config gcc libyaml-dev libpcre2-dev libcjson-dev libmicrohttpd-dev libopenblas-dev
       libcriterion-dev python3 python3-pip unzip ca-certificates)
 missing=()
 for p in "${pkgs[@]}"; do

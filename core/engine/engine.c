@@ -145,6 +145,7 @@ static void emit(loom_engine *e, loom_seq *s, int32_t token, const char *text, f
         .error = error,
         .probs = token >= 0 ? s->cur_probs : NULL,
         .vocab = e->vocab,
+        .prompt_tokens = s->req->prompt_len,
     };
     s->req->r.on_token(s->req->r.user, &ev);
 }
@@ -193,7 +194,7 @@ static void seq_finish(loom_engine *e, loom_seq *s, loom_finish_reason why, cons
          * its own final event (one final event per sample). */
         for (int32_t k = 1; k < rq->n && rq->r.on_token; k++) {
             loom_token_event ev = {.request_id = rq->id, .sample_index = k, .token = -1, .text = "",
-                                   .finish = why, .error = error};
+                                   .finish = why, .error = error, .prompt_tokens = rq->prompt_len};
             rq->r.on_token(rq->r.user, &ev);
         }
         rq->live = 0;
@@ -233,12 +234,47 @@ int64_t loom_engine_add_request(loom_engine *e, const loom_request *req, loom_er
     rq->r.system = loom_strdup(req->system);
     rq->r.prompt = NULL;
     rq->r.tokens = NULL;
+    rq->r.messages = NULL;
     rq->n = req->n > 1 ? req->n : 1;
     rq->arrival = loom_now();
     loom_status st = LOOM_OK;
 
     /* Tokenize here, on the caller's thread: the tokenizer is immutable. */
-    if (req->prompt && !e->tok) {
+    if (req->num_messages > 0 && (req->prompt || req->tokens || req->chat || req->system || !req->messages)) {
+        st = loom_error_set(err, LOOM_ERR_INVALID,
+                            req->messages ? "a request with messages takes no prompt, tokens, chat or system"
+                                          : "num_messages is %d but messages is NULL",
+                            req->num_messages);
+        goto fail;
+    } else if (req->num_messages > 0 && (!e->tok || e->chat_none)) {
+        st = loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                            !e->tok ? "this model has no tokenizer (dummy weights): a conversation needs one"
+                                    : "this pipeline has no chat template (model.chat_template: none): send "
+                                      "the prompt as text instead of messages");
+        goto fail;
+    } else if (req->num_messages > 0) {
+        loom_chat_msg *msgs = calloc((size_t)req->num_messages, sizeof *msgs);
+        if (!msgs) {
+            st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying %d messages", req->num_messages);
+            goto fail;
+        }
+        for (int32_t i = 0; i < req->num_messages && st == LOOM_OK; i++) {
+            const char *role = req->messages[i].role, *content = req->messages[i].content;
+            if (!role || !content || (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant")))
+                st = loom_error_set(err, LOOM_ERR_INVALID,
+                                    "messages[%d]: role '%s' with %s content: roles are system, user and "
+                                    "assistant, content is text",
+                                    i, role ? role : "(none)", content ? "text" : "no");
+            msgs[i] = (loom_chat_msg){role, content};
+        }
+        char *text = NULL;
+        if (st == LOOM_OK) st = loom_chat_apply(e->tok, e->chat_format, msgs, req->num_messages, true, &text, err);
+        free(msgs);
+        if (st == LOOM_OK)
+            st = loom_tokenizer_encode(e->tok, text, strlen(text), false, true, &rq->prompt, &rq->prompt_len, err);
+        free(text);
+        if (st != LOOM_OK) goto fail;
+    } else if (req->prompt && !e->tok) {
         st = loom_error_set(err, LOOM_ERR_UNSUPPORTED,
                             "this model has no tokenizer (dummy weights): give prompt token ids instead of text");
         goto fail;

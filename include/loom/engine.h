@@ -48,9 +48,19 @@ typedef struct loom_token_event {
     const float *probs;        /* (vocab) distribution the token was drawn
                                   from, when the request set want_probs; else NULL */
     int32_t vocab;             /* entries in probs                           */
+    /* added later: the engine fills the event, so a callback built against
+     * an older header just never reads what follows */
+    int32_t prompt_tokens;     /* the request's prompt, in tokens (after the
+                                  chat template) — for usage accounting   */
 } loom_token_event;
 
 typedef void (*loom_token_cb)(void *user, const loom_token_event *ev);
+
+/* One turn of a conversation (loom_request.messages). */
+typedef struct loom_chat_message {
+    const char *role;          /* "system", "user" or "assistant"            */
+    const char *content;       /* UTF-8 text                                 */
+} loom_chat_message;
 
 /* Grows only at its end. */
 typedef struct loom_request {
@@ -69,6 +79,11 @@ typedef struct loom_request {
     loom_token_cb on_token;    /* nullable                                   */
     void *user;
     bool want_probs;           /* events carry the sampling distribution (draft models) */
+    /* A whole conversation rendered through the model's chat template, ending
+     * with the assistant's turn to speak (an OpenAI chat request). Used when
+     * num_messages > 0; prompt, tokens, chat and system must then be unset. */
+    const loom_chat_message *messages;
+    int32_t num_messages;
 } loom_request;
 
 static inline loom_request loom_request_default(void) {

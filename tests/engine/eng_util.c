@@ -14,6 +14,7 @@
 void eng_rec_init(eng_rec *r, int32_t n) {
     memset(r, 0, sizeof *r);
     r->seen_id = -1;
+    r->prompt_tokens = -1;
     r->n = n < 1 ? 1 : n;
     cr_assert_leq(r->n, ENG_MAX_SAMPLES);
 }
@@ -32,7 +33,8 @@ void eng_rec_free(eng_rec *r) {
 void eng_on_token(void *user, const loom_token_event *ev) {
     eng_rec *r = user;
     if (r->seen_id < 0) r->seen_id = ev->request_id;
-    if (ev->request_id != r->seen_id || ev->sample_index < 0 || ev->sample_index >= r->n) {
+    if (r->prompt_tokens < 0) r->prompt_tokens = ev->prompt_tokens;
+    if (ev->request_id != r->seen_id || ev->prompt_tokens != r->prompt_tokens || ev->prompt_tokens <= 0 || ev->sample_index < 0 || ev->sample_index >= r->n) {
         r->bad_events++;
         return;
     }

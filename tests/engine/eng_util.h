@@ -36,6 +36,7 @@ typedef struct eng_rec {
     int64_t seen_id;       /* request_id of the events (-1: none yet)      */
     int32_t bad_events;    /* events with a wrong request id / sample index */
     int32_t n;             /* samples expected                             */
+    int32_t prompt_tokens; /* loom_token_event.prompt_tokens (-1: none yet) */
     eng_sample s[ENG_MAX_SAMPLES];
 } eng_rec;
 

@@ -95,6 +95,19 @@ Test(dummy, greedy_deterministic) {
     eng_rec_free(&c);
 }
 
+/* A conversation needs a tokenizer: dummy weights refuse it by name. */
+Test(dummy, messages_need_tokenizer) {
+    loom_engine *e = eng_open("tiny.yaml", NULL);
+    const loom_chat_message m[] = {{"user", "hi"}};
+    loom_request rq = loom_request_default();
+    rq.messages = m;
+    rq.num_messages = 1;
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_add_request(e, &rq, &err), -1);
+    cr_assert(strstr(err.message, "no tokenizer") && strstr(err.message, "conversation"), "%s", err.message);
+    loom_engine_destroy(e);
+}
+
 /* max_tokens beyond the context: LENGTH at max_model_len. A prompt of
  * max_model_len - 1 tokens gets exactly one new token. */
 Test(dummy, context_caps_length) {

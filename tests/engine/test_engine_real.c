@@ -459,6 +459,57 @@ Test(real, bad_input) {
     loom_engine_destroy(e);
 }
 
+/* loom_request.messages: a system + user conversation is the same request
+ * as chat + system + prompt (same prompt tokens, same greedy answer); a
+ * multi-turn one runs; misuse is refused naming the message. */
+Test(real, chat_messages_request) {
+    eng_need_model();
+    loom_engine *e = eng_open("smol.yaml", k_no_overrides);
+    loom_request a = chat_req("What is the capital of France?", 16);
+    a.system = "You are a geography tutor.";
+    eng_rec ra, rb, rc;
+    run_one(e, a, &ra);
+    const loom_chat_message conv[] = {{"system", "You are a geography tutor."},
+                                      {"user", "What is the capital of France?"}};
+    loom_request b = loom_request_default();
+    b.messages = conv;
+    b.num_messages = 2;
+    b.max_tokens = 16;
+    b.params.logprobs = 2;
+    run_one(e, b, &rb);
+    cr_assert_eq(rb.bad_events, 0);
+    cr_assert_gt(ra.prompt_tokens, 10);
+    cr_assert_eq(rb.prompt_tokens, ra.prompt_tokens, "messages %d tokens vs chat + system %d", rb.prompt_tokens,
+                 ra.prompt_tokens);
+    cr_assert(same_tokens(&ra.s[0], &rb.s[0]), "'%s' vs '%s'", ra.s[0].text, rb.s[0].text);
+
+    const loom_chat_message turns[] = {{"user", "Name a colour."}, {"assistant", "Blue."}, {"user", "Another one?"}};
+    loom_request c = loom_request_default();
+    c.messages = turns;
+    c.num_messages = 3;
+    c.max_tokens = 8;
+    run_one(e, c, &rc);
+    cr_assert_gt(rc.prompt_tokens, 15, "three turns and the default system prompt");
+    cr_assert_gt(rc.s[0].ntok, 0);
+
+    loom_error err = {0};
+    b.prompt = "also a prompt";
+    cr_assert_eq(loom_engine_add_request(e, &b, &err), -1);
+    cr_assert(strstr(err.message, "takes no prompt"), "%s", err.message);
+    b.prompt = NULL;
+    const loom_chat_message bad[] = {{"user", "hi"}, {"tool", "42"}};
+    b.messages = bad;
+    cr_assert_eq(loom_engine_add_request(e, &b, &err), -1);
+    cr_assert(strstr(err.message, "messages[1]") && strstr(err.message, "'tool'"), "%s", err.message);
+    b.messages = NULL;
+    cr_assert_eq(loom_engine_add_request(e, &b, &err), -1);
+    cr_assert(strstr(err.message, "messages is NULL"), "%s", err.message);
+    eng_rec_free(&ra);
+    eng_rec_free(&rb);
+    eng_rec_free(&rc);
+    loom_engine_destroy(e);
+}
+
 Test(real, missing_model_file) {
     eng_need_model();
     const char *ov[] = {"model.path=/nonexistent/dir/model.gguf", NULL};

@@ -1,0 +1,418 @@
+/*
+ * cli/serve/openai.c — OpenAI request bodies → loom requests (see openai.h).
+ */
+#include "openai.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A parse in progress: the request being filled and where errors go. */
+typedef struct parse_ctx {
+    serve_req *r;
+    char *why;
+    size_t why_size;
+    const char **param;
+} parse_ctx;
+
+static bool fail(parse_ctx *c, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static bool fail(parse_ctx *c, const char *param, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->why, c->why_size, fmt, ap);
+    va_end(ap);
+    *c->param = param;
+    return false;
+}
+
+/* The value as the client sent it, short enough for a message. */
+static const char *shown(const cJSON *v, char *buf, size_t size) {
+    char *s = cJSON_PrintUnformatted(v);
+    snprintf(buf, size, "%s", s ? s : "?");
+    if (s && strlen(s) >= size && size > 4) memcpy(buf + size - 4, "...", 4);
+    free(s);
+    return buf;
+}
+
+/* A field that is absent or JSON null counts as not given. */
+static const cJSON *field(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static bool num_field(parse_ctx *c, const cJSON *o, const char *key, double lo, double hi, bool integer,
+                      double *out) {
+    const cJSON *v = field(o, key);
+    if (!v) return true;
+    char b[64];
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi ||
+        (integer && v->valuedouble != floor(v->valuedouble)))
+        return fail(c, key, "'%s' must be %s in [%g, %g], got %s", key, integer ? "an integer" : "a number", lo,
+                    hi, shown(v, b, sizeof b));
+    *out = v->valuedouble;
+    return true;
+}
+
+/* A float field whose default is what *dst already holds. */
+static bool float_field(parse_ctx *c, const cJSON *o, const char *key, double lo, double hi, float *dst) {
+    double d = *dst;
+    if (!num_field(c, o, key, lo, hi, false, &d)) return false;
+    *dst = (float)d;
+    return true;
+}
+
+static bool bool_field(parse_ctx *c, const cJSON *o, const char *key, bool *out) {
+    const cJSON *v = field(o, key);
+    if (!v) return true;
+    char b[64];
+    if (!cJSON_IsBool(v)) return fail(c, key, "'%s' must be true or false, got %s", key, shown(v, b, sizeof b));
+    *out = cJSON_IsTrue(v);
+    return true;
+}
+
+static char *keep(serve_req *r, char *s) {
+    char **o = s ? realloc(r->owned, (size_t)(r->num_owned + 1) * sizeof *o) : NULL;
+    if (!o) {
+        free(s);
+        return NULL;
+    }
+    r->owned = o;
+    r->owned[r->num_owned++] = s;
+    return s;
+}
+
+/* An array of token ids into p (ids must be integers >= 0; the engine checks
+ * them against the vocabulary). */
+static bool token_array(parse_ctx *c, const cJSON *a, const char *where, serve_prompt *p) {
+    int32_t n = cJSON_GetArraySize(a);
+    if (n == 0) return fail(c, "prompt", "%s is an empty token list", where);
+    p->tokens = malloc((size_t)n * sizeof *p->tokens);
+    if (!p->tokens) return fail(c, "prompt", "out of memory reading %d prompt tokens", n);
+    int32_t i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, a) {
+        char b[64];
+        if (!cJSON_IsNumber(t) || t->valuedouble < 0 || t->valuedouble > INT32_MAX ||
+            t->valuedouble != floor(t->valuedouble))
+            return fail(c, "prompt", "%s[%d] must be a token id (an integer >= 0), got %s", where, i,
+                        shown(t, b, sizeof b));
+        p->tokens[i++] = (int32_t)t->valuedouble;
+    }
+    p->num_tokens = n;
+    return true;
+}
+
+/* prompt: "text" | ["text", ...] | [id, ...] | [[id, ...], ...] */
+static bool parse_prompt(parse_ctx *c, const cJSON *root) {
+    serve_req *r = c->r;
+    const cJSON *p = field(root, "prompt");
+    char b[64];
+    if (!p) return fail(c, "prompt", "'prompt' is required (text, a list of texts, or token ids)");
+    if (cJSON_IsString(p)) {
+        r->prompts = calloc(1, sizeof *r->prompts);
+        if (!r->prompts) return fail(c, NULL, "out of memory");
+        r->num_prompts = 1;
+        r->prompts[0].text = p->valuestring;
+        return true;
+    }
+    if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) == 0)
+        return fail(c, "prompt", "'prompt' must be text, a non-empty list of texts, or token ids; got %s",
+                    shown(p, b, sizeof b));
+    const cJSON *first = cJSON_GetArrayItem(p, 0);
+    if (cJSON_IsNumber(first)) {
+        r->prompts = calloc(1, sizeof *r->prompts);
+        if (!r->prompts) return fail(c, NULL, "out of memory");
+        r->num_prompts = 1;
+        return token_array(c, p, "prompt", &r->prompts[0]);
+    }
+    int32_t n = cJSON_GetArraySize(p);
+    r->prompts = calloc((size_t)n, sizeof *r->prompts);
+    if (!r->prompts) return fail(c, NULL, "out of memory");
+    r->num_prompts = n;
+    int32_t i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, p) {
+        char where[32];
+        snprintf(where, sizeof where, "prompt[%d]", i);
+        if (cJSON_IsString(first) && cJSON_IsString(e)) {
+            r->prompts[i].text = e->valuestring;
+        } else if (cJSON_IsArray(first) && cJSON_IsArray(e)) {
+            if (!token_array(c, e, where, &r->prompts[i])) return false;
+        } else {
+            return fail(c, "prompt", "%s is %s: a prompt list holds all texts or all token lists", where,
+                        shown(e, b, sizeof b));
+        }
+        i++;
+    }
+    return true;
+}
+
+/* Message content: text, or a list of {"type": "text", "text": ...} parts
+ * (joined with newlines, as vLLM does). */
+static bool message_content(parse_ctx *c, const cJSON *m, int32_t i, const char **out) {
+    const cJSON *ct = field(m, "content");
+    char b[64];
+    if (!ct)
+        return fail(c, "messages", "messages[%d] has no content%s", i,
+                    field(m, "tool_calls") ? " (tool calls are not supported)" : "");
+    if (cJSON_IsString(ct)) {
+        *out = ct->valuestring;
+        return true;
+    }
+    if (!cJSON_IsArray(ct))
+        return fail(c, "messages", "messages[%d].content must be text or a list of text parts, got %s", i,
+                    shown(ct, b, sizeof b));
+    size_t len = 0;
+    int32_t j = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, ct) {
+        const cJSON *type = field(part, "type"), *text = field(part, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text))
+            return fail(c, "messages", "messages[%d].content[%d] is %s: only {\"type\": \"text\", \"text\": ...} "
+                        "parts are supported (this server has no image or audio input)",
+                        i, j, shown(part, b, sizeof b));
+        len += strlen(text->valuestring) + 1;
+        j++;
+    }
+    char *s = keep(c->r, malloc(len + 1));
+    if (!s) return fail(c, NULL, "out of memory");
+    s[0] = 0;
+    size_t at = 0;
+    cJSON_ArrayForEach(part, ct) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        size_t l = strlen(t);
+        if (at) s[at++] = '\n';
+        memcpy(s + at, t, l + 1);
+        at += l;
+    }
+    *out = s;
+    return true;
+}
+
+static bool parse_messages(parse_ctx *c, const cJSON *root) {
+    serve_req *r = c->r;
+    const cJSON *ms = field(root, "messages");
+    char b[64];
+    if (!cJSON_IsArray(ms) || cJSON_GetArraySize(ms) == 0)
+        return fail(c, "messages", "'messages' must be a non-empty list of {\"role\", \"content\"}%s%s",
+                    ms ? ", got " : "", ms ? shown(ms, b, sizeof b) : "");
+    int32_t n = cJSON_GetArraySize(ms);
+    r->messages = calloc((size_t)n, sizeof *r->messages);
+    if (!r->messages) return fail(c, NULL, "out of memory");
+    int32_t i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, ms) {
+        const cJSON *role = field(m, "role");
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role))
+            return fail(c, "messages", "messages[%d] must be an object with a text 'role', got %s", i,
+                        shown(m, b, sizeof b));
+        const char *rs = role->valuestring;
+        if (!strcmp(rs, "developer")) rs = "system"; /* OpenAI's newer name for it */
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant"))
+            return fail(c, "messages", "messages[%d].role '%s' is not supported: use system, user or assistant%s",
+                        i, rs, !strcmp(rs, "tool") || !strcmp(rs, "function") ? " (no tool calling)" : "");
+        r->messages[i].role = rs;
+        if (!message_content(c, m, i, &r->messages[i].content)) return false;
+        i++;
+    }
+    r->base.messages = r->messages;
+    r->base.num_messages = n;
+    r->num_prompts = 1;
+    return true;
+}
+
+static bool parse_stop(parse_ctx *c, const cJSON *root) {
+    const cJSON *s = field(root, "stop");
+    char b[64];
+    if (!s) return true;
+    int32_t n = cJSON_IsString(s) ? 1 : cJSON_IsArray(s) ? cJSON_GetArraySize(s) : -1;
+    if (n < 0) return fail(c, "stop", "'stop' must be text or a list of texts, got %s", shown(s, b, sizeof b));
+    if (n == 0) return true;
+    c->r->stop = calloc((size_t)n + 1, sizeof(char *));
+    if (!c->r->stop) return fail(c, NULL, "out of memory");
+    if (cJSON_IsString(s)) {
+        c->r->stop[0] = s->valuestring;
+    } else {
+        int32_t i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, s) {
+            if (!cJSON_IsString(e))
+                return fail(c, "stop", "stop[%d] must be text, got %s", i, shown(e, b, sizeof b));
+            c->r->stop[i++] = e->valuestring;
+        }
+    }
+    for (int32_t i = 0; i < n; i++)
+        if (!c->r->stop[i][0]) return fail(c, "stop", "stop strings must not be empty (stop[%d] is \"\")", i);
+    c->r->base.stop = c->r->stop;
+    return true;
+}
+
+/* Fields loom cannot honour: refused by name rather than ignored. */
+static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
+    const cJSON *v;
+    char b[64];
+    if ((v = field(root, "echo")) && cJSON_IsTrue(v))
+        return fail(c, "echo", "'echo' is not supported: the response never repeats the prompt");
+    if ((v = field(root, "suffix")) && !(cJSON_IsString(v) && !v->valuestring[0]))
+        return fail(c, "suffix", "'suffix' (fill-in-the-middle) is not supported");
+    if ((v = field(root, "logit_bias")) && !(cJSON_IsObject(v) && !v->child))
+        return fail(c, "logit_bias", "'logit_bias' is not supported by loom's sampler");
+    if ((v = field(root, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
+        return fail(c, "tools", "'tools' (function calling) is not supported");
+    if ((v = field(root, "functions")))
+        return fail(c, "functions", "'functions' (function calling) is not supported");
+    v = field(root, "response_format");
+    const cJSON *type = v ? field(v, "type") : NULL;
+    if (v && !(cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
+        return fail(c, "response_format", "'response_format' %s is not supported (no guided decoding): only "
+                    "{\"type\": \"text\"}", shown(v, b, sizeof b));
+    (void)api;
+    return true;
+}
+
+static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32_t default_max_tokens) {
+    serve_req *r = c->r;
+    loom_sampling_params *p = &r->base.params;
+    double d;
+    if (!float_field(c, root, "temperature", 0, 100, &p->temperature)) return false;
+    if (!float_field(c, root, "top_p", 1e-9, 1, &p->top_p)) return false;
+    d = 0;
+    if (!num_field(c, root, "top_k", -1, 1e9, true, &d)) return false;
+    p->top_k = d < 0 ? 0 : (int32_t)d; /* vLLM's -1 = off */
+    if (!float_field(c, root, "min_p", 0, 1, &p->min_p)) return false;
+    if (!float_field(c, root, "repetition_penalty", 1e-3, 100, &p->repetition_penalty)) return false;
+    if (!float_field(c, root, "presence_penalty", -2, 2, &p->presence_penalty)) return false;
+    if (!float_field(c, root, "frequency_penalty", -2, 2, &p->frequency_penalty)) return false;
+    if (field(root, "seed")) {
+        if (!num_field(c, root, "seed", -9.2e18, 1.8e19, true, &d)) return false;
+        p->seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d;
+        p->has_seed = true;
+    }
+    d = 1;
+    if (!num_field(c, root, "n", 1, 64, true, &d)) return false;
+    r->base.n = (int32_t)d;
+    if (field(root, "best_of")) {
+        double bo = 0;
+        if (!num_field(c, root, "best_of", 1, 64, true, &bo)) return false;
+        if ((int32_t)bo != r->base.n)
+            return fail(c, "best_of", "'best_of' %d is not supported: loom returns every sample (leave it unset, "
+                        "or equal to n = %d)", (int32_t)bo, r->base.n);
+    }
+    r->base.max_tokens = default_max_tokens;
+    const char *mt = api == SERVE_CHAT && field(root, "max_completion_tokens") ? "max_completion_tokens"
+                                                                                : "max_tokens";
+    d = default_max_tokens;
+    if (!num_field(c, root, mt, 1, 1e9, true, &d)) return false;
+    r->base.max_tokens = (int32_t)d;
+    if (!bool_field(c, root, "ignore_eos", &r->base.ignore_eos)) return false;
+
+    /* logprobs: completions — how many alternatives (0..20); chat — a bool
+     * plus top_logprobs. The engine reports the chosen token's logprob only
+     * when it computes alternatives, so at least one is asked for. */
+    r->logprobs = -1;
+    if (api == SERVE_COMPLETIONS) {
+        d = -1;
+        if (!num_field(c, root, "logprobs", 0, LOOM_MAX_LOGPROBS, true, &d)) return false;
+        r->logprobs = (int32_t)d;
+    } else {
+        bool lp = false;
+        if (!bool_field(c, root, "logprobs", &lp)) return false;
+        d = 0;
+        if (!num_field(c, root, "top_logprobs", 0, LOOM_MAX_LOGPROBS, true, &d)) return false;
+        if (d > 0 && !lp) return fail(c, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+        r->logprobs = lp ? (int32_t)d : -1;
+    }
+    if (r->logprobs >= 0) p->logprobs = r->logprobs > 0 ? r->logprobs : 1;
+
+    if (!bool_field(c, root, "stream", &r->stream)) return false;
+    const cJSON *so = field(root, "stream_options");
+    if (so) {
+        char b[64];
+        if (!cJSON_IsObject(so))
+            return fail(c, "stream_options", "'stream_options' must be an object, got %s", shown(so, b, sizeof b));
+        if (!r->stream) return fail(c, "stream_options", "'stream_options' is only allowed with \"stream\": true");
+        if (!bool_field(c, so, "include_usage", &r->include_usage)) return false;
+    }
+    return parse_stop(c, root);
+}
+
+bool serve_parse(serve_api api, const char *body, size_t len, int32_t default_max_tokens, serve_req *out,
+                 char *why, size_t why_size, const char **param) {
+    memset(out, 0, sizeof *out);
+    out->api = api;
+    out->base = loom_request_default();
+    out->base.params.temperature = 1.0f; /* the OpenAI API's default (loom run's is greedy) */
+    out->logprobs = -1;
+    parse_ctx c = {out, why, why_size, param};
+    *param = NULL;
+    const char *end = NULL, *nul = body ? memchr(body, 0, len) : NULL;
+    /* body[len] is NUL: parsing len + 1 bytes and requiring the NUL makes
+     * trailing text after the object an error too */
+    out->root = body && len && !nul ? cJSON_ParseWithLengthOpts(body, len + 1, &end, true) : NULL;
+    bool ok;
+    if (nul) {
+        ok = fail(&c, NULL, "the request body has a NUL byte at offset %zu: send UTF-8 JSON", (size_t)(nul - body));
+    } else if (!out->root) {
+        size_t at = end && body ? (size_t)(end - body) + 1 : len; /* 1-based */
+        if (at > len) at = len;
+        ok = len == 0 ? fail(&c, NULL, "the request body is empty: send a JSON object")
+                      : fail(&c, NULL, "the request body is not valid JSON (error at byte %zu of %zu)", at, len);
+    } else if (!cJSON_IsObject(out->root)) {
+        ok = fail(&c, NULL, "the request body must be a JSON object");
+    } else {
+        const cJSON *m = field(out->root, "model");
+        char b[64];
+        ok = true;
+        if (m && !cJSON_IsString(m))
+            ok = fail(&c, "model", "'model' must be text, got %s", shown(m, b, sizeof b));
+        if (ok) out->model = m ? m->valuestring : NULL;
+        ok = ok && refuse_unsupported(&c, out->root, api) &&
+             (api == SERVE_CHAT ? parse_messages(&c, out->root) : parse_prompt(&c, out->root)) &&
+             parse_sampling(&c, out->root, api, default_max_tokens);
+    }
+    if (!ok) serve_req_free(out);
+    return ok;
+}
+
+void serve_req_free(serve_req *r) {
+    if (!r) return;
+    for (int32_t i = 0; i < r->num_prompts && r->prompts; i++) free(r->prompts[i].tokens);
+    free(r->prompts);
+    free(r->messages);
+    for (int32_t i = 0; i < r->num_owned; i++) free(r->owned[i]);
+    free(r->owned);
+    free(r->stop);
+    cJSON_Delete(r->root);
+    memset(r, 0, sizeof *r);
+}
+
+const char *serve_finish_name(loom_finish_reason f) {
+    switch (f) {
+    case LOOM_FINISH_EOS:
+    case LOOM_FINISH_STOP: return "stop";
+    case LOOM_FINISH_LENGTH: return "length";
+    case LOOM_FINISH_ABORT: return "abort";
+    case LOOM_FINISH_ERROR: return "error";
+    default: return NULL;
+    }
+}
+
+char *serve_error_json(int http_status, const char *message, const char *param) {
+    const char *type = http_status == 401   ? "authentication_error"
+                       : http_status == 404 ? "not_found_error"
+                       : http_status >= 500 ? "server_error"
+                                            : "invalid_request_error";
+    cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(e, "message", message ? message : "");
+    cJSON_AddStringToObject(e, "type", type);
+    if (param)
+        cJSON_AddStringToObject(e, "param", param);
+    else
+        cJSON_AddNullToObject(e, "param");
+    cJSON_AddNumberToObject(e, "code", http_status);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}

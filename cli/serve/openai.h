@@ -1,0 +1,70 @@
+/*
+ * cli/serve/openai.h — the OpenAI-compatible request bodies `loom serve`
+ * accepts (/v1/completions, /v1/chat/completions), parsed into engine
+ * requests, and the JSON it answers with. No HTTP here and no engine calls:
+ * pure functions, unit-tested on their own (tests/serve).
+ *
+ * What a demanding client of vLLM or the OpenAI API sends is read; fields
+ * loom cannot honour (echo, suffix, logit_bias, tools, images, best_of > n)
+ * are refused with a message naming the field, never silently dropped.
+ * Unknown fields are ignored, as vLLM and the OpenAI SDKs expect.
+ */
+#ifndef LOOM_SERVE_OPENAI_H
+#define LOOM_SERVE_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "loom/engine.h"
+
+typedef enum serve_api {
+    SERVE_COMPLETIONS = 0, /* POST /v1/completions      */
+    SERVE_CHAT = 1,        /* POST /v1/chat/completions */
+} serve_api;
+
+/* One prompt of a completions request (a request may carry several: the
+ * OpenAI batch form, choices numbered prompt * n + sample). */
+typedef struct serve_prompt {
+    const char *text;      /* or NULL when tokens are given */
+    int32_t *tokens;       /* owned */
+    int32_t num_tokens;
+} serve_prompt;
+
+typedef struct serve_req {
+    serve_api api;
+    loom_request base;          /* sampling, n, max_tokens, stop; prompt unset */
+    serve_prompt *prompts;      /* completions: (num_prompts); owned           */
+    int32_t num_prompts;        /* chat: 1 (the conversation in base.messages) */
+    loom_chat_message *messages;/* chat: owned array; strings in `root` or `owned` */
+    const char *model;          /* as sent, or NULL                            */
+    bool stream;
+    bool include_usage;         /* stream_options.include_usage                */
+    int32_t logprobs;           /* alternatives per token; -1 = no logprobs    */
+    /* storage the pointers above reach into */
+    cJSON *root;
+    char **owned;
+    int32_t num_owned;
+    const char **stop;          /* NULL-terminated; owned array                */
+} serve_req;
+
+/* Parse a request body of `len` bytes for `api` (body[len] must be NUL). On failure returns false
+ * with a message in `why` (naming the field, or the byte offset of a JSON
+ * syntax error) and the offending field in *param (NULL if none); *out is
+ * then freed already. `default_max_tokens` applies when the body has none
+ * (<= 0: up to the context). */
+bool serve_parse(serve_api api, const char *body, size_t len, int32_t default_max_tokens, serve_req *out,
+                 char *why, size_t why_size, const char **param);
+void serve_req_free(serve_req *r);
+
+/* OpenAI's name for a finish reason: "stop" (end of generation or a stop
+ * string), "length", "abort", "error". */
+const char *serve_finish_name(loom_finish_reason f);
+
+/* {"error": {"message", "type", "param", "code"}} as vLLM sends it; the
+ * caller frees the string. */
+char *serve_error_json(int http_status, const char *message, const char *param);
+
+#endif

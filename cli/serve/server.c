@@ -1,0 +1,928 @@
+/*
+ * cli/serve/server.c — `loom serve`'s HTTP server and engine thread (see
+ * server.h). Routes:
+ *   GET  /health               200 {"status":"ok"}, 503 after an engine failure
+ *   GET  /v1/models            the one model served
+ *   GET  /metrics              Prometheus text: queue, KV blocks, tokens
+ *   POST /v1/completions       text or token prompts (several: the batch form)
+ *   POST /v1/chat/completions  a conversation through the model's chat template
+ * Both POSTs stream as server-sent events with "stream": true.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* POLLRDHUP */
+#endif
+#include "server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "openai.h"
+
+/* ------------------------------------------------------------ buffers */
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+static bool sb_put(sbuf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return false;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+    return true;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* --------------------------------------------------------------- state */
+
+typedef struct server server;
+typedef struct job job;
+
+/* One choice of a response: prompt p, sample k is choice p * n + k. */
+typedef struct choice {
+    sbuf text;
+    loom_finish_reason finish;
+    int32_t tokens;           /* completion tokens                        */
+    bool started;             /* chat stream: the role delta was sent     */
+    cJSON *lp;                /* chat: logprobs.content entries; completions: the logprobs object */
+    size_t lp_offset;         /* completions: text_offset of the next token */
+} choice;
+
+/* One engine request (one prompt of the HTTP request). */
+typedef struct prompt_ctx {
+    job *j;
+    int32_t p;
+    int64_t id;               /* engine request id, -1 before it is added */
+    int32_t live;             /* samples without their final event        */
+    int32_t prompt_tokens;
+} prompt_ctx;
+
+struct job {
+    server *s;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;                 /* the connection + each live engine request */
+    serve_req q;
+    char id[48];
+    long long created;
+    int32_t n, nchoices, live;
+    choice *ch;
+    prompt_ctx *pc;
+    char error[512];          /* a sample ended with LOOM_FINISH_ERROR     */
+    sbuf sse;                 /* stream: events not yet read by MHD        */
+    size_t sse_off;
+    bool sse_done;
+    double t0;
+    char url[32];             /* one of the two routes                     */
+    job *prev, *next;         /* the server's list of jobs in flight       */
+};
+
+struct server {
+    loom_engine *eng;
+    const serve_options *opt;
+    const char *model;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool pending;             /* requests or aborts posted since the last step */
+    bool busy;                /* the last step left requests active        */
+    bool exit;                /* engine thread: return once idle           */
+    bool stopping;            /* shutting down: new requests get 503       */
+    char fatal[512];          /* the engine failed: every request gets 500 */
+    job *jobs;
+    loom_engine_stats stats;  /* snapshot after each step                  */
+    uint64_t http_requests[6];/* by status class: 1xx..5xx (index 1..5)    */
+    uint64_t next_id;
+    int inflight;             /* HTTP requests between headers and sent reply */
+    pthread_cond_t idle_cv;   /* signalled when inflight drops to 0        */
+};
+
+static void job_unref(job *j) {
+    pthread_mutex_lock(&j->mu);
+    bool last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (!last) return;
+    for (int32_t c = 0; c < j->nchoices; c++) {
+        free(j->ch[c].text.p);
+        cJSON_Delete(j->ch[c].lp);
+    }
+    free(j->ch);
+    free(j->pc);
+    free(j->sse.p);
+    serve_req_free(&j->q);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+/* Abort every engine request of j that is still running. Caller holds s->mu
+ * (ids are written under it). */
+static void job_abort_locked(job *j) {
+    for (int32_t p = 0; p < j->q.num_prompts; p++)
+        if (j->pc[p].id >= 0) loom_engine_abort(j->s->eng, j->pc[p].id);
+    j->s->pending = true;
+    pthread_cond_signal(&j->s->cv);
+}
+
+static void job_unlist(job *j) {
+    server *s = j->s;
+    pthread_mutex_lock(&s->mu);
+    if (j->prev) j->prev->next = j->next;
+    else if (s->jobs == j) s->jobs = j->next;
+    if (j->next) j->next->prev = j->prev;
+    j->prev = j->next = NULL;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ------------------------------------------------------ JSON pieces */
+
+static cJSON *usage_json(const job *j) {
+    int32_t prompt = 0, completion = 0;
+    for (int32_t p = 0; p < j->q.num_prompts; p++) prompt += j->pc[p].prompt_tokens;
+    for (int32_t c = 0; c < j->nchoices; c++) completion += j->ch[c].tokens;
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", completion);
+    cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
+    return u;
+}
+
+static cJSON *response_head(const job *j, const char *object) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", j->id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)j->created);
+    cJSON_AddStringToObject(o, "model", j->s->model);
+    return o;
+}
+
+static cJSON *bytes_json(const char *t) {
+    cJSON *a = cJSON_CreateArray();
+    for (const unsigned char *u = (const unsigned char *)t; *u; u++) cJSON_AddItemToArray(a, cJSON_CreateNumber(*u));
+    return a;
+}
+
+/* The text of one token on its own (engine thread: the tokenizer is its). */
+static char *token_text(server *s, int32_t id) {
+    char *t = NULL;
+    loom_error err = {0};
+    if (loom_engine_detokenize(s->eng, &id, 1, &t, &err) != LOOM_OK || !t) {
+        free(t);
+        char b[32];
+        snprintf(b, sizeof b, "token_id:%d", id);
+        return strdup(b);
+    }
+    return t;
+}
+
+/* This token's logprobs in the API's shape; NULL when not asked for. For
+ * chat: one logprobs.content entry; for completions: {"tokens": [t], ...}
+ * to be merged into the choice's arrays. */
+static cJSON *token_logprobs(job *j, const loom_token_event *ev) {
+    if (j->q.logprobs < 0 || ev->token < 0) return NULL;
+    server *s = j->s;
+    int32_t ntop = ev->num_top < j->q.logprobs ? ev->num_top : j->q.logprobs;
+    char *t = token_text(s, ev->token);
+    cJSON *o = cJSON_CreateObject();
+    if (j->q.api == SERVE_CHAT) {
+        cJSON_AddStringToObject(o, "token", t);
+        cJSON_AddNumberToObject(o, "logprob", ev->logprob);
+        cJSON_AddItemToObject(o, "bytes", bytes_json(t));
+        cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
+        for (int32_t i = 0; i < ntop; i++) {
+            char *a = token_text(s, ev->top_ids[i]);
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "token", a);
+            cJSON_AddNumberToObject(e, "logprob", ev->top_logprobs[i]);
+            cJSON_AddItemToObject(e, "bytes", bytes_json(a));
+            cJSON_AddItemToArray(top, e);
+            free(a);
+        }
+    } else {
+        cJSON_AddItemToObject(o, "tokens", cJSON_CreateArray());
+        cJSON_AddItemToArray(cJSON_GetObjectItem(o, "tokens"), cJSON_CreateString(t));
+        cJSON_AddItemToObject(o, "token_logprobs", cJSON_CreateArray());
+        cJSON_AddItemToArray(cJSON_GetObjectItem(o, "token_logprobs"), cJSON_CreateNumber(ev->logprob));
+        cJSON *top = cJSON_CreateObject();
+        for (int32_t i = 0; i < ntop; i++) {
+            char *a = token_text(s, ev->top_ids[i]);
+            if (!cJSON_GetObjectItemCaseSensitive(top, a)) cJSON_AddNumberToObject(top, a, ev->top_logprobs[i]);
+            free(a);
+        }
+        cJSON_AddItemToObject(o, "top_logprobs", cJSON_CreateArray());
+        cJSON_AddItemToArray(cJSON_GetObjectItem(o, "top_logprobs"), top);
+        cJSON_AddItemToObject(o, "text_offset", cJSON_CreateArray());
+        cJSON_AddNumberToObject(o, "len", (double)strlen(t)); /* consumed by the caller */
+    }
+    free(t);
+    return o;
+}
+
+/* Completions: append one token's arrays (from token_logprobs) to the
+ * choice's logprobs object. */
+static void completions_lp_merge(choice *ch, cJSON *one) {
+    if (!ch->lp) {
+        ch->lp = cJSON_CreateObject();
+        const char *k[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+        for (int i = 0; i < 4; i++) cJSON_AddItemToObject(ch->lp, k[i], cJSON_CreateArray());
+    }
+    const char *k[] = {"tokens", "token_logprobs", "top_logprobs"};
+    for (int i = 0; i < 3; i++) {
+        cJSON *src = cJSON_GetObjectItem(one, k[i]);
+        cJSON *item = cJSON_DetachItemFromArray(src, 0);
+        cJSON_AddItemToArray(cJSON_GetObjectItem(ch->lp, k[i]), item);
+    }
+    cJSON_AddItemToArray(cJSON_GetObjectItem(ch->lp, "text_offset"), cJSON_CreateNumber((double)ch->lp_offset));
+    ch->lp_offset += (size_t)cJSON_GetObjectItem(one, "len")->valuedouble;
+}
+
+static void sse_put_json(job *j, cJSON *o) {
+    char *s = cJSON_PrintUnformatted(o);
+    if (s) {
+        sb_put(&j->sse, "data: ", 6);
+        sb_put(&j->sse, s, strlen(s));
+        sb_put(&j->sse, "\n\n", 2);
+    }
+    free(s);
+}
+
+/* One streamed chunk for choice c: the new text, this token's logprobs and
+ * the finish reason, whichever there are. */
+static void sse_chunk(job *j, int32_t c, const char *text, cJSON *lp_one, loom_finish_reason finish) {
+    choice *ch = &j->ch[c];
+    bool chat = j->q.api == SERVE_CHAT;
+    if (!*text && !lp_one && finish == LOOM_FINISH_NONE && (!chat || ch->started)) return;
+    cJSON *o = response_head(j, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *cs = cJSON_AddArrayToObject(o, "choices"), *e = cJSON_CreateObject();
+    cJSON_AddItemToArray(cs, e);
+    cJSON_AddNumberToObject(e, "index", c);
+    if (chat) {
+        cJSON *d = cJSON_AddObjectToObject(e, "delta");
+        if (!ch->started) cJSON_AddStringToObject(d, "role", "assistant");
+        if (*text || !ch->started) cJSON_AddStringToObject(d, "content", text);
+        ch->started = true;
+        if (lp_one) {
+            cJSON *l = cJSON_AddObjectToObject(e, "logprobs");
+            cJSON *content = cJSON_AddArrayToObject(l, "content");
+            cJSON_AddItemReferenceToArray(content, lp_one);
+        } else {
+            cJSON_AddNullToObject(e, "logprobs");
+        }
+    } else {
+        cJSON_AddStringToObject(e, "text", text);
+        if (lp_one) {
+            choice tmp = {.lp_offset = ch->lp_offset};
+            cJSON *one = cJSON_Duplicate(lp_one, true);
+            completions_lp_merge(&tmp, one);
+            cJSON_Delete(one);
+            cJSON_AddItemToObject(e, "logprobs", tmp.lp);
+        } else {
+            cJSON_AddNullToObject(e, "logprobs");
+        }
+    }
+    const char *fr = serve_finish_name(finish);
+    if (fr)
+        cJSON_AddStringToObject(e, "finish_reason", fr);
+    else
+        cJSON_AddNullToObject(e, "finish_reason");
+    sse_put_json(j, o);
+    cJSON_Delete(o);
+}
+
+/* ------------------------------------------------------ engine events */
+
+/* [engine thread] One token or final event of one sample. */
+static void on_event(void *user, const loom_token_event *ev) {
+    prompt_ctx *pc = user;
+    job *j = pc->j;
+    cJSON *lp_one = token_logprobs(j, ev); /* outside the lock: it detokenizes */
+    pthread_mutex_lock(&j->mu);
+    int32_t c = pc->p * j->n + ev->sample_index;
+    choice *ch = &j->ch[c];
+    pc->prompt_tokens = ev->prompt_tokens;
+    if (ev->token >= 0) ch->tokens++;
+    const char *text = ev->text ? ev->text : "";
+    if (j->q.stream) {
+        sse_chunk(j, c, text, lp_one, ev->finish);
+        if (ev->finish == LOOM_FINISH_ERROR) {
+            char *e = serve_error_json(500, ev->error ? ev->error : "generation failed", NULL);
+            if (e) {
+                sb_put(&j->sse, "data: ", 6);
+                sb_put(&j->sse, e, strlen(e));
+                sb_put(&j->sse, "\n\n", 2);
+            }
+            free(e);
+        }
+    }
+    if (*text) sb_put(&ch->text, text, strlen(text));
+    if (lp_one && j->q.api == SERVE_CHAT) {
+        if (!ch->lp) ch->lp = cJSON_CreateArray();
+        cJSON_AddItemToArray(ch->lp, lp_one);
+        lp_one = NULL;
+    } else if (lp_one) {
+        completions_lp_merge(ch, lp_one);
+    }
+    bool prompt_done = false;
+    if (ev->finish != LOOM_FINISH_NONE) {
+        ch->finish = ev->finish;
+        if (ev->finish == LOOM_FINISH_ERROR && !j->error[0])
+            snprintf(j->error, sizeof j->error, "%s", ev->error ? ev->error : "generation failed");
+        j->live--;
+        prompt_done = --pc->live == 0;
+        if (j->live == 0 && j->q.stream) {
+            if (j->q.include_usage) {
+                cJSON *o = response_head(j, j->q.api == SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
+                cJSON_AddArrayToObject(o, "choices");
+                cJSON_AddItemToObject(o, "usage", usage_json(j));
+                sse_put_json(j, o);
+                cJSON_Delete(o);
+            }
+            sb_put(&j->sse, "data: [DONE]\n\n", 14);
+            j->sse_done = true;
+        }
+        pthread_cond_broadcast(&j->cv);
+    } else if (j->q.stream) {
+        pthread_cond_broadcast(&j->cv);
+    }
+    pthread_mutex_unlock(&j->mu);
+    cJSON_Delete(lp_one);
+    if (prompt_done) job_unref(j);
+}
+
+/* ------------------------------------------------------ engine thread */
+
+static void *engine_main(void *arg) {
+    server *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->pending && !s->busy && !s->exit) pthread_cond_wait(&s->cv, &s->mu);
+        if (!s->pending && !s->busy && s->exit) {
+            pthread_mutex_unlock(&s->mu);
+            return NULL;
+        }
+        s->pending = false;
+        pthread_mutex_unlock(&s->mu);
+
+        int32_t active = 0;
+        loom_error err = {0};
+        loom_status st = loom_engine_step(s->eng, &active, &err);
+        /* gone idle: one more (empty) step reaps the finished requests, so
+         * /metrics shows the idle engine rather than the last busy step */
+        if (st == LOOM_OK && active == 0) st = loom_engine_step(s->eng, &active, &err);
+        loom_engine_stats stats = {.struct_size = sizeof stats};
+        loom_engine_get_stats(s->eng, &stats);
+        pthread_mutex_lock(&s->mu);
+        s->stats = stats;
+        s->busy = st == LOOM_OK && active > 0;
+        if (st != LOOM_OK) {
+            /* A failed step (a backend error) leaves the engine unusable:
+             * fail what runs and refuse what comes, but keep draining the
+             * aborts so every client gets its answer. */
+            if (!s->fatal[0]) {
+                snprintf(s->fatal, sizeof s->fatal, "the engine failed: %.480s", err.message);
+                fprintf(stderr, "loom serve: %s; /health now reports 503\n", s->fatal);
+                /* once: the aborts set `pending`, so the next step drains them
+                 * (its first act) and every sample gets its final event */
+                for (job *j = s->jobs; j; j = j->next) job_abort_locked(j);
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+/* ---------------------------------------------------------- HTTP side */
+
+typedef struct conn_state {
+    sbuf body;
+    bool too_large;
+} conn_state;
+
+static void count_status(server *s, unsigned status) {
+    pthread_mutex_lock(&s->mu);
+    if (status / 100 >= 1 && status / 100 <= 5) s->http_requests[status / 100]++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Queue a response whose body is the malloc'd `body` (taken). */
+static enum MHD_Result reply(server *s, struct MHD_Connection *conn, unsigned status, char *body,
+                             const char *content_type) {
+    if (!body) body = strdup("{}");
+    size_t n = strlen(body);
+    char *b = malloc(n + 2);
+    if (!b) {
+        free(body);
+        return MHD_NO;
+    }
+    memcpy(b, body, n);
+    b[n] = '\n';
+    b[n + 1] = 0;
+    free(body);
+    struct MHD_Response *r = MHD_create_response_from_buffer(n + 1, b, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(b);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type ? content_type : "application/json");
+    if (status == MHD_HTTP_METHOD_NOT_ALLOWED) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "POST");
+    enum MHD_Result ret = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    count_status(s, status);
+    return ret;
+}
+
+static enum MHD_Result reply_error(server *s, struct MHD_Connection *conn, unsigned status, const char *msg,
+                                   const char *param) {
+    return reply(s, conn, status, serve_error_json((int)status, msg, param), NULL);
+}
+
+/* The client closed its connection (a non-streaming request waits on). */
+static bool client_gone(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return false;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+static void log_request(const job *j, unsigned status) {
+    int32_t prompt = 0, completion = 0;
+    for (int32_t p = 0; p < j->q.num_prompts; p++) prompt += j->pc[p].prompt_tokens;
+    for (int32_t c = 0; c < j->nchoices; c++) completion += j->ch[c].tokens;
+    fprintf(stderr, "loom serve: POST %s %u %s prompt %d completion %d tokens %.3f s\n", j->url, status, j->id,
+            prompt, completion, now_s() - j->t0);
+}
+
+/* SSE reader: hands MHD what the engine thread has queued, waiting for more. */
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    while (j->sse_off == j->sse.n && !j->sse_done) pthread_cond_wait(&j->cv, &j->mu);
+    ssize_t n;
+    if (j->sse_off == j->sse.n) {
+        n = MHD_CONTENT_READER_END_OF_STREAM;
+    } else {
+        size_t k = j->sse.n - j->sse_off < max ? j->sse.n - j->sse_off : max;
+        memcpy(buf, j->sse.p + j->sse_off, k);
+        j->sse_off += k;
+        n = (ssize_t)k;
+    }
+    pthread_mutex_unlock(&j->mu);
+    return n;
+}
+
+/* The stream's response is gone (done, or the client left): stop what runs. */
+static void sse_free(void *cls) {
+    job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    bool live = j->live > 0;
+    pthread_mutex_unlock(&j->mu);
+    if (live) {
+        pthread_mutex_lock(&j->s->mu);
+        job_abort_locked(j);
+        pthread_mutex_unlock(&j->s->mu);
+    }
+    log_request(j, live ? 499 : 200);
+    job_unlist(j);
+    job_unref(j);
+}
+
+static cJSON *final_response(job *j) {
+    bool chat = j->q.api == SERVE_CHAT;
+    cJSON *o = response_head(j, chat ? "chat.completion" : "text_completion");
+    cJSON *cs = cJSON_AddArrayToObject(o, "choices");
+    for (int32_t c = 0; c < j->nchoices; c++) {
+        choice *ch = &j->ch[c];
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "index", c);
+        const char *text = ch->text.p ? ch->text.p : "";
+        if (chat) {
+            cJSON *m = cJSON_AddObjectToObject(e, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddStringToObject(m, "content", text);
+        } else {
+            cJSON_AddStringToObject(e, "text", text);
+        }
+        if (j->q.logprobs >= 0) {
+            cJSON *lp = ch->lp;
+            ch->lp = NULL;
+            if (chat) {
+                cJSON *l = cJSON_CreateObject();
+                cJSON_AddItemToObject(l, "content", lp ? lp : cJSON_CreateArray());
+                lp = l;
+            } else if (!lp) { /* no token generated: the arrays, empty */
+                lp = cJSON_CreateObject();
+                const char *k[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+                for (int i = 0; i < 4; i++) cJSON_AddItemToObject(lp, k[i], cJSON_CreateArray());
+            }
+            cJSON_AddItemToObject(e, "logprobs", lp);
+        } else {
+            cJSON_AddNullToObject(e, "logprobs");
+        }
+        cJSON_AddStringToObject(e, "finish_reason", serve_finish_name(ch->finish) ? serve_finish_name(ch->finish)
+                                                                                 : "stop");
+        cJSON_AddItemToArray(cs, e);
+    }
+    cJSON_AddItemToObject(o, "usage", usage_json(j));
+    return o;
+}
+
+static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const char *url, serve_api api,
+                                  conn_state *cs) {
+    if (cs->too_large) {
+        char m[160];
+        snprintf(m, sizeof m, "the request body is larger than %zu bytes (loom serve --max-body)", s->opt->max_body);
+        return reply_error(s, conn, 413, m, NULL);
+    }
+    char why[512];
+    const char *param = NULL;
+    job *j = calloc(1, sizeof *j);
+    if (!j) return reply_error(s, conn, 500, "out of memory", NULL);
+    if (!serve_parse(api, cs->body.p, cs->body.n, api == SERVE_CHAT ? 0 : s->opt->max_tokens, &j->q, why,
+                     sizeof why, &param)) {
+        free(j);
+        return reply_error(s, conn, 400, why, param);
+    }
+    if (j->q.model && strcmp(j->q.model, s->model)) {
+        snprintf(why, sizeof why, "the model '%.200s' does not exist: this server serves '%.200s' (GET /v1/models)",
+                 j->q.model, s->model);
+        serve_req_free(&j->q);
+        free(j);
+        return reply_error(s, conn, 404, why, "model");
+    }
+    j->s = s;
+    snprintf(j->url, sizeof j->url, "%s", url);
+    j->t0 = now_s();
+    j->created = (long long)time(NULL);
+    j->n = j->q.base.n;
+    j->nchoices = j->q.num_prompts * j->n;
+    j->live = j->nchoices;
+    j->ch = calloc((size_t)j->nchoices, sizeof *j->ch);
+    j->pc = calloc((size_t)j->q.num_prompts, sizeof *j->pc);
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 1;
+    if (!j->ch || !j->pc) {
+        j->nchoices = 0;
+        job_unref(j);
+        return reply_error(s, conn, 500, "out of memory", NULL);
+    }
+    for (int32_t p = 0; p < j->q.num_prompts; p++) j->pc[p] = (prompt_ctx){.j = j, .p = p, .id = -1, .live = j->n};
+
+    /* Add the prompts under the server lock, so a shutdown or an engine
+     * failure sees every id it has to abort. */
+    pthread_mutex_lock(&s->mu);
+    snprintf(j->id, sizeof j->id, "%s-%llx%08llx", api == SERVE_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)++s->next_id, (unsigned long long)(j->t0 * 1e6) & 0xffffffffull);
+    unsigned status = 0;
+    loom_error err = {0};
+    if (s->stopping) {
+        status = 503;
+        snprintf(why, sizeof why, "the server is shutting down");
+    } else if (s->fatal[0]) {
+        status = 503;
+        snprintf(why, sizeof why, "%s", s->fatal);
+    }
+    for (int32_t p = 0; p < j->q.num_prompts && !status; p++) {
+        prompt_ctx *pc = &j->pc[p];
+        loom_request r = j->q.base;
+        if (api == SERVE_COMPLETIONS) {
+            r.prompt = j->q.prompts[p].text;
+            r.tokens = j->q.prompts[p].tokens;
+            r.num_tokens = j->q.prompts[p].num_tokens;
+        }
+        r.on_token = on_event;
+        r.user = pc;
+        j->refs++;
+        pc->id = loom_engine_add_request(s->eng, &r, &err);
+        if (pc->id < 0) {
+            j->refs--;
+            status = err.code == LOOM_ERR_NOMEM ? 500 : 400;
+            if (j->q.num_prompts > 1)
+                snprintf(why, sizeof why, "prompt[%d]: %.480s", p, err.message);
+            else
+                snprintf(why, sizeof why, "%s", err.message);
+            /* samples of this prompt will never report: they are not live */
+            pthread_mutex_lock(&j->mu);
+            j->live -= j->n * (j->q.num_prompts - p);
+            pthread_mutex_unlock(&j->mu);
+        }
+    }
+    if (status) {
+        job_abort_locked(j); /* the prompts added before the failing one */
+    } else {
+        j->next = s->jobs;
+        if (s->jobs) s->jobs->prev = j;
+        s->jobs = j;
+        s->pending = true;
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (status) {
+        fprintf(stderr, "loom serve: POST %s %u: %s\n", url, status, why);
+        enum MHD_Result r = reply_error(s, conn, status, why, api == SERVE_CHAT ? "messages" : "prompt");
+        job_unref(j);
+        return r;
+    }
+
+    if (j->q.stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, j, sse_free);
+        if (!r) {
+            sse_free(j);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        enum MHD_Result ret = MHD_queue_response(conn, 200, r);
+        MHD_destroy_response(r);
+        count_status(s, 200);
+        return ret;
+    }
+
+    /* Not streaming: wait for every choice, aborting if the client leaves. */
+    pthread_mutex_lock(&j->mu);
+    bool aborted = false;
+    while (j->live > 0) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_nsec += 200 * 1000 * 1000;
+        if (t.tv_nsec >= 1000000000) t.tv_sec++, t.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&j->cv, &j->mu, &t);
+        if (j->live > 0 && !aborted && client_gone(conn)) {
+            aborted = true;
+            pthread_mutex_unlock(&j->mu);
+            pthread_mutex_lock(&s->mu);
+            job_abort_locked(j);
+            pthread_mutex_unlock(&s->mu);
+            pthread_mutex_lock(&j->mu);
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
+    job_unlist(j);
+    bool was_aborted = false;
+    for (int32_t c = 0; c < j->nchoices; c++) was_aborted |= j->ch[c].finish == LOOM_FINISH_ABORT;
+    enum MHD_Result ret;
+    if (j->error[0]) {
+        status = 500;
+        ret = reply_error(s, conn, 500, j->error, NULL);
+    } else if (was_aborted) {
+        pthread_mutex_lock(&s->mu);
+        snprintf(why, sizeof why, "%s", s->fatal[0] ? s->fatal : aborted ? "the client went away" : "the server is shutting down");
+        pthread_mutex_unlock(&s->mu);
+        status = aborted ? 499 : 503;
+        ret = reply_error(s, conn, aborted ? 500 : 503, why, NULL);
+    } else {
+        status = 200;
+        cJSON *o = final_response(j);
+        ret = reply(s, conn, 200, cJSON_PrintUnformatted(o), NULL);
+        cJSON_Delete(o);
+    }
+    log_request(j, status);
+    job_unref(j);
+    return ret;
+}
+
+static char *models_json(server *s) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *d = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", s->model);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "loom");
+    cJSON_AddNumberToObject(m, "max_model_len", loom_engine_max_context(s->eng));
+    cJSON_AddItemToArray(d, m);
+    char *t = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return t;
+}
+
+static char *metrics_text(server *s) {
+    pthread_mutex_lock(&s->mu);
+    loom_engine_stats st = s->stats;
+    uint64_t h[6];
+    memcpy(h, s->http_requests, sizeof h);
+    bool healthy = !s->fatal[0];
+    pthread_mutex_unlock(&s->mu);
+    sbuf b = {0};
+    char line[256];
+#define METRIC(name, type, help, fmt, val)                                                         \
+    do {                                                                                           \
+        snprintf(line, sizeof line, "# HELP loom_" name " " help "\n# TYPE loom_" name " " type "\n" \
+                 "loom_" name " " fmt "\n", val);                                                  \
+        sb_put(&b, line, strlen(line));                                                            \
+    } while (0)
+    METRIC("healthy", "gauge", "1 until the engine fails", "%d", healthy ? 1 : 0);
+    METRIC("requests_running", "gauge", "sequences in the running batch", "%d", st.running);
+    METRIC("requests_waiting", "gauge", "sequences waiting to be scheduled", "%d", st.waiting);
+    METRIC("requests_swapped", "gauge", "sequences swapped to CPU memory", "%d", st.swapped);
+    METRIC("kv_blocks_used", "gauge", "KV-cache blocks in use", "%d", st.kv_blocks_used);
+    METRIC("kv_blocks_total", "gauge", "KV-cache blocks in the pool", "%d", st.kv_blocks_total);
+    METRIC("prompt_tokens_total", "counter", "prompt tokens admitted", "%lld", (long long)st.prompt_tokens);
+    METRIC("prefix_cached_tokens_total", "counter", "prompt tokens served by the prefix cache", "%lld",
+           (long long)st.cached_prompt_tokens);
+    METRIC("generation_tokens_total", "counter", "tokens generated", "%lld", (long long)st.generated_tokens);
+    METRIC("preemptions_total", "counter", "sequences preempted", "%lld", (long long)st.preemptions);
+    METRIC("steps_total", "counter", "engine steps", "%lld", (long long)st.steps);
+#undef METRIC
+    snprintf(line, sizeof line, "# HELP loom_http_responses_total HTTP responses by status class\n"
+             "# TYPE loom_http_responses_total counter\n");
+    sb_put(&b, line, strlen(line));
+    for (int c = 2; c <= 5; c++) {
+        snprintf(line, sizeof line, "loom_http_responses_total{code=\"%dxx\"} %llu\n", c, (unsigned long long)h[c]);
+        sb_put(&b, line, strlen(line));
+    }
+    return b.p;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    server *s = cls;
+    conn_state *cs = *con_cls;
+    if (!cs) { /* headers only: set up for the body */
+        cs = calloc(1, sizeof *cs);
+        if (!cs) return MHD_NO;
+        *con_cls = cs;
+        pthread_mutex_lock(&s->mu);
+        s->inflight++;
+        pthread_mutex_unlock(&s->mu);
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!cs->too_large && cs->body.n + *upload_size > s->opt->max_body) cs->too_large = true;
+        if (!cs->too_large && !sb_put(&cs->body, upload, *upload_size)) cs->too_large = true;
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    bool chat = !strcmp(url, "/v1/chat/completions"), gen = chat || !strcmp(url, "/v1/completions");
+    serve_api api = chat ? SERVE_CHAT : SERVE_COMPLETIONS;
+    if (s->opt->api_key && !strncmp(url, "/v1/", 4)) {
+        const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        if (!auth || strncmp(auth, "Bearer ", 7) || strcmp(auth + 7, s->opt->api_key))
+            return reply_error(s, conn, 401, "missing or wrong API key: send 'Authorization: Bearer KEY' "
+                               "(the key loom serve was started with)", NULL);
+    }
+    if (gen && post) return completion(s, conn, url, api, cs);
+    if (gen) return reply_error(s, conn, MHD_HTTP_METHOD_NOT_ALLOWED, "use POST with a JSON body", NULL);
+    if (get && !strcmp(url, "/health")) {
+        pthread_mutex_lock(&s->mu);
+        bool ok = !s->fatal[0];
+        char *msg = ok ? strdup("{\"status\":\"ok\"}") : serve_error_json(503, s->fatal, NULL);
+        pthread_mutex_unlock(&s->mu);
+        return reply(s, conn, ok ? 200 : 503, msg, NULL);
+    }
+    if (get && !strcmp(url, "/v1/models")) return reply(s, conn, 200, models_json(s), NULL);
+    if (get && !strcmp(url, "/metrics"))
+        return reply(s, conn, 200, metrics_text(s), "text/plain; version=0.0.4");
+    char m[400];
+    snprintf(m, sizeof m, "no route %.16s %.160s: try POST /v1/completions, POST /v1/chat/completions, GET "
+             "/v1/models, /health, /metrics", method, url);
+    return reply_error(s, conn, 404, m, NULL);
+}
+
+/* The reply is sent (or the connection died): the request is over. */
+/* MHD's own complaints (a client gone mid-stream...), marked as ours. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char m[512];
+    vsnprintf(m, sizeof m, fmt, ap);
+    size_t n = strlen(m);
+    while (n && (m[n - 1] == '\n' || m[n - 1] == ' ')) m[--n] = 0;
+    fprintf(stderr, "loom serve: http: %s\n", m);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)conn, (void)toe;
+    server *s = cls;
+    conn_state *cs = *con_cls;
+    if (!cs) return;
+    pthread_mutex_lock(&s->mu);
+    if (--s->inflight == 0) pthread_cond_broadcast(&s->idle_cv);
+    pthread_mutex_unlock(&s->mu);
+    free(cs->body.p);
+    free(cs);
+    *con_cls = NULL;
+}
+
+/* --------------------------------------------------------------- run */
+
+int serve_run(loom_engine *eng, const serve_options *opt) {
+    /* The API's model id: --served-model-name, else the model file's name
+     * with its spaces as dashes (clients put it in URLs and shell lines). */
+    char model[128];
+    snprintf(model, sizeof model, "%s", opt->model_name ? opt->model_name : loom_engine_model_name(eng));
+    for (char *c = model; !opt->model_name && *c; c++)
+        if (*c == ' ') *c = '-';
+    server s = {.eng = eng, .opt = opt, .model = model};
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.cv, NULL);
+    pthread_cond_init(&s.idle_cv, NULL);
+    s.stats.struct_size = sizeof s.stats;
+    loom_engine_get_stats(eng, &s.stats);
+
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", opt->port);
+    int gai = getaddrinfo(opt->host, port, &hints, &ai);
+    if (gai) {
+        fprintf(stderr, "loom serve: cannot resolve --host '%s': %s\n", opt->host, gai_strerror(gai));
+        return 1;
+    }
+
+    /* Signals go to this thread's sigwait only: block them before any
+     * thread (MHD's, the engine's) starts, so they inherit the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
+                     MHD_USE_ITC | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)opt->port, NULL, NULL, on_request, &s,
+                                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                                            MHD_OPTION_CONNECTION_LIMIT, opt->max_connections,
+                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s,
+                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    char host[INET6_ADDRSTRLEN] = "?";
+    if (ai->ai_family == AF_INET6)
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr, host, sizeof host);
+    else
+        inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr, host, sizeof host);
+    int fam = ai->ai_family;
+    freeaddrinfo(ai);
+    if (!d) {
+        fprintf(stderr, "loom serve: cannot listen on %s port %d: %s (is the port taken? try --port 0 for any free "
+                "one)\n", opt->host, opt->port, strerror(errno ? errno : EADDRINUSE));
+        pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+        return 1;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    int bound = di ? di->port : opt->port;
+
+    pthread_t eng_thread;
+    if (pthread_create(&eng_thread, NULL, engine_main, &s) != 0) {
+        fprintf(stderr, "loom serve: cannot start the engine thread\n");
+        MHD_stop_daemon(d);
+        pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+        return 1;
+    }
+    fprintf(stderr, "loom serve: model '%s', context %d tokens%s; Ctrl-C stops\n", s.model,
+            loom_engine_max_context(eng), opt->api_key ? ", API key required" : "");
+    printf("loom serve: listening on http://%s%s%s:%d\n", fam == AF_INET6 ? "[" : "", host,
+           fam == AF_INET6 ? "]" : "", bound);
+    fflush(stdout);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "loom serve: %s: stopping (running requests are aborted)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    MHD_quiesce_daemon(d); /* no new connections */
+    pthread_mutex_lock(&s.mu);
+    s.stopping = true;
+    for (job *j = s.jobs; j; j = j->next) job_abort_locked(j);
+    /* let the aborted requests' clients get their 503 (or their stream's
+     * end) before the sockets close; 10 s at most */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;
+    while (s.inflight > 0 && pthread_cond_timedwait(&s.idle_cv, &s.mu, &until) == 0) {}
+    pthread_mutex_unlock(&s.mu);
+    MHD_stop_daemon(d); /* waits for every connection thread */
+    pthread_mutex_lock(&s.mu);
+    s.exit = true;
+    pthread_cond_signal(&s.cv);
+    pthread_mutex_unlock(&s.mu);
+    pthread_join(eng_thread, NULL);
+    pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+    pthread_mutex_destroy(&s.mu);
+    pthread_cond_destroy(&s.cv);
+    pthread_cond_destroy(&s.idle_cv);
+    return 0;
+}

@@ -1,0 +1,36 @@
+/*
+ * cli/serve/server.h — the HTTP side of `loom serve`: an OpenAI-compatible
+ * server (libmicrohttpd, one thread per connection) in front of one engine
+ * stepped by its own thread, so concurrent requests share the continuous
+ * batch.
+ *
+ * Threads: MHD's connection threads parse requests and add them to the
+ * engine ([any] calls); the engine thread alone steps and runs the token
+ * callbacks, which fill each job's buffers under the job's mutex and wake
+ * the connection waiting on it (a non-streaming answer, or the SSE reader).
+ */
+#ifndef LOOM_SERVE_SERVER_H
+#define LOOM_SERVE_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/engine.h"
+
+typedef struct serve_options {
+    const char *host;           /* address or name to bind; "0.0.0.0" = all */
+    int port;                   /* 0 = any free port (printed at start)     */
+    const char *model_name;     /* what /v1/models lists and requests name  */
+    const char *api_key;        /* NULL = no authentication                 */
+    int32_t max_tokens;         /* completions' default max_tokens          */
+    size_t max_body;            /* request bodies larger get 413            */
+    unsigned max_connections;
+} serve_options;
+
+/* Serve until SIGINT or SIGTERM; then stop taking requests, abort the ones
+ * running (their clients get an error), and return 0. Returns 1 when the
+ * server cannot start (the reason on stderr). Prints the URL it listens on
+ * to stdout, one line: "loom serve: listening on http://HOST:PORT". */
+int serve_run(loom_engine *eng, const serve_options *opt);
+
+#endif

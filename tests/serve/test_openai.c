@@ -1,0 +1,217 @@
+/*
+ * tests/serve/test_openai.c — `loom serve`'s request parsing (cli/serve/
+ * openai.c) without HTTP: every accepted form of prompt, messages, stop and
+ * sampling fields maps onto the engine request, and each kind of bad body
+ * is refused naming the field (or the byte of a JSON syntax error).
+ */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "serve/openai.h"
+
+static serve_req parse_ok(serve_api api, const char *body) {
+    serve_req r;
+    char why[512];
+    const char *param = NULL;
+    bool ok = serve_parse(api, body, strlen(body), 16, &r, why, sizeof why, &param);
+    cr_assert(ok, "%s refused: %s", body, why);
+    return r;
+}
+
+/* Refused, with `param` named and `needle` in the message. */
+static void parse_bad(serve_api api, const char *body, const char *param, const char *needle) {
+    serve_req r;
+    char why[512];
+    const char *p = NULL;
+    bool ok = serve_parse(api, body, strlen(body), 16, &r, why, sizeof why, &p);
+    cr_assert(!ok, "%s accepted", body);
+    if (param)
+        cr_assert(p && !strcmp(p, param), "%s: param %s, expected %s (%s)", body, p ? p : "(null)", param, why);
+    else
+        cr_assert_null(p, "%s: param %s (%s)", body, p, why);
+    cr_assert(strstr(why, needle), "%s: message '%s' lacks '%s'", body, why, needle);
+    cr_assert_null(r.root, "a refused parse frees what it built");
+}
+
+Test(openai, completions_defaults) {
+    serve_req r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": \"Hello\"}");
+    cr_assert_eq(r.num_prompts, 1);
+    cr_assert_str_eq(r.prompts[0].text, "Hello");
+    cr_assert_float_eq(r.base.params.temperature, 1.0f, 0, "OpenAI's default temperature is 1");
+    cr_assert_eq(r.base.max_tokens, 16);
+    cr_assert_eq(r.base.n, 1);
+    cr_assert(!r.stream && r.logprobs == -1 && !r.base.stop && !r.model);
+    cr_assert_eq(r.base.params.logprobs, 0);
+    serve_req_free(&r);
+}
+
+Test(openai, completions_fields) {
+    serve_req r = parse_ok(SERVE_COMPLETIONS,
+                           "{\"model\": \"m\", \"prompt\": \"x\", \"max_tokens\": 7, \"temperature\": 0, "
+                           "\"top_p\": 0.5, \"top_k\": -1, \"min_p\": 0.1, \"n\": 3, \"best_of\": 3, "
+                           "\"seed\": 42, \"stop\": [\"a\", \"bc\"], \"presence_penalty\": 0.5, "
+                           "\"frequency_penalty\": -0.5, \"repetition_penalty\": 1.1, \"logprobs\": 0, "
+                           "\"stream\": true, \"stream_options\": {\"include_usage\": true}, \"ignore_eos\": true, "
+                           "\"user\": \"ignored\", \"echo\": false, \"suffix\": null, \"logit_bias\": {}}");
+    cr_assert_str_eq(r.model, "m");
+    cr_assert_eq(r.base.max_tokens, 7);
+    cr_assert_float_eq(r.base.params.temperature, 0.0f, 0);
+    cr_assert_float_eq(r.base.params.top_p, 0.5f, 1e-7);
+    cr_assert_eq(r.base.params.top_k, 0, "vLLM's top_k -1 means off");
+    cr_assert_float_eq(r.base.params.min_p, 0.1f, 1e-7);
+    cr_assert_eq(r.base.n, 3);
+    cr_assert(r.base.params.has_seed && r.base.params.seed == 42);
+    cr_assert_str_eq(r.base.stop[0], "a");
+    cr_assert_str_eq(r.base.stop[1], "bc");
+    cr_assert_null(r.base.stop[2]);
+    cr_assert_float_eq(r.base.params.presence_penalty, 0.5f, 1e-7);
+    cr_assert_float_eq(r.base.params.frequency_penalty, -0.5f, 1e-7);
+    cr_assert_float_eq(r.base.params.repetition_penalty, 1.1f, 1e-6);
+    cr_assert_eq(r.logprobs, 0);
+    cr_assert_eq(r.base.params.logprobs, 1, "the engine gives the chosen token's logprob only with alternatives");
+    cr_assert(r.stream && r.include_usage && r.base.ignore_eos);
+    serve_req_free(&r);
+    r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"stop\": \"END\", \"max_tokens\": null, \"logprobs\": 5}");
+    cr_assert_str_eq(r.base.stop[0], "END");
+    cr_assert_null(r.base.stop[1]);
+    cr_assert_eq(r.base.max_tokens, 16, "null is the default");
+    cr_assert_eq(r.logprobs, 5);
+    cr_assert_eq(r.base.params.logprobs, 5);
+    serve_req_free(&r);
+}
+
+Test(openai, completions_prompt_forms) {
+    serve_req r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": [1, 2, 3]}");
+    cr_assert_eq(r.num_prompts, 1);
+    cr_assert_null(r.prompts[0].text);
+    cr_assert_eq(r.prompts[0].num_tokens, 3);
+    cr_assert_eq(r.prompts[0].tokens[2], 3);
+    serve_req_free(&r);
+    r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": [\"a\", \"b\"]}");
+    cr_assert_eq(r.num_prompts, 2);
+    cr_assert_str_eq(r.prompts[1].text, "b");
+    serve_req_free(&r);
+    r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": [[5], [6, 7]]}");
+    cr_assert_eq(r.num_prompts, 2);
+    cr_assert_eq(r.prompts[1].num_tokens, 2);
+    cr_assert_eq(r.prompts[1].tokens[1], 7);
+    serve_req_free(&r);
+    parse_bad(SERVE_COMPLETIONS, "{}", "prompt", "'prompt' is required");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": []}", "prompt", "non-empty");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": 5}", "prompt", "got 5");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": [\"a\", [1]]}", "prompt", "prompt[1]");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": [1, -2]}", "prompt", "prompt[1] must be a token id");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": [1, 2.5]}", "prompt", "got 2.5");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": [[1], []]}", "prompt", "prompt[1] is an empty token list");
+}
+
+Test(openai, bad_json_named) {
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\",", NULL, "not valid JSON (error at byte 15 of 15)");
+    parse_bad(SERVE_COMPLETIONS, "", NULL, "body is empty");
+    parse_bad(SERVE_COMPLETIONS, "[1, 2]", NULL, "must be a JSON object");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\"} trailing", NULL, "not valid JSON");
+    serve_req r;
+    char why[256];
+    const char *p;
+    cr_assert(!serve_parse(SERVE_COMPLETIONS, "{\"prompt\": \"x\"}\0{}", 17, 16, &r, why, sizeof why, &p));
+    cr_assert(strstr(why, "NUL byte at offset 15"), "%s", why);
+}
+
+Test(openai, bad_fields_named) {
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"temperature\": \"hot\"}", "temperature", "\"hot\"");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"temperature\": -1}", "temperature", "[0, 100]");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"top_p\": 0}", "top_p", "top_p");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"n\": 0}", "n", "an integer in [1, 64]");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"max_tokens\": 0}", "max_tokens", "max_tokens");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"max_tokens\": 1.5}", "max_tokens", "an integer");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"logprobs\": 21}", "logprobs", "[0, 20]");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"stream\": 1}", "stream", "true or false");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"stop\": 3}", "stop", "text or a list");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"stop\": [\"a\", 1]}", "stop", "stop[1]");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"stop\": \"\"}", "stop", "must not be empty");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"model\": 3}", "model", "'model' must be text");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"stream_options\": {\"include_usage\": true}}",
+              "stream_options", "only allowed with \"stream\": true");
+}
+
+Test(openai, unsupported_refused_by_name) {
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"echo\": true}", "echo", "not supported");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"suffix\": \"}\"}", "suffix", "fill-in-the-middle");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 10}}", "logit_bias", "logit_bias");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"n\": 2, \"best_of\": 4}", "best_of", "n = 2");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{}]}", "tools",
+              "function calling");
+    parse_bad(SERVE_CHAT,
+              "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": "
+              "\"json_object\"}}",
+              "response_format", "guided decoding");
+    serve_req r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                                       "\"response_format\": {\"type\": \"text\"}, \"tools\": []}");
+    serve_req_free(&r);
+}
+
+Test(openai, chat_messages) {
+    serve_req r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"developer\", \"content\": \"Be brief.\"}, "
+                                       "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}, "
+                                       "{\"type\": \"text\", \"text\": \"b\"}], \"name\": \"u\"}, "
+                                       "{\"role\": \"assistant\", \"content\": \"ok\"}, "
+                                       "{\"role\": \"user\", \"content\": \"again\"}], "
+                                       "\"max_completion_tokens\": 9}");
+    cr_assert_eq(r.base.num_messages, 4);
+    cr_assert_eq(r.num_prompts, 1);
+    cr_assert_str_eq(r.base.messages[0].role, "system", "developer is OpenAI's newer name for system");
+    cr_assert_str_eq(r.base.messages[1].content, "a\nb");
+    cr_assert_str_eq(r.base.messages[2].role, "assistant");
+    cr_assert_str_eq(r.base.messages[3].content, "again");
+    cr_assert_eq(r.base.max_tokens, 9);
+    cr_assert_null(r.base.prompt);
+    serve_req_free(&r);
+    parse_bad(SERVE_CHAT, "{\"prompt\": \"x\"}", "messages", "'messages' must be a non-empty list");
+    parse_bad(SERVE_CHAT, "{\"messages\": []}", "messages", "non-empty");
+    parse_bad(SERVE_CHAT, "{\"messages\": [\"hi\"]}", "messages", "messages[0] must be an object");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "messages",
+              "no tool calling");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\"}]}", "messages", "messages[0] has no content");
+    parse_bad(SERVE_CHAT,
+              "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {}}]}]}",
+              "messages", "messages[0].content[0]");
+}
+
+Test(openai, chat_logprobs) {
+    serve_req r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}");
+    cr_assert_eq(r.logprobs, -1);
+    cr_assert_eq(r.base.max_tokens, 16, "parse_ok passes 16 as the default");
+    serve_req_free(&r);
+    r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true}");
+    cr_assert_eq(r.logprobs, 0);
+    cr_assert_eq(r.base.params.logprobs, 1);
+    serve_req_free(&r);
+    r = parse_ok(SERVE_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, \"top_logprobs\": 3}");
+    cr_assert_eq(r.logprobs, 3);
+    serve_req_free(&r);
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 3}",
+              "top_logprobs", "needs \"logprobs\": true");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": 2}", "logprobs",
+              "true or false");
+}
+
+Test(openai, error_json_shape) {
+    char *s = serve_error_json(400, "bad \"x\"", "temperature");
+    cJSON *o = cJSON_Parse(s);
+    cr_assert_not_null(o, "%s", s);
+    cJSON *e = cJSON_GetObjectItem(o, "error");
+    cr_assert_str_eq(cJSON_GetObjectItem(e, "message")->valuestring, "bad \"x\"");
+    cr_assert_str_eq(cJSON_GetObjectItem(e, "type")->valuestring, "invalid_request_error");
+    cr_assert_str_eq(cJSON_GetObjectItem(e, "param")->valuestring, "temperature");
+    cr_assert_eq(cJSON_GetObjectItem(e, "code")->valueint, 400);
+    cJSON_Delete(o);
+    free(s);
+    s = serve_error_json(503, "down", NULL);
+    cr_assert(strstr(s, "\"server_error\"") && strstr(s, "\"param\":null"), "%s", s);
+    free(s);
+    cr_assert_str_eq(serve_finish_name(LOOM_FINISH_EOS), "stop");
+    cr_assert_str_eq(serve_finish_name(LOOM_FINISH_STOP), "stop");
+    cr_assert_str_eq(serve_finish_name(LOOM_FINISH_LENGTH), "length");
+    cr_assert_null(serve_finish_name(LOOM_FINISH_NONE));
+}

@@ -1,0 +1,555 @@
+/*
+ * tests/serve/test_serve.c — `loom serve` over real sockets: the built
+ * binary (LOOM_CLI) started on a free port (--port 0; the URL it prints on
+ * stdout gives the port), spoken to with plain HTTP/1.0 requests, stopped
+ * with SIGTERM (it must exit 0).
+ *   - the dummy pipeline (always): routes, token prompts, the batch form,
+ *     n, logprobs, streaming, every kind of bad request, auth, body limit;
+ *   - SmolLM2 (LOOM_TEST_MODEL; skipped when unset): chat, streaming equal
+ *     to the whole answer, concurrent requests sharing steps, a client
+ *     leaving mid-stream, SIGTERM with a request running.
+ */
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct server {
+    pid_t pid;
+    int port;
+    char err_path[64];
+} server;
+
+static void need_model(void) {
+    const char *m = getenv("LOOM_TEST_MODEL");
+    if (!m || !m[0]) cr_skip_test("LOOM_TEST_MODEL is unset (point it at SmolLM2-135M-Instruct.Q4_1.gguf)");
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return strdup("");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    size_t got = fread(b, 1, (size_t)n, f);
+    b[got] = 0;
+    fclose(f);
+    return b;
+}
+
+/* Start `loom serve CONFIG --port 0 ARGS...` (CONFIG relative to the source
+ * tree) and wait for the line with its port (model load under sanitizers
+ * can take a while). */
+static server start(const char *config, const char *const *args) {
+    const char *bin = getenv("LOOM_CLI"), *src = getenv("LOOM_SOURCE_DIR");
+    cr_assert(bin && src, "LOOM_CLI / LOOM_SOURCE_DIR not set (run through meson test)");
+    server s = {0};
+    snprintf(s.err_path, sizeof s.err_path, "/tmp/loom-serve-test-XXXXXX");
+    int efd = mkstemp(s.err_path);
+    cr_assert_geq(efd, 0);
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    s.pid = fork();
+    cr_assert_neq(s.pid, -1);
+    if (s.pid == 0) {
+        dup2(p[1], 1);
+        dup2(efd, 2);
+        close(p[0]);
+        if (chdir(src) != 0) _exit(127);
+        char *argv[32] = {(char *)bin, "serve", (char *)config, "--port", "0"};
+        int n = 5;
+        for (int i = 0; args && args[i] && n < 31; i++) argv[n++] = (char *)args[i];
+        argv[n] = NULL;
+        execv(bin, argv);
+        _exit(127);
+    }
+    close(p[1]);
+    close(efd);
+    char line[256] = {0};
+    size_t at = 0;
+    struct pollfd pf = {.fd = p[0], .events = POLLIN};
+    while (at < sizeof line - 1 && !strchr(line, '\n') && poll(&pf, 1, 300000) > 0) {
+        ssize_t r = read(p[0], line + at, sizeof line - 1 - at);
+        if (r <= 0) break;
+        at += (size_t)r;
+    }
+    close(p[0]);
+    char *colon = strrchr(line, ':');
+    if (!strstr(line, "listening on http://127.0.0.1:") || !colon) {
+        kill(s.pid, SIGKILL);
+        waitpid(s.pid, NULL, 0);
+        char *e = slurp(s.err_path);
+        cr_assert_fail("loom serve did not start: stdout '%s', stderr:\n%s", line, e);
+    }
+    s.port = atoi(colon + 1);
+    cr_assert_gt(s.port, 0);
+    return s;
+}
+
+/* SIGTERM; the server must exit 0 within `secs` seconds. */
+static void stop(server *s, int secs) {
+    cr_assert_eq(kill(s->pid, SIGTERM), 0);
+    int status = 0;
+    for (int i = 0; i < secs * 10; i++) {
+        if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
+            char *e = slurp(s->err_path);
+            cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "loom serve ended with status %d:\n%s",
+                      status, e);
+            free(e);
+            unlink(s->err_path);
+            return;
+        }
+        usleep(100000);
+    }
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, NULL, 0);
+    cr_assert_fail("loom serve did not stop within %d s of SIGTERM", secs);
+}
+
+static int dial(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "cannot connect to port %d", port);
+    return fd;
+}
+
+static void send_request(int fd, const char *method, const char *path, const char *body, const char *headers) {
+    char head[1024];
+    int n = snprintf(head, sizeof head,
+                     "%s %s HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\n%sContent-Length: "
+                     "%zu\r\n\r\n",
+                     method, path, headers ? headers : "", body ? strlen(body) : 0);
+    cr_assert_eq(write(fd, head, (size_t)n), n);
+    if (body) {
+        size_t len = strlen(body), off = 0;
+        while (off < len) {
+            ssize_t w = write(fd, body + off, len - off);
+            cr_assert_gt(w, 0);
+            off += (size_t)w;
+        }
+    }
+}
+
+typedef struct reply {
+    int status;
+    char *body;   /* after the headers */
+    cJSON *json;  /* body parsed, when it is JSON */
+} reply;
+
+static reply http(int port, const char *method, const char *path, const char *body, const char *headers) {
+    int fd = dial(port);
+    send_request(fd, method, path, body, headers);
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (cap - n < 1024) buf = realloc(buf, cap *= 2);
+        ssize_t r = read(fd, buf + n, cap - n - 1);
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    buf[n] = 0;
+    reply rp = {0};
+    cr_assert(sscanf(buf, "HTTP/1.%*d %d", &rp.status) == 1, "no status line in '%s'", buf);
+    char *b = strstr(buf, "\r\n\r\n");
+    rp.body = strdup(b ? b + 4 : "");
+    free(buf);
+    rp.json = cJSON_Parse(rp.body);
+    return rp;
+}
+
+static void reply_free(reply *r) {
+    free(r->body);
+    cJSON_Delete(r->json);
+}
+
+static const cJSON *get(const cJSON *o, const char *path) {
+    /* "a.b.0.c": object keys and array indices */
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", path);
+    const cJSON *v = o;
+    for (char *save = NULL, *k = strtok_r(buf, ".", &save); k && v; k = strtok_r(NULL, ".", &save))
+        v = cJSON_IsArray(v) ? cJSON_GetArrayItem(v, atoi(k)) : cJSON_GetObjectItemCaseSensitive(v, k);
+    cr_assert_not_null(v, "no '%s' in %s", path, cJSON_PrintUnformatted(o));
+    return v;
+}
+
+static double num(const cJSON *o, const char *path) {
+    const cJSON *v = get(o, path);
+    cr_assert(cJSON_IsNumber(v), "'%s' is not a number", path);
+    return v->valuedouble;
+}
+
+static const char *str(const cJSON *o, const char *path) {
+    const cJSON *v = get(o, path);
+    cr_assert(cJSON_IsString(v), "'%s' is not text", path);
+    return v->valuestring;
+}
+
+/* An error reply: status, and the message contains `needle`. */
+static void expect_error(reply r, int status, const char *needle) {
+    cr_assert_eq(r.status, status, "status %d (expected %d): %s", r.status, status, r.body);
+    cr_assert_not_null(r.json, "error body is not JSON: %s", r.body);
+    cr_assert(strstr(str(r.json, "error.message"), needle), "'%s' lacks '%s'", str(r.json, "error.message"), needle);
+    cr_assert_eq(num(r.json, "error.code"), status);
+    reply_free(&r);
+}
+
+/* Server-sent events: each "data: {...}" parsed into out[] (up to max);
+ * returns how many, and whether "data: [DONE]" ended the stream. */
+static int sse_events(const char *body, cJSON **out, int max, bool *done) {
+    int n = 0;
+    *done = false;
+    for (const char *p = body; (p = strstr(p, "data: ")); ) {
+        p += 6;
+        const char *e = strstr(p, "\n\n");
+        cr_assert_not_null(e, "an event without its blank line: %s", p);
+        if (!strncmp(p, "[DONE]", 6)) {
+            *done = true;
+            cr_assert(!strstr(e, "data: "), "events after [DONE]");
+            break;
+        }
+        char *one = strndup(p, (size_t)(e - p));
+        cr_assert_lt(n, max);
+        out[n] = cJSON_Parse(one);
+        cr_assert_not_null(out[n], "event is not JSON: %s", one);
+        free(one);
+        n++;
+        p = e;
+    }
+    return n;
+}
+
+static double metric(int port, const char *name) {
+    reply r = http(port, "GET", "/metrics", NULL, NULL);
+    cr_assert_eq(r.status, 200);
+    char key[96];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = strstr(r.body, key);
+    cr_assert_not_null(p, "no %s in /metrics:\n%s", name, r.body);
+    double v = atof(p + strlen(key));
+    reply_free(&r);
+    return v;
+}
+
+/* ------------------------------------------------------ dummy pipeline */
+
+#define TINY "tests/engine/data/tiny.yaml"
+
+Test(serve, routes_and_token_prompts, .timeout = 300) {
+    server s = start(TINY, (const char *[]){"--served-model-name", "tiny", NULL});
+    reply r = http(s.port, "GET", "/health", NULL, NULL);
+    cr_assert_eq(r.status, 200);
+    cr_assert_str_eq(str(r.json, "status"), "ok");
+    reply_free(&r);
+    r = http(s.port, "GET", "/v1/models", NULL, NULL);
+    cr_assert_eq(r.status, 200);
+    cr_assert_str_eq(str(r.json, "data.0.id"), "tiny");
+    cr_assert_eq(num(r.json, "data.0.max_model_len"), 128);
+    reply_free(&r);
+
+    /* one token prompt, two samples */
+    r = http(s.port, "POST", "/v1/completions",
+             "{\"model\": \"tiny\", \"prompt\": [1, 2, 3], \"max_tokens\": 5, \"ignore_eos\": true, \"n\": 2, "
+             "\"temperature\": 0.8, \"seed\": 3}",
+             NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert_str_eq(str(r.json, "object"), "text_completion");
+    cr_assert(!strncmp(str(r.json, "id"), "cmpl-", 5));
+    cr_assert_eq(cJSON_GetArraySize(get(r.json, "choices")), 2);
+    cr_assert_eq(num(r.json, "choices.1.index"), 1);
+    cr_assert_str_eq(str(r.json, "choices.0.finish_reason"), "length");
+    cr_assert(cJSON_IsNull(get(r.json, "choices.0.logprobs")));
+    cr_assert_eq(num(r.json, "usage.prompt_tokens"), 3);
+    cr_assert_eq(num(r.json, "usage.completion_tokens"), 10);
+    cr_assert_eq(num(r.json, "usage.total_tokens"), 13);
+    reply_free(&r);
+
+    /* the batch form: choices numbered prompt * n + sample */
+    r = http(s.port, "POST", "/v1/completions",
+             "{\"prompt\": [[1, 2], [3, 4, 5]], \"max_tokens\": 4, \"ignore_eos\": true, \"n\": 2}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert_eq(cJSON_GetArraySize(get(r.json, "choices")), 4);
+    for (int c = 0; c < 4; c++) {
+        char k[32];
+        snprintf(k, sizeof k, "choices.%d.index", c);
+        cr_assert_eq(num(r.json, k), c);
+    }
+    cr_assert_eq(num(r.json, "usage.prompt_tokens"), 5);
+    cr_assert_eq(num(r.json, "usage.completion_tokens"), 16);
+    reply_free(&r);
+
+    /* logprobs: one entry per token, alternatives sorted, log p <= 0 */
+    r = http(s.port, "POST", "/v1/completions",
+             "{\"prompt\": [7, 8], \"max_tokens\": 6, \"ignore_eos\": true, \"temperature\": 0, \"logprobs\": 3}",
+             NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    const cJSON *lp = get(r.json, "choices.0.logprobs");
+    cr_assert_eq(cJSON_GetArraySize(get(lp, "tokens")), 6);
+    cr_assert_eq(cJSON_GetArraySize(get(lp, "text_offset")), 6);
+    for (int i = 0; i < 6; i++) {
+        char k[48];
+        snprintf(k, sizeof k, "token_logprobs.%d", i);
+        double l = num(lp, k);
+        snprintf(k, sizeof k, "top_logprobs.%d", i);
+        const cJSON *top = get(lp, k), *e;
+        cr_assert(cJSON_GetArraySize(top) >= 1 && cJSON_GetArraySize(top) <= 3);
+        double best = -1e30;
+        cJSON_ArrayForEach(e, top) best = e->valuedouble > best ? e->valuedouble : best;
+        cr_assert(l <= 1e-6 && l >= best - 1e-5, "greedy token %d: log p %g, best alternative %g", i, l, best);
+    }
+    reply_free(&r);
+
+    /* streaming: one event per token, the final reason, usage, [DONE] */
+    r = http(s.port, "POST", "/v1/completions",
+             "{\"prompt\": [1, 2, 3], \"max_tokens\": 4, \"ignore_eos\": true, \"stream\": true, "
+             "\"stream_options\": {\"include_usage\": true}}",
+             NULL);
+    cr_assert_eq(r.status, 200);
+    cJSON *ev[32];
+    bool done;
+    int n = sse_events(r.body, ev, 32, &done);
+    cr_assert(done, "no [DONE]: %s", r.body);
+    cr_assert_geq(n, 2);
+    cr_assert_str_eq(str(ev[n - 2], "choices.0.finish_reason"), "length");
+    cr_assert_eq(cJSON_GetArraySize(get(ev[n - 1], "choices")), 0);
+    cr_assert_eq(num(ev[n - 1], "usage.completion_tokens"), 4);
+    for (int i = 0; i < n; i++) cr_assert_str_eq(str(ev[i], "id"), str(ev[0], "id"), "one id for the whole stream");
+    for (int i = 0; i < n; i++) cJSON_Delete(ev[i]);
+    reply_free(&r);
+    stop(&s, 30);
+}
+
+Test(serve, bad_requests_named, .timeout = 300) {
+    server s = start(TINY, NULL);
+    expect_error(http(s.port, "POST", "/v1/completions", "{\"prompt\": [1, 2", NULL), 400, "not valid JSON");
+    expect_error(http(s.port, "POST", "/v1/completions", "", NULL), 400, "body is empty");
+    expect_error(http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"temperature\": \"hot\"}", NULL), 400,
+                 "'temperature'");
+    expect_error(http(s.port, "POST", "/v1/completions", "{\"prompt\": \"text\"}", NULL), 400, "no tokenizer");
+    expect_error(http(s.port, "POST", "/v1/chat/completions",
+                      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", NULL),
+                 400, "no tokenizer");
+    expect_error(http(s.port, "POST", "/v1/completions", "{\"prompt\": [1, 999]}", NULL), 400,
+                 "outside the vocabulary");
+    char big[1024] = "{\"prompt\": [";
+    for (int i = 0; i < 130; i++) strcat(big, i ? ",1" : "1");
+    strcat(big, "]}");
+    expect_error(http(s.port, "POST", "/v1/completions", big, NULL), 400, "context holds 128");
+    /* the second prompt of a batch fails: named, and nothing is left running */
+    expect_error(http(s.port, "POST", "/v1/completions", "{\"prompt\": [[1], [999]], \"max_tokens\": 50}", NULL),
+                 400, "prompt[1]");
+    expect_error(http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"model\": \"gpt-4\"}", NULL), 404,
+                 "'gpt-4' does not exist");
+    expect_error(http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"echo\": true}", NULL), 400, "echo");
+    expect_error(http(s.port, "GET", "/v1/completions", NULL, NULL), 405, "use POST");
+    expect_error(http(s.port, "GET", "/v2/anything", NULL, NULL), 404, "no route GET /v2/anything");
+    /* still healthy, nothing left running */
+    reply r = http(s.port, "GET", "/health", NULL, NULL);
+    cr_assert_eq(r.status, 200);
+    reply_free(&r);
+    for (int i = 0; i < 50 && metric(s.port, "loom_requests_running") > 0; i++) usleep(100000);
+    cr_assert_eq(metric(s.port, "loom_requests_running"), 0);
+    cr_assert_eq(metric(s.port, "loom_requests_waiting"), 0);
+    cr_assert_eq(metric(s.port, "loom_kv_blocks_used"), 0, "an aborted batch prompt leaked KV blocks");
+    stop(&s, 30);
+}
+
+Test(serve, api_key_and_body_limit, .timeout = 300) {
+    server s = start(TINY, (const char *[]){"--api-key", "s3cret", "--max-body", "2048", NULL});
+    const char *body = "{\"prompt\": [1], \"max_tokens\": 2}";
+    expect_error(http(s.port, "POST", "/v1/completions", body, NULL), 401, "Authorization: Bearer");
+    expect_error(http(s.port, "GET", "/v1/models", NULL, "Authorization: Bearer wrong\r\n"), 401, "API key");
+    reply r = http(s.port, "POST", "/v1/completions", body, "Authorization: Bearer s3cret\r\n");
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    reply_free(&r);
+    r = http(s.port, "GET", "/health", NULL, NULL); /* probes need no key */
+    cr_assert_eq(r.status, 200);
+    reply_free(&r);
+    char big[4096];
+    snprintf(big, sizeof big, "{\"prompt\": [1], \"user\": \"%0*d\"}", 3000, 0);
+    expect_error(http(s.port, "POST", "/v1/completions", big, "Authorization: Bearer s3cret\r\n"), 413,
+                 "larger than 2048 bytes");
+    stop(&s, 30);
+}
+
+Test(serve, usage_errors) {
+    const char *bin = getenv("LOOM_CLI");
+    cr_assert_not_null(bin);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s serve --help | grep -q /v1/chat/completions", bin);
+    cr_assert_eq(system(cmd), 0, "--help lists the endpoints");
+    snprintf(cmd, sizeof cmd, "%s serve 2>/dev/null", bin);
+    cr_assert_eq(WEXITSTATUS(system(cmd)), 2, "no CONFIG is a usage error");
+    snprintf(cmd, sizeof cmd, "%s serve x.yaml --port 70000 2>&1 | grep -q 'expects an integer in \\[0, 65535\\]'",
+             bin);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s serve /nonexistent.yaml --port 0 2>&1 | grep -q nonexistent.yaml", bin);
+    cr_assert_eq(system(cmd), 0, "a missing pipeline file is named");
+}
+
+/* ------------------------------------------------------------ SmolLM2 */
+
+#define SMOL "tests/engine/data/smol.yaml"
+
+static const char *chat_text(const cJSON *o) { return str(o, "choices.0.message.content"); }
+
+Test(serve, chat_and_stream_real_model, .timeout = 600) {
+    need_model();
+    server s = start(SMOL, NULL);
+    const char *q = "{\"messages\": [{\"role\": \"system\", \"content\": \"You are a helpful assistant.\"}, "
+                    "{\"role\": \"user\", \"content\": \"What is the capital of France?\"}], "
+                    "\"temperature\": 0, \"max_tokens\": 24%s}";
+    char body[512];
+    snprintf(body, sizeof body, q, "");
+    reply whole = http(s.port, "POST", "/v1/chat/completions", body, NULL);
+    cr_assert_eq(whole.status, 200, "%s", whole.body);
+    cr_assert_str_eq(str(whole.json, "object"), "chat.completion");
+    cr_assert_str_eq(str(whole.json, "choices.0.message.role"), "assistant");
+    cr_assert(strstr(chat_text(whole.json), "Paris"), "%s", chat_text(whole.json));
+    cr_assert_gt(num(whole.json, "usage.prompt_tokens"), 15);
+    int completion = (int)num(whole.json, "usage.completion_tokens");
+    cr_assert(completion > 0 && completion <= 24);
+
+    /* the same request streamed: the deltas add up to the same text */
+    snprintf(body, sizeof body, q, ", \"stream\": true, \"stream_options\": {\"include_usage\": true}");
+    reply r = http(s.port, "POST", "/v1/chat/completions", body, NULL);
+    cr_assert_eq(r.status, 200);
+    cJSON *ev[64];
+    bool done;
+    int n = sse_events(r.body, ev, 64, &done);
+    cr_assert(done);
+    char text[2048] = "";
+    for (int i = 0; i < n; i++) {
+        const cJSON *d = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(ev[i], "choices"), 0), "delta");
+        if (i == 0) cr_assert_str_eq(str(d, "role"), "assistant");
+        const cJSON *c = d ? cJSON_GetObjectItem(d, "content") : NULL;
+        if (cJSON_IsString(c)) strncat(text, c->valuestring, sizeof text - strlen(text) - 1);
+        cr_assert_str_eq(str(ev[i], "object"), "chat.completion.chunk");
+    }
+    cr_assert_str_eq(text, chat_text(whole.json), "streamed and whole greedy answers differ");
+    cr_assert_eq(num(ev[n - 1], "usage.completion_tokens"), completion);
+    for (int i = 0; i < n; i++) cJSON_Delete(ev[i]);
+    reply_free(&r);
+
+    /* a multi-turn conversation with logprobs */
+    r = http(s.port, "POST", "/v1/chat/completions",
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Name a colour.\"}, "
+             "{\"role\": \"assistant\", \"content\": \"Blue.\"}, "
+             "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"Another one?\"}]}], "
+             "\"temperature\": 0, \"max_tokens\": 8, \"logprobs\": true, \"top_logprobs\": 2}",
+             NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    const cJSON *content = get(r.json, "choices.0.logprobs.content");
+    cr_assert_eq(cJSON_GetArraySize(content), (int)num(r.json, "usage.completion_tokens"));
+    cr_assert_eq(cJSON_GetArraySize(get(content, "0.top_logprobs")), 2);
+    cr_assert(num(content, "0.logprob") <= 0);
+    reply_free(&r);
+    reply_free(&whole);
+
+    /* longer than the context (512): refused with the engine's reason */
+    size_t big = 40000;
+    char *long_body = malloc(big + 128);
+    strcpy(long_body, "{\"messages\": [{\"role\": \"user\", \"content\": \"");
+    size_t at = strlen(long_body);
+    for (size_t i = 0; i < big / 6; i++, at += 6) memcpy(long_body + at, "words ", 6);
+    strcpy(long_body + at, "\"}]}");
+    expect_error(http(s.port, "POST", "/v1/chat/completions", long_body, NULL), 400, "context holds 512");
+    free(long_body);
+    stop(&s, 60);
+}
+
+typedef struct conc_arg {
+    int port, i;
+    int completion;
+    int status;
+} conc_arg;
+
+static void *conc_one(void *p) {
+    conc_arg *a = p;
+    char body[256];
+    snprintf(body, sizeof body,
+             "{\"prompt\": \"Request %d: once upon a time\", \"max_tokens\": 24, \"ignore_eos\": true, "
+             "\"temperature\": 0}",
+             a->i);
+    reply r = http(a->port, "POST", "/v1/completions", body, NULL);
+    a->status = r.status;
+    a->completion = r.json ? (int)cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "usage"), "completion_tokens")
+                                 ->valuedouble
+                           : -1;
+    reply_free(&r);
+    return NULL;
+}
+
+/* Four clients at once share the engine's steps (continuous batching):
+ * 4 x 24 tokens one after another would take >= 96 steps. A client that
+ * leaves mid-stream has its request aborted; SIGTERM answers a running
+ * request with 503 and exits 0. */
+Test(serve, concurrency_disconnect_shutdown_real_model, .timeout = 600) {
+    need_model();
+    server s = start(SMOL, NULL);
+    double steps0 = metric(s.port, "loom_steps_total");
+    enum { N = 4 };
+    pthread_t t[N];
+    conc_arg a[N];
+    for (int i = 0; i < N; i++) {
+        a[i] = (conc_arg){.port = s.port, .i = i};
+        pthread_create(&t[i], NULL, conc_one, &a[i]);
+    }
+    for (int i = 0; i < N; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(a[i].status, 200, "client %d", i);
+        cr_assert_eq(a[i].completion, 24, "client %d", i);
+    }
+    double steps = metric(s.port, "loom_steps_total") - steps0;
+    cr_assert_lt(steps, 80, "%g steps for 4 x 24 tokens: the requests did not share steps", steps);
+    cr_log_info("4 concurrent requests of 24 tokens took %g engine steps", steps);
+
+    /* a streaming client leaves after the first event */
+    int fd = dial(s.port);
+    send_request(fd, "POST", "/v1/completions",
+                 "{\"prompt\": \"Tell me a long story\", \"max_tokens\": 400, \"ignore_eos\": true, \"stream\": true}",
+                 NULL);
+    char buf[4096];
+    size_t got = 0;
+    while (got < sizeof buf - 1 && !strstr(buf, "data: ")) {
+        ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
+        cr_assert_gt(r, 0);
+        got += (size_t)r;
+        buf[got] = 0;
+    }
+    close(fd);
+    int i = 0;
+    for (; i < 100 && metric(s.port, "loom_requests_running") > 0; i++) usleep(100000);
+    cr_assert_lt(i, 100, "the abandoned stream kept running");
+    cr_assert_eq(metric(s.port, "loom_kv_blocks_used"), 0);
+
+    /* SIGTERM with a request running: it gets a 503, the server exits 0 */
+    fd = dial(s.port);
+    send_request(fd, "POST", "/v1/completions",
+                 "{\"prompt\": \"Tell me a long story\", \"max_tokens\": 400, \"ignore_eos\": true}", NULL);
+    for (i = 0; i < 100 && metric(s.port, "loom_requests_running") == 0; i++) usleep(50000);
+    cr_assert_lt(i, 100, "the request never started");
+    stop(&s, 60);
+    got = 0;
+    for (ssize_t r; got < sizeof buf - 1 && (r = read(fd, buf + got, sizeof buf - 1 - got)) > 0;) got += (size_t)r;
+    buf[got] = 0;
+    close(fd);
+    cr_assert(strstr(buf, "HTTP/1.0 503") || strstr(buf, "HTTP/1.1 503"), "reply to a request cut by SIGTERM: %s",
+              buf);
+    cr_assert(strstr(buf, "shutting down"), "%s", buf);
+}
