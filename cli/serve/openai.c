@@ -128,6 +128,9 @@ static bool parse_prompt(parse_ctx *c, const cJSON *root) {
         return token_array(c, p, "prompt", &r->prompts[0]);
     }
     int32_t n = cJSON_GetArraySize(p);
+    if (n > SERVE_MAX_PROMPTS)
+        return fail(c, "prompt", "%d prompts in one request: at most %d (send several requests; they are "
+                    "batched together anyway)", n, SERVE_MAX_PROMPTS);
     r->prompts = calloc((size_t)n, sizeof *r->prompts);
     if (!r->prompts) return fail(c, NULL, "out of memory");
     r->num_prompts = n;
@@ -253,16 +256,33 @@ static bool parse_stop(parse_ctx *c, const cJSON *root) {
 static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
     const cJSON *v;
     char b[64];
-    if ((v = field(root, "echo")) && cJSON_IsTrue(v))
-        return fail(c, "echo", "'echo' is not supported: the response never repeats the prompt");
     if ((v = field(root, "suffix")) && !(cJSON_IsString(v) && !v->valuestring[0]))
         return fail(c, "suffix", "'suffix' (fill-in-the-middle) is not supported");
     if ((v = field(root, "logit_bias")) && !(cJSON_IsObject(v) && !v->child))
         return fail(c, "logit_bias", "'logit_bias' is not supported by loom's sampler");
     if ((v = field(root, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
         return fail(c, "tools", "'tools' (function calling) is not supported");
-    if ((v = field(root, "functions")))
+    if ((v = field(root, "functions")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
         return fail(c, "functions", "'functions' (function calling) is not supported");
+    if ((v = field(root, "tool_choice")) && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") ||
+                                                                    !strcmp(v->valuestring, "auto"))))
+        return fail(c, "tool_choice", "'tool_choice' %s is not supported (no function calling)", shown(v, b, sizeof b));
+    /* vLLM's extensions that change what is generated: refused when set */
+    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                         "structured_outputs", "prompt_logprobs"};
+    for (size_t i = 0; i < sizeof guided / sizeof *guided; i++)
+        if (field(root, guided[i]))
+            return fail(c, guided[i], "'%s' is not supported (no guided decoding or prompt logprobs in loom "
+                        "serve)", guided[i]);
+    static const char *const flags[] = {"use_beam_search", "include_stop_str_in_output", "continue_final_message",
+                                        "echo"};
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        if ((v = field(root, flags[i])) && !cJSON_IsFalse(v))
+            return fail(c, flags[i], "'%s' is not supported by loom serve (leave it unset or false)", flags[i]);
+    if ((v = field(root, "min_tokens")) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
+        return fail(c, "min_tokens", "'min_tokens' is not supported by loom's sampler");
+    if ((v = field(root, "stop_token_ids")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
+        return fail(c, "stop_token_ids", "'stop_token_ids' is not supported: use 'stop' strings");
     v = field(root, "response_format");
     const cJSON *type = v ? field(v, "type") : NULL;
     if (v && !(cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
@@ -293,6 +313,9 @@ static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32
     d = 1;
     if (!num_field(c, root, "n", 1, 64, true, &d)) return false;
     r->base.n = (int32_t)d;
+    if ((int64_t)r->num_prompts * r->base.n > SERVE_MAX_CHOICES)
+        return fail(c, "n", "%d prompts x n = %d is %lld choices: at most %d in one request", r->num_prompts,
+                    r->base.n, (long long)r->num_prompts * r->base.n, SERVE_MAX_CHOICES);
     if (field(root, "best_of")) {
         double bo = 0;
         if (!num_field(c, root, "best_of", 1, 64, true, &bo)) return false;

@@ -20,6 +20,10 @@
 
 #include "loom/engine.h"
 
+/* One request's most prompts (the batch form) and choices (prompts x n). */
+#define SERVE_MAX_PROMPTS 256
+#define SERVE_MAX_CHOICES 1024
+
 typedef enum serve_api {
     SERVE_COMPLETIONS = 0, /* POST /v1/completions      */
     SERVE_CHAT = 1,        /* POST /v1/chat/completions */

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "openai.h"
 
@@ -98,6 +99,7 @@ struct job {
     size_t sse_off;
     bool sse_done;
     double t0;
+    int fd;                   /* the client's socket, to notice it leaving */
     char url[32];             /* one of the two routes                     */
     job *prev, *next;         /* the server's list of jobs in flight       */
 };
@@ -460,11 +462,19 @@ static enum MHD_Result reply_error(server *s, struct MHD_Connection *conn, unsig
 }
 
 /* The client closed its connection (a non-streaming request waits on). */
-static bool client_gone(struct MHD_Connection *conn) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return false;
-    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
+/* (A client that half-closes after sending its request reads as gone: no
+ * HTTP client loom knows of does that.) */
+static bool client_gone(int fd) {
+    if (fd < 0) return false;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+static void deadline_in(struct timespec *t, long ms) {
+    clock_gettime(CLOCK_REALTIME, t);
+    t->tv_nsec += ms * 1000000L;
+    t->tv_sec += t->tv_nsec / 1000000000L;
+    t->tv_nsec %= 1000000000L;
 }
 
 static void log_request(const job *j, unsigned status) {
@@ -475,12 +485,30 @@ static void log_request(const job *j, unsigned status) {
             prompt, completion, now_s() - j->t0);
 }
 
-/* SSE reader: hands MHD what the engine thread has queued, waiting for more. */
+/* SSE reader: hands MHD what the engine thread has queued, waiting for
+ * more. While a request waits in the queue or in a long prefill nothing is
+ * written, so it checks every 0.2 s whether the client left (then MHD ends
+ * the response and sse_free aborts the request) and sends an SSE comment
+ * after 15 s of silence to keep proxies from closing the stream. */
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     job *j = cls;
     pthread_mutex_lock(&j->mu);
-    while (j->sse_off == j->sse.n && !j->sse_done) pthread_cond_wait(&j->cv, &j->mu);
+    double quiet_since = now_s();
+    while (j->sse_off == j->sse.n && !j->sse_done) {
+        struct timespec t;
+        deadline_in(&t, 200);
+        pthread_cond_timedwait(&j->cv, &j->mu, &t);
+        if (j->sse_off < j->sse.n || j->sse_done) break;
+        if (client_gone(j->fd)) {
+            pthread_mutex_unlock(&j->mu);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (now_s() - quiet_since > 15.0) {
+            sb_put(&j->sse, ": keep-alive\n\n", 14);
+            quiet_since = now_s();
+        }
+    }
     ssize_t n;
     if (j->sse_off == j->sse.n) {
         n = MHD_CONTENT_READER_END_OF_STREAM;
@@ -499,13 +527,13 @@ static void sse_free(void *cls) {
     job *j = cls;
     pthread_mutex_lock(&j->mu);
     bool live = j->live > 0;
+    log_request(j, live ? 499 : 200); /* under j->mu: the engine thread may still count */
     pthread_mutex_unlock(&j->mu);
     if (live) {
         pthread_mutex_lock(&j->s->mu);
         job_abort_locked(j);
         pthread_mutex_unlock(&j->s->mu);
     }
-    log_request(j, live ? 499 : 200);
     job_unlist(j);
     job_unref(j);
 }
@@ -592,21 +620,31 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
     }
     for (int32_t p = 0; p < j->q.num_prompts; p++) j->pc[p] = (prompt_ctx){.j = j, .p = p, .id = -1, .live = j->n};
 
-    /* Add the prompts under the server lock, so a shutdown or an engine
-     * failure sees every id it has to abort. */
+    /* List the job (under the server lock, with the stopping / failure
+     * check), then add its prompts without holding that lock — tokenizing a
+     * long prompt must not stall the engine thread — storing each id under
+     * it, so a shutdown or engine-failure sweep sees every id to abort. The
+     * engine holds one reference per prompt, taken before any can finish. */
+    unsigned status = 0;
+    loom_error err = {0};
+    pthread_mutex_lock(&j->mu);
+    j->refs += j->q.num_prompts;
+    pthread_mutex_unlock(&j->mu);
     pthread_mutex_lock(&s->mu);
     snprintf(j->id, sizeof j->id, "%s-%llx%08llx", api == SERVE_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)++s->next_id, (unsigned long long)(j->t0 * 1e6) & 0xffffffffull);
-    unsigned status = 0;
-    loom_error err = {0};
-    if (s->stopping) {
+    if (s->stopping || s->fatal[0]) {
         status = 503;
-        snprintf(why, sizeof why, "the server is shutting down");
-    } else if (s->fatal[0]) {
-        status = 503;
-        snprintf(why, sizeof why, "%s", s->fatal);
+        snprintf(why, sizeof why, "%s", s->stopping ? "the server is shutting down" : s->fatal);
+    } else {
+        j->next = s->jobs;
+        if (s->jobs) s->jobs->prev = j;
+        s->jobs = j;
     }
-    for (int32_t p = 0; p < j->q.num_prompts && !status; p++) {
+    pthread_mutex_unlock(&s->mu);
+    int32_t added = 0;
+    bool cut = false; /* shutdown or engine failure while adding */
+    for (int32_t p = 0; p < j->q.num_prompts && !status && !cut; p++) {
         prompt_ctx *pc = &j->pc[p];
         loom_request r = j->q.base;
         if (api == SERVE_COMPLETIONS) {
@@ -616,37 +654,45 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
         }
         r.on_token = on_event;
         r.user = pc;
-        j->refs++;
-        pc->id = loom_engine_add_request(s->eng, &r, &err);
-        if (pc->id < 0) {
-            j->refs--;
+        int64_t id = loom_engine_add_request(s->eng, &r, &err);
+        pthread_mutex_lock(&s->mu);
+        if (id >= 0) {
+            pc->id = id;
+            added++;
+            cut = s->stopping || s->fatal[0];
+            if (cut) job_abort_locked(j); /* the sweep may have run before this id was stored */
+            s->pending = true;
+            pthread_cond_signal(&s->cv);
+        } else {
             status = err.code == LOOM_ERR_NOMEM ? 500 : 400;
             if (j->q.num_prompts > 1)
                 snprintf(why, sizeof why, "prompt[%d]: %.480s", p, err.message);
             else
                 snprintf(why, sizeof why, "%s", err.message);
-            /* samples of this prompt will never report: they are not live */
-            pthread_mutex_lock(&j->mu);
-            j->live -= j->n * (j->q.num_prompts - p);
-            pthread_mutex_unlock(&j->mu);
         }
+        pthread_mutex_unlock(&s->mu);
     }
+    /* prompts never added: no events will come for them */
+    int32_t unused = j->q.num_prompts - added;
+    pthread_mutex_lock(&j->mu);
+    j->live -= j->n * unused;
+    j->refs -= unused; /* never the last: the connection holds one */
+    pthread_mutex_unlock(&j->mu);
     if (status) {
+        pthread_mutex_lock(&s->mu);
         job_abort_locked(j); /* the prompts added before the failing one */
-    } else {
-        j->next = s->jobs;
-        if (s->jobs) s->jobs->prev = j;
-        s->jobs = j;
-        s->pending = true;
-        pthread_cond_signal(&s->cv);
-    }
-    pthread_mutex_unlock(&s->mu);
-    if (status) {
+        pthread_mutex_unlock(&s->mu);
+        job_unlist(j);
         fprintf(stderr, "loom serve: POST %s %u: %s\n", url, status, why);
         enum MHD_Result r = reply_error(s, conn, status, why, api == SERVE_CHAT ? "messages" : "prompt");
         job_unref(j);
         return r;
     }
+    /* a long answer must not be cut by the idle timeout (MHD counts only
+     * socket traffic as activity) */
+    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
 
     if (j->q.stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, j, sse_free);
@@ -667,11 +713,9 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
     bool aborted = false;
     while (j->live > 0) {
         struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        t.tv_nsec += 200 * 1000 * 1000;
-        if (t.tv_nsec >= 1000000000) t.tv_sec++, t.tv_nsec -= 1000000000;
+        deadline_in(&t, 200);
         pthread_cond_timedwait(&j->cv, &j->mu, &t);
-        if (j->live > 0 && !aborted && client_gone(conn)) {
+        if (j->live > 0 && !aborted && client_gone(j->fd)) {
             aborted = true;
             pthread_mutex_unlock(&j->mu);
             pthread_mutex_lock(&s->mu);
@@ -690,10 +734,11 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
         ret = reply_error(s, conn, 500, j->error, NULL);
     } else if (was_aborted) {
         pthread_mutex_lock(&s->mu);
-        snprintf(why, sizeof why, "%s", s->fatal[0] ? s->fatal : aborted ? "the client went away" : "the server is shutting down");
+        bool failed = s->fatal[0];
+        snprintf(why, sizeof why, "%s", failed ? s->fatal : aborted ? "the client went away" : "the server is shutting down");
         pthread_mutex_unlock(&s->mu);
-        status = aborted ? 499 : 503;
-        ret = reply_error(s, conn, aborted ? 500 : 503, why, NULL);
+        status = failed ? 500 : aborted ? 499 : 503;
+        ret = reply_error(s, conn, failed || aborted ? 500 : 503, why, NULL);
     } else {
         status = 200;
         cJSON *o = final_response(j);
@@ -903,7 +948,7 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "loom serve: %s: stopping (running requests are aborted)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    MHD_quiesce_daemon(d); /* no new connections */
+    MHD_socket listen_fd = MHD_quiesce_daemon(d); /* no new connections; ours to close after the stop */
     pthread_mutex_lock(&s.mu);
     s.stopping = true;
     for (job *j = s.jobs; j; j = j->next) job_abort_locked(j);
@@ -915,6 +960,7 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     while (s.inflight > 0 && pthread_cond_timedwait(&s.idle_cv, &s.mu, &until) == 0) {}
     pthread_mutex_unlock(&s.mu);
     MHD_stop_daemon(d); /* waits for every connection thread */
+    if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
     pthread_mutex_lock(&s.mu);
     s.exit = true;
     pthread_cond_signal(&s.cv);

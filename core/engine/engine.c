@@ -413,13 +413,35 @@ static loom_status sampler_check(loom_engine *e, loom_req *rq, const loom_seq *s
     return st;
 }
 
+/* A request that never reached the tables ends here: one ERROR event per
+ * sample (its caller may be waiting on them — e.g. an HTTP client), then
+ * it no longer counts as active. */
+static void fail_unadmitted(loom_engine *e, loom_req *rq, const char *why) {
+    for (int32_t k = 0; k < rq->n && rq->r.on_token; k++) {
+        loom_token_event ev = {.request_id = rq->id, .sample_index = k, .token = -1, .text = "",
+                               .finish = LOOM_FINISH_ERROR, .error = why, .prompt_tokens = rq->prompt_len};
+        rq->r.on_token(rq->r.user, &ev);
+    }
+    pthread_mutex_lock(&e->inbox_mu);
+    e->active--;
+    pthread_mutex_unlock(&e->inbox_mu);
+    loom_engine_req_free(rq);
+}
+
+/* Admit a queued request. Out of memory ends that request alone with an
+ * error event: the engine goes on with the others. */
 static loom_status admit(loom_engine *e, loom_req *rq, loom_error *err) {
-    if (grow((void **)&e->reqs, &e->cap_reqs, e->num_reqs + 1, sizeof(loom_req *)) != LOOM_OK)
-        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory admitting a request");
+    (void)err;
+    static const char *const oom = "out of memory admitting the request";
+    if (grow((void **)&e->reqs, &e->cap_reqs, e->num_reqs + 1, sizeof(loom_req *)) != LOOM_OK) {
+        fail_unadmitted(e, rq, oom);
+        return LOOM_OK;
+    }
     loom_seq *s = seq_new(e, rq, 0);
     if (!s || engine_track_seq(e, s) != LOOM_OK) {
         loom_engine_seq_free(s);
-        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory admitting a request");
+        fail_unadmitted(e, rq, oom);
+        return LOOM_OK;
     }
     e->reqs[e->num_reqs++] = rq;
     rq->seqs[0] = s;
@@ -430,7 +452,6 @@ static loom_status admit(loom_engine *e, loom_req *rq, loom_error *err) {
      * flat logits, so a request it rejects ends alone with an error
      * instead of failing every row of a later step. */
     loom_status st = sampler_check(e, rq, s, err);
-    if (st == LOOM_ERR_NOMEM) return st;
     if (st != LOOM_OK) {
         seq_finish(e, s, LOOM_FINISH_ERROR, err ? err->message : "the sampler rejected the request's parameters");
         return LOOM_OK;
@@ -454,7 +475,7 @@ static loom_status drain_inbox(loom_engine *e, loom_error *err) {
         loom_inbox_item *next = it->next;
         if (it->req) {
             if (st == LOOM_OK) st = admit(e, it->req, err);
-            else loom_engine_req_free(it->req);
+            else fail_unadmitted(e, it->req, "the engine failed admitting an earlier request");
         } else {
             for (int32_t i = 0; i < e->num_reqs; i++) {
                 loom_req *rq = e->reqs[i];

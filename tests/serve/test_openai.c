@@ -139,6 +139,26 @@ Test(openai, unsupported_refused_by_name) {
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"suffix\": \"}\"}", "suffix", "fill-in-the-middle");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 10}}", "logit_bias", "logit_bias");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"n\": 2, \"best_of\": 4}", "best_of", "n = 2");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"guided_json\": {}}", "guided_json", "guided decoding");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"use_beam_search\": true}", "use_beam_search",
+              "not supported");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"min_tokens\": 4}", "min_tokens", "min_tokens");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"stop_token_ids\": [2]}", "stop_token_ids", "'stop'");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
+              "\"required\"}", "tool_choice", "function calling");
+    serve_req ok = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                                        "\"tool_choice\": \"none\", \"functions\": [], \"min_tokens\": 0, "
+                                        "\"use_beam_search\": false, \"stop_token_ids\": []}");
+    serve_req_free(&ok);
+    /* the batch form is bounded: prompts, and prompts x n */
+    char body[4096] = "{\"prompt\": [";
+    for (int i = 0; i < 257; i++) strcat(body, i ? ",\"a\"" : "\"a\"");
+    strcat(body, "]}");
+    parse_bad(SERVE_COMPLETIONS, body, "prompt", "at most 256");
+    strcpy(body, "{\"n\": 64, \"prompt\": [");
+    for (int i = 0; i < 17; i++) strcat(body, i ? ",\"a\"" : "\"a\"");
+    strcat(body, "]}");
+    parse_bad(SERVE_COMPLETIONS, body, "n", "1088 choices: at most 1024");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{}]}", "tools",
               "function calling");
     parse_bad(SERVE_CHAT,
