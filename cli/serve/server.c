@@ -273,11 +273,13 @@ static void sse_put_json(job *j, cJSON *o) {
 }
 
 /* One streamed chunk for choice c: the new text, this token's logprobs and
- * the finish reason, whichever there are. */
-static void sse_chunk(job *j, int32_t c, const char *text, cJSON *lp_one, loom_finish_reason finish) {
+ * the finish reason, whichever there are. Every token gets its chunk, also
+ * one whose text is not complete yet (part of a UTF-8 character, or held
+ * back by a stop string): clients time the first token by it. */
+static void sse_chunk(job *j, int32_t c, bool token, const char *text, cJSON *lp_one, loom_finish_reason finish) {
     choice *ch = &j->ch[c];
     bool chat = j->q.api == SERVE_CHAT;
-    if (!*text && !lp_one && finish == LOOM_FINISH_NONE && (!chat || ch->started)) return;
+    if (!token && !*text && !lp_one && finish == LOOM_FINISH_NONE && (!chat || ch->started)) return;
     cJSON *o = response_head(j, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *cs = cJSON_AddArrayToObject(o, "choices"), *e = cJSON_CreateObject();
     cJSON_AddItemToArray(cs, e);
@@ -329,7 +331,7 @@ static void on_event(void *user, const loom_token_event *ev) {
     if (ev->token >= 0) ch->tokens++;
     const char *text = ev->text ? ev->text : "";
     if (j->q.stream) {
-        sse_chunk(j, c, text, lp_one, ev->finish);
+        sse_chunk(j, c, ev->token >= 0, text, lp_one, ev->finish);
         if (ev->finish == LOOM_FINISH_ERROR) {
             char *e = serve_error_json(500, ev->error ? ev->error : "generation failed", NULL);
             if (e) {
