@@ -361,6 +361,18 @@ static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32
     return parse_stop(c, root);
 }
 
+/* Offset of a "\u0000" escape in a JSON text, or -1: cJSON decodes it to a
+ * NUL byte, which would silently cut a prompt, message or stop string. An
+ * escaped backslash is skipped as a pair, so "\\u0000" is not one. */
+static long escaped_nul(const char *s, size_t len) {
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (s[i] != '\\') continue;
+        if (s[i + 1] == 'u' && i + 6 <= len && !memcmp(s + i + 2, "0000", 4)) return (long)i;
+        i++; /* the escaped character */
+    }
+    return -1;
+}
+
 bool serve_parse(serve_api api, const char *body, size_t len, int32_t default_max_tokens, serve_req *out,
                  char *why, size_t why_size, const char **param) {
     memset(out, 0, sizeof *out);
@@ -375,8 +387,12 @@ bool serve_parse(serve_api api, const char *body, size_t len, int32_t default_ma
      * trailing text after the object an error too */
     out->root = body && len && !nul ? cJSON_ParseWithLengthOpts(body, len + 1, &end, true) : NULL;
     bool ok;
+    long esc = out->root ? escaped_nul(body, len) : -1;
     if (nul) {
         ok = fail(&c, NULL, "the request body has a NUL byte at offset %zu: send UTF-8 JSON", (size_t)(nul - body));
+    } else if (esc >= 0) {
+        ok = fail(&c, NULL, "the request body has a \\u0000 (NUL) escape at byte %ld: text with NUL characters is "
+                  "not supported", esc + 1);
     } else if (!out->root) {
         size_t at = end && body ? (size_t)(end - body) + 1 : len; /* 1-based */
         if (at > len) at = len;

@@ -115,6 +115,10 @@ Test(openai, bad_json_named) {
     const char *p;
     cr_assert(!serve_parse(SERVE_COMPLETIONS, "{\"prompt\": \"x\"}\0{}", 17, 16, &r, why, sizeof why, &p));
     cr_assert(strstr(why, "NUL byte at offset 15"), "%s", why);
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"a\\u0000b\"}", NULL, "\\u0000 (NUL) escape at byte 14");
+    serve_req ok = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": \"a\\\\u0000b\"}"); /* an escaped backslash, then text */
+    cr_assert_str_eq(ok.prompts[0].text, "a\\u0000b");
+    serve_req_free(&ok);
 }
 
 Test(openai, bad_fields_named) {
