@@ -3,7 +3,7 @@
 # .devpack/ (git-ignored; named in the device tool's `carry`): the built
 # binaries of BUILD_DIR (keeping the build-tree layout) and the host shared
 # libraries the GPU image lacks (libyaml, PCRE2, cJSON, OpenBLAS + Fortran
-# runtime, libmicrohttpd + GnuTLS), xz-compressed to fit the transfer limit. The GPU machine has no
+# runtime; libmicrohttpd + GnuTLS as fallbacks), xz-compressed to fit the transfer limit. The GPU machine has no
 # package registry, so nothing can be installed there.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,18 +25,26 @@ for l in libcjson.so.1 libgfortran.so.5 libpcre2-8.so.0 libquadmath.so.0 libyaml
   libs+=("$(readlink -f /lib/x86_64-linux-gnu/$l)")
 done
 libs+=("$(readlink -f /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0)")
-# `loom serve` links libmicrohttpd, which links GnuTLS and its helpers: the
-# whole closure (glibc aside) travels, as the image may lack any of them.
+# `loom serve` links libmicrohttpd, which links GnuTLS and its helpers (glibc
+# aside). They travel apart (libs-fallback.tar.xz): gpu-env.sh links in
+# only those the image lacks, so its own copies serve the rest (python on
+# that machine shares the loader path).
+fallback=("$(readlink -f /lib/x86_64-linux-gnu/libmicrohttpd.so.12)")
 for l in $(ldd /lib/x86_64-linux-gnu/libmicrohttpd.so.12 | awk '/=> \//{print $3}' |
            grep -v -e '/libc\.so' -e '/libm\.so' -e '/ld-linux'); do
-  libs+=("$(readlink -f "$l")")
+  fallback+=("$(readlink -f "$l")")
 done
-libs+=("$(readlink -f /lib/x86_64-linux-gnu/libmicrohttpd.so.12)")
-tmp=$(mktemp -d)
-for f in "${libs[@]}"; do cp "$f" "$tmp/"; done
-# Keep the sonames the binaries ask for.
-(cd "$tmp" && for f in *; do
-   so=$(objdump -p "$f" | awk '/SONAME/{print $2}'); [ -n "$so" ] && [ "$so" != "$f" ] && mv "$f" "$so"; done)
-tar -cJf "$P/libs.tar.xz" -C "$tmp" .
-rm -rf "$tmp"
+# Copy into a folder with the sonames the binaries ask for, then tar it.
+pack_libs() { # TARBALL FILE...
+  local out=$1 tmp
+  shift
+  tmp=$(mktemp -d)
+  for f in "$@"; do cp "$f" "$tmp/"; done
+  (cd "$tmp" && for f in *; do
+     so=$(objdump -p "$f" | awk '/SONAME/{print $2}'); [ -n "$so" ] && [ "$so" != "$f" ] && mv "$f" "$so"; done)
+  tar -cJf "$out" -C "$tmp" .
+  rm -rf "$tmp"
+}
+pack_libs "$P/libs.tar.xz" "${libs[@]}"
+pack_libs "$P/libs-fallback.tar.xz" "${fallback[@]}"
 du -sh "$P"/* >&2
