@@ -329,6 +329,9 @@ static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32
     d = default_max_tokens;
     if (!num_field(c, root, mt, 1, 1e9, true, &d)) return false;
     r->base.max_tokens = (int32_t)d;
+    /* asked for explicitly: more than fits is an error, as OpenAI and vLLM
+     * have it; the default (16, or the rest of the context) is cut to fit */
+    r->base.strict_max_tokens = field(root, mt) != NULL;
     if (!bool_field(c, root, "ignore_eos", &r->base.ignore_eos)) return false;
 
     /* logprobs: completions — how many alternatives (0..20); chat — a bool

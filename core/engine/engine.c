@@ -326,6 +326,13 @@ int64_t loom_engine_add_request(loom_engine *e, const loom_request *req, loom_er
         goto fail;
     }
     int32_t room = e->max_model_len - rq->prompt_len;
+    if (req->strict_max_tokens && req->max_tokens > room) {
+        st = loom_error_set(err, LOOM_ERR_INVALID,
+                            "the context holds %d tokens, but the prompt is %d and max_tokens %d asks for %d "
+                            "more: lower max_tokens to at most %d or shorten the prompt",
+                            e->max_model_len, rq->prompt_len, req->max_tokens, req->max_tokens, room);
+        goto fail;
+    }
     rq->max_new = req->max_tokens > 0 && req->max_tokens < room ? req->max_tokens : room;
 
     /* Sampling parameters are checked by the sampler on first use; the

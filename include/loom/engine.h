@@ -84,6 +84,9 @@ typedef struct loom_request {
      * num_messages > 0; prompt, tokens, chat and system must then be unset. */
     const loom_chat_message *messages;
     int32_t num_messages;
+    /* max_tokens > 0 that does not fit the context after the prompt is
+     * refused (the OpenAI API's rule) instead of cut to what fits */
+    bool strict_max_tokens;
 } loom_request;
 
 static inline loom_request loom_request_default(void) {

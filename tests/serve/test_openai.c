@@ -55,6 +55,7 @@ Test(openai, completions_fields) {
                            "\"user\": \"ignored\", \"echo\": false, \"suffix\": null, \"logit_bias\": {}}");
     cr_assert_str_eq(r.model, "m");
     cr_assert_eq(r.base.max_tokens, 7);
+    cr_assert(r.base.strict_max_tokens, "an explicit max_tokens that does not fit is refused, as OpenAI's");
     cr_assert_float_eq(r.base.params.temperature, 0.0f, 0);
     cr_assert_float_eq(r.base.params.top_p, 0.5f, 1e-7);
     cr_assert_eq(r.base.params.top_k, 0, "vLLM's top_k -1 means off");
@@ -75,6 +76,7 @@ Test(openai, completions_fields) {
     cr_assert_str_eq(r.base.stop[0], "END");
     cr_assert_null(r.base.stop[1]);
     cr_assert_eq(r.base.max_tokens, 16, "null is the default");
+    cr_assert(!r.base.strict_max_tokens, "the default is cut to fit the context, not refused");
     cr_assert_eq(r.logprobs, 5);
     cr_assert_eq(r.base.params.logprobs, 5);
     serve_req_free(&r);

@@ -350,6 +350,20 @@ Test(serve, bad_requests_named, .timeout = 300) {
     for (int i = 0; i < 130; i++) strcat(big, i ? ",1" : "1");
     strcat(big, "]}");
     expect_error(http(s.port, "POST", "/v1/completions", big, NULL), 400, "context holds 128");
+    /* an explicit max_tokens that does not fit is refused (OpenAI's rule);
+     * the default 16 is cut to what fits */
+    char fit[1024] = "{\"prompt\": [";
+    for (int i = 0; i < 120; i++) strcat(fit, i ? ",1" : "1");
+    strcat(fit, "], \"ignore_eos\": true");
+    char req[1100];
+    snprintf(req, sizeof req, "%s, \"max_tokens\": 9}", fit);
+    expect_error(http(s.port, "POST", "/v1/completions", req, NULL), 400, "lower max_tokens to at most 8");
+    snprintf(req, sizeof req, "%s}", fit);
+    reply ok = http(s.port, "POST", "/v1/completions", req, NULL);
+    cr_assert_eq(ok.status, 200, "%s", ok.body);
+    cr_assert_eq(num(ok.json, "usage.completion_tokens"), 8, "the default max_tokens 16 is cut to the context");
+    cr_assert_str_eq(str(ok.json, "choices.0.finish_reason"), "length");
+    reply_free(&ok);
     /* the second prompt of a batch fails: named, and nothing is left running */
     expect_error(http(s.port, "POST", "/v1/completions", "{\"prompt\": [[1], [999]], \"max_tokens\": 50}", NULL),
                  400, "prompt[1]");
