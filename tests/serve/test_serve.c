@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -64,6 +65,9 @@ static server start(const char *config, const char *const *args) {
     s.pid = fork();
     cr_assert_neq(s.pid, -1);
     if (s.pid == 0) {
+        /* a failed assertion ends the test before stop(): the server must
+         * not outlive it (an orphan kept running after a failed CI run) */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         dup2(p[1], 1);
         dup2(efd, 2);
         close(p[0]);
