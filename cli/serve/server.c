@@ -246,12 +246,16 @@ static cJSON *token_logprobs(job *j, const loom_token_event *ev) {
 
 /* Completions: append one token's arrays (from token_logprobs) to the
  * choice's logprobs object. */
+/* Completions' logprobs object with its four arrays, empty. */
+static cJSON *completions_lp_new(void) {
+    cJSON *lp = cJSON_CreateObject();
+    const char *k[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+    for (int i = 0; i < 4; i++) cJSON_AddItemToObject(lp, k[i], cJSON_CreateArray());
+    return lp;
+}
+
 static void completions_lp_merge(choice *ch, cJSON *one) {
-    if (!ch->lp) {
-        ch->lp = cJSON_CreateObject();
-        const char *k[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
-        for (int i = 0; i < 4; i++) cJSON_AddItemToObject(ch->lp, k[i], cJSON_CreateArray());
-    }
+    if (!ch->lp) ch->lp = completions_lp_new();
     const char *k[] = {"tokens", "token_logprobs", "top_logprobs"};
     for (int i = 0; i < 3; i++) {
         cJSON *src = cJSON_GetObjectItem(one, k[i]);
@@ -564,9 +568,7 @@ static cJSON *final_response(job *j) {
                 cJSON_AddItemToObject(l, "content", lp ? lp : cJSON_CreateArray());
                 lp = l;
             } else if (!lp) { /* no token generated: the arrays, empty */
-                lp = cJSON_CreateObject();
-                const char *k[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
-                for (int i = 0; i < 4; i++) cJSON_AddItemToObject(lp, k[i], cJSON_CreateArray());
+                lp = completions_lp_new();
             }
             cJSON_AddItemToObject(e, "logprobs", lp);
         } else {

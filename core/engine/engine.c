@@ -173,6 +173,15 @@ static void engine_reap(loom_engine *e) {
     e->num_seqs = nseq;
 }
 
+/* The final event of samples from..n-1 of rq, which never ran. */
+static void end_unstarted_samples(const loom_req *rq, int32_t from, loom_finish_reason why, const char *error) {
+    for (int32_t k = from; k < rq->n && rq->r.on_token; k++) {
+        loom_token_event ev = {.request_id = rq->id, .sample_index = k, .token = -1, .text = "",
+                               .finish = why, .error = error, .prompt_tokens = rq->prompt_len};
+        rq->r.on_token(rq->r.user, &ev);
+    }
+}
+
 static void seq_finish(loom_engine *e, loom_seq *s, loom_finish_reason why, const char *error) {
     if (s->finished) return;
     s->finished = true;
@@ -192,11 +201,7 @@ static void seq_finish(loom_engine *e, loom_seq *s, loom_finish_reason why, cons
     if (!rq->forked) {
         /* Samples 1..n-1 never started: each ends with the same reason and
          * its own final event (one final event per sample). */
-        for (int32_t k = 1; k < rq->n && rq->r.on_token; k++) {
-            loom_token_event ev = {.request_id = rq->id, .sample_index = k, .token = -1, .text = "",
-                                   .finish = why, .error = error, .prompt_tokens = rq->prompt_len};
-            rq->r.on_token(rq->r.user, &ev);
-        }
+        end_unstarted_samples(rq, 1, why, error);
         rq->live = 0;
     } else {
         rq->live--;
@@ -424,31 +429,27 @@ static loom_status sampler_check(loom_engine *e, loom_req *rq, const loom_seq *s
  * sample (its caller may be waiting on them — e.g. an HTTP client), then
  * it no longer counts as active. */
 static void fail_unadmitted(loom_engine *e, loom_req *rq, const char *why) {
-    for (int32_t k = 0; k < rq->n && rq->r.on_token; k++) {
-        loom_token_event ev = {.request_id = rq->id, .sample_index = k, .token = -1, .text = "",
-                               .finish = LOOM_FINISH_ERROR, .error = why, .prompt_tokens = rq->prompt_len};
-        rq->r.on_token(rq->r.user, &ev);
-    }
+    end_unstarted_samples(rq, 0, LOOM_FINISH_ERROR, why);
     pthread_mutex_lock(&e->inbox_mu);
     e->active--;
     pthread_mutex_unlock(&e->inbox_mu);
     loom_engine_req_free(rq);
 }
 
-/* Admit a queued request. Out of memory ends that request alone with an
- * error event: the engine goes on with the others. */
-static loom_status admit(loom_engine *e, loom_req *rq, loom_error *err) {
-    (void)err;
+/* Admit a queued request. Whatever refuses it (out of memory, the sampler,
+ * the scheduler) ends that request alone with an error event: the engine
+ * goes on with the others. */
+static void admit(loom_engine *e, loom_req *rq, loom_error *err) {
     static const char *const oom = "out of memory admitting the request";
     if (grow((void **)&e->reqs, &e->cap_reqs, e->num_reqs + 1, sizeof(loom_req *)) != LOOM_OK) {
         fail_unadmitted(e, rq, oom);
-        return LOOM_OK;
+        return;
     }
     loom_seq *s = seq_new(e, rq, 0);
     if (!s || engine_track_seq(e, s) != LOOM_OK) {
         loom_engine_seq_free(s);
         fail_unadmitted(e, rq, oom);
-        return LOOM_OK;
+        return;
     }
     e->reqs[e->num_reqs++] = rq;
     rq->seqs[0] = s;
@@ -461,28 +462,24 @@ static loom_status admit(loom_engine *e, loom_req *rq, loom_error *err) {
     loom_status st = sampler_check(e, rq, s, err);
     if (st != LOOM_OK) {
         seq_finish(e, s, LOOM_FINISH_ERROR, err ? err->message : "the sampler rejected the request's parameters");
-        return LOOM_OK;
+        return;
     }
     st = e->sch->add(e->sch_self, &s->info, err);
-    if (st != LOOM_OK) {
+    if (st != LOOM_OK) { /* the request ends with an error event; the engine goes on */
         loom_error_prefix(err, "scheduler refused request %lld", (long long)rq->id);
         seq_finish(e, s, LOOM_FINISH_ERROR, err ? err->message : "scheduler refused the request");
-        return LOOM_OK; /* the request ended with an error event; the engine goes on */
     }
-    return LOOM_OK;
 }
 
-static loom_status drain_inbox(loom_engine *e, loom_error *err) {
+static void drain_inbox(loom_engine *e, loom_error *err) {
     pthread_mutex_lock(&e->inbox_mu);
     loom_inbox_item *it = e->inbox_head;
     e->inbox_head = e->inbox_tail = NULL;
     pthread_mutex_unlock(&e->inbox_mu);
-    loom_status st = LOOM_OK;
     while (it) {
         loom_inbox_item *next = it->next;
         if (it->req) {
-            if (st == LOOM_OK) st = admit(e, it->req, err);
-            else fail_unadmitted(e, it->req, "the engine failed admitting an earlier request");
+            admit(e, it->req, err);
         } else {
             for (int32_t i = 0; i < e->num_reqs; i++) {
                 loom_req *rq = e->reqs[i];
@@ -495,7 +492,6 @@ static loom_status drain_inbox(loom_engine *e, loom_error *err) {
         free(it);
         it = next;
     }
-    return st;
 }
 
 /* ----------------------------------------------------------- the step */
@@ -1133,8 +1129,8 @@ static loom_status spec_accept_greedy(loom_engine *e, loom_seq *s, const int32_t
 }
 
 loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
-    loom_status st = drain_inbox(e, err);
-    if (st != LOOM_OK) return st;
+    drain_inbox(e, err);
+    loom_status st = LOOM_OK;
 
     int32_t live = 0;
     for (int32_t i = 0; i < e->num_seqs; i++) live += !e->seqs[i]->finished;
