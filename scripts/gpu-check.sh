@@ -34,6 +34,12 @@
 #           alternated in one machine: batch-1 decode of each config in
 #           AB_CONFIGS (default: Llama-3-8B bf16, W8A16 with its LM head
 #           quantized, fp8), AB_REPEATS rounds (default 1).
+#   awq:    AWQ / GPTQ / GPTQ-v2 4-bit checkpoints written by
+#           tests/e2e/hf_llama_reference.py --quant (a tiny Llama and the
+#           Llama-3-8B shape with 2 layers, group 128) through the int4
+#           quantizer on cuda (and the tiny one on cpu): teacher-forced
+#           logprobs and 32 greedy tokens vs transformers on the dequantized
+#           weights.
 #   kvfp8:  the FP8 E4M3 KV cache (kv_cache: fp8, bf16 weights) vs bf16 KV
 #           on the Llama-3-8B shape: per-token logprobs, batch-1 decode at a
 #           long context, offline throughput; SmolLM2 perplexity with both
@@ -392,6 +398,44 @@ backend-ab)
     done
   done
   ;;
+awq)
+  # tolerances as stage1's bf16 reference (compare_logprobs.py defaults);
+  # greedy: identical, or the first difference at token 16 or later (a
+  # near-tie of two logits under bf16 arithmetic)
+  greedy_cmp() { # reference file, loom's ids, label
+    python3 - "$(cat "$1")" "$2" "$3" <<'PY' || fails=$((fails + 1))
+import sys
+r, g, what = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3]
+k = next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), min(len(r), len(g)))
+ok = r == g or (len(g) == len(r) and k >= 16)
+print(f"{'PASS' if ok else 'FAIL'} greedy {what}: {len(g)} tokens, identical for the first {k} of {len(r)}")
+sys.exit(0 if ok else 1)
+PY
+  }
+  # AWQ_SHAPES narrows it (default: tiny llama3-8b)
+  for shape in ${AWQ_SHAPES:-tiny llama3-8b}; do
+    for m in awq gptq gptq_v2; do
+      d=/tmp/q-$shape-$m
+      step "$m checkpoint, $shape shape (2 layers): transformers reference"
+      timeout 300 python3 tests/e2e/hf_llama_reference.py $d --shape $shape --layers 2 --tokens 96 --quant $m \
+        --greedy 32 2>&1 | tail -1 || { fails=$((fails + 1)); continue; }
+      backends=cuda; [ $shape = tiny ] && backends="cuda cpu"
+      for be in $backends; do
+        set_q="--set quantizer.plugin=int4 --set quantizer.source=$m --set quantizer.group_size=128"
+        cfg=configs/gpu/hf-reference.yaml; [ $be = cpu ] && cfg=configs/gpu/hf-reference-cpu.yaml
+        LOOM_HF_REF=$d/model timeout 200 "$LB/tests/e2e/engine_tool" score $cfg $d/tokens.txt \
+          $set_q > "$O/$m-$shape-$be-logprobs.txt" 2> "$O/$m-$shape-$be.err" || { tail -3 "$O/$m-$shape-$be.err"; }
+        echo -n "$m $shape $be: "
+        python3 tests/e2e/compare_logprobs.py $d/ref_logprobs.txt "$O/$m-$shape-$be-logprobs.txt" || fails=$((fails + 1))
+        got=$(LOOM_HF_REF=$d/model timeout 200 "$LB/tests/e2e/engine_tool" greedy-ids $cfg 32 \
+          "$(cat $d/prompt.txt)" $set_q 2>> "$O/$m-$shape-$be.err")
+        greedy_cmp $d/ref_greedy.txt "$got" "$m $shape $be"
+      done
+      cp $d/ref_logprobs.txt "$O/$m-$shape-ref-logprobs.txt"
+      rm -rf $d
+    done
+  done
+  ;;
 prefetch)
   # LOOM_CUDA_WEIGHT_PREFETCH=0 turns off the GEMVs' L2 prefetch of their
   # weights ahead of the PDL wait (kernels/cuda/common.cuh); same build.
@@ -406,7 +450,7 @@ prefetch)
     done
   done
   ;;
-*) echo "usage: scripts/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|kvfp8|profile|prefetch" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|prefetch" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails
