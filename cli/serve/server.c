@@ -807,6 +807,18 @@ static char *metrics_text(server *s) {
     return b.p;
 }
 
+/* Whether the Authorization header carries `Bearer KEY`. The key's bytes are
+ * compared in time that does not depend on where they differ, so a client
+ * cannot find the key a byte at a time by timing 401s. */
+static bool auth_ok(const char *auth, const char *key) {
+    if (!auth || strncmp(auth, "Bearer ", 7)) return false;
+    const unsigned char *a = (const unsigned char *)auth + 7, *k = (const unsigned char *)key;
+    size_t na = strlen((const char *)a), nk = strlen(key);
+    unsigned diff = na != nk;
+    for (size_t i = 0; i < nk; i++) diff |= (unsigned)(k[i] ^ (i < na ? a[i] : 0u));
+    return diff == 0;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
@@ -832,7 +844,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     serve_api api = chat ? SERVE_CHAT : SERVE_COMPLETIONS;
     if (s->opt->api_key && !strncmp(url, "/v1/", 4)) {
         const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-        if (!auth || strncmp(auth, "Bearer ", 7) || strcmp(auth + 7, s->opt->api_key))
+        if (!auth_ok(auth, s->opt->api_key))
             return reply_error(s, conn, 401, "missing or wrong API key: send 'Authorization: Bearer KEY' "
                                "(the key loom serve was started with)", NULL);
     }

@@ -403,6 +403,13 @@ Test(serve, api_key_and_body_limit, .timeout = 300) {
     const char *body = "{\"prompt\": [1], \"max_tokens\": 2}";
     expect_error(http(s.port, "POST", "/v1/completions", body, NULL), 401, "Authorization: Bearer");
     expect_error(http(s.port, "GET", "/v1/models", NULL, "Authorization: Bearer wrong\r\n"), 401, "API key");
+    /* a prefix, an extension, an empty key and another scheme are all wrong */
+    const char *near[] = {"Bearer s3cre", "Bearer s3cret2", "Bearer ", "Basic s3cret", "bearer s3cret"};
+    for (size_t i = 0; i < sizeof near / sizeof *near; i++) {
+        char h[64];
+        snprintf(h, sizeof h, "Authorization: %s\r\n", near[i]);
+        expect_error(http(s.port, "GET", "/v1/models", NULL, h), 401, "API key");
+    }
     reply r = http(s.port, "POST", "/v1/completions", body, "Authorization: Bearer s3cret\r\n");
     cr_assert_eq(r.status, 200, "%s", r.body);
     reply_free(&r);
