@@ -182,22 +182,40 @@ static cJSON *response_head(const job *j, const char *object) {
     return o;
 }
 
-static cJSON *bytes_json(const char *t) {
-    cJSON *a = cJSON_CreateArray();
-    for (const unsigned char *u = (const unsigned char *)t; *u; u++) cJSON_AddItemToArray(a, cJSON_CreateNumber(*u));
-    return a;
-}
-
-/* The text of one token on its own (engine thread: the tokenizer is its). */
-static char *token_text(server *s, int32_t id) {
-    char *t = NULL;
-    loom_error err = {0};
-    if (loom_engine_detokenize(s->eng, &id, 1, &t, &err) != LOOM_OK || !t) {
-        free(t);
-        char b[32];
+/* A token as logprobs report it (engine thread: the tokenizer is its): its
+ * vocabulary piece (loom_engine_token_piece: a SentencePiece piece keeps its
+ * leading space) as text — bytes that are not valid UTF-8 (part of a
+ * character split across tokens) and NUL become U+FFFD, so the JSON stays
+ * valid — and, when `bytes` is given, the piece's raw bytes for the chat
+ * API's "bytes" (which put split characters back together). Without a
+ * tokenizer (dummy weights): "token_id:N". NULL when out of memory. */
+static char *token_text(server *s, int32_t id, cJSON **bytes) {
+    size_t n = 0;
+    const unsigned char *p = (const unsigned char *)loom_engine_token_piece(s->eng, id, &n);
+    char b[32];
+    if (!p) { /* no tokenizer (dummy weights): the id, as text and bytes */
         snprintf(b, sizeof b, "token_id:%d", id);
-        return strdup(b);
+        p = (const unsigned char *)b, n = strlen(b);
     }
+    if (bytes) {
+        *bytes = cJSON_CreateArray();
+        for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(*bytes, cJSON_CreateNumber(p[i]));
+    }
+    char *t = malloc(3 * n + 1), *w = t;
+    if (!t) return NULL;
+    for (size_t i = 0; i < n;) {
+        size_t len = p[i] < 0x80 ? 1 : (p[i] & 0xE0) == 0xC0 ? 2 : (p[i] & 0xF0) == 0xE0 ? 3 : (p[i] & 0xF8) == 0xF0 ? 4 : 0;
+        bool ok = len > 0 && i + len <= n && p[i] != 0;
+        for (size_t k = 1; ok && k < len; k++) ok = (p[i + k] & 0xC0) == 0x80;
+        uint32_t cp = 0;
+        for (size_t k = 0; ok && k < len; k++) cp = k ? cp << 6 | (p[i + k] & 0x3Fu) : p[i] & (0xFFu >> (len + (len > 1)));
+        if (ok) /* no overlong form, no surrogate, nothing past U+10FFFF */
+            ok = len == 1 || (len == 2 && cp >= 0x80) || (len == 3 && cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF)) ||
+                 (len == 4 && cp >= 0x10000 && cp <= 0x10FFFF);
+        if (ok) memcpy(w, p + i, len), w += len, i += len;
+        else memcpy(w, "\xEF\xBF\xBD", 3), w += 3, i++; /* a byte that starts no valid character */
+    }
+    *w = 0;
     return t;
 }
 
@@ -208,19 +226,25 @@ static cJSON *token_logprobs(job *j, const loom_token_event *ev) {
     if (j->q.logprobs < 0 || ev->token < 0) return NULL;
     server *s = j->s;
     int32_t ntop = ev->num_top < j->q.logprobs ? ev->num_top : j->q.logprobs;
-    char *t = token_text(s, ev->token);
+    cJSON *tb = NULL;
+    char *t = token_text(s, ev->token, j->q.api == SERVE_CHAT ? &tb : NULL);
+    if (!t) {
+        cJSON_Delete(tb);
+        return NULL;
+    }
     cJSON *o = cJSON_CreateObject();
     if (j->q.api == SERVE_CHAT) {
         cJSON_AddStringToObject(o, "token", t);
         cJSON_AddNumberToObject(o, "logprob", ev->logprob);
-        cJSON_AddItemToObject(o, "bytes", bytes_json(t));
+        cJSON_AddItemToObject(o, "bytes", tb);
         cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
         for (int32_t i = 0; i < ntop; i++) {
-            char *a = token_text(s, ev->top_ids[i]);
+            cJSON *ab = NULL;
+            char *a = token_text(s, ev->top_ids[i], &ab);
             cJSON *e = cJSON_CreateObject();
-            cJSON_AddStringToObject(e, "token", a);
+            cJSON_AddStringToObject(e, "token", a ? a : "");
             cJSON_AddNumberToObject(e, "logprob", ev->top_logprobs[i]);
-            cJSON_AddItemToObject(e, "bytes", bytes_json(a));
+            cJSON_AddItemToObject(e, "bytes", ab);
             cJSON_AddItemToArray(top, e);
             free(a);
         }
@@ -231,8 +255,8 @@ static cJSON *token_logprobs(job *j, const loom_token_event *ev) {
         cJSON_AddItemToArray(cJSON_GetObjectItem(o, "token_logprobs"), cJSON_CreateNumber(ev->logprob));
         cJSON *top = cJSON_CreateObject();
         for (int32_t i = 0; i < ntop; i++) {
-            char *a = token_text(s, ev->top_ids[i]);
-            if (!cJSON_GetObjectItemCaseSensitive(top, a)) cJSON_AddNumberToObject(top, a, ev->top_logprobs[i]);
+            char *a = token_text(s, ev->top_ids[i], NULL);
+            if (a && !cJSON_GetObjectItemCaseSensitive(top, a)) cJSON_AddNumberToObject(top, a, ev->top_logprobs[i]);
             free(a);
         }
         cJSON_AddItemToObject(o, "top_logprobs", cJSON_CreateArray());

@@ -435,6 +435,14 @@ loom_status loom_engine_detokenize(loom_engine *e, const int32_t *ids, int32_t n
     return loom_tokenizer_decode(e->tok, ids, n, true, text, err);
 }
 
+const char *loom_engine_token_piece(const loom_engine *e, int32_t id, size_t *len) {
+    if (!e->tok) {
+        if (len) *len = 0;
+        return NULL;
+    }
+    return loom_tokenizer_piece(e->tok, id, len);
+}
+
 int32_t loom_engine_vocab_size(const loom_engine *e) { return e->vocab; }
 int32_t loom_engine_max_context(const loom_engine *e) { return e->max_model_len; }
 const char *loom_engine_model_name(const loom_engine *e) {

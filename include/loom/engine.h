@@ -158,6 +158,13 @@ loom_status loom_engine_tokenize(loom_engine *e, const char *text, bool add_bos,
                                  int32_t *n, loom_error *err);
 loom_status loom_engine_detokenize(loom_engine *e, const int32_t *ids, int32_t n, char **text,
                                    loom_error *err);
+/* The bytes token `id` stands for on its own, as a vocabulary entry: a
+ * SentencePiece word piece keeps its leading space ("▁Paris" -> " Paris",
+ * which decoding it alone drops), a byte-level token may be part of a UTF-8
+ * character, a control token is its text ("<|im_end|>"). Not NUL-terminated;
+ * *len its length. NULL (and *len 0) without a tokenizer or for an id out of
+ * range. Owned by the engine. What OpenAI-style logprobs report per token. */
+const char *loom_engine_token_piece(const loom_engine *e, int32_t id, size_t *len);
 int32_t loom_engine_vocab_size(const loom_engine *e);
 int32_t loom_engine_max_context(const loom_engine *e);
 const char *loom_engine_model_name(const loom_engine *e);

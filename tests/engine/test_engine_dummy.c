@@ -931,6 +931,9 @@ Test(dummy, no_tokenizer_calls) {
     int32_t one = 5;
     cr_assert_eq(loom_engine_detokenize(e, &one, 1, &text, &err), LOOM_ERR_UNSUPPORTED);
     cr_assert_null(text);
+    size_t len = 7;
+    cr_assert_null(loom_engine_token_piece(e, 5, &len));
+    cr_assert_eq(len, 0);
     cr_assert(!strncmp(loom_engine_model_name(e), "dummy tiny", 10), "%s", loom_engine_model_name(e));
     loom_engine_destroy(e);
 }

@@ -576,6 +576,49 @@ Test(real, stream_equals_detokenize_all_ids) {
     loom_engine_destroy(e);
 }
 
+/* loom_engine_token_piece: a token's own bytes — a word keeps its leading
+ * space, a control token is its text, an emoji split over byte-level tokens
+ * gives the parts of its UTF-8 bytes, which put together are the character;
+ * nothing for ids out of range. */
+Test(real, token_pieces) {
+    eng_need_model();
+    loom_engine *e = eng_open("smol.yaml", k_no_overrides);
+    loom_error err = {0};
+    int32_t *ids = NULL, n = 0;
+    cr_assert_eq(loom_engine_tokenize(e, "Paris is big", false, &ids, &n, &err), LOOM_OK, "%s", err.message);
+    cr_assert_geq(n, 3);
+    size_t len = 0;
+    const char *p = loom_engine_token_piece(e, ids[n - 1], &len);
+    cr_assert(p && len == 4 && !memcmp(p, " big", 4), "last piece '%.*s'", (int)len, p ? p : "");
+    free(ids);
+    cr_assert_eq(loom_engine_tokenize(e, "<|im_end|>", false, &ids, &n, &err), LOOM_OK);
+    free(ids);
+    int32_t im_end = -1;
+    for (int32_t i = 0; i < loom_engine_vocab_size(e) && im_end < 0; i++) {
+        p = loom_engine_token_piece(e, i, &len);
+        if (p && len == 10 && !memcmp(p, "<|im_end|>", 10)) im_end = i;
+    }
+    cr_assert_geq(im_end, 0, "no token's piece is <|im_end|>");
+    /* U+1F31F (F0 9F 8C 9F) is more than one token here: their pieces
+     * concatenate to its four bytes, and at least one is not whole UTF-8 */
+    cr_assert_eq(loom_engine_tokenize(e, "\xF0\x9F\x8C\x9F", false, &ids, &n, &err), LOOM_OK);
+    cr_assert_gt(n, 1, "the emoji is one token: pick another");
+    char cat[16];
+    size_t at = 0;
+    for (int32_t i = 0; i < n; i++) {
+        p = loom_engine_token_piece(e, ids[i], &len);
+        cr_assert(p && at + len <= sizeof cat);
+        memcpy(cat + at, p, len), at += len;
+    }
+    cr_assert(at == 4 && !memcmp(cat, "\xF0\x9F\x8C\x9F", 4));
+    free(ids);
+    p = loom_engine_token_piece(e, loom_engine_vocab_size(e), &len);
+    cr_assert(!p && len == 0);
+    p = loom_engine_token_piece(e, -1, &len);
+    cr_assert(!p && len == 0);
+    loom_engine_destroy(e);
+}
+
 /* loom_engine_score (teacher forcing) reproduces the log-probs the greedy
  * generation streamed, on the real model. */
 Test(real, score_matches_generation) {

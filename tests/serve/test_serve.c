@@ -497,6 +497,41 @@ Test(serve, chat_and_stream_real_model, .timeout = 600) {
     reply_free(&r);
     reply_free(&whole);
 
+    /* logprobs of characters split over tokens: each entry's "bytes" are
+     * its token's own bytes (a part of a character among them: its "token"
+     * text then shows U+FFFD), and all of them together spell the answer */
+    r = http(s.port, "POST", "/v1/chat/completions",
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Repeat exactly: \xF0\x9F\x98\x80 caf\xC3\xA9\"}], "
+             "\"temperature\": 0, \"max_tokens\": 16, \"ignore_eos\": true, \"logprobs\": true, \"top_logprobs\": 3}",
+             NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    content = get(r.json, "choices.0.logprobs.content");
+    cr_assert_eq(cJSON_GetArraySize(content), 16);
+    char cat[16 * 64];
+    size_t nb = 0;
+    int partial = 0;
+    for (int i = 0; i < 16; i++) {
+        const cJSON *ent = cJSON_GetArrayItem(content, i), *b = cJSON_GetObjectItem(ent, "bytes");
+        const char *tok = cJSON_GetObjectItem(ent, "token")->valuestring;
+        size_t n0 = nb;
+        for (int k = 0; k < cJSON_GetArraySize(b); k++) cat[nb++] = (char)cJSON_GetArrayItem(b, k)->valueint;
+        if (strstr(tok, "\xEF\xBF\xBD")) partial++;
+        else cr_assert(strlen(tok) == nb - n0 && !memcmp(tok, cat + n0, nb - n0), "token %d: '%s' vs its bytes", i, tok);
+        cr_assert_eq(cJSON_GetArraySize(get(ent, "top_logprobs")), 3);
+    }
+    cr_assert_gt(partial, 0, "no token carried part of a character: %s", r.body);
+    /* the answer is those bytes, up to a character the 16 tokens cut off */
+    size_t whole_len = nb, back = 0;
+    while (back < 3 && back < nb && ((unsigned char)cat[nb - 1 - back] & 0xC0) == 0x80) back++;
+    if (back < nb) {
+        unsigned char lead = (unsigned char)cat[nb - 1 - back];
+        size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+        if (need > back + 1) whole_len = nb - back - 1;
+    }
+    const char *answer = chat_text(r.json);
+    cr_assert(strlen(answer) >= whole_len && !memcmp(answer, cat, whole_len), "answer '%s' vs the tokens' bytes", answer);
+    reply_free(&r);
+
     /* longer than the context (512): refused with the engine's reason */
     size_t big = 40000;
     char *long_body = malloc(big + 128);
