@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -188,8 +189,9 @@ static cJSON *response_head(const job *j, const char *object) {
  * character split across tokens) and NUL become U+FFFD, so the JSON stays
  * valid — and, when `bytes` is given, the piece's raw bytes for the chat
  * API's "bytes" (which put split characters back together). Without a
- * tokenizer (dummy weights): "token_id:N". NULL when out of memory. */
-static char *token_text(server *s, int32_t id, cJSON **bytes) {
+ * tokenizer (dummy weights): "token_id:N". *nbytes (when given): how many
+ * bytes the token adds to the generated text. NULL when out of memory. */
+static char *token_text(server *s, int32_t id, cJSON **bytes, size_t *nbytes) {
     size_t n = 0;
     const unsigned char *p = (const unsigned char *)loom_engine_token_piece(s->eng, id, &n);
     char b[32];
@@ -197,9 +199,10 @@ static char *token_text(server *s, int32_t id, cJSON **bytes) {
         snprintf(b, sizeof b, "token_id:%d", id);
         p = (const unsigned char *)b, n = strlen(b);
     }
+    if (nbytes) *nbytes = n;
     if (bytes) {
         *bytes = cJSON_CreateArray();
-        for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(*bytes, cJSON_CreateNumber(p[i]));
+        for (size_t i = 0; *bytes && i < n; i++) cJSON_AddItemToArray(*bytes, cJSON_CreateNumber(p[i]));
     }
     char *t = malloc(3 * n + 1), *w = t;
     if (!t) return NULL;
@@ -227,7 +230,8 @@ static cJSON *token_logprobs(job *j, const loom_token_event *ev) {
     server *s = j->s;
     int32_t ntop = ev->num_top < j->q.logprobs ? ev->num_top : j->q.logprobs;
     cJSON *tb = NULL;
-    char *t = token_text(s, ev->token, j->q.api == SERVE_CHAT ? &tb : NULL);
+    size_t tn = 0;
+    char *t = token_text(s, ev->token, j->q.api == SERVE_CHAT ? &tb : NULL, &tn);
     if (!t) {
         cJSON_Delete(tb);
         return NULL;
@@ -240,7 +244,7 @@ static cJSON *token_logprobs(job *j, const loom_token_event *ev) {
         cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
         for (int32_t i = 0; i < ntop; i++) {
             cJSON *ab = NULL;
-            char *a = token_text(s, ev->top_ids[i], &ab);
+            char *a = token_text(s, ev->top_ids[i], &ab, NULL);
             cJSON *e = cJSON_CreateObject();
             cJSON_AddStringToObject(e, "token", a ? a : "");
             cJSON_AddNumberToObject(e, "logprob", ev->top_logprobs[i]);
@@ -255,14 +259,16 @@ static cJSON *token_logprobs(job *j, const loom_token_event *ev) {
         cJSON_AddItemToArray(cJSON_GetObjectItem(o, "token_logprobs"), cJSON_CreateNumber(ev->logprob));
         cJSON *top = cJSON_CreateObject();
         for (int32_t i = 0; i < ntop; i++) {
-            char *a = token_text(s, ev->top_ids[i], NULL);
+            char *a = token_text(s, ev->top_ids[i], NULL, NULL);
             if (a && !cJSON_GetObjectItemCaseSensitive(top, a)) cJSON_AddNumberToObject(top, a, ev->top_logprobs[i]);
             free(a);
         }
         cJSON_AddItemToObject(o, "top_logprobs", cJSON_CreateArray());
         cJSON_AddItemToArray(cJSON_GetObjectItem(o, "top_logprobs"), top);
         cJSON_AddItemToObject(o, "text_offset", cJSON_CreateArray());
-        cJSON_AddNumberToObject(o, "len", (double)strlen(t)); /* consumed by the caller */
+        /* byte offsets into the UTF-8 text: the piece's bytes, not its
+         * printable form (3 bytes of U+FFFD per byte of a split character) */
+        cJSON_AddNumberToObject(o, "len", (double)tn); /* consumed by the caller */
     }
     free(t);
     return o;
@@ -835,7 +841,7 @@ static char *metrics_text(server *s) {
  * compared in time that does not depend on where they differ, so a client
  * cannot find the key a byte at a time by timing 401s. */
 static bool auth_ok(const char *auth, const char *key) {
-    if (!auth || strncmp(auth, "Bearer ", 7)) return false;
+    if (!auth || strncasecmp(auth, "Bearer ", 7)) return false; /* the scheme's case is free (RFC 7235) */
     const unsigned char *a = (const unsigned char *)auth + 7, *k = (const unsigned char *)key;
     size_t na = strlen((const char *)a), nk = strlen(key);
     unsigned diff = na != nk;

@@ -404,13 +404,16 @@ Test(serve, api_key_and_body_limit, .timeout = 300) {
     expect_error(http(s.port, "POST", "/v1/completions", body, NULL), 401, "Authorization: Bearer");
     expect_error(http(s.port, "GET", "/v1/models", NULL, "Authorization: Bearer wrong\r\n"), 401, "API key");
     /* a prefix, an extension, an empty key and another scheme are all wrong */
-    const char *near[] = {"Bearer s3cre", "Bearer s3cret2", "Bearer ", "Basic s3cret", "bearer s3cret"};
+    const char *near[] = {"Bearer s3cre", "Bearer s3cret2", "Bearer ", "Basic s3cret", "Bearer S3CRET"};
     for (size_t i = 0; i < sizeof near / sizeof *near; i++) {
         char h[64];
         snprintf(h, sizeof h, "Authorization: %s\r\n", near[i]);
         expect_error(http(s.port, "GET", "/v1/models", NULL, h), 401, "API key");
     }
     reply r = http(s.port, "POST", "/v1/completions", body, "Authorization: Bearer s3cret\r\n");
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    reply_free(&r);
+    r = http(s.port, "POST", "/v1/completions", body, "Authorization: bearer s3cret\r\n"); /* RFC 7235 */
     cr_assert_eq(r.status, 200, "%s", r.body);
     reply_free(&r);
     r = http(s.port, "GET", "/health", NULL, NULL); /* probes need no key */
@@ -514,7 +517,10 @@ Test(serve, chat_and_stream_real_model, .timeout = 600) {
         const cJSON *ent = cJSON_GetArrayItem(content, i), *b = cJSON_GetObjectItem(ent, "bytes");
         const char *tok = cJSON_GetObjectItem(ent, "token")->valuestring;
         size_t n0 = nb;
-        for (int k = 0; k < cJSON_GetArraySize(b); k++) cat[nb++] = (char)cJSON_GetArrayItem(b, k)->valueint;
+        for (int k = 0; k < cJSON_GetArraySize(b); k++) {
+            cr_assert_lt(nb, sizeof cat);
+            cat[nb++] = (char)cJSON_GetArrayItem(b, k)->valueint;
+        }
         if (strstr(tok, "\xEF\xBF\xBD")) partial++;
         else cr_assert(strlen(tok) == nb - n0 && !memcmp(tok, cat + n0, nb - n0), "token %d: '%s' vs its bytes", i, tok);
         cr_assert_eq(cJSON_GetArraySize(get(ent, "top_logprobs")), 3);
@@ -530,6 +536,28 @@ Test(serve, chat_and_stream_real_model, .timeout = 600) {
     }
     const char *answer = chat_text(r.json);
     cr_assert(strlen(answer) >= whole_len && !memcmp(answer, cat, whole_len), "answer '%s' vs the tokens' bytes", answer);
+    reply_free(&r);
+
+    /* completions: text_offset counts bytes of the text, a split
+     * character's parts too (their token text shows one U+FFFD a byte) */
+    r = http(s.port, "POST", "/v1/completions",
+             "{\"prompt\": \"\xF0\x9F\x98\x80\xF0\x9F\x98\x80\xF0\x9F\x98\x80\", \"max_tokens\": 8, "
+             "\"ignore_eos\": true, \"temperature\": 0, \"logprobs\": 1}",
+             NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    const cJSON *lp = get(r.json, "choices.0.logprobs");
+    double off = 0;
+    int split = 0;
+    for (int i = 0; i < 8; i++) {
+        char k[48];
+        snprintf(k, sizeof k, "text_offset.%d", i);
+        cr_assert_eq(num(lp, k), off, "text_offset %d: %g, the bytes before it %g: %s", i, num(lp, k), off, r.body);
+        const char *tok = cJSON_GetArrayItem(get(lp, "tokens"), i)->valuestring, *q = tok;
+        size_t n = strlen(tok);
+        while ((q = strstr(q, "\xEF\xBF\xBD"))) n -= 2, q += 3, split++; /* one byte each */
+        off += (double)n;
+    }
+    cr_assert_gt(split, 0, "no token carried part of a character: %s", r.body);
     reply_free(&r);
 
     /* longer than the context (512): refused with the engine's reason */
