@@ -5,7 +5,11 @@
  * is refused naming the field (or the byte of a JSON syntax error).
  */
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "serve/openai.h"
 
@@ -240,4 +244,108 @@ Test(openai, error_json_shape) {
     cr_assert_str_eq(serve_finish_name(LOOM_FINISH_STOP), "stop");
     cr_assert_str_eq(serve_finish_name(LOOM_FINISH_LENGTH), "length");
     cr_assert_null(serve_finish_name(LOOM_FINISH_NONE));
+}
+
+/* ------------------------------------------------- mutated bodies
+ * Valid bodies, randomly damaged (bytes flipped, spans cut or repeated,
+ * JSON values of every type spliced in), never crash the parser: each is
+ * either accepted as a request within the limits (prompts, choices,
+ * logprobs) or refused with a message — and a refused parse keeps nothing
+ * (ASan / LSan in CI check the memory side). Seeded; the seed is printed. */
+static uint64_t mut_rng(uint64_t *s) {
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return *s;
+}
+
+Test(openai, mutated_bodies_never_crash, .timeout = 120) {
+    static const char *const seeds[] = {
+        "{\"model\": \"m\", \"prompt\": [\"a\", \"b\"], \"max_tokens\": 7, \"temperature\": 0.5, \"top_p\": 0.9, "
+        "\"n\": 2, \"stop\": [\"x\", \"yy\"], \"seed\": 3, \"logprobs\": 2, \"stream\": true, "
+        "\"stream_options\": {\"include_usage\": true}, \"top_k\": 5, \"min_p\": 0.1, \"ignore_eos\": false}",
+        "{\"prompt\": [[1, 2, 3], [4]], \"max_tokens\": 1, \"presence_penalty\": 0.5, \"frequency_penalty\": -0.5, "
+        "\"repetition_penalty\": 1.1, \"user\": \"u\"}",
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": [{\"type\": "
+        "\"text\", \"text\": \"hi\"}]}, {\"role\": \"assistant\", \"content\": \"yo\"}, {\"role\": \"user\", "
+        "\"content\": \"again\"}], \"logprobs\": true, \"top_logprobs\": 3, \"max_completion_tokens\": 9, "
+        "\"tool_choice\": \"none\", \"response_format\": {\"type\": \"text\"}}",
+    };
+    static const char *const splice[] = {"null", "true", "false", "0", "-1", "1e999", "-0.0", "4294967297",
+                                         "\"\"", "\"\\ud800\"", "\"\\u0000\"", "[]", "{}", "[[[[[[", "}}}}",
+                                         ",", ":", "\"prompt\"", "\"messages\"", "\"n\": 100000", "\xff\xfe"};
+    uint64_t seed = (uint64_t)time(NULL) | 1, s = seed;
+    cr_log_info("mutated bodies: seed %llu", (unsigned long long)seed);
+    char buf[2048], why[512];
+    int accepted = 0, refused = 0;
+    for (int it = 0; it < 30000; it++) {
+        const int api = (int)(mut_rng(&s) % 3) == 2 ? SERVE_CHAT : SERVE_COMPLETIONS;
+        const char *src = seeds[api == SERVE_CHAT ? 2 : mut_rng(&s) % 2];
+        size_t n = strlen(src);
+        memcpy(buf, src, n + 1);
+        const int edits = 1 + (int)(mut_rng(&s) % 4);
+        for (int k = 0; k < edits && n > 0; k++) {
+            size_t at = mut_rng(&s) % n;
+            switch (mut_rng(&s) % 4) {
+            case 0: buf[at] = (char)(mut_rng(&s) & 0xFF); break; /* any byte, NUL included */
+            case 1: { /* cut a span */
+                size_t len = 1 + mut_rng(&s) % 16;
+                if (at + len > n) len = n - at;
+                memmove(buf + at, buf + at + len, n - at - len + 1);
+                n -= len;
+                break;
+            }
+            case 2: { /* repeat a span */
+                size_t len = 1 + mut_rng(&s) % 32;
+                if (at + len > n) len = n - at;
+                if (n + len >= sizeof buf) break;
+                memmove(buf + at + len, buf + at, n - at + 1);
+                n += len;
+                break;
+            }
+            default: { /* splice a value in */
+                const char *v = splice[mut_rng(&s) % (sizeof splice / sizeof *splice)];
+                size_t len = strlen(v);
+                if (n + len >= sizeof buf) break;
+                memmove(buf + at + len, buf + at, n - at + 1);
+                memcpy(buf + at, v, len);
+                n += len;
+            }
+            }
+        }
+        buf[n] = 0;
+        serve_req r;
+        const char *param = NULL;
+        why[0] = 0;
+        if (serve_parse((serve_api)api, buf, n, 16, &r, why, sizeof why, &param)) {
+            accepted++;
+            cr_assert(r.num_prompts >= 1 && r.num_prompts <= SERVE_MAX_PROMPTS, "it %d: %d prompts", it, r.num_prompts);
+            cr_assert(r.base.n >= 1 && (int64_t)r.base.n * r.num_prompts <= SERVE_MAX_CHOICES, "it %d: n %d", it,
+                      r.base.n);
+            cr_assert(r.logprobs >= -1 && r.logprobs <= 20, "it %d: logprobs %d", it, r.logprobs);
+            serve_req_free(&r);
+        } else {
+            refused++;
+            cr_assert(why[0], "iteration %d (seed %llu): refused without a message", it, (unsigned long long)seed);
+            cr_assert_null(r.root, "iteration %d: a refused parse keeps its JSON", it);
+        }
+    }
+    cr_log_info("accepted %d, refused %d", accepted, refused);
+    cr_assert(accepted > 100 && refused > 100, "accepted %d, refused %d: the mutations test one side only", accepted,
+              refused);
+}
+
+/* Nesting far deeper than any request: refused, not a stack overflow. */
+Test(openai, deep_nesting_refused) {
+    const size_t depth = 200000;
+    char *b = malloc(2 * depth + 32);
+    size_t n = 0;
+    n += (size_t)sprintf(b, "{\"prompt\": ");
+    for (size_t i = 0; i < depth; i++) b[n++] = '[';
+    for (size_t i = 0; i < depth; i++) b[n++] = ']';
+    b[n++] = '}', b[n] = 0;
+    serve_req r;
+    char why[256];
+    const char *p = NULL;
+    cr_assert(!serve_parse(SERVE_COMPLETIONS, b, n, 16, &r, why, sizeof why, &p));
+    cr_assert(why[0]);
+    free(b);
 }
