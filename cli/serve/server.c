@@ -73,6 +73,7 @@ typedef struct choice {
     bool started;             /* chat stream: the role delta was sent     */
     cJSON *lp;                /* chat: logprobs.content entries; completions: the logprobs object */
     size_t lp_offset;         /* completions: text_offset of the next token */
+    double t_last;            /* when its last token came (0: none yet)   */
 } choice;
 
 /* One engine request (one prompt of the HTTP request). */
@@ -105,6 +106,44 @@ struct job {
     job *prev, *next;         /* the server's list of jobs in flight       */
 };
 
+/* A Prometheus histogram of seconds: counts per upper bound (cumulative
+ * when printed), their sum and count. */
+#define HIST_MAX_BOUNDS 24
+typedef struct hist {
+    const double *le;         /* ascending upper bounds, nle of them (+Inf implied) */
+    int nle;
+    uint64_t n[HIST_MAX_BOUNDS + 1];
+    uint64_t count;
+    double sum;
+} hist;
+
+/* vLLM's bucket bounds for the same three histograms, so dashboards built
+ * for one read the other. */
+static const double k_ttft_le[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                                   1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+static const double k_tpot_le[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                                   1.0,  2.5,   5.0,  7.5,   10.0, 20.0, 40.0, 80.0};
+static const double k_e2e_le[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                                  40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+_Static_assert(sizeof k_ttft_le / sizeof *k_ttft_le <= HIST_MAX_BOUNDS, "ttft bounds");
+_Static_assert(sizeof k_tpot_le / sizeof *k_tpot_le <= HIST_MAX_BOUNDS, "tpot bounds");
+_Static_assert(sizeof k_e2e_le / sizeof *k_e2e_le <= HIST_MAX_BOUNDS, "e2e bounds");
+
+static void hist_add(hist *h, double v) {
+    int i = 0;
+    while (i < h->nle && v > h->le[i]) i++;
+    h->n[i]++, h->count++, h->sum += v;
+}
+
+/* Latency metrics, filled by the engine thread as tokens arrive; their own
+ * lock, taken last (under a job's), never holding another. */
+typedef struct serve_metrics {
+    pthread_mutex_t mu;
+    hist ttft, tpot, e2e;     /* first token, between tokens, first byte to last token: seconds */
+    uint64_t finished[6];     /* samples ended, by loom_finish_reason (NONE unused) */
+} serve_metrics;
+
 struct server {
     loom_engine *eng;
     const serve_options *opt;
@@ -122,6 +161,7 @@ struct server {
     uint64_t next_id;
     int inflight;             /* HTTP requests between headers and sent reply */
     pthread_cond_t idle_cv;   /* signalled when inflight drops to 0        */
+    serve_metrics m;
 };
 
 static void job_unref(job *j) {
@@ -363,6 +403,18 @@ static void on_event(void *user, const loom_token_event *ev) {
     choice *ch = &j->ch[c];
     pc->prompt_tokens = ev->prompt_tokens;
     if (ev->token >= 0) ch->tokens++;
+    {
+        const double t = now_s();
+        serve_metrics *m = &j->s->m;
+        pthread_mutex_lock(&m->mu);
+        if (ev->token >= 0) hist_add(ch->t_last > 0 ? &m->tpot : &m->ttft, ch->t_last > 0 ? t - ch->t_last : t - j->t0);
+        if (ev->finish != LOOM_FINISH_NONE) {
+            hist_add(&m->e2e, t - j->t0);
+            if ((unsigned)ev->finish < 6) m->finished[ev->finish]++;
+        }
+        pthread_mutex_unlock(&m->mu);
+        if (ev->token >= 0) ch->t_last = t;
+    }
     const char *text = ev->text ? ev->text : "";
     if (j->q.stream) {
         sse_chunk(j, c, ev->token >= 0, text, lp_one, ev->finish);
@@ -799,7 +851,28 @@ static char *models_json(server *s) {
     return t;
 }
 
+static void hist_text(sbuf *b, const char *name, const char *help, const hist *h) {
+    char line[256];
+    snprintf(line, sizeof line, "# HELP loom_%s %s\n# TYPE loom_%s histogram\n", name, help, name);
+    sb_put(b, line, strlen(line));
+    uint64_t cum = 0;
+    for (int i = 0; i <= h->nle; i++) {
+        cum += h->n[i];
+        char le[32];
+        if (i < h->nle) snprintf(le, sizeof le, "%g", h->le[i]);
+        else snprintf(le, sizeof le, "+Inf");
+        snprintf(line, sizeof line, "loom_%s_bucket{le=\"%s\"} %llu\n", name, le, (unsigned long long)cum);
+        sb_put(b, line, strlen(line));
+    }
+    snprintf(line, sizeof line, "loom_%s_sum %.6f\nloom_%s_count %llu\n", name, h->sum, name,
+             (unsigned long long)h->count);
+    sb_put(b, line, strlen(line));
+}
+
 static char *metrics_text(server *s) {
+    pthread_mutex_lock(&s->m.mu);
+    serve_metrics m = s->m; /* a copy of the numbers (the lock inside is not used) */
+    pthread_mutex_unlock(&s->m.mu);
     pthread_mutex_lock(&s->mu);
     loom_engine_stats st = s->stats;
     uint64_t h[6];
@@ -832,6 +905,21 @@ static char *metrics_text(server *s) {
     sb_put(&b, line, strlen(line));
     for (int c = 2; c <= 5; c++) {
         snprintf(line, sizeof line, "loom_http_responses_total{code=\"%dxx\"} %llu\n", c, (unsigned long long)h[c]);
+        sb_put(&b, line, strlen(line));
+    }
+    hist_text(&b, "time_to_first_token_seconds", "from a request's arrival (body read) to each sample's first token",
+              &m.ttft);
+    hist_text(&b, "time_per_output_token_seconds", "between consecutive tokens of a sample", &m.tpot);
+    hist_text(&b, "e2e_request_latency_seconds", "from a request's arrival to each sample's last event", &m.e2e);
+    snprintf(line, sizeof line, "# HELP loom_request_success_total samples ended, by finish reason\n"
+             "# TYPE loom_request_success_total counter\n");
+    sb_put(&b, line, strlen(line));
+    const char *why[] = {"stop", "length", "abort", "error"};
+    const uint64_t nf[] = {m.finished[LOOM_FINISH_EOS] + m.finished[LOOM_FINISH_STOP], m.finished[LOOM_FINISH_LENGTH],
+                           m.finished[LOOM_FINISH_ABORT], m.finished[LOOM_FINISH_ERROR]};
+    for (int i = 0; i < 4; i++) {
+        snprintf(line, sizeof line, "loom_request_success_total{finished_reason=\"%s\"} %llu\n", why[i],
+                 (unsigned long long)nf[i]);
         sb_put(&b, line, strlen(line));
     }
     return b.p;
@@ -931,6 +1019,10 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
         if (*c == ' ') *c = '-';
     server s = {.eng = eng, .opt = opt, .model = model};
     pthread_mutex_init(&s.mu, NULL);
+    pthread_mutex_init(&s.m.mu, NULL);
+    s.m.ttft.le = k_ttft_le, s.m.ttft.nle = (int)(sizeof k_ttft_le / sizeof *k_ttft_le);
+    s.m.tpot.le = k_tpot_le, s.m.tpot.nle = (int)(sizeof k_tpot_le / sizeof *k_tpot_le);
+    s.m.e2e.le = k_e2e_le, s.m.e2e.nle = (int)(sizeof k_e2e_le / sizeof *k_e2e_le);
     pthread_cond_init(&s.cv, NULL);
     pthread_cond_init(&s.idle_cv, NULL);
     s.stats.struct_size = sizeof s.stats;
@@ -1014,6 +1106,7 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     pthread_join(eng_thread, NULL);
     pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
     pthread_mutex_destroy(&s.mu);
+    pthread_mutex_destroy(&s.m.mu);
     pthread_cond_destroy(&s.cv);
     pthread_cond_destroy(&s.idle_cv);
     return 0;

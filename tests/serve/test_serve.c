@@ -349,6 +349,37 @@ Test(serve, routes_and_token_prompts, .timeout = 300) {
     for (int i = 0; i < n; i++) cr_assert_str_eq(str(ev[i], "id"), str(ev[0], "id"), "one id for the whole stream");
     for (int i = 0; i < n; i++) cJSON_Delete(ev[i]);
     reply_free(&r);
+
+    /* latency histograms and finish counts: 2 samples of 3 tokens add 2
+     * first tokens, 2 x 2 gaps between tokens, 2 ends by length */
+    const char *ttft = "loom_time_to_first_token_seconds_count", *tpot = "loom_time_per_output_token_seconds_count",
+               *e2e = "loom_e2e_request_latency_seconds_count",
+               *len = "loom_request_success_total{finished_reason=\"length\"}";
+    double c0[4] = {metric(s.port, ttft), metric(s.port, tpot), metric(s.port, e2e), metric(s.port, len)};
+    r = http(s.port, "POST", "/v1/completions", "{\"prompt\": [1, 2], \"max_tokens\": 3, \"ignore_eos\": true, \"n\": 2}",
+             NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    reply_free(&r);
+    cr_assert_eq(metric(s.port, ttft), c0[0] + 2);
+    cr_assert_eq(metric(s.port, tpot), c0[1] + 4);
+    cr_assert_eq(metric(s.port, e2e), c0[2] + 2);
+    cr_assert_eq(metric(s.port, len), c0[3] + 2);
+    r = http(s.port, "GET", "/metrics", NULL, NULL);
+    const char *names[] = {"time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds"};
+    for (int h = 0; h < 3; h++) { /* cumulative buckets, +Inf = count */
+        char key[96];
+        snprintf(key, sizeof key, "\nloom_%s_bucket{le=\"", names[h]);
+        double prev = 0, last = -1;
+        for (const char *p = strstr(r.body, key); p; p = strstr(p + 1, key)) {
+            const char *v = strchr(p, '}');
+            last = atof(v + 2);
+            cr_assert_geq(last, prev, "%s buckets not cumulative:\n%s", names[h], r.body);
+            prev = last;
+        }
+        snprintf(key, sizeof key, "loom_%s_count", names[h]);
+        cr_assert_eq(last, metric(s.port, key), "%s: +Inf bucket vs count", names[h]);
+    }
+    reply_free(&r);
     free(stop(&s, 30));
 }
 
@@ -631,6 +662,13 @@ Test(serve, concurrency_disconnect_shutdown_real_model, .timeout = 600) {
         got += (size_t)r;
         buf[got] = 0;
     }
+    /* /metrics is the snapshot of the last finished step: the one that sent
+     * this first event may not have finished, and an earlier snapshot shows
+     * an idle engine — wait_idle would pass at once. See the stream running
+     * in a snapshot first. */
+    int i;
+    for (i = 0; i < 200 && metric(s.port, "loom_requests_running") == 0; i++) usleep(25000);
+    cr_assert_lt(i, 200, "the stream never showed as running");
     close(fd);
     cr_assert(wait_idle(s.port, 60), "the abandoned stream kept running (or held KV blocks)");
 
@@ -638,8 +676,7 @@ Test(serve, concurrency_disconnect_shutdown_real_model, .timeout = 600) {
     fd = dial(s.port);
     send_request(fd, "POST", "/v1/completions",
                  "{\"prompt\": \"Tell me a long story\", \"max_tokens\": 400, \"ignore_eos\": true}", NULL);
-    int i = 0;
-    for (; i < 100 && metric(s.port, "loom_requests_running") == 0; i++) usleep(50000);
+    for (i = 0; i < 100 && metric(s.port, "loom_requests_running") == 0; i++) usleep(50000);
     cr_assert_lt(i, 100, "the request never started");
     char *log = stop(&s, 60);
     /* the abandoned stream was aborted (499), not run to its 400 tokens */
