@@ -117,8 +117,8 @@ typedef struct hist {
     double sum;
 } hist;
 
-/* vLLM's bucket bounds for the same three histograms, so dashboards built
- * for one read the other. */
+/* vLLM's bucket bounds for the same three histograms (its names are
+ * vllm:..., these loom_...), so the two engines' quantiles line up. */
 static const double k_ttft_le[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                                    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 static const double k_tpot_le[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
@@ -140,7 +140,7 @@ static void hist_add(hist *h, double v) {
  * lock, taken last (under a job's), never holding another. */
 typedef struct serve_metrics {
     pthread_mutex_t mu;
-    hist ttft, tpot, e2e;     /* first token, between tokens, first byte to last token: seconds */
+    hist ttft, tpot, e2e;     /* seconds: to the first token, between tokens, to a completed end; per sample */
     uint64_t finished[6];     /* samples ended, by loom_finish_reason (NONE unused) */
 } serve_metrics;
 
@@ -409,7 +409,8 @@ static void on_event(void *user, const loom_token_event *ev) {
         pthread_mutex_lock(&m->mu);
         if (ev->token >= 0) hist_add(ch->t_last > 0 ? &m->tpot : &m->ttft, ch->t_last > 0 ? t - ch->t_last : t - j->t0);
         if (ev->finish != LOOM_FINISH_NONE) {
-            hist_add(&m->e2e, t - j->t0);
+            /* completed samples only: an abort or a failure is not a latency */
+            if (ev->finish != LOOM_FINISH_ABORT && ev->finish != LOOM_FINISH_ERROR) hist_add(&m->e2e, t - j->t0);
             if ((unsigned)ev->finish < 6) m->finished[ev->finish]++;
         }
         pthread_mutex_unlock(&m->mu);
@@ -858,20 +859,27 @@ static void hist_text(sbuf *b, const char *name, const char *help, const hist *h
     uint64_t cum = 0;
     for (int i = 0; i <= h->nle; i++) {
         cum += h->n[i];
-        char le[32];
-        if (i < h->nle) snprintf(le, sizeof le, "%g", h->le[i]);
-        else snprintf(le, sizeof le, "+Inf");
+        char le[40];
+        if (i < h->nle) { /* whole bounds as "1.0", as Prometheus' own clients print them */
+            snprintf(le, sizeof le, "%.15g", h->le[i]); /* 0.3, not 0.29999999999999999 */
+            if (!strpbrk(le, ".e")) strcat(le, ".0");
+        } else {
+            snprintf(le, sizeof le, "+Inf");
+        }
         snprintf(line, sizeof line, "loom_%s_bucket{le=\"%s\"} %llu\n", name, le, (unsigned long long)cum);
         sb_put(b, line, strlen(line));
     }
-    snprintf(line, sizeof line, "loom_%s_sum %.6f\nloom_%s_count %llu\n", name, h->sum, name,
+    snprintf(line, sizeof line, "loom_%s_sum %.17g\nloom_%s_count %llu\n", name, h->sum, name,
              (unsigned long long)h->count);
     sb_put(b, line, strlen(line));
 }
 
 static char *metrics_text(server *s) {
+    hist ttft, tpot, e2e;
+    uint64_t fin[6];
     pthread_mutex_lock(&s->m.mu);
-    serve_metrics m = s->m; /* a copy of the numbers (the lock inside is not used) */
+    ttft = s->m.ttft, tpot = s->m.tpot, e2e = s->m.e2e;
+    memcpy(fin, s->m.finished, sizeof fin);
     pthread_mutex_unlock(&s->m.mu);
     pthread_mutex_lock(&s->mu);
     loom_engine_stats st = s->stats;
@@ -908,15 +916,16 @@ static char *metrics_text(server *s) {
         sb_put(&b, line, strlen(line));
     }
     hist_text(&b, "time_to_first_token_seconds", "from a request's arrival (body read) to each sample's first token",
-              &m.ttft);
-    hist_text(&b, "time_per_output_token_seconds", "between consecutive tokens of a sample", &m.tpot);
-    hist_text(&b, "e2e_request_latency_seconds", "from a request's arrival to each sample's last event", &m.e2e);
+              &ttft);
+    hist_text(&b, "time_per_output_token_seconds", "between consecutive tokens of a sample", &tpot);
+    hist_text(&b, "e2e_request_latency_seconds",
+              "from a request's arrival to each completed sample's end (aborts and failures left out)", &e2e);
     snprintf(line, sizeof line, "# HELP loom_request_success_total samples ended, by finish reason\n"
              "# TYPE loom_request_success_total counter\n");
     sb_put(&b, line, strlen(line));
     const char *why[] = {"stop", "length", "abort", "error"};
-    const uint64_t nf[] = {m.finished[LOOM_FINISH_EOS] + m.finished[LOOM_FINISH_STOP], m.finished[LOOM_FINISH_LENGTH],
-                           m.finished[LOOM_FINISH_ABORT], m.finished[LOOM_FINISH_ERROR]};
+    const uint64_t nf[] = {fin[LOOM_FINISH_EOS] + fin[LOOM_FINISH_STOP], fin[LOOM_FINISH_LENGTH],
+                           fin[LOOM_FINISH_ABORT], fin[LOOM_FINISH_ERROR]};
     for (int i = 0; i < 4; i++) {
         snprintf(line, sizeof line, "loom_request_success_total{finished_reason=\"%s\"} %llu\n", why[i],
                  (unsigned long long)nf[i]);

@@ -654,7 +654,7 @@ Test(serve, concurrency_disconnect_shutdown_real_model, .timeout = 600) {
     send_request(fd, "POST", "/v1/completions",
                  "{\"prompt\": \"Tell me a long story\", \"max_tokens\": 400, \"ignore_eos\": true, \"stream\": true}",
                  NULL);
-    char buf[4096];
+    char buf[4096] = {0};
     size_t got = 0;
     while (got < sizeof buf - 1 && !strstr(buf, "data: ")) {
         ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
