@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "openai.h"
+#include "tokenizer/tokenizer.h" /* loom_utf8_next */
 
 /* ------------------------------------------------------------ buffers */
 
@@ -126,9 +127,11 @@ static const double k_tpot_le[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3
 static const double k_e2e_le[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                                   40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
-_Static_assert(sizeof k_ttft_le / sizeof *k_ttft_le <= HIST_MAX_BOUNDS, "ttft bounds");
-_Static_assert(sizeof k_tpot_le / sizeof *k_tpot_le <= HIST_MAX_BOUNDS, "tpot bounds");
-_Static_assert(sizeof k_e2e_le / sizeof *k_e2e_le <= HIST_MAX_BOUNDS, "e2e bounds");
+#define HIST_NLE(b) ((int)(sizeof(b) / sizeof *(b)))
+#define HIST_OF(b) ((hist){.le = (b), .nle = HIST_NLE(b)})
+_Static_assert(HIST_NLE(k_ttft_le) <= HIST_MAX_BOUNDS && HIST_NLE(k_tpot_le) <= HIST_MAX_BOUNDS &&
+                   HIST_NLE(k_e2e_le) <= HIST_MAX_BOUNDS,
+               "a histogram with more bounds than HIST_MAX_BOUNDS");
 
 static void hist_add(hist *h, double v) {
     int i = 0;
@@ -246,16 +249,8 @@ static char *token_text(server *s, int32_t id, cJSON **bytes, size_t *nbytes) {
     }
     char *t = malloc(3 * n + 1), *w = t;
     if (!t) return NULL;
-    for (size_t i = 0; i < n;) {
-        size_t len = p[i] < 0x80 ? 1 : (p[i] & 0xE0) == 0xC0 ? 2 : (p[i] & 0xF0) == 0xE0 ? 3 : (p[i] & 0xF8) == 0xF0 ? 4 : 0;
-        bool ok = len > 0 && i + len <= n && p[i] != 0;
-        for (size_t k = 1; ok && k < len; k++) ok = (p[i + k] & 0xC0) == 0x80;
-        uint32_t cp = 0;
-        for (size_t k = 0; ok && k < len; k++) cp = k ? cp << 6 | (p[i + k] & 0x3Fu) : p[i] & (0xFFu >> (len + (len > 1)));
-        if (ok) /* no overlong form, no surrogate, nothing past U+10FFFF */
-            ok = len == 1 || (len == 2 && cp >= 0x80) || (len == 3 && cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF)) ||
-                 (len == 4 && cp >= 0x10000 && cp <= 0x10FFFF);
-        if (ok) memcpy(w, p + i, len), w += len, i += len;
+    for (size_t i = 0, adv; i < n;) {
+        if (p[i] && loom_utf8_next(p + i, n - i, &adv) == 1) memcpy(w, p + i, adv), w += adv, i += adv;
         else memcpy(w, "\xEF\xBF\xBD", 3), w += 3, i++; /* a byte that starts no valid character */
     }
     *w = 0;
@@ -314,8 +309,6 @@ static cJSON *token_logprobs(job *j, const loom_token_event *ev) {
     return o;
 }
 
-/* Completions: append one token's arrays (from token_logprobs) to the
- * choice's logprobs object. */
 /* Completions' logprobs object with its four arrays, empty. */
 static cJSON *completions_lp_new(void) {
     cJSON *lp = cJSON_CreateObject();
@@ -324,6 +317,8 @@ static cJSON *completions_lp_new(void) {
     return lp;
 }
 
+/* Completions: append one token's arrays (from token_logprobs) to the
+ * choice's logprobs object. */
 static void completions_lp_merge(choice *ch, cJSON *one) {
     if (!ch->lp) ch->lp = completions_lp_new();
     const char *k[] = {"tokens", "token_logprobs", "top_logprobs"};
@@ -407,7 +402,8 @@ static void on_event(void *user, const loom_token_event *ev) {
         const double t = now_s();
         serve_metrics *m = &j->s->m;
         pthread_mutex_lock(&m->mu);
-        if (ev->token >= 0) hist_add(ch->t_last > 0 ? &m->tpot : &m->ttft, ch->t_last > 0 ? t - ch->t_last : t - j->t0);
+        if (ev->token >= 0 && ch->t_last > 0) hist_add(&m->tpot, t - ch->t_last);
+        else if (ev->token >= 0) hist_add(&m->ttft, t - j->t0);
         if (ev->finish != LOOM_FINISH_NONE) {
             /* completed samples only: an abort or a failure is not a latency */
             if (ev->finish != LOOM_FINISH_ABORT && ev->finish != LOOM_FINISH_ERROR) hist_add(&m->e2e, t - j->t0);
@@ -1029,9 +1025,7 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     server s = {.eng = eng, .opt = opt, .model = model};
     pthread_mutex_init(&s.mu, NULL);
     pthread_mutex_init(&s.m.mu, NULL);
-    s.m.ttft.le = k_ttft_le, s.m.ttft.nle = (int)(sizeof k_ttft_le / sizeof *k_ttft_le);
-    s.m.tpot.le = k_tpot_le, s.m.tpot.nle = (int)(sizeof k_tpot_le / sizeof *k_tpot_le);
-    s.m.e2e.le = k_e2e_le, s.m.e2e.nle = (int)(sizeof k_e2e_le / sizeof *k_e2e_le);
+    s.m.ttft = HIST_OF(k_ttft_le), s.m.tpot = HIST_OF(k_tpot_le), s.m.e2e = HIST_OF(k_e2e_le);
     pthread_cond_init(&s.cv, NULL);
     pthread_cond_init(&s.idle_cv, NULL);
     s.stats.struct_size = sizeof s.stats;

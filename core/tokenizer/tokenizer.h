@@ -95,6 +95,11 @@ const char *loom_tokenizer_token_text(const loom_tokenizer *t, int32_t id);
 loom_token_type loom_tokenizer_token_type(const loom_tokenizer *t, int32_t id);
 /* The bytes the token decodes to (not NUL-terminated; may be partial UTF-8). */
 const char *loom_tokenizer_piece(const loom_tokenizer *t, int32_t id, size_t *len);
+/* The UTF-8 character at s (n > 0 bytes left), by the decoder's own rules (no
+ * overlong forms, no surrogates, nothing past U+10FFFF): 1 = valid, *adv its
+ * bytes; 0 = a valid prefix cut by the end; -1 = invalid, *adv the maximal
+ * ill-formed subpart. */
+int loom_utf8_next(const unsigned char *s, size_t n, size_t *adv);
 /* Longest piece in bytes: a loom_detok_push() buffer of at least
  * loom_tokenizer_max_piece_len() + LOOM_DETOK_PENDING_MAX + 1 bytes never
  * holds back complete text. */

@@ -42,6 +42,8 @@ int tok_utf8_next(const unsigned char *s, size_t n, size_t *adv) {
     return 1;
 }
 
+int loom_utf8_next(const unsigned char *s, size_t n, size_t *adv) { return tok_utf8_next(s, n, adv); }
+
 /* ---------------------------------------------------------------- buffers */
 
 void tok_buf_put(tok_buf *b, const void *s, size_t n) {
