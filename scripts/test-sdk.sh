@@ -5,7 +5,10 @@
 # examples/plugin-hello out of the source tree, builds it with make using
 # only pkg-config (restricted to the installed loom-plugin.pc), then checks
 # that the installed `loom` lists the hello sampler and validates a pipeline
-# using it (and rejects an unknown key of it).
+# using it (and rejects an unknown key of it). Then builds examples/embed
+# against the installed loom.pc and runs the hello sampler inside it: a
+# sampler that does not declare candidates() receives whole rows for
+# greedy and top-k requests.
 #
 # usage: scripts/test-sdk.sh BUILD_DIR [TEST_PLUGIN_DIR]
 #   TEST_PLUGIN_DIR: the build's tests/plugin/good (tback, tsched, tcache);
@@ -67,7 +70,7 @@ export LOOM_PLUGIN_PATH="$PLUGIN_PATH"
 unset LOOM_PLUGIN_PATH_ONLY
 
 "$LOOM" plugins >"$TMP/plugins.txt" 2>&1 || { cat "$TMP/plugins.txt" >&2; fail "loom plugins"; }
-grep -Eq '^sampler +hello +1\.0\.0 +1\.[0-9]+ ' "$TMP/plugins.txt" ||
+grep -Eq '^sampler +hello +1\.0\.0 +2\.[0-9]+ ' "$TMP/plugins.txt" ||
     { cat "$TMP/plugins.txt" >&2; fail "'loom plugins' does not list the hello sampler"; }
 "$LOOM" plugins --params >"$TMP/params.txt" 2>&1 || fail "loom plugins --params"
 grep -q 'greeting' "$TMP/params.txt" || fail "'loom plugins --params' lacks hello's greeting"
@@ -95,4 +98,41 @@ fi
 grep -q "sampler.greting: unknown key; did you mean 'greeting'" "$TMP/bad.txt" ||
     { cat "$TMP/bad.txt" >&2; fail "unknown-key message for the hello sampler"; }
 
-echo "test-sdk: OK (installed loom lists and loads the out-of-tree hello plugin)"
+# A program that embeds libloom, built with `pkg-config loom` only.
+PC2=$(find "$DEST" -name loom.pc | head -n 1)
+[ -n "$PC2" ] || fail "no loom.pc installed"
+LIBDIR=$(dirname "$(find "$DEST" -name 'libloom.so*' | head -n 1)")
+cp -R "$SRC/examples/embed" "$TMP/embed"
+rm -rf "$TMP/embed/build"
+make -s -C "$TMP/embed" OUT="$TMP/embed/out" >"$TMP/make-embed.log" 2>&1 ||
+    { cat "$TMP/make-embed.log" >&2; fail "building examples/embed against the installed loom.pc"; }
+[ -x "$TMP/embed/out/embed" ] || fail "examples/embed produced no program"
+embed() { LD_LIBRARY_PATH="$LIBDIR" "$TMP/embed/out/embed" "$@"; }
+
+if [ -z "$TEST_PLUGINS" ]; then
+    # The embedded engine runs the out-of-tree sampler. One that does not
+    # declare candidates() gets whole rows for greedy and top-k requests
+    # (the cpu backend could reduce them: it has forward_topk); one that
+    # declares them gets candidate rows, so the check can see a difference.
+    for args in "--temperature 0" "--temperature 0.8 --top-k 5 --seed 3"; do
+        # shellcheck disable=SC2086
+        embed "$TMP/hello.yaml" --tokens 1,2,3,4 --max-tokens 6 $args --set engine.log_level=info \
+            >"$TMP/embed.txt" 2>&1 || { cat "$TMP/embed.txt" >&2; fail "embed with the hello sampler ($args)"; }
+        grep -q 'whole rows: 1 of width 256 (vocab 256)' "$TMP/embed.txt" ||
+            { cat "$TMP/embed.txt" >&2; fail "hello sampler saw no whole rows ($args)"; }
+        if grep -q 'candidate rows' "$TMP/embed.txt"; then
+            cat "$TMP/embed.txt" >&2; fail "hello (no candidates() declared) was handed candidate rows ($args)"
+        fi
+        grep -q 'generated 6' "$TMP/embed.txt" || { cat "$TMP/embed.txt" >&2; fail "embed did not generate 6 tokens"; }
+    done
+    embed "$TMP/hello.yaml" --tokens 1,2,3,4 --max-tokens 6 --set sampler.plugin=hello-topk \
+        --set engine.log_level=info >"$TMP/embed.txt" 2>&1 || { cat "$TMP/embed.txt" >&2; fail "embed, hello-topk"; }
+    grep -q 'candidate rows: 1 of width 1 (vocab 256)' "$TMP/embed.txt" ||
+        { cat "$TMP/embed.txt" >&2; fail "hello-topk (candidates() declared) got no candidate rows"; }
+fi
+if embed "$TMP/hello.yaml" --tokens 1,2 --set engine.nope=1 >"$TMP/embed.txt" 2>&1; then
+    fail "embed accepted an unknown pipeline key"
+fi
+grep -q "engine.nope" "$TMP/embed.txt" || { cat "$TMP/embed.txt" >&2; fail "embed's error does not name the key"; }
+
+echo "test-sdk: OK (installed loom lists and loads the out-of-tree hello plugin; examples/embed builds against loom.pc)"

@@ -62,7 +62,7 @@ static void destroy_instance(loom_engine *e, loom_kind kind, void *self) {
 
 static size_t cache_block_bytes(void *ctx, int32_t block_size) {
     loom_engine *e = ctx;
-    return e->be->kv_block_bytes(e->be_self, block_size, e->layout.dtype);
+    return e->run.kv_block_bytes(e->run.self, block_size, e->layout.dtype);
 }
 
 static loom_status load_tokenizer(loom_engine *e, loom_error *err) {
@@ -79,76 +79,39 @@ static loom_status load_tokenizer(loom_engine *e, loom_error *err) {
     return LOOM_OK;
 }
 
-/* Value of the quantizer slot's declared parameter `key` (NULL when the
- * component declares none): an ENUM's choice or an INT's number. */
-static const loom_param *quant_param(const loom_pipeline_slot *slot, const char *key, loom_param_type type) {
-    for (const loom_param *p = slot->component->params; p && p->key; p++)
-        if (!strcmp(p->key, key) && p->type == type) return p;
-    return NULL;
-}
-
-/* A packed AWQ/GPTQ checkpoint (loom_model_packing_get) keeps its linear
- * weights only as 4-bit words, so it runs only through a quantizer that
- * unpacks that very layout: one declaring an ENUM `source` set to the
- * checkpoint's method (int4: awq | gptq | gptq_v2) and, if it has one, an
- * INT `group_size` equal to the checkpoint's. Then every packed weight must
- * be planned to something other than NONE (a `skip` pattern naming it
- * would leave nothing to compute with). Checked before the backend loads,
- * so no backend ever meets a packed weight it cannot run; the message
- * names the pipeline line to write. */
-static loom_status check_packed(loom_engine *e, const char *pipeline_path, loom_error *err) {
-    const loom_model_packing *pk = loom_model_packing_get(e->model);
+/* A packed AWQ/GPTQ checkpoint keeps its linear weights only as 4-bit
+ * words: it runs only through a quantizer that accepts that packing, and
+ * only when the quantizer plans every packed weight to something other
+ * than NONE. Checked before the runner loads, so no backend ever meets a
+ * packed weight it cannot run. */
+static loom_status check_packing(loom_engine *e, const char *path, loom_error *err) {
+    const loom_model_packing *pk = e->view->packing;
     if (!pk) return LOOM_OK;
-    char want[160];
-    snprintf(want, sizeof want, "quantizer: {plugin: int4, source: %s, group_size: %d}", pk->method,
-             pk->group_size);
     const loom_pipeline_slot *slot = loom_pipeline_slot_get(e->pipe, LOOM_KIND_QUANTIZER);
-    if (!slot || !e->quant)
+    char fix[128];
+    snprintf(fix, sizeof fix, "quantizer: {plugin: int4, source: %s, group_size: %d}", pk->method, pk->group_size);
+    if (!e->quant)
         return loom_error_set(err, LOOM_ERR_INVALID,
-                              "%s: model '%s' is a 4-bit %s checkpoint (%s, groups of %d); its linear weights "
-                              "exist only packed, so the pipeline needs %s",
-                              pipeline_path, e->mcfg->name, pk->method, pk->source, pk->group_size, want);
-    const loom_param *src = quant_param(slot, "source", LOOM_PARAM_ENUM);
-    const char *have = NULL;
-    if (src && src->choices) {
-        int64_t v, nc = 0;
-        memcpy(&v, (const char *)slot->config + src->offset, sizeof v);
-        while (src->choices[nc]) nc++;
-        have = v >= 0 && v < nc ? src->choices[v] : NULL;
-    }
-    if (!have)
+                              "%s: model '%s' is a packed 4-bit %s checkpoint (%s, groups of %d); its linear "
+                              "weights exist only packed, so the pipeline needs a quantizer that accepts that "
+                              "packing, e.g. %s",
+                              path, e->mcfg->name, pk->method, pk->source, pk->group_size, fix);
+    if (!e->quant->accepts_packing)
         return loom_error_set(err, LOOM_ERR_INVALID,
                               "%s: quantizer '%s' quantizes float weights, but model '%s' is a packed 4-bit %s "
-                              "checkpoint (%s); use %s",
-                              pipeline_path, slot->name, e->mcfg->name, pk->method, pk->source, want);
-    if (strcmp(have, pk->method) != 0) {
-        bool gptq_pair = !strncmp(have, "gptq", 4) && !strncmp(pk->method, "gptq", 4);
-        return loom_error_set(err, LOOM_ERR_INVALID,
-                              "%s: quantizer.source is %s, but model '%s' is a packed 4-bit %s checkpoint (%s)%s; "
-                              "use %s",
-                              pipeline_path, have, e->mcfg->name, pk->method, pk->source,
-                              gptq_pair ? " (gptq v1 stores each zero point minus 1, gptq_v2 the zero point itself)"
-                                        : "",
-                              want);
+                              "checkpoint (%s); use a quantizer that accepts that packing, e.g. %s",
+                              path, slot->name, e->mcfg->name, pk->method, pk->source, fix);
+    loom_status st = e->quant->accepts_packing(e->quant_self, e->view, err);
+    if (st != LOOM_OK) {
+        loom_error_prefix(err, "%s: quantizer '%s'", path, slot->name);
+        return st;
     }
-    const loom_param *gs = quant_param(slot, "group_size", LOOM_PARAM_INT);
-    if (gs) {
-        int64_t v;
-        memcpy(&v, (const char *)slot->config + gs->offset, sizeof v);
-        if (v != pk->group_size)
-            return loom_error_set(err, LOOM_ERR_INVALID,
-                                  "%s: quantizer.group_size is %lld, but model '%s' was packed in groups of %d "
-                                  "(%s); use %s",
-                                  pipeline_path, (long long)v, e->mcfg->name, pk->group_size, pk->source, want);
-    }
-    if (!e->quant->plan) return LOOM_OK;
     for (int32_t i = 0; i < e->view->count(e->view->ctx); i++) {
         const loom_tensor *t = e->view->at(e->view->ctx, i);
         if (!loom_model_is_packed_weight(e->model, t)) continue;
         loom_quant_plan plan = {.struct_size = sizeof plan};
-        loom_status st = e->quant->plan(e->quant_self, e->view, t, &plan, err);
-        if (st != LOOM_OK) {
-            loom_error_prefix(err, "%s: quantizer '%s'", pipeline_path, slot->name);
+        if ((st = e->quant->plan(e->quant_self, e->view, t, &plan, err)) != LOOM_OK) {
+            loom_error_prefix(err, "%s: quantizer '%s'", path, slot->name);
             return st;
         }
         if (plan.format == LOOM_QFMT_NONE)
@@ -156,9 +119,182 @@ static loom_status check_packed(loom_engine *e, const char *pipeline_path, loom_
                                   "%s: quantizer '%s' keeps tensor '%s' unquantized (a quantizer.skip pattern "
                                   "matches it), but model '%s' stores it only as packed 4-bit %s data; remove it "
                                   "from skip (for a packed LM head: skip: \"token_embd\")",
-                                  pipeline_path, slot->name, t->name, e->mcfg->name, pk->method);
+                                  path, slot->name, t->name, e->mcfg->name, pk->method);
     }
     return LOOM_OK;
+}
+
+/* The pipeline, with every diagnostic in one error. */
+static loom_status load_pipeline(loom_engine *e, const char *path, const char *const *overrides, int32_t n,
+                                 loom_error *err) {
+    loom_diag diag;
+    loom_diag_init(&diag);
+    loom_status st = loom_pipeline_load(path, overrides, n, &e->pipe, &diag);
+    if (st != LOOM_OK) diag_to_err(&diag, st, path, err);
+    loom_diag_free(&diag);
+    return st;
+}
+
+/* The model, its tokenizer and chat format. */
+static loom_status load_model(loom_engine *e, const char *path, loom_error *err) {
+    const loom_engine_settings *es = loom_pipeline_engine(e->pipe);
+    const loom_model_settings *ms = loom_pipeline_model(e->pipe);
+    static const char *const fmt_names[] = {"auto", "gguf", "safetensors", "dummy"};
+    int last_pct = -1;
+    loom_model_load_opts mo = {
+        .path = ms->path[0] ? ms->path : NULL,
+        .format = fmt_names[ms->format],
+        .dummy_shape = ms->shape[0] ? ms->shape : NULL,
+        .seed = (uint64_t)ms->seed,
+        .dummy_dtype = ms->dtype,
+        .progress = es->progress || isatty(2) ? load_progress : NULL,
+        .user = &last_pct,
+    };
+    loom_status st = loom_model_load(&mo, &e->model, err);
+    if (st != LOOM_OK) {
+        loom_error_prefix(err, "%s: model", path);
+        return st;
+    }
+    e->view = loom_model_view_get(e->model);
+    e->mcfg = loom_model_config_get(e->model);
+    e->vocab = e->mcfg->vocab_size;
+    e->max_model_len = es->max_model_len > 0 ? es->max_model_len : e->mcfg->max_context;
+    if (e->max_model_len < 2)
+        return loom_error_set(err, LOOM_ERR_INVALID, "%s: engine.max_model_len %d is too small", path,
+                              e->max_model_len);
+    if ((st = load_tokenizer(e, err)) != LOOM_OK) {
+        loom_error_prefix(err, "%s: tokenizer", path);
+        return st;
+    }
+    if (e->tok) {
+        static const loom_chat_format map[] = {LOOM_CHAT_AUTO, LOOM_CHAT_CHATML, LOOM_CHAT_LLAMA3, LOOM_CHAT_LLAMA2,
+                                               LOOM_CHAT_AUTO};
+        e->chat_format = ms->chat_template == LOOM_CHAT_TEMPLATE_AUTO ? loom_tokenizer_chat_format(e->tok)
+                                                                      : map[ms->chat_template];
+        e->chat_none = ms->chat_template == LOOM_CHAT_TEMPLATE_NONE;
+    }
+    return LOOM_OK;
+}
+
+static void runner_from_backend(loom_runner *r, const loom_backend_ops *o) {
+    r->load = o->load;
+    r->kv_block_bytes = o->kv_block_bytes;
+    r->memory = o->memory;
+    r->kv_alloc = o->kv_alloc;
+    r->forward = o->forward;
+    r->copy_blocks = o->copy_blocks;
+    r->forward_topk = o->forward_topk;
+    r->swap_blocks = o->swap_blocks;
+    r->set_observer = o->set_observer;
+}
+
+/* An executor and the N backend instances it drives (one per rank). */
+static loom_status create_executor(loom_engine *e, const loom_executor_ops *x, const char *path, loom_error *err) {
+    loom_runner *r = &e->run;
+    r->load = x->load;
+    r->kv_block_bytes = x->kv_block_bytes;
+    r->memory = x->memory;
+    r->kv_alloc = x->kv_alloc;
+    r->forward = x->forward;
+    r->copy_blocks = x->copy_blocks;
+    r->forward_topk = x->forward_topk;
+    r->swap_blocks = x->swap_blocks;
+    const loom_pipeline_slot *bslot = loom_pipeline_slot_get(e->pipe, LOOM_KIND_BACKEND);
+    if (!bslot)
+        return loom_error_set(err, LOOM_ERR_INVALID,
+                              "%s: an executor needs a backend: section saying what each rank runs "
+                              "(e.g. backend: {plugin: cpu})",
+                              path);
+    int32_t n = x->inner_count(r->self);
+    if (n < 1 || n > 1024)
+        return loom_error_set(err, LOOM_ERR_INVALID, "%s: executor '%s' asked for %d inner backends (1..1024)", path,
+                              r->name, n);
+    if (!(e->inner = calloc((size_t)n, sizeof(void *)))) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; i < n; i++) {
+        loom_status st = loom_pipeline_create_instance(bslot, e->host, &e->inner[i], err);
+        if (st != LOOM_OK) return st;
+        e->num_inner++;
+    }
+    return x->attach_inner(r->self, bslot->component->ops, e->inner, n, err);
+}
+
+/* The model runner: the executor when the pipeline has one, else the
+ * backend. Created first: the cache is sized from what it has left. */
+static loom_status create_runner(loom_engine *e, const char *path, loom_error *err) {
+    const bool exec = loom_pipeline_slot_get(e->pipe, LOOM_KIND_EXECUTOR) != NULL;
+    loom_runner *r = &e->run;
+    r->kind = exec ? LOOM_KIND_EXECUTOR : LOOM_KIND_BACKEND;
+    r->name = loom_pipeline_slot_get(e->pipe, r->kind) ? loom_pipeline_slot_get(e->pipe, r->kind)->name : "?";
+    const void *ops;
+    loom_status st = make_instance(e, r->kind, true, &ops, &r->self, err);
+    if (st != LOOM_OK) return st;
+    if (!exec) {
+        runner_from_backend(r, ops);
+        return LOOM_OK;
+    }
+    return create_executor(e, ops, path, err);
+}
+
+/* Every other plugin instance, the order fixed by what needs what. */
+static loom_status create_plugins(loom_engine *e, loom_error *err) {
+    const void *ops;
+    loom_status st;
+    if ((st = make_instance(e, LOOM_KIND_QUANTIZER, false, &ops, &e->quant_self, err)) != LOOM_OK) return st;
+    e->quant = ops;
+    if ((st = make_instance(e, LOOM_KIND_CACHE, true, &ops, &e->cache_self, err)) != LOOM_OK) return st;
+    e->cache = ops;
+    if ((st = make_instance(e, LOOM_KIND_SCHEDULER, true, &ops, &e->sch_self, err)) != LOOM_OK) return st;
+    e->sch = ops;
+    if ((st = make_instance(e, LOOM_KIND_SAMPLER, true, &ops, &e->smp_self, err)) != LOOM_OK) return st;
+    e->smp = ops;
+    if ((st = make_instance(e, LOOM_KIND_SPECULATOR, false, &ops, &e->spec_self, err)) != LOOM_OK) return st;
+    e->spec = ops;
+    /* Rows are reduced on the device only when the runner can and the
+     * sampler said it can use candidates (loom/sampler.h). */
+    e->device_sampling = loom_pipeline_engine(e->pipe)->device_sampling && e->run.forward_topk && e->smp->candidates;
+    return LOOM_OK;
+}
+
+/* Weights to the runner, through the quantizer when there is one. */
+static loom_status load_weights(loom_engine *e, const char *path, loom_error *err) {
+    loom_status st = check_packing(e, path, err);
+    if (st != LOOM_OK) return st;
+    if (e->quant)
+        e->quant_binding = (loom_quant_binding){sizeof(loom_quant_binding), e->quant, e->quant_self,
+                                                loom_pipeline_slot_get(e->pipe, LOOM_KIND_QUANTIZER)->name};
+    st = e->run.load(e->run.self, e->view, e->quant ? &e->quant_binding : NULL, err);
+    if (st != LOOM_OK) loom_error_prefix(err, "%s: %s '%s' loading weights", path, loom_kind_name(e->run.kind), e->run.name);
+    return st;
+}
+
+/* Size the KV cache with the cache manager and allocate it on the runner. */
+static loom_status size_cache(loom_engine *e, const char *path, loom_error *err) {
+    e->layout.struct_size = sizeof e->layout;
+    e->layout.dtype = e->quant && e->quant->kv_dtype ? e->quant->kv_dtype(e->quant_self) : LOOM_DTYPE_COUNT;
+    loom_backend_memory mem = {.struct_size = sizeof mem};
+    loom_status st = e->run.memory(e->run.self, &mem, err);
+    if (st != LOOM_OK) return st;
+    loom_cache_init ci = {
+        .struct_size = sizeof ci,
+        .block_bytes = cache_block_bytes,
+        .ctx = e,
+        .device_free_bytes = mem.free_bytes,
+        .device_total_bytes = mem.total_bytes,
+        .max_model_len = e->max_model_len,
+        .backend_can_swap = e->run.swap_blocks != NULL,
+    };
+    if ((st = e->cache->init(e->cache_self, &ci, &e->layout, err)) != LOOM_OK) {
+        loom_error_prefix(err, "%s: cache '%s'", path, loom_pipeline_slot_get(e->pipe, LOOM_KIND_CACHE)->name);
+        return st;
+    }
+    if (e->layout.block_size < 1 || e->layout.num_blocks < 1)
+        return loom_error_set(err, LOOM_ERR_INTERNAL, "cache manager returned an empty layout (%d blocks of %d)",
+                              e->layout.num_blocks, e->layout.block_size);
+    e->bt_stride = (e->max_model_len + e->layout.block_size - 1) / e->layout.block_size;
+    if ((st = e->run.kv_alloc(e->run.self, &e->layout, err)) != LOOM_OK)
+        loom_error_prefix(err, "%s: KV cache of %d blocks x %d tokens", path, e->layout.num_blocks,
+                          e->layout.block_size);
+    return st;
 }
 
 loom_status loom_engine_create(const char *pipeline_path, const char *const *overrides, int32_t num_overrides,
@@ -170,181 +306,31 @@ loom_status loom_engine_create(const char *pipeline_path, const char *const *ove
     if (!e) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory creating the engine");
     pthread_mutex_init(&e->inbox_mu, NULL);
     e->host = loom_host_default();
-    loom_status st;
-
-    loom_diag diag;
-    loom_diag_init(&diag);
-    st = loom_pipeline_load(pipeline_path, overrides, num_overrides, &e->pipe, &diag);
-    if (st != LOOM_OK) {
-        diag_to_err(&diag, st, pipeline_path, err);
-        loom_diag_free(&diag);
-        goto fail;
+    const char *path = pipeline_path;
+    loom_status st = load_pipeline(e, path, overrides, num_overrides, err);
+    if (st == LOOM_OK) {
+        const loom_engine_settings *es = loom_pipeline_engine(e->pipe);
+        loom_host_set_threads(es->threads);
+        loom_log_set_level(es->log_level);
+        e->seed = (uint64_t)es->seed;
+        st = load_model(e, path, err);
     }
-    loom_diag_free(&diag);
-
-    const loom_engine_settings *es = loom_pipeline_engine(e->pipe);
-    const loom_model_settings *ms = loom_pipeline_model(e->pipe);
-    loom_host_set_threads(es->threads);
-    e->seed = (uint64_t)es->seed;
-    e->device_sampling = es->device_sampling;
-
-    /* The model. */
-    static const char *const fmt_names[] = {"auto", "gguf", "safetensors", "dummy"};
-    int last_pct = -1;
-    bool show = isatty(2) || getenv("LOOM_PROGRESS");
-    loom_model_load_opts mo = {
-        .path = ms->path[0] ? ms->path : NULL,
-        .format = fmt_names[ms->format],
-        .dummy_shape = ms->shape[0] ? ms->shape : NULL,
-        .seed = (uint64_t)ms->seed,
-        .dummy_dtype = ms->dtype,
-        .progress = show ? load_progress : NULL,
-        .user = &last_pct,
-    };
-    st = loom_model_load(&mo, &e->model, err);
-    if (st != LOOM_OK) {
-        loom_error_prefix(err, "%s: model", pipeline_path);
-        goto fail;
-    }
-    e->view = loom_model_view_get(e->model);
-    e->mcfg = loom_model_config_get(e->model);
-    e->vocab = e->mcfg->vocab_size;
-    e->max_model_len = es->max_model_len > 0 ? es->max_model_len : e->mcfg->max_context;
-    if (e->max_model_len < 2) {
-        st = loom_error_set(err, LOOM_ERR_INVALID, "%s: engine.max_model_len %d is too small", pipeline_path,
-                            e->max_model_len);
-        goto fail;
-    }
-
-    st = load_tokenizer(e, err);
-    if (st != LOOM_OK) {
-        loom_error_prefix(err, "%s: tokenizer", pipeline_path);
-        goto fail;
-    }
-    if (e->tok) {
-        static const loom_chat_format map[] = {LOOM_CHAT_AUTO, LOOM_CHAT_CHATML, LOOM_CHAT_LLAMA3,
-                                               LOOM_CHAT_LLAMA2, LOOM_CHAT_AUTO};
-        e->chat_format = ms->chat_template == LOOM_CHAT_TEMPLATE_AUTO ? loom_tokenizer_chat_format(e->tok)
-                                                                      : map[ms->chat_template];
-        e->chat_none = ms->chat_template == LOOM_CHAT_TEMPLATE_NONE;
-    }
-
-    /* Plugin instances: the backend (or executor) first, since the cache is
-     * sized from what it has left after the weights. */
-    const void *ops;
-    loom_kind be_kind = loom_pipeline_slot_get(e->pipe, LOOM_KIND_EXECUTOR) ? LOOM_KIND_EXECUTOR : LOOM_KIND_BACKEND;
-    e->be_kind = be_kind;
-    if ((st = make_instance(e, be_kind, true, &ops, &e->be_self, err)) != LOOM_OK) goto fail;
-    e->be = ops;
-    /* forward_topk arrived in ABI 1.1: a plugin built earlier has a shorter table */
-    if (e->be->struct_size < offsetof(loom_backend_ops, forward_topk) + sizeof e->be->forward_topk ||
-        !e->be->forward_topk)
-        e->device_sampling = false;
-    if (be_kind == LOOM_KIND_EXECUTOR) {
-        /* An executor drives N instances of the pipeline's backend. */
-        const loom_pipeline_slot *bslot = loom_pipeline_slot_get(e->pipe, LOOM_KIND_BACKEND);
-        if (!e->be->inner_count || !e->be->attach_inner) {
-            st = loom_error_set(err, LOOM_ERR_INVALID, "%s: executor '%s' does not take inner backends",
-                                pipeline_path, loom_pipeline_slot_get(e->pipe, be_kind)->name);
-            goto fail;
-        }
-        if (!bslot) {
-            st = loom_error_set(err, LOOM_ERR_INVALID,
-                                "%s: an executor needs a backend: section saying what each rank runs "
-                                "(e.g. backend: {plugin: cpu})", pipeline_path);
-            goto fail;
-        }
-        int32_t n = e->be->inner_count(e->be_self);
-        if (n < 1 || n > 1024) {
-            st = loom_error_set(err, LOOM_ERR_INVALID, "executor asked for %d inner backends", n);
-            goto fail;
-        }
-        e->inner = calloc((size_t)n, sizeof(void *));
-        if (!e->inner) {
-            st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        for (int32_t i = 0; i < n; i++) {
-            if ((st = loom_pipeline_create_instance(bslot, e->host, &e->inner[i], err)) != LOOM_OK) goto fail;
-            e->num_inner++;
-        }
-        st = e->be->attach_inner(e->be_self, bslot->component->ops, e->inner, n, err);
-        if (st != LOOM_OK) goto fail;
-    }
-    if ((st = make_instance(e, LOOM_KIND_QUANTIZER, false, &ops, &e->quant_self, err)) != LOOM_OK) goto fail;
-    e->quant = ops;
-    if ((st = make_instance(e, LOOM_KIND_CACHE, true, &ops, &e->cache_self, err)) != LOOM_OK) goto fail;
-    e->cache = ops;
-    if ((st = make_instance(e, LOOM_KIND_SCHEDULER, true, &ops, &e->sch_self, err)) != LOOM_OK) goto fail;
-    e->sch = ops;
-    if ((st = make_instance(e, LOOM_KIND_SAMPLER, true, &ops, &e->smp_self, err)) != LOOM_OK) goto fail;
-    e->smp = ops;
-    if ((st = make_instance(e, LOOM_KIND_SPECULATOR, false, &ops, &e->spec_self, err)) != LOOM_OK) goto fail;
-    e->spec = ops;
-    /* propose_batch arrived in ABI 1.4: a plugin built earlier has a shorter
-     * table, whose bytes past struct_size are not ours to read */
-    e->spec_batch = e->spec &&
-                    e->spec->struct_size >= offsetof(loom_spec_ops, propose_batch) + sizeof e->spec->propose_batch &&
-                    e->spec->propose_batch;
-
-    /* Weights to the backend, through the quantizer when there is one. */
-    if ((st = check_packed(e, pipeline_path, err)) != LOOM_OK) goto fail;
-    if (e->quant) {
-        e->quant_binding = (loom_quant_binding){sizeof(loom_quant_binding), e->quant, e->quant_self,
-                                                loom_pipeline_slot_get(e->pipe, LOOM_KIND_QUANTIZER)->name};
-    }
-    st = e->be->load(e->be_self, e->view, e->quant ? &e->quant_binding : NULL, err);
-    if (st != LOOM_OK) {
-        loom_error_prefix(err, "%s: backend '%s' loading weights", pipeline_path,
-                          loom_pipeline_slot_get(e->pipe, be_kind)->name);
-        goto fail;
-    }
-
-    /* Size the KV cache and allocate it. */
-    e->layout.struct_size = sizeof e->layout;
-    e->layout.dtype = e->quant && e->quant->kv_dtype ? e->quant->kv_dtype(e->quant_self) : LOOM_DTYPE_COUNT;
-    loom_backend_memory mem = {.struct_size = sizeof mem};
-    st = e->be->memory(e->be_self, &mem, err);
-    if (st != LOOM_OK) goto fail;
-    loom_cache_init ci = {
-        .struct_size = sizeof ci,
-        .block_bytes = cache_block_bytes,
-        .ctx = e,
-        .device_free_bytes = mem.free_bytes,
-        .device_total_bytes = mem.total_bytes,
-        .max_model_len = e->max_model_len,
-        .max_num_seqs = 0,         /* not known to the core: schedulers keep their caps private */
-        .backend_can_swap = e->be->swap_blocks != NULL,
-    };
-    st = e->cache->init(e->cache_self, &ci, &e->layout, err);
-    if (st != LOOM_OK) {
-        loom_error_prefix(err, "%s: cache '%s'", pipeline_path, loom_pipeline_slot_get(e->pipe, LOOM_KIND_CACHE)->name);
-        goto fail;
-    }
-    if (e->layout.block_size < 1 || e->layout.num_blocks < 1) {
-        st = loom_error_set(err, LOOM_ERR_INTERNAL, "cache manager returned an empty layout (%d blocks of %d)",
-                            e->layout.num_blocks, e->layout.block_size);
-        goto fail;
-    }
-    st = e->be->kv_alloc(e->be_self, &e->layout, err);
-    if (st != LOOM_OK) {
-        loom_error_prefix(err, "%s: KV cache of %d blocks x %d tokens", pipeline_path, e->layout.num_blocks,
-                          e->layout.block_size);
-        goto fail;
-    }
-    if (e->spec) {
-        loom_spec_init si = {sizeof si, e->vocab, loom_pipeline_dir(e->pipe), e->max_model_len,
-                             loom_engine_api_get()};
+    if (st == LOOM_OK) st = create_runner(e, path, err);
+    if (st == LOOM_OK) st = create_plugins(e, err);
+    if (st == LOOM_OK) st = load_weights(e, path, err);
+    if (st == LOOM_OK) st = size_cache(e, path, err);
+    if (st == LOOM_OK && e->spec) {
+        loom_spec_init si = {sizeof si, e->vocab, loom_pipeline_dir(e->pipe), e->max_model_len, loom_engine_api_get()};
         st = e->spec->init(e->spec_self, &si, err);
-        if (st != LOOM_OK) goto fail;
     }
-    loom_log(LOOM_LOG_INFO, "engine", "%s: %d layers, KV cache %d blocks x %d tokens, context %d",
-             e->mcfg->name, e->mcfg->num_layers, e->layout.num_blocks, e->layout.block_size, e->max_model_len);
+    if (st != LOOM_OK) {
+        loom_engine_destroy(e);
+        return st;
+    }
+    loom_log(LOOM_LOG_INFO, "engine", "%s: %d layers, KV cache %d blocks x %d tokens, context %d", e->mcfg->name,
+             e->mcfg->num_layers, e->layout.num_blocks, e->layout.block_size, e->max_model_len);
     *out = e;
     return LOOM_OK;
-fail:
-    loom_engine_destroy(e);
-    return st;
 }
 
 void loom_engine_destroy(loom_engine *e) {
@@ -367,7 +353,7 @@ void loom_engine_destroy(loom_engine *e) {
         destroy_instance(e, LOOM_KIND_SAMPLER, e->smp_self);
         destroy_instance(e, LOOM_KIND_SCHEDULER, e->sch_self);
         destroy_instance(e, LOOM_KIND_CACHE, e->cache_self);
-        destroy_instance(e, e->be_kind ? e->be_kind : LOOM_KIND_BACKEND, e->be_self);
+        destroy_instance(e, e->run.kind ? e->run.kind : LOOM_KIND_BACKEND, e->run.self);
         for (int32_t i = 0; i < e->num_inner; i++) destroy_instance(e, LOOM_KIND_BACKEND, e->inner[i]);
         destroy_instance(e, LOOM_KIND_QUANTIZER, e->quant_self); /* after the backend released its tensors */
     }
@@ -412,6 +398,7 @@ const loom_engine_api *loom_engine_api_get(void) {
         .step = loom_engine_step,
         .vocab_size = loom_engine_vocab_size,
         .max_context = loom_engine_max_context,
+        .request_default = loom_request_default,
     };
     return &api;
 }
@@ -450,15 +437,10 @@ const char *loom_engine_model_name(const loom_engine *e) {
 }
 
 loom_status loom_engine_set_observer(loom_engine *e, const loom_act_observer *obs, loom_error *err) {
-    const loom_pipeline_slot *slot = loom_pipeline_slot_get(e->pipe, e->be_kind);
-    const char *name = slot && slot->name ? slot->name : "?";
-    /* set_observer arrived in ABI 1.2: a plugin built earlier has a shorter table */
-    if (e->be_kind != LOOM_KIND_BACKEND ||
-        e->be->struct_size < offsetof(loom_backend_ops, set_observer) + sizeof e->be->set_observer ||
-        !e->be->set_observer)
+    if (!e->run.set_observer)
         return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
                               "%s '%s' cannot record activations (no set_observer); calibrate with "
                               "backend: {plugin: cpu} and no executor",
-                              loom_kind_name(e->be_kind), name);
-    return e->be->set_observer(e->be_self, obs, err);
+                              loom_kind_name(e->run.kind), e->run.name);
+    return e->run.set_observer(e->run.self, obs, err);
 }

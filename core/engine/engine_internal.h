@@ -1,7 +1,16 @@
 /*
- * core/engine/engine_internal.h — the engine's private state: requests,
- * sequences, plugin instances and per-step buffers. Only the files in core/engine
- * include this.
+ * core/engine/engine_internal.h — the engine's private state (requests,
+ * sequences, plugin instances, per-step buffers) and the functions its
+ * files share. Only the files in core/engine include this:
+ *   engine_create.c  build and tear down an engine; accessors
+ *   requests.c       requests in: checks, tokenizing, the inbox, admission
+ *   sequence.c       one sample's life: tokens, events, text, stop, finish
+ *   step.c           the step: schedule -> batch -> forward -> sample -> update
+ *   batch.c          step buffers, block copies/swaps, the flattened batch
+ *   sample.c         rows to tokens through the sampler; forks
+ *   speculate.c      drafts before the step, verification after it
+ *   spec_verify.c    the rejection-sampling rule itself
+ *   score.c          teacher-forced scoring (perplexity)
  */
 #ifndef LOOM_CORE_ENGINE_INTERNAL_H
 #define LOOM_CORE_ENGINE_INTERNAL_H
@@ -13,6 +22,7 @@
 #include "loom/backend.h"
 #include "loom/cache.h"
 #include "loom/engine.h"
+#include "loom/executor.h"
 #include "loom/quant.h"
 #include "loom/sampler.h"
 #include "loom/scheduler.h"
@@ -23,6 +33,21 @@
 #include "tokenizer/tokenizer.h"
 
 typedef struct loom_req loom_req;
+
+/* One chosen token with what its event reports. Arrays borrowed. */
+typedef struct engine_token {
+    int32_t id;
+    float logprob;             /* when the request asked for logprobs, else 0 */
+    int32_t num_top;           /* alternatives in top_ids / top_logprobs     */
+    const int32_t *top_ids;
+    const float *top_logprobs;
+} engine_token;
+
+/* Room for one token's alternatives. */
+typedef struct engine_top {
+    int32_t ids[LOOM_MAX_LOGPROBS];
+    float lps[LOOM_MAX_LOGPROBS];
+} engine_top;
 
 /* One sample of one request. info.tokens points at tokens[]. */
 typedef struct loom_seq {
@@ -62,6 +87,27 @@ struct loom_req {
     double arrival;
 };
 
+/* The model runner the engine drives: a backend, or an executor over
+ * several backends; the same methods either way (loom/executor.h). */
+typedef struct loom_runner {
+    loom_kind kind;            /* LOOM_KIND_BACKEND or LOOM_KIND_EXECUTOR     */
+    void *self;
+    const char *name;          /* component name, for messages               */
+    loom_status (*load)(void *self, const loom_model_view *model, const loom_quant_binding *quant,
+                        loom_error *err);
+    size_t (*kv_block_bytes)(void *self, int32_t block_size, loom_dtype dtype);
+    loom_status (*memory)(void *self, loom_backend_memory *out, loom_error *err);
+    loom_status (*kv_alloc)(void *self, const loom_kv_layout *layout, loom_error *err);
+    loom_status (*forward)(void *self, const loom_batch *batch, float *logits, loom_error *err);
+    loom_status (*copy_blocks)(void *self, const int32_t *pairs, int32_t n, loom_error *err);
+    loom_status (*forward_topk)(void *self, const loom_batch *batch, const loom_logits_topk *out,
+                                loom_error *err);          /* NULL: none  */
+    loom_status (*swap_blocks)(void *self, loom_swap_dir dir, const int32_t *pairs, int32_t n,
+                               loom_error *err);           /* NULL: none  */
+    loom_status (*set_observer)(void *self, const loom_act_observer *obs,
+                                loom_error *err);          /* NULL: none  */
+} loom_runner;
+
 /* Inbox entry posted by [any]-thread calls. */
 typedef struct loom_inbox_item {
     loom_req *req;             /* an add, or NULL for an abort               */
@@ -79,20 +125,20 @@ struct loom_engine {
     loom_chat_format chat_format;
     bool chat_none;            /* model.chat_template: none                  */
 
-    loom_kind be_kind;              /* BACKEND or EXECUTOR                   */
+    loom_runner run;                /* the backend, or the executor           */
     void **inner;                   /* executor's backend instances (ranks)   */
     int32_t num_inner;
-    const loom_backend_ops *be;     void *be_self;
     const loom_scheduler_ops *sch;  void *sch_self;
     const loom_cache_ops *cache;    void *cache_self;
     const loom_sampler_ops *smp;    void *smp_self;
     const loom_quant_ops *quant;    void *quant_self;
     const loom_spec_ops *spec;      void *spec_self;
-    bool spec_batch;                /* spec has propose_batch (ABI 1.4)       */
     loom_quant_binding quant_binding;
 
     loom_kv_layout layout;
-    bool device_sampling;      /* engine.device_sampling and the backend has forward_topk */
+    int32_t bt_stride;         /* block-table entries per sequence: max_model_len in blocks */
+    bool device_sampling;      /* engine.device_sampling, the runner has forward_topk
+                                  and the sampler declares candidates()      */
     int32_t max_model_len;
     int32_t vocab;
     uint64_t seed;
@@ -136,9 +182,48 @@ struct loom_engine {
     loom_engine_stats stats;
 };
 
-/* engine.c */
+/* sequence.c */
+loom_status engine_grow(void **p, int32_t *cap, int32_t need, size_t elem);
+loom_status engine_seq_reserve(loom_seq *s, int32_t need);
+loom_seq *engine_seq_new(loom_engine *e, loom_req *rq, int32_t sample_index);
+loom_status engine_track_seq(loom_engine *e, loom_seq *s);
 loom_seq *loom_engine_find_seq(loom_engine *e, loom_seq_id id);
+const loom_seq_info *engine_env_get_seq(void *ctx, loom_seq_id id);
 void loom_engine_seq_free(loom_seq *s);
 void loom_engine_req_free(loom_req *rq);
+void engine_accept_token(loom_engine *e, loom_seq *s, const engine_token *t);
+void engine_seq_finish(loom_engine *e, loom_seq *s, loom_finish_reason why, const char *error);
+void engine_end_unstarted(const loom_req *rq, int32_t from, loom_finish_reason why, const char *error);
+void engine_reap(loom_engine *e);
+
+/* requests.c */
+void engine_drain_inbox(loom_engine *e, loom_error *err);
+
+/* batch.c */
+loom_status engine_step_buffers(loom_engine *e, int32_t nseq, int32_t ntok, int32_t bt_stride);
+loom_status engine_logits_room(loom_engine *e, int32_t rows, loom_error *err);
+float *engine_scratch_rows(loom_engine *e, int32_t rows);
+loom_status engine_run_block_ops(loom_engine *e, loom_error *err);
+loom_status engine_build_batch(loom_engine *e, const loom_sched_output *out, loom_batch *batch, bool *any_decode,
+                               loom_error *err);
+
+/* sample.c */
+loom_sample_row engine_sample_row(loom_seq *s, int32_t upto);
+int32_t engine_row_candidates(const loom_engine *e, const loom_seq *s, int32_t kmax);
+loom_status engine_sample_one(loom_engine *e, loom_seq *s, float *x, engine_top *top, engine_token *t,
+                              loom_error *err);
+loom_status engine_sample_rows(loom_engine *e, float *logits, int32_t width, loom_seq **seqs, int32_t n,
+                               const int32_t *cand, const float *lse, loom_error *err);
+loom_status engine_sampler_check(loom_engine *e, loom_seq *s, loom_error *err);
+loom_status engine_check_token(const loom_engine *e, int32_t tok, loom_error *err);
+float engine_raw_logprob(const float *row, int32_t vocab, int32_t tok);
+int32_t engine_raw_top(const float *row, int32_t vocab, int32_t n, int32_t *ids, float *lps);
+
+/* speculate.c */
+loom_status engine_spec_propose(loom_engine *e, loom_error *err);
+void engine_spec_drop(loom_engine *e, loom_seq *s);
+loom_status engine_spec_accept(loom_engine *e, loom_seq *s, const float *rows, loom_error *err);
+void engine_spec_accept_greedy(loom_engine *e, loom_seq *s, const int32_t *ids, const float *vals, const float *lse,
+                               int32_t k);
 
 #endif

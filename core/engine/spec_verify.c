@@ -7,6 +7,7 @@
 #include <stdbool.h>
 
 #include "loom/sampler.h"
+#include "plugin/host_rules.h"
 
 /* Draw from a (possibly unnormalised) non-negative vector; -1 if all zero. */
 static int32_t draw(const float *w, int32_t vocab, double total, uint64_t rng[4]) {

@@ -23,7 +23,7 @@
  * then follow the target distribution exactly.
  * Writes accepted drafts + the final token to out (capacity n + 1), sets
  * *accepted and returns the number written (accepted + 1). rng is the
- * sequence's xoshiro256** state (loom/sampler.h).
+ * sequence's xoshiro256** state (plugin/host_rules.h).
  */
 int32_t loom_spec_verify(const float *p, const float *q, const int32_t *draft, int32_t n, int32_t vocab,
                          uint64_t rng[4], int32_t *out, int32_t *accepted);

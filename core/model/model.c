@@ -516,7 +516,8 @@ loom_status loom_model_load(const loom_model_load_opts *o, loom_model **out, loo
         return st;
     }
     m->view = (loom_model_view){.struct_size = sizeof m->view, .config = &m->cfg, .ctx = m,
-                                .get = view_get, .count = view_count, .at = view_at};
+                                .get = view_get, .count = view_count, .at = view_at,
+                                .packing = loom_model_packing_get(m)};
     lm_progress(o, name, 1.0);
     *out = m;
     return LOOM_OK;

@@ -61,14 +61,8 @@ const loom_tensor *loom_model_tensor(const loom_model *m, const char *name);
  * shape-only `<name>.weight` descriptors (data NULL, nbytes 0, dtype the
  * scales' float type, shape (out, in)) next to `<name>.qweight`, `.qzeros`,
  * `.scales` and (GPTQ) `.g_idx`; only a quantizer that unpacks them (int4
- * with `source` = method) can run the model. */
-typedef struct loom_model_packing {
-    const char *method;        /* "awq" | "gptq" | "gptq_v2"; NULL: float weights */
-    int32_t bits;              /* 4                                               */
-    int32_t group_size;        /* inputs per (scale, zero) group                  */
-    bool desc_act;             /* GPTQ act-order (g_idx may be permuted)          */
-    const char *source;        /* file it came from, e.g. ".../config.json"       */
-} loom_model_packing;
+ * with `source` = method) can run the model; loom_model_packing is in
+ * loom/model.h. */
 
 /* The checkpoint's packing, or NULL for float / GGUF / dummy models. */
 const loom_model_packing *loom_model_packing_get(const loom_model *m);

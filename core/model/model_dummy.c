@@ -20,7 +20,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "model/half.h"
+#include "formats/half.h"
 #include "model/model_internal.h"
 #include "util/util.h"
 

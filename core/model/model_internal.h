@@ -11,6 +11,7 @@
 #include <stddef.h>
 
 #include "model/model.h"
+#include "formats/dtype.h"
 
 typedef struct lm_map {
     void *addr;

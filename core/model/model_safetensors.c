@@ -315,7 +315,7 @@ static loom_status read_packing(loom_model *m, const cJSON *q, const char *where
         desc_act = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(q, "desc_act"));
     }
     snprintf(m->packing_src, sizeof m->packing_src, "%s", where);
-    m->packing = (loom_model_packing){.method = name, .bits = bits, .group_size = group, .desc_act = desc_act,
+    m->packing = (loom_model_packing){.struct_size = sizeof m->packing, .method = name, .bits = bits, .group_size = group, .desc_act = desc_act,
                                       .source = m->packing_src};
     return LOOM_OK;
 }

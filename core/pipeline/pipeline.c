@@ -65,7 +65,11 @@ typedef struct engine_raw {
     int64_t max_model_len;
     int64_t seed;
     bool device_sampling;
+    int64_t log_level;
+    bool progress;
 } engine_raw;
+
+static const char *const k_log_levels[] = {"debug", "info", "warn", "error", NULL};
 
 static const loom_param k_engine_params[] = {
     {"threads", LOOM_PARAM_INT, offsetof(engine_raw, threads), "0", 0, 4096, NULL,
@@ -76,7 +80,11 @@ static const loom_param k_engine_params[] = {
      "base seed for requests that do not set one"},
     {"device_sampling", LOOM_PARAM_BOOL, offsetof(engine_raw, device_sampling), "true", 0, 0, NULL,
      "let the backend reduce logits rows where they are computed (top-64 + log-sum-exp) when "
-     "that samples exactly (greedy, top_k <= 64, no penalties); false = always whole rows"},
+     "that samples exactly and the sampler declares candidates; false = always whole rows"},
+    {"log_level", LOOM_PARAM_ENUM, offsetof(engine_raw, log_level), "warn", 1, 0, k_log_levels,
+     "messages on stderr at this level and above (info adds per-run summaries)"},
+    {"progress", LOOM_PARAM_BOOL, offsetof(engine_raw, progress), "false", 0, 0, NULL,
+     "show model-load progress on stderr even when it is not a terminal"},
     {0},
 };
 
@@ -375,6 +383,8 @@ static void bind_engine(loom_pipeline *p, loom_diag *diag) {
     p->engine.max_model_len = (int32_t)p->engine_raw.max_model_len;
     p->engine.seed = p->engine_raw.seed;
     p->engine.device_sampling = p->engine_raw.device_sampling;
+    p->engine.log_level = (loom_log_level)p->engine_raw.log_level;
+    p->engine.progress = p->engine_raw.progress;
 }
 
 /* ------------------------------------------------------- plugin slots */

@@ -72,6 +72,8 @@ typedef struct loom_engine_settings {
     int32_t max_model_len; /* tokens per sequence; 0 = the model's context     */
     int64_t seed;          /* base seed for requests without one               */
     bool device_sampling;  /* use the backend's forward_topk when exact        */
+    loom_log_level log_level; /* stderr messages at this level and above       */
+    bool progress;         /* model-load progress even without a terminal      */
 } loom_engine_settings;
 
 /* ------------------------------------------------------------------ slots */

@@ -1,7 +1,8 @@
 /*
  * core/plugin/host.c — the default loom_host: logging, allocation, error
- * formatting, metrics, dequantization and the thread count, as one static
- * table shared by every plugin instance in the process.
+ * formatting, metrics and the thread count, plus the shared rules of
+ * formats/dtype.h and plugin/host_rules.h, as one static table shared by
+ * every plugin instance in the process.
  *
  * Metrics are a sorted array of (name, value) under one mutex: plugins touch
  * a few dozen names, mostly once per step, so a binary search beats a hash
@@ -19,7 +20,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model/dequant.h"
+#include "formats/dtype.h"
+#include "plugin/host_rules.h"
 #include "util/util.h"
 
 /* ---------------------------------------------------------------- metrics */
@@ -194,14 +196,6 @@ static void host_metric_set(void *ctx, const char *name, double value) {
     metric_update(name, value, false);
 }
 
-static loom_status host_dequantize(void *ctx, loom_dtype dtype, const void *src, float *dst,
-                                   int64_t n) {
-    (void)ctx;
-    if (!loom_dequant_supported(dtype)) return LOOM_ERR_UNSUPPORTED;
-    if (!src || !dst || n < 0) return LOOM_ERR_INVALID;
-    return loom_dequant_row(dtype, src, dst, n);
-}
-
 static int32_t host_num_threads(void *ctx) {
     (void)ctx;
     return loom_host_threads();
@@ -219,8 +213,22 @@ static const loom_host g_host = {
     .error = host_error,
     .metric_add = host_metric_add,
     .metric_set = host_metric_set,
-    .dequantize = host_dequantize,
     .num_threads = host_num_threads,
+    .dtype_name = loom_dtype_name,
+    .dtype_block_elems = loom_dtype_block_elems,
+    .dtype_block_bytes = loom_dtype_block_bytes,
+    .dtype_row_bytes = loom_dtype_row_bytes,
+    .convert = loom_convert,
+    .check_model_config = loom_check_model_config,
+    .check_load = loom_check_load,
+    .check_batch = loom_check_batch,
+    .model_tensor = loom_model_tensor_check,
+    .packed_qweight = loom_model_packed_qweight,
+    .shard_plan = loom_shard_plan,
+    .logits_topk_row = loom_logits_topk_row,
+    .rng_seed = loom_rng_seed,
+    .rng_next = loom_rng_next,
+    .rng_uniform = loom_rng_uniform,
 };
 
 const loom_host *loom_host_default(void) { return &g_host; }

@@ -6,8 +6,9 @@
  * The default host logs through core/util (each line tagged with the
  * component name the plugin passes), allocates with malloc/calloc/free,
  * formats errors into caller-owned loom_error, records metrics in one
- * thread-safe name -> double table, dequantizes through core/model/dequant.h
- * and reports the thread count the engine set. It is a single static table:
+ * thread-safe name -> double table, reports the thread count the engine
+ * set, and hands out the shared rules (formats/dtype.h,
+ * plugin/host_rules.h). It is a single static table:
  * every instance in the process shares it, so its functions are [any].
  * Internal: never installed (plugins see only loom_host from loom/plugin.h).
  */

@@ -6,10 +6,10 @@
  * Every file is opened at most once per registry (cached by real path,
  * failures included), so a broken file costs one dlopen and one message.
  * Checks run in an order that keeps reading safe: struct_size large enough
- * for the version fields, then ABI major (an ABI 2 descriptor may have any
- * layout after its first three fields, which are frozen forever), then
- * minor, then the full 1.0 size, build signature, components, ops tables and
- * parameter tables. A plugin failing any check is closed again; a component
+ * for the version fields, then ABI major (another major's descriptor may
+ * have any layout after its first three fields, which are frozen forever),
+ * then minor, then the full size, build signature, components, ops tables
+ * (size and every REQUIRED member non-NULL) and parameter tables. A plugin failing any check is closed again; a component
  * that is wrong rejects the whole file (nothing half-loaded).
  */
 #include "plugin/registry.h"
@@ -27,6 +27,7 @@
 
 #include "loom/backend.h"
 #include "loom/cache.h"
+#include "loom/executor.h"
 #include "loom/quant.h"
 #include "loom/sampler.h"
 #include "loom/scheduler.h"
@@ -43,19 +44,99 @@
 
 #define END_OF(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
 
-size_t loom_kind_min_ops_size(loom_kind kind) {
-    /* The last member each table had at ABI 1.0. Never change these when
-     * members are appended: they are what an ABI 1.0 plugin exports. */
+/* One member of an ops table: where it is, what it is called, and whether
+ * the kind's header marks it REQUIRED. */
+typedef struct ops_member {
+    size_t offset;
+    const char *name;
+    bool required;
+} ops_member;
+
+#define REQ(type, f) {offsetof(type, f), #f, true}
+#define OPT(type, f) {offsetof(type, f), #f, false}
+
+static const ops_member backend_members[] = {
+    REQ(loom_backend_ops, create), REQ(loom_backend_ops, destroy), REQ(loom_backend_ops, load),
+    REQ(loom_backend_ops, kv_block_bytes), REQ(loom_backend_ops, memory), REQ(loom_backend_ops, kv_alloc),
+    REQ(loom_backend_ops, forward), REQ(loom_backend_ops, copy_blocks), OPT(loom_backend_ops, forward_topk),
+    OPT(loom_backend_ops, swap_blocks), OPT(loom_backend_ops, load_shard), OPT(loom_backend_ops, set_observer),
+    {0, NULL, false}};
+static const ops_member executor_members[] = {
+    REQ(loom_executor_ops, create), REQ(loom_executor_ops, destroy), REQ(loom_executor_ops, inner_count),
+    REQ(loom_executor_ops, attach_inner), REQ(loom_executor_ops, load), REQ(loom_executor_ops, kv_block_bytes),
+    REQ(loom_executor_ops, memory), REQ(loom_executor_ops, kv_alloc), REQ(loom_executor_ops, forward),
+    REQ(loom_executor_ops, copy_blocks), OPT(loom_executor_ops, forward_topk),
+    OPT(loom_executor_ops, swap_blocks), {0, NULL, false}};
+static const ops_member scheduler_members[] = {
+    REQ(loom_scheduler_ops, create), REQ(loom_scheduler_ops, destroy), REQ(loom_scheduler_ops, add),
+    REQ(loom_scheduler_ops, remove), REQ(loom_scheduler_ops, schedule), OPT(loom_scheduler_ops, stats),
+    {0, NULL, false}};
+static const ops_member cache_members[] = {
+    REQ(loom_cache_ops, create), REQ(loom_cache_ops, destroy), REQ(loom_cache_ops, init),
+    REQ(loom_cache_ops, acquire_prefix), REQ(loom_cache_ops, allocate), REQ(loom_cache_ops, truncate),
+    REQ(loom_cache_ops, free), REQ(loom_cache_ops, fork), OPT(loom_cache_ops, swap_out),
+    OPT(loom_cache_ops, swap_in), REQ(loom_cache_ops, block_table), REQ(loom_cache_ops, take_block_ops),
+    REQ(loom_cache_ops, num_free_blocks), OPT(loom_cache_ops, stats), {0, NULL, false}};
+static const ops_member quant_members[] = {
+    REQ(loom_quant_ops, create), REQ(loom_quant_ops, destroy), REQ(loom_quant_ops, plan),
+    REQ(loom_quant_ops, quantize), REQ(loom_quant_ops, release), OPT(loom_quant_ops, kv_dtype),
+    OPT(loom_quant_ops, accepts_packing), {0, NULL, false}};
+static const ops_member sampler_members[] = {
+    REQ(loom_sampler_ops, create), REQ(loom_sampler_ops, destroy), REQ(loom_sampler_ops, sample),
+    REQ(loom_sampler_ops, probs), OPT(loom_sampler_ops, candidates), {0, NULL, false}};
+static const ops_member spec_members[] = {
+    REQ(loom_spec_ops, create), REQ(loom_spec_ops, destroy), REQ(loom_spec_ops, init),
+    REQ(loom_spec_ops, plan), REQ(loom_spec_ops, propose), REQ(loom_spec_ops, observe),
+    REQ(loom_spec_ops, release), OPT(loom_spec_ops, stats), OPT(loom_spec_ops, propose_batch),
+    {0, NULL, false}};
+
+static const ops_member *kind_members(loom_kind kind) {
     switch (kind) {
-    case LOOM_KIND_BACKEND:
-    case LOOM_KIND_EXECUTOR: return END_OF(loom_backend_ops, swap_blocks);
-    case LOOM_KIND_SCHEDULER: return END_OF(loom_scheduler_ops, stats);
-    case LOOM_KIND_CACHE: return END_OF(loom_cache_ops, stats);
-    case LOOM_KIND_QUANTIZER: return END_OF(loom_quant_ops, kv_dtype);
-    case LOOM_KIND_SAMPLER: return END_OF(loom_sampler_ops, probs);
-    case LOOM_KIND_SPECULATOR: return END_OF(loom_spec_ops, stats);
+    case LOOM_KIND_BACKEND: return backend_members;
+    case LOOM_KIND_EXECUTOR: return executor_members;
+    case LOOM_KIND_SCHEDULER: return scheduler_members;
+    case LOOM_KIND_CACHE: return cache_members;
+    case LOOM_KIND_QUANTIZER: return quant_members;
+    case LOOM_KIND_SAMPLER: return sampler_members;
+    case LOOM_KIND_SPECULATOR: return spec_members;
     }
-    return 0;
+    return NULL;
+}
+
+size_t loom_kind_min_ops_size(loom_kind kind) {
+    /* Every member a 2.0 table has: the least a plugin of this major may
+     * export. Members appended in 2.1+ are read only when struct_size
+     * covers them (LOOM_HAS_FIELD). */
+    const ops_member *m = kind_members(kind);
+    if (!m) return 0;
+    size_t end = 0;
+    for (; m->name; m++)
+        if (m->offset + sizeof(void (*)(void)) > end) end = m->offset + sizeof(void (*)(void));
+    return end;
+}
+
+const char *loom_ops_missing(loom_kind kind, const void *ops) {
+    const ops_member *m = kind_members(kind);
+    if (!m || !ops) return NULL;
+    for (; m->name; m++) {
+        void (*fn)(void);
+        memcpy(&fn, (const char *)ops + m->offset, sizeof fn);
+        if (m->required && !fn) return m->name;
+    }
+    return NULL;
+}
+
+const char *loom_kind_name(loom_kind k) {
+    switch (k) {
+    case LOOM_KIND_BACKEND: return "backend";
+    case LOOM_KIND_EXECUTOR: return "executor";
+    case LOOM_KIND_SCHEDULER: return "scheduler";
+    case LOOM_KIND_CACHE: return "cache";
+    case LOOM_KIND_QUANTIZER: return "quantizer";
+    case LOOM_KIND_SAMPLER: return "sampler";
+    case LOOM_KIND_SPECULATOR: return "speculator";
+    }
+    return NULL;
 }
 
 const char *loom_kind_with_article(loom_kind kind) {
@@ -79,6 +160,15 @@ loom_kind loom_kind_from_name(const char *name) {
 }
 
 static bool kind_valid(loom_kind k) { return k >= LOOM_KIND_BACKEND && k <= LOOM_KIND_SPECULATOR; }
+
+/* The header that declares a kind's ops table, without ".h". */
+static const char *kind_header(loom_kind k) {
+    switch (k) {
+    case LOOM_KIND_QUANTIZER: return "quant";
+    case LOOM_KIND_SPECULATOR: return "spec";
+    default: return loom_kind_name(k);
+    }
+}
 
 static const char *kind_str(loom_kind k) {
     const char *s = loom_kind_name(k);
@@ -272,7 +362,7 @@ static loom_status check_component(const char *path, uint32_t idx, const loom_co
     const size_t min_comp = END_OF(loom_component, config_size);
     if (c->struct_size < min_comp) {
         snprintf(msg, n,
-                 "'%s': component #%u has struct_size %u, smaller than ABI 1.0's loom_component "
+                 "'%s': component #%u has struct_size %u, smaller than ABI 2.0's loom_component "
                  "(%zu bytes): corrupt descriptor or not built against loom/plugin.h",
                  path, idx, c->struct_size, min_comp);
         return LOOM_ERR_ABI;
@@ -296,14 +386,15 @@ static loom_status check_component(const char *path, uint32_t idx, const loom_co
     size_t min_ops = loom_kind_min_ops_size(c->kind);
     if (ops->struct_size < min_ops) {
         snprintf(msg, n,
-                 "'%s': %s '%s' ops table struct_size is %u bytes, but ABI 1.0's %s ops table "
+                 "'%s': %s '%s' ops table struct_size is %u bytes, but ABI %d.0's %s ops table "
                  "is %zu bytes: rebuild the plugin against this loom's headers",
-                 path, kind_str(c->kind), c->name, ops->struct_size, kind_str(c->kind), min_ops);
+                 path, kind_str(c->kind), c->name, ops->struct_size, LOOM_ABI_MAJOR, kind_str(c->kind), min_ops);
         return LOOM_ERR_ABI;
     }
-    if (!ops->create || !ops->destroy) {
-        snprintf(msg, n, "'%s': %s '%s' ops table lacks create or destroy", path,
-                 kind_str(c->kind), c->name);
+    const char *missing = loom_ops_missing(c->kind, ops);
+    if (missing) {
+        snprintf(msg, n, "'%s': %s '%s' has no %s() (NULL): loom/%s.h marks it REQUIRED", path,
+                 kind_str(c->kind), c->name, missing, kind_header(c->kind));
         return LOOM_ERR_FORMAT;
     }
     if (!c->params) return LOOM_OK;
@@ -346,9 +437,9 @@ static loom_status check_desc(const char *path, const loom_plugin_desc *d, char 
     }
     if (d->struct_size < min_head) {
         snprintf(msg, n,
-                 "'%s': descriptor struct_size is %u bytes, smaller than ABI 1.0's "
+                 "'%s': descriptor struct_size is %u bytes, smaller than the version fields of "
                  "loom_plugin_desc (%zu bytes): use LOOM_PLUGIN_DESC_HEADER",
-                 path, d->struct_size, min_desc);
+                 path, d->struct_size, min_head);
         return LOOM_ERR_ABI;
     }
     if (d->abi_major != LOOM_ABI_MAJOR) {
@@ -367,7 +458,7 @@ static loom_status check_desc(const char *path, const loom_plugin_desc *d, char 
     }
     if (d->struct_size < min_desc) {
         snprintf(msg, n,
-                 "'%s': descriptor struct_size is %u bytes, smaller than ABI 1.0's "
+                 "'%s': descriptor struct_size is %u bytes, smaller than ABI 2.0's "
                  "loom_plugin_desc (%zu bytes): use LOOM_PLUGIN_DESC_HEADER",
                  path, d->struct_size, min_desc);
         return LOOM_ERR_ABI;

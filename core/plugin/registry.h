@@ -53,17 +53,15 @@ typedef struct loom_ops_head {
     void (*destroy)(void *self);
 } loom_ops_head;
 
-/* Bytes of `kind`'s ops table at ABI 1.0 (the least a plugin may export);
- * 0 for an unknown kind. Frozen: computed from the last 1.0 member. */
+/* Bytes of `kind`'s ops table at ABI 2.0 (the least a plugin may export);
+ * 0 for an unknown kind. */
 size_t loom_kind_min_ops_size(loom_kind kind);
+/* The first REQUIRED member of `kind`'s table that `ops` leaves NULL, by
+ * its name ("sample"), or NULL when none is missing. */
+const char *loom_ops_missing(loom_kind kind, const void *ops);
 
-/* True when an ops table of struct_size `ops->struct_size` has `field`: use
- * before calling a member added after ABI 1.0, e.g.
- * LOOM_OPS_HAS(ops, loom_cache_ops, stats). `ops` must not be NULL. */
-#define LOOM_OPS_HAS(ops, type, field)                                                             \
-    ((ops)->struct_size >= offsetof(type, field) + sizeof(((type *)0)->field) &&                   \
-     (ops)->field != NULL)
-
+/* "backend", "scheduler", ...; NULL for an unknown kind. */
+const char *loom_kind_name(loom_kind kind);
 /* "a cache", "an executor" — for messages. */
 const char *loom_kind_with_article(loom_kind kind);
 /* Kind by its name ("cache"); 0 when unknown. */

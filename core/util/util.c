@@ -61,23 +61,12 @@ const char *loom_status_name(loom_status s) {
     return "unknown status";
 }
 
-static int g_level = -1;
-
-static loom_log_level level_from_env(void) {
-    const char *s = getenv("LOOM_LOG_LEVEL");
-    if (!s) return LOOM_LOG_WARN;
-    if (!strcasecmp(s, "debug")) return LOOM_LOG_DEBUG;
-    if (!strcasecmp(s, "info")) return LOOM_LOG_INFO;
-    if (!strcasecmp(s, "error")) return LOOM_LOG_ERROR;
-    return LOOM_LOG_WARN;
-}
+/* Set by each engine from its pipeline (engine.log_level). */
+static _Atomic int g_level = LOOM_LOG_WARN;
 
 void loom_log_set_level(loom_log_level level) { g_level = (int)level; }
 
-loom_log_level loom_log_get_level(void) {
-    if (g_level < 0) g_level = (int)level_from_env();
-    return (loom_log_level)g_level;
-}
+loom_log_level loom_log_get_level(void) { return (loom_log_level)g_level; }
 
 void loom_vlog(loom_log_level level, const char *who, const char *fmt, va_list ap) {
     if (level < loom_log_get_level()) return;

@@ -25,8 +25,8 @@ void loom_error_prefix(loom_error *err, const char *fmt, ...) LOOM_PRINTF(2, 3);
 /* "ok", "invalid argument", ... */
 const char *loom_status_name(loom_status s);
 
-/* Logging to stderr; level from LOOM_LOG_LEVEL (debug|info|warn|error),
- * default warn, or loom_log_set_level(). */
+/* Logging to stderr at loom_log_set_level()'s level and above (default
+ * warn; each engine sets its pipeline's engine.log_level). */
 void loom_log_set_level(loom_log_level level);
 loom_log_level loom_log_get_level(void);
 void loom_log(loom_log_level level, const char *who, const char *fmt, ...) LOOM_PRINTF(3, 4);

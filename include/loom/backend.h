@@ -5,8 +5,8 @@
  * KV-cache tensors on its device. It knows nothing of sequences' lifetimes:
  * each step the core hands it a flattened batch with block tables and a
  * slot mapping decided by the cache manager, and gets logits back for the
- * positions the sampler needs. Executors (kind LOOM_KIND_EXECUTOR, e.g.
- * tensor parallel) use the same ops table and drive several devices.
+ * positions the sampler needs. Executors (loom/executor.h, e.g. tensor
+ * parallel) present the same model-runner methods over several backends.
  *
  * KV-cache layout (every backend, so cache managers and kernels agree):
  * per layer one K pool and one V pool, each
@@ -68,7 +68,8 @@ typedef enum loom_swap_dir {
     LOOM_SWAP_IN = 1,          /* host block -> device block                 */
 } loom_swap_dir;
 
-/* Device memory as the backend sees it, for sizing the KV pool. */
+/* Device memory as the backend sees it, for sizing the KV pool. Grows only
+ * at its end. */
 typedef struct loom_backend_memory {
     uint32_t struct_size;
     size_t total_bytes;        /* device (or host RAM for cpu) capacity      */
@@ -88,19 +89,18 @@ typedef struct loom_comm {
     int32_t rank;              /* this backend's rank, 0..size-1              */
     int32_t size;              /* ranks in the group                          */
     void *ctx;                 /* the executor's state                        */
-    /* [instance] Sum `count` elements of `buf` across ranks, in place. */
+    /* [instance] REQUIRED. Sum `count` elements of `buf` across ranks, in place. */
     loom_status (*all_reduce_sum)(void *ctx, int32_t rank, void *buf, int64_t count, loom_dtype dtype,
                                   void *stream, loom_error *err);
-    /* [instance] Concatenate every rank's `count` elements of `send` into
-     * `recv` (size * count elements, rank-major). */
+    /* [instance] REQUIRED. Concatenate every rank's `count` elements of
+     * `send` into `recv` (size * count elements, rank-major). */
     loom_status (*all_gather)(void *ctx, int32_t rank, const void *send, void *recv, int64_t count,
                               loom_dtype dtype, void *stream, loom_error *err);
-    /* since ABI 1.3 (read only when struct_size covers it) */
-
     /* Collectives of at most this many bytes per rank are plain device
      * kernels on `stream` (no host work, no NCCL), so a backend may capture
      * steps that only make such calls into a CUDA graph; 0 = none are. */
     int64_t graph_safe_bytes;
+    /* since ABI 2.0 — add new members below this line only */
 } loom_comm;
 
 /* Largest k forward_topk() must serve. */
@@ -108,7 +108,7 @@ typedef struct loom_comm {
 
 /*
  * Where forward_topk() writes, for the batch's num_logits rows (all arrays
- * caller-owned host memory). Row i's candidates are top_ids/top_vals
+ * caller-owned host memory). Grows only at its end. Row i's candidates are top_ids/top_vals
  * [i*k, i*k + k): values descending, equal values by ascending id, NaN
  * ranked as -inf; lse[i] = log(sum_v exp(logit_v)) over the whole row.
  * Rows with want_full[i] != 0 are also copied whole to full + i * vocab
@@ -147,77 +147,98 @@ typedef struct loom_act_observer {
                    int64_t ldx, int64_t rows, int64_t cols);
 } loom_act_observer;
 
+/*
+ * Tensor-parallel part of a model for one rank, as host->shard_plan makes it
+ * (Megatron-style): query heads split evenly; KV heads split evenly when
+ * there are at least as many as ranks, else each rank keeps the one KV head
+ * its (consecutive) query heads read, replicated over size / num_kv_heads
+ * ranks; the FFN width splits evenly; the vocabulary is cut into
+ * ceil(vocab / size) rows per rank, the last rank holding the remainder
+ * (possibly none), so every rank's logits slice has the same padded width.
+ * Grows only at its end.
+ */
+typedef struct loom_shard {
+    uint32_t struct_size;
+    int32_t rank, size;
+    int32_t heads, head0;      /* query heads kept, first one                */
+    int32_t kv_heads, kv0;     /* KV heads kept, first one                   */
+    int32_t inter, inter0;     /* FFN columns kept, first one                */
+    int32_t vocab_lo;          /* first vocabulary row kept                  */
+    int32_t vocab_rows;        /* vocabulary rows kept (may be 0)            */
+    int32_t vocab_pad;         /* ceil(vocab / size): every rank's slice width */
+} loom_shard;
+
+/*
+ * A backend: one device. Executors (loom/executor.h) drive several backend
+ * instances through this same table. Every method is [engine] unless its
+ * tag says otherwise; an executor calls the methods of each inner instance
+ * from that rank's own thread, never two at once on one instance.
+ */
 typedef struct loom_backend_ops {
     uint32_t struct_size;      /* sizeof(loom_backend_ops)                   */
 
-    /* [engine] Make an instance from its bound config (borrowed for the call).
-     * On failure nothing is left behind and destroy is not called. */
+    /* REQUIRED. Make an instance from its bound config (borrowed for the
+     * call). On failure nothing is left behind and destroy is not called. */
     loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
-    /* [engine] Free everything; self may be NULL. */
+    /* REQUIRED. Free everything, device memory included; self may be NULL. */
     void (*destroy)(void *self);
 
-    /* [engine] Take the model's weights to the device. `quant` (nullable) is
-     * the quantizer binding: the backend asks it, per tensor, which format
-     * to use and keeps the result. `model` is borrowed until destroy. */
+    /* REQUIRED. Take the model's weights to the device, once per instance.
+     * `quant` (NULL = no quantizer) is the quantizer binding: the backend
+     * asks it, per linear weight, which format to use, keeps the result and
+     * release()s the host copy. `model` is borrowed until destroy. */
     loom_status (*load)(void *self, const loom_model_view *model, const loom_quant_binding *quant,
                         loom_error *err);
 
-    /* [engine] Bytes one KV block of `block_size` tokens takes across all
+    /* REQUIRED. Bytes one KV block of `block_size` tokens takes across all
      * layers (K and V) in `dtype` (LOOM_DTYPE_COUNT = the backend's own
-     * default, e.g. its kv_dtype parameter); 0 when unsupported. */
+     * default); 0 when that size or type is unsupported. After load(). */
     size_t (*kv_block_bytes)(void *self, int32_t block_size, loom_dtype dtype);
-    /* [engine] Memory after load, for sizing the KV pool. */
+    /* REQUIRED. Memory after load(), for sizing the KV pool; the core sets
+     * out->struct_size, the backend fills the fields it covers. */
     loom_status (*memory)(void *self, loom_backend_memory *out, loom_error *err);
-    /* [engine] Allocate the KV pools (once, after load). Running out of
+    /* REQUIRED. Allocate the KV pools (once, after load). Running out of
      * memory is LOOM_ERR_NOMEM with the bytes asked and what to change. */
     loom_status (*kv_alloc)(void *self, const loom_kv_layout *layout, loom_error *err);
 
-    /* [engine] One forward pass. Writes logits (num_logits, vocab_size)
-     * float32 row-major into `logits` (host memory, caller-owned). */
+    /* REQUIRED. One forward pass: writes logits (num_logits, vocab_size)
+     * float32 row-major into `logits` (host memory, caller-owned). The
+     * batch is checked first (host->check_batch). */
     loom_status (*forward)(void *self, const loom_batch *batch, float *logits, loom_error *err);
-
-    /* [engine] Copy whole device blocks (copy-on-write): pairs (n, 2) of
-     * {src, dst} block ids. Completed before the next forward. */
+    /* REQUIRED. Copy whole device blocks (copy-on-write): pairs (n, 2) of
+     * {src, dst} block ids, done before the next forward starts. */
     loom_status (*copy_blocks)(void *self, const int32_t *pairs, int32_t n, loom_error *err);
-    /* [engine] Move blocks between the device pool and the host pool:
-     * pairs (n, 2) of {src, dst}; OUT: src device, dst host; IN: reverse.
-     * NULL when the backend cannot swap (cache managers then recompute). */
+
+    /* --- optional capabilities --------------------------------------- */
+
+    /* OPTIONAL (NULL = the engine uses forward() and whole rows). One
+     * forward pass that returns, instead of whole logits rows, each row's
+     * summary computed where the logits are: its `k` largest logits with
+     * their token ids and its log-sum-exp, exactly as
+     * host->logits_topk_row; whole rows only for the rows `want_full`
+     * marks. */
+    loom_status (*forward_topk)(void *self, const loom_batch *batch, const loom_logits_topk *out,
+                                loom_error *err);
+    /* OPTIONAL (NULL = no host pool: cache managers preempt by recompute).
+     * Move blocks between the device pool and the host pool: pairs (n, 2)
+     * of {src, dst}; OUT: src device, dst host; IN: the reverse. */
     loom_status (*swap_blocks)(void *self, loom_swap_dir dir, const int32_t *pairs, int32_t n,
                                loom_error *err);
-
-    /* --- tensor parallelism (all nullable) ---------------------------- */
-    /* [engine] Backends: like load(), but keep only `comm->rank`'s shard
-     * (Megatron: QKV and gate/up by columns, O and down by rows, heads
-     * split, vocabulary-parallel embedding and LM head) and use `comm`
-     * inside forward(). NULL = this backend cannot be sharded. */
+    /* OPTIONAL (NULL = this backend cannot be sharded; executors refuse it).
+     * Tensor parallelism: like load(), but keep only `comm->rank`'s part
+     * (host->shard_plan: QKV and gate/up by columns, O and down by rows,
+     * heads split, vocabulary-parallel embedding and LM head) and use
+     * `comm` inside forward(); rank 0 returns the logits, the others may
+     * get logits == NULL. */
     loom_status (*load_shard)(void *self, const loom_model_view *model, const loom_quant_binding *quant,
                               const loom_comm *comm, loom_error *err);
-    /* [engine] Executors: how many inner backend instances to create. */
-    int32_t (*inner_count)(void *self);
-    /* [engine] Executors: receive them (created from the pipeline's
-     * `backend:` section, one per rank, before load()); the executor owns
-     * calling their ops, the engine destroys them after the executor. */
-    loom_status (*attach_inner)(void *self, const struct loom_backend_ops *inner, void *const *instances,
-                                int32_t n, loom_error *err);
-    /* since ABI 1.1 (read only when struct_size covers it) */
-
-    /* [engine] Optional (NULL = the engine uses forward()). One forward
-     * pass that returns, instead of whole logits rows, each row's summary
-     * computed where the logits are (the device): its `k` largest logits
-     * with their token ids, and its log-sum-exp — enough to sample exactly
-     * when the sampler needs no more (greedy, top-k <= k, logprobs); whole
-     * rows are copied only for the rows `want_full` marks. */
-    loom_status (*forward_topk)(void *self, const loom_batch *batch, const struct loom_logits_topk *out,
-                                loom_error *err);
-    /* since ABI 1.2 (read only when struct_size covers it) */
-
-    /* [engine] Optional (NULL = this backend cannot record activations).
-     * Install `obs` (copied; obs->ctx borrowed until replaced) so every
-     * later forward() reports its linear layers' inputs to it, or remove
-     * it with obs == NULL. After load(); a backend may refuse
-     * (LOOM_ERR_UNSUPPORTED with why, e.g. when sharded). */
+    /* OPTIONAL (NULL = this backend cannot record activations; `loom
+     * calibrate` refuses it). Install `obs` (copied; obs->ctx borrowed
+     * until replaced) so every later forward() reports its linear layers'
+     * inputs, or remove it with obs == NULL. After load(); a backend may
+     * refuse (LOOM_ERR_UNSUPPORTED with why, e.g. when sharded). */
     loom_status (*set_observer)(void *self, const loom_act_observer *obs, loom_error *err);
-    /* since ABI 1.3 — add new members below this line only */
+    /* since ABI 2.0 — add new members below this line only */
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -9,6 +9,31 @@
  * is queued and handed to the core by take_block_ops(), which runs it on the
  * backend before the next forward pass.
  *
+ * The contract, in full:
+ *
+ * References. Each sequence holds one reference on every block of its
+ * table. acquire_prefix takes references on cached blocks; allocate takes
+ * new ones; truncate drops the tail's; free drops them all (full blocks
+ * stay in the prefix cache, unreferenced, until evicted); swap_out moves
+ * them to the host pool (and swap_in back). A block is free again exactly
+ * when its count reaches zero: no call leaks or double-frees a reference,
+ * whatever order the engine and the scheduler make them in (the
+ * conformance kit, `loom plugin-test`, checks this on random traffic).
+ *
+ * Failure. allocate, fork, swap_out and swap_in change nothing when they
+ * fail: after NO_SPACE the sequence holds exactly what it held before —
+ * including references taken by an earlier acquire_prefix, which stay until
+ * the sequence is freed (the scheduler decides; loom/scheduler.h).
+ *
+ * Who calls what: the scheduler calls acquire_prefix, allocate, free (to
+ * preempt by recompute), swap_out and swap_in, through its environment;
+ * the core calls fork (n > 1 samples), truncate (rejected drafts), free
+ * (finished sequences), block_table, take_block_ops, num_free_blocks
+ * (to budget drafts) and stats.
+ *
+ * Stats: the core sets out->struct_size and zeroes the rest; the manager
+ * fills the fields that struct_size covers.
+ *
  * All functions are [engine]: called only from the step-loop thread.
  */
 #ifndef LOOM_CACHE_H
@@ -26,16 +51,17 @@
 extern "C" {
 #endif
 
-/* What the core tells a cache manager so it can size its pools. */
+/* What the core tells a cache manager so it can size its pools. Grows only
+ * at its end. */
 typedef struct loom_cache_init {
     uint32_t struct_size;
-    /* Bytes one block of `block_size` tokens takes in the backend, all layers. */
+    /* Bytes one block of `block_size` tokens takes in the backend, all
+     * layers; 0 when the backend cannot use that block size. */
     size_t (*block_bytes)(void *ctx, int32_t block_size);
     void *ctx;
     size_t device_free_bytes;  /* backend memory free after weights         */
     size_t device_total_bytes; /* backend memory capacity                   */
     int32_t max_model_len;     /* longest sequence, tokens                  */
-    int32_t max_num_seqs;      /* the scheduler's concurrency cap           */
     bool backend_can_swap;     /* backend implements swap_blocks            */
 } loom_cache_init;
 
@@ -45,6 +71,7 @@ typedef enum loom_block_op_kind {
     LOOM_BLOCK_SWAP_IN = 2,    /* host block -> device block                */
 } loom_block_op_kind;
 
+/* An array element: frozen for the major version. */
 typedef struct loom_block_op {
     loom_block_op_kind kind;
     int32_t src;
@@ -71,47 +98,64 @@ typedef struct loom_cache_stats {
 
 typedef struct loom_cache_ops {
     uint32_t struct_size;
+    /* REQUIRED. As every component (loom/plugin.h). */
     loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
+    /* REQUIRED. self may be NULL. */
     void (*destroy)(void *self);
 
-    /* Size the pools and fill `layout` (block_size, num_blocks,
-     * num_cpu_blocks, dtype left as the core set it). Called once. */
+    /* REQUIRED. Size the pools and fill `layout` (block_size, num_blocks,
+     * num_cpu_blocks; dtype stays as the core set it). Called once, before
+     * any other call but stats. */
     loom_status (*init)(void *self, const loom_cache_init *init, loom_kv_layout *layout,
                         loom_error *err);
 
-    /* Before a sequence's first allocation (and again after a recompute
-     * preemption): take references on cached blocks holding a prefix of
-     * seq->tokens and return how many tokens that covers (a multiple of
-     * block_size, at most num_tokens - 1 so one token is always computed).
-     * Returns 0 when prefix caching is off or nothing matches. */
+    /* REQUIRED. For a sequence that holds no blocks (before its first
+     * allocation, and again after a recompute preemption): take references
+     * on cached blocks holding a prefix of seq->tokens and return how many
+     * tokens that covers — a multiple of block_size, at most
+     * num_tokens - 1 so one token is always computed, never covering
+     * drafts. 0 when prefix caching is off, nothing matches, or the
+     * sequence already holds blocks. */
     int32_t (*acquire_prefix)(void *self, const loom_seq_info *seq);
 
-    /* Make sure tokens [0, num_tokens) of seq have slots. On NO_SPACE
-     * nothing changed. A block that becomes full is registered in the
-     * prefix cache under the hash of its tokens chained with its parent's.
-     * Writing into a block shared with another sequence queues a copy. */
+    /* REQUIRED. Make sure tokens [0, num_tokens) of seq have slots (a
+     * sequence it has not seen starts empty). On NO_SPACE nothing changed.
+     * A block that becomes full of non-draft tokens is registered in the
+     * prefix cache; writing into a block shared with another sequence
+     * queues a copy (copy-on-write). LOOM_ERR_INVALID for a swapped-out
+     * sequence or a length the pool could never hold. */
     loom_status (*allocate)(void *self, const loom_seq_info *seq, int32_t num_tokens,
                             loom_error *err);
-    /* Keep only slots for tokens [0, num_tokens): rolls back rejected drafts. */
+    /* REQUIRED. Keep only slots for tokens [0, num_tokens) (rolls back
+     * rejected drafts); a longer num_tokens or an unknown seq is a no-op. */
     void (*truncate)(void *self, const loom_seq_info *seq, int32_t num_tokens);
-    /* Drop all of seq's references. Full blocks stay in the prefix cache. */
+    /* REQUIRED. Drop all of seq's references, device or host; the id is
+     * forgotten. Unknown ids are ignored. */
     void (*free)(void *self, loom_seq_id seq);
-    /* child shares every block of parent (refcounts up). */
+    /* REQUIRED. `child` (holding no blocks) shares every block of `parent`
+     * (refcounts up); a later write into a shared block copies it.
+     * LOOM_ERR_INVALID for an unknown or swapped-out parent. */
     loom_status (*fork)(void *self, loom_seq_id parent, loom_seq_id child, loom_error *err);
-    /* Move seq's blocks to host (OUT) or back (IN). NO_SPACE when the
-     * target pool is full; UNSUPPORTED when there is no host pool. */
+    /* OPTIONAL (NULL = this manager never swaps; schedulers recompute).
+     * Move seq's whole table to the host pool (OUT) or back (IN), queueing
+     * one op per block. NO_SPACE when the target pool is full,
+     * UNSUPPORTED when there is no host pool; nothing changes then. A
+     * swapped-out sequence has no device blocks (block_table returns 0). */
     loom_status (*swap_out)(void *self, loom_seq_id seq, loom_error *err);
     loom_status (*swap_in)(void *self, loom_seq_id seq, loom_error *err);
 
-    /* seq's block table: writes up to `cap` ids, returns how many it has. */
+    /* REQUIRED. seq's device block table: writes up to `cap` ids to out
+     * (NULL allowed with cap 0) and returns how many it has. */
     int32_t (*block_table)(void *self, loom_seq_id seq, int32_t *out, int32_t cap);
-    /* Pending copies/swaps in order: writes up to `cap`, returns how many
-     * were written (call again until 0). */
+    /* REQUIRED. Pending copies and swaps in the order they were queued:
+     * moves up to `cap` into out and returns how many (the core calls it
+     * again until 0, and runs them before the next forward). */
     int32_t (*take_block_ops)(void *self, loom_block_op *out, int32_t cap);
-    /* Blocks that allocate() could hand out now (free + evictable). */
+    /* REQUIRED. Blocks allocate() could hand out now (free + evictable). */
     int32_t (*num_free_blocks)(void *self);
+    /* OPTIONAL (NULL = the engine reports zeros). */
     void (*stats)(void *self, loom_cache_stats *out);
-    /* since ABI 1.1 — add new members below this line only */
+    /* since ABI 2.0 — add new members below this line only */
 } loom_cache_ops;
 
 #ifdef __cplusplus

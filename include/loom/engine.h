@@ -32,8 +32,12 @@ typedef enum loom_finish_reason {
 } loom_finish_reason;
 
 /* One event per generated token (and a final one with finish != NONE).
- * Pointers are valid for the call only. */
+ * Pointers are valid for the call only. The engine fills it; a callback
+ * built against an older header reads only what it knows, one built
+ * against a newer one checks struct_size (LOOM_HAS_FIELD) before reading
+ * a later field. Grows only at its end. */
 typedef struct loom_token_event {
+    uint32_t struct_size;
     int64_t request_id;
     int32_t sample_index;      /* 0..n-1                                     */
     int32_t token;             /* -1 on a final event without a token        */
@@ -48,15 +52,15 @@ typedef struct loom_token_event {
     const float *probs;        /* (vocab) distribution the token was drawn
                                   from, when the request set want_probs; else NULL */
     int32_t vocab;             /* entries in probs                           */
-    /* added later: the engine fills the event, so a callback built against
-     * an older header just never reads what follows */
     int32_t prompt_tokens;     /* the request's prompt, in tokens (after the
                                   chat template) — for usage accounting   */
+    /* since ABI 2.0 — add new members below this line only */
 } loom_token_event;
 
 typedef void (*loom_token_cb)(void *user, const loom_token_event *ev);
 
-/* One turn of a conversation (loom_request.messages). */
+/* One turn of a conversation (loom_request.messages). An array element:
+ * frozen for the major version. */
 typedef struct loom_chat_message {
     const char *role;          /* "system", "user" or "assistant"            */
     const char *content;       /* UTF-8 text                                 */
@@ -89,13 +93,11 @@ typedef struct loom_request {
     bool strict_max_tokens;
 } loom_request;
 
-static inline loom_request loom_request_default(void) {
-    loom_request r = {0};
-    r.struct_size = sizeof r;
-    r.params = loom_sampling_params_default();
-    r.n = 1;
-    return r;
-}
+/* A request with every field at its default: struct_size set, greedy
+ * sampling params (loom_sampling_params_default), n = 1. */
+loom_request loom_request_default(void);
+/* Neutral sampling parameters (greedy; every filter and penalty off). */
+loom_sampling_params loom_sampling_params_default(void);
 
 /* Grows only at its end. */
 typedef struct loom_engine_stats {
@@ -181,6 +183,8 @@ typedef struct loom_engine_api {
     loom_status (*step)(loom_engine *e, int32_t *active, loom_error *err);
     int32_t (*vocab_size)(const loom_engine *e);
     int32_t (*max_context)(const loom_engine *e);
+    loom_request (*request_default)(void);
+    /* since ABI 2.0 — add new members below this line only */
 } loom_engine_api;
 
 /* The table above, filled with this library's functions. */

@@ -21,8 +21,9 @@
  * A 4-bit AWQ/GPTQ safetensors checkpoint adds, per packed linear,
  * `<name>.qweight / .qzeros / .scales [/ .g_idx]` and makes `<name>.weight` a
  * shape-only descriptor (out, in): data NULL, nbytes 0, dtype that of the
- * scales; only a quantizer can turn it into something to compute with
- * (loom_model_packed_qweight in loom/backend_check.h, docs/quantization.md).
+ * scales; only a quantizer that accepts the model's packing
+ * (loom_model_view.packing, loom_quant_ops.accepts_packing) can turn it into
+ * something to compute with (host->packed_qweight, docs/quantization.md).
  * Q and K rows are in Hugging Face order (RoPE rotates dims i and
  * i + head_dim/2, "NeoX" style); the GGUF loader undoes llama.cpp's
  * interleaving permutation at load.
@@ -76,8 +77,20 @@ typedef struct loom_model_config {
     char name[128];               /* human-readable model name               */
 } loom_model_config;
 
+/* How a pre-quantized checkpoint packs its linear weights (AWQ / GPTQ
+ * safetensors). Grows only at its end. */
+typedef struct loom_model_packing {
+    uint32_t struct_size;
+    const char *method;        /* "awq", "gptq" (zeros stored minus 1) or "gptq_v2" */
+    int32_t bits;              /* 4                                           */
+    int32_t group_size;        /* input elements per (scale, zero) group      */
+    bool desc_act;             /* GPTQ act-order (g_idx may be permuted)      */
+    const char *source;        /* the file that said so, for messages         */
+} loom_model_packing;
+
 /* Read-only view of a loaded model. Valid while the engine lives; tensors
- * are host memory (often mmap'd) and must not be written. */
+ * are host memory (often mmap'd) and must not be written. Grows only at its
+ * end. */
 typedef struct loom_model_view {
     uint32_t struct_size;
     const loom_model_config *config;
@@ -87,6 +100,10 @@ typedef struct loom_model_view {
     /* [any] Number of tensors and the i-th one (for iteration). */
     int32_t (*count)(void *ctx);
     const loom_tensor *(*at)(void *ctx, int32_t i);
+    /* NULL for an ordinary model; set when its linear weights exist only
+     * packed (AWQ / GPTQ), which only a quantizer accepting this packing
+     * can load (the engine checks before any backend sees the model). */
+    const loom_model_packing *packing;
 } loom_model_view;
 
 #ifdef __cplusplus

@@ -69,28 +69,44 @@ typedef struct loom_qtensor {
 
 typedef struct loom_quant_ops {
     uint32_t struct_size;
-    /* [engine] create/destroy as every component (see loom/backend.h). */
+    /* REQUIRED. As every component (loom/plugin.h). */
     loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
+    /* REQUIRED. self may be NULL. Called after every backend released the
+     * tensors it got from quantize(). */
     void (*destroy)(void *self);
 
-    /* [engine] Decide the format of tensor `w` (a 2-D linear weight named by
-     * its canonical name). Embeddings, norms and (by default) the LM head
-     * are usually kept. */
+    /* REQUIRED [engine]. Decide the format of tensor `w` (a 2-D linear
+     * weight named by its canonical name). Embeddings, norms and (by
+     * default) the LM head are usually kept (LOOM_QFMT_NONE). The core sets
+     * out->struct_size and zeroes the rest. */
     loom_status (*plan)(void *self, const loom_model_view *model, const loom_tensor *w,
                         loom_quant_plan *out, loom_error *err);
-    /* [engine] Produce the quantized tensor for a plan whose format is not
-     * NONE or GGUF. `w` may be any dtype the host can dequantize. */
+    /* REQUIRED [engine]. Produce the quantized tensor for a plan whose
+     * format is not NONE or GGUF, in host memory owned by the quantizer.
+     * `w` may be any type host->convert reads, or a packed weight this
+     * quantizer accepted (accepts_packing). */
     loom_status (*quantize)(void *self, const loom_model_view *model, const loom_tensor *w,
                             const loom_quant_plan *plan, loom_qtensor *out, loom_error *err);
-    /* [engine] Free what quantize() allocated; NULL-safe on an empty tensor. */
+    /* REQUIRED [engine]. Free what quantize() allocated; a no-op on an
+     * empty (zeroed) tensor. */
     void (*release)(void *self, loom_qtensor *q);
-    /* [engine] KV-cache element type, or LOOM_DTYPE_COUNT for the backend's
-     * default. FP8 KV caches also need per-layer scales: kv_scale. */
+    /* OPTIONAL [engine] (NULL = the backend's default KV type). The
+     * KV-cache element type this quantizer asks for, or LOOM_DTYPE_COUNT
+     * for the backend's default. */
     loom_dtype (*kv_dtype)(void *self);
-    /* since ABI 1.1 — add new members below this line only */
+    /* OPTIONAL [engine] (NULL = float weights only). Called before any
+     * backend loads a model whose linear weights exist only packed
+     * (model->packing, loom/model.h): LOOM_OK when this instance, as
+     * configured, can quantize() those packed weights; otherwise
+     * LOOM_ERR_INVALID with what to change in its configuration (e.g. "set
+     * quantizer.source: awq"). After LOOM_OK the core also checks that
+     * plan() gives every packed weight a format other than NONE. */
+    loom_status (*accepts_packing)(void *self, const loom_model_view *model, loom_error *err);
+    /* since ABI 2.0 — add new members below this line only */
 } loom_quant_ops;
 
-/* What a backend receives in load(): the quantizer instance. */
+/* What a backend receives in load(): the quantizer instance. Grows only at
+ * its end. */
 typedef struct loom_quant_binding {
     uint32_t struct_size;
     const loom_quant_ops *ops;

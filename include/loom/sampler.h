@@ -5,6 +5,12 @@
  * that sequence's parameters, its token history (for penalties) and its own
  * random state (core-owned, so a seeded request gives the same text however
  * it is batched). It may modify the logits rows in place.
+ *
+ * Rows arrive whole unless the sampler says, per request, that it can work
+ * from a row's best k logits (candidates()): then the backend may reduce
+ * the row on its device and the sampler is told, with the candidates' token
+ * ids and the whole row's log-sum-exp. A sampler that does not declare it
+ * always gets whole rows, whatever the request's parameters.
  */
 #ifndef LOOM_SAMPLER_H
 #define LOOM_SAMPLER_H
@@ -12,6 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "loom/backend.h"
 #include "loom/plugin.h"
 
 #ifdef __cplusplus
@@ -36,74 +43,85 @@ typedef struct loom_sampling_params {
     int32_t logprobs;          /* alternatives to return, 0..LOOM_MAX_LOGPROBS */
 } loom_sampling_params;
 
-/* Fill with neutral values (greedy). */
-static inline loom_sampling_params loom_sampling_params_default(void) {
-    loom_sampling_params p = {0};
-    p.struct_size = sizeof p;
-    p.temperature = 0.0f;
-    p.top_p = 1.0f;
-    p.repetition_penalty = 1.0f;
-    return p;
-}
-
-/* One row to sample. Borrowed for the call. */
+/* One sequence to sample for. Borrowed for the call. Grows only at its
+ * end. */
 typedef struct loom_sample_row {
+    uint32_t struct_size;
     const loom_sampling_params *params;
-    const int32_t *prompt;     /* (prompt_len) */
+    const int32_t *prompt;     /* (prompt_len) token ids                     */
     int32_t prompt_len;
-    const int32_t *output;     /* (output_len) tokens generated so far */
+    const int32_t *output;     /* (output_len) tokens generated so far       */
     int32_t output_len;
-    uint64_t *rng_state;       /* (4) per-sequence state; advanced by sample() */
+    uint64_t *rng_state;       /* (4) the sequence's own stream (core-owned);
+                                  advance it only through host->rng_*       */
 } loom_sample_row;
 
-/* Results, core-owned arrays. */
+/*
+ * One call's rows: either all whole rows (candidates == NULL: width ==
+ * vocab, column v is token v) or all candidate rows (candidates != NULL:
+ * each row is its `width` largest raw logits, descending, equal values by
+ * ascending id, column j standing for token candidates[r * width + j];
+ * lse[r] is the log-sum-exp of the WHOLE raw row, so logprobs over the
+ * vocabulary are value - lse). Candidate rows reach only a sampler that
+ * declared it can use them (loom_sampler_ops.candidates). Grows only at
+ * its end.
+ */
+typedef struct loom_sample_batch {
+    uint32_t struct_size;
+    int32_t n;                 /* rows                                       */
+    int32_t vocab;             /* the model's vocabulary size                */
+    int32_t width;             /* floats per row: vocab, or the candidates   */
+    float *logits;             /* (n, width) raw logits; the sampler may
+                                  modify them in place                      */
+    const loom_sample_row *const *rows; /* (n)                               */
+    const int32_t *candidates; /* (n, width) token ids, or NULL: whole rows  */
+    const float *lse;          /* (n) whole rows' log-sum-exp, or NULL       */
+} loom_sample_batch;
+
+/* Results, core-owned arrays of the batch's n rows. The core sets
+ * struct_size and the pointers; the sampler writes only through them.
+ * Grows only at its end. */
 typedef struct loom_sample_out {
-    int32_t *tokens;           /* (n)                                        */
-    float *logprobs;           /* (n) log-prob of the chosen token under the
-                                  model's distribution (before penalties/temperature) */
-    int32_t *top_ids;          /* (n, LOOM_MAX_LOGPROBS) or NULL             */
-    float *top_logprobs;       /* (n, LOOM_MAX_LOGPROBS) or NULL             */
+    uint32_t struct_size;
+    int32_t *tokens;           /* (n) chosen token ids (vocabulary ids)      */
+    float *logprobs;           /* (n) or NULL: log-prob of the chosen token
+                                  under the model's raw distribution (before
+                                  penalties and temperature)                */
+    int32_t *top_ids;          /* (n, LOOM_MAX_LOGPROBS) or NULL: the
+                                  params->logprobs most likely tokens under
+                                  that distribution, best first; -1 pads    */
+    float *top_logprobs;       /* (n, LOOM_MAX_LOGPROBS) or NULL; -inf pads  */
 } loom_sample_out;
 
 typedef struct loom_sampler_ops {
     uint32_t struct_size;
+    /* REQUIRED. As every component (loom/plugin.h). */
     loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
+    /* REQUIRED. self may be NULL. */
     void (*destroy)(void *self);
-    /* [instance] Sample one token per row. logits: (n, vocab), modified. */
-    loom_status (*sample)(void *self, float *logits, int32_t vocab, const loom_sample_row *rows,
-                          int32_t n, loom_sample_out *out, loom_error *err);
-    /* [instance] Turn one row of logits into the probability distribution
-     * sample() would draw from (penalties, temperature, top-k/p, min-p
-     * applied; greedy gives one-hot), in place. Used to verify drafts. */
+    /* REQUIRED [instance]. One token per row of `b`, written to `out`.
+     * Refuse (LOOM_ERR_INVALID, naming the row and the value) parameters
+     * the sampler cannot honour: the core runs one dry sample() per new
+     * request to reject it alone before it runs. A failed call may have
+     * modified the logits but has written no token and advanced no rng. */
+    loom_status (*sample)(void *self, const loom_sample_batch *b, loom_sample_out *out, loom_error *err);
+    /* REQUIRED [instance]. Turn one WHOLE row of raw logits (vocab floats)
+     * into the probability distribution sample() would draw from for `row`
+     * (greedy: one-hot at the argmax), in place. The core verifies
+     * speculative drafts against it and hands it to requests that want
+     * their distributions (draft engines). */
     loom_status (*probs)(void *self, float *logits, int32_t vocab, const loom_sample_row *row,
                          loom_error *err);
-    /* since ABI 1.1 — add new members below this line only */
+    /* OPTIONAL [instance] (NULL = every row arrives whole). How many of a
+     * row's best logits this sampler needs to sample a request with
+     * `params` exactly as it would from the whole row: 0 = the whole row;
+     * k in 1..LOOM_LOGITS_TOPK_MAX = the row may arrive as a candidate row
+     * of at least k candidates (loom_sample_batch), reduced on the device.
+     * The core still sends whole rows when it needs them itself (the first
+     * token of an n > 1 request, sampled draft verification, want_probs). */
+    int32_t (*candidates)(void *self, const loom_sampling_params *params);
+    /* since ABI 2.0 — add new members below this line only */
 } loom_sampler_ops;
-
-/* Seed a per-sequence rng state (xoshiro256** convention) from a 64-bit
- * seed with splitmix64. Shared so core and plugins agree. */
-static inline void loom_rng_seed(uint64_t state[4], uint64_t seed) {
-    for (int i = 0; i < 4; i++) {
-        uint64_t z = (seed += 0x9e3779b97f4a7c15ULL);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        state[i] = z ^ (z >> 31);
-    }
-}
-
-/* Next 64 random bits (xoshiro256**). */
-static inline uint64_t loom_rng_next(uint64_t s[4]) {
-    uint64_t r = s[1] * 5, t = s[1] << 17;
-    r = ((r << 7) | (r >> 57)) * 9;
-    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3];
-    s[2] ^= t; s[3] = (s[3] << 45) | (s[3] >> 19);
-    return r;
-}
-
-/* Uniform double in [0, 1). */
-static inline double loom_rng_uniform(uint64_t s[4]) {
-    return (double)(loom_rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
-}
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,7 @@
  * through the sampler's probs() so temperature/top-k/top-p apply to both.
  * Rejected slots are rolled back through the cache manager's truncate().
  * A speculator that can draft for many sequences in one go sets
- * propose_batch (ABI 1.4); the core then asks once per step.
+ * propose_batch; the core then asks once per step.
  *
  * All functions are [engine].
  */
@@ -28,6 +28,7 @@
 extern "C" {
 #endif
 
+/* Grows only at its end. */
 typedef struct loom_spec_init {
     uint32_t struct_size;
     int32_t vocab_size;
@@ -46,32 +47,36 @@ typedef struct loom_spec_stats {
 
 typedef struct loom_spec_ops {
     uint32_t struct_size;
+    /* REQUIRED. As every component (loom/plugin.h). */
     loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
+    /* REQUIRED. self may be NULL. */
     void (*destroy)(void *self);
+    /* REQUIRED. Once, after the target engine is built (`init` borrowed for
+     * the call; init->engine_api lives as long as the process). */
     loom_status (*init)(void *self, const loom_spec_init *init, loom_error *err);
-    /* How many drafts per sequence this step for a batch of `batch_size`
-     * decoding sequences; 0 turns speculation off for this step. */
+    /* REQUIRED. How many drafts per sequence this step for a batch of
+     * `batch_size` decoding sequences; 0 turns speculation off for this
+     * step. */
     int32_t (*plan)(void *self, int32_t batch_size);
-    /* Propose up to max_k drafts for seq (whose tokens hold everything so
-     * far). Writes draft ids and, when `q` is non-NULL and the drafter is
-     * stochastic, the draft distribution per position (k, vocab); a
-     * deterministic drafter leaves q untouched and returns with *q_valid 0
-     * (q is then one-hot). Returns k (0..max_k). */
+    /* REQUIRED. Propose up to max_k drafts for seq (whose tokens hold
+     * everything so far). Writes draft ids and, when `q` is non-NULL and the
+     * drafter is stochastic, the draft distribution per position
+     * (k, vocab), setting *q_valid to 1; a deterministic drafter leaves q
+     * untouched and *q_valid 0 (q is then one-hot). Returns k (0..max_k). */
     int32_t (*propose)(void *self, const loom_seq_info *seq, const loom_sampling_params *params,
                        int32_t max_k, int32_t *draft, float *q, int32_t *q_valid);
-    /* Feedback after verification (adaptive k). */
+    /* REQUIRED. Feedback after verification (adaptive k). */
     void (*observe)(void *self, loom_seq_id seq, int32_t proposed, int32_t accepted);
-    /* The sequence ended: drop per-sequence state. */
+    /* REQUIRED. The sequence ended: drop per-sequence state. Unknown ids
+     * are ignored. */
     void (*release)(void *self, loom_seq_id seq);
+    /* OPTIONAL (NULL = the engine reports zeros). The core sets
+     * out->struct_size and zeroes the rest. */
     void (*stats)(void *self, loom_spec_stats *out);
-    /* since ABI 1.1 — add new members below this line only */
-
-    /* since ABI 1.4 (read only when struct_size covers it) */
-    /* Optional (NULL, or an older plugin's shorter table: the core calls
-     * propose() once per sequence). propose() for n sequences at once, so a
-     * drafter can batch its work across them (draft-model: one draft engine
-     * step per draft position for all n, not one per sequence). Entry i
-     * must be exactly what
+    /* OPTIONAL (NULL = the core calls propose() once per sequence).
+     * propose() for n sequences at once, so a drafter can batch its work
+     * across them (draft-model: one draft engine step per draft position
+     * for all n, not one per sequence). Entry i must be exactly what
      *     num[i] = propose(self, seqs[i], params[i], max_k[i], draft[i], q[i], &q_valid[i])
      * would give, the calls made for i = 0..n-1 in order: num[i] drafts
      * (0..max_k[i]) written to draft[i]; q[i] is NULL or room for
@@ -81,6 +86,7 @@ typedef struct loom_spec_ops {
     void (*propose_batch)(void *self, int32_t n, const loom_seq_info *const *seqs,
                           const loom_sampling_params *const *params, const int32_t *max_k,
                           int32_t *const *draft, float *const *q, int32_t *q_valid, int32_t *num);
+    /* since ABI 2.0 — add new members below this line only */
 } loom_spec_ops;
 
 #ifdef __cplusplus

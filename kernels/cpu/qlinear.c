@@ -21,6 +21,8 @@
  */
 #include "qlinear.h"
 
+#include "formats/dtype.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "cuda_kernels.h"
-#include "e4m3.h"
+#include "formats/e4m3.h"
 
 /* Run the statements with `E` bound to the element type of `dt`. */
 #define LOOM_CUDA_DISPATCH_DT(dt, ...)                                                             \

@@ -8,7 +8,7 @@
  * A (value, id) pair is one 64-bit key: the float's bits made monotone in
  * the high word and ~id in the low word, so one unsigned comparison ranks
  * by value, then by ascending id (the ranking the host sampler uses). NaN
- * ranks as -inf and -0 as +0, like loom/logits_topk.h.
+ * ranks as -inf and -0 as +0, like host->logits_topk_row (core/plugin/host_rules.c).
  *
  *   pass 1 (every k): one block per row streams the row once: the best key
  *           and an online log-sum-exp (running max and scaled sum, merged

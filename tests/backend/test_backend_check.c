@@ -5,9 +5,10 @@
  * refused with its status and a message naming the number at fault.
  */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
 
-#include "loom/backend_check.h"
+#include "plugin/host_rules.h"
 
 static loom_model_config good(void) {
     loom_model_config c = {.struct_size = sizeof c, .arch = LOOM_ARCH_LLAMA, .vocab_size = 97,
@@ -20,7 +21,7 @@ static loom_model_config good(void) {
 
 static void refused(const loom_model_config *c, loom_status want, const char *needle) {
     char why[384] = "";
-    loom_status st = loom_model_config_check(c, why, sizeof why);
+    loom_status st = loom_check_model_config(c, why, sizeof why);
     cr_assert_eq(st, want, "status %d, want %d (%s)", (int)st, (int)want, why);
     cr_assert(strstr(why, needle), "message '%s' lacks '%s'", why, needle);
     cr_assert(strstr(why, "'tiny'"), "message '%s' does not name the model", why);
@@ -29,12 +30,12 @@ static void refused(const loom_model_config *c, loom_status want, const char *ne
 Test(backend_check, valid_configs_pass) {
     char why[384] = "";
     loom_model_config c = good();
-    cr_assert_eq(loom_model_config_check(&c, why, sizeof why), LOOM_OK, "%s", why);
+    cr_assert_eq(loom_check_model_config(&c, why, sizeof why), LOOM_OK, "%s", why);
     c.arch = LOOM_ARCH_QWEN2, c.rope_scaling = LOOM_ROPE_SCALING_LINEAR, c.rope_factor = 2;
-    cr_assert_eq(loom_model_config_check(&c, why, sizeof why), LOOM_OK, "%s", why);
+    cr_assert_eq(loom_check_model_config(&c, why, sizeof why), LOOM_OK, "%s", why);
     c.rope_scaling = LOOM_ROPE_SCALING_LLAMA3, c.rope_factor = 8, c.rope_low_freq_factor = 1,
     c.rope_high_freq_factor = 4, c.rope_original_context = 8192;
-    cr_assert_eq(loom_model_config_check(&c, why, sizeof why), LOOM_OK, "%s", why);
+    cr_assert_eq(loom_check_model_config(&c, why, sizeof why), LOOM_OK, "%s", why);
 }
 
 Test(backend_check, each_bad_config_is_refused_by_name) {
@@ -75,19 +76,19 @@ Test(backend_check, load_preamble_refuses_each_bad_call) {
     char why[384] = "";
     loom_model_config c = good();
     loom_model_view m = {.config = &c, .get = no_tensor};
-    cr_assert_eq(loom_load_check(false, &m, NULL, why, sizeof why), LOOM_OK, "%s", why);
-    cr_assert_eq(loom_load_check(true, &m, NULL, why, sizeof why), LOOM_ERR_INVALID);
+    cr_assert_eq(loom_check_load(false, &m, NULL, why, sizeof why), LOOM_OK, "%s", why);
+    cr_assert_eq(loom_check_load(true, &m, NULL, why, sizeof why), LOOM_ERR_INVALID);
     cr_assert(strstr(why, "create a new instance per model"), "%s", why);
-    cr_assert_eq(loom_load_check(false, NULL, NULL, why, sizeof why), LOOM_ERR_INVALID);
+    cr_assert_eq(loom_check_load(false, NULL, NULL, why, sizeof why), LOOM_ERR_INVALID);
     loom_model_view nog = {.config = &c};
-    cr_assert_eq(loom_load_check(false, &nog, NULL, why, sizeof why), LOOM_ERR_INVALID);
+    cr_assert_eq(loom_check_load(false, &nog, NULL, why, sizeof why), LOOM_ERR_INVALID);
     cr_assert(strstr(why, "model view"), "%s", why);
     loom_comm short_comm = {.struct_size = 8};
-    cr_assert_eq(loom_load_check(false, &m, &short_comm, why, sizeof why), LOOM_ERR_ABI);
+    cr_assert_eq(loom_check_load(false, &m, &short_comm, why, sizeof why), LOOM_ERR_ABI);
     cr_assert(strstr(why, "struct_size 8"), "%s", why);
     loom_comm half = {.struct_size = sizeof half, .all_reduce_sum = comm_noop_sum};
-    cr_assert_eq(loom_load_check(false, &m, &half, why, sizeof why), LOOM_ERR_ABI, "%s", why);
+    cr_assert_eq(loom_check_load(false, &m, &half, why, sizeof why), LOOM_ERR_ABI, "%s", why);
     c.num_kv_heads = 3; /* the config check runs last */
-    cr_assert_eq(loom_load_check(false, &m, NULL, why, sizeof why), LOOM_ERR_UNSUPPORTED);
+    cr_assert_eq(loom_check_load(false, &m, NULL, why, sizeof why), LOOM_ERR_UNSUPPORTED);
     cr_assert(strstr(why, "kv heads 3"), "%s", why);
 }

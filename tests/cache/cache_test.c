@@ -61,7 +61,6 @@ loom_cache_init tc_init_desc(size_t free_bytes, int32_t max_model_len, bool can_
         .device_free_bytes = free_bytes,
         .device_total_bytes = free_bytes * 2,
         .max_model_len = max_model_len,
-        .max_num_seqs = 256,
         .backend_can_swap = can_swap,
     };
 }

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model/dequant.h"
+#include "plugin/host.h"
 
 #define FAKE_MAX_METRICS 128
 
@@ -85,11 +85,6 @@ static void fh_metric_set(void *ctx, const char *name, double x) {
     if (v) *v = x;
 }
 
-static loom_status fh_dequantize(void *ctx, loom_dtype t, const void *src, float *dst, int64_t n) {
-    (void)ctx;
-    return loom_dequant_row(t, src, dst, n);
-}
-
 static int32_t fh_threads(void *ctx) {
     (void)ctx;
     const char *s = getenv("LOOM_TEST_THREADS");
@@ -102,21 +97,17 @@ static loom_host g_host;
 
 const loom_host *fake_host(void) {
     memset(&g, 0, sizeof g);
-    g_host = (loom_host){
-        .struct_size = sizeof(loom_host),
-        .abi_major = LOOM_ABI_MAJOR,
-        .abi_minor = LOOM_ABI_MINOR,
-        .ctx = NULL,
-        .log = fh_log,
-        .alloc = fh_alloc,
-        .calloc = fh_calloc,
-        .free = fh_free,
-        .error = fh_error,
-        .metric_add = fh_metric_add,
-        .metric_set = fh_metric_set,
-        .dequantize = fh_dequantize,
-        .num_threads = fh_threads,
-    };
+    /* The real host's rules (checks, formats, rng); the services are ours. */
+    g_host = *loom_host_default();
+    g_host.ctx = NULL;
+    g_host.log = fh_log;
+    g_host.alloc = fh_alloc;
+    g_host.calloc = fh_calloc;
+    g_host.free = fh_free;
+    g_host.error = fh_error;
+    g_host.metric_add = fh_metric_add;
+    g_host.metric_set = fh_metric_set;
+    g_host.num_threads = fh_threads;
     return &g_host;
 }
 

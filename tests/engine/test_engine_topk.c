@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "eng_util.h"
-#include "loom/logits_topk.h"
+#include "plugin/host_rules.h"
 
 #define VOCAB 256
 

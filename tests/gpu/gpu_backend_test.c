@@ -64,6 +64,9 @@
 #include "loom/plugin.h"
 #include "qcalib.h"
 #include "loom/quant.h"
+#include "formats/dtype.h"
+#include "formats/half.h"
+#include "plugin/host.h"
 
 #ifndef LOOM_CUDA_BACKEND_DEFAULT
 #define LOOM_CUDA_BACKEND_DEFAULT "loom-backend-cuda.so"
@@ -93,6 +96,8 @@ static double g_graph_replays, g_graph_captures;
 
 /* ---------------------------------------------------------------- host */
 
+/* The real host table (libloom's rules and formats); logging and the graph
+ * counters are this test's own. */
 static void h_log(void *ctx, loom_log_level lv, const char *who, const char *fmt, ...) {
     (void)ctx;
     if (lv < LOOM_LOG_WARN && !getenv("GPU_TEST_VERBOSE")) return;
@@ -103,72 +108,21 @@ static void h_log(void *ctx, loom_log_level lv, const char *who, const char *fmt
     fputc('\n', stderr);
     va_end(ap);
 }
-static void *h_alloc(void *ctx, size_t n) { (void)ctx; return malloc(n ? n : 1); }
-static void *h_calloc(void *ctx, size_t n, size_t s) { (void)ctx; return calloc(n ? n : 1, s ? s : 1); }
-static void h_free(void *ctx, void *p) { (void)ctx; free(p); }
-static loom_status h_error(void *ctx, loom_error *err, loom_status code, const char *fmt, ...) {
-    (void)ctx;
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        err->code = code;
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 static void h_metric_add(void *ctx, const char *name, double d) {
     (void)ctx;
     if (!strcmp(name, "backend.cuda.graph_replays")) g_graph_replays += d;
     if (!strcmp(name, "backend.cuda.graph_captures")) g_graph_captures += d;
 }
 static void h_metric_set(void *ctx, const char *name, double v) { (void)ctx, (void)name, (void)v; }
-static float bf2f(uint16_t b) {
-    uint32_t x = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-static uint16_t f2bf(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-static float h2f(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-    if (exp == 0x1fu) bits = sign | 0x7f800000u | (mant << 13);
-    else if (exp == 0) {
-        float f = (float)mant * 0x1p-24f;
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    } else bits = sign | ((exp + 112u) << 23) | (mant << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-static loom_status h_dequantize(void *ctx, loom_dtype t, const void *src, float *dst, int64_t n) {
-    (void)ctx;
-    if (t == LOOM_DTYPE_F32) memcpy(dst, src, (size_t)n * 4);
-    else if (t == LOOM_DTYPE_F16)
-        for (int64_t i = 0; i < n; i++) dst[i] = h2f(((const uint16_t *)src)[i]);
-    else if (t == LOOM_DTYPE_BF16)
-        for (int64_t i = 0; i < n; i++) dst[i] = bf2f(((const uint16_t *)src)[i]);
-    else return LOOM_ERR_UNSUPPORTED;
-    return LOOM_OK;
-}
-static int32_t h_num_threads(void *ctx) {
-    (void)ctx;
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int32_t)n : 1;
-}
 
-static const loom_host g_host = {
-    .struct_size = sizeof(loom_host), .abi_major = LOOM_ABI_MAJOR, .abi_minor = LOOM_ABI_MINOR,
-    .log = h_log, .alloc = h_alloc, .calloc = h_calloc, .free = h_free, .error = h_error,
-    .metric_add = h_metric_add, .metric_set = h_metric_set, .dequantize = h_dequantize,
-    .num_threads = h_num_threads,
-};
+static loom_host g_host;
+
+static void host_init(void) {
+    g_host = *loom_host_default();
+    g_host.log = h_log;
+    g_host.metric_add = h_metric_add;
+    g_host.metric_set = h_metric_set;
+}
 
 /* -------------------------------------------------------------- plugins */
 
@@ -274,7 +228,7 @@ static void fm_add(fake_model *m, const char *name, int64_t d0, int64_t d1, bool
     if (f32)
         for (int64_t i = 0; i < n; i++) ((float *)t->data)[i] = c + rng_unif(-a, a);
     else
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)t->data)[i] = f2bf(rng_unif(-a, a));
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)t->data)[i] = loom_fp32_to_bf16(rng_unif(-a, a));
     m->n++;
 }
 
@@ -1063,6 +1017,7 @@ int main(int argc, char **argv) {
                "  quantizer plugins come from LOOM_QUANTIZER_DIR. Ends with 'N passed, N failed'.\n");
         return 0;
     }
+    host_init();
     const char *cuda_so = argc > 2 ? argv[1] : getenv("LOOM_CUDA_BACKEND_SO");
     const char *cpu_so = argc > 2 ? argv[2] : getenv("LOOM_CPU_BACKEND_SO");
     if (!cuda_so) cuda_so = LOOM_CUDA_BACKEND_DEFAULT;

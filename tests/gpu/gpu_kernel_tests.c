@@ -50,7 +50,7 @@
 #include "gemv.h"  /* lc_early_weights_set: early vs late loads, bit for bit */
 #include "qgemm.h" /* lc_gguf_dequant: checked bit for bit */
 #include "qlinear.h"
-#include "loom/logits_topk.h"
+#include "plugin/host_rules.h"
 
 static int g_fail, g_pass;
 static int g_swiglu_fuse; /* mirrors loom_cuda_gemm_set_swiglu_fuse, for names */

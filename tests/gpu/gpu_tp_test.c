@@ -51,7 +51,9 @@
 #include <cuda_runtime_api.h>
 
 #include "loom/backend.h"
-#include "loom/logits_topk.h"
+#include "loom/executor.h"
+#include "formats/dtype.h"
+#include "plugin/host_rules.h"
 #include "loom/plugin.h"
 #include "model/model.h"
 #include "plugin/host.h"
@@ -97,7 +99,7 @@ static double rows_err(const float *a, const float *b, int rows, int V) {
 typedef struct plugin {
     void *lib;
     const loom_component *comp;
-    const loom_backend_ops *ops;
+    const void *ops;           /* loom_backend_ops or loom_executor_ops, by comp->kind */
 } plugin;
 
 static bool plugin_open(plugin *p, const char *path, loom_kind kind, const char *name) {
@@ -247,18 +249,22 @@ typedef struct rig {
     const plugin *cuda, *tp;
     void *exec, *inner[8], *plain;
     int size;
-    const loom_backend_ops *ops;
+    const loom_backend_ops *ops;     /* what the test drives                   */
+    loom_backend_ops exec_runner;    /* the executor's model-runner methods     */
     void *self;
     bool topk; /* steps through forward_topk (TOPK_K) instead of forward */
 } rig;
 
+static const loom_backend_ops *backend_of(const plugin *p) { return p->ops; }
+static const loom_executor_ops *executor_of(const plugin *p) { return p->ops; }
+
 #define TOPK_K 8
 
 static void rig_close(rig *g) {
-    if (g->exec) g->tp->ops->destroy(g->exec); /* the engine's order: executor, then ranks */
+    if (g->exec) executor_of(g->tp)->destroy(g->exec); /* the engine's order: executor, then ranks */
     for (int i = 0; i < g->size; i++)
-        if (g->inner[i]) g->cuda->ops->destroy(g->inner[i]);
-    if (g->plain) g->cuda->ops->destroy(g->plain);
+        if (g->inner[i]) backend_of(g->cuda)->destroy(g->inner[i]);
+    if (g->plain) backend_of(g->cuda)->destroy(g->plain);
     memset(g, 0, sizeof *g);
 }
 
@@ -274,21 +280,26 @@ static loom_status rig_open(rig *g, const plugin *cuda, const plugin *tp, int si
                           .num_cpu_blocks = 0, .dtype = LOOM_DTYPE_COUNT};
     loom_status st;
     if (size == 0) {
-        if ((st = cuda->ops->create(h, bcfg, &g->plain, e))) goto out;
-        g->ops = cuda->ops, g->self = g->plain;
+        if ((st = backend_of(cuda)->create(h, bcfg, &g->plain, e))) goto out;
+        g->ops = backend_of(cuda), g->self = g->plain;
     } else {
         char sz[32];
         snprintf(sz, sizeof sz, "size=%d", size);
         const char *tov[] = {sz, "comm=nccl", p2p ? "p2p_kib=8192" : NULL, NULL};
         void *tcfg = config_make(tp->comp, tov);
-        st = tp->ops->create(h, tcfg, &g->exec, e);
+        const loom_executor_ops *x = executor_of(tp);
+        st = x->create(h, tcfg, &g->exec, e);
         free(tcfg);
         if (st) goto out;
         g->size = size;
         for (int i = 0; i < size; i++) /* on this (the engine) thread, device 0 */
-            if ((st = cuda->ops->create(h, bcfg, &g->inner[i], e))) goto out;
-        if ((st = tp->ops->attach_inner(g->exec, cuda->ops, g->inner, size, e))) goto out;
-        g->ops = tp->ops, g->self = g->exec;
+            if ((st = backend_of(cuda)->create(h, bcfg, &g->inner[i], e))) goto out;
+        if ((st = x->attach_inner(g->exec, backend_of(cuda), g->inner, size, e))) goto out;
+        g->exec_runner = (loom_backend_ops){
+            .struct_size = sizeof(loom_backend_ops), .load = x->load, .kv_block_bytes = x->kv_block_bytes,
+            .memory = x->memory, .kv_alloc = x->kv_alloc, .forward = x->forward, .copy_blocks = x->copy_blocks,
+            .forward_topk = x->forward_topk, .swap_blocks = x->swap_blocks};
+        g->ops = &g->exec_runner, g->self = g->exec;
     }
     if ((st = g->ops->load(g->self, view, NULL, e)) || (st = g->ops->kv_alloc(g->self, &kvl, e)))
         goto out;

@@ -17,6 +17,7 @@
 
 #include "cpu_kernels.h"
 #include "kt_rng.h"
+#include "formats/dtype.h"
 
 #define F32_TOL 1e-5
 

@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "e4m3.h"
+#include "formats/e4m3.h"
 #include "kt_rng.h"
 #include "qlinear.h"
 

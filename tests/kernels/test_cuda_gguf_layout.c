@@ -18,6 +18,7 @@
 #include "gguf_layout.h"
 #include "kt_rng.h"
 #include "loom/tensor.h"
+#include "formats/dtype.h"
 
 static const loom_cuda_gguf all_types[5] = {LOOM_CUDA_GGUF_Q4_0, LOOM_CUDA_GGUF_Q4_1,
                                             LOOM_CUDA_GGUF_Q4_K, LOOM_CUDA_GGUF_Q6_K,

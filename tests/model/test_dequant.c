@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/dequant.h"
-#include "model/half.h"
+#include "formats/dequant.h"
+#include "formats/half.h"
 
 /* ------------------------------------------------------------ helpers */
 

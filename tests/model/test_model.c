@@ -16,8 +16,8 @@
 #include <unistd.h>
 
 #include "gguf_writer.h"
-#include "model/dequant.h"
-#include "model/half.h"
+#include "formats/dequant.h"
+#include "formats/half.h"
 #include "model/model.h"
 
 /* ------------------------------------------------------------ helpers */

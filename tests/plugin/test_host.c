@@ -1,13 +1,16 @@
 /*
  * tests/plugin/test_host.c — the default host table: metrics (add, set,
  * lookup, ordered iteration, reset, threads), thread count, allocation,
- * error formatting, dequantize, logging.
+ * error formatting, conversions between element types, logging.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
 
 #include "plugin/host.h"
 
@@ -16,8 +19,13 @@ Test(plugin_host, table_fields) {
     cr_assert_eq(h->struct_size, sizeof(loom_host));
     cr_assert_eq(h->abi_major, LOOM_ABI_MAJOR);
     cr_assert_eq(h->abi_minor, LOOM_ABI_MINOR);
-    cr_assert(h->log && h->alloc && h->calloc && h->free && h->error && h->metric_add &&
-              h->metric_set && h->dequantize && h->num_threads);
+    /* every member after ctx is a function, and none is NULL (plugin.h) */
+    const size_t first = offsetof(loom_host, log);
+    for (size_t off = first; off + sizeof(void (*)(void)) <= sizeof *h; off += sizeof(void (*)(void))) {
+        void (*fn)(void);
+        memcpy(&fn, (const char *)h + off, sizeof fn);
+        cr_assert(fn, "host table member at offset %zu is NULL", off);
+    }
     cr_assert_eq(loom_host_default(), h, "one static table");
 }
 
@@ -120,16 +128,62 @@ Test(plugin_host, alloc_and_error) {
     h->log(h->ctx, LOOM_LOG_DEBUG, "test", "debug line %d (filtered by default)", 1);
 }
 
-Test(plugin_host, dequantize) {
+Test(plugin_host, convert) {
     const loom_host *h = loom_host_default();
     float src[4] = {1, -2, 3.5f, 0}, dst[4] = {0};
-    cr_assert_eq(h->dequantize(h->ctx, LOOM_DTYPE_F32, src, dst, 4), LOOM_OK);
+    cr_assert_eq(h->convert(LOOM_DTYPE_F32, dst, LOOM_DTYPE_F32, src, 4), LOOM_OK);
     cr_assert_eq(memcmp(src, dst, sizeof src), 0);
     uint16_t half[2] = {0x3c00, 0xc000}; /* 1.0, -2.0 */
-    cr_assert_eq(h->dequantize(h->ctx, LOOM_DTYPE_F16, half, dst, 2), LOOM_OK);
+    cr_assert_eq(h->convert(LOOM_DTYPE_F32, dst, LOOM_DTYPE_F16, half, 2), LOOM_OK);
     cr_assert_eq(dst[0], 1.0f);
     cr_assert_eq(dst[1], -2.0f);
-    cr_assert_eq(h->dequantize(h->ctx, LOOM_DTYPE_FP8_E4M3, src, dst, 4), LOOM_ERR_UNSUPPORTED);
-    cr_assert_neq(h->dequantize(h->ctx, LOOM_DTYPE_Q4_1, src, dst, 5), LOOM_OK,
-                  "partial block refused");
+    uint16_t back[2];
+    cr_assert_eq(h->convert(LOOM_DTYPE_F16, back, LOOM_DTYPE_F32, dst, 2), LOOM_OK);
+    cr_assert(back[0] == 0x3c00 && back[1] == 0xc000);
+    cr_assert_eq(h->convert(LOOM_DTYPE_BF16, back, LOOM_DTYPE_F32, dst, 2), LOOM_OK);
+    cr_assert(back[0] == 0x3f80 && back[1] == 0xc000, "bf16 is the top half of f32");
+    cr_assert_eq(h->convert(LOOM_DTYPE_F16, back, LOOM_DTYPE_BF16, half, 2), LOOM_ERR_UNSUPPORTED);
+    cr_assert_neq(h->convert(LOOM_DTYPE_F32, dst, LOOM_DTYPE_Q4_1, src, 5), LOOM_OK, "partial block refused");
+    cr_assert_eq(h->convert(LOOM_DTYPE_F32, dst, LOOM_DTYPE_F32, src, -1), LOOM_ERR_INVALID);
+}
+
+/* E4M3 against its definition, computed in double: every code decodes to
+ * (-1)^s 2^(e-7) (1 + m/8) (subnormal 2^-6 m/8), and encoding is round to
+ * nearest even of the decoded grid, saturating at 448. */
+static double e4m3_ref(int c) {
+    int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
+    double v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+    return s ? -v : v;
+}
+
+Test(plugin_host, convert_e4m3) {
+    const loom_host *h = loom_host_default();
+    for (int c = 0; c < 256; c++) {
+        uint8_t code = (uint8_t)c;
+        float f;
+        cr_assert_eq(h->convert(LOOM_DTYPE_F32, &f, LOOM_DTYPE_FP8_E4M3, &code, 1), LOOM_OK);
+        if ((c & 0x7f) == 0x7f) {
+            cr_assert(isnan(f), "code 0x%02x is NaN", c);
+            continue;
+        }
+        cr_assert_eq((double)f, e4m3_ref(c), "code 0x%02x decodes to %g", c, (double)f);
+        uint8_t again;
+        cr_assert_eq(h->convert(LOOM_DTYPE_FP8_E4M3, &again, LOOM_DTYPE_F32, &f, 1), LOOM_OK);
+        cr_assert_eq(again, code, "0x%02x round-trips (got 0x%02x)", c, again);
+    }
+    /* fresh random values: the nearest code, ties to even mantissa */
+    srand(12345);
+    for (int i = 0; i < 20000; i++) {
+        float x = (float)ldexp((double)rand() / RAND_MAX * 2 - 1, rand() % 22 - 12);
+        uint8_t q;
+        cr_assert_eq(h->convert(LOOM_DTYPE_FP8_E4M3, &q, LOOM_DTYPE_F32, &x, 1), LOOM_OK);
+        double best = INFINITY;
+        for (int c = 0; c < 256; c++) {
+            if ((c & 0x7f) == 0x7f) continue;
+            double d = fabs(e4m3_ref(c) - (double)x);
+            if (d < best) best = d;
+        }
+        double got = fabs(x) >= 448 ? fabs(e4m3_ref(q)) - 448 : fabs(e4m3_ref(q) - (double)x);
+        cr_assert(got <= best, "%.9g encodes to 0x%02x (%g), not a nearest code", (double)x, q, e4m3_ref(q));
+    }
 }

@@ -14,6 +14,8 @@
 #include "config/config.h"
 #include "loom/sampler.h"
 #include "loom/scheduler.h"
+#include "loom/executor.h"
+#include "loom/spec.h"
 #include "plugin/host.h"
 #include "plugin/registry.h"
 #include "tp_util.h"
@@ -139,8 +141,10 @@ Test(plugin_registry, empty_search_path_says_so) {
 
 Test(plugin_registry, abi_major_mismatch) {
     loom_registry *reg = bad_reg();
+    char both[64];
+    snprintf(both, sizeof both, "plugin ABI %d.0, host ABI %s", LOOM_ABI_MAJOR + 1, LOOM_TEST_ABI);
     expect_fail(reg, LOOM_KIND_SAMPLER, "badmajor", LOOM_ERR_ABI,
-                NEEDLES("plugin ABI 2.0, host ABI " LOOM_TEST_ABI, "loom-sampler-badmajor.so", "rebuild"));
+                NEEDLES(both, "loom-sampler-badmajor.so", "rebuild"));
     loom_registry_destroy(reg);
 }
 
@@ -199,6 +203,13 @@ Test(plugin_registry, ops_table_too_small) {
     snprintf(want, sizeof want, "ops table is %zu bytes", loom_kind_min_ops_size(LOOM_KIND_SAMPLER));
     expect_fail(reg, LOOM_KIND_SAMPLER, "smallops", LOOM_ERR_ABI,
                 NEEDLES("sampler 'smallops' ops table struct_size is 8 bytes", want));
+    loom_registry_destroy(reg);
+}
+
+Test(plugin_registry, null_required_method) {
+    loom_registry *reg = bad_reg();
+    expect_fail(reg, LOOM_KIND_SAMPLER, "nullsample", LOOM_ERR_FORMAT,
+                NEEDLES("sampler 'nullsample' has no sample() (NULL)", "loom/sampler.h marks it REQUIRED"));
     loom_registry_destroy(reg);
 }
 
@@ -353,7 +364,7 @@ Test(plugin_registry, list_tolerates_broken_files) {
         }
     }
     cr_assert_eq(good, 8 + 1, "7 kinds + libmulti + bad/loom-scheduler-liar.so (good: %d)", good);
-    cr_assert_eq(broken, 9, "8 broken plugins + the text file (broken: %d)", broken);
+    cr_assert_eq(broken, 10, "9 broken plugins + the text file (broken: %d)", broken);
     cr_assert(saw_text && saw_multi);
     int n2 = 0;
     cr_assert_eq(loom_registry_list(reg, &n2), items, "cached");
@@ -419,24 +430,24 @@ Test(plugin_registry, failed_create_leaves_nothing) {
     loom_registry_destroy(reg);
 }
 
-static loom_status fake_probs(void *self, float *logits, int32_t vocab,
-                              const loom_sample_row *row, loom_error *err) {
-    (void)self, (void)logits, (void)vocab, (void)row, (void)err;
-    return LOOM_OK;
-}
-
 Test(plugin_registry, abi_helpers) {
-    cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_SAMPLER), sizeof(loom_sampler_ops),
-                 "at ABI 1.0 the minimum is the whole table");
+    /* at ABI 2.0 the minimum is the whole table of every kind */
+    cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_BACKEND), sizeof(loom_backend_ops));
+    cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_EXECUTOR), sizeof(loom_executor_ops));
     cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_SCHEDULER), sizeof(loom_scheduler_ops));
+    cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_CACHE), sizeof(loom_cache_ops));
+    cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_QUANTIZER), sizeof(loom_quant_ops));
+    cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_SAMPLER), sizeof(loom_sampler_ops));
+    cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_SPECULATOR), sizeof(loom_spec_ops));
     cr_assert_eq(loom_kind_min_ops_size((loom_kind)99), 0);
-    loom_sampler_ops ops = {.struct_size = sizeof ops, .probs = NULL};
-    cr_assert_not(LOOM_OPS_HAS(&ops, loom_sampler_ops, probs), "NULL member");
-    ops.struct_size = offsetof(loom_sampler_ops, probs);
-    ops.probs = fake_probs;
-    cr_assert_not(LOOM_OPS_HAS(&ops, loom_sampler_ops, probs), "table too short");
-    ops.struct_size = sizeof ops;
-    cr_assert(LOOM_OPS_HAS(&ops, loom_sampler_ops, probs));
+    /* the first REQUIRED member left NULL, by name; optional ones may be */
+    loom_sampler_ops ops = {.struct_size = sizeof ops};
+    cr_assert_str_eq(loom_ops_missing(LOOM_KIND_SAMPLER, &ops), "create");
+    loom_cache_ops cops = {.struct_size = sizeof cops};
+    cr_assert_str_eq(loom_ops_missing(LOOM_KIND_CACHE, &cops), "create");
+    cr_assert_null(loom_ops_missing((loom_kind)99, &ops));
+    cr_assert_str_eq(loom_kind_name(LOOM_KIND_QUANTIZER), "quantizer");
+    cr_assert_null(loom_kind_name((loom_kind)99));
     cr_assert_str_eq(loom_kind_with_article(LOOM_KIND_EXECUTOR), "an executor");
     cr_assert_eq(loom_kind_from_name("cache"), LOOM_KIND_CACHE);
     cr_assert_eq(loom_kind_from_name("nope"), 0);

@@ -37,7 +37,7 @@
 #include "fake_host.h"
 #include "loom/backend.h"
 #include "loom/engine.h"
-#include "model/half.h"
+#include "formats/half.h"
 #include "model/model.h"
 #include "qt_util.h"
 

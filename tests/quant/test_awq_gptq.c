@@ -16,7 +16,7 @@
 #include "../../plugins/quantizer/int4/awq_gptq.h"
 #include "../kernels/kt_rng.h"
 #include "fake_host.h"
-#include "model/half.h"
+#include "formats/half.h"
 #include "qt_util.h"
 
 #define SETS(...) ((const char *const[]){__VA_ARGS__, NULL})

@@ -23,6 +23,7 @@
 #include "../kernels/kt_rng.h"
 #include "fake_host.h"
 #include "qt_util.h"
+#include "formats/dtype.h"
 
 #define SETS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
@@ -600,8 +601,8 @@ Test(quant_errors, unreadable_dtype_and_wrong_plan) {
     const loom_component *c = qt_component("LOOM_QUANT_INT8_SO");
     qt_model m;
     qt_model_init(&m);
-    /* fp8 source weights: the host's dequantizer does not read them */
-    loom_tensor *t = qt_model_add(&m, "blk.0.attn_q.weight", LOOM_DTYPE_FP8_E4M3, 2, 4, 8,
+    /* u8 source weights: the host's converter does not read them */
+    loom_tensor *t = qt_model_add(&m, "blk.0.attn_q.weight", LOOM_DTYPE_U8, 2, 4, 8,
                                   calloc(32, 1), 32, true);
     void *self;
     loom_error err = {0};
@@ -611,7 +612,7 @@ Test(quant_errors, unreadable_dtype_and_wrong_plan) {
     loom_qtensor q = {.struct_size = sizeof q};
     loom_status st = ops_of(c)->quantize(self, &m.view, t, &p, &q, &err);
     cr_assert_eq(st, LOOM_ERR_UNSUPPORTED);
-    cr_assert(strstr(err.message, "blk.0.attn_q.weight") && strstr(err.message, "fp8_e4m3") &&
+    cr_assert(strstr(err.message, "blk.0.attn_q.weight") && strstr(err.message, "u8") &&
                   strstr(err.message, "skip"),
               "%s", err.message);
     p.format = LOOM_QFMT_INT4_W4A16;

@@ -17,8 +17,8 @@
 
 #include "../../plugins/quantizer/common/qcommon.h"
 #include "../kernels/kt_rng.h"
-#include "model/dequant.h"
-#include "model/half.h"
+#include "formats/dequant.h"
+#include "formats/half.h"
 #include "qlinear.h"
 
 static loom_cpu_pool *g_pool;

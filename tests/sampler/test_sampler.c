@@ -18,6 +18,8 @@
 
 #include "fake_host.h"
 #include "loom/sampler.h"
+#include "plugin/host_rules.h"
+#include "loom/engine.h"
 
 /* ------------------------------------------------------------- harness */
 
@@ -86,7 +88,18 @@ static loom_sampling_params params_t(float temperature) {
 }
 
 static loom_sample_row row_of(const loom_sampling_params *p, uint64_t *rng) {
-    return (loom_sample_row){.params = p, .rng_state = rng};
+    return (loom_sample_row){.struct_size = sizeof(loom_sample_row), .params = p, .rng_state = rng};
+}
+
+/* sample() over n whole rows of x (n, V), as the engine calls it. */
+static loom_status call_sample(float *x, int V, const loom_sample_row *rows, int n, loom_sample_out *out,
+                               loom_error *err) {
+    const loom_sample_row *ptrs[64];
+    cr_assert(n <= 64);
+    for (int i = 0; i < n; i++) ptrs[i] = &rows[i];
+    loom_sample_batch b = {.struct_size = sizeof b, .n = n, .vocab = V, .width = V, .logits = x, .rows = ptrs};
+    out->struct_size = sizeof *out;
+    return g_ops->sample(g_self, &b, out, err);
 }
 
 /* One sample of a copy of `logits` (V): the plugin modifies its input. */
@@ -97,7 +110,7 @@ static int32_t sample_row(const float *logits, int V, const loom_sample_row *row
     float lpv = 0;
     loom_sample_out out = {.tokens = &tok, .logprobs = &lpv};
     loom_error err = {0};
-    loom_status st = g_ops->sample(g_self, x, V, row, 1, &out, &err);
+    loom_status st = call_sample(x, V, row, 1, &out, &err);
     free(x);
     cr_assert_eq(st, LOOM_OK, "sample: %s", err.message);
     cr_assert(tok >= 0 && tok < V, "token %d outside [0, %d)", tok, V);
@@ -584,7 +597,7 @@ Test(sampler, batching_does_not_change_seeded_streams) {
         float lps[R];
         loom_sample_out out = {.tokens = toks, .logprobs = lps};
         loom_error err = {0};
-        cr_assert_eq(g_ops->sample(g_self, x, V, rows, R, &out, &err), LOOM_OK, "%s", err.message);
+        cr_assert_eq(call_sample(x, V, rows, R, &out, &err), LOOM_OK, "%s", err.message);
         for (int r = 0; r < R; r++) batched[r][s] = toks[r];
     }
     /* One at a time. */
@@ -646,7 +659,7 @@ Test(sampler, logprobs_are_raw_log_softmax_and_top_n_sorted) {
         float lps[R], tlp[R * LOOM_MAX_LOGPROBS];
         loom_sample_out out = {.tokens = toks, .logprobs = lps, .top_ids = ids, .top_logprobs = tlp};
         loom_error err = {0};
-        cr_assert_eq(g_ops->sample(g_self, x, V, rows, R, &out, &err), LOOM_OK, "%s", err.message);
+        cr_assert_eq(call_sample(x, V, rows, R, &out, &err), LOOM_OK, "%s", err.message);
         for (int r = 0; r < R; r++) {
             int t = toks[r];
             cr_assert_float_eq(lps[r], l[r][t] - lse[r], 1e-5, "row %d token %d: %g, want %g", r, t,
@@ -686,7 +699,7 @@ Test(sampler, max_logprobs_config_bounds_requests) {
     int32_t tok;
     loom_sample_out out = {.tokens = &tok};
     loom_error err = {0};
-    cr_assert_eq(g_ops->sample(g_self, l, 30, &row, 1, &out, &err), LOOM_ERR_INVALID);
+    cr_assert_eq(call_sample(l, 30, &row, 1, &out, &err), LOOM_ERR_INVALID);
     cr_assert(strstr(err.message, "logprobs = 11"), "%s", err.message);
     cr_assert(strstr(err.message, "10"), "%s", err.message);
 }
@@ -885,7 +898,7 @@ Test(sampler, invalid_params_are_rejected_by_name) {
         int32_t tok = -5;
         loom_sample_out out = {.tokens = &tok};
         loom_error err = {0};
-        cr_assert_eq(g_ops->sample(g_self, x, 4, &row, 1, &out, &err), LOOM_ERR_INVALID,
+        cr_assert_eq(call_sample(x, 4, &row, 1, &out, &err), LOOM_ERR_INVALID,
                      "%s = %g accepted", cases[c].name, cases[c].v);
         cr_assert_eq(err.code, LOOM_ERR_INVALID);
         cr_assert(strstr(err.message, cases[c].name), "message does not name %s: %s",
@@ -911,7 +924,7 @@ Test(sampler, bad_rows_are_rejected) {
     loom_error err = {0};
 
     /* Row 1 is all NaN / -inf: rejected, row 0 left alone. */
-    cr_assert_eq(g_ops->sample(g_self, x, 4, rows, 2, &out, &err), LOOM_ERR_INVALID);
+    cr_assert_eq(call_sample(x, 4, rows, 2, &out, &err), LOOM_ERR_INVALID);
     cr_assert(strstr(err.message, "all logits are NaN or -inf in row 1"), "%s", err.message);
     cr_assert_eq(toks[0], -5);
     cr_assert_arr_eq(rng[0], before, sizeof before);
@@ -920,19 +933,19 @@ Test(sampler, bad_rows_are_rejected) {
     cr_assert(strstr(err.message, "all logits are NaN or -inf in row 0"), "%s", err.message);
 
     /* vocab <= 0. */
-    cr_assert_eq(g_ops->sample(g_self, x, 0, rows, 1, &out, &err), LOOM_ERR_INVALID);
+    cr_assert_eq(call_sample(x, 0, rows, 1, &out, &err), LOOM_ERR_INVALID);
     cr_assert(strstr(err.message, "vocab"), "%s", err.message);
     cr_assert_eq(g_ops->probs(g_self, x, -3, rows, &err), LOOM_ERR_INVALID);
 
     /* +inf logit. */
     float z[3] = {0, INFINITY, 1};
-    cr_assert_eq(g_ops->sample(g_self, z, 3, rows, 1, &out, &err), LOOM_ERR_INVALID);
+    cr_assert_eq(call_sample(z, 3, rows, 1, &out, &err), LOOM_ERR_INVALID);
     cr_assert(strstr(err.message, "+inf"), "%s", err.message);
 
     /* A sampled (T > 0) row needs rng state. */
     loom_sample_row norng = row_of(&p, NULL);
     float w[3] = {0, 1, 2};
-    cr_assert_eq(g_ops->sample(g_self, w, 3, &norng, 1, &out, &err), LOOM_ERR_INVALID);
+    cr_assert_eq(call_sample(w, 3, &norng, 1, &out, &err), LOOM_ERR_INVALID);
     cr_assert(strstr(err.message, "rng_state"), "%s", err.message);
 
     /* History outside the vocabulary, when a penalty reads it. */
@@ -941,15 +954,17 @@ Test(sampler, bad_rows_are_rejected) {
     loom_sample_row hrow = row_of(&p, rng[0]);
     hrow.prompt = bad;
     hrow.prompt_len = 2;
-    cr_assert_eq(g_ops->sample(g_self, w, 3, &hrow, 1, &out, &err), LOOM_ERR_INVALID);
+    cr_assert_eq(call_sample(w, 3, &hrow, 1, &out, &err), LOOM_ERR_INVALID);
     cr_assert(strstr(err.message, "prompt[1] = 3"), "%s", err.message);
 
-    /* NULL params, negative n. */
-    loom_sample_row nop = {.params = NULL};
-    cr_assert_eq(g_ops->sample(g_self, w, 3, &nop, 1, &out, &err), LOOM_ERR_INVALID);
+    /* NULL params, a row without struct_size, negative n. */
+    loom_sample_row nop = {.struct_size = sizeof nop, .params = NULL};
+    cr_assert_eq(call_sample(w, 3, &nop, 1, &out, &err), LOOM_ERR_INVALID);
     cr_assert(strstr(err.message, "params"), "%s", err.message);
-    cr_assert_eq(g_ops->sample(g_self, w, 3, rows, -1, &out, &err), LOOM_ERR_INVALID);
-    cr_assert_eq(g_ops->sample(g_self, w, 3, rows, 0, &out, &err), LOOM_OK, "n = 0 is a no-op");
+    loom_sample_row old = {.params = &p};
+    cr_assert_eq(call_sample(w, 3, &old, 1, &out, &err), LOOM_ERR_ABI);
+    cr_assert_eq(call_sample(w, 3, rows, -1, &out, &err), LOOM_ERR_INVALID);
+    cr_assert_eq(call_sample(w, 3, rows, 0, &out, &err), LOOM_OK, "n = 0 is a no-op");
 }
 
 Test(sampler, nan_logits_count_as_minus_inf) {
@@ -1013,7 +1028,7 @@ Test(sampler, vocab_128k_is_fast) {
         for (int k = 0; k < reps; k++) {
             memcpy(x, l, sizeof(float) * V * R);
             double t0 = now_ms();
-            cr_assert_eq(g_ops->sample(g_self, x, V, rows, R, &out, &err), LOOM_OK, "%s",
+            cr_assert_eq(call_sample(x, V, rows, R, &out, &err), LOOM_OK, "%s",
                          err.message);
             double dt = now_ms() - t0;
             if (dt < best) best = dt;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "fake_host.h"
+#include "plugin/registry.h"
 
 /* ---------------------------------------------------------------- plugins */
 

@@ -157,7 +157,6 @@ static void run_paged(const rand_case *c, uint64_t seed, int32_t n) {
         .device_free_bytes = (size_t)1 << 30,
         .device_total_bytes = (size_t)1 << 31,
         .max_model_len = 1024,
-        .max_num_seqs = 16,
         .backend_can_swap = true,
     };
     loom_kv_layout layout = {.struct_size = sizeof layout, .dtype = LOOM_DTYPE_F16};

@@ -1,6 +1,6 @@
 /*
  * tests/spec/test_draft_batch.c — the draft-model speculator's batched
- * proposal (propose_batch, ABI 1.4) against its per-sequence one, without
+ * proposal (propose_batch) against its per-sequence one, without
  * the target engine (suite 'spec'). The plugin's source is included here
  * (its symbols are hidden in the .so), driven through a fake host with the
  * real engine API, so the test can look into its draft engine.
@@ -31,6 +31,7 @@
 
 /* The plugin itself: draft_ops, draft_spec and its statics. */
 #include "draft_model.c"
+#include "plugin/host_rules.h"
 
 #define TS_N 5         /* sequences per round                    */
 #define TS_CAP 1024    /* tokens a simulated sequence may hold   */

@@ -19,9 +19,8 @@
  *     rounds go through propose_batch);
  *   - batch 4: greedy outputs identical with draft-model speculation, whose
  *     drafts come in one batched draft round per step;
- *   - the entry points: a speculator built for ABI 1.3 (its table ends
- *     before propose_batch) is asked per sequence, an ABI 1.4 one with
- *     propose_batch once per step with every decoding sequence; greedy
+ *   - the entry points: a speculator without propose_batch is asked per
+ *     sequence, one with propose_batch once per step with every decoding sequence; greedy
  *     outputs identical to no speculation either way;
  *   - KV room: drafts that take every slot allowed never make the
  *     scheduler preempt where the run without drafts does not, through
@@ -35,6 +34,7 @@
 
 #include "loom/engine.h"
 #include "plugin/host.h" /* loom_metrics_get: what the plugins counted */
+#include "plugin/host_rules.h"
 
 #define MAX_REQ 64
 #define MAX_OUT 256
@@ -546,32 +546,31 @@ static void tiny_batch(const char *spec_ov, gen *g, loom_engine_stats *st) {
     loom_engine_destroy(e);
 }
 
-/* A speculator built against ABI 1.3: its table's struct_size ends before
- * propose_batch (the bytes after it hold one that returns junk drafts). The
- * core must ask it per sequence, and the output must not change. */
-Test(spec, old_abi_speculator_goes_per_sequence, .timeout = 60) {
+/* A speculator without the OPTIONAL propose_batch: the core must ask it per
+ * sequence, and the output must not change. */
+Test(spec, speculator_without_batch_goes_per_sequence, .timeout = 60) {
     static gen base, spec;
     loom_engine_stats sb, ss;
     tiny_batch(NULL, &base, &sb);
-    tiny_batch(tspec_path("old"), &spec, &ss);
-    expect_same(&base, &spec, 4, "ABI 1.3 speculator");
-    cr_expect_eq(loom_metrics_get("tspec.batch_calls"), 0, "the core called propose_batch past struct_size");
+    tiny_batch(tspec_path("single"), &spec, &ss);
+    expect_same(&base, &spec, 4, "per-sequence speculator");
+    cr_expect_eq(loom_metrics_get("tspec.batch_calls"), 0, "the core called a propose_batch the table does not have");
     cr_expect(loom_metrics_get("tspec.propose_calls") > 0, "propose() was never called");
     cr_expect(ss.spec_proposed > 0 && ss.spec_accepted > 0, "proposed %lld, accepted %lld",
               (long long)ss.spec_proposed, (long long)ss.spec_accepted);
-    cr_log_info("ABI 1.3 speculator: %.0f propose calls, %lld drafts, %lld accepted, steps %lld vs %lld",
+    cr_log_info("per-sequence speculator: %.0f propose calls, %lld drafts, %lld accepted, steps %lld vs %lld",
                 loom_metrics_get("tspec.propose_calls"), (long long)ss.spec_proposed, (long long)ss.spec_accepted,
                 (long long)ss.steps, (long long)sb.steps);
 }
 
-/* An ABI 1.4 speculator with propose_batch: one call per step with every
+/* A speculator with propose_batch: one call per step with every
  * decoding sequence, never propose(); the same greedy output. */
 Test(spec, batch_speculator_gets_one_call_per_step, .timeout = 60) {
     static gen base, spec;
     loom_engine_stats sb, ss;
     tiny_batch(NULL, &base, &sb);
     tiny_batch(tspec_path("batch"), &spec, &ss);
-    expect_same(&base, &spec, 4, "ABI 1.4 speculator");
+    expect_same(&base, &spec, 4, "batch speculator");
     double calls = loom_metrics_get("tspec.batch_calls");
     cr_expect_eq(loom_metrics_get("tspec.propose_calls"), 0, "the core called propose() although propose_batch is there");
     cr_expect(calls > 0 && calls <= (double)ss.steps, "%.0f propose_batch calls in %lld steps", calls,
@@ -580,7 +579,7 @@ Test(spec, batch_speculator_gets_one_call_per_step, .timeout = 60) {
                  loom_metrics_get("tspec.batch_max"));
     cr_expect(ss.spec_proposed > 0 && ss.spec_accepted > 0, "proposed %lld, accepted %lld",
               (long long)ss.spec_proposed, (long long)ss.spec_accepted);
-    cr_log_info("ABI 1.4 speculator: %.0f propose_batch calls for %.0f sequences, %lld drafts, %lld accepted, "
+    cr_log_info("batch speculator: %.0f propose_batch calls for %.0f sequences, %lld drafts, %lld accepted, "
                 "steps %lld vs %lld",
                 calls, loom_metrics_get("tspec.batch_seqs"), (long long)ss.spec_proposed, (long long)ss.spec_accepted,
                 (long long)ss.steps, (long long)sb.steps);
@@ -626,7 +625,7 @@ static void tight_run(int32_t blocks, const char *which, loom_engine_stats *st) 
 }
 
 Test(spec, drafts_never_cause_preemption, .timeout = 60) {
-    static const char *const which[2] = {"old", "batch"};
+    static const char *const which[2] = {"single", "batch"};
     int64_t drafts[2] = {0, 0};
     for (int32_t blocks = 35; blocks <= 42; blocks++) {
         loom_engine_stats sb;

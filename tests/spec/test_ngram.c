@@ -11,6 +11,7 @@
 
 #include "fake_host.h"
 #include "ngram.h"
+#include "plugin/host_rules.h"
 
 static loom_ngram_config cfg_default(void) {
     loom_ngram_config c = {.num_draft_tokens = 4, .min_ngram = 1, .max_ngram = 3,

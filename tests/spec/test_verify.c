@@ -26,6 +26,7 @@
 
 #include "engine/spec_verify.h"
 #include "loom/sampler.h"
+#include "plugin/host_rules.h"
 
 #define MAXV 10
 #define MAXK 4

@@ -2,13 +2,11 @@
  * tests/spec/tspec_plugin.c — a test speculator built twice, to check how
  * the core calls the two proposal entry points (tests/spec/test_engine.c):
  *
- *   loom-speculator-tspec-old.so    (-DTSPEC_OLD) what a plugin built
- *       against ABI 1.3 exports: a table whose struct_size ends before
- *       propose_batch. The bytes after it still hold a propose_batch that
- *       counts its calls and returns junk drafts — the core must never read
- *       past struct_size, so it must go through propose() per sequence.
- *   loom-speculator-tspec-batch.so  an ABI 1.4 table with propose_batch;
- *       propose() counts calls the core should no longer make.
+ *   loom-speculator-tspec-single.so (-DTSPEC_SINGLE) a table without the
+ *       OPTIONAL propose_batch: the core must go through propose() per
+ *       sequence.
+ *   loom-speculator-tspec-batch.so  a table with propose_batch; propose()
+ *       counts calls the core should no longer make.
  *
  * Drafts (both): prompt lookup of the last token — the tokens that followed
  * its most recent earlier occurrence — enough for the tiny model's loops to
@@ -120,13 +118,7 @@ static void tspec_propose_batch(void *self, int32_t n, const loom_seq_info *cons
     s->h->metric_add(s->h->ctx, "tspec.batch_seqs", n);
     if (n > s->batch_max) s->h->metric_set(s->h->ctx, "tspec.batch_max", s->batch_max = n);
     for (int32_t i = 0; i < n; i++) {
-#ifdef TSPEC_OLD
-        /* Junk: never to be read by a host that honours struct_size. */
-        for (int32_t d = 0; d < max_k[i]; d++) draft[i][d] = -1;
-        num[i] = max_k[i];
-#else
         num[i] = tspec_draft(s, seqs[i], max_k[i], draft[i]);
-#endif
         q_valid[i] = 0;
     }
 }
@@ -150,11 +142,7 @@ static void tspec_stats(void *self, loom_spec_stats *out) {
 }
 
 static const loom_spec_ops tspec_ops = {
-#ifdef TSPEC_OLD
-    .struct_size = offsetof(loom_spec_ops, propose_batch),
-#else
     .struct_size = sizeof(loom_spec_ops),
-#endif
     .create = tspec_create,
     .destroy = tspec_destroy,
     .init = tspec_init,
@@ -163,15 +151,15 @@ static const loom_spec_ops tspec_ops = {
     .observe = tspec_observe,
     .release = tspec_release,
     .stats = tspec_stats,
+#ifndef TSPEC_SINGLE
     .propose_batch = tspec_propose_batch,
+#endif
 };
 
-#ifdef TSPEC_OLD
-#define TSPEC_NAME "tspec-old"
-#define TSPEC_MINOR 3
+#ifdef TSPEC_SINGLE
+#define TSPEC_NAME "tspec-single"
 #else
 #define TSPEC_NAME "tspec-batch"
-#define TSPEC_MINOR LOOM_ABI_MINOR
 #endif
 
 static const loom_component tspec_components[] = {{
@@ -187,7 +175,7 @@ static const loom_component tspec_components[] = {{
 static const loom_plugin_desc tspec_desc = {
     .struct_size = sizeof(loom_plugin_desc),
     .abi_major = LOOM_ABI_MAJOR,
-    .abi_minor = TSPEC_MINOR,
+    .abi_minor = LOOM_ABI_MINOR,
     .build_signature = LOOM_BUILD_SIGNATURE,
     .name = "loom-speculator-" TSPEC_NAME,
     .version = "0.0.1",

@@ -26,6 +26,7 @@
 
 #include "fake_host.h"
 #include "tp.h"
+#include "formats/dtype.h"
 
 /* One rank's thread: run `fn` with its index. */
 typedef struct rk {

@@ -5,7 +5,7 @@
  *
  * This file holds the descriptor and parameter table, instance lifetime,
  * weight loading (every weight is dequantized to float32 through
- * host->dequantize; Q/K/V and gate/up are fused at load), memory reporting,
+ * host->convert; Q/K/V and gate/up are fused at load), memory reporting,
  * and the KV pools (device pool and the separate host swap pool — both
  * ordinary host memory here, so swapping is a memcpy). The forward pass is in
  * cpu_forward.c.
@@ -186,7 +186,7 @@ static loom_status cpu_tensor(cpu_backend *b, const loom_model_view *m, const ch
                               int64_t d0, int64_t d1, bool required, const loom_tensor **out,
                               loom_error *err) {
     char why[LOOM_ERROR_MSG_MAX - 16];
-    loom_status st = loom_model_tensor_check(m, name, d0, d1, required, out, why, sizeof why);
+    loom_status st = b->host->model_tensor(m, name, d0, d1, required, out, why, sizeof why);
     if (st != LOOM_OK) return b->host->error(b->host->ctx, err, st, "backend cpu: %s", why);
     return LOOM_OK;
 }
@@ -212,7 +212,7 @@ static void cpu_deq_rows(void *arg, int64_t b, int64_t e, int worker) {
         /* a quantized row decodes only whole, so a column slice goes
          * through this worker's row buffer */
         float *out = j->rowbuf ? j->rowbuf + (int64_t)worker * j->cols : j->dst + r * j->nc;
-        if (j->host->dequantize(j->host->ctx, j->t->dtype, row, out, j->cols) != LOOM_OK) {
+        if (j->host->convert(LOOM_DTYPE_F32, out, j->t->dtype, row, j->cols) != LOOM_OK) {
             atomic_store(&j->failed, 1);
             continue;
         }
@@ -222,7 +222,7 @@ static void cpu_deq_rows(void *arg, int64_t b, int64_t e, int worker) {
 
 /* Dequantize rows [r0, r0 + nr) of `t` (checked by cpu_tensor), keeping
  * columns [c0, c0 + nc) of each, into float32 dst (nr, nc); a 1-D tensor is
- * one row. Rows are spread over the pool (host->dequantize is [any]). A
+ * one row. Rows are spread over the pool (host->convert is [any]). A
  * whole tensor is (0, rows, 0, cols); a tensor-parallel shard cuts rows
  * (column-parallel weights) or columns (row-parallel weights). */
 static loom_status cpu_dequant_part(cpu_backend *b, const loom_tensor *t, int64_t r0, int64_t nr,
@@ -230,7 +230,7 @@ static loom_status cpu_dequant_part(cpu_backend *b, const loom_tensor *t, int64_
     const loom_host *h = b->host;
     int64_t cols = t->shape[t->ndim - 1];
     if (nr <= 0 || nc <= 0) return LOOM_OK;
-    cpu_deq_job j = {.host = h, .t = t, .row_bytes = loom_dtype_row_bytes(t->dtype, cols),
+    cpu_deq_job j = {.host = h, .t = t, .row_bytes = h->dtype_row_bytes(t->dtype, cols),
                      .cols = cols, .r0 = r0, .c0 = c0, .nc = nc, .dst = dst};
     atomic_init(&j.failed, 0);
     if (c0 != 0 || nc != cols) {
@@ -248,7 +248,7 @@ static loom_status cpu_dequant_part(cpu_backend *b, const loom_tensor *t, int64_
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cpu: cannot dequantize tensor '%s' of type %s to f32; the "
                         "host's dequantizer does not handle it",
-                        t->name ? t->name : "?", loom_dtype_name(t->dtype));
+                        t->name ? t->name : "?", b->host->dtype_name(t->dtype));
     return LOOM_OK;
 }
 
@@ -267,7 +267,7 @@ static loom_status cpu_plan(cpu_backend *b, const loom_model_view *m, const loom
     loom_status st = LOOM_OK;
     if (q && q->ops && q->ops->plan && (st = q->ops->plan(q->self, m, t, plan, err)) != LOOM_OK) return st;
     /* a packed AWQ/GPTQ weight has no float data to fall back on */
-    if (plan->format == LOOM_QFMT_NONE && loom_model_packed_qweight(m, t))
+    if (plan->format == LOOM_QFMT_NONE && b->host->packed_qweight(m, t))
         return b->host->error(
             b->host->ctx, err, LOOM_ERR_INVALID,
             "backend cpu: tensor '%s' is stored only as packed 4-bit AWQ/GPTQ data, but %s; "
@@ -282,7 +282,7 @@ static loom_status cpu_plan(cpu_backend *b, const loom_model_view *m, const loom
             "the cpu backend has no kernel for it; skip the tensor in the quantizer or pick "
             "another scheme",
             q->name ? q->name : "?", cpu_qformat_name(plan->format), name,
-            loom_dtype_name(t->dtype));
+            b->host->dtype_name(t->dtype));
     if (plan->format != LOOM_QFMT_NONE && plan->format != LOOM_QFMT_GGUF &&
         (!q->ops->quantize || !q->ops->release))
         return b->host->error(b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
@@ -308,7 +308,7 @@ static loom_status cpu_load_qlin(cpu_backend *b, const loom_model_view *m, const
         if (!loom_cpu_qweight_gguf(&whole, t, why, sizeof why))
             return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                             "backend cpu: cannot run GGUF tensor '%s' (%s) as stored: %s", name,
-                            loom_dtype_name(t->dtype), why);
+                            b->host->dtype_name(t->dtype), why);
     } else {
         out->q = (loom_qtensor){.struct_size = sizeof out->q};
         loom_status st = q->ops->quantize(q->self, m, t, plan, &out->q, err);
@@ -366,15 +366,15 @@ static float *cpu_carve(float **cursor, size_t n) {
     return p;
 }
 
-/* Which part of the model this rank keeps: loom/shard.h's plan, shared with
- * every backend; without a communicator the whole model (rank 0 of 1). */
+/* Which part of the model this rank keeps: the host's shard plan, shared
+ * with every backend; without a communicator the whole model (rank 0 of 1). */
 typedef loom_shard cpu_shard;
 
 static loom_status cpu_shard_plan(cpu_backend *b, const loom_model_config *c, const loom_comm *comm,
                                   cpu_shard *s, loom_error *err) {
     const loom_host *h = b->host;
     char why[LOOM_ERROR_MSG_MAX - 64];
-    loom_status st = loom_shard_plan(c, comm ? comm->rank : 0, comm ? comm->size : 1, s, why, sizeof why);
+    loom_status st = h->shard_plan(c, comm ? comm->rank : 0, comm ? comm->size : 1, s, why, sizeof why);
     if (st != LOOM_OK) return h->error(h->ctx, err, st, "backend cpu: load_shard(): %s", why);
     return LOOM_OK;
 }
@@ -387,7 +387,7 @@ static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
     loom_status st = LOOM_OK;
     char name[96];
     char why[384];
-    if ((st = loom_load_check(b->loaded, m, comm, why, sizeof why)) != LOOM_OK)
+    if ((st = h->check_load(b->loaded, m, comm, why, sizeof why)) != LOOM_OK)
         return h->error(h->ctx, err, st, "backend cpu: %s", why);
     b->mc = *m->config;
     const loom_model_config *c = &b->mc;
@@ -637,7 +637,7 @@ static size_t cpu_kv_block_bytes(void *self, int32_t block_size, loom_dtype dtyp
     loom_dtype dt = cpu_kv_resolve(b, dtype);
     if (!b->loaded || block_size <= 0 || dt == LOOM_DTYPE_COUNT) return 0;
     size_t per_pool = (size_t)b->mc.num_kv_heads * (size_t)block_size * (size_t)b->mc.head_dim *
-                      loom_dtype_block_bytes(dt);
+                      b->host->dtype_block_bytes(dt);
     return per_pool * 2 * (size_t)b->mc.num_layers;
 }
 
@@ -680,9 +680,9 @@ static loom_status cpu_kv_alloc(void *self, const loom_kv_layout *layout, loom_e
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cpu: KV cache dtype %s is not supported; the cpu backend holds "
                         "f32, f16 or fp8_e4m3",
-                        loom_dtype_name(layout->dtype));
+                        b->host->dtype_name(layout->dtype));
     size_t block = (size_t)b->mc.num_kv_heads * (size_t)layout->block_size *
-                   (size_t)b->mc.head_dim * loom_dtype_block_bytes(dt);
+                   (size_t)b->mc.head_dim * b->host->dtype_block_bytes(dt);
     size_t pools = 2 * (size_t)b->mc.num_layers;
     double want = (double)block * (double)pools * ((double)layout->num_blocks + layout->num_cpu_blocks);
     size_t avail = 0;

@@ -27,8 +27,6 @@
 #include "loom/backend.h"
 #include "loom/plugin.h"
 #include "loom/quant.h"
-#include "loom/shard.h"
-#include "loom/backend_check.h"
 #include "qlinear.h"
 
 #define CPU_WHO "backend.cpu"

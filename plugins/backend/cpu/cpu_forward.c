@@ -22,7 +22,6 @@
  * writes out.
  */
 #include "cpu_backend.h"
-#include "loom/logits_topk.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -37,7 +36,7 @@ static loom_status cpu_check_batch(cpu_backend *b, const loom_batch *bt, const f
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "backend cpu: forward() before %s", !b->loaded ? "load()" : "kv_alloc()");
     char why[LOOM_ERROR_MSG_MAX - 16];
-    loom_status st = loom_batch_check(bt, logits, b->sharded, b->kv_layout.block_size,
+    loom_status st = b->host->check_batch(bt, logits, b->sharded, b->kv_layout.block_size,
                                       b->kv_layout.num_blocks, b->mc.vocab_size, 0, why, sizeof why);
     if (st != LOOM_OK) return h->error(h->ctx, err, st, "backend cpu: %s", why);
     return LOOM_OK;
@@ -340,7 +339,7 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
 }
 
 /* The logits are on the host already: forward() into a kept buffer, then
- * the summary loom/logits_topk.h defines. It saves the engine no transfer
+ * the summary host->logits_topk_row defines. It saves the engine no transfer
  * here, but runs the engine's candidate path in every CPU test. */
 loom_status cpu_backend_forward_topk(void *self, const loom_batch *bt, const loom_logits_topk *out,
                                      loom_error *err) {
@@ -365,7 +364,7 @@ loom_status cpu_backend_forward_topk(void *self, const loom_batch *bt, const loo
     if (st != LOOM_OK) return st;
     for (int64_t r = 0; r < NL; r++) {
         const float *row = b->topk_logits + (size_t)r * (size_t)V;
-        loom_logits_topk_row(row, (int32_t)V, out->k, out->top_ids + r * out->k, out->top_vals + r * out->k,
+        b->host->logits_topk_row(row, (int32_t)V, out->k, out->top_ids + r * out->k, out->top_vals + r * out->k,
                              out->lse + r);
         if (out->want_full[r]) {
             if (!out->full)

@@ -34,8 +34,7 @@
 #include "cuda_kernels.h"
 #include "loom/backend.h"
 #include "loom/plugin.h"
-#include "loom/shard.h"
-#include "loom/backend_check.h"
+#include "formats/dtype.h"
 
 #define CB_WHO "backend.cuda"
 

@@ -46,7 +46,6 @@
 #include <time.h>
 
 #include "cuda_backend.h"
-#include "loom/logits_topk.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -61,7 +60,7 @@ static loom_status cb_check_batch(cuda_backend *b, const loom_batch *bt, const f
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "backend cuda: forward() before %s", !b->loaded ? "load()" : "kv_alloc()");
     char why[LOOM_ERROR_MSG_MAX - 16];
-    loom_status st = loom_batch_check(bt, logits, b->sharded, b->kv_layout.block_size,
+    loom_status st = b->host->check_batch(bt, logits, b->sharded, b->kv_layout.block_size,
                                       b->kv_layout.num_blocks, b->mc.vocab_size, b->rope_max_pos, why,
                                       sizeof why);
     if (st != LOOM_OK) return h->error(h->ctx, err, st, "backend cuda: %s", why);
@@ -513,7 +512,7 @@ static loom_status cb_sync(cuda_backend *b, loom_error *err) {
  * (`logits`, tk NULL) go through the pinned mirror. With `tk`
  * (forward_topk) the rows are reduced on the device and only the summary
  * and the rows tk->want_full marks cross; vocabularies the kernel does not
- * serve are reduced on the host instead (loom/logits_topk.h). Neither:
+ * serve are reduced on the host instead (host->logits_topk_row). Neither:
  * a tensor-parallel rank that returns nothing; just wait. */
 static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, float *logits,
                                   const loom_logits_topk *tk, loom_error *err) {
@@ -558,7 +557,7 @@ static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, fl
             memcpy(tk->top_vals + r * k, h_vals + (size_t)i * k, (size_t)k * sizeof(float));
             tk->lse[r] = h_lse[i];
         } else {
-            loom_logits_topk_row(b->logits_host + (size_t)i * V, (int32_t)V, k, tk->top_ids + r * k,
+            b->host->logits_topk_row(b->logits_host + (size_t)i * V, (int32_t)V, k, tk->top_ids + r * k,
                                  tk->top_vals + r * k, tk->lse + r);
         }
         if (tk->want_full[r]) memcpy(tk->full + r * V, b->logits_host + (size_t)i * V, row_bytes);

@@ -105,7 +105,7 @@ static loom_status cb_tensor(cuda_backend *b, const loom_model_view *m, const ch
                              int64_t d0, int64_t d1, bool required, const loom_tensor **out,
                              loom_error *err) {
     char why[LOOM_ERROR_MSG_MAX - 16];
-    loom_status st = loom_model_tensor_check(m, name, d0, d1, required, out, why, sizeof why);
+    loom_status st = b->host->model_tensor(m, name, d0, d1, required, out, why, sizeof why);
     if (st != LOOM_OK) return b->host->error(b->host->ctx, err, st, "backend cuda: %s", why);
     return LOOM_OK;
 }
@@ -213,8 +213,8 @@ static void *cb_conv_main(void *arg) {
     const bool whole = j->c0 == 0 && j->nc == j->cols;
     for (int64_t r = j->r0; r < j->r1; r++) {
         float *f = j->out == 2 && whole ? (float *)(j->dst + (size_t)r * j->cols * 4) : j->rowbuf;
-        if (j->host->dequantize(j->host->ctx, j->t->dtype, j->src + (size_t)r * j->src_row_bytes,
-                                f, j->cols) != LOOM_OK) {
+        if (j->host->convert(LOOM_DTYPE_F32, f, j->t->dtype, j->src + (size_t)r * j->src_row_bytes, j->cols) !=
+            LOOM_OK) {
             atomic_store(j->failed, 1);
             return NULL;
         }
@@ -715,8 +715,8 @@ static loom_status cb_gguf_group(cuda_backend *b, const loom_model_view *m, int3
     return LOOM_OK;
 }
 
-/* Which part of the model this rank keeps: loom/shard.h's plan, shared with
- * every backend; without a communicator the whole model (rank 0 of 1). */
+/* Which part of the model this rank keeps: the host's shard plan, shared
+ * with every backend; without a communicator the whole model (rank 0 of 1). */
 typedef loom_shard cb_shard;
 
 static loom_status cb_shard_plan(cuda_backend *b, const loom_model_config *c, const loom_comm *comm,
@@ -724,7 +724,7 @@ static loom_status cb_shard_plan(cuda_backend *b, const loom_model_config *c, co
     const loom_host *h = b->host;
     char why[LOOM_ERROR_MSG_MAX - 64];
     int32_t n = comm ? comm->size : 1;
-    loom_status st = loom_shard_plan(c, comm ? comm->rank : 0, n, s, why, sizeof why);
+    loom_status st = h->shard_plan(c, comm ? comm->rank : 0, n, s, why, sizeof why);
     if (st != LOOM_OK) return h->error(h->ctx, err, st, "backend cuda: load_shard(): %s", why);
     /* the kernels move 16-byte vectors: a rank's FFN width (SwiGLU, the
      * down projection's K) must stay a multiple of 8 like the model's */
@@ -745,7 +745,7 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
     loom_status st = LOOM_OK;
     char name[96];
     char why[384];
-    if ((st = loom_load_check(b->loaded, m, comm, why, sizeof why)) != LOOM_OK)
+    if ((st = h->check_load(b->loaded, m, comm, why, sizeof why)) != LOOM_OK)
         return h->error(h->ctx, err, st, "backend cuda: %s", why);
     b->mc = *m->config;
     const loom_model_config *c = &b->mc;

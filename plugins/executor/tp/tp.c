@@ -1,11 +1,11 @@
 /*
- * plugins/executor/tp/tp.c — the "tp" executor: tensor parallelism over N
- * instances of the pipeline's backend (loom/backend.h), one per rank.
+ * plugins/executor/tp/tp.c — the "tp" executor (loom/executor.h): tensor
+ * parallelism over N instances of the pipeline's backend, one per rank.
  *
  * The engine creates this executor, asks inner_count() (= size), creates
  * that many backends from the pipeline's `backend:` section and hands them
  * to attach_inner(); from then on the engine talks only to the executor,
- * through the ordinary backend ops, and the executor fans every call out:
+ * through its model-runner methods, and the executor fans every call out:
  *   load        each rank's load_shard() with its communicator — ranks load
  *               one after another (quantizers are engine-thread objects);
  *   kv_block_bytes  the largest over ranks, so one block id means the same
@@ -38,7 +38,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/logits_topk.h"
 #include "tp.h"
 
 #define TP_MAX_SIZE 1024
@@ -477,8 +476,7 @@ static loom_status tp_attach_inner(void *self, const loom_backend_ops *inner,
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "executor tp: attach_inner() got %d backend instances, size is %d", n,
                         tp->size);
-    if (inner->struct_size < offsetof(loom_backend_ops, load_shard) + sizeof(void *) ||
-        !inner->load_shard)
+    if (!inner->load_shard)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "executor tp: the pipeline's backend cannot be sharded: its ops table has "
                         "no load_shard (backends with tensor-parallel support: cpu, cuda)");
@@ -659,8 +657,7 @@ static loom_status tp_forward_topk(void *self, const loom_batch *batch, const lo
     if (!out || out->struct_size < sizeof *out || out->k < 1 || out->k > LOOM_LOGITS_TOPK_MAX)
         return h->error(h->ctx, err, LOOM_ERR_INVALID, "executor tp: forward_topk: k = %d is outside 1..%d",
                         out ? out->k : 0, LOOM_LOGITS_TOPK_MAX);
-    if (tp->inner->struct_size >= offsetof(loom_backend_ops, forward_topk) + sizeof(void *) &&
-        tp->inner->forward_topk)
+    if (tp->inner->forward_topk)
         return tp_run(tp, (tp_job){.op = TP_OP_FORWARD_TOPK, .only = -1, .batch = batch, .topk = out},
                       err);
     /* the ranks' backend returns whole rows only: reduce them here */
@@ -678,7 +675,7 @@ static loom_status tp_forward_topk(void *self, const loom_batch *batch, const lo
     if ((st = tp_forward(self, batch, tp->topk_rows, err)) != LOOM_OK) return st;
     for (int64_t r = 0; r < NL; r++) {
         const float *row = tp->topk_rows + (size_t)r * (size_t)V;
-        loom_logits_topk_row(row, (int32_t)V, out->k, out->top_ids + r * out->k, out->top_vals + r * out->k,
+        h->logits_topk_row(row, (int32_t)V, out->k, out->top_ids + r * out->k, out->top_vals + r * out->k,
                              out->lse + r);
         if (out->want_full[r]) memcpy(out->full + (size_t)r * (size_t)V, row, (size_t)V * sizeof(float));
     }
@@ -707,10 +704,12 @@ static loom_status tp_swap_blocks(void *self, loom_swap_dir dir, const int32_t *
 
 /* ------------------------------------------------------------- descriptor */
 
-static const loom_backend_ops tp_ops = {
-    .struct_size = sizeof(loom_backend_ops),
+static const loom_executor_ops tp_ops = {
+    .struct_size = sizeof(loom_executor_ops),
     .create = tp_create,
     .destroy = tp_destroy,
+    .inner_count = tp_inner_count,
+    .attach_inner = tp_attach_inner,
     .load = tp_load,
     .kv_block_bytes = tp_kv_block_bytes,
     .memory = tp_memory,
@@ -719,8 +718,6 @@ static const loom_backend_ops tp_ops = {
     .forward_topk = tp_forward_topk,
     .copy_blocks = tp_copy_blocks,
     .swap_blocks = tp_swap_blocks,
-    .inner_count = tp_inner_count,
-    .attach_inner = tp_attach_inner,
 };
 
 static const loom_component tp_components[] = {{

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "loom/backend.h"
+#include "loom/executor.h"
 #include "loom/plugin.h"
 
 #define TP_WHO "executor.tp"

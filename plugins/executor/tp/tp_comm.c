@@ -26,6 +26,8 @@
 
 #include "tp.h"
 
+#include "formats/dtype.h"
+
 typedef enum tp_coll { TP_COLL_REDUCE = 1, TP_COLL_GATHER = 2 } tp_coll;
 
 struct tp_threads {

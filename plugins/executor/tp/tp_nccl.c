@@ -28,6 +28,8 @@
 #include <string.h>
 
 #include "tp.h"
+
+#include "formats/dtype.h"
 #include "tp_p2p.h"
 
 struct tp_nccl {

@@ -173,9 +173,9 @@ bool qc_plan_float_linear(const loom_host *h, const char *who, const char *schem
                        "`quantizer: {plugin: int4, source: awq}` (or gptq), or a float "
                        "checkpoint",
                        who, w->name, scheme);
-    else if (loom_dtype_row_bytes(w->dtype, w->shape[1]) == 0)
+    else if (h->dtype_row_bytes(w->dtype, w->shape[1]) == 0)
         *st = h->error(h->ctx, err, LOOM_ERR_INVALID, "%s: tensor '%s' has %lld columns, not whole %s blocks",
-                       who, w->name, (long long)w->shape[1], loom_dtype_name(w->dtype));
+                       who, w->name, (long long)w->shape[1], h->dtype_name(w->dtype));
     return *st == LOOM_OK;
 }
 
@@ -217,8 +217,8 @@ static void *qc_job_main(void *arg) {
     case 2: qc_int4_range(j->w, j->r0, j->r1, j->cols, j->group, j->q, j->scales, j->zeros); break;
     default:
         for (int64_t r = j->r0; r < j->r1 && !j->failed; r++)
-            j->failed = j->h->dequantize(j->h->ctx, j->src_dtype, j->src + (size_t)r * j->src_row_bytes,
-                                         j->dst + r * j->cols, j->cols) != LOOM_OK;
+            j->failed = j->h->convert(LOOM_DTYPE_F32, j->dst + r * j->cols, j->src_dtype,
+                                      j->src + (size_t)r * j->src_row_bytes, j->cols) != LOOM_OK;
     }
     return NULL;
 }
@@ -260,12 +260,12 @@ loom_status qc_read_f32(const loom_host *h, const char *who, const loom_tensor *
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "%s: tensor '%s' is not a 2-D (out, in) weight", who, nm);
     int64_t rows = w->shape[0], cols = w->shape[1];
-    size_t rb = loom_dtype_row_bytes(w->dtype, cols);
+    size_t rb = h->dtype_row_bytes(w->dtype, cols);
     if (w->device != LOOM_DEVICE_HOST || !w->data || rb == 0 || w->nbytes < rb * (size_t)rows)
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "%s: tensor '%s' (%s, %lld x %lld, %zu bytes) is not readable host data "
                         "of %lld rows x %zu bytes",
-                        who, nm, loom_dtype_name(w->dtype), (long long)rows, (long long)cols,
+                        who, nm, h->dtype_name(w->dtype), (long long)rows, (long long)cols,
                         w->nbytes, (long long)rows, rb);
     float *f = h->alloc(h->ctx, (size_t)rows * (size_t)cols * sizeof(float));
     if (!f)
@@ -279,7 +279,7 @@ loom_status qc_read_f32(const loom_host *h, const char *who, const loom_tensor *
             return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                             "%s: cannot read tensor '%s' of type %s as float32 (the host's "
                             "dequantizer does not handle it); add it to `skip`",
-                            who, nm, loom_dtype_name(w->dtype));
+                            who, nm, h->dtype_name(w->dtype));
         }
     *out = f;
     return LOOM_OK;

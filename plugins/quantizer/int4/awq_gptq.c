@@ -31,8 +31,9 @@ static bool i4_is_2d(const loom_tensor *t, int64_t d0, int64_t d1) {
 
 /* Host data of at least numel * elem bytes. */
 static bool i4_has_data(const loom_tensor *t, size_t elem) {
-    return t->device == LOOM_DEVICE_HOST && t->data &&
-           t->nbytes >= (size_t)loom_tensor_numel(t) * elem;
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return t->device == LOOM_DEVICE_HOST && t->data && t->nbytes >= (size_t)n * elem;
 }
 
 static const char *i4_tname(const loom_tensor *t, const char *fallback) {
@@ -59,7 +60,7 @@ loom_status i4_packed_check(const loom_host *h, const char *who, const char *nam
         return h->error(h->ctx, err, LOOM_ERR_FORMAT,
                         "%s: tensor '%s': %s is %s; packed 4-bit words must be int32", who, name,
                         qw->dtype != LOOM_DTYPE_I32 ? "qweight" : "qzeros",
-                        loom_dtype_name(qw->dtype != LOOM_DTYPE_I32 ? qw->dtype : qz->dtype));
+                        h->dtype_name(qw->dtype != LOOM_DTYPE_I32 ? qw->dtype : qz->dtype));
     int64_t want0 = awq ? k : k / 8, want1 = awq ? n / 8 : n;
     if (!i4_is_2d(qw, want0, want1)) {
         bool other = awq ? i4_is_2d(qw, k / 8, n) : i4_is_2d(qw, k, n / 8);
@@ -89,7 +90,7 @@ loom_status i4_packed_check(const loom_host *h, const char *who, const char *nam
     if (sc->dtype != LOOM_DTYPE_F16 && sc->dtype != LOOM_DTYPE_BF16 && sc->dtype != LOOM_DTYPE_F32)
         return h->error(h->ctx, err, LOOM_ERR_FORMAT,
                         "%s: tensor '%s': scales are %s; expected f16, bf16 or f32", who, name,
-                        loom_dtype_name(sc->dtype));
+                        h->dtype_name(sc->dtype));
     if (!i4_is_2d(qz, G, n / 8))
         return h->error(h->ctx, err, LOOM_ERR_FORMAT,
                         "%s: tensor '%s': %s has shape (%lld, %lld); expected (%lld, %lld) for "
@@ -98,7 +99,7 @@ loom_status i4_packed_check(const loom_host *h, const char *who, const char *nam
                         (long long)(qz->ndim > 1 ? qz->shape[1] : 0), (long long)G,
                         (long long)(n / 8), (long long)G, (long long)g);
     if (!i4_has_data(qw, 4) || !i4_has_data(qz, 4) ||
-        !i4_has_data(sc, loom_dtype_block_bytes(sc->dtype)))
+        !i4_has_data(sc, h->dtype_block_bytes(sc->dtype)))
         return h->error(h->ctx, err, LOOM_ERR_FORMAT,
                         "%s: tensor '%s': packed tensors are not complete host data", who, name);
     if (gi) {
@@ -109,8 +110,8 @@ loom_status i4_packed_check(const loom_host *h, const char *who, const char *nam
                  !i4_has_data(gi, 4))
             return h->error(h->ctx, err, LOOM_ERR_FORMAT,
                             "%s: tensor '%s': g_idx is %s of %lld elements; expected int32 (%lld)",
-                            who, name, loom_dtype_name(gi->dtype),
-                            (long long)loom_tensor_numel(gi), (long long)k);
+                            who, name, h->dtype_name(gi->dtype),
+                            (long long)(gi->ndim == 1 ? gi->shape[0] : -1), (long long)k);
         else {
             const int32_t *g_idx = gi->data;
             for (int64_t r = 0; r < k; r++)
@@ -159,14 +160,14 @@ static loom_status i4_scales_f32(const loom_host *h, const char *who, const char
     int64_t G = p->k / p->group_size, n = p->n;
     float *s = h->alloc(h->ctx, (size_t)(G * n) * sizeof(float));
     if (!s) return h->error(h->ctx, err, LOOM_ERR_NOMEM, "%s: out of memory for '%s'", who, name);
-    size_t rb = loom_dtype_row_bytes(p->scales->dtype, n);
+    size_t rb = h->dtype_row_bytes(p->scales->dtype, n);
     for (int64_t g = 0; g < G; g++)
-        if (h->dequantize(h->ctx, p->scales->dtype, (const uint8_t *)p->scales->data + g * rb,
-                          s + g * n, n) != LOOM_OK) {
+        if (h->convert(LOOM_DTYPE_F32, s + g * n, p->scales->dtype, (const uint8_t *)p->scales->data + g * rb,
+                       n) != LOOM_OK) {
             h->free(h->ctx, s);
             return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                             "%s: tensor '%s': cannot read %s scales", who, name,
-                            loom_dtype_name(p->scales->dtype));
+                            h->dtype_name(p->scales->dtype));
         }
     *out = s;
     return LOOM_OK;

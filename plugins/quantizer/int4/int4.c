@@ -191,12 +191,12 @@ static loom_status int4_plan(void *self, const loom_model_view *model, const loo
         switch (w->dtype) {
         case LOOM_DTYPE_Q4_0: case LOOM_DTYPE_Q4_1: case LOOM_DTYPE_Q4_K:
         case LOOM_DTYPE_Q8_0: case LOOM_DTYPE_Q6_K:
-            if (loom_dtype_row_bytes(w->dtype, cols) == 0)
+            if (h->dtype_row_bytes(w->dtype, cols) == 0)
                 return h->error(h->ctx, err, LOOM_ERR_FORMAT,
                                 "%s: tensor '%s' (%s) has %lld columns, not whole %lld-element "
                                 "blocks; the file is damaged",
-                                INT4_WHO, w->name, loom_dtype_name(w->dtype), (long long)cols,
-                                (long long)loom_dtype_block_elems(w->dtype));
+                                INT4_WHO, w->name, h->dtype_name(w->dtype), (long long)cols,
+                                (long long)h->dtype_block_elems(w->dtype));
             out->format = LOOM_QFMT_GGUF;
             return LOOM_OK;
         default:
@@ -204,7 +204,7 @@ static loom_status int4_plan(void *self, const loom_model_view *model, const loo
                             "%s: source gguf keeps GGUF q4_0/q4_1/q4_k/q8_0/q6_k tensors as "
                             "stored, but tensor '%s' is %s; use source: quantize, or add it to "
                             "skip (e.g. skip: \"token_embd,output,%s\")",
-                            INT4_WHO, w->name, loom_dtype_name(w->dtype), w->name);
+                            INT4_WHO, w->name, h->dtype_name(w->dtype), w->name);
         }
     case INT4_SRC_AWQ: case INT4_SRC_GPTQ: case INT4_SRC_GPTQ_V2:
         return int4_plan_packed(q, model, w, out, err);
@@ -229,10 +229,10 @@ static loom_status int4_plan(void *self, const loom_model_view *model, const loo
                         "tensor to skip",
                         INT4_WHO, w->name, (long long)cols, (long long)g, (long long)cols, hint);
     }
-    if (loom_dtype_row_bytes(w->dtype, cols) == 0)
+    if (h->dtype_row_bytes(w->dtype, cols) == 0)
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "%s: tensor '%s' has %lld columns, not whole %s blocks", INT4_WHO,
-                        w->name, (long long)cols, loom_dtype_name(w->dtype));
+                        w->name, (long long)cols, h->dtype_name(w->dtype));
     out->format = LOOM_QFMT_INT4_W4A16;
     out->group_size = (int32_t)g;
     return LOOM_OK;
@@ -316,6 +316,36 @@ static loom_dtype int4_kv_dtype(void *self) {
     return LOOM_DTYPE_COUNT;
 }
 
+/* A packed checkpoint runs through this instance only when `source` names
+ * its very packing and group_size is the checkpoint's. */
+static loom_status int4_accepts_packing(void *self, const loom_model_view *model, loom_error *err) {
+    int4_quant *q = self;
+    const loom_host *h = q->host;
+    const loom_model_packing *pk = model ? model->packing : NULL;
+    if (!pk) return LOOM_OK;
+    const char *have = int4_source_choices[q->cfg.source];
+    char want[128];
+    snprintf(want, sizeof want, "quantizer: {plugin: int4, source: %s, group_size: %d}", pk->method,
+             pk->group_size);
+    if (q->cfg.source != INT4_SRC_AWQ && q->cfg.source != INT4_SRC_GPTQ && q->cfg.source != INT4_SRC_GPTQ_V2)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "quantizer.source is %s, but model '%s' is a packed 4-bit %s checkpoint (%s); use %s", have,
+                        model->config->name, pk->method, pk->source, want);
+    if (strcmp(have, pk->method) != 0) {
+        bool gptq_pair = !strncmp(have, "gptq", 4) && !strncmp(pk->method, "gptq", 4);
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "quantizer.source is %s, but model '%s' is a packed 4-bit %s checkpoint (%s)%s; use %s", have,
+                        model->config->name, pk->method, pk->source,
+                        gptq_pair ? " (gptq v1 stores each zero point minus 1, gptq_v2 the zero point itself)" : "",
+                        want);
+    }
+    if (q->cfg.group_size != pk->group_size)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "quantizer.group_size is %lld, but model '%s' was packed in groups of %d (%s); use %s",
+                        (long long)q->cfg.group_size, model->config->name, pk->group_size, pk->source, want);
+    return LOOM_OK;
+}
+
 static const loom_quant_ops int4_ops = {
     .struct_size = sizeof(loom_quant_ops),
     .create = int4_create,
@@ -324,6 +354,7 @@ static const loom_quant_ops int4_ops = {
     .quantize = int4_quantize,
     .release = int4_release,
     .kv_dtype = int4_kv_dtype,
+    .accepts_packing = int4_accepts_packing,
 };
 
 static const loom_component int4_components[] = {{

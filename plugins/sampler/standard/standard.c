@@ -22,13 +22,19 @@
  *   7. Top-p (1 = off): keep the smallest prefix of the sorted distribution
  *      (after top-k, renormalised) whose mass reaches top_p; at least one.
  *   8. Min-p (0 = off): drop tokens with p < min_p * p_max.
- *   9. Draw with ONE loom_rng_uniform(row->rng_state): a seeded request gives
+ *   9. Draw with ONE host->rng_uniform(row->rng_state): a seeded request gives
  *      the same token stream however it is batched.
  *
  * probs() runs steps 0 and 2-8 and writes the resulting distribution over
  * the whole row; sample() draws from exactly those float probabilities (both
  * go through std_row_dist), so a speculative verifier using probs() sees
  * the distribution sample() really uses.
+ *
+ * Candidate rows (the row's best logits with their token ids, declared
+ * through candidates(): greedy, or top_k <= 64, and no penalties) run the
+ * same steps over the candidates' columns; the columns are ordered as the
+ * ids would be, so the token drawn is the one the whole row would give,
+ * and logprobs use the whole row's log-sum-exp the core passes along.
  *
  * Ranking ties are broken by lower token id everywhere (select.h). Cost per
  * row is O(vocab) for the log-softmax and the filters; sorting is limited
@@ -58,7 +64,7 @@
 #define STD_HEAP_MAX 1024
 /* First chunk sorted when looking for the top-p nucleus without top-k. */
 #define STD_NUCLEUS_CHUNK 64
-/* Bytes of loom_sampling_params at ABI 1.0: every field this plugin reads. */
+/* Bytes of loom_sampling_params up to the last field this plugin reads. */
 #define STD_PARAMS_V1_SIZE (offsetof(loom_sampling_params, logprobs) + sizeof(int32_t))
 
 /* ------------------------------------------------------------------ config */
@@ -189,7 +195,7 @@ static loom_status std_check_row(std_sampler *s, const loom_sample_row *row, int
 #define STD_BAD(...) h->error(h->ctx, err, LOOM_ERR_INVALID, __VA_ARGS__)
     if (!p) return STD_BAD("sampler '%s': row %d: params is NULL", STD_NAME, r);
     if (p->struct_size < STD_PARAMS_V1_SIZE)
-        return STD_BAD("sampler '%s': row %d: params.struct_size = %u, smaller than ABI 1.0's %zu; "
+        return STD_BAD("sampler '%s': row %d: params.struct_size = %u, smaller than the %zu this sampler reads; "
                        "start from loom_sampling_params_default()",
                        STD_NAME, r, p->struct_size, (size_t)STD_PARAMS_V1_SIZE);
     if (!(isfinite(p->temperature) && p->temperature >= 0.0f))
@@ -422,10 +428,10 @@ static std_dist std_row_dist(std_sampler *s, float *x, int32_t vocab, const loom
 }
 
 /* Step 9: one uniform draw over s->cand[0..n) weighted by w. */
-static int32_t std_draw(const std_cand *c, int64_t n, uint64_t *rng) {
+static int32_t std_draw(const std_sampler *s, const std_cand *c, int64_t n, uint64_t *rng) {
     double total = 0.0;
     for (int64_t i = 0; i < n; i++) total += c[i].w;
-    const double target = loom_rng_uniform(rng) * total;
+    const double target = s->host->rng_uniform(rng) * total;
     double cum = 0.0;
     int64_t pick = -1;
     for (int64_t i = 0; i < n; i++) {
@@ -484,59 +490,102 @@ static void std_destroy(void *self) {
     h->free(h->ctx, s);
 }
 
+/* The batch's shape and pointers; rows are checked one by one after. */
+static loom_status std_check_batch(std_sampler *s, const loom_sample_batch *b, loom_sample_out *out,
+                                   loom_error *err) {
+    const loom_host *h = s->host;
+    if (!b || b->struct_size < sizeof *b || !out || out->struct_size < sizeof *out)
+        return h->error(h->ctx, err, LOOM_ERR_ABI, "sampler '%s': sample: batch or out missing or too short",
+                        STD_NAME);
+    if (b->n < 0 || b->vocab <= 0 || b->width <= 0 || b->width > b->vocab ||
+        (!b->candidates && b->width != b->vocab))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "sampler '%s': sample: n = %d, vocab = %d, width = %d (whole rows need width == vocab, "
+                        "candidate rows 0 < width <= vocab)",
+                        STD_NAME, b->n, b->vocab, b->width);
+    if (b->n > 0 && (!b->logits || !b->rows || !out->tokens || (b->candidates && !b->lse)))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "sampler '%s': sample: logits, rows, out->tokens (and lse with candidates) are required",
+                        STD_NAME);
+    return LOOM_OK;
+}
+
+/* Candidate rows carry no penalties: those move tokens outside the row. */
+static loom_status std_check_cand_row(std_sampler *s, const loom_sample_batch *b, int32_t r, loom_error *err) {
+    const loom_host *h = s->host;
+    const int32_t *ids = b->candidates + (size_t)r * b->width;
+    if (std_has_penalties(b->rows[r]->params))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "sampler '%s': row %d: penalties need the whole row, but it came as %d candidates",
+                        STD_NAME, r, b->width);
+    for (int32_t j = 0; j < b->width; j++)
+        if (ids[j] < 0 || ids[j] >= b->vocab)
+            return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                            "sampler '%s': row %d: candidate %d has token id %d outside [0, %d)", STD_NAME, r, j,
+                            ids[j], b->vocab);
+    return LOOM_OK;
+}
+
+/* Steps 0-9 for row r (x: its `width` logits; ids: its candidates' token
+ * ids or NULL; lse_given: the whole row's log-sum-exp for candidates). */
+static void std_sample_row(std_sampler *s, float *x, int32_t width, const int32_t *ids, const float *lse_given,
+                           const loom_sample_row *row, loom_sample_out *out, int32_t r) {
+    const loom_sampling_params *p = row->params;
+    const bool want_top = out->top_ids || out->top_logprobs;
+    int32_t *top_ids = out->top_ids ? out->top_ids + (size_t)r * LOOM_MAX_LOGPROBS : NULL;
+    double lse = 0.0;
+    if (lse_given) lse = *lse_given;
+    else if (out->logprobs || want_top) std_log_softmax_stats(x, width, &lse);
+    if (want_top) {
+        std_write_top(x, width, p->logprobs, lse, top_ids,
+                      out->top_logprobs ? out->top_logprobs + (size_t)r * LOOM_MAX_LOGPROBS : NULL);
+        for (int32_t i = 0; ids && top_ids && i < LOOM_MAX_LOGPROBS; i++)
+            if (top_ids[i] >= 0) top_ids[i] = ids[top_ids[i]];
+    }
+    std_dist d = std_row_dist(s, x, width, row);
+    int32_t col = d.greedy ? s->cand[0].id : std_draw(s, s->cand, d.n, row->rng_state);
+    out->tokens[r] = ids ? ids[col] : col;
+    if (out->logprobs) {
+        float raw = x[col];
+        if (d.penalised && s->slots[col].epoch == s->epoch) raw = s->slots[col].raw;
+        out->logprobs[r] = (float)((double)raw - lse);
+    }
+}
+
 /* Rows are validated and sanitised first, so a bad row fails the call
  * before any rng state or output is touched (logits may already have had
  * NaN replaced by -inf). */
-static loom_status std_sample(void *self, float *logits, int32_t vocab, const loom_sample_row *rows,
-                              int32_t n, loom_sample_out *out, loom_error *err) {
+static loom_status std_sample(void *self, const loom_sample_batch *b, loom_sample_out *out, loom_error *err) {
     std_sampler *s = self;
     if (!s) return std_fail_bare(err, LOOM_ERR_INVALID, "sample: self is NULL");
-    const loom_host *h = s->host;
-    loom_status st = LOOM_OK;
-    if (n < 0)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID, "sampler '%s': sample: n = %d is negative",
-                        STD_NAME, n);
-    if (n == 0) return LOOM_OK;
-    if (vocab <= 0)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "sampler '%s': sample: vocab = %d; it must be > 0", STD_NAME, vocab);
-    if (!logits || !rows || !out || !out->tokens)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "sampler '%s': sample: logits, rows, out and out->tokens are required",
-                        STD_NAME);
-
-    for (int32_t r = 0; r < n; r++) {
-        st = std_check_row(s, &rows[r], vocab, r, true, err);
-        if (st != LOOM_OK) return st;
-        st = std_sanitize_row(s, logits + (size_t)r * (size_t)vocab, vocab, r, err);
+    loom_status st = std_check_batch(s, b, out, err);
+    if (st != LOOM_OK || b->n == 0) return st;
+    for (int32_t r = 0; r < b->n; r++) {
+        if (!b->rows[r] || b->rows[r]->struct_size < sizeof(loom_sample_row))
+            return s->host->error(s->host->ctx, err, LOOM_ERR_ABI, "sampler '%s': row %d missing or too short",
+                                  STD_NAME, r);
+        st = std_check_row(s, b->rows[r], b->vocab, r, true, err);
+        if (st == LOOM_OK && b->candidates) st = std_check_cand_row(s, b, r, err);
+        if (st == LOOM_OK) st = std_sanitize_row(s, b->logits + (size_t)r * (size_t)b->width, b->width, r, err);
         if (st != LOOM_OK) return st;
     }
-    st = std_reserve(s, vocab, err);
-    if (st != LOOM_OK) return st;
-
-    for (int32_t r = 0; r < n; r++) {
-        float *x = logits + (size_t)r * (size_t)vocab;
-        const loom_sample_row *row = &rows[r];
-        const loom_sampling_params *p = row->params;
-        const bool want_top = out->top_ids || out->top_logprobs;
-        double lse = 0.0;
-        if (out->logprobs || want_top) std_log_softmax_stats(x, vocab, &lse);
-        if (want_top)
-            std_write_top(x, vocab, p->logprobs, lse,
-                          out->top_ids ? out->top_ids + (size_t)r * LOOM_MAX_LOGPROBS : NULL,
-                          out->top_logprobs ? out->top_logprobs + (size_t)r * LOOM_MAX_LOGPROBS
-                                            : NULL);
-
-        std_dist d = std_row_dist(s, x, vocab, row);
-        int32_t tok = d.greedy ? s->cand[0].id : std_draw(s->cand, d.n, row->rng_state);
-        out->tokens[r] = tok;
-        if (out->logprobs) {
-            float raw = x[tok];
-            if (d.penalised && s->slots[tok].epoch == s->epoch) raw = s->slots[tok].raw;
-            out->logprobs[r] = (float)((double)raw - lse);
-        }
-    }
+    if ((st = std_reserve(s, b->vocab, err)) != LOOM_OK) return st;
+    for (int32_t r = 0; r < b->n; r++)
+        std_sample_row(s, b->logits + (size_t)r * (size_t)b->width, b->width,
+                       b->candidates ? b->candidates + (size_t)r * b->width : NULL, b->lse ? b->lse + r : NULL,
+                       b->rows[r], out, r);
     return LOOM_OK;
+}
+
+/* Whole rows are needed for penalties (they move any token) and for
+ * sampling not bounded by top_k; greedy needs only the argmax. Either way
+ * the reported alternatives must be among the candidates. */
+static int32_t std_candidates(void *self, const loom_sampling_params *p) {
+    (void)self;
+    if (!p || std_has_penalties(p)) return 0;
+    int32_t k = p->temperature == 0.0f ? 1 : p->top_k;
+    if (k <= 0 || k > LOOM_LOGITS_TOPK_MAX) return 0;
+    return p->logprobs > k ? p->logprobs : k;
 }
 
 static loom_status std_probs(void *self, float *logits, int32_t vocab, const loom_sample_row *row,
@@ -572,6 +621,7 @@ static const loom_sampler_ops std_ops = {
     .destroy = std_destroy,
     .sample = std_sample,
     .probs = std_probs,
+    .candidates = std_candidates,
 };
 
 static const loom_component std_components[] = {

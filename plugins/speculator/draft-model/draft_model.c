@@ -14,7 +14,7 @@
  * which the core's verifier needs as q. Greedy drafts are deterministic:
  * q_valid = 0 (one-hot).
  *
- * Batched (propose_batch, ABI 1.4): the core hands every decoding sequence
+ * Batched (propose_batch): the core hands every decoding sequence
  * of a step over at once; all their requests go into the draft engine
  * together, whose continuous batching then runs them side by side — the
  * tails' prefill in one step and each draft position as one batched decode
@@ -212,10 +212,10 @@ static loom_status draft_init(void *self, const loom_spec_init *init, loom_error
                         "loom is too old to run a draft model",
                         DRAFT_WHO);
     const loom_engine_api *api = init->engine_api;
-    if (api->struct_size < offsetof(loom_engine_api, max_context) + sizeof api->max_context)
+    if (!LOOM_HAS_FIELD(api, loom_engine_api, request_default))
         return h->error(h->ctx, err, LOOM_ERR_ABI,
                         "speculator '%s': engine API table is %u bytes, need %zu", DRAFT_WHO,
-                        api->struct_size, offsetof(loom_engine_api, max_context) + sizeof api->max_context);
+                        api->struct_size, offsetof(loom_engine_api, request_default) + sizeof api->request_default);
 
     /* The draft's path, relative to the main YAML's directory. */
     char path[2 * LOOM_PARAM_STRING_MAX + 8];
@@ -305,7 +305,7 @@ static bool draft_prepare(draft_spec *s, const loom_seq_info *seq, const loom_sa
     }
 
     /* The target's sampling parameters, with a seed of our own. */
-    *rq = loom_request_default();
+    *rq = s->api->request_default();
     /* An older caller's shorter struct keeps our defaults for the rest. */
     size_t psz = params->struct_size >= sizeof(uint32_t) && params->struct_size <= sizeof rq->params
                      ? params->struct_size

@@ -4,7 +4,7 @@
  * must refuse every one with a message naming what is wrong (both versions,
  * both signatures, both sizes) and never crash reading them.
  *
- *   BAD_MAJOR       ABI major 2                    -> "plugin ABI 2.0, host ABI 1.0"
+ *   BAD_MAJOR       ABI major host+1               -> "plugin ABI 3.0, host ABI 2.0"
  *   BAD_MINOR       ABI minor host+1               -> "newer than host"
  *   BAD_SIGNATURE   32-bit pointer signature       -> "not binary compatible"
  *   BAD_NOENTRY     exports the wrong symbol       -> "no entry symbol"
@@ -12,6 +12,7 @@
  *   BAD_SMALLCOMP   component struct_size 8        -> "component #0 has struct_size"
  *   BAD_SMALLOPS    ops struct_size 8              -> "ops table struct_size"
  *   BAD_PARAM       param offset past config_size  -> "lies outside the config struct"
+ *   BAD_NULLMETHOD  a sampler without sample()     -> "has no sample() (NULL)"
  *   BAD_LIAR        file says scheduler, component is a cache named "liar"
  */
 #include <stddef.h>
@@ -37,6 +38,8 @@
 #define BAD_NAME "smallops"
 #elif defined(BAD_PARAM)
 #define BAD_NAME "badparam"
+#elif defined(BAD_NULLMETHOD)
+#define BAD_NAME "nullsample"
 #elif defined(BAD_LIAR)
 #define BAD_NAME "liar"
 #else
@@ -53,10 +56,35 @@ static loom_status bad_create(const loom_host *host, const void *config, void **
 static void bad_destroy(void *self) { (void)self; }
 
 #if defined(BAD_LIAR)
+/* A complete cache table (every REQUIRED member), so only the lie is wrong. */
+static loom_status bad_init(void *s, const loom_cache_init *i, loom_kv_layout *l, loom_error *e) {
+    (void)s, (void)i, (void)l, (void)e;
+    return LOOM_ERR_UNSUPPORTED;
+}
+static int32_t bad_prefix(void *s, const loom_seq_info *q) { return (void)s, (void)q, 0; }
+static loom_status bad_alloc(void *s, const loom_seq_info *q, int32_t n, loom_error *e) {
+    return (void)s, (void)q, (void)n, (void)e, LOOM_ERR_NO_SPACE;
+}
+static void bad_truncate(void *s, const loom_seq_info *q, int32_t n) { (void)s, (void)q, (void)n; }
+static void bad_free(void *s, loom_seq_id q) { (void)s, (void)q; }
+static loom_status bad_fork(void *s, loom_seq_id a, loom_seq_id b, loom_error *e) {
+    return (void)s, (void)a, (void)b, (void)e, LOOM_ERR_UNSUPPORTED;
+}
+static int32_t bad_table(void *s, loom_seq_id q, int32_t *o, int32_t c) { return (void)s, (void)q, (void)o, (void)c, 0; }
+static int32_t bad_ops_take(void *s, loom_block_op *o, int32_t c) { return (void)s, (void)o, (void)c, 0; }
+static int32_t bad_nfree(void *s) { return (void)s, 0; }
 static const loom_cache_ops bad_ops = {
-    .struct_size = sizeof(loom_cache_ops), .create = bad_create, .destroy = bad_destroy};
+    .struct_size = sizeof(loom_cache_ops), .create = bad_create, .destroy = bad_destroy, .init = bad_init,
+    .acquire_prefix = bad_prefix, .allocate = bad_alloc, .truncate = bad_truncate, .free = bad_free,
+    .fork = bad_fork, .block_table = bad_table, .take_block_ops = bad_ops_take, .num_free_blocks = bad_nfree};
 #define BAD_KIND LOOM_KIND_CACHE
 #else
+static loom_status bad_sample(void *s, const loom_sample_batch *b, loom_sample_out *o, loom_error *e) {
+    return (void)s, (void)b, (void)o, (void)e, LOOM_ERR_UNSUPPORTED;
+}
+static loom_status bad_probs(void *s, float *l, int32_t v, const loom_sample_row *r, loom_error *e) {
+    return (void)s, (void)l, (void)v, (void)r, (void)e, LOOM_ERR_UNSUPPORTED;
+}
 static const loom_sampler_ops bad_ops = {
 #if defined(BAD_SMALLOPS)
     .struct_size = 8,
@@ -64,7 +92,11 @@ static const loom_sampler_ops bad_ops = {
     .struct_size = sizeof(loom_sampler_ops),
 #endif
     .create = bad_create,
-    .destroy = bad_destroy};
+    .destroy = bad_destroy,
+#if !defined(BAD_NULLMETHOD)
+    .sample = bad_sample,
+#endif
+    .probs = bad_probs};
 #define BAD_KIND LOOM_KIND_SAMPLER
 #endif
 

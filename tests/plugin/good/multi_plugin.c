@@ -10,6 +10,7 @@
 #include "loom/plugin.h"
 #include "loom/sampler.h"
 #include "loom/scheduler.h"
+#include "stub_ops.h"
 
 typedef struct multi_config {
     int64_t k; /* any integer */
@@ -46,9 +47,10 @@ static void multi_destroy(void *self) {
 }
 
 static const loom_sampler_ops multi_sampler_ops = {
-    .struct_size = sizeof(loom_sampler_ops), .create = multi_create, .destroy = multi_destroy};
+    .struct_size = sizeof(loom_sampler_ops), .create = multi_create, .destroy = multi_destroy, STUB_SAMPLER_OPS};
 static const loom_scheduler_ops multi_sched_ops = {
-    .struct_size = sizeof(loom_scheduler_ops), .create = multi_sched_create, .destroy = multi_destroy};
+    .struct_size = sizeof(loom_scheduler_ops), .create = multi_sched_create, .destroy = multi_destroy,
+    STUB_SCHEDULER_OPS};
 
 static const loom_component multi_components[] = {
     {.struct_size = sizeof(loom_component), .kind = LOOM_KIND_SAMPLER, .name = "msamp",

@@ -4,7 +4,7 @@
  * pipeline and CLI tests. It demonstrates nothing but the ABI: a parameter
  * of every type, create/destroy through the host table, a metric per
  * create, and a `fail` switch so tests can drive the create-failure path.
- * Every other op is NULL: the tests never call them.
+ * Every other REQUIRED op is a stub (stub_ops.h) that refuses.
  */
 #include <stdbool.h>
 #include <stddef.h>
@@ -18,36 +18,44 @@
 #include "loom/sampler.h"
 #include "loom/scheduler.h"
 #include "loom/spec.h"
+#include "stub_ops.h"
 #include "test_plugin.h"
 
 #if defined(TP_KIND_BACKEND)
 #define TP_KIND LOOM_KIND_BACKEND
 #define TP_NAME "tback"
 #define TP_OPS_TYPE loom_backend_ops
+#define TP_STUBS STUB_BACKEND_OPS
 #elif defined(TP_KIND_EXECUTOR)
 #define TP_KIND LOOM_KIND_EXECUTOR
 #define TP_NAME "texec"
-#define TP_OPS_TYPE loom_backend_ops
+#define TP_OPS_TYPE loom_executor_ops
+#define TP_STUBS STUB_EXECUTOR_OPS
 #elif defined(TP_KIND_SCHEDULER)
 #define TP_KIND LOOM_KIND_SCHEDULER
 #define TP_NAME "tsched"
 #define TP_OPS_TYPE loom_scheduler_ops
+#define TP_STUBS STUB_SCHEDULER_OPS
 #elif defined(TP_KIND_CACHE)
 #define TP_KIND LOOM_KIND_CACHE
 #define TP_NAME "tcache"
 #define TP_OPS_TYPE loom_cache_ops
+#define TP_STUBS STUB_CACHE_OPS
 #elif defined(TP_KIND_QUANTIZER)
 #define TP_KIND LOOM_KIND_QUANTIZER
 #define TP_NAME "tquant"
 #define TP_OPS_TYPE loom_quant_ops
+#define TP_STUBS STUB_QUANTIZER_OPS
 #elif defined(TP_KIND_SAMPLER)
 #define TP_KIND LOOM_KIND_SAMPLER
 #define TP_NAME "tsamp"
 #define TP_OPS_TYPE loom_sampler_ops
+#define TP_STUBS STUB_SAMPLER_OPS
 #elif defined(TP_KIND_SPECULATOR)
 #define TP_KIND LOOM_KIND_SPECULATOR
 #define TP_NAME "tspec"
 #define TP_OPS_TYPE loom_spec_ops
+#define TP_STUBS STUB_SPECULATOR_OPS
 #else
 #error "build with -DTP_KIND_<KIND>"
 #endif
@@ -97,6 +105,7 @@ static const TP_OPS_TYPE tp_ops = {
     .struct_size = sizeof(TP_OPS_TYPE),
     .create = tp_create,
     .destroy = tp_destroy,
+    TP_STUBS,
 };
 
 static const loom_component tp_components[] = {{

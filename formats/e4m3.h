@@ -1,10 +1,8 @@
 /*
- * kernels/cuda/e4m3.h — the FP8 KV cache's E4M3 codec as the cuda kernels
- * run it, in plain C that nvcc (device code) and a C compiler (the CPU
- * test tests/kernels/test_cuda_e4m3.c) both build, so the bits the GPU
- * writes and reads can be checked against the cpu backend's codec
- * (kernels/cpu/qlinear.c: loom_cpu_e4m3_encode / _decode) without a GPU.
- * Internal to kernels/cuda; not part of the C API.
+ * formats/e4m3.h — the OCP FP8 E4M3 ("fn") codec, in plain C that nvcc
+ * (device code) and a C compiler both build, so the bits the GPU writes
+ * and reads are the bits the host, the cpu backend and the tests use.
+ * Internal (never installed); plugins reach it through host->convert.
  *
  * Encoding (lc_e4m3_encode): the cpu backend's algorithm, line for line —
  * OCP E4M3 "fn", round to nearest, ties to even; |x| >= 448 and +-inf
@@ -66,6 +64,24 @@ LC_E4M3_FN uint32_t lc_e4m3_encode(uint32_t u) {
     const uint32_t rem = m24 & ((1u << shift) - 1u), half = 1u << (shift - 1);
     if (rem > half || (rem == half && (q & 1u))) q++;
     return sign | q;
+}
+
+/* The float32 value of E4M3 code c (low 8 bits): exact; the NaN codes
+ * (S.1111.111) give NaN with their sign. */
+LC_E4M3_FN float lc_e4m3_decode(uint32_t c) {
+    const uint32_t sign = (c & 0x80u) << 24, e = (c >> 3) & 15u, m = c & 7u;
+    uint32_t bits;
+    if (e == 15u && m == 7u) {
+        bits = sign | 0x7fc00000u;
+    } else if (e == 0u) {
+        /* subnormal: m * 2^-9, exact in float32 */
+        union { float f; uint32_t u; } v = {(float)m * 0x1p-9f};
+        bits = sign | v.u;
+    } else {
+        bits = sign | ((e + 120u) << 23) | (m << 20); /* rebias 7 -> 127 */
+    }
+    union { uint32_t u; float f; } r = {bits};
+    return r.f;
 }
 
 /* t: two codes at bits 8..15 and 24..31 (other bits zero). Returns the two

@@ -1,34 +1,19 @@
 /*
- * loom/backend_check.h — the input checks every backend makes, in one place
- * so backends agree on what a valid batch and a usable weight are and say
- * so in the same words. Header-only (static inline): plugins never link
- * libloom. Messages are written without a "backend x:" prefix; the caller
- * adds its own.
+ * core/plugin/host_rules.c — the shared rules behind the host table (see
+ * host_rules.h): batch, model and tensor checks, the tensor-parallel shard
+ * plan, the host reference of forward_topk(), and the xoshiro256** stream
+ * every sampler draws from.
  */
-#ifndef LOOM_BACKEND_CHECK_H
-#define LOOM_BACKEND_CHECK_H
+#include "plugin/host_rules.h"
 
-#include <stdbool.h>
-#include <stddef.h>
-#include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "loom/backend.h"
-#include "loom/model.h"
+#include "formats/dtype.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-/* [any] Check a batch against a KV pool of `num_blocks` blocks of
- * `block_size` tokens and a vocabulary of `vocab`. `logits` may be NULL only
- * when `logits_optional` (a non-zero tensor-parallel rank). `max_positions`
- * > 0 bounds positions (e.g. a RoPE table). LOOM_ERR_ABI for a short
- * struct, LOOM_ERR_INVALID otherwise, with `why` filled. */
-static inline loom_status loom_batch_check(const loom_batch *bt, const float *logits, bool logits_optional,
-                                           int32_t block_size, int32_t num_blocks, int32_t vocab,
-                                           int32_t max_positions, char *why, size_t cap) {
+loom_status loom_check_batch(const loom_batch *bt, const float *logits, bool logits_optional, int32_t block_size,
+                             int32_t num_blocks, int32_t vocab, int32_t max_positions, char *why, size_t cap) {
     const size_t need_size = offsetof(loom_batch, logits_index) + sizeof(void *);
     if (!bt || bt->struct_size < need_size) {
         snprintf(why, cap, "forward() got %s batch (struct_size %u, need >= %zu)", bt ? "a short" : "no",
@@ -100,13 +85,7 @@ static inline loom_status loom_batch_check(const loom_batch *bt, const float *lo
     return LOOM_OK;
 }
 
-/* [any] The model-config checks every backend makes before its own limits
- * (head_dim, alignment): a Llama-family architecture, positive sizes, query
- * heads a multiple of KV heads, a usable RMSNorm epsilon and RoPE base, and
- * RoPE-scaling parameters that mean something. LOOM_ERR_UNSUPPORTED for an
- * architecture or shape no backend runs, LOOM_ERR_FORMAT for inconsistent
- * RoPE scaling; `why` says which. */
-static inline loom_status loom_model_config_check(const loom_model_config *c, char *why, size_t cap) {
+loom_status loom_check_model_config(const loom_model_config *c, char *why, size_t cap) {
     if (c->arch != LOOM_ARCH_LLAMA && c->arch != LOOM_ARCH_QWEN2) {
         snprintf(why, cap, "model '%s' has architecture %d; only llama (0) and qwen2 (1) run here", c->name,
                  (int)c->arch);
@@ -141,14 +120,8 @@ static inline loom_status loom_model_config_check(const loom_model_config *c, ch
     return LOOM_OK;
 }
 
-/* [any] What load() and load_shard() check before anything else: this
- * instance has not loaded a model yet (`already_loaded`), `m` is a model
- * view with a config and get(), `comm` (NULL for a whole model) has
- * all_reduce_sum and all_gather, and the config passes
- * loom_model_config_check. LOOM_ERR_INVALID, LOOM_ERR_ABI or the config
- * check's status, with `why` filled. */
-static inline loom_status loom_load_check(bool already_loaded, const loom_model_view *m, const loom_comm *comm,
-                                          char *why, size_t cap) {
+loom_status loom_check_load(bool already_loaded, const loom_model_view *m, const loom_comm *comm, char *why,
+                            size_t cap) {
     if (already_loaded) {
         snprintf(why, cap, "load() called twice; create a new instance per model");
         return LOOM_ERR_INVALID;
@@ -163,14 +136,10 @@ static inline loom_status loom_load_check(bool already_loaded, const loom_model_
                  comm->struct_size);
         return LOOM_ERR_ABI;
     }
-    return loom_model_config_check(m->config, why, cap);
+    return loom_check_model_config(m->config, why, cap);
 }
 
-/* [any] The model's `<stem>.qweight` when `t` is a packed AWQ/GPTQ linear
- * weight: a shape-only `<stem>.weight` descriptor (data NULL, nbytes 0)
- * whose 4-bit data only a quantizer (int4, source awq / gptq) can read.
- * NULL for every ordinary tensor. */
-static inline const loom_tensor *loom_model_packed_qweight(const loom_model_view *m, const loom_tensor *t) {
+const loom_tensor *loom_model_packed_qweight(const loom_model_view *m, const loom_tensor *t) {
     char nm[256];
     size_t n = t && t->name ? strlen(t->name) : 0;
     if (!m || !m->get || !t || t->data || t->nbytes || n <= 7 || n + 2 > sizeof nm ||
@@ -180,15 +149,8 @@ static inline const loom_tensor *loom_model_packed_qweight(const loom_model_view
     return m->get(m->ctx, nm);
 }
 
-/* [any] Fetch weight `name` from the model and check it is host data of
- * shape (d0) (d1 < 0) or (d0, d1) in a known element type. A packed
- * AWQ/GPTQ weight (loom_model_packed_qweight) passes with no data: the
- * caller must hand it to a quantizer, never read it. A missing
- * optional tensor gives *out = NULL and LOOM_OK; a missing required one
- * LOOM_ERR_NOT_FOUND; a bad one LOOM_ERR_FORMAT; `why` says which. */
-static inline loom_status loom_model_tensor_check(const loom_model_view *m, const char *name, int64_t d0,
-                                                  int64_t d1, bool required, const loom_tensor **out,
-                                                  char *why, size_t cap) {
+loom_status loom_model_tensor_check(const loom_model_view *m, const char *name, int64_t d0, int64_t d1,
+                                    bool required, const loom_tensor **out, char *why, size_t cap) {
     const loom_tensor *t = m->get(m->ctx, name);
     *out = NULL;
     if (!t) {
@@ -222,7 +184,87 @@ static inline loom_status loom_model_tensor_check(const loom_model_view *m, cons
     return LOOM_OK;
 }
 
-#ifdef __cplusplus
+loom_status loom_shard_plan(const loom_model_config *c, int32_t rank, int32_t size, loom_shard *s, char *why,
+                            size_t why_cap) {
+    if (size < 1 || rank < 0 || rank >= size) {
+        snprintf(why, why_cap, "rank %d of a group of %d", rank, size);
+        return LOOM_ERR_INVALID;
+    }
+    if (c->num_heads % size != 0 || c->intermediate_size % size != 0 ||
+        (c->num_kv_heads % size != 0 && size % c->num_kv_heads != 0)) {
+        snprintf(why, why_cap,
+                 "model '%s' (%d heads, %d KV heads, FFN width %d) does not split over %d ranks: heads "
+                 "and FFN width must divide by the size, and KV heads divide by it or it by them",
+                 c->name, c->num_heads, c->num_kv_heads, c->intermediate_size, size);
+        return LOOM_ERR_UNSUPPORTED;
+    }
+    *s = (loom_shard){.struct_size = sizeof *s};
+    s->rank = rank;
+    s->size = size;
+    s->heads = c->num_heads / size;
+    s->head0 = rank * s->heads;
+    if (c->num_kv_heads >= size) {
+        s->kv_heads = c->num_kv_heads / size;
+        s->kv0 = rank * s->kv_heads;
+    } else {
+        s->kv_heads = 1;
+        s->kv0 = s->head0 / (c->num_heads / c->num_kv_heads);
+    }
+    s->inter = c->intermediate_size / size;
+    s->inter0 = rank * s->inter;
+    s->vocab_pad = (int32_t)(((int64_t)c->vocab_size + size - 1) / size);
+    int64_t lo = (int64_t)rank * s->vocab_pad;
+    s->vocab_lo = (int32_t)(lo < c->vocab_size ? lo : c->vocab_size);
+    int64_t rows = (int64_t)c->vocab_size - s->vocab_lo;
+    s->vocab_rows = (int32_t)(rows < s->vocab_pad ? rows : s->vocab_pad);
+    return LOOM_OK;
 }
-#endif
-#endif /* LOOM_BACKEND_CHECK_H */
+
+void loom_logits_topk_row(const float *row, int32_t vocab, int32_t k, int32_t *ids, float *vals, float *lse) {
+    int32_t n = 0;
+    float mx = -INFINITY;
+    for (int32_t v = 0; v < vocab; v++) {
+        float x = row[v];
+        if (x != x) x = -INFINITY;
+        if (x > mx) mx = x;
+        /* a later id enters only when strictly greater than the k-th */
+        if (n == k && !(x > vals[k - 1])) continue;
+        int32_t j = n < k ? n++ : k - 1;
+        while (j > 0 && x > vals[j - 1]) {
+            vals[j] = vals[j - 1];
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        vals[j] = x;
+        ids[j] = v;
+    }
+    if (!(mx > -INFINITY) || mx == INFINITY) {
+        *lse = mx;
+        return;
+    }
+    double z = 0.0;
+    for (int32_t v = 0; v < vocab; v++)
+        if (row[v] == row[v]) z += exp((double)row[v] - (double)mx);
+    *lse = (float)((double)mx + log(z));
+}
+
+void loom_rng_seed(uint64_t state[4], uint64_t seed) {
+    for (int i = 0; i < 4; i++) {
+        uint64_t z = (seed += 0x9e3779b97f4a7c15ULL);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        state[i] = z ^ (z >> 31);
+    }
+}
+
+uint64_t loom_rng_next(uint64_t s[4]) {
+    uint64_t r = s[1] * 5, t = s[1] << 17;
+    r = ((r << 7) | (r >> 57)) * 9;
+    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3];
+    s[2] ^= t; s[3] = (s[3] << 45) | (s[3] >> 19);
+    return r;
+}
+
+double loom_rng_uniform(uint64_t s[4]) {
+    return (double)(loom_rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
+}

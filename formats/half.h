@@ -1,5 +1,5 @@
 /*
- * core/model/half.h — scalar conversions between float32 and the 16-bit
+ * formats/half.h — scalar conversions between float32 and the 16-bit
  * float formats found in model files: IEEE binary16 ("f16", GGUF/GGML and
  * safetensors F16) and bfloat16 ("bf16", the top half of a float32).
  *

@@ -1,5 +1,5 @@
 /*
- * core/model/dequant.c — scalar dequantization of GGML block formats and
+ * formats/dequant.c — scalar dequantization of GGML block formats and
  * 16-bit floats to float32, one row at a time.
  *
  * Layouts (little-endian, all fields packed, no padding):
@@ -14,11 +14,12 @@
  *        6-bit q = 4 low bits from ql | 2 high bits from qh, minus 32;
  *        16 sub-blocks of 16 with int8 scales: x = d*sc*q.
  */
-#include "model/dequant.h"
+#include "formats/dequant.h"
+#include "formats/dtype.h"
 
 #include <string.h>
 
-#include "model/half.h"
+#include "formats/half.h"
 
 static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 

@@ -1,5 +1,5 @@
 /*
- * core/model/dequant.h — reference (scalar, portable) conversion of one row
+ * formats/dequant.h — reference (scalar, portable) conversion of one row
  * of any loom weight type to float32.
  *
  * Block layouts are GGML's (see tensor.h for sizes): a row of n elements of a
@@ -15,6 +15,7 @@
 
 #include "loom/plugin.h"
 #include "loom/tensor.h"
+#include "formats/dtype.h"
 
 /* True for the types loom_dequant_row() accepts: F32, F16, BF16, Q8_0,
  * Q4_0, Q4_1, Q4_K, Q6_K, I8, I32 (integers convert by value). */

@@ -1,0 +1,192 @@
+/*
+ * core/engine/batch.c — from the scheduler's decision to the runner's
+ * input: the step buffers, the cache manager's queued block copies and
+ * swaps, and the flattened batch (loom/backend.h: token ids, positions,
+ * block tables, slot mapping, the rows that need logits).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "util/util.h"
+
+/* Grow the per-step arrays for nseq sequences and ntok tokens. */
+loom_status engine_step_buffers(loom_engine *e, int32_t nseq, int32_t ntok, int32_t bt_stride) {
+    if (engine_grow((void **)&e->sched_entries, &e->sched_cap, nseq, sizeof(loom_sched_entry)) != LOOM_OK)
+        return LOOM_ERR_NOMEM;
+    loom_seq_id *pre = realloc(e->preempted, (size_t)e->sched_cap * sizeof(loom_seq_id));
+    if (pre) e->preempted = pre;
+    loom_preempt_mode *modes = realloc(e->preempt_modes, (size_t)e->sched_cap * sizeof(loom_preempt_mode));
+    if (modes) e->preempt_modes = modes;
+    if (!pre || !modes) return LOOM_ERR_NOMEM;
+    if (ntok > e->tok_cap) {
+        int32_t n = ntok * 2;
+        int32_t *ids = realloc(e->tok_ids, (size_t)n * sizeof(int32_t));
+        if (ids) e->tok_ids = ids;
+        int32_t *pos = realloc(e->positions, (size_t)n * sizeof(int32_t));
+        if (pos) e->positions = pos;
+        int64_t *slots = realloc(e->slots, (size_t)n * sizeof(int64_t));
+        if (slots) e->slots = slots;
+        int32_t *li = realloc(e->logits_index, (size_t)n * sizeof(int32_t));
+        if (li) e->logits_index = li;
+        loom_seq **ls = realloc(e->logit_seqs, (size_t)n * sizeof(loom_seq *));
+        if (ls) e->logit_seqs = ls;
+        if (!ids || !pos || !slots || !li || !ls) return LOOM_ERR_NOMEM;
+        e->tok_cap = n;
+    }
+    if (nseq + 1 > e->seq_cap) {
+        int32_t n = (nseq + 1) * 2;
+        int32_t *qs = realloc(e->query_start, (size_t)n * sizeof(int32_t));
+        if (qs) e->query_start = qs;
+        int32_t *cl = realloc(e->context_len, (size_t)n * sizeof(int32_t));
+        if (cl) e->context_len = cl;
+        if (!qs || !cl) return LOOM_ERR_NOMEM;
+        e->seq_cap = n;
+    }
+    if ((int64_t)nseq * bt_stride > e->bt_cap) {
+        int32_t n = nseq * bt_stride * 2;
+        int32_t *bt = realloc(e->block_table, (size_t)n * sizeof(int32_t));
+        if (!bt) return LOOM_ERR_NOMEM;
+        e->block_table = bt;
+        e->bt_cap = n;
+    }
+    return LOOM_OK;
+}
+
+/* Room for `rows` whole logits rows, grown as needed. */
+loom_status engine_logits_room(loom_engine *e, int32_t rows, loom_error *err) {
+    size_t need = (size_t)rows * (size_t)e->vocab;
+    if (need <= e->logits_cap) return LOOM_OK;
+    float *l = realloc(e->logits, need * sizeof(float));
+    if (!l) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for %d logits rows", rows);
+    e->logits = l;
+    e->logits_cap = need;
+    return LOOM_OK;
+}
+
+/* Scratch rows for verification and want_probs, grown as needed. */
+float *engine_scratch_rows(loom_engine *e, int32_t rows) {
+    size_t need = (size_t)rows * (size_t)e->vocab;
+    if (need > e->scratch_cap) {
+        float *p = realloc(e->scratch, need * sizeof(float));
+        if (!p) return NULL;
+        e->scratch = p;
+        e->scratch_cap = need;
+    }
+    return e->scratch;
+}
+
+/* One run of block ops of one kind on the runner. */
+static loom_status run_ops(loom_engine *e, loom_block_op_kind k, int32_t n, loom_error *err) {
+    if (k == LOOM_BLOCK_COPY) return e->run.copy_blocks(e->run.self, e->pairs, n, err);
+    if (!e->run.swap_blocks)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "the cache manager asked for a swap but %s '%s' cannot swap: set "
+                              "cache.cpu_swap_gib: 0",
+                              e->run.kind == LOOM_KIND_EXECUTOR ? "executor" : "backend", e->run.name);
+    return e->run.swap_blocks(e->run.self, k == LOOM_BLOCK_SWAP_OUT ? LOOM_SWAP_OUT : LOOM_SWAP_IN, e->pairs, n,
+                              err);
+}
+
+/* Run the cache manager's queued copies and swaps, grouped into runs of
+ * one kind so the runner sees as few calls as possible, order kept. */
+loom_status engine_run_block_ops(loom_engine *e, loom_error *err) {
+    enum { CAP = 256 };
+    if (!e->ops) {
+        e->ops = malloc(CAP * sizeof(loom_block_op));
+        e->pairs = malloc(CAP * 2 * sizeof(int32_t));
+        if (!e->ops || !e->pairs) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+    }
+    int32_t n;
+    while ((n = e->cache->take_block_ops(e->cache_self, e->ops, CAP)) > 0) {
+        if (n > CAP) return loom_error_set(err, LOOM_ERR_INTERNAL, "cache take_block_ops returned %d > %d", n, CAP);
+        for (int32_t i = 0, j; i < n; i = j) {
+            loom_block_op_kind k = e->ops[i].kind;
+            for (j = i; j < n && e->ops[j].kind == k; j++) {
+                e->pairs[2 * (j - i)] = e->ops[j].src;
+                e->pairs[2 * (j - i) + 1] = e->ops[j].dst;
+            }
+            loom_status st = run_ops(e, k, j - i, err);
+            if (st != LOOM_OK) return st;
+        }
+    }
+    return LOOM_OK;
+}
+
+/* Prompt-token accounting for one scheduled entry: tokens the prefix cache
+ * served (first schedule of sample 0) and tokens actually prefilled. */
+static void count_prompt(loom_engine *e, loom_seq *s, const loom_sched_entry *en, int32_t end) {
+    const int32_t np = s->info.num_prompt_tokens;
+    if (!s->prefix_counted && s->sample_index == 0) {
+        s->prefix_counted = true;
+        e->stats.cached_prompt_tokens += en->num_computed < np ? en->num_computed : np;
+    }
+    if (en->num_computed < np) e->stats.prefill_tokens += (end < np ? end : np) - en->num_computed;
+}
+
+/* Lay out entry i (sequence s) at token offset t: its block table row, its
+ * tokens, positions and slots, and the rows that need logits — its last
+ * token, or its last token and every draft after it, when it catches up. */
+static loom_status add_entry(loom_engine *e, int32_t i, const loom_sched_entry *en, loom_seq *s, int32_t *t,
+                             int32_t *nlog, loom_error *err) {
+    const int32_t bs = e->layout.block_size, stride = e->bt_stride;
+    int32_t *row = e->block_table + (size_t)i * stride;
+    int32_t nb = e->cache->block_table(e->cache_self, s->info.id, row, stride);
+    int32_t end = en->num_computed + en->num_tokens;
+    if (nb > stride || (int64_t)nb * bs < end)
+        return loom_error_set(err, LOOM_ERR_INTERNAL,
+                              "seq %lld has %d blocks for %d tokens: the scheduler did not allocate",
+                              (long long)s->info.id, nb, end);
+    for (int32_t k = nb; k < stride; k++) row[k] = -1;
+    e->query_start[i] = *t;
+    e->context_len[i] = end;
+    count_prompt(e, s, en, end);
+    for (int32_t p = en->num_computed; p < end; p++, (*t)++) {
+        e->tok_ids[*t] = s->tokens[p];
+        e->positions[*t] = p;
+        e->slots[*t] = (int64_t)row[p / bs] * bs + p % bs;
+    }
+    if (end < s->info.num_tokens) return LOOM_OK;
+    int32_t rows = 1 + s->info.num_draft; /* end == num_tokens: all drafts are in this step */
+    for (int32_t r = 0; r < rows; r++, (*nlog)++) {
+        e->logits_index[*nlog] = *t - rows + r;
+        e->logit_seqs[*nlog] = s;
+    }
+    return LOOM_OK;
+}
+
+/* The step's flattened batch from the scheduler's entries. *any_decode:
+ * some entry is past its prompt (the step counts as decode time). */
+loom_status engine_build_batch(loom_engine *e, const loom_sched_output *out, loom_batch *batch, bool *any_decode,
+                               loom_error *err) {
+    int32_t ntok = 0;
+    for (int32_t i = 0; i < out->num_scheduled; i++) ntok += out->scheduled[i].num_tokens;
+    if (engine_step_buffers(e, out->num_scheduled, ntok, e->bt_stride) != LOOM_OK)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory growing step buffers");
+    int32_t t = 0, nlog = 0;
+    *any_decode = false;
+    for (int32_t i = 0; i < out->num_scheduled; i++) {
+        const loom_sched_entry *en = &out->scheduled[i];
+        loom_seq *s = loom_engine_find_seq(e, en->seq);
+        loom_status st = add_entry(e, i, en, s, &t, &nlog, err);
+        if (st != LOOM_OK) return st;
+        if (en->num_computed >= s->info.num_prompt_tokens) *any_decode = true;
+    }
+    e->query_start[out->num_scheduled] = t;
+    *batch = (loom_batch){
+        .struct_size = sizeof *batch,
+        .num_seqs = out->num_scheduled,
+        .num_tokens = ntok,
+        .token_ids = e->tok_ids,
+        .positions = e->positions,
+        .query_start = e->query_start,
+        .context_len = e->context_len,
+        .block_table = e->block_table,
+        .block_table_stride = e->bt_stride,
+        .slot_mapping = e->slots,
+        .num_logits = nlog,
+        .logits_index = e->logits_index,
+    };
+    return engine_logits_room(e, nlog, err);
+}

@@ -1,0 +1,309 @@
+/*
+ * core/engine/requests.c — requests in: checking and tokenizing on the
+ * caller's thread, the inbox the step loop drains, admission, aborts.
+ *
+ * loom_engine_add_request and loom_engine_abort are [any]: they only touch
+ * the immutable tokenizer and post to the inbox under inbox_mu. The step
+ * loop drains the inbox at the start of every step (drain_inbox), where a
+ * request becomes its first sequence and meets the sampler and the
+ * scheduler; whatever refuses it there ends that request alone with an
+ * error event, never the engine.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "util/util.h"
+
+loom_sampling_params loom_sampling_params_default(void) {
+    loom_sampling_params p = {0};
+    p.struct_size = sizeof p;
+    p.temperature = 0.0f;
+    p.top_p = 1.0f;
+    p.repetition_penalty = 1.0f;
+    return p;
+}
+
+loom_request loom_request_default(void) {
+    loom_request r = {0};
+    r.struct_size = sizeof r;
+    r.params = loom_sampling_params_default();
+    r.n = 1;
+    return r;
+}
+
+/* ------------------------------------------------------------- prompts */
+
+/* A conversation through the model's chat template. */
+static loom_status encode_messages(loom_engine *e, const loom_request *req, loom_req *rq, loom_error *err) {
+    if (req->prompt || req->tokens || req->chat || req->system || !req->messages)
+        return loom_error_set(err, LOOM_ERR_INVALID,
+                              req->messages ? "a request with messages takes no prompt, tokens, chat or system"
+                                            : "num_messages is %d but messages is NULL",
+                              req->num_messages);
+    if (!e->tok || e->chat_none)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              !e->tok ? "this model has no tokenizer (dummy weights): a conversation needs one"
+                                      : "this pipeline has no chat template (model.chat_template: none): send "
+                                        "the prompt as text instead of messages");
+    loom_chat_msg *msgs = calloc((size_t)req->num_messages, sizeof *msgs);
+    if (!msgs) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying %d messages", req->num_messages);
+    loom_status st = LOOM_OK;
+    for (int32_t i = 0; i < req->num_messages && st == LOOM_OK; i++) {
+        const char *role = req->messages[i].role, *content = req->messages[i].content;
+        if (!role || !content || (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant")))
+            st = loom_error_set(err, LOOM_ERR_INVALID,
+                                "messages[%d]: role '%s' with %s content: roles are system, user and "
+                                "assistant, content is text",
+                                i, role ? role : "(none)", content ? "text" : "no");
+        msgs[i] = (loom_chat_msg){role, content};
+    }
+    char *text = NULL;
+    if (st == LOOM_OK) st = loom_chat_apply(e->tok, e->chat_format, msgs, req->num_messages, true, &text, err);
+    free(msgs);
+    if (st == LOOM_OK)
+        st = loom_tokenizer_encode(e->tok, text, strlen(text), false, true, &rq->prompt, &rq->prompt_len, err);
+    free(text);
+    return st;
+}
+
+/* Text, wrapped as one user turn when req->chat asks for it. */
+static loom_status encode_text(loom_engine *e, const loom_request *req, loom_req *rq, loom_error *err) {
+    if (!e->tok)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "this model has no tokenizer (dummy weights): give prompt token ids instead of text");
+    const bool chat = req->chat && !e->chat_none;
+    char *text = NULL;
+    const char *src = req->prompt;
+    if (chat) {
+        loom_chat_msg msgs[2];
+        int32_t nm = 0;
+        if (req->system) msgs[nm++] = (loom_chat_msg){"system", req->system};
+        msgs[nm++] = (loom_chat_msg){"user", req->prompt};
+        loom_status st = loom_chat_apply(e->tok, e->chat_format, msgs, nm, true, &text, err);
+        if (st != LOOM_OK) return st;
+        src = text;
+    }
+    loom_status st = loom_tokenizer_encode(e->tok, src, strlen(src), !chat && loom_tokenizer_adds_bos(e->tok), chat,
+                                           &rq->prompt, &rq->prompt_len, err);
+    free(text);
+    return st;
+}
+
+static loom_status copy_tokens(loom_engine *e, const loom_request *req, loom_req *rq, loom_error *err) {
+    rq->prompt = malloc((size_t)req->num_tokens * sizeof(int32_t));
+    if (!rq->prompt)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying %d prompt tokens", req->num_tokens);
+    for (int32_t i = 0; i < req->num_tokens; i++) {
+        if (req->tokens[i] < 0 || req->tokens[i] >= e->vocab)
+            return loom_error_set(err, LOOM_ERR_INVALID, "prompt token %d at index %d is outside the vocabulary [0, %d)",
+                                  req->tokens[i], i, e->vocab);
+        rq->prompt[i] = req->tokens[i];
+    }
+    rq->prompt_len = req->num_tokens;
+    return LOOM_OK;
+}
+
+/* The prompt as token ids, from whichever form the request gave, and the
+ * new-token budget that fits the context after it. */
+static loom_status resolve_prompt(loom_engine *e, const loom_request *req, loom_req *rq, loom_error *err) {
+    loom_status st;
+    if (req->num_messages > 0) st = encode_messages(e, req, rq, err);
+    else if (req->prompt) st = encode_text(e, req, rq, err);
+    else if (req->tokens && req->num_tokens > 0) st = copy_tokens(e, req, rq, err);
+    else st = loom_error_set(err, LOOM_ERR_INVALID, "request has neither a prompt nor prompt tokens");
+    if (st != LOOM_OK) return st;
+    if (rq->prompt_len == 0)
+        return loom_error_set(err, LOOM_ERR_INVALID, "the prompt encodes to zero tokens: give some text");
+    if (rq->prompt_len >= e->max_model_len)
+        return loom_error_set(err, LOOM_ERR_INVALID,
+                              "prompt is %d tokens but the context holds %d (prompt + at least one new "
+                              "token): shorten the prompt or raise engine.max_model_len (model trained to %d)",
+                              rq->prompt_len, e->max_model_len, e->mcfg->max_context);
+    int32_t room = e->max_model_len - rq->prompt_len;
+    if (req->strict_max_tokens && req->max_tokens > room)
+        return loom_error_set(err, LOOM_ERR_INVALID,
+                              "the context holds %d tokens, but the prompt is %d and max_tokens %d asks for %d "
+                              "more: lower max_tokens to at most %d or shorten the prompt",
+                              e->max_model_len, rq->prompt_len, req->max_tokens, req->max_tokens, room);
+    rq->max_new = req->max_tokens > 0 && req->max_tokens < room ? req->max_tokens : room;
+    return LOOM_OK;
+}
+
+/* The obvious mistakes in sampling parameters, caught at once on the
+ * caller's thread; the sampler's own rules are checked at admission. */
+static loom_status check_params(const loom_sampling_params *p, loom_error *err) {
+    if (p->struct_size >= sizeof(loom_sampling_params) && p->temperature >= 0 && isfinite(p->temperature) &&
+        p->top_p > 0 && p->top_p <= 1 && p->top_k >= 0 && p->min_p >= 0 && p->min_p <= 1 &&
+        isfinite(p->repetition_penalty) && p->repetition_penalty > 0 && isfinite(p->presence_penalty) &&
+        isfinite(p->frequency_penalty) && p->logprobs >= 0 && p->logprobs <= LOOM_MAX_LOGPROBS)
+        return LOOM_OK;
+    return loom_error_set(err, LOOM_ERR_INVALID,
+                          "sampling parameters out of range (params.struct_size %u, start from "
+                          "loom_sampling_params_default(); temperature %g finite >= 0, top_p %g in (0,1], "
+                          "top_k %d >= 0, min_p %g in [0,1], repetition_penalty %g finite > 0, presence/frequency "
+                          "penalties %g/%g finite, logprobs %d in [0,%d])",
+                          p->struct_size, p->temperature, p->top_p, p->top_k, p->min_p, p->repetition_penalty,
+                          p->presence_penalty, p->frequency_penalty, p->logprobs, LOOM_MAX_LOGPROBS);
+}
+
+static loom_status copy_stops(const char *const *stop, loom_req *rq, loom_error *err) {
+    if (!stop) return LOOM_OK;
+    int32_t ns = 0;
+    while (stop[ns]) ns++;
+    rq->stop = calloc((size_t)ns + 1, sizeof(char *));
+    if (!rq->stop) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying stop strings");
+    for (int32_t i = 0; i < ns; i++) {
+        rq->stop[i] = loom_strdup(stop[i]);
+        if (!rq->stop[i]) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying stop strings");
+        int32_t l = (int32_t)strlen(stop[i]);
+        if (l > rq->max_stop_len) rq->max_stop_len = l;
+    }
+    return LOOM_OK;
+}
+
+/* A request the engine owns: a copy of `req` read up to the caller's
+ * struct_size (later fields keep their defaults), without the borrowed
+ * pointers. */
+static loom_req *req_copy(const loom_request *req, loom_request *full) {
+    *full = loom_request_default();
+    memcpy(full, req, req->struct_size);
+    full->struct_size = sizeof *full;
+    loom_req *rq = calloc(1, sizeof *rq);
+    if (!rq) return NULL;
+    rq->r = *full;
+    rq->r.system = loom_strdup(full->system);
+    rq->r.prompt = NULL;
+    rq->r.tokens = NULL;
+    rq->r.messages = NULL;
+    rq->r.stop = NULL;
+    rq->n = full->n > 1 ? full->n : 1;
+    rq->arrival = loom_now();
+    return rq;
+}
+
+static void inbox_post(loom_engine *e, loom_inbox_item *it, loom_req *rq) {
+    pthread_mutex_lock(&e->inbox_mu);
+    if (rq) {
+        rq->id = e->next_req_id++;
+        e->active++;
+    }
+    if (e->inbox_tail) e->inbox_tail->next = it;
+    else e->inbox_head = it;
+    e->inbox_tail = it;
+    pthread_mutex_unlock(&e->inbox_mu);
+}
+
+int64_t loom_engine_add_request(loom_engine *e, const loom_request *req, loom_error *err) {
+    if (!e || !req) {
+        loom_error_set(err, LOOM_ERR_INVALID, "loom_engine_add_request: engine and request are required");
+        return -1;
+    }
+    if (req->struct_size < sizeof(uint32_t) || req->struct_size > sizeof(loom_request)) {
+        loom_error_set(err, LOOM_ERR_ABI, "loom_request.struct_size %u is not one this engine knows (%zu)",
+                       req->struct_size, sizeof(loom_request));
+        return -1;
+    }
+    loom_request full;
+    loom_req *rq = req_copy(req, &full);
+    if (!rq) {
+        loom_error_set(err, LOOM_ERR_NOMEM, "out of memory queueing a request");
+        return -1;
+    }
+    loom_inbox_item *it = NULL;
+    loom_status st = resolve_prompt(e, &full, rq, err);
+    if (st == LOOM_OK) st = check_params(&full.params, err);
+    if (st == LOOM_OK) st = copy_stops(full.stop, rq, err);
+    if (st == LOOM_OK && !(rq->seqs = calloc((size_t)rq->n, sizeof(loom_seq *))))
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+    if (st == LOOM_OK && !(it = calloc(1, sizeof *it))) st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+    if (st != LOOM_OK) {
+        loom_engine_req_free(rq);
+        return -1;
+    }
+    it->req = rq;
+    inbox_post(e, it, rq);
+    return rq->id;
+}
+
+loom_status loom_engine_abort(loom_engine *e, int64_t request_id) {
+    loom_inbox_item *it = calloc(1, sizeof *it);
+    if (!it) return LOOM_ERR_NOMEM;
+    it->abort_id = request_id;
+    inbox_post(e, it, NULL);
+    return LOOM_OK;
+}
+
+/* ------------------------------------------------------------ admission */
+
+/* A request that never reached the tables ends here: one ERROR event per
+ * sample (its caller may be waiting on them — e.g. an HTTP client), then
+ * it no longer counts as active. */
+static void fail_unadmitted(loom_engine *e, loom_req *rq, const char *why) {
+    engine_end_unstarted(rq, 0, LOOM_FINISH_ERROR, why);
+    pthread_mutex_lock(&e->inbox_mu);
+    e->active--;
+    pthread_mutex_unlock(&e->inbox_mu);
+    loom_engine_req_free(rq);
+}
+
+/* Admit a queued request. Whatever refuses it (out of memory, the sampler,
+ * the scheduler) ends that request alone with an error event: the engine
+ * goes on with the others. */
+static void admit(loom_engine *e, loom_req *rq, loom_error *err) {
+    static const char *const oom = "out of memory admitting the request";
+    if (engine_grow((void **)&e->reqs, &e->cap_reqs, e->num_reqs + 1, sizeof(loom_req *)) != LOOM_OK) {
+        fail_unadmitted(e, rq, oom);
+        return;
+    }
+    loom_seq *s = engine_seq_new(e, rq, 0);
+    if (!s || engine_track_seq(e, s) != LOOM_OK) {
+        loom_engine_seq_free(s);
+        fail_unadmitted(e, rq, oom);
+        return;
+    }
+    e->reqs[e->num_reqs++] = rq;
+    rq->seqs[0] = s;
+    rq->live = 1;
+    rq->forked = rq->n == 1;
+    e->stats.prompt_tokens += rq->prompt_len;
+    /* The sampler's own rules (e.g. its max_logprobs): one dry draw from
+     * flat logits, so a request it rejects ends alone with an error
+     * instead of failing every row of a later step. */
+    loom_status st = engine_sampler_check(e, s, err);
+    if (st != LOOM_OK) {
+        engine_seq_finish(e, s, LOOM_FINISH_ERROR, err ? err->message : "the sampler rejected the request's parameters");
+        return;
+    }
+    st = e->sch->add(e->sch_self, &s->info, err);
+    if (st != LOOM_OK) {
+        loom_error_prefix(err, "scheduler refused request %lld", (long long)rq->id);
+        engine_seq_finish(e, s, LOOM_FINISH_ERROR, err ? err->message : "scheduler refused the request");
+    }
+}
+
+static void abort_request(loom_engine *e, int64_t id) {
+    for (int32_t i = 0; i < e->num_reqs; i++) {
+        loom_req *rq = e->reqs[i];
+        if (rq->id != id || rq->live == 0) continue;
+        rq->aborted = true;
+        for (int32_t k = 0; k < rq->n; k++)
+            if (rq->seqs[k]) engine_seq_finish(e, rq->seqs[k], LOOM_FINISH_ABORT, NULL);
+    }
+}
+
+void engine_drain_inbox(loom_engine *e, loom_error *err) {
+    pthread_mutex_lock(&e->inbox_mu);
+    loom_inbox_item *it = e->inbox_head;
+    e->inbox_head = e->inbox_tail = NULL;
+    pthread_mutex_unlock(&e->inbox_mu);
+    while (it) {
+        loom_inbox_item *next = it->next;
+        if (it->req) admit(e, it->req, err);
+        else abort_request(e, it->abort_id);
+        free(it);
+        it = next;
+    }
+}

@@ -1,0 +1,294 @@
+/*
+ * core/engine/step.c — the step loop: schedule -> build the batch ->
+ * forward -> sample / verify -> update.
+ *
+ * The engine owns requests, sequences, the model and the tokenizer; every
+ * decision is a plugin's. One step:
+ *   drain the inbox (requests.c) -> drafts (speculate.c) -> the scheduler
+ *   picks {seq: tokens}, allocating slots through the cache manager and
+ *   preempting on NO_SPACE (schedule) -> the cache's queued block copies
+ *   and swaps run on the runner, the batch is flattened (batch.c) ->
+ *   forward, whole rows or device-reduced candidates (forward) -> drafts
+ *   verified, the other rows sampled (sample_step; sample.c) -> tokens
+ *   appended, streamed and stop-checked (sequence.c) -> finished requests
+ *   reaped.
+ *
+ * It refuses to be clever: no policy lives here.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "util/util.h"
+
+/* ------------------------------------------------------------ schedule */
+
+/* What a schedule() call left to do this step. */
+typedef enum sched_result { SCHED_RUN, SCHED_RETRY, SCHED_STALLED } sched_result;
+
+/* The scheduler's output obeys loom/scheduler.h: within capacity, every
+ * entry a live sequence's uncomputed-or-recomputed range, no sequence both
+ * scheduled and preempted. */
+static loom_status check_output(loom_engine *e, const loom_sched_output *out, loom_error *err) {
+    if (out->num_scheduled < 0 || out->num_scheduled > out->capacity || out->num_preempted < 0 ||
+        out->num_preempted > out->capacity)
+        return loom_error_set(err, LOOM_ERR_INTERNAL, "scheduler wrote %d entries and %d preemptions (capacity %d)",
+                              out->num_scheduled, out->num_preempted, out->capacity);
+    for (int32_t i = 0; i < out->num_scheduled; i++) {
+        const loom_sched_entry *en = &out->scheduled[i];
+        const loom_seq *s = loom_engine_find_seq(e, en->seq);
+        if (!s || s->finished || en->num_tokens <= 0 || en->num_computed < 0 ||
+            en->num_computed + en->num_tokens > s->info.num_tokens)
+            return loom_error_set(err, LOOM_ERR_INTERNAL,
+                                  "scheduler entry %d (seq %lld, tokens [%d, %d)) does not fit the sequence", i,
+                                  (long long)en->seq, en->num_computed, en->num_computed + en->num_tokens);
+        for (int32_t j = 0; j < out->num_preempted; j++)
+            if (out->preempted[j] == en->seq)
+                return loom_error_set(err, LOOM_ERR_INTERNAL,
+                                      "scheduler both scheduled and preempted seq %lld; take the entry back "
+                                      "before preempting (loom/scheduler.h)",
+                                      (long long)en->seq);
+    }
+    return LOOM_OK;
+}
+
+/* Nothing can run and nothing was freed: the cache cannot hold even one
+ * waiting sequence. End the oldest rather than hang. */
+static void fail_stalled(loom_engine *e) {
+    for (int32_t i = 0; i < e->num_seqs; i++) {
+        loom_seq *s = e->seqs[i];
+        if (s->finished) continue;
+        char msg[LOOM_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg,
+                 "no progress possible: the KV cache (%d blocks of %d tokens) cannot hold this "
+                 "sequence of %d tokens; give the cache more memory or lower engine.max_model_len",
+                 e->layout.num_blocks, e->layout.block_size, s->info.num_tokens);
+        engine_seq_finish(e, s, LOOM_FINISH_ERROR, msg);
+        return;
+    }
+}
+
+static loom_status schedule(loom_engine *e, double now, loom_sched_output *out, sched_result *res, loom_error *err) {
+    if (engine_step_buffers(e, e->num_seqs, 1, e->bt_stride) != LOOM_OK)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory growing step buffers");
+    *out = (loom_sched_output){.struct_size = sizeof *out, .capacity = e->sched_cap, .scheduled = e->sched_entries,
+                               .preempted = e->preempted, .preempt_mode = e->preempt_modes};
+    loom_sched_env env = {.struct_size = sizeof env, .ctx = e, .get_seq = engine_env_get_seq, .cache = e->cache,
+                          .cache_self = e->cache_self, .now = now};
+    loom_status st = e->sch->schedule(e->sch_self, &env, out, err);
+    if (st == LOOM_OK) st = check_output(e, out, err);
+    if (st != LOOM_OK) {
+        loom_error_prefix(err, "scheduler");
+        return st;
+    }
+    for (int32_t i = 0; i < out->num_preempted; i++) {
+        loom_seq *s = loom_engine_find_seq(e, out->preempted[i]);
+        if (!s) continue;
+        e->stats.preemptions++;
+        if (out->preempt_mode[i] != LOOM_PREEMPT_RECOMPUTE) continue;
+        s->info.num_computed = 0;
+        if (s->info.num_draft) engine_spec_drop(e, s);
+    }
+    *res = out->num_scheduled > 0 ? SCHED_RUN : out->num_preempted > 0 ? SCHED_RETRY : SCHED_STALLED;
+    return LOOM_OK;
+}
+
+/* ------------------------------------------------------------- forward */
+
+/* Room for `rows` forward_topk rows of k candidates. */
+static loom_status topk_reserve(loom_engine *e, int32_t rows, int32_t k, loom_error *err) {
+    if (rows <= e->top_cap) return LOOM_OK;
+    int32_t cap = rows > 2 * e->top_cap ? rows : 2 * e->top_cap;
+    int32_t *ids = realloc(e->top_ids, (size_t)cap * (size_t)k * sizeof *ids);
+    if (ids) e->top_ids = ids;
+    float *vals = realloc(e->top_vals, (size_t)cap * (size_t)k * sizeof *vals);
+    if (vals) e->top_vals = vals;
+    float *lse = realloc(e->top_lse, (size_t)cap * sizeof *lse);
+    if (lse) e->top_lse = lse;
+    uint8_t *wf = realloc(e->want_full, (size_t)cap);
+    if (wf) e->want_full = wf;
+    loom_seq **sq = realloc(e->top_seqs, (size_t)cap * sizeof *sq);
+    if (sq) e->top_seqs = sq;
+    if (!ids || !vals || !lse || !wf || !sq)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for %d candidate rows", rows);
+    e->top_cap = cap;
+    return LOOM_OK;
+}
+
+/* Which rows come back as candidates (want_full[r] == 0) and how many per
+ * row: what the most demanding candidate row needs. 0 = all rows whole. */
+static loom_status plan_rows(loom_engine *e, int32_t nlog, int32_t *topk, loom_error *err) {
+    const int32_t kmax = e->vocab < LOOM_LOGITS_TOPK_MAX ? e->vocab : LOOM_LOGITS_TOPK_MAX;
+    *topk = 0;
+    if (!e->device_sampling || nlog == 0) return LOOM_OK;
+    loom_status st = topk_reserve(e, nlog, kmax, err);
+    if (st != LOOM_OK) return st;
+    for (int32_t r = 0; r < nlog; r++) {
+        int32_t k = engine_row_candidates(e, e->logit_seqs[r], kmax);
+        e->want_full[r] = k == 0;
+        if (k > *topk) *topk = k;
+    }
+    return LOOM_OK;
+}
+
+static loom_status forward(loom_engine *e, const loom_batch *batch, int32_t *topk, loom_error *err) {
+    loom_status st = plan_rows(e, batch->num_logits, topk, err);
+    if (st != LOOM_OK) return st;
+    const double t0 = loom_now();
+    if (*topk > 0) {
+        loom_logits_topk o = {.struct_size = sizeof o, .k = *topk, .top_ids = e->top_ids, .top_vals = e->top_vals,
+                              .lse = e->top_lse, .want_full = e->want_full, .full = e->logits};
+        st = e->run.forward_topk(e->run.self, batch, &o, err);
+    } else {
+        st = e->run.forward(e->run.self, batch, e->logits, err);
+    }
+    e->stats.backend_seconds += loom_now() - t0;
+    if (st != LOOM_OK)
+        loom_error_prefix(err, "%s '%s' forward (%d sequences, %d tokens)",
+                          e->run.kind == LOOM_KIND_EXECUTOR ? "executor" : "backend", e->run.name, batch->num_seqs,
+                          batch->num_tokens);
+    return st;
+}
+
+/* After the forward: the scheduled tokens are computed; drafts whose
+ * verification rows were not all computed are dropped. */
+static void mark_computed(loom_engine *e, const loom_sched_output *out) {
+    for (int32_t i = 0; i < out->num_scheduled; i++) {
+        const loom_sched_entry *en = &out->scheduled[i];
+        loom_seq *s = loom_engine_find_seq(e, en->seq);
+        s->info.num_computed = en->num_computed + en->num_tokens;
+        if (s->info.num_draft &&
+            (s->info.num_computed < s->info.num_tokens || en->num_tokens < 1 + s->info.num_draft))
+            engine_spec_drop(e, s);
+    }
+}
+
+/* ------------------------------------------------------------- sample */
+
+/* Move candidate row r to slot c (c <= r), keeping order. */
+static void compact_candidate(loom_engine *e, int32_t r, int32_t c, int32_t topk) {
+    if (c == r) return;
+    memmove(e->top_ids + (size_t)c * topk, e->top_ids + (size_t)r * topk, (size_t)topk * sizeof(int32_t));
+    memmove(e->top_vals + (size_t)c * topk, e->top_vals + (size_t)r * topk, (size_t)topk * sizeof(float));
+    e->top_lse[c] = e->top_lse[r];
+}
+
+/* Verify sequences with drafts one by one; sample every other row in one
+ * call for whole rows and one for candidate rows (each compacted to the
+ * front of its buffer, order kept). */
+static loom_status sample_step(loom_engine *e, int32_t nlog, int32_t topk, loom_error *err) {
+    int32_t nwhole = 0, ncand = 0;
+    loom_status st = LOOM_OK;
+    for (int32_t r = 0; r < nlog && st == LOOM_OK;) {
+        loom_seq *s = e->logit_seqs[r];
+        const int32_t rows = 1 + s->info.num_draft;
+        const bool cand = topk > 0 && !e->want_full[r];
+        if (s->info.num_draft && cand) {
+            engine_spec_accept_greedy(e, s, e->top_ids + (size_t)r * topk, e->top_vals + (size_t)r * topk,
+                                      e->top_lse + r, topk);
+        } else if (s->info.num_draft) {
+            st = engine_spec_accept(e, s, e->logits + (size_t)r * e->vocab, err);
+        } else if (cand) {
+            compact_candidate(e, r, ncand, topk);
+            e->top_seqs[ncand++] = s;
+        } else {
+            if (nwhole != r)
+                memmove(e->logits + (size_t)nwhole * e->vocab, e->logits + (size_t)r * e->vocab,
+                        (size_t)e->vocab * sizeof(float));
+            e->logit_seqs[nwhole++] = s;
+        }
+        r += rows;
+    }
+    if (st == LOOM_OK && nwhole > 0) st = engine_sample_rows(e, e->logits, e->vocab, e->logit_seqs, nwhole, NULL, NULL, err);
+    if (st == LOOM_OK && ncand > 0) {
+        e->stats.device_sampled_rows += ncand;
+        st = engine_sample_rows(e, e->top_vals, topk, e->top_seqs, ncand, e->top_ids, e->top_lse, err);
+    }
+    return st;
+}
+
+/* --------------------------------------------------------------- step */
+
+static int32_t live_seqs(const loom_engine *e) {
+    int32_t live = 0;
+    for (int32_t i = 0; i < e->num_seqs; i++) live += !e->seqs[i]->finished;
+    return live;
+}
+
+/* Schedule, run and sample one step of live sequences. */
+static loom_status run_step(loom_engine *e, loom_error *err) {
+    const double t0 = loom_now();
+    loom_status st = e->spec ? engine_spec_propose(e, err) : LOOM_OK;
+    loom_sched_output out;
+    sched_result res = SCHED_STALLED;
+    if (st == LOOM_OK) st = schedule(e, t0, &out, &res, err);
+    if (st != LOOM_OK || res == SCHED_RETRY) return st; /* retry: blocks were freed, the next schedule() differs */
+    if (res == SCHED_STALLED) {
+        fail_stalled(e);
+        return LOOM_OK;
+    }
+    loom_batch batch;
+    bool any_decode;
+    int32_t topk;
+    if ((st = engine_run_block_ops(e, err)) != LOOM_OK) return st;
+    if ((st = engine_build_batch(e, &out, &batch, &any_decode, err)) != LOOM_OK) return st;
+    if ((st = forward(e, &batch, &topk, err)) != LOOM_OK) return st;
+    mark_computed(e, &out);
+    if ((st = sample_step(e, batch.num_logits, topk, err)) != LOOM_OK) return st;
+    double dt = loom_now() - t0;
+    if (any_decode) e->stats.decode_seconds += dt;
+    else e->stats.prefill_seconds += dt;
+    e->stats.steps++;
+    if (out.num_scheduled > e->stats.max_running) e->stats.max_running = out.num_scheduled;
+    return LOOM_OK;
+}
+
+loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
+    engine_drain_inbox(e, err);
+    loom_status st = live_seqs(e) > 0 ? run_step(e, err) : LOOM_OK;
+    if (st != LOOM_OK) return st;
+    engine_reap(e);
+    if (active) {
+        pthread_mutex_lock(&e->inbox_mu);
+        *active = e->active;
+        pthread_mutex_unlock(&e->inbox_mu);
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_engine_run(loom_engine *e, loom_error *err) {
+    int32_t active = 1;
+    while (active > 0) {
+        loom_status st = loom_engine_step(e, &active, err);
+        if (st != LOOM_OK) return st;
+    }
+    return LOOM_OK;
+}
+
+void loom_engine_get_stats(loom_engine *e, loom_engine_stats *out) {
+    *out = e->stats;
+    out->struct_size = sizeof *out;
+    loom_sched_stats ss = {.struct_size = sizeof ss};
+    if (e->sch->stats) e->sch->stats(e->sch_self, &ss);
+    out->running = ss.num_running;
+    out->waiting = ss.num_waiting;
+    out->swapped = ss.num_swapped;
+    loom_cache_stats cs = {.struct_size = sizeof cs};
+    if (e->cache->stats) e->cache->stats(e->cache_self, &cs);
+    out->kv_blocks_total = cs.num_blocks;
+    out->kv_blocks_used = cs.num_blocks - cs.free_blocks;
+    out->kv_blocks_peak = cs.peak_used_blocks;
+    out->block_size = cs.block_size;
+    out->prefix_queries = cs.prefix_queries;
+    out->prefix_hits = cs.prefix_hits;
+    out->evictions = cs.evictions;
+    out->swaps_out = cs.swaps_out;
+    out->swaps_in = cs.swaps_in;
+    if (e->spec && e->spec->stats) {
+        loom_spec_stats sp = {.struct_size = sizeof sp};
+        e->spec->stats(e->spec_self, &sp);
+        out->spec_proposed = sp.proposed;
+        out->spec_accepted = sp.accepted;
+    }
+}
