@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# scripts/gpu-smoke.sh — first look at a GPU machine: the device, the tools
+# scripts/gpu/gpu-smoke.sh — first look at a GPU machine: the device, the tools
 # there, and the cuda backend through the whole engine on a tiny model.
 set -u
-. scripts/gpu-env.sh
+. scripts/gpu/gpu-env.sh
 O=${OUT:-/tmp/out}; mkdir -p "$O"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"

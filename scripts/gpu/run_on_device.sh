@@ -1,8 +1,8 @@
 #!/bin/bash
-# tests/gpu/run_on_device.sh — run the GPU tests and the GPU benchmark on a
+# scripts/gpu/run_on_device.sh — run the GPU tests and the GPU benchmark on a
 # machine with a Hopper GPU, from a build tree made elsewhere or there.
 #
-#   tests/gpu/run_on_device.sh BUILD_DIR [OUT_DIR] [--no-bench] [--sanitize] [--racecheck] [--quick]
+#   scripts/gpu/run_on_device.sh BUILD_DIR [OUT_DIR] [--no-bench] [--sanitize] [--racecheck] [--quick]
 #                              [--racecheck-linear] [--no-kernel-tests] [--no-backend-test]
 #
 # --sanitize: every program under compute-sanitizer memcheck; --racecheck:

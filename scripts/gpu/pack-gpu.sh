@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# scripts/pack-gpu.sh BUILD_DIR — pack what the GPU machine needs into
+# scripts/gpu/pack-gpu.sh BUILD_DIR — pack what the GPU machine needs into
 # .devpack/ (git-ignored; named in the device tool's `carry`): the built
 # binaries of BUILD_DIR (keeping the build-tree layout) and the host shared
 # libraries the GPU image lacks (libyaml, PCRE2, cJSON, OpenBLAS + Fortran
 # runtime; libmicrohttpd + GnuTLS as fallbacks), xz-compressed to fit the transfer limit. The GPU machine has no
 # package registry, so nothing can be installed there.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 B=$(cd "${1:?usage: pack-gpu.sh BUILD_DIR [--slim]}" && pwd)
 # --slim: leave out gpu_kernel_tests and gpu_bench (each embeds every kernel,
 # ~16 MB), so a call can also carry a 49 MB model part within 64 MiB.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""scripts/ncu-summary.py NCU.csv [--step-kernel NAME] — per-kernel GPU time of
+"""scripts/gpu/ncu-summary.py NCU.csv [--step-kernel NAME] — per-kernel GPU time of
 one decode step from an `ncu --csv --metrics gpu__time_duration.sum` capture
-(scripts/gpu-check.sh profile).
+(scripts/gpu/gpu-check.sh profile).
 
 A step is cut at each launch of the step's last kernel (default: the logits
 top-k, tk_*), so whole steps are averaged and partial ones at the ends are

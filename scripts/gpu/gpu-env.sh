@@ -1,6 +1,6 @@
-# scripts/gpu-env.sh — source on the GPU machine: unpack .devpack (made by
-# scripts/pack-gpu.sh) into /tmp/loom and point the loader at it.
-#   . scripts/gpu-env.sh     → $LB is the unpacked build tree
+# scripts/gpu/gpu-env.sh — source on the GPU machine: unpack .devpack (made by
+# scripts/gpu/pack-gpu.sh) into /tmp/loom and point the loader at it.
+#   . scripts/gpu/gpu-env.sh     → $LB is the unpacked build tree
 export LB=/tmp/loom/build
 if [ ! -x "$LB/cli/loom" ] || [ .devpack/build.tar.xz -nt "$LB/cli/loom" ]; then
   rm -rf /tmp/loom && mkdir -p /tmp/loom/build /tmp/loom/lib
@@ -23,7 +23,7 @@ export LOOM_QUANTIZER_DIR="${LOOM_QUANTIZER_DIR:-$LB/plugins/quantizer}"
 export PATH="$LB/cli:$PATH"
 # the pack carries its libraries (pack-gpu.sh); say at once if one is missing
 if missing=$(ldd "$LB/cli/loom" 2>/dev/null | awk '/not found/{print $1}') && [ -n "$missing" ]; then
-  echo "gpu-env: loom cannot load: missing $(echo $missing) — add them to scripts/pack-gpu.sh's list" >&2
+  echo "gpu-env: loom cannot load: missing $(echo $missing) — add them to scripts/gpu/pack-gpu.sh's list" >&2
 fi
 # NCCL for the tp executor: the image ships it inside PyTorch's wheels
 # (nvidia-nccl-cu13), not on the loader's path.

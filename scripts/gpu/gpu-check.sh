@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# scripts/gpu-check.sh STAGE — end-to-end checks and benchmarks of the cuda
+# scripts/gpu/gpu-check.sh STAGE — end-to-end checks and benchmarks of the cuda
 # backend on the GPU machine, through the whole engine (the kernel-level
-# tests are tests/gpu/run_on_device.sh). Results go to $OUT.
+# tests are scripts/gpu/run_on_device.sh). Results go to $OUT.
 #   stage1: a tiny random model through the engine; a random-weight
 #           Llama-3-8B-shaped checkpoint written by transformers vs its own
 #           logprobs; offline throughput (1000 requests) and batch-1 decode
@@ -30,7 +30,7 @@
 #   prefetch: batch-1 decode with the GEMVs' weight prefetch on vs off
 #           (SmolLM2 if carried, Llama-3-8B bf16 / int8 W8A16 / fp8).
 #   backend-ab: this tree's CUDA backend against an older commit's (packed by
-#           scripts/pack-old-backend.sh REV into .devpack/), new / old
+#           scripts/gpu/pack-old-backend.sh REV into .devpack/), new / old
 #           alternated in one machine: batch-1 decode of each config in
 #           AB_CONFIGS (default: Llama-3-8B bf16, W8A16 with its LM head
 #           quantized, fp8), AB_REPEATS rounds (default 1).
@@ -45,7 +45,7 @@
 #           long context, offline throughput; SmolLM2 perplexity with both
 #           (needs SmolLM2 for that part).
 set -u
-. scripts/gpu-env.sh
+. scripts/gpu/gpu-env.sh
 O=${OUT:-/tmp/out}; mkdir -p "$O"
 fails=0
 step() { echo; echo "=== $*"; }
@@ -172,7 +172,7 @@ quant)
   # ratio the quantization issue asks for; int4 quantizes 7B weights on the
   # host at load (~135 s on 16 threads, 2026-12-01)
   # QUANT_SCHEMES / QUANT_RUNS narrow it (one device call is 10 minutes):
-  #   QUANT_SCHEMES="fp8 int4" QUANT_RUNS="b64 prefill" scripts/gpu-check.sh quant
+  #   QUANT_SCHEMES="fp8 int4" QUANT_RUNS="b64 prefill" scripts/gpu/gpu-check.sh quant
   for c in ${QUANT_SCHEMES:-int8-w8a16 fp8 int8-w8a8 int4}; do
     for r in ${QUANT_RUNS:-b1 b64 prefill}; do
       case $r in
@@ -366,7 +366,7 @@ profile)
       --launch-count 900 "$LB/tests/e2e/engine_tool" greedy configs/gpu/smollm2.yaml 40 \
       "Write a short story about a cat." --set backend.cuda_graphs=false > "$O/ncu-smollm2.csv" 2> "$O/ncu.err" \
       || { tail -3 "$O/ncu.err"; fails=$((fails + 1)); }
-    python3 scripts/ncu-summary.py "$O/ncu-smollm2.csv" | tee "$O/ncu-smollm2-summary.txt" | head -30
+    python3 scripts/gpu/ncu-summary.py "$O/ncu-smollm2.csv" | tee "$O/ncu-smollm2-summary.txt" | head -30
   else
     echo "no ncu on this machine"; fails=$((fails + 1))
   fi
@@ -380,7 +380,7 @@ profile)
 backend-ab)
   # The old plugin swapped into a copy of the plugin directory: the rest
   # of the build (core, CLI, other plugins) is this tree's for both.
-  [ -s .devpack/old-backend-cuda.so.xz ] || { echo "FAIL no .devpack/old-backend-cuda.so.xz (scripts/pack-old-backend.sh REV)"; exit 1; }
+  [ -s .devpack/old-backend-cuda.so.xz ] || { echo "FAIL no .devpack/old-backend-cuda.so.xz (scripts/gpu/pack-old-backend.sh REV)"; exit 1; }
   old=/tmp/loom-old-plugins; rm -rf "$old"; mkdir -p "$old" && cp -a "$LB/plugins/." "$old/"
   xz -dc .devpack/old-backend-cuda.so.xz > "$old/backend/cuda/loom-backend-cuda.so"
   step "batch-1 decode, this tree's cuda backend (new) vs $(cat .devpack/old-backend.rev 2>/dev/null || echo '?') (old), alternated"
@@ -453,7 +453,7 @@ prefetch)
     done
   done
   ;;
-*) echo "usage: scripts/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|prefetch" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|prefetch" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

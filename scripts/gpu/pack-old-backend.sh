@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# scripts/pack-old-backend.sh REV — build the CUDA backend plugin of commit
+# scripts/gpu/pack-old-backend.sh REV — build the CUDA backend plugin of commit
 # REV (a git worktree under /tmp, the same release options as build-gpu)
 # and put it, xz-compressed, into .devpack/ beside this tree's build, for
-# `scripts/gpu-check.sh backend-ab`: the engine with this tree's backend against
+# `scripts/gpu/gpu-check.sh backend-ab`: the engine with this tree's backend against
 # REV's, alternated in one machine — the A/B a kernel change needs (two
 # device calls differ by a few percent on their own; docs/performance.md,
 # run N). Takes several minutes (every CUDA kernel of REV is compiled).
-#   scripts/pack-gpu.sh build-gpu --slim && scripts/pack-old-backend.sh 54a8624
+#   scripts/gpu/pack-gpu.sh build-gpu --slim && scripts/gpu/pack-old-backend.sh 54a8624
 set -euo pipefail
 case "${1:-}" in -h|--help|"")
   sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; [ -n "${1:-}" ]; exit $? ;;
 esac
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 rev=$(git -C "$root" rev-parse --verify -q "$1^{commit}") || { echo "pack-old-backend: '$1' is not a commit here" >&2; exit 2; }
 wt=/tmp/loom-old-${rev:0:12}
 if [ ! -d "$wt" ]; then
