@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # scripts/gpu/gpu-check.sh STAGE — end-to-end checks and benchmarks of the cuda
 # backend on the GPU machine, through the whole engine (the kernel-level
-# tests are scripts/gpu/run_on_device.sh). Results go to $OUT.
+# tests are scripts/gpu/run_on_device.sh). Each stage writes the current
+# figure of what it measures to $LOOM_RESULTS/<hw>-<thing>.json (default
+# bench/results; bench/record.py, bench/results/README.md), overwriting the
+# last one; its raw logs and per-run JSON go to $OUT (default /tmp/out).
+# On the device machine: LOOM_RESULTS=$OUT/results, then copy what comes
+# back into bench/results/ and commit it.
 #   stage1: a tiny random model through the engine; a random-weight
 #           Llama-3-8B-shaped checkpoint written by transformers vs its own
 #           logprobs; offline throughput (1000 requests) and batch-1 decode
@@ -47,8 +52,14 @@
 set -u
 . scripts/gpu/gpu-env.sh
 O=${OUT:-/tmp/out}; mkdir -p "$O"
+RESULTS=${LOOM_RESULTS:-bench/results}
 fails=0
 step() { echo; echo "=== $*"; }
+# rec NAME --what TEXT [record.py options]: the stage's current figure; the
+# command recorded is this stage with the variables that narrowed it
+CMD="scripts/gpu/gpu-check.sh ${1:-}"
+for v in QUANT_SCHEMES QUANT_RUNS AWQ_SHAPES; do [ -n "${!v:-}" ] && CMD="$v=\"${!v}\" $CMD"; done
+rec() { python3 bench/record.py "$@" --dir "$RESULTS" --command "$CMD" || fails=$((fails + 1)); }
 # The SmolLM2 GGUF, carried in parts (split -b 33M; docs/gpu.md) across
 # back-to-back calls: each call copies the part it carries to /tmp, the
 # last one assembles them.
@@ -68,13 +79,15 @@ spec_vs_plain() {
   while IFS= read -r p; do
     a=$(timeout 120 "$LB/tests/e2e/engine_tool" greedy configs/gpu/smollm2.yaml "$n" "$p" "$@" 2>>"$O/smollm2.err")
     b=$(timeout 120 "$LB/tests/e2e/engine_tool" greedy configs/gpu/spec-ngram.yaml "$n" "$p" "$@" 2>>"$O/smollm2.err")
-    python3 - "$a" "$b" "$p" "$*" <<'PY' || fails=$((fails + 1))
+    line=$(python3 - "$a" "$b" "$p" "$*" <<'PY'
 import sys
 a, b, p, opts = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3], sys.argv[4]
 k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 print(f"{'PASS' if a == b and a else 'DIFF'} spec vs plain{' (' + opts + ')' if opts else ''} '{p}': {len(b)} tokens, identical for the first {k} of {len(a)}")
 sys.exit(0 if a == b and a else 1)
 PY
+) || fails=$((fails + 1))
+    echo "$line" | tee -a "$O/spec_vs_plain.txt"
   done < tests/e2e/data/smollm2_prompts.txt
 }
 case "${1:-}" in
@@ -101,17 +114,25 @@ stage1)
     --output-len 128:384 --seed 7 --no-progress --json "$O/llama3-8b-offline-1000.json" > "$O/offline-1000.txt" 2>&1 \
     || fails=$((fails + 1))
   grep -v 'INFO\|info' "$O/offline-1000.txt" | tail -19; grep 'waiting for the GPU' "$O/offline-1000.txt" | tail -1
+  grep -E "waiting for the GPU|engine's own work" "$O/offline-1000.txt" > "$O/offline-1000-split.txt"
+  rec '{hw}-hf-reference-llama3-8b' --what "teacher-forced logprobs vs transformers, random-weight Llama-3-8B shape (4 layers)" \
+    --text compare="$O/hf_compare.txt"
+  rec '{hw}-llama3-8b-bf16-decode-batch1' --what "Llama-3-8B shape, bf16, batch-1 decode (4 requests of 128 + 256 tokens)" \
+    --bench batch1="$O/llama3-8b-batch1.json"
+  rec '{hw}-llama3-8b-offline-1000' --merge --what "Llama-3-8B shape, bf16, offline 1000 requests (~512 in / ~256 out)" \
+    --bench default="$O/llama3-8b-offline-1000.json" --text default_step_split="$O/offline-1000-split.txt"
   ;;
 stage2)
   smollm2_model || exit 1
   greedy_vs_cpu() { # config, output file: each prompt's 48 greedy ids on cuda vs the CPU's
-    local cfg=$1 out=$2 i=0 p ref got
+    local cfg=$1 out=$2 i=0 p ref got line
+    : > "$out.cmp"
     while IFS= read -r p; do
       i=$((i + 1))
       ref=$(sed -n "${i}p" tests/e2e/data/smollm2_greedy_cpu.txt)
       got=$(timeout 60 "$LB/tests/e2e/engine_tool" greedy "$cfg" 48 "$p" 2>>"$O/smollm2.err")
       echo "$got" >> "$out"
-      python3 - "$ref" "$got" "$p" <<'PY' || fails=$((fails + 1))
+      line=$(python3 - "$ref" "$got" "$p" <<'PY'
 import sys
 r, g, p = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3]
 k = next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), min(len(r), len(g)))
@@ -119,6 +140,8 @@ same = r == g
 print(f"{'PASS' if same else 'DIFF'} '{p}': {len(g)} tokens, identical for the first {k} of {len(r)} (CPU)")
 sys.exit(0 if same or k >= 16 else 1)
 PY
+) || fails=$((fails + 1))
+      echo "$line" | tee -a "$out.cmp"
     done < tests/e2e/data/smollm2_prompts.txt
   }
   step "SmolLM2: greedy on cuda vs the CPU backend"
@@ -150,7 +173,7 @@ PY
   ab tight-recompute configs/gpu/ab/tight.yaml --num-requests 64 --input-len 200:400 --output-len 64:128
   ab tight-swap configs/gpu/ab/tight-swap.yaml --num-requests 64 --input-len 200:400 --output-len 64:128
   step "speculation: greedy ids with ngram drafts vs without, on cuda"
-  spec_vs_plain 64
+  rm -f "$O/spec_vs_plain.txt"; spec_vs_plain 64
   step "speculation with backend.batch_invariant=true: greedy ids with ngram drafts vs without (must be identical)"
   spec_vs_plain 128 --set backend.batch_invariant=true
   step "speculation: SmolLM2 with and without ngram, grounded and chat, batch 1 / 8 / 32"
@@ -164,6 +187,17 @@ PY
       echo "--- $wl batch $bs"; grep -iE "output tok/s|TPOT p50|accept|proposed" "$O/spec-$wl-b$bs.txt"
     done
   done
+  rec '{hw}-smollm2-greedy' --what "SmolLM2 greedy ids on cuda: vs the CPU backend (bf16 and GGUF blocks as stored), with vs without ngram drafts" \
+    --text cuda_vs_cpu="$O/smollm2_greedy_cuda.txt.cmp" --text gguf_native_vs_cpu="$O/smollm2_greedy_cuda_gguf_native.txt.cmp" \
+    --text spec_vs_plain="$O/spec_vs_plain.txt"
+  rec '{hw}-smollm2-decode-batch1' --what "SmolLM2-135M (GGUF, bf16 on cuda), batch-1 decode (4 requests of 64 + 256 tokens)" \
+    --bench batch1="$O/smollm2-batch1.json"
+  rec '{hw}-smollm2-gguf-native-vs-bf16' --what "SmolLM2 batch-1 decode: bf16 (a) vs the GGUF q4_1 blocks as stored (b)" \
+    --bench batch1="$O/smollm2-gguf-native-batch1.json"
+  rec '{hw}-pipelines-ab-smollm2' --what "SmolLM2 on cuda: configs/gpu/ab/base.yaml (a) vs each scheduler/cache variant (b)" \
+    $(for n in static contiguous prefix tight-recompute tight-swap; do echo "--bench $n=$O/ab-$n.json"; done)
+  rec '{hw}-spec-ngram-smollm2' --what "SmolLM2 without (a) and with (b) ngram speculation, grounded and chat workloads, batch 1 / 8 / 32" \
+    $(for wl in grounded chat; do for bs in 1 8 32; do echo "--bench $wl-b$bs=$O/spec-ngram-$wl-b$bs.json"; done; done)
   ;;
 quant)
   # One load per pipeline (quantizing the 8B shape runs on the host at
@@ -192,22 +226,29 @@ quant)
       timeout 330 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-$c.yaml \
         $args --no-progress --json "$f.json" > "$f.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$f.txt"; }
       grep -E "output tokens/s|total tokens/s|TPOT p50|TTFT p50|wall" "$f.txt"
+      rec '{hw}-quant-schemes-vs-bf16' --merge \
+        --what "Llama-3-8B shape: bf16 (a) vs each quantization scheme (b); b1 = batch-1 decode, b64 = batch-64 decode, prefill = 2048-token prompts" \
+        --bench "$c $r=$f.json"
     done
   done
   ;;
 ppl)
   smollm2_model || exit 1
   step "SmolLM2 perplexity on cuda per scheme (data/text/us-founding-documents.txt)"
+  : > "$O/ppl-summary.txt"
   for c in smollm2 smollm2-int8-w8a16 smollm2-int8-w8a8 smollm2-fp8 smollm2-int4 smollm2-gguf-native; do
     timeout 120 loom perplexity configs/gpu/$c.yaml data/text/us-founding-documents.txt > "$O/ppl-$c.txt" 2>&1 \
       || { fails=$((fails + 1)); tail -2 "$O/ppl-$c.txt"; }
     echo "$c: $(grep -i perplexity "$O/ppl-$c.txt" | tail -1)"
+    echo "$c $(grep -i '^perplexity' "$O/ppl-$c.txt" | tail -1)" >> "$O/ppl-summary.txt"
   done
+  rec '{hw}-smollm2-perplexity' --what "SmolLM2 perplexity on cuda per scheme, data/text/us-founding-documents.txt" \
+    --text perplexity="$O/ppl-summary.txt"
   ;;
 invariant)
   smollm2_model || exit 1
   step "backend.batch_invariant=true: SmolLM2 greedy with ngram drafts vs without (must be identical)"
-  spec_vs_plain 128 --set backend.batch_invariant=true
+  rm -f "$O/spec_vs_plain.txt"; spec_vs_plain 128 --set backend.batch_invariant=true
   step "the same with CUDA graphs off (eager verify and decode steps)"
   spec_vs_plain 128 --set backend.batch_invariant=true --set backend.cuda_graphs=false
   step "for contrast, the ordinary mode (a DIFF here is issue 7, not counted)"
@@ -216,6 +257,8 @@ invariant)
   timeout 150 loom bench --compare configs/gpu/smollm2.yaml configs/gpu/smollm2-invariant.yaml \
     --num-requests 4 --input-len 512 --output-len 128 --set scheduler.max_num_seqs=1 --no-progress \
     --json "$O/invariant-batch1.json" 2>&1 | grep -E "TPOT p50|TTFT p50|output tokens/s" || true
+  rec '{hw}-batch-invariant-smollm2' --what "backend.batch_invariant: SmolLM2 greedy with vs without ngram drafts (graphs on, off; the ordinary mode last), and its batch-1 cost: off (a) vs on (b)" \
+    --text greedy="$O/spec_vs_plain.txt" --bench cost_batch1="$O/invariant-batch1.json"
   ;;
 offline)
   for n in 256 512; do
@@ -226,6 +269,8 @@ offline)
       --json "$O/llama3-8b-offline-1000-seqs$n.json" 2>&1 | grep -E "output tokens/s|total tokens/s|TPOT p50|wall|counts" \
       || fails=$((fails + 1))
   done
+  rec '{hw}-llama3-8b-offline-1000' --merge --what "Llama-3-8B shape, bf16, offline 1000 requests (~512 in / ~256 out)" \
+    --bench seqs256="$O/llama3-8b-offline-1000-seqs256.json" --bench seqs512="$O/llama3-8b-offline-1000-seqs512.json"
   ;;
 spec2)
   smollm2_model || exit 1
@@ -245,6 +290,10 @@ spec2)
       || fails=$((fails + 1))
     grep -E "output tokens/s|TPOT p50|speculation" "$O/spec-llama-b$bs.txt"
   done
+  rec '{hw}-spec-draft-model-smollm2' --what "SmolLM2 without (a) and with (b) draft-model speculation (its int4 self), grounded workload" \
+    --bench b1="$O/spec-draft-int4-grounded-b1.json" --bench b8="$O/spec-draft-int4-grounded-b8.json"
+  rec '{hw}-spec-ngram-llama3-8b' --what "Llama-3-8B shape (random weights) without (a) and with (b) ngram speculation: the cost side" \
+    --bench b1="$O/spec-ngram-llama3-8b-b1.json" --bench b32="$O/spec-ngram-llama3-8b-b32.json"
   ;;
 tp)
   step "devices"
@@ -326,6 +375,12 @@ PY
     > "$O/tp2_fp8_logprobs.txt" 2>> "$O/tp2.err"
   python3 tests/e2e/compare_logprobs.py "$O/tp1_fp8_logprobs.txt" "$O/tp2_fp8_logprobs.txt" \
     | tee "$O/tp_fp8_compare.txt" || fails=$((fails + 1))
+  { echo "tp1: $g1"; echo "tp2 nccl: $g2"; echo "tp2 p2p+graphs: $g3"; cat "$O/tp_greedy_divergence.txt" 2>/dev/null; } > "$O/tp_greedy.txt"
+  rec '{hw}-tp2-vs-tp1-llama3-8b' --what "tensor parallel size 2 vs 1 on the Llama-3-8B shape (dummy weights): speed (a = tp 1, b = tp 2), logprobs, greedy ids, one collective" \
+    --bench batch1_p2p_graphs="$O/tp-batch1.json" --bench batch1_nccl_eager="$O/tp-batch1-nccl.json" \
+    --bench offline_500="$O/tp-offline-500.json" --bench fp8_batch1="$O/tp-fp8-batch1.json" \
+    --text logprobs_bf16="$O/tp_compare.txt" --text logprobs_fp8="$O/tp_fp8_compare.txt" --text greedy="$O/tp_greedy.txt" \
+    --json collective="$O/tp_comm.json" --json components="$O/components.json"
   ;;
 kvfp8)
   python3 -c 'import random; random.seed(5); print(" ".join(str(random.randrange(100, 128000)) for _ in range(200)))' \
@@ -348,14 +403,19 @@ kvfp8)
     --set scheduler.max_num_seqs=512 --json "$O/kvfp8-offline.json" > "$O/kvfp8-offline.txt" 2>&1 \
     || { fails=$((fails + 1)); tail -3 "$O/kvfp8-offline.txt"; }
   grep -E "output tokens/s|TPOT p50|wall|engine's own work|waiting for the GPU" "$O/kvfp8-offline.txt"
+  : > "$O/ppl-kv.txt"
   if smollm2_model; then
     step "SmolLM2 perplexity on cuda, bf16 KV vs fp8 KV (cpu: fp8 KV moves log-probs by ~0.18 nats)"
     for c in smollm2 smollm2-kvfp8; do
       timeout 120 loom perplexity configs/gpu/$c.yaml data/text/us-founding-documents.txt > "$O/ppl-$c.txt" 2>&1 \
         || { fails=$((fails + 1)); tail -2 "$O/ppl-$c.txt"; }
       echo "$c: $(grep -i perplexity "$O/ppl-$c.txt" | tail -1)"
+      echo "$c $(grep -i '^perplexity' "$O/ppl-$c.txt" | tail -1)" >> "$O/ppl-kv.txt"
     done
   fi
+  rec '{hw}-kv-fp8-vs-bf16' --what "FP8 E4M3 KV cache vs bf16 KV: logprobs on the Llama-3-8B shape, batch 1 at ~3.9k context and offline 1000 (a = bf16 KV, b = fp8 KV), SmolLM2 perplexity" \
+    --text logprobs="$O/kvfp8_compare.txt" --bench batch1_ctx3900="$O/kvfp8-batch1.json" \
+    --bench offline_1000="$O/kvfp8-offline.json" $([ -s "$O/ppl-kv.txt" ] && echo "--text smollm2_perplexity=$O/ppl-kv.txt")
   ;;
 profile)
   smollm2_model || exit 1
@@ -375,11 +435,15 @@ profile)
     echo "cuda_graphs=$g: $(timeout 120 loom bench configs/gpu/smollm2.yaml --num-requests 4 --input-len 64 \
       --output-len 256 --set scheduler.max_num_seqs=1 --set backend.cuda_graphs=$g --no-progress 2>&1 \
       | grep -E 'TPOT p50' | tr -s ' ')"
-  done
+  done | tee "$O/step-wall.txt"
+  rec '{hw}-smollm2-decode-profile' --what "SmolLM2 batch-1 decode: each kernel's GPU time in a step (ncu, graphs off) and the step's wall time" \
+    --text kernels="$O/ncu-smollm2-summary.txt" --text step_wall="$O/step-wall.txt"
   ;;
 backend-ab)
   # The old plugin swapped into a copy of the plugin directory: the rest
-  # of the build (core, CLI, other plugins) is this tree's for both.
+  # of the build (core, CLI, other plugins) is this tree's for both. An A/B
+  # of one change: its numbers belong in that change's commit message, so
+  # nothing is recorded under bench/results.
   [ -s .devpack/old-backend-cuda.so.xz ] || { echo "FAIL no .devpack/old-backend-cuda.so.xz (scripts/gpu/pack-old-backend.sh REV)"; exit 1; }
   old=/tmp/loom-old-plugins; rm -rf "$old"; mkdir -p "$old" && cp -a "$LB/plugins/." "$old/"
   xz -dc .devpack/old-backend-cuda.so.xz > "$old/backend/cuda/loom-backend-cuda.so"
@@ -402,8 +466,9 @@ awq)
   # tolerances as stage1's bf16 reference (compare_logprobs.py defaults);
   # greedy: identical, or the first difference at token 16 or later (a
   # near-tie of two logits under bf16 arithmetic)
-  greedy_cmp() { # reference file, loom's ids, label
-    python3 - "$(cat "$1" 2>/dev/null)" "$2" "$3" <<'PY' || fails=$((fails + 1))
+  greedy_cmp() { # reference file, loom's ids, label, summary file
+    local line
+    line=$(python3 - "$(cat "$1" 2>/dev/null)" "$2" "$3" <<'PY'
 import sys
 r, g, what = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3]
 k = next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), min(len(r), len(g)))
@@ -411,15 +476,18 @@ ok = bool(r) and (r == g or (len(g) == len(r) and k >= 16))  # no reference: a f
 print(f"{'PASS' if ok else 'FAIL'} greedy {what}: {len(g)} tokens, identical for the first {k} of {len(r)}")
 sys.exit(0 if ok else 1)
 PY
+) || fails=$((fails + 1))
+    echo "$line" | tee -a "$4"
   }
   # AWQ_SHAPES narrows it (default: tiny llama3-8b)
   for shape in ${AWQ_SHAPES:-tiny llama3-8b}; do
+    sum="$O/awq-summary-$shape.txt"; : > "$sum"
     for m in awq gptq gptq_v2; do
       d=/tmp/q-$shape-$m
       step "$m checkpoint, $shape shape (2 layers): transformers reference"
       if ! timeout 300 python3 tests/e2e/hf_llama_reference.py $d --shape $shape --layers 2 --tokens 96 --quant $m \
         --greedy 32 > "$O/$m-$shape-ref.log" 2>&1; then
-        echo "FAIL the $m $shape reference: $(tail -1 "$O/$m-$shape-ref.log")"; fails=$((fails + 1)); continue
+        echo "FAIL the $m $shape reference: $(tail -1 "$O/$m-$shape-ref.log")" | tee -a "$sum"; fails=$((fails + 1)); continue
       fi
       tail -1 "$O/$m-$shape-ref.log"
       backends=cuda; [ $shape = tiny ] && backends="cuda cpu"
@@ -428,21 +496,24 @@ PY
         cfg=configs/gpu/hf-reference.yaml; [ $be = cpu ] && cfg=configs/gpu/hf-reference-cpu.yaml
         LOOM_HF_REF=$d/model timeout 200 "$LB/tests/e2e/engine_tool" score $cfg $d/tokens.txt \
           $set_q > "$O/$m-$shape-$be-logprobs.txt" 2> "$O/$m-$shape-$be.err" || { tail -3 "$O/$m-$shape-$be.err"; }
-        echo -n "$m $shape $be: "
-        python3 tests/e2e/compare_logprobs.py $d/ref_logprobs.txt "$O/$m-$shape-$be-logprobs.txt" || fails=$((fails + 1))
+        line=$(python3 tests/e2e/compare_logprobs.py $d/ref_logprobs.txt "$O/$m-$shape-$be-logprobs.txt") \
+          || fails=$((fails + 1))
+        echo "$m $shape $be: $line" | tee -a "$sum"
         got=$(LOOM_HF_REF=$d/model timeout 200 "$LB/tests/e2e/engine_tool" greedy-ids $cfg 32 \
           "$(cat $d/prompt.txt)" $set_q 2>> "$O/$m-$shape-$be.err")
-        greedy_cmp $d/ref_greedy.txt "$got" "$m $shape $be"
+        greedy_cmp $d/ref_greedy.txt "$got" "$m $shape $be" "$sum"
       done
       cp $d/ref_logprobs.txt "$O/$m-$shape-ref-logprobs.txt"
       rm -rf $d
     done
   done
+  rec '{hw}-awq-gptq-vs-transformers' --merge --what "AWQ / GPTQ / GPTQ-v2 checkpoints through int4: teacher-forced logprobs and 32 greedy tokens vs transformers on the dequantized weights" \
+    $(for shape in ${AWQ_SHAPES:-tiny llama3-8b}; do echo "--text $shape=$O/awq-summary-$shape.txt"; done)
   ;;
 prefetch)
   # LOOM_CUDA_WEIGHT_PREFETCH=0 turns off the GEMVs' L2 prefetch of their
   # weights ahead of the PDL wait (kernels/cuda/common.cuh); same build.
-  have_smol=0; smollm2_model && have_smol=1
+  have_smol=0; smollm2_model && have_smol=1; pfargs=()
   for m in smollm2 llama3-8b-dummy llama3-8b-int8-w8a16 llama3-8b-fp8; do
     [ $m = smollm2 ] && [ $have_smol = 0 ] && continue
     for pf in 1 0; do
@@ -450,8 +521,10 @@ prefetch)
       LOOM_CUDA_WEIGHT_PREFETCH=$pf timeout 200 loom bench configs/gpu/$m.yaml --num-requests 4 --input-len 128 \
         --output-len 256 --set scheduler.max_num_seqs=1 --no-progress --json "$O/prefetch-$m-pf$pf.json" 2>&1 \
         | grep -E "TPOT p50|output tokens/s" || fails=$((fails + 1))
+      [ -s "$O/prefetch-$m-pf$pf.json" ] && pfargs+=(--bench "$m prefetch $pf=$O/prefetch-$m-pf$pf.json")
     done
   done
+  rec '{hw}-weight-prefetch' --what "batch-1 decode with the GEMVs' L2 weight prefetch on (1) and off (0)" "${pfargs[@]}"
   ;;
 *) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|prefetch" >&2; exit 2 ;;
 esac

@@ -20,6 +20,11 @@ files=$(find $dirs -maxdepth 4 \( -name '*.so' -o -name '*.so.*' -o \( -perm -u+
         \( -type f -o -type l \) | grep -v '\.p/' | grep -v meson- || true)
 [ "$SLIM" = --slim ] && files=$(echo "$files" | grep -v -e gpu_kernel_tests -e 'bench/gpu/gpu_bench')
 tar -cJf "$P/build.tar.xz" $files loom_build_config.h
+# what the binaries were built from, for bench/record.py on the GPU machine
+# (the device's copy of the git metadata may be older than the tree)
+rev=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+git -C "$root" diff --quiet HEAD 2>/dev/null || rev="$rev-dirty"
+echo "$rev" > "$P/commit.txt"
 libs=()
 for l in libcjson.so.1 libgfortran.so.5 libpcre2-8.so.0 libquadmath.so.0 libyaml-0.so.2; do
   libs+=("$(readlink -f /lib/x86_64-linux-gnu/$l)")

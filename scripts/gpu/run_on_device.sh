@@ -19,12 +19,17 @@
 # parallelism; it skips itself with fewer than 2 GPUs). Extra shared
 # libraries the machine lacks (openblas, libyaml, libnccl, ...) may sit in
 # BUILD_DIR/../lib. Logs and gpu_bench.json go to OUT_DIR (default $OUT, or
-# ./gpu-out). Exit status: number of failed programs.
+# ./gpu-out); the current figures to $LOOM_RESULTS (default bench/results):
+# <hw>-gpu-tests.json (each program's pass count, one entry per program and
+# mode) and <hw>-gpu-kernels.json (gpu_bench), by bench/record.py.
+# Exit status: number of failed programs.
 set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
 B=$(cd "${1:?usage: run_on_device.sh BUILD_DIR [OUT_DIR] [--no-bench] [--sanitize] [--racecheck] [--quick]}" && pwd)
 shift
 O=${OUT:-./gpu-out}
 if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then O=$1; shift; fi
+flags="$*"
 BENCH=1 SAN="" QUICK="" RACE=0 KT=1 BT=1
 for a in "$@"; do
   case $a in
@@ -95,4 +100,25 @@ echo "=== summary"
 grep -h '^FAIL\|^SKIP' "$O"/kernel_tests.log "$O"/backend_test.log "$O"/tp_test.log 2>/dev/null | head -50
 grep -h 'passed,' "$O"/kernel_tests.log "$O"/backend_test.log "$O"/tp_test.log 2>/dev/null
 echo "programs failed: $fails"
+# the current figures (bench/results/README.md)
+rec=(python3 "$root/bench/record.py" --command "scripts/gpu/run_on_device.sh BUILD_DIR OUT_DIR${flags:+ $flags}")
+mode=plain; [ -n "$SAN" ] && mode=memcheck
+tests=()
+for t in kernel_tests backend_test tp_test; do
+  run=1
+  [ $t = kernel_tests ] && [ $KT = 0 ] && run=0
+  [ $t = backend_test ] && [ $BT = 0 ] && run=0
+  [ $run = 1 ] && [ -s "$O/$t.log" ] && grep -h 'passed,' "$O/$t.log" > "$O/$t.summary" && tests+=(--text "gpu_$t $mode=$O/$t.summary")
+done
+if [ $RACE != 0 ] && [ -s "$O/kernel_tests_racecheck.log" ]; then
+  { grep -h 'passed,' "$O/kernel_tests_racecheck.log"
+    echo "hazards in loom's kernels (lc_*, tk_*): $(grep -cE '(Read|Write) Thread .* at (lc_|tk_|void lc_|void tk_)' "$O/kernel_tests_racecheck.log")"
+  } > "$O/racecheck.summary"
+  tests+=(--text "gpu_kernel_tests racecheck$([ $RACE = 2 ] && echo -linear)=$O/racecheck.summary")
+fi
+[ ${#tests[@]} -gt 0 ] && "${rec[@]}" '{hw}-gpu-tests' --merge \
+  --what "tests/gpu programs: every kernel vs float64, cuda vs cpu backend, tp executor; pass counts" "${tests[@]}"
+[ $BENCH = 1 ] && [ -s "$O/gpu_bench.json" ] && "${rec[@]}" '{hw}-gpu-kernels' \
+  --what "gpu_bench: copy and GEMM ceilings, each kernel of a Llama-3-8B layer, decode attention at 32k, SmolLM2 and Llama-3-8B steps" \
+  --json gpu_bench="$O/gpu_bench.json"
 exit $fails
