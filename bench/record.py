@@ -145,10 +145,12 @@ def main():
         print(f"record.py: {name}: {e}", file=sys.stderr)
         return 1
     path = os.path.join(a.dir, name + ".json")
-    doc = {"what": a.what, "command": a.command, **prov, "results": {}}
+    prov["command"] = a.command
+    doc = {"what": a.what, "command": a.command, "commit": prov["commit"], "date": prov["date"],
+           "hardware": prov["hardware"], "results": {}}
     if a.merge:   # every entry says when it was measured
         def stamp(v, p):
-            return {"commit": p["commit"], "date": p["date"], "data": v}
+            return {"commit": p["commit"], "date": p["date"], "command": p.get("command", ""), "data": v}
         if os.path.isfile(path):
             old = json.load(open(path))
             doc["what"] = a.what or old.get("what", "")
