@@ -204,7 +204,7 @@ quant)
   # load); the layer-level speed-ups at M = 1 / 64 / 2048 are gpu_bench's.
   # bf16 (A) vs each scheme (B) in one `loom bench --compare` each: the
   # ratio the quantization issue asks for; int4 quantizes 7B weights on the
-  # host at load (~135 s on 16 threads, 2026-12-01)
+  # host at load (~135 s on 16 threads)
   # QUANT_SCHEMES / QUANT_RUNS narrow it (one device call is 10 minutes):
   #   QUANT_SCHEMES="fp8 int4" QUANT_RUNS="b64 prefill" scripts/gpu/gpu-check.sh quant
   for c in ${QUANT_SCHEMES:-int8-w8a16 fp8 int8-w8a8 int4}; do

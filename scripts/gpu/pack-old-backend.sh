@@ -4,8 +4,8 @@
 # and put it, xz-compressed, into .devpack/ beside this tree's build, for
 # `scripts/gpu/gpu-check.sh backend-ab`: the engine with this tree's backend against
 # REV's, alternated in one machine — the A/B a kernel change needs (two
-# device calls differ by a few percent on their own; docs/performance.md,
-# run N). Takes several minutes (every CUDA kernel of REV is compiled).
+# device calls differ by a few percent on their own; docs/performance.md).
+# Takes several minutes (every CUDA kernel of REV is compiled).
 #   scripts/gpu/pack-gpu.sh build-gpu --slim && scripts/gpu/pack-old-backend.sh 54a8624
 set -euo pipefail
 case "${1:-}" in -h|--help|"")

@@ -61,7 +61,7 @@ if [ $RACE != 0 ]; then
   echo "=== gpu_kernel_tests under racecheck"
   # cuBLASLt's Hopper kernels (nvjet_*) synchronise through mbarriers and
   # TMA, which racecheck does not model: thousands of "potential WAR
-  # hazards" inside them on every GEMM (H200, 2026-11-29). Excluding them
+  # hazards" inside them on every GEMM on the H200. Excluding them
   # with --kernel-name-exclude made the sanitizer fail on a hardware
   # exception, so every kernel is checked and the report is counted per
   # kernel; only hazards in loom's own kernels (lc_*, tk_*) fail the run.
