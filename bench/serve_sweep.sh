@@ -2,6 +2,9 @@
 # bench/serve_sweep.sh CONFIG OUTDIR [RATE...] — start `loom serve CONFIG` on a
 # free port and run bench/serve_load.py at each request rate (default: 1 2 4 8
 # inf), one JSON per rate in OUTDIR plus summary.txt; stops the server after.
+# The sweep is then the current figure bench/results/<hw>-serve-<config>.json
+# (bench/record.py; SERVE_RESULT names it instead, SERVE_RESULT=none skips it;
+# $LOOM_RESULTS moves bench/results).
 # Workload: SERVE_N requests (default 64) of SERVE_IN prompt ids (128) and
 # SERVE_OUT generated tokens (128); SERVE_SET adds --set overrides and
 # SERVE_LOAD_ARGS serve_load.py options (e.g. "--vocab-hi 256"), e.g.
@@ -30,3 +33,13 @@ for r in "${rates[@]}"; do
     ${SERVE_LOAD_ARGS:-} --json "$out/rate-$r.json" | tee -a "$out/summary.txt" || echo "rate $r: requests failed" | tee -a "$out/summary.txt"
 done
 kill -TERM $pid; wait $pid
+trap - EXIT
+name=${SERVE_RESULT:-"{hw}-serve-$(basename "$cfg" .yaml)"}
+if [ "$name" != none ]; then
+  cpu=(); [ "$("$loom" check "$cfg" "${sets[@]}" 2>/dev/null | awk '/^backend:/ {getline; print $2; exit}')" = cpu ] && cpu=(--cpu)
+  env=""; for v in SERVE_N SERVE_IN SERVE_OUT SERVE_SET SERVE_LOAD_ARGS; do [ -n "${!v:-}" ] && env+="$v=\"${!v}\" "; done
+  python3 "$root/bench/record.py" "$name" "${cpu[@]}" \
+    --what "loom serve $cfg: bench/serve_load.py at each request rate (${SERVE_N:-64} requests of ${SERVE_IN:-128} + ${SERVE_OUT:-128} tokens)" \
+    --command "${env}bench/serve_sweep.sh $cfg OUTDIR ${rates[*]}" \
+    $(for r in "${rates[@]}"; do [ -s "$out/rate-$r.json" ] && echo "--json rate-$r=$out/rate-$r.json"; done)
+fi

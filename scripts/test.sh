@@ -2,7 +2,7 @@
 # scripts/test.sh — set up, build and run loom's whole CPU test suite, then
 # the same under AddressSanitizer + UndefinedBehaviorSanitizer, and print one
 # summary line "N passed, N failed" counting individual test cases.
-# GPU tests (tests/gpu) run only on a GPU machine: scripts/gpu-check.sh.
+# GPU tests (tests/gpu) run only on a GPU machine: scripts/gpu/gpu-check.sh.
 set -uo pipefail
 usage() {
   cat <<'USAGE'

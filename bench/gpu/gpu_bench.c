@@ -573,8 +573,8 @@ static void bench_quant(int M) {
  * forced on (`_bulk`: 8 consumer warps a CTA, `_bulk4`: 4) and that kernel
  * with its arithmetic skipped (`_probe`: the bare weight stream), and
  * FP8 without its one-row GEMV's early weight loads (`_late`, common.cuh's
- * lc_early_weights; session 10 measured them for every format, kept for
- * FP8 only: qgemm.cu's LC_QGEMV_EARLY). Timed
+ * lc_early_weights, which qgemm.cu's LC_QGEMV_EARLY keeps for FP8 only).
+ * Timed
  * alone (bench_quant) a GEMV pays ~3-4 µs of launch. Chained GEMV after
  * GEMV, a kernel's start overlaps the one before (programmatic launch) —
  * which a decode step does not offer: there every GEMV follows a small
@@ -582,11 +582,11 @@ static void bench_quant(int M) {
  * (add_rmsnorm before QKV, O and gate|up — the one before O standing in
  * for RoPE + attention — SwiGLU before down), each on the output of the
  * kernel before: µs a layer is then the linears plus the small kernels,
- * nearer what a step pays (session 9: the bulk kernel won 12% chained and
- * nothing in the engine). W8A8 / FP8 rows pay their activation quantization
- * as a kernel of its own here, where the engine fuses it into the norm and
- * SwiGLU kernels; their TB/s (as every mixed row's) divide the linears'
- * bytes by a time that includes the small kernels. */
+ * nearer what a step pays (the bulk kernel wins the plain chain and not a
+ * decode step; docs/performance.md). W8A8 / FP8 rows pay their activation
+ * quantization as a kernel of its own here, where the engine fuses it into
+ * the norm and SwiGLU kernels; their TB/s (as every mixed row's) divide the
+ * linears' bytes by a time that includes the small kernels. */
 static void bench_quant_chain(int M, bool mixed) {
     const int(*shp)[2] = l8b_linears;
     static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
@@ -863,8 +863,8 @@ static void bench_decode_layer(int ctx) {
                                  .bt_stride = d_stride, .positions = c.pos, .tiles = d_tiles, .num_tiles = 1,
                                  .num_heads = NH, .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
                                  .scale = 0.088388f, .max_splits = msplit, .partial = ws, .sem = sem};
-    /* unfused: a layer as before the pair epilogues (session 10's step),
-     * bf16's ablations against that; then fused (now) */
+    /* unfused: a layer without the pair epilogues, bf16's ablations
+     * against that; then fused (what a step runs) */
     /* split: the one-row quantized GEMV's K split (lc_qgemv_split_set: 0
      * auto, 1 none, 2 / 4 slices). A variant with linears or small kernels
      * left out follows the one it is measured against. */

@@ -176,8 +176,8 @@ __device__ __forceinline__ void lc_pdl_trigger() {
  * Bounded to each row's first LC_PREFETCH_ROW_BYTES (what a warp's first
  * loads cover): prefetching whole rows of every resident CTA (~1500 CTAs of
  * 4 rows x 8 KB on Llama-3-8B's layers, more than L2 holds) evicted them
- * before use and made its batch-1 decode 20% slower (H200, 2026-12-01)
- * while SmolLM2's 1 KB rows gained 7%.
+ * before use and made its batch-1 decode 20% slower on the H200, while
+ * SmolLM2's 1 KB rows gained 7% (docs/performance.md, "Tried and rejected").
  * Bounded to 2 KB a row, Llama-3-8B was still 3% slower (4.45 vs 4.32 ms a
  * token): its matrices (32 MiB and up) stream at full bandwidth anyway and
  * the prefetches only compete; so only matrices of at most

@@ -35,8 +35,8 @@
  *                  in bits 16..19 of 2^23's mantissa and nothing is
  *                  subtracted per weight (lc_u4x8_off: the offset comes off
  *                  once per 32-weight chunk) — int4 is the format whose
- *                  GEMV is bound by instruction issue, so this was worth
- *                  13% of a Llama-3-8B layer at one row (H200, 2026-12-01);
+ *                  GEMV is bound by instruction issue, so this is worth
+ *                  ~13% of a Llama-3-8B layer at one row;
  *   e4m3 -> float: the sm_89+ e4m3x2 -> f16x2 conversion, then f16 -> f32.
  * INT4 never forms w = q * s + b per weight: per 32-weight chunk (inside
  * one group, as group % 32 == 0) it accumulates p = sum(x * q) and
@@ -138,15 +138,12 @@ __device__ __forceinline__ void lc_qgemv_load(uint4 (&wv)[U][R], const uint8_t *
 }
 
 /* Which kernels load their first pass early (lc_early_weights): FP8 at
- * one row only — the one the engine measured faster, batch-1 decode 3.105
- * -> 3.004 ms a token (Llama-3-8B, the starting kernels against these in
- * one H200, 2026-12-02, bench/results/h200-2026-12-02-s10/d). W8A16 with
- * them was 4% slower there (2.888 -> 3.004 ms, with its LM head quantized)
- * though one layer's linears chained were faster (73.5 vs 77.2 us late);
- * INT4 gained chained (54.5 vs 57.8-58.5 us before) but not with the
- * layer's small kernels between (58.3 vs 58.0) and had no engine A/B; W8A8
- * and more rows (registers grow: FP8 at 6-8 rows from 4 to 3 CTAs an SM)
- * were not measured. Those keep the loop they had, and its L2 prefetch. */
+ * one row only, the one a decode step measured faster with them (batch-1
+ * TPOT 3.105 -> 3.004 ms on Llama-3-8B). W8A16 was slower through the
+ * engine although faster in a chain of GEMVs, INT4 gained only in that
+ * chain, and W8A8 and more rows (registers grow: FP8 at 6-8 rows from 4 to
+ * 3 CTAs an SM) are unmeasured: those keep the late loop and its L2
+ * prefetch (docs/performance.md, "Tried and rejected"). */
 #define LC_QGEMV_EARLY(FMT, M) ((FMT) == LOOM_CUDA_Q_FP8 && (M) == 1)
 
 /* Rows of the warp's R slots (clamped: read, never stored) and where they
@@ -321,10 +318,9 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
     if constexpr (EARLY) {
         /* the first pass on the loads above (or made now), peeled so that
          * the loop keeps its loads at the top of each pass. Loads at the
-         * bottom of each pass instead (no peel) kept two passes' chunks
-         * live (up to +40 registers at M > 1) and made one Llama-3-8B
-         * layer's mixed chain slower: FP8 83.1 vs 79.7 us (H200,
-         * 2026-12-02, bench/results/h200-2026-12-02-s10/b) */
+         * bottom of each pass instead (no peel) keep two passes' chunks
+         * live (up to +40 registers at M > 1) and measured slower: FP8
+         * 83.1 vs 79.7 us for one Llama-3-8B layer with its small kernels */
         if (!pre) lc_qgemv_load<U, R>(wv, wr, c0, nc);
         lc_qgemv_pass<T, FMT, M, R, U>(wv, x, xq, sc, nr, K, groups, group, c0, nc, acc, iacc);
         for (int c = c0 + 32 * U; c < nc; c += 32 * U) {
@@ -488,9 +484,10 @@ static int lc_qgemv_resident(void) {
  * down projections, 512 CTAs of W8A16 (256 of INT4) on 132 SMs that hold
  * ~1200 (~530) — so that a matrix of few rows runs as many warps as a wide
  * one; one whole layer at one token on the H200 (gpu_bench --layer 256,
- * bench/results/h200-2026-12-02-s12/a): W8A16 80.6 -> 77.8 us, INT4 67.3
- * -> 63.5, where 4 slices were slower than none (82.2, 73.2: a lane has
- * fewer chunks in flight). A forced mode (1 / 2 / 4) takes S as asked.
+ * bench/results/h200-llama3-8b-decode-layer.json): W8A16 80.6 -> 77.8 us,
+ * INT4 67.3 -> 63.5, where 4 slices are slower than none (82.2, 73.2: a
+ * lane has fewer chunks in flight). A forced mode (1 / 2 / 4) takes S as
+ * asked.
  * Either only where the rows divide into whole split CTAs (so no warp of
  * one is dead: every warp meets the barrier) and the row's chunks into
  * slices of at least one chunk a lane. */
@@ -524,8 +521,8 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
      * registers of R x M accumulators (and INT4's partial sums). INT4 at
      * one row: 4 rows a warp with 4 chunks each in flight (128 registers) —
      * x's conversion and sum shared by twice the rows; one Llama-3-8B layer
-     * 76.4 -> 72.8 us on the H200 (gpu_bench --quant-m 1, 2026-12-01),
-     * where the same layout with 2 chunks in flight was slower (82.3). */
+     * 76.4 -> 72.8 us on the H200 (gpu_bench --quant-m 1), where the same
+     * layout with 2 chunks in flight is slower (82.3). */
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     constexpr int R = lc_qgemv_rows<FMT, M>();
     constexpr int U = lc_qgemv_u<M>();

@@ -4,45 +4,22 @@
  * memory by the bulk-copy engine (cp.async.bulk, the 1-D form of TMA) and
  * multiplied on the tensor cores. lc_qgemv_bulk; qgemm.cu's lc_qgemv calls
  * it at M = 1 when lc_qgemv_bulk_ok says so — only on request
- * (LOOM_CUDA_QGEMV_BULK=1): measured, it makes a decode step no faster
- * than qgemm.cu's CUDA-core GEMV (below), and it is kept, tested, as the
- * measured starting point for the next attempt.
+ * (LOOM_CUDA_QGEMV_BULK=1): it makes a decode step no faster than
+ * qgemm.cu's CUDA-core GEMV (docs/performance.md, "Tried and rejected").
  *
- * Why it exists (H200, bench/results/h200-2026-12-01-s8 and -12-02-s9):
- * qgemm.cu's one-row GEMV spends ~3.5-4.5 instructions a weight (decode to
- * f32, FFMA, the token's conversion) and a layer's four linears, chained in
- * a CUDA graph as a step runs them, stream at ~2.95 TB/s (W8A16) / ~2.1
- * (INT4) against bf16's 4.0. Here the codes become exact f16 pairs
- * (mma.cuh: PRMT + HSUB2 for int8, LOP3 + HSUB2 / HFMA2 for int4, one
- * conversion instruction a pair for e4m3) and mma.sync m16n8k16 multiplies
- * 16 rows at a time by the token (~1.3 instructions a weight).
- *
- * Measured, chained (gpu_bench --quant-m 1; µs a Llama-3-8B layer, default
- * kernel in brackets): session 8's version — a CTA per 16 rows, the token
- * scaled by every CTA behind two CTA barriers, 4 consumer warps — W8A16
- * 71.9 (74.1), INT4 85.4 (58.2). Session 9 (this one; calls A-D of
- * bench/results/h200-2026-12-02-s9): persistent CTAs (two an SM, each
- * converting the token once for all its tiles; tiles balanced so every CTA
- * has the same count), 8 consumer warps, each preparing only the columns it
- * multiplies with its own power-of-two scale (no CTA barrier), the producer
- * releasing the next kernels' launch (PDL) at once: W8A16 64.4-68.1
- * (73.1-74.4), FP8 72.2-73.6 (72.7-73.0; the chain pays the activation
- * quantization as its own kernel), INT4 61.2-62.4 (57.8-58.5); the bare
- * stream (probe: arithmetic skipped) 56.8-57.8 W8A16, 36.8-37.8 INT4. INT4
- * is still bound by its decode. In the engine at batch 1 the W8A16 step was
- * no faster (TPOT 3.020-3.073 ms on, 2.996-3.024 off, bf16 4.30-4.34), and
- * with the layer's small kernels between the linears (gpu_bench's mixed
- * chain, call D) it is slower: W8A16 75.5 (72.3), INT4 76.9 (58.0). ncu
- * (call C) has each bulk launch at 18.0 µs on average against 17.3 for the
- * CUDA-core kernel: alone, every launch pays a longer start (CTAs of ~77-97
- * KB of shared memory wait for the kernel before to leave; the token
- * prologue; the ring's fill), which the plain chain, GEMV after GEMV,
- * partly hides. Tried and dropped (call B): the codes as f16 subnormals
- * (code x 2^-24, no subtraction; INT4 57.0 µs chained but errors up to
- * 1.8e-4 of float64 on tokens spanning 2^22 — evidently the tensor core
- * does not keep every bit of subnormal products; W8A16 0.7 µs faster and,
- * with the 128 sum(x) offset taken off at the end, 4.3e-4 off on one-sign
- * tokens).
+ * The idea: qgemm.cu's one-row GEMV spends ~3.5-4.5 instructions a weight
+ * (decode to f32, FFMA, the token's conversion); here the codes become
+ * exact f16 pairs (mma.cuh: PRMT + HSUB2 for int8, LOP3 + HSUB2 / HFMA2 for
+ * int4, one conversion instruction a pair for e4m3) and mma.sync m16n8k16
+ * multiplies 16 rows at a time by the token (~1.3 instructions a weight).
+ * GEMV after GEMV it streams W8A16 faster than the CUDA-core kernel, but
+ * each launch pays a longer start — CTAs of ~77-97 KB of shared memory
+ * wait for the kernel before to leave, then the token prologue and the
+ * ring's fill — and in a decode step every GEMV follows a small kernel,
+ * where that start shows. INT4 stays bound by its decode. The codes are
+ * not entered as f16 subnormals (code x 2^-24, no subtraction): the tensor
+ * core does not keep every bit of subnormal products (errors up to 1.8e-4
+ * of float64), so the decode subtracts.
  *
  * Structure: a producer thread streams the CTA's tiles — LC_QT_ST stages
  * of 16 rows x 2 KB (INT4: and their scale pairs), a ring carried across

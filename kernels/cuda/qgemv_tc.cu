@@ -3,20 +3,18 @@
  * the tensor cores, for 2..8 rows of x (INT4: 3..8): lc_qgemv (qgemm.cu)
  * runs it when lc_qgemv_use_tc() says so, else its own CUDA-core kernel.
  *
- * Why, and where it pays (H200, 2026-12-01, one Llama-3-8B layer's four
- * linears, bench/gpu/gpu_bench --quant): the CUDA-core kernel decodes each
+ * Why, and where it pays (H200, one Llama-3-8B layer's four linears,
+ * bench/gpu/gpu_bench --quant): the CUDA-core kernel decodes each
  * weight to fp32 and spends one FMA per weight and token, so its cost grows
  * with M — FP8 at M = 8 took 1.8x its M = 1 time, INT4 3.7x. An mma.sync
  * takes 16 rows x 32 (8-bit) or 16 (f16) columns per instruction and the
  * token count rides in its N = 8 columns for free, so this kernel costs
  * about the same at M = 8 as at M = 1: FP8 1.82x bf16 at M = 8 (CUDA cores
- * 1.07x), W8A8 1.90x (1.67x), INT4 190 vs 299 us. At M = 1 it was slower
+ * 1.07x), W8A8 1.90x (1.67x), INT4 190 vs 299 us. At M = 1 it is slower
  * than the CUDA-core kernel in every format (it reaches only 12-17% occupancy
  * and 36-72% of DRAM bandwidth on these shapes), so M = 1 stays there, as
- * does W8A16 (no gain at M = 8). Tried and measured slower at M = 1: a
- * cp.async shared-memory ring of 4 phases (fewer registers, the same DRAM
- * throughput), whole-line copies per warp; and 8 chunks a lane in flight
- * for the CUDA-core kernel.
+ * does W8A16 (no gain at M = 8); other layouts at M = 1 were no faster
+ * (docs/performance.md, "Tried and rejected").
  *
  *   FP8  (e4m3 x e4m3, m16n8k32; on sm_90 the compiler lowers it to f16
  *        HMMA with F2FP conversions) and W8A8 (s8 x s8, m16n8k32): the
@@ -365,8 +363,8 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
 
 /* The environment, read once (a C++ local static: thread-safe), and the
  * tests' / benchmark's process-wide override (-1: none). The smallest M
- * the kernel takes: measured 2026-12-01 (gpu_bench --quant, one Llama-3-8B
- * layer) W8A8 / FP8 at M = 2 already as fast or faster (92.9 vs 93.9, 105.7
+ * the kernel takes: measured (gpu_bench --quant, one Llama-3-8B layer)
+ * W8A8 / FP8 at M = 2 already as fast or faster (92.9 vs 93.9, 105.7
  * vs 108.0 us), INT4 at M = 2 slower (115.8 vs 111.1) but at M = 8 1.6x
  * faster; its crossover, interpolated, lies between 2 and 3. */
 struct lc_tc_env {

@@ -3,15 +3,15 @@
  * (above the GEMV's rows, up to LC_QMMA_MAX_M) on the tensor cores, the
  * weights decoded in registers: lc_qmma (qgemm.c dispatches).
  *
- * Why: above the GEMV's 8 rows these formats used to dequantize the whole
- * weight into a bf16 scratch copy and run cuBLASLt on it — per call one
- * read of the codes, a write and a read of twice their bytes: 5 bytes a
- * weight against bf16's 2, so batch-64 decode ran at 0.48x (W8A16) and 0.38x
- * (INT4) of bf16 (H200, 2026-12-01). Here every weight byte is read once and
- * multiplied with all the batch's tokens while in registers: one Llama-3-8B
- * layer at M = 16 133 us (W8A16, INT4) against 349 / 358 dequantized and 141
- * bf16; at M = 64 215 / 227 against 389 / 489 and 154 bf16 (H200,
- * bench/results/h200-2026-12-01-s7, call H).
+ * Why: the other way for these formats above the GEMV's 8 rows is to
+ * dequantize the whole weight into a bf16 scratch copy and run cuBLASLt on
+ * it — per call one read of the codes, a write and a read of twice their
+ * bytes: 5 bytes a weight against bf16's 2 (batch-64 decode at ~0.4x of
+ * bf16). Here every weight byte is read once and multiplied with all the
+ * batch's tokens while in registers: one Llama-3-8B layer at M = 16 133 us
+ * (W8A16, INT4) against 349 / 358 dequantized and 141 bf16; at M = 64
+ * 215 / 227 against 389 / 489 and 154 bf16 (H200,
+ * bench/results/h200-quant-linears.json).
  *
  * Two kernels per call (three with K slices):
  *   lc_qmma_prep   per token: x scaled by a power of two 2^e with max |x 2^e|
@@ -74,7 +74,7 @@ template <int FMT> struct lc_qm {
      * columns, lane t bytes [32 t, 32 t + 32); int4 256 columns as two
      * 128-column blocks (a group never straddles one), lane t bytes
      * [16 t, +16) of each half. Half lines per row and step ran at ~1.3 TB/s
-     * (H200, 2026-12-01: W8A16 at M = 16 175 vs 136 us a layer). */
+     * (H200: W8A16 at M = 16 175 vs 136 us a layer). */
     static constexpr int KS = I4 ? 256 : 128; /* columns per k-step */
     static constexpr int LO = I4 ? 16 : 32;   /* a lane's first byte in the line, per t */
     static constexpr int VS = I4 ? 64 : 16;   /* from its first 16-byte vector to its second */

@@ -1,7 +1,7 @@
 /*
  * tests/e2e/engine_tool.c — end-to-end checks of a whole engine against an
  * independent reference, through the public API only. Used on the GPU
- * machine (scripts/gpu-check.sh) and on the CPU, so both backends answer
+ * machine (scripts/gpu/gpu-check.sh) and on the CPU, so both backends answer
  * the same questions:
  *
  *   engine_tool score  PIPELINE TOKENS.txt [--set k=v]...

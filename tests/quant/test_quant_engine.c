@@ -8,7 +8,7 @@
  * still names Paris (int8 w8a16, int4 gguf); teacher-forced log-probs
  * (loom_engine_score) of a short text stay close to the unquantized ones:
  * mean |lp_q - lp_f32| over the text's tokens below a per-scheme bound
- * (k_schemes: about 1.5x the values measured on 2026-11-29, in comments;
+ * (k_schemes: about 1.5x the measured values, in comments;
  * per-token differences are noisy on a 135M model, the mean log-prob moves
  * far less); int4 gguf runs the file's own Q4_1 blocks, which the f32
  * reference only dequantizes, and int4 with groups of 32 re-derives those
@@ -137,7 +137,7 @@ static float *score(const char *rel, const char *const *extra, int nextra, int32
 }
 
 /* Per scheme: mean |lp - lp_f32| (nats per token) must stay below bound.
- * Values measured on SmolLM2-135M Q4_1 (2026-11-29) are in the comments. */
+ * Values measured on SmolLM2-135M Q4_1 are in the comments. */
 static const struct {
     const char *cfg;
     double bound;
@@ -187,7 +187,7 @@ Test(quant_engine, fp8_kv_cache_scores, .timeout = 300) {
     double sum = 0;
     for (int32_t i = 1; i < n; i++) sum += fabs((double)lp[i] - ref[i]);
     fprintf(stderr, "fp8 KV cache: mean |dlogprob| %.4f\n", sum / (n - 1));
-    /* measured 0.181 (2026-11-29) */
+    /* measured 0.181 */
     cr_assert_lt(sum / (n - 1), 0.30, "fp8 KV: mean |dlogprob| %.4f", sum / (n - 1));
     free(lp);
     free(ref);

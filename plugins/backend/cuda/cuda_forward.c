@@ -312,15 +312,13 @@ static loom_status cb_all_reduce(cuda_backend *b, void *buf, int64_t count, loom
 
 /* Whether a one-token step fuses SwiGLU into the gate|up GEMV for a layer
  * whose down projection is q. bf16 / W8A8 / FP8: yes. W8A16 / INT4: only
- * where that down projection's one-row GEMV splits K (loom_cuda_qgemm_splits).
- * Session 11 measured them slower fused (one Llama-3-8B layer in a CUDA
- * graph: W8A16 82.6 -> 87.8 us) and session 12 found why: their down
- * projection, 512 (256) CTAs on 132 SMs, ran a quarter of the warps an SM
- * holds, which a kernel between hid. Split, the fused layer is the faster
- * one (W8A16 77.8 -> 77.2 us, INT4 63.5 -> 62.6; engine W8A16 batch 1 2.70
- * -> 2.66 ms a token, H200, bench/results/h200-2026-12-02-s12/a, c);
- * unsplit (batch-invariant mode, LOOM_CUDA_QGEMV_SPLIT=1) it is not. GGUF
- * (its own GEMV, not measured): no. */
+ * where that down projection's one-row GEMV splits K (loom_cuda_qgemm_splits):
+ * unsplit, their down projection (512 / 256 CTAs on 132 SMs) runs a quarter
+ * of the warps an SM holds, which a kernel between hides, and the fused
+ * layer is slower (W8A16 82.6 -> 87.8 us); split, it is the faster one
+ * (W8A16 77.8 -> 77.2 us, INT4 63.5 -> 62.6; docs/performance.md, "Tried
+ * and rejected"). So not in batch-invariant mode or with the split forced
+ * off (LOOM_CUDA_QGEMV_SPLIT=1). GGUF (its own GEMV, not measured): no. */
 static bool cb_swiglu_fuses(const cuda_backend *b, const loom_cuda_qweight *q) {
     if (!loom_cuda_epi_fuses(LOOM_CUDA_EPI_SWIGLU)) return false;
     if (!q || q->fmt == LOOM_CUDA_Q_NONE || q->fmt == LOOM_CUDA_Q_INT8_W8A8 || q->fmt == LOOM_CUDA_Q_FP8)
@@ -336,8 +334,8 @@ static bool cb_swiglu_fuses(const cuda_backend *b, const loom_cuda_qweight *q) {
  * launch and a kernel boundary fewer each, the same bits as the separate
  * kernels after an unsplit GEMV; in a CUDA graph
  * on the H200 the separate kernels cost ~2.2 us each of a Llama-3-8B
- * layer, bench/results/h200-2026-12-02-s11/c); the down projection then
- * reads act, which the epilogue wrote. */
+ * layer, bench/results/h200-llama3-8b-decode-layer.json); the down
+ * projection then reads act, which the epilogue wrote. */
 static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_error *err) {
     const loom_model_config *c = &b->mc;
     const int32_t T = p->T, H = c->hidden_size, I = c->intermediate_size;
@@ -631,9 +629,9 @@ static void cb_capture(cuda_backend *b, int q, int k, const cuda_plan *p) {
 static int cb_graph_bucket(const cuda_backend *b, const loom_batch *bt, int32_t *q) {
     /* Sharded: graphs only when every collective of the step is one the
      * communicator runs as a plain kernel (comm.graph_safe_bytes, the tp
-     * executor's peer-to-peer path), never NCCL: on 2 H200s (2026-11-29)
-     * the first sharded step that captured NCCL collectives (two ranks,
-     * one thread each, one process) never finished. Every rank sees the
+     * executor's peer-to-peer path), never NCCL: on 2 H200s a sharded
+     * step that captured NCCL collectives (two ranks, one thread each, one
+     * process) never finished. Every rank sees the
      * same batches, so all capture and replay the same buckets together. */
     if (!b->cfg.cuda_graphs) return -1;
     const int64_t comm_row_bytes =

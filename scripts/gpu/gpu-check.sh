@@ -1,0 +1,532 @@
+#!/usr/bin/env bash
+# scripts/gpu/gpu-check.sh STAGE — end-to-end checks and benchmarks of the cuda
+# backend on the GPU machine, through the whole engine (the kernel-level
+# tests are scripts/gpu/run_on_device.sh). Each stage writes the current
+# figure of what it measures to $LOOM_RESULTS/<hw>-<thing>.json (default
+# bench/results; bench/record.py, bench/results/README.md), overwriting the
+# last one; its raw logs and per-run JSON go to $OUT (default /tmp/out).
+# On the device machine: LOOM_RESULTS=$OUT/results, then copy what comes
+# back into bench/results/ and commit it.
+#   stage1: a tiny random model through the engine; a random-weight
+#           Llama-3-8B-shaped checkpoint written by transformers vs its own
+#           logprobs; offline throughput (1000 requests) and batch-1 decode
+#           on the Llama-3-8B shape.
+#   stage2: SmolLM2 (GGUF carried in two parts) greedy ids vs the CPU
+#           backend's (tests/e2e/data/smollm2_greedy_cpu.txt), its batch-1
+#           decode speed, the same two with the GGUF q4_1 blocks kept as
+#           stored on the GPU (configs/gpu/smollm2-gguf-native.yaml), every
+#           scheduler/cache pipeline with backend cuda (configs/gpu/ab/),
+#           and speculation on/off (configs/gpu/spec-*), greedy ids also
+#           with backend.batch_invariant=true.
+#   invariant: only the spec-vs-plain greedy comparison with
+#           backend.batch_invariant=true (graphs on and off), the ordinary
+#           mode for contrast, and the mode's batch-1 cost (needs SmolLM2).
+#   quant:  each quantizer scheme vs bf16 on the Llama-3-8B shape, each a
+#           `loom bench --compare`: batch-1 decode, batch-64 decode,
+#           2048-token prefill (QUANT_SCHEMES / QUANT_RUNS narrow it; the
+#           SmolLM2 perplexities are the ppl stage).
+#   offline: the 1000-request offline run at 256 and 512 sequences a step.
+#   spec2:  draft-model speculation (SmolLM2 drafted by its int4 self) and
+#           the cost side of ngram on the Llama-3-8B shape (needs SmolLM2).
+#   tp:     tensor parallel size 2 vs 1 on the Llama-3-8B shape (two GPUs):
+#           per-token logprobs, greedy ids, batch-1 and offline speed.
+#   profile: SmolLM2 batch-1 decode per-kernel GPU time (ncu) against the
+#           step's wall time, graphs on and off (needs SmolLM2).
+#   prefetch: batch-1 decode with the GEMVs' weight prefetch on vs off
+#           (SmolLM2 if carried, Llama-3-8B bf16 / int8 W8A16 / fp8).
+#   backend-ab: this tree's CUDA backend against an older commit's (packed by
+#           scripts/gpu/pack-old-backend.sh REV into .devpack/), new / old
+#           alternated in one machine: batch-1 decode of each config in
+#           AB_CONFIGS (default: Llama-3-8B bf16, W8A16 with its LM head
+#           quantized, fp8), AB_REPEATS rounds (default 1).
+#   awq:    AWQ / GPTQ / GPTQ-v2 4-bit checkpoints written by
+#           tests/e2e/hf_llama_reference.py --quant (a tiny Llama and the
+#           Llama-3-8B shape with 2 layers, group 128) through the int4
+#           quantizer on cuda (and the tiny one on cpu): teacher-forced
+#           logprobs and 32 greedy tokens vs transformers on the dequantized
+#           weights.
+#   kvfp8:  the FP8 E4M3 KV cache (kv_cache: fp8, bf16 weights) vs bf16 KV
+#           on the Llama-3-8B shape: per-token logprobs, batch-1 decode at a
+#           long context, offline throughput; SmolLM2 perplexity with both
+#           (needs SmolLM2 for that part).
+set -u
+. scripts/gpu/gpu-env.sh
+O=${OUT:-/tmp/out}; mkdir -p "$O"
+RESULTS=${LOOM_RESULTS:-bench/results}
+fails=0
+step() { echo; echo "=== $*"; }
+# rec NAME --what TEXT [record.py options]: the stage's current figure; the
+# command recorded is this stage with the variables that narrowed it
+CMD="scripts/gpu/gpu-check.sh ${1:-}"
+for v in QUANT_SCHEMES QUANT_RUNS AWQ_SHAPES; do [ -n "${!v:-}" ] && CMD="$v=\"${!v}\" $CMD"; done
+rec() { python3 bench/record.py "$@" --dir "$RESULTS" --command "$CMD" || fails=$((fails + 1)); }
+# The SmolLM2 GGUF, carried in parts (split -b 33M; docs/gpu.md) across
+# back-to-back calls: each call copies the part it carries to /tmp, the
+# last one assembles them.
+for f in .devmodel/smollm2.part.*; do [ -e "$f" ] && cp "$f" /tmp/; done
+smollm2_model() {
+  [ -s /tmp/smollm2.gguf ] || cat /tmp/smollm2.part.* > /tmp/smollm2.gguf 2>/dev/null
+  sha256sum /tmp/smollm2.gguf | grep -q b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 \
+    || { echo "FAIL model checksum (carry .devmodel parts: docs/gpu.md)"; rm -f /tmp/smollm2.gguf; return 1; }
+  mkdir -p /tmp/lc/models && ln -sf /tmp/smollm2.gguf /tmp/lc/models/SmolLM2-135M-Instruct.Q4_1.gguf
+  export LOOM_CACHE=/tmp/lc
+}
+# Greedy text of each SmolLM2 prompt with ngram speculation vs without, on
+# cuda: spec_vs_plain MAX_NEW [engine_tool --set options]. A DIFF counts as
+# a failure.
+spec_vs_plain() {
+  local n=$1; shift
+  while IFS= read -r p; do
+    a=$(timeout 120 "$LB/tests/e2e/engine_tool" greedy configs/gpu/smollm2.yaml "$n" "$p" "$@" 2>>"$O/smollm2.err")
+    b=$(timeout 120 "$LB/tests/e2e/engine_tool" greedy configs/gpu/spec-ngram.yaml "$n" "$p" "$@" 2>>"$O/smollm2.err")
+    line=$(python3 - "$a" "$b" "$p" "$*" <<'PY'
+import sys
+a, b, p, opts = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3], sys.argv[4]
+k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print(f"{'PASS' if a == b and a else 'DIFF'} spec vs plain{' (' + opts + ')' if opts else ''} '{p}': {len(b)} tokens, identical for the first {k} of {len(a)}")
+sys.exit(0 if a == b and a else 1)
+PY
+) || fails=$((fails + 1))
+    echo "$line" | tee -a "$O/spec_vs_plain.txt"
+  done < tests/e2e/data/smollm2_prompts.txt
+}
+case "${1:-}" in
+stage1)
+  step "device"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$O/device.txt"
+  step "tiny random model through the engine"
+  timeout 120 loom bench configs/gpu/tiny-dummy.yaml --num-requests 16 --input-len 20:60 --output-len 8:24 \
+    --no-progress 2>&1 | tail -6 || fails=$((fails + 1))
+  step "transformers reference: Llama-3-8B shape, 4 layers, random bf16 weights"
+  timeout 240 python3 tests/e2e/hf_llama_reference.py /tmp/hfref --layers 4 --tokens 128 2>&1 | tail -2
+  LOOM_HF_REF=/tmp/hfref/model timeout 120 "$LB/tests/e2e/engine_tool" score configs/gpu/hf-reference.yaml \
+    /tmp/hfref/tokens.txt > "$O/hf_loom_logprobs.txt" 2> "$O/hf_loom.err" || { tail -3 "$O/hf_loom.err"; }
+  cp /tmp/hfref/ref_logprobs.txt "$O/hf_ref_logprobs.txt" 2>/dev/null
+  python3 tests/e2e/compare_logprobs.py /tmp/hfref/ref_logprobs.txt "$O/hf_loom_logprobs.txt" | tee "$O/hf_compare.txt" \
+    || fails=$((fails + 1))
+  rm -rf /tmp/hfref
+  step "Llama-3-8B shape (dummy bf16): batch-1 decode, 128-token prompt, 256 new tokens"
+  timeout 200 loom bench configs/gpu/llama3-8b-dummy.yaml --num-requests 4 --input-len 128 --output-len 256 \
+    --set scheduler.max_num_seqs=1 --no-progress --json "$O/llama3-8b-batch1.json" 2>&1 | grep -E "TPOT p50|output tokens|wall" \
+    || fails=$((fails + 1))
+  step "Llama-3-8B shape: offline throughput, 1000 requests (~512 in / ~256 out)"
+  LOOM_LOG_LEVEL=info timeout 300 loom bench configs/gpu/llama3-8b-dummy.yaml --num-requests 1000 --input-len 384:640 \
+    --output-len 128:384 --seed 7 --no-progress --json "$O/llama3-8b-offline-1000.json" > "$O/offline-1000.txt" 2>&1 \
+    || fails=$((fails + 1))
+  grep -v 'INFO\|info' "$O/offline-1000.txt" | tail -19; grep 'waiting for the GPU' "$O/offline-1000.txt" | tail -1
+  grep -E "waiting for the GPU|engine's own work" "$O/offline-1000.txt" > "$O/offline-1000-split.txt"
+  rec '{hw}-hf-reference-llama3-8b' --what "teacher-forced logprobs vs transformers, random-weight Llama-3-8B shape (4 layers)" \
+    --text compare="$O/hf_compare.txt"
+  rec '{hw}-llama3-8b-bf16-decode-batch1' --what "Llama-3-8B shape, bf16, batch-1 decode (4 requests of 128 + 256 tokens)" \
+    --bench batch1="$O/llama3-8b-batch1.json"
+  rec '{hw}-llama3-8b-offline-1000' --merge --what "Llama-3-8B shape, bf16, offline 1000 requests (~512 in / ~256 out)" \
+    --bench default="$O/llama3-8b-offline-1000.json" --text default_step_split="$O/offline-1000-split.txt"
+  ;;
+stage2)
+  smollm2_model || exit 1
+  greedy_vs_cpu() { # config, output file: each prompt's 48 greedy ids on cuda vs the CPU's
+    local cfg=$1 out=$2 i=0 p ref got line
+    : > "$out.cmp"
+    while IFS= read -r p; do
+      i=$((i + 1))
+      ref=$(sed -n "${i}p" tests/e2e/data/smollm2_greedy_cpu.txt)
+      got=$(timeout 60 "$LB/tests/e2e/engine_tool" greedy "$cfg" 48 "$p" 2>>"$O/smollm2.err")
+      echo "$got" >> "$out"
+      line=$(python3 - "$ref" "$got" "$p" <<'PY'
+import sys
+r, g, p = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3]
+k = next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), min(len(r), len(g)))
+same = r == g
+print(f"{'PASS' if same else 'DIFF'} '{p}': {len(g)} tokens, identical for the first {k} of {len(r)} (CPU)")
+sys.exit(0 if same or k >= 16 else 1)
+PY
+) || fails=$((fails + 1))
+      echo "$line" | tee -a "$out.cmp"
+    done < tests/e2e/data/smollm2_prompts.txt
+  }
+  step "SmolLM2: greedy on cuda vs the CPU backend"
+  greedy_vs_cpu configs/gpu/smollm2.yaml "$O/smollm2_greedy_cuda.txt"
+  step "SmolLM2 batch-1 decode through the engine (256 new tokens)"
+  LOOM_LOG_LEVEL=info timeout 120 loom bench configs/gpu/smollm2.yaml --num-requests 4 --input-len 64 --output-len 256 \
+    --set scheduler.max_num_seqs=1 --no-progress --json "$O/smollm2-batch1.json" 2>&1 \
+    | grep -E "TPOT p50|output tokens|engine's own work|waiting for the GPU"
+  # the same weights as stored: the cuda GGUF kernels read the q4_1 blocks
+  step "SmolLM2, GGUF q4_1 blocks as stored on cuda: greedy vs the CPU backend"
+  greedy_vs_cpu configs/gpu/smollm2-gguf-native.yaml "$O/smollm2_greedy_cuda_gguf_native.txt"
+  step "SmolLM2 batch-1 decode: bf16 vs GGUF blocks as stored (256 new tokens)"
+  timeout 150 loom bench --compare configs/gpu/smollm2.yaml configs/gpu/smollm2-gguf-native.yaml \
+    --num-requests 4 --input-len 64 --output-len 256 --set scheduler.max_num_seqs=1 --no-progress \
+    --json "$O/smollm2-gguf-native-batch1.json" > "$O/smollm2-gguf-native-batch1.txt" 2>&1 \
+    || { fails=$((fails + 1)); echo "FAIL bench gguf-native"; }
+  tail -16 "$O/smollm2-gguf-native-batch1.txt"
+  ab() { # name, B config, extra bench args: A = configs/gpu/ab/base.yaml
+    local name=$1 cfg=$2; shift 2
+    step "pipeline A/B ($name): base vs $cfg"
+    timeout 150 loom bench --compare configs/gpu/ab/base.yaml "$cfg" --no-progress --seed 3 --warmup 64 "$@" \
+      --json "$O/ab-$name.json" > "$O/ab-$name.txt" 2>&1 || { fails=$((fails + 1)); echo "FAIL ab $name"; }
+    tail -22 "$O/ab-$name.txt"
+  }
+  W="--num-requests 200 --input-len 64:512 --output-len 32:256"
+  ab static configs/gpu/ab/static.yaml $W
+  ab contiguous configs/gpu/ab/contiguous.yaml $W
+  ab prefix configs/gpu/ab/no-prefix-cache.yaml $W --shared-prefix-ratio 0.9 --prefix-len 384
+  ab tight-recompute configs/gpu/ab/tight.yaml --num-requests 64 --input-len 200:400 --output-len 64:128
+  ab tight-swap configs/gpu/ab/tight-swap.yaml --num-requests 64 --input-len 200:400 --output-len 64:128
+  step "speculation: greedy ids with ngram drafts vs without, on cuda"
+  rm -f "$O/spec_vs_plain.txt"; spec_vs_plain 64
+  step "speculation with backend.batch_invariant=true: greedy ids with ngram drafts vs without (must be identical)"
+  spec_vs_plain 128 --set backend.batch_invariant=true
+  step "speculation: SmolLM2 with and without ngram, grounded and chat, batch 1 / 8 / 32"
+  for wl in grounded chat; do
+    for i in 1 2 3 4; do cat configs/spec/$wl.jsonl; done > /tmp/$wl-32.jsonl
+    for bs in 1 8 32; do
+      timeout 150 loom bench --compare configs/gpu/smollm2.yaml configs/gpu/spec-ngram.yaml \
+        --workload /tmp/$wl-32.jsonl --set scheduler.max_num_seqs=$bs --no-progress --warmup 32 \
+        --json "$O/spec-ngram-$wl-b$bs.json" > "$O/spec-$wl-b$bs.txt" 2>&1 \
+        || { fails=$((fails + 1)); echo "FAIL spec $wl b$bs"; }
+      echo "--- $wl batch $bs"; grep -iE "output tok/s|TPOT p50|accept|proposed" "$O/spec-$wl-b$bs.txt"
+    done
+  done
+  rec '{hw}-smollm2-greedy' --what "SmolLM2 greedy ids on cuda: vs the CPU backend (bf16 and GGUF blocks as stored), with vs without ngram drafts" \
+    --text cuda_vs_cpu="$O/smollm2_greedy_cuda.txt.cmp" --text gguf_native_vs_cpu="$O/smollm2_greedy_cuda_gguf_native.txt.cmp" \
+    --text spec_vs_plain="$O/spec_vs_plain.txt"
+  rec '{hw}-smollm2-decode-batch1' --what "SmolLM2-135M (GGUF, bf16 on cuda), batch-1 decode (4 requests of 64 + 256 tokens)" \
+    --bench batch1="$O/smollm2-batch1.json"
+  rec '{hw}-smollm2-gguf-native-vs-bf16' --what "SmolLM2 batch-1 decode: bf16 (a) vs the GGUF q4_1 blocks as stored (b)" \
+    --bench batch1="$O/smollm2-gguf-native-batch1.json"
+  rec '{hw}-pipelines-ab-smollm2' --what "SmolLM2 on cuda: configs/gpu/ab/base.yaml (a) vs each scheduler/cache variant (b)" \
+    $(for n in static contiguous prefix tight-recompute tight-swap; do echo "--bench $n=$O/ab-$n.json"; done)
+  rec '{hw}-spec-ngram-smollm2' --what "SmolLM2 without (a) and with (b) ngram speculation, grounded and chat workloads, batch 1 / 8 / 32" \
+    $(for wl in grounded chat; do for bs in 1 8 32; do echo "--bench $wl-b$bs=$O/spec-ngram-$wl-b$bs.json"; done; done)
+  ;;
+quant)
+  # One load per pipeline (quantizing the 8B shape runs on the host at
+  # load); the layer-level speed-ups at M = 1 / 64 / 2048 are gpu_bench's.
+  # bf16 (A) vs each scheme (B) in one `loom bench --compare` each: the
+  # ratio the quantization issue asks for; int4 quantizes 7B weights on the
+  # host at load (~135 s on 16 threads)
+  # QUANT_SCHEMES / QUANT_RUNS narrow it (one device call is 10 minutes):
+  #   QUANT_SCHEMES="fp8 int4" QUANT_RUNS="b64 prefill" scripts/gpu/gpu-check.sh quant
+  for c in ${QUANT_SCHEMES:-int8-w8a16 fp8 int8-w8a8 int4}; do
+    for r in ${QUANT_RUNS:-b1 b64 prefill}; do
+      case $r in
+      b1) what="batch-1 decode (128 in, 256 out)"
+          args="--num-requests 3 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1" ;;
+      b64) what="batch-64 decode (128 requests of 128 in, 256 out)"
+          args="--num-requests 128 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=64 --warmup 2" ;;
+      prefill) what="2048-token prefill (8 prompts one at a time, 1 token out: total tokens/s, TTFT)"
+          args="--num-requests 8 --input-len 2048 --output-len 1 --set scheduler.max_num_seqs=1 --warmup 1" ;;
+      *) echo "FAIL QUANT_RUNS has '$r'; the runs are b1, b64, prefill"; fails=$((fails + 1)); continue ;;
+      esac
+      [ -f "configs/gpu/llama3-8b-$c.yaml" ] || { echo "FAIL QUANT_SCHEMES has '$c': no configs/gpu/llama3-8b-$c.yaml"; fails=$((fails + 1)); break; }
+      step "Llama-3-8B shape, bf16 vs $c: $what"
+      f=$O/quant-$c-$r
+      [ $r = b1 ] && f=$O/quant-$c   # the names of earlier runs
+      # shellcheck disable=SC2086
+      timeout 330 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-$c.yaml \
+        $args --no-progress --json "$f.json" > "$f.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$f.txt"; }
+      grep -E "output tokens/s|total tokens/s|TPOT p50|TTFT p50|wall" "$f.txt"
+      rec '{hw}-quant-schemes-vs-bf16' --merge \
+        --what "Llama-3-8B shape: bf16 (a) vs each quantization scheme (b); b1 = batch-1 decode, b64 = batch-64 decode, prefill = 2048-token prompts" \
+        --bench "$c $r=$f.json"
+    done
+  done
+  ;;
+ppl)
+  smollm2_model || exit 1
+  step "SmolLM2 perplexity on cuda per scheme (data/text/us-founding-documents.txt)"
+  : > "$O/ppl-summary.txt"
+  for c in smollm2 smollm2-int8-w8a16 smollm2-int8-w8a8 smollm2-fp8 smollm2-int4 smollm2-gguf-native; do
+    timeout 120 loom perplexity configs/gpu/$c.yaml data/text/us-founding-documents.txt > "$O/ppl-$c.txt" 2>&1 \
+      || { fails=$((fails + 1)); tail -2 "$O/ppl-$c.txt"; }
+    echo "$c: $(grep -i perplexity "$O/ppl-$c.txt" | tail -1)"
+    echo "$c $(grep -i '^perplexity' "$O/ppl-$c.txt" | tail -1)" >> "$O/ppl-summary.txt"
+  done
+  rec '{hw}-smollm2-perplexity' --what "SmolLM2 perplexity on cuda per scheme, data/text/us-founding-documents.txt" \
+    --text perplexity="$O/ppl-summary.txt"
+  ;;
+invariant)
+  smollm2_model || exit 1
+  step "backend.batch_invariant=true: SmolLM2 greedy with ngram drafts vs without (must be identical)"
+  rm -f "$O/spec_vs_plain.txt"; spec_vs_plain 128 --set backend.batch_invariant=true
+  step "the same with CUDA graphs off (eager verify and decode steps)"
+  spec_vs_plain 128 --set backend.batch_invariant=true --set backend.cuda_graphs=false
+  step "for contrast, the ordinary mode (a DIFF here is issue 7, not counted)"
+  f0=$fails; spec_vs_plain 128; fails=$f0
+  step "SmolLM2 batch-1 decode, batch_invariant off vs on (the mode's cost)"
+  timeout 150 loom bench --compare configs/gpu/smollm2.yaml configs/gpu/smollm2-invariant.yaml \
+    --num-requests 4 --input-len 512 --output-len 128 --set scheduler.max_num_seqs=1 --no-progress \
+    --json "$O/invariant-batch1.json" 2>&1 | grep -E "TPOT p50|TTFT p50|output tokens/s" || true
+  rec '{hw}-batch-invariant-smollm2' --what "backend.batch_invariant: SmolLM2 greedy with vs without ngram drafts (graphs on, off; the ordinary mode last), and its batch-1 cost: off (a) vs on (b)" \
+    --text greedy="$O/spec_vs_plain.txt" --bench cost_batch1="$O/invariant-batch1.json"
+  ;;
+offline)
+  for n in 256 512; do
+    step "Llama-3-8B shape: offline 1000 requests, max_num_seqs $n"
+    timeout 280 loom bench configs/gpu/llama3-8b-dummy.yaml --num-requests 1000 --input-len 384:640 \
+      --output-len 128:384 --seed 7 --no-progress --set scheduler.max_num_seqs=$n \
+      --set scheduler.max_batched_tokens=16384 --set backend.max_batched_tokens=16384 \
+      --json "$O/llama3-8b-offline-1000-seqs$n.json" 2>&1 | grep -E "output tokens/s|total tokens/s|TPOT p50|wall|counts" \
+      || fails=$((fails + 1))
+  done
+  rec '{hw}-llama3-8b-offline-1000' --merge --what "Llama-3-8B shape, bf16, offline 1000 requests (~512 in / ~256 out)" \
+    --bench seqs256="$O/llama3-8b-offline-1000-seqs256.json" --bench seqs512="$O/llama3-8b-offline-1000-seqs512.json"
+  ;;
+spec2)
+  smollm2_model || exit 1
+  for i in 1 2 3 4; do cat configs/spec/grounded.jsonl; done > /tmp/grounded-32.jsonl
+  for bs in 1 8; do
+    step "draft-model (int4 self-draft) vs off, grounded, batch $bs"
+    timeout 150 loom bench --compare configs/gpu/smollm2.yaml configs/gpu/spec-draft-int4.yaml \
+      --workload /tmp/grounded-32.jsonl --set scheduler.max_num_seqs=$bs --no-progress --warmup 32 \
+      --json "$O/spec-draft-int4-grounded-b$bs.json" > "$O/spec-draft-b$bs.txt" 2>&1 || fails=$((fails + 1))
+    grep -E "output tokens/s|TPOT p50|speculation" "$O/spec-draft-b$bs.txt"
+  done
+  for bs in 1 32; do
+    step "Llama-3-8B shape: ngram vs off (random-weight text: the cost side), batch $bs"
+    timeout 200 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-ngram.yaml \
+      --num-requests $((bs == 1 ? 4 : 64)) --input-len 128 --output-len 128 --set scheduler.max_num_seqs=$bs \
+      --no-progress --warmup 8 --json "$O/spec-ngram-llama3-8b-b$bs.json" > "$O/spec-llama-b$bs.txt" 2>&1 \
+      || fails=$((fails + 1))
+    grep -E "output tokens/s|TPOT p50|speculation" "$O/spec-llama-b$bs.txt"
+  done
+  rec '{hw}-spec-draft-model-smollm2' --what "SmolLM2 without (a) and with (b) draft-model speculation (its int4 self), grounded workload" \
+    --bench b1="$O/spec-draft-int4-grounded-b1.json" --bench b8="$O/spec-draft-int4-grounded-b8.json"
+  rec '{hw}-spec-ngram-llama3-8b' --what "Llama-3-8B shape (random weights) without (a) and with (b) ngram speculation: the cost side" \
+    --bench b1="$O/spec-ngram-llama3-8b-b1.json" --bench b32="$O/spec-ngram-llama3-8b-b32.json"
+  ;;
+tp)
+  step "devices"
+  nvidia-smi --query-gpu=index,name,memory.total --format=csv
+  nvidia-smi topo -m 2>/dev/null | head -5
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  python3 -c 'import random; random.seed(5); print(" ".join(str(random.randrange(100, 128000)) for _ in range(200)))' \
+    > /tmp/tp_tokens.txt
+  step "one collective: NCCL vs peer-to-peer kernels (eager and graph), 8 KB .. 8 MB per rank"
+  timeout 120 "$LB/tests/gpu/tp_comm_bench" "$O/tp_comm.json" || fails=$((fails + 1))
+  step "one Llama-3-8B layer's kernels at batch 1: the whole model vs one rank of tp 2"
+  timeout 180 "$LB/bench/gpu/gpu_bench" "$O/components.json" "$LB/plugins/backend/cuda/loom-backend-cuda.so" \
+    --components 2>&1 | awk '/T=1 \(decode\)|one rank of/{p=1} p{print} /per layer/{p=0}' | head -60
+  step "Llama-3-8B shape: per-token logprobs, tp size 2 vs 1"
+  timeout 200 "$LB/tests/e2e/engine_tool" score configs/gpu/llama3-8b-dummy.yaml /tmp/tp_tokens.txt \
+    > "$O/tp1_logprobs.txt" 2> "$O/tp1.err" || tail -3 "$O/tp1.err"
+  timeout 200 "$LB/tests/e2e/engine_tool" score configs/tp/cuda-tp2-llama3-8b.yaml /tmp/tp_tokens.txt \
+    > "$O/tp2_logprobs.txt" 2> "$O/tp2.err" || tail -3 "$O/tp2.err"
+  python3 tests/e2e/compare_logprobs.py "$O/tp1_logprobs.txt" "$O/tp2_logprobs.txt" | tee "$O/tp_compare.txt" \
+    || fails=$((fails + 1))
+  step "Llama-3-8B shape: greedy ids, tp size 2 (NCCL; peer-to-peer + graphs) vs 1"
+  P=$(head -c 400 /tmp/tp_tokens.txt | cut -d' ' -f1-40)
+  g1=$(timeout 200 "$LB/tests/e2e/engine_tool" greedy-ids configs/gpu/llama3-8b-dummy.yaml 64 "$P" 2>>"$O/tp1.err")
+  g2=$(timeout 200 "$LB/tests/e2e/engine_tool" greedy-ids configs/tp/cuda-tp2-llama3-8b.yaml 64 "$P" 2>>"$O/tp2.err")
+  g3=$(timeout 200 "$LB/tests/e2e/engine_tool" greedy-ids configs/tp/cuda-tp2-llama3-8b-p2p.yaml 64 "$P" 2>>"$O/tp2p.err")
+  echo "$g1" > "$O/tp1_greedy.txt"; echo "$g2" > "$O/tp2_greedy.txt"; echo "$g3" > "$O/tp2p_greedy.txt"
+  python3 - "$g2" "$g3" <<'PY' || fails=$((fails + 1))
+import sys
+a, b = sys.argv[1].split(), sys.argv[2].split()
+print(f"{'PASS' if a == b and a else 'FAIL'} greedy tp2 peer-to-peer+graphs == tp2 NCCL eager ({len(b)} tokens)")
+sys.exit(0 if a == b and a else 1)
+PY
+  if ! python3 - "$g1" "$g2" <<'PY'
+import sys
+a, b = sys.argv[1].split(), sys.argv[2].split()
+k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print(f"{'PASS' if a == b and a else 'DIFF'} greedy tp2 vs tp1: {len(b)} tokens, identical for the first {k} of {len(a)}")
+sys.exit(0 if a == b and a else 1)
+PY
+  then
+    # Where they part: both tokens' log-probabilities under tp 1 at that
+    # position. A gap within bf16 noise (~0.01) is a near-tie that the
+    # all-reduce's different rounding flipped, not a sharding error.
+    python3 - "$P" "$g1" "$g2" <<'PY'
+import sys
+p, a, b = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3].split()
+k = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+open("/tmp/tp_div_a.txt", "w").write(" ".join(p + a[:k + 1]))
+open("/tmp/tp_div_b.txt", "w").write(" ".join(p + b[:k + 1]))
+PY
+    la=$(timeout 200 "$LB/tests/e2e/engine_tool" score configs/gpu/llama3-8b-dummy.yaml /tmp/tp_div_a.txt 2>>"$O/tp1.err" | tail -1)
+    lb=$(timeout 200 "$LB/tests/e2e/engine_tool" score configs/gpu/llama3-8b-dummy.yaml /tmp/tp_div_b.txt 2>>"$O/tp1.err" | tail -1)
+    echo "at the first difference, under tp 1: log p(tp1's token) = $la, log p(tp2's token) = $lb" \
+      | tee "$O/tp_greedy_divergence.txt"
+    python3 -c "import sys; g = abs(float('$la') - float('$lb')); print(f'gap {g:.4f}: ' + ('near-tie (< 0.02), bf16 rounding' if g < 0.02 else 'NOT a near-tie')); sys.exit(0 if g < 0.02 else 1)" \
+      | tee -a "$O/tp_greedy_divergence.txt" || fails=$((fails + 1))
+  fi
+  step "Llama-3-8B shape: batch-1 decode, tp 1 vs tp 2 (peer-to-peer + graphs), and tp 2 NCCL eager"
+  timeout 240 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/tp/cuda-tp2-llama3-8b-p2p.yaml \
+    --num-requests 4 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1 --no-progress \
+    --json "$O/tp-batch1.json" 2>&1 | tail -16 || fails=$((fails + 1))
+  timeout 120 loom bench configs/tp/cuda-tp2-llama3-8b.yaml --num-requests 4 --input-len 128 --output-len 256 \
+    --set scheduler.max_num_seqs=1 --no-progress --json "$O/tp-batch1-nccl.json" 2>&1 | grep -E 'output tokens/s|TPOT p50' \
+    || fails=$((fails + 1))
+  step "Llama-3-8B shape: offline 500 requests (~512 in / ~256 out), tp 1 vs 2"
+  timeout 300 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/tp/cuda-tp2-llama3-8b-p2p.yaml \
+    --num-requests 500 --input-len 384:640 --output-len 128:384 --seed 7 --no-progress \
+    --json "$O/tp-offline-500.json" 2>&1 | tail -16 || fails=$((fails + 1))
+  step "Llama-3-8B shape, fp8 quantizer: batch-1 decode and logprobs, tp 1 vs 2 (peer-to-peer + graphs)"
+  timeout 300 loom bench --compare configs/gpu/llama3-8b-fp8.yaml configs/tp/cuda-tp2-llama3-8b-fp8.yaml \
+    --num-requests 4 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1 --no-progress \
+    --json "$O/tp-fp8-batch1.json" 2>&1 | tail -16 || fails=$((fails + 1))
+  # row-parallel layers (O, down) quantize each rank's slice of the
+  # activation with its own per-token scale, so fp8 tp 2 is not tp 1's
+  # arithmetic split in two: expect a larger (still small) difference
+  timeout 200 "$LB/tests/e2e/engine_tool" score configs/gpu/llama3-8b-fp8.yaml /tmp/tp_tokens.txt \
+    > "$O/tp1_fp8_logprobs.txt" 2>> "$O/tp1.err"
+  timeout 200 "$LB/tests/e2e/engine_tool" score configs/tp/cuda-tp2-llama3-8b-fp8.yaml /tmp/tp_tokens.txt \
+    > "$O/tp2_fp8_logprobs.txt" 2>> "$O/tp2.err"
+  python3 tests/e2e/compare_logprobs.py "$O/tp1_fp8_logprobs.txt" "$O/tp2_fp8_logprobs.txt" \
+    | tee "$O/tp_fp8_compare.txt" || fails=$((fails + 1))
+  { echo "tp1: $g1"; echo "tp2 nccl: $g2"; echo "tp2 p2p+graphs: $g3"; cat "$O/tp_greedy_divergence.txt" 2>/dev/null; } > "$O/tp_greedy.txt"
+  rec '{hw}-tp2-vs-tp1-llama3-8b' --what "tensor parallel size 2 vs 1 on the Llama-3-8B shape (dummy weights): speed (a = tp 1, b = tp 2), logprobs, greedy ids, one collective" \
+    --bench batch1_p2p_graphs="$O/tp-batch1.json" --bench batch1_nccl_eager="$O/tp-batch1-nccl.json" \
+    --bench offline_500="$O/tp-offline-500.json" --bench fp8_batch1="$O/tp-fp8-batch1.json" \
+    --text logprobs_bf16="$O/tp_compare.txt" --text logprobs_fp8="$O/tp_fp8_compare.txt" --text greedy="$O/tp_greedy.txt" \
+    --json collective="$O/tp_comm.json" --json components="$O/components.json"
+  ;;
+kvfp8)
+  python3 -c 'import random; random.seed(5); print(" ".join(str(random.randrange(100, 128000)) for _ in range(200)))' \
+    > /tmp/kv_tokens.txt
+  step "Llama-3-8B shape: per-token logprobs, fp8 KV vs bf16 KV (random weights: the size of the change)"
+  timeout 200 "$LB/tests/e2e/engine_tool" score configs/gpu/llama3-8b-dummy.yaml /tmp/kv_tokens.txt \
+    > "$O/kv_bf16_logprobs.txt" 2> "$O/kvfp8.err" || tail -3 "$O/kvfp8.err"
+  timeout 200 "$LB/tests/e2e/engine_tool" score configs/gpu/llama3-8b-kvfp8.yaml /tmp/kv_tokens.txt \
+    > "$O/kv_fp8_logprobs.txt" 2>> "$O/kvfp8.err" || { fails=$((fails + 1)); tail -3 "$O/kvfp8.err"; }
+  python3 tests/e2e/compare_logprobs.py "$O/kv_bf16_logprobs.txt" "$O/kv_fp8_logprobs.txt" --mean 0.2 --max 2 \
+    | tee "$O/kvfp8_compare.txt" || fails=$((fails + 1))
+  step "Llama-3-8B shape: batch-1 decode at ~3900 tokens of context, bf16 KV vs fp8 KV"
+  timeout 300 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-kvfp8.yaml \
+    --num-requests 3 --input-len 3840 --output-len 128 --set scheduler.max_num_seqs=1 --no-progress \
+    --json "$O/kvfp8-batch1.json" > "$O/kvfp8-batch1.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$O/kvfp8-batch1.txt"; }
+  grep -E "TPOT p50|output tokens/s" "$O/kvfp8-batch1.txt"
+  step "Llama-3-8B shape: offline 1000 requests (~512 in / ~256 out), bf16 KV vs fp8 KV (twice the blocks)"
+  LOOM_LOG_LEVEL=info timeout 500 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-kvfp8.yaml \
+    --num-requests 1000 --input-len 384:640 --output-len 128:384 --seed 7 --no-progress \
+    --set scheduler.max_num_seqs=512 --json "$O/kvfp8-offline.json" > "$O/kvfp8-offline.txt" 2>&1 \
+    || { fails=$((fails + 1)); tail -3 "$O/kvfp8-offline.txt"; }
+  grep -E "output tokens/s|TPOT p50|wall|engine's own work|waiting for the GPU" "$O/kvfp8-offline.txt"
+  : > "$O/ppl-kv.txt"
+  if smollm2_model; then
+    step "SmolLM2 perplexity on cuda, bf16 KV vs fp8 KV (cpu: fp8 KV moves log-probs by ~0.18 nats)"
+    for c in smollm2 smollm2-kvfp8; do
+      timeout 120 loom perplexity configs/gpu/$c.yaml data/text/us-founding-documents.txt > "$O/ppl-$c.txt" 2>&1 \
+        || { fails=$((fails + 1)); tail -2 "$O/ppl-$c.txt"; }
+      echo "$c: $(grep -i perplexity "$O/ppl-$c.txt" | tail -1)"
+      echo "$c $(grep -i '^perplexity' "$O/ppl-$c.txt" | tail -1)" >> "$O/ppl-kv.txt"
+    done
+  fi
+  rec '{hw}-kv-fp8-vs-bf16' --what "FP8 E4M3 KV cache vs bf16 KV: logprobs on the Llama-3-8B shape, batch 1 at ~3.9k context and offline 1000 (a = bf16 KV, b = fp8 KV), SmolLM2 perplexity" \
+    --text logprobs="$O/kvfp8_compare.txt" --bench batch1_ctx3900="$O/kvfp8-batch1.json" \
+    --bench offline_1000="$O/kvfp8-offline.json" $([ -s "$O/ppl-kv.txt" ] && echo "--text smollm2_perplexity=$O/ppl-kv.txt")
+  ;;
+profile)
+  smollm2_model || exit 1
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  step "SmolLM2 batch-1 decode: each kernel's GPU time in a step (ncu; graphs off, kernels unchanged)"
+  if [ -n "$NCU" ]; then
+    timeout 240 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 1500 \
+      --launch-count 900 "$LB/tests/e2e/engine_tool" greedy configs/gpu/smollm2.yaml 40 \
+      "Write a short story about a cat." --set backend.cuda_graphs=false > "$O/ncu-smollm2.csv" 2> "$O/ncu.err" \
+      || { tail -3 "$O/ncu.err"; fails=$((fails + 1)); }
+    python3 scripts/gpu/ncu-summary.py "$O/ncu-smollm2.csv" | tee "$O/ncu-smollm2-summary.txt" | head -30
+  else
+    echo "no ncu on this machine"; fails=$((fails + 1))
+  fi
+  step "SmolLM2 batch-1 decode wall time: graphs on / off (the step the kernels above add up to)"
+  for g in true false; do
+    echo "cuda_graphs=$g: $(timeout 120 loom bench configs/gpu/smollm2.yaml --num-requests 4 --input-len 64 \
+      --output-len 256 --set scheduler.max_num_seqs=1 --set backend.cuda_graphs=$g --no-progress 2>&1 \
+      | grep -E 'TPOT p50' | tr -s ' ')"
+  done | tee "$O/step-wall.txt"
+  rec '{hw}-smollm2-decode-profile' --what "SmolLM2 batch-1 decode: each kernel's GPU time in a step (ncu, graphs off) and the step's wall time" \
+    --text kernels="$O/ncu-smollm2-summary.txt" --text step_wall="$O/step-wall.txt"
+  ;;
+backend-ab)
+  # The old plugin swapped into a copy of the plugin directory: the rest
+  # of the build (core, CLI, other plugins) is this tree's for both. An A/B
+  # of one change: its numbers belong in that change's commit message, so
+  # nothing is recorded under bench/results.
+  [ -s .devpack/old-backend-cuda.so.xz ] || { echo "FAIL no .devpack/old-backend-cuda.so.xz (scripts/gpu/pack-old-backend.sh REV)"; exit 1; }
+  old=/tmp/loom-old-plugins; rm -rf "$old"; mkdir -p "$old" && cp -a "$LB/plugins/." "$old/"
+  xz -dc .devpack/old-backend-cuda.so.xz > "$old/backend/cuda/loom-backend-cuda.so"
+  step "batch-1 decode, this tree's cuda backend (new) vs $(cat .devpack/old-backend.rev 2>/dev/null || echo '?') (old), alternated"
+  for r in $(seq 1 "${AB_REPEATS:-1}"); do
+    for c in ${AB_CONFIGS:-llama3-8b-dummy llama3-8b-int8-w8a16-head llama3-8b-fp8}; do
+      [ -f "configs/gpu/$c.yaml" ] || { echo "FAIL AB_CONFIGS has '$c': no configs/gpu/$c.yaml"; fails=$((fails + 1)); continue; }
+      for side in new old; do
+        dir="$LB/plugins"; [ $side = old ] && dir=$old
+        f="$O/ab-$c-$side-$r"
+        LOOM_PLUGIN_PATH=$dir timeout 200 loom bench configs/gpu/$c.yaml --num-requests 3 --input-len 128 \
+          --output-len 256 --set scheduler.max_num_seqs=1 --no-progress --json "$f.json" > "$f.txt" 2>&1 \
+          || { fails=$((fails + 1)); tail -3 "$f.txt"; }
+        echo "$c $side (round $r): $(grep -E 'TPOT p50' "$f.txt" | tr -s ' ')"
+      done
+    done
+  done
+  ;;
+awq)
+  # tolerances as stage1's bf16 reference (compare_logprobs.py defaults);
+  # greedy: identical, or the first difference at token 16 or later (a
+  # near-tie of two logits under bf16 arithmetic)
+  greedy_cmp() { # reference file, loom's ids, label, summary file
+    local line
+    line=$(python3 - "$(cat "$1" 2>/dev/null)" "$2" "$3" <<'PY'
+import sys
+r, g, what = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3]
+k = next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), min(len(r), len(g)))
+ok = bool(r) and (r == g or (len(g) == len(r) and k >= 16))  # no reference: a failure
+print(f"{'PASS' if ok else 'FAIL'} greedy {what}: {len(g)} tokens, identical for the first {k} of {len(r)}")
+sys.exit(0 if ok else 1)
+PY
+) || fails=$((fails + 1))
+    echo "$line" | tee -a "$4"
+  }
+  # AWQ_SHAPES narrows it (default: tiny llama3-8b)
+  for shape in ${AWQ_SHAPES:-tiny llama3-8b}; do
+    sum="$O/awq-summary-$shape.txt"; : > "$sum"
+    for m in awq gptq gptq_v2; do
+      d=/tmp/q-$shape-$m
+      step "$m checkpoint, $shape shape (2 layers): transformers reference"
+      if ! timeout 300 python3 tests/e2e/hf_llama_reference.py $d --shape $shape --layers 2 --tokens 96 --quant $m \
+        --greedy 32 > "$O/$m-$shape-ref.log" 2>&1; then
+        echo "FAIL the $m $shape reference: $(tail -1 "$O/$m-$shape-ref.log")" | tee -a "$sum"; fails=$((fails + 1)); continue
+      fi
+      tail -1 "$O/$m-$shape-ref.log"
+      backends=cuda; [ $shape = tiny ] && backends="cuda cpu"
+      for be in $backends; do
+        set_q="--set quantizer.plugin=int4 --set quantizer.source=$m --set quantizer.group_size=128"
+        cfg=configs/gpu/hf-reference.yaml; [ $be = cpu ] && cfg=configs/gpu/hf-reference-cpu.yaml
+        LOOM_HF_REF=$d/model timeout 200 "$LB/tests/e2e/engine_tool" score $cfg $d/tokens.txt \
+          $set_q > "$O/$m-$shape-$be-logprobs.txt" 2> "$O/$m-$shape-$be.err" || { tail -3 "$O/$m-$shape-$be.err"; }
+        line=$(python3 tests/e2e/compare_logprobs.py $d/ref_logprobs.txt "$O/$m-$shape-$be-logprobs.txt") \
+          || fails=$((fails + 1))
+        echo "$m $shape $be: $line" | tee -a "$sum"
+        got=$(LOOM_HF_REF=$d/model timeout 200 "$LB/tests/e2e/engine_tool" greedy-ids $cfg 32 \
+          "$(cat $d/prompt.txt)" $set_q 2>> "$O/$m-$shape-$be.err")
+        greedy_cmp $d/ref_greedy.txt "$got" "$m $shape $be" "$sum"
+      done
+      cp $d/ref_logprobs.txt "$O/$m-$shape-ref-logprobs.txt"
+      rm -rf $d
+    done
+  done
+  rec '{hw}-awq-gptq-vs-transformers' --merge --what "AWQ / GPTQ / GPTQ-v2 checkpoints through int4: teacher-forced logprobs and 32 greedy tokens vs transformers on the dequantized weights" \
+    $(for shape in ${AWQ_SHAPES:-tiny llama3-8b}; do echo "--text $shape=$O/awq-summary-$shape.txt"; done)
+  ;;
+prefetch)
+  # LOOM_CUDA_WEIGHT_PREFETCH=0 turns off the GEMVs' L2 prefetch of their
+  # weights ahead of the PDL wait (kernels/cuda/common.cuh); same build.
+  have_smol=0; smollm2_model && have_smol=1; pfargs=()
+  for m in smollm2 llama3-8b-dummy llama3-8b-int8-w8a16 llama3-8b-fp8; do
+    [ $m = smollm2 ] && [ $have_smol = 0 ] && continue
+    for pf in 1 0; do
+      step "$m batch-1 decode, weight prefetch $pf"
+      LOOM_CUDA_WEIGHT_PREFETCH=$pf timeout 200 loom bench configs/gpu/$m.yaml --num-requests 4 --input-len 128 \
+        --output-len 256 --set scheduler.max_num_seqs=1 --no-progress --json "$O/prefetch-$m-pf$pf.json" 2>&1 \
+        | grep -E "TPOT p50|output tokens/s" || fails=$((fails + 1))
+      [ -s "$O/prefetch-$m-pf$pf.json" ] && pfargs+=(--bench "$m prefetch $pf=$O/prefetch-$m-pf$pf.json")
+    done
+  done
+  rec '{hw}-weight-prefetch' --what "batch-1 decode with the GEMVs' L2 weight prefetch on (1) and off (0)" "${pfargs[@]}"
+  ;;
+*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|prefetch" >&2; exit 2 ;;
+esac
+echo; echo "stage ${1}: $fails failed"
+exit $fails
