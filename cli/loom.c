@@ -33,7 +33,7 @@ static void usage(FILE *f) {
             "  LOOM_PLUGIN_PATH       extra plugin directories (colon-separated), searched\n"
             "                         after a pipeline's plugin_path\n"
             "  LOOM_PLUGIN_PATH_ONLY  1 = search only plugin_path and LOOM_PLUGIN_PATH\n"
-            "  LOOM_LOG_LEVEL         debug | info | warn (default) | error\n");
+            "\nlogging: --set engine.log_level=debug|info|warn|error (default warn)\n");
 }
 
 static const loom_command *lookup(const char *name) {

@@ -110,8 +110,8 @@ stage1)
     --set scheduler.max_num_seqs=1 --no-progress --json "$O/llama3-8b-batch1.json" 2>&1 | grep -E "TPOT p50|output tokens|wall" \
     || fails=$((fails + 1))
   step "Llama-3-8B shape: offline throughput, 1000 requests (~512 in / ~256 out)"
-  LOOM_LOG_LEVEL=info timeout 300 loom bench configs/gpu/llama3-8b-dummy.yaml --num-requests 1000 --input-len 384:640 \
-    --output-len 128:384 --seed 7 --no-progress --json "$O/llama3-8b-offline-1000.json" > "$O/offline-1000.txt" 2>&1 \
+  timeout 300 loom bench configs/gpu/llama3-8b-dummy.yaml --num-requests 1000 --input-len 384:640 \
+    --output-len 128:384 --seed 7 --set engine.log_level=info --no-progress --json "$O/llama3-8b-offline-1000.json" > "$O/offline-1000.txt" 2>&1 \
     || fails=$((fails + 1))
   grep -v 'INFO\|info' "$O/offline-1000.txt" | tail -19; grep 'waiting for the GPU' "$O/offline-1000.txt" | tail -1
   grep -E "waiting for the GPU|engine's own work" "$O/offline-1000.txt" > "$O/offline-1000-split.txt"
@@ -147,8 +147,8 @@ PY
   step "SmolLM2: greedy on cuda vs the CPU backend"
   greedy_vs_cpu configs/gpu/smollm2.yaml "$O/smollm2_greedy_cuda.txt"
   step "SmolLM2 batch-1 decode through the engine (256 new tokens)"
-  LOOM_LOG_LEVEL=info timeout 120 loom bench configs/gpu/smollm2.yaml --num-requests 4 --input-len 64 --output-len 256 \
-    --set scheduler.max_num_seqs=1 --no-progress --json "$O/smollm2-batch1.json" 2>&1 \
+  timeout 120 loom bench configs/gpu/smollm2.yaml --num-requests 4 --input-len 64 --output-len 256 \
+    --set scheduler.max_num_seqs=1 --set engine.log_level=info --no-progress --json "$O/smollm2-batch1.json" 2>&1 \
     | grep -E "TPOT p50|output tokens|engine's own work|waiting for the GPU"
   # the same weights as stored: the cuda GGUF kernels read the q4_1 blocks
   step "SmolLM2, GGUF q4_1 blocks as stored on cuda: greedy vs the CPU backend"
@@ -398,9 +398,9 @@ kvfp8)
     --json "$O/kvfp8-batch1.json" > "$O/kvfp8-batch1.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$O/kvfp8-batch1.txt"; }
   grep -E "TPOT p50|output tokens/s" "$O/kvfp8-batch1.txt"
   step "Llama-3-8B shape: offline 1000 requests (~512 in / ~256 out), bf16 KV vs fp8 KV (twice the blocks)"
-  LOOM_LOG_LEVEL=info timeout 500 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-kvfp8.yaml \
+  timeout 500 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-kvfp8.yaml \
     --num-requests 1000 --input-len 384:640 --output-len 128:384 --seed 7 --no-progress \
-    --set scheduler.max_num_seqs=512 --json "$O/kvfp8-offline.json" > "$O/kvfp8-offline.txt" 2>&1 \
+    --set scheduler.max_num_seqs=512 --set engine.log_level=info --json "$O/kvfp8-offline.json" > "$O/kvfp8-offline.txt" 2>&1 \
     || { fails=$((fails + 1)); tail -3 "$O/kvfp8-offline.txt"; }
   grep -E "output tokens/s|TPOT p50|wall|engine's own work|waiting for the GPU" "$O/kvfp8-offline.txt"
   : > "$O/ppl-kv.txt"
