@@ -611,10 +611,8 @@ loom_status loom_pipeline_create_instance(const loom_pipeline_slot *slot, const 
                                           void **self, loom_error *err) {
     if (!slot || !self)
         return loom_error_set(err, LOOM_ERR_INVALID, "pipeline_create_instance: no slot");
-    loom_status st =
-        loom_plugin_create_instance(slot->plugin, slot->component, host, slot->config, self, err);
-    if (st != LOOM_OK) loom_error_prefix(err, "%s", slot->section);
-    return st;
+    /* the registry's message names the kind, the component and its file */
+    return loom_plugin_create_instance(slot->plugin, slot->component, host, slot->config, self, err);
 }
 
 void loom_pipeline_destroy_instance(const loom_pipeline_slot *slot, void *self) {

@@ -244,6 +244,23 @@ Test(cli, check_good) {
     free(good);
 }
 
+/* check creates every plugin: a create() that refuses its configuration
+ * (the test plugins' `fail` switch) fails the check, naming the section and
+ * the plugin's own reason; every failing one is reported. */
+Test(cli, check_creates_every_plugin) {
+    char *good = data("good.yaml");
+    run_result r = run(NULL, ARGS("check", good, "--set", "scheduler.fail=true", "--set", "sampler.fail=true",
+                                  "--set", "sampler.label=why"));
+    cr_assert_eq(r.code, 1, "a failing create passed the check: %s", r.out);
+    cr_assert_str_eq(r.out, "");
+    has(r.err, "error: scheduler 'tsched' (");
+    has(r.err, "create failed: tsched: asked to fail");
+    has(r.err, "create failed: tsamp: asked to fail (label why)");
+    has(r.err, "2 plugins could not be created");
+    run_free(&r);
+    free(good);
+}
+
 Test(cli, check_bad_reports_every_error) {
     char *bad = data("bad.yaml");
     run_result r = run(NULL, ARGS("check", bad));

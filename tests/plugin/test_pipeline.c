@@ -162,7 +162,8 @@ Test(plugin_pipeline, create_failure_names_the_slot) {
     loom_error err = {0};
     cr_assert_eq(loom_pipeline_create_instance(s, NULL, &self, &err), LOOM_ERR_INVALID);
     cr_assert_null(self);
-    cr_assert_not_null(strstr(err.message, "scheduler: scheduler 'tsched'"), "%s", err.message);
+    cr_assert_not_null(strstr(err.message, "scheduler 'tsched' ("), "%s", err.message);
+    cr_assert_not_null(strstr(err.message, "create failed: tsched: asked to fail"), "%s", err.message);
     cr_assert_eq(loom_plugin_live_instances(s->plugin), 0);
     loom_pipeline_destroy(p);
     free(path);
