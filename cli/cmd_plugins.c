@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "pipeline/pipeline.h"
 #include "plugin/registry.h"
 
 static const char k_usage[] =
@@ -128,6 +129,17 @@ static void print_text(loom_registry *reg, const loom_registry_item *items, int 
     }
     if (loom_registry_num_dirs(reg) == 0) printf("  (empty: set LOOM_PLUGIN_PATH)\n");
     printf("\n");
+    if (params) {
+        static const char *const core[][2] = {
+            {"model", "what to load: a GGUF file, a safetensors directory or dummy weights"},
+            {"engine", "the step loop itself: threads, context length, seeds, logging"}};
+        for (int i = 0; i < 2; i++) {
+            loom_component c = {.name = core[i][0], .params = loom_pipeline_section_params(core[i][0])};
+            printf("%s (core) — %s\n", core[i][0], core[i][1]);
+            print_params_text(&c);
+            printf("\n");
+        }
+    }
     if (nrows == 0) {
         printf("no plugins found\n");
     } else if (!params) {

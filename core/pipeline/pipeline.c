@@ -607,6 +607,12 @@ loom_registry *loom_pipeline_registry(loom_pipeline *p) { return p ? p->reg : NU
 const char *loom_pipeline_file(const loom_pipeline *p) { return p ? p->file : NULL; }
 const char *loom_pipeline_dir(const loom_pipeline *p) { return p ? p->dir : NULL; }
 
+const loom_param *loom_pipeline_section_params(const char *section) {
+    if (section && !strcmp(section, "model")) return k_model_params;
+    if (section && !strcmp(section, "engine")) return k_engine_params;
+    return NULL;
+}
+
 loom_status loom_pipeline_create_instance(const loom_pipeline_slot *slot, const loom_host *host,
                                           void **self, loom_error *err) {
     if (!slot || !self)

@@ -115,6 +115,10 @@ const loom_pipeline_slot *loom_pipeline_slot_at(const loom_pipeline *p, int i);
 
 const loom_model_settings  *loom_pipeline_model(const loom_pipeline *p);
 const loom_engine_settings *loom_pipeline_engine(const loom_pipeline *p);
+/* The declared parameters of the core's own sections, "model" or "engine"
+ * (NULL-key-terminated; NULL for any other name): what `loom plugins
+ * --params` prints beside the plugins'. */
+const loom_param           *loom_pipeline_section_params(const char *section);
 /* The merged tree (after includes and overrides), as written. */
 const loom_cfg_node        *loom_pipeline_tree(const loom_pipeline *p);
 /* The registry the slots were found in (for `loom plugins`-style output). */

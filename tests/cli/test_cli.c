@@ -188,6 +188,8 @@ Test(cli, plugins_params) {
     has(r.out, "fcfs|priority|random");
     has(r.out, "an integer in [1, 1024]");
     has(r.out, "(no parameters)"); /* msched */
+    has(r.out, "engine (core)"); /* the core's own switches are declared too */
+    has_line(r.out, ARGS("log_level ", " enum ", " warn ", "debug|info|warn|error"));
     run_free(&r);
 }
 
