@@ -311,7 +311,9 @@ loom_status loom_engine_create(const char *pipeline_path, const char *const *ove
     if (st == LOOM_OK) {
         const loom_engine_settings *es = loom_pipeline_engine(e->pipe);
         loom_host_set_threads(es->threads);
-        loom_log_set_level(es->log_level);
+        e->log_level = es->log_level;
+        loom_log_hold(e->log_level, +1);
+        e->log_held = true;
         e->seed = (uint64_t)es->seed;
         st = load_model(e, path, err);
     }
@@ -335,6 +337,7 @@ loom_status loom_engine_create(const char *pipeline_path, const char *const *ove
 
 void loom_engine_destroy(loom_engine *e) {
     if (!e) return;
+    if (e->log_held) loom_log_hold(e->log_level, -1);
     for (int32_t i = 0; i < e->num_reqs; i++) {
         loom_req *rq = e->reqs[i];
         for (int32_t k = 0; k < rq->n; k++) loom_engine_seq_free(rq->seqs[k]);

@@ -142,6 +142,8 @@ struct loom_engine {
     int32_t max_model_len;
     int32_t vocab;
     uint64_t seed;
+    loom_log_level log_level;  /* engine.log_level, held while the engine lives */
+    bool log_held;
 
     /* Requests and sequences (engine thread only); seqs sorted by id. */
     loom_req **reqs;           int32_t num_reqs, cap_reqs;

@@ -397,6 +397,11 @@ static loom_status check_component(const char *path, uint32_t idx, const loom_co
                  kind_str(c->kind), c->name, missing, kind_header(c->kind));
         return LOOM_ERR_FORMAT;
     }
+    if (c->kind == LOOM_KIND_CACHE && !((const loom_cache_ops *)ops)->swap_out != !((const loom_cache_ops *)ops)->swap_in) {
+        snprintf(msg, n, "'%s': cache '%s' has only one of swap_out() and swap_in(): loom/cache.h wants both or neither",
+                 path, c->name);
+        return LOOM_ERR_FORMAT;
+    }
     if (!c->params) return LOOM_OK;
     for (int i = 0; i < MAX_PARAMS; i++) {
         const loom_param *p = &c->params[i];

@@ -61,12 +61,24 @@ const char *loom_status_name(loom_status s) {
     return "unknown status";
 }
 
-/* Set by each engine from its pipeline (engine.log_level). */
-static _Atomic int g_level = LOOM_LOG_WARN;
+/* The process logs at the most verbose level a live engine asked for
+ * (engine.log_level), else at the base level (warn, or what
+ * loom_log_set_level set): so a draft engine created inside another
+ * cannot silence its host's info lines. */
+static _Atomic int g_base = LOOM_LOG_WARN;
+static _Atomic int g_holds[LOOM_LOG_ERROR + 1];
 
-void loom_log_set_level(loom_log_level level) { g_level = (int)level; }
+void loom_log_set_level(loom_log_level level) { g_base = (int)level; }
 
-loom_log_level loom_log_get_level(void) { return (loom_log_level)g_level; }
+void loom_log_hold(loom_log_level level, int delta) {
+    if ((int)level >= LOOM_LOG_DEBUG && (int)level <= LOOM_LOG_ERROR) g_holds[level] += delta;
+}
+
+loom_log_level loom_log_get_level(void) {
+    for (int lv = LOOM_LOG_DEBUG; lv <= LOOM_LOG_ERROR; lv++)
+        if (g_holds[lv] > 0) return (loom_log_level)lv;
+    return (loom_log_level)g_base;
+}
 
 void loom_vlog(loom_log_level level, const char *who, const char *fmt, va_list ap) {
     if (level < loom_log_get_level()) return;

@@ -25,9 +25,12 @@ void loom_error_prefix(loom_error *err, const char *fmt, ...) LOOM_PRINTF(2, 3);
 /* "ok", "invalid argument", ... */
 const char *loom_status_name(loom_status s);
 
-/* Logging to stderr at loom_log_set_level()'s level and above (default
- * warn; each engine sets its pipeline's engine.log_level). */
+/* Logging to stderr at the most verbose level any live engine holds (its
+ * pipeline's engine.log_level), else at loom_log_set_level()'s (default
+ * warn). */
 void loom_log_set_level(loom_log_level level);
+/* An engine's level: +1 when it is created, -1 when it is destroyed. */
+void loom_log_hold(loom_log_level level, int delta);
 loom_log_level loom_log_get_level(void);
 void loom_log(loom_log_level level, const char *who, const char *fmt, ...) LOOM_PRINTF(3, 4);
 void loom_vlog(loom_log_level level, const char *who, const char *fmt, va_list ap);

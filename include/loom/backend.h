@@ -169,10 +169,10 @@ typedef struct loom_shard {
 } loom_shard;
 
 /*
- * A backend: one device. Executors (loom/executor.h) drive several backend
- * instances through this same table. Every method is [engine] unless its
- * tag says otherwise; an executor calls the methods of each inner instance
- * from that rank's own thread, never two at once on one instance.
+ * A backend: one device. Every method is [instance]: the engine calls them
+ * from its step-loop thread, and an executor (loom/executor.h) driving
+ * several backend instances calls each inner instance from that rank's own
+ * thread — never two calls at once on one instance.
  */
 typedef struct loom_backend_ops {
     uint32_t struct_size;      /* sizeof(loom_backend_ops)                   */
@@ -183,10 +183,11 @@ typedef struct loom_backend_ops {
     /* REQUIRED. Free everything, device memory included; self may be NULL. */
     void (*destroy)(void *self);
 
-    /* REQUIRED. Take the model's weights to the device, once per instance.
-     * `quant` (NULL = no quantizer) is the quantizer binding: the backend
-     * asks it, per linear weight, which format to use, keeps the result and
-     * release()s the host copy. `model` is borrowed until destroy. */
+    /* REQUIRED. Take the model's weights to the device, once per instance
+     * (check with host->check_load first). `quant` (NULL = no quantizer)
+     * is the quantizer binding: the backend asks it, per linear weight,
+     * which format to use, keeps the result and release()s the host copy.
+     * `model` is borrowed until destroy. */
     loom_status (*load)(void *self, const loom_model_view *model, const loom_quant_binding *quant,
                         loom_error *err);
 
@@ -202,8 +203,8 @@ typedef struct loom_backend_ops {
     loom_status (*kv_alloc)(void *self, const loom_kv_layout *layout, loom_error *err);
 
     /* REQUIRED. One forward pass: writes logits (num_logits, vocab_size)
-     * float32 row-major into `logits` (host memory, caller-owned). The
-     * batch is checked first (host->check_batch). */
+     * float32 row-major into `logits` (host memory, caller-owned). Check
+     * the batch first with host->check_batch (the core does not). */
     loom_status (*forward)(void *self, const loom_batch *batch, float *logits, loom_error *err);
     /* REQUIRED. Copy whole device blocks (copy-on-write): pairs (n, 2) of
      * {src, dst} block ids, done before the next forward starts. */

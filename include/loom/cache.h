@@ -136,7 +136,8 @@ typedef struct loom_cache_ops {
      * (refcounts up); a later write into a shared block copies it.
      * LOOM_ERR_INVALID for an unknown or swapped-out parent. */
     loom_status (*fork)(void *self, loom_seq_id parent, loom_seq_id child, loom_error *err);
-    /* OPTIONAL (NULL = this manager never swaps; schedulers recompute).
+    /* OPTIONAL, both or neither (NULL = this manager never swaps;
+     * schedulers recompute; the loader refuses a table with only one).
      * Move seq's whole table to the host pool (OUT) or back (IN), queueing
      * one op per block. NO_SPACE when the target pool is full,
      * UNSUPPORTED when there is no host pool; nothing changes then. A

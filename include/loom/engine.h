@@ -150,7 +150,7 @@ loom_status loom_engine_score(loom_engine *e, const int32_t *tokens, int32_t n, 
 /* [engine] Install an activation observer on the engine's backend (see
  * loom_act_observer in loom/backend.h), or remove it with obs == NULL.
  * LOOM_ERR_UNSUPPORTED, naming the backend, when it cannot record (no
- * set_observer, an older plugin, or an executor). Used by `loom calibrate`. */
+ * set_observer, or an executor). Used by `loom calibrate`. */
 struct loom_act_observer;
 loom_status loom_engine_set_observer(loom_engine *e, const struct loom_act_observer *obs,
                                      loom_error *err);

@@ -23,14 +23,17 @@
  *   - The build signature (pointer size, tensor layout revision) must match.
  *   - Every struct that crosses the boundary as one object starts with
  *     `struct_size` and GROWS ONLY AT ITS END: never reorder or remove a
- *     field; new fields go below a "since ABI 2.N" marker, and a reader
- *     checks struct_size before touching them (LOOM_HAS_FIELD).
- *     Records passed as array elements (loom_param, loom_sched_entry,
- *     loom_block_op, loom_chat_message) carry no struct_size — an array's
- *     stride must be the same on both sides — so they are frozen for the
- *     whole major version; new information goes into the struct that
- *     carries the array. loom_error is a caller-owned fixed buffer, frozen
- *     likewise.
+ *     field. Every field is ABI 2.0 unless a "since ABI 2.N" line above it
+ *     says otherwise; new fields go below such a line, and a reader checks
+ *     struct_size before touching them (LOOM_HAS_FIELD).
+ *   - FROZEN for the whole major version (a stride or an offset on the
+ *     other side depends on their size): records passed as array elements
+ *     (loom_component, loom_param, loom_sched_entry, loom_block_op,
+ *     loom_chat_message; new information goes into the struct that carries
+ *     the array), structs embedded by value in others (loom_tensor in
+ *     loom_qtensor, loom_sampling_params in loom_request), and loom_error,
+ *     a caller-owned fixed buffer. loom_component and loom_tensor keep a
+ *     struct_size the loader checks, but never grow.
  *
  * Methods: every ops-table member is marked REQUIRED or OPTIONAL. The loader
  * refuses a component whose table has NULL in a required slot, naming it
@@ -42,9 +45,10 @@
  *   [engine]   only the engine's step-loop thread;
  *   [instance] any thread, but never concurrently on one instance.
  *
- * Lifetime, every kind: create() either succeeds fully or leaves nothing
- * behind, and destroy() is never called after a failed create(); the config
- * pointer is borrowed for the create() call only; destroy(NULL) is a no-op.
+ * Lifetime, every kind: create() and destroy() are [engine]; create()
+ * either succeeds fully or leaves nothing behind, and destroy() is never
+ * called after a failed create(); the config pointer is borrowed for the
+ * create() call only; destroy(NULL) is a no-op.
  */
 #ifndef LOOM_PLUGIN_H
 #define LOOM_PLUGIN_H
@@ -287,7 +291,7 @@ typedef struct loom_host {
 
 /* One feature a plugin offers. `ops` points to the kind's ops table (e.g.
  * loom_scheduler_ops), which itself starts with struct_size, create and
- * destroy. */
+ * destroy. An array element (loom_plugin_desc.components): frozen. */
 typedef struct loom_component {
     uint32_t struct_size;     /* sizeof(loom_component)                        */
     loom_kind kind;           /* which slot it fills                           */

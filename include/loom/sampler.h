@@ -28,7 +28,8 @@ extern "C" {
 #define LOOM_MAX_LOGPROBS 20
 
 /* Per-request sampling parameters. Neutral values turn a feature off.
- * Grows only at its end. */
+ * Frozen: embedded by value in loom_request (new knobs go into
+ * loom_request). */
 typedef struct loom_sampling_params {
     uint32_t struct_size;
     float temperature;         /* 0 = greedy (argmax)                       */
@@ -114,11 +115,13 @@ typedef struct loom_sampler_ops {
                          loom_error *err);
     /* OPTIONAL [instance] (NULL = every row arrives whole). How many of a
      * row's best logits this sampler needs to sample a request with
-     * `params` exactly as it would from the whole row: 0 = the whole row;
-     * k in 1..LOOM_LOGITS_TOPK_MAX = the row may arrive as a candidate row
-     * of at least k candidates (loom_sample_batch), reduced on the device.
-     * The core still sends whole rows when it needs them itself (the first
-     * token of an n > 1 request, sampled draft verification, want_probs). */
+     * `params` exactly as it would from the whole row — including the
+     * params->logprobs alternatives it reports: 0 = the whole row; k in
+     * 1..LOOM_LOGITS_TOPK_MAX = the row may arrive as a candidate row of at
+     * least k candidates (loom_sample_batch), reduced on the device. The
+     * core still sends whole rows when it needs them itself (the first
+     * token of an n > 1 request, sampled draft verification, want_probs,
+     * and the dry sample() that checks a new request's parameters). */
     int32_t (*candidates)(void *self, const loom_sampling_params *params);
     /* since ABI 2.0 — add new members below this line only */
 } loom_sampler_ops;

@@ -44,7 +44,7 @@ typedef enum loom_device_kind {
 #define LOOM_TENSOR_MAX_DIMS 4
 
 typedef struct loom_tensor {
-    uint32_t struct_size;         /* sizeof(loom_tensor); grows only at end  */
+    uint32_t struct_size;         /* sizeof(loom_tensor); frozen: embedded in loom_qtensor */
     loom_dtype dtype;             /* element type                            */
     int32_t ndim;                 /* 1..LOOM_TENSOR_MAX_DIMS                 */
     int64_t shape[LOOM_TENSOR_MAX_DIMS]; /* row-major, last dim contiguous  */
