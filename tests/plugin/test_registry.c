@@ -213,6 +213,13 @@ Test(plugin_registry, null_required_method) {
     loom_registry_destroy(reg);
 }
 
+Test(plugin_registry, half_a_swap_pair) {
+    loom_registry *reg = bad_reg();
+    expect_fail(reg, LOOM_KIND_CACHE, "halfswap", LOOM_ERR_FORMAT,
+                NEEDLES("cache 'halfswap' has only one of swap_out() and swap_in()"));
+    loom_registry_destroy(reg);
+}
+
 Test(plugin_registry, param_outside_config) {
     loom_registry *reg = bad_reg();
     expect_fail(reg, LOOM_KIND_SAMPLER, "badparam", LOOM_ERR_FORMAT,
@@ -364,7 +371,7 @@ Test(plugin_registry, list_tolerates_broken_files) {
         }
     }
     cr_assert_eq(good, 8 + 1, "7 kinds + libmulti + bad/loom-scheduler-liar.so (good: %d)", good);
-    cr_assert_eq(broken, 10, "9 broken plugins + the text file (broken: %d)", broken);
+    cr_assert_eq(broken, 11, "10 broken plugins + the text file (broken: %d)", broken);
     cr_assert(saw_text && saw_multi);
     int n2 = 0;
     cr_assert_eq(loom_registry_list(reg, &n2), items, "cached");

@@ -13,6 +13,7 @@
  *   BAD_SMALLOPS    ops struct_size 8              -> "ops table struct_size"
  *   BAD_PARAM       param offset past config_size  -> "lies outside the config struct"
  *   BAD_NULLMETHOD  a sampler without sample()     -> "has no sample() (NULL)"
+ *   BAD_HALFSWAP    a cache with swap_out() but no swap_in() -> "only one of swap_out() and swap_in()"
  *   BAD_LIAR        file says scheduler, component is a cache named "liar"
  */
 #include <stddef.h>
@@ -40,6 +41,8 @@
 #define BAD_NAME "badparam"
 #elif defined(BAD_NULLMETHOD)
 #define BAD_NAME "nullsample"
+#elif defined(BAD_HALFSWAP)
+#define BAD_NAME "halfswap"
 #elif defined(BAD_LIAR)
 #define BAD_NAME "liar"
 #else
@@ -55,8 +58,8 @@ static loom_status bad_create(const loom_host *host, const void *config, void **
 
 static void bad_destroy(void *self) { (void)self; }
 
-#if defined(BAD_LIAR)
-/* A complete cache table (every REQUIRED member), so only the lie is wrong. */
+#if defined(BAD_LIAR) || defined(BAD_HALFSWAP)
+/* A complete cache table (every REQUIRED member), so only the defect is wrong. */
 static loom_status bad_init(void *s, const loom_cache_init *i, loom_kv_layout *l, loom_error *e) {
     (void)s, (void)i, (void)l, (void)e;
     return LOOM_ERR_UNSUPPORTED;
@@ -73,10 +76,17 @@ static loom_status bad_fork(void *s, loom_seq_id a, loom_seq_id b, loom_error *e
 static int32_t bad_table(void *s, loom_seq_id q, int32_t *o, int32_t c) { return (void)s, (void)q, (void)o, (void)c, 0; }
 static int32_t bad_ops_take(void *s, loom_block_op *o, int32_t c) { return (void)s, (void)o, (void)c, 0; }
 static int32_t bad_nfree(void *s) { return (void)s, 0; }
+#if defined(BAD_HALFSWAP)
+static loom_status bad_swap(void *s, loom_seq_id q, loom_error *e) { return (void)s, (void)q, (void)e, LOOM_ERR_NO_SPACE; }
+#endif
 static const loom_cache_ops bad_ops = {
     .struct_size = sizeof(loom_cache_ops), .create = bad_create, .destroy = bad_destroy, .init = bad_init,
     .acquire_prefix = bad_prefix, .allocate = bad_alloc, .truncate = bad_truncate, .free = bad_free,
-    .fork = bad_fork, .block_table = bad_table, .take_block_ops = bad_ops_take, .num_free_blocks = bad_nfree};
+    .fork = bad_fork, .block_table = bad_table, .take_block_ops = bad_ops_take, .num_free_blocks = bad_nfree,
+#if defined(BAD_HALFSWAP)
+    .swap_out = bad_swap,
+#endif
+};
 #define BAD_KIND LOOM_KIND_CACHE
 #else
 static loom_status bad_sample(void *s, const loom_sample_batch *b, loom_sample_out *o, loom_error *e) {
