@@ -569,12 +569,9 @@ static void bench_quant(int M) {
  * them: captured 8 layers deep into one CUDA graph on a stream (the GEMVs'
  * programmatic launches overlapping each other, no host launch cost) and
  * replayed; µs per layer, median of 15 replays. bf16 and each loom format
- * as dispatched, then (M = 1) W8A16 / FP8 / INT4 on qgemv_bulk.cu's kernel
- * forced on (`_bulk`: 8 consumer warps a CTA, `_bulk4`: 4) and that kernel
- * with its arithmetic skipped (`_probe`: the bare weight stream), and
- * FP8 without its one-row GEMV's early weight loads (`_late`, common.cuh's
- * lc_early_weights, which qgemm.cu's LC_QGEMV_EARLY keeps for FP8 only).
- * Timed
+ * as dispatched, then (M = 1) FP8 without its one-row GEMV's early weight
+ * loads (`_late`, common.cuh's lc_early_weights, which qgemm.cu's
+ * LC_QGEMV_EARLY keeps for FP8 only). Timed
  * alone (bench_quant) a GEMV pays ~3-4 µs of launch. Chained GEMV after
  * GEMV, a kernel's start overlaps the one before (programmatic launch) —
  * which a decode step does not offer: there every GEMV follows a small
@@ -582,11 +579,12 @@ static void bench_quant(int M) {
  * (add_rmsnorm before QKV, O and gate|up — the one before O standing in
  * for RoPE + attention — SwiGLU before down), each on the output of the
  * kernel before: µs a layer is then the linears plus the small kernels,
- * nearer what a step pays (the bulk kernel wins the plain chain and not a
- * decode step; docs/performance.md). W8A8 / FP8 rows pay their activation
- * quantization as a kernel of its own here, where the engine fuses it into
- * the norm and SwiGLU kernels; their TB/s (as every mixed row's) divide the
- * linears' bytes by a time that includes the small kernels. */
+ * nearer what a step pays (a bulk-copy kernel, since deleted, won the plain
+ * chain and not a decode step; docs/performance.md). W8A8 / FP8 rows pay
+ * their activation quantization as a kernel of its own here, where the
+ * engine fuses it into the norm and SwiGLU kernels; their TB/s (as every
+ * mixed row's) divide the linears' bytes by a time that includes the small
+ * kernels. */
 static void bench_quant_chain(int M, bool mixed) {
     const int(*shp)[2] = l8b_linears;
     static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
@@ -619,25 +617,18 @@ static void bench_quant_chain(int M, bool mixed) {
         for (int k = 0; k < 4; k++) o[k] = dev_rand((size_t)M * shp[k][0]);
     }
     double bf16_us = 0;
-    /* variants: format, the bulk kernel's consumer warps (0: as
-     * dispatched, the bulk kernel forced off), its probe, and `late`: FP8's
-     * one-row CUDA-core GEMV without its early weight loads
-     * (lc_early_weights; the only kernel that has them) */
-    static const struct { int fmt, warps, probe, late; } vars[] = {
-        {0, 0, 0, 0}, {1, 0, 0, 0}, {2, 0, 0, 0}, {3, 0, 0, 0}, {4, 0, 0, 0}, /* as dispatched */
-        {1, 8, 0, 0}, {3, 8, 0, 0}, {4, 8, 0, 0}, {1, 4, 0, 0},               /* M = 1: bulk    */
-        {1, 8, 1, 0}, {4, 8, 1, 0},                                            /* chained: probe */
-        {3, 0, 0, 1},                                                          /* M = 1: late    */
+    /* variants: format, and `late`: FP8's one-row CUDA-core GEMV without
+     * its early weight loads (lc_early_weights; the only kernel that has
+     * them) */
+    static const struct { int fmt, late; } vars[] = {
+        {0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 0}, /* as dispatched */
+        {3, 1},                                 /* M = 1: late    */
     };
     const char *kind = mixed ? "mixed  " : "chained";
     for (int vi = 0; vi < (int)(sizeof vars / sizeof vars[0]); vi++) {
         const int fi = vars[vi].fmt;
-        const bool bulk_on = vars[vi].warps > 0, probe = vars[vi].probe, late = vars[vi].late;
-        if (M > 1 && vi >= 5) continue; /* the bulk kernel and the early loads are M = 1's */
-        if (mixed && (probe || vars[vi].warps == 4)) continue;
-        lc_qgemv_bulk_set(bulk_on ? 1 : 0); /* rows 0..4 as dispatched by default, whatever the environment says */
-        lc_qgemv_bulk_set_probe(probe);
-        lc_qgemv_bulk_set_warps(bulk_on ? vars[vi].warps : 8);
+        const bool late = vars[vi].late;
+        if (M > 1 && vi >= 5) continue; /* the early loads are M = 1's */
         lc_early_weights_set(late ? 0 : 1);
         const loom_cuda_qfmt f = fmts[fi];
         void *data[4] = {0};
@@ -653,7 +644,6 @@ static void bench_quant_chain(int M, bool mixed) {
         }
         void *scratch = NULL;
         if (scr) CK(cudaMalloc(&scratch, scr));
-        long b0 = lc_qgemv_bulk_count();
         /* one eager pass (plans, attributes), then the capture; a failed
          * call is reported and the row skipped */
         int rc = 0;
@@ -688,26 +678,24 @@ static void bench_quant_chain(int M, bool mixed) {
             else if (cudaStreamEndCapture(st, &gr) != cudaSuccess && !rc) rc = -1;
         }
         if (rc) {
-            printf("    %s %s%s%s M=%-3d ERROR: %s\n", kind, names[fi], bulk_on ? (probe ? "_probe" : "_bulk") : "",
-                   late ? "_late" : "", M, rc == -1 ? "capture failed" : msg);
+            printf("    %s %s%s M=%-3d ERROR: %s\n", kind, names[fi], late ? "_late" : "", M,
+                   rc == -1 ? "capture failed" : msg);
             (void)cudaGetLastError();
             if (gr) cudaGraphDestroy(gr);
             for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
             cudaFree(scratch);
             continue;
         }
-        const bool bulk = lc_qgemv_bulk_count() > b0;
         const double us = graph_ms(gr, st) * 1e3 / DEPTH;
         if (fi == 0) bf16_us = us;
         const double ref_us = bf16_us;
         char label[32], nm[96];
-        snprintf(label, sizeof label, "%s%s%s%s", names[fi], probe ? "_probe" : bulk ? "_bulk" : "",
-                 bulk && vars[vi].warps == 4 ? "4" : "", late ? "_late" : "");
+        snprintf(label, sizeof label, "%s%s", names[fi], late ? "_late" : "");
         snprintf(nm, sizeof nm, "llama3-8b layer linears %s %s M=%d", mixed ? "mixed" : "chained", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, us * 1e-3, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
-        printf("    %s %-16s M=%-3d %8.1f us per layer, %5.2fx vs bf16, %5.2f TB/s%s\n", kind, label, M, us,
-               ref_us / us, bytes / (us * 1e-6) / 1e12, bulk ? " (bulk kernel)" : "");
+        printf("    %s %-16s M=%-3d %8.1f us per layer, %5.2fx vs bf16, %5.2f TB/s\n", kind, label, M, us,
+               ref_us / us, bytes / (us * 1e-6) / 1e12);
         qres *qr = qres_next();
         if (qr) {
             snprintf(qr->fmt, sizeof qr->fmt, "%s_%s", mixed ? "mixed" : "chain", label);
@@ -717,9 +705,6 @@ static void bench_quant_chain(int M, bool mixed) {
         for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
         cudaFree(scratch);
     }
-    lc_qgemv_bulk_set(-1);
-    lc_qgemv_bulk_set_probe(0);
-    lc_qgemv_bulk_set_warps(8);
     lc_early_weights_set(-1);
     cudaFree(x), cudaFree(y);
     cudaFree(resid), cudaFree(nw), cudaFree(xn), cudaFree(act);

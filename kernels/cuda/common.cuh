@@ -158,10 +158,9 @@ __device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
  * then lc_pdl_trigger() to let the next kernel start launching. Weights are
  * the one exception: no kernel writes them, so GEMVs prefetch or load them
  * before the wait (loom_cuda_qweight's contract). A kernel may also trigger
- * before it waits (qgemv_bulk.cu's producer warp does, at once): the next
- * kernel still waits for this one's completion itself, so ordering holds;
- * only more grids are in flight at a time. Captured into CUDA graphs as
- * programmatic edges. */
+ * before it waits: the next kernel still waits for this one's completion
+ * itself, so ordering holds; only more grids are in flight at a time.
+ * Captured into CUDA graphs as programmatic edges. */
 __device__ __forceinline__ void lc_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void lc_pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

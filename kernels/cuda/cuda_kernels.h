@@ -322,7 +322,7 @@ void loom_cuda_gemm_set_swiglu_fuse(loom_cuda_gemm *g, int max_m);
  *   SWIGLU  (P = N / 2): y (M, N) is a gate|up output, stored as computed,
  *            and act (M, N / 2) dt = loom_cuda_swiglu of it.
  * Where the one-row GEMV is not what runs (M > 1, cuBLASLt, the
- * tensor-core and bulk kernels, GGUF blocks, N not pairable) or fusing is
+ * tensor-core kernels, GGUF blocks, N not pairable) or fusing is
  * off (LOOM_CUDA_FUSE_EPILOGUE=0, loom_cuda_epi_fuse_set), the separate
  * kernel runs after the GEMM: the result is the same either way. */
 typedef enum loom_cuda_epi_kind {

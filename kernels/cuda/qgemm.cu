@@ -47,9 +47,8 @@
  *
  * What this is not: a tensor-core kernel. W8A8 / FP8 / INT4 at 2..8 rows
  * go to qgemv_tc.cu's mma kernel when the shape fits (its cost hardly grows
- * with M); this one serves M = 1 (where it was faster — also than
- * qgemv_bulk.cu's bulk-copy mma kernel, opt-in by LOOM_CUDA_QGEMV_BULK=1),
- * W8A16, the other shapes, batch-invariant mode and LOOM_CUDA_QGEMV_TC=0.
+ * with M); this one serves M = 1 (where it was faster), W8A16, the other
+ * shapes, batch-invariant mode and LOOM_CUDA_QGEMV_TC=0.
  * For larger M qgemm.c hands the work to qmma.cu or cuBLASLt.
  */
 #include "common.cuh"
@@ -599,7 +598,7 @@ extern "C" cudaError_t lc_qgemv_epi(loom_cuda_dt dt, const loom_cuda_qweight *w,
     /* only where lc_qgemv would run this kernel at M = 1 */
     const int P = lc_epi_p(epi, w->N);
     if (!P || w->fmt == LOOM_CUDA_Q_GGUF || !loom_cuda_qweight_ok(w->fmt, w->K, w->group) ||
-        lc_qgemv_use_tc(w->fmt, w->K, w->group, 1, invariant) || (!invariant && lc_qgemv_bulk_ok(w)))
+        lc_qgemv_use_tc(w->fmt, w->K, w->group, 1, invariant))
         return cudaErrorNotSupported;
     lc_qgemv_count_cc();
     const bool split = !invariant; /* and lc_qgemv_split_pair (lc_qgemv_m) */
@@ -623,7 +622,7 @@ static int lc_qgemv_slices_t(const loom_cuda_qweight *w) {
 extern "C" int lc_qgemv_splits(loom_cuda_dt dt, const loom_cuda_qweight *w, int invariant) {
     /* lc_qgemv's choice at M = 1 (dt output; f32 outputs decide alike) */
     if (invariant || w->N <= 0 || w->fmt == LOOM_CUDA_Q_GGUF || !loom_cuda_qweight_ok(w->fmt, w->K, w->group) ||
-        lc_qgemv_use_tc(w->fmt, w->K, w->group, 1, 0) || lc_qgemv_bulk_ok(w))
+        lc_qgemv_use_tc(w->fmt, w->K, w->group, 1, 0))
         return 0;
     return (dt == LOOM_CUDA_F16 ? lc_qgemv_slices_t<__half>(w) : lc_qgemv_slices_t<__nv_bfloat16>(w)) > 1;
 }
@@ -635,10 +634,6 @@ extern "C" cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_
         return cudaErrorInvalidValue;
     if (lc_qgemv_use_tc(w->fmt, w->K, w->group, M, invariant))
         return lc_qgemv_tc(dt, out_f32, M, w, x, xq, sx, y, s);
-    /* W8A16 / INT4 / FP8 at one row, on request: the bulk-copy
-     * tensor-core kernel (never in batch-invariant mode: it sums in
-     * another order) */
-    if (M == 1 && !invariant && lc_qgemv_bulk_ok(w)) return lc_qgemv_bulk(dt, out_f32, w, x, xq, sx, y, s);
     lc_qgemv_count_cc();
     const bool split = !invariant; /* the batch-invariant rows keep one order at every M */
     if (dt == LOOM_CUDA_F16)

@@ -25,7 +25,7 @@ cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweigh
 
 /* lc_qgemv at M = 1 with epi's pair epilogue fused (cuda_kernels.h:
  * loom_cuda_epi; qgemm.cu's CUDA-core kernel), or cudaErrorNotSupported
- * where lc_qgemv would not run that kernel (tensor-core, bulk, GGUF) or
+ * where lc_qgemv would not run that kernel (tensor-core, GGUF) or
  * the output rows do not pair — the caller then runs lc_qgemv and the
  * separate kernel. */
 cudaError_t lc_qgemv_epi(loom_cuda_dt dt, const loom_cuda_qweight *w, const void *x, const void *xq,
@@ -63,28 +63,6 @@ void lc_qgemv_count(long *tc, long *cc);
 void lc_qgemv_count_cc(void);
 cudaError_t lc_qgemv_tc(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
                         const void *x, const void *xq, const float *sx, void *y, cudaStream_t s);
-
-/* W8A16 / INT4 / FP8 at one row of x on sm_90 (qgemv_bulk.cu): the
- * weights streamed into shared memory by bulk copies, multiplied on the
- * tensor cores, by persistent CTAs that convert the token once. On when
- * LOOM_CUDA_QGEMV_BULK=1 (or on / true / yes) or lc_qgemv_bulk_set(1) (0
- * forces off, -1 back to the environment; with the environment's on,
- * LOOM_CUDA_QGEMV_BULK_MIN_MB=n keeps matrices under n MiB of codes on the
- * CUDA-core kernel). lc_qgemv_bulk_ok: whether it
- * takes w (W8A16 / FP8 K % 64; INT4 groups of 128 .. 2048 dividing 2048
- * with K % (2 group); aligned; K <= 65536). lc_qgemv calls it at M = 1
- * outside the batch-invariant mode (FP8 with the token's codes xq and scale
- * sx); count: launches so far. set_probe (gpu_bench only): 1 makes the
- * kernel skip its arithmetic — garbage outputs — to time the bare weight
- * stream; set_warps (gpu_bench): 4 or 8 consumer warps a CTA (8 default). */
-int lc_qgemv_bulk_ok(const loom_cuda_qweight *w);
-cudaError_t lc_qgemv_bulk(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight *w, const void *x, const void *xq,
-                          const float *sx, void *y, cudaStream_t s);
-void lc_qgemv_bulk_set(int on);
-int lc_qgemv_bulk_get(void);
-long lc_qgemv_bulk_count(void);
-void lc_qgemv_bulk_set_probe(int on);
-void lc_qgemv_bulk_set_warps(int w);
 
 /* GGUF (qgguf.cu): y (M, N) = x (M, K) @ dequant(w)^T for M in [1, 8],
  * one launch per segment; y dt or f32 (out_f32), x dt. */

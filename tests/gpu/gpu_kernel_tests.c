@@ -1239,9 +1239,9 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     long tc0, cc0, tc1, cc1, v0, e0, v1, e1;
     lc_qgemv_count(&tc0, &cc0);
     lc_qgemm_fp8_count(&v0, &e0);
-    const long q0 = lc_qgemm_qmma_count(), b0 = lc_qgemv_bulk_count();
+    const long q0 = lc_qgemm_qmma_count();
     int rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
-    const bool qmma = lc_qgemm_qmma_count() > q0, bulk = lc_qgemv_bulk_count() > b0;
+    const bool qmma = lc_qgemm_qmma_count() > q0;
     lc_qmma_set(qmma_prev);
     lc_qgemv_count(&tc1, &cc1);
     lc_qgemm_fp8_count(&v1, &e1);
@@ -1255,7 +1255,6 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     /* an FP8 GEMM: cuBLASLt's scale vectors, or unit scales + the epilogue */
     if (v1 > v0 || e1 > e0) kern = v1 > v0 ? (e1 > e0 ? " scale-vec+epilogue" : " scale-vec") : " epilogue";
     if (qmma) kern = " qmma";
-    if (bulk) kern = " bulk";
     char wild[16] = "";
     if (g_qx_wild) snprintf(wild, sizeof wild, M == 1 && g_qx_wild >= 2 ? " wild%d" : " wild", g_qx_wild);
     snprintf(name, sizeof name, "qgemm %s %s M=%d N=%d K=%d%s%s%s%s%s -> %s", qfmt_name(fmt), dtn(dt),
@@ -1360,14 +1359,13 @@ static void rand_q8_weight(loom_cuda_qfmt fmt, int N, int K, uint8_t *data, floa
  * when bytes arrive, never which: every output bit must equal the late
  * path's. Rows of one chunk a lane (K = 576, a short pass alone), of whole
  * passes and a partial one (4096 + 16) and of many (14336), bf16 / f16
- * tokens, dt and float32 outputs; the tensor-core and bulk kernels off, and
- * each call must have run the CUDA-core kernel. */
+ * tokens, dt and float32 outputs; the tensor-core kernel off, and each
+ * call must have run the CUDA-core kernel. */
 static void test_early_weights_bits(loom_cuda_gemm *g) {
     static const int shapes[3][2] = {{300, 576}, {1000, 4112}, {257, 14336}};
     char msg[256] = "", name[200];
-    const int tc0 = lc_qgemv_get_tc(), bulk0 = lc_qgemv_bulk_get();
+    const int tc0 = lc_qgemv_get_tc();
     lc_qgemv_set_tc(0);
-    lc_qgemv_bulk_set(0);
     for (int si = 0; si < 3; si++) {
         const int N = shapes[si][0], K = shapes[si][1];
         uint8_t *data = malloc((size_t)N * K);
@@ -1408,7 +1406,6 @@ static void test_early_weights_bits(loom_cuda_gemm *g) {
     }
     lc_early_weights_set(-1);
     lc_qgemv_set_tc(tc0);
-    lc_qgemv_bulk_set(bulk0);
 }
 
 /* A random quantized N x K weight on the device (W8A16 / W8A8 / FP8 codes
@@ -1460,8 +1457,7 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
     };
     static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
                                            LOOM_CUDA_Q_FP8, LOOM_CUDA_Q_INT4};
-    const int tc0 = lc_qgemv_get_tc(), bulk0 = lc_qgemv_bulk_get();
-    lc_qgemv_bulk_set(0); /* as the engine's default dispatch */
+    const int tc0 = lc_qgemv_get_tc();
     lc_qgemv_set_tc(-1);
     lc_qgemv_split_set(1);
     char msg[256] = "", name[240];
@@ -1579,20 +1575,17 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
     lc_qgemv_split_set(-1);
     lc_qgemv_split_pair_set(-1);
     lc_qgemv_set_tc(tc0);
-    lc_qgemv_bulk_set(bulk0);
 }
 
 /* Where the one-row CUDA-core GEMV is not what runs, the pair epilogue
  * entry points must not fuse and must still finish every row: three rows
- * (bf16 weights; W8A8 through the norm-quantize entry point) and one row
- * on the bulk-copy kernel (W8A16, FP8, INT4) — with fusing on, no fused
- * launch and the bits of fusing off; the three-row RoPE also against
+ * (bf16 weights; W8A8 through the norm-quantize entry point) — with fusing
+ * on, no fused launch and the bits of fusing off; the three-row RoPE also against
  * loom_cuda_gemm_run + loom_cuda_rope_kv called by hand. Llama-3-8B's QKV
  * shape, three tokens at positions in three cache blocks. */
 static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
     const int H = 32, KVH = 8, D = 128, K = 4096, N = (H + 2 * KVH) * D, bs = 16, nblk = 8, max_pos = 512;
     const loom_cuda_dt dt = LOOM_CUDA_BF16;
-    const int bulk0 = lc_qgemv_bulk_get();
     char msg[256] = "", name[200];
     float *cs = malloc((size_t)max_pos * D * 4);
     for (int i = 0; i < max_pos * D / 2; i++) {
@@ -1610,10 +1603,7 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
     float *d_xres = dev_upload(xres, (size_t)3 * K * 4), *d_nw = dev_upload(nw, (size_t)K * 4);
     void *d_xn = dev_upload(xn, (size_t)3 * K * 2), *d_wb = dev_upload(wb, (size_t)N * K * 2);
     const size_t cache = (size_t)nblk * KVH * bs * D * 2;
-    static const struct { loom_cuda_qfmt f; int M, bulk; } cases[] = {
-        {LOOM_CUDA_Q_NONE, 3, 0},        {LOOM_CUDA_Q_INT8_W8A8, 3, 0}, {LOOM_CUDA_Q_INT8_W8A16, 1, 1},
-        {LOOM_CUDA_Q_FP8, 1, 1},          {LOOM_CUDA_Q_INT4, 1, 1},
-    };
+    static const struct { loom_cuda_qfmt f; int M; } cases[] = {{LOOM_CUDA_Q_NONE, 3}, {LOOM_CUDA_Q_INT8_W8A8, 3}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const loom_cuda_qfmt f = cases[ci].f;
         const int M = cases[ci].M;
@@ -1625,7 +1615,6 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
         }
         const size_t scr = f == LOOM_CUDA_Q_NONE ? 0 : loom_cuda_qgemm_scratch_bytes(g, dt, 0, &qw, M);
         void *d_scr = scr ? dev_poison(scr) : NULL;
-        lc_qgemv_bulk_set(cases[ci].bulk);
         const size_t sz[3] = {(size_t)M * N * 2, cache, cache};
         char *out[3][3] = {{0}};
         long fused[3] = {0, 0, 0};
@@ -1663,8 +1652,8 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
             for (int b = 0; b < 3 && out[run][0]; b++) differ += bits_differ(out[0][b], out[run][b], sz[b], 1);
         if (fused[0] || fused[1]) differ++;
         if (!rc) differ += count_nan(dt, out[0][0], (size_t)M * N, 2);
-        snprintf(name, sizeof name, "pair epilogue declined: rope_kv %s M=%d%s: no fused launch, every row done",
-                 f == LOOM_CUDA_Q_NONE ? "bf16-weights" : qfmt_name(f), M, cases[ci].bulk ? " (bulk kernel)" : "");
+        snprintf(name, sizeof name, "pair epilogue declined: rope_kv %s M=%d: no fused launch, every row done",
+                 f == LOOM_CUDA_Q_NONE ? "bf16-weights" : qfmt_name(f), M);
         if (rc) printf("      error: %s\n", msg);
         if (fused[0] || fused[1]) printf("      fused launches %ld / %ld\n", fused[0], fused[1]);
         report_bits(name, differ, 1);
@@ -1673,7 +1662,6 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
         cudaFree(d_w), cudaFree(d_sc), cudaFree(d_scr);
     }
     loom_cuda_epi_fuse_set(-1);
-    lc_qgemv_bulk_set(bulk0);
     cudaFree(d_cs), cudaFree(d_pos), cudaFree(d_slot), cudaFree(d_xres), cudaFree(d_nw), cudaFree(d_xn), cudaFree(d_wb);
     free(cs), free(xres), free(nw), free(xn), free(wb);
 }
@@ -1705,8 +1693,7 @@ static void test_qgemv_split(loom_cuda_gemm *g) {
         {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 4096, 14336, 128, true},
         {LOOM_CUDA_Q_INT4, LOOM_CUDA_F16, 300, 8192, 256, true},
     };
-    const int bulk0 = lc_qgemv_bulk_get(), tc0 = lc_qgemv_get_tc();
-    lc_qgemv_bulk_set(0);
+    const int tc0 = lc_qgemv_get_tc();
     lc_qgemv_set_tc(0);
     for (int S = 2; S <= 4; S *= 2) {
         lc_qgemv_split_set(S);
@@ -1769,114 +1756,7 @@ static void test_qgemv_split(loom_cuda_gemm *g) {
     }
     loom_cuda_gemm_set_batch_invariant(g, 0);
     lc_qgemv_split_set(-1);
-    lc_qgemv_bulk_set(bulk0);
     lc_qgemv_set_tc(tc0);
-}
-
-/* One row of x on qgemv_bulk.cu's kernel (bulk-copy staging, tensor
- * cores, persistent CTAs) against the float64 reference (test_qgemm,
- * float32 output held to 1e-4): W8A16, FP8 and INT4 (groups 128 .. 2048),
- * bf16 / f16, N below one 16-row tile and not a multiple of it, K of one
- * 64-column window, with a partial last stage, of more stages than the ring
- * holds (the 8B down projection), long rows up to the 65536 bound, many
- * tiles a CTA with a partial last one (the ring and the partial-sum
- * buffers carried across tiles), tokens of wild magnitudes (the per-warp
- * power-of-two scaling: huge, tiny, powers of two, all positive); with 8
- * consumer warps and with 4; each call must have run the kernel. Then: not
- * in batch-invariant mode even when on; the shapes it must refuse and
- * take; off when set off. */
-static void test_qgemm_bulk(loom_cuda_gemm *g) {
-    typedef struct { loom_cuda_qfmt fmt; loom_cuda_dt dt; int N, K, group; bool f32; } bcase;
-    const bcase cs[] = {
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 1, 64, 0, true},
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 17, 576, 0, true},
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_F16, 300, 4096, 0, false},
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 4096, 14336, 0, true},
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 1001, 1088, 0, false},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 1, 512, 128, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_F16, 77, 1024, 256, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 300, 2048, 128, false},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 4096, 14336, 128, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 1001, 4096, 256, false},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 64, 5120, 512, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_F16, 333, 8192, 2048, true},
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_F16, 515, 2112, 0, true},
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 300, 28672, 0, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 7, 65536, 128, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 300, 6144, 1024, true},
-        /* many tiles a CTA (more than the GPU holds at once), some with a
-         * partial last one; then several stages a tile too, an odd count
-         * (each tile starts on the other ring slot) */
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 20001, 256, 0, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 28672, 4096, 128, false},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_F16, 12345, 1024, 128, true},
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 5001, 6144, 0, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 9001, 12288, 128, true},
-        /* FP8: the token's e4m3 codes as f16 */
-        {LOOM_CUDA_Q_FP8, LOOM_CUDA_BF16, 1, 64, 0, true},
-        {LOOM_CUDA_Q_FP8, LOOM_CUDA_BF16, 300, 4096, 0, true},
-        {LOOM_CUDA_Q_FP8, LOOM_CUDA_F16, 1001, 1088, 0, false},
-        {LOOM_CUDA_Q_FP8, LOOM_CUDA_BF16, 4096, 14336, 0, true},
-        {LOOM_CUDA_Q_FP8, LOOM_CUDA_BF16, 20001, 256, 0, false},
-    };
-    const int prev = lc_qgemv_bulk_get();
-    lc_qgemv_bulk_set(1);
-    /* wild: 0 plain tokens; 1 beyond f16's range, 2 tiny, 3 powers of two,
-     * 4 all positive
-     * (float32 outputs only: a 16-bit output of kind 1 overflows) */
-    /* the default 8 consumer warps on every case, 4 on a third of the
-     * plain ones */
-    for (int cf = 0; cf < 2; cf++) {
-        const int warps = cf ? 4 : 8;
-        lc_qgemv_bulk_set_warps(warps);
-        for (int wild = 0; wild < 5; wild++)
-            for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
-                const bcase c = cs[ci];
-                if (wild && !c.f32) continue;
-                if (cf && (wild || (ci % 3 && ci != 11))) continue; /* 11: INT4 g2048, fewer units than warps */
-                g_qx_wild = wild;
-                const long b0 = lc_qgemv_bulk_count();
-                test_qgemm(g, c.dt, c.fmt, 1, c.N, c.K, c.group, 0, c.f32, false);
-                char name[160];
-                snprintf(name, sizeof name, "qgemm %s %s M=1 N=%d K=%d wild%d ran the bulk kernel (%d warps)",
-                         qfmt_name(c.fmt), dtn(c.dt), c.N, c.K, wild, warps);
-                report_bits(name, lc_qgemv_bulk_count() == b0 + 1 ? 0 : 1, 1);
-            }
-    }
-    lc_qgemv_bulk_set_warps(8);
-    g_qx_wild = 0;
-    /* never in batch-invariant mode, even when asked for (its rows must have
-     * the bits of every other M) */
-    {
-        loom_cuda_gemm_set_batch_invariant(g, 1);
-        const long b0 = lc_qgemv_bulk_count();
-        test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 1, 300, 4096, 0, 0, true, false);
-        report_bits("qgemm int8_w8a16 M=1 in batch-invariant mode did not run the bulk kernel",
-                    lc_qgemv_bulk_count() == b0 ? 0 : 1, 1);
-        loom_cuda_gemm_set_batch_invariant(g, 0);
-    }
-    const loom_cuda_qweight r[9] = {
-        {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 2048, .group = 64, .data = (void *)256, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 8192, .group = 4096, .data = (void *)256, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 1152, .group = 128, .data = (void *)256, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 1040, .data = (void *)256, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_INT8_W8A8, .N = 64, .K = 4096, .data = (void *)256, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 65600, .data = (void *)256, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 4096, .data = (void *)264, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 4096, .group = 128, .data = (void *)256, .scales = (float *)260},
-        {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 0, .K = 4096, .data = (void *)256, .scales = (float *)256}};
-    const loom_cuda_qweight t1 = {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 14336, .group = 128, .data = (void *)256,
-                                  .scales = (float *)256};
-    const loom_cuda_qweight t2 = {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 4096, .data = (void *)256,
-                                  .scales = (float *)256};
-    long bad = (lc_qgemv_bulk_ok(&t1) ? 0 : 1) + (lc_qgemv_bulk_ok(&t2) ? 0 : 1);
-    for (int i = 0; i < 9; i++) bad += lc_qgemv_bulk_ok(&r[i]) ? 1 : 0;
-    report_bits("qgemv bulk refuses INT4 g64 / g4096 / K % (2 group), W8A16 K % 64, W8A8, K > 65536, unaligned "
-                "codes / scales, N = 0; takes the 8B shapes",
-                bad, 11);
-    lc_qgemv_bulk_set(0);
-    report_bits("qgemv bulk off when set off", lc_qgemv_bulk_ok(&t2) ? 1 : 0, 1);
-    lc_qgemv_bulk_set(prev);
 }
 
 /* The FFN down projection with the SwiGLU formed inside the activation
@@ -2901,7 +2781,6 @@ linear:;
         }
         test_qgemm_all(g);
         test_qgemm_qmma(g);
-        test_qgemm_bulk(g);
         test_qgemv_split(g);
         test_early_weights_bits(g);
         test_pair_epilogue(g);
