@@ -273,14 +273,14 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
                     const float *__restrict__ sx, const uint8_t *__restrict__ wd,
                     const float *__restrict__ sc, void *__restrict__ y, int N, int K, int group,
                     int pf, int early, int P, loom_cuda_epi epi) {
-    static_assert(!PAIR || (M == 1 && !F32 && LC_QGEMV_WARPS == LC_EPI_WARPS && S <= 2), "pair epilogue: one dt row");
+    static_assert(!PAIR || (M == 1 && !F32 && LC_QGEMV_WARPS == LC_EPI_WARPS && S == 1), "pair epilogue: one dt row");
     static_assert(LC_QGEMV_WARPS % S == 0, "S warps share a row group");
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     constexpr bool EARLY = LC_QGEMV_EARLY(FMT, M);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ks = warp % S; /* which of the S slices of K this warp sums (split; S = 1: all of K) */
     bool live = true;
-    const int n0 = PAIR ? lc_epi_row0(R, P, N, warp / S, &live, LC_QGEMV_WARPS / S)
+    const int n0 = PAIR ? lc_epi_row0(R, P, N, warp, &live)
                         : (blockIdx.x * (LC_QGEMV_WARPS / S) + warp / S) * R;
     if (!PAIR) live = n0 < N;
     const size_t row_bytes = I4 ? (size_t)K / 2 : (size_t)K;
@@ -354,29 +354,25 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
 #pragma unroll
                 for (int m = 0; m < M; m++) part[warp][r][m] = acc[r][m], ipart[warp][r][m] = iacc[r][m];
         __syncthreads(); /* every warp reaches it: a split launch has no dead warp (lc_qgemv_slices) */
-        if (ks > 0) {
-            if constexpr (!PAIR) return; /* PAIR: on to lc_epi_finish's barrier, not writing */
-        } else {
+        if (ks > 0) return;
 #pragma unroll
-            for (int j = 1; j < S; j++)
+        for (int j = 1; j < S; j++)
 #pragma unroll
-                for (int r = 0; r < R; r++)
+            for (int r = 0; r < R; r++)
 #pragma unroll
-                    for (int m = 0; m < M; m++)
-                        acc[r][m] += part[warp + j][r][m], iacc[r][m] += ipart[warp + j][r][m];
-        }
+                for (int m = 0; m < M; m++) acc[r][m] += part[warp + j][r][m], iacc[r][m] += ipart[warp + j][r][m];
     }
     if constexpr (PAIR) { /* the sums as the store below forms them (n0 + r < N here) */
-        float sum[R] = {};
+        float sum[R];
 #pragma unroll
-        for (int r = 0; r < R && ks == 0; r++) { /* a later slice's warp only meets the barrier */
+        for (int r = 0; r < R; r++) {
             const int n = n0 + r;
             if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A16) sum[r] = acc[r][0] * sc[n];
             else if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A8) sum[r] = (float)iacc[r][0] * (sx[0] * sc[n]);
             else if constexpr (FMT == LOOM_CUDA_Q_FP8) sum[r] = acc[r][0] * (sx[0] * sc[n]);
             else sum[r] = acc[r][0];
         }
-        lc_epi_finish<T, R, LC_QGEMV_WARPS / S>(epi, y, P, N, sum, warp / S, ks == 0);
+        lc_epi_finish<T, R>(epi, y, P, N, sum);
         return;
     }
     if (lane == 0) {
@@ -420,22 +416,6 @@ static int lc_split_mode(void) { /* 0 = auto, else 1 / 2 / 4 */
         else if (e && (!strcmp(e, "1") || !lc_env_bool("LOOM_CUDA_QGEMV_SPLIT", true))) v = 1;
         env.store(v, std::memory_order_relaxed);
     }
-    return v;
-}
-
-/* Whether the pair-epilogue GEMV (the QKV with RoPE + KV write, gate|up
- * with SwiGLU) may split too: lc_qgemv_split_pair_set's override (1 / 0,
- * -1 back), else LOOM_CUDA_QGEMV_SPLIT_PAIR (off unless 1 / on). Off by
- * default until measured: a split pair kernel has the bits of the split
- * separate GEMV, not the unsplit one's. */
-static std::atomic<int> lc_split_pair_override{-1};
-extern "C" void lc_qgemv_split_pair_set(int on) { lc_split_pair_override = on < 0 ? -1 : on ? 1 : 0; }
-static int lc_qgemv_split_pair(void) {
-    static std::atomic<int> env{-1};
-    const int o = lc_split_pair_override;
-    if (o >= 0) return o;
-    int v = env.load(std::memory_order_relaxed);
-    if (v < 0) env.store(v = lc_env_bool("LOOM_CUDA_QGEMV_SPLIT_PAIR", false) ? 1 : 0, std::memory_order_relaxed);
     return v;
 }
 
@@ -491,11 +471,9 @@ static int lc_qgemv_resident(void) {
  * one is dead: every warp meets the barrier) and the row's chunks into
  * slices of at least one chunk a lane. */
 template <typename T, int FMT, bool F32>
-static int lc_qgemv_slices(const loom_cuda_qweight *w, int max_s = 4) {
+static int lc_qgemv_slices(const loom_cuda_qweight *w) {
     constexpr int R = lc_qgemv_rows<FMT, 1>();
-    const int rows_per_cta = LC_QGEMV_WARPS * R;
-    int mode = lc_split_mode();
-    if (mode > max_s) mode = max_s;
+    const int mode = lc_split_mode(), rows_per_cta = LC_QGEMV_WARPS * R;
     const int chunks = (int)((FMT == LOOM_CUDA_Q_INT4 ? (size_t)w->K / 2 : (size_t)w->K) / 16);
     int S = mode;
     if (!mode) {
@@ -508,10 +486,11 @@ static int lc_qgemv_slices(const loom_cuda_qweight *w, int max_s = 4) {
 
 /* PAIR (M = 1, dt out): with the pair epilogue epi of P (lc_epi_p) — the
  * same R, U and loads; its 2R pairs a CTA are the plain kernel's 4R rows,
- * so the grid is the same too. split (M = 1, not batch-invariant: the sums'
- * order changes): K may be split across the CTA's warps (lc_qgemv_slices;
- * PAIR only with lc_qgemv_split_pair on, in 2 slices: R pairs a CTA, a
- * grid of N / 2R). */
+ * so the grid is the same too; it does not split K (splitting it too was
+ * slower: H200, engine batch 1, W8A16-head 2.712 vs 2.663 ms, FP8 2.945 vs
+ * 2.883 — those grids already fill the GPU). split (M = 1, not PAIR, not
+ * batch-invariant: the sums' order changes): K may be split across the
+ * CTA's warps (lc_qgemv_slices). */
 template <typename T, int FMT, int M, bool F32, bool PAIR = false>
 static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const void *xq,
                               const float *sx, void *y, cudaStream_t s, int P = 0,
@@ -531,14 +510,12 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
     const size_t row_bytes = I4 ? (size_t)w->K / 2 : (size_t)w->K;
     const int pf = early ? 0 : lc_weight_prefetch((size_t)w->N * row_bytes);
     const loom_cuda_epi e = epi ? *epi : loom_cuda_epi{};
-    if constexpr (M == 1) {
-        /* PAIR: 2 slices at most (the CTA's row groups hold pairs), and only
-         * with lc_qgemv_split_pair on */
-        int S = split && (!PAIR || lc_qgemv_split_pair()) ? lc_qgemv_slices<T, FMT, F32>(w, PAIR ? 2 : 4) : 1;
+    if constexpr (M == 1 && !PAIR) {
+        const int S = split ? lc_qgemv_slices<T, FMT, F32>(w) : 1;
         if (S == 2 || S == 4) {
             lc_split_launches++;
-            return lc_launch(S == 2 ? lc_qgemv_kernel<T, FMT, M, R, U, F32, PAIR, 2>
-                                    : lc_qgemv_kernel<T, FMT, M, R, U, F32, PAIR, PAIR ? 2 : 4>,
+            return lc_launch(S == 2 ? lc_qgemv_kernel<T, FMT, M, R, U, F32, false, 2>
+                                    : lc_qgemv_kernel<T, FMT, M, R, U, F32, false, 4>,
                              dim3((unsigned)(w->N / (rows_per_cta / S))), dim3(LC_QGEMV_WARPS * 32), 0, s,
                              static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
                              static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group, pf, early,
@@ -552,12 +529,12 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
 
 template <typename T>
 static cudaError_t lc_qgemv_pair_t(const loom_cuda_qweight *w, const void *x, const void *xq, const float *sx,
-                                   void *y, int P, const loom_cuda_epi *epi, cudaStream_t s, bool split) {
+                                   void *y, int P, const loom_cuda_epi *epi, cudaStream_t s) {
     switch (w->fmt) {
-    case LOOM_CUDA_Q_INT8_W8A16: return lc_qgemv_m<T, LOOM_CUDA_Q_INT8_W8A16, 1, false, true>(w, x, xq, sx, y, s, P, epi, split);
-    case LOOM_CUDA_Q_INT8_W8A8: return lc_qgemv_m<T, LOOM_CUDA_Q_INT8_W8A8, 1, false, true>(w, x, xq, sx, y, s, P, epi, split);
-    case LOOM_CUDA_Q_FP8: return lc_qgemv_m<T, LOOM_CUDA_Q_FP8, 1, false, true>(w, x, xq, sx, y, s, P, epi, split);
-    case LOOM_CUDA_Q_INT4: return lc_qgemv_m<T, LOOM_CUDA_Q_INT4, 1, false, true>(w, x, xq, sx, y, s, P, epi, split);
+    case LOOM_CUDA_Q_INT8_W8A16: return lc_qgemv_m<T, LOOM_CUDA_Q_INT8_W8A16, 1, false, true>(w, x, xq, sx, y, s, P, epi);
+    case LOOM_CUDA_Q_INT8_W8A8: return lc_qgemv_m<T, LOOM_CUDA_Q_INT8_W8A8, 1, false, true>(w, x, xq, sx, y, s, P, epi);
+    case LOOM_CUDA_Q_FP8: return lc_qgemv_m<T, LOOM_CUDA_Q_FP8, 1, false, true>(w, x, xq, sx, y, s, P, epi);
+    case LOOM_CUDA_Q_INT4: return lc_qgemv_m<T, LOOM_CUDA_Q_INT4, 1, false, true>(w, x, xq, sx, y, s, P, epi);
     default: return cudaErrorNotSupported;
     }
 }
@@ -601,9 +578,8 @@ extern "C" cudaError_t lc_qgemv_epi(loom_cuda_dt dt, const loom_cuda_qweight *w,
         lc_qgemv_use_tc(w->fmt, w->K, w->group, 1, invariant))
         return cudaErrorNotSupported;
     lc_qgemv_count_cc();
-    const bool split = !invariant; /* and lc_qgemv_split_pair (lc_qgemv_m) */
-    const cudaError_t e = dt == LOOM_CUDA_F16 ? lc_qgemv_pair_t<__half>(w, x, xq, sx, y, P, epi, s, split)
-                                              : lc_qgemv_pair_t<__nv_bfloat16>(w, x, xq, sx, y, P, epi, s, split);
+    const cudaError_t e = dt == LOOM_CUDA_F16 ? lc_qgemv_pair_t<__half>(w, x, xq, sx, y, P, epi, s)
+                                              : lc_qgemv_pair_t<__nv_bfloat16>(w, x, xq, sx, y, P, epi, s);
     if (e == cudaSuccess) lc_epi_count();
     return e;
 }

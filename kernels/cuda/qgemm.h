@@ -47,17 +47,12 @@ int lc_qgemv_get_tc(void);
  * the batch-invariant mode): 1, 2 or 4 slices, or 0 = auto (2 where the
  * unsplit grid does not fill the GPU once: matrices of few rows get as
  * many warps as wide ones); -1 back to LOOM_CUDA_QGEMV_SPLIT (1 / 2 / 4 /
- * auto, auto by default). The pair-epilogue GEMV follows it (2 slices at
- * most) only with lc_qgemv_split_pair_set(1) as well. */
+ * auto, auto by default). The pair-epilogue GEMV does not split. */
 void lc_qgemv_split_set(int s);
 long lc_qgemv_split_count(void); /* split launches so far (tests) */
 /* Whether lc_qgemv at M = 1 on w would split K (the CUDA-core kernel, not
  * in batch-invariant mode, the split chosen). */
 int lc_qgemv_splits(loom_cuda_dt dt, const loom_cuda_qweight *w, int invariant);
-/* The pair-epilogue GEMV (lc_qgemv_epi) splitting K as lc_qgemv would (2
- * slices at most): 1 / 0, -1 back to LOOM_CUDA_QGEMV_SPLIT_PAIR (off by
- * default; not yet measured). */
-void lc_qgemv_split_pair_set(int on);
 /* GEMV launches so far, tensor-core and CUDA-core (tests name what ran). */
 void lc_qgemv_count(long *tc, long *cc);
 void lc_qgemv_count_cc(void);

@@ -1442,15 +1442,12 @@ static loom_cuda_qweight dev_rand_qweight(loom_cuda_qfmt f, int N, int K) {
  * does; the residual is left as it is (r NULL) so both runs see one x.
  * The separate GEMV unsplit (lc_qgemv_split_set(1)): the fused kernel sums
  * each row whole, and a split one adds its halves in another order — the
- * epilogue's arithmetic is what is checked here. Then the quantized
- * formats with both split in two (lc_qgemv_split_pair_set(1)): each row's
- * halves added alike, so again the same bits; the split kernels must have
- * run on both sides where the shape allows. */
+ * epilogue's arithmetic is what is checked here. */
 static void test_pair_epilogue(loom_cuda_gemm *g) {
     static const struct { int kind, H, KVH, D, K, bias, f8, slot; } cases[] = {
         {LOOM_CUDA_EPI_ROPE_KV, 32, 8, 128, 4096, 0, 0, 1}, {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 0, 1},
         {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 1, 1},    {LOOM_CUDA_EPI_ROPE_KV, 6, 6, 16, 256, 0, 1, 0},
-        /* small heads (P = 8) long enough to split: bias, E4M3 cache */
+        /* small heads (P = 8), a longer row: bias, E4M3 cache */
         {LOOM_CUDA_EPI_ROPE_KV, 6, 6, 16, 2048, 1, 1, 1},
         {LOOM_CUDA_EPI_SWIGLU, 14336, 0, 0, 4096, 0, 0, 0},
         {LOOM_CUDA_EPI_SWIGLU, 1536, 0, 0, 576, 0, 0, 0},
@@ -1485,21 +1482,10 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
             uint16_t *xn = rand16(dt, (size_t)K, -1, 1, NULL), *wb = NULL;
             float *d_xres = dev_upload(xres, (size_t)K * 4), *d_nw = dev_upload(nw, (size_t)K * 4);
             void *d_xn = dev_upload(xn, (size_t)K * 2);
-            for (int fs = 0; fs < 9; fs++) {
-                /* fs 5..8: the quantized formats again with K split in two
-                 * on both sides (lc_qgemv_split_pair: the pair kernel
-                 * splits as the separate GEMV does) */
-                const int fi = fs < 5 ? fs : fs - 4, sp = fs >= 5;
+            for (int fi = 0; fi < 5; fi++) {
                 const loom_cuda_qfmt f = fmts[fi];
                 const bool i4 = f == LOOM_CUDA_Q_INT4;
                 if (i4 && K % 128) continue;
-                lc_qgemv_split_set(sp ? 2 : 1);
-                lc_qgemv_split_pair_set(sp);
-                /* where the split applies (lc_qgemv_slices: 2 slices of at
-                 * least a chunk a lane, whole split CTAs) */
-                const int chunks = (i4 ? K / 2 : K) / 16, Rq = i4 ? 4 : 2;
-                const bool splits = sp && chunks % 2 == 0 && chunks / 2 >= 32 && N % (2 * Rq) == 0;
-                const long sc0 = lc_qgemv_split_count();
                 loom_cuda_qweight qw = {.fmt = f, .N = N, .K = K};
                 void *d_w = NULL, *d_sc = NULL;
                 if (f == LOOM_CUDA_Q_NONE) {
@@ -1546,18 +1532,15 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                 }
                 long differ = rc ? 1 : 0;
                 for (int b = 0; b < 3 && !rc; b++) differ += bits_differ(out[0][b], out[1][b], sz[b], 1);
-                /* split: both runs split (fused and separate), else neither */
-                const long nsplit = lc_qgemv_split_count() - sc0;
-                if (nsplit != (splits ? 2 : 0)) differ++, printf("      split launches %ld\n", nsplit);
                 /* the fused launch ran with fusing on, never with it off */
                 if (fused[0] != 1 || fused[1] != 0) differ++;
                 /* something was written: y has no poison left */
                 if (!rc) differ += count_nan(dt, out[0][0], (size_t)N, 2);
                 snprintf(name, sizeof name,
-                         "pair epilogue %s %s %s N=%d K=%d%s%s%s%s: fused = separate kernel, bit for bit",
+                         "pair epilogue %s %s %s N=%d K=%d%s%s%s: fused = separate kernel, bit for bit",
                          rope ? "rope_kv" : "swiglu", dtn(dt), f == LOOM_CUDA_Q_NONE ? "bf16-weights" : qfmt_name(f),
                          N, K, rope && cases[ci].bias ? " bias" : "", rope && cases[ci].f8 ? " e4m3-KV" : "",
-                         rope && slot < 0 ? " no slot" : "", splits ? " split 2" : sp ? " (split declined)" : "");
+                         rope && slot < 0 ? " no slot" : "");
                 if (rc) printf("      error: %s\n", msg);
                 if (fused[0] != 1 || fused[1]) printf("      fused launches %ld / %ld\n", fused[0], fused[1]);
                 report_bits(name, differ, 1);
@@ -1573,7 +1556,6 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
     }
     loom_cuda_epi_fuse_set(-1);
     lc_qgemv_split_set(-1);
-    lc_qgemv_split_pair_set(-1);
     lc_qgemv_set_tc(tc0);
 }
 
