@@ -724,9 +724,7 @@ static void bench_quant_chain(int M, bool mixed) {
  * the difference is what that kernel costs inside a graph, between the
  * kernels it separates (with one left out the next kernel reads stale
  * data; only the time counts). 32 of these plus the LM head against the
- * engine's TPOT is what the step spends outside its layers. The quantized
- * formats also run with the one-row GEMV's K split forced (1, 2, 4) and
- * auto (lc_qgemv_split_set). */
+ * engine's TPOT is what the step spends outside its layers. */
 enum { DL_NORM = 1, DL_ROPE = 2, DL_ATTN = 4, DL_SWIGLU = 8, DL_QKV = 16, DL_O = 32, DL_GU = 64, DL_DOWN = 128 };
 #define DL_LINEARS (DL_QKV | DL_O | DL_GU | DL_DOWN)
 typedef struct dl_ctx {
@@ -848,48 +846,38 @@ static void bench_decode_layer(int ctx) {
                                  .num_heads = NH, .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
                                  .scale = 0.088388f, .max_splits = msplit, .partial = ws, .sem = sem};
     /* unfused: a layer without the pair epilogues, bf16's ablations
-     * against that; then fused (what a step runs) */
-    /* split: the one-row quantized GEMV's K split (lc_qgemv_split_set: 0
-     * auto, 1 none, 2 / 4 slices). A variant with linears or small kernels
-     * left out follows the one it is measured against. */
-    static const struct { loom_cuda_qfmt fmt; int skip, fuse, split; const char *name; } vars[] = {
-        {LOOM_CUDA_Q_NONE, 0, 0, 1, "bf16 unfused"},
-        {LOOM_CUDA_Q_NONE, DL_ROPE, 0, 1, "bf16 without rope_kv"},
-        {LOOM_CUDA_Q_NONE, DL_ATTN, 0, 1, "bf16 without attention"},
-        {LOOM_CUDA_Q_NONE, DL_NORM, 0, 1, "bf16 without the 2 add_rmsnorm"},
-        {LOOM_CUDA_Q_NONE, DL_SWIGLU, 0, 1, "bf16 without swiglu"},
-        {LOOM_CUDA_Q_NONE, 0, 3, 1, "bf16 both fused"},
-        {LOOM_CUDA_Q_NONE, DL_QKV, 3, 1, "bf16 without QKV"},
-        {LOOM_CUDA_Q_NONE, DL_O, 3, 1, "bf16 without O"},
-        {LOOM_CUDA_Q_NONE, DL_GU, 3, 1, "bf16 without gate|up"},
-        {LOOM_CUDA_Q_NONE, DL_DOWN, 3, 1, "bf16 without down"},
-        {LOOM_CUDA_Q_NONE, DL_LINEARS, 3, 1, "bf16 without the linears"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, 1, "int8_w8a16 rope fused split 1"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_QKV, 1, 1, "int8_w8a16 without QKV"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_O, 1, 1, "int8_w8a16 without O"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_GU, 1, 1, "int8_w8a16 without gate|up"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_DOWN, 1, 1, "int8_w8a16 without down"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_LINEARS, 1, 1, "int8_w8a16 without the linears"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, 0, "int8_w8a16 rope fused split auto"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, 2, "int8_w8a16 rope fused split 2"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, 4, "int8_w8a16 rope fused split 4"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, 1, "int8_w8a16 both fused split 1"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, 0, "int8_w8a16 both fused split auto"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_QKV, 3, 0, "int8_w8a16 auto without QKV"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_O, 3, 0, "int8_w8a16 auto without O"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_GU, 3, 0, "int8_w8a16 auto without gate|up"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_DOWN, 3, 0, "int8_w8a16 auto without down"},
-        {LOOM_CUDA_Q_INT8_W8A8, 0, 3, 1, "int8_w8a8 both fused split 1"},
-        {LOOM_CUDA_Q_INT8_W8A8, 0, 3, 0, "int8_w8a8 both fused split auto"},
-        {LOOM_CUDA_Q_FP8, 0, 3, 1, "fp8 both fused split 1"},
-        {LOOM_CUDA_Q_FP8, 0, 3, 0, "fp8 both fused split auto"},
-        {LOOM_CUDA_Q_INT4, 0, 1, 1, "int4_g128 rope fused split 1"},
-        {LOOM_CUDA_Q_INT4, 0, 1, 0, "int4_g128 rope fused split auto"},
-        {LOOM_CUDA_Q_INT4, 0, 1, 4, "int4_g128 rope fused split 4"},
-        {LOOM_CUDA_Q_INT4, 0, 3, 0, "int4_g128 both fused split auto"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, 1, "int8_w8a16 rope fused split 1 (again)"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, 0, "int8_w8a16 both fused split auto (again)"},
-        {LOOM_CUDA_Q_NONE, 0, 3, 1, "bf16 both fused (again)"},
+     * against that; then fused (what a step runs). A variant with linears
+     * or small kernels left out follows the one it is measured against. */
+    static const struct { loom_cuda_qfmt fmt; int skip, fuse; const char *name; } vars[] = {
+        {LOOM_CUDA_Q_NONE, 0, 0, "bf16 unfused"},
+        {LOOM_CUDA_Q_NONE, DL_ROPE, 0, "bf16 without rope_kv"},
+        {LOOM_CUDA_Q_NONE, DL_ATTN, 0, "bf16 without attention"},
+        {LOOM_CUDA_Q_NONE, DL_NORM, 0, "bf16 without the 2 add_rmsnorm"},
+        {LOOM_CUDA_Q_NONE, DL_SWIGLU, 0, "bf16 without swiglu"},
+        {LOOM_CUDA_Q_NONE, 0, 3, "bf16 both fused"},
+        {LOOM_CUDA_Q_NONE, DL_QKV, 3, "bf16 without QKV"},
+        {LOOM_CUDA_Q_NONE, DL_O, 3, "bf16 without O"},
+        {LOOM_CUDA_Q_NONE, DL_GU, 3, "bf16 without gate|up"},
+        {LOOM_CUDA_Q_NONE, DL_DOWN, 3, "bf16 without down"},
+        {LOOM_CUDA_Q_NONE, DL_LINEARS, 3, "bf16 without the linears"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, "int8_w8a16 rope fused"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_QKV, 1, "int8_w8a16 without QKV"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_O, 1, "int8_w8a16 without O"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_GU, 1, "int8_w8a16 without gate|up"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_DOWN, 1, "int8_w8a16 without down"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_LINEARS, 1, "int8_w8a16 without the linears"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, "int8_w8a16 both fused"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_QKV, 3, "int8_w8a16 both fused without QKV"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_O, 3, "int8_w8a16 both fused without O"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_GU, 3, "int8_w8a16 both fused without gate|up"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_DOWN, 3, "int8_w8a16 both fused without down"},
+        {LOOM_CUDA_Q_INT8_W8A8, 0, 3, "int8_w8a8 both fused"},
+        {LOOM_CUDA_Q_FP8, 0, 3, "fp8 both fused"},
+        {LOOM_CUDA_Q_INT4, 0, 1, "int4_g128 rope fused"},
+        {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 both fused"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, "int8_w8a16 rope fused (again)"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, "int8_w8a16 both fused (again)"},
+        {LOOM_CUDA_Q_NONE, 0, 3, "bf16 both fused (again)"},
     };
     printf("  one Llama-3-8B decode layer, whole (ctx %d, %d deep in a CUDA graph):\n", ctx, DEPTH);
     double full_us = 0, base_us = 0; /* bf16 unfused; the variant the next left-out ones compare with */
@@ -911,7 +899,6 @@ static void bench_decode_layer(int ctx) {
         int rc = 0;
         cudaGraph_t gr = NULL;
         loom_cuda_epi_fuse_set(vars[vi].fuse);
-        lc_qgemv_split_set(vars[vi].split);
         const long fused0 = loom_cuda_epi_fused_count();
         for (int pass = 0; pass < 2 && !rc; pass++) { /* one eager layer (plans), then the capture */
             if (pass == 1) CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -950,7 +937,6 @@ static void bench_decode_layer(int ctx) {
         cudaFree(c.scratch);
     }
     loom_cuda_epi_fuse_set(-1);
-    lc_qgemv_split_set(-1);
     cudaFree(c.xres), cudaFree(c.nw), cudaFree(c.cs), cudaFree(c.r), cudaFree(c.xn), cudaFree(c.qkv);
     cudaFree(c.att), cudaFree(c.gu), cudaFree(c.act), cudaFree(c.kc), cudaFree(c.vc), cudaFree(c.pos);
     cudaFree(c.slot), cudaFree(d_bt), cudaFree(d_stride), cudaFree(d_tiles), cudaFree(ws), cudaFree(sem);

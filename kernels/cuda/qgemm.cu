@@ -396,28 +396,9 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
     }
 }
 
-/* The split of K across the warps of a CTA at one row (S in lc_qgemv_kernel):
- * lc_qgemv_split_set's override, else LOOM_CUDA_QGEMV_SPLIT: 2 / 4 slices,
- * 1 / 0 / off / no / false none, anything else (auto, unset) auto. Read
- * once; a racing first read computes the same. */
-static std::atomic<int> lc_split_override{-1};
+/* Launches of the split one-row kernel (S = 2 in lc_qgemv_kernel) so far. */
 static std::atomic<long> lc_split_launches{0};
-extern "C" void lc_qgemv_split_set(int s) { lc_split_override = s; }
 extern "C" long lc_qgemv_split_count(void) { return lc_split_launches; }
-static int lc_split_mode(void) { /* 0 = auto, else 1 / 2 / 4 */
-    static std::atomic<int> env{-1};
-    const int o = lc_split_override;
-    if (o >= 0) return o;
-    int v = env.load(std::memory_order_relaxed);
-    if (v < 0) {
-        const char *e = getenv("LOOM_CUDA_QGEMV_SPLIT");
-        v = 0;
-        if (e && (!strcmp(e, "2") || !strcmp(e, "4"))) v = atoi(e);
-        else if (e && (!strcmp(e, "1") || !lc_env_bool("LOOM_CUDA_QGEMV_SPLIT", true))) v = 1;
-        env.store(v, std::memory_order_relaxed);
-    }
-    return v;
-}
 
 /* The one-row kernel's rows a warp (R) and chunks a row in flight a lane (U). */
 template <int FMT, int M>
@@ -458,29 +439,25 @@ static int lc_qgemv_resident(void) {
     return v;
 }
 
-/* S, the slices of K of a one-row call of w (1: unsplit). auto: 2 where
- * the unsplit grid leaves the GPU short of a full wave — Llama-3-8B's O and
+/* S, the slices of K of a one-row call of w (1: unsplit): 2 where the
+ * unsplit grid leaves the GPU short of a full wave — Llama-3-8B's O and
  * down projections, 512 CTAs of W8A16 (256 of INT4) on 132 SMs that hold
  * ~1200 (~530) — so that a matrix of few rows runs as many warps as a wide
  * one; one whole layer at one token on the H200 (gpu_bench --layer 256,
  * bench/results/h200-llama3-8b-decode-layer.json): W8A16 80.6 -> 77.8 us,
  * INT4 67.3 -> 63.5, where 4 slices are slower than none (82.2, 73.2: a
- * lane has fewer chunks in flight). A forced mode (1 / 2 / 4) takes S as
- * asked.
- * Either only where the rows divide into whole split CTAs (so no warp of
- * one is dead: every warp meets the barrier) and the row's chunks into
- * slices of at least one chunk a lane. */
+ * lane has fewer chunks in flight) and so are not built. Only where the
+ * rows divide into whole split CTAs (so no warp of one is dead: every warp
+ * meets the barrier) and the row's chunks into slices of at least one chunk
+ * a lane. */
 template <typename T, int FMT, bool F32>
 static int lc_qgemv_slices(const loom_cuda_qweight *w) {
-    constexpr int R = lc_qgemv_rows<FMT, 1>();
-    const int mode = lc_split_mode(), rows_per_cta = LC_QGEMV_WARPS * R;
+    constexpr int R = lc_qgemv_rows<FMT, 1>(), S = 2;
+    const int rows_per_cta = LC_QGEMV_WARPS * R;
     const int chunks = (int)((FMT == LOOM_CUDA_Q_INT4 ? (size_t)w->K / 2 : (size_t)w->K) / 16);
-    int S = mode;
-    if (!mode) {
-        const int resident = lc_qgemv_resident<T, FMT, F32>();
-        S = resident > 0 && (w->N + rows_per_cta - 1) / rows_per_cta <= resident ? 2 : 1;
-    }
-    if (S == 1 || chunks % S || chunks / S < 32 || w->N % (rows_per_cta / S)) return 1;
+    const int resident = lc_qgemv_resident<T, FMT, F32>();
+    if (resident <= 0 || (w->N + rows_per_cta - 1) / rows_per_cta > resident) return 1;
+    if (chunks % S || chunks / S < 32 || w->N % (rows_per_cta / S)) return 1;
     return S;
 }
 
@@ -512,10 +489,9 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
     const loom_cuda_epi e = epi ? *epi : loom_cuda_epi{};
     if constexpr (M == 1 && !PAIR) {
         const int S = split ? lc_qgemv_slices<T, FMT, F32>(w) : 1;
-        if (S == 2 || S == 4) {
+        if (S == 2) {
             lc_split_launches++;
-            return lc_launch(S == 2 ? lc_qgemv_kernel<T, FMT, M, R, U, F32, false, 2>
-                                    : lc_qgemv_kernel<T, FMT, M, R, U, F32, false, 4>,
+            return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32, false, 2>,
                              dim3((unsigned)(w->N / (rows_per_cta / S))), dim3(LC_QGEMV_WARPS * 32), 0, s,
                              static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
                              static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group, pf, early,

@@ -43,13 +43,11 @@ int lc_qgemv_use_tc(loom_cuda_qfmt fmt, int K, int group, int M, int invariant);
  * lc_qgemv_get_tc returns the current override (to restore it). */
 void lc_qgemv_set_tc(int on);
 int lc_qgemv_get_tc(void);
-/* The one-row CUDA-core GEMV's split of K across a CTA's warps (outside
- * the batch-invariant mode): 1, 2 or 4 slices, or 0 = auto (2 where the
- * unsplit grid does not fill the GPU once: matrices of few rows get as
- * many warps as wide ones); -1 back to LOOM_CUDA_QGEMV_SPLIT (1 / 2 / 4 /
- * auto, auto by default). The pair-epilogue GEMV does not split. */
-void lc_qgemv_split_set(int s);
-long lc_qgemv_split_count(void); /* split launches so far (tests) */
+/* The one-row CUDA-core GEMV splits K across a CTA's warps in two slices
+ * (outside the batch-invariant mode) where the unsplit grid does not fill
+ * the GPU once: matrices of few rows get as many warps as wide ones. The
+ * pair-epilogue GEMV does not split. Split launches so far (tests): */
+long lc_qgemv_split_count(void);
 /* Whether lc_qgemv at M = 1 on w would split K (the CUDA-core kernel, not
  * in batch-invariant mode, the split chosen). */
 int lc_qgemv_splits(loom_cuda_dt dt, const loom_cuda_qweight *w, int invariant);

@@ -1440,9 +1440,10 @@ static loom_cuda_qweight dev_rand_qweight(loom_cuda_qfmt f, int N, int K) {
  * small one. The fused launch must have run (loom_cuda_epi_fused_count)
  * with fusing on and not with it off. W8A8 / FP8 go through the norm-quantize entry point, as a step
  * does; the residual is left as it is (r NULL) so both runs see one x.
- * The separate GEMV unsplit (lc_qgemv_split_set(1)): the fused kernel sums
- * each row whole, and a split one adds its halves in another order — the
- * epilogue's arithmetic is what is checked here. */
+ * The separate run in batch-invariant mode, so that its GEMV is unsplit
+ * (the fused kernel sums each row whole, and a split one adds its halves
+ * in another order — the epilogue's arithmetic is what is checked here);
+ * at one row that mode changes nothing else of the call. */
 static void test_pair_epilogue(loom_cuda_gemm *g) {
     static const struct { int kind, H, KVH, D, K, bias, f8, slot; } cases[] = {
         {LOOM_CUDA_EPI_ROPE_KV, 32, 8, 128, 4096, 0, 0, 1}, {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 0, 1},
@@ -1456,7 +1457,6 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                                            LOOM_CUDA_Q_FP8, LOOM_CUDA_Q_INT4};
     const int tc0 = lc_qgemv_get_tc();
     lc_qgemv_set_tc(-1);
-    lc_qgemv_split_set(1);
     char msg[256] = "", name[240];
     const int bs = 16, nblk = 4, max_pos = 512;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -1505,6 +1505,7 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                 int rc = 0;
                 for (int run = 0; run < 2 && !rc; run++) { /* fused, then not */
                     loom_cuda_epi_fuse_set(run == 0 ? LOOM_CUDA_EPI_ALL : 0);
+                    loom_cuda_gemm_set_batch_invariant(g, run == 1);
                     void *d_y = dev_poison(sz[0]), *d_a = dev_poison(sz[1] ? sz[1] : 16),
                          *d_v = dev_poison(sz[2] ? sz[2] : 16);
                     loom_cuda_epi e = {.kind = (loom_cuda_epi_kind)cases[ci].kind};
@@ -1555,7 +1556,7 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
         free(cs), free(bias);
     }
     loom_cuda_epi_fuse_set(-1);
-    lc_qgemv_split_set(-1);
+    loom_cuda_gemm_set_batch_invariant(g, 0);
     lc_qgemv_set_tc(tc0);
 }
 
@@ -1648,18 +1649,18 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
     free(cs), free(xres), free(nw), free(xn), free(wb);
 }
 
-/* The one-row CUDA-core GEMV with K split across a CTA's warps
- * (qgemm.cu, lc_qgemv_split_set: 2 or 4 slices, their sums added in
- * shared memory) against the float64 reference (test_qgemm: float32 held to
- * 1e-4), every format: Llama-3-8B's O and down shapes, a row count that
- * is no multiple of a CTA's rows (INT4 at 2 slices: the unsplit kernel
- * runs, so no dead warp meets the barrier), short rows that cannot give
- * every lane a chunk a slice (unsplit), tokens of wild magnitudes; each
- * call must have run the split kernel where it can; FP8 also with its
- * early weight loads off. Then: never in batch-invariant mode; auto runs
- * what loom_cuda_qgemm_splits says, which on a GPU of 100+ SMs splits the
- * 8B O projection (512 CTAs of W8A16 leave it short of a wave) and not
- * gate|up (3584 CTAs). */
+/* The one-row CUDA-core GEMV with K split across a CTA's warps (qgemm.cu,
+ * lc_qgemv_slices: 2 slices, their sums added in shared memory, where the
+ * unsplit grid does not fill the GPU) against the float64 reference
+ * (test_qgemm: float32 held to 1e-4), every format: Llama-3-8B's O and down
+ * shapes, a row count that is no multiple of a CTA's rows (INT4: the
+ * unsplit kernel runs, so no dead warp meets the barrier), short rows that
+ * cannot give every lane a chunk a slice (unsplit), tokens of wild
+ * magnitudes; FP8 also with its early weight loads off. Each call must run
+ * split exactly where loom_cuda_qgemm_splits says, and on a GPU of 100+ SMs
+ * that is wherever the shape allows (these grids, 512 CTAs at most, are
+ * short of a wave there). Then: never in batch-invariant mode; the 8B O
+ * projection (512 CTAs of W8A16) splits and gate|up (3584 CTAs) does not. */
 static void test_qgemv_split(loom_cuda_gemm *g) {
     typedef struct { loom_cuda_qfmt fmt; loom_cuda_dt dt; int N, K, group; bool f32; } scase;
     char name[200];
@@ -1677,42 +1678,40 @@ static void test_qgemv_split(loom_cuda_gemm *g) {
     };
     const int tc0 = lc_qgemv_get_tc();
     lc_qgemv_set_tc(0);
-    for (int S = 2; S <= 4; S *= 2) {
-        lc_qgemv_split_set(S);
-        for (int wild = 0; wild < 6; wild++)
-            for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
-                const scase c = cs[ci];
-                /* wild 5: FP8 with its early weight loads off (the loop's
-                 * own first loads, at the slice's first chunk) */
-                if (wild == 5 ? c.fmt != LOOM_CUDA_Q_FP8 : wild && (!c.f32 || ci % 2)) continue;
-                lc_early_weights_set(wild == 5 ? 0 : -1);
-                g_qx_wild = wild == 5 ? 0 : wild;
-                const long s0 = lc_qgemv_split_count();
-                test_qgemm(g, c.dt, c.fmt, 1, c.N, c.K, c.group, 0, c.f32, false);
-                /* splits where the rows of a CTA / S divide N and each lane
-                 * has a chunk of every slice */
-                const int R = c.fmt == LOOM_CUDA_Q_INT4 ? 4 : 2, chunks = (c.fmt == LOOM_CUDA_Q_INT4 ? c.K / 2 : c.K) / 16;
-                const bool can = c.N % (4 * R / S) == 0 && chunks % S == 0 && chunks / S >= 32;
-                snprintf(name, sizeof name, "qgemv %s %s M=1 N=%d K=%d %s%d split %d: %s", qfmt_name(c.fmt),
-                         dtn(c.dt), c.N, c.K, wild == 5 ? "late loads " : "wild", wild == 5 ? 0 : wild, S,
-                         can ? "ran split" : "ran unsplit");
-                report_bits(name, (lc_qgemv_split_count() > s0) == can ? 0 : 1, 1);
-            }
-    }
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    for (int wild = 0; wild < 6; wild++)
+        for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+            const scase c = cs[ci];
+            /* wild 5: FP8 with its early weight loads off (the loop's
+             * own first loads, at the slice's first chunk) */
+            if (wild == 5 ? c.fmt != LOOM_CUDA_Q_FP8 : wild && (!c.f32 || ci % 2)) continue;
+            lc_early_weights_set(wild == 5 ? 0 : -1);
+            g_qx_wild = wild == 5 ? 0 : wild;
+            const loom_cuda_qweight probe = {.fmt = c.fmt, .N = c.N, .K = c.K, .group = c.group,
+                                             .data = (void *)256, .scales = (float *)256};
+            const int says = loom_cuda_qgemm_splits(g, c.dt, &probe);
+            const long s0 = lc_qgemv_split_count();
+            test_qgemm(g, c.dt, c.fmt, 1, c.N, c.K, c.group, 0, c.f32, false);
+            /* the shape allows it where the rows of a CTA / 2 divide N and
+             * each lane has a chunk of both slices */
+            const int R = c.fmt == LOOM_CUDA_Q_INT4 ? 4 : 2, chunks = (c.fmt == LOOM_CUDA_Q_INT4 ? c.K / 2 : c.K) / 16;
+            const bool can = c.N % (2 * R) == 0 && chunks % 2 == 0 && chunks / 2 >= 32;
+            snprintf(name, sizeof name, "qgemv %s %s M=1 N=%d K=%d %s%d: %s", qfmt_name(c.fmt), dtn(c.dt), c.N,
+                     c.K, wild == 5 ? "late loads " : "wild", wild == 5 ? 0 : wild, says ? "ran split" : "ran unsplit");
+            report_bits(name, (lc_qgemv_split_count() > s0) == (says != 0) && (sms < 100 || (says != 0) == can) ? 0 : 1,
+                        1);
+        }
     lc_early_weights_set(-1);
     g_qx_wild = 0;
-    lc_qgemv_split_set(2);
     loom_cuda_gemm_set_batch_invariant(g, 1);
     long s0 = lc_qgemv_split_count();
     test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 1, 4096, 4096, 0, 0, true, false);
     report_bits("qgemv int8_w8a16 M=1 in batch-invariant mode: not split", lc_qgemv_split_count() == s0 ? 0 : 1, 1);
     loom_cuda_gemm_set_batch_invariant(g, 0);
-    /* auto: the launch does what loom_cuda_qgemm_splits says; on a GPU of
-     * 100 SMs or more (an H100 / H200 holds ~9 CTAs of it an SM) that is
-     * to split the 8B O shape (512 CTAs) and not gate|up (3584) */
-    lc_qgemv_split_set(0);
-    int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    /* the launch does what loom_cuda_qgemm_splits says; on a GPU of 100
+     * SMs or more (an H100 / H200 holds ~9 CTAs of it an SM) that is to
+     * split the 8B O shape (512 CTAs) and not gate|up (3584) */
     const int auto_n[2] = {4096, 28672};
     for (int i = 0; i < 2; i++) {
         const loom_cuda_qweight probe = {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = auto_n[i], .K = 4096,
@@ -1720,11 +1719,11 @@ static void test_qgemv_split(loom_cuda_gemm *g) {
         const int says = loom_cuda_qgemm_splits(g, LOOM_CUDA_BF16, &probe);
         s0 = lc_qgemv_split_count();
         test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 1, auto_n[i], 4096, 0, 0, true, false);
-        snprintf(name, sizeof name, "qgemv int8_w8a16 M=1 N=%d K=4096 auto: ran split = loom_cuda_qgemm_splits (%d)",
+        snprintf(name, sizeof name, "qgemv int8_w8a16 M=1 N=%d K=4096: ran split = loom_cuda_qgemm_splits (%d)",
                  auto_n[i], says);
         report_bits(name, (lc_qgemv_split_count() > s0) == (says != 0) ? 0 : 1, 1);
         if (sms >= 100) {
-            snprintf(name, sizeof name, "qgemv int8_w8a16 M=1 N=%d K=4096 auto on %d SMs: %s", auto_n[i], sms,
+            snprintf(name, sizeof name, "qgemv int8_w8a16 M=1 N=%d K=4096 on %d SMs: %s", auto_n[i], sms,
                      i ? "whole (3584 CTAs fill the GPU)" : "split (512 CTAs do not)");
             report_bits(name, (says != 0) == (i == 0) ? 0 : 1, 1);
         }
@@ -1737,7 +1736,6 @@ static void test_qgemv_split(loom_cuda_gemm *g) {
                     loom_cuda_qgemm_splits(g, LOOM_CUDA_BF16, &probe) ? 1 : 0, 1);
     }
     loom_cuda_gemm_set_batch_invariant(g, 0);
-    lc_qgemv_split_set(-1);
     lc_qgemv_set_tc(tc0);
 }
 

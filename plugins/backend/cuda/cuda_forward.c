@@ -317,8 +317,8 @@ static loom_status cb_all_reduce(cuda_backend *b, void *buf, int64_t count, loom
  * of the warps an SM holds, which a kernel between hides, and the fused
  * layer is slower (W8A16 82.6 -> 87.8 us); split, it is the faster one
  * (W8A16 77.8 -> 77.2 us, INT4 63.5 -> 62.6; docs/performance.md, "Tried
- * and rejected"). So not in batch-invariant mode or with the split forced
- * off (LOOM_CUDA_QGEMV_SPLIT=1). GGUF (its own GEMV, not measured): no. */
+ * and rejected"). So not in batch-invariant mode. GGUF (its own GEMV, not
+ * measured): no. */
 static bool cb_swiglu_fuses(const cuda_backend *b, const loom_cuda_qweight *q) {
     if (!loom_cuda_epi_fuses(LOOM_CUDA_EPI_SWIGLU)) return false;
     if (!q || q->fmt == LOOM_CUDA_Q_NONE || q->fmt == LOOM_CUDA_Q_INT8_W8A8 || q->fmt == LOOM_CUDA_Q_FP8)
