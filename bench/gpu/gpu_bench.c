@@ -37,7 +37,6 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_kernels.h"
-#include "gemv.h"  /* lc_early_weights_set: the A/B of early weight loads */
 #include "qgemm.h" /* lc_qgemv_set_tc: the CUDA-core GEMV for comparison */
 #include "loom/backend.h"
 #include "model/model.h"
@@ -569,9 +568,7 @@ static void bench_quant(int M) {
  * them: captured 8 layers deep into one CUDA graph on a stream (the GEMVs'
  * programmatic launches overlapping each other, no host launch cost) and
  * replayed; µs per layer, median of 15 replays. bf16 and each loom format
- * as dispatched, then (M = 1) FP8 without its one-row GEMV's early weight
- * loads (`_late`, common.cuh's lc_early_weights, which qgemm.cu's
- * LC_QGEMV_EARLY keeps for FP8 only). Timed
+ * as dispatched. Timed
  * alone (bench_quant) a GEMV pays ~3-4 µs of launch. Chained GEMV after
  * GEMV, a kernel's start overlaps the one before (programmatic launch) —
  * which a decode step does not offer: there every GEMV follows a small
@@ -617,19 +614,8 @@ static void bench_quant_chain(int M, bool mixed) {
         for (int k = 0; k < 4; k++) o[k] = dev_rand((size_t)M * shp[k][0]);
     }
     double bf16_us = 0;
-    /* variants: format, and `late`: FP8's one-row CUDA-core GEMV without
-     * its early weight loads (lc_early_weights; the only kernel that has
-     * them) */
-    static const struct { int fmt, late; } vars[] = {
-        {0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 0}, /* as dispatched */
-        {3, 1},                                 /* M = 1: late    */
-    };
     const char *kind = mixed ? "mixed  " : "chained";
-    for (int vi = 0; vi < (int)(sizeof vars / sizeof vars[0]); vi++) {
-        const int fi = vars[vi].fmt;
-        const bool late = vars[vi].late;
-        if (M > 1 && vi >= 5) continue; /* the early loads are M = 1's */
-        lc_early_weights_set(late ? 0 : 1);
+    for (int fi = 0; fi < 5; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
         void *data[4] = {0};
         float *sc[4] = {0};
@@ -678,8 +664,7 @@ static void bench_quant_chain(int M, bool mixed) {
             else if (cudaStreamEndCapture(st, &gr) != cudaSuccess && !rc) rc = -1;
         }
         if (rc) {
-            printf("    %s %s%s M=%-3d ERROR: %s\n", kind, names[fi], late ? "_late" : "", M,
-                   rc == -1 ? "capture failed" : msg);
+            printf("    %s %s M=%-3d ERROR: %s\n", kind, names[fi], M, rc == -1 ? "capture failed" : msg);
             (void)cudaGetLastError();
             if (gr) cudaGraphDestroy(gr);
             for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
@@ -690,7 +675,7 @@ static void bench_quant_chain(int M, bool mixed) {
         if (fi == 0) bf16_us = us;
         const double ref_us = bf16_us;
         char label[32], nm[96];
-        snprintf(label, sizeof label, "%s%s", names[fi], late ? "_late" : "");
+        snprintf(label, sizeof label, "%s", names[fi]);
         snprintf(nm, sizeof nm, "llama3-8b layer linears %s %s M=%d", mixed ? "mixed" : "chained", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, us * 1e-3, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
@@ -705,7 +690,6 @@ static void bench_quant_chain(int M, bool mixed) {
         for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
         cudaFree(scratch);
     }
-    lc_early_weights_set(-1);
     cudaFree(x), cudaFree(y);
     cudaFree(resid), cudaFree(nw), cudaFree(xn), cudaFree(act);
     for (int k = 0; k < 4; k++) cudaFree(o[k]);

@@ -43,20 +43,6 @@
 #define LC_GEMV_WARPS 4
 #define LC_GEMV_U 4 /* 16-byte weight chunks per row per lane in flight */
 
-/* The early weight loads' switch (common.cuh; qgemm.cu's one-row FP8
- * GEMV uses it), next to the prefetch's. */
-static std::atomic<int> lc_early_override{-1}; /* lc_early_weights_set: -1 = the environment's */
-
-extern "C" int lc_early_weights(void) {
-    static int env = -1; /* read once; a racing first read computes the same value */
-    const int o = lc_early_override;
-    if (o >= 0) return o;
-    if (env < 0) env = lc_env_bool("LOOM_CUDA_EARLY_WEIGHTS", true) ? 1 : 0;
-    return env;
-}
-
-extern "C" void lc_early_weights_set(int on) { lc_early_override = on < 0 ? -1 : on ? 1 : 0; }
-
 extern "C" int lc_weight_prefetch(size_t matrix_bytes) {
     static int on = -1; /* read once; a racing first read computes the same value */
     if (on < 0) {

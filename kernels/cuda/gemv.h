@@ -43,12 +43,6 @@ void lc_epi_count(void);
 int lc_epi_separate(loom_cuda_dt dt, int M, int N, void *y, const loom_cuda_epi *epi, cudaStream_t s, char *msg,
                     size_t msg_size);
 
-/* Early weight loads (common.cuh; the kernels that have them: qgemm.cu's
- * LC_QGEMV_EARLY): 1 / 0 forces them on / off, -1 back to
- * LOOM_CUDA_EARLY_WEIGHTS (default on). */
-int lc_early_weights(void);
-void lc_early_weights_set(int on);
-
 #ifdef __cplusplus
 }
 #endif

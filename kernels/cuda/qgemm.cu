@@ -60,7 +60,7 @@
 
 #include <atomic>
 
-#include "gemv.h" /* lc_early_weights, lc_epi_count */
+#include "gemv.h" /* lc_epi_count */
 #include "qgemm.h"
 
 #define LC_QGEMV_WARPS 4
@@ -136,10 +136,10 @@ __device__ __forceinline__ void lc_qgemv_load(uint4 (&wv)[U][R], const uint8_t *
                                        : make_uint4(0u, 0u, 0u, 0u);
 }
 
-/* Which kernels load their first pass early (lc_early_weights): FP8 at
- * one row only, the one a decode step measured faster with them (batch-1
- * TPOT 3.105 -> 3.004 ms on Llama-3-8B). W8A16 was slower through the
- * engine although faster in a chain of GEMVs, INT4 gained only in that
+/* Which kernels load their first pass early (common.cuh: "Early weights"):
+ * FP8 at one row only, the one a decode step measured faster with them
+ * (batch-1 TPOT 3.105 -> 3.004 ms on Llama-3-8B). W8A16 was slower through
+ * the engine although faster in a chain of GEMVs, INT4 gained only in that
  * chain, and W8A8 and more rows (registers grow: FP8 at 6-8 rows from 4 to
  * 3 CTAs an SM) are unmeasured: those keep the late loop and its L2
  * prefetch (docs/performance.md, "Tried and rejected"). */
@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
     lc_qgemv_kernel(const T *__restrict__ x, const uint8_t *__restrict__ xq,
                     const float *__restrict__ sx, const uint8_t *__restrict__ wd,
                     const float *__restrict__ sc, void *__restrict__ y, int N, int K, int group,
-                    int pf, int early, int P, loom_cuda_epi epi) {
+                    int pf, int P, loom_cuda_epi epi) {
     static_assert(!PAIR || (M == 1 && !F32 && LC_QGEMV_WARPS == LC_EPI_WARPS && S == 1), "pair epilogue: one dt row");
     static_assert(LC_QGEMV_WARPS % S == 0, "S warps share a row group");
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
@@ -292,11 +292,11 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
     uint4 wv[U][R];
     bool pre = false;
     if constexpr (EARLY) {
-        /* early (lc_early_weights): the lane's first U chunks of each row
-         * into registers before the wait, while the kernel before still
-         * runs (no kernel writes a weight) — the loop below starts on them */
+        /* early: the lane's first U chunks of each row into registers
+         * before the wait, while the kernel before still runs (no kernel
+         * writes a weight) — the loop below starts on them */
         lc_qgemv_rows<R>(n0, N, wd, row_bytes, nr, wr);
-        pre = early && live;
+        pre = live;
         if (pre) lc_qgemv_load<U, R>(wv, wr, c0, nc);
     }
     /* else the warp's R rows of codes are contiguous: ask L2 for them first */
@@ -483,7 +483,7 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
     constexpr int U = lc_qgemv_u<M>();
     const int rows_per_cta = LC_QGEMV_WARPS * R;
     const unsigned grid = (unsigned)((w->N + rows_per_cta - 1) / rows_per_cta);
-    const int early = LC_QGEMV_EARLY(FMT, M) && lc_early_weights(); /* and then no L2 prefetch of the same bytes */
+    constexpr bool early = LC_QGEMV_EARLY(FMT, M); /* and then no L2 prefetch of the same bytes */
     const size_t row_bytes = I4 ? (size_t)w->K / 2 : (size_t)w->K;
     const int pf = early ? 0 : lc_weight_prefetch((size_t)w->N * row_bytes);
     const loom_cuda_epi e = epi ? *epi : loom_cuda_epi{};
@@ -494,13 +494,12 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
             return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32, false, 2>,
                              dim3((unsigned)(w->N / (rows_per_cta / S))), dim3(LC_QGEMV_WARPS * 32), 0, s,
                              static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
-                             static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group, pf, early,
-                             P, e);
+                             static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group, pf, P, e);
         }
     }
     return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32, PAIR>, dim3(grid), dim3(LC_QGEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
-                     static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group, pf, early, P, e);
+                     static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group, pf, P, e);
 }
 
 template <typename T>

@@ -47,7 +47,6 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_kernels.h"
-#include "gemv.h"  /* lc_early_weights_set: early vs late loads, bit for bit */
 #include "qgemm.h" /* lc_gguf_dequant: checked bit for bit */
 #include "qlinear.h"
 #include "plugin/host_rules.h"
@@ -1353,61 +1352,6 @@ static void rand_q8_weight(loom_cuda_qfmt fmt, int N, int K, uint8_t *data, floa
     for (int n = 0; n < N; n++) sc[n] = rng_unif(0.001f, 0.02f);
 }
 
-/* Early weight loads (common.cuh's lc_early_weights; qgemm.cu's
- * LC_QGEMV_EARLY: the one-row FP8 CUDA-core GEMV loads its first pass
- * before the programmatic-launch wait, and its first pass is peeled) change
- * when bytes arrive, never which: every output bit must equal the late
- * path's. Rows of one chunk a lane (K = 576, a short pass alone), of whole
- * passes and a partial one (4096 + 16) and of many (14336), bf16 / f16
- * tokens, dt and float32 outputs; the tensor-core kernel off, and each
- * call must have run the CUDA-core kernel. */
-static void test_early_weights_bits(loom_cuda_gemm *g) {
-    static const int shapes[3][2] = {{300, 576}, {1000, 4112}, {257, 14336}};
-    char msg[256] = "", name[200];
-    const int tc0 = lc_qgemv_get_tc();
-    lc_qgemv_set_tc(0);
-    for (int si = 0; si < 3; si++) {
-        const int N = shapes[si][0], K = shapes[si][1];
-        uint8_t *data = malloc((size_t)N * K);
-        float *sc = malloc((size_t)N * 4);
-        rand_q8_weight(LOOM_CUDA_Q_FP8, N, K, data, sc);
-        void *d_data = dev_upload(data, (size_t)N * K), *d_sc = dev_upload(sc, (size_t)N * 4);
-        const loom_cuda_qweight qw = {.fmt = LOOM_CUDA_Q_FP8, .N = N, .K = K, .data = d_data, .scales = d_sc};
-        for (int di = 0; di < 2; di++) {
-            const loom_cuda_dt dt = di ? LOOM_CUDA_F16 : LOOM_CUDA_BF16;
-            const bool out_f32 = di == 0 || si == 1;
-            const size_t el = out_f32 ? 4 : 2;
-            uint16_t *x = rand16(dt, (size_t)K, -2, 2, NULL);
-            void *d_x = dev_upload(x, (size_t)K * 2);
-            const size_t scr = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &qw, 1);
-            void *d_scr = dev_poison(scr), *d_y = dev_poison((size_t)N * el);
-            char *a = malloc((size_t)N * el), *b = malloc((size_t)N * el);
-            long tc_0, cc_0, tc_1, cc_1;
-            lc_qgemv_count(&tc_0, &cc_0);
-            int rc = 0;
-            for (int on = 1; on >= 0 && !rc; on--) {
-                lc_early_weights_set(on);
-                CK(cudaMemset(d_y, 0xff, (size_t)N * el));
-                rc = loom_cuda_qgemm_run(g, dt, out_f32, 1, &qw, d_x, d_y, d_scr, scr, 0, msg, sizeof msg);
-                CK(cudaDeviceSynchronize());
-                CK(cudaMemcpy(on ? a : b, d_y, (size_t)N * el, cudaMemcpyDeviceToHost));
-            }
-            lc_qgemv_count(&tc_1, &cc_1);
-            snprintf(name, sizeof name, "qgemv fp8 %s M=1 N=%d K=%d -> %s: early loads' bits = late loads' bits",
-                     dtn(dt), N, K, out_f32 ? "f32" : dtn(dt));
-            if (rc) printf("      qgemm error: %s\n", msg);
-            /* both runs on the CUDA-core kernel, or the comparison says nothing */
-            report_bits(name, rc || cc_1 - cc_0 != 2 ? 1 : bits_differ(a, b, (size_t)N, el) + count_nan(dt, a, (size_t)N, el), 1);
-            cudaFree(d_x), cudaFree(d_scr), cudaFree(d_y);
-            free(x), free(a), free(b);
-        }
-        cudaFree(d_data), cudaFree(d_sc);
-        free(data), free(sc);
-    }
-    lc_early_weights_set(-1);
-    lc_qgemv_set_tc(tc0);
-}
-
 /* A random quantized N x K weight on the device (W8A16 / W8A8 / FP8 codes
  * with per-row scales, or INT4 nibbles with {scale, bias} pairs per group
  * of 128), for tests that compare two paths over the same weight; its
@@ -1656,7 +1600,7 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
  * shapes, a row count that is no multiple of a CTA's rows (INT4: the
  * unsplit kernel runs, so no dead warp meets the barrier), short rows that
  * cannot give every lane a chunk a slice (unsplit), tokens of wild
- * magnitudes; FP8 also with its early weight loads off. Each call must run
+ * magnitudes. Each call must run
  * split exactly where loom_cuda_qgemm_splits says, and on a GPU of 100+ SMs
  * that is wherever the shape allows (these grids, 512 CTAs at most, are
  * short of a wave there). Then: never in batch-invariant mode; the 8B O
@@ -1680,14 +1624,11 @@ static void test_qgemv_split(loom_cuda_gemm *g) {
     lc_qgemv_set_tc(0);
     int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-    for (int wild = 0; wild < 6; wild++)
+    for (int wild = 0; wild < 5; wild++)
         for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
             const scase c = cs[ci];
-            /* wild 5: FP8 with its early weight loads off (the loop's
-             * own first loads, at the slice's first chunk) */
-            if (wild == 5 ? c.fmt != LOOM_CUDA_Q_FP8 : wild && (!c.f32 || ci % 2)) continue;
-            lc_early_weights_set(wild == 5 ? 0 : -1);
-            g_qx_wild = wild == 5 ? 0 : wild;
+            if (wild && (!c.f32 || ci % 2)) continue;
+            g_qx_wild = wild;
             const loom_cuda_qweight probe = {.fmt = c.fmt, .N = c.N, .K = c.K, .group = c.group,
                                              .data = (void *)256, .scales = (float *)256};
             const int says = loom_cuda_qgemm_splits(g, c.dt, &probe);
@@ -1697,12 +1638,11 @@ static void test_qgemv_split(loom_cuda_gemm *g) {
              * each lane has a chunk of both slices */
             const int R = c.fmt == LOOM_CUDA_Q_INT4 ? 4 : 2, chunks = (c.fmt == LOOM_CUDA_Q_INT4 ? c.K / 2 : c.K) / 16;
             const bool can = c.N % (2 * R) == 0 && chunks % 2 == 0 && chunks / 2 >= 32;
-            snprintf(name, sizeof name, "qgemv %s %s M=1 N=%d K=%d %s%d: %s", qfmt_name(c.fmt), dtn(c.dt), c.N,
-                     c.K, wild == 5 ? "late loads " : "wild", wild == 5 ? 0 : wild, says ? "ran split" : "ran unsplit");
+            snprintf(name, sizeof name, "qgemv %s %s M=1 N=%d K=%d wild%d: %s", qfmt_name(c.fmt), dtn(c.dt), c.N,
+                     c.K, wild, says ? "ran split" : "ran unsplit");
             report_bits(name, (lc_qgemv_split_count() > s0) == (says != 0) && (sms < 100 || (says != 0) == can) ? 0 : 1,
                         1);
         }
-    lc_early_weights_set(-1);
     g_qx_wild = 0;
     loom_cuda_gemm_set_batch_invariant(g, 1);
     long s0 = lc_qgemv_split_count();
@@ -2762,7 +2702,6 @@ linear:;
         test_qgemm_all(g);
         test_qgemm_qmma(g);
         test_qgemv_split(g);
-        test_early_weights_bits(g);
         test_pair_epilogue(g);
         test_pair_epilogue_fallback(g);
         test_qgemm_scratch_bound(g);
