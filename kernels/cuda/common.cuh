@@ -182,10 +182,8 @@ __device__ __forceinline__ void lc_pdl_trigger() {
  * the prefetches only compete; so only matrices of at most
  * LC_PREFETCH_MAX_BYTES take it (SmolLM2's layers: 0.68 vs 0.73 ms).
  * lc_weight_prefetch(bytes) is the launchers' switch for a matrix of that
- * size: off above the bound, and everywhere when the environment says
- * LOOM_CUDA_WEIGHT_PREFETCH=0 (process-wide, for A/B runs). A kernel with
- * the early register loads below skips it (they take the same first bytes
- * of every row). */
+ * size: off above the bound. A kernel with the early register loads below
+ * skips it (they take the same first bytes of every row). */
 #define LC_PREFETCH_ROW_BYTES 2048
 #define LC_PREFETCH_MAX_BYTES ((size_t)16 << 20)
 extern "C" int lc_weight_prefetch(size_t matrix_bytes);

@@ -43,14 +43,7 @@
 #define LC_GEMV_WARPS 4
 #define LC_GEMV_U 4 /* 16-byte weight chunks per row per lane in flight */
 
-extern "C" int lc_weight_prefetch(size_t matrix_bytes) {
-    static int on = -1; /* read once; a racing first read computes the same value */
-    if (on < 0) {
-        const char *e = getenv("LOOM_CUDA_WEIGHT_PREFETCH");
-        on = !(e && e[0] == '0');
-    }
-    return on && matrix_bytes <= LC_PREFETCH_MAX_BYTES;
-}
+extern "C" int lc_weight_prefetch(size_t matrix_bytes) { return matrix_bytes <= LC_PREFETCH_MAX_BYTES; }
 
 /* 8 activations of row m, chunk c: x (M, K), or SWIGLU: silu(g) * u from
  * gu (M, 2K), rounded to T like the unfused kernel's output. */
