@@ -710,6 +710,7 @@ static void bench_quant_chain(int M, bool mixed) {
  * data; only the time counts). 32 of these plus the LM head against the
  * engine's TPOT is what the step spends outside its layers. */
 enum { DL_NORM = 1, DL_ROPE = 2, DL_ATTN = 4, DL_SWIGLU = 8, DL_QKV = 16, DL_O = 32, DL_GU = 64, DL_DOWN = 128 };
+enum { DL_FUSE_ROPE = 1, DL_FUSE_SWIGLU = 2 }; /* dl_layer's fuse mask */
 #define DL_LINEARS (DL_QKV | DL_O | DL_GU | DL_DOWN)
 typedef struct dl_ctx {
     loom_cuda_gemm *g;
@@ -721,7 +722,7 @@ typedef struct dl_ctx {
     loom_cuda_attn_args aa;
 } dl_ctx;
 
-/* One layer as a step records it. fuse, a mask of LOOM_CUDA_EPI_FUSE_*:
+/* One layer as a step records it. fuse, a mask of DL_FUSE_*:
  * as a one-token step does with those kinds fused — RoPE + KV write and / or
  * SwiGLU in the QKV and gate|up GEMVs (pair epilogues, loom_cuda_epi), the
  * down projection then reading act; the others as before them (separate
@@ -739,7 +740,7 @@ static int dl_layer(dl_ctx *c, const loom_cuda_qweight *w, void *const *wb, int 
                                   {.kind = LOOM_CUDA_EPI_SWIGLU, .act = c->act}};
     for (int half = 0; half < 2; half++) {
         int rc;
-        const loom_cuda_epi *e = fuse & (half ? LOOM_CUDA_EPI_FUSE_SWIGLU : LOOM_CUDA_EPI_FUSE_ROPE) ? &epi[half] : NULL;
+        const loom_cuda_epi *e = fuse & (half ? DL_FUSE_SWIGLU : DL_FUSE_ROPE) ? &epi[half] : NULL;
         if (skip & (half ? DL_GU : DL_QKV)) { /* the norm only (bf16 / W8A16 / INT4: no activation codes) */
             CK(loom_cuda_add_rmsnorm(LOOM_CUDA_BF16, c->xn, c->xres, c->r, c->nw, NULL, 1, H, 1e-5f, st));
             rc = 0;
@@ -754,7 +755,7 @@ static int dl_layer(dl_ctx *c, const loom_cuda_qweight *w, void *const *wb, int 
         }
         if (rc) return rc;
         if (half == 0) {
-            if (!(fuse & LOOM_CUDA_EPI_FUSE_ROPE) && !(skip & DL_ROPE))
+            if (!(fuse & DL_FUSE_ROPE) && !(skip & DL_ROPE))
                 CK(loom_cuda_rope_kv(LOOM_CUDA_BF16, LOOM_CUDA_KV_DT, c->qkv, QKV, NULL, c->cs, c->pos, c->slot,
                                      c->kc, c->vc, 1, NH, KVH, D, 16, st));
             if (!(skip & DL_ATTN)) CK(loom_cuda_attention(&c->aa, st));
@@ -766,10 +767,10 @@ static int dl_layer(dl_ctx *c, const loom_cuda_qweight *w, void *const *wb, int 
         }
     }
     if (skip & DL_DOWN) { /* the SwiGLU stays where it is not fused */
-        if (!(fuse & LOOM_CUDA_EPI_FUSE_SWIGLU)) CK(loom_cuda_swiglu(LOOM_CUDA_BF16, c->act, c->gu, 1, I, st));
+        if (!(fuse & DL_FUSE_SWIGLU)) CK(loom_cuda_swiglu(LOOM_CUDA_BF16, c->act, c->gu, 1, I, st));
         return 0;
     }
-    if (fuse & LOOM_CUDA_EPI_FUSE_SWIGLU)
+    if (fuse & DL_FUSE_SWIGLU)
         return quant ? loom_cuda_qgemm_run(c->g, LOOM_CUDA_BF16, 0, 1, &w[3], c->act, c->r, c->scratch, c->scr, st,
                                            msg, n)
                      : loom_cuda_gemm_run(c->g, LOOM_CUDA_BF16, 0, 1, H, I, c->act, wb[3], c->r, st, msg, n);
@@ -882,7 +883,6 @@ static void bench_decode_layer(int ctx) {
         if (c.scr) CK(cudaMalloc(&c.scratch, c.scr));
         int rc = 0;
         cudaGraph_t gr = NULL;
-        loom_cuda_epi_fuse_set(vars[vi].fuse);
         const long fused0 = loom_cuda_epi_fused_count();
         for (int pass = 0; pass < 2 && !rc; pass++) { /* one eager layer (plans), then the capture */
             if (pass == 1) CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -920,7 +920,6 @@ static void bench_decode_layer(int ctx) {
         for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
         cudaFree(c.scratch);
     }
-    loom_cuda_epi_fuse_set(-1);
     cudaFree(c.xres), cudaFree(c.nw), cudaFree(c.cs), cudaFree(c.r), cudaFree(c.xn), cudaFree(c.qkv);
     cudaFree(c.att), cudaFree(c.gu), cudaFree(c.act), cudaFree(c.kc), cudaFree(c.vc), cudaFree(c.pos);
     cudaFree(c.slot), cudaFree(d_bt), cudaFree(d_stride), cudaFree(d_tiles), cudaFree(ws), cudaFree(sem);

@@ -437,7 +437,7 @@ int loom_cuda_gemm_epi_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int
     if (!epi || epi->kind == LOOM_CUDA_EPI_NONE) return loom_cuda_gemm_run(g, dt, 0, M, N, K, x, w, y, s, msg, msg_size);
     /* the one-row GEMV, which loom_cuda_gemm_run would run here too (also
      * in batch-invariant mode: its M = 1 rows are the same kernel's) */
-    if (M == 1 && (g->invariant || M <= g->gemv_max_m) && K % 8 == 0 && loom_cuda_epi_fuses(epi->kind)) {
+    if (M == 1 && (g->invariant || M <= g->gemv_max_m) && K % 8 == 0) {
         cudaError_t e = lc_gemv_epi(dt, N, K, x, w, y, epi, s);
         if (e == cudaSuccess) return 0;
         if (e != cudaErrorNotSupported) {

@@ -30,9 +30,6 @@
  * not pay (every warp recomputes the activations: see gemm.c), so it is
  * opt-in (loom_cuda_gemm_set_swiglu_fuse) and kept tested.
  */
-#include <stdlib.h>
-#include <string.h>
-
 #include <atomic>
 
 #include "common.cuh"
@@ -223,29 +220,8 @@ extern "C" cudaError_t lc_gemv_swiglu(loom_cuda_dt dt, int M, int N, int K, cons
     return lc_gemv_t<__nv_bfloat16, false, true>(M, gu, w, y, N, K, s);
 }
 
-/* Fused pair epilogues: the switch and the count of launches. */
-static std::atomic<int> lc_epi_override{-1};
+/* Fused pair epilogues: the count of launches. */
 static std::atomic<long> lc_epi_fused{0};
-
-extern "C" void loom_cuda_epi_fuse_set(int kinds) { lc_epi_override = kinds < 0 ? -1 : kinds & LOOM_CUDA_EPI_ALL; }
-
-extern "C" int loom_cuda_epi_fuse(void) {
-    static int env = -1; /* read once; a racing first read computes the same value */
-    const int o = lc_epi_override;
-    if (o >= 0) return o;
-    if (env < 0) {
-        const char *e = getenv("LOOM_CUDA_FUSE_EPILOGUE");
-        env = e && !strcmp(e, "rope")     ? LOOM_CUDA_EPI_FUSE_ROPE
-              : e && !strcmp(e, "swiglu") ? LOOM_CUDA_EPI_FUSE_SWIGLU
-              : lc_env_bool("LOOM_CUDA_FUSE_EPILOGUE", true) ? LOOM_CUDA_EPI_ALL
-                                                             : 0;
-    }
-    return env;
-}
-
-extern "C" int loom_cuda_epi_fuses(loom_cuda_epi_kind kind) {
-    return kind != LOOM_CUDA_EPI_NONE && (loom_cuda_epi_fuse() & (1 << (kind - 1))) != 0;
-}
 
 extern "C" long loom_cuda_epi_fused_count(void) { return lc_epi_fused; }
 extern "C" void lc_epi_count(void) { lc_epi_fused++; }

@@ -172,7 +172,7 @@ static int lc_gemv_passes(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_q
                           const void *x, const uint8_t *xq, const float *sx, void *y, int invariant,
                           const loom_cuda_epi *epi, int *fused, cudaStream_t s, char *msg, size_t n) {
     const size_t xel = 2, yel = out_f32 ? 4 : 2;
-    if (epi && M == 1 && !out_f32 && loom_cuda_epi_fuses(epi->kind)) {
+    if (epi && epi->kind != LOOM_CUDA_EPI_NONE && M == 1 && !out_f32) {
         const cudaError_t e = lc_qgemv_epi(dt, w, x, xq, sx, y, epi, invariant, s);
         if (e == cudaSuccess) {
             *fused = 1;

@@ -1375,15 +1375,16 @@ static loom_cuda_qweight dev_rand_qweight(loom_cuda_qfmt f, int N, int K) {
 }
 
 /* The one-row GEMVs' pair epilogues (cuda_kernels.h: loom_cuda_epi) change
- * which kernel does the work, never its bits: with fusing on and off, the
- * same y, act and KV caches, bit for bit, for bf16 weights and every
- * quantized format, bf16 / f16. RoPE + KV write: Llama-3-8B's heads (32 /
+ * which kernel does the work, never its bits: the fused entry point and the
+ * GEMM followed by the separate kernel (loom_cuda_rope_kv / _swiglu) called
+ * by hand give the same y, act and KV caches, bit for bit, for bf16 weights
+ * and every quantized format, bf16 / f16. RoPE + KV write: Llama-3-8B's heads (32 /
  * 8 of 128) and small ones (4 / 2 of 64, 6 / 6 of 16), with and without
  * the QKV bias, dt and E4M3 caches, a token with a slot and one without
  * (slot -1: no cache write); SwiGLU: a Llama-3-8B-sized gate|up and a
- * small one. The fused launch must have run (loom_cuda_epi_fused_count)
- * with fusing on and not with it off. W8A8 / FP8 go through the norm-quantize entry point, as a step
- * does; the residual is left as it is (r NULL) so both runs see one x.
+ * small one. The fused launch must have run (loom_cuda_epi_fused_count).
+ * The quantized formats go through the norm-quantize entry points, as a
+ * step does; the residual is left as it is (r NULL) so both runs see one x.
  * The separate run in batch-invariant mode, so that its GEMV is unsplit
  * (the fused kernel sums each row whole, and a split one adds its halves
  * in another order — the epilogue's arithmetic is what is checked here);
@@ -1447,8 +1448,7 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                 const size_t sz[3] = {(size_t)N * 2, rope ? cache * kve : (size_t)I * 2, rope ? cache * kve : 0};
                 long fused[2] = {0, 0};
                 int rc = 0;
-                for (int run = 0; run < 2 && !rc; run++) { /* fused, then not */
-                    loom_cuda_epi_fuse_set(run == 0 ? LOOM_CUDA_EPI_ALL : 0);
+                for (int run = 0; run < 2 && !rc; run++) { /* fused, then the separate kernel by hand */
                     loom_cuda_gemm_set_batch_invariant(g, run == 1);
                     void *d_y = dev_poison(sz[0]), *d_a = dev_poison(sz[1] ? sz[1] : 16),
                          *d_v = dev_poison(sz[2] ? sz[2] : 16);
@@ -1462,10 +1462,22 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                     else
                         e.act = d_a;
                     const long c0 = loom_cuda_epi_fused_count();
-                    rc = f == LOOM_CUDA_Q_NONE
-                             ? loom_cuda_gemm_epi_run(g, dt, 1, N, K, d_xn, d_w, d_y, &e, 0, msg, sizeof msg)
-                             : loom_cuda_qgemm_norm_epi_run(g, dt, 1, &qw, d_xres, NULL, d_nw, 1e-5f, d_xn, d_y, &e,
-                                                            d_scr, scr, 0, msg, sizeof msg);
+                    if (run == 0) {
+                        rc = f == LOOM_CUDA_Q_NONE
+                                 ? loom_cuda_gemm_epi_run(g, dt, 1, N, K, d_xn, d_w, d_y, &e, 0, msg, sizeof msg)
+                                 : loom_cuda_qgemm_norm_epi_run(g, dt, 1, &qw, d_xres, NULL, d_nw, 1e-5f, d_xn, d_y,
+                                                                &e, d_scr, scr, 0, msg, sizeof msg);
+                    } else {
+                        rc = f == LOOM_CUDA_Q_NONE
+                                 ? loom_cuda_gemm_run(g, dt, 0, 1, N, K, d_xn, d_w, d_y, 0, msg, sizeof msg)
+                                 : loom_cuda_qgemm_norm_run(g, dt, 1, &qw, d_xres, NULL, d_nw, 1e-5f, d_xn, d_y, d_scr,
+                                                            scr, 0, msg, sizeof msg);
+                        if (!rc && rope)
+                            CK(loom_cuda_rope_kv(dt, e.kv, d_y, N, e.bias, d_cs, d_pos, d_slot, d_a, d_v, 1, H, KVH, D,
+                                                 bs, 0));
+                        else if (!rc)
+                            CK(loom_cuda_swiglu(dt, d_a, d_y, 1, I, 0));
+                    }
                     CK(cudaDeviceSynchronize());
                     fused[run] = loom_cuda_epi_fused_count() - c0;
                     void *dev[3] = {d_y, d_a, d_v};
@@ -1477,7 +1489,7 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                 }
                 long differ = rc ? 1 : 0;
                 for (int b = 0; b < 3 && !rc; b++) differ += bits_differ(out[0][b], out[1][b], sz[b], 1);
-                /* the fused launch ran with fusing on, never with it off */
+                /* the fused launch ran, once */
                 if (fused[0] != 1 || fused[1] != 0) differ++;
                 /* something was written: y has no poison left */
                 if (!rc) differ += count_nan(dt, out[0][0], (size_t)N, 2);
@@ -1499,17 +1511,15 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
         cudaFree(d_cs), cudaFree(d_bias), cudaFree(d_pos), cudaFree(d_slot);
         free(cs), free(bias);
     }
-    loom_cuda_epi_fuse_set(-1);
     loom_cuda_gemm_set_batch_invariant(g, 0);
     lc_qgemv_set_tc(tc0);
 }
 
 /* Where the one-row CUDA-core GEMV is not what runs, the pair epilogue
  * entry points must not fuse and must still finish every row: three rows
- * (bf16 weights; W8A8 through the norm-quantize entry point) — with fusing
- * on, no fused launch and the bits of fusing off; the three-row RoPE also against
- * loom_cuda_gemm_run + loom_cuda_rope_kv called by hand. Llama-3-8B's QKV
- * shape, three tokens at positions in three cache blocks. */
+ * (bf16 weights; W8A8 through the norm-quantize entry point) — no fused
+ * launch, and the bits of the GEMM + loom_cuda_rope_kv called by hand.
+ * Llama-3-8B's QKV shape, three tokens at positions in three cache blocks. */
 static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
     const int H = 32, KVH = 8, D = 128, K = 4096, N = (H + 2 * KVH) * D, bs = 16, nblk = 8, max_pos = 512;
     const loom_cuda_dt dt = LOOM_CUDA_BF16;
@@ -1543,19 +1553,21 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
         const size_t scr = f == LOOM_CUDA_Q_NONE ? 0 : loom_cuda_qgemm_scratch_bytes(g, dt, 0, &qw, M);
         void *d_scr = scr ? dev_poison(scr) : NULL;
         const size_t sz[3] = {(size_t)M * N * 2, cache, cache};
-        char *out[3][3] = {{0}};
-        long fused[3] = {0, 0, 0};
+        char *out[2][3] = {{0}};
+        long fused[2] = {0, 0};
         int rc = 0;
-        /* run 0: fusing on; 1: off; 2 (bf16 only): GEMM + rope_kv by hand */
-        for (int run = 0; run < (f == LOOM_CUDA_Q_NONE ? 3 : 2) && !rc; run++) {
-            loom_cuda_epi_fuse_set(run == 0 ? LOOM_CUDA_EPI_ALL : 0);
+        /* run 0: the entry point; 1: the GEMM + rope_kv by hand */
+        for (int run = 0; run < 2 && !rc; run++) {
             void *d_y = dev_poison(sz[0]), *d_k = dev_poison(cache), *d_v = dev_poison(cache);
             const loom_cuda_epi e = {.kind = LOOM_CUDA_EPI_ROPE_KV, .kv = LOOM_CUDA_KV_DT, .cs = d_cs, .pos = d_pos,
                                      .slot = d_slot, .k_cache = d_k, .v_cache = d_v, .num_heads = H,
                                      .num_kv_heads = KVH, .head_dim = D, .block_size = bs};
             const long c0 = loom_cuda_epi_fused_count();
-            if (run == 2) {
-                rc = loom_cuda_gemm_run(g, dt, 0, M, N, K, d_xn, d_wb, d_y, 0, msg, sizeof msg);
+            if (run == 1) {
+                rc = f == LOOM_CUDA_Q_NONE
+                         ? loom_cuda_gemm_run(g, dt, 0, M, N, K, d_xn, d_wb, d_y, 0, msg, sizeof msg)
+                         : loom_cuda_qgemm_norm_run(g, dt, M, &qw, d_xres, NULL, d_nw, 1e-5f, d_xn, d_y, d_scr, scr, 0,
+                                                    msg, sizeof msg);
                 if (!rc)
                     CK(loom_cuda_rope_kv(dt, LOOM_CUDA_KV_DT, d_y, N, NULL, d_cs, d_pos, d_slot, d_k, d_v, M, H, KVH,
                                          D, bs, 0));
@@ -1575,8 +1587,7 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
             cudaFree(d_y), cudaFree(d_k), cudaFree(d_v);
         }
         long differ = rc ? 1 : 0;
-        for (int run = 1; run < 3 && !rc; run++)
-            for (int b = 0; b < 3 && out[run][0]; b++) differ += bits_differ(out[0][b], out[run][b], sz[b], 1);
+        for (int b = 0; b < 3 && !rc; b++) differ += bits_differ(out[0][b], out[1][b], sz[b], 1);
         if (fused[0] || fused[1]) differ++;
         if (!rc) differ += count_nan(dt, out[0][0], (size_t)M * N, 2);
         snprintf(name, sizeof name, "pair epilogue declined: rope_kv %s M=%d: no fused launch, every row done",
@@ -1584,11 +1595,10 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
         if (rc) printf("      error: %s\n", msg);
         if (fused[0] || fused[1]) printf("      fused launches %ld / %ld\n", fused[0], fused[1]);
         report_bits(name, differ, 1);
-        for (int r = 0; r < 3; r++)
+        for (int r = 0; r < 2; r++)
             for (int b = 0; b < 3; b++) free(out[r][b]);
         cudaFree(d_w), cudaFree(d_sc), cudaFree(d_scr);
     }
-    loom_cuda_epi_fuse_set(-1);
     cudaFree(d_cs), cudaFree(d_pos), cudaFree(d_slot), cudaFree(d_xres), cudaFree(d_nw), cudaFree(d_xn), cudaFree(d_wb);
     free(cs), free(xres), free(nw), free(xn), free(wb);
 }
