@@ -495,17 +495,14 @@ static void bench_quant(int M) {
      * once more on the CUDA-core one (lc_qgemv_set_tc(0)): its gain, in one
      * run */
     /* above 8 rows, FP8 once more with unit-scale cuBLASLt + the epilogue
-     * pass instead of cuBLASLt's scale vectors (lc_gemm_set_fp8_vec(0)),
-     * and W8A16 / INT4 once more dequantized into scratch + cuBLASLt
-     * instead of qmma.cu's tensor-core kernel (lc_qmma_set(0)) */
-    const int nv = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 3 : NF;
+     * pass instead of cuBLASLt's scale vectors (lc_gemm_set_fp8_vec(0)) */
+    const int nv = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF;
     const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
-        const bool epi = M > 8 && vi == NF, deq = M > 8 && vi > NF;
-        const int fi = epi ? QB_FP8 : deq ? (vi == NF + 1 ? 1 : 4) : vi < NF ? vi : 1 + (vi - NF);
-        const bool cores = vi >= NF && !epi && !deq;
+        const bool epi = M > 8 && vi == NF;
+        const int fi = epi ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
+        const bool cores = vi >= NF && !epi;
         lc_qgemv_set_tc(cores ? 0 : -1); /* -1: as the environment says */
-        lc_qmma_set(deq ? 0 : -1);
         lc_gemm_set_fp8_vec(g, epi ? 0 : vec0);
         const loom_cuda_qfmt f = fmts[fi];
         double ms = 0, bytes = 0, shape_us[4];
@@ -545,7 +542,7 @@ static void bench_quant(int M) {
                    v - v0, e - e0);
         }
         char nm[96], label[24]; /* "_cc": the CUDA-core GEMV (qgemm.cu), not the tensor-core one */
-        snprintf(label, sizeof label, "%s%s", names[fi], cores ? "_cc" : epi ? "_epi" : deq ? "_deq" : "");
+        snprintf(label, sizeof label, "%s%s", names[fi], cores ? "_cc" : epi ? "_epi" : "");
         snprintf(nm, sizeof nm, "llama3-8b layer linears %s M=%d", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, ms, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
@@ -558,7 +555,6 @@ static void bench_quant(int M) {
         }
     }
     lc_qgemv_set_tc(-1);
-    lc_qmma_set(-1);
     lc_gemm_set_fp8_vec(g, vec0);
     cudaFree(x), cudaFree(y);
     loom_cuda_gemm_destroy(g);

@@ -453,8 +453,7 @@ int loom_cuda_qgemm_splits(const loom_cuda_gemm *g, loom_cuda_dt dt, const loom_
 /* y (M, N) = x (M, K) @ dequant(w)^T, x dt, y dt or float32 (out_f32).
  *   W8A16 / INT4 at 9..128 rows where the shape fits (K % 128; INT4 K % 256
  *     and group % 128), outside the batch-invariant mode: a tensor-core
- *     kernel that decodes the weights in registers (qmma.cu; LOOM_CUDA_QMMA=0
- *     turns it off).
+ *     kernel that decodes the weights in registers (qmma.cu).
  *   else M <= the format's GEMV bound: a fused dequantize-GEMV (8 rows of x per
  *     pass; W8A8 / FP8 quantize x per token first, as the CPU kernels do;
  *     GGUF launches once per segment).

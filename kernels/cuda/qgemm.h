@@ -90,17 +90,14 @@ cudaError_t lc_add_rmsnorm_quant(loom_cuda_dt dt, int fp8, float *x, const void 
 
 /* W8A16 / INT4 above the GEMV's rows (qmma.cu): the tensor-core kernel that
  * decodes the weights in registers, for M <= LC_QMMA_MAX_M, K % 128 == 0
- * (INT4: group % 128 == 0). lc_qmma_ok: whether it takes (w, M) — on unless
- * LOOM_CUDA_QMMA=0 (or off / false / no) or lc_qmma_set(0) (tests, A/B:
- * 1 / 0 force, -1 back to the environment). Scratch: lc_qmma_scratch_bytes
- * (the f16 tokens, their scales, K-slice partial sums). */
+ * (INT4: group % 128 == 0). lc_qmma_ok: whether it takes (w, M). Scratch:
+ * lc_qmma_scratch_bytes (the f16 tokens, their scales, K-slice partial
+ * sums). */
 #define LC_QMMA_MAX_M 128 /* above: dequantize + cuBLASLt is faster (H200, M = 256: 444 vs 684 us) */
 int lc_qmma_ok(const loom_cuda_qweight *w, int M);
 size_t lc_qmma_scratch_bytes(const loom_cuda_qweight *w, int M);
 cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,
                     void *y, void *scratch, cudaStream_t s);
-void lc_qmma_set(int on);
-int lc_qmma_get(void);
 
 /* Dequantize a W8A16 / INT4 weight into out (N, K) dt. */
 cudaError_t lc_dequant_weight(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out,

@@ -1121,8 +1121,10 @@ static int g_qx_wild;
  * the SAME quantized weights — and, for W8A8 / FP8, the same per-token
  * quantized activations, computed here with kernels/cpu/qlinear.c's float32
  * arithmetic. path: 0 the default dispatch, 1 the GEMV forced (passes of 8
- * rows at any M), 2 the GEMM path forced (dequantize + cuBLASLt, or the
- * FP8 / int8 cuBLASLt GEMM + epilogue, at any M). */
+ * rows at any M; W8A16 / INT4 above 8 rows only at shapes qmma.cu does not
+ * take, which keeps them at 9..128 rows: a call that ran it fails), 2 the
+ * GEMM path forced (dequantize + cuBLASLt, or the FP8 / int8 cuBLASLt GEMM
+ * + epilogue, at any M). */
 static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, int M, int N,
                        int K, int group, int path, bool out_f32, bool smooth) {
     const bool i4 = fmt == LOOM_CUDA_Q_INT4, acts = fmt == LOOM_CUDA_Q_INT8_W8A8 || fmt == LOOM_CUDA_Q_FP8;
@@ -1229,8 +1231,7 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     void *d_y = dev_poison((size_t)M * N * oel);
     loom_cuda_qweight w = {.fmt = fmt, .N = N, .K = K, .group = i4 ? group : 0, .data = d_data,
                            .scales = d_sc, .smooth = d_sm};
-    const int qmma_prev = lc_qmma_get();
-    if (path == 1) loom_cuda_qgemm_set_gemv_max_m(g, fmt, 256), lc_qmma_set(0); /* the GEMV, not qmma.cu */
+    if (path == 1) loom_cuda_qgemm_set_gemv_max_m(g, fmt, 256);
     if (path == 2) loom_cuda_qgemm_set_gemv_max_m(g, fmt, 0);
     const size_t sb = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &w, M);
     void *d_s = dev_poison(sb);
@@ -1241,7 +1242,10 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     const long q0 = lc_qgemm_qmma_count();
     int rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
     const bool qmma = lc_qgemm_qmma_count() > q0;
-    lc_qmma_set(qmma_prev);
+    if (!rc && path == 1 && qmma) {
+        snprintf(msg, sizeof msg, "path 1 (the GEMV) ran qmma.cu's kernel: pick a shape it does not take");
+        rc = -1;
+    }
     lc_qgemv_count(&tc1, &cc1);
     lc_qgemm_fp8_count(&v1, &e1);
     qgemm_defaults(g);
@@ -1911,34 +1915,30 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
  * past one tile (grid y), row counts that leave a partial 64-row tile,
  * matrices split over K (N = 4096: five slices, the reduce kernel) and not
  * (N = 16896: 264 row tiles), INT4 groups of 256, 512 and K, f16 with float32 output held to 1e-4, tokens of wild
- * magnitudes; then the same calls with the kernel off (dequantize + GEMM),
- * so both paths stay checked. */
+ * magnitudes. (The dequantize + GEMM path it replaced at these rows still
+ * serves the shapes it does not take and more rows: test_qgemm_all's path 2
+ * and M = 300 calls.) */
 static void test_qgemm_qmma(loom_cuda_gemm *g) {
     const loom_cuda_qfmt fmts[2] = {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
-    for (int on = 1; on >= 0; on--) {
-        const int prev = lc_qmma_get();
-        lc_qmma_set(on);
-        for (int fi = 0; fi < 2; fi++) {
-            const loom_cuda_qfmt f = fmts[fi];
-            const bool i4 = f == LOOM_CUDA_Q_INT4;
-            const int Ms[8] = {40, 64, 65, 128, 100, 9, 17, 33};
-            for (int mi = 0; mi < (on ? 8 : 3); mi++)
-                test_qgemm(g, LOOM_CUDA_BF16, f, Ms[mi], 1001, 1024, i4 ? 128 : 0, 0, false, false);
-            test_qgemm(g, LOOM_CUDA_BF16, f, 64, 4096, 4096, i4 ? 128 : 0, 0, false, false);
-            test_qgemm(g, LOOM_CUDA_BF16, f, 48, 16896, 512, i4 ? 256 : 0, 0, false, false);
-            test_qgemm(g, LOOM_CUDA_F16, f, 70, 515, 1536, i4 ? 128 : 0, 0, true, false);
-            test_qgemm(g, LOOM_CUDA_BF16, f, 20, 515, 14336, i4 ? 128 : 0, 2, true, false);
-            if (i4) { /* a group over several k-steps; one group a row */
-                test_qgemm(g, LOOM_CUDA_BF16, f, 48, 515, 2048, 512, 0, true, false);
-                test_qgemm(g, LOOM_CUDA_BF16, f, 24, 300, 1024, 1024, 0, false, false);
-            }
-            g_qx_wild = true;
-            test_qgemm(g, LOOM_CUDA_BF16, f, 37, 300, 2048, i4 ? 128 : 0, 0, true, false);
-            test_qgemm(g, LOOM_CUDA_F16, f, 37, 300, 2048, i4 ? 128 : 0, 0, true, false);
-            test_qgemm(g, LOOM_CUDA_BF16, f, 12, 300, 2048, i4 ? 128 : 0, 0, false, false);
-            g_qx_wild = false;
+    for (int fi = 0; fi < 2; fi++) {
+        const loom_cuda_qfmt f = fmts[fi];
+        const bool i4 = f == LOOM_CUDA_Q_INT4;
+        const int Ms[8] = {40, 64, 65, 128, 100, 9, 17, 33};
+        for (int mi = 0; mi < 8; mi++)
+            test_qgemm(g, LOOM_CUDA_BF16, f, Ms[mi], 1001, 1024, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 64, 4096, 4096, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 48, 16896, 512, i4 ? 256 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, 70, 515, 1536, i4 ? 128 : 0, 0, true, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 20, 515, 14336, i4 ? 128 : 0, 2, true, false);
+        if (i4) { /* a group over several k-steps; one group a row */
+            test_qgemm(g, LOOM_CUDA_BF16, f, 48, 515, 2048, 512, 0, true, false);
+            test_qgemm(g, LOOM_CUDA_BF16, f, 24, 300, 1024, 1024, 0, false, false);
         }
-        lc_qmma_set(prev);
+        g_qx_wild = true;
+        test_qgemm(g, LOOM_CUDA_BF16, f, 37, 300, 2048, i4 ? 128 : 0, 0, true, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, 37, 300, 2048, i4 ? 128 : 0, 0, true, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 12, 300, 2048, i4 ? 128 : 0, 0, false, false);
+        g_qx_wild = false;
     }
 }
 
