@@ -16,8 +16,8 @@
  *   FP8 / W8A8 above it: per chunk of up to LC_QCHUNK_M rows, quantize x per
  *     token, then cuBLASLt's e4m3 GEMM (fp32 accumulation) with sx and s as
  *     its outer scale vectors, written straight into y in one rounding
- *     (LC_LT_FP8_VEC_*). Where cuBLASLt has no algorithm for those (or
- *     LOOM_CUDA_FP8_SCALE_VEC=0), and for int8 (int32 accumulation), the
+ *     (LC_LT_FP8_VEC_*). Where cuBLASLt has no algorithm for those (or a
+ *     test asks: lc_gemm_set_fp8_vec), and for int8 (int32 accumulation), the
  *     GEMM runs with unit scales and lc_scale_epilogue multiplies row m /
  *     column n by sx[m] * s[n] in a second pass. That FP8 GEMM writes bf16 straight
  *     into y when dt is bf16 (rounding the unscaled sum is the same relative

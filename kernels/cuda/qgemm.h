@@ -132,9 +132,10 @@ enum {
 int lc_gemm_lt_q(loom_cuda_gemm *g, int kind, int M, int N, int K, const void *xq,
                  const void *wq, const float *sx, const float *sw, void *d, cudaStream_t s,
                  char *msg, size_t msg_size);
-/* Whether g's FP8 GEMMs try the scale vectors first (on unless
- * LOOM_CUDA_FP8_SCALE_VEC=0); tests and gpu_bench switch it to compare both
- * paths. */
+/* Whether g's FP8 GEMMs try the scale vectors first (on from
+ * loom_cuda_gemm_create); tests and gpu_bench set it off to run the
+ * fallback of the shapes without such an algorithm (unit scales + the
+ * epilogue pass) and compare both paths. */
 int lc_gemm_fp8_vec(const loom_cuda_gemm *g);
 void lc_gemm_set_fp8_vec(loom_cuda_gemm *g, int on);
 /* FP8 GEMM-path calls so far that ran with the scale vectors / with unit
