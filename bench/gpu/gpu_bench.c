@@ -37,7 +37,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_kernels.h"
-#include "qgemm.h" /* lc_qgemv_set_tc: the CUDA-core GEMV for comparison */
+#include "qgemm.h" /* lc_gemm_set_fp8_vec, lc_qgemm_fp8_count: the FP8 GEMM's fallback for comparison */
 #include "loom/backend.h"
 #include "model/model.h"
 #include "plugin/host.h"
@@ -492,7 +492,8 @@ static void bench_quant(int M) {
     CK(cudaMalloc(&y, (size_t)M * 28672 * 2));
     double bf16_ms = 0;
     /* where the tensor-core GEMV runs (2 <= M <= 8) the four loom formats
-     * once more on the CUDA-core one (lc_qgemv_set_tc(0)): its gain, in one
+     * once more on the CUDA-core one (loom_cuda_qgemm_set_tc_min_m(g, 9),
+     * the cuda backend's qgemv_tc_min_rows: 9): its gain, in one
      * run */
     /* above 8 rows, FP8 once more with unit-scale cuBLASLt + the epilogue
      * pass instead of cuBLASLt's scale vectors (lc_gemm_set_fp8_vec(0)) */
@@ -502,7 +503,7 @@ static void bench_quant(int M) {
         const bool epi = M > 8 && vi == NF;
         const int fi = epi ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
         const bool cores = vi >= NF && !epi;
-        lc_qgemv_set_tc(cores ? 0 : -1); /* -1: as the environment says */
+        loom_cuda_qgemm_set_tc_min_m(g, cores ? 9 : 0); /* 9: never; 0: the default bound */
         lc_gemm_set_fp8_vec(g, epi ? 0 : vec0);
         const loom_cuda_qfmt f = fmts[fi];
         double ms = 0, bytes = 0, shape_us[4];
@@ -554,7 +555,6 @@ static void bench_quant(int M) {
             qr->M = M, qr->ms = ms, qr->bf16_ms = bf16_ms;
         }
     }
-    lc_qgemv_set_tc(-1);
     lc_gemm_set_fp8_vec(g, vec0);
     cudaFree(x), cudaFree(y);
     loom_cuda_gemm_destroy(g);

@@ -512,6 +512,14 @@ int loom_cuda_qgemm_norm_epi_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, cons
  * capped at 256. */
 void loom_cuda_qgemm_set_gemv_max_m(loom_cuda_gemm *g, loom_cuda_qfmt fmt, int max_m);
 
+/* Fewest rows (M) from which the W8A8 / FP8 / INT4 GEMV runs on the tensor
+ * cores (qgemv_tc.cu) instead of the CUDA-core kernel, up to 8 rows, where
+ * the shape fits: 0 (the default) = as measured on the H200, 2 for W8A8 /
+ * FP8 and 3 for INT4; 1..8 that many rows for every format; 9 never. The
+ * crossover is the GPU's (at 2 rows W8A8 / FP8 were within 2%); never in
+ * batch-invariant mode. The cuda backend's qgemv_tc_min_rows. */
+void loom_cuda_qgemm_set_tc_min_m(loom_cuda_gemm *g, int min_m);
+
 #ifdef __cplusplus
 }
 #endif

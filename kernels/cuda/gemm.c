@@ -58,6 +58,7 @@ struct loom_cuda_gemm {
     int q_gemv_max_m[6]; /* per loom_cuda_qfmt: largest M of the quantized GEMV */
     int invariant;  /* batch-invariant: the GEMVs at every M, no cuBLASLt */
     int fp8_vec;    /* FP8 GEMMs may take per-row / per-column scale vectors */
+    int q_tc_min_m; /* rows from which the quantized GEMV takes the tensor cores (0: per format) */
 };
 
 static const float lc_one_f = 1.0f, lc_zero_f = 0.0f;
@@ -388,6 +389,12 @@ int lc_gemm_q_gemv_max_m(const loom_cuda_gemm *g, loom_cuda_qfmt fmt) {
 void loom_cuda_qgemm_set_gemv_max_m(loom_cuda_gemm *g, loom_cuda_qfmt fmt, int max_m) {
     if (fmt <= 0 || fmt > LOOM_CUDA_Q_GGUF) return;
     g->q_gemv_max_m[fmt] = max_m < 0 ? 0 : max_m > 256 ? 256 : max_m;
+}
+
+int lc_gemm_q_tc_min_m(const loom_cuda_gemm *g) { return g->q_tc_min_m; }
+
+void loom_cuda_qgemm_set_tc_min_m(loom_cuda_gemm *g, int min_m) {
+    g->q_tc_min_m = min_m < 0 ? 0 : min_m > LC_QGEMV_MAX_M + 1 ? LC_QGEMV_MAX_M + 1 : min_m;
 }
 
 int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int I, const void *gu,

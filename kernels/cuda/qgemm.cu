@@ -48,7 +48,8 @@
  * What this is not: a tensor-core kernel. W8A8 / FP8 / INT4 at 2..8 rows
  * go to qgemv_tc.cu's mma kernel when the shape fits (its cost hardly grows
  * with M); this one serves M = 1 (where it was faster), W8A16, the other
- * shapes, batch-invariant mode and LOOM_CUDA_QGEMV_TC=0.
+ * shapes, batch-invariant mode and the rows below the tensor-core kernel's
+ * bound (loom_cuda_qgemm_set_tc_min_m).
  * For larger M qgemm.c hands the work to qmma.cu or cuBLASLt.
  */
 #include "common.cuh"
@@ -546,11 +547,11 @@ static cudaError_t lc_qgemv_t(int M, const loom_cuda_qweight *w, const void *x, 
 
 extern "C" cudaError_t lc_qgemv_epi(loom_cuda_dt dt, const loom_cuda_qweight *w, const void *x, const void *xq,
                                     const float *sx, void *y, const loom_cuda_epi *epi, int invariant,
-                                    cudaStream_t s) {
+                                    int tc_min_m, cudaStream_t s) {
     /* only where lc_qgemv would run this kernel at M = 1 */
     const int P = lc_epi_p(epi, w->N);
     if (!P || w->fmt == LOOM_CUDA_Q_GGUF || !loom_cuda_qweight_ok(w->fmt, w->K, w->group) ||
-        lc_qgemv_use_tc(w->fmt, w->K, w->group, 1, invariant))
+        lc_qgemv_use_tc(w->fmt, w->K, w->group, 1, invariant, tc_min_m))
         return cudaErrorNotSupported;
     lc_qgemv_count_cc();
     const cudaError_t e = dt == LOOM_CUDA_F16 ? lc_qgemv_pair_t<__half>(w, x, xq, sx, y, P, epi, s)
@@ -570,20 +571,20 @@ static int lc_qgemv_slices_t(const loom_cuda_qweight *w) {
     }
 }
 
-extern "C" int lc_qgemv_splits(loom_cuda_dt dt, const loom_cuda_qweight *w, int invariant) {
+extern "C" int lc_qgemv_splits(loom_cuda_dt dt, const loom_cuda_qweight *w, int invariant, int tc_min_m) {
     /* lc_qgemv's choice at M = 1 (dt output; f32 outputs decide alike) */
     if (invariant || w->N <= 0 || w->fmt == LOOM_CUDA_Q_GGUF || !loom_cuda_qweight_ok(w->fmt, w->K, w->group) ||
-        lc_qgemv_use_tc(w->fmt, w->K, w->group, 1, 0))
+        lc_qgemv_use_tc(w->fmt, w->K, w->group, 1, 0, tc_min_m))
         return 0;
     return (dt == LOOM_CUDA_F16 ? lc_qgemv_slices_t<__half>(w) : lc_qgemv_slices_t<__nv_bfloat16>(w)) > 1;
 }
 
 extern "C" cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
                                 const void *x, const void *xq, const float *sx, void *y,
-                                int invariant, cudaStream_t s) {
+                                int invariant, int tc_min_m, cudaStream_t s) {
     if (M < 1 || M > LC_QGEMV_MAX_M || w->N <= 0 || !loom_cuda_qweight_ok(w->fmt, w->K, w->group))
         return cudaErrorInvalidValue;
-    if (lc_qgemv_use_tc(w->fmt, w->K, w->group, M, invariant))
+    if (lc_qgemv_use_tc(w->fmt, w->K, w->group, M, invariant, tc_min_m))
         return lc_qgemv_tc(dt, out_f32, M, w, x, xq, sx, y, s);
     lc_qgemv_count_cc();
     const bool split = !invariant; /* the batch-invariant rows keep one order at every M */

@@ -18,10 +18,11 @@ extern "C" {
 /* y (M, N) = x (M, K) @ dequant(w)^T for M in [1, 8], y dt or f32.
  * W8A16 / INT4 read x (M, K) dt; W8A8 / FP8 read xq (M, K) int8 / e4m3 and
  * sx (M) per-token scales from lc_quant_act (x unused). invariant: the
- * batch-invariant mode's call (the CUDA-core kernel at every M, unsplit). */
+ * batch-invariant mode's call (the CUDA-core kernel at every M, unsplit).
+ * tc_min_m: the GEMM context's tensor-core bound (lc_qgemv_use_tc). */
 cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
                      const void *x, const void *xq, const float *sx, void *y, int invariant,
-                     cudaStream_t s);
+                     int tc_min_m, cudaStream_t s);
 
 /* lc_qgemv at M = 1 with epi's pair epilogue fused (cuda_kernels.h:
  * loom_cuda_epi; qgemm.cu's CUDA-core kernel), or cudaErrorNotSupported
@@ -29,20 +30,15 @@ cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweigh
  * the output rows do not pair — the caller then runs lc_qgemv and the
  * separate kernel. */
 cudaError_t lc_qgemv_epi(loom_cuda_dt dt, const loom_cuda_qweight *w, const void *x, const void *xq,
-                         const float *sx, void *y, const loom_cuda_epi *epi, int invariant, cudaStream_t s);
+                         const float *sx, void *y, const loom_cuda_epi *epi, int invariant, int tc_min_m,
+                         cudaStream_t s);
 
 /* Whether lc_qgemv hands M rows to the tensor-core GEMV (qgemv_tc.cu): W8A8
- * / FP8 with K % 64 == 0 at M >= 2 and INT4 with K and group multiples of
- * 128 at M >= 3 (LOOM_CUDA_QGEMV_TC_MIN_M sets both), never in
- * batch-invariant mode (whose rows must have the same bits at every M: the
- * CUDA-core kernel's). On unless the environment says LOOM_CUDA_QGEMV_TC=0
- * (or off / false / no; a MIN_M above 8 also turns it off); lc_qgemv_set_tc
- * overrides it process-wide (tests, A/B runs). */
-int lc_qgemv_use_tc(loom_cuda_qfmt fmt, int K, int group, int M, int invariant);
-/* on: 1 / 0 force it on / off, -1 back to the environment's choice;
- * lc_qgemv_get_tc returns the current override (to restore it). */
-void lc_qgemv_set_tc(int on);
-int lc_qgemv_get_tc(void);
+ * / FP8 with K % 64 == 0 and INT4 with K and group multiples of 128, from
+ * min_m rows (lc_gemm_q_tc_min_m; 0: as measured, 2 for W8A8 / FP8 and 3
+ * for INT4; above 8: never), never in batch-invariant mode (whose rows must
+ * have the same bits at every M: the CUDA-core kernel's). */
+int lc_qgemv_use_tc(loom_cuda_qfmt fmt, int K, int group, int M, int invariant, int min_m);
 /* The one-row CUDA-core GEMV splits K across a CTA's warps in two slices
  * (outside the batch-invariant mode) where the unsplit grid does not fill
  * the GPU once: matrices of few rows get as many warps as wide ones. The
@@ -50,7 +46,7 @@ int lc_qgemv_get_tc(void);
 long lc_qgemv_split_count(void);
 /* Whether lc_qgemv at M = 1 on w would split K (the CUDA-core kernel, not
  * in batch-invariant mode, the split chosen). */
-int lc_qgemv_splits(loom_cuda_dt dt, const loom_cuda_qweight *w, int invariant);
+int lc_qgemv_splits(loom_cuda_dt dt, const loom_cuda_qweight *w, int invariant, int tc_min_m);
 /* GEMV launches so far, tensor-core and CUDA-core (tests name what ran). */
 void lc_qgemv_count(long *tc, long *cc);
 void lc_qgemv_count_cc(void);
@@ -152,6 +148,9 @@ int lc_gemm_run_lt(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, int N
 int lc_gemm_invariant(const loom_cuda_gemm *g);
 /* Per-format GEMV bound of loom_cuda_qgemm_set_gemv_max_m (gemm.c holds it). */
 int lc_gemm_q_gemv_max_m(const loom_cuda_gemm *g, loom_cuda_qfmt fmt);
+/* The tensor-core GEMV's bound of loom_cuda_qgemm_set_tc_min_m (0: the
+ * measured per-format default; gemm.c holds it). */
+int lc_gemm_q_tc_min_m(const loom_cuda_gemm *g);
 
 #ifdef __cplusplus
 }

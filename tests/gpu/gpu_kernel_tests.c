@@ -1319,13 +1319,12 @@ static void test_qgemm_tc_bits(loom_cuda_gemm *g, loom_cuda_dt dt, int N, int K,
     const size_t scr = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &w, 8);
     void *d_scr = dev_poison(scr), *d_y = dev_poison((size_t)8 * N * oel);
     char *a = malloc((size_t)8 * N * oel), *b = malloc((size_t)8 * N * oel), msg[256] = "", name[160];
-    const int prev = lc_qgemv_get_tc();
     for (int M = 2; M <= 8; M += 3) {
         int rc = 0;
         long tc0, cc0, tc1, cc1;
         lc_qgemv_count(&tc0, &cc0);
         for (int on = 1; on >= 0 && !rc; on--) {
-            lc_qgemv_set_tc(on);
+            loom_cuda_qgemm_set_tc_min_m(g, on ? 0 : 9); /* the default bound (2 for W8A8), or never */
             CK(cudaMemset(d_y, 0xff, (size_t)8 * N * oel));
             rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_scr, scr, 0, msg, sizeof msg);
             CK(cudaDeviceSynchronize());
@@ -1340,7 +1339,7 @@ static void test_qgemm_tc_bits(loom_cuda_gemm *g, loom_cuda_dt dt, int N, int K,
                                                                  count_nan(dt, a, (size_t)M * N, oel);
         report_bits(name, bad, M);
     }
-    lc_qgemv_set_tc(prev);
+    loom_cuda_qgemm_set_tc_min_m(g, 0);
     cudaFree(d_data), cudaFree(d_sc), cudaFree(d_x), cudaFree(d_scr), cudaFree(d_y);
     free(data), free(sc), free(x), free(a), free(b);
 }
@@ -1378,6 +1377,56 @@ static loom_cuda_qweight dev_rand_qweight(loom_cuda_qfmt f, int N, int K) {
     return qw;
 }
 
+/* The tensor-core GEMV's row bound (loom_cuda_qgemm_set_tc_min_m, the cuda
+ * backend's qgemv_tc_min_rows) decides which kernel a call runs: 0 the
+ * measured default (W8A8 / FP8 from 2 rows, INT4 from 3), 1..8 that many
+ * rows for every format, 9 never; W8A16 never takes it, nor does the
+ * batch-invariant mode. Then, with the bound at 1, one row of each format
+ * on the tensor-core kernel against the float64 reference (no default
+ * dispatch runs it there). */
+static void test_qgemm_tc_min_m(loom_cuda_gemm *g) {
+    static const struct { loom_cuda_qfmt f; int M, min_m, inv; bool tc; } cs[] = {
+        {LOOM_CUDA_Q_INT4, 2, 0, 0, false},      {LOOM_CUDA_Q_INT4, 3, 0, 0, true},
+        {LOOM_CUDA_Q_INT4, 2, 2, 0, true},       {LOOM_CUDA_Q_FP8, 2, 0, 0, true},
+        {LOOM_CUDA_Q_FP8, 2, 3, 0, false},       {LOOM_CUDA_Q_INT8_W8A8, 8, 8, 0, true},
+        {LOOM_CUDA_Q_INT8_W8A8, 8, 9, 0, false}, {LOOM_CUDA_Q_FP8, 1, 0, 0, false},
+        {LOOM_CUDA_Q_FP8, 1, 1, 0, true},        {LOOM_CUDA_Q_INT8_W8A16, 4, 1, 0, false},
+        {LOOM_CUDA_Q_INT8_W8A8, 4, 1, 1, false},
+    };
+    const int N = 256, K = 1024;
+    const loom_cuda_dt dt = LOOM_CUDA_BF16;
+    char msg[256] = "", name[160];
+    uint16_t *x = rand16(dt, (size_t)8 * K, -2, 2, NULL);
+    void *d_x = dev_upload(x, (size_t)8 * K * 2), *d_y = dev_poison((size_t)8 * N * 2);
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        const loom_cuda_qweight w = dev_rand_qweight(cs[ci].f, N, K);
+        loom_cuda_gemm_set_batch_invariant(g, cs[ci].inv);
+        loom_cuda_qgemm_set_tc_min_m(g, cs[ci].min_m);
+        const size_t scr = loom_cuda_qgemm_scratch_bytes(g, dt, 0, &w, cs[ci].M);
+        void *d_scr = scr ? dev_poison(scr) : NULL;
+        long tc0, cc0, tc1, cc1;
+        lc_qgemv_count(&tc0, &cc0);
+        const int rc = loom_cuda_qgemm_run(g, dt, 0, cs[ci].M, &w, d_x, d_y, d_scr, scr, 0, msg, sizeof msg);
+        CK(cudaDeviceSynchronize());
+        lc_qgemv_count(&tc1, &cc1);
+        const bool ran_tc = tc1 > tc0 && cc1 == cc0, ran_cc = cc1 > cc0 && tc1 == tc0;
+        snprintf(name, sizeof name, "qgemm %s M=%d, tensor-core bound %d%s: the %s kernel",
+                 qfmt_name(cs[ci].f), cs[ci].M, cs[ci].min_m, cs[ci].inv ? ", batch-invariant" : "",
+                 cs[ci].tc ? "tensor-core" : "CUDA-core");
+        if (rc) printf("      qgemm error: %s\n", msg);
+        report_bits(name, !rc && (cs[ci].tc ? ran_tc : ran_cc) ? 0 : 1, 1);
+        cudaFree((void *)w.data), cudaFree((void *)w.scales), cudaFree(d_scr);
+    }
+    loom_cuda_gemm_set_batch_invariant(g, 0);
+    loom_cuda_qgemm_set_tc_min_m(g, 1);
+    test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 1, 515, 2048, 0, 0, true, false);
+    test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 1, 515, 2048, 0, 0, true, false);
+    test_qgemm(g, LOOM_CUDA_F16, LOOM_CUDA_Q_INT4, 1, 515, 2048, 128, 0, false, false);
+    loom_cuda_qgemm_set_tc_min_m(g, 0);
+    cudaFree(d_x), cudaFree(d_y);
+    free(x);
+}
+
 /* The one-row GEMVs' pair epilogues (cuda_kernels.h: loom_cuda_epi) change
  * which kernel does the work, never its bits: the fused entry point and the
  * GEMM followed by the separate kernel (loom_cuda_rope_kv / _swiglu) called
@@ -1404,8 +1453,6 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
     };
     static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
                                            LOOM_CUDA_Q_FP8, LOOM_CUDA_Q_INT4};
-    const int tc0 = lc_qgemv_get_tc();
-    lc_qgemv_set_tc(-1);
     char msg[256] = "", name[240];
     const int bs = 16, nblk = 4, max_pos = 512;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -1516,7 +1563,6 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
         free(cs), free(bias);
     }
     loom_cuda_gemm_set_batch_invariant(g, 0);
-    lc_qgemv_set_tc(tc0);
 }
 
 /* Where the one-row CUDA-core GEMV is not what runs, the pair epilogue
@@ -1634,8 +1680,6 @@ static void test_qgemv_split(loom_cuda_gemm *g) {
         {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 4096, 14336, 128, true},
         {LOOM_CUDA_Q_INT4, LOOM_CUDA_F16, 300, 8192, 256, true},
     };
-    const int tc0 = lc_qgemv_get_tc();
-    lc_qgemv_set_tc(0);
     int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     for (int wild = 0; wild < 5; wild++)
@@ -1690,7 +1734,6 @@ static void test_qgemv_split(loom_cuda_gemm *g) {
                     loom_cuda_qgemm_splits(g, LOOM_CUDA_BF16, &probe) ? 1 : 0, 1);
     }
     loom_cuda_gemm_set_batch_invariant(g, 0);
-    lc_qgemv_set_tc(tc0);
 }
 
 /* The FFN down projection with the SwiGLU formed inside the activation
@@ -1843,11 +1886,10 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
         test_qgemm(g, LOOM_CUDA_BF16, f, 8, 515, 2048, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_F16, f, 7, 515, 1024, i4 ? 128 : 0, 0, true, false);
         g_qx_wild = false;
-        const int prev = lc_qgemv_get_tc();
-        lc_qgemv_set_tc(0);
+        loom_cuda_qgemm_set_tc_min_m(g, 9); /* the CUDA-core kernel at every M */
         test_qgemm(g, LOOM_CUDA_BF16, f, 2, 4096, 14336, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 4, 6144, 4096, i4 ? 128 : 0, 0, false, false);
-        lc_qgemv_set_tc(prev);
+        loom_cuda_qgemm_set_tc_min_m(g, 0);
     }
     /* the FP8 GEMM path both ways: cuBLASLt's outer scale vectors (the
      * default where it has an algorithm) and unit scales + the epilogue
@@ -1899,6 +1941,7 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
     /* W8A8 sums int32 exactly on both GEMVs: the same bits */
     test_qgemm_tc_bits(g, LOOM_CUDA_BF16, 1001, 2048, false);
     test_qgemm_tc_bits(g, LOOM_CUDA_F16, 300, 1024, true);
+    test_qgemm_tc_min_m(g);
     /* W8A8 with a SmoothQuant vector, both paths */
     test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 3, 1000, 1024, 0, 0, false, true);
     test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 64, 1000, 1024, 0, 2, false, true);
