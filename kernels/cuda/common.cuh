@@ -208,16 +208,6 @@ __device__ __forceinline__ void lc_prefetch_rows(const void *p, int rows, size_t
     }
 }
 
-/* A kernel switch from the environment: 0 / off / false / no -> false,
- * 1 / on / true / yes -> true, unset or anything else -> dflt. */
-static inline bool lc_env_bool(const char *name, bool dflt) {
-    const char *e = getenv(name);
-    if (!e) return dflt;
-    if (!strcmp(e, "0") || !strcmp(e, "off") || !strcmp(e, "false") || !strcmp(e, "no")) return false;
-    if (!strcmp(e, "1") || !strcmp(e, "on") || !strcmp(e, "true") || !strcmp(e, "yes")) return true;
-    return dflt;
-}
-
 /* Raise kern's dynamic shared-memory limit to smem (the default allows 48
  * KB of static + dynamic shared memory a block), once per device: bit d of
  * *done, one word per kernel instantiation. The attribute is per device

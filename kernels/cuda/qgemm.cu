@@ -56,8 +56,6 @@
 #include "epilogue.cuh"
 
 #include <cuda_fp8.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include <atomic>
 

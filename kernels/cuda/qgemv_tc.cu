@@ -59,9 +59,6 @@
  */
 #include "common.cuh"
 
-#include <stdlib.h>
-#include <string.h>
-
 #include <atomic>
 
 #include "mma.cuh"
