@@ -300,13 +300,9 @@ int loom_cuda_gemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, i
 
 /* The FFN's tail: y (M, N) dt = act @ w^T with act = silu(gu[:, :I]) *
  * gu[:, I:] (gu (M, 2I) dt): loom_cuda_swiglu into act (M, I) dt, then the
- * GEMM — or, for M <= the fuse bound (loom_cuda_gemm_set_swiglu_fuse,
- * default 0 = never: slower on the H200, see gemm.c), one GEMV that forms
- * act in its loads. Returns like loom_cuda_gemm_run. */
+ * GEMM. Returns like loom_cuda_gemm_run. */
 int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int I, const void *gu,
                               const void *w, void *act, void *y, cudaStream_t s, char *msg, size_t msg_size);
-
-void loom_cuda_gemm_set_swiglu_fuse(loom_cuda_gemm *g, int max_m);
 
 /* ------------------------------------------- one-row GEMV pair epilogues */
 

@@ -54,7 +54,6 @@ struct loom_cuda_gemm {
     int next;       /* round-robin victim                          */
     int gemv_max_m; /* M at or below which gemv.cu runs (0 = never) */
     int autotune;   /* time the heuristic's candidates on first use */
-    int swiglu_fuse_max_m; /* M at or below which SwiGLU fuses into the GEMV (0 = never) */
     int q_gemv_max_m[6]; /* per loom_cuda_qfmt: largest M of the quantized GEMV */
     int invariant;  /* batch-invariant: the GEMVs at every M, no cuBLASLt */
     int fp8_vec;    /* FP8 GEMMs may take per-row / per-column scale vectors */
@@ -400,19 +399,12 @@ void loom_cuda_qgemm_set_tc_min_m(loom_cuda_gemm *g, int min_m) {
 int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int I, const void *gu,
                               const void *w, void *act, void *y, cudaStream_t s, char *msg, size_t msg_size) {
     if (M <= 0) return 0;
-    /* Every warp of the fused GEMV recomputes silu over the whole row of
-     * K = I: N * I * M evaluations. Measured on an H200 (engine TPOT): a
-     * 45 us loss per layer for Llama-3-8B's 4096 x 14336 at M = 1, and for
-     * SmolLM2 (576 x 1536) no gain at M = 1 (0.76 -> 0.79 ms) and a loss
-     * at M = 8 (1.11 -> 1.98 ms). So it is off unless a caller opts in
-     * (loom_cuda_gemm_set_swiglu_fuse; the kernel tests do). */
-    if (!g->invariant && M <= g->swiglu_fuse_max_m && M <= g->gemv_max_m && I % 8 == 0) {
-        cudaError_t e = lc_gemv_swiglu(dt, M, N, I, gu, w, y, s);
-        if (e != cudaSuccess && msg && msg_size)
-            snprintf(msg, msg_size, "swiglu gemv launch failed for M=%d N=%d K=%d: %s", M, N, I,
-                     cudaGetErrorString(e));
-        return e == cudaSuccess ? 0 : 10000 + (int)e;
-    }
+    /* Two kernels, not a GEMV that forms silu(gate) * up in its loads: every
+     * warp of that one recomputed silu over the whole row (N * I * M
+     * evaluations) and measured slower on an H200 (engine TPOT: 45 us a
+     * layer lost for Llama-3-8B's 4096 x 14336 at M = 1; SmolLM2 0.76 ->
+     * 0.79 ms at M = 1, 1.11 -> 1.98 ms at M = 8). A one-token step fuses
+     * SwiGLU into the gate|up GEMV instead (loom_cuda_epi). */
     cudaError_t e = loom_cuda_swiglu(dt, act, gu, M, I, s);
     if (e != cudaSuccess) {
         if (msg && msg_size) snprintf(msg, msg_size, "swiglu launch failed: %s", cudaGetErrorString(e));
@@ -454,10 +446,6 @@ int loom_cuda_gemm_epi_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int
     }
     const int rc = loom_cuda_gemm_run(g, dt, 0, M, N, K, x, w, y, s, msg, msg_size);
     return rc ? rc : lc_epi_separate(dt, M, N, y, epi, s, msg, msg_size);
-}
-
-void loom_cuda_gemm_set_swiglu_fuse(loom_cuda_gemm *g, int max_m) {
-    g->swiglu_fuse_max_m = max_m < 0 ? 0 : max_m > LC_GEMV_MAX_M ? LC_GEMV_MAX_M : max_m;
 }
 
 void loom_cuda_gemm_set_gemv_max_m(loom_cuda_gemm *g, int max_m) {

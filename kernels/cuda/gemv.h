@@ -26,11 +26,6 @@ cudaError_t lc_gemv(loom_cuda_dt dt, int out_f32, int M, int N, int K, const voi
 cudaError_t lc_gemv_rows(loom_cuda_dt dt, int out_f32, int M, int N, int K, const void *x,
                          const void *w, void *y, cudaStream_t s);
 
-/* y (M, N) dt = (silu(gu[:, :K]) * gu[:, K:]) @ w^T — the SwiGLU fused
- * into the down projection's GEMV; gu (M, 2K) dt. Same contract. */
-cudaError_t lc_gemv_swiglu(loom_cuda_dt dt, int M, int N, int K, const void *gu, const void *w, void *y,
-                           cudaStream_t s);
-
 /* y (1, N) dt = x @ w^T with epi's pair epilogue fused (cuda_kernels.h:
  * loom_cuda_epi), or cudaErrorNotSupported when the rows do not pair. */
 cudaError_t lc_gemv_epi(loom_cuda_dt dt, int N, int K, const void *x, const void *w, void *y,

@@ -52,7 +52,6 @@
 #include "plugin/host_rules.h"
 
 static int g_fail, g_pass;
-static int g_swiglu_fuse; /* mirrors loom_cuda_gemm_set_swiglu_fuse, for names */
 static uint64_t g_rng;
 
 #define CK(call)                                                                                   \
@@ -2395,8 +2394,7 @@ static void test_swiglu_down(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, i
     char msg[256] = "", name[128];
     int rc = loom_cuda_gemm_swiglu_run(g, dt, M, N, I, d_gu, d_w, d_act, d_y, 0, msg, sizeof msg);
     CK(cudaDeviceSynchronize());
-    snprintf(name, sizeof name, "swiglu+down %s M=%d N=%d I=%d (%s)", dtn(dt), M, N, I,
-             M <= g_swiglu_fuse ? "fused gemv" : "swiglu, then gemv/gemm");
+    snprintf(name, sizeof name, "swiglu+down %s M=%d N=%d I=%d (swiglu, then gemv/gemm)", dtn(dt), M, N, I);
     err_acc a = {0};
     if (rc) {
         printf("      error: %s\n", msg);
@@ -2722,13 +2720,10 @@ linear:;
             test_gemm(g, dts[di], 3, 49152, 576, true);
         }
         test_gemm(g, LOOM_CUDA_BF16, 9, 4096, 4096, false); /* cached plan */
-        loom_cuda_gemm_set_swiglu_fuse(g, g_swiglu_fuse = 8); /* off by default; test the fused kernel */
         for (int m = 1; m <= 9; m += 2) test_swiglu_down(g, LOOM_CUDA_BF16, m, 576, 1536);
         test_swiglu_down(g, LOOM_CUDA_BF16, 8, 4096, 14336);
         test_swiglu_down(g, LOOM_CUDA_F16, 2, 896, 4864);
         test_swiglu_down(g, LOOM_CUDA_BF16, 40, 576, 1536);
-        loom_cuda_gemm_set_swiglu_fuse(g, g_swiglu_fuse = 0);
-        test_swiglu_down(g, LOOM_CUDA_BF16, 1, 576, 1536); /* the default: swiglu, then the GEMV */
         loom_cuda_gemm_set_gemv_max_m(g, 0); /* cuBLASLt at M = 1 too */
         test_gemm(g, LOOM_CUDA_BF16, 1, 4096, 4096, false);
         test_gemm(g, LOOM_CUDA_BF16, 4, 49152, 576, true);
