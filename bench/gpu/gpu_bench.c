@@ -926,9 +926,7 @@ static void bench_decode_layer(int ctx) {
 
 /* Every kernel of one Llama-3-8B layer at T tokens (T = 1: decode at
  * context `ctx`; T > 1: one prefill of T tokens), plus the LM head, timed
- * alone: what a step would cost with no gaps between kernels. */
-static int g_autotune = 0;
-/* One Llama-3-8B layer's kernels back to back at T tokens; with tp > 1
+ * alone: what a step would cost with no gaps between kernels. With tp > 1
  * the shapes one tensor-parallel rank runs (heads, KV heads, FFN width and
  * vocabulary divided by tp; the collectives between them are not timed
  * here: tests/gpu/tp_comm_bench does that). */
@@ -941,7 +939,6 @@ static void bench_components_tp(int T, int ctx, int gemv_max_m, int tp) {
     char msg[256];
     c.g = loom_cuda_gemm_create((size_t)32 << 20, &code, msg, sizeof msg);
     loom_cuda_gemm_set_gemv_max_m(c.g, gemv_max_m);
-    loom_cuda_gemm_set_autotune(c.g, g_autotune);
     void *wbig = dev_rand((size_t)V * H), *xin = dev_rand((size_t)T * I * 2 + 16);
     void *ybuf;
     CK(cudaMalloc(&ybuf, (size_t)(T > 256 ? T : 256) * V * 4));
@@ -949,7 +946,7 @@ static void bench_components_tp(int T, int ctx, int gemv_max_m, int tp) {
                        KVH, I, V);
     printf("  per-kernel times, Llama-3-8B layer at T=%d%s%s%s:\n", T, T == 1 ? " (decode)" : " (prefill)",
            T <= 8 ? (gemv_max_m >= T ? ", GEMV kernel" : ", cuBLASLt") : "",
-           T > 8 || gemv_max_m < T ? (g_autotune ? ", autotuned" : ", heuristic pick") : "");
+           T > 8 || gemv_max_m < T ? ", heuristic pick" : "");
     struct { const char *n; int N, K, f32, per_layer; } gm[5] = {
         {"gemm qkv", QKV, H, 0, 1}, {"gemm o", H, QD, 0, 1}, {"gemm gate_up", 2 * I, H, 0, 1},
         {"gemm down", H, I, 0, 1}, {"gemm lm_head (1 row)", V, H, 1, 0}};
@@ -1278,11 +1275,6 @@ int main(int argc, char **argv) {
         bench_components(8, 0, 8);
         bench_components(64, 0, 8);
         bench_components(256, 0, 8);
-        g_autotune = 1;
-        bench_components(64, 0, 8);
-        bench_components(256, 0, 8);
-        bench_components(2048, 0, 8);
-        g_autotune = 0;
     }
     bench_components(2048, 0, 8);
     loom_cuda_attn_set_prefill_ctas(3);

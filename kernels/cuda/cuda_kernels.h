@@ -360,13 +360,6 @@ void loom_cuda_gemm_set_gemv_max_m(loom_cuda_gemm *g, int max_m);
  * (the weights are read once per 8 rows). Set it before asking
  * loom_cuda_qgemm_scratch_bytes (the quantized GEMV bound changes). */
 void loom_cuda_gemm_set_batch_invariant(loom_cuda_gemm *g, int on);
-/* On: the first call of a shape times cuBLASLt's top heuristic candidates
- * on its own operands and keeps the fastest (skipped while the stream is
- * being captured: the heuristic's first pick is used then), synchronising
- * the stream once per shape. Off by default: on an H200 it gained nothing
- * measurable over the heuristic's first pick for Llama-3-8B shapes. */
-void loom_cuda_gemm_set_autotune(loom_cuda_gemm *g, int on);
-
 
 /* ------------------------------------------------------ quantized linear */
 
