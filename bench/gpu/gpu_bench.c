@@ -37,8 +37,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_kernels.h"
-#include "gemv.h"  /* lc_early_weights_set: the A/B of early weight loads */
-#include "qgemm.h" /* lc_qgemv_set_tc: the CUDA-core GEMV for comparison */
+#include "qgemm.h" /* lc_gemm_set_fp8_vec, lc_qgemm_fp8_count: the FP8 GEMM's fallback for comparison */
 #include "loom/backend.h"
 #include "model/model.h"
 #include "plugin/host.h"
@@ -493,20 +492,18 @@ static void bench_quant(int M) {
     CK(cudaMalloc(&y, (size_t)M * 28672 * 2));
     double bf16_ms = 0;
     /* where the tensor-core GEMV runs (2 <= M <= 8) the four loom formats
-     * once more on the CUDA-core one (lc_qgemv_set_tc(0)): its gain, in one
+     * once more on the CUDA-core one (loom_cuda_qgemm_set_tc_min_m(g, 9),
+     * the cuda backend's qgemv_tc_min_rows: 9): its gain, in one
      * run */
     /* above 8 rows, FP8 once more with unit-scale cuBLASLt + the epilogue
-     * pass instead of cuBLASLt's scale vectors (lc_gemm_set_fp8_vec(0)),
-     * and W8A16 / INT4 once more dequantized into scratch + cuBLASLt
-     * instead of qmma.cu's tensor-core kernel (lc_qmma_set(0)) */
-    const int nv = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 3 : NF;
+     * pass instead of cuBLASLt's scale vectors (lc_gemm_set_fp8_vec(0)) */
+    const int nv = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF;
     const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
-        const bool epi = M > 8 && vi == NF, deq = M > 8 && vi > NF;
-        const int fi = epi ? QB_FP8 : deq ? (vi == NF + 1 ? 1 : 4) : vi < NF ? vi : 1 + (vi - NF);
-        const bool cores = vi >= NF && !epi && !deq;
-        lc_qgemv_set_tc(cores ? 0 : -1); /* -1: as the environment says */
-        lc_qmma_set(deq ? 0 : -1);
+        const bool epi = M > 8 && vi == NF;
+        const int fi = epi ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
+        const bool cores = vi >= NF && !epi;
+        loom_cuda_qgemm_set_tc_min_m(g, cores ? 9 : 0); /* 9: never; 0: the default bound */
         lc_gemm_set_fp8_vec(g, epi ? 0 : vec0);
         const loom_cuda_qfmt f = fmts[fi];
         double ms = 0, bytes = 0, shape_us[4];
@@ -546,7 +543,7 @@ static void bench_quant(int M) {
                    v - v0, e - e0);
         }
         char nm[96], label[24]; /* "_cc": the CUDA-core GEMV (qgemm.cu), not the tensor-core one */
-        snprintf(label, sizeof label, "%s%s", names[fi], cores ? "_cc" : epi ? "_epi" : deq ? "_deq" : "");
+        snprintf(label, sizeof label, "%s%s", names[fi], cores ? "_cc" : epi ? "_epi" : "");
         snprintf(nm, sizeof nm, "llama3-8b layer linears %s M=%d", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, ms, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
@@ -558,8 +555,6 @@ static void bench_quant(int M) {
             qr->M = M, qr->ms = ms, qr->bf16_ms = bf16_ms;
         }
     }
-    lc_qgemv_set_tc(-1);
-    lc_qmma_set(-1);
     lc_gemm_set_fp8_vec(g, vec0);
     cudaFree(x), cudaFree(y);
     loom_cuda_gemm_destroy(g);
@@ -569,12 +564,7 @@ static void bench_quant(int M) {
  * them: captured 8 layers deep into one CUDA graph on a stream (the GEMVs'
  * programmatic launches overlapping each other, no host launch cost) and
  * replayed; µs per layer, median of 15 replays. bf16 and each loom format
- * as dispatched, then (M = 1) W8A16 / FP8 / INT4 on qgemv_bulk.cu's kernel
- * forced on (`_bulk`: 8 consumer warps a CTA, `_bulk4`: 4) and that kernel
- * with its arithmetic skipped (`_probe`: the bare weight stream), and
- * FP8 without its one-row GEMV's early weight loads (`_late`, common.cuh's
- * lc_early_weights, which qgemm.cu's LC_QGEMV_EARLY keeps for FP8 only).
- * Timed
+ * as dispatched. Timed
  * alone (bench_quant) a GEMV pays ~3-4 µs of launch. Chained GEMV after
  * GEMV, a kernel's start overlaps the one before (programmatic launch) —
  * which a decode step does not offer: there every GEMV follows a small
@@ -582,11 +572,12 @@ static void bench_quant(int M) {
  * (add_rmsnorm before QKV, O and gate|up — the one before O standing in
  * for RoPE + attention — SwiGLU before down), each on the output of the
  * kernel before: µs a layer is then the linears plus the small kernels,
- * nearer what a step pays (the bulk kernel wins the plain chain and not a
- * decode step; docs/performance.md). W8A8 / FP8 rows pay their activation
- * quantization as a kernel of its own here, where the engine fuses it into
- * the norm and SwiGLU kernels; their TB/s (as every mixed row's) divide the
- * linears' bytes by a time that includes the small kernels. */
+ * nearer what a step pays (a bulk-copy kernel, since deleted, won the plain
+ * chain and not a decode step; docs/performance.md). W8A8 / FP8 rows pay
+ * their activation quantization as a kernel of its own here, where the
+ * engine fuses it into the norm and SwiGLU kernels; their TB/s (as every
+ * mixed row's) divide the linears' bytes by a time that includes the small
+ * kernels. */
 static void bench_quant_chain(int M, bool mixed) {
     const int(*shp)[2] = l8b_linears;
     static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
@@ -619,26 +610,8 @@ static void bench_quant_chain(int M, bool mixed) {
         for (int k = 0; k < 4; k++) o[k] = dev_rand((size_t)M * shp[k][0]);
     }
     double bf16_us = 0;
-    /* variants: format, the bulk kernel's consumer warps (0: as
-     * dispatched, the bulk kernel forced off), its probe, and `late`: FP8's
-     * one-row CUDA-core GEMV without its early weight loads
-     * (lc_early_weights; the only kernel that has them) */
-    static const struct { int fmt, warps, probe, late; } vars[] = {
-        {0, 0, 0, 0}, {1, 0, 0, 0}, {2, 0, 0, 0}, {3, 0, 0, 0}, {4, 0, 0, 0}, /* as dispatched */
-        {1, 8, 0, 0}, {3, 8, 0, 0}, {4, 8, 0, 0}, {1, 4, 0, 0},               /* M = 1: bulk    */
-        {1, 8, 1, 0}, {4, 8, 1, 0},                                            /* chained: probe */
-        {3, 0, 0, 1},                                                          /* M = 1: late    */
-    };
     const char *kind = mixed ? "mixed  " : "chained";
-    for (int vi = 0; vi < (int)(sizeof vars / sizeof vars[0]); vi++) {
-        const int fi = vars[vi].fmt;
-        const bool bulk_on = vars[vi].warps > 0, probe = vars[vi].probe, late = vars[vi].late;
-        if (M > 1 && vi >= 5) continue; /* the bulk kernel and the early loads are M = 1's */
-        if (mixed && (probe || vars[vi].warps == 4)) continue;
-        lc_qgemv_bulk_set(bulk_on ? 1 : 0); /* rows 0..4 as dispatched by default, whatever the environment says */
-        lc_qgemv_bulk_set_probe(probe);
-        lc_qgemv_bulk_set_warps(bulk_on ? vars[vi].warps : 8);
-        lc_early_weights_set(late ? 0 : 1);
+    for (int fi = 0; fi < 5; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
         void *data[4] = {0};
         float *sc[4] = {0};
@@ -653,7 +626,6 @@ static void bench_quant_chain(int M, bool mixed) {
         }
         void *scratch = NULL;
         if (scr) CK(cudaMalloc(&scratch, scr));
-        long b0 = lc_qgemv_bulk_count();
         /* one eager pass (plans, attributes), then the capture; a failed
          * call is reported and the row skipped */
         int rc = 0;
@@ -688,26 +660,23 @@ static void bench_quant_chain(int M, bool mixed) {
             else if (cudaStreamEndCapture(st, &gr) != cudaSuccess && !rc) rc = -1;
         }
         if (rc) {
-            printf("    %s %s%s%s M=%-3d ERROR: %s\n", kind, names[fi], bulk_on ? (probe ? "_probe" : "_bulk") : "",
-                   late ? "_late" : "", M, rc == -1 ? "capture failed" : msg);
+            printf("    %s %s M=%-3d ERROR: %s\n", kind, names[fi], M, rc == -1 ? "capture failed" : msg);
             (void)cudaGetLastError();
             if (gr) cudaGraphDestroy(gr);
             for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
             cudaFree(scratch);
             continue;
         }
-        const bool bulk = lc_qgemv_bulk_count() > b0;
         const double us = graph_ms(gr, st) * 1e3 / DEPTH;
         if (fi == 0) bf16_us = us;
         const double ref_us = bf16_us;
         char label[32], nm[96];
-        snprintf(label, sizeof label, "%s%s%s%s", names[fi], probe ? "_probe" : bulk ? "_bulk" : "",
-                 bulk && vars[vi].warps == 4 ? "4" : "", late ? "_late" : "");
+        snprintf(label, sizeof label, "%s", names[fi]);
         snprintf(nm, sizeof nm, "llama3-8b layer linears %s %s M=%d", mixed ? "mixed" : "chained", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, us * 1e-3, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
-        printf("    %s %-16s M=%-3d %8.1f us per layer, %5.2fx vs bf16, %5.2f TB/s%s\n", kind, label, M, us,
-               ref_us / us, bytes / (us * 1e-6) / 1e12, bulk ? " (bulk kernel)" : "");
+        printf("    %s %-16s M=%-3d %8.1f us per layer, %5.2fx vs bf16, %5.2f TB/s\n", kind, label, M, us,
+               ref_us / us, bytes / (us * 1e-6) / 1e12);
         qres *qr = qres_next();
         if (qr) {
             snprintf(qr->fmt, sizeof qr->fmt, "%s_%s", mixed ? "mixed" : "chain", label);
@@ -717,10 +686,6 @@ static void bench_quant_chain(int M, bool mixed) {
         for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
         cudaFree(scratch);
     }
-    lc_qgemv_bulk_set(-1);
-    lc_qgemv_bulk_set_probe(0);
-    lc_qgemv_bulk_set_warps(8);
-    lc_early_weights_set(-1);
     cudaFree(x), cudaFree(y);
     cudaFree(resid), cudaFree(nw), cudaFree(xn), cudaFree(act);
     for (int k = 0; k < 4; k++) cudaFree(o[k]);
@@ -739,11 +704,9 @@ static void bench_quant_chain(int M, bool mixed) {
  * the difference is what that kernel costs inside a graph, between the
  * kernels it separates (with one left out the next kernel reads stale
  * data; only the time counts). 32 of these plus the LM head against the
- * engine's TPOT is what the step spends outside its layers. The quantized
- * formats also run with the one-row GEMV's K split forced (1, 2, 4) and
- * auto (lc_qgemv_split_set), and with the pair-epilogue GEMVs split too
- * (lc_qgemv_split_pair_set). */
+ * engine's TPOT is what the step spends outside its layers. */
 enum { DL_NORM = 1, DL_ROPE = 2, DL_ATTN = 4, DL_SWIGLU = 8, DL_QKV = 16, DL_O = 32, DL_GU = 64, DL_DOWN = 128 };
+enum { DL_FUSE_ROPE = 1, DL_FUSE_SWIGLU = 2 }; /* dl_layer's fuse mask */
 #define DL_LINEARS (DL_QKV | DL_O | DL_GU | DL_DOWN)
 typedef struct dl_ctx {
     loom_cuda_gemm *g;
@@ -755,7 +718,7 @@ typedef struct dl_ctx {
     loom_cuda_attn_args aa;
 } dl_ctx;
 
-/* One layer as a step records it. fuse, a mask of LOOM_CUDA_EPI_FUSE_*:
+/* One layer as a step records it. fuse, a mask of DL_FUSE_*:
  * as a one-token step does with those kinds fused — RoPE + KV write and / or
  * SwiGLU in the QKV and gate|up GEMVs (pair epilogues, loom_cuda_epi), the
  * down projection then reading act; the others as before them (separate
@@ -773,7 +736,7 @@ static int dl_layer(dl_ctx *c, const loom_cuda_qweight *w, void *const *wb, int 
                                   {.kind = LOOM_CUDA_EPI_SWIGLU, .act = c->act}};
     for (int half = 0; half < 2; half++) {
         int rc;
-        const loom_cuda_epi *e = fuse & (half ? LOOM_CUDA_EPI_FUSE_SWIGLU : LOOM_CUDA_EPI_FUSE_ROPE) ? &epi[half] : NULL;
+        const loom_cuda_epi *e = fuse & (half ? DL_FUSE_SWIGLU : DL_FUSE_ROPE) ? &epi[half] : NULL;
         if (skip & (half ? DL_GU : DL_QKV)) { /* the norm only (bf16 / W8A16 / INT4: no activation codes) */
             CK(loom_cuda_add_rmsnorm(LOOM_CUDA_BF16, c->xn, c->xres, c->r, c->nw, NULL, 1, H, 1e-5f, st));
             rc = 0;
@@ -788,7 +751,7 @@ static int dl_layer(dl_ctx *c, const loom_cuda_qweight *w, void *const *wb, int 
         }
         if (rc) return rc;
         if (half == 0) {
-            if (!(fuse & LOOM_CUDA_EPI_FUSE_ROPE) && !(skip & DL_ROPE))
+            if (!(fuse & DL_FUSE_ROPE) && !(skip & DL_ROPE))
                 CK(loom_cuda_rope_kv(LOOM_CUDA_BF16, LOOM_CUDA_KV_DT, c->qkv, QKV, NULL, c->cs, c->pos, c->slot,
                                      c->kc, c->vc, 1, NH, KVH, D, 16, st));
             if (!(skip & DL_ATTN)) CK(loom_cuda_attention(&c->aa, st));
@@ -800,10 +763,10 @@ static int dl_layer(dl_ctx *c, const loom_cuda_qweight *w, void *const *wb, int 
         }
     }
     if (skip & DL_DOWN) { /* the SwiGLU stays where it is not fused */
-        if (!(fuse & LOOM_CUDA_EPI_FUSE_SWIGLU)) CK(loom_cuda_swiglu(LOOM_CUDA_BF16, c->act, c->gu, 1, I, st));
+        if (!(fuse & DL_FUSE_SWIGLU)) CK(loom_cuda_swiglu(LOOM_CUDA_BF16, c->act, c->gu, 1, I, st));
         return 0;
     }
-    if (fuse & LOOM_CUDA_EPI_FUSE_SWIGLU)
+    if (fuse & DL_FUSE_SWIGLU)
         return quant ? loom_cuda_qgemm_run(c->g, LOOM_CUDA_BF16, 0, 1, &w[3], c->act, c->r, c->scratch, c->scr, st,
                                            msg, n)
                      : loom_cuda_gemm_run(c->g, LOOM_CUDA_BF16, 0, 1, H, I, c->act, wb[3], c->r, st, msg, n);
@@ -864,53 +827,38 @@ static void bench_decode_layer(int ctx) {
                                  .num_heads = NH, .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
                                  .scale = 0.088388f, .max_splits = msplit, .partial = ws, .sem = sem};
     /* unfused: a layer without the pair epilogues, bf16's ablations
-     * against that; then fused (what a step runs) */
-    /* split: the one-row quantized GEMV's K split (lc_qgemv_split_set: 0
-     * auto, 1 none, 2 / 4 slices). A variant with linears or small kernels
-     * left out follows the one it is measured against. */
-    static const struct { loom_cuda_qfmt fmt; int skip, fuse, split, pair; const char *name; } vars[] = {
-        {LOOM_CUDA_Q_NONE, 0, 0, 1, 0, "bf16 unfused"},
-        {LOOM_CUDA_Q_NONE, DL_ROPE, 0, 1, 0, "bf16 without rope_kv"},
-        {LOOM_CUDA_Q_NONE, DL_ATTN, 0, 1, 0, "bf16 without attention"},
-        {LOOM_CUDA_Q_NONE, DL_NORM, 0, 1, 0, "bf16 without the 2 add_rmsnorm"},
-        {LOOM_CUDA_Q_NONE, DL_SWIGLU, 0, 1, 0, "bf16 without swiglu"},
-        {LOOM_CUDA_Q_NONE, 0, 3, 1, 0, "bf16 both fused"},
-        {LOOM_CUDA_Q_NONE, DL_QKV, 3, 1, 0, "bf16 without QKV"},
-        {LOOM_CUDA_Q_NONE, DL_O, 3, 1, 0, "bf16 without O"},
-        {LOOM_CUDA_Q_NONE, DL_GU, 3, 1, 0, "bf16 without gate|up"},
-        {LOOM_CUDA_Q_NONE, DL_DOWN, 3, 1, 0, "bf16 without down"},
-        {LOOM_CUDA_Q_NONE, DL_LINEARS, 3, 1, 0, "bf16 without the linears"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, 1, 0, "int8_w8a16 rope fused split 1"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_QKV, 1, 1, 0, "int8_w8a16 without QKV"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_O, 1, 1, 0, "int8_w8a16 without O"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_GU, 1, 1, 0, "int8_w8a16 without gate|up"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_DOWN, 1, 1, 0, "int8_w8a16 without down"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_LINEARS, 1, 1, 0, "int8_w8a16 without the linears"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, 0, 0, "int8_w8a16 rope fused split auto"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, 2, 0, "int8_w8a16 rope fused split 2"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, 4, 0, "int8_w8a16 rope fused split 4"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, 1, 0, "int8_w8a16 both fused split 1"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, 0, 0, "int8_w8a16 both fused split auto"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_QKV, 3, 0, 0, "int8_w8a16 auto without QKV"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_O, 3, 0, 0, "int8_w8a16 auto without O"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_GU, 3, 0, 0, "int8_w8a16 auto without gate|up"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_DOWN, 3, 0, 0, "int8_w8a16 auto without down"},
-        {LOOM_CUDA_Q_INT8_W8A8, 0, 3, 1, 0, "int8_w8a8 both fused split 1"},
-        {LOOM_CUDA_Q_INT8_W8A8, 0, 3, 0, 0, "int8_w8a8 both fused split auto"},
-        {LOOM_CUDA_Q_FP8, 0, 3, 1, 0, "fp8 both fused split 1"},
-        {LOOM_CUDA_Q_FP8, 0, 3, 0, 0, "fp8 both fused split auto"},
-        {LOOM_CUDA_Q_INT4, 0, 1, 1, 0, "int4_g128 rope fused split 1"},
-        {LOOM_CUDA_Q_INT4, 0, 1, 0, 0, "int4_g128 rope fused split auto"},
-        {LOOM_CUDA_Q_INT4, 0, 1, 4, 0, "int4_g128 rope fused split 4"},
-        {LOOM_CUDA_Q_INT4, 0, 3, 0, 0, "int4_g128 both fused split auto"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, 0, 1, "int8_w8a16 both fused auto, pair split"},
-        {LOOM_CUDA_Q_INT8_W8A16, DL_QKV, 3, 0, 1, "int8_w8a16 pair split without QKV"},
-        {LOOM_CUDA_Q_INT8_W8A8, 0, 3, 0, 1, "int8_w8a8 both fused auto, pair split"},
-        {LOOM_CUDA_Q_FP8, 0, 3, 0, 1, "fp8 both fused auto, pair split"},
-        {LOOM_CUDA_Q_INT4, 0, 3, 0, 1, "int4_g128 both fused auto, pair split"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, 1, 0, "int8_w8a16 rope fused split 1 (again)"},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, 0, 0, "int8_w8a16 both fused split auto (again)"},
-        {LOOM_CUDA_Q_NONE, 0, 3, 1, 0, "bf16 both fused (again)"},
+     * against that; then fused (what a step runs). A variant with linears
+     * or small kernels left out follows the one it is measured against. */
+    static const struct { loom_cuda_qfmt fmt; int skip, fuse; const char *name; } vars[] = {
+        {LOOM_CUDA_Q_NONE, 0, 0, "bf16 unfused"},
+        {LOOM_CUDA_Q_NONE, DL_ROPE, 0, "bf16 without rope_kv"},
+        {LOOM_CUDA_Q_NONE, DL_ATTN, 0, "bf16 without attention"},
+        {LOOM_CUDA_Q_NONE, DL_NORM, 0, "bf16 without the 2 add_rmsnorm"},
+        {LOOM_CUDA_Q_NONE, DL_SWIGLU, 0, "bf16 without swiglu"},
+        {LOOM_CUDA_Q_NONE, 0, 3, "bf16 both fused"},
+        {LOOM_CUDA_Q_NONE, DL_QKV, 3, "bf16 without QKV"},
+        {LOOM_CUDA_Q_NONE, DL_O, 3, "bf16 without O"},
+        {LOOM_CUDA_Q_NONE, DL_GU, 3, "bf16 without gate|up"},
+        {LOOM_CUDA_Q_NONE, DL_DOWN, 3, "bf16 without down"},
+        {LOOM_CUDA_Q_NONE, DL_LINEARS, 3, "bf16 without the linears"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, "int8_w8a16 rope fused"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_QKV, 1, "int8_w8a16 without QKV"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_O, 1, "int8_w8a16 without O"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_GU, 1, "int8_w8a16 without gate|up"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_DOWN, 1, "int8_w8a16 without down"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_LINEARS, 1, "int8_w8a16 without the linears"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, "int8_w8a16 both fused"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_QKV, 3, "int8_w8a16 both fused without QKV"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_O, 3, "int8_w8a16 both fused without O"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_GU, 3, "int8_w8a16 both fused without gate|up"},
+        {LOOM_CUDA_Q_INT8_W8A16, DL_DOWN, 3, "int8_w8a16 both fused without down"},
+        {LOOM_CUDA_Q_INT8_W8A8, 0, 3, "int8_w8a8 both fused"},
+        {LOOM_CUDA_Q_FP8, 0, 3, "fp8 both fused"},
+        {LOOM_CUDA_Q_INT4, 0, 1, "int4_g128 rope fused"},
+        {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 both fused"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 1, "int8_w8a16 rope fused (again)"},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, "int8_w8a16 both fused (again)"},
+        {LOOM_CUDA_Q_NONE, 0, 3, "bf16 both fused (again)"},
     };
     printf("  one Llama-3-8B decode layer, whole (ctx %d, %d deep in a CUDA graph):\n", ctx, DEPTH);
     double full_us = 0, base_us = 0; /* bf16 unfused; the variant the next left-out ones compare with */
@@ -931,9 +879,6 @@ static void bench_decode_layer(int ctx) {
         if (c.scr) CK(cudaMalloc(&c.scratch, c.scr));
         int rc = 0;
         cudaGraph_t gr = NULL;
-        loom_cuda_epi_fuse_set(vars[vi].fuse);
-        lc_qgemv_split_set(vars[vi].split);
-        lc_qgemv_split_pair_set(vars[vi].pair);
         const long fused0 = loom_cuda_epi_fused_count();
         for (int pass = 0; pass < 2 && !rc; pass++) { /* one eager layer (plans), then the capture */
             if (pass == 1) CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -971,9 +916,6 @@ static void bench_decode_layer(int ctx) {
         for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
         cudaFree(c.scratch);
     }
-    loom_cuda_epi_fuse_set(-1);
-    lc_qgemv_split_set(-1);
-    lc_qgemv_split_pair_set(-1);
     cudaFree(c.xres), cudaFree(c.nw), cudaFree(c.cs), cudaFree(c.r), cudaFree(c.xn), cudaFree(c.qkv);
     cudaFree(c.att), cudaFree(c.gu), cudaFree(c.act), cudaFree(c.kc), cudaFree(c.vc), cudaFree(c.pos);
     cudaFree(c.slot), cudaFree(d_bt), cudaFree(d_stride), cudaFree(d_tiles), cudaFree(ws), cudaFree(sem);
@@ -984,9 +926,7 @@ static void bench_decode_layer(int ctx) {
 
 /* Every kernel of one Llama-3-8B layer at T tokens (T = 1: decode at
  * context `ctx`; T > 1: one prefill of T tokens), plus the LM head, timed
- * alone: what a step would cost with no gaps between kernels. */
-static int g_autotune = 0;
-/* One Llama-3-8B layer's kernels back to back at T tokens; with tp > 1
+ * alone: what a step would cost with no gaps between kernels. With tp > 1
  * the shapes one tensor-parallel rank runs (heads, KV heads, FFN width and
  * vocabulary divided by tp; the collectives between them are not timed
  * here: tests/gpu/tp_comm_bench does that). */
@@ -999,7 +939,6 @@ static void bench_components_tp(int T, int ctx, int gemv_max_m, int tp) {
     char msg[256];
     c.g = loom_cuda_gemm_create((size_t)32 << 20, &code, msg, sizeof msg);
     loom_cuda_gemm_set_gemv_max_m(c.g, gemv_max_m);
-    loom_cuda_gemm_set_autotune(c.g, g_autotune);
     void *wbig = dev_rand((size_t)V * H), *xin = dev_rand((size_t)T * I * 2 + 16);
     void *ybuf;
     CK(cudaMalloc(&ybuf, (size_t)(T > 256 ? T : 256) * V * 4));
@@ -1007,7 +946,7 @@ static void bench_components_tp(int T, int ctx, int gemv_max_m, int tp) {
                        KVH, I, V);
     printf("  per-kernel times, Llama-3-8B layer at T=%d%s%s%s:\n", T, T == 1 ? " (decode)" : " (prefill)",
            T <= 8 ? (gemv_max_m >= T ? ", GEMV kernel" : ", cuBLASLt") : "",
-           T > 8 || gemv_max_m < T ? (g_autotune ? ", autotuned" : ", heuristic pick") : "");
+           T > 8 || gemv_max_m < T ? ", heuristic pick" : "");
     struct { const char *n; int N, K, f32, per_layer; } gm[5] = {
         {"gemm qkv", QKV, H, 0, 1}, {"gemm o", H, QD, 0, 1}, {"gemm gate_up", 2 * I, H, 0, 1},
         {"gemm down", H, I, 0, 1}, {"gemm lm_head (1 row)", V, H, 1, 0}};
@@ -1336,11 +1275,6 @@ int main(int argc, char **argv) {
         bench_components(8, 0, 8);
         bench_components(64, 0, 8);
         bench_components(256, 0, 8);
-        g_autotune = 1;
-        bench_components(64, 0, 8);
-        bench_components(256, 0, 8);
-        bench_components(2048, 0, 8);
-        g_autotune = 0;
     }
     bench_components(2048, 0, 8);
     loom_cuda_attn_set_prefill_ctas(3);

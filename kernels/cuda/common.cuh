@@ -158,10 +158,9 @@ __device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
  * then lc_pdl_trigger() to let the next kernel start launching. Weights are
  * the one exception: no kernel writes them, so GEMVs prefetch or load them
  * before the wait (loom_cuda_qweight's contract). A kernel may also trigger
- * before it waits (qgemv_bulk.cu's producer warp does, at once): the next
- * kernel still waits for this one's completion itself, so ordering holds;
- * only more grids are in flight at a time. Captured into CUDA graphs as
- * programmatic edges. */
+ * before it waits: the next kernel still waits for this one's completion
+ * itself, so ordering holds; only more grids are in flight at a time.
+ * Captured into CUDA graphs as programmatic edges. */
 __device__ __forceinline__ void lc_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void lc_pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -183,10 +182,8 @@ __device__ __forceinline__ void lc_pdl_trigger() {
  * the prefetches only compete; so only matrices of at most
  * LC_PREFETCH_MAX_BYTES take it (SmolLM2's layers: 0.68 vs 0.73 ms).
  * lc_weight_prefetch(bytes) is the launchers' switch for a matrix of that
- * size: off above the bound, and everywhere when the environment says
- * LOOM_CUDA_WEIGHT_PREFETCH=0 (process-wide, for A/B runs). A kernel with
- * the early register loads below skips it while they are on (they take the
- * same first bytes of every row). */
+ * size: off above the bound. A kernel with the early register loads below
+ * skips it (they take the same first bytes of every row). */
 #define LC_PREFETCH_ROW_BYTES 2048
 #define LC_PREFETCH_MAX_BYTES ((size_t)16 << 20)
 extern "C" int lc_weight_prefetch(size_t matrix_bytes);
@@ -198,11 +195,8 @@ extern "C" int lc_weight_prefetch(size_t matrix_bytes);
  * round trip when it ends. Registers, not L2: nothing is loaded twice or
  * evicted before use (the prefetch above's failure on big matrices). Which
  * kernels do it is qgemm.cu's LC_QGEMV_EARLY (measured per kernel; today
- * the one-row FP8 GEMV). On unless LOOM_CUDA_EARLY_WEIGHTS=0 (read once);
- * lc_early_weights_set(1 / 0) forces it, -1 returns to the environment's
- * choice (gpu_bench's A/B rows). */
-extern "C" int lc_early_weights(void);
-extern "C" void lc_early_weights_set(int on);
+ * the one-row FP8 GEMV: batch-1 decode 3.105 -> 3.004 ms a token on the
+ * H200, the results bit for bit the same). */
 /* The first min(row_bytes, LC_PREFETCH_ROW_BYTES) of each of `rows` rows
  * that start at p, one 128-byte line per lane. */
 __device__ __forceinline__ void lc_prefetch_rows(const void *p, int rows, size_t row_bytes, int lane) {
@@ -212,16 +206,6 @@ __device__ __forceinline__ void lc_prefetch_rows(const void *p, int rows, size_t
         for (size_t o = (size_t)lane * 128; o < n; o += 32 * 128)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
     }
-}
-
-/* A kernel switch from the environment: 0 / off / false / no -> false,
- * 1 / on / true / yes -> true, unset or anything else -> dflt. */
-static inline bool lc_env_bool(const char *name, bool dflt) {
-    const char *e = getenv(name);
-    if (!e) return dflt;
-    if (!strcmp(e, "0") || !strcmp(e, "off") || !strcmp(e, "false") || !strcmp(e, "no")) return false;
-    if (!strcmp(e, "1") || !strcmp(e, "on") || !strcmp(e, "true") || !strcmp(e, "yes")) return true;
-    return dflt;
 }
 
 /* Raise kern's dynamic shared-memory limit to smem (the default allows 48

@@ -300,13 +300,9 @@ int loom_cuda_gemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, i
 
 /* The FFN's tail: y (M, N) dt = act @ w^T with act = silu(gu[:, :I]) *
  * gu[:, I:] (gu (M, 2I) dt): loom_cuda_swiglu into act (M, I) dt, then the
- * GEMM — or, for M <= the fuse bound (loom_cuda_gemm_set_swiglu_fuse,
- * default 0 = never: slower on the H200, see gemm.c), one GEMV that forms
- * act in its loads. Returns like loom_cuda_gemm_run. */
+ * GEMM. Returns like loom_cuda_gemm_run. */
 int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int I, const void *gu,
                               const void *w, void *act, void *y, cudaStream_t s, char *msg, size_t msg_size);
-
-void loom_cuda_gemm_set_swiglu_fuse(loom_cuda_gemm *g, int max_m);
 
 /* ------------------------------------------- one-row GEMV pair epilogues */
 
@@ -322,9 +318,12 @@ void loom_cuda_gemm_set_swiglu_fuse(loom_cuda_gemm *g, int max_m);
  *   SWIGLU  (P = N / 2): y (M, N) is a gate|up output, stored as computed,
  *            and act (M, N / 2) dt = loom_cuda_swiglu of it.
  * Where the one-row GEMV is not what runs (M > 1, cuBLASLt, the
- * tensor-core and bulk kernels, GGUF blocks, N not pairable) or fusing is
- * off (LOOM_CUDA_FUSE_EPILOGUE=0, loom_cuda_epi_fuse_set), the separate
- * kernel runs after the GEMM: the result is the same either way. */
+ * tensor-core kernels, GGUF blocks, N not pairable) the separate kernel
+ * runs after the GEMM: the result is the same either way. Fusing was
+ * measured faster for both kinds (H200, one Llama-3-8B decode layer in a
+ * graph: bf16 126.4 -> 122.0 us); the step fuses SwiGLU only where the
+ * down projection after it gains too (plugins/backend/cuda:
+ * cb_swiglu_fuses). */
 typedef enum loom_cuda_epi_kind {
     LOOM_CUDA_EPI_NONE = 0,
     LOOM_CUDA_EPI_ROPE_KV = 1,
@@ -348,15 +347,6 @@ typedef struct loom_cuda_epi {
 int loom_cuda_gemm_epi_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int K, const void *x, const void *w,
                            void *y, const loom_cuda_epi *epi, cudaStream_t s, char *msg, size_t msg_size);
 
-/* Which kinds fuse: a mask of LOOM_CUDA_EPI_FUSE_* (set: -1 back to
- * LOOM_CUDA_FUSE_EPILOGUE — 1 / 0, rope, swiglu; default all);
- * loom_cuda_epi_fuses(kind): whether that kind is in it. */
-#define LOOM_CUDA_EPI_FUSE_ROPE 1
-#define LOOM_CUDA_EPI_FUSE_SWIGLU 2
-#define LOOM_CUDA_EPI_ALL 3
-void loom_cuda_epi_fuse_set(int kinds);
-int loom_cuda_epi_fuse(void);
-int loom_cuda_epi_fuses(loom_cuda_epi_kind kind);
 /* Launches of a fused epilogue so far (tests: the fused kernel ran). */
 long loom_cuda_epi_fused_count(void);
 
@@ -370,13 +360,6 @@ void loom_cuda_gemm_set_gemv_max_m(loom_cuda_gemm *g, int max_m);
  * (the weights are read once per 8 rows). Set it before asking
  * loom_cuda_qgemm_scratch_bytes (the quantized GEMV bound changes). */
 void loom_cuda_gemm_set_batch_invariant(loom_cuda_gemm *g, int on);
-/* On: the first call of a shape times cuBLASLt's top heuristic candidates
- * on its own operands and keeps the fastest (skipped while the stream is
- * being captured: the heuristic's first pick is used then), synchronising
- * the stream once per shape. Off by default: on an H200 it gained nothing
- * measurable over the heuristic's first pick for Llama-3-8B shapes. */
-void loom_cuda_gemm_set_autotune(loom_cuda_gemm *g, int on);
-
 
 /* ------------------------------------------------------ quantized linear */
 
@@ -451,7 +434,7 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
 /* Whether a one-row loom_cuda_qgemm_run of w splits K across the warps of
  * the GEMV's CTAs (kernels/cuda/qgemm.cu: where the unsplit grid leaves the
  * GPU short of a wave, e.g. Llama-3-8B's O and down projections; never in
- * batch-invariant mode; LOOM_CUDA_QGEMV_SPLIT=1 turns it off). The step
+ * batch-invariant mode). The step
  * fuses SwiGLU before a W8A16 / INT4 down projection only where it splits:
  * unsplit, that GEMV right after the gate|up one is the slower layer. */
 int loom_cuda_qgemm_splits(const loom_cuda_gemm *g, loom_cuda_dt dt, const loom_cuda_qweight *w);
@@ -459,8 +442,7 @@ int loom_cuda_qgemm_splits(const loom_cuda_gemm *g, loom_cuda_dt dt, const loom_
 /* y (M, N) = x (M, K) @ dequant(w)^T, x dt, y dt or float32 (out_f32).
  *   W8A16 / INT4 at 9..128 rows where the shape fits (K % 128; INT4 K % 256
  *     and group % 128), outside the batch-invariant mode: a tensor-core
- *     kernel that decodes the weights in registers (qmma.cu; LOOM_CUDA_QMMA=0
- *     turns it off).
+ *     kernel that decodes the weights in registers (qmma.cu).
  *   else M <= the format's GEMV bound: a fused dequantize-GEMV (8 rows of x per
  *     pass; W8A8 / FP8 quantize x per token first, as the CPU kernels do;
  *     GGUF launches once per segment).
@@ -518,6 +500,14 @@ int loom_cuda_qgemm_norm_epi_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, cons
  * writes and reads a dt copy). 0 forces the GEMM path for every M (tests);
  * capped at 256. */
 void loom_cuda_qgemm_set_gemv_max_m(loom_cuda_gemm *g, loom_cuda_qfmt fmt, int max_m);
+
+/* Fewest rows (M) from which the W8A8 / FP8 / INT4 GEMV runs on the tensor
+ * cores (qgemv_tc.cu) instead of the CUDA-core kernel, up to 8 rows, where
+ * the shape fits: 0 (the default) = as measured on the H200, 2 for W8A8 /
+ * FP8 and 3 for INT4; 1..8 that many rows for every format; 9 never. The
+ * crossover is the GPU's (at 2 rows W8A8 / FP8 were within 2%); never in
+ * batch-invariant mode. The cuda backend's qgemv_tc_min_rows. */
+void loom_cuda_qgemm_set_tc_min_m(loom_cuda_gemm *g, int min_m);
 
 #ifdef __cplusplus
 }

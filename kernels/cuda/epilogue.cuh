@@ -7,9 +7,7 @@
  * consecutive (P % R == 0), so its loads are the plain kernel's. Lane 0 of
  * each warp leaves its R sums in shared memory and 2R threads finish one
  * pair each (lc_epi_pair): the separate kernel's arithmetic on the same
- * dt-rounded outputs, element by element. Where K is split (qgemm.cu, two
- * warps a row group) the CTA has L = 2 groups and R pairs: group 0 the
- * first rows, group 1 the partners; the general form takes L.
+ * dt-rounded outputs, element by element.
  */
 #ifndef LOOM_CUDA_EPILOGUE_CUH
 #define LOOM_CUDA_EPILOGUE_CUH
@@ -21,7 +19,7 @@
 
 /* Rows of the pair epilogue: P for kind on an output of N rows, or 0 when
  * the rows do not pair (N a whole number of 2P blocks; P % R == 0 for the
- * kernel's R <= 4, and whole CTAs of 2R pairs — R pairs when split). */
+ * kernel's R <= 4, and whole CTAs of 2R pairs). */
 static inline int lc_epi_p(const loom_cuda_epi *e, int N) {
     if (!e || N <= 0) return 0;
     int P = 0;
@@ -36,17 +34,12 @@ static inline int lc_epi_p(const loom_cuda_epi *e, int N) {
 }
 
 /* The first row of the R consecutive rows a warp computes, and whether its
- * pairs exist (a warp past the last pair still reaches the barrier). L:
- * the CTA's row groups (LC_EPI_WARPS, or fewer where warps share one, each
- * summing a slice of K: qgemm.cu's split), lw this warp's group — the
- * first L / 2 groups take the first rows of the CTA's R L / 2 pairs, the
- * others their partners. */
-__device__ __forceinline__ int lc_epi_row0(int R, int P, int N, int lw, bool *live, int L = LC_EPI_WARPS) {
-    const int half = L / 2;
-    const int q0 = (int)blockIdx.x * R * half + (lw % half) * R;
+ * pairs exist (a warp past the last pair still reaches the barrier). */
+__device__ __forceinline__ int lc_epi_row0(int R, int P, int N, int warp, bool *live) {
+    const int q0 = (int)blockIdx.x * 2 * R + (warp & 1) * R;
     *live = q0 < N / 2;
     if (!*live) return 0;
-    return (q0 / P) * 2 * P + q0 % P + (lw / half) * P;
+    return (q0 / P) * 2 * P + q0 % P + (warp >> 1) * P;
 }
 
 /* Pair q of y (1, N) dt: a and b the float sums of rows na and na + P. */
@@ -90,24 +83,18 @@ __device__ __forceinline__ void lc_epi_pair(const loom_cuda_epi &e, T *__restric
     }
 }
 
-/* The CTA's end: lane 0 of each row group's writing warp hands over its R
- * sums (M = 1), then one thread a pair. Every thread of the CTA must call
- * it. L and lw as lc_epi_row0's; write: this warp holds its group's sums
- * (with K split, the group's first warp, after adding the other slices). */
-template <typename T, int R, int L = LC_EPI_WARPS>
-__device__ __forceinline__ void lc_epi_finish(const loom_cuda_epi &e, void *y, int P, int N, const float (&sum)[R],
-                                              int lw = threadIdx.x >> 5, bool write = true) {
-    static_assert(L >= 2 && L % 2 == 0, "row groups come in first-row / partner halves");
-    constexpr int half = L / 2;
-    __shared__ float pv[L][R];
-    const int lane = threadIdx.x & 31;
-    if (lane == 0 && write)
+/* The CTA's end: lane 0 of each warp hands over its R sums (M = 1), then
+ * one thread a pair. Every thread of the CTA must call it. */
+template <typename T, int R>
+__device__ __forceinline__ void lc_epi_finish(const loom_cuda_epi &e, void *y, int P, int N, const float (&sum)[R]) {
+    __shared__ float pv[LC_EPI_WARPS][R];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0)
 #pragma unroll
-        for (int r = 0; r < R; r++) pv[lw][r] = sum[r];
+        for (int r = 0; r < R; r++) pv[warp][r] = sum[r];
     __syncthreads();
-    const int t = threadIdx.x, q = (int)blockIdx.x * R * half + t;
-    if (t < R * half && q < N / 2)
-        lc_epi_pair<T>(e, static_cast<T *>(y), q, P, pv[t / R][t % R], pv[half + t / R][t % R]);
+    const int t = threadIdx.x, q = (int)blockIdx.x * 2 * R + t;
+    if (t < 2 * R && q < N / 2) lc_epi_pair<T>(e, static_cast<T *>(y), q, P, pv[t / R][t % R], pv[2 + t / R][t % R]);
 }
 
 #endif

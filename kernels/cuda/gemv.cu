@@ -22,17 +22,7 @@
  * other rows share the launch. So a row's bits are the same at every M,
  * which the batch-invariant mode (lc_gemv_rows, any M in passes of 8 rows;
  * docs/gpu.md) relies on.
- *
- * SWIGLU variant (lc_gemv_swiglu, the FFN down projection): x is the fused
- * gate|up output (M, 2K) and the kernel forms silu(gate) * up, rounded to
- * dt as loom_cuda_swiglu stores it, as it loads x — one launch fewer per
- * layer, meant for launch-bound small models. Measured on the H200 it did
- * not pay (every warp recomputes the activations: see gemm.c), so it is
- * opt-in (loom_cuda_gemm_set_swiglu_fuse) and kept tested.
  */
-#include <stdlib.h>
-#include <string.h>
-
 #include <atomic>
 
 #include "common.cuh"
@@ -43,42 +33,12 @@
 #define LC_GEMV_WARPS 4
 #define LC_GEMV_U 4 /* 16-byte weight chunks per row per lane in flight */
 
-/* The early weight loads' switch (common.cuh; qgemm.cu's one-row FP8
- * GEMV uses it), next to the prefetch's. */
-static std::atomic<int> lc_early_override{-1}; /* lc_early_weights_set: -1 = the environment's */
+extern "C" int lc_weight_prefetch(size_t matrix_bytes) { return matrix_bytes <= LC_PREFETCH_MAX_BYTES; }
 
-extern "C" int lc_early_weights(void) {
-    static int env = -1; /* read once; a racing first read computes the same value */
-    const int o = lc_early_override;
-    if (o >= 0) return o;
-    if (env < 0) env = lc_env_bool("LOOM_CUDA_EARLY_WEIGHTS", true) ? 1 : 0;
-    return env;
-}
-
-extern "C" void lc_early_weights_set(int on) { lc_early_override = on < 0 ? -1 : on ? 1 : 0; }
-
-extern "C" int lc_weight_prefetch(size_t matrix_bytes) {
-    static int on = -1; /* read once; a racing first read computes the same value */
-    if (on < 0) {
-        const char *e = getenv("LOOM_CUDA_WEIGHT_PREFETCH");
-        on = !(e && e[0] == '0');
-    }
-    return on && matrix_bytes <= LC_PREFETCH_MAX_BYTES;
-}
-
-/* 8 activations of row m, chunk c: x (M, K), or SWIGLU: silu(g) * u from
- * gu (M, 2K), rounded to T like the unfused kernel's output. */
-template <typename T, bool SWIGLU>
+/* 8 activations of row m, chunk c of x (M, K). */
+template <typename T>
 __device__ __forceinline__ void lc_gemv_x8(const T *__restrict__ x, int K, int m, int c, float *xf) {
-    if (!SWIGLU) {
-        lc_unpack8<T>(lc_ldg16(x + (size_t)m * K + (size_t)c * 8), xf);
-        return;
-    }
-    float g[8], u[8];
-    lc_unpack8<T>(lc_ldg16(x + (size_t)m * 2 * K + (size_t)c * 8), g);
-    lc_unpack8<T>(lc_ldg16(x + (size_t)m * 2 * K + K + (size_t)c * 8), u);
-#pragma unroll
-    for (int e = 0; e < 8; e++) xf[e] = lc_to_f(lc_from_f<T>(lc_silu_mul(g[e], u[e])));
+    lc_unpack8<T>(lc_ldg16(x + (size_t)m * K + (size_t)c * 8), xf);
 }
 
 /* grid (row tiles x passes): block b computes pass b % passes — input and
@@ -86,7 +46,7 @@ __device__ __forceinline__ void lc_gemv_x8(const T *__restrict__ x, int K, int m
  * over one tile of weight rows run side by side and share it in L2.
  * PAIR (M = 1, one pass): the rows in pairs (n, n + P) and epi applied to
  * them (epilogue.cuh) — same dot per row, so the same sums. */
-template <typename T, int M, int R, bool F32, bool SWIGLU, bool PAIR = false>
+template <typename T, int M, int R, bool F32, bool PAIR = false>
 __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
     lc_gemv_kernel(const T *__restrict__ x, const T *__restrict__ w, void *__restrict__ y, int N,
                    int K, int passes, int pf, int P, loom_cuda_epi epi) {
@@ -104,7 +64,7 @@ __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
     lc_pdl_trigger();
     if (!PAIR && !live) return; /* PAIR: every warp reaches lc_epi_finish's barrier */
     const size_t row0 = (size_t)pass * M; /* first input / output row of this pass */
-    x += row0 * (SWIGLU ? 2 : 1) * (size_t)K;
+    x += row0 * (size_t)K;
     const int nc = K / 8;
     const T *wr[R];
 #pragma unroll
@@ -131,7 +91,7 @@ __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
 #pragma unroll
             for (int m = 0; m < M; m++) {
                 float xf[8];
-                lc_gemv_x8<T, SWIGLU>(x, K, m, c + 32 * u, xf);
+                lc_gemv_x8<T>(x, K, m, c + 32 * u, xf);
 #pragma unroll
                 for (int r = 0; r < R; r++)
 #pragma unroll
@@ -161,7 +121,7 @@ __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
 #pragma unroll
             for (int m = 0; m < M; m++) {
                 float xf[8];
-                lc_gemv_x8<T, SWIGLU>(x, K, m, c + 32 * u, xf);
+                lc_gemv_x8<T>(x, K, m, c + 32 * u, xf);
 #pragma unroll
                 for (int r = 0; r < R; r++)
 #pragma unroll
@@ -198,7 +158,7 @@ __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
 }
 
 /* `passes` consecutive groups of M rows in one launch. */
-template <typename T, int M, bool F32, bool SWIGLU>
+template <typename T, int M, bool F32>
 static cudaError_t lc_gemv_m(const void *x, const void *w, void *y, int N, int K, int passes,
                              cudaStream_t s) {
     constexpr int R = M == 1 ? 1 : M <= 4 ? 2 : 4;
@@ -206,23 +166,23 @@ static cudaError_t lc_gemv_m(const void *x, const void *w, void *y, int N, int K
     const unsigned long long grid =
         (unsigned long long)((N + rows_per_cta - 1) / rows_per_cta) * (unsigned long long)passes;
     if (passes < 1 || grid > 0x7fffffffull) return cudaErrorInvalidValue;
-    return lc_launch(lc_gemv_kernel<T, M, R, F32, SWIGLU>, dim3((unsigned)grid), dim3(LC_GEMV_WARPS * 32),
+    return lc_launch(lc_gemv_kernel<T, M, R, F32>, dim3((unsigned)grid), dim3(LC_GEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const T *>(w), y, N, K, passes,
                      lc_weight_prefetch((size_t)N * K * sizeof(T)), 0, loom_cuda_epi{});
 }
 
-template <typename T, bool F32, bool SWIGLU = false>
+template <typename T, bool F32>
 static cudaError_t lc_gemv_t(int M, const void *x, const void *w, void *y, int N, int K,
                              cudaStream_t s, int passes = 1) {
     switch (M) {
-    case 1: return lc_gemv_m<T, 1, F32, SWIGLU>(x, w, y, N, K, passes, s);
-    case 2: return lc_gemv_m<T, 2, F32, SWIGLU>(x, w, y, N, K, passes, s);
-    case 3: return lc_gemv_m<T, 3, F32, SWIGLU>(x, w, y, N, K, passes, s);
-    case 4: return lc_gemv_m<T, 4, F32, SWIGLU>(x, w, y, N, K, passes, s);
-    case 5: return lc_gemv_m<T, 5, F32, SWIGLU>(x, w, y, N, K, passes, s);
-    case 6: return lc_gemv_m<T, 6, F32, SWIGLU>(x, w, y, N, K, passes, s);
-    case 7: return lc_gemv_m<T, 7, F32, SWIGLU>(x, w, y, N, K, passes, s);
-    case 8: return lc_gemv_m<T, 8, F32, SWIGLU>(x, w, y, N, K, passes, s);
+    case 1: return lc_gemv_m<T, 1, F32>(x, w, y, N, K, passes, s);
+    case 2: return lc_gemv_m<T, 2, F32>(x, w, y, N, K, passes, s);
+    case 3: return lc_gemv_m<T, 3, F32>(x, w, y, N, K, passes, s);
+    case 4: return lc_gemv_m<T, 4, F32>(x, w, y, N, K, passes, s);
+    case 5: return lc_gemv_m<T, 5, F32>(x, w, y, N, K, passes, s);
+    case 6: return lc_gemv_m<T, 6, F32>(x, w, y, N, K, passes, s);
+    case 7: return lc_gemv_m<T, 7, F32>(x, w, y, N, K, passes, s);
+    case 8: return lc_gemv_m<T, 8, F32>(x, w, y, N, K, passes, s);
     default: return cudaErrorInvalidValue;
     }
 }
@@ -237,36 +197,8 @@ extern "C" cudaError_t lc_gemv(loom_cuda_dt dt, int out_f32, int M, int N, int K
                    : lc_gemv_t<__nv_bfloat16, false>(M, x, w, y, N, K, s);
 }
 
-extern "C" cudaError_t lc_gemv_swiglu(loom_cuda_dt dt, int M, int N, int K, const void *gu, const void *w,
-                                      void *y, cudaStream_t s) {
-    if (M < 1 || M > LC_GEMV_MAX_M || K % 8 || N <= 0) return cudaErrorInvalidValue;
-    if (dt == LOOM_CUDA_F16) return lc_gemv_t<__half, false, true>(M, gu, w, y, N, K, s);
-    return lc_gemv_t<__nv_bfloat16, false, true>(M, gu, w, y, N, K, s);
-}
-
-/* Fused pair epilogues: the switch and the count of launches. */
-static std::atomic<int> lc_epi_override{-1};
+/* Fused pair epilogues: the count of launches. */
 static std::atomic<long> lc_epi_fused{0};
-
-extern "C" void loom_cuda_epi_fuse_set(int kinds) { lc_epi_override = kinds < 0 ? -1 : kinds & LOOM_CUDA_EPI_ALL; }
-
-extern "C" int loom_cuda_epi_fuse(void) {
-    static int env = -1; /* read once; a racing first read computes the same value */
-    const int o = lc_epi_override;
-    if (o >= 0) return o;
-    if (env < 0) {
-        const char *e = getenv("LOOM_CUDA_FUSE_EPILOGUE");
-        env = e && !strcmp(e, "rope")     ? LOOM_CUDA_EPI_FUSE_ROPE
-              : e && !strcmp(e, "swiglu") ? LOOM_CUDA_EPI_FUSE_SWIGLU
-              : lc_env_bool("LOOM_CUDA_FUSE_EPILOGUE", true) ? LOOM_CUDA_EPI_ALL
-                                                             : 0;
-    }
-    return env;
-}
-
-extern "C" int loom_cuda_epi_fuses(loom_cuda_epi_kind kind) {
-    return kind != LOOM_CUDA_EPI_NONE && (loom_cuda_epi_fuse() & (1 << (kind - 1))) != 0;
-}
 
 extern "C" long loom_cuda_epi_fused_count(void) { return lc_epi_fused; }
 extern "C" void lc_epi_count(void) { lc_epi_fused++; }
@@ -280,10 +212,10 @@ extern "C" cudaError_t lc_gemv_epi(loom_cuda_dt dt, int N, int K, const void *x,
     const int pf = lc_weight_prefetch((size_t)N * K * 2);
     cudaError_t e;
     if (dt == LOOM_CUDA_F16)
-        e = lc_launch(lc_gemv_kernel<__half, 1, R, false, false, true>, dim3(grid), dim3(LC_GEMV_WARPS * 32), 0, s,
+        e = lc_launch(lc_gemv_kernel<__half, 1, R, false, true>, dim3(grid), dim3(LC_GEMV_WARPS * 32), 0, s,
                       static_cast<const __half *>(x), static_cast<const __half *>(w), y, N, K, 1, pf, P, *epi);
     else
-        e = lc_launch(lc_gemv_kernel<__nv_bfloat16, 1, R, false, false, true>, dim3(grid),
+        e = lc_launch(lc_gemv_kernel<__nv_bfloat16, 1, R, false, true>, dim3(grid),
                       dim3(LC_GEMV_WARPS * 32), 0, s, static_cast<const __nv_bfloat16 *>(x),
                       static_cast<const __nv_bfloat16 *>(w), y, N, K, 1, pf, P, *epi);
     if (e == cudaSuccess) lc_epi_fused++;

@@ -26,11 +26,6 @@ cudaError_t lc_gemv(loom_cuda_dt dt, int out_f32, int M, int N, int K, const voi
 cudaError_t lc_gemv_rows(loom_cuda_dt dt, int out_f32, int M, int N, int K, const void *x,
                          const void *w, void *y, cudaStream_t s);
 
-/* y (M, N) dt = (silu(gu[:, :K]) * gu[:, K:]) @ w^T — the SwiGLU fused
- * into the down projection's GEMV; gu (M, 2K) dt. Same contract. */
-cudaError_t lc_gemv_swiglu(loom_cuda_dt dt, int M, int N, int K, const void *gu, const void *w, void *y,
-                           cudaStream_t s);
-
 /* y (1, N) dt = x @ w^T with epi's pair epilogue fused (cuda_kernels.h:
  * loom_cuda_epi), or cudaErrorNotSupported when the rows do not pair. */
 cudaError_t lc_gemv_epi(loom_cuda_dt dt, int N, int K, const void *x, const void *w, void *y,
@@ -42,12 +37,6 @@ void lc_epi_count(void);
  * GEMM (gemm.c); returns like loom_cuda_gemm_run. */
 int lc_epi_separate(loom_cuda_dt dt, int M, int N, void *y, const loom_cuda_epi *epi, cudaStream_t s, char *msg,
                     size_t msg_size);
-
-/* Early weight loads (common.cuh; the kernels that have them: qgemm.cu's
- * LC_QGEMV_EARLY): 1 / 0 forces them on / off, -1 back to
- * LOOM_CUDA_EARLY_WEIGHTS (default on). */
-int lc_early_weights(void);
-void lc_early_weights_set(int on);
 
 #ifdef __cplusplus
 }

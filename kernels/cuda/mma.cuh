@@ -53,7 +53,7 @@ __device__ __forceinline__ void lc_i8x4_h2(uint32_t w, uint32_t &lo, uint32_t &h
 }
 
 /* The token scaling of the f16 kernels fed one token at a time (qmma.cu's
- * prep, qgemv_bulk.cu): 2^e puts max |x| = amax in [2^14, 2^15), clamped to
+ * prep): 2^e puts max |x| = amax in [2^14, 2^15), clamped to
  * float's normal exponents (e = 0 for an all-zero token), so x 2^e rounds
  * to f16 exactly for every bf16 value down to 2^-29 of amax. */
 __device__ __forceinline__ int lc_tok_exp(float amax) {

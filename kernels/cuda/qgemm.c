@@ -16,8 +16,8 @@
  *   FP8 / W8A8 above it: per chunk of up to LC_QCHUNK_M rows, quantize x per
  *     token, then cuBLASLt's e4m3 GEMM (fp32 accumulation) with sx and s as
  *     its outer scale vectors, written straight into y in one rounding
- *     (LC_LT_FP8_VEC_*). Where cuBLASLt has no algorithm for those (or
- *     LOOM_CUDA_FP8_SCALE_VEC=0), and for int8 (int32 accumulation), the
+ *     (LC_LT_FP8_VEC_*). Where cuBLASLt has no algorithm for those (or a
+ *     test asks: lc_gemm_set_fp8_vec), and for int8 (int32 accumulation), the
  *     GEMM runs with unit scales and lc_scale_epilogue multiplies row m /
  *     column n by sx[m] * s[n] in a second pass. That FP8 GEMM writes bf16 straight
  *     into y when dt is bf16 (rounding the unscaled sum is the same relative
@@ -152,7 +152,7 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
 int loom_cuda_qgemm_splits(const loom_cuda_gemm *g, loom_cuda_dt dt, const loom_cuda_qweight *w) {
     /* one row goes to the GEMV (lc_gemv_passes) when its bound admits it */
     if (!w || w->fmt == LOOM_CUDA_Q_NONE || lc_gemm_q_gemv_max_m(g, w->fmt) < 1) return 0;
-    return lc_qgemv_splits(dt, w, lc_gemm_invariant(g));
+    return lc_qgemv_splits(dt, w, lc_gemm_invariant(g), lc_gemm_q_tc_min_m(g));
 }
 
 static int lc_cuda_fail(cudaError_t e, const char *what, const loom_cuda_qweight *w, int M,
@@ -169,11 +169,11 @@ static int lc_cuda_fail(cudaError_t e, const char *what, const loom_cuda_qweight
  * dt) its pair epilogue is fused where the kernel allows, and *fused says
  * so (else the caller runs the separate kernel). */
 static int lc_gemv_passes(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
-                          const void *x, const uint8_t *xq, const float *sx, void *y, int invariant,
+                          const void *x, const uint8_t *xq, const float *sx, void *y, int invariant, int tc_min_m,
                           const loom_cuda_epi *epi, int *fused, cudaStream_t s, char *msg, size_t n) {
     const size_t xel = 2, yel = out_f32 ? 4 : 2;
-    if (epi && M == 1 && !out_f32 && loom_cuda_epi_fuses(epi->kind)) {
-        const cudaError_t e = lc_qgemv_epi(dt, w, x, xq, sx, y, epi, invariant, s);
+    if (epi && epi->kind != LOOM_CUDA_EPI_NONE && M == 1 && !out_f32) {
+        const cudaError_t e = lc_qgemv_epi(dt, w, x, xq, sx, y, epi, invariant, tc_min_m, s);
         if (e == cudaSuccess) {
             *fused = 1;
             return 0;
@@ -188,7 +188,7 @@ static int lc_gemv_passes(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_q
         cudaError_t e = w->fmt == LOOM_CUDA_Q_GGUF
                             ? lc_gguf_gemv(dt, out_f32, mc, w, xm, ym, s)
                             : lc_qgemv(dt, out_f32, mc, w, xm, xq ? xq + (size_t)m0 * w->K : NULL,
-                                       sx ? sx + m0 : NULL, ym, invariant, s);
+                                       sx ? sx + m0 : NULL, ym, invariant, tc_min_m, s);
         if (e != cudaSuccess) return lc_cuda_fail(e, "quantized GEMV launch", w, mc, msg, n);
     }
     return 0;
@@ -232,7 +232,7 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
     uint8_t *xq = acts ? sp + lc_r256((size_t)ch_max * 4) : NULL;
     uint8_t *big = sp + (acts ? lc_r256((size_t)ch_max * 4) + lc_r256((size_t)ch_max * w->K) : 0);
     const int gemv_max = lc_gemm_q_gemv_max_m(g, w->fmt);
-    const int invariant = lc_gemm_invariant(g);
+    const int invariant = lc_gemm_invariant(g), tc_min_m = lc_gemm_q_tc_min_m(g);
     cudaError_t e;
     int rc;
 
@@ -248,7 +248,8 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
             return 0;
         }
         if (M <= gemv_max)
-            return lc_gemv_passes(dt, out_f32, M, w, x, NULL, NULL, y, invariant, epi, fused, s, msg, msg_size);
+            return lc_gemv_passes(dt, out_f32, M, w, x, NULL, NULL, y, invariant, tc_min_m, epi, fused, s, msg,
+                                  msg_size);
         /* dequantize into scratch, then the dt GEMM (never its GEMV: M > 8) */
         e = w->fmt == LOOM_CUDA_Q_GGUF ? lc_gguf_dequant(dt, w, big, s)
                                        : lc_dequant_weight(dt, w, big, s);
@@ -274,7 +275,8 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
                                                               : "activation quantization launch (K % 8, x 16-byte aligned)",
                                 w, mc, msg, msg_size);
         if (M <= gemv_max) {
-            if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, invariant, epi, fused, s, msg, msg_size)))
+            if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, invariant, tc_min_m, epi, fused, s, msg,
+                                     msg_size)))
                 return rc;
             continue;
         }
@@ -295,7 +297,7 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
         void *d = kind == LC_LT_FP8_BF16 ? yc : big;
         rc = lc_gemm_lt_q(g, kind, mc, w->N, w->K, xq, w->data, NULL, NULL, d, s, msg, msg_size);
         if (rc == LC_LT_NOT_SUPPORTED) { /* no algorithm for this shape */
-            if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, invariant, NULL, NULL, s, msg,
+            if ((rc = lc_gemv_passes(dt, out_f32, mc, w, NULL, xq, sx, yc, invariant, tc_min_m, NULL, NULL, s, msg,
                                      msg_size)))
                 return rc;
             continue;

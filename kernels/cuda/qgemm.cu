@@ -47,21 +47,19 @@
  *
  * What this is not: a tensor-core kernel. W8A8 / FP8 / INT4 at 2..8 rows
  * go to qgemv_tc.cu's mma kernel when the shape fits (its cost hardly grows
- * with M); this one serves M = 1 (where it was faster — also than
- * qgemv_bulk.cu's bulk-copy mma kernel, opt-in by LOOM_CUDA_QGEMV_BULK=1),
- * W8A16, the other shapes, batch-invariant mode and LOOM_CUDA_QGEMV_TC=0.
+ * with M); this one serves M = 1 (where it was faster), W8A16, the other
+ * shapes, batch-invariant mode and the rows below the tensor-core kernel's
+ * bound (loom_cuda_qgemm_set_tc_min_m).
  * For larger M qgemm.c hands the work to qmma.cu or cuBLASLt.
  */
 #include "common.cuh"
 #include "epilogue.cuh"
 
 #include <cuda_fp8.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include <atomic>
 
-#include "gemv.h" /* lc_early_weights, lc_epi_count */
+#include "gemv.h" /* lc_epi_count */
 #include "qgemm.h"
 
 #define LC_QGEMV_WARPS 4
@@ -137,10 +135,10 @@ __device__ __forceinline__ void lc_qgemv_load(uint4 (&wv)[U][R], const uint8_t *
                                        : make_uint4(0u, 0u, 0u, 0u);
 }
 
-/* Which kernels load their first pass early (lc_early_weights): FP8 at
- * one row only, the one a decode step measured faster with them (batch-1
- * TPOT 3.105 -> 3.004 ms on Llama-3-8B). W8A16 was slower through the
- * engine although faster in a chain of GEMVs, INT4 gained only in that
+/* Which kernels load their first pass early (common.cuh: "Early weights"):
+ * FP8 at one row only, the one a decode step measured faster with them
+ * (batch-1 TPOT 3.105 -> 3.004 ms on Llama-3-8B). W8A16 was slower through
+ * the engine although faster in a chain of GEMVs, INT4 gained only in that
  * chain, and W8A8 and more rows (registers grow: FP8 at 6-8 rows from 4 to
  * 3 CTAs an SM) are unmeasured: those keep the late loop and its L2
  * prefetch (docs/performance.md, "Tried and rejected"). */
@@ -273,15 +271,15 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
     lc_qgemv_kernel(const T *__restrict__ x, const uint8_t *__restrict__ xq,
                     const float *__restrict__ sx, const uint8_t *__restrict__ wd,
                     const float *__restrict__ sc, void *__restrict__ y, int N, int K, int group,
-                    int pf, int early, int P, loom_cuda_epi epi) {
-    static_assert(!PAIR || (M == 1 && !F32 && LC_QGEMV_WARPS == LC_EPI_WARPS && S <= 2), "pair epilogue: one dt row");
+                    int pf, int P, loom_cuda_epi epi) {
+    static_assert(!PAIR || (M == 1 && !F32 && LC_QGEMV_WARPS == LC_EPI_WARPS && S == 1), "pair epilogue: one dt row");
     static_assert(LC_QGEMV_WARPS % S == 0, "S warps share a row group");
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     constexpr bool EARLY = LC_QGEMV_EARLY(FMT, M);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ks = warp % S; /* which of the S slices of K this warp sums (split; S = 1: all of K) */
     bool live = true;
-    const int n0 = PAIR ? lc_epi_row0(R, P, N, warp / S, &live, LC_QGEMV_WARPS / S)
+    const int n0 = PAIR ? lc_epi_row0(R, P, N, warp, &live)
                         : (blockIdx.x * (LC_QGEMV_WARPS / S) + warp / S) * R;
     if (!PAIR) live = n0 < N;
     const size_t row_bytes = I4 ? (size_t)K / 2 : (size_t)K;
@@ -293,11 +291,11 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
     uint4 wv[U][R];
     bool pre = false;
     if constexpr (EARLY) {
-        /* early (lc_early_weights): the lane's first U chunks of each row
-         * into registers before the wait, while the kernel before still
-         * runs (no kernel writes a weight) — the loop below starts on them */
+        /* early: the lane's first U chunks of each row into registers
+         * before the wait, while the kernel before still runs (no kernel
+         * writes a weight) — the loop below starts on them */
         lc_qgemv_rows<R>(n0, N, wd, row_bytes, nr, wr);
-        pre = early && live;
+        pre = live;
         if (pre) lc_qgemv_load<U, R>(wv, wr, c0, nc);
     }
     /* else the warp's R rows of codes are contiguous: ask L2 for them first */
@@ -355,29 +353,25 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
 #pragma unroll
                 for (int m = 0; m < M; m++) part[warp][r][m] = acc[r][m], ipart[warp][r][m] = iacc[r][m];
         __syncthreads(); /* every warp reaches it: a split launch has no dead warp (lc_qgemv_slices) */
-        if (ks > 0) {
-            if constexpr (!PAIR) return; /* PAIR: on to lc_epi_finish's barrier, not writing */
-        } else {
+        if (ks > 0) return;
 #pragma unroll
-            for (int j = 1; j < S; j++)
+        for (int j = 1; j < S; j++)
 #pragma unroll
-                for (int r = 0; r < R; r++)
+            for (int r = 0; r < R; r++)
 #pragma unroll
-                    for (int m = 0; m < M; m++)
-                        acc[r][m] += part[warp + j][r][m], iacc[r][m] += ipart[warp + j][r][m];
-        }
+                for (int m = 0; m < M; m++) acc[r][m] += part[warp + j][r][m], iacc[r][m] += ipart[warp + j][r][m];
     }
     if constexpr (PAIR) { /* the sums as the store below forms them (n0 + r < N here) */
-        float sum[R] = {};
+        float sum[R];
 #pragma unroll
-        for (int r = 0; r < R && ks == 0; r++) { /* a later slice's warp only meets the barrier */
+        for (int r = 0; r < R; r++) {
             const int n = n0 + r;
             if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A16) sum[r] = acc[r][0] * sc[n];
             else if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A8) sum[r] = (float)iacc[r][0] * (sx[0] * sc[n]);
             else if constexpr (FMT == LOOM_CUDA_Q_FP8) sum[r] = acc[r][0] * (sx[0] * sc[n]);
             else sum[r] = acc[r][0];
         }
-        lc_epi_finish<T, R, LC_QGEMV_WARPS / S>(epi, y, P, N, sum, warp / S, ks == 0);
+        lc_epi_finish<T, R>(epi, y, P, N, sum);
         return;
     }
     if (lane == 0) {
@@ -401,44 +395,9 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
     }
 }
 
-/* The split of K across the warps of a CTA at one row (S in lc_qgemv_kernel):
- * lc_qgemv_split_set's override, else LOOM_CUDA_QGEMV_SPLIT: 2 / 4 slices,
- * 1 / 0 / off / no / false none, anything else (auto, unset) auto. Read
- * once; a racing first read computes the same. */
-static std::atomic<int> lc_split_override{-1};
+/* Launches of the split one-row kernel (S = 2 in lc_qgemv_kernel) so far. */
 static std::atomic<long> lc_split_launches{0};
-extern "C" void lc_qgemv_split_set(int s) { lc_split_override = s; }
 extern "C" long lc_qgemv_split_count(void) { return lc_split_launches; }
-static int lc_split_mode(void) { /* 0 = auto, else 1 / 2 / 4 */
-    static std::atomic<int> env{-1};
-    const int o = lc_split_override;
-    if (o >= 0) return o;
-    int v = env.load(std::memory_order_relaxed);
-    if (v < 0) {
-        const char *e = getenv("LOOM_CUDA_QGEMV_SPLIT");
-        v = 0;
-        if (e && (!strcmp(e, "2") || !strcmp(e, "4"))) v = atoi(e);
-        else if (e && (!strcmp(e, "1") || !lc_env_bool("LOOM_CUDA_QGEMV_SPLIT", true))) v = 1;
-        env.store(v, std::memory_order_relaxed);
-    }
-    return v;
-}
-
-/* Whether the pair-epilogue GEMV (the QKV with RoPE + KV write, gate|up
- * with SwiGLU) may split too: lc_qgemv_split_pair_set's override (1 / 0,
- * -1 back), else LOOM_CUDA_QGEMV_SPLIT_PAIR (off unless 1 / on). Off by
- * default until measured: a split pair kernel has the bits of the split
- * separate GEMV, not the unsplit one's. */
-static std::atomic<int> lc_split_pair_override{-1};
-extern "C" void lc_qgemv_split_pair_set(int on) { lc_split_pair_override = on < 0 ? -1 : on ? 1 : 0; }
-static int lc_qgemv_split_pair(void) {
-    static std::atomic<int> env{-1};
-    const int o = lc_split_pair_override;
-    if (o >= 0) return o;
-    int v = env.load(std::memory_order_relaxed);
-    if (v < 0) env.store(v = lc_env_bool("LOOM_CUDA_QGEMV_SPLIT_PAIR", false) ? 1 : 0, std::memory_order_relaxed);
-    return v;
-}
 
 /* The one-row kernel's rows a warp (R) and chunks a row in flight a lane (U). */
 template <int FMT, int M>
@@ -479,40 +438,35 @@ static int lc_qgemv_resident(void) {
     return v;
 }
 
-/* S, the slices of K of a one-row call of w (1: unsplit). auto: 2 where
- * the unsplit grid leaves the GPU short of a full wave — Llama-3-8B's O and
+/* S, the slices of K of a one-row call of w (1: unsplit): 2 where the
+ * unsplit grid leaves the GPU short of a full wave — Llama-3-8B's O and
  * down projections, 512 CTAs of W8A16 (256 of INT4) on 132 SMs that hold
  * ~1200 (~530) — so that a matrix of few rows runs as many warps as a wide
  * one; one whole layer at one token on the H200 (gpu_bench --layer 256,
  * bench/results/h200-llama3-8b-decode-layer.json): W8A16 80.6 -> 77.8 us,
  * INT4 67.3 -> 63.5, where 4 slices are slower than none (82.2, 73.2: a
- * lane has fewer chunks in flight). A forced mode (1 / 2 / 4) takes S as
- * asked.
- * Either only where the rows divide into whole split CTAs (so no warp of
- * one is dead: every warp meets the barrier) and the row's chunks into
- * slices of at least one chunk a lane. */
+ * lane has fewer chunks in flight) and so are not built. Only where the
+ * rows divide into whole split CTAs (so no warp of one is dead: every warp
+ * meets the barrier) and the row's chunks into slices of at least one chunk
+ * a lane. */
 template <typename T, int FMT, bool F32>
-static int lc_qgemv_slices(const loom_cuda_qweight *w, int max_s = 4) {
-    constexpr int R = lc_qgemv_rows<FMT, 1>();
+static int lc_qgemv_slices(const loom_cuda_qweight *w) {
+    constexpr int R = lc_qgemv_rows<FMT, 1>(), S = 2;
     const int rows_per_cta = LC_QGEMV_WARPS * R;
-    int mode = lc_split_mode();
-    if (mode > max_s) mode = max_s;
     const int chunks = (int)((FMT == LOOM_CUDA_Q_INT4 ? (size_t)w->K / 2 : (size_t)w->K) / 16);
-    int S = mode;
-    if (!mode) {
-        const int resident = lc_qgemv_resident<T, FMT, F32>();
-        S = resident > 0 && (w->N + rows_per_cta - 1) / rows_per_cta <= resident ? 2 : 1;
-    }
-    if (S == 1 || chunks % S || chunks / S < 32 || w->N % (rows_per_cta / S)) return 1;
+    const int resident = lc_qgemv_resident<T, FMT, F32>();
+    if (resident <= 0 || (w->N + rows_per_cta - 1) / rows_per_cta > resident) return 1;
+    if (chunks % S || chunks / S < 32 || w->N % (rows_per_cta / S)) return 1;
     return S;
 }
 
 /* PAIR (M = 1, dt out): with the pair epilogue epi of P (lc_epi_p) — the
  * same R, U and loads; its 2R pairs a CTA are the plain kernel's 4R rows,
- * so the grid is the same too. split (M = 1, not batch-invariant: the sums'
- * order changes): K may be split across the CTA's warps (lc_qgemv_slices;
- * PAIR only with lc_qgemv_split_pair on, in 2 slices: R pairs a CTA, a
- * grid of N / 2R). */
+ * so the grid is the same too; it does not split K (splitting it too was
+ * slower: H200, engine batch 1, W8A16-head 2.712 vs 2.663 ms, FP8 2.945 vs
+ * 2.883 — those grids already fill the GPU). split (M = 1, not PAIR, not
+ * batch-invariant: the sums' order changes): K may be split across the
+ * CTA's warps (lc_qgemv_slices). */
 template <typename T, int FMT, int M, bool F32, bool PAIR = false>
 static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const void *xq,
                               const float *sx, void *y, cudaStream_t s, int P = 0,
@@ -528,37 +482,33 @@ static cudaError_t lc_qgemv_m(const loom_cuda_qweight *w, const void *x, const v
     constexpr int U = lc_qgemv_u<M>();
     const int rows_per_cta = LC_QGEMV_WARPS * R;
     const unsigned grid = (unsigned)((w->N + rows_per_cta - 1) / rows_per_cta);
-    const int early = LC_QGEMV_EARLY(FMT, M) && lc_early_weights(); /* and then no L2 prefetch of the same bytes */
+    constexpr bool early = LC_QGEMV_EARLY(FMT, M); /* and then no L2 prefetch of the same bytes */
     const size_t row_bytes = I4 ? (size_t)w->K / 2 : (size_t)w->K;
     const int pf = early ? 0 : lc_weight_prefetch((size_t)w->N * row_bytes);
     const loom_cuda_epi e = epi ? *epi : loom_cuda_epi{};
-    if constexpr (M == 1) {
-        /* PAIR: 2 slices at most (the CTA's row groups hold pairs), and only
-         * with lc_qgemv_split_pair on */
-        int S = split && (!PAIR || lc_qgemv_split_pair()) ? lc_qgemv_slices<T, FMT, F32>(w, PAIR ? 2 : 4) : 1;
-        if (S == 2 || S == 4) {
+    if constexpr (M == 1 && !PAIR) {
+        const int S = split ? lc_qgemv_slices<T, FMT, F32>(w) : 1;
+        if (S == 2) {
             lc_split_launches++;
-            return lc_launch(S == 2 ? lc_qgemv_kernel<T, FMT, M, R, U, F32, PAIR, 2>
-                                    : lc_qgemv_kernel<T, FMT, M, R, U, F32, PAIR, PAIR ? 2 : 4>,
+            return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32, false, 2>,
                              dim3((unsigned)(w->N / (rows_per_cta / S))), dim3(LC_QGEMV_WARPS * 32), 0, s,
                              static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
-                             static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group, pf, early,
-                             P, e);
+                             static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group, pf, P, e);
         }
     }
     return lc_launch(lc_qgemv_kernel<T, FMT, M, R, U, F32, PAIR>, dim3(grid), dim3(LC_QGEMV_WARPS * 32),
                      0, s, static_cast<const T *>(x), static_cast<const uint8_t *>(xq), sx,
-                     static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group, pf, early, P, e);
+                     static_cast<const uint8_t *>(w->data), w->scales, y, w->N, w->K, w->group, pf, P, e);
 }
 
 template <typename T>
 static cudaError_t lc_qgemv_pair_t(const loom_cuda_qweight *w, const void *x, const void *xq, const float *sx,
-                                   void *y, int P, const loom_cuda_epi *epi, cudaStream_t s, bool split) {
+                                   void *y, int P, const loom_cuda_epi *epi, cudaStream_t s) {
     switch (w->fmt) {
-    case LOOM_CUDA_Q_INT8_W8A16: return lc_qgemv_m<T, LOOM_CUDA_Q_INT8_W8A16, 1, false, true>(w, x, xq, sx, y, s, P, epi, split);
-    case LOOM_CUDA_Q_INT8_W8A8: return lc_qgemv_m<T, LOOM_CUDA_Q_INT8_W8A8, 1, false, true>(w, x, xq, sx, y, s, P, epi, split);
-    case LOOM_CUDA_Q_FP8: return lc_qgemv_m<T, LOOM_CUDA_Q_FP8, 1, false, true>(w, x, xq, sx, y, s, P, epi, split);
-    case LOOM_CUDA_Q_INT4: return lc_qgemv_m<T, LOOM_CUDA_Q_INT4, 1, false, true>(w, x, xq, sx, y, s, P, epi, split);
+    case LOOM_CUDA_Q_INT8_W8A16: return lc_qgemv_m<T, LOOM_CUDA_Q_INT8_W8A16, 1, false, true>(w, x, xq, sx, y, s, P, epi);
+    case LOOM_CUDA_Q_INT8_W8A8: return lc_qgemv_m<T, LOOM_CUDA_Q_INT8_W8A8, 1, false, true>(w, x, xq, sx, y, s, P, epi);
+    case LOOM_CUDA_Q_FP8: return lc_qgemv_m<T, LOOM_CUDA_Q_FP8, 1, false, true>(w, x, xq, sx, y, s, P, epi);
+    case LOOM_CUDA_Q_INT4: return lc_qgemv_m<T, LOOM_CUDA_Q_INT4, 1, false, true>(w, x, xq, sx, y, s, P, epi);
     default: return cudaErrorNotSupported;
     }
 }
@@ -595,16 +545,15 @@ static cudaError_t lc_qgemv_t(int M, const loom_cuda_qweight *w, const void *x, 
 
 extern "C" cudaError_t lc_qgemv_epi(loom_cuda_dt dt, const loom_cuda_qweight *w, const void *x, const void *xq,
                                     const float *sx, void *y, const loom_cuda_epi *epi, int invariant,
-                                    cudaStream_t s) {
+                                    int tc_min_m, cudaStream_t s) {
     /* only where lc_qgemv would run this kernel at M = 1 */
     const int P = lc_epi_p(epi, w->N);
     if (!P || w->fmt == LOOM_CUDA_Q_GGUF || !loom_cuda_qweight_ok(w->fmt, w->K, w->group) ||
-        lc_qgemv_use_tc(w->fmt, w->K, w->group, 1, invariant) || (!invariant && lc_qgemv_bulk_ok(w)))
+        lc_qgemv_use_tc(w->fmt, w->K, w->group, 1, invariant, tc_min_m))
         return cudaErrorNotSupported;
     lc_qgemv_count_cc();
-    const bool split = !invariant; /* and lc_qgemv_split_pair (lc_qgemv_m) */
-    const cudaError_t e = dt == LOOM_CUDA_F16 ? lc_qgemv_pair_t<__half>(w, x, xq, sx, y, P, epi, s, split)
-                                              : lc_qgemv_pair_t<__nv_bfloat16>(w, x, xq, sx, y, P, epi, s, split);
+    const cudaError_t e = dt == LOOM_CUDA_F16 ? lc_qgemv_pair_t<__half>(w, x, xq, sx, y, P, epi, s)
+                                              : lc_qgemv_pair_t<__nv_bfloat16>(w, x, xq, sx, y, P, epi, s);
     if (e == cudaSuccess) lc_epi_count();
     return e;
 }
@@ -620,25 +569,21 @@ static int lc_qgemv_slices_t(const loom_cuda_qweight *w) {
     }
 }
 
-extern "C" int lc_qgemv_splits(loom_cuda_dt dt, const loom_cuda_qweight *w, int invariant) {
+extern "C" int lc_qgemv_splits(loom_cuda_dt dt, const loom_cuda_qweight *w, int invariant, int tc_min_m) {
     /* lc_qgemv's choice at M = 1 (dt output; f32 outputs decide alike) */
     if (invariant || w->N <= 0 || w->fmt == LOOM_CUDA_Q_GGUF || !loom_cuda_qweight_ok(w->fmt, w->K, w->group) ||
-        lc_qgemv_use_tc(w->fmt, w->K, w->group, 1, 0) || lc_qgemv_bulk_ok(w))
+        lc_qgemv_use_tc(w->fmt, w->K, w->group, 1, 0, tc_min_m))
         return 0;
     return (dt == LOOM_CUDA_F16 ? lc_qgemv_slices_t<__half>(w) : lc_qgemv_slices_t<__nv_bfloat16>(w)) > 1;
 }
 
 extern "C" cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
                                 const void *x, const void *xq, const float *sx, void *y,
-                                int invariant, cudaStream_t s) {
+                                int invariant, int tc_min_m, cudaStream_t s) {
     if (M < 1 || M > LC_QGEMV_MAX_M || w->N <= 0 || !loom_cuda_qweight_ok(w->fmt, w->K, w->group))
         return cudaErrorInvalidValue;
-    if (lc_qgemv_use_tc(w->fmt, w->K, w->group, M, invariant))
+    if (lc_qgemv_use_tc(w->fmt, w->K, w->group, M, invariant, tc_min_m))
         return lc_qgemv_tc(dt, out_f32, M, w, x, xq, sx, y, s);
-    /* W8A16 / INT4 / FP8 at one row, on request: the bulk-copy
-     * tensor-core kernel (never in batch-invariant mode: it sums in
-     * another order) */
-    if (M == 1 && !invariant && lc_qgemv_bulk_ok(w)) return lc_qgemv_bulk(dt, out_f32, w, x, xq, sx, y, s);
     lc_qgemv_count_cc();
     const bool split = !invariant; /* the batch-invariant rows keep one order at every M */
     if (dt == LOOM_CUDA_F16)

@@ -18,73 +18,40 @@ extern "C" {
 /* y (M, N) = x (M, K) @ dequant(w)^T for M in [1, 8], y dt or f32.
  * W8A16 / INT4 read x (M, K) dt; W8A8 / FP8 read xq (M, K) int8 / e4m3 and
  * sx (M) per-token scales from lc_quant_act (x unused). invariant: the
- * batch-invariant mode's call (the CUDA-core kernel at every M, unsplit). */
+ * batch-invariant mode's call (the CUDA-core kernel at every M, unsplit).
+ * tc_min_m: the GEMM context's tensor-core bound (lc_qgemv_use_tc). */
 cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
                      const void *x, const void *xq, const float *sx, void *y, int invariant,
-                     cudaStream_t s);
+                     int tc_min_m, cudaStream_t s);
 
 /* lc_qgemv at M = 1 with epi's pair epilogue fused (cuda_kernels.h:
  * loom_cuda_epi; qgemm.cu's CUDA-core kernel), or cudaErrorNotSupported
- * where lc_qgemv would not run that kernel (tensor-core, bulk, GGUF) or
+ * where lc_qgemv would not run that kernel (tensor-core, GGUF) or
  * the output rows do not pair — the caller then runs lc_qgemv and the
  * separate kernel. */
 cudaError_t lc_qgemv_epi(loom_cuda_dt dt, const loom_cuda_qweight *w, const void *x, const void *xq,
-                         const float *sx, void *y, const loom_cuda_epi *epi, int invariant, cudaStream_t s);
+                         const float *sx, void *y, const loom_cuda_epi *epi, int invariant, int tc_min_m,
+                         cudaStream_t s);
 
 /* Whether lc_qgemv hands M rows to the tensor-core GEMV (qgemv_tc.cu): W8A8
- * / FP8 with K % 64 == 0 at M >= 2 and INT4 with K and group multiples of
- * 128 at M >= 3 (LOOM_CUDA_QGEMV_TC_MIN_M sets both), never in
- * batch-invariant mode (whose rows must have the same bits at every M: the
- * CUDA-core kernel's). On unless the environment says LOOM_CUDA_QGEMV_TC=0
- * (or off / false / no; a MIN_M above 8 also turns it off); lc_qgemv_set_tc
- * overrides it process-wide (tests, A/B runs). */
-int lc_qgemv_use_tc(loom_cuda_qfmt fmt, int K, int group, int M, int invariant);
-/* on: 1 / 0 force it on / off, -1 back to the environment's choice;
- * lc_qgemv_get_tc returns the current override (to restore it). */
-void lc_qgemv_set_tc(int on);
-int lc_qgemv_get_tc(void);
-/* The one-row CUDA-core GEMV's split of K across a CTA's warps (outside
- * the batch-invariant mode): 1, 2 or 4 slices, or 0 = auto (2 where the
- * unsplit grid does not fill the GPU once: matrices of few rows get as
- * many warps as wide ones); -1 back to LOOM_CUDA_QGEMV_SPLIT (1 / 2 / 4 /
- * auto, auto by default). The pair-epilogue GEMV follows it (2 slices at
- * most) only with lc_qgemv_split_pair_set(1) as well. */
-void lc_qgemv_split_set(int s);
-long lc_qgemv_split_count(void); /* split launches so far (tests) */
+ * / FP8 with K % 64 == 0 and INT4 with K and group multiples of 128, from
+ * min_m rows (lc_gemm_q_tc_min_m; 0: as measured, 2 for W8A8 / FP8 and 3
+ * for INT4; above 8: never), never in batch-invariant mode (whose rows must
+ * have the same bits at every M: the CUDA-core kernel's). */
+int lc_qgemv_use_tc(loom_cuda_qfmt fmt, int K, int group, int M, int invariant, int min_m);
+/* The one-row CUDA-core GEMV splits K across a CTA's warps in two slices
+ * (outside the batch-invariant mode) where the unsplit grid does not fill
+ * the GPU once: matrices of few rows get as many warps as wide ones. The
+ * pair-epilogue GEMV does not split. Split launches so far (tests): */
+long lc_qgemv_split_count(void);
 /* Whether lc_qgemv at M = 1 on w would split K (the CUDA-core kernel, not
  * in batch-invariant mode, the split chosen). */
-int lc_qgemv_splits(loom_cuda_dt dt, const loom_cuda_qweight *w, int invariant);
-/* The pair-epilogue GEMV (lc_qgemv_epi) splitting K as lc_qgemv would (2
- * slices at most): 1 / 0, -1 back to LOOM_CUDA_QGEMV_SPLIT_PAIR (off by
- * default; not yet measured). */
-void lc_qgemv_split_pair_set(int on);
+int lc_qgemv_splits(loom_cuda_dt dt, const loom_cuda_qweight *w, int invariant, int tc_min_m);
 /* GEMV launches so far, tensor-core and CUDA-core (tests name what ran). */
 void lc_qgemv_count(long *tc, long *cc);
 void lc_qgemv_count_cc(void);
 cudaError_t lc_qgemv_tc(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,
                         const void *x, const void *xq, const float *sx, void *y, cudaStream_t s);
-
-/* W8A16 / INT4 / FP8 at one row of x on sm_90 (qgemv_bulk.cu): the
- * weights streamed into shared memory by bulk copies, multiplied on the
- * tensor cores, by persistent CTAs that convert the token once. On when
- * LOOM_CUDA_QGEMV_BULK=1 (or on / true / yes) or lc_qgemv_bulk_set(1) (0
- * forces off, -1 back to the environment; with the environment's on,
- * LOOM_CUDA_QGEMV_BULK_MIN_MB=n keeps matrices under n MiB of codes on the
- * CUDA-core kernel). lc_qgemv_bulk_ok: whether it
- * takes w (W8A16 / FP8 K % 64; INT4 groups of 128 .. 2048 dividing 2048
- * with K % (2 group); aligned; K <= 65536). lc_qgemv calls it at M = 1
- * outside the batch-invariant mode (FP8 with the token's codes xq and scale
- * sx); count: launches so far. set_probe (gpu_bench only): 1 makes the
- * kernel skip its arithmetic — garbage outputs — to time the bare weight
- * stream; set_warps (gpu_bench): 4 or 8 consumer warps a CTA (8 default). */
-int lc_qgemv_bulk_ok(const loom_cuda_qweight *w);
-cudaError_t lc_qgemv_bulk(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight *w, const void *x, const void *xq,
-                          const float *sx, void *y, cudaStream_t s);
-void lc_qgemv_bulk_set(int on);
-int lc_qgemv_bulk_get(void);
-long lc_qgemv_bulk_count(void);
-void lc_qgemv_bulk_set_probe(int on);
-void lc_qgemv_bulk_set_warps(int w);
 
 /* GGUF (qgguf.cu): y (M, N) = x (M, K) @ dequant(w)^T for M in [1, 8],
  * one launch per segment; y dt or f32 (out_f32), x dt. */
@@ -119,17 +86,14 @@ cudaError_t lc_add_rmsnorm_quant(loom_cuda_dt dt, int fp8, float *x, const void 
 
 /* W8A16 / INT4 above the GEMV's rows (qmma.cu): the tensor-core kernel that
  * decodes the weights in registers, for M <= LC_QMMA_MAX_M, K % 128 == 0
- * (INT4: group % 128 == 0). lc_qmma_ok: whether it takes (w, M) — on unless
- * LOOM_CUDA_QMMA=0 (or off / false / no) or lc_qmma_set(0) (tests, A/B:
- * 1 / 0 force, -1 back to the environment). Scratch: lc_qmma_scratch_bytes
- * (the f16 tokens, their scales, K-slice partial sums). */
+ * (INT4: group % 128 == 0). lc_qmma_ok: whether it takes (w, M). Scratch:
+ * lc_qmma_scratch_bytes (the f16 tokens, their scales, K-slice partial
+ * sums). */
 #define LC_QMMA_MAX_M 128 /* above: dequantize + cuBLASLt is faster (H200, M = 256: 444 vs 684 us) */
 int lc_qmma_ok(const loom_cuda_qweight *w, int M);
 size_t lc_qmma_scratch_bytes(const loom_cuda_qweight *w, int M);
 cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,
                     void *y, void *scratch, cudaStream_t s);
-void lc_qmma_set(int on);
-int lc_qmma_get(void);
 
 /* Dequantize a W8A16 / INT4 weight into out (N, K) dt. */
 cudaError_t lc_dequant_weight(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out,
@@ -164,9 +128,10 @@ enum {
 int lc_gemm_lt_q(loom_cuda_gemm *g, int kind, int M, int N, int K, const void *xq,
                  const void *wq, const float *sx, const float *sw, void *d, cudaStream_t s,
                  char *msg, size_t msg_size);
-/* Whether g's FP8 GEMMs try the scale vectors first (on unless
- * LOOM_CUDA_FP8_SCALE_VEC=0); tests and gpu_bench switch it to compare both
- * paths. */
+/* Whether g's FP8 GEMMs try the scale vectors first (on from
+ * loom_cuda_gemm_create); tests and gpu_bench set it off to run the
+ * fallback of the shapes without such an algorithm (unit scales + the
+ * epilogue pass) and compare both paths. */
 int lc_gemm_fp8_vec(const loom_cuda_gemm *g);
 void lc_gemm_set_fp8_vec(loom_cuda_gemm *g, int on);
 /* FP8 GEMM-path calls so far that ran with the scale vectors / with unit
@@ -183,6 +148,9 @@ int lc_gemm_run_lt(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, int N
 int lc_gemm_invariant(const loom_cuda_gemm *g);
 /* Per-format GEMV bound of loom_cuda_qgemm_set_gemv_max_m (gemm.c holds it). */
 int lc_gemm_q_gemv_max_m(const loom_cuda_gemm *g, loom_cuda_qfmt fmt);
+/* The tensor-core GEMV's bound of loom_cuda_qgemm_set_tc_min_m (0: the
+ * measured per-format default; gemm.c holds it). */
+int lc_gemm_q_tc_min_m(const loom_cuda_gemm *g);
 
 #ifdef __cplusplus
 }

@@ -59,9 +59,6 @@
  */
 #include "common.cuh"
 
-#include <stdlib.h>
-#include <string.h>
-
 #include <atomic>
 
 #include "mma.cuh"
@@ -361,31 +358,16 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
 
 /* ------------------------------------------------------------- dispatch */
 
-/* The environment, read once (a C++ local static: thread-safe), and the
- * tests' / benchmark's process-wide override (-1: none). The smallest M
- * the kernel takes: measured (gpu_bench --quant, one Llama-3-8B layer)
- * W8A8 / FP8 at M = 2 already as fast or faster (92.9 vs 93.9, 105.7
+/* The smallest M the kernel takes unless the GEMM context says otherwise
+ * (loom_cuda_qgemm_set_tc_min_m; the cuda backend's qgemv_tc_min_rows):
+ * measured on the H200 (gpu_bench --quant, one Llama-3-8B layer) W8A8 /
+ * FP8 at M = 2 already as fast or faster (92.9 vs 93.9, 105.7
  * vs 108.0 us), INT4 at M = 2 slower (115.8 vs 111.1) but at M = 8 1.6x
  * faster; its crossover, interpolated, lies between 2 and 3. */
-struct lc_tc_env {
-    bool on;
-    int min_m, min_m_i4;
-};
-static const lc_tc_env &lc_tc_env_get() {
-    static const lc_tc_env env = [] {
-        lc_tc_env v = {true, 2, 3};
-        v.on = lc_env_bool("LOOM_CUDA_QGEMV_TC", true);
-        const char *m = getenv("LOOM_CUDA_QGEMV_TC_MIN_M");
-        if (m && atoi(m) >= 1) v.min_m = v.min_m_i4 = atoi(m);
-        return v;
-    }();
-    return env;
-}
-static std::atomic<int> lc_tc_override{-1};
+#define LC_TC_MIN_M 2    /* W8A8 / FP8 */
+#define LC_TC_MIN_M_I4 3 /* INT4 */
 static std::atomic<long> lc_tc_launches{0}, lc_cc_launches{0};
 
-extern "C" void lc_qgemv_set_tc(int on) { lc_tc_override = on < 0 ? -1 : on ? 1 : 0; }
-extern "C" int lc_qgemv_get_tc(void) { return lc_tc_override; }
 extern "C" void lc_qgemv_count(long *tc, long *cc) {
     *tc = lc_tc_launches;
     *cc = lc_cc_launches;
@@ -402,12 +384,10 @@ static int lc_tc_shape_ok(loom_cuda_qfmt fmt, int K, int group) {
     }
 }
 
-extern "C" int lc_qgemv_use_tc(loom_cuda_qfmt fmt, int K, int group, int M, int invariant) {
-    const lc_tc_env &env = lc_tc_env_get();
-    const int over = lc_tc_override;
-    if (!(over < 0 ? env.on : over == 1) || invariant) return 0;
-    return M >= (fmt == LOOM_CUDA_Q_INT4 ? env.min_m_i4 : env.min_m) && M <= LC_QGEMV_MAX_M &&
-           lc_tc_shape_ok(fmt, K, group);
+extern "C" int lc_qgemv_use_tc(loom_cuda_qfmt fmt, int K, int group, int M, int invariant, int min_m) {
+    if (invariant) return 0;
+    if (min_m <= 0) min_m = fmt == LOOM_CUDA_Q_INT4 ? LC_TC_MIN_M_I4 : LC_TC_MIN_M;
+    return M >= min_m && M <= LC_QGEMV_MAX_M && lc_tc_shape_ok(fmt, K, group);
 }
 
 template <typename T, int FMT, bool F32>

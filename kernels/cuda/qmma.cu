@@ -56,11 +56,6 @@
  */
 #include "common.cuh"
 
-#include <stdlib.h>
-#include <string.h>
-
-#include <atomic>
-
 #include "mma.cuh"
 #include "qgemm.h"
 
@@ -345,17 +340,7 @@ __global__ void __launch_bounds__(256)
 
 /* ------------------------------------------------------------- dispatch */
 
-static std::atomic<int> lc_qmma_override{-1};
-static bool lc_qmma_env_on() {
-    static const bool on = lc_env_bool("LOOM_CUDA_QMMA", true);
-    return on;
-}
-extern "C" void lc_qmma_set(int on) { lc_qmma_override = on < 0 ? -1 : on ? 1 : 0; }
-extern "C" int lc_qmma_get(void) { return lc_qmma_override; }
-
 extern "C" int lc_qmma_ok(const loom_cuda_qweight *w, int M) {
-    const int o = lc_qmma_override;
-    if (!(o < 0 ? lc_qmma_env_on() : o == 1)) return 0;
     if (M < 1 || M > LC_QMMA_MAX_M || w->N <= 0 || w->K <= 0 || w->K % 128) return 0;
     if (w->fmt == LOOM_CUDA_Q_INT8_W8A16) return 1;
     return w->fmt == LOOM_CUDA_Q_INT4 && w->K % 256 == 0 && w->group > 0 && w->group % 128 == 0 &&

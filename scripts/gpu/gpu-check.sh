@@ -32,8 +32,6 @@
 #           per-token logprobs, greedy ids, batch-1 and offline speed.
 #   profile: SmolLM2 batch-1 decode per-kernel GPU time (ncu) against the
 #           step's wall time, graphs on and off (needs SmolLM2).
-#   prefetch: batch-1 decode with the GEMVs' weight prefetch on vs off
-#           (SmolLM2 if carried, Llama-3-8B bf16 / int8 W8A16 / fp8).
 #   backend-ab: this tree's CUDA backend against an older commit's (packed by
 #           scripts/gpu/pack-old-backend.sh REV into .devpack/), new / old
 #           alternated in one machine: batch-1 decode of each config in
@@ -510,23 +508,7 @@ PY
   rec '{hw}-awq-gptq-vs-transformers' --merge --what "AWQ / GPTQ / GPTQ-v2 checkpoints through int4: teacher-forced logprobs and 32 greedy tokens vs transformers on the dequantized weights" \
     $(for shape in ${AWQ_SHAPES:-tiny llama3-8b}; do echo "--text $shape=$O/awq-summary-$shape.txt"; done)
   ;;
-prefetch)
-  # LOOM_CUDA_WEIGHT_PREFETCH=0 turns off the GEMVs' L2 prefetch of their
-  # weights ahead of the PDL wait (kernels/cuda/common.cuh); same build.
-  have_smol=0; smollm2_model && have_smol=1; pfargs=()
-  for m in smollm2 llama3-8b-dummy llama3-8b-int8-w8a16 llama3-8b-fp8; do
-    [ $m = smollm2 ] && [ $have_smol = 0 ] && continue
-    for pf in 1 0; do
-      step "$m batch-1 decode, weight prefetch $pf"
-      LOOM_CUDA_WEIGHT_PREFETCH=$pf timeout 200 loom bench configs/gpu/$m.yaml --num-requests 4 --input-len 128 \
-        --output-len 256 --set scheduler.max_num_seqs=1 --no-progress --json "$O/prefetch-$m-pf$pf.json" 2>&1 \
-        | grep -E "TPOT p50|output tokens/s" || fails=$((fails + 1))
-      [ -s "$O/prefetch-$m-pf$pf.json" ] && pfargs+=(--bench "$m prefetch $pf=$O/prefetch-$m-pf$pf.json")
-    done
-  done
-  rec '{hw}-weight-prefetch' --what "batch-1 decode with the GEMVs' L2 weight prefetch on (1) and off (0)" "${pfargs[@]}"
-  ;;
-*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|prefetch" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

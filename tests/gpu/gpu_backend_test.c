@@ -34,7 +34,9 @@
  * mixed Q/K/V group, GGUF blocks planned for bf16 tensors).
  * Quantizers are dlopen'd from $LOOM_QUANTIZER_DIR/NAME/ or
  * $LOOM_QUANTIZER_DIR/ (default: the build tree's plugins/quantizer).
- * Last, batch_invariant = true (run_invariant): one sequence's next 5
+ * The tiny shape's W8A8 / FP8 / INT4 again with backend.qgemv_tc_min_rows
+ * 9 (the CUDA-core GEMV at every batch) and 1 (the tensor-core one from a
+ * single row). Last, batch_invariant = true (run_invariant): one sequence's next 5
  * tokens as 5 decode steps vs as one verify step (alone, next to other
  * sequences' decode / verify tokens in a padded graph bucket, next to a
  * prefill chunk), eager and through graphs — the logits must be equal bit
@@ -245,6 +247,7 @@ typedef struct shape {
      * output.weight's (BF16: keep it bf16) */
     const loom_dtype *gguf;
     bool kv_fp8;        /* KV cache fp8_e4m3 on every instance               */
+    const char *cuda_ov; /* one more cuda backend parameter ("key=value"), or NULL */
 } shape;
 
 /* f as IEEE binary16 (round to nearest even, subnormals kept) at p,
@@ -527,8 +530,8 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
               .kv_fp8 = kv_fp8};
     char dt_ov[32];
     snprintf(dt_ov, sizeof dt_ov, "dtype=%s", sh->dtype ? sh->dtype : "bf16");
-    const char *ov_eager[] = {"cuda_graphs=false", "max_batched_tokens=1024", dt_ov, NULL};
-    const char *ov_graph[] = {"cuda_graphs=true", "max_batched_tokens=1024", dt_ov, NULL};
+    const char *ov_eager[] = {"cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL};
+    const char *ov_graph[] = {"cuda_graphs=true", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL};
     void *c_cpu = config_make(cpu_p->comp, NULL), *c_e = config_make(cuda_p->comp, ov_eager),
          *c_g = config_make(cuda_p->comp, ov_graph);
     loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = BS, .num_blocks = NB,
@@ -1104,6 +1107,19 @@ int main(int argc, char **argv) {
     const char *fp8kv[] = {"scales=per_channel", "kv_cache=fp8", NULL};
     run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8kv, "fp8-per-channel+kv_cache=fp8", &qs_tiny, TOL_KV_FP8_QUANT);
     run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8kv, "fp8-per-channel+kv_cache=fp8", &qs_8b, TOL_KV_FP8_QUANT);
+    /* backend.qgemv_tc_min_rows: the CUDA-core GEMV at every batch (9), and
+     * the tensor-core one from a single row (1), W8A8 / FP8 / INT4 */
+    {
+        shape tc9 = qs_tiny, tc1 = qs_tiny;
+        tc9.name = "q-tiny-d64 qgemv_tc_min_rows=9", tc9.cuda_ov = "qgemv_tc_min_rows=9";
+        tc1.name = "q-tiny-d64 qgemv_tc_min_rows=1", tc1.cuda_ov = "qgemv_tc_min_rows=1";
+        for (int i = 0; i < 2; i++) {
+            const shape *ts = i ? &tc1 : &tc9;
+            run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a8, "int8-w8a8", ts, 6e-2);
+            run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8c, "fp8-per-channel", ts, 8e-2);
+            run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", ts, 3e-2);
+        }
+    }
     /* GGUF blocks as stored (int4 quantizer, source gguf) on both backends:
      * SmolLM2-like all-q4_1; Q4_K_M-like (q4_k with q6_k V and down: two
      * segments in Q/K/V) then a layer of three types in Q/K/V, with a q6_k

@@ -47,13 +47,11 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_kernels.h"
-#include "gemv.h"  /* lc_early_weights_set: early vs late loads, bit for bit */
 #include "qgemm.h" /* lc_gguf_dequant: checked bit for bit */
 #include "qlinear.h"
 #include "plugin/host_rules.h"
 
 static int g_fail, g_pass;
-static int g_swiglu_fuse; /* mirrors loom_cuda_gemm_set_swiglu_fuse, for names */
 static uint64_t g_rng;
 
 #define CK(call)                                                                                   \
@@ -1122,8 +1120,10 @@ static int g_qx_wild;
  * the SAME quantized weights — and, for W8A8 / FP8, the same per-token
  * quantized activations, computed here with kernels/cpu/qlinear.c's float32
  * arithmetic. path: 0 the default dispatch, 1 the GEMV forced (passes of 8
- * rows at any M), 2 the GEMM path forced (dequantize + cuBLASLt, or the
- * FP8 / int8 cuBLASLt GEMM + epilogue, at any M). */
+ * rows at any M; W8A16 / INT4 above 8 rows only at shapes qmma.cu does not
+ * take, which keeps them at 9..128 rows: a call that ran it fails), 2 the
+ * GEMM path forced (dequantize + cuBLASLt, or the FP8 / int8 cuBLASLt GEMM
+ * + epilogue, at any M). */
 static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, int M, int N,
                        int K, int group, int path, bool out_f32, bool smooth) {
     const bool i4 = fmt == LOOM_CUDA_Q_INT4, acts = fmt == LOOM_CUDA_Q_INT8_W8A8 || fmt == LOOM_CUDA_Q_FP8;
@@ -1230,8 +1230,7 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     void *d_y = dev_poison((size_t)M * N * oel);
     loom_cuda_qweight w = {.fmt = fmt, .N = N, .K = K, .group = i4 ? group : 0, .data = d_data,
                            .scales = d_sc, .smooth = d_sm};
-    const int qmma_prev = lc_qmma_get();
-    if (path == 1) loom_cuda_qgemm_set_gemv_max_m(g, fmt, 256), lc_qmma_set(0); /* the GEMV, not qmma.cu */
+    if (path == 1) loom_cuda_qgemm_set_gemv_max_m(g, fmt, 256);
     if (path == 2) loom_cuda_qgemm_set_gemv_max_m(g, fmt, 0);
     const size_t sb = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &w, M);
     void *d_s = dev_poison(sb);
@@ -1239,10 +1238,13 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     long tc0, cc0, tc1, cc1, v0, e0, v1, e1;
     lc_qgemv_count(&tc0, &cc0);
     lc_qgemm_fp8_count(&v0, &e0);
-    const long q0 = lc_qgemm_qmma_count(), b0 = lc_qgemv_bulk_count();
+    const long q0 = lc_qgemm_qmma_count();
     int rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
-    const bool qmma = lc_qgemm_qmma_count() > q0, bulk = lc_qgemv_bulk_count() > b0;
-    lc_qmma_set(qmma_prev);
+    const bool qmma = lc_qgemm_qmma_count() > q0;
+    if (!rc && path == 1 && qmma) {
+        snprintf(msg, sizeof msg, "path 1 (the GEMV) ran qmma.cu's kernel: pick a shape it does not take");
+        rc = -1;
+    }
     lc_qgemv_count(&tc1, &cc1);
     lc_qgemm_fp8_count(&v1, &e1);
     qgemm_defaults(g);
@@ -1255,7 +1257,6 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     /* an FP8 GEMM: cuBLASLt's scale vectors, or unit scales + the epilogue */
     if (v1 > v0 || e1 > e0) kern = v1 > v0 ? (e1 > e0 ? " scale-vec+epilogue" : " scale-vec") : " epilogue";
     if (qmma) kern = " qmma";
-    if (bulk) kern = " bulk";
     char wild[16] = "";
     if (g_qx_wild) snprintf(wild, sizeof wild, M == 1 && g_qx_wild >= 2 ? " wild%d" : " wild", g_qx_wild);
     snprintf(name, sizeof name, "qgemm %s %s M=%d N=%d K=%d%s%s%s%s%s -> %s", qfmt_name(fmt), dtn(dt),
@@ -1317,13 +1318,12 @@ static void test_qgemm_tc_bits(loom_cuda_gemm *g, loom_cuda_dt dt, int N, int K,
     const size_t scr = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &w, 8);
     void *d_scr = dev_poison(scr), *d_y = dev_poison((size_t)8 * N * oel);
     char *a = malloc((size_t)8 * N * oel), *b = malloc((size_t)8 * N * oel), msg[256] = "", name[160];
-    const int prev = lc_qgemv_get_tc();
     for (int M = 2; M <= 8; M += 3) {
         int rc = 0;
         long tc0, cc0, tc1, cc1;
         lc_qgemv_count(&tc0, &cc0);
         for (int on = 1; on >= 0 && !rc; on--) {
-            lc_qgemv_set_tc(on);
+            loom_cuda_qgemm_set_tc_min_m(g, on ? 0 : 9); /* the default bound (2 for W8A8), or never */
             CK(cudaMemset(d_y, 0xff, (size_t)8 * N * oel));
             rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_scr, scr, 0, msg, sizeof msg);
             CK(cudaDeviceSynchronize());
@@ -1338,7 +1338,7 @@ static void test_qgemm_tc_bits(loom_cuda_gemm *g, loom_cuda_dt dt, int N, int K,
                                                                  count_nan(dt, a, (size_t)M * N, oel);
         report_bits(name, bad, M);
     }
-    lc_qgemv_set_tc(prev);
+    loom_cuda_qgemm_set_tc_min_m(g, 0);
     cudaFree(d_data), cudaFree(d_sc), cudaFree(d_x), cudaFree(d_scr), cudaFree(d_y);
     free(data), free(sc), free(x), free(a), free(b);
 }
@@ -1352,63 +1352,6 @@ static void rand_q8_weight(loom_cuda_qfmt fmt, int N, int K, uint8_t *data, floa
         data[i] = b;
     }
     for (int n = 0; n < N; n++) sc[n] = rng_unif(0.001f, 0.02f);
-}
-
-/* Early weight loads (common.cuh's lc_early_weights; qgemm.cu's
- * LC_QGEMV_EARLY: the one-row FP8 CUDA-core GEMV loads its first pass
- * before the programmatic-launch wait, and its first pass is peeled) change
- * when bytes arrive, never which: every output bit must equal the late
- * path's. Rows of one chunk a lane (K = 576, a short pass alone), of whole
- * passes and a partial one (4096 + 16) and of many (14336), bf16 / f16
- * tokens, dt and float32 outputs; the tensor-core and bulk kernels off, and
- * each call must have run the CUDA-core kernel. */
-static void test_early_weights_bits(loom_cuda_gemm *g) {
-    static const int shapes[3][2] = {{300, 576}, {1000, 4112}, {257, 14336}};
-    char msg[256] = "", name[200];
-    const int tc0 = lc_qgemv_get_tc(), bulk0 = lc_qgemv_bulk_get();
-    lc_qgemv_set_tc(0);
-    lc_qgemv_bulk_set(0);
-    for (int si = 0; si < 3; si++) {
-        const int N = shapes[si][0], K = shapes[si][1];
-        uint8_t *data = malloc((size_t)N * K);
-        float *sc = malloc((size_t)N * 4);
-        rand_q8_weight(LOOM_CUDA_Q_FP8, N, K, data, sc);
-        void *d_data = dev_upload(data, (size_t)N * K), *d_sc = dev_upload(sc, (size_t)N * 4);
-        const loom_cuda_qweight qw = {.fmt = LOOM_CUDA_Q_FP8, .N = N, .K = K, .data = d_data, .scales = d_sc};
-        for (int di = 0; di < 2; di++) {
-            const loom_cuda_dt dt = di ? LOOM_CUDA_F16 : LOOM_CUDA_BF16;
-            const bool out_f32 = di == 0 || si == 1;
-            const size_t el = out_f32 ? 4 : 2;
-            uint16_t *x = rand16(dt, (size_t)K, -2, 2, NULL);
-            void *d_x = dev_upload(x, (size_t)K * 2);
-            const size_t scr = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &qw, 1);
-            void *d_scr = dev_poison(scr), *d_y = dev_poison((size_t)N * el);
-            char *a = malloc((size_t)N * el), *b = malloc((size_t)N * el);
-            long tc_0, cc_0, tc_1, cc_1;
-            lc_qgemv_count(&tc_0, &cc_0);
-            int rc = 0;
-            for (int on = 1; on >= 0 && !rc; on--) {
-                lc_early_weights_set(on);
-                CK(cudaMemset(d_y, 0xff, (size_t)N * el));
-                rc = loom_cuda_qgemm_run(g, dt, out_f32, 1, &qw, d_x, d_y, d_scr, scr, 0, msg, sizeof msg);
-                CK(cudaDeviceSynchronize());
-                CK(cudaMemcpy(on ? a : b, d_y, (size_t)N * el, cudaMemcpyDeviceToHost));
-            }
-            lc_qgemv_count(&tc_1, &cc_1);
-            snprintf(name, sizeof name, "qgemv fp8 %s M=1 N=%d K=%d -> %s: early loads' bits = late loads' bits",
-                     dtn(dt), N, K, out_f32 ? "f32" : dtn(dt));
-            if (rc) printf("      qgemm error: %s\n", msg);
-            /* both runs on the CUDA-core kernel, or the comparison says nothing */
-            report_bits(name, rc || cc_1 - cc_0 != 2 ? 1 : bits_differ(a, b, (size_t)N, el) + count_nan(dt, a, (size_t)N, el), 1);
-            cudaFree(d_x), cudaFree(d_scr), cudaFree(d_y);
-            free(x), free(a), free(b);
-        }
-        cudaFree(d_data), cudaFree(d_sc);
-        free(data), free(sc);
-    }
-    lc_early_weights_set(-1);
-    lc_qgemv_set_tc(tc0);
-    lc_qgemv_bulk_set(bulk0);
 }
 
 /* A random quantized N x K weight on the device (W8A16 / W8A8 / FP8 codes
@@ -1433,37 +1376,82 @@ static loom_cuda_qweight dev_rand_qweight(loom_cuda_qfmt f, int N, int K) {
     return qw;
 }
 
+/* The tensor-core GEMV's row bound (loom_cuda_qgemm_set_tc_min_m, the cuda
+ * backend's qgemv_tc_min_rows) decides which kernel a call runs: 0 the
+ * measured default (W8A8 / FP8 from 2 rows, INT4 from 3), 1..8 that many
+ * rows for every format, 9 never; W8A16 never takes it, nor does the
+ * batch-invariant mode. Then, with the bound at 1, one row of each format
+ * on the tensor-core kernel against the float64 reference (no default
+ * dispatch runs it there). */
+static void test_qgemm_tc_min_m(loom_cuda_gemm *g) {
+    static const struct { loom_cuda_qfmt f; int M, min_m, inv; bool tc; } cs[] = {
+        {LOOM_CUDA_Q_INT4, 2, 0, 0, false},      {LOOM_CUDA_Q_INT4, 3, 0, 0, true},
+        {LOOM_CUDA_Q_INT4, 2, 2, 0, true},       {LOOM_CUDA_Q_FP8, 2, 0, 0, true},
+        {LOOM_CUDA_Q_FP8, 2, 3, 0, false},       {LOOM_CUDA_Q_INT8_W8A8, 8, 8, 0, true},
+        {LOOM_CUDA_Q_INT8_W8A8, 8, 9, 0, false}, {LOOM_CUDA_Q_FP8, 1, 0, 0, false},
+        {LOOM_CUDA_Q_FP8, 1, 1, 0, true},        {LOOM_CUDA_Q_INT8_W8A16, 4, 1, 0, false},
+        {LOOM_CUDA_Q_INT8_W8A8, 4, 1, 1, false},
+    };
+    const int N = 256, K = 1024;
+    const loom_cuda_dt dt = LOOM_CUDA_BF16;
+    char msg[256] = "", name[160];
+    uint16_t *x = rand16(dt, (size_t)8 * K, -2, 2, NULL);
+    void *d_x = dev_upload(x, (size_t)8 * K * 2), *d_y = dev_poison((size_t)8 * N * 2);
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        const loom_cuda_qweight w = dev_rand_qweight(cs[ci].f, N, K);
+        loom_cuda_gemm_set_batch_invariant(g, cs[ci].inv);
+        loom_cuda_qgemm_set_tc_min_m(g, cs[ci].min_m);
+        const size_t scr = loom_cuda_qgemm_scratch_bytes(g, dt, 0, &w, cs[ci].M);
+        void *d_scr = scr ? dev_poison(scr) : NULL;
+        long tc0, cc0, tc1, cc1;
+        lc_qgemv_count(&tc0, &cc0);
+        const int rc = loom_cuda_qgemm_run(g, dt, 0, cs[ci].M, &w, d_x, d_y, d_scr, scr, 0, msg, sizeof msg);
+        CK(cudaDeviceSynchronize());
+        lc_qgemv_count(&tc1, &cc1);
+        const bool ran_tc = tc1 > tc0 && cc1 == cc0, ran_cc = cc1 > cc0 && tc1 == tc0;
+        snprintf(name, sizeof name, "qgemm %s M=%d, tensor-core bound %d%s: the %s kernel",
+                 qfmt_name(cs[ci].f), cs[ci].M, cs[ci].min_m, cs[ci].inv ? ", batch-invariant" : "",
+                 cs[ci].tc ? "tensor-core" : "CUDA-core");
+        if (rc) printf("      qgemm error: %s\n", msg);
+        report_bits(name, !rc && (cs[ci].tc ? ran_tc : ran_cc) ? 0 : 1, 1);
+        cudaFree((void *)w.data), cudaFree((void *)w.scales), cudaFree(d_scr);
+    }
+    loom_cuda_gemm_set_batch_invariant(g, 0);
+    loom_cuda_qgemm_set_tc_min_m(g, 1);
+    test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 1, 515, 2048, 0, 0, true, false);
+    test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 1, 515, 2048, 0, 0, true, false);
+    test_qgemm(g, LOOM_CUDA_F16, LOOM_CUDA_Q_INT4, 1, 515, 2048, 128, 0, false, false);
+    loom_cuda_qgemm_set_tc_min_m(g, 0);
+    cudaFree(d_x), cudaFree(d_y);
+    free(x);
+}
+
 /* The one-row GEMVs' pair epilogues (cuda_kernels.h: loom_cuda_epi) change
- * which kernel does the work, never its bits: with fusing on and off, the
- * same y, act and KV caches, bit for bit, for bf16 weights and every
- * quantized format, bf16 / f16. RoPE + KV write: Llama-3-8B's heads (32 /
+ * which kernel does the work, never its bits: the fused entry point and the
+ * GEMM followed by the separate kernel (loom_cuda_rope_kv / _swiglu) called
+ * by hand give the same y, act and KV caches, bit for bit, for bf16 weights
+ * and every quantized format, bf16 / f16. RoPE + KV write: Llama-3-8B's heads (32 /
  * 8 of 128) and small ones (4 / 2 of 64, 6 / 6 of 16), with and without
  * the QKV bias, dt and E4M3 caches, a token with a slot and one without
  * (slot -1: no cache write); SwiGLU: a Llama-3-8B-sized gate|up and a
- * small one. The fused launch must have run (loom_cuda_epi_fused_count)
- * with fusing on and not with it off. W8A8 / FP8 go through the norm-quantize entry point, as a step
- * does; the residual is left as it is (r NULL) so both runs see one x.
- * The separate GEMV unsplit (lc_qgemv_split_set(1)): the fused kernel sums
- * each row whole, and a split one adds its halves in another order — the
- * epilogue's arithmetic is what is checked here. Then the quantized
- * formats with both split in two (lc_qgemv_split_pair_set(1)): each row's
- * halves added alike, so again the same bits; the split kernels must have
- * run on both sides where the shape allows. */
+ * small one. The fused launch must have run (loom_cuda_epi_fused_count).
+ * The quantized formats go through the norm-quantize entry points, as a
+ * step does; the residual is left as it is (r NULL) so both runs see one x.
+ * The separate run in batch-invariant mode, so that its GEMV is unsplit
+ * (the fused kernel sums each row whole, and a split one adds its halves
+ * in another order — the epilogue's arithmetic is what is checked here);
+ * at one row that mode changes nothing else of the call. */
 static void test_pair_epilogue(loom_cuda_gemm *g) {
     static const struct { int kind, H, KVH, D, K, bias, f8, slot; } cases[] = {
         {LOOM_CUDA_EPI_ROPE_KV, 32, 8, 128, 4096, 0, 0, 1}, {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 0, 1},
         {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 1, 1},    {LOOM_CUDA_EPI_ROPE_KV, 6, 6, 16, 256, 0, 1, 0},
-        /* small heads (P = 8) long enough to split: bias, E4M3 cache */
+        /* small heads (P = 8), a longer row: bias, E4M3 cache */
         {LOOM_CUDA_EPI_ROPE_KV, 6, 6, 16, 2048, 1, 1, 1},
         {LOOM_CUDA_EPI_SWIGLU, 14336, 0, 0, 4096, 0, 0, 0},
         {LOOM_CUDA_EPI_SWIGLU, 1536, 0, 0, 576, 0, 0, 0},
     };
     static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
                                            LOOM_CUDA_Q_FP8, LOOM_CUDA_Q_INT4};
-    const int tc0 = lc_qgemv_get_tc(), bulk0 = lc_qgemv_bulk_get();
-    lc_qgemv_bulk_set(0); /* as the engine's default dispatch */
-    lc_qgemv_set_tc(-1);
-    lc_qgemv_split_set(1);
     char msg[256] = "", name[240];
     const int bs = 16, nblk = 4, max_pos = 512;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -1489,21 +1477,10 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
             uint16_t *xn = rand16(dt, (size_t)K, -1, 1, NULL), *wb = NULL;
             float *d_xres = dev_upload(xres, (size_t)K * 4), *d_nw = dev_upload(nw, (size_t)K * 4);
             void *d_xn = dev_upload(xn, (size_t)K * 2);
-            for (int fs = 0; fs < 9; fs++) {
-                /* fs 5..8: the quantized formats again with K split in two
-                 * on both sides (lc_qgemv_split_pair: the pair kernel
-                 * splits as the separate GEMV does) */
-                const int fi = fs < 5 ? fs : fs - 4, sp = fs >= 5;
+            for (int fi = 0; fi < 5; fi++) {
                 const loom_cuda_qfmt f = fmts[fi];
                 const bool i4 = f == LOOM_CUDA_Q_INT4;
                 if (i4 && K % 128) continue;
-                lc_qgemv_split_set(sp ? 2 : 1);
-                lc_qgemv_split_pair_set(sp);
-                /* where the split applies (lc_qgemv_slices: 2 slices of at
-                 * least a chunk a lane, whole split CTAs) */
-                const int chunks = (i4 ? K / 2 : K) / 16, Rq = i4 ? 4 : 2;
-                const bool splits = sp && chunks % 2 == 0 && chunks / 2 >= 32 && N % (2 * Rq) == 0;
-                const long sc0 = lc_qgemv_split_count();
                 loom_cuda_qweight qw = {.fmt = f, .N = N, .K = K};
                 void *d_w = NULL, *d_sc = NULL;
                 if (f == LOOM_CUDA_Q_NONE) {
@@ -1521,8 +1498,8 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                 const size_t sz[3] = {(size_t)N * 2, rope ? cache * kve : (size_t)I * 2, rope ? cache * kve : 0};
                 long fused[2] = {0, 0};
                 int rc = 0;
-                for (int run = 0; run < 2 && !rc; run++) { /* fused, then not */
-                    loom_cuda_epi_fuse_set(run == 0 ? LOOM_CUDA_EPI_ALL : 0);
+                for (int run = 0; run < 2 && !rc; run++) { /* fused, then the separate kernel by hand */
+                    loom_cuda_gemm_set_batch_invariant(g, run == 1);
                     void *d_y = dev_poison(sz[0]), *d_a = dev_poison(sz[1] ? sz[1] : 16),
                          *d_v = dev_poison(sz[2] ? sz[2] : 16);
                     loom_cuda_epi e = {.kind = (loom_cuda_epi_kind)cases[ci].kind};
@@ -1535,10 +1512,22 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                     else
                         e.act = d_a;
                     const long c0 = loom_cuda_epi_fused_count();
-                    rc = f == LOOM_CUDA_Q_NONE
-                             ? loom_cuda_gemm_epi_run(g, dt, 1, N, K, d_xn, d_w, d_y, &e, 0, msg, sizeof msg)
-                             : loom_cuda_qgemm_norm_epi_run(g, dt, 1, &qw, d_xres, NULL, d_nw, 1e-5f, d_xn, d_y, &e,
-                                                            d_scr, scr, 0, msg, sizeof msg);
+                    if (run == 0) {
+                        rc = f == LOOM_CUDA_Q_NONE
+                                 ? loom_cuda_gemm_epi_run(g, dt, 1, N, K, d_xn, d_w, d_y, &e, 0, msg, sizeof msg)
+                                 : loom_cuda_qgemm_norm_epi_run(g, dt, 1, &qw, d_xres, NULL, d_nw, 1e-5f, d_xn, d_y,
+                                                                &e, d_scr, scr, 0, msg, sizeof msg);
+                    } else {
+                        rc = f == LOOM_CUDA_Q_NONE
+                                 ? loom_cuda_gemm_run(g, dt, 0, 1, N, K, d_xn, d_w, d_y, 0, msg, sizeof msg)
+                                 : loom_cuda_qgemm_norm_run(g, dt, 1, &qw, d_xres, NULL, d_nw, 1e-5f, d_xn, d_y, d_scr,
+                                                            scr, 0, msg, sizeof msg);
+                        if (!rc && rope)
+                            CK(loom_cuda_rope_kv(dt, e.kv, d_y, N, e.bias, d_cs, d_pos, d_slot, d_a, d_v, 1, H, KVH, D,
+                                                 bs, 0));
+                        else if (!rc)
+                            CK(loom_cuda_swiglu(dt, d_a, d_y, 1, I, 0));
+                    }
                     CK(cudaDeviceSynchronize());
                     fused[run] = loom_cuda_epi_fused_count() - c0;
                     void *dev[3] = {d_y, d_a, d_v};
@@ -1550,18 +1539,15 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                 }
                 long differ = rc ? 1 : 0;
                 for (int b = 0; b < 3 && !rc; b++) differ += bits_differ(out[0][b], out[1][b], sz[b], 1);
-                /* split: both runs split (fused and separate), else neither */
-                const long nsplit = lc_qgemv_split_count() - sc0;
-                if (nsplit != (splits ? 2 : 0)) differ++, printf("      split launches %ld\n", nsplit);
-                /* the fused launch ran with fusing on, never with it off */
+                /* the fused launch ran, once */
                 if (fused[0] != 1 || fused[1] != 0) differ++;
                 /* something was written: y has no poison left */
                 if (!rc) differ += count_nan(dt, out[0][0], (size_t)N, 2);
                 snprintf(name, sizeof name,
-                         "pair epilogue %s %s %s N=%d K=%d%s%s%s%s: fused = separate kernel, bit for bit",
+                         "pair epilogue %s %s %s N=%d K=%d%s%s%s: fused = separate kernel, bit for bit",
                          rope ? "rope_kv" : "swiglu", dtn(dt), f == LOOM_CUDA_Q_NONE ? "bf16-weights" : qfmt_name(f),
                          N, K, rope && cases[ci].bias ? " bias" : "", rope && cases[ci].f8 ? " e4m3-KV" : "",
-                         rope && slot < 0 ? " no slot" : "", splits ? " split 2" : sp ? " (split declined)" : "");
+                         rope && slot < 0 ? " no slot" : "");
                 if (rc) printf("      error: %s\n", msg);
                 if (fused[0] != 1 || fused[1]) printf("      fused launches %ld / %ld\n", fused[0], fused[1]);
                 report_bits(name, differ, 1);
@@ -1575,24 +1561,17 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
         cudaFree(d_cs), cudaFree(d_bias), cudaFree(d_pos), cudaFree(d_slot);
         free(cs), free(bias);
     }
-    loom_cuda_epi_fuse_set(-1);
-    lc_qgemv_split_set(-1);
-    lc_qgemv_split_pair_set(-1);
-    lc_qgemv_set_tc(tc0);
-    lc_qgemv_bulk_set(bulk0);
+    loom_cuda_gemm_set_batch_invariant(g, 0);
 }
 
 /* Where the one-row CUDA-core GEMV is not what runs, the pair epilogue
  * entry points must not fuse and must still finish every row: three rows
- * (bf16 weights; W8A8 through the norm-quantize entry point) and one row
- * on the bulk-copy kernel (W8A16, FP8, INT4) — with fusing on, no fused
- * launch and the bits of fusing off; the three-row RoPE also against
- * loom_cuda_gemm_run + loom_cuda_rope_kv called by hand. Llama-3-8B's QKV
- * shape, three tokens at positions in three cache blocks. */
+ * (bf16 weights; W8A8 through the norm-quantize entry point) — no fused
+ * launch, and the bits of the GEMM + loom_cuda_rope_kv called by hand.
+ * Llama-3-8B's QKV shape, three tokens at positions in three cache blocks. */
 static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
     const int H = 32, KVH = 8, D = 128, K = 4096, N = (H + 2 * KVH) * D, bs = 16, nblk = 8, max_pos = 512;
     const loom_cuda_dt dt = LOOM_CUDA_BF16;
-    const int bulk0 = lc_qgemv_bulk_get();
     char msg[256] = "", name[200];
     float *cs = malloc((size_t)max_pos * D * 4);
     for (int i = 0; i < max_pos * D / 2; i++) {
@@ -1610,10 +1589,7 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
     float *d_xres = dev_upload(xres, (size_t)3 * K * 4), *d_nw = dev_upload(nw, (size_t)K * 4);
     void *d_xn = dev_upload(xn, (size_t)3 * K * 2), *d_wb = dev_upload(wb, (size_t)N * K * 2);
     const size_t cache = (size_t)nblk * KVH * bs * D * 2;
-    static const struct { loom_cuda_qfmt f; int M, bulk; } cases[] = {
-        {LOOM_CUDA_Q_NONE, 3, 0},        {LOOM_CUDA_Q_INT8_W8A8, 3, 0}, {LOOM_CUDA_Q_INT8_W8A16, 1, 1},
-        {LOOM_CUDA_Q_FP8, 1, 1},          {LOOM_CUDA_Q_INT4, 1, 1},
-    };
+    static const struct { loom_cuda_qfmt f; int M; } cases[] = {{LOOM_CUDA_Q_NONE, 3}, {LOOM_CUDA_Q_INT8_W8A8, 3}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const loom_cuda_qfmt f = cases[ci].f;
         const int M = cases[ci].M;
@@ -1625,21 +1601,22 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
         }
         const size_t scr = f == LOOM_CUDA_Q_NONE ? 0 : loom_cuda_qgemm_scratch_bytes(g, dt, 0, &qw, M);
         void *d_scr = scr ? dev_poison(scr) : NULL;
-        lc_qgemv_bulk_set(cases[ci].bulk);
         const size_t sz[3] = {(size_t)M * N * 2, cache, cache};
-        char *out[3][3] = {{0}};
-        long fused[3] = {0, 0, 0};
+        char *out[2][3] = {{0}};
+        long fused[2] = {0, 0};
         int rc = 0;
-        /* run 0: fusing on; 1: off; 2 (bf16 only): GEMM + rope_kv by hand */
-        for (int run = 0; run < (f == LOOM_CUDA_Q_NONE ? 3 : 2) && !rc; run++) {
-            loom_cuda_epi_fuse_set(run == 0 ? LOOM_CUDA_EPI_ALL : 0);
+        /* run 0: the entry point; 1: the GEMM + rope_kv by hand */
+        for (int run = 0; run < 2 && !rc; run++) {
             void *d_y = dev_poison(sz[0]), *d_k = dev_poison(cache), *d_v = dev_poison(cache);
             const loom_cuda_epi e = {.kind = LOOM_CUDA_EPI_ROPE_KV, .kv = LOOM_CUDA_KV_DT, .cs = d_cs, .pos = d_pos,
                                      .slot = d_slot, .k_cache = d_k, .v_cache = d_v, .num_heads = H,
                                      .num_kv_heads = KVH, .head_dim = D, .block_size = bs};
             const long c0 = loom_cuda_epi_fused_count();
-            if (run == 2) {
-                rc = loom_cuda_gemm_run(g, dt, 0, M, N, K, d_xn, d_wb, d_y, 0, msg, sizeof msg);
+            if (run == 1) {
+                rc = f == LOOM_CUDA_Q_NONE
+                         ? loom_cuda_gemm_run(g, dt, 0, M, N, K, d_xn, d_wb, d_y, 0, msg, sizeof msg)
+                         : loom_cuda_qgemm_norm_run(g, dt, M, &qw, d_xres, NULL, d_nw, 1e-5f, d_xn, d_y, d_scr, scr, 0,
+                                                    msg, sizeof msg);
                 if (!rc)
                     CK(loom_cuda_rope_kv(dt, LOOM_CUDA_KV_DT, d_y, N, NULL, d_cs, d_pos, d_slot, d_k, d_v, M, H, KVH,
                                          D, bs, 0));
@@ -1659,37 +1636,34 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
             cudaFree(d_y), cudaFree(d_k), cudaFree(d_v);
         }
         long differ = rc ? 1 : 0;
-        for (int run = 1; run < 3 && !rc; run++)
-            for (int b = 0; b < 3 && out[run][0]; b++) differ += bits_differ(out[0][b], out[run][b], sz[b], 1);
+        for (int b = 0; b < 3 && !rc; b++) differ += bits_differ(out[0][b], out[1][b], sz[b], 1);
         if (fused[0] || fused[1]) differ++;
         if (!rc) differ += count_nan(dt, out[0][0], (size_t)M * N, 2);
-        snprintf(name, sizeof name, "pair epilogue declined: rope_kv %s M=%d%s: no fused launch, every row done",
-                 f == LOOM_CUDA_Q_NONE ? "bf16-weights" : qfmt_name(f), M, cases[ci].bulk ? " (bulk kernel)" : "");
+        snprintf(name, sizeof name, "pair epilogue declined: rope_kv %s M=%d: no fused launch, every row done",
+                 f == LOOM_CUDA_Q_NONE ? "bf16-weights" : qfmt_name(f), M);
         if (rc) printf("      error: %s\n", msg);
         if (fused[0] || fused[1]) printf("      fused launches %ld / %ld\n", fused[0], fused[1]);
         report_bits(name, differ, 1);
-        for (int r = 0; r < 3; r++)
+        for (int r = 0; r < 2; r++)
             for (int b = 0; b < 3; b++) free(out[r][b]);
         cudaFree(d_w), cudaFree(d_sc), cudaFree(d_scr);
     }
-    loom_cuda_epi_fuse_set(-1);
-    lc_qgemv_bulk_set(bulk0);
     cudaFree(d_cs), cudaFree(d_pos), cudaFree(d_slot), cudaFree(d_xres), cudaFree(d_nw), cudaFree(d_xn), cudaFree(d_wb);
     free(cs), free(xres), free(nw), free(xn), free(wb);
 }
 
-/* The one-row CUDA-core GEMV with K split across a CTA's warps
- * (qgemm.cu, lc_qgemv_split_set: 2 or 4 slices, their sums added in
- * shared memory) against the float64 reference (test_qgemm: float32 held to
- * 1e-4), every format: Llama-3-8B's O and down shapes, a row count that
- * is no multiple of a CTA's rows (INT4 at 2 slices: the unsplit kernel
- * runs, so no dead warp meets the barrier), short rows that cannot give
- * every lane a chunk a slice (unsplit), tokens of wild magnitudes; each
- * call must have run the split kernel where it can; FP8 also with its
- * early weight loads off. Then: never in batch-invariant mode; auto runs
- * what loom_cuda_qgemm_splits says, which on a GPU of 100+ SMs splits the
- * 8B O projection (512 CTAs of W8A16 leave it short of a wave) and not
- * gate|up (3584 CTAs). */
+/* The one-row CUDA-core GEMV with K split across a CTA's warps (qgemm.cu,
+ * lc_qgemv_slices: 2 slices, their sums added in shared memory, where the
+ * unsplit grid does not fill the GPU) against the float64 reference
+ * (test_qgemm: float32 held to 1e-4), every format: Llama-3-8B's O and down
+ * shapes, a row count that is no multiple of a CTA's rows (INT4: the
+ * unsplit kernel runs, so no dead warp meets the barrier), short rows that
+ * cannot give every lane a chunk a slice (unsplit), tokens of wild
+ * magnitudes. Each call must run
+ * split exactly where loom_cuda_qgemm_splits says, and on a GPU of 100+ SMs
+ * that is wherever the shape allows (these grids, 512 CTAs at most, are
+ * short of a wave there). Then: never in batch-invariant mode; the 8B O
+ * projection (512 CTAs of W8A16) splits and gate|up (3584 CTAs) does not. */
 static void test_qgemv_split(loom_cuda_gemm *g) {
     typedef struct { loom_cuda_qfmt fmt; loom_cuda_dt dt; int N, K, group; bool f32; } scase;
     char name[200];
@@ -1705,45 +1679,36 @@ static void test_qgemv_split(loom_cuda_gemm *g) {
         {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 4096, 14336, 128, true},
         {LOOM_CUDA_Q_INT4, LOOM_CUDA_F16, 300, 8192, 256, true},
     };
-    const int bulk0 = lc_qgemv_bulk_get(), tc0 = lc_qgemv_get_tc();
-    lc_qgemv_bulk_set(0);
-    lc_qgemv_set_tc(0);
-    for (int S = 2; S <= 4; S *= 2) {
-        lc_qgemv_split_set(S);
-        for (int wild = 0; wild < 6; wild++)
-            for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
-                const scase c = cs[ci];
-                /* wild 5: FP8 with its early weight loads off (the loop's
-                 * own first loads, at the slice's first chunk) */
-                if (wild == 5 ? c.fmt != LOOM_CUDA_Q_FP8 : wild && (!c.f32 || ci % 2)) continue;
-                lc_early_weights_set(wild == 5 ? 0 : -1);
-                g_qx_wild = wild == 5 ? 0 : wild;
-                const long s0 = lc_qgemv_split_count();
-                test_qgemm(g, c.dt, c.fmt, 1, c.N, c.K, c.group, 0, c.f32, false);
-                /* splits where the rows of a CTA / S divide N and each lane
-                 * has a chunk of every slice */
-                const int R = c.fmt == LOOM_CUDA_Q_INT4 ? 4 : 2, chunks = (c.fmt == LOOM_CUDA_Q_INT4 ? c.K / 2 : c.K) / 16;
-                const bool can = c.N % (4 * R / S) == 0 && chunks % S == 0 && chunks / S >= 32;
-                snprintf(name, sizeof name, "qgemv %s %s M=1 N=%d K=%d %s%d split %d: %s", qfmt_name(c.fmt),
-                         dtn(c.dt), c.N, c.K, wild == 5 ? "late loads " : "wild", wild == 5 ? 0 : wild, S,
-                         can ? "ran split" : "ran unsplit");
-                report_bits(name, (lc_qgemv_split_count() > s0) == can ? 0 : 1, 1);
-            }
-    }
-    lc_early_weights_set(-1);
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    for (int wild = 0; wild < 5; wild++)
+        for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+            const scase c = cs[ci];
+            if (wild && (!c.f32 || ci % 2)) continue;
+            g_qx_wild = wild;
+            const loom_cuda_qweight probe = {.fmt = c.fmt, .N = c.N, .K = c.K, .group = c.group,
+                                             .data = (void *)256, .scales = (float *)256};
+            const int says = loom_cuda_qgemm_splits(g, c.dt, &probe);
+            const long s0 = lc_qgemv_split_count();
+            test_qgemm(g, c.dt, c.fmt, 1, c.N, c.K, c.group, 0, c.f32, false);
+            /* the shape allows it where the rows of a CTA / 2 divide N and
+             * each lane has a chunk of both slices */
+            const int R = c.fmt == LOOM_CUDA_Q_INT4 ? 4 : 2, chunks = (c.fmt == LOOM_CUDA_Q_INT4 ? c.K / 2 : c.K) / 16;
+            const bool can = c.N % (2 * R) == 0 && chunks % 2 == 0 && chunks / 2 >= 32;
+            snprintf(name, sizeof name, "qgemv %s %s M=1 N=%d K=%d wild%d: %s", qfmt_name(c.fmt), dtn(c.dt), c.N,
+                     c.K, wild, says ? "ran split" : "ran unsplit");
+            report_bits(name, (lc_qgemv_split_count() > s0) == (says != 0) && (sms < 100 || (says != 0) == can) ? 0 : 1,
+                        1);
+        }
     g_qx_wild = 0;
-    lc_qgemv_split_set(2);
     loom_cuda_gemm_set_batch_invariant(g, 1);
     long s0 = lc_qgemv_split_count();
     test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 1, 4096, 4096, 0, 0, true, false);
     report_bits("qgemv int8_w8a16 M=1 in batch-invariant mode: not split", lc_qgemv_split_count() == s0 ? 0 : 1, 1);
     loom_cuda_gemm_set_batch_invariant(g, 0);
-    /* auto: the launch does what loom_cuda_qgemm_splits says; on a GPU of
-     * 100 SMs or more (an H100 / H200 holds ~9 CTAs of it an SM) that is
-     * to split the 8B O shape (512 CTAs) and not gate|up (3584) */
-    lc_qgemv_split_set(0);
-    int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    /* the launch does what loom_cuda_qgemm_splits says; on a GPU of 100
+     * SMs or more (an H100 / H200 holds ~9 CTAs of it an SM) that is to
+     * split the 8B O shape (512 CTAs) and not gate|up (3584) */
     const int auto_n[2] = {4096, 28672};
     for (int i = 0; i < 2; i++) {
         const loom_cuda_qweight probe = {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = auto_n[i], .K = 4096,
@@ -1751,11 +1716,11 @@ static void test_qgemv_split(loom_cuda_gemm *g) {
         const int says = loom_cuda_qgemm_splits(g, LOOM_CUDA_BF16, &probe);
         s0 = lc_qgemv_split_count();
         test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 1, auto_n[i], 4096, 0, 0, true, false);
-        snprintf(name, sizeof name, "qgemv int8_w8a16 M=1 N=%d K=4096 auto: ran split = loom_cuda_qgemm_splits (%d)",
+        snprintf(name, sizeof name, "qgemv int8_w8a16 M=1 N=%d K=4096: ran split = loom_cuda_qgemm_splits (%d)",
                  auto_n[i], says);
         report_bits(name, (lc_qgemv_split_count() > s0) == (says != 0) ? 0 : 1, 1);
         if (sms >= 100) {
-            snprintf(name, sizeof name, "qgemv int8_w8a16 M=1 N=%d K=4096 auto on %d SMs: %s", auto_n[i], sms,
+            snprintf(name, sizeof name, "qgemv int8_w8a16 M=1 N=%d K=4096 on %d SMs: %s", auto_n[i], sms,
                      i ? "whole (3584 CTAs fill the GPU)" : "split (512 CTAs do not)");
             report_bits(name, (says != 0) == (i == 0) ? 0 : 1, 1);
         }
@@ -1768,115 +1733,6 @@ static void test_qgemv_split(loom_cuda_gemm *g) {
                     loom_cuda_qgemm_splits(g, LOOM_CUDA_BF16, &probe) ? 1 : 0, 1);
     }
     loom_cuda_gemm_set_batch_invariant(g, 0);
-    lc_qgemv_split_set(-1);
-    lc_qgemv_bulk_set(bulk0);
-    lc_qgemv_set_tc(tc0);
-}
-
-/* One row of x on qgemv_bulk.cu's kernel (bulk-copy staging, tensor
- * cores, persistent CTAs) against the float64 reference (test_qgemm,
- * float32 output held to 1e-4): W8A16, FP8 and INT4 (groups 128 .. 2048),
- * bf16 / f16, N below one 16-row tile and not a multiple of it, K of one
- * 64-column window, with a partial last stage, of more stages than the ring
- * holds (the 8B down projection), long rows up to the 65536 bound, many
- * tiles a CTA with a partial last one (the ring and the partial-sum
- * buffers carried across tiles), tokens of wild magnitudes (the per-warp
- * power-of-two scaling: huge, tiny, powers of two, all positive); with 8
- * consumer warps and with 4; each call must have run the kernel. Then: not
- * in batch-invariant mode even when on; the shapes it must refuse and
- * take; off when set off. */
-static void test_qgemm_bulk(loom_cuda_gemm *g) {
-    typedef struct { loom_cuda_qfmt fmt; loom_cuda_dt dt; int N, K, group; bool f32; } bcase;
-    const bcase cs[] = {
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 1, 64, 0, true},
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 17, 576, 0, true},
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_F16, 300, 4096, 0, false},
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 4096, 14336, 0, true},
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 1001, 1088, 0, false},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 1, 512, 128, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_F16, 77, 1024, 256, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 300, 2048, 128, false},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 4096, 14336, 128, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 1001, 4096, 256, false},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 64, 5120, 512, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_F16, 333, 8192, 2048, true},
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_F16, 515, 2112, 0, true},
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 300, 28672, 0, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 7, 65536, 128, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 300, 6144, 1024, true},
-        /* many tiles a CTA (more than the GPU holds at once), some with a
-         * partial last one; then several stages a tile too, an odd count
-         * (each tile starts on the other ring slot) */
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 20001, 256, 0, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 28672, 4096, 128, false},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_F16, 12345, 1024, 128, true},
-        {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_BF16, 5001, 6144, 0, true},
-        {LOOM_CUDA_Q_INT4, LOOM_CUDA_BF16, 9001, 12288, 128, true},
-        /* FP8: the token's e4m3 codes as f16 */
-        {LOOM_CUDA_Q_FP8, LOOM_CUDA_BF16, 1, 64, 0, true},
-        {LOOM_CUDA_Q_FP8, LOOM_CUDA_BF16, 300, 4096, 0, true},
-        {LOOM_CUDA_Q_FP8, LOOM_CUDA_F16, 1001, 1088, 0, false},
-        {LOOM_CUDA_Q_FP8, LOOM_CUDA_BF16, 4096, 14336, 0, true},
-        {LOOM_CUDA_Q_FP8, LOOM_CUDA_BF16, 20001, 256, 0, false},
-    };
-    const int prev = lc_qgemv_bulk_get();
-    lc_qgemv_bulk_set(1);
-    /* wild: 0 plain tokens; 1 beyond f16's range, 2 tiny, 3 powers of two,
-     * 4 all positive
-     * (float32 outputs only: a 16-bit output of kind 1 overflows) */
-    /* the default 8 consumer warps on every case, 4 on a third of the
-     * plain ones */
-    for (int cf = 0; cf < 2; cf++) {
-        const int warps = cf ? 4 : 8;
-        lc_qgemv_bulk_set_warps(warps);
-        for (int wild = 0; wild < 5; wild++)
-            for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
-                const bcase c = cs[ci];
-                if (wild && !c.f32) continue;
-                if (cf && (wild || (ci % 3 && ci != 11))) continue; /* 11: INT4 g2048, fewer units than warps */
-                g_qx_wild = wild;
-                const long b0 = lc_qgemv_bulk_count();
-                test_qgemm(g, c.dt, c.fmt, 1, c.N, c.K, c.group, 0, c.f32, false);
-                char name[160];
-                snprintf(name, sizeof name, "qgemm %s %s M=1 N=%d K=%d wild%d ran the bulk kernel (%d warps)",
-                         qfmt_name(c.fmt), dtn(c.dt), c.N, c.K, wild, warps);
-                report_bits(name, lc_qgemv_bulk_count() == b0 + 1 ? 0 : 1, 1);
-            }
-    }
-    lc_qgemv_bulk_set_warps(8);
-    g_qx_wild = 0;
-    /* never in batch-invariant mode, even when asked for (its rows must have
-     * the bits of every other M) */
-    {
-        loom_cuda_gemm_set_batch_invariant(g, 1);
-        const long b0 = lc_qgemv_bulk_count();
-        test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 1, 300, 4096, 0, 0, true, false);
-        report_bits("qgemm int8_w8a16 M=1 in batch-invariant mode did not run the bulk kernel",
-                    lc_qgemv_bulk_count() == b0 ? 0 : 1, 1);
-        loom_cuda_gemm_set_batch_invariant(g, 0);
-    }
-    const loom_cuda_qweight r[9] = {
-        {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 2048, .group = 64, .data = (void *)256, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 8192, .group = 4096, .data = (void *)256, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 1152, .group = 128, .data = (void *)256, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 1040, .data = (void *)256, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_INT8_W8A8, .N = 64, .K = 4096, .data = (void *)256, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 65600, .data = (void *)256, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 4096, .data = (void *)264, .scales = (float *)256},
-        {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 4096, .group = 128, .data = (void *)256, .scales = (float *)260},
-        {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 0, .K = 4096, .data = (void *)256, .scales = (float *)256}};
-    const loom_cuda_qweight t1 = {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 14336, .group = 128, .data = (void *)256,
-                                  .scales = (float *)256};
-    const loom_cuda_qweight t2 = {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 4096, .data = (void *)256,
-                                  .scales = (float *)256};
-    long bad = (lc_qgemv_bulk_ok(&t1) ? 0 : 1) + (lc_qgemv_bulk_ok(&t2) ? 0 : 1);
-    for (int i = 0; i < 9; i++) bad += lc_qgemv_bulk_ok(&r[i]) ? 1 : 0;
-    report_bits("qgemv bulk refuses INT4 g64 / g4096 / K % (2 group), W8A16 K % 64, W8A8, K > 65536, unaligned "
-                "codes / scales, N = 0; takes the 8B shapes",
-                bad, 11);
-    lc_qgemv_bulk_set(0);
-    report_bits("qgemv bulk off when set off", lc_qgemv_bulk_ok(&t2) ? 1 : 0, 1);
-    lc_qgemv_bulk_set(prev);
 }
 
 /* The FFN down projection with the SwiGLU formed inside the activation
@@ -2029,11 +1885,10 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
         test_qgemm(g, LOOM_CUDA_BF16, f, 8, 515, 2048, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_F16, f, 7, 515, 1024, i4 ? 128 : 0, 0, true, false);
         g_qx_wild = false;
-        const int prev = lc_qgemv_get_tc();
-        lc_qgemv_set_tc(0);
+        loom_cuda_qgemm_set_tc_min_m(g, 9); /* the CUDA-core kernel at every M */
         test_qgemm(g, LOOM_CUDA_BF16, f, 2, 4096, 14336, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 4, 6144, 4096, i4 ? 128 : 0, 0, false, false);
-        lc_qgemv_set_tc(prev);
+        loom_cuda_qgemm_set_tc_min_m(g, 0);
     }
     /* the FP8 GEMM path both ways: cuBLASLt's outer scale vectors (the
      * default where it has an algorithm) and unit scales + the epilogue
@@ -2085,6 +1940,7 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
     /* W8A8 sums int32 exactly on both GEMVs: the same bits */
     test_qgemm_tc_bits(g, LOOM_CUDA_BF16, 1001, 2048, false);
     test_qgemm_tc_bits(g, LOOM_CUDA_F16, 300, 1024, true);
+    test_qgemm_tc_min_m(g);
     /* W8A8 with a SmoothQuant vector, both paths */
     test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 3, 1000, 1024, 0, 0, false, true);
     test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A8, 64, 1000, 1024, 0, 2, false, true);
@@ -2101,34 +1957,30 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
  * past one tile (grid y), row counts that leave a partial 64-row tile,
  * matrices split over K (N = 4096: five slices, the reduce kernel) and not
  * (N = 16896: 264 row tiles), INT4 groups of 256, 512 and K, f16 with float32 output held to 1e-4, tokens of wild
- * magnitudes; then the same calls with the kernel off (dequantize + GEMM),
- * so both paths stay checked. */
+ * magnitudes. (The dequantize + GEMM path it replaced at these rows still
+ * serves the shapes it does not take and more rows: test_qgemm_all's path 2
+ * and M = 300 calls.) */
 static void test_qgemm_qmma(loom_cuda_gemm *g) {
     const loom_cuda_qfmt fmts[2] = {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
-    for (int on = 1; on >= 0; on--) {
-        const int prev = lc_qmma_get();
-        lc_qmma_set(on);
-        for (int fi = 0; fi < 2; fi++) {
-            const loom_cuda_qfmt f = fmts[fi];
-            const bool i4 = f == LOOM_CUDA_Q_INT4;
-            const int Ms[8] = {40, 64, 65, 128, 100, 9, 17, 33};
-            for (int mi = 0; mi < (on ? 8 : 3); mi++)
-                test_qgemm(g, LOOM_CUDA_BF16, f, Ms[mi], 1001, 1024, i4 ? 128 : 0, 0, false, false);
-            test_qgemm(g, LOOM_CUDA_BF16, f, 64, 4096, 4096, i4 ? 128 : 0, 0, false, false);
-            test_qgemm(g, LOOM_CUDA_BF16, f, 48, 16896, 512, i4 ? 256 : 0, 0, false, false);
-            test_qgemm(g, LOOM_CUDA_F16, f, 70, 515, 1536, i4 ? 128 : 0, 0, true, false);
-            test_qgemm(g, LOOM_CUDA_BF16, f, 20, 515, 14336, i4 ? 128 : 0, 2, true, false);
-            if (i4) { /* a group over several k-steps; one group a row */
-                test_qgemm(g, LOOM_CUDA_BF16, f, 48, 515, 2048, 512, 0, true, false);
-                test_qgemm(g, LOOM_CUDA_BF16, f, 24, 300, 1024, 1024, 0, false, false);
-            }
-            g_qx_wild = true;
-            test_qgemm(g, LOOM_CUDA_BF16, f, 37, 300, 2048, i4 ? 128 : 0, 0, true, false);
-            test_qgemm(g, LOOM_CUDA_F16, f, 37, 300, 2048, i4 ? 128 : 0, 0, true, false);
-            test_qgemm(g, LOOM_CUDA_BF16, f, 12, 300, 2048, i4 ? 128 : 0, 0, false, false);
-            g_qx_wild = false;
+    for (int fi = 0; fi < 2; fi++) {
+        const loom_cuda_qfmt f = fmts[fi];
+        const bool i4 = f == LOOM_CUDA_Q_INT4;
+        const int Ms[8] = {40, 64, 65, 128, 100, 9, 17, 33};
+        for (int mi = 0; mi < 8; mi++)
+            test_qgemm(g, LOOM_CUDA_BF16, f, Ms[mi], 1001, 1024, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 64, 4096, 4096, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 48, 16896, 512, i4 ? 256 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, 70, 515, 1536, i4 ? 128 : 0, 0, true, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 20, 515, 14336, i4 ? 128 : 0, 2, true, false);
+        if (i4) { /* a group over several k-steps; one group a row */
+            test_qgemm(g, LOOM_CUDA_BF16, f, 48, 515, 2048, 512, 0, true, false);
+            test_qgemm(g, LOOM_CUDA_BF16, f, 24, 300, 1024, 1024, 0, false, false);
         }
-        lc_qmma_set(prev);
+        g_qx_wild = true;
+        test_qgemm(g, LOOM_CUDA_BF16, f, 37, 300, 2048, i4 ? 128 : 0, 0, true, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, 37, 300, 2048, i4 ? 128 : 0, 0, true, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 12, 300, 2048, i4 ? 128 : 0, 0, false, false);
+        g_qx_wild = false;
     }
 }
 
@@ -2542,8 +2394,7 @@ static void test_swiglu_down(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, i
     char msg[256] = "", name[128];
     int rc = loom_cuda_gemm_swiglu_run(g, dt, M, N, I, d_gu, d_w, d_act, d_y, 0, msg, sizeof msg);
     CK(cudaDeviceSynchronize());
-    snprintf(name, sizeof name, "swiglu+down %s M=%d N=%d I=%d (%s)", dtn(dt), M, N, I,
-             M <= g_swiglu_fuse ? "fused gemv" : "swiglu, then gemv/gemm");
+    snprintf(name, sizeof name, "swiglu+down %s M=%d N=%d I=%d (swiglu, then gemv/gemm)", dtn(dt), M, N, I);
     err_acc a = {0};
     if (rc) {
         printf("      error: %s\n", msg);
@@ -2869,13 +2720,10 @@ linear:;
             test_gemm(g, dts[di], 3, 49152, 576, true);
         }
         test_gemm(g, LOOM_CUDA_BF16, 9, 4096, 4096, false); /* cached plan */
-        loom_cuda_gemm_set_swiglu_fuse(g, g_swiglu_fuse = 8); /* off by default; test the fused kernel */
         for (int m = 1; m <= 9; m += 2) test_swiglu_down(g, LOOM_CUDA_BF16, m, 576, 1536);
         test_swiglu_down(g, LOOM_CUDA_BF16, 8, 4096, 14336);
         test_swiglu_down(g, LOOM_CUDA_F16, 2, 896, 4864);
         test_swiglu_down(g, LOOM_CUDA_BF16, 40, 576, 1536);
-        loom_cuda_gemm_set_swiglu_fuse(g, g_swiglu_fuse = 0);
-        test_swiglu_down(g, LOOM_CUDA_BF16, 1, 576, 1536); /* the default: swiglu, then the GEMV */
         loom_cuda_gemm_set_gemv_max_m(g, 0); /* cuBLASLt at M = 1 too */
         test_gemm(g, LOOM_CUDA_BF16, 1, 4096, 4096, false);
         test_gemm(g, LOOM_CUDA_BF16, 4, 49152, 576, true);
@@ -2901,9 +2749,7 @@ linear:;
         }
         test_qgemm_all(g);
         test_qgemm_qmma(g);
-        test_qgemm_bulk(g);
         test_qgemv_split(g);
-        test_early_weights_bits(g);
         test_pair_epilogue(g);
         test_pair_epilogue_fallback(g);
         test_qgemm_scratch_bound(g);

@@ -57,6 +57,10 @@ static const loom_param cb_params[] = {
      .doc = "a token's logits bit-identical however many tokens share its step (decode, draft "
             "verification, graph padding): one attention tile per token with a fixed split-K "
             "bound, the GEMV at every batch size; slower prefill; one GPU only (docs/gpu.md)"},
+    {.key = "qgemv_tc_min_rows", .type = LOOM_PARAM_INT,
+     .offset = offsetof(cuda_backend_config, qgemv_tc_min_rows), .default_value = "0", .min = 0, .max = 9,
+     .doc = "fewest rows (1..8) from which W8A8 / FP8 / INT4 linear layers run the tensor-core GEMV, not "
+            "the CUDA-core one; 0 = the crossover measured on the H200 (2 rows W8A8 / FP8, 3 INT4), 9 = never"},
     {.key = NULL},
 };
 
@@ -111,7 +115,7 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
     *self = NULL;
     cuda_backend_config cfg = {.device = 0, .dtype = 0, .cuda_graphs = true,
                                .max_graph_batch = 256, .max_batched_tokens = 8192,
-                               .max_positions = 0, .batch_invariant = false};
+                               .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.device < 0 || cfg.dtype < 0 || cfg.dtype > 1 || cfg.max_graph_batch < 1 ||
         cfg.max_graph_batch > 256 || cfg.max_batched_tokens < 1 ||

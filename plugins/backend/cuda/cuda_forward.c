@@ -317,10 +317,9 @@ static loom_status cb_all_reduce(cuda_backend *b, void *buf, int64_t count, loom
  * of the warps an SM holds, which a kernel between hides, and the fused
  * layer is slower (W8A16 82.6 -> 87.8 us); split, it is the faster one
  * (W8A16 77.8 -> 77.2 us, INT4 63.5 -> 62.6; docs/performance.md, "Tried
- * and rejected"). So not in batch-invariant mode or with the split forced
- * off (LOOM_CUDA_QGEMV_SPLIT=1). GGUF (its own GEMV, not measured): no. */
+ * and rejected"). So not in batch-invariant mode. GGUF (its own GEMV, not
+ * measured): no. */
 static bool cb_swiglu_fuses(const cuda_backend *b, const loom_cuda_qweight *q) {
-    if (!loom_cuda_epi_fuses(LOOM_CUDA_EPI_SWIGLU)) return false;
     if (!q || q->fmt == LOOM_CUDA_Q_NONE || q->fmt == LOOM_CUDA_Q_INT8_W8A8 || q->fmt == LOOM_CUDA_Q_FP8)
         return true;
     return (q->fmt == LOOM_CUDA_Q_INT8_W8A16 || q->fmt == LOOM_CUDA_Q_INT4) && loom_cuda_qgemm_splits(b->gemm, b->dt, q);
@@ -341,8 +340,8 @@ static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_er
     const int32_t T = p->T, H = c->hidden_size, I = c->intermediate_size;
     const int32_t QKV = b->qkv_rows, QD = b->q_dim;
     cudaStream_t s = b->stream;
-    /* the pair epilogues (above); LOOM_CUDA_FUSE_EPILOGUE=0: the step as before them */
-    const bool rope1 = T == 1 && loom_cuda_epi_fuses(LOOM_CUDA_EPI_ROPE_KV);
+    /* the pair epilogues (above) */
+    const bool rope1 = T == 1;
     loom_status st;
     if ((st = CB_CUDA(b, err, loom_cuda_embedding(b->dt, b->x, b->embed, p->ids, T, H, s))) ||
         (st = cb_all_reduce(b, b->x, (int64_t)T * H, LOOM_DTYPE_F32, err)))

@@ -763,6 +763,7 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
     /* before the quantized-GEMM scratch is sized: the mode moves the
      * quantized GEMV bound */
     loom_cuda_gemm_set_batch_invariant(b->gemm, b->cfg.batch_invariant);
+    loom_cuda_qgemm_set_tc_min_m(b->gemm, (int)b->cfg.qgemv_tc_min_rows);
 
     /* whole-model sizes (the tensors' shapes) ... */
     const int64_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
