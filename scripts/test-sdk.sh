@@ -104,7 +104,13 @@ PC2=$(find "$DEST" -name loom.pc | head -n 1)
 LIBDIR=$(dirname "$(find "$DEST" -name 'libloom.so*' | head -n 1)")
 cp -R "$SRC/examples/embed" "$TMP/embed"
 rm -rf "$TMP/embed/build"
-make -s -C "$TMP/embed" OUT="$TMP/embed/out" >"$TMP/make-embed.log" 2>&1 ||
+# A sanitized libloom needs its runtime first in the program that loads it.
+EMBED_CFLAGS="-O2 -g" EMBED_LDFLAGS=""
+if ldd "$(find "$LIBDIR" -name 'libloom.so*' | head -n 1)" | grep -q libasan; then
+    EMBED_CFLAGS="-O1 -g -fsanitize=address,undefined" EMBED_LDFLAGS="-fsanitize=address,undefined"
+fi
+make -s -C "$TMP/embed" OUT="$TMP/embed/out" CFLAGS="$EMBED_CFLAGS" LDFLAGS="$EMBED_LDFLAGS" \
+    >"$TMP/make-embed.log" 2>&1 ||
     { cat "$TMP/make-embed.log" >&2; fail "building examples/embed against the installed loom.pc"; }
 [ -x "$TMP/embed/out/embed" ] || fail "examples/embed produced no program"
 embed() { LD_LIBRARY_PATH="$LIBDIR" "$TMP/embed/out/embed" "$@"; }
