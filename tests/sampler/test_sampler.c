@@ -369,6 +369,38 @@ Test(sampler, top_k_large_k_and_ties) {
     free(pr);
 }
 
+/* A candidate row holding every finite logit (top_k >= the row's finite
+ * count, e.g. a small vocabulary) draws the token the whole row draws with
+ * the same rng state: both walk the candidates best first. */
+Test(sampler, candidate_rows_equal_whole_rows_when_top_k_keeps_all) {
+    enum { V = 20 };
+    const int32_t ks[] = {V, 25, LOOM_LOGITS_TOPK_MAX};
+    for (size_t c = 0; c < sizeof ks / sizeof ks[0]; c++) {
+        loom_sampling_params p = params_t(0.9f);
+        p.top_k = ks[c];
+        cr_assert_geq(g_ops->candidates(g_self, &p), 1);
+        for (uint64_t seed = 0; seed < 200; seed++) {
+            float l[V], vals[V], lse;
+            int32_t ids[V];
+            random_logits(l, V, 4000 + seed, 2.0);
+            loom_logits_topk_row(l, V, V, ids, vals, &lse);
+            uint64_t ra[4], rb[4];
+            loom_rng_seed(ra, seed);
+            loom_rng_seed(rb, seed);
+            loom_sample_row rowa = row_of(&p, ra), rowb = row_of(&p, rb);
+            int32_t whole = sample_row(l, V, &rowa, NULL), cand = -1;
+            const loom_sample_row *ptrs[1] = {&rowb};
+            loom_sample_batch b = {.struct_size = sizeof b, .n = 1, .vocab = V, .width = V, .logits = vals,
+                                   .rows = ptrs, .candidates = ids, .lse = &lse};
+            loom_sample_out out = {.struct_size = sizeof out, .tokens = &cand};
+            loom_error err = {0};
+            cr_assert_eq(g_ops->sample(g_self, &b, &out, &err), LOOM_OK, "%s", err.message);
+            cr_assert_eq(cand, whole, "top_k %d seed %llu: candidate row drew %d, whole row %d", ks[c],
+                         (unsigned long long)seed, cand, whole);
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ top-p */
 
 /* logits = log(p) placed at shuffled ids so order != id order. */
