@@ -221,6 +221,9 @@ static bool ct_check_seq(ct *t, const ct_seq *s) {
     if (nb < 0) return false;
     CT_ENSURE(t, nb >= ct_blocks_for(t, s->computed), "seq %lld: %d blocks for %d computed tokens",
               (long long)s->id, nb, s->computed);
+    if (t->probe && t->probe->exact_tables)
+        CT_ENSURE(t, nb == ct_blocks_for(t, s->computed), "seq %lld: %d blocks for %d tokens (want exactly %d)",
+                  (long long)s->id, nb, s->computed, ct_blocks_for(t, s->computed));
     for (int32_t j = 0; j < nb; j++) {
         CT_ENSURE(t, tab[j] >= 0 && tab[j] < t->nblocks, "seq %lld: block id %d outside [0, %d)", (long long)s->id,
                   tab[j], t->nblocks);
@@ -238,14 +241,19 @@ static bool ct_check_seq(ct *t, const ct_seq *s) {
 }
 
 static bool ct_check_pool(ct *t) {
-    int32_t used = 0;
+    int32_t used = 0, unreferenced = 0;
     for (int32_t b = 0; b < t->nblocks; b++) {
         used += t->refs[b] > 0;
-        if (t->probe && t->probe->refcount)
-            CT_ENSURE(t, t->probe->refcount(t->self, b, false) == t->refs[b],
-                      "block %d: refcount %d, but %d live tables hold it", b, t->probe->refcount(t->self, b, false),
-                      t->refs[b]);
+        if (t->probe && t->probe->never_shares)
+            CT_ENSURE(t, t->refs[b] <= 1, "block %d is in %d tables (this manager never shares)", b, t->refs[b]);
+        if (!t->probe || !t->probe->refcount) continue;
+        int32_t rc = t->probe->refcount(t->self, b, false);
+        CT_ENSURE(t, rc == t->refs[b], "block %d: refcount %d, but %d live tables hold it", b, rc, t->refs[b]);
+        unreferenced += rc == 0;
     }
+    if (t->probe && t->probe->refcount)
+        CT_ENSURE(t, unreferenced == t->ops->num_free_blocks(t->self), "%d unreferenced blocks, num_free_blocks() "
+                  "says %d", unreferenced, t->ops->num_free_blocks(t->self));
     for (int32_t b = 0; t->probe && t->probe->refcount && t->probe->host_table && b < t->ncpu; b++)
         CT_ENSURE(t, t->probe->refcount(t->self, b, true) == t->hrefs[b], "host block %d: refcount %d, %d tables",
                   b, t->probe->refcount(t->self, b, true), t->hrefs[b]);
@@ -865,9 +873,10 @@ static bool check_contract(cf_run *r, const void *arg) {
         }
         ops->free(self, 2);
         ops->free(self, 1);
-        if (ok && ops->num_free_blocks(self) != nfree0)
-            ok = cf_fail(r, "after freeing everything num_free_blocks() = %d; the new pool had %d",
-                         ops->num_free_blocks(self), nfree0);
+        int32_t nfree = ops->num_free_blocks(self);
+        if (ok && nfree != nfree0)
+            ok = cf_fail(r, "after freeing everything num_free_blocks() = %d; the new pool had %d: %s", nfree, nfree0,
+                         nfree < nfree0 ? "a block reference leaked" : "more blocks free than at the start (double free)");
     }
     free(toks);
     if (!ok) {

@@ -53,6 +53,10 @@ static bool create_via_registry(cf_run *r) {
     cf_where(r, "create() through the registry");
     loom_status st = loom_plugin_create_instance(p, r->comp, cf_host(), cfg, &self, &err);
     free(cfg);
+    if (st == LOOM_ERR_DEVICE) {
+        cf_skip(r, "create() found no usable device: %s", err.message);
+        return false;
+    }
     CF_ENSURE(r, st == LOOM_OK, "%s", err.message);
     CF_ENSURE(r, self, "create() returned LOOM_OK but left *self NULL");
     CF_ENSURE(r, loom_plugin_live_instances(p) == 1, "the registry counts %d live instances, want 1",

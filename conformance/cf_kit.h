@@ -52,7 +52,8 @@ typedef struct cf_check {
  * check can `return cf_fail(r, ...)`. */
 bool cf_fail(cf_run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The check cannot run here (an optional capability is absent, no device):
- * reported as SKIP; returns true. */
+ * reported as SKIP; returns true. A check may also return false after a
+ * skip: still a SKIP (unless a failure was recorded too). */
 bool cf_skip(cf_run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Detail shown on the PASS line (replaces any earlier note). */
 void cf_note(cf_run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -116,7 +117,8 @@ bool cf_config_int(const loom_component *c, const void *cfg, const char *key, in
 void cf_config_label(const loom_component *c, const char *csv, char *buf, size_t cap);
 
 /* Create an instance of r->comp with config `csv` on the counting host;
- * false (a failure recorded) when create fails or misbehaves. */
+ * false (a failure recorded) when create fails or misbehaves — or (a skip
+ * recorded) when it reports LOOM_ERR_DEVICE: no device to test on here. */
 bool cf_create(cf_run *r, const char *csv, void **self);
 /* Destroy it and fail unless every host allocation came back. */
 bool cf_destroy(cf_run *r, void *self);

@@ -139,7 +139,9 @@ static bool check_paged(cf_run *r, const void *arg) {
     loom_error err = {0};
     if (!cf_registry() || loom_registry_find(cf_registry(), LOOM_KIND_CACHE, "paged", &pc, &pp, &err) != LOOM_OK)
         return cf_skip(r, "the `paged` cache is not in the search path (LOOM_PLUGIN_PATH)");
+    static const loom_conformance_opts paged_opts = {0}; /* --set is for the scheduler */
     cf_run cr = *r;
+    cr.opts = &paged_opts;
     cr.comp = pc;
     void *cself = NULL;
     if (!cf_create(&cr, "block_size=8,num_blocks=128,num_cpu_blocks=48,prefix_caching=true,watermark=0", &cself))

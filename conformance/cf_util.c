@@ -196,6 +196,10 @@ bool cf_create(cf_run *r, const char *csv, void **self) {
     if (st != LOOM_OK) {
         long left = cf_host_live() - before;
         if (left) return cf_fail(r, "create() failed (%s) and left %ld host allocations behind", err.message, left);
+        if (st == LOOM_ERR_DEVICE) { /* e.g. a GPU backend on a machine without one */
+            cf_skip(r, "create() found no usable device: %s", err.message);
+            return false;
+        }
         return cf_fail(r, "create() failed with the declared defaults%s%s: %s", csv && *csv ? " and " : "",
                        csv ? csv : "", err.message[0] ? err.message : "(no message)");
     }

@@ -75,6 +75,11 @@ typedef struct loom_conformance_cache_probe {
     int32_t (*host_table)(void *self, loom_seq_id seq, int32_t *out, int32_t cap, bool *swapped);
     /* Called once after init (e.g. to force prefix-key collisions). */
     void (*prepare)(void *self);
+    /* Properties of the manager's own policy the traffic check then
+     * enforces too: tables hold exactly the blocks their tokens need (no
+     * more), and no block is ever in two tables (no sharing at all). */
+    bool exact_tables;
+    bool never_shares;
 } loom_conformance_cache_probe;
 
 /* One random-traffic run of a cache manager (the `cache.traffic` check). */
