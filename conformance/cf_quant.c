@@ -257,8 +257,11 @@ static bool qx_dequant(qx *x, const loom_qtensor *q, float *out) {
     return true;
 }
 
-/* The bounds of the file comment; `ref` is the weight (times smooth). */
-static bool qx_bounds(qx *x, const loom_qtensor *q, const float *ref, const float *back, const char *nm) {
+/* The bounds of the file comment; `ref` is the weight (times smooth). The
+ * relative ones hold for the kit's Gaussian weights (`relative`), the
+ * per-element ones for any weights. */
+static bool qx_bounds(qx *x, const loom_qtensor *q, const float *ref, const float *back, const char *nm,
+                      bool relative) {
     int64_t rows = q->rows, cols = q->cols;
     double err2 = 0, norm2 = 0;
     for (int64_t i = 0; i < rows * cols; i++) {
@@ -279,6 +282,7 @@ static bool qx_bounds(qx *x, const loom_qtensor *q, const float *ref, const floa
         }
     }
     double rel = norm2 > 0 ? sqrt(err2 / norm2) : sqrt(err2);
+    if (!relative) return true;
     double lim = q->format == LOOM_QFMT_INT4_W4A16 ? 0.15 : q->format == LOOM_QFMT_FP8_W8A8 ? 0.05 : 0.02;
     CF_ENSURE(x->r, rel < lim, "%s (%s) round-trips with a relative error of %.4f (bound %.2f)", nm, qx_fmt(q->format),
               rel, lim);
@@ -303,6 +307,33 @@ static bool qx_int4_groups(qx *x, const loom_qtensor *q, const float *ref, const
     return true;
 }
 
+/* Layout, read back and bounds of q made from w under p; back (rows x
+ * cols) receives the read-back weights. */
+static bool qx_readback(qx *x, const loom_tensor *w, const loom_quant_plan *p, const loom_qtensor *q, float *back,
+                        bool relative) {
+    int64_t n = w->shape[0] * w->shape[1];
+    if (!qx_layout(x, q, p, w) || !qx_dequant(x, q, back)) return false;
+    float *ref = malloc(sizeof(float) * (size_t)n);
+    CF_ENSURE(x->r, ref, "out of memory");
+    const float *src = w->data, *sm = q->smooth.data;
+    for (int64_t i = 0; i < n; i++) ref[i] = sm ? src[i] * sm[i % w->shape[1]] : src[i];
+    bool ok = qx_bounds(x, q, ref, back, w->name, relative);
+    if (ok && q->format == LOOM_QFMT_INT4_W4A16) ok = qx_int4_groups(x, q, ref, back, w->name);
+    free(ref);
+    return ok;
+}
+
+bool loom_conformance_quant_readback(const loom_tensor *w, const loom_quant_plan *p, const loom_qtensor *q,
+                                     float *back, char *why, size_t cap) {
+    static const loom_conformance_opts opts = {0};
+    cf_run r = {.opts = &opts, .check = "quant.readback"};
+    qx x = {.r = &r};
+    bool ok = w && w->dtype == LOOM_DTYPE_F32 && w->ndim == 2 && w->data ? qx_readback(&x, w, p, q, back, false)
+                                                                        : cf_fail(&r, "the weight must be f32 (rows, cols)");
+    if (!ok) snprintf(why, cap, "%s", r.why);
+    return ok;
+}
+
 /* quantize -> layout -> read back -> bounds -> release. */
 static bool qx_roundtrip(qx *x, const loom_tensor *w, const loom_quant_plan *p) {
     loom_qtensor q = {.struct_size = sizeof q};
@@ -312,17 +343,9 @@ static bool qx_roundtrip(qx *x, const loom_tensor *w, const loom_quant_plan *p) 
     loom_status st = x->ops->quantize(x->self, &x->m.view, w, p, &q, &err);
     CF_ENSURE(x->r, st == LOOM_OK, "quantize(%s) of its own plan (%s) failed: %s", w->name, qx_fmt(p->format),
               err.message);
-    int64_t n = w->shape[0] * w->shape[1];
-    float *back = malloc(sizeof(float) * (size_t)n), *ref = malloc(sizeof(float) * (size_t)n);
-    bool ok = back && ref && qx_layout(x, &q, p, w) && qx_dequant(x, &q, back);
-    if (ok) {
-        const float *src = w->data, *sm = q.smooth.data;
-        for (int64_t i = 0; i < n; i++) ref[i] = sm ? src[i] * sm[i % w->shape[1]] : src[i];
-        ok = qx_bounds(x, &q, ref, back, w->name);
-        if (ok && q.format == LOOM_QFMT_INT4_W4A16) ok = qx_int4_groups(x, &q, ref, back, w->name);
-    }
+    float *back = malloc(sizeof(float) * (size_t)(w->shape[0] * w->shape[1]));
+    bool ok = back ? qx_readback(x, w, p, &q, back, true) : cf_fail(x->r, "out of memory");
     free(back);
-    free(ref);
     cf_where(x->r, "release(%s)", w->name);
     x->ops->release(x->self, &q);
     loom_qtensor empty = {.struct_size = sizeof empty};

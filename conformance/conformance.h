@@ -31,6 +31,7 @@
 
 #include "loom/cache.h"
 #include "loom/plugin.h"
+#include "loom/quant.h"
 
 /* What a run is asked to do. Zero-initialise, then set what you need. */
 typedef struct loom_conformance_opts {
@@ -125,6 +126,16 @@ loom_status loom_conformance_run_component(const loom_component *comp, const cha
 bool loom_conformance_cache_traffic(const loom_component *comp, const loom_conformance_cache_case *c,
                                     const loom_conformance_cache_probe *probe, uint64_t seed,
                                     loom_conformance_cache_tally *tally, char *why, size_t cap);
+
+/* A quantized tensor q, made from the f32 (rows, cols) weight w under plan
+ * p, read back to floats through the layouts loom/quant.h documents (the
+ * kit's own reader), checking its layout and the per-element bounds of
+ * quant.roundtrip on the way (INT8 within half a step, FP8 within E4M3's
+ * rounding, INT4 groups within min/max rounding's; not the relative error,
+ * which depends on the weights). back has room for rows x cols floats.
+ * false and why when a rule broke. */
+bool loom_conformance_quant_readback(const loom_tensor *w, const loom_quant_plan *p, const loom_qtensor *q,
+                                     float *back, char *why, size_t cap);
 
 /* The seed tests and the CLI start from: LOOM_TEST_SEED when set (decimal
  * or 0x hex), else one drawn from the clock. */
