@@ -55,10 +55,11 @@ static const char k_usage[] =
 enum { OPT_KIND = 256, OPT_COMPONENT, OPT_CHECK, OPT_SEED, OPT_QUICK, OPT_NOFORK, OPT_INNER, OPT_VOCAB,
        OPT_TIMEOUT };
 
-/* A component name instead of a path: the file that provides it. */
+/* A component name instead of a path: the file that provides it (NULL
+ * when no file in the search path has one by that name). */
 static const char *resolve(const char *arg, loom_conformance_opts *o) {
     struct stat sb;
-    if (stat(arg, &sb) == 0 || strchr(arg, '/')) return arg;
+    if (stat(arg, &sb) == 0 || strchr(arg, '/') || strstr(arg, ".so")) return arg;
     loom_registry *reg = NULL;
     if (loom_registry_create(NULL, 0, NULL, LOOM_REGISTRY_DEFAULT, &reg, NULL) != LOOM_OK) return arg;
     int n = 0;
@@ -75,7 +76,7 @@ static const char *resolve(const char *arg, loom_conformance_opts *o) {
             }
     loom_registry_destroy(reg);
     if (found && !o->component) o->component = arg;
-    return found ? found : arg;
+    return found;
 }
 
 /* Parse the options into o (sets into `sets`); returns -1 to go on, else an exit code. */
@@ -150,7 +151,14 @@ int loom_cmd_plugin_test(int argc, char **argv) {
         free(sets);
         return rc;
     }
-    plugin = resolve(plugin, &o);
+    const char *file = resolve(plugin, &o);
+    if (!file) {
+        fprintf(stderr, "loom plugin-test: '%s' is neither a file nor the name of %s component in the search path "
+                "(`loom plugins` lists them)\n", plugin, o.kind ? loom_kind_with_article(o.kind) : "a");
+        free(sets);
+        return LOOM_EXIT_FAIL;
+    }
+    plugin = file;
     loom_error err = {0};
     loom_status st = loom_conformance_run_file(plugin, &o, NULL, &err);
     if (st != LOOM_OK) fprintf(stderr, "loom plugin-test: %s: %s\n", plugin, err.message);

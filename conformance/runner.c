@@ -184,8 +184,10 @@ static void print_summary(const loom_conformance_opts *o, const char *what, cons
     FILE *out = o->out ? o->out : stdout;
     fprintf(out, "loom plugin-test %s: %d passed, %d failed, %d skipped", what, s->passed, s->failed, s->skipped);
     if (s->untested) fprintf(out, ", %d component%s untested", s->untested, s->untested == 1 ? "" : "s");
-    fprintf(out, " (seed 0x%llx%s)\n", (unsigned long long)o->seed,
-            s->failed ? "; replay one check with --seed 0x... --check NAME" : "");
+    fprintf(out, " (seed 0x%llx", (unsigned long long)o->seed);
+    if (s->failed && s->passed + s->skipped) /* checks ran: one of them can be replayed */
+        fprintf(out, "; replay a check with --seed 0x%llx --check NAME", (unsigned long long)o->seed);
+    fprintf(out, ")\n");
     fflush(out);
 }
 
