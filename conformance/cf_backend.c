@@ -85,7 +85,10 @@ static loom_status bk_kv_alloc(bk *b, int32_t nblocks, int32_t ncpu, loom_error 
                         .dtype = LOOM_DTYPE_COUNT};
     cf_where(b->r, "kv_alloc(%d blocks of %d, %d host blocks)", nblocks, BK_BS, ncpu);
     loom_status st = b->executor ? b->eops->kv_alloc(b->self, &L, err) : b->bops->kv_alloc(b->self, &L, err);
-    if (st == LOOM_OK) b->nblocks = nblocks, b->ncpu = ncpu;
+    if (st == LOOM_OK) {
+        b->nblocks = nblocks;
+        b->ncpu = ncpu;
+    }
     return st;
 }
 static loom_status bk_forward(bk *b, const loom_batch *batch, float *logits, loom_error *err) {
@@ -302,21 +305,21 @@ static bool check_forward(cf_run *r, const void *arg) {
     bk_fill(&b, &B, r->seed, 14);
     bk_fill(&b, &C, r->seed + 1, 9);
     size_t V = (size_t)b.vocab;
-    float *la = malloc(sizeof(float) * V * 2), *lb = malloc(sizeof(float) * V * 2), *lc = malloc(sizeof(float) * V);
-    bool ok = la && lb && lc;
+    float *la = malloc(sizeof(float) * V * 2), *lb = malloc(sizeof(float) * V * 2);
+    bool ok = la && lb;
     bk_seq *pa[1] = {&A}, *pb[2] = {&B, &C}, *pab[2] = {&A, &B};
     int32_t n13[1] = {13}, n5[1] = {5}, n8_9[2] = {8, 9}, n1[2] = {1, 1};
     ok = ok && bk_step(&b, pa, n13, 1, la) && bk_step(&b, pb, n5, 1, lb) && bk_step(&b, pb, n8_9, 2, lb);
     ok = ok && bk_close_rows(&b, la, lb, "the last prompt logits, one step vs two chunks batched with another sequence");
     if (ok) { /* decode token 13 for A and B together, then again on the same slots */
         ok = bk_step(&b, pab, n1, 2, la) && bk_close_rows(&b, la, la + V, "a decode step after one vs two prefill chunks");
-        A.len--, B.len--;
+        A.len--;
+        B.len--;
         ok = ok && bk_step(&b, pab, n1, 2, lb) && bk_close_rows(&b, la, lb, "the same decode step run twice");
     }
     if (ok) cf_note(r, "prefill in one step and in chunks agree; decode repeats");
     free(la);
     free(lb);
-    free(lc);
     return bk_close(&b, ok);
 }
 
@@ -457,7 +460,10 @@ static bool bk_moved(cf_run *r, bool swap) {
     if (ok && !swap && bk_copy(&b, pairs, A.nb, &err) != LOOM_OK) ok = cf_fail(r, "copy_blocks failed: %s", err.message);
     if (ok && swap) {
         if (bk_swap(&b, LOOM_SWAP_OUT, pairs, A.nb, &err) != LOOM_OK) ok = cf_fail(r, "swap out failed: %s", err.message);
-        for (int32_t i = 0; ok && i < A.nb; i++) pairs[2 * i] = i, pairs[2 * i + 1] = B.blocks[i];
+        for (int32_t i = 0; ok && i < A.nb; i++) {
+            pairs[2 * i] = i; /* host block i back to B's device block */
+            pairs[2 * i + 1] = B.blocks[i];
+        }
         if (ok && bk_swap(&b, LOOM_SWAP_IN, pairs, A.nb, &err) != LOOM_OK)
             ok = cf_fail(r, "swap in failed: %s", err.message);
     }
@@ -492,7 +498,8 @@ static bool check_equivalence(cf_run *r, const void *arg) {
     bk_seq A1, B1, A2, B2;
     bk_fill(&e, &A1, r->seed, 30);
     bk_fill(&e, &B1, r->seed + 5, 30);
-    A2 = A1, B2 = B1;
+    A2 = A1;
+    B2 = B1;
     size_t V = (size_t)e.vocab;
     float *le = malloc(sizeof(float) * 2 * V), *lo = malloc(sizeof(float) * 2 * V);
     bk_seq *pe[2] = {&A1, &B1}, *po[2] = {&A2, &B2};

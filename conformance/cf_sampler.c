@@ -515,7 +515,10 @@ static bool check_probs(cf_run *r, const void *arg) {
         sp_logits(&x, l, V, 0.5 + 2.5 * cf_rng_unif(&x.g));
         if (c % 2) ok = sp_probs_semantics(&x, l, pr, V);
         if (!ok) break;
-        if (V > 2 && c % 5 == 0) l[cf_rng_below(&x.g, V - 1) + 1] = -INFINITY, l[0] = 0.5f;
+        if (V > 2 && c % 5 == 0) { /* a masked token; token 0 stays finite */
+            l[cf_rng_below(&x.g, V - 1) + 1] = -INFINITY;
+            l[0] = 0.5f;
+        }
         loom_sampling_params p = sp_params(&x);
         int32_t hist[SP_HIST];
         loom_sample_row row = sp_row(&p, NULL);
@@ -581,14 +584,25 @@ static bool sp_dist_case_run(sp *x, const sp_dist_case *c, long N, int *powerles
     p.top_p = c->top_p;
     p.min_p = c->min_p;
     p.repetition_penalty = c->rep;
-    if (c->rep != 1.0f) p.presence_penalty = 0.3f, p.frequency_penalty = 0.2f;
+    if (c->rep != 1.0f) {
+        p.presence_penalty = 0.3f;
+        p.frequency_penalty = 0.2f;
+    }
     uint64_t rng[4];
     loom_host_default()->rng_seed(rng, cf_rng_next(&x->g));
     loom_sample_row row = sp_row(&p, rng);
-    if (c->rep != 1.0f) row.prompt = hist, row.prompt_len = 2, row.output = hist + 2, row.output_len = 6;
+    if (c->rep != 1.0f) {
+        row.prompt = hist;
+        row.prompt_len = 2;
+        row.output = hist + 2;
+        row.output_len = 6;
+    }
     bool ref;
     if (!sp_probs(x, l, c->V, &row, pr, &ref)) return false;
-    if (ref) return (*refused)++, true;
+    if (ref) {
+        (*refused)++;
+        return true;
+    }
     if (!sp_check_dist(x, l, pr, c->V, c->what)) return false;
     long counts[64] = {0};
     for (long i = 0; i < N; i++) {
@@ -638,8 +652,10 @@ static bool sp_candidate_case(sp *x, float *l, float *xl, int32_t V, int *compar
     memcpy(rb, ra, sizeof ra);
     loom_sample_row rowa = sp_row(&p, ra), rowb = sp_row(&p, rb);
     sp_history(x, &rowa, hist, V);
-    rowb.prompt = rowa.prompt, rowb.prompt_len = rowa.prompt_len;
-    rowb.output = rowa.output, rowb.output_len = rowa.output_len;
+    rowb.prompt = rowa.prompt;
+    rowb.prompt_len = rowa.prompt_len;
+    rowb.output = rowa.output;
+    rowb.output_len = rowa.output_len;
     int32_t ta = -1, tb = -1, ia[LOOM_MAX_LOGPROBS], ib[LOOM_MAX_LOGPROBS];
     float la = 0, lb = 0, pa[LOOM_MAX_LOGPROBS], pb[LOOM_MAX_LOGPROBS];
     loom_sample_out oa = {.tokens = &ta, .logprobs = &la, .top_ids = ia, .top_logprobs = pa};
