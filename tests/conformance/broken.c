@@ -14,6 +14,8 @@
  *                      first token is `vocab`
  *   BROKEN_CRASH       sampler "crash" (standard): a batch of two rows
  *                      dereferences NULL                -> crashed in <check>
+ *   BROKEN_HANG        sampler "hang" (standard): a batch of three rows
+ *                      never returns                    -> timed out
  *   BROKEN_HOSTLEAK    sampler "hostleak" (standard): create() allocates
  *                      16 bytes destroy() never frees
  *   BROKEN_SLOPPY      quantizer "sloppy" (int8): scales written 1.25x too
@@ -36,7 +38,8 @@
 #include "continuous.c"
 #define BROKEN_PARAMS cont_params
 #define BROKEN_CONFIG_SIZE sizeof(cont_config)
-#elif defined(BROKEN_WRONGDIST) || defined(BROKEN_OUTOFRANGE) || defined(BROKEN_CRASH) || defined(BROKEN_HOSTLEAK)
+#elif defined(BROKEN_WRONGDIST) || defined(BROKEN_OUTOFRANGE) || defined(BROKEN_CRASH) || defined(BROKEN_HANG) || \
+    defined(BROKEN_HOSTLEAK)
 #include "standard.c"
 #define BROKEN_PARAMS std_params
 #define BROKEN_CONFIG_SIZE sizeof(std_config)
@@ -85,7 +88,8 @@ static const loom_scheduler_ops broken_ops = {
     .remove = cont_remove, .schedule = cont_schedule, .stats = cont_stats};
 
 /* --------------------------------------------------------------- samplers */
-#elif defined(BROKEN_WRONGDIST) || defined(BROKEN_OUTOFRANGE) || defined(BROKEN_CRASH) || defined(BROKEN_HOSTLEAK)
+#elif defined(BROKEN_WRONGDIST) || defined(BROKEN_OUTOFRANGE) || defined(BROKEN_CRASH) || defined(BROKEN_HANG) || \
+    defined(BROKEN_HOSTLEAK)
 #define BROKEN_KIND LOOM_KIND_SAMPLER
 
 #if defined(BROKEN_WRONGDIST)
@@ -121,6 +125,13 @@ static loom_status broken_sample(void *self, const loom_sample_batch *b, loom_sa
     if (b && b->n == 2) {
         volatile int32_t *nowhere = NULL;
         *nowhere = 1; /* the bug */
+    }
+    return std_sample(self, b, out, err);
+}
+#elif defined(BROKEN_HANG)
+#define BROKEN_NAME "hang"
+static loom_status broken_sample(void *self, const loom_sample_batch *b, loom_sample_out *out, loom_error *err) {
+    for (volatile int spin = 1; b && b->n == 3 && spin;) { /* the bug: never returns */
     }
     return std_sample(self, b, out, err);
 }

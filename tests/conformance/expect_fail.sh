@@ -1,12 +1,18 @@
 #!/bin/sh
-# tests/conformance/expect_fail.sh LOOM PLUGIN NEEDLE... — run `loom
-# plugin-test PLUGIN --quick` on a deliberately broken plugin: it must exit
-# 1, and each NEEDLE must appear on a FAIL line (the message names the rule
-# the plugin broke). Prints the run either way.
+# tests/conformance/expect_fail.sh LOOM PLUGIN [--OPTION...] NEEDLE... — run
+# `loom plugin-test PLUGIN --quick [--OPTION...]` on a deliberately broken
+# plugin: it must exit 1, and each NEEDLE must appear on a FAIL line (the
+# message names the rule the plugin broke). Prints the run either way.
 loom=$1
 plugin=$2
 shift 2
-out=$("$loom" plugin-test "$plugin" --quick 2>&1)
+opts=""
+while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do
+  opts="$opts $1"
+  shift
+done
+# shellcheck disable=SC2086 # options are single words
+out=$("$loom" plugin-test "$plugin" --quick $opts 2>&1)
 rc=$?
 printf '%s\n' "$out"
 if [ "$rc" -ne 1 ]; then
