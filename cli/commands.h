@@ -3,7 +3,7 @@
  *
  * Adding a command `foo`:
  *   1. add   X(foo, "one-line summary")   to LOOM_COMMANDS below (the order
- *      here is the order in `loom --help`);
+ *      here is the order in `loom --help`; foo_bar is typed `loom foo-bar`);
  *   2. write cli/cmd_foo.c defining  int loom_cmd_foo(int argc, char **argv)
  *      (argv[0] is "foo"; handle --help; return a LOOM_EXIT_* code);
  *   3. add 'foo' to `loom_commands` in cli/meson.build.
@@ -23,7 +23,8 @@
     X(plugins, "list every plugin in the search path (and broken files, with why)")                \
     X(check, "validate a pipeline file, load its plugins, print it resolved")                      \
     X(perplexity, "perplexity of a text file under a pipeline's model (compare quantizers)")    \
-    X(calibrate, "record activation statistics of a text for SmoothQuant (int8 w8a8)")
+    X(calibrate, "record activation statistics of a text for SmoothQuant (int8 w8a8)")            \
+    X(plugin_test, "run the conformance kit's contract tests against a plugin .so")
 
 #define LOOM_DECLARE_COMMAND(name, summary) int loom_cmd_##name(int argc, char **argv);
 LOOM_COMMANDS(LOOM_DECLARE_COMMAND)

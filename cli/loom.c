@@ -2,7 +2,8 @@
  * cli/loom.c — the `loom` command: global options and dispatch to one
  * function per subcommand (cli/cmd_<name>.c). The table is generated from
  * LOOM_COMMANDS in commands.h, so a new command is one line there, one file
- * and one word in cli/meson.build.
+ * and one word in cli/meson.build. A '_' in a command's C name is a '-' on
+ * the command line (plugin_test is `loom plugin-test`).
  *
  * Exit codes: 0 ok, 1 the command failed (bad config, broken plugin, ...),
  * 2 usage error (unknown command or option), each with a message on stderr.
@@ -23,10 +24,19 @@ static const loom_command k_commands[] = {LOOM_COMMANDS(LOOM_COMMAND_ENTRY)};
 #undef LOOM_COMMAND_ENTRY
 #define NUM_COMMANDS ((int)(sizeof k_commands / sizeof k_commands[0]))
 
+/* The command's name as typed: its C name with '_' written '-'. */
+static const char *spelled(const char *name) {
+    static char buf[64];
+    snprintf(buf, sizeof buf, "%s", name);
+    for (char *p = buf; *p; p++)
+        if (*p == '_') *p = '-';
+    return buf;
+}
+
 static void usage(FILE *f) {
     fprintf(f, "usage: loom [--help] [--version] COMMAND [ARGS...]\n\ncommands:\n");
     for (int i = 0; i < NUM_COMMANDS; i++)
-        fprintf(f, "  %-10s %s\n", k_commands[i].name, k_commands[i].summary);
+        fprintf(f, "  %-11s %s\n", spelled(k_commands[i].name), k_commands[i].summary);
     fprintf(f,
             "\nRun `loom COMMAND --help` for a command's options.\n"
             "\nenvironment:\n"
@@ -38,7 +48,7 @@ static void usage(FILE *f) {
 
 static const loom_command *lookup(const char *name) {
     for (int i = 0; i < NUM_COMMANDS; i++)
-        if (strcmp(k_commands[i].name, name) == 0) return &k_commands[i];
+        if (strcmp(spelled(k_commands[i].name), name) == 0) return &k_commands[i];
     return NULL;
 }
 

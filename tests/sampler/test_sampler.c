@@ -4,9 +4,18 @@
  * The plugin is dlopen'ed from the path in LOOM_SAMPLER_SO (set by meson),
  * created through the fake host with a config filled from its own declared
  * parameter table, and driven only through loom_sampler_ops: what the engine
- * sees is what is tested. Statistical tests use fixed seeds, so they are
- * deterministic; their chi-square threshold (alpha = 0.001) is also checked
- * to REJECT a deliberately wrong distribution, so a pass means something.
+ * sees is what is tested.
+ *
+ * What every sampler owes the contract — tokens in range, raw logprobs and
+ * alternatives, the rng moved only by the host, seeds that repeat however
+ * rows are batched, probs() a distribution that sample() draws from
+ * (chi-square), candidate rows equal to whole rows, no leaks — is the
+ * conformance kit's (conformance/cf_sampler.c), run here on this plugin
+ * (`conformance_kit`). The tests below pin down this plugin's own policy:
+ * the semantics of each knob, its tie rule, its messages. Statistical
+ * tests use fixed seeds, so they are deterministic; their chi-square
+ * threshold (alpha = 0.001) is also checked to REJECT a deliberately wrong
+ * distribution, so a pass means something.
  */
 #include <criterion/criterion.h>
 #include <dlfcn.h>
@@ -16,6 +25,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "chi2.h"
+#include "conformance.h"
 #include "fake_host.h"
 #include "loom/sampler.h"
 #include "plugin/host_rules.h"
@@ -135,29 +146,10 @@ static void softmax_ref(const float *l, int V, double T, double *p) {
     for (int i = 0; i < V; i++) p[i] /= z;
 }
 
-/* Chi-square critical value at alpha = 0.001 (Wilson-Hilferty). */
-static double chi2_crit(int df) {
-    const double z = 3.0902; /* upper 0.001 normal quantile */
-    double a = 2.0 / (9.0 * df);
-    return df * pow(1.0 - a + z * sqrt(a), 3.0);
-}
-
-/* Pearson statistic of counts (V, total N) against p; a draw where p == 0
- * gives +inf. *df = categories with p > 0, minus one. */
+/* Chi-square at alpha = 0.001 (fixed seeds here): the kit's helpers. */
+static double chi2_crit(int df) { return loom_chi2_critical(df, LOOM_CHI2_Z_1E3); }
 static double chi2_stat(const long *counts, const double *p, int V, long N, int *df) {
-    double s = 0;
-    int cats = 0;
-    for (int i = 0; i < V; i++) {
-        if (p[i] <= 0) {
-            if (counts[i]) return INFINITY;
-            continue;
-        }
-        double e = p[i] * (double)N;
-        s += (counts[i] - e) * (counts[i] - e) / e;
-        cats++;
-    }
-    *df = cats - 1;
-    return s;
+    return loom_chi2_statistic(counts, p, V, N, df);
 }
 
 /* Deterministic test data: standard normal logits times `scale`. */
@@ -195,6 +187,18 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* ------------------------------------------------------ the contract */
+
+/* The kit's sampler checks on this plugin; LOOM_TEST_SEED replays a run. */
+Test(sampler, conformance_kit, .timeout = 120) {
+    loom_conformance_opts o = {.out = stderr, .seed = loom_conformance_default_seed()};
+    loom_error err = {0};
+    loom_conformance_summary sum;
+    loom_status st = loom_conformance_run_component(g_comp, getenv("LOOM_SAMPLER_SO"), &o, &sum, &err);
+    cr_assert_eq(st, LOOM_OK, "%s (seed 0x%llx; the lines above say which check)", err.message,
+                 (unsigned long long)o.seed);
+}
+
 /* ---------------------------------------------------------- descriptor */
 
 Test(sampler, descriptor_and_params) {
@@ -216,25 +220,6 @@ Test(sampler, descriptor_and_params) {
     cr_assert(p[0].doc && *p[0].doc);
     cr_assert_null(p[1].key, "one parameter only");
     cr_assert_geq(g_comp->config_size, p[0].offset + sizeof(int64_t));
-}
-
-Test(sampler, no_leaks_after_destroy) {
-    float l[300];
-    random_logits(l, 300, 5, 1.0);
-    loom_sampling_params p = params_t(1.0f);
-    p.top_k = 10;
-    p.repetition_penalty = 1.2f;
-    int32_t hist[3] = {1, 2, 3};
-    uint64_t rng[4];
-    loom_rng_seed(rng, 1);
-    loom_sample_row row = row_of(&p, rng);
-    row.prompt = hist;
-    row.prompt_len = 3;
-    sample_row(l, 300, &row, NULL);
-    g_ops->destroy(g_self);
-    g_self = NULL;
-    cr_assert_eq(fake_host_live_allocs(), 0, "%ld allocations leaked", fake_host_live_allocs());
-    g_ops->destroy(NULL); /* allowed, does nothing */
 }
 
 /* --------------------------------------------------------------- greedy */
@@ -367,6 +352,38 @@ Test(sampler, top_k_large_k_and_ties) {
     cr_assert_eq(fp[2] + fp[3] + fp[4], 0.0f);
     free(l);
     free(pr);
+}
+
+/* A candidate row holding every finite logit (top_k >= the row's finite
+ * count, e.g. a small vocabulary) draws the token the whole row draws with
+ * the same rng state: both walk the candidates best first. */
+Test(sampler, candidate_rows_equal_whole_rows_when_top_k_keeps_all) {
+    enum { V = 20 };
+    const int32_t ks[] = {V, 25, LOOM_LOGITS_TOPK_MAX};
+    for (size_t c = 0; c < sizeof ks / sizeof ks[0]; c++) {
+        loom_sampling_params p = params_t(0.9f);
+        p.top_k = ks[c];
+        cr_assert_geq(g_ops->candidates(g_self, &p), 1);
+        for (uint64_t seed = 0; seed < 200; seed++) {
+            float l[V], vals[V], lse;
+            int32_t ids[V];
+            random_logits(l, V, 4000 + seed, 2.0);
+            loom_logits_topk_row(l, V, V, ids, vals, &lse);
+            uint64_t ra[4], rb[4];
+            loom_rng_seed(ra, seed);
+            loom_rng_seed(rb, seed);
+            loom_sample_row rowa = row_of(&p, ra), rowb = row_of(&p, rb);
+            int32_t whole = sample_row(l, V, &rowa, NULL), cand = -1;
+            const loom_sample_row *ptrs[1] = {&rowb};
+            loom_sample_batch b = {.struct_size = sizeof b, .n = 1, .vocab = V, .width = V, .logits = vals,
+                                   .rows = ptrs, .candidates = ids, .lse = &lse};
+            loom_sample_out out = {.struct_size = sizeof out, .tokens = &cand};
+            loom_error err = {0};
+            cr_assert_eq(g_ops->sample(g_self, &b, &out, &err), LOOM_OK, "%s", err.message);
+            cr_assert_eq(cand, whole, "top_k %d seed %llu: candidate row drew %d, whole row %d", ks[c],
+                         (unsigned long long)seed, cand, whole);
+        }
+    }
 }
 
 /* ------------------------------------------------------------------ top-p */
@@ -552,64 +569,6 @@ Test(sampler, penalties_change_greedy_choice) {
 
 /* ------------------------------------------------------------------ seeds */
 
-static void draw_stream(const float *l, int V, uint64_t seed, int n, int32_t *toks) {
-    loom_sampling_params p = params_t(1.0f);
-    p.top_p = 0.95f;
-    uint64_t rng[4];
-    loom_rng_seed(rng, seed);
-    loom_sample_row row = row_of(&p, rng);
-    for (int i = 0; i < n; i++) toks[i] = sample_row(l, V, &row, NULL);
-}
-
-Test(sampler, seeds_reproduce_and_differ) {
-    enum { V = 50, N = 200 };
-    float l[V];
-    random_logits(l, V, 21, 1.0);
-    int32_t a[N], b[N], c[N];
-    draw_stream(l, V, 42, N, a);
-    draw_stream(l, V, 42, N, b);
-    draw_stream(l, V, 43, N, c);
-    cr_assert_arr_eq(a, b, sizeof a, "same seed, different stream");
-    int diff = 0;
-    for (int i = 0; i < N; i++) diff += a[i] != c[i];
-    cr_assert_gt(diff, N / 4, "seeds 42 and 43 agree on %d of %d tokens", N - diff, N);
-}
-
-Test(sampler, batching_does_not_change_seeded_streams) {
-    enum { V = 64, STEPS = 40, R = 3 };
-    float l[R][V];
-    for (int r = 0; r < R; r++) random_logits(l[r], V, 100 + (uint64_t)r, 1.5);
-    loom_sampling_params ps[R];
-    for (int r = 0; r < R; r++) ps[r] = params_t(0.8f + 0.2f * r);
-    ps[1].temperature = 0.0f; /* a greedy row in the middle draws nothing */
-    ps[2].top_k = 10;
-
-    /* Batched. */
-    uint64_t rng[R][4];
-    int32_t batched[R][STEPS];
-    for (int r = 0; r < R; r++) loom_rng_seed(rng[r], 500 + (uint64_t)r);
-    for (int s = 0; s < STEPS; s++) {
-        float x[R * V];
-        memcpy(x, l, sizeof x);
-        loom_sample_row rows[R];
-        for (int r = 0; r < R; r++) rows[r] = row_of(&ps[r], rng[r]);
-        int32_t toks[R];
-        float lps[R];
-        loom_sample_out out = {.tokens = toks, .logprobs = lps};
-        loom_error err = {0};
-        cr_assert_eq(call_sample(x, V, rows, R, &out, &err), LOOM_OK, "%s", err.message);
-        for (int r = 0; r < R; r++) batched[r][s] = toks[r];
-    }
-    /* One at a time. */
-    for (int r = 0; r < R; r++) {
-        uint64_t s1[4];
-        loom_rng_seed(s1, 500 + (uint64_t)r);
-        loom_sample_row row = row_of(&ps[r], s1);
-        for (int s = 0; s < STEPS; s++)
-            cr_assert_eq(sample_row(l[r], V, &row, NULL), batched[r][s], "row %d step %d", r, s);
-    }
-}
-
 /* --------------------------------------------------------------- logprobs */
 
 Test(sampler, logprobs_are_raw_log_softmax_and_top_n_sorted) {
@@ -705,57 +664,6 @@ Test(sampler, max_logprobs_config_bounds_requests) {
 }
 
 /* ------------------------------------------------------- probs vs sample */
-
-Test(sampler, probs_sum_to_one_and_match_sample_frequencies) {
-    enum { V = 8, N = 20000 };
-    const float l[V] = {1.0f, 2.2f, 0.3f, 2.0f, -0.5f, 1.6f, 0.9f, -3.0f};
-    const int32_t prompt[2] = {1, 4};
-    const int32_t output[3] = {3, 3, 0};
-    loom_sampling_params p = params_t(0.9f);
-    p.top_k = 6;
-    p.top_p = 0.95f;
-    p.min_p = 0.05f;
-    p.repetition_penalty = 1.2f;
-    p.presence_penalty = 0.3f;
-    p.frequency_penalty = 0.2f;
-    uint64_t rng[4];
-    loom_rng_seed(rng, 2024);
-    loom_sample_row row = row_of(&p, rng);
-    row.prompt = prompt;
-    row.prompt_len = 2;
-    row.output = output;
-    row.output_len = 3;
-
-    float pr[V];
-    probs_row(l, V, &row, pr);
-    double sum = 0, pd[V];
-    int zeros = 0;
-    for (int i = 0; i < V; i++) {
-        sum += pr[i];
-        pd[i] = pr[i];
-        zeros += pr[i] == 0.0f;
-    }
-    cr_assert_float_eq(sum, 1.0, 1e-6);
-    cr_assert_geq(zeros, 2, "the filters should drop something here (%d zeros)", zeros);
-
-    long counts[V] = {0};
-    for (int i = 0; i < N; i++) counts[sample_row(l, V, &row, NULL)]++;
-    int df;
-    double stat = chi2_stat(counts, pd, V, N, &df), crit = chi2_crit(df);
-    cr_log_info("sample vs probs: chi2 = %.2f (df %d, crit %.2f)", stat, df, crit);
-    cr_assert_lt(stat, crit, "sample() does not draw from probs(): chi2 %.2f", stat);
-
-    /* And the test would notice a distribution without the penalties. */
-    loom_sampling_params q = p;
-    q.repetition_penalty = 1.0f;
-    q.presence_penalty = q.frequency_penalty = 0.0f;
-    loom_sample_row rq = row;
-    rq.params = &q;
-    probs_row(l, V, &rq, pr);
-    for (int i = 0; i < V; i++) pd[i] = pr[i];
-    double s2 = chi2_stat(counts, pd, V, N, &df);
-    cr_assert_gt(s2, chi2_crit(df), "cannot tell penalised from unpenalised (%.2f)", s2);
-}
 
 /* Naive reference of the whole pipeline (steps 2-8 of standard.c): full
  * sort, prefixes, double precision. */

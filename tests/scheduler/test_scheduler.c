@@ -1,7 +1,8 @@
 /*
  * tests/scheduler/test_scheduler.c — behaviour of the `continuous` and
  * `static` scheduler plugins, dlopen'ed from the build tree and driven by
- * the simulated core in sim.c over the fake cache in fake_cache.c.
+ * the conformance kit's simulated core and reference cache (sim.h,
+ * conformance/sched_sim.h, conformance/ref_cache.h).
  *
  * Each test states the property it pins down; sim_step() re-checks the
  * whole contract (budgets, single scheduling, slots, start offsets) on every
@@ -87,11 +88,11 @@ Test(scheduler, add_remove_and_output_errors) {
         loom_preempt_mode mode[1];
         loom_sched_output out = {.struct_size = sizeof out, .capacity = 1, .scheduled = ent,
                                  .preempted = pre, .preempt_mode = mode};
-        fake_cache *fc = fake_cache_new(16, 64, 0, 16);
-        loom_sched_env env = {.struct_size = sizeof env, .get_seq = NULL, .cache = &fake_cache_ops,
+        loom_ref_cache *fc = loom_ref_cache_new(16, 64, 0, 16);
+        loom_sched_env env = {.struct_size = sizeof env, .get_seq = NULL, .cache = &loom_ref_cache_ops,
                               .cache_self = fc};
         cr_assert_eq(p.ops->schedule(self, &env, &out, &err), LOOM_ERR_INVALID, "NULL get_seq");
-        fake_cache_free(fc);
+        loom_ref_cache_free(fc);
 
         p.ops->remove(self, 12345); /* unknown: ignored */
         p.ops->remove(self, 7);
@@ -136,10 +137,10 @@ Test(scheduler, cache_errors_and_unknown_sequences) {
         loom_preempt_mode mode[4];
         loom_sched_output out = {.struct_size = sizeof out, .capacity = 4, .scheduled = ent,
                                  .preempted = pre, .preempt_mode = mode};
-        fake_cache *fc = fake_cache_new(16, 64, 0, 16);
+        loom_ref_cache *fc = loom_ref_cache_new(16, 64, 0, 16);
         fc->fail_allocate = LOOM_ERR_DEVICE;
         loom_sched_env env = {.struct_size = sizeof env, .ctx = &a, .get_seq = one_seq,
-                              .cache = &fake_cache_ops, .cache_self = fc};
+                              .cache = &loom_ref_cache_ops, .cache_self = fc};
         cr_assert_eq(p.ops->schedule(self, &env, &out, &err), LOOM_ERR_DEVICE);
         cr_assert(strstr(err.message, "sequence 3") && strstr(err.message, "injected"),
                   "%s: message: %s", names[i], err.message);
@@ -151,7 +152,7 @@ Test(scheduler, cache_errors_and_unknown_sequences) {
         loom_sched_stats st = {.struct_size = sizeof st};
         p.ops->stats(self, &st);
         cr_assert_eq(st.num_waiting + st.num_running, 0, "%s: unknown sequence kept", names[i]);
-        fake_cache_free(fc);
+        loom_ref_cache_free(fc);
         p.ops->destroy(self);
         cr_assert_eq(fake_host_live_allocs(), 0);
         free(cfg);
@@ -368,7 +369,7 @@ Test(scheduler, preemption_recompute_when_cache_full) {
     cr_assert_eq(s->preempt_swap, 0);
     cr_assert_eq(s->empty_steps, 0);
     loom_sched_stats st = {.struct_size = sizeof st};
-    s->plug.ops->stats(s->sched, &st);
+    s->ops->stats(s->sched, &st);
     cr_assert_eq(st.num_preemptions, s->preempt_recompute);
     cr_assert_eq(fake_host_metric("sched.preemptions"), (double)s->preempt_recompute);
     sim_free(s);
@@ -499,7 +500,7 @@ Test(scheduler, stats_and_metrics) {
     sim *s = sim_new(&o, reqs, 5);
     sim_step(s);
     loom_sched_stats st = {.struct_size = sizeof st};
-    s->plug.ops->stats(s->sched, &st);
+    s->ops->stats(s->sched, &st);
     cr_assert_eq(st.num_running, 2);
     cr_assert_eq(st.num_waiting, 3);
     cr_assert_eq(st.num_swapped, 0);

@@ -378,12 +378,15 @@ static std_dist std_row_dist(std_sampler *s, float *x, int32_t vocab, const loom
         return d;
     }
 
-    /* Step 6: top-k, or every finite token. */
+    /* Step 6: top-k, or every finite token. With top_k set the candidates
+     * are ranked best first even when top_k keeps every finite token, so
+     * the draw walks them in the order a candidate row's columns have and
+     * both give the same token for the same uniform (loom/sampler.h). */
     std_cand *c = s->cand;
     int64_t n = 0;
     bool sorted = false;
     const int64_t k = p->top_k > 0 && p->top_k < nfin ? p->top_k : nfin;
-    if (k < nfin && k <= STD_HEAP_MAX) {
+    if (p->top_k > 0 && k <= STD_HEAP_MAX) {
         n = std_cand_top_k(x, vocab, k, c);
         sorted = true;
     } else {
