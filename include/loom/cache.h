@@ -152,7 +152,10 @@ typedef struct loom_cache_ops {
      * moves up to `cap` into out and returns how many (the core calls it
      * again until 0, and runs them before the next forward). */
     int32_t (*take_block_ops)(void *self, loom_block_op *out, int32_t cap);
-    /* REQUIRED. Blocks allocate() could hand out now (free + evictable). */
+    /* REQUIRED. Blocks allocate() could hand out now (free + evictable):
+     * what the core budgets drafts against. It may be less than
+     * stats.free_blocks when the manager cannot hand out every free block
+     * (e.g. `contiguous`, which gives each sequence one whole region). */
     int32_t (*num_free_blocks)(void *self);
     /* OPTIONAL (NULL = the engine reports zeros). */
     void (*stats)(void *self, loom_cache_stats *out);

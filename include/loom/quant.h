@@ -82,7 +82,9 @@ typedef struct loom_quant_ops {
     loom_status (*plan)(void *self, const loom_model_view *model, const loom_tensor *w,
                         loom_quant_plan *out, loom_error *err);
     /* REQUIRED [engine]. Produce the quantized tensor for a plan whose
-     * format is not NONE or GGUF, in host memory owned by the quantizer.
+     * format is not NONE or GGUF, in host memory owned by the quantizer. A
+     * plan this quantizer would never give is either honoured exactly or
+     * refused (LOOM_ERR_UNSUPPORTED naming the tensor).
      * `w` may be any type host->convert reads, or a packed weight this
      * quantizer accepted (accepts_packing). */
     loom_status (*quantize)(void *self, const loom_model_view *model, const loom_tensor *w,
@@ -91,8 +93,9 @@ typedef struct loom_quant_ops {
      * empty (zeroed) tensor. */
     void (*release)(void *self, loom_qtensor *q);
     /* OPTIONAL [engine] (NULL = the backend's default KV type). The
-     * KV-cache element type this quantizer asks for, or LOOM_DTYPE_COUNT
-     * for the backend's default. */
+     * KV-cache element type this quantizer asks for — one loom_kv_layout
+     * allows: F32, F16, BF16 or FP8_E4M3 — or LOOM_DTYPE_COUNT for the
+     * backend's default. */
     loom_dtype (*kv_dtype)(void *self);
     /* OPTIONAL [engine] (NULL = float weights only). Called before any
      * backend loads a model whose linear weights exist only packed

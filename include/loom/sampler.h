@@ -90,7 +90,8 @@ typedef struct loom_sample_out {
                                   penalties and temperature)                */
     int32_t *top_ids;          /* (n, LOOM_MAX_LOGPROBS) or NULL: the
                                   params->logprobs most likely tokens under
-                                  that distribution, best first; -1 pads    */
+                                  that distribution, best first; -1 pads
+                                  (also for tokens of probability 0)       */
     float *top_logprobs;       /* (n, LOOM_MAX_LOGPROBS) or NULL; -inf pads  */
 } loom_sample_out;
 
@@ -102,8 +103,10 @@ typedef struct loom_sampler_ops {
     void (*destroy)(void *self);
     /* REQUIRED [instance]. One token per row of `b`, written to `out`.
      * Refuse (LOOM_ERR_INVALID, naming the row and the value) parameters
-     * the sampler cannot honour: the core runs one dry sample() per new
-     * request to reject it alone before it runs. A failed call may have
+     * the sampler cannot honour — at least a temperature that is negative
+     * or not finite, top_k < 0 and logprobs outside 0..LOOM_MAX_LOGPROBS;
+     * neutral and greedy parameters must be accepted. The core runs one dry
+     * sample() per new request to reject it alone before it runs. A failed call may have
      * modified the logits but has written no token and advanced no rng. */
     loom_status (*sample)(void *self, const loom_sample_batch *b, loom_sample_out *out, loom_error *err);
     /* REQUIRED [instance]. Turn one WHOLE row of raw logits (vocab floats)
