@@ -502,44 +502,34 @@ static char *real_path(const char *path) {
     return r ? r : loom_strdup(path);
 }
 
-/* Open `path` (or return the cached outcome). NULL only on OOM. */
-static opened *open_file(loom_registry *reg, const char *path) {
-    char *real = real_path(path);
-    if (!real) return NULL;
+/* The cached outcome of opening the file whose real path is `real`, or NULL. */
+static opened *find_opened(const loom_registry *reg, const char *real) {
     for (int i = 0; i < reg->nopen; i++)
-        if (strcmp(reg->open[i]->real, real) == 0) {
-            free(real);
-            return reg->open[i];
-        }
-    if (reg->nopen == reg->capopen) {
-        int cap = reg->capopen ? reg->capopen * 2 : 16;
-        opened **arr = realloc(reg->open, (size_t)cap * sizeof *arr);
-        if (!arr) {
-            free(real);
-            return NULL;
-        }
-        reg->open = arr;
-        reg->capopen = cap;
-    }
-    /* Heap entries, so pointers callers hold stay valid as the cache grows. */
-    opened *o = calloc(1, sizeof *o);
-    if (!o) {
-        free(real);
-        return NULL;
-    }
-    o->real = real;
-    o->found = loom_strdup(path);
-    char msg[MSG] = "";
-    loom_status st = LOOM_OK;
-    void *h = NULL;
-    loom_plugin *p = NULL;
+        if (strcmp(reg->open[i]->real, real) == 0) return reg->open[i];
+    return NULL;
+}
 
+/* Room for one more cache entry; false when out of memory. */
+static bool reserve_open(loom_registry *reg) {
+    if (reg->nopen < reg->capopen) return true;
+    int cap = reg->capopen ? reg->capopen * 2 : 16;
+    opened **arr = realloc(reg->open, (size_t)cap * sizeof *arr);
+    if (!arr) return false;
+    reg->open = arr;
+    reg->capopen = cap;
+    return true;
+}
+
+/* dlopen `real` (found as `path`) and call its entry function: *h and *d on
+ * success. A file that is missing, not a shared object or without the entry
+ * symbol sets *not_plugin; *h is closed on every failure. */
+static loom_status open_entry(const char *path, const char *real, void **h, const loom_plugin_desc **d,
+                              bool *not_plugin, char *msg, size_t n) {
     struct stat sb;
+    *not_plugin = true;
     if (stat(path, &sb) != 0) {
-        snprintf(msg, sizeof msg, "cannot open plugin '%s': %s", path, strerror(errno));
-        st = LOOM_ERR_NOT_FOUND;
-        o->not_plugin = true;
-        goto done;
+        snprintf(msg, n, "cannot open plugin '%s': %s", path, strerror(errno));
+        return LOOM_ERR_NOT_FOUND;
     }
     dlerror();
     /* RTLD_NODELETE: a plugin stays mapped after its last reference.
@@ -547,39 +537,45 @@ static opened *open_file(loom_registry *reg, const char *path) {
      * process-wide state — exception pools, atexit handlers, TLS — that
      * does not survive an unmap (ggml's "backends cannot be unloaded");
      * the reference counts still decide when the registry lets go. */
-    h = dlopen(real, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-    if (!h) {
+    *h = dlopen(real, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    if (!*h) {
         const char *e = dlerror();
-        snprintf(msg, sizeof msg,
+        snprintf(msg, n,
                  "'%s' is not a loadable shared object: %s — is it a loom plugin built for this "
                  "machine?",
                  path, e ? e : "dlopen failed");
-        st = LOOM_ERR_FORMAT;
-        o->not_plugin = true;
-        goto done;
+        return LOOM_ERR_FORMAT;
     }
     dlerror();
-    void *sym = dlsym(h, LOOM_PLUGIN_ENTRY_SYMBOL);
+    void *sym = dlsym(*h, LOOM_PLUGIN_ENTRY_SYMBOL);
     if (!sym) {
-        snprintf(msg, sizeof msg,
+        snprintf(msg, n,
                  "'%s' has no entry symbol '%s': not a loom plugin (a plugin exports it with "
                  "LOOM_EXPORT)",
                  path, LOOM_PLUGIN_ENTRY_SYMBOL);
-        st = LOOM_ERR_FORMAT;
-        o->not_plugin = true;
-        goto close_handle;
+        dlclose(*h);
+        return LOOM_ERR_FORMAT;
     }
+    *not_plugin = false;
     loom_plugin_entry_fn entry;
     /* POSIX guarantees object and function pointers convert through dlsym. */
     memcpy(&entry, &sym, sizeof entry);
-    const loom_plugin_desc *d = entry();
-    st = check_desc(path, d, msg, sizeof msg);
-    if (st != LOOM_OK) goto close_handle;
-    p = calloc(1, sizeof *p);
-    if (!p || !(p->path = loom_strdup(real))) {
+    *d = entry();
+    return LOOM_OK;
+}
+
+/* Load the plugin at `path` into o->plugin, or leave o->plugin NULL and
+ * describe why in msg. */
+static loom_status load_plugin(opened *o, const char *path, char *msg, size_t n) {
+    void *h = NULL;
+    const loom_plugin_desc *d = NULL;
+    loom_status st = open_entry(path, o->real, &h, &d, &o->not_plugin, msg, n);
+    if (st != LOOM_OK) return st;
+    if ((st = check_desc(path, d, msg, n)) != LOOM_OK) goto close_handle;
+    loom_plugin *p = calloc(1, sizeof *p);
+    if (!p || !(p->path = loom_strdup(o->real))) {
         free(p);
-        p = NULL;
-        snprintf(msg, sizeof msg, "out of memory loading '%s'", path);
+        snprintf(msg, n, "out of memory loading '%s'", path);
         st = LOOM_ERR_NOMEM;
         goto close_handle;
     }
@@ -588,12 +584,30 @@ static opened *open_file(loom_registry *reg, const char *path) {
     atomic_init(&p->refs, 1); /* the registry's reference */
     atomic_init(&p->instances, 0);
     o->plugin = p;
-    goto done;
-
+    return LOOM_OK;
 close_handle:
     dlclose(h);
-done:
-    o->status = st;
+    return st;
+}
+
+/* Open `path` (or return the cached outcome). NULL only on OOM. */
+static opened *open_file(loom_registry *reg, const char *path) {
+    char *real = real_path(path);
+    if (!real) return NULL;
+    opened *o = find_opened(reg, real);
+    if (o) {
+        free(real);
+        return o;
+    }
+    /* Heap entries, so pointers callers hold stay valid as the cache grows. */
+    if (!reserve_open(reg) || !(o = calloc(1, sizeof *o))) {
+        free(real);
+        return NULL;
+    }
+    o->real = real;
+    o->found = loom_strdup(path);
+    char msg[MSG] = "";
+    o->status = load_plugin(o, path, msg, sizeof msg);
     o->error = loom_strdup(msg);
     if (!o->found || !o->error) {
         /* OOM while recording: report the attempt as failed without text. */
