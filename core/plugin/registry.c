@@ -916,6 +916,111 @@ static void search_path_text(const loom_registry *reg, char *buf, size_t n) {
                 reg->dirs[i].exists ? "" : ", missing");
 }
 
+/* Step 1 of a lookup by name: the file `want` (loom-<kind>-<name>.so) in the
+ * search path; *hit NULL when there is none, an error when there are two. */
+static loom_status find_named_file(const loom_registry *reg, loom_kind kind, const char *name, const char *want,
+                                   const found_file **hit, loom_error *err) {
+    *hit = NULL;
+    for (int i = 0; i < reg->nfiles; i++) {
+        if (strcmp(base_name(reg->files[i].path), want) != 0) continue;
+        if (*hit) return duplicate(kind, name, (*hit)->path, reg->files[i].path, err);
+        *hit = &reg->files[i];
+    }
+    return LOOM_OK;
+}
+
+/* The file named for (kind, name) must load and provide it. */
+static loom_status open_named_file(loom_registry *reg, loom_kind kind, const char *name, const found_file *hit,
+                                   const loom_component **comp, loom_plugin **plugin, loom_error *err) {
+    opened *o = open_file(reg, hit->path);
+    if (!o) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory opening '%s'", hit->path);
+    if (!o->plugin)
+        return loom_error_set(err, o->status, "%s '%s': %s", kind_str(kind), name, o->error);
+    const loom_component *c = loom_plugin_component(o->plugin, kind, name);
+    if (c) {
+        *comp = c;
+        *plugin = o->plugin;
+        return LOOM_OK;
+    }
+    const loom_component *other = component_other_kind(o->plugin, kind, name);
+    if (other) return wrong_kind(kind, name, other, hit->path, err);
+    return loom_error_set(err, LOOM_ERR_FORMAT,
+                          "'%s' is named like %s plugin '%s' but does not provide one; check "
+                          "its descriptor",
+                          hit->path, kind_str(kind), name);
+}
+
+/* What scanning every descriptor found for one name. */
+typedef struct scan_result {
+    const loom_component *found, *other; /* of the kind; of another kind      */
+    const opened *found_o, *other_o;     /* the files they are in             */
+    const char *best;                    /* closest name of the kind, or NULL */
+    int best_d;                          /* its edit distance                 */
+    int broken;                          /* plugin files that failed to load  */
+} scan_result;
+
+/* Note the components of one loaded file that answer (kind, name). A second
+ * file providing it is an error. */
+static loom_status scan_plugin(const opened *o, loom_kind kind, const char *name, scan_result *r,
+                               loom_error *err) {
+    const loom_plugin_desc *d = o->plugin->desc;
+    for (uint32_t j = 0; j < d->num_components; j++) {
+        const loom_component *c = &d->components[j];
+        if (strcmp(c->name, name) == 0) {
+            if (c->kind == kind) {
+                if (r->found) return duplicate(kind, name, r->found_o->found, o->found, err);
+                r->found = c;
+                r->found_o = o;
+            } else if (!r->other) {
+                r->other = c;
+                r->other_o = o;
+            }
+        } else if (c->kind == kind) {
+            int dist = loom_name_distance(c->name, name);
+            if (dist < r->best_d) {
+                r->best_d = dist;
+                r->best = c->name;
+            }
+        }
+    }
+    return LOOM_OK;
+}
+
+/* Step 2: not under its own name, so open everything and read descriptors. */
+static loom_status find_by_scan(loom_registry *reg, loom_kind kind, const char *name, scan_result *r,
+                                loom_error *err) {
+    *r = (scan_result){.best_d = 3};
+    for (int i = 0; i < reg->nfiles; i++) {
+        opened *o = open_file(reg, reg->files[i].path);
+        if (!o) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory scanning plugins");
+        if (!o->plugin) {
+            if (!o->not_plugin || strncmp(base_name(o->found), "loom-", 5) == 0) r->broken++;
+            continue;
+        }
+        loom_status st = scan_plugin(o, kind, name, r, err);
+        if (st != LOOM_OK) return st;
+    }
+    return LOOM_OK;
+}
+
+/* Nothing provides (kind, name): say what comes close, what failed to load
+ * and where we looked. */
+static loom_status not_found(const loom_registry *reg, loom_kind kind, const char *name, const char *want,
+                             const scan_result *r, loom_error *err) {
+    char msg[MSG] = "";
+    appendf(msg, sizeof msg, "no %s plugin named '%s'", kind_str(kind), name);
+    if (r->best) appendf(msg, sizeof msg, " (did you mean '%s'?)", r->best);
+    appendf(msg, sizeof msg,
+            ". Run `loom plugins` to list what is available, or add the plugin's directory to "
+            "LOOM_PLUGIN_PATH or plugin_path.");
+    if (r->broken)
+        appendf(msg, sizeof msg, " %d file%s in the path could not be loaded (see `loom plugins`).",
+                r->broken, r->broken == 1 ? "" : "s");
+    appendf(msg, sizeof msg, " Looked for %s, and any *.so providing it, in: ", want);
+    search_path_text(reg, msg, sizeof msg);
+    return loom_error_set(err, LOOM_ERR_NOT_FOUND, "%s", msg);
+}
+
 loom_status loom_registry_find(loom_registry *reg, loom_kind kind, const char *name,
                                const loom_component **comp, loom_plugin **plugin,
                                loom_error *err) {
@@ -932,85 +1037,19 @@ loom_status loom_registry_find(loom_registry *reg, loom_kind kind, const char *n
     collect_files(reg);
     char want[PATH_MAX];
     snprintf(want, sizeof want, "loom-%s-%s.so", kind_str(kind), name);
-
-    /* 1. The conventional file name, in every directory. */
-    const found_file *hit = NULL;
-    for (int i = 0; i < reg->nfiles; i++) {
-        if (strcmp(base_name(reg->files[i].path), want) != 0) continue;
-        if (hit) return duplicate(kind, name, hit->path, reg->files[i].path, err);
-        hit = &reg->files[i];
-    }
-    if (hit) {
-        opened *o = open_file(reg, hit->path);
-        if (!o) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory opening '%s'", hit->path);
-        if (!o->plugin)
-            return loom_error_set(err, o->status, "%s '%s': %s", kind_str(kind), name, o->error);
-        const loom_component *c = loom_plugin_component(o->plugin, kind, name);
-        if (c) {
-            *comp = c;
-            *plugin = o->plugin;
-            return LOOM_OK;
-        }
-        const loom_component *other = component_other_kind(o->plugin, kind, name);
-        if (other) return wrong_kind(kind, name, other, hit->path, err);
-        return loom_error_set(err, LOOM_ERR_FORMAT,
-                              "'%s' is named like %s plugin '%s' but does not provide one; check "
-                              "its descriptor",
-                              hit->path, kind_str(kind), name);
-    }
-
-    /* 2. Not under its own name: open everything and read descriptors. */
-    const loom_component *found = NULL, *other = NULL;
-    const opened *found_o = NULL, *other_o = NULL;
-    const char *best = NULL;
-    int best_d = 3, broken = 0;
-    for (int i = 0; i < reg->nfiles; i++) {
-        opened *o = open_file(reg, reg->files[i].path);
-        if (!o) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory scanning plugins");
-        if (!o->plugin) {
-            if (!o->not_plugin || strncmp(base_name(o->found), "loom-", 5) == 0) broken++;
-            continue;
-        }
-        const loom_plugin_desc *d = o->plugin->desc;
-        for (uint32_t j = 0; j < d->num_components; j++) {
-            const loom_component *c = &d->components[j];
-            if (strcmp(c->name, name) == 0) {
-                if (c->kind == kind) {
-                    if (found) return duplicate(kind, name, found_o->found, o->found, err);
-                    found = c;
-                    found_o = o;
-                } else if (!other) {
-                    other = c;
-                    other_o = o;
-                }
-            } else if (c->kind == kind) {
-                int dist = loom_name_distance(c->name, name);
-                if (dist < best_d) {
-                    best_d = dist;
-                    best = c->name;
-                }
-            }
-        }
-    }
-    if (found) {
-        *comp = found;
-        *plugin = found_o->plugin;
+    const found_file *hit;
+    loom_status st = find_named_file(reg, kind, name, want, &hit, err);
+    if (st != LOOM_OK) return st;
+    if (hit) return open_named_file(reg, kind, name, hit, comp, plugin, err);
+    scan_result r;
+    if ((st = find_by_scan(reg, kind, name, &r, err)) != LOOM_OK) return st;
+    if (r.found) {
+        *comp = r.found;
+        *plugin = r.found_o->plugin;
         return LOOM_OK;
     }
-    if (other) return wrong_kind(kind, name, other, other_o->found, err);
-
-    char msg[MSG] = "";
-    appendf(msg, sizeof msg, "no %s plugin named '%s'", kind_str(kind), name);
-    if (best) appendf(msg, sizeof msg, " (did you mean '%s'?)", best);
-    appendf(msg, sizeof msg,
-            ". Run `loom plugins` to list what is available, or add the plugin's directory to "
-            "LOOM_PLUGIN_PATH or plugin_path.");
-    if (broken)
-        appendf(msg, sizeof msg, " %d file%s in the path could not be loaded (see `loom plugins`).",
-                broken, broken == 1 ? "" : "s");
-    appendf(msg, sizeof msg, " Looked for %s, and any *.so providing it, in: ", want);
-    search_path_text(reg, msg, sizeof msg);
-    return loom_error_set(err, LOOM_ERR_NOT_FOUND, "%s", msg);
+    if (r.other) return wrong_kind(kind, name, r.other, r.other_o->found, err);
+    return not_found(reg, kind, name, want, &r, err);
 }
 
 /* -------------------------------------------------------------- listing */
