@@ -661,28 +661,35 @@ static cJSON *final_response(job *j) {
     return o;
 }
 
-static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const char *url, serve_api api,
-                                  conn_state *cs) {
+/* A job for the request body in cs, or NULL with the HTTP status, message
+ * and offending parameter (may stay NULL) to reply with: 413 too large, 400
+ * not a valid request, 404 another model, 500 out of memory. */
+static job *job_new(server *s, const char *url, serve_api api, const conn_state *cs, unsigned *status,
+                    char *why, size_t whyn, const char **param) {
+    *param = NULL;
     if (cs->too_large) {
-        char m[160];
-        snprintf(m, sizeof m, "the request body is larger than %zu bytes (loom serve --max-body)", s->opt->max_body);
-        return reply_error(s, conn, 413, m, NULL);
+        *status = 413;
+        snprintf(why, whyn, "the request body is larger than %zu bytes (loom serve --max-body)", s->opt->max_body);
+        return NULL;
     }
-    char why[512];
-    const char *param = NULL;
+    *status = 500;
+    snprintf(why, whyn, "out of memory");
     job *j = calloc(1, sizeof *j);
-    if (!j) return reply_error(s, conn, 500, "out of memory", NULL);
-    if (!serve_parse(api, cs->body.p, cs->body.n, api == SERVE_CHAT ? 0 : s->opt->max_tokens, &j->q, why,
-                     sizeof why, &param)) {
+    if (!j) return NULL;
+    if (!serve_parse(api, cs->body.p, cs->body.n, api == SERVE_CHAT ? 0 : s->opt->max_tokens, &j->q, why, whyn,
+                     param)) {
         free(j);
-        return reply_error(s, conn, 400, why, param);
+        *status = 400;
+        return NULL;
     }
     if (j->q.model && strcmp(j->q.model, s->model)) {
-        snprintf(why, sizeof why, "the model '%.200s' does not exist: this server serves '%.200s' (GET /v1/models)",
+        snprintf(why, whyn, "the model '%.200s' does not exist: this server serves '%.200s' (GET /v1/models)",
                  j->q.model, s->model);
         serve_req_free(&j->q);
         free(j);
-        return reply_error(s, conn, 404, why, "model");
+        *status = 404;
+        *param = "model";
+        return NULL;
     }
     j->s = s;
     snprintf(j->url, sizeof j->url, "%s", url);
@@ -699,17 +706,19 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
     if (!j->ch || !j->pc) {
         j->nchoices = 0;
         job_unref(j);
-        return reply_error(s, conn, 500, "out of memory", NULL);
+        snprintf(why, whyn, "out of memory");
+        *param = NULL;
+        return NULL;
     }
     for (int32_t p = 0; p < j->q.num_prompts; p++) j->pc[p] = (prompt_ctx){.j = j, .p = p, .id = -1, .live = j->n};
+    return j;
+}
 
-    /* List the job (under the server lock, with the stopping / failure
-     * check), then add its prompts without holding that lock — tokenizing a
-     * long prompt must not stall the engine thread — storing each id under
-     * it, so a shutdown or engine-failure sweep sees every id to abort. The
-     * engine holds one reference per prompt, taken before any can finish. */
+/* Name the job and put it on the server's list, unless the server is
+ * stopping or failed: then 503 and why. The engine's reference per prompt
+ * is taken here, before any can finish. */
+static unsigned job_list(server *s, job *j, serve_api api, char *why, size_t whyn) {
     unsigned status = 0;
-    loom_error err = {0};
     pthread_mutex_lock(&j->mu);
     j->refs += j->q.num_prompts;
     pthread_mutex_unlock(&j->mu);
@@ -718,13 +727,25 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
              (unsigned long long)++s->next_id, (unsigned long long)(j->t0 * 1e6) & 0xffffffffull);
     if (s->stopping || s->fatal[0]) {
         status = 503;
-        snprintf(why, sizeof why, "%s", s->stopping ? "the server is shutting down" : s->fatal);
+        snprintf(why, whyn, "%s", s->stopping ? "the server is shutting down" : s->fatal);
     } else {
         j->next = s->jobs;
         if (s->jobs) s->jobs->prev = j;
         s->jobs = j;
     }
     pthread_mutex_unlock(&s->mu);
+    return status;
+}
+
+/* Add the job's prompts to the engine without holding the server lock —
+ * tokenizing a long prompt must not stall the engine thread — storing each
+ * id under it, so a shutdown or engine-failure sweep sees every id to
+ * abort. Stops at a shutdown, a failure or a refused prompt (then the
+ * status, 400 or 500, and why). Prompts never added get no events: their
+ * share of live samples and references is given back. */
+static unsigned job_add_prompts(server *s, job *j, serve_api api, char *why, size_t whyn) {
+    unsigned status = 0;
+    loom_error err = {0};
     int32_t added = 0;
     bool cut = false; /* shutdown or engine failure while adding */
     for (int32_t p = 0; p < j->q.num_prompts && !status && !cut; p++) {
@@ -749,49 +770,38 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
         } else {
             status = err.code == LOOM_ERR_NOMEM ? 500 : 400;
             if (j->q.num_prompts > 1)
-                snprintf(why, sizeof why, "prompt[%d]: %.480s", p, err.message);
+                snprintf(why, whyn, "prompt[%d]: %.480s", p, err.message);
             else
-                snprintf(why, sizeof why, "%s", err.message);
+                snprintf(why, whyn, "%s", err.message);
         }
         pthread_mutex_unlock(&s->mu);
     }
-    /* prompts never added: no events will come for them */
     int32_t unused = j->q.num_prompts - added;
     pthread_mutex_lock(&j->mu);
     j->live -= j->n * unused;
     j->refs -= unused; /* never the last: the connection holds one */
     pthread_mutex_unlock(&j->mu);
-    if (status) {
-        pthread_mutex_lock(&s->mu);
-        job_abort_locked(j); /* the prompts added before the failing one */
-        pthread_mutex_unlock(&s->mu);
-        job_unlist(j);
-        fprintf(stderr, "loom serve: POST %s %u: %s\n", url, status, why);
-        enum MHD_Result r = reply_error(s, conn, status, why, api == SERVE_CHAT ? "messages" : "prompt");
-        job_unref(j);
-        return r;
-    }
-    /* a long answer must not be cut by the idle timeout (MHD counts only
-     * socket traffic as activity) */
-    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    j->fd = ci ? ci->connect_fd : -1;
+    return status;
+}
 
-    if (j->q.stream) {
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, j, sse_free);
-        if (!r) {
-            sse_free(j);
-            return MHD_NO;
-        }
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        enum MHD_Result ret = MHD_queue_response(conn, 200, r);
-        MHD_destroy_response(r);
-        count_status(s, 200);
-        return ret;
+/* Stream the job as server-sent events; sse_free ends it. */
+static enum MHD_Result reply_stream(server *s, struct MHD_Connection *conn, job *j) {
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, j, sse_free);
+    if (!r) {
+        sse_free(j);
+        return MHD_NO;
     }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ret = MHD_queue_response(conn, 200, r);
+    MHD_destroy_response(r);
+    count_status(s, 200);
+    return ret;
+}
 
-    /* Not streaming: wait for every choice, aborting if the client leaves. */
+/* Wait for every choice, aborting the job if the client leaves; true when
+ * it did. */
+static bool job_wait(server *s, job *j) {
     pthread_mutex_lock(&j->mu);
     bool aborted = false;
     while (j->live > 0) {
@@ -808,20 +818,29 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
         }
     }
     pthread_mutex_unlock(&j->mu);
-    job_unlist(j);
+    return aborted;
+}
+
+/* The whole answer of a finished job: 200 with the response, or the error
+ * of a failed or aborted sample (500, 499 logged for a client that left,
+ * 503 at shutdown). */
+static enum MHD_Result reply_final(server *s, struct MHD_Connection *conn, job *j, bool client_left) {
     bool was_aborted = false;
     for (int32_t c = 0; c < j->nchoices; c++) was_aborted |= j->ch[c].finish == LOOM_FINISH_ABORT;
     enum MHD_Result ret;
+    unsigned status;
+    char why[512];
     if (j->error[0]) {
         status = 500;
         ret = reply_error(s, conn, 500, j->error, NULL);
     } else if (was_aborted) {
         pthread_mutex_lock(&s->mu);
         bool failed = s->fatal[0];
-        snprintf(why, sizeof why, "%s", failed ? s->fatal : aborted ? "the client went away" : "the server is shutting down");
+        snprintf(why, sizeof why, "%s",
+                 failed ? s->fatal : client_left ? "the client went away" : "the server is shutting down");
         pthread_mutex_unlock(&s->mu);
-        status = failed ? 500 : aborted ? 499 : 503;
-        ret = reply_error(s, conn, failed || aborted ? 500 : 503, why, NULL);
+        status = failed ? 500 : client_left ? 499 : 503;
+        ret = reply_error(s, conn, failed || client_left ? 500 : 503, why, NULL);
     } else {
         status = 200;
         cJSON *o = final_response(j);
@@ -829,6 +848,39 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
         cJSON_Delete(o);
     }
     log_request(j, status);
+    return ret;
+}
+
+/* POST /v1/completions and /v1/chat/completions: parse, list the job, add
+ * its prompts, then stream the answer or wait for it. */
+static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const char *url, serve_api api,
+                                  conn_state *cs) {
+    char why[512];
+    const char *param;
+    unsigned status;
+    job *j = job_new(s, url, api, cs, &status, why, sizeof why, &param);
+    if (!j) return reply_error(s, conn, status, why, param);
+    status = job_list(s, j, api, why, sizeof why);
+    if (!status) status = job_add_prompts(s, j, api, why, sizeof why);
+    if (status) {
+        pthread_mutex_lock(&s->mu);
+        job_abort_locked(j); /* the prompts added before the failing one */
+        pthread_mutex_unlock(&s->mu);
+        job_unlist(j);
+        fprintf(stderr, "loom serve: POST %s %u: %s\n", url, status, why);
+        enum MHD_Result r = reply_error(s, conn, status, why, api == SERVE_CHAT ? "messages" : "prompt");
+        job_unref(j);
+        return r;
+    }
+    /* a long answer must not be cut by the idle timeout (MHD counts only
+     * socket traffic as activity) */
+    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
+    if (j->q.stream) return reply_stream(s, conn, j);
+    bool client_left = job_wait(s, j);
+    job_unlist(j);
+    enum MHD_Result ret = reply_final(s, conn, j, client_left);
     job_unref(j);
     return ret;
 }
