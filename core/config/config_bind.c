@@ -200,7 +200,7 @@ static void fmt_bound(double v, char *buf, size_t size) {
         snprintf(buf, size, "%g", v);
 }
 
-static size_t param_size(loom_param_type t) {
+size_t loom_param_size(loom_param_type t) {
     switch (t) {
     case LOOM_PARAM_BOOL: return sizeof(bool);
     case LOOM_PARAM_INT: return sizeof(int64_t);
@@ -339,7 +339,7 @@ static bool bind_param(const loom_param *p, const loom_cfg_node *section, const 
                        loom_diag *diag) {
     char path[256];
     key_path_of(section_path, p->key, path, sizeof path);
-    size_t sz = param_size(p->type);
+    size_t sz = loom_param_size(p->type);
     if (!config || sz == 0 || p->offset > config_size || sz > config_size - p->offset) {
         loom_diag_add(diag, NULL,
                       "%s: parameter table entry does not fit the config struct (offset %zu, "

@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "config/config.h"
 #include "loom/backend.h"
 #include "loom/cache.h"
 #include "loom/executor.h"
@@ -336,17 +337,6 @@ static void appendf(char *buf, size_t size, const char *fmt, ...) {
 
 /* ---------------------------------------------------------------- checks */
 
-static size_t param_size(loom_param_type t) {
-    switch (t) {
-    case LOOM_PARAM_BOOL: return sizeof(bool);
-    case LOOM_PARAM_INT: return sizeof(int64_t);
-    case LOOM_PARAM_FLOAT: return sizeof(double);
-    case LOOM_PARAM_STRING: return LOOM_PARAM_STRING_MAX;
-    case LOOM_PARAM_ENUM: return sizeof(int64_t);
-    }
-    return 0;
-}
-
 static bool name_valid(const char *s) {
     if (!s || !s[0] || ends_with(s, ".so")) return false;
     for (const char *c = s; *c; c++)
@@ -401,7 +391,7 @@ static loom_status check_component(const char *path, uint32_t idx, const loom_co
     for (int i = 0; i < MAX_PARAMS; i++) {
         const loom_param *p = &c->params[i];
         if (!p->key) return LOOM_OK;
-        size_t sz = param_size(p->type);
+        size_t sz = loom_param_size(p->type);
         const char *why = NULL;
         if (!p->key[0]) why = "has an empty key";
         else if (sz == 0) why = "has an unknown type";
