@@ -129,12 +129,7 @@ static char *dir_of(const char *file) {
     const char *slash = file ? strrchr(file, '/') : NULL;
     if (!slash) return loom_strdup(".");
     if (slash == file) return loom_strdup("/");
-    size_t n = (size_t)(slash - file);
-    char *d = malloc(n + 1);
-    if (!d) return NULL;
-    memcpy(d, file, n);
-    d[n] = '\0';
-    return d;
+    return loom_strndup(file, (size_t)(slash - file));
 }
 
 /* Directory that relative paths written at `m` are relative to, in buf.

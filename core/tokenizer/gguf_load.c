@@ -148,10 +148,8 @@ static loom_status read_types_scores(const loom_gguf *g, gguf_tok_arrays *a, loo
 static loom_status read_template(const loom_gguf *g, gguf_tok_arrays *a, loom_error *err) {
     loom_gguf_str s;
     if (!loom_gguf_get_str(g, "tokenizer.chat_template", &s) || s.len == 0) return LOOM_OK;
-    a->tmpl = malloc(s.len + 1);
-    if (!a->tmpl) return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory");
-    memcpy(a->tmpl, s.ptr, s.len);
-    a->tmpl[s.len] = '\0';
+    if (!(a->tmpl = loom_strndup(s.ptr, (size_t)s.len)))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory");
     return LOOM_OK;
 }
 

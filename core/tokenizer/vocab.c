@@ -526,10 +526,8 @@ static void tok_set_ids(loom_tokenizer *t, const loom_tokenizer_spec *spec) {
 static loom_status tok_copy_template(loom_tokenizer *t, const loom_tokenizer_spec *spec, loom_error *err) {
     if (!spec->chat_template) return LOOM_OK;
     size_t n = spec->chat_template_len ? spec->chat_template_len : strlen(spec->chat_template);
-    t->chat_template = malloc(n + 1);
-    if (!t->chat_template) return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory");
-    memcpy(t->chat_template, spec->chat_template, n);
-    t->chat_template[n] = '\0';
+    if (!(t->chat_template = loom_strndup(spec->chat_template, n)))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory");
     return LOOM_OK;
 }
 
