@@ -377,27 +377,39 @@ static loom_status parse_header(loom_gguf *g, rd *r, uint64_t *n_tensors, uint64
     return LOOM_OK;
 }
 
-/* The key of metadata entry #i: 1..GGUF_MAX_KEY bytes without a NUL. */
-static loom_status parse_kv_key(loom_gguf *g, rd *r, uint64_t i, loom_gguf_str *key) {
+/* How messages call a record's length-prefixed name: a metadata entry's
+ * key or a tensor's name. */
+typedef struct name_field {
+    const char *record;     /* what the record is: "metadata entry", "tensor" */
+    const char *field;      /* what the name is: "key", "name"                 */
+    const char *nul_what;   /* the name in the NUL-byte message                */
+    int max;                /* longest allowed, bytes                          */
+} name_field;
+
+static const name_field k_key_field = {"metadata entry", "key", "metadata key", GGUF_MAX_KEY};
+static const name_field k_tensor_name_field = {"tensor", "name", "the name of tensor", GGUF_MAX_NAME};
+
+/* The name of record #i: 1..f->max bytes without a NUL. */
+static loom_status parse_name(loom_gguf *g, rd *r, uint64_t i, const name_field *f, loom_gguf_str *name) {
+    unsigned long long ii = (unsigned long long)i;
     loom_status st;
-    if ((st = rd_need(r, 8, "the key length of metadata entry #%llu", (unsigned long long)i))) return st;
-    size_t key_at = r->pos;
-    uint64_t klen = rd_u64(r);
-    if (klen == 0 || klen > GGUF_MAX_KEY)
+    if ((st = rd_need(r, 8, "the %s length of %s #%llu", f->field, f->record, ii))) return st;
+    size_t len_at = r->pos;
+    uint64_t len = rd_u64(r);
+    if (len == 0 || len > (uint64_t)f->max)
         return loom_error_set(r->err, LOOM_ERR_FORMAT,
-                              "%s: metadata entry #%llu at byte %zu has a key length of %llu (must be 1..%d); "
-                              "the file is damaged",
-                              g->path, (unsigned long long)i, key_at, (unsigned long long)klen, GGUF_MAX_KEY);
-    if ((st = rd_need(r, klen, "the key of metadata entry #%llu (%llu bytes)", (unsigned long long)i,
-                      (unsigned long long)klen)))
+                              "%s: %s #%llu at byte %zu has a %s length of %llu (must be 1..%d); the file is "
+                              "damaged",
+                              g->path, f->record, ii, len_at, f->field, (unsigned long long)len, f->max);
+    if ((st = rd_need(r, len, "the %s of %s #%llu (%llu bytes)", f->field, f->record, ii, (unsigned long long)len)))
         return st;
-    key->ptr = (const char *)(r->p + r->pos);
-    key->len = klen;
-    if (memchr(key->ptr, 0, (size_t)klen))
+    name->ptr = (const char *)(r->p + r->pos);
+    name->len = len;
+    if (memchr(name->ptr, 0, (size_t)len))
         return loom_error_set(r->err, LOOM_ERR_FORMAT,
-                              "%s: metadata key #%llu at byte %zu contains a NUL byte; the file is damaged",
-                              g->path, (unsigned long long)i, r->pos);
-    r->pos += (size_t)klen;
+                              "%s: %s #%llu at byte %zu contains a NUL byte; the file is damaged", g->path,
+                              f->nul_what, ii, r->pos);
+    r->pos += (size_t)len;
     return LOOM_OK;
 }
 
@@ -406,7 +418,7 @@ static loom_status parse_kv_key(loom_gguf *g, rd *r, uint64_t i, loom_gguf_str *
 static loom_status parse_kv(loom_gguf *g, rd *r, uint64_t i) {
     gguf_kv *kv = &g->kvs[i];
     loom_status st;
-    if ((st = parse_kv_key(g, r, i, &kv->key))) return st;
+    if ((st = parse_name(g, r, i, &k_key_field, &kv->key))) return st;
     if ((st = rd_need(r, 4, "the value type of " KEYFMT, KEYARG(kv->key)))) return st;
     size_t type_at = r->pos;
     uint32_t t = rd_u32(r);
@@ -461,29 +473,6 @@ static loom_status read_alignment(loom_gguf *g, loom_error *err) {
                               "is damaged",
                               g->path);
     g->alignment = (uint64_t)a;
-    return LOOM_OK;
-}
-
-/* The name of tensor record #i: 1..GGUF_MAX_NAME bytes without a NUL. */
-static loom_status parse_tensor_name(loom_gguf *g, rd *r, uint64_t i, loom_gguf_str *name) {
-    unsigned long long ii = (unsigned long long)i;
-    loom_status st;
-    if ((st = rd_need(r, 8, "the name length of tensor #%llu", ii))) return st;
-    size_t name_at = r->pos;
-    uint64_t nlen = rd_u64(r);
-    if (nlen == 0 || nlen > GGUF_MAX_NAME)
-        return loom_error_set(r->err, LOOM_ERR_FORMAT,
-                              "%s: tensor #%llu at byte %zu has a name length of %llu (must be 1..%d); the "
-                              "file is damaged",
-                              g->path, ii, name_at, (unsigned long long)nlen, GGUF_MAX_NAME);
-    if ((st = rd_need(r, nlen, "the name of tensor #%llu (%llu bytes)", ii, (unsigned long long)nlen))) return st;
-    name->ptr = (const char *)(r->p + r->pos);
-    name->len = nlen;
-    if (memchr(name->ptr, 0, (size_t)nlen))
-        return loom_error_set(r->err, LOOM_ERR_FORMAT,
-                              "%s: the name of tensor #%llu at byte %zu contains a NUL byte; the file is damaged",
-                              g->path, ii, r->pos);
-    r->pos += (size_t)nlen;
     return LOOM_OK;
 }
 
@@ -548,7 +537,7 @@ static loom_status parse_tensor_info(loom_gguf *g, rd *r, uint64_t i) {
     loom_gguf_tensor_info *ti = &g->tensors[i];
     uint64_t numel = 0;
     loom_status st;
-    if ((st = parse_tensor_name(g, r, i, &ti->name))) return st;
+    if ((st = parse_name(g, r, i, &k_tensor_name_field, &ti->name))) return st;
     if ((st = parse_tensor_shape(g, r, ti, &numel))) return st;
     if ((st = parse_tensor_type(g, r, ti, numel))) return st;
     if ((st = rd_need(r, 8, "the data offset of tensor " KEYFMT, KEYARG(ti->name)))) return st;
