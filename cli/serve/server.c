@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "commands.h" /* cli_now */
 #include "openai.h"
 #include "tokenizer/tokenizer.h" /* loom_utf8_next */
 
@@ -53,12 +54,6 @@ static bool sb_put(sbuf *b, const char *s, size_t n) {
     b->n += n;
     b->p[b->n] = 0;
     return true;
-}
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 /* --------------------------------------------------------------- state */
@@ -399,7 +394,7 @@ static void on_event(void *user, const loom_token_event *ev) {
     pc->prompt_tokens = ev->prompt_tokens;
     if (ev->token >= 0) ch->tokens++;
     {
-        const double t = now_s();
+        const double t = cli_now();
         serve_metrics *m = &j->s->m;
         pthread_mutex_lock(&m->mu);
         if (ev->token >= 0 && ch->t_last > 0) hist_add(&m->tpot, t - ch->t_last);
@@ -567,7 +562,7 @@ static void log_request(const job *j, unsigned status) {
     for (int32_t p = 0; p < j->q.num_prompts; p++) prompt += j->pc[p].prompt_tokens;
     for (int32_t c = 0; c < j->nchoices; c++) completion += j->ch[c].tokens;
     fprintf(stderr, "loom serve: POST %s %u %s prompt %d completion %d tokens %.3f s\n", j->url, status, j->id,
-            prompt, completion, now_s() - j->t0);
+            prompt, completion, cli_now() - j->t0);
 }
 
 /* SSE reader: hands MHD what the engine thread has queued, waiting for
@@ -579,7 +574,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     job *j = cls;
     pthread_mutex_lock(&j->mu);
-    double quiet_since = now_s();
+    double quiet_since = cli_now();
     while (j->sse_off == j->sse.n && !j->sse_done) {
         struct timespec t;
         deadline_in(&t, 200);
@@ -589,9 +584,9 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_unlock(&j->mu);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
-        if (now_s() - quiet_since > 15.0) {
+        if (cli_now() - quiet_since > 15.0) {
             sb_put(&j->sse, ": keep-alive\n\n", 14);
-            quiet_since = now_s();
+            quiet_since = cli_now();
         }
     }
     ssize_t n;
@@ -693,7 +688,7 @@ static job *job_new(server *s, const char *url, serve_api api, const conn_state 
     }
     j->s = s;
     snprintf(j->url, sizeof j->url, "%s", url);
-    j->t0 = now_s();
+    j->t0 = cli_now();
     j->created = (long long)time(NULL);
     j->n = j->q.base.n;
     j->nchoices = j->q.num_prompts * j->n;
