@@ -1062,21 +1062,88 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 /* --------------------------------------------------------------- run */
 
-int serve_run(loom_engine *eng, const serve_options *opt) {
-    /* The API's model id: --served-model-name, else the model file's name
-     * with its spaces as dashes (clients put it in URLs and shell lines). */
-    char model[128];
-    snprintf(model, sizeof model, "%s", opt->model_name ? opt->model_name : loom_engine_model_name(eng));
+/* The API's model id: --served-model-name, else the model file's name with
+ * its spaces as dashes (clients put it in URLs and shell lines). */
+static void served_model_name(loom_engine *eng, const serve_options *opt, char *model, size_t n) {
+    snprintf(model, n, "%s", opt->model_name ? opt->model_name : loom_engine_model_name(eng));
     for (char *c = model; !opt->model_name && *c; c++)
         if (*c == ' ') *c = '-';
-    server s = {.eng = eng, .opt = opt, .model = model};
-    pthread_mutex_init(&s.mu, NULL);
-    pthread_mutex_init(&s.m.mu, NULL);
-    s.m.ttft = HIST_OF(k_ttft_le), s.m.tpot = HIST_OF(k_tpot_le), s.m.e2e = HIST_OF(k_e2e_le);
-    pthread_cond_init(&s.cv, NULL);
-    pthread_cond_init(&s.idle_cv, NULL);
-    s.stats.struct_size = sizeof s.stats;
-    loom_engine_get_stats(eng, &s.stats);
+}
+
+static void server_init(server *s, loom_engine *eng, const serve_options *opt, const char *model) {
+    *s = (server){.eng = eng, .opt = opt, .model = model};
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->m.mu, NULL);
+    s->m.ttft = HIST_OF(k_ttft_le), s->m.tpot = HIST_OF(k_tpot_le), s->m.e2e = HIST_OF(k_e2e_le);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->idle_cv, NULL);
+    s->stats.struct_size = sizeof s->stats;
+    loom_engine_get_stats(eng, &s->stats);
+}
+
+static void server_destroy(server *s) {
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->m.mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->idle_cv);
+}
+
+/* Start the HTTP daemon on the resolved address ai (freed here); NULL
+ * after a message. host (hostn bytes) gets the address as text for the
+ * banner, *v6 whether it is IPv6. */
+static struct MHD_Daemon *start_daemon(server *s, struct addrinfo *ai, char *host, size_t hostn, bool *v6) {
+    const serve_options *opt = s->opt;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
+                     MHD_USE_ITC | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)opt->port, NULL, NULL, on_request, s,
+                                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                                            MHD_OPTION_CONNECTION_LIMIT, opt->max_connections,
+                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    snprintf(host, hostn, "?");
+    if (ai->ai_family == AF_INET6)
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr, host, (socklen_t)hostn);
+    else
+        inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr, host, (socklen_t)hostn);
+    *v6 = ai->ai_family == AF_INET6;
+    freeaddrinfo(ai);
+    if (!d)
+        fprintf(stderr, "loom serve: cannot listen on %s port %d: %s (is the port taken? try --port 0 for any free "
+                "one)\n", opt->host, opt->port, strerror(errno ? errno : EADDRINUSE));
+    return d;
+}
+
+/* After SIGINT/SIGTERM: no new connections, every running request aborted,
+ * their clients given 10 s at most to get their answer, then the daemon
+ * and the engine thread stopped. */
+static void stop_server(server *s, struct MHD_Daemon *d, pthread_t eng_thread, int sig) {
+    fprintf(stderr, "loom serve: %s: stopping (running requests are aborted)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    MHD_socket listen_fd = MHD_quiesce_daemon(d); /* no new connections; ours to close after the stop */
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    for (job *j = s->jobs; j; j = j->next) job_abort_locked(j);
+    /* let the aborted requests' clients get their 503 (or their stream's
+     * end) before the sockets close; 10 s at most */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;
+    while (s->inflight > 0 && pthread_cond_timedwait(&s->idle_cv, &s->mu, &until) == 0) {}
+    pthread_mutex_unlock(&s->mu);
+    MHD_stop_daemon(d); /* waits for every connection thread */
+    if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
+    pthread_mutex_lock(&s->mu);
+    s->exit = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(eng_thread, NULL);
+}
+
+int serve_run(loom_engine *eng, const serve_options *opt) {
+    char model[128];
+    served_model_name(eng, opt, model, sizeof model);
+    server s;
+    server_init(&s, eng, opt, model);
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
     char port[16];
@@ -1086,7 +1153,6 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
         fprintf(stderr, "loom serve: cannot resolve --host '%s': %s\n", opt->host, gai_strerror(gai));
         return 1;
     }
-
     /* Signals go to this thread's sigwait only: block them before any
      * thread (MHD's, the engine's) starts, so they inherit the mask. */
     sigset_t sigs;
@@ -1096,30 +1162,15 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
-                     MHD_USE_ITC | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-    struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)opt->port, NULL, NULL, on_request, &s,
-                                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                                            MHD_OPTION_CONNECTION_LIMIT, opt->max_connections,
-                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-                                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s,
-                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
-    char host[INET6_ADDRSTRLEN] = "?";
-    if (ai->ai_family == AF_INET6)
-        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr, host, sizeof host);
-    else
-        inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr, host, sizeof host);
-    int fam = ai->ai_family;
-    freeaddrinfo(ai);
+    char host[INET6_ADDRSTRLEN];
+    bool v6;
+    struct MHD_Daemon *d = start_daemon(&s, ai, host, sizeof host, &v6);
     if (!d) {
-        fprintf(stderr, "loom serve: cannot listen on %s port %d: %s (is the port taken? try --port 0 for any free "
-                "one)\n", opt->host, opt->port, strerror(errno ? errno : EADDRINUSE));
         pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
         return 1;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     int bound = di ? di->port : opt->port;
-
     pthread_t eng_thread;
     if (pthread_create(&eng_thread, NULL, engine_main, &s) != 0) {
         fprintf(stderr, "loom serve: cannot start the engine thread\n");
@@ -1129,35 +1180,13 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     }
     fprintf(stderr, "loom serve: model '%s', context %d tokens%s; Ctrl-C stops\n", s.model,
             loom_engine_max_context(eng), opt->api_key ? ", API key required" : "");
-    printf("loom serve: listening on http://%s%s%s:%d\n", fam == AF_INET6 ? "[" : "", host,
-           fam == AF_INET6 ? "]" : "", bound);
+    printf("loom serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", bound);
     fflush(stdout);
 
     int sig = 0;
     sigwait(&sigs, &sig);
-    fprintf(stderr, "loom serve: %s: stopping (running requests are aborted)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    MHD_socket listen_fd = MHD_quiesce_daemon(d); /* no new connections; ours to close after the stop */
-    pthread_mutex_lock(&s.mu);
-    s.stopping = true;
-    for (job *j = s.jobs; j; j = j->next) job_abort_locked(j);
-    /* let the aborted requests' clients get their 503 (or their stream's
-     * end) before the sockets close; 10 s at most */
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 10;
-    while (s.inflight > 0 && pthread_cond_timedwait(&s.idle_cv, &s.mu, &until) == 0) {}
-    pthread_mutex_unlock(&s.mu);
-    MHD_stop_daemon(d); /* waits for every connection thread */
-    if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
-    pthread_mutex_lock(&s.mu);
-    s.exit = true;
-    pthread_cond_signal(&s.cv);
-    pthread_mutex_unlock(&s.mu);
-    pthread_join(eng_thread, NULL);
+    stop_server(&s, d, eng_thread, sig);
     pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
-    pthread_mutex_destroy(&s.mu);
-    pthread_mutex_destroy(&s.m.mu);
-    pthread_cond_destroy(&s.cv);
-    pthread_cond_destroy(&s.idle_cv);
+    server_destroy(&s);
     return 0;
 }
