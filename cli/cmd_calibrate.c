@@ -277,12 +277,8 @@ static int cal_run(const cli_text_args *a, const cal_opts *c) {
     long window;
     cal_state cs = {0};
     loom_error err = {0};
-    char why[512];
-    char *text = cli_read_text_file(a->path, "calibration", why, sizeof why);
-    if (!text) {
-        fprintf(stderr, "loom calibrate: %s\n", why);
-        return LOOM_EXIT_FAIL;
-    }
+    char *text = cli_text_read(a, "calibration");
+    if (!text) return LOOM_EXIT_FAIL;
     if (!cal_check_float(a->config, a->sets.v, a->sets.n)) goto free_all;
     if (!(eng = cli_engine_open("calibrate", NULL, a->config, &a->sets, NULL))) goto free_all;
     if (!cli_engine_tokenize("calibrate", eng, text, a->path, a->bos, &ids, &n)) goto free_all;

@@ -213,12 +213,8 @@ static int ppl_run(const cli_text_args *a, const ppl_opts *p) {
     loom_engine *eng = NULL;
     int32_t *ids = NULL;
     ppl_sum s = {0};
-    char why[512];
-    char *text = cli_read_text_file(a->path, "perplexity", why, sizeof why);
-    if (!text) {
-        fprintf(stderr, "loom perplexity: %s\n", why);
-        return LOOM_EXIT_FAIL;
-    }
+    char *text = cli_text_read(a, "perplexity");
+    if (!text) return LOOM_EXIT_FAIL;
     if (p->lp_path && !(lp_out = fopen(p->lp_path, "w"))) {
         fprintf(stderr, "loom perplexity: cannot write --logprobs %s: %s\n", p->lp_path, strerror(errno));
         goto free_all;

@@ -91,3 +91,10 @@ bool cli_text_positionals(cli_text_args *a, int argc, char **argv) {
     a->path = argv[optind + 1];
     return true;
 }
+
+char *cli_text_read(const cli_text_args *a, const char *what) {
+    char why[512];
+    char *text = cli_read_text_file(a->path, what, why, sizeof why);
+    if (!text) fprintf(stderr, "loom %s: %s\n", a->cmd, why);
+    return text;
+}

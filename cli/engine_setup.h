@@ -79,5 +79,8 @@ cli_opt cli_text_option(cli_text_args *a, int ch, char **argv);
 /* After the options exactly CONFIG and TEXTFILE remain; false after a usage
  * error. */
 bool cli_text_positionals(cli_text_args *a, int argc, char **argv);
+/* TEXTFILE's contents (malloc'd), or NULL after "loom CMD: why"; `what`
+ * names the use in the message about NUL bytes ("calibration"). */
+char *cli_text_read(const cli_text_args *a, const char *what);
 
 #endif
