@@ -13,14 +13,15 @@
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "commands.h"
+#include "engine_setup.h"
 #include "loom/engine.h"
 
 static void bench_usage(FILE *f) {
@@ -76,6 +77,7 @@ typedef struct bench_track {
     int64_t tokens;
     int32_t errors;
     char error[256];
+    double *ttft, *tpot; /* (n) scratch for the percentiles */
 } bench_track;
 
 typedef struct bench_result {
@@ -88,12 +90,6 @@ typedef struct bench_result {
     int64_t steps;
     double step_seconds, backend_seconds; /* inside engine steps; inside the backend's forward */
 } bench_result;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* splitmix64: the workload generator's own deterministic stream. */
 static uint64_t mix(uint64_t *s) {
@@ -122,7 +118,7 @@ static void on_token(void *user, const loom_token_event *ev) {
     const int64_t k = ev->request_id - t->id_base;
     if (k < 0 || k >= t->index_cap) return;
     int32_t i = t->index_of[k];
-    double now = now_s() - t->start_wall;
+    double now = cli_now() - t->start_wall;
     if (ev->token >= 0) {
         if (t->first[i] < 0) t->first[i] = now;
         t->last[i] = now;
@@ -158,7 +154,6 @@ static void percentiles(double *v, int32_t n, double out[3]) {
     }
 }
 
-/* Run the workload once through a fresh engine built from `config`. */
 /* Untimed warm-up on a fresh engine: `count` requests of random token ids
  * (so they share no prefix with the workload), as long as the workload's
  * average token prompt (64 for text prompts), 16 new tokens each, all at
@@ -201,143 +196,218 @@ static int warm_up(loom_engine *eng, const bench_req *w, int32_t n, int32_t coun
     return 0;
 }
 
-static int g_warmup; /* --warmup N */
+static bool track_init(bench_track *t, int32_t n) {
+    *t = (bench_track){.index_cap = n};
+    t->first = malloc((size_t)n * sizeof(double));
+    t->last = calloc((size_t)n, sizeof(double));
+    t->count = calloc((size_t)n, sizeof(int32_t));
+    t->index_of = calloc((size_t)n, sizeof(int32_t));
+    t->ttft = malloc((size_t)n * sizeof(double));
+    t->tpot = malloc((size_t)n * sizeof(double));
+    if (!t->first || !t->last || !t->count || !t->index_of || !t->ttft || !t->tpot) return false;
+    for (int32_t i = 0; i < n; i++) t->first[i] = -1;
+    return true;
+}
 
-static int run_once(const char *label, const char *config, const char **sets, int nsets, bench_req *w,
-                    int32_t n, bool progress, bench_result *res) {
+static void track_free(bench_track *t) {
+    free(t->first);
+    free(t->last);
+    free(t->count);
+    free(t->index_of);
+    free(t->ttft);
+    free(t->tpot);
+}
+
+/* Add every request whose arrival time has passed (now, seconds since the
+ * start); *next is the first not yet added. false after a message. */
+static bool submit_arrived(loom_engine *eng, const bench_req *w, int32_t n, double now, int32_t *next,
+                           bench_track *t) {
     loom_error err = {0};
-    loom_engine *eng = NULL;
-    int rc = 1;
-    bench_track t = {0};
-    double *ttft = NULL, *tpot = NULL;
-    if (loom_engine_create(config, sets, nsets, &eng, &err) != LOOM_OK) {
-        fprintf(stderr, "loom bench: %s: %s\n", config, err.message);
-        return 1;
+    for (; *next < n && w[*next].arrival <= now; (*next)++) {
+        const bench_req *q = &w[*next];
+        loom_request rq = loom_request_default();
+        if (q->prompt) {
+            rq.prompt = q->prompt;
+            rq.chat = q->chat;
+        } else {
+            rq.tokens = q->tokens;
+            rq.num_tokens = q->num_tokens;
+        }
+        rq.max_tokens = q->output_len;
+        rq.ignore_eos = true;
+        rq.on_token = on_token;
+        rq.user = t;
+        int64_t id = loom_engine_add_request(eng, &rq, &err);
+        if (id < 0) {
+            fprintf(stderr, "loom bench: request %d: %s\n", *next, err.message);
+            return false;
+        }
+        if (*next == 0) t->id_base = id;
+        id -= t->id_base;
+        if (id < 0 || id >= t->index_cap) { /* ids are dense in a fresh engine */
+            fprintf(stderr, "loom bench: unexpected request id %lld\n", (long long)id);
+            return false;
+        }
+        t->index_of[id] = *next;
     }
-    loom_engine_stats base = {0};
-    if (g_warmup > 0 && warm_up(eng, w, n, g_warmup, &base)) goto out;
-    t.first = malloc((size_t)n * sizeof(double));
-    t.last = calloc((size_t)n, sizeof(double));
-    t.count = calloc((size_t)n, sizeof(int32_t));
-    t.index_cap = n;
-    t.index_of = calloc((size_t)n, sizeof(int32_t));
-    ttft = malloc((size_t)n * sizeof(double));
-    tpot = malloc((size_t)n * sizeof(double));
-    if (!t.first || !t.last || !t.count || !t.index_of || !ttft || !tpot) goto out;
-    for (int32_t i = 0; i < n; i++) t.first[i] = -1;
+    return true;
+}
 
+/* Step the engine until every request has arrived and finished, adding
+ * requests on the wall clock and sleeping while none is due. *seconds: the
+ * whole run. false after a message. */
+static bool drive(loom_engine *eng, const char *label, const bench_req *w, int32_t n, bool progress,
+                  bench_track *t, double *seconds) {
+    loom_error err = {0};
     bool tty = isatty(2);
-    t.start_wall = now_s();
+    t->start_wall = cli_now();
     int32_t next = 0, active = 0;
     double last_print = 0;
     while (next < n || active > 0) {
-        double now = now_s() - t.start_wall;
-        while (next < n && w[next].arrival <= now) {
-            loom_request rq = loom_request_default();
-            if (w[next].prompt) {
-                rq.prompt = w[next].prompt;
-                rq.chat = w[next].chat;
-            } else {
-                rq.tokens = w[next].tokens;
-                rq.num_tokens = w[next].num_tokens;
-            }
-            rq.max_tokens = w[next].output_len;
-            rq.ignore_eos = true;
-            rq.on_token = on_token;
-            rq.user = &t;
-            int64_t id = loom_engine_add_request(eng, &rq, &err);
-            if (id < 0) {
-                fprintf(stderr, "loom bench: request %d: %s\n", next, err.message);
-                goto out;
-            }
-            if (next == 0) t.id_base = id;
-            id -= t.id_base;
-            if (id < 0 || id >= t.index_cap) { /* ids are dense in a fresh engine */
-                fprintf(stderr, "loom bench: unexpected request id %lld\n", (long long)id);
-                goto out;
-            }
-            t.index_of[id] = next;
-            next++;
-        }
+        if (!submit_arrived(eng, w, n, cli_now() - t->start_wall, &next, t)) return false;
         if (loom_engine_step(eng, &active, &err) != LOOM_OK) {
             fprintf(stderr, "\nloom bench: %s: %s\n", label, err.message);
-            goto out;
+            return false;
         }
         if (active == 0 && next < n) {
-            double wait = w[next].arrival - (now_s() - t.start_wall);
+            double wait = w[next].arrival - (cli_now() - t->start_wall);
             if (wait > 0) usleep((useconds_t)(wait * 1e6));
         }
-        now = now_s() - t.start_wall;
+        double now = cli_now() - t->start_wall;
         if (progress && (now - last_print > (tty ? 0.2 : 5.0) || (next == n && active == 0))) {
             fprintf(stderr, "%s[%s] %d/%d requests done, %lld tokens, %.1f s%s", tty ? "\r" : "", label,
-                    t.finished, n, (long long)t.tokens, now, tty ? "   " : "\n");
+                    t->finished, n, (long long)t->tokens, now, tty ? "   " : "\n");
             last_print = now;
         }
     }
     if (progress && tty) fputc('\n', stderr);
-    double total = now_s() - t.start_wall;
+    *seconds = cli_now() - t->start_wall;
+    return true;
+}
 
-    loom_engine_stats st;
-    loom_engine_get_stats(eng, &st);
-    /* counters from the warm-up do not belong to the run (peaks stay) */
-    st.prompt_tokens -= base.prompt_tokens, st.prefill_tokens -= base.prefill_tokens;
-    st.cached_prompt_tokens -= base.cached_prompt_tokens, st.preemptions -= base.preemptions;
-    st.prefix_queries -= base.prefix_queries, st.prefix_hits -= base.prefix_hits;
-    st.swaps_out -= base.swaps_out, st.swaps_in -= base.swaps_in;
-    st.spec_proposed -= base.spec_proposed, st.spec_accepted -= base.spec_accepted;
-    st.device_sampled_rows -= base.device_sampled_rows;
-    st.steps -= base.steps;
-    st.prefill_seconds -= base.prefill_seconds, st.decode_seconds -= base.decode_seconds;
-    st.backend_seconds -= base.backend_seconds;
+/* Counters from the warm-up do not belong to the run (peaks stay). */
+static void stats_minus(loom_engine_stats *st, const loom_engine_stats *base) {
+    st->prompt_tokens -= base->prompt_tokens, st->prefill_tokens -= base->prefill_tokens;
+    st->cached_prompt_tokens -= base->cached_prompt_tokens, st->preemptions -= base->preemptions;
+    st->prefix_queries -= base->prefix_queries, st->prefix_hits -= base->prefix_hits;
+    st->swaps_out -= base->swaps_out, st->swaps_in -= base->swaps_in;
+    st->spec_proposed -= base->spec_proposed, st->spec_accepted -= base->spec_accepted;
+    st->device_sampled_rows -= base->device_sampled_rows;
+    st->steps -= base->steps;
+    st->prefill_seconds -= base->prefill_seconds, st->decode_seconds -= base->decode_seconds;
+    st->backend_seconds -= base->backend_seconds;
+}
+
+/* The run's metrics from the engine's counters and the per-request timing. */
+static void fill_result(bench_result *res, const loom_engine_stats *st, bench_track *t, const bench_req *w,
+                        int32_t n, double total) {
     int32_t nt = 0, np = 0;
     int64_t out_tokens = 0, in_tokens = 0;
     for (int32_t i = 0; i < n; i++) {
-        out_tokens += t.count[i];
+        out_tokens += t->count[i];
         in_tokens += w[i].num_tokens;
-        if (t.first[i] >= 0) ttft[nt++] = t.first[i] - w[i].arrival;
-        if (t.count[i] > 1) tpot[np++] = (t.last[i] - t.first[i]) / (t.count[i] - 1);
+        if (t->first[i] >= 0) t->ttft[nt++] = t->first[i] - w[i].arrival;
+        if (t->count[i] > 1) t->tpot[np++] = (t->last[i] - t->first[i]) / (t->count[i] - 1);
     }
     memset(res, 0, sizeof *res);
     res->seconds = total;
     res->req_per_s = n / total;
     res->out_tok_per_s = (double)out_tokens / total;
-    res->total_tok_per_s = (double)(out_tokens + st.prompt_tokens) / total;
-    percentiles(ttft, nt, res->ttft);
-    percentiles(tpot, np, res->tpot);
-    res->peak_kv = st.kv_blocks_total ? (double)st.kv_blocks_peak / st.kv_blocks_total : 0;
+    res->total_tok_per_s = (double)(out_tokens + st->prompt_tokens) / total;
+    percentiles(t->ttft, nt, res->ttft);
+    percentiles(t->tpot, np, res->tpot);
+    res->peak_kv = st->kv_blocks_total ? (double)st->kv_blocks_peak / st->kv_blocks_total : 0;
     /* prompt tokens served from the prefix cache, per request once: the
      * cache's own query counter also counts every admission the scheduler
      * retried (a request waiting for blocks is looked up again each step) */
-    res->prefix_hit_rate = st.prompt_tokens ? (double)st.cached_prompt_tokens / (double)st.prompt_tokens : 0;
-    res->preemptions = st.preemptions;
-    res->prefill_tokens = st.prefill_tokens;
-    res->cached_tokens = st.cached_prompt_tokens;
+    res->prefix_hit_rate = st->prompt_tokens ? (double)st->cached_prompt_tokens / (double)st->prompt_tokens : 0;
+    res->preemptions = st->preemptions;
+    res->prefill_tokens = st->prefill_tokens;
+    res->cached_tokens = st->cached_prompt_tokens;
     res->output_tokens = out_tokens;
-    res->max_running = st.max_running;
-    res->swaps_out = st.swaps_out;
-    res->swaps_in = st.swaps_in;
-    res->spec_proposed = st.spec_proposed;
-    res->spec_accepted = st.spec_accepted;
-    res->device_sampled = st.device_sampled_rows;
-    res->steps = st.steps;
-    res->step_seconds = st.prefill_seconds + st.decode_seconds;
-    res->backend_seconds = st.backend_seconds;
-    res->errors = t.errors;
+    res->max_running = st->max_running;
+    res->swaps_out = st->swaps_out;
+    res->swaps_in = st->swaps_in;
+    res->spec_proposed = st->spec_proposed;
+    res->spec_accepted = st->spec_accepted;
+    res->device_sampled = st->device_sampled_rows;
+    res->steps = st->steps;
+    res->step_seconds = st->prefill_seconds + st->decode_seconds;
+    res->backend_seconds = st->backend_seconds;
+    res->errors = t->errors;
+}
+
+/* Run the workload once through a fresh engine built from `config`, after
+ * `warmup` untimed requests. */
+static int run_once(const char *label, const char *config, const cli_sets *sets, int warmup, bench_req *w,
+                    int32_t n, bool progress, bench_result *res) {
+    int rc = 1;
+    bench_track t = {0};
+    double total;
+    loom_engine *eng = cli_engine_open("bench", config, config, sets, NULL);
+    if (!eng) return 1;
+    loom_engine_stats base = {0};
+    if (warmup > 0 && warm_up(eng, w, n, warmup, &base)) goto free_all;
+    if (!track_init(&t, n)) goto free_all;
+    if (!drive(eng, label, w, n, progress, &t, &total)) goto free_all;
+    loom_engine_stats st;
+    loom_engine_get_stats(eng, &st);
+    stats_minus(&st, &base);
+    fill_result(res, &st, &t, w, n, total);
     if (t.errors) fprintf(stderr, "loom bench: %d requests failed, e.g.: %s\n", t.errors, t.error);
     rc = t.errors ? 1 : 0;
-out:
+free_all:
     loom_engine_destroy(eng);
-    free(t.first);
-    free(t.last);
-    free(t.count);
-    free(t.index_of);
-    free(ttft);
-    free(tpot);
+    track_free(&t);
     return rc;
 }
 
 /* ------------------------------------------------------------- workload */
 
+static void free_workload(bench_req *w, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        free(w[i].tokens);
+        free(w[i].prompt);
+    }
+    free(w);
+}
+
+/* One request from line `lineno` of the workload file: a text prompt or
+ * token ids, and an output length. false after a message; *r may then hold
+ * a token array (freed with the workload). */
+static bool parse_request(const cJSON *j, const char *path, int32_t lineno, bench_req *r) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(j, "prompt_tokens");
+    const cJSON *ol = cJSON_GetObjectItemCaseSensitive(j, "output_len");
+    r->chat = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "chat"));
+    if (cJSON_IsString(p)) {
+        r->prompt = strdup(p->valuestring);
+    } else if (cJSON_IsArray(pt) && cJSON_GetArraySize(pt) > 0) {
+        r->num_tokens = cJSON_GetArraySize(pt);
+        r->tokens = malloc((size_t)r->num_tokens * sizeof(int32_t));
+        int32_t k = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, pt) {
+            if (!cJSON_IsNumber(e)) {
+                fprintf(stderr, "%s:%d: prompt_tokens must hold integers\n", path, lineno);
+                return false;
+            }
+            r->tokens[k++] = (int32_t)e->valuedouble;
+        }
+    } else {
+        fprintf(stderr, "%s:%d: needs \"prompt\" (string) or \"prompt_tokens\" (array)\n", path, lineno);
+        return false;
+    }
+    if (!cJSON_IsNumber(ol) || ol->valuedouble < 1) {
+        fprintf(stderr, "%s:%d: needs \"output_len\" >= 1\n", path, lineno);
+        return false;
+    }
+    r->output_len = (int32_t)ol->valuedouble;
+    return true;
+}
+
+/* The requests of a JSONL workload file, one object a line (blank lines
+ * skipped), all arriving at once. */
 static int load_workload(const char *path, bench_req **out, int32_t *n) {
     FILE *f = fopen(path, "r");
     if (!f) {
@@ -358,65 +428,33 @@ static int load_workload(const char *path, bench_req **out, int32_t *n) {
             fprintf(stderr, "%s:%d: not a JSON object (expected {\"prompt\": ..., \"output_len\": N})\n", path,
                     lineno);
             cJSON_Delete(j);
-            goto out;
+            goto close_file;
         }
         if (count == alloc) {
             alloc = alloc ? alloc * 2 : 64;
             bench_req *nw = realloc(w, (size_t)alloc * sizeof *w);
-            if (!nw) goto out;
+            if (!nw) {
+                cJSON_Delete(j);
+                goto close_file;
+            }
             w = nw;
         }
-        bench_req *r = &w[count];
-        memset(r, 0, sizeof *r);
-        const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-        const cJSON *pt = cJSON_GetObjectItemCaseSensitive(j, "prompt_tokens");
-        const cJSON *ol = cJSON_GetObjectItemCaseSensitive(j, "output_len");
-        r->chat = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "chat"));
-        if (cJSON_IsString(p)) {
-            r->prompt = strdup(p->valuestring);
-        } else if (cJSON_IsArray(pt) && cJSON_GetArraySize(pt) > 0) {
-            r->num_tokens = cJSON_GetArraySize(pt);
-            r->tokens = malloc((size_t)r->num_tokens * sizeof(int32_t));
-            int32_t k = 0;
-            const cJSON *e;
-            cJSON_ArrayForEach(e, pt) {
-                if (!cJSON_IsNumber(e)) {
-                    fprintf(stderr, "%s:%d: prompt_tokens must hold integers\n", path, lineno);
-                    cJSON_Delete(j);
-                    count++;
-                    goto out;
-                }
-                r->tokens[k++] = (int32_t)e->valuedouble;
-            }
-        } else {
-            fprintf(stderr, "%s:%d: needs \"prompt\" (string) or \"prompt_tokens\" (array)\n", path, lineno);
-            cJSON_Delete(j);
-            goto out;
-        }
-        if (!cJSON_IsNumber(ol) || ol->valuedouble < 1) {
-            fprintf(stderr, "%s:%d: needs \"output_len\" >= 1\n", path, lineno);
-            cJSON_Delete(j);
-            count++;
-            goto out;
-        }
-        r->output_len = (int32_t)ol->valuedouble;
-        count++;
+        memset(&w[count], 0, sizeof *w);
+        bool ok = parse_request(j, path, lineno, &w[count]);
+        count++; /* a half-read request is freed with the rest */
         cJSON_Delete(j);
+        if (!ok) goto close_file;
     }
     if (count == 0) {
         fprintf(stderr, "loom bench: workload '%s' has no requests\n", path);
-        goto out;
+        goto close_file;
     }
     rc = 0;
-out:
+close_file:
     free(line);
     fclose(f);
     if (rc) {
-        for (int32_t i = 0; i < count; i++) {
-            free(w[i].tokens);
-            free(w[i].prompt);
-        }
-        free(w);
+        free_workload(w, count);
         w = NULL;
         count = 0;
     }
@@ -547,222 +585,229 @@ static void median_result(bench_result *runs, int n, bench_result *out) {
     free(v);
 }
 
-int loom_cmd_bench(int argc, char **argv) {
-    const char *config = NULL, *cmp_a = NULL, *cmp_b = NULL, *workload = NULL, *json_path = NULL;
-    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
-    int nsets = 0, rc = 1, repeat = 1;
-    int32_t nreq = 64, in_a = 128, in_b = 128, out_a = 64, out_b = 64, prefix_len = 64;
-    double shared = 0, rate = 0;
-    uint64_t seed = 0;
-    bool progress = true;
-    bench_req *w = NULL;
-    int32_t n = 0;
-    bench_result *ra = NULL, *rb = NULL;
-    if (!sets) return 1;
+/* What the command line asks for. */
+typedef struct bench_args {
+    const char *config, *cmp_a, *cmp_b;  /* CONFIG, or --compare A B                 */
+    const char *workload, *json_path;    /* --workload FILE, --json FILE ('-': stdout) */
+    cli_sets sets;
+    int repeat, warmup;
+    int32_t nreq, in_a, in_b, out_a, out_b, prefix_len;
+    double shared, rate;
+    uint64_t seed;
+    bool progress;
+} bench_args;
 
+/* An integer option's value (as an int, the way it is stored) in [lo, hi];
+ * false after "loom bench: OPT expects WHAT, got 'V'". */
+static bool bench_int(const char *opt, const char *v, int lo, int hi, const char *what, int *out) {
+    char *end;
+    *out = (int)strtol(v, &end, 10);
+    if (*end || *out < lo || *out > hi) {
+        fprintf(stderr, "loom bench: %s expects %s, got '%s'\n", opt, what, v);
+        return false;
+    }
+    return true;
+}
+
+/* An option that takes the next word (v, not NULL): -1 to go on, else the
+ * exit code. */
+static int bench_valued(bench_args *b, const char *a, const char *v) {
+    char *end = NULL;
+    int l;
+    if (!strcmp(a, "--workload")) {
+        b->workload = v;
+    } else if (!strcmp(a, "--num-requests")) {
+        if (!bench_int(a, v, 1, INT_MAX, "a positive integer", &l)) return LOOM_EXIT_USAGE;
+        b->nreq = (int32_t)l;
+    } else if (!strcmp(a, "--input-len")) {
+        if (!parse_range(a, v, &b->in_a, &b->in_b)) return LOOM_EXIT_USAGE;
+    } else if (!strcmp(a, "--output-len")) {
+        if (!parse_range(a, v, &b->out_a, &b->out_b)) return LOOM_EXIT_USAGE;
+    } else if (!strcmp(a, "--shared-prefix-ratio")) {
+        b->shared = strtod(v, &end);
+        if (*end || b->shared < 0 || b->shared > 1) {
+            fprintf(stderr, "loom bench: --shared-prefix-ratio expects a number in [0, 1], got '%s'\n", v);
+            return LOOM_EXIT_USAGE;
+        }
+    } else if (!strcmp(a, "--prefix-len")) {
+        if (!bench_int(a, v, 1, INT_MAX, "a positive integer", &l)) return LOOM_EXIT_USAGE;
+        b->prefix_len = (int32_t)l;
+    } else if (!strcmp(a, "--rate")) {
+        b->rate = !strcmp(v, "inf") ? 0 : strtod(v, &end);
+        if ((end && *end) || b->rate < 0) {
+            fprintf(stderr, "loom bench: --rate expects requests/s (> 0) or 'inf', got '%s'\n", v);
+            return LOOM_EXIT_USAGE;
+        }
+    } else if (!strcmp(a, "--seed")) {
+        b->seed = strtoull(v, &end, 10);
+    } else if (!strcmp(a, "--warmup")) {
+        if (!bench_int(a, v, 0, 4096, "0..4096 requests", &b->warmup)) return LOOM_EXIT_USAGE;
+    } else if (!strcmp(a, "--repeat")) {
+        if (!bench_int(a, v, 1, 100, "1..100", &b->repeat)) return LOOM_EXIT_USAGE;
+    } else if (!strcmp(a, "--set")) {
+        cli_sets_add(&b->sets, v);
+    } else {
+        b->json_path = v; /* --json */
+    }
+    return -1;
+}
+
+/* The command line: -1 to go on, else the exit code. */
+static int bench_parse(bench_args *b, int argc, char **argv) {
+    static const char *const valued[] = {"--workload", "--num-requests", "--input-len", "--output-len",
+                                         "--shared-prefix-ratio", "--prefix-len", "--rate", "--seed",
+                                         "--warmup", "--repeat", "--set", "--json", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = NULL;
-#define VAL()                                                                          \
-    do {                                                                               \
-        if (!v) {                                                                      \
-            fprintf(stderr, "loom bench: %s needs a value (see loom bench --help)\n", a); \
-            rc = 2;                                                                    \
-            goto out;                                                                  \
-        }                                                                              \
-        i++;                                                                           \
-    } while (0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        bool takes = false;
+        for (const char *const *k = valued; *k && !takes; k++) takes = !strcmp(a, *k);
+        if (takes) {
+            if (!v) {
+                fprintf(stderr, "loom bench: %s needs a value (see loom bench --help)\n", a);
+                return LOOM_EXIT_USAGE;
+            }
+            i++;
+            int rc = bench_valued(b, a, v);
+            if (rc >= 0) return rc;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             bench_usage(stdout);
-            rc = 0;
-            goto out;
+            return LOOM_EXIT_OK;
         } else if (!strcmp(a, "--compare")) {
             if (i + 2 >= argc) {
                 fprintf(stderr, "loom bench: --compare needs two pipeline files\n");
-                rc = 2;
-                goto out;
+                return LOOM_EXIT_USAGE;
             }
-            cmp_a = argv[++i];
-            cmp_b = argv[++i];
-        } else if (!strcmp(a, "--workload")) {
-            VAL();
-            workload = v;
-        } else if (!strcmp(a, "--num-requests")) {
-            VAL();
-            nreq = (int32_t)strtol(v, &end, 10);
-            if (*end || nreq < 1) {
-                fprintf(stderr, "loom bench: --num-requests expects a positive integer, got '%s'\n", v);
-                rc = 2;
-                goto out;
-            }
-        } else if (!strcmp(a, "--input-len")) {
-            VAL();
-            if (!parse_range(a, v, &in_a, &in_b)) { rc = 2; goto out; }
-        } else if (!strcmp(a, "--output-len")) {
-            VAL();
-            if (!parse_range(a, v, &out_a, &out_b)) { rc = 2; goto out; }
-        } else if (!strcmp(a, "--shared-prefix-ratio")) {
-            VAL();
-            shared = strtod(v, &end);
-            if (*end || shared < 0 || shared > 1) {
-                fprintf(stderr, "loom bench: --shared-prefix-ratio expects a number in [0, 1], got '%s'\n", v);
-                rc = 2;
-                goto out;
-            }
-        } else if (!strcmp(a, "--prefix-len")) {
-            VAL();
-            prefix_len = (int32_t)strtol(v, &end, 10);
-            if (*end || prefix_len < 1) {
-                fprintf(stderr, "loom bench: --prefix-len expects a positive integer, got '%s'\n", v);
-                rc = 2;
-                goto out;
-            }
-        } else if (!strcmp(a, "--rate")) {
-            VAL();
-            rate = !strcmp(v, "inf") ? 0 : strtod(v, &end);
-            if ((end && *end) || rate < 0) {
-                fprintf(stderr, "loom bench: --rate expects requests/s (> 0) or 'inf', got '%s'\n", v);
-                rc = 2;
-                goto out;
-            }
-        } else if (!strcmp(a, "--seed")) {
-            VAL();
-            seed = strtoull(v, &end, 10);
-        } else if (!strcmp(a, "--warmup")) {
-            VAL();
-            g_warmup = (int)strtol(v, &end, 10);
-            if (*end || g_warmup < 0 || g_warmup > 4096) {
-                fprintf(stderr, "loom bench: --warmup expects 0..4096 requests, got '%s'\n", v);
-                rc = 2;
-                goto out;
-            }
-        } else if (!strcmp(a, "--repeat")) {
-            VAL();
-            repeat = (int)strtol(v, &end, 10);
-            if (*end || repeat < 1 || repeat > 100) {
-                fprintf(stderr, "loom bench: --repeat expects 1..100, got '%s'\n", v);
-                rc = 2;
-                goto out;
-            }
-        } else if (!strcmp(a, "--set")) {
-            VAL();
-            sets[nsets++] = v;
-        } else if (!strcmp(a, "--json")) {
-            VAL();
-            json_path = v;
+            b->cmp_a = argv[++i];
+            b->cmp_b = argv[++i];
         } else if (!strcmp(a, "--no-progress")) {
-            progress = false;
+            b->progress = false;
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "loom bench: unknown option '%s' (see loom bench --help)\n", a);
-            rc = 2;
-            goto out;
-        } else if (!config) {
-            config = a;
+            return LOOM_EXIT_USAGE;
+        } else if (!b->config) {
+            b->config = a;
         } else {
             fprintf(stderr, "loom bench: unexpected argument '%s'\n", a);
-            rc = 2;
-            goto out;
+            return LOOM_EXIT_USAGE;
         }
-#undef VAL
     }
-    if (!config && !cmp_a) {
+    if (!b->config && !b->cmp_a) {
         fprintf(stderr, "loom bench: give a pipeline file or --compare A B\n\n");
         bench_usage(stderr);
-        rc = 2;
-        goto out;
+        return LOOM_EXIT_USAGE;
     }
-    if (config && cmp_a) {
+    if (b->config && b->cmp_a) {
         fprintf(stderr, "loom bench: give either CONFIG or --compare A B, not both\n");
-        rc = 2;
-        goto out;
+        return LOOM_EXIT_USAGE;
     }
-    if (workload) {
-        if (load_workload(workload, &w, &n)) goto out;
-    } else {
-        /* The vocabulary bounds generated token ids: ask a short-lived engine. */
-        loom_engine *probe = NULL;
-        loom_error err = {0};
-        if (loom_engine_create(config ? config : cmp_a, sets, nsets, &probe, &err) != LOOM_OK) {
-            fprintf(stderr, "loom bench: %s\n", err.message);
-            goto out;
-        }
-        int32_t vocab = loom_engine_vocab_size(probe);
-        int32_t ctx = loom_engine_max_context(probe);
-        loom_engine_destroy(probe);
-        if (in_b + out_b > ctx) {
-            fprintf(stderr, "loom bench: input %d + output %d tokens exceed the context (%d)\n", in_b, out_b, ctx);
-            rc = 2;
-            goto out;
-        }
-        n = nreq;
-        w = gen_workload(n, in_a, in_b, out_a, out_b, shared, prefix_len, rate, seed, vocab);
-        if (!w) goto out;
-    }
+    return -1;
+}
 
-    const char *la = config ? config : cmp_a, *lb = cmp_b;
-    ra = calloc((size_t)repeat, sizeof *ra);
-    rb = calloc((size_t)repeat, sizeof *rb);
-    if (!ra || !rb) goto out;
-    for (int r = 0; r < repeat; r++) {
-        if (run_once("A", la, sets, nsets, w, n, progress, &ra[r])) goto out;
-        if (lb && run_once("B", lb, sets, nsets, w, n, progress, &rb[r])) goto out;
+/* The workload: the --workload file, or generated with token ids bounded by
+ * the vocabulary of a short-lived engine. -1 to go on, else the exit code. */
+static int make_workload(const bench_args *b, bench_req **w, int32_t *n) {
+    if (b->workload) return load_workload(b->workload, w, n) ? LOOM_EXIT_FAIL : -1;
+    loom_engine *probe = cli_engine_open("bench", NULL, b->config ? b->config : b->cmp_a, &b->sets, NULL);
+    if (!probe) return LOOM_EXIT_FAIL;
+    int32_t vocab = loom_engine_vocab_size(probe);
+    int32_t ctx = loom_engine_max_context(probe);
+    loom_engine_destroy(probe);
+    if (b->in_b + b->out_b > ctx) {
+        fprintf(stderr, "loom bench: input %d + output %d tokens exceed the context (%d)\n", b->in_b, b->out_b,
+                ctx);
+        return LOOM_EXIT_USAGE;
     }
-    bench_result A, B;
-    median_result(ra, repeat, &A);
-    if (lb) median_result(rb, repeat, &B);
+    *w = gen_workload(b->nreq, b->in_a, b->in_b, b->out_a, b->out_b, b->shared, b->prefix_len, b->rate, b->seed,
+                      vocab);
+    if (!*w) return LOOM_EXIT_FAIL;
+    *n = b->nreq;
+    return -1;
+}
 
-    /* With --json -, stdout carries only the JSON document. */
-    FILE *tbl = json_path && !strcmp(json_path, "-") ? stderr : stdout;
-    fprintf(tbl, "\nworkload: %d requests%s%s, %d run(s) each\n", n, workload ? " from " : " generated",
-           workload ? workload : "", repeat);
+/* The metrics table of one pipeline (B NULL), or of two side by side. */
+static void print_table(FILE *tbl, const bench_args *b, int32_t n, const char *la, const char *lb,
+                        const bench_result *A, const bench_result *B) {
+    fprintf(tbl, "\nworkload: %d requests%s%s, %d run(s) each\n", n, b->workload ? " from " : " generated",
+           b->workload ? b->workload : "", b->repeat);
     if (!lb) {
         fprintf(tbl, "%-18s %14s\n", "metric", la);
         for (size_t k = 0; k < sizeof metrics / sizeof metrics[0]; k++)
-            fprintf(tbl, "%-18s %14.3f %s\n", metrics[k].name, metric_value(&A, &metrics[k]), metrics[k].unit);
-        print_counts(tbl, "counts:", &A);
+            fprintf(tbl, "%-18s %14.3f %s\n", metrics[k].name, metric_value(A, &metrics[k]), metrics[k].unit);
+        print_counts(tbl, "counts:", A);
+        return;
+    }
+    fprintf(tbl, "%-18s %14s %14s %10s\n", "metric", "A", "B", "B/A");
+    for (size_t k = 0; k < sizeof metrics / sizeof metrics[0]; k++) {
+        double x = metric_value(A, &metrics[k]), y = metric_value(B, &metrics[k]);
+        if (x != 0 && isfinite(x) && isfinite(y))
+            fprintf(tbl, "%-18s %14.3f %14.3f %9.2fx  %s\n", metrics[k].name, x, y, y / x, metrics[k].unit);
+        else
+            fprintf(tbl, "%-18s %14.3f %14.3f %10s  %s\n", metrics[k].name, x, y, "-", metrics[k].unit);
+    }
+    fprintf(tbl, "A = %s\nB = %s\n", la, lb);
+    print_counts(tbl, "A counts:", A);
+    print_counts(tbl, "B counts:", B);
+}
+
+/* --json: the results as one document, to a file or stdout ('-'). */
+static void write_json(const bench_args *b, int32_t n, const char *la, const char *lb, const bench_result *A,
+                       const bench_result *B) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddNumberToObject(root, "num_requests", n);
+    cJSON_AddNumberToObject(root, "repeat", b->repeat);
+    cJSON_AddStringToObject(root, "a", la);
+    cJSON_AddItemToObject(root, "a_results", result_json(A));
+    if (lb) {
+        cJSON_AddStringToObject(root, "b", lb);
+        cJSON_AddItemToObject(root, "b_results", result_json(B));
+    }
+    char *s = cJSON_Print(root);
+    FILE *f = strcmp(b->json_path, "-") ? fopen(b->json_path, "w") : stdout;
+    if (!f || !s) {
+        fprintf(stderr, "loom bench: cannot write %s: %s\n", b->json_path, strerror(errno));
     } else {
-        fprintf(tbl, "%-18s %14s %14s %10s\n", "metric", "A", "B", "B/A");
-        for (size_t k = 0; k < sizeof metrics / sizeof metrics[0]; k++) {
-            double x = metric_value(&A, &metrics[k]), y = metric_value(&B, &metrics[k]);
-            if (x != 0 && isfinite(x) && isfinite(y))
-                fprintf(tbl, "%-18s %14.3f %14.3f %9.2fx  %s\n", metrics[k].name, x, y, y / x, metrics[k].unit);
-            else
-                fprintf(tbl, "%-18s %14.3f %14.3f %10s  %s\n", metrics[k].name, x, y, "-", metrics[k].unit);
-        }
-        fprintf(tbl, "A = %s\nB = %s\n", la, lb);
-        print_counts(tbl, "A counts:", &A);
-        print_counts(tbl, "B counts:", &B);
+        fprintf(f, "%s\n", s);
+        if (f != stdout) fclose(f);
     }
-    if (json_path) {
-        cJSON *root = cJSON_CreateObject();
-        cJSON_AddNumberToObject(root, "num_requests", n);
-        cJSON_AddNumberToObject(root, "repeat", repeat);
-        cJSON_AddStringToObject(root, "a", la);
-        cJSON_AddItemToObject(root, "a_results", result_json(&A));
-        if (lb) {
-            cJSON_AddStringToObject(root, "b", lb);
-            cJSON_AddItemToObject(root, "b_results", result_json(&B));
-        }
-        char *s = cJSON_Print(root);
-        FILE *f = strcmp(json_path, "-") ? fopen(json_path, "w") : stdout;
-        if (!f || !s) {
-            fprintf(stderr, "loom bench: cannot write %s: %s\n", json_path, strerror(errno));
-        } else {
-            fprintf(f, "%s\n", s);
-            if (f != stdout) fclose(f);
-        }
-        free(s);
-        cJSON_Delete(root);
+    free(s);
+    cJSON_Delete(root);
+}
+
+/* Run A (and B) `repeat` times, interleaved, and report the medians; the
+ * exit code. */
+static int bench_runs(const bench_args *b, bench_req *w, int32_t n) {
+    const char *la = b->config ? b->config : b->cmp_a, *lb = b->cmp_b;
+    int rc = LOOM_EXIT_FAIL;
+    bench_result *ra = calloc((size_t)b->repeat, sizeof *ra);
+    bench_result *rb = calloc((size_t)b->repeat, sizeof *rb);
+    if (!ra || !rb) goto free_results;
+    for (int r = 0; r < b->repeat; r++) {
+        if (run_once("A", la, &b->sets, b->warmup, w, n, b->progress, &ra[r])) goto free_results;
+        if (lb && run_once("B", lb, &b->sets, b->warmup, w, n, b->progress, &rb[r])) goto free_results;
     }
-    rc = 0;
-out:
-    for (int32_t i = 0; i < n; i++) {
-        free(w[i].tokens);
-        free(w[i].prompt);
-    }
-    free(w);
+    bench_result A, B;
+    median_result(ra, b->repeat, &A);
+    if (lb) median_result(rb, b->repeat, &B);
+    /* With --json -, stdout carries only the JSON document. */
+    print_table(b->json_path && !strcmp(b->json_path, "-") ? stderr : stdout, b, n, la, lb, &A, &B);
+    if (b->json_path) write_json(b, n, la, lb, &A, &B);
+    rc = LOOM_EXIT_OK;
+free_results:
     free(ra);
     free(rb);
-    free(sets);
+    return rc;
+}
+
+int loom_cmd_bench(int argc, char **argv) {
+    bench_args b = {.repeat = 1, .nreq = 64, .in_a = 128, .in_b = 128, .out_a = 64, .out_b = 64,
+                    .prefix_len = 64, .progress = true};
+    bench_req *w = NULL;
+    int32_t n = 0;
+    if (!cli_sets_init(&b.sets, argc)) return LOOM_EXIT_FAIL;
+    int rc = bench_parse(&b, argc, argv);
+    if (rc < 0) rc = make_workload(&b, &w, &n);
+    if (rc < 0) rc = bench_runs(&b, w, n);
+    free_workload(w, n);
+    cli_sets_free(&b.sets);
     return rc;
 }

@@ -24,6 +24,7 @@
 
 #include "../plugins/quantizer/common/qcalib.h"
 #include "commands.h"
+#include "engine_setup.h"
 #include "loom/backend.h"
 #include "loom/engine.h"
 #include "pipeline/pipeline.h"
@@ -111,8 +112,6 @@ nomem:
     snprintf(c->why, sizeof c->why, "out of memory for the statistics");
 }
 
-
-
 static void cal_progress(int64_t done, int64_t total) {
     cli_progress_bar(done, total);
     fprintf(stderr, "%lld/%lld tokens ", (long long)done, (long long)total);
@@ -145,184 +144,188 @@ static bool cal_check_float(const char *config, const char *const *sets, int nse
     return ok;
 }
 
-int loom_cmd_calibrate(int argc, char **argv) {
+/* What calibrate adds to the shared text options. */
+typedef struct cal_opts {
+    const char *out_path;      /* -o, --out FILE                    */
+    long skip;                 /* -k, --skip-tokens N               */
+} cal_opts;
+
+/* Options and arguments: -1 to go on, else the exit code. */
+static int cal_parse(cli_text_args *a, cal_opts *c, int argc, char **argv) {
     static const struct option opts[] = {
         {"out", required_argument, NULL, 'o'},
-        {"max-tokens", required_argument, NULL, 'n'},
         {"skip-tokens", required_argument, NULL, 'k'},
-        {"window", required_argument, NULL, 'w'},
-        {"no-bos", no_argument, NULL, 'B'},
-        {"set", required_argument, NULL, 's'},
-        {"quiet", no_argument, NULL, 'q'},
-        {"help", no_argument, NULL, 'h'},
+        CLI_TEXT_LONG_OPTIONS,
         {0},
     };
-    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
-    if (!sets) {
-        fprintf(stderr, "loom calibrate: out of memory\n");
-        return LOOM_EXIT_FAIL;
-    }
-    int nsets = 0, rc = LOOM_EXIT_FAIL;
-    long window = 0, max_tokens = 0, skip = 0;
-    bool quiet = false, bos = true, observing = false;
-    const char *out_path = NULL;
-    char *text = NULL;
-    int32_t *ids = NULL;
-    float *lp = NULL;
-    loom_engine *eng = NULL;
-    cal_state cs = {0};
-    loom_error err = {0};
-    opterr = 0;
-    optind = 0; /* glibc: full re-initialisation */
     int ch;
-    while ((ch = getopt_long(argc, argv, ":o:n:k:w:s:qh", opts, NULL)) != -1) {
-        switch (ch) {
-        case 'o': out_path = optarg; break;
-        case 'n':
-            if (!cli_parse_long("calibrate", k_usage, "--max-tokens", optarg, 2, 1L << 30, &max_tokens)) goto usage;
-            break;
-        case 'k':
-            if (!cli_parse_long("calibrate", k_usage, "--skip-tokens", optarg, 0, 1L << 30, &skip)) goto usage;
-            break;
-        case 'w':
-            if (!cli_parse_long("calibrate", k_usage, "--window", optarg, 2, 1L << 24, &window)) goto usage;
-            break;
-        case 'B': bos = false; break;
-        case 's': sets[nsets++] = optarg; break;
-        case 'q': quiet = true; break;
-        case 'h':
-            fputs(k_usage, stdout);
-            rc = LOOM_EXIT_OK;
-            goto out;
-        default: {
-            char msg[256];
-            cli_bad_option(ch, argv, msg, sizeof msg);
-            cli_usage_error("calibrate", k_usage, "%s", msg);
-            goto usage;
+    while ((ch = getopt_long(argc, argv, ":o:k:" CLI_TEXT_OPTSTRING, opts, NULL)) != -1) {
+        if (ch == 'o') {
+            c->out_path = optarg;
+            continue;
         }
+        if (ch == 'k') {
+            if (!cli_parse_long("calibrate", k_usage, "--skip-tokens", optarg, 0, 1L << 30, &c->skip))
+                return LOOM_EXIT_USAGE;
+            continue;
         }
+        cli_opt r = cli_text_option(a, ch, argv);
+        if (r == CLI_OPT_HELP) return LOOM_EXIT_OK;
+        if (r == CLI_OPT_USAGE) return LOOM_EXIT_USAGE;
     }
-    if (argc - optind != 2) {
-        cli_usage_error("calibrate", k_usage, "expected CONFIG and TEXTFILE, got %d argument%s",
-                        argc - optind, argc - optind == 1 ? "" : "s");
-        goto usage;
-    }
-    if (!out_path || !out_path[0]) {
+    if (!cli_text_positionals(a, argc, argv)) return LOOM_EXIT_USAGE;
+    if (!c->out_path || !c->out_path[0]) {
         cli_usage_error("calibrate", k_usage, "--out FILE is required");
-        goto usage;
+        return LOOM_EXIT_USAGE;
     }
-    const char *config = argv[optind], *path = argv[optind + 1];
-    char why[512];
-    if (!(text = cli_read_text_file(path, "calibration", why, sizeof why))) {
-        fprintf(stderr, "loom calibrate: %s\n", why);
-        goto out;
-    }
-    if (!cal_check_float(config, sets, nsets)) goto out;
-    if (loom_engine_create(config, sets, nsets, &eng, &err) != LOOM_OK) {
-        fprintf(stderr, "loom calibrate: %s\n", err.message);
-        goto out;
-    }
-    int32_t n = 0;
-    if (loom_engine_tokenize(eng, text, bos, &ids, &n, &err) != LOOM_OK) {
-        fprintf(stderr, "loom calibrate: tokenizing %s: %s\n", path, err.message);
-        goto out;
-    }
-    if (n - skip < 2) {
+    return -1;
+}
+
+/* Tokens [skip, skip + *total) of the n: at least 2, at most --max-tokens,
+ * and the window fitting the context. false after a message. */
+static bool cal_plan(const cli_text_args *a, const cal_opts *c, loom_engine *eng, int32_t n, int32_t *total,
+                     long *window) {
+    if (n - c->skip < 2) {
         fprintf(stderr, "loom calibrate: %s gives %d tokens; --skip-tokens %ld leaves %ld (at "
-                "least 2 are needed)\n", path, n, skip, n - skip < 0 ? 0 : n - skip);
-        goto out;
+                "least 2 are needed)\n", a->path, n, c->skip, n - c->skip < 0 ? 0 : n - c->skip);
+        return false;
     }
-    int32_t total = n - (int32_t)skip;
-    if (max_tokens > 0 && total > max_tokens) total = (int32_t)max_tokens;
+    *total = n - (int32_t)c->skip;
+    if (a->max_tokens > 0 && *total > a->max_tokens) *total = (int32_t)a->max_tokens;
     int32_t ctx = loom_engine_max_context(eng);
-    if (window == 0) window = ctx < 1024 ? ctx : 1024;
-    if (window > ctx) {
+    *window = cli_window_or_default(a->window, ctx);
+    if (*window > ctx) {
         fprintf(stderr, "loom calibrate: --window %ld exceeds the pipeline's context of %d tokens\n",
-                window, ctx);
-        goto out;
+                *window, ctx);
+        return false;
     }
-    loom_act_observer obs = {.struct_size = sizeof obs, .ctx = &cs, .record = cal_record};
-    if (loom_engine_set_observer(eng, &obs, &err) != LOOM_OK) {
-        fprintf(stderr, "loom calibrate: %s\n", err.message);
-        goto out;
-    }
-    observing = true;
-    if (!(lp = malloc((size_t)window * sizeof *lp))) {
+    return true;
+}
+
+/* Score tokens ids[0, total) in windows while the observer records; stops
+ * early when it failed. false after a message. */
+static bool cal_observe(const cli_text_args *a, loom_engine *eng, const int32_t *ids, long skip, int32_t total,
+                        long window, const cal_state *cs) {
+    float *lp = malloc((size_t)window * sizeof *lp);
+    if (!lp) {
         fprintf(stderr, "loom calibrate: out of memory\n");
-        goto out;
+        return false;
     }
-    bool bar = !quiet && isatty(2);
+    bool bar = !a->quiet && isatty(2), ok = true;
+    loom_error err = {0};
     for (int32_t done = 0; done < total;) {
         int32_t len = total - done < window ? total - done : (int32_t)window;
         if (bar) cal_progress(done, total);
-        if (loom_engine_score(eng, ids + skip + done, len, lp, &err) != LOOM_OK) {
+        if (loom_engine_score(eng, ids + done, len, lp, &err) != LOOM_OK) {
             if (bar) fputc('\n', stderr);
             fprintf(stderr, "loom calibrate: tokens %ld..%ld: %s\n", skip + done,
                     skip + done + len - 1, err.message);
-            goto out;
+            ok = false;
+            goto free_lp;
         }
         done += len;
-        if (cs.failed) break;
+        if (cs->failed) break;
     }
     if (bar) {
         cal_progress(total, total);
         fputc('\n', stderr);
     }
+free_lp:
+    free(lp);
+    return ok;
+}
+
+/* Write the statistics: one record per weight; the weights of a group share
+ * their vector. A non-finite maximum is refused. false after a message. */
+static bool cal_write(const cal_state *cs, const char *out_path, int32_t total, int32_t *nrec) {
+    qc_calib c = {.tokens = (uint64_t)total};
+    char why[512];
+    bool ok = false;
+    *nrec = 0;
+    for (int32_t i = 0; i < cs->n; i++) *nrec += cs->g[i].nnames;
+    if (!(c.e = calloc((size_t)*nrec, sizeof *c.e))) {
+        fprintf(stderr, "loom calibrate: out of memory\n");
+        return false;
+    }
+    for (int32_t i = 0; i < cs->n; i++) {
+        for (int32_t j = 0; j < cs->g[i].cols; j++)
+            if (!isfinite(cs->g[i].amax[j])) {
+                fprintf(stderr, "loom calibrate: the input of '%s' has a non-finite value in "
+                        "channel %d: the model produced NaN/inf on this text\n",
+                        cs->g[i].names[0], (int)j);
+                goto free_entries;
+            }
+        for (int32_t k = 0; k < cs->g[i].nnames; k++) {
+            qc_calib_entry *e = &c.e[c.count++];
+            memcpy(e->name, cs->g[i].names[k], QC_CALIB_NAME_MAX);
+            e->cols = cs->g[i].cols;
+            e->amax = cs->g[i].amax;
+        }
+    }
+    ok = qc_calib_write(out_path, &c, why, sizeof why);
+    if (!ok) fprintf(stderr, "loom calibrate: %s\n", why);
+free_entries:
+    free(c.e); /* the vectors belong to cs */
+    return ok;
+}
+
+/* Check, build, tokenize, observe, write and report; the exit code. */
+static int cal_run(const cli_text_args *a, const cal_opts *c) {
+    int rc = LOOM_EXIT_FAIL;
+    loom_engine *eng = NULL;
+    int32_t *ids = NULL, n = 0, total, nrec;
+    long window;
+    cal_state cs = {0};
+    loom_error err = {0};
+    char *text = cli_text_read(a, "calibration");
+    if (!text) return LOOM_EXIT_FAIL;
+    if (!cal_check_float(a->config, a->sets.v, a->sets.n)) goto free_all;
+    if (!(eng = cli_engine_open("calibrate", NULL, a->config, &a->sets, NULL))) goto free_all;
+    if (!cli_engine_tokenize("calibrate", eng, text, a->path, a->bos, &ids, &n)) goto free_all;
+    if (!cal_plan(a, c, eng, n, &total, &window)) goto free_all;
+    loom_act_observer obs = {.struct_size = sizeof obs, .ctx = &cs, .record = cal_record};
+    if (loom_engine_set_observer(eng, &obs, &err) != LOOM_OK) {
+        fprintf(stderr, "loom calibrate: %s\n", err.message);
+        goto free_all;
+    }
+    bool observed = cal_observe(a, eng, ids + c->skip, c->skip, total, window, &cs);
+    loom_engine_set_observer(eng, NULL, NULL);
+    if (!observed) goto free_all;
     if (cs.failed) {
         fprintf(stderr, "loom calibrate: %s\n", cs.why);
-        goto out;
+        goto free_all;
     }
     if (cs.n == 0) {
         fprintf(stderr, "loom calibrate: the backend reported no activations\n");
-        goto out;
+        goto free_all;
     }
-    /* one record per weight; the weights of a group share their vector */
-    qc_calib c = {.tokens = (uint64_t)total};
-    int32_t nrec = 0;
-    for (int32_t i = 0; i < cs.n; i++) nrec += cs.g[i].nnames;
-    if (!(c.e = calloc((size_t)nrec, sizeof *c.e))) {
-        fprintf(stderr, "loom calibrate: out of memory\n");
-        goto out;
-    }
-    for (int32_t i = 0; i < cs.n; i++) {
-        for (int32_t j = 0; j < cs.g[i].cols; j++)
-            if (!isfinite(cs.g[i].amax[j])) {
-                fprintf(stderr, "loom calibrate: the input of '%s' has a non-finite value in "
-                        "channel %d: the model produced NaN/inf on this text\n",
-                        cs.g[i].names[0], (int)j);
-                free(c.e);
-                goto out;
-            }
-        for (int32_t k = 0; k < cs.g[i].nnames; k++) {
-            qc_calib_entry *e = &c.e[c.count++];
-            memcpy(e->name, cs.g[i].names[k], QC_CALIB_NAME_MAX);
-            e->cols = cs.g[i].cols;
-            e->amax = cs.g[i].amax;
-        }
-    }
-    bool ok = qc_calib_write(out_path, &c, why, sizeof why);
-    free(c.e); /* the vectors belong to cs */
-    if (!ok) {
-        fprintf(stderr, "loom calibrate: %s\n", why);
-        goto out;
-    }
-    printf("model:   %s (%s)\n", loom_engine_model_name(eng), config);
-    printf("text:    %s: tokens %ld..%ld of %d%s\n", path, skip, skip + total - 1, n,
-           bos ? " (with BOS)" : "");
+    if (!cal_write(&cs, c->out_path, total, &nrec)) goto free_all;
+    printf("model:   %s (%s)\n", loom_engine_model_name(eng), a->config);
+    printf("text:    %s: tokens %ld..%ld of %d%s\n", a->path, c->skip, c->skip + total - 1, n,
+           a->bos ? " (with BOS)" : "");
     printf("wrote:   %s: %d weights (%d distinct inputs), max |x| per input channel over %d "
-           "tokens\n", out_path, c.count, cs.n, total);
+           "tokens\n", c->out_path, nrec, cs.n, total);
     rc = LOOM_EXIT_OK;
-    goto out;
-usage:
-    rc = LOOM_EXIT_USAGE;
-out:
-    if (observing) loom_engine_set_observer(eng, NULL, NULL);
+free_all:
     loom_engine_destroy(eng);
     for (int32_t i = 0; i < cs.n; i++) free(cs.g[i].amax);
     free(cs.g);
-    free(lp);
     free(ids);
     free(text);
-    free(sets);
+    return rc;
+}
+
+int loom_cmd_calibrate(int argc, char **argv) {
+    cli_text_args a;
+    cal_opts c = {0};
+    int rc = LOOM_EXIT_FAIL;
+    if (!cli_text_args_init(&a, "calibrate", k_usage, argc)) {
+        fprintf(stderr, "loom calibrate: out of memory\n");
+        goto free_args;
+    }
+    rc = cal_parse(&a, &c, argc, argv);
+    if (rc < 0) rc = cal_run(&a, &c);
+free_args:
+    cli_text_args_free(&a);
     return rc;
 }

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include "commands.h"
+#include "engine_setup.h"
 #include "config/config.h"
 #include "pipeline/pipeline.h"
 #include "plugin/host.h"
@@ -63,12 +64,12 @@ int loom_cmd_check(int argc, char **argv) {
         {"help", no_argument, NULL, 'h'},
         {0},
     };
-    const char **overrides = calloc((size_t)argc + 1, sizeof *overrides);
-    if (!overrides) {
+    cli_sets overrides;
+    if (!cli_sets_init(&overrides, argc)) {
         fprintf(stderr, "loom check: out of memory\n");
         return LOOM_EXIT_FAIL;
     }
-    int nover = 0, rc = LOOM_EXIT_OK;
+    int rc = LOOM_EXIT_OK;
     bool quiet = false;
     const char *config = NULL;
     opterr = 0;
@@ -76,7 +77,7 @@ int loom_cmd_check(int argc, char **argv) {
     int ch;
     while ((ch = getopt_long(argc, argv, ":s:qh", opts, NULL)) != -1) {
         switch (ch) {
-        case 's': overrides[nover++] = optarg; break;
+        case 's': cli_sets_add(&overrides, optarg); break;
         case 'q': quiet = true; break;
         case 'h':
             fputs(k_usage, stdout);
@@ -103,7 +104,7 @@ int loom_cmd_check(int argc, char **argv) {
     loom_diag diag;
     loom_diag_init(&diag);
     loom_pipeline *p = NULL;
-    if (loom_pipeline_load(config, overrides, nover, &p, &diag) != LOOM_OK) {
+    if (loom_pipeline_load(config, overrides.v, overrides.n, &p, &diag) != LOOM_OK) {
         loom_diag_print(&diag, stderr);
         fprintf(stderr, "loom check: %s: %d error%s\n", config, diag.count,
                 diag.count == 1 ? "" : "s");
@@ -121,6 +122,6 @@ int loom_cmd_check(int argc, char **argv) {
     }
     loom_diag_free(&diag);
 done:
-    free(overrides);
+    cli_sets_free(&overrides);
     return rc;
 }

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "engine_setup.h"
 #include "loom/engine.h"
 
 static const char k_usage[] =
@@ -53,8 +54,22 @@ static const char k_usage[] =
     "example:\n"
     "  loom perplexity configs/quant/int8-w8a16.yaml data/text/us-founding-documents.txt\n";
 
+/* What perplexity adds to the shared text options. */
+typedef struct ppl_opts {
+    bool json;                 /* --json                                     */
+    const char *lp_path;       /* --logprobs FILE, or NULL                   */
+} ppl_opts;
 
-
+/* The tokens scored and what scoring them gave. */
+typedef struct ppl_sum {
+    int32_t total;             /* tokens of the whole text                   */
+    int32_t n;                 /* tokens used (--max-tokens)                 */
+    long window;               /* tokens per window                          */
+    int32_t nwin;              /* windows scored                             */
+    int64_t scored;            /* tokens scored: each window's but the first */
+    double nll;                /* -sum of their log-probabilities, nats      */
+    double load_secs, secs;    /* building the engine; scoring               */
+} ppl_sum;
 
 /* "[#####.....] 3/7 windows, 2.1k tokens, ppl 12.34" on one stderr line. */
 static void ppl_progress(int32_t done, int32_t total, int64_t scored, double nll) {
@@ -64,191 +79,181 @@ static void ppl_progress(int32_t done, int32_t total, int64_t scored, double nll
     fflush(stderr);
 }
 
-int loom_cmd_perplexity(int argc, char **argv) {
+/* Options and arguments: -1 to go on, else the exit code. */
+static int ppl_parse(cli_text_args *a, ppl_opts *p, int argc, char **argv) {
     static const struct option opts[] = {
-        {"window", required_argument, NULL, 'w'},
-        {"max-tokens", required_argument, NULL, 'n'},
-        {"no-bos", no_argument, NULL, 'B'},
-        {"set", required_argument, NULL, 's'},
+        CLI_TEXT_LONG_OPTIONS,
         {"json", no_argument, NULL, 'j'},
         {"logprobs", required_argument, NULL, 'L'},
-        {"quiet", no_argument, NULL, 'q'},
-        {"help", no_argument, NULL, 'h'},
         {0},
     };
-    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
-    if (!sets) {
-        fprintf(stderr, "loom perplexity: out of memory\n");
-        return LOOM_EXIT_FAIL;
-    }
-    int nsets = 0, rc = LOOM_EXIT_FAIL;
-    long window = 0, max_tokens = 0;
-    bool json = false, quiet = false, bos = true;
-    const char *lp_path = NULL;
-    FILE *lp_out = NULL;
-    char *text = NULL;
-    int32_t *ids = NULL;
-    float *lp = NULL;
-    loom_engine *eng = NULL;
-    opterr = 0;
-    optind = 0; /* glibc: full re-initialisation */
     int ch;
-    while ((ch = getopt_long(argc, argv, ":w:n:s:qh", opts, NULL)) != -1) {
-        switch (ch) {
-        case 'w':
-            if (!cli_parse_long("perplexity", k_usage, "--window", optarg, 2, 1L << 24, &window)) goto usage;
-            break;
-        case 'n':
-            if (!cli_parse_long("perplexity", k_usage, "--max-tokens", optarg, 2, 1L << 30, &max_tokens)) goto usage;
-            break;
-        case 'B': bos = false; break;
-        case 's': sets[nsets++] = optarg; break;
-        case 'j': json = true; break;
-        case 'L': lp_path = optarg; break;
-        case 'q': quiet = true; break;
-        case 'h':
-            fputs(k_usage, stdout);
-            rc = LOOM_EXIT_OK;
-            goto out;
-        default: {
-            char msg[256];
-            cli_bad_option(ch, argv, msg, sizeof msg);
-            cli_usage_error("perplexity", k_usage, "%s", msg);
-            goto usage;
+    while ((ch = getopt_long(argc, argv, ":" CLI_TEXT_OPTSTRING, opts, NULL)) != -1) {
+        if (ch == 'j') {
+            p->json = true;
+            continue;
         }
+        if (ch == 'L') {
+            p->lp_path = optarg;
+            continue;
         }
+        cli_opt r = cli_text_option(a, ch, argv);
+        if (r == CLI_OPT_HELP) return LOOM_EXIT_OK;
+        if (r == CLI_OPT_USAGE) return LOOM_EXIT_USAGE;
     }
-    if (argc - optind != 2) {
-        cli_usage_error("perplexity", k_usage, "expected CONFIG and TEXTFILE, got %d argument%s",
-                        argc - optind, argc - optind == 1 ? "" : "s");
-        goto usage;
-    }
-    const char *config = argv[optind], *path = argv[optind + 1];
-    char why[512];
-    if (!(text = cli_read_text_file(path, "perplexity", why, sizeof why))) {
-        fprintf(stderr, "loom perplexity: %s\n", why);
-        goto out;
-    }
+    return cli_text_positionals(a, argc, argv) ? -1 : LOOM_EXIT_USAGE;
+}
 
-    if (lp_path && !(lp_out = fopen(lp_path, "w"))) {
-        fprintf(stderr, "loom perplexity: cannot write --logprobs %s: %s\n", lp_path, strerror(errno));
-        goto out;
-    }
-
-    loom_error err = {0};
-    double t_load = cli_now();
-    if (loom_engine_create(config, sets, nsets, &eng, &err) != LOOM_OK) {
-        fprintf(stderr, "loom perplexity: %s\n", err.message);
-        goto out;
-    }
-    t_load = cli_now() - t_load;
-    int32_t n = 0;
-    if (loom_engine_tokenize(eng, text, bos, &ids, &n, &err) != LOOM_OK) {
-        fprintf(stderr, "loom perplexity: tokenizing %s: %s\n", path, err.message);
-        goto out;
-    }
-    int32_t total = n;
-    if (max_tokens > 0 && n > max_tokens) n = (int32_t)max_tokens;
+/* The windows for s->n tokens: cut at --max-tokens, the window fitting the
+ * context, at least 2 tokens. false after a message. */
+static bool ppl_plan(const cli_text_args *a, loom_engine *eng, ppl_sum *s) {
+    if (a->max_tokens > 0 && s->n > a->max_tokens) s->n = (int32_t)a->max_tokens;
     int32_t ctx = loom_engine_max_context(eng);
-    if (window == 0) window = ctx < 1024 ? ctx : 1024;
-    if (window > ctx) {
+    s->window = cli_window_or_default(a->window, ctx);
+    if (s->window > ctx) {
         fprintf(stderr,
                 "loom perplexity: --window %ld exceeds the pipeline's context of %d tokens; use "
                 "--window %d or raise engine.max_model_len\n",
-                window, ctx, ctx);
-        goto out;
+                s->window, ctx, ctx);
+        return false;
     }
-    if (n < 2) {
-        fprintf(stderr, "loom perplexity: %s gives %d token%s; at least 2 are needed\n", path, n,
-                n == 1 ? "" : "s");
-        goto out;
+    if (s->n < 2) {
+        fprintf(stderr, "loom perplexity: %s gives %d token%s; at least 2 are needed\n", a->path, s->n,
+                s->n == 1 ? "" : "s");
+        return false;
     }
-    int32_t nwin = (int32_t)((n + window - 1) / window);
-    if (n - (int64_t)(nwin - 1) * window < 2) nwin--; /* a 1-token tail scores nothing */
-    lp = malloc((size_t)window * sizeof *lp);
+    s->nwin = (int32_t)((s->n + s->window - 1) / s->window);
+    if (s->n - (int64_t)(s->nwin - 1) * s->window < 2) s->nwin--; /* a 1-token tail scores nothing */
+    return true;
+}
+
+/* Score every window, summing the NLL and writing each scored token's log p
+ * to lp_out (may be NULL). false after a message. */
+static bool ppl_score(const cli_text_args *a, loom_engine *eng, const int32_t *ids, FILE *lp_out, ppl_sum *s) {
+    float *lp = malloc((size_t)s->window * sizeof *lp);
     if (!lp) {
         fprintf(stderr, "loom perplexity: out of memory\n");
-        goto out;
+        return false;
     }
-    bool bar = !quiet && isatty(2);
-    double nll = 0.0, t0 = cli_now();
-    int64_t scored = 0;
-    for (int32_t w = 0; w < nwin; w++) {
-        int32_t start = (int32_t)((int64_t)w * window);
-        int32_t len = n - start < window ? n - start : (int32_t)window;
-        if (bar) ppl_progress(w, nwin, scored, nll);
+    bool bar = !a->quiet && isatty(2), ok = true;
+    double t0 = cli_now();
+    loom_error err = {0};
+    for (int32_t w = 0; w < s->nwin; w++) {
+        int32_t start = (int32_t)((int64_t)w * s->window);
+        int32_t len = s->n - start < s->window ? s->n - start : (int32_t)s->window;
+        if (bar) ppl_progress(w, s->nwin, s->scored, s->nll);
         if (loom_engine_score(eng, ids + start, len, lp, &err) != LOOM_OK) {
             if (bar) fputc('\n', stderr);
             fprintf(stderr, "loom perplexity: window %d (tokens %d..%d): %s\n", w, start,
                     start + len - 1, err.message);
-            goto out;
+            ok = false;
+            goto free_lp;
         }
-        for (int32_t i = 1; i < len; i++) nll -= (double)lp[i];
+        for (int32_t i = 1; i < len; i++) s->nll -= (double)lp[i];
         if (lp_out)
             for (int32_t i = 1; i < len; i++)
                 fprintf(lp_out, "%d\t%d\t%.9g\n", start + i, ids[start + i], (double)lp[i]);
-        scored += len - 1;
+        s->scored += len - 1;
     }
-    double secs = cli_now() - t0;
+    s->secs = cli_now() - t0;
     if (bar) {
-        ppl_progress(nwin, nwin, scored, nll);
+        ppl_progress(s->nwin, s->nwin, s->scored, s->nll);
         fputc('\n', stderr);
     }
-    double ppl = exp(nll / (double)scored);
+free_lp:
+    free(lp);
+    return ok;
+}
+
+static void ppl_print_json(const cli_text_args *a, loom_engine *eng, const ppl_sum *s, double ppl) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "config", a->config);
+    cJSON_AddStringToObject(o, "text", a->path);
+    cJSON_AddStringToObject(o, "model", loom_engine_model_name(eng));
+    cJSON_AddNumberToObject(o, "text_tokens", s->total);
+    cJSON_AddNumberToObject(o, "tokens", s->n);
+    cJSON_AddNumberToObject(o, "scored", (double)s->scored);
+    cJSON_AddNumberToObject(o, "windows", s->nwin);
+    cJSON_AddNumberToObject(o, "window", (double)s->window);
+    cJSON_AddNumberToObject(o, "mean_nll", s->nll / (double)s->scored);
+    cJSON_AddNumberToObject(o, "perplexity", ppl);
+    cJSON_AddNumberToObject(o, "load_seconds", s->load_secs);
+    cJSON_AddNumberToObject(o, "seconds", s->secs);
+    cJSON_AddNumberToObject(o, "tokens_per_second", s->secs > 0 ? (double)s->n / s->secs : 0.0);
+    char *text = cJSON_PrintUnformatted(o);
+    if (text) puts(text);
+    free(text);
+    cJSON_Delete(o);
+}
+
+static void ppl_print_text(const cli_text_args *a, loom_engine *eng, const ppl_sum *s, double ppl) {
+    printf("model:      %s (%s)\n", loom_engine_model_name(eng), a->config);
+    printf("text:       %s: %d tokens%s\n", a->path, s->total, a->bos ? " (with BOS)" : "");
+    printf("scored:     %lld tokens in %d window%s of up to %ld (first token of each not "
+           "scored)\n",
+           (long long)s->scored, s->nwin, s->nwin == 1 ? "" : "s", s->window);
+    printf("mean NLL:   %.6f nats\n", s->nll / (double)s->scored);
+    printf("perplexity: %.4f\n", ppl);
+    printf("time:       %.2f s load, %.2f s scoring (%.0f tokens/s)\n", s->load_secs, s->secs,
+           s->secs > 0 ? (double)s->n / s->secs : 0.0);
+}
+
+/* Close the --logprobs file; false after a message when writing it failed. */
+static bool ppl_close_logprobs(FILE *f, const char *path) {
+    bool bad = ferror(f) != 0;
+    if (fclose(f) != 0) bad = true;
+    if (bad) fprintf(stderr, "loom perplexity: writing --logprobs %s failed\n", path);
+    return !bad;
+}
+
+/* Read, tokenize, score and report; the exit code. */
+static int ppl_run(const cli_text_args *a, const ppl_opts *p) {
+    int rc = LOOM_EXIT_FAIL;
+    FILE *lp_out = NULL;
+    loom_engine *eng = NULL;
+    int32_t *ids = NULL;
+    ppl_sum s = {0};
+    char *text = cli_text_read(a, "perplexity");
+    if (!text) return LOOM_EXIT_FAIL;
+    if (p->lp_path && !(lp_out = fopen(p->lp_path, "w"))) {
+        fprintf(stderr, "loom perplexity: cannot write --logprobs %s: %s\n", p->lp_path, strerror(errno));
+        goto free_all;
+    }
+    if (!(eng = cli_engine_open("perplexity", NULL, a->config, &a->sets, &s.load_secs))) goto free_all;
+    if (!cli_engine_tokenize("perplexity", eng, text, a->path, a->bos, &ids, &s.n)) goto free_all;
+    s.total = s.n;
+    if (!ppl_plan(a, eng, &s) || !ppl_score(a, eng, ids, lp_out, &s)) goto free_all;
+    double ppl = exp(s.nll / (double)s.scored);
     if (!isfinite(ppl)) {
         fprintf(stderr, "loom perplexity: perplexity is not finite (mean NLL %g); the model "
-                        "produced non-finite log-probabilities\n", nll / (double)scored);
-        goto out;
+                        "produced non-finite log-probabilities\n", s.nll / (double)s.scored);
+        goto free_all;
     }
-    if (json) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "config", config);
-        cJSON_AddStringToObject(o, "text", path);
-        cJSON_AddStringToObject(o, "model", loom_engine_model_name(eng));
-        cJSON_AddNumberToObject(o, "text_tokens", total);
-        cJSON_AddNumberToObject(o, "tokens", n);
-        cJSON_AddNumberToObject(o, "scored", (double)scored);
-        cJSON_AddNumberToObject(o, "windows", nwin);
-        cJSON_AddNumberToObject(o, "window", (double)window);
-        cJSON_AddNumberToObject(o, "mean_nll", nll / (double)scored);
-        cJSON_AddNumberToObject(o, "perplexity", ppl);
-        cJSON_AddNumberToObject(o, "load_seconds", t_load);
-        cJSON_AddNumberToObject(o, "seconds", secs);
-        cJSON_AddNumberToObject(o, "tokens_per_second", secs > 0 ? (double)n / secs : 0.0);
-        char *s = cJSON_PrintUnformatted(o);
-        if (s) puts(s);
-        free(s);
-        cJSON_Delete(o);
-    } else {
-        printf("model:      %s (%s)\n", loom_engine_model_name(eng), config);
-        printf("text:       %s: %d tokens%s\n", path, total, bos ? " (with BOS)" : "");
-        printf("scored:     %lld tokens in %d window%s of up to %ld (first token of each not "
-               "scored)\n",
-               (long long)scored, nwin, nwin == 1 ? "" : "s", window);
-        printf("mean NLL:   %.6f nats\n", nll / (double)scored);
-        printf("perplexity: %.4f\n", ppl);
-        printf("time:       %.2f s load, %.2f s scoring (%.0f tokens/s)\n", t_load, secs,
-               secs > 0 ? (double)n / secs : 0.0);
-    }
-    if (lp_out) {
-        bool bad = ferror(lp_out) != 0;
-        if (fclose(lp_out) != 0) bad = true;
-        lp_out = NULL;
-        if (bad) {
-            fprintf(stderr, "loom perplexity: writing --logprobs %s failed\n", lp_path);
-            goto out;
-        }
-    }
+    if (p->json) ppl_print_json(a, eng, &s, ppl);
+    else ppl_print_text(a, eng, &s, ppl);
+    FILE *f = lp_out;
+    lp_out = NULL;
+    if (f && !ppl_close_logprobs(f, p->lp_path)) goto free_all;
     rc = LOOM_EXIT_OK;
-    goto out;
-usage:
-    rc = LOOM_EXIT_USAGE;
-out:
+free_all:
     if (lp_out) fclose(lp_out);
     loom_engine_destroy(eng);
-    free(lp);
     free(ids);
     free(text);
-    free(sets);
+    return rc;
+}
+
+int loom_cmd_perplexity(int argc, char **argv) {
+    cli_text_args a;
+    ppl_opts p = {0};
+    int rc = LOOM_EXIT_FAIL;
+    if (!cli_text_args_init(&a, "perplexity", k_usage, argc)) {
+        fprintf(stderr, "loom perplexity: out of memory\n");
+        goto free_args;
+    }
+    rc = ppl_parse(&a, &p, argc, argv);
+    if (rc < 0) rc = ppl_run(&a, &p);
+free_args:
+    cli_text_args_free(&a);
     return rc;
 }

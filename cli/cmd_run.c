@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "engine_setup.h"
 #include "loom/engine.h"
 
 static void run_usage(FILE *f) {
@@ -117,194 +118,239 @@ static const char *finish_name(loom_finish_reason f) {
     }
 }
 
-int loom_cmd_run(int argc, char **argv) {
-    const char *config = NULL, *prompt = NULL, *prompt_file = NULL;
-    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
-    const char **stops = calloc((size_t)argc + 1, sizeof *stops);
-    int nsets = 0, nstops = 0, rc = 1;
-    bool quiet = false;
-    char *prompt_buf = NULL;
-    loom_engine *eng = NULL;
-    run_state rs = {0};
-    loom_request req = loom_request_default();
-    req.max_tokens = 128;
-    if (!sets || !stops) goto out;
+/* The numeric options: their bounds, and (run_set_num) the field each sets. */
+enum { RN_MAX_TOKENS, RN_TEMPERATURE, RN_TOP_P, RN_TOP_K, RN_MIN_P, RN_REPETITION, RN_PRESENCE, RN_FREQUENCY,
+       RN_SEED, RN_SAMPLES, RN_COUNT };
+static const struct run_num_opt {
+    const char *name, *alias;
+    double lo, hi;
+} k_num_opts[RN_COUNT] = {
+    [RN_MAX_TOKENS] = {"--max-tokens", "-n", 1, 1e9},
+    [RN_TEMPERATURE] = {"--temperature", NULL, 0, 100},
+    [RN_TOP_P] = {"--top-p", NULL, 1e-9, 1},
+    [RN_TOP_K] = {"--top-k", NULL, 0, 1e9},
+    [RN_MIN_P] = {"--min-p", NULL, 0, 1},
+    [RN_REPETITION] = {"--repetition-penalty", NULL, 1e-3, 100},
+    [RN_PRESENCE] = {"--presence-penalty", NULL, -10, 10},
+    [RN_FREQUENCY] = {"--frequency-penalty", NULL, -10, 10},
+    [RN_SEED] = {"--seed", NULL, 0, 1.8e19},
+    [RN_SAMPLES] = {"--samples", NULL, 1, 64},
+};
 
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        double d;
-#define NEED_VALUE()                                                                 \
-    do {                                                                             \
-        if (!v) {                                                                    \
-            fprintf(stderr, "loom run: %s needs a value (see loom run --help)\n", a); \
-            goto out;                                                                \
-        }                                                                            \
-        i++;                                                                         \
-    } while (0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            run_usage(stdout);
-            rc = 0;
-            goto out;
-        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
-            NEED_VALUE();
-            prompt = v;
-        } else if (!strcmp(a, "--prompt-file")) {
-            NEED_VALUE();
-            prompt_file = v;
-        } else if (!strcmp(a, "--chat")) {
-            req.chat = true;
-        } else if (!strcmp(a, "--system")) {
-            NEED_VALUE();
-            req.system = v;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) {
-            NEED_VALUE();
-            if (!parse_num(a, v, 1, 1e9, &d)) goto out;
-            req.max_tokens = (int32_t)d;
-        } else if (!strcmp(a, "--temperature")) {
-            NEED_VALUE();
-            if (!parse_num(a, v, 0, 100, &d)) goto out;
-            req.params.temperature = (float)d;
-        } else if (!strcmp(a, "--top-p")) {
-            NEED_VALUE();
-            if (!parse_num(a, v, 1e-9, 1, &d)) goto out;
-            req.params.top_p = (float)d;
-        } else if (!strcmp(a, "--top-k")) {
-            NEED_VALUE();
-            if (!parse_num(a, v, 0, 1e9, &d)) goto out;
-            req.params.top_k = (int32_t)d;
-        } else if (!strcmp(a, "--min-p")) {
-            NEED_VALUE();
-            if (!parse_num(a, v, 0, 1, &d)) goto out;
-            req.params.min_p = (float)d;
-        } else if (!strcmp(a, "--repetition-penalty")) {
-            NEED_VALUE();
-            if (!parse_num(a, v, 1e-3, 100, &d)) goto out;
-            req.params.repetition_penalty = (float)d;
-        } else if (!strcmp(a, "--presence-penalty")) {
-            NEED_VALUE();
-            if (!parse_num(a, v, -10, 10, &d)) goto out;
-            req.params.presence_penalty = (float)d;
-        } else if (!strcmp(a, "--frequency-penalty")) {
-            NEED_VALUE();
-            if (!parse_num(a, v, -10, 10, &d)) goto out;
-            req.params.frequency_penalty = (float)d;
-        } else if (!strcmp(a, "--seed")) {
-            NEED_VALUE();
-            if (!parse_num(a, v, 0, 1.8e19, &d)) goto out;
-            req.params.seed = (uint64_t)d;
-            req.params.has_seed = true;
-        } else if (!strcmp(a, "--samples")) {
-            NEED_VALUE();
-            if (!parse_num(a, v, 1, 64, &d)) goto out;
-            req.n = (int32_t)d;
-        } else if (!strcmp(a, "--stop")) {
-            NEED_VALUE();
-            stops[nstops++] = v;
-        } else if (!strcmp(a, "--ignore-eos")) {
-            req.ignore_eos = true;
-        } else if (!strcmp(a, "--stream")) {
-            rs.stream = true;
-        } else if (!strcmp(a, "--set")) {
-            NEED_VALUE();
-            sets[nsets++] = v;
-        } else if (!strncmp(a, "--set=", 6)) {
-            sets[nsets++] = a + 6;
-        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
-            quiet = true;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "loom run: unknown option '%s' (see loom run --help)\n", a);
-            rc = 2;
-            goto out;
-        } else if (!config) {
-            config = a;
-        } else {
-            fprintf(stderr, "loom run: unexpected argument '%s': quote the prompt and pass it with -p\n", a);
-            rc = 2;
-            goto out;
-        }
-#undef NEED_VALUE
+static int run_num_index(const char *a) {
+    for (int k = 0; k < RN_COUNT; k++)
+        if (!strcmp(a, k_num_opts[k].name) || (k_num_opts[k].alias && !strcmp(a, k_num_opts[k].alias))) return k;
+    return -1;
+}
+
+static void run_set_num(loom_request *req, int k, double d) {
+    switch (k) {
+    case RN_MAX_TOKENS: req->max_tokens = (int32_t)d; break;
+    case RN_TEMPERATURE: req->params.temperature = (float)d; break;
+    case RN_TOP_P: req->params.top_p = (float)d; break;
+    case RN_TOP_K: req->params.top_k = (int32_t)d; break;
+    case RN_MIN_P: req->params.min_p = (float)d; break;
+    case RN_REPETITION: req->params.repetition_penalty = (float)d; break;
+    case RN_PRESENCE: req->params.presence_penalty = (float)d; break;
+    case RN_FREQUENCY: req->params.frequency_penalty = (float)d; break;
+    case RN_SEED:
+        req->params.seed = (uint64_t)d;
+        req->params.has_seed = true;
+        break;
+    case RN_SAMPLES: req->n = (int32_t)d; break;
     }
-    if (!config) {
+}
+
+/* What the command line asks for. */
+typedef struct run_args {
+    const char *config, *prompt, *prompt_file;
+    cli_sets sets;
+    const char **stops;   /* [argc + 1], NULL-terminated */
+    int nstops;
+    bool quiet, stream;
+    loom_request req;     /* everything but the prompt and the callback */
+} run_args;
+
+/* The options that take the next word as their value. */
+static bool run_takes_value(const char *a) {
+    static const char *const valued[] = {"-p", "--prompt", "--prompt-file", "--system", "--stop", "--set", NULL};
+    for (const char *const *v = valued; *v; v++)
+        if (!strcmp(a, *v)) return true;
+    return run_num_index(a) >= 0;
+}
+
+/* One word of the command line (argv[*i]; v is the next word or NULL): -1
+ * to go on, else the exit code. */
+static int run_option(run_args *r, int *i, const char *a, const char *v) {
+    int k = run_num_index(a);
+    double d;
+    if (run_takes_value(a)) {
+        if (!v) {
+            fprintf(stderr, "loom run: %s needs a value (see loom run --help)\n", a);
+            return LOOM_EXIT_FAIL;
+        }
+        (*i)++;
+    }
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        run_usage(stdout);
+        return LOOM_EXIT_OK;
+    } else if (k >= 0) {
+        if (!parse_num(a, v, k_num_opts[k].lo, k_num_opts[k].hi, &d)) return LOOM_EXIT_FAIL;
+        run_set_num(&r->req, k, d);
+    } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+        r->prompt = v;
+    } else if (!strcmp(a, "--prompt-file")) {
+        r->prompt_file = v;
+    } else if (!strcmp(a, "--chat")) {
+        r->req.chat = true;
+    } else if (!strcmp(a, "--system")) {
+        r->req.system = v;
+    } else if (!strcmp(a, "--stop")) {
+        r->stops[r->nstops++] = v;
+    } else if (!strcmp(a, "--ignore-eos")) {
+        r->req.ignore_eos = true;
+    } else if (!strcmp(a, "--stream")) {
+        r->stream = true;
+    } else if (!strcmp(a, "--set")) {
+        cli_sets_add(&r->sets, v);
+    } else if (!strncmp(a, "--set=", 6)) {
+        cli_sets_add(&r->sets, a + 6);
+    } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+        r->quiet = true;
+    } else if (a[0] == '-' && a[1]) {
+        fprintf(stderr, "loom run: unknown option '%s' (see loom run --help)\n", a);
+        return LOOM_EXIT_USAGE;
+    } else if (!r->config) {
+        r->config = a;
+    } else {
+        fprintf(stderr, "loom run: unexpected argument '%s': quote the prompt and pass it with -p\n", a);
+        return LOOM_EXIT_USAGE;
+    }
+    return -1;
+}
+
+/* The command line: -1 to go on, else the exit code. */
+static int run_parse(run_args *r, int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        int rc = run_option(r, &i, argv[i], i + 1 < argc ? argv[i + 1] : NULL);
+        if (rc >= 0) return rc;
+    }
+    if (!r->config) {
         fprintf(stderr, "loom run: no pipeline file given\n\n");
         run_usage(stderr);
-        rc = 2;
-        goto out;
+        return LOOM_EXIT_USAGE;
     }
-    if (prompt && prompt_file) {
+    if (r->prompt && r->prompt_file) {
         fprintf(stderr, "loom run: give --prompt or --prompt-file, not both\n");
-        rc = 2;
-        goto out;
+        return LOOM_EXIT_USAGE;
     }
-    if (prompt_file || !prompt) {
-        FILE *f = prompt_file ? fopen(prompt_file, "rb") : stdin;
-        if (!f) {
-            fprintf(stderr, "loom run: cannot open prompt file '%s': %s\n", prompt_file, strerror(errno));
-            goto out;
-        }
-        if (!prompt_file) fprintf(stderr, "loom run: reading the prompt from stdin (use -p TEXT to give it inline)\n");
-        prompt_buf = read_all(f);
-        if (prompt_file) fclose(f);
-        prompt = prompt_buf;
-        if (!prompt) goto out;
-    }
+    return -1;
+}
 
-    loom_error err = {0};
-    if (loom_engine_create(config, sets, nsets, &eng, &err) != LOOM_OK) {
-        fprintf(stderr, "loom run: %s\n", err.message);
-        goto out;
+/* The prompt from --prompt-file or, without -p, stdin: *buf (malloc'd).
+ * false after a message (none when out of memory). */
+static bool run_read_prompt(run_args *r, char **buf) {
+    *buf = NULL;
+    if (!r->prompt_file && r->prompt) return true;
+    FILE *f = r->prompt_file ? fopen(r->prompt_file, "rb") : stdin;
+    if (!f) {
+        fprintf(stderr, "loom run: cannot open prompt file '%s': %s\n", r->prompt_file, strerror(errno));
+        return false;
     }
+    if (!r->prompt_file) fprintf(stderr, "loom run: reading the prompt from stdin (use -p TEXT to give it inline)\n");
+    *buf = read_all(f);
+    if (r->prompt_file) fclose(f);
+    r->prompt = *buf;
+    return r->prompt != NULL;
+}
+
+/* Each sample's text (streamed single samples are already out). */
+static void run_print_samples(const run_state *rs, int32_t n) {
+    if (rs->stream && n == 1) {
+        fputc('\n', stdout);
+        return;
+    }
+    for (int32_t k = 0; k < n; k++) {
+        if (n > 1) printf("--- sample %d ---\n", k);
+        printf("%s\n", rs->text[k] ? rs->text[k] : "");
+    }
+}
+
+/* "[model] finish: ... | prompt N tokens | prefill X tok/s | decode ..." */
+static void run_print_stats(loom_engine *eng, const run_state *rs, int32_t n) {
+    loom_engine_stats st;
+    loom_engine_get_stats(eng, &st);
+    double pf = st.prefill_seconds, dc = st.decode_seconds;
+    int64_t dec_tokens = st.generated_tokens - n; /* first tokens come from prefill steps */
+    fprintf(stderr, "\n[%s] finish: %s | prompt %lld tokens",
+            loom_engine_model_name(eng), finish_name(rs->finish[0]), (long long)st.prompt_tokens);
+    if (st.cached_prompt_tokens) fprintf(stderr, " (%lld cached)", (long long)st.cached_prompt_tokens);
+    fprintf(stderr, " | prefill %.1f tok/s | decode %lld tokens, %.1f tok/s\n",
+            pf > 0 ? (double)st.prefill_tokens / pf : 0.0, (long long)st.generated_tokens,
+            dc > 0 && dec_tokens > 0 ? (double)dec_tokens / dc : 0.0);
+}
+
+static void run_state_free(run_state *rs) {
+    if (rs->text)
+        for (int32_t k = 0; k < rs->samples; k++) free(rs->text[k]);
+    free(rs->text);
+    free(rs->len);
+    free(rs->finish);
+}
+
+/* Build the engine, generate, print; the exit code. */
+static int run_generate(run_args *r) {
+    int rc = LOOM_EXIT_FAIL;
+    loom_request req = r->req;
+    run_state rs = {.stream = r->stream};
+    loom_error err = {0};
+    loom_engine *eng = cli_engine_open("run", NULL, r->config, &r->sets, NULL);
+    if (!eng) return LOOM_EXIT_FAIL;
     rs.samples = req.n;
     rs.text = calloc((size_t)req.n, sizeof(char *));
     rs.len = calloc((size_t)req.n, sizeof(size_t));
     rs.finish = calloc((size_t)req.n, sizeof(loom_finish_reason));
-    if (!rs.text || !rs.len || !rs.finish) goto out;
-    req.prompt = prompt;
-    req.stop = nstops ? stops : NULL;
+    if (!rs.text || !rs.len || !rs.finish) goto free_all;
+    req.prompt = r->prompt;
+    req.stop = r->nstops ? r->stops : NULL;
     req.on_token = on_token;
     req.user = &rs;
     if (loom_engine_add_request(eng, &req, &err) < 0) {
         fprintf(stderr, "loom run: %s\n", err.message);
-        goto out;
+        goto free_all;
     }
     if (loom_engine_run(eng, &err) != LOOM_OK) {
         fprintf(stderr, "\nloom run: %s\n", err.message);
-        goto out;
+        goto free_all;
     }
-    if (rs.stream && req.n == 1) {
-        fputc('\n', stdout);
-    } else {
-        for (int32_t k = 0; k < req.n; k++) {
-            if (req.n > 1) printf("--- sample %d ---\n", k);
-            printf("%s\n", rs.text[k] ? rs.text[k] : "");
-        }
-    }
+    run_print_samples(&rs, req.n);
     if (rs.error[0]) {
         fprintf(stderr, "loom run: %s\n", rs.error);
-        goto out;
+        goto free_all;
     }
-    if (!quiet) {
-        loom_engine_stats st;
-        loom_engine_get_stats(eng, &st);
-        double pf = st.prefill_seconds, dc = st.decode_seconds;
-        int64_t dec_tokens = st.generated_tokens - req.n; /* first tokens come from prefill steps */
-        fprintf(stderr, "\n[%s] finish: %s | prompt %lld tokens",
-                loom_engine_model_name(eng), finish_name(rs.finish[0]), (long long)st.prompt_tokens);
-        if (st.cached_prompt_tokens) fprintf(stderr, " (%lld cached)", (long long)st.cached_prompt_tokens);
-        fprintf(stderr, " | prefill %.1f tok/s | decode %lld tokens, %.1f tok/s\n",
-                pf > 0 ? (double)st.prefill_tokens / pf : 0.0, (long long)st.generated_tokens,
-                dc > 0 && dec_tokens > 0 ? (double)dec_tokens / dc : 0.0);
-    }
-    rc = 0;
-out:
-    if (rs.text)
-        for (int32_t k = 0; k < rs.samples; k++) free(rs.text[k]);
-    free(rs.text);
-    free(rs.len);
-    free(rs.finish);
+    if (!r->quiet) run_print_stats(eng, &rs, req.n);
+    rc = LOOM_EXIT_OK;
+free_all:
+    run_state_free(&rs);
     loom_engine_destroy(eng);
+    return rc;
+}
+
+int loom_cmd_run(int argc, char **argv) {
+    run_args r = {.req = loom_request_default()};
+    char *prompt_buf = NULL;
+    int rc = LOOM_EXIT_FAIL;
+    r.req.max_tokens = 128;
+    r.stops = calloc((size_t)argc + 1, sizeof *r.stops);
+    if (!cli_sets_init(&r.sets, argc) || !r.stops) goto free_args;
+    rc = run_parse(&r, argc, argv);
+    if (rc >= 0) goto free_args;
+    rc = LOOM_EXIT_FAIL;
+    if (!run_read_prompt(&r, &prompt_buf)) goto free_args;
+    rc = run_generate(&r);
+free_args:
     free(prompt_buf);
-    free(sets);
-    free(stops);
+    cli_sets_free(&r.sets);
+    free(r.stops);
     return rc;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "engine_setup.h"
 #include "loom/engine.h"
 #include "serve/server.h"
 
@@ -42,11 +43,10 @@ static const char serve_usage_text[] =
 
 int loom_cmd_serve(int argc, char **argv) {
     const char *config = NULL;
-    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
-    int nsets = 0;
+    cli_sets sets;
     serve_options opt = {.host = "127.0.0.1", .port = 8000, .max_tokens = 16, .max_body = 16u << 20,
                          .max_connections = 256};
-    if (!sets) return LOOM_EXIT_FAIL;
+    if (!cli_sets_init(&sets, argc)) return LOOM_EXIT_FAIL;
     int rc = LOOM_EXIT_USAGE;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -81,9 +81,9 @@ int loom_cmd_serve(int argc, char **argv) {
             if (!cli_parse_long("serve", serve_usage_text, a, v, 1, 65536, &l)) goto out;
             opt.max_connections = (unsigned)l;
         } else if (!strcmp(a, "--set")) {
-            sets[nsets++] = v;
+            cli_sets_add(&sets, v);
         } else if (!strncmp(a, "--set=", 6)) {
-            sets[nsets++] = a + 6;
+            cli_sets_add(&sets, a + 6);
         } else if (a[0] == '-' && a[1]) {
             cli_usage_error("serve", serve_usage_text, "unknown option '%s'", a);
             goto out;
@@ -106,17 +106,13 @@ int loom_cmd_serve(int argc, char **argv) {
 
     rc = LOOM_EXIT_FAIL;
     fprintf(stderr, "loom serve: loading %s ...\n", config);
-    double t0 = cli_now();
-    loom_engine *eng = NULL;
-    loom_error err = {0};
-    if (loom_engine_create(config, sets, nsets, &eng, &err) != LOOM_OK) {
-        fprintf(stderr, "loom serve: %s\n", err.message);
-        goto out;
-    }
-    fprintf(stderr, "loom serve: loaded in %.1f s\n", cli_now() - t0);
+    double secs;
+    loom_engine *eng = cli_engine_open("serve", NULL, config, &sets, &secs);
+    if (!eng) goto out;
+    fprintf(stderr, "loom serve: loaded in %.1f s\n", secs);
     rc = serve_run(eng, &opt) == 0 ? LOOM_EXIT_OK : LOOM_EXIT_FAIL;
     loom_engine_destroy(eng);
 out:
-    free(sets);
+    cli_sets_free(&sets);
     return rc;
 }

@@ -7,7 +7,8 @@
  *   2. write cli/cmd_foo.c defining  int loom_cmd_foo(int argc, char **argv)
  *      (argv[0] is "foo"; handle --help; return a LOOM_EXIT_* code);
  *   3. add 'foo' to `loom_commands` in cli/meson.build.
- * loom.c builds its dispatch table from the same list.
+ * loom.c builds its dispatch table from the same list. A command that runs
+ * a pipeline takes its --set list, engine and tokens from engine_setup.h.
  */
 #ifndef LOOM_CLI_COMMANDS_H
 #define LOOM_CLI_COMMANDS_H

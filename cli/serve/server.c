@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "commands.h" /* cli_now */
 #include "openai.h"
 #include "tokenizer/tokenizer.h" /* loom_utf8_next */
 
@@ -53,12 +54,6 @@ static bool sb_put(sbuf *b, const char *s, size_t n) {
     b->n += n;
     b->p[b->n] = 0;
     return true;
-}
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 /* --------------------------------------------------------------- state */
@@ -399,7 +394,7 @@ static void on_event(void *user, const loom_token_event *ev) {
     pc->prompt_tokens = ev->prompt_tokens;
     if (ev->token >= 0) ch->tokens++;
     {
-        const double t = now_s();
+        const double t = cli_now();
         serve_metrics *m = &j->s->m;
         pthread_mutex_lock(&m->mu);
         if (ev->token >= 0 && ch->t_last > 0) hist_add(&m->tpot, t - ch->t_last);
@@ -567,7 +562,7 @@ static void log_request(const job *j, unsigned status) {
     for (int32_t p = 0; p < j->q.num_prompts; p++) prompt += j->pc[p].prompt_tokens;
     for (int32_t c = 0; c < j->nchoices; c++) completion += j->ch[c].tokens;
     fprintf(stderr, "loom serve: POST %s %u %s prompt %d completion %d tokens %.3f s\n", j->url, status, j->id,
-            prompt, completion, now_s() - j->t0);
+            prompt, completion, cli_now() - j->t0);
 }
 
 /* SSE reader: hands MHD what the engine thread has queued, waiting for
@@ -579,7 +574,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     job *j = cls;
     pthread_mutex_lock(&j->mu);
-    double quiet_since = now_s();
+    double quiet_since = cli_now();
     while (j->sse_off == j->sse.n && !j->sse_done) {
         struct timespec t;
         deadline_in(&t, 200);
@@ -589,9 +584,9 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_unlock(&j->mu);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
-        if (now_s() - quiet_since > 15.0) {
+        if (cli_now() - quiet_since > 15.0) {
             sb_put(&j->sse, ": keep-alive\n\n", 14);
-            quiet_since = now_s();
+            quiet_since = cli_now();
         }
     }
     ssize_t n;
@@ -661,32 +656,39 @@ static cJSON *final_response(job *j) {
     return o;
 }
 
-static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const char *url, serve_api api,
-                                  conn_state *cs) {
+/* A job for the request body in cs, or NULL with the HTTP status, message
+ * and offending parameter (may stay NULL) to reply with: 413 too large, 400
+ * not a valid request, 404 another model, 500 out of memory. */
+static job *job_new(server *s, const char *url, serve_api api, const conn_state *cs, unsigned *status,
+                    char *why, size_t whyn, const char **param) {
+    *param = NULL;
     if (cs->too_large) {
-        char m[160];
-        snprintf(m, sizeof m, "the request body is larger than %zu bytes (loom serve --max-body)", s->opt->max_body);
-        return reply_error(s, conn, 413, m, NULL);
+        *status = 413;
+        snprintf(why, whyn, "the request body is larger than %zu bytes (loom serve --max-body)", s->opt->max_body);
+        return NULL;
     }
-    char why[512];
-    const char *param = NULL;
+    *status = 500;
+    snprintf(why, whyn, "out of memory");
     job *j = calloc(1, sizeof *j);
-    if (!j) return reply_error(s, conn, 500, "out of memory", NULL);
-    if (!serve_parse(api, cs->body.p, cs->body.n, api == SERVE_CHAT ? 0 : s->opt->max_tokens, &j->q, why,
-                     sizeof why, &param)) {
+    if (!j) return NULL;
+    if (!serve_parse(api, cs->body.p, cs->body.n, api == SERVE_CHAT ? 0 : s->opt->max_tokens, &j->q, why, whyn,
+                     param)) {
         free(j);
-        return reply_error(s, conn, 400, why, param);
+        *status = 400;
+        return NULL;
     }
     if (j->q.model && strcmp(j->q.model, s->model)) {
-        snprintf(why, sizeof why, "the model '%.200s' does not exist: this server serves '%.200s' (GET /v1/models)",
+        snprintf(why, whyn, "the model '%.200s' does not exist: this server serves '%.200s' (GET /v1/models)",
                  j->q.model, s->model);
         serve_req_free(&j->q);
         free(j);
-        return reply_error(s, conn, 404, why, "model");
+        *status = 404;
+        *param = "model";
+        return NULL;
     }
     j->s = s;
     snprintf(j->url, sizeof j->url, "%s", url);
-    j->t0 = now_s();
+    j->t0 = cli_now();
     j->created = (long long)time(NULL);
     j->n = j->q.base.n;
     j->nchoices = j->q.num_prompts * j->n;
@@ -699,17 +701,19 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
     if (!j->ch || !j->pc) {
         j->nchoices = 0;
         job_unref(j);
-        return reply_error(s, conn, 500, "out of memory", NULL);
+        snprintf(why, whyn, "out of memory");
+        *param = NULL;
+        return NULL;
     }
     for (int32_t p = 0; p < j->q.num_prompts; p++) j->pc[p] = (prompt_ctx){.j = j, .p = p, .id = -1, .live = j->n};
+    return j;
+}
 
-    /* List the job (under the server lock, with the stopping / failure
-     * check), then add its prompts without holding that lock — tokenizing a
-     * long prompt must not stall the engine thread — storing each id under
-     * it, so a shutdown or engine-failure sweep sees every id to abort. The
-     * engine holds one reference per prompt, taken before any can finish. */
+/* Name the job and put it on the server's list, unless the server is
+ * stopping or failed: then 503 and why. The engine's reference per prompt
+ * is taken here, before any can finish. */
+static unsigned job_list(server *s, job *j, serve_api api, char *why, size_t whyn) {
     unsigned status = 0;
-    loom_error err = {0};
     pthread_mutex_lock(&j->mu);
     j->refs += j->q.num_prompts;
     pthread_mutex_unlock(&j->mu);
@@ -718,13 +722,25 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
              (unsigned long long)++s->next_id, (unsigned long long)(j->t0 * 1e6) & 0xffffffffull);
     if (s->stopping || s->fatal[0]) {
         status = 503;
-        snprintf(why, sizeof why, "%s", s->stopping ? "the server is shutting down" : s->fatal);
+        snprintf(why, whyn, "%s", s->stopping ? "the server is shutting down" : s->fatal);
     } else {
         j->next = s->jobs;
         if (s->jobs) s->jobs->prev = j;
         s->jobs = j;
     }
     pthread_mutex_unlock(&s->mu);
+    return status;
+}
+
+/* Add the job's prompts to the engine without holding the server lock —
+ * tokenizing a long prompt must not stall the engine thread — storing each
+ * id under it, so a shutdown or engine-failure sweep sees every id to
+ * abort. Stops at a shutdown, a failure or a refused prompt (then the
+ * status, 400 or 500, and why). Prompts never added get no events: their
+ * share of live samples and references is given back. */
+static unsigned job_add_prompts(server *s, job *j, serve_api api, char *why, size_t whyn) {
+    unsigned status = 0;
+    loom_error err = {0};
     int32_t added = 0;
     bool cut = false; /* shutdown or engine failure while adding */
     for (int32_t p = 0; p < j->q.num_prompts && !status && !cut; p++) {
@@ -749,49 +765,38 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
         } else {
             status = err.code == LOOM_ERR_NOMEM ? 500 : 400;
             if (j->q.num_prompts > 1)
-                snprintf(why, sizeof why, "prompt[%d]: %.480s", p, err.message);
+                snprintf(why, whyn, "prompt[%d]: %.480s", p, err.message);
             else
-                snprintf(why, sizeof why, "%s", err.message);
+                snprintf(why, whyn, "%s", err.message);
         }
         pthread_mutex_unlock(&s->mu);
     }
-    /* prompts never added: no events will come for them */
     int32_t unused = j->q.num_prompts - added;
     pthread_mutex_lock(&j->mu);
     j->live -= j->n * unused;
     j->refs -= unused; /* never the last: the connection holds one */
     pthread_mutex_unlock(&j->mu);
-    if (status) {
-        pthread_mutex_lock(&s->mu);
-        job_abort_locked(j); /* the prompts added before the failing one */
-        pthread_mutex_unlock(&s->mu);
-        job_unlist(j);
-        fprintf(stderr, "loom serve: POST %s %u: %s\n", url, status, why);
-        enum MHD_Result r = reply_error(s, conn, status, why, api == SERVE_CHAT ? "messages" : "prompt");
-        job_unref(j);
-        return r;
-    }
-    /* a long answer must not be cut by the idle timeout (MHD counts only
-     * socket traffic as activity) */
-    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    j->fd = ci ? ci->connect_fd : -1;
+    return status;
+}
 
-    if (j->q.stream) {
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, j, sse_free);
-        if (!r) {
-            sse_free(j);
-            return MHD_NO;
-        }
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        enum MHD_Result ret = MHD_queue_response(conn, 200, r);
-        MHD_destroy_response(r);
-        count_status(s, 200);
-        return ret;
+/* Stream the job as server-sent events; sse_free ends it. */
+static enum MHD_Result reply_stream(server *s, struct MHD_Connection *conn, job *j) {
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, j, sse_free);
+    if (!r) {
+        sse_free(j);
+        return MHD_NO;
     }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ret = MHD_queue_response(conn, 200, r);
+    MHD_destroy_response(r);
+    count_status(s, 200);
+    return ret;
+}
 
-    /* Not streaming: wait for every choice, aborting if the client leaves. */
+/* Wait for every choice, aborting the job if the client leaves; true when
+ * it did. */
+static bool job_wait(server *s, job *j) {
     pthread_mutex_lock(&j->mu);
     bool aborted = false;
     while (j->live > 0) {
@@ -808,20 +813,29 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
         }
     }
     pthread_mutex_unlock(&j->mu);
-    job_unlist(j);
+    return aborted;
+}
+
+/* The whole answer of a finished job: 200 with the response, or the error
+ * of a failed or aborted sample (500, 499 logged for a client that left,
+ * 503 at shutdown). */
+static enum MHD_Result reply_final(server *s, struct MHD_Connection *conn, job *j, bool client_left) {
     bool was_aborted = false;
     for (int32_t c = 0; c < j->nchoices; c++) was_aborted |= j->ch[c].finish == LOOM_FINISH_ABORT;
     enum MHD_Result ret;
+    unsigned status;
+    char why[512];
     if (j->error[0]) {
         status = 500;
         ret = reply_error(s, conn, 500, j->error, NULL);
     } else if (was_aborted) {
         pthread_mutex_lock(&s->mu);
         bool failed = s->fatal[0];
-        snprintf(why, sizeof why, "%s", failed ? s->fatal : aborted ? "the client went away" : "the server is shutting down");
+        snprintf(why, sizeof why, "%s",
+                 failed ? s->fatal : client_left ? "the client went away" : "the server is shutting down");
         pthread_mutex_unlock(&s->mu);
-        status = failed ? 500 : aborted ? 499 : 503;
-        ret = reply_error(s, conn, failed || aborted ? 500 : 503, why, NULL);
+        status = failed ? 500 : client_left ? 499 : 503;
+        ret = reply_error(s, conn, failed || client_left ? 500 : 503, why, NULL);
     } else {
         status = 200;
         cJSON *o = final_response(j);
@@ -829,6 +843,39 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
         cJSON_Delete(o);
     }
     log_request(j, status);
+    return ret;
+}
+
+/* POST /v1/completions and /v1/chat/completions: parse, list the job, add
+ * its prompts, then stream the answer or wait for it. */
+static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const char *url, serve_api api,
+                                  conn_state *cs) {
+    char why[512];
+    const char *param;
+    unsigned status;
+    job *j = job_new(s, url, api, cs, &status, why, sizeof why, &param);
+    if (!j) return reply_error(s, conn, status, why, param);
+    status = job_list(s, j, api, why, sizeof why);
+    if (!status) status = job_add_prompts(s, j, api, why, sizeof why);
+    if (status) {
+        pthread_mutex_lock(&s->mu);
+        job_abort_locked(j); /* the prompts added before the failing one */
+        pthread_mutex_unlock(&s->mu);
+        job_unlist(j);
+        fprintf(stderr, "loom serve: POST %s %u: %s\n", url, status, why);
+        enum MHD_Result r = reply_error(s, conn, status, why, api == SERVE_CHAT ? "messages" : "prompt");
+        job_unref(j);
+        return r;
+    }
+    /* a long answer must not be cut by the idle timeout (MHD counts only
+     * socket traffic as activity) */
+    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
+    if (j->q.stream) return reply_stream(s, conn, j);
+    bool client_left = job_wait(s, j);
+    job_unlist(j);
+    enum MHD_Result ret = reply_final(s, conn, j, client_left);
     job_unref(j);
     return ret;
 }
@@ -1015,21 +1062,88 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 /* --------------------------------------------------------------- run */
 
-int serve_run(loom_engine *eng, const serve_options *opt) {
-    /* The API's model id: --served-model-name, else the model file's name
-     * with its spaces as dashes (clients put it in URLs and shell lines). */
-    char model[128];
-    snprintf(model, sizeof model, "%s", opt->model_name ? opt->model_name : loom_engine_model_name(eng));
+/* The API's model id: --served-model-name, else the model file's name with
+ * its spaces as dashes (clients put it in URLs and shell lines). */
+static void served_model_name(loom_engine *eng, const serve_options *opt, char *model, size_t n) {
+    snprintf(model, n, "%s", opt->model_name ? opt->model_name : loom_engine_model_name(eng));
     for (char *c = model; !opt->model_name && *c; c++)
         if (*c == ' ') *c = '-';
-    server s = {.eng = eng, .opt = opt, .model = model};
-    pthread_mutex_init(&s.mu, NULL);
-    pthread_mutex_init(&s.m.mu, NULL);
-    s.m.ttft = HIST_OF(k_ttft_le), s.m.tpot = HIST_OF(k_tpot_le), s.m.e2e = HIST_OF(k_e2e_le);
-    pthread_cond_init(&s.cv, NULL);
-    pthread_cond_init(&s.idle_cv, NULL);
-    s.stats.struct_size = sizeof s.stats;
-    loom_engine_get_stats(eng, &s.stats);
+}
+
+static void server_init(server *s, loom_engine *eng, const serve_options *opt, const char *model) {
+    *s = (server){.eng = eng, .opt = opt, .model = model};
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->m.mu, NULL);
+    s->m.ttft = HIST_OF(k_ttft_le), s->m.tpot = HIST_OF(k_tpot_le), s->m.e2e = HIST_OF(k_e2e_le);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->idle_cv, NULL);
+    s->stats.struct_size = sizeof s->stats;
+    loom_engine_get_stats(eng, &s->stats);
+}
+
+static void server_destroy(server *s) {
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->m.mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->idle_cv);
+}
+
+/* Start the HTTP daemon on the resolved address ai (freed here); NULL
+ * after a message. host (hostn bytes) gets the address as text for the
+ * banner, *v6 whether it is IPv6. */
+static struct MHD_Daemon *start_daemon(server *s, struct addrinfo *ai, char *host, size_t hostn, bool *v6) {
+    const serve_options *opt = s->opt;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
+                     MHD_USE_ITC | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)opt->port, NULL, NULL, on_request, s,
+                                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                                            MHD_OPTION_CONNECTION_LIMIT, opt->max_connections,
+                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    snprintf(host, hostn, "?");
+    if (ai->ai_family == AF_INET6)
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr, host, (socklen_t)hostn);
+    else
+        inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr, host, (socklen_t)hostn);
+    *v6 = ai->ai_family == AF_INET6;
+    freeaddrinfo(ai);
+    if (!d)
+        fprintf(stderr, "loom serve: cannot listen on %s port %d: %s (is the port taken? try --port 0 for any free "
+                "one)\n", opt->host, opt->port, strerror(errno ? errno : EADDRINUSE));
+    return d;
+}
+
+/* After SIGINT/SIGTERM: no new connections, every running request aborted,
+ * their clients given 10 s at most to get their answer, then the daemon
+ * and the engine thread stopped. */
+static void stop_server(server *s, struct MHD_Daemon *d, pthread_t eng_thread, int sig) {
+    fprintf(stderr, "loom serve: %s: stopping (running requests are aborted)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    MHD_socket listen_fd = MHD_quiesce_daemon(d); /* no new connections; ours to close after the stop */
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    for (job *j = s->jobs; j; j = j->next) job_abort_locked(j);
+    /* let the aborted requests' clients get their 503 (or their stream's
+     * end) before the sockets close; 10 s at most */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;
+    while (s->inflight > 0 && pthread_cond_timedwait(&s->idle_cv, &s->mu, &until) == 0) {}
+    pthread_mutex_unlock(&s->mu);
+    MHD_stop_daemon(d); /* waits for every connection thread */
+    if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
+    pthread_mutex_lock(&s->mu);
+    s->exit = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(eng_thread, NULL);
+}
+
+int serve_run(loom_engine *eng, const serve_options *opt) {
+    char model[128];
+    served_model_name(eng, opt, model, sizeof model);
+    server s;
+    server_init(&s, eng, opt, model);
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
     char port[16];
@@ -1039,7 +1153,6 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
         fprintf(stderr, "loom serve: cannot resolve --host '%s': %s\n", opt->host, gai_strerror(gai));
         return 1;
     }
-
     /* Signals go to this thread's sigwait only: block them before any
      * thread (MHD's, the engine's) starts, so they inherit the mask. */
     sigset_t sigs;
@@ -1049,30 +1162,15 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
-                     MHD_USE_ITC | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-    struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)opt->port, NULL, NULL, on_request, &s,
-                                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                                            MHD_OPTION_CONNECTION_LIMIT, opt->max_connections,
-                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-                                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s,
-                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
-    char host[INET6_ADDRSTRLEN] = "?";
-    if (ai->ai_family == AF_INET6)
-        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr, host, sizeof host);
-    else
-        inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr, host, sizeof host);
-    int fam = ai->ai_family;
-    freeaddrinfo(ai);
+    char host[INET6_ADDRSTRLEN];
+    bool v6;
+    struct MHD_Daemon *d = start_daemon(&s, ai, host, sizeof host, &v6);
     if (!d) {
-        fprintf(stderr, "loom serve: cannot listen on %s port %d: %s (is the port taken? try --port 0 for any free "
-                "one)\n", opt->host, opt->port, strerror(errno ? errno : EADDRINUSE));
         pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
         return 1;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     int bound = di ? di->port : opt->port;
-
     pthread_t eng_thread;
     if (pthread_create(&eng_thread, NULL, engine_main, &s) != 0) {
         fprintf(stderr, "loom serve: cannot start the engine thread\n");
@@ -1082,35 +1180,13 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     }
     fprintf(stderr, "loom serve: model '%s', context %d tokens%s; Ctrl-C stops\n", s.model,
             loom_engine_max_context(eng), opt->api_key ? ", API key required" : "");
-    printf("loom serve: listening on http://%s%s%s:%d\n", fam == AF_INET6 ? "[" : "", host,
-           fam == AF_INET6 ? "]" : "", bound);
+    printf("loom serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", bound);
     fflush(stdout);
 
     int sig = 0;
     sigwait(&sigs, &sig);
-    fprintf(stderr, "loom serve: %s: stopping (running requests are aborted)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    MHD_socket listen_fd = MHD_quiesce_daemon(d); /* no new connections; ours to close after the stop */
-    pthread_mutex_lock(&s.mu);
-    s.stopping = true;
-    for (job *j = s.jobs; j; j = j->next) job_abort_locked(j);
-    /* let the aborted requests' clients get their 503 (or their stream's
-     * end) before the sockets close; 10 s at most */
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 10;
-    while (s.inflight > 0 && pthread_cond_timedwait(&s.idle_cv, &s.mu, &until) == 0) {}
-    pthread_mutex_unlock(&s.mu);
-    MHD_stop_daemon(d); /* waits for every connection thread */
-    if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
-    pthread_mutex_lock(&s.mu);
-    s.exit = true;
-    pthread_cond_signal(&s.cv);
-    pthread_mutex_unlock(&s.mu);
-    pthread_join(eng_thread, NULL);
+    stop_server(&s, d, eng_thread, sig);
     pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
-    pthread_mutex_destroy(&s.mu);
-    pthread_mutex_destroy(&s.m.mu);
-    pthread_cond_destroy(&s.cv);
-    pthread_cond_destroy(&s.idle_cv);
+    server_destroy(&s);
     return 0;
 }

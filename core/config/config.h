@@ -139,6 +139,10 @@ bool loom_cfg_as_double(const loom_cfg_node *n, const char *key_path, double *ou
 bool loom_cfg_bind(const loom_cfg_node *section, const char *section_path,
                    const loom_param *params, const char *const *ignore, void *config,
                    size_t config_size, loom_diag *diag);
+/* Bytes a parameter of type t takes in a config struct (0: unknown type):
+ * what the binder writes at its offset, and what the registry checks fits
+ * when it loads a plugin's table. */
+size_t loom_param_size(loom_param_type t);
 
 /* Print the tree as YAML (block style, keys in order) to a FILE*; quoting
  * as written is kept, and the output re-parses to the same tree. */

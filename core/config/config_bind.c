@@ -200,7 +200,7 @@ static void fmt_bound(double v, char *buf, size_t size) {
         snprintf(buf, size, "%g", v);
 }
 
-static size_t param_size(loom_param_type t) {
+size_t loom_param_size(loom_param_type t) {
     switch (t) {
     case LOOM_PARAM_BOOL: return sizeof(bool);
     case LOOM_PARAM_INT: return sizeof(int64_t);
@@ -304,27 +304,11 @@ static void key_path_of(const char *section_path, const char *key, char *buf, si
         snprintf(buf, size, "%s", key);
 }
 
-bool loom_cfg_bind(const loom_cfg_node *section, const char *section_path,
-                   const loom_param *params, const char *const *ignore, void *config,
-                   size_t config_size, loom_diag *diag) {
-    int before = diag ? diag->count : 0;
-    bool ok = true; /* also tracks errors when diag is NULL */
-    const char *sect = section_path && *section_path ? section_path : "(top level)";
-    static const loom_param no_params[] = {{0}};
-    if (!params) params = no_params;
-    if (config && config_size) memset(config, 0, config_size);
-
-    if (section && section->type != LOOM_CFG_MAP && section->type != LOOM_CFG_NULL) {
-        char got[96];
-        loom_cfg__describe(section, got, sizeof got);
-        loom_diag_add(diag, &section->mark,
-                      "section '%s' must be a map of parameters ('key: value' lines), got %s",
-                      sect, got);
-        return false;
-    }
-    const loom_cfg_node *map = section && section->type == LOOM_CFG_MAP ? section : NULL;
-
-    /* Unknown keys first: they are the likely cause of "missing" ones. */
+/* Report every key of map that no parameter (nor `ignore`) names; false
+ * when there is one. */
+static bool check_unknown_keys(const loom_cfg_node *map, const char *section_path, const loom_param *params,
+                               const char *const *ignore, loom_diag *diag) {
+    bool ok = true;
     for (int i = 0; map && i < map->count; i++) {
         const char *key = map->items[i].key;
         if (ignored(ignore, key)) continue;
@@ -344,46 +328,74 @@ bool loom_cfg_bind(const loom_cfg_node *section, const char *section_path,
                           "%s: unknown key; this component takes no parameters", path);
         ok = false;
     }
+    return ok;
+}
 
-    for (const loom_param *p = params; p->key; p++) {
-        char path[256];
-        key_path_of(section_path, p->key, path, sizeof path);
-        size_t sz = param_size(p->type);
-        if (!config || sz == 0 || p->offset > config_size || sz > config_size - p->offset) {
-            loom_diag_add(diag, NULL,
-                          "%s: parameter table entry does not fit the config struct (offset %zu, "
-                          "%zu bytes, struct %zu bytes; plugin bug)",
-                          path, p->offset, sz, config_size);
-            ok = false;
-            continue;
-        }
-        char *dst = (char *)config + p->offset;
-        const loom_cfg_node *n = loom_cfg_get(map, p->key);
-        if (n && n->type != LOOM_CFG_NULL) {
-            if (!bind_one(p, n, path, dst, diag)) ok = false;
-            continue;
-        }
-        if (!p->default_value) {
-            if (n)
-                loom_diag_add(diag, &n->mark, "required key '%s' in section '%s' is empty; give "
-                              "it a value", p->key, sect);
-            else
-                loom_diag_add(diag, section ? &section->mark : NULL,
-                              "missing required key '%s' in section '%s'", p->key, sect);
-            ok = false;
-            continue;
-        }
-        /* Defaults go through the same checks; a failure is the plugin's bug. */
-        loom_cfg_node def = {.type = LOOM_CFG_SCALAR, .text = (char *)p->default_value};
-        loom_diag sub;
-        loom_diag_init(&sub);
-        if (!bind_one(p, &def, path, dst, &sub)) {
-            loom_diag_add(diag, NULL, "invalid default value \"%s\" in the parameter table "
-                          "(plugin bug): %s", p->default_value,
-                          sub.count ? sub.entries[0].message : "out of memory");
-            ok = false;
-        }
-        loom_diag_free(&sub);
+/* Fill parameter p of config from its key in map (may be NULL), or from its
+ * default; a required key absent or empty is reported. `sect` names the
+ * section in messages. */
+static bool bind_param(const loom_param *p, const loom_cfg_node *section, const loom_cfg_node *map,
+                       const char *section_path, const char *sect, void *config, size_t config_size,
+                       loom_diag *diag) {
+    char path[256];
+    key_path_of(section_path, p->key, path, sizeof path);
+    size_t sz = loom_param_size(p->type);
+    if (!config || sz == 0 || p->offset > config_size || sz > config_size - p->offset) {
+        loom_diag_add(diag, NULL,
+                      "%s: parameter table entry does not fit the config struct (offset %zu, "
+                      "%zu bytes, struct %zu bytes; plugin bug)",
+                      path, p->offset, sz, config_size);
+        return false;
     }
+    char *dst = (char *)config + p->offset;
+    const loom_cfg_node *n = loom_cfg_get(map, p->key);
+    if (n && n->type != LOOM_CFG_NULL) return bind_one(p, n, path, dst, diag);
+    if (!p->default_value) {
+        if (n)
+            loom_diag_add(diag, &n->mark, "required key '%s' in section '%s' is empty; give "
+                          "it a value", p->key, sect);
+        else
+            loom_diag_add(diag, section ? &section->mark : NULL,
+                          "missing required key '%s' in section '%s'", p->key, sect);
+        return false;
+    }
+    /* Defaults go through the same checks; a failure is the plugin's bug. */
+    loom_cfg_node def = {.type = LOOM_CFG_SCALAR, .text = (char *)p->default_value};
+    loom_diag sub;
+    bool ok = true;
+    loom_diag_init(&sub);
+    if (!bind_one(p, &def, path, dst, &sub)) {
+        loom_diag_add(diag, NULL, "invalid default value \"%s\" in the parameter table "
+                      "(plugin bug): %s", p->default_value,
+                      sub.count ? sub.entries[0].message : "out of memory");
+        ok = false;
+    }
+    loom_diag_free(&sub);
+    return ok;
+}
+
+bool loom_cfg_bind(const loom_cfg_node *section, const char *section_path,
+                   const loom_param *params, const char *const *ignore, void *config,
+                   size_t config_size, loom_diag *diag) {
+    int before = diag ? diag->count : 0;
+    bool ok = true; /* also tracks errors when diag is NULL */
+    const char *sect = section_path && *section_path ? section_path : "(top level)";
+    static const loom_param no_params[] = {{0}};
+    if (!params) params = no_params;
+    if (config && config_size) memset(config, 0, config_size);
+
+    if (section && section->type != LOOM_CFG_MAP && section->type != LOOM_CFG_NULL) {
+        char got[96];
+        loom_cfg__describe(section, got, sizeof got);
+        loom_diag_add(diag, &section->mark,
+                      "section '%s' must be a map of parameters ('key: value' lines), got %s",
+                      sect, got);
+        return false;
+    }
+    const loom_cfg_node *map = section && section->type == LOOM_CFG_MAP ? section : NULL;
+    /* Unknown keys first: they are the likely cause of "missing" ones. */
+    if (!check_unknown_keys(map, section_path, params, ignore, diag)) ok = false;
+    for (const loom_param *p = params; p->key; p++)
+        if (!bind_param(p, section, map, section_path, sect, config, config_size, diag)) ok = false;
     return ok && (!diag || diag->count == before);
 }

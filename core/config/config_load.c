@@ -279,6 +279,117 @@ static void apply_merges(cfg_parser *p, loom_cfg_node *n, loom_cfg_node **srcs, 
     }
 }
 
+/* A map key as read: its text (owned) and where it stands. */
+typedef struct map_key {
+    char *text;            /* NULL when refused                         */
+    loom_cfg_mark mark;
+    bool ok;               /* false: refused and reported              */
+    bool is_merge;         /* the plain `<<` merge key                  */
+} map_key;
+
+/* Read the key that *kev starts; always deletes *kev. A key that is not
+ * usable text is consumed whole (so parsing goes on), reported and marked
+ * not ok. false on a fatal error. */
+static bool parse_key(cfg_parser *p, yaml_event_t *kev, int depth, map_key *k) {
+    *k = (map_key){.mark = mark_at(p, kev->start_mark), .ok = true};
+    if (kev->type == YAML_SCALAR_EVENT) {
+        const char *kv = (const char *)kev->data.scalar.value;
+        if (kev->data.scalar.length == 0) {
+            perr(p, &k->mark, "empty key; write a name before ':'");
+            k->ok = false;
+        } else if (memchr(kv, '\0', kev->data.scalar.length)) {
+            perr(p, &k->mark, "key contains a NUL character");
+            k->ok = false;
+        } else if (!(k->text = loom_strdup(kv))) {
+            yaml_event_delete(kev);
+            oom(p, &k->mark);
+            return false;
+        }
+        k->is_merge = k->ok && kev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE && strcmp(kv, "<<") == 0;
+        yaml_event_delete(kev);
+        return true;
+    }
+    bool alias = kev->type == YAML_ALIAS_EVENT;
+    if (alias) {
+        yaml_event_delete(kev);
+    } else {
+        loom_cfg_node *junk = parse_node(p, kev, depth + 1);
+        loom_cfg_free(junk);
+        if (p->fatal) return false;
+    }
+    perr(p, &k->mark, alias ? "an alias cannot be used as a key; write the key out"
+                            : "keys must be plain text, not a map or a list");
+    k->ok = false;
+    return true;
+}
+
+/* `<<: *base` or `<<: [*a, *b]`: keep the value (a map or a list of maps)
+ * in *merges for the end of the map; anything else is reported and freed.
+ * Takes value. false on a fatal error (reported at m, the map's mark). */
+static bool keep_merge(cfg_parser *p, const loom_cfg_mark *m, loom_cfg_node ***merges, int *n_merges,
+                       loom_cfg_node *value) {
+    int k = value->type == LOOM_CFG_SEQ ? value->count : 1;
+    bool shape_ok = value->type == LOOM_CFG_MAP || value->type == LOOM_CFG_SEQ;
+    for (int i = 0; value->type == LOOM_CFG_SEQ && i < value->count; i++)
+        if (value->items[i].value->type != LOOM_CFG_MAP) shape_ok = false;
+    if (!shape_ok) {
+        char got[96];
+        loom_cfg__describe(value, got, sizeof got);
+        perr(p, &value->mark, "merge key '<<' needs a map or a list of maps, got %s", got);
+        loom_cfg_free(value);
+        return true;
+    }
+    loom_cfg_node **mg = realloc(*merges, (size_t)(*n_merges + k + 1) * sizeof *mg);
+    if (!mg) {
+        loom_cfg_free(value);
+        oom(p, m);
+        return false;
+    }
+    *merges = mg;
+    /* Keep `value` itself so the sub-maps stay alive; freed at the end. */
+    mg[(*n_merges)++] = value;
+    return true;
+}
+
+/* Add key: value to map n; a duplicate key is reported with both places.
+ * Takes value. false on a fatal error. */
+static bool add_entry(cfg_parser *p, loom_cfg_node *n, const map_key *k, loom_cfg_node *value) {
+    int first = loom_cfg__find(n, k->text);
+    if (first >= 0) {
+        char where[512];
+        loom_cfg_mark_format(&n->items[first].key_mark, where, sizeof where);
+        perr(p, &k->mark, "duplicate key '%s' (first defined at %s); remove one of them", k->text, where);
+        loom_cfg_free(value);
+        return true;
+    }
+    if (!loom_cfg__append(n, k->text, &k->mark, value)) {
+        loom_cfg_free(value);
+        oom(p, &k->mark);
+        return false;
+    }
+    return true;
+}
+
+/* Expand the merge sources: each kept value is a map or a list of maps. */
+static void expand_merges(cfg_parser *p, loom_cfg_node *n, loom_cfg_node **merges, int n_merges) {
+    for (int s = 0; s < n_merges && !p->fatal; s++) {
+        loom_cfg_node *v = merges[s];
+        if (v->type == LOOM_CFG_MAP) {
+            apply_merges(p, n, &v, 1);
+        } else {
+            for (int i = 0; i < v->count && !p->fatal; i++)
+                apply_merges(p, n, &v->items[i].value, 1);
+        }
+    }
+}
+
+static void free_merges(loom_cfg_node **merges, int n_merges) {
+    for (int s = 0; s < n_merges; s++) loom_cfg_free(merges[s]);
+    free(merges);
+}
+
+/* Key/value pairs up to the end of the map; bad keys and values are
+ * reported and skipped, `<<` merges applied last. */
 static loom_cfg_node *parse_map(cfg_parser *p, const loom_cfg_mark *m, int depth) {
     loom_cfg_node *n = loom_cfg__node_new(LOOM_CFG_MAP, m);
     loom_cfg_node **merges = NULL; /* maps named by `<<`, in order */
@@ -289,120 +400,34 @@ static loom_cfg_node *parse_map(cfg_parser *p, const loom_cfg_mark *m, int depth
     }
     for (;;) {
         yaml_event_t kev, vev;
-        char *key = NULL;
-        bool key_ok = true, is_merge = false;
-        if (!next_event(p, &kev)) goto fail;
+        map_key k;
+        if (!next_event(p, &kev)) goto free_map;
         if (kev.type == YAML_MAPPING_END_EVENT) {
             yaml_event_delete(&kev);
             break;
         }
-        loom_cfg_mark km = mark_at(p, kev.start_mark);
-        if (kev.type == YAML_SCALAR_EVENT) {
-            const char *kv = (const char *)kev.data.scalar.value;
-            if (kev.data.scalar.length == 0) {
-                perr(p, &km, "empty key; write a name before ':'");
-                key_ok = false;
-            } else if (memchr(kv, '\0', kev.data.scalar.length)) {
-                perr(p, &km, "key contains a NUL character");
-                key_ok = false;
-            } else if (!(key = loom_strdup(kv))) {
-                yaml_event_delete(&kev);
-                oom(p, &km);
-                goto fail;
-            }
-            is_merge = key_ok && kev.data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
-                       strcmp(kv, "<<") == 0;
-            yaml_event_delete(&kev);
-        } else {
-            /* Consume the whole key so parsing can go on, then reject it. */
-            bool alias = kev.type == YAML_ALIAS_EVENT;
-            if (alias) {
-                yaml_event_delete(&kev);
-            } else {
-                loom_cfg_node *junk = parse_node(p, &kev, depth + 1);
-                loom_cfg_free(junk);
-                if (p->fatal) goto fail;
-            }
-            perr(p, &km, alias ? "an alias cannot be used as a key; write the key out"
-                               : "keys must be plain text, not a map or a list");
-            key_ok = false;
-        }
+        if (!parse_key(p, &kev, depth, &k)) goto free_map;
         if (!next_event(p, &vev)) {
-            free(key);
-            goto fail;
+            free(k.text);
+            goto free_map;
         }
         loom_cfg_node *value = parse_node(p, &vev, depth + 1);
-        if (p->fatal || !key_ok || !value) {
-            free(key);
+        if (p->fatal || !k.ok || !value) {
+            free(k.text);
             loom_cfg_free(value);
-            if (p->fatal) goto fail;
+            if (p->fatal) goto free_map;
             continue;
         }
-        if (is_merge) {
-            /* `<<: *base` or `<<: [*a, *b]`: keep the maps for the end. */
-            int k = value->type == LOOM_CFG_SEQ ? value->count : 1;
-            bool shape_ok = value->type == LOOM_CFG_MAP || value->type == LOOM_CFG_SEQ;
-            for (int i = 0; value->type == LOOM_CFG_SEQ && i < value->count; i++)
-                if (value->items[i].value->type != LOOM_CFG_MAP) shape_ok = false;
-            if (!shape_ok) {
-                char got[96];
-                loom_cfg__describe(value, got, sizeof got);
-                perr(p, &value->mark, "merge key '<<' needs a map or a list of maps, got %s", got);
-                free(key);
-                loom_cfg_free(value);
-                continue;
-            }
-            loom_cfg_node **mg = realloc(merges, (size_t)(n_merges + k + 1) * sizeof *mg);
-            if (!mg) {
-                free(key);
-                loom_cfg_free(value);
-                oom(p, m);
-                goto fail;
-            }
-            merges = mg;
-            /* Keep `value` itself so the sub-maps stay alive; freed at the end. */
-            merges[n_merges++] = value;
-            free(key);
-            continue;
-        }
-        int first = loom_cfg__find(n, key);
-        if (first >= 0) {
-            char where[512];
-            loom_cfg_mark_format(&n->items[first].key_mark, where, sizeof where);
-            perr(p, &km, "duplicate key '%s' (first defined at %s); remove one of them", key,
-                 where);
-            free(key);
-            loom_cfg_free(value);
-            continue;
-        }
-        if (!loom_cfg__append(n, key, &km, value)) {
-            free(key);
-            loom_cfg_free(value);
-            oom(p, &km);
-            goto fail;
-        }
-        free(key);
+        bool go_on = k.is_merge ? keep_merge(p, m, &merges, &n_merges, value) : add_entry(p, n, &k, value);
+        free(k.text);
+        if (!go_on) goto free_map;
     }
-    /* Expand the merge sources: each kept value is a map or a list of maps. */
-    for (int s = 0; s < n_merges && !p->fatal; s++) {
-        loom_cfg_node *v = merges[s];
-        if (v->type == LOOM_CFG_MAP) {
-            apply_merges(p, n, &v, 1);
-        } else {
-            for (int i = 0; i < v->count && !p->fatal; i++)
-                apply_merges(p, n, &v->items[i].value, 1);
-        }
-    }
-    for (int s = 0; s < n_merges; s++) loom_cfg_free(merges[s]);
-    free(merges);
-    if (p->fatal) {
-        loom_cfg_free(n);
-        return NULL;
-    }
+    expand_merges(p, n, merges, n_merges);
+    if (p->fatal) goto free_map;
+    free_merges(merges, n_merges);
     return n;
-fail:
-    for (int s = 0; s < n_merges; s++) loom_cfg_free(merges[s]);
-    free(merges);
+free_map:
+    free_merges(merges, n_merges);
     loom_cfg_free(n);
     return NULL;
 }
@@ -742,11 +767,85 @@ loom_cfg_node *loom_cfg_load_string(const char *text, const char *name, loom_dia
 
 /* --------------------------------------------------------------- overrides */
 
+/* Every dotted component must be non-empty: "a..b", ".a", "a." are typos. */
+static bool key_path_ok(const char *key) {
+    for (const char *c = key;; c++) {
+        const char *dot = strchr(c, '.');
+        if (*c == '.' || *c == '\0' || (dot && dot == c)) return false;
+        if (!dot) return true;
+        c = dot;
+    }
+}
+
+/* The map under key comp of cur (at index i, -1 when absent; next is its
+ * value): created when absent, made from a `section:` left empty in the
+ * file. NULL when out of memory. */
+static loom_cfg_node *open_map(loom_cfg_node *cur, int i, const char *comp, loom_cfg_node *next,
+                               const loom_cfg_mark *cmd) {
+    if (next && next->type == LOOM_CFG_NULL) {
+        loom_cfg_node *m = loom_cfg__node_new(LOOM_CFG_MAP, &next->mark);
+        if (!m) return NULL;
+        loom_cfg_free(next);
+        cur->items[i].value = m;
+        return m;
+    }
+    if (next) return next;
+    next = loom_cfg__node_new(LOOM_CFG_MAP, cmd);
+    if (!next) return NULL;
+    if (!loom_cfg__append(cur, comp, cmd, next)) {
+        loom_cfg_free(next);
+        return NULL;
+    }
+    return next;
+}
+
+/* Walk the dotted key from root to the parent map, creating maps on the way,
+ * and put *value there (then *value is NULL). key is restored on return
+ * except on a non-map, where it is cut after that component for the message. */
+static loom_status set_at_path(loom_cfg_node *root, char *key, const char *assignment, const loom_cfg_mark *cmd,
+                               loom_cfg_node **value, loom_diag *diag) {
+    loom_cfg_node *cur = root;
+    char *comp = key;
+    for (;;) {
+        char *dot = strchr(comp, '.');
+        if (dot) *dot = '\0';
+        int i = loom_cfg__find(cur, comp);
+        if (!dot) {
+            if (i >= 0) {
+                loom_cfg_free(cur->items[i].value);
+                cur->items[i].value = *value;
+            } else if (!loom_cfg__append(cur, comp, cmd, *value)) {
+                loom_diag_add(diag, cmd, "out of memory");
+                return LOOM_ERR_NOMEM;
+            }
+            *value = NULL;
+            return LOOM_OK;
+        }
+        loom_cfg_node *next = i >= 0 ? cur->items[i].value : NULL;
+        if (next && next->type != LOOM_CFG_NULL && next->type != LOOM_CFG_MAP) {
+            char where[512], what[96];
+            loom_cfg_mark_format(&next->mark, where, sizeof where);
+            loom_cfg__describe(next, what, sizeof what);
+            loom_diag_add(diag, cmd,
+                          "--set '%s': cannot set a key inside '%s', which is %s (set at %s), "
+                          "not a map",
+                          assignment, key, what, where);
+            return LOOM_ERR_INVALID;
+        }
+        if (!(next = open_map(cur, i, comp, next, cmd))) {
+            loom_diag_add(diag, cmd, "out of memory");
+            return LOOM_ERR_NOMEM;
+        }
+        *dot = '.';
+        cur = next;
+        comp = dot + 1;
+    }
+}
+
 loom_status loom_cfg_set_override(loom_cfg_node *root, const char *assignment, int arg_index,
                                   loom_diag *diag) {
     loom_cfg_mark cmd = {LOOM_CFG_CMDLINE_FILE, 0, arg_index > 0 ? arg_index : 0};
     loom_status st = LOOM_OK;
-    char *key = NULL;
     loom_cfg_node *value = NULL;
     int p_errors = diag ? diag->count : 0;
 
@@ -766,89 +865,28 @@ loom_status loom_cfg_set_override(loom_cfg_node *root, const char *assignment, i
                       assignment);
         return LOOM_ERR_INVALID;
     }
-    key = strndup(assignment, (size_t)(eq - assignment));
+    char *key = strndup(assignment, (size_t)(eq - assignment));
     if (!key) {
-        st = LOOM_ERR_NOMEM;
         loom_diag_add(diag, &cmd, "out of memory");
-        goto done;
+        return LOOM_ERR_NOMEM;
     }
-    /* Every dotted component must be non-empty: "a..b", ".a", "a." are typos. */
-    for (const char *c = key;; c++) {
-        const char *dot = strchr(c, '.');
-        if (*c == '.' || *c == '\0' || (dot && dot == c)) {
-            loom_diag_add(diag, &cmd,
-                          "--set '%s': key path '%s' has an empty component; expected "
-                          "KEY.PATH=VALUE, e.g. scheduler.max_num_seqs=64",
-                          assignment, key);
-            st = LOOM_ERR_INVALID;
-            goto done;
-        }
-        if (!dot) break;
-        c = dot;
+    if (!key_path_ok(key)) {
+        loom_diag_add(diag, &cmd,
+                      "--set '%s': key path '%s' has an empty component; expected "
+                      "KEY.PATH=VALUE, e.g. scheduler.max_num_seqs=64",
+                      assignment, key);
+        st = LOOM_ERR_INVALID;
+        goto free_key;
     }
-
     const char *vtext = eq + 1;
     value = parse_text(vtext, strlen(vtext), LOOM_CFG_CMDLINE_FILE, cmd.col, assignment, diag);
     if (!value) {
         st = diag && diag->count > p_errors ? LOOM_ERR_INVALID : LOOM_ERR_NOMEM;
-        goto done;
+        goto free_key;
     }
-
-    /* Walk to the parent map, creating maps on the way. */
-    loom_cfg_node *cur = root;
-    char *comp = key;
-    for (;;) {
-        char *dot = strchr(comp, '.');
-        if (dot) *dot = '\0';
-        int i = loom_cfg__find(cur, comp);
-        if (!dot) {
-            if (i >= 0) {
-                loom_cfg_free(cur->items[i].value);
-                cur->items[i].value = value;
-            } else if (!loom_cfg__append(cur, comp, &cmd, value)) {
-                st = LOOM_ERR_NOMEM;
-                loom_diag_add(diag, &cmd, "out of memory");
-                goto done;
-            }
-            value = NULL;
-            break;
-        }
-        loom_cfg_node *next = i >= 0 ? cur->items[i].value : NULL;
-        if (next && next->type == LOOM_CFG_NULL) {
-            /* `section:` left empty in the file: becomes a map. */
-            loom_cfg_node *m = loom_cfg__node_new(LOOM_CFG_MAP, &next->mark);
-            if (!m) goto nomem;
-            loom_cfg_free(next);
-            cur->items[i].value = next = m;
-        } else if (!next) {
-            next = loom_cfg__node_new(LOOM_CFG_MAP, &cmd);
-            if (!next) goto nomem;
-            if (!loom_cfg__append(cur, comp, &cmd, next)) {
-                loom_cfg_free(next);
-                goto nomem;
-            }
-        } else if (next->type != LOOM_CFG_MAP) {
-            char where[512], what[96];
-            loom_cfg_mark_format(&next->mark, where, sizeof where);
-            loom_cfg__describe(next, what, sizeof what);
-            *dot = '\0'; /* key now ends at this component */
-            loom_diag_add(diag, &cmd,
-                          "--set '%s': cannot set a key inside '%s', which is %s (set at %s), "
-                          "not a map",
-                          assignment, key, what, where);
-            st = LOOM_ERR_INVALID;
-            goto done;
-        }
-        *dot = '.';
-        cur = next;
-        comp = dot + 1;
-    }
-    goto done;
-nomem:
-    st = LOOM_ERR_NOMEM;
-    loom_diag_add(diag, &cmd, "out of memory");
-done:
+    st = set_at_path(root, key, assignment, &cmd, &value, diag);
     loom_cfg_free(value);
+free_key:
     free(key);
     return st;
 }

@@ -330,268 +330,292 @@ void loom_gguf_close(loom_gguf *g) { gguf_free(g); }
 
 static bool is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
 
-static loom_status parse(loom_gguf *g, loom_error *err) {
-    rd r = {.p = g->base, .size = g->size, .pos = 0, .path = g->path, .err = err};
+/* The fixed header: magic, version, and the two counts, each refused when the
+ * bytes left could not hold that many records. */
+static loom_status parse_header(loom_gguf *g, rd *r, uint64_t *n_tensors, uint64_t *n_kv) {
     loom_status st;
-    named_idx *tmp = NULL;
-
-    /* ---- header */
-    if ((st = rd_need(&r, 4, "the magic number"))) goto out;
-    if (memcmp(r.p, "GGUF", 4) != 0) {
-        const uint8_t *m = r.p;
-        st = loom_error_set(err, LOOM_ERR_FORMAT,
-                            "%s: not a GGUF file (magic %02x %02x %02x %02x, expected 47 47 55 46 \"GGUF\"); "
-                            "check the path, or set the model format explicitly",
-                            g->path, m[0], m[1], m[2], m[3]);
-        goto out;
+    if ((st = rd_need(r, 4, "the magic number"))) return st;
+    if (memcmp(r->p, "GGUF", 4) != 0) {
+        const uint8_t *m = r->p;
+        return loom_error_set(r->err, LOOM_ERR_FORMAT,
+                              "%s: not a GGUF file (magic %02x %02x %02x %02x, expected 47 47 55 46 \"GGUF\"); "
+                              "check the path, or set the model format explicitly",
+                              g->path, m[0], m[1], m[2], m[3]);
     }
-    r.pos = 4;
-    if ((st = rd_need(&r, 4, "the version"))) goto out;
-    g->version = rd_u32(&r);
+    r->pos = 4;
+    if ((st = rd_need(r, 4, "the version"))) return st;
+    g->version = rd_u32(r);
     if (g->version != 2 && g->version != 3) {
         uint32_t v = g->version;
         uint32_t swapped = (v >> 24) | ((v >> 8) & 0xff00u) | ((v << 8) & 0xff0000u) | (v << 24);
         if (swapped == 2 || swapped == 3)
-            st = loom_error_set(err, LOOM_ERR_UNSUPPORTED,
-                                "%s: big-endian GGUF (version %u byte-swapped) is not supported; use a "
-                                "little-endian conversion of the model",
-                                g->path, swapped);
-        else
-            st = loom_error_set(err, LOOM_ERR_UNSUPPORTED,
-                                "%s: unsupported GGUF version %u (loom reads versions 2 and 3); re-convert the "
-                                "model with a current llama.cpp convert_hf_to_gguf.py",
-                                g->path, v);
-        goto out;
+            return loom_error_set(r->err, LOOM_ERR_UNSUPPORTED,
+                                  "%s: big-endian GGUF (version %u byte-swapped) is not supported; use a "
+                                  "little-endian conversion of the model",
+                                  g->path, swapped);
+        return loom_error_set(r->err, LOOM_ERR_UNSUPPORTED,
+                              "%s: unsupported GGUF version %u (loom reads versions 2 and 3); re-convert the "
+                              "model with a current llama.cpp convert_hf_to_gguf.py",
+                              g->path, v);
     }
-    if ((st = rd_need(&r, 16, "the tensor and metadata counts"))) goto out;
-    uint64_t n_tensors = rd_u64(&r);
-    uint64_t n_kv = rd_u64(&r);
+    if ((st = rd_need(r, 16, "the tensor and metadata counts"))) return st;
+    *n_tensors = rd_u64(r);
+    *n_kv = rd_u64(r);
     /* each kv takes at least 13 bytes (8 key length + 4 type + 1 value), each
      * tensor record 33 (8 + 1 name + 4 + 8 + 4 + 8): refuse counts the file cannot hold */
-    uint64_t left = r.size - r.pos;
-    if (n_kv > left / 13) {
-        st = loom_error_set(err, LOOM_ERR_FORMAT,
-                            "%s: header at byte 16 claims %llu metadata entries but only %llu bytes follow; "
-                            "the file is truncated or damaged",
-                            g->path, (unsigned long long)n_kv, (unsigned long long)left);
-        goto out;
-    }
-    if (n_tensors > left / 33) {
-        st = loom_error_set(err, LOOM_ERR_FORMAT,
-                            "%s: header at byte 8 claims %llu tensors but only %llu bytes follow; the file is "
-                            "truncated or damaged",
-                            g->path, (unsigned long long)n_tensors, (unsigned long long)left);
-        goto out;
-    }
+    uint64_t left = r->size - r->pos;
+    if (*n_kv > left / 13)
+        return loom_error_set(r->err, LOOM_ERR_FORMAT,
+                              "%s: header at byte 16 claims %llu metadata entries but only %llu bytes follow; "
+                              "the file is truncated or damaged",
+                              g->path, (unsigned long long)*n_kv, (unsigned long long)left);
+    if (*n_tensors > left / 33)
+        return loom_error_set(r->err, LOOM_ERR_FORMAT,
+                              "%s: header at byte 8 claims %llu tensors but only %llu bytes follow; the file is "
+                              "truncated or damaged",
+                              g->path, (unsigned long long)*n_tensors, (unsigned long long)left);
+    return LOOM_OK;
+}
 
-    /* ---- metadata */
+/* How messages call a record's length-prefixed name: a metadata entry's
+ * key or a tensor's name. */
+typedef struct name_field {
+    const char *record;     /* what the record is: "metadata entry", "tensor" */
+    const char *field;      /* what the name is: "key", "name"                 */
+    const char *nul_what;   /* the name in the NUL-byte message                */
+    int max;                /* longest allowed, bytes                          */
+} name_field;
+
+static const name_field k_key_field = {"metadata entry", "key", "metadata key", GGUF_MAX_KEY};
+static const name_field k_tensor_name_field = {"tensor", "name", "the name of tensor", GGUF_MAX_NAME};
+
+/* The name of record #i: 1..f->max bytes without a NUL. */
+static loom_status parse_name(loom_gguf *g, rd *r, uint64_t i, const name_field *f, loom_gguf_str *name) {
+    unsigned long long ii = (unsigned long long)i;
+    loom_status st;
+    if ((st = rd_need(r, 8, "the %s length of %s #%llu", f->field, f->record, ii))) return st;
+    size_t len_at = r->pos;
+    uint64_t len = rd_u64(r);
+    if (len == 0 || len > (uint64_t)f->max)
+        return loom_error_set(r->err, LOOM_ERR_FORMAT,
+                              "%s: %s #%llu at byte %zu has a %s length of %llu (must be 1..%d); the file is "
+                              "damaged",
+                              g->path, f->record, ii, len_at, f->field, (unsigned long long)len, f->max);
+    if ((st = rd_need(r, len, "the %s of %s #%llu (%llu bytes)", f->field, f->record, ii, (unsigned long long)len)))
+        return st;
+    name->ptr = (const char *)(r->p + r->pos);
+    name->len = len;
+    if (memchr(name->ptr, 0, (size_t)len))
+        return loom_error_set(r->err, LOOM_ERR_FORMAT,
+                              "%s: %s #%llu at byte %zu contains a NUL byte; the file is damaged", g->path,
+                              f->nul_what, ii, r->pos);
+    r->pos += (size_t)len;
+    return LOOM_OK;
+}
+
+/* One metadata entry: key, value type, then the value (validated, and for
+ * arrays indexed, but not copied). */
+static loom_status parse_kv(loom_gguf *g, rd *r, uint64_t i) {
+    gguf_kv *kv = &g->kvs[i];
+    loom_status st;
+    if ((st = parse_name(g, r, i, &k_key_field, &kv->key))) return st;
+    if ((st = rd_need(r, 4, "the value type of " KEYFMT, KEYARG(kv->key)))) return st;
+    size_t type_at = r->pos;
+    uint32_t t = rd_u32(r);
+    if (t > LOOM_GGUF_FLOAT64)
+        return loom_error_set(r->err, LOOM_ERR_FORMAT,
+                              "%s: metadata " KEYFMT ": invalid value type %u at byte %zu (valid: 0..12); the "
+                              "file is damaged or not GGUF v2/v3",
+                              g->path, KEYARG(kv->key), t, type_at);
+    kv->type = (loom_gguf_type)t;
+    kv->val_off = r->pos;
+    if (t != LOOM_GGUF_ARRAY) return rd_value(r, t, kv->key, 0);
+    uint32_t et;
+    if ((st = rd_array(r, kv->key, 1, &et, &kv->len, &kv->val_off, &kv->str_offs))) return st;
+    kv->elem_type = (loom_gguf_type)et;
+    return LOOM_OK;
+}
+
+static loom_status parse_metadata(loom_gguf *g, rd *r, uint64_t n_kv) {
+    loom_status st;
     g->kvs = calloc((size_t)(n_kv ? n_kv : 1), sizeof *g->kvs);
     g->kv_sorted = malloc((size_t)(n_kv ? n_kv : 1) * sizeof *g->kv_sorted);
-    if (!g->kvs || !g->kv_sorted) {
-        st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory for %llu metadata entries", g->path,
-                            (unsigned long long)n_kv);
-        goto out;
-    }
+    if (!g->kvs || !g->kv_sorted)
+        return loom_error_set(r->err, LOOM_ERR_NOMEM, "%s: out of memory for %llu metadata entries", g->path,
+                              (unsigned long long)n_kv);
     for (uint64_t i = 0; i < n_kv; i++) {
-        gguf_kv *kv = &g->kvs[i];
+        /* counted before reading, so gguf_free() frees a half-read entry's index */
         g->n_kv = (int64_t)i + 1;
-        if ((st = rd_need(&r, 8, "the key length of metadata entry #%llu", (unsigned long long)i))) goto out;
-        size_t key_at = r.pos;
-        uint64_t klen = rd_u64(&r);
-        if (klen == 0 || klen > GGUF_MAX_KEY) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: metadata entry #%llu at byte %zu has a key length of %llu (must be 1..%d); "
-                                "the file is damaged",
-                                g->path, (unsigned long long)i, key_at, (unsigned long long)klen, GGUF_MAX_KEY);
-            goto out;
-        }
-        if ((st = rd_need(&r, klen, "the key of metadata entry #%llu (%llu bytes)", (unsigned long long)i,
-                          (unsigned long long)klen)))
-            goto out;
-        kv->key.ptr = (const char *)(r.p + r.pos);
-        kv->key.len = klen;
-        if (memchr(kv->key.ptr, 0, (size_t)klen)) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: metadata key #%llu at byte %zu contains a NUL byte; the file is damaged",
-                                g->path, (unsigned long long)i, r.pos);
-            goto out;
-        }
-        r.pos += (size_t)klen;
-        if ((st = rd_need(&r, 4, "the value type of " KEYFMT, KEYARG(kv->key)))) goto out;
-        size_t type_at = r.pos;
-        uint32_t t = rd_u32(&r);
-        if (t > LOOM_GGUF_FLOAT64) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: metadata " KEYFMT ": invalid value type %u at byte %zu (valid: 0..12); the "
-                                "file is damaged or not GGUF v2/v3",
-                                g->path, KEYARG(kv->key), t, type_at);
-            goto out;
-        }
-        kv->type = (loom_gguf_type)t;
-        kv->val_off = r.pos;
-        if (t == LOOM_GGUF_ARRAY) {
-            uint32_t et;
-            if ((st = rd_array(&r, kv->key, 1, &et, &kv->len, &kv->val_off, &kv->str_offs))) goto out;
-            kv->elem_type = (loom_gguf_type)et;
-        } else if ((st = rd_value(&r, t, kv->key, 0))) {
-            goto out;
-        }
+        if ((st = parse_kv(g, r, i))) return st;
     }
-    tmp = malloc((size_t)((n_kv > n_tensors ? n_kv : n_tensors) + 1) * sizeof *tmp);
-    if (!tmp) {
-        st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", g->path);
-        goto out;
-    }
-    for (int64_t i = 0; i < g->n_kv; i++) tmp[i] = (named_idx){g->kvs[i].key, i};
+    return LOOM_OK;
+}
+
+/* Sort the metadata keys for lookups; a key twice is a damaged file. */
+static loom_status index_keys(loom_gguf *g, named_idx *tmp, loom_error *err) {
     int64_t da, db;
-    if (!sort_names(tmp, g->n_kv, g->kv_sorted, &da, &db)) {
-        st = loom_error_set(err, LOOM_ERR_FORMAT,
-                            "%s: duplicate metadata key " KEYFMT " (entries #%lld and #%lld); the file is damaged",
-                            g->path, KEYARG(g->kvs[da].key), (long long)da, (long long)db);
-        goto out;
-    }
+    for (int64_t i = 0; i < g->n_kv; i++) tmp[i] = (named_idx){g->kvs[i].key, i};
+    if (sort_names(tmp, g->n_kv, g->kv_sorted, &da, &db)) return LOOM_OK;
+    return loom_error_set(err, LOOM_ERR_FORMAT,
+                          "%s: duplicate metadata key " KEYFMT " (entries #%lld and #%lld); the file is damaged",
+                          g->path, KEYARG(g->kvs[da].key), (long long)da, (long long)db);
+}
 
-    /* ---- alignment */
+/* general.alignment, when present, replaces the default: tensor offsets and
+ * the data section are checked against it. */
+static loom_status read_alignment(loom_gguf *g, loom_error *err) {
     g->alignment = GGUF_DEFAULT_ALIGNMENT;
-    if (loom_gguf_find(g, "general.alignment") >= 0) {
-        int64_t a;
-        if (!loom_gguf_get_i64(g, "general.alignment", &a) || a <= 0 || !is_pow2((uint64_t)a) || a > (1 << 30)) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: general.alignment must be an integer power of two (at most 2^30); the file "
-                                "is damaged",
-                                g->path);
-            goto out;
-        }
-        g->alignment = (uint64_t)a;
-    }
+    if (loom_gguf_find(g, "general.alignment") < 0) return LOOM_OK;
+    int64_t a;
+    if (!loom_gguf_get_i64(g, "general.alignment", &a) || a <= 0 || !is_pow2((uint64_t)a) || a > (1 << 30))
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: general.alignment must be an integer power of two (at most 2^30); the file "
+                              "is damaged",
+                              g->path);
+    g->alignment = (uint64_t)a;
+    return LOOM_OK;
+}
 
-    /* ---- tensor records */
+/* Dimension count and dimensions; *numel is their product (no overflow). */
+static loom_status parse_tensor_shape(loom_gguf *g, rd *r, loom_gguf_tensor_info *ti, uint64_t *numel) {
+    loom_status st;
+    if ((st = rd_need(r, 4, "the dimension count of tensor " KEYFMT, KEYARG(ti->name)))) return st;
+    size_t nd_at = r->pos;
+    ti->n_dims = rd_u32(r);
+    if (ti->n_dims < 1 || ti->n_dims > 4)
+        return loom_error_set(r->err, LOOM_ERR_FORMAT,
+                              "%s: tensor " KEYFMT " has %u dimensions at byte %zu (must be 1..4); the file is "
+                              "damaged",
+                              g->path, KEYARG(ti->name), ti->n_dims, nd_at);
+    if ((st = rd_need(r, 8ull * ti->n_dims, "the %u dimensions of tensor " KEYFMT, ti->n_dims, KEYARG(ti->name))))
+        return st;
+    *numel = 1;
+    for (uint32_t d = 0; d < 4; d++) ti->ne[d] = 1;
+    for (uint32_t d = 0; d < ti->n_dims; d++) {
+        size_t at = r->pos;
+        uint64_t v = rd_u64(r);
+        if (v == 0 || v > (uint64_t)INT64_MAX / *numel)
+            return loom_error_set(r->err, LOOM_ERR_FORMAT,
+                                  "%s: tensor " KEYFMT " dimension %u at byte %zu is %llu (%s); the file is damaged",
+                                  g->path, KEYARG(ti->name), d, at, (unsigned long long)v,
+                                  v == 0 ? "must be > 0" : "element count overflows");
+        ti->ne[d] = v;
+        *numel *= v;
+    }
+    return LOOM_OK;
+}
+
+/* The GGML type, and from it the loom dtype and the byte size of numel elements. */
+static loom_status parse_tensor_type(loom_gguf *g, rd *r, loom_gguf_tensor_info *ti, uint64_t numel) {
+    loom_status st;
+    if ((st = rd_need(r, 4, "the type of tensor " KEYFMT, KEYARG(ti->name)))) return st;
+    size_t type_at = r->pos;
+    ti->ggml_type = rd_u32(r);
+    const ggml_type_desc *td = type_desc(ti->ggml_type);
+    if (!td)
+        return loom_error_set(r->err, LOOM_ERR_FORMAT,
+                              "%s: tensor " KEYFMT " has unknown GGML type %u at byte %zu; the file is damaged "
+                              "or newer than this loom",
+                              g->path, KEYARG(ti->name), ti->ggml_type, type_at);
+    ti->supported = td->loom >= 0;
+    ti->dtype = td->loom >= 0 ? (loom_dtype)td->loom : LOOM_DTYPE_COUNT;
+    if (ti->ne[0] % td->blck != 0)
+        return loom_error_set(r->err, LOOM_ERR_FORMAT,
+                              "%s: tensor " KEYFMT ": row length %llu is not a multiple of the %s block size %u; "
+                              "the file is damaged",
+                              g->path, KEYARG(ti->name), (unsigned long long)ti->ne[0], td->name, td->blck);
+    uint64_t nblocks = numel / td->blck;
+    if (nblocks > (uint64_t)SIZE_MAX / td->size)
+        return loom_error_set(r->err, LOOM_ERR_FORMAT, "%s: tensor " KEYFMT ": byte size overflows", g->path,
+                              KEYARG(ti->name));
+    ti->nbytes = (size_t)(nblocks * td->size);
+    return LOOM_OK;
+}
+
+/* One tensor record: name, shape, type, aligned data offset. */
+static loom_status parse_tensor_info(loom_gguf *g, rd *r, uint64_t i) {
+    loom_gguf_tensor_info *ti = &g->tensors[i];
+    uint64_t numel = 0;
+    loom_status st;
+    if ((st = parse_name(g, r, i, &k_tensor_name_field, &ti->name))) return st;
+    if ((st = parse_tensor_shape(g, r, ti, &numel))) return st;
+    if ((st = parse_tensor_type(g, r, ti, numel))) return st;
+    if ((st = rd_need(r, 8, "the data offset of tensor " KEYFMT, KEYARG(ti->name)))) return st;
+    size_t off_at = r->pos;
+    ti->offset = rd_u64(r);
+    if (ti->offset % g->alignment != 0)
+        return loom_error_set(r->err, LOOM_ERR_FORMAT,
+                              "%s: tensor " KEYFMT ": data offset %llu (at byte %zu) is not a multiple of the "
+                              "alignment %llu; the file is damaged",
+                              g->path, KEYARG(ti->name), (unsigned long long)ti->offset, off_at,
+                              (unsigned long long)g->alignment);
+    return LOOM_OK;
+}
+
+static loom_status parse_tensor_infos(loom_gguf *g, rd *r, uint64_t n_tensors) {
+    loom_status st;
     g->tensors = calloc((size_t)(n_tensors ? n_tensors : 1), sizeof *g->tensors);
     g->t_sorted = malloc((size_t)(n_tensors ? n_tensors : 1) * sizeof *g->t_sorted);
-    if (!g->tensors || !g->t_sorted) {
-        st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory for %llu tensor records", g->path,
-                            (unsigned long long)n_tensors);
-        goto out;
-    }
+    if (!g->tensors || !g->t_sorted)
+        return loom_error_set(r->err, LOOM_ERR_NOMEM, "%s: out of memory for %llu tensor records", g->path,
+                              (unsigned long long)n_tensors);
     g->n_tensors = (int64_t)n_tensors;
-    for (uint64_t i = 0; i < n_tensors; i++) {
-        loom_gguf_tensor_info *ti = &g->tensors[i];
-        unsigned long long ii = (unsigned long long)i;
-        if ((st = rd_need(&r, 8, "the name length of tensor #%llu", ii))) goto out;
-        size_t name_at = r.pos;
-        uint64_t nlen = rd_u64(&r);
-        if (nlen == 0 || nlen > GGUF_MAX_NAME) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: tensor #%llu at byte %zu has a name length of %llu (must be 1..%d); the "
-                                "file is damaged",
-                                g->path, ii, name_at, (unsigned long long)nlen, GGUF_MAX_NAME);
-            goto out;
-        }
-        if ((st = rd_need(&r, nlen, "the name of tensor #%llu (%llu bytes)", ii, (unsigned long long)nlen)))
-            goto out;
-        ti->name.ptr = (const char *)(r.p + r.pos);
-        ti->name.len = nlen;
-        if (memchr(ti->name.ptr, 0, (size_t)nlen)) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: the name of tensor #%llu at byte %zu contains a NUL byte; the file is damaged",
-                                g->path, ii, r.pos);
-            goto out;
-        }
-        r.pos += (size_t)nlen;
-        if ((st = rd_need(&r, 4, "the dimension count of tensor " KEYFMT, KEYARG(ti->name)))) goto out;
-        size_t nd_at = r.pos;
-        ti->n_dims = rd_u32(&r);
-        if (ti->n_dims < 1 || ti->n_dims > 4) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: tensor " KEYFMT " has %u dimensions at byte %zu (must be 1..4); the file is "
-                                "damaged",
-                                g->path, KEYARG(ti->name), ti->n_dims, nd_at);
-            goto out;
-        }
-        if ((st = rd_need(&r, 8ull * ti->n_dims, "the %u dimensions of tensor " KEYFMT, ti->n_dims,
-                          KEYARG(ti->name))))
-            goto out;
-        uint64_t numel = 1;
-        for (uint32_t d = 0; d < 4; d++) ti->ne[d] = 1;
-        for (uint32_t d = 0; d < ti->n_dims; d++) {
-            size_t at = r.pos;
-            uint64_t v = rd_u64(&r);
-            if (v == 0 || v > (uint64_t)INT64_MAX / numel) {
-                st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                    "%s: tensor " KEYFMT " dimension %u at byte %zu is %llu (%s); the file is damaged",
-                                    g->path, KEYARG(ti->name), d, at, (unsigned long long)v,
-                                    v == 0 ? "must be > 0" : "element count overflows");
-                goto out;
-            }
-            ti->ne[d] = v;
-            numel *= v;
-        }
-        if ((st = rd_need(&r, 4, "the type of tensor " KEYFMT, KEYARG(ti->name)))) goto out;
-        size_t type_at = r.pos;
-        ti->ggml_type = rd_u32(&r);
-        const ggml_type_desc *td = type_desc(ti->ggml_type);
-        if (!td) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: tensor " KEYFMT " has unknown GGML type %u at byte %zu; the file is damaged "
-                                "or newer than this loom",
-                                g->path, KEYARG(ti->name), ti->ggml_type, type_at);
-            goto out;
-        }
-        ti->supported = td->loom >= 0;
-        ti->dtype = td->loom >= 0 ? (loom_dtype)td->loom : LOOM_DTYPE_COUNT;
-        if (ti->ne[0] % td->blck != 0) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: tensor " KEYFMT ": row length %llu is not a multiple of the %s block size %u; "
-                                "the file is damaged",
-                                g->path, KEYARG(ti->name), (unsigned long long)ti->ne[0], td->name, td->blck);
-            goto out;
-        }
-        uint64_t nblocks = numel / td->blck;
-        if (nblocks > (uint64_t)SIZE_MAX / td->size) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: tensor " KEYFMT ": byte size overflows", g->path,
-                                KEYARG(ti->name));
-            goto out;
-        }
-        ti->nbytes = (size_t)(nblocks * td->size);
-        if ((st = rd_need(&r, 8, "the data offset of tensor " KEYFMT, KEYARG(ti->name)))) goto out;
-        size_t off_at = r.pos;
-        ti->offset = rd_u64(&r);
-        if (ti->offset % g->alignment != 0) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: tensor " KEYFMT ": data offset %llu (at byte %zu) is not a multiple of the "
-                                "alignment %llu; the file is damaged",
-                                g->path, KEYARG(ti->name), (unsigned long long)ti->offset, off_at,
-                                (unsigned long long)g->alignment);
-            goto out;
-        }
-    }
+    for (uint64_t i = 0; i < n_tensors; i++)
+        if ((st = parse_tensor_info(g, r, i))) return st;
+    return LOOM_OK;
+}
 
-    /* ---- data section */
-    uint64_t end_infos = r.pos;
+/* The data section starts at the first aligned byte after the records (at
+ * end_infos); every tensor's bytes must lie inside the file. */
+static loom_status place_tensor_data(loom_gguf *g, uint64_t end_infos, loom_error *err) {
     g->data_start = (end_infos + g->alignment - 1) / g->alignment * g->alignment;
     for (int64_t i = 0; i < g->n_tensors; i++) {
         loom_gguf_tensor_info *ti = &g->tensors[i];
         uint64_t begin = g->data_start + ti->offset; /* offset < 2^64 - 2^31: checked below */
         if (ti->offset > (uint64_t)g->size || g->data_start > (uint64_t)g->size ||
-            begin > (uint64_t)g->size || ti->nbytes > (uint64_t)g->size - begin) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: tensor " KEYFMT " (%s, %zu bytes) at data offset %llu ends past the end of the "
-                                "file (%zu bytes, data section at byte %llu); the file is truncated: download or "
-                                "convert it again",
-                                g->path, KEYARG(ti->name), loom_gguf_type_name(ti->ggml_type), ti->nbytes,
-                                (unsigned long long)ti->offset, g->size, (unsigned long long)g->data_start);
-            goto out;
-        }
+            begin > (uint64_t)g->size || ti->nbytes > (uint64_t)g->size - begin)
+            return loom_error_set(err, LOOM_ERR_FORMAT,
+                                  "%s: tensor " KEYFMT " (%s, %zu bytes) at data offset %llu ends past the end of "
+                                  "the file (%zu bytes, data section at byte %llu); the file is truncated: download "
+                                  "or convert it again",
+                                  g->path, KEYARG(ti->name), loom_gguf_type_name(ti->ggml_type), ti->nbytes,
+                                  (unsigned long long)ti->offset, g->size, (unsigned long long)g->data_start);
         ti->data = g->base + begin;
     }
+    return LOOM_OK;
+}
+
+/* Sort the tensor names for lookups; a name twice is a damaged file. */
+static loom_status index_tensor_names(loom_gguf *g, named_idx *tmp, loom_error *err) {
+    int64_t da, db;
     for (int64_t i = 0; i < g->n_tensors; i++) tmp[i] = (named_idx){g->tensors[i].name, i};
-    if (!sort_names(tmp, g->n_tensors, g->t_sorted, &da, &db)) {
-        st = loom_error_set(err, LOOM_ERR_FORMAT,
-                            "%s: duplicate tensor name " KEYFMT " (records #%lld and #%lld); the file is damaged",
-                            g->path, KEYARG(g->tensors[da].name), (long long)da, (long long)db);
+    if (sort_names(tmp, g->n_tensors, g->t_sorted, &da, &db)) return LOOM_OK;
+    return loom_error_set(err, LOOM_ERR_FORMAT,
+                          "%s: duplicate tensor name " KEYFMT " (records #%lld and #%lld); the file is damaged",
+                          g->path, KEYARG(g->tensors[da].name), (long long)da, (long long)db);
+}
+
+/* Header, metadata, alignment, tensor records, data section, in file order:
+ * the first fault found is the one reported. */
+static loom_status parse(loom_gguf *g, loom_error *err) {
+    rd r = {.p = g->base, .size = g->size, .pos = 0, .path = g->path, .err = err};
+    uint64_t n_tensors = 0, n_kv = 0;
+    named_idx *tmp = NULL;
+    loom_status st;
+
+    if ((st = parse_header(g, &r, &n_tensors, &n_kv))) goto out;
+    if ((st = parse_metadata(g, &r, n_kv))) goto out;
+    /* one scratch array serves both sorts */
+    tmp = malloc((size_t)((n_kv > n_tensors ? n_kv : n_tensors) + 1) * sizeof *tmp);
+    if (!tmp) {
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory", g->path);
         goto out;
     }
-    st = LOOM_OK;
+    if ((st = index_keys(g, tmp, err))) goto out;
+    if ((st = read_alignment(g, err))) goto out;
+    if ((st = parse_tensor_infos(g, &r, n_tensors))) goto out;
+    if ((st = place_tensor_data(g, r.pos, err))) goto out;
+    st = index_tensor_names(g, tmp, err);
 out:
     free(tmp);
     return st;

@@ -156,18 +156,13 @@ static const shape_def *find_shape(const char *name) {
     return NULL;
 }
 
-loom_status lm_load_dummy(loom_model *m, const loom_model_load_opts *o, loom_error *err) {
-    loom_status st = LOOM_OK;
-    dtensor *ts = NULL;
-    int64_t *unit_start = NULL;
-    pthread_t threads[MAX_THREADS];
-    int n_threads = 0;
-    fill_job job;
+/* The options name a known shape, a dtype we generate, a sane layer count. */
+static loom_status check_opts(const loom_model_load_opts *o, const shape_def **sd, loom_error *err) {
     if (!o->dummy_shape || !*o->dummy_shape)
         return loom_error_set(err, LOOM_ERR_INVALID,
                               "dummy model needs a shape (llama3-8b, llama2-7b, smollm2-135m, qwen2-0.5b or tiny)");
-    const shape_def *sd = find_shape(o->dummy_shape);
-    if (!sd)
+    *sd = find_shape(o->dummy_shape);
+    if (!*sd)
         return loom_error_set(err, LOOM_ERR_INVALID,
                               "unknown dummy shape '%s' (use llama3-8b, llama2-7b, smollm2-135m, qwen2-0.5b or tiny)",
                               o->dummy_shape);
@@ -178,7 +173,10 @@ loom_status lm_load_dummy(loom_model *m, const loom_model_load_opts *o, loom_err
     if (o->num_layers_override > 4096)
         return loom_error_set(err, LOOM_ERR_INVALID, "num_layers_override=%d is too large (at most 4096)",
                               o->num_layers_override);
-    loom_model_config *c = &m->cfg;
+    return LOOM_OK;
+}
+
+static void set_config(loom_model_config *c, const shape_def *sd, const loom_model_load_opts *o) {
     c->arch = sd->arch;
     c->vocab_size = sd->vocab;
     c->hidden_size = sd->hidden;
@@ -194,108 +192,155 @@ loom_status lm_load_dummy(loom_model *m, const loom_model_load_opts *o, loom_err
     c->qkv_bias = sd->arch == LOOM_ARCH_QWEN2;
     c->bos_token_id = sd->bos;
     c->eos_token_id = sd->eos;
-    snprintf(c->name, sizeof c->name, "%s (%s, seed %llu)", sd->label, loom_dtype_name(dt),
+    snprintf(c->name, sizeof c->name, "%s (%s, seed %llu)", sd->label, loom_dtype_name(o->dummy_dtype),
              (unsigned long long)o->seed);
-    lm_keys keys = {"vocab", "hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim"};
-    if ((st = lm_check_config(c, o->dummy_shape, &keys, err))) return st;
+}
 
-    /* ---- the tensor list */
-    int64_t H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+/* The tensor list being laid out in the arena. */
+typedef struct plan {
+    loom_model *m;
+    loom_dtype dt;
+    size_t esz;              /* bytes per element                         */
+    dtensor *ts;             /* [3 + 12 * layers]                         */
+    int32_t n_ts;
+    size_t total;            /* arena bytes so far, each tensor ALIGNed   */
+} plan;
+
+/* Add one tensor of shape (s0) or (s0, s1) to the model and the arena plan. */
+static loom_status plan_add(plan *p, const char *name, int nd, int64_t s0, int64_t s1, init_kind kind,
+                            int64_t fan_in, loom_error *err) {
+    int64_t shape[2] = {s0, s1};
+    int64_t numel = nd == 1 ? s0 : s0 * s1;
+    loom_status st = lm_add_tensor(p->m, name, p->dt, nd, shape, NULL, (size_t)numel * p->esz, err);
+    if (st) return st;
+    p->ts[p->n_ts] = (dtensor){.index = p->n_ts, .numel = numel, .offset = p->total, .kind = kind,
+                               .scale = kind == INIT_MATRIX ? 1.0f / sqrtf((float)fan_in)
+                                        : kind == INIT_NORM ? 0.05f : 0.02f};
+    p->total += ((size_t)numel * p->esz + ALIGN - 1) / ALIGN * ALIGN;
+    p->n_ts++;
+    return LOOM_OK;
+}
+
+/* One layer's tensors, named as in GGUF (blk.N.*). */
+static loom_status plan_layer(plan *p, const loom_model_config *c, int32_t l, loom_error *err) {
+    int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t Q = (int64_t)c->num_heads * c->head_dim, KV = (int64_t)c->num_kv_heads * c->head_dim;
-    int32_t max_ts = 3 + 12 * c->num_layers;
-    ts = calloc((size_t)max_ts, sizeof *ts);
-    unit_start = calloc((size_t)max_ts + 1, sizeof *unit_start);
-    if (!ts || !unit_start) {
-        st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
-        goto out;
-    }
-    size_t esz = dt == LOOM_DTYPE_F32 ? 4 : 2, total = 0;
-    int32_t n_ts = 0;
     char name[96];
-#define ADD(nm, nd, s0, s1, kind_, fan_in)                                                                          \
-    do {                                                                                                            \
-        int64_t shp_[2] = {(s0), (s1)};                                                                             \
-        int64_t numel_ = (nd) == 1 ? shp_[0] : shp_[0] * shp_[1];                                                  \
-        if ((st = lm_add_tensor(m, (nm), dt, (nd), shp_, NULL, (size_t)numel_ * esz, err))) goto out;            \
-        ts[n_ts] = (dtensor){.index = n_ts, .numel = numel_, .offset = total, .kind = (kind_),                      \
-                             .scale = (kind_) == INIT_MATRIX ? 1.0f / sqrtf((float)(fan_in))                        \
-                                      : (kind_) == INIT_NORM ? 0.05f : 0.02f};                                      \
-        total += ((size_t)numel_ * esz + ALIGN - 1) / ALIGN * ALIGN;                                                \
-        n_ts++;                                                                                                     \
+    loom_status st;
+#define ADD(s, nd, s0, s1, kind, fan_in)                                                      \
+    do {                                                                                      \
+        snprintf(name, sizeof name, "blk.%d." s, l);                                          \
+        if ((st = plan_add(p, name, nd, s0, s1, kind, fan_in, err))) return st;               \
     } while (0)
-    ADD("token_embd.weight", 2, V, H, INIT_MATRIX, H);
-    ADD("output_norm.weight", 1, H, 0, INIT_NORM, 1);
-    if (!c->tie_embeddings) ADD("output.weight", 2, V, H, INIT_MATRIX, H);
-    for (int32_t l = 0; l < c->num_layers; l++) {
-#define LNAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
-        ADD(LNAME("attn_norm.weight"), 1, H, 0, INIT_NORM, 1);
-        ADD(LNAME("attn_q.weight"), 2, Q, H, INIT_MATRIX, H);
-        ADD(LNAME("attn_k.weight"), 2, KV, H, INIT_MATRIX, H);
-        ADD(LNAME("attn_v.weight"), 2, KV, H, INIT_MATRIX, H);
-        if (c->qkv_bias) {
-            ADD(LNAME("attn_q.bias"), 1, Q, 0, INIT_BIAS, 1);
-            ADD(LNAME("attn_k.bias"), 1, KV, 0, INIT_BIAS, 1);
-            ADD(LNAME("attn_v.bias"), 1, KV, 0, INIT_BIAS, 1);
-        }
-        ADD(LNAME("attn_output.weight"), 2, H, Q, INIT_MATRIX, Q);
-        ADD(LNAME("ffn_norm.weight"), 1, H, 0, INIT_NORM, 1);
-        ADD(LNAME("ffn_gate.weight"), 2, I, H, INIT_MATRIX, H);
-        ADD(LNAME("ffn_up.weight"), 2, I, H, INIT_MATRIX, H);
-        ADD(LNAME("ffn_down.weight"), 2, H, I, INIT_MATRIX, I);
-#undef LNAME
+    ADD("attn_norm.weight", 1, H, 0, INIT_NORM, 1);
+    ADD("attn_q.weight", 2, Q, H, INIT_MATRIX, H);
+    ADD("attn_k.weight", 2, KV, H, INIT_MATRIX, H);
+    ADD("attn_v.weight", 2, KV, H, INIT_MATRIX, H);
+    if (c->qkv_bias) {
+        ADD("attn_q.bias", 1, Q, 0, INIT_BIAS, 1);
+        ADD("attn_k.bias", 1, KV, 0, INIT_BIAS, 1);
+        ADD("attn_v.bias", 1, KV, 0, INIT_BIAS, 1);
     }
+    ADD("attn_output.weight", 2, H, Q, INIT_MATRIX, Q);
+    ADD("ffn_norm.weight", 1, H, 0, INIT_NORM, 1);
+    ADD("ffn_gate.weight", 2, I, H, INIT_MATRIX, H);
+    ADD("ffn_up.weight", 2, I, H, INIT_MATRIX, H);
+    ADD("ffn_down.weight", 2, H, I, INIT_MATRIX, I);
 #undef ADD
+    return LOOM_OK;
+}
 
-    /* ---- one anonymous mapping for all of it */
-    void *arena = mmap(NULL, total ? total : ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (arena == MAP_FAILED) {
-        st = loom_error_set(err, LOOM_ERR_NOMEM,
-                            "cannot allocate %.2f GB for dummy %s weights in %s; use a smaller shape, "
-                            "num_layers_override or bf16",
-                            (double)total / 1e9, sd->name, loom_dtype_name(dt));
-        goto out;
-    }
+static loom_status plan_tensors(plan *p, const loom_model_config *c, loom_error *err) {
+    int64_t H = c->hidden_size, V = c->vocab_size;
+    loom_status st;
+    if ((st = plan_add(p, "token_embd.weight", 2, V, H, INIT_MATRIX, H, err))) return st;
+    if ((st = plan_add(p, "output_norm.weight", 1, H, 0, INIT_NORM, 1, err))) return st;
+    if (!c->tie_embeddings && (st = plan_add(p, "output.weight", 2, V, H, INIT_MATRIX, H, err))) return st;
+    for (int32_t l = 0; l < c->num_layers; l++)
+        if ((st = plan_layer(p, c, l, err))) return st;
+    return LOOM_OK;
+}
+
+/* One anonymous mapping for all tensors, owned by the model from here on. */
+static loom_status map_arena(const plan *p, const shape_def *sd, void **arena, loom_error *err) {
+    size_t size = p->total ? p->total : ALIGN;
+    void *a = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (a == MAP_FAILED)
+        return loom_error_set(err, LOOM_ERR_NOMEM,
+                              "cannot allocate %.2f GB for dummy %s weights in %s; use a smaller shape, "
+                              "num_layers_override or bf16",
+                              (double)p->total / 1e9, sd->name, loom_dtype_name(p->dt));
 #ifdef MADV_HUGEPAGE
-    madvise(arena, total ? total : ALIGN, MADV_HUGEPAGE);
+    madvise(a, size, MADV_HUGEPAGE);
 #endif
-    if ((st = lm_add_map(m, arena, total ? total : ALIGN, err))) goto out;
-    for (int32_t i = 0; i < n_ts; i++) {
-        m->tensors[i].data = (uint8_t *)arena + ts[i].offset;
-        unit_start[i + 1] = unit_start[i] + (ts[i].numel + CHUNK - 1) / CHUNK;
-    }
+    loom_status st = lm_add_map(p->m, a, size, err);
+    if (st) return st;
+    for (int32_t i = 0; i < p->n_ts; i++) p->m->tensors[i].data = (uint8_t *)a + p->ts[i].offset;
+    *arena = a;
+    return LOOM_OK;
+}
 
-    /* ---- fill: workers plus this thread, which also reports progress */
-    job = (fill_job){.arena = arena, .ts = ts, .n_ts = n_ts, .unit_start = unit_start,
-                     .n_units = unit_start[n_ts], .dtype = dt, .seed = o->seed};
-    atomic_init(&job.next, 0);
-    atomic_init(&job.done, 0);
+/* Fill every unit: workers plus this thread, which also reports progress. */
+static void fill_all(fill_job *job, const loom_model_load_opts *o) {
+    pthread_t threads[MAX_THREADS];
+    int n_threads = 0;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int want = ncpu > 0 ? (int)(ncpu < MAX_THREADS ? ncpu : MAX_THREADS) : 1;
-    if (want > job.n_units) want = (int)job.n_units;
+    if (want > job->n_units) want = (int)job->n_units;
     for (int i = 1; i < want; i++) {
-        if (pthread_create(&threads[n_threads], NULL, fill_worker, &job) != 0) break; /* fewer threads is fine */
+        if (pthread_create(&threads[n_threads], NULL, fill_worker, job) != 0) break; /* fewer threads is fine */
         n_threads++;
     }
     double last = -1;
     for (;;) {
-        int64_t u = atomic_fetch_add(&job.next, 1);
-        if (u >= job.n_units) break;
-        fill_unit(&job, u);
-        int64_t d = atomic_fetch_add(&job.done, 1) + 1;
-        double f = (double)d / (double)job.n_units;
+        int64_t u = atomic_fetch_add(&job->next, 1);
+        if (u >= job->n_units) break;
+        fill_unit(job, u);
+        int64_t d = atomic_fetch_add(&job->done, 1) + 1;
+        double f = (double)d / (double)job->n_units;
         if (f - last >= 0.01) {
             lm_progress(o, "dummy: generate weights", f);
             last = f;
         }
     }
     for (int i = 0; i < n_threads; i++) pthread_join(threads[i], NULL);
-    n_threads = 0;
     lm_progress(o, "dummy: generate weights", 1.0);
-    if ((st = lm_index(m, sd->name, err))) goto out;
+}
+
+loom_status lm_load_dummy(loom_model *m, const loom_model_load_opts *o, loom_error *err) {
+    const shape_def *sd = NULL;
+    int64_t *unit_start = NULL;
+    void *arena = NULL;
+    loom_status st = check_opts(o, &sd, err);
+    if (st) return st;
+    loom_model_config *c = &m->cfg;
+    set_config(c, sd, o);
+    lm_keys keys = {"vocab", "hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim"};
+    if ((st = lm_check_config(c, o->dummy_shape, &keys, err))) return st;
+
+    loom_dtype dt = o->dummy_dtype;
+    int32_t max_ts = 3 + 12 * c->num_layers;
+    plan p = {.m = m, .dt = dt, .esz = dt == LOOM_DTYPE_F32 ? 4 : 2};
+    p.ts = calloc((size_t)max_ts, sizeof *p.ts);
+    unit_start = calloc((size_t)max_ts + 1, sizeof *unit_start);
+    if (!p.ts || !unit_start) {
+        st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+        goto free_plan;
+    }
+    if ((st = plan_tensors(&p, c, err))) goto free_plan;
+    if ((st = map_arena(&p, sd, &arena, err))) goto free_plan;
+    for (int32_t i = 0; i < p.n_ts; i++)
+        unit_start[i + 1] = unit_start[i] + (p.ts[i].numel + CHUNK - 1) / CHUNK;
+
+    fill_job job = {.arena = arena, .ts = p.ts, .n_ts = p.n_ts, .unit_start = unit_start,
+                    .n_units = unit_start[p.n_ts], .dtype = dt, .seed = o->seed};
+    atomic_init(&job.next, 0);
+    atomic_init(&job.done, 0);
+    fill_all(&job, o);
+    if ((st = lm_index(m, sd->name, err))) goto free_plan;
     st = lm_validate(m, sd->name, &keys, err);
-out:
-    for (int i = 0; i < n_threads; i++) pthread_join(threads[i], NULL);
-    free(ts);
+free_plan:
+    free(p.ts);
     free(unit_start);
     return st;
 }

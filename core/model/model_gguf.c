@@ -106,12 +106,10 @@ static void infer_llama3_scaling(loom_model_config *c, const loom_gguf_tensor_in
                  path, (double)c->rope_factor, worst);
 }
 
-static loom_status read_config(gg_ctx *c, loom_model *m, loom_error *err) {
-    loom_model_config *cfg = &m->cfg;
-    const loom_gguf *g = c->g;
-    loom_status st;
+/* general.architecture: llama or qwen2; sets the prefix of the other keys. */
+static loom_status read_arch(gg_ctx *c, loom_model_config *cfg, loom_error *err) {
     loom_gguf_str s;
-    if (!loom_gguf_get_str(g, "general.architecture", &s))
+    if (!loom_gguf_get_str(c->g, "general.architecture", &s))
         return loom_error_set(err, LOOM_ERR_FORMAT,
                               "%s: general.architecture is missing; not a model file from llama.cpp's converter",
                               c->path);
@@ -122,14 +120,20 @@ static loom_status read_config(gg_ctx *c, loom_model *m, loom_error *err) {
                               "%s: architecture '%.*s' is not supported (loom runs llama and qwen2 GGUFs)", c->path,
                               (int)(s.len > 40 ? 40 : s.len), s.ptr);
     snprintf(c->arch, sizeof c->arch, "%s", cfg->arch == LOOM_ARCH_LLAMA ? "llama" : "qwen2");
+    return LOOM_OK;
+}
 
+/* Layers, widths and heads; head_dim defaults to embedding_length /
+ * head_count, and value and rotary sizes must equal it. */
+static loom_status read_sizes(const gg_ctx *c, loom_model_config *cfg, loom_error *err) {
+    char k[KEYLEN], k2[KEYLEN];
+    loom_status st;
     if ((st = get_int(c, "block_count", true, &cfg->num_layers, err))) return st;
     if ((st = get_int(c, "embedding_length", true, &cfg->hidden_size, err))) return st;
     if ((st = get_int(c, "feed_forward_length", true, &cfg->intermediate_size, err))) return st;
     if ((st = get_int(c, "attention.head_count", true, &cfg->num_heads, err))) return st;
     cfg->num_kv_heads = cfg->num_heads;
     if ((st = get_int(c, "attention.head_count_kv", false, &cfg->num_kv_heads, err))) return st;
-    char k[KEYLEN], k2[KEYLEN];
     if (cfg->num_heads <= 0 || cfg->hidden_size <= 0)
         return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s and %s must be positive", c->path,
                               akey(k, c, "embedding_length"), akey(k2, c, "attention.head_count"));
@@ -159,19 +163,22 @@ static loom_status read_config(gg_ctx *c, loom_model *m, loom_error *err) {
         loom_log(LOOM_LOG_WARN, "model", "%s: %s missing; assuming 2048 tokens", c->path,
                  akey(k, c, "context_length"));
     }
-    cfg->rope_theta = 10000.0f;
-    if ((st = get_float(c, "rope.freq_base", &cfg->rope_theta, err))) return st;
-    cfg->rms_norm_eps = cfg->arch == LOOM_ARCH_QWEN2 ? 1e-6f : 1e-5f;
-    if ((st = get_float(c, "attention.layer_norm_rms_epsilon", &cfg->rms_norm_eps, err))) return st;
+    return LOOM_OK;
+}
 
-    /* RoPE scaling */
+/* RoPE scaling from rope.scaling.* (or the older rope.scale_linear); with
+ * neither, a rope_freqs.weight tensor may still say Llama-3 scaling. */
+static loom_status read_rope_scaling(const gg_ctx *c, loom_model_config *cfg, loom_error *err) {
+    char k[KEYLEN];
+    loom_gguf_str s;
+    loom_status st;
     cfg->rope_scaling = LOOM_ROPE_SCALING_NONE;
     float factor = 0, scale_linear = 0;
     if ((st = get_float(c, "rope.scaling.factor", &factor, err))) return st;
     if ((st = get_float(c, "rope.scale_linear", &scale_linear, err))) return st; /* older converters */
     if ((st = get_int(c, "rope.scaling.original_context_length", false, &cfg->rope_original_context, err)))
         return st;
-    if (loom_gguf_get_str(g, akey(k, c, "rope.scaling.type"), &s)) {
+    if (loom_gguf_get_str(c->g, akey(k, c, "rope.scaling.type"), &s)) {
         if (loom_gguf_str_eq(s, "linear")) {
             cfg->rope_scaling = LOOM_ROPE_SCALING_LINEAR;
             cfg->rope_factor = factor;
@@ -192,13 +199,19 @@ static loom_status read_config(gg_ctx *c, loom_model *m, loom_error *err) {
         cfg->rope_scaling = LOOM_ROPE_SCALING_LINEAR;
         cfg->rope_factor = scale_linear;
     }
-    const loom_gguf_tensor_info *rf = loom_gguf_find_tensor(g, "rope_freqs.weight");
+    const loom_gguf_tensor_info *rf = loom_gguf_find_tensor(c->g, "rope_freqs.weight");
     if (rf && cfg->rope_scaling == LOOM_ROPE_SCALING_NONE) infer_llama3_scaling(cfg, rf, c->path);
+    return LOOM_OK;
+}
 
-    /* vocabulary: <arch>.vocab_size, else the tokenizer's token list */
+/* Vocabulary: <arch>.vocab_size, else the tokenizer's token list, which may
+ * not be longer than the embedding. */
+static loom_status read_vocab_size(const gg_ctx *c, loom_model_config *cfg, loom_error *err) {
+    char k[KEYLEN];
     loom_gguf_type et;
     uint64_t n_tokens = 0;
-    bool have_tokens = loom_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n_tokens);
+    bool have_tokens = loom_gguf_get_arr(c->g, "tokenizer.ggml.tokens", &et, &n_tokens);
+    loom_status st;
     cfg->vocab_size = 0;
     if ((st = get_int(c, "vocab_size", false, &cfg->vocab_size, err))) return st;
     if (cfg->vocab_size == 0) {
@@ -214,12 +227,18 @@ static loom_status read_config(gg_ctx *c, loom_model *m, loom_error *err) {
                               "%s: tokenizer.ggml.tokens has %llu tokens but %s=%d; the file is inconsistent",
                               c->path, (unsigned long long)n_tokens, akey(k, c, "vocab_size"), cfg->vocab_size);
     }
+    return LOOM_OK;
+}
+
+/* BOS/EOS ids when valid, and the name: general.name, else the file name. */
+static void read_ids_and_name(const gg_ctx *c, loom_model_config *cfg) {
     int64_t id;
-    if (loom_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &id) && id >= 0 && id < INT32_MAX)
+    loom_gguf_str s;
+    if (loom_gguf_get_i64(c->g, "tokenizer.ggml.bos_token_id", &id) && id >= 0 && id < INT32_MAX)
         cfg->bos_token_id = (int32_t)id;
-    if (loom_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &id) && id >= 0 && id < INT32_MAX)
+    if (loom_gguf_get_i64(c->g, "tokenizer.ggml.eos_token_id", &id) && id >= 0 && id < INT32_MAX)
         cfg->eos_token_id = (int32_t)id;
-    if (loom_gguf_get_str(g, "general.name", &s)) {
+    if (loom_gguf_get_str(c->g, "general.name", &s)) {
         size_t n = s.len < sizeof cfg->name - 1 ? (size_t)s.len : sizeof cfg->name - 1;
         memcpy(cfg->name, s.ptr, n);
         cfg->name[n] = 0;
@@ -227,8 +246,22 @@ static loom_status read_config(gg_ctx *c, loom_model *m, loom_error *err) {
         const char *b = strrchr(c->path, '/');
         snprintf(cfg->name, sizeof cfg->name, "%s", b ? b + 1 : c->path);
     }
-    cfg->tie_embeddings = loom_gguf_find_tensor(g, "output.weight") == NULL;
-    cfg->qkv_bias = cfg->arch == LOOM_ARCH_QWEN2 || loom_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
+}
+
+static loom_status read_config(gg_ctx *c, loom_model *m, loom_error *err) {
+    loom_model_config *cfg = &m->cfg;
+    loom_status st;
+    if ((st = read_arch(c, cfg, err))) return st;
+    if ((st = read_sizes(c, cfg, err))) return st;
+    cfg->rope_theta = 10000.0f;
+    if ((st = get_float(c, "rope.freq_base", &cfg->rope_theta, err))) return st;
+    cfg->rms_norm_eps = cfg->arch == LOOM_ARCH_QWEN2 ? 1e-6f : 1e-5f;
+    if ((st = get_float(c, "attention.layer_norm_rms_epsilon", &cfg->rms_norm_eps, err))) return st;
+    if ((st = read_rope_scaling(c, cfg, err))) return st;
+    if ((st = read_vocab_size(c, cfg, err))) return st;
+    read_ids_and_name(c, cfg);
+    cfg->tie_embeddings = loom_gguf_find_tensor(c->g, "output.weight") == NULL;
+    cfg->qkv_bias = cfg->arch == LOOM_ARCH_QWEN2 || loom_gguf_find_tensor(c->g, "blk.0.attn_q.bias") != NULL;
     return LOOM_OK;
 }
 

@@ -117,15 +117,9 @@ static loom_status js_num(const cJSON *obj, const char *path, const char *key, f
     return LOOM_OK;
 }
 
-static loom_status read_config(const char *path, loom_model_config *cfg, loom_error *err) {
-    cJSON *root = NULL;
-    loom_status st = parse_json_file(path, &root, err);
-    if (st) return st;
-    js_ctx c = {root, path};
-    if (!cJSON_IsObject(root)) {
-        st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: expected a JSON object", path);
-        goto out;
-    }
+/* LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM by
+ * "architectures", else by "model_type". */
+static loom_status read_arch(const cJSON *root, const char *path, loom_model_config *cfg, loom_error *err) {
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
@@ -134,48 +128,92 @@ static loom_status read_config(const char *path, loom_model_config *cfg, loom_er
     if (arch ? (!strcmp(arch, "LlamaForCausalLM") || !strcmp(arch, "MistralForCausalLM"))
              : (model_type && (!strcmp(model_type, "llama") || !strcmp(model_type, "mistral")))) {
         cfg->arch = LOOM_ARCH_LLAMA;
-    } else if (arch ? !strcmp(arch, "Qwen2ForCausalLM") : (model_type && !strcmp(model_type, "qwen2"))) {
-        cfg->arch = LOOM_ARCH_QWEN2;
-    } else {
-        st = loom_error_set(err, LOOM_ERR_UNSUPPORTED,
-                            "%s: architecture %s is not supported (loom loads LlamaForCausalLM, "
-                            "MistralForCausalLM and Qwen2ForCausalLM)",
-                            path, arch ? arch : model_type ? model_type : "(none given)");
-        goto out;
+        return LOOM_OK;
     }
-    if ((st = js_int(&c, "vocab_size", true, &cfg->vocab_size, err))) goto out;
-    if ((st = js_int(&c, "hidden_size", true, &cfg->hidden_size, err))) goto out;
-    if ((st = js_int(&c, "intermediate_size", true, &cfg->intermediate_size, err))) goto out;
-    if ((st = js_int(&c, "num_hidden_layers", true, &cfg->num_layers, err))) goto out;
-    if ((st = js_int(&c, "num_attention_heads", true, &cfg->num_heads, err))) goto out;
+    if (arch ? !strcmp(arch, "Qwen2ForCausalLM") : (model_type && !strcmp(model_type, "qwen2"))) {
+        cfg->arch = LOOM_ARCH_QWEN2;
+        return LOOM_OK;
+    }
+    return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                          "%s: architecture %s is not supported (loom loads LlamaForCausalLM, "
+                          "MistralForCausalLM and Qwen2ForCausalLM)",
+                          path, arch ? arch : model_type ? model_type : "(none given)");
+}
+
+/* The sizes; head_dim defaults to hidden_size / num_attention_heads. */
+static loom_status read_sizes(const js_ctx *c, loom_model_config *cfg, loom_error *err) {
+    loom_status st;
+    if ((st = js_int(c, "vocab_size", true, &cfg->vocab_size, err))) return st;
+    if ((st = js_int(c, "hidden_size", true, &cfg->hidden_size, err))) return st;
+    if ((st = js_int(c, "intermediate_size", true, &cfg->intermediate_size, err))) return st;
+    if ((st = js_int(c, "num_hidden_layers", true, &cfg->num_layers, err))) return st;
+    if ((st = js_int(c, "num_attention_heads", true, &cfg->num_heads, err))) return st;
     cfg->num_kv_heads = cfg->num_heads;
-    if ((st = js_int(&c, "num_key_value_heads", false, &cfg->num_kv_heads, err))) goto out;
+    if ((st = js_int(c, "num_key_value_heads", false, &cfg->num_kv_heads, err))) return st;
     cfg->head_dim = 0;
-    if ((st = js_int(&c, "head_dim", false, &cfg->head_dim, err))) goto out;
+    if ((st = js_int(c, "head_dim", false, &cfg->head_dim, err))) return st;
     if (cfg->head_dim == 0) {
-        if (cfg->num_heads <= 0 || cfg->hidden_size % cfg->num_heads != 0) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: hidden_size=%d is not a multiple of num_attention_heads=%d (and no head_dim)",
-                                path, cfg->hidden_size, cfg->num_heads);
-            goto out;
-        }
+        if (cfg->num_heads <= 0 || cfg->hidden_size % cfg->num_heads != 0)
+            return loom_error_set(err, LOOM_ERR_FORMAT,
+                                  "%s: hidden_size=%d is not a multiple of num_attention_heads=%d (and no head_dim)",
+                                  c->path, cfg->hidden_size, cfg->num_heads);
         cfg->head_dim = cfg->hidden_size / cfg->num_heads;
     }
     cfg->max_context = 2048;
-    if ((st = js_int(&c, "max_position_embeddings", false, &cfg->max_context, err))) goto out;
+    return js_int(c, "max_position_embeddings", false, &cfg->max_context, err);
+}
+
+/* The rope scaling object rs: llama3 (with its frequency factors), linear,
+ * or default; anything else is refused. */
+static loom_status read_rope_scaling(const cJSON *rs, const char *path, loom_model_config *cfg, loom_error *err) {
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (!cJSON_IsString(ty)) ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    const char *t = cJSON_IsString(ty) ? ty->valuestring : "";
+    loom_status st;
+    cfg->rope_factor = 1.0f;
+    if ((st = js_num(rs, path, "factor", &cfg->rope_factor, err))) return st;
+    if (!strcmp(t, "llama3")) {
+        cfg->rope_scaling = LOOM_ROPE_SCALING_LLAMA3;
+        cfg->rope_low_freq_factor = 1.0f;
+        cfg->rope_high_freq_factor = 4.0f;
+        float orig = 8192;
+        if ((st = js_num(rs, path, "low_freq_factor", &cfg->rope_low_freq_factor, err))) return st;
+        if ((st = js_num(rs, path, "high_freq_factor", &cfg->rope_high_freq_factor, err))) return st;
+        if ((st = js_num(rs, path, "original_max_position_embeddings", &orig, err))) return st;
+        cfg->rope_original_context = (int32_t)orig;
+    } else if (!strcmp(t, "linear")) {
+        cfg->rope_scaling = LOOM_ROPE_SCALING_LINEAR;
+    } else if (strcmp(t, "default") != 0) {
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "%s: rope_scaling type \"%s\" is not supported (loom supports llama3 and linear)",
+                              path, t);
+    }
+    return LOOM_OK;
+}
+
+static loom_status read_config(const char *path, loom_model_config *cfg, loom_error *err) {
+    cJSON *root = NULL;
+    loom_status st = parse_json_file(path, &root, err);
+    if (st) return st;
+    js_ctx c = {root, path};
+    if (!cJSON_IsObject(root)) {
+        st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: expected a JSON object", path);
+        goto free_root;
+    }
+    if ((st = read_arch(root, path, cfg, err))) goto free_root;
+    if ((st = read_sizes(&c, cfg, err))) goto free_root;
     /* transformers >= 5 writes rope settings (theta included) into a
      * `rope_parameters` object; earlier versions use top-level rope_theta
      * and a `rope_scaling` object. Accept both. */
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
     cfg->rope_theta = 10000.0f;
-    if ((st = js_num(root, path, "rope_theta", &cfg->rope_theta, err))) goto out;
-    if (cJSON_IsObject(rp) && (st = js_num(rp, path, "rope_theta", &cfg->rope_theta, err))) goto out;
+    if ((st = js_num(root, path, "rope_theta", &cfg->rope_theta, err))) goto free_root;
+    if (cJSON_IsObject(rp) && (st = js_num(rp, path, "rope_theta", &cfg->rope_theta, err))) goto free_root;
     cfg->rms_norm_eps = 1e-6f;
-    if ((st = js_num(root, path, "rms_norm_eps", &cfg->rms_norm_eps, err))) goto out;
-    if ((st = js_int(&c, "bos_token_id", false, &cfg->bos_token_id, err))) goto out;
-    if ((st = js_int(&c, "eos_token_id", false, &cfg->eos_token_id, err))) goto out;
-    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
-    cfg->tie_embeddings = cJSON_IsTrue(tie);
+    if ((st = js_num(root, path, "rms_norm_eps", &cfg->rms_norm_eps, err))) goto free_root;
+    if ((st = js_int(&c, "bos_token_id", false, &cfg->bos_token_id, err))) goto free_root;
+    if ((st = js_int(&c, "eos_token_id", false, &cfg->eos_token_id, err))) goto free_root;
+    cfg->tie_embeddings = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings"));
     cfg->qkv_bias = cfg->arch == LOOM_ARCH_QWEN2 || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "attention_bias"));
 
     const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
@@ -183,36 +221,12 @@ static loom_status read_config(const char *path, loom_model_config *cfg, loom_er
     if (cJSON_IsNumber(sw) && sw->valuedouble < cfg->max_context && !cJSON_IsFalse(use_sw))
         loom_log(LOOM_LOG_WARN, "model", "%s: sliding_window=%g is ignored; attention is full-context", path,
                  sw->valuedouble);
-
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
     if (!cJSON_IsObject(rs)) rs = rp;
-    if (cJSON_IsObject(rs)) {
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-        if (!cJSON_IsString(ty)) ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
-        const char *t = cJSON_IsString(ty) ? ty->valuestring : "";
-        cfg->rope_factor = 1.0f;
-        if ((st = js_num(rs, path, "factor", &cfg->rope_factor, err))) goto out;
-        if (!strcmp(t, "llama3")) {
-            cfg->rope_scaling = LOOM_ROPE_SCALING_LLAMA3;
-            cfg->rope_low_freq_factor = 1.0f;
-            cfg->rope_high_freq_factor = 4.0f;
-            float orig = 8192;
-            if ((st = js_num(rs, path, "low_freq_factor", &cfg->rope_low_freq_factor, err))) goto out;
-            if ((st = js_num(rs, path, "high_freq_factor", &cfg->rope_high_freq_factor, err))) goto out;
-            if ((st = js_num(rs, path, "original_max_position_embeddings", &orig, err))) goto out;
-            cfg->rope_original_context = (int32_t)orig;
-        } else if (!strcmp(t, "linear")) {
-            cfg->rope_scaling = LOOM_ROPE_SCALING_LINEAR;
-        } else if (strcmp(t, "default") != 0) {
-            st = loom_error_set(err, LOOM_ERR_UNSUPPORTED,
-                                "%s: rope_scaling type \"%s\" is not supported (loom supports llama3 and linear)",
-                                path, t);
-            goto out;
-        }
-    }
+    if (cJSON_IsObject(rs) && (st = read_rope_scaling(rs, path, cfg, err))) goto free_root;
     const cJSON *nm = cJSON_GetObjectItemCaseSensitive(root, "_name_or_path");
     if (cJSON_IsString(nm) && nm->valuestring[0]) snprintf(cfg->name, sizeof cfg->name, "%s", nm->valuestring);
-out:
+free_root:
     cJSON_Delete(root);
     return st;
 }
@@ -446,11 +460,10 @@ static uint64_t le64(const uint8_t *p) {
     return v;
 }
 
-/* Map `file`, validate its header and add the tensors loom uses. With an
- * index (`weight_map`), tensors the index assigns elsewhere are warned about;
- * the caller checks afterwards that every indexed tensor was found. */
-static loom_status load_shard(loom_model *m, const char *file, const cJSON *weight_map, const char *shard_name,
-                              loom_error *err) {
+/* Map `file` and parse its JSON header: *hdr (caller deletes) and the data
+ * section, which starts right after the header. */
+static loom_status map_shard(loom_model *m, const char *file, const uint8_t **data, uint64_t *data_size,
+                             cJSON **hdr, loom_error *err) {
     const void *addr;
     size_t size;
     loom_status st = lm_map_file(m, file, &addr, &size, err);
@@ -469,119 +482,157 @@ static loom_status load_shard(loom_model *m, const char *file, const cJSON *weig
                               file, (unsigned long long)hlen, size);
     const char *hjson = (const char *)base + 8;
     const char *end = NULL;
-    cJSON *hdr = cJSON_ParseWithLengthOpts(hjson, (size_t)hlen, &end, 0);
-    if (!hdr || !cJSON_IsObject(hdr)) {
+    *hdr = cJSON_ParseWithLengthOpts(hjson, (size_t)hlen, &end, 0);
+    if (!*hdr || !cJSON_IsObject(*hdr)) {
         long at = end ? (long)(end - (const char *)base) : 8;
-        cJSON_Delete(hdr);
+        cJSON_Delete(*hdr);
+        *hdr = NULL;
         return loom_error_set(err, LOOM_ERR_FORMAT, "%s: header is not a valid JSON object (error near byte %ld)",
                               file, at);
     }
-    uint64_t data_start = 8 + hlen, data_size = size - data_start;
-    const cJSON *e;
-    char canon[96];
-    cJSON_ArrayForEach(e, hdr) {
-        const char *hf = e->string;
-        if (!strcmp(hf, "__metadata__")) continue;
-        const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
-        const cJSON *shp = cJSON_GetObjectItemCaseSensitive(e, "shape");
-        const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
-        if (!cJSON_IsObject(e) || !cJSON_IsString(dt) || !cJSON_IsArray(shp) || !cJSON_IsArray(offs) ||
-            cJSON_GetArraySize(offs) != 2) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: header entry %s needs \"dtype\", \"shape\" and two \"data_offsets\"", file, hf);
-            goto out;
+    *data = base + 8 + hlen;
+    *data_size = size - 8 - hlen;
+    return LOOM_OK;
+}
+
+/* One header entry, its geometry checked against the data section. */
+typedef struct st_entry {
+    const char *hf;                       /* the checkpoint's name for it        */
+    const char *dts;                      /* its "dtype" string                  */
+    int nd;
+    int64_t shape[LOOM_TENSOR_MAX_DIMS];
+    uint64_t numel;                       /* elements                            */
+    uint64_t ob[2];                       /* data_offsets [begin, end), in bytes */
+} st_entry;
+
+/* A whole number in [0, 9e15), as shapes and offsets must be. */
+static bool js_count(const cJSON *d) {
+    return cJSON_IsNumber(d) && d->valuedouble >= 0 && d->valuedouble < 9.0e15 &&
+           d->valuedouble == floor(d->valuedouble);
+}
+
+/* The entry has dtype, shape and data_offsets; the shape's element count does
+ * not overflow and the offsets lie inside the data section. */
+static loom_status read_entry(const cJSON *e, const char *file, uint64_t data_size, st_entry *t,
+                              loom_error *err) {
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    const cJSON *shp = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    t->hf = e->string;
+    if (!cJSON_IsObject(e) || !cJSON_IsString(dt) || !cJSON_IsArray(shp) || !cJSON_IsArray(offs) ||
+        cJSON_GetArraySize(offs) != 2)
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: header entry %s needs \"dtype\", \"shape\" and two \"data_offsets\"", file, t->hf);
+    t->dts = dt->valuestring;
+    t->nd = cJSON_GetArraySize(shp);
+    t->numel = 1;
+    memset(t->shape, 0, sizeof t->shape);
+    bool shape_ok = t->nd <= LOOM_TENSOR_MAX_DIMS;
+    for (int i = 0; shape_ok && i < t->nd; i++) {
+        const cJSON *d = cJSON_GetArrayItem(shp, i);
+        shape_ok = js_count(d);
+        if (shape_ok) {
+            t->shape[i] = (int64_t)d->valuedouble;
+            shape_ok = t->shape[i] == 0 || t->numel <= (uint64_t)INT64_MAX / (uint64_t)t->shape[i];
+            t->numel *= (uint64_t)t->shape[i];
         }
-        int nd = cJSON_GetArraySize(shp);
-        int64_t shape[LOOM_TENSOR_MAX_DIMS] = {0};
-        uint64_t numel = 1;
-        bool shape_ok = nd <= LOOM_TENSOR_MAX_DIMS;
-        for (int i = 0; shape_ok && i < nd; i++) {
-            const cJSON *d = cJSON_GetArrayItem(shp, i);
-            shape_ok = cJSON_IsNumber(d) && d->valuedouble >= 0 && d->valuedouble < 9.0e15 &&
-                       d->valuedouble == floor(d->valuedouble);
-            if (shape_ok) {
-                shape[i] = (int64_t)d->valuedouble;
-                shape_ok = shape[i] == 0 || numel <= (uint64_t)INT64_MAX / (uint64_t)shape[i];
-                numel *= (uint64_t)shape[i];
-            }
-        }
-        uint64_t ob[2];
-        bool offs_ok = true;
-        for (int i = 0; i < 2; i++) {
-            const cJSON *d = cJSON_GetArrayItem(offs, i);
-            offs_ok = offs_ok && cJSON_IsNumber(d) && d->valuedouble >= 0 && d->valuedouble < 9.0e15 &&
-                      d->valuedouble == floor(d->valuedouble);
-            ob[i] = offs_ok ? (uint64_t)d->valuedouble : 0;
-        }
-        if (!shape_ok || !offs_ok || ob[0] > ob[1] || ob[1] > data_size) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: tensor %s: %s (data section is %llu bytes); the file is damaged or truncated",
-                                file, hf,
-                                !shape_ok ? "invalid shape"
-                                : !offs_ok || ob[0] > ob[1] ? "invalid data_offsets"
-                                : "data_offsets point past the end of the file",
-                                (unsigned long long)data_size);
-            goto out;
-        }
-        const char *dts = dt->valuestring;
-        loom_dtype dtype = LOOM_DTYPE_COUNT;
-        size_t esz = 0;
-        if (!strcmp(dts, "F32")) dtype = LOOM_DTYPE_F32, esz = 4;
-        else if (!strcmp(dts, "F16")) dtype = LOOM_DTYPE_F16, esz = 2;
-        else if (!strcmp(dts, "BF16")) dtype = LOOM_DTYPE_BF16, esz = 2;
-        else if (!strcmp(dts, "I32")) dtype = LOOM_DTYPE_I32, esz = 4; /* packed 4-bit words, g_idx */
-        bool used = map_name(hf, canon, sizeof canon);
-        bool packed = used && packed_part(canon) >= 0;
-        if (esz && (ob[1] - ob[0]) / esz != numel) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: tensor %s: %llu bytes of data but %s shape needs %llu elements; the file is "
-                                "damaged",
-                                file, hf, (unsigned long long)(ob[1] - ob[0]), dts, (unsigned long long)numel);
-            goto out;
-        }
-        if (!used) {
-            loom_log(LOOM_LOG_DEBUG, "model", "%s: ignoring tensor %s", file, hf);
-            continue;
-        }
-        if (packed && !m->packing.method) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: tensor %s is part of a packed 4-bit AWQ/GPTQ layer, but config.json has no "
-                                "quantization_config (and there is no quantize_config.json); the config does not "
-                                "belong to these weights",
-                                file, hf);
-            goto out;
-        }
-        if (esz && dtype == LOOM_DTYPE_I32 && !packed) {
-            st = loom_error_set(err, LOOM_ERR_UNSUPPORTED,
-                                "%s: tensor %s has dtype I32; only the qweight / qzeros / g_idx of AWQ/GPTQ layers "
-                                "may be integers",
-                                file, hf);
-            goto out;
-        }
-        if (!esz) {
-            st = loom_error_set(err, LOOM_ERR_UNSUPPORTED,
-                                "%s: tensor %s has dtype %s; loom reads F32, F16 and BF16 safetensors (convert the "
-                                "checkpoint, e.g. save it with torch_dtype=bfloat16)",
-                                file, hf, dts);
-            goto out;
-        }
-        if (nd == 0) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: tensor %s is a scalar; expected a vector or matrix", file,
-                                hf);
-            goto out;
-        }
-        if (weight_map) {
-            const cJSON *w = cJSON_GetObjectItemCaseSensitive(weight_map, hf);
-            if (!cJSON_IsString(w) || strcmp(w->valuestring, shard_name) != 0)
-                loom_log(LOOM_LOG_WARN, "model", "%s: tensor %s is not listed for this shard in the index", file,
-                         hf);
-        }
-        if ((st = lm_add_tensor(m, canon, dtype, nd, shape, (void *)(base + data_start + ob[0]),
-                                (size_t)(ob[1] - ob[0]), err)))
-            goto out;
     }
-    st = LOOM_OK;
-out:
+    bool offs_ok = true;
+    for (int i = 0; i < 2; i++) {
+        const cJSON *d = cJSON_GetArrayItem(offs, i);
+        offs_ok = offs_ok && js_count(d);
+        t->ob[i] = offs_ok ? (uint64_t)d->valuedouble : 0;
+    }
+    if (!shape_ok || !offs_ok || t->ob[0] > t->ob[1] || t->ob[1] > data_size)
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: tensor %s: %s (data section is %llu bytes); the file is damaged or truncated",
+                              file, t->hf,
+                              !shape_ok ? "invalid shape"
+                              : !offs_ok || t->ob[0] > t->ob[1] ? "invalid data_offsets"
+                              : "data_offsets point past the end of the file",
+                              (unsigned long long)data_size);
+    return LOOM_OK;
+}
+
+/* The loom dtype of a safetensors dtype string and its element size in
+ * bytes; esz 0 for a dtype loom does not read. I32 holds packed 4-bit words
+ * and g_idx. */
+static size_t st_dtype(const char *dts, loom_dtype *dtype) {
+    *dtype = LOOM_DTYPE_COUNT;
+    if (!strcmp(dts, "F32")) return *dtype = LOOM_DTYPE_F32, 4;
+    if (!strcmp(dts, "F16")) return *dtype = LOOM_DTYPE_F16, 2;
+    if (!strcmp(dts, "BF16")) return *dtype = LOOM_DTYPE_BF16, 2;
+    if (!strcmp(dts, "I32")) return *dtype = LOOM_DTYPE_I32, 4;
+    return 0;
+}
+
+/* Add entry t under its canonical name when loom uses it; refuse a size,
+ * dtype or packing that does not fit, warn when the index (weight_map, may
+ * be NULL) lists it for another shard. */
+static loom_status add_entry(loom_model *m, const char *file, const st_entry *t, const uint8_t *data,
+                             const cJSON *weight_map, const char *shard_name, loom_error *err) {
+    char canon[96];
+    loom_dtype dtype;
+    size_t esz = st_dtype(t->dts, &dtype);
+    bool used = map_name(t->hf, canon, sizeof canon);
+    bool packed = used && packed_part(canon) >= 0;
+    if (esz && (t->ob[1] - t->ob[0]) / esz != t->numel)
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: tensor %s: %llu bytes of data but %s shape needs %llu elements; the file is "
+                              "damaged",
+                              file, t->hf, (unsigned long long)(t->ob[1] - t->ob[0]), t->dts,
+                              (unsigned long long)t->numel);
+    if (!used) {
+        loom_log(LOOM_LOG_DEBUG, "model", "%s: ignoring tensor %s", file, t->hf);
+        return LOOM_OK;
+    }
+    if (packed && !m->packing.method)
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: tensor %s is part of a packed 4-bit AWQ/GPTQ layer, but config.json has no "
+                              "quantization_config (and there is no quantize_config.json); the config does not "
+                              "belong to these weights",
+                              file, t->hf);
+    if (esz && dtype == LOOM_DTYPE_I32 && !packed)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "%s: tensor %s has dtype I32; only the qweight / qzeros / g_idx of AWQ/GPTQ layers "
+                              "may be integers",
+                              file, t->hf);
+    if (!esz)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "%s: tensor %s has dtype %s; loom reads F32, F16 and BF16 safetensors (convert the "
+                              "checkpoint, e.g. save it with torch_dtype=bfloat16)",
+                              file, t->hf, t->dts);
+    if (t->nd == 0)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: tensor %s is a scalar; expected a vector or matrix", file,
+                              t->hf);
+    if (weight_map) {
+        const cJSON *w = cJSON_GetObjectItemCaseSensitive(weight_map, t->hf);
+        if (!cJSON_IsString(w) || strcmp(w->valuestring, shard_name) != 0)
+            loom_log(LOOM_LOG_WARN, "model", "%s: tensor %s is not listed for this shard in the index", file,
+                     t->hf);
+    }
+    return lm_add_tensor(m, canon, dtype, t->nd, t->shape, (void *)(data + t->ob[0]), (size_t)(t->ob[1] - t->ob[0]),
+                         err);
+}
+
+/* Map `file`, validate its header and add the tensors loom uses. With an
+ * index (`weight_map`), tensors the index assigns elsewhere are warned about;
+ * the caller checks afterwards that every indexed tensor was found. */
+static loom_status load_shard(loom_model *m, const char *file, const cJSON *weight_map, const char *shard_name,
+                              loom_error *err) {
+    const uint8_t *data;
+    uint64_t data_size;
+    cJSON *hdr = NULL;
+    loom_status st = map_shard(m, file, &data, &data_size, &hdr, err);
+    if (st) return st;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, hdr) {
+        st_entry t;
+        if (!strcmp(e->string, "__metadata__")) continue;
+        if ((st = read_entry(e, file, data_size, &t, err))) goto free_hdr;
+        if ((st = add_entry(m, file, &t, data, weight_map, shard_name, err))) goto free_hdr;
+    }
+free_hdr:
     cJSON_Delete(hdr);
     return st;
 }
@@ -761,25 +812,23 @@ static bool safe_shard_name(const char *s) {
 
 /* ------------------------------------------------------------ the loader */
 
-loom_status lm_load_safetensors(loom_model *m, const loom_model_load_opts *o, loom_error *err) {
-    loom_status st = LOOM_OK;
-    cJSON *index = NULL;
-    char *path = NULL;
-    size_t cap = strlen(o->path) + 512;
+static const lm_keys k_config_keys = {
+    "config.json vocab_size", "config.json hidden_size", "config.json intermediate_size",
+    "config.json num_hidden_layers", "config.json num_attention_heads",
+    "config.json num_key_value_heads", "config.json head_dim"};
+
+/* The model directory: o->path itself, or the directory of a file in it
+ * (then *single names that file, a pointer into o->path). */
+static loom_status find_dir(loom_model *m, const loom_model_load_opts *o, const char **single, loom_error *err) {
     struct stat sb;
+    *single = NULL;
     if (stat(o->path, &sb) != 0)
         return loom_error_set(err, LOOM_ERR_NOT_FOUND, "%s: %s", o->path, strerror(errno));
-    /* the model directory: the path itself, or the directory of a file in it */
     m->dir = loom_strdup(o->path);
-    path = malloc(cap);
-    if (!m->dir || !path) {
-        st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
-        goto out;
-    }
-    const char *single = NULL;
+    if (!m->dir) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
     if (!S_ISDIR(sb.st_mode)) {
         char *slash = strrchr(m->dir, '/');
-        single = slash ? o->path + (slash - m->dir) + 1 : o->path;
+        *single = slash ? o->path + (slash - m->dir) + 1 : o->path;
         if (slash == m->dir) slash[1] = 0;
         else if (slash) *slash = 0;
         else strcpy(m->dir, ".");
@@ -787,107 +836,133 @@ loom_status lm_load_safetensors(loom_model *m, const loom_model_load_opts *o, lo
         size_t n = strlen(m->dir);
         while (n > 1 && m->dir[n - 1] == '/') m->dir[--n] = 0;
     }
-    char idx_probe[PATH_MAX];
+    return LOOM_OK;
+}
+
+/* config.json (required), its packing, the model's name and tokenizer.json;
+ * path is scratch of cap bytes. */
+static loom_status read_dir_config(loom_model *m, char *path, size_t cap, loom_error *err) {
+    char probe[PATH_MAX];
+    loom_status st;
     snprintf(path, cap, "%s/config.json", m->dir);
-    if (!file_exists(path)) {
-        st = loom_error_set(err, LOOM_ERR_NOT_FOUND,
-                            "%s: no config.json; a safetensors model directory needs config.json next to the "
-                            "weights (download the whole Hugging Face repository)",
-                            m->dir);
-        goto out;
-    }
-    if ((st = read_config(path, &m->cfg, err))) goto out;
-    if ((st = find_packing(m, path, idx_probe, sizeof idx_probe, err))) goto out;
+    if (!file_exists(path))
+        return loom_error_set(err, LOOM_ERR_NOT_FOUND,
+                              "%s: no config.json; a safetensors model directory needs config.json next to the "
+                              "weights (download the whole Hugging Face repository)",
+                              m->dir);
+    if ((st = read_config(path, &m->cfg, err))) return st;
+    if ((st = find_packing(m, path, probe, sizeof probe, err))) return st;
     if (!m->cfg.name[0]) {
         const char *b = strrchr(m->dir, '/');
         snprintf(m->cfg.name, sizeof m->cfg.name, "%s", b && b[1] ? b + 1 : m->dir);
     }
-    lm_keys keys = {"config.json vocab_size", "config.json hidden_size", "config.json intermediate_size",
-                    "config.json num_hidden_layers", "config.json num_attention_heads",
-                    "config.json num_key_value_heads", "config.json head_dim"};
-    if ((st = lm_check_config(&m->cfg, path, &keys, err))) goto out;
-
+    if ((st = lm_check_config(&m->cfg, path, &k_config_keys, err))) return st;
     snprintf(path, cap, "%s/tokenizer.json", m->dir);
-    if (file_exists(path) && !(m->tokenizer_json = loom_strdup(path))) {
-        st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
-        goto out;
+    if (file_exists(path) && !(m->tokenizer_json = loom_strdup(path)))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+    return LOOM_OK;
+}
+
+/* Load every shard the index's weight_map names, each once in order of first
+ * appearance, then check that every mapped entry was found in its shard. */
+static loom_status load_indexed(loom_model *m, const loom_model_load_opts *o, const char *idx_path, char *path,
+                                size_t cap, loom_error *err) {
+    cJSON *index = NULL;
+    loom_status st = parse_json_file(idx_path, &index, err);
+    if (st) return st;
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(index, "weight_map");
+    if (!cJSON_IsObject(wm) || !wm->child) {
+        st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: no \"weight_map\" object", idx_path);
+        goto free_index;
     }
+    int n = cJSON_GetArraySize(wm), k = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, wm) {
+        k++;
+        if (!cJSON_IsString(e) || !safe_shard_name(e->valuestring)) {
+            st = loom_error_set(err, LOOM_ERR_FORMAT,
+                                "%s: weight_map entry %s must name a shard file in the same directory",
+                                idx_path, e->string);
+            goto free_index;
+        }
+        bool seen = false;
+        for (const cJSON *p = wm->child; p != e && !seen; p = p->next)
+            seen = cJSON_IsString(p) && !strcmp(p->valuestring, e->valuestring);
+        if (seen) continue;
+        snprintf(path, cap, "%s/%s", m->dir, e->valuestring);
+        if ((st = load_shard(m, path, wm, e->valuestring, err))) goto free_index;
+        lm_progress(o, "safetensors: map shards", (double)k / n);
+    }
+    if ((st = lm_index(m, idx_path, err))) goto free_index;
+    char canon[96];
+    cJSON_ArrayForEach(e, wm) {
+        if (map_name(e->string, canon, sizeof canon) && !lm_find(m, canon)) {
+            st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s is listed in shard %s but not present in it",
+                                idx_path, e->string, e->valuestring);
+            goto free_index;
+        }
+    }
+free_index:
+    cJSON_Delete(index);
+    return st;
+}
+
+/* One file: the one given (single) or the directory's model.safetensors. */
+static loom_status load_single(loom_model *m, const loom_model_load_opts *o, const char *single, char *path,
+                               size_t cap, loom_error *err) {
+    loom_status st;
+    if (single) snprintf(path, cap, "%s", o->path);
+    else snprintf(path, cap, "%s/model.safetensors", m->dir);
+    if (!file_exists(path))
+        return loom_error_set(err, LOOM_ERR_NOT_FOUND,
+                              "%s: no model.safetensors or model.safetensors.index.json; download the weights "
+                              "into this directory",
+                              m->dir);
+    if ((st = load_shard(m, path, NULL, NULL, err))) return st;
+    return lm_index(m, path, err);
+}
+
+/* Tied embeddings: HF sometimes stores lm_head anyway; the view omits it.
+ * No lm_head at all means tied. */
+static loom_status settle_output(loom_model *m, loom_error *err) {
+    bool has_out = lm_find(m, "output.weight") != NULL;
+    if (!has_out && !m->cfg.tie_embeddings) {
+        loom_log(LOOM_LOG_INFO, "model", "%s: no lm_head.weight; using tied embeddings", m->dir);
+        m->cfg.tie_embeddings = true;
+    }
+    if (!m->cfg.tie_embeddings || !has_out) return LOOM_OK;
+    /* output.weight and, when packed, its output.qweight / ... parts */
+    for (int32_t i = m->n_tensors - 1; i >= 0; i--) {
+        if (strncmp(m->names[i], "output.", 7) != 0) continue;
+        free(m->names[i]);
+        memmove(&m->tensors[i], &m->tensors[i + 1], (size_t)(m->n_tensors - i - 1) * sizeof *m->tensors);
+        memmove(&m->names[i], &m->names[i + 1], (size_t)(m->n_tensors - i - 1) * sizeof *m->names);
+        m->n_tensors--;
+    }
+    return lm_index(m, m->dir, err);
+}
+
+loom_status lm_load_safetensors(loom_model *m, const loom_model_load_opts *o, loom_error *err) {
+    const char *single;
+    size_t cap = strlen(o->path) + 512;
+    char *path = NULL;
+    loom_status st = find_dir(m, o, &single, err);
+    if (st) return st;
+    path = malloc(cap);
+    if (!path) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+    if ((st = read_dir_config(m, path, cap, err))) goto free_path;
 
     /* weights: an explicit file, the index, or model.safetensors */
     char idx_path[PATH_MAX];
     snprintf(idx_path, sizeof idx_path, "%s/model.safetensors.index.json", m->dir);
     bool use_index = single ? (strstr(single, ".json") != NULL) : file_exists(idx_path);
     if (single && use_index) snprintf(idx_path, sizeof idx_path, "%s", o->path);
-    if (use_index) {
-        if ((st = parse_json_file(idx_path, &index, err))) goto out;
-        const cJSON *wm = cJSON_GetObjectItemCaseSensitive(index, "weight_map");
-        if (!cJSON_IsObject(wm) || !wm->child) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: no \"weight_map\" object", idx_path);
-            goto out;
-        }
-        /* visit each distinct shard once, in order of first appearance */
-        int n = cJSON_GetArraySize(wm), k = 0;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, wm) {
-            k++;
-            if (!cJSON_IsString(e) || !safe_shard_name(e->valuestring)) {
-                st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                    "%s: weight_map entry %s must name a shard file in the same directory",
-                                    idx_path, e->string);
-                goto out;
-            }
-            bool seen = false;
-            for (const cJSON *p = wm->child; p != e && !seen; p = p->next)
-                seen = cJSON_IsString(p) && !strcmp(p->valuestring, e->valuestring);
-            if (seen) continue;
-            snprintf(path, cap, "%s/%s", m->dir, e->valuestring);
-            if ((st = load_shard(m, path, wm, e->valuestring, err))) goto out;
-            lm_progress(o, "safetensors: map shards", (double)k / n);
-        }
-        if ((st = lm_index(m, idx_path, err))) goto out;
-        /* every mapped entry of the index must have been found in its shard */
-        char canon[96];
-        cJSON_ArrayForEach(e, wm) {
-            if (map_name(e->string, canon, sizeof canon) && !lm_find(m, canon)) {
-                st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s is listed in shard %s but not present in it",
-                                    idx_path, e->string, e->valuestring);
-                goto out;
-            }
-        }
-    } else {
-        if (single) snprintf(path, cap, "%s", o->path);
-        else snprintf(path, cap, "%s/model.safetensors", m->dir);
-        if (!file_exists(path)) {
-            st = loom_error_set(err, LOOM_ERR_NOT_FOUND,
-                                "%s: no model.safetensors or model.safetensors.index.json; download the weights "
-                                "into this directory",
-                                m->dir);
-            goto out;
-        }
-        if ((st = load_shard(m, path, NULL, NULL, err))) goto out;
-        if ((st = lm_index(m, path, err))) goto out;
-    }
-    if ((st = finish_packed(m, err))) goto out;
-    /* tied embeddings: HF sometimes stores lm_head anyway; the view omits it */
-    bool has_out = lm_find(m, "output.weight") != NULL;
-    if (!has_out && !m->cfg.tie_embeddings) {
-        loom_log(LOOM_LOG_INFO, "model", "%s: no lm_head.weight; using tied embeddings", m->dir);
-        m->cfg.tie_embeddings = true;
-    }
-    if (m->cfg.tie_embeddings && has_out) {
-        /* output.weight and, when packed, its output.qweight / ... parts */
-        for (int32_t i = m->n_tensors - 1; i >= 0; i--) {
-            if (strncmp(m->names[i], "output.", 7) != 0) continue;
-            free(m->names[i]);
-            memmove(&m->tensors[i], &m->tensors[i + 1], (size_t)(m->n_tensors - i - 1) * sizeof *m->tensors);
-            memmove(&m->names[i], &m->names[i + 1], (size_t)(m->n_tensors - i - 1) * sizeof *m->names);
-            m->n_tensors--;
-        }
-        if ((st = lm_index(m, m->dir, err))) goto out;
-    }
-    st = lm_validate(m, m->dir, &keys, err);
-out:
-    cJSON_Delete(index);
+    st = use_index ? load_indexed(m, o, idx_path, path, cap, err) : load_single(m, o, single, path, cap, err);
+    if (st) goto free_path;
+    if ((st = finish_packed(m, err))) goto free_path;
+    if ((st = settle_output(m, err))) goto free_path;
+    st = lm_validate(m, m->dir, &k_config_keys, err);
+free_path:
     free(path);
     return st;
 }

@@ -129,12 +129,7 @@ static char *dir_of(const char *file) {
     const char *slash = file ? strrchr(file, '/') : NULL;
     if (!slash) return loom_strdup(".");
     if (slash == file) return loom_strdup("/");
-    size_t n = (size_t)(slash - file);
-    char *d = malloc(n + 1);
-    if (!d) return NULL;
-    memcpy(d, file, n);
-    d[n] = '\0';
-    return d;
+    return loom_strndup(file, (size_t)(slash - file));
 }
 
 /* Directory that relative paths written at `m` are relative to, in buf.
@@ -167,91 +162,102 @@ static bool join_path(const char *base, const char *rel, char *out, size_t n) {
     return true;
 }
 
-/* Expand ${VAR}, ${VAR:-default} and a leading ~ / ~user. false with `why`
- * filled on an unset variable, a bad reference or overflow. */
-static bool expand_path(const char *in, char *out, size_t n, char *why, size_t whyn) {
-    char tmp[LOOM_PIPELINE_PATH_MAX];
+/* Expand ${VAR} and ${VAR:-default} in `in` into out (n bytes). false with
+ * `why` filled on an unset variable, a bad reference or overflow. */
+static bool expand_vars(const char *in, char *out, size_t n, char *why, size_t whyn) {
     size_t o = 0;
     for (const char *s = in; *s;) {
-        if (s[0] == '$' && s[1] == '{') {
-            const char *end = strchr(s + 2, '}');
-            if (!end) {
-                snprintf(why, whyn, "unterminated '${' in \"%s\"", in);
-                return false;
-            }
-            char name[256];
-            const char *colon = strstr(s + 2, ":-");
-            const char *name_end = (colon && colon < end) ? colon : end;
-            size_t len = (size_t)(name_end - (s + 2));
-            if (len == 0 || len >= sizeof name) {
-                snprintf(why, whyn, "bad variable reference in \"%s\"", in);
-                return false;
-            }
-            memcpy(name, s + 2, len);
-            name[len] = '\0';
-            const char *val = getenv(name);
-            char def[LOOM_PIPELINE_PATH_MAX];
-            if (!val || !val[0]) {
-                if (name_end == end) {
-                    snprintf(why, whyn,
-                             "environment variable %.100s is not set (write ${%.100s:-default} to "
-                             "give "
-                             "a default)",
-                             name, name);
-                    return false;
-                }
-                size_t dl = (size_t)(end - (colon + 2));
-                if (dl >= sizeof def) dl = sizeof def - 1;
-                memcpy(def, colon + 2, dl);
-                def[dl] = '\0';
-                val = def;
-            }
-            size_t vl = strlen(val);
-            if (o + vl >= sizeof tmp) goto overflow;
-            memcpy(tmp + o, val, vl);
-            o += vl;
-            s = end + 1;
-        } else {
-            if (o + 1 >= sizeof tmp) goto overflow;
-            tmp[o++] = *s++;
+        if (s[0] != '$' || s[1] != '{') {
+            if (o + 1 >= n) goto overflow;
+            out[o++] = *s++;
+            continue;
         }
-    }
-    tmp[o] = '\0';
-    /* Tilde after variables, so ${LOOM_CACHE:-~/.cache/loom} works as in sh. */
-    if (tmp[0] == '~') {
-        const char *rest = tmp + 1 + strcspn(tmp + 1, "/");
-        const char *home = NULL;
-        if (rest == tmp + 1) {
-            home = getenv("HOME");
-            if (!home || !home[0]) {
-                struct passwd *pw = getpwuid(getuid());
-                home = pw ? pw->pw_dir : NULL;
-            }
-        } else {
-            char user[256];
-            size_t ul = (size_t)(rest - (tmp + 1));
-            if (ul >= sizeof user) ul = sizeof user - 1;
-            memcpy(user, tmp + 1, ul);
-            user[ul] = '\0';
-            struct passwd *pw = getpwnam(user);
-            home = pw ? pw->pw_dir : NULL;
-            if (!home) {
-                snprintf(why, whyn, "unknown user in \"~%s\"", user);
-                return false;
-            }
-        }
-        if (!home) {
-            snprintf(why, whyn, "cannot expand '~': HOME is not set");
+        const char *end = strchr(s + 2, '}');
+        if (!end) {
+            snprintf(why, whyn, "unterminated '${' in \"%s\"", in);
             return false;
         }
-        if ((size_t)snprintf(out, n, "%s%s", home, rest) >= n) goto overflow;
-        return true;
+        char name[256];
+        const char *colon = strstr(s + 2, ":-");
+        const char *name_end = (colon && colon < end) ? colon : end;
+        size_t len = (size_t)(name_end - (s + 2));
+        if (len == 0 || len >= sizeof name) {
+            snprintf(why, whyn, "bad variable reference in \"%s\"", in);
+            return false;
+        }
+        memcpy(name, s + 2, len);
+        name[len] = '\0';
+        const char *val = getenv(name);
+        char def[LOOM_PIPELINE_PATH_MAX];
+        if (!val || !val[0]) {
+            if (name_end == end) {
+                snprintf(why, whyn,
+                         "environment variable %.100s is not set (write ${%.100s:-default} to "
+                         "give "
+                         "a default)",
+                         name, name);
+                return false;
+            }
+            size_t dl = (size_t)(end - (colon + 2));
+            if (dl >= sizeof def) dl = sizeof def - 1;
+            memcpy(def, colon + 2, dl);
+            def[dl] = '\0';
+            val = def;
+        }
+        size_t vl = strlen(val);
+        if (o + vl >= n) goto overflow;
+        memcpy(out + o, val, vl);
+        o += vl;
+        s = end + 1;
     }
-    if ((size_t)snprintf(out, n, "%s", tmp) >= n) goto overflow;
+    out[o] = '\0';
     return true;
 overflow:
     snprintf(why, whyn, "path too long after expansion: \"%s\"", in);
     return false;
+}
+
+/* The home directory a leading ~ or ~user of `path` names; *rest is what
+ * follows it. NULL with `why` filled when it cannot be found. */
+static const char *tilde_home(const char *path, const char **rest, char *why, size_t whyn) {
+    const char *home = NULL;
+    *rest = path + 1 + strcspn(path + 1, "/");
+    if (*rest == path + 1) {
+        home = getenv("HOME");
+        if (!home || !home[0]) {
+            struct passwd *pw = getpwuid(getuid());
+            home = pw ? pw->pw_dir : NULL;
+        }
+    } else {
+        char user[256];
+        size_t ul = (size_t)(*rest - (path + 1));
+        if (ul >= sizeof user) ul = sizeof user - 1;
+        memcpy(user, path + 1, ul);
+        user[ul] = '\0';
+        struct passwd *pw = getpwnam(user);
+        home = pw ? pw->pw_dir : NULL;
+        if (!home) {
+            snprintf(why, whyn, "unknown user in \"~%s\"", user);
+            return NULL;
+        }
+    }
+    if (!home) snprintf(why, whyn, "cannot expand '~': HOME is not set");
+    return home;
+}
+
+/* Expand ${VAR}, ${VAR:-default} and a leading ~ / ~user. false with `why`
+ * filled on an unset variable, a bad reference or overflow. */
+static bool expand_path(const char *in, char *out, size_t n, char *why, size_t whyn) {
+    char tmp[LOOM_PIPELINE_PATH_MAX];
+    if (!expand_vars(in, tmp, sizeof tmp, why, whyn)) return false;
+    /* Tilde after variables, so ${LOOM_CACHE:-~/.cache/loom} works as in sh. */
+    const char *home = "", *rest = tmp;
+    if (tmp[0] == '~' && !(home = tilde_home(tmp, &rest, why, whyn))) return false;
+    if ((size_t)snprintf(out, n, "%s%s", home, rest) >= n) {
+        snprintf(why, whyn, "path too long after expansion: \"%s\"", in);
+        return false;
+    }
+    return true;
 }
 
 /* ---------------------------------------------------------- top level */

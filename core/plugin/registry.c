@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "config/config.h"
 #include "loom/backend.h"
 #include "loom/cache.h"
 #include "loom/executor.h"
@@ -336,17 +337,6 @@ static void appendf(char *buf, size_t size, const char *fmt, ...) {
 
 /* ---------------------------------------------------------------- checks */
 
-static size_t param_size(loom_param_type t) {
-    switch (t) {
-    case LOOM_PARAM_BOOL: return sizeof(bool);
-    case LOOM_PARAM_INT: return sizeof(int64_t);
-    case LOOM_PARAM_FLOAT: return sizeof(double);
-    case LOOM_PARAM_STRING: return LOOM_PARAM_STRING_MAX;
-    case LOOM_PARAM_ENUM: return sizeof(int64_t);
-    }
-    return 0;
-}
-
 static bool name_valid(const char *s) {
     if (!s || !s[0] || ends_with(s, ".so")) return false;
     for (const char *c = s; *c; c++)
@@ -406,7 +396,7 @@ static loom_status check_component(const char *path, uint32_t idx, const loom_co
     for (int i = 0; i < MAX_PARAMS; i++) {
         const loom_param *p = &c->params[i];
         if (!p->key) return LOOM_OK;
-        size_t sz = param_size(p->type);
+        size_t sz = loom_param_size(p->type);
         const char *why = NULL;
         if (!p->key[0]) why = "has an empty key";
         else if (sz == 0) why = "has an unknown type";
@@ -507,44 +497,34 @@ static char *real_path(const char *path) {
     return r ? r : loom_strdup(path);
 }
 
-/* Open `path` (or return the cached outcome). NULL only on OOM. */
-static opened *open_file(loom_registry *reg, const char *path) {
-    char *real = real_path(path);
-    if (!real) return NULL;
+/* The cached outcome of opening the file whose real path is `real`, or NULL. */
+static opened *find_opened(const loom_registry *reg, const char *real) {
     for (int i = 0; i < reg->nopen; i++)
-        if (strcmp(reg->open[i]->real, real) == 0) {
-            free(real);
-            return reg->open[i];
-        }
-    if (reg->nopen == reg->capopen) {
-        int cap = reg->capopen ? reg->capopen * 2 : 16;
-        opened **arr = realloc(reg->open, (size_t)cap * sizeof *arr);
-        if (!arr) {
-            free(real);
-            return NULL;
-        }
-        reg->open = arr;
-        reg->capopen = cap;
-    }
-    /* Heap entries, so pointers callers hold stay valid as the cache grows. */
-    opened *o = calloc(1, sizeof *o);
-    if (!o) {
-        free(real);
-        return NULL;
-    }
-    o->real = real;
-    o->found = loom_strdup(path);
-    char msg[MSG] = "";
-    loom_status st = LOOM_OK;
-    void *h = NULL;
-    loom_plugin *p = NULL;
+        if (strcmp(reg->open[i]->real, real) == 0) return reg->open[i];
+    return NULL;
+}
 
+/* Room for one more cache entry; false when out of memory. */
+static bool reserve_open(loom_registry *reg) {
+    if (reg->nopen < reg->capopen) return true;
+    int cap = reg->capopen ? reg->capopen * 2 : 16;
+    opened **arr = realloc(reg->open, (size_t)cap * sizeof *arr);
+    if (!arr) return false;
+    reg->open = arr;
+    reg->capopen = cap;
+    return true;
+}
+
+/* dlopen `real` (found as `path`) and call its entry function: *h and *d on
+ * success. A file that is missing, not a shared object or without the entry
+ * symbol sets *not_plugin; *h is closed on every failure. */
+static loom_status open_entry(const char *path, const char *real, void **h, const loom_plugin_desc **d,
+                              bool *not_plugin, char *msg, size_t n) {
     struct stat sb;
+    *not_plugin = true;
     if (stat(path, &sb) != 0) {
-        snprintf(msg, sizeof msg, "cannot open plugin '%s': %s", path, strerror(errno));
-        st = LOOM_ERR_NOT_FOUND;
-        o->not_plugin = true;
-        goto done;
+        snprintf(msg, n, "cannot open plugin '%s': %s", path, strerror(errno));
+        return LOOM_ERR_NOT_FOUND;
     }
     dlerror();
     /* RTLD_NODELETE: a plugin stays mapped after its last reference.
@@ -552,39 +532,45 @@ static opened *open_file(loom_registry *reg, const char *path) {
      * process-wide state — exception pools, atexit handlers, TLS — that
      * does not survive an unmap (ggml's "backends cannot be unloaded");
      * the reference counts still decide when the registry lets go. */
-    h = dlopen(real, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-    if (!h) {
+    *h = dlopen(real, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    if (!*h) {
         const char *e = dlerror();
-        snprintf(msg, sizeof msg,
+        snprintf(msg, n,
                  "'%s' is not a loadable shared object: %s — is it a loom plugin built for this "
                  "machine?",
                  path, e ? e : "dlopen failed");
-        st = LOOM_ERR_FORMAT;
-        o->not_plugin = true;
-        goto done;
+        return LOOM_ERR_FORMAT;
     }
     dlerror();
-    void *sym = dlsym(h, LOOM_PLUGIN_ENTRY_SYMBOL);
+    void *sym = dlsym(*h, LOOM_PLUGIN_ENTRY_SYMBOL);
     if (!sym) {
-        snprintf(msg, sizeof msg,
+        snprintf(msg, n,
                  "'%s' has no entry symbol '%s': not a loom plugin (a plugin exports it with "
                  "LOOM_EXPORT)",
                  path, LOOM_PLUGIN_ENTRY_SYMBOL);
-        st = LOOM_ERR_FORMAT;
-        o->not_plugin = true;
-        goto close_handle;
+        dlclose(*h);
+        return LOOM_ERR_FORMAT;
     }
+    *not_plugin = false;
     loom_plugin_entry_fn entry;
     /* POSIX guarantees object and function pointers convert through dlsym. */
     memcpy(&entry, &sym, sizeof entry);
-    const loom_plugin_desc *d = entry();
-    st = check_desc(path, d, msg, sizeof msg);
-    if (st != LOOM_OK) goto close_handle;
-    p = calloc(1, sizeof *p);
-    if (!p || !(p->path = loom_strdup(real))) {
+    *d = entry();
+    return LOOM_OK;
+}
+
+/* Load the plugin at `path` into o->plugin, or leave o->plugin NULL and
+ * describe why in msg. */
+static loom_status load_plugin(opened *o, const char *path, char *msg, size_t n) {
+    void *h = NULL;
+    const loom_plugin_desc *d = NULL;
+    loom_status st = open_entry(path, o->real, &h, &d, &o->not_plugin, msg, n);
+    if (st != LOOM_OK) return st;
+    if ((st = check_desc(path, d, msg, n)) != LOOM_OK) goto close_handle;
+    loom_plugin *p = calloc(1, sizeof *p);
+    if (!p || !(p->path = loom_strdup(o->real))) {
         free(p);
-        p = NULL;
-        snprintf(msg, sizeof msg, "out of memory loading '%s'", path);
+        snprintf(msg, n, "out of memory loading '%s'", path);
         st = LOOM_ERR_NOMEM;
         goto close_handle;
     }
@@ -593,12 +579,30 @@ static opened *open_file(loom_registry *reg, const char *path) {
     atomic_init(&p->refs, 1); /* the registry's reference */
     atomic_init(&p->instances, 0);
     o->plugin = p;
-    goto done;
-
+    return LOOM_OK;
 close_handle:
     dlclose(h);
-done:
-    o->status = st;
+    return st;
+}
+
+/* Open `path` (or return the cached outcome). NULL only on OOM. */
+static opened *open_file(loom_registry *reg, const char *path) {
+    char *real = real_path(path);
+    if (!real) return NULL;
+    opened *o = find_opened(reg, real);
+    if (o) {
+        free(real);
+        return o;
+    }
+    /* Heap entries, so pointers callers hold stay valid as the cache grows. */
+    if (!reserve_open(reg) || !(o = calloc(1, sizeof *o))) {
+        free(real);
+        return NULL;
+    }
+    o->real = real;
+    o->found = loom_strdup(path);
+    char msg[MSG] = "";
+    o->status = load_plugin(o, path, msg, sizeof msg);
     o->error = loom_strdup(msg);
     if (!o->found || !o->error) {
         /* OOM while recording: report the attempt as failed without text. */
@@ -907,6 +911,111 @@ static void search_path_text(const loom_registry *reg, char *buf, size_t n) {
                 reg->dirs[i].exists ? "" : ", missing");
 }
 
+/* Step 1 of a lookup by name: the file `want` (loom-<kind>-<name>.so) in the
+ * search path; *hit NULL when there is none, an error when there are two. */
+static loom_status find_named_file(const loom_registry *reg, loom_kind kind, const char *name, const char *want,
+                                   const found_file **hit, loom_error *err) {
+    *hit = NULL;
+    for (int i = 0; i < reg->nfiles; i++) {
+        if (strcmp(base_name(reg->files[i].path), want) != 0) continue;
+        if (*hit) return duplicate(kind, name, (*hit)->path, reg->files[i].path, err);
+        *hit = &reg->files[i];
+    }
+    return LOOM_OK;
+}
+
+/* The file named for (kind, name) must load and provide it. */
+static loom_status open_named_file(loom_registry *reg, loom_kind kind, const char *name, const found_file *hit,
+                                   const loom_component **comp, loom_plugin **plugin, loom_error *err) {
+    opened *o = open_file(reg, hit->path);
+    if (!o) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory opening '%s'", hit->path);
+    if (!o->plugin)
+        return loom_error_set(err, o->status, "%s '%s': %s", kind_str(kind), name, o->error);
+    const loom_component *c = loom_plugin_component(o->plugin, kind, name);
+    if (c) {
+        *comp = c;
+        *plugin = o->plugin;
+        return LOOM_OK;
+    }
+    const loom_component *other = component_other_kind(o->plugin, kind, name);
+    if (other) return wrong_kind(kind, name, other, hit->path, err);
+    return loom_error_set(err, LOOM_ERR_FORMAT,
+                          "'%s' is named like %s plugin '%s' but does not provide one; check "
+                          "its descriptor",
+                          hit->path, kind_str(kind), name);
+}
+
+/* What scanning every descriptor found for one name. */
+typedef struct scan_result {
+    const loom_component *found, *other; /* of the kind; of another kind      */
+    const opened *found_o, *other_o;     /* the files they are in             */
+    const char *best;                    /* closest name of the kind, or NULL */
+    int best_d;                          /* its edit distance                 */
+    int broken;                          /* plugin files that failed to load  */
+} scan_result;
+
+/* Note the components of one loaded file that answer (kind, name). A second
+ * file providing it is an error. */
+static loom_status scan_plugin(const opened *o, loom_kind kind, const char *name, scan_result *r,
+                               loom_error *err) {
+    const loom_plugin_desc *d = o->plugin->desc;
+    for (uint32_t j = 0; j < d->num_components; j++) {
+        const loom_component *c = &d->components[j];
+        if (strcmp(c->name, name) == 0) {
+            if (c->kind == kind) {
+                if (r->found) return duplicate(kind, name, r->found_o->found, o->found, err);
+                r->found = c;
+                r->found_o = o;
+            } else if (!r->other) {
+                r->other = c;
+                r->other_o = o;
+            }
+        } else if (c->kind == kind) {
+            int dist = loom_name_distance(c->name, name);
+            if (dist < r->best_d) {
+                r->best_d = dist;
+                r->best = c->name;
+            }
+        }
+    }
+    return LOOM_OK;
+}
+
+/* Step 2: not under its own name, so open everything and read descriptors. */
+static loom_status find_by_scan(loom_registry *reg, loom_kind kind, const char *name, scan_result *r,
+                                loom_error *err) {
+    *r = (scan_result){.best_d = 3};
+    for (int i = 0; i < reg->nfiles; i++) {
+        opened *o = open_file(reg, reg->files[i].path);
+        if (!o) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory scanning plugins");
+        if (!o->plugin) {
+            if (!o->not_plugin || strncmp(base_name(o->found), "loom-", 5) == 0) r->broken++;
+            continue;
+        }
+        loom_status st = scan_plugin(o, kind, name, r, err);
+        if (st != LOOM_OK) return st;
+    }
+    return LOOM_OK;
+}
+
+/* Nothing provides (kind, name): say what comes close, what failed to load
+ * and where we looked. */
+static loom_status not_found(const loom_registry *reg, loom_kind kind, const char *name, const char *want,
+                             const scan_result *r, loom_error *err) {
+    char msg[MSG] = "";
+    appendf(msg, sizeof msg, "no %s plugin named '%s'", kind_str(kind), name);
+    if (r->best) appendf(msg, sizeof msg, " (did you mean '%s'?)", r->best);
+    appendf(msg, sizeof msg,
+            ". Run `loom plugins` to list what is available, or add the plugin's directory to "
+            "LOOM_PLUGIN_PATH or plugin_path.");
+    if (r->broken)
+        appendf(msg, sizeof msg, " %d file%s in the path could not be loaded (see `loom plugins`).",
+                r->broken, r->broken == 1 ? "" : "s");
+    appendf(msg, sizeof msg, " Looked for %s, and any *.so providing it, in: ", want);
+    search_path_text(reg, msg, sizeof msg);
+    return loom_error_set(err, LOOM_ERR_NOT_FOUND, "%s", msg);
+}
+
 loom_status loom_registry_find(loom_registry *reg, loom_kind kind, const char *name,
                                const loom_component **comp, loom_plugin **plugin,
                                loom_error *err) {
@@ -923,85 +1032,19 @@ loom_status loom_registry_find(loom_registry *reg, loom_kind kind, const char *n
     collect_files(reg);
     char want[PATH_MAX];
     snprintf(want, sizeof want, "loom-%s-%s.so", kind_str(kind), name);
-
-    /* 1. The conventional file name, in every directory. */
-    const found_file *hit = NULL;
-    for (int i = 0; i < reg->nfiles; i++) {
-        if (strcmp(base_name(reg->files[i].path), want) != 0) continue;
-        if (hit) return duplicate(kind, name, hit->path, reg->files[i].path, err);
-        hit = &reg->files[i];
-    }
-    if (hit) {
-        opened *o = open_file(reg, hit->path);
-        if (!o) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory opening '%s'", hit->path);
-        if (!o->plugin)
-            return loom_error_set(err, o->status, "%s '%s': %s", kind_str(kind), name, o->error);
-        const loom_component *c = loom_plugin_component(o->plugin, kind, name);
-        if (c) {
-            *comp = c;
-            *plugin = o->plugin;
-            return LOOM_OK;
-        }
-        const loom_component *other = component_other_kind(o->plugin, kind, name);
-        if (other) return wrong_kind(kind, name, other, hit->path, err);
-        return loom_error_set(err, LOOM_ERR_FORMAT,
-                              "'%s' is named like %s plugin '%s' but does not provide one; check "
-                              "its descriptor",
-                              hit->path, kind_str(kind), name);
-    }
-
-    /* 2. Not under its own name: open everything and read descriptors. */
-    const loom_component *found = NULL, *other = NULL;
-    const opened *found_o = NULL, *other_o = NULL;
-    const char *best = NULL;
-    int best_d = 3, broken = 0;
-    for (int i = 0; i < reg->nfiles; i++) {
-        opened *o = open_file(reg, reg->files[i].path);
-        if (!o) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory scanning plugins");
-        if (!o->plugin) {
-            if (!o->not_plugin || strncmp(base_name(o->found), "loom-", 5) == 0) broken++;
-            continue;
-        }
-        const loom_plugin_desc *d = o->plugin->desc;
-        for (uint32_t j = 0; j < d->num_components; j++) {
-            const loom_component *c = &d->components[j];
-            if (strcmp(c->name, name) == 0) {
-                if (c->kind == kind) {
-                    if (found) return duplicate(kind, name, found_o->found, o->found, err);
-                    found = c;
-                    found_o = o;
-                } else if (!other) {
-                    other = c;
-                    other_o = o;
-                }
-            } else if (c->kind == kind) {
-                int dist = loom_name_distance(c->name, name);
-                if (dist < best_d) {
-                    best_d = dist;
-                    best = c->name;
-                }
-            }
-        }
-    }
-    if (found) {
-        *comp = found;
-        *plugin = found_o->plugin;
+    const found_file *hit;
+    loom_status st = find_named_file(reg, kind, name, want, &hit, err);
+    if (st != LOOM_OK) return st;
+    if (hit) return open_named_file(reg, kind, name, hit, comp, plugin, err);
+    scan_result r;
+    if ((st = find_by_scan(reg, kind, name, &r, err)) != LOOM_OK) return st;
+    if (r.found) {
+        *comp = r.found;
+        *plugin = r.found_o->plugin;
         return LOOM_OK;
     }
-    if (other) return wrong_kind(kind, name, other, other_o->found, err);
-
-    char msg[MSG] = "";
-    appendf(msg, sizeof msg, "no %s plugin named '%s'", kind_str(kind), name);
-    if (best) appendf(msg, sizeof msg, " (did you mean '%s'?)", best);
-    appendf(msg, sizeof msg,
-            ". Run `loom plugins` to list what is available, or add the plugin's directory to "
-            "LOOM_PLUGIN_PATH or plugin_path.");
-    if (broken)
-        appendf(msg, sizeof msg, " %d file%s in the path could not be loaded (see `loom plugins`).",
-                broken, broken == 1 ? "" : "s");
-    appendf(msg, sizeof msg, " Looked for %s, and any *.so providing it, in: ", want);
-    search_path_text(reg, msg, sizeof msg);
-    return loom_error_set(err, LOOM_ERR_NOT_FOUND, "%s", msg);
+    if (r.other) return wrong_kind(kind, name, r.other, r.other_o->found, err);
+    return not_found(reg, kind, name, want, &r, err);
 }
 
 /* -------------------------------------------------------------- listing */

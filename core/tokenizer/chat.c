@@ -63,12 +63,7 @@ static char *chatml_default_system(const char *tmpl) {
         for (const char *c = q; c < end; c++)
             if (*c == '\'' || *c == '"' || *c == '{' || *c == '}' || *c == '<' || *c == '\\') clean = false;
         if (!clean) continue;
-        size_t n = (size_t)(end - q);
-        char *s = malloc(n + 1);
-        if (!s) return NULL;
-        memcpy(s, q, n);
-        s[n] = '\0';
-        return s;
+        return loom_strndup(q, (size_t)(end - q));
     }
     return NULL;
 }

@@ -83,14 +83,104 @@ static loom_status gguf_strings(const loom_gguf *g, const char *key, uint64_t *n
     return LOOM_OK;
 }
 
+/* What the tokenizer.* keys hold, as arrays loom_tokenizer_from_arrays()
+ * takes; strings point into the mapping, the rest is owned. */
+typedef struct gguf_tok_arrays {
+    uint64_t nv, nm;
+    const char **toks, **merges;
+    uint32_t *tok_lens, *merge_lens;
+    int32_t *types;     /* [nv]                   */
+    float *scores;      /* [nv] or NULL           */
+    char *tmpl;         /* NUL-terminated or NULL */
+} gguf_tok_arrays;
+
+static void gguf_tok_arrays_free(gguf_tok_arrays *a) {
+    free(a->toks);
+    free(a->tok_lens);
+    free(a->merges);
+    free(a->merge_lens);
+    free(a->types);
+    free(a->scores);
+    free(a->tmpl);
+}
+
+/* Tokens (required, not empty) and merges (required for byte-level BPE). */
+static loom_status read_strings(const loom_gguf *g, const char *model, gguf_tok_arrays *a, loom_error *err) {
+    loom_status st = gguf_strings(g, "tokenizer.ggml.tokens", &a->nv, &a->toks, &a->tok_lens, err);
+    if (st == LOOM_ERR_NOT_FOUND)
+        st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: tokenizer.ggml.tokens is missing",
+                            loom_gguf_path(g));
+    if (st) return st;
+    if (a->nv == 0)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: tokenizer.ggml.tokens is empty", loom_gguf_path(g));
+    st = gguf_strings(g, "tokenizer.ggml.merges", &a->nm, &a->merges, &a->merge_lens, err);
+    if (st == LOOM_ERR_NOT_FOUND) st = LOOM_OK;
+    if (st) return st;
+    if (strcmp(model, "gpt2") == 0 && a->nm == 0)
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: byte-level BPE vocabulary without tokenizer.ggml.merges",
+                              loom_gguf_path(g));
+    return LOOM_OK;
+}
+
+/* Token types (all normal when absent) and scores (optional). */
+static loom_status read_types_scores(const loom_gguf *g, gguf_tok_arrays *a, loom_error *err) {
+    a->types = malloc(a->nv * sizeof *a->types);
+    if (!a->types) return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory");
+    if (loom_gguf_find(g, "tokenizer.ggml.token_type") < 0) {
+        for (uint64_t i = 0; i < a->nv; i++) a->types[i] = LOOM_TOKEN_NORMAL;
+    } else if (!gguf_numbers(g, "tokenizer.ggml.token_type", a->nv, a->types, NULL)) {
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: tokenizer.ggml.token_type is not a numeric array of %llu entries",
+                              loom_gguf_path(g), (unsigned long long)a->nv);
+    }
+    if (loom_gguf_find(g, "tokenizer.ggml.scores") < 0) return LOOM_OK;
+    a->scores = malloc(a->nv * sizeof *a->scores);
+    if (!a->scores) return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory");
+    if (!gguf_numbers(g, "tokenizer.ggml.scores", a->nv, NULL, a->scores))
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: tokenizer.ggml.scores is not a numeric array of %llu entries",
+                              loom_gguf_path(g), (unsigned long long)a->nv);
+    return LOOM_OK;
+}
+
+/* tokenizer.chat_template, NUL-terminated (GGUF strings are not). */
+static loom_status read_template(const loom_gguf *g, gguf_tok_arrays *a, loom_error *err) {
+    loom_gguf_str s;
+    if (!loom_gguf_get_str(g, "tokenizer.chat_template", &s) || s.len == 0) return LOOM_OK;
+    if (!(a->tmpl = loom_strndup(s.ptr, (size_t)s.len)))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory");
+    return LOOM_OK;
+}
+
+static void fill_spec(const loom_gguf *g, const gguf_tok_arrays *a, const char *model, const char *pre,
+                      loom_tokenizer_spec *spec) {
+    loom_tokenizer_spec_init(spec);
+    spec->model = model;
+    spec->pre = pre[0] ? pre : NULL;
+    spec->n_vocab = (int32_t)a->nv;
+    spec->tokens = a->toks;
+    spec->token_lens = a->tok_lens;
+    spec->scores = a->scores;
+    spec->token_types = a->types;
+    spec->n_merges = (int32_t)a->nm;
+    spec->merges = a->merges;
+    spec->merge_lens = a->merge_lens;
+    spec->bos_id = gguf_id(g, "tokenizer.ggml.bos_token_id");
+    spec->eos_id = gguf_id(g, "tokenizer.ggml.eos_token_id");
+    spec->unk_id = gguf_id(g, "tokenizer.ggml.unknown_token_id");
+    spec->eot_id = gguf_id(g, "tokenizer.ggml.eot_token_id");
+    spec->eom_id = gguf_id(g, "tokenizer.ggml.eom_token_id");
+    spec->pad_id = gguf_id(g, "tokenizer.ggml.padding_token_id");
+    spec->add_bos = gguf_flag(g, "tokenizer.ggml.add_bos_token");
+    spec->add_space_prefix = gguf_flag(g, "tokenizer.ggml.add_space_prefix");
+    spec->chat_template = a->tmpl;
+}
+
 loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out, loom_error *err) {
-    loom_status st = LOOM_OK;
-    const char **toks = NULL, **merges = NULL;
-    uint32_t *tok_lens = NULL, *merge_lens = NULL;
-    int32_t *types = NULL;
-    float *scores = NULL;
+    gguf_tok_arrays a = {0};
     char model[32] = "", pre[64] = "";
-    char *tmpl = NULL;
+    loom_status st;
     if (!g || !out) return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer: NULL argument");
     *out = NULL;
 
@@ -105,84 +195,14 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out, l
     if (loom_gguf_get_str(g, "tokenizer.ggml.pre", &s))
         snprintf(pre, sizeof pre, "%.*s", (int)(s.len < 63 ? s.len : 63), s.ptr);
 
-    uint64_t nv = 0, nm = 0;
-    st = gguf_strings(g, "tokenizer.ggml.tokens", &nv, &toks, &tok_lens, err);
-    if (st == LOOM_ERR_NOT_FOUND)
-        st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: tokenizer.ggml.tokens is missing",
-                            loom_gguf_path(g));
-    if (st) goto done;
-    if (nv == 0) {
-        st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: tokenizer.ggml.tokens is empty", loom_gguf_path(g));
-        goto done;
-    }
-    st = gguf_strings(g, "tokenizer.ggml.merges", &nm, &merges, &merge_lens, err);
-    if (st == LOOM_ERR_NOT_FOUND) st = LOOM_OK;
-    if (st) goto done;
-    if (strcmp(model, "gpt2") == 0 && nm == 0) {
-        st = loom_error_set(err, LOOM_ERR_FORMAT,
-                            "%s: byte-level BPE vocabulary without tokenizer.ggml.merges",
-                            loom_gguf_path(g));
-        goto done;
-    }
-
-    types = malloc(nv * sizeof *types);
-    if (!types) { st = loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
-    if (loom_gguf_find(g, "tokenizer.ggml.token_type") >= 0 &&
-        !gguf_numbers(g, "tokenizer.ggml.token_type", nv, types, NULL)) {
-        st = loom_error_set(err, LOOM_ERR_FORMAT,
-                            "%s: tokenizer.ggml.token_type is not a numeric array of %llu entries",
-                            loom_gguf_path(g), (unsigned long long)nv);
-        goto done;
-    } else if (loom_gguf_find(g, "tokenizer.ggml.token_type") < 0) {
-        for (uint64_t i = 0; i < nv; i++) types[i] = LOOM_TOKEN_NORMAL;
-    }
-    if (loom_gguf_find(g, "tokenizer.ggml.scores") >= 0) {
-        scores = malloc(nv * sizeof *scores);
-        if (!scores) { st = loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
-        if (!gguf_numbers(g, "tokenizer.ggml.scores", nv, NULL, scores)) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                "%s: tokenizer.ggml.scores is not a numeric array of %llu entries",
-                                loom_gguf_path(g), (unsigned long long)nv);
-            goto done;
-        }
-    }
-    if (loom_gguf_get_str(g, "tokenizer.chat_template", &s) && s.len > 0) {
-        tmpl = malloc(s.len + 1);
-        if (!tmpl) { st = loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
-        memcpy(tmpl, s.ptr, s.len);
-        tmpl[s.len] = '\0';
-    }
-
+    if ((st = read_strings(g, model, &a, err))) goto free_arrays;
+    if ((st = read_types_scores(g, &a, err))) goto free_arrays;
+    if ((st = read_template(g, &a, err))) goto free_arrays;
     loom_tokenizer_spec spec;
-    loom_tokenizer_spec_init(&spec);
-    spec.model = model;
-    spec.pre = pre[0] ? pre : NULL;
-    spec.n_vocab = (int32_t)nv;
-    spec.tokens = toks;
-    spec.token_lens = tok_lens;
-    spec.scores = scores;
-    spec.token_types = types;
-    spec.n_merges = (int32_t)nm;
-    spec.merges = merges;
-    spec.merge_lens = merge_lens;
-    spec.bos_id = gguf_id(g, "tokenizer.ggml.bos_token_id");
-    spec.eos_id = gguf_id(g, "tokenizer.ggml.eos_token_id");
-    spec.unk_id = gguf_id(g, "tokenizer.ggml.unknown_token_id");
-    spec.eot_id = gguf_id(g, "tokenizer.ggml.eot_token_id");
-    spec.eom_id = gguf_id(g, "tokenizer.ggml.eom_token_id");
-    spec.pad_id = gguf_id(g, "tokenizer.ggml.padding_token_id");
-    spec.add_bos = gguf_flag(g, "tokenizer.ggml.add_bos_token");
-    spec.add_space_prefix = gguf_flag(g, "tokenizer.ggml.add_space_prefix");
-    spec.chat_template = tmpl;
+    fill_spec(g, &a, model, pre, &spec);
     st = loom_tokenizer_from_arrays(&spec, out, err);
     if (st) loom_error_prefix(err, "%s", loom_gguf_path(g));
-done:
-    free(toks);
-    free(tok_lens);
-    free(merges);
-    free(merge_lens);
-    free(types);
-    free(scores);
-    free(tmpl);
+free_arrays:
+    gguf_tok_arrays_free(&a);
     return st;
 }

@@ -204,152 +204,162 @@ static bool parse_byte_token(const char *s, int *b) {
     return true;
 }
 
-loom_status loom_tokenizer_from_json(const char *path, const char *config_path,
-                                     loom_tokenizer **out, loom_error *err) {
-    loom_status st = LOOM_OK;
-    cJSON *root = NULL, *cfg = NULL;
-    const char **toks = NULL, **merges = NULL;
-    int32_t *types = NULL;
-    uint8_t *lstrip = NULL, *rstrip = NULL;
-    char *merge_buf = NULL;
-    loom_tokenizer *t = NULL;
-    if (!out || !path) return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer: NULL argument");
-    *out = NULL;
-    st = read_json(path, &root, err);
-    if (st) goto done;
-    if (config_path) {
-        st = read_json(config_path, &cfg, err);
-        if (st) goto done;
-    }
-
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    const char *mtype = jstr(model, "type");
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-    const cJSON *jmerges = cJSON_GetObjectItemCaseSensitive(model, "merges");
-    if (!cJSON_IsObject(model) || (mtype && strcmp(mtype, "BPE") != 0) || !cJSON_IsObject(vocab) ||
-        !cJSON_IsArray(jmerges)) {
-        st = loom_error_set(err, mtype && strcmp(mtype, "BPE") != 0 ? LOOM_ERR_UNSUPPORTED : LOOM_ERR_FORMAT,
-                            "%s: model '%s' is not supported; loom reads BPE models with a vocab "
-                            "object and a merges array",
-                            path, mtype ? mtype : "(no model)");
-        goto done;
-    }
-    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
-    const cJSON *normalizer = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
-    const cJSON *pretok = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
-    const cJSON *decoder = cJSON_GetObjectItemCaseSensitive(root, "decoder");
-    const cJSON *post = cJSON_GetObjectItemCaseSensitive(root, "post_processor");
-    st = check_normalizer(normalizer, path, err);
-    if (st) goto done;
-
-    /* --- which family */
-    bool byte_fallback = jbool(model, "byte_fallback", 0);
-    const cJSON *meta = find_type(pretok, "Metaspace");
-    if (!meta) meta = find_type(decoder, "Metaspace");
+/* Which BPE family the pipeline describes, and the SentencePiece options. */
+typedef struct json_family {
     tok_kind kind;
-    bool space_prefix = false, prefix_first = false, spm_split = false;
-    if (find_type(pretok, "ByteLevel") || find_type(decoder, "ByteLevel")) {
-        kind = TOK_BYTELEVEL;
-    } else if (has_spm_replace(normalizer) || meta) {
-        kind = TOK_SPM;
-        space_prefix = has_spm_prepend(normalizer);
-        if (meta) {
-            const char *scheme = jstr(meta, "prepend_scheme");
-            space_prefix = scheme ? strcmp(scheme, "never") != 0 : jbool(meta, "add_prefix_space", 1);
-            prefix_first = scheme && strcmp(scheme, "first") == 0;
-            spm_split = find_type(pretok, "Metaspace") == meta && jbool(meta, "split", 1);
-        }
-    } else {
-        st = loom_error_set(err, LOOM_ERR_UNSUPPORTED,
-                            "%s: neither byte-level (ByteLevel) nor SentencePiece-style (▁) BPE; "
-                            "loom cannot tell how to map text to this vocabulary",
-                            path);
-        goto done;
-    }
+    const cJSON *meta;  /* the Metaspace step, or NULL */
+    bool space_prefix, prefix_first, spm_split;
+} json_family;
 
-    /* --- vocabulary: ids may be sparse; holes become unused empty tokens */
-    int64_t max_id = -1;
+/* The vocabulary as arrays indexed by id; strings point into the JSON tree. */
+typedef struct json_vocab {
+    size_t nv;
+    const char **toks;   /* [nv], NULL for holes */
+    int32_t *types;      /* [nv] loom_token_type  */
+    uint8_t *lstrip;     /* [nv] 0/1              */
+    uint8_t *rstrip;     /* [nv] 0/1              */
+} json_vocab;
+
+/* The merges, each as "a b" in one buffer. */
+typedef struct json_merges {
+    int32_t n;
+    const char **list;   /* [n] into buf */
+    char *buf;
+} json_merges;
+
+static void json_vocab_free(json_vocab *v) {
+    free(v->toks);
+    free(v->types);
+    free(v->lstrip);
+    free(v->rstrip);
+}
+
+static void json_merges_free(json_merges *m) {
+    free(m->list);
+    free(m->buf);
+}
+
+/* A byte-level pipeline (ByteLevel anywhere) or a SentencePiece one (▁
+ * replace or Metaspace); anything else cannot be mapped to the vocabulary. */
+static loom_status detect_family(const cJSON *normalizer, const cJSON *pretok, const cJSON *decoder,
+                                 const char *path, json_family *f, loom_error *err) {
+    *f = (json_family){0};
+    f->meta = find_type(pretok, "Metaspace");
+    if (!f->meta) f->meta = find_type(decoder, "Metaspace");
+    if (find_type(pretok, "ByteLevel") || find_type(decoder, "ByteLevel")) {
+        f->kind = TOK_BYTELEVEL;
+        return LOOM_OK;
+    }
+    if (!has_spm_replace(normalizer) && !f->meta)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "%s: neither byte-level (ByteLevel) nor SentencePiece-style (▁) BPE; "
+                              "loom cannot tell how to map text to this vocabulary",
+                              path);
+    f->kind = TOK_SPM;
+    f->space_prefix = has_spm_prepend(normalizer);
+    if (f->meta) {
+        const char *scheme = jstr(f->meta, "prepend_scheme");
+        f->space_prefix = scheme ? strcmp(scheme, "never") != 0 : jbool(f->meta, "add_prefix_space", 1);
+        f->prefix_first = scheme && strcmp(scheme, "first") == 0;
+        f->spm_split = find_type(pretok, "Metaspace") == f->meta && jbool(f->meta, "split", 1);
+    }
+    return LOOM_OK;
+}
+
+/* The largest id in vocab and added_tokens, each id checked. */
+static loom_status vocab_max_id(const cJSON *vocab, const cJSON *added, const char *path, int64_t *max_id,
+                                loom_error *err) {
     const cJSON *it;
+    *max_id = -1;
     cJSON_ArrayForEach(it, vocab) {
-        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= (1 << 24)) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: vocab entry '%s' has a bad id", path,
-                                it->string ? it->string : "?");
-            goto done;
-        }
-        if (it->valueint > max_id) max_id = it->valueint;
+        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= (1 << 24))
+            return loom_error_set(err, LOOM_ERR_FORMAT, "%s: vocab entry '%s' has a bad id", path,
+                                  it->string ? it->string : "?");
+        if (it->valueint > *max_id) *max_id = it->valueint;
     }
     cJSON_ArrayForEach(it, added) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 24) || !jstr(it, "content")) {
-            st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: added_tokens entry without a valid id/content", path);
-            goto done;
-        }
-        if (id->valueint > max_id) max_id = id->valueint;
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (1 << 24) || !jstr(it, "content"))
+            return loom_error_set(err, LOOM_ERR_FORMAT, "%s: added_tokens entry without a valid id/content", path);
+        if (id->valueint > *max_id) *max_id = id->valueint;
     }
-    if (max_id < 0) { st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: empty vocabulary", path); goto done; }
-    size_t nv = (size_t)max_id + 1;
-    toks = calloc(nv, sizeof *toks);
-    types = malloc(nv * sizeof *types);
-    lstrip = calloc(nv, 1);
-    rstrip = calloc(nv, 1);
-    if (!toks || !types || !lstrip || !rstrip) { st = loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
-    for (size_t i = 0; i < nv; i++) types[i] = LOOM_TOKEN_UNUSED;
+    if (*max_id < 0) return loom_error_set(err, LOOM_ERR_FORMAT, "%s: empty vocabulary", path);
+    return LOOM_OK;
+}
+
+/* Vocabulary: ids may be sparse; holes become unused empty tokens. Added
+ * tokens override the model's vocab entry of the same id. */
+static loom_status read_vocab(const cJSON *model, const cJSON *added, tok_kind kind, const char *path,
+                              json_vocab *v, loom_error *err) {
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    bool byte_fallback = jbool(model, "byte_fallback", 0);
+    int64_t max_id;
+    loom_status st = vocab_max_id(vocab, added, path, &max_id, err);
+    if (st) return st;
+    v->nv = (size_t)max_id + 1;
+    v->toks = calloc(v->nv, sizeof *v->toks);
+    v->types = malloc(v->nv * sizeof *v->types);
+    v->lstrip = calloc(v->nv, 1);
+    v->rstrip = calloc(v->nv, 1);
+    if (!v->toks || !v->types || !v->lstrip || !v->rstrip)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory");
+    for (size_t i = 0; i < v->nv; i++) v->types[i] = LOOM_TOKEN_UNUSED;
+    const cJSON *it;
     cJSON_ArrayForEach(it, vocab) {
-        toks[it->valueint] = it->string;
-        types[it->valueint] = LOOM_TOKEN_NORMAL;
+        v->toks[it->valueint] = it->string;
+        v->types[it->valueint] = LOOM_TOKEN_NORMAL;
         int b;
-        if (kind == TOK_SPM && byte_fallback && parse_byte_token(it->string, &b)) types[it->valueint] = LOOM_TOKEN_BYTE;
+        if (kind == TOK_SPM && byte_fallback && parse_byte_token(it->string, &b))
+            v->types[it->valueint] = LOOM_TOKEN_BYTE;
     }
     const char *unk_text = jstr(model, "unk_token");
     cJSON_ArrayForEach(it, added) {
         int id = cJSON_GetObjectItemCaseSensitive(it, "id")->valueint;
-        toks[id] = jstr(it, "content");
-        types[id] = jbool(it, "special", 0) ? LOOM_TOKEN_CONTROL : LOOM_TOKEN_USER_DEFINED;
-        if (unk_text && strcmp(toks[id], unk_text) == 0) types[id] = LOOM_TOKEN_UNKNOWN;
-        lstrip[id] = (uint8_t)jbool(it, "lstrip", 0);
-        rstrip[id] = (uint8_t)jbool(it, "rstrip", 0);
+        v->toks[id] = jstr(it, "content");
+        v->types[id] = jbool(it, "special", 0) ? LOOM_TOKEN_CONTROL : LOOM_TOKEN_USER_DEFINED;
+        if (unk_text && strcmp(v->toks[id], unk_text) == 0) v->types[id] = LOOM_TOKEN_UNKNOWN;
+        v->lstrip[id] = (uint8_t)jbool(it, "lstrip", 0);
+        v->rstrip[id] = (uint8_t)jbool(it, "rstrip", 0);
     }
+    return LOOM_OK;
+}
 
-    /* --- merges: normalise both forms to "a b" */
-    int32_t nm = cJSON_GetArraySize(jmerges);
+/* Merges come as "a b" strings or ["a", "b"] pairs: normalise both to "a b". */
+static loom_status read_merges(const cJSON *jmerges, const char *path, json_merges *m, loom_error *err) {
+    const cJSON *it;
     size_t mbytes = 0;
+    m->n = cJSON_GetArraySize(jmerges);
     cJSON_ArrayForEach(it, jmerges) {
         if (cJSON_IsString(it)) mbytes += strlen(it->valuestring) + 1;
         else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
                  cJSON_IsString(cJSON_GetArrayItem(it, 1)))
             mbytes += strlen(cJSON_GetArrayItem(it, 0)->valuestring) + strlen(cJSON_GetArrayItem(it, 1)->valuestring) + 2;
-        else { st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: a merges entry is neither \"a b\" nor [\"a\",\"b\"]", path); goto done; }
+        else return loom_error_set(err, LOOM_ERR_FORMAT, "%s: a merges entry is neither \"a b\" nor [\"a\",\"b\"]", path);
     }
-    merges = malloc((size_t)(nm ? nm : 1) * sizeof *merges);
-    merge_buf = malloc(mbytes ? mbytes : 1);
-    if (!merges || !merge_buf) { st = loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
+    m->list = malloc((size_t)(m->n ? m->n : 1) * sizeof *m->list);
+    m->buf = malloc(mbytes ? mbytes : 1);
+    if (!m->list || !m->buf) return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory");
     size_t mo = 0;
     int32_t mi = 0;
     cJSON_ArrayForEach(it, jmerges) {
-        merges[mi++] = merge_buf + mo;
+        m->list[mi++] = m->buf + mo;
         if (cJSON_IsString(it)) {
             size_t n = strlen(it->valuestring);
-            memcpy(merge_buf + mo, it->valuestring, n + 1);
+            memcpy(m->buf + mo, it->valuestring, n + 1);
             mo += n + 1;
         } else {
-            mo += (size_t)sprintf(merge_buf + mo, "%s %s", cJSON_GetArrayItem(it, 0)->valuestring,
+            mo += (size_t)sprintf(m->buf + mo, "%s %s", cJSON_GetArrayItem(it, 0)->valuestring,
                                   cJSON_GetArrayItem(it, 1)->valuestring) + 1;
         }
     }
+    return LOOM_OK;
+}
 
-    /* --- specials, flags, template */
-    loom_tokenizer_spec spec;
-    loom_tokenizer_spec_init(&spec);
-    spec.model = kind == TOK_SPM ? "llama" : "gpt2";
-    spec.pre = "json";
-    spec.n_vocab = (int32_t)nv;
-    spec.tokens = toks;
-    spec.token_types = types;
-    spec.n_merges = nm;
-    spec.merges = merges;
-    spec.add_space_prefix = space_prefix;
-
-    /* BOS from a TemplateProcessing post-processor that starts with a special token. */
+/* BOS, EOS and UNK ids and add_bos. tokenizer_config.json (cfg) decides when
+ * present; otherwise a TemplateProcessing post-processor that starts with a
+ * special token gives BOS, and the usual token texts are guessed. */
+static void set_specials(loom_tokenizer_spec *spec, const json_vocab *v, const cJSON *model, const cJSON *post,
+                         const cJSON *cfg, tok_kind kind) {
     const cJSON *tp = find_type(post, "TemplateProcessing");
     const char *post_bos = NULL;
     if (tp) {
@@ -363,53 +373,118 @@ loom_status loom_tokenizer_from_json(const char *path, const char *config_path,
     if (add_bos < 0 && post_bos) add_bos = 1;
     if (!bos_text) bos_text = post_bos;
     if (add_bos < 0) add_bos = kind == TOK_SPM;
-    spec.add_bos = add_bos;
+    spec->add_bos = add_bos;
 
-    spec.bos_id = find_tok(toks, nv, bos_text);
-    if (spec.bos_id < 0 && !cfg) {
-        spec.bos_id = find_tok(toks, nv, "<s>");
-        if (spec.bos_id < 0) spec.bos_id = find_tok(toks, nv, "<|begin_of_text|>");
+    spec->bos_id = find_tok(v->toks, v->nv, bos_text);
+    if (spec->bos_id < 0 && !cfg) {
+        spec->bos_id = find_tok(v->toks, v->nv, "<s>");
+        if (spec->bos_id < 0) spec->bos_id = find_tok(v->toks, v->nv, "<|begin_of_text|>");
     }
-    spec.eos_id = find_tok(toks, nv, eos_text);
-    if (spec.eos_id < 0 && !cfg) {
+    spec->eos_id = find_tok(v->toks, v->nv, eos_text);
+    if (spec->eos_id < 0 && !cfg) {
         static const char *const guess[] = {"</s>", "<|end_of_text|>", "<|endoftext|>", "<|im_end|>", NULL};
-        for (const char *const *g = guess; *g && spec.eos_id < 0; g++) spec.eos_id = find_tok(toks, nv, *g);
+        for (const char *const *g = guess; *g && spec->eos_id < 0; g++)
+            spec->eos_id = find_tok(v->toks, v->nv, *g);
     }
-    spec.unk_id = find_tok(toks, nv, unk_text);
+    spec->unk_id = find_tok(v->toks, v->nv, jstr(model, "unk_token"));
+}
+
+/* chat_template is a string, or a list of named templates of which
+ * "default" wins (else the last). */
+static const char *chat_template(const cJSON *cfg) {
     const cJSON *ct = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "chat_template") : NULL;
-    if (cJSON_IsString(ct)) {
-        spec.chat_template = ct->valuestring;
-    } else if (cJSON_IsArray(ct)) { /* [{"name": "default", "template": ...}, ...] */
+    const char *tmpl = NULL;
+    if (cJSON_IsString(ct)) return ct->valuestring;
+    if (cJSON_IsArray(ct)) { /* [{"name": "default", "template": ...}, ...] */
+        const cJSON *it;
         cJSON_ArrayForEach(it, ct) {
             const char *name = jstr(it, "name");
-            if (!spec.chat_template || (name && strcmp(name, "default") == 0)) spec.chat_template = jstr(it, "template");
+            if (!tmpl || (name && strcmp(name, "default") == 0)) tmpl = jstr(it, "template");
         }
     }
+    return tmpl;
+}
 
-    tok_build_opts opts = {.skip_pre = true, .force_kind = kind,
+/* The model must be BPE with a vocab object and a merges array. */
+static loom_status check_model(const cJSON *model, const char *path, loom_error *err) {
+    const char *mtype = jstr(model, "type");
+    if (cJSON_IsObject(model) && (!mtype || strcmp(mtype, "BPE") == 0) &&
+        cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(model, "vocab")) &&
+        cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(model, "merges")))
+        return LOOM_OK;
+    return loom_error_set(err, mtype && strcmp(mtype, "BPE") != 0 ? LOOM_ERR_UNSUPPORTED : LOOM_ERR_FORMAT,
+                          "%s: model '%s' is not supported; loom reads BPE models with a vocab "
+                          "object and a merges array",
+                          path, mtype ? mtype : "(no model)");
+}
+
+/* Build the tokenizer from the parsed files: family, vocabulary, merges,
+ * specials and template, then (byte-level only) the pre-tokenizer splits. */
+static loom_status build_from(const cJSON *root, const cJSON *cfg, const char *path, loom_tokenizer **out,
+                              loom_error *err) {
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    const cJSON *normalizer = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
+    const cJSON *pretok = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+    json_vocab v = {0};
+    json_merges m = {0};
+    json_family fam;
+    loom_tokenizer *t = NULL;
+    loom_status st;
+
+    if ((st = check_model(model, path, err))) return st;
+    if ((st = check_normalizer(normalizer, path, err))) return st;
+    if ((st = detect_family(normalizer, pretok, cJSON_GetObjectItemCaseSensitive(root, "decoder"), path, &fam,
+                            err)))
+        return st;
+    st = read_vocab(model, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), fam.kind, path, &v, err);
+    if (st) goto free_tables;
+    st = read_merges(cJSON_GetObjectItemCaseSensitive(model, "merges"), path, &m, err);
+    if (st) goto free_tables;
+
+    loom_tokenizer_spec spec;
+    loom_tokenizer_spec_init(&spec);
+    spec.model = fam.kind == TOK_SPM ? "llama" : "gpt2";
+    spec.pre = "json";
+    spec.n_vocab = (int32_t)v.nv;
+    spec.tokens = v.toks;
+    spec.token_types = v.types;
+    spec.n_merges = m.n;
+    spec.merges = m.list;
+    spec.add_space_prefix = fam.space_prefix;
+    set_specials(&spec, &v, model, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), cfg, fam.kind);
+    spec.chat_template = chat_template(cfg);
+
+    tok_build_opts opts = {.skip_pre = true, .force_kind = fam.kind,
                            .ignore_merges = jbool(model, "ignore_merges", 0) == 1,
-                           .spm_prefix_first = prefix_first, .spm_split = spm_split,
-                           .spm_prefix_unless_space = meta != NULL,
-                           .lstrip = lstrip, .rstrip = rstrip};
+                           .spm_prefix_first = fam.prefix_first, .spm_split = fam.spm_split,
+                           .spm_prefix_unless_space = fam.meta != NULL,
+                           .lstrip = v.lstrip, .rstrip = v.rstrip};
     st = tok_build(&spec, &opts, &t, err);
     if (st) {
         loom_error_prefix(err, "%s", path);
-        goto done;
+        goto free_tables;
     }
-    if (kind == TOK_BYTELEVEL) {
-        st = add_pretok(t, pretok, path, err);
-        if (st) goto done;
+    if (fam.kind == TOK_BYTELEVEL && (st = add_pretok(t, pretok, path, err))) {
+        loom_tokenizer_free(t);
+        goto free_tables;
     }
     *out = t;
-    t = NULL;
-done:
-    loom_tokenizer_free(t);
-    free(toks);
-    free(types);
-    free(lstrip);
-    free(rstrip);
-    free(merges);
-    free(merge_buf);
+free_tables:
+    json_vocab_free(&v);
+    json_merges_free(&m);
+    return st;
+}
+
+loom_status loom_tokenizer_from_json(const char *path, const char *config_path,
+                                     loom_tokenizer **out, loom_error *err) {
+    cJSON *root = NULL, *cfg = NULL;
+    if (!out || !path) return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer: NULL argument");
+    *out = NULL;
+    loom_status st = read_json(path, &root, err);
+    if (st) goto free_json;
+    if (config_path && (st = read_json(config_path, &cfg, err))) goto free_json;
+    st = build_from(root, cfg, path, out, err);
+free_json:
     cJSON_Delete(root);
     cJSON_Delete(cfg);
     return st;

@@ -357,14 +357,9 @@ static loom_status tok_build_merges(loom_tokenizer *t, const loom_tokenizer_spec
     return LOOM_OK;
 }
 
-loom_status tok_build(const loom_tokenizer_spec *spec, const tok_build_opts *opts,
-                      loom_tokenizer **out, loom_error *err) {
-    static const tok_build_opts no_opts;
-    loom_status st = LOOM_OK;
-    loom_tokenizer *t = NULL;
-    if (!opts) opts = &no_opts;
-    if (!spec || !out) return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer: NULL argument");
-    *out = NULL;
+/* The spec's arrays are usable and its model names a family loom reads. */
+static loom_status tok_check_spec(const loom_tokenizer_spec *spec, const tok_build_opts *opts, tok_kind *kind,
+                                  loom_error *err) {
     if (!spec->model)
         return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer: no model type (tokenizer.ggml.model)");
     if (spec->n_vocab <= 0 || spec->n_vocab > TOK_MAX_VOCAB || !spec->tokens)
@@ -373,33 +368,29 @@ loom_status tok_build(const loom_tokenizer_spec *spec, const tok_build_opts *opt
                               (int)spec->n_vocab, TOK_MAX_VOCAB);
     if (spec->n_merges < 0 || (spec->n_merges > 0 && !spec->merges))
         return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer: bad merges array");
-
-    tok_kind kind;
-    if (opts->force_kind) kind = (tok_kind)opts->force_kind;
-    else if (strcmp(spec->model, "gpt2") == 0) kind = TOK_BYTELEVEL;
-    else if (strcmp(spec->model, "llama") == 0) kind = TOK_SPM;
+    if (opts->force_kind) *kind = (tok_kind)opts->force_kind;
+    else if (strcmp(spec->model, "gpt2") == 0) *kind = TOK_BYTELEVEL;
+    else if (strcmp(spec->model, "llama") == 0) *kind = TOK_SPM;
     else
         return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
                               "tokenizer: model type '%s' is not supported; loom reads 'gpt2' "
                               "(byte-level BPE) and 'llama' (SentencePiece BPE)",
                               spec->model);
+    return LOOM_OK;
+}
 
-    t = calloc(1, sizeof *t);
-    if (!t) return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory");
-    t->kind = kind;
-    snprintf(t->model_name, sizeof t->model_name, "%s", kind == TOK_SPM ? "llama" : "gpt2");
-    t->n_vocab = spec->n_vocab;
+/* Copy every token's stored text and the bytes it decodes to into the two
+ * arenas, with its type and score. */
+static loom_status tok_build_arenas(loom_tokenizer *t, const loom_tokenizer_spec *spec, loom_error *err) {
     size_t nv = (size_t)spec->n_vocab;
-
-    /* --- arenas */
     size_t total = 0;
     for (size_t i = 0; i < nv; i++) {
         const char *s = spec->tokens[i] ? spec->tokens[i] : "";
         size_t n = spec->token_lens ? spec->token_lens[i] : strlen(s);
-        if (n > UINT32_MAX / 2) { st = loom_error_set(err, LOOM_ERR_INVALID, "tokenizer: token %zu too long", i); goto fail; }
+        if (n > UINT32_MAX / 2) return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer: token %zu too long", i);
         total += n + 1;
     }
-    if (total > UINT32_MAX) { st = loom_error_set(err, LOOM_ERR_INVALID, "tokenizer: vocabulary text over 4 GiB"); goto fail; }
+    if (total > UINT32_MAX) return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer: vocabulary text over 4 GiB");
     t->text_arena = malloc(total);
     t->piece_arena = malloc(total);
     t->text_off = malloc(nv * sizeof(uint32_t));
@@ -410,10 +401,8 @@ loom_status tok_build(const loom_tokenizer_spec *spec, const tok_build_opts *opt
     t->eog = calloc(nv, 1);
     if (spec->scores) t->scores = malloc(nv * sizeof(float));
     if (!t->text_arena || !t->piece_arena || !t->text_off || !t->text_len || !t->piece_off ||
-        !t->piece_len || !t->types || !t->eog || (spec->scores && !t->scores)) {
-        st = loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory for %zu tokens", nv);
-        goto fail;
-    }
+        !t->piece_len || !t->types || !t->eog || (spec->scores && !t->scores))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory for %zu tokens", nv);
     size_t to = 0, po = 0;
     int16_t bl_rev[256 + 68];
     tok_bl_table(bl_rev);
@@ -429,21 +418,24 @@ loom_status tok_build(const loom_tokenizer_spec *spec, const tok_build_opts *opt
         t->text_off[i] = (uint32_t)to;
         t->text_len[i] = (uint32_t)n;
         to += n + 1;
-        size_t pn = tok_make_piece(kind, bl_rev, (loom_token_type)ty, s, n, t->piece_arena + po);
+        size_t pn = tok_make_piece(t->kind, bl_rev, (loom_token_type)ty, s, n, t->piece_arena + po);
         t->piece_off[i] = (uint32_t)po;
         t->piece_len[i] = (uint32_t)pn;
         po += pn;
         if (pn > t->max_piece) t->max_piece = pn;
         if (t->scores) t->scores[i] = spec->scores[i];
     }
+    return LOOM_OK;
+}
 
-    /* --- maps */
-    if (tok_map_init(&t->text_map, nv) || tok_map_init(&t->bpe_map, nv)) {
-        st = loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory (maps)");
-        goto fail;
-    }
+/* The two maps (stored text; what BPE may produce) and the single-byte
+ * tokens: byte-level pieces of one byte, or SPM <0xNN> tokens. */
+static loom_status tok_build_maps(loom_tokenizer *t, loom_error *err) {
+    size_t nv = (size_t)t->n_vocab;
+    if (tok_map_init(&t->text_map, nv) || tok_map_init(&t->bpe_map, nv))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory (maps)");
     t->text_map = (tok_strmap){t->text_map.slots, t->text_map.mask, t->text_arena, t->text_off, t->text_len};
-    if (kind == TOK_BYTELEVEL)
+    if (t->kind == TOK_BYTELEVEL)
         t->bpe_map = (tok_strmap){t->bpe_map.slots, t->bpe_map.mask, t->piece_arena, t->piece_off, t->piece_len};
     else
         t->bpe_map = (tok_strmap){t->bpe_map.slots, t->bpe_map.mask, t->text_arena, t->text_off, t->text_len};
@@ -454,50 +446,45 @@ loom_status tok_build(const loom_tokenizer_spec *spec, const tok_build_opts *opt
             tok_map_add(&t->bpe_map, i);
     }
     for (int b = 0; b < 256; b++) t->byte_tok[b] = -1;
-    if (kind == TOK_BYTELEVEL) {
+    if (t->kind == TOK_BYTELEVEL) {
         for (int b = 0; b < 256; b++) {
             char c = (char)b;
             t->byte_tok[b] = tok_map_find(&t->bpe_map, &c, 1);
         }
-    } else {
-        for (int32_t i = 0; i < t->n_vocab; i++) {
-            const char *s = t->text_arena + t->text_off[i];
-            if (t->types[i] == LOOM_TOKEN_BYTE && t->text_len[i] == 6 && memcmp(s, "<0x", 3) == 0 &&
-                s[5] == '>' && tok_hexval(s[3]) >= 0 && tok_hexval(s[4]) >= 0) {
-                int b = tok_hexval(s[3]) * 16 + tok_hexval(s[4]);
-                if (t->byte_tok[b] < 0) t->byte_tok[b] = i;
-            }
+        return LOOM_OK;
+    }
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        const char *s = t->text_arena + t->text_off[i];
+        if (t->types[i] == LOOM_TOKEN_BYTE && t->text_len[i] == 6 && memcmp(s, "<0x", 3) == 0 &&
+            s[5] == '>' && tok_hexval(s[3]) >= 0 && tok_hexval(s[4]) >= 0) {
+            int b = tok_hexval(s[3]) * 16 + tok_hexval(s[4]);
+            if (t->byte_tok[b] < 0) t->byte_tok[b] = i;
         }
     }
-    if (spec->n_merges > 0) {
-        st = tok_build_merges(t, spec, err);
-        if (st) goto fail;
-    }
-    t->ignore_merges = opts->ignore_merges;
-    t->bl_prefix_space = opts->bl_prefix_space;
-    t->spm_prefix_first = opts->spm_prefix_first;
-    t->spm_split = opts->spm_split;
-    t->spm_prefix_unless_space = opts->spm_prefix_unless_space;
+    return LOOM_OK;
+}
 
-    /* --- specials */
+/* Control, user-defined and unknown tokens with text are matched in raw
+ * input before BPE. */
+static bool tok_is_special(const loom_tokenizer *t, int32_t i) {
+    uint8_t ty = t->types[i];
+    return (ty == LOOM_TOKEN_CONTROL || ty == LOOM_TOKEN_USER_DEFINED || ty == LOOM_TOKEN_UNKNOWN) &&
+           t->text_len[i] > 0;
+}
+
+/* The special tokens sorted for matching, and the index by first byte. */
+static loom_status tok_build_specials(loom_tokenizer *t, const tok_build_opts *opts, loom_error *err) {
     int32_t ns = 0;
-    for (int32_t i = 0; i < t->n_vocab; i++) {
-        uint8_t ty = t->types[i];
-        if ((ty == LOOM_TOKEN_CONTROL || ty == LOOM_TOKEN_USER_DEFINED || ty == LOOM_TOKEN_UNKNOWN) &&
-            t->text_len[i] > 0)
-            ns++;
-    }
+    for (int32_t i = 0; i < t->n_vocab; i++)
+        if (tok_is_special(t, i)) ns++;
     if (ns) {
         t->specials = malloc((size_t)ns * sizeof *t->specials);
-        if (!t->specials) { st = loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory"); goto fail; }
+        if (!t->specials) return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory");
         for (int32_t i = 0, k = 0; i < t->n_vocab; i++) {
-            uint8_t ty = t->types[i];
-            if (!((ty == LOOM_TOKEN_CONTROL || ty == LOOM_TOKEN_USER_DEFINED || ty == LOOM_TOKEN_UNKNOWN) &&
-                  t->text_len[i] > 0))
-                continue;
+            if (!tok_is_special(t, i)) continue;
             t->specials[k++] = (tok_special){
                 .id = i, .len = t->text_len[i], .text = t->text_arena + t->text_off[i],
-                .always = ty == LOOM_TOKEN_USER_DEFINED,
+                .always = t->types[i] == LOOM_TOKEN_USER_DEFINED,
                 .lstrip = opts->lstrip && opts->lstrip[i], .rstrip = opts->rstrip && opts->rstrip[i]};
         }
         qsort(t->specials, (size_t)ns, sizeof *t->specials, cmp_special);
@@ -507,17 +494,21 @@ loom_status tok_build(const loom_tokenizer_spec *spec, const tok_build_opts *opt
         while (k < ns && (unsigned char)t->specials[k].text[0] < b) k++;
         t->special_first[b] = k;
     }
+    return LOOM_OK;
+}
 
-    /* --- ids and flags */
+/* Special ids (each checked), BOS and space-prefix defaults of the family,
+ * and the end-of-generation set: the usual end texts plus eos/eot/eom. */
+static void tok_set_ids(loom_tokenizer *t, const loom_tokenizer_spec *spec) {
     t->bos = tok_check_id(t, spec->bos_id, "bos");
     t->eos = tok_check_id(t, spec->eos_id, "eos");
     t->unk = tok_check_id(t, spec->unk_id, "unknown");
     t->eot = tok_check_id(t, spec->eot_id, "eot");
     t->eom = tok_check_id(t, spec->eom_id, "eom");
     t->pad = tok_check_id(t, spec->pad_id, "padding");
-    t->add_bos = spec->add_bos >= 0 ? spec->add_bos != 0 : kind == TOK_SPM;
-    t->add_space_prefix = spec->add_space_prefix >= 0 ? spec->add_space_prefix != 0 : kind == TOK_SPM;
-    if (kind == TOK_BYTELEVEL) t->add_space_prefix = false;
+    t->add_bos = spec->add_bos >= 0 ? spec->add_bos != 0 : t->kind == TOK_SPM;
+    t->add_space_prefix = spec->add_space_prefix >= 0 ? spec->add_space_prefix != 0 : t->kind == TOK_SPM;
+    if (t->kind == TOK_BYTELEVEL) t->add_space_prefix = false;
     if (t->add_bos && t->bos < 0) t->add_bos = false;
 
     static const char *const eog_text[] = {
@@ -530,24 +521,54 @@ loom_status tok_build(const loom_tokenizer_spec *spec, const tok_build_opts *opt
     if (t->eos >= 0) t->eog[t->eos] = 1;
     if (t->eot >= 0) t->eog[t->eot] = 1;
     if (t->eom >= 0) t->eog[t->eom] = 1;
+}
 
-    if (spec->chat_template) {
-        size_t n = spec->chat_template_len ? spec->chat_template_len : strlen(spec->chat_template);
-        t->chat_template = malloc(n + 1);
-        if (!t->chat_template) { st = loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory"); goto fail; }
-        memcpy(t->chat_template, spec->chat_template, n);
-        t->chat_template[n] = '\0';
-    }
+static loom_status tok_copy_template(loom_tokenizer *t, const loom_tokenizer_spec *spec, loom_error *err) {
+    if (!spec->chat_template) return LOOM_OK;
+    size_t n = spec->chat_template_len ? spec->chat_template_len : strlen(spec->chat_template);
+    if (!(t->chat_template = loom_strndup(spec->chat_template, n)))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory");
+    return LOOM_OK;
+}
+
+/* Arenas, maps, merges, specials, ids, template, pre-tokenizer: each step
+ * reads only what the ones before it built. */
+loom_status tok_build(const loom_tokenizer_spec *spec, const tok_build_opts *opts,
+                      loom_tokenizer **out, loom_error *err) {
+    static const tok_build_opts no_opts;
+    loom_status st = LOOM_OK;
+    loom_tokenizer *t = NULL;
+    tok_kind kind = 0;
+    if (!opts) opts = &no_opts;
+    if (!spec || !out) return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer: NULL argument");
+    *out = NULL;
+    if ((st = tok_check_spec(spec, opts, &kind, err))) return st;
+
+    t = calloc(1, sizeof *t);
+    if (!t) return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory");
+    t->kind = kind;
+    snprintf(t->model_name, sizeof t->model_name, "%s", kind == TOK_SPM ? "llama" : "gpt2");
+    t->n_vocab = spec->n_vocab;
+    if ((st = tok_build_arenas(t, spec, err))) goto free_t;
+    if ((st = tok_build_maps(t, err))) goto free_t;
+    if (spec->n_merges > 0 && (st = tok_build_merges(t, spec, err))) goto free_t;
+    t->ignore_merges = opts->ignore_merges;
+    t->bl_prefix_space = opts->bl_prefix_space;
+    t->spm_prefix_first = opts->spm_prefix_first;
+    t->spm_split = opts->spm_split;
+    t->spm_prefix_unless_space = opts->spm_prefix_unless_space;
+    if ((st = tok_build_specials(t, opts, err))) goto free_t;
+    tok_set_ids(t, spec);
+    if ((st = tok_copy_template(t, spec, err))) goto free_t;
     if (!opts->skip_pre) {
-        st = tok_set_pre(t, spec->pre, err);
-        if (st) goto fail;
+        if ((st = tok_set_pre(t, spec->pre, err))) goto free_t;
     } else {
         snprintf(t->pre_name, sizeof t->pre_name, "%s", spec->pre ? spec->pre : "json");
     }
     t->chat_fmt = tok_detect_chat_format(t);
     *out = t;
     return LOOM_OK;
-fail:
+free_t:
     loom_tokenizer_free(t);
     return st;
 }

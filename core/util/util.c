@@ -103,6 +103,14 @@ char *loom_strdup(const char *s) {
     return d;
 }
 
+char *loom_strndup(const char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (!d) return NULL;
+    memcpy(d, s, n);
+    d[n] = '\0';
+    return d;
+}
+
 double loom_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -37,6 +37,9 @@ void loom_vlog(loom_log_level level, const char *who, const char *fmt, va_list a
 
 /* strdup that returns NULL on NULL. */
 char *loom_strdup(const char *s);
+/* The n bytes at s (not necessarily NUL-terminated: a GGUF string, part of
+ * a path) as a new NUL-terminated string; NULL when out of memory. */
+char *loom_strndup(const char *s, size_t n);
 /* Monotonic clock in seconds. */
 double loom_now(void);
 
