@@ -76,15 +76,16 @@ grep -Eq '^sampler +hello +1\.0\.0 +2\.[0-9]+ ' "$TMP/plugins.txt" ||
 grep -q 'greeting' "$TMP/params.txt" || fail "'loom plugins --params' lacks hello's greeting"
 
 if [ -n "$TEST_PLUGINS" ]; then
-    BACKEND=tback SCHEDULER=tsched CACHE=tcache
+    BACKEND=tback SCHEDULER=tsched CACHE=tcache CACHE_SIZE=""
 else
-    BACKEND=cpu SCHEDULER=continuous CACHE=paged
+    # a small pool: sized from free memory it would take most of the machine
+    BACKEND=cpu SCHEDULER=continuous CACHE=paged CACHE_SIZE=", num_blocks: 256"
 fi
 cat >"$TMP/hello.yaml" <<YAML
 model: {format: dummy, shape: tiny}
 backend: {plugin: $BACKEND}
 scheduler: {plugin: $SCHEDULER}
-cache: {plugin: $CACHE}
+cache: {plugin: $CACHE$CACHE_SIZE}
 sampler: {plugin: hello, greeting: "hi from the SDK test"}
 YAML
 "$LOOM" check "$TMP/hello.yaml" >"$TMP/check.txt" 2>&1 ||

@@ -93,19 +93,16 @@ typedef struct loom_runner {
     loom_kind kind;            /* LOOM_KIND_BACKEND or LOOM_KIND_EXECUTOR     */
     void *self;
     const char *name;          /* component name, for messages               */
-    loom_status (*load)(void *self, const loom_model_view *model, const loom_quant_binding *quant,
-                        loom_error *err);
-    size_t (*kv_block_bytes)(void *self, int32_t block_size, loom_dtype dtype);
-    loom_status (*memory)(void *self, loom_backend_memory *out, loom_error *err);
-    loom_status (*kv_alloc)(void *self, const loom_kv_layout *layout, loom_error *err);
-    loom_status (*forward)(void *self, const loom_batch *batch, float *logits, loom_error *err);
-    loom_status (*copy_blocks)(void *self, const int32_t *pairs, int32_t n, loom_error *err);
-    loom_status (*forward_topk)(void *self, const loom_batch *batch, const loom_logits_topk *out,
-                                loom_error *err);          /* NULL: none  */
-    loom_status (*swap_blocks)(void *self, loom_swap_dir dir, const int32_t *pairs, int32_t n,
-                               loom_error *err);           /* NULL: none  */
+    loom_load_fn *load;
+    loom_kv_block_bytes_fn *kv_block_bytes;
+    loom_memory_fn *memory;
+    loom_kv_alloc_fn *kv_alloc;
+    loom_forward_fn *forward;
+    loom_copy_blocks_fn *copy_blocks;
+    loom_forward_topk_fn *forward_topk;     /* NULL: none                     */
+    loom_swap_blocks_fn *swap_blocks;       /* NULL: none                     */
     loom_status (*set_observer)(void *self, const loom_act_observer *obs,
-                                loom_error *err);          /* NULL: none  */
+                                loom_error *err); /* NULL: none               */
 } loom_runner;
 
 /* Inbox entry posted by [any]-thread calls. */

@@ -49,8 +49,8 @@ typedef struct loom_plugin loom_plugin;     /* one loaded shared object     */
  * under include/loom/); the registry and pipeline only ever call these. */
 typedef struct loom_ops_head {
     uint32_t struct_size;
-    loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
-    void (*destroy)(void *self);
+    loom_create_fn *create;
+    loom_destroy_fn *destroy;
 } loom_ops_head;
 
 /* Bytes of `kind`'s ops table at ABI 2.0 (the least a plugin may export);

@@ -169,6 +169,45 @@ typedef struct loom_shard {
 } loom_shard;
 
 /*
+ * The model-runner methods: what the engine calls on a backend, or on an
+ * executor over several (loom/executor.h). Documented once here; each
+ * table says whether it is REQUIRED or OPTIONAL.
+ */
+/* Take the model's weights to the device, once per instance (check with
+ * host->check_load first). `quant` (NULL = no quantizer) is the quantizer
+ * binding: ask it, per linear weight, which format to use, keep the result
+ * and release() the host copy. `model` is borrowed until destroy. */
+typedef loom_status loom_load_fn(void *self, const loom_model_view *model, const loom_quant_binding *quant,
+                                 loom_error *err);
+/* Bytes one KV block of `block_size` tokens takes across all layers (K and
+ * V) in `dtype` (LOOM_DTYPE_COUNT = the backend's own default); 0 when that
+ * size or type is unsupported. After load(). */
+typedef size_t loom_kv_block_bytes_fn(void *self, int32_t block_size, loom_dtype dtype);
+/* Memory after load(), for sizing the KV pool; the core sets
+ * out->struct_size, the runner fills the fields it covers. */
+typedef loom_status loom_memory_fn(void *self, loom_backend_memory *out, loom_error *err);
+/* Allocate the KV pools (once, after load). Running out of memory is
+ * LOOM_ERR_NOMEM with the bytes asked and what to change. */
+typedef loom_status loom_kv_alloc_fn(void *self, const loom_kv_layout *layout, loom_error *err);
+/* One forward pass: writes logits (num_logits, vocab_size) float32
+ * row-major into `logits` (host memory, caller-owned). Check the batch
+ * first with host->check_batch (the core does not). */
+typedef loom_status loom_forward_fn(void *self, const loom_batch *batch, float *logits, loom_error *err);
+/* Copy whole device blocks (copy-on-write): pairs (n, 2) of {src, dst}
+ * block ids, done before the next forward starts. */
+typedef loom_status loom_copy_blocks_fn(void *self, const int32_t *pairs, int32_t n, loom_error *err);
+/* One forward pass that returns, instead of whole logits rows, each row's
+ * summary computed where the logits are: its `k` largest logits with their
+ * token ids and its log-sum-exp, exactly as host->logits_topk_row; whole
+ * rows only for the rows `want_full` marks. */
+typedef loom_status loom_forward_topk_fn(void *self, const loom_batch *batch, const loom_logits_topk *out,
+                                         loom_error *err);
+/* Move blocks between the device pool and the host pool: pairs (n, 2) of
+ * {src, dst}; OUT: src device, dst host; IN: the reverse. */
+typedef loom_status loom_swap_blocks_fn(void *self, loom_swap_dir dir, const int32_t *pairs, int32_t n,
+                                        loom_error *err);
+
+/*
  * A backend: one device. Every method is [instance]: the engine calls them
  * from its step-loop thread, and an executor (loom/executor.h) driving
  * several backend instances calls each inner instance from that rank's own
@@ -177,54 +216,21 @@ typedef struct loom_shard {
 typedef struct loom_backend_ops {
     uint32_t struct_size;      /* sizeof(loom_backend_ops)                   */
 
-    /* REQUIRED. Make an instance from its bound config (borrowed for the
-     * call). On failure nothing is left behind and destroy is not called. */
-    loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
-    /* REQUIRED. Free everything, device memory included; self may be NULL. */
-    void (*destroy)(void *self);
-
-    /* REQUIRED. Take the model's weights to the device, once per instance
-     * (check with host->check_load first). `quant` (NULL = no quantizer)
-     * is the quantizer binding: the backend asks it, per linear weight,
-     * which format to use, keeps the result and release()s the host copy.
-     * `model` is borrowed until destroy. */
-    loom_status (*load)(void *self, const loom_model_view *model, const loom_quant_binding *quant,
-                        loom_error *err);
-
-    /* REQUIRED. Bytes one KV block of `block_size` tokens takes across all
-     * layers (K and V) in `dtype` (LOOM_DTYPE_COUNT = the backend's own
-     * default); 0 when that size or type is unsupported. After load(). */
-    size_t (*kv_block_bytes)(void *self, int32_t block_size, loom_dtype dtype);
-    /* REQUIRED. Memory after load(), for sizing the KV pool; the core sets
-     * out->struct_size, the backend fills the fields it covers. */
-    loom_status (*memory)(void *self, loom_backend_memory *out, loom_error *err);
-    /* REQUIRED. Allocate the KV pools (once, after load). Running out of
-     * memory is LOOM_ERR_NOMEM with the bytes asked and what to change. */
-    loom_status (*kv_alloc)(void *self, const loom_kv_layout *layout, loom_error *err);
-
-    /* REQUIRED. One forward pass: writes logits (num_logits, vocab_size)
-     * float32 row-major into `logits` (host memory, caller-owned). Check
-     * the batch first with host->check_batch (the core does not). */
-    loom_status (*forward)(void *self, const loom_batch *batch, float *logits, loom_error *err);
-    /* REQUIRED. Copy whole device blocks (copy-on-write): pairs (n, 2) of
-     * {src, dst} block ids, done before the next forward starts. */
-    loom_status (*copy_blocks)(void *self, const int32_t *pairs, int32_t n, loom_error *err);
+    loom_create_fn *create;                 /* REQUIRED (loom/plugin.h)       */
+    loom_destroy_fn *destroy;               /* REQUIRED; frees device memory too */
+    loom_load_fn *load;                     /* REQUIRED                        */
+    loom_kv_block_bytes_fn *kv_block_bytes; /* REQUIRED                        */
+    loom_memory_fn *memory;                 /* REQUIRED                        */
+    loom_kv_alloc_fn *kv_alloc;             /* REQUIRED                        */
+    loom_forward_fn *forward;               /* REQUIRED                        */
+    loom_copy_blocks_fn *copy_blocks;       /* REQUIRED                        */
 
     /* --- optional capabilities --------------------------------------- */
 
-    /* OPTIONAL (NULL = the engine uses forward() and whole rows). One
-     * forward pass that returns, instead of whole logits rows, each row's
-     * summary computed where the logits are: its `k` largest logits with
-     * their token ids and its log-sum-exp, exactly as
-     * host->logits_topk_row; whole rows only for the rows `want_full`
-     * marks. */
-    loom_status (*forward_topk)(void *self, const loom_batch *batch, const loom_logits_topk *out,
-                                loom_error *err);
-    /* OPTIONAL (NULL = no host pool: cache managers preempt by recompute).
-     * Move blocks between the device pool and the host pool: pairs (n, 2)
-     * of {src, dst}; OUT: src device, dst host; IN: the reverse. */
-    loom_status (*swap_blocks)(void *self, loom_swap_dir dir, const int32_t *pairs, int32_t n,
-                               loom_error *err);
+    /* OPTIONAL (NULL = the engine uses forward() and whole rows). */
+    loom_forward_topk_fn *forward_topk;
+    /* OPTIONAL (NULL = no host pool: cache managers preempt by recompute). */
+    loom_swap_blocks_fn *swap_blocks;
     /* OPTIONAL (NULL = this backend cannot be sharded; executors refuse it).
      * Tensor parallelism: like load(), but keep only `comm->rank`'s part
      * (host->shard_plan: QKV and gate/up by columns, O and down by rows,

@@ -98,10 +98,8 @@ typedef struct loom_cache_stats {
 
 typedef struct loom_cache_ops {
     uint32_t struct_size;
-    /* REQUIRED. As every component (loom/plugin.h). */
-    loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
-    /* REQUIRED. self may be NULL. */
-    void (*destroy)(void *self);
+    loom_create_fn *create;       /* REQUIRED (loom/plugin.h)                 */
+    loom_destroy_fn *destroy;     /* REQUIRED                                 */
 
     /* REQUIRED. Size the pools and fill `layout` (block_size, num_blocks,
      * num_cpu_blocks; dtype stays as the core set it). Called once, before

@@ -31,11 +31,9 @@ extern "C" {
 typedef struct loom_executor_ops {
     uint32_t struct_size;      /* sizeof(loom_executor_ops)                  */
 
-    /* REQUIRED. As every component (loom/plugin.h). */
-    loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
-    /* REQUIRED. Free the executor's own state (threads, communicators);
-     * never the inner backends. self may be NULL. */
-    void (*destroy)(void *self);
+    loom_create_fn *create;       /* REQUIRED (loom/plugin.h)                 */
+    loom_destroy_fn *destroy;     /* REQUIRED; the executor's own state (threads,
+                                     communicators), never the inner backends */
 
     /* --- the inner backends ------------------------------------------ */
 
@@ -48,29 +46,20 @@ typedef struct loom_executor_ops {
     loom_status (*attach_inner)(void *self, const loom_backend_ops *inner, void *const *instances, int32_t n,
                                 loom_error *err);
 
-    /* --- the model runner: as loom_backend_ops ---------------------------- */
+    /* --- the model runner (loom/backend.h), for the model as a whole ---- */
 
-    /* REQUIRED. */
-    loom_status (*load)(void *self, const loom_model_view *model, const loom_quant_binding *quant,
-                        loom_error *err);
-    /* REQUIRED. Bytes of one block on the device that needs the most: one
-     * block id names the same block on every device. */
-    size_t (*kv_block_bytes)(void *self, int32_t block_size, loom_dtype dtype);
-    /* REQUIRED. What every device of the group can give: the least free
-     * memory (shared host RAM divided among the ranks). */
-    loom_status (*memory)(void *self, loom_backend_memory *out, loom_error *err);
-    /* REQUIRED. */
-    loom_status (*kv_alloc)(void *self, const loom_kv_layout *layout, loom_error *err);
-    /* REQUIRED. */
-    loom_status (*forward)(void *self, const loom_batch *batch, float *logits, loom_error *err);
-    /* REQUIRED. */
-    loom_status (*copy_blocks)(void *self, const int32_t *pairs, int32_t n, loom_error *err);
-    /* OPTIONAL (NULL = whole rows). */
-    loom_status (*forward_topk)(void *self, const loom_batch *batch, const loom_logits_topk *out,
-                                loom_error *err);
-    /* OPTIONAL (NULL = no swapping). */
-    loom_status (*swap_blocks)(void *self, loom_swap_dir dir, const int32_t *pairs, int32_t n,
-                               loom_error *err);
+    loom_load_fn *load;                     /* REQUIRED                        */
+    /* REQUIRED: bytes on the device that needs the most (one block id names
+     * the same block on every device). */
+    loom_kv_block_bytes_fn *kv_block_bytes;
+    /* REQUIRED: what every device of the group can give (the least free
+     * memory; shared host RAM divided among the ranks). */
+    loom_memory_fn *memory;
+    loom_kv_alloc_fn *kv_alloc;             /* REQUIRED                        */
+    loom_forward_fn *forward;               /* REQUIRED                        */
+    loom_copy_blocks_fn *copy_blocks;       /* REQUIRED                        */
+    loom_forward_topk_fn *forward_topk;     /* OPTIONAL (NULL = whole rows)     */
+    loom_swap_blocks_fn *swap_blocks;       /* OPTIONAL (NULL = no swapping)    */
     /* since ABI 2.0 — add new members below this line only */
 } loom_executor_ops;
 

@@ -287,6 +287,17 @@ typedef struct loom_host {
     /* since ABI 2.0 — add new members below this line only */
 } loom_host;
 
+/* ------------------------------------------------------------- lifetime */
+
+struct loom_host;
+/* Every kind's first two methods (REQUIRED). create: make an instance from
+ * its bound config (borrowed for the call); on failure nothing is left
+ * behind and destroy is not called. destroy: free everything; self may be
+ * NULL. Both [engine]. */
+typedef loom_status loom_create_fn(const struct loom_host *host, const void *config, void **self,
+                                   loom_error *err);
+typedef void loom_destroy_fn(void *self);
+
 /* ----------------------------------------------------------- the descriptor */
 
 /* One feature a plugin offers. `ops` points to the kind's ops table (e.g.

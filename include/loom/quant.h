@@ -69,11 +69,10 @@ typedef struct loom_qtensor {
 
 typedef struct loom_quant_ops {
     uint32_t struct_size;
-    /* REQUIRED. As every component (loom/plugin.h). */
-    loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
-    /* REQUIRED. self may be NULL. Called after every backend released the
-     * tensors it got from quantize(). */
-    void (*destroy)(void *self);
+    loom_create_fn *create;       /* REQUIRED (loom/plugin.h)                 */
+    /* REQUIRED; called after every backend released the tensors it got
+     * from quantize(). */
+    loom_destroy_fn *destroy;
 
     /* REQUIRED [engine]. Decide the format of tensor `w` (a 2-D linear
      * weight named by its canonical name). Embeddings, norms and (by

@@ -97,10 +97,8 @@ typedef struct loom_sample_out {
 
 typedef struct loom_sampler_ops {
     uint32_t struct_size;
-    /* REQUIRED. As every component (loom/plugin.h). */
-    loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
-    /* REQUIRED. self may be NULL. */
-    void (*destroy)(void *self);
+    loom_create_fn *create;       /* REQUIRED (loom/plugin.h)                 */
+    loom_destroy_fn *destroy;     /* REQUIRED                                 */
     /* REQUIRED [instance]. One token per row of `b`, written to `out`.
      * Refuse (LOOM_ERR_INVALID, naming the row and the value) parameters
      * the sampler cannot honour — at least a temperature that is negative

@@ -126,10 +126,8 @@ typedef struct loom_sched_stats {
 
 typedef struct loom_scheduler_ops {
     uint32_t struct_size;
-    /* REQUIRED. As every component (loom/plugin.h). */
-    loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
-    /* REQUIRED. self may be NULL. */
-    void (*destroy)(void *self);
+    loom_create_fn *create;       /* REQUIRED (loom/plugin.h)                 */
+    loom_destroy_fn *destroy;     /* REQUIRED                                 */
     /* REQUIRED. A new sequence joins the waiting queue (`seq` borrowed for
      * the call; keep its id). A refusal (e.g. a queue limit) ends that
      * request alone with the error. */

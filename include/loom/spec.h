@@ -47,10 +47,8 @@ typedef struct loom_spec_stats {
 
 typedef struct loom_spec_ops {
     uint32_t struct_size;
-    /* REQUIRED. As every component (loom/plugin.h). */
-    loom_status (*create)(const loom_host *host, const void *config, void **self, loom_error *err);
-    /* REQUIRED. self may be NULL. */
-    void (*destroy)(void *self);
+    loom_create_fn *create;       /* REQUIRED (loom/plugin.h)                 */
+    loom_destroy_fn *destroy;     /* REQUIRED                                 */
     /* REQUIRED. Once, after the target engine is built (`init` borrowed for
      * the call; init->engine_api lives as long as the process). */
     loom_status (*init)(void *self, const loom_spec_init *init, loom_error *err);

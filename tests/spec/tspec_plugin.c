@@ -108,6 +108,7 @@ static int32_t tspec_propose(void *self, const loom_seq_info *seq, const loom_sa
     return tspec_draft(s, seq, max_k, draft);
 }
 
+#ifndef TSPEC_SINGLE
 static void tspec_propose_batch(void *self, int32_t n, const loom_seq_info *const *seqs,
                                 const loom_sampling_params *const *params, const int32_t *max_k,
                                 int32_t *const *draft, float *const *q, int32_t *q_valid, int32_t *num) {
@@ -122,6 +123,7 @@ static void tspec_propose_batch(void *self, int32_t n, const loom_seq_info *cons
         q_valid[i] = 0;
     }
 }
+#endif
 
 static void tspec_observe(void *self, loom_seq_id seq, int32_t proposed, int32_t accepted) {
     (void)seq;

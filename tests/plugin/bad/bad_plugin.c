@@ -89,9 +89,11 @@ static const loom_cache_ops bad_ops = {
 };
 #define BAD_KIND LOOM_KIND_CACHE
 #else
+#if !defined(BAD_NULLMETHOD)
 static loom_status bad_sample(void *s, const loom_sample_batch *b, loom_sample_out *o, loom_error *e) {
     return (void)s, (void)b, (void)o, (void)e, LOOM_ERR_UNSUPPORTED;
 }
+#endif
 static loom_status bad_probs(void *s, float *l, int32_t v, const loom_sample_row *r, loom_error *e) {
     return (void)s, (void)l, (void)v, (void)r, (void)e, LOOM_ERR_UNSUPPORTED;
 }
