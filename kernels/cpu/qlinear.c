@@ -22,6 +22,8 @@
 #include "qlinear.h"
 
 #include "formats/dtype.h"
+#include "formats/e4m3.h"
+#include "formats/gguf_blocks.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -70,57 +72,17 @@ QL_INLINE float ql_hsum(const ql_v16 *v) {
 
 /* ------------------------------------------------------------- FP8 E4M3 */
 
-uint8_t loom_cpu_e4m3_encode(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu); /* NaN               */
-    if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7eu); /* >= 448 saturates */
-    int e = (int)(a >> 23) - 127;
-    if (e >= -6) {
-        /* normal: 3 of 23 mantissa bits, round half to even; a carry runs
-         * into the exponent field, which is the next binade */
-        uint32_t m = a & 0x7fffffu, keep = m >> 20, rem = m & 0xfffffu;
-        uint32_t code = ((uint32_t)(e + 7) << 3) | keep;
-        if (rem > 0x80000u || (rem == 0x80000u && (keep & 1u))) code++;
-        return (uint8_t)(sign | code);
-    }
-    if ((a >> 23) == 0) return sign; /* float32 subnormal: rounds to 0 */
-    uint32_t m24 = (a & 0x7fffffu) | 0x800000u;
-    int shift = 14 - e; /* subnormal code = value * 2^9 = m24 >> shift, >= 21 */
-    if (shift > 24) return sign;
-    uint32_t q = m24 >> shift, rem = m24 & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u))) q++;
-    return (uint8_t)(sign | q);
-}
-
-float loom_cpu_e4m3_decode(uint8_t c) {
-    uint32_t sign = (uint32_t)(c & 0x80u) << 24;
-    uint32_t e = (c >> 3) & 15u, m = c & 7u, bits;
-    if (e == 15u && m == 7u) {
-        bits = sign | 0x7fc00000u;
-    } else if (e == 0) {
-        float v = (float)m * 0x1p-9f;
-        memcpy(&bits, &v, 4);
-        bits |= sign;
-    } else {
-        bits = sign | ((e + 120u) << 23) | (m << 20);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
+/* The codec is formats/e4m3.h's; decoding goes through a table of its 256
+ * values. */
 static float ql_e4m3_lut[256];
 static pthread_once_t ql_lut_once = PTHREAD_ONCE_INIT;
 
 static void ql_lut_init(void) {
-    for (int i = 0; i < 256; i++) ql_e4m3_lut[i] = loom_cpu_e4m3_decode((uint8_t)i);
+    for (int i = 0; i < 256; i++) ql_e4m3_lut[i] = loom_e4m3_to_fp32((uint8_t)i);
 }
 
 void loom_cpu_f32_to_e4m3(uint8_t *dst, const float *src, int64_t n, float inv_scale) {
-    for (int64_t i = 0; i < n; i++) dst[i] = loom_cpu_e4m3_encode(src[i] * inv_scale);
+    for (int64_t i = 0; i < n; i++) dst[i] = loom_fp32_to_e4m3(src[i] * inv_scale);
 }
 
 void loom_cpu_e4m3_to_f32(float *dst, const uint8_t *src, int64_t n, float scale) {
@@ -976,7 +938,7 @@ static void ql_prep_fp8(void *ctx, int64_t b, int64_t e, int worker) {
         sx[m] = s;
         float *o = xf + m * j->K;
         for (int64_t k = 0; k < j->K; k++)
-            o[k] = s > 0.0f ? ql_e4m3_lut[loom_cpu_e4m3_encode((sm ? x[k] / sm[k] : x[k]) / s)]
+            o[k] = s > 0.0f ? ql_e4m3_lut[loom_fp32_to_e4m3((sm ? x[k] / sm[k] : x[k]) / s)]
                             : 0.0f;
     }
 }

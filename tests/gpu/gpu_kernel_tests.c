@@ -22,11 +22,11 @@
  * FP8 KV cache (E4M3 codes, scale 1.0, the cpu backend's bits): the
  * attention checks rerun on a cache of random codes (`... e4m3-KV ...`; the
  * float64 reference reads the same decoded values, so the tolerance is the
- * bf16 one); rope_kv's E4M3 write against the cpu encoder
- * (loom_cpu_e4m3_encode): bit for bit where the kernel's float32 value is
- * known exactly (V, and K at position 0 — with specials: +-0, +-inf, NaN,
- * saturation, ties, subnormal codes), within the float32 rounding of the
- * rotation elsewhere; the attention kernels' decoder on all 256 codes
+ * bf16 one); rope_kv's E4M3 write against the host encoder (formats/e4m3.h,
+ * checked against float64 by tests/kernels): bit for bit where the kernel's
+ * float32 value is known exactly (V, and K at position 0 — with specials:
+ * +-0, +-inf, NaN, saturation, ties, subnormal codes), within the float32
+ * rounding of the rotation elsewhere; the attention kernels' decoder on all 256 codes
  * (`e4m3 decode ...`, bit for bit; the NaN codes read as +-480).
  *
  * Batch invariance (the backend's batch_invariant mode): the invariant
@@ -49,6 +49,9 @@
 #include "cuda_kernels.h"
 #include "qgemm.h" /* lc_gguf_dequant: checked bit for bit */
 #include "qlinear.h"
+#include "formats/dequant.h"
+#include "formats/e4m3.h"
+#include "formats/half.h"
 #include "plugin/host_rules.h"
 
 static int g_fail, g_pass;
@@ -188,8 +191,9 @@ static void report_count(const char *name, long bad, long checked) {
 
 /* ------------------------------------------------------------ E4M3 codes */
 
-static uint8_t e4m3_enc(float f) { return loom_cpu_e4m3_encode(f); }
-static double e4m3_dec(uint8_t c) { return (double)loom_cpu_e4m3_decode(c); }
+/* formats/e4m3.h's codec: the cpu backend's bits. */
+static uint8_t e4m3_enc(float f) { return loom_fp32_to_e4m3(f); }
+static double e4m3_dec(uint8_t c) { return (double)loom_e4m3_to_fp32(c); }
 
 /* Element type of the KV caches the attention checks build (set around a
  * block of checks in main). */
@@ -489,7 +493,7 @@ static void test_rope_kv(loom_cuda_dt dt, loom_cuda_kv kv, int H, int KVH, int D
  * the 448 saturation (random dt values: ties to even come up often, the
  * dt mantissa being longer than e4m3's); V: the same plus +-0, +-inf,
  * NaN of either sign, 448, 464, 480, exact ties. Codes must equal
- * loom_cpu_e4m3_encode of those values. */
+ * loom_fp32_to_e4m3 of those values. */
 static void test_rope_kv_e4m3_exact(loom_cuda_dt dt) {
     const int H = 2, KVH = 2, D = 64, bs = 16, T = 24, QKV = (H + 2 * KVH) * D, half = D / 2;
     const int nblk = (T + bs - 1) / bs;
