@@ -87,11 +87,11 @@ typedef struct loom_q6k_sub {
 LOOM_GG_FN loom_q6k_sub loom_q6k_sub_at(int s) {
     const int hh = s >> 2, qq = s & 3;
     loom_q6k_sub g;
-    g.lo = 64 * hh + 32 * (qq & 1);
-    g.nsh = 4 * (qq >> 1);
-    g.ho = 128 + 32 * hh;
     g.hsh = 2 * qq;
     g.sc = 192 + 8 * hh + 2 * qq;
+    g.lo = 32 * (qq & 1) + 64 * hh;
+    g.ho = 32 * hh + 128;
+    g.nsh = 4 * (qq >> 1);
     return g;
 }
 

@@ -278,86 +278,21 @@ size_t loom_cpu_qweight_bytes(const loom_cpu_qweight *w) {
 
 /* ------------------------------------------------------------ decoders */
 
-/* One GGUF row of K elements into dst (see core/model/dequant.c for the
- * block layouts; this is the kernels' own copy, as plugins never link the
- * core). */
+/* One GGUF row of K elements into dst, block by block (formats/gguf_blocks.h:
+ * the layouts and their scalar decode, inlined here into this file's
+ * target clones). */
+#define QL_GGUF_ROW(T, dec)                                                                        \
+    for (int64_t i = 0; i < K / LOOM_GGUF_##T##_ELEMS; i++)                                        \
+        dec(b + (size_t)i * LOOM_GGUF_##T##_BYTES, y + i * LOOM_GGUF_##T##_ELEMS)
+
 QL_INLINE void ql_dec_gguf(loom_dtype t, const uint8_t *b, int64_t K, float *y) {
     switch (t) {
-    case LOOM_DTYPE_Q8_0:
-        for (int64_t i = 0; i < K; i += 32, b += 34, y += 32) {
-            float d = ql_f16(b);
-            const int8_t *q = (const int8_t *)(b + 2);
-            for (int j = 0; j < 32; j++) y[j] = d * (float)q[j];
-        }
-        break;
-    case LOOM_DTYPE_Q4_0:
-        for (int64_t i = 0; i < K; i += 32, b += 18, y += 32) {
-            float d = ql_f16(b), c = -8.0f * d;
-            const uint8_t *qs = b + 2;
-            for (int j = 0; j < 16; j++) {
-                y[j] = (float)(qs[j] & 0xF) * d + c;
-                y[j + 16] = (float)(qs[j] >> 4) * d + c;
-            }
-        }
-        break;
-    case LOOM_DTYPE_Q4_1:
-        for (int64_t i = 0; i < K; i += 32, b += 20, y += 32) {
-            float d = ql_f16(b), m = ql_f16(b + 2);
-            const uint8_t *qs = b + 4;
-            for (int j = 0; j < 16; j++) {
-                y[j] = (float)(qs[j] & 0xF) * d + m;
-                y[j + 16] = (float)(qs[j] >> 4) * d + m;
-            }
-        }
-        break;
-    case LOOM_DTYPE_Q4_K:
-        for (int64_t i = 0; i < K; i += 256, b += 144) {
-            float d = ql_f16(b), dmin = ql_f16(b + 2);
-            const uint8_t *sc = b + 4, *q = b + 16;
-            for (int s = 0; s < 8; s += 2, q += 32) {
-                /* 6-bit scale and min of sub-blocks s and s + 1 */
-                float dd[2], mm[2];
-                for (int h = 0; h < 2; h++) {
-                    int j = s + h;
-                    uint8_t scv, mv;
-                    if (j < 4) {
-                        scv = sc[j] & 63;
-                        mv = sc[j + 4] & 63;
-                    } else {
-                        scv = (uint8_t)((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4));
-                        mv = (uint8_t)((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
-                    }
-                    dd[h] = d * scv;
-                    mm[h] = dmin * mv;
-                }
-                for (int l = 0; l < 32; l++) y[l] = dd[0] * (float)(q[l] & 0xF) - mm[0];
-                for (int l = 0; l < 32; l++) y[l + 32] = dd[1] * (float)(q[l] >> 4) - mm[1];
-                y += 64;
-            }
-        }
-        break;
-    case LOOM_DTYPE_Q6_K:
-        for (int64_t i = 0; i < K; i += 256, b += 210) {
-            const uint8_t *ql = b, *qh = b + 128;
-            const int8_t *sc = (const int8_t *)(b + 192);
-            float d = ql_f16(b + 208);
-            for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, y += 128) {
-                for (int l = 0; l < 32; l++) {
-                    int is = l / 16;
-                    int q1 = (int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                    int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                    int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                    int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                    y[l] = d * (float)sc[is] * (float)q1;
-                    y[l + 32] = d * (float)sc[is + 2] * (float)q2;
-                    y[l + 64] = d * (float)sc[is + 4] * (float)q3;
-                    y[l + 96] = d * (float)sc[is + 6] * (float)q4;
-                }
-            }
-        }
-        break;
-    default:
-        break;
+    case LOOM_DTYPE_Q8_0: QL_GGUF_ROW(Q8_0, loom_gguf_dec_q8_0); break;
+    case LOOM_DTYPE_Q4_0: QL_GGUF_ROW(Q4_0, loom_gguf_dec_q4_0); break;
+    case LOOM_DTYPE_Q4_1: QL_GGUF_ROW(Q4_1, loom_gguf_dec_q4_1); break;
+    case LOOM_DTYPE_Q4_K: QL_GGUF_ROW(Q4_K, loom_gguf_dec_q4_k); break;
+    case LOOM_DTYPE_Q6_K: QL_GGUF_ROW(Q6_K, loom_gguf_dec_q6_k); break;
+    default: break;
     }
 }
 

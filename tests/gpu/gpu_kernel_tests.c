@@ -2090,13 +2090,12 @@ static void test_qgemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_
 static const char *gg_name(loom_cuda_gguf t) { return loom_cuda_gguf_name(t); }
 
 static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 /* an f16 scale of magnitude about `mag`, random sign when `sign`; now and
  * then 0 (a zero block) */
 static uint16_t gg_scale(float mag, bool sign) {
     if (rng_int(64) == 0) return 0;
     float v = mag * rng_unif(0.25f, 1.0f);
-    return f2h(sign && rng_int(2) ? -v : v);
+    return loom_fp32_to_fp16(sign && rng_int(2) ? -v : v);
 }
 
 /* One row of K weights of type t as random blocks: random codes, random
@@ -2123,74 +2122,10 @@ static void gg_fill_row(loom_cuda_gguf t, uint8_t *b, int K, float amp) {
     }
 }
 
-/* The row decoded in float32 exactly as core/model/dequant.c does (the
- * CPU backend's values: every product there is exact). */
+/* The row decoded in float32 by formats/dequant.c (the CPU backend's
+ * values: every product there is exact). */
 static void gg_decode_row(loom_cuda_gguf t, const uint8_t *b, int K, float *y) {
-    const int be = loom_cuda_gguf_block_elems(t), bb = loom_cuda_gguf_block_bytes(t);
-    for (int i = 0; i < K / be; i++, b += bb, y += be) {
-        switch (t) {
-        case LOOM_CUDA_GGUF_Q4_0: {
-            const float d = h2f(get16(b));
-            for (int j = 0; j < 16; j++) {
-                y[j] = d * (float)((b[2 + j] & 0xF) - 8);
-                y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
-            }
-            break;
-        }
-        case LOOM_CUDA_GGUF_Q4_1: {
-            const float d = h2f(get16(b)), m = h2f(get16(b + 2));
-            for (int j = 0; j < 16; j++) {
-                y[j] = d * (float)(b[4 + j] & 0xF) + m;
-                y[j + 16] = d * (float)(b[4 + j] >> 4) + m;
-            }
-            break;
-        }
-        case LOOM_CUDA_GGUF_Q8_0: {
-            const float d = h2f(get16(b));
-            for (int j = 0; j < 32; j++) y[j] = d * (float)(int8_t)b[2 + j];
-            break;
-        }
-        case LOOM_CUDA_GGUF_Q4_K: {
-            const float d = h2f(get16(b)), dmin = h2f(get16(b + 2));
-            const uint8_t *sc = b + 4, *q = b + 16;
-            for (int s = 0; s < 8; s++) {
-                int scv, mv;
-                if (s < 4) scv = sc[s] & 63, mv = sc[s + 4] & 63;
-                else {
-                    scv = (sc[s + 4] & 0xF) | ((sc[s - 4] >> 6) << 4);
-                    mv = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
-                }
-                const float d1 = d * (float)scv, m1 = dmin * (float)mv;
-                for (int l = 0; l < 32; l++) {
-                    const int qv = s % 2 ? q[32 * (s / 2) + l] >> 4 : q[32 * (s / 2) + l] & 0xF;
-                    y[32 * s + l] = d1 * (float)qv - m1;
-                }
-            }
-            break;
-        }
-        case LOOM_CUDA_GGUF_Q6_K: {
-            const float d = h2f(get16(b + 208));
-            for (int h = 0; h < 2; h++) {
-                const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
-                const int8_t *sc = (const int8_t *)(b + 192 + 8 * h);
-                float *yy = y + 128 * h;
-                for (int l = 0; l < 32; l++) {
-                    const int is = l / 16;
-                    const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                    const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                    const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                    const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                    yy[l] = d * (float)sc[is] * (float)q1;
-                    yy[l + 32] = d * (float)sc[is + 2] * (float)q2;
-                    yy[l + 64] = d * (float)sc[is + 4] * (float)q3;
-                    yy[l + 96] = d * (float)sc[is + 6] * (float)q4;
-                }
-            }
-            break;
-        }
-        default: break;
-        }
-    }
+    if (loom_dequant_row((loom_dtype)t, b, y, K) != LOOM_OK) abort(); /* a type the test made */
 }
 
 /* A fused GGUF weight of nparts parts (types[i], rows[i]) x K as the cuda

@@ -110,13 +110,8 @@ static loom_status cb_tensor(cuda_backend *b, const loom_model_view *m, const ch
     return LOOM_OK;
 }
 
-/* GGUF types are loom dtypes cast; the cuda formats are loom formats cast. */
-_Static_assert((int)LOOM_CUDA_GGUF_Q8_0 == (int)LOOM_DTYPE_Q8_0 &&
-                   (int)LOOM_CUDA_GGUF_Q4_0 == (int)LOOM_DTYPE_Q4_0 &&
-                   (int)LOOM_CUDA_GGUF_Q4_1 == (int)LOOM_DTYPE_Q4_1 &&
-                   (int)LOOM_CUDA_GGUF_Q4_K == (int)LOOM_DTYPE_Q4_K &&
-                   (int)LOOM_CUDA_GGUF_Q6_K == (int)LOOM_DTYPE_Q6_K,
-               "loom_cuda_gguf values must be loom_dtype's");
+/* GGUF types are loom dtypes cast (gguf_layout.c checks); the cuda
+ * formats are loom formats cast. */
 _Static_assert((int)LOOM_CUDA_Q_GGUF == (int)LOOM_QFMT_GGUF &&
                    (int)LOOM_CUDA_Q_INT4 == (int)LOOM_QFMT_INT4_W4A16,
                "loom_cuda_qfmt values must be loom_qformat's");
