@@ -100,20 +100,7 @@ QL_INLINE float ql_f16(const uint8_t *p) {
     memcpy(&h, p, 2);
     return (float)h;
 #else
-    uint32_t h = (uint32_t)p[0] | ((uint32_t)p[1] << 8);
-    uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-    if (exp == 0x1fu) {
-        bits = sign | 0x7f800000u | (mant << 13);
-    } else if (exp == 0) {
-        float f = (float)mant * 0x1p-24f;
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    } else {
-        bits = sign | ((exp + 112u) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+    return loom_gguf_f16(p);
 #endif
 }
 

@@ -80,52 +80,13 @@ static float rng_unif(float lo, float hi) {
 }
 static int rng_int(int n) { return (int)(rng_next() % (uint64_t)n); }
 
-static uint16_t f2bf(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
+/* dt values <-> float: formats/half.h (round to nearest even). */
+static uint16_t to16(loom_cuda_dt dt, float f) {
+    return dt == LOOM_CUDA_F16 ? loom_fp32_to_fp16(f) : loom_fp32_to_bf16(f);
 }
-static float bf2f(uint16_t b) {
-    uint32_t x = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
+static float from16(loom_cuda_dt dt, uint16_t v) {
+    return dt == LOOM_CUDA_F16 ? loom_fp16_to_fp32(v) : loom_bf16_to_fp32(v);
 }
-static uint16_t f2h(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    x &= 0x7fffffffu;
-    if (x >= 0x7f800000u) return (uint16_t)(sign | (x > 0x7f800000u ? 0x7e00u : 0x7c00u));
-    if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
-    if (x < 0x38800000u) {
-        float a, r;
-        memcpy(&a, &x, 4);
-        r = a + 0.5f;
-        uint32_t rb;
-        memcpy(&rb, &r, 4);
-        return (uint16_t)(sign | (rb - 0x3f000000u));
-    }
-    uint32_t odd = (x >> 13) & 1u;
-    x += 0xc8000000u + 0xfffu + odd;
-    return (uint16_t)(sign | (x >> 13));
-}
-static float h2f(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-    if (exp == 0x1fu) bits = sign | 0x7f800000u | (mant << 13);
-    else if (exp == 0) {
-        float f = (float)mant * 0x1p-24f;
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    } else bits = sign | ((exp + 112u) << 23) | (mant << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-static uint16_t to16(loom_cuda_dt dt, float f) { return dt == LOOM_CUDA_F16 ? f2h(f) : f2bf(f); }
-static float from16(loom_cuda_dt dt, uint16_t v) { return dt == LOOM_CUDA_F16 ? h2f(v) : bf2f(v); }
 static const char *dtn(loom_cuda_dt dt) { return dt == LOOM_CUDA_F16 ? "f16" : "bf16"; }
 
 /* n random 16-bit values in [lo, hi), rounded; `shadow` (may be NULL) gets

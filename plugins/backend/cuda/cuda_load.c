@@ -6,7 +6,7 @@
  * Weights stream tensor by tensor, never the whole model on the host in
  * float32: a tensor already in the compute type is copied straight from the
  * model's (often mmap'd) memory; anything else is dequantized row by row
- * through host->dequantize, rounded to bf16/f16 (or kept float32 for norms
+ * through host->convert, rounded to bf16/f16 by it (or kept float32 for norms
  * and biases) into one of two pinned staging buffers by a few threads, and
  * uploaded asynchronously while the other buffer fills. Q/K/V and gate/up
  * land at their row offsets in the fused matrices, so fusing costs nothing.
@@ -47,43 +47,6 @@
 
 static size_t cb_round(size_t n) { return (n + CB_ALIGN - 1) & ~(size_t)(CB_ALIGN - 1); }
 static double cb_mib(size_t n) { return (double)n / (1024.0 * 1024.0); }
-
-/* ------------------------------------------------------ host conversions */
-
-static inline uint32_t cb_f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-/* float32 -> bfloat16, round to nearest even; NaN stays a quiet NaN. */
-static inline uint16_t cb_f32_to_bf16(float f) {
-    uint32_t x = cb_f32_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
-/* float32 -> IEEE binary16, round to nearest even, overflow to inf. */
-static inline uint16_t cb_f32_to_f16(float f) {
-    uint32_t x = cb_f32_bits(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    x &= 0x7fffffffu;
-    if (x >= 0x7f800000u)
-        return (uint16_t)(sign | (x > 0x7f800000u ? (0x7e00u | ((x >> 13) & 0x3ffu)) : 0x7c00u));
-    if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
-    if (x < 0x38800000u) {
-        float a;
-        memcpy(&a, &x, 4);
-        float r = a + 0.5f;
-        uint32_t rb;
-        memcpy(&rb, &r, 4);
-        return (uint16_t)(sign | (rb - 0x3f000000u));
-    }
-    uint32_t odd = (x >> 13) & 1u;
-    x += 0xc8000000u + 0xfffu + odd;
-    return (uint16_t)(sign | (x >> 13));
-}
 
 /* ------------------------------------------------------------- checking */
 
@@ -218,12 +181,12 @@ static void *cb_conv_main(void *arg) {
                 memcpy(j->dst + (size_t)r * j->nc * 4, f + j->c0, (size_t)j->nc * 4);
             continue;
         }
-        uint16_t *d = (uint16_t *)(j->dst + (size_t)r * j->nc * 2);
-        const float *fw = f + j->c0;
-        if (j->out == 0)
-            for (int64_t c = 0; c < j->nc; c++) d[c] = cb_f32_to_bf16(fw[c]);
-        else
-            for (int64_t c = 0; c < j->nc; c++) d[c] = cb_f32_to_f16(fw[c]);
+        /* rounded to nearest even, as the host rounds every 16-bit float */
+        if (j->host->convert(j->out == 0 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F16,
+                             j->dst + (size_t)r * j->nc * 2, LOOM_DTYPE_F32, f + j->c0, j->nc) != LOOM_OK) {
+            atomic_store(j->failed, 1);
+            return NULL;
+        }
     }
     return NULL;
 }
