@@ -32,7 +32,7 @@
  * and token slot s lives in block s / block_size at offset s % block_size.
  * Its elements are dt, or FP8 E4M3 codes (`loom_cuda_kv`): one byte each,
  * e4m3(x) with a fixed scale of 1.0, coded as the cpu backend codes its FP8
- * KV cache (the same float32 value gets the same code; kernels/cuda/e4m3.h).
+ * KV cache (the same float32 value gets the same code; formats/e4m3.h).
  */
 #ifndef LOOM_CUDA_KERNELS_H
 #define LOOM_CUDA_KERNELS_H

@@ -259,7 +259,7 @@ static void put_f16(uint8_t *p, float f) {
 
 /* Random GGUF blocks for a (d0, d1) matrix of `type`: random codes and f16
  * scales sized so the weights are about +-a (the same block layouts as
- * core/model/dequant.c). Both backends read these bytes as stored. */
+ * formats/gguf_blocks.h). Both backends read these bytes as stored. */
 static void fm_add_gguf(fake_model *m, const char *name, int64_t d0, int64_t d1, loom_dtype type,
                         float a) {
     loom_tensor *t = &m->t[m->n];

@@ -6,7 +6,7 @@
  * `gguf` Python package (tests/model/gen_dequant.py, llama.cpp's reference
  * implementation), and a float64 re-implementation below written from the
  * format description with per-element index arithmetic (not the loop
- * structure of core/model/dequant.c).
+ * structure of formats/gguf_blocks.h).
  */
 #include <criterion/criterion.h>
 #include <math.h>

@@ -19,6 +19,8 @@
 #include <pthread.h>
 #include <vector>
 
+#include "formats/half.h" /* the f16 / bf16 conversions CUDA does in hardware */
+
 // ------------------------------------------------ CUDA, as the host sees it
 #define __device__
 #define __host__
@@ -43,33 +45,16 @@ static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
     return r;
 }
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
-static float h2f(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-    if (exp == 0x1fu) bits = sign | 0x7f800000u | (mant << 13);
-    else if (exp == 0) {
-        float f = (float)mant * 0x1p-24f;
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    } else bits = sign | ((exp + 112u) << 23) | (mant << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 struct __half_raw { unsigned short x; };
 struct __half { __half_raw r; __half(__half_raw v) : r(v) {} };
-static inline float __half2float(__half h) { return h2f(h.r.x); }
+static inline float __half2float(__half h) { return loom_fp16_to_fp32(h.r.x); }
 enum { LOOM_CUDA_GGUF_Q8_0 = 3, LOOM_CUDA_GGUF_Q4_0 = 4, LOOM_CUDA_GGUF_Q4_1 = 5,
        LOOM_CUDA_GGUF_Q4_K = 6, LOOM_CUDA_GGUF_Q6_K = 7 };
 #define LC_GG_WARPS 4
 struct bf16 { uint16_t v; }; /* the activations' element type */
-static inline float lc_to_f(bf16 b) { uint32_t x = (uint32_t)b.v << 16; float f; memcpy(&f, &x, 4); return f; }
+static inline float lc_to_f(bf16 b) { return loom_bf16_to_fp32(b.v); }
 template <typename T> T lc_from_f(float);
-template <> bf16 lc_from_f<bf16>(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return bf16{(uint16_t)(x >> 16)};
-}
+template <> bf16 lc_from_f<bf16>(float f) { return bf16{loom_fp32_to_bf16(f)}; }
 template <typename T> static inline void lc_unpack8(const uint4 &v, float *f) {
     const T *e = reinterpret_cast<const T *>(&v);
     for (int i = 0; i < 8; i++) f[i] = lc_to_f(e[i]);
