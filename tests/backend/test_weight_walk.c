@@ -97,6 +97,16 @@ static void tw_free(tw_model *m) {
     free(m);
 }
 
+/* A communicator's collectives: check_load wants them; the walk calls none. */
+static loom_status tw_reduce(void *ctx, int32_t rank, void *buf, int64_t count, loom_dtype dtype,
+                             void *stream, loom_error *err) {
+    return LOOM_ERR_INTERNAL;
+}
+static loom_status tw_gather(void *ctx, int32_t rank, const void *send, void *recv, int64_t count,
+                             loom_dtype dtype, void *stream, loom_error *err) {
+    return LOOM_ERR_INTERNAL;
+}
+
 /* The host of the test (fake_host() starts a fresh one, its allocation
  * count at zero). */
 static const loom_host *g_h;
@@ -106,8 +116,9 @@ static void tw_setup(void) { g_h = fake_host(); }
 /* Rank `rank` of `size` (size 0: a whole model, no communicator). */
 static loom_status tw_walk(loom_ww *w, tw_model *m, int rank, int size, const loom_quant_binding *q,
                            const loom_ww_hooks *hk, loom_error *err) {
-    loom_comm comm = {.struct_size = sizeof comm, .rank = rank, .size = size};
-    loom_status st = loom_ww_shard(w, g_h, "backend test", "backend.test", &m->c,
+    loom_comm comm = {.struct_size = sizeof comm, .rank = rank, .size = size,
+                      .all_reduce_sum = tw_reduce, .all_gather = tw_gather};
+    loom_status st = loom_ww_begin(w, g_h, "backend test", "backend.test", false, &m->view,
                                    size ? &comm : NULL, err);
     if (st != LOOM_OK) return st;
     return loom_ww_collect(w, &m->view, q, hk, err);
@@ -208,11 +219,11 @@ Test(weight_walk, refuses_what_no_backend_can_load, .init = tw_setup) {
                                   "packed 4-bit AWQ/GPTQ data, but the pipeline has no quantizer"),
               "%s", err.message);
     cr_assert_eq(fake_host_live_allocs(), 0);
-    cr_assert_eq(loom_ww_shard(&w, g_h, "backend test", "backend.test", &m->c,
-                               &(loom_comm){.struct_size = sizeof(loom_comm), .rank = 0, .size = 3},
-                               &err),
-                 LOOM_ERR_UNSUPPORTED);
+    cr_assert_eq(tw_walk(&w, m, 0, 3, NULL, NULL, &err), LOOM_ERR_UNSUPPORTED);
     cr_assert(strstr(err.message, "backend test: load_shard(): model 'tiny'"), "%s", err.message);
+    cr_assert_eq(loom_ww_begin(&w, g_h, "backend test", "backend.test", true, &m->view, NULL, &err),
+                 LOOM_ERR_INVALID);
+    cr_assert_str_eq(err.message, "backend test: load() called twice; create a new instance per model");
     tw_free(m);
 }
 

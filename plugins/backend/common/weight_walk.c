@@ -25,12 +25,15 @@ const char *loom_ww_qformat_name(loom_qformat f) {
     return "unknown";
 }
 
-loom_status loom_ww_shard(loom_ww *w, const loom_host *host, const char *who, const char *log_who,
-                          const loom_model_config *c, const loom_comm *comm, loom_error *err) {
-    *w = (loom_ww){.host = host, .who = who, .log_who = log_who, .config = c};
+loom_status loom_ww_begin(loom_ww *w, const loom_host *host, const char *who, const char *log_who,
+                          bool loaded, const loom_model_view *m, const loom_comm *comm,
+                          loom_error *err) {
+    *w = (loom_ww){.host = host, .who = who, .log_who = log_who};
     char why[LOOM_ERROR_MSG_MAX - 64];
-    loom_status st = host->shard_plan(c, comm ? comm->rank : 0, comm ? comm->size : 1, &w->shard, why,
-                                      sizeof why);
+    loom_status st = host->check_load(loaded, m, comm, why, sizeof why);
+    if (st != LOOM_OK) return host->error(host->ctx, err, st, "%s: %s", who, why);
+    const loom_model_config *c = w->config = m->config;
+    st = host->shard_plan(c, comm ? comm->rank : 0, comm ? comm->size : 1, &w->shard, why, sizeof why);
     if (st != LOOM_OK) return host->error(host->ctx, err, st, "%s: load_shard(): %s", who, why);
     const loom_shard *s = &w->shard;
     const int64_t D = c->head_dim;

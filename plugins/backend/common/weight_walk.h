@@ -8,8 +8,8 @@
  * by vocabulary rows), and the quantizer's plan for each linear weight,
  * packed AWQ/GPTQ weights refused when nothing can read them.
  *
- * It checks and describes; it loads nothing. A backend calls
- * loom_ww_shard(), its own checks of the rank's shape, then
+ * It checks and describes; it loads nothing. A backend's load() calls
+ * loom_ww_begin(), its own checks of the model and the rank's shape, then
  * loom_ww_collect(), and reads the returned list to size, dequantize and
  * upload as it likes. Errors are the host's (host->error) with the
  * backend's prefix ("backend cpu: ..."), so both backends say the same
@@ -108,11 +108,14 @@ const char *loom_ww_lin_name(int k);
 /* Name of a quantized format for messages ("int8_w8a16", "gguf", ...). */
 const char *loom_ww_qformat_name(loom_qformat f);
 
-/* Start a walk: the host's shard plan for rank comm->rank of comm->size (a
- * whole model without comm) and the sizes it implies. Nothing allocated.
- * `who` and `log_who` are borrowed for the walk's life. */
-loom_status loom_ww_shard(loom_ww *w, const loom_host *host, const char *who, const char *log_who,
-                          const loom_model_config *c, const loom_comm *comm, loom_error *err);
+/* Start a walk in load() or load_shard(): host->check_load (the instance
+ * not `loaded` yet, a usable view and communicator, the model's config),
+ * then the host's shard plan for rank comm->rank of comm->size (a whole
+ * model without comm) and the sizes it implies. Nothing allocated. `who`,
+ * `log_who` and m are borrowed for the walk's life. */
+loom_status loom_ww_begin(loom_ww *w, const loom_host *host, const char *who, const char *log_who,
+                          bool loaded, const loom_model_view *m, const loom_comm *comm,
+                          loom_error *err);
 
 /* Check every tensor the model needs (shape and data, host->model_tensor)
  * and ask `q` (NULL: no quantizer) for each linear weight's plan, in

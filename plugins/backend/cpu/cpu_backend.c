@@ -483,9 +483,9 @@ static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
                                  loom_error *err) {
     const loom_host *h = b->host;
     loom_status st = LOOM_OK;
-    char why[384];
-    if ((st = h->check_load(b->loaded, m, comm, why, sizeof why)) != LOOM_OK)
-        return h->error(h->ctx, err, st, "backend cpu: %s", why);
+    loom_ww w;
+    if ((st = loom_ww_begin(&w, h, "backend cpu", CPU_WHO, b->loaded, m, comm, err)) != LOOM_OK)
+        return st;
     b->mc = *m->config;
     const loom_model_config *c = &b->mc;
     if (c->head_dim % 2 != 0 || c->head_dim > LOOM_CPU_MAX_HEAD_DIM)
@@ -493,8 +493,6 @@ static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
                         "backend cpu: model '%s' has head_dim %d; this backend runs even head_dim up "
                         "to %d",
                         c->name, c->head_dim, LOOM_CPU_MAX_HEAD_DIM);
-    loom_ww w;
-    if ((st = loom_ww_shard(&w, h, "backend cpu", CPU_WHO, c, comm, err)) != LOOM_OK) return st;
     b->q_dim = w.q_rows;
     b->kv_dim = w.kv_rows;
     b->qkv_rows = w.qkv_rows;

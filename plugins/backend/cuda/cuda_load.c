@@ -968,16 +968,14 @@ static void cb_size_qscratch(cuda_backend *b) {
     if (n > b->qscratch_bytes) b->qscratch_bytes = n;
 }
 
-/* The walk's start (loom_ww_shard) and this backend's rule on a rank's
- * shape — its FFN width a multiple of 8 (the kernels move 16-byte vectors:
- * SwiGLU, the down projection's K) like the model's — then the device and
- * the GEMM modes the rest of load() sizes things by. */
-static loom_status cb_load_begin(cuda_backend *b, loom_ww *w, const loom_comm *comm,
-                                 loom_error *err) {
+/* This backend's rule on a rank's shape — its FFN width a multiple of 8
+ * (the kernels move 16-byte vectors: SwiGLU, the down projection's K) like
+ * the model's — then the device and the GEMM modes the rest of load()
+ * sizes things by. */
+static loom_status cb_load_begin(cuda_backend *b, const loom_ww *w, loom_error *err) {
     const loom_host *h = b->host;
     const loom_model_config *c = &b->mc;
     loom_status st;
-    if ((st = loom_ww_shard(w, h, "backend cuda", CB_WHO, c, comm, err)) != LOOM_OK) return st;
     if (w->shard.inter % 8 != 0)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cuda: model '%s' FFN width %d over %d ranks leaves %d columns per "
@@ -1106,9 +1104,9 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                                 loom_error *err) {
     const loom_host *h = b->host;
     loom_status st = LOOM_OK;
-    char why[384];
-    if ((st = h->check_load(b->loaded, m, comm, why, sizeof why)) != LOOM_OK)
-        return h->error(h->ctx, err, st, "backend cuda: %s", why);
+    loom_ww w;
+    if ((st = loom_ww_begin(&w, h, "backend cuda", CB_WHO, b->loaded, m, comm, err)) != LOOM_OK)
+        return st;
     b->mc = *m->config;
     const loom_model_config *c = &b->mc;
     if (!LOOM_CUDA_HEAD_DIM_OK(c->head_dim) || c->hidden_size % 8 != 0 || c->intermediate_size % 8 != 0 ||
@@ -1119,8 +1117,7 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                         "head, head_dim %d: one of 16, 32, 64, 128)",
                         c->name, c->hidden_size, c->intermediate_size, c->num_heads, c->num_kv_heads,
                         LOOM_CUDA_MAX_GQA, c->head_dim);
-    loom_ww w;
-    if ((st = cb_load_begin(b, &w, comm, err)) != LOOM_OK) return st;
+    if ((st = cb_load_begin(b, &w, err)) != LOOM_OK) return st;
     /* GGUF groups' device layouts: (L, CB_NGROUPS), then output.weight */
     loom_cuda_gguf_layout *glay = h->calloc(h->ctx, (size_t)w.layers * CB_NGROUPS + 1, sizeof *glay);
     if (!glay)
