@@ -5,8 +5,9 @@
  * compiler and nvcc all build: the geometry helpers are __host__ __device__
  * under nvcc, so the CUDA kernels (kernels/cuda/qgguf.cu) unpack Q4_K's
  * scales and find Q6_K's codes with the code the host uses; the block
- * decoders are host code (formats/dequant.c's rows, the cpu backend's
- * quantized-linear decode, the tests' references).
+ * decoders are host code only (formats/dequant.c's rows, the cpu backend's
+ * quantized-linear decode, the tests' references), unrolled over a block's
+ * sub-blocks so their shifts are constants the compiler vectorises with.
  *
  * Layouts (little-endian, packed, no padding):
  *   Q8_0 (32 elems, 34 B):   f16 d; int8 q[32]            x = d q
@@ -99,6 +100,7 @@ LOOM_GG_FN loom_q6k_sub loom_q6k_sub_at(int s) {
 
 /* ------------------------------------------------ block decoders (host) */
 
+#if !defined(__CUDACC__)
 #include "formats/half.h"
 
 static inline float loom_gguf_f16(const uint8_t *p) {
@@ -136,6 +138,7 @@ static inline void loom_gguf_dec_q4_k(const uint8_t *b, float *y) {
         const uint8_t *p = b + LOOM_GGUF_Q4_K_SCALES + 4 * i;
         s[i] = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
     }
+#pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
         const uint8_t *q = b + LOOM_GGUF_Q4_K_QS + 32 * (j >> 1);
         const int sh = 4 * (j & 1);
@@ -148,13 +151,20 @@ static inline void loom_gguf_dec_q4_k(const uint8_t *b, float *y) {
 
 static inline void loom_gguf_dec_q6_k(const uint8_t *b, float *y) {
     const float d = loom_gguf_f16(b + LOOM_GGUF_Q6_K_D);
+#pragma GCC unroll 8
     for (int s = 0; s < 8; s++) {
+        /* unrolled: the sub-block's places and shifts are constants */
         const loom_q6k_sub g = loom_q6k_sub_at(s);
-        for (int l = 0; l < 32; l++) {
-            const int q = (int)(((b[g.lo + l] >> g.nsh) & 0xF) | (((b[g.ho + l] >> g.hsh) & 3) << 4)) - 32;
-            y[32 * s + l] = d * (float)(int8_t)b[g.sc + l / 16] * (float)q;
+        for (int h = 0; h < 2; h++) {
+            const float a = d * (float)(int8_t)b[g.sc + h];
+            for (int l = 16 * h; l < 16 * h + 16; l++) {
+                const int q = (int)(((b[g.lo + l] >> g.nsh) & 0xF) | (((b[g.ho + l] >> g.hsh) & 3) << 4)) - 32;
+                y[32 * s + l] = a * (float)q;
+            }
         }
     }
 }
+
+#endif /* !__CUDACC__ */
 
 #endif
