@@ -2,13 +2,13 @@
  * formats/dequant.h — reference (scalar, portable) conversion of one row
  * of any loom weight type to float32.
  *
- * Block layouts are GGML's (see tensor.h for sizes): a row of n elements of a
- * block type is n / block_elems consecutive blocks. These are the correctness
+ * Block layouts are GGML's (formats/gguf_blocks.h): a row of n elements of
+ * a block type is n / block_elems consecutive blocks. These are the correctness
  * reference for optimised CPU/GPU kernels and the fallback for loaders that
  * need float weights; they are not tuned for speed.
  */
-#ifndef LOOM_CORE_DEQUANT_H
-#define LOOM_CORE_DEQUANT_H
+#ifndef LOOM_FORMATS_DEQUANT_H
+#define LOOM_FORMATS_DEQUANT_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -1,7 +1,8 @@
 /*
  * formats/dtype.c — sizes and names of loom's element types, and the
  * one conversion entry point (host->convert) over formats/half.h,
- * formats/e4m3.h and formats/dequant.h.
+ * formats/e4m3.h and formats/dequant.h; block sizes are
+ * formats/gguf_blocks.h's.
  */
 #include "formats/dtype.h"
 
@@ -9,12 +10,16 @@
 
 #include "formats/dequant.h"
 #include "formats/e4m3.h"
+#include "formats/gguf_blocks.h"
 #include "formats/half.h"
 
 int64_t loom_dtype_block_elems(loom_dtype t) {
     switch (t) {
-    case LOOM_DTYPE_Q8_0: case LOOM_DTYPE_Q4_0: case LOOM_DTYPE_Q4_1: return 32;
-    case LOOM_DTYPE_Q4_K: case LOOM_DTYPE_Q6_K: return 256;
+    case LOOM_DTYPE_Q8_0: return LOOM_GGUF_Q8_0_ELEMS;
+    case LOOM_DTYPE_Q4_0: return LOOM_GGUF_Q4_0_ELEMS;
+    case LOOM_DTYPE_Q4_1: return LOOM_GGUF_Q4_1_ELEMS;
+    case LOOM_DTYPE_Q4_K: return LOOM_GGUF_Q4_K_ELEMS;
+    case LOOM_DTYPE_Q6_K: return LOOM_GGUF_Q6_K_ELEMS;
     case LOOM_DTYPE_F32: case LOOM_DTYPE_F16: case LOOM_DTYPE_BF16: case LOOM_DTYPE_I8:
     case LOOM_DTYPE_I32: case LOOM_DTYPE_FP8_E4M3: case LOOM_DTYPE_U8: return 1;
     default: return 0;
@@ -26,11 +31,11 @@ size_t loom_dtype_block_bytes(loom_dtype t) {
     case LOOM_DTYPE_F32: case LOOM_DTYPE_I32: return 4;
     case LOOM_DTYPE_F16: case LOOM_DTYPE_BF16: return 2;
     case LOOM_DTYPE_I8: case LOOM_DTYPE_U8: case LOOM_DTYPE_FP8_E4M3: return 1;
-    case LOOM_DTYPE_Q8_0: return 34;
-    case LOOM_DTYPE_Q4_0: return 18;
-    case LOOM_DTYPE_Q4_1: return 20;
-    case LOOM_DTYPE_Q4_K: return 144;
-    case LOOM_DTYPE_Q6_K: return 210;
+    case LOOM_DTYPE_Q8_0: return LOOM_GGUF_Q8_0_BYTES;
+    case LOOM_DTYPE_Q4_0: return LOOM_GGUF_Q4_0_BYTES;
+    case LOOM_DTYPE_Q4_1: return LOOM_GGUF_Q4_1_BYTES;
+    case LOOM_DTYPE_Q4_K: return LOOM_GGUF_Q4_K_BYTES;
+    case LOOM_DTYPE_Q6_K: return LOOM_GGUF_Q6_K_BYTES;
     default: return 0;
     }
 }
@@ -66,7 +71,7 @@ static loom_status from_f32(loom_dtype dst_type, uint8_t *dst, const float *src,
         switch (dst_type) {
         case LOOM_DTYPE_F16: put16(dst + 2 * i, loom_fp32_to_fp16(f)); break;
         case LOOM_DTYPE_BF16: put16(dst + 2 * i, loom_fp32_to_bf16(f)); break;
-        default: dst[i] = (uint8_t)lc_e4m3_encode(loom_f32_bits(f)); break;
+        default: dst[i] = loom_fp32_to_e4m3(f); break;
         }
     }
     return LOOM_OK;
@@ -77,7 +82,7 @@ loom_status loom_convert(loom_dtype dst_type, void *dst, loom_dtype src_type, co
     if (dst_type == LOOM_DTYPE_F32 && src_type == LOOM_DTYPE_FP8_E4M3) {
         const uint8_t *s = src;
         for (int64_t i = 0; i < n; i++) {
-            float f = lc_e4m3_decode(s[i]);
+            float f = loom_e4m3_to_fp32(s[i]);
             memcpy((uint8_t *)dst + 4 * i, &f, 4);
         }
         return LOOM_OK;

@@ -1,11 +1,12 @@
 /*
  * formats/e4m3.h — the OCP FP8 E4M3 ("fn") codec, in plain C that nvcc
  * (device code) and a C compiler both build, so the bits the GPU writes
- * and reads are the bits the host, the cpu backend and the tests use.
- * Internal (never installed); plugins reach it through host->convert.
+ * and reads are the bits the host, the cpu backend, the quantizers and the
+ * tests use: the one definition of E4M3 in the tree. Internal (never
+ * installed); plugins built out of tree reach it through host->convert.
  *
- * Encoding (lc_e4m3_encode): the cpu backend's algorithm, line for line —
- * OCP E4M3 "fn", round to nearest, ties to even; |x| >= 448 and +-inf
+ * Encoding (lc_e4m3_encode; loom_fp32_to_e4m3 takes a float) — OCP E4M3
+ * "fn", round to nearest, ties to even; |x| >= 448 and +-inf
  * saturate to +-448 (0x7e / 0xfe); NaN -> S.1111.111 keeping its sign;
  * -0 -> 0x80; float32 subnormals -> signed zero. Not the hardware
  * conversion (cvt.rn.satfinite.e4m3x2.f32): cuda_fp8.hpp's own emulation
@@ -27,8 +28,8 @@
  * them from NaN inputs, and a NaN in K or V has already poisoned the
  * step's attention on any backend.
  */
-#ifndef LOOM_CUDA_E4M3_H
-#define LOOM_CUDA_E4M3_H
+#ifndef LOOM_FORMATS_E4M3_H
+#define LOOM_FORMATS_E4M3_H
 
 #include <stdint.h>
 
@@ -83,6 +84,13 @@ LC_E4M3_FN float lc_e4m3_decode(uint32_t c) {
     union { uint32_t u; float f; } r = {bits};
     return r.f;
 }
+
+/* The same codec on floats: the code of f, and the value of code c. */
+LC_E4M3_FN uint8_t loom_fp32_to_e4m3(float f) {
+    union { float f; uint32_t u; } v = {f};
+    return (uint8_t)lc_e4m3_encode(v.u);
+}
+LC_E4M3_FN float loom_e4m3_to_fp32(uint8_t c) { return lc_e4m3_decode(c); }
 
 /* t: two codes at bits 8..15 and 24..31 (other bits zero). Returns the two
  * lanes' 16-bit patterns, value * 2^-120 as bf16 (low lane = bits 8..15). */

@@ -9,8 +9,8 @@
  * and keeps NaN a (quiet) NaN with the sign preserved. Not vectorised: the
  * hot loops that need speed convert whole rows in their own kernels.
  */
-#ifndef LOOM_CORE_HALF_H
-#define LOOM_CORE_HALF_H
+#ifndef LOOM_FORMATS_HALF_H
+#define LOOM_FORMATS_HALF_H
 
 #include <stdint.h>
 #include <string.h>

@@ -1277,20 +1277,11 @@ int main(int argc, char **argv) {
         bench_components(256, 0, 8);
     }
     bench_components(2048, 0, 8);
-    loom_cuda_attn_set_prefill_ctas(3);
-    printf("  (prefill attention built for 3 CTAs/SM:)\n");
-    bench_components(2048, 0, 8);
-    loom_cuda_attn_set_prefill_ctas(2);
     if (components_only) return 0;
     for (int f8 = 0; f8 < 2; f8++) { /* bf16 KV, then an E4M3 KV cache (half the bytes) */
         const loom_cuda_kv kv = f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
         bench_attention(1, 32768, kv);
         bench_attention(8, 32768, kv);
-        loom_cuda_attn_set_decode_stages(2);
-        printf("  (decode attention with 2 stages:)\n");
-        bench_attention(1, 32768, kv);
-        bench_attention(8, 32768, kv);
-        loom_cuda_attn_set_decode_stages(3);
         if (!quick) bench_attention(64, 4096, kv);
     }
 

@@ -15,7 +15,9 @@
  * and the result is acc / l. Nothing of size (T, context) is ever formed.
  */
 #include "cpu_kernels.h"
-#include "qlinear.h" /* E4M3 codec for an FP8 KV cache */
+#include "qlinear.h" /* E4M3 rows for an FP8 KV cache */
+
+#include "formats/half.h"
 
 #include <math.h>
 #include <string.h>
@@ -33,45 +35,8 @@
 
 /* ------------------------------------------------------------ float16 */
 
-static uint16_t f16_from_f32_scalar(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    x &= 0x7fffffffu;
-    if (x >= 0x7f800000u) /* inf, NaN (kept quiet) */
-        return (uint16_t)(sign | (x > 0x7f800000u ? 0x7e00u | ((x >> 13) & 0x3ffu) : 0x7c00u));
-    if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds past 65504 */
-    if (x < 0x38800000u) {
-        /* result is subnormal (or zero): a multiple of 2^-24; adding 0.5
-         * makes the FPU round to even at that ulp */
-        float a;
-        memcpy(&a, &x, 4);
-        float r = a + 0.5f;
-        uint32_t rb;
-        memcpy(&rb, &r, 4);
-        return (uint16_t)(sign | (rb - 0x3f000000u));
-    }
-    uint32_t odd = (x >> 13) & 1u;
-    x += 0xc8000000u + 0xfffu + odd; /* rebias 127 -> 15, round to nearest even */
-    return (uint16_t)(sign | (x >> 13));
-}
-
-static float f16_to_f32_scalar(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-    if (exp == 0x1fu) {
-        bits = sign | 0x7f800000u | (mant << 13);
-    } else if (exp == 0) {
-        float f = (float)mant * 0x1p-24f;
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    } else {
-        bits = sign | ((exp + 112u) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
+/* The vector path is F16C's; the scalar one (and every tail) is
+ * formats/half.h's, which rounds as F16C does (to nearest even). */
 
 #ifdef CPU_HAVE_F16C_PATH
 __attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(uint16_t *dst, const float *src,
@@ -80,7 +45,7 @@ __attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(uint16_t *dst, c
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(dst + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++) dst[i] = f16_from_f32_scalar(src[i]);
+    for (; i < n; i++) dst[i] = loom_fp32_to_fp16(src[i]);
 }
 
 __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(float *dst, const uint16_t *src,
@@ -88,7 +53,7 @@ __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(float *dst, cons
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-    for (; i < n; i++) dst[i] = f16_to_f32_scalar(src[i]);
+    for (; i < n; i++) dst[i] = loom_fp16_to_fp32(src[i]);
 }
 
 static bool cpu_has_f16c(void) {
@@ -104,7 +69,7 @@ void loom_cpu_f32_to_f16(uint16_t *dst, const float *src, int64_t n) {
         return;
     }
 #endif
-    for (int64_t i = 0; i < n; i++) dst[i] = f16_from_f32_scalar(src[i]);
+    for (int64_t i = 0; i < n; i++) dst[i] = loom_fp32_to_fp16(src[i]);
 }
 
 void loom_cpu_f16_to_f32(float *dst, const uint16_t *src, int64_t n) {
@@ -114,7 +79,7 @@ void loom_cpu_f16_to_f32(float *dst, const uint16_t *src, int64_t n) {
         return;
     }
 #endif
-    for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32_scalar(src[i]);
+    for (int64_t i = 0; i < n; i++) dst[i] = loom_fp16_to_fp32(src[i]);
 }
 
 /* ------------------------------------------------------------ KV write */

@@ -22,6 +22,8 @@
 #include "qlinear.h"
 
 #include "formats/dtype.h"
+#include "formats/e4m3.h"
+#include "formats/gguf_blocks.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -70,57 +72,17 @@ QL_INLINE float ql_hsum(const ql_v16 *v) {
 
 /* ------------------------------------------------------------- FP8 E4M3 */
 
-uint8_t loom_cpu_e4m3_encode(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu); /* NaN               */
-    if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7eu); /* >= 448 saturates */
-    int e = (int)(a >> 23) - 127;
-    if (e >= -6) {
-        /* normal: 3 of 23 mantissa bits, round half to even; a carry runs
-         * into the exponent field, which is the next binade */
-        uint32_t m = a & 0x7fffffu, keep = m >> 20, rem = m & 0xfffffu;
-        uint32_t code = ((uint32_t)(e + 7) << 3) | keep;
-        if (rem > 0x80000u || (rem == 0x80000u && (keep & 1u))) code++;
-        return (uint8_t)(sign | code);
-    }
-    if ((a >> 23) == 0) return sign; /* float32 subnormal: rounds to 0 */
-    uint32_t m24 = (a & 0x7fffffu) | 0x800000u;
-    int shift = 14 - e; /* subnormal code = value * 2^9 = m24 >> shift, >= 21 */
-    if (shift > 24) return sign;
-    uint32_t q = m24 >> shift, rem = m24 & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u))) q++;
-    return (uint8_t)(sign | q);
-}
-
-float loom_cpu_e4m3_decode(uint8_t c) {
-    uint32_t sign = (uint32_t)(c & 0x80u) << 24;
-    uint32_t e = (c >> 3) & 15u, m = c & 7u, bits;
-    if (e == 15u && m == 7u) {
-        bits = sign | 0x7fc00000u;
-    } else if (e == 0) {
-        float v = (float)m * 0x1p-9f;
-        memcpy(&bits, &v, 4);
-        bits |= sign;
-    } else {
-        bits = sign | ((e + 120u) << 23) | (m << 20);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
+/* The codec is formats/e4m3.h's; decoding goes through a table of its 256
+ * values. */
 static float ql_e4m3_lut[256];
 static pthread_once_t ql_lut_once = PTHREAD_ONCE_INIT;
 
 static void ql_lut_init(void) {
-    for (int i = 0; i < 256; i++) ql_e4m3_lut[i] = loom_cpu_e4m3_decode((uint8_t)i);
+    for (int i = 0; i < 256; i++) ql_e4m3_lut[i] = loom_e4m3_to_fp32((uint8_t)i);
 }
 
 void loom_cpu_f32_to_e4m3(uint8_t *dst, const float *src, int64_t n, float inv_scale) {
-    for (int64_t i = 0; i < n; i++) dst[i] = loom_cpu_e4m3_encode(src[i] * inv_scale);
+    for (int64_t i = 0; i < n; i++) dst[i] = loom_fp32_to_e4m3(src[i] * inv_scale);
 }
 
 void loom_cpu_e4m3_to_f32(float *dst, const uint8_t *src, int64_t n, float scale) {
@@ -138,20 +100,7 @@ QL_INLINE float ql_f16(const uint8_t *p) {
     memcpy(&h, p, 2);
     return (float)h;
 #else
-    uint32_t h = (uint32_t)p[0] | ((uint32_t)p[1] << 8);
-    uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-    if (exp == 0x1fu) {
-        bits = sign | 0x7f800000u | (mant << 13);
-    } else if (exp == 0) {
-        float f = (float)mant * 0x1p-24f;
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    } else {
-        bits = sign | ((exp + 112u) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+    return loom_gguf_f16(p);
 #endif
 }
 
@@ -316,86 +265,21 @@ size_t loom_cpu_qweight_bytes(const loom_cpu_qweight *w) {
 
 /* ------------------------------------------------------------ decoders */
 
-/* One GGUF row of K elements into dst (see core/model/dequant.c for the
- * block layouts; this is the kernels' own copy, as plugins never link the
- * core). */
+/* One GGUF row of K elements into dst, block by block (formats/gguf_blocks.h:
+ * the layouts and their scalar decode, inlined here into this file's
+ * target clones). */
+#define QL_GGUF_ROW(T, dec)                                                                        \
+    for (int64_t i = 0; i < K / LOOM_GGUF_##T##_ELEMS; i++)                                        \
+        dec(b + (size_t)i * LOOM_GGUF_##T##_BYTES, y + i * LOOM_GGUF_##T##_ELEMS)
+
 QL_INLINE void ql_dec_gguf(loom_dtype t, const uint8_t *b, int64_t K, float *y) {
     switch (t) {
-    case LOOM_DTYPE_Q8_0:
-        for (int64_t i = 0; i < K; i += 32, b += 34, y += 32) {
-            float d = ql_f16(b);
-            const int8_t *q = (const int8_t *)(b + 2);
-            for (int j = 0; j < 32; j++) y[j] = d * (float)q[j];
-        }
-        break;
-    case LOOM_DTYPE_Q4_0:
-        for (int64_t i = 0; i < K; i += 32, b += 18, y += 32) {
-            float d = ql_f16(b), c = -8.0f * d;
-            const uint8_t *qs = b + 2;
-            for (int j = 0; j < 16; j++) {
-                y[j] = (float)(qs[j] & 0xF) * d + c;
-                y[j + 16] = (float)(qs[j] >> 4) * d + c;
-            }
-        }
-        break;
-    case LOOM_DTYPE_Q4_1:
-        for (int64_t i = 0; i < K; i += 32, b += 20, y += 32) {
-            float d = ql_f16(b), m = ql_f16(b + 2);
-            const uint8_t *qs = b + 4;
-            for (int j = 0; j < 16; j++) {
-                y[j] = (float)(qs[j] & 0xF) * d + m;
-                y[j + 16] = (float)(qs[j] >> 4) * d + m;
-            }
-        }
-        break;
-    case LOOM_DTYPE_Q4_K:
-        for (int64_t i = 0; i < K; i += 256, b += 144) {
-            float d = ql_f16(b), dmin = ql_f16(b + 2);
-            const uint8_t *sc = b + 4, *q = b + 16;
-            for (int s = 0; s < 8; s += 2, q += 32) {
-                /* 6-bit scale and min of sub-blocks s and s + 1 */
-                float dd[2], mm[2];
-                for (int h = 0; h < 2; h++) {
-                    int j = s + h;
-                    uint8_t scv, mv;
-                    if (j < 4) {
-                        scv = sc[j] & 63;
-                        mv = sc[j + 4] & 63;
-                    } else {
-                        scv = (uint8_t)((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4));
-                        mv = (uint8_t)((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
-                    }
-                    dd[h] = d * scv;
-                    mm[h] = dmin * mv;
-                }
-                for (int l = 0; l < 32; l++) y[l] = dd[0] * (float)(q[l] & 0xF) - mm[0];
-                for (int l = 0; l < 32; l++) y[l + 32] = dd[1] * (float)(q[l] >> 4) - mm[1];
-                y += 64;
-            }
-        }
-        break;
-    case LOOM_DTYPE_Q6_K:
-        for (int64_t i = 0; i < K; i += 256, b += 210) {
-            const uint8_t *ql = b, *qh = b + 128;
-            const int8_t *sc = (const int8_t *)(b + 192);
-            float d = ql_f16(b + 208);
-            for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, y += 128) {
-                for (int l = 0; l < 32; l++) {
-                    int is = l / 16;
-                    int q1 = (int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                    int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                    int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                    int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                    y[l] = d * (float)sc[is] * (float)q1;
-                    y[l + 32] = d * (float)sc[is + 2] * (float)q2;
-                    y[l + 64] = d * (float)sc[is + 4] * (float)q3;
-                    y[l + 96] = d * (float)sc[is + 6] * (float)q4;
-                }
-            }
-        }
-        break;
-    default:
-        break;
+    case LOOM_DTYPE_Q8_0: QL_GGUF_ROW(Q8_0, loom_gguf_dec_q8_0); break;
+    case LOOM_DTYPE_Q4_0: QL_GGUF_ROW(Q4_0, loom_gguf_dec_q4_0); break;
+    case LOOM_DTYPE_Q4_1: QL_GGUF_ROW(Q4_1, loom_gguf_dec_q4_1); break;
+    case LOOM_DTYPE_Q4_K: QL_GGUF_ROW(Q4_K, loom_gguf_dec_q4_k); break;
+    case LOOM_DTYPE_Q6_K: QL_GGUF_ROW(Q6_K, loom_gguf_dec_q6_k); break;
+    default: break;
     }
 }
 
@@ -976,7 +860,7 @@ static void ql_prep_fp8(void *ctx, int64_t b, int64_t e, int worker) {
         sx[m] = s;
         float *o = xf + m * j->K;
         for (int64_t k = 0; k < j->K; k++)
-            o[k] = s > 0.0f ? ql_e4m3_lut[loom_cpu_e4m3_encode((sm ? x[k] / sm[k] : x[k]) / s)]
+            o[k] = s > 0.0f ? ql_e4m3_lut[loom_fp32_to_e4m3((sm ? x[k] / sm[k] : x[k]) / s)]
                             : 0.0f;
     }
 }

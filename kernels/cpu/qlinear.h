@@ -137,12 +137,9 @@ void loom_cpu_qweight_rows(const loom_cpu_qweight *w, int64_t r0, int64_t nr, fl
 
 /* ---------------------------------------------------- FP8 E4M3 rows */
 
-/* E4M3 ("fn": bias 7, max 448, no inf, S.1111.111 = NaN) <-> float32.
- * Encoding: round to nearest even, |x| >= 448 and inf saturate to +-448,
- * NaN -> NaN, sign of zero kept. dst[i] = e4m3(src[i] * inv_scale) and
- * dst[i] = decode(src[i]) * scale; for an FP8 KV cache. */
-uint8_t loom_cpu_e4m3_encode(float f);
-float loom_cpu_e4m3_decode(uint8_t c);
+/* Rows of E4M3 codes (formats/e4m3.h's codec) <-> float32, for an FP8 KV
+ * cache: dst[i] = e4m3(src[i] * inv_scale) and dst[i] = decode(src[i]) *
+ * scale. */
 void loom_cpu_f32_to_e4m3(uint8_t *dst, const float *src, int64_t n, float inv_scale);
 void loom_cpu_e4m3_to_f32(float *dst, const uint8_t *src, int64_t n, float scale);
 

@@ -607,23 +607,15 @@ static cudaError_t lc_att_launch(const loom_cuda_attn_args *a, cudaStream_t s) {
                      s, *a);
 }
 
-/* Register budget of the prefill shape: 2 CTAs per SM (no spills) or 3
- * (168 registers, a few spilled bytes at head_dim 64/128). Benchmarks flip
- * it with loom_cuda_attn_set_prefill_ctas; the decode shape always fits 3. */
-static int lc_prefill_minb = 2;
-/* Pipeline depth of the decode shape: 3 stages (two tiles in flight while
- * one is computed; 2 CTAs per SM at head_dim 128) or 2 (one in flight, 3
- * CTAs). Benchmarks flip it with loom_cuda_attn_set_decode_stages. The
- * same depth serves an E4M3 cache (its stages are half the bytes). */
-static int lc_decode_stages = 3;
-
+/* The two shapes' builds: decode 16 rows, 3 stages (two tiles in flight
+ * while one is computed; 2 CTAs per SM at head_dim 128; the same depth
+ * serves an E4M3 cache, whose stages are half the bytes); prefill 64 rows,
+ * 2 stages, registers for 2 CTAs per SM (no spills). A 2-stage decode ring
+ * and a 3-CTA prefill build were slower (docs/performance.md, tried and
+ * rejected). */
 template <typename T, bool F8, int D>
 static cudaError_t lc_att_shape(const loom_cuda_attn_args *a, cudaStream_t s) {
-    if (a->shape == LOOM_CUDA_ATTN_DECODE) {
-        if (lc_decode_stages == 2) return lc_att_launch<T, F8, D, 1, 16, 3, 2>(a, s);
-        return lc_att_launch<T, F8, D, 1, 16, 3, 3>(a, s);
-    }
-    if (lc_prefill_minb == 3) return lc_att_launch<T, F8, D, 4, 64, 3, 2>(a, s);
+    if (a->shape == LOOM_CUDA_ATTN_DECODE) return lc_att_launch<T, F8, D, 1, 16, 3, 3>(a, s);
     return lc_att_launch<T, F8, D, 4, 64, 2, 2>(a, s);
 }
 
@@ -639,10 +631,7 @@ static cudaError_t lc_att_dim(const loom_cuda_attn_args *a, cudaStream_t s) {
 }
 
 template <typename T, bool F8, int D> static int lc_occ_d(loom_cuda_attn_shape shape) {
-    if (shape == LOOM_CUDA_ATTN_DECODE)
-        return lc_decode_stages == 2 ? lc_att_occupancy<T, F8, D, 1, 16, 3, 2>()
-                                     : lc_att_occupancy<T, F8, D, 1, 16, 3, 3>();
-    if (lc_prefill_minb == 3) return lc_att_occupancy<T, F8, D, 4, 64, 3, 2>();
+    if (shape == LOOM_CUDA_ATTN_DECODE) return lc_att_occupancy<T, F8, D, 1, 16, 3, 3>();
     return lc_att_occupancy<T, F8, D, 4, 64, 2, 2>();
 }
 
@@ -654,14 +643,6 @@ template <typename T, bool F8> static int lc_occ_dim(loom_cuda_attn_shape shape,
     case 128: return lc_occ_d<T, F8, 128>(shape);
     default: return 0;
     }
-}
-
-extern "C" void loom_cuda_attn_set_prefill_ctas(int ctas_per_sm) {
-    lc_prefill_minb = ctas_per_sm >= 3 ? 3 : 2;
-}
-
-extern "C" void loom_cuda_attn_set_decode_stages(int stages) {
-    lc_decode_stages = stages <= 2 ? 2 : 3;
 }
 
 extern "C" int loom_cuda_attn_ctas_per_sm(loom_cuda_dt dt, loom_cuda_kv kv,

@@ -32,7 +32,7 @@
  * and token slot s lives in block s / block_size at offset s % block_size.
  * Its elements are dt, or FP8 E4M3 codes (`loom_cuda_kv`): one byte each,
  * e4m3(x) with a fixed scale of 1.0, coded as the cpu backend codes its FP8
- * KV cache (the same float32 value gets the same code; kernels/cuda/e4m3.h).
+ * KV cache (the same float32 value gets the same code; formats/e4m3.h).
  */
 #ifndef LOOM_CUDA_KERNELS_H
 #define LOOM_CUDA_KERNELS_H
@@ -212,13 +212,6 @@ size_t loom_cuda_attn_workspace_floats(loom_cuda_attn_shape shape, int num_tiles
  * shared-memory limit). */
 int loom_cuda_attn_ctas_per_sm(loom_cuda_dt dt, loom_cuda_kv kv, loom_cuda_attn_shape shape,
                                int head_dim);
-
-/* Process-wide knob for benchmarks: build the prefill shape for 2 (default,
- * no register spills) or 3 CTAs per SM. Not thread-safe; set it before any
- * attention call. */
-void loom_cuda_attn_set_prefill_ctas(int ctas_per_sm);
-/* Likewise: pipeline depth of the decode shape, 2 or 3 (default). */
-void loom_cuda_attn_set_decode_stages(int stages);
 
 /* Split-K bound for a launch of num_tiles tiles: as many key splits as fill
  * one wave of `resident` CTAs (num_SMs x ctas_per_sm), at most 64, at least

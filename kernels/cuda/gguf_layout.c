@@ -7,6 +7,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "formats/dtype.h"
+
 static int gl_why(char *why, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int gl_why(char *why, size_t n, const char *fmt, ...) {
     if (why && n) {
@@ -18,40 +20,37 @@ static int gl_why(char *why, size_t n, const char *fmt, ...) {
     return 0;
 }
 
-int loom_cuda_gguf_block_elems(loom_cuda_gguf t) {
+/* The types are loom dtypes (gguf_layout.h); their sizes and names are
+ * formats/'s. */
+_Static_assert((int)LOOM_CUDA_GGUF_Q8_0 == (int)LOOM_DTYPE_Q8_0 &&
+                   (int)LOOM_CUDA_GGUF_Q4_0 == (int)LOOM_DTYPE_Q4_0 &&
+                   (int)LOOM_CUDA_GGUF_Q4_1 == (int)LOOM_DTYPE_Q4_1 &&
+                   (int)LOOM_CUDA_GGUF_Q4_K == (int)LOOM_DTYPE_Q4_K &&
+                   (int)LOOM_CUDA_GGUF_Q6_K == (int)LOOM_DTYPE_Q6_K,
+               "loom_cuda_gguf values must be loom_dtype's");
+
+static int gl_known(loom_cuda_gguf t) {
     switch (t) {
-    case LOOM_CUDA_GGUF_Q8_0: case LOOM_CUDA_GGUF_Q4_0: case LOOM_CUDA_GGUF_Q4_1: return 32;
-    case LOOM_CUDA_GGUF_Q4_K: case LOOM_CUDA_GGUF_Q6_K: return 256;
+    case LOOM_CUDA_GGUF_Q8_0: case LOOM_CUDA_GGUF_Q4_0: case LOOM_CUDA_GGUF_Q4_1:
+    case LOOM_CUDA_GGUF_Q4_K: case LOOM_CUDA_GGUF_Q6_K: return 1;
     default: return 0;
     }
+}
+
+int loom_cuda_gguf_block_elems(loom_cuda_gguf t) {
+    return gl_known(t) ? (int)loom_dtype_block_elems((loom_dtype)t) : 0;
 }
 
 int loom_cuda_gguf_block_bytes(loom_cuda_gguf t) {
-    switch (t) {
-    case LOOM_CUDA_GGUF_Q8_0: return 34;
-    case LOOM_CUDA_GGUF_Q4_0: return 18;
-    case LOOM_CUDA_GGUF_Q4_1: return 20;
-    case LOOM_CUDA_GGUF_Q4_K: return 144;
-    case LOOM_CUDA_GGUF_Q6_K: return 210;
-    default: return 0;
-    }
+    return gl_known(t) ? (int)loom_dtype_block_bytes((loom_dtype)t) : 0;
 }
 
 const char *loom_cuda_gguf_name(loom_cuda_gguf t) {
-    switch (t) {
-    case LOOM_CUDA_GGUF_Q8_0: return "q8_0";
-    case LOOM_CUDA_GGUF_Q4_0: return "q4_0";
-    case LOOM_CUDA_GGUF_Q4_1: return "q4_1";
-    case LOOM_CUDA_GGUF_Q4_K: return "q4_k";
-    case LOOM_CUDA_GGUF_Q6_K: return "q6_k";
-    default: return "?";
-    }
+    return gl_known(t) ? loom_dtype_name((loom_dtype)t) : "?";
 }
 
 size_t loom_cuda_gguf_row_bytes(loom_cuda_gguf t, int64_t k) {
-    const int be = loom_cuda_gguf_block_elems(t);
-    if (be == 0 || k < 0 || k % be != 0) return 0;
-    return (size_t)(k / be) * (size_t)loom_cuda_gguf_block_bytes(t);
+    return gl_known(t) ? loom_dtype_row_bytes((loom_dtype)t, k) : 0;
 }
 
 int loom_cuda_gguf_ok(loom_cuda_gguf t, int64_t k) {

@@ -9,7 +9,7 @@
  * (tests/kernels/test_cuda_gguf_layout.c) and the cuda loader
  * (plugins/backend/cuda/cuda_load.c) and kernels (qgguf.cu) share it.
  *
- * Blocks stay exactly as the GGUF file stores them (core/model/dequant.c
+ * Blocks stay exactly as the GGUF file stores them (formats/gguf_blocks.h
  * documents each layout); nothing is repacked. A segment is rows of one
  * block type, row after row with no padding (row_bytes = K / block_elems *
  * block_bytes), starting on a 16-byte boundary; the kernels may read up to

@@ -30,7 +30,9 @@
  * q4_k also b sum(x)): one or two FMAs per 16 weights instead of one per
  * weight. The dequantize kernel forms fmaf(q, a, b) (b = -0 where the CPU
  * has a plain product, so even the sign of a zero agrees), equal bit for
- * bit to the CPU's decode (core/model/dequant.c, kernels/cpu/qlinear.c):
+ * bit to the CPU's decode (formats/gguf_blocks.h, which formats/dequant.c
+ * and kernels/cpu/qlinear.c run; its scale and code geometry is shared
+ * with prep() below):
  * the products there are exact in fp32 (at most 23 significant bits) and
  * the one addition of q4_1 / q4_k rounds once either way.
  *
@@ -42,6 +44,7 @@
  */
 #include "common.cuh"
 
+#include "formats/gguf_blocks.h"
 #include "qgemm.h"
 
 #define LC_GG_WARPS 4
@@ -49,11 +52,11 @@
 /* ------------------------------------------------------------ geometry */
 
 __host__ __device__ constexpr int lc_gg_bytes(int t) {
-    return t == LOOM_CUDA_GGUF_Q8_0   ? 34
-           : t == LOOM_CUDA_GGUF_Q4_0 ? 18
-           : t == LOOM_CUDA_GGUF_Q4_1 ? 20
-           : t == LOOM_CUDA_GGUF_Q4_K ? 144
-                                      : 210;
+    return t == LOOM_CUDA_GGUF_Q8_0   ? LOOM_GGUF_Q8_0_BYTES
+           : t == LOOM_CUDA_GGUF_Q4_0 ? LOOM_GGUF_Q4_0_BYTES
+           : t == LOOM_CUDA_GGUF_Q4_1 ? LOOM_GGUF_Q4_1_BYTES
+           : t == LOOM_CUDA_GGUF_Q4_K ? LOOM_GGUF_Q4_K_BYTES
+                                      : LOOM_GGUF_Q6_K_BYTES;
 }
 __host__ __device__ constexpr int lc_gg_subs(int t) {
     return t == LOOM_CUDA_GGUF_Q4_K || t == LOOM_CUDA_GGUF_Q6_K ? 8 : 1;
@@ -102,11 +105,6 @@ __device__ __forceinline__ float lc_f16_bits(uint32_t b) {
     __half_raw r;
     r.x = (unsigned short)(b & 0xFFFFu);
     return __half2float(__half(r));
-}
-/* Byte k (runtime, 0..11) of three words. */
-__device__ __forceinline__ uint32_t lc_byte12(const uint32_t *s, int k) {
-    const uint32_t w = k < 4 ? s[0] : k < 8 ? s[1] : s[2];
-    return (w >> ((k & 3) * 8)) & 0xFFu;
 }
 
 /* --------------------------------------------------------------- decode */
@@ -179,17 +177,10 @@ template <> struct lc_gg_sub<LOOM_CUDA_GGUF_Q4_K> {
         uint32_t hw[4];
         lc_sw_words<4>(sw, o, hw);
         const float d = lc_f16_bits(hw[0]), dmin = lc_f16_bits(hw[0] >> 16);
-        const uint32_t *s = hw + 1;
-        uint32_t sc, mn; /* ggml's get_scale_min_k4 */
-        if (j < 4) {
-            sc = lc_byte12(s, j) & 63u;
-            mn = lc_byte12(s, j + 4) & 63u;
-        } else {
-            sc = (lc_byte12(s, j + 4) & 0xFu) | ((lc_byte12(s, j - 4) >> 6) << 4);
-            mn = (lc_byte12(s, j + 4) >> 4) | ((lc_byte12(s, j) >> 6) << 4);
-        }
+        uint32_t sc, mn;
+        loom_q4k_scale_min(hw + 1, j, &sc, &mn); /* the 12 scale bytes: words 1..3 */
         a_ = d * (float)sc, b_ = -(dmin * (float)mn);
-        qo = o + 16 + 32 * (j >> 1);
+        qo = o + LOOM_GGUF_Q4_K_QS + 32 * (j >> 1);
         sh = 4 * (j & 1);
     }
     __device__ __forceinline__ void half(const uint32_t *sw, int h, float *q, float &a, float &b) const {
@@ -202,23 +193,21 @@ template <> struct lc_gg_sub<LOOM_CUDA_GGUF_Q4_K> {
 };
 
 /* q6_k: ql[128] low nibbles, qh[64] 2-bit high parts, int8 scales[16], f16
- * d. Sub-block s = 4 hh + qq (hh: which 128 weights, qq: which 32 of them)
- * takes ql[64 hh + 32 (qq & 1) + l] (low nibble for qq < 2, high after),
- * bits 2 qq of qh[32 hh + l], and scale 8 hh + 2 qq + l / 16. */
+ * d; where sub-block s keeps its codes and scales: loom_q6k_sub_at. */
 template <> struct lc_gg_sub<LOOM_CUDA_GGUF_Q6_K> {
     static constexpr bool AFFINE = false;
     float a0, a1;
     int lo, ho, nsh, hsh;
     __device__ __forceinline__ void prep(const uint32_t *sw, int o, int s) {
-        const int hh = s >> 2, qq = s & 3;
-        const float d = lc_f16_bits(lc_sw_u16(sw, o + 208));
-        const uint32_t scp = lc_sw_u16(sw, o + 192 + 8 * hh + 2 * qq);
+        const float d = lc_f16_bits(lc_sw_u16(sw, o + LOOM_GGUF_Q6_K_D));
+        const loom_q6k_sub g = loom_q6k_sub_at(s);
+        const uint32_t scp = lc_sw_u16(sw, o + g.sc);
         a0 = d * (float)(int8_t)(scp & 0xFFu);
         a1 = d * (float)(int8_t)(scp >> 8);
-        lo = o + 64 * hh + 32 * (qq & 1);
-        ho = o + 128 + 32 * hh;
-        nsh = 4 * (qq >> 1);
-        hsh = 2 * qq;
+        lo = o + g.lo;
+        ho = o + g.ho;
+        nsh = g.nsh;
+        hsh = g.hsh;
     }
     __device__ __forceinline__ void half(const uint32_t *sw, int h, float *q, float &a, float &b) const {
         uint32_t l[4], hb[4];

@@ -250,32 +250,16 @@ typedef struct shape {
     const char *cuda_ov; /* one more cuda backend parameter ("key=value"), or NULL */
 } shape;
 
-/* f as IEEE binary16 (round to nearest even, subnormals kept) at p,
- * little-endian. */
+/* f as IEEE binary16 (formats/half.h: round to nearest even, subnormals
+ * kept) at p, little-endian. */
 static void put_f16(uint8_t *p, float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u), h;
-    x &= 0x7fffffffu;
-    if (x >= 0x477ff000u) h = 0x7c00u; /* no NaN here: overflow to inf */
-    else if (x < 0x38800000u) {
-        float a, r;
-        memcpy(&a, &x, 4);
-        r = a + 0.5f; /* the subnormal's mantissa lands in the low bits */
-        uint32_t rb;
-        memcpy(&rb, &r, 4);
-        h = (uint16_t)(rb - 0x3f000000u);
-    } else {
-        x += 0xc8000000u + 0xfffu + ((x >> 13) & 1u);
-        h = (uint16_t)(x >> 13);
-    }
-    h |= sign;
+    const uint16_t h = loom_fp32_to_fp16(f);
     p[0] = (uint8_t)h, p[1] = (uint8_t)(h >> 8);
 }
 
 /* Random GGUF blocks for a (d0, d1) matrix of `type`: random codes and f16
  * scales sized so the weights are about +-a (the same block layouts as
- * core/model/dequant.c). Both backends read these bytes as stored. */
+ * formats/gguf_blocks.h). Both backends read these bytes as stored. */
 static void fm_add_gguf(fake_model *m, const char *name, int64_t d0, int64_t d1, loom_dtype type,
                         float a) {
     loom_tensor *t = &m->t[m->n];

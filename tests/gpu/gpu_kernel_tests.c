@@ -22,11 +22,11 @@
  * FP8 KV cache (E4M3 codes, scale 1.0, the cpu backend's bits): the
  * attention checks rerun on a cache of random codes (`... e4m3-KV ...`; the
  * float64 reference reads the same decoded values, so the tolerance is the
- * bf16 one); rope_kv's E4M3 write against the cpu encoder
- * (loom_cpu_e4m3_encode): bit for bit where the kernel's float32 value is
- * known exactly (V, and K at position 0 — with specials: +-0, +-inf, NaN,
- * saturation, ties, subnormal codes), within the float32 rounding of the
- * rotation elsewhere; the attention kernels' decoder on all 256 codes
+ * bf16 one); rope_kv's E4M3 write against the host encoder (formats/e4m3.h,
+ * checked against float64 by tests/kernels): bit for bit where the kernel's
+ * float32 value is known exactly (V, and K at position 0 — with specials:
+ * +-0, +-inf, NaN, saturation, ties, subnormal codes), within the float32
+ * rounding of the rotation elsewhere; the attention kernels' decoder on all 256 codes
  * (`e4m3 decode ...`, bit for bit; the NaN codes read as +-480).
  *
  * Batch invariance (the backend's batch_invariant mode): the invariant
@@ -49,6 +49,9 @@
 #include "cuda_kernels.h"
 #include "qgemm.h" /* lc_gguf_dequant: checked bit for bit */
 #include "qlinear.h"
+#include "formats/dequant.h"
+#include "formats/e4m3.h"
+#include "formats/half.h"
 #include "plugin/host_rules.h"
 
 static int g_fail, g_pass;
@@ -77,52 +80,13 @@ static float rng_unif(float lo, float hi) {
 }
 static int rng_int(int n) { return (int)(rng_next() % (uint64_t)n); }
 
-static uint16_t f2bf(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
+/* dt values <-> float: formats/half.h (round to nearest even). */
+static uint16_t to16(loom_cuda_dt dt, float f) {
+    return dt == LOOM_CUDA_F16 ? loom_fp32_to_fp16(f) : loom_fp32_to_bf16(f);
 }
-static float bf2f(uint16_t b) {
-    uint32_t x = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
+static float from16(loom_cuda_dt dt, uint16_t v) {
+    return dt == LOOM_CUDA_F16 ? loom_fp16_to_fp32(v) : loom_bf16_to_fp32(v);
 }
-static uint16_t f2h(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    x &= 0x7fffffffu;
-    if (x >= 0x7f800000u) return (uint16_t)(sign | (x > 0x7f800000u ? 0x7e00u : 0x7c00u));
-    if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
-    if (x < 0x38800000u) {
-        float a, r;
-        memcpy(&a, &x, 4);
-        r = a + 0.5f;
-        uint32_t rb;
-        memcpy(&rb, &r, 4);
-        return (uint16_t)(sign | (rb - 0x3f000000u));
-    }
-    uint32_t odd = (x >> 13) & 1u;
-    x += 0xc8000000u + 0xfffu + odd;
-    return (uint16_t)(sign | (x >> 13));
-}
-static float h2f(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-    if (exp == 0x1fu) bits = sign | 0x7f800000u | (mant << 13);
-    else if (exp == 0) {
-        float f = (float)mant * 0x1p-24f;
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    } else bits = sign | ((exp + 112u) << 23) | (mant << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-static uint16_t to16(loom_cuda_dt dt, float f) { return dt == LOOM_CUDA_F16 ? f2h(f) : f2bf(f); }
-static float from16(loom_cuda_dt dt, uint16_t v) { return dt == LOOM_CUDA_F16 ? h2f(v) : bf2f(v); }
 static const char *dtn(loom_cuda_dt dt) { return dt == LOOM_CUDA_F16 ? "f16" : "bf16"; }
 
 /* n random 16-bit values in [lo, hi), rounded; `shadow` (may be NULL) gets
@@ -188,8 +152,9 @@ static void report_count(const char *name, long bad, long checked) {
 
 /* ------------------------------------------------------------ E4M3 codes */
 
-static uint8_t e4m3_enc(float f) { return loom_cpu_e4m3_encode(f); }
-static double e4m3_dec(uint8_t c) { return (double)loom_cpu_e4m3_decode(c); }
+/* formats/e4m3.h's codec: the cpu backend's bits. */
+static uint8_t e4m3_enc(float f) { return loom_fp32_to_e4m3(f); }
+static double e4m3_dec(uint8_t c) { return (double)loom_e4m3_to_fp32(c); }
 
 /* Element type of the KV caches the attention checks build (set around a
  * block of checks in main). */
@@ -489,7 +454,7 @@ static void test_rope_kv(loom_cuda_dt dt, loom_cuda_kv kv, int H, int KVH, int D
  * the 448 saturation (random dt values: ties to even come up often, the
  * dt mantissa being longer than e4m3's); V: the same plus +-0, +-inf,
  * NaN of either sign, 448, 464, 480, exact ties. Codes must equal
- * loom_cpu_e4m3_encode of those values. */
+ * loom_fp32_to_e4m3 of those values. */
 static void test_rope_kv_e4m3_exact(loom_cuda_dt dt) {
     const int H = 2, KVH = 2, D = 64, bs = 16, T = 24, QKV = (H + 2 * KVH) * D, half = D / 2;
     const int nblk = (T + bs - 1) / bs;
@@ -2086,13 +2051,12 @@ static void test_qgemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_
 static const char *gg_name(loom_cuda_gguf t) { return loom_cuda_gguf_name(t); }
 
 static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 /* an f16 scale of magnitude about `mag`, random sign when `sign`; now and
  * then 0 (a zero block) */
 static uint16_t gg_scale(float mag, bool sign) {
     if (rng_int(64) == 0) return 0;
     float v = mag * rng_unif(0.25f, 1.0f);
-    return f2h(sign && rng_int(2) ? -v : v);
+    return loom_fp32_to_fp16(sign && rng_int(2) ? -v : v);
 }
 
 /* One row of K weights of type t as random blocks: random codes, random
@@ -2119,74 +2083,10 @@ static void gg_fill_row(loom_cuda_gguf t, uint8_t *b, int K, float amp) {
     }
 }
 
-/* The row decoded in float32 exactly as core/model/dequant.c does (the
- * CPU backend's values: every product there is exact). */
+/* The row decoded in float32 by formats/dequant.c (the CPU backend's
+ * values: every product there is exact). */
 static void gg_decode_row(loom_cuda_gguf t, const uint8_t *b, int K, float *y) {
-    const int be = loom_cuda_gguf_block_elems(t), bb = loom_cuda_gguf_block_bytes(t);
-    for (int i = 0; i < K / be; i++, b += bb, y += be) {
-        switch (t) {
-        case LOOM_CUDA_GGUF_Q4_0: {
-            const float d = h2f(get16(b));
-            for (int j = 0; j < 16; j++) {
-                y[j] = d * (float)((b[2 + j] & 0xF) - 8);
-                y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
-            }
-            break;
-        }
-        case LOOM_CUDA_GGUF_Q4_1: {
-            const float d = h2f(get16(b)), m = h2f(get16(b + 2));
-            for (int j = 0; j < 16; j++) {
-                y[j] = d * (float)(b[4 + j] & 0xF) + m;
-                y[j + 16] = d * (float)(b[4 + j] >> 4) + m;
-            }
-            break;
-        }
-        case LOOM_CUDA_GGUF_Q8_0: {
-            const float d = h2f(get16(b));
-            for (int j = 0; j < 32; j++) y[j] = d * (float)(int8_t)b[2 + j];
-            break;
-        }
-        case LOOM_CUDA_GGUF_Q4_K: {
-            const float d = h2f(get16(b)), dmin = h2f(get16(b + 2));
-            const uint8_t *sc = b + 4, *q = b + 16;
-            for (int s = 0; s < 8; s++) {
-                int scv, mv;
-                if (s < 4) scv = sc[s] & 63, mv = sc[s + 4] & 63;
-                else {
-                    scv = (sc[s + 4] & 0xF) | ((sc[s - 4] >> 6) << 4);
-                    mv = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
-                }
-                const float d1 = d * (float)scv, m1 = dmin * (float)mv;
-                for (int l = 0; l < 32; l++) {
-                    const int qv = s % 2 ? q[32 * (s / 2) + l] >> 4 : q[32 * (s / 2) + l] & 0xF;
-                    y[32 * s + l] = d1 * (float)qv - m1;
-                }
-            }
-            break;
-        }
-        case LOOM_CUDA_GGUF_Q6_K: {
-            const float d = h2f(get16(b + 208));
-            for (int h = 0; h < 2; h++) {
-                const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
-                const int8_t *sc = (const int8_t *)(b + 192 + 8 * h);
-                float *yy = y + 128 * h;
-                for (int l = 0; l < 32; l++) {
-                    const int is = l / 16;
-                    const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                    const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                    const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                    const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                    yy[l] = d * (float)sc[is] * (float)q1;
-                    yy[l + 32] = d * (float)sc[is + 2] * (float)q2;
-                    yy[l + 64] = d * (float)sc[is + 4] * (float)q3;
-                    yy[l + 96] = d * (float)sc[is + 6] * (float)q4;
-                }
-            }
-            break;
-        }
-        default: break;
-        }
-    }
+    if (loom_dequant_row((loom_dtype)t, b, y, K) != LOOM_OK) abort(); /* a type the test made */
 }
 
 /* A fused GGUF weight of nparts parts (types[i], rows[i]) x K as the cuda

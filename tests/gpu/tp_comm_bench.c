@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "formats/half.h"
 #include "tp_p2p.h"
 
 #define MAX_GPUS 8
@@ -115,24 +116,12 @@ static void run_job(rank_ctx *c) {
 }
 
 /* Exact values: rank r's bf16 elements are small integers (i % 7 + r + 1),
- * so every partial sum is exact in bf16 and float32. */
-static uint16_t bf16_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)(u >> 16);
-}
-static float f_of_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
+ * so every partial sum is exact in bf16 and float32 (formats/half.h). */
 static void check_values(rank_ctx *c, size_t bytes) {
     shared *sh = c->sh;
     const size_t n = bytes / 2;
     uint16_t *h = malloc(bytes);
-    for (size_t i = 0; i < n; i++) h[i] = bf16_of((float)(i % 7 + c->r + 1));
+    for (size_t i = 0; i < n; i++) h[i] = loom_fp32_to_bf16((float)(i % 7 + c->r + 1));
     CK(cudaMemcpy(c->buf, h, bytes, cudaMemcpyHostToDevice));
     pthread_barrier_wait(&sh->bar);
     CK((cudaError_t)tp_p2p_all_reduce(sh->p2p, c->r, c->buf, (int64_t)n, TP_P2P_BF16, c->s));
@@ -142,7 +131,7 @@ static void check_values(rank_ctx *c, size_t bytes) {
     for (size_t i = 0; i < n; i++) {
         float want = 0;
         for (int r = 0; r < sh->n; r++) want += (float)(i % 7 + r + 1);
-        if (f_of_bf16(h[i]) != want) bad++;
+        if (loom_bf16_to_fp32(h[i]) != want) bad++;
     }
     /* all-gather of float32 rank ids + index */
     const size_t nf = bytes / 4;

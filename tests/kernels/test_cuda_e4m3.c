@@ -1,24 +1,25 @@
 /*
- * tests/kernels/test_cuda_e4m3.c — the cuda backend's FP8 KV codec
- * (kernels/cuda/e4m3.h: plain C shared with the device code) against the
- * cpu backend's (kernels/cpu/qlinear.c), without CUDA or a GPU: the
- * integer encoder the RoPE + KV-write kernel runs must give the cpu's code
- * for every float32 (a sweep of every sign / exponent / top-11-mantissa
- * pattern with the low 12 bits at their rounding edges, and random
- * patterns), and the attention kernels' decode (16-bit bit pattern, then
- * one multiply by 2^120 (bf16) or 2^8 (f16), done here in float32, which
- * is exact) must give the cpu's value for every finite code. What is left
- * to the device (tests/gpu/gpu_kernel_tests: "e4m3 ..." checks) is that
- * the GPU's bf16 / f16 multiply keeps the subnormal inputs this relies on.
+ * tests/kernels/test_cuda_e4m3.c — the FP8 KV codec the cuda kernels run
+ * (formats/e4m3.h: plain C shared with the device code and the cpu
+ * backend) against the float64 reference of tests/common/fmt_ref.h,
+ * without CUDA or a GPU: the integer encoder the RoPE + KV-write kernel
+ * runs must give the nearest code for every float32 (a sweep of every sign
+ * / exponent / top-11-mantissa pattern with the low 12 bits at their
+ * rounding edges, and random patterns), and the attention kernels' decode
+ * (16-bit bit pattern, then one multiply by 2^120 (bf16) or 2^8 (f16), done
+ * here in float32, which is exact) must give every finite code's value.
+ * What is left to the device (tests/gpu/gpu_kernel_tests: "e4m3 ..."
+ * checks) is that the GPU's bf16 / f16 multiply keeps the subnormal inputs
+ * this relies on.
  */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "../common/fmt_ref.h"
 #include "formats/e4m3.h"
 #include "kt_rng.h"
-#include "qlinear.h"
 
 static uint32_t f2u(float f) {
     uint32_t u;
@@ -31,26 +32,20 @@ static float u2f(uint32_t u) {
     return f;
 }
 
-/* IEEE binary16 bits -> float, exact (subnormals included). */
-static float h2f(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0x1fu) return u2f(sign | 0x7f800000u | (m << 13));
-    if (e == 0) return u2f(sign | f2u((float)m * 0x1p-24f));
-    return u2f(sign | ((e + 112u) << 23) | (m << 13));
-}
-
 static void check_encode(uint32_t u) {
-    const uint32_t got = lc_e4m3_encode(u), want = loom_cpu_e4m3_encode(u2f(u));
+    const uint32_t got = lc_e4m3_encode(u), want = (uint32_t)fr_e4m3_code((double)u2f(u));
     if (got != want)
-        cr_assert_fail("float bits 0x%08x (%a): cuda code 0x%02x, cpu code 0x%02x", u, (double)u2f(u),
-                       got, want);
+        cr_assert_fail("float bits 0x%08x (%a): code 0x%02x, nearest code 0x%02x", u,
+                       (double)u2f(u), got, want);
 }
 
-Test(cuda_e4m3, encoder_matches_cpu_on_every_code_and_edge) {
+Test(cuda_e4m3, encoder_gives_the_nearest_code_on_every_code_and_edge) {
     /* every code's value (and NaN of either sign) round-trips */
     for (int c = 0; c < 256; c++) {
-        const float v = loom_cpu_e4m3_decode((uint8_t)c);
+        const float v = (float)fr_e4m3_value(c);
         cr_assert_eq(lc_e4m3_encode(f2u(v)), (uint32_t)c, "code 0x%02x", c);
+        if ((c & 0x7f) != 0x7f)
+            cr_assert_eq(f2u(lc_e4m3_decode((uint32_t)c)), f2u(v), "code 0x%02x decodes", c);
     }
     /* specials */
     const float sp[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 448.0f, -448.0f, 464.0f,
@@ -71,7 +66,7 @@ Test(cuda_e4m3, encoder_matches_cpu_on_every_code_and_edge) {
 /* Two codes as one PRMT places them: c0 in bits 8..15, c1 in 24..31. */
 static uint32_t lanes(uint32_t c0, uint32_t c1) { return c0 << 8 | c1 << 24; }
 
-Test(cuda_e4m3, decode_bits_match_cpu_for_every_code) {
+Test(cuda_e4m3, decode_bits_give_every_code_value) {
     for (uint32_t c = 0; c < 256; c++) {
         const uint32_t c1 = (c * 37u + 11u) & 0xffu; /* another code in the other lane */
         const bool nan0 = (c & 0x7fu) == 0x7fu, nan1 = (c1 & 0x7fu) == 0x7fu;
@@ -83,14 +78,14 @@ Test(cuda_e4m3, decode_bits_match_cpu_for_every_code) {
             /* bf16 -> float32 is a shift; the product is exact in float32
              * and representable in bf16 (low 16 bits zero) */
             const float vb = u2f((uint32_t)bl << 16) * LC_E4M3_BF16_SCALE;
-            const float vh = h2f(hl) * LC_E4M3_F16_SCALE;
+            const double vh = fr_f16_value(hl) * LC_E4M3_F16_SCALE;
             cr_assert_eq(f2u(vb) & 0xffffu, 0u, "code 0x%02x: bf16 product not a bf16", code[l]);
-            const float want = nan[l] ? ((code[l] & 0x80u) ? -480.0f : 480.0f)
-                                      : loom_cpu_e4m3_decode((uint8_t)code[l]);
-            cr_assert_eq(f2u(vb), f2u(want), "code 0x%02x lane %d: bf16 path %a, want %a", code[l], l,
-                         (double)vb, (double)want);
-            cr_assert_eq(f2u(vh), f2u(want), "code 0x%02x lane %d: f16 path %a, want %a", code[l], l,
-                         (double)vh, (double)want);
+            const double want = nan[l] ? ((code[l] & 0x80u) ? -480.0 : 480.0)
+                                       : fr_e4m3_value((int)code[l]);
+            cr_assert(vb == want && !signbit(vb) == !signbit(want),
+                      "code 0x%02x lane %d: bf16 path %a, want %a", code[l], l, (double)vb, want);
+            cr_assert(vh == want && !signbit(vh) == !signbit(want),
+                      "code 0x%02x lane %d: f16 path %a, want %a", code[l], l, vh, want);
         }
     }
 }

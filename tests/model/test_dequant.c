@@ -6,7 +6,7 @@
  * `gguf` Python package (tests/model/gen_dequant.py, llama.cpp's reference
  * implementation), and a float64 re-implementation below written from the
  * format description with per-element index arithmetic (not the loop
- * structure of core/model/dequant.c).
+ * structure of formats/gguf_blocks.h).
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/fmt_ref.h"
 #include "formats/dequant.h"
 #include "formats/half.h"
 
@@ -35,33 +36,27 @@ static void *read_data(const char *name, size_t *len) {
     return buf;
 }
 
-/* binary16 value by definition (float64) */
-static double h2d(uint16_t h) {
-    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
-    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
-    return s ? -v : v;
-}
 static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
 /* ------------------------------------------------------------ float64 references */
 
 static double ref_q8_0(const uint8_t *row, int64_t e) {
     const uint8_t *b = row + (e / 32) * 34;
-    return h2d(le16(b)) * (double)(int8_t)b[2 + e % 32];
+    return fr_f16_value(le16(b)) * (double)(int8_t)b[2 + e % 32];
 }
 
 static double ref_q4_0(const uint8_t *row, int64_t e) {
     const uint8_t *b = row + (e / 32) * 18;
     int k = (int)(e % 32);
     int q = k < 16 ? (b[2 + k] & 15) : (b[2 + k - 16] >> 4);
-    return h2d(le16(b)) * (q - 8);
+    return fr_f16_value(le16(b)) * (q - 8);
 }
 
 static double ref_q4_1(const uint8_t *row, int64_t e) {
     const uint8_t *b = row + (e / 32) * 20;
     int k = (int)(e % 32);
     int q = k < 16 ? (b[4 + k] & 15) : (b[4 + k - 16] >> 4);
-    return h2d(le16(b)) * q + h2d(le16(b + 2));
+    return fr_f16_value(le16(b)) * q + fr_f16_value(le16(b + 2));
 }
 
 /* Q4_K: 8 sub-blocks of 32 with 6-bit (scale, min) pairs in 12 bytes:
@@ -84,7 +79,7 @@ static double ref_q4_k(const uint8_t *row, int64_t e) {
     }
     uint8_t byte = b[16 + 32 * pair + k % 32];
     int q = hi ? byte >> 4 : byte & 15;
-    return h2d(le16(b)) * scale * q - h2d(le16(b + 2)) * mn;
+    return fr_f16_value(le16(b)) * scale * q - fr_f16_value(le16(b + 2)) * mn;
 }
 
 /* Q6_K: two halves of 128; element r of a half is quarter qq = r/32, l = r%32:
@@ -100,7 +95,7 @@ static double ref_q6_k(const uint8_t *row, int64_t e) {
     int high2 = (b[128 + 32 * half + l] >> (2 * qq)) & 3;
     int q = (low4 | high2 << 4) - 32;
     int8_t scale = (int8_t)b[192 + 8 * half + l / 16 + 2 * qq];
-    return h2d(le16(b + 208)) * scale * q;
+    return fr_f16_value(le16(b + 208)) * scale * q;
 }
 
 typedef double (*ref_fn)(const uint8_t *, int64_t);
@@ -186,7 +181,7 @@ Test(model, dequant_f16_bf16_f32_int) {
 Test(model, half_fp16_exhaustive) {
     for (uint32_t h = 0; h < 65536; h++) {
         float f = loom_fp16_to_fp32((uint16_t)h);
-        double r = h2d((uint16_t)h);
+        double r = fr_f16_value((uint16_t)h);
         if (isnan(r)) {
             cr_assert(isnan(f), "%04x", h);
             cr_assert(isnan(loom_fp16_to_fp32(loom_fp32_to_fp16(f))));
@@ -208,11 +203,11 @@ static uint16_t ref_to_fp16(float x) {
     uint32_t lo = 0, hi = 0x7bff; /* largest code with value <= a */
     while (lo < hi) {
         uint32_t mid = (lo + hi + 1) / 2;
-        if (h2d((uint16_t)mid) <= a) lo = mid;
+        if (fr_f16_value((uint16_t)mid) <= a) lo = mid;
         else hi = mid - 1;
     }
     if (lo == 0x7bff) return sign | 0x7bff;
-    double d0 = a - h2d((uint16_t)lo), d1 = h2d((uint16_t)(lo + 1)) - a;
+    double d0 = a - fr_f16_value((uint16_t)lo), d1 = fr_f16_value((uint16_t)(lo + 1)) - a;
     uint16_t r = (uint16_t)(d0 < d1 ? lo : d1 < d0 ? lo + 1 : (lo & 1 ? lo + 1 : lo));
     return sign | r;
 }

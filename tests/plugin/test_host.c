@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 
+#include "../common/fmt_ref.h"
 #include "plugin/host.h"
 
 Test(plugin_host, table_fields) {
@@ -147,15 +148,9 @@ Test(plugin_host, convert) {
     cr_assert_eq(h->convert(LOOM_DTYPE_F32, dst, LOOM_DTYPE_F32, src, -1), LOOM_ERR_INVALID);
 }
 
-/* E4M3 against its definition, computed in double: every code decodes to
- * (-1)^s 2^(e-7) (1 + m/8) (subnormal 2^-6 m/8), and encoding is round to
- * nearest even of the decoded grid, saturating at 448. */
-static double e4m3_ref(int c) {
-    int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
-    double v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
-    return s ? -v : v;
-}
-
+/* E4M3 against its definition, computed in double (tests/common/fmt_ref.h):
+ * every code decodes to its value, and encoding is round to nearest even of
+ * the decoded grid, saturating at 448. */
 Test(plugin_host, convert_e4m3) {
     const loom_host *h = loom_host_default();
     for (int c = 0; c < 256; c++) {
@@ -166,7 +161,7 @@ Test(plugin_host, convert_e4m3) {
             cr_assert(isnan(f), "code 0x%02x is NaN", c);
             continue;
         }
-        cr_assert_eq((double)f, e4m3_ref(c), "code 0x%02x decodes to %g", c, (double)f);
+        cr_assert_eq((double)f, fr_e4m3_value(c), "code 0x%02x decodes to %g", c, (double)f);
         uint8_t again;
         cr_assert_eq(h->convert(LOOM_DTYPE_FP8_E4M3, &again, LOOM_DTYPE_F32, &f, 1), LOOM_OK);
         cr_assert_eq(again, code, "0x%02x round-trips (got 0x%02x)", c, again);
@@ -180,10 +175,10 @@ Test(plugin_host, convert_e4m3) {
         double best = INFINITY;
         for (int c = 0; c < 256; c++) {
             if ((c & 0x7f) == 0x7f) continue;
-            double d = fabs(e4m3_ref(c) - (double)x);
+            double d = fabs(fr_e4m3_value(c) - (double)x);
             if (d < best) best = d;
         }
-        double got = fabs(x) >= 448 ? fabs(e4m3_ref(q)) - 448 : fabs(e4m3_ref(q) - (double)x);
-        cr_assert(got <= best, "%.9g encodes to 0x%02x (%g), not a nearest code", (double)x, q, e4m3_ref(q));
+        double got = fabs(x) >= 448 ? fabs(fr_e4m3_value(q)) - 448 : fabs(fr_e4m3_value(q) - (double)x);
+        cr_assert(got <= best, "%.9g encodes to 0x%02x (%g), not a nearest code", (double)x, q, fr_e4m3_value(q));
     }
 }

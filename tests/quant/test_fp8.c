@@ -1,7 +1,8 @@
 /*
- * tests/quant/test_fp8.c — the FP8 E4M3 codec, both copies (the quantizer
- * plugins' qc_e4m3_* in plugins/quantizer/common/qcommon.h and the kernels'
- * loom_cpu_e4m3_* in kernels/cpu/qlinear.c), against a float64 reference:
+ * tests/quant/test_fp8.c — the FP8 E4M3 codec (formats/e4m3.h: what the
+ * quantizer plugins write and every backend reads) and the cpu kernels'
+ * E4M3 rows over it (loom_cpu_f32_to_e4m3 / _e4m3_to_f32 in
+ * kernels/cpu/qlinear.c), against a float64 reference:
  * every one of the 256 codes decoded, every code re-encoded, every midpoint
  * between neighbours (ties to even), saturation at +-448, NaN, infinities,
  * signed zero, the subnormal range, random values and a strided sweep over
@@ -39,22 +40,34 @@ static int ref_encode(double x) {
     return sign | best;
 }
 
+/* One element through the kernels' rows (scale 1). */
+static int row_encode(float f) {
+    uint8_t q;
+    loom_cpu_f32_to_e4m3(&q, &f, 1, 1.0f);
+    return q;
+}
+static float row_decode(uint8_t c) {
+    float f;
+    loom_cpu_e4m3_to_f32(&f, &c, 1, 1.0f);
+    return f;
+}
+
 static void check_both(float f, int want) {
-    int a = qc_e4m3_encode(f), b = loom_cpu_e4m3_encode(f);
-    cr_assert_eq(a, want, "plugin codec: %a -> 0x%02x, want 0x%02x", (double)f, a, want);
-    cr_assert_eq(b, want, "kernel codec: %a -> 0x%02x, want 0x%02x", (double)f, b, want);
+    int a = loom_fp32_to_e4m3(f), b = row_encode(f);
+    cr_assert_eq(a, want, "codec: %a -> 0x%02x, want 0x%02x", (double)f, a, want);
+    cr_assert_eq(b, want, "kernel rows: %a -> 0x%02x, want 0x%02x", (double)f, b, want);
 }
 
 Test(fp8, decode_all_256_codes) {
     for (int c = 0; c < 256; c++) {
         double r = ref_decode(c);
-        float a = qc_e4m3_decode((uint8_t)c), b = loom_cpu_e4m3_decode((uint8_t)c);
+        float a = loom_e4m3_to_fp32((uint8_t)c), b = row_decode((uint8_t)c);
         if (isnan(r)) {
             cr_assert(isnan(a) && isnan(b), "code 0x%02x must decode to NaN", c);
             cr_assert_eq(!!signbit(a), !!(c & 0x80));
             continue;
         }
-        cr_assert_eq((double)a, r, "plugin decode 0x%02x = %a, want %a", c, (double)a, r);
+        cr_assert_eq((double)a, r, "codec decode 0x%02x = %a, want %a", c, (double)a, r);
         cr_assert_eq((double)b, r, "kernel decode 0x%02x = %a, want %a", c, (double)b, r);
         cr_assert_eq(!!signbit(a), !!(c & 0x80), "sign of 0x%02x", c);
     }
@@ -112,14 +125,14 @@ Test(fp8, random_values_match_float64_reference) {
 }
 
 Test(fp8, float32_bit_sweep_codecs_agree) {
-    /* every 251st bit pattern (17 M values) : the two copies agree; every
+    /* every 251st bit pattern (17 M values) : the codec and the rows agree; every
      * 64th of those also against the brute-force reference */
     uint64_t checked = 0;
     for (uint64_t u = 0; u <= 0xffffffffu; u += 251) {
         uint32_t b = (uint32_t)u;
         float f;
         memcpy(&f, &b, 4);
-        int a = qc_e4m3_encode(f), c = loom_cpu_e4m3_encode(f);
+        int a = loom_fp32_to_e4m3(f), c = row_encode(f);
         if (a != c) cr_assert_fail("codecs differ at bits 0x%08x: 0x%02x vs 0x%02x", b, a, c);
         if ((checked++ & 63) == 0 && a != ref_encode((double)f))
             cr_assert_fail("bits 0x%08x (%a): 0x%02x, reference 0x%02x", b, (double)f, a,

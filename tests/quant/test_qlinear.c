@@ -193,7 +193,7 @@ static void ref_act(loom_qformat fmt, const float *x, int64_t K, const float *sm
         for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(smooth ? x[k] / smooth[k] : x[k]));
         float s = amax / 448.0f;
         for (int64_t k = 0; k < K; k++)
-            xe[k] = s > 0 ? ref_e4m3(qc_e4m3_encode((smooth ? x[k] / smooth[k] : x[k]) / s)) : 0;
+            xe[k] = s > 0 ? ref_e4m3(loom_fp32_to_e4m3((smooth ? x[k] / smooth[k] : x[k]) / s)) : 0;
         *scale = s;
     } else {
         for (int64_t k = 0; k < K; k++) xe[k] = x[k];

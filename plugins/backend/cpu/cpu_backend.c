@@ -10,8 +10,10 @@
  * ordinary host memory here, so swapping is a memcpy). The forward pass is in
  * cpu_forward.c.
  *
- * load_shard() is load() keeping one tensor-parallel rank's part of every
- * weight (cpu_shard_plan says which); see docs/tensor-parallel.md.
+ * Which tensors there are, which part of each a tensor-parallel rank keeps
+ * (load_shard(); docs/tensor-parallel.md) and the quantizer's plan for
+ * each is the weight walk's (plugins/backend/common/weight_walk.h), shared
+ * with the cuda backend; this file dequantizes and carves what it lists.
  *
  * Quantizers (loom/quant.h): each linear weight (q, k, v, o, gate, up, down,
  * output) gets the bound quantizer's plan. NONE dequantizes to float32 as
@@ -24,6 +26,7 @@
  * saturate at +-448, see docs/quantization.md).
  */
 #include "cpu_backend.h"
+#include "weight_walk.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -53,18 +56,6 @@ static const loom_param cpu_params[] = {
 /* ---------------------------------------------------------------- helpers */
 
 static size_t cpu_round_floats(size_t n) { return (n + 15) & ~(size_t)15; }
-
-static const char *cpu_qformat_name(loom_qformat f) {
-    switch (f) {
-    case LOOM_QFMT_NONE: return "none";
-    case LOOM_QFMT_INT8_W8A16: return "int8_w8a16";
-    case LOOM_QFMT_INT8_W8A8: return "int8_w8a8";
-    case LOOM_QFMT_FP8_W8A8: return "fp8_w8a8";
-    case LOOM_QFMT_INT4_W4A16: return "int4_w4a16";
-    case LOOM_QFMT_GGUF: return "gguf";
-    }
-    return "unknown";
-}
 
 /* KV element type for `dtype` as asked by the cache manager:
  * LOOM_DTYPE_COUNT means "the backend's default" (the kv_dtype param).
@@ -179,18 +170,6 @@ static void cpu_destroy(void *self) {
 
 /* ------------------------------------------------------------------- load */
 
-/* Fetch tensor `name` and check it is a host tensor of shape (d0) or
- * (d0, d1) (d1 < 0: 1-D) in a type the host can dequantize. A missing
- * optional tensor gives *out = NULL and LOOM_OK. */
-static loom_status cpu_tensor(cpu_backend *b, const loom_model_view *m, const char *name,
-                              int64_t d0, int64_t d1, bool required, const loom_tensor **out,
-                              loom_error *err) {
-    char why[LOOM_ERROR_MSG_MAX - 16];
-    loom_status st = b->host->model_tensor(m, name, d0, d1, required, out, why, sizeof why);
-    if (st != LOOM_OK) return b->host->error(b->host->ctx, err, st, "backend cpu: %s", why);
-    return LOOM_OK;
-}
-
 typedef struct cpu_deq_job {
     const loom_host *host;
     const loom_tensor *t;
@@ -220,7 +199,7 @@ static void cpu_deq_rows(void *arg, int64_t b, int64_t e, int worker) {
     }
 }
 
-/* Dequantize rows [r0, r0 + nr) of `t` (checked by cpu_tensor), keeping
+/* Dequantize rows [r0, r0 + nr) of `t` (checked by the weight walk), keeping
  * columns [c0, c0 + nc) of each, into float32 dst (nr, nc); a 1-D tensor is
  * one row. Rows are spread over the pool (host->convert is [any]). A
  * whole tensor is (0, rows, 0, cols); a tensor-parallel shard cuts rows
@@ -252,55 +231,38 @@ static loom_status cpu_dequant_part(cpu_backend *b, const loom_tensor *t, int64_
     return LOOM_OK;
 }
 
-/* All of `t` into dst. */
-static loom_status cpu_dequant(cpu_backend *b, const loom_tensor *t, float *dst, loom_error *err) {
-    int64_t rows = t->ndim == 1 ? 1 : t->shape[0], cols = t->shape[t->ndim - 1];
-    return cpu_dequant_part(b, t, 0, rows, 0, cols, dst, err);
+/* The window p of its tensor (plugins/backend/common/weight_walk.h) into
+ * float32 dst (p->nr, p->nc). */
+static loom_status cpu_dequant_win(cpu_backend *b, const loom_ww_part *p, float *dst,
+                                   loom_error *err) {
+    return cpu_dequant_part(b, p->t, p->r0, p->nr, p->c0, p->nc, dst, err);
 }
 
-/* Ask the quantizer (if any) for a linear weight's plan into *plan (NONE
- * without a quantizer) and check the qlinear kernels run that format. */
-static loom_status cpu_plan(cpu_backend *b, const loom_model_view *m, const loom_quant_binding *q,
-                            const loom_tensor *t, const char *name, loom_quant_plan *plan,
-                            loom_error *err) {
-    *plan = (loom_quant_plan){.struct_size = sizeof *plan, .format = LOOM_QFMT_NONE};
-    loom_status st = LOOM_OK;
-    if (q && q->ops && q->ops->plan && (st = q->ops->plan(q->self, m, t, plan, err)) != LOOM_OK) return st;
-    /* a packed AWQ/GPTQ weight has no float data to fall back on */
-    if (plan->format == LOOM_QFMT_NONE && b->host->packed_qweight(m, t))
-        return b->host->error(
-            b->host->ctx, err, LOOM_ERR_INVALID,
-            "backend cpu: tensor '%s' is stored only as packed 4-bit AWQ/GPTQ data, but %s; "
-            "use quantizer: {plugin: int4, source: awq | gptq | gptq_v2} and keep the tensor out "
-            "of quantizer.skip",
-            name, q && q->ops ? "the quantizer keeps it unquantized" : "the pipeline has no quantizer");
-    if (!q || !q->ops || !q->ops->plan) return LOOM_OK;
-    if (plan->format != LOOM_QFMT_NONE && !loom_cpu_qformat_supported(plan->format, t->dtype))
-        return b->host->error(
-            b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
-            "backend cpu: quantizer '%s' planned format %s for tensor '%s' (stored as %s), but "
-            "the cpu backend has no kernel for it; skip the tensor in the quantizer or pick "
-            "another scheme",
-            q->name ? q->name : "?", cpu_qformat_name(plan->format), name,
-            b->host->dtype_name(t->dtype));
-    if (plan->format != LOOM_QFMT_NONE && plan->format != LOOM_QFMT_GGUF &&
-        (!q->ops->quantize || !q->ops->release))
-        return b->host->error(b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
-                              "backend cpu: quantizer '%s' planned format %s for tensor '%s' "
-                              "but has no quantize()/release() to produce it",
-                              q->name ? q->name : "?", cpu_qformat_name(plan->format), name);
-    return LOOM_OK;
+/* The weight walk's hook: a quantized plan needs a qlinear kernel for the
+ * format and the tensor's type. */
+static loom_status cpu_runnable(void *ctx, const loom_quant_binding *q, const loom_tensor *t,
+                                const char *name, const loom_quant_plan *plan, loom_error *err) {
+    cpu_backend *b = ctx;
+    if (loom_cpu_qformat_supported(plan->format, t->dtype)) return LOOM_OK;
+    return b->host->error(
+        b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
+        "backend cpu: quantizer '%s' planned format %s for tensor '%s' (stored as %s), but "
+        "the cpu backend has no kernel for it; skip the tensor in the quantizer or pick "
+        "another scheme",
+        q->name ? q->name : "?", loom_ww_qformat_name(plan->format), name,
+        b->host->dtype_name(t->dtype));
 }
 
-/* Build the quantized weight `out` for tensor t (plan format != NONE):
+/* Build the quantized weight `out` for p's tensor (plan format != NONE):
  * a zero-copy view of the GGUF blocks, or the quantizer's tensor (kept in
  * out->q, released at destroy), then this rank's window of it: rows
  * [r0, r0 + nr), columns [c0, c0 + nc). */
-static loom_status cpu_load_qlin(cpu_backend *b, const loom_model_view *m, const loom_tensor *t,
-                                 const char *name, const loom_quant_plan *plan, int64_t r0,
-                                 int64_t nr, int64_t c0, int64_t nc, cpu_lin *out,
-                                 loom_error *err) {
+static loom_status cpu_load_qlin(cpu_backend *b, const loom_model_view *m, const loom_ww_part *p,
+                                 const loom_quant_plan *plan, cpu_lin *out, loom_error *err) {
     const loom_host *h = b->host;
+    const loom_tensor *t = p->t;
+    const char *name = p->name;
+    const int64_t r0 = p->r0, nr = p->nr, c0 = p->c0, nc = p->nc;
     const loom_quant_binding *q = &b->quant;
     char why[256];
     loom_cpu_qweight whole;
@@ -318,7 +280,7 @@ static loom_status cpu_load_qlin(cpu_backend *b, const loom_model_view *m, const
             return h->error(h->ctx, err, LOOM_ERR_FORMAT,
                             "backend cpu: quantizer '%s' gave tensor '%s' (format %s) a layout "
                             "the kernels cannot read: %s",
-                            q->name ? q->name : "?", name, cpu_qformat_name(plan->format), why);
+                            q->name ? q->name : "?", name, loom_ww_qformat_name(plan->format), why);
     }
     if (r0 == 0 && nr == whole.n && c0 == 0 && nc == whole.k) {
         out->w = whole;
@@ -328,7 +290,7 @@ static loom_status cpu_load_qlin(cpu_backend *b, const loom_model_view *m, const
                         "keep rows [%lld, %lld) x columns [%lld, %lld) of its (%lld, %lld): %s; "
                         "column windows of int4 / GGUF weights must start and end on whole "
                         "groups / blocks (pick a group_size dividing %lld, or fewer ranks)",
-                        name, cpu_qformat_name(plan->format), (long long)r0, (long long)(r0 + nr),
+                        name, loom_ww_qformat_name(plan->format), (long long)r0, (long long)(r0 + nr),
                         (long long)c0, (long long)(c0 + nc), (long long)whole.n,
                         (long long)whole.k, why, (long long)nc);
     }
@@ -366,217 +328,135 @@ static float *cpu_carve(float **cursor, size_t n) {
     return p;
 }
 
-/* Which part of the model this rank keeps: the host's shard plan, shared
- * with every backend; without a communicator the whole model (rank 0 of 1). */
-typedef loom_shard cpu_shard;
-
-static loom_status cpu_shard_plan(cpu_backend *b, const loom_model_config *c, const loom_comm *comm,
-                                  cpu_shard *s, loom_error *err) {
-    const loom_host *h = b->host;
-    char why[LOOM_ERROR_MSG_MAX - 64];
-    loom_status st = h->shard_plan(c, comm ? comm->rank : 0, comm ? comm->size : 1, s, why, sizeof why);
-    if (st != LOOM_OK) return h->error(h->ctx, err, st, "backend cpu: load_shard(): %s", why);
-    return LOOM_OK;
+/* Floats of layer ly's group g kept as float32 (its parts planned NONE). */
+static int64_t cpu_group_floats(const loom_ww_layer *ly, int g) {
+    int64_t n = 0;
+    for (int k = 0; k < LOOM_WW_NLIN; k++)
+        if (ly->lin[k].group == g && ly->lin[k].plan.format == LOOM_QFMT_NONE)
+            n += ly->lin[k].w.nr * ly->lin[k].w.nc;
+    return n;
 }
 
-/* load() and load_shard(): `comm` NULL keeps the whole model. */
-static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
-                                 const loom_quant_binding *quant, const loom_comm *comm,
-                                 loom_error *err) {
+/* The float32 arena (this rank's weights; quantized ones take none),
+ * carved by cpu_load_vocab and cpu_load_layer in their order; the layer
+ * array, the RoPE table and, for quantized weights, the kernels' scratch. */
+static loom_status cpu_alloc_weights(cpu_backend *b, const loom_ww *w, loom_error *err) {
     const loom_host *h = b->host;
-    loom_status st = LOOM_OK;
-    char name[96];
-    char why[384];
-    if ((st = h->check_load(b->loaded, m, comm, why, sizeof why)) != LOOM_OK)
-        return h->error(h->ctx, err, st, "backend cpu: %s", why);
-    b->mc = *m->config;
-    const loom_model_config *c = &b->mc;
-    if (c->head_dim % 2 != 0 || c->head_dim > LOOM_CPU_MAX_HEAD_DIM)
-        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "backend cpu: model '%s' has head_dim %d; this backend runs even head_dim up "
-                        "to %d",
-                        c->name, c->head_dim, LOOM_CPU_MAX_HEAD_DIM);
-    cpu_shard sh = {0};
-    if ((st = cpu_shard_plan(b, c, comm, &sh, err)) != LOOM_OK) return st;
-    /* whole-model sizes (the tensors' shapes) ... */
-    const int64_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
-    const int64_t D = c->head_dim, QD = (int64_t)c->num_heads * D, KVD = (int64_t)c->num_kv_heads * D;
-    const int32_t L = c->num_layers;
-    /* ... and this rank's (all of it without a communicator) */
-    const int64_t Il = sh.inter, Vl = sh.vocab_rows;
-    b->q_dim = sh.heads * c->head_dim;
-    b->kv_dim = sh.kv_heads * c->head_dim;
-    b->qkv_rows = b->q_dim + 2 * b->kv_dim;
-    const int64_t QKVl = b->qkv_rows, QDl = b->q_dim, KVDl = b->kv_dim;
-    const int64_t q0 = (int64_t)sh.head0 * D, k0 = (int64_t)sh.kv0 * D, i0 = sh.inter0;
-
-    /* --- check every tensor (and the quantizer's plan) before allocating.
-     * plans: (L, 7) linear weights in lin[] order, then output.weight */
-    const loom_tensor *t_embed, *t_onorm, *t_out, *t_probe;
-    if ((st = cpu_tensor(b, m, "token_embd.weight", V, H, true, &t_embed, err)) ||
-        (st = cpu_tensor(b, m, "output_norm.weight", H, -1, true, &t_onorm, err)) ||
-        (st = cpu_tensor(b, m, "output.weight", V, H, false, &t_out, err)))
-        return st;
-    if (!t_out && !c->tie_embeddings && (!comm || comm->rank == 0))
-        h->log(h->ctx, LOOM_LOG_WARN, CPU_WHO,
-               "model '%s' has no output.weight and tie_embeddings is false; using the token "
-               "embeddings as the LM head",
-               c->name);
-    if ((st = cpu_tensor(b, m, "blk.0.attn_q.bias", QD, -1, false, &t_probe, err))) return st;
-    bool bias = c->qkv_bias || t_probe != NULL;
-    loom_quant_plan *plans = h->calloc(h->ctx, (size_t)L * CPU_NLIN + 1, sizeof *plans);
-    if (!plans)
-        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
-                        "backend cpu: out of memory for %d layers' quantization plans", L);
-    loom_quant_plan *plan_out = &plans[(size_t)L * CPU_NLIN];
-    *plan_out = (loom_quant_plan){.struct_size = sizeof *plan_out, .format = LOOM_QFMT_NONE};
-    if (quant && quant->ops) b->quant = *quant; /* release() needs it on every path */
-    if (t_out && (st = cpu_plan(b, m, quant, t_out, "output.weight", plan_out, err))) goto fail;
-
-    static const char *const lin[] = {"attn_q", "attn_k", "attn_v", "attn_output",
-                                      "ffn_gate", "ffn_up", "ffn_down"};
-    const int64_t lin_shape[7][2] = {{QD, H}, {KVD, H}, {KVD, H}, {H, QD},
-                                     {I, H},  {I, H},   {H, I}};
-    /* this rank's part of each, in floats when kept float32 */
-    const int64_t lin_floats[7] = {QDl * H, KVDl * H, KVDl * H, H * QDl, Il * H, Il * H, H * Il};
-    bool any_quant = t_out && plan_out->format != LOOM_QFMT_NONE;
-    size_t floats = cpu_round_floats((size_t)(Vl * H)) *
-                        (t_out && plan_out->format == LOOM_QFMT_NONE ? 2 : 1) +
-                    cpu_round_floats((size_t)H);
-    for (int32_t l = 0; l < L; l++) {
-        const loom_tensor *t;
-        loom_quant_plan *pl = &plans[(size_t)l * CPU_NLIN];
-        int64_t grp[4] = {0, 0, 0, 0}; /* float32 floats of qkv, o, gate/up, down */
-        for (int k = 0; k < 7; k++) {
-            snprintf(name, sizeof name, "blk.%d.%s.weight", l, lin[k]);
-            if ((st = cpu_tensor(b, m, name, lin_shape[k][0], lin_shape[k][1], true, &t, err)) ||
-                (st = cpu_plan(b, m, quant, t, name, &pl[k], err)))
-                goto fail;
-            if (pl[k].format != LOOM_QFMT_NONE) any_quant = true;
-            else grp[k < 3 ? 0 : k == 3 ? 1 : k < 6 ? 2 : 3] += lin_floats[k];
-        }
-        snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
-        if ((st = cpu_tensor(b, m, name, H, -1, true, &t, err))) goto fail;
-        snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
-        if ((st = cpu_tensor(b, m, name, H, -1, true, &t, err))) goto fail;
-        for (int k = 0; bias && k < 3; k++) {
-            snprintf(name, sizeof name, "blk.%d.%s.bias", l, lin[k]);
-            if ((st = cpu_tensor(b, m, name, k == 0 ? QD : KVD, -1, true, &t, err))) goto fail;
-        }
-        /* carved in this order below; quantized weights take no arena space */
-        floats += 2 * cpu_round_floats((size_t)H) + (bias ? cpu_round_floats((size_t)QKVl) : 0);
-        for (int g = 0; g < 4; g++) floats += cpu_round_floats((size_t)grp[g]);
+    const size_t H = (size_t)w->hidden, VH = (size_t)w->shard.vocab_rows * H;
+    const bool any_quant = loom_ww_any_quant(w);
+    size_t floats = cpu_round_floats(VH) * (w->out.t && w->out_plan.format == LOOM_QFMT_NONE ? 2 : 1) +
+                    cpu_round_floats(H);
+    for (int32_t l = 0; l < w->layers; l++) {
+        floats += 2 * cpu_round_floats(H) + (w->bias ? cpu_round_floats((size_t)w->qkv_rows) : 0);
+        for (int g = 0; g < LOOM_WW_NGROUPS; g++)
+            floats += cpu_round_floats((size_t)cpu_group_floats(&w->layer[l], g));
     }
-
-    /* --- one arena for all (this rank's) float32 weights, carved below */
     size_t arena_bytes = floats * sizeof(float);
     b->weight_bytes = arena_bytes;
     b->arena_raw = h->alloc(h->ctx, arena_bytes + CPU_ALIGN);
-    b->layers = h->calloc(h->ctx, (size_t)L, sizeof *b->layers);
-    b->inv_freq = h->calloc(h->ctx, (size_t)c->head_dim / 2, sizeof *b->inv_freq);
+    b->layers = h->calloc(h->ctx, (size_t)w->layers, sizeof *b->layers);
+    b->inv_freq = h->calloc(h->ctx, (size_t)b->mc.head_dim / 2, sizeof *b->inv_freq);
     b->qscratch = any_quant ? loom_cpu_qscratch_create() : NULL;
-    if (!b->arena_raw || !b->layers || !b->inv_freq || (any_quant && !b->qscratch)) {
-        st = h->error(h->ctx, err, LOOM_ERR_NOMEM,
-                      "backend cpu: out of memory for %.1f MiB of float32 weights of '%s'; free "
-                      "host RAM or use a smaller model",
-                      (double)arena_bytes / (1 << 20), c->name);
-        goto fail;
-    }
+    if (!b->arena_raw || !b->layers || !b->inv_freq || (any_quant && !b->qscratch))
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                        "backend cpu: out of memory for %.1f MiB of float32 weights of '%s'; free "
+                        "host RAM or use a smaller model",
+                        (double)arena_bytes / (1 << 20), b->mc.name);
     b->arena = (float *)(((uintptr_t)b->arena_raw + CPU_ALIGN - 1) & ~(uintptr_t)(CPU_ALIGN - 1));
+    return LOOM_OK;
+}
 
-    /* vocabulary-parallel: this rank's rows of the embedding and LM head */
-    float *cur = b->arena;
-    float *embed = cpu_carve(&cur, (size_t)(Vl * H));
-    float *onorm = cpu_carve(&cur, (size_t)H);
-    if ((st = cpu_dequant_part(b, t_embed, sh.vocab_lo, Vl, 0, H, embed, err)) ||
-        (st = cpu_dequant(b, t_onorm, onorm, err)))
-        goto fail;
+/* This rank's vocabulary rows of the embedding and the LM head (float32,
+ * or the quantizer's format; tied: the embedding), and the output norm. */
+static loom_status cpu_load_vocab(cpu_backend *b, const loom_model_view *m, const loom_ww *w,
+                                  float **cur, loom_error *err) {
+    const size_t VH = (size_t)w->shard.vocab_rows * (size_t)w->hidden;
+    loom_status st;
+    float *embed = cpu_carve(cur, VH);
+    float *onorm = cpu_carve(cur, (size_t)w->hidden);
+    if ((st = cpu_dequant_win(b, &w->embed, embed, err)) ||
+        (st = cpu_dequant_win(b, &w->out_norm, onorm, err)))
+        return st;
     b->embed = embed;
     b->out_norm = onorm;
     b->lm_head = embed;
-    if (t_out && plan_out->format == LOOM_QFMT_NONE) {
-        float *out = cpu_carve(&cur, (size_t)(Vl * H));
-        if ((st = cpu_dequant_part(b, t_out, sh.vocab_lo, Vl, 0, H, out, err))) goto fail;
+    if (w->out.t && w->out_plan.format == LOOM_QFMT_NONE) {
+        float *out = cpu_carve(cur, VH);
+        if ((st = cpu_dequant_win(b, &w->out, out, err))) return st;
         b->lm_head = out;
-    } else if (t_out) {
-        /* a rank past the end of the vocabulary keeps no rows (Vl = 0) */
-        if (Vl > 0 && (st = cpu_load_qlin(b, m, t_out, "output.weight", plan_out, sh.vocab_lo, Vl,
-                                          0, H, &b->lm_q, err)))
-            goto fail;
+    } else if (w->out.t) {
+        /* a rank past the end of the vocabulary keeps no rows */
+        if (w->out.nr > 0 && (st = cpu_load_qlin(b, m, &w->out, &w->out_plan, &b->lm_q, err)))
+            return st;
         b->lm_q.quant = true;
         b->lm_head = NULL;
     }
-    for (int32_t l = 0; l < L; l++) {
-        cpu_layer *ly = &b->layers[l];
-        const loom_quant_plan *pl = &plans[(size_t)l * CPU_NLIN];
-        /* float32 parts of each group, consecutive in lin[] order */
-        int64_t grp[4] = {0, 0, 0, 0};
-        for (int k = 0; k < 7; k++)
-            if (pl[k].format == LOOM_QFMT_NONE) grp[k < 3 ? 0 : k == 3 ? 1 : k < 6 ? 2 : 3] += lin_floats[k];
-        float *an = cpu_carve(&cur, (size_t)H), *qkv = cpu_carve(&cur, (size_t)grp[0]);
-        float *bq = bias ? cpu_carve(&cur, (size_t)QKVl) : NULL;
-        float *wo = cpu_carve(&cur, (size_t)grp[1]), *fn = cpu_carve(&cur, (size_t)H);
-        float *gu = cpu_carve(&cur, (size_t)grp[2]), *wd = cpu_carve(&cur, (size_t)grp[3]);
-        float *gbase[4] = {qkv, wo, gu, wd};
-        /* in the order of lin[]: the part kept as {first row, rows, first
-         * column, columns}. Q, K, V rows of the fused matrix, then gate and
-         * up rows of the fused FFN input, are column-parallel (a slice of
-         * rows); O and down are row-parallel (a slice of their input
-         * columns, summed over ranks in forward) */
-        const int64_t part[7][4] = {{q0, QDl, 0, H}, {k0, KVDl, 0, H}, {k0, KVDl, 0, H},
-                                    {0, H, q0, QDl}, {i0, Il, 0, H},   {i0, Il, 0, H},
-                                    {0, H, i0, Il}};
-        for (int k = 0; k < 7; k++) {
-            snprintf(name, sizeof name, "blk.%d.%s.weight", l, lin[k]);
-            const loom_tensor *t = m->get(m->ctx, name);
-            int g = k < 3 ? 0 : k == 3 ? 1 : k < 6 ? 2 : 3;
-            if (pl[k].format != LOOM_QFMT_NONE) {
-                if ((st = cpu_load_qlin(b, m, t, name, &pl[k], part[k][0], part[k][1],
-                                        part[k][2], part[k][3], &ly->lin[k], err)))
-                    goto fail;
-                continue;
-            }
-            float *dst = gbase[g];
-            gbase[g] += lin_floats[k];
-            ly->lin[k].f = dst;
-            if ((st = cpu_dequant_part(b, t, part[k][0], part[k][1], part[k][2], part[k][3], dst,
-                                       err)))
-                goto fail;
-        }
-        snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
-        if ((st = cpu_dequant(b, m->get(m->ctx, name), an, err))) goto fail;
-        snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
-        if ((st = cpu_dequant(b, m->get(m->ctx, name), fn, err))) goto fail;
-        for (int k = 0; bias && k < 3; k++) {
-            snprintf(name, sizeof name, "blk.%d.%s.bias", l, lin[k]);
-            float *bd = bq + (k == 0 ? 0 : QDl + (k - 1) * KVDl);
-            if ((st = cpu_dequant_part(b, m->get(m->ctx, name), 0, 1, k == 0 ? q0 : k0,
-                                       k == 0 ? QDl : KVDl, bd, err)))
-                goto fail;
-        }
-        /* the fused float matrices exist only when every part is float */
-        bool fq = !ly->lin[0].quant && !ly->lin[1].quant && !ly->lin[2].quant;
-        bool fg = !ly->lin[4].quant && !ly->lin[5].quant;
-        ly->attn_norm = an;
-        ly->wqkv = fq ? qkv : NULL;
-        ly->bqkv = bq;
-        ly->wo = ly->lin[3].quant ? NULL : wo;
-        ly->ffn_norm = fn;
-        ly->wgu = fg ? gu : NULL;
-        ly->wdown = ly->lin[6].quant ? NULL : wd;
-    }
-    b->weight_bytes = arena_bytes + b->qweight_bytes;
+    return LOOM_OK;
+}
 
+/* Layer l: the float parts of each group carved consecutively in the
+ * walk's order (so an all-float Q|K|V or gate|up is one fused matrix), the
+ * quantized parts as views, the norms and the biases. */
+static loom_status cpu_load_layer(cpu_backend *b, const loom_model_view *m, const loom_ww *w,
+                                  int32_t l, float **cur, loom_error *err) {
+    cpu_layer *ly = &b->layers[l];
+    const loom_ww_layer *wl = &w->layer[l];
+    const size_t H = (size_t)w->hidden;
+    loom_status st;
+    int64_t grp[LOOM_WW_NGROUPS];
+    for (int g = 0; g < LOOM_WW_NGROUPS; g++) grp[g] = cpu_group_floats(wl, g);
+    float *an = cpu_carve(cur, H), *qkv = cpu_carve(cur, (size_t)grp[LOOM_WW_G_QKV]);
+    float *bq = w->bias ? cpu_carve(cur, (size_t)w->qkv_rows) : NULL;
+    float *wo = cpu_carve(cur, (size_t)grp[LOOM_WW_G_O]), *fn = cpu_carve(cur, H);
+    float *gu = cpu_carve(cur, (size_t)grp[LOOM_WW_G_GU]), *wd = cpu_carve(cur, (size_t)grp[LOOM_WW_G_DOWN]);
+    float *gbase[LOOM_WW_NGROUPS] = {qkv, wo, gu, wd};
+    for (int k = 0; k < LOOM_WW_NLIN; k++) {
+        const loom_ww_lin *li = &wl->lin[k];
+        if (li->plan.format != LOOM_QFMT_NONE) {
+            if ((st = cpu_load_qlin(b, m, &li->w, &li->plan, &ly->lin[k], err))) return st;
+            continue;
+        }
+        float *dst = gbase[li->group];
+        gbase[li->group] += li->w.nr * li->w.nc;
+        ly->lin[k].f = dst;
+        if ((st = cpu_dequant_win(b, &li->w, dst, err))) return st;
+    }
+    if ((st = cpu_dequant_win(b, &wl->attn_norm, an, err)) ||
+        (st = cpu_dequant_win(b, &wl->ffn_norm, fn, err)))
+        return st;
+    for (int k = 0; w->bias && k < 3; k++) {
+        float *bd = bq + (k == 0 ? 0 : w->q_rows + (k - 1) * w->kv_rows);
+        if ((st = cpu_dequant_win(b, &wl->bias[k], bd, err))) return st;
+    }
+    /* the fused float matrices exist only when every part is float */
+    bool fq = !ly->lin[0].quant && !ly->lin[1].quant && !ly->lin[2].quant;
+    bool fg = !ly->lin[4].quant && !ly->lin[5].quant;
+    ly->attn_norm = an;
+    ly->wqkv = fq ? qkv : NULL;
+    ly->bqkv = bq;
+    ly->wo = ly->lin[3].quant ? NULL : wo;
+    ly->ffn_norm = fn;
+    ly->wgu = fg ? gu : NULL;
+    ly->wdown = ly->lin[6].quant ? NULL : wd;
+    return LOOM_OK;
+}
+
+/* After the weights: the RoPE table, the model as this rank runs it, the
+ * log line. */
+static void cpu_load_done(cpu_backend *b, const loom_ww *w, const loom_comm *comm) {
+    const loom_host *h = b->host;
+    const loom_model_config *c = &b->mc;
+    const loom_shard *sh = &w->shard;
     loom_cpu_rope_inv_freq(b->inv_freq, c->head_dim, c->rope_theta, c->rope_scaling,
                            c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
                            c->rope_original_context);
     /* from here on mc is the model as this rank runs it */
-    b->mc.num_heads = sh.heads;
-    b->mc.num_kv_heads = sh.kv_heads;
-    b->mc.intermediate_size = sh.inter;
-    b->vocab_lo = sh.vocab_lo;
-    b->vocab_rows = sh.vocab_rows;
-    b->vocab_pad = sh.vocab_pad;
+    b->mc.num_heads = sh->heads;
+    b->mc.num_kv_heads = sh->kv_heads;
+    b->mc.intermediate_size = sh->inter;
+    b->vocab_lo = sh->vocab_lo;
+    b->vocab_rows = sh->vocab_rows;
+    b->vocab_pad = sh->vocab_pad;
     b->sharded = comm != NULL;
     if (comm) b->comm = *comm;
     b->loaded = true;
@@ -585,22 +465,54 @@ static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
         h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO,
                "rank %d/%d of '%s': heads %d..%d, KV heads %d..%d, FFN %lld..%lld, vocab "
                "%d..%d, %.1f MiB weights (%.1f MiB quantized)",
-               sh.rank, sh.size, c->name, sh.head0, sh.head0 + sh.heads - 1, sh.kv0,
-               sh.kv0 + sh.kv_heads - 1, (long long)i0, (long long)(i0 + Il - 1), sh.vocab_lo,
-               sh.vocab_lo + sh.vocab_rows - 1, (double)b->weight_bytes / (1 << 20),
+               sh->rank, sh->size, c->name, sh->head0, sh->head0 + sh->heads - 1, sh->kv0,
+               sh->kv0 + sh->kv_heads - 1, (long long)w->i0, (long long)(w->i0 + w->inter_rows - 1),
+               sh->vocab_lo, sh->vocab_lo + sh->vocab_rows - 1, (double)b->weight_bytes / (1 << 20),
                (double)b->qweight_bytes / (1 << 20));
     else
         h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO, "loaded '%s': %d layers, %.1f MiB weights (%.1f MiB quantized%s%s)%s",
-               c->name, L, (double)b->weight_bytes / (1 << 20),
+               c->name, w->layers, (double)b->weight_bytes / (1 << 20),
                (double)b->qweight_bytes / (1 << 20), b->quant.ops ? " by " : "",
-               b->quant.ops && b->quant.name ? b->quant.name : "", t_out ? "" : " (tied LM head)");
-    h->free(h->ctx, plans);
+               b->quant.ops && b->quant.name ? b->quant.name : "", w->out.t ? "" : " (tied LM head)");
+}
+
+/* load() and load_shard(): `comm` NULL keeps the whole model. What to load
+ * is the weight walk's (plugins/backend/common/weight_walk.h). */
+static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
+                                 const loom_quant_binding *quant, const loom_comm *comm,
+                                 loom_error *err) {
+    const loom_host *h = b->host;
+    loom_status st = LOOM_OK;
+    loom_ww w;
+    if ((st = loom_ww_begin(&w, h, "backend cpu", CPU_WHO, b->loaded, m, comm, err)) != LOOM_OK)
+        return st;
+    b->mc = *m->config;
+    const loom_model_config *c = &b->mc;
+    if (c->head_dim % 2 != 0 || c->head_dim > LOOM_CPU_MAX_HEAD_DIM)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cpu: model '%s' has head_dim %d; this backend runs even head_dim up "
+                        "to %d",
+                        c->name, c->head_dim, LOOM_CPU_MAX_HEAD_DIM);
+    b->q_dim = w.q_rows;
+    b->kv_dim = w.kv_rows;
+    b->qkv_rows = w.qkv_rows;
+    if (quant && quant->ops) b->quant = *quant; /* release() needs it on every path */
+    const loom_ww_hooks hooks = {.ctx = b, .runnable = cpu_runnable};
+    if ((st = loom_ww_collect(&w, m, quant, &hooks, err)) || (st = cpu_alloc_weights(b, &w, err)))
+        goto fail;
+    float *cur = b->arena;
+    if ((st = cpu_load_vocab(b, m, &w, &cur, err))) goto fail;
+    for (int32_t l = 0; l < w.layers; l++)
+        if ((st = cpu_load_layer(b, m, &w, l, &cur, err))) goto fail;
+    b->weight_bytes += b->qweight_bytes;
+    cpu_load_done(b, &w, comm);
+    loom_ww_free(&w);
     return LOOM_OK;
 
 fail:
+    loom_ww_free(&w);
     cpu_release_quant(b);
     b->quant = (loom_quant_binding){0};
-    h->free(h->ctx, plans);
     h->free(h->ctx, b->arena_raw);
     h->free(h->ctx, b->layers);
     h->free(h->ctx, b->inv_freq);

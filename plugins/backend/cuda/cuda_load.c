@@ -6,7 +6,7 @@
  * Weights stream tensor by tensor, never the whole model on the host in
  * float32: a tensor already in the compute type is copied straight from the
  * model's (often mmap'd) memory; anything else is dequantized row by row
- * through host->dequantize, rounded to bf16/f16 (or kept float32 for norms
+ * through host->convert, rounded to bf16/f16 by it (or kept float32 for norms
  * and biases) into one of two pinned staging buffers by a few threads, and
  * uploaded asynchronously while the other buffer fills. Q/K/V and gate/up
  * land at their row offsets in the fused matrices, so fusing costs nothing.
@@ -23,12 +23,15 @@
  * next (kernels/cuda/gguf_layout.h); a rank keeps whole rows, and its
  * column window (O, down) must fall on whole blocks.
  *
- * Every tensor (and the quantizer's plan for each linear weight) is checked
- * before anything is allocated; the device arena is sized exactly and
+ * Which tensors there are, each tensor-parallel rank's window of each and
+ * the quantizer's plans are the weight walk's (plugins/backend/common/
+ * weight_walk.h, shared with the cpu backend). Every tensor and plan is
+ * checked before anything is allocated; the device arena is sized exactly and
  * checked against cudaMemGetInfo first, so running out of device memory is
  * an error with numbers, not a crash half-way.
  */
 #include "cuda_backend.h"
+#include "weight_walk.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -48,121 +51,48 @@
 static size_t cb_round(size_t n) { return (n + CB_ALIGN - 1) & ~(size_t)(CB_ALIGN - 1); }
 static double cb_mib(size_t n) { return (double)n / (1024.0 * 1024.0); }
 
-/* ------------------------------------------------------ host conversions */
-
-static inline uint32_t cb_f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-/* float32 -> bfloat16, round to nearest even; NaN stays a quiet NaN. */
-static inline uint16_t cb_f32_to_bf16(float f) {
-    uint32_t x = cb_f32_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
-/* float32 -> IEEE binary16, round to nearest even, overflow to inf. */
-static inline uint16_t cb_f32_to_f16(float f) {
-    uint32_t x = cb_f32_bits(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    x &= 0x7fffffffu;
-    if (x >= 0x7f800000u)
-        return (uint16_t)(sign | (x > 0x7f800000u ? (0x7e00u | ((x >> 13) & 0x3ffu)) : 0x7c00u));
-    if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
-    if (x < 0x38800000u) {
-        float a;
-        memcpy(&a, &x, 4);
-        float r = a + 0.5f;
-        uint32_t rb;
-        memcpy(&rb, &r, 4);
-        return (uint16_t)(sign | (rb - 0x3f000000u));
-    }
-    uint32_t odd = (x >> 13) & 1u;
-    x += 0xc8000000u + 0xfffu + odd;
-    return (uint16_t)(sign | (x >> 13));
-}
-
 /* ------------------------------------------------------------- checking */
 
-static const char *cb_qformat_name(loom_qformat f) {
-    switch (f) {
-    case LOOM_QFMT_NONE: return "none";
-    case LOOM_QFMT_INT8_W8A16: return "int8_w8a16";
-    case LOOM_QFMT_INT8_W8A8: return "int8_w8a8";
-    case LOOM_QFMT_FP8_W8A8: return "fp8_w8a8";
-    case LOOM_QFMT_INT4_W4A16: return "int4_w4a16";
-    case LOOM_QFMT_GGUF: return "gguf";
-    }
-    return "unknown";
-}
-
-/* Fetch `name` and check it is host data of shape (d0) (d1 < 0) or
- * (d0, d1). A missing optional tensor gives *out = NULL and LOOM_OK. */
-static loom_status cb_tensor(cuda_backend *b, const loom_model_view *m, const char *name,
-                             int64_t d0, int64_t d1, bool required, const loom_tensor **out,
-                             loom_error *err) {
-    char why[LOOM_ERROR_MSG_MAX - 16];
-    loom_status st = b->host->model_tensor(m, name, d0, d1, required, out, why, sizeof why);
-    if (st != LOOM_OK) return b->host->error(b->host->ctx, err, st, "backend cuda: %s", why);
-    return LOOM_OK;
-}
-
-/* GGUF types are loom dtypes cast; the cuda formats are loom formats cast. */
-_Static_assert((int)LOOM_CUDA_GGUF_Q8_0 == (int)LOOM_DTYPE_Q8_0 &&
-                   (int)LOOM_CUDA_GGUF_Q4_0 == (int)LOOM_DTYPE_Q4_0 &&
-                   (int)LOOM_CUDA_GGUF_Q4_1 == (int)LOOM_DTYPE_Q4_1 &&
-                   (int)LOOM_CUDA_GGUF_Q4_K == (int)LOOM_DTYPE_Q4_K &&
-                   (int)LOOM_CUDA_GGUF_Q6_K == (int)LOOM_DTYPE_Q6_K,
-               "loom_cuda_gguf values must be loom_dtype's");
+/* GGUF types are loom dtypes cast (gguf_layout.c checks); the cuda
+ * formats are loom formats cast; a layer's groups are the weight walk's. */
 _Static_assert((int)LOOM_CUDA_Q_GGUF == (int)LOOM_QFMT_GGUF &&
                    (int)LOOM_CUDA_Q_INT4 == (int)LOOM_QFMT_INT4_W4A16,
                "loom_cuda_qfmt values must be loom_qformat's");
+_Static_assert((int)CB_G_QKV == (int)LOOM_WW_G_QKV && (int)CB_G_O == (int)LOOM_WW_G_O &&
+                   (int)CB_G_GU == (int)LOOM_WW_G_GU && (int)CB_G_DOWN == (int)LOOM_WW_G_DOWN &&
+                   (int)CB_NGROUPS == (int)LOOM_WW_NGROUPS,
+               "cuda_layer.q[] is indexed by the weight walk's groups");
 
-/* Ask the quantizer (if any) for a linear weight's plan into *plan (NONE
- * without a quantizer) and check this backend has kernels for it: NONE,
- * INT8_W8A16, INT8_W8A8, FP8_W8A8, INT4_W4A16, and GGUF blocks as stored
- * of q4_0, q4_1, q4_k, q6_k and q8_0 (whole blocks per row; the cpu
+/* The weight walk's hook: the quantized formats this backend has kernels
+ * for — INT8_W8A16, INT8_W8A8, FP8_W8A8, INT4_W4A16, and GGUF blocks as
+ * stored of q4_0, q4_1, q4_k, q6_k and q8_0 (whole blocks per row; the cpu
  * backend's set). */
-static loom_status cb_plan(cuda_backend *b, const loom_model_view *m, const loom_quant_binding *q,
-                           const loom_tensor *t, const char *name, loom_quant_plan *plan,
-                           loom_error *err) {
-    *plan = (loom_quant_plan){.struct_size = sizeof *plan, .format = LOOM_QFMT_NONE};
-    if (!q || !q->ops || !q->ops->plan) return LOOM_OK;
-    loom_status st = q->ops->plan(q->self, m, t, plan, err);
-    if (st != LOOM_OK) return st;
+static loom_status cb_runnable(void *ctx, const loom_quant_binding *q, const loom_tensor *t,
+                               const char *name, const loom_quant_plan *plan, loom_error *err) {
+    cuda_backend *b = ctx;
     switch (plan->format) {
-    case LOOM_QFMT_NONE: return LOOM_OK;
     case LOOM_QFMT_INT8_W8A16:
     case LOOM_QFMT_INT8_W8A8:
     case LOOM_QFMT_FP8_W8A8:
     case LOOM_QFMT_INT4_W4A16:
-        if (!q->ops->quantize || !q->ops->release)
-            return b->host->error(b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
-                                  "backend cuda: quantizer '%s' planned format %s for tensor '%s' "
-                                  "but has no quantize()/release() to produce it",
-                                  q->name ? q->name : "?", cb_qformat_name(plan->format), name);
         return LOOM_OK;
     case LOOM_QFMT_GGUF:
         /* the blocks are read as stored: their type needs a kernel here */
-        if (!loom_cuda_gguf_ok((loom_cuda_gguf)t->dtype, t->shape[1]))
-            return b->host->error(
-                b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
-                "backend cuda: quantizer '%s' planned GGUF blocks as stored for tensor '%s', but "
-                "it is %s with %lld columns; the cuda kernels read rows of whole q4_0, q4_1, "
-                "q4_k, q6_k and q8_0 blocks; skip the tensor in the quantizer or use source: "
-                "quantize",
-                q->name ? q->name : "?", name, loom_dtype_name(t->dtype), (long long)t->shape[1]);
-        return LOOM_OK;
+        if (loom_cuda_gguf_ok((loom_cuda_gguf)t->dtype, t->shape[1])) return LOOM_OK;
+        return b->host->error(
+            b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
+            "backend cuda: quantizer '%s' planned GGUF blocks as stored for tensor '%s', but "
+            "it is %s with %lld columns; the cuda kernels read rows of whole q4_0, q4_1, "
+            "q4_k, q6_k and q8_0 blocks; skip the tensor in the quantizer or use source: "
+            "quantize",
+            q->name ? q->name : "?", name, loom_dtype_name(t->dtype), (long long)t->shape[1]);
     default:
         return b->host->error(
             b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
             "backend cuda: quantizer '%s' planned format %s (%d) for tensor '%s', but the cuda "
             "backend has no linear kernel for it (it runs none, int8_w8a16, int8_w8a8, "
             "fp8_w8a8, int4_w4a16 and gguf)",
-            q->name ? q->name : "?", cb_qformat_name(plan->format), (int)plan->format, name);
+            q->name ? q->name : "?", loom_ww_qformat_name(plan->format), (int)plan->format, name);
     }
 }
 
@@ -223,12 +153,12 @@ static void *cb_conv_main(void *arg) {
                 memcpy(j->dst + (size_t)r * j->nc * 4, f + j->c0, (size_t)j->nc * 4);
             continue;
         }
-        uint16_t *d = (uint16_t *)(j->dst + (size_t)r * j->nc * 2);
-        const float *fw = f + j->c0;
-        if (j->out == 0)
-            for (int64_t c = 0; c < j->nc; c++) d[c] = cb_f32_to_bf16(fw[c]);
-        else
-            for (int64_t c = 0; c < j->nc; c++) d[c] = cb_f32_to_f16(fw[c]);
+        /* rounded to nearest even, as the host rounds every 16-bit float */
+        if (j->host->convert(j->out == 0 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F16,
+                             j->dst + (size_t)r * j->nc * 2, LOOM_DTYPE_F32, f + j->c0, j->nc) != LOOM_OK) {
+            atomic_store(j->failed, 1);
+            return NULL;
+        }
     }
     return NULL;
 }
@@ -356,6 +286,12 @@ static loom_status cb_upload_part(cb_uploader *u, const loom_tensor *t, int64_t 
     return cb_upload(u, &v, nr, cols, c0, nc, dst, out_f32, err);
 }
 
+/* The weight walk's window p of its tensor, as cb_upload_part. */
+static loom_status cb_upload_win(cb_uploader *u, const loom_ww_part *p, void *dst, bool out_f32,
+                                 loom_error *err) {
+    return cb_upload_part(u, p->t, p->r0, p->nr, p->c0, p->nc, dst, out_f32, err);
+}
+
 /* ------------------------------------------------------ quantized upload */
 
 /* Is t a host tensor of `dtype` with at least `count` elements? */
@@ -365,23 +301,61 @@ static bool cb_qis(const loom_tensor *t, loom_dtype dtype, int64_t count) {
            t->nbytes >= (size_t)count * loom_dtype_block_bytes(dtype);
 }
 
-/* One part of a quantized group: quantize tensor t (rows, cols) on the host
- * through the quantizer, check the layout it gave (loom/quant.h), and upload
- * rows [r0, r0 + nr) x columns [c0, c0 + nc) into rows [row_off, row_off +
- * nr) of the group's device matrix `dst` (dst->K == nc): the data as is,
- * FP8 per-tensor scales expanded to every row, INT4 {scale, zero} repacked
- * as {s, -zero * s} (loom_cuda_qweight). The quantizer's tensor is released
- * once the copies have left host memory.
+/* Why quantized tensor qt does not have the layout loom/quant.h promises
+ * for `plan` and a (rows, cols) weight, or why[0] = 0 when it does. */
+static void cb_qlayout_why(const loom_qtensor *qt, const loom_quant_plan *plan, int64_t rows,
+                           int64_t cols, char *why, size_t size) {
+    const loom_qformat f = plan->format;
+    why[0] = 0;
+    const int32_t g = f == LOOM_QFMT_INT4_W4A16 ? qt->group_size : 1;
+    const int64_t ns = loom_tensor_numel(&qt->scales);
+    if (qt->format != f || qt->rows != rows || qt->cols != cols)
+        snprintf(why, size, "format %s shape (%lld, %lld), expected %s (%lld, %lld)",
+                 loom_ww_qformat_name(qt->format), (long long)qt->rows, (long long)qt->cols,
+                 loom_ww_qformat_name(f), (long long)rows, (long long)cols);
+    else if ((f == LOOM_QFMT_INT8_W8A16 || f == LOOM_QFMT_INT8_W8A8) &&
+             (!cb_qis(&qt->data, LOOM_DTYPE_I8, rows * cols) ||
+              !cb_qis(&qt->scales, LOOM_DTYPE_F32, rows)))
+        snprintf(why, size, "int8 data (%lld, %lld) and f32 scales (%lld) expected",
+                 (long long)rows, (long long)cols, (long long)rows);
+    else if (f == LOOM_QFMT_FP8_W8A8 &&
+             (!cb_qis(&qt->data, LOOM_DTYPE_FP8_E4M3, rows * cols) || !(ns == rows || ns == 1) ||
+              !cb_qis(&qt->scales, LOOM_DTYPE_F32, ns)))
+        snprintf(why, size, "fp8_e4m3 data (%lld, %lld) and f32 scales (%lld) or (1) "
+                 "expected", (long long)rows, (long long)cols, (long long)rows);
+    else if (f == LOOM_QFMT_INT4_W4A16 &&
+             (g != plan->group_size || g < 2 || cols % g ||
+              !cb_qis(&qt->data, LOOM_DTYPE_U8, rows * (cols / 2)) ||
+              !cb_qis(&qt->scales, LOOM_DTYPE_F32, rows * (cols / g)) ||
+              !cb_qis(&qt->zeros, LOOM_DTYPE_F32, rows * (cols / g))))
+        snprintf(why, size, "u8 data (%lld, %lld), f32 scales and zeros (%lld, %lld / %d) "
+                 "with group_size %d expected (got group_size %d)", (long long)rows,
+                 (long long)(cols / 2), (long long)rows, (long long)cols, plan->group_size,
+                 plan->group_size, g);
+    else if (CB_SMOOTHED(f) && qt->smooth.data &&
+             !cb_qis(&qt->smooth, LOOM_DTYPE_F32, cols))
+        snprintf(why, size, "smooth must be f32 (%lld)", (long long)cols);
+}
+
+/* One part of a quantized group: quantize p's tensor (rows, cols) on the
+ * host through the quantizer, check the layout it gave (loom/quant.h), and
+ * upload p's window, rows [r0, r0 + nr) x columns [c0, c0 + nc), into rows
+ * [row_off, row_off + nr) of the group's device matrix `dst` (dst->K ==
+ * nc): the data as is, FP8 per-tensor scales expanded to every row, INT4
+ * {scale, zero} repacked as {s, -zero * s} (loom_cuda_qweight). The
+ * quantizer's tensor is released once the copies have left host memory.
  * W8A8 SmoothQuant vectors: the group's first part uploads its columns
  * into dst->smooth and keeps a host copy in *smooth_ref; later parts must
  * carry the same vector (one activation quantization serves the group). */
 static loom_status cb_upload_q(cuda_backend *b, const loom_model_view *m,
-                               const loom_quant_binding *qb, const loom_tensor *t,
-                               const char *name, const loom_quant_plan *plan, int64_t r0,
-                               int64_t nr, int64_t c0, int64_t nc, const loom_cuda_qweight *dst,
+                               const loom_quant_binding *qb, const loom_ww_part *p,
+                               const loom_quant_plan *plan, const loom_cuda_qweight *dst,
                                int64_t row_off, bool first_part, float **smooth_ref,
                                loom_error *err) {
     const loom_host *h = b->host;
+    const loom_tensor *t = p->t;
+    const char *name = p->name;
+    const int64_t r0 = p->r0, nr = p->nr, c0 = p->c0, nc = p->nc;
     const int64_t rows = t->shape[0], cols = t->shape[1];
     const loom_qformat f = plan->format;
     const char *qn = qb->name ? qb->name : "?";
@@ -391,33 +365,9 @@ static loom_status cb_upload_q(cuda_backend *b, const loom_model_view *m,
     loom_status st = qb->ops->quantize(qb->self, m, t, plan, &q, err);
     if (st != LOOM_OK) return st;
     /* the layout loom/quant.h promises, for the rows and columns we read */
+    cb_qlayout_why(&q, plan, rows, cols, why, sizeof why);
     const int32_t g = f == LOOM_QFMT_INT4_W4A16 ? q.group_size : 1;
     const int64_t ns = loom_tensor_numel(&q.scales);
-    if (q.format != f || q.rows != rows || q.cols != cols)
-        snprintf(why, sizeof why, "format %s shape (%lld, %lld), expected %s (%lld, %lld)",
-                 cb_qformat_name(q.format), (long long)q.rows, (long long)q.cols,
-                 cb_qformat_name(f), (long long)rows, (long long)cols);
-    else if ((f == LOOM_QFMT_INT8_W8A16 || f == LOOM_QFMT_INT8_W8A8) &&
-             (!cb_qis(&q.data, LOOM_DTYPE_I8, rows * cols) ||
-              !cb_qis(&q.scales, LOOM_DTYPE_F32, rows)))
-        snprintf(why, sizeof why, "int8 data (%lld, %lld) and f32 scales (%lld) expected",
-                 (long long)rows, (long long)cols, (long long)rows);
-    else if (f == LOOM_QFMT_FP8_W8A8 &&
-             (!cb_qis(&q.data, LOOM_DTYPE_FP8_E4M3, rows * cols) || !(ns == rows || ns == 1) ||
-              !cb_qis(&q.scales, LOOM_DTYPE_F32, ns)))
-        snprintf(why, sizeof why, "fp8_e4m3 data (%lld, %lld) and f32 scales (%lld) or (1) "
-                 "expected", (long long)rows, (long long)cols, (long long)rows);
-    else if (f == LOOM_QFMT_INT4_W4A16 &&
-             (g != plan->group_size || g < 2 || cols % g || !cb_qis(&q.data, LOOM_DTYPE_U8, rows * (cols / 2)) ||
-              !cb_qis(&q.scales, LOOM_DTYPE_F32, rows * (cols / g)) ||
-              !cb_qis(&q.zeros, LOOM_DTYPE_F32, rows * (cols / g))))
-        snprintf(why, sizeof why, "u8 data (%lld, %lld), f32 scales and zeros (%lld, %lld / %d) "
-                 "with group_size %d expected (got group_size %d)", (long long)rows,
-                 (long long)(cols / 2), (long long)rows, (long long)cols, plan->group_size,
-                 plan->group_size, g);
-    else if (CB_SMOOTHED(f) && q.smooth.data &&
-             !cb_qis(&q.smooth, LOOM_DTYPE_F32, cols))
-        snprintf(why, sizeof why, "smooth must be f32 (%lld)", (long long)cols);
     if (why[0]) {
         st = h->error(h->ctx, err, LOOM_ERR_FORMAT,
                       "backend cuda: quantizer '%s' gave tensor '%s' a layout the kernels cannot "
@@ -499,14 +449,15 @@ out:
 
 /* ----------------------------------------------------- GGUF as stored */
 
-/* Rows [r0, r0 + nr) x columns [c0, c0 + nc) of GGUF tensor t to dst as a
- * dense (nr, row_bytes(nc)) block matrix: one 2-D copy straight from the
- * model's (mmap'd) memory, the blocks byte for byte. The window was checked
- * at planning (cb_gguf_group); checked again here because the copy trusts
- * it. */
-static loom_status cb_upload_gguf(cuda_backend *b, const loom_tensor *t, const char *name,
-                                  int64_t r0, int64_t nr, int64_t c0, int64_t nc, void *dst,
-                                  loom_error *err) {
+/* p's window, rows [r0, r0 + nr) x columns [c0, c0 + nc) of a GGUF
+ * tensor, to dst as a dense (nr, row_bytes(nc)) block matrix: one 2-D copy
+ * straight from the model's (mmap'd) memory, the blocks byte for byte. The
+ * window was checked at planning (cb_gguf_group); checked again here
+ * because the copy trusts it. */
+static loom_status cb_upload_gguf(cuda_backend *b, const loom_ww_part *p, void *dst, loom_error *err) {
+    const loom_tensor *t = p->t;
+    const char *name = p->name;
+    const int64_t r0 = p->r0, nr = p->nr, c0 = p->c0, nc = p->nc;
     if (nr <= 0) return LOOM_OK;
     const loom_cuda_gguf ty = (loom_cuda_gguf)t->dtype;
     const int64_t cols = t->shape[1];
@@ -674,468 +625,397 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
 
 /* ------------------------------------------------------------------ load */
 
-static const char *const cb_lin[] = {"attn_q", "attn_k", "attn_v", "attn_output",
-                                     "ffn_gate", "ffn_up", "ffn_down"};
-
-/* Layer l's group of parts [first, end) of cb_lin[], planned GGUF: each
- * part's block type (its tensor's), this rank's rows of it (nr[k]) and its
- * input columns [c0[k], c0[k] + K) — checked (a kernel for the type, a
+/* Layer l's group gi (parts [first, end) of the walk's lin[]), planned
+ * GGUF: each part's block type (its tensor's), this rank's rows of it and
+ * its input columns [c0, c0 + k) — checked (a kernel for the type, a
  * column window on whole blocks) and laid out as one device allocation
  * into *lay. Parts of different block types are fine (one segment each),
  * as the cpu backend runs them; a window that cuts blocks is refused. */
-static loom_status cb_gguf_group(cuda_backend *b, const loom_model_view *m, int32_t l, int first,
-                                 int end, const int64_t *nr, const int64_t *c0, int64_t K,
-                                 bool sharded, loom_cuda_gguf_layout *lay, loom_error *err) {
+static loom_status cb_gguf_group(cuda_backend *b, const loom_ww *w, int32_t l, int gi, bool sharded,
+                                 loom_cuda_gguf_layout *lay, loom_error *err) {
     const loom_host *h = b->host;
+    const loom_ww_group *g = &w->group[gi];
     loom_cuda_gguf types[LOOM_CUDA_QSEG_MAX];
     int64_t rows[LOOM_CUDA_QSEG_MAX];
-    char name[96], why[200];
-    for (int k = first; k < end; k++) {
-        snprintf(name, sizeof name, "blk.%d.%s.weight", l, cb_lin[k]);
-        const loom_tensor *t = m->get(m->ctx, name);
-        types[k - first] = (loom_cuda_gguf)t->dtype;
-        rows[k - first] = nr[k];
+    char why[200];
+    for (int k = g->first; k < g->end; k++) {
+        const loom_ww_part *p = &w->layer[l].lin[k].w;
+        const loom_tensor *t = p->t;
+        types[k - g->first] = (loom_cuda_gguf)t->dtype;
+        rows[k - g->first] = p->nr;
         size_t so, wd;
-        if (!loom_cuda_gguf_window(types[k - first], t->shape[1], c0[k], K, &so, &wd, why,
+        if (!loom_cuda_gguf_window(types[k - g->first], t->shape[1], p->c0, g->k, &so, &wd, why,
                                    sizeof why))
             return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                             "backend cuda: tensor '%s' (%s blocks as stored) cannot be split "
                             "here: this %s keeps input columns [%lld, %lld): %s; use a "
                             "tensor-parallel size whose share of the %lld columns is whole "
                             "blocks of %d, or quantizer source: quantize",
-                            name, loom_dtype_name(t->dtype), sharded ? "rank" : "model",
-                            (long long)c0[k], (long long)(c0[k] + K), why,
-                            (long long)t->shape[1], loom_cuda_gguf_block_elems(types[k - first]));
+                            p->name, loom_dtype_name(t->dtype), sharded ? "rank" : "model",
+                            (long long)p->c0, (long long)(p->c0 + g->k), why,
+                            (long long)t->shape[1], loom_cuda_gguf_block_elems(types[k - g->first]));
     }
-    if (!loom_cuda_gguf_plan_group(types, rows, end - first, K, lay, why, sizeof why))
+    if (!loom_cuda_gguf_plan_group(types, rows, g->end - g->first, g->k, lay, why, sizeof why))
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cuda: layer %d: the GGUF parts 'blk.%d.%s' .. '%s' cannot run "
                         "as stored: %s",
-                        l, l, cb_lin[first], cb_lin[end - 1], why);
+                        l, l, loom_ww_lin_name(g->first), loom_ww_lin_name(g->end - 1), why);
     return LOOM_OK;
 }
 
-/* Which part of the model this rank keeps: the host's shard plan, shared
- * with every backend; without a communicator the whole model (rank 0 of 1). */
-typedef loom_shard cb_shard;
-
-static loom_status cb_shard_plan(cuda_backend *b, const loom_model_config *c, const loom_comm *comm,
-                                 cb_shard *s, loom_error *err) {
+/* Layer l's groups as this backend runs them, one GEMM each: one format
+ * (and group size) for all the parts of a group; a GGUF group laid out
+ * into glay[gi]; a quantized group within the kernels' shape contract. */
+static loom_status cb_check_layer(cuda_backend *b, const loom_ww *w, int32_t l, bool sharded,
+                                  loom_cuda_gguf_layout *glay, loom_error *err) {
     const loom_host *h = b->host;
-    char why[LOOM_ERROR_MSG_MAX - 64];
-    int32_t n = comm ? comm->size : 1;
-    loom_status st = h->shard_plan(c, comm ? comm->rank : 0, n, s, why, sizeof why);
-    if (st != LOOM_OK) return h->error(h->ctx, err, st, "backend cuda: load_shard(): %s", why);
-    /* the kernels move 16-byte vectors: a rank's FFN width (SwiGLU, the
-     * down projection's K) must stay a multiple of 8 like the model's */
-    if (s->inter % 8 != 0)
-        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "backend cuda: model '%s' FFN width %d over %d ranks leaves %d columns per "
-                        "rank, not a multiple of 8 as the cuda kernels need; use a size that "
-                        "keeps FFN width / size a multiple of 8",
-                        c->name, c->intermediate_size, n, s->inter);
-    return LOOM_OK;
-}
-
-/* load() and load_shard(): `comm` NULL keeps the whole model. */
-static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
-                                const loom_quant_binding *quant, const loom_comm *comm,
-                                loom_error *err) {
-    const loom_host *h = b->host;
-    loom_status st = LOOM_OK;
-    char name[96];
-    char why[384];
-    if ((st = h->check_load(b->loaded, m, comm, why, sizeof why)) != LOOM_OK)
-        return h->error(h->ctx, err, st, "backend cuda: %s", why);
-    b->mc = *m->config;
-    const loom_model_config *c = &b->mc;
-    if (!LOOM_CUDA_HEAD_DIM_OK(c->head_dim) || c->hidden_size % 8 != 0 || c->intermediate_size % 8 != 0 ||
-        c->hidden_size > 32768 || c->num_heads / c->num_kv_heads > LOOM_CUDA_MAX_GQA)
-        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "backend cuda: model '%s' config not runnable here (hidden %d: multiple of 8 "
-                        "and <= 32768, ffn %d: multiple of 8, heads %d/%d kv: at most %d per kv "
-                        "head, head_dim %d: one of 16, 32, 64, 128)",
-                        c->name, c->hidden_size, c->intermediate_size, c->num_heads, c->num_kv_heads,
-                        LOOM_CUDA_MAX_GQA, c->head_dim);
-    cb_shard sh = {0};
-    if ((st = cb_shard_plan(b, c, comm, &sh, err)) != LOOM_OK) return st;
-    if ((st = CB_CUDA(b, err, cudaSetDevice(b->device)))) return st;
-    /* before the quantized-GEMM scratch is sized: the mode moves the
-     * quantized GEMV bound */
-    loom_cuda_gemm_set_batch_invariant(b->gemm, b->cfg.batch_invariant);
-    loom_cuda_qgemm_set_tc_min_m(b->gemm, (int)b->cfg.qgemv_tc_min_rows);
-
-    /* whole-model sizes (the tensors' shapes) ... */
-    const int64_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
-    const int64_t D = c->head_dim;
-    const int64_t QD = (int64_t)c->num_heads * D, KVD = (int64_t)c->num_kv_heads * D;
-    const int32_t L = c->num_layers;
-    /* ... and this rank's (all of it without a communicator) */
-    b->q_dim = sh.heads * c->head_dim;
-    b->kv_dim = sh.kv_heads * c->head_dim;
-    b->qkv_rows = b->q_dim + 2 * b->kv_dim;
-    b->group = sh.heads / sh.kv_heads;
-    const int64_t QKVl = b->qkv_rows, QDl = b->q_dim, KVDl = b->kv_dim, Il = sh.inter;
-    const int64_t Vp = sh.vocab_pad, Vl = sh.vocab_rows;
-    const int64_t q0 = (int64_t)sh.head0 * D, k0 = (int64_t)sh.kv0 * D, i0 = sh.inter0;
-    const size_t e = b->elt;
-
-    /* --- check every tensor (and the quantizer's plan) before allocating.
-     * plans: (L, 7) linear weights in cb_lin[] order, then output.weight */
-    const loom_tensor *t_embed, *t_onorm, *t_out, *t_probe;
-    if ((st = cb_tensor(b, m, "token_embd.weight", V, H, true, &t_embed, err)) ||
-        (st = cb_tensor(b, m, "output_norm.weight", H, -1, true, &t_onorm, err)) ||
-        (st = cb_tensor(b, m, "output.weight", V, H, false, &t_out, err)))
-        return st;
-    if (!t_out && !c->tie_embeddings && (!comm || comm->rank == 0))
-        h->log(h->ctx, LOOM_LOG_WARN, CB_WHO,
-               "model '%s' has no output.weight and tie_embeddings is false; using the token "
-               "embeddings as the LM head",
-               c->name);
-    loom_quant_plan *plans = h->calloc(h->ctx, (size_t)L * 7 + 1, sizeof *plans);
-    /* GGUF groups' device layouts: (L, CB_NGROUPS), then output.weight */
-    loom_cuda_gguf_layout *glay = h->calloc(h->ctx, (size_t)L * CB_NGROUPS + 1, sizeof *glay);
-    if (!plans || !glay) {
-        h->free(h->ctx, plans);
-        h->free(h->ctx, glay);
-        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
-                        "backend cuda: out of host memory for %d layers' quantization plans", L);
+    const loom_ww_layer *wl = &w->layer[l];
+    loom_status st;
+    for (int gi = 0; gi < CB_NGROUPS; gi++) {
+        const loom_ww_group *g = &w->group[gi];
+        const loom_quant_plan *p0 = &wl->lin[g->first].plan;
+        for (int k = g->first + 1; k < g->end; k++) {
+            const loom_quant_plan *pk = &wl->lin[k].plan;
+            if (pk->format != p0->format ||
+                (p0->format == LOOM_QFMT_INT4_W4A16 && pk->group_size != p0->group_size))
+                return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                                "backend cuda: layer %d: tensor 'blk.%d.%s.weight' is planned "
+                                "%s (group %d) but 'blk.%d.%s.weight' %s (group %d); the cuda "
+                                "backend runs Q/K/V and gate/up as one fused GEMM each, so "
+                                "their parts need one format: skip all of a group in the "
+                                "quantizer or none (e.g. skip: \"attn_q,attn_k,attn_v\")",
+                                l, l, loom_ww_lin_name(g->first), loom_ww_qformat_name(p0->format),
+                                p0->group_size, l, loom_ww_lin_name(k), loom_ww_qformat_name(pk->format),
+                                pk->group_size);
+        }
+        if (p0->format == LOOM_QFMT_NONE) continue;
+        if (p0->format == LOOM_QFMT_GGUF) {
+            if ((st = cb_gguf_group(b, w, l, gi, sharded, &glay[gi], err))) return st;
+            continue;
+        }
+        const int32_t gs = p0->format == LOOM_QFMT_INT4_W4A16 ? p0->group_size : 0;
+        const int64_t c0 = wl->lin[g->first].w.c0;
+        if (!loom_cuda_qweight_ok((loom_cuda_qfmt)p0->format, (int)g->k, gs) || (gs > 0 && c0 % gs != 0))
+            return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                            "backend cuda: tensor 'blk.%d.%s.weight' planned %s: the cuda "
+                            "kernels need %s, and this %s keeps %lld input columns from column "
+                            "%lld; %s",
+                            l, loom_ww_lin_name(g->first), loom_ww_qformat_name(p0->format),
+                            gs ? "group_size a multiple of 32 dividing the input columns"
+                               : "input columns a multiple of 16",
+                            sharded ? "rank" : "model", (long long)g->k, (long long)c0,
+                            gs ? "pick group_size 32, 64 or 128 (one that divides it), or fewer "
+                                 "ranks"
+                               : "skip the tensor in the quantizer");
     }
-    loom_cuda_gguf_layout *glay_out = &glay[(size_t)L * CB_NGROUPS];
-    loom_quant_plan *plan_out = &plans[(size_t)L * 7];
-    *plan_out = (loom_quant_plan){.struct_size = sizeof *plan_out, .format = LOOM_QFMT_NONE};
-    if (t_out && (st = cb_plan(b, m, quant, t_out, "output.weight", plan_out, err))) goto fail;
-    if ((st = cb_tensor(b, m, "blk.0.attn_q.bias", QD, -1, false, &t_probe, err))) goto fail;
-    const bool bias = c->qkv_bias || t_probe != NULL;
-    const int64_t lin_shape[7][2] = {{QD, H}, {KVD, H}, {KVD, H}, {H, QD},
-                                     {I, H},  {I, H},   {H, I}};
-    /* the four GEMM groups of a layer: parts [first, end) of cb_lin[], this
-     * rank's rows N and input columns K of the fused matrix, and each
-     * part's first row in it */
-    static const int g_first[CB_NGROUPS] = {0, 3, 4, 6}, g_end[CB_NGROUPS] = {3, 4, 6, 7};
-    const int64_t g_n[CB_NGROUPS] = {QKVl, H, 2 * Il, H}, g_k[CB_NGROUPS] = {H, QDl, H, Il};
-    const int64_t part_row[7] = {0, QDl, QDl + KVDl, 0, 0, Il, 0};
-    /* the column window each part keeps (c0 of {r0, nr, c0, nc} below) and
-     * its rows (nr) */
-    const int64_t part_c0[7] = {0, 0, 0, q0, 0, 0, i0};
-    const int64_t part_nr[7] = {QDl, KVDl, KVDl, H, Il, Il, H};
-    if (t_out && plan_out->format == LOOM_QFMT_GGUF) {
-        /* the LM head: this rank's vocabulary rows and zero rows to Vp */
-        const loom_cuda_gguf ty = (loom_cuda_gguf)t_out->dtype;
+    return LOOM_OK;
+}
+
+/* The LM head's quantized plan as the kernels run it: GGUF blocks laid out
+ * into *lay (this rank's vocabulary rows, zero rows up to vocab_pad), any
+ * other format within the kernels' shape contract. */
+static loom_status cb_check_lm(cuda_backend *b, const loom_ww *w, loom_cuda_gguf_layout *lay,
+                               loom_error *err) {
+    const loom_host *h = b->host;
+    const loom_quant_plan *p = &w->out_plan;
+    const int64_t H = w->hidden, Vp = w->shard.vocab_pad;
+    if (!w->out.t || p->format == LOOM_QFMT_NONE) return LOOM_OK;
+    if (p->format == LOOM_QFMT_GGUF) {
+        const loom_cuda_gguf ty = (loom_cuda_gguf)w->out.t->dtype;
         char why[160];
-        if (!loom_cuda_gguf_plan_group(&ty, &Vp, 1, H, glay_out, why, sizeof why)) {
-            st = h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                          "backend cuda: output.weight as stored: %s", why);
-            goto fail;
-        }
+        if (!loom_cuda_gguf_plan_group(&ty, &Vp, 1, H, lay, why, sizeof why))
+            return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                            "backend cuda: output.weight as stored: %s", why);
+        return LOOM_OK;
     }
-    bool any_quant = t_out && plan_out->format != LOOM_QFMT_NONE;
-    for (int32_t l = 0; l < L; l++) {
-        const loom_tensor *t;
-        loom_quant_plan *pl = &plans[(size_t)l * 7];
-        for (int k = 0; k < 7; k++) {
-            snprintf(name, sizeof name, "blk.%d.%s.weight", l, cb_lin[k]);
-            if ((st = cb_tensor(b, m, name, lin_shape[k][0], lin_shape[k][1], true, &t, err)) ||
-                (st = cb_plan(b, m, quant, t, name, &pl[k], err)))
-                goto fail;
-        }
-        /* a fused group runs as one GEMM: one format (and group size) for
-         * all its parts, and the kernels' shape contract */
+    if (!loom_cuda_qweight_ok((loom_cuda_qfmt)p->format, (int)H,
+                              p->format == LOOM_QFMT_INT4_W4A16 ? p->group_size : 0))
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: output.weight planned %s, but the cuda kernels need hidden "
+                        "size %lld to be a multiple of 16 (int4: of a group_size that is a "
+                        "multiple of 32); keep output in the quantizer's skip list",
+                        loom_ww_qformat_name(p->format), (long long)H);
+    return LOOM_OK;
+}
+
+/* Device bytes of this rank's weights into b->weight_bytes (the quantized
+ * ones also into b->qweight_bytes), as cb_load_vocab and cb_carve_layer
+ * carve them; a quantized group takes its quantized size instead of dt.
+ * glay: (layers, CB_NGROUPS) GGUF layouts, then the LM head's. */
+static void cb_size_weights(cuda_backend *b, const loom_ww *w, const loom_cuda_gguf_layout *glay) {
+    const size_t e = b->elt, H = (size_t)w->hidden, Vp = (size_t)w->shard.vocab_pad;
+    const loom_quant_plan *po = &w->out_plan;
+    const bool q_lm = w->out.t && po->format != LOOM_QFMT_NONE;
+    const size_t lm_qb = !q_lm                            ? 0
+                         : po->format == LOOM_QFMT_GGUF ? cb_round(glay[(size_t)w->layers * CB_NGROUPS].bytes)
+                                                        : cb_qbytes(po->format, (int64_t)Vp, (int64_t)H,
+                                                                    po->group_size);
+    b->weight_bytes = cb_round(Vp * H * e) + cb_round(H * 4);
+    if (w->out.t) b->weight_bytes += q_lm ? lm_qb : cb_round(Vp * H * e);
+    b->qweight_bytes = lm_qb;
+    for (int32_t l = 0; l < w->layers; l++) {
+        const loom_ww_layer *wl = &w->layer[l];
+        b->weight_bytes += 2 * cb_round(H * 4) + (w->bias ? cb_round((size_t)w->qkv_rows * 4) : 0);
         for (int gi = 0; gi < CB_NGROUPS; gi++) {
-            const loom_quant_plan *p0 = &pl[g_first[gi]];
-            for (int k = g_first[gi] + 1; k < g_end[gi]; k++)
-                if (pl[k].format != p0->format ||
-                    (p0->format == LOOM_QFMT_INT4_W4A16 && pl[k].group_size != p0->group_size)) {
-                    st = h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                                  "backend cuda: layer %d: tensor 'blk.%d.%s.weight' is planned "
-                                  "%s (group %d) but 'blk.%d.%s.weight' %s (group %d); the cuda "
-                                  "backend runs Q/K/V and gate/up as one fused GEMM each, so "
-                                  "their parts need one format: skip all of a group in the "
-                                  "quantizer or none (e.g. skip: \"attn_q,attn_k,attn_v\")",
-                                  l, l, cb_lin[g_first[gi]], cb_qformat_name(p0->format),
-                                  p0->group_size, l, cb_lin[k], cb_qformat_name(pl[k].format),
-                                  pl[k].group_size);
-                    goto fail;
-                }
-            if (p0->format == LOOM_QFMT_NONE) continue;
-            any_quant = true;
-            if (p0->format == LOOM_QFMT_GGUF) {
-                if ((st = cb_gguf_group(b, m, l, g_first[gi], g_end[gi], part_nr, part_c0,
-                                        g_k[gi], comm != NULL,
-                                        &glay[(size_t)l * CB_NGROUPS + gi], err)))
-                    goto fail;
+            const loom_ww_group *g = &w->group[gi];
+            const loom_quant_plan *p0 = &wl->lin[g->first].plan;
+            if (p0->format == LOOM_QFMT_NONE) {
+                b->weight_bytes += cb_round((size_t)(g->n * g->k) * e);
                 continue;
             }
-            const int32_t gs = p0->format == LOOM_QFMT_INT4_W4A16 ? p0->group_size : 0;
-            if (!loom_cuda_qweight_ok((loom_cuda_qfmt)p0->format, (int)g_k[gi], gs) ||
-                (gs > 0 && part_c0[g_first[gi]] % gs != 0)) {
-                st = h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                              "backend cuda: tensor 'blk.%d.%s.weight' planned %s: the cuda "
-                              "kernels need %s, and this %s keeps %lld input columns from column "
-                              "%lld; %s",
-                              l, cb_lin[g_first[gi]], cb_qformat_name(p0->format),
-                              gs ? "group_size a multiple of 32 dividing the input columns"
-                                 : "input columns a multiple of 16",
-                              comm ? "rank" : "model", (long long)g_k[gi],
-                              (long long)part_c0[g_first[gi]],
-                              gs ? "pick group_size 32, 64 or 128 (one that divides it), or fewer "
-                                   "ranks"
-                                 : "skip the tensor in the quantizer");
-                goto fail;
-            }
-        }
-        snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
-        if ((st = cb_tensor(b, m, name, H, -1, true, &t, err))) goto fail;
-        snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
-        if ((st = cb_tensor(b, m, name, H, -1, true, &t, err))) goto fail;
-        for (int k = 0; bias && k < 3; k++) {
-            snprintf(name, sizeof name, "blk.%d.%s.bias", l, cb_lin[k]);
-            if ((st = cb_tensor(b, m, name, k == 0 ? QD : KVD, -1, true, &t, err))) goto fail;
+            const size_t qb = p0->format == LOOM_QFMT_GGUF
+                                  ? cb_round(glay[(size_t)l * CB_NGROUPS + gi].bytes)
+                                  : cb_qbytes(p0->format, g->n, g->k, p0->group_size);
+            b->weight_bytes += qb;
+            b->qweight_bytes += qb;
         }
     }
-    if (plan_out->format != LOOM_QFMT_NONE && plan_out->format != LOOM_QFMT_GGUF &&
-        !loom_cuda_qweight_ok((loom_cuda_qfmt)plan_out->format, (int)H,
-                              plan_out->format == LOOM_QFMT_INT4_W4A16 ? plan_out->group_size : 0)) {
-        st = h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                      "backend cuda: output.weight planned %s, but the cuda kernels need hidden "
-                      "size %lld to be a multiple of 16 (int4: of a group_size that is a multiple "
-                      "of 32); keep output in the quantizer's skip list",
-                      cb_qformat_name(plan_out->format), (long long)H);
-        goto fail;
-    }
+}
 
-    /* --- one device arena for (this rank's) weights, carved in this order
-     * below; a quantized group takes its quantized size instead of dt */
-    const bool q_lm = t_out && plan_out->format != LOOM_QFMT_NONE;
-    const size_t lm_qb = !q_lm                                   ? 0
-                         : plan_out->format == LOOM_QFMT_GGUF ? cb_round(glay_out->bytes)
-                                              : cb_qbytes(plan_out->format, Vp, H,
-                                                          plan_out->group_size);
-    b->weight_bytes = cb_round((size_t)(Vp * H) * e) + cb_round((size_t)H * 4);
-    if (t_out) b->weight_bytes += q_lm ? lm_qb : cb_round((size_t)(Vp * H) * e);
-    b->qweight_bytes = lm_qb;
-    for (int32_t l = 0; l < L; l++) {
-        const loom_quant_plan *pl = &plans[(size_t)l * 7];
-        b->weight_bytes += 2 * cb_round((size_t)H * 4) + (bias ? cb_round((size_t)QKVl * 4) : 0);
-        for (int gi = 0; gi < CB_NGROUPS; gi++) {
-            const loom_quant_plan *p0 = &pl[g_first[gi]];
-            if (p0->format == LOOM_QFMT_NONE) {
-                b->weight_bytes += cb_round((size_t)(g_n[gi] * g_k[gi]) * e);
-            } else {
-                size_t qb = p0->format == LOOM_QFMT_GGUF
-                                ? cb_round(glay[(size_t)l * CB_NGROUPS + gi].bytes)
-                                : cb_qbytes(p0->format, g_n[gi], g_k[gi], p0->group_size);
-                b->weight_bytes += qb;
-                b->qweight_bytes += qb;
-            }
-        }
-    }
+/* The device arena for b->weight_bytes, after checking the device has
+ * them free, and the host table of layers. */
+static loom_status cb_alloc_weights(cuda_backend *b, bool any_quant, loom_error *err) {
+    const loom_host *h = b->host;
+    loom_status st;
     size_t free_b = 0, total = 0;
-    if ((st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &total)))) goto fail;
+    if ((st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &total)))) return st;
     if (b->weight_bytes > free_b) {
         st = h->error(h->ctx, err, LOOM_ERR_NOMEM,
                       "backend cuda: weights of '%s' need %.1f MiB in %s%s but device %d (%s) has "
                       "%.1f MiB free of %.1f MiB; use a smaller model, a quantizer, or another "
                       "device",
-                      c->name, cb_mib(b->weight_bytes), loom_dtype_name(b->ldt),
+                      b->mc.name, cb_mib(b->weight_bytes), loom_dtype_name(b->ldt),
                       any_quant ? " and quantized formats" : "", b->device, b->device_name,
                       cb_mib(free_b), cb_mib(total));
         b->weight_bytes = 0;
-        goto fail;
+        return st;
     }
-    b->layers = h->calloc(h->ctx, (size_t)L, sizeof *b->layers);
-    if (!b->layers) {
-        st = h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cuda: out of host memory");
-        goto fail;
-    }
-    if ((st = CB_CUDA(b, err, cudaMalloc(&b->weights, b->weight_bytes)))) goto fail;
+    b->layers = h->calloc(h->ctx, (size_t)b->mc.num_layers, sizeof *b->layers);
+    if (!b->layers) return h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cuda: out of host memory");
+    return CB_CUDA(b, err, cudaMalloc(&b->weights, b->weight_bytes));
+}
 
-    cb_uploader up;
-    /* whole source rows: a column window dequantizes the full row first */
-    int64_t max_cols = H > I ? H : I;
-    if (QD > max_cols) max_cols = QD;
-    if ((st = cb_uploader_init(b, &up, max_cols, err))) {
-        cb_uploader_free(&up);
-        goto fail;
-    }
-    uint8_t *cur = b->weights;
-#define CB_CARVE(bytes) (cur += cb_round(bytes), (void *)(cur - cb_round(bytes)))
-    /* a quantized matrix of n x k: data, scales, smooth (cb_qbytes' order) */
-#define CB_CARVE_Q(qw, qf, n, k, gs)                                                              \
-    do {                                                                                           \
-        const bool i4_ = (qf) == LOOM_QFMT_INT4_W4A16;                                            \
-        (qw) = (loom_cuda_qweight){.fmt = (loom_cuda_qfmt)(qf), .N = (int)(n), .K = (int)(k),     \
-                                   .group = i4_ ? (int)(gs) : 0};                                  \
-        (qw).data = CB_CARVE(i4_ ? (size_t)((n) * ((k) / 2)) : (size_t)((n) * (k)));               \
-        (qw).scales = CB_CARVE(i4_ ? (size_t)((n) * ((k) / (gs))) * 8 : (size_t)(n) * 4);           \
-        (qw).smooth = CB_SMOOTHED(qf) ? CB_CARVE((size_t)(k) * 4) : NULL;                         \
-    } while (0)
-    /* vocabulary-parallel: this rank's rows of the embedding and LM head,
-     * then zero rows up to vocab_pad (only a sharded rank has any) */
-    b->embed = CB_CARVE((size_t)(Vp * H) * e);
-    b->out_norm = CB_CARVE((size_t)H * 4);
+/* `bytes` from the device arena's cursor; every piece CB_ALIGN-aligned. */
+static void *cb_carve(uint8_t **cur, size_t bytes) {
+    void *p = *cur;
+    *cur += cb_round(bytes);
+    return p;
+}
+
+/* A quantized matrix of n x k in format f (INT4: group size gs): data,
+ * scales, smooth, in cb_qbytes' order. */
+static loom_cuda_qweight cb_carve_q(uint8_t **cur, loom_qformat f, int64_t n, int64_t k, int32_t gs) {
+    const bool i4 = f == LOOM_QFMT_INT4_W4A16;
+    loom_cuda_qweight qw = {.fmt = (loom_cuda_qfmt)f, .N = (int)n, .K = (int)k, .group = i4 ? (int)gs : 0};
+    qw.data = cb_carve(cur, i4 ? (size_t)(n * (k / 2)) : (size_t)(n * k));
+    qw.scales = cb_carve(cur, i4 ? (size_t)(n * (k / gs)) * 8 : (size_t)n * 4);
+    qw.smooth = CB_SMOOTHED(f) ? cb_carve(cur, (size_t)k * 4) : NULL;
+    return qw;
+}
+
+/* Zero rows [from, to) of a (to, cols) dt matrix: a sharded rank's rows
+ * past the end of the vocabulary. */
+static loom_status cb_zero_rows(cuda_backend *b, void *base, int64_t from, int64_t to, int64_t cols,
+                                loom_error *err) {
+    if (from >= to) return LOOM_OK;
+    return CB_CUDA(b, err, cudaMemsetAsync((uint8_t *)base + (size_t)(from * cols) * b->elt, 0,
+                                           (size_t)((to - from) * cols) * b->elt, b->stream));
+}
+
+/* This rank's vocabulary rows of the embedding (dt) and of the LM head (dt,
+ * the quantizer's format or GGUF blocks as stored; tied: the embedding),
+ * each with zero rows up to vocab_pad, and the output norm (f32). */
+static loom_status cb_load_vocab(cuda_backend *b, const loom_model_view *m,
+                                 const loom_quant_binding *quant, const loom_ww *w,
+                                 const loom_cuda_gguf_layout *glay_out, cb_uploader *up,
+                                 uint8_t **cur, loom_error *err) {
+    const loom_host *h = b->host;
+    const int64_t H = w->hidden, Vp = w->shard.vocab_pad, Vl = w->shard.vocab_rows;
+    const loom_quant_plan *po = &w->out_plan;
+    loom_status st;
+    b->embed = cb_carve(cur, (size_t)(Vp * H) * b->elt);
+    b->out_norm = cb_carve(cur, (size_t)H * 4);
     b->lm_head = b->embed;
-    if ((st = cb_upload_part(&up, t_embed, sh.vocab_lo, Vl, 0, H, b->embed, false, err)) ||
-        (st = cb_upload(&up, t_onorm, 1, H, 0, H, b->out_norm, true, err)))
-        goto fail_up;
-    if (Vl < Vp &&
-        (st = CB_CUDA(b, err, cudaMemsetAsync((uint8_t *)b->embed + (size_t)(Vl * H) * e, 0,
-                                              (size_t)((Vp - Vl) * H) * e, b->stream))))
-        goto fail_up;
-    if (q_lm && plan_out->format == LOOM_QFMT_GGUF) {
+    if ((st = cb_upload_win(up, &w->embed, b->embed, false, err)) ||
+        (st = cb_upload_win(up, &w->out_norm, b->out_norm, true, err)) ||
+        (st = cb_zero_rows(b, b->embed, Vl, Vp, H, err)))
+        return st;
+    if (!w->out.t) return LOOM_OK;
+    if (po->format == LOOM_QFMT_GGUF) {
         /* zeroed first: padding rows (zero blocks: scale 0) give logits 0 */
-        void *base = CB_CARVE(glay_out->bytes);
+        void *base = cb_carve(cur, glay_out->bytes);
         b->lm_q = cb_gguf_qweight(glay_out, base, Vp, H);
-        if ((st = CB_CUDA(b, err, cudaMemsetAsync(base, 0, glay_out->bytes, b->stream))) ||
-            (st = cb_upload_gguf(b, t_out, "output.weight", sh.vocab_lo, Vl, 0, H, base, err)))
-            goto fail_up;
         b->lm_head = NULL;
-    } else if (q_lm) {
+        if ((st = CB_CUDA(b, err, cudaMemsetAsync(base, 0, glay_out->bytes, b->stream))))
+            return st;
+        return cb_upload_gguf(b, &w->out, base, err);
+    }
+    if (po->format != LOOM_QFMT_NONE) {
         /* zeroed first: padding rows (data and scales 0) give logits 0 */
-        uint8_t *q0p = cur;
-        CB_CARVE_Q(b->lm_q, plan_out->format, Vp, H, plan_out->group_size);
+        uint8_t *q0p = *cur;
+        b->lm_q = cb_carve_q(cur, po->format, Vp, H, po->group_size);
+        b->lm_head = NULL;
         float *sm = NULL;
-        if ((st = CB_CUDA(b, err, cudaMemsetAsync(q0p, 0, (size_t)(cur - q0p), b->stream))) ||
-            (Vl > 0 && (st = cb_upload_q(b, m, quant, t_out, "output.weight", plan_out,
-                                         sh.vocab_lo, Vl, 0, H, &b->lm_q, 0, true, &sm, err)))) {
+        if ((st = CB_CUDA(b, err, cudaMemsetAsync(q0p, 0, (size_t)(*cur - q0p), b->stream))) ||
+            (Vl > 0 && (st = cb_upload_q(b, m, quant, &w->out, po, &b->lm_q, 0, true, &sm, err)))) {
             h->free(h->ctx, sm);
-            goto fail_up;
+            return st;
         }
         if (!sm) b->lm_q.smooth = NULL;
         h->free(h->ctx, sm);
-        b->lm_head = NULL;
-    } else if (t_out) {
-        b->lm_head = CB_CARVE((size_t)(Vp * H) * e);
-        if ((st = cb_upload_part(&up, t_out, sh.vocab_lo, Vl, 0, H, b->lm_head, false, err)))
-            goto fail_up;
-        if (Vl < Vp &&
-            (st = CB_CUDA(b, err, cudaMemsetAsync((uint8_t *)b->lm_head + (size_t)(Vl * H) * e, 0,
-                                                  (size_t)((Vp - Vl) * H) * e, b->stream))))
-            goto fail_up;
+        return LOOM_OK;
     }
-    for (int32_t l = 0; l < L; l++) {
-        cuda_layer *ly = &b->layers[l];
-        const loom_quant_plan *pl = &plans[(size_t)l * 7];
-        void *gbase[CB_NGROUPS] = {NULL, NULL, NULL, NULL};
-        ly->attn_norm = CB_CARVE((size_t)H * 4);
-        for (int gi = 0; gi < CB_NGROUPS; gi++) {
-            const loom_quant_plan *p0 = &pl[g_first[gi]];
-            if (p0->format == LOOM_QFMT_NONE) {
-                gbase[gi] = CB_CARVE((size_t)(g_n[gi] * g_k[gi]) * e);
-            } else if (p0->format == LOOM_QFMT_GGUF) {
-                /* zeroed: the kernels read the 16-byte alignment gaps */
-                const loom_cuda_gguf_layout *gl = &glay[(size_t)l * CB_NGROUPS + gi];
-                gbase[gi] = CB_CARVE(gl->bytes);
-                ly->q[gi] = cb_gguf_qweight(gl, gbase[gi], g_n[gi], g_k[gi]);
-                if ((st = CB_CUDA(b, err, cudaMemsetAsync(gbase[gi], 0, gl->bytes, b->stream))))
-                    goto fail_up;
-            } else {
-                CB_CARVE_Q(ly->q[gi], p0->format, g_n[gi], g_k[gi], p0->group_size);
-            }
-            if (gi == CB_G_QKV) ly->bqkv = bias ? CB_CARVE((size_t)QKVl * 4) : NULL;
-            if (gi == CB_G_O) ly->ffn_norm = CB_CARVE((size_t)H * 4);
+    b->lm_head = cb_carve(cur, (size_t)(Vp * H) * b->elt);
+    if ((st = cb_upload_win(up, &w->out, b->lm_head, false, err))) return st;
+    return cb_zero_rows(b, b->lm_head, Vl, Vp, H, err);
+}
+
+/* Layer l's device memory, carved from *cur in this order: attn_norm, then
+ * per group its dt matrix, its GGUF segments (zeroed: the kernels read the
+ * 16-byte alignment gaps) or its quantized matrix, with the Q/K/V bias
+ * after the first group and ffn_norm after the second. gbase[gi]: the
+ * group's dt matrix or GGUF blocks (NULL when quantized). */
+static loom_status cb_carve_layer(cuda_backend *b, const loom_ww *w, int32_t l,
+                                  const loom_cuda_gguf_layout *glay, uint8_t **cur, void **gbase,
+                                  loom_error *err) {
+    cuda_layer *ly = &b->layers[l];
+    const loom_ww_layer *wl = &w->layer[l];
+    const size_t H = (size_t)w->hidden;
+    loom_status st;
+    ly->attn_norm = cb_carve(cur, H * 4);
+    for (int gi = 0; gi < CB_NGROUPS; gi++) {
+        const loom_ww_group *g = &w->group[gi];
+        const loom_quant_plan *p0 = &wl->lin[g->first].plan;
+        gbase[gi] = NULL;
+        if (p0->format == LOOM_QFMT_NONE) {
+            gbase[gi] = cb_carve(cur, (size_t)(g->n * g->k) * b->elt);
+        } else if (p0->format == LOOM_QFMT_GGUF) {
+            gbase[gi] = cb_carve(cur, glay[gi].bytes);
+            ly->q[gi] = cb_gguf_qweight(&glay[gi], gbase[gi], g->n, g->k);
+            if ((st = CB_CUDA(b, err, cudaMemsetAsync(gbase[gi], 0, glay[gi].bytes, b->stream))))
+                return st;
+        } else {
+            ly->q[gi] = cb_carve_q(cur, p0->format, g->n, g->k, p0->group_size);
         }
-        /* a quantized group has no dt matrix (gbase: its GGUF blocks) */
-        ly->wqkv = pl[0].format == LOOM_QFMT_NONE ? gbase[CB_G_QKV] : NULL;
-        ly->wo = pl[3].format == LOOM_QFMT_NONE ? gbase[CB_G_O] : NULL;
-        ly->wgu = pl[4].format == LOOM_QFMT_NONE ? gbase[CB_G_GU] : NULL;
-        ly->wdown = pl[6].format == LOOM_QFMT_NONE ? gbase[CB_G_DOWN] : NULL;
-        /* each part in the order of cb_lin[], kept as {first row, rows,
-         * first column, columns}: Q, K, V rows of the fused matrix, O, then
-         * gate and up rows of the fused FFN input. Q, K, V and gate, up are
-         * column-parallel (a slice of rows); O and down are row-parallel (a
-         * slice of their input columns, summed over ranks in forward).
-         * Without a communicator every part is the whole tensor. A quantized
-         * part is quantized whole on the host and its window uploaded. */
-        const int64_t part[7][4] = {{q0, QDl, 0, H}, {k0, KVDl, 0, H}, {k0, KVDl, 0, H},
-                                    {0, H, q0, QDl}, {i0, Il, 0, H},   {i0, Il, 0, H},
-                                    {0, H, i0, Il}};
-        float *smooth_ref = NULL;
-        for (int k = 0; k < 7; k++) {
-            const int gi = k < 3 ? 0 : k == 3 ? 1 : k < 6 ? 2 : 3;
-            snprintf(name, sizeof name, "blk.%d.%s.weight", l, cb_lin[k]);
-            const loom_tensor *t = m->get(m->ctx, name);
-            if (pl[k].format == LOOM_QFMT_NONE) {
-                void *dst = (uint8_t *)gbase[gi] + (size_t)(part_row[k] * g_k[gi]) * e;
-                if ((st = cb_upload_part(&up, t, part[k][0], part[k][1], part[k][2], part[k][3],
-                                         dst, false, err)))
-                    goto fail_up;
-                continue;
-            }
-            if (pl[k].format == LOOM_QFMT_GGUF) {
-                const loom_cuda_gguf_layout *gl = &glay[(size_t)l * CB_NGROUPS + gi];
-                void *dst = (uint8_t *)gbase[gi] + gl->part_offset[k - g_first[gi]];
-                if ((st = cb_upload_gguf(b, t, name, part[k][0], part[k][1], part[k][2],
-                                         part[k][3], dst, err)))
-                    goto fail_up;
-                continue;
-            }
-            const bool first = k == g_first[gi];
+        if (gi == CB_G_QKV) ly->bqkv = w->bias ? cb_carve(cur, (size_t)w->qkv_rows * 4) : NULL;
+        if (gi == CB_G_O) ly->ffn_norm = cb_carve(cur, H * 4);
+    }
+    /* a quantized group has no dt matrix (gbase: its GGUF blocks) */
+    ly->wqkv = wl->lin[LOOM_WW_Q].plan.format == LOOM_QFMT_NONE ? gbase[CB_G_QKV] : NULL;
+    ly->wo = wl->lin[LOOM_WW_O].plan.format == LOOM_QFMT_NONE ? gbase[CB_G_O] : NULL;
+    ly->wgu = wl->lin[LOOM_WW_GATE].plan.format == LOOM_QFMT_NONE ? gbase[CB_G_GU] : NULL;
+    ly->wdown = wl->lin[LOOM_WW_DOWN].plan.format == LOOM_QFMT_NONE ? gbase[CB_G_DOWN] : NULL;
+    return LOOM_OK;
+}
+
+/* Layer l's weights into what cb_carve_layer carved: each linear part at
+ * its rows of its group — dt through the uploader, GGUF blocks as stored,
+ * or quantized by the quantizer (whole on the host, its window uploaded) —
+ * then the norms and the Q/K/V biases (f32, sliced like their rows). */
+static loom_status cb_upload_layer(cuda_backend *b, const loom_model_view *m,
+                                   const loom_quant_binding *quant, const loom_ww *w, int32_t l,
+                                   const loom_cuda_gguf_layout *glay, void *const *gbase,
+                                   cb_uploader *up, loom_error *err) {
+    const loom_host *h = b->host;
+    cuda_layer *ly = &b->layers[l];
+    const loom_ww_layer *wl = &w->layer[l];
+    loom_status st = LOOM_OK;
+    float *smooth_ref = NULL;
+    for (int k = 0; k < LOOM_WW_NLIN && st == LOOM_OK; k++) {
+        const loom_ww_lin *li = &wl->lin[k];
+        const int gi = li->group;
+        const loom_ww_group *g = &w->group[gi];
+        if (li->plan.format == LOOM_QFMT_NONE) {
+            void *dst = (uint8_t *)gbase[gi] + (size_t)(li->group_row * g->k) * b->elt;
+            st = cb_upload_win(up, &li->w, dst, false, err);
+        } else if (li->plan.format == LOOM_QFMT_GGUF) {
+            st = cb_upload_gguf(b, &li->w, (uint8_t *)gbase[gi] + glay[gi].part_offset[k - g->first], err);
+        } else {
+            const bool first = k == g->first;
             if (first) {
                 h->free(h->ctx, smooth_ref);
                 smooth_ref = NULL;
             }
-            if ((st = cb_upload_q(b, m, quant, t, name, &pl[k], part[k][0], part[k][1],
-                                  part[k][2], part[k][3], &ly->q[gi], part_row[k], first,
-                                  &smooth_ref, err))) {
-                h->free(h->ctx, smooth_ref);
-                goto fail_up;
-            }
-            if (k + 1 == g_end[gi] && !smooth_ref) ly->q[gi].smooth = NULL;
-        }
-        h->free(h->ctx, smooth_ref);
-        snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
-        if ((st = cb_upload(&up, m->get(m->ctx, name), 1, H, 0, H, ly->attn_norm, true, err)))
-            goto fail_up;
-        snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", l);
-        if ((st = cb_upload(&up, m->get(m->ctx, name), 1, H, 0, H, ly->ffn_norm, true, err)))
-            goto fail_up;
-        /* biases are sliced like the rows of Q, K and V */
-        for (int k = 0; bias && k < 3; k++) {
-            snprintf(name, sizeof name, "blk.%d.%s.bias", l, cb_lin[k]);
-            float *bd = ly->bqkv + (k == 0 ? 0 : QDl + (k - 1) * KVDl);
-            if ((st = cb_upload_part(&up, m->get(m->ctx, name), 0, 1, k == 0 ? q0 : k0,
-                                     k == 0 ? QDl : KVDl, bd, true, err)))
-                goto fail_up;
+            st = cb_upload_q(b, m, quant, &li->w, &li->plan, &ly->q[gi], li->group_row, first,
+                             &smooth_ref, err);
+            if (st == LOOM_OK && k + 1 == g->end && !smooth_ref) ly->q[gi].smooth = NULL;
         }
     }
-#undef CB_CARVE_Q
-#undef CB_CARVE
-    if ((st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream)))) goto fail_up;
-    cb_uploader_free(&up);
-    h->free(h->ctx, plans);
-    h->free(h->ctx, glay);
-    plans = NULL;
-    glay = NULL;
-    /* quantized-GEMM scratch: the largest any quantized weight needs at the
-     * work buffers' row count (the LM head at its logits chunk) */
-    b->qscratch_bytes = 0;
-    {
-        const int mt = (int)b->cfg.max_batched_tokens;
-        const int lr = mt < CB_LOGITS_ROWS ? mt : CB_LOGITS_ROWS;
-        for (int32_t l = 0; l < L; l++)
-            for (int gi = 0; gi < CB_NGROUPS; gi++) {
-                size_t n = loom_cuda_qgemm_scratch_bytes(b->gemm, b->dt, 0, &b->layers[l].q[gi], mt);
-                if (n > b->qscratch_bytes) b->qscratch_bytes = n;
-            }
-        size_t n = loom_cuda_qgemm_scratch_bytes(b->gemm, b->dt, 1, &b->lm_q, lr);
-        if (n > b->qscratch_bytes) b->qscratch_bytes = n;
+    h->free(h->ctx, smooth_ref);
+    if (st != LOOM_OK) return st;
+    if ((st = cb_upload_win(up, &wl->attn_norm, ly->attn_norm, true, err)) ||
+        (st = cb_upload_win(up, &wl->ffn_norm, ly->ffn_norm, true, err)))
+        return st;
+    for (int k = 0; w->bias && k < 3; k++) {
+        float *bd = ly->bqkv + (k == 0 ? 0 : w->q_rows + (k - 1) * w->kv_rows);
+        if ((st = cb_upload_win(up, &wl->bias[k], bd, true, err))) return st;
     }
+    return LOOM_OK;
+}
 
+/* Quantized-GEMM scratch: the largest any quantized weight needs at the
+ * work buffers' row count (the LM head at its logits chunk). */
+static void cb_size_qscratch(cuda_backend *b) {
+    const int mt = (int)b->cfg.max_batched_tokens;
+    const int lr = mt < CB_LOGITS_ROWS ? mt : CB_LOGITS_ROWS;
+    b->qscratch_bytes = 0;
+    for (int32_t l = 0; l < b->mc.num_layers; l++)
+        for (int gi = 0; gi < CB_NGROUPS; gi++) {
+            size_t n = loom_cuda_qgemm_scratch_bytes(b->gemm, b->dt, 0, &b->layers[l].q[gi], mt);
+            if (n > b->qscratch_bytes) b->qscratch_bytes = n;
+        }
+    size_t n = loom_cuda_qgemm_scratch_bytes(b->gemm, b->dt, 1, &b->lm_q, lr);
+    if (n > b->qscratch_bytes) b->qscratch_bytes = n;
+}
+
+/* This backend's rule on a rank's shape — its FFN width a multiple of 8
+ * (the kernels move 16-byte vectors: SwiGLU, the down projection's K) like
+ * the model's — then the device and the GEMM modes the rest of load()
+ * sizes things by. */
+static loom_status cb_load_begin(cuda_backend *b, const loom_ww *w, loom_error *err) {
+    const loom_host *h = b->host;
+    const loom_model_config *c = &b->mc;
+    loom_status st;
+    if (w->shard.inter % 8 != 0)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: model '%s' FFN width %d over %d ranks leaves %d columns per "
+                        "rank, not a multiple of 8 as the cuda kernels need; use a size that "
+                        "keeps FFN width / size a multiple of 8",
+                        c->name, c->intermediate_size, w->shard.size, w->shard.inter);
+    if ((st = CB_CUDA(b, err, cudaSetDevice(b->device)))) return st;
+    /* before the quantized-GEMM scratch is sized: the mode moves the
+     * quantized GEMV bound */
+    loom_cuda_gemm_set_batch_invariant(b->gemm, b->cfg.batch_invariant);
+    loom_cuda_qgemm_set_tc_min_m(b->gemm, (int)b->cfg.qgemv_tc_min_rows);
+    b->q_dim = (int32_t)w->q_rows;
+    b->kv_dim = (int32_t)w->kv_rows;
+    b->qkv_rows = (int32_t)w->qkv_rows;
+    b->group = w->shard.heads / w->shard.kv_heads;
+    return LOOM_OK;
+}
+
+/* After the weights: the model as this rank runs it, the communicator, the
+ * RoPE table and the work buffers, the log line. */
+static loom_status cb_load_done(cuda_backend *b, const loom_ww *w, const loom_comm *comm,
+                                const loom_quant_binding *quant, bool any_quant, loom_error *err) {
+    const loom_host *h = b->host;
+    const loom_model_config *c = &b->mc;
+    const loom_shard *sh = &w->shard;
+    loom_status st;
     /* from here on mc is the model as this rank runs it (the work buffers,
      * KV pools and kernels size themselves from it) */
-    b->mc.num_heads = sh.heads;
-    b->mc.num_kv_heads = sh.kv_heads;
-    b->mc.intermediate_size = sh.inter;
-    b->vocab_lo = sh.vocab_lo;
-    b->vocab_rows = sh.vocab_rows;
-    b->vocab_pad = sh.vocab_pad;
+    b->mc.num_heads = sh->heads;
+    b->mc.num_kv_heads = sh->kv_heads;
+    b->mc.intermediate_size = sh->inter;
+    b->vocab_lo = sh->vocab_lo;
+    b->vocab_rows = sh->vocab_rows;
+    b->vocab_pad = sh->vocab_pad;
     b->sharded = comm && comm->size > 1;
     if (b->sharded) { /* an older executor's table is shorter: its new fields read 0 */
         memset(&b->comm, 0, sizeof b->comm);
         memcpy(&b->comm, comm, comm->struct_size < sizeof b->comm ? comm->struct_size : sizeof b->comm);
     }
-    if ((st = cb_rope_init(b, err)) || (st = cb_work_init(b, err))) goto fail;
+    if ((st = cb_rope_init(b, err)) || (st = cb_work_init(b, err))) return st;
     b->loaded = true;
     if (h->metric_set) h->metric_set(h->ctx, "backend.cuda.weight_bytes", (double)b->weight_bytes);
     if (b->sharded && b->cfg.batch_invariant)
@@ -1148,26 +1028,26 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
         h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
                "rank %d/%d of '%s' on device %d: heads %d..%d, KV heads %d..%d, FFN %lld..%lld, "
                "vocab %d..%d, %.1f MiB %s weights%s",
-               sh.rank, sh.size, c->name, b->device, sh.head0, sh.head0 + sh.heads - 1, sh.kv0,
-               sh.kv0 + sh.kv_heads - 1, (long long)i0, (long long)(i0 + Il - 1), sh.vocab_lo,
-               sh.vocab_lo + sh.vocab_rows - 1, cb_mib(b->weight_bytes), loom_dtype_name(b->ldt),
+               sh->rank, sh->size, c->name, b->device, sh->head0, sh->head0 + sh->heads - 1, sh->kv0,
+               sh->kv0 + sh->kv_heads - 1, (long long)w->i0, (long long)(w->i0 + w->inter_rows - 1),
+               sh->vocab_lo, sh->vocab_lo + sh->vocab_rows - 1, cb_mib(b->weight_bytes),
+               loom_dtype_name(b->ldt),
                !b->cfg.cuda_graphs || !b->sharded ? ""
                : b->comm.graph_safe_bytes > 0 ? "; CUDA graphs for steps whose collectives are peer-to-peer kernels"
                                               : "; CUDA graphs off (NCCL collectives; executor.p2p_kib enables them)");
     else
         h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
                "loaded '%s': %d layers, %.1f MiB %s weights (%.1f MiB quantized%s%s)%s%s",
-               c->name, L, cb_mib(b->weight_bytes), loom_dtype_name(b->ldt),
+               c->name, w->layers, cb_mib(b->weight_bytes), loom_dtype_name(b->ldt),
                cb_mib(b->qweight_bytes), quant && quant->name && any_quant ? " by " : "",
                quant && quant->name && any_quant ? quant->name : "",
-               t_out ? "" : " (tied LM head)", bias ? ", QKV bias" : "");
+               w->out.t ? "" : " (tied LM head)", w->bias ? ", QKV bias" : "");
     return LOOM_OK;
+}
 
-fail_up:
-    cb_uploader_free(&up);
-fail:
-    h->free(h->ctx, plans);
-    h->free(h->ctx, glay);
+/* Free what a failed load() made; the instance is as before load(). */
+static void cb_load_undo(cuda_backend *b) {
+    const loom_host *h = b->host;
     cudaStreamSynchronize(b->stream);
     cudaFree(b->weights);
     cudaFree(b->rope_cs);
@@ -1188,6 +1068,82 @@ fail:
     b->lm_q = (loom_cuda_qweight){0};
     b->sharded = false;
     b->logits_local = b->logits_gathered = NULL;
+}
+
+/* Every weight checked (the weight walk, then this backend's rules on each
+ * group and the LM head), sized, carved from one device arena and uploaded. */
+static loom_status cb_load_weights(cuda_backend *b, const loom_model_view *m,
+                                   const loom_quant_binding *quant, const loom_ww *w,
+                                   const loom_cuda_gguf_layout *glay, loom_error *err) {
+    loom_status st;
+    cb_uploader up;
+    /* whole source rows: a column window dequantizes the full row first */
+    int64_t max_cols = w->hidden > w->inter ? w->hidden : w->inter;
+    if (w->q_dim > max_cols) max_cols = w->q_dim;
+    if ((st = cb_uploader_init(b, &up, max_cols, err))) goto out;
+    uint8_t *cur = b->weights;
+    if ((st = cb_load_vocab(b, m, quant, w, &glay[(size_t)w->layers * CB_NGROUPS], &up, &cur, err)))
+        goto out;
+    for (int32_t l = 0; l < w->layers; l++) {
+        void *gbase[CB_NGROUPS];
+        const loom_cuda_gguf_layout *gl = &glay[(size_t)l * CB_NGROUPS];
+        if ((st = cb_carve_layer(b, w, l, gl, &cur, gbase, err)) ||
+            (st = cb_upload_layer(b, m, quant, w, l, gl, gbase, &up, err)))
+            goto out;
+    }
+    st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
+out:
+    cb_uploader_free(&up);
+    return st;
+}
+
+/* load() and load_shard(): `comm` NULL keeps the whole model. What to load
+ * is the weight walk's (plugins/backend/common/weight_walk.h). */
+static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
+                                const loom_quant_binding *quant, const loom_comm *comm,
+                                loom_error *err) {
+    const loom_host *h = b->host;
+    loom_status st = LOOM_OK;
+    loom_ww w;
+    if ((st = loom_ww_begin(&w, h, "backend cuda", CB_WHO, b->loaded, m, comm, err)) != LOOM_OK)
+        return st;
+    b->mc = *m->config;
+    const loom_model_config *c = &b->mc;
+    if (!LOOM_CUDA_HEAD_DIM_OK(c->head_dim) || c->hidden_size % 8 != 0 || c->intermediate_size % 8 != 0 ||
+        c->hidden_size > 32768 || c->num_heads / c->num_kv_heads > LOOM_CUDA_MAX_GQA)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: model '%s' config not runnable here (hidden %d: multiple of 8 "
+                        "and <= 32768, ffn %d: multiple of 8, heads %d/%d kv: at most %d per kv "
+                        "head, head_dim %d: one of 16, 32, 64, 128)",
+                        c->name, c->hidden_size, c->intermediate_size, c->num_heads, c->num_kv_heads,
+                        LOOM_CUDA_MAX_GQA, c->head_dim);
+    if ((st = cb_load_begin(b, &w, err)) != LOOM_OK) return st;
+    /* GGUF groups' device layouts: (L, CB_NGROUPS), then output.weight */
+    loom_cuda_gguf_layout *glay = h->calloc(h->ctx, (size_t)w.layers * CB_NGROUPS + 1, sizeof *glay);
+    if (!glay)
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                        "backend cuda: out of host memory for %d layers' GGUF layouts", w.layers);
+    const loom_ww_hooks hooks = {.ctx = b, .runnable = cb_runnable};
+    if ((st = loom_ww_collect(&w, m, quant, &hooks, err)) ||
+        (st = cb_check_lm(b, &w, &glay[(size_t)w.layers * CB_NGROUPS], err)))
+        goto fail;
+    for (int32_t l = 0; l < w.layers; l++)
+        if ((st = cb_check_layer(b, &w, l, comm != NULL, &glay[(size_t)l * CB_NGROUPS], err))) goto fail;
+    const bool any_quant = loom_ww_any_quant(&w);
+    cb_size_weights(b, &w, glay);
+    if ((st = cb_alloc_weights(b, any_quant, err)) || (st = cb_load_weights(b, m, quant, &w, glay, err)))
+        goto fail;
+    h->free(h->ctx, glay);
+    glay = NULL;
+    cb_size_qscratch(b);
+    if ((st = cb_load_done(b, &w, comm, quant, any_quant, err))) goto fail;
+    loom_ww_free(&w);
+    return LOOM_OK;
+
+fail:
+    loom_ww_free(&w);
+    h->free(h->ctx, glay);
+    cb_load_undo(b);
     return st;
 }
 

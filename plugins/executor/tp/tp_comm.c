@@ -27,6 +27,7 @@
 #include "tp.h"
 
 #include "formats/dtype.h"
+#include "formats/half.h"
 
 typedef enum tp_coll { TP_COLL_REDUCE = 1, TP_COLL_GATHER = 2 } tp_coll;
 
@@ -123,82 +124,16 @@ static bool tp_barrier(tp_threads *g) {
 
 /* ------------------------------------------------------------- elements */
 
-static float tp_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else { /* subnormal: normalise */
-        int e = -1;
-        do {
-            e++;
-            man <<= 1;
-        } while (!(man & 0x400));
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* Round to nearest even, overflow to infinity, NaN kept. */
-static uint16_t tp_f32_to_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    uint32_t sign = (x >> 16) & 0x8000;
-    int32_t exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
-    uint32_t man = x & 0x7fffff;
-    if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
-    if (exp >= 0x1f) return (uint16_t)(sign | 0x7c00);
-    if (exp <= 0) {
-        if (exp < -10) return (uint16_t)sign;
-        man |= 0x800000;
-        uint32_t shift = (uint32_t)(14 - exp);
-        uint32_t half = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
-        if (rem > mid || (rem == mid && (half & 1))) half++;
-        return (uint16_t)(sign | half);
-    }
-    uint32_t half = sign | ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++; /* may carry into exp: right */
-    return (uint16_t)half;
-}
-
-static float tp_bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static uint16_t tp_f32_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40); /* quiet NaN */
-    x += 0x7fffu + ((x >> 16) & 1);
-    return (uint16_t)(x >> 16);
-}
-
+/* Bytes of one element of a plain (unblocked) type; 0 for block types. */
 static size_t tp_elem_bytes(loom_dtype d) {
-    switch (d) {
-    case LOOM_DTYPE_F32:
-    case LOOM_DTYPE_I32: return 4;
-    case LOOM_DTYPE_F16:
-    case LOOM_DTYPE_BF16: return 2;
-    case LOOM_DTYPE_I8:
-    case LOOM_DTYPE_U8:
-    case LOOM_DTYPE_FP8_E4M3: return 1;
-    default: return 0;
-    }
+    return loom_dtype_block_elems(d) == 1 ? loom_dtype_block_bytes(d) : 0;
 }
 
 #define TP_TILE 512 /* elements summed per pass: a few KiB, stays in L1 */
 
 /* Sum elements [lo, hi) of the n buffers in rank order and store the sum in
  * every buffer. Floats accumulate in float32 (f16 / bf16 rounded once at
- * the end); i32 wraps like two's complement. */
+ * the end, by formats/half.h); i32 wraps like two's complement. */
 static void tp_reduce_range(void *const *bufs, int32_t n, loom_dtype dt, int64_t lo, int64_t hi) {
     float acc[TP_TILE];
     int32_t iacc[TP_TILE];
@@ -221,12 +156,12 @@ static void tp_reduce_range(void *const *bufs, int32_t n, loom_dtype dt, int64_t
             for (int32_t k = 0; k < n; k++) {
                 const uint16_t *src = (const uint16_t *)bufs[k] + i;
                 for (int64_t j = 0; j < m; j++)
-                    acc[j] += bf ? tp_bf16_to_f32(src[j]) : tp_f16_to_f32(src[j]);
+                    acc[j] += bf ? loom_bf16_to_fp32(src[j]) : loom_fp16_to_fp32(src[j]);
             }
             for (int32_t k = 0; k < n; k++) {
                 uint16_t *dst = (uint16_t *)bufs[k] + i;
                 for (int64_t j = 0; j < m; j++)
-                    dst[j] = bf ? tp_f32_to_bf16(acc[j]) : tp_f32_to_f16(acc[j]);
+                    dst[j] = bf ? loom_fp32_to_bf16(acc[j]) : loom_fp32_to_fp16(acc[j]);
             }
             break;
         }

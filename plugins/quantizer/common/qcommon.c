@@ -360,7 +360,7 @@ static void qc_fp8_range(const float *w, int64_t r0, int64_t r1, int64_t cols, b
          * the row maximum lands exactly on 448 */
         float s = amax / QC_FP8_MAX;
         for (int64_t c = 0; c < cols; c++)
-            q[r * cols + c] = amax > 0.0f ? qc_e4m3_encode(wr[c] / s) : 0;
+            q[r * cols + c] = amax > 0.0f ? loom_fp32_to_e4m3(wr[c] / s) : 0;
     }
 }
 
@@ -480,7 +480,7 @@ void qc_fp8_dequant(const uint8_t *q, const float *scales, bool per_channel, int
                     int64_t cols, float *w) {
     for (int64_t r = 0; r < rows; r++) {
         float s = per_channel ? scales[r] : scales[0];
-        for (int64_t c = 0; c < cols; c++) w[r * cols + c] = qc_e4m3_decode(q[r * cols + c]) * s;
+        for (int64_t c = 0; c < cols; c++) w[r * cols + c] = loom_e4m3_to_fp32(q[r * cols + c]) * s;
     }
 }
 

@@ -2,16 +2,13 @@
  * plugins/quantizer/common/qcommon.h — what the three quantizer plugins
  * (int8, fp8, int4) share: which tensors a rule set keeps, reading a weight
  * as float32 through the host, the quantized-tensor allocation that
- * release() frees, the per-scheme quantize/dequantize arithmetic, and the
- * FP8 E4M3 codec.
+ * release() frees and the per-scheme quantize/dequantize arithmetic.
  *
  * Compiled into each plugin .so (no shared library between plugins); sees
- * only the public SDK. Functions that can fail return loom_status and fill
- * a caller-owned loom_error through host->error, naming the tensor.
- *
- * Not an installed header; the kernels in kernels/cpu carry their own copy
- * of the E4M3 codec (plugins never include kernel headers), and
- * tests/quant checks both against the same float64 reference.
+ * the public SDK and, like the in-tree kernels, formats/ (the E4M3 codec
+ * every backend reads). Functions that can fail return loom_status and
+ * fill a caller-owned loom_error through host->error, naming the tensor.
+ * Not an installed header.
  */
 #ifndef LOOM_QUANT_COMMON_H
 #define LOOM_QUANT_COMMON_H
@@ -24,6 +21,8 @@
 #include "loom/plugin.h"
 #include "loom/quant.h"
 #include "loom/tensor.h"
+
+#include "formats/e4m3.h"
 
 /* ------------------------------------------------------------ rules */
 
@@ -144,54 +143,8 @@ void qc_int4_dequant(const uint8_t *data, const float *scales, const float *zero
 
 /* ----------------------------------------------------- FP8 E4M3 codec */
 
-/* OCP E4M3 ("fn"): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no
- * infinities; S.1111.111 is NaN; largest finite 448, smallest subnormal
- * 2^-9. Encoding rounds to nearest, ties to even; |x| >= 448 (and +-inf)
- * saturates to +-448; NaN gives 0x7f with the sign of x; the sign of zero
- * is kept (-0 -> 0x80). */
+/* OCP E4M3 ("fn"): formats/e4m3.h (loom_fp32_to_e4m3, loom_e4m3_to_fp32),
+ * the codec every backend reads; largest finite value: */
 #define QC_FP8_MAX 448.0f
-
-static inline uint8_t qc_e4m3_encode(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu); /* NaN                    */
-    if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7eu); /* >= 448 saturates      */
-    int e = (int)(a >> 23) - 127;                          /* unbiased exponent     */
-    if (e >= -6) {
-        /* normal: keep 3 of 23 mantissa bits, round half to even; a carry
-         * into the exponent field is the correct next binade */
-        uint32_t m = a & 0x7fffffu, keep = m >> 20, rem = m & 0xfffffu;
-        uint32_t code = ((uint32_t)(e + 7) << 3) | keep;
-        if (rem > 0x80000u || (rem == 0x80000u && (keep & 1u))) code++;
-        return (uint8_t)(sign | code);
-    }
-    if ((a >> 23) == 0) return sign; /* float32 subnormal: far below 2^-10       */
-    /* e4m3 subnormal: q = value * 2^9 = m24 * 2^(e + 9 - 23) */
-    uint32_t m24 = (a & 0x7fffffu) | 0x800000u;
-    int shift = 14 - e; /* >= 21 */
-    if (shift > 24) return sign; /* value < 2^-10: rounds to 0                  */
-    uint32_t q = m24 >> shift, rem = m24 & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u))) q++;
-    return (uint8_t)(sign | q); /* q == 8 is code 0x08 = 2^-6, the first normal  */
-}
-
-static inline float qc_e4m3_decode(uint8_t c) {
-    uint32_t sign = (uint32_t)(c & 0x80u) << 24;
-    uint32_t e = (c >> 3) & 15u, m = c & 7u, bits;
-    if (e == 15u && m == 7u) {
-        bits = sign | 0x7fc00000u; /* NaN */
-    } else if (e == 0) {
-        float v = (float)m * 0x1p-9f; /* subnormal */
-        memcpy(&bits, &v, 4);
-        bits |= sign;
-    } else {
-        bits = sign | ((e + 120u) << 23) | (m << 20); /* rebias 7 -> 127 */
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
 #endif

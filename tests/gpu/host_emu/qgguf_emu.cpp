@@ -5,8 +5,8 @@
 // starting at every even byte offset modulo 16:
 //   decode: one warp's tile staging (lc_gg_issue / lc_gg_stage, lane by
 //     lane) and each lane's prep() / half() then fmaf(q, a, b), as the
-//     dequantize kernel does, equal bit for bit to core/model/dequant.c's
-//     float32 decode (written out again below);
+//     dequantize kernel does, equal bit for bit to formats/gguf_blocks.h's
+//     float32 decode (what formats/dequant.c and the cpu backend run);
 //   gemv:  lc_gguf_gemv_kernel itself, warp by warp with 32 threads
 //     (__syncwarp and shuffles through a barrier), against float64 sums:
 //     error / sum |x w| below 1e-6, and nothing written past its rows.
@@ -18,6 +18,8 @@
 #include <initializer_list>
 #include <pthread.h>
 #include <vector>
+
+#include "formats/half.h" /* the f16 / bf16 conversions CUDA does in hardware */
 
 // ------------------------------------------------ CUDA, as the host sees it
 #define __device__
@@ -43,33 +45,16 @@ static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
     return r;
 }
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
-static float h2f(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-    if (exp == 0x1fu) bits = sign | 0x7f800000u | (mant << 13);
-    else if (exp == 0) {
-        float f = (float)mant * 0x1p-24f;
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    } else bits = sign | ((exp + 112u) << 23) | (mant << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 struct __half_raw { unsigned short x; };
 struct __half { __half_raw r; __half(__half_raw v) : r(v) {} };
-static inline float __half2float(__half h) { return h2f(h.r.x); }
+static inline float __half2float(__half h) { return loom_fp16_to_fp32(h.r.x); }
 enum { LOOM_CUDA_GGUF_Q8_0 = 3, LOOM_CUDA_GGUF_Q4_0 = 4, LOOM_CUDA_GGUF_Q4_1 = 5,
        LOOM_CUDA_GGUF_Q4_K = 6, LOOM_CUDA_GGUF_Q6_K = 7 };
 #define LC_GG_WARPS 4
 struct bf16 { uint16_t v; }; /* the activations' element type */
-static inline float lc_to_f(bf16 b) { uint32_t x = (uint32_t)b.v << 16; float f; memcpy(&f, &x, 4); return f; }
+static inline float lc_to_f(bf16 b) { return loom_bf16_to_fp32(b.v); }
 template <typename T> T lc_from_f(float);
-template <> bf16 lc_from_f<bf16>(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return bf16{(uint16_t)(x >> 16)};
-}
+template <> bf16 lc_from_f<bf16>(float f) { return bf16{loom_fp32_to_bf16(f)}; }
 template <typename T> static inline void lc_unpack8(const uint4 &v, float *f) {
     const T *e = reinterpret_cast<const T *>(&v);
     for (int i = 0; i < 8; i++) f[i] = lc_to_f(e[i]);
@@ -91,79 +76,23 @@ static float __shfl_xor_sync(unsigned, float v, int o) {
 }
 static void lc_pdl_wait() {}
 static void lc_pdl_trigger() {}
+static void lc_prefetch_rows(const void *, int, size_t, int) {} /* an L2 hint: nothing on a CPU */
 
 #include "codes.inc"
+#include "formats/gguf_blocks.h"
 #include "qgguf_part.inc"
 
-// ------------------------------------------- core/model/dequant.c, again
-static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+// ---------------------------- formats/gguf_blocks.h's host decode, per block
 static void ref_decode(int t, const uint8_t *b, int K, float *y) {
-    switch (t) {
-    case LOOM_CUDA_GGUF_Q8_0:
-        for (int i = 0; i < K; i += 32, b += 34, y += 32) {
-            const float d = h2f(rd16(b));
-            for (int j = 0; j < 32; j++) y[j] = d * (float)(int8_t)b[2 + j];
+    const int be = t == LOOM_CUDA_GGUF_Q4_K || t == LOOM_CUDA_GGUF_Q6_K ? 256 : 32;
+    for (int i = 0; i < K / be; i++, y += be) {
+        switch (t) {
+        case LOOM_CUDA_GGUF_Q8_0: loom_gguf_dec_q8_0(b, y), b += LOOM_GGUF_Q8_0_BYTES; break;
+        case LOOM_CUDA_GGUF_Q4_0: loom_gguf_dec_q4_0(b, y), b += LOOM_GGUF_Q4_0_BYTES; break;
+        case LOOM_CUDA_GGUF_Q4_1: loom_gguf_dec_q4_1(b, y), b += LOOM_GGUF_Q4_1_BYTES; break;
+        case LOOM_CUDA_GGUF_Q4_K: loom_gguf_dec_q4_k(b, y), b += LOOM_GGUF_Q4_K_BYTES; break;
+        case LOOM_CUDA_GGUF_Q6_K: loom_gguf_dec_q6_k(b, y), b += LOOM_GGUF_Q6_K_BYTES; break;
         }
-        break;
-    case LOOM_CUDA_GGUF_Q4_0:
-        for (int i = 0; i < K; i += 32, b += 18, y += 32) {
-            const float d = h2f(rd16(b));
-            for (int j = 0; j < 16; j++) {
-                y[j] = d * (float)((b[2 + j] & 0xF) - 8);
-                y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
-            }
-        }
-        break;
-    case LOOM_CUDA_GGUF_Q4_1:
-        for (int i = 0; i < K; i += 32, b += 20, y += 32) {
-            const float d = h2f(rd16(b)), m = h2f(rd16(b + 2));
-            for (int j = 0; j < 16; j++) {
-                y[j] = d * (float)(b[4 + j] & 0xF) + m;
-                y[j + 16] = d * (float)(b[4 + j] >> 4) + m;
-            }
-        }
-        break;
-    case LOOM_CUDA_GGUF_Q4_K:
-        for (int i = 0; i < K; i += 256, b += 144) {
-            const float d = h2f(rd16(b)), dmin = h2f(rd16(b + 2));
-            const uint8_t *sc = b + 4, *q = b + 16;
-            for (int s = 0; s < 8; s += 2, q += 32) {
-                float dd[2], mm[2];
-                for (int h = 0; h < 2; h++) {
-                    const int j = s + h;
-                    uint8_t scv, mv;
-                    if (j < 4) scv = sc[j] & 63, mv = sc[j + 4] & 63;
-                    else {
-                        scv = (uint8_t)((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4));
-                        mv = (uint8_t)((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
-                    }
-                    dd[h] = d * scv, mm[h] = dmin * mv;
-                }
-                for (int l = 0; l < 32; l++) y[l] = dd[0] * (float)(q[l] & 0xF) - mm[0];
-                for (int l = 0; l < 32; l++) y[l + 32] = dd[1] * (float)(q[l] >> 4) - mm[1];
-                y += 64;
-            }
-        }
-        break;
-    case LOOM_CUDA_GGUF_Q6_K:
-        for (int i = 0; i < K; i += 256, b += 210) {
-            const uint8_t *ql = b, *qh = b + 128;
-            const int8_t *sc = (const int8_t *)(b + 192);
-            const float d = h2f(rd16(b + 208));
-            for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, y += 128)
-                for (int l = 0; l < 32; l++) {
-                    const int is = l / 16;
-                    const int q1 = (int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                    const int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                    const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                    const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                    y[l] = d * (float)sc[is] * (float)q1;
-                    y[l + 32] = d * (float)sc[is + 2] * (float)q2;
-                    y[l + 64] = d * (float)sc[is + 4] * (float)q3;
-                    y[l + 96] = d * (float)sc[is + 6] * (float)q4;
-                }
-        }
-        break;
     }
 }
 
@@ -247,7 +176,7 @@ template <int TYPE, int M, int R> static void *gemv_thread(void *p) {
     auto *j = (job<TYPE, M, R> *)p;
     threadIdx.x = j->warp * 32 + j->lane;
     tl_lane = j->lane;
-    lc_gguf_gemv_kernel<bf16, TYPE, M, R>(j->x, j->wd, j->rows, j->K, j->y, j->ldy, 1);
+    lc_gguf_gemv_kernel<bf16, TYPE, M, R>(j->x, j->wd, j->rows, j->K, j->y, j->ldy, 1, 0);
     return nullptr;
 }
 

@@ -4,7 +4,7 @@
 # out of the .cu file as it is, compiled with g++ against host stand-ins
 # for the few CUDA intrinsics it uses (funnel shift, PRMT, f16, __ldcs,
 # __syncwarp and shuffles over 32 threads with a barrier), and checked
-# against core/model/dequant.c's layouts (qgguf_emu.cpp says how).
+# against formats/gguf_blocks.h's decode (qgguf_emu.cpp says how).
 # A development check of the index arithmetic, not a replacement for
 # tests/gpu/gpu_kernel_tests on the device. Exit status 0 = passed.
 #   tests/gpu/host_emu/qgguf_emu.sh
@@ -19,5 +19,5 @@ awk '/^\/\* -+ geometry \*\//{p=1} /^template <typename T, int TYPE, int M>$/{p=
 # common.cuh's integer-code conversions
 awk '/integer codes to float/{p=1} /programmatic dependent launch/{p=0} p' \
   "$src/common.cuh" > "$tmp/codes.inc"
-g++ -std=c++17 -O1 -Wall -Wno-unknown-pragmas -pthread -I"$tmp" -o "$tmp/emu" "$here/qgguf_emu.cpp"
+g++ -std=c++17 -O1 -Wall -Wno-unknown-pragmas -pthread -I"$tmp" -I"$here/../../.." -o "$tmp/emu" "$here/qgguf_emu.cpp"
 "$tmp/emu"
