@@ -89,6 +89,7 @@ typedef struct bench_result {
     int32_t max_running, errors;
     int64_t steps;
     double step_seconds, backend_seconds; /* inside engine steps; inside the backend's forward */
+    loom_engine_stats kinds;              /* the kind_* split of those (loom_step_kind) */
 } bench_result;
 
 /* splitmix64: the workload generator's own deterministic stream. */
@@ -296,6 +297,10 @@ static void stats_minus(loom_engine_stats *st, const loom_engine_stats *base) {
     st->steps -= base->steps;
     st->prefill_seconds -= base->prefill_seconds, st->decode_seconds -= base->decode_seconds;
     st->backend_seconds -= base->backend_seconds;
+    for (int k = 0; k < LOOM_STEP_KINDS; k++) {
+        st->kind_steps[k] -= base->kind_steps[k], st->kind_tokens[k] -= base->kind_tokens[k];
+        st->kind_seconds[k] -= base->kind_seconds[k], st->kind_backend_seconds[k] -= base->kind_backend_seconds[k];
+    }
 }
 
 /* The run's metrics from the engine's counters and the per-request timing. */
@@ -334,6 +339,7 @@ static void fill_result(bench_result *res, const loom_engine_stats *st, bench_tr
     res->steps = st->steps;
     res->step_seconds = st->prefill_seconds + st->decode_seconds;
     res->backend_seconds = st->backend_seconds;
+    res->kinds = *st;
     res->errors = t->errors;
 }
 
@@ -527,6 +533,8 @@ static double metric_value(const bench_result *r, const metric *m) {
     return v;
 }
 
+static const char *const step_kind_names[LOOM_STEP_KINDS] = {"prefill", "mixed", "decode"};
+
 static void print_counts(FILE *f, const char *label, const bench_result *r) {
     fprintf(f, "%-18s prefill %lld tokens computed, %lld served from prefix cache, %lld output tokens, "
            "%lld preemptions, %d sequences at most in one step\n",
@@ -539,6 +547,18 @@ static void print_counts(FILE *f, const char *label, const bench_result *r) {
                 "", (long long)r->steps, r->step_seconds, r->backend_seconds,
                 r->step_seconds > 0 ? 100.0 * r->backend_seconds / r->step_seconds : 0.0,
                 1e3 * (r->step_seconds - r->backend_seconds) / (double)r->steps);
+    for (int k = 0; k < LOOM_STEP_KINDS; k++)
+        if (r->kinds.kind_steps[k] > 0)
+            fprintf(f, "%-18s %-8s %6lld steps, %9lld tokens, %8.3f s (%5.1f %% of the wall), %.3f ms a step, "
+                       "backend %.1f %%\n",
+                    "", step_kind_names[k], (long long)r->kinds.kind_steps[k], (long long)r->kinds.kind_tokens[k],
+                    r->kinds.kind_seconds[k], r->seconds > 0 ? 100.0 * r->kinds.kind_seconds[k] / r->seconds : 0.0,
+                    1e3 * r->kinds.kind_seconds[k] / (double)r->kinds.kind_steps[k],
+                    r->kinds.kind_seconds[k] > 0 ? 100.0 * r->kinds.kind_backend_seconds[k] / r->kinds.kind_seconds[k]
+                                                 : 0.0);
+    if (r->seconds > r->step_seconds && r->steps > 0)
+        fprintf(f, "%-18s outside the steps %.3f s (%.1f %% of the wall)\n", "", r->seconds - r->step_seconds,
+                100.0 * (r->seconds - r->step_seconds) / r->seconds);
     if (r->spec_proposed)
         fprintf(f, "%-18s speculation: %lld draft tokens proposed, %lld accepted (%.1f %%)\n", "",
                 (long long)r->spec_proposed, (long long)r->spec_accepted,
@@ -567,6 +587,15 @@ static cJSON *result_json(const bench_result *r) {
     cJSON_AddNumberToObject(o, "steps", (double)r->steps);
     cJSON_AddNumberToObject(o, "step_seconds", r->step_seconds);
     cJSON_AddNumberToObject(o, "backend_seconds", r->backend_seconds);
+    cJSON *kinds = cJSON_AddObjectToObject(o, "steps_by_kind");
+    for (int k = 0; k < LOOM_STEP_KINDS && kinds; k++) {
+        cJSON *x = cJSON_AddObjectToObject(kinds, step_kind_names[k]);
+        if (!x) break;
+        cJSON_AddNumberToObject(x, "steps", (double)r->kinds.kind_steps[k]);
+        cJSON_AddNumberToObject(x, "tokens", (double)r->kinds.kind_tokens[k]);
+        cJSON_AddNumberToObject(x, "seconds", r->kinds.kind_seconds[k]);
+        cJSON_AddNumberToObject(x, "backend_seconds", r->kinds.kind_backend_seconds[k]);
+    }
     cJSON_AddNumberToObject(o, "errors", r->errors);
     return o;
 }

@@ -17,6 +17,10 @@
  *                      valid row's of the same batch.
  *   sample.dry         the core's dry sample: flat logits, neutral and
  *                      greedy parameters, vocab 1 — no crash, a token.
+ *   sample.check       (samplers that declare check()) check() of a row
+ *                      refuses exactly what sample() of that row refuses,
+ *                      with LOOM_ERR_INVALID and a message, and moves no
+ *                      rng.
  *   sample.seeds       same seed, same stream; other seed, other stream;
  *                      batching does not change a seeded stream.
  *   probs.shape        probs() is a distribution (finite, >= 0, sums to
@@ -359,6 +363,65 @@ static bool check_dry(cf_run *r, const void *arg) {
         }
         free(l);
     }
+    return sp_close(&x, ok);
+}
+
+/* ---------------------------------------------------------------- check */
+
+/* check() of one row, its rng state compared before and after. */
+static loom_status sp_check_call(sp *x, const loom_sample_row *row, int32_t V, loom_error *err, bool *rng_moved) {
+    uint64_t before[4] = {0};
+    if (row->rng_state) memcpy(before, row->rng_state, sizeof before);
+    loom_status st = x->ops->check(x->self, row, V, err);
+    *rng_moved = row->rng_state && memcmp(before, row->rng_state, sizeof before) != 0;
+    return st;
+}
+
+/* Random rows alone and the parameters no sampler can honour: check()
+ * refuses exactly what sample() refuses, and moves no rng. */
+static bool check_check(cf_run *r, const void *arg) {
+    sp x;
+    if (!sp_open(r, &x)) return false;
+    if (!x.ops->check) {
+        cf_note(r, "no check(): the core checks new requests with a dry sample()");
+        return sp_close(&x, true);
+    }
+    int64_t cases = cf_iters(r, 400, 80);
+    int agreed_refusals = 0;
+    sp_batch *b = calloc(1, sizeof *b);
+    float *l = malloc(sizeof(float) * 300), *xl = malloc(sizeof(float) * 300);
+    bool ok = b && l && xl;
+    for (int64_t c = 0; ok && c < cases; c++) {
+        b->n = 1;
+        b->V = 1 + cf_rng_below(&x.g, 300);
+        b->l = l;
+        b->x = xl;
+        sp_batch_fill(&x, b);
+        if (c % 4 == 3) b->p[0].logprobs = (int32_t)cf_rng_below(&x.g, 3) - 1 + (c % 8 == 7) * 22;
+        if (c % 16 == 15) b->p[0].temperature = -0.5f;
+        loom_error ec = {0}, es = {0};
+        bool moved = false;
+        loom_status sc = sp_check_call(&x, &b->rows[0], b->V, &ec, &moved);
+        if (moved) ok = cf_fail(r, "check() moved the row's rng state");
+        memcpy(xl, l, sizeof(float) * (size_t)b->V);
+        int32_t tok = -77;
+        loom_sample_out out = {.tokens = &tok, .logprobs = b->lp, .top_ids = b->top_ids, .top_logprobs = b->top_lp};
+        loom_status ss = sp_call(&x, xl, b->V, b->V, b->rows, 1, NULL, NULL, &out, &es);
+        if (ok && (sc == LOOM_OK) != (ss == LOOM_OK))
+            ok = cf_fail(r, "check() %s a row that sample() %s (temperature %g, top_k %d, logprobs %d): %s",
+                         sc == LOOM_OK ? "accepted" : "refused", ss == LOOM_OK ? "accepts" : "refuses",
+                         (double)b->p[0].temperature, b->p[0].top_k, b->p[0].logprobs,
+                         sc == LOOM_OK ? es.message : ec.message);
+        else if (ok && sc != LOOM_OK && (sc != LOOM_ERR_INVALID || !ec.message[0]))
+            ok = cf_fail(r, "check() refused with status %d and message '%s'; a refusal of parameters is "
+                         "LOOM_ERR_INVALID with a message", (int)sc, ec.message);
+        agreed_refusals += sc != LOOM_OK;
+    }
+    if (ok) cf_note(r, "%lld random rows: check() agreed with sample() on each (%d refused)", (long long)cases,
+                    agreed_refusals);
+    free(l);
+    free(xl);
+    free(b);
     return sp_close(&x, ok);
 }
 
@@ -710,6 +773,7 @@ int cf_checks_sampler(const loom_component *c, cf_check *out, int cap) {
     n = cf_add(out, n, cap, check_rng, NULL, "sample.rng");
     n = cf_add(out, n, cap, check_refusals, NULL, "sample.refusals");
     n = cf_add(out, n, cap, check_dry, NULL, "sample.dry");
+    n = cf_add(out, n, cap, check_check, NULL, "sample.check");
     n = cf_add(out, n, cap, check_seeds, NULL, "sample.seeds");
     n = cf_add(out, n, cap, check_probs, NULL, "probs.shape");
     n = cf_add(out, n, cap, check_chi2, NULL, "sample.chi2");

@@ -156,23 +156,25 @@ static loom_status add_entry(loom_engine *e, int32_t i, const loom_sched_entry *
     return LOOM_OK;
 }
 
-/* The step's flattened batch from the scheduler's entries. *any_decode:
- * some entry is past its prompt (the step counts as decode time). */
-loom_status engine_build_batch(loom_engine *e, const loom_sched_output *out, loom_batch *batch, bool *any_decode,
+/* The step's flattened batch from the scheduler's entries, and *kind:
+ * whether its entries are prompt chunks, past their prompt, or both. */
+loom_status engine_build_batch(loom_engine *e, const loom_sched_output *out, loom_batch *batch, loom_step_kind *kind,
                                loom_error *err) {
     int32_t ntok = 0;
     for (int32_t i = 0; i < out->num_scheduled; i++) ntok += out->scheduled[i].num_tokens;
     if (engine_step_buffers(e, out->num_scheduled, ntok, e->bt_stride) != LOOM_OK)
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory growing step buffers");
     int32_t t = 0, nlog = 0;
-    *any_decode = false;
+    bool any_decode = false, any_prompt = false;
     for (int32_t i = 0; i < out->num_scheduled; i++) {
         const loom_sched_entry *en = &out->scheduled[i];
         loom_seq *s = loom_engine_find_seq(e, en->seq);
         loom_status st = add_entry(e, i, en, s, &t, &nlog, err);
         if (st != LOOM_OK) return st;
-        if (en->num_computed >= s->info.num_prompt_tokens) *any_decode = true;
+        if (en->num_computed >= s->info.num_prompt_tokens) any_decode = true;
+        else any_prompt = true;
     }
+    *kind = !any_decode ? LOOM_STEP_PREFILL : any_prompt ? LOOM_STEP_MIXED : LOOM_STEP_DECODE;
     e->query_start[out->num_scheduled] = t;
     *batch = (loom_batch){
         .struct_size = sizeof *batch,

@@ -203,7 +203,7 @@ loom_status engine_step_buffers(loom_engine *e, int32_t nseq, int32_t ntok, int3
 loom_status engine_logits_room(loom_engine *e, int32_t rows, loom_error *err);
 float *engine_scratch_rows(loom_engine *e, int32_t rows);
 loom_status engine_run_block_ops(loom_engine *e, loom_error *err);
-loom_status engine_build_batch(loom_engine *e, const loom_sched_output *out, loom_batch *batch, bool *any_decode,
+loom_status engine_build_batch(loom_engine *e, const loom_sched_output *out, loom_batch *batch, loom_step_kind *kind,
                                loom_error *err);
 
 /* sample.c */

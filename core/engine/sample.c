@@ -137,16 +137,25 @@ loom_status engine_check_token(const loom_engine *e, int32_t tok, loom_error *er
                           e->vocab);
 }
 
+/* A new request's parameters through the sampler's check(), or one dry
+ * sample() of a flat whole row when it has none; either way the request's
+ * random stream is left as it was. */
 loom_status engine_sampler_check(loom_engine *e, loom_seq *s, loom_error *err) {
-    float *row = calloc((size_t)e->vocab, sizeof(float));
-    if (!row) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory checking sampling parameters");
     uint64_t saved[4];
     memcpy(saved, s->rng, sizeof saved);
-    engine_top top;
-    engine_token t = {0};
-    loom_status st = engine_sample_one(e, s, row, &top, &t, err);
-    memcpy(s->rng, saved, sizeof saved); /* a dry draw leaves the stream untouched */
-    free(row);
+    loom_status st;
+    if (e->smp->check) {
+        const loom_sample_row r = engine_sample_row(s, s->info.num_tokens);
+        st = e->smp->check(e->smp_self, &r, e->vocab, err);
+    } else {
+        float *row = calloc((size_t)e->vocab, sizeof(float));
+        if (!row) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory checking sampling parameters");
+        engine_top top;
+        engine_token t = {0};
+        st = engine_sample_one(e, s, row, &top, &t, err);
+        free(row);
+    }
+    memcpy(s->rng, saved, sizeof saved);
     return st;
 }
 

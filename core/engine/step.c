@@ -229,17 +229,22 @@ static loom_status run_step(loom_engine *e, loom_error *err) {
         return LOOM_OK;
     }
     loom_batch batch;
-    bool any_decode;
+    loom_step_kind kind;
     int32_t topk;
     if ((st = engine_run_block_ops(e, err)) != LOOM_OK) return st;
-    if ((st = engine_build_batch(e, &out, &batch, &any_decode, err)) != LOOM_OK) return st;
+    if ((st = engine_build_batch(e, &out, &batch, &kind, err)) != LOOM_OK) return st;
+    const double backend0 = e->stats.backend_seconds;
     if ((st = forward(e, &batch, &topk, err)) != LOOM_OK) return st;
     mark_computed(e, &out);
     if ((st = sample_step(e, batch.num_logits, topk, err)) != LOOM_OK) return st;
     double dt = loom_now() - t0;
-    if (any_decode) e->stats.decode_seconds += dt;
+    if (kind != LOOM_STEP_PREFILL) e->stats.decode_seconds += dt;
     else e->stats.prefill_seconds += dt;
     e->stats.steps++;
+    e->stats.kind_steps[kind]++;
+    e->stats.kind_tokens[kind] += batch.num_tokens;
+    e->stats.kind_seconds[kind] += dt;
+    e->stats.kind_backend_seconds[kind] += e->stats.backend_seconds - backend0;
     if (out.num_scheduled > e->stats.max_running) e->stats.max_running = out.num_scheduled;
     return LOOM_OK;
 }

@@ -99,6 +99,16 @@ loom_request loom_request_default(void);
 /* Neutral sampling parameters (greedy; every filter and penalty off). */
 loom_sampling_params loom_sampling_params_default(void);
 
+/* What a step computed: prompt tokens only, prompt tokens beside
+ * sequences past their prompt, or only sequences past their prompt (one
+ * token each, or a draft's verification rows). */
+typedef enum loom_step_kind {
+    LOOM_STEP_PREFILL = 0,
+    LOOM_STEP_MIXED = 1,
+    LOOM_STEP_DECODE = 2,
+    LOOM_STEP_KINDS = 3
+} loom_step_kind;
+
 /* Grows only at its end. */
 typedef struct loom_engine_stats {
     uint32_t struct_size;
@@ -122,6 +132,13 @@ typedef struct loom_engine_stats {
      * engine's own work per step — scheduling, batch building, sampling,
      * detokenizing — which no backend overlaps today */
     double backend_seconds;
+    /* The same split by kind of step (index loom_step_kind): how many
+     * steps, the tokens they computed, their wall time and the part of it
+     * inside the backend's forward. */
+    int64_t kind_steps[LOOM_STEP_KINDS];
+    int64_t kind_tokens[LOOM_STEP_KINDS];
+    double kind_seconds[LOOM_STEP_KINDS];
+    double kind_backend_seconds[LOOM_STEP_KINDS];
 } loom_engine_stats;
 
 /* Build an engine from a pipeline file with "a.b=value" overrides. */

@@ -103,8 +103,9 @@ typedef struct loom_sampler_ops {
      * Refuse (LOOM_ERR_INVALID, naming the row and the value) parameters
      * the sampler cannot honour — at least a temperature that is negative
      * or not finite, top_k < 0 and logprobs outside 0..LOOM_MAX_LOGPROBS;
-     * neutral and greedy parameters must be accepted. The core runs one dry
-     * sample() per new request to reject it alone before it runs. A failed call may have
+     * neutral and greedy parameters must be accepted. A new request is
+     * checked alone before it runs (check() below, or one dry sample()
+     * when check is NULL). A failed call may have
      * modified the logits but has written no token and advanced no rng. */
     loom_status (*sample)(void *self, const loom_sample_batch *b, loom_sample_out *out, loom_error *err);
     /* REQUIRED [instance]. Turn one WHOLE row of raw logits (vocab floats)
@@ -122,8 +123,17 @@ typedef struct loom_sampler_ops {
      * least k candidates (loom_sample_batch), reduced on the device. The
      * core still sends whole rows when it needs them itself (the first
      * token of an n > 1 request, sampled draft verification, want_probs,
-     * and the dry sample() that checks a new request's parameters). */
+     * and the dry sample() that checks a new request when check is NULL). */
     int32_t (*candidates)(void *self, const loom_sampling_params *params);
+    /* OPTIONAL [instance] (NULL = the core checks a new request with one
+     * dry sample() of a flat whole row, which costs a whole-row sample per
+     * request: about a millisecond at a 128k vocabulary, paid on the step
+     * loop's thread). Refuse, exactly as sample() would refuse that row,
+     * the parameters of `row` (its params, prompt and output so far; no
+     * logits), with LOOM_ERR_INVALID and a message naming the value. Must
+     * not touch row->rng_state. The core calls it once per new request,
+     * before the request is scheduled. */
+    loom_status (*check)(void *self, const loom_sample_row *row, int32_t vocab, loom_error *err);
     /* since ABI 2.0 — add new members below this line only */
 } loom_sampler_ops;
 

@@ -57,6 +57,21 @@ Test(dummy, exact_length_and_events) {
     /* the backend's share of the step time: measured, and part of it */
     cr_assert_gt(st.backend_seconds, 0.0);
     cr_assert_leq(st.backend_seconds, st.prefill_seconds + st.decode_seconds);
+    /* by kind: the 10-token prompt in one prefill step, then 19 one-token
+     * decode steps (the prefill step sampled the first token) */
+    cr_assert_eq(st.kind_steps[LOOM_STEP_PREFILL], 1);
+    cr_assert_eq(st.kind_tokens[LOOM_STEP_PREFILL], 10);
+    cr_assert_eq(st.kind_steps[LOOM_STEP_MIXED], 0);
+    cr_assert_eq(st.kind_steps[LOOM_STEP_DECODE], 19);
+    cr_assert_eq(st.kind_tokens[LOOM_STEP_DECODE], 19);
+    double sum = 0, sum_backend = 0;
+    for (int k = 0; k < LOOM_STEP_KINDS; k++) {
+        sum += st.kind_seconds[k];
+        sum_backend += st.kind_backend_seconds[k];
+        cr_assert_leq(st.kind_backend_seconds[k], st.kind_seconds[k]);
+    }
+    cr_assert_float_eq(sum, st.prefill_seconds + st.decode_seconds, 1e-9);
+    cr_assert_float_eq(sum_backend, st.backend_seconds, 1e-9);
     eng_rec_free(&r);
     loom_engine_destroy(e);
 }

@@ -591,6 +591,20 @@ static int32_t std_candidates(void *self, const loom_sampling_params *p) {
     return p->logprobs > k ? p->logprobs : k;
 }
 
+/* A new request's parameters, refused exactly as std_sample would refuse
+ * its row (std_check_row is what sample() runs before any logit). */
+static loom_status std_check(void *self, const loom_sample_row *row, int32_t vocab, loom_error *err) {
+    std_sampler *s = self;
+    if (!s) return std_fail_bare(err, LOOM_ERR_INVALID, "check: self is NULL");
+    if (vocab <= 0)
+        return s->host->error(s->host->ctx, err, LOOM_ERR_INVALID, "sampler '%s': check: vocab = %d; it must be > 0",
+                              STD_NAME, vocab);
+    if (!row || row->struct_size < sizeof(loom_sample_row))
+        return s->host->error(s->host->ctx, err, LOOM_ERR_ABI, "sampler '%s': check: row missing or too short",
+                              STD_NAME);
+    return std_check_row(s, row, vocab, 0, true, err);
+}
+
 static loom_status std_probs(void *self, float *logits, int32_t vocab, const loom_sample_row *row,
                              loom_error *err) {
     std_sampler *s = self;
@@ -625,6 +639,7 @@ static const loom_sampler_ops std_ops = {
     .sample = std_sample,
     .probs = std_probs,
     .candidates = std_candidates,
+    .check = std_check,
 };
 
 static const loom_component std_components[] = {
