@@ -42,8 +42,10 @@ static const loom_param cb_params[] = {
      .offset = offsetof(cuda_backend_config, cuda_graphs), .default_value = "true",
      .doc = "capture pure decode steps per batch bucket (1..256) as CUDA graphs and replay them"},
     {.key = "max_graph_batch", .type = LOOM_PARAM_INT,
-     .offset = offsetof(cuda_backend_config, max_graph_batch), .default_value = "256", .min = 1,
-     .max = 256, .doc = "largest decode batch run through a CUDA graph; larger steps run eagerly"},
+     .offset = offsetof(cuda_backend_config, max_graph_batch), .default_value = "512", .min = 1,
+     .max = CB_MAX_GRAPH_BATCH,
+     .doc = "largest decode batch run through a CUDA graph (larger steps run eagerly); the logits work "
+            "buffers hold max(256, this) rows"},
     {.key = "max_batched_tokens", .type = LOOM_PARAM_INT,
      .offset = offsetof(cuda_backend_config, max_batched_tokens), .default_value = "8192",
      .min = 1, .max = 1 << 20,
@@ -114,18 +116,18 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
     }
     *self = NULL;
     cuda_backend_config cfg = {.device = 0, .dtype = 0, .cuda_graphs = true,
-                               .max_graph_batch = 256, .max_batched_tokens = 8192,
+                               .max_graph_batch = 512, .max_batched_tokens = 8192,
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.device < 0 || cfg.dtype < 0 || cfg.dtype > 1 || cfg.max_graph_batch < 1 ||
-        cfg.max_graph_batch > 256 || cfg.max_batched_tokens < 1 ||
+        cfg.max_graph_batch > CB_MAX_GRAPH_BATCH || cfg.max_batched_tokens < 1 ||
         cfg.max_batched_tokens > (1 << 20) || cfg.max_positions < 0)
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "backend cuda: bad config (device %lld >= 0, dtype %lld in {0 bf16, "
-                           "1 f16}, max_graph_batch %lld in [1, 256], max_batched_tokens %lld in "
+                           "1 f16}, max_graph_batch %lld in [1, %d], max_batched_tokens %lld in "
                            "[1, 1048576], max_positions %lld >= 0)",
                            (long long)cfg.device, (long long)cfg.dtype,
-                           (long long)cfg.max_graph_batch, (long long)cfg.max_batched_tokens,
+                           (long long)cfg.max_graph_batch, CB_MAX_GRAPH_BATCH, (long long)cfg.max_batched_tokens,
                            (long long)cfg.max_positions);
 
     int ndev = 0;

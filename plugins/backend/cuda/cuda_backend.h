@@ -38,24 +38,32 @@
 
 #define CB_WHO "backend.cuda"
 
-/* Logits rows computed per LM-head GEMM (and the largest graph bucket):
- * bounds the device logits buffer and its pinned host mirror. */
+/* Logits rows computed per LM-head GEMM, at least: the work buffers hold
+ * max(CB_LOGITS_ROWS, max_graph_batch) rows (bounded by max_batched_tokens,
+ * cb_logits_rows), since a graph computes every row of its bucket in one
+ * LM-head GEMM. Bounds the device logits buffer and its pinned host mirror
+ * (1024 rows of Llama-3's vocabulary: 525 MB each). */
 #define CB_LOGITS_ROWS 256
+#define CB_MAX_GRAPH_BATCH 1024
 /* CUDA-graph batch buckets: a step of n sequences, each with at most
  * CB_GRAPH_MAX_Q query tokens (decode: 1; verifying drafts: k + 1), runs
  * the graph of (the smallest bucket >= n, q = the most tokens any of them
  * has), every sequence padded to q tokens and the batch to the bucket
  * with dummy ones (cuda_forward.c). */
 #define CB_GRAPH_MAX_Q 8
-#define CB_NUM_BUCKETS 9
-static const int32_t cb_buckets[CB_NUM_BUCKETS] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+/* A step pads to the next bucket: past 16 sequences each bucket is at most
+ * 1.5x the one before (1.25x past 128), so padding adds at most a half (a
+ * quarter) to a decode step's rows. */
+#define CB_NUM_BUCKETS 23
+static const int32_t cb_buckets[CB_NUM_BUCKETS] = {1,   2,   4,   8,   16,  24,  32,  48,  64,  96,  128, 160,
+                                                   192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024};
 
 /* The bound configuration the host fills from the `params` table. */
 typedef struct cuda_backend_config {
     int64_t device;             /* CUDA ordinal                                  */
     int64_t dtype;              /* index into cb_dtype_choices: 0 bf16, 1 f16    */
     bool cuda_graphs;           /* capture/replay pure decode steps              */
-    int64_t max_graph_batch;    /* largest decode batch run through a graph      */
+    int64_t max_graph_batch;    /* largest decode batch run through a graph (1..CB_MAX_GRAPH_BATCH) */
     int64_t max_batched_tokens; /* token rows the work buffers hold              */
     int64_t max_positions;      /* RoPE table length; 0 = the model's context    */
     bool batch_invariant;       /* a token's result independent of the step's
@@ -63,6 +71,12 @@ typedef struct cuda_backend_config {
     int64_t qgemv_tc_min_rows;  /* rows from which W8A8 / FP8 / INT4 GEMVs take
                                    the tensor cores; 0 = as measured, 9 = never */
 } cuda_backend_config;
+
+/* Rows of the logits work buffers (and the largest graph bucket's rows). */
+static inline int32_t cb_logits_rows(const cuda_backend_config *cfg) {
+    int64_t r = cfg->max_graph_batch > CB_LOGITS_ROWS ? cfg->max_graph_batch : CB_LOGITS_ROWS;
+    return (int32_t)(cfg->max_batched_tokens < r ? cfg->max_batched_tokens : r);
+}
 
 /* The four linear groups of a layer (one GEMM each). */
 enum { CB_G_QKV = 0, CB_G_O = 1, CB_G_GU = 2, CB_G_DOWN = 3, CB_NGROUPS = 4 };

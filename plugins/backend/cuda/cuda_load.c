@@ -554,7 +554,7 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     const size_t MT = (size_t)b->cfg.max_batched_tokens, H = (size_t)c->hidden_size;
     const size_t I = (size_t)c->intermediate_size, V = (size_t)c->vocab_size, e = b->elt;
     b->max_tokens = (int32_t)MT;
-    b->logits_rows = MT < CB_LOGITS_ROWS ? (int32_t)MT : CB_LOGITS_ROWS;
+    b->logits_rows = cb_logits_rows(&b->cfg);
     const size_t LR = (size_t)b->logits_rows;
     /* sharded: this rank's logits slice and every rank's, gathered (empty,
      * so the layout is unchanged, otherwise) */
@@ -957,7 +957,7 @@ static loom_status cb_upload_layer(cuda_backend *b, const loom_model_view *m,
  * work buffers' row count (the LM head at its logits chunk). */
 static void cb_size_qscratch(cuda_backend *b) {
     const int mt = (int)b->cfg.max_batched_tokens;
-    const int lr = mt < CB_LOGITS_ROWS ? mt : CB_LOGITS_ROWS;
+    const int lr = cb_logits_rows(&b->cfg);
     b->qscratch_bytes = 0;
     for (int32_t l = 0; l < b->mc.num_layers; l++)
         for (int gi = 0; gi < CB_NGROUPS; gi++) {

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# bench/throughput.sh [CASE...] — offline throughput in trtllm-bench's shape:
+# every request the same input and output length, EOS ignored (loom bench
+# always ignores it), all requests queued at once, on the Llama-3-8B shape
+# with bf16 weights and with FP8 weights + FP8 KV cache. One JSON table,
+# $LOOM_RESULTS/<hw>-throughput-llama3-8b.json (bench/record.py), with
+# TensorRT-LLM's published H200 figure (Llama-3.1-8B FP8, its perf-overview
+# table) and the ratio beside each FP8 row, and where each case's step time
+# went by kind of step (prefill only, mixed, decode only).
+#
+#   CASE      DTYPE:IN:OUT:REQUESTS, DTYPE bf16 or fp8 (default: both dtypes
+#             at 128/128 x 3000, 128/2048 x 256, 1000/1000 x 512 and
+#             2048/2048 x 256 — fewer requests than trtllm-bench's 30000 /
+#             3000 / 3000 / 1500, so a case fits the GPU machine's minutes;
+#             the JSON keeps each case's count)
+# Environment:
+#   LB          build directory (default build)
+#   MAX_SEQS    scheduler.max_num_seqs and backend.max_graph_batch (512)
+#   BF16_CONFIG, FP8_CONFIG  the pipelines (configs/gpu/llama3-8b-dummy.yaml,
+#               configs/gpu/llama3-8b-fp8.yaml with quantizer.kv_cache=fp8);
+#               a CPU smoke run points both at a tiny CPU pipeline and sets
+#               NO_GPU_SETS=1 (no cuda backend keys)
+#   OUT         raw per-case JSON and logs (default /tmp/out/throughput)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+LB=${LB:-build}
+MAX_SEQS=${MAX_SEQS:-512}
+BF16_CONFIG=${BF16_CONFIG:-configs/gpu/llama3-8b-dummy.yaml}
+FP8_CONFIG=${FP8_CONFIG:-configs/gpu/llama3-8b-fp8.yaml}
+O=${OUT:-/tmp/out}/throughput
+mkdir -p "$O"
+cases=("$@")
+[ ${#cases[@]} -gt 0 ] || for d in bf16 fp8; do
+  cases+=("$d:128:128:3000" "$d:128:2048:256" "$d:1000:1000:512" "$d:2048:2048:256")
+done
+
+rows=()
+for c in "${cases[@]}"; do
+  IFS=: read -r dtype in out n <<< "$c"
+  case "$dtype" in
+    bf16) cfg=$BF16_CONFIG; sets=() ;;
+    fp8) cfg=$FP8_CONFIG; sets=(--set quantizer.kv_cache=fp8) ;;
+    *) echo "bench/throughput.sh: case '$c': dtype must be bf16 or fp8" >&2; exit 2 ;;
+  esac
+  sets+=(--set "scheduler.max_num_seqs=$MAX_SEQS" --set scheduler.max_batched_tokens=8192)
+  [ -n "${NO_GPU_SETS:-}" ] || sets+=(--set "backend.max_graph_batch=$MAX_SEQS" --set cache.memory_fraction=0.9)
+  name="$dtype-$in-$out"
+  echo "=== $name: $n requests, $MAX_SEQS sequences a step ($cfg)"
+  "$LB/cli/loom" bench "$cfg" "${sets[@]}" --num-requests "$n" --input-len "$in" --output-len "$out" \
+    --warmup 64 --no-progress --json "$O/$name.json" 2>&1 | tee "$O/$name.log" | grep -E 'output tokens/s|TPOT p50|steps|prefill |mixed |decode |outside'
+  rows+=("$dtype:$in:$out:$n:$O/$name.json")
+done
+
+python3 - "$O/table.json" "$MAX_SEQS" "${rows[@]}" <<'PY'
+import json, sys
+# TensorRT-LLM's perf-overview table, Llama-3.1-8B FP8 on one H200 (output tok/s)
+trt = {(128, 128): 27911, (128, 2048): 26221, (1000, 1000): 17744, (2048, 2048): 12194}
+path, max_seqs, table = sys.argv[1], int(sys.argv[2]), []
+for spec in sys.argv[3:]:
+    dtype, i, o, n, f = spec.split(":", 4)
+    r = json.load(open(f))["a_results"]
+    row = {"dtype": dtype, "input_len": int(i), "output_len": int(o), "requests": int(n),
+           "max_num_seqs": max_seqs, "output_tok_s": round(r["output_tokens_s_tok_s"], 1),
+           "tpot_p50_ms": round(r["TPOT_p50_ms"], 3), "wall_s": round(r["wall_time_s"], 3),
+           "outside_steps_s": round(r["wall_time_s"] - r["step_seconds"], 3),
+           "steps_by_kind": r.get("steps_by_kind", {})}
+    ref = trt.get((int(i), int(o))) if dtype == "fp8" else None
+    if ref:
+        row["trtllm_h200_fp8_output_tok_s"] = ref
+        row["ratio_to_trtllm"] = round(r["output_tokens_s_tok_s"] / ref, 3)
+    table.append(row)
+json.dump({"rows": table}, open(path, "w"), indent=1)
+print("\n| dtype | in / out | requests | output tok/s | TensorRT-LLM H200 FP8 | ratio | TPOT p50 ms | prefill / mixed / decode / outside s |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+for r in table:
+    k = r["steps_by_kind"]
+    split = " / ".join("%.1f" % k.get(x, {}).get("seconds", 0) for x in ("prefill", "mixed", "decode"))
+    print("| %s | %d / %d | %d | %.0f | %s | %s | %.2f | %s / %.1f |" % (
+        r["dtype"], r["input_len"], r["output_len"], r["requests"], r["output_tok_s"],
+        r.get("trtllm_h200_fp8_output_tok_s", "—"), r.get("ratio_to_trtllm", "—"), r["tpot_p50_ms"],
+        split, r["outside_steps_s"]))
+PY
+cmd="bench/throughput.sh"
+[ $# -gt 0 ] && cmd="$cmd $*"
+[ "$MAX_SEQS" = 512 ] || cmd="MAX_SEQS=$MAX_SEQS $cmd"
+python3 bench/record.py "{hw}-throughput-llama3-8b" --merge \
+  --what "offline throughput, trtllm-bench shape (fixed lengths, EOS ignored, all at once), Llama-3-8B shape dummy weights, bf16 and FP8 weights + FP8 KV, vs TensorRT-LLM's H200 table" \
+  --command "$cmd" --json "table=$O/table.json"
