@@ -52,11 +52,13 @@ for c in "${cases[@]}"; do
   rows+=("$dtype:$in:$out:$n:$O/$name.json")
 done
 
-python3 - "$O/table.json" "$MAX_SEQS" "${rows[@]}" <<'PY'
+python3 - "$O" "$MAX_SEQS" "${rows[@]}" <<'PY'
 import json, sys
 # TensorRT-LLM's perf-overview table, Llama-3.1-8B FP8 on one H200 (output tok/s)
 trt = {(128, 128): 27911, (128, 2048): 26221, (1000, 1000): 17744, (2048, 2048): 12194}
-path, max_seqs, table = sys.argv[1], int(sys.argv[2]), []
+out, max_seqs = sys.argv[1], int(sys.argv[2])
+print("| dtype | in / out | requests | output tok/s | TensorRT-LLM H200 FP8 | ratio | TPOT p50 ms | prefill / mixed / decode / outside s |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for spec in sys.argv[3:]:
     dtype, i, o, n, f = spec.split(":", 4)
     r = json.load(open(f))["a_results"]
@@ -69,21 +71,21 @@ for spec in sys.argv[3:]:
     if ref:
         row["trtllm_h200_fp8_output_tok_s"] = ref
         row["ratio_to_trtllm"] = round(r["output_tokens_s_tok_s"] / ref, 3)
-    table.append(row)
-json.dump({"rows": table}, open(path, "w"), indent=1)
-print("\n| dtype | in / out | requests | output tok/s | TensorRT-LLM H200 FP8 | ratio | TPOT p50 ms | prefill / mixed / decode / outside s |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-for r in table:
-    k = r["steps_by_kind"]
+    json.dump(row, open("%s/%s-%s-%s.row.json" % (out, dtype, i, o), "w"), indent=1)
+    k = row["steps_by_kind"]
     split = " / ".join("%.1f" % k.get(x, {}).get("seconds", 0) for x in ("prefill", "mixed", "decode"))
-    print("| %s | %d / %d | %d | %.0f | %s | %s | %.2f | %s / %.1f |" % (
-        r["dtype"], r["input_len"], r["output_len"], r["requests"], r["output_tok_s"],
-        r.get("trtllm_h200_fp8_output_tok_s", "—"), r.get("ratio_to_trtllm", "—"), r["tpot_p50_ms"],
-        split, r["outside_steps_s"]))
+    print("| %s | %s / %s | %s | %.0f | %s | %s | %.2f | %s / %.1f |" % (
+        dtype, i, o, n, row["output_tok_s"], row.get("trtllm_h200_fp8_output_tok_s", "-"),
+        row.get("ratio_to_trtllm", "-"), row["tpot_p50_ms"], split, row["outside_steps_s"]))
 PY
+# one entry per case (--merge keeps the other cases' entries and their commits)
 cmd="bench/throughput.sh"
-[ $# -gt 0 ] && cmd="$cmd $*"
 [ "$MAX_SEQS" = 512 ] || cmd="MAX_SEQS=$MAX_SEQS $cmd"
+args=()
+for r in "${rows[@]}"; do
+  IFS=: read -r dtype in out n _ <<< "$r"
+  args+=(--json "$dtype-$in-$out=$O/$dtype-$in-$out.row.json")
+done
 python3 bench/record.py "{hw}-throughput-llama3-8b" --merge \
-  --what "offline throughput, trtllm-bench shape (fixed lengths, EOS ignored, all at once), Llama-3-8B shape dummy weights, bf16 and FP8 weights + FP8 KV, vs TensorRT-LLM's H200 table" \
-  --command "$cmd" --json "table=$O/table.json"
+  --what "offline throughput, trtllm-bench shape (fixed lengths, EOS ignored, all at once), Llama-3-8B shape dummy weights, bf16 and FP8 weights + FP8 KV, vs TensorRT-LLM's H200 table; one entry per DTYPE-IN-OUT case, measured by '$cmd DTYPE:IN:OUT:REQUESTS'" \
+  --command "$cmd" "${args[@]}"

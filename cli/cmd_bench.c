@@ -193,7 +193,7 @@ static int warm_up(loom_engine *eng, const bench_req *w, int32_t n, int32_t coun
             fprintf(stderr, "loom bench: warm-up: %s\n", err.message);
             return 1;
         }
-    loom_engine_get_stats(eng, base);
+    loom_engine_get_stats(eng, base, sizeof *base);
     return 0;
 }
 
@@ -357,7 +357,7 @@ static int run_once(const char *label, const char *config, const cli_sets *sets,
     if (!track_init(&t, n)) goto free_all;
     if (!drive(eng, label, w, n, progress, &t, &total)) goto free_all;
     loom_engine_stats st;
-    loom_engine_get_stats(eng, &st);
+    loom_engine_get_stats(eng, &st, sizeof st);
     stats_minus(&st, &base);
     fill_result(res, &st, &t, w, n, total);
     if (t.errors) fprintf(stderr, "loom bench: %d requests failed, e.g.: %s\n", t.errors, t.error);

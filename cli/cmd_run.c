@@ -279,7 +279,7 @@ static void run_print_samples(const run_state *rs, int32_t n) {
 /* "[model] finish: ... | prompt N tokens | prefill X tok/s | decode ..." */
 static void run_print_stats(loom_engine *eng, const run_state *rs, int32_t n) {
     loom_engine_stats st;
-    loom_engine_get_stats(eng, &st);
+    loom_engine_get_stats(eng, &st, sizeof st);
     double pf = st.prefill_seconds, dc = st.decode_seconds;
     int64_t dec_tokens = st.generated_tokens - n; /* first tokens come from prefill steps */
     fprintf(stderr, "\n[%s] finish: %s | prompt %lld tokens",

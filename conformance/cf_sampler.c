@@ -382,7 +382,7 @@ static loom_status sp_check_call(sp *x, const loom_sample_row *row, int32_t V, l
 static bool check_check(cf_run *r, const void *arg) {
     sp x;
     if (!sp_open(r, &x)) return false;
-    if (!x.ops->check) {
+    if (!LOOM_HAS_FIELD(x.ops, loom_sampler_ops, check) || !x.ops->check) {
         cf_note(r, "no check(): the core checks new requests with a dry sample()");
         return sp_close(&x, true);
     }

@@ -476,7 +476,7 @@ static void *engine_main(void *arg) {
          * /metrics shows the idle engine rather than the last busy step */
         if (st == LOOM_OK && active == 0) st = loom_engine_step(s->eng, &active, &err);
         loom_engine_stats stats = {.struct_size = sizeof stats};
-        loom_engine_get_stats(s->eng, &stats);
+        loom_engine_get_stats(s->eng, &stats, sizeof stats);
         pthread_mutex_lock(&s->mu);
         s->stats = stats;
         s->busy = st == LOOM_OK && active > 0;
@@ -1078,7 +1078,7 @@ static void server_init(server *s, loom_engine *eng, const serve_options *opt, c
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->idle_cv, NULL);
     s->stats.struct_size = sizeof s->stats;
-    loom_engine_get_stats(eng, &s->stats);
+    loom_engine_get_stats(eng, &s->stats, sizeof s->stats);
 }
 
 static void server_destroy(server *s) {

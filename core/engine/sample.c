@@ -144,7 +144,7 @@ loom_status engine_sampler_check(loom_engine *e, loom_seq *s, loom_error *err) {
     uint64_t saved[4];
     memcpy(saved, s->rng, sizeof saved);
     loom_status st;
-    if (e->smp->check) {
+    if (LOOM_HAS_FIELD(e->smp, loom_sampler_ops, check) && e->smp->check) {
         const loom_sample_row r = engine_sample_row(s, s->info.num_tokens);
         st = e->smp->check(e->smp_self, &r, e->vocab, err);
     } else {

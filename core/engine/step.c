@@ -271,7 +271,7 @@ loom_status loom_engine_run(loom_engine *e, loom_error *err) {
     return LOOM_OK;
 }
 
-void loom_engine_get_stats(loom_engine *e, loom_engine_stats *out) {
+static void engine_stats_fill(loom_engine *e, loom_engine_stats *out) {
     *out = e->stats;
     out->struct_size = sizeof *out;
     loom_sched_stats ss = {.struct_size = sizeof ss};
@@ -296,4 +296,13 @@ void loom_engine_get_stats(loom_engine *e, loom_engine_stats *out) {
         out->spec_proposed = sp.proposed;
         out->spec_accepted = sp.accepted;
     }
+}
+
+void loom_engine_get_stats(loom_engine *e, loom_engine_stats *out, size_t size) {
+    if (!out || size < sizeof out->struct_size) return;
+    loom_engine_stats all;
+    engine_stats_fill(e, &all);
+    if (size > sizeof all) size = sizeof all;
+    all.struct_size = (uint32_t)size;
+    memcpy(out, &all, size);
 }

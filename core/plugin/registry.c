@@ -51,10 +51,12 @@ typedef struct ops_member {
     size_t offset;
     const char *name;
     bool required;
+    int since_minor; /* the ABI 2.N that added it: a 2.0 table may end before it */
 } ops_member;
 
-#define REQ(type, f) {offsetof(type, f), #f, true}
-#define OPT(type, f) {offsetof(type, f), #f, false}
+#define REQ(type, f) {offsetof(type, f), #f, true, 0}
+#define OPT(type, f) {offsetof(type, f), #f, false, 0}
+#define OPT_SINCE(minor, type, f) {offsetof(type, f), #f, false, minor}
 
 static const ops_member backend_members[] = {
     REQ(loom_backend_ops, create), REQ(loom_backend_ops, destroy), REQ(loom_backend_ops, load),
@@ -84,7 +86,8 @@ static const ops_member quant_members[] = {
     OPT(loom_quant_ops, accepts_packing), {0, NULL, false}};
 static const ops_member sampler_members[] = {
     REQ(loom_sampler_ops, create), REQ(loom_sampler_ops, destroy), REQ(loom_sampler_ops, sample),
-    REQ(loom_sampler_ops, probs), OPT(loom_sampler_ops, candidates), {0, NULL, false}};
+    REQ(loom_sampler_ops, probs), OPT(loom_sampler_ops, candidates), OPT_SINCE(1, loom_sampler_ops, check),
+    {0, NULL, false, 0}};
 static const ops_member spec_members[] = {
     REQ(loom_spec_ops, create), REQ(loom_spec_ops, destroy), REQ(loom_spec_ops, init),
     REQ(loom_spec_ops, plan), REQ(loom_spec_ops, propose), REQ(loom_spec_ops, observe),
@@ -112,14 +115,17 @@ size_t loom_kind_min_ops_size(loom_kind kind) {
     if (!m) return 0;
     size_t end = 0;
     for (; m->name; m++)
-        if (m->offset + sizeof(void (*)(void)) > end) end = m->offset + sizeof(void (*)(void));
+        if (m->since_minor == 0 && m->offset + sizeof(void (*)(void)) > end) end = m->offset + sizeof(void (*)(void));
     return end;
 }
 
 const char *loom_ops_missing(loom_kind kind, const void *ops) {
     const ops_member *m = kind_members(kind);
     if (!m || !ops) return NULL;
+    uint32_t size;
+    memcpy(&size, ops, sizeof size); /* every ops table starts with struct_size */
     for (; m->name; m++) {
+        if (m->offset + sizeof(void (*)(void)) > size) continue; /* a member newer than the table */
         void (*fn)(void);
         memcpy(&fn, (const char *)ops + m->offset, sizeof fn);
         if (m->required && !fn) return m->name;

@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
     while (st == LOOM_OK && (st = loom_engine_step(e, &active, &err)) == LOOM_OK && active > 0) {}
     if (st != LOOM_OK) fprintf(stderr, "embed: %s\n", err.message);
     loom_engine_stats s = {.struct_size = sizeof s};
-    loom_engine_get_stats(e, &s);
+    loom_engine_get_stats(e, &s, sizeof s);
     printf("steps %lld, prompt tokens %lld, generated %lld\n", (long long)s.steps, (long long)s.prompt_tokens,
            (long long)s.generated_tokens);
     loom_engine_destroy(e);

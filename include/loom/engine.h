@@ -155,7 +155,11 @@ loom_status loom_engine_abort(loom_engine *e, int64_t request_id);
 loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err);
 /* [engine] Step until no request is active. */
 loom_status loom_engine_run(loom_engine *e, loom_error *err);
-void loom_engine_get_stats(loom_engine *e, loom_engine_stats *out);
+/* [engine] The counters, into the caller's struct of `size` bytes
+ * (sizeof as the caller's header declares it): the engine writes the
+ * fields that fit and sets out->struct_size to what it wrote, so a program
+ * built against an older, shorter loom_engine_stats is never overrun. */
+void loom_engine_get_stats(loom_engine *e, loom_engine_stats *out, size_t size);
 
 /* [engine] Teacher-forced scoring (perplexity): logprobs[i] = log p(tokens[i]
  * | tokens[0..i)) under the model's raw distribution for i >= 1;

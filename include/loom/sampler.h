@@ -123,8 +123,14 @@ typedef struct loom_sampler_ops {
      * least k candidates (loom_sample_batch), reduced on the device. The
      * core still sends whole rows when it needs them itself (the first
      * token of an n > 1 request, sampled draft verification, want_probs,
-     * and the dry sample() that checks a new request when check is NULL). */
+     * and the dry sample() that checks a new request when check is NULL).
+     * Verifying the drafts of a greedy request (temperature 0) on
+     * candidate rows, the core takes the best candidate itself, calling
+     * neither sample() nor probs(): a sampler whose greedy choice is not the
+     * raw argmax (masks, biases) returns 0 for such params. */
     int32_t (*candidates)(void *self, const loom_sampling_params *params);
+    /* since ABI 2.1 (read it only when LOOM_HAS_FIELD(ops, loom_sampler_ops,
+     * check): a 2.0 table ends before it) */
     /* OPTIONAL [instance] (NULL = the core checks a new request with one
      * dry sample() of a flat whole row, which costs a whole-row sample per
      * request: about a millisecond at a 128k vocabulary, paid on the step
@@ -134,7 +140,7 @@ typedef struct loom_sampler_ops {
      * not touch row->rng_state. The core calls it once per new request,
      * before the request is scheduled. */
     loom_status (*check)(void *self, const loom_sample_row *row, int32_t vocab, loom_error *err);
-    /* since ABI 2.0 — add new members below this line only */
+    /* add new members below this line only */
 } loom_sampler_ops;
 
 #ifdef __cplusplus

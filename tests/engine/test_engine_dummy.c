@@ -46,7 +46,7 @@ Test(dummy, exact_length_and_events) {
     }
     cr_assert_eq(r.s[0].len, 0, "a model without tokenizer streams no text");
     loom_engine_stats st;
-    loom_engine_get_stats(e, &st);
+    loom_engine_get_stats(e, &st, sizeof st);
     cr_assert_eq(st.prompt_tokens, 10);
     cr_assert_eq(st.prefill_tokens, 10);
     cr_assert_eq(st.generated_tokens, 20);
@@ -91,7 +91,7 @@ Test(dummy, greedy_deterministic) {
     eng_add(e, eng_req_tokens(p, 40, 16), &b);
     eng_run(e, 1000);
     loom_engine_stats st;
-    loom_engine_get_stats(e, &st);
+    loom_engine_get_stats(e, &st, sizeof st);
     cr_assert_gt(st.cached_prompt_tokens, 0, "the second identical prompt should hit the prefix cache");
     cr_assert_eq(st.prompt_tokens, 80);
     cr_assert_eq(st.prefill_tokens + st.cached_prompt_tokens, 80,
@@ -177,7 +177,7 @@ static void run_set(const char *pipe, const char *const *ov, bool together, int3
         cr_assert_eq(recs[i].s[0].ntok, k_outs[i], "%s: request %d made %d tokens, want %d", pipe, i,
                      recs[i].s[0].ntok, k_outs[i]);
     }
-    if (st) loom_engine_get_stats(e, st);
+    if (st) loom_engine_get_stats(e, st, sizeof *st);
     loom_engine_destroy(e);
 }
 
@@ -293,7 +293,7 @@ Test(dummy, abort_while_swapped) {
     int steps = 0;
     do {
         cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%s", err.message);
-        loom_engine_get_stats(e, &st);
+        loom_engine_get_stats(e, &st, sizeof st);
     } while (st.swapped == 0 && active > 0 && ++steps < 1000);
     cr_assert_gt(st.swapped, 0, "nothing was ever swapped out");
     /* The continuous scheduler swaps out the latest arrival first: abort
@@ -304,7 +304,7 @@ Test(dummy, abort_while_swapped) {
     cr_assert_geq(aborted, 0);
     loom_engine_abort(e, ids[aborted]);
     eng_run(e, 10000);
-    loom_engine_get_stats(e, &st);
+    loom_engine_get_stats(e, &st, sizeof st);
     for (int i = 0; i < NP; i++) {
         eng_rec_check_done(&r[i]);
         if (i == aborted) cr_assert_eq(r[i].s[0].finish, LOOM_FINISH_ABORT);
@@ -352,7 +352,7 @@ Test(dummy, n3_greedy_identical) {
     rq.n = 3;
     run_one(e, rq, &three);
     loom_engine_stats st;
-    loom_engine_get_stats(e, &st);
+    loom_engine_get_stats(e, &st, sizeof st);
     cr_assert_eq(st.kv_blocks_used, 0);
     for (int k = 0; k < 3; k++) {
         cr_assert_eq(three.s[k].ntok, 12);
@@ -382,7 +382,7 @@ Test(dummy, n3_one_token_each) {
         cr_assert_eq(r.s[k].finish, LOOM_FINISH_LENGTH);
     }
     loom_engine_stats st;
-    loom_engine_get_stats(e, &st);
+    loom_engine_get_stats(e, &st, sizeof st);
     cr_assert_eq(st.generated_tokens, 3);
     cr_assert_eq(st.prefill_tokens, 20, "the prompt of an n = 3 request must be computed once");
     cr_assert_eq(st.kv_blocks_used, 0);
@@ -521,7 +521,7 @@ Test(dummy, abort_from_thread) {
     cr_assert_eq(after.s[0].finish, LOOM_FINISH_LENGTH);
     cr_assert_eq(c.rec.s[0].finals, 1, "an abort of a finished request produced another event");
     loom_engine_stats st;
-    loom_engine_get_stats(c.e, &st);
+    loom_engine_get_stats(c.e, &st, sizeof st);
     cr_assert_eq(st.kv_blocks_used, 0);
     cr_assert_eq(st.running + st.waiting + st.swapped, 0);
     eng_rec_free(&c.rec);
@@ -587,7 +587,7 @@ Test(dummy, abort_after_fork_n3) {
     eng_rec_check_done(&r);
     for (int k = 0; k < 3; k++) cr_assert_eq(r.s[k].finish, LOOM_FINISH_ABORT);
     loom_engine_stats st;
-    loom_engine_get_stats(e, &st);
+    loom_engine_get_stats(e, &st, sizeof st);
     cr_assert_eq(st.kv_blocks_used, 0);
     cr_assert_eq(st.running + st.waiting + st.swapped, 0);
     eng_rec_free(&r);
@@ -689,7 +689,7 @@ Test(dummy, threaded_submission) {
         }
     }
     loom_engine_stats st;
-    loom_engine_get_stats(e, &st);
+    loom_engine_get_stats(e, &st, sizeof st);
     cr_assert_eq(st.running + st.waiting + st.swapped, 0);
     free(c);
     loom_engine_destroy(e);
@@ -726,7 +726,7 @@ static void score_vs_generation(const char *const *ov, int32_t plen, int32_t gen
     cr_assert_eq(loom_engine_score(e, p, plen + gen, lp2, &err), LOOM_OK, "%s", err.message);
     cr_assert(!memcmp(lp, lp2, (size_t)(plen + gen) * sizeof(float)), "scoring twice differs");
     loom_engine_stats st;
-    loom_engine_get_stats(e, &st);
+    loom_engine_get_stats(e, &st, sizeof st);
     cr_assert_eq(st.kv_blocks_used, 0, "%d blocks held after loom_engine_score", st.kv_blocks_used);
     /* The engine still generates the same afterwards. */
     eng_rec again;
@@ -930,7 +930,7 @@ Test(dummy, request_struct_size_respected) {
     cr_assert_geq(id, 0, "%s", err.message);
     eng_run(e, 100);
     loom_engine_stats st;
-    loom_engine_get_stats(e, &st);
+    loom_engine_get_stats(e, &st, sizeof st);
     cr_assert_eq(st.generated_tokens, 5, "generated %lld tokens: fields past struct_size were read",
                  (long long)st.generated_tokens);
     loom_engine_destroy(e);

@@ -51,7 +51,7 @@ static int64_t run_forks(const char *pipeline, const char *const *ov, int32_t nr
         }
     }
     loom_engine_stats st;
-    loom_engine_get_stats(e, &st);
+    loom_engine_get_stats(e, &st, sizeof st);
     cr_assert_eq(st.kv_blocks_used, 0, "%s, seed %u: %d of %d KV blocks still referenced", what, seed,
                  st.kv_blocks_used, st.kv_blocks_total);
     cr_assert_eq(st.running + st.waiting + st.swapped, 0);

@@ -70,7 +70,7 @@ Test(real, greedy_paris_deterministic) {
     cr_assert(same_tokens(&a.s[0], &b.s[0]), "same prompt twice: '%s' vs '%s'", a.s[0].text, b.s[0].text);
     cr_assert_str_eq(a.s[0].text, b.s[0].text);
     loom_engine_stats st;
-    loom_engine_get_stats(e, &st);
+    loom_engine_get_stats(e, &st, sizeof st);
     cr_assert_gt(st.cached_prompt_tokens, 0, "the repeated chat prompt should hit the prefix cache");
     cr_assert_eq(st.prefill_tokens + st.cached_prompt_tokens, st.prompt_tokens);
     cr_assert_eq(st.kv_blocks_used, 0);
@@ -106,7 +106,7 @@ static void run_prompts(const char *const *ov, bool together, eng_rec *recs, int
     }
     eng_run(e, 10000);
     for (int i = 0; i < NP; i++) eng_rec_check_done(&recs[i]);
-    if (st) loom_engine_get_stats(e, st);
+    if (st) loom_engine_get_stats(e, st, sizeof *st);
     loom_engine_destroy(e);
 }
 
@@ -160,7 +160,7 @@ static void run_shared(const char *const *ov, eng_rec *recs, loom_engine_stats *
     }
     eng_run(e, 10000);
     for (int i = 0; i < NQ; i++) eng_rec_check_done(&recs[i]);
-    loom_engine_get_stats(e, st);
+    loom_engine_get_stats(e, st, sizeof *st);
     loom_engine_destroy(e);
 }
 
@@ -345,7 +345,7 @@ Test(real, streaming_and_finish_reasons) {
     cr_assert_eq(r.s[0].ntok, 16);
     eng_rec_free(&r);
     loom_engine_stats st;
-    loom_engine_get_stats(e, &st);
+    loom_engine_get_stats(e, &st, sizeof st);
     cr_assert_eq(st.running + st.waiting + st.swapped, 0);
     loom_engine_destroy(e);
 }
@@ -651,7 +651,7 @@ Test(real, score_matches_generation) {
         cr_assert(fabsf(lp[n + i] - r.s[0].lps[i]) <= 1e-3f, "token %d: score %.6f vs generation %.6f", i,
                   (double)lp[n + i], (double)r.s[0].lps[i]);
     loom_engine_stats st;
-    loom_engine_get_stats(e, &st);
+    loom_engine_get_stats(e, &st, sizeof st);
     cr_assert_eq(st.kv_blocks_used, 0);
     free(all);
     free(lp);

@@ -103,7 +103,7 @@ static void run_mix(bool device_sampling, eng_rec *rec, loom_engine_stats *stats
         eng_add(e, r, &rec[i]);
     }
     eng_run(e, 10000);
-    loom_engine_get_stats(e, stats);
+    loom_engine_get_stats(e, stats, sizeof *stats);
     loom_engine_destroy(e);
 }
 

@@ -81,7 +81,7 @@ static draft_spec *make(const loom_host *h, const world *w) {
 
 static loom_engine_stats draft_stats_of(draft_spec *s) {
     loom_engine_stats st = {.struct_size = sizeof st};
-    loom_engine_get_stats(s->draft, &st);
+    loom_engine_get_stats(s->draft, &st, sizeof st);
     return st;
 }
 

@@ -143,7 +143,7 @@ static void greedy_prompts(const char *yaml, const char *const *ov, int32_t nov,
         if (!together) run_all(e);
     }
     if (together) run_all(e);
-    loom_engine_get_stats(e, st);
+    loom_engine_get_stats(e, st, sizeof *st);
     cr_assert_eq(st->kv_blocks_used, 0, "%s: %d KV blocks still used after every request ended", yaml,
                  st->kv_blocks_used);
     loom_engine_destroy(e);
@@ -292,7 +292,7 @@ Test(spec, sampling_ngram_tiny_runs) {
             for (int t = 0; t < g.n[i][s]; t++) cr_assert(g.toks[i][s][t] >= 0 && g.toks[i][s][t] < 256);
         }
     loom_engine_stats st;
-    loom_engine_get_stats(e, &st);
+    loom_engine_get_stats(e, &st, sizeof st);
     cr_expect(st.spec_proposed > 0, "no drafts proposed");
     cr_expect(st.spec_accepted >= 0 && st.spec_accepted <= st.spec_proposed, "accepted %lld of %lld",
               (long long)st.spec_accepted, (long long)st.spec_proposed);
@@ -386,7 +386,7 @@ static void distribution_check(const char *spec_yaml, const char *spec_override,
             }
         }
         loom_engine_stats st;
-        loom_engine_get_stats(e, &st);
+        loom_engine_get_stats(e, &st, sizeof st);
         if (mode) {
             proposed = st.spec_proposed;
             accepted = st.spec_accepted;
@@ -493,7 +493,7 @@ Test(spec, rollback_leaks_no_blocks, .timeout = 120) {
                              g.n[i][s], want[i]);
             }
         loom_engine_stats st;
-        loom_engine_get_stats(e, &st);
+        loom_engine_get_stats(e, &st, sizeof st);
         cr_assert_eq(st.kv_blocks_used, 0, "round %d: %d of %d KV blocks leaked", round, st.kv_blocks_used,
                      st.kv_blocks_total);
         cr_assert_eq(st.running + st.waiting + st.swapped, 0);
@@ -541,7 +541,7 @@ static void tiny_batch(const char *spec_ov, gen *g, loom_engine_stats *st) {
     }
     run_all(e);
     cr_assert_str_empty(g->error, "%s", g->error);
-    loom_engine_get_stats(e, st);
+    loom_engine_get_stats(e, st, sizeof *st);
     cr_assert_eq(st->kv_blocks_used, 0);
     loom_engine_destroy(e);
 }
@@ -619,7 +619,7 @@ static void tight_run(int32_t blocks, const char *which, loom_engine_stats *st) 
     run_all(e);
     cr_assert_str_empty(g.error, "%d blocks: %s", blocks, g.error);
     for (int i = 0; i < 3; i++) cr_assert_eq(g.n[i][0], mt[i], "%d blocks, request %d: %d tokens", blocks, i, g.n[i][0]);
-    loom_engine_get_stats(e, st);
+    loom_engine_get_stats(e, st, sizeof *st);
     cr_assert_eq(st->kv_blocks_used, 0);
     loom_engine_destroy(e);
 }

@@ -153,7 +153,7 @@ static void run_set(const char *pipe, const char *const *ov, tp_rec *recs, loom_
         cr_assert_eq(recs[i].rec.s[0].ntok, k_outs[i], "%s: request %d made %d tokens, want %d",
                      pipe, i, recs[i].rec.s[0].ntok, k_outs[i]);
     }
-    if (st) loom_engine_get_stats(e, st);
+    if (st) loom_engine_get_stats(e, st, sizeof *st);
     loom_engine_destroy(e);
 }
 
@@ -295,7 +295,7 @@ Test(tp, composes_with_swap_preemption_forks_and_prefix_cache) {
         eng_add(e, rq, &r[1]);
         eng_run(e, 1000);
         eng_rec_check_done(&r[1]);
-        loom_engine_get_stats(e, &st);
+        loom_engine_get_stats(e, &st, sizeof st);
         cr_assert_gt(st.cached_prompt_tokens, 0, "run %d: the repeated prompt missed the prefix cache",
                      run);
         loom_engine_destroy(e);

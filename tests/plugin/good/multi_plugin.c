@@ -46,8 +46,9 @@ static void multi_destroy(void *self) {
     if (self && g_multi_host) g_multi_host->free(g_multi_host->ctx, self);
 }
 
+/* an ABI 2.0 sampler table: it ends before check (since 2.1) */
 static const loom_sampler_ops multi_sampler_ops = {
-    .struct_size = sizeof(loom_sampler_ops), .create = multi_create, .destroy = multi_destroy, STUB_SAMPLER_OPS};
+    .struct_size = offsetof(loom_sampler_ops, check), .create = multi_create, .destroy = multi_destroy, STUB_SAMPLER_OPS};
 static const loom_scheduler_ops multi_sched_ops = {
     .struct_size = sizeof(loom_scheduler_ops), .create = multi_sched_create, .destroy = multi_destroy,
     STUB_SCHEDULER_OPS};
