@@ -91,6 +91,10 @@ def main():
     ap.add_argument("--model", default=None, help="the 'model' field (default: what GET /v1/models lists)")
     ap.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default %(default)s)")
+    ap.add_argument("--slo-ttft-ms", type=float, default=1000.0,
+                    help="goodput: a request counts when its TTFT is at most this (default %(default)s)")
+    ap.add_argument("--slo-tpot-ms", type=float, default=50.0,
+                    help="... and its TPOT at most this (default %(default)s)")
     ap.add_argument("--json", metavar="FILE", help="write the results as JSON")
     ap.add_argument("--no-progress", action="store_true", help="no progress line on stderr (shown on a terminal)")
     a = ap.parse_args()
@@ -167,12 +171,17 @@ def main():
     e2e = [r[1] for r in ok]
     tpot = [(r[1] - r[0]) / (r[2] - 1) for r in ok if r[0] is not None and r[2] > 1]
     out_tokens = sum(r[2] for r in ok)
+    # goodput (DistServe): requests per second that met both latency objectives
+    good = sum(1 for r in ok if r[0] is not None and r[0] <= a.slo_ttft_ms / 1e3 and
+               (r[2] <= 1 or (r[1] - r[0]) / (r[2] - 1) <= a.slo_tpot_ms / 1e3))
     res = {
         "url": a.url, "model": model, "num_requests": a.num_requests, "completed": len(ok), "failed": len(errors),
         "rate": None if math.isinf(a.rate) else a.rate, "max_concurrency": a.max_concurrency or None,
         "input_len": a.input_len, "output_len": a.output_len, "prompt_form": "text" if a.text else "token ids",
         "wall_s": wall, "request_throughput": len(ok) / wall, "output_throughput": out_tokens / wall,
         "input_throughput": len(ok) * a.input_len / wall,
+        "goodput": good / wall, "good_requests": good,
+        "slo": {"ttft_ms": a.slo_ttft_ms, "tpot_ms": a.slo_tpot_ms},
     }
     for name, xs in (("ttft_ms", ttft), ("tpot_ms", tpot), ("e2e_ms", e2e)):
         res[name] = {"mean": 1e3 * sum(xs) / len(xs) if xs else float("nan"),
@@ -184,6 +193,8 @@ def main():
           + (f" ({len(errors)} failed: {errors[0]})" if errors else ""))
     print(f"throughput      {res['request_throughput']:.2f} req/s, {res['output_throughput']:.1f} output tok/s, "
           f"{res['input_throughput']:.1f} input tok/s")
+    print(f"goodput         {res['goodput']:.2f} req/s ({good} requests met TTFT <= {a.slo_ttft_ms:g} ms and "
+          f"TPOT <= {a.slo_tpot_ms:g} ms)")
     for name, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "latency")):
         m = res[name]
         print(f"{label:<15} mean {m['mean']:.1f} ms, p50 {m['p50']:.1f}, p90 {m['p90']:.1f}, p99 {m['p99']:.1f}")
