@@ -43,6 +43,13 @@
 #           quantizer on cuda (and the tiny one on cpu): teacher-forced
 #           logprobs and 32 greedy tokens vs transformers on the dequantized
 #           weights.
+#   throughput: gpu_backend_test (graph buckets), continuous vs static
+#           batching on dummy weights (configs/gpu/ab, SmolLM2 and
+#           Llama-3-8B shapes), and bench/throughput.sh for the cases in
+#           THROUGHPUT_CASES (default: its FP8 cases).
+#   serve:  loom serve on the Llama-3-8B shape under bench/serve_sweep.sh at
+#           rising request rates (SERVE_RATES): throughput, TTFT / TPOT
+#           percentiles and goodput; scripts/plot-serve.py draws the PNG.
 #   kvfp8:  the FP8 E4M3 KV cache (kv_cache: fp8, bf16 weights) vs bf16 KV
 #           on the Llama-3-8B shape: per-token logprobs, batch-1 decode at a
 #           long context, offline throughput; SmolLM2 perplexity with both
@@ -89,6 +96,31 @@ PY
   done < tests/e2e/data/smollm2_prompts.txt
 }
 case "${1:-}" in
+throughput)
+  step "gpu_backend_test: every graph bucket against eager"
+  timeout 300 "$LB/tests/gpu/gpu_backend_test" > "$O/backend_test.log" 2>&1 || fails=$((fails + 1))
+  grep -E '^FAIL' "$O/backend_test.log" | head; tail -1 "$O/backend_test.log"
+  W="--num-requests 200 --input-len 64:512 --output-len 32:256 --seed 3 --warmup 64"
+  for shape in smollm2-135m llama3-8b; do
+    step "continuous (a) vs static (b) batching, dummy $shape weights"
+    timeout 240 loom bench --compare configs/gpu/ab/base.yaml configs/gpu/ab/static.yaml $W --no-progress \
+      --set model.format=dummy --set model.shape=$shape --set model.dtype=bf16 --set cache.memory_gib=32 \
+      --json "$O/ab-static-$shape.json" > "$O/ab-static-$shape.txt" 2>&1 || { fails=$((fails + 1)); echo "FAIL ab $shape"; }
+    grep -E 'output tokens/s|TPOT p50|TTFT p50|steps|prefill |mixed |decode |outside' "$O/ab-static-$shape.txt"
+  done
+  rec '{hw}-continuous-vs-static-dummy' --what "continuous (a) vs static (b) batching on cuda, dummy weights, 200 requests of 64-512 in / 32-256 out (configs/gpu/ab, cache.memory_gib=32)" \
+    --bench smollm2-135m="$O/ab-static-smollm2-135m.json" --bench llama3-8b="$O/ab-static-llama3-8b.json"
+  step "throughput table (bench/throughput.sh ${THROUGHPUT_CASES:-fp8 cases})"
+  cases=${THROUGHPUT_CASES:-"fp8:128:128:3000 fp8:128:2048:256 fp8:1000:1000:512 fp8:2048:2048:256"}
+  OUT=$O LB=$LB bench/throughput.sh $cases || fails=$((fails + 1))
+  ;;
+serve)
+  step "loom serve, Llama-3-8B shape (dummy bf16), rising request rates"
+  SERVE_N=${SERVE_N:-400} SERVE_IN=${SERVE_IN:-512} SERVE_OUT=${SERVE_OUT:-128} \
+    SERVE_SET="scheduler.max_num_seqs=256 engine.max_model_len=2048" SERVE_RESULT='{hw}-serve-sweep-llama3-8b' \
+    LOOM=$(command -v loom) bench/serve_sweep.sh configs/gpu/llama3-8b-dummy.yaml "$O/serve" ${SERVE_RATES:-4 8 16 24 32 48 inf} \
+    || fails=$((fails + 1))
+  ;;
 stage1)
   step "device"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$O/device.txt"
