@@ -98,27 +98,37 @@ PY
 case "${1:-}" in
 throughput)
   step "gpu_backend_test: every graph bucket against eager"
-  timeout 300 "$LB/tests/gpu/gpu_backend_test" > "$O/backend_test.log" 2>&1 || fails=$((fails + 1))
+  LOOM_QUANTIZER_DIR=$LB/plugins/quantizer timeout 300 "$LB/tests/gpu/gpu_backend_test" \
+    "$LB/plugins/backend/cuda/loom-backend-cuda.so" "$LB/plugins/backend/cpu/loom-backend-cpu.so" \
+    > "$O/backend_test.log" 2>&1 || fails=$((fails + 1))
   grep -E '^FAIL' "$O/backend_test.log" | head; tail -1 "$O/backend_test.log"
   W="--num-requests 200 --input-len 64:512 --output-len 32:256 --seed 3 --warmup 64"
-  for shape in smollm2-135m llama3-8b; do
+  [ -n "${SKIP_AB:-}" ] || for shape in smollm2-135m llama3-8b; do
     step "continuous (a) vs static (b) batching, dummy $shape weights"
     timeout 240 loom bench --compare configs/gpu/ab/base.yaml configs/gpu/ab/static.yaml $W --no-progress \
       --set model.format=dummy --set model.shape=$shape --set model.dtype=bf16 --set cache.memory_gib=32 \
       --json "$O/ab-static-$shape.json" > "$O/ab-static-$shape.txt" 2>&1 || { fails=$((fails + 1)); echo "FAIL ab $shape"; }
     grep -E 'output tokens/s|TPOT p50|TTFT p50|steps|prefill |mixed |decode |outside' "$O/ab-static-$shape.txt"
   done
-  rec '{hw}-continuous-vs-static-dummy' --what "continuous (a) vs static (b) batching on cuda, dummy weights, 200 requests of 64-512 in / 32-256 out (configs/gpu/ab, cache.memory_gib=32)" \
+  [ -n "${SKIP_AB:-}" ] || rec '{hw}-continuous-vs-static-dummy' --what "continuous (a) vs static (b) batching on cuda, dummy weights, 200 requests of 64-512 in / 32-256 out (configs/gpu/ab, cache.memory_gib=32)" \
     --bench smollm2-135m="$O/ab-static-smollm2-135m.json" --bench llama3-8b="$O/ab-static-llama3-8b.json"
   step "throughput table (bench/throughput.sh ${THROUGHPUT_CASES:-fp8 cases})"
   cases=${THROUGHPUT_CASES:-"fp8:128:128:3000 fp8:128:2048:256 fp8:1000:1000:512 fp8:2048:2048:256"}
   OUT=$O LB=$LB bench/throughput.sh $cases || fails=$((fails + 1))
   ;;
 serve)
+  step "continuous (a) vs static (b) batching, dummy llama3-8b weights, Poisson arrivals at 16 requests/s"
+  timeout 240 loom bench --compare configs/gpu/ab/base.yaml configs/gpu/ab/static.yaml --no-progress \
+    --num-requests 200 --input-len 64:512 --output-len 32:256 --seed 3 --warmup 64 --rate 16 \
+    --set model.format=dummy --set model.shape=llama3-8b --set model.dtype=bf16 --set cache.memory_gib=32 \
+    --json "$O/ab-static-poisson.json" > "$O/ab-static-poisson.txt" 2>&1 || { fails=$((fails + 1)); echo "FAIL ab poisson"; }
+  grep -E 'output tokens/s|TPOT p50|TTFT p50|steps|prefill |mixed |decode |outside' "$O/ab-static-poisson.txt"
+  rec '{hw}-continuous-vs-static-poisson-llama3-8b' --what "continuous (a) vs static (b) batching on cuda, dummy Llama-3-8B weights, 200 requests of 64-512 in / 32-256 out arriving at 16/s (Poisson)" \
+    --bench poisson16="$O/ab-static-poisson.json"
   step "loom serve, Llama-3-8B shape (dummy bf16), rising request rates"
-  SERVE_N=${SERVE_N:-400} SERVE_IN=${SERVE_IN:-512} SERVE_OUT=${SERVE_OUT:-128} \
+  SERVE_N=${SERVE_N:-200} SERVE_IN=${SERVE_IN:-512} SERVE_OUT=${SERVE_OUT:-128} \
     SERVE_SET="scheduler.max_num_seqs=256 engine.max_model_len=2048" SERVE_RESULT='{hw}-serve-sweep-llama3-8b' \
-    LOOM=$(command -v loom) bench/serve_sweep.sh configs/gpu/llama3-8b-dummy.yaml "$O/serve" ${SERVE_RATES:-4 8 16 24 32 48 inf} \
+    LOOM=$(command -v loom) bench/serve_sweep.sh configs/gpu/llama3-8b-dummy.yaml "$O/serve" ${SERVE_RATES:-8 16 32 64 inf} \
     || fails=$((fails + 1))
   ;;
 stage1)
