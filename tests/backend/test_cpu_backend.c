@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "fake_host.h"
-#include "kt_rng.h"
+#include "rng.h"
 #include "loom/backend.h"
 #include "tb_util.h"
 #include "formats/dtype.h"
@@ -63,14 +63,14 @@ static const float *tm_val(const tm_model *m, const char *name) {
 }
 
 /* Add a random tensor (rows x cols; cols < 0: 1-D of rows) ~ offset + scale N(0,1). */
-static void tm_add(tm_model *m, kt_rng *r, const char *name, int64_t rows, int64_t cols,
+static void tm_add(tm_model *m, test_rng *r, const char *name, int64_t rows, int64_t cols,
                    double scale, double offset, loom_dtype dt) {
     cr_assert_lt(m->n, TM_MAX);
     int i = m->n++;
     int64_t n = rows * (cols < 0 ? 1 : cols);
     snprintf(m->names[i], sizeof m->names[i], "%s", name);
     m->val[i] = malloc(sizeof(float) * n);
-    for (int64_t k = 0; k < n; k++) m->val[i][k] = (float)(offset + scale * kt_normal(r));
+    for (int64_t k = 0; k < n; k++) m->val[i][k] = (float)(offset + scale * rng_normal(r));
     if (dt == LOOM_DTYPE_F16) {
         uint16_t *h = malloc(sizeof(uint16_t) * n);
         for (int64_t k = 0; k < n; k++) {
@@ -93,7 +93,7 @@ static void tm_add(tm_model *m, kt_rng *r, const char *name, int64_t rows, int64
                             .name = m->names[i]};
 }
 
-static tm_model *tm_make(tm_variant v, kt_rng *r) {
+static tm_model *tm_make(tm_variant v, test_rng *r) {
     tm_model *m = calloc(1, sizeof *m);
     loom_model_config *c = &m->cfg;
     *c = (loom_model_config){.struct_size = sizeof *c,
@@ -322,9 +322,9 @@ static double row_err(const float *got, const double *ref, int V) {
     return num / den;
 }
 
-static int32_t *random_tokens(kt_rng *r, int n, int V) {
+static int32_t *random_tokens(test_rng *r, int n, int V) {
     int32_t *t = malloc(sizeof(int32_t) * n);
-    for (int i = 0; i < n; i++) t[i] = (int32_t)kt_int(r, V);
+    for (int i = 0; i < n; i++) t[i] = (int32_t)rng_int(r, V);
     return t;
 }
 
@@ -334,7 +334,7 @@ static const char *const variant_names[] = {"llama", "qwen2", "llama3"};
 /* ------------------------------------------------------------ scenarios */
 
 Test(backend, full_prefill) {
-    kt_rng r = kt_seeded("backend.full_prefill");
+    test_rng r = rng_seeded("backend.full_prefill");
     for (int vi = 0; vi < 3; vi++) {
         tm_model *m = tm_make(all_variants[vi], &r);
         int V = m->cfg.vocab_size, n = 37;
@@ -362,7 +362,7 @@ Test(backend, full_prefill) {
 }
 
 Test(backend, chunked_prefill_then_decode) {
-    kt_rng r = kt_seeded("backend.chunked_prefill_then_decode");
+    test_rng r = rng_seeded("backend.chunked_prefill_then_decode");
     for (int vi = 0; vi < 3; vi++) {
         tm_model *m = tm_make(all_variants[vi], &r);
         int V = m->cfg.vocab_size, prompt = 37, gen = 6, n = prompt + gen;
@@ -438,7 +438,7 @@ static int run_mix(tm_model *m, tb_opts o, int32_t *const toks[MIX_SEQS], float 
 }
 
 Test(backend, mixed_batch_matches_single_sequences) {
-    kt_rng r = kt_seeded("backend.mixed_batch");
+    test_rng r = rng_seeded("backend.mixed_batch");
     for (int vi = 0; vi < 3; vi++) {
         tm_model *m = tm_make(all_variants[vi], &r);
         int V = m->cfg.vocab_size;
@@ -482,7 +482,7 @@ Test(backend, mixed_batch_matches_single_sequences) {
 }
 
 Test(backend, shuffled_block_table_is_bit_identical) {
-    kt_rng r = kt_seeded("backend.shuffled_blocks");
+    test_rng r = rng_seeded("backend.shuffled_blocks");
     tm_model *m = tm_make(TM_LLAMA, &r);
     int V = m->cfg.vocab_size;
     int32_t *toks[MIX_SEQS];
@@ -492,7 +492,7 @@ Test(backend, shuffled_block_table_is_bit_identical) {
     int na = run_mix(m, (tb_opts){.threads = 2, .block_size = 16, .num_blocks = 40}, toks, a, rs, rp);
     int nc = run_mix(m,
                      (tb_opts){.threads = 2, .block_size = 16, .num_blocks = 40,
-                               .shuffle = kt_next(&r) | 1},
+                               .shuffle = rng_next(&r) | 1},
                      toks, c, rs, rp);
     cr_assert_eq(na, nc);
     cr_assert(!memcmp(a, c, sizeof(float) * na * V),
@@ -500,7 +500,7 @@ Test(backend, shuffled_block_table_is_bit_identical) {
     /* a different block size changes nothing but the tiling: close, not bitwise */
     int nd = run_mix(m,
                      (tb_opts){.threads = 2, .block_size = 5, .num_blocks = 64,
-                               .shuffle = kt_next(&r) | 1},
+                               .shuffle = rng_next(&r) | 1},
                      toks, c, rs, rp);
     cr_assert_eq(nd, na);
     double e = 0;
@@ -516,7 +516,7 @@ Test(backend, shuffled_block_table_is_bit_identical) {
 }
 
 Test(backend, f16_kv_cache) {
-    kt_rng r = kt_seeded("backend.f16_kv_cache");
+    test_rng r = rng_seeded("backend.f16_kv_cache");
     tm_model *m = tm_make(TM_LLAMA3, &r);
     int V = m->cfg.vocab_size;
     int32_t *toks[MIX_SEQS];
@@ -541,7 +541,7 @@ Test(backend, f16_kv_cache) {
 }
 
 Test(backend, swap_and_copy_blocks) {
-    kt_rng r = kt_seeded("backend.swap_and_copy_blocks");
+    test_rng r = rng_seeded("backend.swap_and_copy_blocks");
     tm_model *m = tm_make(TM_LLAMA, &r);
     int V = m->cfg.vocab_size, n = 40, bs = 8;
     int32_t *tok = random_tokens(&r, n, V);
@@ -633,7 +633,7 @@ Test(backend, descriptor_memory_and_sizes) {
         cr_assert_eq(p->offset, offs[i], "param %s offset", keys[i]);
         cr_assert(p->doc && *p->doc);
     }
-    kt_rng r = kt_seeded("backend.descriptor");
+    test_rng r = rng_seeded("backend.descriptor");
     tm_model *m = tm_make(TM_QWEN2, &r);
     const loom_host *host = fake_host();
     loom_error err = {0};
@@ -681,7 +681,7 @@ Test(backend, descriptor_memory_and_sizes) {
 }
 
 Test(backend, bad_batches_are_errors) {
-    kt_rng r = kt_seeded("backend.bad_batches");
+    test_rng r = rng_seeded("backend.bad_batches");
     tm_model *m = tm_make(TM_LLAMA, &r);
     int V = m->cfg.vocab_size;
     tb b;
@@ -745,7 +745,7 @@ static loom_status q_plan(void *self, const loom_model_view *m, const loom_tenso
 }
 
 Test(backend, load_errors) {
-    kt_rng r = kt_seeded("backend.load_errors");
+    test_rng r = rng_seeded("backend.load_errors");
     tb b = {0};
     char msg[512];
     cr_assert(tb_load_plugin(&b, msg, sizeof msg), "%s", msg);

@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "fake_host.h"
-#include "kt_rng.h"
+#include "rng.h"
 #include "loom/backend.h"
 #include "loom/executor.h"
 #include "tb_util.h"
@@ -104,7 +104,7 @@ static const loom_tensor *sm_get(void *ctx, const char *name) {
 static int32_t sm_count(void *ctx) { return ((sm_model *)ctx)->n; }
 static const loom_tensor *sm_at(void *ctx, int32_t i) { return &((sm_model *)ctx)->t[i]; }
 
-static void sm_add(sm_model *m, kt_rng *r, const char *name, int64_t rows, int64_t cols,
+static void sm_add(sm_model *m, test_rng *r, const char *name, int64_t rows, int64_t cols,
                    double scale, double offset, loom_dtype dt) {
     cr_assert_lt(m->n, SM_MAX);
     int i = m->n++;
@@ -113,13 +113,13 @@ static void sm_add(sm_model *m, kt_rng *r, const char *name, int64_t rows, int64
     if (dt == LOOM_DTYPE_F16) {
         uint16_t *h = malloc(sizeof(uint16_t) * (size_t)n);
         for (int64_t k = 0; k < n; k++) {
-            _Float16 v = (_Float16)(offset + scale * kt_normal(r));
+            _Float16 v = (_Float16)(offset + scale * rng_normal(r));
             memcpy(&h[k], &v, 2);
         }
         m->raw[i] = h;
     } else {
         float *f = malloc(sizeof(float) * (size_t)n);
-        for (int64_t k = 0; k < n; k++) f[k] = (float)(offset + scale * kt_normal(r));
+        for (int64_t k = 0; k < n; k++) f[k] = (float)(offset + scale * rng_normal(r));
         m->raw[i] = f;
     }
     m->t[i] = (loom_tensor){.struct_size = sizeof(loom_tensor),
@@ -133,7 +133,7 @@ static void sm_add(sm_model *m, kt_rng *r, const char *name, int64_t rows, int64
 }
 
 static sm_model *sm_make(const sm_shape *s, uint64_t seed) {
-    kt_rng r = {seed};
+    test_rng r = {seed};
     sm_model *m = calloc(1, sizeof *m);
     loom_model_config *c = &m->cfg;
     *c = (loom_model_config){.struct_size = sizeof *c,
@@ -333,10 +333,10 @@ static int32_t rig_step(rig *g, tb_seq **seqs, const int32_t *nnew, int32_t nseq
 /* The mixed scenario: three sequences, chunked prefill next to decodes. */
 static float *run_mixed(rig *g, const sm_model *m, int32_t *nrows) {
     const int V = m->cfg.vocab_size;
-    kt_rng r = {99};
+    test_rng r = {99};
     int32_t toks[3][48];
     for (int s = 0; s < 3; s++)
-        for (int i = 0; i < 48; i++) toks[s][i] = (int32_t)kt_int(&r, V);
+        for (int i = 0; i < 48; i++) toks[s][i] = (int32_t)rng_int(&r, V);
     tb_seq s0 = {.tokens = toks[0], .len = 48}, s1 = {.tokens = toks[1], .len = 48},
            s2 = {.tokens = toks[2], .len = 48};
     float *out = NULL;
@@ -424,9 +424,9 @@ Test(tp, logits_rank_without_vocabulary) { check_shape(&k_shapes[3], (int32_t[])
 Test(tp, copy_and_swap_blocks_on_every_rank) {
     sm_model *m = sm_make(&k_shapes[0], 5);
     const int V = m->cfg.vocab_size;
-    kt_rng r = {3};
+    test_rng r = {3};
     int32_t toks[40];
-    for (int i = 0; i < 40; i++) toks[i] = (int32_t)kt_int(&r, V);
+    for (int i = 0; i < 40; i++) toks[i] = (int32_t)rng_int(&r, V);
     float *rows[2] = {NULL, NULL};
     int32_t nrows[2] = {0, 0};
     for (int run = 0; run < 2; run++) {
