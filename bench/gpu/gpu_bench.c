@@ -929,7 +929,7 @@ static void bench_decode_layer(int ctx) {
  * alone: what a step would cost with no gaps between kernels. With tp > 1
  * the shapes one tensor-parallel rank runs (heads, KV heads, FFN width and
  * vocabulary divided by tp; the collectives between them are not timed
- * here: tests/gpu/tp_comm_bench does that). */
+ * here: bench/gpu/tp_comm_bench does that). */
 static void bench_components_tp(int T, int ctx, int gemv_max_m, int tp) {
     const int H = 4096, I = 14336 / tp, NH = 32 / tp, KVH = 8 / tp, D = 128, V = (128256 + tp - 1) / tp,
               L = 32, bs = 16;

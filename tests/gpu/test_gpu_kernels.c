@@ -1,5 +1,5 @@
 /*
- * tests/gpu/gpu_kernel_tests.c — every kernel of kernels/cuda against a
+ * tests/gpu/test_gpu_kernels.c — every kernel of kernels/cuda against a
  * float64 CPU reference, on fresh random inputs, at many shapes. Runs only
  * on a machine with a Hopper GPU (it is not a meson test(): CI has none).
  *

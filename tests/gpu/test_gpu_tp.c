@@ -1,5 +1,5 @@
 /*
- * tests/gpu/gpu_tp_test.c — tensor parallelism on GPUs: the tp executor
+ * tests/gpu/test_gpu_tp.c — tensor parallelism on GPUs: the tp executor
  * (loom-executor-tp.so, comm nccl) over cuda backend ranks, against one
  * plain cuda backend on the same model and the same batches. Needs at least
  * two Hopper GPUs and a tp plugin built with NCCL; with fewer GPUs it prints

@@ -1,5 +1,5 @@
 /*
- * tests/gpu/gpu_backend_test.c — the cuda backend against the cpu backend
+ * tests/gpu/test_gpu_backend.c — the cuda backend against the cpu backend
  * on the same model and the same batches. Runs only on a Hopper GPU (not a
  * meson test(): CI has none).
  *
