@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli_run.h"
 #include "tokenizer/tokenizer.h"
 #include "util/util.h"
 
@@ -31,21 +32,6 @@ static char *data_path(const char *name) {
     return buf;
 }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    cr_assert(s);
-    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
-    s[n] = '\0';
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return s;
-}
-
 typedef struct golden {
     char *text;
     int32_t *ids;
@@ -53,7 +39,7 @@ typedef struct golden {
 } golden;
 
 static int load_goldens(golden **out) {
-    char *all = slurp(data_path("smollm2_golden.jsonl"), NULL);
+    char *all = test_slurp(data_path("smollm2_golden.jsonl"), NULL);
     int cap = 128, n = 0;
     golden *g = calloc((size_t)cap, sizeof *g);
     for (char *line = strtok(all, "\n"); line; line = strtok(NULL, "\n")) {
@@ -232,7 +218,7 @@ Test(tokenizer, special_parsing_off) {
 /* --------------------------------------------------------- SentencePiece */
 
 Test(tokenizer, spm_tiny_vs_sentencepiece) {
-    char *js = slurp(data_path("spm_tiny.json"), NULL);
+    char *js = test_slurp(data_path("spm_tiny.json"), NULL);
     cJSON *o = cJSON_Parse(js);
     cr_assert(o);
     cJSON *toks = cJSON_GetObjectItem(o, "tokens"), *scores = cJSON_GetObjectItem(o, "scores"),
@@ -312,7 +298,7 @@ static void gstr(gbuf *b, const char *s) { gu64(b, strlen(s)); gput(b, s, strlen
 static void gkey(gbuf *b, const char *k, uint32_t type) { gstr(b, k); gu32(b, type); }
 
 Test(tokenizer, gguf_spm_in_memory) {
-    char *js = slurp(data_path("spm_tiny.json"), NULL);
+    char *js = test_slurp(data_path("spm_tiny.json"), NULL);
     cJSON *o = cJSON_Parse(js);
     cJSON *toks = cJSON_GetObjectItem(o, "tokens"), *scores = cJSON_GetObjectItem(o, "scores"),
           *types = cJSON_GetObjectItem(o, "types");
