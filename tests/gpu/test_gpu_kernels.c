@@ -2400,6 +2400,100 @@ static void test_logits_topk(int rows, int V, int k) {
     free(x), free(ids), free(rid), free(vals), free(lse), free(rval);
 }
 
+/* ------------------------------------------------- attention case tables */
+
+/* The six-sequence batch most attention cases run: contexts at and around
+ * block boundaries, queried as a prefill, a decode, or a chunked prefill /
+ * verify step; and the two-sequence long batch (split-K decode, verify). */
+static const int k_att_ctx[6] = {1, 15, 16, 17, 33, 1000};
+static const int k_att_nq[3][6] = {{1, 15, 16, 17, 33, 1000}, {1, 1, 1, 1, 1, 1},
+                                   {1, 5, 16, 1, 20, 300}};
+static const int k_att_lctx[2] = {32768, 20001};
+static const int k_att_lnq[2][2] = {{1, 1}, {4, 3}};
+enum { ATT_PREFILL, ATT_DECODE, ATT_CHUNK, ATT_LONG_DECODE, ATT_LONG_VERIFY };
+
+/* One test_attention call on one of those batches (ATT_*). */
+typedef struct att_case {
+    const char *label;
+    loom_cuda_dt dt;
+    int D, H, KVH, bs, batch;
+    int shape_mode, splits; /* test_attention's shape_mode, max_splits_req */
+} att_case;
+
+#define BF LOOM_CUDA_BF16
+#define HF LOOM_CUDA_F16
+/* a dt KV cache: forced shapes and split counts, block sizes, head dims, long contexts */
+static const att_case k_att_dt[] = {
+    {"decode nosplit", BF, 128, 32, 8, 16, ATT_DECODE, -1, 1},
+    {"decode split64", BF, 128, 32, 8, 16, ATT_DECODE, -1, 64},
+    {"decode as prefill", BF, 128, 32, 8, 16, ATT_DECODE, 1, 0},
+    {"chunk as prefill split7", BF, 64, 9, 3, 16, ATT_CHUNK, 1, 7},
+    {"prefill f16", HF, 128, 32, 8, 16, ATT_CHUNK, -1, 0},
+    {"decode f16", HF, 64, 8, 2, 16, ATT_DECODE, -1, 0},
+    {"bs1", BF, 64, 4, 2, 1, ATT_CHUNK, -1, 0},
+    {"bs7", BF, 128, 8, 8, 7, ATT_CHUNK, -1, 0},
+    {"bs32", BF, 64, 12, 4, 32, ATT_CHUNK, -1, 0},
+    {"D32", BF, 32, 8, 2, 16, ATT_CHUNK, -1, 0},
+    {"D16", BF, 16, 4, 2, 16, ATT_CHUNK, -1, 0},
+    {"MQA G16", BF, 64, 16, 1, 16, ATT_CHUNK, -1, 0},
+    {"MQA G32", BF, 64, 32, 1, 16, ATT_DECODE, -1, 0},
+    {"long decode", BF, 128, 32, 8, 16, ATT_LONG_DECODE, -1, 0},
+    {"long decode", BF, 64, 9, 3, 16, ATT_LONG_DECODE, -1, 0},
+    {"long verify", BF, 128, 32, 8, 16, ATT_LONG_VERIFY, -1, 0},
+};
+/* the batch-invariant mode (shape_mode 2) against float64 */
+static const att_case k_att_invariant[] = {
+    {"invariant", BF, 64, 9, 3, 16, ATT_CHUNK, 2, 0},
+    {"invariant", BF, 128, 32, 8, 16, ATT_CHUNK, 2, 7},
+    {"invariant", HF, 64, 8, 8, 16, ATT_DECODE, 2, 0},
+    {"invariant MQA G32", BF, 64, 32, 1, 16, ATT_CHUNK, 2, 0},
+    {"invariant long verify", BF, 128, 32, 8, 16, ATT_LONG_VERIFY, 2, 0},
+};
+/* an E4M3 KV cache: the same plans once more */
+static const att_case k_att_e4m3[] = {
+    {"decode nosplit", BF, 128, 32, 8, 16, ATT_DECODE, -1, 1},
+    {"decode split64", BF, 128, 32, 8, 16, ATT_DECODE, -1, 64},
+    {"decode as prefill", BF, 128, 32, 8, 16, ATT_DECODE, 1, 0},
+    {"chunk as prefill split7", BF, 64, 9, 3, 16, ATT_CHUNK, 1, 7},
+    {"prefill f16", HF, 128, 32, 8, 16, ATT_CHUNK, -1, 0},
+    {"decode f16", HF, 64, 8, 2, 16, ATT_DECODE, -1, 0},
+    {"bs1", BF, 64, 4, 2, 1, ATT_CHUNK, -1, 0},
+    {"bs7", BF, 128, 8, 8, 7, ATT_CHUNK, -1, 0},
+    {"D32", BF, 32, 8, 2, 16, ATT_CHUNK, -1, 0},
+    {"D16", BF, 16, 4, 2, 16, ATT_CHUNK, -1, 0},
+    {"D16 decode", BF, 16, 4, 2, 16, ATT_DECODE, -1, 0},
+    {"MQA G32", BF, 64, 32, 1, 16, ATT_DECODE, -1, 0},
+    {"invariant", BF, 64, 9, 3, 16, ATT_CHUNK, 2, 0},
+    {"invariant", BF, 128, 32, 8, 16, ATT_CHUNK, 2, 7},
+    {"invariant MQA G32", BF, 64, 32, 1, 16, ATT_CHUNK, 2, 0},
+    {"long decode", BF, 128, 32, 8, 16, ATT_LONG_DECODE, -1, 0},
+    {"long verify", BF, 128, 32, 8, 16, ATT_LONG_VERIFY, -1, 0},
+    {"invariant long verify", BF, 128, 32, 8, 16, ATT_LONG_VERIFY, 2, 0},
+};
+#undef BF
+#undef HF
+
+static void att_run(const att_case *c, int n) {
+    for (int i = 0; i < n; i++) {
+        const bool lng = c[i].batch >= ATT_LONG_DECODE;
+        test_attention(c[i].label, c[i].dt, c[i].D, c[i].H, c[i].KVH, c[i].bs, lng ? 2 : 6,
+                       lng ? k_att_lctx : k_att_ctx,
+                       lng ? k_att_lnq[c[i].batch - ATT_LONG_DECODE] : k_att_nq[c[i].batch],
+                       c[i].shape_mode, c[i].splits);
+    }
+}
+
+/* Prefill, decode and chunked batches at head dims 64 and 128 for each
+ * (H, KVH) of gqa[n]. */
+static void att_grid(const int (*gqa)[2], int n) {
+    static const char *const names[3] = {"prefill", "decode", "chunked"};
+    for (int di = 0; di < 2; di++)
+        for (int gi = 0; gi < n; gi++)
+            for (int b = ATT_PREFILL; b <= ATT_CHUNK; b++)
+                test_attention(names[b], LOOM_CUDA_BF16, di ? 128 : 64, gqa[gi][0], gqa[gi][1], 16, 6,
+                               k_att_ctx, k_att_nq[b], -1, 0);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: gpu_kernel_tests [SEED]\n"
@@ -2458,45 +2552,13 @@ int main(int argc, char **argv) {
     test_e4m3_decode(LOOM_CUDA_BF16);
     test_e4m3_decode(LOOM_CUDA_F16);
 
-    /* attention: ragged prefill, block boundaries, GQA 1/3/4/8, D 64/128 */
+    /* attention: ragged prefill, block boundaries, GQA 1/3/4/8, D 64/128;
+     * then forced shapes and split counts, other block sizes and head
+     * dims, long contexts (split-K decode, a verify step) */
 attention:;
+    att_grid((const int[][2]){{8, 8}, {9, 3}, {32, 8}, {32, 4}}, 4);
+    att_run(k_att_dt, (int)(sizeof k_att_dt / sizeof k_att_dt[0]));
     {
-        const int ctx[6] = {1, 15, 16, 17, 33, 1000};
-        const int nq_prefill[6] = {1, 15, 16, 17, 33, 1000};
-        const int nq_decode[6] = {1, 1, 1, 1, 1, 1};
-        const int nq_chunk[6] = {1, 5, 16, 1, 20, 300}; /* chunked prefill / verify */
-        const int gqa[4][2] = {{8, 8}, {9, 3}, {32, 8}, {32, 4}};
-        for (int di = 0; di < 2; di++) {
-            const int D = di ? 128 : 64;
-            for (int gi = 0; gi < 4; gi++) {
-                const int H = gqa[gi][0], KVH = gqa[gi][1];
-                test_attention("prefill", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_prefill, -1, 0);
-                test_attention("decode", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_decode, -1, 0);
-                test_attention("chunked", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_chunk, -1, 0);
-            }
-        }
-        /* forced shapes and split counts */
-        test_attention("decode nosplit", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, -1, 1);
-        test_attention("decode split64", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, -1, 64);
-        test_attention("decode as prefill", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, 1, 0);
-        test_attention("chunk as prefill split7", LOOM_CUDA_BF16, 64, 9, 3, 16, 6, ctx, nq_chunk, 1, 7);
-        test_attention("prefill f16", LOOM_CUDA_F16, 128, 32, 8, 16, 6, ctx, nq_chunk, -1, 0);
-        test_attention("decode f16", LOOM_CUDA_F16, 64, 8, 2, 16, 6, ctx, nq_decode, -1, 0);
-        /* other block sizes and head dims */
-        test_attention("bs1", LOOM_CUDA_BF16, 64, 4, 2, 1, 6, ctx, nq_chunk, -1, 0);
-        test_attention("bs7", LOOM_CUDA_BF16, 128, 8, 8, 7, 6, ctx, nq_chunk, -1, 0);
-        test_attention("bs32", LOOM_CUDA_BF16, 64, 12, 4, 32, 6, ctx, nq_chunk, -1, 0);
-        test_attention("D32", LOOM_CUDA_BF16, 32, 8, 2, 16, 6, ctx, nq_chunk, -1, 0);
-        test_attention("D16", LOOM_CUDA_BF16, 16, 4, 2, 16, 6, ctx, nq_chunk, -1, 0);
-        test_attention("MQA G16", LOOM_CUDA_BF16, 64, 16, 1, 16, 6, ctx, nq_chunk, -1, 0);
-        test_attention("MQA G32", LOOM_CUDA_BF16, 64, 32, 1, 16, 6, ctx, nq_decode, -1, 0);
-    }
-    /* long contexts: split-K decode and a verify step */
-    {
-        const int ctx[2] = {32768, 20001}, nq1[2] = {1, 1}, nq4[2] = {4, 3};
-        test_attention("long decode", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, ctx, nq1, -1, 0);
-        test_attention("long decode", LOOM_CUDA_BF16, 64, 9, 3, 16, 2, ctx, nq1, -1, 0);
-        test_attention("long verify", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, ctx, nq4, -1, 0);
         const int ctx1[1] = {32768}, nq64[1] = {64};
         test_attention("long chunk", LOOM_CUDA_BF16, 128, 8, 2, 16, 1, ctx1, nq64, -1, 0);
     }
@@ -2505,16 +2567,8 @@ attention:;
      * the prefill shape for G > 16), then bit for bit alone vs in a step at
      * block-boundary lengths and past one split chunk (64 keys; 1024 =
      * 16 splits x 64, above which the chunks grow) */
+    att_run(k_att_invariant, (int)(sizeof k_att_invariant / sizeof k_att_invariant[0]));
     {
-        const int ctx[6] = {1, 15, 16, 17, 33, 1000};
-        const int nq_chunk[6] = {1, 5, 16, 1, 20, 300};
-        const int nq_decode[6] = {1, 1, 1, 1, 1, 1};
-        test_attention("invariant", LOOM_CUDA_BF16, 64, 9, 3, 16, 6, ctx, nq_chunk, 2, 0);
-        test_attention("invariant", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_chunk, 2, 7);
-        test_attention("invariant", LOOM_CUDA_F16, 64, 8, 8, 16, 6, ctx, nq_decode, 2, 0);
-        test_attention("invariant MQA G32", LOOM_CUDA_BF16, 64, 32, 1, 16, 6, ctx, nq_chunk, 2, 0);
-        const int lctx[2] = {32768, 20001}, lnq[2] = {4, 3};
-        test_attention("invariant long verify", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, lctx, lnq, 2, 0);
         const int kv[9] = {5, 16, 17, 64, 65, 129, 1024, 1030, 20001};
         for (int i = 0; i < 9; i++) {
             test_attention_invariance(LOOM_CUDA_BF16, 64, 9, 3, 16, kv[i], 5);
@@ -2530,38 +2584,9 @@ attention:;
      * decode them to dt in shared memory; every shape, head dim, block
      * size, split plan and the batch-invariant call once more */
     g_kv = LOOM_CUDA_KV_E4M3;
+    att_grid((const int[][2]){{9, 3}, {32, 8}}, 2);
+    att_run(k_att_e4m3, (int)(sizeof k_att_e4m3 / sizeof k_att_e4m3[0]));
     {
-        const int ctx[6] = {1, 15, 16, 17, 33, 1000};
-        const int nq_prefill[6] = {1, 15, 16, 17, 33, 1000};
-        const int nq_decode[6] = {1, 1, 1, 1, 1, 1};
-        const int nq_chunk[6] = {1, 5, 16, 1, 20, 300};
-        const int gqa[2][2] = {{9, 3}, {32, 8}};
-        for (int di = 0; di < 2; di++)
-            for (int gi = 0; gi < 2; gi++) {
-                const int D = di ? 128 : 64, H = gqa[gi][0], KVH = gqa[gi][1];
-                test_attention("prefill", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_prefill, -1, 0);
-                test_attention("decode", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_decode, -1, 0);
-                test_attention("chunked", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_chunk, -1, 0);
-            }
-        test_attention("decode nosplit", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, -1, 1);
-        test_attention("decode split64", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, -1, 64);
-        test_attention("decode as prefill", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, 1, 0);
-        test_attention("chunk as prefill split7", LOOM_CUDA_BF16, 64, 9, 3, 16, 6, ctx, nq_chunk, 1, 7);
-        test_attention("prefill f16", LOOM_CUDA_F16, 128, 32, 8, 16, 6, ctx, nq_chunk, -1, 0);
-        test_attention("decode f16", LOOM_CUDA_F16, 64, 8, 2, 16, 6, ctx, nq_decode, -1, 0);
-        test_attention("bs1", LOOM_CUDA_BF16, 64, 4, 2, 1, 6, ctx, nq_chunk, -1, 0);
-        test_attention("bs7", LOOM_CUDA_BF16, 128, 8, 8, 7, 6, ctx, nq_chunk, -1, 0);
-        test_attention("D32", LOOM_CUDA_BF16, 32, 8, 2, 16, 6, ctx, nq_chunk, -1, 0);
-        test_attention("D16", LOOM_CUDA_BF16, 16, 4, 2, 16, 6, ctx, nq_chunk, -1, 0);
-        test_attention("D16 decode", LOOM_CUDA_BF16, 16, 4, 2, 16, 6, ctx, nq_decode, -1, 0);
-        test_attention("MQA G32", LOOM_CUDA_BF16, 64, 32, 1, 16, 6, ctx, nq_decode, -1, 0);
-        test_attention("invariant", LOOM_CUDA_BF16, 64, 9, 3, 16, 6, ctx, nq_chunk, 2, 0);
-        test_attention("invariant", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_chunk, 2, 7);
-        test_attention("invariant MQA G32", LOOM_CUDA_BF16, 64, 32, 1, 16, 6, ctx, nq_chunk, 2, 0);
-        const int lctx[2] = {32768, 20001}, nq1[2] = {1, 1}, nq4[2] = {4, 3};
-        test_attention("long decode", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, lctx, nq1, -1, 0);
-        test_attention("long verify", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, lctx, nq4, -1, 0);
-        test_attention("invariant long verify", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, lctx, nq4, 2, 0);
         const int kv[4] = {17, 65, 1030, 20001};
         for (int i = 0; i < 4; i++) {
             test_attention_invariance(LOOM_CUDA_BF16, 64, 9, 3, 16, kv[i], 5);
