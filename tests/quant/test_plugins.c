@@ -251,6 +251,16 @@ static void finish(const loom_component *comp, void *self, loom_qtensor *q) {
     cr_assert_eq(fake_host_live_allocs(), 0, "leak: %ld allocations live", fake_host_live_allocs());
 }
 
+/* w (rows x cols) as the conformance kit reads q back (it checks the
+ * layout and the per-element bounds first); malloc'd. */
+static float *read_back(const loom_tensor *w, const loom_quant_plan *p, const loom_qtensor *q) {
+    float *back = malloc((size_t)loom_tensor_numel(w) * 4);
+    cr_assert(back);
+    char why[1024];
+    cr_assert(loom_conformance_quant_readback(w, p, q, back, why, sizeof why), "%s", why);
+    return back;
+}
+
 /*
  * INT8 per-channel symmetric: every element's error is at most half a step,
  * scale[r] / 2 = max|w_r| / 254. For Gaussian rows of >= 100 elements the
@@ -277,9 +287,7 @@ Test(quant_roundtrip, int8_per_channel) {
         cr_assert_null(q.smooth.data);
         const float *w = t->data, *s = q.scales.data;
         const int8_t *d = q.data.data;
-        float *back = malloc((size_t)(rows * cols) * 4);
-        char why[1024];
-        cr_assert(loom_conformance_quant_readback(t, &p, &q, back, why, sizeof why), "%s", why);
+        float *back = read_back(t, &p, &q);
         double bound2 = 0, norm2 = 0;
         for (int64_t i = 0; i < rows; i++) {
             float amax = 0;
@@ -325,9 +333,7 @@ Test(quant_roundtrip, fp8_per_channel_and_per_tensor) {
         cr_assert_eq(loom_tensor_numel(&q.scales), pt ? 1 : rows);
         const float *w = t->data;
         const uint8_t *d = q.data.data;
-        float *back = malloc((size_t)(rows * cols) * 4);
-        char why[1024];
-        cr_assert(loom_conformance_quant_readback(t, &p, &q, back, why, sizeof why), "%s", why);
+        float *back = read_back(t, &p, &q);
         for (int64_t i = 0; i < rows * cols; i++) cr_assert_neq(d[i] & 0x7f, 0x7f, "NaN code");
         double e = qt_rel_err(back, w, rows * cols);
         cr_assert_lt(e, 0.05, "fp8 rel err %.4f >= 5%%", e);
@@ -371,9 +377,7 @@ Test(quant_roundtrip, int4_groupwise) {
         cr_assert_eq(q.scales.shape[1], cols / g);
         cr_assert_eq(q.zeros.shape[1], cols / g);
         const float *w = t->data;
-        float *back = malloc((size_t)(rows * cols) * 4);
-        char why[1024];
-        cr_assert(loom_conformance_quant_readback(t, &p, &q, back, why, sizeof why), "%s", why);
+        float *back = read_back(t, &p, &q);
         double noise2 = 0, err2 = 0, norm2 = 0;
         for (int64_t i = 0; i < rows; i++)
             for (int64_t gi = 0; gi < cols / g; gi++) {
