@@ -32,6 +32,27 @@ static char *data_path(const char *name) {
     return buf;
 }
 
+/* A SentencePiece ("llama") tokenizer over the n tokens tv with scores sv
+ * and types yv (bos 1, eos 2, unk 0), and chat template tmpl (may be NULL). */
+static loom_tokenizer *spm_tokenizer(int n, const char **tv, const float *sv, const int32_t *yv,
+                                     const char *tmpl) {
+    loom_tokenizer_spec spec;
+    loom_tokenizer_spec_init(&spec);
+    spec.model = "llama";
+    spec.n_vocab = n;
+    spec.tokens = tv;
+    spec.scores = sv;
+    spec.token_types = yv;
+    spec.bos_id = 1;
+    spec.eos_id = 2;
+    spec.unk_id = 0;
+    spec.chat_template = tmpl;
+    loom_tokenizer *t = NULL;
+    loom_error err = {0};
+    cr_assert_eq(loom_tokenizer_from_arrays(&spec, &t, &err), LOOM_OK, "%s", err.message);
+    return t;
+}
+
 typedef struct golden {
     char *text;
     int32_t *ids;
@@ -232,19 +253,8 @@ Test(tokenizer, spm_tiny_vs_sentencepiece) {
         sv[i] = (float)cJSON_GetArrayItem(scores, i)->valuedouble;
         yv[i] = cJSON_GetArrayItem(types, i)->valueint;
     }
-    loom_tokenizer_spec spec;
-    loom_tokenizer_spec_init(&spec);
-    spec.model = "llama";
-    spec.n_vocab = n;
-    spec.tokens = tv;
-    spec.scores = sv;
-    spec.token_types = yv;
-    spec.bos_id = 1;
-    spec.eos_id = 2;
-    spec.unk_id = 0;
-    loom_tokenizer *t = NULL;
+    loom_tokenizer *t = spm_tokenizer(n, tv, sv, yv, NULL);
     loom_error err = {0};
-    cr_assert_eq(loom_tokenizer_from_arrays(&spec, &t, &err), LOOM_OK, "%s", err.message);
     cr_expect(loom_tokenizer_adds_bos(t));
     cr_expect_eq(loom_tokenizer_chat_format(t), LOOM_CHAT_LLAMA2);
     cJSON *g, *gs = cJSON_GetObjectItem(o, "goldens");
@@ -435,20 +445,7 @@ static loom_tokenizer *hand_spm(const char *tmpl) {
         yv[3 + b] = LOOM_TOKEN_BYTE;
     }
     for (int i = 0; i < nw; i++) { tv[259 + i] = words[i]; sv[259 + i] = wscore[i]; yv[259 + i] = LOOM_TOKEN_NORMAL; }
-    loom_tokenizer_spec spec;
-    loom_tokenizer_spec_init(&spec);
-    spec.model = "llama";
-    spec.n_vocab = n;
-    spec.tokens = tv;
-    spec.scores = sv;
-    spec.token_types = yv;
-    spec.bos_id = 1;
-    spec.eos_id = 2;
-    spec.unk_id = 0;
-    spec.chat_template = tmpl;
-    loom_tokenizer *t = NULL;
-    loom_error err = {0};
-    cr_assert_eq(loom_tokenizer_from_arrays(&spec, &t, &err), LOOM_OK, "%s", err.message);
+    loom_tokenizer *t = spm_tokenizer(n, tv, sv, yv, tmpl);
     free(tv);
     free(sv);
     free(yv);
