@@ -2494,6 +2494,53 @@ static void att_grid(const int (*gqa)[2], int n) {
                                k_att_ctx, k_att_nq[b], -1, 0);
 }
 
+/* Every attention case: dt caches, the batch-invariant mode, E4M3 caches. */
+static void test_attention_all(void) {
+    /* attention: ragged prefill, block boundaries, GQA 1/3/4/8, D 64/128;
+     * then forced shapes and split counts, other block sizes and head
+     * dims, long contexts (split-K decode, a verify step) */
+    att_grid((const int[][2]){{8, 8}, {9, 3}, {32, 8}, {32, 4}}, 4);
+    att_run(k_att_dt, (int)(sizeof k_att_dt / sizeof k_att_dt[0]));
+    {
+        const int ctx1[1] = {32768}, nq64[1] = {64};
+        test_attention("long chunk", LOOM_CUDA_BF16, 128, 8, 2, 16, 1, ctx1, nq64, -1, 0);
+    }
+
+    /* batch-invariant attention: against float64 (causal masking, GQA,
+     * the prefill shape for G > 16), then bit for bit alone vs in a step at
+     * block-boundary lengths and past one split chunk (64 keys; 1024 =
+     * 16 splits x 64, above which the chunks grow) */
+    att_run(k_att_invariant, (int)(sizeof k_att_invariant / sizeof k_att_invariant[0]));
+    {
+        const int kv[9] = {5, 16, 17, 64, 65, 129, 1024, 1030, 20001};
+        for (int i = 0; i < 9; i++) {
+            test_attention_invariance(LOOM_CUDA_BF16, 64, 9, 3, 16, kv[i], 5);
+            test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, kv[i], 5);
+        }
+        test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, 4000, 8);
+        test_attention_invariance(LOOM_CUDA_F16, 64, 8, 2, 16, 1030, 7);
+        test_attention_invariance(LOOM_CUDA_BF16, 64, 32, 1, 16, 1030, 5); /* G 32: prefill shape */
+        test_attention_invariance(LOOM_CUDA_BF16, 64, 4, 2, 7, 100, 5);    /* block size 7 */
+    }
+
+    /* an E4M3 KV cache: the same kernels read codes (half the bytes) and
+     * decode them to dt in shared memory; every shape, head dim, block
+     * size, split plan and the batch-invariant call once more */
+    g_kv = LOOM_CUDA_KV_E4M3;
+    att_grid((const int[][2]){{9, 3}, {32, 8}}, 2);
+    att_run(k_att_e4m3, (int)(sizeof k_att_e4m3 / sizeof k_att_e4m3[0]));
+    {
+        const int kv[4] = {17, 65, 1030, 20001};
+        for (int i = 0; i < 4; i++) {
+            test_attention_invariance(LOOM_CUDA_BF16, 64, 9, 3, 16, kv[i], 5);
+            test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, kv[i], 5);
+        }
+        test_attention_invariance(LOOM_CUDA_F16, 64, 8, 2, 16, 1030, 7);
+        test_attention_invariance(LOOM_CUDA_BF16, 64, 32, 1, 16, 1030, 5);
+    }
+    g_kv = LOOM_CUDA_KV_DT;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: gpu_kernel_tests [SEED]\n"
@@ -2552,50 +2599,8 @@ int main(int argc, char **argv) {
     test_e4m3_decode(LOOM_CUDA_BF16);
     test_e4m3_decode(LOOM_CUDA_F16);
 
-    /* attention: ragged prefill, block boundaries, GQA 1/3/4/8, D 64/128;
-     * then forced shapes and split counts, other block sizes and head
-     * dims, long contexts (split-K decode, a verify step) */
 attention:;
-    att_grid((const int[][2]){{8, 8}, {9, 3}, {32, 8}, {32, 4}}, 4);
-    att_run(k_att_dt, (int)(sizeof k_att_dt / sizeof k_att_dt[0]));
-    {
-        const int ctx1[1] = {32768}, nq64[1] = {64};
-        test_attention("long chunk", LOOM_CUDA_BF16, 128, 8, 2, 16, 1, ctx1, nq64, -1, 0);
-    }
-
-    /* batch-invariant attention: against float64 (causal masking, GQA,
-     * the prefill shape for G > 16), then bit for bit alone vs in a step at
-     * block-boundary lengths and past one split chunk (64 keys; 1024 =
-     * 16 splits x 64, above which the chunks grow) */
-    att_run(k_att_invariant, (int)(sizeof k_att_invariant / sizeof k_att_invariant[0]));
-    {
-        const int kv[9] = {5, 16, 17, 64, 65, 129, 1024, 1030, 20001};
-        for (int i = 0; i < 9; i++) {
-            test_attention_invariance(LOOM_CUDA_BF16, 64, 9, 3, 16, kv[i], 5);
-            test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, kv[i], 5);
-        }
-        test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, 4000, 8);
-        test_attention_invariance(LOOM_CUDA_F16, 64, 8, 2, 16, 1030, 7);
-        test_attention_invariance(LOOM_CUDA_BF16, 64, 32, 1, 16, 1030, 5); /* G 32: prefill shape */
-        test_attention_invariance(LOOM_CUDA_BF16, 64, 4, 2, 7, 100, 5);    /* block size 7 */
-    }
-
-    /* an E4M3 KV cache: the same kernels read codes (half the bytes) and
-     * decode them to dt in shared memory; every shape, head dim, block
-     * size, split plan and the batch-invariant call once more */
-    g_kv = LOOM_CUDA_KV_E4M3;
-    att_grid((const int[][2]){{9, 3}, {32, 8}}, 2);
-    att_run(k_att_e4m3, (int)(sizeof k_att_e4m3 / sizeof k_att_e4m3[0]));
-    {
-        const int kv[4] = {17, 65, 1030, 20001};
-        for (int i = 0; i < 4; i++) {
-            test_attention_invariance(LOOM_CUDA_BF16, 64, 9, 3, 16, kv[i], 5);
-            test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, kv[i], 5);
-        }
-        test_attention_invariance(LOOM_CUDA_F16, 64, 8, 2, 16, 1030, 7);
-        test_attention_invariance(LOOM_CUDA_BF16, 64, 32, 1, 16, 1030, 5);
-    }
-    g_kv = LOOM_CUDA_KV_DT;
+    test_attention_all();
     if (only_att) goto done;
 
     test_copy_blocks(false);
