@@ -1,5 +1,5 @@
 /*
- * tests/engine/eng_util.c — see eng_util.h. Events are recorded on the
+ * tests/common/eng_util.c — see eng_util.h. Events are recorded on the
  * stepping thread (the engine's callback thread); tests read the records
  * after stepping, so no locking is needed here.
  */

@@ -1,5 +1,5 @@
 /*
- * tests/engine/eng_util.h — helpers for the engine's end-to-end tests: open
+ * tests/common/eng_util.h — helpers for the engine's end-to-end tests: open
  * an engine from a pipeline under tests/engine/data with overrides, record
  * every streamed event of a request (per sample: token ids, log-probs, text,
  * final events), step until every request is done, and compare two runs
