@@ -46,7 +46,8 @@ void eng_on_token(void *user, const loom_token_event *ev);
 /* Every sample ended with exactly one final event and nothing after it. */
 void eng_rec_check_done(const eng_rec *r);
 
-/* Path of tests/engine/data/<name> (static buffer per call site not needed: malloc'd). */
+/* Path of tests/<folder>/data/<name>, malloc'd; eng_data: folder "engine". */
+char *eng_data_in(const char *folder, const char *name);
 char *eng_data(const char *name);
 /* Skip the test when LOOM_TEST_MODEL is unset; returns its value. */
 const char *eng_need_model(void);
