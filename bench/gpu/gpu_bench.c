@@ -39,6 +39,7 @@
 #include "cuda_kernels.h"
 #include "qgemm.h" /* lc_gemm_set_fp8_vec, lc_qgemm_fp8_count: the FP8 GEMM's fallback for comparison */
 #include "loom/backend.h"
+#include "gpu_util.h"
 #include "model/model.h"
 #include "plugin/host.h"
 
@@ -929,7 +930,7 @@ static void bench_decode_layer(int ctx) {
  * alone: what a step would cost with no gaps between kernels. With tp > 1
  * the shapes one tensor-parallel rank runs (heads, KV heads, FFN width and
  * vocabulary divided by tp; the collectives between them are not timed
- * here: tests/gpu/tp_comm_bench does that). */
+ * here: bench/gpu/tp_comm_bench does that). */
 static void bench_components_tp(int T, int ctx, int gemv_max_m, int tp) {
     const int H = 4096, I = 14336 / tp, NH = 32 / tp, KVH = 8 / tp, D = 128, V = (128256 + tp - 1) / tp,
               L = 32, bs = 16;
@@ -1046,30 +1047,6 @@ typedef struct backend {
     const loom_backend_ops *ops;
 } backend;
 
-static void *config_make(const loom_component *c, const char *const *overrides) {
-    uint8_t *cfg = calloc(1, c->config_size + 16);
-    for (const loom_param *p = c->params; p && p->key; p++) {
-        const char *v = p->default_value;
-        for (const char *const *o = overrides; o && *o; o++) {
-            size_t kl = strlen(p->key);
-            if (!strncmp(*o, p->key, kl) && (*o)[kl] == '=') v = *o + kl + 1;
-        }
-        if (!v) continue;
-        uint8_t *f = cfg + p->offset;
-        switch (p->type) {
-        case LOOM_PARAM_BOOL: *(bool *)f = !strcmp(v, "true"); break;
-        case LOOM_PARAM_INT: *(int64_t *)f = strtoll(v, NULL, 0); break;
-        case LOOM_PARAM_FLOAT: *(double *)f = strtod(v, NULL); break;
-        case LOOM_PARAM_STRING: snprintf((char *)f, LOOM_PARAM_STRING_MAX, "%s", v); break;
-        case LOOM_PARAM_ENUM:
-            for (int64_t i = 0; p->choices && p->choices[i]; i++)
-                if (!strcmp(p->choices[i], v)) *(int64_t *)f = i;
-            break;
-        }
-    }
-    return cfg;
-}
-
 /* One step: nseq sequences, each with `nnew` tokens after `done` in its
  * own contiguous blocks (seq s owns blocks [s * per_seq, ...)). Logits of
  * each sequence's last token. */
@@ -1144,7 +1121,7 @@ static bool run_model(const backend *be, const char *shape, int decode_batch, in
     const int per_seq = (max_seq_tokens + bs - 1) / bs;
     const int nseq_max = decode_batch > 1 ? decode_batch : 1;
     const char *ov[] = {"cuda_graphs=true", "max_batched_tokens=4096", NULL};
-    void *cfg = config_make(be->comp, ov), *inst = NULL;
+    void *cfg = gpu_config_make(be->comp, ov), *inst = NULL;
     loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = bs,
                           .num_blocks = per_seq * nseq_max, .dtype = LOOM_DTYPE_COUNT};
     float *logits = malloc((size_t)nseq_max * c->vocab_size * 4);
@@ -1286,14 +1263,9 @@ int main(int argc, char **argv) {
     }
 
     backend be = {0};
-    be.lib = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-    loom_plugin_entry_fn entry = be.lib ? (loom_plugin_entry_fn)dlsym(be.lib, LOOM_PLUGIN_ENTRY_SYMBOL) : NULL;
-    const loom_plugin_desc *d = entry ? entry() : NULL;
-    for (uint32_t i = 0; d && i < d->num_components; i++)
-        if (d->components[i].kind == LOOM_KIND_BACKEND && !strcmp(d->components[i].name, "cuda"))
-            be.comp = &d->components[i];
+    be.comp = gpu_plugin_find(&be.lib, so, LOOM_KIND_BACKEND, "cuda");
     if (!be.comp) {
-        printf("  cannot load the cuda backend from %s: %s\n", so, be.lib ? "no 'cuda' component" : dlerror());
+        printf("  cannot load the cuda backend from %s\n", so);
         failed = 1;
     } else {
         be.ops = be.comp->ops;

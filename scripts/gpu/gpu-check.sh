@@ -343,7 +343,7 @@ tp)
   python3 -c 'import random; random.seed(5); print(" ".join(str(random.randrange(100, 128000)) for _ in range(200)))' \
     > /tmp/tp_tokens.txt
   step "one collective: NCCL vs peer-to-peer kernels (eager and graph), 8 KB .. 8 MB per rank"
-  timeout 120 "$LB/tests/gpu/tp_comm_bench" "$O/tp_comm.json" || fails=$((fails + 1))
+  timeout 120 "$LB/bench/gpu/tp_comm_bench" "$O/tp_comm.json" || fails=$((fails + 1))
   step "one Llama-3-8B layer's kernels at batch 1: the whole model vs one rank of tp 2"
   timeout 180 "$LB/bench/gpu/gpu_bench" "$O/components.json" "$LB/plugins/backend/cuda/loom-backend-cuda.so" \
     --components 2>&1 | awk '/T=1 \(decode\)|one rank of/{p=1} p{print} /per layer/{p=0}' | head -60

@@ -22,9 +22,10 @@
 #include <string.h>
 
 #include "fake_host.h"
-#include "kt_rng.h"
+#include "rng.h"
 #include "loom/backend.h"
 #include "tb_util.h"
+#include "tiny_model.h"
 #include "formats/dtype.h"
 
 #define LOGIT_TOL 1e-4
@@ -32,69 +33,10 @@
 
 /* ------------------------------------------------------------ tiny model */
 
-#define TM_MAX 64
-
 typedef enum tm_variant { TM_LLAMA, TM_QWEN2, TM_LLAMA3 } tm_variant;
 
-typedef struct tm_model {
-    loom_model_config cfg;
-    loom_model_view view;
-    int n;
-    loom_tensor t[TM_MAX];
-    char names[TM_MAX][64];
-    float *val[TM_MAX]; /* values the backend should see (after dequantization) */
-    void *raw[TM_MAX];  /* stored bytes (f32 or f16)                              */
-} tm_model;
-
-static const loom_tensor *tm_get(void *ctx, const char *name) {
-    tm_model *m = ctx;
-    for (int i = 0; i < m->n; i++)
-        if (!strcmp(m->names[i], name)) return &m->t[i];
-    return NULL;
-}
-static int32_t tm_count(void *ctx) { return ((tm_model *)ctx)->n; }
-static const loom_tensor *tm_at(void *ctx, int32_t i) { return &((tm_model *)ctx)->t[i]; }
-
-static const float *tm_val(const tm_model *m, const char *name) {
-    for (int i = 0; i < m->n; i++)
-        if (!strcmp(m->names[i], name)) return m->val[i];
-    cr_assert_fail("tiny model has no tensor %s", name);
-    return NULL;
-}
-
-/* Add a random tensor (rows x cols; cols < 0: 1-D of rows) ~ offset + scale N(0,1). */
-static void tm_add(tm_model *m, kt_rng *r, const char *name, int64_t rows, int64_t cols,
-                   double scale, double offset, loom_dtype dt) {
-    cr_assert_lt(m->n, TM_MAX);
-    int i = m->n++;
-    int64_t n = rows * (cols < 0 ? 1 : cols);
-    snprintf(m->names[i], sizeof m->names[i], "%s", name);
-    m->val[i] = malloc(sizeof(float) * n);
-    for (int64_t k = 0; k < n; k++) m->val[i][k] = (float)(offset + scale * kt_normal(r));
-    if (dt == LOOM_DTYPE_F16) {
-        uint16_t *h = malloc(sizeof(uint16_t) * n);
-        for (int64_t k = 0; k < n; k++) {
-            _Float16 v = (_Float16)m->val[i][k];
-            memcpy(&h[k], &v, 2);
-            m->val[i][k] = (float)v;
-        }
-        m->raw[i] = h;
-    } else {
-        m->raw[i] = malloc(sizeof(float) * n);
-        memcpy(m->raw[i], m->val[i], sizeof(float) * n);
-    }
-    m->t[i] = (loom_tensor){.struct_size = sizeof(loom_tensor),
-                            .dtype = dt,
-                            .ndim = cols < 0 ? 1 : 2,
-                            .shape = {rows, cols < 0 ? 0 : cols},
-                            .data = m->raw[i],
-                            .nbytes = (size_t)n * loom_dtype_block_bytes(dt),
-                            .device = LOOM_DEVICE_HOST,
-                            .name = m->names[i]};
-}
-
-static tm_model *tm_make(tm_variant v, kt_rng *r) {
-    tm_model *m = calloc(1, sizeof *m);
+static tiny_model *tm_make(tm_variant v, test_rng *r) {
+    tiny_model *m = calloc(1, sizeof *m);
     loom_model_config *c = &m->cfg;
     *c = (loom_model_config){.struct_size = sizeof *c,
                              .arch = v == TM_QWEN2 ? LOOM_ARCH_QWEN2 : LOOM_ARCH_LLAMA,
@@ -120,44 +62,8 @@ static tm_model *tm_make(tm_variant v, kt_rng *r) {
                              .eos_token_id = 2};
     snprintf(c->name, sizeof c->name, "tiny-%s",
              v == TM_QWEN2 ? "qwen2" : v == TM_LLAMA3 ? "llama3" : "llama");
-    loom_dtype wdt = v == TM_QWEN2 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
-    int64_t H = c->hidden_size, V = c->vocab_size, I = c->intermediate_size;
-    int64_t QD = c->num_heads * c->head_dim, KVD = c->num_kv_heads * c->head_dim;
-    tm_add(m, r, "token_embd.weight", V, H, 1.0, 0, LOOM_DTYPE_F32);
-    tm_add(m, r, "output_norm.weight", H, -1, 0.1, 1, LOOM_DTYPE_F32);
-    if (!c->tie_embeddings) tm_add(m, r, "output.weight", V, H, 1.0, 0, wdt);
-    char name[64];
-    for (int l = 0; l < c->num_layers; l++) {
-#define ADD(suffix, rows, cols, scale, off, dt)                                                    \
-    do {                                                                                           \
-        snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                       \
-        tm_add(m, r, name, rows, cols, scale, off, dt);                                            \
-    } while (0)
-        ADD("attn_norm.weight", H, -1, 0.1, 1, LOOM_DTYPE_F32);
-        /* a bit larger Q/K so attention is not uniform */
-        ADD("attn_q.weight", QD, H, 2.0 / sqrt((double)H), 0, wdt);
-        ADD("attn_k.weight", KVD, H, 2.0 / sqrt((double)H), 0, wdt);
-        ADD("attn_v.weight", KVD, H, 1.0 / sqrt((double)H), 0, wdt);
-        if (c->qkv_bias) {
-            ADD("attn_q.bias", QD, -1, 0.3, 0, LOOM_DTYPE_F32);
-            ADD("attn_k.bias", KVD, -1, 0.3, 0, LOOM_DTYPE_F32);
-            ADD("attn_v.bias", KVD, -1, 0.3, 0, LOOM_DTYPE_F32);
-        }
-        ADD("attn_output.weight", H, QD, 1.0 / sqrt((double)QD), 0, wdt);
-        ADD("ffn_norm.weight", H, -1, 0.1, 1, LOOM_DTYPE_F32);
-        ADD("ffn_gate.weight", I, H, 1.0 / sqrt((double)H), 0, wdt);
-        ADD("ffn_up.weight", I, H, 1.0 / sqrt((double)H), 0, wdt);
-        ADD("ffn_down.weight", H, I, 1.0 / sqrt((double)I), 0, wdt);
-#undef ADD
-    }
-    m->view = (loom_model_view){.struct_size = sizeof m->view, .config = &m->cfg, .ctx = m,
-                                .get = tm_get, .count = tm_count, .at = tm_at};
+    tiny_add_tensors(m, r, LOOM_DTYPE_F32, v == TM_QWEN2 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32);
     return m;
-}
-
-static void tm_free(tm_model *m) {
-    for (int i = 0; i < m->n; i++) free(m->val[i]), free(m->raw[i]);
-    free(m);
 }
 
 /* ------------------------------------------------- float64 reference forward */
@@ -200,7 +106,7 @@ static void ref_freqs(const loom_model_config *c, double *f) {
 
 /* Logits (n, V) for every position of one sequence, by recomputing the
  * whole causal forward in float64. */
-static void ref_forward(const tm_model *m, const int32_t *tok, int n, double *logits) {
+static void ref_forward(const tiny_model *m, const int32_t *tok, int n, double *logits) {
     const loom_model_config *c = &m->cfg;
     int H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size, D = c->head_dim;
     int NH = c->num_heads, NKV = c->num_kv_heads, QD = NH * D, KVD = NKV * D;
@@ -210,11 +116,11 @@ static void ref_forward(const tm_model *m, const int32_t *tok, int n, double *lo
     double *o = calloc(H, sizeof(double)), *g = calloc(I, sizeof(double)), *u = calloc(I, sizeof(double));
     double *sc = calloc(n, sizeof(double)), freqs[128];
     ref_freqs(c, freqs);
-    const float *emb = tm_val(m, "token_embd.weight");
+    const float *emb = tiny_val(m, "token_embd.weight");
     for (int t = 0; t < n; t++)
         for (int i = 0; i < H; i++) x[t * H + i] = emb[(int64_t)tok[t] * H + i];
     char nm[64];
-#define W(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix), tm_val(m, nm))
+#define W(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix), tiny_val(m, nm))
     for (int l = 0; l < c->num_layers; l++) {
         for (int t = 0; t < n; t++) {
             ref_rms(xn, x + t * H, W("attn_norm.weight"), H, c->rms_norm_eps);
@@ -259,9 +165,9 @@ static void ref_forward(const tm_model *m, const int32_t *tok, int n, double *lo
         }
     }
 #undef W
-    const float *head = c->tie_embeddings ? emb : tm_val(m, "output.weight");
+    const float *head = c->tie_embeddings ? emb : tiny_val(m, "output.weight");
     for (int t = 0; t < n; t++) {
-        ref_rms(xn, x + t * H, tm_val(m, "output_norm.weight"), H, c->rms_norm_eps);
+        ref_rms(xn, x + t * H, tiny_val(m, "output_norm.weight"), H, c->rms_norm_eps);
         ref_matvec(logits + (int64_t)t * V, head, NULL, xn, V, H);
     }
     free(x), free(xn), free(q), free(k), free(v), free(att), free(o), free(g), free(u), free(sc);
@@ -278,7 +184,7 @@ typedef struct tb_opts {
     uint64_t shuffle;   /* 0: blocks handed out in order */
 } tb_opts;
 
-static void tb_start(tb *b, tm_model *m, tb_opts o) {
+static void tb_start(tb *b, tiny_model *m, tb_opts o) {
     char msg[512];
     memset(b, 0, sizeof *b);
     cr_assert(tb_load_plugin(b, msg, sizeof msg), "%s", msg);
@@ -322,9 +228,9 @@ static double row_err(const float *got, const double *ref, int V) {
     return num / den;
 }
 
-static int32_t *random_tokens(kt_rng *r, int n, int V) {
+static int32_t *random_tokens(test_rng *r, int n, int V) {
     int32_t *t = malloc(sizeof(int32_t) * n);
-    for (int i = 0; i < n; i++) t[i] = (int32_t)kt_int(r, V);
+    for (int i = 0; i < n; i++) t[i] = (int32_t)rng_int(r, V);
     return t;
 }
 
@@ -334,9 +240,9 @@ static const char *const variant_names[] = {"llama", "qwen2", "llama3"};
 /* ------------------------------------------------------------ scenarios */
 
 Test(backend, full_prefill) {
-    kt_rng r = kt_seeded("backend.full_prefill");
+    test_rng r = rng_seeded("backend.full_prefill");
     for (int vi = 0; vi < 3; vi++) {
-        tm_model *m = tm_make(all_variants[vi], &r);
+        tiny_model *m = tm_make(all_variants[vi], &r);
         int V = m->cfg.vocab_size, n = 37;
         int32_t *tok = random_tokens(&r, n, V);
         double *ref = malloc(sizeof(double) * n * V);
@@ -357,14 +263,14 @@ Test(backend, full_prefill) {
         cr_assert_eq(fake_host_live_allocs(), 0, "leaked %ld host allocations",
                      fake_host_live_allocs());
         free(tok), free(ref);
-        tm_free(m);
+        tiny_free(m);
     }
 }
 
 Test(backend, chunked_prefill_then_decode) {
-    kt_rng r = kt_seeded("backend.chunked_prefill_then_decode");
+    test_rng r = rng_seeded("backend.chunked_prefill_then_decode");
     for (int vi = 0; vi < 3; vi++) {
-        tm_model *m = tm_make(all_variants[vi], &r);
+        tiny_model *m = tm_make(all_variants[vi], &r);
         int V = m->cfg.vocab_size, prompt = 37, gen = 6, n = prompt + gen;
         int32_t *tok = random_tokens(&r, n, V);
         double *ref = malloc(sizeof(double) * n * V);
@@ -389,7 +295,7 @@ Test(backend, chunked_prefill_then_decode) {
         cr_assert_lt(e, LOGIT_TOL, "%s chunked: rel err %g", variant_names[vi], e);
         tb_close(&b);
         free(tok), free(ref);
-        tm_free(m);
+        tiny_free(m);
     }
 }
 
@@ -408,7 +314,7 @@ static const int32_t mix_sched[MIX_STEPS][MIX_SEQS] = {
     {0, 2, 0, 1},    /* a 2-token verify-like step                                 */
 };
 
-static int run_mix(tm_model *m, tb_opts o, int32_t *const toks[MIX_SEQS], float *out,
+static int run_mix(tiny_model *m, tb_opts o, int32_t *const toks[MIX_SEQS], float *out,
                    int *row_seq, int *row_pos) {
     int V = m->cfg.vocab_size, rows = 0;
     tb b;
@@ -438,9 +344,9 @@ static int run_mix(tm_model *m, tb_opts o, int32_t *const toks[MIX_SEQS], float 
 }
 
 Test(backend, mixed_batch_matches_single_sequences) {
-    kt_rng r = kt_seeded("backend.mixed_batch");
+    test_rng r = rng_seeded("backend.mixed_batch");
     for (int vi = 0; vi < 3; vi++) {
-        tm_model *m = tm_make(all_variants[vi], &r);
+        tiny_model *m = tm_make(all_variants[vi], &r);
         int V = m->cfg.vocab_size;
         int32_t *toks[MIX_SEQS];
         double *ref[MIX_SEQS];
@@ -477,13 +383,13 @@ Test(backend, mixed_batch_matches_single_sequences) {
                      e_single);
         for (int i = 0; i < MIX_SEQS; i++) free(toks[i]), free(ref[i]), free(single[i]);
         free(out);
-        tm_free(m);
+        tiny_free(m);
     }
 }
 
 Test(backend, shuffled_block_table_is_bit_identical) {
-    kt_rng r = kt_seeded("backend.shuffled_blocks");
-    tm_model *m = tm_make(TM_LLAMA, &r);
+    test_rng r = rng_seeded("backend.shuffled_blocks");
+    tiny_model *m = tm_make(TM_LLAMA, &r);
     int V = m->cfg.vocab_size;
     int32_t *toks[MIX_SEQS];
     for (int i = 0; i < MIX_SEQS; i++) toks[i] = random_tokens(&r, mix_len[i], V);
@@ -492,7 +398,7 @@ Test(backend, shuffled_block_table_is_bit_identical) {
     int na = run_mix(m, (tb_opts){.threads = 2, .block_size = 16, .num_blocks = 40}, toks, a, rs, rp);
     int nc = run_mix(m,
                      (tb_opts){.threads = 2, .block_size = 16, .num_blocks = 40,
-                               .shuffle = kt_next(&r) | 1},
+                               .shuffle = rng_next(&r) | 1},
                      toks, c, rs, rp);
     cr_assert_eq(na, nc);
     cr_assert(!memcmp(a, c, sizeof(float) * na * V),
@@ -500,7 +406,7 @@ Test(backend, shuffled_block_table_is_bit_identical) {
     /* a different block size changes nothing but the tiling: close, not bitwise */
     int nd = run_mix(m,
                      (tb_opts){.threads = 2, .block_size = 5, .num_blocks = 64,
-                               .shuffle = kt_next(&r) | 1},
+                               .shuffle = rng_next(&r) | 1},
                      toks, c, rs, rp);
     cr_assert_eq(nd, na);
     double e = 0;
@@ -512,12 +418,12 @@ Test(backend, shuffled_block_table_is_bit_identical) {
     cr_assert_lt(e, LOGIT_TOL, "block size 5 vs 16: %g", e);
     for (int i = 0; i < MIX_SEQS; i++) free(toks[i]);
     free(a), free(c);
-    tm_free(m);
+    tiny_free(m);
 }
 
 Test(backend, f16_kv_cache) {
-    kt_rng r = kt_seeded("backend.f16_kv_cache");
-    tm_model *m = tm_make(TM_LLAMA3, &r);
+    test_rng r = rng_seeded("backend.f16_kv_cache");
+    tiny_model *m = tm_make(TM_LLAMA3, &r);
     int V = m->cfg.vocab_size;
     int32_t *toks[MIX_SEQS];
     double *ref[MIX_SEQS];
@@ -537,12 +443,12 @@ Test(backend, f16_kv_cache) {
     cr_assert_lt(e, LOGIT_TOL_F16KV, "f16 KV: rel err %g", e);
     for (int i = 0; i < MIX_SEQS; i++) free(toks[i]), free(ref[i]);
     free(out);
-    tm_free(m);
+    tiny_free(m);
 }
 
 Test(backend, swap_and_copy_blocks) {
-    kt_rng r = kt_seeded("backend.swap_and_copy_blocks");
-    tm_model *m = tm_make(TM_LLAMA, &r);
+    test_rng r = rng_seeded("backend.swap_and_copy_blocks");
+    tiny_model *m = tm_make(TM_LLAMA, &r);
     int V = m->cfg.vocab_size, n = 40, bs = 8;
     int32_t *tok = random_tokens(&r, n, V);
     double *ref = malloc(sizeof(double) * n * V);
@@ -610,7 +516,7 @@ Test(backend, swap_and_copy_blocks) {
     cr_assert_eq(b.ops->swap_blocks(b.self, LOOM_SWAP_OUT, bad, 1, &err), LOOM_ERR_INVALID);
     tb_close(&b);
     free(tok), free(ref), free(other), free(ftok), free(fref);
-    tm_free(m);
+    tiny_free(m);
 }
 
 /* ------------------------------------------------------------ contracts */
@@ -633,8 +539,8 @@ Test(backend, descriptor_memory_and_sizes) {
         cr_assert_eq(p->offset, offs[i], "param %s offset", keys[i]);
         cr_assert(p->doc && *p->doc);
     }
-    kt_rng r = kt_seeded("backend.descriptor");
-    tm_model *m = tm_make(TM_QWEN2, &r);
+    test_rng r = rng_seeded("backend.descriptor");
+    tiny_model *m = tm_make(TM_QWEN2, &r);
     const loom_host *host = fake_host();
     loom_error err = {0};
     cr_assert_eq(b.ops->create(host, NULL, &b.self, &err), LOOM_OK, "%s", err.message);
@@ -677,12 +583,12 @@ Test(backend, descriptor_memory_and_sizes) {
     b.ops->destroy(NULL);
     cr_assert_eq(fake_host_live_allocs(), 0, "leaked %ld", fake_host_live_allocs());
     tb_close(&b);
-    tm_free(m);
+    tiny_free(m);
 }
 
 Test(backend, bad_batches_are_errors) {
-    kt_rng r = kt_seeded("backend.bad_batches");
-    tm_model *m = tm_make(TM_LLAMA, &r);
+    test_rng r = rng_seeded("backend.bad_batches");
+    tiny_model *m = tm_make(TM_LLAMA, &r);
     int V = m->cfg.vocab_size;
     tb b;
     tb_start(&b, m, (tb_opts){.threads = 1, .block_size = 4, .num_blocks = 8});
@@ -734,7 +640,7 @@ Test(backend, bad_batches_are_errors) {
     tb_batch_free(&tbb);
     free(lg), free(tok);
     tb_close(&b);
-    tm_free(m);
+    tiny_free(m);
 }
 
 /* A quantizer whose plan is INT8 for every attn_v weight. */
@@ -745,13 +651,13 @@ static loom_status q_plan(void *self, const loom_model_view *m, const loom_tenso
 }
 
 Test(backend, load_errors) {
-    kt_rng r = kt_seeded("backend.load_errors");
+    test_rng r = rng_seeded("backend.load_errors");
     tb b = {0};
     char msg[512];
     cr_assert(tb_load_plugin(&b, msg, sizeof msg), "%s", msg);
     const loom_host *host = fake_host();
     loom_error err = {0};
-    tm_model *m = tm_make(TM_LLAMA, &r);
+    tiny_model *m = tm_make(TM_LLAMA, &r);
 
     /* quantizer asks for a format this backend lacks: named in the error */
     loom_quant_ops qops = {.struct_size = sizeof qops, .plan = q_plan};
@@ -796,5 +702,5 @@ Test(backend, load_errors) {
     cr_assert_null(b.self);
     cr_assert_eq(fake_host_live_allocs(), 0, "leaked %ld", fake_host_live_allocs());
     tb_close(&b);
-    tm_free(m);
+    tiny_free(m);
 }

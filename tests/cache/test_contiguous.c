@@ -8,7 +8,7 @@
 #include <criterion/logging.h>
 #include <string.h>
 
-#include "cache_test.h"
+#include "cache_util.h"
 #include "contiguous.h"
 #include "fake_host.h"
 #include "paged.h"

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache_test.h"
+#include "cache_util.h"
 #include "fake_host.h"
 
 static void check_so(const char *env, const char *component) {

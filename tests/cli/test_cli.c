@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "loom/plugin.h"
+#include "cli_run.h"
 #include "tp_util.h"
 
 /* "MAJOR.MINOR" of this SDK, as `loom` prints it */
@@ -22,54 +23,15 @@
 #define LOOM_TEST_STR(x) LOOM_TEST_STR_(x)
 #define LOOM_TEST_ABI LOOM_TEST_STR(LOOM_ABI_MAJOR) "." LOOM_TEST_STR(LOOM_ABI_MINOR)
 
-typedef struct run_result {
-    int code;  /* exit status; -1 when killed */
-    char *out; /* stdout */
-    char *err; /* stderr */
-} run_result;
-
-static void run_free(run_result *r) {
-    free(r->out);
-    free(r->err);
-}
-
 /* Run LOOM_BIN with args (NULL-terminated) in an environment that searches
  * only the good test plugins (plus `extra_path`, may be NULL). */
-static run_result run(const char *extra_path, const char *const *args) {
-    char *dir = tp_mkdtemp();
-    char *out = tp_join(dir, "out"), *err = tp_join(dir, "err");
-    const char *bin = tp_env("LOOM_BIN");
-    pid_t pid = fork();
-    cr_assert_neq(pid, -1);
-    if (pid == 0) {
-        char path[8192];
-        snprintf(path, sizeof path, "%s%s%s", tp_env("LOOM_TEST_GOOD_DIR"), extra_path ? ":" : "",
-                 extra_path ? extra_path : "");
-        setenv("LOOM_PLUGIN_PATH", path, 1);
-        setenv("LOOM_PLUGIN_PATH_ONLY", "1", 1);
-        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fo < 0 || fe < 0) _exit(127);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        char *argv[32] = {(char *)bin};
-        int n = 1;
-        for (; args && args[n - 1] && n < 31; n++) argv[n] = (char *)args[n - 1];
-        argv[n] = NULL;
-        execv(bin, argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    run_result r = {.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-                    .out = tp_read(out),
-                    .err = tp_read(err)};
-    tp_rm_rf(dir);
-    free(dir), free(out), free(err);
-    return r;
+static cli_out run(const char *extra_path, const char *const *args) {
+    char path[8192];
+    snprintf(path, sizeof path, "LOOM_PLUGIN_PATH=%s%s%s", tp_env("LOOM_TEST_GOOD_DIR"),
+             extra_path ? ":" : "", extra_path ? extra_path : "");
+    return cli_run(tp_env("LOOM_BIN"), NULL, (const char *const[]){path, "LOOM_PLUGIN_PATH_ONLY=1", NULL},
+                   args);
 }
-
-#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 static void has(const char *text, const char *needle) {
     cr_assert_not_null(strstr(text, needle), "output lacks \"%s\":\n%s", needle, text);
@@ -96,73 +58,73 @@ static char *data(const char *name) { return tp_join(tp_env("LOOM_CLI_DATA"), na
 /* ------------------------------------------------------------ top level */
 
 Test(cli, help) {
-    run_result r = run(NULL, ARGS("--help"));
+    cli_out r = run(NULL, ARGS("--help"));
     cr_assert_eq(r.code, 0);
     has(r.out, "usage: loom");
     has(r.out, "plugins");
     has(r.out, "check");
     has(r.out, "LOOM_PLUGIN_PATH");
-    run_free(&r);
+    cli_out_free(&r);
     r = run(NULL, ARGS("help", "check"));
     cr_assert_eq(r.code, 0);
     has(r.out, "usage: loom check CONFIG");
-    run_free(&r);
+    cli_out_free(&r);
 }
 
 Test(cli, version) {
-    run_result r = run(NULL, ARGS("--version"));
+    cli_out r = run(NULL, ARGS("--version"));
     cr_assert_eq(r.code, 0);
     has(r.out, "loom 0.1.0");
     has(r.out, "plugin ABI " LOOM_TEST_ABI);
     has(r.out, "CUDA: ");
-    run_free(&r);
+    cli_out_free(&r);
 }
 
 Test(cli, usage_errors_exit_2) {
-    run_result r = run(NULL, NULL);
+    cli_out r = run(NULL, NULL);
     cr_assert_eq(r.code, 2);
     has(r.err, "no command given");
     has(r.err, "usage: loom");
-    run_free(&r);
+    cli_out_free(&r);
     r = run(NULL, ARGS("frobnicate"));
     cr_assert_eq(r.code, 2);
     has(r.err, "unknown command 'frobnicate'");
     has(r.err, "usage: loom");
-    run_free(&r);
+    cli_out_free(&r);
     r = run(NULL, ARGS("--frob"));
     cr_assert_eq(r.code, 2);
     has(r.err, "unknown option '--frob'");
-    run_free(&r);
+    cli_out_free(&r);
     r = run(NULL, ARGS("plugins", "--bogus"));
     cr_assert_eq(r.code, 2);
     has(r.err, "loom plugins: unknown option '--bogus'");
     has(r.err, "usage: loom plugins");
-    run_free(&r);
+    cli_out_free(&r);
     r = run(NULL, ARGS("plugins", "extra"));
     cr_assert_eq(r.code, 2);
-    run_free(&r);
+    cli_out_free(&r);
     r = run(NULL, ARGS("check"));
     cr_assert_eq(r.code, 2);
     has(r.err, "no pipeline file given");
-    run_free(&r);
+    cli_out_free(&r);
     r = run(NULL, ARGS("check", "a.yaml", "b.yaml"));
     cr_assert_eq(r.code, 2);
     has(r.err, "unexpected argument 'b.yaml'");
-    run_free(&r);
+    cli_out_free(&r);
     r = run(NULL, ARGS("check", "a.yaml", "--set"));
     cr_assert_eq(r.code, 2);
     has(r.err, "option '--set' needs a value");
-    run_free(&r);
+    cli_out_free(&r);
     r = run(NULL, ARGS("check", "-x"));
     cr_assert_eq(r.code, 2);
     has(r.err, "unknown option '-x'");
-    run_free(&r);
+    cli_out_free(&r);
 }
 
 /* -------------------------------------------------------------- plugins */
 
 Test(cli, plugins_lists_good_and_broken) {
-    run_result r = run(tp_env("LOOM_TEST_BAD_DIR"), ARGS("plugins"));
+    cli_out r = run(tp_env("LOOM_TEST_BAD_DIR"), ARGS("plugins"));
     cr_assert_eq(r.code, 0, "stderr: %s", r.err);
     has(r.out, "plugin search path:");
     has(r.out, "KIND");
@@ -176,11 +138,11 @@ Test(cli, plugins_lists_good_and_broken) {
     has(r.out, "not binary compatible");
     has(r.out, "is not a loadable shared object");
     has(r.out, "no entry symbol");
-    run_free(&r);
+    cli_out_free(&r);
 }
 
 Test(cli, plugins_params) {
-    run_result r = run(NULL, ARGS("plugins", "--params"));
+    cli_out r = run(NULL, ARGS("plugins", "--params"));
     cr_assert_eq(r.code, 0);
     has(r.out, "sampler tsamp — test tsamp (does nothing)");
     has(r.out, "KEY");
@@ -190,11 +152,11 @@ Test(cli, plugins_params) {
     has(r.out, "(no parameters)"); /* msched */
     has(r.out, "engine (core)"); /* the core's own switches are declared too */
     has_line(r.out, ARGS("log_level ", " enum ", " warn ", "debug|info|warn|error"));
-    run_free(&r);
+    cli_out_free(&r);
 }
 
 Test(cli, plugins_json) {
-    run_result r = run(tp_env("LOOM_TEST_BAD_DIR"), ARGS("plugins", "--json", "--params"));
+    cli_out r = run(tp_env("LOOM_TEST_BAD_DIR"), ARGS("plugins", "--json", "--params"));
     cr_assert_eq(r.code, 0);
     cJSON *root = cJSON_Parse(r.out);
     cr_assert_not_null(root, "not JSON:\n%s", r.out);
@@ -220,29 +182,29 @@ Test(cli, plugins_json) {
     }
     cr_assert(found);
     cJSON_Delete(root);
-    run_free(&r);
+    cli_out_free(&r);
 }
 
 /* ---------------------------------------------------------------- check */
 
 Test(cli, check_good) {
     char *good = data("good.yaml");
-    run_result r = run(NULL, ARGS("check", good));
+    cli_out r = run(NULL, ARGS("check", good));
     cr_assert_eq(r.code, 0, "stderr: %s", r.err);
     has(r.out, "scheduler:\n  plugin: tsched  # ");
     has(r.out, "/loom-scheduler-tsched.so (plugin test-tsched 0.0.1, ABI " LOOM_TEST_ABI ")");
     has(r.out, "  policy: priority\n");
     has(r.out, "  size: 8\n");
-    run_free(&r);
+    cli_out_free(&r);
     r = run(NULL, ARGS("check", "--set", "scheduler.size=99", good, "-s", "engine.threads=2"));
     cr_assert_eq(r.code, 0, "stderr: %s", r.err);
     has(r.out, "  size: 99\n");
     has(r.out, "engine:\n  threads: 2\n");
-    run_free(&r);
+    cli_out_free(&r);
     r = run(NULL, ARGS("check", "--quiet", good));
     cr_assert_eq(r.code, 0);
     cr_assert_str_eq(r.out, "");
-    run_free(&r);
+    cli_out_free(&r);
     free(good);
 }
 
@@ -251,7 +213,7 @@ Test(cli, check_good) {
  * the plugin's own reason; every failing one is reported. */
 Test(cli, check_creates_every_plugin) {
     char *good = data("good.yaml");
-    run_result r = run(NULL, ARGS("check", good, "--set", "scheduler.fail=true", "--set", "sampler.fail=true",
+    cli_out r = run(NULL, ARGS("check", good, "--set", "scheduler.fail=true", "--set", "sampler.fail=true",
                                   "--set", "sampler.label=why"));
     cr_assert_eq(r.code, 1, "a failing create passed the check: %s", r.out);
     cr_assert_str_eq(r.out, "");
@@ -259,13 +221,13 @@ Test(cli, check_creates_every_plugin) {
     has(r.err, "create failed: tsched: asked to fail");
     has(r.err, "create failed: tsamp: asked to fail (label why)");
     has(r.err, "2 plugins could not be created");
-    run_free(&r);
+    cli_out_free(&r);
     free(good);
 }
 
 Test(cli, check_bad_reports_every_error) {
     char *bad = data("bad.yaml");
-    run_result r = run(NULL, ARGS("check", bad));
+    cli_out r = run(NULL, ARGS("check", bad));
     cr_assert_eq(r.code, 1);
     cr_assert_str_eq(r.out, "");
     char want[4096];
@@ -280,23 +242,23 @@ Test(cli, check_bad_reports_every_error) {
     snprintf(want, sizeof want, "%s: error: missing required section 'scheduler'", bad);
     has(r.err, want);
     has(r.err, "5 errors");
-    run_free(&r);
+    cli_out_free(&r);
 
     char *good = data("good.yaml");
     r = run(NULL, ARGS("check", good, "--set", "scheduler.size=0"));
     cr_assert_eq(r.code, 1);
     has(r.err, "<command line> (argument 1): error: scheduler.size");
-    run_free(&r);
+    cli_out_free(&r);
     r = run(NULL, ARGS("check", "/no/such/file.yaml"));
     cr_assert_eq(r.code, 1);
     has(r.err, "cannot open pipeline '/no/such/file.yaml'");
-    run_free(&r);
+    cli_out_free(&r);
     free(bad), free(good);
 }
 
 Test(cli, check_ab_pair) {
     char *a = data("good.yaml"), *b = data("b.yaml");
-    run_result ra = run(NULL, ARGS("check", a)), rb = run(NULL, ARGS("check", b));
+    cli_out ra = run(NULL, ARGS("check", a)), rb = run(NULL, ARGS("check", b));
     cr_assert_eq(ra.code, 0);
     cr_assert_eq(rb.code, 0, "%s", rb.err);
     has(ra.out, "  policy: priority\n");
@@ -311,6 +273,6 @@ Test(cli, check_ab_pair) {
         pa = ea, pb = eb;
     }
     cr_assert_eq(diffs, 1, "A and B differ in %d lines", diffs);
-    run_free(&ra), run_free(&rb);
+    cli_out_free(&ra), cli_out_free(&rb);
     free(a), free(b);
 }

@@ -652,14 +652,13 @@ CFG_TEST(overrides_set_create_and_replace) {
                                "model:\n");
     loom_diag d;
     loom_diag_init(&d);
-    cr_assert_eq(loom_cfg_set_override(r, "scheduler.max_num_seqs=32", 2, &d), LOOM_OK);
-    cr_assert_eq(loom_cfg_set_override(r, "scheduler.policy=priority", 3, &d), LOOM_OK);
-    cr_assert_eq(loom_cfg_set_override(r, "cache.kv.block_size=16", 4, &d), LOOM_OK);
-    cr_assert_eq(loom_cfg_set_override(r, "model.path=/m/a.gguf", 5, &d), LOOM_OK);
-    cr_assert_eq(loom_cfg_set_override(r, "stop=[1, 2]", 6, &d), LOOM_OK);
-    cr_assert_eq(loom_cfg_set_override(r, "sampler={top_k: 5, top_p: 0.9}", 7, &d), LOOM_OK);
-    cr_assert_eq(loom_cfg_set_override(r, "cleared=", 8, &d), LOOM_OK);
-    cr_assert_eq(loom_cfg_set_override(r, "url=a=b", 9, &d), LOOM_OK);
+    /* argument k + 2 of the command line */
+    static const char *const sets[] = {"scheduler.max_num_seqs=32", "scheduler.policy=priority",
+                                       "cache.kv.block_size=16",   "model.path=/m/a.gguf",
+                                       "stop=[1, 2]",              "sampler={top_k: 5, top_p: 0.9}",
+                                       "cleared=",                 "url=a=b"};
+    for (int k = 0; k < 8; k++)
+        cr_assert_eq(loom_cfg_set_override(r, sets[k], k + 2, &d), LOOM_OK, "%s", sets[k]);
     cr_assert_eq(d.count, 0);
 
     loom_cfg_node *n = loom_cfg_get_path(r, "scheduler.max_num_seqs");
@@ -703,33 +702,30 @@ CFG_TEST(overrides_errors) {
                                "list: [1]\n");
     loom_diag d;
     loom_diag_init(&d);
-    cr_assert_eq(loom_cfg_set_override(r, "scheduler.max_num_seqs.x=1", 1, &d), LOOM_ERR_INVALID);
-    cr_assert_eq(loom_cfg_set_override(r, "list.a=1", 2, &d), LOOM_ERR_INVALID);
-    cr_assert_eq(loom_cfg_set_override(r, "noequals", 3, &d), LOOM_ERR_INVALID);
-    cr_assert_eq(loom_cfg_set_override(r, "=5", 4, &d), LOOM_ERR_INVALID);
-    cr_assert_eq(loom_cfg_set_override(r, "a..b=5", 5, &d), LOOM_ERR_INVALID);
-    cr_assert_eq(loom_cfg_set_override(r, "a.=5", 6, &d), LOOM_ERR_INVALID);
-    cr_assert_eq(loom_cfg_set_override(r, "x=[1, 2", 7, &d), LOOM_ERR_INVALID);
+    /* argument k + 1 of the command line, refused with message msg */
+    static const struct {
+        const char *set, *msg;
+    } bad[] = {
+        {"scheduler.max_num_seqs.x=1",
+         "--set 'scheduler.max_num_seqs.x=1': cannot set a key inside "
+         "'scheduler.max_num_seqs', which is \"8\" (set at t.yaml:2:17), not a map"},
+        {"list.a=1", "--set 'list.a=1': cannot set a key inside 'list', which is a list (set at "
+                     "t.yaml:3:7), not a map"},
+        {"noequals", "--set 'noequals': expected KEY.PATH=VALUE, e.g. scheduler.max_num_seqs=64"},
+        {"=5", "--set '=5': expected KEY.PATH=VALUE, e.g. scheduler.max_num_seqs=64"},
+        {"a..b=5", "--set 'a..b=5': key path 'a..b' has an empty component; expected "
+                   "KEY.PATH=VALUE, e.g. scheduler.max_num_seqs=64"},
+        {"a.=5", "--set 'a.=5': key path 'a.' has an empty component; expected KEY.PATH=VALUE, "
+                 "e.g. scheduler.max_num_seqs=64"},
+        {"x=[1, 2", "in --set 'x=[1, 2': did not find expected ',' or ']' (while parsing a flow "
+                    "sequence)"},
+    };
+    const int nbad = (int)(sizeof bad / sizeof bad[0]);
+    for (int k = 0; k < nbad; k++)
+        cr_assert_eq(loom_cfg_set_override(r, bad[k].set, k + 1, &d), LOOM_ERR_INVALID, "%s",
+                     bad[k].set);
     cr_assert_eq(d.count, 7);
-    expect_diag(&d, 0, "<command line>", 0, 1,
-                "--set 'scheduler.max_num_seqs.x=1': cannot set a key inside "
-                "'scheduler.max_num_seqs', which is \"8\" (set at t.yaml:2:17), not a map");
-    expect_diag(&d, 1, "<command line>", 0, 2,
-                "--set 'list.a=1': cannot set a key inside 'list', which is a list (set at "
-                "t.yaml:3:7), not a map");
-    expect_diag(&d, 2, "<command line>", 0, 3,
-                "--set 'noequals': expected KEY.PATH=VALUE, e.g. scheduler.max_num_seqs=64");
-    expect_diag(&d, 3, "<command line>", 0, 4,
-                "--set '=5': expected KEY.PATH=VALUE, e.g. scheduler.max_num_seqs=64");
-    expect_diag(&d, 4, "<command line>", 0, 5,
-                "--set 'a..b=5': key path 'a..b' has an empty component; expected "
-                "KEY.PATH=VALUE, e.g. scheduler.max_num_seqs=64");
-    expect_diag(&d, 5, "<command line>", 0, 6,
-                "--set 'a.=5': key path 'a.' has an empty component; expected KEY.PATH=VALUE, "
-                "e.g. scheduler.max_num_seqs=64");
-    expect_diag(&d, 6, "<command line>", 0, 7,
-                "in --set 'x=[1, 2': did not find expected ',' or ']' (while parsing a flow "
-                "sequence)");
+    for (int k = 0; k < nbad; k++) expect_diag(&d, k, "<command line>", 0, k + 1, bad[k].msg);
     /* Nothing was changed by the failed overrides. */
     cr_assert_str_eq(loom_cfg_scalar(loom_cfg_get_path(r, "scheduler.max_num_seqs")), "8");
     cr_assert_null(loom_cfg_get(r, "a"));

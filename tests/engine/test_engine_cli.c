@@ -13,66 +13,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli_run.h"
 #include "eng_util.h"
-
-typedef struct cli_out {
-    int code;   /* exit status; -1 when killed by a signal */
-    char *out;
-    char *err;
-} cli_out;
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot read %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    cr_assert(b);
-    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    return b;
-}
 
 /* Run LOOM_CLI with NULL-terminated args (stdin from /dev/null). */
 static cli_out cli(const char *const *args) {
     const char *bin = getenv("LOOM_CLI");
     cr_assert(bin && bin[0], "LOOM_CLI is not set (run through meson test)");
-    char dir[] = "/tmp/loom-eng-cli-XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
-    char out[64], err[64];
-    snprintf(out, sizeof out, "%s/out", dir);
-    snprintf(err, sizeof err, "%s/err", dir);
-    pid_t pid = fork();
-    cr_assert_neq(pid, -1);
-    if (pid == 0) {
-        int fi = open("/dev/null", O_RDONLY);
-        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fi < 0 || fo < 0 || fe < 0) _exit(127);
-        dup2(fi, 0);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        char *argv[48] = {(char *)bin};
-        int n = 1;
-        for (; args[n - 1] && n < 47; n++) argv[n] = (char *)args[n - 1];
-        argv[n] = NULL;
-        execv(bin, argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    cli_out r = {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
-    unlink(out);
-    unlink(err);
-    rmdir(dir);
-    return r;
-}
-
-static void cli_free(cli_out *r) {
-    free(r->out);
-    free(r->err);
+    return cli_run(bin, NULL, NULL, args);
 }
 
 static char *default_config(void) {
@@ -97,7 +45,7 @@ Test(cli, run_paris) {
     cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
     cr_assert(strstr(r.out, "Paris"), "stdout lacks Paris: '%s'", r.out);
     cr_assert(strstr(r.err, "finish: end of generation"), "stderr: %s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     /* --stream and -q print the same text. */
     const char *args2[] = {"run", cfg, "--chat", "-p", "What is the capital of France?", "-n", "20", "--stream", "-q",
                            "--set", set_model, "--set", "cache.memory_gib=0.25", "--set",
@@ -106,7 +54,7 @@ Test(cli, run_paris) {
     cr_assert_eq(s.code, 0, "stderr: %s", s.err);
     cr_assert(strstr(s.out, "Paris"), "stdout: '%s'", s.out);
     cr_assert_eq(s.err[0], 0, "-q should leave stderr empty, got '%s'", s.err);
-    cli_free(&s);
+    cli_out_free(&s);
     free(cfg);
 }
 
@@ -123,7 +71,7 @@ Test(cli, run_stop_and_samples) {
     cr_assert(strstr(r.out, "--- sample 0 ---\nThe capital of France is \n--- sample 1 ---\nThe capital of France is \n"),
               "stdout: '%s'", r.out);
     cr_assert(strstr(r.err, "finish: stop string"), "stderr: %s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     free(cfg);
 }
 
@@ -132,38 +80,38 @@ Test(cli, run_errors) {
     cli_out r = cli(a1);
     cr_assert_eq(r.code, 1, "nonexistent config: exit %d", r.code);
     cr_assert(strstr(r.err, "/nonexistent/pipeline.yaml"), "stderr does not name the file: '%s'", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
 
     const char *a2[] = {"run", "--help", NULL};
     r = cli(a2);
     cr_assert_eq(r.code, 0);
     cr_assert(strstr(r.out, "Usage: loom run CONFIG"), "'%s'", r.out);
-    cli_free(&r);
+    cli_out_free(&r);
 
     const char *a3[] = {"run", NULL};
     r = cli(a3);
     cr_assert_eq(r.code, 2, "no config: exit %d", r.code);
     cr_assert(strstr(r.err, "no pipeline file"), "'%s'", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
 
     char *tiny = eng_data("tiny.yaml");
     const char *a4[] = {"run", tiny, "-p", "hello", NULL};
     r = cli(a4);
     cr_assert_eq(r.code, 1, "text prompt on a dummy model: exit %d", r.code);
     cr_assert(strstr(r.err, "no tokenizer"), "'%s'", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
 
     const char *a5[] = {"run", tiny, "-p", "hello", "--bogus", NULL};
     r = cli(a5);
     cr_assert_eq(r.code, 2);
     cr_assert(strstr(r.err, "--bogus"), "'%s'", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
 
     const char *a6[] = {"run", tiny, "-p", "hello", "-n", "0", NULL};
     r = cli(a6);
     cr_assert_eq(r.code, 1);
     cr_assert(strstr(r.err, "-n"), "'%s'", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     free(tiny);
 }
 
@@ -200,7 +148,7 @@ Test(cli, bench_json_file) {
     cli_out r = cli(args);
     cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
     cr_assert(strstr(r.out, "throughput"), "no table on stdout: '%s'", r.out);
-    char *text = slurp(path);
+    char *text = test_slurp(path, NULL);
     cJSON *j = cJSON_Parse(text);
     cr_assert_not_null(j, "%s is not JSON: '%s'", path, text);
     check_bench_doc(j);
@@ -208,7 +156,7 @@ Test(cli, bench_json_file) {
     free(text);
     unlink(path);
     rmdir(dir);
-    cli_free(&r);
+    cli_out_free(&r);
     free(tiny);
 }
 
@@ -226,7 +174,7 @@ Test(cli, bench_json_stdout) {
                        r.out);
     check_bench_doc(j);
     cJSON_Delete(j);
-    cli_free(&r);
+    cli_out_free(&r);
     free(tiny);
 }
 
@@ -242,12 +190,12 @@ Test(cli, bench_warmup_not_counted) {
     cr_assert_not_null(j, "stdout is not JSON:\n%s", r.out);
     check_bench_doc(j);
     cJSON_Delete(j);
-    cli_free(&r);
+    cli_out_free(&r);
     const char *bad[] = {"bench", tiny, "--warmup", "-1", NULL};
     r = cli(bad);
     cr_assert_eq(r.code, 2);
     cr_assert(strstr(r.err, "--warmup expects"), "stderr: %s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     free(tiny);
 }
 
@@ -266,13 +214,13 @@ Test(cli, bench_compare) {
     cr_assert_gt(y, 0);
     cr_assert_float_eq(ratio, y / x, 0.01 + 0.01 * (y / x));
     cr_assert(strstr(r.out, "A counts:") && strstr(r.out, "B counts:"), "'%s'", r.out);
-    cli_free(&r);
+    cli_out_free(&r);
 
     const char *bad[] = {"bench", "--compare", a, NULL};
     r = cli(bad);
     cr_assert_eq(r.code, 2);
     cr_assert(strstr(r.err, "--compare needs two pipeline files"), "'%s'", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     free(a);
     free(b);
 }

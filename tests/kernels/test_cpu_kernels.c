@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "cpu_kernels.h"
-#include "kt_rng.h"
+#include "rng.h"
 #include "formats/dtype.h"
 
 #define F32_TOL 1e-5
@@ -77,7 +77,7 @@ static void ref_rmsnorm(double *y, const float *x, const float *w, int64_t N, do
 }
 
 Test(kernels, rmsnorm) {
-    kt_rng r = kt_seeded("kernels.rmsnorm");
+    test_rng r = rng_seeded("kernels.rmsnorm");
     loom_cpu_pool *pool = loom_cpu_pool_create(2);
     int64_t Ns[] = {1, 7, 64, 576, 4096};
     int64_t Ts[] = {1, 3, 17, 64};
@@ -88,8 +88,8 @@ Test(kernels, rmsnorm) {
             float *x = xmalloc(sizeof(float) * T * ldx), *y = xmalloc(sizeof(float) * T * ldy);
             float *w = xmalloc(sizeof(float) * N);
             double *ref = xmalloc(sizeof(double) * T * N);
-            kt_fill(&r, x, T * ldx, kt_range(&r, 0.01, 10));
-            for (int64_t i = 0; i < N; i++) w[i] = (float)(1 + 0.3 * kt_normal(&r));
+            rng_fill(&r, x, T * ldx, rng_range(&r, 0.01, 10));
+            for (int64_t i = 0; i < N; i++) w[i] = (float)(1 + 0.3 * rng_normal(&r));
             for (int64_t i = 0; i < T * ldy; i++) y[i] = 12345.f;
             loom_cpu_rmsnorm(y, ldy, x, ldx, w, T, N, eps, b % 2 ? pool : NULL);
             double num = 0, den = 1e-30;
@@ -109,7 +109,7 @@ Test(kernels, rmsnorm) {
 }
 
 Test(kernels, add_rmsnorm) {
-    kt_rng r = kt_seeded("kernels.add_rmsnorm");
+    test_rng r = rng_seeded("kernels.add_rmsnorm");
     loom_cpu_pool *pool = loom_cpu_pool_create(2);
     int64_t Ns[] = {5, 64, 576};
     int64_t Ts[] = {1, 9, 100};
@@ -120,9 +120,9 @@ Test(kernels, add_rmsnorm) {
             float *y = xmalloc(sizeof(float) * T * N), *w = xmalloc(sizeof(float) * N);
             float *x0 = xmalloc(sizeof(float) * T * N), *xs = xmalloc(sizeof(float) * N);
             double *ref = xmalloc(sizeof(double) * N);
-            kt_fill(&r, x, T * N, 2);
-            kt_fill(&r, res, T * N, 2);
-            kt_fill(&r, w, N, 1);
+            rng_fill(&r, x, T * N, 2);
+            rng_fill(&r, res, T * N, 2);
+            rng_fill(&r, w, N, 1);
             memcpy(x0, x, sizeof(float) * T * N);
             loom_cpu_add_rmsnorm(y, x, res, w, T, N, 1e-6f, pool);
             double num = 0, den = 1e-30;
@@ -146,7 +146,7 @@ Test(kernels, add_rmsnorm) {
 /* ------------------------------------------------------------- SwiGLU */
 
 Test(kernels, swiglu) {
-    kt_rng r = kt_seeded("kernels.swiglu");
+    test_rng r = rng_seeded("kernels.swiglu");
     loom_cpu_pool *pool = loom_cpu_pool_create(3);
     int64_t Is[] = {1, 7, 1536};
     int64_t Ts[] = {1, 5, 40};
@@ -154,7 +154,7 @@ Test(kernels, swiglu) {
         for (size_t b = 0; b < 3; b++) {
             int64_t I = Is[a], T = Ts[b], ld = 2 * I + 3;
             float *gu = xmalloc(sizeof(float) * T * ld), *out = xmalloc(sizeof(float) * T * I);
-            kt_fill(&r, gu, T * ld, 3);
+            rng_fill(&r, gu, T * ld, 3);
             for (int64_t i = 0; i < T * I; i++) out[i] = NAN; /* poison: every element written */
             gu[0] = -100.f; /* e^100 overflows float: silu must still be -0 */
             if (T * ld > 2) gu[1] = 90.f;
@@ -179,12 +179,12 @@ Test(kernels, swiglu) {
 /* ------------------------------------------------------------- embedding */
 
 Test(kernels, embedding) {
-    kt_rng r = kt_seeded("kernels.embedding");
+    test_rng r = rng_seeded("kernels.embedding");
     int64_t V = 97, N = 40, T = 23;
     float *table = xmalloc(sizeof(float) * V * N), *out = xmalloc(sizeof(float) * T * N);
     int32_t ids[23];
-    kt_fill(&r, table, V * N, 1);
-    for (int64_t t = 0; t < T; t++) ids[t] = (int32_t)(t == 0 ? V - 1 : kt_int(&r, V));
+    rng_fill(&r, table, V * N, 1);
+    for (int64_t t = 0; t < T; t++) ids[t] = (int32_t)(t == 0 ? V - 1 : rng_int(&r, V));
     loom_cpu_embedding(out, table, ids, T, N);
     for (int64_t t = 0; t < T; t++)
         cr_assert(!memcmp(out + t * N, table + ids[t] * N, sizeof(float) * N), "row %lld",
@@ -237,23 +237,23 @@ Test(kernels, rope_frequencies) {
 }
 
 Test(kernels, rope_apply) {
-    kt_rng r = kt_seeded("kernels.rope_apply");
+    test_rng r = rng_seeded("kernels.rope_apply");
     int dims[] = {16, 64, 128};
     loom_rope_scaling scal[] = {LOOM_ROPE_SCALING_NONE, LOOM_ROPE_SCALING_LINEAR,
                                 LOOM_ROPE_SCALING_LLAMA3};
     for (int di = 0; di < 3; di++)
         for (int si = 0; si < 3; si++) {
-            int D = dims[di], half = D / 2, nh = 1 + (int)kt_int(&r, 5);
-            int64_t T = 1 + kt_int(&r, 40), ld = (int64_t)nh * D + 7;
+            int D = dims[di], half = D / 2, nh = 1 + (int)rng_int(&r, 5);
+            int64_t T = 1 + rng_int(&r, 40), ld = (int64_t)nh * D + 7;
             double inv[64];
             loom_cpu_rope_inv_freq(inv, D, 10000.0, scal[si], 8, 1, 4, 1024);
             double want_inv[64];
             ref_inv_freq(want_inv, D, 10000.0, scal[si], 8, 1, 4, 1024);
             int32_t *pos = xmalloc(sizeof(int32_t) * T);
-            for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)(t % 3 == 0 ? kt_int(&r, 200000) : kt_int(&r, 64));
+            for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)(t % 3 == 0 ? rng_int(&r, 200000) : rng_int(&r, 64));
             float *x = xmalloc(sizeof(float) * T * ld), *x0 = xmalloc(sizeof(float) * T * ld);
             float *c = xmalloc(sizeof(float) * T * half), *s = xmalloc(sizeof(float) * T * half);
-            kt_fill(&r, x, T * ld, 1);
+            rng_fill(&r, x, T * ld, 1);
             memcpy(x0, x, sizeof(float) * T * ld);
             loom_cpu_rope_table(c, s, pos, T, inv, half);
             loom_cpu_rope_apply(x, ld, T, nh, D, c, s);
@@ -280,15 +280,15 @@ Test(kernels, rope_apply) {
 
 /* y = x w^T (+ beta y) (+ bias) against float64, element by element:
  * |y - ref| <= 1e-5 * sum |terms| (the float32 dot-product error bound). */
-static void check_linear(kt_rng *r, int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldy,
+static void check_linear(test_rng *r, int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldy,
                          bool bias, float beta, loom_cpu_pool *pool, bool force_small) {
     float *x = xmalloc(sizeof(float) * M * ldx), *w = xmalloc(sizeof(float) * N * K);
     float *y = xmalloc(sizeof(float) * M * ldy), *y0 = xmalloc(sizeof(float) * M * ldy);
     float *bv = xmalloc(sizeof(float) * N);
-    kt_fill(r, x, M * ldx, 1);
-    kt_fill(r, w, N * K, 1.0 / sqrt((double)K));
-    kt_fill(r, bv, N, 1);
-    kt_fill(r, y, M * ldy, 1);
+    rng_fill(r, x, M * ldx, 1);
+    rng_fill(r, w, N * K, 1.0 / sqrt((double)K));
+    rng_fill(r, bv, N, 1);
+    rng_fill(r, y, M * ldy, 1);
     if (beta == 0.0f) y[0] = NAN; /* beta 0 must not read y */
     memcpy(y0, y, sizeof(float) * M * ldy);
     if (force_small) loom_cpu_linear_small_m(y, ldy, x, ldx, w, bias ? bv : NULL, M, N, K, beta, pool);
@@ -318,7 +318,7 @@ static void check_linear(kt_rng *r, int64_t M, int64_t N, int64_t K, int64_t ldx
 }
 
 Test(kernels, linear) {
-    kt_rng r = kt_seeded("kernels.linear");
+    test_rng r = rng_seeded("kernels.linear");
     loom_cpu_blas_threads(2);
     loom_cpu_pool *pool = loom_cpu_pool_create(2);
     /* M = 1 (sgemv), 2..LOOM_CPU_SMALL_M (small-M kernel), beyond (sgemm) */
@@ -337,11 +337,11 @@ Test(kernels, linear) {
 }
 
 Test(kernels, linear_small_m_any_shape) {
-    kt_rng r = kt_seeded("kernels.linear_small_m_any_shape");
+    test_rng r = rng_seeded("kernels.linear_small_m_any_shape");
     loom_cpu_pool *pool = loom_cpu_pool_create(3);
     for (int i = 0; i < 40; i++) {
-        int64_t M = 1 + kt_int(&r, 40), N = 1 + kt_int(&r, 700), K = 1 + kt_int(&r, 600);
-        check_linear(&r, M, N, K, K + kt_int(&r, 4), N + kt_int(&r, 4), i % 2, i % 3 ? 0.0f : 1.0f,
+        int64_t M = 1 + rng_int(&r, 40), N = 1 + rng_int(&r, 700), K = 1 + rng_int(&r, 600);
+        check_linear(&r, M, N, K, K + rng_int(&r, 4), N + rng_int(&r, 4), i % 2, i % 3 ? 0.0f : 1.0f,
                      i % 4 ? pool : NULL, true);
     }
     loom_cpu_pool_destroy(pool);
@@ -350,12 +350,12 @@ Test(kernels, linear_small_m_any_shape) {
 /* ------------------------------------------------------------- float16 */
 
 Test(kernels, f16_conversion) {
-    kt_rng r = kt_seeded("kernels.f16_conversion");
+    test_rng r = rng_seeded("kernels.f16_conversion");
     /* every code: f16 -> f32 matches the compiler's _Float16, and back */
     int64_t n = 65536 + 5; /* a tail past the vector width */
     uint16_t *h = xmalloc(sizeof(uint16_t) * n), *h2 = xmalloc(sizeof(uint16_t) * n);
     float *f = xmalloc(sizeof(float) * n);
-    for (int64_t i = 0; i < n; i++) h[i] = (uint16_t)(i < 65536 ? i : kt_int(&r, 65536));
+    for (int64_t i = 0; i < n; i++) h[i] = (uint16_t)(i < 65536 ? i : rng_int(&r, 65536));
     loom_cpu_f16_to_f32(f, h, n);
     loom_cpu_f32_to_f16(h2, f, n);
     for (int64_t i = 0; i < n; i++) {
@@ -372,8 +372,8 @@ Test(kernels, f16_conversion) {
     /* random float32 over the whole range: round to nearest even like the
      * compiler's conversion */
     for (int64_t i = 0; i < n; i++) {
-        uint32_t bits = (uint32_t)kt_next(&r);
-        if (i % 3 == 0) bits = (bits & 0x807fffffu) | ((uint32_t)(100 + kt_int(&r, 50)) << 23);
+        uint32_t bits = (uint32_t)rng_next(&r);
+        if (i % 3 == 0) bits = (bits & 0x807fffffu) | ((uint32_t)(100 + rng_int(&r, 50)) << 23);
         memcpy(&f[i], &bits, 4);
     }
     loom_cpu_f32_to_f16(h2, f, n);
@@ -400,7 +400,7 @@ typedef struct attn_case {
 
 /* One batch through kv_write + paged attention vs a float64 softmax over the
  * logical (contiguous) K/V; returns the relative error. */
-static double run_attn(kt_rng *r, const attn_case *cs, int H, int KVH, int D, int bs, loom_dtype dt,
+static double run_attn(test_rng *r, const attn_case *cs, int H, int KVH, int D, int bs, loom_dtype dt,
                        loom_cpu_pool *pool) {
     int S = cs->S, T = 0, max_blocks = 0, total_blocks = 0;
     for (int s = 0; s < S; s++) {
@@ -414,7 +414,7 @@ static double run_attn(kt_rng *r, const attn_case *cs, int H, int KVH, int D, in
     int *perm = xmalloc(sizeof(int) * num_blocks);
     for (int i = 0; i < num_blocks; i++) perm[i] = i;
     for (int i = num_blocks - 1; i > 0; i--) {
-        int j = (int)kt_int(r, i + 1), t = perm[i];
+        int j = (int)rng_int(r, i + 1), t = perm[i];
         perm[i] = perm[j], perm[j] = t;
     }
     int32_t *bt = xmalloc(sizeof(int32_t) * S * stride);
@@ -435,8 +435,8 @@ static double run_attn(kt_rng *r, const attn_case *cs, int H, int KVH, int D, in
     for (int s = 0; s < S; s++) {
         K[s] = xmalloc(sizeof(float) * cs->ctx[s] * ld_kv);
         Vv[s] = xmalloc(sizeof(float) * cs->ctx[s] * ld_kv);
-        kt_fill(r, K[s], (int64_t)cs->ctx[s] * ld_kv, 1);
-        kt_fill(r, Vv[s], (int64_t)cs->ctx[s] * ld_kv, 1);
+        rng_fill(r, K[s], (int64_t)cs->ctx[s] * ld_kv, 1);
+        rng_fill(r, Vv[s], (int64_t)cs->ctx[s] * ld_kv, 1);
         /* earlier steps: positions before this step's queries */
         int prior = cs->ctx[s] - cs->qlen[s];
         int64_t *slots = xmalloc(sizeof(int64_t) * (prior + 1));
@@ -451,7 +451,7 @@ static double run_attn(kt_rng *r, const attn_case *cs, int H, int KVH, int D, in
     float *knew = xmalloc(sizeof(float) * T * ld_kv), *vnew = xmalloc(sizeof(float) * T * ld_kv);
     int32_t *qs = xmalloc(sizeof(int32_t) * (S + 1)), *pos = xmalloc(sizeof(int32_t) * T);
     int64_t *slot = xmalloc(sizeof(int64_t) * T);
-    kt_fill(r, q, (int64_t)T * ldq, 1);
+    rng_fill(r, q, (int64_t)T * ldq, 1);
     for (int i = 0; i < T * ldo; i++) out[i] = 777.f;
     qs[0] = 0;
     for (int s = 0, t = 0; s < S; s++) {
@@ -517,7 +517,7 @@ static double run_attn(kt_rng *r, const attn_case *cs, int H, int KVH, int D, in
 }
 
 Test(kernels, paged_attention_shapes) {
-    kt_rng r = kt_seeded("kernels.paged_attention_shapes");
+    test_rng r = rng_seeded("kernels.paged_attention_shapes");
     loom_cpu_pool *pool = loom_cpu_pool_create(3);
     /* ragged around block boundaries: full prefill, decode, mid-prompt chunk */
     static const int ctx_a[] = {1, 15, 16, 17, 33}, q_a[] = {1, 15, 16, 1, 10};
@@ -544,7 +544,7 @@ Test(kernels, paged_attention_shapes) {
 }
 
 Test(kernels, paged_attention_block_sizes) {
-    kt_rng r = kt_seeded("kernels.paged_attention_block_sizes");
+    test_rng r = rng_seeded("kernels.paged_attention_block_sizes");
     static const int ctx[] = {1, 2, 31, 32, 33, 70}, ql[] = {1, 2, 3, 32, 1, 9};
     attn_case c = {6, ctx, ql};
     int sizes[] = {1, 2, 8, 16, 32, 64};
@@ -556,7 +556,7 @@ Test(kernels, paged_attention_block_sizes) {
 
 Test(kernels, paged_attention_threaded_long) {
     /* big enough to take the pool path: long decode and a long prefill */
-    kt_rng r = kt_seeded("kernels.paged_attention_threaded_long");
+    test_rng r = rng_seeded("kernels.paged_attention_threaded_long");
     loom_cpu_pool *pool = loom_cpu_pool_create(2);
     static const int ctx[] = {1500, 300, 7}, ql[] = {1, 300, 7};
     attn_case c = {3, ctx, ql};

@@ -19,7 +19,7 @@
 
 #include "../common/fmt_ref.h"
 #include "formats/e4m3.h"
-#include "kt_rng.h"
+#include "rng.h"
 
 static uint32_t f2u(float f) {
     uint32_t u;
@@ -58,9 +58,9 @@ Test(cuda_e4m3, encoder_gives_the_nearest_code_on_every_code_and_edge) {
     for (uint32_t hi = 0; hi < (1u << 20); hi++)
         for (size_t k = 0; k < sizeof lows / sizeof lows[0]; k++) check_encode(hi << 12 | lows[k]);
     /* random patterns, and random values in the range K/V take */
-    kt_rng r = kt_seeded("cuda_e4m3 encoder");
-    for (int i = 0; i < (1 << 22); i++) check_encode((uint32_t)kt_next(&r));
-    for (int i = 0; i < (1 << 20); i++) check_encode(f2u((float)(kt_normal(&r) * 4.0)));
+    test_rng r = rng_seeded("cuda_e4m3 encoder");
+    for (int i = 0; i < (1 << 22); i++) check_encode((uint32_t)rng_next(&r));
+    for (int i = 0; i < (1 << 20); i++) check_encode(f2u((float)(rng_normal(&r) * 4.0)));
 }
 
 /* Two codes as one PRMT places them: c0 in bits 8..15, c1 in 24..31. */

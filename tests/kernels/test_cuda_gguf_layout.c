@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "gguf_layout.h"
-#include "kt_rng.h"
+#include "rng.h"
 #include "loom/tensor.h"
 #include "formats/dtype.h"
 
@@ -154,29 +154,29 @@ Test(cuda_gguf_layout, column_windows_on_whole_blocks) {
  * window: copy every part's window the loader's way (one strided copy into
  * part_offset) and check each segment row against the source blocks. */
 Test(cuda_gguf_layout, loader_copies_land_on_segment_rows) {
-    kt_rng r = kt_seeded("cuda_gguf_layout.loader_copies_land_on_segment_rows");
+    test_rng r = rng_seeded("cuda_gguf_layout.loader_copies_land_on_segment_rows");
     for (int iter = 0; iter < 200; iter++) {
-        const int nparts = 1 + (int)kt_int(&r, 3);
-        const bool kquants = kt_int(&r, 2) == 0;
-        const int64_t cols = kquants ? 256 * (1 + (int64_t)kt_int(&r, 6))
-                                     : 32 * (1 + (int64_t)kt_int(&r, 40));
+        const int nparts = 1 + (int)rng_int(&r, 3);
+        const bool kquants = rng_int(&r, 2) == 0;
+        const int64_t cols = kquants ? 256 * (1 + (int64_t)rng_int(&r, 6))
+                                     : 32 * (1 + (int64_t)rng_int(&r, 40));
         /* a window of whole blocks of the largest block in play (256 for
          * k-quants), as a tensor-parallel rank keeps */
         const int64_t be = kquants ? 256 : 32, nb = cols / be;
-        const int64_t c0 = be * (int64_t)kt_int(&r, nb);
-        const int64_t nc = be * (1 + (int64_t)kt_int(&r, nb - c0 / be));
+        const int64_t c0 = be * (int64_t)rng_int(&r, nb);
+        const int64_t nc = be * (1 + (int64_t)rng_int(&r, nb - c0 / be));
         loom_cuda_gguf ty[3];
         int64_t rows[3], src_rows[3], r0[3];
         uint8_t *src[3];
         for (int i = 0; i < nparts; i++) {
-            ty[i] = kquants ? (kt_int(&r, 2) ? LOOM_CUDA_GGUF_Q4_K : LOOM_CUDA_GGUF_Q6_K)
-                            : all_types[(int[]){0, 1, 4}[kt_int(&r, 3)]];
-            src_rows[i] = 1 + (int64_t)kt_int(&r, 40);
-            r0[i] = (int64_t)kt_int(&r, src_rows[i]);
-            rows[i] = 1 + (int64_t)kt_int(&r, src_rows[i] - r0[i]);
+            ty[i] = kquants ? (rng_int(&r, 2) ? LOOM_CUDA_GGUF_Q4_K : LOOM_CUDA_GGUF_Q6_K)
+                            : all_types[(int[]){0, 1, 4}[rng_int(&r, 3)]];
+            src_rows[i] = 1 + (int64_t)rng_int(&r, 40);
+            r0[i] = (int64_t)rng_int(&r, src_rows[i]);
+            rows[i] = 1 + (int64_t)rng_int(&r, src_rows[i] - r0[i]);
             const size_t n = (size_t)src_rows[i] * loom_cuda_gguf_row_bytes(ty[i], cols);
             src[i] = malloc(n);
-            for (size_t j = 0; j < n; j++) src[i][j] = (uint8_t)kt_int(&r, 256);
+            for (size_t j = 0; j < n; j++) src[i][j] = (uint8_t)rng_int(&r, 256);
         }
         loom_cuda_gguf_layout l;
         char why[200] = "";

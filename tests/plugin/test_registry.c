@@ -55,6 +55,15 @@ static void expect_fail(loom_registry *reg, loom_kind kind, const char *name, lo
 #define LOOM_TEST_ABI LOOM_TEST_STR(LOOM_ABI_MAJOR) "." LOOM_TEST_STR(LOOM_ABI_MINOR)
 #define NEEDLES(...) ((const char *const[]){__VA_ARGS__, NULL})
 
+/* A test that the bad plugin `plugin` (a `kind`) fails to load with
+ * `status` and a message holding every one of the needles. */
+#define BAD_PLUGIN_TEST(test, kind, plugin, status, ...)                                           \
+    Test(plugin_registry, test) {                                                                  \
+        loom_registry *reg = bad_reg();                                                            \
+        expect_fail(reg, kind, plugin, status, NEEDLES(__VA_ARGS__));                              \
+        loom_registry_destroy(reg);                                                                \
+    }
+
 /* ------------------------------------------------------------- lookups */
 
 Test(plugin_registry, finds_each_kind_by_conventional_name) {
@@ -167,35 +176,19 @@ Test(plugin_registry, build_signature_mismatch) {
     loom_registry_destroy(reg);
 }
 
-Test(plugin_registry, no_entry_symbol) {
-    loom_registry *reg = bad_reg();
-    expect_fail(reg, LOOM_KIND_SAMPLER, "noentry", LOOM_ERR_FORMAT,
-                NEEDLES("no entry symbol 'loom_plugin_entry'", "loom-sampler-noentry.so"));
-    loom_registry_destroy(reg);
-}
+BAD_PLUGIN_TEST(no_entry_symbol, LOOM_KIND_SAMPLER, "noentry", LOOM_ERR_FORMAT,
+                "no entry symbol 'loom_plugin_entry'", "loom-sampler-noentry.so")
 
-Test(plugin_registry, not_a_shared_object) {
-    loom_registry *reg = bad_reg();
-    /* dlerror's own words follow the path; then the hint. */
-    expect_fail(reg, LOOM_KIND_SAMPLER, "text", LOOM_ERR_FORMAT,
-                NEEDLES("loom-sampler-text.so' is not a loadable shared object: ",
-                        "is it a loom plugin built for this machine?"));
-    loom_registry_destroy(reg);
-}
+/* dlerror's own words follow the path; then the hint. */
+BAD_PLUGIN_TEST(not_a_shared_object, LOOM_KIND_SAMPLER, "text", LOOM_ERR_FORMAT,
+                "loom-sampler-text.so' is not a loadable shared object: ",
+                "is it a loom plugin built for this machine?")
 
-Test(plugin_registry, descriptor_too_small) {
-    loom_registry *reg = bad_reg();
-    expect_fail(reg, LOOM_KIND_SAMPLER, "smalldesc", LOOM_ERR_ABI,
-                NEEDLES("descriptor struct_size is 16 bytes", "LOOM_PLUGIN_DESC_HEADER"));
-    loom_registry_destroy(reg);
-}
+BAD_PLUGIN_TEST(descriptor_too_small, LOOM_KIND_SAMPLER, "smalldesc", LOOM_ERR_ABI,
+                "descriptor struct_size is 16 bytes", "LOOM_PLUGIN_DESC_HEADER")
 
-Test(plugin_registry, component_too_small) {
-    loom_registry *reg = bad_reg();
-    expect_fail(reg, LOOM_KIND_SAMPLER, "smallcomp", LOOM_ERR_ABI,
-                NEEDLES("component #0 has struct_size 8", "loom_component"));
-    loom_registry_destroy(reg);
-}
+BAD_PLUGIN_TEST(component_too_small, LOOM_KIND_SAMPLER, "smallcomp", LOOM_ERR_ABI,
+                "component #0 has struct_size 8", "loom_component")
 
 Test(plugin_registry, ops_table_too_small) {
     loom_registry *reg = bad_reg();
@@ -206,26 +199,15 @@ Test(plugin_registry, ops_table_too_small) {
     loom_registry_destroy(reg);
 }
 
-Test(plugin_registry, null_required_method) {
-    loom_registry *reg = bad_reg();
-    expect_fail(reg, LOOM_KIND_SAMPLER, "nullsample", LOOM_ERR_FORMAT,
-                NEEDLES("sampler 'nullsample' has no sample() (NULL)", "loom/sampler.h marks it REQUIRED"));
-    loom_registry_destroy(reg);
-}
+BAD_PLUGIN_TEST(null_required_method, LOOM_KIND_SAMPLER, "nullsample", LOOM_ERR_FORMAT,
+                "sampler 'nullsample' has no sample() (NULL)",
+                "loom/sampler.h marks it REQUIRED")
 
-Test(plugin_registry, half_a_swap_pair) {
-    loom_registry *reg = bad_reg();
-    expect_fail(reg, LOOM_KIND_CACHE, "halfswap", LOOM_ERR_FORMAT,
-                NEEDLES("cache 'halfswap' has only one of swap_out() and swap_in()"));
-    loom_registry_destroy(reg);
-}
+BAD_PLUGIN_TEST(half_a_swap_pair, LOOM_KIND_CACHE, "halfswap", LOOM_ERR_FORMAT,
+                "cache 'halfswap' has only one of swap_out() and swap_in()")
 
-Test(plugin_registry, param_outside_config) {
-    loom_registry *reg = bad_reg();
-    expect_fail(reg, LOOM_KIND_SAMPLER, "badparam", LOOM_ERR_FORMAT,
-                NEEDLES("parameter 'n' lies outside the config struct"));
-    loom_registry_destroy(reg);
-}
+BAD_PLUGIN_TEST(param_outside_config, LOOM_KIND_SAMPLER, "badparam", LOOM_ERR_FORMAT,
+                "parameter 'n' lies outside the config struct")
 
 Test(plugin_registry, wrong_kind_for_slot) {
     loom_registry *reg = good_reg();

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "fake_host.h"
-#include "../kernels/kt_rng.h"
+#include "rng.h"
 
 const loom_component *qt_component(const char *env) {
     const char *path = getenv(env);
@@ -116,13 +116,13 @@ loom_tensor *qt_model_add(qt_model *m, const char *name, loom_dtype dt, int ndim
 
 loom_tensor *qt_model_add_f32(qt_model *m, const char *name, int64_t rows, int64_t cols,
                               double scale, bool outliers, void *rng) {
-    kt_rng *r = rng;
+    test_rng *r = rng;
     float *w = malloc((size_t)(rows * cols) * sizeof(float));
     cr_assert(w);
-    for (int64_t i = 0; i < rows * cols; i++) w[i] = (float)(kt_normal(r) * scale);
+    for (int64_t i = 0; i < rows * cols; i++) w[i] = (float)(rng_normal(r) * scale);
     if (outliers)
         for (int64_t i = 0; i < rows * cols / 200 + 1; i++)
-            w[kt_int(r, rows * cols)] = (float)(kt_normal(r) * scale * 8);
+            w[rng_int(r, rows * cols)] = (float)(rng_normal(r) * scale * 8);
     return qt_model_add(m, name, LOOM_DTYPE_F32, 2, rows, cols, w,
                         (size_t)(rows * cols) * sizeof(float), true);
 }

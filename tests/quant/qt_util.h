@@ -4,7 +4,7 @@
  * its config from its own parameter table ("key=value" overrides on top of
  * the declared defaults, as the host would), a fake model view over test
  * tensors, and float64 references. Seeded random numbers come from
- * tests/kernels/kt_rng.h (fresh seed per test, LOOM_TEST_SEED replays).
+ * tests/common/rng.h (fresh seed per test, LOOM_TEST_SEED replays).
  * Every helper fails the current Criterion test on error.
  */
 #ifndef LOOM_TEST_QT_UTIL_H

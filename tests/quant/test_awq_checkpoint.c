@@ -33,7 +33,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../kernels/kt_rng.h"
+#include "rng.h"
 #include "fake_host.h"
 #include "loom/backend.h"
 #include "loom/engine.h"
@@ -198,7 +198,7 @@ static void ref_quantize(ref_lin *L, const float *f, int64_t g) {
         }
 }
 
-static void ref_make(ref_model *M, kt_rng *r) {
+static void ref_make(ref_model *M, test_rng *r) {
     static const struct {
         const char *hf, *gg;
         int64_t n, k;
@@ -212,13 +212,13 @@ static void ref_make(ref_model *M, kt_rng *r) {
     M->embed = malloc(sizeof(float) * CV * CH);
     M->norm = malloc(sizeof(float) * CH);
     M->head = malloc(sizeof(float) * CV * CH);
-    kt_fill(r, M->embed, CV * CH, 1.0);
-    kt_fill(r, M->head, CV * CH, 0.2); /* logits of a few units: log-probs far from saturated */
-    for (int i = 0; i < CH; i++) M->norm[i] = (float)kt_range(r, 0.8, 1.2);
+    rng_fill(r, M->embed, CV * CH, 1.0);
+    rng_fill(r, M->head, CV * CH, 0.2); /* logits of a few units: log-probs far from saturated */
+    for (int i = 0; i < CH; i++) M->norm[i] = (float)rng_range(r, 0.8, 1.2);
     for (int l = 0; l < CL; l++) {
         for (int j = 0; j < 2; j++) {
             M->lnorm[l][j] = malloc(sizeof(float) * CH);
-            for (int i = 0; i < CH; i++) M->lnorm[l][j][i] = (float)kt_range(r, 0.8, 1.2);
+            for (int i = 0; i < CH; i++) M->lnorm[l][j][i] = (float)rng_range(r, 0.8, 1.2);
         }
         for (int j = 0; j < 7; j++) {
             ref_lin *L = &M->lin[l * 7 + j];
@@ -231,7 +231,7 @@ static void ref_make(ref_model *M, kt_rng *r) {
             L->z = malloc((size_t)(G * L->n));
             L->s = malloc(2 * (size_t)(G * L->n));
             float *f = malloc(sizeof(float) * (size_t)(L->n * L->k));
-            kt_fill(r, f, L->n * L->k, 0.3);
+            rng_fill(r, f, L->n * L->k, 0.3);
             ref_quantize(L, f, CG);
             free(f);
         }
@@ -411,7 +411,7 @@ static const char *src_set(pack_kind pk) {
 /* Load the packed checkpoint, check what the view shows, then unpack every
  * linear with the int4 plugin and compare with the reference bit for bit. */
 static void check_unpack(pack_kind pk) {
-    kt_rng r = kt_seeded(pk == PK_AWQ ? "awqckpt.awq" : pk == PK_GPTQ ? "awqckpt.gptq" : "awqckpt.gptq_v2");
+    test_rng r = rng_seeded(pk == PK_AWQ ? "awqckpt.awq" : pk == PK_GPTQ ? "awqckpt.gptq" : "awqckpt.gptq_v2");
     make_root();
     ref_model M;
     ref_make(&M, &r);
@@ -486,7 +486,7 @@ Test(awq_checkpoint, gptq_v2_loads_and_unpacks_exactly) { check_unpack(PK_GPTQ_V
  * quant_config.json (w_bit, q_group_size, "GEMM"), with no
  * quantization_config in config.json. */
 Test(awq_checkpoint, quantizer_own_config_files) {
-    kt_rng r = kt_seeded("awqckpt.files");
+    test_rng r = rng_seeded("awqckpt.files");
     make_root();
     ref_model M;
     ref_make(&M, &r);
@@ -517,7 +517,7 @@ Test(awq_checkpoint, quantizer_own_config_files) {
 /* desc_act: a permuted g_idx loads; int4 keeps it as int8 (act_order:
  * int8) or refuses it (act_order: error). */
 Test(awq_checkpoint, gptq_act_order) {
-    kt_rng r = kt_seeded("awqckpt.actorder");
+    test_rng r = rng_seeded("awqckpt.actorder");
     make_root();
     ref_model M;
     ref_make(&M, &r);
@@ -603,7 +603,7 @@ static void float_and_packed(st_list *l) {
 static void qweight_f32(st_list *l) { st_find(l, "model.layers.1.self_attn.q_proj.qweight")->dtype = "F32"; }
 
 Test(awq_checkpoint, bad_checkpoints_refused) {
-    kt_rng r = kt_seeded("awqckpt.bad");
+    test_rng r = rng_seeded("awqckpt.bad");
     make_root();
     ref_model M;
     ref_make(&M, &r);
@@ -696,7 +696,7 @@ static void score(loom_engine *e, float *lp) {
  * checkpoint of the dequantized weights: the same function, so log-probs
  * agree to float32 rounding (different summation order only). */
 static void check_forward(pack_kind pk, bool tp) {
-    kt_rng r = kt_seeded("awqckpt.forward");
+    test_rng r = rng_seeded("awqckpt.forward");
     make_root();
     ref_model M;
     ref_make(&M, &r);
@@ -735,7 +735,7 @@ Test(awq_checkpoint, awq_tp2_forward_matches_float, .timeout = 120) { check_forw
 /* Pipelines that cannot run a packed checkpoint: each refused before the
  * backend loads anything, saying what to write. */
 Test(awq_checkpoint, mismatched_pipelines_refused, .timeout = 120) {
-    kt_rng r = kt_seeded("awqckpt.pipes");
+    test_rng r = rng_seeded("awqckpt.pipes");
     make_root();
     ref_model M;
     ref_make(&M, &r);
@@ -765,7 +765,7 @@ Test(awq_checkpoint, mismatched_pipelines_refused, .timeout = 120) {
 /* Without the engine's check (a backend driven directly), the cpu backend
  * still refuses to treat a packed weight as float. */
 Test(awq_checkpoint, cpu_backend_refuses_unplanned_packed_weight, .timeout = 120) {
-    kt_rng r = kt_seeded("awqckpt.backend");
+    test_rng r = rng_seeded("awqckpt.backend");
     make_root();
     ref_model M;
     ref_make(&M, &r);

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "../../plugins/quantizer/int4/awq_gptq.h"
-#include "../kernels/kt_rng.h"
+#include "rng.h"
 #include "fake_host.h"
 #include "formats/half.h"
 #include "qt_util.h"
@@ -30,22 +30,22 @@ typedef struct syn {
     int32_t *gidx;   /* (k) group of each input                 */
 } syn;
 
-static void syn_make(syn *s, kt_rng *r, int64_t n, int64_t k, int64_t g, bool act_order) {
+static void syn_make(syn *s, test_rng *r, int64_t n, int64_t k, int64_t g, bool act_order) {
     *s = (syn){.n = n, .k = k, .g = g};
     int64_t G = k / g;
     s->Q = malloc((size_t)(n * k));
     s->Z = malloc((size_t)(G * n));
     s->S = malloc((size_t)(G * n) * 2);
     s->gidx = malloc((size_t)k * 4);
-    for (int64_t i = 0; i < n * k; i++) s->Q[i] = (uint8_t)kt_int(r, 16);
+    for (int64_t i = 0; i < n * k; i++) s->Q[i] = (uint8_t)rng_int(r, 16);
     for (int64_t i = 0; i < G * n; i++) {
-        s->Z[i] = (uint8_t)kt_int(r, 16); /* 0 and 15 included: v1's wrap-around */
-        s->S[i] = loom_fp32_to_fp16((float)kt_range(r, 0.001, 0.05));
+        s->Z[i] = (uint8_t)rng_int(r, 16); /* 0 and 15 included: v1's wrap-around */
+        s->S[i] = loom_fp32_to_fp16((float)rng_range(r, 0.001, 0.05));
     }
     for (int64_t i = 0; i < k; i++) s->gidx[i] = (int32_t)(i / g);
     if (act_order) /* GPTQ desc_act: groups formed in a permuted input order */
         for (int64_t i = k - 1; i > 0; i--) {
-            int64_t j = kt_int(r, i + 1);
+            int64_t j = rng_int(r, i + 1);
             int32_t t = s->gidx[i];
             s->gidx[i] = s->gidx[j];
             s->gidx[j] = t;
@@ -128,7 +128,7 @@ static void done_plugin(void *self, loom_qtensor *q) {
 }
 
 Test(awq_gptq, unpack_bit_exact_every_packing) {
-    kt_rng r = kt_seeded("awq_gptq.exact");
+    test_rng r = rng_seeded("awq_gptq.exact");
     static const int64_t shapes[][3] = {{64, 256, 64}, {8, 64, 32}, {24, 128, 128}, {40, 96, 8}};
     for (int pk = 0; pk < 3; pk++)
         for (int sh = 0; sh < 4; sh++) {
@@ -170,7 +170,7 @@ Test(awq_gptq, unpack_bit_exact_every_packing) {
 }
 
 Test(awq_gptq, act_order_exact_floats_and_int8_fallback) {
-    kt_rng r = kt_seeded("awq_gptq.act_order");
+    test_rng r = rng_seeded("awq_gptq.act_order");
     syn s;
     syn_make(&s, &r, 32, 256, 64, true);
     qt_model m;
@@ -258,7 +258,7 @@ static void f32_qweight(qt_model *m) {
 }
 
 Test(awq_gptq, layout_mismatches_are_named) {
-    kt_rng r = kt_seeded("awq_gptq.errors");
+    test_rng r = rng_seeded("awq_gptq.errors");
     syn s;
     syn_make(&s, &r, 64, 256, 64, false);
     expect_error(&s, I4_PACK_AWQ, false, SETS("source=gptq", "group_size=64"), LOOM_ERR_FORMAT,

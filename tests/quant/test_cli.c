@@ -29,67 +29,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-typedef struct cli_out {
-    int code; /* exit status; -1 when killed by a signal */
-    char *out;
-    char *err;
-} cli_out;
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot read %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    cr_assert(b);
-    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    return b;
-}
+#include "cli_run.h"
 
 /* Run LOOM_CLI with the NULL-terminated args, from LOOM_SOURCE_DIR. */
 static cli_out cli(const char *const *args) {
     const char *bin = getenv("LOOM_CLI"), *src = getenv("LOOM_SOURCE_DIR");
     cr_assert(bin && bin[0] && src, "LOOM_CLI / LOOM_SOURCE_DIR not set (run through meson test)");
-    char dir[] = "/tmp/loom-quant-cli-XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
-    char out[64], err[64];
-    snprintf(out, sizeof out, "%s/out", dir);
-    snprintf(err, sizeof err, "%s/err", dir);
-    pid_t pid = fork();
-    cr_assert_neq(pid, -1);
-    if (pid == 0) {
-        int fi = open("/dev/null", O_RDONLY);
-        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fi < 0 || fo < 0 || fe < 0 || chdir(src) != 0) _exit(127);
-        dup2(fi, 0);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        char *argv[40] = {(char *)bin};
-        int n = 1;
-        for (; args[n - 1] && n < 39; n++) argv[n] = (char *)args[n - 1];
-        argv[n] = NULL;
-        execv(bin, argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    cli_out r = {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
-    unlink(out);
-    unlink(err);
-    rmdir(dir);
-    return r;
+    return cli_run(bin, src, NULL, args);
 }
-
-static void cli_free(cli_out *r) {
-    free(r->out);
-    free(r->err);
-}
-
-#define ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 /* The SmoothQuant comparisons score 1024 tokens per pipeline: minutes under
  * AddressSanitizer (the int8 / fp8 cpu kernels are instrumented), past the
@@ -119,7 +66,7 @@ Test(quant_cli, check_unknown_option_choice_has_position) {
     cr_assert(strstr(r.err, "quantizer.mode") && strstr(r.err, "w9a9") &&
                   strstr(r.err, "w8a16, w8a8"),
               "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
 }
 
 Test(quant_cli, check_unknown_scheme_names_it) {
@@ -128,12 +75,12 @@ Test(quant_cli, check_unknown_scheme_names_it) {
     cr_assert(strstr(r.err, "bad_plugin.yaml:7:") && strstr(r.err, "'int9'") &&
                   strstr(r.err, "loom plugins"),
               "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     /* the same through --set on a good file */
     r = cli(ARGS("check", "-q", "configs/quant/int8-w8a16.yaml", "--set", "quantizer.plugin=fp16"));
     cr_assert_eq(r.code, 1);
     cr_assert(strstr(r.err, "'fp16'"), "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
 }
 
 /* int8's weight_only: a misspelt key is named with the valid ones (which
@@ -145,11 +92,11 @@ Test(quant_cli, check_weight_only_key) {
     cr_assert(strstr(r.err, "quantizer.weight_onyl") && strstr(r.err, "unknown key") &&
                   strstr(r.err, "weight_only"),
               "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     r = cli(ARGS("check", "-q", "configs/quant/int8-w8a8.yaml", "--set",
                  "quantizer.weight_only=ffn_down,blk.29"));
     cr_assert_eq(r.code, 0, "exit %d; stderr: %s", r.code, r.err);
-    cli_free(&r);
+    cli_out_free(&r);
 }
 
 /* Every shipped quantizer config passes `loom check`, which creates each
@@ -180,7 +127,7 @@ Test(quant_cli, shipped_quant_configs_check) {
         int code = r.code;
         char msg[2048];
         snprintf(msg, sizeof msg, "%s: exit %d: %s", path, r.code, r.err);
-        cli_free(&r);
+        cli_out_free(&r);
         if (code != 0) closedir(d), unlink(stats);
         cr_assert_eq(code, 0, "%s", msg);
         n++;
@@ -196,22 +143,22 @@ Test(quant_cli, perplexity_help_and_usage) {
     cr_assert(strstr(r.out, "usage: loom perplexity CONFIG TEXTFILE") &&
                   strstr(r.out, "non-overlapping windows") && strstr(r.out, "--window"),
               "%s", r.out);
-    cli_free(&r);
+    cli_out_free(&r);
     r = cli(ARGS("perplexity", "configs/default.yaml"));
     cr_assert_eq(r.code, 2);
     cr_assert(strstr(r.err, "expected CONFIG and TEXTFILE"), "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     r = cli(ARGS("perplexity", "configs/default.yaml", "x.txt", "--window", "1"));
     cr_assert_eq(r.code, 2);
     cr_assert(strstr(r.err, "--window expects an integer in [2,"), "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     r = cli(ARGS("perplexity", "configs/default.yaml", "x.txt", "--bogus"));
     cr_assert_eq(r.code, 2);
-    cli_free(&r);
+    cli_out_free(&r);
     r = cli(ARGS("perplexity", "configs/default.yaml", "data/text/no-such-file.txt"));
     cr_assert_eq(r.code, 1);
     cr_assert(strstr(r.err, "cannot open data/text/no-such-file.txt"), "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
 }
 
 /* perplexity --json on the shipped text; returns the parsed object. */
@@ -243,7 +190,7 @@ Test(quant_cli, perplexity_real_model, .timeout = 240) {
     cr_assert(ppl > 3 && ppl < 200, "SmolLM2 perplexity %g on plain English prose", ppl);
     cr_assert_float_eq(log(ppl), num(j, "mean_nll"), 1e-9);
     cJSON_Delete(j);
-    cli_free(&r);
+    cli_out_free(&r);
 
     /* a quantized pipeline on the same backend: runs once the backend has
      * the format (and stays close), or fails naming tensor and format */
@@ -259,7 +206,7 @@ Test(quant_cli, perplexity_real_model, .timeout = 240) {
         cr_assert_eq(r.code, 1);
         cr_assert(strstr(r.err, "blk.0.attn_q.weight") && strstr(r.err, "int8_w8a16"), "%s", r.err);
     }
-    cli_free(&r);
+    cli_out_free(&r);
 }
 
 /* --logprobs FILE: one line per scored token (position, token id, log p);
@@ -276,7 +223,7 @@ Test(quant_cli, perplexity_logprobs_file, .timeout = 240) {
                          "--logprobs", bad));
     cr_assert_eq(r.code, 1, "exit %d: %s", r.code, r.err);
     cr_assert(strstr(r.err, "cannot write --logprobs") && strstr(r.err, "no-such-dir"), "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
 
     need_model();
     r = cli(ARGS("perplexity", "tests/quant/data/smol.yaml", "data/text/us-founding-documents.txt",
@@ -301,7 +248,7 @@ Test(quant_cli, perplexity_logprobs_file, .timeout = 240) {
     cr_assert_float_eq(-sum / n, num(j, "mean_nll"), 1e-6, "sum %g vs mean_nll %g", -sum / n,
                        num(j, "mean_nll"));
     cJSON_Delete(j);
-    cli_free(&r);
+    cli_out_free(&r);
     unlink(path);
     rmdir(dir);
 }
@@ -315,7 +262,7 @@ Test(quant_cli, group_size_not_dividing_real_model, .timeout = 120) {
     cr_assert(strstr(r.err, "blk.0.attn_q.weight") && strstr(r.err, "576") &&
                   strstr(r.err, "group_size 128") && strstr(r.err, "such as 64 or 96"),
               "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
 }
 
 Test(quant_cli, fp8_kv_cache_on_cpu, .timeout = 120) {
@@ -330,7 +277,7 @@ Test(quant_cli, fp8_kv_cache_on_cpu, .timeout = 120) {
     if (r.code != 0)
         cr_assert(strstr(r.err, "fp8_e4m3") || strstr(r.err, "KV dtype"), "exit %d: %s", r.code,
                   r.err);
-    cli_free(&r);
+    cli_out_free(&r);
 }
 
 /* ------------------------------------------------------- loom calibrate */
@@ -341,33 +288,33 @@ Test(quant_cli, calibrate_help_and_usage) {
     cr_assert(strstr(r.out, "usage: loom calibrate CONFIG TEXTFILE --out FILE") &&
                   strstr(r.out, "--skip-tokens") && strstr(r.out, "smoothquant"),
               "%s", r.out);
-    cli_free(&r);
+    cli_out_free(&r);
     r = cli(ARGS("--help"));
     cr_assert(strstr(r.out, "calibrate"), "%s", r.out);
-    cli_free(&r);
+    cli_out_free(&r);
     r = cli(ARGS("calibrate", "configs/default.yaml", "data/text/us-founding-documents.txt"));
     cr_assert_eq(r.code, 2);
     cr_assert(strstr(r.err, "--out FILE is required"), "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     r = cli(ARGS("calibrate", "configs/default.yaml", "--out", "/tmp/x.act"));
     cr_assert_eq(r.code, 2);
     cr_assert(strstr(r.err, "expected CONFIG and TEXTFILE"), "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     r = cli(ARGS("calibrate", "configs/default.yaml", "x.txt", "-o", "/tmp/x.act", "--skip-tokens", "-3"));
     cr_assert_eq(r.code, 2);
     cr_assert(strstr(r.err, "--skip-tokens expects an integer"), "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     r = cli(ARGS("calibrate", "configs/default.yaml", "data/text/no-such-file.txt", "-o", "/tmp/x.act"));
     cr_assert_eq(r.code, 1);
     cr_assert(strstr(r.err, "cannot open data/text/no-such-file.txt"), "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     /* the statistics are the float model's: a quantized pipeline is refused */
     r = cli(ARGS("calibrate", "configs/quant/int8-w8a8.yaml", "data/text/us-founding-documents.txt",
                  "-o", "/tmp/x.act"));
     cr_assert_eq(r.code, 1);
     cr_assert(strstr(r.err, "has a quantizer (int8)") && strstr(r.err, "configs/default.yaml"), "%s",
               r.err);
-    cli_free(&r);
+    cli_out_free(&r);
 }
 
 /* Statistics of tokens 2048..2431 of the shipped text (Bill of Rights
@@ -381,7 +328,7 @@ static void calibrate_tail(char *stats) {
                          "--skip-tokens", "2048", "--max-tokens", SQ_CAL_TOKENS, "-q", "--out", stats));
     cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
     cr_assert(strstr(r.out, "210 weights") && strstr(r.out, SQ_CAL_TOKENS " tokens"), "%s", r.out);
-    cli_free(&r);
+    cli_out_free(&r);
 }
 
 /* Calibrate on a slice of the shipped text, then score a disjoint slice:
@@ -412,7 +359,7 @@ Test(quant_cli, smoothquant_real_model, .timeout = 600) {
         cJSON *j = ppl_json(&r);
         ppl[i] = num(j, "perplexity");
         cJSON_Delete(j);
-        cli_free(&r);
+        cli_out_free(&r);
     }
     fprintf(stderr, "SmoothQuant e2e (first " SQ_SCORE_TOKENS " tokens, calibrated on " SQ_CAL_TOKENS " from 2048): %s %.4f, %s %.4f, %s %.4f, "
             "%s %.4f\n", label[0], ppl[0], label[1], ppl[1], label[2], ppl[2], label[3], ppl[3]);
@@ -437,21 +384,21 @@ Test(quant_cli, smoothquant_real_model, .timeout = 600) {
                  "quantizer.smoothquant=0.5", "--set", cal));
     cr_assert_eq(r.code, 1);
     cr_assert(strstr(r.err, stats) && strstr(r.err, "truncated"), "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     r = cli(ARGS("perplexity", "tests/quant/data/smol.yaml", "data/text/us-founding-documents.txt", "-n",
                  "16", "-q", "--set", "quantizer.plugin=int8", "--set", "quantizer.mode=w8a8", "--set",
                  "quantizer.smoothquant=0.5", "--set", "quantizer.calibration=tests/quant/data/smol.yaml"));
     cr_assert_eq(r.code, 1);
     cr_assert(strstr(r.err, "tests/quant/data/smol.yaml") && strstr(r.err, "not a loom calibration file"),
               "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     /* w8a16 + smoothquant is refused with the fix */
     r = cli(ARGS("perplexity", "tests/quant/data/smol.yaml", "data/text/us-founding-documents.txt", "-n",
                  "16", "-q", "--set", "quantizer.plugin=int8", "--set", "quantizer.smoothquant=0.5", "--set",
                  cal));
     cr_assert_eq(r.code, 1);
     cr_assert(strstr(r.err, "mode: w8a8"), "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     unlink(stats);
 }
 
@@ -479,7 +426,7 @@ Test(quant_cli, fp8_smoothquant_real_model, .timeout = 600) {
         cJSON *j = ppl_json(&r);
         ppl[i] = num(j, "perplexity");
         cJSON_Delete(j);
-        cli_free(&r);
+        cli_out_free(&r);
     }
     fprintf(stderr, "fp8 SmoothQuant e2e (first " SQ_SCORE_TOKENS " tokens, calibrated on " SQ_CAL_TOKENS
             " from 2048): fp8 %.4f, "
@@ -495,6 +442,6 @@ Test(quant_cli, fp8_smoothquant_real_model, .timeout = 600) {
                          "quantizer.smoothquant=0.5"));
     cr_assert_eq(r.code, 1);
     cr_assert(strstr(r.err, "quantizer fp8") && strstr(r.err, "loom calibrate"), "%s", r.err);
-    cli_free(&r);
+    cli_out_free(&r);
     unlink(stats);
 }

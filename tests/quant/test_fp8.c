@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "../../plugins/quantizer/common/qcommon.h"
-#include "../kernels/kt_rng.h"
+#include "rng.h"
 #include "qlinear.h"
 
 /* float64 value of code c (NaN for S.1111.111). */
@@ -116,10 +116,10 @@ Test(fp8, specials_saturate_and_nan) {
 }
 
 Test(fp8, random_values_match_float64_reference) {
-    kt_rng r = kt_seeded("fp8.random");
+    test_rng r = rng_seeded("fp8.random");
     for (int i = 0; i < 200000; i++) {
-        double mag = ldexp(1.0, (int)kt_int(&r, 26) - 16) * (1.0 + kt_unif(&r));
-        float f = (float)(kt_unif(&r) < 0.5 ? -mag : mag);
+        double mag = ldexp(1.0, (int)rng_int(&r, 26) - 16) * (1.0 + rng_unif(&r));
+        float f = (float)(rng_unif(&r) < 0.5 ? -mag : mag);
         check_both(f, ref_encode((double)f));
     }
 }
@@ -141,10 +141,10 @@ Test(fp8, float32_bit_sweep_codecs_agree) {
 }
 
 Test(fp8, kernel_rows_with_scale) {
-    kt_rng r = kt_seeded("fp8.rows");
+    test_rng r = rng_seeded("fp8.rows");
     float x[300], back[300];
     uint8_t q[300];
-    for (int i = 0; i < 300; i++) x[i] = (float)(kt_normal(&r) * 3.0);
+    for (int i = 0; i < 300; i++) x[i] = (float)(rng_normal(&r) * 3.0);
     float amax = 0;
     for (int i = 0; i < 300; i++) amax = fmaxf(amax, fabsf(x[i]));
     float scale = amax / 448.0f;

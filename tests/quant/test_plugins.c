@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "../../plugins/quantizer/common/qcommon.h"
-#include "../kernels/kt_rng.h"
+#include "rng.h"
 #include "conformance.h"
 #include "fake_host.h"
 #include "qt_util.h"
@@ -57,7 +57,7 @@ Test(quant_rules, name_patterns) {
 }
 
 /* A small Llama-shaped model: embeddings, LM head, two layers. */
-static void small_model(qt_model *m, kt_rng *r, bool tied) {
+static void small_model(qt_model *m, test_rng *r, bool tied) {
     qt_model_init(m);
     qt_model_add_f32(m, "token_embd.weight", 64, 32, 1.0, false, r);
     if (!tied) qt_model_add_f32(m, "output.weight", 64, 32, 1.0, false, r);
@@ -104,7 +104,7 @@ static int plan_all(const loom_component *comp, const char *const *sets, qt_mode
 }
 
 Test(quant_rules, plan_skips_embeddings_head_norms_biases) {
-    kt_rng r = kt_seeded("rules.plan");
+    test_rng r = rng_seeded("rules.plan");
     qt_model m;
     small_model(&m, &r, false);
     const loom_component *i8 = qt_component("LOOM_QUANT_INT8_SO");
@@ -146,7 +146,7 @@ static void expect_formats(const loom_component *c, const char *const *sets, qt_
 }
 
 Test(quant_rules, int8_weight_only_patterns) {
-    kt_rng r = kt_seeded("rules.weight_only");
+    test_rng r = rng_seeded("rules.weight_only");
     qt_model m;
     small_model(&m, &r, false);
     const loom_component *i8 = qt_component("LOOM_QUANT_INT8_SO");
@@ -192,7 +192,7 @@ Test(quant_rules, fp8_plan_scales_and_kv_dtype) {
     const loom_component *f8 = qt_component("LOOM_QUANT_FP8_SO");
     const loom_component *i8 = qt_component("LOOM_QUANT_INT8_SO");
     const loom_component *i4 = qt_component("LOOM_QUANT_INT4_SO");
-    kt_rng r = kt_seeded("rules.kv");
+    test_rng r = rng_seeded("rules.kv");
     qt_model m;
     small_model(&m, &r, true);
     void *self;
@@ -251,6 +251,16 @@ static void finish(const loom_component *comp, void *self, loom_qtensor *q) {
     cr_assert_eq(fake_host_live_allocs(), 0, "leak: %ld allocations live", fake_host_live_allocs());
 }
 
+/* w (rows x cols) as the conformance kit reads q back (it checks the
+ * layout and the per-element bounds first); malloc'd. */
+static float *read_back(const loom_tensor *w, const loom_quant_plan *p, const loom_qtensor *q) {
+    float *back = malloc((size_t)loom_tensor_numel(w) * 4);
+    cr_assert(back);
+    char why[1024];
+    cr_assert(loom_conformance_quant_readback(w, p, q, back, why, sizeof why), "%s", why);
+    return back;
+}
+
 /*
  * INT8 per-channel symmetric: every element's error is at most half a step,
  * scale[r] / 2 = max|w_r| / 254. For Gaussian rows of >= 100 elements the
@@ -259,12 +269,12 @@ static void finish(const loom_component *comp, void *self, loom_qtensor *q) {
  * worst and ~0.7% typically; outliers widen the step of their rows only.
  */
 Test(quant_roundtrip, int8_per_channel) {
-    kt_rng r = kt_seeded("roundtrip.int8");
+    test_rng r = rng_seeded("roundtrip.int8");
     const loom_component *c = qt_component("LOOM_QUANT_INT8_SO");
     for (int it = 0; it < 8; it++) {
         qt_model m;
         qt_model_init(&m);
-        int64_t rows = 16 + kt_int(&r, 200), cols = 100 + kt_int(&r, 700);
+        int64_t rows = 16 + rng_int(&r, 200), cols = 100 + rng_int(&r, 700);
         bool outl = it % 2;
         loom_tensor *t = qt_model_add_f32(&m, "blk.0.ffn_up.weight", rows, cols, 0.05, outl, &r);
         void *self;
@@ -277,9 +287,7 @@ Test(quant_roundtrip, int8_per_channel) {
         cr_assert_null(q.smooth.data);
         const float *w = t->data, *s = q.scales.data;
         const int8_t *d = q.data.data;
-        float *back = malloc((size_t)(rows * cols) * 4);
-        char why[1024];
-        cr_assert(loom_conformance_quant_readback(t, &p, &q, back, why, sizeof why), "%s", why);
+        float *back = read_back(t, &p, &q);
         double bound2 = 0, norm2 = 0;
         for (int64_t i = 0; i < rows; i++) {
             float amax = 0;
@@ -309,12 +317,12 @@ Test(quant_roundtrip, int8_per_channel) {
  * any Gaussian tensor (per-channel or per-tensor).
  */
 Test(quant_roundtrip, fp8_per_channel_and_per_tensor) {
-    kt_rng r = kt_seeded("roundtrip.fp8");
+    test_rng r = rng_seeded("roundtrip.fp8");
     const loom_component *c = qt_component("LOOM_QUANT_FP8_SO");
     for (int it = 0; it < 8; it++) {
         qt_model m;
         qt_model_init(&m);
-        int64_t rows = 8 + kt_int(&r, 200), cols = 33 + kt_int(&r, 700);
+        int64_t rows = 8 + rng_int(&r, 200), cols = 33 + rng_int(&r, 700);
         loom_tensor *t = qt_model_add_f32(&m, "blk.1.attn_v.weight", rows, cols, 0.02, it >= 6, &r);
         bool pt = it % 2;
         void *self;
@@ -325,9 +333,7 @@ Test(quant_roundtrip, fp8_per_channel_and_per_tensor) {
         cr_assert_eq(loom_tensor_numel(&q.scales), pt ? 1 : rows);
         const float *w = t->data;
         const uint8_t *d = q.data.data;
-        float *back = malloc((size_t)(rows * cols) * 4);
-        char why[1024];
-        cr_assert(loom_conformance_quant_readback(t, &p, &q, back, why, sizeof why), "%s", why);
+        float *back = read_back(t, &p, &q);
         for (int64_t i = 0; i < rows * cols; i++) cr_assert_neq(d[i] & 0x7f, 0x7f, "NaN code");
         double e = qt_rel_err(back, w, rows * cols);
         cr_assert_lt(e, 0.05, "fp8 rel err %.4f >= 5%%", e);
@@ -347,14 +353,14 @@ Test(quant_roundtrip, fp8_per_channel_and_per_tensor) {
  * error; the clipping search and least-squares refit lower it to ~9.3%.
  */
 Test(quant_roundtrip, int4_groupwise) {
-    kt_rng r = kt_seeded("roundtrip.int4");
+    test_rng r = rng_seeded("roundtrip.int4");
     const loom_component *c = qt_component("LOOM_QUANT_INT4_SO");
     static const int32_t groups[] = {32, 64, 128, 2, 96};
     for (int it = 0; it < 10; it++) {
         qt_model m;
         qt_model_init(&m);
         int32_t g = groups[it % 5];
-        int64_t rows = 32 + kt_int(&r, 100), cols = g * (1 + kt_int(&r, it % 5 == 3 ? 100 : 8));
+        int64_t rows = 32 + rng_int(&r, 100), cols = g * (1 + rng_int(&r, it % 5 == 3 ? 100 : 8));
         if (cols % 2) cols += g;
         loom_tensor *t = qt_model_add_f32(&m, "blk.0.ffn_gate.weight", rows, cols, 0.03, it >= 5, &r);
         char gs[32];
@@ -371,9 +377,7 @@ Test(quant_roundtrip, int4_groupwise) {
         cr_assert_eq(q.scales.shape[1], cols / g);
         cr_assert_eq(q.zeros.shape[1], cols / g);
         const float *w = t->data;
-        float *back = malloc((size_t)(rows * cols) * 4);
-        char why[1024];
-        cr_assert(loom_conformance_quant_readback(t, &p, &q, back, why, sizeof why), "%s", why);
+        float *back = read_back(t, &p, &q);
         double noise2 = 0, err2 = 0, norm2 = 0;
         for (int64_t i = 0; i < rows; i++)
             for (int64_t gi = 0; gi < cols / g; gi++) {
@@ -443,7 +447,7 @@ static void expect_plan_error(const loom_component *c, const char *const *sets, 
 }
 
 Test(quant_errors, group_size_not_dividing_names_tensor_and_fix) {
-    kt_rng r = kt_seeded("errors.group");
+    test_rng r = rng_seeded("errors.group");
     const loom_component *c = qt_component("LOOM_QUANT_INT4_SO");
     qt_model m;
     qt_model_init(&m);
@@ -461,7 +465,7 @@ Test(quant_errors, group_size_not_dividing_names_tensor_and_fix) {
 }
 
 Test(quant_errors, gguf_source_wrong_type) {
-    kt_rng r = kt_seeded("errors.gguf");
+    test_rng r = rng_seeded("errors.gguf");
     const loom_component *c = qt_component("LOOM_QUANT_INT4_SO");
     qt_model m;
     qt_model_init(&m);
@@ -540,7 +544,7 @@ static void expect_unmatched(const loom_component *c, const char *const *sets, q
 }
 
 Test(quant_errors, patterns_matching_nothing) {
-    kt_rng r = kt_seeded("errors.unmatched");
+    test_rng r = rng_seeded("errors.unmatched");
     qt_model m;
     small_model(&m, &r, true); /* tied embeddings: no output.weight */
     const loom_component *i8 = qt_component("LOOM_QUANT_INT8_SO");
@@ -562,7 +566,7 @@ Test(quant_errors, patterns_matching_nothing) {
 }
 
 Test(quant_errors, packed_checkpoint_under_float_quantizers) {
-    kt_rng r = kt_seeded("errors.packed");
+    test_rng r = rng_seeded("errors.packed");
     qt_model m;
     qt_model_init(&m);
     qt_model_add_f32(&m, "blk.0.attn_k.weight", 8, 64, 1.0, false, &r);

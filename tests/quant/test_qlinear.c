@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "../../plugins/quantizer/common/qcommon.h"
-#include "../kernels/kt_rng.h"
+#include "rng.h"
 #include "formats/dequant.h"
 #include "formats/half.h"
 #include "qlinear.h"
@@ -62,12 +62,12 @@ static double ref_e4m3(uint8_t c) {
     return (c & 0x80) ? -v : v;
 }
 
-static uint16_t rand_f16(kt_rng *r, double lo, double hi) {
-    return loom_fp32_to_fp16((float)kt_range(r, lo, hi));
+static uint16_t rand_f16(test_rng *r, double lo, double hi) {
+    return loom_fp32_to_fp16((float)rng_range(r, lo, hi));
 }
 
 /* A random weight (n, k) of `fmt` (GGUF: block type gt; INT4: group g). */
-static void tw_make(tw *t, kt_rng *r, loom_qformat fmt, loom_dtype gt, int64_t n, int64_t k,
+static void tw_make(tw *t, test_rng *r, loom_qformat fmt, loom_dtype gt, int64_t n, int64_t k,
                     int32_t g, bool per_tensor) {
     memset(t, 0, sizeof *t);
     t->ref = malloc((size_t)(n * k) * sizeof(double));
@@ -76,7 +76,7 @@ static void tw_make(tw *t, kt_rng *r, loom_qformat fmt, loom_dtype gt, int64_t n
     if (fmt == LOOM_QFMT_GGUF) {
         size_t rb = loom_dtype_row_bytes(gt, k);
         uint8_t *d = malloc(rb * (size_t)n);
-        for (size_t i = 0; i < rb * (size_t)n; i++) d[i] = (uint8_t)kt_next(r);
+        for (size_t i = 0; i < rb * (size_t)n; i++) d[i] = (uint8_t)rng_next(r);
         size_t bb = loom_dtype_block_bytes(gt);
         int64_t be = loom_dtype_block_elems(gt);
         for (size_t b = 0; b < rb * (size_t)n / bb; b++) {
@@ -126,10 +126,10 @@ static void tw_make(tw *t, kt_rng *r, loom_qformat fmt, loom_dtype gt, int64_t n
         int64_t ng = k / g;
         uint8_t *d = malloc((size_t)(n * k / 2));
         float *s = malloc((size_t)(n * ng) * 4), *z = malloc((size_t)(n * ng) * 4);
-        for (int64_t i = 0; i < n * k / 2; i++) d[i] = (uint8_t)kt_next(r);
+        for (int64_t i = 0; i < n * k / 2; i++) d[i] = (uint8_t)rng_next(r);
         for (int64_t i = 0; i < n * ng; i++) {
-            s[i] = (float)kt_range(r, 0.001, 0.02);
-            z[i] = (float)kt_range(r, 0, 15);
+            s[i] = (float)rng_range(r, 0.001, 0.02);
+            z[i] = (float)rng_range(r, 0, 15);
         }
         for (int64_t i = 0; i < n; i++)
             for (int64_t c = 0; c < k; c++) {
@@ -146,9 +146,9 @@ static void tw_make(tw *t, kt_rng *r, loom_qformat fmt, loom_dtype gt, int64_t n
         int64_t ns = fp8 && per_tensor ? 1 : n;
         uint8_t *d = malloc((size_t)(n * k));
         float *s = malloc((size_t)ns * 4);
-        for (int64_t i = 0; i < ns; i++) s[i] = (float)kt_range(r, 0.001, 0.02);
+        for (int64_t i = 0; i < ns; i++) s[i] = (float)rng_range(r, 0.001, 0.02);
         for (int64_t i = 0; i < n * k; i++) {
-            uint8_t c = (uint8_t)kt_next(r);
+            uint8_t c = (uint8_t)rng_next(r);
             if (fp8 && (c & 0x7f) == 0x7f) c ^= 1; /* no NaN weights */
             if (!fp8 && c == 0x80) c = 0x81;       /* int8 codes in [-127, 127] */
             d[i] = c;
@@ -233,18 +233,18 @@ static void check_part(const tw *t, const float *x, int64_t ldx, int64_t M, cons
 }
 
 /* One random product of weight t: random ldx/ldy padding, bias, beta, pool. */
-static void run_one(kt_rng *r, tw *t, int64_t M, const float *smooth, const char *what) {
+static void run_one(test_rng *r, tw *t, int64_t M, const float *smooth, const char *what) {
     const int64_t n = t->w.n, K = t->w.k;
-    int64_t ldx = K + kt_int(r, 3), ldy = n + kt_int(r, 3);
+    int64_t ldx = K + rng_int(r, 3), ldy = n + rng_int(r, 3);
     float *x = malloc((size_t)(M * ldx) * 4), *y = malloc((size_t)(M * ldy) * 4);
     float *y0 = malloc((size_t)(M * ldy) * 4), *bias = malloc((size_t)n * 4);
-    kt_fill(r, x, M * ldx, 1.0);
-    kt_fill(r, y0, M * ldy, 1.0);
-    kt_fill(r, bias, n, 0.1);
+    rng_fill(r, x, M * ldx, 1.0);
+    rng_fill(r, y0, M * ldy, 1.0);
+    rng_fill(r, bias, n, 0.1);
     memcpy(y, y0, (size_t)(M * ldy) * 4);
-    bool with_bias = kt_int(r, 2);
-    float beta = (float)(kt_int(r, 3) * 0.5);
-    loom_cpu_pool *pool = kt_int(r, 2) ? g_pool : NULL;
+    bool with_bias = rng_int(r, 2);
+    float beta = (float)(rng_int(r, 3) * 0.5);
+    loom_cpu_pool *pool = rng_int(r, 2) ? g_pool : NULL;
     cr_assert(loom_cpu_qlinear(y, ldy, x, ldx, &t->w, with_bias ? bias : NULL, M, beta, g_scratch, pool));
     check_part(t, x, ldx, M, with_bias ? bias : NULL, beta, y0, y, ldy, 0, smooth, what);
     /* untouched padding columns */
@@ -253,16 +253,16 @@ static void run_one(kt_rng *r, tw *t, int64_t M, const float *smooth, const char
     free(x), free(y), free(y0), free(bias);
 }
 
-static int64_t rand_m(kt_rng *r) {
+static int64_t rand_m(test_rng *r) {
     static const int64_t ms[] = {1, 1, 2, 3, 4, 5, 7, 8, 16, 17, 40};
-    return ms[kt_int(r, (int64_t)(sizeof ms / sizeof ms[0]))];
+    return ms[rng_int(r, (int64_t)(sizeof ms / sizeof ms[0]))];
 }
 
 static void dense_format(loom_qformat fmt, bool per_tensor, const char *name) {
-    kt_rng r = kt_seeded(name);
+    test_rng r = rng_seeded(name);
     static const int64_t ks[] = {1, 7, 16, 31, 64, 100, 257, 576};
     for (int it = 0; it < 40; it++) {
-        int64_t K = ks[kt_int(&r, 8)], n = 1 + kt_int(&r, 70), M = rand_m(&r);
+        int64_t K = ks[rng_int(&r, 8)], n = 1 + rng_int(&r, 70), M = rand_m(&r);
         tw t;
         tw_make(&t, &r, fmt, LOOM_DTYPE_COUNT, n, K, 0, per_tensor);
         run_one(&r, &t, M, NULL, name);
@@ -277,13 +277,13 @@ Test(qlinear, fp8_per_tensor) { dense_format(LOOM_QFMT_FP8_W8A8, true, "qlinear.
 
 /* A SmoothQuant vector on a W8A8 format: x / smooth is what is quantized. */
 static void smooth_format(loom_qformat fmt, bool per_tensor, const char *name) {
-    kt_rng r = kt_seeded(name);
+    test_rng r = rng_seeded(name);
     for (int it = 0; it < 12; it++) {
-        int64_t K = 1 + kt_int(&r, 300), n = 1 + kt_int(&r, 40), M = rand_m(&r);
+        int64_t K = 1 + rng_int(&r, 300), n = 1 + rng_int(&r, 40), M = rand_m(&r);
         tw t;
         tw_make(&t, &r, fmt, LOOM_DTYPE_COUNT, n, K, 0, per_tensor);
         float *sm = malloc((size_t)K * 4);
-        for (int64_t k = 0; k < K; k++) sm[k] = (float)kt_range(&r, 0.2, 5.0);
+        for (int64_t k = 0; k < K; k++) sm[k] = (float)rng_range(&r, 0.2, 5.0);
         t.q.smooth = view(LOOM_DTYPE_F32, K, 0, sm, (size_t)K * 4);
         char why[128];
         cr_assert(loom_cpu_qweight_init(&t.w, &t.q, why, sizeof why), "%s", why);
@@ -299,12 +299,12 @@ Test(qlinear, fp8_smoothquant_per_channel) { smooth_format(LOOM_QFMT_FP8_W8A8, f
 Test(qlinear, fp8_smoothquant_per_tensor) { smooth_format(LOOM_QFMT_FP8_W8A8, true, "qlinear.fp8_smooth_pt"); }
 
 Test(qlinear, int4_w4a16) {
-    kt_rng r = kt_seeded("qlinear.int4");
+    test_rng r = rng_seeded("qlinear.int4");
     static const int64_t kg[][2] = {{2, 2}, {6, 2}, {40, 8}, {96, 32}, {100, 10}, {576, 64},
                                     {576, 96}, {256, 128}, {1536, 128}};
     for (int it = 0; it < 40; it++) {
-        int c = (int)kt_int(&r, 9);
-        int64_t K = kg[c][0], n = 1 + kt_int(&r, 70), M = rand_m(&r);
+        int c = (int)rng_int(&r, 9);
+        int64_t K = kg[c][0], n = 1 + rng_int(&r, 70), M = rand_m(&r);
         tw t;
         tw_make(&t, &r, LOOM_QFMT_INT4_W4A16, LOOM_DTYPE_COUNT, n, K, (int32_t)kg[c][1], false);
         run_one(&r, &t, M, NULL, "int4");
@@ -313,13 +313,13 @@ Test(qlinear, int4_w4a16) {
 }
 
 Test(qlinear, gguf_blocks) {
-    kt_rng r = kt_seeded("qlinear.gguf");
+    test_rng r = rng_seeded("qlinear.gguf");
     static const loom_dtype types[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q8_0,
                                        LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q6_K};
     for (int it = 0; it < 50; it++) {
         loom_dtype gt = types[it % 5];
         int64_t be = loom_dtype_block_elems(gt);
-        int64_t K = be * (1 + kt_int(&r, be == 32 ? 20 : 3)), n = 1 + kt_int(&r, 50);
+        int64_t K = be * (1 + rng_int(&r, be == 32 ? 20 : 3)), n = 1 + rng_int(&r, 50);
         int64_t M = rand_m(&r);
         tw t;
         tw_make(&t, &r, LOOM_QFMT_GGUF, gt, n, K, 0, false);
@@ -329,11 +329,11 @@ Test(qlinear, gguf_blocks) {
 }
 
 Test(qlinear, fused_parts_match_reference) {
-    kt_rng r = kt_seeded("qlinear.parts");
+    test_rng r = rng_seeded("qlinear.parts");
     for (int it = 0; it < 10; it++) {
         /* M >= LOOM_CPU_QLINEAR_PANEL_M splits the call: sgemm panels for the
          * float-activation parts, the fused job for W8A8 + FP8 */
-        const int64_t K = 64 * (1 + kt_int(&r, 4)), M = it < 3 ? 33 + it : rand_m(&r);
+        const int64_t K = 64 * (1 + rng_int(&r, 4)), M = it < 3 ? 33 + it : rand_m(&r);
         /* mixed formats in one call, W8A8 and FP8 activations prepared once */
         static const loom_qformat f0[5] = {LOOM_QFMT_INT8_W8A16, LOOM_QFMT_INT4_W4A16,
                                            LOOM_QFMT_FP8_W8A8, LOOM_QFMT_INT8_W8A8, LOOM_QFMT_GGUF};
@@ -346,18 +346,18 @@ Test(qlinear, fused_parts_match_reference) {
         float *bias[5];
         int64_t N = 0;
         for (int p = 0; p < 5; p++) {
-            int64_t n = 1 + kt_int(&r, 40);
+            int64_t n = 1 + rng_int(&r, 40);
             tw_make(&t[p], &r, f[p], LOOM_DTYPE_Q4_1, n, K, 32, false);
             ws[p] = &t[p].w;
             bias[p] = malloc((size_t)n * 4);
-            kt_fill(&r, bias[p], n, 0.1);
+            rng_fill(&r, bias[p], n, 0.1);
             bs[p] = p % 2 ? bias[p] : NULL;
             N += n;
         }
         float *x = malloc((size_t)(M * K) * 4), *y = malloc((size_t)(M * N) * 4);
         float *y0 = malloc((size_t)(M * N) * 4);
-        kt_fill(&r, x, M * K, 1.0);
-        kt_fill(&r, y0, M * N, 1.0);
+        rng_fill(&r, x, M * K, 1.0);
+        rng_fill(&r, y0, M * N, 1.0);
         memcpy(y, y0, (size_t)(M * N) * 4);
         cr_assert(loom_cpu_qlinear_multi(y, N, x, K, ws, bs, 5, M, 1.0f, g_scratch, g_pool));
         int64_t col = 0;
@@ -375,7 +375,7 @@ Test(qlinear, fused_parts_match_reference) {
 /* Two parts (formats f0, f1) through one call; mode 0: different vectors,
  * 1: the second has none, 2: both share the first's (fused). */
 static void parts_smoothing(loom_qformat f0, loom_qformat f1, int64_t M, int mode) {
-    kt_rng r = kt_seeded("qlinear.parts_smooth");
+    test_rng r = rng_seeded("qlinear.parts_smooth");
     const int64_t K = 48;
     tw t[2];
     float *sm[2];
@@ -384,7 +384,7 @@ static void parts_smoothing(loom_qformat f0, loom_qformat f1, int64_t M, int mod
     for (int p = 0; p < 2; p++) {
         tw_make(&t[p], &r, f[p], LOOM_DTYPE_COUNT, 9 + p, K, 0, false);
         sm[p] = malloc(K * 4);
-        for (int64_t k = 0; k < K; k++) sm[p][k] = (float)kt_range(&r, 0.5, 2.0);
+        for (int64_t k = 0; k < K; k++) sm[p][k] = (float)rng_range(&r, 0.5, 2.0);
         const float *v = p == 0 || mode == 0 ? sm[p] : mode == 2 ? sm[0] : NULL;
         if (v) t[p].q.smooth = view(LOOM_DTYPE_F32, K, 0, (void *)v, K * 4);
         char why[128];
@@ -393,7 +393,7 @@ static void parts_smoothing(loom_qformat f0, loom_qformat f1, int64_t M, int mod
     }
     float *x = malloc((size_t)(M * K) * 4), *y = calloc((size_t)(M * 19), 4);
     float *y0 = calloc((size_t)(M * 19), 4);
-    kt_fill(&r, x, M * K, 1.0);
+    rng_fill(&r, x, M * K, 1.0);
     cr_assert(loom_cpu_qlinear_multi(y, 19, x, K, ws, NULL, 2, M, 0.0f, g_scratch, g_pool));
     check_part(&t[0], x, K, M, NULL, 0.0f, y0, y, 19, 0, sm[0], "smooth0");
     check_part(&t[1], x, K, M, NULL, 0.0f, y0, y, 19, 9, t[1].w.smooth, "smooth1");
@@ -421,7 +421,7 @@ Test(qlinear, parts_with_different_smoothing_split) {
 /* Slices (tensor parallelism): rows and aligned columns of every format,
  * against the reference restricted to the same block. */
 Test(qlinear, slices_match_reference) {
-    kt_rng r = kt_seeded("qlinear.slices");
+    test_rng r = rng_seeded("qlinear.slices");
     static const struct {
         loom_qformat f;
         loom_dtype gt;
@@ -447,16 +447,16 @@ Test(qlinear, slices_match_reference) {
             char why[256];
             if (cases[c].smooth) {
                 sm = malloc(K * 4);
-                for (int64_t k = 0; k < K; k++) sm[k] = (float)kt_range(&r, 0.5, 2.0);
+                for (int64_t k = 0; k < K; k++) sm[k] = (float)rng_range(&r, 0.5, 2.0);
                 t.q.smooth = view(LOOM_DTYPE_F32, K, 0, sm, K * 4);
                 cr_assert(loom_cpu_qweight_init(&t.w, &t.q, why, sizeof why));
             }
             int64_t al = cases[c].f == LOOM_QFMT_GGUF ? loom_dtype_block_elems(cases[c].gt)
                          : cases[c].g                 ? cases[c].g
                                                       : 1;
-            if (al == 1) al = 1 + kt_int(&r, 7); /* any column for 1-byte formats */
-            int64_t r0 = kt_int(&r, n - 1), nr = 1 + kt_int(&r, n - r0);
-            int64_t nb = K / al, b0 = kt_int(&r, nb), bn = 1 + kt_int(&r, nb - b0);
+            if (al == 1) al = 1 + rng_int(&r, 7); /* any column for 1-byte formats */
+            int64_t r0 = rng_int(&r, n - 1), nr = 1 + rng_int(&r, n - r0);
+            int64_t nb = K / al, b0 = rng_int(&r, nb), bn = 1 + rng_int(&r, nb - b0);
             int64_t c0 = b0 * al, nc = bn * al;
             tw sub = {.ref = malloc((size_t)(nr * nc) * 8), .mag = malloc((size_t)(nr * nc) * 8)};
             cr_assert(loom_cpu_qweight_slice(&sub.w, &t.w, r0, nr, c0, nc, why, sizeof why), "%s",
@@ -469,7 +469,7 @@ Test(qlinear, slices_match_reference) {
             int64_t M = rand_m(&r);
             float *x = malloc((size_t)(M * nc) * 4), *y = calloc((size_t)(M * nr), 4);
             float *y0 = calloc((size_t)(M * nr), 4);
-            kt_fill(&r, x, M * nc, 1.0);
+            rng_fill(&r, x, M * nc, 1.0);
             cr_assert(loom_cpu_qlinear(y, nr, x, nc, &sub.w, NULL, M, 0.0f, g_scratch, g_pool));
             check_part(&sub, x, nc, M, NULL, 0.0f, y0, y, nr, 0, sm ? sm + c0 : NULL, "slice");
             free(x), free(y), free(y0), free(sub.ref), free(sub.mag), free(sm);
@@ -488,7 +488,7 @@ Test(qlinear, slices_match_reference) {
 }
 
 Test(qlinear, decode_rows_matches_reference) {
-    kt_rng r = kt_seeded("qlinear.rows");
+    test_rng r = rng_seeded("qlinear.rows");
     tw t;
     tw_make(&t, &r, LOOM_QFMT_INT4_W4A16, LOOM_DTYPE_COUNT, 7, 64, 16, false);
     float out[3 * 64];

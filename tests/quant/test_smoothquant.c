@@ -31,7 +31,7 @@
 
 #include "../../plugins/quantizer/common/qcalib.h"
 #include "../../plugins/quantizer/common/qcommon.h"
-#include "../kernels/kt_rng.h"
+#include "rng.h"
 #include "fake_host.h"
 #include "qlinear.h"
 #include "qt_util.h"
@@ -94,10 +94,10 @@ enum { K = 256, NQ = 96, NKV = 32, ND = 64, KD = 128, M_CAL = 64, M_TEST = 48 };
 
 /* Activations (rows, cols): N(0, 1) with every 37th channel `big` times
  * larger, as the LLM activations SmoothQuant addresses. */
-static void outlier_acts(kt_rng *r, float *x, int64_t rows, int64_t cols, double big) {
+static void outlier_acts(test_rng *r, float *x, int64_t rows, int64_t cols, double big) {
     for (int64_t t = 0; t < rows; t++)
         for (int64_t j = 0; j < cols; j++)
-            x[t * cols + j] = (float)(kt_normal(r) * (j % 37 == 5 ? big : 1.0));
+            x[t * cols + j] = (float)(rng_normal(r) * (j % 37 == 5 ? big : 1.0));
 }
 
 static void col_amax(const float *x, int64_t rows, int64_t cols, float *amax) {
@@ -125,7 +125,7 @@ static void write_stats(const char *path, const float *amax_qkv, const float *am
     free(c.e);
 }
 
-static void small_layer(qt_model *m, kt_rng *r) {
+static void small_layer(qt_model *m, test_rng *r) {
     qt_model_init(m);
     qt_model_add_f32(m, "blk.0.attn_q.weight", NQ, K, 0.05, false, r);
     qt_model_add_f32(m, "blk.0.attn_k.weight", NKV, K, 0.05, false, r);
@@ -199,7 +199,7 @@ static double elem_bound(const sq_case *c, double w, double sc) {
  * factors, W' diag(1/s) close to W, and a lower W8A8 product error through
  * the cpu kernel. */
 static void outliers_case(const sq_case *c) {
-    kt_rng r = kt_seeded(c->tag);
+    test_rng r = rng_seeded(c->tag);
     const loom_component *comp = qt_component(c->so_env);
     qt_model m;
     small_layer(&m, &r);
@@ -341,7 +341,7 @@ Test(smoothquant, fp8_outliers_lower_error) {
  * rounding alone, far below W8A8's; Q, K, V (not matched) stay W8A8 with
  * their shared vector. */
 Test(smoothquant, int8_weight_only_down_is_w8a16) {
-    kt_rng r = kt_seeded("smoothquant.weight_only");
+    test_rng r = rng_seeded("smoothquant.weight_only");
     const loom_component *comp = qt_component("LOOM_QUANT_INT8_SO");
     const loom_quant_ops *ops = ops_of(comp);
     qt_model m;
@@ -434,14 +434,14 @@ Test(smoothquant, int8_weight_only_down_is_w8a16) {
 /* --------------------------------------------------------- the file */
 
 Test(smoothquant_file, round_trip) {
-    kt_rng r = kt_seeded("smoothquant_file.round_trip");
+    test_rng r = rng_seeded("smoothquant_file.round_trip");
     qc_calib c = {.tokens = 123456789012ull, .count = 3, .e = calloc(3, sizeof(qc_calib_entry))};
     const int64_t widths[] = {576, 1, 1536};
     for (int i = 0; i < 3; i++) {
         snprintf(c.e[i].name, sizeof c.e[i].name, "blk.%d.ffn_down.weight", i);
         c.e[i].cols = widths[i];
         c.e[i].amax = malloc(sizeof(float) * (size_t)widths[i]);
-        for (int64_t j = 0; j < widths[i]; j++) c.e[i].amax[j] = (float)fabs(kt_normal(&r)) * 100.0f;
+        for (int64_t j = 0; j < widths[i]; j++) c.e[i].amax[j] = (float)fabs(rng_normal(&r)) * 100.0f;
     }
     c.e[0].amax[3] = 0.0f;
     c.e[2].amax[7] = 0x1p-140f; /* a subnormal survives */
@@ -574,7 +574,7 @@ Test(smoothquant_file, bad_input_is_named) {
  * lacks, a width that differs; each names the plugin (`who`). */
 static void config_errors_for(const char *so_env, const char *base, const char *who,
                               const char *tag) {
-    kt_rng r = kt_seeded(tag);
+    test_rng r = rng_seeded(tag);
     const loom_component *comp = qt_component(so_env);
     void *self = NULL;
     loom_error err = {0};

@@ -228,35 +228,28 @@ static fit run_fit(const toy *t, verify_fn verify, int32_t k, uint64_t seed) {
     return f;
 }
 
-Test(spec, verify_follows_target_stochastic_draft) {
+/* loom_spec_verify's first-token and joint distributions fit the target's
+ * for vocabularies 6, 8, 10 and k = 1..3, with a stochastic or a one-hot
+ * draft q (toy seeds from seed0, verify seeds from seed1). */
+static void check_follows_target(bool one_hot, uint64_t seed0, uint64_t seed1) {
+    const char *q = one_hot ? "one-hot q" : "stochastic q";
     int32_t vocabs[] = {6, 8, 10};
     for (int vi = 0; vi < 3; vi++)
         for (int32_t k = 1; k <= 3; k++) {
             toy t;
-            toy_make(&t, vocabs[vi], false, 1000 + (uint64_t)vi * 10 + (uint64_t)k);
-            fit f = run_fit(&t, loom_spec_verify, k, 77 + (uint64_t)k);
-            cr_log_info("stochastic q, vocab %d, k %d: chi2/crit first %.3f joint %.3f", vocabs[vi], k, f.first,
-                        f.joint);
+            toy_make(&t, vocabs[vi], one_hot, seed0 + (uint64_t)vi * 10 + (uint64_t)k);
+            fit f = run_fit(&t, loom_spec_verify, k, seed1 + (uint64_t)k);
+            cr_log_info("%s, vocab %d, k %d: chi2/crit first %.3f joint %.3f", q, vocabs[vi], k,
+                        f.first, f.joint);
             cr_expect(f.first < 1 && f.joint < 1,
-                      "vocab %d, k %d, stochastic q: chi-square/critical first %.3f, joint %.3f (must be < 1)",
-                      vocabs[vi], k, f.first, f.joint);
+                      "vocab %d, k %d, %s: chi-square/critical first %.3f, joint %.3f (must be < 1)",
+                      vocabs[vi], k, q, f.first, f.joint);
         }
 }
 
-Test(spec, verify_follows_target_one_hot_draft) {
-    int32_t vocabs[] = {6, 8, 10};
-    for (int vi = 0; vi < 3; vi++)
-        for (int32_t k = 1; k <= 3; k++) {
-            toy t;
-            toy_make(&t, vocabs[vi], true, 2000 + (uint64_t)vi * 10 + (uint64_t)k);
-            fit f = run_fit(&t, loom_spec_verify, k, 99 + (uint64_t)k);
-            cr_log_info("one-hot q, vocab %d, k %d: chi2/crit first %.3f joint %.3f", vocabs[vi], k, f.first,
-                        f.joint);
-            cr_expect(f.first < 1 && f.joint < 1,
-                      "vocab %d, k %d, one-hot q: chi-square/critical first %.3f, joint %.3f (must be < 1)",
-                      vocabs[vi], k, f.first, f.joint);
-        }
-}
+Test(spec, verify_follows_target_stochastic_draft) { check_follows_target(false, 1000, 77); }
+
+Test(spec, verify_follows_target_one_hot_draft) { check_follows_target(true, 2000, 99); }
 
 /* The harness can fail: wrong verifiers are rejected. */
 Test(spec, verify_test_rejects_wrong_verifiers) {

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli_run.h"
 #include "tokenizer/tokenizer.h"
 #include "util/util.h"
 
@@ -31,19 +32,25 @@ static char *data_path(const char *name) {
     return buf;
 }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    cr_assert(s);
-    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
-    s[n] = '\0';
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return s;
+/* A SentencePiece ("llama") tokenizer over the n tokens tv with scores sv
+ * and types yv (bos 1, eos 2, unk 0), and chat template tmpl (may be NULL). */
+static loom_tokenizer *spm_tokenizer(int n, const char **tv, const float *sv, const int32_t *yv,
+                                     const char *tmpl) {
+    loom_tokenizer_spec spec;
+    loom_tokenizer_spec_init(&spec);
+    spec.model = "llama";
+    spec.n_vocab = n;
+    spec.tokens = tv;
+    spec.scores = sv;
+    spec.token_types = yv;
+    spec.bos_id = 1;
+    spec.eos_id = 2;
+    spec.unk_id = 0;
+    spec.chat_template = tmpl;
+    loom_tokenizer *t = NULL;
+    loom_error err = {0};
+    cr_assert_eq(loom_tokenizer_from_arrays(&spec, &t, &err), LOOM_OK, "%s", err.message);
+    return t;
 }
 
 typedef struct golden {
@@ -53,7 +60,7 @@ typedef struct golden {
 } golden;
 
 static int load_goldens(golden **out) {
-    char *all = slurp(data_path("smollm2_golden.jsonl"), NULL);
+    char *all = test_slurp(data_path("smollm2_golden.jsonl"), NULL);
     int cap = 128, n = 0;
     golden *g = calloc((size_t)cap, sizeof *g);
     for (char *line = strtok(all, "\n"); line; line = strtok(NULL, "\n")) {
@@ -232,7 +239,7 @@ Test(tokenizer, special_parsing_off) {
 /* --------------------------------------------------------- SentencePiece */
 
 Test(tokenizer, spm_tiny_vs_sentencepiece) {
-    char *js = slurp(data_path("spm_tiny.json"), NULL);
+    char *js = test_slurp(data_path("spm_tiny.json"), NULL);
     cJSON *o = cJSON_Parse(js);
     cr_assert(o);
     cJSON *toks = cJSON_GetObjectItem(o, "tokens"), *scores = cJSON_GetObjectItem(o, "scores"),
@@ -246,19 +253,8 @@ Test(tokenizer, spm_tiny_vs_sentencepiece) {
         sv[i] = (float)cJSON_GetArrayItem(scores, i)->valuedouble;
         yv[i] = cJSON_GetArrayItem(types, i)->valueint;
     }
-    loom_tokenizer_spec spec;
-    loom_tokenizer_spec_init(&spec);
-    spec.model = "llama";
-    spec.n_vocab = n;
-    spec.tokens = tv;
-    spec.scores = sv;
-    spec.token_types = yv;
-    spec.bos_id = 1;
-    spec.eos_id = 2;
-    spec.unk_id = 0;
-    loom_tokenizer *t = NULL;
+    loom_tokenizer *t = spm_tokenizer(n, tv, sv, yv, NULL);
     loom_error err = {0};
-    cr_assert_eq(loom_tokenizer_from_arrays(&spec, &t, &err), LOOM_OK, "%s", err.message);
     cr_expect(loom_tokenizer_adds_bos(t));
     cr_expect_eq(loom_tokenizer_chat_format(t), LOOM_CHAT_LLAMA2);
     cJSON *g, *gs = cJSON_GetObjectItem(o, "goldens");
@@ -312,7 +308,7 @@ static void gstr(gbuf *b, const char *s) { gu64(b, strlen(s)); gput(b, s, strlen
 static void gkey(gbuf *b, const char *k, uint32_t type) { gstr(b, k); gu32(b, type); }
 
 Test(tokenizer, gguf_spm_in_memory) {
-    char *js = slurp(data_path("spm_tiny.json"), NULL);
+    char *js = test_slurp(data_path("spm_tiny.json"), NULL);
     cJSON *o = cJSON_Parse(js);
     cJSON *toks = cJSON_GetObjectItem(o, "tokens"), *scores = cJSON_GetObjectItem(o, "scores"),
           *types = cJSON_GetObjectItem(o, "types");
@@ -449,20 +445,7 @@ static loom_tokenizer *hand_spm(const char *tmpl) {
         yv[3 + b] = LOOM_TOKEN_BYTE;
     }
     for (int i = 0; i < nw; i++) { tv[259 + i] = words[i]; sv[259 + i] = wscore[i]; yv[259 + i] = LOOM_TOKEN_NORMAL; }
-    loom_tokenizer_spec spec;
-    loom_tokenizer_spec_init(&spec);
-    spec.model = "llama";
-    spec.n_vocab = n;
-    spec.tokens = tv;
-    spec.scores = sv;
-    spec.token_types = yv;
-    spec.bos_id = 1;
-    spec.eos_id = 2;
-    spec.unk_id = 0;
-    spec.chat_template = tmpl;
-    loom_tokenizer *t = NULL;
-    loom_error err = {0};
-    cr_assert_eq(loom_tokenizer_from_arrays(&spec, &t, &err), LOOM_OK, "%s", err.message);
+    loom_tokenizer *t = spm_tokenizer(n, tv, sv, yv, tmpl);
     free(tv);
     free(sv);
     free(yv);

@@ -33,15 +33,7 @@
 
 /* ------------------------------------------------------------- helpers */
 
-static char *tp_data(const char *name) {
-    const char *src = getenv("LOOM_SOURCE_DIR");
-    cr_assert(src, "LOOM_SOURCE_DIR is not set (run through meson test)");
-    size_t n = strlen(src) + strlen(name) + 32;
-    char *p = malloc(n);
-    cr_assert(p);
-    snprintf(p, n, "%s/tests/tp/data/%s", src, name);
-    return p;
-}
+static char *tp_data(const char *name) { return eng_data_in("tp", name); }
 
 static loom_status tp_try_open(const char *pipe, const char *const *ov, loom_engine **e,
                                loom_error *err) {

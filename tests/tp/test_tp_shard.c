@@ -26,10 +26,11 @@
 #include <string.h>
 
 #include "fake_host.h"
-#include "kt_rng.h"
+#include "rng.h"
 #include "loom/backend.h"
 #include "loom/executor.h"
 #include "tb_util.h"
+#include "tiny_model.h"
 #include "formats/dtype.h"
 
 #define REL_TOL 1e-5
@@ -78,63 +79,15 @@ static const loom_host *host(void) {
 
 /* ------------------------------------------------------ random models */
 
-#define SM_MAX 80
-
 typedef struct sm_shape {
     const char *name;
     int32_t heads, kv_heads, head_dim, hidden, inter, vocab, layers;
     bool tied, qwen2, f16;
 } sm_shape;
 
-typedef struct sm_model {
-    loom_model_config cfg;
-    loom_model_view view;
-    int n;
-    loom_tensor t[SM_MAX];
-    char names[SM_MAX][64];
-    void *raw[SM_MAX];
-} sm_model;
-
-static const loom_tensor *sm_get(void *ctx, const char *name) {
-    sm_model *m = ctx;
-    for (int i = 0; i < m->n; i++)
-        if (!strcmp(m->names[i], name)) return &m->t[i];
-    return NULL;
-}
-static int32_t sm_count(void *ctx) { return ((sm_model *)ctx)->n; }
-static const loom_tensor *sm_at(void *ctx, int32_t i) { return &((sm_model *)ctx)->t[i]; }
-
-static void sm_add(sm_model *m, kt_rng *r, const char *name, int64_t rows, int64_t cols,
-                   double scale, double offset, loom_dtype dt) {
-    cr_assert_lt(m->n, SM_MAX);
-    int i = m->n++;
-    int64_t n = rows * (cols < 0 ? 1 : cols);
-    snprintf(m->names[i], sizeof m->names[i], "%s", name);
-    if (dt == LOOM_DTYPE_F16) {
-        uint16_t *h = malloc(sizeof(uint16_t) * (size_t)n);
-        for (int64_t k = 0; k < n; k++) {
-            _Float16 v = (_Float16)(offset + scale * kt_normal(r));
-            memcpy(&h[k], &v, 2);
-        }
-        m->raw[i] = h;
-    } else {
-        float *f = malloc(sizeof(float) * (size_t)n);
-        for (int64_t k = 0; k < n; k++) f[k] = (float)(offset + scale * kt_normal(r));
-        m->raw[i] = f;
-    }
-    m->t[i] = (loom_tensor){.struct_size = sizeof(loom_tensor),
-                            .dtype = dt,
-                            .ndim = cols < 0 ? 1 : 2,
-                            .shape = {rows, cols < 0 ? 0 : cols},
-                            .data = m->raw[i],
-                            .nbytes = (size_t)n * loom_dtype_block_bytes(dt),
-                            .device = LOOM_DEVICE_HOST,
-                            .name = m->names[i]};
-}
-
-static sm_model *sm_make(const sm_shape *s, uint64_t seed) {
-    kt_rng r = {seed};
-    sm_model *m = calloc(1, sizeof *m);
+static tiny_model *sm_make(const sm_shape *s, uint64_t seed) {
+    test_rng r = {seed};
+    tiny_model *m = calloc(1, sizeof *m);
     loom_model_config *c = &m->cfg;
     *c = (loom_model_config){.struct_size = sizeof *c,
                              .arch = s->qwen2 ? LOOM_ARCH_QWEN2 : LOOM_ARCH_LLAMA,
@@ -154,42 +107,8 @@ static sm_model *sm_make(const sm_shape *s, uint64_t seed) {
                              .eos_token_id = -1};
     snprintf(c->name, sizeof c->name, "%s", s->name);
     loom_dtype wdt = s->f16 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
-    int64_t H = s->hidden, V = s->vocab, I = s->inter;
-    int64_t QD = (int64_t)s->heads * s->head_dim, KVD = (int64_t)s->kv_heads * s->head_dim;
-    sm_add(m, &r, "token_embd.weight", V, H, 1.0, 0, wdt);
-    sm_add(m, &r, "output_norm.weight", H, -1, 0.1, 1, LOOM_DTYPE_F32);
-    if (!s->tied) sm_add(m, &r, "output.weight", V, H, 1.0, 0, wdt);
-    char name[64];
-    for (int l = 0; l < s->layers; l++) {
-#define ADD(suffix, rows, cols, scale, off, dt)                                                    \
-    do {                                                                                           \
-        snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                       \
-        sm_add(m, &r, name, rows, cols, scale, off, dt);                                           \
-    } while (0)
-        ADD("attn_norm.weight", H, -1, 0.1, 1, LOOM_DTYPE_F32);
-        ADD("attn_q.weight", QD, H, 2.0 / sqrt((double)H), 0, wdt);
-        ADD("attn_k.weight", KVD, H, 2.0 / sqrt((double)H), 0, wdt);
-        ADD("attn_v.weight", KVD, H, 1.0 / sqrt((double)H), 0, wdt);
-        if (s->qwen2) {
-            ADD("attn_q.bias", QD, -1, 0.3, 0, LOOM_DTYPE_F32);
-            ADD("attn_k.bias", KVD, -1, 0.3, 0, LOOM_DTYPE_F32);
-            ADD("attn_v.bias", KVD, -1, 0.3, 0, LOOM_DTYPE_F32);
-        }
-        ADD("attn_output.weight", H, QD, 1.0 / sqrt((double)QD), 0, wdt);
-        ADD("ffn_norm.weight", H, -1, 0.1, 1, LOOM_DTYPE_F32);
-        ADD("ffn_gate.weight", I, H, 1.0 / sqrt((double)H), 0, wdt);
-        ADD("ffn_up.weight", I, H, 1.0 / sqrt((double)H), 0, wdt);
-        ADD("ffn_down.weight", H, I, 1.0 / sqrt((double)I), 0, wdt);
-#undef ADD
-    }
-    m->view = (loom_model_view){.struct_size = sizeof m->view, .config = &m->cfg, .ctx = m,
-                                .get = sm_get, .count = sm_count, .at = sm_at};
+    tiny_add_tensors(m, &r, wdt, wdt);
     return m;
-}
-
-static void sm_free(sm_model *m) {
-    for (int i = 0; i < m->n; i++) free(m->raw[i]);
-    free(m);
 }
 
 /* ------------------------------------------------- plugins and engines */
@@ -262,7 +181,7 @@ static loom_status rig_create_exec(rig *g, int32_t n, int64_t comm, loom_error *
 }
 
 /* Executor of n ranks (n = 0: one plain backend), loaded with m. */
-static loom_status rig_open(rig *g, int32_t n, const sm_model *m, loom_error *err) {
+static loom_status rig_open(rig *g, int32_t n, const tiny_model *m, loom_error *err) {
     tb_config bc = {.threads = 1, .kv_dtype = 0, .weight_dtype = 0};
     loom_status st;
     if (n == 0) {
@@ -331,12 +250,12 @@ static int32_t rig_step(rig *g, tb_seq **seqs, const int32_t *nnew, int32_t nseq
 }
 
 /* The mixed scenario: three sequences, chunked prefill next to decodes. */
-static float *run_mixed(rig *g, const sm_model *m, int32_t *nrows) {
+static float *run_mixed(rig *g, const tiny_model *m, int32_t *nrows) {
     const int V = m->cfg.vocab_size;
-    kt_rng r = {99};
+    test_rng r = {99};
     int32_t toks[3][48];
     for (int s = 0; s < 3; s++)
-        for (int i = 0; i < 48; i++) toks[s][i] = (int32_t)kt_int(&r, V);
+        for (int i = 0; i < 48; i++) toks[s][i] = (int32_t)rng_int(&r, V);
     tb_seq s0 = {.tokens = toks[0], .len = 48}, s1 = {.tokens = toks[1], .len = 48},
            s2 = {.tokens = toks[2], .len = 48};
     float *out = NULL;
@@ -374,7 +293,7 @@ static const sm_shape k_shapes[] = {
 static void check_shape(const sm_shape *s, const int32_t *sizes, int nsizes) {
     host();
     long live0 = fake_host_live_allocs();
-    sm_model *m = sm_make(s, 1234);
+    tiny_model *m = sm_make(s, 1234);
     const int V = s->vocab;
     rig ref;
     rig_plugins(&ref);
@@ -405,7 +324,7 @@ static void check_shape(const sm_shape *s, const int32_t *sizes, int nsizes) {
         rig_close(&g);
     }
     free(want);
-    sm_free(m);
+    tiny_free(m);
     cr_assert_eq(fake_host_live_allocs(), live0, "%s: %ld allocations leaked", s->name,
                  fake_host_live_allocs() - live0);
 }
@@ -422,11 +341,11 @@ Test(tp, logits_rank_without_vocabulary) { check_shape(&k_shapes[3], (int32_t[])
  * moved its own share of the KV, so all three decodes give one backend's
  * logits. */
 Test(tp, copy_and_swap_blocks_on_every_rank) {
-    sm_model *m = sm_make(&k_shapes[0], 5);
+    tiny_model *m = sm_make(&k_shapes[0], 5);
     const int V = m->cfg.vocab_size;
-    kt_rng r = {3};
+    test_rng r = {3};
     int32_t toks[40];
-    for (int i = 0; i < 40; i++) toks[i] = (int32_t)kt_int(&r, V);
+    for (int i = 0; i < 40; i++) toks[i] = (int32_t)rng_int(&r, V);
     float *rows[2] = {NULL, NULL};
     int32_t nrows[2] = {0, 0};
     for (int run = 0; run < 2; run++) {
@@ -475,14 +394,14 @@ Test(tp, copy_and_swap_blocks_on_every_rank) {
     }
     free(rows[0]);
     free(rows[1]);
-    sm_free(m);
+    tiny_free(m);
 }
 
 /* Ranks hold their share of the KV heads: 2 KV heads over 4 ranks is one
  * (replicated) head each, half a plain backend's block. Free memory is per
  * rank: the ranks share the host's RAM. */
 Test(tp, kv_block_bytes_and_memory) {
-    sm_model *m = sm_make(&k_shapes[0], 5);
+    tiny_model *m = sm_make(&k_shapes[0], 5);
     rig p, g;
     rig_plugins(&p);
     rig_plugins(&g);
@@ -509,7 +428,7 @@ Test(tp, kv_block_bytes_and_memory) {
     cr_assert_lt(mg.weight_bytes, mp.weight_bytes, "a rank holds less than the whole model");
     rig_close(&p);
     rig_close(&g);
-    sm_free(m);
+    tiny_free(m);
 }
 
 /* ----------------------------------------- a rank that fails alone */
@@ -585,7 +504,7 @@ static loom_backend_ops g_wrap_ops = {
 };
 
 Test(tp, a_rank_failing_alone_releases_its_peers) {
-    sm_model *m = sm_make(&k_shapes[0], 8);
+    tiny_model *m = sm_make(&k_shapes[0], 8);
     const int V = m->cfg.vocab_size;
     rig ref, g;
     rig_plugins(&ref);
@@ -627,13 +546,13 @@ Test(tp, a_rank_failing_alone_releases_its_peers) {
     free(want);
     rig_close(&ref);
     rig_close(&g);
-    sm_free(m);
+    tiny_free(m);
 }
 
 /* ------------------------------------------------------------ errors */
 
 static void expect_load_error(const sm_shape *s, int32_t n, const char *const *needles) {
-    sm_model *m = sm_make(s, 1);
+    tiny_model *m = sm_make(s, 1);
     rig g;
     rig_plugins(&g);
     loom_error err = {0};
@@ -643,7 +562,7 @@ static void expect_load_error(const sm_shape *s, int32_t n, const char *const *n
         cr_assert(strstr(err.message, needles[i]), "error lacks \"%s\": %s", needles[i],
                   err.message);
     rig_close(&g);
-    sm_free(m);
+    tiny_free(m);
 }
 
 Test(tp, error_ffn_width_not_divisible) {

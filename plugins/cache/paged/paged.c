@@ -912,24 +912,46 @@ static loom_status paged_fork(void *self, loom_seq_id parent, loom_seq_id child,
     return LOOM_OK;
 }
 
+/* What swap_out (`out`) and swap_in check first: a host pool exists, `id`
+ * is known and on the side it leaves, the side it goes to has room for its
+ * blocks, and the op queue can take them. The sequence, or NULL with the
+ * error's status in *st. */
+static paged_seq *paged_swap_check(paged *p, loom_seq_id id, bool out, loom_status *st,
+                                   loom_error *err) {
+    const loom_host *h = p->host;
+    if (p->num_cpu_blocks == 0) {
+        *st = h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                       "cache.paged: no host swap pool (set cache.cpu_swap_gib or "
+                       "cache.num_cpu_blocks on a backend that can swap)");
+        return NULL;
+    }
+    paged_seq *s = paged_seq_find(p, id);
+    if (!s || s->swapped == out) {
+        *st = h->error(h->ctx, err, LOOM_ERR_INVALID, "cache.paged: %s of %s seq %lld",
+                       out ? "swap_out" : "swap_in",
+                       !s ? "unknown" : out ? "an already swapped" : "a resident", (long long)id);
+        return NULL;
+    }
+    int32_t room = out ? p->num_host_free : paged_num_free(p);
+    if (s->nblocks > room) {
+        *st = h->error(h->ctx, err, LOOM_ERR_NO_SPACE,
+                       "cache.paged: seq %lld needs %d %s blocks, %d free", (long long)id,
+                       s->nblocks, out ? "host" : "device", room);
+        return NULL;
+    }
+    if (!paged_ops_reserve(p, s->nblocks)) {
+        *st = h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                       "cache.paged: out of host memory queueing swap ops");
+        return NULL;
+    }
+    return s;
+}
+
 static loom_status paged_swap_out(void *self, loom_seq_id id, loom_error *err) {
     paged *p = self;
-    const loom_host *h = p->host;
-    if (p->num_cpu_blocks == 0)
-        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "cache.paged: no host swap pool (set cache.cpu_swap_gib or "
-                        "cache.num_cpu_blocks on a backend that can swap)");
-    paged_seq *s = paged_seq_find(p, id);
-    if (!s || s->swapped)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID, "cache.paged: swap_out of %s seq %lld",
-                        s ? "an already swapped" : "unknown", (long long)id);
-    if (s->nblocks > p->num_host_free)
-        return h->error(h->ctx, err, LOOM_ERR_NO_SPACE,
-                        "cache.paged: seq %lld needs %d host blocks, %d free", (long long)id,
-                        s->nblocks, p->num_host_free);
-    if (!paged_ops_reserve(p, s->nblocks))
-        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
-                        "cache.paged: out of host memory queueing swap ops");
+    loom_status st = LOOM_OK;
+    paged_seq *s = paged_swap_check(p, id, true, &st, err);
+    if (!s) return st;
     int32_t n = s->nblocks;
     for (int32_t j = 0; j < n; j++) {
         int32_t hb = p->host_free[--p->num_host_free];
@@ -948,23 +970,9 @@ static loom_status paged_swap_out(void *self, loom_seq_id id, loom_error *err) {
 
 static loom_status paged_swap_in(void *self, loom_seq_id id, loom_error *err) {
     paged *p = self;
-    const loom_host *h = p->host;
-    if (p->num_cpu_blocks == 0)
-        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "cache.paged: no host swap pool (set cache.cpu_swap_gib or "
-                        "cache.num_cpu_blocks on a backend that can swap)");
-    paged_seq *s = paged_seq_find(p, id);
-    if (!s || !s->swapped)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID, "cache.paged: swap_in of %s seq %lld",
-                        s ? "a resident" : "unknown", (long long)id);
-    int32_t free_now = paged_num_free(p);
-    if (s->nblocks > free_now)
-        return h->error(h->ctx, err, LOOM_ERR_NO_SPACE,
-                        "cache.paged: seq %lld needs %d device blocks, %d free", (long long)id,
-                        s->nblocks, free_now);
-    if (!paged_ops_reserve(p, s->nblocks))
-        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
-                        "cache.paged: out of host memory queueing swap ops");
+    loom_status st = LOOM_OK;
+    paged_seq *s = paged_swap_check(p, id, false, &st, err);
+    if (!s) return st;
     for (int32_t j = 0; j < s->nblocks; j++) {
         int32_t d = paged_take_free(p);
         paged_ops_push(p, LOOM_BLOCK_SWAP_IN, s->blocks[j], d);

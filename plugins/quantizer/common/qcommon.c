@@ -84,6 +84,15 @@ bool qc_patterns_valid(const char *list, char *bad, size_t size) {
     return !qc_each_pattern(list, qc_find_bad, &b);
 }
 
+loom_status qc_skip_check(const loom_host *h, const char *who, const char *skip, loom_error *err) {
+    char bad[LOOM_PARAM_STRING_MAX];
+    if (qc_patterns_valid(skip, bad, sizeof bad)) return LOOM_OK;
+    return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                    "%s: skip pattern '%s' is malformed (no spaces, no empty dot "
+                    "components); e.g. skip: \"token_embd,output,blk.0\"",
+                    who, bad);
+}
+
 typedef struct qc_unmatched {
     const loom_model_view *m;
     char *out;

@@ -43,6 +43,19 @@ bool qc_is_linear(const loom_tensor *w);
  * On a bad one, copies it to bad[size] and returns false. */
 bool qc_patterns_valid(const char *list, char *bad, size_t size);
 
+/* create()'s check of the `skip` parameter: LOOM_OK, or LOOM_ERR_INVALID
+ * naming the malformed pattern (with an example of good ones). */
+loom_status qc_skip_check(const loom_host *h, const char *who, const char *skip, loom_error *err);
+
+/* The `skip` parameter's table entry (loom_param) for a config struct
+ * `cfg_t` with `char skip[LOOM_PARAM_STRING_MAX]`: one definition, so every
+ * quantizer documents it alike. */
+#define QC_SKIP_PARAM(cfg_t)                                                                       \
+    {.key = "skip", .type = LOOM_PARAM_STRING, .offset = offsetof(cfg_t, skip),                    \
+     .default_value = "token_embd,output",                                                         \
+     .doc = "comma-separated tensor-name patterns kept unquantized (dot components, e.g. "         \
+            "'output', 'blk.0', 'ffn_down', or globs 'blk.*.attn_v.weight')"}
+
 /* Does every pattern of `list` match some tensor of the model `m`? One that
  * matches none is almost always a typo ("ffn_dwn", "blk.29" on a 24-layer
  * model) that would silently quantize what it meant to keep, or keep what

@@ -137,3 +137,29 @@ void qc_smooth_attach(float *w, int64_t rows, int64_t cols, const float *s, loom
                                 .nbytes = (size_t)cols * sizeof(float),
                                 .device = LOOM_DEVICE_HOST};
 }
+
+loom_status qc_quantize_8bit(const loom_host *h, const char *who, const loom_tensor *w,
+                             const float *s, loom_qformat format, bool per_channel,
+                             loom_qtensor *out, loom_error *err) {
+    float *f = NULL;
+    loom_status st = qc_read_f32(h, who, w, &f, err);
+    if (st != LOOM_OK) return st;
+    const bool fp8 = format == LOOM_QFMT_FP8_W8A8;
+    const bool pc = fp8 ? per_channel : true;
+    int64_t rows = w->shape[0], cols = w->shape[1], nscales = pc ? rows : 1;
+    st = qc_qtensor_alloc(h, who, w->name, format, rows, cols, 0,
+                          fp8 ? LOOM_DTYPE_FP8_E4M3 : LOOM_DTYPE_I8, cols,
+                          (size_t)rows * (size_t)cols, nscales, 0, false, out, err);
+    if (st == LOOM_OK) {
+        if (s) qc_smooth_attach(f, rows, cols, s, out); /* W diag(s); x / s in the backend */
+        if (fp8) qc_fp8_rows(h, f, rows, cols, pc, out->data.data, out->scales.data);
+        else qc_int8_rows(h, f, rows, cols, out->data.data, out->scales.data);
+        if (h->metric_add) {
+            h->metric_add(h->ctx, fp8 ? "quant.fp8.tensors" : "quant.int8.tensors", 1);
+            h->metric_add(h->ctx, fp8 ? "quant.fp8.bytes" : "quant.int8.bytes",
+                          (double)(rows * cols + nscales * 4));
+        }
+    }
+    h->free(h->ctx, f);
+    return st;
+}

@@ -86,6 +86,16 @@ loom_status qc_smoother_for(qc_smoother *sm, const loom_model_view *model, const
  * host view, not owned by out: the smoother frees it). */
 void qc_smooth_attach(float *w, int64_t rows, int64_t cols, const float *s, loom_qtensor *out);
 
+/* The quantize() step of the 8-bit quantizers (int8, fp8): w read as f32,
+ * W diag(s) when `s` is not NULL (out->smooth then points at s), then one
+ * code a weight: int8 with per-channel scales for LOOM_QFMT_INT8_W8A16 /
+ * _W8A8, E4M3 with per-channel or (per_channel false) one per-tensor scale
+ * for LOOM_QFMT_FP8_W8A8; metrics quant.int8.* / quant.fp8.* (tensors,
+ * bytes). */
+loom_status qc_quantize_8bit(const loom_host *h, const char *who, const loom_tensor *w,
+                             const float *s, loom_qformat format, bool per_channel,
+                             loom_qtensor *out, loom_error *err);
+
 /* Free every vector and the statistics; NULL-safe, leaves *sm empty. */
 void qc_smoother_free(qc_smoother *sm);
 

@@ -55,10 +55,7 @@ static const loom_param fp8_params[] = {
     {.key = "scales", .type = LOOM_PARAM_ENUM, .offset = offsetof(fp8_config, scales),
      .default_value = "per_channel", .min = 1, .max = 0, .choices = fp8_scale_choices,
      .doc = "weight scales: one per output channel, or one per tensor"},
-    {.key = "skip", .type = LOOM_PARAM_STRING, .offset = offsetof(fp8_config, skip),
-     .default_value = "token_embd,output",
-     .doc = "comma-separated tensor-name patterns kept unquantized (dot components, e.g. "
-            "'output', 'blk.0', 'ffn_down', or globs 'blk.*.attn_v.weight')"},
+    QC_SKIP_PARAM(fp8_config),
     {.key = "kv_cache", .type = LOOM_PARAM_ENUM, .offset = offsetof(fp8_config, kv_cache),
      .default_value = "auto", .min = 1, .max = 0, .choices = fp8_kv_choices,
      .doc = "KV-cache element type: auto = the backend's default, fp8 = e4m3"},
@@ -81,12 +78,7 @@ static loom_status fp8_create(const loom_host *host, const void *config, void **
     cfg.calibration[sizeof cfg.calibration - 1] = 0;
     loom_status st = qc_smooth_check(host, FP8_WHO, cfg.smoothquant, cfg.calibration, err);
     if (st != LOOM_OK) return st;
-    char bad[LOOM_PARAM_STRING_MAX];
-    if (!qc_patterns_valid(cfg.skip, bad, sizeof bad))
-        return host->error(host->ctx, err, LOOM_ERR_INVALID,
-                           "%s: skip pattern '%s' is malformed (no spaces, no empty dot "
-                           "components); e.g. skip: \"token_embd,output,blk.0\"",
-                           FP8_WHO, bad);
+    if ((st = qc_skip_check(host, FP8_WHO, cfg.skip, err)) != LOOM_OK) return st;
     fp8_quant *q = host->calloc(host->ctx, 1, sizeof *q);
     if (!q) return host->error(host->ctx, err, LOOM_ERR_NOMEM, "%s: out of memory", FP8_WHO);
     q->host = host;
@@ -130,28 +122,12 @@ static loom_status fp8_quantize(void *self, const loom_model_view *model, const 
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "%s: quantize('%s') with plan format %d; fp8 makes only FP8_W8A8 (3)",
                         FP8_WHO, w && w->name ? w->name : "?", plan ? (int)plan->format : -1);
-    float *f = NULL;
     const float *sm = NULL;
     loom_status st = LOOM_OK;
     if (qc_smoother_on(&q->smooth) &&
         (st = qc_smoother_for(&q->smooth, model, w, &sm, err)) != LOOM_OK)
         return st;
-    if ((st = qc_read_f32(h, FP8_WHO, w, &f, err)) != LOOM_OK) return st;
-    int64_t rows = w->shape[0], cols = w->shape[1];
-    bool pc = plan->per_channel;
-    st = qc_qtensor_alloc(h, FP8_WHO, w->name, LOOM_QFMT_FP8_W8A8, rows, cols, 0,
-                          LOOM_DTYPE_FP8_E4M3, cols, (size_t)rows * (size_t)cols, pc ? rows : 1,
-                          0, false, out, err);
-    if (st == LOOM_OK) {
-        if (sm) qc_smooth_attach(f, rows, cols, sm, out); /* W diag(s); x / s in the backend */
-        qc_fp8_rows(h, f, rows, cols, pc, out->data.data, out->scales.data);
-        if (h->metric_add) {
-            h->metric_add(h->ctx, "quant.fp8.tensors", 1);
-            h->metric_add(h->ctx, "quant.fp8.bytes", (double)(rows * cols + (pc ? rows : 1) * 4));
-        }
-    }
-    h->free(h->ctx, f);
-    return st;
+    return qc_quantize_8bit(h, FP8_WHO, w, sm, LOOM_QFMT_FP8_W8A8, plan->per_channel, out, err);
 }
 
 static void fp8_release(void *self, loom_qtensor *t) {

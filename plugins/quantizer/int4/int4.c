@@ -58,10 +58,7 @@ static const loom_param int4_params[] = {
      .default_value = "quantize", .min = 1, .max = 0, .choices = int4_source_choices,
      .doc = "quantize: RTN from float weights; gguf: keep GGUF q4_0/q4_1/q4_k/q8_0/q6_k as "
             "stored; awq / gptq / gptq_v2: unpack a packed checkpoint"},
-    {.key = "skip", .type = LOOM_PARAM_STRING, .offset = offsetof(int4_config, skip),
-     .default_value = "token_embd,output",
-     .doc = "comma-separated tensor-name patterns kept unquantized (dot components, e.g. "
-            "'output', 'blk.0', 'ffn_down', or globs 'blk.*.attn_v.weight')"},
+    QC_SKIP_PARAM(int4_config),
     {.key = "act_order", .type = LOOM_PARAM_ENUM, .offset = offsetof(int4_config, act_order),
      .default_value = "int8", .min = 1, .max = 0, .choices = int4_act_order_choices,
      .doc = "GPTQ act-order (desc_act) tensors: int8 = keep them as exact int8 W8A16, error = "
@@ -114,12 +111,8 @@ static loom_status int4_create(const loom_host *host, const void *config, void *
                            "%s: group_size %lld must be even and in [2, %d]; common choices are "
                            "32, 64 and 128",
                            INT4_WHO, (long long)cfg.group_size, QC_INT4_MAX_GROUP);
-    char bad[LOOM_PARAM_STRING_MAX];
-    if (!qc_patterns_valid(cfg.skip, bad, sizeof bad))
-        return host->error(host->ctx, err, LOOM_ERR_INVALID,
-                           "%s: skip pattern '%s' is malformed (no spaces, no empty dot "
-                           "components); e.g. skip: \"token_embd,output,blk.0\"",
-                           INT4_WHO, bad);
+    loom_status st = qc_skip_check(host, INT4_WHO, cfg.skip, err);
+    if (st != LOOM_OK) return st;
     int4_quant *q = host->calloc(host->ctx, 1, sizeof *q);
     if (!q) return host->error(host->ctx, err, LOOM_ERR_NOMEM, "%s: out of memory", INT4_WHO);
     q->host = host;

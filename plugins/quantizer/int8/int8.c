@@ -74,10 +74,7 @@ static const loom_param int8_params[] = {
      .doc = "w8a16: int8 weights, float activations; w8a8: int8 weights and per-token int8 "
             "activations (int32 accumulate)"},
     QC_SMOOTH_PARAM_ALPHA(int8_config, " for w8a8"),
-    {.key = "skip", .type = LOOM_PARAM_STRING, .offset = offsetof(int8_config, skip),
-     .default_value = "token_embd,output",
-     .doc = "comma-separated tensor-name patterns kept unquantized (dot components, e.g. "
-            "'output', 'blk.0', 'ffn_down', or globs 'blk.*.attn_v.weight')"},
+    QC_SKIP_PARAM(int8_config),
     {.key = "kv_cache", .type = LOOM_PARAM_ENUM, .offset = offsetof(int8_config, kv_cache),
      .default_value = "auto", .min = 1, .max = 0, .choices = int8_kv_choices,
      .doc = "KV-cache element type: auto = the backend's default, f16, or fp8 (e4m3)"},
@@ -119,12 +116,8 @@ static loom_status int8_create(const loom_host *host, const void *config, void *
                            INT8_WHO, cfg.weight_only);
     loom_status st = qc_smooth_check(host, INT8_WHO, cfg.smoothquant, cfg.calibration, err);
     if (st != LOOM_OK) return st;
+    if ((st = qc_skip_check(host, INT8_WHO, cfg.skip, err)) != LOOM_OK) return st;
     char bad[LOOM_PARAM_STRING_MAX];
-    if (!qc_patterns_valid(cfg.skip, bad, sizeof bad))
-        return host->error(host->ctx, err, LOOM_ERR_INVALID,
-                           "%s: skip pattern '%s' is malformed (no spaces, no empty dot "
-                           "components); e.g. skip: \"token_embd,output,blk.0\"",
-                           INT8_WHO, bad);
     if (!qc_patterns_valid(cfg.weight_only, bad, sizeof bad))
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "%s: weight_only pattern '%s' is malformed (no spaces, no empty dot "
@@ -178,26 +171,12 @@ static loom_status int8_quantize(void *self, const loom_model_view *model, const
                         "%s: quantize('%s') with plan format %d; int8 makes only INT8_W8A16 (1) "
                         "and INT8_W8A8 (2)",
                         INT8_WHO, w && w->name ? w->name : "?", plan ? (int)plan->format : -1);
-    float *f = NULL;
     const float *sm = NULL;
     loom_status st = LOOM_OK;
     if (plan->format == LOOM_QFMT_INT8_W8A8 && qc_smoother_on(&q->smooth) &&
         (st = qc_smoother_for(&q->smooth, model, w, &sm, err)) != LOOM_OK)
         return st;
-    if ((st = qc_read_f32(h, INT8_WHO, w, &f, err)) != LOOM_OK) return st;
-    int64_t rows = w->shape[0], cols = w->shape[1];
-    st = qc_qtensor_alloc(h, INT8_WHO, w->name, plan->format, rows, cols, 0, LOOM_DTYPE_I8, cols,
-                          (size_t)rows * (size_t)cols, rows, 0, false, out, err);
-    if (st == LOOM_OK) {
-        if (sm) qc_smooth_attach(f, rows, cols, sm, out); /* W diag(s); x / s in the backend */
-        qc_int8_rows(h, f, rows, cols, out->data.data, out->scales.data);
-        if (h->metric_add) {
-            h->metric_add(h->ctx, "quant.int8.tensors", 1);
-            h->metric_add(h->ctx, "quant.int8.bytes", (double)(rows * cols + rows * 4));
-        }
-    }
-    h->free(h->ctx, f);
-    return st;
+    return qc_quantize_8bit(h, INT8_WHO, w, sm, plan->format, true, out, err);
 }
 
 static void int8_release(void *self, loom_qtensor *t) {

@@ -1,10 +1,10 @@
 /*
- * tests/backend/tb_util.h — driving loom-backend-cpu.so from a test without
+ * tests/common/tb_util.h — driving loom-backend-cpu.so from a test without
  * the engine: dlopen the built plugin (path in LOOM_CPU_BACKEND_SO, set by
  * meson), create an instance on the fake host, and run steps of a tiny
  * paged-KV scheduler (a block free list, per-sequence block tables, slot
  * mapping) so tests can say "prefill 13 tokens of s0, decode s1" and get the
- * logits rows back. Shared by the backend tests and the benchmark.
+ * logits rows back. Shared by the backend and tp tests and the benchmark.
  */
 #ifndef LOOM_TEST_TB_UTIL_H
 #define LOOM_TEST_TB_UTIL_H

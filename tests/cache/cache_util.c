@@ -1,7 +1,7 @@
 /*
- * tests/cache/cache_test.c — see cache_test.h.
+ * tests/cache/cache_util.c — see cache_util.h.
  */
-#include "cache_test.h"
+#include "cache_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,11 +1,11 @@
 /*
- * tests/kernels/kt_rng.h — seeded random numbers for the CPU kernel and
+ * tests/common/rng.h — seeded random numbers for the CPU kernel and
  * backend tests. Each test draws a fresh seed from the clock (or
  * LOOM_TEST_SEED to replay a failure) and prints it, so a failing run can be
  * reproduced exactly. Header-only; xoshiro-style splitmix64 stream.
  */
-#ifndef LOOM_TEST_KT_RNG_H
-#define LOOM_TEST_KT_RNG_H
+#ifndef LOOM_TEST_RNG_H
+#define LOOM_TEST_RNG_H
 
 #include <math.h>
 #include <stdint.h>
@@ -14,11 +14,11 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef struct kt_rng {
+typedef struct test_rng {
     uint64_t s;
-} kt_rng;
+} test_rng;
 
-static inline uint64_t kt_next(kt_rng *r) {
+static inline uint64_t rng_next(test_rng *r) {
     uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -26,20 +26,20 @@ static inline uint64_t kt_next(kt_rng *r) {
 }
 
 /* Uniform in [0, 1). */
-static inline double kt_unif(kt_rng *r) { return (double)(kt_next(r) >> 11) * 0x1p-53; }
+static inline double rng_unif(test_rng *r) { return (double)(rng_next(r) >> 11) * 0x1p-53; }
 /* Uniform in [lo, hi). */
-static inline double kt_range(kt_rng *r, double lo, double hi) { return lo + (hi - lo) * kt_unif(r); }
+static inline double rng_range(test_rng *r, double lo, double hi) { return lo + (hi - lo) * rng_unif(r); }
 /* Integer in [0, n). */
-static inline int64_t kt_int(kt_rng *r, int64_t n) { return (int64_t)(kt_next(r) % (uint64_t)n); }
+static inline int64_t rng_int(test_rng *r, int64_t n) { return (int64_t)(rng_next(r) % (uint64_t)n); }
 /* Standard normal (Box-Muller). */
-static inline double kt_normal(kt_rng *r) {
-    double u = kt_unif(r), v = kt_unif(r);
+static inline double rng_normal(test_rng *r) {
+    double u = rng_unif(r), v = rng_unif(r);
     if (u < 1e-300) u = 1e-300;
     return sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v);
 }
 
 /* A fresh seed for test `name` (clock, pid, name), or LOOM_TEST_SEED; printed. */
-static inline kt_rng kt_seeded(const char *name) {
+static inline test_rng rng_seeded(const char *name) {
     uint64_t seed;
     const char *env = getenv("LOOM_TEST_SEED");
     if (env) {
@@ -52,23 +52,12 @@ static inline kt_rng kt_seeded(const char *name) {
     }
     fprintf(stderr, "[%s] seed %llu (replay with LOOM_TEST_SEED=%llu)\n", name,
             (unsigned long long)seed, (unsigned long long)seed);
-    kt_rng r = {seed};
+    test_rng r = {seed};
     return r;
 }
 
-static inline void kt_fill(kt_rng *r, float *x, int64_t n, double scale) {
-    for (int64_t i = 0; i < n; i++) x[i] = (float)(kt_normal(r) * scale);
-}
-
-/* max |a - b| / max(|b|, floor) over n elements. */
-static inline double kt_rel_err(const float *a, const double *b, int64_t n, double floor) {
-    double num = 0, den = floor;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        if (d > num || d != d) num = d != d ? INFINITY : d;
-        if (fabs(b[i]) > den) den = fabs(b[i]);
-    }
-    return num / den;
+static inline void rng_fill(test_rng *r, float *x, int64_t n, double scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(rng_normal(r) * scale);
 }
 
 #endif

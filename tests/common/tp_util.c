@@ -1,5 +1,5 @@
 /*
- * tests/plugin/tp_util.c — see tp_util.h.
+ * tests/common/tp_util.c — see tp_util.h.
  */
 #include "tp_util.h"
 

@@ -1,5 +1,5 @@
 /*
- * tests/gpu/gpu_backend_test.c — the cuda backend against the cpu backend
+ * tests/gpu/test_gpu_backend.c — the cuda backend against the cpu backend
  * on the same model and the same batches. Runs only on a Hopper GPU (not a
  * meson test(): CI has none).
  *
@@ -62,6 +62,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpu_util.h"
 #include "loom/backend.h"
 #include "loom/plugin.h"
 #include "qcalib.h"
@@ -93,7 +94,6 @@
 #define TOL_KV_FP8_QUANT 1e-1 /* fp8 weights and activations too */
 
 static int g_fail, g_pass;
-static uint64_t g_rng;
 static double g_graph_replays, g_graph_captures;
 
 /* ---------------------------------------------------------------- host */
@@ -136,48 +136,9 @@ typedef struct plugin {
 
 static bool plugin_open(plugin *p, const char *path, const char *name) {
     memset(p, 0, sizeof *p);
-    p->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!p->lib) {
-        fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
-        return false;
-    }
-    loom_plugin_entry_fn entry = (loom_plugin_entry_fn)dlsym(p->lib, LOOM_PLUGIN_ENTRY_SYMBOL);
-    const loom_plugin_desc *d = entry ? entry() : NULL;
-    for (uint32_t i = 0; d && i < d->num_components; i++)
-        if (d->components[i].kind == LOOM_KIND_BACKEND && !strcmp(d->components[i].name, name))
-            p->comp = &d->components[i];
-    if (!p->comp) {
-        fprintf(stderr, "%s: no backend component '%s'\n", path, name);
-        return false;
-    }
-    p->ops = p->comp->ops;
-    return true;
-}
-
-/* Fill a config struct from the component's parameter defaults, then
- * apply "key=value" overrides (the host's job in the engine). */
-static void *config_make(const loom_component *c, const char *const *overrides) {
-    uint8_t *cfg = calloc(1, c->config_size + 16);
-    for (const loom_param *p = c->params; p && p->key; p++) {
-        const char *v = p->default_value;
-        for (const char *const *o = overrides; o && *o; o++) {
-            size_t kl = strlen(p->key);
-            if (!strncmp(*o, p->key, kl) && (*o)[kl] == '=') v = *o + kl + 1;
-        }
-        if (!v) continue;
-        uint8_t *f = cfg + p->offset;
-        switch (p->type) {
-        case LOOM_PARAM_BOOL: *(bool *)f = !strcmp(v, "true") || !strcmp(v, "1"); break;
-        case LOOM_PARAM_INT: *(int64_t *)f = strtoll(v, NULL, 0); break;
-        case LOOM_PARAM_FLOAT: *(double *)f = strtod(v, NULL); break;
-        case LOOM_PARAM_STRING: snprintf((char *)f, LOOM_PARAM_STRING_MAX, "%s", v); break;
-        case LOOM_PARAM_ENUM:
-            for (int64_t i = 0; p->choices && p->choices[i]; i++)
-                if (!strcmp(p->choices[i], v)) *(int64_t *)f = i;
-            break;
-        }
-    }
-    return cfg;
+    p->comp = gpu_plugin_find(&p->lib, path, LOOM_KIND_BACKEND, name);
+    if (p->comp) p->ops = p->comp->ops;
+    return p->comp != NULL;
 }
 
 /* ------------------------------------------------------------ fake model */
@@ -192,15 +153,6 @@ typedef struct fake_model {
     int n;
 } fake_model;
 
-static uint64_t rng_next(void) {
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static float rng_unif(float lo, float hi) {
-    return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0));
-}
 
 static const loom_tensor *fm_get(void *ctx, const char *name) {
     fake_model *m = ctx;
@@ -228,9 +180,9 @@ static void fm_add(fake_model *m, const char *name, int64_t d0, int64_t d1, bool
                        .name = m->names[m->n]};
     t->data = malloc(t->nbytes);
     if (f32)
-        for (int64_t i = 0; i < n; i++) ((float *)t->data)[i] = c + rng_unif(-a, a);
+        for (int64_t i = 0; i < n; i++) ((float *)t->data)[i] = c + gpu_rng_unif(-a, a);
     else
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)t->data)[i] = loom_fp32_to_bf16(rng_unif(-a, a));
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)t->data)[i] = loom_fp32_to_bf16(gpu_rng_unif(-a, a));
     m->n++;
 }
 
@@ -269,9 +221,9 @@ static void fm_add_gguf(fake_model *m, const char *name, int64_t d0, int64_t d1,
                        .nbytes = (size_t)d0 * rb, .device = LOOM_DEVICE_HOST,
                        .name = m->names[m->n]};
     uint8_t *p = malloc(t->nbytes);
-    for (size_t i = 0; i < t->nbytes; i++) p[i] = (uint8_t)(rng_next() >> 56);
+    for (size_t i = 0; i < t->nbytes; i++) p[i] = (uint8_t)(gpu_rng_next() >> 56);
     for (uint8_t *b = p; b < p + t->nbytes; b += bb) {
-        const float neg = rng_next() & 1 ? -1.0f : 1.0f, u = rng_unif(0.5f, 1.0f);
+        const float neg = gpu_rng_next() & 1 ? -1.0f : 1.0f, u = gpu_rng_unif(0.5f, 1.0f);
         switch (type) {
         case LOOM_DTYPE_Q4_0: put_f16(b, neg * u * a / 8); break;
         case LOOM_DTYPE_Q4_1: {
@@ -378,7 +330,7 @@ typedef struct sched {
 static void sched_init(sched *s) {
     for (int i = 0; i < NB; i++) s->free_list[i] = i;
     for (int i = NB - 1; i > 0; i--) { /* shuffled: block tables are scattered */
-        int j = (int)(rng_next() % (uint64_t)(i + 1)), t = s->free_list[i];
+        int j = (int)(gpu_rng_next() % (uint64_t)(i + 1)), t = s->free_list[i];
         s->free_list[i] = s->free_list[j], s->free_list[j] = t;
     }
     s->n_free = NB;
@@ -516,8 +468,8 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
     snprintf(dt_ov, sizeof dt_ov, "dtype=%s", sh->dtype ? sh->dtype : "bf16");
     const char *ov_eager[] = {"cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL};
     const char *ov_graph[] = {"cuda_graphs=true", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL};
-    void *c_cpu = config_make(cpu_p->comp, NULL), *c_e = config_make(cuda_p->comp, ov_eager),
-         *c_g = config_make(cuda_p->comp, ov_graph);
+    void *c_cpu = gpu_config_make(cpu_p->comp, NULL), *c_e = gpu_config_make(cuda_p->comp, ov_eager),
+         *c_g = gpu_config_make(cuda_p->comp, ov_graph);
     loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = BS, .num_blocks = NB,
                           .num_cpu_blocks = NCPU, .dtype = kv_dt};
     void **inst[3] = {&t.cpu, &t.eager, &t.graph};
@@ -550,7 +502,7 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
     const int plen[6] = {1, 15, 16, 17, 33, 100};
     for (int i = 0; i < 8; i++) {
         S[i].len = MAX_SEQ_BLOCKS * BS;
-        for (int j = 0; j < S[i].len; j++) S[i].tokens[j] = (int32_t)(rng_next() % (uint64_t)sh->vocab);
+        for (int j = 0; j < S[i].len; j++) S[i].tokens[j] = (int32_t)(gpu_rng_next() % (uint64_t)sh->vocab);
     }
     static batch_buf bb;
     /* 1. ragged prefill of seqs 0..3, every token's logits */
@@ -755,7 +707,7 @@ static void run_invariant(const plugin *cuda_p, const shape *sh, const loom_quan
                           .num_cpu_blocks = 0, .dtype = sh->kv_fp8 ? LOOM_DTYPE_FP8_E4M3 : LOOM_DTYPE_COUNT};
     const double replays0 = g_graph_replays;
     for (int i = 0; i < NI; i++) {
-        cfg[i] = config_make(cuda_p->comp, ov[i]);
+        cfg[i] = gpu_config_make(cuda_p->comp, ov[i]);
         for (int k = 0; k < 6; k++) L[i][k] = malloc((size_t)5 * V * sizeof(float));
         if ((st = cuda_p->ops->create(&g_host, cfg[i], &inst[i], &e)) ||
             (st = cuda_p->ops->load(inst[i], &m->view, qb, &e)) ||
@@ -773,7 +725,7 @@ static void run_invariant(const plugin *cuda_p, const shape *sh, const loom_quan
         memset(S, 0, sizeof S);
         for (int i = 0; i < 8; i++) {
             S[i].len = MAX_SEQ_BLOCKS * BS;
-            for (int j = 0; j < S[i].len; j++) S[i].tokens[j] = (int32_t)(rng_next() % (uint64_t)V);
+            for (int j = 0; j < S[i].len; j++) S[i].tokens[j] = (int32_t)(gpu_rng_next() % (uint64_t)V);
         }
         static batch_buf bb;
         /* one step on every instance; rows [0, keep) of its logits to out[i] */
@@ -891,7 +843,7 @@ static void test_quant_refused(const plugin *cuda_p, bool gguf) {
     static const loom_quant_ops qgguf = {.struct_size = sizeof qgguf, .plan = fq_plan_gguf};
     loom_quant_binding qb = {.struct_size = sizeof qb, .ops = gguf ? &qgguf : &qmixed,
                              .self = NULL, .name = gguf ? "fake-gguf" : "fake-int8"};
-    void *cfg = config_make(cuda_p->comp, NULL), *inst = NULL;
+    void *cfg = gpu_config_make(cuda_p->comp, NULL), *inst = NULL;
     loom_error e = {0};
     loom_status st = cuda_p->ops->create(&g_host, cfg, &inst, &e);
     if (st == LOOM_OK) st = cuda_p->ops->load(inst, &m->view, &qb, &e);
@@ -918,22 +870,9 @@ static bool qplugin_open(qplugin *q, const char *dir, const char *name) {
     memset(q, 0, sizeof *q);
     snprintf(path, sizeof path, "%s/%s/loom-quantizer-%s.so", dir, name, name);
     if (access(path, R_OK) != 0) snprintf(path, sizeof path, "%s/loom-quantizer-%s.so", dir, name);
-    q->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!q->lib) {
-        fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
-        return false;
-    }
-    loom_plugin_entry_fn entry = (loom_plugin_entry_fn)dlsym(q->lib, LOOM_PLUGIN_ENTRY_SYMBOL);
-    const loom_plugin_desc *d = entry ? entry() : NULL;
-    for (uint32_t i = 0; d && i < d->num_components; i++)
-        if (d->components[i].kind == LOOM_KIND_QUANTIZER && !strcmp(d->components[i].name, name))
-            q->comp = &d->components[i];
-    if (!q->comp) {
-        fprintf(stderr, "%s: no quantizer component '%s'\n", path, name);
-        return false;
-    }
-    q->ops = q->comp->ops;
-    return true;
+    q->comp = gpu_plugin_find(&q->lib, path, LOOM_KIND_QUANTIZER, name);
+    if (q->comp) q->ops = q->comp->ops;
+    return q->comp != NULL;
 }
 
 /* The whole run_shape sequence with quantizer `name` configured by
@@ -950,7 +889,7 @@ static void run_quant(const plugin *cpu_p, const plugin *cuda_p, const char *dir
         g_fail++;
         return;
     }
-    void *cfg = config_make(qp.comp, overrides), *self = NULL;
+    void *cfg = gpu_config_make(qp.comp, overrides), *self = NULL;
     loom_error e = {0};
     loom_status st = qp.ops->create(&g_host, cfg, &self, &e);
     if (st != LOOM_OK) {
@@ -985,7 +924,7 @@ static const char *write_calib(const shape *sh) {
             /* Q/K/V and gate/up read one input: one vector each */
             const qc_calib_entry *same = k == 1 || k == 2 ? &c.e[i - k] : k == 5 ? &c.e[i - 1] : NULL;
             for (int64_t j = 0; j < e->cols; j++)
-                e->amax[j] = same ? same->amax[j] : (rng_unif(0.1f, 2.0f) * (j % 37 == 5 ? 40.0f : 1.0f));
+                e->amax[j] = same ? same->amax[j] : (gpu_rng_unif(0.1f, 2.0f) * (j % 37 == 5 ? 40.0f : 1.0f));
         }
     char why[256] = "";
     bool ok = qc_calib_write(path, &c, why, sizeof why);
@@ -1010,7 +949,7 @@ int main(int argc, char **argv) {
     if (!cuda_so) cuda_so = LOOM_CUDA_BACKEND_DEFAULT;
     if (!cpu_so) cpu_so = LOOM_CPU_BACKEND_DEFAULT;
     uint64_t seed = argc > 3 ? strtoull(argv[3], NULL, 0) : (uint64_t)time(NULL);
-    g_rng = seed;
+    gpu_rng_seed(seed);
     printf("gpu_backend_test: seed %llu\n  cuda: %s\n  cpu:  %s\n", (unsigned long long)seed,
            cuda_so, cpu_so);
     plugin cpu_p, cuda_p;
@@ -1160,7 +1099,7 @@ int main(int argc, char **argv) {
             void *qcfg = NULL, *qself = NULL;
             loom_error qe = {0};
             if (!qplugin_open(&qp, qdir, names[i]) ||
-                qp.ops->create(&g_host, qcfg = config_make(qp.comp, ovs[i]), &qself, &qe)) {
+                qp.ops->create(&g_host, qcfg = gpu_config_make(qp.comp, ovs[i]), &qself, &qe)) {
                 printf("FAIL batch_invariant quantizer %s: cannot open or create it: %s\n", labels[i], qe.message);
                 g_fail++;
                 free(qcfg);

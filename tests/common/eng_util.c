@@ -1,5 +1,5 @@
 /*
- * tests/engine/eng_util.c — see eng_util.h. Events are recorded on the
+ * tests/common/eng_util.c — see eng_util.h. Events are recorded on the
  * stepping thread (the engine's callback thread); tests read the records
  * after stepping, so no locking is needed here.
  */
@@ -89,15 +89,17 @@ void eng_rec_check_done(const eng_rec *r) {
     }
 }
 
-char *eng_data(const char *name) {
+char *eng_data_in(const char *folder, const char *name) {
     const char *src = getenv("LOOM_SOURCE_DIR");
     cr_assert(src, "LOOM_SOURCE_DIR is not set (run through meson test)");
-    size_t n = strlen(src) + strlen(name) + 32;
+    size_t n = strlen(src) + strlen(folder) + strlen(name) + 32;
     char *p = malloc(n);
     cr_assert(p);
-    snprintf(p, n, "%s/tests/engine/data/%s", src, name);
+    snprintf(p, n, "%s/tests/%s/data/%s", src, folder, name);
     return p;
 }
+
+char *eng_data(const char *name) { return eng_data_in("engine", name); }
 
 const char *eng_need_model(void) {
     const char *m = getenv("LOOM_TEST_MODEL");

@@ -1,5 +1,5 @@
 /*
- * tests/engine/eng_util.h — helpers for the engine's end-to-end tests: open
+ * tests/common/eng_util.h — helpers for the engine's end-to-end tests: open
  * an engine from a pipeline under tests/engine/data with overrides, record
  * every streamed event of a request (per sample: token ids, log-probs, text,
  * final events), step until every request is done, and compare two runs
@@ -46,7 +46,8 @@ void eng_on_token(void *user, const loom_token_event *ev);
 /* Every sample ended with exactly one final event and nothing after it. */
 void eng_rec_check_done(const eng_rec *r);
 
-/* Path of tests/engine/data/<name> (static buffer per call site not needed: malloc'd). */
+/* Path of tests/<folder>/data/<name>, malloc'd; eng_data: folder "engine". */
+char *eng_data_in(const char *folder, const char *name);
 char *eng_data(const char *name);
 /* Skip the test when LOOM_TEST_MODEL is unset; returns its value. */
 const char *eng_need_model(void);

@@ -1,5 +1,5 @@
 /*
- * tests/gpu/tp_comm_bench.c — what one collective costs between the GPUs
+ * bench/gpu/tp_comm_bench.c — what one collective costs between the GPUs
  * of this machine: NCCL's all-reduce / all-gather against the tp
  * executor's peer-to-peer kernels (plugins/executor/tp/tp_p2p.cu, compiled
  * in here), at the message sizes a tensor-parallel step makes (8 KB: a

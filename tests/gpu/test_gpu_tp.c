@@ -1,5 +1,5 @@
 /*
- * tests/gpu/gpu_tp_test.c — tensor parallelism on GPUs: the tp executor
+ * tests/gpu/test_gpu_tp.c — tensor parallelism on GPUs: the tp executor
  * (loom-executor-tp.so, comm nccl) over cuda backend ranks, against one
  * plain cuda backend on the same model and the same batches. Needs at least
  * two Hopper GPUs and a tp plugin built with NCCL; with fewer GPUs it prints
@@ -53,6 +53,7 @@
 #include "loom/backend.h"
 #include "loom/executor.h"
 #include "formats/dtype.h"
+#include "gpu_util.h"
 #include "plugin/host_rules.h"
 #include "loom/plugin.h"
 #include "model/model.h"
@@ -104,48 +105,9 @@ typedef struct plugin {
 
 static bool plugin_open(plugin *p, const char *path, loom_kind kind, const char *name) {
     memset(p, 0, sizeof *p);
-    p->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!p->lib) {
-        fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
-        return false;
-    }
-    loom_plugin_entry_fn entry = (loom_plugin_entry_fn)dlsym(p->lib, LOOM_PLUGIN_ENTRY_SYMBOL);
-    const loom_plugin_desc *d = entry ? entry() : NULL;
-    for (uint32_t i = 0; d && i < d->num_components; i++)
-        if (d->components[i].kind == kind && !strcmp(d->components[i].name, name))
-            p->comp = &d->components[i];
-    if (!p->comp) {
-        fprintf(stderr, "%s: no component '%s'\n", path, name);
-        return false;
-    }
-    p->ops = p->comp->ops;
-    return true;
-}
-
-/* A config struct from the component's parameter defaults plus
- * "key=value" overrides (the host's job in the engine). */
-static void *config_make(const loom_component *c, const char *const *overrides) {
-    uint8_t *cfg = calloc(1, c->config_size + 16);
-    for (const loom_param *p = c->params; p && p->key; p++) {
-        const char *v = p->default_value;
-        for (const char *const *o = overrides; o && *o; o++) {
-            size_t kl = strlen(p->key);
-            if (!strncmp(*o, p->key, kl) && (*o)[kl] == '=') v = *o + kl + 1;
-        }
-        if (!v) continue;
-        uint8_t *f = cfg + p->offset;
-        switch (p->type) {
-        case LOOM_PARAM_BOOL: *(bool *)f = !strcmp(v, "true") || !strcmp(v, "1"); break;
-        case LOOM_PARAM_INT: *(int64_t *)f = strtoll(v, NULL, 0); break;
-        case LOOM_PARAM_FLOAT: *(double *)f = strtod(v, NULL); break;
-        case LOOM_PARAM_STRING: snprintf((char *)f, LOOM_PARAM_STRING_MAX, "%s", v); break;
-        case LOOM_PARAM_ENUM:
-            for (int64_t i = 0; p->choices && p->choices[i]; i++)
-                if (!strcmp(p->choices[i], v)) *(int64_t *)f = i;
-            break;
-        }
-    }
-    return cfg;
+    p->comp = gpu_plugin_find(&p->lib, path, kind, name);
+    if (p->comp) p->ops = p->comp->ops;
+    return p->comp != NULL;
 }
 
 /* --------------------------------------------- a vocabulary-cut model view */
@@ -274,7 +236,7 @@ static loom_status rig_open(rig *g, const plugin *cuda, const plugin *tp, int si
     g->cuda = cuda, g->tp = tp;
     const char *ov[] = {graphs ? "cuda_graphs=true" : "cuda_graphs=false",
                         "max_batched_tokens=512", NULL};
-    void *bcfg = config_make(cuda->comp, ov);
+    void *bcfg = gpu_config_make(cuda->comp, ov);
     const loom_host *h = loom_host_default();
     loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = BS, .num_blocks = NB,
                           .num_cpu_blocks = 0, .dtype = LOOM_DTYPE_COUNT};
@@ -286,7 +248,7 @@ static loom_status rig_open(rig *g, const plugin *cuda, const plugin *tp, int si
         char sz[32];
         snprintf(sz, sizeof sz, "size=%d", size);
         const char *tov[] = {sz, "comm=nccl", p2p ? "p2p_kib=8192" : NULL, NULL};
-        void *tcfg = config_make(tp->comp, tov);
+        void *tcfg = gpu_config_make(tp->comp, tov);
         const loom_executor_ops *x = executor_of(tp);
         st = x->create(h, tcfg, &g->exec, e);
         free(tcfg);

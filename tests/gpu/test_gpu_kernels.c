@@ -1,5 +1,5 @@
 /*
- * tests/gpu/gpu_kernel_tests.c — every kernel of kernels/cuda against a
+ * tests/gpu/test_gpu_kernels.c — every kernel of kernels/cuda against a
  * float64 CPU reference, on fresh random inputs, at many shapes. Runs only
  * on a machine with a Hopper GPU (it is not a meson test(): CI has none).
  *
@@ -49,13 +49,13 @@
 #include "cuda_kernels.h"
 #include "qgemm.h" /* lc_gguf_dequant: checked bit for bit */
 #include "qlinear.h"
+#include "gpu_util.h"
 #include "formats/dequant.h"
 #include "formats/e4m3.h"
 #include "formats/half.h"
 #include "plugin/host_rules.h"
 
 static int g_fail, g_pass;
-static uint64_t g_rng;
 
 #define CK(call)                                                                                   \
     do {                                                                                           \
@@ -69,16 +69,7 @@ static uint64_t g_rng;
 
 /* ---------------------------------------------------------------- helpers */
 
-static uint64_t rng_next(void) {
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static float rng_unif(float lo, float hi) {
-    return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0));
-}
-static int rng_int(int n) { return (int)(rng_next() % (uint64_t)n); }
+static int rng_int(int n) { return (int)(gpu_rng_next() % (uint64_t)n); }
 
 /* dt values <-> float: formats/half.h (round to nearest even). */
 static uint16_t to16(loom_cuda_dt dt, float f) {
@@ -94,7 +85,7 @@ static const char *dtn(loom_cuda_dt dt) { return dt == LOOM_CUDA_F16 ? "f16" : "
 static uint16_t *rand16(loom_cuda_dt dt, size_t n, float lo, float hi, float *shadow) {
     uint16_t *v = malloc(n * 2);
     for (size_t i = 0; i < n; i++) {
-        v[i] = to16(dt, rng_unif(lo, hi));
+        v[i] = to16(dt, gpu_rng_unif(lo, hi));
         if (shadow) shadow[i] = from16(dt, v[i]);
     }
     return v;
@@ -167,7 +158,7 @@ static void *rand_kv(loom_cuda_dt dt, size_t n, float *shadow) {
     if (g_kv != LOOM_CUDA_KV_E4M3) return rand16(dt, n, -1, 1, shadow);
     uint8_t *c = malloc(n);
     for (size_t i = 0; i < n; i++) {
-        c[i] = e4m3_enc(rng_unif(-1, 1));
+        c[i] = e4m3_enc(gpu_rng_unif(-1, 1));
         if (shadow) shadow[i] = (float)e4m3_dec(c[i]);
     }
     return c;
@@ -211,8 +202,8 @@ static void test_rmsnorm(loom_cuda_dt dt, int H, int T, int mode) {
     const float eps = 1e-5f;
     float *x = malloc((size_t)R * H * 4), *w = malloc((size_t)H * 4);
     float *r_f = malloc((size_t)R * H * 4);
-    for (size_t i = 0; i < (size_t)R * H; i++) x[i] = rng_unif(-2, 2);
-    for (int i = 0; i < H; i++) w[i] = rng_unif(0.5f, 1.5f);
+    for (size_t i = 0; i < (size_t)R * H; i++) x[i] = gpu_rng_unif(-2, 2);
+    for (int i = 0; i < H; i++) w[i] = gpu_rng_unif(0.5f, 1.5f);
     uint16_t *r = rand16(dt, (size_t)R * H, -1, 1, r_f);
     int32_t *rows = malloc((size_t)T * 4);
     for (int i = 0; i < T; i++) rows[i] = (i * 7 + 3) % R; /* any order, repeats allowed */
@@ -322,7 +313,7 @@ static void test_rope_kv(loom_cuda_dt dt, loom_cuda_kv kv, int H, int KVH, int D
     CK(loom_cuda_rope_table(cs_d, d_inv, max_pos, half, 0));
     float *qkv_f = malloc((size_t)T * QKV * 4), *b_f = malloc((size_t)QKV * 4);
     uint16_t *qkv = rand16(dt, (size_t)T * QKV, -1, 1, qkv_f);
-    for (int i = 0; i < QKV; i++) b_f[i] = rng_unif(-0.5f, 0.5f);
+    for (int i = 0; i < QKV; i++) b_f[i] = gpu_rng_unif(-0.5f, 0.5f);
     int32_t *pos = malloc((size_t)T * 4);
     int64_t *slot = malloc((size_t)T * 8);
     /* distinct slots in a shuffled order, some tokens skipped (-1) */
@@ -474,9 +465,9 @@ static void test_rope_kv_e4m3_exact(loom_cuda_dt dt) {
     for (int t = 0; t < T; t++)
         for (int c = 0; c < QKV; c++) {
             const bool is_v = c >= (H + KVH) * D;
-            float f = (rng_next() & 1 ? -1.0f : 1.0f) * exp2f(rng_unif(-13.0f, 10.0f));
+            float f = (gpu_rng_next() & 1 ? -1.0f : 1.0f) * exp2f(gpu_rng_unif(-13.0f, 10.0f));
             if (is_v && rng_int(4) == 0) f = sp[k_sp++ % nsp];
-            if (c < H * D) f = rng_unif(-1, 1); /* q: not checked here */
+            if (c < H * D) f = gpu_rng_unif(-1, 1); /* q: not checked here */
             qkv[(size_t)t * QKV + c] = to16(dt, f);
             qkv_f[(size_t)t * QKV + c] = from16(dt, qkv[(size_t)t * QKV + c]);
             if (!is_v && c >= H * D && qkv_f[(size_t)t * QKV + c] == 0.0f) /* K: never 0 */
@@ -537,7 +528,7 @@ static void test_rope_kv_e4m3_exact(loom_cuda_dt dt) {
 static void test_e4m3_decode(loom_cuda_dt dt) {
     const int n = 1024;
     uint8_t codes[1024];
-    for (int i = 0; i < n; i++) codes[i] = i < 256 ? (uint8_t)i : (uint8_t)rng_next();
+    for (int i = 0; i < n; i++) codes[i] = i < 256 ? (uint8_t)i : (uint8_t)gpu_rng_next();
     void *d_c = dev_upload(codes, (size_t)n), *d_o = dev_poison((size_t)n * 2);
     CK(loom_cuda_e4m3_decode(dt, d_o, d_c, (size_t)n, 0));
     uint16_t out[1024];
@@ -918,7 +909,7 @@ static void test_copy_blocks(bool to_host) {
     const int npools = 6, nblk = 40;
     const size_t bb = 8 * 16 * 64 * 2; /* KVH 8, bs 16, D 64, bf16 */
     uint8_t *src_h = malloc(npools * nblk * bb);
-    for (size_t i = 0; i < npools * nblk * bb; i++) src_h[i] = (uint8_t)rng_next();
+    for (size_t i = 0; i < npools * nblk * bb; i++) src_h[i] = (uint8_t)gpu_rng_next();
     void *src_ptrs[6], *dst_ptrs[6];
     void *dst_host = NULL;
     for (int p = 0; p < npools; p++) src_ptrs[p] = dev_upload(src_h + p * nblk * bb, nblk * bb);
@@ -1099,8 +1090,8 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     double *wd = malloc((size_t)N * K * 8); /* decoded weights */
     float *wrow = malloc((size_t)K * 4);
     for (int n = 0; n < N; n++) {
-        const float amp = rng_unif(0.02f, 2.0f); /* rows of different magnitude */
-        for (int k = 0; k < K; k++) wrow[k] = amp * rng_unif(-1, 1);
+        const float amp = gpu_rng_unif(0.02f, 2.0f); /* rows of different magnitude */
+        for (int k = 0; k < K; k++) wrow[k] = amp * gpu_rng_unif(-1, 1);
         if (n == 3 && N > 8) memset(wrow, 0, (size_t)K * 4); /* an all-zero row: scale 0 */
         if (i4) {
             for (int gi = 0; gi < ng; gi++) {
@@ -1108,7 +1099,7 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
                 for (int k = gi * group; k < (gi + 1) * group; k++)
                     lo = fminf(lo, wrow[k]), hi = fmaxf(hi, wrow[k]);
                 float s = (hi - lo) / 15.0f, z = s > 0 ? -lo / s : 0.0f;
-                z += rng_unif(-0.3f, 0.3f); /* a float zero, not an integer */
+                z += gpu_rng_unif(-0.3f, 0.3f); /* a float zero, not an integer */
                 scales[((size_t)n * ng + gi) * 2] = s;
                 scales[((size_t)n * ng + gi) * 2 + 1] = -(z * s);
                 for (int k = gi * group; k < (gi + 1) * group; k++) {
@@ -1161,7 +1152,7 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     if (M > 2) for (int k = 0; k < K; k++) x[k] = to16(dt, 0.0f), xf[k] = 0.0f; /* zero token */
     if (smooth) {
         sm = malloc((size_t)K * 4);
-        for (int k = 0; k < K; k++) sm[k] = rng_unif(0.5f, 2.0f);
+        for (int k = 0; k < K; k++) sm[k] = gpu_rng_unif(0.5f, 2.0f);
     }
     double *xr = malloc((size_t)M * K * 8), *sx = malloc((size_t)M * 8);
     for (int m = 0; m < M; m++) {
@@ -1275,7 +1266,7 @@ static void test_qgemm_tc_bits(loom_cuda_gemm *g, loom_cuda_dt dt, int N, int K,
     uint8_t *data = malloc((size_t)N * K);
     float *sc = malloc((size_t)N * 4);
     for (size_t i = 0; i < (size_t)N * K; i++) data[i] = (uint8_t)(int8_t)(rng_int(255) - 127);
-    for (int n = 0; n < N; n++) sc[n] = rng_unif(0.001f, 0.02f);
+    for (int n = 0; n < N; n++) sc[n] = gpu_rng_unif(0.001f, 0.02f);
     uint16_t *x = rand16(dt, (size_t)8 * K, -2, 2, NULL);
     void *d_data = dev_upload(data, (size_t)N * K), *d_sc = dev_upload(sc, (size_t)N * 4);
     void *d_x = dev_upload(x, (size_t)8 * K * 2);
@@ -1316,7 +1307,7 @@ static void rand_q8_weight(loom_cuda_qfmt fmt, int N, int K, uint8_t *data, floa
         if (fmt == LOOM_CUDA_Q_FP8 && (b & 0x7F) == 0x7F) b ^= 1;
         data[i] = b;
     }
-    for (int n = 0; n < N; n++) sc[n] = rng_unif(0.001f, 0.02f);
+    for (int n = 0; n < N; n++) sc[n] = gpu_rng_unif(0.001f, 0.02f);
 }
 
 /* A random quantized N x K weight on the device (W8A16 / W8A8 / FP8 codes
@@ -1332,7 +1323,7 @@ static loom_cuda_qweight dev_rand_qweight(loom_cuda_qfmt f, int N, int K) {
     float *sc = malloc(nsc * 4);
     if (i4) {
         for (size_t i = 0; i < wbytes; i++) data[i] = (uint8_t)rng_int(256);
-        for (size_t i = 0; i < nsc; i++) sc[i] = rng_unif(-0.01f, 0.01f);
+        for (size_t i = 0; i < nsc; i++) sc[i] = gpu_rng_unif(-0.01f, 0.01f);
     } else {
         rand_q8_weight(f, N, K, data, sc);
     }
@@ -1427,10 +1418,10 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
         /* RoPE table of random angles' cos / sin, a position, a slot */
         float *cs = malloc((size_t)max_pos * (D > 0 ? D : 2) * 4), *bias = malloc((size_t)N * 4);
         for (int i = 0; i < max_pos * (D > 0 ? D : 2) / 2; i++) {
-            const float a = rng_unif(-3.2f, 3.2f);
+            const float a = gpu_rng_unif(-3.2f, 3.2f);
             cs[2 * i] = cosf(a), cs[2 * i + 1] = sinf(a);
         }
-        for (int i = 0; i < N; i++) bias[i] = rng_unif(-0.5f, 0.5f);
+        for (int i = 0; i < N; i++) bias[i] = gpu_rng_unif(-0.5f, 0.5f);
         const int32_t pos = rng_int(max_pos);
         const int64_t slot = cases[ci].slot ? rng_int(nblk * bs) : -1;
         void *d_cs = dev_upload(cs, (size_t)max_pos * (D > 0 ? D : 2) * 4), *d_bias = dev_upload(bias, (size_t)N * 4);
@@ -1438,7 +1429,7 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
         for (int di = 0; di < 2; di++) {
             const loom_cuda_dt dt = di ? LOOM_CUDA_F16 : LOOM_CUDA_BF16;
             float *xres = malloc((size_t)K * 4), *nw = malloc((size_t)K * 4);
-            for (int k = 0; k < K; k++) xres[k] = rng_unif(-2, 2), nw[k] = rng_unif(0.5f, 1.5f);
+            for (int k = 0; k < K; k++) xres[k] = gpu_rng_unif(-2, 2), nw[k] = gpu_rng_unif(0.5f, 1.5f);
             uint16_t *xn = rand16(dt, (size_t)K, -1, 1, NULL), *wb = NULL;
             float *d_xres = dev_upload(xres, (size_t)K * 4), *d_nw = dev_upload(nw, (size_t)K * 4);
             void *d_xn = dev_upload(xn, (size_t)K * 2);
@@ -1540,7 +1531,7 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
     char msg[256] = "", name[200];
     float *cs = malloc((size_t)max_pos * D * 4);
     for (int i = 0; i < max_pos * D / 2; i++) {
-        const float a = rng_unif(-3.2f, 3.2f);
+        const float a = gpu_rng_unif(-3.2f, 3.2f);
         cs[2 * i] = cosf(a), cs[2 * i + 1] = sinf(a);
     }
     const int32_t pos[3] = {rng_int(max_pos), rng_int(max_pos), rng_int(max_pos)};
@@ -1548,8 +1539,8 @@ static void test_pair_epilogue_fallback(loom_cuda_gemm *g) {
     void *d_cs = dev_upload(cs, (size_t)max_pos * D * 4), *d_pos = dev_upload(pos, sizeof pos);
     void *d_slot = dev_upload(slot, sizeof slot);
     float *xres = malloc((size_t)3 * K * 4), *nw = malloc((size_t)K * 4);
-    for (int k = 0; k < 3 * K; k++) xres[k] = rng_unif(-2, 2);
-    for (int k = 0; k < K; k++) nw[k] = rng_unif(0.5f, 1.5f);
+    for (int k = 0; k < 3 * K; k++) xres[k] = gpu_rng_unif(-2, 2);
+    for (int k = 0; k < K; k++) nw[k] = gpu_rng_unif(0.5f, 1.5f);
     uint16_t *xn = rand16(dt, (size_t)3 * K, -1, 1, NULL), *wb = rand16(dt, (size_t)N * K, -0.05f, 0.05f, NULL);
     float *d_xres = dev_upload(xres, (size_t)3 * K * 4), *d_nw = dev_upload(nw, (size_t)K * 4);
     void *d_xn = dev_upload(xn, (size_t)3 * K * 2), *d_wb = dev_upload(wb, (size_t)N * K * 2);
@@ -1711,7 +1702,7 @@ static void test_qgemm_swiglu(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt
     uint8_t *data = malloc((size_t)N * K);
     float *sc = malloc((size_t)N * 4), *sm = malloc((size_t)K * 4);
     rand_q8_weight(fmt, N, K, data, sc);
-    for (int k = 0; k < K; k++) sm[k] = rng_unif(0.5f, 2.0f);
+    for (int k = 0; k < K; k++) sm[k] = gpu_rng_unif(0.5f, 2.0f);
     uint16_t *gu = rand16(dt, (size_t)M * 2 * K, -3, 3, NULL);
     void *d_data = dev_upload(data, (size_t)N * K), *d_sc = dev_upload(sc, (size_t)N * 4);
     void *d_sm = dev_upload(sm, (size_t)K * 4), *d_gu = dev_upload(gu, (size_t)M * 2 * K * 2);
@@ -1751,8 +1742,8 @@ static void test_qgemm_norm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt f
     float *sc = malloc((size_t)N * 4), *sm = malloc((size_t)K * 4), *nw = malloc((size_t)K * 4);
     float *x0 = malloc((size_t)M * K * 4);
     rand_q8_weight(fmt, N, K, data, sc);
-    for (int k = 0; k < K; k++) sm[k] = rng_unif(0.5f, 2.0f), nw[k] = rng_unif(0.2f, 1.5f);
-    for (size_t i = 0; i < (size_t)M * K; i++) x0[i] = rng_unif(-4.0f, 4.0f);
+    for (int k = 0; k < K; k++) sm[k] = gpu_rng_unif(0.5f, 2.0f), nw[k] = gpu_rng_unif(0.2f, 1.5f);
+    for (size_t i = 0; i < (size_t)M * K; i++) x0[i] = gpu_rng_unif(-4.0f, 4.0f);
     uint16_t *r = rand16(dt, (size_t)M * K, -2, 2, NULL);
     void *d_data = dev_upload(data, (size_t)N * K), *d_sc = dev_upload(sc, (size_t)N * 4);
     void *d_sm = dev_upload(sm, (size_t)K * 4), *d_nw = dev_upload(nw, (size_t)K * 4);
@@ -1962,7 +1953,7 @@ static void test_qgemm_scratch_bound(loom_cuda_gemm *g) {
         uint8_t *data = malloc(db);
         float *sc = malloc(ns * 4);
         for (size_t i = 0; i < db; i++) data[i] = (uint8_t)rng_int(256);
-        for (size_t i = 0; i < ns; i++) sc[i] = rng_unif(-0.01f, 0.01f);
+        for (size_t i = 0; i < ns; i++) sc[i] = gpu_rng_unif(-0.01f, 0.01f);
         uint16_t *x = rand16(LOOM_CUDA_BF16, (size_t)64 * K, -2, 2, NULL);
         void *d_data = dev_upload(data, db), *d_sc = dev_upload(sc, ns * 4), *d_x = dev_upload(x, (size_t)64 * K * 2);
         const loom_cuda_qweight w = {.fmt = fmts[fi], .N = N, .K = K, .group = i4 ? 128 : 0,
@@ -1997,8 +1988,8 @@ static void test_qgemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_
     uint8_t *data = malloc(data_bytes);
     float *sc = malloc(nsc * 4);
     for (size_t i = 0; i < data_bytes; i++)
-        data[i] = fmt == LOOM_CUDA_Q_FP8 ? e4m3_enc(rng_unif(-2, 2)) : (uint8_t)rng_next();
-    for (size_t i = 0; i < nsc; i++) sc[i] = i4 && i % 2 ? rng_unif(-0.1f, 0.1f) : rng_unif(0.001f, 0.02f);
+        data[i] = fmt == LOOM_CUDA_Q_FP8 ? e4m3_enc(gpu_rng_unif(-2, 2)) : (uint8_t)gpu_rng_next();
+    for (size_t i = 0; i < nsc; i++) sc[i] = i4 && i % 2 ? gpu_rng_unif(-0.1f, 0.1f) : gpu_rng_unif(0.001f, 0.02f);
     uint16_t *x = rand16(dt, (size_t)Mmax * K, -2, 2, NULL);
     void *d_data = dev_upload(data, data_bytes), *d_sc = dev_upload(sc, nsc * 4);
     void *d_x = dev_upload(x, (size_t)Mmax * K * 2);
@@ -2055,7 +2046,7 @@ static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(
  * then 0 (a zero block) */
 static uint16_t gg_scale(float mag, bool sign) {
     if (rng_int(64) == 0) return 0;
-    float v = mag * rng_unif(0.25f, 1.0f);
+    float v = mag * gpu_rng_unif(0.25f, 1.0f);
     return loom_fp32_to_fp16(sign && rng_int(2) ? -v : v);
 }
 
@@ -2117,7 +2108,7 @@ static void gg_make(gg_weight *g, const loom_cuda_gguf *types, const int *rows, 
         const size_t rb = loom_cuda_gguf_row_bytes(types[i], K);
         for (int r = 0; r < rows[i]; r++, n++) {
             uint8_t *row = host + lay.part_offset[i] + (size_t)r * rb;
-            gg_fill_row(types[i], row, K, rng_int(8) == 0 ? 0.002f : rng_unif(0.05f, 2.0f));
+            gg_fill_row(types[i], row, K, rng_int(8) == 0 ? 0.002f : gpu_rng_unif(0.05f, 2.0f));
             gg_decode_row(types[i], row, K, g->wf + (size_t)n * K);
         }
     }
@@ -2331,7 +2322,7 @@ static void test_swiglu_down(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, i
 static void test_logits_topk_invariance(int rows, int V, int k) {
     const size_t n = (size_t)rows * V;
     float *x = malloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++) x[i] = rng_unif(-20, 20);
+    for (size_t i = 0; i < n; i++) x[i] = gpu_rng_unif(-20, 20);
     float *dx = dev_upload(x, n * sizeof *x);
     int32_t *dids = dev_poison((size_t)rows * k * 4);
     float *dvals = dev_poison((size_t)rows * k * 4), *dlse = dev_poison((size_t)rows * 4);
@@ -2409,6 +2400,147 @@ static void test_logits_topk(int rows, int V, int k) {
     free(x), free(ids), free(rid), free(vals), free(lse), free(rval);
 }
 
+/* ------------------------------------------------- attention case tables */
+
+/* The six-sequence batch most attention cases run: contexts at and around
+ * block boundaries, queried as a prefill, a decode, or a chunked prefill /
+ * verify step; and the two-sequence long batch (split-K decode, verify). */
+static const int k_att_ctx[6] = {1, 15, 16, 17, 33, 1000};
+static const int k_att_nq[3][6] = {{1, 15, 16, 17, 33, 1000}, {1, 1, 1, 1, 1, 1},
+                                   {1, 5, 16, 1, 20, 300}};
+static const int k_att_lctx[2] = {32768, 20001};
+static const int k_att_lnq[2][2] = {{1, 1}, {4, 3}};
+enum { ATT_PREFILL, ATT_DECODE, ATT_CHUNK, ATT_LONG_DECODE, ATT_LONG_VERIFY };
+
+/* One test_attention call on one of those batches (ATT_*). */
+typedef struct att_case {
+    const char *label;
+    loom_cuda_dt dt;
+    int D, H, KVH, bs, batch;
+    int shape_mode, splits; /* test_attention's shape_mode, max_splits_req */
+} att_case;
+
+#define BF LOOM_CUDA_BF16
+#define HF LOOM_CUDA_F16
+/* a dt KV cache: forced shapes and split counts, block sizes, head dims, long contexts */
+static const att_case k_att_dt[] = {
+    {"decode nosplit", BF, 128, 32, 8, 16, ATT_DECODE, -1, 1},
+    {"decode split64", BF, 128, 32, 8, 16, ATT_DECODE, -1, 64},
+    {"decode as prefill", BF, 128, 32, 8, 16, ATT_DECODE, 1, 0},
+    {"chunk as prefill split7", BF, 64, 9, 3, 16, ATT_CHUNK, 1, 7},
+    {"prefill f16", HF, 128, 32, 8, 16, ATT_CHUNK, -1, 0},
+    {"decode f16", HF, 64, 8, 2, 16, ATT_DECODE, -1, 0},
+    {"bs1", BF, 64, 4, 2, 1, ATT_CHUNK, -1, 0},
+    {"bs7", BF, 128, 8, 8, 7, ATT_CHUNK, -1, 0},
+    {"bs32", BF, 64, 12, 4, 32, ATT_CHUNK, -1, 0},
+    {"D32", BF, 32, 8, 2, 16, ATT_CHUNK, -1, 0},
+    {"D16", BF, 16, 4, 2, 16, ATT_CHUNK, -1, 0},
+    {"MQA G16", BF, 64, 16, 1, 16, ATT_CHUNK, -1, 0},
+    {"MQA G32", BF, 64, 32, 1, 16, ATT_DECODE, -1, 0},
+    {"long decode", BF, 128, 32, 8, 16, ATT_LONG_DECODE, -1, 0},
+    {"long decode", BF, 64, 9, 3, 16, ATT_LONG_DECODE, -1, 0},
+    {"long verify", BF, 128, 32, 8, 16, ATT_LONG_VERIFY, -1, 0},
+};
+/* the batch-invariant mode (shape_mode 2) against float64 */
+static const att_case k_att_invariant[] = {
+    {"invariant", BF, 64, 9, 3, 16, ATT_CHUNK, 2, 0},
+    {"invariant", BF, 128, 32, 8, 16, ATT_CHUNK, 2, 7},
+    {"invariant", HF, 64, 8, 8, 16, ATT_DECODE, 2, 0},
+    {"invariant MQA G32", BF, 64, 32, 1, 16, ATT_CHUNK, 2, 0},
+    {"invariant long verify", BF, 128, 32, 8, 16, ATT_LONG_VERIFY, 2, 0},
+};
+/* an E4M3 KV cache: the same plans once more */
+static const att_case k_att_e4m3[] = {
+    {"decode nosplit", BF, 128, 32, 8, 16, ATT_DECODE, -1, 1},
+    {"decode split64", BF, 128, 32, 8, 16, ATT_DECODE, -1, 64},
+    {"decode as prefill", BF, 128, 32, 8, 16, ATT_DECODE, 1, 0},
+    {"chunk as prefill split7", BF, 64, 9, 3, 16, ATT_CHUNK, 1, 7},
+    {"prefill f16", HF, 128, 32, 8, 16, ATT_CHUNK, -1, 0},
+    {"decode f16", HF, 64, 8, 2, 16, ATT_DECODE, -1, 0},
+    {"bs1", BF, 64, 4, 2, 1, ATT_CHUNK, -1, 0},
+    {"bs7", BF, 128, 8, 8, 7, ATT_CHUNK, -1, 0},
+    {"D32", BF, 32, 8, 2, 16, ATT_CHUNK, -1, 0},
+    {"D16", BF, 16, 4, 2, 16, ATT_CHUNK, -1, 0},
+    {"D16 decode", BF, 16, 4, 2, 16, ATT_DECODE, -1, 0},
+    {"MQA G32", BF, 64, 32, 1, 16, ATT_DECODE, -1, 0},
+    {"invariant", BF, 64, 9, 3, 16, ATT_CHUNK, 2, 0},
+    {"invariant", BF, 128, 32, 8, 16, ATT_CHUNK, 2, 7},
+    {"invariant MQA G32", BF, 64, 32, 1, 16, ATT_CHUNK, 2, 0},
+    {"long decode", BF, 128, 32, 8, 16, ATT_LONG_DECODE, -1, 0},
+    {"long verify", BF, 128, 32, 8, 16, ATT_LONG_VERIFY, -1, 0},
+    {"invariant long verify", BF, 128, 32, 8, 16, ATT_LONG_VERIFY, 2, 0},
+};
+#undef BF
+#undef HF
+
+static void att_run(const att_case *c, int n) {
+    for (int i = 0; i < n; i++) {
+        const bool lng = c[i].batch >= ATT_LONG_DECODE;
+        test_attention(c[i].label, c[i].dt, c[i].D, c[i].H, c[i].KVH, c[i].bs, lng ? 2 : 6,
+                       lng ? k_att_lctx : k_att_ctx,
+                       lng ? k_att_lnq[c[i].batch - ATT_LONG_DECODE] : k_att_nq[c[i].batch],
+                       c[i].shape_mode, c[i].splits);
+    }
+}
+
+/* Prefill, decode and chunked batches at head dims 64 and 128 for each
+ * (H, KVH) of gqa[n]. */
+static void att_grid(const int (*gqa)[2], int n) {
+    static const char *const names[3] = {"prefill", "decode", "chunked"};
+    for (int di = 0; di < 2; di++)
+        for (int gi = 0; gi < n; gi++)
+            for (int b = ATT_PREFILL; b <= ATT_CHUNK; b++)
+                test_attention(names[b], LOOM_CUDA_BF16, di ? 128 : 64, gqa[gi][0], gqa[gi][1], 16, 6,
+                               k_att_ctx, k_att_nq[b], -1, 0);
+}
+
+/* Every attention case: dt caches, the batch-invariant mode, E4M3 caches. */
+static void test_attention_all(void) {
+    /* attention: ragged prefill, block boundaries, GQA 1/3/4/8, D 64/128;
+     * then forced shapes and split counts, other block sizes and head
+     * dims, long contexts (split-K decode, a verify step) */
+    att_grid((const int[][2]){{8, 8}, {9, 3}, {32, 8}, {32, 4}}, 4);
+    att_run(k_att_dt, (int)(sizeof k_att_dt / sizeof k_att_dt[0]));
+    {
+        const int ctx1[1] = {32768}, nq64[1] = {64};
+        test_attention("long chunk", LOOM_CUDA_BF16, 128, 8, 2, 16, 1, ctx1, nq64, -1, 0);
+    }
+
+    /* batch-invariant attention: against float64 (causal masking, GQA,
+     * the prefill shape for G > 16), then bit for bit alone vs in a step at
+     * block-boundary lengths and past one split chunk (64 keys; 1024 =
+     * 16 splits x 64, above which the chunks grow) */
+    att_run(k_att_invariant, (int)(sizeof k_att_invariant / sizeof k_att_invariant[0]));
+    {
+        const int kv[9] = {5, 16, 17, 64, 65, 129, 1024, 1030, 20001};
+        for (int i = 0; i < 9; i++) {
+            test_attention_invariance(LOOM_CUDA_BF16, 64, 9, 3, 16, kv[i], 5);
+            test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, kv[i], 5);
+        }
+        test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, 4000, 8);
+        test_attention_invariance(LOOM_CUDA_F16, 64, 8, 2, 16, 1030, 7);
+        test_attention_invariance(LOOM_CUDA_BF16, 64, 32, 1, 16, 1030, 5); /* G 32: prefill shape */
+        test_attention_invariance(LOOM_CUDA_BF16, 64, 4, 2, 7, 100, 5);    /* block size 7 */
+    }
+
+    /* an E4M3 KV cache: the same kernels read codes (half the bytes) and
+     * decode them to dt in shared memory; every shape, head dim, block
+     * size, split plan and the batch-invariant call once more */
+    g_kv = LOOM_CUDA_KV_E4M3;
+    att_grid((const int[][2]){{9, 3}, {32, 8}}, 2);
+    att_run(k_att_e4m3, (int)(sizeof k_att_e4m3 / sizeof k_att_e4m3[0]));
+    {
+        const int kv[4] = {17, 65, 1030, 20001};
+        for (int i = 0; i < 4; i++) {
+            test_attention_invariance(LOOM_CUDA_BF16, 64, 9, 3, 16, kv[i], 5);
+            test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, kv[i], 5);
+        }
+        test_attention_invariance(LOOM_CUDA_F16, 64, 8, 2, 16, 1030, 7);
+        test_attention_invariance(LOOM_CUDA_BF16, 64, 32, 1, 16, 1030, 5);
+    }
+    g_kv = LOOM_CUDA_KV_DT;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: gpu_kernel_tests [SEED]\n"
@@ -2418,7 +2550,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : (uint64_t)time(NULL);
-    g_rng = seed;
+    gpu_rng_seed(seed);
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("gpu_kernel_tests: seed %llu, device %s (sm_%d%d, %d SMs)\n", (unsigned long long)seed,
@@ -2467,119 +2599,8 @@ int main(int argc, char **argv) {
     test_e4m3_decode(LOOM_CUDA_BF16);
     test_e4m3_decode(LOOM_CUDA_F16);
 
-    /* attention: ragged prefill, block boundaries, GQA 1/3/4/8, D 64/128 */
 attention:;
-    {
-        const int ctx[6] = {1, 15, 16, 17, 33, 1000};
-        const int nq_prefill[6] = {1, 15, 16, 17, 33, 1000};
-        const int nq_decode[6] = {1, 1, 1, 1, 1, 1};
-        const int nq_chunk[6] = {1, 5, 16, 1, 20, 300}; /* chunked prefill / verify */
-        const int gqa[4][2] = {{8, 8}, {9, 3}, {32, 8}, {32, 4}};
-        for (int di = 0; di < 2; di++) {
-            const int D = di ? 128 : 64;
-            for (int gi = 0; gi < 4; gi++) {
-                const int H = gqa[gi][0], KVH = gqa[gi][1];
-                test_attention("prefill", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_prefill, -1, 0);
-                test_attention("decode", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_decode, -1, 0);
-                test_attention("chunked", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_chunk, -1, 0);
-            }
-        }
-        /* forced shapes and split counts */
-        test_attention("decode nosplit", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, -1, 1);
-        test_attention("decode split64", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, -1, 64);
-        test_attention("decode as prefill", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, 1, 0);
-        test_attention("chunk as prefill split7", LOOM_CUDA_BF16, 64, 9, 3, 16, 6, ctx, nq_chunk, 1, 7);
-        test_attention("prefill f16", LOOM_CUDA_F16, 128, 32, 8, 16, 6, ctx, nq_chunk, -1, 0);
-        test_attention("decode f16", LOOM_CUDA_F16, 64, 8, 2, 16, 6, ctx, nq_decode, -1, 0);
-        /* other block sizes and head dims */
-        test_attention("bs1", LOOM_CUDA_BF16, 64, 4, 2, 1, 6, ctx, nq_chunk, -1, 0);
-        test_attention("bs7", LOOM_CUDA_BF16, 128, 8, 8, 7, 6, ctx, nq_chunk, -1, 0);
-        test_attention("bs32", LOOM_CUDA_BF16, 64, 12, 4, 32, 6, ctx, nq_chunk, -1, 0);
-        test_attention("D32", LOOM_CUDA_BF16, 32, 8, 2, 16, 6, ctx, nq_chunk, -1, 0);
-        test_attention("D16", LOOM_CUDA_BF16, 16, 4, 2, 16, 6, ctx, nq_chunk, -1, 0);
-        test_attention("MQA G16", LOOM_CUDA_BF16, 64, 16, 1, 16, 6, ctx, nq_chunk, -1, 0);
-        test_attention("MQA G32", LOOM_CUDA_BF16, 64, 32, 1, 16, 6, ctx, nq_decode, -1, 0);
-    }
-    /* long contexts: split-K decode and a verify step */
-    {
-        const int ctx[2] = {32768, 20001}, nq1[2] = {1, 1}, nq4[2] = {4, 3};
-        test_attention("long decode", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, ctx, nq1, -1, 0);
-        test_attention("long decode", LOOM_CUDA_BF16, 64, 9, 3, 16, 2, ctx, nq1, -1, 0);
-        test_attention("long verify", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, ctx, nq4, -1, 0);
-        const int ctx1[1] = {32768}, nq64[1] = {64};
-        test_attention("long chunk", LOOM_CUDA_BF16, 128, 8, 2, 16, 1, ctx1, nq64, -1, 0);
-    }
-
-    /* batch-invariant attention: against float64 (causal masking, GQA,
-     * the prefill shape for G > 16), then bit for bit alone vs in a step at
-     * block-boundary lengths and past one split chunk (64 keys; 1024 =
-     * 16 splits x 64, above which the chunks grow) */
-    {
-        const int ctx[6] = {1, 15, 16, 17, 33, 1000};
-        const int nq_chunk[6] = {1, 5, 16, 1, 20, 300};
-        const int nq_decode[6] = {1, 1, 1, 1, 1, 1};
-        test_attention("invariant", LOOM_CUDA_BF16, 64, 9, 3, 16, 6, ctx, nq_chunk, 2, 0);
-        test_attention("invariant", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_chunk, 2, 7);
-        test_attention("invariant", LOOM_CUDA_F16, 64, 8, 8, 16, 6, ctx, nq_decode, 2, 0);
-        test_attention("invariant MQA G32", LOOM_CUDA_BF16, 64, 32, 1, 16, 6, ctx, nq_chunk, 2, 0);
-        const int lctx[2] = {32768, 20001}, lnq[2] = {4, 3};
-        test_attention("invariant long verify", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, lctx, lnq, 2, 0);
-        const int kv[9] = {5, 16, 17, 64, 65, 129, 1024, 1030, 20001};
-        for (int i = 0; i < 9; i++) {
-            test_attention_invariance(LOOM_CUDA_BF16, 64, 9, 3, 16, kv[i], 5);
-            test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, kv[i], 5);
-        }
-        test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, 4000, 8);
-        test_attention_invariance(LOOM_CUDA_F16, 64, 8, 2, 16, 1030, 7);
-        test_attention_invariance(LOOM_CUDA_BF16, 64, 32, 1, 16, 1030, 5); /* G 32: prefill shape */
-        test_attention_invariance(LOOM_CUDA_BF16, 64, 4, 2, 7, 100, 5);    /* block size 7 */
-    }
-
-    /* an E4M3 KV cache: the same kernels read codes (half the bytes) and
-     * decode them to dt in shared memory; every shape, head dim, block
-     * size, split plan and the batch-invariant call once more */
-    g_kv = LOOM_CUDA_KV_E4M3;
-    {
-        const int ctx[6] = {1, 15, 16, 17, 33, 1000};
-        const int nq_prefill[6] = {1, 15, 16, 17, 33, 1000};
-        const int nq_decode[6] = {1, 1, 1, 1, 1, 1};
-        const int nq_chunk[6] = {1, 5, 16, 1, 20, 300};
-        const int gqa[2][2] = {{9, 3}, {32, 8}};
-        for (int di = 0; di < 2; di++)
-            for (int gi = 0; gi < 2; gi++) {
-                const int D = di ? 128 : 64, H = gqa[gi][0], KVH = gqa[gi][1];
-                test_attention("prefill", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_prefill, -1, 0);
-                test_attention("decode", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_decode, -1, 0);
-                test_attention("chunked", LOOM_CUDA_BF16, D, H, KVH, 16, 6, ctx, nq_chunk, -1, 0);
-            }
-        test_attention("decode nosplit", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, -1, 1);
-        test_attention("decode split64", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, -1, 64);
-        test_attention("decode as prefill", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_decode, 1, 0);
-        test_attention("chunk as prefill split7", LOOM_CUDA_BF16, 64, 9, 3, 16, 6, ctx, nq_chunk, 1, 7);
-        test_attention("prefill f16", LOOM_CUDA_F16, 128, 32, 8, 16, 6, ctx, nq_chunk, -1, 0);
-        test_attention("decode f16", LOOM_CUDA_F16, 64, 8, 2, 16, 6, ctx, nq_decode, -1, 0);
-        test_attention("bs1", LOOM_CUDA_BF16, 64, 4, 2, 1, 6, ctx, nq_chunk, -1, 0);
-        test_attention("bs7", LOOM_CUDA_BF16, 128, 8, 8, 7, 6, ctx, nq_chunk, -1, 0);
-        test_attention("D32", LOOM_CUDA_BF16, 32, 8, 2, 16, 6, ctx, nq_chunk, -1, 0);
-        test_attention("D16", LOOM_CUDA_BF16, 16, 4, 2, 16, 6, ctx, nq_chunk, -1, 0);
-        test_attention("D16 decode", LOOM_CUDA_BF16, 16, 4, 2, 16, 6, ctx, nq_decode, -1, 0);
-        test_attention("MQA G32", LOOM_CUDA_BF16, 64, 32, 1, 16, 6, ctx, nq_decode, -1, 0);
-        test_attention("invariant", LOOM_CUDA_BF16, 64, 9, 3, 16, 6, ctx, nq_chunk, 2, 0);
-        test_attention("invariant", LOOM_CUDA_BF16, 128, 32, 8, 16, 6, ctx, nq_chunk, 2, 7);
-        test_attention("invariant MQA G32", LOOM_CUDA_BF16, 64, 32, 1, 16, 6, ctx, nq_chunk, 2, 0);
-        const int lctx[2] = {32768, 20001}, nq1[2] = {1, 1}, nq4[2] = {4, 3};
-        test_attention("long decode", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, lctx, nq1, -1, 0);
-        test_attention("long verify", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, lctx, nq4, -1, 0);
-        test_attention("invariant long verify", LOOM_CUDA_BF16, 128, 32, 8, 16, 2, lctx, nq4, 2, 0);
-        const int kv[4] = {17, 65, 1030, 20001};
-        for (int i = 0; i < 4; i++) {
-            test_attention_invariance(LOOM_CUDA_BF16, 64, 9, 3, 16, kv[i], 5);
-            test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, kv[i], 5);
-        }
-        test_attention_invariance(LOOM_CUDA_F16, 64, 8, 2, 16, 1030, 7);
-        test_attention_invariance(LOOM_CUDA_BF16, 64, 32, 1, 16, 1030, 5);
-    }
-    g_kv = LOOM_CUDA_KV_DT;
+    test_attention_all();
     if (only_att) goto done;
 
     test_copy_blocks(false);

@@ -1,11 +1,11 @@
 /*
- * tests/cache/cache_test.h — helpers shared by the cache-manager tests:
+ * tests/cache/cache_util.h — helpers shared by the cache-manager tests:
  * fill a config struct from a component's declared defaults (as the host
  * would), create + init a manager against the fake host with a fake
  * backend, and build loom_seq_info views.
  */
-#ifndef LOOM_TEST_CACHE_H
-#define LOOM_TEST_CACHE_H
+#ifndef LOOM_TEST_CACHE_UTIL_H
+#define LOOM_TEST_CACHE_UTIL_H
 
 #include <stdbool.h>
 #include <stdint.h>

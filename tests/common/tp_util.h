@@ -1,5 +1,5 @@
 /*
- * tests/plugin/tp_util.h — file-system helpers for loader, pipeline and CLI
+ * tests/common/tp_util.h — file-system helpers for loader, pipeline and CLI
  * tests: temporary directories, writing and copying files, joining paths.
  * Every function aborts the test process on failure (tests only).
  */
