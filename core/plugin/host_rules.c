@@ -246,6 +246,7 @@ loom_status loom_shard_plan(const loom_model_config *c, int32_t rank, int32_t si
 }
 
 void loom_logits_topk_row(const float *row, int32_t vocab, int32_t k, int32_t *ids, float *vals, float *lse) {
+    if (k <= 0) return; /* nothing asked: nothing written (loom/plugin.h) */
     int32_t n = 0;
     float mx = -INFINITY;
     for (int32_t v = 0; v < vocab; v++) {
@@ -262,6 +263,10 @@ void loom_logits_topk_row(const float *row, int32_t vocab, int32_t k, int32_t *i
         }
         vals[j] = x;
         ids[j] = v;
+    }
+    for (; n < k; n++) { /* k > vocab: the tail is padding */
+        ids[n] = -1;
+        vals[n] = -INFINITY;
     }
     if (!(mx > -INFINITY) || mx == INFINITY) {
         *lse = mx;

@@ -271,7 +271,9 @@ typedef struct loom_host {
                               struct loom_shard *out, char *why, size_t cap);
     /* The k (1..vocab) largest of row[0..vocab): vals descending, equal
      * values by ascending id, NaN ranked as -inf; *lse = log(sum exp(row))
-     * (NaN terms count as 0). The reference of forward_topk(). */
+     * (NaN terms count as 0). The reference of forward_topk(). k > vocab:
+     * entries vocab..k-1 are padding, id -1 and value -inf. k <= 0: nothing
+     * is written, not even *lse. */
     void (*logits_topk_row)(const float *row, int32_t vocab, int32_t k, int32_t *ids, float *vals,
                             float *lse);
 

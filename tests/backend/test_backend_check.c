@@ -7,6 +7,7 @@
  * the pool shape are known good; host->logits_topk_row outside k 1..vocab.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -163,4 +164,35 @@ Test(backend_check, batch_bad_pool_shape_refused) {
     cb_refused(&c, 0, 8, "block_size 0");
     cb_refused(&c, -4, 8, "block_size -4");
     cb_refused(&c, 4, -1, "num_blocks -1");
+}
+
+/* ---------------------------------------------- host->logits_topk_row */
+
+/* k <= 0 writes nothing (not even *lse); k > vocab pads the tail with
+ * id -1 and -inf. The arrays sit one element into sentinel-filled buffers. */
+Test(backend_check, topk_row_k_outside_1_to_vocab) {
+    const float row[3] = {0.5f, 2.0f, 1.0f};
+    int32_t ids[8];
+    float vals[8], lse = 42.0f;
+    for (int32_t k = -1; k <= 0; k++) {
+        for (int i = 0; i < 8; i++) ids[i] = 77, vals[i] = -1e30f;
+        loom_logits_topk_row(row, 3, k, ids + 1, vals + 1, &lse);
+        for (int i = 0; i < 8; i++) {
+            cr_assert_eq(ids[i], 77, "k %d wrote ids[%d] = %d", k, i - 1, ids[i]);
+            cr_assert_eq(vals[i], -1e30f, "k %d wrote vals[%d] = %g", k, i - 1, (double)vals[i]);
+        }
+        cr_assert_eq(lse, 42.0f, "k %d wrote lse", k);
+    }
+    for (int i = 0; i < 8; i++) ids[i] = 77, vals[i] = 12345.0f;
+    loom_logits_topk_row(row, 3, 5, ids + 1, vals + 1, &lse);
+    const int32_t want_ids[5] = {1, 2, 0, -1, -1};
+    const float want_vals[5] = {2.0f, 1.0f, 0.5f, -INFINITY, -INFINITY};
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(ids[i + 1], want_ids[i], "ids[%d] = %d, want %d", i, ids[i + 1], want_ids[i]);
+        cr_assert_eq(vals[i + 1], want_vals[i], "vals[%d] = %g, want %g", i, (double)vals[i + 1],
+                     (double)want_vals[i]);
+    }
+    cr_assert_eq(ids[0], 77);
+    cr_assert_eq(ids[6], 77);
+    cr_assert_float_eq(lse, (float)log(exp(0.5) + exp(2.0) + exp(1.0)), 1e-5);
 }
