@@ -141,6 +141,16 @@ static loom_status fork_samples(loom_engine *e, loom_seq *parent, const float *r
 
 /* ------------------------------------------------------------ sampling */
 
+/* Logprob alternatives of n rows as loom/sampler.h pads them (-1, -inf),
+ * before sample() runs: a sampler that writes fewer (or none) leaves
+ * padding in the events, not what the memory held before. */
+static void pad_alternatives(int32_t *ids, float *lps, int32_t n) {
+    for (size_t i = 0; i < (size_t)n * LOOM_MAX_LOGPROBS; i++) {
+        ids[i] = -1;
+        lps[i] = -INFINITY;
+    }
+}
+
 /* One whole row for s through the sampler (x is modified): t->id and, when
  * the request asked, its logprobs, with t's arrays pointing into `top`. */
 loom_status engine_sample_one(loom_engine *e, loom_seq *s, float *x, engine_top *top, engine_token *t,
@@ -153,6 +163,7 @@ loom_status engine_sample_one(loom_engine *e, loom_seq *s, float *x, engine_top 
     loom_sample_out o = {.struct_size = sizeof o, .tokens = &t->id, .logprobs = want_lp ? &t->logprob : NULL,
                          .top_ids = want_lp ? top->ids : NULL, .top_logprobs = want_lp ? top->lps : NULL};
     t->logprob = 0.0f;
+    if (want_lp) pad_alternatives(top->ids, top->lps, 1);
     loom_status st = e->smp->sample(e->smp_self, &b, &o, err);
     if (st != LOOM_OK) return st;
     t->num_top = want_lp ? s->req->r.params.logprobs : 0;
@@ -269,6 +280,7 @@ loom_status engine_sample_rows(loom_engine *e, float *logits, int32_t width, loo
                            .rows = sc.ptrs, .candidates = cand, .lse = lse};
     loom_sample_out o = {.struct_size = sizeof o, .tokens = sc.toks, .logprobs = want_lp ? sc.lps : NULL,
                          .top_ids = want_lp ? sc.top_ids : NULL, .top_logprobs = want_lp ? sc.top_lp : NULL};
+    if (want_lp) pad_alternatives(sc.top_ids, sc.top_lp, n);
     if (st == LOOM_OK && (st = e->smp->sample(e->smp_self, &b, &o, err)) != LOOM_OK) loom_error_prefix(err, "sampler");
     for (int32_t r = 0; r < n && st == LOOM_OK; r++) {
         loom_seq *s = seqs[r];
