@@ -293,9 +293,10 @@ typedef struct loom_host {
 
 struct loom_host;
 /* Every kind's first two methods (REQUIRED). create: make an instance from
- * its bound config (borrowed for the call); on failure nothing is left
- * behind and destroy is not called. destroy: free everything; self may be
- * NULL. Both [engine]. */
+ * its bound config (borrowed for the call); on success *self is non-NULL
+ * (the loader refuses LOOM_OK with *self NULL, LOOM_ERR_INTERNAL naming the
+ * plugin); on failure nothing is left behind and destroy is not called.
+ * destroy: free everything; self may be NULL. Both [engine]. */
 typedef loom_status loom_create_fn(const struct loom_host *host, const void *config, void **self,
                                    loom_error *err);
 typedef void loom_destroy_fn(void *self);
