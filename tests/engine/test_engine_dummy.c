@@ -1028,3 +1028,36 @@ Test(dummy, unwritten_logprob_alternatives_are_padding) {
     }
     loom_engine_destroy(e);
 }
+
+/* The quantizer's kv_dtype() reaches the backend only when it is one that
+ * loom/quant.h allows (F32, F16, BF16, FP8_E4M3, or LOOM_DTYPE_COUNT for the
+ * backend's default); anything else fails engine creation naming the
+ * quantizer (test quantizer "badkv", badkv_quant.c). */
+Test(dummy, quantizer_kv_dtype_checked) {
+    char *path = eng_data("tiny.yaml");
+    const int bad[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_I8, 99, -1};
+    for (int i = 0; i < 4; i++) {
+        char kv[64];
+        snprintf(kv, sizeof kv, "quantizer.kv=%d", bad[i]);
+        const char *ov[] = {"quantizer.plugin=badkv", kv};
+        loom_engine *e = (loom_engine *)0x1;
+        loom_error err = {0};
+        cr_assert_neq(loom_engine_create(path, ov, 2, &e, &err), LOOM_OK, "kv_dtype %d was accepted", bad[i]);
+        cr_assert_null(e);
+        char want[64];
+        snprintf(want, sizeof want, "kv_dtype() returned %d", bad[i]);
+        cr_assert(strstr(err.message, "quantizer 'badkv'") && strstr(err.message, want),
+                  "kv_dtype %d: '%s' should name the quantizer and the value", bad[i], err.message);
+    }
+    const int good[] = {LOOM_DTYPE_COUNT, LOOM_DTYPE_F32};
+    for (int i = 0; i < 2; i++) {
+        char kv[64];
+        snprintf(kv, sizeof kv, "quantizer.kv=%d", good[i]);
+        const char *ov[] = {"quantizer.plugin=badkv", kv};
+        loom_engine *e = NULL;
+        loom_error err = {0};
+        cr_assert_eq(loom_engine_create(path, ov, 2, &e, &err), LOOM_OK, "kv_dtype %d: %s", good[i], err.message);
+        loom_engine_destroy(e);
+    }
+    free(path);
+}
