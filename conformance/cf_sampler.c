@@ -721,6 +721,8 @@ static bool sp_candidate_case(sp *x, float *l, float *xl, int32_t V, int *compar
     rowb.output_len = rowa.output_len;
     int32_t ta = -1, tb = -1, ia[LOOM_MAX_LOGPROBS], ib[LOOM_MAX_LOGPROBS];
     float la = 0, lb = 0, pa[LOOM_MAX_LOGPROBS], pb[LOOM_MAX_LOGPROBS];
+    for (int32_t i = 0; i < LOOM_MAX_LOGPROBS; i++) /* what the core pads with: unwritten entries compare as that */
+        ia[i] = ib[i] = -1, pa[i] = pb[i] = -INFINITY;
     loom_sample_out oa = {.tokens = &ta, .logprobs = &la, .top_ids = ia, .top_logprobs = pa};
     loom_sample_out ob = {.tokens = &tb, .logprobs = &lb, .top_ids = ib, .top_logprobs = pb};
     loom_error err = {0};

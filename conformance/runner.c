@@ -163,14 +163,19 @@ static bool selected(const loom_conformance_opts *o, const loom_component *c) {
     return !o->component || !*o->component || !strcmp(o->component, c->name);
 }
 
-static void run_one_component(const loom_component *c, const char *path, const loom_conformance_opts *o,
-                              cf_shared *sh, loom_conformance_summary *sum) {
+/* Run c's checks that match the filters; returns how many matched (an
+ * untested component counts as one: it is reported). */
+static int run_one_component(const loom_component *c, const char *path, const loom_conformance_opts *o,
+                             cf_shared *sh, loom_conformance_summary *sum) {
     FILE *out = o->out ? o->out : stdout;
     cf_check *checks = calloc(CF_MAX_CHECKS, sizeof *checks);
     bool untested = false;
-    int n = checks ? list_checks(c, checks, CF_MAX_CHECKS, &untested) : 0;
+    int n = checks ? list_checks(c, checks, CF_MAX_CHECKS, &untested) : 0, ran = untested;
     for (int i = 0; i < n; i++)
-        if (matches(o, checks[i].name)) run_check(o, c, path, &checks[i], sh, sum);
+        if (matches(o, checks[i].name)) {
+            run_check(o, c, path, &checks[i], sh, sum);
+            ran++;
+        }
     if (untested) {
         sum->untested++;
         fprintf(out, "UNTESTED  %s %s: the kit has no checks for %s components yet\n",
@@ -178,6 +183,7 @@ static void run_one_component(const loom_component *c, const char *path, const l
                 loom_kind_name(c->kind) ? loom_kind_name(c->kind) : "this kind of");
     }
     free(checks);
+    return ran;
 }
 
 static void print_summary(const loom_conformance_opts *o, const char *what, const loom_conformance_summary *s) {
@@ -191,8 +197,15 @@ static void print_summary(const loom_conformance_opts *o, const char *what, cons
     fflush(out);
 }
 
-static loom_status result_of(const loom_conformance_summary *s, int ran, loom_error *err) {
-    if (!ran) return loom_error_set(err, LOOM_ERR_NOT_FOUND, "no component or check matched the filters");
+/* ran: checks that matched the filters (selected components only). */
+static loom_status result_of(const loom_conformance_opts *o, const loom_conformance_summary *s, int components,
+                             int ran, loom_error *err) {
+    if (!components) return loom_error_set(err, LOOM_ERR_NOT_FOUND, "no component matched the filters");
+    if (!ran && o->check && *o->check)
+        return loom_error_set(err, LOOM_ERR_NOT_FOUND,
+                              "no check of the selected component%s has a name containing '%s' (--check)",
+                              components == 1 ? "" : "s", o->check);
+    if (!ran) return loom_error_set(err, LOOM_ERR_NOT_FOUND, "no check matched the filters");
     if (s->failed) return loom_error_set(err, LOOM_ERR_INVALID, "%d check%s failed", s->failed, s->failed == 1 ? "" : "s");
     if (s->untested)
         return loom_error_set(err, LOOM_ERR_UNSUPPORTED, "%d component%s could not be tested", s->untested,
@@ -219,14 +232,14 @@ loom_status loom_conformance_run_component(const loom_component *comp, const cha
     memset(sum, 0, sizeof *sum);
     cf_shared *sh = shared_page(err);
     if (!sh) return LOOM_ERR_NOMEM;
-    int ran = 0;
+    int ran = 0, components = 0;
     if (selected(o, comp)) {
-        run_one_component(comp, path, o, sh, sum);
-        ran = sum->passed + sum->failed + sum->skipped + sum->untested;
+        ran = run_one_component(comp, path, o, sh, sum);
+        components = 1;
     }
     munmap(sh, sizeof *sh);
     print_summary(o, comp->name, sum);
-    return result_of(sum, ran, err);
+    return result_of(o, sum, components, ran, err);
 }
 
 loom_status loom_conformance_run_file(const char *path, const loom_conformance_opts *o,
@@ -250,15 +263,15 @@ loom_status loom_conformance_run_file(const char *path, const loom_conformance_o
     const loom_plugin_desc *d = loom_plugin_desc_of(g_plugin);
     fprintf(out, "plugin %s %s (%s): %u component%s\n", d->name, d->version ? d->version : "?",
             loom_plugin_path(g_plugin), d->num_components, d->num_components == 1 ? "" : "s");
-    int ran = 0;
+    int ran = 0, components = 0;
     for (uint32_t i = 0; i < d->num_components; i++) {
         const loom_component *c = &d->components[i];
         if (!selected(o, c)) continue;
-        run_one_component(c, loom_plugin_path(g_plugin), o, sh, sum);
-        ran++;
+        ran += run_one_component(c, loom_plugin_path(g_plugin), o, sh, sum);
+        components++;
     }
     munmap(sh, sizeof *sh);
     print_summary(o, path, sum);
     g_plugin = NULL;
-    return result_of(sum, ran, err);
+    return result_of(o, sum, components, ran, err);
 }

@@ -267,12 +267,33 @@ static loom_status load_weights(loom_engine *e, const char *path, loom_error *er
     return st;
 }
 
+/* The KV element type: the quantizer's kv_dtype() when it has one, and
+ * only a type loom/quant.h allows there (F32, F16, BF16, FP8_E4M3, or
+ * LOOM_DTYPE_COUNT for the backend's default). */
+static loom_status kv_dtype(loom_engine *e, const char *path, loom_dtype *out, loom_error *err) {
+    *out = LOOM_DTYPE_COUNT;
+    if (!e->quant || !e->quant->kv_dtype) return LOOM_OK;
+    const loom_dtype d = e->quant->kv_dtype(e->quant_self);
+    if (d == LOOM_DTYPE_F32 || d == LOOM_DTYPE_F16 || d == LOOM_DTYPE_BF16 || d == LOOM_DTYPE_FP8_E4M3 ||
+        d == LOOM_DTYPE_COUNT) {
+        *out = d;
+        return LOOM_OK;
+    }
+    return loom_error_set(err, LOOM_ERR_INTERNAL,
+                          "%s: quantizer '%s' kv_dtype() returned %d, which is not a KV-cache type: loom/quant.h "
+                          "allows F32 (%d), F16 (%d), BF16 (%d), FP8_E4M3 (%d) or LOOM_DTYPE_COUNT (%d, the "
+                          "backend's default)",
+                          path, loom_pipeline_slot_get(e->pipe, LOOM_KIND_QUANTIZER)->component->name, (int)d,
+                          LOOM_DTYPE_F32, LOOM_DTYPE_F16, LOOM_DTYPE_BF16, LOOM_DTYPE_FP8_E4M3, LOOM_DTYPE_COUNT);
+}
+
 /* Size the KV cache with the cache manager and allocate it on the runner. */
 static loom_status size_cache(loom_engine *e, const char *path, loom_error *err) {
     e->layout.struct_size = sizeof e->layout;
-    e->layout.dtype = e->quant && e->quant->kv_dtype ? e->quant->kv_dtype(e->quant_self) : LOOM_DTYPE_COUNT;
+    loom_status st = kv_dtype(e, path, &e->layout.dtype, err);
+    if (st != LOOM_OK) return st;
     loom_backend_memory mem = {.struct_size = sizeof mem};
-    loom_status st = e->run.memory(e->run.self, &mem, err);
+    st = e->run.memory(e->run.self, &mem, err);
     if (st != LOOM_OK) return st;
     loom_cache_init ci = {
         .struct_size = sizeof ci,

@@ -78,9 +78,44 @@ int32_t engine_row_candidates(const loom_engine *e, const loom_seq *s, int32_t k
 
 /* --------------------------------------------------------------- forks */
 
+/* Sample k of rq could not be forked (why: le): it (c, when it was already
+ * tracked and counted live) and the samples after it, which will never be
+ * created, end with an error event, releasing what they took; the parent
+ * and the samples before k go on, and so does the engine. */
+static void fork_failed(loom_engine *e, loom_req *rq, int32_t k, loom_seq *c, loom_error *le) {
+    loom_error_prefix(le, "forking sample %d of request %lld", k, (long long)rq->id);
+    if (c) engine_seq_finish(e, c, LOOM_FINISH_ERROR, le->message);
+    engine_end_unstarted(rq, c ? k + 1 : k, LOOM_FINISH_ERROR, le->message);
+}
+
+/* Create, fork and schedule sample k of parent's request. NULL (with le
+ * set) when that failed; what was taken is released by fork_failed. */
+static loom_seq *fork_one(loom_engine *e, loom_seq *parent, int32_t k, loom_seq **tracked, loom_error *le) {
+    loom_req *rq = parent->req;
+    *tracked = NULL;
+    loom_seq *c = engine_seq_new(e, rq, k);
+    if (!c || engine_track_seq(e, c) != LOOM_OK) {
+        loom_engine_seq_free(c);
+        loom_error_set(le, LOOM_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    rq->seqs[k] = c;
+    rq->live++;
+    *tracked = c;
+    c->info.num_computed = parent->info.num_computed;
+    if (e->cache->fork(e->cache_self, parent->info.id, c->info.id, le) != LOOM_OK) return NULL;
+    if (e->sch->add(e->sch_self, &c->info, le) != LOOM_OK) {
+        loom_error_prefix(le, "scheduler");
+        return NULL;
+    }
+    return c;
+}
+
 /* After the first sample's prompt has logits (row: whole and raw): make
  * samples 1..n-1 share its blocks and give each its own first token from
- * the same row. */
+ * the same row. A sample that cannot be forked (the cache has no room —
+ * an ordinary NO_SPACE — or the scheduler refuses it) ends alone, with the
+ * samples not yet created; only a sampler failure fails the step. */
 static loom_status fork_samples(loom_engine *e, loom_seq *parent, const float *row, loom_error *err) {
     loom_req *rq = parent->req;
     rq->forked = true;
@@ -88,17 +123,12 @@ static loom_status fork_samples(loom_engine *e, loom_seq *parent, const float *r
     if (!x) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory forking samples");
     loom_status st = LOOM_OK;
     for (int32_t k = 1; k < rq->n && st == LOOM_OK; k++) {
-        loom_seq *c = engine_seq_new(e, rq, k);
-        if (!c || engine_track_seq(e, c) != LOOM_OK) {
-            loom_engine_seq_free(c);
-            st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory forking sample %d", k);
+        loom_error le = {0};
+        loom_seq *tracked, *c = fork_one(e, parent, k, &tracked, &le);
+        if (!c) {
+            fork_failed(e, rq, k, tracked, &le);
             break;
         }
-        rq->seqs[k] = c;
-        rq->live++;
-        c->info.num_computed = parent->info.num_computed;
-        if ((st = e->cache->fork(e->cache_self, parent->info.id, c->info.id, err)) != LOOM_OK) break;
-        if ((st = e->sch->add(e->sch_self, &c->info, err)) != LOOM_OK) break;
         memcpy(x, row, (size_t)e->vocab * sizeof(float));
         engine_top top;
         engine_token t = {0};
@@ -110,6 +140,16 @@ static loom_status fork_samples(loom_engine *e, loom_seq *parent, const float *r
 }
 
 /* ------------------------------------------------------------ sampling */
+
+/* Logprob alternatives of n rows as loom/sampler.h pads them (-1, -inf),
+ * before sample() runs: a sampler that writes fewer (or none) leaves
+ * padding in the events, not what the memory held before. */
+static void pad_alternatives(int32_t *ids, float *lps, int32_t n) {
+    for (size_t i = 0; i < (size_t)n * LOOM_MAX_LOGPROBS; i++) {
+        ids[i] = -1;
+        lps[i] = -INFINITY;
+    }
+}
 
 /* One whole row for s through the sampler (x is modified): t->id and, when
  * the request asked, its logprobs, with t's arrays pointing into `top`. */
@@ -123,6 +163,7 @@ loom_status engine_sample_one(loom_engine *e, loom_seq *s, float *x, engine_top 
     loom_sample_out o = {.struct_size = sizeof o, .tokens = &t->id, .logprobs = want_lp ? &t->logprob : NULL,
                          .top_ids = want_lp ? top->ids : NULL, .top_logprobs = want_lp ? top->lps : NULL};
     t->logprob = 0.0f;
+    if (want_lp) pad_alternatives(top->ids, top->lps, 1);
     loom_status st = e->smp->sample(e->smp_self, &b, &o, err);
     if (st != LOOM_OK) return st;
     t->num_top = want_lp ? s->req->r.params.logprobs : 0;
@@ -239,6 +280,7 @@ loom_status engine_sample_rows(loom_engine *e, float *logits, int32_t width, loo
                            .rows = sc.ptrs, .candidates = cand, .lse = lse};
     loom_sample_out o = {.struct_size = sizeof o, .tokens = sc.toks, .logprobs = want_lp ? sc.lps : NULL,
                          .top_ids = want_lp ? sc.top_ids : NULL, .top_logprobs = want_lp ? sc.top_lp : NULL};
+    if (want_lp) pad_alternatives(sc.top_ids, sc.top_lp, n);
     if (st == LOOM_OK && (st = e->smp->sample(e->smp_self, &b, &o, err)) != LOOM_OK) loom_error_prefix(err, "sampler");
     for (int32_t r = 0; r < n && st == LOOM_OK; r++) {
         loom_seq *s = seqs[r];

@@ -27,28 +27,52 @@
 /* What a schedule() call left to do this step. */
 typedef enum sched_result { SCHED_RUN, SCHED_RETRY, SCHED_STALLED } sched_result;
 
+/* Entry i of the scheduler's output against its sequence s: a live
+ * sequence's range within its tokens (checked without int32 overflow), and
+ * an entry that reaches the end of a sequence with drafts covers every one
+ * of its 1 + num_draft verification rows (each gets a logits row, counted
+ * back from the entry's end). */
+static loom_status check_entry(const char *name, int32_t i, const loom_sched_entry *en, const loom_seq *s,
+                               loom_error *err) {
+    if (!s || s->finished)
+        return loom_error_set(err, LOOM_ERR_INTERNAL, "scheduler '%s' entry %d names seq %lld, which is not live", name,
+                              i, (long long)en->seq);
+    const int32_t n = s->info.num_tokens, nd = s->info.num_draft;
+    if (en->num_tokens <= 0 || en->num_computed < 0 || en->num_computed > n || en->num_tokens > n - en->num_computed)
+        return loom_error_set(err, LOOM_ERR_INTERNAL,
+                              "scheduler '%s' entry %d (seq %lld: num_computed %d, num_tokens %d) does not fit the "
+                              "sequence's %d tokens",
+                              name, i, (long long)en->seq, en->num_computed, en->num_tokens, n);
+    if (nd > 0 && en->num_computed + en->num_tokens == n && en->num_tokens < 1 + nd)
+        return loom_error_set(err, LOOM_ERR_INTERNAL,
+                              "scheduler '%s' entry %d (seq %lld: num_computed %d, num_tokens %d) ends at the "
+                              "sequence's end but covers %d of its %d verification rows (1 + %d drafts); an entry "
+                              "that reaches the drafts must include them all",
+                              name, i, (long long)en->seq, en->num_computed, en->num_tokens, en->num_tokens, 1 + nd,
+                              nd);
+    return LOOM_OK;
+}
+
 /* The scheduler's output obeys loom/scheduler.h: within capacity, every
- * entry a live sequence's uncomputed-or-recomputed range, no sequence both
- * scheduled and preempted. */
+ * entry a live sequence's uncomputed-or-recomputed range (check_entry), no
+ * sequence both scheduled and preempted. */
 static loom_status check_output(loom_engine *e, const loom_sched_output *out, loom_error *err) {
+    const char *name = loom_pipeline_slot_get(e->pipe, LOOM_KIND_SCHEDULER)->component->name;
     if (out->num_scheduled < 0 || out->num_scheduled > out->capacity || out->num_preempted < 0 ||
         out->num_preempted > out->capacity)
-        return loom_error_set(err, LOOM_ERR_INTERNAL, "scheduler wrote %d entries and %d preemptions (capacity %d)",
+        return loom_error_set(err, LOOM_ERR_INTERNAL,
+                              "scheduler '%s' wrote %d entries and %d preemptions (capacity %d)", name,
                               out->num_scheduled, out->num_preempted, out->capacity);
     for (int32_t i = 0; i < out->num_scheduled; i++) {
         const loom_sched_entry *en = &out->scheduled[i];
-        const loom_seq *s = loom_engine_find_seq(e, en->seq);
-        if (!s || s->finished || en->num_tokens <= 0 || en->num_computed < 0 ||
-            en->num_computed + en->num_tokens > s->info.num_tokens)
-            return loom_error_set(err, LOOM_ERR_INTERNAL,
-                                  "scheduler entry %d (seq %lld, tokens [%d, %d)) does not fit the sequence", i,
-                                  (long long)en->seq, en->num_computed, en->num_computed + en->num_tokens);
+        loom_status st = check_entry(name, i, en, loom_engine_find_seq(e, en->seq), err);
+        if (st != LOOM_OK) return st;
         for (int32_t j = 0; j < out->num_preempted; j++)
             if (out->preempted[j] == en->seq)
                 return loom_error_set(err, LOOM_ERR_INTERNAL,
-                                      "scheduler both scheduled and preempted seq %lld; take the entry back "
+                                      "scheduler '%s' both scheduled and preempted seq %lld; take the entry back "
                                       "before preempting (loom/scheduler.h)",
-                                      (long long)en->seq);
+                                      name, (long long)en->seq);
     }
     return LOOM_OK;
 }
@@ -77,11 +101,11 @@ static loom_status schedule(loom_engine *e, double now, loom_sched_output *out, 
     loom_sched_env env = {.struct_size = sizeof env, .ctx = e, .get_seq = engine_env_get_seq, .cache = e->cache,
                           .cache_self = e->cache_self, .now = now};
     loom_status st = e->sch->schedule(e->sch_self, &env, out, err);
-    if (st == LOOM_OK) st = check_output(e, out, err);
     if (st != LOOM_OK) {
         loom_error_prefix(err, "scheduler");
         return st;
     }
+    if ((st = check_output(e, out, err)) != LOOM_OK) return st;
     for (int32_t i = 0; i < out->num_preempted; i++) {
         loom_seq *s = loom_engine_find_seq(e, out->preempted[i]);
         if (!s) continue;

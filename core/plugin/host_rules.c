@@ -12,6 +12,34 @@
 
 #include "formats/dtype.h"
 
+/* What every later check of a batch of T > 0 tokens indexes by: the pool's
+ * shape, and the whole of query_start (0 == qs[0] <= qs[s] <= qs[s+1] <=
+ * qs[S] == T) before any token is read through it. */
+static bool batch_shape_ok(const loom_batch *bt, int32_t bs, int32_t nblk, char *why, size_t cap) {
+    const int32_t S = bt->num_seqs, T = bt->num_tokens;
+    if (bs <= 0 || nblk < 0) {
+        snprintf(why, cap, "KV pool of block_size %d, num_blocks %d: need block_size > 0 and num_blocks >= 0", bs,
+                 nblk);
+        return false;
+    }
+    if (bt->query_start[0] != 0 || bt->query_start[S] != T) {
+        snprintf(why, cap, "batch query_start[0] = %d and query_start[%d] = %d; must be 0 and num_tokens (%d)",
+                 bt->query_start[0], S, bt->query_start[S], T);
+        return false;
+    }
+    for (int32_t s = 1; s < S; s++) {
+        int32_t q0 = bt->query_start[s - 1], q1 = bt->query_start[s];
+        if (q1 < q0 || q1 > T) {
+            snprintf(why, cap,
+                     "batch query_start[%d] = %d after query_start[%d] = %d: must be non-decreasing and <= "
+                     "num_tokens (%d)",
+                     s, q1, s - 1, q0, T);
+            return false;
+        }
+    }
+    return true;
+}
+
 loom_status loom_check_batch(const loom_batch *bt, const float *logits, bool logits_optional, int32_t block_size,
                              int32_t num_blocks, int32_t vocab, int32_t max_positions, char *why, size_t cap) {
     const size_t need_size = offsetof(loom_batch, logits_index) + sizeof(void *);
@@ -40,14 +68,11 @@ loom_status loom_check_batch(const loom_batch *bt, const float *logits, bool log
         if (NL > 0) LOOM_BATCH_FAIL("%d logits rows asked of a batch with no tokens", NL);
         return LOOM_OK;
     }
-    if (bt->query_start[0] != 0 || bt->query_start[S] != T)
-        LOOM_BATCH_FAIL("batch query_start[0] = %d and query_start[%d] = %d; must be 0 and num_tokens (%d)",
-                        bt->query_start[0], S, bt->query_start[S], T);
+    if (!batch_shape_ok(bt, bs, nblk, why, cap)) return LOOM_ERR_INVALID;
     if (bt->block_table_stride <= 0)
         LOOM_BATCH_FAIL("batch block_table_stride is %d; must be > 0", bt->block_table_stride);
     for (int32_t s = 0; s < S; s++) {
         int32_t q0 = bt->query_start[s], q1 = bt->query_start[s + 1];
-        if (q1 < q0) LOOM_BATCH_FAIL("batch query_start decreases at sequence %d (%d -> %d)", s, q0, q1);
         if (q1 == q0) continue;
         int32_t ctx = bt->context_len[s];
         int64_t need = ((int64_t)ctx + bs - 1) / bs;
@@ -221,6 +246,7 @@ loom_status loom_shard_plan(const loom_model_config *c, int32_t rank, int32_t si
 }
 
 void loom_logits_topk_row(const float *row, int32_t vocab, int32_t k, int32_t *ids, float *vals, float *lse) {
+    if (k <= 0) return; /* nothing asked: nothing written (loom/plugin.h) */
     int32_t n = 0;
     float mx = -INFINITY;
     for (int32_t v = 0; v < vocab; v++) {
@@ -237,6 +263,10 @@ void loom_logits_topk_row(const float *row, int32_t vocab, int32_t k, int32_t *i
         }
         vals[j] = x;
         ids[j] = v;
+    }
+    for (; n < k; n++) { /* k > vocab: the tail is padding */
+        ids[n] = -1;
+        vals[n] = -INFINITY;
     }
     if (!(mx > -INFINITY) || mx == INFINITY) {
         *lse = mx;

@@ -286,6 +286,15 @@ loom_status loom_plugin_create_instance(loom_plugin *p, const loom_component *co
         return loom_error_set(err, st, "%s '%s' (%s): create failed: %s", kind_str(comp->kind),
                               comp->name, p->path, local.message);
     }
+    if (!inst) {
+        /* Nothing to destroy (destroy(NULL) is a no-op) and nothing to
+         * reach this reference through later: refuse rather than leak it. */
+        plugin_unref(p);
+        return loom_error_set(err, LOOM_ERR_INTERNAL,
+                              "%s '%s' (%s): create returned LOOM_OK without an instance (*self NULL); "
+                              "loom/plugin.h (loom_create_fn) requires one",
+                              kind_str(comp->kind), comp->name, p->path);
+    }
     atomic_fetch_add(&p->instances, 1);
     *self = inst;
     return LOOM_OK;

@@ -139,7 +139,9 @@ int                     loom_plugin_live_instances(const loom_plugin *p);
 /* [engine] Create an instance of component `comp` (which belongs to p):
  * calls ops->create with `host` (NULL = loom_host_default()) and `config`
  * (borrowed for the call) and takes a reference on p that keeps it loaded.
- * On failure nothing is left behind; err names the component. */
+ * On failure nothing is left behind; err names the component. A create()
+ * that returns LOOM_OK without an instance (*self NULL) is refused
+ * (LOOM_ERR_INTERNAL). */
 loom_status loom_plugin_create_instance(loom_plugin *p, const loom_component *comp,
                                         const loom_host *host, const void *config, void **self,
                                         loom_error *err);

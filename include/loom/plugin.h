@@ -271,7 +271,9 @@ typedef struct loom_host {
                               struct loom_shard *out, char *why, size_t cap);
     /* The k (1..vocab) largest of row[0..vocab): vals descending, equal
      * values by ascending id, NaN ranked as -inf; *lse = log(sum exp(row))
-     * (NaN terms count as 0). The reference of forward_topk(). */
+     * (NaN terms count as 0). The reference of forward_topk(). k > vocab:
+     * entries vocab..k-1 are padding, id -1 and value -inf. k <= 0: nothing
+     * is written, not even *lse. */
     void (*logits_topk_row)(const float *row, int32_t vocab, int32_t k, int32_t *ids, float *vals,
                             float *lse);
 
@@ -291,9 +293,10 @@ typedef struct loom_host {
 
 struct loom_host;
 /* Every kind's first two methods (REQUIRED). create: make an instance from
- * its bound config (borrowed for the call); on failure nothing is left
- * behind and destroy is not called. destroy: free everything; self may be
- * NULL. Both [engine]. */
+ * its bound config (borrowed for the call); on success *self is non-NULL
+ * (the loader refuses LOOM_OK with *self NULL, LOOM_ERR_INTERNAL naming the
+ * plugin); on failure nothing is left behind and destroy is not called.
+ * destroy: free everything; self may be NULL. Both [engine]. */
 typedef loom_status loom_create_fn(const struct loom_host *host, const void *config, void **self,
                                    loom_error *err);
 typedef void loom_destroy_fn(void *self);

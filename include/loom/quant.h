@@ -9,6 +9,13 @@
  * own linear kernel for that format; a backend lacking a format fails
  * load() with an error naming the tensor, the format and the backends that
  * have it. Quantizers never touch devices.
+ *
+ * Threads (tags: loom/plugin.h): plan, quantize and release are [instance]
+ * — called from inside a backend's load(), which runs on the engine's
+ * thread or, under an executor, on each rank's own thread; ranks load one
+ * after another, so these calls come from several threads but never
+ * concurrently. Keep no thread-local state between them. create, destroy,
+ * kv_dtype and accepts_packing are [engine].
  */
 #ifndef LOOM_QUANT_H
 #define LOOM_QUANT_H
@@ -74,13 +81,13 @@ typedef struct loom_quant_ops {
      * from quantize(). */
     loom_destroy_fn *destroy;
 
-    /* REQUIRED [engine]. Decide the format of tensor `w` (a 2-D linear
-     * weight named by its canonical name). Embeddings, norms and (by
-     * default) the LM head are usually kept (LOOM_QFMT_NONE). The core sets
-     * out->struct_size and zeroes the rest. */
+    /* REQUIRED [instance] (see Threads above). Decide the format of tensor
+     * `w` (a 2-D linear weight named by its canonical name). Embeddings,
+     * norms and (by default) the LM head are usually kept (LOOM_QFMT_NONE).
+     * The core sets out->struct_size and zeroes the rest. */
     loom_status (*plan)(void *self, const loom_model_view *model, const loom_tensor *w,
                         loom_quant_plan *out, loom_error *err);
-    /* REQUIRED [engine]. Produce the quantized tensor for a plan whose
+    /* REQUIRED [instance]. Produce the quantized tensor for a plan whose
      * format is not NONE or GGUF, in host memory owned by the quantizer. A
      * plan this quantizer would never give is either honoured exactly or
      * refused (LOOM_ERR_UNSUPPORTED naming the tensor).
@@ -88,7 +95,7 @@ typedef struct loom_quant_ops {
      * quantizer accepted (accepts_packing). */
     loom_status (*quantize)(void *self, const loom_model_view *model, const loom_tensor *w,
                             const loom_quant_plan *plan, loom_qtensor *out, loom_error *err);
-    /* REQUIRED [engine]. Free what quantize() allocated; a no-op on an
+    /* REQUIRED [instance]. Free what quantize() allocated; a no-op on an
      * empty (zeroed) tensor. */
     void (*release)(void *self, loom_qtensor *q);
     /* OPTIONAL [engine] (NULL = the backend's default KV type). The

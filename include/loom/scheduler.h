@@ -43,8 +43,11 @@
  *              drafts. Re-admitting it starts over (acquire_prefix again).
  *   SWAP       cache->swap_out(victim) returned LOOM_OK: its blocks now
  *              live in the host pool; num_computed is kept. Re-admission is
- *              cache->swap_in, then allocate. On NO_SPACE or UNSUPPORTED
- *              from swap_out, preempt by RECOMPUTE instead.
+ *              cache->swap_in, then allocate. swap_out and swap_in are
+ *              OPTIONAL in loom/cache.h (NULL: the manager never swaps):
+ *              check env->cache->swap_out before calling it; when it is
+ *              NULL, or answers NO_SPACE or UNSUPPORTED, preempt by
+ *              RECOMPUTE instead.
  * A victim must not also appear in this step's scheduled entries: a
  * scheduler that preempts a sequence it already scheduled this step first
  * takes that entry back (the core refuses an output that lists a sequence

@@ -2,11 +2,16 @@
  * tests/backend/test_backend_check.c — loom/backend_check.h's model-config
  * check, which the cpu and cuda backends both run before their own limits:
  * a valid Llama config passes, and each way a config can be unusable is
- * refused with its status and a message naming the number at fault.
+ * refused with its status and a message naming the number at fault; the
+ * batch check (host->check_batch) reads no token before query_start and
+ * the pool shape are known good; host->logits_topk_row outside k 1..vocab.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "plugin/host_rules.h"
 
@@ -91,4 +96,103 @@ Test(backend_check, load_preamble_refuses_each_bad_call) {
     c.num_kv_heads = 3; /* the config check runs last */
     cr_assert_eq(loom_check_load(false, &m, NULL, why, sizeof why), LOOM_ERR_UNSUPPORTED);
     cr_assert(strstr(why, "kv heads 3"), "%s", why);
+}
+
+/* ------------------------------------------------- host->check_batch */
+
+/* n bytes that end right before an unreadable page: reading past them
+ * crashes the test instead of going unnoticed. */
+static void *guarded(size_t n) {
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    size_t pages = (n + pg - 1) / pg + 1;
+    char *p = mmap(NULL, pages * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(p, MAP_FAILED);
+    cr_assert_eq(mprotect(p + (pages - 1) * pg, pg, PROT_NONE), 0);
+    return p + (pages - 1) * pg - n;
+}
+
+/* Two sequences of two tokens each, blocks of 4 tokens, 8 blocks, each
+ * token array exactly num_tokens long (guarded). */
+typedef struct cb_batch {
+    loom_batch b;
+    int32_t qs[3], ctx[2], bt[4], li[2];
+    float logits[2];
+} cb_batch;
+
+static void cb_make(cb_batch *c) {
+    int32_t *ids = guarded(4 * sizeof(int32_t)), *pos = guarded(4 * sizeof(int32_t));
+    int64_t *slots = guarded(4 * sizeof(int64_t));
+    const int32_t ids0[4] = {5, 6, 7, 8}, pos0[4] = {0, 1, 0, 1};
+    const int64_t slots0[4] = {0, 1, 4, 5};
+    memcpy(ids, ids0, sizeof ids0), memcpy(pos, pos0, sizeof pos0), memcpy(slots, slots0, sizeof slots0);
+    *c = (cb_batch){.qs = {0, 2, 4}, .ctx = {2, 2}, .bt = {0, -1, 1, -1}, .li = {1, 3}};
+    c->b = (loom_batch){.struct_size = sizeof c->b, .num_seqs = 2, .num_tokens = 4, .token_ids = ids,
+                        .positions = pos, .query_start = c->qs, .context_len = c->ctx, .block_table = c->bt,
+                        .block_table_stride = 2, .slot_mapping = slots, .num_logits = 2, .logits_index = c->li};
+}
+
+static void cb_refused(const cb_batch *c, int32_t bs, int32_t nblk, const char *needle) {
+    char why[384] = "";
+    loom_status st = loom_check_batch(&c->b, c->logits, false, bs, nblk, 97, 0, why, sizeof why);
+    cr_assert_eq(st, LOOM_ERR_INVALID, "status %d (%s), want INVALID for '%s'", (int)st, why, needle);
+    cr_assert(strstr(why, needle), "message '%s' lacks '%s'", why, needle);
+}
+
+Test(backend_check, batch_valid_passes) {
+    cb_batch c;
+    cb_make(&c);
+    char why[384] = "";
+    cr_assert_eq(loom_check_batch(&c.b, c.logits, false, 4, 8, 97, 0, why, sizeof why), LOOM_OK, "%s", why);
+}
+
+/* query_start is checked whole before any token is read: an inner offset
+ * past num_tokens must not walk the token arrays (they are guarded). */
+Test(backend_check, batch_query_start_checked_before_tokens) {
+    cb_batch c;
+    cb_make(&c);
+    c.qs[1] = 100; /* {0, 100, 4}: decreases at sequence 1, past T at 0 */
+    cb_refused(&c, 4, 8, "query_start[1] = 100");
+    c.qs[1] = 5; /* {0, 5, 4} */
+    cb_refused(&c, 4, 8, "query_start[1] = 5");
+    c.qs[1] = -1; /* {0, -1, 4} */
+    cb_refused(&c, 4, 8, "query_start[1] = -1");
+}
+
+Test(backend_check, batch_bad_pool_shape_refused) {
+    cb_batch c;
+    cb_make(&c);
+    cb_refused(&c, 0, 8, "block_size 0");
+    cb_refused(&c, -4, 8, "block_size -4");
+    cb_refused(&c, 4, -1, "num_blocks -1");
+}
+
+/* ---------------------------------------------- host->logits_topk_row */
+
+/* k <= 0 writes nothing (not even *lse); k > vocab pads the tail with
+ * id -1 and -inf. The arrays sit one element into sentinel-filled buffers. */
+Test(backend_check, topk_row_k_outside_1_to_vocab) {
+    const float row[3] = {0.5f, 2.0f, 1.0f};
+    int32_t ids[8];
+    float vals[8], lse = 42.0f;
+    for (int32_t k = -1; k <= 0; k++) {
+        for (int i = 0; i < 8; i++) ids[i] = 77, vals[i] = -1e30f;
+        loom_logits_topk_row(row, 3, k, ids + 1, vals + 1, &lse);
+        for (int i = 0; i < 8; i++) {
+            cr_assert_eq(ids[i], 77, "k %d wrote ids[%d] = %d", k, i - 1, ids[i]);
+            cr_assert_eq(vals[i], -1e30f, "k %d wrote vals[%d] = %g", k, i - 1, (double)vals[i]);
+        }
+        cr_assert_eq(lse, 42.0f, "k %d wrote lse", k);
+    }
+    for (int i = 0; i < 8; i++) ids[i] = 77, vals[i] = 12345.0f;
+    loom_logits_topk_row(row, 3, 5, ids + 1, vals + 1, &lse);
+    const int32_t want_ids[5] = {1, 2, 0, -1, -1};
+    const float want_vals[5] = {2.0f, 1.0f, 0.5f, -INFINITY, -INFINITY};
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(ids[i + 1], want_ids[i], "ids[%d] = %d, want %d", i, ids[i + 1], want_ids[i]);
+        cr_assert_eq(vals[i + 1], want_vals[i], "vals[%d] = %g, want %g", i, (double)vals[i + 1],
+                     (double)want_vals[i]);
+    }
+    cr_assert_eq(ids[0], 77);
+    cr_assert_eq(ids[6], 77);
+    cr_assert_float_eq(lse, (float)log(exp(0.5) + exp(2.0) + exp(1.0)), 1e-5);
 }

@@ -978,3 +978,86 @@ Test(dummy, bad_pipelines) {
     cr_assert(strstr(err.message, "does-not-exist.yaml"), "%s", err.message);
     free(missing);
 }
+
+/* A sampler may leave the logprob alternatives unwritten (sampler "lazy",
+ * lazy_sampler.c): the events then carry the padding loom/sampler.h
+ * defines (-1, -inf), never what the engine's scratch held — for rows
+ * sampled together and for the first token of a forked sample. */
+typedef struct alt_rec {
+    int32_t events, bad;
+    char what[256];
+} alt_rec;
+
+static void alt_cb(void *user, const loom_token_event *ev) {
+    alt_rec *r = user;
+    if (ev->finish != LOOM_FINISH_NONE || ev->token < 0) return;
+    r->events++;
+    if (ev->num_top != 3) {
+        if (!r->bad++) snprintf(r->what, sizeof r->what, "sample %d: num_top %d, want 3", ev->sample_index, ev->num_top);
+        return;
+    }
+    for (int32_t k = 0; k < ev->num_top; k++)
+        if (ev->top_ids[k] != -1 || ev->top_logprobs[k] != -INFINITY) {
+            if (!r->bad++)
+                snprintf(r->what, sizeof r->what, "sample %d: alternative %d is (%d, %g), want (-1, -inf)",
+                         ev->sample_index, k, ev->top_ids[k], (double)ev->top_logprobs[k]);
+            return;
+        }
+}
+
+Test(dummy, unwritten_logprob_alternatives_are_padding) {
+    const char *ov[] = {"sampler.plugin=lazy", NULL};
+    loom_engine *e = eng_open("tiny.yaml", ov);
+    int32_t p[3][16];
+    alt_rec recs[3] = {0};
+    for (int i = 0; i < 3; i++) {
+        eng_prompt(p[i], 10 + i, 40u + (uint32_t)i, VOCAB);
+        loom_request rq = eng_req_tokens(p[i], 10 + i, 5);
+        rq.params.logprobs = 3;
+        rq.n = i == 2 ? 2 : 1;
+        rq.on_token = alt_cb;
+        rq.user = &recs[i];
+        loom_error err = {0};
+        cr_assert_geq(loom_engine_add_request(e, &rq, &err), 0, "%s", err.message);
+    }
+    eng_run(e, 1000);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(recs[i].events, i == 2 ? 10 : 5, "request %d: %d token events", i, recs[i].events);
+        cr_assert_eq(recs[i].bad, 0, "request %d: %d events with garbage alternatives; first: %s", i, recs[i].bad,
+                     recs[i].what);
+    }
+    loom_engine_destroy(e);
+}
+
+/* The quantizer's kv_dtype() reaches the backend only when it is one that
+ * loom/quant.h allows (F32, F16, BF16, FP8_E4M3, or LOOM_DTYPE_COUNT for the
+ * backend's default); anything else fails engine creation naming the
+ * quantizer (test quantizer "badkv", badkv_quant.c). */
+Test(dummy, quantizer_kv_dtype_checked) {
+    char *path = eng_data("tiny.yaml");
+    const int bad[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_I8, 99, -1};
+    for (int i = 0; i < 4; i++) {
+        char kv[64];
+        snprintf(kv, sizeof kv, "quantizer.kv=%d", bad[i]);
+        const char *ov[] = {"quantizer.plugin=badkv", kv};
+        loom_engine *e = (loom_engine *)0x1;
+        loom_error err = {0};
+        cr_assert_neq(loom_engine_create(path, ov, 2, &e, &err), LOOM_OK, "kv_dtype %d was accepted", bad[i]);
+        cr_assert_null(e);
+        char want[64];
+        snprintf(want, sizeof want, "kv_dtype() returned %d", bad[i]);
+        cr_assert(strstr(err.message, "quantizer 'badkv'") && strstr(err.message, want),
+                  "kv_dtype %d: '%s' should name the quantizer and the value", bad[i], err.message);
+    }
+    const int good[] = {LOOM_DTYPE_COUNT, LOOM_DTYPE_F32};
+    for (int i = 0; i < 2; i++) {
+        char kv[64];
+        snprintf(kv, sizeof kv, "quantizer.kv=%d", good[i]);
+        const char *ov[] = {"quantizer.plugin=badkv", kv};
+        loom_engine *e = NULL;
+        loom_error err = {0};
+        cr_assert_eq(loom_engine_create(path, ov, 2, &e, &err), LOOM_OK, "kv_dtype %d: %s", good[i], err.message);
+        loom_engine_destroy(e);
+    }
+    free(path);
+}

@@ -8,10 +8,12 @@
  * own must finish with LENGTH — never "no progress possible" — and no block
  * may stay referenced afterwards. Covered for the continuous scheduler (with
  * and without prefix caching, recompute and swap) and the static one.
+ * A fork the cache has no room for ends only the samples it concerns.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "eng_util.h"
 
@@ -105,3 +107,66 @@ Test(forks, static_scheduler) {
 
 /* Small token budget: prompts are chunked, forks happen in later steps. */
 Test(forks, continuous_chunked) { sweep("tiny.yaml", "scheduler.max_batched_tokens=8", pools, 5); }
+
+/* A fork the cache cannot make (NO_SPACE, an ordinary result) ends only the
+ * samples it concerns: the one being forked and those not yet created end
+ * with an error event, the parent and earlier forks go on, other requests
+ * run, the step succeeds and no block stays referenced. The contiguous
+ * cache gives each sequence one whole region: `regions` regions of
+ * max_model_len 40 in blocks of 8. */
+static void fork_no_space(int32_t regions, int32_t want_ok) {
+    char nb[64];
+    snprintf(nb, sizeof nb, "cache.num_blocks=%d", 5 * regions);
+    const char *ov[] = {"engine.max_model_len=40", "cache.block_size=8", nb, NULL};
+    loom_engine *e = eng_open("tiny_contiguous.yaml", ov);
+    int32_t pa[12], pb[9];
+    eng_prompt(pa, 12, 1, VOCAB);
+    eng_prompt(pb, 9, 2, VOCAB);
+    eng_rec ra, rb;
+    eng_rec_init(&ra, 3);
+    eng_rec_init(&rb, 1);
+    loom_request qa = eng_req_tokens(pa, 12, 6);
+    qa.n = 3;
+    qa.params.temperature = 1.0f;
+    eng_add(e, qa, &ra);
+    loom_error err = {0};
+    int32_t active = 0;
+    /* A alone: its prompt fits one step, so its forks happen before B arrives. */
+    cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%d regions: loom_engine_step: %s", regions,
+                 err.message);
+    eng_add(e, eng_req_tokens(pb, 9, 6), &rb);
+    eng_run(e, 1000);
+    eng_rec_check_done(&ra);
+    eng_rec_check_done(&rb);
+    for (int32_t k = 0; k < 3; k++) {
+        const eng_sample *s = &ra.s[k];
+        if (k < want_ok) {
+            cr_assert_eq(s->finish, LOOM_FINISH_LENGTH, "%d regions: sample %d: finish %d (%s)", regions, k,
+                         s->finish, s->error);
+            cr_assert_eq(s->ntok, 6);
+        } else {
+            cr_assert_eq(s->finish, LOOM_FINISH_ERROR, "%d regions: sample %d: finish %d, want ERROR", regions,
+                         k, s->finish);
+            cr_assert(strstr(s->error, "fork") && strstr(s->error, "cache.contiguous"),
+                      "%d regions: sample %d: error '%s' should say the fork failed and why", regions, k,
+                      s->error);
+        }
+    }
+    cr_assert_eq(rb.s[0].finish, LOOM_FINISH_LENGTH, "the other request: finish %d (%s)", rb.s[0].finish,
+                 rb.s[0].error);
+    cr_assert_eq(rb.s[0].ntok, 6);
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st);
+    cr_assert_eq(st.kv_blocks_used, 0, "%d of %d KV blocks still referenced", st.kv_blocks_used,
+                 st.kv_blocks_total);
+    cr_assert_eq(st.running + st.waiting + st.swapped, 0);
+    eng_rec_free(&ra);
+    eng_rec_free(&rb);
+    loom_engine_destroy(e);
+}
+
+/* One region: neither fork fits; two regions: the first fits, the second not. */
+Test(forks, fork_no_space_ends_those_samples_only) {
+    fork_no_space(1, 1);
+    fork_no_space(2, 2);
+}

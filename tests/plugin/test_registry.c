@@ -352,7 +352,8 @@ Test(plugin_registry, list_tolerates_broken_files) {
             if (strstr(items[i].path, "loom-sampler-text.so")) saw_text = true;
         }
     }
-    cr_assert_eq(good, 8 + 1, "7 kinds + libmulti + bad/loom-scheduler-liar.so (good: %d)", good);
+    cr_assert_eq(good, 8 + 2, "7 kinds + libmulti + bad/loom-scheduler-liar.so + bad/loom-sampler-nullself.so "
+                 "(good: %d)", good);
     cr_assert_eq(broken, 11, "10 broken plugins + the text file (broken: %d)", broken);
     cr_assert(saw_text && saw_multi);
     int n2 = 0;
@@ -417,6 +418,29 @@ Test(plugin_registry, failed_create_leaves_nothing) {
     free(config);
     loom_cfg_free(root);
     loom_registry_destroy(reg);
+}
+
+/* create() returning LOOM_OK with *self NULL breaks loom_create_fn's
+ * contract (the instance is how destroy, and the plugin's reference, are
+ * reached): refused, naming the plugin, and nothing is left behind. */
+Test(plugin_registry, create_without_instance_is_refused) {
+    loom_registry *reg = bad_reg();
+    const loom_component *c = NULL;
+    loom_plugin *p = NULL;
+    loom_error err = {0};
+    cr_assert_eq(loom_registry_find(reg, LOOM_KIND_SAMPLER, "nullself", &c, &p, &err), LOOM_OK, "%s",
+                 err.message);
+    void *config = calloc(1, c->config_size);
+    void *self = (void *)1;
+    cr_assert_eq(loom_plugin_create_instance(p, c, NULL, config, &self, &err), LOOM_ERR_INTERNAL, "%s",
+                 err.message);
+    cr_assert_null(self);
+    cr_assert_not_null(strstr(err.message, "sampler 'nullself'"), "%s", err.message);
+    cr_assert_not_null(strstr(err.message, "loom-sampler-nullself.so"), "%s", err.message);
+    cr_assert_not_null(strstr(err.message, "without an instance"), "%s", err.message);
+    cr_assert_eq(loom_plugin_live_instances(p), 0);
+    free(config);
+    loom_registry_destroy(reg); /* the last reference: the object is closed */
 }
 
 Test(plugin_registry, abi_helpers) {

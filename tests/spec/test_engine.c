@@ -647,3 +647,46 @@ Test(spec, drafts_never_cause_preemption, .timeout = 60) {
     cr_log_info("tight caches: %lld drafts one by one, %lld batched, no preemption", (long long)drafts[0],
                 (long long)drafts[1]);
 }
+
+/* ------------------------------------- scheduler output that cannot run */
+
+/* Scheduler "rogue" (rogue_sched.c) in `mode` with a speculator that always
+ * drafts: the first bad entry fails the step with an error naming the
+ * scheduler, the sequence and the values — before any logits row is laid
+ * out from it. */
+static void rogue_refused(const char *mode, const char *const *needles) {
+    static char sched[1200], spec[1200], modeov[64];
+    const char *b = getenv("LOOM_BUILD_DIR");
+    snprintf(sched, sizeof sched, "scheduler.plugin=%s/tests/spec/loom-scheduler-rogue.so", b ? b : ".");
+    snprintf(spec, sizeof spec, "%s", tspec_path("batch"));
+    snprintf(modeov, sizeof modeov, "scheduler.mode=%s", mode);
+    const char *ov[] = {"cache.num_blocks=512", sched, modeov, spec, "speculator.fill=true"};
+    loom_engine *e = engine_new("tiny.yaml", ov, 5);
+    gen g;
+    memset(&g, 0, sizeof g);
+    int32_t prompt[20];
+    make_prompt(prompt, 20, 77);
+    loom_request rq = loom_request_default();
+    rq.tokens = prompt;
+    rq.num_tokens = 20;
+    rq.max_tokens = 16;
+    submit(e, &g, &rq);
+    loom_error err = {0};
+    loom_status st = LOOM_OK;
+    int32_t active = 1;
+    for (int i = 0; i < 20 && st == LOOM_OK && active > 0; i++) st = loom_engine_step(e, &active, &err);
+    cr_assert_eq(st, LOOM_ERR_INTERNAL, "mode %s: step status %d (%s), want INTERNAL", mode, (int)st, err.message);
+    for (int i = 0; needles[i]; i++)
+        cr_assert(strstr(err.message, needles[i]), "mode %s: '%s' lacks '%s'", mode, err.message, needles[i]);
+    loom_engine_destroy(e);
+}
+
+Test(spec, scheduler_entry_short_of_its_drafts_is_refused, .timeout = 60) {
+    const char *n[] = {"scheduler 'rogue'", "seq 0", "verification rows", NULL};
+    rogue_refused("short_verify", n);
+}
+
+Test(spec, scheduler_entry_overflowing_int32_is_refused, .timeout = 60) {
+    const char *n[] = {"scheduler 'rogue'", "seq 0", "2147483646", NULL};
+    rogue_refused("overflow", n);
+}

@@ -7,7 +7,8 @@
  * to attach_inner(); from then on the engine talks only to the executor,
  * through its model-runner methods, and the executor fans every call out:
  *   load        each rank's load_shard() with its communicator — ranks load
- *               one after another (quantizers are engine-thread objects);
+ *               one after another (a quantizer's plan/quantize/release are
+ *               [instance]: never called concurrently);
  *   kv_block_bytes  the largest over ranks, so one block id means the same
  *               block on every rank ("ranks mirror the block tables");
  *   memory      the smallest free memory over ranks (divided by size when
@@ -571,8 +572,9 @@ static loom_status tp_load(void *self, const loom_model_view *m, const loom_quan
         return h->error(h->ctx, err, LOOM_ERR_INVALID, "executor tp: load() needs a model view");
     const loom_model_config *c = m->config;
     if ((st = tp_check_model(tp, c, err)) != LOOM_OK) return st;
-    /* one rank at a time: a quantizer is an engine-thread object and sees
-     * one caller at a time, and peak host memory stays one rank's */
+    /* one rank at a time: a quantizer's plan/quantize/release are
+     * [instance] (loom/quant.h) and must never run concurrently, and peak
+     * host memory stays one rank's */
     for (int32_t i = 0; i < tp->size; i++) {
         tp_job j = {.op = TP_OP_LOAD, .only = i, .model = m, .quant = quant};
         if ((st = tp_run(tp, j, err)) != LOOM_OK) return st;

@@ -15,6 +15,8 @@
  *   BAD_NULLMETHOD  a sampler without sample()     -> "has no sample() (NULL)"
  *   BAD_HALFSWAP    a cache with swap_out() but no swap_in() -> "only one of swap_out() and swap_in()"
  *   BAD_LIAR        file says scheduler, component is a cache named "liar"
+ *   BAD_NULLSELF    a complete sampler (it loads) whose create() returns
+ *                   LOOM_OK without an instance  -> refused by create_instance
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -45,6 +47,8 @@
 #define BAD_NAME "halfswap"
 #elif defined(BAD_LIAR)
 #define BAD_NAME "liar"
+#elif defined(BAD_NULLSELF)
+#define BAD_NAME "nullself"
 #else
 #error "build with -DBAD_<WHAT>"
 #endif
