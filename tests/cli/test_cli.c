@@ -283,11 +283,11 @@ Test(cli, check_ab_pair) {
  * a run whose every check was "skipped". */
 Test(cli, plugin_test_unknown_check_is_not_found) {
     char *so = tp_join(tp_env("LOOM_TEST_GOOD_DIR"), "loom-sampler-tsamp.so");
-    run_result r = run(NULL, ARGS("plugin-test", so, "--quick", "--check", "no-such-check"));
+    cli_out r = run(NULL, ARGS("plugin-test", so, "--quick", "--check", "no-such-check"));
     cr_assert_eq(r.code, 1, "exit %d\nstdout: %s\nstderr: %s", r.code, r.out, r.err);
     has(r.err, "no check");
     has(r.err, "'no-such-check'");
     cr_assert_null(strstr(r.err, "skipped"), "stderr: %s", r.err);
-    run_free(&r);
+    cli_out_free(&r);
     free(so);
 }

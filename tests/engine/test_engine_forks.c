@@ -156,7 +156,7 @@ static void fork_no_space(int32_t regions, int32_t want_ok) {
                  rb.s[0].error);
     cr_assert_eq(rb.s[0].ntok, 6);
     loom_engine_stats st;
-    loom_engine_get_stats(e, &st);
+    loom_engine_get_stats(e, &st, sizeof st);
     cr_assert_eq(st.kv_blocks_used, 0, "%d of %d KV blocks still referenced", st.kv_blocks_used,
                  st.kv_blocks_total);
     cr_assert_eq(st.running + st.waiting + st.swapped, 0);
