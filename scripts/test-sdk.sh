@@ -4,7 +4,8 @@
 # Installs loom from BUILD_DIR into a temporary --destdir, copies
 # examples/plugin-hello out of the source tree, builds it with make using
 # only pkg-config (restricted to the installed loom-plugin.pc), then checks
-# that the installed `loom` lists the hello sampler and validates a pipeline
+# that the installed `loom` passes it through the conformance kit (`loom
+# plugin-test --quick`), lists the hello sampler and validates a pipeline
 # using it (and rejects an unknown key of it). Then builds examples/embed
 # against the installed loom.pc and runs the hello sampler inside it: a
 # sampler that does not declare candidates() receives whole rows for
@@ -63,6 +64,13 @@ rm -rf "$TMP/hello/build"
 make -s -C "$TMP/hello" OUT="$TMP/hello/out" >"$TMP/make.log" 2>&1 ||
     { cat "$TMP/make.log" >&2; fail "building the example against the installed SDK"; }
 [ -f "$TMP/hello/out/loom-sampler-hello.so" ] || fail "example produced no loom-sampler-hello.so"
+
+# The example must pass the conformance kit, as docs/plugin-guide.md tells
+# every plugin author to (--quick: a fifth of the iterations).
+"$LOOM" plugin-test "$TMP/hello/out/loom-sampler-hello.so" --quick >"$TMP/plugin-test.txt" 2>&1 ||
+    { cat "$TMP/plugin-test.txt" >&2; fail "loom plugin-test: the hello example fails the conformance kit"; }
+grep -q 'sampler hello-topk: sample.candidates' "$TMP/plugin-test.txt" ||
+    { cat "$TMP/plugin-test.txt" >&2; fail "loom plugin-test did not test both hello components"; }
 
 PLUGIN_PATH="$TMP/hello/out"
 [ -n "$TEST_PLUGINS" ] && PLUGIN_PATH="$PLUGIN_PATH:$TEST_PLUGINS"
