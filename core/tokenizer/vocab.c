@@ -222,8 +222,9 @@ loom_status tok_add_split(loom_tokenizer *t, const char *pattern, size_t pattern
                           bool literal, tok_split_behavior behavior, bool invert, loom_error *err) {
     int ecode = 0;
     PCRE2_SIZE eoff = 0;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF;
-    if (literal) opts |= PCRE2_LITERAL;
+    /* PCRE2_LITERAL refuses PCRE2_UCP (it only changes classes, which a
+     * literal has none of): a String pattern matches its bytes exactly. */
+    uint32_t opts = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, pattern_len, opts, &ecode, &eoff, NULL);
     if (!re) {
         PCRE2_UCHAR msg[160];

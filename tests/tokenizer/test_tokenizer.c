@@ -13,6 +13,7 @@
  */
 #include <criterion/criterion.h>
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -840,4 +841,144 @@ Test(tokenizer, encode_speed, .timeout = 120) {
     free(text);
     free_goldens(g, ng);
     loom_tokenizer_free(t);
+}
+
+/* ------------------------------------------------- Split pre-tokenizers */
+
+/* A byte-level tokenizer.json whose pre_tokenizer is one Split step (pattern
+ * is the JSON of the "pattern" object) then ByteLevel without its regex.
+ * Vocab: a 0, - 1, a- 2, -a 3, -- 4, b 5, ab 6, . 7; merges "- -" first. */
+static loom_tokenizer *split_tok(const char *pattern, const char *behavior, bool invert,
+                                 loom_status *st_out, loom_error *err) {
+    char path[] = "/tmp/loom_tok_splitXXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f,
+            "{\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
+            "{\"type\":\"Split\",\"pattern\":%s,\"behavior\":\"%s\",\"invert\":%s},"
+            "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]},"
+            "\"decoder\":{\"type\":\"ByteLevel\"},"
+            "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"-\":1,\"a-\":2,\"-a\":3,\"--\":4,"
+            "\"b\":5,\"ab\":6,\".\":7},"
+            "\"merges\":[[\"-\",\"-\"],[\"a\",\"-\"],[\"-\",\"a\"],[\"a\",\"b\"]]}}",
+            pattern, behavior, invert ? "true" : "false");
+    fclose(f);
+    loom_tokenizer *t = NULL;
+    *st_out = loom_tokenizer_from_json(path, NULL, &t, err);
+    unlink(path);
+    return t;
+}
+
+/* Encode text with a Split(pattern, behavior, invert) tokenizer; expect want. */
+static void split_case(const char *pattern, const char *behavior, bool invert, const char *text,
+                       const int32_t *want, int32_t nwant) {
+    loom_error err = {0};
+    loom_status st;
+    loom_tokenizer *t = split_tok(pattern, behavior, invert, &st, &err);
+    cr_assert_eq(st, LOOM_OK, "Split %s %s: %s", pattern, behavior, err.message);
+    int32_t *ids = NULL, n = 0;
+    cr_assert_eq(loom_tokenizer_encode(t, text, strlen(text), false, false, &ids, &n, &err), LOOM_OK,
+                 "%s", err.message);
+    bool same = n == nwant && memcmp(ids, want, sizeof(int32_t) * (size_t)n) == 0;
+    if (!same) {
+        fprintf(stderr, "Split %s %s%s on \"%s\":\n", pattern, behavior, invert ? " (invert)" : "", text);
+        print_ids("  want", want, nwant);
+        print_ids("  got ", ids, n);
+    }
+    cr_expect(same, "Split %s %s on \"%s\" gives the Hugging Face pieces", pattern, behavior, text);
+    free(ids);
+    loom_tokenizer_free(t);
+}
+
+#define SPLIT_CASE(pat, beh, inv, text, ...)                                         \
+    do {                                                                             \
+        const int32_t w_[] = {__VA_ARGS__};                                          \
+        split_case(pat, beh, inv, text, w_, (int32_t)(sizeof w_ / sizeof w_[0]));    \
+    } while (0)
+
+/* Empty matches (hostile input, issue 29): "$" matches at the very end and
+ * must neither read past the text nor lose it; "(?=b)" cuts "ab" into a, b
+ * (Hugging Face: onig find_iter, empty pieces dropped). */
+Test(tokenizer, split_empty_matches) {
+    SPLIT_CASE("{\"Regex\":\"$\"}", "Isolated", false, "ab", 6);
+    SPLIT_CASE("{\"Regex\":\"(?=b)\"}", "Isolated", false, "ab", 0, 5);
+    SPLIT_CASE("{\"Regex\":\"(?=b)\"}", "Removed", false, "ab", 0, 5);
+    SPLIT_CASE("{\"Regex\":\"(?=b)\"}", "MergedWithPrevious", false, "ab", 0, 5);
+    SPLIT_CASE("{\"Regex\":\"(?=b)\"}", "MergedWithNext", false, "abab", 0, 5, 0, 5);
+    SPLIT_CASE("{\"Regex\":\"\"}", "Isolated", false, "ab", 0, 5);
+    SPLIT_CASE("{\"Regex\":\"b*\"}", "Isolated", false, "abab", 0, 5, 0, 5);
+    SPLIT_CASE("{\"Regex\":\"$\"}", "Contiguous", true, "ab", 6); /* invert: "ab" is the match */
+}
+
+/* Delimiter behaviors as Hugging Face's split_delimiter_behavior test
+ * ("The-final--countdown": MergedWithPrevious gives The- final- - countdown). */
+Test(tokenizer, split_behaviors) {
+    const char *dash = "{\"Regex\":\"-\"}";
+    SPLIT_CASE(dash, "Isolated", false, "a-a--a", 0, 1, 0, 1, 1, 0);
+    SPLIT_CASE(dash, "Removed", false, "a-a--a", 0, 0, 0);
+    SPLIT_CASE(dash, "MergedWithPrevious", false, "a-a--a", 2, 2, 1, 0);
+    SPLIT_CASE(dash, "MergedWithNext", false, "a-a--a", 0, 3, 1, 3);
+    SPLIT_CASE(dash, "Contiguous", false, "a-a--a", 0, 1, 0, 4, 0);
+    SPLIT_CASE(dash, "Removed", true, "a-a--a", 1, 1, 1);
+}
+
+/* Split with a String pattern matches the string literally. */
+Test(tokenizer, split_string_pattern) {
+    SPLIT_CASE("{\"String\":\"-\"}", "Isolated", false, "a-a--a", 0, 1, 0, 1, 1, 0);
+    SPLIT_CASE("{\"String\":\".\"}", "Removed", false, "a.a", 0, 0);
+    SPLIT_CASE("{\"String\":\"-a\"}", "MergedWithPrevious", false, "a-a-a", 2, 0, 3);
+    SPLIT_CASE("{\"String\":\"(\"}", "Isolated", false, "ab", 6);
+}
+
+/* ------------------------------------------------- hostile GGUF metadata */
+
+/* A byte-level GGUF tokenizer over tokens a, b, ab (merge "a b") whose
+ * token_type array has element type `type_et` and the 3 values in `types`
+ * (4 or 8 bytes each, by type_et). */
+static loom_status gguf_types_tok(uint32_t type_et, const void *types, size_t esz, loom_error *err) {
+    gbuf b = {0};
+    gput(&b, "GGUF", 4);
+    gu32(&b, 3);
+    gu64(&b, 0);
+    gu64(&b, 4);
+    gkey(&b, "tokenizer.ggml.model", LOOM_GGUF_STRING); gstr(&b, "gpt2");
+    gkey(&b, "tokenizer.ggml.tokens", LOOM_GGUF_ARRAY); gu32(&b, LOOM_GGUF_STRING); gu64(&b, 3);
+    gstr(&b, "a"); gstr(&b, "b"); gstr(&b, "ab");
+    gkey(&b, "tokenizer.ggml.merges", LOOM_GGUF_ARRAY); gu32(&b, LOOM_GGUF_STRING); gu64(&b, 1);
+    gstr(&b, "a b");
+    gkey(&b, "tokenizer.ggml.token_type", LOOM_GGUF_ARRAY); gu32(&b, type_et); gu64(&b, 3);
+    gput(&b, types, 3 * esz);
+    while (b.n % 32) gput(&b, "", 1);
+    loom_gguf *g = NULL;
+    cr_assert_eq(loom_gguf_open_buffer(b.p, b.n, "types.gguf", &g, err), LOOM_OK, "%s", err->message);
+    loom_tokenizer *t = NULL;
+    loom_status st = loom_tokenizer_from_gguf(g, &t, err);
+    loom_tokenizer_free(t);
+    loom_gguf_close(g);
+    free(b.p);
+    return st;
+}
+
+/* token_type values that do not fit an int32 are an error naming the key
+ * (converting them was undefined behavior). */
+Test(tokenizer, gguf_token_type_out_of_range) {
+    loom_error err = {0};
+    const uint32_t good[] = {1, 1, 1};
+    cr_assert_eq(gguf_types_tok(LOOM_GGUF_UINT32, good, 4, &err), LOOM_OK, "%s", err.message);
+    const float goodf[] = {1.0f, 1.0f, 3.0f};
+    cr_assert_eq(gguf_types_tok(LOOM_GGUF_FLOAT32, goodf, 4, &err), LOOM_OK, "%s", err.message);
+    const uint32_t big[] = {1, 0xFFFFFFFFu, 1};
+    cr_expect_eq(gguf_types_tok(LOOM_GGUF_UINT32, big, 4, &err), LOOM_ERR_FORMAT);
+    cr_expect(strstr(err.message, "tokenizer.ggml.token_type[1]"), "%s", err.message);
+    const float huge[] = {1.0f, 1.0f, 1e30f};
+    cr_expect_eq(gguf_types_tok(LOOM_GGUF_FLOAT32, huge, 4, &err), LOOM_ERR_FORMAT);
+    cr_expect(strstr(err.message, "tokenizer.ggml.token_type[2]"), "%s", err.message);
+    const float nan[] = {NAN, 1.0f, 1.0f};
+    cr_expect_eq(gguf_types_tok(LOOM_GGUF_FLOAT32, nan, 4, &err), LOOM_ERR_FORMAT);
+    cr_expect(strstr(err.message, "tokenizer.ggml.token_type[0]"), "%s", err.message);
+    const float half[] = {1.0f, 1.5f, 1.0f};
+    cr_expect_eq(gguf_types_tok(LOOM_GGUF_FLOAT32, half, 4, &err), LOOM_ERR_FORMAT);
+    const double hugeds[] = {1.0, 1e300, 1.0};
+    cr_expect_eq(gguf_types_tok(LOOM_GGUF_FLOAT64, hugeds, 8, &err), LOOM_ERR_FORMAT);
 }
