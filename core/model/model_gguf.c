@@ -64,6 +64,12 @@ static loom_status get_float(const gg_ctx *c, const char *suffix, float *v, loom
     return LOOM_OK;
 }
 
+static float f32_at(const unsigned char *p, uint64_t i) {
+    float x;
+    memcpy(&x, p + 4 * i, sizeof x);
+    return x;
+}
+
 /* Llama 3.1 GGUFs carry RoPE scaling as a tensor of per-frequency divisors
  * (rope_freqs.weight, head_dim/2 floats) instead of keys. Recover the
  * Llama-3 parameters: factor = the largest divisor; low/high frequency
@@ -74,9 +80,9 @@ static void infer_llama3_scaling(loom_model_config *c, const loom_gguf_tensor_in
         loom_log(LOOM_LOG_WARN, "model", "%s: rope_freqs.weight has an unexpected shape/type; ignoring it", path);
         return;
     }
-    const float *f = ti->data;
+    const unsigned char *f = ti->data; /* may sit at any address: read with f32_at */
     float fmax = 0;
-    for (uint64_t i = 0; i < ti->ne[0]; i++) fmax = f[i] > fmax ? f[i] : fmax;
+    for (uint64_t i = 0; i < ti->ne[0]; i++) fmax = f32_at(f, i) > fmax ? f32_at(f, i) : fmax;
     if (!(fmax > 1.0f)) return;
     c->rope_scaling = LOOM_ROPE_SCALING_LLAMA3;
     c->rope_factor = fmax;
@@ -96,7 +102,7 @@ static void infer_llama3_scaling(loom_model_config *c, const loom_gguf_tensor_in
                             (c->rope_high_freq_factor - c->rope_low_freq_factor);
             want = 1.0 / ((1 - smooth) / c->rope_factor + smooth);
         }
-        double d = fabs(want - f[i]) / want;
+        double d = fabs(want - f32_at(f, i)) / want;
         worst = d > worst ? d : worst;
     }
     if (worst > 1e-3)
@@ -300,7 +306,11 @@ loom_status lm_load_gguf(loom_model *m, const loom_model_load_opts *o, loom_erro
         }
         int64_t shape[4];
         for (uint32_t d = 0; d < ti->n_dims; d++) shape[d] = (int64_t)ti->ne[ti->n_dims - 1 - d];
-        if ((st = lm_add_tensor(m, name, ti->dtype, (int)ti->n_dims, shape, (void *)ti->data, ti->nbytes, err)))
+        /* GGUF's default alignment is 32; a file with a smaller general.alignment
+         * gets its tensors copied to aligned storage, as the kernels expect. */
+        void *data = lm_aligned_data(m, (void *)ti->data, ti->nbytes, 32);
+        if (!data && ti->data) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying %s", name);
+        if ((st = lm_add_tensor(m, name, ti->dtype, (int)ti->n_dims, shape, data, ti->nbytes, err)))
             return st;
     }
     if ((st = lm_index(m, o->path, err))) return st;

@@ -483,6 +483,52 @@ Test(model, gguf_arch_and_keys) {
     rm_tmpdir();
 }
 
+/* general.alignment = 1 lets tensor data sit at any address (issue 29):
+ * every tensor must still reach the model aligned (copied when needed) with
+ * its values intact, and rope_freqs.weight must be read safely. A padding
+ * key of 0..3 bytes is tried until rope_freqs.weight lands at an odd offset. */
+Test(model, gguf_alignment_one_misaligned_tensors) {
+    make_tmpdir();
+    static float freqs[THD / 2];
+    for (int i = 0; i < THD / 2; i++) freqs[i] = i == 0 ? 1.0f : 8.0f;
+    bool odd = false;
+    for (int pad = 0; pad < 4 && !odd; pad++) {
+        tiny t;
+        build_tiny(&t, 0);
+        t.b.alignment = 1;
+        gb_u32(&t.b, "general.alignment", 1);
+        char padv[8] = "";
+        memset(padv, 'p', (size_t)pad);
+        gb_s(&t.b, "x.pad", padv);
+        uint64_t ne[1] = {THD / 2};
+        gb_tensor_add(&t.b, "rope_freqs.weight", GG_F32, 1, ne, freqs, sizeof freqs);
+        gw f = gb_finish(&t.b);
+        /* rope_freqs.weight is last: its data ends the file */
+        odd = (f.len - sizeof freqs) % 4 != 0;
+        const char *p = tmp_path("align1.gguf");
+        cr_assert_eq(gw_write_file(&f, p), 0);
+        free(f.buf);
+        if (!odd) { free_tiny(&t); continue; }
+        loom_model *m = load_ok(p, NULL);
+        cr_expect_eq(loom_model_config_get(m)->rope_scaling, LOOM_ROPE_SCALING_LLAMA3);
+        cr_expect_eq(loom_model_config_get(m)->rope_factor, 8.0f);
+        const loom_tensor *rf = loom_model_tensor(m, "rope_freqs.weight");
+        cr_assert_not_null(rf);
+        cr_expect_eq((uintptr_t)rf->data % 32, 0, "rope_freqs.weight copied to aligned storage");
+        cr_expect_arr_eq(rf->data, freqs, sizeof freqs);
+        const loom_tensor *emb = loom_model_tensor(m, "token_embd.weight");
+        cr_assert_not_null(emb);
+        cr_expect_eq((uintptr_t)emb->data % 32, 0, "token_embd.weight aligned");
+        float e0;
+        memcpy(&e0, emb->data, 4);
+        cr_expect_float_eq(e0, 1.0f, 1e-6f, "token_embd.weight values kept");
+        loom_model_free(m);
+        free_tiny(&t);
+    }
+    cr_assert(odd, "no padding put rope_freqs.weight at an odd offset");
+    rm_tmpdir();
+}
+
 /* ------------------------------------------------------------ safetensors */
 
 typedef struct st_entry {
