@@ -9,6 +9,7 @@
  * quantized rows are moved, never dequantized). qwen2 GGUFs are converted
  * without that permutation (llama.cpp uses NeoX RoPE for them).
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +61,9 @@ static loom_status get_float(const gg_ctx *c, const char *suffix, float *v, loom
     if (loom_gguf_find(c->g, k) < 0) return LOOM_OK;
     if (!loom_gguf_get_f64(c->g, k, &x) || !isfinite(x))
         return loom_error_set(err, LOOM_ERR_FORMAT, "%s: metadata key %s must be a finite number", c->path, k);
+    if (fabs(x) > FLT_MAX) /* a GGUF f64: converting it to float would be undefined */
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: metadata key %s=%g is out of range for a float", c->path,
+                              k, x);
     *v = (float)x;
     return LOOM_OK;
 }

@@ -659,6 +659,40 @@ Test(model, safetensors_rope_parameters_v5) {
     loom_model_free(m);
 }
 
+/* Numbers in config.json that do not fit their field are errors naming the
+ * key and the value (issue 29: original_max_position_embeddings 1e20 was
+ * converted to int32 with undefined behavior, a context of -2147483648). */
+static void config_value_err(const char *from, const char *to, const char *want1, const char *want2) {
+    char cfg[2048], out[2048];
+    snprintf(cfg, sizeof cfg, k_config, "LlamaForCausalLM", "false");
+    char *at = strstr(cfg, from);
+    cr_assert_not_null(at, "%s", from);
+    snprintf(out, sizeof out, "%.*s%s%s", (int)(at - cfg), cfg, to, at + strlen(from));
+    write_text(tmp_path("config.json"), out);
+    loom_error err;
+    cr_expect_eq(load_err(g_dir, &err), LOOM_ERR_FORMAT, "%s", to);
+    cr_expect(strstr(err.message, want1) && strstr(err.message, want2), "%s: %s", to, err.message);
+}
+
+Test(model, safetensors_config_numbers_out_of_range) {
+    make_tmpdir();
+    st_entry e[64];
+    char names[64][96];
+    int n = hf_entries(e, "F32", true, false, names);
+    write_safetensors(tmp_path("model.safetensors"), e, n, NULL);
+    const char *orig = "\"original_max_position_embeddings\":64";
+    config_value_err(orig, "\"original_max_position_embeddings\":1e20", "original_max_position_embeddings", "1e+20");
+    config_value_err(orig, "\"original_max_position_embeddings\":-5", "original_max_position_embeddings", "-5");
+    config_value_err(orig, "\"original_max_position_embeddings\":64.5", "original_max_position_embeddings", "64.5");
+    config_value_err("\"factor\":8.0", "\"factor\":1e300", "\"factor\"", "1e+300");
+    config_value_err("\"rope_theta\":500000.0", "\"rope_theta\":-1e39", "\"rope_theta\"", "-1e+39");
+    config_value_err("\"max_position_embeddings\":256", "\"max_position_embeddings\":-2147483648",
+                     "\"max_position_embeddings\"", "-2147483648");
+    config_value_err("\"max_position_embeddings\":256", "\"max_position_embeddings\":1e20",
+                     "\"max_position_embeddings\"", "1e+20");
+    rm_tmpdir();
+}
+
 Test(model, safetensors_single_file) {
     make_tmpdir();
     st_entry e[64];
