@@ -33,6 +33,8 @@
 #define CFG_MAX_DEPTH 200       /* nesting levels; recursion is bounded by this   */
 #define CFG_MAX_NODES 1000000   /* nodes per parse, aliases expanded              */
 #define CFG_MAX_FILE (64u << 20) /* bytes; a pipeline file is a few KiB           */
+#define CFG_MAX_INCLUDE_DEPTH 32 /* levels of include: below the C stack's limit   */
+#define CFG_MAX_INCLUDE_FILES 256 /* files loaded for one configuration           */
 
 typedef struct cfg_anchor {
     char *name;          /* anchor name (owned)                       */
@@ -558,15 +560,24 @@ static loom_cfg_node *check_root(loom_cfg_node *root, loom_diag *diag) {
 
 /* ---------------------------------------------------------------- includes */
 
+/* What one configuration has loaded so far, against the include limits
+ * (a file including another many times multiplies the work). */
+typedef struct include_budget {
+    int files;    /* files loaded, CFG_MAX_INCLUDE_FILES at most          */
+    size_t bytes; /* their bytes together, CFG_MAX_FILE at most           */
+} include_budget;
+
 /* One file on the current include chain, innermost last. */
 typedef struct include_frame {
     const char *real;                   /* realpath; NULL for a string  */
     const char *shown;                  /* name as used in marks        */
     const struct include_frame *parent; /* the file that included this  */
+    int depth;                          /* 0 for the top file           */
+    include_budget *budget;             /* shared along the whole load  */
 } include_frame;
 
 static loom_cfg_node *load_path(const char *shown, const loom_cfg_mark *from,
-                                const include_frame *parent, loom_diag *diag);
+                                const include_frame *parent, include_budget *budget, loom_diag *diag);
 
 /* "dir/of/including/" + name, unless name is absolute or there is no dir. */
 static char *include_path(const char *including, const char *name) {
@@ -611,7 +622,7 @@ static loom_cfg_node *resolve_includes(loom_cfg_node *root, const char *shown,
             ok = false;
             break;
         }
-        loom_cfg_node *sub = load_path(path, &item->mark, self, diag);
+        loom_cfg_node *sub = load_path(path, &item->mark, self, self->budget, diag);
         free(path);
         if (!sub) {
             ok = false;
@@ -702,14 +713,33 @@ static void cycle_chain(const include_frame *f, const char *again, char *buf, si
     if (o < size) snprintf(buf + o, size - o, "%s", again);
 }
 
+/* Would loading `shown` (included at `at` by parent) pass the include
+ * limits? Counts it; reports and returns false when not. */
+static bool include_allowed(const char *shown, const loom_cfg_mark *at, const include_frame *parent,
+                            include_budget *budget, loom_diag *diag) {
+    if (parent && parent->depth + 1 > CFG_MAX_INCLUDE_DEPTH) {
+        loom_diag_add(diag, at, "cannot include '%s': includes nest more than %d levels deep (is there a "
+                      "runaway chain of includes?)", shown, CFG_MAX_INCLUDE_DEPTH);
+        return false;
+    }
+    if (++budget->files > CFG_MAX_INCLUDE_FILES) {
+        loom_diag_add(diag, at, "cannot include '%s': the configuration loads more than %d files "
+                      "(a file included many times counts each time)", shown, CFG_MAX_INCLUDE_FILES);
+        return false;
+    }
+    return true;
+}
+
 static loom_cfg_node *load_path(const char *shown, const loom_cfg_mark *from,
-                                const include_frame *parent, loom_diag *diag) {
+                                const include_frame *parent, include_budget *budget, loom_diag *diag) {
     loom_cfg_mark file_mark = {shown, 0, 0};
     const loom_cfg_mark *at = from ? from : &file_mark;
     char *real = NULL, *text = NULL;
     loom_cfg_node *root = NULL;
     size_t len = 0;
     int err = 0;
+
+    if (!include_allowed(shown, at, parent, budget, diag)) return NULL;
 
     real = realpath(shown, NULL);
     if (!real) {
@@ -726,9 +756,14 @@ static loom_cfg_node *load_path(const char *shown, const loom_cfg_mark *from,
     }
     text = read_all(real, &len, &err);
     if (!text) goto cannot_read;
+    if ((budget->bytes += len) > CFG_MAX_FILE) {
+        loom_diag_add(diag, at, "cannot include '%s': the configuration's files total more than %u bytes",
+                      shown, CFG_MAX_FILE);
+        goto done;
+    }
     root = check_root(parse_text(text, len, shown, -1, NULL, diag), diag);
     if (root) {
-        include_frame self = {real, shown, parent};
+        include_frame self = {real, shown, parent, parent ? parent->depth + 1 : 0, budget};
         root = resolve_includes(root, shown, &self, diag);
     }
     goto done;
@@ -748,7 +783,8 @@ loom_cfg_node *loom_cfg_load_file(const char *path, loom_diag *diag) {
         loom_diag_add(diag, NULL, "no pipeline file given");
         return NULL;
     }
-    return load_path(path, NULL, NULL, diag);
+    include_budget budget = {0};
+    return load_path(path, NULL, NULL, &budget, diag);
 }
 
 loom_cfg_node *loom_cfg_load_string(const char *text, const char *name, loom_diag *diag) {
@@ -761,7 +797,8 @@ loom_cfg_node *loom_cfg_load_string(const char *text, const char *name, loom_dia
     loom_cfg_node *root = check_root(parse_text(text, strlen(text), name, -1, NULL, diag), diag);
     if (!root) return NULL;
     /* Includes are relative to the current directory: pass a name without a dir. */
-    include_frame self = {NULL, name, NULL};
+    include_budget budget = {0};
+    include_frame self = {NULL, name, NULL, 0, &budget};
     return resolve_includes(root, "", &self, diag);
 }
 
