@@ -36,11 +36,6 @@
 #define CFG_MAX_INCLUDE_DEPTH 32 /* levels of include: below the C stack's limit   */
 #define CFG_MAX_INCLUDE_FILES 256 /* files loaded for one configuration           */
 
-typedef struct cfg_anchor {
-    char *name;          /* anchor name (owned)                       */
-    loom_cfg_node *node; /* private deep copy (owned)                 */
-} cfg_anchor;
-
 typedef struct cfg_parser {
     yaml_parser_t yp;
     const char *file;            /* name used in marks                           */
@@ -51,8 +46,7 @@ typedef struct cfg_parser {
     bool fatal;                  /* stop: syntax error, OOM or a limit           */
     int arg_index;               /* >= 0: a --set value; marks point at the arg  */
     const char *assignment;      /* the --set argument, for messages             */
-    cfg_anchor *anchors;
-    int n_anchors, cap_anchors;
+    loom_cfg_node *anchors;      /* map: anchor name -> private deep copy (owned) */
     size_t nodes;                /* created so far, compared to CFG_MAX_NODES    */
 } cfg_parser;
 
@@ -152,52 +146,33 @@ static bool budget(cfg_parser *p, size_t more, const loom_cfg_mark *m) {
 }
 
 static void anchors_free(cfg_parser *p) {
-    for (int i = 0; i < p->n_anchors; i++) {
-        free(p->anchors[i].name);
-        loom_cfg_free(p->anchors[i].node);
-    }
-    free(p->anchors);
+    loom_cfg_free(p->anchors);
     p->anchors = NULL;
-    p->n_anchors = p->cap_anchors = 0;
 }
 
-/* Remember a copy of `n` under `name`; a later anchor of the same name wins. */
+/* Remember a copy of `n` under `name`; a later anchor of the same name wins.
+ * The anchors are a map node, so lookups are hashed (a file may hold many). */
 static void anchor_add(cfg_parser *p, const char *name, const loom_cfg_node *n) {
     loom_cfg_node *copy = loom_cfg__clone(n);
-    if (!copy) {
-        oom(p, &n->mark);
+    if (!copy || (!p->anchors && !(p->anchors = loom_cfg__node_new(LOOM_CFG_MAP, NULL)))) goto nomem;
+    int i = loom_cfg__find(p->anchors, name);
+    if (i >= 0) {
+        loom_cfg_free(p->anchors->items[i].value);
+        p->anchors->items[i].value = copy;
         return;
     }
-    for (int i = 0; i < p->n_anchors; i++) {
-        if (strcmp(p->anchors[i].name, name) == 0) {
-            loom_cfg_free(p->anchors[i].node);
-            p->anchors[i].node = copy;
-            return;
-        }
-    }
-    if (p->n_anchors == p->cap_anchors) {
-        int cap = p->cap_anchors ? p->cap_anchors * 2 : 8;
-        cfg_anchor *a = realloc(p->anchors, (size_t)cap * sizeof *a);
-        if (!a) goto nomem;
-        p->anchors = a;
-        p->cap_anchors = cap;
-    }
-    char *nm = loom_strdup(name);
-    if (!nm) goto nomem;
-    p->anchors[p->n_anchors].name = nm;
-    p->anchors[p->n_anchors].node = copy;
-    p->n_anchors++;
-    return;
+    if (loom_cfg__append(p->anchors, name, NULL, copy)) return;
 nomem:
     loom_cfg_free(copy);
     oom(p, &n->mark);
 }
 
 static loom_cfg_node *alias_resolve(cfg_parser *p, const char *name, const loom_cfg_mark *m) {
-    for (int i = p->n_anchors - 1; i >= 0; i--) {
-        if (strcmp(p->anchors[i].name, name) != 0) continue;
-        if (!budget(p, loom_cfg__count_nodes(p->anchors[i].node), m)) return NULL;
-        loom_cfg_node *c = loom_cfg__clone(p->anchors[i].node);
+    int i = loom_cfg__find(p->anchors, name);
+    if (i >= 0) {
+        const loom_cfg_node *a = p->anchors->items[i].value;
+        if (!budget(p, loom_cfg__count_nodes(a), m)) return NULL;
+        loom_cfg_node *c = loom_cfg__clone(a);
         if (!c) oom(p, m);
         return c;
     }

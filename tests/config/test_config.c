@@ -517,6 +517,57 @@ CFG_TEST(typed_readers) {
     loom_cfg_free(r);
 }
 
+/* -------------------------------------------------------- large inputs */
+
+/* "k0: 0\nk1: 1\n..." with n keys, then `tail` (static buffer reused). */
+static char *many_keys(int n, const char *fmt, const char *tail) {
+    size_t cap = (size_t)n * 48 + strlen(tail) + 1, o = 0;
+    char *s = malloc(cap);
+    cr_assert_not_null(s);
+    for (int i = 0; i < n; i++) o += (size_t)snprintf(s + o, cap - o, fmt, i, i, i);
+    snprintf(s + o, cap - o, "%s", tail);
+    return s;
+}
+
+/* Issue 29: duplicate-key and anchor lookups scanned linearly, so a 1 MB
+ * file of 80k keys took minutes. 80k keys, and 40k anchors with their
+ * aliases, must now parse well inside the timeout; duplicates are still
+ * found with both places. */
+static void many_keys_parse_fast_body(void);
+Test(config, many_keys_parse_fast, .timeout = 20) {
+    many_keys_parse_fast_body();
+    cr_assert_eq(LOOM_TEST_LEAK_CHECK(), 0, "memory leaked (see the LeakSanitizer report)");
+}
+static void many_keys_parse_fast_body(void) {
+    enum { N = 80000 };
+    char *text = many_keys(N, "key_%d: %d\n", "");
+    loom_cfg_node *r = load_ok(text);
+    cr_expect_eq(loom_cfg_size(r), N);
+    cr_expect_str_eq(loom_cfg_scalar(loom_cfg_get(r, "key_79999")), "79999");
+    loom_cfg_free(r);
+    free(text);
+
+    text = many_keys(N, "key_%d: %d\n", "key_1234: again\n");
+    loom_diag d;
+    loom_diag_init(&d);
+    cr_assert_null(loom_cfg_load_string(text, "t.yaml", &d));
+    cr_assert_eq(d.count, 1);
+    expect_diag(&d, 0, "t.yaml", N + 1, 1,
+                "duplicate key 'key_1234' (first defined at t.yaml:1235:1); remove one of them");
+    loom_diag_free(&d);
+    free(text);
+
+    text = many_keys(N / 2, "a%d: &x%d v%d\n", "");
+    size_t len = strlen(text), cap = len + (size_t)N * 32;
+    text = realloc(text, cap);
+    for (int i = 0; i < N / 2; i++) len += (size_t)snprintf(text + len, cap - len, "b%d: *x%d\n", i, N / 2 - 1 - i);
+    r = load_ok(text);
+    cr_expect_eq(loom_cfg_size(r), N);
+    cr_expect_str_eq(loom_cfg_scalar(loom_cfg_get(r, "b0")), "v39999");
+    loom_cfg_free(r);
+    free(text);
+}
+
 /* --------------------------------------------------------------- includes */
 
 CFG_TEST(include_deep_merge) {
