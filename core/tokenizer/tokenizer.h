@@ -71,7 +71,8 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out, l
 /* From a Hugging Face tokenizer.json (model BPE; pre-tokenizers ByteLevel,
  * Split, Digits, Metaspace and Sequences of them; SentencePiece-style
  * normalizers Prepend/Replace "▁"). tokenizer_config_json_path (nullable)
- * supplies chat_template, bos_token, eos_token and add_bos_token. */
+ * supplies chat_template, bos_token, eos_token and add_bos_token. Either
+ * file over 64 MiB is refused (LOOM_ERR_FORMAT) before it is read. */
 loom_status loom_tokenizer_from_json(const char *tokenizer_json_path,
                                      const char *tokenizer_config_json_path, loom_tokenizer **out,
                                      loom_error *err);

@@ -982,3 +982,26 @@ Test(tokenizer, gguf_token_type_out_of_range) {
     const double hugeds[] = {1.0, 1e300, 1.0};
     cr_expect_eq(gguf_types_tok(LOOM_GGUF_FLOAT64, hugeds, 8, &err), LOOM_ERR_FORMAT);
 }
+
+/* Issue 29: a 2 GiB tokenizer.json was read whole (43 s, 2.4 GB). Files
+ * over the documented 64 MiB cap are refused before reading, by name;
+ * tokenizer_config.json too. (Sparse files: no disk is used.) */
+Test(tokenizer, json_file_size_cap) {
+    char big[] = "/tmp/loom_tok_bigXXXXXX";
+    int fd = mkstemp(big);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(ftruncate(fd, (off_t)2 << 30), 0);
+    close(fd);
+    loom_tokenizer *t = NULL;
+    loom_error err = {0};
+    double t0 = loom_now();
+    cr_expect_eq(loom_tokenizer_from_json(big, NULL, &t, &err), LOOM_ERR_FORMAT);
+    cr_expect(strstr(err.message, big) && strstr(err.message, "64 MiB"), "%s", err.message);
+    char tj[4096];
+    snprintf(tj, sizeof tj, "%s", data_path("smollm2-tokenizer.json"));
+    cr_expect_eq(loom_tokenizer_from_json(tj, big, &t, &err), LOOM_ERR_FORMAT);
+    cr_expect(strstr(err.message, big) && strstr(err.message, "64 MiB"), "%s", err.message);
+    cr_expect_lt(loom_now() - t0, 5.0, "refused before reading");
+    cr_expect_null(t);
+    unlink(big);
+}
