@@ -329,9 +329,36 @@ static bool is_space(char ch) {
     return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f';
 }
 
+/* Does [pos, end) overlap a plain span? *cur walks the sorted spans. */
+static bool in_plain(const tok_span *plain, size_t n_plain, size_t *cur, size_t pos, size_t end) {
+    while (*cur < n_plain && plain[*cur].end <= pos) (*cur)++;
+    return *cur < n_plain && plain[*cur].start < end;
+}
+
+/* The special token that text[pos..] starts with, or NULL. Outside
+ * parse_special, and anywhere inside a plain span, only the `always` ones
+ * (user-defined added tokens) count. */
+static const tok_special *special_at(const loom_tokenizer *t, const char *text, size_t len, size_t pos,
+                                     bool parse_special, const tok_span *plain, size_t n_plain, size_t *cur) {
+    unsigned char b = (unsigned char)text[pos];
+    for (int32_t k = t->special_first[b]; k < t->special_first[b + 1]; k++) {
+        const tok_special *sp = &t->specials[k];
+        if (sp->len > len - pos || memcmp(text + pos, sp->text, sp->len) != 0) continue;
+        if (sp->always) return sp;
+        if (parse_special && !in_plain(plain, n_plain, cur, pos, pos + sp->len)) return sp;
+    }
+    return NULL;
+}
+
 loom_status loom_tokenizer_encode(const loom_tokenizer *t, const char *text, size_t len,
                                   bool add_bos, bool parse_special, int32_t **ids, int32_t *n,
                                   loom_error *err) {
+    return tok_encode_spans(t, text, len, add_bos, parse_special, NULL, 0, ids, n, err);
+}
+
+loom_status tok_encode_spans(const loom_tokenizer *t, const char *text, size_t len, bool add_bos,
+                             bool parse_special, const tok_span *plain, size_t n_plain, int32_t **ids,
+                             int32_t *n, loom_error *err) {
     if (!ids || !n) return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer encode: NULL output");
     *ids = NULL;
     *n = 0;
@@ -345,16 +372,10 @@ loom_status loom_tokenizer_encode(const loom_tokenizer *t, const char *text, siz
 
     if (add_bos && t->add_bos && t->bos >= 0) push_id(&c, t->bos);
     bool scan = t->n_specials > 0;
-    size_t frag = 0, pos = 0;
+    size_t frag = 0, pos = 0, cur = 0;
     bool after_special = true; /* SentencePiece: ▁ before the first fragment */
     while (scan && pos < len && !c.oom) {
-        unsigned char b = (unsigned char)text[pos];
-        const tok_special *hit = NULL;
-        for (int32_t k = t->special_first[b]; k < t->special_first[b + 1]; k++) {
-            const tok_special *sp = &t->specials[k];
-            if (!sp->always && !parse_special) continue;
-            if (sp->len <= len - pos && memcmp(text + pos, sp->text, sp->len) == 0) { hit = sp; break; }
-        }
+        const tok_special *hit = special_at(t, text, len, pos, parse_special, plain, n_plain, &cur);
         if (!hit) { pos++; continue; }
         size_t end = pos;
         if (hit->lstrip) while (end > frag && is_space(text[end - 1])) end--;

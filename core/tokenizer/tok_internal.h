@@ -146,6 +146,18 @@ static inline const tok_pair_slot *tok_pair_find(const loom_tokenizer *t, int32_
 int tok_utf8_next(const unsigned char *s, size_t n, size_t *adv);
 
 /* Growable byte buffer. */
+/* Bytes [start, end) of a text. */
+typedef struct tok_span {
+    size_t start, end;
+} tok_span;
+
+/* loom_tokenizer_encode(), except that inside the sorted, disjoint spans
+ * `plain` special tokens are not parsed (user-defined added tokens still are):
+ * how message content is encoded inside a chat template. */
+loom_status tok_encode_spans(const loom_tokenizer *t, const char *text, size_t len, bool add_bos,
+                             bool parse_special, const tok_span *plain, size_t n_plain, int32_t **ids,
+                             int32_t *n, loom_error *err);
+
 typedef struct tok_buf {
     char *p;
     size_t n, cap;
