@@ -125,7 +125,7 @@ static void emit_fallback(enc_ctx *c, const char *s, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
         int32_t b = t->byte_tok[(unsigned char)s[i]];
         if (b >= 0) push_id(c, b);
-        else if (t->unk >= 0 && (i == 0 || t->byte_tok[(unsigned char)s[i - 1]] >= 0))
+        else if (t->unk_bytes && (i == 0 || t->byte_tok[(unsigned char)s[i - 1]] >= 0))
             push_id(c, t->unk); /* one <unk> per run of unencodable bytes */
     }
 }

@@ -214,6 +214,10 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out, l
     fill_spec(g, &a, model, pre, &spec);
     st = loom_tokenizer_from_arrays(&spec, out, err);
     if (st) loom_error_prefix(err, "%s", loom_gguf_path(g));
+    /* Byte-level BPE drops bytes its vocabulary cannot spell, as Hugging
+     * Face's BPE model without unk_token and llama.cpp do: unknown_token_id
+     * comes from tokenizer_config.json, which that model does not use. */
+    else if ((*out)->kind == TOK_BYTELEVEL) (*out)->unk_bytes = false;
 free_arrays:
     gguf_tok_arrays_free(&a);
     return st;

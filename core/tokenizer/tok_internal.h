@@ -86,6 +86,7 @@ struct loom_tokenizer {
     int32_t special_first[257]; /* specials[special_first[b] .. special_first[b+1]) start with b */
 
     int32_t bos, eos, unk, eot, eom, pad;
+    bool unk_bytes; /* bytes no token spells encode as unk (else dropped) */
     bool add_bos;
     bool add_space_prefix;   /* SPM: ▁ before the first fragment and after specials */
     bool spm_prefix_first;   /* ...but only before the fragment at offset 0 (Metaspace "first") */

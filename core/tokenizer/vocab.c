@@ -504,6 +504,7 @@ static void tok_set_ids(loom_tokenizer *t, const loom_tokenizer_spec *spec) {
     t->bos = tok_check_id(t, spec->bos_id, "bos");
     t->eos = tok_check_id(t, spec->eos_id, "eos");
     t->unk = tok_check_id(t, spec->unk_id, "unknown");
+    t->unk_bytes = t->unk >= 0;
     t->eot = tok_check_id(t, spec->eot_id, "eot");
     t->eom = tok_check_id(t, spec->eom_id, "eom");
     t->pad = tok_check_id(t, spec->pad_id, "padding");

@@ -1055,3 +1055,61 @@ Test(tokenizer, chat_content_cannot_forge_turns) {
     free(ids);
     loom_tokenizer_free(t);
 }
+
+/* Issue 29: bytes a byte-level vocabulary cannot spell (SmolLM2 has no
+ * token for 0x04). Hugging Face's BPE model drops them when the model has no
+ * unk_token (SmolLM2's tokenizer.json: null), and llama.cpp drops them too;
+ * the GGUF's tokenizer.ggml.unknown_token_id (from tokenizer_config.json)
+ * is not the model's unk, so both loaders now drop them. A tokenizer.json
+ * whose BPE model names an unk_token gets it, as in Hugging Face. */
+Test(tokenizer, unspellable_bytes_consistent) {
+    loom_tokenizer *j = json_tok();
+    loom_error err = {0};
+    int32_t *ids = NULL, n = 0;
+    cr_assert_eq(loom_tokenizer_encode(j, "a\x04" "b", 3, false, false, &ids, &n, &err), LOOM_OK);
+    int32_t ia = loom_tokenizer_find(j, "a"), ib = loom_tokenizer_find(j, "b");
+    cr_expect(n == 2 && ids[0] == ia && ids[1] == ib, "json: a, b (0x04 dropped); got %d ids", (int)n);
+    free(ids);
+    loom_tokenizer_free(j);
+
+    gbuf b = {0};
+    gput(&b, "GGUF", 4);
+    gu32(&b, 3);
+    gu64(&b, 0);
+    gu64(&b, 5);
+    gkey(&b, "tokenizer.ggml.model", LOOM_GGUF_STRING); gstr(&b, "gpt2");
+    gkey(&b, "tokenizer.ggml.tokens", LOOM_GGUF_ARRAY); gu32(&b, LOOM_GGUF_STRING); gu64(&b, 4);
+    gstr(&b, "<|endoftext|>"); gstr(&b, "a"); gstr(&b, "b"); gstr(&b, "ab");
+    gkey(&b, "tokenizer.ggml.merges", LOOM_GGUF_ARRAY); gu32(&b, LOOM_GGUF_STRING); gu64(&b, 1);
+    gstr(&b, "a b");
+    gkey(&b, "tokenizer.ggml.token_type", LOOM_GGUF_ARRAY); gu32(&b, LOOM_GGUF_INT32); gu64(&b, 4);
+    gu32(&b, 3); gu32(&b, 1); gu32(&b, 1); gu32(&b, 1);
+    gkey(&b, "tokenizer.ggml.unknown_token_id", LOOM_GGUF_UINT32); gu32(&b, 0);
+    while (b.n % 32) gput(&b, "", 1);
+    loom_gguf *g = NULL;
+    cr_assert_eq(loom_gguf_open_buffer(b.p, b.n, "bytes.gguf", &g, &err), LOOM_OK, "%s", err.message);
+    loom_tokenizer *t = NULL;
+    cr_assert_eq(loom_tokenizer_from_gguf(g, &t, &err), LOOM_OK, "%s", err.message);
+    loom_gguf_close(g);
+    free(b.p);
+    cr_assert_eq(loom_tokenizer_encode(t, "a\x04" "b", 3, false, false, &ids, &n, &err), LOOM_OK);
+    cr_expect(n == 2 && ids[0] == 1 && ids[1] == 2, "gguf: a, b (0x04 dropped, no <unk>); got %d ids", (int)n);
+    free(ids);
+    loom_tokenizer_free(t);
+
+    char path[] = "/tmp/loom_tok_unkXXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fputs("{\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false},"
+          "\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\","
+          "\"vocab\":{\"<unk>\":0,\"a\":1,\"b\":2,\"ab\":3},\"merges\":[\"a b\"]}}", f);
+    fclose(f);
+    cr_assert_eq(loom_tokenizer_from_json(path, NULL, &t, &err), LOOM_OK, "%s", err.message);
+    unlink(path);
+    cr_assert_eq(loom_tokenizer_encode(t, "a\x04" "b", 3, false, false, &ids, &n, &err), LOOM_OK);
+    cr_expect(n == 3 && ids[0] == 1 && ids[1] == 0 && ids[2] == 2, "json with unk_token: a, <unk>, b; got %d ids",
+              (int)n);
+    free(ids);
+    loom_tokenizer_free(t);
+}
