@@ -705,6 +705,14 @@ static bool include_allowed(const char *shown, const loom_cfg_mark *at, const in
     return true;
 }
 
+/* A pipe, socket or device (e.g. /dev/stdin on a pipe, whose /proc link
+ * names no file, so realpath fails): read by its own name, once, with no
+ * include-cycle check (it cannot be read again anyway). */
+static bool is_stream(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode);
+}
+
 static loom_cfg_node *load_path(const char *shown, const loom_cfg_mark *from,
                                 const include_frame *parent, include_budget *budget, loom_diag *diag) {
     loom_cfg_mark file_mark = {shown, 0, 0};
@@ -717,11 +725,11 @@ static loom_cfg_node *load_path(const char *shown, const loom_cfg_mark *from,
     if (!include_allowed(shown, at, parent, budget, diag)) return NULL;
 
     real = realpath(shown, NULL);
-    if (!real) {
+    if (!real && !is_stream(shown)) {
         err = errno;
         goto cannot_read;
     }
-    for (const include_frame *f = parent; f; f = f->parent) {
+    for (const include_frame *f = parent; f && real; f = f->parent) {
         if (f->real && strcmp(f->real, real) == 0) {
             char chain[LOOM_ERROR_MSG_MAX];
             cycle_chain(parent, shown, chain, sizeof chain);
@@ -729,7 +737,7 @@ static loom_cfg_node *load_path(const char *shown, const loom_cfg_mark *from,
             goto done;
         }
     }
-    text = read_all(real, &len, &err);
+    text = read_all(real ? real : shown, &len, &err); /* a stream by its own name */
     if (!text) goto cannot_read;
     if ((budget->bytes += len) > CFG_MAX_FILE) {
         loom_diag_add(diag, at, "cannot include '%s': the configuration's files total more than %u bytes",

@@ -749,6 +749,27 @@ static void include_count_is_limited_body(void) {
     remove_include_chain("fan", 12);
 }
 
+/* Issue 29: a pipe (/dev/stdin, /dev/fd/N) failed in realpath ("No such
+ * file"); it is now read like a file. */
+CFG_TEST(load_from_a_pipe) {
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    const char *text = "scheduler:\n  policy: fcfs\n";
+    cr_assert_eq(write(fds[1], text, strlen(text)), (ssize_t)strlen(text));
+    close(fds[1]);
+    char path[64];
+    snprintf(path, sizeof path, "/dev/fd/%d", fds[0]);
+    loom_diag d;
+    loom_diag_init(&d);
+    loom_cfg_node *r = loom_cfg_load_file(path, &d);
+    if (d.count) loom_diag_print(&d, stderr);
+    cr_assert_not_null(r);
+    cr_expect_str_eq(loom_cfg_scalar(loom_cfg_get_path(r, "scheduler.policy")), "fcfs");
+    loom_cfg_free(r);
+    loom_diag_free(&d);
+    close(fds[0]);
+}
+
 CFG_TEST(missing_include_at_value_position) {
     write_file("base.yaml", "a: 1\n");
     const char *top = write_file("top.yaml", "x: 1\n"
