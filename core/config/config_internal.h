@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "config/config.h"
 
@@ -30,6 +31,9 @@ struct loom_cfg_node {
     int count;            /* MAP/SEQ: items in use                       */
     int capacity;         /* MAP/SEQ: items allocated                    */
     loom_cfg_item *items; /* MAP/SEQ: owned array                        */
+    int32_t *index;       /* MAP of 16+ keys: hash slots holding item indices
+                           * (-1 empty), kept by append/remove; else NULL  */
+    uint32_t index_mask;  /* slots - 1                                   */
 };
 
 /* The file name used in marks of values given with --set. */

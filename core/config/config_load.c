@@ -33,11 +33,8 @@
 #define CFG_MAX_DEPTH 200       /* nesting levels; recursion is bounded by this   */
 #define CFG_MAX_NODES 1000000   /* nodes per parse, aliases expanded              */
 #define CFG_MAX_FILE (64u << 20) /* bytes; a pipeline file is a few KiB           */
-
-typedef struct cfg_anchor {
-    char *name;          /* anchor name (owned)                       */
-    loom_cfg_node *node; /* private deep copy (owned)                 */
-} cfg_anchor;
+#define CFG_MAX_INCLUDE_DEPTH 32 /* levels of include: below the C stack's limit   */
+#define CFG_MAX_INCLUDE_FILES 256 /* files loaded for one configuration           */
 
 typedef struct cfg_parser {
     yaml_parser_t yp;
@@ -49,8 +46,7 @@ typedef struct cfg_parser {
     bool fatal;                  /* stop: syntax error, OOM or a limit           */
     int arg_index;               /* >= 0: a --set value; marks point at the arg  */
     const char *assignment;      /* the --set argument, for messages             */
-    cfg_anchor *anchors;
-    int n_anchors, cap_anchors;
+    loom_cfg_node *anchors;      /* map: anchor name -> private deep copy (owned) */
     size_t nodes;                /* created so far, compared to CFG_MAX_NODES    */
 } cfg_parser;
 
@@ -150,52 +146,33 @@ static bool budget(cfg_parser *p, size_t more, const loom_cfg_mark *m) {
 }
 
 static void anchors_free(cfg_parser *p) {
-    for (int i = 0; i < p->n_anchors; i++) {
-        free(p->anchors[i].name);
-        loom_cfg_free(p->anchors[i].node);
-    }
-    free(p->anchors);
+    loom_cfg_free(p->anchors);
     p->anchors = NULL;
-    p->n_anchors = p->cap_anchors = 0;
 }
 
-/* Remember a copy of `n` under `name`; a later anchor of the same name wins. */
+/* Remember a copy of `n` under `name`; a later anchor of the same name wins.
+ * The anchors are a map node, so lookups are hashed (a file may hold many). */
 static void anchor_add(cfg_parser *p, const char *name, const loom_cfg_node *n) {
     loom_cfg_node *copy = loom_cfg__clone(n);
-    if (!copy) {
-        oom(p, &n->mark);
+    if (!copy || (!p->anchors && !(p->anchors = loom_cfg__node_new(LOOM_CFG_MAP, NULL)))) goto nomem;
+    int i = loom_cfg__find(p->anchors, name);
+    if (i >= 0) {
+        loom_cfg_free(p->anchors->items[i].value);
+        p->anchors->items[i].value = copy;
         return;
     }
-    for (int i = 0; i < p->n_anchors; i++) {
-        if (strcmp(p->anchors[i].name, name) == 0) {
-            loom_cfg_free(p->anchors[i].node);
-            p->anchors[i].node = copy;
-            return;
-        }
-    }
-    if (p->n_anchors == p->cap_anchors) {
-        int cap = p->cap_anchors ? p->cap_anchors * 2 : 8;
-        cfg_anchor *a = realloc(p->anchors, (size_t)cap * sizeof *a);
-        if (!a) goto nomem;
-        p->anchors = a;
-        p->cap_anchors = cap;
-    }
-    char *nm = loom_strdup(name);
-    if (!nm) goto nomem;
-    p->anchors[p->n_anchors].name = nm;
-    p->anchors[p->n_anchors].node = copy;
-    p->n_anchors++;
-    return;
+    if (loom_cfg__append(p->anchors, name, NULL, copy)) return;
 nomem:
     loom_cfg_free(copy);
     oom(p, &n->mark);
 }
 
 static loom_cfg_node *alias_resolve(cfg_parser *p, const char *name, const loom_cfg_mark *m) {
-    for (int i = p->n_anchors - 1; i >= 0; i--) {
-        if (strcmp(p->anchors[i].name, name) != 0) continue;
-        if (!budget(p, loom_cfg__count_nodes(p->anchors[i].node), m)) return NULL;
-        loom_cfg_node *c = loom_cfg__clone(p->anchors[i].node);
+    int i = loom_cfg__find(p->anchors, name);
+    if (i >= 0) {
+        const loom_cfg_node *a = p->anchors->items[i].value;
+        if (!budget(p, loom_cfg__count_nodes(a), m)) return NULL;
+        loom_cfg_node *c = loom_cfg__clone(a);
         if (!c) oom(p, m);
         return c;
     }
@@ -558,15 +535,24 @@ static loom_cfg_node *check_root(loom_cfg_node *root, loom_diag *diag) {
 
 /* ---------------------------------------------------------------- includes */
 
+/* What one configuration has loaded so far, against the include limits
+ * (a file including another many times multiplies the work). */
+typedef struct include_budget {
+    int files;    /* files loaded, CFG_MAX_INCLUDE_FILES at most          */
+    size_t bytes; /* their bytes together, CFG_MAX_FILE at most           */
+} include_budget;
+
 /* One file on the current include chain, innermost last. */
 typedef struct include_frame {
     const char *real;                   /* realpath; NULL for a string  */
     const char *shown;                  /* name as used in marks        */
     const struct include_frame *parent; /* the file that included this  */
+    int depth;                          /* 0 for the top file           */
+    include_budget *budget;             /* shared along the whole load  */
 } include_frame;
 
 static loom_cfg_node *load_path(const char *shown, const loom_cfg_mark *from,
-                                const include_frame *parent, loom_diag *diag);
+                                const include_frame *parent, include_budget *budget, loom_diag *diag);
 
 /* "dir/of/including/" + name, unless name is absolute or there is no dir. */
 static char *include_path(const char *including, const char *name) {
@@ -611,7 +597,7 @@ static loom_cfg_node *resolve_includes(loom_cfg_node *root, const char *shown,
             ok = false;
             break;
         }
-        loom_cfg_node *sub = load_path(path, &item->mark, self, diag);
+        loom_cfg_node *sub = load_path(path, &item->mark, self, self->budget, diag);
         free(path);
         if (!sub) {
             ok = false;
@@ -702,8 +688,33 @@ static void cycle_chain(const include_frame *f, const char *again, char *buf, si
     if (o < size) snprintf(buf + o, size - o, "%s", again);
 }
 
+/* Would loading `shown` (included at `at` by parent) pass the include
+ * limits? Counts it; reports and returns false when not. */
+static bool include_allowed(const char *shown, const loom_cfg_mark *at, const include_frame *parent,
+                            include_budget *budget, loom_diag *diag) {
+    if (parent && parent->depth + 1 > CFG_MAX_INCLUDE_DEPTH) {
+        loom_diag_add(diag, at, "cannot include '%s': includes nest more than %d levels deep (is there a "
+                      "runaway chain of includes?)", shown, CFG_MAX_INCLUDE_DEPTH);
+        return false;
+    }
+    if (++budget->files > CFG_MAX_INCLUDE_FILES) {
+        loom_diag_add(diag, at, "cannot include '%s': the configuration loads more than %d files "
+                      "(a file included many times counts each time)", shown, CFG_MAX_INCLUDE_FILES);
+        return false;
+    }
+    return true;
+}
+
+/* A pipe, socket or device (e.g. /dev/stdin on a pipe, whose /proc link
+ * names no file, so realpath fails): read by its own name, once, with no
+ * include-cycle check (it cannot be read again anyway). */
+static bool is_stream(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode);
+}
+
 static loom_cfg_node *load_path(const char *shown, const loom_cfg_mark *from,
-                                const include_frame *parent, loom_diag *diag) {
+                                const include_frame *parent, include_budget *budget, loom_diag *diag) {
     loom_cfg_mark file_mark = {shown, 0, 0};
     const loom_cfg_mark *at = from ? from : &file_mark;
     char *real = NULL, *text = NULL;
@@ -711,12 +722,14 @@ static loom_cfg_node *load_path(const char *shown, const loom_cfg_mark *from,
     size_t len = 0;
     int err = 0;
 
+    if (!include_allowed(shown, at, parent, budget, diag)) return NULL;
+
     real = realpath(shown, NULL);
-    if (!real) {
+    if (!real && !is_stream(shown)) {
         err = errno;
         goto cannot_read;
     }
-    for (const include_frame *f = parent; f; f = f->parent) {
+    for (const include_frame *f = parent; f && real; f = f->parent) {
         if (f->real && strcmp(f->real, real) == 0) {
             char chain[LOOM_ERROR_MSG_MAX];
             cycle_chain(parent, shown, chain, sizeof chain);
@@ -724,11 +737,16 @@ static loom_cfg_node *load_path(const char *shown, const loom_cfg_mark *from,
             goto done;
         }
     }
-    text = read_all(real, &len, &err);
+    text = read_all(real ? real : shown, &len, &err); /* a stream by its own name */
     if (!text) goto cannot_read;
+    if ((budget->bytes += len) > CFG_MAX_FILE) {
+        loom_diag_add(diag, at, "cannot include '%s': the configuration's files total more than %u bytes",
+                      shown, CFG_MAX_FILE);
+        goto done;
+    }
     root = check_root(parse_text(text, len, shown, -1, NULL, diag), diag);
     if (root) {
-        include_frame self = {real, shown, parent};
+        include_frame self = {real, shown, parent, parent ? parent->depth + 1 : 0, budget};
         root = resolve_includes(root, shown, &self, diag);
     }
     goto done;
@@ -748,7 +766,8 @@ loom_cfg_node *loom_cfg_load_file(const char *path, loom_diag *diag) {
         loom_diag_add(diag, NULL, "no pipeline file given");
         return NULL;
     }
-    return load_path(path, NULL, NULL, diag);
+    include_budget budget = {0};
+    return load_path(path, NULL, NULL, &budget, diag);
 }
 
 loom_cfg_node *loom_cfg_load_string(const char *text, const char *name, loom_diag *diag) {
@@ -761,7 +780,8 @@ loom_cfg_node *loom_cfg_load_string(const char *text, const char *name, loom_dia
     loom_cfg_node *root = check_root(parse_text(text, strlen(text), name, -1, NULL, diag), diag);
     if (!root) return NULL;
     /* Includes are relative to the current directory: pass a name without a dir. */
-    include_frame self = {NULL, name, NULL};
+    include_budget budget = {0};
+    include_frame self = {NULL, name, NULL, 0, &budget};
     return resolve_includes(root, "", &self, diag);
 }
 

@@ -48,9 +48,52 @@ void loom_cfg_free(loom_cfg_node *n) {
         loom_cfg_free(n->items[i].value);
     }
     free(n->items);
+    free(n->index);
     free(n->text);
     loom_cfg__mark_release(&n->mark);
     free(n);
+}
+
+/* ------------------------------------------------------------ key index */
+
+#define CFG_INDEX_MIN 16 /* maps smaller than this are scanned */
+
+static uint32_t key_hash(const char *s) {
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
+
+static void index_put(int32_t *slots, uint32_t mask, const char *key, int32_t i) {
+    uint32_t h = key_hash(key) & mask;
+    while (slots[h] >= 0) h = (h + 1) & mask;
+    slots[h] = i;
+}
+
+/* (Re)build n's index for its current keys; without one (small map, or no
+ * memory) lookups scan, which is still correct. */
+static void index_build(loom_cfg_node *n) {
+    free(n->index);
+    n->index = NULL;
+    if (n->type != LOOM_CFG_MAP || n->count < CFG_INDEX_MIN) return;
+    uint32_t size = 64;
+    while (size < (uint32_t)n->count * 2u) size *= 2;
+    int32_t *slots = malloc(size * sizeof *slots);
+    if (!slots) return;
+    memset(slots, 0xff, size * sizeof *slots);
+    for (int i = 0; i < n->count; i++)
+        if (n->items[i].key) index_put(slots, size - 1, n->items[i].key, i);
+    n->index = slots;
+    n->index_mask = size - 1;
+}
+
+/* Item i was just appended: index it (growing the table at half full). */
+static void index_added(loom_cfg_node *n, int i) {
+    if (!n->index || (uint32_t)n->count * 2u > n->index_mask + 1u) {
+        index_build(n);
+        return;
+    }
+    if (n->items[i].key) index_put(n->index, n->index_mask, n->items[i].key, i);
 }
 
 bool loom_cfg__append(loom_cfg_node *n, const char *key, const loom_cfg_mark *key_mark,
@@ -70,11 +113,17 @@ bool loom_cfg__append(loom_cfg_node *n, const char *key, const loom_cfg_mark *ke
     }
     it.value = value;
     n->items[n->count++] = it;
+    if (n->type == LOOM_CFG_MAP) index_added(n, n->count - 1);
     return true;
 }
 
 int loom_cfg__find(const loom_cfg_node *n, const char *key) {
     if (!n || n->type != LOOM_CFG_MAP || !key) return -1;
+    if (n->index) {
+        for (uint32_t h = key_hash(key) & n->index_mask; n->index[h] >= 0; h = (h + 1) & n->index_mask)
+            if (strcmp(n->items[n->index[h]].key, key) == 0) return n->index[h];
+        return -1;
+    }
     for (int i = 0; i < n->count; i++)
         if (n->items[i].key && strcmp(n->items[i].key, key) == 0) return i;
     return -1;
@@ -87,6 +136,7 @@ void loom_cfg__remove(loom_cfg_node *n, int i) {
     loom_cfg_free(n->items[i].value);
     memmove(&n->items[i], &n->items[i + 1], (size_t)(n->count - i - 1) * sizeof n->items[0]);
     n->count--;
+    if (n->index) index_build(n); /* indices after i moved */
 }
 
 loom_cfg_node *loom_cfg__clone(const loom_cfg_node *n) {

@@ -60,12 +60,11 @@ static loom_status encode_messages(loom_engine *e, const loom_request *req, loom
                                 i, role ? role : "(none)", content ? "text" : "no");
         msgs[i] = (loom_chat_msg){role, content};
     }
-    char *text = NULL;
-    if (st == LOOM_OK) st = loom_chat_apply(e->tok, e->chat_format, msgs, req->num_messages, true, &text, err);
-    free(msgs);
+    /* The template's markers are special; the messages' text is not (no forged turns). */
     if (st == LOOM_OK)
-        st = loom_tokenizer_encode(e->tok, text, strlen(text), false, true, &rq->prompt, &rq->prompt_len, err);
-    free(text);
+        st = loom_chat_encode(e->tok, e->chat_format, msgs, req->num_messages, true, &rq->prompt, &rq->prompt_len,
+                              err);
+    free(msgs);
     return st;
 }
 
@@ -75,21 +74,15 @@ static loom_status encode_text(loom_engine *e, const loom_request *req, loom_req
         return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
                               "this model has no tokenizer (dummy weights): give prompt token ids instead of text");
     const bool chat = req->chat && !e->chat_none;
-    char *text = NULL;
-    const char *src = req->prompt;
     if (chat) {
         loom_chat_msg msgs[2];
         int32_t nm = 0;
         if (req->system) msgs[nm++] = (loom_chat_msg){"system", req->system};
         msgs[nm++] = (loom_chat_msg){"user", req->prompt};
-        loom_status st = loom_chat_apply(e->tok, e->chat_format, msgs, nm, true, &text, err);
-        if (st != LOOM_OK) return st;
-        src = text;
+        return loom_chat_encode(e->tok, e->chat_format, msgs, nm, true, &rq->prompt, &rq->prompt_len, err);
     }
-    loom_status st = loom_tokenizer_encode(e->tok, src, strlen(src), !chat && loom_tokenizer_adds_bos(e->tok), chat,
-                                           &rq->prompt, &rq->prompt_len, err);
-    free(text);
-    return st;
+    return loom_tokenizer_encode(e->tok, req->prompt, strlen(req->prompt), loom_tokenizer_adds_bos(e->tok), false,
+                                 &rq->prompt, &rq->prompt_len, err);
 }
 
 static loom_status copy_tokens(loom_engine *e, const loom_request *req, loom_req *rq, loom_error *err) {

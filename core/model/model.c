@@ -7,6 +7,7 @@
 #include "model/model_internal.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +72,25 @@ void *lm_alloc(loom_model *m, size_t size) {
     return p;
 }
 
+void *lm_aligned_data(loom_model *m, void *data, size_t nbytes, size_t align) {
+    if (!data || align <= 1 || (uintptr_t)data % align == 0) return data;
+    void *copy = lm_alloc(m, nbytes);
+    if (copy) memcpy(copy, data, nbytes);
+    return copy;
+}
+
+/* The alignment a dtype's scalar loads need (block types hold f16 fields). */
+static size_t dtype_align(loom_dtype dt) {
+    switch (dt) {
+    case LOOM_DTYPE_F32:
+    case LOOM_DTYPE_I32: return 4;
+    case LOOM_DTYPE_I8:
+    case LOOM_DTYPE_U8:
+    case LOOM_DTYPE_FP8_E4M3: return 1;
+    default: return 2;
+    }
+}
+
 loom_status lm_add_map(loom_model *m, void *addr, size_t size, loom_error *err) {
     if (!grow((void **)&m->maps, &m->cap_maps, m->n_maps, sizeof *m->maps)) {
         munmap(addr, size);
@@ -113,6 +133,8 @@ out:
 loom_status lm_add_tensor(loom_model *m, const char *name, loom_dtype dt, int ndim, const int64_t *shape,
                           void *data, size_t nbytes, loom_error *err) {
     if (!grow((void **)&m->tensors, &m->cap_tensors, m->n_tensors, sizeof *m->tensors)) goto nomem;
+    void *orig = data;
+    if (!(data = lm_aligned_data(m, data, nbytes, dtype_align(dt))) && orig) goto nomem;
     int32_t cap = m->cap_tensors;
     /* names grows in step with tensors */
     char **nn = realloc(m->names, (size_t)cap * sizeof *nn);

@@ -9,6 +9,7 @@
  * quantized rows are moved, never dequantized). qwen2 GGUFs are converted
  * without that permutation (llama.cpp uses NeoX RoPE for them).
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,8 +61,17 @@ static loom_status get_float(const gg_ctx *c, const char *suffix, float *v, loom
     if (loom_gguf_find(c->g, k) < 0) return LOOM_OK;
     if (!loom_gguf_get_f64(c->g, k, &x) || !isfinite(x))
         return loom_error_set(err, LOOM_ERR_FORMAT, "%s: metadata key %s must be a finite number", c->path, k);
+    if (fabs(x) > FLT_MAX) /* a GGUF f64: converting it to float would be undefined */
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: metadata key %s=%g is out of range for a float", c->path,
+                              k, x);
     *v = (float)x;
     return LOOM_OK;
+}
+
+static float f32_at(const unsigned char *p, uint64_t i) {
+    float x;
+    memcpy(&x, p + 4 * i, sizeof x);
+    return x;
 }
 
 /* Llama 3.1 GGUFs carry RoPE scaling as a tensor of per-frequency divisors
@@ -74,9 +84,9 @@ static void infer_llama3_scaling(loom_model_config *c, const loom_gguf_tensor_in
         loom_log(LOOM_LOG_WARN, "model", "%s: rope_freqs.weight has an unexpected shape/type; ignoring it", path);
         return;
     }
-    const float *f = ti->data;
+    const unsigned char *f = ti->data; /* may sit at any address: read with f32_at */
     float fmax = 0;
-    for (uint64_t i = 0; i < ti->ne[0]; i++) fmax = f[i] > fmax ? f[i] : fmax;
+    for (uint64_t i = 0; i < ti->ne[0]; i++) fmax = f32_at(f, i) > fmax ? f32_at(f, i) : fmax;
     if (!(fmax > 1.0f)) return;
     c->rope_scaling = LOOM_ROPE_SCALING_LLAMA3;
     c->rope_factor = fmax;
@@ -96,7 +106,7 @@ static void infer_llama3_scaling(loom_model_config *c, const loom_gguf_tensor_in
                             (c->rope_high_freq_factor - c->rope_low_freq_factor);
             want = 1.0 / ((1 - smooth) / c->rope_factor + smooth);
         }
-        double d = fabs(want - f[i]) / want;
+        double d = fabs(want - f32_at(f, i)) / want;
         worst = d > worst ? d : worst;
     }
     if (worst > 1e-3)
@@ -300,7 +310,11 @@ loom_status lm_load_gguf(loom_model *m, const loom_model_load_opts *o, loom_erro
         }
         int64_t shape[4];
         for (uint32_t d = 0; d < ti->n_dims; d++) shape[d] = (int64_t)ti->ne[ti->n_dims - 1 - d];
-        if ((st = lm_add_tensor(m, name, ti->dtype, (int)ti->n_dims, shape, (void *)ti->data, ti->nbytes, err)))
+        /* GGUF's default alignment is 32; a file with a smaller general.alignment
+         * gets its tensors copied to aligned storage, as the kernels expect. */
+        void *data = lm_aligned_data(m, (void *)ti->data, ti->nbytes, 32);
+        if (!data && ti->data) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying %s", name);
+        if ((st = lm_add_tensor(m, name, ti->dtype, (int)ti->n_dims, shape, data, ti->nbytes, err)))
             return st;
     }
     if ((st = lm_index(m, o->path, err))) return st;

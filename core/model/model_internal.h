@@ -56,6 +56,10 @@ loom_status lm_add_tensor(loom_model *m, const char *name, loom_dtype dt, int nd
                           void *data, size_t nbytes, loom_error *err);
 loom_status lm_add_unsupported(loom_model *m, const char *name, const char *type, loom_error *err);
 void *lm_alloc(loom_model *m, size_t size);        /* owned by m; NULL on OOM  */
+/* data itself when its address is a multiple of align, else a copy of its
+ * nbytes in m's aligned storage (a file may place tensors anywhere: GGUF
+ * general.alignment = 1, safetensors offsets); NULL on OOM. */
+void *lm_aligned_data(loom_model *m, void *data, size_t nbytes, size_t align);
 loom_status lm_add_map(loom_model *m, void *addr, size_t size, loom_error *err);
 /* Map a whole file read-only (size 0 allowed: addr NULL). */
 loom_status lm_map_file(loom_model *m, const char *path, const void **addr, size_t *size, loom_error *err);

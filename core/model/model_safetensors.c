@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <limits.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +93,9 @@ typedef struct js_ctx {
     const char *path;
 } js_ctx;
 
+static loom_status js_int_value(const cJSON *it, const char *path, const char *key, int32_t lo, int32_t *v,
+                                loom_error *err);
+
 /* Integer field; absent/null keeps *v (error when required). */
 static loom_status js_int(const js_ctx *c, const char *key, bool required, int32_t *v, loom_error *err) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(c->root, key);
@@ -101,18 +105,32 @@ static loom_status js_int(const js_ctx *c, const char *key, bool required, int32
                               c->path, key);
     }
     if (cJSON_IsArray(it)) it = cJSON_GetArrayItem(it, 0); /* e.g. eos_token_id: [128001, 128009] */
-    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < INT32_MIN ||
-        it->valuedouble > INT32_MAX)
-        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: \"%s\" must be an integer", c->path, key);
-    *v = (int32_t)it->valuedouble;
+    return js_int_value(it, c->path, key, INT32_MIN, v, err);
+}
+
+/* it as an int32 in [lo, INT32_MAX]: an error naming key and value (the
+ * conversion of anything else would be undefined behavior). */
+static loom_status js_int_value(const cJSON *it, const char *path, const char *key, int32_t lo, int32_t *v,
+                                loom_error *err) {
+    if (!cJSON_IsNumber(it))
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: \"%s\" must be an integer", path, key);
+    double x = it->valuedouble;
+    if (x != floor(x) || x < lo || x > INT32_MAX) /* false for NaN */
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: \"%s\" = %.17g must be an integer in [%d, %d]", path,
+                              key, x, (int)lo, INT32_MAX);
+    *v = (int32_t)x;
     return LOOM_OK;
 }
 
+/* Float field; absent/null keeps *v. Finite and within float range. */
 static loom_status js_num(const cJSON *obj, const char *path, const char *key, float *v, loom_error *err) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!it || cJSON_IsNull(it)) return LOOM_OK;
     if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
         return loom_error_set(err, LOOM_ERR_FORMAT, "%s: \"%s\" must be a number", path, key);
+    if (fabs(it->valuedouble) > FLT_MAX)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: \"%s\" = %g is out of range for a float", path, key,
+                              it->valuedouble);
     *v = (float)it->valuedouble;
     return LOOM_OK;
 }
@@ -160,7 +178,11 @@ static loom_status read_sizes(const js_ctx *c, loom_model_config *cfg, loom_erro
         cfg->head_dim = cfg->hidden_size / cfg->num_heads;
     }
     cfg->max_context = 2048;
-    return js_int(c, "max_position_embeddings", false, &cfg->max_context, err);
+    if ((st = js_int(c, "max_position_embeddings", false, &cfg->max_context, err))) return st;
+    if (cfg->max_context <= 0)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: \"max_position_embeddings\" = %d must be positive",
+                              c->path, cfg->max_context);
+    return LOOM_OK;
 }
 
 /* The rope scaling object rs: llama3 (with its frequency factors), linear,
@@ -176,11 +198,13 @@ static loom_status read_rope_scaling(const cJSON *rs, const char *path, loom_mod
         cfg->rope_scaling = LOOM_ROPE_SCALING_LLAMA3;
         cfg->rope_low_freq_factor = 1.0f;
         cfg->rope_high_freq_factor = 4.0f;
-        float orig = 8192;
         if ((st = js_num(rs, path, "low_freq_factor", &cfg->rope_low_freq_factor, err))) return st;
         if ((st = js_num(rs, path, "high_freq_factor", &cfg->rope_high_freq_factor, err))) return st;
-        if ((st = js_num(rs, path, "original_max_position_embeddings", &orig, err))) return st;
-        cfg->rope_original_context = (int32_t)orig;
+        const char *k = "original_max_position_embeddings";
+        const cJSON *orig = cJSON_GetObjectItemCaseSensitive(rs, k);
+        cfg->rope_original_context = 8192;
+        if (orig && !cJSON_IsNull(orig) && (st = js_int_value(orig, path, k, 1, &cfg->rope_original_context, err)))
+            return st;
     } else if (!strcmp(t, "linear")) {
         cfg->rope_scaling = LOOM_ROPE_SCALING_LINEAR;
     } else if (strcmp(t, "default") != 0) {

@@ -10,6 +10,9 @@
  *   Llama 2  <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s>
  *            and its Mistral variant <s>[INST] {user} [/INST]{assistant}</s>
  *            (chosen when the template has [INST] but no <<SYS>>).
+ * loom_chat_encode() also records where roles and contents were written, so
+ * special-token text inside a message stays ordinary text: a message cannot
+ * close its turn and forge another.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -78,13 +81,41 @@ static void put_trimmed(tok_buf *b, const char *s) {
     tok_buf_put(b, s + i, n - i);
 }
 
+/* Where the caller's text (roles, contents) sits in the rendered string;
+ * NULL when not recorded (loom_chat_apply). */
+typedef struct chat_spans {
+    tok_span *v;
+    size_t n, cap;
+    bool oom;
+} chat_spans;
+
+static void span_add(chat_spans *sp, size_t start, size_t end) {
+    if (!sp || end <= start) return;
+    if (sp->n == sp->cap) {
+        size_t cap = sp->cap ? sp->cap * 2 : 16;
+        tok_span *v = realloc(sp->v, cap * sizeof *v);
+        if (!v) { sp->oom = true; return; }
+        sp->v = v;
+        sp->cap = cap;
+    }
+    sp->v[sp->n++] = (tok_span){start, end};
+}
+
+/* Append the caller's text s (trimmed when asked), recording its span. */
+static void put_user(tok_buf *b, chat_spans *sp, const char *s, bool trim) {
+    size_t start = b->n;
+    if (trim) put_trimmed(b, s);
+    else tok_buf_puts(b, s);
+    span_add(sp, start, b->n);
+}
+
 static const char *special_text(const loom_tokenizer *t, int32_t id, const char *dflt) {
     const char *s = (t && id >= 0) ? loom_tokenizer_token_text(t, id) : NULL;
     return s && *s ? s : dflt;
 }
 
 static loom_status render_llama2(const loom_tokenizer *t, const loom_chat_msg *msgs, int32_t n,
-                                 tok_buf *b, loom_error *err) {
+                                 tok_buf *b, chat_spans *sp, loom_error *err) {
     bool spm = t && t->kind == TOK_SPM; /* else the markers are not this vocabulary's */
     const char *bos = special_text(t, spm ? t->bos : -1, "<s>");
     const char *eos = special_text(t, spm ? t->eos : -1, "</s>");
@@ -112,11 +143,11 @@ static loom_status render_llama2(const loom_tokenizer *t, const loom_chat_msg *m
         if (mistral) {
             if (user) {
                 tok_buf_puts(b, "[INST] ");
-                if (k == 0 && sys) { tok_buf_puts(b, sys); tok_buf_puts(b, "\n\n"); }
-                tok_buf_puts(b, msgs[i].content);
+                if (k == 0 && sys) { put_user(b, sp, sys, false); tok_buf_puts(b, "\n\n"); }
+                put_user(b, sp, msgs[i].content, false);
                 tok_buf_puts(b, " [/INST]");
             } else {
-                tok_buf_puts(b, msgs[i].content);
+                put_user(b, sp, msgs[i].content, false);
                 tok_buf_puts(b, eos);
             }
             continue;
@@ -134,11 +165,11 @@ static loom_status render_llama2(const loom_tokenizer *t, const loom_chat_msg *m
         if (user) {
             tok_buf_puts(b, bos);
             tok_buf_puts(b, "[INST] ");
-            put_trimmed(b, content.p);
+            put_user(b, sp, content.p, true); /* <<SYS>> is plain text, not a special token */
             tok_buf_puts(b, " [/INST]");
         } else {
             tok_buf_puts(b, " ");
-            put_trimmed(b, content.p);
+            put_user(b, sp, content.p, true);
             tok_buf_puts(b, " ");
             tok_buf_puts(b, eos);
         }
@@ -147,69 +178,100 @@ static loom_status render_llama2(const loom_tokenizer *t, const loom_chat_msg *m
     return LOOM_OK;
 }
 
-loom_status loom_chat_apply(const loom_tokenizer *t, loom_chat_format fmt,
-                            const loom_chat_msg *msgs, int32_t n, bool add_generation_prompt,
-                            char **out, loom_error *err) {
-    if (!out) return loom_error_set(err, LOOM_ERR_INVALID, "chat: NULL output");
-    *out = NULL;
+/* Check the messages and pick the format (AUTO: detected, else ChatML). */
+static loom_status chat_check(const loom_tokenizer *t, loom_chat_format *fmt, const loom_chat_msg *msgs,
+                              int32_t n, loom_error *err) {
     if (n < 0 || (n > 0 && !msgs)) return loom_error_set(err, LOOM_ERR_INVALID, "chat: bad message list");
     for (int32_t i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content)
             return loom_error_set(err, LOOM_ERR_INVALID, "chat: message %d has no %s", (int)i,
                                   msgs[i].role ? "content" : "role");
-    if (fmt == LOOM_CHAT_AUTO) fmt = t ? t->chat_fmt : LOOM_CHAT_AUTO;
-    if (fmt == LOOM_CHAT_AUTO) {
+    if (*fmt == LOOM_CHAT_AUTO) *fmt = t ? t->chat_fmt : LOOM_CHAT_AUTO;
+    if (*fmt == LOOM_CHAT_AUTO) {
         loom_log(LOOM_LOG_INFO, "chat", "no chat template recognised; using ChatML");
-        fmt = LOOM_CHAT_CHATML;
+        *fmt = LOOM_CHAT_CHATML;
     }
-    tok_buf b = {0};
-    loom_status st = LOOM_OK;
-    tok_buf_puts(&b, "");
+    return LOOM_OK;
+}
+
+static void render_chatml(const loom_tokenizer *t, const loom_chat_msg *msgs, int32_t n, bool add_generation_prompt,
+                          tok_buf *b, chat_spans *sp) {
+    if (n > 0 && strcmp(msgs[0].role, "system") != 0) {
+        char *sys = chatml_default_system(t ? t->chat_template : NULL);
+        if (sys) { /* the template's own text */
+            tok_buf_puts(b, "<|im_start|>system\n");
+            tok_buf_puts(b, sys);
+            tok_buf_puts(b, "<|im_end|>\n");
+            free(sys);
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        tok_buf_puts(b, "<|im_start|>");
+        put_user(b, sp, msgs[i].role, false);
+        tok_buf_puts(b, "\n");
+        put_user(b, sp, msgs[i].content, false);
+        tok_buf_puts(b, "<|im_end|>\n");
+    }
+    if (add_generation_prompt) tok_buf_puts(b, "<|im_start|>assistant\n");
+}
+
+static void render_llama3(const loom_chat_msg *msgs, int32_t n, bool add_generation_prompt, tok_buf *b,
+                          chat_spans *sp) {
+    tok_buf_puts(b, "<|begin_of_text|>");
+    for (int32_t i = 0; i < n; i++) {
+        tok_buf_puts(b, "<|start_header_id|>");
+        put_user(b, sp, msgs[i].role, false);
+        tok_buf_puts(b, "<|end_header_id|>\n\n");
+        put_user(b, sp, msgs[i].content, true);
+        tok_buf_puts(b, "<|eot_id|>");
+    }
+    if (add_generation_prompt) tok_buf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* Render into *b (NUL-terminated on success), recording the caller's text in sp. */
+static loom_status chat_render(const loom_tokenizer *t, loom_chat_format fmt, const loom_chat_msg *msgs,
+                               int32_t n, bool add_generation_prompt, tok_buf *b, chat_spans *sp,
+                               loom_error *err) {
+    loom_status st = chat_check(t, &fmt, msgs, n, err);
+    if (st) return st;
+    tok_buf_puts(b, "");
     switch (fmt) {
-    case LOOM_CHAT_CHATML: {
-        if (n > 0 && strcmp(msgs[0].role, "system") != 0) {
-            char *sys = chatml_default_system(t ? t->chat_template : NULL);
-            if (sys) {
-                tok_buf_puts(&b, "<|im_start|>system\n");
-                tok_buf_puts(&b, sys);
-                tok_buf_puts(&b, "<|im_end|>\n");
-                free(sys);
-            }
-        }
-        for (int32_t i = 0; i < n; i++) {
-            tok_buf_puts(&b, "<|im_start|>");
-            tok_buf_puts(&b, msgs[i].role);
-            tok_buf_puts(&b, "\n");
-            tok_buf_puts(&b, msgs[i].content);
-            tok_buf_puts(&b, "<|im_end|>\n");
-        }
-        if (add_generation_prompt) tok_buf_puts(&b, "<|im_start|>assistant\n");
-        break;
+    case LOOM_CHAT_CHATML: render_chatml(t, msgs, n, add_generation_prompt, b, sp); break;
+    case LOOM_CHAT_LLAMA3: render_llama3(msgs, n, add_generation_prompt, b, sp); break;
+    case LOOM_CHAT_LLAMA2: st = render_llama2(t, msgs, n, b, sp, err); break;
+    default: st = loom_error_set(err, LOOM_ERR_INVALID, "chat: unknown format %d", (int)fmt); break;
     }
-    case LOOM_CHAT_LLAMA3: {
-        tok_buf_puts(&b, "<|begin_of_text|>");
-        for (int32_t i = 0; i < n; i++) {
-            tok_buf_puts(&b, "<|start_header_id|>");
-            tok_buf_puts(&b, msgs[i].role);
-            tok_buf_puts(&b, "<|end_header_id|>\n\n");
-            put_trimmed(&b, msgs[i].content);
-            tok_buf_puts(&b, "<|eot_id|>");
-        }
-        if (add_generation_prompt) tok_buf_puts(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-        break;
-    }
-    case LOOM_CHAT_LLAMA2:
-        st = render_llama2(t, msgs, n, &b, err);
-        break;
-    default:
-        st = loom_error_set(err, LOOM_ERR_INVALID, "chat: unknown format %d", (int)fmt);
-        break;
-    }
-    if (!st && b.oom) st = loom_error_set(err, LOOM_ERR_NOMEM, "chat: out of memory");
+    if (!st && (b->oom || (sp && sp->oom))) st = loom_error_set(err, LOOM_ERR_NOMEM, "chat: out of memory");
+    return st;
+}
+
+loom_status loom_chat_apply(const loom_tokenizer *t, loom_chat_format fmt,
+                            const loom_chat_msg *msgs, int32_t n, bool add_generation_prompt,
+                            char **out, loom_error *err) {
+    if (!out) return loom_error_set(err, LOOM_ERR_INVALID, "chat: NULL output");
+    *out = NULL;
+    tok_buf b = {0};
+    loom_status st = chat_render(t, fmt, msgs, n, add_generation_prompt, &b, NULL, err);
     if (st) {
         free(b.p);
         return st;
     }
     *out = b.p;
     return LOOM_OK;
+}
+
+loom_status loom_chat_encode(const loom_tokenizer *t, loom_chat_format fmt, const loom_chat_msg *msgs,
+                             int32_t n, bool add_generation_prompt, int32_t **ids, int32_t *n_ids,
+                             loom_error *err) {
+    if (!ids || !n_ids) return loom_error_set(err, LOOM_ERR_INVALID, "chat: NULL output");
+    *ids = NULL;
+    *n_ids = 0;
+    if (!t) return loom_error_set(err, LOOM_ERR_INVALID, "chat: encoding needs a tokenizer");
+    tok_buf b = {0};
+    chat_spans sp = {0};
+    loom_status st = chat_render(t, fmt, msgs, n, add_generation_prompt, &b, &sp, err);
+    if (!st) st = tok_encode_spans(t, b.p, b.n, false, true, sp.v, sp.n, ids, n_ids, err);
+    free(b.p);
+    free(sp.v);
+    return st;
 }

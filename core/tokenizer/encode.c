@@ -125,7 +125,7 @@ static void emit_fallback(enc_ctx *c, const char *s, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
         int32_t b = t->byte_tok[(unsigned char)s[i]];
         if (b >= 0) push_id(c, b);
-        else if (t->unk >= 0 && (i == 0 || t->byte_tok[(unsigned char)s[i - 1]] >= 0))
+        else if (t->unk_bytes && (i == 0 || t->byte_tok[(unsigned char)s[i - 1]] >= 0))
             push_id(c, t->unk); /* one <unk> per run of unencodable bytes */
     }
 }
@@ -180,55 +180,89 @@ static void add_range(enc_ctx *c, tok_range **arr, size_t *cap, size_t *n, uint3
     (*arr)[(*n)++] = (tok_range){start, len, delim};
 }
 
-/* Split piece [ps, ps+pl) of s by one step; append the results to pb. */
-static void split_piece(enc_ctx *c, const tok_split *sp, const char *s, uint32_t ps, uint32_t pl,
-                        size_t *nb) {
+/* Append segment [start, start+len) (may be empty) to the segment list. */
+static void add_seg(enc_ctx *c, size_t *n, uint32_t start, uint32_t len, bool delim) {
+    if (!grow((void **)&c->seg, &c->seg_cap, *n + 1, sizeof *c->seg)) { c->oom = true; return; }
+    c->seg[(*n)++] = (tok_range){start, len, delim};
+}
+
+/* Cut piece [0, pl) of subj into gaps and matches, as Hugging Face's
+ * Pattern::find_matches over onig's find_iter: an empty match right where
+ * the previous match ended is skipped (the search moves on one character),
+ * a match may be empty (it still separates pieces), and a match at the very
+ * end (pl) is possible. Segment starts are offset by ps. Returns the count. */
+static size_t find_segments(enc_ctx *c, const tok_split *sp, const unsigned char *subj, uint32_t ps,
+                            uint32_t pl) {
     size_t nseg = 0;
-    PCRE2_SIZE off = 0;
-    const unsigned char *subj = (const unsigned char *)s + ps;
-    while (off < pl && !c->oom) {
-        int rc = pcre2_match(sp->re, subj, pl, off, 0, c->md, NULL);
+    PCRE2_SIZE last_end = 0, prev = 0, last_match = PCRE2_UNSET;
+    while (last_end <= pl && !c->oom) {
+        int rc = pcre2_match(sp->re, subj, pl, last_end, 0, c->md, NULL);
         if (rc < 0) break; /* no match (or a match error: rest is a gap) */
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
         PCRE2_SIZE ms = ov[0], me = ov[1];
-        if (me <= ms) { /* empty match: step one character */
-            size_t adv;
-            (void)tok_utf8_next(subj + ms, pl - ms, &adv);
-            off = ms + adv;
+        if (me <= ms && last_match == me) { /* empty, right after the last match */
+            if (last_end >= pl) break;
+            size_t adv = 1;
+            (void)tok_utf8_next(subj + last_end, pl - last_end, &adv);
+            last_end += adv;
             continue;
         }
-        add_range(c, &c->seg, &c->seg_cap, &nseg, ps + (uint32_t)off, (uint32_t)(ms - off), sp->invert);
-        add_range(c, &c->seg, &c->seg_cap, &nseg, ps + (uint32_t)ms, (uint32_t)(me - ms), !sp->invert);
-        off = me;
+        if (me < ms) me = ms; /* \K in a lookahead: treat as empty */
+        last_end = last_match = me;
+        if (ms > prev) add_seg(c, &nseg, ps + (uint32_t)prev, (uint32_t)(ms - prev), sp->invert);
+        add_seg(c, &nseg, ps + (uint32_t)ms, (uint32_t)(me - ms), !sp->invert);
+        prev = me;
     }
-    if (off < pl) add_range(c, &c->seg, &c->seg_cap, &nseg, ps + (uint32_t)off, (uint32_t)(pl - off), sp->invert);
-    if (c->oom) return;
-    size_t first = *nb; /* pieces from this parent start here */
-    bool glue_next = false;
-    for (size_t i = 0; i < nseg; i++) {
+    if (prev < pl) add_seg(c, &nseg, ps + (uint32_t)prev, (uint32_t)(pl - prev), sp->invert);
+    return nseg;
+}
+
+/* Fold segments into pieces by the split's behavior, as Hugging Face's
+ * NormalizedString::split: pieces may be empty here (dropped by the caller);
+ * `prev` is whether the previous segment was a match. */
+static void fold_segments(enc_ctx *c, const tok_split *sp, size_t nseg, size_t first, size_t *nb) {
+    bool prev = false;
+    for (size_t k = 0; k < nseg && !c->oom; k++) {
+        size_t i = sp->behavior == TOK_SPLIT_MERGED_NEXT ? nseg - 1 - k : k;
         tok_range g = c->seg[i];
+        bool join = false;
         switch (sp->behavior) {
-        case TOK_SPLIT_ISOLATED:
-            add_range(c, &c->pb, &c->pb_cap, nb, g.start, g.len, false);
-            break;
+        case TOK_SPLIT_ISOLATED: break;
         case TOK_SPLIT_REMOVED:
-            if (!g.delim) add_range(c, &c->pb, &c->pb_cap, nb, g.start, g.len, false);
+            if (g.delim) continue;
             break;
         case TOK_SPLIT_MERGED_PREV:
-            if (g.delim && *nb > first) c->pb[*nb - 1].len += g.len;
-            else add_range(c, &c->pb, &c->pb_cap, nb, g.start, g.len, false);
-            break;
-        case TOK_SPLIT_MERGED_NEXT:
-            if (glue_next) c->pb[*nb - 1].len += g.len;
-            else add_range(c, &c->pb, &c->pb_cap, nb, g.start, g.len, false);
-            glue_next = g.delim;
-            break;
-        case TOK_SPLIT_CONTIGUOUS:
-            if (g.delim && *nb > first && c->pb[*nb - 1].delim) c->pb[*nb - 1].len += g.len;
-            else add_range(c, &c->pb, &c->pb_cap, nb, g.start, g.len, g.delim);
-            break;
+        case TOK_SPLIT_MERGED_NEXT: join = g.delim && !prev; break;
+        case TOK_SPLIT_CONTIGUOUS: join = g.delim == prev; break;
         }
+        prev = g.delim;
+        if (join && *nb > first) {
+            tok_range *last = &c->pb[*nb - 1]; /* pieces are adjacent: grow toward g */
+            if (sp->behavior == TOK_SPLIT_MERGED_NEXT) last->start = g.start;
+            last->len += g.len;
+            continue;
+        }
+        if (!grow((void **)&c->pb, &c->pb_cap, *nb + 1, sizeof *c->pb)) { c->oom = true; return; }
+        c->pb[(*nb)++] = (tok_range){g.start, g.len, false};
     }
+}
+
+/* Split piece [ps, ps+pl) of s by one step; append the non-empty results to pb. */
+static void split_piece(enc_ctx *c, const tok_split *sp, const char *s, uint32_t ps, uint32_t pl,
+                        size_t *nb) {
+    size_t nseg = find_segments(c, sp, (const unsigned char *)s + ps, ps, pl);
+    if (c->oom) return;
+    size_t first = *nb; /* pieces from this parent start here */
+    fold_segments(c, sp, nseg, first, nb);
+    if (c->oom) return;
+    if (sp->behavior == TOK_SPLIT_MERGED_NEXT) /* folded back to front: restore text order */
+        for (size_t i = first, j = *nb; i + 1 < j; i++, j--) {
+            tok_range tmp = c->pb[i]; c->pb[i] = c->pb[j - 1]; c->pb[j - 1] = tmp;
+        }
+    size_t keep = first;
+    for (size_t i = first; i < *nb; i++)
+        if (c->pb[i].len > 0) c->pb[keep++] = c->pb[i];
+    *nb = keep;
 }
 
 static void encode_bytelevel(enc_ctx *c, const char *s, size_t n) {
@@ -295,9 +329,36 @@ static bool is_space(char ch) {
     return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f';
 }
 
+/* Does [pos, end) overlap a plain span? *cur walks the sorted spans. */
+static bool in_plain(const tok_span *plain, size_t n_plain, size_t *cur, size_t pos, size_t end) {
+    while (*cur < n_plain && plain[*cur].end <= pos) (*cur)++;
+    return *cur < n_plain && plain[*cur].start < end;
+}
+
+/* The special token that text[pos..] starts with, or NULL. Outside
+ * parse_special, and anywhere inside a plain span, only the `always` ones
+ * (user-defined added tokens) count. */
+static const tok_special *special_at(const loom_tokenizer *t, const char *text, size_t len, size_t pos,
+                                     bool parse_special, const tok_span *plain, size_t n_plain, size_t *cur) {
+    unsigned char b = (unsigned char)text[pos];
+    for (int32_t k = t->special_first[b]; k < t->special_first[b + 1]; k++) {
+        const tok_special *sp = &t->specials[k];
+        if (sp->len > len - pos || memcmp(text + pos, sp->text, sp->len) != 0) continue;
+        if (sp->always) return sp;
+        if (parse_special && !in_plain(plain, n_plain, cur, pos, pos + sp->len)) return sp;
+    }
+    return NULL;
+}
+
 loom_status loom_tokenizer_encode(const loom_tokenizer *t, const char *text, size_t len,
                                   bool add_bos, bool parse_special, int32_t **ids, int32_t *n,
                                   loom_error *err) {
+    return tok_encode_spans(t, text, len, add_bos, parse_special, NULL, 0, ids, n, err);
+}
+
+loom_status tok_encode_spans(const loom_tokenizer *t, const char *text, size_t len, bool add_bos,
+                             bool parse_special, const tok_span *plain, size_t n_plain, int32_t **ids,
+                             int32_t *n, loom_error *err) {
     if (!ids || !n) return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer encode: NULL output");
     *ids = NULL;
     *n = 0;
@@ -311,16 +372,10 @@ loom_status loom_tokenizer_encode(const loom_tokenizer *t, const char *text, siz
 
     if (add_bos && t->add_bos && t->bos >= 0) push_id(&c, t->bos);
     bool scan = t->n_specials > 0;
-    size_t frag = 0, pos = 0;
+    size_t frag = 0, pos = 0, cur = 0;
     bool after_special = true; /* SentencePiece: ▁ before the first fragment */
     while (scan && pos < len && !c.oom) {
-        unsigned char b = (unsigned char)text[pos];
-        const tok_special *hit = NULL;
-        for (int32_t k = t->special_first[b]; k < t->special_first[b + 1]; k++) {
-            const tok_special *sp = &t->specials[k];
-            if (!sp->always && !parse_special) continue;
-            if (sp->len <= len - pos && memcmp(text + pos, sp->text, sp->len) == 0) { hit = sp; break; }
-        }
+        const tok_special *hit = special_at(t, text, len, pos, parse_special, plain, n_plain, &cur);
         if (!hit) { pos++; continue; }
         size_t end = pos;
         if (hit->lstrip) while (end > frag && is_space(text[end - 1])) end--;

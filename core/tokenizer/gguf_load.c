@@ -5,6 +5,8 @@
  * _token_id, add_bos_token, add_space_prefix} and tokenizer.chat_template.
  * GGUF strings are not NUL-terminated: lengths travel alongside.
  */
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,31 +25,46 @@ static int gguf_flag(const loom_gguf *g, const char *key) {
     return loom_gguf_get_bool(g, key, &b) ? (int)b : -1;
 }
 
-/* Copy a numeric GGUF array into int32 (types) or float (scores). */
-static bool gguf_numbers(const loom_gguf *g, const char *key, uint64_t n, int32_t *ints,
-                         float *flts) {
-    loom_gguf_type et;
-    uint64_t len;
-    if (!loom_gguf_get_arr(g, key, &et, &len) || len != n) return false;
-    const unsigned char *p = loom_gguf_arr_data(g, key);
-    if (!p && n) return false;
+/* Element i of a numeric GGUF array of type et at p, as a double; false
+ * when et is not numeric. */
+static bool gguf_number_at(loom_gguf_type et, const unsigned char *p, uint64_t i, double *v) {
+    switch (et) {
+    case LOOM_GGUF_INT8: { int8_t x; memcpy(&x, p + i, 1); *v = x; return true; }
+    case LOOM_GGUF_UINT8: *v = p[i]; return true;
+    case LOOM_GGUF_INT16: { int16_t x; memcpy(&x, p + 2 * i, 2); *v = x; return true; }
+    case LOOM_GGUF_UINT16: { uint16_t x; memcpy(&x, p + 2 * i, 2); *v = x; return true; }
+    case LOOM_GGUF_INT32: { int32_t x; memcpy(&x, p + 4 * i, 4); *v = x; return true; }
+    case LOOM_GGUF_UINT32: { uint32_t x; memcpy(&x, p + 4 * i, 4); *v = x; return true; }
+    case LOOM_GGUF_FLOAT32: { float x; memcpy(&x, p + 4 * i, 4); *v = x; return true; }
+    case LOOM_GGUF_FLOAT64: { double x; memcpy(&x, p + 8 * i, 8); *v = x; return true; }
+    default: return false;
+    }
+}
+
+/* Copy a numeric GGUF array of n entries into int32 (types) or float
+ * (scores). Every value must convert exactly: an integer in int32 range for
+ * ints (token types), within float range (or not finite) for floats. */
+static loom_status gguf_numbers(const loom_gguf *g, const char *key, uint64_t n, int32_t *ints,
+                                float *flts, loom_error *err) {
+    loom_gguf_type et = LOOM_GGUF_STRING;
+    uint64_t len = 0;
+    const unsigned char *p = loom_gguf_get_arr(g, key, &et, &len) ? loom_gguf_arr_data(g, key) : NULL;
+    double v = 0;
+    if (len != n || (!p && n) || (n && !gguf_number_at(et, p, 0, &v)))
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s is not a numeric array of %llu entries",
+                              loom_gguf_path(g), key, (unsigned long long)n);
     for (uint64_t i = 0; i < n; i++) {
-        double v;
-        switch (et) {
-        case LOOM_GGUF_INT8: { int8_t x; memcpy(&x, p + i, 1); v = x; break; }
-        case LOOM_GGUF_UINT8: v = p[i]; break;
-        case LOOM_GGUF_INT16: { int16_t x; memcpy(&x, p + 2 * i, 2); v = x; break; }
-        case LOOM_GGUF_UINT16: { uint16_t x; memcpy(&x, p + 2 * i, 2); v = x; break; }
-        case LOOM_GGUF_INT32: { int32_t x; memcpy(&x, p + 4 * i, 4); v = x; break; }
-        case LOOM_GGUF_UINT32: { uint32_t x; memcpy(&x, p + 4 * i, 4); v = x; break; }
-        case LOOM_GGUF_FLOAT32: { float x; memcpy(&x, p + 4 * i, 4); v = x; break; }
-        case LOOM_GGUF_FLOAT64: { double x; memcpy(&x, p + 8 * i, 8); v = x; break; }
-        default: return false;
-        }
+        (void)gguf_number_at(et, p, i, &v);
+        bool ok = ints ? v == floor(v) && v >= INT32_MIN && v <= INT32_MAX /* false for NaN */
+                       : !isfinite(v) || fabs(v) <= FLT_MAX;
+        if (!ok)
+            return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s[%llu] = %g is out of range (%s)",
+                                  loom_gguf_path(g), key, (unsigned long long)i, v,
+                                  ints ? "a token type is a small integer" : "not a float");
         if (ints) ints[i] = (int32_t)v;
         if (flts) flts[i] = (float)v;
     }
-    return true;
+    return LOOM_OK;
 }
 
 /* Gather a string array as pointer + length lists (pointing into the map). */
@@ -129,19 +146,14 @@ static loom_status read_types_scores(const loom_gguf *g, gguf_tok_arrays *a, loo
     if (!a->types) return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory");
     if (loom_gguf_find(g, "tokenizer.ggml.token_type") < 0) {
         for (uint64_t i = 0; i < a->nv; i++) a->types[i] = LOOM_TOKEN_NORMAL;
-    } else if (!gguf_numbers(g, "tokenizer.ggml.token_type", a->nv, a->types, NULL)) {
-        return loom_error_set(err, LOOM_ERR_FORMAT,
-                              "%s: tokenizer.ggml.token_type is not a numeric array of %llu entries",
-                              loom_gguf_path(g), (unsigned long long)a->nv);
+    } else {
+        loom_status st = gguf_numbers(g, "tokenizer.ggml.token_type", a->nv, a->types, NULL, err);
+        if (st) return st;
     }
     if (loom_gguf_find(g, "tokenizer.ggml.scores") < 0) return LOOM_OK;
     a->scores = malloc(a->nv * sizeof *a->scores);
     if (!a->scores) return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer: out of memory");
-    if (!gguf_numbers(g, "tokenizer.ggml.scores", a->nv, NULL, a->scores))
-        return loom_error_set(err, LOOM_ERR_FORMAT,
-                              "%s: tokenizer.ggml.scores is not a numeric array of %llu entries",
-                              loom_gguf_path(g), (unsigned long long)a->nv);
-    return LOOM_OK;
+    return gguf_numbers(g, "tokenizer.ggml.scores", a->nv, NULL, a->scores, err);
 }
 
 /* tokenizer.chat_template, NUL-terminated (GGUF strings are not). */
@@ -202,6 +214,10 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out, l
     fill_spec(g, &a, model, pre, &spec);
     st = loom_tokenizer_from_arrays(&spec, out, err);
     if (st) loom_error_prefix(err, "%s", loom_gguf_path(g));
+    /* Byte-level BPE drops bytes its vocabulary cannot spell, as Hugging
+     * Face's BPE model without unk_token and llama.cpp do: unknown_token_id
+     * comes from tokenizer_config.json, which that model does not use. */
+    else if ((*out)->kind == TOK_BYTELEVEL) (*out)->unk_bytes = false;
 free_arrays:
     gguf_tok_arrays_free(&a);
     return st;

@@ -8,11 +8,13 @@
  * (SentencePiece style) — NFC is accepted and ignored (inputs are assumed to
  * be NFC already); added_tokens with special/lstrip/rstrip (single_word and
  * normalized are ignored). Anything else is refused by name, so a wrong
- * tokenization never passes silently.
+ * tokenization never passes silently. Files over 64 MiB (TOK_JSON_MAX_BYTES)
+ * are refused before they are read.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -21,34 +23,61 @@
 
 static const char SPM_SPACE[] = "\xE2\x96\x81"; /* ▁ */
 
+/* tokenizer.json and tokenizer_config.json larger than this are refused
+ * before reading (the largest real tokenizer.json files are ~20 MiB). */
+#define TOK_JSON_MAX_BYTES ((size_t)64 << 20)
+
+/* The whole of f (at most TOK_JSON_MAX_BYTES) into *buf, NUL-terminated. A
+ * regular file is sized first; a pipe is read until EOF or the cap. */
+static loom_status slurp_capped(FILE *f, const char *path, char **buf, size_t *len, loom_error *err) {
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0)
+        return loom_error_set(err, LOOM_ERR_IO, "%s: cannot determine the file size", path);
+    if (S_ISREG(sb.st_mode) && (uint64_t)sb.st_size > TOK_JSON_MAX_BYTES)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %lld bytes is larger than the 64 MiB loom reads "
+                              "as a tokenizer file", path, (long long)sb.st_size);
+    size_t cap = S_ISREG(sb.st_mode) ? (size_t)sb.st_size + 2 : 1 << 16, n = 0; /* +2: EOF in one read */
+    char *b = malloc(cap);
+    for (;;) {
+        if (!b) return loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory (%zu bytes)", path, cap);
+        n += fread(b + n, 1, cap - 1 - n, f);
+        if (n < cap - 1 || feof(f)) break;
+        if (n >= TOK_JSON_MAX_BYTES) { /* grew, or a pipe: stop at the cap */
+            free(b);
+            return loom_error_set(err, LOOM_ERR_FORMAT, "%s: larger than the 64 MiB loom reads as a "
+                                  "tokenizer file", path);
+        }
+        char *nb = realloc(b, cap * 2);
+        if (!nb) free(b);
+        b = nb;
+        cap *= 2;
+    }
+    if (ferror(f)) {
+        free(b);
+        return loom_error_set(err, LOOM_ERR_IO, "%s: read error", path);
+    }
+    b[n] = '\0';
+    *buf = b;
+    *len = n;
+    return LOOM_OK;
+}
+
 static loom_status read_json(const char *path, cJSON **out, loom_error *err) {
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return loom_error_set(err, LOOM_ERR_NOT_FOUND, "%s: cannot open tokenizer file", path);
     char *buf = NULL;
-    loom_status st = LOOM_OK;
-    long sz = -1;
-    if (fseek(f, 0, SEEK_END) == 0) sz = ftell(f);
-    if (sz < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        st = loom_error_set(err, LOOM_ERR_IO, "%s: cannot determine the file size", path);
-        goto done;
-    }
-    buf = malloc((size_t)sz + 1);
-    if (!buf) { st = loom_error_set(err, LOOM_ERR_NOMEM, "%s: out of memory (%ld bytes)", path, sz); goto done; }
-    if (fread(buf, 1, (size_t)sz, f) != (size_t)sz) {
-        st = loom_error_set(err, LOOM_ERR_IO, "%s: short read", path);
-        goto done;
-    }
-    buf[sz] = '\0';
+    size_t sz = 0;
+    loom_status st = slurp_capped(f, path, &buf, &sz, err);
+    fclose(f);
+    if (st) return st;
     const char *end = NULL;
-    *out = cJSON_ParseWithLengthOpts(buf, (size_t)sz, &end, false);
+    *out = cJSON_ParseWithLengthOpts(buf, sz, &end, false);
     if (!*out) {
         size_t off = end ? (size_t)(end - buf) : 0;
         st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: invalid JSON near byte %zu", path, off);
     }
-done:
     free(buf);
-    fclose(f);
     return st;
 }
 

@@ -86,6 +86,7 @@ struct loom_tokenizer {
     int32_t special_first[257]; /* specials[special_first[b] .. special_first[b+1]) start with b */
 
     int32_t bos, eos, unk, eot, eom, pad;
+    bool unk_bytes; /* bytes no token spells encode as unk (else dropped) */
     bool add_bos;
     bool add_space_prefix;   /* SPM: ▁ before the first fragment and after specials */
     bool spm_prefix_first;   /* ...but only before the fragment at offset 0 (Metaspace "first") */
@@ -146,6 +147,18 @@ static inline const tok_pair_slot *tok_pair_find(const loom_tokenizer *t, int32_
 int tok_utf8_next(const unsigned char *s, size_t n, size_t *adv);
 
 /* Growable byte buffer. */
+/* Bytes [start, end) of a text. */
+typedef struct tok_span {
+    size_t start, end;
+} tok_span;
+
+/* loom_tokenizer_encode(), except that inside the sorted, disjoint spans
+ * `plain` special tokens are not parsed (user-defined added tokens still are):
+ * how message content is encoded inside a chat template. */
+loom_status tok_encode_spans(const loom_tokenizer *t, const char *text, size_t len, bool add_bos,
+                             bool parse_special, const tok_span *plain, size_t n_plain, int32_t **ids,
+                             int32_t *n, loom_error *err);
+
 typedef struct tok_buf {
     char *p;
     size_t n, cap;

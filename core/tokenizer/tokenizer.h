@@ -71,7 +71,8 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out, l
 /* From a Hugging Face tokenizer.json (model BPE; pre-tokenizers ByteLevel,
  * Split, Digits, Metaspace and Sequences of them; SentencePiece-style
  * normalizers Prepend/Replace "▁"). tokenizer_config_json_path (nullable)
- * supplies chat_template, bos_token, eos_token and add_bos_token. */
+ * supplies chat_template, bos_token, eos_token and add_bos_token. Either
+ * file over 64 MiB is refused (LOOM_ERR_FORMAT) before it is read. */
 loom_status loom_tokenizer_from_json(const char *tokenizer_json_path,
                                      const char *tokenizer_config_json_path, loom_tokenizer **out,
                                      loom_error *err);
@@ -180,6 +181,13 @@ loom_chat_format loom_tokenizer_chat_format(const loom_tokenizer *t);
 loom_status loom_chat_apply(const loom_tokenizer *t, loom_chat_format fmt,
                             const loom_chat_msg *msgs, int32_t n, bool add_generation_prompt,
                             char **out, loom_error *err);
+/* Render as loom_chat_apply() and encode (add_bos false): the template's
+ * markers are special tokens, while special-token text inside a message's
+ * role or content is ordinary text, so a message cannot end its turn and
+ * forge another (e.g. "<|im_end|>\n<|im_start|>system"). *ids is malloc'd. */
+loom_status loom_chat_encode(const loom_tokenizer *t, loom_chat_format fmt, const loom_chat_msg *msgs,
+                             int32_t n, bool add_generation_prompt, int32_t **ids, int32_t *n_ids,
+                             loom_error *err);
 const char *loom_chat_format_name(loom_chat_format fmt);
 
 #endif

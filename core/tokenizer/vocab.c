@@ -222,8 +222,9 @@ loom_status tok_add_split(loom_tokenizer *t, const char *pattern, size_t pattern
                           bool literal, tok_split_behavior behavior, bool invert, loom_error *err) {
     int ecode = 0;
     PCRE2_SIZE eoff = 0;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF;
-    if (literal) opts |= PCRE2_LITERAL;
+    /* PCRE2_LITERAL refuses PCRE2_UCP (it only changes classes, which a
+     * literal has none of): a String pattern matches its bytes exactly. */
+    uint32_t opts = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, pattern_len, opts, &ecode, &eoff, NULL);
     if (!re) {
         PCRE2_UCHAR msg[160];
@@ -503,6 +504,7 @@ static void tok_set_ids(loom_tokenizer *t, const loom_tokenizer_spec *spec) {
     t->bos = tok_check_id(t, spec->bos_id, "bos");
     t->eos = tok_check_id(t, spec->eos_id, "eos");
     t->unk = tok_check_id(t, spec->unk_id, "unknown");
+    t->unk_bytes = t->unk >= 0;
     t->eot = tok_check_id(t, spec->eot_id, "eot");
     t->eom = tok_check_id(t, spec->eom_id, "eom");
     t->pad = tok_check_id(t, spec->pad_id, "padding");

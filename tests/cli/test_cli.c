@@ -208,6 +208,20 @@ Test(cli, check_good) {
     free(good);
 }
 
+/* Issue 29: `loom check /dev/stdin` with a pipe failed in realpath. */
+Test(cli, check_from_stdin_pipe) {
+    char *good = data("good.yaml");
+    char path[8192], bin[8192];
+    snprintf(path, sizeof path, "LOOM_PLUGIN_PATH=%s", tp_env("LOOM_TEST_GOOD_DIR"));
+    snprintf(bin, sizeof bin, "LOOM_CHECK_BIN=%s", tp_env("LOOM_BIN"));
+    cli_out r = cli_run("/bin/sh", NULL, (const char *const[]){path, "LOOM_PLUGIN_PATH_ONLY=1", bin, NULL},
+                        ARGS("-c", "cat \"$1\" | \"$LOOM_CHECK_BIN\" check /dev/stdin", "sh", good));
+    cr_assert_eq(r.code, 0, "stderr: %s", r.err);
+    has(r.out, "  policy: priority\n");
+    cli_out_free(&r);
+    free(good);
+}
+
 /* check creates every plugin: a create() that refuses its configuration
  * (the test plugins' `fail` switch) fails the check, naming the section and
  * the plugin's own reason; every failing one is reported. */

@@ -517,6 +517,57 @@ CFG_TEST(typed_readers) {
     loom_cfg_free(r);
 }
 
+/* -------------------------------------------------------- large inputs */
+
+/* "k0: 0\nk1: 1\n..." with n keys, then `tail` (static buffer reused). */
+static char *many_keys(int n, const char *fmt, const char *tail) {
+    size_t cap = (size_t)n * 48 + strlen(tail) + 1, o = 0;
+    char *s = malloc(cap);
+    cr_assert_not_null(s);
+    for (int i = 0; i < n; i++) o += (size_t)snprintf(s + o, cap - o, fmt, i, i, i);
+    snprintf(s + o, cap - o, "%s", tail);
+    return s;
+}
+
+/* Issue 29: duplicate-key and anchor lookups scanned linearly, so a 1 MB
+ * file of 80k keys took minutes. 80k keys, and 40k anchors with their
+ * aliases, must now parse well inside the timeout; duplicates are still
+ * found with both places. */
+static void many_keys_parse_fast_body(void);
+Test(config, many_keys_parse_fast, .timeout = 20) {
+    many_keys_parse_fast_body();
+    cr_assert_eq(LOOM_TEST_LEAK_CHECK(), 0, "memory leaked (see the LeakSanitizer report)");
+}
+static void many_keys_parse_fast_body(void) {
+    enum { N = 80000 };
+    char *text = many_keys(N, "key_%d: %d\n", "");
+    loom_cfg_node *r = load_ok(text);
+    cr_expect_eq(loom_cfg_size(r), N);
+    cr_expect_str_eq(loom_cfg_scalar(loom_cfg_get(r, "key_79999")), "79999");
+    loom_cfg_free(r);
+    free(text);
+
+    text = many_keys(N, "key_%d: %d\n", "key_1234: again\n");
+    loom_diag d;
+    loom_diag_init(&d);
+    cr_assert_null(loom_cfg_load_string(text, "t.yaml", &d));
+    cr_assert_eq(d.count, 1);
+    expect_diag(&d, 0, "t.yaml", N + 1, 1,
+                "duplicate key 'key_1234' (first defined at t.yaml:1235:1); remove one of them");
+    loom_diag_free(&d);
+    free(text);
+
+    text = many_keys(N / 2, "a%d: &x%d v%d\n", "");
+    size_t len = strlen(text), cap = len + (size_t)N * 32;
+    text = realloc(text, cap);
+    for (int i = 0; i < N / 2; i++) len += (size_t)snprintf(text + len, cap - len, "b%d: *x%d\n", i, N / 2 - 1 - i);
+    r = load_ok(text);
+    cr_expect_eq(loom_cfg_size(r), N);
+    cr_expect_str_eq(loom_cfg_scalar(loom_cfg_get(r, "b0")), "v39999");
+    loom_cfg_free(r);
+    free(text);
+}
+
 /* --------------------------------------------------------------- includes */
 
 CFG_TEST(include_deep_merge) {
@@ -623,6 +674,100 @@ CFG_TEST(include_cycle_reports_chain) {
     snprintf(msg, sizeof msg, "include cycle: %s -> %s; remove one of these includes", self, self);
     expect_diag(&d, 0, self, 2, 11, msg);
     loom_diag_free(&d);
+}
+
+/* Write g_dir/<prefix><i>.yaml for i < n: each includes the next `fan`
+ * times (the last includes nothing). Returns the first path (static). */
+static const char *write_include_chain(const char *prefix, int n, int fan) {
+    static char first[PATH_MAX + 64];
+    for (int i = 0; i < n; i++) {
+        char name[64], text[2048];
+        snprintf(name, sizeof name, "%s%d.yaml", prefix, i);
+        int o = snprintf(text, sizeof text, "k%d: %d\n", i, i);
+        if (i + 1 < n) {
+            o += snprintf(text + o, sizeof text - (size_t)o, "include:\n");
+            for (int k = 0; k < fan; k++) o += snprintf(text + o, sizeof text - (size_t)o, "  - %s%d.yaml\n", prefix, i + 1);
+        }
+        FILE *f = fopen(path_in_dir(name), "w");
+        cr_assert_not_null(f);
+        fputs(text, f);
+        fclose(f);
+    }
+    snprintf(first, sizeof first, "%s/%s0.yaml", g_dir, prefix);
+    return first;
+}
+
+static void remove_include_chain(const char *prefix, int n) {
+    for (int i = 0; i < n; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s%d.yaml", prefix, i);
+        unlink(path_in_dir(name));
+    }
+}
+
+/* Issue 29: a long include chain recursed without bound (8000 files
+ * overflowed the stack); now at most 32 levels, an error naming the file. */
+CFG_TEST(include_depth_is_limited) {
+    const char *top = write_include_chain("deep", 33, 1); /* 32 levels of include: fine */
+    loom_diag d;
+    loom_diag_init(&d);
+    loom_cfg_node *r = loom_cfg_load_file(top, &d);
+    if (d.count) loom_diag_print(&d, stderr);
+    cr_assert_not_null(r);
+    cr_expect_str_eq(loom_cfg_scalar(loom_cfg_get(r, "k32")), "32");
+    loom_cfg_free(r);
+    loom_diag_free(&d);
+    remove_include_chain("deep", 33);
+    top = write_include_chain("deeper", 40, 1);
+    loom_diag_init(&d);
+    cr_assert_null(loom_cfg_load_file(top, &d));
+    cr_assert_eq(d.count, 1);
+    char msg[2 * PATH_MAX];
+    snprintf(msg, sizeof msg, "cannot include '%s': includes nest more than 32 levels deep (is there a "
+             "runaway chain of includes?)", path_in_dir("deeper33.yaml"));
+    expect_diag(&d, 0, path_in_dir("deeper32.yaml"), 3, 5, msg);
+    loom_diag_free(&d);
+    remove_include_chain("deeper", 40);
+}
+
+/* Issue 29: 12 files each including the next 10 times is 10^11 loads (a
+ * hang); the files loaded for one configuration are now capped at 256. */
+static void include_count_is_limited_body(void);
+Test(config, include_count_is_limited, .timeout = 20) {
+    include_count_is_limited_body();
+    cr_assert_eq(LOOM_TEST_LEAK_CHECK(), 0, "memory leaked (see the LeakSanitizer report)");
+}
+static void include_count_is_limited_body(void) {
+    const char *top = write_include_chain("fan", 12, 10);
+    loom_diag d;
+    loom_diag_init(&d);
+    cr_assert_null(loom_cfg_load_file(top, &d));
+    cr_assert_geq(d.count, 1);
+    cr_expect(strstr(d.entries[0].message, "more than 256 files") != NULL, "%s", d.entries[0].message);
+    cr_expect(strstr(d.entries[0].message, "fan") != NULL, "%s", d.entries[0].message);
+    loom_diag_free(&d);
+    remove_include_chain("fan", 12);
+}
+
+/* Issue 29: a pipe (/dev/stdin, /dev/fd/N) failed in realpath ("No such
+ * file"); it is now read like a file. */
+CFG_TEST(load_from_a_pipe) {
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    const char *text = "scheduler:\n  policy: fcfs\n";
+    cr_assert_eq(write(fds[1], text, strlen(text)), (ssize_t)strlen(text));
+    close(fds[1]);
+    char path[64];
+    snprintf(path, sizeof path, "/dev/fd/%d", fds[0]);
+    loom_diag d;
+    loom_diag_init(&d);
+    loom_cfg_node *r = loom_cfg_load_file(path, &d);
+    if (d.count) loom_diag_print(&d, stderr);
+    cr_assert_not_null(r);
+    cr_expect_str_eq(loom_cfg_scalar(loom_cfg_get_path(r, "scheduler.policy")), "fcfs");
+    loom_cfg_free(r);
+    loom_diag_free(&d);
+    close(fds[0]);
 }
 
 CFG_TEST(missing_include_at_value_position) {

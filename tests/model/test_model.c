@@ -483,6 +483,52 @@ Test(model, gguf_arch_and_keys) {
     rm_tmpdir();
 }
 
+/* general.alignment = 1 lets tensor data sit at any address (issue 29):
+ * every tensor must still reach the model aligned (copied when needed) with
+ * its values intact, and rope_freqs.weight must be read safely. A padding
+ * key of 0..3 bytes is tried until rope_freqs.weight lands at an odd offset. */
+Test(model, gguf_alignment_one_misaligned_tensors) {
+    make_tmpdir();
+    static float freqs[THD / 2];
+    for (int i = 0; i < THD / 2; i++) freqs[i] = i == 0 ? 1.0f : 8.0f;
+    bool odd = false;
+    for (int pad = 0; pad < 4 && !odd; pad++) {
+        tiny t;
+        build_tiny(&t, 0);
+        t.b.alignment = 1;
+        gb_u32(&t.b, "general.alignment", 1);
+        char padv[8] = "";
+        memset(padv, 'p', (size_t)pad);
+        gb_s(&t.b, "x.pad", padv);
+        uint64_t ne[1] = {THD / 2};
+        gb_tensor_add(&t.b, "rope_freqs.weight", GG_F32, 1, ne, freqs, sizeof freqs);
+        gw f = gb_finish(&t.b);
+        /* rope_freqs.weight is last: its data ends the file */
+        odd = (f.len - sizeof freqs) % 4 != 0;
+        const char *p = tmp_path("align1.gguf");
+        cr_assert_eq(gw_write_file(&f, p), 0);
+        free(f.buf);
+        if (!odd) { free_tiny(&t); continue; }
+        loom_model *m = load_ok(p, NULL);
+        cr_expect_eq(loom_model_config_get(m)->rope_scaling, LOOM_ROPE_SCALING_LLAMA3);
+        cr_expect_eq(loom_model_config_get(m)->rope_factor, 8.0f);
+        const loom_tensor *rf = loom_model_tensor(m, "rope_freqs.weight");
+        cr_assert_not_null(rf);
+        cr_expect_eq((uintptr_t)rf->data % 32, 0, "rope_freqs.weight copied to aligned storage");
+        cr_expect_arr_eq(rf->data, freqs, sizeof freqs);
+        const loom_tensor *emb = loom_model_tensor(m, "token_embd.weight");
+        cr_assert_not_null(emb);
+        cr_expect_eq((uintptr_t)emb->data % 32, 0, "token_embd.weight aligned");
+        float e0;
+        memcpy(&e0, emb->data, 4);
+        cr_expect_float_eq(e0, 1.0f, 1e-6f, "token_embd.weight values kept");
+        loom_model_free(m);
+        free_tiny(&t);
+    }
+    cr_assert(odd, "no padding put rope_freqs.weight at an odd offset");
+    rm_tmpdir();
+}
+
 /* ------------------------------------------------------------ safetensors */
 
 typedef struct st_entry {
@@ -611,6 +657,40 @@ Test(model, safetensors_rope_parameters_v5) {
     cr_assert(c->rope_theta == 500000.0f && c->rope_scaling == LOOM_ROPE_SCALING_LLAMA3 && c->rope_factor == 8.0f &&
               c->rope_original_context == 64);
     loom_model_free(m);
+}
+
+/* Numbers in config.json that do not fit their field are errors naming the
+ * key and the value (issue 29: original_max_position_embeddings 1e20 was
+ * converted to int32 with undefined behavior, a context of -2147483648). */
+static void config_value_err(const char *from, const char *to, const char *want1, const char *want2) {
+    char cfg[2048], out[2048];
+    snprintf(cfg, sizeof cfg, k_config, "LlamaForCausalLM", "false");
+    char *at = strstr(cfg, from);
+    cr_assert_not_null(at, "%s", from);
+    snprintf(out, sizeof out, "%.*s%s%s", (int)(at - cfg), cfg, to, at + strlen(from));
+    write_text(tmp_path("config.json"), out);
+    loom_error err;
+    cr_expect_eq(load_err(g_dir, &err), LOOM_ERR_FORMAT, "%s", to);
+    cr_expect(strstr(err.message, want1) && strstr(err.message, want2), "%s: %s", to, err.message);
+}
+
+Test(model, safetensors_config_numbers_out_of_range) {
+    make_tmpdir();
+    st_entry e[64];
+    char names[64][96];
+    int n = hf_entries(e, "F32", true, false, names);
+    write_safetensors(tmp_path("model.safetensors"), e, n, NULL);
+    const char *orig = "\"original_max_position_embeddings\":64";
+    config_value_err(orig, "\"original_max_position_embeddings\":1e20", "original_max_position_embeddings", "1e+20");
+    config_value_err(orig, "\"original_max_position_embeddings\":-5", "original_max_position_embeddings", "-5");
+    config_value_err(orig, "\"original_max_position_embeddings\":64.5", "original_max_position_embeddings", "64.5");
+    config_value_err("\"factor\":8.0", "\"factor\":1e300", "\"factor\"", "1e+300");
+    config_value_err("\"rope_theta\":500000.0", "\"rope_theta\":-1e39", "\"rope_theta\"", "-1e+39");
+    config_value_err("\"max_position_embeddings\":256", "\"max_position_embeddings\":-2147483648",
+                     "\"max_position_embeddings\"", "-2147483648");
+    config_value_err("\"max_position_embeddings\":256", "\"max_position_embeddings\":1e20",
+                     "\"max_position_embeddings\"", "1e+20");
+    rm_tmpdir();
 }
 
 Test(model, safetensors_single_file) {
