@@ -32,6 +32,8 @@ static const char serve_usage_text[] =
     "      --api-key KEY          require 'Authorization: Bearer KEY' on /v1/ routes\n"
     "      --max-tokens N         completions' default max_tokens (default 16, as OpenAI's)\n"
     "      --max-body BYTES       larger request bodies get 413 (default 16777216)\n"
+    "      --max-prompt-bytes N   longer prompt text gets 400 before it is tokenized\n"
+    "                             (default: the context length x 128)\n"
     "      --max-connections N    concurrent connections (default 256)\n"
     "      --set KEY=VALUE        override a pipeline key, e.g. scheduler.max_num_seqs=32\n"
     "  -h, --help                 this help\n"
@@ -53,7 +55,7 @@ int loom_cmd_serve(int argc, char **argv) {
         long l;
         bool takes = !strcmp(a, "--host") || !strcmp(a, "--port") || !strcmp(a, "--served-model-name") ||
                      !strcmp(a, "--api-key") || !strcmp(a, "--max-tokens") || !strcmp(a, "--max-body") ||
-                     !strcmp(a, "--max-connections") || !strcmp(a, "--set");
+                     !strcmp(a, "--max-prompt-bytes") || !strcmp(a, "--max-connections") || !strcmp(a, "--set");
         if (takes && !v) {
             cli_usage_error("serve", serve_usage_text, "%s needs a value", a);
             goto out;
@@ -77,6 +79,9 @@ int loom_cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--max-body")) {
             if (!cli_parse_long("serve", serve_usage_text, a, v, 1024, 1L << 30, &l)) goto out;
             opt.max_body = (size_t)l;
+        } else if (!strcmp(a, "--max-prompt-bytes")) {
+            if (!cli_parse_long("serve", serve_usage_text, a, v, 1, 1L << 40, &l)) goto out;
+            opt.max_prompt_bytes = (size_t)l;
         } else if (!strcmp(a, "--max-connections")) {
             if (!cli_parse_long("serve", serve_usage_text, a, v, 1, 65536, &l)) goto out;
             opt.max_connections = (unsigned)l;

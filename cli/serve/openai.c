@@ -430,6 +430,21 @@ void serve_req_free(serve_req *r) {
     memset(r, 0, sizeof *r);
 }
 
+size_t serve_prompt_bytes(const serve_req *r, int32_t *which) {
+    size_t most = 0;
+    *which = 0;
+    if (r->api == SERVE_CHAT) {
+        for (int32_t i = 0; i < r->base.num_messages; i++)
+            most += r->messages[i].content ? strlen(r->messages[i].content) : 0;
+        return most;
+    }
+    for (int32_t p = 0; p < r->num_prompts; p++) {
+        size_t n = r->prompts[p].text ? strlen(r->prompts[p].text) : 0;
+        if (n > most) most = n, *which = p;
+    }
+    return most;
+}
+
 const char *serve_finish_name(loom_finish_reason f) {
     switch (f) {
     case LOOM_FINISH_EOS:

@@ -63,6 +63,12 @@ bool serve_parse(serve_api api, const char *body, size_t len, int32_t default_ma
                  char *why, size_t why_size, const char **param);
 void serve_req_free(serve_req *r);
 
+/* The bytes of text a request asks the tokenizer to read, for the server's
+ * cap on prompt size (checked before tokenizing): completions — the longest
+ * text prompt (token-id prompts count 0), its index in *which; chat — every
+ * message's content together (*which 0). */
+size_t serve_prompt_bytes(const serve_req *r, int32_t *which);
+
 /* OpenAI's name for a finish reason: "stop" (end of generation or a stop
  * string), "length", "abort", "error". */
 const char *serve_finish_name(loom_finish_reason f);

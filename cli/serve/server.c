@@ -160,6 +160,7 @@ struct server {
     int inflight;             /* HTTP requests between headers and sent reply */
     pthread_cond_t idle_cv;   /* signalled when inflight drops to 0        */
     serve_metrics m;
+    size_t prompt_cap;        /* prompt text bytes: more is refused untokenized */
 };
 
 static void job_unref(job *j) {
@@ -656,6 +657,23 @@ static cJSON *final_response(job *j) {
     return o;
 }
 
+/* Whether the request's prompt text is over the byte cap (then why, and the
+ * parameter): checked before tokenizing, which costs seconds and hundreds of
+ * megabytes for a prompt of megabytes that the context could never hold. */
+static bool prompt_too_long(const server *s, const serve_req *q, char *why, size_t whyn, const char **param) {
+    int32_t which = 0;
+    size_t n = serve_prompt_bytes(q, &which);
+    if (n <= s->prompt_cap) return false;
+    char where[32] = "prompt";
+    if (q->api == SERVE_CHAT) snprintf(where, sizeof where, "the messages");
+    else if (q->num_prompts > 1) snprintf(where, sizeof where, "prompt[%d]", which);
+    snprintf(why, whyn, "%s %s %zu bytes of text, over the %zu bytes loom serve takes for one prompt (the context "
+             "holds %d tokens; loom serve --max-prompt-bytes): shorten the prompt", where,
+             q->api == SERVE_CHAT ? "have" : "is", n, s->prompt_cap, loom_engine_max_context(s->eng));
+    *param = q->api == SERVE_CHAT ? "messages" : "prompt";
+    return true;
+}
+
 /* A job for the request body in cs, or NULL with the HTTP status, message
  * and offending parameter (may stay NULL) to reply with: 413 too large, 400
  * not a valid request, 404 another model, 500 out of memory. */
@@ -684,6 +702,12 @@ static job *job_new(server *s, const char *url, serve_api api, const conn_state 
         free(j);
         *status = 404;
         *param = "model";
+        return NULL;
+    }
+    if (prompt_too_long(s, &j->q, why, whyn, param)) {
+        serve_req_free(&j->q);
+        free(j);
+        *status = 400;
         return NULL;
     }
     j->s = s;
@@ -1077,6 +1101,8 @@ static void server_init(server *s, loom_engine *eng, const serve_options *opt, c
     s->m.ttft = HIST_OF(k_ttft_le), s->m.tpot = HIST_OF(k_tpot_le), s->m.e2e = HIST_OF(k_e2e_le);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->idle_cv, NULL);
+    s->prompt_cap = opt->max_prompt_bytes ? opt->max_prompt_bytes
+                                          : (size_t)loom_engine_max_context(eng) * SERVE_BYTES_PER_TOKEN;
     s->stats.struct_size = sizeof s->stats;
     loom_engine_get_stats(eng, &s->stats, sizeof s->stats);
 }

@@ -17,6 +17,12 @@
 
 #include "loom/engine.h"
 
+/* The default prompt cap's bound on one token's bytes: generous (the longest
+ * pieces of common vocabularies are shorter), so that a prompt the context
+ * could hold is never refused by bytes, while a prompt of megabytes is
+ * refused before the tokenizer spends seconds and memory on it. */
+#define SERVE_BYTES_PER_TOKEN 128
+
 typedef struct serve_options {
     const char *host;           /* address or name to bind; "0.0.0.0" = all */
     int port;                   /* 0 = any free port (printed at start)     */
@@ -24,6 +30,9 @@ typedef struct serve_options {
     const char *api_key;        /* NULL = no authentication                 */
     int32_t max_tokens;         /* completions' default max_tokens          */
     size_t max_body;            /* request bodies larger get 413            */
+    size_t max_prompt_bytes;    /* longer prompt text gets 400 before it is
+                                 * tokenized; 0 = max_model_len x
+                                 * SERVE_BYTES_PER_TOKEN                   */
     unsigned max_connections;
 } serve_options;
 

@@ -226,6 +226,22 @@ Test(openai, chat_logprobs) {
               "true or false");
 }
 
+/* The prompt text the server's byte cap measures (before tokenizing). */
+Test(openai, prompt_bytes) {
+    int32_t which = -1;
+    serve_req r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": [\"ab\", \"abcde\", \"\"]}");
+    cr_assert_eq(serve_prompt_bytes(&r, &which), 5);
+    cr_assert_eq(which, 1);
+    serve_req_free(&r);
+    r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": [1, 2, 3]}");
+    cr_assert_eq(serve_prompt_bytes(&r, &which), 0, "token ids are not tokenized");
+    serve_req_free(&r);
+    r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"system\", \"content\": \"abc\"}, "
+                             "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"de\"}]}]}");
+    cr_assert_eq(serve_prompt_bytes(&r, &which), 5, "every message together");
+    serve_req_free(&r);
+}
+
 Test(openai, error_json_shape) {
     char *s = serve_error_json(400, "bad \"x\"", "temperature");
     cJSON *o = cJSON_Parse(s);

@@ -182,6 +182,63 @@ static void reply_free(reply *r) {
     cJSON_Delete(r->json);
 }
 
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static void write_all(int fd, const char *p, size_t n) {
+    for (size_t off = 0; off < n;) {
+        ssize_t w = write(fd, p + off, n - off);
+        cr_assert_gt(w, 0, "write to the server failed after %zu of %zu bytes", off, n);
+        off += (size_t)w;
+    }
+}
+
+/* The reply on fd, read until the server closes it or `ms` pass (a hostile
+ * test must not hang on a server that does not answer): status 0 when
+ * nothing came. *first_line gets the first status line seen (may be NULL). */
+static reply read_reply_within(int fd, int ms, char *first_line, size_t fl) {
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    double until = now_ms() + ms;
+    for (;;) {
+        int left = (int)(until - now_ms());
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, left) <= 0) break;
+        if (cap - n < 1024) buf = realloc(buf, cap *= 2);
+        ssize_t r = read(fd, buf + n, cap - n - 1);
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    buf[n] = 0;
+    if (first_line) snprintf(first_line, fl, "%.*s", (int)strcspn(buf, "\r\n"), buf);
+    reply rp = {0};
+    /* skip an interim 100 Continue to the final status */
+    const char *at = buf;
+    while (!strncmp(at, "HTTP/1.1 100", 12) && strstr(at, "\r\n\r\n")) at = strstr(at, "\r\n\r\n") + 4;
+    if (sscanf(at, "HTTP/1.%*d %d", &rp.status) != 1) rp.status = 0;
+    char *b = strstr(at, "\r\n\r\n");
+    rp.body = strdup(b ? b + 4 : "");
+    rp.json = cJSON_Parse(rp.body);
+    free(buf);
+    return rp;
+}
+
+/* The server's peak resident memory (VmHWM) in KiB. */
+static long peak_rss_kib(pid_t pid) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %ld", &kib) == 1) break;
+    fclose(f);
+    return kib;
+}
+
 static const cJSON *get(const cJSON *o, const char *path) {
     /* "a.b.0.c": object keys and array indices */
     char buf[128];
@@ -457,6 +514,41 @@ Test(serve, api_key_and_body_limit, .timeout = 300) {
     free(stop(&s, 30));
 }
 
+/* A body of `fill` bytes of 'a' as the prompt text (completions) or one
+ * user message (chat); malloc'd. */
+static char *big_prompt_body(bool chat, size_t fill) {
+    char *b = malloc(fill + 128);
+    int at = sprintf(b, chat ? "{\"messages\": [{\"role\": \"user\", \"content\": \"" : "{\"prompt\": \"");
+    memset(b + at, 'a', fill);
+    strcpy(b + at + fill, chat ? "\"}], \"max_tokens\": 1}" : "\", \"max_tokens\": 1}");
+    return b;
+}
+
+/* Prompt text is bounded in bytes before it is tokenized: context 128 x 128
+ * bytes a token = 16384 by default, or --max-prompt-bytes. (tiny has no
+ * tokenizer: before the cap, these got "no tokenizer".) */
+Test(serve, prompt_bytes_capped_before_tokenizing, .timeout = 120) {
+    server s = start(TINY, NULL);
+    char *b = big_prompt_body(false, 20000);
+    reply r = http(s.port, "POST", "/v1/completions", b, NULL);
+    const cJSON *param = r.json ? cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "error"), "param") : NULL;
+    cr_assert(cJSON_IsString(param) && !strcmp(param->valuestring, "prompt"), "%s", r.body);
+    expect_error(r, 400, "prompt is 20000 bytes of text, over the 16384 bytes");
+    free(b);
+    b = big_prompt_body(true, 20000);
+    expect_error(http(s.port, "POST", "/v1/chat/completions", b, NULL), 400, "--max-prompt-bytes");
+    free(b);
+    free(stop(&s, 30));
+    s = start(TINY, (const char *[]){"--max-prompt-bytes", "1000", NULL});
+    b = big_prompt_body(false, 1001);
+    expect_error(http(s.port, "POST", "/v1/completions", b, NULL), 400, "over the 1000 bytes");
+    free(b);
+    b = big_prompt_body(false, 1000); /* within the cap: on to the tokenizer */
+    expect_error(http(s.port, "POST", "/v1/completions", b, NULL), 400, "no tokenizer");
+    free(b);
+    free(stop(&s, 30));
+}
+
 Test(serve, usage_errors) {
     const char *bin = getenv("LOOM_CLI");
     cr_assert_not_null(bin);
@@ -600,6 +692,34 @@ Test(serve, chat_and_stream_real_model, .timeout = 600) {
     strcpy(long_body + at, "\"}]}");
     expect_error(http(s.port, "POST", "/v1/chat/completions", long_body, NULL), 400, "context holds 512");
     free(long_body);
+    free(stop(&s, 60));
+}
+
+/* A 15 MiB prompt is refused by its bytes at once: not tokenized first
+ * (that took ~27 s of CPU and ~770 MiB before the 400). */
+Test(serve, huge_prompt_refused_fast_real_model, .timeout = 300) {
+    need_model();
+    server s = start(SMOL, NULL);
+    long rss0 = peak_rss_kib(s.pid);
+    size_t fill = 15u << 20;
+    char *b = big_prompt_body(false, fill);
+    int fd = dial(s.port);
+    char head[256];
+    int hn = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\n\r\n", strlen(b));
+    write_all(fd, head, (size_t)hn);
+    write_all(fd, b, strlen(b));
+    double t0 = now_ms();
+    reply r = read_reply_within(fd, 5000, NULL, 0);
+    double ms = now_ms() - t0;
+    close(fd);
+    free(b);
+    long grew = (peak_rss_kib(s.pid) - rss0) / 1024;
+    cr_log_info("15 MiB prompt: 400 after %.1f ms, peak memory +%ld MiB", ms, grew);
+    expect_error(r, 400, "over the 65536 bytes");
+    cr_assert_lt(ms, 1000, "the refusal took %.0f ms", ms);
+    /* the body itself (15 MiB, buffered and parsed) is all it may hold */
+    cr_assert_lt(grew, 160, "the refused prompt grew the server by %ld MiB", grew);
     free(stop(&s, 60));
 }
 
