@@ -502,6 +502,7 @@ static void *engine_main(void *arg) {
 typedef struct conn_state {
     sbuf body;
     bool too_large;
+    bool answered;            /* refused from its headers (401, 413) */
 } conn_state;
 
 static void count_status(server *s, unsigned status) {
@@ -657,6 +658,10 @@ static cJSON *final_response(job *j) {
     return o;
 }
 
+static void body_too_large(const server *s, char *why, size_t whyn) {
+    snprintf(why, whyn, "the request body is larger than %zu bytes (loom serve --max-body)", s->opt->max_body);
+}
+
 /* Whether the request's prompt text is over the byte cap (then why, and the
  * parameter): checked before tokenizing, which costs seconds and hundreds of
  * megabytes for a prompt of megabytes that the context could never hold. */
@@ -682,7 +687,7 @@ static job *job_new(server *s, const char *url, serve_api api, const conn_state 
     *param = NULL;
     if (cs->too_large) {
         *status = 413;
-        snprintf(why, whyn, "the request body is larger than %zu bytes (loom serve --max-body)", s->opt->max_body);
+        body_too_large(s, why, whyn);
         return NULL;
     }
     *status = 500;
@@ -1013,6 +1018,31 @@ static bool auth_ok(const char *auth, const char *key) {
     return diff == 0;
 }
 
+/* The first call, headers only: refuse what the headers decide already — a
+ * missing or wrong API key (401), a body announced larger than --max-body
+ * (413) — before the client is told to go on (100 Continue) and before its
+ * body is read: MHD then answers at once and discards the body. */
+static enum MHD_Result header_stage(server *s, struct MHD_Connection *conn, const char *url, conn_state *cs) {
+    if (s->opt->api_key && !strncmp(url, "/v1/", 4)) {
+        const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        if (!auth_ok(auth, s->opt->api_key)) {
+            cs->answered = true;
+            return reply_error(s, conn, 401, "missing or wrong API key: send 'Authorization: Bearer KEY' "
+                               "(the key loom serve was started with)", NULL);
+        }
+    }
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    char *end = NULL;
+    unsigned long long n = cl ? strtoull(cl, &end, 10) : 0;
+    if (cl && end != cl && n > s->opt->max_body) {
+        cs->answered = true;
+        char why[160];
+        body_too_large(s, why, sizeof why);
+        return reply_error(s, conn, 413, why, NULL);
+    }
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
@@ -1025,6 +1055,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         pthread_mutex_lock(&s->mu);
         s->inflight++;
         pthread_mutex_unlock(&s->mu);
+        return header_stage(s, conn, url, cs);
+    }
+    if (cs->answered) { /* refused at the header stage: nothing more to do */
+        *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size) {
@@ -1036,12 +1070,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     bool chat = !strcmp(url, "/v1/chat/completions"), gen = chat || !strcmp(url, "/v1/completions");
     serve_api api = chat ? SERVE_CHAT : SERVE_COMPLETIONS;
-    if (s->opt->api_key && !strncmp(url, "/v1/", 4)) {
-        const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-        if (!auth_ok(auth, s->opt->api_key))
-            return reply_error(s, conn, 401, "missing or wrong API key: send 'Authorization: Bearer KEY' "
-                               "(the key loom serve was started with)", NULL);
-    }
     if (gen && post) return completion(s, conn, url, api, cs);
     if (gen) return reply_error(s, conn, MHD_HTTP_METHOD_NOT_ALLOWED, "use POST with a JSON body", NULL);
     if (get && !strcmp(url, "/health")) {

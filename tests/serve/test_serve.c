@@ -549,6 +549,58 @@ Test(serve, prompt_bytes_capped_before_tokenizing, .timeout = 120) {
     free(stop(&s, 30));
 }
 
+/* Send only a request's headers (HTTP/1.1, `Expect: 100-continue` when
+ * asked) announcing a body of `length` bytes, and read what comes back
+ * within 2 s without sending the body. */
+static reply headers_only(int port, const char *headers, size_t length, bool expect, char *first, size_t fl) {
+    int fd = dial(port);
+    char head[512];
+    int n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+                     "application/json\r\n%s%sContent-Length: %zu\r\n\r\n", headers ? headers : "",
+                     expect ? "Expect: 100-continue\r\n" : "", length);
+    write_all(fd, head, (size_t)n);
+    reply r = read_reply_within(fd, 2000, first, fl);
+    close(fd);
+    return r;
+}
+
+/* The API key and the body limit are decided from the headers: a refused
+ * client is never told to go on (no 100 Continue) and its body is not read. */
+Test(serve, auth_and_body_limit_before_the_body, .timeout = 120) {
+    server s = start(TINY, (const char *[]){"--api-key", "s3cret", "--max-body", "2048", NULL});
+    char first[128];
+    for (int expect = 1; expect >= 0; expect--) {
+        reply r = headers_only(s.port, NULL, 1000, expect, first, sizeof first);
+        cr_assert(!strncmp(first, "HTTP/1.1 401", 12), "no key (Expect %d): first line '%s'", expect, first);
+        expect_error(r, 401, "API key");
+        r = headers_only(s.port, "Authorization: Bearer wrong\r\n", 16u << 20, expect, first, sizeof first);
+        cr_assert(!strncmp(first, "HTTP/1.1 401", 12), "wrong key (Expect %d): first line '%s'", expect, first);
+        expect_error(r, 401, "API key");
+        r = headers_only(s.port, "Authorization: Bearer s3cret\r\n", 16u << 20, expect, first, sizeof first);
+        cr_assert(!strncmp(first, "HTTP/1.1 413", 12), "16 MiB announced (Expect %d): first line '%s'", expect,
+                  first);
+        expect_error(r, 413, "larger than 2048 bytes");
+    }
+    /* within the limit, with the key: told to go on, and answered */
+    int fd = dial(s.port);
+    const char *body = "{\"prompt\": [1], \"max_tokens\": 2}";
+    char head[256];
+    int n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret"
+                     "\r\nExpect: 100-continue\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n", strlen(body));
+    write_all(fd, head, (size_t)n);
+    char buf[64] = {0};
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    cr_assert_gt(poll(&p, 1, 2000), 0, "no 100 Continue");
+    cr_assert_gt(read(fd, buf, 25), 0);
+    cr_assert(!strncmp(buf, "HTTP/1.1 100", 12), "%s", buf);
+    write_all(fd, body, strlen(body));
+    reply r = read_reply_within(fd, 10000, NULL, 0);
+    close(fd);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    reply_free(&r);
+    free(stop(&s, 30));
+}
+
 Test(serve, usage_errors) {
     const char *bin = getenv("LOOM_CLI");
     cr_assert_not_null(bin);
