@@ -73,8 +73,17 @@ size_t serve_prompt_bytes(const serve_req *r, int32_t *which);
  * string), "length", "abort", "error". */
 const char *serve_finish_name(loom_finish_reason f);
 
-/* {"error": {"message", "type", "param", "code"}} as vLLM sends it; the
- * caller frees the string. */
+/* Drop a UTF-8 character cut off at the end of s (after a cut at a byte
+ * limit), so the cut falls between characters. Returns s. */
+char *serve_utf8_trim(char *s);
+/* s cut to at most `max` bytes between characters, into out (size bytes). */
+const char *serve_utf8_clip(const char *s, size_t max, char *out, size_t size);
+/* A malloc'd copy of s that is valid UTF-8: each ill-formed sequence (bytes
+ * from a URL, or cut) becomes U+FFFD. NULL when out of memory. */
+char *serve_utf8_valid(const char *s);
+
+/* {"error": {"message", "type", "param", "code"}} as vLLM sends it, valid
+ * UTF-8 JSON whatever bytes the message holds; the caller frees it. */
 char *serve_error_json(int http_status, const char *message, const char *param);
 
 #endif

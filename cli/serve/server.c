@@ -487,6 +487,7 @@ static void *engine_main(void *arg) {
              * aborts so every client gets its answer. */
             if (!s->fatal[0]) {
                 snprintf(s->fatal, sizeof s->fatal, "the engine failed: %.480s", err.message);
+                serve_utf8_trim(s->fatal);
                 fprintf(stderr, "loom serve: %s; /health now reports 503\n", s->fatal);
                 /* once: the aborts set `pending`, so the next step drains them
                  * (its first act) and every sample gets its final event */
@@ -701,8 +702,9 @@ static job *job_new(server *s, const char *url, serve_api api, const conn_state 
         return NULL;
     }
     if (j->q.model && strcmp(j->q.model, s->model)) {
-        snprintf(why, whyn, "the model '%.200s' does not exist: this server serves '%.200s' (GET /v1/models)",
-                 j->q.model, s->model);
+        char mb[201], sb[201];
+        snprintf(why, whyn, "the model '%s' does not exist: this server serves '%s' (GET /v1/models)",
+                 serve_utf8_clip(j->q.model, 200, mb, sizeof mb), serve_utf8_clip(s->model, 200, sb, sizeof sb));
         serve_req_free(&j->q);
         free(j);
         *status = 404;
@@ -797,6 +799,7 @@ static unsigned job_add_prompts(server *s, job *j, serve_api api, char *why, siz
                 snprintf(why, whyn, "prompt[%d]: %.480s", p, err.message);
             else
                 snprintf(why, whyn, "%s", err.message);
+            serve_utf8_trim(why); /* a long message cut between characters */
         }
         pthread_mutex_unlock(&s->mu);
     }
@@ -1082,9 +1085,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (get && !strcmp(url, "/v1/models")) return reply(s, conn, 200, models_json(s), NULL);
     if (get && !strcmp(url, "/metrics"))
         return reply(s, conn, 200, metrics_text(s), "text/plain; version=0.0.4");
-    char m[400];
-    snprintf(m, sizeof m, "no route %.16s %.160s: try POST /v1/completions, POST /v1/chat/completions, GET "
-             "/v1/models, /health, /metrics", method, url);
+    char m[400], mb[17], ub[161]; /* the method and URL as sent, cut between characters */
+    snprintf(m, sizeof m, "no route %s %s: try POST /v1/completions, POST /v1/chat/completions, GET "
+             "/v1/models, /health, /metrics", serve_utf8_clip(method, 16, mb, sizeof mb),
+             serve_utf8_clip(url, 160, ub, sizeof ub));
     return reply_error(s, conn, 404, m, NULL);
 }
 

@@ -601,6 +601,63 @@ Test(serve, auth_and_body_limit_before_the_body, .timeout = 120) {
     free(stop(&s, 30));
 }
 
+/* Strict UTF-8 (no overlong forms, no surrogates, nothing past U+10FFFF);
+ * the offset of the first bad byte, or -1. */
+static long bad_utf8_at(const char *str) {
+    const unsigned char *s = (const unsigned char *)str;
+    for (size_t i = 0; s[i];) {
+        unsigned c = s[i];
+        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!n || (n == 2 && c < 0xC2) || (n == 4 && c > 0xF4)) return (long)i;
+        for (size_t k = 1; k < n; k++)
+            if ((s[i + k] & 0xC0) != 0x80) return (long)i;
+        if ((n == 3 && c == 0xE0 && s[i + 1] < 0xA0) || (n == 3 && c == 0xED && s[i + 1] >= 0xA0) ||
+            (n == 4 && c == 0xF0 && s[i + 1] < 0x90) || (n == 4 && c == 0xF4 && s[i + 1] >= 0x90))
+            return (long)i;
+        i += n;
+    }
+    return -1;
+}
+
+/* An error reply whose body is valid UTF-8 JSON of the OpenAI shape. */
+static void expect_clean_error(reply r, int status, const char *needle) {
+    long bad = bad_utf8_at(r.body);
+    cr_assert_eq(bad, -1, "the error body is not UTF-8 (byte %ld): %s", bad, r.body);
+    expect_error(r, status, needle);
+}
+
+/* Error messages carry what the client sent, cut to a length: never cut in
+ * the middle of a character, and bytes that are not UTF-8 are replaced. */
+Test(serve, error_bodies_are_utf8_json, .timeout = 120) {
+    server s = start(TINY, NULL);
+    char e2[1200] = "", path[1300], body[1600];
+    for (int i = 0; i < 300; i++) strcat(e2, "\xC3\xA9"); /* é x 300 */
+    /* URL bytes that are no UTF-8 (MHD unescapes %FF), and a cut one */
+    expect_clean_error(http(s.port, "GET", "/v2/%FF%FEx", NULL, NULL), 404, "no route GET /v2/");
+    snprintf(path, sizeof path, "/v2/x%s", e2);
+    expect_clean_error(http(s.port, "GET", path, NULL, NULL), 404, "no route GET /v2/x\xC3\xA9");
+    snprintf(path, sizeof path, "/v2/x%s", "%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3"
+             "%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9"
+             "%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9"
+             "%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9"
+             "%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9"
+             "%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9");
+    expect_clean_error(http(s.port, "GET", path, NULL, NULL), 404, "no route GET /v2/x");
+    /* a model name, a value shown in a message, a message at its limit */
+    snprintf(body, sizeof body, "{\"prompt\": [1], \"model\": \"x%s\"}", e2);
+    expect_clean_error(http(s.port, "POST", "/v1/completions", body, NULL), 404, "does not exist");
+    snprintf(body, sizeof body, "{\"prompt\": [1], \"temperature\": \"%s\"}", e2);
+    expect_clean_error(http(s.port, "POST", "/v1/completions", body, NULL), 400, "'temperature' must be");
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"x%s\", \"content\": \"hi\"}]}", e2);
+    expect_clean_error(http(s.port, "POST", "/v1/chat/completions", body, NULL), 400, "is not supported");
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"%s\", \"content\": \"hi\"}]}", e2);
+    expect_clean_error(http(s.port, "POST", "/v1/chat/completions", body, NULL), 400, "is not supported");
+    /* bytes that are no UTF-8 inside the JSON body's strings */
+    expect_clean_error(http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"model\": \"a\xFF\xC3(\"}", NULL),
+                       404, "does not exist");
+    free(stop(&s, 30));
+}
+
 Test(serve, usage_errors) {
     const char *bin = getenv("LOOM_CLI");
     cr_assert_not_null(bin);
