@@ -156,6 +156,7 @@ struct server {
     job *jobs;
     loom_engine_stats stats;  /* snapshot after each step                  */
     uint64_t http_requests[6];/* by status class: 1xx..5xx (index 1..5)    */
+    uint64_t client_closed;   /* 499: the client left before its answer    */
     uint64_t next_id;
     int inflight;             /* HTTP requests between headers and sent reply */
     pthread_cond_t idle_cv;   /* signalled when inflight drops to 0        */
@@ -508,7 +509,8 @@ typedef struct conn_state {
 
 static void count_status(server *s, unsigned status) {
     pthread_mutex_lock(&s->mu);
-    if (status / 100 >= 1 && status / 100 <= 5) s->http_requests[status / 100]++;
+    if (status == 499) s->client_closed++; /* apart from 4xx: not a bad request either */
+    else if (status / 100 >= 1 && status / 100 <= 5) s->http_requests[status / 100]++;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -849,8 +851,8 @@ static bool job_wait(server *s, job *j) {
 }
 
 /* The whole answer of a finished job: 200 with the response, or the error
- * of a failed or aborted sample (500, 499 logged for a client that left,
- * 503 at shutdown). */
+ * of a failed or aborted sample (500, 503 at shutdown, 499 for a client that
+ * left: counted apart from the server's errors). */
 static enum MHD_Result reply_final(server *s, struct MHD_Connection *conn, job *j, bool client_left) {
     bool was_aborted = false;
     for (int32_t c = 0; c < j->nchoices; c++) was_aborted |= j->ch[c].finish == LOOM_FINISH_ABORT;
@@ -860,14 +862,18 @@ static enum MHD_Result reply_final(server *s, struct MHD_Connection *conn, job *
     if (j->error[0]) {
         status = 500;
         ret = reply_error(s, conn, 500, j->error, NULL);
+    } else if (was_aborted && client_left) {
+        /* nobody reads it: 499 (client closed request) for the log and
+         * /metrics, apart from the server's errors */
+        status = 499;
+        ret = reply_error(s, conn, 499, "the client went away", NULL);
     } else if (was_aborted) {
         pthread_mutex_lock(&s->mu);
         bool failed = s->fatal[0];
-        snprintf(why, sizeof why, "%s",
-                 failed ? s->fatal : client_left ? "the client went away" : "the server is shutting down");
+        snprintf(why, sizeof why, "%s", failed ? s->fatal : "the server is shutting down");
         pthread_mutex_unlock(&s->mu);
-        status = failed ? 500 : client_left ? 499 : 503;
-        ret = reply_error(s, conn, failed || client_left ? 500 : 503, why, NULL);
+        status = failed ? 500 : 503;
+        ret = reply_error(s, conn, status, why, NULL);
     } else {
         status = 200;
         cJSON *o = final_response(j);
@@ -958,7 +964,7 @@ static char *metrics_text(server *s) {
     pthread_mutex_unlock(&s->m.mu);
     pthread_mutex_lock(&s->mu);
     loom_engine_stats st = s->stats;
-    uint64_t h[6];
+    uint64_t h[6], closed = s->client_closed;
     memcpy(h, s->http_requests, sizeof h);
     bool healthy = !s->fatal[0];
     pthread_mutex_unlock(&s->mu);
@@ -983,13 +989,16 @@ static char *metrics_text(server *s) {
     METRIC("preemptions_total", "counter", "sequences preempted", "%lld", (long long)st.preemptions);
     METRIC("steps_total", "counter", "engine steps", "%lld", (long long)st.steps);
 #undef METRIC
-    snprintf(line, sizeof line, "# HELP loom_http_responses_total HTTP responses by status class\n"
+    snprintf(line, sizeof line, "# HELP loom_http_responses_total HTTP responses by status class; "
+             "499: the client left before its answer (in no class)\n"
              "# TYPE loom_http_responses_total counter\n");
     sb_put(&b, line, strlen(line));
     for (int c = 2; c <= 5; c++) {
         snprintf(line, sizeof line, "loom_http_responses_total{code=\"%dxx\"} %llu\n", c, (unsigned long long)h[c]);
         sb_put(&b, line, strlen(line));
     }
+    snprintf(line, sizeof line, "loom_http_responses_total{code=\"499\"} %llu\n", (unsigned long long)closed);
+    sb_put(&b, line, strlen(line));
     hist_text(&b, "time_to_first_token_seconds", "from a request's arrival (body read) to each sample's first token",
               &ttft);
     hist_text(&b, "time_per_output_token_seconds", "between consecutive tokens of a sample", &tpot);

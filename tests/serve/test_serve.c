@@ -658,6 +658,36 @@ Test(serve, error_bodies_are_utf8_json, .timeout = 120) {
     free(stop(&s, 30));
 }
 
+/* The tiny pipeline with SmolLM2-135M's shapes (random weights, no model
+ * file): ~0.1 s a decode step on the CPU, a long prefill takes seconds. */
+#define SLOW_ARGS "--set", "model.shape=smollm2-135m", "--set", "engine.max_model_len=4096", "--set", \
+                  "cache.memory_gib=0.25"
+
+/* A client that leaves while its (non-streaming) answer is generated is a
+ * 499 (client closed request) in /metrics, not a server error. */
+Test(serve, client_gone_counts_499_not_5xx, .timeout = 120) {
+    server s = start(TINY, (const char *[]){SLOW_ARGS, NULL});
+    const char *k5 = "loom_http_responses_total{code=\"5xx\"}", *k499 = "loom_http_responses_total{code=\"499\"}";
+    double e0 = metric(s.port, k5);
+    int fd = dial(s.port);
+    send_request(fd, "POST", "/v1/completions", "{\"prompt\": [1, 2, 3], \"max_tokens\": 300, \"ignore_eos\": true}",
+                 NULL);
+    int i;
+    for (i = 0; i < 100 && metric(s.port, "loom_requests_running") == 0; i++) usleep(50000);
+    cr_assert_lt(i, 100, "the request never started");
+    close(fd);
+    cr_assert(wait_idle(s.port, 20), "the abandoned request kept running");
+    reply r = http(s.port, "GET", "/metrics", NULL, NULL);
+    cr_assert(strstr(r.body, k499), "no 499 count in /metrics:\n%s", r.body);
+    reply_free(&r);
+    for (i = 0; i < 50 && metric(s.port, k499) < 1; i++) usleep(100000);
+    cr_assert_eq(metric(s.port, k499), 1);
+    cr_assert_eq(metric(s.port, k5), e0, "a client leaving counted as a server error");
+    char *log = stop(&s, 30);
+    cr_assert(strstr(log, " 499 cmpl-"), "no 499 line in the log:\n%s", log);
+    free(log);
+}
+
 Test(serve, usage_errors) {
     const char *bin = getenv("LOOM_CLI");
     cr_assert_not_null(bin);
