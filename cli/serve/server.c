@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,6 +153,8 @@ struct server {
     bool busy;                /* the last step left requests active        */
     bool exit;                /* engine thread: return once idle           */
     bool stopping;            /* shutting down: new requests get 503       */
+    atomic_bool shutting;     /* as `stopping`, read without s->mu: waiting
+                               * connections answer 503 at once            */
     char fatal[512];          /* the engine failed: every request gets 500 */
     job *jobs;
     loom_engine_stats stats;  /* snapshot after each step                  */
@@ -383,6 +386,20 @@ static void sse_chunk(job *j, int32_t c, bool token, const char *text, cJSON *lp
     cJSON_Delete(o);
 }
 
+/* The stream's end: the usage chunk when asked for, then [DONE]. Under
+ * j->mu. */
+static void sse_finish(job *j) {
+    if (j->q.include_usage) {
+        cJSON *o = response_head(j, j->q.api == SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
+        cJSON_AddArrayToObject(o, "choices");
+        cJSON_AddItemToObject(o, "usage", usage_json(j));
+        sse_put_json(j, o);
+        cJSON_Delete(o);
+    }
+    sb_put(&j->sse, "data: [DONE]\n\n", 14);
+    j->sse_done = true;
+}
+
 /* ------------------------------------------------------ engine events */
 
 /* [engine thread] One token or final event of one sample. */
@@ -410,7 +427,7 @@ static void on_event(void *user, const loom_token_event *ev) {
         if (ev->token >= 0) ch->t_last = t;
     }
     const char *text = ev->text ? ev->text : "";
-    if (j->q.stream) {
+    if (j->q.stream && !j->sse_done) { /* done already: ended at shutdown */
         sse_chunk(j, c, ev->token >= 0, text, lp_one, ev->finish);
         if (ev->finish == LOOM_FINISH_ERROR) {
             char *e = serve_error_json(500, ev->error ? ev->error : "generation failed", NULL);
@@ -437,17 +454,7 @@ static void on_event(void *user, const loom_token_event *ev) {
             snprintf(j->error, sizeof j->error, "%s", ev->error ? ev->error : "generation failed");
         j->live--;
         prompt_done = --pc->live == 0;
-        if (j->live == 0 && j->q.stream) {
-            if (j->q.include_usage) {
-                cJSON *o = response_head(j, j->q.api == SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
-                cJSON_AddArrayToObject(o, "choices");
-                cJSON_AddItemToObject(o, "usage", usage_json(j));
-                sse_put_json(j, o);
-                cJSON_Delete(o);
-            }
-            sb_put(&j->sse, "data: [DONE]\n\n", 14);
-            j->sse_done = true;
-        }
+        if (j->live == 0 && j->q.stream && !j->sse_done) sse_finish(j);
         pthread_cond_broadcast(&j->cv);
     } else if (j->q.stream) {
         pthread_cond_broadcast(&j->cv);
@@ -570,6 +577,15 @@ static void log_request(const job *j, unsigned status) {
             prompt, completion, cli_now() - j->t0);
 }
 
+/* At shutdown, end a stream at once rather than after the engine's step:
+ * every unfinished choice gets finish_reason "abort", then the usage and
+ * [DONE]; the engine's later events for it are dropped. Under j->mu. */
+static void sse_end_aborted(job *j) {
+    for (int32_t c = 0; c < j->nchoices; c++)
+        if (j->ch[c].finish == LOOM_FINISH_NONE) sse_chunk(j, c, false, "", NULL, LOOM_FINISH_ABORT);
+    sse_finish(j);
+}
+
 /* SSE reader: hands MHD what the engine thread has queued, waiting for
  * more. While a request waits in the queue or in a long prefill nothing is
  * written, so it checks every 0.2 s whether the client left (then MHD ends
@@ -581,6 +597,10 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     pthread_mutex_lock(&j->mu);
     double quiet_since = cli_now();
     while (j->sse_off == j->sse.n && !j->sse_done) {
+        if (atomic_load(&j->s->shutting)) { /* not after the step running now */
+            sse_end_aborted(j);
+            break;
+        }
         struct timespec t;
         deadline_in(&t, 200);
         pthread_cond_timedwait(&j->cv, &j->mu, &t);
@@ -612,7 +632,8 @@ static void sse_free(void *cls) {
     job *j = cls;
     pthread_mutex_lock(&j->mu);
     bool live = j->live > 0;
-    log_request(j, live ? 499 : 200); /* under j->mu: the engine thread may still count */
+    /* under j->mu: the engine thread may still count */
+    log_request(j, !live ? 200 : atomic_load(&j->s->shutting) ? 503 : 499);
     pthread_mutex_unlock(&j->mu);
     if (live) {
         pthread_mutex_lock(&j->s->mu);
@@ -828,12 +849,19 @@ static enum MHD_Result reply_stream(server *s, struct MHD_Connection *conn, job 
     return ret;
 }
 
-/* Wait for every choice, aborting the job if the client leaves; true when
- * it did. */
-static bool job_wait(server *s, job *j) {
+typedef enum job_end { JOB_DONE, JOB_CLIENT_LEFT, JOB_SHUTDOWN } job_end;
+
+/* Wait for every choice, aborting the job if the client leaves; at shutdown
+ * return at once, not after the engine's step running now (it may take
+ * seconds): the client is answered 503 without waiting for the abort. */
+static job_end job_wait(server *s, job *j) {
     pthread_mutex_lock(&j->mu);
     bool aborted = false;
     while (j->live > 0) {
+        if (atomic_load(&s->shutting)) {
+            pthread_mutex_unlock(&j->mu);
+            return JOB_SHUTDOWN;
+        }
         struct timespec t;
         deadline_in(&t, 200);
         pthread_cond_timedwait(&j->cv, &j->mu, &t);
@@ -847,7 +875,7 @@ static bool job_wait(server *s, job *j) {
         }
     }
     pthread_mutex_unlock(&j->mu);
-    return aborted;
+    return aborted ? JOB_CLIENT_LEFT : JOB_DONE;
 }
 
 /* The whole answer of a finished job: 200 with the response, or the error
@@ -911,9 +939,17 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
     if (j->q.stream) return reply_stream(s, conn, j);
-    bool client_left = job_wait(s, j);
+    job_end end = job_wait(s, j);
     job_unlist(j);
-    enum MHD_Result ret = reply_final(s, conn, j, client_left);
+    enum MHD_Result ret;
+    if (end == JOB_SHUTDOWN) {
+        pthread_mutex_lock(&j->mu); /* the engine thread may still count */
+        log_request(j, 503);
+        pthread_mutex_unlock(&j->mu);
+        ret = reply_error(s, conn, 503, "the server is shutting down", NULL);
+    } else {
+        ret = reply_final(s, conn, j, end == JOB_CLIENT_LEFT);
+    }
     job_unref(j);
     return ret;
 }
@@ -1137,6 +1173,7 @@ static void served_model_name(loom_engine *eng, const serve_options *opt, char *
 
 static void server_init(server *s, loom_engine *eng, const serve_options *opt, const char *model) {
     *s = (server){.eng = eng, .opt = opt, .model = model};
+    atomic_init(&s->shutting, false);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->m.mu, NULL);
     s->m.ttft = HIST_OF(k_ttft_le), s->m.tpot = HIST_OF(k_tpot_le), s->m.e2e = HIST_OF(k_e2e_le);
@@ -1187,9 +1224,20 @@ static struct MHD_Daemon *start_daemon(server *s, struct addrinfo *ai, char *hos
 static void stop_server(server *s, struct MHD_Daemon *d, pthread_t eng_thread, int sig) {
     fprintf(stderr, "loom serve: %s: stopping (running requests are aborted)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     MHD_socket listen_fd = MHD_quiesce_daemon(d); /* no new connections; ours to close after the stop */
+    /* Refuse new connections now, not leave them in the backlog for the
+     * length of the engine's step: shutdown() takes the socket out of the
+     * LISTEN state (connects get RST) while the descriptor stays valid for
+     * MHD's threads until the stop, when it is closed. */
+    if (listen_fd != MHD_INVALID_SOCKET) shutdown(listen_fd, SHUT_RDWR);
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
-    for (job *j = s->jobs; j; j = j->next) job_abort_locked(j);
+    atomic_store(&s->shutting, true);
+    for (job *j = s->jobs; j; j = j->next) { /* listed jobs are alive: unlisted under s->mu */
+        job_abort_locked(j);
+        pthread_mutex_lock(&j->mu); /* wake its connection: it answers 503 now */
+        pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+    }
     /* let the aborted requests' clients get their 503 (or their stream's
      * end) before the sockets close; 10 s at most */
     struct timespec until;

@@ -102,10 +102,9 @@ static server start(const char *config, const char *const *args) {
     return s;
 }
 
-/* SIGTERM; the server must exit 0 within `secs` seconds. Returns what it
- * wrote to stderr (malloc'd). */
-static char *stop(server *s, int secs) {
-    cr_assert_eq(kill(s->pid, SIGTERM), 0);
+/* The server, sent SIGTERM, must exit 0 within `secs` seconds. Returns what
+ * it wrote to stderr (malloc'd). */
+static char *wait_exit(server *s, int secs) {
     int status = 0;
     for (int i = 0; i < secs * 10; i++) {
         if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
@@ -121,6 +120,13 @@ static char *stop(server *s, int secs) {
     waitpid(s->pid, NULL, 0);
     cr_assert_fail("loom serve did not stop within %d s of SIGTERM", secs);
     return NULL;
+}
+
+/* SIGTERM; the server must exit 0 within `secs` seconds. Returns what it
+ * wrote to stderr (malloc'd). */
+static char *stop(server *s, int secs) {
+    cr_assert_eq(kill(s->pid, SIGTERM), 0);
+    return wait_exit(s, secs);
 }
 
 static int dial(int port) {
@@ -220,7 +226,7 @@ static reply read_reply_within(int fd, int ms, char *first_line, size_t fl) {
     while (!strncmp(at, "HTTP/1.1 100", 12) && strstr(at, "\r\n\r\n")) at = strstr(at, "\r\n\r\n") + 4;
     if (sscanf(at, "HTTP/1.%*d %d", &rp.status) != 1) rp.status = 0;
     char *b = strstr(at, "\r\n\r\n");
-    rp.body = strdup(b ? b + 4 : "");
+    rp.body = strdup(b && rp.status ? b + 4 : at); /* no status line: all of it (the rest of a stream) */
     rp.json = cJSON_Parse(rp.body);
     free(buf);
     return rp;
@@ -686,6 +692,68 @@ Test(serve, client_gone_counts_499_not_5xx, .timeout = 120) {
     char *log = stop(&s, 30);
     cr_assert(strstr(log, " 499 cmpl-"), "no 499 line in the log:\n%s", log);
     free(log);
+}
+
+/* A body whose prompt is `n` token ids (a prefill of n tokens). */
+static char *long_ids_body(int n, const char *extra) {
+    char *b = malloc((size_t)n * 4 + 256);
+    int at = sprintf(b, "{\"prompt\": [");
+    for (int i = 0; i < n; i++) at += sprintf(b + at, i ? ",%d" : "%d", 1 + i % 200);
+    sprintf(b + at, "]%s}", extra);
+    return b;
+}
+
+/* After SIGTERM a new connection is refused, or answered at once: never
+ * left waiting. True when it was. */
+static bool new_connection_waits(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return false; /* refused */
+    }
+    const char *q = "GET /health HTTP/1.0\r\n\r\n";
+    bool waits = write(fd, q, strlen(q)) == (ssize_t)strlen(q) && read_reply_within(fd, 1000, NULL, 0).status == 0;
+    close(fd);
+    return waits;
+}
+
+/* SIGTERM while a step runs for seconds (a long prefill): the waiting
+ * client gets its 503 at once, a stream its abort and [DONE], and new
+ * connections are refused rather than left hanging for the step. */
+Test(serve, sigterm_during_a_long_step, .timeout = 180) {
+    server s = start(TINY, (const char *[]){SLOW_ARGS, NULL});
+    int sfd = dial(s.port); /* a stream, decoding */
+    send_request(sfd, "POST", "/v1/completions",
+                 "{\"prompt\": [1, 2, 3], \"max_tokens\": 3000, \"ignore_eos\": true, \"stream\": true}", NULL);
+    char buf[8192] = {0};
+    size_t got = 0;
+    while (got < sizeof buf - 1 && !strstr(buf, "data: ")) {
+        ssize_t r = read(sfd, buf + got, sizeof buf - 1 - got);
+        cr_assert_gt(r, 0);
+        got += (size_t)r;
+    }
+    char *b = long_ids_body(400, ", \"max_tokens\": 4");
+    int fd = dial(s.port); /* its prefill of 400 tokens: a step of seconds */
+    send_request(fd, "POST", "/v1/completions", b, NULL);
+    free(b);
+    usleep(700000);
+    double t0 = now_ms();
+    cr_assert_eq(kill(s.pid, SIGTERM), 0);
+    reply r = read_reply_within(fd, 10000, NULL, 0);
+    double ms = now_ms() - t0;
+    close(fd);
+    cr_log_info("SIGTERM in a long step: 503 after %.0f ms", ms);
+    expect_error(r, 503, "shutting down");
+    cr_expect_lt(ms, 1500, "the waiting client got its 503 only after %.0f ms (after the step)", ms);
+    r = read_reply_within(sfd, 1500, NULL, 0);
+    close(sfd);
+    cr_expect(strstr(r.body, "\"finish_reason\":\"abort\"") && strstr(r.body, "data: [DONE]"),
+              "the stream's end after SIGTERM: ...%s", strlen(r.body) > 400 ? r.body + strlen(r.body) - 400 : r.body);
+    reply_free(&r);
+    cr_expect(!new_connection_waits(s.port), "a new connection after SIGTERM was left waiting");
+    free(wait_exit(&s, 60));
 }
 
 Test(serve, usage_errors) {
