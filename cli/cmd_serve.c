@@ -34,7 +34,7 @@ static const char serve_usage_text[] =
     "      --max-body BYTES       larger request bodies get 413 (default 16777216)\n"
     "      --max-prompt-bytes N   longer prompt text gets 400 before it is tokenized\n"
     "                             (default: the context length x 128)\n"
-    "      --max-connections N    concurrent connections (default 256)\n"
+    "      --max-connections N    open connections (default 4096; each costs a socket, not a thread)\n"
     "      --set KEY=VALUE        override a pipeline key, e.g. scheduler.max_num_seqs=32\n"
     "  -h, --help                 this help\n"
     "\n"
@@ -47,7 +47,7 @@ int loom_cmd_serve(int argc, char **argv) {
     const char *config = NULL;
     cli_sets sets;
     serve_options opt = {.host = "127.0.0.1", .port = 8000, .max_tokens = 16, .max_body = 16u << 20,
-                         .max_connections = 256};
+                         .max_connections = 4096};
     if (!cli_sets_init(&sets, argc)) return LOOM_EXIT_FAIL;
     int rc = LOOM_EXIT_USAGE;
     for (int i = 1; i < argc; i++) {

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,6 +35,12 @@
 #include "commands.h" /* cli_now */
 #include "openai.h"
 #include "tokenizer/tokenizer.h" /* loom_utf8_next */
+
+/* MHD's polling threads (each runs epoll over its share of the
+ * connections; handlers never wait on the engine in them), and how long an
+ * idle or half-sent connection is kept. */
+#define SERVE_HTTP_THREADS 4
+#define SERVE_IDLE_TIMEOUT_S 120
 
 /* ------------------------------------------------------------ buffers */
 
@@ -85,7 +92,6 @@ typedef struct prompt_ctx {
 struct job {
     server *s;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
     int refs;                 /* the connection + each live engine request */
     serve_req q;
     char id[48];
@@ -98,8 +104,14 @@ struct job {
     size_t sse_off;
     bool sse_done;
     double t0;
-    int fd;                   /* the client's socket, to notice it leaving */
+    int fd;                   /* the client's socket, to notice it leaving (-1: none yet) */
     char url[32];             /* one of the two routes                     */
+    /* The connection waits suspended (no pool thread held) until there is
+     * something to send; whoever has that resumes it, once, under j->mu. */
+    struct MHD_Connection *conn;
+    bool suspended;
+    double suspended_at;      /* stream: when it went quiet (keep-alives)  */
+    bool client_left;         /* the watcher saw the client's socket close */
     job *prev, *next;         /* the server's list of jobs in flight       */
 };
 
@@ -165,6 +177,9 @@ struct server {
     pthread_cond_t idle_cv;   /* signalled when inflight drops to 0        */
     serve_metrics m;
     size_t prompt_cap;        /* prompt text bytes: more is refused untokenized */
+    bool watch_exit;          /* the watcher thread returns (under mu)     */
+    pthread_cond_t watch_cv;
+    pthread_t watcher;
 };
 
 static void job_unref(job *j) {
@@ -181,7 +196,6 @@ static void job_unref(job *j) {
     free(j->sse.p);
     serve_req_free(&j->q);
     pthread_mutex_destroy(&j->mu);
-    pthread_cond_destroy(&j->cv);
     free(j);
 }
 
@@ -400,6 +414,52 @@ static void sse_finish(job *j) {
     j->sse_done = true;
 }
 
+/* The job's connection if it waits suspended, now marked as resumed (NULL
+ * if it does not wait): the caller resumes it with MHD_resume_connection
+ * once it holds none of its locks (MHD takes its own), so no lock order
+ * ties ours to MHD's. Until then MHD leaves the connection alone: nothing
+ * else resumes it. Under j->mu. */
+static struct MHD_Connection *job_take_resume(job *j) {
+    if (!j->suspended) return NULL;
+    j->suspended = false;
+    return j->conn;
+}
+
+/* Connections to resume after the locks are released. */
+typedef struct conn_list {
+    struct MHD_Connection **c;
+    size_t n, cap;
+} conn_list;
+
+static void conn_list_add(conn_list *l, struct MHD_Connection *c) {
+    if (!c) return;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        struct MHD_Connection **p = realloc(l->c, cap * sizeof *p);
+        if (!p) { /* out of memory: resume it now, under the locks (MHD takes no lock of ours) */
+            MHD_resume_connection(c);
+            return;
+        }
+        l->c = p, l->cap = cap;
+    }
+    l->c[l->n++] = c;
+}
+
+static void conn_list_resume(conn_list *l) {
+    for (size_t i = 0; i < l->n; i++) MHD_resume_connection(l->c[i]);
+    free(l->c);
+    *l = (conn_list){0};
+}
+
+/* Suspend the job's connection until it is resumed: it holds no pool
+ * thread while it waits for the engine. From the access handler or the SSE
+ * reader only (MHD's rule), under j->mu. */
+static void job_suspend_locked(job *j) {
+    MHD_suspend_connection(j->conn);
+    j->suspended = true;
+    j->suspended_at = cli_now();
+}
+
 /* ------------------------------------------------------ engine events */
 
 /* [engine thread] One token or final event of one sample. */
@@ -455,11 +515,12 @@ static void on_event(void *user, const loom_token_event *ev) {
         j->live--;
         prompt_done = --pc->live == 0;
         if (j->live == 0 && j->q.stream && !j->sse_done) sse_finish(j);
-        pthread_cond_broadcast(&j->cv);
-    } else if (j->q.stream) {
-        pthread_cond_broadcast(&j->cv);
     }
+    /* something to send: the whole answer, or more of the stream */
+    bool ready = j->q.stream ? j->sse_off < j->sse.n : j->live == 0;
+    struct MHD_Connection *wake = ready ? job_take_resume(j) : NULL;
     pthread_mutex_unlock(&j->mu);
+    if (wake) MHD_resume_connection(wake);
     cJSON_Delete(lp_one);
     if (prompt_done) job_unref(j);
 }
@@ -512,6 +573,7 @@ typedef struct conn_state {
     sbuf body;
     bool too_large;
     bool answered;            /* refused from its headers (401, 413) */
+    job *job;                 /* a non-streaming answer waited for, suspended */
 } conn_state;
 
 static void count_status(server *s, unsigned status) {
@@ -586,42 +648,28 @@ static void sse_end_aborted(job *j) {
     sse_finish(j);
 }
 
-/* SSE reader: hands MHD what the engine thread has queued, waiting for
- * more. While a request waits in the queue or in a long prefill nothing is
- * written, so it checks every 0.2 s whether the client left (then MHD ends
- * the response and sse_free aborts the request) and sends an SSE comment
- * after 15 s of silence to keep proxies from closing the stream. */
+/* SSE reader: hands MHD what the engine thread has queued. With nothing
+ * queued it suspends the connection (no pool thread waits) until on_event
+ * has more, the watcher sees the client leave or sends a keep-alive, or the
+ * server stops (then the stream ends at once, aborted). */
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     job *j = cls;
     pthread_mutex_lock(&j->mu);
-    double quiet_since = cli_now();
-    while (j->sse_off == j->sse.n && !j->sse_done) {
-        if (atomic_load(&j->s->shutting)) { /* not after the step running now */
-            sse_end_aborted(j);
-            break;
-        }
-        struct timespec t;
-        deadline_in(&t, 200);
-        pthread_cond_timedwait(&j->cv, &j->mu, &t);
-        if (j->sse_off < j->sse.n || j->sse_done) break;
-        if (client_gone(j->fd)) {
-            pthread_mutex_unlock(&j->mu);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
-        if (cli_now() - quiet_since > 15.0) {
-            sb_put(&j->sse, ": keep-alive\n\n", 14);
-            quiet_since = cli_now();
-        }
-    }
+    if (atomic_load(&j->s->shutting) && !j->sse_done) sse_end_aborted(j); /* not after the step running now */
     ssize_t n;
-    if (j->sse_off == j->sse.n) {
-        n = MHD_CONTENT_READER_END_OF_STREAM;
-    } else {
+    if (j->client_left) { /* MHD ends the response; sse_free aborts the request */
+        n = MHD_CONTENT_READER_END_WITH_ERROR;
+    } else if (j->sse_off < j->sse.n) {
         size_t k = j->sse.n - j->sse_off < max ? j->sse.n - j->sse_off : max;
         memcpy(buf, j->sse.p + j->sse_off, k);
         j->sse_off += k;
         n = (ssize_t)k;
+    } else if (j->sse_done) {
+        n = MHD_CONTENT_READER_END_OF_STREAM;
+    } else {
+        job_suspend_locked(j);
+        n = 0; /* called again once resumed */
     }
     pthread_mutex_unlock(&j->mu);
     return n;
@@ -632,8 +680,9 @@ static void sse_free(void *cls) {
     job *j = cls;
     pthread_mutex_lock(&j->mu);
     bool live = j->live > 0;
+    j->suspended = false, j->conn = NULL; /* the connection is gone: nothing to resume or watch */
     /* under j->mu: the engine thread may still count */
-    log_request(j, !live ? 200 : atomic_load(&j->s->shutting) ? 503 : 499);
+    log_request(j, j->client_left ? 499 : !live ? 200 : atomic_load(&j->s->shutting) ? 503 : 499);
     pthread_mutex_unlock(&j->mu);
     if (live) {
         pthread_mutex_lock(&j->s->mu);
@@ -642,6 +691,44 @@ static void sse_free(void *cls) {
     }
     job_unlist(j);
     job_unref(j);
+}
+
+/* ----------------------------------------------------- watcher thread */
+
+/* MHD does not watch a suspended connection: every 0.2 s the watcher looks
+ * at each job's client socket — a client that left has its request aborted
+ * at once (its KV blocks freed) and its connection resumed to end it — and
+ * gives a stream quiet for 15 s (queued, or a long prefill) an SSE comment
+ * so proxies keep it open. Caller holds s->mu (the list); takes j->mu. */
+static void watch_job(job *j, double now, conn_list *wake) {
+    pthread_mutex_lock(&j->mu);
+    if (!j->client_left && j->conn && client_gone(j->fd)) {
+        j->client_left = true;
+        job_abort_locked(j);
+        conn_list_add(wake, job_take_resume(j));
+    } else if (j->q.stream && j->suspended && now - j->suspended_at > 15.0) {
+        sb_put(&j->sse, ": keep-alive\n\n", 14);
+        conn_list_add(wake, job_take_resume(j));
+    }
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void *watch_main(void *arg) {
+    server *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->watch_exit) {
+        struct timespec t;
+        deadline_in(&t, 200);
+        pthread_cond_timedwait(&s->watch_cv, &s->mu, &t);
+        double now = cli_now();
+        conn_list wake = {0};
+        for (job *j = s->jobs; j; j = j->next) watch_job(j, now, &wake);
+        pthread_mutex_unlock(&s->mu);
+        conn_list_resume(&wake);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
 }
 
 static cJSON *final_response(job *j) {
@@ -741,6 +828,7 @@ static job *job_new(server *s, const char *url, serve_api api, const conn_state 
         return NULL;
     }
     j->s = s;
+    j->fd = -1;
     snprintf(j->url, sizeof j->url, "%s", url);
     j->t0 = cli_now();
     j->created = (long long)time(NULL);
@@ -750,7 +838,6 @@ static job *job_new(server *s, const char *url, serve_api api, const conn_state 
     j->ch = calloc((size_t)j->nchoices, sizeof *j->ch);
     j->pc = calloc((size_t)j->q.num_prompts, sizeof *j->pc);
     pthread_mutex_init(&j->mu, NULL);
-    pthread_cond_init(&j->cv, NULL);
     j->refs = 1;
     if (!j->ch || !j->pc) {
         j->nchoices = 0;
@@ -849,39 +936,9 @@ static enum MHD_Result reply_stream(server *s, struct MHD_Connection *conn, job 
     return ret;
 }
 
-typedef enum job_end { JOB_DONE, JOB_CLIENT_LEFT, JOB_SHUTDOWN } job_end;
-
-/* Wait for every choice, aborting the job if the client leaves; at shutdown
- * return at once, not after the engine's step running now (it may take
- * seconds): the client is answered 503 without waiting for the abort. */
-static job_end job_wait(server *s, job *j) {
-    pthread_mutex_lock(&j->mu);
-    bool aborted = false;
-    while (j->live > 0) {
-        if (atomic_load(&s->shutting)) {
-            pthread_mutex_unlock(&j->mu);
-            return JOB_SHUTDOWN;
-        }
-        struct timespec t;
-        deadline_in(&t, 200);
-        pthread_cond_timedwait(&j->cv, &j->mu, &t);
-        if (j->live > 0 && !aborted && client_gone(j->fd)) {
-            aborted = true;
-            pthread_mutex_unlock(&j->mu);
-            pthread_mutex_lock(&s->mu);
-            job_abort_locked(j);
-            pthread_mutex_unlock(&s->mu);
-            pthread_mutex_lock(&j->mu);
-        }
-    }
-    pthread_mutex_unlock(&j->mu);
-    return aborted ? JOB_CLIENT_LEFT : JOB_DONE;
-}
-
 /* The whole answer of a finished job: 200 with the response, or the error
- * of a failed or aborted sample (500, 503 at shutdown, 499 for a client that
- * left: counted apart from the server's errors). */
-static enum MHD_Result reply_final(server *s, struct MHD_Connection *conn, job *j, bool client_left) {
+ * of a failed or aborted sample (500; 503 at shutdown). */
+static enum MHD_Result reply_final(server *s, struct MHD_Connection *conn, job *j) {
     bool was_aborted = false;
     for (int32_t c = 0; c < j->nchoices; c++) was_aborted |= j->ch[c].finish == LOOM_FINISH_ABORT;
     enum MHD_Result ret;
@@ -890,11 +947,6 @@ static enum MHD_Result reply_final(server *s, struct MHD_Connection *conn, job *
     if (j->error[0]) {
         status = 500;
         ret = reply_error(s, conn, 500, j->error, NULL);
-    } else if (was_aborted && client_left) {
-        /* nobody reads it: 499 (client closed request) for the log and
-         * /metrics, apart from the server's errors */
-        status = 499;
-        ret = reply_error(s, conn, 499, "the client went away", NULL);
     } else if (was_aborted) {
         pthread_mutex_lock(&s->mu);
         bool failed = s->fatal[0];
@@ -912,8 +964,34 @@ static enum MHD_Result reply_final(server *s, struct MHD_Connection *conn, job *
     return ret;
 }
 
+/* A non-streaming job's connection is back from suspension (or never went):
+ * answer it — the whole answer once every choice is done; at once when the
+ * client left (499, nobody reads it, counted apart from the server's
+ * errors) or the server stops (503, not after the engine's step running
+ * now). Otherwise it waits on, suspended. */
+static enum MHD_Result completion_resumed(server *s, struct MHD_Connection *conn, conn_state *cs) {
+    job *j = cs->job;
+    pthread_mutex_lock(&j->mu);
+    bool done = j->live == 0, left = j->client_left, stop = atomic_load(&s->shutting);
+    if (!done && !left && !stop) {
+        job_suspend_locked(j);
+        pthread_mutex_unlock(&j->mu);
+        return MHD_YES;
+    }
+    if (left || !done) log_request(j, left ? 499 : 503); /* under j->mu: the engine thread may still count */
+    j->conn = NULL;
+    pthread_mutex_unlock(&j->mu);
+    cs->job = NULL;
+    job_unlist(j);
+    enum MHD_Result ret = left ? reply_error(s, conn, 499, "the client went away", NULL)
+                          : done ? reply_final(s, conn, j)
+                                 : reply_error(s, conn, 503, "the server is shutting down", NULL);
+    job_unref(j);
+    return ret;
+}
+
 /* POST /v1/completions and /v1/chat/completions: parse, list the job, add
- * its prompts, then stream the answer or wait for it. */
+ * its prompts, then stream the answer or wait for it (suspended). */
 static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const char *url, serve_api api,
                                   conn_state *cs) {
     char why[512];
@@ -937,21 +1015,13 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
      * socket traffic as activity) */
     MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    pthread_mutex_lock(&j->mu); /* the watcher reads them */
     j->fd = ci ? ci->connect_fd : -1;
+    j->conn = conn;
+    pthread_mutex_unlock(&j->mu);
     if (j->q.stream) return reply_stream(s, conn, j);
-    job_end end = job_wait(s, j);
-    job_unlist(j);
-    enum MHD_Result ret;
-    if (end == JOB_SHUTDOWN) {
-        pthread_mutex_lock(&j->mu); /* the engine thread may still count */
-        log_request(j, 503);
-        pthread_mutex_unlock(&j->mu);
-        ret = reply_error(s, conn, 503, "the server is shutting down", NULL);
-    } else {
-        ret = reply_final(s, conn, j, end == JOB_CLIENT_LEFT);
-    }
-    job_unref(j);
-    return ret;
+    cs->job = j;
+    return completion_resumed(s, conn, cs);
 }
 
 static char *models_json(server *s) {
@@ -1105,6 +1175,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         pthread_mutex_unlock(&s->mu);
         return header_stage(s, conn, url, cs);
     }
+    if (cs->job) return completion_resumed(s, conn, cs); /* back from suspension */
     if (cs->answered) { /* refused at the header stage: nothing more to do */
         *upload_size = 0;
         return MHD_YES;
@@ -1153,6 +1224,17 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     server *s = cls;
     conn_state *cs = *con_cls;
     if (!cs) return;
+    if (cs->job) { /* closed while waiting (the daemon stopping): let it go */
+        job *j = cs->job;
+        pthread_mutex_lock(&j->mu);
+        j->suspended = false, j->conn = NULL;
+        pthread_mutex_unlock(&j->mu);
+        pthread_mutex_lock(&s->mu);
+        job_abort_locked(j);
+        pthread_mutex_unlock(&s->mu);
+        job_unlist(j);
+        job_unref(j);
+    }
     pthread_mutex_lock(&s->mu);
     if (--s->inflight == 0) pthread_cond_broadcast(&s->idle_cv);
     pthread_mutex_unlock(&s->mu);
@@ -1179,6 +1261,7 @@ static void server_init(server *s, loom_engine *eng, const serve_options *opt, c
     s->m.ttft = HIST_OF(k_ttft_le), s->m.tpot = HIST_OF(k_tpot_le), s->m.e2e = HIST_OF(k_e2e_le);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->idle_cv, NULL);
+    pthread_cond_init(&s->watch_cv, NULL);
     s->prompt_cap = opt->max_prompt_bytes ? opt->max_prompt_bytes
                                           : (size_t)loom_engine_max_context(eng) * SERVE_BYTES_PER_TOKEN;
     s->stats.struct_size = sizeof s->stats;
@@ -1190,6 +1273,20 @@ static void server_destroy(server *s) {
     pthread_mutex_destroy(&s->m.mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->idle_cv);
+    pthread_cond_destroy(&s->watch_cv);
+}
+
+/* Each connection is a descriptor: raise the soft limit (up to the hard
+ * one) so that --max-connections of them fit, or say why they cannot. */
+static void raise_fd_limit(unsigned connections) {
+    struct rlimit rl;
+    rlim_t want = (rlim_t)connections + 64; /* the engine's files, the listener, the ITC pipes */
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want) return;
+    rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want ? rl.rlim_max : want;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur < want)
+        fprintf(stderr, "loom serve: the descriptor limit (ulimit -n %llu) holds fewer than --max-connections %u "
+                "connections\n", (unsigned long long)rl.rlim_cur, connections);
 }
 
 /* Start the HTTP daemon on the resolved address ai (freed here); NULL
@@ -1197,14 +1294,19 @@ static void server_destroy(server *s) {
  * banner, *v6 whether it is IPv6. */
 static struct MHD_Daemon *start_daemon(server *s, struct addrinfo *ai, char *host, size_t hostn, bool *v6) {
     const serve_options *opt = s->opt;
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
-                     MHD_USE_ITC | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    /* A few polling threads (epoll on Linux) share every connection: an idle
+     * or half-sent connection costs a socket, not a thread, and a request
+     * waiting for the engine is suspended, holding none. */
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_ITC |
+                     (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    raise_fd_limit(opt->max_connections);
     struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)opt->port, NULL, NULL, on_request, s,
+                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, /* first: all messages */
                                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)SERVE_HTTP_THREADS,
                                             MHD_OPTION_CONNECTION_LIMIT, opt->max_connections,
-                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-                                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)SERVE_IDLE_TIMEOUT_S,
+                                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
     snprintf(host, hostn, "?");
     if (ai->ai_family == AF_INET6)
         inet_ntop(AF_INET6, &((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr, host, (socklen_t)hostn);
@@ -1232,12 +1334,16 @@ static void stop_server(server *s, struct MHD_Daemon *d, pthread_t eng_thread, i
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
     atomic_store(&s->shutting, true);
+    conn_list wake = {0};
     for (job *j = s->jobs; j; j = j->next) { /* listed jobs are alive: unlisted under s->mu */
         job_abort_locked(j);
         pthread_mutex_lock(&j->mu); /* wake its connection: it answers 503 now */
-        pthread_cond_broadcast(&j->cv);
+        conn_list_add(&wake, job_take_resume(j));
         pthread_mutex_unlock(&j->mu);
     }
+    pthread_mutex_unlock(&s->mu);
+    conn_list_resume(&wake);
+    pthread_mutex_lock(&s->mu);
     /* let the aborted requests' clients get their 503 (or their stream's
      * end) before the sockets close; 10 s at most */
     struct timespec until;
@@ -1245,8 +1351,13 @@ static void stop_server(server *s, struct MHD_Daemon *d, pthread_t eng_thread, i
     until.tv_sec += 10;
     while (s->inflight > 0 && pthread_cond_timedwait(&s->idle_cv, &s->mu, &until) == 0) {}
     pthread_mutex_unlock(&s->mu);
-    MHD_stop_daemon(d); /* waits for every connection thread */
+    MHD_stop_daemon(d); /* waits for its threads; every connection closed */
     if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
+    pthread_mutex_lock(&s->mu);
+    s->watch_exit = true;
+    pthread_cond_signal(&s->watch_cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->watcher, NULL);
     pthread_mutex_lock(&s->mu);
     s->exit = true;
     pthread_cond_signal(&s->cv);
@@ -1287,9 +1398,14 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     int bound = di ? di->port : opt->port;
     pthread_t eng_thread;
-    if (pthread_create(&eng_thread, NULL, engine_main, &s) != 0) {
-        fprintf(stderr, "loom serve: cannot start the engine thread\n");
+    bool watching = pthread_create(&s.watcher, NULL, watch_main, &s) == 0;
+    if (!watching || pthread_create(&eng_thread, NULL, engine_main, &s) != 0) {
+        fprintf(stderr, "loom serve: cannot start the engine and watcher threads\n");
         MHD_stop_daemon(d);
+        pthread_mutex_lock(&s.mu);
+        s.watch_exit = true;
+        pthread_mutex_unlock(&s.mu);
+        if (watching) pthread_join(s.watcher, NULL);
         pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
         return 1;
     }

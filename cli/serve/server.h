@@ -1,13 +1,15 @@
 /*
  * cli/serve/server.h — the HTTP side of `loom serve`: an OpenAI-compatible
- * server (libmicrohttpd, one thread per connection) in front of one engine
- * stepped by its own thread, so concurrent requests share the continuous
- * batch.
+ * server (libmicrohttpd: a pool of polling threads, connections suspended
+ * while they wait) in front of one engine stepped by its own thread, so
+ * concurrent requests share the continuous batch.
  *
- * Threads: MHD's connection threads parse requests and add them to the
- * engine ([any] calls); the engine thread alone steps and runs the token
- * callbacks, which fill each job's buffers under the job's mutex and wake
- * the connection waiting on it (a non-streaming answer, or the SSE reader).
+ * Threads: MHD's polling threads parse requests and add them to the engine
+ * ([any] calls), then suspend the connection; the engine thread alone steps
+ * and runs the token callbacks, which fill each job's buffers under the
+ * job's mutex and resume the connection waiting on it (a non-streaming
+ * answer, or the SSE reader). A watcher thread notices clients that leave
+ * (MHD does not watch suspended connections) and keeps quiet streams alive.
  */
 #ifndef LOOM_SERVE_SERVER_H
 #define LOOM_SERVE_SERVER_H

@@ -756,6 +756,53 @@ Test(serve, sigterm_during_a_long_step, .timeout = 180) {
     free(wait_exit(&s, 60));
 }
 
+/* GET /health on a new connection: its status, and the time to the answer
+ * in *ms (status 0 when none came within 2 s). */
+static int timed_health(int port, double *ms) {
+    double t0 = now_ms();
+    int fd = dial(port);
+    const char *q = "GET /health HTTP/1.0\r\n\r\n";
+    write_all(fd, q, strlen(q));
+    reply r = read_reply_within(fd, 2000, NULL, 0);
+    *ms = now_ms() - t0;
+    close(fd);
+    int status = r.status;
+    reply_free(&r);
+    return status;
+}
+
+/* Connections that send half a request and wait (slowloris) cost the server
+ * a socket each, not a thread: with 1000 of them open, /health and a
+ * completion are still answered at once. */
+Test(serve, idle_connections_do_not_starve_the_server, .timeout = 120) {
+    server s = start(TINY, NULL);
+    enum { IDLE = 1000 };
+    static int fds[IDLE];
+    for (int i = 0; i < IDLE; i++) {
+        fds[i] = dial(s.port);
+        /* half of them stop in the headers, half in the body */
+        const char *half = i % 2 ? "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro"
+                                 : "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+        write_all(fds[i], half, strlen(half));
+    }
+    usleep(300000);
+    double best = 1e9, worst = 0;
+    for (int k = 0; k < 5; k++) {
+        double ms;
+        int status = timed_health(s.port, &ms);
+        cr_assert_eq(status, 200, "/health with %d idle connections open: status %d after %.0f ms", IDLE, status, ms);
+        best = ms < best ? ms : best, worst = ms > worst ? ms : worst;
+    }
+    cr_log_info("/health with %d idle connections: %.1f .. %.1f ms", IDLE, best, worst);
+    cr_assert_lt(best, 100, "/health took %.0f ms at best", best);
+    cr_assert_lt(worst, 1000, "/health took %.0f ms", worst);
+    reply r = http(s.port, "POST", "/v1/completions", "{\"prompt\": [1, 2], \"max_tokens\": 3}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    reply_free(&r);
+    for (int i = 0; i < IDLE; i++) close(fds[i]);
+    free(stop(&s, 30));
+}
+
 Test(serve, usage_errors) {
     const char *bin = getenv("LOOM_CLI");
     cr_assert_not_null(bin);
