@@ -37,10 +37,8 @@
 #include "tokenizer/tokenizer.h" /* loom_utf8_next */
 
 /* MHD's polling threads (each runs epoll over its share of the
- * connections; handlers never wait on the engine in them), and how long an
- * idle or half-sent connection is kept. */
+ * connections; handlers never wait on the engine in them). */
 #define SERVE_HTTP_THREADS 4
-#define SERVE_IDLE_TIMEOUT_S 120
 
 /* ------------------------------------------------------------ buffers */
 
@@ -1220,10 +1218,13 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)conn, (void)toe;
+    (void)toe;
     server *s = cls;
     conn_state *cs = *con_cls;
     if (!cs) return;
+    /* the request may have lifted the idle timeout while it was generated
+     * (completion): a keep-alive connection idle from now on gets it back */
+    if (conn) MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, s->opt->idle_timeout);
     if (cs->job) { /* closed while waiting (the daemon stopping): let it go */
         job *j = cs->job;
         pthread_mutex_lock(&j->mu);
@@ -1305,7 +1306,7 @@ static struct MHD_Daemon *start_daemon(server *s, struct addrinfo *ai, char *hos
                                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)SERVE_HTTP_THREADS,
                                             MHD_OPTION_CONNECTION_LIMIT, opt->max_connections,
-                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)SERVE_IDLE_TIMEOUT_S,
+                                            MHD_OPTION_CONNECTION_TIMEOUT, opt->idle_timeout,
                                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
     snprintf(host, hostn, "?");
     if (ai->ai_family == AF_INET6)

@@ -36,6 +36,7 @@ typedef struct serve_options {
                                  * tokenized; 0 = max_model_len x
                                  * SERVE_BYTES_PER_TOKEN                   */
     unsigned max_connections;
+    unsigned idle_timeout;      /* seconds an idle or half-sent connection is kept */
 } serve_options;
 
 /* Serve until SIGINT or SIGTERM; then stop taking requests, abort the ones

@@ -803,6 +803,53 @@ Test(serve, idle_connections_do_not_starve_the_server, .timeout = 120) {
     free(stop(&s, 30));
 }
 
+/* Whether the server closes fd (read returns 0 or an error) within `ms`. */
+static bool closed_within(int fd, int ms) {
+    double until = now_ms() + ms;
+    char buf[4096];
+    for (;;) {
+        int left = (int)(until - now_ms());
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, left) <= 0) return false;
+        if (read(fd, buf, sizeof buf) <= 0) return true;
+    }
+}
+
+/* A keep-alive connection idle after its answer is closed after
+ * --idle-timeout like any idle connection: the unbounded timeout a request
+ * being generated gets does not outlive it. */
+Test(serve, idle_timeout_after_a_completion, .timeout = 60) {
+    server s = start(TINY, (const char *[]){"--idle-timeout", "1", NULL});
+    int quiet = dial(s.port); /* sends nothing: closed after ~1 s */
+    int fd = dial(s.port);
+    const char *body = "{\"prompt\": [1, 2], \"max_tokens\": 2}";
+    char head[256];
+    int n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n",
+                     strlen(body));
+    write_all(fd, head, (size_t)n);
+    write_all(fd, body, strlen(body));
+    char buf[4096] = {0};
+    size_t got = 0;
+    const char *end = NULL;
+    long len = -1;
+    while (!end || got < (size_t)(end + 4 - buf) + (size_t)len) { /* headers, then Content-Length bytes */
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        cr_assert_gt(poll(&p, 1, 5000), 0, "no answer: %s", buf);
+        ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
+        cr_assert_gt(r, 0, "closed before the answer: %s", buf);
+        got += (size_t)r;
+        const char *cl = strcasestr(buf, "Content-Length: ");
+        if ((end = strstr(buf, "\r\n\r\n")) && cl) len = atol(cl + 16);
+        if (end && len < 0) end = NULL;
+    }
+    cr_assert(!strncmp(buf, "HTTP/1.1 200", 12), "%s", buf);
+    cr_assert(closed_within(quiet, 4000), "a connection that sent nothing was not closed after --idle-timeout");
+    cr_assert(closed_within(fd, 4000), "a keep-alive connection idle after a completion was kept open");
+    close(quiet);
+    close(fd);
+    free(stop(&s, 30));
+}
+
 Test(serve, usage_errors) {
     const char *bin = getenv("LOOM_CLI");
     cr_assert_not_null(bin);
