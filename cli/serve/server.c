@@ -105,7 +105,8 @@ struct job {
     int fd;                   /* the client's socket, to notice it leaving (-1: none yet) */
     char url[32];             /* one of the two routes                     */
     /* The connection waits suspended (no pool thread held) until there is
-     * something to send; whoever has that resumes it, once, under j->mu. */
+     * something to send; whoever has that marks it resumed under j->mu
+     * (job_take_resume: once) and resumes it after unlocking. */
     struct MHD_Connection *conn;
     bool suspended;
     double suspended_at;      /* stream: when it went quiet (keep-alives)  */
