@@ -32,7 +32,11 @@ static const char serve_usage_text[] =
     "      --api-key KEY          require 'Authorization: Bearer KEY' on /v1/ routes\n"
     "      --max-tokens N         completions' default max_tokens (default 16, as OpenAI's)\n"
     "      --max-body BYTES       larger request bodies get 413 (default 16777216)\n"
-    "      --max-connections N    concurrent connections (default 256)\n"
+    "      --max-prompt-bytes N   longer prompt text gets 400 before it is tokenized\n"
+    "                             (default: the context length x 128)\n"
+    "      --max-connections N    open connections (default 4096; each costs a socket, not a thread)\n"
+    "      --idle-timeout SECONDS close a connection idle (or sending its request) that long\n"
+    "                             (default 120; never while its answer is generated)\n"
     "      --set KEY=VALUE        override a pipeline key, e.g. scheduler.max_num_seqs=32\n"
     "  -h, --help                 this help\n"
     "\n"
@@ -45,7 +49,7 @@ int loom_cmd_serve(int argc, char **argv) {
     const char *config = NULL;
     cli_sets sets;
     serve_options opt = {.host = "127.0.0.1", .port = 8000, .max_tokens = 16, .max_body = 16u << 20,
-                         .max_connections = 256};
+                         .max_connections = 4096, .idle_timeout = 120};
     if (!cli_sets_init(&sets, argc)) return LOOM_EXIT_FAIL;
     int rc = LOOM_EXIT_USAGE;
     for (int i = 1; i < argc; i++) {
@@ -53,7 +57,8 @@ int loom_cmd_serve(int argc, char **argv) {
         long l;
         bool takes = !strcmp(a, "--host") || !strcmp(a, "--port") || !strcmp(a, "--served-model-name") ||
                      !strcmp(a, "--api-key") || !strcmp(a, "--max-tokens") || !strcmp(a, "--max-body") ||
-                     !strcmp(a, "--max-connections") || !strcmp(a, "--set");
+                     !strcmp(a, "--max-prompt-bytes") || !strcmp(a, "--max-connections") || !strcmp(a, "--idle-timeout") ||
+                     !strcmp(a, "--set");
         if (takes && !v) {
             cli_usage_error("serve", serve_usage_text, "%s needs a value", a);
             goto out;
@@ -77,9 +82,15 @@ int loom_cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--max-body")) {
             if (!cli_parse_long("serve", serve_usage_text, a, v, 1024, 1L << 30, &l)) goto out;
             opt.max_body = (size_t)l;
+        } else if (!strcmp(a, "--max-prompt-bytes")) {
+            if (!cli_parse_long("serve", serve_usage_text, a, v, 1, 1L << 40, &l)) goto out;
+            opt.max_prompt_bytes = (size_t)l;
         } else if (!strcmp(a, "--max-connections")) {
             if (!cli_parse_long("serve", serve_usage_text, a, v, 1, 65536, &l)) goto out;
             opt.max_connections = (unsigned)l;
+        } else if (!strcmp(a, "--idle-timeout")) {
+            if (!cli_parse_long("serve", serve_usage_text, a, v, 1, 86400, &l)) goto out;
+            opt.idle_timeout = (unsigned)l;
         } else if (!strcmp(a, "--set")) {
             cli_sets_add(&sets, v);
         } else if (!strncmp(a, "--set=", 6)) {

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tokenizer/tokenizer.h" /* loom_utf8_next */
+
 /* A parse in progress: the request being filled and where errors go. */
 typedef struct parse_ctx {
     serve_req *r;
@@ -21,7 +23,7 @@ static bool fail(parse_ctx *c, const char *param, const char *fmt, ...) __attrib
 static bool fail(parse_ctx *c, const char *param, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->why, c->why_size, fmt, ap);
+    if ((size_t)vsnprintf(c->why, c->why_size, fmt, ap) >= c->why_size) serve_utf8_trim(c->why);
     va_end(ap);
     *c->param = param;
     return false;
@@ -31,7 +33,10 @@ static bool fail(parse_ctx *c, const char *param, const char *fmt, ...) {
 static const char *shown(const cJSON *v, char *buf, size_t size) {
     char *s = cJSON_PrintUnformatted(v);
     snprintf(buf, size, "%s", s ? s : "?");
-    if (s && strlen(s) >= size && size > 4) memcpy(buf + size - 4, "...", 4);
+    if (s && strlen(s) >= size && size > 4) {
+        buf[size - 4] = 0;
+        strcat(serve_utf8_trim(buf), "...");
+    }
     free(s);
     return buf;
 }
@@ -213,9 +218,11 @@ static bool parse_messages(parse_ctx *c, const cJSON *root) {
                         shown(m, b, sizeof b));
         const char *rs = role->valuestring;
         if (!strcmp(rs, "developer")) rs = "system"; /* OpenAI's newer name for it */
+        char rb[64];
         if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant"))
             return fail(c, "messages", "messages[%d].role '%s' is not supported: use system, user or assistant%s",
-                        i, rs, !strcmp(rs, "tool") || !strcmp(rs, "function") ? " (no tool calling)" : "");
+                        i, serve_utf8_clip(rs, 48, rb, sizeof rb),
+                        !strcmp(rs, "tool") || !strcmp(rs, "function") ? " (no tool calling)" : "");
         r->messages[i].role = rs;
         if (!message_content(c, m, i, &r->messages[i].content)) return false;
         i++;
@@ -430,6 +437,21 @@ void serve_req_free(serve_req *r) {
     memset(r, 0, sizeof *r);
 }
 
+size_t serve_prompt_bytes(const serve_req *r, int32_t *which) {
+    size_t most = 0;
+    *which = 0;
+    if (r->api == SERVE_CHAT) {
+        for (int32_t i = 0; i < r->base.num_messages; i++)
+            most += r->messages[i].content ? strlen(r->messages[i].content) : 0;
+        return most;
+    }
+    for (int32_t p = 0; p < r->num_prompts; p++) {
+        size_t n = r->prompts[p].text ? strlen(r->prompts[p].text) : 0;
+        if (n > most) most = n, *which = p;
+    }
+    return most;
+}
+
 const char *serve_finish_name(loom_finish_reason f) {
     switch (f) {
     case LOOM_FINISH_EOS:
@@ -441,13 +463,46 @@ const char *serve_finish_name(loom_finish_reason f) {
     }
 }
 
+char *serve_utf8_trim(char *s) {
+    size_t n = strlen(s), back = 0;
+    while (back < 3 && back < n && ((unsigned char)s[n - 1 - back] & 0xC0) == 0x80) back++;
+    if (back == n) return s;
+    size_t at = n - 1 - back, adv = 0; /* the last byte that is no continuation */
+    if (loom_utf8_next((const unsigned char *)s + at, n - at, &adv) == 0) s[at] = 0;
+    return s;
+}
+
+const char *serve_utf8_clip(const char *s, size_t max, char *out, size_t size) {
+    snprintf(out, max + 1 < size ? max + 1 : size, "%s", s ? s : "");
+    return serve_utf8_trim(out);
+}
+
+char *serve_utf8_valid(const char *s) {
+    size_t n = strlen(s);
+    char *t = malloc(3 * n + 1), *w = t;
+    if (!t) return NULL;
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0, adv; i < n;) {
+        if (loom_utf8_next(p + i, n - i, &adv) == 1) {
+            memcpy(w, p + i, adv), w += adv, i += adv;
+        } else {
+            memcpy(w, "\xEF\xBF\xBD", 3), w += 3; /* U+FFFD for the ill-formed part */
+            i += adv ? adv : n - i;
+        }
+    }
+    *w = 0;
+    return t;
+}
+
 char *serve_error_json(int http_status, const char *message, const char *param) {
     const char *type = http_status == 401   ? "authentication_error"
                        : http_status == 404 ? "not_found_error"
                        : http_status >= 500 ? "server_error"
                                             : "invalid_request_error";
     cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
-    cJSON_AddStringToObject(e, "message", message ? message : "");
+    char *m = serve_utf8_valid(message ? message : "");
+    cJSON_AddStringToObject(e, "message", m ? m : "(out of memory)");
+    free(m);
     cJSON_AddStringToObject(e, "type", type);
     if (param)
         cJSON_AddStringToObject(e, "param", param);

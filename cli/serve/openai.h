@@ -63,12 +63,27 @@ bool serve_parse(serve_api api, const char *body, size_t len, int32_t default_ma
                  char *why, size_t why_size, const char **param);
 void serve_req_free(serve_req *r);
 
+/* The bytes of text a request asks the tokenizer to read, for the server's
+ * cap on prompt size (checked before tokenizing): completions — the longest
+ * text prompt (token-id prompts count 0), its index in *which; chat — every
+ * message's content together (*which 0). */
+size_t serve_prompt_bytes(const serve_req *r, int32_t *which);
+
 /* OpenAI's name for a finish reason: "stop" (end of generation or a stop
  * string), "length", "abort", "error". */
 const char *serve_finish_name(loom_finish_reason f);
 
-/* {"error": {"message", "type", "param", "code"}} as vLLM sends it; the
- * caller frees the string. */
+/* Drop a UTF-8 character cut off at the end of s (after a cut at a byte
+ * limit), so the cut falls between characters. Returns s. */
+char *serve_utf8_trim(char *s);
+/* s cut to at most `max` bytes between characters, into out (size bytes). */
+const char *serve_utf8_clip(const char *s, size_t max, char *out, size_t size);
+/* A malloc'd copy of s that is valid UTF-8: each ill-formed sequence (bytes
+ * from a URL, or cut) becomes U+FFFD. NULL when out of memory. */
+char *serve_utf8_valid(const char *s);
+
+/* {"error": {"message", "type", "param", "code"}} as vLLM sends it, valid
+ * UTF-8 JSON whatever bytes the message holds; the caller frees it. */
 char *serve_error_json(int http_status, const char *message, const char *param);
 
 #endif

@@ -21,11 +21,13 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,6 +35,10 @@
 #include "commands.h" /* cli_now */
 #include "openai.h"
 #include "tokenizer/tokenizer.h" /* loom_utf8_next */
+
+/* MHD's polling threads (each runs epoll over its share of the
+ * connections; handlers never wait on the engine in them). */
+#define SERVE_HTTP_THREADS 4
 
 /* ------------------------------------------------------------ buffers */
 
@@ -84,7 +90,6 @@ typedef struct prompt_ctx {
 struct job {
     server *s;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
     int refs;                 /* the connection + each live engine request */
     serve_req q;
     char id[48];
@@ -97,8 +102,15 @@ struct job {
     size_t sse_off;
     bool sse_done;
     double t0;
-    int fd;                   /* the client's socket, to notice it leaving */
+    int fd;                   /* the client's socket, to notice it leaving (-1: none yet) */
     char url[32];             /* one of the two routes                     */
+    /* The connection waits suspended (no pool thread held) until there is
+     * something to send; whoever has that marks it resumed under j->mu
+     * (job_take_resume: once) and resumes it after unlocking. */
+    struct MHD_Connection *conn;
+    bool suspended;
+    double suspended_at;      /* stream: when it went quiet (keep-alives)  */
+    bool client_left;         /* the watcher saw the client's socket close */
     job *prev, *next;         /* the server's list of jobs in flight       */
 };
 
@@ -152,14 +164,21 @@ struct server {
     bool busy;                /* the last step left requests active        */
     bool exit;                /* engine thread: return once idle           */
     bool stopping;            /* shutting down: new requests get 503       */
+    atomic_bool shutting;     /* as `stopping`, read without s->mu: waiting
+                               * connections answer 503 at once            */
     char fatal[512];          /* the engine failed: every request gets 500 */
     job *jobs;
     loom_engine_stats stats;  /* snapshot after each step                  */
     uint64_t http_requests[6];/* by status class: 1xx..5xx (index 1..5)    */
+    uint64_t client_closed;   /* 499: the client left before its answer    */
     uint64_t next_id;
     int inflight;             /* HTTP requests between headers and sent reply */
     pthread_cond_t idle_cv;   /* signalled when inflight drops to 0        */
     serve_metrics m;
+    size_t prompt_cap;        /* prompt text bytes: more is refused untokenized */
+    bool watch_exit;          /* the watcher thread returns (under mu)     */
+    pthread_cond_t watch_cv;
+    pthread_t watcher;
 };
 
 static void job_unref(job *j) {
@@ -176,7 +195,6 @@ static void job_unref(job *j) {
     free(j->sse.p);
     serve_req_free(&j->q);
     pthread_mutex_destroy(&j->mu);
-    pthread_cond_destroy(&j->cv);
     free(j);
 }
 
@@ -381,6 +399,66 @@ static void sse_chunk(job *j, int32_t c, bool token, const char *text, cJSON *lp
     cJSON_Delete(o);
 }
 
+/* The stream's end: the usage chunk when asked for, then [DONE]. Under
+ * j->mu. */
+static void sse_finish(job *j) {
+    if (j->q.include_usage) {
+        cJSON *o = response_head(j, j->q.api == SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
+        cJSON_AddArrayToObject(o, "choices");
+        cJSON_AddItemToObject(o, "usage", usage_json(j));
+        sse_put_json(j, o);
+        cJSON_Delete(o);
+    }
+    sb_put(&j->sse, "data: [DONE]\n\n", 14);
+    j->sse_done = true;
+}
+
+/* The job's connection if it waits suspended, now marked as resumed (NULL
+ * if it does not wait): the caller resumes it with MHD_resume_connection
+ * once it holds none of its locks (MHD takes its own), so no lock order
+ * ties ours to MHD's. Until then MHD leaves the connection alone: nothing
+ * else resumes it. Under j->mu. */
+static struct MHD_Connection *job_take_resume(job *j) {
+    if (!j->suspended) return NULL;
+    j->suspended = false;
+    return j->conn;
+}
+
+/* Connections to resume after the locks are released. */
+typedef struct conn_list {
+    struct MHD_Connection **c;
+    size_t n, cap;
+} conn_list;
+
+static void conn_list_add(conn_list *l, struct MHD_Connection *c) {
+    if (!c) return;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        struct MHD_Connection **p = realloc(l->c, cap * sizeof *p);
+        if (!p) { /* out of memory: resume it now, under the locks (MHD takes no lock of ours) */
+            MHD_resume_connection(c);
+            return;
+        }
+        l->c = p, l->cap = cap;
+    }
+    l->c[l->n++] = c;
+}
+
+static void conn_list_resume(conn_list *l) {
+    for (size_t i = 0; i < l->n; i++) MHD_resume_connection(l->c[i]);
+    free(l->c);
+    *l = (conn_list){0};
+}
+
+/* Suspend the job's connection until it is resumed: it holds no pool
+ * thread while it waits for the engine. From the access handler or the SSE
+ * reader only (MHD's rule), under j->mu. */
+static void job_suspend_locked(job *j) {
+    MHD_suspend_connection(j->conn);
+    j->suspended = true;
+    j->suspended_at = cli_now();
+}
+
 /* ------------------------------------------------------ engine events */
 
 /* [engine thread] One token or final event of one sample. */
@@ -408,7 +486,7 @@ static void on_event(void *user, const loom_token_event *ev) {
         if (ev->token >= 0) ch->t_last = t;
     }
     const char *text = ev->text ? ev->text : "";
-    if (j->q.stream) {
+    if (j->q.stream && !j->sse_done) { /* done already: ended at shutdown */
         sse_chunk(j, c, ev->token >= 0, text, lp_one, ev->finish);
         if (ev->finish == LOOM_FINISH_ERROR) {
             char *e = serve_error_json(500, ev->error ? ev->error : "generation failed", NULL);
@@ -435,22 +513,13 @@ static void on_event(void *user, const loom_token_event *ev) {
             snprintf(j->error, sizeof j->error, "%s", ev->error ? ev->error : "generation failed");
         j->live--;
         prompt_done = --pc->live == 0;
-        if (j->live == 0 && j->q.stream) {
-            if (j->q.include_usage) {
-                cJSON *o = response_head(j, j->q.api == SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
-                cJSON_AddArrayToObject(o, "choices");
-                cJSON_AddItemToObject(o, "usage", usage_json(j));
-                sse_put_json(j, o);
-                cJSON_Delete(o);
-            }
-            sb_put(&j->sse, "data: [DONE]\n\n", 14);
-            j->sse_done = true;
-        }
-        pthread_cond_broadcast(&j->cv);
-    } else if (j->q.stream) {
-        pthread_cond_broadcast(&j->cv);
+        if (j->live == 0 && j->q.stream && !j->sse_done) sse_finish(j);
     }
+    /* something to send: the whole answer, or more of the stream */
+    bool ready = j->q.stream ? j->sse_off < j->sse.n : j->live == 0;
+    struct MHD_Connection *wake = ready ? job_take_resume(j) : NULL;
     pthread_mutex_unlock(&j->mu);
+    if (wake) MHD_resume_connection(wake);
     cJSON_Delete(lp_one);
     if (prompt_done) job_unref(j);
 }
@@ -486,6 +555,7 @@ static void *engine_main(void *arg) {
              * aborts so every client gets its answer. */
             if (!s->fatal[0]) {
                 snprintf(s->fatal, sizeof s->fatal, "the engine failed: %.480s", err.message);
+                serve_utf8_trim(s->fatal);
                 fprintf(stderr, "loom serve: %s; /health now reports 503\n", s->fatal);
                 /* once: the aborts set `pending`, so the next step drains them
                  * (its first act) and every sample gets its final event */
@@ -501,11 +571,14 @@ static void *engine_main(void *arg) {
 typedef struct conn_state {
     sbuf body;
     bool too_large;
+    bool answered;            /* refused from its headers (401, 413) */
+    job *job;                 /* a non-streaming answer waited for, suspended */
 } conn_state;
 
 static void count_status(server *s, unsigned status) {
     pthread_mutex_lock(&s->mu);
-    if (status / 100 >= 1 && status / 100 <= 5) s->http_requests[status / 100]++;
+    if (status == 499) s->client_closed++; /* apart from 4xx: not a bad request either */
+    else if (status / 100 >= 1 && status / 100 <= 5) s->http_requests[status / 100]++;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -565,38 +638,37 @@ static void log_request(const job *j, unsigned status) {
             prompt, completion, cli_now() - j->t0);
 }
 
-/* SSE reader: hands MHD what the engine thread has queued, waiting for
- * more. While a request waits in the queue or in a long prefill nothing is
- * written, so it checks every 0.2 s whether the client left (then MHD ends
- * the response and sse_free aborts the request) and sends an SSE comment
- * after 15 s of silence to keep proxies from closing the stream. */
+/* At shutdown, end a stream at once rather than after the engine's step:
+ * every unfinished choice gets finish_reason "abort", then the usage and
+ * [DONE]; the engine's later events for it are dropped. Under j->mu. */
+static void sse_end_aborted(job *j) {
+    for (int32_t c = 0; c < j->nchoices; c++)
+        if (j->ch[c].finish == LOOM_FINISH_NONE) sse_chunk(j, c, false, "", NULL, LOOM_FINISH_ABORT);
+    sse_finish(j);
+}
+
+/* SSE reader: hands MHD what the engine thread has queued. With nothing
+ * queued it suspends the connection (no pool thread waits) until on_event
+ * has more, the watcher sees the client leave or sends a keep-alive, or the
+ * server stops (then the stream ends at once, aborted). */
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     job *j = cls;
     pthread_mutex_lock(&j->mu);
-    double quiet_since = cli_now();
-    while (j->sse_off == j->sse.n && !j->sse_done) {
-        struct timespec t;
-        deadline_in(&t, 200);
-        pthread_cond_timedwait(&j->cv, &j->mu, &t);
-        if (j->sse_off < j->sse.n || j->sse_done) break;
-        if (client_gone(j->fd)) {
-            pthread_mutex_unlock(&j->mu);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
-        if (cli_now() - quiet_since > 15.0) {
-            sb_put(&j->sse, ": keep-alive\n\n", 14);
-            quiet_since = cli_now();
-        }
-    }
+    if (atomic_load(&j->s->shutting) && !j->sse_done) sse_end_aborted(j); /* not after the step running now */
     ssize_t n;
-    if (j->sse_off == j->sse.n) {
-        n = MHD_CONTENT_READER_END_OF_STREAM;
-    } else {
+    if (j->client_left) { /* MHD ends the response; sse_free aborts the request */
+        n = MHD_CONTENT_READER_END_WITH_ERROR;
+    } else if (j->sse_off < j->sse.n) {
         size_t k = j->sse.n - j->sse_off < max ? j->sse.n - j->sse_off : max;
         memcpy(buf, j->sse.p + j->sse_off, k);
         j->sse_off += k;
         n = (ssize_t)k;
+    } else if (j->sse_done) {
+        n = MHD_CONTENT_READER_END_OF_STREAM;
+    } else {
+        job_suspend_locked(j);
+        n = 0; /* called again once resumed */
     }
     pthread_mutex_unlock(&j->mu);
     return n;
@@ -607,7 +679,9 @@ static void sse_free(void *cls) {
     job *j = cls;
     pthread_mutex_lock(&j->mu);
     bool live = j->live > 0;
-    log_request(j, live ? 499 : 200); /* under j->mu: the engine thread may still count */
+    j->suspended = false, j->conn = NULL; /* the connection is gone: nothing to resume or watch */
+    /* under j->mu: the engine thread may still count */
+    log_request(j, j->client_left ? 499 : !live ? 200 : atomic_load(&j->s->shutting) ? 503 : 499);
     pthread_mutex_unlock(&j->mu);
     if (live) {
         pthread_mutex_lock(&j->s->mu);
@@ -616,6 +690,44 @@ static void sse_free(void *cls) {
     }
     job_unlist(j);
     job_unref(j);
+}
+
+/* ----------------------------------------------------- watcher thread */
+
+/* MHD does not watch a suspended connection: every 0.2 s the watcher looks
+ * at each job's client socket — a client that left has its request aborted
+ * at once (its KV blocks freed) and its connection resumed to end it — and
+ * gives a stream quiet for 15 s (queued, or a long prefill) an SSE comment
+ * so proxies keep it open. Caller holds s->mu (the list); takes j->mu. */
+static void watch_job(job *j, double now, conn_list *wake) {
+    pthread_mutex_lock(&j->mu);
+    if (!j->client_left && j->conn && client_gone(j->fd)) {
+        j->client_left = true;
+        job_abort_locked(j);
+        conn_list_add(wake, job_take_resume(j));
+    } else if (j->q.stream && j->suspended && now - j->suspended_at > 15.0) {
+        sb_put(&j->sse, ": keep-alive\n\n", 14);
+        conn_list_add(wake, job_take_resume(j));
+    }
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void *watch_main(void *arg) {
+    server *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->watch_exit) {
+        struct timespec t;
+        deadline_in(&t, 200);
+        pthread_cond_timedwait(&s->watch_cv, &s->mu, &t);
+        double now = cli_now();
+        conn_list wake = {0};
+        for (job *j = s->jobs; j; j = j->next) watch_job(j, now, &wake);
+        pthread_mutex_unlock(&s->mu);
+        conn_list_resume(&wake);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
 }
 
 static cJSON *final_response(job *j) {
@@ -656,6 +768,27 @@ static cJSON *final_response(job *j) {
     return o;
 }
 
+static void body_too_large(const server *s, char *why, size_t whyn) {
+    snprintf(why, whyn, "the request body is larger than %zu bytes (loom serve --max-body)", s->opt->max_body);
+}
+
+/* Whether the request's prompt text is over the byte cap (then why, and the
+ * parameter): checked before tokenizing, which costs seconds and hundreds of
+ * megabytes for a prompt of megabytes that the context could never hold. */
+static bool prompt_too_long(const server *s, const serve_req *q, char *why, size_t whyn, const char **param) {
+    int32_t which = 0;
+    size_t n = serve_prompt_bytes(q, &which);
+    if (n <= s->prompt_cap) return false;
+    char where[32] = "prompt";
+    if (q->api == SERVE_CHAT) snprintf(where, sizeof where, "the messages");
+    else if (q->num_prompts > 1) snprintf(where, sizeof where, "prompt[%d]", which);
+    snprintf(why, whyn, "%s %s %zu bytes of text, over the %zu bytes loom serve takes for one prompt (the context "
+             "holds %d tokens; loom serve --max-prompt-bytes): shorten the prompt", where,
+             q->api == SERVE_CHAT ? "have" : "is", n, s->prompt_cap, loom_engine_max_context(s->eng));
+    *param = q->api == SERVE_CHAT ? "messages" : "prompt";
+    return true;
+}
+
 /* A job for the request body in cs, or NULL with the HTTP status, message
  * and offending parameter (may stay NULL) to reply with: 413 too large, 400
  * not a valid request, 404 another model, 500 out of memory. */
@@ -664,7 +797,7 @@ static job *job_new(server *s, const char *url, serve_api api, const conn_state 
     *param = NULL;
     if (cs->too_large) {
         *status = 413;
-        snprintf(why, whyn, "the request body is larger than %zu bytes (loom serve --max-body)", s->opt->max_body);
+        body_too_large(s, why, whyn);
         return NULL;
     }
     *status = 500;
@@ -678,15 +811,23 @@ static job *job_new(server *s, const char *url, serve_api api, const conn_state 
         return NULL;
     }
     if (j->q.model && strcmp(j->q.model, s->model)) {
-        snprintf(why, whyn, "the model '%.200s' does not exist: this server serves '%.200s' (GET /v1/models)",
-                 j->q.model, s->model);
+        char mb[201], sb[201];
+        snprintf(why, whyn, "the model '%s' does not exist: this server serves '%s' (GET /v1/models)",
+                 serve_utf8_clip(j->q.model, 200, mb, sizeof mb), serve_utf8_clip(s->model, 200, sb, sizeof sb));
         serve_req_free(&j->q);
         free(j);
         *status = 404;
         *param = "model";
         return NULL;
     }
+    if (prompt_too_long(s, &j->q, why, whyn, param)) {
+        serve_req_free(&j->q);
+        free(j);
+        *status = 400;
+        return NULL;
+    }
     j->s = s;
+    j->fd = -1;
     snprintf(j->url, sizeof j->url, "%s", url);
     j->t0 = cli_now();
     j->created = (long long)time(NULL);
@@ -696,7 +837,6 @@ static job *job_new(server *s, const char *url, serve_api api, const conn_state 
     j->ch = calloc((size_t)j->nchoices, sizeof *j->ch);
     j->pc = calloc((size_t)j->q.num_prompts, sizeof *j->pc);
     pthread_mutex_init(&j->mu, NULL);
-    pthread_cond_init(&j->cv, NULL);
     j->refs = 1;
     if (!j->ch || !j->pc) {
         j->nchoices = 0;
@@ -768,6 +908,7 @@ static unsigned job_add_prompts(server *s, job *j, serve_api api, char *why, siz
                 snprintf(why, whyn, "prompt[%d]: %.480s", p, err.message);
             else
                 snprintf(why, whyn, "%s", err.message);
+            serve_utf8_trim(why); /* a long message cut between characters */
         }
         pthread_mutex_unlock(&s->mu);
     }
@@ -794,32 +935,9 @@ static enum MHD_Result reply_stream(server *s, struct MHD_Connection *conn, job 
     return ret;
 }
 
-/* Wait for every choice, aborting the job if the client leaves; true when
- * it did. */
-static bool job_wait(server *s, job *j) {
-    pthread_mutex_lock(&j->mu);
-    bool aborted = false;
-    while (j->live > 0) {
-        struct timespec t;
-        deadline_in(&t, 200);
-        pthread_cond_timedwait(&j->cv, &j->mu, &t);
-        if (j->live > 0 && !aborted && client_gone(j->fd)) {
-            aborted = true;
-            pthread_mutex_unlock(&j->mu);
-            pthread_mutex_lock(&s->mu);
-            job_abort_locked(j);
-            pthread_mutex_unlock(&s->mu);
-            pthread_mutex_lock(&j->mu);
-        }
-    }
-    pthread_mutex_unlock(&j->mu);
-    return aborted;
-}
-
 /* The whole answer of a finished job: 200 with the response, or the error
- * of a failed or aborted sample (500, 499 logged for a client that left,
- * 503 at shutdown). */
-static enum MHD_Result reply_final(server *s, struct MHD_Connection *conn, job *j, bool client_left) {
+ * of a failed or aborted sample (500; 503 at shutdown). */
+static enum MHD_Result reply_final(server *s, struct MHD_Connection *conn, job *j) {
     bool was_aborted = false;
     for (int32_t c = 0; c < j->nchoices; c++) was_aborted |= j->ch[c].finish == LOOM_FINISH_ABORT;
     enum MHD_Result ret;
@@ -831,11 +949,10 @@ static enum MHD_Result reply_final(server *s, struct MHD_Connection *conn, job *
     } else if (was_aborted) {
         pthread_mutex_lock(&s->mu);
         bool failed = s->fatal[0];
-        snprintf(why, sizeof why, "%s",
-                 failed ? s->fatal : client_left ? "the client went away" : "the server is shutting down");
+        snprintf(why, sizeof why, "%s", failed ? s->fatal : "the server is shutting down");
         pthread_mutex_unlock(&s->mu);
-        status = failed ? 500 : client_left ? 499 : 503;
-        ret = reply_error(s, conn, failed || client_left ? 500 : 503, why, NULL);
+        status = failed ? 500 : 503;
+        ret = reply_error(s, conn, status, why, NULL);
     } else {
         status = 200;
         cJSON *o = final_response(j);
@@ -846,8 +963,34 @@ static enum MHD_Result reply_final(server *s, struct MHD_Connection *conn, job *
     return ret;
 }
 
+/* A non-streaming job's connection is back from suspension (or never went):
+ * answer it — the whole answer once every choice is done; at once when the
+ * client left (499, nobody reads it, counted apart from the server's
+ * errors) or the server stops (503, not after the engine's step running
+ * now). Otherwise it waits on, suspended. */
+static enum MHD_Result completion_resumed(server *s, struct MHD_Connection *conn, conn_state *cs) {
+    job *j = cs->job;
+    pthread_mutex_lock(&j->mu);
+    bool done = j->live == 0, left = j->client_left, stop = atomic_load(&s->shutting);
+    if (!done && !left && !stop) {
+        job_suspend_locked(j);
+        pthread_mutex_unlock(&j->mu);
+        return MHD_YES;
+    }
+    if (left || !done) log_request(j, left ? 499 : 503); /* under j->mu: the engine thread may still count */
+    j->conn = NULL;
+    pthread_mutex_unlock(&j->mu);
+    cs->job = NULL;
+    job_unlist(j);
+    enum MHD_Result ret = left ? reply_error(s, conn, 499, "the client went away", NULL)
+                          : done ? reply_final(s, conn, j)
+                                 : reply_error(s, conn, 503, "the server is shutting down", NULL);
+    job_unref(j);
+    return ret;
+}
+
 /* POST /v1/completions and /v1/chat/completions: parse, list the job, add
- * its prompts, then stream the answer or wait for it. */
+ * its prompts, then stream the answer or wait for it (suspended). */
 static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const char *url, serve_api api,
                                   conn_state *cs) {
     char why[512];
@@ -871,13 +1014,13 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
      * socket traffic as activity) */
     MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    pthread_mutex_lock(&j->mu); /* the watcher reads them */
     j->fd = ci ? ci->connect_fd : -1;
+    j->conn = conn;
+    pthread_mutex_unlock(&j->mu);
     if (j->q.stream) return reply_stream(s, conn, j);
-    bool client_left = job_wait(s, j);
-    job_unlist(j);
-    enum MHD_Result ret = reply_final(s, conn, j, client_left);
-    job_unref(j);
-    return ret;
+    cs->job = j;
+    return completion_resumed(s, conn, cs);
 }
 
 static char *models_json(server *s) {
@@ -926,7 +1069,7 @@ static char *metrics_text(server *s) {
     pthread_mutex_unlock(&s->m.mu);
     pthread_mutex_lock(&s->mu);
     loom_engine_stats st = s->stats;
-    uint64_t h[6];
+    uint64_t h[6], closed = s->client_closed;
     memcpy(h, s->http_requests, sizeof h);
     bool healthy = !s->fatal[0];
     pthread_mutex_unlock(&s->mu);
@@ -951,13 +1094,16 @@ static char *metrics_text(server *s) {
     METRIC("preemptions_total", "counter", "sequences preempted", "%lld", (long long)st.preemptions);
     METRIC("steps_total", "counter", "engine steps", "%lld", (long long)st.steps);
 #undef METRIC
-    snprintf(line, sizeof line, "# HELP loom_http_responses_total HTTP responses by status class\n"
+    snprintf(line, sizeof line, "# HELP loom_http_responses_total HTTP responses by status class; "
+             "499: the client left before its answer (in no class)\n"
              "# TYPE loom_http_responses_total counter\n");
     sb_put(&b, line, strlen(line));
     for (int c = 2; c <= 5; c++) {
         snprintf(line, sizeof line, "loom_http_responses_total{code=\"%dxx\"} %llu\n", c, (unsigned long long)h[c]);
         sb_put(&b, line, strlen(line));
     }
+    snprintf(line, sizeof line, "loom_http_responses_total{code=\"499\"} %llu\n", (unsigned long long)closed);
+    sb_put(&b, line, strlen(line));
     hist_text(&b, "time_to_first_token_seconds", "from a request's arrival (body read) to each sample's first token",
               &ttft);
     hist_text(&b, "time_per_output_token_seconds", "between consecutive tokens of a sample", &tpot);
@@ -989,6 +1135,31 @@ static bool auth_ok(const char *auth, const char *key) {
     return diff == 0;
 }
 
+/* The first call, headers only: refuse what the headers decide already — a
+ * missing or wrong API key (401), a body announced larger than --max-body
+ * (413) — before the client is told to go on (100 Continue) and before its
+ * body is read: MHD then answers at once and discards the body. */
+static enum MHD_Result header_stage(server *s, struct MHD_Connection *conn, const char *url, conn_state *cs) {
+    if (s->opt->api_key && !strncmp(url, "/v1/", 4)) {
+        const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        if (!auth_ok(auth, s->opt->api_key)) {
+            cs->answered = true;
+            return reply_error(s, conn, 401, "missing or wrong API key: send 'Authorization: Bearer KEY' "
+                               "(the key loom serve was started with)", NULL);
+        }
+    }
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    char *end = NULL;
+    unsigned long long n = cl ? strtoull(cl, &end, 10) : 0;
+    if (cl && end != cl && n > s->opt->max_body) {
+        cs->answered = true;
+        char why[160];
+        body_too_large(s, why, sizeof why);
+        return reply_error(s, conn, 413, why, NULL);
+    }
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
@@ -1001,6 +1172,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         pthread_mutex_lock(&s->mu);
         s->inflight++;
         pthread_mutex_unlock(&s->mu);
+        return header_stage(s, conn, url, cs);
+    }
+    if (cs->job) return completion_resumed(s, conn, cs); /* back from suspension */
+    if (cs->answered) { /* refused at the header stage: nothing more to do */
+        *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size) {
@@ -1012,12 +1188,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     bool chat = !strcmp(url, "/v1/chat/completions"), gen = chat || !strcmp(url, "/v1/completions");
     serve_api api = chat ? SERVE_CHAT : SERVE_COMPLETIONS;
-    if (s->opt->api_key && !strncmp(url, "/v1/", 4)) {
-        const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-        if (!auth_ok(auth, s->opt->api_key))
-            return reply_error(s, conn, 401, "missing or wrong API key: send 'Authorization: Bearer KEY' "
-                               "(the key loom serve was started with)", NULL);
-    }
     if (gen && post) return completion(s, conn, url, api, cs);
     if (gen) return reply_error(s, conn, MHD_HTTP_METHOD_NOT_ALLOWED, "use POST with a JSON body", NULL);
     if (get && !strcmp(url, "/health")) {
@@ -1030,9 +1200,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (get && !strcmp(url, "/v1/models")) return reply(s, conn, 200, models_json(s), NULL);
     if (get && !strcmp(url, "/metrics"))
         return reply(s, conn, 200, metrics_text(s), "text/plain; version=0.0.4");
-    char m[400];
-    snprintf(m, sizeof m, "no route %.16s %.160s: try POST /v1/completions, POST /v1/chat/completions, GET "
-             "/v1/models, /health, /metrics", method, url);
+    char m[400], mb[17], ub[161]; /* the method and URL as sent, cut between characters */
+    snprintf(m, sizeof m, "no route %s %s: try POST /v1/completions, POST /v1/chat/completions, GET "
+             "/v1/models, /health, /metrics", serve_utf8_clip(method, 16, mb, sizeof mb),
+             serve_utf8_clip(url, 160, ub, sizeof ub));
     return reply_error(s, conn, 404, m, NULL);
 }
 
@@ -1048,10 +1219,24 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)conn, (void)toe;
+    (void)toe;
     server *s = cls;
     conn_state *cs = *con_cls;
     if (!cs) return;
+    /* the request may have lifted the idle timeout while it was generated
+     * (completion): a keep-alive connection idle from now on gets it back */
+    if (conn) MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, s->opt->idle_timeout);
+    if (cs->job) { /* closed while waiting (the daemon stopping): let it go */
+        job *j = cs->job;
+        pthread_mutex_lock(&j->mu);
+        j->suspended = false, j->conn = NULL;
+        pthread_mutex_unlock(&j->mu);
+        pthread_mutex_lock(&s->mu);
+        job_abort_locked(j);
+        pthread_mutex_unlock(&s->mu);
+        job_unlist(j);
+        job_unref(j);
+    }
     pthread_mutex_lock(&s->mu);
     if (--s->inflight == 0) pthread_cond_broadcast(&s->idle_cv);
     pthread_mutex_unlock(&s->mu);
@@ -1072,11 +1257,15 @@ static void served_model_name(loom_engine *eng, const serve_options *opt, char *
 
 static void server_init(server *s, loom_engine *eng, const serve_options *opt, const char *model) {
     *s = (server){.eng = eng, .opt = opt, .model = model};
+    atomic_init(&s->shutting, false);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->m.mu, NULL);
     s->m.ttft = HIST_OF(k_ttft_le), s->m.tpot = HIST_OF(k_tpot_le), s->m.e2e = HIST_OF(k_e2e_le);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->idle_cv, NULL);
+    pthread_cond_init(&s->watch_cv, NULL);
+    s->prompt_cap = opt->max_prompt_bytes ? opt->max_prompt_bytes
+                                          : (size_t)loom_engine_max_context(eng) * SERVE_BYTES_PER_TOKEN;
     s->stats.struct_size = sizeof s->stats;
     loom_engine_get_stats(eng, &s->stats, sizeof s->stats);
 }
@@ -1086,6 +1275,20 @@ static void server_destroy(server *s) {
     pthread_mutex_destroy(&s->m.mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->idle_cv);
+    pthread_cond_destroy(&s->watch_cv);
+}
+
+/* Each connection is a descriptor: raise the soft limit (up to the hard
+ * one) so that --max-connections of them fit, or say why they cannot. */
+static void raise_fd_limit(unsigned connections) {
+    struct rlimit rl;
+    rlim_t want = (rlim_t)connections + 64; /* the engine's files, the listener, the ITC pipes */
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want) return;
+    rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want ? rl.rlim_max : want;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur < want)
+        fprintf(stderr, "loom serve: the descriptor limit (ulimit -n %llu) holds fewer than --max-connections %u "
+                "connections\n", (unsigned long long)rl.rlim_cur, connections);
 }
 
 /* Start the HTTP daemon on the resolved address ai (freed here); NULL
@@ -1093,14 +1296,19 @@ static void server_destroy(server *s) {
  * banner, *v6 whether it is IPv6. */
 static struct MHD_Daemon *start_daemon(server *s, struct addrinfo *ai, char *host, size_t hostn, bool *v6) {
     const serve_options *opt = s->opt;
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
-                     MHD_USE_ITC | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    /* A few polling threads (epoll on Linux) share every connection: an idle
+     * or half-sent connection costs a socket, not a thread, and a request
+     * waiting for the engine is suspended, holding none. */
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_ITC |
+                     (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    raise_fd_limit(opt->max_connections);
     struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)opt->port, NULL, NULL, on_request, s,
+                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, /* first: all messages */
                                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)SERVE_HTTP_THREADS,
                                             MHD_OPTION_CONNECTION_LIMIT, opt->max_connections,
-                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-                                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+                                            MHD_OPTION_CONNECTION_TIMEOUT, opt->idle_timeout,
+                                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
     snprintf(host, hostn, "?");
     if (ai->ai_family == AF_INET6)
         inet_ntop(AF_INET6, &((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr, host, (socklen_t)hostn);
@@ -1120,9 +1328,24 @@ static struct MHD_Daemon *start_daemon(server *s, struct addrinfo *ai, char *hos
 static void stop_server(server *s, struct MHD_Daemon *d, pthread_t eng_thread, int sig) {
     fprintf(stderr, "loom serve: %s: stopping (running requests are aborted)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     MHD_socket listen_fd = MHD_quiesce_daemon(d); /* no new connections; ours to close after the stop */
+    /* Refuse new connections now, not leave them in the backlog for the
+     * length of the engine's step: shutdown() takes the socket out of the
+     * LISTEN state (connects get RST) while the descriptor stays valid for
+     * MHD's threads until the stop, when it is closed. */
+    if (listen_fd != MHD_INVALID_SOCKET) shutdown(listen_fd, SHUT_RDWR);
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
-    for (job *j = s->jobs; j; j = j->next) job_abort_locked(j);
+    atomic_store(&s->shutting, true);
+    conn_list wake = {0};
+    for (job *j = s->jobs; j; j = j->next) { /* listed jobs are alive: unlisted under s->mu */
+        job_abort_locked(j);
+        pthread_mutex_lock(&j->mu); /* wake its connection: it answers 503 now */
+        conn_list_add(&wake, job_take_resume(j));
+        pthread_mutex_unlock(&j->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    conn_list_resume(&wake);
+    pthread_mutex_lock(&s->mu);
     /* let the aborted requests' clients get their 503 (or their stream's
      * end) before the sockets close; 10 s at most */
     struct timespec until;
@@ -1130,8 +1353,13 @@ static void stop_server(server *s, struct MHD_Daemon *d, pthread_t eng_thread, i
     until.tv_sec += 10;
     while (s->inflight > 0 && pthread_cond_timedwait(&s->idle_cv, &s->mu, &until) == 0) {}
     pthread_mutex_unlock(&s->mu);
-    MHD_stop_daemon(d); /* waits for every connection thread */
+    MHD_stop_daemon(d); /* waits for its threads; every connection closed */
     if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
+    pthread_mutex_lock(&s->mu);
+    s->watch_exit = true;
+    pthread_cond_signal(&s->watch_cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->watcher, NULL);
     pthread_mutex_lock(&s->mu);
     s->exit = true;
     pthread_cond_signal(&s->cv);
@@ -1172,9 +1400,14 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     int bound = di ? di->port : opt->port;
     pthread_t eng_thread;
-    if (pthread_create(&eng_thread, NULL, engine_main, &s) != 0) {
-        fprintf(stderr, "loom serve: cannot start the engine thread\n");
+    bool watching = pthread_create(&s.watcher, NULL, watch_main, &s) == 0;
+    if (!watching || pthread_create(&eng_thread, NULL, engine_main, &s) != 0) {
+        fprintf(stderr, "loom serve: cannot start the engine and watcher threads\n");
         MHD_stop_daemon(d);
+        pthread_mutex_lock(&s.mu);
+        s.watch_exit = true;
+        pthread_mutex_unlock(&s.mu);
+        if (watching) pthread_join(s.watcher, NULL);
         pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
         return 1;
     }

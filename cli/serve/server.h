@@ -1,13 +1,15 @@
 /*
  * cli/serve/server.h — the HTTP side of `loom serve`: an OpenAI-compatible
- * server (libmicrohttpd, one thread per connection) in front of one engine
- * stepped by its own thread, so concurrent requests share the continuous
- * batch.
+ * server (libmicrohttpd: a pool of polling threads, connections suspended
+ * while they wait) in front of one engine stepped by its own thread, so
+ * concurrent requests share the continuous batch.
  *
- * Threads: MHD's connection threads parse requests and add them to the
- * engine ([any] calls); the engine thread alone steps and runs the token
- * callbacks, which fill each job's buffers under the job's mutex and wake
- * the connection waiting on it (a non-streaming answer, or the SSE reader).
+ * Threads: MHD's polling threads parse requests and add them to the engine
+ * ([any] calls), then suspend the connection; the engine thread alone steps
+ * and runs the token callbacks, which fill each job's buffers under the
+ * job's mutex and resume the connection waiting on it (a non-streaming
+ * answer, or the SSE reader). A watcher thread notices clients that leave
+ * (MHD does not watch suspended connections) and keeps quiet streams alive.
  */
 #ifndef LOOM_SERVE_SERVER_H
 #define LOOM_SERVE_SERVER_H
@@ -17,6 +19,12 @@
 
 #include "loom/engine.h"
 
+/* The default prompt cap's bound on one token's bytes: generous (the longest
+ * pieces of common vocabularies are shorter), so that a prompt the context
+ * could hold is never refused by bytes, while a prompt of megabytes is
+ * refused before the tokenizer spends seconds and memory on it. */
+#define SERVE_BYTES_PER_TOKEN 128
+
 typedef struct serve_options {
     const char *host;           /* address or name to bind; "0.0.0.0" = all */
     int port;                   /* 0 = any free port (printed at start)     */
@@ -24,7 +32,11 @@ typedef struct serve_options {
     const char *api_key;        /* NULL = no authentication                 */
     int32_t max_tokens;         /* completions' default max_tokens          */
     size_t max_body;            /* request bodies larger get 413            */
+    size_t max_prompt_bytes;    /* longer prompt text gets 400 before it is
+                                 * tokenized; 0 = max_model_len x
+                                 * SERVE_BYTES_PER_TOKEN                   */
     unsigned max_connections;
+    unsigned idle_timeout;      /* seconds an idle or half-sent connection is kept */
 } serve_options;
 
 /* Serve until SIGINT or SIGTERM; then stop taking requests, abort the ones

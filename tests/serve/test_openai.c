@@ -226,6 +226,53 @@ Test(openai, chat_logprobs) {
               "true or false");
 }
 
+/* The prompt text the server's byte cap measures (before tokenizing). */
+Test(openai, prompt_bytes) {
+    int32_t which = -1;
+    serve_req r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": [\"ab\", \"abcde\", \"\"]}");
+    cr_assert_eq(serve_prompt_bytes(&r, &which), 5);
+    cr_assert_eq(which, 1);
+    serve_req_free(&r);
+    r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": [1, 2, 3]}");
+    cr_assert_eq(serve_prompt_bytes(&r, &which), 0, "token ids are not tokenized");
+    serve_req_free(&r);
+    r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"system\", \"content\": \"abc\"}, "
+                             "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"de\"}]}]}");
+    cr_assert_eq(serve_prompt_bytes(&r, &which), 5, "every message together");
+    serve_req_free(&r);
+}
+
+/* Messages cut at a byte limit end between characters; bytes that are no
+ * UTF-8 become U+FFFD, so an error body is always valid UTF-8 JSON. */
+Test(openai, utf8_cut_and_cleaned) {
+    char b[16];
+    strcpy(b, "ab\xC3\xA9\xE2\x82"); /* "abé" + 2 of the 3 bytes of € */
+    cr_assert_str_eq(serve_utf8_trim(b), "ab\xC3\xA9");
+    cr_assert_str_eq(serve_utf8_trim(b), "ab\xC3\xA9", "a whole character stays");
+    cr_assert_str_eq(serve_utf8_clip("\xC3\xA9\xC3\xA9", 3, b, sizeof b), "\xC3\xA9");
+    cr_assert_str_eq(serve_utf8_clip("\xF0\x9F\x98\x80", 3, b, sizeof b), "");
+    cr_assert_str_eq(serve_utf8_clip("abc", 2, b, 2), "a", "the buffer's size bounds it too");
+    char *v = serve_utf8_valid("a\xFF" "b\xC3(\xED\xA0\x80\xE2\x82");
+    cr_assert_str_eq(v, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD(\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+    free(v);
+    char *e = serve_error_json(404, "no route GET /\xFF\xC3", NULL);
+    cr_assert(strstr(e, "/\xEF\xBF\xBD\xEF\xBF\xBD\""), "%s", e);
+    free(e);
+    /* a parse error at its length limit is cut between characters */
+    char body[1024] = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_k\": \"";
+    for (int i = 0; i < 100; i++) strcat(body, "\xC3\xA9");
+    strcat(body, "\"}");
+    serve_req r;
+    const char *param = NULL;
+    for (size_t size = 40; size < 64; size++) {
+        char why[64];
+        cr_assert(!serve_parse(SERVE_CHAT, body, strlen(body), 16, &r, why, size, &param));
+        char *clean = serve_utf8_valid(why);
+        cr_assert_str_eq(clean, why, "message cut to %zu bytes splits a character: %s", size, why);
+        free(clean);
+    }
+}
+
 Test(openai, error_json_shape) {
     char *s = serve_error_json(400, "bad \"x\"", "temperature");
     cJSON *o = cJSON_Parse(s);

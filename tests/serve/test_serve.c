@@ -102,10 +102,9 @@ static server start(const char *config, const char *const *args) {
     return s;
 }
 
-/* SIGTERM; the server must exit 0 within `secs` seconds. Returns what it
- * wrote to stderr (malloc'd). */
-static char *stop(server *s, int secs) {
-    cr_assert_eq(kill(s->pid, SIGTERM), 0);
+/* The server, sent SIGTERM, must exit 0 within `secs` seconds. Returns what
+ * it wrote to stderr (malloc'd). */
+static char *wait_exit(server *s, int secs) {
     int status = 0;
     for (int i = 0; i < secs * 10; i++) {
         if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
@@ -121,6 +120,13 @@ static char *stop(server *s, int secs) {
     waitpid(s->pid, NULL, 0);
     cr_assert_fail("loom serve did not stop within %d s of SIGTERM", secs);
     return NULL;
+}
+
+/* SIGTERM; the server must exit 0 within `secs` seconds. Returns what it
+ * wrote to stderr (malloc'd). */
+static char *stop(server *s, int secs) {
+    cr_assert_eq(kill(s->pid, SIGTERM), 0);
+    return wait_exit(s, secs);
 }
 
 static int dial(int port) {
@@ -180,6 +186,63 @@ static reply http(int port, const char *method, const char *path, const char *bo
 static void reply_free(reply *r) {
     free(r->body);
     cJSON_Delete(r->json);
+}
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static void write_all(int fd, const char *p, size_t n) {
+    for (size_t off = 0; off < n;) {
+        ssize_t w = write(fd, p + off, n - off);
+        cr_assert_gt(w, 0, "write to the server failed after %zu of %zu bytes", off, n);
+        off += (size_t)w;
+    }
+}
+
+/* The reply on fd, read until the server closes it or `ms` pass (a hostile
+ * test must not hang on a server that does not answer): status 0 when
+ * nothing came. *first_line gets the first status line seen (may be NULL). */
+static reply read_reply_within(int fd, int ms, char *first_line, size_t fl) {
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    double until = now_ms() + ms;
+    for (;;) {
+        int left = (int)(until - now_ms());
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, left) <= 0) break;
+        if (cap - n < 1024) buf = realloc(buf, cap *= 2);
+        ssize_t r = read(fd, buf + n, cap - n - 1);
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    buf[n] = 0;
+    if (first_line) snprintf(first_line, fl, "%.*s", (int)strcspn(buf, "\r\n"), buf);
+    reply rp = {0};
+    /* skip an interim 100 Continue to the final status */
+    const char *at = buf;
+    while (!strncmp(at, "HTTP/1.1 100", 12) && strstr(at, "\r\n\r\n")) at = strstr(at, "\r\n\r\n") + 4;
+    if (sscanf(at, "HTTP/1.%*d %d", &rp.status) != 1) rp.status = 0;
+    char *b = strstr(at, "\r\n\r\n");
+    rp.body = strdup(b && rp.status ? b + 4 : at); /* no status line: all of it (the rest of a stream) */
+    rp.json = cJSON_Parse(rp.body);
+    free(buf);
+    return rp;
+}
+
+/* The server's peak resident memory (VmHWM) in KiB. */
+static long peak_rss_kib(pid_t pid) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %ld", &kib) == 1) break;
+    fclose(f);
+    return kib;
 }
 
 static const cJSON *get(const cJSON *o, const char *path) {
@@ -457,6 +520,336 @@ Test(serve, api_key_and_body_limit, .timeout = 300) {
     free(stop(&s, 30));
 }
 
+/* A body of `fill` bytes of 'a' as the prompt text (completions) or one
+ * user message (chat); malloc'd. */
+static char *big_prompt_body(bool chat, size_t fill) {
+    char *b = malloc(fill + 128);
+    int at = sprintf(b, chat ? "{\"messages\": [{\"role\": \"user\", \"content\": \"" : "{\"prompt\": \"");
+    memset(b + at, 'a', fill);
+    strcpy(b + at + fill, chat ? "\"}], \"max_tokens\": 1}" : "\", \"max_tokens\": 1}");
+    return b;
+}
+
+/* Prompt text is bounded in bytes before it is tokenized: context 128 x 128
+ * bytes a token = 16384 by default, or --max-prompt-bytes. (tiny has no
+ * tokenizer: before the cap, these got "no tokenizer".) */
+Test(serve, prompt_bytes_capped_before_tokenizing, .timeout = 120) {
+    server s = start(TINY, NULL);
+    char *b = big_prompt_body(false, 20000);
+    reply r = http(s.port, "POST", "/v1/completions", b, NULL);
+    const cJSON *param = r.json ? cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "error"), "param") : NULL;
+    cr_assert(cJSON_IsString(param) && !strcmp(param->valuestring, "prompt"), "%s", r.body);
+    expect_error(r, 400, "prompt is 20000 bytes of text, over the 16384 bytes");
+    free(b);
+    b = big_prompt_body(true, 20000);
+    expect_error(http(s.port, "POST", "/v1/chat/completions", b, NULL), 400, "--max-prompt-bytes");
+    free(b);
+    free(stop(&s, 30));
+    s = start(TINY, (const char *[]){"--max-prompt-bytes", "1000", NULL});
+    b = big_prompt_body(false, 1001);
+    expect_error(http(s.port, "POST", "/v1/completions", b, NULL), 400, "over the 1000 bytes");
+    free(b);
+    b = big_prompt_body(false, 1000); /* within the cap: on to the tokenizer */
+    expect_error(http(s.port, "POST", "/v1/completions", b, NULL), 400, "no tokenizer");
+    free(b);
+    free(stop(&s, 30));
+}
+
+/* Send only a request's headers (HTTP/1.1, `Expect: 100-continue` when
+ * asked) announcing a body of `length` bytes, and read what comes back
+ * within 2 s without sending the body. */
+static reply headers_only(int port, const char *headers, size_t length, bool expect, char *first, size_t fl) {
+    int fd = dial(port);
+    char head[512];
+    int n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+                     "application/json\r\n%s%sContent-Length: %zu\r\n\r\n", headers ? headers : "",
+                     expect ? "Expect: 100-continue\r\n" : "", length);
+    write_all(fd, head, (size_t)n);
+    reply r = read_reply_within(fd, 2000, first, fl);
+    close(fd);
+    return r;
+}
+
+/* The API key and the body limit are decided from the headers: a refused
+ * client is never told to go on (no 100 Continue) and its body is not read. */
+Test(serve, auth_and_body_limit_before_the_body, .timeout = 120) {
+    server s = start(TINY, (const char *[]){"--api-key", "s3cret", "--max-body", "2048", NULL});
+    char first[128];
+    for (int expect = 1; expect >= 0; expect--) {
+        reply r = headers_only(s.port, NULL, 1000, expect, first, sizeof first);
+        cr_assert(!strncmp(first, "HTTP/1.1 401", 12), "no key (Expect %d): first line '%s'", expect, first);
+        expect_error(r, 401, "API key");
+        r = headers_only(s.port, "Authorization: Bearer wrong\r\n", 16u << 20, expect, first, sizeof first);
+        cr_assert(!strncmp(first, "HTTP/1.1 401", 12), "wrong key (Expect %d): first line '%s'", expect, first);
+        expect_error(r, 401, "API key");
+        r = headers_only(s.port, "Authorization: Bearer s3cret\r\n", 16u << 20, expect, first, sizeof first);
+        cr_assert(!strncmp(first, "HTTP/1.1 413", 12), "16 MiB announced (Expect %d): first line '%s'", expect,
+                  first);
+        expect_error(r, 413, "larger than 2048 bytes");
+    }
+    /* within the limit, with the key: told to go on, and answered */
+    int fd = dial(s.port);
+    const char *body = "{\"prompt\": [1], \"max_tokens\": 2}";
+    char head[256];
+    int n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret"
+                     "\r\nExpect: 100-continue\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n", strlen(body));
+    write_all(fd, head, (size_t)n);
+    char buf[64] = {0};
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    cr_assert_gt(poll(&p, 1, 2000), 0, "no 100 Continue");
+    cr_assert_gt(read(fd, buf, 25), 0);
+    cr_assert(!strncmp(buf, "HTTP/1.1 100", 12), "%s", buf);
+    write_all(fd, body, strlen(body));
+    reply r = read_reply_within(fd, 10000, NULL, 0);
+    close(fd);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    reply_free(&r);
+    free(stop(&s, 30));
+}
+
+/* Strict UTF-8 (no overlong forms, no surrogates, nothing past U+10FFFF);
+ * the offset of the first bad byte, or -1. */
+static long bad_utf8_at(const char *str) {
+    const unsigned char *s = (const unsigned char *)str;
+    for (size_t i = 0; s[i];) {
+        unsigned c = s[i];
+        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!n || (n == 2 && c < 0xC2) || (n == 4 && c > 0xF4)) return (long)i;
+        for (size_t k = 1; k < n; k++)
+            if ((s[i + k] & 0xC0) != 0x80) return (long)i;
+        if ((n == 3 && c == 0xE0 && s[i + 1] < 0xA0) || (n == 3 && c == 0xED && s[i + 1] >= 0xA0) ||
+            (n == 4 && c == 0xF0 && s[i + 1] < 0x90) || (n == 4 && c == 0xF4 && s[i + 1] >= 0x90))
+            return (long)i;
+        i += n;
+    }
+    return -1;
+}
+
+/* An error reply whose body is valid UTF-8 JSON of the OpenAI shape. */
+static void expect_clean_error(reply r, int status, const char *needle) {
+    long bad = bad_utf8_at(r.body);
+    cr_assert_eq(bad, -1, "the error body is not UTF-8 (byte %ld): %s", bad, r.body);
+    expect_error(r, status, needle);
+}
+
+/* Error messages carry what the client sent, cut to a length: never cut in
+ * the middle of a character, and bytes that are not UTF-8 are replaced. */
+Test(serve, error_bodies_are_utf8_json, .timeout = 120) {
+    server s = start(TINY, NULL);
+    char e2[1200] = "", path[1300], body[1600];
+    for (int i = 0; i < 300; i++) strcat(e2, "\xC3\xA9"); /* é x 300 */
+    /* URL bytes that are no UTF-8 (MHD unescapes %FF), and a cut one */
+    expect_clean_error(http(s.port, "GET", "/v2/%FF%FEx", NULL, NULL), 404, "no route GET /v2/");
+    snprintf(path, sizeof path, "/v2/x%s", e2);
+    expect_clean_error(http(s.port, "GET", path, NULL, NULL), 404, "no route GET /v2/x\xC3\xA9");
+    snprintf(path, sizeof path, "/v2/x%s", "%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3"
+             "%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9"
+             "%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9"
+             "%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9"
+             "%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9"
+             "%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9%C3%A9");
+    expect_clean_error(http(s.port, "GET", path, NULL, NULL), 404, "no route GET /v2/x");
+    /* a model name, a value shown in a message, a message at its limit */
+    snprintf(body, sizeof body, "{\"prompt\": [1], \"model\": \"x%s\"}", e2);
+    expect_clean_error(http(s.port, "POST", "/v1/completions", body, NULL), 404, "does not exist");
+    snprintf(body, sizeof body, "{\"prompt\": [1], \"temperature\": \"%s\"}", e2);
+    expect_clean_error(http(s.port, "POST", "/v1/completions", body, NULL), 400, "'temperature' must be");
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"x%s\", \"content\": \"hi\"}]}", e2);
+    expect_clean_error(http(s.port, "POST", "/v1/chat/completions", body, NULL), 400, "is not supported");
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"%s\", \"content\": \"hi\"}]}", e2);
+    expect_clean_error(http(s.port, "POST", "/v1/chat/completions", body, NULL), 400, "is not supported");
+    /* bytes that are no UTF-8 inside the JSON body's strings */
+    expect_clean_error(http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"model\": \"a\xFF\xC3(\"}", NULL),
+                       404, "does not exist");
+    free(stop(&s, 30));
+}
+
+/* The tiny pipeline with SmolLM2-135M's shapes (random weights, no model
+ * file): ~0.1 s a decode step on the CPU, a long prefill takes seconds. */
+#define SLOW_ARGS "--set", "model.shape=smollm2-135m", "--set", "engine.max_model_len=4096", "--set", \
+                  "cache.memory_gib=0.25"
+
+/* A client that leaves while its (non-streaming) answer is generated is a
+ * 499 (client closed request) in /metrics, not a server error. */
+Test(serve, client_gone_counts_499_not_5xx, .timeout = 120) {
+    server s = start(TINY, (const char *[]){SLOW_ARGS, NULL});
+    const char *k5 = "loom_http_responses_total{code=\"5xx\"}", *k499 = "loom_http_responses_total{code=\"499\"}";
+    double e0 = metric(s.port, k5);
+    int fd = dial(s.port);
+    send_request(fd, "POST", "/v1/completions", "{\"prompt\": [1, 2, 3], \"max_tokens\": 300, \"ignore_eos\": true}",
+                 NULL);
+    int i;
+    for (i = 0; i < 100 && metric(s.port, "loom_requests_running") == 0; i++) usleep(50000);
+    cr_assert_lt(i, 100, "the request never started");
+    close(fd);
+    cr_assert(wait_idle(s.port, 20), "the abandoned request kept running");
+    reply r = http(s.port, "GET", "/metrics", NULL, NULL);
+    cr_assert(strstr(r.body, k499), "no 499 count in /metrics:\n%s", r.body);
+    reply_free(&r);
+    for (i = 0; i < 50 && metric(s.port, k499) < 1; i++) usleep(100000);
+    cr_assert_eq(metric(s.port, k499), 1);
+    cr_assert_eq(metric(s.port, k5), e0, "a client leaving counted as a server error");
+    char *log = stop(&s, 30);
+    cr_assert(strstr(log, " 499 cmpl-"), "no 499 line in the log:\n%s", log);
+    free(log);
+}
+
+/* A body whose prompt is `n` token ids (a prefill of n tokens). */
+static char *long_ids_body(int n, const char *extra) {
+    char *b = malloc((size_t)n * 4 + 256);
+    int at = sprintf(b, "{\"prompt\": [");
+    for (int i = 0; i < n; i++) at += sprintf(b + at, i ? ",%d" : "%d", 1 + i % 200);
+    sprintf(b + at, "]%s}", extra);
+    return b;
+}
+
+/* After SIGTERM a new connection is refused, or answered at once: never
+ * left waiting. True when it was. */
+static bool new_connection_waits(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return false; /* refused */
+    }
+    const char *q = "GET /health HTTP/1.0\r\n\r\n";
+    bool waits = write(fd, q, strlen(q)) == (ssize_t)strlen(q) && read_reply_within(fd, 1000, NULL, 0).status == 0;
+    close(fd);
+    return waits;
+}
+
+/* SIGTERM while a step runs for seconds (a long prefill): the waiting
+ * client gets its 503 at once, a stream its abort and [DONE], and new
+ * connections are refused rather than left hanging for the step. */
+Test(serve, sigterm_during_a_long_step, .timeout = 180) {
+    server s = start(TINY, (const char *[]){SLOW_ARGS, NULL});
+    int sfd = dial(s.port); /* a stream, decoding */
+    send_request(sfd, "POST", "/v1/completions",
+                 "{\"prompt\": [1, 2, 3], \"max_tokens\": 3000, \"ignore_eos\": true, \"stream\": true}", NULL);
+    char buf[8192] = {0};
+    size_t got = 0;
+    while (got < sizeof buf - 1 && !strstr(buf, "data: ")) {
+        ssize_t r = read(sfd, buf + got, sizeof buf - 1 - got);
+        cr_assert_gt(r, 0);
+        got += (size_t)r;
+    }
+    char *b = long_ids_body(400, ", \"max_tokens\": 4");
+    int fd = dial(s.port); /* its prefill of 400 tokens: a step of seconds */
+    send_request(fd, "POST", "/v1/completions", b, NULL);
+    free(b);
+    usleep(700000);
+    double t0 = now_ms();
+    cr_assert_eq(kill(s.pid, SIGTERM), 0);
+    reply r = read_reply_within(fd, 10000, NULL, 0);
+    double ms = now_ms() - t0;
+    close(fd);
+    cr_log_info("SIGTERM in a long step: 503 after %.0f ms", ms);
+    expect_error(r, 503, "shutting down");
+    cr_expect_lt(ms, 1500, "the waiting client got its 503 only after %.0f ms (after the step)", ms);
+    r = read_reply_within(sfd, 1500, NULL, 0);
+    close(sfd);
+    cr_expect(strstr(r.body, "\"finish_reason\":\"abort\"") && strstr(r.body, "data: [DONE]"),
+              "the stream's end after SIGTERM: ...%s", strlen(r.body) > 400 ? r.body + strlen(r.body) - 400 : r.body);
+    reply_free(&r);
+    cr_expect(!new_connection_waits(s.port), "a new connection after SIGTERM was left waiting");
+    free(wait_exit(&s, 60));
+}
+
+/* GET /health on a new connection: its status, and the time to the answer
+ * in *ms (status 0 when none came within 2 s). */
+static int timed_health(int port, double *ms) {
+    double t0 = now_ms();
+    int fd = dial(port);
+    const char *q = "GET /health HTTP/1.0\r\n\r\n";
+    write_all(fd, q, strlen(q));
+    reply r = read_reply_within(fd, 2000, NULL, 0);
+    *ms = now_ms() - t0;
+    close(fd);
+    int status = r.status;
+    reply_free(&r);
+    return status;
+}
+
+/* Connections that send half a request and wait (slowloris) cost the server
+ * a socket each, not a thread: with 1000 of them open, /health and a
+ * completion are still answered at once. */
+Test(serve, idle_connections_do_not_starve_the_server, .timeout = 120) {
+    server s = start(TINY, NULL);
+    enum { IDLE = 1000 };
+    static int fds[IDLE];
+    for (int i = 0; i < IDLE; i++) {
+        fds[i] = dial(s.port);
+        /* half of them stop in the headers, half in the body */
+        const char *half = i % 2 ? "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro"
+                                 : "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+        write_all(fds[i], half, strlen(half));
+    }
+    usleep(300000);
+    double best = 1e9, worst = 0;
+    for (int k = 0; k < 5; k++) {
+        double ms;
+        int status = timed_health(s.port, &ms);
+        cr_assert_eq(status, 200, "/health with %d idle connections open: status %d after %.0f ms", IDLE, status, ms);
+        best = ms < best ? ms : best, worst = ms > worst ? ms : worst;
+    }
+    cr_log_info("/health with %d idle connections: %.1f .. %.1f ms", IDLE, best, worst);
+    cr_assert_lt(best, 100, "/health took %.0f ms at best", best);
+    cr_assert_lt(worst, 1000, "/health took %.0f ms", worst);
+    reply r = http(s.port, "POST", "/v1/completions", "{\"prompt\": [1, 2], \"max_tokens\": 3}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    reply_free(&r);
+    for (int i = 0; i < IDLE; i++) close(fds[i]);
+    free(stop(&s, 30));
+}
+
+/* Whether the server closes fd (read returns 0 or an error) within `ms`. */
+static bool closed_within(int fd, int ms) {
+    double until = now_ms() + ms;
+    char buf[4096];
+    for (;;) {
+        int left = (int)(until - now_ms());
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, left) <= 0) return false;
+        if (read(fd, buf, sizeof buf) <= 0) return true;
+    }
+}
+
+/* A keep-alive connection idle after its answer is closed after
+ * --idle-timeout like any idle connection: the unbounded timeout a request
+ * being generated gets does not outlive it. */
+Test(serve, idle_timeout_after_a_completion, .timeout = 60) {
+    server s = start(TINY, (const char *[]){"--idle-timeout", "1", NULL});
+    int quiet = dial(s.port); /* sends nothing: closed after ~1 s */
+    int fd = dial(s.port);
+    const char *body = "{\"prompt\": [1, 2], \"max_tokens\": 2}";
+    char head[256];
+    int n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n",
+                     strlen(body));
+    write_all(fd, head, (size_t)n);
+    write_all(fd, body, strlen(body));
+    char buf[4096] = {0};
+    size_t got = 0;
+    const char *end = NULL;
+    long len = -1;
+    while (!end || got < (size_t)(end + 4 - buf) + (size_t)len) { /* headers, then Content-Length bytes */
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        cr_assert_gt(poll(&p, 1, 5000), 0, "no answer: %s", buf);
+        ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
+        cr_assert_gt(r, 0, "closed before the answer: %s", buf);
+        got += (size_t)r;
+        const char *cl = strcasestr(buf, "Content-Length: ");
+        if ((end = strstr(buf, "\r\n\r\n")) && cl) len = atol(cl + 16);
+        if (end && len < 0) end = NULL;
+    }
+    cr_assert(!strncmp(buf, "HTTP/1.1 200", 12), "%s", buf);
+    cr_assert(closed_within(quiet, 4000), "a connection that sent nothing was not closed after --idle-timeout");
+    cr_assert(closed_within(fd, 4000), "a keep-alive connection idle after a completion was kept open");
+    close(quiet);
+    close(fd);
+    free(stop(&s, 30));
+}
+
 Test(serve, usage_errors) {
     const char *bin = getenv("LOOM_CLI");
     cr_assert_not_null(bin);
@@ -600,6 +993,34 @@ Test(serve, chat_and_stream_real_model, .timeout = 600) {
     strcpy(long_body + at, "\"}]}");
     expect_error(http(s.port, "POST", "/v1/chat/completions", long_body, NULL), 400, "context holds 512");
     free(long_body);
+    free(stop(&s, 60));
+}
+
+/* A 15 MiB prompt is refused by its bytes at once: not tokenized first
+ * (that took ~27 s of CPU and ~770 MiB before the 400). */
+Test(serve, huge_prompt_refused_fast_real_model, .timeout = 300) {
+    need_model();
+    server s = start(SMOL, NULL);
+    long rss0 = peak_rss_kib(s.pid);
+    size_t fill = 15u << 20;
+    char *b = big_prompt_body(false, fill);
+    int fd = dial(s.port);
+    char head[256];
+    int hn = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\n\r\n", strlen(b));
+    write_all(fd, head, (size_t)hn);
+    write_all(fd, b, strlen(b));
+    double t0 = now_ms();
+    reply r = read_reply_within(fd, 5000, NULL, 0);
+    double ms = now_ms() - t0;
+    close(fd);
+    free(b);
+    long grew = (peak_rss_kib(s.pid) - rss0) / 1024;
+    cr_log_info("15 MiB prompt: 400 after %.1f ms, peak memory +%ld MiB", ms, grew);
+    expect_error(r, 400, "over the 65536 bytes");
+    cr_assert_lt(ms, 1000, "the refusal took %.0f ms", ms);
+    /* the body itself (15 MiB, buffered and parsed) is all it may hold */
+    cr_assert_lt(grew, 160, "the refused prompt grew the server by %ld MiB", grew);
     free(stop(&s, 60));
 }
 
