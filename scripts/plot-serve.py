@@ -42,7 +42,7 @@ def main():
                 a.plot([xi], [yi], "o", mfc="white", mec="black", ms=9)
 
     series(ax[0], [r["request_throughput"] for _, r in rows], "achieved req/s", "o-")
-    series(ax[0], [r["goodput"] for _, r in rows],
+    series(ax[0], [r.get("goodput", float("nan")) for _, r in rows],
            f"goodput (TTFT <= {slo['ttft_ms']:g} ms, TPOT <= {slo['tpot_ms']:g} ms)", "s--")
     a2 = ax[0].twinx()
     a2.plot(x, [r["output_throughput"] for _, r in rows], "^:", color="gray", label="output tok/s")

@@ -63,7 +63,7 @@ step() { echo; echo "=== $*"; }
 # rec NAME --what TEXT [record.py options]: the stage's current figure; the
 # command recorded is this stage with the variables that narrowed it
 CMD="scripts/gpu/gpu-check.sh ${1:-}"
-for v in QUANT_SCHEMES QUANT_RUNS AWQ_SHAPES; do [ -n "${!v:-}" ] && CMD="$v=\"${!v}\" $CMD"; done
+for v in QUANT_SCHEMES QUANT_RUNS AWQ_SHAPES THROUGHPUT_CASES SKIP_AB SERVE_RATES SERVE_N SERVE_IN SERVE_OUT; do [ -n "${!v:-}" ] && CMD="$v=\"${!v}\" $CMD"; done
 rec() { python3 bench/record.py "$@" --dir "$RESULTS" --command "$CMD" || fails=$((fails + 1)); }
 # The SmolLM2 GGUF, carried in parts (split -b 33M; docs/gpu.md) across
 # back-to-back calls: each call copies the part it carries to /tmp, the
@@ -550,7 +550,7 @@ PY
   rec '{hw}-awq-gptq-vs-transformers' --merge --what "AWQ / GPTQ / GPTQ-v2 checkpoints through int4: teacher-forced logprobs and 32 greedy tokens vs transformers on the dequantized weights" \
     $(for shape in ${AWQ_SHAPES:-tiny llama3-8b}; do echo "--text $shape=$O/awq-summary-$shape.txt"; done)
   ;;
-*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|throughput|serve" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

@@ -40,12 +40,14 @@ static const loom_param cb_params[] = {
             "quantizer's kv_cache: fp8 makes the KV cache FP8 E4M3 instead"},
     {.key = "cuda_graphs", .type = LOOM_PARAM_BOOL,
      .offset = offsetof(cuda_backend_config, cuda_graphs), .default_value = "true",
-     .doc = "capture pure decode steps per batch bucket (1..256) as CUDA graphs and replay them"},
+     .doc = "capture decode and draft-verification steps per batch bucket (up to max_graph_batch) as CUDA graphs and replay them"},
     {.key = "max_graph_batch", .type = LOOM_PARAM_INT,
-     .offset = offsetof(cuda_backend_config, max_graph_batch), .default_value = "512", .min = 1,
+     .offset = offsetof(cuda_backend_config, max_graph_batch), .default_value = "256", .min = 1,
      .max = CB_MAX_GRAPH_BATCH,
-     .doc = "largest decode batch run through a CUDA graph (larger steps run eagerly); the logits work "
-            "buffers hold max(256, this) rows"},
+     .doc = "largest decode batch run through a CUDA graph (larger steps run eagerly), rounded down to a "
+            "bucket (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, "
+            "768, 896, 1024); the logits work buffers hold max(256, it) rows (at 1024 and a 128k "
+            "vocabulary: 525 MB on the device and as much pinned on the host)"},
     {.key = "max_batched_tokens", .type = LOOM_PARAM_INT,
      .offset = offsetof(cuda_backend_config, max_batched_tokens), .default_value = "8192",
      .min = 1, .max = 1 << 20,
@@ -116,7 +118,7 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
     }
     *self = NULL;
     cuda_backend_config cfg = {.device = 0, .dtype = 0, .cuda_graphs = true,
-                               .max_graph_batch = 512, .max_batched_tokens = 8192,
+                               .max_graph_batch = 256, .max_batched_tokens = 8192,
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.device < 0 || cfg.dtype < 0 || cfg.dtype > 1 || cfg.max_graph_batch < 1 ||
@@ -129,6 +131,14 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                            (long long)cfg.device, (long long)cfg.dtype,
                            (long long)cfg.max_graph_batch, CB_MAX_GRAPH_BATCH, (long long)cfg.max_batched_tokens,
                            (long long)cfg.max_positions);
+
+    /* a batch between two buckets pads to the upper one, which this bound
+     * would exclude: keep the largest bucket it admits */
+    for (int k = CB_NUM_BUCKETS - 1; k >= 0; k--)
+        if (cb_buckets[k] <= cfg.max_graph_batch) {
+            cfg.max_graph_batch = cb_buckets[k];
+            break;
+        }
 
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
