@@ -500,13 +500,18 @@ static bool qx_refuse_shape(qx *x) {
     return qx_roundtrip(x, &w, &p);
 }
 
+/* plan() of w into *p; false after failing the check with its message. */
+static bool qx_plan_or_fail(qx *x, const loom_tensor *w, loom_quant_plan *p) {
+    loom_error err = {0};
+    return qx_plan(x, w, p, &err) == LOOM_OK || cf_fail(x->r, "plan(%s) failed: %s", w->name, err.message);
+}
+
 static bool check_refusals(cf_run *r, const void *arg) {
     qx x;
     if (!qx_open(r, &x, "")) return false;
     const loom_tensor *w = qm_get(&x.m, "blk.0.ffn_up.weight");
     loom_quant_plan p;
-    loom_error err = {0};
-    bool ok = qx_plan(&x, w, &p, &err) == LOOM_OK || cf_fail(r, "plan(%s) failed: %s", w->name, err.message);
+    bool ok = qx_plan_or_fail(&x, w, &p);
     int made = 0;
     if (ok && p.format != LOOM_QFMT_NONE && p.format != LOOM_QFMT_GGUF) ok = qx_refuse_dtype(&x, w, &p);
     if (ok) ok = qx_refuse_format(&x, w, &p, &made);
@@ -522,7 +527,7 @@ static bool check_nomem(cf_run *r, const void *arg) {
     const loom_tensor *w = qm_get(&x.m, "blk.0.ffn_up.weight");
     loom_quant_plan p;
     loom_error err = {0};
-    bool ok = qx_plan(&x, w, &p, &err) == LOOM_OK || cf_fail(r, "plan(%s) failed: %s", w->name, err.message);
+    bool ok = qx_plan_or_fail(&x, w, &p);
     int points = 0;
     for (long k = 0; ok && p.format != LOOM_QFMT_NONE && p.format != LOOM_QFMT_GGUF && k < 32; k++) {
         loom_qtensor q = {.struct_size = sizeof q};
