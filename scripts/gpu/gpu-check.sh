@@ -44,8 +44,8 @@
 #           logprobs and 32 greedy tokens vs transformers on the dequantized
 #           weights.
 #   throughput: gpu_backend_test (graph buckets), continuous vs static
-#           batching on dummy weights (configs/gpu/ab, SmolLM2 and
-#           Llama-3-8B shapes), and bench/throughput.sh for the cases in
+#           batching and eager vs piecewise-graph mixed steps on dummy
+#           weights (configs/gpu/ab, SmolLM2 and Llama-3-8B shapes), and bench/throughput.sh for the cases in
 #           THROUGHPUT_CASES (default: its FP8 cases).
 #   serve:  loom serve on the Llama-3-8B shape under bench/serve_sweep.sh at
 #           rising request rates (SERVE_RATES): throughput, TTFT / TPOT
@@ -109,9 +109,16 @@ throughput)
       --set model.format=dummy --set model.shape=$shape --set model.dtype=bf16 --set cache.memory_gib=32 \
       --json "$O/ab-static-$shape.json" > "$O/ab-static-$shape.txt" 2>&1 || { fails=$((fails + 1)); echo "FAIL ab $shape"; }
     grep -E 'output tokens/s|TPOT p50|TTFT p50|steps|prefill |mixed |decode |outside' "$O/ab-static-$shape.txt"
+    step "eager (a) vs piecewise-graph (b) prefill and mixed steps, continuous, dummy $shape weights"
+    timeout 240 loom bench --compare configs/gpu/ab/eager-mixed.yaml configs/gpu/ab/base.yaml $W --no-progress \
+      --set model.format=dummy --set model.shape=$shape --set model.dtype=bf16 --set cache.memory_gib=32 \
+      --json "$O/ab-piecewise-$shape.json" > "$O/ab-piecewise-$shape.txt" 2>&1 || { fails=$((fails + 1)); echo "FAIL piecewise $shape"; }
+    grep -E 'output tokens/s|TPOT p50|TTFT p50|steps|prefill |mixed |decode |outside' "$O/ab-piecewise-$shape.txt"
   done
   [ -n "${SKIP_AB:-}" ] || rec '{hw}-continuous-vs-static-dummy' --what "continuous (a) vs static (b) batching on cuda, dummy weights, 200 requests of 64-512 in / 32-256 out (configs/gpu/ab, cache.memory_gib=32)" \
     --bench smollm2-135m="$O/ab-static-smollm2-135m.json" --bench llama3-8b="$O/ab-static-llama3-8b.json"
+  [ -n "${SKIP_AB:-}" ] || rec '{hw}-piecewise-graphs-dummy' --what "prefill and mixed steps eager (a) vs through piecewise CUDA graphs (b), continuous batching on cuda, dummy weights, 200 requests of 64-512 in / 32-256 out (configs/gpu/ab/eager-mixed.yaml vs base.yaml, cache.memory_gib=32)" \
+    --bench smollm2-135m="$O/ab-piecewise-smollm2-135m.json" --bench llama3-8b="$O/ab-piecewise-llama3-8b.json"
   step "throughput table (bench/throughput.sh ${THROUGHPUT_CASES:-fp8 cases})"
   cases=${THROUGHPUT_CASES:-"fp8:128:128:3000 fp8:128:2048:256 fp8:1000:1000:512 fp8:2048:2048:256"}
   OUT=$O LB=$LB bench/throughput.sh $cases || fails=$((fails + 1))

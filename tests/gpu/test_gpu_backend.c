@@ -21,7 +21,9 @@
  * fork through copy_blocks, a swap out and in, two steps of 1..8 tokens
  * per sequence (draft verification; graph (q 8, bucket 8) captured, then
  * replayed), and runs of pure decode steps at batch 6, 3 and 1 (graph
- * buckets 8, 4 and 1: captured, then replayed). Checks print `PASS|FAIL name err` (err: largest row-wise
+ * buckets 8, 4 and 1: captured, then replayed); on the graphs instance the
+ * prefill and mixed steps run piecewise (the 49-row prefill captures token
+ * bucket 64, the 57-row chunked prefill and mixed step replay it). Checks print `PASS|FAIL name err` (err: largest row-wise
  * ||a - b|| / ||b|| over the logits rows); exit status = failures.
  * Then the same sequence with each quantizer plugin (int8 W8A16 / W8A8,
  * fp8 per channel / per tensor, int4 groups of 32 / 64 / 128, one with a
@@ -94,7 +96,7 @@
 #define TOL_KV_FP8_QUANT 1e-1 /* fp8 weights and activations too */
 
 static int g_fail, g_pass;
-static double g_graph_replays, g_graph_captures;
+static double g_graph_replays, g_graph_captures, g_piecewise_replays;
 
 /* ---------------------------------------------------------------- host */
 
@@ -114,6 +116,7 @@ static void h_metric_add(void *ctx, const char *name, double d) {
     (void)ctx;
     if (!strcmp(name, "backend.cuda.graph_replays")) g_graph_replays += d;
     if (!strcmp(name, "backend.cuda.graph_captures")) g_graph_captures += d;
+    if (!strcmp(name, "backend.cuda.piecewise_replays")) g_piecewise_replays += d;
 }
 static void h_metric_set(void *ctx, const char *name, double v) { (void)ctx, (void)name, (void)v; }
 
@@ -1115,6 +1118,13 @@ int main(int argc, char **argv) {
     bool replayed = g_graph_replays > 0 && g_graph_captures > 0;
     printf("%s %-64s captures %.0f, replays %.0f\n", replayed ? "PASS" : "FAIL",
            "CUDA graphs captured and replayed", g_graph_captures, g_graph_replays);
+    if (replayed) g_pass++;
+    else g_fail++;
+    /* the trio's chunked prefill (57 rows) and mixed step (57) replay the
+     * pieces its 49-row prefill captured (token bucket 64) */
+    replayed = g_piecewise_replays > 0;
+    printf("%s %-64s replays %.0f\n", replayed ? "PASS" : "FAIL",
+           "piecewise graphs (prefill, mixed steps) replayed", g_piecewise_replays);
     if (replayed) g_pass++;
     else g_fail++;
     printf("gpu_backend_test: %d passed, %d failed (seed %llu)\n", g_pass, g_fail,

@@ -48,6 +48,16 @@ static const loom_param cb_params[] = {
             "bucket (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, "
             "768, 896, 1024); the logits work buffers hold max(256, it) rows (at 1024 and a 128k "
             "vocabulary: 525 MB on the device and as much pinned on the host)"},
+    {.key = "piecewise_graphs", .type = LOOM_PARAM_BOOL,
+     .offset = offsetof(cuda_backend_config, piecewise_graphs), .default_value = "true",
+     .doc = "steps that are not pure decode (prefill, mixed prefill + decode) of up to max_graph_tokens "
+            "rows: pad the rows to a token bucket (multiples of 16) and replay everything but attention "
+            "from graphs captured per bucket, one per layer boundary (needs cuda_graphs; not with "
+            "batch_invariant)"},
+    {.key = "max_graph_tokens", .type = LOOM_PARAM_INT,
+     .offset = offsetof(cuda_backend_config, max_graph_tokens), .default_value = "2048", .min = 1,
+     .max = CB_MAX_GRAPH_TOKENS,
+     .doc = "largest step (token rows) run through piecewise graphs; larger ones run eagerly"},
     {.key = "max_batched_tokens", .type = LOOM_PARAM_INT,
      .offset = offsetof(cuda_backend_config, max_batched_tokens), .default_value = "8192",
      .min = 1, .max = 1 << 20,
@@ -87,6 +97,16 @@ void cb_graphs_reset(cuda_backend *b) {
             b->graphs[q][i].exec = NULL;
             b->graphs[q][i].tried = false;
         }
+    for (int k = 0; k < CB_NUM_TOK_BUCKETS; k++) {
+        cuda_piece_set *ps = &b->pieces[k];
+        if (ps->exec) {
+            for (int32_t i = 0; i <= b->mc.num_layers; i++)
+                if (ps->exec[i]) cudaGraphExecDestroy(ps->exec[i]);
+            b->host->free(b->host->ctx, ps->exec);
+        }
+        ps->exec = NULL;
+        ps->tried = false;
+    }
 }
 
 /* KV element type asked by the cache manager: COUNT means "the backend's
@@ -118,18 +138,21 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
     }
     *self = NULL;
     cuda_backend_config cfg = {.device = 0, .dtype = 0, .cuda_graphs = true,
-                               .max_graph_batch = 256, .max_batched_tokens = 8192,
+                               .max_graph_batch = 256, .piecewise_graphs = true,
+                               .max_graph_tokens = 2048, .max_batched_tokens = 8192,
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.device < 0 || cfg.dtype < 0 || cfg.dtype > 1 || cfg.max_graph_batch < 1 ||
-        cfg.max_graph_batch > CB_MAX_GRAPH_BATCH || cfg.max_batched_tokens < 1 ||
+        cfg.max_graph_batch > CB_MAX_GRAPH_BATCH || cfg.max_graph_tokens < 1 ||
+        cfg.max_graph_tokens > CB_MAX_GRAPH_TOKENS || cfg.max_batched_tokens < 1 ||
         cfg.max_batched_tokens > (1 << 20) || cfg.max_positions < 0)
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "backend cuda: bad config (device %lld >= 0, dtype %lld in {0 bf16, "
-                           "1 f16}, max_graph_batch %lld in [1, %d], max_batched_tokens %lld in "
-                           "[1, 1048576], max_positions %lld >= 0)",
+                           "1 f16}, max_graph_batch %lld in [1, %d], max_graph_tokens %lld in [1, %d], "
+                           "max_batched_tokens %lld in [1, 1048576], max_positions %lld >= 0)",
                            (long long)cfg.device, (long long)cfg.dtype,
-                           (long long)cfg.max_graph_batch, CB_MAX_GRAPH_BATCH, (long long)cfg.max_batched_tokens,
+                           (long long)cfg.max_graph_batch, CB_MAX_GRAPH_BATCH, (long long)cfg.max_graph_tokens,
+                           CB_MAX_GRAPH_TOKENS, (long long)cfg.max_batched_tokens,
                            (long long)cfg.max_positions);
 
     /* a batch between two buckets pads to the upper one, which this bound
@@ -192,10 +215,12 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                            "backend cuda: cuBLASLt setup on device %lld: %s",
                            (long long)cfg.device, msg);
     }
-    host->log(host->ctx, LOOM_LOG_INFO, CB_WHO, "device %d: %s, %d SMs, %.1f GiB; %s, graphs %s%s",
+    host->log(host->ctx, LOOM_LOG_INFO, CB_WHO, "device %d: %s, %d SMs, %.1f GiB; %s, graphs %s%s%s",
               b->device, prop.name, prop.multiProcessorCount,
               (double)prop.totalGlobalMem / (1u << 30), cb_dtype_choices[cfg.dtype],
-              cfg.cuda_graphs ? "on" : "off", cfg.batch_invariant ? ", batch-invariant" : "");
+              cfg.cuda_graphs ? "on" : "off",
+              cfg.cuda_graphs && cfg.piecewise_graphs && !cfg.batch_invariant ? " (piecewise too)" : "",
+              cfg.batch_invariant ? ", batch-invariant" : "");
     *self = b;
     return LOOM_OK;
 }
@@ -206,9 +231,10 @@ static void cb_destroy(void *self) {
     const loom_host *h = b->host;
     if (b->steps_timed > 0)
         h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
-               "%lld steps (%lld from graphs): %.3f ms a step, of which %.3f ms waiting for the GPU "
+               "%lld steps (%lld from decode graphs, %lld piecewise): %.3f ms a step, of which %.3f ms waiting for the GPU "
                "and %.3f ms host work (metadata, launches, copies out)",
-               (long long)b->steps_timed, (long long)b->graph_replays, 1e3 * b->step_seconds / (double)b->steps_timed,
+               (long long)b->steps_timed, (long long)b->graph_replays, (long long)b->piecewise_replays,
+               1e3 * b->step_seconds / (double)b->steps_timed,
                1e3 * b->wait_seconds / (double)b->steps_timed,
                1e3 * (b->step_seconds - b->wait_seconds) / (double)b->steps_timed);
     cudaSetDevice(b->device);

@@ -58,12 +58,28 @@
 static const int32_t cb_buckets[CB_NUM_BUCKETS] = {1,   2,   4,   8,   16,  24,  32,  48,  64,  96,  128, 160,
                                                    192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024};
 
+/* Piecewise graphs for every other step (prefill, mixed prefill + decode):
+ * the step's T token rows pad to a token bucket — 1, 2, 4, 8, then
+ * multiples of 16 (at most 15 rows of padding: 1.5% of a 1024-token step)
+ * — and everything but attention runs as captured graphs, one a layer
+ * boundary (cuda_forward.c). */
+#define CB_MAX_GRAPH_TOKENS 8192
+#define CB_NUM_TOK_BUCKETS (4 + CB_MAX_GRAPH_TOKENS / 16)
+static inline int32_t cb_tok_bucket_rows(int32_t k) { return k < 4 ? 1 << k : (k - 3) * 16; }
+/* The bucket of a step of T >= 1 rows (may be past the last one). */
+static inline int32_t cb_tok_bucket(int32_t T) {
+    if (T <= 8) return T <= 1 ? 0 : T <= 2 ? 1 : T <= 4 ? 2 : 3;
+    return (T + 15) / 16 + 3;
+}
+
 /* The bound configuration the host fills from the `params` table. */
 typedef struct cuda_backend_config {
     int64_t device;             /* CUDA ordinal                                  */
     int64_t dtype;              /* index into cb_dtype_choices: 0 bf16, 1 f16    */
     bool cuda_graphs;           /* capture/replay pure decode steps              */
     int64_t max_graph_batch;    /* largest decode batch run through a graph (1..CB_MAX_GRAPH_BATCH) */
+    bool piecewise_graphs;      /* other steps: all but attention from graphs   */
+    int64_t max_graph_tokens;   /* largest such step (1..CB_MAX_GRAPH_TOKENS)   */
     int64_t max_batched_tokens; /* token rows the work buffers hold              */
     int64_t max_positions;      /* RoPE table length; 0 = the model's context    */
     bool batch_invariant;       /* a token's result independent of the step's
@@ -104,6 +120,13 @@ typedef struct cuda_graph_slot {
     bool tried;             /* capture attempted (failed captures stay eager) */
     cudaGraphExec_t exec;   /* NULL until captured                            */
 } cuda_graph_slot;
+
+/* The piecewise graphs of one token bucket: exec[i], i in [0, layers], runs
+ * everything between attention launches i - 1 and i (cuda_forward.c). */
+typedef struct cuda_piece_set {
+    bool tried;             /* capture attempted (a failure stays eager)     */
+    cudaGraphExec_t *exec;  /* (layers + 1), NULL until captured             */
+} cuda_piece_set;
 
 /* One step's work as the kernels see it: counts and device pointers into
  * the uploaded metadata block (see cuda_forward.c). */
@@ -207,7 +230,8 @@ typedef struct cuda_backend {
 
     /* --- CUDA graphs */
     cuda_graph_slot graphs[CB_GRAPH_MAX_Q][CB_NUM_BUCKETS]; /* [q - 1][bucket] */
-    int64_t graph_replays, eager_steps;
+    cuda_piece_set pieces[CB_NUM_TOK_BUCKETS];              /* [token bucket]  */
+    int64_t graph_replays, piecewise_replays, eager_steps;
     /* where a forward() call's wall time goes: waiting for the GPU at the
      * step's end, and everything else (metadata, launches, copies out) —
      * logged at destroy, to tell a host-bound step from a GPU-bound one */

@@ -26,6 +26,19 @@
  * the padded sequence eagerly (warming up every kernel and cuBLASLt plan it
  * uses) and is then captured; a failed capture leaves that bucket eager.
  *
+ * Every other step (prefill, mixed prefill + decode; its attention launches
+ * depend on the step's tiles) runs piecewise, as vLLM does: its T rows pad
+ * to a token bucket (cb_tok_bucket: multiples of 16) with dummy tokens
+ * (token 0 at position 0, no KV write, in no attention tile), and the
+ * launches between two attention launches — the embedding or a layer's
+ * FFN block, then the next layer's norm, QKV GEMM and RoPE — are one
+ * captured graph each (layers + 1 per bucket), replayed with each layer's
+ * attention launched eagerly between them; the LM head over the step's
+ * own logits rows runs eagerly after. A bucket's first step runs eagerly,
+ * then its pieces are captured. On SmolLM2's shape a mixed step is ~330
+ * launches of a few microseconds of work each: without graphs the GPU
+ * waits on the host.
+ *
  * The only host synchronisation is on this instance's stream, before the
  * logits are read.
  *
@@ -135,9 +148,12 @@ static int32_t cb_max_splits(const cuda_backend *b, loom_cuda_attn_shape shape, 
  * reads what the real tokens read and their outputs are never used), then
  * pad_to - S dummy sequences (position 0, block table of zeros, no KV
  * write); logits rows are computed for all pad_to * q tokens, the wanted
- * ones first, in the caller's order. */
+ * ones first, in the caller's order. pad_to = 0 and pad_rows > T: the
+ * piecewise layout — the batch as given, then pad_rows - T dummy tokens
+ * (token 0 at position 0, no KV write, in no attention tile; logits only
+ * for the batch's own rows). */
 static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t pad_to, int32_t q,
-                                 cuda_plan *p, loom_error *err) {
+                                 int32_t pad_rows, cuda_plan *p, loom_error *err) {
     const int32_t S = bt->num_seqs, T = bt->num_tokens, G = b->group;
     const int32_t dec_rows = loom_cuda_attn_rows(LOOM_CUDA_ATTN_DECODE);
     const int32_t tpt = loom_cuda_attn_rows(LOOM_CUDA_ATTN_PREFILL) / G; /* tokens per tile */
@@ -146,7 +162,7 @@ static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t 
     const bool inv = b->cfg.batch_invariant;
     const bool inv_dec = loom_cuda_attn_invariant_shape(G) == LOOM_CUDA_ATTN_DECODE;
     const bool pad = pad_to > 0;
-    const int32_t rowsT = pad ? pad_to * q : T, rowsS = pad ? pad_to : S;
+    const int32_t rowsT = pad ? pad_to * q : pad_rows > T ? pad_rows : T, rowsS = pad ? pad_to : S;
     const int32_t NL = pad ? pad_to * q : bt->num_logits;
     const int32_t stride = bt->block_table_stride;
 
@@ -177,6 +193,7 @@ static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t 
         memcpy(pos, bt->positions, (size_t)T * 4);
         memcpy(slot, bt->slot_mapping, (size_t)T * 8);
         memcpy(lidx, bt->logits_index, (size_t)NL * 4);
+        for (int32_t r = T; r < rowsT; r++) ids[r] = 0, pos[r] = 0, slot[r] = -1;
     } else {
         for (int32_t s = 0; s < rowsS; s++) {
             const int32_t q0 = s < S ? bt->query_start[s] : 0, n = s < S ? bt->query_start[s + 1] - q0 : 0;
@@ -325,6 +342,95 @@ static bool cb_swiglu_fuses(const cuda_backend *b, const loom_cuda_qweight *q) {
     return (q->fmt == LOOM_CUDA_Q_INT8_W8A16 || q->fmt == LOOM_CUDA_Q_INT4) && loom_cuda_qgemm_splits(b->gemm, b->dt, q);
 }
 
+/* Layer l before attention: xn = rmsnorm(x [+= r]); qkv = xn Wqkv^T. */
+static loom_status cb_record_pre_attention(cuda_backend *b, const cuda_plan *p, int32_t l, loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    const int32_t T = p->T;
+    const cuda_layer *ly = &b->layers[l];
+    void *kc = b->pools[l], *vc = b->pools[c->num_layers + l];
+    /* (T, H) -> (T, QKV), RoPE + KV write; the pair epilogue at one row */
+    const loom_cuda_epi rope = {.kind = LOOM_CUDA_EPI_ROPE_KV, .kv = b->kv, .bias = ly->bqkv,
+                                .cs = b->rope_cs, .pos = p->pos, .slot = p->slot, .k_cache = kc,
+                                .v_cache = vc, .num_heads = c->num_heads, .num_kv_heads = c->num_kv_heads,
+                                .head_dim = c->head_dim, .block_size = b->kv_layout.block_size};
+    loom_status st;
+    if ((st = cb_norm_gemm(b, T, b->qkv_rows, ly->attn_norm, l ? b->r : NULL, ly->wqkv, &ly->q[CB_G_QKV], b->qkv,
+                           T == 1 ? &rope : NULL, "QKV", err)))
+        return st;
+    if (T == 1) return LOOM_OK;
+    return CB_CUDA(b, err, loom_cuda_rope_kv(b->dt, b->kv, b->qkv, b->qkv_rows, ly->bqkv, b->rope_cs, p->pos,
+                                             p->slot, kc, vc, T, c->num_heads, c->num_kv_heads, c->head_dim,
+                                             b->kv_layout.block_size, b->stream));
+}
+
+/* Layer l's attention over the plan's tiles: qkv -> att (T, q_dim). The
+ * launches depend on the step's tiles, so this part never goes into a
+ * piecewise graph. */
+static loom_status cb_record_attention(cuda_backend *b, const cuda_plan *p, int32_t l, loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    cudaStream_t s = b->stream;
+    loom_cuda_attn_args aa = {.dt = b->dt, .kv = b->kv, .out = b->att, .ldo = b->q_dim, .q = b->qkv,
+                              .ldq = b->qkv_rows, .block_table = p->bt, .bt_stride = p->stride,
+                              .positions = p->pos, .num_heads = c->num_heads,
+                              .num_kv_heads = c->num_kv_heads, .head_dim = c->head_dim,
+                              .block_size = b->kv_layout.block_size,
+                              .scale = (float)(1.0 / sqrt((double)c->head_dim)),
+                              .partial = b->attn_ws, .sem = b->attn_sem,
+                              .k_cache = b->pools[l], .v_cache = b->pools[c->num_layers + l]};
+    loom_status st;
+    if (b->cfg.batch_invariant) { /* one token per tile, all in one of the lists */
+        aa.tiles = p->n_dec > 0 ? p->dec_tiles : p->pre_tiles, aa.num_tiles = p->n_dec + p->n_pre;
+        return CB_CUDA(b, err, loom_cuda_attention_invariant(&aa, b->attn_ws_floats, s));
+    }
+    if (p->n_dec > 0) {
+        aa.shape = LOOM_CUDA_ATTN_DECODE, aa.tiles = p->dec_tiles, aa.num_tiles = p->n_dec;
+        aa.max_splits = p->dec_splits;
+        if ((st = CB_CUDA(b, err, loom_cuda_attention(&aa, s)))) return st;
+    }
+    if (p->n_pre > 0) {
+        aa.shape = LOOM_CUDA_ATTN_PREFILL, aa.tiles = p->pre_tiles, aa.num_tiles = p->n_pre;
+        aa.max_splits = p->pre_splits;
+        if ((st = CB_CUDA(b, err, loom_cuda_attention(&aa, s)))) return st;
+    }
+    return LOOM_OK;
+}
+
+/* Layer l after attention: r = att Wo^T; x += r; gu = rmsnorm(x) Wgu^T;
+ * r = SwiGLU(gu) Wdown^T. The row-parallel GEMMs' partial r are summed
+ * over ranks (sharded). */
+static loom_status cb_record_post_attention(cuda_backend *b, const cuda_plan *p, int32_t l, loom_error *err) {
+    const int32_t T = p->T, H = b->mc.hidden_size, I = b->mc.intermediate_size;
+    const cuda_layer *ly = &b->layers[l];
+    const loom_cuda_epi swiglu = {.kind = LOOM_CUDA_EPI_SWIGLU, .act = b->act};
+    const bool swiglu1 = T == 1 && cb_swiglu_fuses(b, &ly->q[CB_G_DOWN]);
+    loom_status st;
+    if ((st = cb_gemm(b, false, T, H, b->q_dim, b->att, ly->wo, &ly->q[CB_G_O], b->r, "attn_output", err)) ||
+        (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)) ||
+        (st = cb_norm_gemm(b, T, 2 * I, ly->ffn_norm, b->r, ly->wgu, &ly->q[CB_G_GU], b->gu,
+                           swiglu1 ? &swiglu : NULL, "ffn_gate_up", err)) ||
+        (st = swiglu1 ? cb_gemm(b, false, T, H, I, b->act, ly->wdown, &ly->q[CB_G_DOWN], b->r, "ffn_down", err)
+                      : cb_swiglu_down(b, T, ly->wdown, &ly->q[CB_G_DOWN], err)))
+        return st;
+    return cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err);
+}
+
+/* Piece i in [0, layers] of the layer stack: everything between attention
+ * launches i - 1 and i — the embedding (i = 0) or layer i - 1's FFN block,
+ * then layer i's QKV (i < layers). The same launches for every step of the
+ * same rows, which is what a piecewise graph captures. */
+static loom_status cb_record_piece(cuda_backend *b, const cuda_plan *p, int32_t i, loom_error *err) {
+    const int32_t T = p->T, H = b->mc.hidden_size;
+    loom_status st;
+    if (i == 0) {
+        if ((st = CB_CUDA(b, err, loom_cuda_embedding(b->dt, b->x, b->embed, p->ids, T, H, b->stream))) ||
+            (st = cb_all_reduce(b, b->x, (int64_t)T * H, LOOM_DTYPE_F32, err)))
+            return st;
+    } else if ((st = cb_record_post_attention(b, p, i - 1, err))) {
+        return st;
+    }
+    return i < b->mc.num_layers ? cb_record_pre_attention(b, p, i, err) : LOOM_OK;
+}
+
 /* Enqueue the embedding and every layer for p->T rows. Leaves the residual
  * stream in x and the last layer's down projection in r (sharded: both
  * already summed over the ranks). A one-token step (batch-1 decode) hands
@@ -336,65 +442,11 @@ static bool cb_swiglu_fuses(const cuda_backend *b, const loom_cuda_qweight *q) {
  * layer, bench/results/h200-llama3-8b-decode-layer.json); the down
  * projection then reads act, which the epilogue wrote. */
 static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_error *err) {
-    const loom_model_config *c = &b->mc;
-    const int32_t T = p->T, H = c->hidden_size, I = c->intermediate_size;
-    const int32_t QKV = b->qkv_rows, QD = b->q_dim;
-    cudaStream_t s = b->stream;
-    /* the pair epilogues (above) */
-    const bool rope1 = T == 1;
     loom_status st;
-    if ((st = CB_CUDA(b, err, loom_cuda_embedding(b->dt, b->x, b->embed, p->ids, T, H, s))) ||
-        (st = cb_all_reduce(b, b->x, (int64_t)T * H, LOOM_DTYPE_F32, err)))
-        return st;
-    loom_cuda_attn_args aa = {.dt = b->dt, .kv = b->kv, .out = b->att, .ldo = QD, .q = b->qkv,
-                              .ldq = QKV, .block_table = p->bt, .bt_stride = p->stride, .positions = p->pos,
-                              .num_heads = c->num_heads, .num_kv_heads = c->num_kv_heads,
-                              .head_dim = c->head_dim, .block_size = b->kv_layout.block_size,
-                              .scale = (float)(1.0 / sqrt((double)c->head_dim)),
-                              .partial = b->attn_ws, .sem = b->attn_sem};
-    for (int32_t l = 0; l < c->num_layers; l++) {
-        const cuda_layer *ly = &b->layers[l];
-        void *kc = b->pools[l], *vc = b->pools[c->num_layers + l];
-        /* attention block: (T, H) -> (T, QKV) -> (T, QD) -> r (T, H) */
-        const loom_cuda_epi rope = {.kind = LOOM_CUDA_EPI_ROPE_KV, .kv = b->kv, .bias = ly->bqkv,
-                                    .cs = b->rope_cs, .pos = p->pos, .slot = p->slot, .k_cache = kc,
-                                    .v_cache = vc, .num_heads = c->num_heads, .num_kv_heads = c->num_kv_heads,
-                                    .head_dim = c->head_dim, .block_size = b->kv_layout.block_size};
-        if ((st = cb_norm_gemm(b, T, QKV, ly->attn_norm, l ? b->r : NULL, ly->wqkv, &ly->q[CB_G_QKV], b->qkv,
-                               rope1 ? &rope : NULL, "QKV", err)))
+    for (int32_t i = 0; i <= b->mc.num_layers; i++)
+        if ((st = cb_record_piece(b, p, i, err)) ||
+            (i < b->mc.num_layers && (st = cb_record_attention(b, p, i, err))))
             return st;
-        if (!rope1 && (st = CB_CUDA(b, err, loom_cuda_rope_kv(b->dt, b->kv, b->qkv, QKV, ly->bqkv, b->rope_cs,
-                                                            p->pos, p->slot, kc, vc, T, c->num_heads,
-                                                            c->num_kv_heads, c->head_dim,
-                                                            b->kv_layout.block_size, s))))
-            return st;
-        aa.k_cache = kc, aa.v_cache = vc;
-        if (b->cfg.batch_invariant) { /* one token per tile, all in one of the lists */
-            aa.tiles = p->n_dec > 0 ? p->dec_tiles : p->pre_tiles, aa.num_tiles = p->n_dec + p->n_pre;
-            if ((st = CB_CUDA(b, err, loom_cuda_attention_invariant(&aa, b->attn_ws_floats, s)))) return st;
-        } else if (p->n_dec > 0) {
-            aa.shape = LOOM_CUDA_ATTN_DECODE, aa.tiles = p->dec_tiles, aa.num_tiles = p->n_dec;
-            aa.max_splits = p->dec_splits;
-            if ((st = CB_CUDA(b, err, loom_cuda_attention(&aa, s)))) return st;
-        }
-        if (p->n_pre > 0 && !b->cfg.batch_invariant) {
-            aa.shape = LOOM_CUDA_ATTN_PREFILL, aa.tiles = p->pre_tiles, aa.num_tiles = p->n_pre;
-            aa.max_splits = p->pre_splits;
-            if ((st = CB_CUDA(b, err, loom_cuda_attention(&aa, s)))) return st;
-        }
-        /* FFN block: x += r; (T, H) -> (T, 2I) -> (T, I) -> r (T, H). The
-         * row-parallel GEMMs' partial r are summed over ranks (sharded) */
-        const loom_cuda_epi swiglu = {.kind = LOOM_CUDA_EPI_SWIGLU, .act = b->act};
-        const bool swiglu1 = T == 1 && cb_swiglu_fuses(b, &ly->q[CB_G_DOWN]);
-        if ((st = cb_gemm(b, false, T, H, QD, b->att, ly->wo, &ly->q[CB_G_O], b->r, "attn_output", err)) ||
-            (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)) ||
-            (st = cb_norm_gemm(b, T, 2 * I, ly->ffn_norm, b->r, ly->wgu, &ly->q[CB_G_GU], b->gu,
-                               swiglu1 ? &swiglu : NULL, "ffn_gate_up", err)) ||
-            (st = swiglu1 ? cb_gemm(b, false, T, H, I, b->act, ly->wdown, &ly->q[CB_G_DOWN], b->r, "ffn_down", err)
-                      : cb_swiglu_down(b, T, ly->wdown, &ly->q[CB_G_DOWN], err)) ||
-            (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)))
-            return st;
-    }
     return LOOM_OK;
 }
 
@@ -562,14 +614,11 @@ static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, fl
     return LOOM_OK;
 }
 
-/* Whole step eagerly: layers, then the LM head over all p->NL rows in
- * chunks of logits_rows, of which the first `real_logits` go to the caller
- * (a padded decode step computes its dummy rows too, so the warm-up runs
- * exactly the GEMM shapes the graph will capture). */
-static loom_status cb_run_eager(cuda_backend *b, const cuda_plan *p, float *logits, const loom_logits_topk *tk,
-                                int32_t real_logits, loom_error *err) {
-    loom_status st;
-    if ((st = cb_upload_meta(b, p, err)) || (st = cb_record_layers(b, p, err))) return st;
+/* The LM head over all p->NL rows in chunks of logits_rows, of which the
+ * first `real_logits` go to the caller, and the wait for the step's end. */
+static loom_status cb_run_logits(cuda_backend *b, const cuda_plan *p, float *logits, const loom_logits_topk *tk,
+                                 int32_t real_logits, loom_error *err) {
+    loom_status st = LOOM_OK;
     for (int32_t r0 = 0; r0 < p->NL; r0 += b->logits_rows) {
         int32_t n = p->NL - r0 < b->logits_rows ? p->NL - r0 : b->logits_rows;
         int32_t nreal = real_logits - r0 < n ? real_logits - r0 : n;
@@ -579,9 +628,81 @@ static loom_status cb_run_eager(cuda_backend *b, const cuda_plan *p, float *logi
             (st = cb_emit_logits(b, r0, nreal, logits, tk, err)))
             return st;
     }
-    if (p->NL == 0) st = cb_sync(b, err);
+    return p->NL == 0 ? cb_sync(b, err) : st;
+}
+
+/* Whole step eagerly: layers, then the logits (a padded step computes its
+ * dummy rows too, so the warm-up runs exactly the GEMM shapes the graph
+ * will capture). */
+static loom_status cb_run_eager(cuda_backend *b, const cuda_plan *p, float *logits, const loom_logits_topk *tk,
+                                int32_t real_logits, loom_error *err) {
+    loom_status st;
+    if ((st = cb_upload_meta(b, p, err)) || (st = cb_record_layers(b, p, err))) return st;
     b->eager_steps++;
+    return cb_run_logits(b, p, logits, tk, real_logits, err);
+}
+
+/* A step through token bucket kt's piecewise graphs: each piece replayed,
+ * each layer's attention launched between them for this step's tiles, the
+ * LM head eagerly (its rows are the step's own). */
+static loom_status cb_run_piecewise(cuda_backend *b, const cuda_plan *p, int kt, float *logits,
+                                    const loom_logits_topk *tk, int32_t real_logits, loom_error *err) {
+    const cuda_piece_set *ps = &b->pieces[kt];
+    loom_status st;
+    if ((st = cb_upload_meta(b, p, err))) return st;
+    for (int32_t i = 0; i <= b->mc.num_layers; i++)
+        if ((st = CB_CUDA(b, err, cudaGraphLaunch(ps->exec[i], b->stream))) ||
+            (i < b->mc.num_layers && (st = cb_record_attention(b, p, i, err))))
+            return st;
+    b->piecewise_replays++;
+    if (b->host->metric_add) b->host->metric_add(b->host->ctx, "backend.cuda.piecewise_replays", 1);
+    return cb_run_logits(b, p, logits, tk, real_logits, err);
+}
+
+/* Capture piece `piece` of plan p (piece < 0: the whole padded decode step
+ * with its LM head) as an instantiated graph in *exec. */
+static loom_status cb_capture_one(cuda_backend *b, const cuda_plan *p, int32_t piece, cudaGraphExec_t *exec,
+                                  loom_error *err) {
+    cudaGraph_t graph = NULL;
+    *exec = NULL;
+    loom_status st = CB_CUDA(b, err, cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
+    if (st) return st;
+    if (piece >= 0) st = cb_record_piece(b, p, piece, err);
+    else if ((st = cb_record_layers(b, p, err)) == LOOM_OK)
+        st = cb_record_logits(b, p, 0, p->NL, true, err);
+    cudaError_t ce = cudaStreamEndCapture(b->stream, &graph); /* always end what was begun */
+    if (st == LOOM_OK) st = CB_CUDA(b, err, ce);
+    if (st == LOOM_OK && (st = CB_CUDA(b, err, cudaGraphInstantiateWithFlags(exec, graph, 0))))
+        *exec = NULL;
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
     return st;
+}
+
+/* Capture every piece of token bucket kt from the padded plan p. Failure
+ * leaves the bucket eager and is only logged. */
+static void cb_capture_pieces(cuda_backend *b, int kt, const cuda_plan *p) {
+    const loom_host *h = b->host;
+    const int32_t L = b->mc.num_layers;
+    cuda_piece_set *ps = &b->pieces[kt];
+    ps->tried = true;
+    loom_error e = {0};
+    loom_status st = LOOM_OK;
+    ps->exec = h->calloc(h->ctx, (size_t)L + 1, sizeof *ps->exec);
+    if (!ps->exec) st = h->error(h->ctx, &e, LOOM_ERR_NOMEM, "out of host memory");
+    for (int32_t i = 0; st == LOOM_OK && i <= L; i++) st = cb_capture_one(b, p, i, &ps->exec[i], &e);
+    if (st == LOOM_OK) {
+        h->log(h->ctx, LOOM_LOG_DEBUG, CB_WHO, "captured %d piecewise graphs for %d token rows", L + 1, p->T);
+        if (h->metric_add) h->metric_add(h->ctx, "backend.cuda.graph_captures", L + 1);
+        return;
+    }
+    h->log(h->ctx, LOOM_LOG_WARN, CB_WHO, "piecewise graph capture for %d token rows failed; that size stays eager: %s",
+           p->T, e.message);
+    if (ps->exec)
+        for (int32_t i = 0; i <= L; i++)
+            if (ps->exec[i]) cudaGraphExecDestroy(ps->exec[i]);
+    h->free(h->ctx, ps->exec);
+    ps->exec = NULL;
 }
 
 /* Capture the padded step of plan p as graph (q, bucket k). Failure
@@ -591,27 +712,7 @@ static void cb_capture(cuda_backend *b, int q, int k, const cuda_plan *p) {
     cuda_graph_slot *g = &b->graphs[q - 1][k];
     g->tried = true;
     loom_error e = {0};
-    cudaGraph_t graph = NULL;
-    cudaError_t ce = cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal);
-    loom_status st = ce == cudaSuccess ? LOOM_OK : cb_cuda_check(b, &e, ce, "cudaStreamBeginCapture",
-                                                                 __FILE__, __LINE__);
-    if (st == LOOM_OK) {
-        st = cb_record_layers(b, p, &e);
-        if (st == LOOM_OK) st = cb_record_logits(b, p, 0, p->NL, true, &e);
-        ce = cudaStreamEndCapture(b->stream, &graph); /* always end what was begun */
-        if (st == LOOM_OK && ce != cudaSuccess)
-            st = cb_cuda_check(b, &e, ce, "cudaStreamEndCapture", __FILE__, __LINE__);
-    }
-    if (st == LOOM_OK) {
-        ce = cudaGraphInstantiateWithFlags(&g->exec, graph, 0);
-        if (ce != cudaSuccess) {
-            g->exec = NULL;
-            st = cb_cuda_check(b, &e, ce, "cudaGraphInstantiate", __FILE__, __LINE__);
-        }
-    }
-    if (graph) cudaGraphDestroy(graph);
-    (void)cudaGetLastError();
-    if (st != LOOM_OK)
+    if (cb_capture_one(b, p, -1, &g->exec, &e) != LOOM_OK)
         h->log(h->ctx, LOOM_LOG_WARN, CB_WHO,
                "CUDA graph capture for batch %d x %d tokens failed; that shape stays eager: %s",
                cb_buckets[k], q, e.message);
@@ -655,9 +756,42 @@ static int cb_graph_bucket(const cuda_backend *b, const loom_batch *bt, int32_t 
     return -1;
 }
 
-/* One step: through the bucket's graph when it has one, else eagerly
- * (capturing the bucket after its first eager run). Logits leave as whole
- * rows (`logits`) or reduced (`tk`, forward_topk). */
+/* Token bucket for a step that is to run piecewise, or -1: a step with
+ * graphs on that no decode bucket took, whose padded rows fit the work
+ * buffers and, sharded, the communicator's graph-safe collectives (f32 x
+ * after the embedding is the largest). The LM head runs eagerly, so the
+ * logits buffers do not bound it. */
+static int cb_piece_bucket(const cuda_backend *b, const loom_batch *bt) {
+    if (!b->cfg.cuda_graphs || !b->cfg.piecewise_graphs || b->cfg.batch_invariant ||
+        bt->num_tokens > b->cfg.max_graph_tokens)
+        return -1;
+    const int kt = cb_tok_bucket(bt->num_tokens);
+    const int32_t rows = cb_tok_bucket_rows(kt);
+    if (kt >= CB_NUM_TOK_BUCKETS || rows > b->max_tokens) return -1;
+    if (b->sharded && (int64_t)rows * 4 * b->mc.hidden_size > b->comm.graph_safe_bytes) return -1;
+    return kt;
+}
+
+/* A step no decode graph takes: piecewise when its token bucket has (or
+ * is now to get) its graphs, else eagerly. The first step of a bucket runs
+ * padded and eagerly (warm-up and its logits), then the bucket is
+ * captured. */
+static loom_status cb_step_other(cuda_backend *b, const loom_batch *bt, float *logits,
+                                 const loom_logits_topk *tk, loom_error *err) {
+    cuda_plan p;
+    const int kt = cb_piece_bucket(b, bt);
+    const int32_t rows = kt < 0 ? 0 : cb_tok_bucket_rows(kt);
+    loom_status st = cb_meta_build(b, bt, 0, 0, rows, &p, err);
+    if (st) return st;
+    if (kt >= 0 && b->pieces[kt].exec) return cb_run_piecewise(b, &p, kt, logits, tk, bt->num_logits, err);
+    if ((st = cb_run_eager(b, &p, logits, tk, bt->num_logits, err))) return st;
+    if (kt >= 0 && !b->pieces[kt].tried) cb_capture_pieces(b, kt, &p);
+    return LOOM_OK;
+}
+
+/* One step: through the decode bucket's graph when it has one, else
+ * cb_step_other (capturing the bucket after its first eager run). Logits
+ * leave as whole rows (`logits`) or reduced (`tk`, forward_topk). */
 static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits, const loom_logits_topk *tk,
                            loom_error *err) {
     loom_status st;
@@ -665,11 +799,8 @@ static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits,
     cuda_plan p;
     int32_t q = 1;
     const int k = cb_graph_bucket(b, bt, &q);
-    if (k < 0) {
-        if ((st = cb_meta_build(b, bt, 0, 0, &p, err))) return st;
-        return cb_run_eager(b, &p, logits, tk, bt->num_logits, err);
-    }
-    if ((st = cb_meta_build(b, bt, cb_buckets[k], q, &p, err))) return st;
+    if (k < 0) return cb_step_other(b, bt, logits, tk, err);
+    if ((st = cb_meta_build(b, bt, cb_buckets[k], q, 0, &p, err))) return st;
     cuda_graph_slot *g = &b->graphs[q - 1][k];
     if (g->exec) {
         if ((st = cb_upload_meta(b, &p, err)) ||
