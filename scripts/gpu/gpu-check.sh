@@ -102,7 +102,9 @@ throughput)
     "$LB/plugins/backend/cuda/loom-backend-cuda.so" "$LB/plugins/backend/cpu/loom-backend-cpu.so" \
     > "$O/backend_test.log" 2>&1 || fails=$((fails + 1))
   grep -E '^FAIL' "$O/backend_test.log" | head; tail -1 "$O/backend_test.log"
-  W="--num-requests 200 --input-len 64:512 --output-len 32:256 --seed 3 --warmup 64"
+  # two interleaved runs a side (medians): one engine's first run in a
+  # process is the noisier
+  W="--num-requests 200 --input-len 64:512 --output-len 32:256 --seed 3 --warmup 64 --repeat ${AB_REPEAT:-2}"
   [ -n "${SKIP_AB:-}" ] || for shape in smollm2-135m llama3-8b; do
     step "continuous (a) vs static (b) batching, dummy $shape weights"
     timeout 240 loom bench --compare configs/gpu/ab/base.yaml configs/gpu/ab/static.yaml $W --no-progress \

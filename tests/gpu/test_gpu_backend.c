@@ -22,8 +22,8 @@
  * per sequence (draft verification; graph (q 8, bucket 8) captured, then
  * replayed), and runs of pure decode steps at batch 6, 3 and 1 (graph
  * buckets 8, 4 and 1: captured, then replayed); on the graphs instance the
- * prefill and mixed steps run piecewise (the 49-row prefill captures token
- * bucket 64, the 57-row chunked prefill and mixed step replay it). Checks print `PASS|FAIL name err` (err: largest row-wise
+ * prefill and mixed steps run piecewise (token buckets captured at kv_alloc,
+ * up to the 1024 rows of max_batched_tokens). Checks print `PASS|FAIL name err` (err: largest row-wise
  * ||a - b|| / ||b|| over the logits rows); exit status = failures.
  * Then the same sequence with each quantizer plugin (int8 W8A16 / W8A8,
  * fp8 per channel / per tensor, int4 groups of 32 / 64 / 128, one with a
@@ -1120,8 +1120,8 @@ int main(int argc, char **argv) {
            "CUDA graphs captured and replayed", g_graph_captures, g_graph_replays);
     if (replayed) g_pass++;
     else g_fail++;
-    /* the trio's chunked prefill (57 rows) and mixed step (57) replay the
-     * pieces its 49-row prefill captured (token bucket 64) */
+    /* the trio's prefill and mixed steps replay the token buckets its
+     * graphs instance captured at kv_alloc */
     replayed = g_piecewise_replays > 0;
     printf("%s %-64s replays %.0f\n", replayed ? "PASS" : "FAIL",
            "piecewise graphs (prefill, mixed steps) replayed", g_piecewise_replays);

@@ -479,6 +479,7 @@ static loom_status cb_kv_alloc(void *self, const loom_kv_layout *layout, loom_er
            layout->block_size, cb_mib(need), layout->num_cpu_blocks,
            cb_mib(block * 2 * (size_t)L * (size_t)layout->num_cpu_blocks));
     if (h->metric_set) h->metric_set(h->ctx, "backend.cuda.kv_bytes", (double)need);
+    cb_warm_pieces(b);
     return LOOM_OK;
 
 fail:

@@ -34,8 +34,9 @@
  * FFN block, then the next layer's norm, QKV GEMM and RoPE — are one
  * captured graph each (layers + 1 per bucket), replayed with each layer's
  * attention launched eagerly between them; the LM head over the step's
- * own logits rows runs eagerly after. A bucket's first step runs eagerly,
- * then its pieces are captured. On SmolLM2's shape a mixed step is ~330
+ * own logits rows runs eagerly after. Every bucket up to max_graph_tokens
+ * is captured at kv_alloc (cb_warm_pieces), so no step pays a capture;
+ * one whose graphs were dropped runs eagerly and recaptures. On SmolLM2's shape a mixed step is ~330
  * launches of a few microseconds of work each: without graphs the GPU
  * waits on the host.
  *
@@ -757,21 +758,89 @@ static int cb_graph_bucket(const cuda_backend *b, const loom_batch *bt, int32_t 
     return -1;
 }
 
+/* Whether a bucket of `rows` padded rows fits the work buffers and, sharded,
+ * the communicator's graph-safe collectives (f32 x after the embedding is
+ * the largest). */
+static int cb_piece_bucket_rows_ok(const cuda_backend *b, int32_t rows) {
+    if (rows > b->max_tokens) return 0;
+    return !b->sharded || (int64_t)rows * 4 * b->mc.hidden_size <= b->comm.graph_safe_bytes;
+}
+
+/* The plan of `rows` dummy tokens (token 0 at position 0, no KV write, no
+ * attention tile, no logits) in the piecewise layout of that many rows:
+ * its ids / positions / slots sit where a real step of the same bucket
+ * puts them, so pieces captured from it serve every such step. */
+static loom_status cb_meta_dummy(cuda_backend *b, int32_t rows, cuda_plan *p, loom_error *err) {
+    cb_meta_layout l;
+    cb_meta_layout_of(rows, 0, 0, 0, &l);
+    loom_status st = cb_meta_reserve(b, l.bt, err);
+    if (st) return st;
+    uint8_t *m = b->meta_host;
+    int32_t *hdr = (int32_t *)(m + l.hdr), *ids = (int32_t *)(m + l.ids), *pos = (int32_t *)(m + l.pos);
+    int64_t *slot = (int64_t *)(m + l.slot);
+    hdr[0] = hdr[1] = hdr[2] = hdr[3] = 0;
+    for (int32_t r = 0; r < rows; r++) ids[r] = 0, pos[r] = 0, slot[r] = -1;
+    const uint8_t *d = b->meta_dev;
+    *p = (cuda_plan){.T = rows, .dec_splits = 1, .pre_splits = 1, .ids = (const int32_t *)(d + l.ids),
+                     .pos = (const int32_t *)(d + l.pos), .slot = (const int64_t *)(d + l.slot),
+                     .lidx = (const int32_t *)(d + l.lidx), .stride = (const int32_t *)(d + l.hdr),
+                     .bt = (const int32_t *)(d + l.bt), .bytes = l.bt};
+    return LOOM_OK;
+}
+
+/* Capture the pieces of every token bucket a step of up to
+ * max_graph_tokens rows can take, now (after kv_alloc), as vLLM does at
+ * start-up: lazily, each bucket's first step would pay its eager warm-up
+ * and captures (~1 ms a layer), which lands in whatever is being timed
+ * then. Each bucket runs its dummy plan eagerly first (kernels and
+ * cuBLASLt plans warmed outside a capture). Not for sharded instances: the
+ * warm-up's collectives would need every rank here at once. Failure
+ * leaves the rest lazy and is only logged. */
+void cb_warm_pieces(cuda_backend *b) {
+    if (!b->cfg.cuda_graphs || !b->cfg.piecewise_graphs || b->cfg.batch_invariant || b->sharded) return;
+    const loom_host *h = b->host;
+    const int32_t most = b->cfg.max_graph_tokens < b->max_tokens ? (int32_t)b->cfg.max_graph_tokens : b->max_tokens;
+    const double t0 = cb_now();
+    int n = 0;
+    /* room for most steps' metadata (a block table of 256 sequences x 4096
+     * blocks): a step that needs more regrows it, which drops every graph
+     * (they hold its address) for lazy recapture */
+    loom_error e0 = {0};
+    if (cb_meta_reserve(b, (size_t)4 << 20, &e0) != LOOM_OK) {
+        h->log(h->ctx, LOOM_LOG_WARN, CB_WHO, "piecewise graph warm-up skipped: %s", e0.message);
+        return;
+    }
+    for (int kt = 0; kt <= cb_tok_bucket(most) && kt < CB_NUM_TOK_BUCKETS; kt++) {
+        const int32_t rows = cb_tok_bucket_rows(kt);
+        if (!cb_piece_bucket_rows_ok(b, rows) || b->pieces[kt].tried) continue;
+        loom_error e = {0};
+        cuda_plan p;
+        loom_status st;
+        if ((st = cb_meta_dummy(b, rows, &p, &e)) || (st = cb_upload_meta(b, &p, &e)) ||
+            (st = cb_record_layers(b, &p, &e)) || (st = cb_sync(b, &e))) {
+            h->log(h->ctx, LOOM_LOG_WARN, CB_WHO, "piecewise graph warm-up at %d rows failed; the rest "
+                   "are captured at first use: %s", rows, e.message);
+            return;
+        }
+        cb_capture_pieces(b, kt, &p);
+        n++;
+    }
+    h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "piecewise graphs: %d token buckets (1..%d rows) captured in %.2f s",
+           n, most, cb_now() - t0);
+}
+
 /* Token bucket for a step that is to run piecewise, or -1: a step with
- * graphs on that no decode bucket took, whose padded rows fit the work
- * buffers and, sharded, the communicator's graph-safe collectives (f32 x
- * after the embedding is the largest). The LM head runs eagerly, so the
- * logits buffers do not bound it. */
+ * graphs on that no decode bucket took, of at most max_graph_tokens rows,
+ * whose bucket fits (cb_piece_bucket_rows_ok). The LM head runs eagerly,
+ * so the logits buffers do not bound it. */
 static int cb_piece_bucket(const cuda_backend *b, const loom_batch *bt) {
     if (!b->cfg.cuda_graphs || !b->cfg.piecewise_graphs || b->cfg.batch_invariant ||
         bt->num_tokens > b->cfg.max_graph_tokens)
         return -1;
     const int kt = cb_tok_bucket(bt->num_tokens);
-    const int32_t rows = cb_tok_bucket_rows(kt);
-    if (kt >= CB_NUM_TOK_BUCKETS || rows > b->max_tokens) return -1;
-    if (b->sharded && (int64_t)rows * 4 * b->mc.hidden_size > b->comm.graph_safe_bytes) return -1;
-    return kt;
+    return kt < CB_NUM_TOK_BUCKETS && cb_piece_bucket_rows_ok(b, cb_tok_bucket_rows(kt)) ? kt : -1;
 }
+
 
 /* A step no decode graph takes: piecewise when its token bucket has (or
  * is now to get) its graphs, else eagerly. The first step of a bucket runs
