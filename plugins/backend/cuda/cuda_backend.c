@@ -71,16 +71,6 @@ static const loom_param cb_params[] = {
      .doc = "a token's logits bit-identical however many tokens share its step (decode, draft "
             "verification, graph padding): one attention tile per token with a fixed split-K "
             "bound, the GEMV at every batch size; slower prefill; one GPU only (docs/gpu.md)"},
-    {.key = "attn_decode_split_waves", .type = LOOM_PARAM_INT,
-     .offset = offsetof(cuda_backend_config, attn_split_waves[LOOM_CUDA_ATTN_DECODE]), .default_value = "1",
-     .min = 1, .max = 8,
-     .doc = "split-K bound of decode-shape attention (tiles of a few query rows): a launch's (tile, kv head) "
-            "pairs split over the keys until their CTAs fill this many waves of the GPU (within the 16 MiB "
-            "workspace)"},
-    {.key = "attn_prefill_split_waves", .type = LOOM_PARAM_INT,
-     .offset = offsetof(cuda_backend_config, attn_split_waves[LOOM_CUDA_ATTN_PREFILL]), .default_value = "4",
-     .min = 1, .max = 8,
-     .doc = "the same for prefill-shape attention (tiles of 64 query rows: prefill chunks, long verifications)"},
     {.key = "qgemv_tc_min_rows", .type = LOOM_PARAM_INT,
      .offset = offsetof(cuda_backend_config, qgemv_tc_min_rows), .default_value = "0", .min = 0, .max = 9,
      .doc = "fewest rows (1..8) from which W8A8 / FP8 / INT4 linear layers run the tensor-core GEMV, not "
@@ -150,24 +140,20 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
     cuda_backend_config cfg = {.device = 0, .dtype = 0, .cuda_graphs = true,
                                .max_graph_batch = 256, .piecewise_graphs = true,
                                .max_graph_tokens = 2048, .max_batched_tokens = 8192,
-                               .max_positions = 0, .batch_invariant = false, .attn_split_waves = {1, 4},
-                               .qgemv_tc_min_rows = 0};
+                               .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.device < 0 || cfg.dtype < 0 || cfg.dtype > 1 || cfg.max_graph_batch < 1 ||
         cfg.max_graph_batch > CB_MAX_GRAPH_BATCH || cfg.max_graph_tokens < 1 ||
         cfg.max_graph_tokens > CB_MAX_GRAPH_TOKENS || cfg.max_batched_tokens < 1 ||
-        cfg.max_batched_tokens > (1 << 20) || cfg.max_positions < 0 || cfg.attn_split_waves[0] < 1 ||
-        cfg.attn_split_waves[0] > 8 || cfg.attn_split_waves[1] < 1 || cfg.attn_split_waves[1] > 8)
+        cfg.max_batched_tokens > (1 << 20) || cfg.max_positions < 0)
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "backend cuda: bad config (device %lld >= 0, dtype %lld in {0 bf16, "
                            "1 f16}, max_graph_batch %lld in [1, %d], max_graph_tokens %lld in [1, %d], "
-                           "max_batched_tokens %lld in [1, 1048576], max_positions %lld >= 0, attn split waves %lld, %lld "
-                           "in [1, 8])",
+                           "max_batched_tokens %lld in [1, 1048576], max_positions %lld >= 0)",
                            (long long)cfg.device, (long long)cfg.dtype,
                            (long long)cfg.max_graph_batch, CB_MAX_GRAPH_BATCH, (long long)cfg.max_graph_tokens,
                            CB_MAX_GRAPH_TOKENS, (long long)cfg.max_batched_tokens,
-                           (long long)cfg.max_positions, (long long)cfg.attn_split_waves[0],
-                           (long long)cfg.attn_split_waves[1]);
+                           (long long)cfg.max_positions);
 
     /* a batch between two buckets pads to the upper one, which this bound
      * would exclude: keep the largest bucket it admits */

@@ -84,8 +84,6 @@ typedef struct cuda_backend_config {
     int64_t max_positions;      /* RoPE table length; 0 = the model's context    */
     bool batch_invariant;       /* a token's result independent of the step's
                                    other tokens (docs/gpu.md)                   */
-    int64_t attn_split_waves[2]; /* split-K bound: CTA waves a decode- /
-                                   prefill-shape attention launch may fill (1..8) */
     int64_t qgemv_tc_min_rows;  /* rows from which W8A8 / FP8 / INT4 GEMVs take
                                    the tensor cores; 0 = as measured, 9 = never */
 } cuda_backend_config;

@@ -131,12 +131,11 @@ static loom_status cb_meta_reserve(cuda_backend *b, size_t bytes, loom_error *er
     return LOOM_OK;
 }
 
-/* Split-K bound for a launch of `ntiles` tiles: the shape's
- * attn_*_split_waves full waves of CTAs, within the workspace. */
+/* Split-K bound for a launch of `ntiles` tiles: one full wave of CTAs,
+ * within the workspace. */
 static int32_t cb_max_splits(const cuda_backend *b, loom_cuda_attn_shape shape, int32_t ntiles) {
     if (ntiles <= 0) return 1;
-    int32_t ms = loom_cuda_attn_max_splits(ntiles, b->mc.num_kv_heads,
-                                           (int)b->cfg.attn_split_waves[shape] * b->attn_resident[shape]);
+    int32_t ms = loom_cuda_attn_max_splits(ntiles, b->mc.num_kv_heads, b->attn_resident[shape]);
     while (ms > 1 && loom_cuda_attn_workspace_floats(shape, ntiles, b->mc.num_kv_heads,
                                                      b->mc.head_dim, (int)ms) > b->attn_ws_floats)
         ms--;
