@@ -40,7 +40,8 @@ static const loom_param cb_params[] = {
             "quantizer's kv_cache: fp8 makes the KV cache FP8 E4M3 instead"},
     {.key = "cuda_graphs", .type = LOOM_PARAM_BOOL,
      .offset = offsetof(cuda_backend_config, cuda_graphs), .default_value = "true",
-     .doc = "capture decode and draft-verification steps per batch bucket (up to max_graph_batch) as CUDA graphs and replay them"},
+     .doc = "capture decode and draft-verification steps per batch bucket (up to max_graph_batch) as CUDA graphs and "
+            "replay them; off also turns piecewise_graphs off"},
     {.key = "max_graph_batch", .type = LOOM_PARAM_INT,
      .offset = offsetof(cuda_backend_config, max_graph_batch), .default_value = "256", .min = 1,
      .max = CB_MAX_GRAPH_BATCH,
@@ -51,9 +52,9 @@ static const loom_param cb_params[] = {
     {.key = "piecewise_graphs", .type = LOOM_PARAM_BOOL,
      .offset = offsetof(cuda_backend_config, piecewise_graphs), .default_value = "true",
      .doc = "steps that are not pure decode (prefill, mixed prefill + decode) of up to max_graph_tokens "
-            "rows: pad the rows to a token bucket (multiples of 16) and replay everything but attention "
-            "from graphs captured per bucket, one per layer boundary (needs cuda_graphs; not with "
-            "batch_invariant)"},
+            "rows: pad the rows to a token bucket (1, 2, 4, 8, then multiples of 16) and replay everything "
+            "but attention from graphs captured per bucket at kv_alloc, one per layer boundary (needs "
+            "cuda_graphs; not with batch_invariant, nor on a tensor-parallel rank)"},
     {.key = "max_graph_tokens", .type = LOOM_PARAM_INT,
      .offset = offsetof(cuda_backend_config, max_graph_tokens), .default_value = "2048", .min = 1,
      .max = CB_MAX_GRAPH_TOKENS,
@@ -465,8 +466,7 @@ static loom_status cb_kv_alloc(void *self, const loom_kv_layout *layout, loom_er
            layout->block_size, cb_mib(need), layout->num_cpu_blocks,
            cb_mib(block * 2 * (size_t)L * (size_t)layout->num_cpu_blocks));
     if (h->metric_set) h->metric_set(h->ctx, "backend.cuda.kv_bytes", (double)need);
-    cb_warm_pieces(b);
-    return LOOM_OK;
+    return cb_warm_pieces(b, err);
 
 fail:
     cudaStreamSynchronize(b->stream);
@@ -567,7 +567,7 @@ static const loom_component cb_components[] = {{
     .kind = LOOM_KIND_BACKEND,
     .name = "cuda",
     .summary = "Llama-family forward on one NVIDIA Hopper GPU: bf16/f16, cuBLASLt GEMMs, paged "
-               "flash attention, CUDA graphs for decode",
+               "flash attention, CUDA graphs for decode and (piecewise) prefill",
     .ops = &cb_ops,
     .params = cb_params,
     .config_size = sizeof(cuda_backend_config),

@@ -261,7 +261,8 @@ loom_status cb_load_shard(void *self, const loom_model_view *m, const loom_quant
 /* cuda_forward.c */
 loom_status cb_forward(void *self, const loom_batch *batch, float *logits, loom_error *err);
 loom_status cb_forward_topk(void *self, const loom_batch *batch, const loom_logits_topk *out, loom_error *err);
-/* After kv_alloc: capture every piecewise-graph token bucket up front. */
-void cb_warm_pieces(cuda_backend *b);
+/* After kv_alloc: capture every piecewise-graph token bucket up front
+ * (LOOM_ERR_DEVICE when the GPU fails the warm-up's eager runs). */
+loom_status cb_warm_pieces(cuda_backend *b, loom_error *err);
 
 #endif

@@ -36,9 +36,9 @@
  * attention launched eagerly between them; the LM head over the step's
  * own logits rows runs eagerly after. Every bucket up to max_graph_tokens
  * is captured at kv_alloc (cb_warm_pieces), so no step pays a capture;
- * one whose graphs were dropped runs eagerly and recaptures. On SmolLM2's shape a mixed step is ~330
- * launches of a few microseconds of work each: without graphs the GPU
- * waits on the host.
+ * one whose graphs were dropped runs eagerly and recaptures. On SmolLM2's
+ * shape a mixed step is ~330 launches of a few microseconds of work each:
+ * without graphs the GPU waits on the host.
  *
  * The only host synchronisation is on this instance's stream, before the
  * logits are read.
@@ -54,8 +54,9 @@
  * computes this rank's (rows, vocab_pad) slice, an all-gather collects every
  * rank's and the rank given a logits buffer reorders them into whole rows
  * (ranks given none — the executor passes NULL to all but rank 0 — still
- * take part in every collective and sync). CUDA graphs only when the
- * communicator's collectives are plain kernels (see cb_graph_bucket).
+ * take part in every collective and sync). Decode graphs only when the
+ * communicator's collectives are plain kernels (see cb_graph_bucket); no
+ * piecewise graphs (cb_piece_bucket).
  */
 #include <time.h>
 
@@ -343,7 +344,8 @@ static bool cb_swiglu_fuses(const cuda_backend *b, const loom_cuda_qweight *q) {
     return (q->fmt == LOOM_CUDA_Q_INT8_W8A16 || q->fmt == LOOM_CUDA_Q_INT4) && loom_cuda_qgemm_splits(b->gemm, b->dt, q);
 }
 
-/* Layer l before attention: xn = rmsnorm(x [+= r]); qkv = xn Wqkv^T. */
+/* Layer l before attention: xn = rmsnorm(x [+= r]); qkv = xn Wqkv^T; RoPE
+ * on q and k, k and v written to the cache. */
 static loom_status cb_record_pre_attention(cuda_backend *b, const cuda_plan *p, int32_t l, loom_error *err) {
     const loom_model_config *c = &b->mc;
     const int32_t T = p->T;
@@ -672,9 +674,14 @@ static loom_status cb_capture_one(cuda_backend *b, const cuda_plan *p, int32_t p
     else if ((st = cb_record_layers(b, p, err)) == LOOM_OK)
         st = cb_record_logits(b, p, 0, p->NL, true, err);
     cudaError_t ce = cudaStreamEndCapture(b->stream, &graph); /* always end what was begun */
-    if (st == LOOM_OK) st = CB_CUDA(b, err, ce);
+    if (st == LOOM_OK) st = cb_cuda_check(b, err, ce, "cudaStreamEndCapture", __FILE__, __LINE__);
     if (st == LOOM_OK && (st = CB_CUDA(b, err, cudaGraphInstantiateWithFlags(exec, graph, 0))))
         *exec = NULL;
+    /* on the device now, not at its first launch inside a timed step */
+    if (st == LOOM_OK && (st = CB_CUDA(b, err, cudaGraphUpload(*exec, b->stream)))) {
+        cudaGraphExecDestroy(*exec);
+        *exec = NULL;
+    }
     if (graph) cudaGraphDestroy(graph);
     (void)cudaGetLastError();
     return st;
@@ -757,12 +764,11 @@ static int cb_graph_bucket(const cuda_backend *b, const loom_batch *bt, int32_t 
     return -1;
 }
 
-/* Whether a bucket of `rows` padded rows fits the work buffers and, sharded,
- * the communicator's graph-safe collectives (f32 x after the embedding is
- * the largest). */
-static int cb_piece_bucket_rows_ok(const cuda_backend *b, int32_t rows) {
-    if (rows > b->max_tokens) return 0;
-    return !b->sharded || (int64_t)rows * 4 * b->mc.hidden_size <= b->comm.graph_safe_bytes;
+/* Rows of token bucket kt as this instance pads to them: the last bucket
+ * that reaches past the work buffers stops at their end. */
+static int32_t cb_piece_rows(const cuda_backend *b, int kt) {
+    const int32_t rows = cb_tok_bucket_rows(kt);
+    return rows < b->max_tokens ? rows : b->max_tokens;
 }
 
 /* The plan of `rows` dummy tokens (token 0 at position 0, no KV write, no
@@ -787,59 +793,64 @@ static loom_status cb_meta_dummy(cuda_backend *b, int32_t rows, cuda_plan *p, lo
     return LOOM_OK;
 }
 
+/* Bytes of free device memory now (0 when the query fails). */
+static size_t cb_free_bytes(void) {
+    size_t free_b = 0, total = 0;
+    return cudaMemGetInfo(&free_b, &total) == cudaSuccess ? free_b : 0;
+}
+
 /* Capture the pieces of every token bucket a step of up to
  * max_graph_tokens rows can take, now (after kv_alloc), as vLLM does at
  * start-up: lazily, each bucket's first step would pay its eager warm-up
  * and captures (~1 ms a layer), which lands in whatever is being timed
  * then. Each bucket runs its dummy plan eagerly first (kernels and
- * cuBLASLt plans warmed outside a capture). Not for sharded instances: the
- * warm-up's collectives would need every rank here at once. Failure
- * leaves the rest lazy and is only logged. */
-void cb_warm_pieces(cuda_backend *b) {
-    if (!b->cfg.cuda_graphs || !b->cfg.piecewise_graphs || b->cfg.batch_invariant || b->sharded) return;
+ * cuBLASLt plans warmed outside a capture). Buckets of at most
+ * CB_GRAPH_MAX_Q rows are left out: every step that small is a decode-graph
+ * step. A failed capture leaves its bucket eager and is only logged; a
+ * failed eager run is a device error and fails kv_alloc. */
+loom_status cb_warm_pieces(cuda_backend *b, loom_error *err) {
+    if (!b->cfg.cuda_graphs || !b->cfg.piecewise_graphs || b->cfg.batch_invariant || b->sharded) return LOOM_OK;
     const loom_host *h = b->host;
     const int32_t most = b->cfg.max_graph_tokens < b->max_tokens ? (int32_t)b->cfg.max_graph_tokens : b->max_tokens;
     const double t0 = cb_now();
+    const size_t free0 = cb_free_bytes();
     int n = 0;
-    /* room for most steps' metadata (a block table of 256 sequences x 4096
-     * blocks): a step that needs more regrows it, which drops every graph
-     * (they hold its address) for lazy recapture */
-    loom_error e0 = {0};
-    if (cb_meta_reserve(b, (size_t)4 << 20, &e0) != LOOM_OK) {
-        h->log(h->ctx, LOOM_LOG_WARN, CB_WHO, "piecewise graph warm-up skipped: %s", e0.message);
-        return;
-    }
-    for (int kt = 0; kt <= cb_tok_bucket(most) && kt < CB_NUM_TOK_BUCKETS; kt++) {
-        const int32_t rows = cb_tok_bucket_rows(kt);
-        if (!cb_piece_bucket_rows_ok(b, rows) || b->pieces[kt].tried) continue;
-        loom_error e = {0};
+    /* room for the metadata of most steps (a block table of ~200 sequences
+     * x 4096 blocks besides 8192 tokens): a step that needs more regrows
+     * it, which drops every graph (they hold its address) for lazy
+     * recapture */
+    loom_status st = cb_meta_reserve(b, (size_t)4 << 20, err);
+    for (int kt = cb_tok_bucket(CB_GRAPH_MAX_Q + 1); st == LOOM_OK && kt <= cb_tok_bucket(most); kt++) {
+        const int32_t rows = cb_piece_rows(b, kt);
         cuda_plan p;
-        loom_status st;
-        if ((st = cb_meta_dummy(b, rows, &p, &e)) || (st = cb_upload_meta(b, &p, &e)) ||
-            (st = cb_record_layers(b, &p, &e)) || (st = cb_sync(b, &e))) {
-            h->log(h->ctx, LOOM_LOG_WARN, CB_WHO, "piecewise graph warm-up at %d rows failed; the rest "
-                   "are captured at first use: %s", rows, e.message);
-            return;
-        }
+        if ((st = cb_meta_dummy(b, rows, &p, err)) || (st = cb_upload_meta(b, &p, err)) ||
+            (st = cb_record_layers(b, &p, err)) ||
+            (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream)))) /* not cb_sync: no step's wait */
+            break;
         cb_capture_pieces(b, kt, &p);
-        n++;
+        n += b->pieces[kt].exec != NULL;
     }
-    h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "piecewise graphs: %d token buckets (1..%d rows) captured in %.2f s",
-           n, most, cb_now() - t0);
+    if (st != LOOM_OK) return st;
+    const size_t free1 = cb_free_bytes();
+    h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
+           "piecewise graphs: %d token buckets (%d..%d rows, %d graphs each) captured in %.2f s, %.1f MiB",
+           n, CB_GRAPH_MAX_Q + 1, most, b->mc.num_layers + 1, cb_now() - t0,
+           free0 > free1 ? (double)(free0 - free1) / (1024.0 * 1024.0) : 0.0);
+    return LOOM_OK;
 }
 
 /* Token bucket for a step that is to run piecewise, or -1: a step with
- * graphs on that no decode bucket took, of at most max_graph_tokens rows,
- * whose bucket fits (cb_piece_bucket_rows_ok). The LM head runs eagerly,
- * so the logits buffers do not bound it. */
+ * graphs on that no decode bucket took, of at most max_graph_tokens rows.
+ * The LM head runs eagerly, so the logits buffers do not bound it. Not on
+ * a sharded instance: its pieces would hold collectives, and the tp test's
+ * bit-for-bit comparisons of graph and eager sharded steps assume
+ * unpadded prefill (two GPUs are needed to measure it). */
 static int cb_piece_bucket(const cuda_backend *b, const loom_batch *bt) {
-    if (!b->cfg.cuda_graphs || !b->cfg.piecewise_graphs || b->cfg.batch_invariant ||
+    if (!b->cfg.cuda_graphs || !b->cfg.piecewise_graphs || b->cfg.batch_invariant || b->sharded ||
         bt->num_tokens > b->cfg.max_graph_tokens)
         return -1;
-    const int kt = cb_tok_bucket(bt->num_tokens);
-    return kt < CB_NUM_TOK_BUCKETS && cb_piece_bucket_rows_ok(b, cb_tok_bucket_rows(kt)) ? kt : -1;
+    return cb_tok_bucket(bt->num_tokens); /* T <= max_tokens (checked): cb_piece_rows(kt) >= T */
 }
-
 
 /* A step no decode graph takes: piecewise when its token bucket has (or
  * is now to get) its graphs, else eagerly. The first step of a bucket runs
@@ -849,7 +860,7 @@ static loom_status cb_step_other(cuda_backend *b, const loom_batch *bt, float *l
                                  const loom_logits_topk *tk, loom_error *err) {
     cuda_plan p;
     const int kt = cb_piece_bucket(b, bt);
-    const int32_t rows = kt < 0 ? 0 : cb_tok_bucket_rows(kt);
+    const int32_t rows = kt < 0 ? 0 : cb_piece_rows(b, kt);
     loom_status st = cb_meta_build(b, bt, 0, 0, rows, &p, err);
     if (st) return st;
     if (kt >= 0 && b->pieces[kt].exec) return cb_run_piecewise(b, &p, kt, logits, tk, bt->num_logits, err);
