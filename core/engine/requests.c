@@ -142,6 +142,45 @@ static loom_status check_params(const loom_sampling_params *p, loom_error *err) 
                           p->presence_penalty, p->frequency_penalty, p->logprobs, LOOM_MAX_LOGPROBS);
 }
 
+static int bias_by_token(const void *a, const void *b) {
+    const int32_t x = ((const loom_logit_bias *)a)->token, y = ((const loom_logit_bias *)b)->token;
+    return (x > y) - (x < y);
+}
+
+/* The request's logit bias, checked against the vocabulary and copied
+ * (sorted by token: a duplicate sits next to its twin). */
+static loom_status copy_logit_bias(const loom_engine *e, const loom_request *req, loom_req *rq, loom_error *err) {
+    const int32_t n = req->num_logit_bias;
+    if (n == 0) return LOOM_OK;
+    if (n < 0 || n > LOOM_MAX_LOGIT_BIAS || !req->logit_bias)
+        return loom_error_set(err, LOOM_ERR_INVALID,
+                              "logit_bias: %d entries%s; at most %d, and a NULL array only with 0", n,
+                              req->logit_bias ? "" : " with a NULL array", LOOM_MAX_LOGIT_BIAS);
+    const int32_t vocab = e->vocab;
+    for (int32_t i = 0; i < n; i++) {
+        const loom_logit_bias *b = &req->logit_bias[i];
+        if (b->token < 0 || b->token >= vocab)
+            return loom_error_set(err, LOOM_ERR_INVALID,
+                                  "logit_bias entry %d: token %d is outside the vocabulary [0, %d)", i,
+                                  b->token, vocab);
+        if (!(isfinite(b->bias) && fabsf(b->bias) <= LOOM_LOGIT_BIAS_MAX))
+            return loom_error_set(err, LOOM_ERR_INVALID,
+                                  "logit_bias entry %d: bias %g for token %d is outside [-%g, %g]", i,
+                                  (double)b->bias, b->token, (double)LOOM_LOGIT_BIAS_MAX,
+                                  (double)LOOM_LOGIT_BIAS_MAX);
+    }
+    loom_logit_bias *copy = malloc((size_t)n * sizeof *copy);
+    if (!copy) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying logit_bias");
+    memcpy(copy, req->logit_bias, (size_t)n * sizeof *copy);
+    qsort(copy, (size_t)n, sizeof *copy, bias_by_token);
+    rq->r.logit_bias = copy;
+    rq->r.num_logit_bias = n;
+    for (int32_t i = 1; i < n; i++)
+        if (copy[i].token == copy[i - 1].token)
+            return loom_error_set(err, LOOM_ERR_INVALID, "logit_bias: token %d appears twice", copy[i].token);
+    return LOOM_OK;
+}
+
 static loom_status copy_stops(const char *const *stop, loom_req *rq, loom_error *err) {
     if (!stop) return LOOM_OK;
     int32_t ns = 0;
@@ -172,6 +211,8 @@ static loom_req *req_copy(const loom_request *req, loom_request *full) {
     rq->r.tokens = NULL;
     rq->r.messages = NULL;
     rq->r.stop = NULL;
+    rq->r.logit_bias = NULL;
+    rq->r.num_logit_bias = 0;
     rq->n = full->n > 1 ? full->n : 1;
     rq->arrival = loom_now();
     return rq;
@@ -209,6 +250,7 @@ int64_t loom_engine_add_request(loom_engine *e, const loom_request *req, loom_er
     loom_status st = resolve_prompt(e, &full, rq, err);
     if (st == LOOM_OK) st = check_params(&full.params, err);
     if (st == LOOM_OK) st = copy_stops(full.stop, rq, err);
+    if (st == LOOM_OK) st = copy_logit_bias(e, &full, rq, err);
     if (st == LOOM_OK && !(rq->seqs = calloc((size_t)rq->n, sizeof(loom_seq *))))
         st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
     if (st == LOOM_OK && !(it = calloc(1, sizeof *it))) st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");

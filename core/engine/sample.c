@@ -57,17 +57,20 @@ loom_sample_row engine_sample_row(loom_seq *s, int32_t upto) {
                              .prompt_len = s->info.num_prompt_tokens,
                              .output = s->tokens + s->info.num_prompt_tokens,
                              .output_len = upto - s->info.num_prompt_tokens,
-                             .rng_state = s->rng};
+                             .rng_state = s->rng,
+                             .logit_bias = s->req->r.logit_bias,
+                             .num_logit_bias = s->req->r.num_logit_bias};
 }
 
 /* Candidates s's next logits row may be reduced to (> 0), or 0 when it
  * must come back whole. Rows that verify drafts: greedy verification needs
  * each row's argmax (and its logprobs) only; sampled verification needs
- * the whole distribution. */
+ * the whole distribution. A logit bias can lift any token into the top k,
+ * so a biased row comes whole (loom/sampler.h). */
 int32_t engine_row_candidates(const loom_engine *e, const loom_seq *s, int32_t kmax) {
     const loom_req *rq = s->req;
     const loom_sampling_params *p = &rq->r.params;
-    if (!e->device_sampling || !rq->forked || rq->r.want_probs) return 0;
+    if (!e->device_sampling || !rq->forked || rq->r.want_probs || rq->r.num_logit_bias > 0) return 0;
     int32_t k = e->smp->candidates(e->smp_self, p);
     if (s->info.num_draft > 0) {
         if (p->temperature != 0.0f || k <= 0) return 0;

@@ -106,6 +106,7 @@ void loom_engine_req_free(loom_req *rq) {
     free(rq->prompt);
     free(rq->seqs);
     free((char *)rq->r.system);
+    free((void *)rq->r.logit_bias);
     free(rq);
 }
 

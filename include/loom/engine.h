@@ -91,6 +91,14 @@ typedef struct loom_request {
     /* max_tokens > 0 that does not fit the context after the prompt is
      * refused (the OpenAI API's rule) instead of cut to what fits */
     bool strict_max_tokens;
+    /* OpenAI `logit_bias`: added to the logits of these tokens before
+     * sampling (penalties, temperature and the filters act on the biased
+     * logits; reported logprobs stay the model's raw ones). Distinct tokens
+     * inside the vocabulary, at most LOOM_MAX_LOGIT_BIAS entries, each
+     * finite with |bias| <= LOOM_LOGIT_BIAS_MAX; anything else is refused
+     * at loom_engine_add_request. Copied there: borrowed for the call. */
+    const loom_logit_bias *logit_bias; /* (num_logit_bias), or NULL         */
+    int32_t num_logit_bias;
 } loom_request;
 
 /* A request with every field at its default: struct_size set, greedy

@@ -29,7 +29,7 @@
  *   - FROZEN for the whole major version (a stride or an offset on the
  *     other side depends on their size): records passed as array elements
  *     (loom_component, loom_param, loom_sched_entry, loom_block_op,
- *     loom_chat_message; new information goes into the struct that carries
+ *     loom_chat_message, loom_logit_bias; new information goes into the struct that carries
  *     the array), structs embedded by value in others (loom_tensor in
  *     loom_qtensor, loom_sampling_params in loom_request), and loom_error,
  *     a caller-owned fixed buffer. loom_component and loom_tensor keep a
@@ -67,7 +67,7 @@ extern "C" {
 /* ---------------------------------------------------------------- versions */
 
 #define LOOM_ABI_MAJOR 2
-#define LOOM_ABI_MINOR 1
+#define LOOM_ABI_MINOR 2
 
 /* Bumped whenever loom_tensor or the batch layout changes meaning. */
 #define LOOM_TENSOR_LAYOUT_REV 1

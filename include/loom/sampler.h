@@ -44,6 +44,19 @@ typedef struct loom_sampling_params {
     int32_t logprobs;          /* alternatives to return, 0..LOOM_MAX_LOGPROBS */
 } loom_sampling_params;
 
+/* One entry of a request's logit bias (OpenAI `logit_bias`): `bias` is
+ * added to token `token`'s logit before anything else the sampler does.
+ * Passed in arrays: frozen for ABI 2. */
+typedef struct loom_logit_bias {
+    int32_t token;
+    float bias;
+} loom_logit_bias;
+
+/* Most entries one request's logit bias may hold. */
+#define LOOM_MAX_LOGIT_BIAS 1024
+/* The range of one bias (OpenAI's: -100 bans a token, +100 all but forces it). */
+#define LOOM_LOGIT_BIAS_MAX 100.0f
+
 /* One sequence to sample for. Borrowed for the call. Grows only at its
  * end. */
 typedef struct loom_sample_row {
@@ -55,6 +68,13 @@ typedef struct loom_sample_row {
     int32_t output_len;
     uint64_t *rng_state;       /* (4) the sequence's own stream (core-owned);
                                   advance it only through host->rng_*       */
+    /* since ABI 2.2 (read only when LOOM_HAS_FIELD(row, loom_sample_row,
+     * num_logit_bias)): the request's logit bias, distinct tokens inside the
+     * vocabulary, each |bias| <= LOOM_LOGIT_BIAS_MAX (the core checks that
+     * before a row exists). A row with a bias always comes whole, never as
+     * candidates: the bias can move tokens into the top k. */
+    const loom_logit_bias *logit_bias; /* (num_logit_bias); NULL when 0     */
+    int32_t num_logit_bias;
 } loom_sample_row;
 
 /*

@@ -788,6 +788,47 @@ static void expect_reject(loom_engine *e, const loom_request *rq, const char *ne
     if (needle) cr_assert(strstr(err.message, needle), "%s: message '%s' lacks '%s'", what, err.message, needle);
 }
 
+/* OpenAI logit_bias through the engine: +100 on a token makes greedy
+ * decoding emit it at every step (n = 2 forks share the request's copy);
+ * its reported logprob stays the model's (below 0); bad entries are refused
+ * at add_request by name. */
+Test(dummy, logit_bias_forces_and_bad_entries_are_refused) {
+    int32_t p[24];
+    eng_prompt(p, 24, 5, VOCAB);
+    loom_engine *e = eng_open("tiny.yaml", NULL);
+    eng_rec plain, biased;
+    loom_request rq = eng_req_tokens(p, 24, 6);
+    run_one(e, rq, &plain);
+    const int32_t forced = plain.s[0].tokens[0] == 7 ? 8 : 7;
+    loom_logit_bias b[2] = {{forced, 100.0f}, {plain.s[0].tokens[0], -100.0f}};
+    rq.logit_bias = b, rq.num_logit_bias = 2, rq.n = 2;
+    rq.params.logprobs = 1;
+    run_one(e, rq, &biased);
+    b[0].token = -3; /* the engine copied the array: the run above is unaffected */
+    for (int32_t k = 0; k < 2; k++)
+        for (int32_t i = 0; i < 6; i++) {
+            cr_assert_eq(biased.s[k].tokens[i], forced, "sample %d step %d: %d, not the biased token %d", k, i,
+                         biased.s[k].tokens[i], forced);
+            cr_assert_lt(biased.s[k].lps[i], -1e-3f, "sample %d step %d: logprob %g is the biased one", k, i,
+                         (double)biased.s[k].lps[i]);
+        }
+    loom_request bad = eng_req_tokens(p, 24, 4);
+    loom_logit_bias out_of_vocab[1] = {{VOCAB, 1.0f}}, too_big[1] = {{1, 101.0f}}, twice[2] = {{3, 1.0f}, {3, 2.0f}};
+    bad.logit_bias = out_of_vocab, bad.num_logit_bias = 1;
+    expect_reject(e, &bad, "outside the vocabulary", "logit_bias token past the vocabulary");
+    bad.logit_bias = too_big;
+    expect_reject(e, &bad, "outside [-100, 100]", "logit_bias of 101");
+    bad.logit_bias = twice, bad.num_logit_bias = 2;
+    expect_reject(e, &bad, "appears twice", "logit_bias token twice");
+    bad.logit_bias = NULL;
+    expect_reject(e, &bad, "NULL array", "logit_bias count without an array");
+    bad.num_logit_bias = LOOM_MAX_LOGIT_BIAS + 1;
+    expect_reject(e, &bad, "at most", "too many logit_bias entries");
+    loom_engine_destroy(e);
+    eng_rec_free(&plain);
+    eng_rec_free(&biased);
+}
+
 Test(dummy, bad_requests) {
     const char *ov[] = {"engine.max_model_len=64", NULL};
     loom_engine *e = eng_open("tiny.yaml", ov);

@@ -567,6 +567,97 @@ Test(sampler, penalties_change_greedy_choice) {
     cr_assert_float_eq(lp, 2.5 - lse, 1e-6);
 }
 
+/* check_penalised with a logit bias on the row too. */
+static void check_biased(const loom_sampling_params *p, const loom_logit_bias *bias, int32_t nb,
+                         const float *want) {
+    const float l[6] = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f, -INFINITY};
+    const int32_t prompt[3] = {0, 1, 0};
+    const int32_t output[4] = {1, 1, 3, 5};
+    loom_sample_row row = row_of(p, NULL);
+    row.prompt = prompt;
+    row.prompt_len = 3;
+    row.output = output;
+    row.output_len = 4;
+    row.logit_bias = bias;
+    row.num_logit_bias = nb;
+    float pr[6];
+    double ref[6];
+    probs_row(l, 6, &row, pr);
+    softmax_ref(want, 6, 1.0, ref);
+    for (int i = 0; i < 6; i++)
+        cr_assert_float_eq(pr[i], ref[i], 1e-6, "token %d: %g, want %g", i, pr[i], ref[i]);
+}
+
+Test(sampler, logit_bias_adds_before_penalties_and_masked_stays_masked) {
+    loom_sampling_params p = params_t(1.0f);
+    const loom_logit_bias b[3] = {{2, 1.5f}, {4, -3.0f}, {5, 100.0f}};
+    /* alone: 2 -> 2.0, 4 -> -2.0, 5 stays -inf */
+    const float want[6] = {2.0f, -1.0f, 2.0f, 3.0f, -2.0f, -INFINITY};
+    check_biased(&p, b, 3, want);
+    /* with repetition 2: the bias first, then the penalty on history tokens
+     * only (2 and 4 are in no history: bias alone) */
+    const loom_logit_bias b2[2] = {{0, 2.0f}, {1, 3.0f}};
+    p.repetition_penalty = 2.0f;
+    const float want2[6] = {(2.0f + 2.0f) / 2.0f, (-1.0f + 3.0f) / 2.0f, 0.5f, 1.5f, 1.0f, -INFINITY};
+    check_biased(&p, b2, 2, want2);
+}
+
+Test(sampler, logit_bias_steers_greedy_and_logprobs_stay_raw) {
+    const float l[4] = {1.0f, 3.0f, 2.5f, 0.0f};
+    loom_sampling_params p = params_t(0.0f);
+    loom_sample_row row = row_of(&p, NULL);
+    cr_assert_eq(sample_row(l, 4, &row, NULL), 1);
+    const loom_logit_bias ban[1] = {{1, -100.0f}};
+    row.logit_bias = ban, row.num_logit_bias = 1;
+    float lp;
+    cr_assert_eq(sample_row(l, 4, &row, &lp), 2, "-100 bans the argmax");
+    const double lse = log(exp(1.0) + exp(3.0) + exp(2.5) + exp(0.0));
+    cr_assert_float_eq(lp, 2.5 - lse, 1e-6, "the logprob is the model's raw one");
+    const loom_logit_bias force[1] = {{3, 100.0f}};
+    row.logit_bias = force;
+    cr_assert_eq(sample_row(l, 4, &row, NULL), 3, "+100 all but forces a token");
+    /* sampled: +100 on token 0 makes every other token negligible */
+    loom_sampling_params pt = params_t(1.0f);
+    loom_sample_row rt = row_of(&pt, NULL);
+    const loom_logit_bias f0[1] = {{0, 100.0f}};
+    rt.logit_bias = f0, rt.num_logit_bias = 1;
+    float pr[4];
+    probs_row(l, 4, &rt, pr);
+    cr_assert_gt(pr[0], 0.999999f);
+}
+
+/* sample() on a copy of l (V <= 8); check() must agree with it. */
+static loom_status check_row_status(const float *l, int V, const loom_sample_row *row, loom_error *e) {
+    float x[8];
+    cr_assert(V <= 8);
+    memcpy(x, l, sizeof(float) * (size_t)V);
+    int32_t tok = -5;
+    loom_sample_out out = {.tokens = &tok};
+    const loom_status st = call_sample(x, V, row, 1, &out, e);
+    if (st != LOOM_OK) cr_assert_eq(tok, -5, "output written on failure");
+    loom_error e2 = {0};
+    cr_assert_eq(g_ops->check(g_self, row, V, &e2), st, "check() and sample() disagree: %s", e2.message);
+    return st;
+}
+
+Test(sampler, logit_bias_out_of_range_is_rejected_by_name) {
+    const float l[4] = {1.0f, 3.0f, 2.5f, 0.0f};
+    loom_sampling_params p = params_t(0.0f);
+    const loom_logit_bias bad[4][1] = {{{4, 1.0f}}, {{-1, 1.0f}}, {{0, 100.5f}}, {{0, NAN}}};
+    for (int i = 0; i < 4; i++) {
+        loom_sample_row row = row_of(&p, NULL);
+        row.logit_bias = bad[i], row.num_logit_bias = 1;
+        loom_error e = {0};
+        cr_assert_eq(check_row_status(l, 4, &row, &e), LOOM_ERR_INVALID, "case %d", i);
+        cr_assert(strstr(e.message, "logit_bias[0]"), "case %d: %s", i, e.message);
+    }
+    loom_sample_row row = row_of(&p, NULL);
+    row.num_logit_bias = 2; /* with a NULL array */
+    loom_error e = {0};
+    cr_assert_eq(check_row_status(l, 4, &row, &e), LOOM_ERR_INVALID);
+    cr_assert(strstr(e.message, "num_logit_bias"), "%s", e.message);
+}
+
 /* ------------------------------------------------------------------ seeds */
 
 /* --------------------------------------------------------------- logprobs */

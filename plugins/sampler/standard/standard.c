@@ -7,9 +7,12 @@
  *   0. NaN logits count as -inf; a row with no finite logit, or with a +inf
  *      logit, is rejected (LOOM_ERR_INVALID) before any row is touched.
  *   1. Log-probabilities: log-softmax of the model's RAW logits, before any
- *      penalty or temperature. out->logprobs and the top-N alternatives
+ *      bias, penalty or temperature. out->logprobs and the top-N alternatives
  *      (out->top_ids / top_logprobs) report this distribution, so they say
  *      what the model thought, not what the knobs made of it.
+ *   1b. Logit bias (OpenAI logit_bias; row->logit_bias, ABI 2.2): logit +=
+ *      bias for each listed token (a masked -inf logit stays masked), as
+ *      llama.cpp's sampler chain does first.
  *   2. Repetition penalty (CTRL, Keskar et al. 2019): every distinct token of
  *      prompt + output, once: positive logit / penalty, negative * penalty.
  *   3. Presence and frequency penalties (OpenAI): over OUTPUT tokens only,
@@ -31,7 +34,8 @@
  * the distribution sample() really uses.
  *
  * Candidate rows (the row's best logits with their token ids, declared
- * through candidates(): greedy, or top_k <= 64, and no penalties) run the
+ * through candidates(): greedy, or top_k <= 64, and no penalties; the core
+ * never sends a row with a logit bias as candidates) run the
  * same steps over the candidates' columns; the columns are ordered as the
  * ids would be, so the token drawn is the one the whole row would give,
  * and logprobs use the whole row's log-sum-exp the core passes along.
@@ -46,7 +50,7 @@
  * scratch below is per instance, so one instance serves one thread at a
  * time; separate instances share nothing.
  *
- * Not here: beam search, logit bias, grammar masks, typical-p, mirostat.
+ * Not here: beam search, grammar masks, typical-p, mirostat.
  */
 #include <float.h>
 #include <math.h>
@@ -87,12 +91,14 @@ static const loom_param std_params[] = {
 
 /* ------------------------------------------------------------------- state */
 
-/* Per-token scratch for penalties, valid only where epoch == the current
- * row's epoch, so nothing is cleared between rows. */
+/* Per-token scratch for the bias and penalties, valid only where epoch ==
+ * the current row's epoch, so nothing is cleared between rows. */
 typedef struct std_slot {
     uint32_t epoch; /* row stamp; stale when != std_sampler.epoch            */
     int32_t count;  /* occurrences in the output (presence/frequency)       */
-    float raw;      /* logit before penalties (for the chosen token's logprob) */
+    float raw;      /* logit before bias and penalties (the chosen token's logprob) */
+    float bias;     /* the row's logit bias for this token (0: none)         */
+    bool prompt;    /* in the prompt (repetition penalty)                    */
 } std_slot;
 
 typedef struct std_sampler {
@@ -126,6 +132,11 @@ static loom_status std_fail_bare(loom_error *err, loom_status code, const char *
 static bool std_has_penalties(const loom_sampling_params *p) {
     return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
            p->frequency_penalty != 0.0f;
+}
+
+/* The row's logit-bias entries (0 from a core older than ABI 2.2). */
+static int32_t std_num_bias(const loom_sample_row *row) {
+    return LOOM_HAS_FIELD(row, loom_sample_row, num_logit_bias) ? row->num_logit_bias : 0;
 }
 
 /* Make the scratch hold `vocab` tokens. */
@@ -231,6 +242,17 @@ static loom_status std_check_row(std_sampler *s, const loom_sample_row *row, int
     if (need_rng && p->temperature > 0.0f && !row->rng_state)
         return STD_BAD("sampler '%s': row %d: rng_state is NULL but temperature = %g needs it",
                        STD_NAME, r, (double)p->temperature);
+    const int32_t nb = std_num_bias(row);
+    if (nb < 0 || nb > LOOM_MAX_LOGIT_BIAS || (nb > 0 && !row->logit_bias))
+        return STD_BAD("sampler '%s': row %d: num_logit_bias = %d%s; it must be in [0, %d]", STD_NAME, r, nb,
+                       nb > 0 && !row->logit_bias ? " with a NULL logit_bias" : "", LOOM_MAX_LOGIT_BIAS);
+    for (int32_t i = 0; i < nb; i++) {
+        const loom_logit_bias *b = &row->logit_bias[i];
+        if (b->token < 0 || b->token >= vocab || !(isfinite(b->bias) && fabsf(b->bias) <= LOOM_LOGIT_BIAS_MAX))
+            return STD_BAD("sampler '%s': row %d: logit_bias[%d] = (token %d, bias %g): the token must be in "
+                           "[0, %d) and the bias finite within +-%g",
+                           STD_NAME, r, i, b->token, (double)b->bias, vocab, (double)LOOM_LOGIT_BIAS_MAX);
+    }
 #undef STD_BAD
     if (std_has_penalties(p)) {
         st = std_check_history(s, row->output, row->output_len, "output", vocab, r, err);
@@ -281,35 +303,32 @@ static void std_log_softmax_stats(const float *x, int32_t vocab, double *lse) {
     *lse = (double)mx + log(sum);
 }
 
-/* Steps 2-3, in place on x. Returns whether slots now hold this row's raw
+/* The slot of token t for this row (epoch), first touched now: remember
+ * its raw logit. */
+static std_slot *std_touch(std_sampler *s, const float *x, int32_t t, uint32_t epoch, int32_t *ntouched) {
+    std_slot *sl = &s->slots[t];
+    if (sl->epoch != epoch) {
+        *sl = (std_slot){.epoch = epoch, .raw = x[t]};
+        s->touched[(*ntouched)++] = t;
+    }
+    return sl;
+}
+
+/* Steps 1b-3, in place on x. Returns whether slots now hold this row's raw
  * logits (for every touched token). */
-static bool std_apply_penalties(std_sampler *s, float *x, const loom_sample_row *row) {
+static bool std_adjust_logits(std_sampler *s, float *x, const loom_sample_row *row) {
     const loom_sampling_params *p = row->params;
-    if (!std_has_penalties(p)) return false;
+    const int32_t nb = std_num_bias(row);
+    if (!std_has_penalties(p) && nb == 0) return false;
     const bool rep = p->repetition_penalty != 1.0f;
     const uint32_t epoch = std_next_epoch(s);
     int32_t ntouched = 0;
-
-    /* Distinct tokens, with output counts; the prompt only matters for the
-     * repetition penalty. */
-    for (int32_t i = 0; i < row->output_len; i++) {
-        int32_t t = row->output[i];
-        std_slot *sl = &s->slots[t];
-        if (sl->epoch != epoch) {
-            *sl = (std_slot){.epoch = epoch, .count = 0, .raw = x[t]};
-            s->touched[ntouched++] = t;
-        }
-        sl->count++;
-    }
-    if (rep) {
-        for (int32_t i = 0; i < row->prompt_len; i++) {
-            int32_t t = row->prompt[i];
-            std_slot *sl = &s->slots[t];
-            if (sl->epoch != epoch) {
-                *sl = (std_slot){.epoch = epoch, .count = 0, .raw = x[t]};
-                s->touched[ntouched++] = t;
-            }
-        }
+    for (int32_t i = 0; i < nb; i++)
+        std_touch(s, x, row->logit_bias[i].token, epoch, &ntouched)->bias += row->logit_bias[i].bias;
+    if (std_has_penalties(p)) {
+        for (int32_t i = 0; i < row->output_len; i++) std_touch(s, x, row->output[i], epoch, &ntouched)->count++;
+        if (rep)
+            for (int32_t i = 0; i < row->prompt_len; i++) std_touch(s, x, row->prompt[i], epoch, &ntouched)->prompt = true;
     }
 
     const double rp = p->repetition_penalty;
@@ -318,7 +337,8 @@ static bool std_apply_penalties(std_sampler *s, float *x, const loom_sample_row 
         const std_slot *sl = &s->slots[s->touched[i]];
         double l = sl->raw;
         if (!(l > -INFINITY)) continue; /* masked stays masked */
-        if (rep) l = l > 0.0 ? l / rp : l * rp;
+        l += sl->bias;
+        if (rep && (sl->prompt || sl->count > 0)) l = l > 0.0 ? l / rp : l * rp;
         if (sl->count > 0) l -= pres + freq * sl->count;
         /* A tiny repetition penalty or a huge count must not turn a finite
          * logit into +-inf (which would poison the softmax or mask it). */
@@ -356,7 +376,7 @@ static int64_t std_nucleus(std_cand *c, int64_t n, bool sorted, double top_p, do
  * s->cand (see std_dist). x keeps the penalised logits. */
 static std_dist std_row_dist(std_sampler *s, float *x, int32_t vocab, const loom_sample_row *row) {
     const loom_sampling_params *p = row->params;
-    std_dist d = {.n = 0, .greedy = false, .penalised = std_apply_penalties(s, x, row)};
+    std_dist d = {.n = 0, .greedy = false, .penalised = std_adjust_logits(s, x, row)};
 
     /* Argmax (first maximum = lowest id) and count of finite logits. */
     int32_t best = -1, nfin = 0;
@@ -513,13 +533,15 @@ static loom_status std_check_batch(std_sampler *s, const loom_sample_batch *b, l
     return LOOM_OK;
 }
 
-/* Candidate rows carry no penalties: those move tokens outside the row. */
+/* Candidate rows carry no penalties and no bias: those move tokens outside
+ * the row. */
 static loom_status std_check_cand_row(std_sampler *s, const loom_sample_batch *b, int32_t r, loom_error *err) {
     const loom_host *h = s->host;
     const int32_t *ids = b->candidates + (size_t)r * b->width;
-    if (std_has_penalties(b->rows[r]->params))
+    if (std_has_penalties(b->rows[r]->params) || std_num_bias(b->rows[r]) > 0)
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "sampler '%s': row %d: penalties need the whole row, but it came as %d candidates",
+                        "sampler '%s': row %d: penalties and a logit bias need the whole row, but it came as %d "
+                        "candidates",
                         STD_NAME, r, b->width);
     for (int32_t j = 0; j < b->width; j++)
         if (ids[j] < 0 || ids[j] >= b->vocab)
