@@ -101,8 +101,9 @@ typedef struct st_list {
 static void st_add(st_list *l, const char *name, const char *dtype, int nd, int64_t d0, int64_t d1,
                    const void *data, size_t bytes) {
     cr_assert_lt(l->n, 160);
+    cr_assert_lt(strlen(name), sizeof l->t[0].name, "tensor name %s too long for the test's table", name);
     st_t *t = &l->t[l->n++];
-    snprintf(t->name, sizeof t->name, "%s", name);
+    memcpy(t->name, name, strlen(name) + 1);
     t->dtype = dtype, t->nd = nd, t->shape[0] = d0, t->shape[1] = d1;
     t->data = malloc(bytes ? bytes : 1);
     memcpy(t->data, data, bytes);

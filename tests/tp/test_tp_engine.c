@@ -64,10 +64,7 @@ static const char *const *tp_with_size(tp_ov *o, int size, const char *const *ba
     int n = 0;
     snprintf(o->size, sizeof o->size, "executor.size=%d", size);
     o->list[n++] = o->size;
-    while (base && base[n - 1] && n < 15) {
-        o->list[n] = base[n - 1];
-        n++;
-    }
+    for (int i = 0; base && base[i] && n < 15; i++) o->list[n++] = base[i];
     o->list[n] = NULL;
     return o->list;
 }
