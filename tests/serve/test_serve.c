@@ -694,6 +694,36 @@ Test(serve, client_gone_counts_499_not_5xx, .timeout = 120) {
     free(log);
 }
 
+/* A streaming client that leaves is a 499 too, not a 2xx: the stream is
+ * counted by how it ended, not when its 200 header went out. */
+Test(serve, stream_client_gone_counts_499_not_2xx, .timeout = 120) {
+    server s = start(TINY, (const char *[]){SLOW_ARGS, NULL});
+    const char *k2 = "loom_http_responses_total{code=\"2xx\"}", *k499 = "loom_http_responses_total{code=\"499\"}";
+    /* a /metrics reply is counted after its body is made: each call below
+     * adds exactly one 2xx to what the next one shows */
+    double base = metric(s.port, k2);
+    int fd = dial(s.port);
+    send_request(fd, "POST", "/v1/completions",
+                 "{\"prompt\": [1, 2, 3], \"max_tokens\": 300, \"ignore_eos\": true, \"stream\": true}", NULL);
+    char buf[4096] = {0};
+    size_t got = 0;
+    while (got < sizeof buf - 1 && !strstr(buf, "data: ")) {
+        ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
+        cr_assert_gt(r, 0);
+        got += (size_t)r;
+        buf[got] = 0;
+    }
+    cr_assert_eq(metric(s.port, k2) - base, 1, "a stream still running was counted as a 2xx");
+    close(fd);
+    cr_assert(wait_idle(s.port, 20), "the abandoned stream kept running");
+    int i;
+    for (i = 0; i < 50 && metric(s.port, k499) < 1; i++) usleep(100000);
+    cr_assert_eq(metric(s.port, k499), 1, "the stream the client left is not counted as a 499");
+    char *log = stop(&s, 30);
+    cr_assert(strstr(log, " 499 cmpl-"), "no 499 line in the log:\n%s", log);
+    free(log);
+}
+
 /* A body whose prompt is `n` token ids (a prefill of n tokens). */
 static char *long_ids_body(int n, const char *extra) {
     char *b = malloc((size_t)n * 4 + 256);
