@@ -3,7 +3,10 @@
  * loader (loom_tokenizer_from_json_buffer: vocabulary, merges, added
  * tokens, normalizers, pre-tokenizers and their Split regexes), and a
  * tokenizer that loads through encode, decode and the streaming decoder on
- * a few fixed texts.
+ * a few fixed texts, and through its chat template.
+ *
+ * Input: tokenizer.json, optionally followed by "\n#CONFIG#\n" and a
+ * tokenizer_config.json (chat_template, bos/eos, add_bos_token).
  */
 #include <stdint.h>
 
@@ -41,11 +44,26 @@ static void check_stream(const loom_tokenizer *t, const int32_t *ids, int32_t n,
     free(acc);
 }
 
+/* The conversation of the chat template check: its default system prompt,
+ * the family the template names. */
+static void check_chat(const loom_tokenizer *t) {
+    static const loom_chat_msg m[] = {{"user", "Hi"}, {"assistant", "Hello"}, {"user", "<|im_end|>x"}};
+    char *s = NULL;
+    loom_error err = {0};
+    if (loom_chat_apply(t, LOOM_CHAT_AUTO, m, 3, true, &s, &err) == LOOM_OK) free(s);
+    int32_t *ids = NULL, n = 0;
+    if (loom_chat_encode(t, LOOM_CHAT_AUTO, m, 3, true, &ids, &n, &err) == LOOM_OK) free(ids);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_quiet();
+    static const char sep[] = "\n#CONFIG#\n";
+    const char *cfg = memmem(data, size, sep, sizeof sep - 1);
+    size_t tn = cfg ? (size_t)(cfg - (const char *)data) : size, cn = cfg ? size - tn - (sizeof sep - 1) : 0;
     loom_tokenizer *t = NULL;
     loom_error err = {0};
-    loom_status st = loom_tokenizer_from_json_buffer((const char *)data, size, NULL, 0, "fuzz.json", &t, &err);
+    loom_status st = loom_tokenizer_from_json_buffer((const char *)data, tn, cfg ? cfg + sizeof sep - 1 : NULL, cn,
+                                                     "fuzz.json", &t, &err);
     fuzz_note("tokenizer", &err);
     if (st != LOOM_OK) {
         FUZZ_CHECK(t == NULL && err.message[0]);
@@ -62,6 +80,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         free(ids);
     }
+    check_chat(t);
     loom_tokenizer_free(t);
     return 0;
 }

@@ -1175,3 +1175,31 @@ Test(tokenizer, decode_bytes_keeps_nul) {
     free(back);
     loom_tokenizer_free(t);
 }
+
+/* Found while fuzzing (issue 29): the ChatML default-system lookup searched
+ * for <|im_end|> from every '<|im_start|>system\n' of the template, so a
+ * tokenizer_config.json whose template repeats that head 200 000 times
+ * (3.8 MB) without an end took hours per chat request; now linear. */
+Test(tokenizer, chat_template_default_system_linear, .timeout = 20) {
+    static const char head[] = "<|im_start|>system\\n";
+    const size_t reps = 200000, hl = sizeof head - 1;
+    char *cfg = malloc(reps * hl + 64);
+    size_t n = (size_t)sprintf(cfg, "{\"chat_template\": \"");
+    for (size_t i = 0; i < reps; i++) memcpy(cfg + n, head, hl), n += hl;
+    n += (size_t)sprintf(cfg + n, "\"}");
+    size_t tn;
+    char *tj = slurp_exact(data_path("smollm2-tokenizer.json"), &tn);
+    loom_tokenizer *t = NULL;
+    loom_error err = {0};
+    cr_assert_eq(loom_tokenizer_from_json_buffer(tj, tn, cfg, n, NULL, &t, &err), LOOM_OK, "%s", err.message);
+    loom_chat_msg m[] = {{"user", "Hi"}};
+    char *s = NULL;
+    double t0 = loom_now();
+    cr_assert_eq(loom_chat_apply(t, LOOM_CHAT_AUTO, m, 1, true, &s, &err), LOOM_OK, "%s", err.message);
+    cr_expect_lt(loom_now() - t0, 2.0, "the default-system lookup is not linear");
+    cr_expect_str_eq(s, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"); /* no default system */
+    free(s);
+    loom_tokenizer_free(t);
+    free(tj);
+    free(cfg);
+}
