@@ -901,6 +901,27 @@ Test(serve, usage_errors) {
 
 static const char *chat_text(const cJSON *o) { return str(o, "choices.0.message.content"); }
 
+/* Issue 29 (13): generated text holding NUL goes out whole, as \u0000
+ * (cJSON's strings ended it at the first NUL). The test sampler "lazy"
+ * forces SmolLM2's byte-0 token "Ā" (id 190) three times. */
+Test(serve, generated_nul_goes_out_whole, .timeout = 300) {
+    need_model();
+    server s = start(SMOL, (const char *[]){"--set", "sampler.plugin=lazy", "--set", "sampler.force=190", NULL});
+    reply r = http(s.port, "POST", "/v1/completions", "{\"prompt\": \"Hi\", \"max_tokens\": 3}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert(strstr(r.body, "\"text\":\"\\u0000\\u0000\\u0000\""), "%s", r.body);
+    reply_free(&r);
+    r = http(s.port, "POST", "/v1/chat/completions",
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 3, \"stream\": true}",
+             NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    int nul = 0;
+    for (const char *p = r.body; (p = strstr(p, "\\u0000")); p++) nul++;
+    cr_assert_eq(nul, 3, "three NULs streamed: %s", r.body);
+    reply_free(&r);
+    free(stop(&s, 30));
+}
+
 Test(serve, chat_and_stream_real_model, .timeout = 600) {
     need_model();
     server s = start(SMOL, NULL);
