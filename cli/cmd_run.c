@@ -60,17 +60,19 @@ static void on_token(void *user, const loom_token_event *ev) {
     if (ev->finish == LOOM_FINISH_ERROR && ev->error)
         snprintf(rs->error, sizeof rs->error, "%s", ev->error);
     if (ev->finish != LOOM_FINISH_NONE) rs->finish[ev->sample_index] = ev->finish;
-    if (!ev->text || !*ev->text) return;
+    /* by length: generated text may hold NUL characters */
+    size_t n = ev->text ? ev->text_len : 0;
+    if (n == 0) return;
     if (rs->stream && rs->samples == 1) {
-        fputs(ev->text, stdout);
+        fwrite(ev->text, 1, n, stdout);
         fflush(stdout);
         return;
     }
-    size_t n = strlen(ev->text);
     int32_t k = ev->sample_index;
     char *t = realloc(rs->text[k], rs->len[k] + n + 1);
     if (!t) return;
-    memcpy(t + rs->len[k], ev->text, n + 1);
+    memcpy(t + rs->len[k], ev->text, n);
+    t[rs->len[k] + n] = 0;
     rs->text[k] = t;
     rs->len[k] += n;
 }
@@ -272,7 +274,8 @@ static void run_print_samples(const run_state *rs, int32_t n) {
     }
     for (int32_t k = 0; k < n; k++) {
         if (n > 1) printf("--- sample %d ---\n", k);
-        printf("%s\n", rs->text[k] ? rs->text[k] : "");
+        if (rs->text[k]) fwrite(rs->text[k], 1, rs->len[k], stdout);
+        fputc('\n', stdout);
     }
 }
 

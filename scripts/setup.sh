@@ -2,36 +2,45 @@
 # scripts/setup.sh — install what loom needs to build on Debian 12 and
 # configure + build it. Idempotent: skips packages already installed.
 #
-#   scripts/setup.sh [--help] [--build-dir DIR] [--sanitize] [-- extra meson args]
+#   scripts/setup.sh [--help] [--build-dir DIR] [--sanitize | --fuzz] [-- extra meson args]
 set -euo pipefail
 usage() {
   cat <<'USAGE'
-Usage: scripts/setup.sh [--build-dir DIR] [--sanitize] [-- MESON_ARGS...]
+Usage: scripts/setup.sh [--build-dir DIR] [--sanitize | --fuzz] [-- MESON_ARGS...]
 
 Installs the Debian packages loom builds with (meson, ninja, libyaml, PCRE2,
 cJSON, OpenBLAS, Criterion, pkg-config, python3-pip, unzip), then configures
 and builds loom in DIR (default: build). --sanitize builds with
 AddressSanitizer + UndefinedBehaviorSanitizer (default DIR: build-asan).
+--fuzz installs clang too and builds only the core and the libFuzzer
+harnesses of tests/fuzz with clang, ASan + UBSan (default DIR: build-fuzz).
 CUDA parts build when nvcc is on PATH (or /usr/local/cuda/bin exists).
 USAGE
 }
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=""
 sanitize=0
+fuzz=0
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
     --build-dir) build="$2"; shift 2 ;;
     --sanitize) sanitize=1; shift ;;
+    --fuzz) fuzz=1; shift ;;
     --) shift; extra=("$@"); break ;;
     *) echo "setup.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
-[ -n "$build" ] || { [ $sanitize = 1 ] && build="$root/build-asan" || build="$root/build"; }
+if [ -z "$build" ]; then
+  if [ $fuzz = 1 ]; then build="$root/build-fuzz"
+  elif [ $sanitize = 1 ]; then build="$root/build-asan"
+  else build="$root/build"; fi
+fi
 
 pkgs=(meson ninja-build pkg-config gcc libyaml-dev libpcre2-dev libcjson-dev libmicrohttpd-dev libopenblas-dev
       libcriterion-dev python3 python3-pip unzip ca-certificates)
+[ $fuzz = 1 ] && pkgs+=(clang) # libFuzzer and its sanitizer runtimes come with Debian's clang
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -51,6 +60,11 @@ fi
 
 args=(-Dbuildtype=debugoptimized)
 [ $sanitize = 1 ] && args+=(-Db_sanitize=address,undefined -Db_lundef=false)
+if [ $fuzz = 1 ]; then
+  # the harnesses need no GPU code; the compiler is fixed when the dir is set up
+  args+=(-Dfuzz=true -Dcuda=disabled -Dtests=disabled -Db_sanitize=address,undefined -Db_lundef=false)
+  export CC=clang
+fi
 if [ -f "$build/build.ninja" ]; then
   meson configure "$build" "${args[@]}" "${extra[@]}" >/dev/null
 else

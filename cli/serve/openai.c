@@ -477,6 +477,25 @@ const char *serve_utf8_clip(const char *s, size_t max, char *out, size_t size) {
     return serve_utf8_trim(out);
 }
 
+cJSON *serve_json_text(const char *s, size_t n) {
+    size_t cap = 3;
+    for (size_t i = 0; i < n; i++) cap += (unsigned char)s[i] < 0x20 ? 6 : s[i] == '"' || s[i] == '\\' ? 2 : 1;
+    char *q = malloc(cap), *w = q;
+    if (!q) return NULL;
+    *w++ = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') *w++ = '\\', *w++ = (char)c;
+        else if (c < 0x20) w += sprintf(w, "\\u%04x", c);
+        else *w++ = (char)c;
+    }
+    *w++ = '"';
+    *w = 0;
+    cJSON *o = cJSON_CreateRaw(q);
+    free(q);
+    return o;
+}
+
 char *serve_utf8_valid(const char *s) {
     size_t n = strlen(s);
     char *t = malloc(3 * n + 1), *w = t;

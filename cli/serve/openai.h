@@ -82,6 +82,12 @@ const char *serve_utf8_clip(const char *s, size_t max, char *out, size_t size);
  * from a URL, or cut) becomes U+FFFD. NULL when out of memory. */
 char *serve_utf8_valid(const char *s);
 
+/* A JSON string node holding the n bytes at s, NUL characters included
+ * (written "\u0000"; cJSON's own strings end at the first NUL): what
+ * generated text goes out as. s is UTF-8 (the engine's text is). NULL when
+ * out of memory. */
+cJSON *serve_json_text(const char *s, size_t n);
+
 /* {"error": {"message", "type", "param", "code"}} as vLLM sends it, valid
  * UTF-8 JSON whatever bytes the message holds; the caller frees it. */
 char *serve_error_json(int http_status, const char *message, const char *param);

@@ -179,6 +179,11 @@ struct server {
     bool watch_exit;          /* the watcher thread returns (under mu)     */
     pthread_cond_t watch_cv;
     pthread_t watcher;
+    /* Connections taken for resuming (job_take_resume) and not resumed yet:
+     * the shutdown waits for 0 before MHD_stop_daemon, so no thread resumes
+     * a connection the stop is closing, and none is left suspended (MHD
+     * refuses to stop with one). */
+    atomic_int resuming;
 };
 
 static void job_unref(job *j) {
@@ -358,10 +363,11 @@ static void sse_put_json(job *j, cJSON *o) {
  * the finish reason, whichever there are. Every token gets its chunk, also
  * one whose text is not complete yet (part of a UTF-8 character, or held
  * back by a stop string): clients time the first token by it. */
-static void sse_chunk(job *j, int32_t c, bool token, const char *text, cJSON *lp_one, loom_finish_reason finish) {
+static void sse_chunk(job *j, int32_t c, bool token, const char *text, size_t len, cJSON *lp_one,
+                      loom_finish_reason finish) {
     choice *ch = &j->ch[c];
     bool chat = j->q.api == SERVE_CHAT;
-    if (!token && !*text && !lp_one && finish == LOOM_FINISH_NONE && (!chat || ch->started)) return;
+    if (!token && !len && !lp_one && finish == LOOM_FINISH_NONE && (!chat || ch->started)) return;
     cJSON *o = response_head(j, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *cs = cJSON_AddArrayToObject(o, "choices"), *e = cJSON_CreateObject();
     cJSON_AddItemToArray(cs, e);
@@ -369,7 +375,7 @@ static void sse_chunk(job *j, int32_t c, bool token, const char *text, cJSON *lp
     if (chat) {
         cJSON *d = cJSON_AddObjectToObject(e, "delta");
         if (!ch->started) cJSON_AddStringToObject(d, "role", "assistant");
-        if (*text || !ch->started) cJSON_AddStringToObject(d, "content", text);
+        if (len || !ch->started) cJSON_AddItemToObject(d, "content", serve_json_text(text, len));
         ch->started = true;
         if (lp_one) {
             cJSON *l = cJSON_AddObjectToObject(e, "logprobs");
@@ -379,7 +385,7 @@ static void sse_chunk(job *j, int32_t c, bool token, const char *text, cJSON *lp
             cJSON_AddNullToObject(e, "logprobs");
         }
     } else {
-        cJSON_AddStringToObject(e, "text", text);
+        cJSON_AddItemToObject(e, "text", serve_json_text(text, len));
         if (lp_one) {
             choice tmp = {.lp_offset = ch->lp_offset};
             cJSON *one = cJSON_Duplicate(lp_one, true);
@@ -419,13 +425,22 @@ static void sse_finish(job *j) {
  * ties ours to MHD's. Until then MHD leaves the connection alone: nothing
  * else resumes it. Under j->mu. */
 static struct MHD_Connection *job_take_resume(job *j) {
-    if (!j->suspended) return NULL;
+    if (!j->suspended || !j->conn) return NULL;
     j->suspended = false;
+    atomic_fetch_add(&j->s->resuming, 1); /* until serve_resume */
     return j->conn;
+}
+
+/* Resume a connection job_take_resume gave out (see s->resuming). */
+static void serve_resume(server *s, struct MHD_Connection *c) {
+    if (!c) return;
+    MHD_resume_connection(c);
+    atomic_fetch_sub(&s->resuming, 1);
 }
 
 /* Connections to resume after the locks are released. */
 typedef struct conn_list {
+    server *s;
     struct MHD_Connection **c;
     size_t n, cap;
 } conn_list;
@@ -436,7 +451,7 @@ static void conn_list_add(conn_list *l, struct MHD_Connection *c) {
         size_t cap = l->cap ? 2 * l->cap : 16;
         struct MHD_Connection **p = realloc(l->c, cap * sizeof *p);
         if (!p) { /* out of memory: resume it now, under the locks (MHD takes no lock of ours) */
-            MHD_resume_connection(c);
+            serve_resume(l->s, c);
             return;
         }
         l->c = p, l->cap = cap;
@@ -445,9 +460,9 @@ static void conn_list_add(conn_list *l, struct MHD_Connection *c) {
 }
 
 static void conn_list_resume(conn_list *l) {
-    for (size_t i = 0; i < l->n; i++) MHD_resume_connection(l->c[i]);
+    for (size_t i = 0; i < l->n; i++) serve_resume(l->s, l->c[i]);
     free(l->c);
-    *l = (conn_list){0};
+    *l = (conn_list){.s = l->s};
 }
 
 /* Suspend the job's connection until it is resumed: it holds no pool
@@ -486,8 +501,9 @@ static void on_event(void *user, const loom_token_event *ev) {
         if (ev->token >= 0) ch->t_last = t;
     }
     const char *text = ev->text ? ev->text : "";
+    size_t len = ev->text ? ev->text_len : 0; /* by length: text may hold NUL characters */
     if (j->q.stream && !j->sse_done) { /* done already: ended at shutdown */
-        sse_chunk(j, c, ev->token >= 0, text, lp_one, ev->finish);
+        sse_chunk(j, c, ev->token >= 0, text, len, lp_one, ev->finish);
         if (ev->finish == LOOM_FINISH_ERROR) {
             char *e = serve_error_json(500, ev->error ? ev->error : "generation failed", NULL);
             if (e) {
@@ -498,7 +514,7 @@ static void on_event(void *user, const loom_token_event *ev) {
             free(e);
         }
     }
-    if (*text) sb_put(&ch->text, text, strlen(text));
+    if (len) sb_put(&ch->text, text, len);
     if (lp_one && j->q.api == SERVE_CHAT) {
         if (!ch->lp) ch->lp = cJSON_CreateArray();
         cJSON_AddItemToArray(ch->lp, lp_one);
@@ -519,7 +535,7 @@ static void on_event(void *user, const loom_token_event *ev) {
     bool ready = j->q.stream ? j->sse_off < j->sse.n : j->live == 0;
     struct MHD_Connection *wake = ready ? job_take_resume(j) : NULL;
     pthread_mutex_unlock(&j->mu);
-    if (wake) MHD_resume_connection(wake);
+    serve_resume(j->s, wake);
     cJSON_Delete(lp_one);
     if (prompt_done) job_unref(j);
 }
@@ -643,7 +659,7 @@ static void log_request(const job *j, unsigned status) {
  * [DONE]; the engine's later events for it are dropped. Under j->mu. */
 static void sse_end_aborted(job *j) {
     for (int32_t c = 0; c < j->nchoices; c++)
-        if (j->ch[c].finish == LOOM_FINISH_NONE) sse_chunk(j, c, false, "", NULL, LOOM_FINISH_ABORT);
+        if (j->ch[c].finish == LOOM_FINISH_NONE) sse_chunk(j, c, false, "", 0, NULL, LOOM_FINISH_ABORT);
     sse_finish(j);
 }
 
@@ -674,15 +690,18 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     return n;
 }
 
-/* The stream's response is gone (done, or the client left): stop what runs. */
+/* The stream's response is gone (done, or the client left): stop what runs.
+ * The stream is counted here, by how it ended — 200, 499 for a client that
+ * left, 503 at shutdown — not when its 200 header was queued. */
 static void sse_free(void *cls) {
     job *j = cls;
     pthread_mutex_lock(&j->mu);
     bool live = j->live > 0;
     j->suspended = false, j->conn = NULL; /* the connection is gone: nothing to resume or watch */
-    /* under j->mu: the engine thread may still count */
-    log_request(j, j->client_left ? 499 : !live ? 200 : atomic_load(&j->s->shutting) ? 503 : 499);
+    unsigned status = j->client_left ? 499 : !live ? 200 : atomic_load(&j->s->shutting) ? 503 : 499;
+    log_request(j, status); /* under j->mu: the engine thread may still count */
     pthread_mutex_unlock(&j->mu);
+    count_status(j->s, status); /* after j->mu: s->mu is never taken inside j->mu */
     if (live) {
         pthread_mutex_lock(&j->s->mu);
         job_abort_locked(j);
@@ -720,7 +739,7 @@ static void *watch_main(void *arg) {
         deadline_in(&t, 200);
         pthread_cond_timedwait(&s->watch_cv, &s->mu, &t);
         double now = cli_now();
-        conn_list wake = {0};
+        conn_list wake = {.s = s};
         for (job *j = s->jobs; j; j = j->next) watch_job(j, now, &wake);
         pthread_mutex_unlock(&s->mu);
         conn_list_resume(&wake);
@@ -742,9 +761,9 @@ static cJSON *final_response(job *j) {
         if (chat) {
             cJSON *m = cJSON_AddObjectToObject(e, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddStringToObject(m, "content", text);
+            cJSON_AddItemToObject(m, "content", serve_json_text(text, ch->text.n));
         } else {
-            cJSON_AddStringToObject(e, "text", text);
+            cJSON_AddItemToObject(e, "text", serve_json_text(text, ch->text.n));
         }
         if (j->q.logprobs >= 0) {
             cJSON *lp = ch->lp;
@@ -931,8 +950,7 @@ static enum MHD_Result reply_stream(server *s, struct MHD_Connection *conn, job 
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     enum MHD_Result ret = MHD_queue_response(conn, 200, r);
     MHD_destroy_response(r);
-    count_status(s, 200);
-    return ret;
+    return ret; /* counted in sse_free, once it is known how the stream ended */
 }
 
 /* The whole answer of a finished job: 200 with the response, or the error
@@ -1336,7 +1354,7 @@ static void stop_server(server *s, struct MHD_Daemon *d, pthread_t eng_thread, i
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
     atomic_store(&s->shutting, true);
-    conn_list wake = {0};
+    conn_list wake = {.s = s};
     for (job *j = s->jobs; j; j = j->next) { /* listed jobs are alive: unlisted under s->mu */
         job_abort_locked(j);
         pthread_mutex_lock(&j->mu); /* wake its connection: it answers 503 now */
@@ -1353,6 +1371,9 @@ static void stop_server(server *s, struct MHD_Daemon *d, pthread_t eng_thread, i
     until.tv_sec += 10;
     while (s->inflight > 0 && pthread_cond_timedwait(&s->idle_cv, &s->mu, &until) == 0) {}
     pthread_mutex_unlock(&s->mu);
+    /* a connection taken for resuming (by the engine thread, finishing its
+     * step) is resumed before the stop frees it; nothing suspends any more */
+    while (atomic_load(&s->resuming) > 0) usleep(1000);
     MHD_stop_daemon(d); /* waits for its threads; every connection closed */
     if (listen_fd != MHD_INVALID_SOCKET) close(listen_fd);
     pthread_mutex_lock(&s->mu);

@@ -82,8 +82,17 @@ loom_status loom_diag_to_error(const loom_diag *d, loom_status code, loom_error 
  * Returns NULL and fills diag on any error (syntax errors carry the
  * position libyaml reports, converted to 1-based). */
 loom_cfg_node *loom_cfg_load_file(const char *path, loom_diag *diag);
-/* Same from a string; `name` is used as the file name in marks; includes
- * are resolved relative to the current directory. */
+/* Same from `len` bytes in memory (need not be NUL-terminated; a NUL in
+ * them is an error), under the same limits as a file (nesting, nodes,
+ * include depth, files and bytes: docs/security.md). `name` (NULL:
+ * "<buffer>") is the file name in marks. `include:` names are relative to
+ * include_dir ("" or "." for the current directory); include_dir NULL turns
+ * includes off — an `include:` is then an error — so untrusted text reads no
+ * file (what tests/fuzz uses). loom_cfg_load_file reads the file and parses
+ * it the same way. */
+loom_cfg_node *loom_cfg_load_buffer(const char *text, size_t len, const char *name, const char *include_dir,
+                                    loom_diag *diag);
+/* A NUL-terminated string; includes relative to the current directory. */
 loom_cfg_node *loom_cfg_load_string(const char *text, const char *name, loom_diag *diag);
 void loom_cfg_free(loom_cfg_node *root);
 /* An empty root map (e.g. a pipeline built only from --set overrides);

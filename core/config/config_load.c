@@ -547,6 +547,8 @@ typedef struct include_frame {
     const char *real;                   /* realpath; NULL for a string  */
     const char *shown;                  /* name as used in marks        */
     const struct include_frame *parent; /* the file that included this  */
+    const char *rel;                    /* includes are relative to its
+                                           directory; NULL: includes off */
     int depth;                          /* 0 for the top file           */
     include_budget *budget;             /* shared along the whole load  */
 } include_frame;
@@ -566,13 +568,19 @@ static char *include_path(const char *including, const char *name) {
     return s;
 }
 
-/* Load every file named by root's `include:` (relative to `shown`), merge
- * them in order, merge root over the result and drop the key. Consumes root. */
-static loom_cfg_node *resolve_includes(loom_cfg_node *root, const char *shown,
-                                       const include_frame *self, loom_diag *diag) {
+/* Load every file named by root's `include:` (relative to self->rel's
+ * directory), merge them in order, merge root over the result and drop the
+ * key. Consumes root. */
+static loom_cfg_node *resolve_includes(loom_cfg_node *root, const include_frame *self, loom_diag *diag) {
     int idx = loom_cfg__find(root, "include");
     if (idx < 0) return root;
     loom_cfg_node *inc = root->items[idx].value;
+    if (!self->rel) { /* text from a buffer whose caller reads no files */
+        loom_diag_add(diag, &inc->mark, "'include' is not allowed here: %s is read without access to files",
+                      self->shown);
+        loom_cfg_free(root);
+        return NULL;
+    }
     loom_cfg_node *base = NULL;
     bool ok = true;
     int n = inc->type == LOOM_CFG_SEQ ? inc->count : inc->type == LOOM_CFG_NULL ? 0 : 1;
@@ -591,7 +599,7 @@ static loom_cfg_node *resolve_includes(loom_cfg_node *root, const char *shown,
             ok = false;
             continue;
         }
-        char *path = include_path(shown, item->text);
+        char *path = include_path(self->rel, item->text);
         if (!path) {
             loom_diag_add(diag, &item->mark, "out of memory");
             ok = false;
@@ -713,6 +721,20 @@ static bool is_stream(const char *path) {
     return stat(path, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode);
 }
 
+/* One file's (or buffer's) text, loaded at `at`: counted against the
+ * byte budget, parsed, its root checked and its includes resolved. What
+ * loom_cfg_load_file and loom_cfg_load_buffer share. */
+static loom_cfg_node *load_text(const char *text, size_t len, const loom_cfg_mark *at, const include_frame *self,
+                                loom_diag *diag) {
+    if ((self->budget->bytes += len) > CFG_MAX_FILE) {
+        loom_diag_add(diag, at, "cannot load '%s': the configuration's files total more than %u bytes", self->shown,
+                      CFG_MAX_FILE);
+        return NULL;
+    }
+    loom_cfg_node *root = check_root(parse_text(text, len, self->shown, -1, NULL, diag), diag);
+    return root ? resolve_includes(root, self, diag) : NULL;
+}
+
 static loom_cfg_node *load_path(const char *shown, const loom_cfg_mark *from,
                                 const include_frame *parent, include_budget *budget, loom_diag *diag) {
     loom_cfg_mark file_mark = {shown, 0, 0};
@@ -739,16 +761,8 @@ static loom_cfg_node *load_path(const char *shown, const loom_cfg_mark *from,
     }
     text = read_all(real ? real : shown, &len, &err); /* a stream by its own name */
     if (!text) goto cannot_read;
-    if ((budget->bytes += len) > CFG_MAX_FILE) {
-        loom_diag_add(diag, at, "cannot include '%s': the configuration's files total more than %u bytes",
-                      shown, CFG_MAX_FILE);
-        goto done;
-    }
-    root = check_root(parse_text(text, len, shown, -1, NULL, diag), diag);
-    if (root) {
-        include_frame self = {real, shown, parent, parent ? parent->depth + 1 : 0, budget};
-        root = resolve_includes(root, shown, &self, diag);
-    }
+    include_frame self = {real, shown, parent, shown, parent ? parent->depth + 1 : 0, budget};
+    root = load_text(text, len, at, &self, diag);
     goto done;
 cannot_read:
     if (from)
@@ -770,19 +784,42 @@ loom_cfg_node *loom_cfg_load_file(const char *path, loom_diag *diag) {
     return load_path(path, NULL, NULL, &budget, diag);
 }
 
-loom_cfg_node *loom_cfg_load_string(const char *text, const char *name, loom_diag *diag) {
-    if (!name) name = "<string>";
-    if (!text) {
-        loom_cfg_mark m = {name, 0, 0};
+loom_cfg_node *loom_cfg_load_buffer(const char *text, size_t len, const char *name, const char *include_dir,
+                                    loom_diag *diag) {
+    if (!name) name = "<buffer>";
+    loom_cfg_mark m = {name, 0, 0};
+    if (!text && len) {
         loom_diag_add(diag, &m, "no configuration text given");
         return NULL;
     }
-    loom_cfg_node *root = check_root(parse_text(text, strlen(text), name, -1, NULL, diag), diag);
-    if (!root) return NULL;
-    /* Includes are relative to the current directory: pass a name without a dir. */
     include_budget budget = {0};
-    include_frame self = {NULL, name, NULL, 0, &budget};
-    return resolve_includes(root, "", &self, diag);
+    if (!include_allowed(name, &m, NULL, &budget, diag)) return NULL;
+    /* include_path takes the directory of its first argument: "dir/" + name */
+    char *rel = NULL;
+    if (include_dir) {
+        size_t dl = strlen(include_dir);
+        bool here = dl == 0 || strcmp(include_dir, ".") == 0; /* names as written, "./" not added */
+        rel = malloc(dl + 2);
+        if (!rel) {
+            loom_diag_add(diag, &m, "out of memory");
+            return NULL;
+        }
+        if (here) rel[0] = '\0';
+        else snprintf(rel, dl + 2, "%s%s", include_dir, include_dir[dl - 1] == '/' ? "" : "/");
+    }
+    include_frame self = {NULL, name, NULL, rel, 0, &budget};
+    loom_cfg_node *root = load_text(text ? text : "", len, &m, &self, diag);
+    free(rel);
+    return root;
+}
+
+loom_cfg_node *loom_cfg_load_string(const char *text, const char *name, loom_diag *diag) {
+    if (!text) {
+        loom_cfg_mark m = {name ? name : "<string>", 0, 0};
+        loom_diag_add(diag, &m, "no configuration text given");
+        return NULL;
+    }
+    return loom_cfg_load_buffer(text, strlen(text), name ? name : "<string>", ".", diag);
 }
 
 /* --------------------------------------------------------------- overrides */

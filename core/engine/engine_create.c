@@ -446,6 +446,13 @@ loom_status loom_engine_detokenize(loom_engine *e, const int32_t *ids, int32_t n
     return loom_tokenizer_decode(e->tok, ids, n, true, text, err);
 }
 
+loom_status loom_engine_detokenize_bytes(loom_engine *e, const int32_t *ids, int32_t n, char **text, size_t *len,
+                                         loom_error *err) {
+    loom_status st = need_tokenizer(e, err);
+    if (st != LOOM_OK) return st;
+    return loom_tokenizer_decode_bytes(e->tok, ids, n, true, text, len, err);
+}
+
 const char *loom_engine_token_piece(const loom_engine *e, int32_t id, size_t *len) {
     if (!e->tok) {
         if (len) *len = 0;

@@ -112,8 +112,9 @@ void loom_engine_req_free(loom_req *rq) {
 
 /* ---------------------------------------------------------------- events */
 
-static void emit(loom_engine *e, loom_seq *s, const engine_token *t, const char *text, loom_finish_reason finish,
-                 const char *error) {
+/* text: len bytes (may hold NUL characters), NUL-terminated. */
+static void emit(loom_engine *e, loom_seq *s, const engine_token *t, const char *text, size_t len,
+                 loom_finish_reason finish, const char *error) {
     if (!s->req->r.on_token) return;
     loom_token_event ev = {
         .struct_size = sizeof ev,
@@ -121,6 +122,7 @@ static void emit(loom_engine *e, loom_seq *s, const engine_token *t, const char 
         .sample_index = s->sample_index,
         .token = t ? t->id : -1,
         .text = text ? text : "",
+        .text_len = text ? len : 0,
         .logprob = t ? t->logprob : 0.0f,
         .num_top = t ? t->num_top : 0,
         .top_ids = t ? t->top_ids : NULL,
@@ -188,7 +190,7 @@ static bool append_text(loom_seq *s, const char *piece, size_t n) {
     size_t from = s->text_len > n + (size_t)rq->max_stop_len ? s->text_len - n - (size_t)rq->max_stop_len : 0;
     for (char **p = rq->stop; *p; p++) {
         if (!**p) continue;
-        char *hit = strstr(s->text + from, *p);
+        char *hit = memmem(s->text + from, s->text_len - from, *p, strlen(*p)); /* text may hold NULs */
         if (hit) {
             s->text_len = (size_t)(hit - s->text);
             s->text[s->text_len] = 0;
@@ -202,7 +204,7 @@ static bool append_text(loom_seq *s, const char *piece, size_t n) {
  * string, so a stop string is never shown in part. */
 static void stream_text(loom_engine *e, loom_seq *s, const engine_token *t) {
     if (!s->text) {
-        emit(e, s, t, "", LOOM_FINISH_NONE, NULL);
+        emit(e, s, t, "", 0, LOOM_FINISH_NONE, NULL);
         return;
     }
     size_t hold = (size_t)(s->req->max_stop_len > 0 ? s->req->max_stop_len - 1 : 0);
@@ -212,7 +214,7 @@ static void stream_text(loom_engine *e, loom_seq *s, const engine_token *t) {
     if (end < s->text_emitted) end = s->text_emitted;
     char save = s->text[end];
     s->text[end] = 0;
-    emit(e, s, t, s->text + s->text_emitted, LOOM_FINISH_NONE, NULL);
+    emit(e, s, t, s->text + s->text_emitted, end - s->text_emitted, LOOM_FINISH_NONE, NULL);
     s->text[end] = save;
     s->text_emitted = end;
 }
@@ -232,7 +234,8 @@ void engine_seq_finish(loom_engine *e, loom_seq *s, loom_finish_reason why, cons
         size_t n;
         while ((n = loom_detok_flush(&s->detok, tail, sizeof tail)) > 0) append_text(s, tail, n);
     }
-    emit(e, s, NULL, s->text ? s->text + s->text_emitted : "", why, error);
+    emit(e, s, NULL, s->text ? s->text + s->text_emitted : "", s->text ? s->text_len - s->text_emitted : 0, why,
+         error);
     s->text_emitted = s->text_len;
     loom_req *rq = s->req;
     if (!rq->forked) {

@@ -505,7 +505,10 @@ loom_status loom_model_load(const loom_model_load_opts *o, loom_model **out, loo
     if (!o || !out) return loom_error_set(err, LOOM_ERR_INVALID, "loom_model_load: NULL argument");
     *out = NULL;
     const char *fmt = o->format && *o->format ? o->format : "auto";
-    bool have_path = o->path && *o->path;
+    bool have_path = (o->path && *o->path) || o->data;
+    if (o->data && strcmp(fmt, "gguf") != 0 && strcmp(fmt, "safetensors") != 0)
+        return loom_error_set(err, LOOM_ERR_INVALID,
+                              "a model in memory needs format gguf or safetensors (got '%s')", fmt);
     if (strcmp(fmt, "auto") == 0) {
         if (!have_path && o->dummy_shape && *o->dummy_shape) fmt = "dummy";
         else if (!have_path)

@@ -34,6 +34,15 @@ typedef struct loom_model_load_opts {
     /* Optional: called on the loading thread with fraction in [0, 1]. */
     void (*progress)(void *user, const char *what, double fraction);
     void *user;                /* passed to progress                                               */
+    /* In memory instead of files (format "gguf" or "safetensors", never
+     * "auto"; path then only names the model in messages): a GGUF image, or
+     * one safetensors file with config_json holding config.json's text.
+     * Borrowed: tensors point into `data`, which must outlive the model.
+     * Every check of the file path runs (tests/fuzz loads models this way). */
+    const void *data;          /* GGUF image or safetensors file; NULL: read path              */
+    size_t size;               /* bytes of data                                                   */
+    const char *config_json;   /* safetensors in memory: config.json (not NUL-terminated)         */
+    size_t config_json_len;    /* its bytes                                                       */
 } loom_model_load_opts;
 
 /* Load a model. On success *out owns everything (mappings, copies). On

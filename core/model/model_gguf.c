@@ -286,17 +286,34 @@ static bool is_qk(const char *name, bool *is_q) {
     return false;
 }
 
+/* The model's directory (for tokenizer files next to it): that of path, or
+ * none for an image in memory. */
+static loom_status set_dir(loom_model *m, const loom_model_load_opts *o, loom_error *err) {
+    if (o->data) return LOOM_OK;
+    free(m->dir);
+    m->dir = loom_strdup(o->path);
+    if (!m->dir) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+    char *slash = strrchr(m->dir, '/');
+    if (slash == m->dir) slash[1] = 0;
+    else if (slash) *slash = 0;
+    else strcpy(m->dir, ".");
+    return LOOM_OK;
+}
+
 loom_status lm_load_gguf(loom_model *m, const loom_model_load_opts *o, loom_error *err) {
     loom_status st;
-    if ((st = loom_gguf_open(o->path, &m->gguf, err))) return st;
-    gg_ctx c = {.g = m->gguf, .path = o->path};
+    const char *src = o->path && *o->path ? o->path : "<gguf in memory>";
+    st = o->data ? loom_gguf_open_buffer(o->data, o->size, src, &m->gguf, err)
+                 : loom_gguf_open(o->path, &m->gguf, err);
+    if (st) return st;
+    gg_ctx c = {.g = m->gguf, .path = src};
     if ((st = read_config(&c, m, err))) return st;
     char kk[7][KEYLEN];
     lm_keys keys = {akey(kk[0], &c, "vocab_size"), akey(kk[1], &c, "embedding_length"),
                     akey(kk[2], &c, "feed_forward_length"), akey(kk[3], &c, "block_count"),
                     akey(kk[4], &c, "attention.head_count"), akey(kk[5], &c, "attention.head_count_kv"),
                     "head_dim"};
-    if ((st = lm_check_config(&m->cfg, o->path, &keys, err))) return st;
+    if ((st = lm_check_config(&m->cfg, src, &keys, err))) return st;
 
     /* tensors: mmap'd views with reversed dims */
     int64_t n = loom_gguf_num_tensors(m->gguf);
@@ -317,8 +334,8 @@ loom_status lm_load_gguf(loom_model *m, const loom_model_load_opts *o, loom_erro
         if ((st = lm_add_tensor(m, name, ti->dtype, (int)ti->n_dims, shape, data, ti->nbytes, err)))
             return st;
     }
-    if ((st = lm_index(m, o->path, err))) return st;
-    if ((st = lm_validate(m, o->path, &keys, err))) return st;
+    if ((st = lm_index(m, src, err))) return st;
+    if ((st = lm_validate(m, src, &keys, err))) return st;
 
     /* undo llama.cpp's Q/K row interleaving (arch llama only) */
     if (m->cfg.arch == LOOM_ARCH_LLAMA) {
@@ -334,17 +351,10 @@ loom_status lm_load_gguf(loom_model *m, const loom_model_load_opts *o, loom_erro
             if (!copy) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying %s", t->name);
             if (loom_model_unpermute_rows(t->data, copy, rows, t->nbytes / (size_t)rows, heads) != LOOM_OK)
                 return loom_error_set(err, LOOM_ERR_INTERNAL, "%s: cannot un-permute %s (%lld rows, %d heads)",
-                                      o->path, t->name, (long long)rows, heads);
+                                      src, t->name, (long long)rows, heads);
             t->data = copy;
             lm_progress(o, "gguf: reorder q/k rows", (double)++done / (total ? total : 1));
         }
     }
-    free(m->dir);
-    m->dir = loom_strdup(o->path);
-    if (!m->dir) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
-    char *slash = strrchr(m->dir, '/');
-    if (slash == m->dir) slash[1] = 0;
-    else if (slash) *slash = 0;
-    else strcpy(m->dir, ".");
-    return LOOM_OK;
+    return set_dir(m, o, err);
 }

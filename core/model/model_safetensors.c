@@ -67,16 +67,26 @@ out:
     return st;
 }
 
+/* `len` bytes of JSON (a config file's text) named `name` in messages,
+ * at most ST_MAX_JSON like a file. */
+static loom_status parse_json_text(const char *text, size_t len, const char *name, cJSON **out, loom_error *err) {
+    *out = NULL;
+    if (len > ST_MAX_JSON)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %zu bytes is too large for a JSON config", name, len);
+    const char *end = NULL;
+    *out = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!*out) {
+        long at = end ? (long)(end - text) : -1;
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: invalid JSON near byte %ld", name, at);
+    }
+    return LOOM_OK;
+}
+
 static loom_status parse_json_file(const char *path, cJSON **out, loom_error *err) {
     char *text;
     loom_status st = read_text(path, &text, err);
     if (st) return st;
-    const char *end = NULL;
-    *out = cJSON_ParseWithOpts(text, &end, 0);
-    if (!*out) {
-        long at = end ? (long)(end - text) : -1;
-        st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: invalid JSON near byte %ld", path, at);
-    }
+    st = parse_json_text(text, strlen(text), path, out, err);
     free(text);
     return st;
 }
@@ -215,28 +225,24 @@ static loom_status read_rope_scaling(const cJSON *rs, const char *path, loom_mod
     return LOOM_OK;
 }
 
-static loom_status read_config(const char *path, loom_model_config *cfg, loom_error *err) {
-    cJSON *root = NULL;
-    loom_status st = parse_json_file(path, &root, err);
-    if (st) return st;
+/* config.json's parsed `root` (named `path` in messages) into cfg. */
+static loom_status read_config(const cJSON *root, const char *path, loom_model_config *cfg, loom_error *err) {
+    loom_status st = LOOM_OK;
     js_ctx c = {root, path};
-    if (!cJSON_IsObject(root)) {
-        st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: expected a JSON object", path);
-        goto free_root;
-    }
-    if ((st = read_arch(root, path, cfg, err))) goto free_root;
-    if ((st = read_sizes(&c, cfg, err))) goto free_root;
+    if (!cJSON_IsObject(root)) return loom_error_set(err, LOOM_ERR_FORMAT, "%s: expected a JSON object", path);
+    if ((st = read_arch(root, path, cfg, err))) return st;
+    if ((st = read_sizes(&c, cfg, err))) return st;
     /* transformers >= 5 writes rope settings (theta included) into a
      * `rope_parameters` object; earlier versions use top-level rope_theta
      * and a `rope_scaling` object. Accept both. */
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
     cfg->rope_theta = 10000.0f;
-    if ((st = js_num(root, path, "rope_theta", &cfg->rope_theta, err))) goto free_root;
-    if (cJSON_IsObject(rp) && (st = js_num(rp, path, "rope_theta", &cfg->rope_theta, err))) goto free_root;
+    if ((st = js_num(root, path, "rope_theta", &cfg->rope_theta, err))) return st;
+    if (cJSON_IsObject(rp) && (st = js_num(rp, path, "rope_theta", &cfg->rope_theta, err))) return st;
     cfg->rms_norm_eps = 1e-6f;
-    if ((st = js_num(root, path, "rms_norm_eps", &cfg->rms_norm_eps, err))) goto free_root;
-    if ((st = js_int(&c, "bos_token_id", false, &cfg->bos_token_id, err))) goto free_root;
-    if ((st = js_int(&c, "eos_token_id", false, &cfg->eos_token_id, err))) goto free_root;
+    if ((st = js_num(root, path, "rms_norm_eps", &cfg->rms_norm_eps, err))) return st;
+    if ((st = js_int(&c, "bos_token_id", false, &cfg->bos_token_id, err))) return st;
+    if ((st = js_int(&c, "eos_token_id", false, &cfg->eos_token_id, err))) return st;
     cfg->tie_embeddings = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings"));
     cfg->qkv_bias = cfg->arch == LOOM_ARCH_QWEN2 || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "attention_bias"));
 
@@ -247,12 +253,10 @@ static loom_status read_config(const char *path, loom_model_config *cfg, loom_er
                  sw->valuedouble);
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
     if (!cJSON_IsObject(rs)) rs = rp;
-    if (cJSON_IsObject(rs) && (st = read_rope_scaling(rs, path, cfg, err))) goto free_root;
+    if (cJSON_IsObject(rs) && (st = read_rope_scaling(rs, path, cfg, err))) return st;
     const cJSON *nm = cJSON_GetObjectItemCaseSensitive(root, "_name_or_path");
     if (cJSON_IsString(nm) && nm->valuestring[0]) snprintf(cfg->name, sizeof cfg->name, "%s", nm->valuestring);
-free_root:
-    cJSON_Delete(root);
-    return st;
+    return LOOM_OK;
 }
 
 /* ------------------------------------------------------------ packed 4-bit */
@@ -361,16 +365,11 @@ static loom_status read_packing(loom_model *m, const cJSON *q, const char *where
 /* The checkpoint's quantization config: config.json's quantization_config
  * (transformers writes it there), else the quantizer's own file next to
  * it. No config anywhere: a float checkpoint, m->packing stays empty. */
-static loom_status find_packing(loom_model *m, const char *config_path, char *path, size_t cap,
-                                loom_error *err) {
-    cJSON *root = NULL;
-    loom_status st = parse_json_file(config_path, &root, err);
-    if (st) return st;
+static loom_status find_packing(loom_model *m, const cJSON *root, char *path, size_t cap, loom_error *err) {
+    loom_status st = LOOM_OK;
     const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
-    if (q && !cJSON_IsNull(q)) {
-        st = read_packing(m, q, "config.json quantization_config", NULL, err);
-        goto out;
-    }
+    if (q && !cJSON_IsNull(q)) return read_packing(m, q, "config.json quantization_config", NULL, err);
+    if (!m->dir) return LOOM_OK; /* in memory: config.json is all there is */
     static const struct {
         const char *file, *method;
     } own[] = {
@@ -382,13 +381,11 @@ static loom_status find_packing(loom_model *m, const char *config_path, char *pa
         snprintf(path, cap, "%s/%s", m->dir, own[i].file);
         if (!file_exists(path)) continue;
         cJSON *qj = NULL;
-        if ((st = parse_json_file(path, &qj, err))) goto out;
+        if ((st = parse_json_file(path, &qj, err))) return st;
         st = read_packing(m, qj, own[i].file, own[i].method, err);
         cJSON_Delete(qj);
-        goto out;
+        return st;
     }
-out:
-    cJSON_Delete(root);
     return st;
 }
 
@@ -484,15 +481,11 @@ static uint64_t le64(const uint8_t *p) {
     return v;
 }
 
-/* Map `file` and parse its JSON header: *hdr (caller deletes) and the data
- * section, which starts right after the header. */
-static loom_status map_shard(loom_model *m, const char *file, const uint8_t **data, uint64_t *data_size,
-                             cJSON **hdr, loom_error *err) {
-    const void *addr;
-    size_t size;
-    loom_status st = lm_map_file(m, file, &addr, &size, err);
-    if (st) return st;
-    const uint8_t *base = addr;
+/* Parse the JSON header of the safetensors bytes at base (size bytes,
+ * named `file`): *hdr (caller deletes) and the data section, which starts
+ * right after the header. */
+static loom_status parse_shard(const uint8_t *base, size_t size, const char *file, const uint8_t **data,
+                               uint64_t *data_size, cJSON **hdr, loom_error *err) {
     if (size < 8)
         return loom_error_set(err, LOOM_ERR_FORMAT,
                               "%s: truncated at byte %zu while reading the header length (file has %zu bytes); "
@@ -639,15 +632,16 @@ static loom_status add_entry(loom_model *m, const char *file, const st_entry *t,
                          err);
 }
 
-/* Map `file`, validate its header and add the tensors loom uses. With an
- * index (`weight_map`), tensors the index assigns elsewhere are warned about;
- * the caller checks afterwards that every indexed tensor was found. */
-static loom_status load_shard(loom_model *m, const char *file, const cJSON *weight_map, const char *shard_name,
-                              loom_error *err) {
+/* Validate the header of a shard's bytes (`file` names them) and add the
+ * tensors loom uses. With an index (`weight_map`), tensors the index assigns
+ * elsewhere are warned about; the caller checks afterwards that every
+ * indexed tensor was found. */
+static loom_status shard_entries(loom_model *m, const char *file, const uint8_t *base, size_t size,
+                                 const cJSON *weight_map, const char *shard_name, loom_error *err) {
     const uint8_t *data;
     uint64_t data_size;
     cJSON *hdr = NULL;
-    loom_status st = map_shard(m, file, &data, &data_size, &hdr, err);
+    loom_status st = parse_shard(base, size, file, &data, &data_size, &hdr, err);
     if (st) return st;
     const cJSON *e;
     cJSON_ArrayForEach(e, hdr) {
@@ -661,7 +655,20 @@ free_hdr:
     return st;
 }
 
+/* Map `file` and add its tensors (shard_entries). */
+static loom_status load_shard(loom_model *m, const char *file, const cJSON *weight_map, const char *shard_name,
+                              loom_error *err) {
+    const void *addr;
+    size_t size;
+    loom_status st = lm_map_file(m, file, &addr, &size, err);
+    if (st) return st;
+    return shard_entries(m, file, addr, size, weight_map, shard_name, err);
+}
+
 /* ------------------------------------------------------------ packed layers */
+
+/* What messages name the checkpoint by: its directory, or (in memory) none. */
+static const char *st_where(const loom_model *m) { return m->dir ? m->dir : "<safetensors in memory>"; }
 
 /* (out, in) of linear `canon` (a canonical .weight name) from the config. */
 static void linear_dims(const loom_model_config *c, const char *canon, int64_t *n, int64_t *k) {
@@ -711,23 +718,23 @@ static loom_status check_packed_layer(loom_model *m, const char *stem, int64_t *
         return loom_error_set(err, LOOM_ERR_FORMAT,
                               "%s: layer %s is stored twice, as float %s and as packed %s; the checkpoint is "
                               "inconsistent",
-                              m->dir, stem, wname, nm[0]);
+                              st_where(m), stem, wname, nm[0]);
     if (!qw || !qz || !sc)
         return loom_error_set(err, LOOM_ERR_FORMAT,
                               "%s: packed layer %s has no %s; a %s checkpoint stores qweight, qzeros and scales for "
                               "every quantized linear (the download is incomplete or not %s)",
-                              m->dir, stem, !qw ? nm[0] : !qz ? nm[1] : nm[2], pk->method, pk->method);
+                              st_where(m), stem, !qw ? nm[0] : !qz ? nm[1] : nm[2], pk->method, pk->method);
     int64_t n, k;
     linear_dims(&m->cfg, wname, &n, &k);
     const int64_t g = pk->group_size;
     if (qw->dtype != LOOM_DTYPE_I32 || qz->dtype != LOOM_DTYPE_I32)
-        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s is %s; packed 4-bit words must be I32", m->dir,
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s is %s; packed 4-bit words must be I32", st_where(m),
                               qw->dtype != LOOM_DTYPE_I32 ? nm[0] : nm[1],
                               loom_dtype_name(qw->dtype != LOOM_DTYPE_I32 ? qw->dtype : qz->dtype));
     if (n % 8 || k % 8)
         return loom_error_set(err, LOOM_ERR_FORMAT,
                               "%s: %s would be (%lld out, %lld in); 4-bit packing needs both to be multiples of 8",
-                              m->dir, wname, (long long)n, (long long)k);
+                              st_where(m), wname, (long long)n, (long long)k);
     int64_t want0 = awq ? k : k / 8, want1 = awq ? n / 8 : n;
     if (!is_2d(qw, want0, want1)) {
         shape_str(qw, a, sizeof a);
@@ -735,7 +742,7 @@ static loom_status check_packed_layer(loom_model *m, const char *stem, int64_t *
         return loom_error_set(err, LOOM_ERR_FORMAT,
                               "%s: %s has shape %s, but a (%lld out, %lld in) layer packed as %s (%s) needs "
                               "(%lld, %lld)%s",
-                              m->dir, nm[0], a, (long long)n, (long long)k, pk->method, src, (long long)want0,
+                              st_where(m), nm[0], a, (long long)n, (long long)k, pk->method, src, (long long)want0,
                               (long long)want1,
                               other ? (awq ? "; that is the GPTQ layout (in/8, out): the quantization config "
                                              "does not match the weights"
@@ -747,9 +754,9 @@ static loom_status check_packed_layer(loom_model *m, const char *stem, int64_t *
         return loom_error_set(err, LOOM_ERR_FORMAT,
                               "%s: group_size %lld (%s) does not divide the %lld inputs of %s; the checkpoint "
                               "cannot have been made with that group size",
-                              m->dir, (long long)g, src, (long long)k, wname);
+                              st_where(m), (long long)g, src, (long long)k, wname);
     if (sc->dtype != LOOM_DTYPE_F16 && sc->dtype != LOOM_DTYPE_BF16 && sc->dtype != LOOM_DTYPE_F32)
-        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s is %s; scales must be F16, BF16 or F32", m->dir,
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s is %s; scales must be F16, BF16 or F32", st_where(m),
                               nm[2], loom_dtype_name(sc->dtype));
     if (!is_2d(sc, k / g, n) || !is_2d(qz, k / g, n / 8)) {
         const loom_tensor *bad = !is_2d(sc, k / g, n) ? sc : qz;
@@ -760,13 +767,13 @@ static loom_status check_packed_layer(loom_model *m, const char *stem, int64_t *
             snprintf(hint, sizeof hint, "; its %lld rows mean groups of %lld inputs", (long long)bad->shape[0],
                      (long long)(k / bad->shape[0]));
         return loom_error_set(err, LOOM_ERR_FORMAT,
-                              "%s: %s has shape %s, expected %s for %lld inputs in groups of %lld (%s)%s", m->dir,
+                              "%s: %s has shape %s, expected %s for %lld inputs in groups of %lld (%s)%s", st_where(m),
                               bad == sc ? nm[2] : nm[1], a, b, (long long)k, (long long)g, src, hint);
     }
     if (gi && !awq && (gi->dtype != LOOM_DTYPE_I32 || gi->ndim != 1 || gi->shape[0] != k)) {
         shape_str(gi, a, sizeof a);
         return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s is %s %s; expected I32 (%lld), one group per input",
-                              m->dir, nm[3], loom_dtype_name(gi->dtype), a, (long long)k);
+                              st_where(m), nm[3], loom_dtype_name(gi->dtype), a, (long long)k);
     }
     *n_out = n, *k_out = k, *dt = sc->dtype;
     return LOOM_OK;
@@ -797,7 +804,7 @@ static loom_status finish_packed(loom_model *m, loom_error *err) {
             snprintf(q, sizeof q, "%s.qweight", stem);
             if (!lm_find(m, q)) {
                 st = loom_error_set(err, LOOM_ERR_FORMAT,
-                                    "%s: %s has no %s next to it; the checkpoint is incomplete", m->dir, nm, q);
+                                    "%s: %s has no %s next to it; the checkpoint is incomplete", st_where(m), nm, q);
                 goto out;
             }
             continue;
@@ -810,7 +817,7 @@ static loom_status finish_packed(loom_model *m, loom_error *err) {
         st = loom_error_set(err, LOOM_ERR_FORMAT,
                             "%s: %s declares a 4-bit %s checkpoint, but no tensor is packed (no *.qweight); "
                             "remove the quantization config or download the quantized weights",
-                            m->dir, m->packing_src, m->packing.method);
+                            st_where(m), m->packing_src, m->packing.method);
         goto out;
     }
     for (int32_t j = 0; j < layers; j++) {
@@ -821,9 +828,9 @@ static loom_status finish_packed(loom_model *m, loom_error *err) {
         if ((st = lm_add_tensor(m, wname, pd[j].dt, 2, shape, NULL, 0, err))) goto out;
     }
     if (layers)
-        loom_log(LOOM_LOG_INFO, "model", "%s: %d linear layers packed as 4-bit %s, groups of %d%s", m->dir, layers,
+        loom_log(LOOM_LOG_INFO, "model", "%s: %d linear layers packed as 4-bit %s, groups of %d%s", st_where(m), layers,
                  m->packing.method, m->packing.group_size, m->packing.desc_act ? ", act-order" : "");
-    st = lm_index(m, m->dir, err);
+    st = lm_index(m, st_where(m), err);
 out:
     free(pd);
     return st;
@@ -863,6 +870,20 @@ static loom_status find_dir(loom_model *m, const loom_model_load_opts *o, const 
     return LOOM_OK;
 }
 
+/* config.json's parsed root (named `src`): the hyper-parameters, the
+ * packing, the model's name, all checked; probe is scratch of cap bytes. */
+static loom_status apply_config(loom_model *m, const cJSON *root, const char *src, char *probe, size_t cap,
+                                loom_error *err) {
+    loom_status st;
+    if ((st = read_config(root, src, &m->cfg, err))) return st;
+    if ((st = find_packing(m, root, probe, cap, err))) return st;
+    if (!m->cfg.name[0]) {
+        const char *d = m->dir ? m->dir : src, *b = strrchr(d, '/');
+        snprintf(m->cfg.name, sizeof m->cfg.name, "%s", b && b[1] ? b + 1 : d);
+    }
+    return lm_check_config(&m->cfg, src, &k_config_keys, err);
+}
+
 /* config.json (required), its packing, the model's name and tokenizer.json;
  * path is scratch of cap bytes. */
 static loom_status read_dir_config(loom_model *m, char *path, size_t cap, loom_error *err) {
@@ -874,13 +895,11 @@ static loom_status read_dir_config(loom_model *m, char *path, size_t cap, loom_e
                               "%s: no config.json; a safetensors model directory needs config.json next to the "
                               "weights (download the whole Hugging Face repository)",
                               m->dir);
-    if ((st = read_config(path, &m->cfg, err))) return st;
-    if ((st = find_packing(m, path, probe, sizeof probe, err))) return st;
-    if (!m->cfg.name[0]) {
-        const char *b = strrchr(m->dir, '/');
-        snprintf(m->cfg.name, sizeof m->cfg.name, "%s", b && b[1] ? b + 1 : m->dir);
-    }
-    if ((st = lm_check_config(&m->cfg, path, &k_config_keys, err))) return st;
+    cJSON *root = NULL;
+    if ((st = parse_json_file(path, &root, err))) return st;
+    st = apply_config(m, root, path, probe, sizeof probe, err);
+    cJSON_Delete(root);
+    if (st) return st;
     snprintf(path, cap, "%s/tokenizer.json", m->dir);
     if (file_exists(path) && !(m->tokenizer_json = loom_strdup(path)))
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
@@ -951,7 +970,7 @@ static loom_status load_single(loom_model *m, const loom_model_load_opts *o, con
 static loom_status settle_output(loom_model *m, loom_error *err) {
     bool has_out = lm_find(m, "output.weight") != NULL;
     if (!has_out && !m->cfg.tie_embeddings) {
-        loom_log(LOOM_LOG_INFO, "model", "%s: no lm_head.weight; using tied embeddings", m->dir);
+        loom_log(LOOM_LOG_INFO, "model", "%s: no lm_head.weight; using tied embeddings", st_where(m));
         m->cfg.tie_embeddings = true;
     }
     if (!m->cfg.tie_embeddings || !has_out) return LOOM_OK;
@@ -963,10 +982,32 @@ static loom_status settle_output(loom_model *m, loom_error *err) {
         memmove(&m->names[i], &m->names[i + 1], (size_t)(m->n_tensors - i - 1) * sizeof *m->names);
         m->n_tensors--;
     }
-    return lm_index(m, m->dir, err);
+    return lm_index(m, st_where(m), err);
+}
+
+/* One safetensors file and config.json's text in memory (o->data,
+ * o->config_json): the checks of load_single and read_dir_config. */
+static loom_status load_memory(loom_model *m, const loom_model_load_opts *o, loom_error *err) {
+    const char *name = o->path && *o->path ? o->path : "<safetensors in memory>";
+    char probe[64];
+    cJSON *root = NULL;
+    if (!o->config_json)
+        return loom_error_set(err, LOOM_ERR_INVALID, "%s: a safetensors model in memory needs config.json's text",
+                              name);
+    loom_status st = parse_json_text(o->config_json, o->config_json_len, "config.json", &root, err);
+    if (st) return st;
+    st = apply_config(m, root, "config.json", probe, sizeof probe, err);
+    cJSON_Delete(root);
+    if (st) return st;
+    if ((st = shard_entries(m, name, o->data, o->size, NULL, NULL, err))) return st;
+    if ((st = lm_index(m, name, err))) return st;
+    if ((st = finish_packed(m, err))) return st;
+    if ((st = settle_output(m, err))) return st;
+    return lm_validate(m, name, &k_config_keys, err);
 }
 
 loom_status lm_load_safetensors(loom_model *m, const loom_model_load_opts *o, loom_error *err) {
+    if (o->data) return load_memory(m, o, err);
     const char *single;
     size_t cap = strlen(o->path) + 512;
     char *path = NULL;

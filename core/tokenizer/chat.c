@@ -50,21 +50,29 @@ const char *loom_chat_format_name(loom_chat_format fmt) {
 /* The literal default system prompt of a ChatML template:
  * '<|im_start|>system\n' TEXT '<|im_end|>' inside one string literal, with
  * \n either a real newline or the two characters backslash-n. Returns a
- * malloc'd copy or NULL. */
+ * malloc'd copy or NULL. Linear in the template's length: the template
+ * comes from a file (tokenizer_config.json, up to 64 MiB), and the first
+ * <|im_end|> after a head is shared by every head before it, so it is
+ * searched for once per stretch, not once per head. */
 static char *chatml_default_system(const char *tmpl) {
     static const char head[] = "<|im_start|>system";
-    const char *p = tmpl;
+    const char *p = tmpl, *end = NULL; /* the first <|im_end|> after the last head searched from */
+    bool searched = false;
     while (tmpl && (p = strstr(p, head)) != NULL) {
         p += sizeof head - 1;
         const char *q = p;
         if (*q == '\n') q++;
         else if (q[0] == '\\' && q[1] == 'n') q += 2;
         else continue;
-        const char *end = strstr(q, "<|im_end|>");
-        if (!end || end == q) continue;
-        bool clean = true;
-        for (const char *c = q; c < end; c++)
-            if (*c == '\'' || *c == '"' || *c == '{' || *c == '}' || *c == '<' || *c == '\\') clean = false;
+        if (!searched || (end && end < q)) {
+            end = strstr(q, "<|im_end|>");
+            searched = true;
+        }
+        if (!end) return NULL; /* none after this head: none after any later one */
+        if (end == q) continue;
+        bool clean = true; /* stops at the first unclean byte: a later head's '<' at the latest */
+        for (const char *c = q; c < end && clean; c++)
+            clean = !(*c == '\'' || *c == '"' || *c == '{' || *c == '}' || *c == '<' || *c == '\\');
         if (!clean) continue;
         return loom_strndup(q, (size_t)(end - q));
     }

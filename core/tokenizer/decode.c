@@ -38,10 +38,11 @@ static const char *token_bytes(const loom_tokenizer *t, int32_t id, bool skip_sp
     return p;
 }
 
-loom_status loom_tokenizer_decode(const loom_tokenizer *t, const int32_t *ids, int32_t n,
-                                  bool skip_special, char **out, loom_error *err) {
-    if (!out) return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer decode: NULL output");
+loom_status loom_tokenizer_decode_bytes(const loom_tokenizer *t, const int32_t *ids, int32_t n, bool skip_special,
+                                        char **out, size_t *len, loom_error *err) {
+    if (!out || !len) return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer decode: NULL output");
     *out = NULL;
+    *len = 0;
     if (!t || n < 0 || (n > 0 && !ids))
         return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer decode: bad argument");
     tok_buf raw = {0}, res = {0};
@@ -75,7 +76,14 @@ loom_status loom_tokenizer_decode(const loom_tokenizer *t, const int32_t *ids, i
         return loom_error_set(err, LOOM_ERR_NOMEM, "tokenizer decode: out of memory");
     }
     *out = res.p;
+    *len = res.n;
     return LOOM_OK;
+}
+
+loom_status loom_tokenizer_decode(const loom_tokenizer *t, const int32_t *ids, int32_t n,
+                                  bool skip_special, char **out, loom_error *err) {
+    size_t len;
+    return loom_tokenizer_decode_bytes(t, ids, n, skip_special, out, &len, err);
 }
 
 /* ------------------------------------------------------------ streaming */

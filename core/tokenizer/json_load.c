@@ -62,22 +62,28 @@ static loom_status slurp_capped(FILE *f, const char *path, char **buf, size_t *l
     return LOOM_OK;
 }
 
-static loom_status read_json(const char *path, cJSON **out, loom_error *err) {
+/* Parse `len` bytes of JSON named `name` in messages, under the same size
+ * cap as a file. */
+static loom_status parse_json(const char *buf, size_t len, const char *name, cJSON **out, loom_error *err) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return loom_error_set(err, LOOM_ERR_NOT_FOUND, "%s: cannot open tokenizer file", path);
-    char *buf = NULL;
-    size_t sz = 0;
-    loom_status st = slurp_capped(f, path, &buf, &sz, err);
-    fclose(f);
-    if (st) return st;
+    if (len > TOK_JSON_MAX_BYTES)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %zu bytes is larger than the 64 MiB loom reads as a "
+                              "tokenizer file", name, len);
     const char *end = NULL;
-    *out = cJSON_ParseWithLengthOpts(buf, sz, &end, false);
+    *out = cJSON_ParseWithLengthOpts(buf, len, &end, false);
     if (!*out) {
         size_t off = end ? (size_t)(end - buf) : 0;
-        st = loom_error_set(err, LOOM_ERR_FORMAT, "%s: invalid JSON near byte %zu", path, off);
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: invalid JSON near byte %zu", name, off);
     }
-    free(buf);
+    return LOOM_OK;
+}
+
+/* The file's bytes, malloc'd (caller frees), at most TOK_JSON_MAX_BYTES. */
+static loom_status read_file(const char *path, char **buf, size_t *len, loom_error *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return loom_error_set(err, LOOM_ERR_NOT_FOUND, "%s: cannot open tokenizer file", path);
+    loom_status st = slurp_capped(f, path, buf, len, err);
+    fclose(f);
     return st;
 }
 
@@ -504,17 +510,43 @@ free_tables:
     return st;
 }
 
-loom_status loom_tokenizer_from_json(const char *path, const char *config_path,
-                                     loom_tokenizer **out, loom_error *err) {
+/* tokenizer.json's bytes (named `name`) and, when config_json is not NULL,
+ * tokenizer_config.json's (named `config_name`) to a tokenizer: what the
+ * file and the buffer entry points share. */
+static loom_status from_bytes(const char *json, size_t len, const char *name, const char *config_json,
+                              size_t config_len, const char *config_name, loom_tokenizer **out, loom_error *err) {
     cJSON *root = NULL, *cfg = NULL;
-    if (!out || !path) return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer: NULL argument");
-    *out = NULL;
-    loom_status st = read_json(path, &root, err);
+    loom_status st = parse_json(json, len, name, &root, err);
     if (st) goto free_json;
-    if (config_path && (st = read_json(config_path, &cfg, err))) goto free_json;
-    st = build_from(root, cfg, path, out, err);
+    if (config_json && (st = parse_json(config_json, config_len, config_name, &cfg, err))) goto free_json;
+    st = build_from(root, cfg, name, out, err);
 free_json:
     cJSON_Delete(root);
     cJSON_Delete(cfg);
+    return st;
+}
+
+loom_status loom_tokenizer_from_json_buffer(const char *json, size_t len, const char *config_json,
+                                            size_t config_len, const char *name, loom_tokenizer **out,
+                                            loom_error *err) {
+    if (!out || (!json && len) || (!config_json && config_len))
+        return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer: NULL argument");
+    *out = NULL;
+    return from_bytes(json ? json : "", len, name ? name : "tokenizer.json", config_json, config_len,
+                      "tokenizer_config.json", out, err);
+}
+
+loom_status loom_tokenizer_from_json(const char *path, const char *config_path,
+                                     loom_tokenizer **out, loom_error *err) {
+    if (!out || !path) return loom_error_set(err, LOOM_ERR_INVALID, "tokenizer: NULL argument");
+    *out = NULL;
+    char *json = NULL, *cfg = NULL;
+    size_t len = 0, cfg_len = 0;
+    loom_status st = read_file(path, &json, &len, err);
+    if (st) return st;
+    if (!config_path || !(st = read_file(config_path, &cfg, &cfg_len, err)))
+        st = from_bytes(json, len, path, cfg, cfg_len, config_path, out, err);
+    free(json);
+    free(cfg);
     return st;
 }

@@ -77,6 +77,15 @@ loom_status loom_tokenizer_from_json(const char *tokenizer_json_path,
                                      const char *tokenizer_config_json_path, loom_tokenizer **out,
                                      loom_error *err);
 
+/* The same from bytes in memory (`len` of tokenizer.json; config_json, may
+ * be NULL, config_len of tokenizer_config.json; neither need be
+ * NUL-terminated) with the same checks and the same 64 MiB cap; `name`
+ * (NULL: "tokenizer.json") names it in errors. loom_tokenizer_from_json
+ * reads the files and parses them the same way. [any] thread. */
+loom_status loom_tokenizer_from_json_buffer(const char *json, size_t len, const char *config_json,
+                                            size_t config_len, const char *name, loom_tokenizer **out,
+                                            loom_error *err);
+
 void loom_tokenizer_free(loom_tokenizer *t);
 
 /* ----------------------------------------------------------------- queries */
@@ -121,10 +130,17 @@ const char *loom_tokenizer_chat_template(const loom_tokenizer *t);
 loom_status loom_tokenizer_encode(const loom_tokenizer *t, const char *text, size_t len,
                                   bool add_bos, bool parse_special, int32_t **ids, int32_t *n,
                                   loom_error *err);
-/* Decode to a malloc'd NUL-terminated UTF-8 string; invalid byte sequences
- * become U+FFFD. skip_special drops CONTROL and UNKNOWN tokens. For
- * SentencePiece vocabularies with add_space_prefix, the space the encoder
- * added before the first text token is removed. Unknown ids are an error. */
+/* Decode to malloc'd UTF-8 bytes, *len of them (plus a NUL after them that
+ * is not counted): text may itself hold NUL characters (a vocabulary's
+ * byte 0, "\u0000" in a tokenizer.json), so callers that pass the text on
+ * use *len, not strlen. Invalid byte sequences become U+FFFD. skip_special
+ * drops CONTROL and UNKNOWN tokens. For SentencePiece vocabularies with
+ * add_space_prefix, the space the encoder added before the first text
+ * token is removed. Unknown ids are an error. */
+loom_status loom_tokenizer_decode_bytes(const loom_tokenizer *t, const int32_t *ids, int32_t n, bool skip_special,
+                                        char **out, size_t *len, loom_error *err);
+/* The same as a C string: text after a NUL character is cut off (for
+ * callers that only show text). */
 loom_status loom_tokenizer_decode(const loom_tokenizer *t, const int32_t *ids, int32_t n,
                                   bool skip_special, char **out, loom_error *err);
 

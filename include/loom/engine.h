@@ -54,7 +54,11 @@ typedef struct loom_token_event {
     int32_t vocab;             /* entries in probs                           */
     int32_t prompt_tokens;     /* the request's prompt, in tokens (after the
                                   chat template) — for usage accounting   */
-    /* since ABI 2.0 — add new members below this line only */
+    /* since ABI 2.2 (read it only when LOOM_HAS_FIELD(ev, loom_token_event,
+     * text_len)) — add new members below this line only */
+    size_t text_len;           /* bytes of text: the text may hold NUL
+                                  characters (a model can generate byte
+                                  0), so pass it on by length, not strlen */
 } loom_token_event;
 
 typedef void (*loom_token_cb)(void *user, const loom_token_event *ev);
@@ -189,6 +193,10 @@ loom_status loom_engine_tokenize(loom_engine *e, const char *text, bool add_bos,
                                  int32_t *n, loom_error *err);
 loom_status loom_engine_detokenize(loom_engine *e, const int32_t *ids, int32_t n, char **text,
                                    loom_error *err);
+/* The same with the text's length in *len (since ABI 2.2): decoded text may
+ * hold NUL characters, which loom_engine_detokenize's C string cuts off. */
+loom_status loom_engine_detokenize_bytes(loom_engine *e, const int32_t *ids, int32_t n, char **text,
+                                         size_t *len, loom_error *err);
 /* The bytes token `id` stands for on its own, as a vocabulary entry: a
  * SentencePiece word piece keeps its leading space ("▁Paris" -> " Paris",
  * which decoding it alone drops), a byte-level token may be part of a UTF-8

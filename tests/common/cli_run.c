@@ -65,8 +65,9 @@ cli_out cli_run(const char *bin, const char *cwd, const char *const *env, const 
     if (pid == 0) child(bin, cwd, env, args, out, err);
     int status = 0;
     waitpid(pid, &status, 0);
-    cli_out r = {WIFEXITED(status) ? WEXITSTATUS(status) : -1, test_slurp(out, NULL),
-                 test_slurp(err, NULL)};
+    size_t out_len = 0;
+    char *o = test_slurp(out, &out_len);
+    cli_out r = {WIFEXITED(status) ? WEXITSTATUS(status) : -1, o, test_slurp(err, NULL), out_len};
     unlink(out);
     unlink(err);
     rmdir(dir);

@@ -15,6 +15,7 @@ typedef struct cli_out {
     int code;  /* exit status; -1 when killed by a signal */
     char *out; /* stdout */
     char *err; /* stderr */
+    size_t out_len; /* bytes of stdout (it may hold NUL bytes) */
 } cli_out;
 
 /* NULL-terminated argument list for cli_run. */

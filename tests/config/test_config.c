@@ -1090,3 +1090,53 @@ CFG_TEST(include_from_string_and_bad_include_value) {
                 "column 4)");
     loom_diag_free(&d);
 }
+
+/* Issue 29 (parsers take bytes): a buffer that is not NUL-terminated parses
+ * to its length; includes are relative to the given directory, or refused
+ * when it is NULL (no file is read for untrusted text). */
+CFG_TEST(load_buffer_reads_its_length_and_roots_includes) {
+    const char text[] = "a: 1\nb: 2\nTRAILING: [";
+    loom_diag d;
+    loom_diag_init(&d);
+    loom_cfg_node *r = loom_cfg_load_buffer(text, 10, "buf.yaml", NULL, &d); /* "a: 1\nb: 2\n" */
+    if (d.count) loom_diag_print(&d, stderr);
+    cr_assert_not_null(r);
+    cr_expect_eq(loom_cfg_size(r), 2);
+    cr_expect_str_eq(loom_cfg_scalar(loom_cfg_get(r, "b")), "2");
+    loom_cfg_free(r);
+
+    write_file("base.yaml", "a: 1\nc: 3\n");
+    const char inc[] = "include: base.yaml\na: 2\n";
+    r = loom_cfg_load_buffer(inc, strlen(inc), "buf.yaml", g_dir, &d);
+    if (d.count) loom_diag_print(&d, stderr);
+    cr_assert_not_null(r);
+    cr_expect_str_eq(loom_cfg_scalar(loom_cfg_get(r, "a")), "2");
+    cr_expect_str_eq(loom_cfg_scalar(loom_cfg_get(r, "c")), "3");
+    loom_cfg_free(r);
+
+    cr_assert_null(loom_cfg_load_buffer(inc, strlen(inc), "buf.yaml", NULL, &d));
+    expect_diag(&d, 0, "buf.yaml", 1, 10,
+                "'include' is not allowed here: buf.yaml is read without access to files");
+    loom_diag_free(&d);
+
+    /* a NUL inside the given length is an error, not the end of the text */
+    loom_diag_init(&d);
+    cr_assert_null(loom_cfg_load_buffer("a: 1\0b: 2\n", 10, "nul.yaml", NULL, &d));
+    cr_assert_geq(d.count, 1);
+    loom_diag_free(&d);
+}
+
+/* The byte limit of a file holds for a buffer too (64 MiB). */
+CFG_TEST(load_buffer_is_size_limited) {
+    size_t n = (64u << 20) + 1;
+    char *big = malloc(n);
+    cr_assert_not_null(big);
+    memset(big, '#', n); /* one long comment: would parse */
+    loom_diag d;
+    loom_diag_init(&d);
+    cr_assert_null(loom_cfg_load_buffer(big, n, "big.yaml", NULL, &d));
+    cr_assert_eq(d.count, 1);
+    cr_expect(strstr(d.entries[0].message, "total more than 67108864 bytes"), "%s", d.entries[0].message);
+    loom_diag_free(&d);
+    free(big);
+}

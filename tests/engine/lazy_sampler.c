@@ -4,6 +4,8 @@
  * log-prob but never the alternatives (top_ids / top_logprobs), which
  * loom/sampler.h allows a sampler to leave as the core set them. The
  * engine tests check what a request asking for logprobs then receives.
+ * With `force` >= 0 it picks that token every time (a model then generates
+ * exactly what a test needs, e.g. byte 0).
  */
 #include <math.h>
 #include <stddef.h>
@@ -14,17 +16,18 @@
 
 typedef struct lazy {
     const loom_host *host;
+    int64_t force;
 } lazy;
 
 typedef struct lazy_config {
-    int64_t unused;
+    int64_t force; /* >= 0: always this token */
 } lazy_config;
 
 static loom_status lazy_create(const loom_host *host, const void *config, void **self, loom_error *err) {
-    (void)config;
     lazy *l = host->calloc(host->ctx, 1, sizeof *l);
     if (!l) return host->error(host->ctx, err, LOOM_ERR_NOMEM, "sampler.lazy: out of memory");
     l->host = host;
+    l->force = ((const lazy_config *)config)->force;
     *self = l;
     return LOOM_OK;
 }
@@ -42,10 +45,11 @@ static int32_t argmax(const float *x, int32_t n) {
 }
 
 static loom_status lazy_sample(void *self, const loom_sample_batch *b, loom_sample_out *out, loom_error *err) {
-    (void)self, (void)err;
+    (void)err;
+    const lazy *l = self;
     for (int32_t r = 0; r < b->n; r++) {
         const float *x = b->logits + (size_t)r * b->width;
-        int32_t t = argmax(x, b->width);
+        int32_t t = l->force >= 0 && l->force < b->width ? (int32_t)l->force : argmax(x, b->width);
         out->tokens[r] = t;
         if (out->logprobs) {
             double z = 0;
@@ -68,7 +72,10 @@ static loom_status lazy_probs(void *self, float *logits, int32_t vocab, const lo
 static const loom_sampler_ops lazy_ops = {.struct_size = sizeof lazy_ops, .create = lazy_create,
                                           .destroy = lazy_destroy, .sample = lazy_sample, .probs = lazy_probs};
 
-static const loom_param lazy_params[] = {{0}};
+static const loom_param lazy_params[] = {
+    {.key = "force", .type = LOOM_PARAM_INT, .offset = offsetof(lazy_config, force), .default_value = "-1",
+     .min = -1, .max = 1e9, .doc = "pick this token every time (-1: greedy)"},
+    {0}};
 
 static const loom_component lazy_components[] = {{.struct_size = sizeof(loom_component),
                                                   .kind = LOOM_KIND_SAMPLER,

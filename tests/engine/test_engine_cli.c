@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include "cli_run.h"
+#include "model/gguf.h"
+#include "tokenizer/tokenizer.h"
 #include "eng_util.h"
 
 /* Run LOOM_CLI with NULL-terminated args (stdin from /dev/null). */
@@ -223,4 +225,35 @@ Test(cli, bench_compare) {
     cli_out_free(&r);
     free(a);
     free(b);
+}
+
+/* Issue 29 (13): generated text may hold NUL (byte 0 is a token of
+ * SmolLM2's byte-level vocabulary, "Ā"); `loom run` printed it with
+ * C-string calls and cut it. The test sampler "lazy" with force=ID makes
+ * the model generate exactly that token, three times. */
+Test(cli, run_prints_nul_bytes) {
+    const char *model = eng_need_model();
+    loom_gguf *g = NULL;
+    loom_tokenizer *t = NULL;
+    cr_assert_eq(loom_gguf_open(model, &g, NULL), LOOM_OK);
+    cr_assert_eq(loom_tokenizer_from_gguf(g, &t, NULL), LOOM_OK);
+    int32_t nul = loom_tokenizer_find(t, "\xC4\x80"); /* byte 0 */
+    loom_tokenizer_free(t);
+    loom_gguf_close(g);
+    cr_assert_geq(nul, 0);
+    char *cfg = default_config(), set_model[1024], force[64];
+    snprintf(set_model, sizeof set_model, "model.path=%s", model);
+    snprintf(force, sizeof force, "sampler.force=%d", (int)nul);
+    for (int stream = 0; stream < 2; stream++) {
+        const char *args[] = {"run", cfg, "-p", "Hi", "-n", "3", "-q", "--set", set_model, "--set",
+                              "cache.memory_gib=0.25", "--set", "engine.max_model_len=256", "--set",
+                              "sampler.plugin=lazy", "--set", force, stream ? "--stream" : NULL, NULL};
+        cli_out r = cli(args);
+        cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
+        cr_assert_eq(r.out_len, 4, "%s: stdout has %zu bytes, expected 3 NULs and a newline", stream ? "--stream" : "run",
+                     r.out_len);
+        cr_assert(memcmp(r.out, "\0\0\0\n", 4) == 0, "stdout is not 3 NULs and a newline");
+        cli_out_free(&r);
+    }
+    free(cfg);
 }

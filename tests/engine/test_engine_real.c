@@ -601,6 +601,18 @@ Test(real, token_pieces) {
     cr_assert_eq(loom_engine_detokenize(e, &im_end, 1, &t, &err), LOOM_OK);
     cr_assert_str_eq(t, "", "decoding skips control tokens; its piece does not");
     free(t);
+    /* byte 0 ("Ā"): detokenize's C string is empty, detokenize_bytes has it */
+    int32_t nul[3] = {-1, -1, -1};
+    for (int32_t i = 0; i < loom_engine_vocab_size(e) && nul[0] < 0; i++) {
+        p = loom_engine_token_piece(e, i, &len);
+        if (p && len == 1 && p[0] == 0) nul[0] = i;
+    }
+    cr_assert_geq(nul[0], 0, "no token's piece is byte 0");
+    nul[1] = nul[2] = nul[0];
+    size_t tl = 0;
+    cr_assert_eq(loom_engine_detokenize_bytes(e, nul, 3, &t, &tl, &err), LOOM_OK, "%s", err.message);
+    cr_assert(tl == 3 && !memcmp(t, "\0\0\0", 4), "%zu bytes", tl);
+    free(t);
     /* U+1F31F (F0 9F 8C 9F) is more than one token here: their pieces
      * concatenate to its four bytes, and at least one is not whole UTF-8 */
     cr_assert_eq(loom_engine_tokenize(e, "\xF0\x9F\x8C\x9F", false, &ids, &n, &err), LOOM_OK);

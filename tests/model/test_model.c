@@ -1090,3 +1090,97 @@ Test(model, real_model_smollm2, .timeout = 60) {
     cr_assert_gt(total, 1e-2, "sanity: the check can fail");
     loom_model_free(m);
 }
+
+/* ------------------------------------------------------------ in memory */
+
+static char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s", path);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    rewind(f);
+    char *b = malloc(*n + 1);
+    cr_assert_eq(fread(b, 1, *n, f), *n);
+    fclose(f);
+    b[*n] = 0;
+    return b;
+}
+
+/* Issue 29 (parsers take bytes): a GGUF image in memory loads with every
+ * check of the file path — config, tensors, shapes — and the same result;
+ * a damaged one fails the same way, naming the given name. */
+Test(model, gguf_from_memory_matches_file) {
+    make_tmpdir();
+    tiny t;
+    build_tiny(&t, 0);
+    const char *p = write_tiny(&t, "mem.gguf");
+    size_t n;
+    char *img = slurp(p, &n);
+    loom_model *a = load_ok(p, "gguf");
+    loom_model_load_opts o = {.path = "mem.gguf", .format = "gguf", .data = img, .size = n};
+    loom_model *b = NULL;
+    loom_error err = {0};
+    cr_assert_eq(loom_model_load(&o, &b, &err), LOOM_OK, "%s", err.message);
+    const loom_model_view *va = loom_model_view_get(a), *vb = loom_model_view_get(b);
+    cr_assert_eq(va->count(va->ctx), vb->count(vb->ctx));
+    for (int32_t i = 0; i < va->count(va->ctx); i++) {
+        const loom_tensor *x = va->at(va->ctx, i), *y = vb->get(vb->ctx, x->name);
+        cr_assert(y && y->nbytes == x->nbytes && memcmp(x->data, y->data, x->nbytes) == 0, "%s", x->name);
+    }
+    cr_assert_eq(loom_model_config_get(b)->num_layers, loom_model_config_get(a)->num_layers);
+    cr_assert_null(loom_model_dir(b), "a model in memory has no directory");
+    loom_model_free(a);
+    loom_model_free(b);
+
+    /* the tensor checks run: cut the image inside the data section */
+    o.size = n - 8;
+    cr_assert_neq(loom_model_load(&o, &b, &err), LOOM_OK);
+    cr_assert_null(b);
+    cr_assert(strstr(err.message, "mem.gguf"), "%s", err.message);
+    /* "auto" cannot sniff a buffer */
+    o.size = n, o.format = "auto";
+    cr_assert_eq(loom_model_load(&o, &b, &err), LOOM_ERR_INVALID);
+    free(img);
+    free_tiny(&t);
+    rm_tmpdir();
+}
+
+/* A safetensors file and config.json's text in memory: the checks of a
+ * directory load (config, header, shapes against the config). */
+Test(model, safetensors_from_memory) {
+    make_tmpdir();
+    st_entry e[64];
+    char names[64][96];
+    int ne = hf_entries(e, "BF16", true, false, names);
+    write_safetensors(tmp_path("model.safetensors"), e, ne, NULL);
+    write_config("LlamaForCausalLM", false);
+    size_t n, cn;
+    char *img = slurp(tmp_path("model.safetensors"), &n), *cfg = slurp(tmp_path("config.json"), &cn);
+    loom_model_load_opts o = {.format = "safetensors", .data = img, .size = n, .config_json = cfg,
+                              .config_json_len = cn};
+    loom_model *m = NULL;
+    loom_error err = {0};
+    cr_assert_eq(loom_model_load(&o, &m, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(loom_model_config_get(m)->hidden_size, 32);
+    const loom_tensor *x = loom_model_tensor(m, "output.weight");
+    cr_assert(x && ((const uint16_t *)x->data)[0] == loom_fp32_to_bf16(3000.0f), "lm_head data");
+    cr_assert_null(loom_model_dir(m));
+    loom_model_free(m);
+
+    /* config.json that does not fit the weights: the shape check runs */
+    char *bad = strdup(cfg);
+    char *h = strstr(bad, "\"hidden_size\":32");
+    cr_assert_not_null(h, "%s", bad);
+    h[15] = '6'; /* 32 -> 36 */
+    o.config_json = bad;
+    cr_assert_neq(loom_model_load(&o, &m, &err), LOOM_OK);
+    cr_assert_null(m);
+    /* no config: refused by name */
+    o.config_json = NULL, o.config_json_len = 0;
+    cr_assert_eq(loom_model_load(&o, &m, &err), LOOM_ERR_INVALID);
+    cr_assert(strstr(err.message, "config.json"), "%s", err.message);
+    free(bad);
+    free(img);
+    free(cfg);
+    rm_tmpdir();
+}

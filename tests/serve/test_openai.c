@@ -402,3 +402,25 @@ Test(openai, deep_nesting_refused) {
     cr_assert(why[0]);
     free(b);
 }
+
+/* Issue 29 (13): generated text that holds NUL goes out whole, as
+ * "\u0000" (cJSON's strings end at the first NUL, so "a\0b" was sent as
+ * "a"); quotes, backslashes and control characters are escaped. */
+Test(openai, json_text_keeps_nul) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "text", serve_json_text("a\0b\"\\\n\x01\xC3\xA9", 9));
+    char *s = cJSON_PrintUnformatted(o);
+    cr_assert_str_eq(s, "{\"text\":\"a\\u0000b\\\"\\\\\\u000a\\u0001\xC3\xA9\"}");
+    /* and it parses back to the same 9 bytes */
+    cJSON *back = cJSON_Parse(s);
+    cr_assert_not_null(back);
+    free(s);
+    cJSON_Delete(back);
+    cJSON_Delete(o);
+    o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "text", serve_json_text("", 0));
+    s = cJSON_PrintUnformatted(o);
+    cr_assert_str_eq(s, "{\"text\":\"\"}");
+    free(s);
+    cJSON_Delete(o);
+}

@@ -694,6 +694,36 @@ Test(serve, client_gone_counts_499_not_5xx, .timeout = 120) {
     free(log);
 }
 
+/* A streaming client that leaves is a 499 too, not a 2xx: the stream is
+ * counted by how it ended, not when its 200 header went out. */
+Test(serve, stream_client_gone_counts_499_not_2xx, .timeout = 120) {
+    server s = start(TINY, (const char *[]){SLOW_ARGS, NULL});
+    const char *k2 = "loom_http_responses_total{code=\"2xx\"}", *k499 = "loom_http_responses_total{code=\"499\"}";
+    /* a /metrics reply is counted after its body is made: each call below
+     * adds exactly one 2xx to what the next one shows */
+    double base = metric(s.port, k2);
+    int fd = dial(s.port);
+    send_request(fd, "POST", "/v1/completions",
+                 "{\"prompt\": [1, 2, 3], \"max_tokens\": 300, \"ignore_eos\": true, \"stream\": true}", NULL);
+    char buf[4096] = {0};
+    size_t got = 0;
+    while (got < sizeof buf - 1 && !strstr(buf, "data: ")) {
+        ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
+        cr_assert_gt(r, 0);
+        got += (size_t)r;
+        buf[got] = 0;
+    }
+    cr_assert_eq(metric(s.port, k2) - base, 1, "a stream still running was counted as a 2xx");
+    close(fd);
+    cr_assert(wait_idle(s.port, 20), "the abandoned stream kept running");
+    int i;
+    for (i = 0; i < 50 && metric(s.port, k499) < 1; i++) usleep(100000);
+    cr_assert_eq(metric(s.port, k499), 1, "the stream the client left is not counted as a 499");
+    char *log = stop(&s, 30);
+    cr_assert(strstr(log, " 499 cmpl-"), "no 499 line in the log:\n%s", log);
+    free(log);
+}
+
 /* A body whose prompt is `n` token ids (a prefill of n tokens). */
 static char *long_ids_body(int n, const char *extra) {
     char *b = malloc((size_t)n * 4 + 256);
@@ -870,6 +900,27 @@ Test(serve, usage_errors) {
 #define SMOL "tests/engine/data/smol.yaml"
 
 static const char *chat_text(const cJSON *o) { return str(o, "choices.0.message.content"); }
+
+/* Issue 29 (13): generated text holding NUL goes out whole, as \u0000
+ * (cJSON's strings ended it at the first NUL). The test sampler "lazy"
+ * forces SmolLM2's byte-0 token "Ā" (id 190) three times. */
+Test(serve, generated_nul_goes_out_whole, .timeout = 300) {
+    need_model();
+    server s = start(SMOL, (const char *[]){"--set", "sampler.plugin=lazy", "--set", "sampler.force=190", NULL});
+    reply r = http(s.port, "POST", "/v1/completions", "{\"prompt\": \"Hi\", \"max_tokens\": 3}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert(strstr(r.body, "\"text\":\"\\u0000\\u0000\\u0000\""), "%s", r.body);
+    reply_free(&r);
+    r = http(s.port, "POST", "/v1/chat/completions",
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 3, \"stream\": true}",
+             NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    int nul = 0;
+    for (const char *p = r.body; (p = strstr(p, "\\u0000")); p++) nul++;
+    cr_assert_eq(nul, 3, "three NULs streamed: %s", r.body);
+    reply_free(&r);
+    free(stop(&s, 30));
+}
 
 Test(serve, chat_and_stream_real_model, .timeout = 600) {
     need_model();

@@ -1113,3 +1113,93 @@ Test(tokenizer, unspellable_bytes_consistent) {
     free(ids);
     loom_tokenizer_free(t);
 }
+
+/* Issue 29 (parsers take bytes): tokenizer.json and tokenizer_config.json
+ * from memory — exactly `len` bytes, no NUL after them (ASan sees any read
+ * past) — give the tokenizer the files give. */
+static char *slurp_exact(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s", path);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    rewind(f);
+    char *b = malloc(*n);
+    cr_assert_eq(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+
+Test(tokenizer, json_from_buffer_equals_file) {
+    size_t n, cn;
+    char *tj = slurp_exact(data_path("smollm2-tokenizer.json"), &n);
+    char *cj = slurp_exact(data_path("smollm2-tokenizer_config.json"), &cn);
+    loom_tokenizer *a = json_tok(), *b = NULL;
+    loom_error err = {0};
+    cr_assert_eq(loom_tokenizer_from_json_buffer(tj, n, cj, cn, "mem.json", &b, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(loom_tokenizer_vocab_size(a), loom_tokenizer_vocab_size(b));
+    cr_assert_str_eq(loom_tokenizer_chat_template(a), loom_tokenizer_chat_template(b));
+    const char *text = "Hello, world! <|im_start|> 12345 naïve";
+    int32_t *ia, *ib, na, nb;
+    cr_assert_eq(loom_tokenizer_encode(a, text, strlen(text), false, true, &ia, &na, NULL), LOOM_OK);
+    cr_assert_eq(loom_tokenizer_encode(b, text, strlen(text), false, true, &ib, &nb, NULL), LOOM_OK);
+    cr_assert(na == nb && memcmp(ia, ib, (size_t)na * sizeof *ia) == 0);
+    free(ia);
+    free(ib);
+    loom_tokenizer_free(b);
+    /* a cut buffer is a JSON error that names the given name */
+    cr_assert_eq(loom_tokenizer_from_json_buffer(tj, n / 2, NULL, 0, "mem.json", &b, &err), LOOM_ERR_FORMAT);
+    cr_assert_null(b);
+    cr_assert(strstr(err.message, "mem.json: invalid JSON"), "%s", err.message);
+    loom_tokenizer_free(a);
+    free(tj);
+    free(cj);
+}
+
+/* Issue 29 (13): decoded text may hold NUL (byte 0 is a byte-level token,
+ * "Ā"); loom_tokenizer_decode's C string cut it, decode_bytes gives the
+ * whole text and its length. */
+Test(tokenizer, decode_bytes_keeps_nul) {
+    loom_tokenizer *t = json_tok();
+    int32_t ids[3] = {loom_tokenizer_find(t, "a"), loom_tokenizer_find(t, "\xC4\x80"), loom_tokenizer_find(t, "b")};
+    cr_assert(ids[0] >= 0 && ids[1] >= 0 && ids[2] >= 0);
+    char *s;
+    size_t n;
+    cr_assert_eq(loom_tokenizer_decode_bytes(t, ids, 3, false, &s, &n, NULL), LOOM_OK);
+    cr_assert_eq(n, 3);
+    cr_assert(memcmp(s, "a\0b", 4) == 0, "decoded bytes differ");
+    free(s);
+    /* and it round-trips through encode */
+    int32_t *back, nb;
+    cr_assert_eq(loom_tokenizer_encode(t, "a\0b", 3, false, false, &back, &nb, NULL), LOOM_OK);
+    cr_assert(nb == 3 && memcmp(back, ids, sizeof ids) == 0);
+    free(back);
+    loom_tokenizer_free(t);
+}
+
+/* Found while fuzzing (issue 29): the ChatML default-system lookup searched
+ * for <|im_end|> from every '<|im_start|>system\n' of the template, so a
+ * tokenizer_config.json whose template repeats that head 200 000 times
+ * (3.8 MB) without an end took hours per chat request; now linear. */
+Test(tokenizer, chat_template_default_system_linear, .timeout = 20) {
+    static const char head[] = "<|im_start|>system\\n";
+    const size_t reps = 200000, hl = sizeof head - 1;
+    char *cfg = malloc(reps * hl + 64);
+    size_t n = (size_t)sprintf(cfg, "{\"chat_template\": \"");
+    for (size_t i = 0; i < reps; i++) memcpy(cfg + n, head, hl), n += hl;
+    n += (size_t)sprintf(cfg + n, "\"}");
+    size_t tn;
+    char *tj = slurp_exact(data_path("smollm2-tokenizer.json"), &tn);
+    loom_tokenizer *t = NULL;
+    loom_error err = {0};
+    cr_assert_eq(loom_tokenizer_from_json_buffer(tj, tn, cfg, n, NULL, &t, &err), LOOM_OK, "%s", err.message);
+    loom_chat_msg m[] = {{"user", "Hi"}};
+    char *s = NULL;
+    double t0 = loom_now();
+    cr_assert_eq(loom_chat_apply(t, LOOM_CHAT_AUTO, m, 1, true, &s, &err), LOOM_OK, "%s", err.message);
+    cr_expect_lt(loom_now() - t0, 2.0, "the default-system lookup is not linear");
+    cr_expect_str_eq(s, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"); /* no default system */
+    free(s);
+    loom_tokenizer_free(t);
+    free(tj);
+    free(cfg);
+}

@@ -1,0 +1,52 @@
+/*
+ * tests/fuzz/fuzz_openai.c — request bodies through the OpenAI parser of
+ * `loom serve` (cli/serve/openai.c, no HTTP): both routes, the prompt-size
+ * measure the server checks before tokenizing, the error body for the
+ * parser's message, and a parsed conversation through the chat template.
+ * First input byte: the route (even: completions, odd: chat).
+ */
+#include <stdint.h>
+
+#include "fuzz_util.h"
+#include "serve/openai.h"
+
+/* What the server does with a refusal: an error body that is valid JSON. */
+static void check_error_body(const char *why, const char *param) {
+    char *e = serve_error_json(400, why, param);
+    FUZZ_CHECK(e != NULL);
+    cJSON *back = cJSON_Parse(e);
+    FUZZ_CHECK(back != NULL);
+    cJSON_Delete(back);
+    free(e);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    fuzz_quiet();
+    if (size < 1) return 0;
+    serve_api api = data[0] & 1 ? SERVE_CHAT : SERVE_COMPLETIONS;
+    char *body = fuzz_cstr(data + 1, size - 1); /* serve_parse wants body[len] == 0 */
+    serve_req q;
+    char why[512];
+    const char *param = NULL;
+    if (serve_parse(api, body, size - 1, 16, &q, why, sizeof why, &param)) {
+        int32_t which = 0;
+        (void)serve_prompt_bytes(&q, &which);
+        if (api == SERVE_CHAT && q.base.num_messages > 0) {
+            loom_chat_msg *m = calloc((size_t)q.base.num_messages, sizeof *m);
+            FUZZ_CHECK(m != NULL);
+            for (int32_t i = 0; i < q.base.num_messages; i++)
+                m[i] = (loom_chat_msg){q.base.messages[i].role, q.base.messages[i].content};
+            int32_t *ids = NULL, n = 0;
+            loom_error err = {0};
+            if (loom_chat_encode(fuzz_smollm2(), LOOM_CHAT_AUTO, m, q.base.num_messages, true, &ids, &n, &err) ==
+                LOOM_OK)
+                free(ids);
+            free(m);
+        }
+        serve_req_free(&q);
+    } else {
+        check_error_body(why, param);
+    }
+    free(body);
+    return 0;
+}
