@@ -15,8 +15,11 @@
  *               With a SmoothQuant vector, x / smooth is quantized.
  *   INT4_W4A16  U8 (N, K/2) nibbles (low = even column), f32 scale and zero
  *               per (row, group): w = (q - zero) * scale; unpack fused.
- *   GGUF        rows of q4_0 / q4_1 / q4_k / q8_0 / q6_k blocks as stored;
- *               float activations.
+ *   GGUF        rows of q4_0 / q4_1 / q4_k / q8_0 / q6_k blocks as stored.
+ *               Below LOOM_CPU_QLINEAR_PANEL_M tokens each token is
+ *               quantized to 8-bit blocks of 32 (q8dot.h: scale max|x| /
+ *               127 per block) and dotted with the blocks in int32, as
+ *               llama.cpp does; from there on, float activations (panels).
  *
  * How: rows of W are spread over the pool. At M <= 4 (decode) each row is
  * decoded 16/32 weights at a time straight into vector registers and
@@ -29,9 +32,10 @@
  * picked at load. The weight is never dequantized as a whole: only the
  * tile or panel in flight exists as float.
  *
- * What this is not: the fastest possible CPU kernel (no VNNI intrinsics,
- * no Q8 activation tricks); it is the CPU path that lets CI test every
- * scheme, with the right memory traffic for batch-1 decode.
+ * What this is not: the fastest possible CPU kernel for every format: only
+ * GGUF blocks have integer kernels (q8dot.h: AVX2, AVX-512 VNNI, portable,
+ * picked at run time); the other formats are the CPU path that lets CI
+ * test every scheme, with the right memory traffic for batch-1 decode.
  *
  * Threads: one call at a time per scratch; the pool is driven by the caller.
  */

@@ -173,13 +173,21 @@ static void tw_free(tw *t) {
 
 /* ---------------------------------------------------------- reference */
 
-/* The activations token m of x (M, ldx) becomes for format fmt, in float64,
- * with its per-token scale (1 for float formats): the same float32 steps
- * qlinear.h documents. */
-static void ref_act(loom_qformat fmt, const float *x, int64_t K, const float *smooth, double *xe,
-                    double *scale) {
+/* The activations token m of x (M, ldx) becomes for format fmt in a
+ * product of M tokens, in float64, with its per-token scale (1 for float
+ * formats): the same float32 steps qlinear.h documents. */
+static void ref_act(loom_qformat fmt, int64_t M, const float *x, int64_t K, const float *smooth,
+                    double *xe, double *scale) {
     *scale = 1.0;
-    if (fmt == LOOM_QFMT_INT8_W8A8) {
+    if (fmt == LOOM_QFMT_GGUF && M < LOOM_CPU_QLINEAR_PANEL_M) {
+        /* 8-bit blocks of 32: d = max|x| / 127, code rint(x 127 / max|x|) */
+        for (int64_t b = 0; b < K; b += 32) {
+            float amax = 0;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b + j]));
+            float inv = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+            for (int j = 0; j < 32; j++) xe[b + j] = (double)d * rintf(x[b + j] * inv);
+        }
+    } else if (fmt == LOOM_QFMT_INT8_W8A8) {
         float amax = 0;
         for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(smooth ? x[k] / smooth[k] : x[k]));
         float inv = amax > 0 ? 127.0f / amax : 0.0f;
@@ -209,7 +217,7 @@ static void check_part(const tw *t, const float *x, int64_t ldx, int64_t M, cons
     double *xe = malloc((size_t)K * sizeof(double));
     for (int64_t m = 0; m < M; m++) {
         double sx;
-        ref_act(t->w.format, x + m * ldx, K, smooth, xe, &sx);
+        ref_act(t->w.format, M, x + m * ldx, K, smooth, xe, &sx);
         for (int64_t i = 0; i < n; i++) {
             double acc = 0, mag = 0;
             for (int64_t k = 0; k < K; k++) {
