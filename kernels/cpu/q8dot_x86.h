@@ -11,7 +11,9 @@
  * weight block is unpacked to bytes once and dotted with every token's
  * block (MR is a constant after inlining; missing tokens alias token 0 and
  * are never stored). Per block: int32 lanes -> float, times the product of
- * the weight's and the activation's scales, into a float accumulator.
+ * the weight's and the activation's scales, into one of two float
+ * accumulators (alternating, so consecutive FMAs do not wait on each
+ * other).
  */
 #include "q8dot.h"
 
@@ -60,50 +62,87 @@ QD_INLINE __m256i qd_nibbles16(const uint8_t *p) {
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 
-/* q4_0 (q41 = 0: w = d (q - 8)) and q4_1 (w = d q + m) rows. The offset
- * term is m x sum(x) = m x s of the activation block. */
+/* A q4_0 (q41 = 0: w = d (q - 8)) or q4_1 (w = d q + m) block's scale d
+ * in lane 0 of the result and its offset (-8 d or m) in lane 1: q4_1's two
+ * f16 sit side by side and convert in one instruction. */
+QD_INLINE __m128 qd_q4_dm(const uint8_t *blk, const int q41) {
+    if (q41) {
+        int32_t dm;
+        memcpy(&dm, blk, 4);
+        return _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+    }
+    const float d = qd_f16(blk);
+    return _mm_setr_ps(d, -8.0f * d, 0.0f, 0.0f);
+}
+
+/* One block b of a q4 row against MR tokens: acc[t] += (d dx) (w . x),
+ * off[t] += offset * s (the offset times the block's sum of x). */
+QD_INLINE void qd_q4_block(const uint8_t *blk, int64_t b, const loom_cpu_q8 *const *xt,
+                           const int MR, const int q41, __m256 *acc, __m128 *off) {
+    const __m128 dm = qd_q4_dm(blk, q41);
+    const __m128 m = _mm_movehdup_ps(dm);
+    const __m256i w = qd_nibbles16(blk + (q41 ? 4 : 2));
+    for (int t = 0; t < MR; t++) {
+        const __m256 p = _mm256_cvtepi32_ps(qd_dot(w, qd_load(xt[t]->q + 32 * b)));
+        const __m128 ddx = _mm_mul_ss(dm, _mm_load_ss(xt[t]->d + b));
+        acc[t] = _mm256_fmadd_ps(p, _mm256_broadcastss_ps(ddx), acc[t]);
+        off[t] = _mm_fmadd_ss(m, _mm_load_ss(xt[t]->s + b), off[t]);
+    }
+}
+
+/* q4_0 / q4_1 rows. Blocks go in pairs, each into its own accumulators, so
+ * two FMA chains overlap (at batch 1 one chain was the bound). */
 QD_INLINE void qd_q4(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int MR, int mr,
                      float *out, const int q41) {
     const size_t bb = q41 ? LOOM_GGUF_Q4_1_BYTES : LOOM_GGUF_Q4_0_BYTES;
-    __m256 acc[LOOM_CPU_Q8_MR];
-    float off[LOOM_CPU_Q8_MR];
+    __m256 acc0[LOOM_CPU_Q8_MR], acc1[LOOM_CPU_Q8_MR];
+    __m128 off0[LOOM_CPU_Q8_MR], off1[LOOM_CPU_Q8_MR];
     const loom_cpu_q8 *xt[LOOM_CPU_Q8_MR];
     for (int t = 0; t < MR; t++) {
-        acc[t] = _mm256_setzero_ps();
-        off[t] = 0.0f;
+        acc0[t] = acc1[t] = _mm256_setzero_ps();
+        off0[t] = off1[t] = _mm_setzero_ps();
         xt[t] = &x[t < mr ? t : 0];
     }
-    for (int64_t b = 0; b < K / 32; b++) {
-        const uint8_t *blk = row + (size_t)b * bb;
-        const float d = qd_f16(blk), m = q41 ? qd_f16(blk + 2) : -8.0f * d;
-        const __m256i w = qd_nibbles16(blk + (q41 ? 4 : 2));
-        for (int t = 0; t < MR; t++) {
-            const __m256 p = _mm256_cvtepi32_ps(qd_dot(w, qd_load(xt[t]->q + 32 * b)));
-            acc[t] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xt[t]->d[b]), acc[t]);
-            off[t] += m * xt[t]->s[b];
-        }
+    const int64_t nb = K / 32;
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        qd_q4_block(row + (size_t)b * bb, b, xt, MR, q41, acc0, off0);
+        qd_q4_block(row + (size_t)(b + 1) * bb, b + 1, xt, MR, q41, acc1, off1);
     }
-    for (int t = 0; t < mr; t++) out[t] = qd_hsum(acc[t]) + off[t];
+    if (b < nb) qd_q4_block(row + (size_t)b * bb, b, xt, MR, q41, acc0, off0);
+    for (int t = 0; t < mr; t++)
+        out[t] = qd_hsum(_mm256_add_ps(acc0[t], acc1[t])) + _mm_cvtss_f32(_mm_add_ss(off0[t], off1[t]));
 }
 
+QD_INLINE void qd_q8_0_block(const uint8_t *blk, int64_t b, const loom_cpu_q8 *const *xt,
+                             const int MR, __m256 *acc) {
+    const __m128 d = _mm_set_ss(qd_f16(blk));
+    const __m256i w = qd_load(blk + 2);
+    for (int t = 0; t < MR; t++) {
+        const __m256 p = _mm256_cvtepi32_ps(qd_dot_ss(w, qd_load(xt[t]->q + 32 * b)));
+        const __m128 ddx = _mm_mul_ss(d, _mm_load_ss(xt[t]->d + b));
+        acc[t] = _mm256_fmadd_ps(p, _mm256_broadcastss_ps(ddx), acc[t]);
+    }
+}
+
+/* q8_0 rows; blocks in pairs as in qd_q4. */
 QD_INLINE void qd_q8_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int MR, int mr,
                        float *out) {
-    __m256 acc[LOOM_CPU_Q8_MR];
+    __m256 acc0[LOOM_CPU_Q8_MR], acc1[LOOM_CPU_Q8_MR];
     const loom_cpu_q8 *xt[LOOM_CPU_Q8_MR];
     for (int t = 0; t < MR; t++) {
-        acc[t] = _mm256_setzero_ps();
+        acc0[t] = acc1[t] = _mm256_setzero_ps();
         xt[t] = &x[t < mr ? t : 0];
     }
-    for (int64_t b = 0; b < K / 32; b++) {
-        const uint8_t *blk = row + (size_t)b * LOOM_GGUF_Q8_0_BYTES;
-        const float d = qd_f16(blk);
-        const __m256i w = qd_load(blk + 2);
-        for (int t = 0; t < MR; t++) {
-            const __m256 p = _mm256_cvtepi32_ps(qd_dot_ss(w, qd_load(xt[t]->q + 32 * b)));
-            acc[t] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xt[t]->d[b]), acc[t]);
-        }
+    const int64_t nb = K / 32;
+    const size_t bb = LOOM_GGUF_Q8_0_BYTES;
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        qd_q8_0_block(row + (size_t)b * bb, b, xt, MR, acc0);
+        qd_q8_0_block(row + (size_t)(b + 1) * bb, b + 1, xt, MR, acc1);
     }
-    for (int t = 0; t < mr; t++) out[t] = qd_hsum(acc[t]);
+    if (b < nb) qd_q8_0_block(row + (size_t)b * bb, b, xt, MR, acc0);
+    for (int t = 0; t < mr; t++) out[t] = qd_hsum(_mm256_add_ps(acc0[t], acc1[t]));
 }
 
 /* q4_k: 8 sub-blocks of 32 a super-block, each w = (d sc) q - dmin mn;
@@ -111,11 +150,11 @@ QD_INLINE void qd_q8_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, cons
  * bytes, and each lines up with one activation block. */
 QD_INLINE void qd_q4_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int MR, int mr,
                        float *out) {
-    __m256 acc[LOOM_CPU_Q8_MR];
+    __m256 acc[LOOM_CPU_Q8_MR], acc1[LOOM_CPU_Q8_MR];
     float off[LOOM_CPU_Q8_MR];
     const loom_cpu_q8 *xt[LOOM_CPU_Q8_MR];
     for (int t = 0; t < MR; t++) {
-        acc[t] = _mm256_setzero_ps();
+        acc[t] = acc1[t] = _mm256_setzero_ps();
         off[t] = 0.0f;
         xt[t] = &x[t < mr ? t : 0];
     }
@@ -143,12 +182,12 @@ QD_INLINE void qd_q4_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, cons
                 const __m256 p0 = _mm256_cvtepi32_ps(qd_dot(lo, qd_load(v->q + 32 * xb)));
                 const __m256 p1 = _mm256_cvtepi32_ps(qd_dot(hi, qd_load(v->q + 32 * xb + 32)));
                 acc[t] = _mm256_fmadd_ps(p0, _mm256_set1_ps(a[2 * i] * v->d[xb]), acc[t]);
-                acc[t] = _mm256_fmadd_ps(p1, _mm256_set1_ps(a[2 * i + 1] * v->d[xb + 1]), acc[t]);
+                acc1[t] = _mm256_fmadd_ps(p1, _mm256_set1_ps(a[2 * i + 1] * v->d[xb + 1]), acc1[t]);
                 off[t] += c[2 * i] * v->s[xb] + c[2 * i + 1] * v->s[xb + 1];
             }
         }
     }
-    for (int t = 0; t < mr; t++) out[t] = qd_hsum(acc[t]) - off[t];
+    for (int t = 0; t < mr; t++) out[t] = qd_hsum(_mm256_add_ps(acc[t], acc1[t])) - off[t];
 }
 
 /* q6_k: 8 sub-blocks of 32 (loom_q6k_sub_at), codes q - 32 in [-32, 31],
@@ -156,10 +195,10 @@ QD_INLINE void qd_q4_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, cons
  * 4..7 the second, so one float vector carries both scales. */
 QD_INLINE void qd_q6_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int MR, int mr,
                        float *out) {
-    __m256 acc[LOOM_CPU_Q8_MR];
+    __m256 acc[2][LOOM_CPU_Q8_MR];
     const loom_cpu_q8 *xt[LOOM_CPU_Q8_MR];
     for (int t = 0; t < MR; t++) {
-        acc[t] = _mm256_setzero_ps();
+        acc[0][t] = acc[1][t] = _mm256_setzero_ps();
         xt[t] = &x[t < mr ? t : 0];
     }
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
@@ -181,11 +220,11 @@ QD_INLINE void qd_q6_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, cons
             for (int t = 0; t < MR; t++) {
                 const loom_cpu_q8 *v = xt[t];
                 const __m256 p = _mm256_cvtepi32_ps(qd_dot_ss(w, qd_load(v->q + 32 * xb)));
-                acc[t] = _mm256_fmadd_ps(p, _mm256_mul_ps(sc, _mm256_set1_ps(v->d[xb])), acc[t]);
+                acc[s & 1][t] = _mm256_fmadd_ps(p, _mm256_mul_ps(sc, _mm256_set1_ps(v->d[xb])), acc[s & 1][t]);
             }
         }
     }
-    for (int t = 0; t < mr; t++) out[t] = qd_hsum(acc[t]);
+    for (int t = 0; t < mr; t++) out[t] = qd_hsum(_mm256_add_ps(acc[0][t], acc[1][t]));
 }
 
 /* One function per type: a token count of 1 gets its own copy (decode). */

@@ -6,15 +6,16 @@
  * (int8 codes + per-token scales for W8A8, E4M3-rounded floats + scales for
  * FP8, q8 blocks for GGUF; all spread over the pool by token), then weight
  * rows are spread over the pool, by M:
- *   GGUF      below M = 32, each row's blocks are dotted in integers with
- *             the q8 activations (q8dot.h), up to 4 tokens per pass;
+ *   GGUF      at every M, each row's blocks are dotted in integers with the
+ *             q8 activations (q8dot.h), 4 tokens a pass, 16-token tiles;
  *   M <= 4    each row is decoded 32 weights at a time into vector registers
  *             and multiplied with every token (decode is the cost at batch 1,
  *             so it happens once per weight, next to the FMAs);
  *   M <= 31   a thread decodes a tile of a few rows (~8 KiB of float32, in
  *             L1) and runs a 2 rows x 4 tokens register-blocked kernel;
- *   M >= 32   float-activation formats decode 256-row panels and multiply
- *             them with OpenBLAS's sgemm (prefill is compute-bound);
+ *   M >= 32   float-activation formats (W8A16, INT4) decode 256-row panels
+ *             and multiply them with OpenBLAS's sgemm (prefill is
+ *             compute-bound);
  *   W8A8      dots int8 rows with int8 tokens in int32 at every M.
  * Measured choices (one core of the dev machine, N 1536 x K 576, weights
  * out of cache): fusing beats the tile at M = 1..4 by 1.3-1.8x; a 64 KiB
@@ -724,17 +725,24 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
 }
 
 /* GGUF: rows [n0, n1) of w dotted with the q8 activations (q8dot.h), up to
- * LOOM_CPU_Q8_MR tokens a call. */
+ * LOOM_CPU_Q8_MR tokens a call. Tokens go in tiles of QL_Q8_TILE_M (their
+ * codes ~10 KiB at K 576, in L1) with the rows inside, so a row is read
+ * once a tile and the activations once a row from L1, not L2. */
+#define QL_Q8_TILE_M 16
 QL_INLINE void ql_q8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t n0, int64_t n1,
                           int64_t col, const float *bias) {
     loom_cpu_q8dot_fn *dot = loom_cpu_q8dot(w->dtype);
-    for (int64_t n = n0; n < n1; n++) {
-        const uint8_t *row = w->data + (size_t)n * w->row_stride;
-        for (int64_t m = 0; m < j->M; m += LOOM_CPU_Q8_MR) {
-            const int mr = j->M - m < LOOM_CPU_Q8_MR ? (int)(j->M - m) : LOOM_CPU_Q8_MR;
-            float o[LOOM_CPU_Q8_MR];
-            dot(row, j->K, j->x8 + m, mr, o);
-            for (int c = 0; c < mr; c++) ql_store(j, m + c, col + n - n0, bias ? o[c] + bias[n - n0] : o[c]);
+    for (int64_t m0 = 0; m0 < j->M; m0 += QL_Q8_TILE_M) {
+        const int64_t m1 = j->M - m0 < QL_Q8_TILE_M ? j->M : m0 + QL_Q8_TILE_M;
+        for (int64_t n = n0; n < n1; n++) {
+            const uint8_t *row = w->data + (size_t)n * w->row_stride;
+            for (int64_t m = m0; m < m1; m += LOOM_CPU_Q8_MR) {
+                const int mr = m1 - m < LOOM_CPU_Q8_MR ? (int)(m1 - m) : LOOM_CPU_Q8_MR;
+                float o[LOOM_CPU_Q8_MR];
+                dot(row, j->K, j->x8 + m, mr, o);
+                for (int c = 0; c < mr; c++)
+                    ql_store(j, m + c, col + n - n0, bias ? o[c] + bias[n - n0] : o[c]);
+            }
         }
     }
 }
@@ -960,7 +968,8 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
         bool contiguous = true; /* the rest occupy adjacent columns */
         for (int p = 0; p < nparts; p++) {
             const float *bp = bias ? bias[p] : NULL;
-            if (w[p]->format == LOOM_QFMT_INT8_W8A8 || w[p]->format == LOOM_QFMT_FP8_W8A8) {
+            if (w[p]->format == LOOM_QFMT_INT8_W8A8 || w[p]->format == LOOM_QFMT_FP8_W8A8 ||
+                w[p]->format == LOOM_QFMT_GGUF) {
                 contiguous &= nrest == 0 || off == roff[nrest - 1] + rest[nrest - 1]->n;
                 roff[nrest] = off;
                 rbias[nrest] = bp;

@@ -15,11 +15,11 @@
  *               With a SmoothQuant vector, x / smooth is quantized.
  *   INT4_W4A16  U8 (N, K/2) nibbles (low = even column), f32 scale and zero
  *               per (row, group): w = (q - zero) * scale; unpack fused.
- *   GGUF        rows of q4_0 / q4_1 / q4_k / q8_0 / q6_k blocks as stored.
- *               Below LOOM_CPU_QLINEAR_PANEL_M tokens each token is
- *               quantized to 8-bit blocks of 32 (q8dot.h: scale max|x| /
- *               127 per block) and dotted with the blocks in int32, as
- *               llama.cpp does; from there on, float activations (panels).
+ *   GGUF        rows of q4_0 / q4_1 / q4_k / q8_0 / q6_k blocks as stored;
+ *               each token is quantized to 8-bit blocks of 32 (q8dot.h:
+ *               scale max|x| / 127 per block) and dotted with the blocks in
+ *               int32, as llama.cpp does, at every M (so a token's result
+ *               does not depend on the batch it is in).
  *
  * How: rows of W are spread over the pool. At M <= 4 (decode) each row is
  * decoded 16/32 weights at a time straight into vector registers and
@@ -28,7 +28,7 @@
  * register-blocked 2 rows x 4 tokens kernel over all tokens; from
  * LOOM_CPU_QLINEAR_PANEL_M tokens, float-activation formats hand 256-row
  * decoded panels to OpenBLAS. W8A8 dots int8 rows with int8 tokens in int32
- * at every M. GCC vector extensions, built for x86-64-v4/v3/baseline and
+ * at every M, GGUF blocks with q8 tokens likewise. GCC vector extensions, built for x86-64-v4/v3/baseline and
  * picked at load. The weight is never dequantized as a whole: only the
  * tile or panel in flight exists as float.
  *
@@ -119,10 +119,10 @@ void loom_cpu_qscratch_destroy(loom_cpu_qscratch *s); /* NULL-safe */
  * out of range; y is then unspecified.
  */
 #define LOOM_CPU_QLINEAR_MAX_PARTS 8
-/* From this many tokens on, float-activation formats (W8A16, INT4, GGUF)
+/* From this many tokens on, float-activation formats (W8A16, INT4)
  * decode 256-row panels into scratch and multiply them with OpenBLAS's
  * sgemm (loom_cpu_linear): prefill is compute-bound, the decode is 1/M of
- * it. W8A8 and FP8 keep their own arithmetic at every M. */
+ * it. W8A8, FP8 and GGUF keep their own arithmetic at every M. */
 #define LOOM_CPU_QLINEAR_PANEL_M 32
 bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const loom_cpu_qweight *const *w, const float *const *bias,

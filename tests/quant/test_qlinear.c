@@ -8,7 +8,9 @@
  * format allows it), row strides, bias, beta, with and without a thread
  * pool; fused multi-part products against separate ones; the weight views'
  * size checks. The references are written from the layouts in loom/quant.h
- * (GGUF rows through the core's own dequantizer), not from the kernels.
+ * (GGUF rows through the core's own dequantizer, times activations
+ * quantized to 8-bit blocks of 32 as qlinear.h states), not from the
+ * kernels.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -173,13 +175,13 @@ static void tw_free(tw *t) {
 
 /* ---------------------------------------------------------- reference */
 
-/* The activations token m of x (M, ldx) becomes for format fmt in a
- * product of M tokens, in float64, with its per-token scale (1 for float
- * formats): the same float32 steps qlinear.h documents. */
-static void ref_act(loom_qformat fmt, int64_t M, const float *x, int64_t K, const float *smooth,
-                    double *xe, double *scale) {
+/* The activations token m of x (M, ldx) becomes for format fmt, in float64,
+ * with its per-token scale (1 for float formats): the same float32 steps
+ * qlinear.h documents. */
+static void ref_act(loom_qformat fmt, const float *x, int64_t K, const float *smooth, double *xe,
+                    double *scale) {
     *scale = 1.0;
-    if (fmt == LOOM_QFMT_GGUF && M < LOOM_CPU_QLINEAR_PANEL_M) {
+    if (fmt == LOOM_QFMT_GGUF) {
         /* 8-bit blocks of 32: d = max|x| / 127, code rint(x 127 / max|x|) */
         for (int64_t b = 0; b < K; b += 32) {
             float amax = 0;
@@ -217,7 +219,7 @@ static void check_part(const tw *t, const float *x, int64_t ldx, int64_t M, cons
     double *xe = malloc((size_t)K * sizeof(double));
     for (int64_t m = 0; m < M; m++) {
         double sx;
-        ref_act(t->w.format, M, x + m * ldx, K, smooth, xe, &sx);
+        ref_act(t->w.format, x + m * ldx, K, smooth, xe, &sx);
         for (int64_t i = 0; i < n; i++) {
             double acc = 0, mag = 0;
             for (int64_t k = 0; k < K; k++) {
