@@ -129,11 +129,29 @@ loom_cpu_q8dot_fn *const loom_cpu_q8dot_portable[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qp_q4_0, [LOOM_CPU_Q8_Q4_1] = qp_q4_1, [LOOM_CPU_Q8_Q8_0] = qp_q8_0,
     [LOOM_CPU_Q8_Q4_K] = qp_q4_k, [LOOM_CPU_Q8_Q6_K] = qp_q6_k};
 
+/* Two rows as two row calls. */
+#define QP_PAIR(name, row)                                                                        \
+    static void name(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,       \
+                     float *out) {                                                                \
+        row(r0, K, x, 1, out);                                                                    \
+        row(r1, K, x, 1, out + 1);                                                                \
+    }
+QP_PAIR(qp2_q4_0, qp_q4_0)
+QP_PAIR(qp2_q4_1, qp_q4_1)
+QP_PAIR(qp2_q8_0, qp_q8_0)
+QP_PAIR(qp2_q4_k, qp_q4_k)
+QP_PAIR(qp2_q6_k, qp_q6_k)
+
+loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_portable[LOOM_CPU_Q8_NKINDS] = {
+    [LOOM_CPU_Q8_Q4_0] = qp2_q4_0, [LOOM_CPU_Q8_Q4_1] = qp2_q4_1, [LOOM_CPU_Q8_Q8_0] = qp2_q8_0,
+    [LOOM_CPU_Q8_Q4_K] = qp2_q4_k, [LOOM_CPU_Q8_Q6_K] = qp2_q6_k};
+
 /* ------------------------------------------------------------ the pick */
 
 typedef struct qd_isa {
     const char *name;
     loom_cpu_q8dot_fn *const *table;
+    loom_cpu_q8dot2_fn *const *table2;
     int (*usable)(void);
 } qd_isa;
 
@@ -153,10 +171,10 @@ static int qd_always(void) { return 1; }
 /* Best first. */
 static const qd_isa qd_isas[] = {
 #if defined(__x86_64__) && defined(__GNUC__)
-    {"avx512vnni", loom_cpu_q8dot_vnni, qd_has_vnni},
-    {"avx2", loom_cpu_q8dot_avx2, qd_has_avx2},
+    {"avx512vnni", loom_cpu_q8dot_vnni, loom_cpu_q8dot2_vnni, qd_has_vnni},
+    {"avx2", loom_cpu_q8dot_avx2, loom_cpu_q8dot2_avx2, qd_has_avx2},
 #endif
-    {"portable", loom_cpu_q8dot_portable, qd_always},
+    {"portable", loom_cpu_q8dot_portable, loom_cpu_q8dot2_portable, qd_always},
 };
 
 static const qd_isa *qd_cur;
@@ -189,14 +207,26 @@ const char *loom_cpu_q8_isa(void) {
     return qd_cur->name;
 }
 
+/* Index of a block type in the tables, or -1. */
+static int qd_kind(loom_dtype dtype) {
+    switch (dtype) {
+    case LOOM_DTYPE_Q4_0: return LOOM_CPU_Q8_Q4_0;
+    case LOOM_DTYPE_Q4_1: return LOOM_CPU_Q8_Q4_1;
+    case LOOM_DTYPE_Q8_0: return LOOM_CPU_Q8_Q8_0;
+    case LOOM_DTYPE_Q4_K: return LOOM_CPU_Q8_Q4_K;
+    case LOOM_DTYPE_Q6_K: return LOOM_CPU_Q8_Q6_K;
+    default: return -1;
+    }
+}
+
 loom_cpu_q8dot_fn *loom_cpu_q8dot(loom_dtype dtype) {
     pthread_once(&qd_once, qd_pick);
-    switch (dtype) {
-    case LOOM_DTYPE_Q4_0: return qd_cur->table[LOOM_CPU_Q8_Q4_0];
-    case LOOM_DTYPE_Q4_1: return qd_cur->table[LOOM_CPU_Q8_Q4_1];
-    case LOOM_DTYPE_Q8_0: return qd_cur->table[LOOM_CPU_Q8_Q8_0];
-    case LOOM_DTYPE_Q4_K: return qd_cur->table[LOOM_CPU_Q8_Q4_K];
-    case LOOM_DTYPE_Q6_K: return qd_cur->table[LOOM_CPU_Q8_Q6_K];
-    default: return NULL;
-    }
+    const int k = qd_kind(dtype);
+    return k < 0 ? NULL : qd_cur->table[k];
+}
+
+loom_cpu_q8dot2_fn *loom_cpu_q8dot2(loom_dtype dtype) {
+    pthread_once(&qd_once, qd_pick);
+    const int k = qd_kind(dtype);
+    return k < 0 ? NULL : qd_cur->table2[k];
 }

@@ -53,6 +53,17 @@ typedef void loom_cpu_q8dot_fn(const uint8_t *row, int64_t K, const loom_cpu_q8 
  * has none (q4_0, q4_1, q8_0, q4_k and q6_k do). */
 loom_cpu_q8dot_fn *loom_cpu_q8dot(loom_dtype dtype);
 
+/* Batch 1, two rows: out[0] = row0 . x, out[1] = row1 . x (x one token),
+ * each bit for bit the row kernel's result. One pass over the activations
+ * serves both rows, with twice the independent FMA chains: on SmolLM2's
+ * short rows (18 blocks) ~20-35% faster than two row calls. */
+typedef void loom_cpu_q8dot2_fn(const uint8_t *row0, const uint8_t *row1, int64_t K,
+                                const loom_cpu_q8 *x, float *out);
+
+/* The two-row kernel for `dtype` on this CPU (every type the row kernel
+ * serves has one), or NULL. */
+loom_cpu_q8dot2_fn *loom_cpu_q8dot2(loom_dtype dtype);
+
 /* Which instruction set the kernels use here: "avx512vnni", "avx2" or
  * "portable". */
 const char *loom_cpu_q8_isa(void);
@@ -69,5 +80,8 @@ enum { LOOM_CPU_Q8_Q4_0, LOOM_CPU_Q8_Q4_1, LOOM_CPU_Q8_Q8_0, LOOM_CPU_Q8_Q4_K, L
 extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_portable[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_avx2[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_vnni[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_portable[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_avx2[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_vnni[LOOM_CPU_Q8_NKINDS];
 
 #endif

@@ -1,7 +1,7 @@
 /*
  * kernels/cpu/q8dot_x86.h — the x86 row kernels of q8dot.h, written once
  * and built once per instruction set: q8dot_avx2.c (-mavx2 -mfma -mf16c)
- * and q8dot_vnni.c (adds AVX-512 VNNI, VL, BW) include it with QD_TABLE
+ * and q8dot_vnni.c (adds AVX-512 VNNI, VL, BW) include it with QD_TABLE (and QD_TABLE2)
  * naming the table and QD_VNNI 0 or 1. The only difference is the unsigned
  * x signed byte dot: AVX2 multiplies pairs into int16 (maddubs) and adds
  * pairs into int32 (madd); VNNI does both in one vpdpbusd. Either way
@@ -227,6 +227,66 @@ QD_INLINE void qd_q6_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, cons
     for (int t = 0; t < mr; t++) out[t] = qd_hsum(_mm256_add_ps(acc[0][t], acc[1][t]));
 }
 
+/* Two q4 rows, one token: qd_q4 at one token for each, interleaved so the
+ * rows share the activation loads and their four FMA chains overlap. The
+ * same blocks go to the same accumulators in the same order as in qd_q4,
+ * so a row's result is bit for bit the one-row kernel's (a token's result
+ * must not depend on the batch it is in). */
+QD_INLINE void qd_q4_pair(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
+                          float *out, const int q41) {
+    const size_t bb = q41 ? LOOM_GGUF_Q4_1_BYTES : LOOM_GGUF_Q4_0_BYTES;
+    const loom_cpu_q8 *xt[1] = {x};
+    __m256 a[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()},
+                      {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    __m128 o[2][2] = {{_mm_setzero_ps(), _mm_setzero_ps()}, {_mm_setzero_ps(), _mm_setzero_ps()}};
+    const int64_t nb = K / 32;
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        qd_q4_block(r0 + (size_t)b * bb, b, xt, 1, q41, &a[0][0], &o[0][0]);
+        qd_q4_block(r1 + (size_t)b * bb, b, xt, 1, q41, &a[1][0], &o[1][0]);
+        qd_q4_block(r0 + (size_t)(b + 1) * bb, b + 1, xt, 1, q41, &a[0][1], &o[0][1]);
+        qd_q4_block(r1 + (size_t)(b + 1) * bb, b + 1, xt, 1, q41, &a[1][1], &o[1][1]);
+    }
+    if (b < nb) {
+        qd_q4_block(r0 + (size_t)b * bb, b, xt, 1, q41, &a[0][0], &o[0][0]);
+        qd_q4_block(r1 + (size_t)b * bb, b, xt, 1, q41, &a[1][0], &o[1][0]);
+    }
+    for (int r = 0; r < 2; r++)
+        out[r] = qd_hsum(_mm256_add_ps(a[r][0], a[r][1])) + _mm_cvtss_f32(_mm_add_ss(o[r][0], o[r][1]));
+}
+
+static void qd_pair_q4_0(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
+                         float *out) {
+    qd_q4_pair(r0, r1, K, x, out, 0);
+}
+
+static void qd_pair_q4_1(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
+                         float *out) {
+    qd_q4_pair(r0, r1, K, x, out, 1);
+}
+
+/* Two q8_0 rows, one token, as qd_q4_pair. */
+static void qd_pair_q8_0(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
+                         float *out) {
+    const loom_cpu_q8 *xt[1] = {x};
+    const size_t bb = LOOM_GGUF_Q8_0_BYTES;
+    __m256 a[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()},
+                      {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    const int64_t nb = K / 32;
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        qd_q8_0_block(r0 + (size_t)b * bb, b, xt, 1, &a[0][0]);
+        qd_q8_0_block(r1 + (size_t)b * bb, b, xt, 1, &a[1][0]);
+        qd_q8_0_block(r0 + (size_t)(b + 1) * bb, b + 1, xt, 1, &a[0][1]);
+        qd_q8_0_block(r1 + (size_t)(b + 1) * bb, b + 1, xt, 1, &a[1][1]);
+    }
+    if (b < nb) {
+        qd_q8_0_block(r0 + (size_t)b * bb, b, xt, 1, &a[0][0]);
+        qd_q8_0_block(r1 + (size_t)b * bb, b, xt, 1, &a[1][0]);
+    }
+    for (int r = 0; r < 2; r++) out[r] = qd_hsum(_mm256_add_ps(a[r][0], a[r][1]));
+}
+
 /* One function per type: a token count of 1 gets its own copy (decode). */
 #define QD_ENTRY(name, body)                                                                      \
     static void name(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {    \
@@ -245,3 +305,21 @@ loom_cpu_q8dot_fn *const QD_TABLE[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qd_row_q4_0, [LOOM_CPU_Q8_Q4_1] = qd_row_q4_1,
     [LOOM_CPU_Q8_Q8_0] = qd_row_q8_0, [LOOM_CPU_Q8_Q4_K] = qd_row_q4_k,
     [LOOM_CPU_Q8_Q6_K] = qd_row_q6_k};
+
+/* The super-block types' rows already hold 8 FMAs a block: two row calls. */
+static void qd_pair_q4_k(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
+                         float *out) {
+    qd_row_q4_k(r0, K, x, 1, out);
+    qd_row_q4_k(r1, K, x, 1, out + 1);
+}
+
+static void qd_pair_q6_k(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
+                         float *out) {
+    qd_row_q6_k(r0, K, x, 1, out);
+    qd_row_q6_k(r1, K, x, 1, out + 1);
+}
+
+loom_cpu_q8dot2_fn *const QD_TABLE2[LOOM_CPU_Q8_NKINDS] = {
+    [LOOM_CPU_Q8_Q4_0] = qd_pair_q4_0, [LOOM_CPU_Q8_Q4_1] = qd_pair_q4_1,
+    [LOOM_CPU_Q8_Q8_0] = qd_pair_q8_0, [LOOM_CPU_Q8_Q4_K] = qd_pair_q4_k,
+    [LOOM_CPU_Q8_Q6_K] = qd_pair_q6_k};

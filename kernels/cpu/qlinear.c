@@ -732,6 +732,23 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
 QL_INLINE void ql_q8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t n0, int64_t n1,
                           int64_t col, const float *bias) {
     loom_cpu_q8dot_fn *dot = loom_cpu_q8dot(w->dtype);
+    if (j->M == 1) { /* decode: rows in pairs */
+        loom_cpu_q8dot2_fn *dot2 = loom_cpu_q8dot2(w->dtype);
+        int64_t n = n0;
+        for (; n + 1 < n1; n += 2) {
+            float o[2];
+            const uint8_t *row = w->data + (size_t)n * w->row_stride;
+            dot2(row, row + w->row_stride, j->K, j->x8, o);
+            for (int c = 0; c < 2; c++)
+                ql_store(j, 0, col + n + c - n0, bias ? o[c] + bias[n + c - n0] : o[c]);
+        }
+        if (n < n1) {
+            float o[1];
+            dot(w->data + (size_t)n * w->row_stride, j->K, j->x8, 1, o);
+            ql_store(j, 0, col + n - n0, bias ? o[0] + bias[n - n0] : o[0]);
+        }
+        return;
+    }
     for (int64_t m0 = 0; m0 < j->M; m0 += QL_Q8_TILE_M) {
         const int64_t m1 = j->M - m0 < QL_Q8_TILE_M ? j->M : m0 + QL_Q8_TILE_M;
         for (int64_t n = n0; n < n1; n++) {

@@ -3,8 +3,9 @@
  * dotted with 8-bit block-quantized activations) against float64
  * references, for every block type (q4_0, q4_1, q8_0, q4_k, q6_k), every
  * instruction set this CPU runs (portable always; avx2, avx512vnni where
- * present), batch 1 and small batches (1..4 tokens a call), on random
- * blocks (seed printed; LOOM_TEST_SEED replays).
+ * present), batch 1 (one row, and two rows a call) and small batches
+ * (1..4 tokens a call), on random blocks (seed printed; LOOM_TEST_SEED
+ * replays).
  *
  * Two references a row must meet:
  *   exact   sum of w (formats/gguf_blocks.h's float decode) times the
@@ -102,10 +103,47 @@ static double offset_mag(loom_dtype t, const uint8_t *row, int64_t k) {
     return 0;
 }
 
-/* One row of type t and K against mr tokens, on the current ISA. */
+/* Sum over k of |terms| of row . x (decoded w, the additive offsets
+ * apart): the scale of float32 rounding in a product. */
+static double term_mag(loom_dtype t, const uint8_t *row, const float *w, const loom_cpu_q8 *xq,
+                       int64_t K) {
+    double mag = 0;
+    for (int64_t k = 0; k < K; k++)
+        mag += (fabs(w[k]) + offset_mag(t, row, k)) * fabs((double)xq->d[k / 32] * xq->q[k]);
+    return mag;
+}
+
+/* got[m] (m < mr) against both references for `row` (decoded: w). */
+static void check_out(loom_dtype t, int64_t K, const uint8_t *row, const float *w,
+                      float (*x)[MAXK], const loom_cpu_q8 *xq, int mr, const float *got,
+                      const char *isa, const char *path) {
+    for (int m = 0; m < mr; m++) {
+        double exact = 0, fl = 0, round = 0;
+        for (int64_t k = 0; k < K; k++) {
+            const double d = xq[m].d[k / 32], xe = d * xq[m].q[k];
+            exact += (double)w[k] * xe;
+            fl += (double)w[k] * x[m][k];
+            round += fabs(w[k]) * d / 2;
+        }
+        const double tol = 3e-6 * term_mag(t, row, w, &xq[m], K) + 1e-30;
+        cr_assert(fabs(got[m] - exact) <= tol,
+                  "%s %s %s K %lld token %d/%d: %.9g, exact reference %.9g (|diff| %.3g > %.3g)",
+                  isa, path, loom_dtype_name(t), (long long)K, m, mr, got[m], exact,
+                  fabs(got[m] - exact), tol);
+        cr_assert(fabs(got[m] - fl) <= round * 1.0001 + tol,
+                  "%s %s %s K %lld token %d/%d: %.9g, float reference %.9g (|diff| %.3g > "
+                  "rounding bound %.3g)",
+                  isa, path, loom_dtype_name(t), (long long)K, m, mr, got[m], fl,
+                  fabs(got[m] - fl), round + tol);
+    }
+}
+
+/* One row of type t and K against mr tokens, on the current ISA; at one
+ * token also the two-row kernel, with the row first and second beside
+ * another random row, which must give the one-row kernel's results. */
 static void check_row(test_rng *r, loom_dtype t, int64_t K, int mr, const char *isa) {
-    static uint8_t row[MAXK * 2];
-    static float w[MAXK], x[LOOM_CPU_Q8_MR][MAXK];
+    static uint8_t row[MAXK * 2], other[MAXK * 2];
+    static float w[MAXK], wo[MAXK], x[LOOM_CPU_Q8_MR][MAXK];
     static _Alignas(64) uint8_t xb[LOOM_CPU_Q8_MR][MAXK * 2];
     loom_cpu_q8 xq[LOOM_CPU_Q8_MR];
     make_row(r, t, K, row);
@@ -119,25 +157,22 @@ static void check_row(test_rng *r, loom_dtype t, int64_t K, int mr, const char *
     }
     float got[LOOM_CPU_Q8_MR];
     loom_cpu_q8dot(t)(row, K, xq, mr, got);
-    for (int m = 0; m < mr; m++) {
-        double exact = 0, fl = 0, mag = 0, round = 0;
-        for (int64_t k = 0; k < K; k++) {
-            const double d = xq[m].d[k / 32], xe = d * xq[m].q[k];
-            exact += (double)w[k] * xe;
-            fl += (double)w[k] * x[m][k];
-            mag += (fabs(w[k]) + offset_mag(t, row, k)) * fabs(xe);
-            round += fabs(w[k]) * d / 2;
-        }
-        const double tol = 3e-6 * mag + 1e-30;
-        cr_assert(fabs(got[m] - exact) <= tol,
-                  "%s %s K %lld token %d/%d: %.9g, exact reference %.9g (|diff| %.3g > %.3g)", isa,
-                  loom_dtype_name(t), (long long)K, m, mr, got[m], exact, fabs(got[m] - exact), tol);
-        cr_assert(fabs(got[m] - fl) <= round * 1.0001 + tol,
-                  "%s %s K %lld token %d/%d: %.9g, float reference %.9g (|diff| %.3g > rounding "
-                  "bound %.3g)",
-                  isa, loom_dtype_name(t), (long long)K, m, mr, got[m], fl, fabs(got[m] - fl),
-                  round + tol);
-    }
+    check_out(t, K, row, w, x, xq, mr, got, isa, "row");
+    if (mr > 1) return;
+    make_row(r, t, K, other);
+    decode_row(t, other, K, wo);
+    float p[2], q[2];
+    loom_cpu_q8dot2(t)(row, other, K, xq, p);
+    loom_cpu_q8dot2(t)(other, row, K, xq, q);
+    check_out(t, K, row, w, x, xq, 1, &p[0], isa, "pair first");
+    check_out(t, K, other, wo, x, xq, 1, &p[1], isa, "pair second");
+    /* batch invariance: a row's result is the one-row kernel's, bit for
+     * bit, wherever it sits */
+    float o;
+    loom_cpu_q8dot(t)(other, K, xq, 1, &o);
+    cr_assert(p[0] == got[0] && q[1] == got[0] && p[1] == o && q[0] == o,
+              "%s %s K %lld: two-row kernel %.9g %.9g / %.9g %.9g, one-row %.9g %.9g", isa,
+              loom_dtype_name(t), (long long)K, p[0], p[1], q[0], q[1], got[0], o);
 }
 
 Test(q8dot, quantizer_rounds_within_half_a_step) {
@@ -182,7 +217,7 @@ Test(q8dot, rows_match_references_on_every_isa) {
         ran++;
         for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
             const loom_dtype t = types[ti];
-            cr_assert(loom_cpu_q8dot(t));
+            cr_assert(loom_cpu_q8dot(t) && loom_cpu_q8dot2(t));
             for (int it = 0; it < 60; it++) {
                 const int64_t be = blk_elems(t), K = be * (1 + rng_int(&r, MAXK / be));
                 check_row(&r, t, K, 1 + it % LOOM_CPU_Q8_MR, isas[i]);
@@ -196,6 +231,7 @@ Test(q8dot, rows_match_references_on_every_isa) {
 Test(q8dot, unknown_types_and_isas_are_refused) {
     cr_assert_null(loom_cpu_q8dot(LOOM_DTYPE_F32));
     cr_assert_null(loom_cpu_q8dot(LOOM_DTYPE_BF16));
+    cr_assert_null(loom_cpu_q8dot2(LOOM_DTYPE_F16));
     cr_assert_not(loom_cpu_q8_force_isa("sse9"));
     cr_assert(loom_cpu_q8_force_isa("portable"));
     cr_assert_str_eq(loom_cpu_q8_isa(), "portable");
