@@ -4,15 +4,18 @@
  *
  * Structure: the caller's thread prepares the activations a format needs
  * (int8 codes + per-token scales for W8A8, E4M3-rounded floats + scales for
- * FP8; both spread over the pool by token), then weight rows are spread
- * over the pool, by M:
+ * FP8, q8 blocks for GGUF; all spread over the pool by token), then weight
+ * rows are spread over the pool, by M:
+ *   GGUF      at every M, each row's blocks are dotted in integers with the
+ *             q8 activations (q8dot.h), 4 tokens a pass, 16-token tiles;
  *   M <= 4    each row is decoded 32 weights at a time into vector registers
  *             and multiplied with every token (decode is the cost at batch 1,
  *             so it happens once per weight, next to the FMAs);
  *   M <= 31   a thread decodes a tile of a few rows (~8 KiB of float32, in
  *             L1) and runs a 2 rows x 4 tokens register-blocked kernel;
- *   M >= 32   float-activation formats decode 256-row panels and multiply
- *             them with OpenBLAS's sgemm (prefill is compute-bound);
+ *   M >= 32   float-activation formats (W8A16, INT4) decode 256-row panels
+ *             and multiply them with OpenBLAS's sgemm (prefill is
+ *             compute-bound);
  *   W8A8      dots int8 rows with int8 tokens in int32 at every M.
  * Measured choices (one core of the dev machine, N 1536 x K 576, weights
  * out of cache): fusing beats the tile at M = 1..4 by 1.3-1.8x; a 64 KiB
@@ -20,6 +23,7 @@
  * 8-bit -> float __builtin_convertvector, hence the widening in steps.
  */
 #include "qlinear.h"
+#include "q8dot.h"
 
 #include "formats/dtype.h"
 #include "formats/e4m3.h"
@@ -557,6 +561,10 @@ struct loom_cpu_qscratch {
     size_t sx_cap;     /* floats                                            */
     float *panel;      /* large M: (QL_PANEL_ROWS, K) decoded rows for sgemm */
     size_t panel_cap;  /* floats                                            */
+    uint8_t *x8;       /* GGUF: (M, loom_cpu_q8_bytes(K)) q8 activations     */
+    size_t x8_cap;     /* bytes                                             */
+    loom_cpu_q8 *x8v;  /* GGUF: (M) views into x8                           */
+    size_t x8v_cap;    /* entries                                           */
 };
 
 loom_cpu_qscratch *loom_cpu_qscratch_create(void) {
@@ -571,6 +579,8 @@ void loom_cpu_qscratch_destroy(loom_cpu_qscratch *s) {
     free(s->xf);
     free(s->sx);
     free(s->panel);
+    free(s->x8);
+    free(s->x8v);
     free(s);
 }
 
@@ -598,6 +608,8 @@ typedef struct ql_job {
     const int8_t *xq;          /* W8A8: int8 activations (M, K) or NULL         */
     const float *sxq;          /* W8A8: per-token scales (M)                    */
     const float *smooth;       /* INT8 / FP8 W8A8: smoothing vector, or NULL    */
+    uint8_t *x8buf;            /* GGUF: (M, loom_cpu_q8_bytes(K)) or NULL       */
+    loom_cpu_q8 *x8;           /* GGUF: (M) q8 activations of each token        */
     int64_t M, K;
     float beta;
     int nparts;
@@ -712,6 +724,46 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
     }
 }
 
+/* GGUF: rows [n0, n1) of w dotted with the q8 activations (q8dot.h), up to
+ * LOOM_CPU_Q8_MR tokens a call. Tokens go in tiles of QL_Q8_TILE_M (their
+ * codes ~10 KiB at K 576, in L1) with the rows inside, so a row is read
+ * once a tile and the activations once a row from L1, not L2. */
+#define QL_Q8_TILE_M 16
+QL_INLINE void ql_q8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t n0, int64_t n1,
+                          int64_t col, const float *bias) {
+    loom_cpu_q8dot_fn *dot = loom_cpu_q8dot(w->dtype);
+    if (j->M == 1) { /* decode: rows in pairs */
+        loom_cpu_q8dot2_fn *dot2 = loom_cpu_q8dot2(w->dtype);
+        int64_t n = n0;
+        for (; n + 1 < n1; n += 2) {
+            float o[2];
+            const uint8_t *row = w->data + (size_t)n * w->row_stride;
+            dot2(row, row + w->row_stride, j->K, j->x8, o);
+            for (int c = 0; c < 2; c++)
+                ql_store(j, 0, col + n + c - n0, bias ? o[c] + bias[n + c - n0] : o[c]);
+        }
+        if (n < n1) {
+            float o[1];
+            dot(w->data + (size_t)n * w->row_stride, j->K, j->x8, 1, o);
+            ql_store(j, 0, col + n - n0, bias ? o[0] + bias[n - n0] : o[0]);
+        }
+        return;
+    }
+    for (int64_t m0 = 0; m0 < j->M; m0 += QL_Q8_TILE_M) {
+        const int64_t m1 = j->M - m0 < QL_Q8_TILE_M ? j->M : m0 + QL_Q8_TILE_M;
+        for (int64_t n = n0; n < n1; n++) {
+            const uint8_t *row = w->data + (size_t)n * w->row_stride;
+            for (int64_t m = m0; m < m1; m += LOOM_CPU_Q8_MR) {
+                const int mr = m1 - m < LOOM_CPU_Q8_MR ? (int)(m1 - m) : LOOM_CPU_Q8_MR;
+                float o[LOOM_CPU_Q8_MR];
+                dot(row, j->K, j->x8 + m, mr, o);
+                for (int c = 0; c < mr; c++)
+                    ql_store(j, m + c, col + n - n0, bias ? o[c] + bias[n - n0] : o[c]);
+            }
+        }
+    }
+}
+
 /* Small M (<= 4 tokens): rows [n0, n1) of w decoded 16 weights at a time
  * straight into registers and multiplied with all MR token rows (MR = 1 or
  * 4, a compile-time constant after inlining; missing tokens alias the
@@ -787,6 +839,10 @@ static void ql_range(const ql_job *j, int64_t b, int64_t e, int worker) {
             ql_int8_rows(j, w, n0, n1, s, bias ? bias + n0 : NULL);
             continue;
         }
+        if (w->format == LOOM_QFMT_GGUF) {
+            ql_q8_rows(j, w, n0, n1, s, bias ? bias + n0 : NULL);
+            continue;
+        }
         const bool fp8 = w->format == LOOM_QFMT_FP8_W8A8;
         const float *x = fp8 ? j->xf : j->x, *xs = fp8 ? j->sxf : NULL;
         const int64_t ldx = fp8 ? j->K : j->ldx;
@@ -802,9 +858,6 @@ static void ql_range(const ql_job *j, int64_t b, int64_t e, int worker) {
                 QL_FUSED(QK_I8)
                 QL_FUSED(QK_FP8)
                 QL_FUSED(QK_I4)
-                QL_FUSED(QK_Q4_0)
-                QL_FUSED(QK_Q4_1)
-                QL_FUSED(QK_Q8_0)
             }
 #undef QL_FUSED
             continue;
@@ -843,6 +896,15 @@ static void ql_prep_int8(void *ctx, int64_t b, int64_t e, int worker) {
             q[k] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
         }
     }
+}
+
+/* GGUF tokens [b, e): q8 blocks of x (q8dot.h). */
+static void ql_prep_q8(void *ctx, int64_t b, int64_t e, int worker) {
+    (void)worker;
+    const ql_job *j = ctx;
+    const size_t tb = loom_cpu_q8_bytes(j->K);
+    for (int64_t m = b; m < e; m++)
+        loom_cpu_q8_quantize(j->x + m * j->ldx, j->K, j->x8buf + (size_t)m * tb, &j->x8[m]);
 }
 
 /* FP8 tokens [b, e): xf = decode(e4m3(xs / sx)), sxf = amax / 448 where
@@ -923,7 +985,8 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
         bool contiguous = true; /* the rest occupy adjacent columns */
         for (int p = 0; p < nparts; p++) {
             const float *bp = bias ? bias[p] : NULL;
-            if (w[p]->format == LOOM_QFMT_INT8_W8A8 || w[p]->format == LOOM_QFMT_FP8_W8A8) {
+            if (w[p]->format == LOOM_QFMT_INT8_W8A8 || w[p]->format == LOOM_QFMT_FP8_W8A8 ||
+                w[p]->format == LOOM_QFMT_GGUF) {
                 contiguous &= nrest == 0 || off == roff[nrest - 1] + rest[nrest - 1]->n;
                 roff[nrest] = off;
                 rbias[nrest] = bp;
@@ -951,7 +1014,7 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
     /* parts that quantize x (INT8 / FP8 W8A8) with different smoothing
      * vectors quantize it differently: run them one call each */
     const float *smooth = NULL;
-    bool any_w8a8 = false, any_fp8 = false, any_act = false;
+    bool any_w8a8 = false, any_fp8 = false, any_act = false, any_gguf = false;
     for (int p = 0; p < nparts; p++) {
         const bool act = w[p]->format == LOOM_QFMT_INT8_W8A8 || w[p]->format == LOOM_QFMT_FP8_W8A8;
         if (act) {
@@ -970,6 +1033,7 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
         }
         any_w8a8 |= w[p]->format == LOOM_QFMT_INT8_W8A8;
         any_fp8 |= w[p]->format == LOOM_QFMT_FP8_W8A8;
+        any_gguf |= w[p]->format == LOOM_QFMT_GGUF;
     }
 
     ql_job j = {.y = y, .ldy = ldy, .x = x, .ldx = ldx, .smooth = smooth, .M = M, .K = w[0]->k,
@@ -989,7 +1053,9 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
     if (!ql_grow((void **)&s->tiles, &s->tiles_cap, j.tile_floats * threads, sizeof(float)) ||
         !ql_grow((void **)&s->sx, &s->sx_cap, 2 * (size_t)M, sizeof(float)) ||
         (any_w8a8 && !ql_grow((void **)&s->xq, &s->xq_cap, (size_t)(M * K), 1)) ||
-        (any_fp8 && !ql_grow((void **)&s->xf, &s->xf_cap, (size_t)(M * K), sizeof(float))))
+        (any_fp8 && !ql_grow((void **)&s->xf, &s->xf_cap, (size_t)(M * K), sizeof(float))) ||
+        (any_gguf && !ql_grow((void **)&s->x8, &s->x8_cap, (size_t)M * loom_cpu_q8_bytes(K), 1)) ||
+        (any_gguf && !ql_grow((void **)&s->x8v, &s->x8v_cap, (size_t)M, sizeof(loom_cpu_q8))))
         return false;
     j.tiles = s->tiles;
     j.sxq = s->sx;
@@ -1001,6 +1067,11 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
     if (any_fp8) {
         j.xf = s->xf;
         loom_cpu_pool_for(pool, M, 4, ql_prep_fp8, &j);
+    }
+    if (any_gguf) {
+        j.x8buf = s->x8;
+        j.x8 = s->x8v;
+        loom_cpu_pool_for(pool, M, 4, ql_prep_q8, &j);
     }
     loom_cpu_pool_for(pool, N, R, ql_task, &j);
     return true;

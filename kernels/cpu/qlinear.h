@@ -16,7 +16,10 @@
  *   INT4_W4A16  U8 (N, K/2) nibbles (low = even column), f32 scale and zero
  *               per (row, group): w = (q - zero) * scale; unpack fused.
  *   GGUF        rows of q4_0 / q4_1 / q4_k / q8_0 / q6_k blocks as stored;
- *               float activations.
+ *               each token is quantized to 8-bit blocks of 32 (q8dot.h:
+ *               scale max|x| / 127 per block) and dotted with the blocks in
+ *               int32, as llama.cpp does, at every M (so a token's result
+ *               does not depend on the batch it is in).
  *
  * How: rows of W are spread over the pool. At M <= 4 (decode) each row is
  * decoded 16/32 weights at a time straight into vector registers and
@@ -25,13 +28,14 @@
  * register-blocked 2 rows x 4 tokens kernel over all tokens; from
  * LOOM_CPU_QLINEAR_PANEL_M tokens, float-activation formats hand 256-row
  * decoded panels to OpenBLAS. W8A8 dots int8 rows with int8 tokens in int32
- * at every M. GCC vector extensions, built for x86-64-v4/v3/baseline and
+ * at every M, GGUF blocks with q8 tokens likewise. GCC vector extensions, built for x86-64-v4/v3/baseline and
  * picked at load. The weight is never dequantized as a whole: only the
  * tile or panel in flight exists as float.
  *
- * What this is not: the fastest possible CPU kernel (no VNNI intrinsics,
- * no Q8 activation tricks); it is the CPU path that lets CI test every
- * scheme, with the right memory traffic for batch-1 decode.
+ * What this is not: the fastest possible CPU kernel for every format: only
+ * GGUF blocks have integer kernels (q8dot.h: AVX2, AVX-512 VNNI, portable,
+ * picked at run time); the other formats are the CPU path that lets CI
+ * test every scheme, with the right memory traffic for batch-1 decode.
  *
  * Threads: one call at a time per scratch; the pool is driven by the caller.
  */
@@ -115,10 +119,10 @@ void loom_cpu_qscratch_destroy(loom_cpu_qscratch *s); /* NULL-safe */
  * out of range; y is then unspecified.
  */
 #define LOOM_CPU_QLINEAR_MAX_PARTS 8
-/* From this many tokens on, float-activation formats (W8A16, INT4, GGUF)
+/* From this many tokens on, float-activation formats (W8A16, INT4)
  * decode 256-row panels into scratch and multiply them with OpenBLAS's
  * sgemm (loom_cpu_linear): prefill is compute-bound, the decode is 1/M of
- * it. W8A8 and FP8 keep their own arithmetic at every M. */
+ * it. W8A8, FP8 and GGUF keep their own arithmetic at every M. */
 #define LOOM_CPU_QLINEAR_PANEL_M 32
 bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const loom_cpu_qweight *const *w, const float *const *bias,

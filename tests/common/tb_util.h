@@ -25,7 +25,7 @@
 typedef struct tb_config {
     int64_t threads;
     int64_t kv_dtype;     /* 0 f32, 1 f16 */
-    int64_t weight_dtype; /* 0 f32        */
+    int64_t weight_dtype; /* 0 f32, 1 gguf (blocks as stored) */
 } tb_config;
 
 #define TB_MAX_SEQ_BLOCKS 512

@@ -40,9 +40,12 @@ Test(cli, run_paris) {
     char *cfg = default_config();
     char set_model[1024];
     snprintf(set_model, sizeof set_model, "model.path=%s", model);
-    /* default.yaml as documented, with a small KV pool and context. */
+    /* default.yaml as documented, with a small KV pool and context, and
+     * float32 weights: the expected text is the float model's (8-bit block
+     * activations, the default, may pick another first token here) */
     const char *args[] = {"run", cfg, "--chat", "-p", "What is the capital of France?", "-n", "20", "--set",
-                          set_model, "--set", "cache.memory_gib=0.25", "--set", "engine.max_model_len=1024", NULL};
+                          set_model, "--set", "cache.memory_gib=0.25", "--set", "engine.max_model_len=1024",
+                          "--set", "backend.weight_dtype=f32", NULL};
     cli_out r = cli(args);
     cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
     cr_assert(strstr(r.out, "Paris"), "stdout lacks Paris: '%s'", r.out);
@@ -51,7 +54,7 @@ Test(cli, run_paris) {
     /* --stream and -q print the same text. */
     const char *args2[] = {"run", cfg, "--chat", "-p", "What is the capital of France?", "-n", "20", "--stream", "-q",
                            "--set", set_model, "--set", "cache.memory_gib=0.25", "--set",
-                           "engine.max_model_len=1024", NULL};
+                           "engine.max_model_len=1024", "--set", "backend.weight_dtype=f32", NULL};
     cli_out s = cli(args2);
     cr_assert_eq(s.code, 0, "stderr: %s", s.err);
     cr_assert(strstr(s.out, "Paris"), "stdout: '%s'", s.out);
@@ -67,7 +70,7 @@ Test(cli, run_stop_and_samples) {
     snprintf(set_model, sizeof set_model, "model.path=%s", model);
     const char *args[] = {"run", cfg, "--chat", "-p", "What is the capital of France?", "-n", "20", "--stop", "Paris",
                           "--samples", "2", "--set", set_model, "--set", "cache.memory_gib=0.25", "--set",
-                          "engine.max_model_len=1024", NULL};
+                          "engine.max_model_len=1024", "--set", "backend.weight_dtype=f32", NULL};
     cli_out r = cli(args);
     cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
     cr_assert(strstr(r.out, "--- sample 0 ---\nThe capital of France is \n--- sample 1 ---\nThe capital of France is \n"),

@@ -110,14 +110,14 @@ static void run_prompts(const char *const *ov, bool together, eng_rec *recs, int
     loom_engine_destroy(e);
 }
 
-/* CPU float32 math may round differently when the batch shape changes
- * (OpenBLAS picks kernels by matrix size), so ids must match until a float
- * near-tie, and log-probs of matching tokens within 1e-3. */
-Test(real, batch_invariance_chunked_prefill) {
+/* Each prompt alone, then all batched in 24-token prefill chunks, on
+ * weights `wd` (backend.weight_dtype): ids must match until a near-tie,
+ * and log-probs of matching tokens within 1e-3. */
+static void batch_invariance(const char *wd) {
     eng_need_model();
     eng_rec alone[NP], batch[NP];
-    const char *ov[] = {"cache.prefix_caching=false", NULL};
-    const char *ovb[] = {"cache.prefix_caching=false", "scheduler.max_batched_tokens=24", NULL};
+    const char *ov[] = {"cache.prefix_caching=false", wd, NULL};
+    const char *ovb[] = {"cache.prefix_caching=false", "scheduler.max_batched_tokens=24", wd, NULL};
     run_prompts(ov, false, alone, 10, NULL);
     loom_engine_stats st;
     run_prompts(ovb, true, batch, 10, &st);
@@ -132,6 +132,16 @@ Test(real, batch_invariance_chunked_prefill) {
         eng_rec_free(&batch[i]);
     }
     cr_assert_geq(total, NP * 8, "too few tokens compared (%d)", total);
+}
+
+/* CPU float32 math may round differently when the batch shape changes
+ * (OpenBLAS picks kernels by matrix size). */
+Test(real, batch_invariance_chunked_prefill) { batch_invariance("backend.weight_dtype=f32"); }
+
+/* The default GGUF blocks with 8-bit block activations: a token's product
+ * does not depend on the batch (kernels/cpu/qlinear.h). */
+Test(real, batch_invariance_chunked_prefill_gguf_blocks) {
+    batch_invariance("backend.weight_dtype=gguf");
 }
 
 /* ------------------------------------------- scheduler / cache A/B */

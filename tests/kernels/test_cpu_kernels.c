@@ -67,6 +67,24 @@ Test(kernels, pool_covers_every_item_once) {
     cr_assert_eq(loom_cpu_pool_size(NULL), 1);
 }
 
+/* Back-to-back small jobs on more threads than cores: workers wake late,
+ * after the caller finished a job alone, and must claim nothing of it (nor
+ * of the next one with the old job's callback). */
+Test(kernels, pool_late_workers_claim_nothing_stale) {
+    loom_cpu_pool *pool = loom_cpu_pool_create(8);
+    cr_assert(pool);
+    int hits[64];
+    for (int rep = 0; rep < 20000; rep++) {
+        const int64_t n = 2 + rep % 63;
+        memset(hits, 0, sizeof hits);
+        pool_probe p = {hits, n};
+        loom_cpu_pool_for(pool, n, 1, pool_probe_fn, &p);
+        for (int64_t i = 0; i < n; i++)
+            cr_assert_eq(hits[i], 1, "job %d: item %lld ran %d times", rep, (long long)i, hits[i]);
+    }
+    loom_cpu_pool_destroy(pool);
+}
+
 /* ------------------------------------------------------------- RMSNorm */
 
 static void ref_rmsnorm(double *y, const float *x, const float *w, int64_t N, double eps) {

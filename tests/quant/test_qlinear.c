@@ -8,7 +8,9 @@
  * format allows it), row strides, bias, beta, with and without a thread
  * pool; fused multi-part products against separate ones; the weight views'
  * size checks. The references are written from the layouts in loom/quant.h
- * (GGUF rows through the core's own dequantizer), not from the kernels.
+ * (GGUF rows through the core's own dequantizer, times activations
+ * quantized to 8-bit blocks of 32 as qlinear.h states), not from the
+ * kernels.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -179,7 +181,15 @@ static void tw_free(tw *t) {
 static void ref_act(loom_qformat fmt, const float *x, int64_t K, const float *smooth, double *xe,
                     double *scale) {
     *scale = 1.0;
-    if (fmt == LOOM_QFMT_INT8_W8A8) {
+    if (fmt == LOOM_QFMT_GGUF) {
+        /* 8-bit blocks of 32: d = max|x| / 127, code rint(x 127 / max|x|) */
+        for (int64_t b = 0; b < K; b += 32) {
+            float amax = 0;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b + j]));
+            float inv = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+            for (int j = 0; j < 32; j++) xe[b + j] = (double)d * rintf(x[b + j] * inv);
+        }
+    } else if (fmt == LOOM_QFMT_INT8_W8A8) {
         float amax = 0;
         for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(smooth ? x[k] / smooth[k] : x[k]));
         float inv = amax > 0 ? 127.0f / amax : 0.0f;

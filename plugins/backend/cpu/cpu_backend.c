@@ -4,8 +4,9 @@
  * kernels/cpu and OpenBLAS.
  *
  * This file holds the descriptor and parameter table, instance lifetime,
- * weight loading (every weight is dequantized to float32 through
- * host->convert; Q/K/V and gate/up are fused at load), memory reporting,
+ * weight loading (weights are dequantized to float32 through host->convert,
+ * except GGUF blocks kept as stored, below; Q/K/V and gate/up are fused at
+ * load), memory reporting,
  * and the KV pools (device pool and the separate host swap pool — both
  * ordinary host memory here, so swapping is a memcpy). The forward pass is in
  * cpu_forward.c.
@@ -14,6 +15,13 @@
  * (load_shard(); docs/tensor-parallel.md) and the quantizer's plan for
  * each is the weight walk's (plugins/backend/common/weight_walk.h), shared
  * with the cuda backend; this file dequantizes and carves what it lists.
+ *
+ * GGUF blocks (weight_dtype: gguf, the default): with no quantizer bound,
+ * every linear weight stored as q4_0 / q4_1 / q8_0 / q4_k / q6_k blocks, and
+ * a tied LM head stored so, stays as stored (a zero-copy view of the mmap)
+ * and runs on the kernels' integer q8 path, as llama.cpp runs a GGUF file;
+ * the backend plans them itself through a quantizer binding of its own
+ * (cpu_keep_ops). weight_dtype: f32 dequantizes everything instead.
  *
  * Quantizers (loom/quant.h): each linear weight (q, k, v, o, gate, up, down,
  * output) gets the bound quantizer's plan. NONE dequantizes to float32 as
@@ -37,7 +45,8 @@
 #define CPU_ALIGN 64 /* bytes: cache line, and AVX-512 loads never split */
 
 static const char *const cpu_kv_dtype_choices[] = {"f32", "f16", NULL};
-static const char *const cpu_weight_dtype_choices[] = {"f32", NULL};
+static const char *const cpu_weight_dtype_choices[] = {"f32", "gguf", NULL};
+enum { CPU_WEIGHTS_F32 = 0, CPU_WEIGHTS_GGUF = 1 };
 
 static const loom_param cpu_params[] = {
     {.key = "threads", .type = LOOM_PARAM_INT, .offset = offsetof(cpu_backend_config, threads),
@@ -47,9 +56,11 @@ static const loom_param cpu_params[] = {
      .default_value = "f32", .min = 1, .max = 0, .choices = cpu_kv_dtype_choices,
      .doc = "KV-cache element type when the cache manager leaves it to the backend"},
     {.key = "weight_dtype", .type = LOOM_PARAM_ENUM,
-     .offset = offsetof(cpu_backend_config, weight_dtype), .default_value = "f32", .min = 1,
+     .offset = offsetof(cpu_backend_config, weight_dtype), .default_value = "gguf", .min = 1,
      .max = 0, .choices = cpu_weight_dtype_choices,
-     .doc = "type every weight is dequantized to at load"},
+     .doc = "without a quantizer: gguf keeps GGUF q4_0/q4_1/q8_0/q4_k/q6_k linear weights (and a "
+            "tied LM head) as stored, on 8-bit integer kernels; f32 dequantizes every weight at "
+            "load"},
     {.key = NULL},
 };
 
@@ -107,13 +118,13 @@ static loom_status cpu_create(const loom_host *host, const void *config, void **
         return LOOM_ERR_ABI;
     }
     *self = NULL;
-    cpu_backend_config cfg = {.threads = 0, .kv_dtype = 0, .weight_dtype = 0};
+    cpu_backend_config cfg = {.threads = 0, .kv_dtype = 0, .weight_dtype = CPU_WEIGHTS_GGUF};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.threads < 0 || cfg.threads > 1024 || cfg.kv_dtype < 0 || cfg.kv_dtype > 1 ||
-        cfg.weight_dtype != 0)
+        cfg.weight_dtype < CPU_WEIGHTS_F32 || cfg.weight_dtype > CPU_WEIGHTS_GGUF)
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "backend cpu: bad config (threads %lld in [0, 1024], kv_dtype %lld in "
-                           "{0 f32, 1 f16}, weight_dtype %lld in {0 f32})",
+                           "{0 f32, 1 f16}, weight_dtype %lld in {0 f32, 1 gguf})",
                            (long long)cfg.threads, (long long)cfg.kv_dtype,
                            (long long)cfg.weight_dtype);
 
@@ -253,6 +264,19 @@ static loom_status cpu_runnable(void *ctx, const loom_quant_binding *q, const lo
         b->host->dtype_name(t->dtype));
 }
 
+/* weight_dtype gguf without a quantizer: the backend's own plan keeps the
+ * linear weights its kernels read as stored. */
+static loom_status cpu_keep_plan(void *self, const loom_model_view *m, const loom_tensor *w,
+                                 loom_quant_plan *out, loom_error *err) {
+    (void)self, (void)m, (void)err;
+    if (w->device == LOOM_DEVICE_HOST && loom_cpu_qformat_supported(LOOM_QFMT_GGUF, w->dtype))
+        out->format = LOOM_QFMT_GGUF;
+    return LOOM_OK;
+}
+
+static const loom_quant_ops cpu_keep_ops = {.struct_size = sizeof(loom_quant_ops),
+                                            .plan = cpu_keep_plan};
+
 /* Build the quantized weight `out` for p's tensor (plan format != NONE):
  * a zero-copy view of the GGUF blocks, or the quantizer's tensor (kept in
  * out->q, released at destroy), then this rank's window of it: rows
@@ -328,6 +352,13 @@ static float *cpu_carve(float **cursor, size_t n) {
     return p;
 }
 
+/* Does the LM head of a tied model run on the embedding's GGUF blocks? */
+static bool cpu_keeps_tied_head(const cpu_backend *b, const loom_ww *w) {
+    const loom_tensor *t = w->embed.t;
+    return !w->out.t && b->quant.ops == &cpu_keep_ops && t->device == LOOM_DEVICE_HOST &&
+           loom_cpu_qformat_supported(LOOM_QFMT_GGUF, t->dtype);
+}
+
 /* Floats of layer ly's group g kept as float32 (its parts planned NONE). */
 static int64_t cpu_group_floats(const loom_ww_layer *ly, int g) {
     int64_t n = 0;
@@ -343,7 +374,7 @@ static int64_t cpu_group_floats(const loom_ww_layer *ly, int g) {
 static loom_status cpu_alloc_weights(cpu_backend *b, const loom_ww *w, loom_error *err) {
     const loom_host *h = b->host;
     const size_t H = (size_t)w->hidden, VH = (size_t)w->shard.vocab_rows * H;
-    const bool any_quant = loom_ww_any_quant(w);
+    const bool any_quant = loom_ww_any_quant(w) || cpu_keeps_tied_head(b, w);
     size_t floats = cpu_round_floats(VH) * (w->out.t && w->out_plan.format == LOOM_QFMT_NONE ? 2 : 1) +
                     cpu_round_floats(H);
     for (int32_t l = 0; l < w->layers; l++) {
@@ -387,6 +418,14 @@ static loom_status cpu_load_vocab(cpu_backend *b, const loom_model_view *m, cons
     } else if (w->out.t) {
         /* a rank past the end of the vocabulary keeps no rows */
         if (w->out.nr > 0 && (st = cpu_load_qlin(b, m, &w->out, &w->out_plan, &b->lm_q, err)))
+            return st;
+        b->lm_q.quant = true;
+        b->lm_head = NULL;
+    } else if (cpu_keeps_tied_head(b, w)) {
+        /* tied: the LM head reads the embedding's blocks; the lookup keeps
+         * its float rows (one row a token) */
+        const loom_quant_plan plan = {.struct_size = sizeof plan, .format = LOOM_QFMT_GGUF};
+        if (w->embed.nr > 0 && (st = cpu_load_qlin(b, m, &w->embed, &plan, &b->lm_q, err)))
             return st;
         b->lm_q.quant = true;
         b->lm_head = NULL;
@@ -496,6 +535,10 @@ static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
     b->q_dim = w.q_rows;
     b->kv_dim = w.kv_rows;
     b->qkv_rows = w.qkv_rows;
+    const loom_quant_binding keep = {.struct_size = sizeof keep, .ops = &cpu_keep_ops,
+                                     .name = "the cpu backend (weight_dtype: gguf)"};
+    if ((!quant || !quant->ops) && b->cfg.weight_dtype == CPU_WEIGHTS_GGUF && !m->packing)
+        quant = &keep;
     if (quant && quant->ops) b->quant = *quant; /* release() needs it on every path */
     const loom_ww_hooks hooks = {.ctx = b, .runnable = cpu_runnable};
     if ((st = loom_ww_collect(&w, m, quant, &hooks, err)) || (st = cpu_alloc_weights(b, &w, err)))

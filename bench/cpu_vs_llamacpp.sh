@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# bench/cpu_vs_llamacpp.sh [BUILD_DIR] — loom's cpu backend and llama.cpp on
+# the same GGUF file (the default SmolLM2 Q4_1, or $LOOM_TEST_MODEL), side
+# by side: batch-1 decode (llama-bench tg64; loom: 64 tokens after a
+# 16-token prompt, 1 / TPOT p50) and prefill (llama-bench pp512; loom: a
+# 512-token prompt, 512 / TTFT), at 1 thread and at all cores, the two
+# engines interleaved in every repeat ($REPEATS, default 3; medians), next
+# to the byte roofline of the file's own weights (linear weights + LM head
+# as stored, read once a token, over memcpy bandwidth measured in the same
+# run). Writes bench/results/cpu-smollm2-vs-llamacpp.json (bench/record.py;
+# $LOOM_RESULTS moves it).
+#
+# llama.cpp: the copy vendored in the llama-cpp-python sdist
+# ($LLAMACPP_PY_VERSION, default 0.3.36), fetched with `pip download
+# --no-binary :all:` and built once (CPU only, GGML_NATIVE, just
+# llama-bench) under $LOOM_LLAMACPP_DIR (default ~/.cache/loom/llamacpp).
+# Other work on the machine skews both engines alike: compare the ratios.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+B=${1:-$root/build}
+model=${LOOM_TEST_MODEL:-$("$root/scripts/fetch-model.sh")}
+ver=${LLAMACPP_PY_VERSION:-0.3.36}
+dir=${LOOM_LLAMACPP_DIR:-${LOOM_CACHE:-$HOME/.cache/loom}/llamacpp}
+reps=${REPEATS:-3}
+all=$(nproc)
+lb=$dir/build-$ver/bin/llama-bench
+
+if [ ! -x "$lb" ]; then
+  mkdir -p "$dir"
+  sdist=$dir/llama_cpp_python-$ver.tar.gz
+  [ -f "$sdist" ] || pip download --no-binary :all: --no-deps "llama-cpp-python==$ver" -d "$dir"
+  tar -xzf "$sdist" -C "$dir"
+  src=$dir/llama_cpp_python-$ver/vendor/llama.cpp
+  cmake -S "$src" -B "$dir/build-$ver" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF >/dev/null
+  cmake --build "$dir/build-$ver" --target llama-bench -j "$all"
+fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+loom=$B/cli/loom
+cfg=$root/configs/default.yaml
+
+for r in $(seq 1 "$reps"); do
+  for t in 1 "$all"; do
+    echo "repeat $r, $t thread(s)" >&2
+    "$lb" -m "$model" -t "$t" -p 512 -n 64 -r 1 -o json >"$tmp/llama-$t-$r.json"
+    "$loom" bench "$cfg" --set "model.path=$model" --set engine.threads="$t" --num-requests 1 \
+      --input-len 16 --output-len 64 --warmup 1 --no-progress --json "$tmp/loom-tg-$t-$r.json" >/dev/null
+    "$loom" bench "$cfg" --set "model.path=$model" --set engine.threads="$t" --num-requests 1 \
+      --input-len 512 --output-len 1 --warmup 1 --no-progress --json "$tmp/loom-pp-$t-$r.json" >/dev/null
+  done
+done
+
+# the roofline's two figures: bytes a decode step streams, and memcpy bandwidth
+python3 - "$model" "$tmp" "$reps" "$all" "$dir/llama_cpp_python-$ver/vendor/llama.cpp/gguf-py" \
+  >"$tmp/table.json" <<'EOF'
+import json, statistics, sys, threading, time
+model, tmp, reps, nall, gguf_py = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+sys.path.insert(0, gguf_py)
+import gguf
+import numpy as np
+
+# every 2-D weight of the file as stored, except the embedding table (one
+# row a token) unless it is also the LM head (tied: no output.weight)
+tensors = gguf.GGUFReader(model).tensors
+names = {t.name for t in tensors}
+step = sum(int(t.n_bytes) for t in tensors
+           if len(t.shape) == 2 and (t.name != "token_embd.weight" or "output.weight" not in names))
+
+def copy_bw(threads, mib=512):
+    a, b = np.ones(mib << 18, np.float32), np.empty(mib << 18, np.float32)
+    parts = [(a[i::threads], b[i::threads]) for i in range(threads)] if threads > 1 else [(a, b)]
+    best = 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        th = [threading.Thread(target=np.copyto, args=(d, s)) for s, d in parts]
+        [x.start() for x in th]
+        [x.join() for x in th]
+        best = max(best, 2 * a.nbytes / (time.perf_counter() - t0))
+    return best
+
+bw = max(copy_bw(1), copy_bw(nall))
+roof = bw / step
+out = {"bytes_per_token": step, "copy_bw_GB_s": round(bw / 1e9, 2), "roofline_tok_s": round(roof, 1)}
+for t in sorted({1, nall}):
+    row = {}
+    for eng in ("llama", "loom"):
+        tg, pp = [], []
+        for r in range(1, reps + 1):
+            if eng == "llama":
+                for e in json.load(open(f"{tmp}/llama-{t}-{r}.json")):
+                    (tg if e["n_gen"] > 0 else pp).append(e["avg_ts"])
+            else:
+                a = json.load(open(f"{tmp}/loom-tg-{t}-{r}.json"))["a_results"]
+                tg.append(1000.0 / a["TPOT_p50_ms"])
+                a = json.load(open(f"{tmp}/loom-pp-{t}-{r}.json"))["a_results"]
+                pp.append(512 * 1000.0 / a["TTFT_p50_ms"])
+        row[eng] = {"decode_tok_s": round(statistics.median(tg), 1),
+                    "prefill512_tok_s": round(statistics.median(pp), 1),
+                    "decode_share_of_roofline": round(statistics.median(tg) / roof, 3),
+                    "decode_runs": [round(v, 1) for v in tg], "prefill_runs": [round(v, 1) for v in pp]}
+    row["loom_over_llama_decode"] = round(row["loom"]["decode_tok_s"] / row["llama"]["decode_tok_s"], 3)
+    row["loom_over_llama_prefill"] = round(row["loom"]["prefill512_tok_s"] / row["llama"]["prefill512_tok_s"], 3)
+    out[f"threads_{t}"] = row
+json.dump(out, sys.stdout, indent=1)
+EOF
+cat "$tmp/table.json"
+llama_commit=$(sed -n 's/.*"build_commit": "\([^"]*\)".*/\1/p' "$tmp/llama-1-1.json" | head -1)
+python3 "$root/bench/record.py" cpu-smollm2-vs-llamacpp --cpu \
+  --what "loom cpu backend (configs/default.yaml: GGUF blocks as stored, q8 activations) vs llama.cpp (llama-cpp-python $ver sdist, commit ${llama_commit:-?}, llama-bench, CPU build) on $(basename "$model"): batch-1 decode (tg64 / 64 tokens after 16) and prefill (pp512), 1 and $all threads, interleaved, medians of $reps; roofline = memcpy bandwidth / bytes of the file's linear weights + LM head" \
+  --command "bench/cpu_vs_llamacpp.sh" --json table="$tmp/table.json" \
+  --value load_average_before="$load_before" --value load_average_after="$(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,0 +1,232 @@
+/*
+ * kernels/cpu/q8dot.c — the activation quantizer, the portable row kernels
+ * and the pick of an instruction set (see q8dot.h). The x86 kernels are
+ * q8dot_x86.h, built once per instruction set (q8dot_avx2.c,
+ * q8dot_vnni.c).
+ */
+#include "q8dot.h"
+
+#include "formats/gguf_blocks.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+size_t loom_cpu_q8_bytes(int64_t K) { return (size_t)K + 2 * sizeof(float) * (size_t)(K / 32); }
+
+void loom_cpu_q8_quantize(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
+    const int64_t nb = K / LOOM_CPU_Q8_BLOCK;
+    int8_t *q = buf;
+    float *d = (float *)(q + K), *s = d + nb;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + 32 * b;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float db = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) {
+            const int32_t v = (int32_t)rintf(xb[j] * inv);
+            q[32 * b + j] = (int8_t)v;
+            sum += v;
+        }
+        d[b] = db;
+        s[b] = db * (float)sum;
+    }
+    *out = (loom_cpu_q8){.q = q, .d = d, .s = s};
+}
+
+/* ------------------------------------------------------------ portable */
+
+static void qp_q4(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out,
+                  int q41) {
+    const size_t bb = q41 ? LOOM_GGUF_Q4_1_BYTES : LOOM_GGUF_Q4_0_BYTES;
+    for (int t = 0; t < mr; t++) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < K / 32; b++) {
+            const uint8_t *blk = row + (size_t)b * bb, *qs = blk + (q41 ? 4 : 2);
+            const float d = loom_gguf_f16(blk), m = q41 ? loom_gguf_f16(blk + 2) : -8.0f * d;
+            const int8_t *xq = x[t].q + 32 * b;
+            int32_t s = 0;
+            for (int j = 0; j < 16; j++) s += (qs[j] & 15) * xq[j] + (qs[j] >> 4) * xq[j + 16];
+            acc += d * x[t].d[b] * (float)s + m * x[t].s[b];
+        }
+        out[t] = acc;
+    }
+}
+
+static void qp_q4_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
+    qp_q4(row, K, x, mr, out, 0);
+}
+
+static void qp_q4_1(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
+    qp_q4(row, K, x, mr, out, 1);
+}
+
+static void qp_q8_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
+    for (int t = 0; t < mr; t++) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < K / 32; b++) {
+            const uint8_t *blk = row + (size_t)b * LOOM_GGUF_Q8_0_BYTES;
+            const int8_t *w = (const int8_t *)(blk + 2), *xq = x[t].q + 32 * b;
+            int32_t s = 0;
+            for (int j = 0; j < 32; j++) s += w[j] * xq[j];
+            acc += loom_gguf_f16(blk) * x[t].d[b] * (float)s;
+        }
+        out[t] = acc;
+    }
+}
+
+static void qp_q4_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
+    for (int t = 0; t < mr; t++) {
+        float acc = 0.0f;
+        for (int64_t sb = 0; sb < K / 256; sb++) {
+            const uint8_t *blk = row + (size_t)sb * LOOM_GGUF_Q4_K_BYTES;
+            const float d = loom_gguf_f16(blk), dmin = loom_gguf_f16(blk + 2);
+            uint32_t sw[3];
+            memcpy(sw, blk + LOOM_GGUF_Q4_K_SCALES, sizeof sw);
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *q = blk + LOOM_GGUF_Q4_K_QS + 32 * (j >> 1);
+                const int sh = 4 * (j & 1);
+                const int64_t xb = 8 * sb + j;
+                const int8_t *xq = x[t].q + 32 * xb;
+                uint32_t sc, mn;
+                loom_q4k_scale_min(sw, j, &sc, &mn);
+                int32_t s = 0;
+                for (int l = 0; l < 32; l++) s += ((q[l] >> sh) & 15) * xq[l];
+                acc += d * (float)sc * x[t].d[xb] * (float)s - dmin * (float)mn * x[t].s[xb];
+            }
+        }
+        out[t] = acc;
+    }
+}
+
+static void qp_q6_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
+    for (int t = 0; t < mr; t++) {
+        float acc = 0.0f;
+        for (int64_t sb = 0; sb < K / 256; sb++) {
+            const uint8_t *blk = row + (size_t)sb * LOOM_GGUF_Q6_K_BYTES;
+            const float d = loom_gguf_f16(blk + LOOM_GGUF_Q6_K_D);
+            for (int s = 0; s < 8; s++) {
+                const loom_q6k_sub g = loom_q6k_sub_at(s);
+                const int64_t xb = 8 * sb + s;
+                const int8_t *xq = x[t].q + 32 * xb;
+                for (int h = 0; h < 2; h++) {
+                    int32_t sum = 0;
+                    for (int l = 16 * h; l < 16 * h + 16; l++) {
+                        const int q = (((blk[g.lo + l] >> g.nsh) & 15) |
+                                       (((blk[g.ho + l] >> g.hsh) & 3) << 4)) - 32;
+                        sum += q * xq[l];
+                    }
+                    acc += d * (float)(int8_t)blk[g.sc + h] * x[t].d[xb] * (float)sum;
+                }
+            }
+        }
+        out[t] = acc;
+    }
+}
+
+loom_cpu_q8dot_fn *const loom_cpu_q8dot_portable[LOOM_CPU_Q8_NKINDS] = {
+    [LOOM_CPU_Q8_Q4_0] = qp_q4_0, [LOOM_CPU_Q8_Q4_1] = qp_q4_1, [LOOM_CPU_Q8_Q8_0] = qp_q8_0,
+    [LOOM_CPU_Q8_Q4_K] = qp_q4_k, [LOOM_CPU_Q8_Q6_K] = qp_q6_k};
+
+/* Two rows as two row calls. */
+#define QP_PAIR(name, row)                                                                        \
+    static void name(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,       \
+                     float *out) {                                                                \
+        row(r0, K, x, 1, out);                                                                    \
+        row(r1, K, x, 1, out + 1);                                                                \
+    }
+QP_PAIR(qp2_q4_0, qp_q4_0)
+QP_PAIR(qp2_q4_1, qp_q4_1)
+QP_PAIR(qp2_q8_0, qp_q8_0)
+QP_PAIR(qp2_q4_k, qp_q4_k)
+QP_PAIR(qp2_q6_k, qp_q6_k)
+
+loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_portable[LOOM_CPU_Q8_NKINDS] = {
+    [LOOM_CPU_Q8_Q4_0] = qp2_q4_0, [LOOM_CPU_Q8_Q4_1] = qp2_q4_1, [LOOM_CPU_Q8_Q8_0] = qp2_q8_0,
+    [LOOM_CPU_Q8_Q4_K] = qp2_q4_k, [LOOM_CPU_Q8_Q6_K] = qp2_q6_k};
+
+/* ------------------------------------------------------------ the pick */
+
+typedef struct qd_isa {
+    const char *name;
+    loom_cpu_q8dot_fn *const *table;
+    loom_cpu_q8dot2_fn *const *table2;
+    int (*usable)(void);
+} qd_isa;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+static int qd_has_vnni(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("fma");
+}
+static int qd_has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+static int qd_always(void) { return 1; }
+
+/* Best first. */
+static const qd_isa qd_isas[] = {
+#if defined(__x86_64__) && defined(__GNUC__)
+    {"avx512vnni", loom_cpu_q8dot_vnni, loom_cpu_q8dot2_vnni, qd_has_vnni},
+    {"avx2", loom_cpu_q8dot_avx2, loom_cpu_q8dot2_avx2, qd_has_avx2},
+#endif
+    {"portable", loom_cpu_q8dot_portable, loom_cpu_q8dot2_portable, qd_always},
+};
+
+static const qd_isa *qd_cur;
+static pthread_once_t qd_once = PTHREAD_ONCE_INIT;
+
+static void qd_pick(void) {
+    for (size_t i = 0; i < sizeof qd_isas / sizeof qd_isas[0]; i++)
+        if (qd_isas[i].usable()) {
+            qd_cur = &qd_isas[i];
+            return;
+        }
+}
+
+bool loom_cpu_q8_force_isa(const char *name) {
+    pthread_once(&qd_once, qd_pick);
+    if (!name) {
+        qd_pick();
+        return true;
+    }
+    for (size_t i = 0; i < sizeof qd_isas / sizeof qd_isas[0]; i++)
+        if (!strcmp(qd_isas[i].name, name) && qd_isas[i].usable()) {
+            qd_cur = &qd_isas[i];
+            return true;
+        }
+    return false;
+}
+
+const char *loom_cpu_q8_isa(void) {
+    pthread_once(&qd_once, qd_pick);
+    return qd_cur->name;
+}
+
+/* Index of a block type in the tables, or -1. */
+static int qd_kind(loom_dtype dtype) {
+    switch (dtype) {
+    case LOOM_DTYPE_Q4_0: return LOOM_CPU_Q8_Q4_0;
+    case LOOM_DTYPE_Q4_1: return LOOM_CPU_Q8_Q4_1;
+    case LOOM_DTYPE_Q8_0: return LOOM_CPU_Q8_Q8_0;
+    case LOOM_DTYPE_Q4_K: return LOOM_CPU_Q8_Q4_K;
+    case LOOM_DTYPE_Q6_K: return LOOM_CPU_Q8_Q6_K;
+    default: return -1;
+    }
+}
+
+loom_cpu_q8dot_fn *loom_cpu_q8dot(loom_dtype dtype) {
+    pthread_once(&qd_once, qd_pick);
+    const int k = qd_kind(dtype);
+    return k < 0 ? NULL : qd_cur->table[k];
+}
+
+loom_cpu_q8dot2_fn *loom_cpu_q8dot2(loom_dtype dtype) {
+    pthread_once(&qd_once, qd_pick);
+    const int k = qd_kind(dtype);
+    return k < 0 ? NULL : qd_cur->table2[k];
+}

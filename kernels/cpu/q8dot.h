@@ -1,0 +1,87 @@
+/*
+ * kernels/cpu/q8dot.h — dot products of GGUF weight rows (q4_0, q4_1, q8_0,
+ * q4_k, q6_k blocks as stored) with activations quantized to 8 bits per
+ * block of 32, in integer arithmetic: the batch-1 and small-batch path of
+ * kernels/cpu/qlinear.c for GGUF weights.
+ *
+ * Activations: each token's K floats become K/32 blocks of int8 codes with
+ * one float scale each (d = max|x| / 127, q = rint(x / d)) and the block's
+ * d * sum(q) (the term a weight offset multiplies: q4_1's min, q4_0's -8,
+ * q4_k's mins). Weight codes times activation codes accumulate in int32
+ * per block (or per 16-weight scale group), and only then meet the float
+ * scales. The result differs from the float-activation product by the
+ * activation rounding alone: at most d/2 per activation.
+ *
+ * Instruction sets: AVX2 (maddubs / madd), AVX-512 VNNI (vpdpbusd on 256
+ * bits), and portable C, each built as its own object and picked once per
+ * process from the CPU's features (loom_cpu_q8_isa).
+ *
+ * Internal to kernels/cpu (and its tests).
+ */
+#ifndef LOOM_CPU_Q8DOT_H
+#define LOOM_CPU_Q8DOT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/tensor.h"
+
+#define LOOM_CPU_Q8_BLOCK 32   /* activations per scale                       */
+#define LOOM_CPU_Q8_MR 4       /* tokens one row call serves                  */
+
+/* One token's quantized activations (borrowed pointers into a buffer). */
+typedef struct loom_cpu_q8 {
+    const int8_t *q;           /* (K) codes in [-127, 127]                     */
+    const float *d;            /* (K/32) block scales                          */
+    const float *s;            /* (K/32) d * sum of the block's codes          */
+} loom_cpu_q8;
+
+/* Bytes one token of K activations takes (K a multiple of 32). */
+size_t loom_cpu_q8_bytes(int64_t K);
+
+/* Quantize x (K floats) into buf (loom_cpu_q8_bytes(K), 4-byte aligned) and
+ * point *out into it. K a multiple of 32. */
+void loom_cpu_q8_quantize(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
+
+/* out[t] = row . x[t] for t < mr (1..LOOM_CPU_Q8_MR): `row` holds K / elems
+ * blocks of `dtype` (as stored); x[t] the token's activations of K. */
+typedef void loom_cpu_q8dot_fn(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr,
+                               float *out);
+
+/* The row kernel for a GGUF block type on this CPU, or NULL when the type
+ * has none (q4_0, q4_1, q8_0, q4_k and q6_k do). */
+loom_cpu_q8dot_fn *loom_cpu_q8dot(loom_dtype dtype);
+
+/* Batch 1, two rows: out[0] = row0 . x, out[1] = row1 . x (x one token),
+ * each bit for bit the row kernel's result. One pass over the activations
+ * serves both rows, with twice the independent FMA chains: on SmolLM2's
+ * short rows (18 blocks) ~20-35% faster than two row calls. */
+typedef void loom_cpu_q8dot2_fn(const uint8_t *row0, const uint8_t *row1, int64_t K,
+                                const loom_cpu_q8 *x, float *out);
+
+/* The two-row kernel for `dtype` on this CPU (every type the row kernel
+ * serves has one), or NULL. */
+loom_cpu_q8dot2_fn *loom_cpu_q8dot2(loom_dtype dtype);
+
+/* Which instruction set the kernels use here: "avx512vnni", "avx2" or
+ * "portable". */
+const char *loom_cpu_q8_isa(void);
+
+/* Force an instruction set by name (tests, so every path on this machine
+ * runs); false, leaving the choice as it was, when the CPU lacks it or the
+ * name is unknown. NULL goes back to the best one. Not thread-safe: call
+ * before any product runs. */
+bool loom_cpu_q8_force_isa(const char *name);
+
+/* ---- per-ISA tables (q8dot_*.c); index by loom_cpu_q8_kind */
+enum { LOOM_CPU_Q8_Q4_0, LOOM_CPU_Q8_Q4_1, LOOM_CPU_Q8_Q8_0, LOOM_CPU_Q8_Q4_K, LOOM_CPU_Q8_Q6_K,
+       LOOM_CPU_Q8_NKINDS };
+extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_portable[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_avx2[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_vnni[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_portable[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_avx2[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_vnni[LOOM_CPU_Q8_NKINDS];
+
+#endif

@@ -1,0 +1,9 @@
+/*
+ * kernels/cpu/q8dot_avx2.c — q8dot_x86.h built for AVX2 + FMA + F16C
+ * (meson adds the flags for this file alone; q8dot.c calls it only on a
+ * CPU that has them).
+ */
+#define QD_VNNI 0
+#define QD_TABLE loom_cpu_q8dot_avx2
+#define QD_TABLE2 loom_cpu_q8dot2_avx2
+#include "q8dot_x86.h"

@@ -1,0 +1,9 @@
+/*
+ * kernels/cpu/q8dot_vnni.c — q8dot_x86.h built for AVX-512 VNNI (256-bit
+ * vpdpbusd through AVX-512 VL) on top of AVX2 + FMA + F16C (meson adds the
+ * flags for this file alone; q8dot.c calls it only on a CPU that has them).
+ */
+#define QD_VNNI 1
+#define QD_TABLE loom_cpu_q8dot_vnni
+#define QD_TABLE2 loom_cpu_q8dot2_vnni
+#include "q8dot_x86.h"

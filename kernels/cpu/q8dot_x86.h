@@ -1,0 +1,325 @@
+/*
+ * kernels/cpu/q8dot_x86.h — the x86 row kernels of q8dot.h, written once
+ * and built once per instruction set: q8dot_avx2.c (-mavx2 -mfma -mf16c)
+ * and q8dot_vnni.c (adds AVX-512 VNNI, VL, BW) include it with QD_TABLE (and QD_TABLE2)
+ * naming the table and QD_VNNI 0 or 1. The only difference is the unsigned
+ * x signed byte dot: AVX2 multiplies pairs into int16 (maddubs) and adds
+ * pairs into int32 (madd); VNNI does both in one vpdpbusd. Either way
+ * int32 lane i holds the sum over bytes 4i..4i+3.
+ *
+ * Shape of every kernel: one weight row, up to LOOM_CPU_Q8_MR tokens; each
+ * weight block is unpacked to bytes once and dotted with every token's
+ * block (MR is a constant after inlining; missing tokens alias token 0 and
+ * are never stored). Per block: int32 lanes -> float, times the product of
+ * the weight's and the activation's scales, into one of two float
+ * accumulators (alternating, so consecutive FMAs do not wait on each
+ * other).
+ */
+#include "q8dot.h"
+
+#include "formats/gguf_blocks.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define QD_INLINE static inline __attribute__((always_inline))
+
+/* Sum over groups of four of u (unsigned bytes) x s (signed bytes). */
+QD_INLINE __m256i qd_dot(__m256i u, __m256i s) {
+#if QD_VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* Signed w x signed s: |w| x (s with w's sign); |w| <= 128 and |s| <= 127
+ * keep maddubs's int16 pairs below saturation. */
+QD_INLINE __m256i qd_dot_ss(__m256i w, __m256i s) {
+    return qd_dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w));
+}
+
+QD_INLINE float qd_hsum(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+
+QD_INLINE float qd_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+QD_INLINE __m256i qd_load(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* 16 bytes of nibbles -> 32 bytes: low nibbles first, then high ones (the
+ * element order of a q4_0 / q4_1 block). */
+QD_INLINE __m256i qd_nibbles16(const uint8_t *p) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p);
+    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* A q4_0 (q41 = 0: w = d (q - 8)) or q4_1 (w = d q + m) block's scale d
+ * in lane 0 of the result and its offset (-8 d or m) in lane 1: q4_1's two
+ * f16 sit side by side and convert in one instruction. */
+QD_INLINE __m128 qd_q4_dm(const uint8_t *blk, const int q41) {
+    if (q41) {
+        int32_t dm;
+        memcpy(&dm, blk, 4);
+        return _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+    }
+    const float d = qd_f16(blk);
+    return _mm_setr_ps(d, -8.0f * d, 0.0f, 0.0f);
+}
+
+/* One block b of a q4 row against MR tokens: acc[t] += (d dx) (w . x),
+ * off[t] += offset * s (the offset times the block's sum of x). */
+QD_INLINE void qd_q4_block(const uint8_t *blk, int64_t b, const loom_cpu_q8 *const *xt,
+                           const int MR, const int q41, __m256 *acc, __m128 *off) {
+    const __m128 dm = qd_q4_dm(blk, q41);
+    const __m128 m = _mm_movehdup_ps(dm);
+    const __m256i w = qd_nibbles16(blk + (q41 ? 4 : 2));
+    for (int t = 0; t < MR; t++) {
+        const __m256 p = _mm256_cvtepi32_ps(qd_dot(w, qd_load(xt[t]->q + 32 * b)));
+        const __m128 ddx = _mm_mul_ss(dm, _mm_load_ss(xt[t]->d + b));
+        acc[t] = _mm256_fmadd_ps(p, _mm256_broadcastss_ps(ddx), acc[t]);
+        off[t] = _mm_fmadd_ss(m, _mm_load_ss(xt[t]->s + b), off[t]);
+    }
+}
+
+/* q4_0 / q4_1 rows. Blocks go in pairs, each into its own accumulators, so
+ * two FMA chains overlap (at batch 1 one chain was the bound). */
+QD_INLINE void qd_q4(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int MR, int mr,
+                     float *out, const int q41) {
+    const size_t bb = q41 ? LOOM_GGUF_Q4_1_BYTES : LOOM_GGUF_Q4_0_BYTES;
+    __m256 acc0[LOOM_CPU_Q8_MR], acc1[LOOM_CPU_Q8_MR];
+    __m128 off0[LOOM_CPU_Q8_MR], off1[LOOM_CPU_Q8_MR];
+    const loom_cpu_q8 *xt[LOOM_CPU_Q8_MR];
+    for (int t = 0; t < MR; t++) {
+        acc0[t] = acc1[t] = _mm256_setzero_ps();
+        off0[t] = off1[t] = _mm_setzero_ps();
+        xt[t] = &x[t < mr ? t : 0];
+    }
+    const int64_t nb = K / 32;
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        qd_q4_block(row + (size_t)b * bb, b, xt, MR, q41, acc0, off0);
+        qd_q4_block(row + (size_t)(b + 1) * bb, b + 1, xt, MR, q41, acc1, off1);
+    }
+    if (b < nb) qd_q4_block(row + (size_t)b * bb, b, xt, MR, q41, acc0, off0);
+    for (int t = 0; t < mr; t++)
+        out[t] = qd_hsum(_mm256_add_ps(acc0[t], acc1[t])) + _mm_cvtss_f32(_mm_add_ss(off0[t], off1[t]));
+}
+
+QD_INLINE void qd_q8_0_block(const uint8_t *blk, int64_t b, const loom_cpu_q8 *const *xt,
+                             const int MR, __m256 *acc) {
+    const __m128 d = _mm_set_ss(qd_f16(blk));
+    const __m256i w = qd_load(blk + 2);
+    for (int t = 0; t < MR; t++) {
+        const __m256 p = _mm256_cvtepi32_ps(qd_dot_ss(w, qd_load(xt[t]->q + 32 * b)));
+        const __m128 ddx = _mm_mul_ss(d, _mm_load_ss(xt[t]->d + b));
+        acc[t] = _mm256_fmadd_ps(p, _mm256_broadcastss_ps(ddx), acc[t]);
+    }
+}
+
+/* q8_0 rows; blocks in pairs as in qd_q4. */
+QD_INLINE void qd_q8_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int MR, int mr,
+                       float *out) {
+    __m256 acc0[LOOM_CPU_Q8_MR], acc1[LOOM_CPU_Q8_MR];
+    const loom_cpu_q8 *xt[LOOM_CPU_Q8_MR];
+    for (int t = 0; t < MR; t++) {
+        acc0[t] = acc1[t] = _mm256_setzero_ps();
+        xt[t] = &x[t < mr ? t : 0];
+    }
+    const int64_t nb = K / 32;
+    const size_t bb = LOOM_GGUF_Q8_0_BYTES;
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        qd_q8_0_block(row + (size_t)b * bb, b, xt, MR, acc0);
+        qd_q8_0_block(row + (size_t)(b + 1) * bb, b + 1, xt, MR, acc1);
+    }
+    if (b < nb) qd_q8_0_block(row + (size_t)b * bb, b, xt, MR, acc0);
+    for (int t = 0; t < mr; t++) out[t] = qd_hsum(_mm256_add_ps(acc0[t], acc1[t]));
+}
+
+/* q4_k: 8 sub-blocks of 32 a super-block, each w = (d sc) q - dmin mn;
+ * sub-blocks 2i and 2i + 1 are the low and high nibbles of the same 32
+ * bytes, and each lines up with one activation block. */
+QD_INLINE void qd_q4_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int MR, int mr,
+                       float *out) {
+    __m256 acc[LOOM_CPU_Q8_MR], acc1[LOOM_CPU_Q8_MR];
+    float off[LOOM_CPU_Q8_MR];
+    const loom_cpu_q8 *xt[LOOM_CPU_Q8_MR];
+    for (int t = 0; t < MR; t++) {
+        acc[t] = acc1[t] = _mm256_setzero_ps();
+        off[t] = 0.0f;
+        xt[t] = &x[t < mr ? t : 0];
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t sb = 0; sb < K / 256; sb++) {
+        const uint8_t *blk = row + (size_t)sb * LOOM_GGUF_Q4_K_BYTES;
+        const float d = qd_f16(blk), dmin = qd_f16(blk + 2);
+        uint32_t sw[3];
+        memcpy(sw, blk + LOOM_GGUF_Q4_K_SCALES, sizeof sw);
+        float a[8], c[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            uint32_t sc, mn;
+            loom_q4k_scale_min(sw, j, &sc, &mn);
+            a[j] = d * (float)sc;
+            c[j] = dmin * (float)mn;
+        }
+        for (int i = 0; i < 4; i++) {
+            const __m256i raw = qd_load(blk + LOOM_GGUF_Q4_K_QS + 32 * i);
+            const __m256i lo = _mm256_and_si256(raw, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            const int64_t xb = 8 * sb + 2 * i;
+            for (int t = 0; t < MR; t++) {
+                const loom_cpu_q8 *v = xt[t];
+                const __m256 p0 = _mm256_cvtepi32_ps(qd_dot(lo, qd_load(v->q + 32 * xb)));
+                const __m256 p1 = _mm256_cvtepi32_ps(qd_dot(hi, qd_load(v->q + 32 * xb + 32)));
+                acc[t] = _mm256_fmadd_ps(p0, _mm256_set1_ps(a[2 * i] * v->d[xb]), acc[t]);
+                acc1[t] = _mm256_fmadd_ps(p1, _mm256_set1_ps(a[2 * i + 1] * v->d[xb + 1]), acc1[t]);
+                off[t] += c[2 * i] * v->s[xb] + c[2 * i + 1] * v->s[xb + 1];
+            }
+        }
+    }
+    for (int t = 0; t < mr; t++) out[t] = qd_hsum(_mm256_add_ps(acc[t], acc1[t])) - off[t];
+}
+
+/* q6_k: 8 sub-blocks of 32 (loom_q6k_sub_at), codes q - 32 in [-32, 31],
+ * one int8 scale per 16 weights: int32 lanes 0..3 are the first 16, lanes
+ * 4..7 the second, so one float vector carries both scales. */
+QD_INLINE void qd_q6_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int MR, int mr,
+                       float *out) {
+    __m256 acc[2][LOOM_CPU_Q8_MR];
+    const loom_cpu_q8 *xt[LOOM_CPU_Q8_MR];
+    for (int t = 0; t < MR; t++) {
+        acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+        xt[t] = &x[t < mr ? t : 0];
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    const __m256i m32 = _mm256_set1_epi8(32);
+    for (int64_t sb = 0; sb < K / 256; sb++) {
+        const uint8_t *blk = row + (size_t)sb * LOOM_GGUF_Q6_K_BYTES;
+        const float d = qd_f16(blk + LOOM_GGUF_Q6_K_D);
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; s++) {
+            /* unrolled: the sub-block's places and shifts are constants */
+            const loom_q6k_sub g = loom_q6k_sub_at(s);
+            const __m256i ql = qd_load(blk + g.lo), qh = qd_load(blk + g.ho);
+            const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, g.nsh), m4);
+            const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, g.hsh), m2), 4);
+            const __m256i w = _mm256_sub_epi8(_mm256_or_si256(lo, hi), m32);
+            const __m256 sc = _mm256_set_m128(_mm_set1_ps(d * (float)(int8_t)blk[g.sc + 1]),
+                                              _mm_set1_ps(d * (float)(int8_t)blk[g.sc]));
+            const int64_t xb = 8 * sb + s;
+            for (int t = 0; t < MR; t++) {
+                const loom_cpu_q8 *v = xt[t];
+                const __m256 p = _mm256_cvtepi32_ps(qd_dot_ss(w, qd_load(v->q + 32 * xb)));
+                acc[s & 1][t] = _mm256_fmadd_ps(p, _mm256_mul_ps(sc, _mm256_set1_ps(v->d[xb])), acc[s & 1][t]);
+            }
+        }
+    }
+    for (int t = 0; t < mr; t++) out[t] = qd_hsum(_mm256_add_ps(acc[0][t], acc[1][t]));
+}
+
+/* Two q4 rows, one token: qd_q4 at one token for each, interleaved so the
+ * rows share the activation loads and their four FMA chains overlap. The
+ * same blocks go to the same accumulators in the same order as in qd_q4,
+ * so a row's result is bit for bit the one-row kernel's (a token's result
+ * must not depend on the batch it is in). */
+QD_INLINE void qd_q4_pair(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
+                          float *out, const int q41) {
+    const size_t bb = q41 ? LOOM_GGUF_Q4_1_BYTES : LOOM_GGUF_Q4_0_BYTES;
+    const loom_cpu_q8 *xt[1] = {x};
+    __m256 a[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()},
+                      {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    __m128 o[2][2] = {{_mm_setzero_ps(), _mm_setzero_ps()}, {_mm_setzero_ps(), _mm_setzero_ps()}};
+    const int64_t nb = K / 32;
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        qd_q4_block(r0 + (size_t)b * bb, b, xt, 1, q41, &a[0][0], &o[0][0]);
+        qd_q4_block(r1 + (size_t)b * bb, b, xt, 1, q41, &a[1][0], &o[1][0]);
+        qd_q4_block(r0 + (size_t)(b + 1) * bb, b + 1, xt, 1, q41, &a[0][1], &o[0][1]);
+        qd_q4_block(r1 + (size_t)(b + 1) * bb, b + 1, xt, 1, q41, &a[1][1], &o[1][1]);
+    }
+    if (b < nb) {
+        qd_q4_block(r0 + (size_t)b * bb, b, xt, 1, q41, &a[0][0], &o[0][0]);
+        qd_q4_block(r1 + (size_t)b * bb, b, xt, 1, q41, &a[1][0], &o[1][0]);
+    }
+    for (int r = 0; r < 2; r++)
+        out[r] = qd_hsum(_mm256_add_ps(a[r][0], a[r][1])) + _mm_cvtss_f32(_mm_add_ss(o[r][0], o[r][1]));
+}
+
+static void qd_pair_q4_0(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
+                         float *out) {
+    qd_q4_pair(r0, r1, K, x, out, 0);
+}
+
+static void qd_pair_q4_1(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
+                         float *out) {
+    qd_q4_pair(r0, r1, K, x, out, 1);
+}
+
+/* Two q8_0 rows, one token, as qd_q4_pair. */
+static void qd_pair_q8_0(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
+                         float *out) {
+    const loom_cpu_q8 *xt[1] = {x};
+    const size_t bb = LOOM_GGUF_Q8_0_BYTES;
+    __m256 a[2][2] = {{_mm256_setzero_ps(), _mm256_setzero_ps()},
+                      {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    const int64_t nb = K / 32;
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        qd_q8_0_block(r0 + (size_t)b * bb, b, xt, 1, &a[0][0]);
+        qd_q8_0_block(r1 + (size_t)b * bb, b, xt, 1, &a[1][0]);
+        qd_q8_0_block(r0 + (size_t)(b + 1) * bb, b + 1, xt, 1, &a[0][1]);
+        qd_q8_0_block(r1 + (size_t)(b + 1) * bb, b + 1, xt, 1, &a[1][1]);
+    }
+    if (b < nb) {
+        qd_q8_0_block(r0 + (size_t)b * bb, b, xt, 1, &a[0][0]);
+        qd_q8_0_block(r1 + (size_t)b * bb, b, xt, 1, &a[1][0]);
+    }
+    for (int r = 0; r < 2; r++) out[r] = qd_hsum(_mm256_add_ps(a[r][0], a[r][1]));
+}
+
+/* One function per type: a token count of 1 gets its own copy (decode). */
+#define QD_ENTRY(name, body)                                                                      \
+    static void name(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {    \
+        if (mr == 1) body(row, K, x, 1, 1, out);                                                  \
+        else body(row, K, x, LOOM_CPU_Q8_MR, mr, out);                                            \
+    }
+#define QD_Q4_0(r, K, x, MR, mr, o) qd_q4(r, K, x, MR, mr, o, 0)
+#define QD_Q4_1(r, K, x, MR, mr, o) qd_q4(r, K, x, MR, mr, o, 1)
+QD_ENTRY(qd_row_q4_0, QD_Q4_0)
+QD_ENTRY(qd_row_q4_1, QD_Q4_1)
+QD_ENTRY(qd_row_q8_0, qd_q8_0)
+QD_ENTRY(qd_row_q4_k, qd_q4_k)
+QD_ENTRY(qd_row_q6_k, qd_q6_k)
+
+loom_cpu_q8dot_fn *const QD_TABLE[LOOM_CPU_Q8_NKINDS] = {
+    [LOOM_CPU_Q8_Q4_0] = qd_row_q4_0, [LOOM_CPU_Q8_Q4_1] = qd_row_q4_1,
+    [LOOM_CPU_Q8_Q8_0] = qd_row_q8_0, [LOOM_CPU_Q8_Q4_K] = qd_row_q4_k,
+    [LOOM_CPU_Q8_Q6_K] = qd_row_q6_k};
+
+/* The super-block types' rows already hold 8 FMAs a block: two row calls. */
+static void qd_pair_q4_k(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
+                         float *out) {
+    qd_row_q4_k(r0, K, x, 1, out);
+    qd_row_q4_k(r1, K, x, 1, out + 1);
+}
+
+static void qd_pair_q6_k(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
+                         float *out) {
+    qd_row_q6_k(r0, K, x, 1, out);
+    qd_row_q6_k(r1, K, x, 1, out + 1);
+}
+
+loom_cpu_q8dot2_fn *const QD_TABLE2[LOOM_CPU_Q8_NKINDS] = {
+    [LOOM_CPU_Q8_Q4_0] = qd_pair_q4_0, [LOOM_CPU_Q8_Q4_1] = qd_pair_q4_1,
+    [LOOM_CPU_Q8_Q8_0] = qd_pair_q8_0, [LOOM_CPU_Q8_Q4_K] = qd_pair_q4_k,
+    [LOOM_CPU_Q8_Q6_K] = qd_pair_q6_k};

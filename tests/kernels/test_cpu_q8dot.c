@@ -1,0 +1,238 @@
+/*
+ * tests/kernels/test_cpu_q8dot.c — kernels/cpu/q8dot.h (GGUF weight rows
+ * dotted with 8-bit block-quantized activations) against float64
+ * references, for every block type (q4_0, q4_1, q8_0, q4_k, q6_k), every
+ * instruction set this CPU runs (portable always; avx2, avx512vnni where
+ * present), batch 1 (one row, and two rows a call) and small batches
+ * (1..4 tokens a call), on random blocks (seed printed; LOOM_TEST_SEED
+ * replays).
+ *
+ * Two references a row must meet:
+ *   exact   sum of w (formats/gguf_blocks.h's float decode) times the
+ *           activation as quantized (d q), float64; tolerance 3e-6 of the
+ *           sum of |terms| (only float32 rounding of scales and sums
+ *           differs);
+ *   float   sum of w times the float activation; the gap may be the
+ *           activation rounding alone: sum of |w| d / 2 over the row (plus
+ *           the exact tolerance).
+ * The quantizer: every code within [-127, 127], |x - d q| <= d / 2 (plus
+ * float32 rounding), s = d sum(q).
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/gguf_blocks.h"
+#include "formats/dtype.h"
+#include "formats/half.h"
+#include "q8dot.h"
+#include "rng.h"
+
+#define MAXK 2048
+
+static void fini(void) { loom_cpu_q8_force_isa(NULL); }
+TestSuite(q8dot, .fini = fini);
+
+static const loom_dtype types[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q8_0,
+                                   LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q6_K};
+static const char *const isas[] = {"portable", "avx2", "avx512vnni"};
+
+static size_t blk_bytes(loom_dtype t) {
+    switch (t) {
+    case LOOM_DTYPE_Q4_0: return LOOM_GGUF_Q4_0_BYTES;
+    case LOOM_DTYPE_Q4_1: return LOOM_GGUF_Q4_1_BYTES;
+    case LOOM_DTYPE_Q8_0: return LOOM_GGUF_Q8_0_BYTES;
+    case LOOM_DTYPE_Q4_K: return LOOM_GGUF_Q4_K_BYTES;
+    default: return LOOM_GGUF_Q6_K_BYTES;
+    }
+}
+static int blk_elems(loom_dtype t) { return t == LOOM_DTYPE_Q4_K || t == LOOM_DTYPE_Q6_K ? 256 : 32; }
+
+static void put_f16(uint8_t *p, double v) {
+    uint16_t h = loom_fp32_to_fp16((float)v);
+    memcpy(p, &h, 2);
+}
+
+/* A random row of K elements of type t: random codes, scales of the sizes
+ * real files hold (signed where the format allows a sign). */
+static void make_row(test_rng *r, loom_dtype t, int64_t K, uint8_t *row) {
+    const size_t bb = blk_bytes(t), nb = (size_t)(K / blk_elems(t));
+    for (size_t i = 0; i < bb * nb; i++) row[i] = (uint8_t)rng_next(r);
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *p = row + b * bb;
+        switch (t) {
+        case LOOM_DTYPE_Q4_0: case LOOM_DTYPE_Q8_0: put_f16(p, rng_range(r, -0.05, 0.05)); break;
+        case LOOM_DTYPE_Q4_1:
+            put_f16(p, rng_range(r, 0.001, 0.05));
+            put_f16(p + 2, rng_range(r, -0.4, 0.0));
+            break;
+        case LOOM_DTYPE_Q4_K:
+            put_f16(p, rng_range(r, 0.0005, 0.005));
+            put_f16(p + 2, rng_range(r, 0.0005, 0.005));
+            break;
+        default: put_f16(p + LOOM_GGUF_Q6_K_D, rng_range(r, -0.002, 0.002)); break;
+        }
+    }
+}
+
+/* The row as float (the formats' own scalar decoders). */
+static void decode_row(loom_dtype t, const uint8_t *row, int64_t K, float *w) {
+    const size_t bb = blk_bytes(t);
+    const int be = blk_elems(t);
+    for (int64_t b = 0; b < K / be; b++) {
+        const uint8_t *p = row + (size_t)b * bb;
+        float *o = w + b * be;
+        switch (t) {
+        case LOOM_DTYPE_Q4_0: loom_gguf_dec_q4_0(p, o); break;
+        case LOOM_DTYPE_Q4_1: loom_gguf_dec_q4_1(p, o); break;
+        case LOOM_DTYPE_Q8_0: loom_gguf_dec_q8_0(p, o); break;
+        case LOOM_DTYPE_Q4_K: loom_gguf_dec_q4_k(p, o); break;
+        default: loom_gguf_dec_q6_k(p, o); break;
+        }
+    }
+}
+
+/* |additive term| per element of block type t (q4_0's 8 d, q4_1's m,
+ * q4_k's dmin mn): decoded weights cancel it, the kernels keep it apart. */
+static double offset_mag(loom_dtype t, const uint8_t *row, int64_t k) {
+    const uint8_t *p = row + (size_t)(k / blk_elems(t)) * blk_bytes(t);
+    if (t == LOOM_DTYPE_Q4_0) return 8 * fabs(loom_gguf_f16(p));
+    if (t == LOOM_DTYPE_Q4_1) return fabs(loom_gguf_f16(p + 2));
+    if (t == LOOM_DTYPE_Q4_K) return 63 * fabs(loom_gguf_f16(p + 2));
+    return 0;
+}
+
+/* Sum over k of |terms| of row . x (decoded w, the additive offsets
+ * apart): the scale of float32 rounding in a product. */
+static double term_mag(loom_dtype t, const uint8_t *row, const float *w, const loom_cpu_q8 *xq,
+                       int64_t K) {
+    double mag = 0;
+    for (int64_t k = 0; k < K; k++)
+        mag += (fabs(w[k]) + offset_mag(t, row, k)) * fabs((double)xq->d[k / 32] * xq->q[k]);
+    return mag;
+}
+
+/* got[m] (m < mr) against both references for `row` (decoded: w). */
+static void check_out(loom_dtype t, int64_t K, const uint8_t *row, const float *w,
+                      float (*x)[MAXK], const loom_cpu_q8 *xq, int mr, const float *got,
+                      const char *isa, const char *path) {
+    for (int m = 0; m < mr; m++) {
+        double exact = 0, fl = 0, round = 0;
+        for (int64_t k = 0; k < K; k++) {
+            const double d = xq[m].d[k / 32], xe = d * xq[m].q[k];
+            exact += (double)w[k] * xe;
+            fl += (double)w[k] * x[m][k];
+            round += fabs(w[k]) * d / 2;
+        }
+        const double tol = 3e-6 * term_mag(t, row, w, &xq[m], K) + 1e-30;
+        cr_assert(fabs(got[m] - exact) <= tol,
+                  "%s %s %s K %lld token %d/%d: %.9g, exact reference %.9g (|diff| %.3g > %.3g)",
+                  isa, path, loom_dtype_name(t), (long long)K, m, mr, got[m], exact,
+                  fabs(got[m] - exact), tol);
+        cr_assert(fabs(got[m] - fl) <= round * 1.0001 + tol,
+                  "%s %s %s K %lld token %d/%d: %.9g, float reference %.9g (|diff| %.3g > "
+                  "rounding bound %.3g)",
+                  isa, path, loom_dtype_name(t), (long long)K, m, mr, got[m], fl,
+                  fabs(got[m] - fl), round + tol);
+    }
+}
+
+/* One row of type t and K against mr tokens, on the current ISA; at one
+ * token also the two-row kernel, with the row first and second beside
+ * another random row, which must give the one-row kernel's results. */
+static void check_row(test_rng *r, loom_dtype t, int64_t K, int mr, const char *isa) {
+    static uint8_t row[MAXK * 2], other[MAXK * 2];
+    static float w[MAXK], wo[MAXK], x[LOOM_CPU_Q8_MR][MAXK];
+    static _Alignas(64) uint8_t xb[LOOM_CPU_Q8_MR][MAXK * 2];
+    loom_cpu_q8 xq[LOOM_CPU_Q8_MR];
+    make_row(r, t, K, row);
+    decode_row(t, row, K, w);
+    /* activations of varied size, a few outliers, sometimes an all-zero block */
+    for (int m = 0; m < mr; m++) {
+        rng_fill(r, x[m], K, rng_range(r, 0.1, 4.0));
+        x[m][rng_int(r, K)] *= 30.0f;
+        if (rng_int(r, 4) == 0) memset(x[m] + 32 * rng_int(r, K / 32), 0, 32 * sizeof(float));
+        loom_cpu_q8_quantize(x[m], K, xb[m], &xq[m]);
+    }
+    float got[LOOM_CPU_Q8_MR];
+    loom_cpu_q8dot(t)(row, K, xq, mr, got);
+    check_out(t, K, row, w, x, xq, mr, got, isa, "row");
+    if (mr > 1) return;
+    make_row(r, t, K, other);
+    decode_row(t, other, K, wo);
+    float p[2], q[2];
+    loom_cpu_q8dot2(t)(row, other, K, xq, p);
+    loom_cpu_q8dot2(t)(other, row, K, xq, q);
+    check_out(t, K, row, w, x, xq, 1, &p[0], isa, "pair first");
+    check_out(t, K, other, wo, x, xq, 1, &p[1], isa, "pair second");
+    /* batch invariance: a row's result is the one-row kernel's, bit for
+     * bit, wherever it sits */
+    float o;
+    loom_cpu_q8dot(t)(other, K, xq, 1, &o);
+    cr_assert(p[0] == got[0] && q[1] == got[0] && p[1] == o && q[0] == o,
+              "%s %s K %lld: two-row kernel %.9g %.9g / %.9g %.9g, one-row %.9g %.9g", isa,
+              loom_dtype_name(t), (long long)K, p[0], p[1], q[0], q[1], got[0], o);
+}
+
+Test(q8dot, quantizer_rounds_within_half_a_step) {
+    test_rng r = rng_seeded("q8dot.quantizer");
+    static float x[MAXK];
+    static _Alignas(64) uint8_t buf[MAXK * 2];
+    for (int it = 0; it < 50; it++) {
+        const int64_t K = 32 * (1 + rng_int(&r, MAXK / 32));
+        rng_fill(&r, x, K, rng_range(&r, 1e-3, 10));
+        if (it % 5 == 0) memset(x, 0, 32 * sizeof(float));
+        loom_cpu_q8 q;
+        loom_cpu_q8_quantize(x, K, buf, &q);
+        cr_assert_eq(loom_cpu_q8_bytes(K), (size_t)K + 8 * (size_t)(K / 32));
+        for (int64_t b = 0; b < K / 32; b++) {
+            double amax = 0;
+            int64_t sum = 0;
+            for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(x[32 * b + j]));
+            cr_assert(fabs(q.d[b] - amax / 127) <= 1e-6 * amax, "block %lld scale %g, amax %g",
+                      (long long)b, q.d[b], amax);
+            for (int j = 0; j < 32; j++) {
+                const int v = q.q[32 * b + j];
+                cr_assert(v >= -127 && v <= 127);
+                cr_assert(fabs(x[32 * b + j] - (double)q.d[b] * v) <= q.d[b] * 0.5001 + 1e-30,
+                          "x %g, code %d, scale %g", x[32 * b + j], v, q.d[b]);
+                sum += v;
+            }
+            cr_assert(fabs(q.s[b] - (double)q.d[b] * (double)sum) <= 1e-6 * fabs(q.d[b] * (double)sum) + 1e-30);
+        }
+    }
+}
+
+/* Every type, every ISA here, batch 1 and 2..4 tokens, K from one block up. */
+Test(q8dot, rows_match_references_on_every_isa) {
+    test_rng r = rng_seeded("q8dot.rows");
+    int ran = 0;
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        if (!loom_cpu_q8_force_isa(isas[i])) {
+            cr_log_info("q8dot: this CPU has no %s; skipped", isas[i]);
+            continue;
+        }
+        cr_assert_str_eq(loom_cpu_q8_isa(), isas[i]);
+        ran++;
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            const loom_dtype t = types[ti];
+            cr_assert(loom_cpu_q8dot(t) && loom_cpu_q8dot2(t));
+            for (int it = 0; it < 60; it++) {
+                const int64_t be = blk_elems(t), K = be * (1 + rng_int(&r, MAXK / be));
+                check_row(&r, t, K, 1 + it % LOOM_CPU_Q8_MR, isas[i]);
+            }
+        }
+    }
+    cr_assert_geq(ran, 1);
+    cr_assert(loom_cpu_q8_force_isa(NULL));
+}
+
+Test(q8dot, unknown_types_and_isas_are_refused) {
+    cr_assert_null(loom_cpu_q8dot(LOOM_DTYPE_F32));
+    cr_assert_null(loom_cpu_q8dot(LOOM_DTYPE_BF16));
+    cr_assert_null(loom_cpu_q8dot2(LOOM_DTYPE_F16));
+    cr_assert_not(loom_cpu_q8_force_isa("sse9"));
+    cr_assert(loom_cpu_q8_force_isa("portable"));
+    cr_assert_str_eq(loom_cpu_q8_isa(), "portable");
+}
