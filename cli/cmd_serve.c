@@ -37,6 +37,9 @@ static const char serve_usage_text[] =
     "      --max-connections N    open connections (default 4096; each costs a socket, not a thread)\n"
     "      --idle-timeout SECONDS close a connection idle (or sending its request) that long\n"
     "                             (default 120; never while its answer is generated)\n"
+    "      --parse-special-tokens read special-token markers (<|im_end|>, ...) in prompts and message\n"
+    "                             content as the tokens they name, as transformers and vLLM do\n"
+    "                             (default: as text, so a user cannot forge a turn)\n"
     "      --set KEY=VALUE        override a pipeline key, e.g. scheduler.max_num_seqs=32\n"
     "  -h, --help                 this help\n"
     "\n"
@@ -91,6 +94,8 @@ int loom_cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--idle-timeout")) {
             if (!cli_parse_long("serve", serve_usage_text, a, v, 1, 86400, &l)) goto out;
             opt.idle_timeout = (unsigned)l;
+        } else if (!strcmp(a, "--parse-special-tokens")) {
+            opt.parse_special = true;
         } else if (!strcmp(a, "--set")) {
             cli_sets_add(&sets, v);
         } else if (!strncmp(a, "--set=", 6)) {

@@ -912,6 +912,7 @@ static unsigned job_add_prompts(server *s, job *j, serve_api api, char *why, siz
         }
         r.on_token = on_event;
         r.user = pc;
+        r.parse_special = s->opt->parse_special;
         int64_t id = loom_engine_add_request(s->eng, &r, &err);
         pthread_mutex_lock(&s->mu);
         if (id >= 0) {

@@ -37,6 +37,8 @@ typedef struct serve_options {
                                  * SERVE_BYTES_PER_TOKEN                   */
     unsigned max_connections;
     unsigned idle_timeout;      /* seconds an idle or half-sent connection is kept */
+    bool parse_special;         /* special-token markers in prompts and message
+                                 * content are tokens (loom_request.parse_special) */
 } serve_options;
 
 /* Serve until SIGINT or SIGTERM; then stop taking requests, abort the ones

@@ -36,6 +36,21 @@ loom_request loom_request_default(void) {
 
 /* ------------------------------------------------------------- prompts */
 
+/* Messages through the chat template. By default the template's markers are
+ * special and the messages' text is not (no forged turns); parse_special
+ * renders the conversation and reads every marker in it, content included. */
+static loom_status chat_encode(loom_engine *e, const loom_request *req, const loom_chat_msg *msgs, int32_t n,
+                               loom_req *rq, loom_error *err) {
+    if (!req->parse_special)
+        return loom_chat_encode(e->tok, e->chat_format, msgs, n, true, &rq->prompt, &rq->prompt_len, err);
+    char *text = NULL;
+    loom_status st = loom_chat_apply(e->tok, e->chat_format, msgs, n, true, &text, err);
+    if (st == LOOM_OK)
+        st = loom_tokenizer_encode(e->tok, text, strlen(text), false, true, &rq->prompt, &rq->prompt_len, err);
+    free(text);
+    return st;
+}
+
 /* A conversation through the model's chat template. */
 static loom_status encode_messages(loom_engine *e, const loom_request *req, loom_req *rq, loom_error *err) {
     if (req->prompt || req->tokens || req->chat || req->system || !req->messages)
@@ -60,10 +75,7 @@ static loom_status encode_messages(loom_engine *e, const loom_request *req, loom
                                 i, role ? role : "(none)", content ? "text" : "no");
         msgs[i] = (loom_chat_msg){role, content};
     }
-    /* The template's markers are special; the messages' text is not (no forged turns). */
-    if (st == LOOM_OK)
-        st = loom_chat_encode(e->tok, e->chat_format, msgs, req->num_messages, true, &rq->prompt, &rq->prompt_len,
-                              err);
+    if (st == LOOM_OK) st = chat_encode(e, req, msgs, req->num_messages, rq, err);
     free(msgs);
     return st;
 }
@@ -79,10 +91,10 @@ static loom_status encode_text(loom_engine *e, const loom_request *req, loom_req
         int32_t nm = 0;
         if (req->system) msgs[nm++] = (loom_chat_msg){"system", req->system};
         msgs[nm++] = (loom_chat_msg){"user", req->prompt};
-        return loom_chat_encode(e->tok, e->chat_format, msgs, nm, true, &rq->prompt, &rq->prompt_len, err);
+        return chat_encode(e, req, msgs, nm, rq, err);
     }
-    return loom_tokenizer_encode(e->tok, req->prompt, strlen(req->prompt), loom_tokenizer_adds_bos(e->tok), false,
-                                 &rq->prompt, &rq->prompt_len, err);
+    return loom_tokenizer_encode(e->tok, req->prompt, strlen(req->prompt), loom_tokenizer_adds_bos(e->tok),
+                                 req->parse_special, &rq->prompt, &rq->prompt_len, err);
 }
 
 static loom_status copy_tokens(loom_engine *e, const loom_request *req, loom_req *rq, loom_error *err) {

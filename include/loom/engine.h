@@ -103,6 +103,13 @@ typedef struct loom_request {
      * at loom_engine_add_request. Copied there: borrowed for the call. */
     const loom_logit_bias *logit_bias; /* (num_logit_bias), or NULL         */
     int32_t num_logit_bias;
+    /* Special-token markers (<|im_end|>, <|eot_id|>, ...) inside the prompt
+     * text and the messages' content are the tokens they name, as
+     * transformers' apply_chat_template + encode and vLLM read them. Off
+     * (the default): they are ordinary text, so a user's content cannot end
+     * its turn and forge another; only the chat template's own markers are
+     * special. Token-id prompts are unaffected. */
+    bool parse_special;
 } loom_request;
 
 /* A request with every field at its default: struct_size set, greedy
