@@ -501,7 +501,10 @@ Test(sampler, min_p_threshold_relative_to_max) {
 
 /* logits, history and the hand-computed penalised logits; T = 1 so probs()
  * must be softmax(penalised). */
-static void check_penalised(const loom_sampling_params *p, const float *want) {
+/* probs() of a fixed row with a prompt and output history, and `nb` logit
+ * bias entries, against the softmax of `want` (the adjusted logits). */
+static void check_biased(const loom_sampling_params *p, const loom_logit_bias *bias, int32_t nb,
+                         const float *want) {
     const float l[6] = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f, -INFINITY};
     const int32_t prompt[3] = {0, 1, 0};
     const int32_t output[4] = {1, 1, 3, 5};
@@ -510,6 +513,8 @@ static void check_penalised(const loom_sampling_params *p, const float *want) {
     row.prompt_len = 3;
     row.output = output;
     row.output_len = 4;
+    row.logit_bias = bias;
+    row.num_logit_bias = nb;
     float pr[6];
     double ref[6];
     probs_row(l, 6, &row, pr);
@@ -517,6 +522,8 @@ static void check_penalised(const loom_sampling_params *p, const float *want) {
     for (int i = 0; i < 6; i++)
         cr_assert_float_eq(pr[i], ref[i], 1e-6, "token %d: %g, want %g", i, pr[i], ref[i]);
 }
+
+static void check_penalised(const loom_sampling_params *p, const float *want) { check_biased(p, NULL, 0, want); }
 
 Test(sampler, repetition_penalty_ctrl) {
     loom_sampling_params p = params_t(1.0f);
@@ -565,27 +572,6 @@ Test(sampler, penalties_change_greedy_choice) {
     /* The reported logprob is the model's, not the penalised one. */
     double lse = log(exp(1.0) + exp(3.0) + exp(2.5));
     cr_assert_float_eq(lp, 2.5 - lse, 1e-6);
-}
-
-/* check_penalised with a logit bias on the row too. */
-static void check_biased(const loom_sampling_params *p, const loom_logit_bias *bias, int32_t nb,
-                         const float *want) {
-    const float l[6] = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f, -INFINITY};
-    const int32_t prompt[3] = {0, 1, 0};
-    const int32_t output[4] = {1, 1, 3, 5};
-    loom_sample_row row = row_of(p, NULL);
-    row.prompt = prompt;
-    row.prompt_len = 3;
-    row.output = output;
-    row.output_len = 4;
-    row.logit_bias = bias;
-    row.num_logit_bias = nb;
-    float pr[6];
-    double ref[6];
-    probs_row(l, 6, &row, pr);
-    softmax_ref(want, 6, 1.0, ref);
-    for (int i = 0; i < 6; i++)
-        cr_assert_float_eq(pr[i], ref[i], 1e-6, "token %d: %g, want %g", i, pr[i], ref[i]);
 }
 
 Test(sampler, logit_bias_adds_before_penalties_and_masked_stays_masked) {
