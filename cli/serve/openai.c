@@ -3,6 +3,7 @@
  */
 #include "openai.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -265,8 +266,6 @@ static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
     char b[64];
     if ((v = field(root, "suffix")) && !(cJSON_IsString(v) && !v->valuestring[0]))
         return fail(c, "suffix", "'suffix' (fill-in-the-middle) is not supported");
-    if ((v = field(root, "logit_bias")) && !(cJSON_IsObject(v) && !v->child))
-        return fail(c, "logit_bias", "'logit_bias' is not supported by loom's sampler");
     if ((v = field(root, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
         return fail(c, "tools", "'tools' (function calling) is not supported");
     if ((v = field(root, "functions")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
@@ -296,6 +295,38 @@ static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
         return fail(c, "response_format", "'response_format' %s is not supported (no guided decoding): only "
                     "{\"type\": \"text\"}", shown(v, b, sizeof b));
     (void)api;
+    return true;
+}
+
+/* OpenAI's logit_bias: an object of token id (a decimal string) to a bias in
+ * [-100, 100]. The engine checks the ids against the vocabulary. */
+static bool parse_logit_bias(parse_ctx *c, const cJSON *root) {
+    const cJSON *v = field(root, "logit_bias"), *e;
+    char b[64];
+    if (!v || cJSON_IsNull(v)) return true;
+    if (!cJSON_IsObject(v)) return fail(c, "logit_bias", "'logit_bias' must be an object of token id to bias, got %s",
+                                        shown(v, b, sizeof b));
+    const int n = cJSON_GetArraySize(v);
+    if (n == 0) return true;
+    if (n > LOOM_MAX_LOGIT_BIAS)
+        return fail(c, "logit_bias", "'logit_bias' has %d entries: at most %d", n, LOOM_MAX_LOGIT_BIAS);
+    loom_logit_bias *lb = calloc((size_t)n, sizeof *lb);
+    if (!lb) return fail(c, "logit_bias", "out of memory reading 'logit_bias'");
+    c->r->logit_bias = lb;
+    int i = 0;
+    cJSON_ArrayForEach(e, v) {
+        char *end = NULL;
+        errno = 0;
+        const long id = strtol(e->string, &end, 10);
+        if (!e->string[0] || *end || errno || id < 0 || id > INT32_MAX)
+            return fail(c, "logit_bias", "'logit_bias' key \"%.32s\" is not a token id", e->string);
+        if (!cJSON_IsNumber(e) || !(fabs(e->valuedouble) <= LOOM_LOGIT_BIAS_MAX))
+            return fail(c, "logit_bias", "'logit_bias' for token %ld must be a number in [-100, 100], got %s", id,
+                        shown(e, b, sizeof b));
+        lb[i++] = (loom_logit_bias){.token = (int32_t)id, .bias = (float)e->valuedouble};
+    }
+    c->r->base.logit_bias = lb;
+    c->r->base.num_logit_bias = n;
     return true;
 }
 
@@ -340,6 +371,7 @@ static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32
      * have it; the default (16, or the rest of the context) is cut to fit */
     r->base.strict_max_tokens = field(root, mt) != NULL;
     if (!bool_field(c, root, "ignore_eos", &r->base.ignore_eos)) return false;
+    if (!parse_logit_bias(c, root)) return false;
 
     /* logprobs: completions — how many alternatives (0..20); chat — a bool
      * plus top_logprobs. The engine reports the chosen token's logprob only
@@ -433,6 +465,7 @@ void serve_req_free(serve_req *r) {
     for (int32_t i = 0; i < r->num_owned; i++) free(r->owned[i]);
     free(r->owned);
     free(r->stop);
+    free(r->logit_bias);
     cJSON_Delete(r->root);
     memset(r, 0, sizeof *r);
 }

@@ -5,7 +5,7 @@
  * pure functions, unit-tested on their own (tests/serve).
  *
  * What a demanding client of vLLM or the OpenAI API sends is read; fields
- * loom cannot honour (echo, suffix, logit_bias, tools, images, best_of > n)
+ * loom cannot honour (echo, suffix, tools, images, best_of > n)
  * are refused with a message naming the field, never silently dropped.
  * Unknown fields are ignored, as vLLM and the OpenAI SDKs expect.
  */
@@ -52,6 +52,7 @@ typedef struct serve_req {
     char **owned;
     int32_t num_owned;
     const char **stop;          /* NULL-terminated; owned array                */
+    loom_logit_bias *logit_bias;/* base.logit_bias; owned array                */
 } serve_req;
 
 /* Parse a request body of `len` bytes for `api` (body[len] must be NUL). On failure returns false

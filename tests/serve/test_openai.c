@@ -144,10 +144,27 @@ Test(openai, bad_fields_named) {
               "stream_options", "only allowed with \"stream\": true");
 }
 
+/* logit_bias: token id keys (decimal strings), biases in [-100, 100];
+ * anything else refused naming the field. */
+Test(openai, logit_bias) {
+    serve_req r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 10, \"50256\": -100}}");
+    cr_assert_eq(r.base.num_logit_bias, 2);
+    cr_assert(r.base.logit_bias[0].token == 5 && r.base.logit_bias[0].bias == 10.0f);
+    cr_assert(r.base.logit_bias[1].token == 50256 && r.base.logit_bias[1].bias == -100.0f);
+    serve_req_free(&r);
+    r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logit_bias\": null}");
+    cr_assert_eq(r.base.num_logit_bias, 0);
+    serve_req_free(&r);
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"logit_bias\": {\"a\": 1}}", "logit_bias", "not a token id");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"logit_bias\": {\"-1\": 1}}", "logit_bias", "not a token id");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 101}}", "logit_bias", "[-100, 100]");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"1\"}}", "logit_bias", "[-100, 100]");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"logit_bias\": [1]}", "logit_bias", "must be an object");
+}
+
 Test(openai, unsupported_refused_by_name) {
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"echo\": true}", "echo", "not supported");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"suffix\": \"}\"}", "suffix", "fill-in-the-middle");
-    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 10}}", "logit_bias", "logit_bias");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"n\": 2, \"best_of\": 4}", "best_of", "n = 2");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"guided_json\": {}}", "guided_json", "guided decoding");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"use_beam_search\": true}", "use_beam_search",

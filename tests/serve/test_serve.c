@@ -1086,6 +1086,27 @@ static int chat_prompt_tokens(const char *const *args, const char *body) {
     return n;
 }
 
+/* logit_bias end to end: +100 on one token makes greedy decoding emit it
+ * every time (the text is one piece three times); a token id past the
+ * vocabulary is a 400 naming it. */
+Test(serve, logit_bias_real_model, .timeout = 300) {
+    need_model();
+    server s = start(SMOL, NULL);
+    reply r = http(s.port, "POST", "/v1/completions",
+                   "{\"prompt\": \"The capital of France is\", \"max_tokens\": 3, \"temperature\": 0, "
+                   "\"logit_bias\": {\"1000\": 100}}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    const char *t = str(r.json, "choices.0.text");
+    const size_t n = strlen(t);
+    cr_assert(n > 0 && n % 3 == 0 && !strncmp(t, t + n / 3, n / 3) && !strncmp(t, t + 2 * n / 3, n / 3),
+              "'%s' is not one token's piece three times", t);
+    reply_free(&r);
+    expect_error(http(s.port, "POST", "/v1/completions",
+                      "{\"prompt\": \"x\", \"max_tokens\": 1, \"logit_bias\": {\"999999\": 1}}", NULL),
+                 400, "outside the vocabulary");
+    free(stop(&s, 60));
+}
+
 /* --parse-special-tokens: a user's "<|im_end|>" is the control token (one
  * token each) instead of text (several), so the same conversation is
  * shorter; by default it stays text (no forged turns). */
