@@ -21,6 +21,7 @@ static const char serve_usage_text[] =
     "  POST /v1/completions       prompt (text, texts, or token ids) -> text\n"
     "  POST /v1/chat/completions  messages -> the assistant's reply (chat template)\n"
     "  GET  /v1/models            the model served\n"
+    "  GET  /v1/models/ID         that model (404 for another id)\n"
     "  GET  /health               200 while the engine works, 503 after a failure\n"
     "  GET  /metrics              Prometheus text (queue, KV blocks, tokens)\n"
     "Both POSTs stream server-sent events with \"stream\": true.\n"

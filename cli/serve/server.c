@@ -3,6 +3,7 @@
  * server.h). Routes:
  *   GET  /health               200 {"status":"ok"}, 503 after an engine failure
  *   GET  /v1/models            the one model served
+ *   GET  /v1/models/{id}       that model, or 404
  *   GET  /metrics              Prometheus text: queue, KV blocks, tokens
  *   POST /v1/completions       text or token prompts (several: the batch form)
  *   POST /v1/chat/completions  a conversation through the model's chat template
@@ -1042,19 +1043,37 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
     return completion_resumed(s, conn, cs);
 }
 
-static char *models_json(server *s) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "object", "list");
-    cJSON *d = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
+/* The served model as OpenAI's model object. */
+static cJSON *model_object(server *s) {
+    cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", s->model);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", 0);
     cJSON_AddStringToObject(m, "owned_by", "loom");
     cJSON_AddNumberToObject(m, "max_model_len", loom_engine_max_context(s->eng));
-    cJSON_AddItemToArray(d, m);
+    return m;
+}
+
+static char *json_text(cJSON *o) {
     char *t = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return t;
+}
+
+static char *models_json(server *s) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), model_object(s));
+    return json_text(o);
+}
+
+/* GET /v1/models/{id}: the model object, or OpenAI's 404 for another id. */
+static enum MHD_Result model_by_id(server *s, struct MHD_Connection *conn, const char *id) {
+    if (!strcmp(id, s->model)) return reply(s, conn, 200, json_text(model_object(s)), NULL);
+    char m[300], ib[161];
+    snprintf(m, sizeof m, "the model '%s' does not exist: this server serves '%.100s'",
+             serve_utf8_clip(id, 160, ib, sizeof ib), s->model);
+    return reply_error(s, conn, 404, m, NULL);
 }
 
 static void hist_text(sbuf *b, const char *name, const char *help, const hist *h) {
@@ -1217,11 +1236,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return reply(s, conn, ok ? 200 : 503, msg, NULL);
     }
     if (get && !strcmp(url, "/v1/models")) return reply(s, conn, 200, models_json(s), NULL);
+    if (get && !strncmp(url, "/v1/models/", 11)) return model_by_id(s, conn, url + 11);
     if (get && !strcmp(url, "/metrics"))
         return reply(s, conn, 200, metrics_text(s), "text/plain; version=0.0.4");
     char m[400], mb[17], ub[161]; /* the method and URL as sent, cut between characters */
     snprintf(m, sizeof m, "no route %s %s: try POST /v1/completions, POST /v1/chat/completions, GET "
-             "/v1/models, /health, /metrics", serve_utf8_clip(method, 16, mb, sizeof mb),
+             "/v1/models, /v1/models/ID, /health, /metrics", serve_utf8_clip(method, 16, mb, sizeof mb),
              serve_utf8_clip(url, 160, ub, sizeof ub));
     return reply_error(s, conn, 404, m, NULL);
 }

@@ -342,6 +342,12 @@ Test(serve, routes_and_token_prompts, .timeout = 300) {
     cr_assert_str_eq(str(r.json, "data.0.id"), "tiny");
     cr_assert_eq(num(r.json, "data.0.max_model_len"), 128);
     reply_free(&r);
+    r = http(s.port, "GET", "/v1/models/tiny", NULL, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert_str_eq(str(r.json, "id"), "tiny");
+    cr_assert_str_eq(str(r.json, "object"), "model");
+    reply_free(&r);
+    expect_error(http(s.port, "GET", "/v1/models/gpt-4", NULL, NULL), 404, "the model 'gpt-4' does not exist");
 
     /* one token prompt, two samples */
     r = http(s.port, "POST", "/v1/completions",
