@@ -700,6 +700,18 @@ Test(serve, client_gone_counts_499_not_5xx, .timeout = 120) {
     free(log);
 }
 
+/* Read a stream's reply into buf until its first "data: " event arrived. */
+static void read_first_event(int fd, char *buf, size_t size) {
+    size_t got = 0;
+    buf[0] = 0;
+    while (got < size - 1 && !strstr(buf, "data: ")) {
+        ssize_t r = read(fd, buf + got, size - 1 - got);
+        cr_assert_gt(r, 0);
+        got += (size_t)r;
+        buf[got] = 0;
+    }
+}
+
 /* A streaming client that leaves is a 499 too, not a 2xx: the stream is
  * counted by how it ended, not when its 200 header went out. */
 Test(serve, stream_client_gone_counts_499_not_2xx, .timeout = 120) {
@@ -711,14 +723,8 @@ Test(serve, stream_client_gone_counts_499_not_2xx, .timeout = 120) {
     int fd = dial(s.port);
     send_request(fd, "POST", "/v1/completions",
                  "{\"prompt\": [1, 2, 3], \"max_tokens\": 300, \"ignore_eos\": true, \"stream\": true}", NULL);
-    char buf[4096] = {0};
-    size_t got = 0;
-    while (got < sizeof buf - 1 && !strstr(buf, "data: ")) {
-        ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
-        cr_assert_gt(r, 0);
-        got += (size_t)r;
-        buf[got] = 0;
-    }
+    char buf[4096];
+    read_first_event(fd, buf, sizeof buf);
     cr_assert_eq(metric(s.port, k2) - base, 1, "a stream still running was counted as a 2xx");
     close(fd);
     cr_assert(wait_idle(s.port, 20), "the abandoned stream kept running");
@@ -763,13 +769,8 @@ Test(serve, sigterm_during_a_long_step, .timeout = 180) {
     int sfd = dial(s.port); /* a stream, decoding */
     send_request(sfd, "POST", "/v1/completions",
                  "{\"prompt\": [1, 2, 3], \"max_tokens\": 3000, \"ignore_eos\": true, \"stream\": true}", NULL);
-    char buf[8192] = {0};
-    size_t got = 0;
-    while (got < sizeof buf - 1 && !strstr(buf, "data: ")) {
-        ssize_t r = read(sfd, buf + got, sizeof buf - 1 - got);
-        cr_assert_gt(r, 0);
-        got += (size_t)r;
-    }
+    char buf[8192];
+    read_first_event(sfd, buf, sizeof buf);
     char *b = long_ids_body(400, ", \"max_tokens\": 4");
     int fd = dial(s.port); /* its prefill of 400 tokens: a step of seconds */
     send_request(fd, "POST", "/v1/completions", b, NULL);
@@ -1176,14 +1177,8 @@ Test(serve, concurrency_disconnect_shutdown_real_model, .timeout = 600) {
     send_request(fd, "POST", "/v1/completions",
                  "{\"prompt\": \"Tell me a long story\", \"max_tokens\": 400, \"ignore_eos\": true, \"stream\": true}",
                  NULL);
-    char buf[4096] = {0};
-    size_t got = 0;
-    while (got < sizeof buf - 1 && !strstr(buf, "data: ")) {
-        ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
-        cr_assert_gt(r, 0);
-        got += (size_t)r;
-        buf[got] = 0;
-    }
+    char buf[4096];
+    read_first_event(fd, buf, sizeof buf);
     /* /metrics is the snapshot of the last finished step: the one that sent
      * this first event may not have finished, and an earlier snapshot shows
      * an idle engine — wait_idle would pass at once. See the stream running
@@ -1208,7 +1203,7 @@ Test(serve, concurrency_disconnect_shutdown_real_model, .timeout = 600) {
               "no 499 line for the stream the client left:\n%s", log);
     cr_assert_lt(done_tokens, 400, "the abandoned stream generated all its tokens:\n%s", log);
     free(log);
-    got = 0;
+    size_t got = 0;
     for (ssize_t r; got < sizeof buf - 1 && (r = read(fd, buf + got, sizeof buf - 1 - got)) > 0;) got += (size_t)r;
     buf[got] = 0;
     close(fd);
