@@ -2,7 +2,7 @@
  * bench/gpu/gpu_bench.c — speed of the cuda backend and its attention
  * kernel on one Hopper GPU, next to the ceilings measured in the same run.
  *
- *   gpu_bench OUT.json [loom-backend-cuda.so] [--quick] [--components] [--quant]
+ *   gpu_bench OUT.json [loom-backend-cuda.so] [--quick] [--components] [--quant] [--attention]
  *
  * Ceilings (measured first): device-to-device cudaMemcpy bandwidth (bytes
  * read + written, 2 GiB buffers, PERF.md's convention) and a bf16 GEMM
@@ -16,7 +16,8 @@
  *     q4_0, q4_1, q4_k and q6_k blocks as stored among them), with the
  *     speed-up over bf16 (JSON: "quant_linears"; --quant runs only these);
  *   - paged decode attention alone (Llama-3-8B heads, 32k context, batch 1
- *     and 8, shuffled 16-token blocks), K/V bytes read per second; with a
+ *     and 8; 256 tokens at batch 512, a throughput run's decode step;
+ *     shuffled 16-token blocks), K/V bytes read per second; with a
  *     bf16 and with an FP8 E4M3 KV cache.
  * Step times are the host wall clock around forward() — which ends with a
  * sync of the backend's stream — medians after warm-up; kernel times are
@@ -1199,19 +1200,21 @@ int main(int argc, char **argv) {
                 "  --quant         the quantized linear layers only (M = 1, 2, 8, 64, 2048; M = 1 also chained)\n"
                 "  --quant-m M     those at M only; M <= 8 also chained in a CUDA graph (M = 1: also with a\n"
                 "                  layer's small kernels between the linears, 'mixed')\n"
+                "  --attention     the decode attention rows only (bf16 and E4M3 caches)\n"
                 "  --layer CTX     one whole decode layer (norms, linears, RoPE, attention over CTX keys, SwiGLU)\n"
                 "                  in a CUDA graph, every format; bf16 also with each small kernel left out\n");
         return argc < 2 ? 2 : 0;
     }
     const char *out_path = argv[1];
     const char *so = LOOM_CUDA_BACKEND_DEFAULT;
-    bool quick = false, components_only = false, quant_only = false;
+    bool quick = false, components_only = false, quant_only = false, attention_only = false;
     int quant_m = 0, layer_ctx = 0;
     int failed = 0;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--components")) components_only = true;
         else if (!strcmp(argv[i], "--quant")) quant_only = true;
+        else if (!strcmp(argv[i], "--attention")) attention_only = true;
         else if (!strcmp(argv[i], "--quant-m") && i + 1 < argc) quant_m = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layer") && i + 1 < argc) layer_ctx = atoi(argv[++i]);
         else so = argv[i];
@@ -1230,6 +1233,7 @@ int main(int argc, char **argv) {
         bench_decode_layer(layer_ctx);
         goto write;
     }
+    if (attention_only) goto attention;
     printf("  quantized linear layers (one Llama-3-8B layer: QKV, O, gate/up, down):\n");
     if (quant_m > 0) { /* --quant-m M: that M only */
         bench_quant(quant_m);
@@ -1255,12 +1259,15 @@ int main(int argc, char **argv) {
     }
     bench_components(2048, 0, 8);
     if (components_only) return 0;
+attention:
     for (int f8 = 0; f8 < 2; f8++) { /* bf16 KV, then an E4M3 KV cache (half the bytes) */
         const loom_cuda_kv kv = f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
         bench_attention(1, 32768, kv);
         bench_attention(8, 32768, kv);
+        bench_attention(512, 256, kv); /* a 128/128 throughput decode step */
         if (!quick) bench_attention(64, 4096, kv);
     }
+    if (attention_only) goto write;
 
     backend be = {0};
     be.comp = gpu_plugin_find(&be.lib, so, LOOM_KIND_BACKEND, "cuda");

@@ -65,8 +65,29 @@
  * more barrier; the products, softmax, split-K and merge are the dt path's,
  * on the decoded values (exact: every code is a bf16 and an f16). The
  * decode is integer logic and one packed multiply per two elements
- * (common.cuh: lc_e4m3x4), no conversion-unit instruction. Not measured on
- * a GPU yet.
+ * (common.cuh: lc_e4m3x4), no conversion-unit instruction. That is the
+ * prefill shape, whose four warps share every decoded K and V element.
+ *
+ * The decode shape over an E4M3 cache (lc_att_rd: head_dim 64 and 128)
+ * converts codes in registers instead: no dt tiles, no extra barrier, and a
+ * third of the shared memory per CTA, so more tiles are in flight per SM
+ * (the dt-tile design above ran at 34% of copy bandwidth at 512 sequences:
+ * half the bytes per stage at the same occupancy). Each warp reads only its
+ * own 16-key slice, so nothing is converted twice. The trick is a fixed
+ * permutation of head_dim, free because a dot product does not care about
+ * the order of its terms:
+ *   S = Q K^T: in k16 step s, thread tq's B fragment holds the logical k
+ *     indices 2tq, 2tq+1, 2tq+8, 2tq+9; they are taken from physical
+ *     elements tq*D/4 + 4s + 0..3, so each thread reads one contiguous run
+ *     of D/4 codes per key row, and Q's A fragment is gathered from global
+ *     memory with the same map;
+ *   O = P V: output column n of n8 tile j is physical element n*D/8 + j, so
+ *     the B fragment of thread g (n = g) for every j is one run of D/8
+ *     codes of a V row; two rows' bytes are interleaved with byte_perm into
+ *     (key, key+1) pairs. The accumulators then hold columns in that order,
+ *     and the merge reads them back through the inverse map.
+ * Code stages are swizzled by row (16-byte chunk c of row r at
+ * c ^ (r & 7)) so both reads are free of bank conflicts.
  *
  * Not here: ALiBi, sliding windows, soft-capping, per-layer KV scales.
  * Head dims 16, 32, 64, 128.
@@ -172,6 +193,10 @@ template <int WM, int BN> struct lc_shape {
 typedef lc_shape<1, 16> lc_decode_shape;
 typedef lc_shape<4, 64> lc_prefill_shape;
 
+/* E4M3 codes converted in registers (the decode shape, head_dim >= 64):
+ * see the file comment. */
+__host__ __device__ constexpr bool lc_att_rd(bool f8, int wm, int d) { return f8 && wm == 1 && d >= 64; }
+
 /* Largest position + 1 among the tile's tokens, computed by warp 0 and
  * broadcast through `slot`. Every thread must call it. */
 __device__ __forceinline__ int lc_tile_kv_len(const int32_t *__restrict__ positions,
@@ -247,16 +272,18 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
      * products; Q borrows the K tile, first written by iteration 0. */
     static_assert(ROWS <= CTA_N, "Q must fit in one K stage");
     static_assert(STAGES >= 2, "two stages at least");
-    constexpr int TILES = F8 ? 1 : STAGES; /* dt tiles of K (and of V)    */
+    constexpr bool RD = lc_att_rd(F8, WM, D);
+    constexpr int TILES = RD ? 0 : F8 ? 1 : STAGES; /* dt tiles of K (and of V) */
     T *Ks = reinterpret_cast<T *>(lc_smem);
     T *Vs = Ks + TILES * CTA_N * D;
-    T *Qs = Ks + (TILES - 1) * CTA_N * D;
+    T *Qs = Ks + (TILES > 0 ? TILES - 1 : 0) * CTA_N * D; /* unused when RD */
     uint8_t *K8 = reinterpret_cast<uint8_t *>(Vs + TILES * CTA_N * D); /* F8 only */
     uint8_t *V8 = K8 + STAGES * CTA_N * D;
     const uint32_t q_s = lc_smem_u32(Qs), k_s = lc_smem_u32(Ks), v_s = lc_smem_u32(Vs);
 
-    /* Q rows -> shared (zero rows past nrows) */
-    for (int idx = tid; idx < ROWS * CPR; idx += LC_ATT_THREADS) {
+    /* Q rows -> shared (zero rows past nrows); RD reads Q straight into
+     * registers below and commits an empty group here */
+    for (int idx = tid; !RD && idx < ROWS * CPR; idx += LC_ATT_THREADS) {
         const int r = idx / CPR, c = idx % CPR;
         const bool ok = r < nrows;
         const T *src = ok ? q + (size_t)(tile.tok0 + r / G) * a.ldq + (size_t)(kvh * G + r % G) * D + c * 8
@@ -279,8 +306,12 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     constexpr int JSTEP = LC_ATT_THREADS / CPRG; /* rows per pass (CPRG <= 16) */
     constexpr int NPASS = (CTA_N + JSTEP - 1) / JSTEP; /* JSTEP > CTA_N: F8, D 16 */
     const int c_ld = tid % CPRG, j0 = tid / CPRG;
+    /* RD code stages: chunk c of row r at c ^ (r & SWM) */
+    constexpr int SWM = (CPRG < 8 ? CPRG : 8) - 1;
     /* row j0 + i*JSTEP adds i*JSTEP*ROWB (JSTEP is a multiple of the swizzle period) */
-    const uint32_t s_off0 = F8 ? (uint32_t)(j0 * ROWB + c_ld * 16) : (uint32_t)lc_swz<CPR>(j0, c_ld) * 16;
+    const uint32_t s_off0 = RD   ? (uint32_t)(j0 * ROWB + ((c_ld ^ (j0 & SWM)) * 16))
+                            : F8 ? (uint32_t)(j0 * ROWB + c_ld * 16)
+                                 : (uint32_t)lc_swz<CPR>(j0, c_ld) * 16;
     const uint32_t blk_elems = (uint32_t)KVH * bs * D;
     const uint32_t head_off = (uint32_t)kvh * bs * D + c_ld * (16 / EB);
     const int bs_shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
@@ -327,6 +358,10 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
         }
     };
     static_assert(CTA_N * CPR % LC_ATT_THREADS == 0, "whole decode passes");
+    /* RD: byte `byte` of row `row` of a code stage at `stage` */
+    auto code_at = [&](const uint8_t *stage, int row, int byte) -> const uint8_t * {
+        return stage + row * ROWB + (((byte >> 4) ^ (row & SWM)) << 4) + (byte & 15);
+    };
     /* prologue: stages 0 .. STAGES-2 in flight (one commit group each, empty
      * when past the range, so group counting stays uniform) */
 #pragma unroll
@@ -338,15 +373,34 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     /* Q fragments (A operand, 16 rows x D) stay in registers */
     lc_cp_async_wait<STAGES - 1>();
     __syncthreads();
+    const int g = lane >> 2, tq = lane & 3;
     uint32_t qf[KSTEPS][4];
+    if constexpr (RD) { /* rows g, g + 8; elements tq*D/4 + 4s + 0..3 for k step s */
 #pragma unroll
-    for (int kk = 0; kk < KSTEPS; kk++) {
-        const int r = wm * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        lc_ldsm_x4(qf[kk], q_s + lc_swz<CPR>(r, 2 * kk + (lane >> 4)) * 16);
+        for (int h = 0; h < 2; h++) {
+            const int r = g + 8 * h;
+            uint4 w[D / 32];
+#pragma unroll
+            for (int i = 0; i < D / 32; i++) w[i] = make_uint4(0u, 0u, 0u, 0u);
+            if (r < nrows) {
+                const uint4 *src = reinterpret_cast<const uint4 *>(
+                    q + (size_t)(tile.tok0 + r / G) * a.ldq + (size_t)(kvh * G + r % G) * D + tq * (D / 4));
+#pragma unroll
+                for (int i = 0; i < D / 32; i++) w[i] = src[i];
+            }
+            const uint32_t *wv = reinterpret_cast<const uint32_t *>(w);
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; kk++) qf[kk][h] = wv[2 * kk], qf[kk][2 + h] = wv[2 * kk + 1];
+        }
+    } else {
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; kk++) {
+            const int r = wm * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            lc_ldsm_x4(qf[kk], q_s + lc_swz<CPR>(r, 2 * kk + (lane >> 4)) * 16);
+        }
     }
     __syncthreads(); /* every warp has its Q: the last stage may be overwritten */
 
-    const int g = lane >> 2, tq = lane & 3;
     const int rp0 = row_pos[wm * 16 + g], rp1 = row_pos[wm * 16 + g + 8];
     /* smallest position among this warp's valid rows: key tiles at or below
      * it need no causal mask (invalid rows are never written) */
@@ -368,15 +422,34 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
         lc_cp_async_commit();
         lc_cp_async_wait<STAGES - 1>(); /* tile `it` has landed */
         __syncthreads();
-        if (F8) {
+        if (F8 && !RD) {
             decode_kv(st); /* the dt tiles are free: the last iteration ended in a barrier */
             __syncthreads();
         }
+        const uint8_t *k8s = K8 + st * CTA_N * ROWB, *v8s = V8 + st * CTA_N * ROWB; /* RD */
         const uint32_t ks = F8 ? k_s : k_s + st * CTA_N * CPR * 16;
         const uint32_t vs = F8 ? v_s : v_s + st * CTA_N * CPR * 16;
 
         /* S (16 x BN) = Q K^T */
         float sc[NT][4];
+        if constexpr (RD) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) { /* key row kw + nt*8 + g, codes tq*D/4 .. +D/4 */
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+            const int kr = kw + nt * 8 + g;
+            uint4 c[D / 64];
+#pragma unroll
+            for (int i = 0; i < D / 64; i++)
+                c[i] = *reinterpret_cast<const uint4 *>(code_at(k8s, kr, tq * (D / 4) + 16 * i));
+            const uint32_t *cw = reinterpret_cast<const uint32_t *>(c);
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; kk++) {
+                uint32_t b[2];
+                lc_e4m3x4<T>(cw[kk], &b[0], &b[1]);
+                lc_mma<T>(sc[nt], qf[kk], b);
+            }
+        }
+        } else {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
@@ -394,6 +467,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
                     lc_mma<T>(sc[nt], qf[kk], b);
                 }
             }
+        }
         }
 
         /* scale, causal + range mask (edge tiles only), running max */
@@ -456,6 +530,30 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
             pa[1] = lc_pack2<T>(sc[2 * kk][2], sc[2 * kk][3]);
             pa[2] = lc_pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
             pa[3] = lc_pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            if constexpr (RD) { /* rows r0, r0+1 (b0) and r0+8, r0+9 (b1); codes g*DT .. +DT */
+                const int r0 = kw + 16 * kk + 2 * tq;
+                uint32_t x[4][DT / 4];
+#pragma unroll
+                for (int h = 0; h < 4; h++) {
+                    const uint8_t *src = code_at(v8s, r0 + (h & 1) + 8 * (h >> 1), g * DT);
+                    if (DT == 16) *reinterpret_cast<uint4 *>(x[h]) = *reinterpret_cast<const uint4 *>(src);
+                    else *reinterpret_cast<uint2 *>(x[h]) = *reinterpret_cast<const uint2 *>(src);
+                }
+#pragma unroll
+                for (int w = 0; w < DT / 4; w++) {
+                    uint32_t b0[4], b1[4]; /* columns j = 4w .. 4w+3 */
+                    lc_e4m3x4<T>(__byte_perm(x[0][w], x[1][w], 0x5140), &b0[0], &b0[1]);
+                    lc_e4m3x4<T>(__byte_perm(x[0][w], x[1][w], 0x7362), &b0[2], &b0[3]);
+                    lc_e4m3x4<T>(__byte_perm(x[2][w], x[3][w], 0x5140), &b1[0], &b1[1]);
+                    lc_e4m3x4<T>(__byte_perm(x[2][w], x[3][w], 0x7362), &b1[2], &b1[3]);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const uint32_t b[2] = {b0[j], b1[j]};
+                        lc_mma<T>(o[4 * w + j], pa, b);
+                    }
+                }
+                continue;
+            }
             const int vr = kw + 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
             for (int d = 0; d < DT; d += 2) {
@@ -509,7 +607,16 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
             for (int w = 0; w < WN; w++) {
                 const float f = lc_exp2(ml[w][r][0] - M);
                 L += ml[w][r][1] * f;
-                const float4 *src = reinterpret_cast<const float4 *>(ob + ((size_t)w * ROWS + r) * OB_LD + c * 8);
+                const float *row = ob + ((size_t)w * ROWS + r) * OB_LD;
+                if constexpr (RD) { /* physical element p sits at column (p % DT) * 8 + p / DT */
+#pragma unroll
+                    for (int e = 0; e < 8; e++) {
+                        const int p = c * 8 + e;
+                        acc[e] += row[(p % DT) * 8 + p / DT] * f;
+                    }
+                    continue;
+                }
+                const float4 *src = reinterpret_cast<const float4 *>(row + c * 8);
                 const float4 x0 = src[0], x1 = src[1];
                 acc[0] += x0.x * f, acc[1] += x0.y * f, acc[2] += x0.z * f, acc[3] += x0.w * f;
                 acc[4] += x1.x * f, acc[5] += x1.y * f, acc[6] += x1.z * f, acc[7] += x1.w * f;
@@ -571,8 +678,10 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
 
 template <bool F8, int D, int WM, int BN, int STAGES> static size_t lc_att_smem() {
     typedef lc_shape<WM, BN> S;
-    /* dt: STAGES K and V tiles; F8: one dt K and V tile + STAGES code stages of each */
-    const size_t tiles = F8 ? (size_t)(2 * S::CTA_N) * D * 2 + (size_t)(2 * STAGES * S::CTA_N) * D
+    /* dt: STAGES K and V tiles; F8: one dt K and V tile (none when codes are
+     * converted in registers) + STAGES code stages of each */
+    const size_t dt_tiles = lc_att_rd(F8, WM, D) ? 0 : (size_t)(2 * S::CTA_N) * D * 2;
+    const size_t tiles = F8 ? dt_tiles + (size_t)(2 * STAGES * S::CTA_N) * D
                             : (size_t)(2 * STAGES * S::CTA_N) * D * 2;
     const size_t merge = (size_t)S::WN * S::ROWS * (D + 8) * sizeof(float);
     return tiles > merge ? tiles : merge;
@@ -607,6 +716,12 @@ static cudaError_t lc_att_launch(const loom_cuda_attn_args *a, cudaStream_t s) {
                      s, *a);
 }
 
+/* The E4M3 decode build converting codes in registers: 4 code stages
+ * (64 KiB at head_dim 128: three in flight while one is computed, 3 CTAs
+ * per SM). */
+#define LC_ATT_RD_STAGES 4
+#define LC_ATT_RD_MINB 3
+
 /* The two shapes' builds: decode 16 rows, 3 stages (two tiles in flight
  * while one is computed; 2 CTAs per SM at head_dim 128; the same depth
  * serves an E4M3 cache, whose stages are half the bytes); prefill 64 rows,
@@ -615,7 +730,12 @@ static cudaError_t lc_att_launch(const loom_cuda_attn_args *a, cudaStream_t s) {
  * rejected). */
 template <typename T, bool F8, int D>
 static cudaError_t lc_att_shape(const loom_cuda_attn_args *a, cudaStream_t s) {
-    if (a->shape == LOOM_CUDA_ATTN_DECODE) return lc_att_launch<T, F8, D, 1, 16, 3, 3>(a, s);
+    if (a->shape == LOOM_CUDA_ATTN_DECODE) {
+        if constexpr (lc_att_rd(F8, 1, D))
+            return lc_att_launch<T, F8, D, 1, 16, LC_ATT_RD_MINB, LC_ATT_RD_STAGES>(a, s);
+        else
+            return lc_att_launch<T, F8, D, 1, 16, 3, 3>(a, s);
+    }
     return lc_att_launch<T, F8, D, 4, 64, 2, 2>(a, s);
 }
 
@@ -631,7 +751,12 @@ static cudaError_t lc_att_dim(const loom_cuda_attn_args *a, cudaStream_t s) {
 }
 
 template <typename T, bool F8, int D> static int lc_occ_d(loom_cuda_attn_shape shape) {
-    if (shape == LOOM_CUDA_ATTN_DECODE) return lc_att_occupancy<T, F8, D, 1, 16, 3, 3>();
+    if (shape == LOOM_CUDA_ATTN_DECODE) {
+        if constexpr (lc_att_rd(F8, 1, D))
+            return lc_att_occupancy<T, F8, D, 1, 16, LC_ATT_RD_MINB, LC_ATT_RD_STAGES>();
+        else
+            return lc_att_occupancy<T, F8, D, 1, 16, 3, 3>();
+    }
     return lc_att_occupancy<T, F8, D, 4, 64, 2, 2>();
 }
 

@@ -2462,6 +2462,10 @@ static const att_case k_att_e4m3[] = {
     {"D32", BF, 32, 8, 2, 16, ATT_CHUNK, -1, 0},
     {"D16", BF, 16, 4, 2, 16, ATT_CHUNK, -1, 0},
     {"D16 decode", BF, 16, 4, 2, 16, ATT_DECODE, -1, 0},
+    {"D32 decode", BF, 32, 8, 2, 16, ATT_DECODE, -1, 0},
+    {"decode f16 D128", HF, 128, 32, 8, 16, ATT_DECODE, -1, 0},
+    {"bs7 decode", BF, 128, 8, 8, 7, ATT_DECODE, -1, 0},
+    {"bs32 decode split7", BF, 64, 12, 4, 32, ATT_DECODE, -1, 7},
     {"MQA G32", BF, 64, 32, 1, 16, ATT_DECODE, -1, 0},
     {"invariant", BF, 64, 9, 3, 16, ATT_CHUNK, 2, 0},
     {"invariant", BF, 128, 32, 8, 16, ATT_CHUNK, 2, 7},
@@ -2524,7 +2528,9 @@ static void test_attention_all(void) {
     }
 
     /* an E4M3 KV cache: the same kernels read codes (half the bytes) and
-     * decode them to dt in shared memory; every shape, head dim, block
+     * convert them to dt (the prefill shape and head dims 16/32 through
+     * shared memory, the decode shape at 64/128 in registers, under a
+     * permuted head_dim); every shape, head dim, block
      * size, split plan and the batch-invariant call once more */
     g_kv = LOOM_CUDA_KV_E4M3;
     att_grid((const int[][2]){{9, 3}, {32, 8}}, 2);
