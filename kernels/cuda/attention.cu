@@ -716,26 +716,16 @@ static cudaError_t lc_att_launch(const loom_cuda_attn_args *a, cudaStream_t s) {
                      s, *a);
 }
 
-/* The E4M3 decode build converting codes in registers: 4 code stages
- * (64 KiB at head_dim 128: three in flight while one is computed, 3 CTAs
- * per SM). */
-#define LC_ATT_RD_STAGES 4
-#define LC_ATT_RD_MINB 3
-
 /* The two shapes' builds: decode 16 rows, 3 stages (two tiles in flight
- * while one is computed; 2 CTAs per SM at head_dim 128; the same depth
- * serves an E4M3 cache, whose stages are half the bytes); prefill 64 rows,
+ * while one is computed; 2 CTAs per SM at head_dim 128; over an E4M3
+ * cache converted in registers 48 KiB a CTA, 3 CTAs per SM, which its
+ * registers allow — 4 stages were 1-2% slower); prefill 64 rows,
  * 2 stages, registers for 2 CTAs per SM (no spills). A 2-stage decode ring
  * and a 3-CTA prefill build were slower (docs/performance.md, tried and
  * rejected). */
 template <typename T, bool F8, int D>
 static cudaError_t lc_att_shape(const loom_cuda_attn_args *a, cudaStream_t s) {
-    if (a->shape == LOOM_CUDA_ATTN_DECODE) {
-        if constexpr (lc_att_rd(F8, 1, D))
-            return lc_att_launch<T, F8, D, 1, 16, LC_ATT_RD_MINB, LC_ATT_RD_STAGES>(a, s);
-        else
-            return lc_att_launch<T, F8, D, 1, 16, 3, 3>(a, s);
-    }
+    if (a->shape == LOOM_CUDA_ATTN_DECODE) return lc_att_launch<T, F8, D, 1, 16, 3, 3>(a, s);
     return lc_att_launch<T, F8, D, 4, 64, 2, 2>(a, s);
 }
 
@@ -751,12 +741,7 @@ static cudaError_t lc_att_dim(const loom_cuda_attn_args *a, cudaStream_t s) {
 }
 
 template <typename T, bool F8, int D> static int lc_occ_d(loom_cuda_attn_shape shape) {
-    if (shape == LOOM_CUDA_ATTN_DECODE) {
-        if constexpr (lc_att_rd(F8, 1, D))
-            return lc_att_occupancy<T, F8, D, 1, 16, LC_ATT_RD_MINB, LC_ATT_RD_STAGES>();
-        else
-            return lc_att_occupancy<T, F8, D, 1, 16, 3, 3>();
-    }
+    if (shape == LOOM_CUDA_ATTN_DECODE) return lc_att_occupancy<T, F8, D, 1, 16, 3, 3>();
     return lc_att_occupancy<T, F8, D, 4, 64, 2, 2>();
 }
 
