@@ -404,3 +404,13 @@ Test(pp, smollm2_tp3_x_pp2_matches_one_backend, .timeout = 240) {
                         "executor.layers=14,16", NULL};
     smol_compare(ref_ov, ov, 2.5e-4, "tp 3 x pp 2");
 }
+
+Test(pp, error_nccl_without_cuda_or_gpus) {
+    const char *ov[] = {"executor.comm=nccl", "executor.pp_size=6", "executor.tp_size=4", NULL};
+#ifdef PP_TEST_HAVE_NCCL
+    /* built with NCCL: this machine has fewer than 24 GPUs (or none) */
+    pp_expect_error(ov, (const char *const[]){"GPU", NULL});
+#else
+    pp_expect_error(ov, (const char *const[]){"comm nccl", "without CUDA and NCCL", "comm: threads", NULL});
+#endif
+}

@@ -96,6 +96,7 @@ static tiny_model *pp_model(uint64_t seed) {
 typedef struct pp_cfg {
     int64_t pp_size, tp_size, micro_batches;
     char layers[LOOM_PARAM_STRING_MAX];
+    int64_t comm; /* 0 threads, 1 nccl */
 } pp_cfg;
 
 typedef struct rig {
@@ -130,7 +131,8 @@ static void rig_plugins(rig *g) {
     } want[] = {{"pp_size", offsetof(pp_cfg, pp_size)},
                 {"tp_size", offsetof(pp_cfg, tp_size)},
                 {"micro_batches", offsetof(pp_cfg, micro_batches)},
-                {"layers", offsetof(pp_cfg, layers)}};
+                {"layers", offsetof(pp_cfg, layers)},
+                {"comm", offsetof(pp_cfg, comm)}};
     for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
         const loom_param *p = comp->params;
         while (p->key && strcmp(p->key, want[k].key)) p++;

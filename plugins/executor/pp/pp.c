@@ -28,9 +28,9 @@
  * Threads, failure: as the tp executor — a persistent worker per rank, a
  * job posted to all and awaited; the first rank to fail aborts the links
  * and the stages' collectives so no peer waits forever, and the call
- * reports that rank's error. Links and collectives are the threads kind
- * (host memory, host backends such as cpu); see docs/tensor-parallel.md for
- * what GPUs would need.
+ * reports that rank's error. Links and collectives: `threads` (host
+ * memory, host backends such as cpu; pp_link.c and tp_comm.c) or `nccl`
+ * (one GPU per rank; pp_nccl.c, compiled in CUDA builds but not yet run).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -45,11 +45,15 @@
 
 /* ---------------------------------------------------------------- config */
 
+enum { PP_COMM_THREADS = 0, PP_COMM_NCCL = 1 };
+static const char *const pp_comm_choices[] = {"threads", "nccl", NULL};
+
 typedef struct pp_config {
     int64_t pp_size;                        /* stages                          */
     int64_t tp_size;                        /* tensor ranks per stage          */
     int64_t micro_batches;                  /* sub-batches per step            */
     char layers[LOOM_PARAM_STRING_MAX];     /* "a,b,..." per stage; "" = even  */
+    int64_t comm;                           /* PP_COMM_*                       */
 } pp_config;
 
 static const loom_param pp_params[] = {
@@ -68,13 +72,19 @@ static const loom_param pp_params[] = {
      .default_value = "", .min = 1, .max = 0,
      .doc = "decoder layers per stage, comma-separated (e.g. \"10,12,8\"), summing to the "
             "model's; empty = an even split, earlier stages taking the remainder"},
+    {.key = "comm", .type = LOOM_PARAM_ENUM, .offset = offsetof(pp_config, comm),
+     .default_value = "threads", .min = 1, .max = 0, .choices = pp_comm_choices,
+     .doc = "links and stage collectives: threads (host memory, host backends such as cpu), nccl "
+            "(rank i on GPU i of this node; compiled in CUDA builds, not yet run: no GPU backend "
+            "has load_stage)"},
     {.key = NULL},
 };
 
 /* ----------------------------------------------------------------- state */
 
 typedef enum pp_op {
-    PP_OP_LOAD = 1,
+    PP_OP_BIND = 1, /* make the rank's GPU current on its thread (nccl)       */
+    PP_OP_LOAD,
     PP_OP_MEMORY,
     PP_OP_KV_ALLOC,
     PP_OP_FORWARD,
@@ -107,7 +117,10 @@ typedef struct pp_rank {
     int32_t stage, trank;              /* its stage, its rank inside it       */
     void *inst;                        /* the backend instance (engine-owned) */
     loom_stage link;                   /* handed to load_stage                */
-    pp_end end;                        /* link.ctx                            */
+    pp_end end;                        /* link.ctx (threads)                  */
+#ifdef LOOM_PP_HAVE_NCCL
+    pp_nccl_end nend;                  /* link.ctx (nccl)                     */
+#endif
     loom_comm comm;                    /* the stage's collectives (tp_size > 1) */
     pthread_t thread;
     bool started;
@@ -123,7 +136,10 @@ typedef struct pp_exec {
     const loom_backend_ops *inner;
     pp_rank *ranks;                    /* (size) after attach_inner           */
     tp_threads *tc[PP_MAX_STAGES];     /* each stage's collectives (tp > 1)   */
-    pp_links *links;                   /* (stages - 1) * tp                   */
+    pp_links *links;                   /* (stages - 1) * tp (threads)         */
+#ifdef LOOM_PP_HAVE_NCCL
+    pp_nccl *nc;                       /* links and collectives (nccl)        */
+#endif
     int32_t first[PP_MAX_STAGES + 1];  /* stage s: layers first[s]..first[s+1]-1 */
     bool loaded;
     int64_t vocab;
@@ -146,6 +162,9 @@ typedef struct pp_exec {
 /* ---------------------------------------------------------------- workers */
 
 static void pp_abort_all(pp_exec *pp) {
+#ifdef LOOM_PP_HAVE_NCCL
+    pp_nccl_abort(pp->nc);
+#endif
     pp_links_abort(pp->links);
     for (int32_t s = 0; s < pp->stages; s++)
         if (pp->tc[s]) tp_threads_abort(pp->tc[s]);
@@ -184,6 +203,13 @@ static void pp_rank_run(pp_rank *rk, const pp_job *j) {
     loom_error *err = &rk->err;
     const loom_comm *comm = rk->pp->tp > 1 ? &rk->comm : NULL;
     switch (j->op) {
+    case PP_OP_BIND:
+#ifdef LOOM_PP_HAVE_NCCL
+        rk->st = rk->pp->nc ? pp_nccl_bind_thread(rk->pp->nc, rk->index, err) : LOOM_OK;
+#else
+        rk->st = LOOM_OK;
+#endif
+        break;
     case PP_OP_LOAD: rk->st = o->load_stage(rk->inst, j->model, j->quant, &rk->link, comm, err); break;
     case PP_OP_MEMORY:
         rk->mem = (loom_backend_memory){.struct_size = sizeof rk->mem};
@@ -228,6 +254,12 @@ static void *pp_worker(void *arg) {
  * failure (naming its stage and rank) into err. */
 static loom_status pp_run(pp_exec *pp, pp_job j, loom_error *err) {
     const loom_host *h = pp->host;
+#ifdef LOOM_PP_HAVE_NCCL
+    if (pp_nccl_aborted(pp->nc) && j.op != PP_OP_QUIT)
+        return h->error(h->ctx, err, LOOM_ERR_DEVICE,
+                        "executor pp: the NCCL communicators were aborted after a rank failed; recreate the "
+                        "engine");
+#endif
     pthread_mutex_lock(&pp->mu);
     pp->job = j;
     pp->pending = pp->size;
@@ -253,6 +285,29 @@ static loom_status pp_run(pp_exec *pp, pp_job j, loom_error *err) {
 
 /* ---------------------------------------------------------------- lifetime */
 
+/* comm nccl needs a build with NCCL and a GPU per rank. */
+static loom_status pp_check_comm(const loom_host *host, const pp_config *cfg, loom_error *err) {
+    if (cfg->comm != PP_COMM_NCCL) return LOOM_OK;
+#ifndef LOOM_PP_HAVE_NCCL
+    return host->error(host->ctx, err, LOOM_ERR_UNSUPPORTED,
+                       "executor pp: comm nccl, but this loom-executor-pp.so was built without CUDA and NCCL; "
+                       "host backends such as cpu use comm: threads");
+#else
+    const char *why = NULL;
+    int ndev = pp_nccl_device_count(&why);
+    const long long need = (long long)(cfg->pp_size * cfg->tp_size);
+    if (ndev < 0)
+        return host->error(host->ctx, err, LOOM_ERR_DEVICE,
+                           "executor pp: comm nccl needs %lld GPUs, but CUDA found none usable (%s)", need,
+                           why ? why : "?");
+    if (ndev < need)
+        return host->error(host->ctx, err, LOOM_ERR_DEVICE,
+                           "executor pp: pp_size x tp_size = %lld ranks need %lld GPUs, but %d %s visible", need,
+                           need, ndev, ndev == 1 ? "is" : "are");
+    return LOOM_OK;
+#endif
+}
+
 static loom_status pp_create(const loom_host *host, const void *config, void **self,
                              loom_error *err) {
     if (!host || !self || host->struct_size < offsetof(loom_host, num_threads) + sizeof(void *)) {
@@ -270,12 +325,15 @@ static loom_status pp_create(const loom_host *host, const void *config, void **s
     if (config) memcpy(&cfg, config, sizeof cfg);
     cfg.layers[sizeof cfg.layers - 1] = '\0';
     if (cfg.pp_size < 1 || cfg.pp_size > PP_MAX_STAGES || cfg.tp_size < 1 || cfg.tp_size > PP_MAX_TP ||
-        cfg.micro_batches < 1 || cfg.micro_batches > PP_MAX_MICRO_BATCHES)
+        cfg.micro_batches < 1 || cfg.micro_batches > PP_MAX_MICRO_BATCHES || cfg.comm < PP_COMM_THREADS ||
+        cfg.comm > PP_COMM_NCCL)
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "executor pp: bad config (pp_size %lld in [1, %d], tp_size %lld in [1, %d], "
-                           "micro_batches %lld in [1, %d])",
+                           "micro_batches %lld in [1, %d], comm %lld in {0 threads, 1 nccl})",
                            (long long)cfg.pp_size, PP_MAX_STAGES, (long long)cfg.tp_size, PP_MAX_TP,
-                           (long long)cfg.micro_batches, PP_MAX_MICRO_BATCHES);
+                           (long long)cfg.micro_batches, PP_MAX_MICRO_BATCHES, (long long)cfg.comm);
+    loom_status st = pp_check_comm(host, &cfg, err);
+    if (st != LOOM_OK) return st;
     pp_exec *pp = host->calloc(host->ctx, 1, sizeof *pp);
     if (!pp) return host->error(host->ctx, err, LOOM_ERR_NOMEM, "executor pp: out of memory");
     pp->host = host;
@@ -311,6 +369,9 @@ static void pp_destroy(void *self) {
     }
     for (int32_t s = 0; s < pp->stages; s++) tp_threads_destroy(pp->tc[s]);
     pp_links_destroy(pp->links);
+#ifdef LOOM_PP_HAVE_NCCL
+    pp_nccl_destroy(pp->nc);
+#endif
     if (pp->sync_ready) {
         pthread_cond_destroy(&pp->cv_done);
         pthread_cond_destroy(&pp->cv_job);
@@ -327,6 +388,9 @@ static int32_t pp_inner_count(void *self) { return ((pp_exec *)self)->size; }
 /* The stages' collectives (tp > 1) and the links between stages. */
 static loom_status pp_make_comms(pp_exec *pp, loom_error *err) {
     const loom_host *h = pp->host;
+#ifdef LOOM_PP_HAVE_NCCL
+    if (pp->cfg.comm == PP_COMM_NCCL) return pp_nccl_create(h, pp->size, pp->tp, &pp->nc, err);
+#endif
     for (int32_t s = 0; pp->tp > 1 && s < pp->stages; s++)
         if (!(pp->tc[s] = tp_threads_create(h, pp->tp)))
             return h->error(h->ctx, err, LOOM_ERR_NOMEM,
@@ -351,6 +415,17 @@ static void pp_init_rank(pp_exec *pp, pp_rank *rk, int32_t i, void *inst) {
         rk->comm = (loom_comm){.struct_size = sizeof rk->comm, .rank = t, .size = pp->tp,
                                .ctx = pp->tc[s], .all_reduce_sum = tp_threads_all_reduce,
                                .all_gather = tp_threads_all_gather};
+#ifdef LOOM_PP_HAVE_NCCL
+    if (!pp->nc) return;
+    rk->nend = (pp_nccl_end){.nc = pp->nc, .rank = i, .prev = s > 0 ? i - pp->tp : -1,
+                             .next = s < pp->stages - 1 ? i + pp->tp : -1};
+    rk->link.ctx = &rk->nend;
+    rk->link.recv_prev = s > 0 ? pp_nccl_recv : NULL;
+    rk->link.send_next = s < pp->stages - 1 ? pp_nccl_send : NULL;
+    rk->comm.ctx = pp_nccl_stage_ctx(pp->nc, s);
+    rk->comm.all_reduce_sum = pp_nccl_all_reduce;
+    rk->comm.all_gather = pp_nccl_all_gather;
+#endif
 }
 
 /* Start every rank's thread, or none (the started ones are stopped). */
@@ -397,8 +472,11 @@ static loom_status pp_attach_inner(void *self, const loom_backend_ops *inner, vo
         return st;
     }
     pp->ranks = ranks;
-    h->log(h->ctx, LOOM_LOG_INFO, PP_WHO, "%d stage(s) x %d tensor rank(s), threads links, %lld micro-batch(es)",
-           pp->stages, pp->tp, (long long)pp->cfg.micro_batches);
+    if (pp->cfg.comm == PP_COMM_NCCL && (st = pp_run(pp, (pp_job){.op = PP_OP_BIND, .only = -1}, err)) != LOOM_OK)
+        return st;
+    h->log(h->ctx, LOOM_LOG_INFO, PP_WHO, "%d stage(s) x %d tensor rank(s), %s links, %lld micro-batch(es)",
+           pp->stages, pp->tp, pp->cfg.comm == PP_COMM_NCCL ? "NCCL" : "threads",
+           (long long)pp->cfg.micro_batches);
     return LOOM_OK;
 }
 
@@ -539,9 +617,11 @@ static loom_status pp_memory(void *self, loom_backend_memory *out, loom_error *e
         if (r->total_bytes < m.total_bytes) m.total_bytes = r->total_bytes;
         if (r->weight_bytes > m.weight_bytes) m.weight_bytes = r->weight_bytes;
     }
-    /* host backends share one RAM: each rank's KV pool gets its part */
-    m.free_bytes /= (size_t)pp->size;
-    m.total_bytes /= (size_t)pp->size;
+    if (pp->cfg.comm == PP_COMM_THREADS) {
+        /* host backends share one RAM: each rank's KV pool gets its part */
+        m.free_bytes /= (size_t)pp->size;
+        m.total_bytes /= (size_t)pp->size;
+    }
     m.struct_size = sizeof m;
     *out = m;
     return LOOM_OK;

@@ -7,6 +7,8 @@
  *              stream between ranks that are threads of this process
  *   pp_split.c micro-batches: a step's batch cut into sub-batches of whole
  *              sequences
+ *   pp_nccl.c  links and stage collectives over NCCL (LOOM_PP_HAVE_NCCL;
+ *              compiled, untested)
  * Collectives inside a stage (tensor parallelism) are the tp executor's
  * threads communicator (plugins/executor/tp/tp_comm.c, compiled in).
  * Not an installed header. See docs/tensor-parallel.md.
@@ -57,6 +59,47 @@ loom_status pp_link_send(void *ctx, const void *buf, int64_t count, loom_dtype d
                          loom_error *err);
 loom_status pp_link_recv(void *ctx, void *buf, int64_t count, loom_dtype dtype, void *stream,
                          loom_error *err);
+
+/* --------------------------------------------------------- NCCL (pp_nccl.c) */
+
+#ifdef LOOM_PP_HAVE_NCCL
+/* Links and stage collectives over NCCL: rank i on device i of this node.
+ * Compiled in the CUDA build, never run (no GPU backend has load_stage). */
+typedef struct pp_nccl pp_nccl;
+
+/* A stage's loom_comm ctx. */
+typedef struct pp_nccl_stage {
+    pp_nccl *nc;
+    int32_t stage;
+} pp_nccl_stage;
+
+/* A rank's loom_stage ctx: its peers' ranks (-1 = none). */
+typedef struct pp_nccl_end {
+    pp_nccl *nc;
+    int32_t rank, prev, next;
+} pp_nccl_end;
+
+/* Visible CUDA devices, or -1 with *why filled when the runtime fails. */
+int pp_nccl_device_count(const char **why);
+/* [engine] Communicators for `size` ranks, `tp` per stage. */
+loom_status pp_nccl_create(const loom_host *h, int32_t size, int32_t tp, pp_nccl **out, loom_error *err);
+void pp_nccl_destroy(pp_nccl *c);
+/* [any] Abort every communicator (a rank failed; peers may be blocked). */
+void pp_nccl_abort(pp_nccl *c);
+bool pp_nccl_aborted(const pp_nccl *c);
+pp_nccl_stage *pp_nccl_stage_ctx(pp_nccl *c, int32_t stage);
+/* [instance] Make device `rank` current on the calling (rank) thread. */
+loom_status pp_nccl_bind_thread(pp_nccl *c, int32_t rank, loom_error *err);
+/* loom_stage's links (ctx = the rank's pp_nccl_end) and loom_comm's
+ * collectives (ctx = the stage's pp_nccl_stage, rank = the tensor rank). */
+loom_status pp_nccl_send(void *ctx, const void *buf, int64_t count, loom_dtype dtype, void *stream,
+                         loom_error *err);
+loom_status pp_nccl_recv(void *ctx, void *buf, int64_t count, loom_dtype dtype, void *stream, loom_error *err);
+loom_status pp_nccl_all_reduce(void *ctx, int32_t rank, void *buf, int64_t count, loom_dtype dtype, void *stream,
+                               loom_error *err);
+loom_status pp_nccl_all_gather(void *ctx, int32_t rank, const void *send, void *recv, int64_t count,
+                               loom_dtype dtype, void *stream, loom_error *err);
+#endif
 
 /* -------------------------------------------------------------- micro-batches */
 
