@@ -518,9 +518,9 @@ static loom_status pp_plan_layers(pp_exec *pp, const loom_model_config *c, loom_
     const int32_t L = c->num_layers, P = pp->stages;
     if (P > L)
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "executor pp: pp_size %d exceeds model '%s''s %d layers: every stage needs "
-                        "at least one layer; use pp_size <= %d",
-                        P, c->name, L, L);
+                        "executor pp: pp_size %d exceeds the %d layers of model '%s': every stage "
+                        "needs at least one layer; use pp_size <= %d",
+                        P, L, c->name, L);
     if (pp->cfg.layers[0]) return pp_parse_layers(pp, L, err);
     pp->first[0] = 0;
     for (int32_t s = 0; s < P; s++) pp->first[s + 1] = pp->first[s] + L / P + (s < L % P ? 1 : 0);
