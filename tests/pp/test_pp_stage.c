@@ -10,6 +10,8 @@
  *   every logits row within 1e-5 relative of one backend (bit-identical for
  *   pp alone with one micro-batch);
  *   blocks: copy_blocks / swap_blocks reach every stage's own pools;
+ *   overlap: with 2 stages and 2 micro-batches, stage 0 starts micro-batch
+ *   1 while stage 1 is still in micro-batch 0;
  *   failure: a stage that fails in the middle of a step's micro-batches —
  *   its peers, blocked in send or receive, return; the call names the
  *   stage; the next step runs and is right;
@@ -22,6 +24,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fake_host.h"
 #include "formats/dtype.h"
@@ -413,6 +416,62 @@ Test(pp, stage_failing_mid_step_does_not_hang, .timeout = 60) {
     cr_assert(e <= REL_TOL, "after the failed step: rel err %g", e);
     free(rows[0]);
     free(rows[1]);
+    tiny_free(m);
+}
+
+/* ------------------------------------------------------------ overlap */
+
+/* Event order of forward() calls: stage 0's entries, stage 1's exits. */
+static int g_events;
+static int g_s0_enter[4], g_s1_exit[4], g_s0_calls, g_s1_calls;
+static void *g_s0, *g_s1;
+
+static loom_status timed_forward(void *self, const loom_batch *b, float *logits, loom_error *err) {
+    if (self == g_s0 && g_s0_calls < 4) g_s0_enter[g_s0_calls++] = __atomic_add_fetch(&g_events, 1, __ATOMIC_SEQ_CST);
+    loom_status st = g_real_forward(self, b, logits, err);
+    if (self == g_s1 && g_s1_calls < 4) {
+        struct timespec ts = {0, 100 * 1000 * 1000}; /* a slow last stage */
+        nanosleep(&ts, NULL);
+        g_s1_exit[g_s1_calls++] = __atomic_add_fetch(&g_events, 1, __ATOMIC_SEQ_CST);
+    }
+    return st;
+}
+
+/* pp 2 with 2 micro-batches: stage 0 starts micro-batch 1 while stage 1
+ * still works on micro-batch 0 (it sleeps 100 ms in it) — the stages run
+ * concurrently, not one after the other. */
+Test(pp, micro_batches_overlap_stages) {
+    tiny_model *m = pp_model(2);
+    const int V = m->cfg.vocab_size;
+    rig g;
+    rig_plugins(&g);
+    static loom_backend_ops ops;
+    ops = *g.cpu.ops;
+    g_real_forward = g.cpu.ops->forward;
+    ops.forward = timed_forward;
+    g.inner_ops = &ops;
+    loom_error err = {0};
+    cr_assert_eq(rig_open(&g, 2, 1, 2, m, &err), LOOM_OK, "%s", err.message);
+    rig_kv(&g, 8, 16, 0);
+    g_s0 = g.inner[0], g_s1 = g.inner[1];
+    g_events = g_s0_calls = g_s1_calls = 0;
+    test_rng r = {6};
+    int32_t toks[2][16];
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < 16; i++) toks[s][i] = (int32_t)rng_int(&r, V);
+    tb_seq a = {.tokens = toks[0], .len = 16}, b = {.tokens = toks[1], .len = 16};
+    float *rows = NULL;
+    int32_t n = 0;
+    rig_step_ok(&g, (tb_seq *[]){&a, &b}, (int32_t[]){8, 8}, 2, V, &rows, &n);
+    cr_assert_eq(g_s0_calls, 2, "stage 0 ran %d micro-batches, want 2", g_s0_calls);
+    cr_assert_eq(g_s1_calls, 2, "stage 1 ran %d micro-batches, want 2", g_s1_calls);
+    cr_assert_lt(g_s0_enter[1], g_s1_exit[0],
+                 "stage 0 began micro-batch 1 (event %d) only after stage 1 finished micro-batch 0 "
+                 "(event %d): the stages did not overlap",
+                 g_s0_enter[1], g_s1_exit[0]);
+    free(rows);
+    g_s0 = g_s1 = NULL;
+    rig_close(&g);
     tiny_free(m);
 }
 
