@@ -15,6 +15,8 @@
  *   failure: a stage that fails in the middle of a step's micro-batches —
  *   its peers, blocked in send or receive, return; the call names the
  *   stage; the next step runs and is right;
+ *   weights: the stages of an untied model hold one backend's weights
+ *   between them, nothing twice;
  *   errors: a backend without load_stage, a stage the cpu backend refuses;
  *   links: a count mismatch fails both ends; an abort frees a waiting
  *   receiver; split: cuts of whole sequences with rebased offsets.
@@ -532,6 +534,45 @@ Test(pp, cpu_refuses_a_bad_stage) {
         cr_assert(strstr(err.message, bad[i].needle), "case %zu: %s", i, err.message);
     }
     g.cpu.ops->destroy(b);
+    rig_close(&g);
+    tiny_free(m);
+}
+
+static loom_status no_recv(void *ctx, void *buf, int64_t n, loom_dtype dt, void *s, loom_error *err) {
+    (void)ctx, (void)buf, (void)n, (void)dt, (void)s, (void)err;
+    return LOOM_OK;
+}
+
+/* Weight bytes of a cpu backend loaded as `st` (NULL: load()). */
+static size_t stage_weight_bytes(const tb *cpu, const tiny_model *m, const loom_stage *st) {
+    tb_config bc = {.threads = 1};
+    loom_error err = {0};
+    void *b = NULL;
+    cr_assert_eq(cpu->ops->create(host(), &bc, &b, &err), LOOM_OK, "%s", err.message);
+    loom_status s = st ? cpu->ops->load_stage(b, &m->view, NULL, st, NULL, &err) : cpu->ops->load(b, &m->view, NULL, &err);
+    cr_assert_eq(s, LOOM_OK, "%s", err.message);
+    loom_backend_memory mem = {.struct_size = sizeof mem};
+    cr_assert_eq(cpu->ops->memory(b, &mem, &err), LOOM_OK, "%s", err.message);
+    cpu->ops->destroy(b);
+    return mem.weight_bytes;
+}
+
+/* Four stages of one layer each hold, together, exactly one backend's
+ * weights: the embedding only on the first, the output norm and the
+ * (untied) LM head only on the last, nothing twice. */
+Test(pp, stages_hold_only_their_weights) {
+    tiny_model *m = pp_model(1);
+    rig g;
+    rig_plugins(&g);
+    size_t whole = stage_weight_bytes(&g.cpu, m, NULL), sum = 0, part[4];
+    for (int32_t i = 0; i < 4; i++) {
+        loom_stage st = {.struct_size = sizeof st, .index = i, .count = 4, .first_layer = i, .num_layers = 1,
+                         .recv_prev = i > 0 ? no_recv : NULL, .send_next = i < 3 ? no_send : NULL};
+        sum += part[i] = stage_weight_bytes(&g.cpu, m, &st);
+    }
+    cr_assert_eq(sum, whole, "stages hold %zu weight bytes together, one backend %zu", sum, whole);
+    cr_assert_eq(part[1], part[2], "middle stages differ: %zu vs %zu", part[1], part[2]);
+    cr_assert_lt(part[1], part[0], "a middle stage holds as much as the first (embedding)");
     rig_close(&g);
     tiny_free(m);
 }

@@ -359,10 +359,23 @@ static bool cpu_keeps_tied_head(const cpu_backend *b, const loom_ww *w) {
            loom_cpu_qformat_supported(LOOM_QFMT_GGUF, t->dtype);
 }
 
-/* Does this instance keep the embedding, output norm and LM head? Every
- * stage but a middle one of a pipeline (the first embeds; the last, whose
- * head may be the tied embedding, computes the logits). */
-static bool cpu_holds_vocab(const cpu_backend *b) { return b->first_stage || b->last_stage; }
+/* Does this instance keep the float32 embedding? The first stage looks
+ * tokens up in it; the last stage reads it as a tied LM head, unless that
+ * head runs on the embedding's GGUF blocks. A middle stage keeps none. */
+static bool cpu_keeps_embed(const cpu_backend *b, const loom_ww *w) {
+    return b->first_stage || (b->last_stage && !w->out.t && !cpu_keeps_tied_head(b, w));
+}
+
+/* Floats of the vocabulary tensors this instance keeps (cpu_load_vocab):
+ * the embedding, and on the last stage the output norm and an untied float
+ * LM head. */
+static size_t cpu_vocab_floats(const cpu_backend *b, const loom_ww *w) {
+    const size_t H = (size_t)w->hidden, VH = (size_t)w->shard.vocab_rows * H;
+    size_t n = cpu_keeps_embed(b, w) ? cpu_round_floats(VH) : 0;
+    if (b->last_stage)
+        n += cpu_round_floats(H) + (w->out.t && w->out_plan.format == LOOM_QFMT_NONE ? cpu_round_floats(VH) : 0);
+    return n;
+}
 
 /* Floats of layer ly's group g kept as float32 (its parts planned NONE). */
 static int64_t cpu_group_floats(const loom_ww_layer *ly, int g) {
@@ -378,11 +391,9 @@ static int64_t cpu_group_floats(const loom_ww_layer *ly, int g) {
  * array, the RoPE table and, for quantized weights, the kernels' scratch. */
 static loom_status cpu_alloc_weights(cpu_backend *b, const loom_ww *w, loom_error *err) {
     const loom_host *h = b->host;
-    const size_t H = (size_t)w->hidden, VH = (size_t)w->shard.vocab_rows * H;
+    const size_t H = (size_t)w->hidden;
     const bool any_quant = loom_ww_any_quant(w) || cpu_keeps_tied_head(b, w);
-    size_t floats = !cpu_holds_vocab(b) ? 0
-                    : cpu_round_floats(VH) * (w->out.t && w->out_plan.format == LOOM_QFMT_NONE ? 2 : 1) +
-                          cpu_round_floats(H);
+    size_t floats = cpu_vocab_floats(b, w);
     for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++) {
         floats += 2 * cpu_round_floats(H) + (w->bias ? cpu_round_floats((size_t)w->qkv_rows) : 0);
         for (int g = 0; g < LOOM_WW_NGROUPS; g++)
@@ -404,17 +415,19 @@ static loom_status cpu_alloc_weights(cpu_backend *b, const loom_ww *w, loom_erro
 }
 
 /* This rank's vocabulary rows of the embedding and the LM head (float32,
- * or the quantizer's format; tied: the embedding), and the output norm. */
+ * or the quantizer's format; tied: the embedding), and the output norm —
+ * of a pipeline stage, only what it runs (cpu_keeps_embed; the head and
+ * norm on the last stage). */
 static loom_status cpu_load_vocab(cpu_backend *b, const loom_model_view *m, const loom_ww *w,
                                   float **cur, loom_error *err) {
     const size_t VH = (size_t)w->shard.vocab_rows * (size_t)w->hidden;
     loom_status st;
-    float *embed = cpu_carve(cur, VH);
-    float *onorm = cpu_carve(cur, (size_t)w->hidden);
-    if ((st = cpu_dequant_win(b, &w->embed, embed, err)) ||
-        (st = cpu_dequant_win(b, &w->out_norm, onorm, err)))
-        return st;
+    float *embed = cpu_keeps_embed(b, w) ? cpu_carve(cur, VH) : NULL;
+    if (embed && (st = cpu_dequant_win(b, &w->embed, embed, err))) return st;
     b->embed = embed;
+    if (!b->last_stage) return LOOM_OK;
+    float *onorm = cpu_carve(cur, (size_t)w->hidden);
+    if ((st = cpu_dequant_win(b, &w->out_norm, onorm, err))) return st;
     b->out_norm = onorm;
     b->lm_head = embed;
     if (w->out.t && w->out_plan.format == LOOM_QFMT_NONE) {
@@ -566,7 +579,7 @@ static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
     if ((st = loom_ww_collect(&w, m, quant, &hooks, err)) || (st = cpu_alloc_weights(b, &w, err)))
         goto fail;
     float *cur = b->arena;
-    if (cpu_holds_vocab(b) && (st = cpu_load_vocab(b, m, &w, &cur, err))) goto fail;
+    if ((st = cpu_load_vocab(b, m, &w, &cur, err))) goto fail;
     for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++)
         if ((st = cpu_load_layer(b, m, &w, l, &cur, err))) goto fail;
     b->weight_bytes += b->qweight_bytes;

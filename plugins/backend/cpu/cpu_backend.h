@@ -20,7 +20,7 @@
  * layer0..layer0+nlayers-1 (indexed by their model-wide number in `layers`;
  * the others stay zero) and KV pools for those only; the first stage keeps
  * the embedding, the last the output norm and LM head (a tied head: the
- * embedding), a middle stage neither.
+ * embedding's rows), a middle stage none of them.
  */
 #ifndef LOOM_PLUGIN_CPU_BACKEND_H
 #define LOOM_PLUGIN_CPU_BACKEND_H
