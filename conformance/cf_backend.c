@@ -238,6 +238,14 @@ static bool bk_close(bk *b, bool ok) {
     return ok;
 }
 
+/* Two ranks of the executor under test: tp's `size`, or pp's two stages
+ * with two micro-batches (the tiny model has 2 layers). */
+static const char *bk_exec_config(const cf_run *r) {
+    for (const loom_param *p = r->comp->params; p && p->key; p++)
+        if (!strcmp(p->key, "pp_size")) return "pp_size=2,micro_batches=2";
+    return "size=2,comm=threads";
+}
+
 /* Create (+ attach inner backends), load, and kv_alloc (ncpu host blocks;
  * nblocks 0 = leave the pool unallocated). */
 static bool bk_open(cf_run *r, bk *b, int32_t nblocks, int32_t ncpu) {
@@ -247,7 +255,7 @@ static bool bk_open(cf_run *r, bk *b, int32_t nblocks, int32_t ncpu) {
     if (b->executor) b->eops = r->comp->ops;
     else b->bops = r->comp->ops;
     if (!bk_model(b)) return false;
-    if (!cf_create(r, b->executor ? "size=2,comm=threads" : "threads=1", &b->self)) return bk_close(b, false);
+    if (!cf_create(r, b->executor ? bk_exec_config(r) : "threads=1", &b->self)) return bk_close(b, false);
     if (b->executor && !bk_attach(b)) return bk_close(b, false);
     loom_error err = {0};
     loom_status st = bk_load(b, &err);

@@ -147,6 +147,7 @@ static loom_status load_model(loom_engine *e, const char *path, loom_error *err)
         .dummy_shape = ms->shape[0] ? ms->shape : NULL,
         .seed = (uint64_t)ms->seed,
         .dummy_dtype = ms->dtype,
+        .num_layers_override = ms->layers,
         .progress = es->progress || isatty(2) ? load_progress : NULL,
         .user = &last_pct,
     };

@@ -34,6 +34,7 @@ typedef struct model_raw {
     int64_t seed;
     int64_t dtype;
     int64_t chat_template;
+    int64_t layers;
 } model_raw;
 
 static const char *const k_formats[] = {"auto", "gguf", "safetensors", "dummy", NULL};
@@ -57,6 +58,8 @@ static const loom_param k_model_params[] = {
      "dtype: cpu float32, cuda backend.dtype)"},
     {"chat_template", LOOM_PARAM_ENUM, offsetof(model_raw, chat_template), "auto", 1, 0,
      k_templates, "chat prompt format; auto = from the model's metadata"},
+    {"layers", LOOM_PARAM_INT, offsetof(model_raw, layers), "0", 0, 4096, NULL,
+     "dummy format only: decoder layers of the random weights; 0 = the shape's"},
     {0},
 };
 
@@ -349,6 +352,7 @@ static void bind_model(loom_pipeline *p, loom_diag *diag) {
     snprintf(p->model.shape, sizeof p->model.shape, "%s", r->shape);
     p->model.seed = r->seed;
     p->model.dtype = k_dtype_values[r->dtype];
+    p->model.layers = (int32_t)r->layers;
     p->model.chat_template = (loom_chat_template)r->chat_template;
 
     const loom_cfg_node *pn = loom_cfg_get(sec, "path");

@@ -61,6 +61,7 @@ typedef struct loom_model_settings {
     loom_model_format format;
     char shape[LOOM_PARAM_STRING_MAX]; /* dummy: named shape, e.g. "llama3-8b" */
     int64_t seed;                      /* dummy: weight seed                   */
+    int32_t layers;                    /* dummy: decoder layers; 0 = the shape's */
     loom_dtype dtype;                  /* compute dtype: F32, F16 or BF16      */
     loom_chat_template chat_template;
     loom_cfg_mark mark;                /* where `model:` was written           */

@@ -63,7 +63,7 @@ static const ops_member backend_members[] = {
     REQ(loom_backend_ops, kv_block_bytes), REQ(loom_backend_ops, memory), REQ(loom_backend_ops, kv_alloc),
     REQ(loom_backend_ops, forward), REQ(loom_backend_ops, copy_blocks), OPT(loom_backend_ops, forward_topk),
     OPT(loom_backend_ops, swap_blocks), OPT(loom_backend_ops, load_shard), OPT(loom_backend_ops, set_observer),
-    {0, NULL, false}};
+    OPT_SINCE(3, loom_backend_ops, load_stage), {0, NULL, false, 0}};
 static const ops_member executor_members[] = {
     REQ(loom_executor_ops, create), REQ(loom_executor_ops, destroy), REQ(loom_executor_ops, inner_count),
     REQ(loom_executor_ops, attach_inner), REQ(loom_executor_ops, load), REQ(loom_executor_ops, kv_block_bytes),

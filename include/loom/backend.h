@@ -6,7 +6,8 @@
  * each step the core hands it a flattened batch with block tables and a
  * slot mapping decided by the cache manager, and gets logits back for the
  * positions the sampler needs. Executors (loom/executor.h, e.g. tensor
- * parallel) present the same model-runner methods over several backends.
+ * and pipeline parallel) present the same model-runner methods over several
+ * backends.
  *
  * KV-cache layout (every backend, so cache managers and kernels agree):
  * per layer one K pool and one V pool, each
@@ -102,6 +103,52 @@ typedef struct loom_comm {
     int64_t graph_safe_bytes;
     /* since ABI 2.0 — add new members below this line only */
 } loom_comm;
+
+/*
+ * Pipeline-parallel stage (since ABI 2.3), handed by an executor to each
+ * rank's backend in load_stage(): the contiguous decoder layers this
+ * instance holds and the links to the neighbouring stages. Stage 0 holds
+ * layer 0 and embeds the tokens; the last stage holds the last layer, the
+ * final norm and the LM head; every stage holds the KV pools of its own
+ * layers only (one block id names the same block on every stage).
+ *
+ * The residual stream — the hidden states between layers, (num_tokens,
+ * hidden_size) in a type of the backend's choosing (the stages run the same
+ * backend, so they agree; cpu: float32) — travels through the links inside
+ * forward(): a stage other than the first receives it with recv_prev()
+ * instead of embedding, and a stage other than the last sends it with
+ * send_next() instead of computing logits. Each forward() (or
+ * forward_topk()) with num_tokens > 0 makes exactly one recv_prev() (index
+ * > 0) and then one send_next() (index < count - 1), in that order, so the
+ * executor pairs messages in call order (as NCCL pairs send and recv) and
+ * may run stage s on micro-batch m while stage s + 1 runs micro-batch m - 1.
+ * With tensor parallelism inside the stage (load_stage's comm), each tensor
+ * rank links to the same tensor rank of the next stage and sends its whole,
+ * replicated, residual stream.
+ *
+ * The link functions are [instance]: called from the thread running this
+ * rank's forward(), `buf` device memory of `count` elements of `dtype`
+ * (`stream` the backend's device stream; NULL on the host). send_next()
+ * may return as soon as `buf` may be reused; recv_prev() returns when
+ * `buf` holds the message. Both block until the peer arrives, and return
+ * an error (never hang) when the executor aborts the pipeline because some
+ * rank failed, or when the peer's count or dtype differs. Grows only at its
+ * end.
+ */
+typedef struct loom_stage {
+    uint32_t struct_size;
+    int32_t index;             /* this stage, 0..count-1                     */
+    int32_t count;             /* stages in the pipeline                     */
+    int32_t first_layer;       /* first decoder layer held                   */
+    int32_t num_layers;        /* decoder layers held (>= 1)                 */
+    void *ctx;                 /* the executor's link state for this rank    */
+    /* REQUIRED when index > 0 (NULL on stage 0). */
+    loom_status (*recv_prev)(void *ctx, void *buf, int64_t count, loom_dtype dtype, void *stream,
+                             loom_error *err);
+    /* REQUIRED when index < count - 1 (NULL on the last stage). */
+    loom_status (*send_next)(void *ctx, const void *buf, int64_t count, loom_dtype dtype,
+                             void *stream, loom_error *err);
+} loom_stage;
 
 /* Largest k forward_topk() must serve. */
 #define LOOM_LOGITS_TOPK_MAX 64
@@ -246,6 +293,25 @@ typedef struct loom_backend_ops {
      * refuse (LOOM_ERR_UNSUPPORTED with why, e.g. when sharded). */
     loom_status (*set_observer)(void *self, const loom_act_observer *obs, loom_error *err);
     /* since ABI 2.0 — add new members below this line only */
+
+    /* OPTIONAL, since ABI 2.3 (NULL = this backend cannot be a pipeline
+     * stage; the pp executor refuses it). Pipeline parallelism: like
+     * load(), but keep only the layers `stage` names (stage 0: also the
+     * embedding; the last stage: also the final norm and the LM head), and
+     * with `comm` (NULL = none) only comm->rank's tensor-parallel shard of
+     * them, as load_shard(). `stage` and `comm` are copied; their ctx are
+     * borrowed until destroy. Afterwards kv_block_bytes(), kv_alloc(),
+     * copy_blocks() and swap_blocks() cover the held layers only, and
+     * forward() / forward_topk() move the residual stream through the
+     * stage's links (loom_stage above): only the last stage writes logits
+     * (its tensor rank 0, with comm), the others may get logits == NULL.
+     * A stage that does not fit the model (layers outside
+     * 0..num_layers-1, stage 0 not starting at layer 0, the last stage not
+     * ending at the last layer, a missing link) is LOOM_ERR_INVALID naming
+     * it. A backend may refuse set_observer() on a stage. */
+    loom_status (*load_stage)(void *self, const loom_model_view *model, const loom_quant_binding *quant,
+                              const loom_stage *stage, const loom_comm *comm, loom_error *err);
+    /* since ABI 2.3 — add new members below this line only */
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -359,6 +359,24 @@ static bool cpu_keeps_tied_head(const cpu_backend *b, const loom_ww *w) {
            loom_cpu_qformat_supported(LOOM_QFMT_GGUF, t->dtype);
 }
 
+/* Does this instance keep the float32 embedding? The first stage looks
+ * tokens up in it; the last stage reads it as a tied LM head, unless that
+ * head runs on the embedding's GGUF blocks. A middle stage keeps none. */
+static bool cpu_keeps_embed(const cpu_backend *b, const loom_ww *w) {
+    return b->first_stage || (b->last_stage && !w->out.t && !cpu_keeps_tied_head(b, w));
+}
+
+/* Floats of the vocabulary tensors this instance keeps (cpu_load_vocab):
+ * the embedding, and on the last stage the output norm and an untied float
+ * LM head. */
+static size_t cpu_vocab_floats(const cpu_backend *b, const loom_ww *w) {
+    const size_t H = (size_t)w->hidden, VH = (size_t)w->shard.vocab_rows * H;
+    size_t n = cpu_keeps_embed(b, w) ? cpu_round_floats(VH) : 0;
+    if (b->last_stage)
+        n += cpu_round_floats(H) + (w->out.t && w->out_plan.format == LOOM_QFMT_NONE ? cpu_round_floats(VH) : 0);
+    return n;
+}
+
 /* Floats of layer ly's group g kept as float32 (its parts planned NONE). */
 static int64_t cpu_group_floats(const loom_ww_layer *ly, int g) {
     int64_t n = 0;
@@ -373,11 +391,10 @@ static int64_t cpu_group_floats(const loom_ww_layer *ly, int g) {
  * array, the RoPE table and, for quantized weights, the kernels' scratch. */
 static loom_status cpu_alloc_weights(cpu_backend *b, const loom_ww *w, loom_error *err) {
     const loom_host *h = b->host;
-    const size_t H = (size_t)w->hidden, VH = (size_t)w->shard.vocab_rows * H;
+    const size_t H = (size_t)w->hidden;
     const bool any_quant = loom_ww_any_quant(w) || cpu_keeps_tied_head(b, w);
-    size_t floats = cpu_round_floats(VH) * (w->out.t && w->out_plan.format == LOOM_QFMT_NONE ? 2 : 1) +
-                    cpu_round_floats(H);
-    for (int32_t l = 0; l < w->layers; l++) {
+    size_t floats = cpu_vocab_floats(b, w);
+    for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++) {
         floats += 2 * cpu_round_floats(H) + (w->bias ? cpu_round_floats((size_t)w->qkv_rows) : 0);
         for (int g = 0; g < LOOM_WW_NGROUPS; g++)
             floats += cpu_round_floats((size_t)cpu_group_floats(&w->layer[l], g));
@@ -398,17 +415,19 @@ static loom_status cpu_alloc_weights(cpu_backend *b, const loom_ww *w, loom_erro
 }
 
 /* This rank's vocabulary rows of the embedding and the LM head (float32,
- * or the quantizer's format; tied: the embedding), and the output norm. */
+ * or the quantizer's format; tied: the embedding), and the output norm —
+ * of a pipeline stage, only what it runs (cpu_keeps_embed; the head and
+ * norm on the last stage). */
 static loom_status cpu_load_vocab(cpu_backend *b, const loom_model_view *m, const loom_ww *w,
                                   float **cur, loom_error *err) {
     const size_t VH = (size_t)w->shard.vocab_rows * (size_t)w->hidden;
     loom_status st;
-    float *embed = cpu_carve(cur, VH);
-    float *onorm = cpu_carve(cur, (size_t)w->hidden);
-    if ((st = cpu_dequant_win(b, &w->embed, embed, err)) ||
-        (st = cpu_dequant_win(b, &w->out_norm, onorm, err)))
-        return st;
+    float *embed = cpu_keeps_embed(b, w) ? cpu_carve(cur, VH) : NULL;
+    if (embed && (st = cpu_dequant_win(b, &w->embed, embed, err))) return st;
     b->embed = embed;
+    if (!b->last_stage) return LOOM_OK;
+    float *onorm = cpu_carve(cur, (size_t)w->hidden);
+    if ((st = cpu_dequant_win(b, &w->out_norm, onorm, err))) return st;
     b->out_norm = onorm;
     b->lm_head = embed;
     if (w->out.t && w->out_plan.format == LOOM_QFMT_NONE) {
@@ -499,6 +518,10 @@ static void cpu_load_done(cpu_backend *b, const loom_ww *w, const loom_comm *com
     b->sharded = comm != NULL;
     if (comm) b->comm = *comm;
     b->loaded = true;
+    if (b->stage.struct_size)
+        h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO, "stage %d/%d of '%s': layers %d..%d%s%s", b->stage.index,
+               b->stage.count, c->name, b->layer0, b->layer0 + b->nlayers - 1,
+               b->first_stage ? ", embedding" : "", b->last_stage ? ", LM head" : "");
     if (h->metric_set) h->metric_set(h->ctx, "backend.cpu.weight_bytes", (double)b->weight_bytes);
     if (comm)
         h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO,
@@ -515,11 +538,22 @@ static void cpu_load_done(cpu_backend *b, const loom_ww *w, const loom_comm *com
                b->quant.ops && b->quant.name ? b->quant.name : "", w->out.t ? "" : " (tied LM head)");
 }
 
-/* load() and load_shard(): `comm` NULL keeps the whole model. What to load
- * is the weight walk's (plugins/backend/common/weight_walk.h). */
+/* The layers this instance holds: `stage`'s (checked by cpu_load_stage),
+ * or all of them. */
+static void cpu_set_layers(cpu_backend *b, const loom_stage *stage) {
+    b->stage = stage ? *stage : (loom_stage){0};
+    b->layer0 = stage ? stage->first_layer : 0;
+    b->nlayers = stage ? stage->num_layers : b->mc.num_layers;
+    b->first_stage = !stage || stage->index == 0;
+    b->last_stage = !stage || stage->index == stage->count - 1;
+}
+
+/* load(), load_shard() and load_stage(): `comm` NULL keeps the whole width,
+ * `stage` NULL every layer. What to load is the weight walk's
+ * (plugins/backend/common/weight_walk.h). */
 static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
                                  const loom_quant_binding *quant, const loom_comm *comm,
-                                 loom_error *err) {
+                                 const loom_stage *stage, loom_error *err) {
     const loom_host *h = b->host;
     loom_status st = LOOM_OK;
     loom_ww w;
@@ -541,11 +575,12 @@ static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
         quant = &keep;
     if (quant && quant->ops) b->quant = *quant; /* release() needs it on every path */
     const loom_ww_hooks hooks = {.ctx = b, .runnable = cpu_runnable};
+    cpu_set_layers(b, stage);
     if ((st = loom_ww_collect(&w, m, quant, &hooks, err)) || (st = cpu_alloc_weights(b, &w, err)))
         goto fail;
     float *cur = b->arena;
     if ((st = cpu_load_vocab(b, m, &w, &cur, err))) goto fail;
-    for (int32_t l = 0; l < w.layers; l++)
+    for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++)
         if ((st = cpu_load_layer(b, m, &w, l, &cur, err))) goto fail;
     b->weight_bytes += b->qweight_bytes;
     cpu_load_done(b, &w, comm);
@@ -569,7 +604,7 @@ fail:
 
 static loom_status cpu_load(void *self, const loom_model_view *m, const loom_quant_binding *quant,
                             loom_error *err) {
-    return cpu_load_impl(self, m, quant, NULL, err);
+    return cpu_load_impl(self, m, quant, NULL, NULL, err);
 }
 
 /* Tensor parallelism: keep rank comm->rank's shard and sum partial results
@@ -582,7 +617,38 @@ static loom_status cpu_load_shard(void *self, const loom_model_view *m,
     if (!comm)
         return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
                               "backend cpu: load_shard() needs a communicator");
-    return cpu_load_impl(b, m, quant, comm, err);
+    return cpu_load_impl(b, m, quant, comm, NULL, err);
+}
+
+/* Pipeline parallelism: keep `stage`'s layers (and with `comm`, this
+ * rank's shard of them); forward() then moves the residual stream through
+ * the stage's links (cpu_forward.c). */
+static loom_status cpu_load_stage(void *self, const loom_model_view *m,
+                                  const loom_quant_binding *quant, const loom_stage *stage,
+                                  const loom_comm *comm, loom_error *err) {
+    cpu_backend *b = self;
+    const loom_host *h = b->host;
+    if (!stage || stage->struct_size < sizeof *stage)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: load_stage() needs a stage (struct_size %u, want %zu)",
+                        stage ? stage->struct_size : 0u, sizeof *stage);
+    const int32_t L = m && m->config ? m->config->num_layers : 0;
+    const int32_t i = stage->index, n = stage->count, f = stage->first_layer, k = stage->num_layers;
+    if (n < 1 || i < 0 || i >= n || k < 1 || f < 0 || (int64_t)f + k > L)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: stage %d of %d holds layers %d..%d, outside the model's %d "
+                        "layers (0..%d)",
+                        i, n, f, f + k - 1, L, L - 1);
+    if ((i == 0) != (f == 0) || (i == n - 1) != (f + k == L))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: stage %d of %d holds layers %d..%d: the first stage must "
+                        "start at layer 0 and the last end at layer %d, and only they",
+                        i, n, f, f + k - 1, L - 1);
+    if ((i > 0 && !stage->recv_prev) || (i < n - 1 && !stage->send_next))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: stage %d of %d has no %s link", i, n,
+                        i > 0 && !stage->recv_prev ? "recv_prev" : "send_next");
+    return cpu_load_impl(b, m, quant, comm, stage, err);
 }
 
 /* ----------------------------------------------------------- memory / KV */
@@ -593,7 +659,7 @@ static size_t cpu_kv_block_bytes(void *self, int32_t block_size, loom_dtype dtyp
     if (!b->loaded || block_size <= 0 || dt == LOOM_DTYPE_COUNT) return 0;
     size_t per_pool = (size_t)b->mc.num_kv_heads * (size_t)block_size * (size_t)b->mc.head_dim *
                       b->host->dtype_block_bytes(dt);
-    return per_pool * 2 * (size_t)b->mc.num_layers;
+    return per_pool * 2 * (size_t)b->nlayers;
 }
 
 static loom_status cpu_memory(void *self, loom_backend_memory *out, loom_error *err) {
@@ -638,7 +704,7 @@ static loom_status cpu_kv_alloc(void *self, const loom_kv_layout *layout, loom_e
                         b->host->dtype_name(layout->dtype));
     size_t block = (size_t)b->mc.num_kv_heads * (size_t)layout->block_size *
                    (size_t)b->mc.head_dim * b->host->dtype_block_bytes(dt);
-    size_t pools = 2 * (size_t)b->mc.num_layers;
+    size_t pools = 2 * (size_t)b->nlayers;
     double want = (double)block * (double)pools * ((double)layout->num_blocks + layout->num_cpu_blocks);
     size_t avail = 0;
     bool have_avail = cpu_meminfo("MemAvailable", &avail);
@@ -657,7 +723,7 @@ static loom_status cpu_kv_alloc(void *self, const loom_kv_layout *layout, loom_e
                         "backend cpu: could not allocate %zu bytes (%.1f MiB) for %d KV blocks "
                         "(%zu bytes each across %d layers); lower num_blocks",
                         dev_bytes, (double)dev_bytes / (1 << 20), layout->num_blocks,
-                        block * pools, b->mc.num_layers);
+                        block * pools, b->nlayers);
     if (layout->num_cpu_blocks > 0) {
         size_t swap_bytes = block * pools * (size_t)layout->num_cpu_blocks;
         b->swap = h->calloc(h->ctx, 1, swap_bytes);
@@ -681,7 +747,7 @@ static loom_status cpu_kv_alloc(void *self, const loom_kv_layout *layout, loom_e
  * of every layer. */
 static void cpu_copy_block(cpu_backend *b, int32_t src, bool src_swap, int32_t dst,
                            bool dst_swap) {
-    for (int32_t l = 0; l < b->mc.num_layers; l++)
+    for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++)
         for (int kv = 0; kv < 2; kv++)
             memcpy(cpu_pool_base(b, l, kv, dst_swap) + (size_t)dst * b->kv_block_bytes,
                    cpu_pool_base(b, l, kv, src_swap) + (size_t)src * b->kv_block_bytes,
@@ -752,6 +818,7 @@ static const loom_backend_ops cpu_ops = {
     .swap_blocks = cpu_swap_blocks,
     .load_shard = cpu_load_shard,
     .set_observer = cpu_backend_set_observer,
+    .load_stage = cpu_load_stage,
 };
 
 static const loom_component cpu_components[] = {{

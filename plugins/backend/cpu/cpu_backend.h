@@ -15,6 +15,12 @@
  * this rank runs it (num_heads, num_kv_heads, intermediate_size are the
  * rank's share; vocab_size stays the whole vocabulary), so the KV pools,
  * scratch and kernels need no other change. See docs/tensor-parallel.md.
+ *
+ * Pipeline parallelism (load_stage): an instance holds decoder layers
+ * layer0..layer0+nlayers-1 (indexed by their model-wide number in `layers`;
+ * the others stay zero) and KV pools for those only; the first stage keeps
+ * the embedding, the last the output norm and LM head (a tied head: the
+ * embedding's rows), a middle stage none of them.
  */
 #ifndef LOOM_PLUGIN_CPU_BACKEND_H
 #define LOOM_PLUGIN_CPU_BACKEND_H
@@ -107,6 +113,12 @@ typedef struct cpu_backend {
                                    host->alloc'd, lg_all carved after it      */
     float *lg_all;              /* (size, lg_rows, vocab_pad) gathered        */
 
+    /* --- pipeline parallelism: set by load_stage; every layer after load() */
+    int32_t layer0, nlayers;    /* the decoder layers held: layer0..+nlayers-1 */
+    bool first_stage;           /* embeds the tokens (else recv_prev)         */
+    bool last_stage;            /* final norm and LM head (else send_next)    */
+    loom_stage stage;           /* copy of the executor's links; zero: whole  */
+
     /* --- after kv_alloc */
     bool kv_ready;
     loom_kv_layout kv_layout;   /* copy; dtype resolved to F32, F16 or FP8_E4M3 */
@@ -139,12 +151,13 @@ loom_status cpu_backend_forward_topk(void *self, const loom_batch *batch, const 
 
 loom_status cpu_backend_set_observer(void *self, const loom_act_observer *obs, loom_error *err);
 
-/* K or V pool `kv` (0 = K, 1 = V) of `layer` in the device (swap = false)
- * or host swap (swap = true) pool. */
+/* K or V pool `kv` (0 = K, 1 = V) of decoder layer `layer` (a held one:
+ * layer0..layer0+nlayers-1) in the device (swap = false) or host swap
+ * (swap = true) pool. */
 static inline uint8_t *cpu_pool_base(const cpu_backend *b, int32_t layer, int kv, bool swap) {
     int64_t nb = swap ? b->kv_layout.num_cpu_blocks : b->kv_layout.num_blocks;
     uint8_t *base = swap ? b->swap : b->kv;
-    return base + ((int64_t)layer * 2 + kv) * nb * (int64_t)b->kv_block_bytes;
+    return base + ((int64_t)(layer - b->layer0) * 2 + kv) * nb * (int64_t)b->kv_block_bytes;
 }
 
 #endif

@@ -20,6 +20,11 @@
  * the same x; the LM head computes this rank's vocabulary slice and an
  * all-gather assembles whole rows, which the rank given a logits buffer
  * writes out.
+ *
+ * Loaded by load_stage (pipeline parallelism), an instance runs only its
+ * layers: a stage after the first receives the residual stream x from the
+ * previous stage instead of embedding, and a stage before the last sends x
+ * on instead of the final norm and LM head (cpu_stage_in / cpu_stage_out).
  */
 #include "cpu_backend.h"
 
@@ -36,7 +41,10 @@ static loom_status cpu_check_batch(cpu_backend *b, const loom_batch *bt, const f
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "backend cpu: forward() before %s", !b->loaded ? "load()" : "kv_alloc()");
     char why[LOOM_ERROR_MSG_MAX - 16];
-    loom_status st = b->host->check_batch(bt, logits, b->sharded, b->kv_layout.block_size,
+    /* only the last stage, and with tensor parallelism only some rank,
+     * writes logits */
+    const bool logits_optional = b->sharded || !b->last_stage;
+    loom_status st = b->host->check_batch(bt, logits, logits_optional, b->kv_layout.block_size,
                                       b->kv_layout.num_blocks, b->mc.vocab_size, 0, why, sizeof why);
     if (st != LOOM_OK) return h->error(h->ctx, err, st, "backend cpu: %s", why);
     return LOOM_OK;
@@ -144,6 +152,27 @@ static loom_status cpu_lm_head_shard(cpu_backend *b, const float *xn, int64_t NL
     return LOOM_OK;
 }
 
+/* ---------------------------------------------------- pipeline parallelism */
+
+/* The residual stream x (T, H) from the previous stage, or the embeddings
+ * on the first stage. */
+static loom_status cpu_stage_in(cpu_backend *b, float *x, const int32_t *ids, int64_t T, int64_t H,
+                                loom_error *err) {
+    if (!b->first_stage)
+        return b->stage.recv_prev(b->stage.ctx, x, T * H, LOOM_DTYPE_F32, NULL, err);
+    if (!b->sharded) {
+        loom_cpu_embedding(x, b->embed, ids, T, H);
+        return LOOM_OK;
+    }
+    return cpu_embed_shard(b, x, ids, T, H, err);
+}
+
+/* A stage before the last hands x (T, H) to the next one. */
+static loom_status cpu_stage_out(cpu_backend *b, const float *x, int64_t T, int64_t H,
+                                 loom_error *err) {
+    return b->stage.send_next(b->stage.ctx, x, T * H, LOOM_DTYPE_F32, NULL, err);
+}
+
 /* ---------------------------------------------------------- linear groups */
 
 /* Parts [k0, k1) of layer ly's linear weights side by side:
@@ -226,10 +255,11 @@ loom_status cpu_backend_set_observer(void *self, const loom_act_observer *obs, l
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "backend cpu: set_observer: observer without record() (struct_size %u)",
                         obs->struct_size);
-    if (b->sharded)
+    if (b->sharded || b->stage.struct_size)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "backend cpu: a tensor-parallel rank sees only its shard of each "
-                        "activation; record activations on an unsharded backend");
+                        "backend cpu: a %s sees only %s; record activations on one whole backend",
+                        b->sharded ? "tensor-parallel rank" : "pipeline stage",
+                        b->sharded ? "its shard of each activation" : "its own layers");
     b->obs = (loom_act_observer){.struct_size = sizeof b->obs, .ctx = obs->ctx,
                                  .record = obs->record};
     return LOOM_OK;
@@ -264,10 +294,7 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
     if ((st = cpu_scratch(b, T > NL ? T : NL, err)) != LOOM_OK) return st;
 
     float *x = b->x, *xn = b->xn, *qkv = b->qkv, *att = b->att, *gu = b->gu, *act = b->act;
-    if (!b->sharded)
-        loom_cpu_embedding(x, b->embed, bt->token_ids, T, H);
-    else if ((st = cpu_embed_shard(b, x, bt->token_ids, T, H, err)) != LOOM_OK)
-        return st;
+    if ((st = cpu_stage_in(b, x, bt->token_ids, T, H, err)) != LOOM_OK) return st;
     /* the residual joins the row-parallel GEMMs on one rank only */
     const float beta_res = !b->sharded || b->comm.rank == 0 ? 1.0f : 0.0f;
     loom_cpu_rope_table(b->rope_cos, b->rope_sin, bt->positions, T, b->inv_freq, (int32_t)(D / 2));
@@ -291,7 +318,7 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
                              .block_table_stride = bt->block_table_stride,
                              .scale = (float)(1.0 / sqrt((double)D))};
 
-    for (int32_t l = 0; l < c->num_layers; l++) {
+    for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++) {
         const cpu_layer *ly = &b->layers[l];
         kv.k = cpu_pool_base(b, l, 0, false);
         kv.v = cpu_pool_base(b, l, 1, false);
@@ -327,6 +354,7 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
         if ((st = cpu_all_reduce(b, x, T * H, err)) != LOOM_OK) return st;
     }
 
+    if (!b->last_stage) return cpu_stage_out(b, x, T, H, err);
     /* final norm and LM head on the wanted rows only: (NL, H) -> (NL, V) */
     if (NL > 0) {
         for (int64_t i = 0; i < NL; i++)
@@ -350,6 +378,7 @@ loom_status cpu_backend_forward_topk(void *self, const loom_batch *bt, const loo
         return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
                               "backend cpu: forward_topk: bad request (k %d, vocab %lld, or NULL arrays)",
                               out ? out->k : 0, (long long)V);
+    if (!b->last_stage) return cpu_backend_forward(self, bt, NULL, err); /* no logits here */
     const size_t need = (size_t)NL * (size_t)V;
     if (need > b->topk_cap) {
         float *p = b->host->alloc(b->host->ctx, need * sizeof(float));
