@@ -80,8 +80,10 @@ static loom_status encode_messages(loom_engine *e, const loom_request *req, loom
     return st;
 }
 
-/* Text, wrapped as one user turn when req->chat asks for it. */
-static loom_status encode_text(loom_engine *e, const loom_request *req, loom_req *rq, loom_error *err) {
+/* Text, wrapped as one user turn when req->chat asks for it; add_special:
+ * with the BOS the tokenizer puts before text, if it has one. */
+static loom_status encode_text(loom_engine *e, const loom_request *req, bool add_special, loom_req *rq,
+                               loom_error *err) {
     if (!e->tok)
         return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
                               "this model has no tokenizer (dummy weights): give prompt token ids instead of text");
@@ -93,7 +95,7 @@ static loom_status encode_text(loom_engine *e, const loom_request *req, loom_req
         msgs[nm++] = (loom_chat_msg){"user", req->prompt};
         return chat_encode(e, req, msgs, nm, rq, err);
     }
-    return loom_tokenizer_encode(e->tok, req->prompt, strlen(req->prompt), loom_tokenizer_adds_bos(e->tok),
+    return loom_tokenizer_encode(e->tok, req->prompt, strlen(req->prompt), add_special && loom_tokenizer_adds_bos(e->tok),
                                  req->parse_special, &rq->prompt, &rq->prompt_len, err);
 }
 
@@ -111,14 +113,37 @@ static loom_status copy_tokens(loom_engine *e, const loom_request *req, loom_req
     return LOOM_OK;
 }
 
-/* The prompt as token ids, from whichever form the request gave, and the
- * new-token budget that fits the context after it. */
+/* The prompt as token ids, from whichever form the request gave. */
+static loom_status encode_prompt(loom_engine *e, const loom_request *req, bool add_special, loom_req *rq,
+                                 loom_error *err) {
+    if (req->num_messages > 0) return encode_messages(e, req, rq, err);
+    if (req->prompt) return encode_text(e, req, add_special, rq, err);
+    if (req->tokens && req->num_tokens > 0) return copy_tokens(e, req, rq, err);
+    return loom_error_set(err, LOOM_ERR_INVALID, "request has neither a prompt nor prompt tokens");
+}
+
+loom_status loom_engine_prompt_tokens(loom_engine *e, const loom_request *req, bool add_special, int32_t **ids,
+                                      int32_t *n, loom_error *err) {
+    if (!e || !req || req->struct_size < sizeof(uint32_t) || req->struct_size > sizeof(loom_request))
+        return loom_error_set(err, LOOM_ERR_INVALID, "loom_engine_prompt_tokens: an engine and a request (struct_size "
+                              "%u) are required", req ? req->struct_size : 0);
+    loom_request full = loom_request_default();
+    memcpy(&full, req, req->struct_size);
+    loom_req rq = {0};
+    loom_status st = encode_prompt(e, &full, add_special, &rq, err);
+    if (st != LOOM_OK) {
+        free(rq.prompt);
+        return st;
+    }
+    *ids = rq.prompt;
+    *n = rq.prompt_len;
+    return LOOM_OK;
+}
+
+/* The prompt as token ids and the new-token budget that fits the context
+ * after it. */
 static loom_status resolve_prompt(loom_engine *e, const loom_request *req, loom_req *rq, loom_error *err) {
-    loom_status st;
-    if (req->num_messages > 0) st = encode_messages(e, req, rq, err);
-    else if (req->prompt) st = encode_text(e, req, rq, err);
-    else if (req->tokens && req->num_tokens > 0) st = copy_tokens(e, req, rq, err);
-    else st = loom_error_set(err, LOOM_ERR_INVALID, "request has neither a prompt nor prompt tokens");
+    loom_status st = encode_prompt(e, req, true, rq, err);
     if (st != LOOM_OK) return st;
     if (rq->prompt_len == 0)
         return loom_error_set(err, LOOM_ERR_INVALID, "the prompt encodes to zero tokens: give some text");
@@ -331,6 +356,34 @@ static void admit(loom_engine *e, loom_req *rq, loom_error *err) {
     }
 }
 
+/* A request that reads its prompt and generates nothing (prompt_only):
+ * every sample ends at once, LENGTH, after the prompt was scored when it
+ * asked for its logprobs. */
+static void finish_prompt_only(loom_engine *e, loom_req *rq) {
+    e->stats.prompt_tokens += rq->prompt_len;
+    engine_end_unstarted(rq, 0, LOOM_FINISH_LENGTH, NULL);
+    pthread_mutex_lock(&e->inbox_mu);
+    e->active--;
+    pthread_mutex_unlock(&e->inbox_mu);
+    loom_engine_req_free(rq);
+}
+
+/* Admit a request after what it needs before its first step: its prompt's
+ * logprobs, scored now (between steps, the step buffers are free), and an
+ * end at once for a request that generates nothing. */
+static void admit_scored(loom_engine *e, loom_req *rq, loom_error *err) {
+    if (rq->r.prompt_logprobs) {
+        loom_error serr = {0};
+        if (engine_score_prompt(e, rq, &serr) != LOOM_OK) {
+            loom_error_prefix(&serr, "scoring the prompt's %d tokens", rq->prompt_len);
+            fail_unadmitted(e, rq, serr.message);
+            return;
+        }
+    }
+    if (rq->r.prompt_only) finish_prompt_only(e, rq);
+    else admit(e, rq, err);
+}
+
 static void abort_request(loom_engine *e, int64_t id) {
     for (int32_t i = 0; i < e->num_reqs; i++) {
         loom_req *rq = e->reqs[i];
@@ -348,7 +401,7 @@ void engine_drain_inbox(loom_engine *e, loom_error *err) {
     pthread_mutex_unlock(&e->inbox_mu);
     while (it) {
         loom_inbox_item *next = it->next;
-        if (it->req) admit(e, it->req, err);
+        if (it->req) admit_scored(e, it->req, err);
         else abort_request(e, it->abort_id);
         free(it);
         it = next;
