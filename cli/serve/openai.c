@@ -90,19 +90,21 @@ static char *keep(serve_req *r, char *s) {
 }
 
 /* An array of token ids into p (ids must be integers >= 0; the engine checks
- * them against the vocabulary). */
-static bool token_array(parse_ctx *c, const cJSON *a, const char *where, serve_prompt *p) {
+ * them against the vocabulary), for the field `param` (`where` names the
+ * list in messages); empty only when allow_empty. */
+static bool token_array(parse_ctx *c, const cJSON *a, const char *param, const char *where, bool allow_empty,
+                        serve_prompt *p) {
     int32_t n = cJSON_GetArraySize(a);
-    if (n == 0) return fail(c, "prompt", "%s is an empty token list", where);
-    p->tokens = malloc((size_t)n * sizeof *p->tokens);
-    if (!p->tokens) return fail(c, "prompt", "out of memory reading %d prompt tokens", n);
+    if (n == 0 && !allow_empty) return fail(c, param, "%s is an empty token list", where);
+    p->tokens = malloc((size_t)(n ? n : 1) * sizeof *p->tokens);
+    if (!p->tokens) return fail(c, param, "out of memory reading %d tokens", n);
     int32_t i = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, a) {
         char b[64];
         if (!cJSON_IsNumber(t) || t->valuedouble < 0 || t->valuedouble > INT32_MAX ||
             t->valuedouble != floor(t->valuedouble))
-            return fail(c, "prompt", "%s[%d] must be a token id (an integer >= 0), got %s", where, i,
+            return fail(c, param, "%s[%d] must be a token id (an integer >= 0), got %s", where, i,
                         shown(t, b, sizeof b));
         p->tokens[i++] = (int32_t)t->valuedouble;
     }
@@ -131,7 +133,7 @@ static bool parse_prompt(parse_ctx *c, const cJSON *root) {
         r->prompts = calloc(1, sizeof *r->prompts);
         if (!r->prompts) return fail(c, NULL, "out of memory");
         r->num_prompts = 1;
-        return token_array(c, p, "prompt", &r->prompts[0]);
+        return token_array(c, p, "prompt", "prompt", false, &r->prompts[0]);
     }
     int32_t n = cJSON_GetArraySize(p);
     if (n > SERVE_MAX_PROMPTS)
@@ -148,7 +150,7 @@ static bool parse_prompt(parse_ctx *c, const cJSON *root) {
         if (cJSON_IsString(first) && cJSON_IsString(e)) {
             r->prompts[i].text = e->valuestring;
         } else if (cJSON_IsArray(first) && cJSON_IsArray(e)) {
-            if (!token_array(c, e, where, &r->prompts[i])) return false;
+            if (!token_array(c, e, "prompt", where, false, &r->prompts[i])) return false;
         } else {
             return fail(c, "prompt", "%s is %s: a prompt list holds all texts or all token lists", where,
                         shown(e, b, sizeof b));
@@ -280,11 +282,12 @@ static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
         if (field(root, guided[i]))
             return fail(c, guided[i], "'%s' is not supported (no guided decoding or prompt logprobs in loom "
                         "serve)", guided[i]);
-    static const char *const flags[] = {"use_beam_search", "include_stop_str_in_output", "continue_final_message",
-                                        "echo"};
+    static const char *const flags[] = {"use_beam_search", "include_stop_str_in_output", "continue_final_message"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         if ((v = field(root, flags[i])) && !cJSON_IsFalse(v))
             return fail(c, flags[i], "'%s' is not supported by loom serve (leave it unset or false)", flags[i]);
+    if (api == SERVE_CHAT && (v = field(root, "echo")) && !cJSON_IsFalse(v))
+        return fail(c, "echo", "'echo' is supported on /v1/completions only (leave it unset or false here)");
     if ((v = field(root, "min_tokens")) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
         return fail(c, "min_tokens", "'min_tokens' is not supported by loom's sampler");
     if ((v = field(root, "stop_token_ids")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
@@ -294,7 +297,6 @@ static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
     if (v && !(cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
         return fail(c, "response_format", "'response_format' %s is not supported (no guided decoding): only "
                     "{\"type\": \"text\"}", shown(v, b, sizeof b));
-    (void)api;
     return true;
 }
 
@@ -364,9 +366,12 @@ static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32
     r->base.max_tokens = default_max_tokens;
     const char *mt = api == SERVE_CHAT && field(root, "max_completion_tokens") ? "max_completion_tokens"
                                                                                 : "max_tokens";
+    if (api == SERVE_COMPLETIONS && !bool_field(c, root, "echo", &r->echo)) return false;
     d = default_max_tokens;
-    if (!num_field(c, root, mt, 1, 1e9, true, &d)) return false;
+    /* 0 only with echo: the prompt back, scored with logprobs, nothing generated */
+    if (!num_field(c, root, mt, r->echo ? 0 : 1, 1e9, true, &d)) return false;
     r->base.max_tokens = (int32_t)d;
+    r->base.prompt_only = r->echo && d == 0;
     /* asked for explicitly: more than fits is an error, as OpenAI and vLLM
      * have it; the default (16, or the rest of the context) is cut to fit */
     r->base.strict_max_tokens = field(root, mt) != NULL;
@@ -390,6 +395,7 @@ static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32
         r->logprobs = lp ? (int32_t)d : -1;
     }
     if (r->logprobs >= 0) p->logprobs = r->logprobs > 0 ? r->logprobs : 1;
+    r->base.prompt_logprobs = r->echo && r->logprobs >= 0;
 
     if (!bool_field(c, root, "stream", &r->stream)) return false;
     const cJSON *so = field(root, "stream_options");
@@ -401,6 +407,61 @@ static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32
         if (!bool_field(c, so, "include_usage", &r->include_usage)) return false;
     }
     return parse_stop(c, root);
+}
+
+/* POST /tokenize: {"prompt": text} or {"messages": [...]} (rendered with
+ * the assistant's turn to speak), and add_special_tokens (vLLM's defaults:
+ * true for a prompt, false for messages, whose template writes its own). */
+static bool parse_tokenize(parse_ctx *c, const cJSON *root) {
+    serve_req *r = c->r;
+    const cJSON *p = field(root, "prompt"), *ms = field(root, "messages"), *agp = field(root, "add_generation_prompt");
+    char b[64];
+    if (p && ms) return fail(c, "messages", "give either 'prompt' or 'messages', not both");
+    if (agp && !cJSON_IsTrue(agp))
+        return fail(c, "add_generation_prompt", "'add_generation_prompt' %s is not supported: the conversation is "
+                    "rendered with the assistant's turn to speak, as chat completions read it", shown(agp, b, sizeof b));
+    if ((p = field(root, "continue_final_message")) && !cJSON_IsFalse(p))
+        return fail(c, "continue_final_message", "'continue_final_message' is not supported by loom serve");
+    p = field(root, "prompt");
+    r->add_special = !ms;
+    if (!bool_field(c, root, "add_special_tokens", &r->add_special)) return false;
+    if (ms) return parse_messages(c, root);
+    if (!cJSON_IsString(p))
+        return fail(c, "prompt", "'prompt' must be text (or send 'messages')%s%s", p ? ", got " : "",
+                    p ? shown(p, b, sizeof b) : "");
+    r->prompts = calloc(1, sizeof *r->prompts);
+    if (!r->prompts) return fail(c, NULL, "out of memory");
+    r->num_prompts = 1;
+    r->prompts[0].text = p->valuestring;
+    return true;
+}
+
+/* POST /detokenize: {"tokens": [id, ...]} (may be empty). */
+static bool parse_detokenize(parse_ctx *c, const cJSON *root) {
+    serve_req *r = c->r;
+    const cJSON *t = field(root, "tokens");
+    char b[64];
+    if (!cJSON_IsArray(t))
+        return fail(c, "tokens", "'tokens' must be a list of token ids%s%s", t ? ", got " : "",
+                    t ? shown(t, b, sizeof b) : "");
+    r->prompts = calloc(1, sizeof *r->prompts);
+    if (!r->prompts) return fail(c, NULL, "out of memory");
+    r->num_prompts = 1;
+    return token_array(c, t, "tokens", "tokens", true, &r->prompts[0]);
+}
+
+/* The request's own fields, by route. */
+static bool parse_route(parse_ctx *c, const cJSON *root, serve_api api, int32_t default_max_tokens) {
+    switch (api) {
+    case SERVE_TOKENIZE: return parse_tokenize(c, root);
+    case SERVE_DETOKENIZE: return parse_detokenize(c, root);
+    case SERVE_CHAT:
+        return refuse_unsupported(c, root, api) && parse_messages(c, root) &&
+               parse_sampling(c, root, api, default_max_tokens);
+    default:
+        return refuse_unsupported(c, root, api) && parse_prompt(c, root) &&
+               parse_sampling(c, root, api, default_max_tokens);
+    }
 }
 
 /* Offset of a "\u0000" escape in a JSON text, or -1: cJSON decodes it to a
@@ -449,9 +510,7 @@ bool serve_parse(serve_api api, const char *body, size_t len, int32_t default_ma
         if (m && !cJSON_IsString(m))
             ok = fail(&c, "model", "'model' must be text, got %s", shown(m, b, sizeof b));
         if (ok) out->model = m ? m->valuestring : NULL;
-        ok = ok && refuse_unsupported(&c, out->root, api) &&
-             (api == SERVE_CHAT ? parse_messages(&c, out->root) : parse_prompt(&c, out->root)) &&
-             parse_sampling(&c, out->root, api, default_max_tokens);
+        ok = ok && parse_route(&c, out->root, api, default_max_tokens);
     }
     if (!ok) serve_req_free(out);
     return ok;
@@ -473,7 +532,7 @@ void serve_req_free(serve_req *r) {
 size_t serve_prompt_bytes(const serve_req *r, int32_t *which) {
     size_t most = 0;
     *which = 0;
-    if (r->api == SERVE_CHAT) {
+    if (r->base.num_messages > 0) {
         for (int32_t i = 0; i < r->base.num_messages; i++)
             most += r->messages[i].content ? strlen(r->messages[i].content) : 0;
         return most;

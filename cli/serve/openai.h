@@ -5,7 +5,7 @@
  * pure functions, unit-tested on their own (tests/serve).
  *
  * What a demanding client of vLLM or the OpenAI API sends is read; fields
- * loom cannot honour (echo, suffix, tools, images, best_of > n)
+ * loom cannot honour (suffix, tools, images, best_of > n)
  * are refused with a message naming the field, never silently dropped.
  * Unknown fields are ignored, as vLLM and the OpenAI SDKs expect.
  */
@@ -27,6 +27,8 @@
 typedef enum serve_api {
     SERVE_COMPLETIONS = 0, /* POST /v1/completions      */
     SERVE_CHAT = 1,        /* POST /v1/chat/completions */
+    SERVE_TOKENIZE = 2,    /* POST /tokenize (vLLM's): "prompt" text or "messages" */
+    SERVE_DETOKENIZE = 3,  /* POST /detokenize (vLLM's): "tokens"                  */
 } serve_api;
 
 /* One prompt of a completions request (a request may carry several: the
@@ -47,6 +49,10 @@ typedef struct serve_req {
     bool stream;
     bool include_usage;         /* stream_options.include_usage                */
     int32_t logprobs;           /* alternatives per token; -1 = no logprobs    */
+    bool echo;                  /* completions: the prompt before the text (and
+                                   its logprobs, with logprobs); with
+                                   max_tokens 0 only the prompt (base.prompt_only) */
+    bool add_special;           /* tokenize: add_special_tokens               */
     /* storage the pointers above reach into */
     cJSON *root;
     char **owned;
@@ -55,7 +61,10 @@ typedef struct serve_req {
     loom_logit_bias *logit_bias;/* base.logit_bias; owned array                */
 } serve_req;
 
-/* Parse a request body of `len` bytes for `api` (body[len] must be NUL). On failure returns false
+/* Parse a request body of `len` bytes for `api` (body[len] must be NUL):
+ * completions and chat into base and prompts/messages; tokenize into
+ * prompts[0].text or messages (and add_special); detokenize into
+ * prompts[0].tokens (ids >= 0; the server checks the vocabulary). On failure returns false
  * with a message in `why` (naming the field, or the byte offset of a JSON
  * syntax error) and the offending field in *param (NULL if none); *out is
  * then freed already. `default_max_tokens` applies when the body has none
@@ -65,9 +74,10 @@ bool serve_parse(serve_api api, const char *body, size_t len, int32_t default_ma
 void serve_req_free(serve_req *r);
 
 /* The bytes of text a request asks the tokenizer to read, for the server's
- * cap on prompt size (checked before tokenizing): completions — the longest
- * text prompt (token-id prompts count 0), its index in *which; chat — every
- * message's content together (*which 0). */
+ * cap on prompt size (checked before tokenizing): completions (and
+ * tokenize) — the longest text prompt (token-id prompts count 0), its index
+ * in *which; messages (chat, tokenize) — every message's content together
+ * (*which 0). */
 size_t serve_prompt_bytes(const serve_req *r, int32_t *which);
 
 /* OpenAI's name for a finish reason: "stop" (end of generation or a stop

@@ -3,7 +3,8 @@
  * `loom serve` (cli/serve/openai.c, no HTTP): both routes, the prompt-size
  * measure the server checks before tokenizing, the error body for the
  * parser's message, and a parsed conversation through the chat template.
- * First input byte: the route (even: completions, odd: chat).
+ * First input byte: the route, its low two bits (0: completions, 1: chat,
+ * 2: tokenize, 3: detokenize).
  */
 #include <stdint.h>
 
@@ -23,7 +24,8 @@ static void check_error_body(const char *why, const char *param) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_quiet();
     if (size < 1) return 0;
-    serve_api api = data[0] & 1 ? SERVE_CHAT : SERVE_COMPLETIONS;
+    static const serve_api routes[4] = {SERVE_COMPLETIONS, SERVE_CHAT, SERVE_TOKENIZE, SERVE_DETOKENIZE};
+    serve_api api = routes[data[0] & 3];
     char *body = fuzz_cstr(data + 1, size - 1); /* serve_parse wants body[len] == 0 */
     serve_req q;
     char why[512];
@@ -31,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (serve_parse(api, body, size - 1, 16, &q, why, sizeof why, &param)) {
         int32_t which = 0;
         (void)serve_prompt_bytes(&q, &which);
-        if (api == SERVE_CHAT && q.base.num_messages > 0) {
+        if (q.base.num_messages > 0) {
             loom_chat_msg *m = calloc((size_t)q.base.num_messages, sizeof *m);
             FUZZ_CHECK(m != NULL);
             for (int32_t i = 0; i < q.base.num_messages; i++)

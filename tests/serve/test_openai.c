@@ -163,7 +163,8 @@ Test(openai, logit_bias) {
 }
 
 Test(openai, unsupported_refused_by_name) {
-    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"echo\": true}", "echo", "not supported");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"echo\": true}", "echo",
+              "/v1/completions only");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"suffix\": \"}\"}", "suffix", "fill-in-the-middle");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"n\": 2, \"best_of\": 4}", "best_of", "n = 2");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"guided_json\": {}}", "guided_json", "guided decoding");
@@ -195,6 +196,66 @@ Test(openai, unsupported_refused_by_name) {
     serve_req r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
                                        "\"response_format\": {\"type\": \"text\"}, \"tools\": []}");
     serve_req_free(&r);
+}
+
+/* echo: the prompt before the text; max_tokens 0 (nothing generated) only
+ * with it; prompt logprobs asked of the engine only with logprobs. */
+Test(openai, echo) {
+    serve_req r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"echo\": true, \"max_tokens\": 0, \"logprobs\": 2}");
+    cr_assert(r.echo && r.base.prompt_only && r.base.prompt_logprobs);
+    cr_assert_eq(r.base.params.logprobs, 2);
+    serve_req_free(&r);
+    r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": [1, 2], \"echo\": true, \"max_tokens\": 3}");
+    cr_assert(r.echo && !r.base.prompt_only && !r.base.prompt_logprobs);
+    cr_assert_eq(r.base.max_tokens, 3);
+    serve_req_free(&r);
+    r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"echo\": false, \"logprobs\": 0}");
+    cr_assert(!r.echo && !r.base.prompt_only && !r.base.prompt_logprobs);
+    serve_req_free(&r);
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"max_tokens\": 0}", "max_tokens", "[1, ");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"echo\": 1}", "echo", "true or false");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"echo\": true, \"max_tokens\": -1}", "max_tokens", "[0, ");
+}
+
+/* POST /tokenize: text or messages, add_special_tokens with vLLM's defaults;
+ * POST /detokenize: a list of ids, possibly empty. */
+Test(openai, tokenize_and_detokenize) {
+    serve_req r = parse_ok(SERVE_TOKENIZE, "{\"model\": \"m\", \"prompt\": \"Hello\"}");
+    cr_assert_str_eq(r.prompts[0].text, "Hello");
+    cr_assert(r.add_special && r.base.num_messages == 0);
+    cr_assert_str_eq(r.model, "m");
+    serve_req_free(&r);
+    r = parse_ok(SERVE_TOKENIZE, "{\"prompt\": \"Hello\", \"add_special_tokens\": false}");
+    cr_assert(!r.add_special);
+    serve_req_free(&r);
+    r = parse_ok(SERVE_TOKENIZE, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                                 "\"add_generation_prompt\": true}");
+    cr_assert(!r.add_special && r.base.num_messages == 1);
+    cr_assert_str_eq(r.base.messages[0].content, "hi");
+    int32_t which;
+    cr_assert_eq(serve_prompt_bytes(&r, &which), 2);
+    serve_req_free(&r);
+    parse_bad(SERVE_TOKENIZE, "{}", "prompt", "'prompt' must be text");
+    parse_bad(SERVE_TOKENIZE, "{\"prompt\": [1, 2]}", "prompt", "'prompt' must be text");
+    parse_bad(SERVE_TOKENIZE, "{\"prompt\": \"x\", \"messages\": []}", "messages", "not both");
+    parse_bad(SERVE_TOKENIZE, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "messages", "role");
+    parse_bad(SERVE_TOKENIZE, "{\"prompt\": \"x\", \"add_special_tokens\": \"yes\"}", "add_special_tokens",
+              "true or false");
+    parse_bad(SERVE_TOKENIZE, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                              "\"add_generation_prompt\": false}", "add_generation_prompt", "not supported");
+    r = parse_ok(SERVE_DETOKENIZE, "{\"tokens\": [0, 17, 2147483647]}");
+    cr_assert_eq(r.prompts[0].num_tokens, 3);
+    cr_assert_eq(r.prompts[0].tokens[2], 2147483647);
+    serve_req_free(&r);
+    r = parse_ok(SERVE_DETOKENIZE, "{\"tokens\": []}");
+    cr_assert_eq(r.prompts[0].num_tokens, 0);
+    serve_req_free(&r);
+    parse_bad(SERVE_DETOKENIZE, "{}", "tokens", "'tokens' must be a list");
+    parse_bad(SERVE_DETOKENIZE, "{\"tokens\": \"12\"}", "tokens", "'tokens' must be a list");
+    parse_bad(SERVE_DETOKENIZE, "{\"tokens\": [1, -2]}", "tokens", "tokens[1] must be a token id");
+    parse_bad(SERVE_DETOKENIZE, "{\"tokens\": [1.5]}", "tokens", "tokens[0] must be a token id");
+    parse_bad(SERVE_DETOKENIZE, "{\"tokens\": [3e10]}", "tokens", "tokens[0] must be a token id");
+    parse_bad(SERVE_DETOKENIZE, "[1, 2]", NULL, "must be a JSON object");
 }
 
 Test(openai, chat_messages) {
@@ -346,7 +407,9 @@ Test(openai, mutated_bodies_never_crash, .timeout = 120) {
         const char *src = seeds[mut_rng(&s) % 3];
         /* mostly the body's own API, sometimes the other one */
         const bool own = mut_rng(&s) % 8 != 0, chat_body = src == seeds[2];
-        const int api = chat_body == own ? SERVE_CHAT : SERVE_COMPLETIONS;
+        const uint64_t route = mut_rng(&s) % 16; /* now and then a body for the tokenizer routes */
+        const int api = route == 0 ? SERVE_TOKENIZE : route == 1 ? SERVE_DETOKENIZE
+                        : chat_body == own ? SERVE_CHAT : SERVE_COMPLETIONS;
         size_t n = strlen(src);
         memcpy(buf, src, n + 1);
         const int edits = 1 + (int)(mut_rng(&s) % 4);
