@@ -201,7 +201,8 @@ Test(openai, unsupported_refused_by_name) {
 /* echo: the prompt before the text; max_tokens 0 (nothing generated) only
  * with it; prompt logprobs asked of the engine only with logprobs. */
 Test(openai, echo) {
-    serve_req r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"echo\": true, \"max_tokens\": 0, \"logprobs\": 2}");
+    serve_req r =
+        parse_ok(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"echo\": true, \"max_tokens\": 0, \"logprobs\": 2}");
     cr_assert(r.echo && r.base.prompt_only && r.base.prompt_logprobs);
     cr_assert_eq(r.base.params.logprobs, 2);
     serve_req_free(&r);

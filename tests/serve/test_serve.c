@@ -487,7 +487,9 @@ Test(serve, bad_requests_named, .timeout = 300) {
                  400, "prompt[1]");
     expect_error(http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"model\": \"gpt-4\"}", NULL), 404,
                  "'gpt-4' does not exist");
-    expect_error(http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"echo\": true}", NULL), 400, "echo");
+    expect_error(http(s.port, "POST", "/v1/chat/completions",
+                      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"echo\": true}", NULL),
+                 400, "/v1/completions only");
     expect_error(http(s.port, "GET", "/v1/completions", NULL, NULL), 405, "use POST");
     expect_error(http(s.port, "GET", "/v2/anything", NULL, NULL), 404, "no route GET /v2/anything");
     /* still healthy, nothing left running */
