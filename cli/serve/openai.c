@@ -419,7 +419,8 @@ static bool parse_tokenize(parse_ctx *c, const cJSON *root) {
     if (p && ms) return fail(c, "messages", "give either 'prompt' or 'messages', not both");
     if (agp && !cJSON_IsTrue(agp))
         return fail(c, "add_generation_prompt", "'add_generation_prompt' %s is not supported: the conversation is "
-                    "rendered with the assistant's turn to speak, as chat completions read it", shown(agp, b, sizeof b));
+                    "rendered with the assistant's turn to speak, as chat completions read it",
+                    shown(agp, b, sizeof b));
     if ((p = field(root, "continue_final_message")) && !cJSON_IsFalse(p))
         return fail(c, "continue_final_message", "'continue_final_message' is not supported by loom serve");
     p = field(root, "prompt");

@@ -1412,7 +1412,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return reply(s, conn, 200, metrics_text(s), "text/plain; version=0.0.4");
     char m[400], mb[17], ub[161]; /* the method and URL as sent, cut between characters */
     snprintf(m, sizeof m, "no route %s %s: try POST /v1/completions, POST /v1/chat/completions, POST /tokenize, "
-             "POST /detokenize, GET /v1/models, /v1/models/ID, /health, /metrics", serve_utf8_clip(method, 16, mb, sizeof mb),
+             "POST /detokenize, GET /v1/models, /v1/models/ID, /health, /metrics",
+             serve_utf8_clip(method, 16, mb, sizeof mb),
              serve_utf8_clip(url, 160, ub, sizeof ub));
     return reply_error(s, conn, 404, m, NULL);
 }

@@ -95,7 +95,8 @@ static loom_status encode_text(loom_engine *e, const loom_request *req, bool add
         msgs[nm++] = (loom_chat_msg){"user", req->prompt};
         return chat_encode(e, req, msgs, nm, rq, err);
     }
-    return loom_tokenizer_encode(e->tok, req->prompt, strlen(req->prompt), add_special && loom_tokenizer_adds_bos(e->tok),
+    return loom_tokenizer_encode(e->tok, req->prompt, strlen(req->prompt),
+                                 add_special && loom_tokenizer_adds_bos(e->tok),
                                  req->parse_special, &rq->prompt, &rq->prompt_len, err);
 }
 
