@@ -332,6 +332,30 @@ static bool parse_logit_bias(parse_ctx *c, const cJSON *root) {
     return true;
 }
 
+/* logprobs: completions — how many alternatives (0..20); chat — a bool
+ * plus top_logprobs. The engine reports the chosen token's logprob only
+ * when it computes alternatives, so at least one is asked for. With echo
+ * the prompt's own logprobs are asked for too. */
+static bool parse_logprobs(parse_ctx *c, const cJSON *root, serve_api api) {
+    serve_req *r = c->r;
+    double d = -1;
+    r->logprobs = -1;
+    if (api == SERVE_COMPLETIONS) {
+        if (!num_field(c, root, "logprobs", 0, LOOM_MAX_LOGPROBS, true, &d)) return false;
+        r->logprobs = (int32_t)d;
+    } else {
+        bool lp = false;
+        if (!bool_field(c, root, "logprobs", &lp)) return false;
+        d = 0;
+        if (!num_field(c, root, "top_logprobs", 0, LOOM_MAX_LOGPROBS, true, &d)) return false;
+        if (d > 0 && !lp) return fail(c, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+        r->logprobs = lp ? (int32_t)d : -1;
+    }
+    if (r->logprobs >= 0) r->base.params.logprobs = r->logprobs > 0 ? r->logprobs : 1;
+    r->base.prompt_logprobs = r->echo && r->logprobs >= 0;
+    return true;
+}
+
 static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32_t default_max_tokens) {
     serve_req *r = c->r;
     loom_sampling_params *p = &r->base.params;
@@ -377,25 +401,7 @@ static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32
     r->base.strict_max_tokens = field(root, mt) != NULL;
     if (!bool_field(c, root, "ignore_eos", &r->base.ignore_eos)) return false;
     if (!parse_logit_bias(c, root)) return false;
-
-    /* logprobs: completions — how many alternatives (0..20); chat — a bool
-     * plus top_logprobs. The engine reports the chosen token's logprob only
-     * when it computes alternatives, so at least one is asked for. */
-    r->logprobs = -1;
-    if (api == SERVE_COMPLETIONS) {
-        d = -1;
-        if (!num_field(c, root, "logprobs", 0, LOOM_MAX_LOGPROBS, true, &d)) return false;
-        r->logprobs = (int32_t)d;
-    } else {
-        bool lp = false;
-        if (!bool_field(c, root, "logprobs", &lp)) return false;
-        d = 0;
-        if (!num_field(c, root, "top_logprobs", 0, LOOM_MAX_LOGPROBS, true, &d)) return false;
-        if (d > 0 && !lp) return fail(c, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
-        r->logprobs = lp ? (int32_t)d : -1;
-    }
-    if (r->logprobs >= 0) p->logprobs = r->logprobs > 0 ? r->logprobs : 1;
-    r->base.prompt_logprobs = r->echo && r->logprobs >= 0;
+    if (!parse_logprobs(c, root, api)) return false;
 
     if (!bool_field(c, root, "stream", &r->stream)) return false;
     const cJSON *so = field(root, "stream_options");

@@ -560,6 +560,23 @@ static void job_suspend_locked(job *j) {
 
 /* ------------------------------------------------------ engine events */
 
+/* [engine thread] The event's latencies into the histograms (TTFT, TPOT,
+ * end to end) and its finish reason counted. Under j->mu. */
+static void record_latency(job *j, choice *ch, const loom_token_event *ev) {
+    const double t = cli_now();
+    serve_metrics *m = &j->s->m;
+    pthread_mutex_lock(&m->mu);
+    if (ev->token >= 0 && ch->t_last > 0) hist_add(&m->tpot, t - ch->t_last);
+    else if (ev->token >= 0) hist_add(&m->ttft, t - j->t0);
+    if (ev->finish != LOOM_FINISH_NONE) {
+        /* completed samples only: an abort or a failure is not a latency */
+        if (ev->finish != LOOM_FINISH_ABORT && ev->finish != LOOM_FINISH_ERROR) hist_add(&m->e2e, t - j->t0);
+        if ((unsigned)ev->finish < 6) m->finished[ev->finish]++;
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (ev->token >= 0) ch->t_last = t;
+}
+
 /* [engine thread] One token or final event of one sample. */
 static void on_event(void *user, const loom_token_event *ev) {
     prompt_ctx *pc = user;
@@ -574,20 +591,7 @@ static void on_event(void *user, const loom_token_event *ev) {
     if (LOOM_HAS_FIELD(ev, loom_token_event, cached_prompt_tokens)) pc->cached_tokens = ev->cached_prompt_tokens;
     if (ep.ready) echo_put(j, c, &ep);
     if (ev->token >= 0) ch->tokens++;
-    {
-        const double t = cli_now();
-        serve_metrics *m = &j->s->m;
-        pthread_mutex_lock(&m->mu);
-        if (ev->token >= 0 && ch->t_last > 0) hist_add(&m->tpot, t - ch->t_last);
-        else if (ev->token >= 0) hist_add(&m->ttft, t - j->t0);
-        if (ev->finish != LOOM_FINISH_NONE) {
-            /* completed samples only: an abort or a failure is not a latency */
-            if (ev->finish != LOOM_FINISH_ABORT && ev->finish != LOOM_FINISH_ERROR) hist_add(&m->e2e, t - j->t0);
-            if ((unsigned)ev->finish < 6) m->finished[ev->finish]++;
-        }
-        pthread_mutex_unlock(&m->mu);
-        if (ev->token >= 0) ch->t_last = t;
-    }
+    record_latency(j, ch, ev);
     const char *text = ev->text ? ev->text : "";
     size_t len = ev->text ? ev->text_len : 0; /* by length: text may hold NUL characters */
     if (j->q.stream && !j->sse_done) { /* done already: ended at shutdown */
