@@ -87,7 +87,9 @@ typedef void (*loom_token_cb)(void *user, const loom_token_event *ev);
 /* One turn of a conversation (loom_request.messages). An array element:
  * frozen for the major version. */
 typedef struct loom_chat_message {
-    const char *role;          /* "system", "user" or "assistant"            */
+    const char *role;          /* "system", "user" or "assistant"; with the
+                                  llama3 template also "ipython" (a tool's
+                                  result, as Llama 3.1 reads it; since 2.3) */
     const char *content;       /* UTF-8 text                                 */
 } loom_chat_message;
 
@@ -256,6 +258,12 @@ loom_status loom_engine_detokenize_bytes(loom_engine *e, const int32_t *ids, int
 const char *loom_engine_token_piece(const loom_engine *e, int32_t id, size_t *len);
 int32_t loom_engine_vocab_size(const loom_engine *e);
 int32_t loom_engine_max_context(const loom_engine *e);
+/* [any] The chat template family messages are rendered with: "chatml"
+ * (SmolLM2, Qwen, Hermes), "llama3" or "llama2" (also Mistral's [INST]);
+ * NULL without a tokenizer or with model.chat_template: none. A caller that
+ * writes a family's own conventions into messages (tool calls) asks this.
+ * Since ABI 2.3. */
+const char *loom_engine_chat_template(const loom_engine *e);
 const char *loom_engine_model_name(const loom_engine *e);
 
 /* The engine API as a table, for plugins (which never link libloom) that

@@ -837,6 +837,13 @@ Test(real, prompt_tokens_match_requests) {
     cr_assert_geq(loom_engine_add_request(e, &chat, &err), 0, "%s", err.message);
     eng_run(e, 100);
     free(text), free(a);
+    /* SmolLM2's template is ChatML, whose conversations have no ipython
+     * turns (Llama 3.1's tool results) */
+    cr_assert_str_eq(loom_engine_chat_template(e), "chatml");
+    loom_chat_message ip[] = {{"user", "Hi"}, {"ipython", "42"}};
+    chat.messages = ip;
+    cr_assert_neq(loom_engine_prompt_tokens(e, &chat, false, &a, &na, &err), LOOM_OK);
+    cr_assert(strstr(err.message, "ipython with the llama3 template"), "%s", err.message);
     int32_t bad[] = {1, loom_engine_vocab_size(e)};
     loom_request tok = loom_request_default();
     tok.tokens = bad, tok.num_tokens = 2;
