@@ -165,9 +165,11 @@ static bool parse_prompt(parse_ctx *c, const cJSON *root) {
 static bool message_content(parse_ctx *c, const cJSON *m, int32_t i, const char **out) {
     const cJSON *ct = field(m, "content");
     char b[64];
-    if (!ct)
-        return fail(c, "messages", "messages[%d] has no content%s", i,
-                    field(m, "tool_calls") ? " (tool calls are not supported)" : "");
+    if (!ct && cJSON_IsArray(field(m, "tool_calls"))) { /* an assistant's calls alone */
+        *out = NULL;
+        return true;
+    }
+    if (!ct) return fail(c, "messages", "messages[%d] has no content", i);
     if (cJSON_IsString(ct)) {
         *out = ct->valuestring;
         return true;
@@ -202,6 +204,27 @@ static bool message_content(parse_ctx *c, const cJSON *m, int32_t i, const char 
     return true;
 }
 
+/* A message's tool fields: an assistant's tool_calls (a list of
+ * {"type": "function", "function": {"name", "arguments"}}) and a tool
+ * message's text content. */
+static bool tool_fields(parse_ctx *c, const cJSON *m, int32_t i, const char *role, serve_tool_msg *out) {
+    const cJSON *tc = field(m, "tool_calls");
+    char b[64];
+    if (tc && (strcmp(role, "assistant") || !cJSON_IsArray(tc) || cJSON_GetArraySize(tc) > SERVE_MAX_TOOL_CALLS))
+        return fail(c, "messages", "messages[%d].tool_calls must be a list of at most %d calls on an assistant "
+                    "message, got %s", i, SERVE_MAX_TOOL_CALLS, shown(tc, b, sizeof b));
+    if (tc && cJSON_GetArraySize(tc) > 0) {
+        out->tool_calls = tc;
+        c->r->tool_turns = true;
+    }
+    if (!strcmp(role, "tool")) {
+        const cJSON *ct = field(m, "content");
+        if (!cJSON_IsString(ct)) return fail(c, "messages", "messages[%d] (role tool) needs text content", i);
+        c->r->tool_turns = true;
+    }
+    return true;
+}
+
 static bool parse_messages(parse_ctx *c, const cJSON *root) {
     serve_req *r = c->r;
     const cJSON *ms = field(root, "messages");
@@ -211,7 +234,8 @@ static bool parse_messages(parse_ctx *c, const cJSON *root) {
                     ms ? ", got " : "", ms ? shown(ms, b, sizeof b) : "");
     int32_t n = cJSON_GetArraySize(ms);
     r->messages = calloc((size_t)n, sizeof *r->messages);
-    if (!r->messages) return fail(c, NULL, "out of memory");
+    r->tool_msgs = calloc((size_t)n, sizeof *r->tool_msgs);
+    if (!r->messages || !r->tool_msgs) return fail(c, NULL, "out of memory");
     int32_t i = 0;
     const cJSON *m;
     cJSON_ArrayForEach(m, ms) {
@@ -222,12 +246,15 @@ static bool parse_messages(parse_ctx *c, const cJSON *root) {
         const char *rs = role->valuestring;
         if (!strcmp(rs, "developer")) rs = "system"; /* OpenAI's newer name for it */
         char rb[64];
-        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant"))
-            return fail(c, "messages", "messages[%d].role '%s' is not supported: use system, user or assistant%s",
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "tool"))
+            return fail(c, "messages", "messages[%d].role '%s' is not supported: use system, user, assistant or tool%s",
                         i, serve_utf8_clip(rs, 48, rb, sizeof rb),
-                        !strcmp(rs, "tool") || !strcmp(rs, "function") ? " (no tool calling)" : "");
+                        !strcmp(rs, "function") ? " (the legacy 'function' role: send 'tool')" : "");
         r->messages[i].role = rs;
         if (!message_content(c, m, i, &r->messages[i].content)) return false;
+        if (!tool_fields(c, m, i, rs, &r->tool_msgs[i])) return false;
+        r->tool_msgs[i].role = rs, r->tool_msgs[i].content = r->messages[i].content;
+        if (!r->messages[i].content) r->messages[i].content = "";
         i++;
     }
     r->base.messages = r->messages;
@@ -268,13 +295,16 @@ static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
     char b[64];
     if ((v = field(root, "suffix")) && !(cJSON_IsString(v) && !v->valuestring[0]))
         return fail(c, "suffix", "'suffix' (fill-in-the-middle) is not supported");
-    if ((v = field(root, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
-        return fail(c, "tools", "'tools' (function calling) is not supported");
+    if (api != SERVE_CHAT && (v = field(root, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
+        return fail(c, "tools", "'tools' (function calling) is supported on /v1/chat/completions only");
     if ((v = field(root, "functions")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
-        return fail(c, "functions", "'functions' (function calling) is not supported");
+        return fail(c, "functions", "'functions' (the legacy form of function calling) is not supported: send "
+                    "'tools'");
     if ((v = field(root, "tool_choice")) && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") ||
                                                                     !strcmp(v->valuestring, "auto"))))
-        return fail(c, "tool_choice", "'tool_choice' %s is not supported (no function calling)", shown(v, b, sizeof b));
+        return fail(c, "tool_choice", "'tool_choice' %s is not supported: forcing a call (\"required\" or a named "
+                    "function) needs a decoding constraint, which loom serve does not have yet; use \"auto\" or "
+                    "\"none\"", shown(v, b, sizeof b));
     /* vLLM's extensions that change what is generated: refused when set */
     static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
                                          "structured_outputs", "prompt_logprobs"};
@@ -297,6 +327,68 @@ static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
     if (v && !(cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
         return fail(c, "response_format", "'response_format' %s is not supported (no guided decoding): only "
                     "{\"type\": \"text\"}", shown(v, b, sizeof b));
+    return true;
+}
+
+/* A function name as OpenAI allows it: 1..64 of [A-Za-z0-9_-]. */
+static bool tool_name_ok(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n > SERVE_MAX_TOOL_NAME) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+              s[i] == '_' || s[i] == '-'))
+            return false;
+    return true;
+}
+
+/* tools: [{"type": "function", "function": {"name", "description",
+ * "parameters"}}], offered with tool_choice auto (the default); with
+ * tool_choice none they are checked but not offered. */
+static bool parse_tools(parse_ctx *c, const cJSON *root) {
+    serve_req *r = c->r;
+    const cJSON *v = field(root, "tools"), *t, *tc = field(root, "tool_choice");
+    char b[64];
+    r->parallel_tool_calls = true;
+    if (!bool_field(c, root, "parallel_tool_calls", &r->parallel_tool_calls)) return false;
+    if (!v) return true;
+    const int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
+    if (n < 0 || n > SERVE_MAX_TOOLS)
+        return fail(c, "tools", "'tools' must be a list of at most %d functions, got %s", SERVE_MAX_TOOLS,
+                    shown(v, b, sizeof b));
+    if (n == 0 || (tc && !strcmp(tc->valuestring, "none"))) return true;
+    r->tools = calloc((size_t)n, sizeof *r->tools);
+    if (!r->tools) return fail(c, NULL, "out of memory");
+    int i = 0;
+    cJSON_ArrayForEach(t, v) {
+        const cJSON *type = field(t, "type"), *f = field(t, "function");
+        const cJSON *name = f ? field(f, "name") : NULL, *params = f ? field(f, "parameters") : NULL;
+        const cJSON *desc = f ? field(f, "description") : NULL;
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") || !cJSON_IsObject(f))
+            return fail(c, "tools", "tools[%d] must be {\"type\": \"function\", \"function\": {...}}", i);
+        if (!cJSON_IsString(name) || !tool_name_ok(name->valuestring))
+            return fail(c, "tools", "tools[%d].function.name must be 1 to %d letters, digits, '_' or '-'", i,
+                        SERVE_MAX_TOOL_NAME);
+        if ((params && !cJSON_IsObject(params)) || (desc && !cJSON_IsString(desc)))
+            return fail(c, "tools", "tools[%d].function: 'parameters' must be a JSON schema object and "
+                        "'description' text", i);
+        for (int k = 0; k < i; k++)
+            if (!strcmp(r->tools[k].name, name->valuestring))
+                return fail(c, "tools", "tools[%d]: the function name '%s' is offered twice", i, name->valuestring);
+        r->tools[i++] = (serve_tool){name->valuestring, t};
+    }
+    r->num_tools = n;
+    return true;
+}
+
+bool serve_req_apply_tools(serve_req *r, const char *family, char *why, size_t why_size, const char **param) {
+    *param = NULL;
+    if (r->num_tools == 0 && !r->tool_turns) return true;
+    *param = r->num_tools > 0 ? "tools" : "messages";
+    if (!serve_tools_render(family, r->tools, r->num_tools, r->tool_msgs, r->base.num_messages, &r->rendered,
+                            &r->base.num_messages, &r->rendered_text, &r->num_rendered_text, why, why_size))
+        return false;
+    r->base.messages = r->rendered;
+    *param = NULL;
     return true;
 }
 
@@ -432,7 +524,7 @@ static bool parse_tokenize(parse_ctx *c, const cJSON *root) {
     p = field(root, "prompt");
     r->add_special = !ms;
     if (!bool_field(c, root, "add_special_tokens", &r->add_special)) return false;
-    if (ms) return parse_messages(c, root);
+    if (ms) return refuse_unsupported(c, root, SERVE_CHAT) && parse_messages(c, root) && parse_tools(c, root);
     if (!cJSON_IsString(p))
         return fail(c, "prompt", "'prompt' must be text (or send 'messages')%s%s", p ? ", got " : "",
                     p ? shown(p, b, sizeof b) : "");
@@ -463,7 +555,7 @@ static bool parse_route(parse_ctx *c, const cJSON *root, serve_api api, int32_t 
     case SERVE_TOKENIZE: return parse_tokenize(c, root);
     case SERVE_DETOKENIZE: return parse_detokenize(c, root);
     case SERVE_CHAT:
-        return refuse_unsupported(c, root, api) && parse_messages(c, root) &&
+        return refuse_unsupported(c, root, api) && parse_messages(c, root) && parse_tools(c, root) &&
                parse_sampling(c, root, api, default_max_tokens);
     default:
         return refuse_unsupported(c, root, api) && parse_prompt(c, root) &&
@@ -528,6 +620,11 @@ void serve_req_free(serve_req *r) {
     for (int32_t i = 0; i < r->num_prompts && r->prompts; i++) free(r->prompts[i].tokens);
     free(r->prompts);
     free(r->messages);
+    free(r->tools);
+    free(r->tool_msgs);
+    free(r->rendered);
+    for (int32_t i = 0; i < r->num_rendered_text; i++) free(r->rendered_text[i]);
+    free(r->rendered_text);
     for (int32_t i = 0; i < r->num_owned; i++) free(r->owned[i]);
     free(r->owned);
     free(r->stop);

@@ -4,8 +4,9 @@
  * requests, and the JSON it answers with. No HTTP here and no engine calls:
  * pure functions, unit-tested on their own (tests/serve).
  *
- * What a demanding client of vLLM or the OpenAI API sends is read; fields
- * loom cannot honour (suffix, tools, images, best_of > n)
+ * What a demanding client of vLLM or the OpenAI API sends is read, tools
+ * included (rendered and read back in tools.h); fields loom cannot honour
+ * (suffix, tool_choice required, images, best_of > n)
  * are refused with a message naming the field, never silently dropped.
  * Unknown fields are ignored, as vLLM and the OpenAI SDKs expect.
  */
@@ -19,6 +20,7 @@
 #include <cjson/cJSON.h>
 
 #include "loom/engine.h"
+#include "tools.h"
 
 /* One request's most prompts (the batch form) and choices (prompts x n). */
 #define SERVE_MAX_PROMPTS 256
@@ -53,6 +55,17 @@ typedef struct serve_req {
                                    its logprobs, with logprobs); with
                                    max_tokens 0 only the prompt (base.prompt_only) */
     bool add_special;           /* tokenize: add_special_tokens               */
+    /* chat tool calling (tools.h): the functions offered with tool_choice
+     * auto (none with tool_choice none), the messages as sent with their
+     * tool fields, and the messages the family's rendering made */
+    serve_tool *tools;          /* (num_tools); owned array                   */
+    int32_t num_tools;
+    bool parallel_tool_calls;   /* false: at most one call is read            */
+    serve_tool_msg *tool_msgs;  /* (base.num_messages as parsed); owned array */
+    bool tool_turns;            /* a tool message or an assistant's tool_calls */
+    loom_chat_message *rendered;/* serve_req_apply_tools' messages; owned    */
+    char **rendered_text;       /* their texts; owned                         */
+    int32_t num_rendered_text;
     /* storage the pointers above reach into */
     cJSON *root;
     char **owned;
@@ -72,6 +85,13 @@ typedef struct serve_req {
 bool serve_parse(serve_api api, const char *body, size_t len, int32_t default_max_tokens, serve_req *out,
                  char *why, size_t why_size, const char **param);
 void serve_req_free(serve_req *r);
+
+/* Chat and tokenize: when the request offers tools or holds tool turns,
+ * render them for the model's chat template family (loom_engine_chat_
+ * template) into new messages (base.messages then points at them). False
+ * with why (a 400 naming 'tools' or 'messages', in *param) when the family
+ * has no tool format or a tool turn is malformed. */
+bool serve_req_apply_tools(serve_req *r, const char *family, char *why, size_t why_size, const char **param);
 
 /* The bytes of text a request asks the tokenizer to read, for the server's
  * cap on prompt size (checked before tokenizing): completions (and

@@ -77,6 +77,10 @@ typedef struct choice {
     int32_t tokens;           /* completion tokens                        */
     bool started;             /* chat stream: the role delta was sent     */
     bool echoed;              /* echo: the prompt went before the text    */
+    size_t streamed;          /* tools: bytes of text sent as content     */
+    serve_tool_call *calls;   /* tools: the calls read from the answer    */
+    int32_t ncalls;
+    size_t content_len;       /* tools: bytes of text before the calls    */
     cJSON *lp;                /* chat: logprobs.content entries; completions: the logprobs object */
     size_t lp_offset;         /* completions: text_offset of the next token */
     double t_last;            /* when its last token came (0: none yet)   */
@@ -109,6 +113,7 @@ struct job {
     double t0;
     int fd;                   /* the client's socket, to notice it leaving (-1: none yet) */
     char url[32];             /* one of the two routes                     */
+    const char *tool_family;  /* chat with tools offered: the template family; else NULL */
     /* The connection waits suspended (no pool thread held) until there is
      * something to send; whoever has that marks it resumed under j->mu
      * (job_take_resume: once) and resumes it after unlocking. */
@@ -199,6 +204,8 @@ static void job_unref(job *j) {
     for (int32_t c = 0; c < j->nchoices; c++) {
         free(j->ch[c].text.p);
         cJSON_Delete(j->ch[c].lp);
+        serve_tool_calls_free(j->ch[c].calls, j->ch[c].ncalls);
+        free(j->ch[c].calls);
     }
     free(j->ch);
     free(j->pc);
@@ -489,6 +496,67 @@ static void sse_chunk(job *j, int32_t c, bool token, const char *text, size_t le
     cJSON_Delete(o);
 }
 
+/* ------------------------------------------------------------- tools */
+
+/* The answer's tool calls, read when its last event comes (the offered
+ * functions only; at most one without parallel_tool_calls). Under j->mu. */
+static void tools_read(job *j, choice *ch) {
+    const int32_t max = j->q.parallel_tool_calls ? SERVE_MAX_TOOL_CALLS : 1;
+    ch->calls = calloc((size_t)max, sizeof *ch->calls);
+    if (!ch->calls) return;
+    ch->ncalls = serve_tool_calls_parse(j->tool_family, j->q.tools, j->q.num_tools, ch->text.p ? ch->text.p : "",
+                                        ch->text.n, ch->calls, max, &ch->content_len);
+}
+
+/* OpenAI's tool_calls list of choice c (with each call's index when it goes
+ * out as a stream delta). */
+static cJSON *tool_calls_json(const job *j, int32_t c, bool indexed) {
+    const choice *ch = &j->ch[c];
+    cJSON *a = cJSON_CreateArray();
+    for (int32_t k = 0; k < ch->ncalls; k++) {
+        char id[80];
+        snprintf(id, sizeof id, "call_%s_%d_%d", j->id + strcspn(j->id, "-") + 1, c, k);
+        cJSON *t = cJSON_CreateObject();
+        if (indexed) cJSON_AddNumberToObject(t, "index", k);
+        cJSON_AddStringToObject(t, "id", id);
+        cJSON_AddStringToObject(t, "type", "function");
+        cJSON *f = cJSON_AddObjectToObject(t, "function");
+        cJSON_AddStringToObject(f, "name", ch->calls[k].name);
+        cJSON_AddStringToObject(f, "arguments", ch->calls[k].arguments);
+        cJSON_AddItemToArray(a, t);
+    }
+    return a;
+}
+
+/* A chat stream with tools offered: content goes out only while it cannot
+ * be the start of a call (serve_tool_stream_safe); at the last event the
+ * answer is read, and its calls go out as one tool_calls delta with
+ * finish_reason "tool_calls" — or, when it holds none, the held-back text
+ * as content with the usual finish. Under j->mu, after the event's text was
+ * appended to the choice. */
+static void sse_tools_event(job *j, int32_t c, bool token, cJSON *lp_one, loom_finish_reason finish) {
+    choice *ch = &j->ch[c];
+    const char *text = ch->text.p ? ch->text.p : "";
+    size_t safe = serve_tool_stream_safe(j->tool_family, text, ch->text.n);
+    if (finish != LOOM_FINISH_NONE) {
+        tools_read(j, ch);
+        safe = ch->ncalls ? ch->content_len : ch->text.n;
+    }
+    if (safe < ch->streamed) safe = ch->streamed;
+    sse_chunk(j, c, token, text + ch->streamed, safe - ch->streamed, lp_one, ch->ncalls ? LOOM_FINISH_NONE : finish);
+    ch->streamed = safe;
+    if (!ch->ncalls) return;
+    cJSON *o = response_head(j, "chat.completion.chunk");
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), e);
+    cJSON_AddNumberToObject(e, "index", c);
+    cJSON_AddItemToObject(cJSON_AddObjectToObject(e, "delta"), "tool_calls", tool_calls_json(j, c, true));
+    cJSON_AddNullToObject(e, "logprobs");
+    cJSON_AddStringToObject(e, "finish_reason", "tool_calls");
+    sse_put_json(j, o);
+    cJSON_Delete(o);
+}
+
 /* The stream's end: the usage chunk when asked for, then [DONE]. Under
  * j->mu. */
 static void sse_finish(job *j) {
@@ -594,8 +662,10 @@ static void on_event(void *user, const loom_token_event *ev) {
     record_latency(j, ch, ev);
     const char *text = ev->text ? ev->text : "";
     size_t len = ev->text ? ev->text_len : 0; /* by length: text may hold NUL characters */
+    if (len) sb_put(&ch->text, text, len);
     if (j->q.stream && !j->sse_done) { /* done already: ended at shutdown */
-        sse_chunk(j, c, ev->token >= 0, text, len, lp_one, ev->finish);
+        if (j->tool_family) sse_tools_event(j, c, ev->token >= 0, lp_one, ev->finish);
+        else sse_chunk(j, c, ev->token >= 0, text, len, lp_one, ev->finish);
         if (ev->finish == LOOM_FINISH_ERROR) {
             char *e = serve_error_json(500, ev->error ? ev->error : "generation failed", NULL);
             if (e) {
@@ -606,7 +676,7 @@ static void on_event(void *user, const loom_token_event *ev) {
             free(e);
         }
     }
-    if (len) sb_put(&ch->text, text, len);
+    if (!j->q.stream && j->tool_family && ev->finish != LOOM_FINISH_NONE) tools_read(j, ch);
     if (lp_one && j->q.api == SERVE_CHAT) {
         if (!ch->lp) ch->lp = cJSON_CreateArray();
         cJSON_AddItemToArray(ch->lp, lp_one);
@@ -857,7 +927,13 @@ static cJSON *final_response(job *j) {
         cJSON *e = cJSON_CreateObject();
         cJSON_AddNumberToObject(e, "index", c);
         const char *text = ch->text.p ? ch->text.p : "";
-        if (chat) {
+        if (chat && ch->ncalls) { /* the text before the calls, if any, and the calls */
+            cJSON *m = cJSON_AddObjectToObject(e, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddItemToObject(m, "content", ch->content_len ? serve_json_text(text, ch->content_len)
+                                                                : cJSON_CreateNull());
+            cJSON_AddItemToObject(m, "tool_calls", tool_calls_json(j, c, false));
+        } else if (chat) {
             cJSON *m = cJSON_AddObjectToObject(e, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
             cJSON_AddItemToObject(m, "content", serve_json_text(text, ch->text.n));
@@ -878,8 +954,8 @@ static cJSON *final_response(job *j) {
         } else {
             cJSON_AddNullToObject(e, "logprobs");
         }
-        cJSON_AddStringToObject(e, "finish_reason", serve_finish_name(ch->finish) ? serve_finish_name(ch->finish)
-                                                                                 : "stop");
+        const char *fr = ch->ncalls ? "tool_calls" : serve_finish_name(ch->finish);
+        cJSON_AddStringToObject(e, "finish_reason", fr ? fr : "stop");
         cJSON_AddItemToArray(cs, e);
     }
     cJSON_AddItemToObject(o, "usage", usage_json(j));
@@ -945,12 +1021,14 @@ static job *job_new(server *s, const char *url, serve_api api, const conn_state 
         *param = "model";
         return NULL;
     }
-    if (prompt_too_long(s, &j->q, why, whyn, param)) {
+    if (prompt_too_long(s, &j->q, why, whyn, param) ||
+        (api == SERVE_CHAT && !serve_req_apply_tools(&j->q, loom_engine_chat_template(s->eng), why, whyn, param))) {
         serve_req_free(&j->q);
         free(j);
         *status = 400;
         return NULL;
     }
+    if (j->q.num_tools > 0) j->tool_family = loom_engine_chat_template(s->eng);
     j->s = s;
     j->fd = -1;
     snprintf(j->url, sizeof j->url, "%s", url);
@@ -1213,6 +1291,9 @@ static enum MHD_Result tokenizer_route(server *s, struct MHD_Connection *conn, s
     char *answer = NULL;
     if (other_model(s, &q, why, sizeof why)) param = "model";
     else if (api == SERVE_TOKENIZE && prompt_too_long(s, &q, why, sizeof why, &param)) status = 400;
+    else if (api == SERVE_TOKENIZE &&
+             !serve_req_apply_tools(&q, loom_engine_chat_template(s->eng), why, sizeof why, &param))
+        status = 400;
     else if (api == SERVE_TOKENIZE) answer = tokenize_answer(s, &q, &status, why, sizeof why);
     else answer = detokenize_answer(s, &q, &status, why, sizeof why);
     if (!answer && (status == 400 || status == 500) && !param)

@@ -3,12 +3,14 @@
 Python client sees it, on SmolLM2 (LOOM_TEST_MODEL): chat and completions,
 whole and streamed (with the usage chunk), logprobs, n with a seed, stop
 strings, echo (scoring a text with max_tokens 0), cached prompt tokens in
-usage, vLLM's /tokenize and /detokenize, and the client's typed errors
+usage, vLLM's /tokenize and /detokenize, tool calls (whole and streamed, the
+model made to answer a call by the test sampler "lazy"'s script, since
+SmolLM2-135M does not call tools on its own), and the client's typed errors
 (BadRequestError naming the parameter, NotFoundError). Each response is also
 validated with `jsonschema` against the shape the OpenAI API documents.
 
-It starts the server itself (--port 0) and stops it with SIGTERM (exit 0 is
-a check too). Each check prints one line, "ok" or "FAIL" and its name; the
+It starts the servers itself (--port 0) and stops them with SIGTERM (exit 0
+is a check too). Each check prints one line, "ok" or "FAIL" and its name; the
 last line is Criterion's synthesis line, so scripts/count_tests.py counts
 every check as a test case. Run by tests/serve/openai_client_test.sh, which
 skips when the model or the packages are missing (scripts/python-env.sh makes
@@ -169,8 +171,8 @@ def post_json(base, path, body):
         return e.code, json.loads(e.read())
 
 
-def start_server(loom, source):
-    proc = subprocess.Popen([loom, "serve", "tests/engine/data/smol.yaml", "--port", "0"], cwd=source,
+def start_server(loom, source, *extra):
+    proc = subprocess.Popen([loom, "serve", "tests/engine/data/smol.yaml", "--port", "0", *extra], cwd=source,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     if "listening on http://" not in line:
@@ -306,6 +308,69 @@ def route_checks(c, base, model):
     c.run("tokenize / detokenize errors name the field", errors)
 
 
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call><|im_end|>'
+ROME = [{"role": "user", "content": "What is the weather in Rome?"}]
+
+
+def tool_checks(c, loom, source, base):
+    """A second server whose sampler answers CALL_TEXT (its ids, read with
+    special tokens parsed, from /tokenize of a server started so)."""
+    special, sbase = start_server(loom, source, "--parse-special-tokens")
+    st, t = post_json(sbase, "/tokenize", {"prompt": CALL_TEXT})
+    special.send_signal(signal.SIGTERM)
+    special.wait(timeout=60)
+    script = ",".join(map(str, t["tokens"]))
+    proc, tbase = start_server(loom, source, "--set", "sampler.plugin=lazy", "--set", f"sampler.script={script}")
+    client = openai.OpenAI(api_key="unused", base_url=tbase + "/v1", max_retries=0, timeout=120)
+    try:
+        def whole():
+            r = client.chat.completions.create(model=model_of(client), messages=ROME, tools=WEATHER, max_tokens=60)
+            ch = r.choices[0]
+            expect(ch.finish_reason == "tool_calls" and ch.message.content is None, ch)
+            call = ch.message.tool_calls[0]
+            expect(call.type == "function" and call.function.name == "get_weather", call)
+            args = json.loads(call.function.arguments)
+            jsonschema.validate(args, WEATHER[0]["function"]["parameters"])
+            expect(args == {"city": "Rome"}, args)
+            # the call fed back: the assistant's tool_calls and the tool's result render (and generate)
+            back = ROME + [ch.message.model_dump(exclude_none=True),
+                           {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]
+            r2 = client.chat.completions.create(model=model_of(client), messages=back, tools=WEATHER, max_tokens=60)
+            expect(r2.usage.prompt_tokens > r.usage.prompt_tokens, (r.usage, r2.usage))
+
+        c.run("tools: a call comes back as tool_calls, arguments valid for the schema", whole)
+
+        def stream():
+            chunks = list(client.chat.completions.create(model=model_of(client), messages=ROME, tools=WEATHER,
+                                                         max_tokens=60, stream=True))
+            content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+            calls = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+            expect(content == "", f"the call's text went out as content: {content!r}")
+            expect(len(calls) == 1 and calls[0].function.name == "get_weather", calls)
+            expect(json.loads(calls[0].function.arguments) == {"city": "Rome"}, calls[0])
+            expect(chunks[-1].choices[0].finish_reason == "tool_calls", chunks[-1])
+
+        c.run("tools: streamed, the call is a tool_calls delta", stream)
+
+        def none():
+            r = client.chat.completions.create(model=model_of(client), messages=ROME, tools=WEATHER,
+                                               tool_choice="none", max_tokens=60)
+            expect(r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content, r)
+
+        c.run("tools: tool_choice none leaves the text as content", none)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+    c.run("the scripted server exits 0 on SIGTERM", lambda: expect(rc == 0, f"exit status {rc}"))
+
+
+def model_of(client):
+    return client.models.list().data[0].id
+
+
 def error_checks(c, client, model):
     c.run("error: temperature out of range is a BadRequestError naming it", lambda: raises(
         openai.BadRequestError, lambda: client.chat.completions.create(model=model, messages=FRANCE, temperature=7e3),
@@ -315,11 +380,14 @@ def error_checks(c, client, model):
     c.run("error: max_tokens past the context is a BadRequestError", lambda: raises(
         openai.BadRequestError, lambda: client.completions.create(model=model, prompt="x", max_tokens=100000),
         None, "lower max_tokens"))
-    c.run("error: tools are refused by name", lambda: raises(
+    c.run("error: tool_choice required is refused (it needs a decoding constraint)", lambda: raises(
         openai.BadRequestError, lambda: client.chat.completions.create(
-            model=model, messages=FRANCE,
-            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
-        "tools", "tools"))
+            model=model, messages=FRANCE, tools=WEATHER, tool_choice="required"),
+        "tool_choice", "decoding constraint"))
+    c.run("error: a tool without a name is a BadRequestError", lambda: raises(
+        openai.BadRequestError, lambda: client.chat.completions.create(
+            model=model, messages=FRANCE, tools=[{"type": "function", "function": {"parameters": {}}}]),
+        "tools", "tools[0].function.name"))
     c.run("error: max_tokens 0 without echo is a BadRequestError", lambda: raises(
         openai.BadRequestError, lambda: client.completions.create(model=model, prompt="x", max_tokens=0),
         "max_tokens"))
@@ -341,6 +409,7 @@ def main():
         completion_checks(c, client, model)
         route_checks(c, base, model)
         error_checks(c, client, model)
+        tool_checks(c, args.loom, args.source, base)
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=60)

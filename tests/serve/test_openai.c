@@ -173,7 +173,12 @@ Test(openai, unsupported_refused_by_name) {
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"min_tokens\": 4}", "min_tokens", "min_tokens");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"stop_token_ids\": [2]}", "stop_token_ids", "'stop'");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
-              "\"required\"}", "tool_choice", "function calling");
+              "\"required\"}", "tool_choice", "needs a decoding constraint");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
+              "{\"type\": \"function\", \"function\": {\"name\": \"f\"}}}", "tool_choice", "needs a decoding constraint");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"tools\": [{}]}", "tools", "chat/completions only");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"functions\": [{}]}",
+              "functions", "send 'tools'");
     serve_req ok = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
                                         "\"tool_choice\": \"none\", \"functions\": [], \"min_tokens\": 0, "
                                         "\"use_beam_search\": false, \"stop_token_ids\": []}");
@@ -188,7 +193,7 @@ Test(openai, unsupported_refused_by_name) {
     strcat(body, "]}");
     parse_bad(SERVE_COMPLETIONS, body, "n", "1088 choices: at most 1024");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{}]}", "tools",
-              "function calling");
+              "tools[0] must be");
     parse_bad(SERVE_CHAT,
               "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": "
               "\"json_object\"}}",
@@ -239,7 +244,7 @@ Test(openai, tokenize_and_detokenize) {
     parse_bad(SERVE_TOKENIZE, "{}", "prompt", "'prompt' must be text");
     parse_bad(SERVE_TOKENIZE, "{\"prompt\": [1, 2]}", "prompt", "'prompt' must be text");
     parse_bad(SERVE_TOKENIZE, "{\"prompt\": \"x\", \"messages\": []}", "messages", "not both");
-    parse_bad(SERVE_TOKENIZE, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "messages", "role");
+    parse_bad(SERVE_TOKENIZE, "{\"messages\": [{\"role\": \"function\", \"content\": \"x\"}]}", "messages", "role");
     parse_bad(SERVE_TOKENIZE, "{\"prompt\": \"x\", \"add_special_tokens\": \"yes\"}", "add_special_tokens",
               "true or false");
     parse_bad(SERVE_TOKENIZE, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
@@ -278,8 +283,11 @@ Test(openai, chat_messages) {
     parse_bad(SERVE_CHAT, "{\"prompt\": \"x\"}", "messages", "'messages' must be a non-empty list");
     parse_bad(SERVE_CHAT, "{\"messages\": []}", "messages", "non-empty");
     parse_bad(SERVE_CHAT, "{\"messages\": [\"hi\"]}", "messages", "messages[0] must be an object");
-    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "messages",
-              "no tool calling");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"function\", \"content\": \"x\"}]}", "messages",
+              "send 'tool'");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"tool\"}]}", "messages", "has no content");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\", \"tool_calls\": []}]}", "messages",
+              "on an assistant message");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\"}]}", "messages", "messages[0] has no content");
     parse_bad(SERVE_CHAT,
               "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {}}]}]}",

@@ -1251,6 +1251,76 @@ Test(serve, tokenize_echo_cached_real_model, .timeout = 300) {
     free(stop(&s, 60));
 }
 
+/* The token ids of text (special tokens read as such), comma-separated, for
+ * the lazy sampler's script: a model that "answers" exactly that text. */
+static char *script_of(const char *text) {
+    const char *const special[] = {"--parse-special-tokens", NULL};
+    server s = start(SMOL, special);
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "prompt", text);
+    char *body = cJSON_PrintUnformatted(b);
+    reply r = http(s.port, "POST", "/tokenize", body, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    char *ids = cJSON_PrintUnformatted(get(r.json, "tokens"));
+    ids[strlen(ids) - 1] = 0; /* "[1,2]" -> "1,2" */
+    char *out = strdup(ids + 1);
+    free(ids), free(body), cJSON_Delete(b), reply_free(&r);
+    free(stop(&s, 60));
+    return out;
+}
+
+#define WEATHER_TOOLS "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": " \
+                      "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}]"
+#define ROME "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Rome?\"}], \"max_tokens\": 60"
+
+/* Tool calls end to end: SmolLM2 made to answer a Hermes call (the lazy
+ * sampler's script) comes back as message.tool_calls with finish_reason
+ * "tool_calls" — whole, and streamed as a tool_calls delta with no content
+ * chunk showing the call's text; without tools, or with tool_choice none,
+ * the same text is content. tool_choice "required" is refused (400). */
+Test(serve, tool_calls_real_model, .timeout = 300) {
+    need_model();
+    char *ids = script_of("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n"
+                          "</tool_call><|im_end|>");
+    char set[300];
+    snprintf(set, sizeof set, "sampler.script=%s", ids);
+    const char *const args[] = {"--set", "sampler.plugin=lazy", "--set", set, NULL};
+    server s = start(SMOL, args);
+    reply r = http(s.port, "POST", "/v1/chat/completions", ROME ", " WEATHER_TOOLS "}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert_str_eq(str(r.json, "choices.0.finish_reason"), "tool_calls", "%s", r.body);
+    cr_assert(cJSON_IsNull(get(r.json, "choices.0.message.content")), "%s", r.body);
+    cr_assert_str_eq(str(r.json, "choices.0.message.tool_calls.0.type"), "function");
+    cr_assert_str_eq(str(r.json, "choices.0.message.tool_calls.0.function.name"), "get_weather");
+    cr_assert_str_eq(str(r.json, "choices.0.message.tool_calls.0.function.arguments"), "{\"city\":\"Rome\"}");
+    cr_assert(!strncmp(str(r.json, "choices.0.message.tool_calls.0.id"), "call_", 5));
+    reply_free(&r);
+    r = http(s.port, "POST", "/v1/chat/completions", ROME ", \"stream\": true, " WEATHER_TOOLS "}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cJSON *ev[128];
+    bool done;
+    int n = sse_events(r.body, ev, 128, &done);
+    cr_assert(done && n >= 2, "%d events", n);
+    cr_assert(!strstr(r.body, "tool_call>"), "the call's text went out as content: %s", r.body);
+    cr_assert_str_eq(str(ev[n - 1], "choices.0.finish_reason"), "tool_calls");
+    cr_assert_str_eq(str(ev[n - 1], "choices.0.delta.tool_calls.0.function.name"), "get_weather");
+    cr_assert_eq(num(ev[n - 1], "choices.0.delta.tool_calls.0.index"), 0);
+    for (int i = 0; i < n; i++) cJSON_Delete(ev[i]);
+    reply_free(&r);
+    const char *plain[] = {ROME "}", ROME ", \"tool_choice\": \"none\", " WEATHER_TOOLS "}"};
+    for (int i = 0; i < 2; i++) {
+        r = http(s.port, "POST", "/v1/chat/completions", plain[i], NULL);
+        cr_assert_eq(r.status, 200, "%s", r.body);
+        cr_assert(strstr(str(r.json, "choices.0.message.content"), "<tool_call>"), "%s", r.body);
+        cr_assert_str_eq(str(r.json, "choices.0.finish_reason"), "stop");
+        reply_free(&r);
+    }
+    expect_error(http(s.port, "POST", "/v1/chat/completions", ROME ", \"tool_choice\": \"required\", " WEATHER_TOOLS "}",
+                      NULL), 400, "decoding constraint");
+    free(stop(&s, 60));
+    free(ids);
+}
+
 typedef struct conc_arg {
     int port, i;
     int completion;
