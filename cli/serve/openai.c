@@ -636,9 +636,9 @@ void serve_req_free(serve_req *r) {
 size_t serve_prompt_bytes(const serve_req *r, int32_t *which) {
     size_t most = 0;
     *which = 0;
-    if (r->base.num_messages > 0) {
+    if (r->base.num_messages > 0) { /* after serve_req_apply_tools: the tools' text counts too */
         for (int32_t i = 0; i < r->base.num_messages; i++)
-            most += r->messages[i].content ? strlen(r->messages[i].content) : 0;
+            most += r->base.messages[i].content ? strlen(r->base.messages[i].content) : 0;
         return most;
     }
     for (int32_t p = 0; p < r->num_prompts; p++) {

@@ -97,7 +97,7 @@ bool serve_req_apply_tools(serve_req *r, const char *family, char *why, size_t w
  * cap on prompt size (checked before tokenizing): completions (and
  * tokenize) — the longest text prompt (token-id prompts count 0), its index
  * in *which; messages (chat, tokenize) — every message's content together
- * (*which 0). */
+ * (*which 0), as rendered with the tools when serve_req_apply_tools ran. */
 size_t serve_prompt_bytes(const serve_req *r, int32_t *which);
 
 /* OpenAI's name for a finish reason: "stop" (end of generation or a stop

@@ -1021,8 +1021,8 @@ static job *job_new(server *s, const char *url, serve_api api, const conn_state 
         *param = "model";
         return NULL;
     }
-    if (prompt_too_long(s, &j->q, why, whyn, param) ||
-        (api == SERVE_CHAT && !serve_req_apply_tools(&j->q, loom_engine_chat_template(s->eng), why, whyn, param))) {
+    if ((api == SERVE_CHAT && !serve_req_apply_tools(&j->q, loom_engine_chat_template(s->eng), why, whyn, param)) ||
+        prompt_too_long(s, &j->q, why, whyn, param)) {
         serve_req_free(&j->q);
         free(j);
         *status = 400;
@@ -1290,10 +1290,10 @@ static enum MHD_Result tokenizer_route(server *s, struct MHD_Connection *conn, s
     unsigned status = 404;
     char *answer = NULL;
     if (other_model(s, &q, why, sizeof why)) param = "model";
-    else if (api == SERVE_TOKENIZE && prompt_too_long(s, &q, why, sizeof why, &param)) status = 400;
     else if (api == SERVE_TOKENIZE &&
              !serve_req_apply_tools(&q, loom_engine_chat_template(s->eng), why, sizeof why, &param))
         status = 400;
+    else if (api == SERVE_TOKENIZE && prompt_too_long(s, &q, why, sizeof why, &param)) status = 400;
     else if (api == SERVE_TOKENIZE) answer = tokenize_answer(s, &q, &status, why, sizeof why);
     else answer = detokenize_answer(s, &q, &status, why, sizeof why);
     if (!answer && (status == 400 || status == 500) && !param)

@@ -1321,6 +1321,20 @@ Test(serve, tool_calls_real_model, .timeout = 300) {
     free(ids);
 }
 
+/* The tools' rendered text counts toward the prompt byte cap, checked
+ * before tokenizing like the messages' own text. */
+Test(serve, tools_count_toward_the_prompt_cap, .timeout = 120) {
+    need_model();
+    server s = start(SMOL, (const char *[]){"--max-prompt-bytes", "300", NULL});
+    reply r = http(s.port, "POST", "/v1/chat/completions", ROME "}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    reply_free(&r);
+    expect_error(http(s.port, "POST", "/v1/chat/completions", ROME ", " WEATHER_TOOLS "}", NULL),
+                 400, "over the 300 bytes");
+    expect_error(http(s.port, "POST", "/tokenize", ROME ", " WEATHER_TOOLS "}", NULL), 400, "over the 300 bytes");
+    free(stop(&s, 30));
+}
+
 typedef struct conc_arg {
     int port, i;
     int completion;
