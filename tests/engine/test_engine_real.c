@@ -769,12 +769,13 @@ Test(real, prompt_logprobs_and_cached_tokens) {
     rq.prompt_only = true;
     rq.params.logprobs = 3;
     rq.max_tokens = 5; /* ignored: prompt_only */
+    rq.n = 2;
     rq.on_token = prompt_on_token;
     rq.user = &a;
     cr_assert_geq(loom_engine_add_request(e, &rq, &err), 0, "%s", err.message);
     eng_run(e, 100);
-    cr_assert_eq(a.events, 1, "prompt_only: one final event, got %d", a.events);
-    cr_assert_eq(a.finals, 1);
+    cr_assert_eq(a.events, 2, "prompt_only: one final event per sample, got %d", a.events);
+    cr_assert_eq(a.finals, 2);
     cr_assert_eq(a.finish, LOOM_FINISH_LENGTH);
     cr_assert_eq(a.last_token, -1);
     cr_assert_eq(a.n, n);
@@ -793,7 +794,7 @@ Test(real, prompt_logprobs_and_cached_tokens) {
      * prefix cache, which the scoring filled (whole blocks, one token left
      * to compute) */
     prompt_rec b = {0};
-    rq.prompt_logprobs = false, rq.prompt_only = false, rq.user = &b;
+    rq.prompt_logprobs = false, rq.prompt_only = false, rq.n = 1, rq.user = &b;
     cr_assert_geq(loom_engine_add_request(e, &rq, &err), 0, "%s", err.message);
     eng_run(e, 100);
     cr_assert_eq(b.finals, 1);
