@@ -355,7 +355,7 @@ static bool parse_tools(parse_ctx *c, const cJSON *root) {
     if (n < 0 || n > SERVE_MAX_TOOLS)
         return fail(c, "tools", "'tools' must be a list of at most %d functions, got %s", SERVE_MAX_TOOLS,
                     shown(v, b, sizeof b));
-    if (n == 0 || (tc && !strcmp(tc->valuestring, "none"))) return true;
+    if (n == 0) return true;
     r->tools = calloc((size_t)n, sizeof *r->tools);
     if (!r->tools) return fail(c, NULL, "out of memory");
     int i = 0;
@@ -376,7 +376,7 @@ static bool parse_tools(parse_ctx *c, const cJSON *root) {
                 return fail(c, "tools", "tools[%d]: the function name '%s' is offered twice", i, name->valuestring);
         r->tools[i++] = (serve_tool){name->valuestring, t};
     }
-    r->num_tools = n;
+    r->num_tools = tc && !strcmp(tc->valuestring, "none") ? 0 : n; /* none: checked, not offered */
     return true;
 }
 

@@ -179,6 +179,9 @@ Test(openai, unsupported_refused_by_name) {
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"tools\": [{}]}", "tools", "chat/completions only");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"functions\": [{}]}",
               "functions", "send 'tools'");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"none\", "
+              "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a b\"}}]}", "tools",
+              "tools[0].function.name");
     serve_req ok = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
                                         "\"tool_choice\": \"none\", \"functions\": [], \"min_tokens\": 0, "
                                         "\"use_beam_search\": false, \"stop_token_ids\": []}");
@@ -262,6 +265,57 @@ Test(openai, tokenize_and_detokenize) {
     parse_bad(SERVE_DETOKENIZE, "{\"tokens\": [1.5]}", "tokens", "tokens[0] must be a token id");
     parse_bad(SERVE_DETOKENIZE, "{\"tokens\": [3e10]}", "tokens", "tokens[0] must be a token id");
     parse_bad(SERVE_DETOKENIZE, "[1, 2]", NULL, "must be a JSON object");
+}
+
+/* tools and tool turns: read, checked, and rendered for a family. */
+Test(openai, tools_and_tool_turns) {
+    const char *tools = "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+                        "\"description\": \"d\", \"parameters\": {\"type\": \"object\"}}}, {\"type\": \"function\", "
+                        "\"function\": {\"name\": \"add-2_x\"}}]";
+    char body[1024];
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"w?\"}, {\"role\": "
+             "\"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"c\", \"type\": \"function\", \"function\": "
+             "{\"name\": \"get_weather\", \"arguments\": \"{}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": \"c\", "
+             "\"content\": \"sunny\"}], \"parallel_tool_calls\": false, %s}", tools);
+    serve_req r = parse_ok(SERVE_CHAT, body);
+    cr_assert_eq(r.num_tools, 2);
+    cr_assert_str_eq(r.tools[1].name, "add-2_x");
+    cr_assert(r.tool_turns && !r.parallel_tool_calls);
+    cr_assert_eq(r.base.num_messages, 3);
+    cr_assert_str_eq(r.base.messages[1].content, "", "an assistant's calls alone: no text");
+    char why[256];
+    const char *param;
+    cr_assert(!serve_req_apply_tools(&r, "llama2", why, sizeof why, &param));
+    cr_assert_str_eq(param, "tools");
+    cr_assert(serve_req_apply_tools(&r, "chatml", why, sizeof why, &param), "%s", why);
+    cr_assert_eq(r.base.num_messages, 4, "a system turn for the tools");
+    cr_assert(strstr(r.base.messages[0].content, "<tools>"));
+    cr_assert(strstr(r.base.messages[2].content, "<tool_call>"));
+    cr_assert_str_eq(r.base.messages[3].role, "user");
+    int32_t which;
+    cr_assert_gt(serve_prompt_bytes(&r, &which), 300, "the rendered tools count toward the cap");
+    serve_req_free(&r);
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"w?\"}], \"tool_choice\": "
+             "\"none\", %s}", tools);
+    r = parse_ok(SERVE_CHAT, body);
+    cr_assert_eq(r.num_tools, 0, "tool_choice none: checked, not offered");
+    cr_assert(serve_req_apply_tools(&r, NULL, why, sizeof why, &param), "nothing to render: no family needed");
+    serve_req_free(&r);
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+              "\"function\", \"function\": {\"name\": \"f\"}}, {\"type\": \"function\", \"function\": {\"name\": "
+              "\"f\"}}]}", "tools", "offered twice");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+              "\"function\", \"function\": {\"name\": \"f\", \"parameters\": []}}]}", "tools", "JSON schema object");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": {}}", "tools",
+              "at most 128");
+    char *many = malloc(16384);
+    strcpy(many, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [");
+    for (int i = 0; i <= SERVE_MAX_TOOLS; i++)
+        sprintf(many + strlen(many), "%s{\"type\": \"function\", \"function\": {\"name\": \"f%d\"}}", i ? "," : "",
+                i);
+    strcat(many, "]}");
+    parse_bad(SERVE_CHAT, many, "tools", "at most 128");
+    free(many);
 }
 
 Test(openai, chat_messages) {
