@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import traceback
 import urllib.error
 import urllib.request
@@ -172,15 +173,17 @@ def post_json(base, path, body):
 
 
 def start_server(loom, source, *extra):
+    log = tempfile.TemporaryFile(mode="w+")  # the server's request log: a file, never a pipe that fills
     # weights in their GGUF blocks (smol.yaml asks for f32, for the C tests' exact texts): several
     # times faster on a CPU, and every check here compares the server with itself
     proc = subprocess.Popen([loom, "serve", "tests/engine/data/smol.yaml", "--port", "0", "--set",
                              "backend.weight_dtype=gguf", *extra], cwd=source,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            stdout=subprocess.PIPE, stderr=log, text=True)
     line = proc.stdout.readline()
     if "listening on http://" not in line:
         proc.kill()
-        sys.exit(f"loom serve did not start: {line!r}")
+        log.seek(0)
+        sys.exit(f"loom serve did not start: {line!r}; its stderr:\n{log.read()[-2000:]}")
     return proc, line.strip().rsplit(" ", 1)[-1]
 
 
