@@ -364,6 +364,8 @@ void loom_engine_destroy(loom_engine *e) {
         for (int32_t k = 0; k < rq->n; k++) loom_engine_seq_free(rq->seqs[k]);
         loom_engine_req_free(rq);
     }
+    for (int32_t i = 0; i < e->num_deferred; i++) loom_engine_req_free(e->deferred[i]);
+    free(e->deferred);
     while (e->inbox_head) {
         loom_inbox_item *it = e->inbox_head;
         e->inbox_head = it->next;

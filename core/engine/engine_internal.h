@@ -150,6 +150,10 @@ struct loom_engine {
 
     /* Requests and sequences (engine thread only); seqs sorted by id. */
     loom_req **reqs;           int32_t num_reqs, cap_reqs;
+    /* Requests whose prompt logprobs wait for KV room to be scored (the
+     * cache is full of running sequences), oldest first; retried at every
+     * drain of the inbox. */
+    loom_req **deferred;       int32_t num_deferred, cap_deferred;
     loom_seq **seqs;           int32_t num_seqs, cap_seqs;
     int64_t next_seq_id;
 

@@ -373,13 +373,29 @@ static void finish_prompt_only(loom_engine *e, loom_req *rq) {
     loom_engine_req_free(rq);
 }
 
+static bool any_running(const loom_engine *e) {
+    for (int32_t i = 0; i < e->num_reqs; i++)
+        if (e->reqs[i]->live > 0) return true;
+    return false;
+}
+
 /* Admit a request after what it needs before its first step: its prompt's
  * logprobs, scored now (between steps, the step buffers are free), and an
- * end at once for a request that generates nothing. */
+ * end at once for a request that generates nothing. A prompt the cache has
+ * no room to score while other requests run waits for them (deferred, tried
+ * again at the next drain); with none running, no room is an error (the
+ * paged cache always holds one max_model_len sequence, so that is rare). */
 static void admit_scored(loom_engine *e, loom_req *rq, loom_error *err) {
     if (rq->r.prompt_logprobs) {
         loom_error serr = {0};
-        if (engine_score_prompt(e, rq, &serr) != LOOM_OK) {
+        loom_status st = engine_score_prompt(e, rq, &serr);
+        if (st == LOOM_ERR_NO_SPACE && any_running(e) &&
+            engine_grow((void **)&e->deferred, &e->cap_deferred, e->num_deferred + 1, sizeof(loom_req *)) ==
+                LOOM_OK) {
+            e->deferred[e->num_deferred++] = rq;
+            return;
+        }
+        if (st != LOOM_OK) {
             loom_error_prefix(&serr, "scoring the prompt's %d tokens", rq->prompt_len);
             fail_unadmitted(e, rq, serr.message);
             return;
@@ -389,7 +405,37 @@ static void admit_scored(loom_engine *e, loom_req *rq, loom_error *err) {
     else admit(e, rq, err);
 }
 
+/* The deferred requests, tried again oldest first (each may wait again). */
+static void retry_deferred(loom_engine *e, loom_error *err) {
+    const int32_t n = e->num_deferred;
+    if (n == 0) return;
+    loom_req **batch = malloc((size_t)n * sizeof *batch);
+    if (!batch) return; /* tried at the next drain */
+    memcpy(batch, e->deferred, (size_t)n * sizeof *batch);
+    e->num_deferred = 0;
+    for (int32_t i = 0; i < n; i++) admit_scored(e, batch[i], err);
+    free(batch);
+}
+
+/* An abort of a request still waiting to be scored: its samples end now. */
+static bool abort_deferred(loom_engine *e, int64_t id) {
+    for (int32_t i = 0; i < e->num_deferred; i++) {
+        loom_req *rq = e->deferred[i];
+        if (rq->id != id) continue;
+        memmove(e->deferred + i, e->deferred + i + 1, (size_t)(e->num_deferred - i - 1) * sizeof *e->deferred);
+        e->num_deferred--;
+        engine_end_unstarted(rq, 0, LOOM_FINISH_ABORT, NULL);
+        pthread_mutex_lock(&e->inbox_mu);
+        e->active--;
+        pthread_mutex_unlock(&e->inbox_mu);
+        loom_engine_req_free(rq);
+        return true;
+    }
+    return false;
+}
+
 static void abort_request(loom_engine *e, int64_t id) {
+    if (abort_deferred(e, id)) return;
     for (int32_t i = 0; i < e->num_reqs; i++) {
         loom_req *rq = e->reqs[i];
         if (rq->id != id || rq->live == 0) continue;
@@ -404,6 +450,7 @@ void engine_drain_inbox(loom_engine *e, loom_error *err) {
     loom_inbox_item *it = e->inbox_head;
     e->inbox_head = e->inbox_tail = NULL;
     pthread_mutex_unlock(&e->inbox_mu);
+    retry_deferred(e, err);
     while (it) {
         loom_inbox_item *next = it->next;
         if (it->req) admit_scored(e, it->req, err);

@@ -114,8 +114,8 @@ static loom_status score_tokens(loom_engine *e, const int32_t *tokens, int32_t n
 
 loom_status engine_score_prompt(loom_engine *e, loom_req *rq, loom_error *err) {
     const int32_t n = rq->prompt_len, k = rq->r.params.logprobs;
-    rq->prompt_lp = malloc((size_t)n * sizeof *rq->prompt_lp);
-    if (k > 0) {
+    if (!rq->prompt_lp) rq->prompt_lp = malloc((size_t)n * sizeof *rq->prompt_lp);
+    if (k > 0 && !rq->prompt_top_ids) { /* a retry (after NO_SPACE) reuses them */
         rq->prompt_top_ids = calloc((size_t)n * (size_t)k, sizeof *rq->prompt_top_ids);
         rq->prompt_top_lps = calloc((size_t)n * (size_t)k, sizeof *rq->prompt_top_lps);
     }

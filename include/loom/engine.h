@@ -138,7 +138,8 @@ typedef struct loom_request {
      * the tokens before it, with params.logprobs alternatives) when the
      * request is admitted: one forward over the prompt outside the batch,
      * whose KV blocks then serve the request's prefill through the prefix
-     * cache. Delivered on every event (loom_token_event.prompt_logprobs):
+     * cache. A prompt the cache has no room for while other requests run
+     * waits for them (it stays queued; loom_engine_abort ends it). Delivered on every event (loom_token_event.prompt_logprobs):
      * the OpenAI completions API's echo with logprobs. */
     bool prompt_logprobs;
     /* Generate nothing: the prompt is read (and scored, with

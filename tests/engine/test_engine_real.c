@@ -852,3 +852,95 @@ Test(real, prompt_tokens_match_requests) {
     cr_assert(strstr(err.message, "outside the vocabulary"), "%s", err.message);
     loom_engine_destroy(e);
 }
+
+/* A prompt to score that the cache has no room for while another request
+ * runs waits for it (deferred), then is scored: its one event comes after
+ * the running request's end. 8 blocks of 16 per sequence at most (context
+ * 128) in a pool of 9: B's 127 tokens fit only once A's 4 to 6 blocks are
+ * free. */
+typedef struct order_rec {
+    int32_t *clock;
+    int32_t final_at;
+    prompt_rec p;
+} order_rec;
+
+static void order_on_token(void *user, const loom_token_event *ev) {
+    order_rec *o = user;
+    prompt_on_token(&o->p, ev);
+    if (ev->finish != LOOM_FINISH_NONE) o->final_at = ++*o->clock;
+}
+
+Test(real, prompt_logprobs_wait_for_kv_room) {
+    eng_need_model();
+    const char *ov[] = {"engine.max_model_len=128", "cache.num_blocks=9", NULL};
+    loom_engine *e = eng_open("smol.yaml", ov);
+    loom_error err = {0};
+    int32_t clock = 0, a_ids[60], b_ids[127];
+    eng_prompt(a_ids, 60, 7, loom_engine_vocab_size(e));
+    eng_prompt(b_ids, 127, 8, loom_engine_vocab_size(e));
+    order_rec a = {.clock = &clock}, b = {.clock = &clock};
+    loom_request ra = loom_request_default();
+    ra.tokens = a_ids, ra.num_tokens = 60, ra.max_tokens = 30, ra.ignore_eos = true;
+    ra.on_token = order_on_token, ra.user = &a;
+    cr_assert_geq(loom_engine_add_request(e, &ra, &err), 0, "%s", err.message);
+    int32_t active = 1;
+    for (int i = 0; i < 4; i++) cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%s", err.message);
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st, sizeof st);
+    cr_assert_gt(st.kv_blocks_used, 1, "A holds %d blocks: B's 8 must not fit beside it", st.kv_blocks_used);
+    loom_request rb = loom_request_default();
+    rb.tokens = b_ids, rb.num_tokens = 127, rb.prompt_logprobs = true, rb.prompt_only = true;
+    rb.on_token = order_on_token, rb.user = &b;
+    cr_assert_geq(loom_engine_add_request(e, &rb, &err), 0, "%s", err.message);
+    for (int i = 0; i < 200 && active > 0; i++)
+        cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(active, 0);
+    cr_assert_eq(a.p.finals, 1);
+    cr_assert_eq(a.p.finish, LOOM_FINISH_LENGTH);
+    cr_assert_eq(b.p.finals, 1);
+    cr_assert_eq(b.p.finish, LOOM_FINISH_LENGTH, "B ended %d (an error: it did not wait)", b.p.finish);
+    cr_assert_not_null(b.p.lp, "B's event carries its prompt logprobs");
+    cr_assert_eq(b.p.n, 127);
+    cr_assert_gt(b.final_at, a.final_at, "B was scored only once A was done");
+    loom_engine_get_stats(e, &st, sizeof st);
+    cr_assert_eq(st.kv_blocks_used, 0);
+    prompt_rec_free(&a.p);
+    prompt_rec_free(&b.p);
+    loom_engine_destroy(e);
+}
+
+/* Aborting a request that waits to be scored ends it at once. */
+Test(real, deferred_scoring_aborted) {
+    eng_need_model();
+    const char *ov[] = {"engine.max_model_len=128", "cache.num_blocks=9", NULL};
+    loom_engine *e = eng_open("smol.yaml", ov);
+    loom_error err = {0};
+    int32_t clock = 0, a_ids[60], b_ids[127];
+    eng_prompt(a_ids, 60, 7, loom_engine_vocab_size(e));
+    eng_prompt(b_ids, 127, 8, loom_engine_vocab_size(e));
+    order_rec a = {.clock = &clock}, b = {.clock = &clock};
+    loom_request ra = loom_request_default();
+    ra.tokens = a_ids, ra.num_tokens = 60, ra.max_tokens = 30, ra.ignore_eos = true;
+    ra.on_token = order_on_token, ra.user = &a;
+    cr_assert_geq(loom_engine_add_request(e, &ra, &err), 0, "%s", err.message);
+    int32_t active = 1;
+    for (int i = 0; i < 4; i++) cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%s", err.message);
+    loom_request rb = loom_request_default();
+    rb.tokens = b_ids, rb.num_tokens = 127, rb.prompt_logprobs = true, rb.max_tokens = 1;
+    rb.on_token = order_on_token, rb.user = &b;
+    int64_t id = loom_engine_add_request(e, &rb, &err);
+    cr_assert_geq(id, 0, "%s", err.message);
+    cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(b.p.events, 0, "B waits");
+    loom_engine_abort(e, id);
+    cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(b.p.finals, 1);
+    cr_assert_eq(b.p.finish, LOOM_FINISH_ABORT);
+    cr_assert_eq(a.p.finals, 0, "A runs on");
+    for (int i = 0; i < 200 && active > 0; i++)
+        cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(a.p.finals, 1);
+    prompt_rec_free(&a.p);
+    prompt_rec_free(&b.p);
+    loom_engine_destroy(e);
+}
