@@ -124,7 +124,9 @@ loom_status engine_score_prompt(loom_engine *e, loom_req *rq, loom_error *err) {
     rq->prompt_lp[0] = NAN;
     rq->prompt_num_top = k;
     score_out o = {rq->prompt_lp, k, rq->prompt_top_ids, rq->prompt_top_lps};
-    return score_tokens(e, rq->prompt, n, &o, err);
+    loom_status st = score_tokens(e, rq->prompt, n, &o, err);
+    rq->prompt_scored = st == LOOM_OK;
+    return st;
 }
 
 loom_status loom_engine_score(loom_engine *e, const int32_t *tokens, int32_t n, float *logprobs, loom_error *err) {

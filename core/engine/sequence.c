@@ -118,7 +118,7 @@ void loom_engine_req_free(loom_req *rq) {
 /* What every event of rq says about its prompt (since ABI 2.3). */
 void engine_event_prompt(loom_token_event *ev, const loom_req *rq) {
     ev->cached_prompt_tokens = rq->cached_prompt_tokens;
-    if (!rq->prompt_lp) return;
+    if (!rq->prompt_scored) return; /* not asked for, or not scored (yet): a failure or abort */
     ev->prompt_token_ids = rq->prompt;
     ev->prompt_logprobs = rq->prompt_lp;
     ev->prompt_num_top = rq->prompt_num_top;

@@ -737,8 +737,10 @@ static void prompt_on_token(void *user, const loom_token_event *ev) {
         r->top_lp = malloc((size_t)r->n * (size_t)r->k * sizeof *r->top_lp + 1);
         memcpy(r->ids, ev->prompt_token_ids, (size_t)r->n * sizeof *r->ids);
         memcpy(r->lp, ev->prompt_logprobs, (size_t)r->n * sizeof *r->lp);
-        memcpy(r->top, ev->prompt_top_ids, (size_t)r->n * (size_t)r->k * sizeof *r->top);
-        memcpy(r->top_lp, ev->prompt_top_logprobs, (size_t)r->n * (size_t)r->k * sizeof *r->top_lp);
+        if (r->k > 0) {
+            memcpy(r->top, ev->prompt_top_ids, (size_t)r->n * (size_t)r->k * sizeof *r->top);
+            memcpy(r->top_lp, ev->prompt_top_logprobs, (size_t)r->n * (size_t)r->k * sizeof *r->top_lp);
+        }
     }
     r->cached = ev->cached_prompt_tokens;
     r->last_token = ev->token;
@@ -936,6 +938,7 @@ Test(real, deferred_scoring_aborted) {
     cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%s", err.message);
     cr_assert_eq(b.p.finals, 1);
     cr_assert_eq(b.p.finish, LOOM_FINISH_ABORT);
+    cr_assert_null(b.p.lp, "an unscored prompt's event carries no prompt logprobs");
     cr_assert_eq(a.p.finals, 0, "A runs on");
     for (int i = 0; i < 200 && active > 0; i++)
         cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%s", err.message);
