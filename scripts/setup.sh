@@ -9,7 +9,7 @@ usage() {
 Usage: scripts/setup.sh [--build-dir DIR] [--sanitize | --fuzz] [-- MESON_ARGS...]
 
 Installs the Debian packages loom builds with (meson, ninja, libyaml, PCRE2,
-cJSON, OpenBLAS, Criterion, pkg-config, python3-pip, unzip), then configures
+cJSON, OpenBLAS, Criterion, pkg-config, python3-pip, python3-venv, unzip), then configures
 and builds loom in DIR (default: build). --sanitize builds with
 AddressSanitizer + UndefinedBehaviorSanitizer (default DIR: build-asan).
 --fuzz installs clang too and builds only the core and the libFuzzer
@@ -39,7 +39,7 @@ if [ -z "$build" ]; then
 fi
 
 pkgs=(meson ninja-build pkg-config gcc libyaml-dev libpcre2-dev libcjson-dev libmicrohttpd-dev libopenblas-dev
-      libcriterion-dev python3 python3-pip unzip ca-certificates)
+      libcriterion-dev python3 python3-pip python3-venv unzip ca-certificates)
 [ $fuzz = 1 ] && pkgs+=(clang) # libFuzzer and its sanitizer runtimes come with Debian's clang
 missing=()
 for p in "${pkgs[@]}"; do

@@ -12,7 +12,9 @@ Usage: scripts/test.sh [--no-sanitize] [--no-fuzz] [--suite NAME]...
 
 Installs build dependencies (scripts/setup.sh), fetches the default model
 (scripts/fetch-model.sh; tests that need it skip with a message if that
-fails), builds in ./build and runs every test suite; then builds in
+fails) and the openai client with jsonschema (scripts/python-env.sh, a venv
+in the cache; the client test skips without them), builds in ./build and
+runs every test suite; then builds in
 ./build-asan with ASan+UBSan and runs them again; then builds the fuzz
 harnesses in ./build-fuzz (clang; scripts/setup.sh --fuzz) and runs suite
 'fuzz': each target replays tests/fuzz/corpus and fuzzes for
@@ -46,6 +48,12 @@ fi
 
 builds=("$root/build")
 scripts/setup.sh --build-dir "$root/build" >/dev/null || { echo "test.sh: build failed"; echo "0 passed, 1 failed"; exit 1; }
+# after setup.sh (python3-venv): the openai client and jsonschema for tests/serve
+if py=$(scripts/python-env.sh); then
+  export LOOM_TEST_PYTHON="$py"
+else
+  echo "test.sh: WARNING: could not install openai / jsonschema; the client test will skip" >&2
+fi
 if [ $sanitize = 1 ]; then
   scripts/setup.sh --sanitize --build-dir "$root/build-asan" >/dev/null || {
     echo "test.sh: sanitizer build failed"; echo "0 passed, 1 failed"; exit 1; }

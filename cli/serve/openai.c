@@ -90,19 +90,21 @@ static char *keep(serve_req *r, char *s) {
 }
 
 /* An array of token ids into p (ids must be integers >= 0; the engine checks
- * them against the vocabulary). */
-static bool token_array(parse_ctx *c, const cJSON *a, const char *where, serve_prompt *p) {
+ * them against the vocabulary), for the field `param` (`where` names the
+ * list in messages); empty only when allow_empty. */
+static bool token_array(parse_ctx *c, const cJSON *a, const char *param, const char *where, bool allow_empty,
+                        serve_prompt *p) {
     int32_t n = cJSON_GetArraySize(a);
-    if (n == 0) return fail(c, "prompt", "%s is an empty token list", where);
-    p->tokens = malloc((size_t)n * sizeof *p->tokens);
-    if (!p->tokens) return fail(c, "prompt", "out of memory reading %d prompt tokens", n);
+    if (n == 0 && !allow_empty) return fail(c, param, "%s is an empty token list", where);
+    p->tokens = malloc((size_t)(n ? n : 1) * sizeof *p->tokens);
+    if (!p->tokens) return fail(c, param, "out of memory reading %d tokens", n);
     int32_t i = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, a) {
         char b[64];
         if (!cJSON_IsNumber(t) || t->valuedouble < 0 || t->valuedouble > INT32_MAX ||
             t->valuedouble != floor(t->valuedouble))
-            return fail(c, "prompt", "%s[%d] must be a token id (an integer >= 0), got %s", where, i,
+            return fail(c, param, "%s[%d] must be a token id (an integer >= 0), got %s", where, i,
                         shown(t, b, sizeof b));
         p->tokens[i++] = (int32_t)t->valuedouble;
     }
@@ -131,7 +133,7 @@ static bool parse_prompt(parse_ctx *c, const cJSON *root) {
         r->prompts = calloc(1, sizeof *r->prompts);
         if (!r->prompts) return fail(c, NULL, "out of memory");
         r->num_prompts = 1;
-        return token_array(c, p, "prompt", &r->prompts[0]);
+        return token_array(c, p, "prompt", "prompt", false, &r->prompts[0]);
     }
     int32_t n = cJSON_GetArraySize(p);
     if (n > SERVE_MAX_PROMPTS)
@@ -148,7 +150,7 @@ static bool parse_prompt(parse_ctx *c, const cJSON *root) {
         if (cJSON_IsString(first) && cJSON_IsString(e)) {
             r->prompts[i].text = e->valuestring;
         } else if (cJSON_IsArray(first) && cJSON_IsArray(e)) {
-            if (!token_array(c, e, where, &r->prompts[i])) return false;
+            if (!token_array(c, e, "prompt", where, false, &r->prompts[i])) return false;
         } else {
             return fail(c, "prompt", "%s is %s: a prompt list holds all texts or all token lists", where,
                         shown(e, b, sizeof b));
@@ -163,9 +165,11 @@ static bool parse_prompt(parse_ctx *c, const cJSON *root) {
 static bool message_content(parse_ctx *c, const cJSON *m, int32_t i, const char **out) {
     const cJSON *ct = field(m, "content");
     char b[64];
-    if (!ct)
-        return fail(c, "messages", "messages[%d] has no content%s", i,
-                    field(m, "tool_calls") ? " (tool calls are not supported)" : "");
+    if (!ct && cJSON_IsArray(field(m, "tool_calls"))) { /* an assistant's calls alone */
+        *out = NULL;
+        return true;
+    }
+    if (!ct) return fail(c, "messages", "messages[%d] has no content", i);
     if (cJSON_IsString(ct)) {
         *out = ct->valuestring;
         return true;
@@ -200,6 +204,27 @@ static bool message_content(parse_ctx *c, const cJSON *m, int32_t i, const char 
     return true;
 }
 
+/* A message's tool fields: an assistant's tool_calls (a list of
+ * {"type": "function", "function": {"name", "arguments"}}) and a tool
+ * message's text content. */
+static bool tool_fields(parse_ctx *c, const cJSON *m, int32_t i, const char *role, serve_tool_msg *out) {
+    const cJSON *tc = field(m, "tool_calls");
+    char b[64];
+    if (tc && (strcmp(role, "assistant") || !cJSON_IsArray(tc) || cJSON_GetArraySize(tc) > SERVE_MAX_TOOL_CALLS))
+        return fail(c, "messages", "messages[%d].tool_calls must be a list of at most %d calls on an assistant "
+                    "message, got %s", i, SERVE_MAX_TOOL_CALLS, shown(tc, b, sizeof b));
+    if (tc && cJSON_GetArraySize(tc) > 0) {
+        out->tool_calls = tc;
+        c->r->tool_turns = true;
+    }
+    if (!strcmp(role, "tool")) {
+        const cJSON *ct = field(m, "content");
+        if (!cJSON_IsString(ct)) return fail(c, "messages", "messages[%d] (role tool) needs text content", i);
+        c->r->tool_turns = true;
+    }
+    return true;
+}
+
 static bool parse_messages(parse_ctx *c, const cJSON *root) {
     serve_req *r = c->r;
     const cJSON *ms = field(root, "messages");
@@ -209,7 +234,8 @@ static bool parse_messages(parse_ctx *c, const cJSON *root) {
                     ms ? ", got " : "", ms ? shown(ms, b, sizeof b) : "");
     int32_t n = cJSON_GetArraySize(ms);
     r->messages = calloc((size_t)n, sizeof *r->messages);
-    if (!r->messages) return fail(c, NULL, "out of memory");
+    r->tool_msgs = calloc((size_t)n, sizeof *r->tool_msgs);
+    if (!r->messages || !r->tool_msgs) return fail(c, NULL, "out of memory");
     int32_t i = 0;
     const cJSON *m;
     cJSON_ArrayForEach(m, ms) {
@@ -220,12 +246,15 @@ static bool parse_messages(parse_ctx *c, const cJSON *root) {
         const char *rs = role->valuestring;
         if (!strcmp(rs, "developer")) rs = "system"; /* OpenAI's newer name for it */
         char rb[64];
-        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant"))
-            return fail(c, "messages", "messages[%d].role '%s' is not supported: use system, user or assistant%s",
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "tool"))
+            return fail(c, "messages", "messages[%d].role '%s' is not supported: use system, user, assistant or tool%s",
                         i, serve_utf8_clip(rs, 48, rb, sizeof rb),
-                        !strcmp(rs, "tool") || !strcmp(rs, "function") ? " (no tool calling)" : "");
+                        !strcmp(rs, "function") ? " (the legacy 'function' role: send 'tool')" : "");
         r->messages[i].role = rs;
         if (!message_content(c, m, i, &r->messages[i].content)) return false;
+        if (!tool_fields(c, m, i, rs, &r->tool_msgs[i])) return false;
+        r->tool_msgs[i].role = rs, r->tool_msgs[i].content = r->messages[i].content;
+        if (!r->messages[i].content) r->messages[i].content = "";
         i++;
     }
     r->base.messages = r->messages;
@@ -266,13 +295,16 @@ static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
     char b[64];
     if ((v = field(root, "suffix")) && !(cJSON_IsString(v) && !v->valuestring[0]))
         return fail(c, "suffix", "'suffix' (fill-in-the-middle) is not supported");
-    if ((v = field(root, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
-        return fail(c, "tools", "'tools' (function calling) is not supported");
+    if (api != SERVE_CHAT && (v = field(root, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
+        return fail(c, "tools", "'tools' (function calling) is supported on /v1/chat/completions only");
     if ((v = field(root, "functions")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
-        return fail(c, "functions", "'functions' (function calling) is not supported");
+        return fail(c, "functions", "'functions' (the legacy form of function calling) is not supported: send "
+                    "'tools'");
     if ((v = field(root, "tool_choice")) && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") ||
                                                                     !strcmp(v->valuestring, "auto"))))
-        return fail(c, "tool_choice", "'tool_choice' %s is not supported (no function calling)", shown(v, b, sizeof b));
+        return fail(c, "tool_choice", "'tool_choice' %s is not supported: forcing a call (\"required\" or a named "
+                    "function) needs a decoding constraint, which loom serve does not have yet; use \"auto\" or "
+                    "\"none\"", shown(v, b, sizeof b));
     /* vLLM's extensions that change what is generated: refused when set */
     static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
                                          "structured_outputs", "prompt_logprobs"};
@@ -280,11 +312,12 @@ static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
         if (field(root, guided[i]))
             return fail(c, guided[i], "'%s' is not supported (no guided decoding or prompt logprobs in loom "
                         "serve)", guided[i]);
-    static const char *const flags[] = {"use_beam_search", "include_stop_str_in_output", "continue_final_message",
-                                        "echo"};
+    static const char *const flags[] = {"use_beam_search", "include_stop_str_in_output", "continue_final_message"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         if ((v = field(root, flags[i])) && !cJSON_IsFalse(v))
             return fail(c, flags[i], "'%s' is not supported by loom serve (leave it unset or false)", flags[i]);
+    if (api == SERVE_CHAT && (v = field(root, "echo")) && !cJSON_IsFalse(v))
+        return fail(c, "echo", "'echo' is supported on /v1/completions only (leave it unset or false here)");
     if ((v = field(root, "min_tokens")) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
         return fail(c, "min_tokens", "'min_tokens' is not supported by loom's sampler");
     if ((v = field(root, "stop_token_ids")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
@@ -294,7 +327,68 @@ static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
     if (v && !(cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
         return fail(c, "response_format", "'response_format' %s is not supported (no guided decoding): only "
                     "{\"type\": \"text\"}", shown(v, b, sizeof b));
-    (void)api;
+    return true;
+}
+
+/* A function name as OpenAI allows it: 1..64 of [A-Za-z0-9_-]. */
+static bool tool_name_ok(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n > SERVE_MAX_TOOL_NAME) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+              s[i] == '_' || s[i] == '-'))
+            return false;
+    return true;
+}
+
+/* tools: [{"type": "function", "function": {"name", "description",
+ * "parameters"}}], offered with tool_choice auto (the default); with
+ * tool_choice none they are checked but not offered. */
+static bool parse_tools(parse_ctx *c, const cJSON *root) {
+    serve_req *r = c->r;
+    const cJSON *v = field(root, "tools"), *t, *tc = field(root, "tool_choice");
+    char b[64];
+    r->parallel_tool_calls = true;
+    if (!bool_field(c, root, "parallel_tool_calls", &r->parallel_tool_calls)) return false;
+    if (!v) return true;
+    const int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
+    if (n < 0 || n > SERVE_MAX_TOOLS)
+        return fail(c, "tools", "'tools' must be a list of at most %d functions, got %s", SERVE_MAX_TOOLS,
+                    shown(v, b, sizeof b));
+    if (n == 0) return true;
+    r->tools = calloc((size_t)n, sizeof *r->tools);
+    if (!r->tools) return fail(c, NULL, "out of memory");
+    int i = 0;
+    cJSON_ArrayForEach(t, v) {
+        const cJSON *type = field(t, "type"), *f = field(t, "function");
+        const cJSON *name = f ? field(f, "name") : NULL, *params = f ? field(f, "parameters") : NULL;
+        const cJSON *desc = f ? field(f, "description") : NULL;
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") || !cJSON_IsObject(f))
+            return fail(c, "tools", "tools[%d] must be {\"type\": \"function\", \"function\": {...}}", i);
+        if (!cJSON_IsString(name) || !tool_name_ok(name->valuestring))
+            return fail(c, "tools", "tools[%d].function.name must be 1 to %d letters, digits, '_' or '-'", i,
+                        SERVE_MAX_TOOL_NAME);
+        if ((params && !cJSON_IsObject(params)) || (desc && !cJSON_IsString(desc)))
+            return fail(c, "tools", "tools[%d].function: 'parameters' must be a JSON schema object and "
+                        "'description' text", i);
+        for (int k = 0; k < i; k++)
+            if (!strcmp(r->tools[k].name, name->valuestring))
+                return fail(c, "tools", "tools[%d]: the function name '%s' is offered twice", i, name->valuestring);
+        r->tools[i++] = (serve_tool){name->valuestring, t};
+    }
+    r->num_tools = tc && !strcmp(tc->valuestring, "none") ? 0 : n; /* none: checked, not offered */
+    return true;
+}
+
+bool serve_req_apply_tools(serve_req *r, const char *family, char *why, size_t why_size, const char **param) {
+    *param = NULL;
+    if (r->num_tools == 0 && !r->tool_turns) return true;
+    *param = r->num_tools > 0 ? "tools" : "messages";
+    if (!serve_tools_render(family, r->tools, r->num_tools, r->tool_msgs, r->base.num_messages, &r->rendered,
+                            &r->base.num_messages, &r->rendered_text, &r->num_rendered_text, why, why_size))
+        return false;
+    r->base.messages = r->rendered;
+    *param = NULL;
     return true;
 }
 
@@ -327,6 +421,30 @@ static bool parse_logit_bias(parse_ctx *c, const cJSON *root) {
     }
     c->r->base.logit_bias = lb;
     c->r->base.num_logit_bias = n;
+    return true;
+}
+
+/* logprobs: completions — how many alternatives (0..20); chat — a bool
+ * plus top_logprobs. The engine reports the chosen token's logprob only
+ * when it computes alternatives, so at least one is asked for. With echo
+ * the prompt's own logprobs are asked for too. */
+static bool parse_logprobs(parse_ctx *c, const cJSON *root, serve_api api) {
+    serve_req *r = c->r;
+    double d = -1;
+    r->logprobs = -1;
+    if (api == SERVE_COMPLETIONS) {
+        if (!num_field(c, root, "logprobs", 0, LOOM_MAX_LOGPROBS, true, &d)) return false;
+        r->logprobs = (int32_t)d;
+    } else {
+        bool lp = false;
+        if (!bool_field(c, root, "logprobs", &lp)) return false;
+        d = 0;
+        if (!num_field(c, root, "top_logprobs", 0, LOOM_MAX_LOGPROBS, true, &d)) return false;
+        if (d > 0 && !lp) return fail(c, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+        r->logprobs = lp ? (int32_t)d : -1;
+    }
+    if (r->logprobs >= 0) r->base.params.logprobs = r->logprobs > 0 ? r->logprobs : 1;
+    r->base.prompt_logprobs = r->echo && r->logprobs >= 0;
     return true;
 }
 
@@ -364,32 +482,18 @@ static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32
     r->base.max_tokens = default_max_tokens;
     const char *mt = api == SERVE_CHAT && field(root, "max_completion_tokens") ? "max_completion_tokens"
                                                                                 : "max_tokens";
+    if (api == SERVE_COMPLETIONS && !bool_field(c, root, "echo", &r->echo)) return false;
     d = default_max_tokens;
-    if (!num_field(c, root, mt, 1, 1e9, true, &d)) return false;
+    /* 0 only with echo: the prompt back, scored with logprobs, nothing generated */
+    if (!num_field(c, root, mt, r->echo ? 0 : 1, 1e9, true, &d)) return false;
     r->base.max_tokens = (int32_t)d;
+    r->base.prompt_only = r->echo && d == 0;
     /* asked for explicitly: more than fits is an error, as OpenAI and vLLM
      * have it; the default (16, or the rest of the context) is cut to fit */
     r->base.strict_max_tokens = field(root, mt) != NULL;
     if (!bool_field(c, root, "ignore_eos", &r->base.ignore_eos)) return false;
     if (!parse_logit_bias(c, root)) return false;
-
-    /* logprobs: completions — how many alternatives (0..20); chat — a bool
-     * plus top_logprobs. The engine reports the chosen token's logprob only
-     * when it computes alternatives, so at least one is asked for. */
-    r->logprobs = -1;
-    if (api == SERVE_COMPLETIONS) {
-        d = -1;
-        if (!num_field(c, root, "logprobs", 0, LOOM_MAX_LOGPROBS, true, &d)) return false;
-        r->logprobs = (int32_t)d;
-    } else {
-        bool lp = false;
-        if (!bool_field(c, root, "logprobs", &lp)) return false;
-        d = 0;
-        if (!num_field(c, root, "top_logprobs", 0, LOOM_MAX_LOGPROBS, true, &d)) return false;
-        if (d > 0 && !lp) return fail(c, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
-        r->logprobs = lp ? (int32_t)d : -1;
-    }
-    if (r->logprobs >= 0) p->logprobs = r->logprobs > 0 ? r->logprobs : 1;
+    if (!parse_logprobs(c, root, api)) return false;
 
     if (!bool_field(c, root, "stream", &r->stream)) return false;
     const cJSON *so = field(root, "stream_options");
@@ -401,6 +505,62 @@ static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32
         if (!bool_field(c, so, "include_usage", &r->include_usage)) return false;
     }
     return parse_stop(c, root);
+}
+
+/* POST /tokenize: {"prompt": text} or {"messages": [...]} (rendered with
+ * the assistant's turn to speak), and add_special_tokens (vLLM's defaults:
+ * true for a prompt, false for messages, whose template writes its own). */
+static bool parse_tokenize(parse_ctx *c, const cJSON *root) {
+    serve_req *r = c->r;
+    const cJSON *p = field(root, "prompt"), *ms = field(root, "messages"), *agp = field(root, "add_generation_prompt");
+    char b[64];
+    if (p && ms) return fail(c, "messages", "give either 'prompt' or 'messages', not both");
+    if (agp && !cJSON_IsTrue(agp))
+        return fail(c, "add_generation_prompt", "'add_generation_prompt' %s is not supported: the conversation is "
+                    "rendered with the assistant's turn to speak, as chat completions read it",
+                    shown(agp, b, sizeof b));
+    if ((p = field(root, "continue_final_message")) && !cJSON_IsFalse(p))
+        return fail(c, "continue_final_message", "'continue_final_message' is not supported by loom serve");
+    p = field(root, "prompt");
+    r->add_special = !ms;
+    if (!bool_field(c, root, "add_special_tokens", &r->add_special)) return false;
+    if (ms) return refuse_unsupported(c, root, SERVE_CHAT) && parse_messages(c, root) && parse_tools(c, root);
+    if (!cJSON_IsString(p))
+        return fail(c, "prompt", "'prompt' must be text (or send 'messages')%s%s", p ? ", got " : "",
+                    p ? shown(p, b, sizeof b) : "");
+    r->prompts = calloc(1, sizeof *r->prompts);
+    if (!r->prompts) return fail(c, NULL, "out of memory");
+    r->num_prompts = 1;
+    r->prompts[0].text = p->valuestring;
+    return true;
+}
+
+/* POST /detokenize: {"tokens": [id, ...]} (may be empty). */
+static bool parse_detokenize(parse_ctx *c, const cJSON *root) {
+    serve_req *r = c->r;
+    const cJSON *t = field(root, "tokens");
+    char b[64];
+    if (!cJSON_IsArray(t))
+        return fail(c, "tokens", "'tokens' must be a list of token ids%s%s", t ? ", got " : "",
+                    t ? shown(t, b, sizeof b) : "");
+    r->prompts = calloc(1, sizeof *r->prompts);
+    if (!r->prompts) return fail(c, NULL, "out of memory");
+    r->num_prompts = 1;
+    return token_array(c, t, "tokens", "tokens", true, &r->prompts[0]);
+}
+
+/* The request's own fields, by route. */
+static bool parse_route(parse_ctx *c, const cJSON *root, serve_api api, int32_t default_max_tokens) {
+    switch (api) {
+    case SERVE_TOKENIZE: return parse_tokenize(c, root);
+    case SERVE_DETOKENIZE: return parse_detokenize(c, root);
+    case SERVE_CHAT:
+        return refuse_unsupported(c, root, api) && parse_messages(c, root) && parse_tools(c, root) &&
+               parse_sampling(c, root, api, default_max_tokens);
+    default:
+        return refuse_unsupported(c, root, api) && parse_prompt(c, root) &&
+               parse_sampling(c, root, api, default_max_tokens);
+    }
 }
 
 /* Offset of a "\u0000" escape in a JSON text, or -1: cJSON decodes it to a
@@ -449,9 +609,7 @@ bool serve_parse(serve_api api, const char *body, size_t len, int32_t default_ma
         if (m && !cJSON_IsString(m))
             ok = fail(&c, "model", "'model' must be text, got %s", shown(m, b, sizeof b));
         if (ok) out->model = m ? m->valuestring : NULL;
-        ok = ok && refuse_unsupported(&c, out->root, api) &&
-             (api == SERVE_CHAT ? parse_messages(&c, out->root) : parse_prompt(&c, out->root)) &&
-             parse_sampling(&c, out->root, api, default_max_tokens);
+        ok = ok && parse_route(&c, out->root, api, default_max_tokens);
     }
     if (!ok) serve_req_free(out);
     return ok;
@@ -462,6 +620,11 @@ void serve_req_free(serve_req *r) {
     for (int32_t i = 0; i < r->num_prompts && r->prompts; i++) free(r->prompts[i].tokens);
     free(r->prompts);
     free(r->messages);
+    free(r->tools);
+    free(r->tool_msgs);
+    free(r->rendered);
+    for (int32_t i = 0; i < r->num_rendered_text; i++) free(r->rendered_text[i]);
+    free(r->rendered_text);
     for (int32_t i = 0; i < r->num_owned; i++) free(r->owned[i]);
     free(r->owned);
     free(r->stop);
@@ -473,9 +636,9 @@ void serve_req_free(serve_req *r) {
 size_t serve_prompt_bytes(const serve_req *r, int32_t *which) {
     size_t most = 0;
     *which = 0;
-    if (r->api == SERVE_CHAT) {
+    if (r->base.num_messages > 0) { /* after serve_req_apply_tools: the tools' text counts too */
         for (int32_t i = 0; i < r->base.num_messages; i++)
-            most += r->messages[i].content ? strlen(r->messages[i].content) : 0;
+            most += r->base.messages[i].content ? strlen(r->base.messages[i].content) : 0;
         return most;
     }
     for (int32_t p = 0; p < r->num_prompts; p++) {

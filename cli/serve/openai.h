@@ -4,8 +4,9 @@
  * requests, and the JSON it answers with. No HTTP here and no engine calls:
  * pure functions, unit-tested on their own (tests/serve).
  *
- * What a demanding client of vLLM or the OpenAI API sends is read; fields
- * loom cannot honour (echo, suffix, tools, images, best_of > n)
+ * What a demanding client of vLLM or the OpenAI API sends is read, tools
+ * included (rendered and read back in tools.h); fields loom cannot honour
+ * (suffix, tool_choice required, images, best_of > n)
  * are refused with a message naming the field, never silently dropped.
  * Unknown fields are ignored, as vLLM and the OpenAI SDKs expect.
  */
@@ -19,6 +20,7 @@
 #include <cjson/cJSON.h>
 
 #include "loom/engine.h"
+#include "tools.h"
 
 /* One request's most prompts (the batch form) and choices (prompts x n). */
 #define SERVE_MAX_PROMPTS 256
@@ -27,6 +29,8 @@
 typedef enum serve_api {
     SERVE_COMPLETIONS = 0, /* POST /v1/completions      */
     SERVE_CHAT = 1,        /* POST /v1/chat/completions */
+    SERVE_TOKENIZE = 2,    /* POST /tokenize (vLLM's): "prompt" text or "messages" */
+    SERVE_DETOKENIZE = 3,  /* POST /detokenize (vLLM's): "tokens"                  */
 } serve_api;
 
 /* One prompt of a completions request (a request may carry several: the
@@ -47,6 +51,21 @@ typedef struct serve_req {
     bool stream;
     bool include_usage;         /* stream_options.include_usage                */
     int32_t logprobs;           /* alternatives per token; -1 = no logprobs    */
+    bool echo;                  /* completions: the prompt before the text (and
+                                   its logprobs, with logprobs); with
+                                   max_tokens 0 only the prompt (base.prompt_only) */
+    bool add_special;           /* tokenize: add_special_tokens               */
+    /* chat tool calling (tools.h): the functions offered with tool_choice
+     * auto (none with tool_choice none), the messages as sent with their
+     * tool fields, and the messages the family's rendering made */
+    serve_tool *tools;          /* (num_tools); owned array                   */
+    int32_t num_tools;
+    bool parallel_tool_calls;   /* false: at most one call is read            */
+    serve_tool_msg *tool_msgs;  /* (base.num_messages as parsed); owned array */
+    bool tool_turns;            /* a tool message or an assistant's tool_calls */
+    loom_chat_message *rendered;/* serve_req_apply_tools' messages; owned    */
+    char **rendered_text;       /* their texts; owned                         */
+    int32_t num_rendered_text;
     /* storage the pointers above reach into */
     cJSON *root;
     char **owned;
@@ -55,7 +74,10 @@ typedef struct serve_req {
     loom_logit_bias *logit_bias;/* base.logit_bias; owned array                */
 } serve_req;
 
-/* Parse a request body of `len` bytes for `api` (body[len] must be NUL). On failure returns false
+/* Parse a request body of `len` bytes for `api` (body[len] must be NUL):
+ * completions and chat into base and prompts/messages; tokenize into
+ * prompts[0].text or messages (and add_special); detokenize into
+ * prompts[0].tokens (ids >= 0; the server checks the vocabulary). On failure returns false
  * with a message in `why` (naming the field, or the byte offset of a JSON
  * syntax error) and the offending field in *param (NULL if none); *out is
  * then freed already. `default_max_tokens` applies when the body has none
@@ -64,10 +86,18 @@ bool serve_parse(serve_api api, const char *body, size_t len, int32_t default_ma
                  char *why, size_t why_size, const char **param);
 void serve_req_free(serve_req *r);
 
+/* Chat and tokenize: when the request offers tools or holds tool turns,
+ * render them for the model's chat template family (loom_engine_chat_
+ * template) into new messages (base.messages then points at them). False
+ * with why (a 400 naming 'tools' or 'messages', in *param) when the family
+ * has no tool format or a tool turn is malformed. */
+bool serve_req_apply_tools(serve_req *r, const char *family, char *why, size_t why_size, const char **param);
+
 /* The bytes of text a request asks the tokenizer to read, for the server's
- * cap on prompt size (checked before tokenizing): completions — the longest
- * text prompt (token-id prompts count 0), its index in *which; chat — every
- * message's content together (*which 0). */
+ * cap on prompt size (checked before tokenizing): completions (and
+ * tokenize) — the longest text prompt (token-id prompts count 0), its index
+ * in *which; messages (chat, tokenize) — every message's content together
+ * (*which 0), as rendered with the tools when serve_req_apply_tools ran. */
 size_t serve_prompt_bytes(const serve_req *r, int32_t *which);
 
 /* OpenAI's name for a finish reason: "stop" (end of generation or a stop

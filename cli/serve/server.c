@@ -7,7 +7,9 @@
  *   GET  /metrics              Prometheus text: queue, KV blocks, tokens
  *   POST /v1/completions       text or token prompts (several: the batch form)
  *   POST /v1/chat/completions  a conversation through the model's chat template
- * Both POSTs stream as server-sent events with "stream": true.
+ *   POST /tokenize             vLLM's: text or messages to the prompt's token ids
+ *   POST /detokenize           vLLM's: token ids to text
+ * Both completion POSTs stream as server-sent events with "stream": true.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* POLLRDHUP */
@@ -74,6 +76,11 @@ typedef struct choice {
     loom_finish_reason finish;
     int32_t tokens;           /* completion tokens                        */
     bool started;             /* chat stream: the role delta was sent     */
+    bool echoed;              /* echo: the prompt went before the text    */
+    size_t streamed;          /* tools: bytes of text sent as content     */
+    serve_tool_call *calls;   /* tools: the calls read from the answer    */
+    int32_t ncalls;
+    size_t content_len;       /* tools: bytes of text before the calls    */
     cJSON *lp;                /* chat: logprobs.content entries; completions: the logprobs object */
     size_t lp_offset;         /* completions: text_offset of the next token */
     double t_last;            /* when its last token came (0: none yet)   */
@@ -86,6 +93,7 @@ typedef struct prompt_ctx {
     int64_t id;               /* engine request id, -1 before it is added */
     int32_t live;             /* samples without their final event        */
     int32_t prompt_tokens;
+    int32_t cached_tokens;    /* of prompt_tokens, served by the prefix cache */
 } prompt_ctx;
 
 struct job {
@@ -105,6 +113,7 @@ struct job {
     double t0;
     int fd;                   /* the client's socket, to notice it leaving (-1: none yet) */
     char url[32];             /* one of the two routes                     */
+    const char *tool_family;  /* chat with tools offered: the template family; else NULL */
     /* The connection waits suspended (no pool thread held) until there is
      * something to send; whoever has that marks it resumed under j->mu
      * (job_take_resume: once) and resumes it after unlocking. */
@@ -195,6 +204,8 @@ static void job_unref(job *j) {
     for (int32_t c = 0; c < j->nchoices; c++) {
         free(j->ch[c].text.p);
         cJSON_Delete(j->ch[c].lp);
+        serve_tool_calls_free(j->ch[c].calls, j->ch[c].ncalls);
+        free(j->ch[c].calls);
     }
     free(j->ch);
     free(j->pc);
@@ -225,14 +236,17 @@ static void job_unlist(job *j) {
 
 /* ------------------------------------------------------ JSON pieces */
 
+/* usage, with OpenAI's prompt_tokens_details.cached_tokens: the prompt
+ * tokens the prefix cache served instead of computing them. */
 static cJSON *usage_json(const job *j) {
-    int32_t prompt = 0, completion = 0;
-    for (int32_t p = 0; p < j->q.num_prompts; p++) prompt += j->pc[p].prompt_tokens;
+    int32_t prompt = 0, completion = 0, cached = 0;
+    for (int32_t p = 0; p < j->q.num_prompts; p++) prompt += j->pc[p].prompt_tokens, cached += j->pc[p].cached_tokens;
     for (int32_t c = 0; c < j->nchoices; c++) completion += j->ch[c].tokens;
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", completion);
     cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", cached);
     return u;
 }
 
@@ -350,6 +364,82 @@ static void completions_lp_merge(choice *ch, cJSON *one) {
     ch->lp_offset += (size_t)cJSON_GetObjectItem(one, "len")->valuedouble;
 }
 
+/* ---------------------------------------------------------------- echo */
+
+static void sse_put_json(job *j, cJSON *o);
+
+/* The prompt a completions choice echoes, built on the engine thread from
+ * the choice's first event: its text (as sent, or the token-id prompt
+ * decoded) and, with logprobs, its tokens' logprobs in the completions
+ * shape — the first token's logprob and alternatives null, as vLLM has them
+ * (nothing comes before it). */
+typedef struct echo_part {
+    bool ready;
+    const char *text;
+    size_t len;
+    char *owned;              /* text, when decoded here                  */
+    cJSON *lp;                /* completions logprobs object, or NULL     */
+} echo_part;
+
+/* One prompt token's logprob entries appended to the four arrays of lp;
+ * *offset advances by the token's bytes. */
+static void echo_lp_token(server *s, cJSON *lp, const loom_token_event *ev, int32_t i, int32_t ntop, size_t *offset) {
+    size_t n = 0;
+    char *t = token_text(s, ev->prompt_token_ids[i], NULL, &n);
+    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "tokens"), cJSON_CreateString(t ? t : ""));
+    free(t);
+    const float v = ev->prompt_logprobs[i];
+    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "token_logprobs"),
+                         i == 0 || v != v ? cJSON_CreateNull() : cJSON_CreateNumber(v));
+    cJSON *top = i == 0 ? cJSON_CreateNull() : cJSON_CreateObject();
+    for (int32_t k = 0; i > 0 && k < ntop; k++) {
+        char *a = token_text(s, ev->prompt_top_ids[(size_t)i * ev->prompt_num_top + k], NULL, NULL);
+        if (a && !cJSON_GetObjectItemCaseSensitive(top, a))
+            cJSON_AddNumberToObject(top, a, ev->prompt_top_logprobs[(size_t)i * ev->prompt_num_top + k]);
+        free(a);
+    }
+    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "top_logprobs"), top);
+    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "text_offset"), cJSON_CreateNumber((double)*offset));
+    *offset += n;
+}
+
+static void echo_build(job *j, const prompt_ctx *pc, const loom_token_event *ev, echo_part *ep) {
+    const serve_prompt *p = &j->q.prompts[pc->p];
+    *ep = (echo_part){.ready = true, .text = p->text ? p->text : "", .len = p->text ? strlen(p->text) : 0};
+    loom_error err = {0};
+    if (!p->text && loom_engine_detokenize_bytes(j->s->eng, p->tokens, p->num_tokens, &ep->owned, &ep->len, &err) ==
+                        LOOM_OK)
+        ep->text = ep->owned;
+    if (j->q.logprobs < 0 || !LOOM_HAS_FIELD(ev, loom_token_event, prompt_top_logprobs) || !ev->prompt_logprobs)
+        return;
+    ep->lp = completions_lp_new();
+    const int32_t ntop = ev->prompt_num_top < j->q.logprobs ? ev->prompt_num_top : j->q.logprobs;
+    size_t offset = 0;
+    for (int32_t i = 0; i < ev->prompt_tokens; i++) echo_lp_token(j->s, ep->lp, ev, i, ntop, &offset);
+}
+
+/* The echo into choice c — its text and logprobs first, and a stream's
+ * chunk for them. Under j->mu; takes ep->lp. */
+static void echo_put(job *j, int32_t c, echo_part *ep) {
+    choice *ch = &j->ch[c];
+    ch->echoed = true;
+    sb_put(&ch->text, ep->text, ep->len);
+    ch->lp_offset = ep->len; /* the generated tokens' text_offset counts from the echoed prompt's end */
+    if (j->q.stream && !j->sse_done) {
+        cJSON *o = response_head(j, "text_completion");
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), e);
+        cJSON_AddNumberToObject(e, "index", c);
+        cJSON_AddItemToObject(e, "text", serve_json_text(ep->text, ep->len));
+        cJSON_AddItemToObject(e, "logprobs", ep->lp ? cJSON_Duplicate(ep->lp, true) : cJSON_CreateNull());
+        cJSON_AddNullToObject(e, "finish_reason");
+        sse_put_json(j, o);
+        cJSON_Delete(o);
+    }
+    ch->lp = ep->lp;
+    ep->lp = NULL;
+}
+
 static void sse_put_json(job *j, cJSON *o) {
     char *s = cJSON_PrintUnformatted(o);
     if (s) {
@@ -402,6 +492,67 @@ static void sse_chunk(job *j, int32_t c, bool token, const char *text, size_t le
         cJSON_AddStringToObject(e, "finish_reason", fr);
     else
         cJSON_AddNullToObject(e, "finish_reason");
+    sse_put_json(j, o);
+    cJSON_Delete(o);
+}
+
+/* ------------------------------------------------------------- tools */
+
+/* The answer's tool calls, read when its last event comes (the offered
+ * functions only; at most one without parallel_tool_calls). Under j->mu. */
+static void tools_read(job *j, choice *ch) {
+    const int32_t max = j->q.parallel_tool_calls ? SERVE_MAX_TOOL_CALLS : 1;
+    ch->calls = calloc((size_t)max, sizeof *ch->calls);
+    if (!ch->calls) return;
+    ch->ncalls = serve_tool_calls_parse(j->tool_family, j->q.tools, j->q.num_tools, ch->text.p ? ch->text.p : "",
+                                        ch->text.n, ch->calls, max, &ch->content_len);
+}
+
+/* OpenAI's tool_calls list of choice c (with each call's index when it goes
+ * out as a stream delta). */
+static cJSON *tool_calls_json(const job *j, int32_t c, bool indexed) {
+    const choice *ch = &j->ch[c];
+    cJSON *a = cJSON_CreateArray();
+    for (int32_t k = 0; k < ch->ncalls; k++) {
+        char id[80];
+        snprintf(id, sizeof id, "call_%s_%d_%d", j->id + strcspn(j->id, "-") + 1, c, k);
+        cJSON *t = cJSON_CreateObject();
+        if (indexed) cJSON_AddNumberToObject(t, "index", k);
+        cJSON_AddStringToObject(t, "id", id);
+        cJSON_AddStringToObject(t, "type", "function");
+        cJSON *f = cJSON_AddObjectToObject(t, "function");
+        cJSON_AddStringToObject(f, "name", ch->calls[k].name);
+        cJSON_AddStringToObject(f, "arguments", ch->calls[k].arguments);
+        cJSON_AddItemToArray(a, t);
+    }
+    return a;
+}
+
+/* A chat stream with tools offered: content goes out only while it cannot
+ * be the start of a call (serve_tool_stream_safe); at the last event the
+ * answer is read, and its calls go out as one tool_calls delta with
+ * finish_reason "tool_calls" — or, when it holds none, the held-back text
+ * as content with the usual finish. Under j->mu, after the event's text was
+ * appended to the choice. */
+static void sse_tools_event(job *j, int32_t c, bool token, cJSON *lp_one, loom_finish_reason finish) {
+    choice *ch = &j->ch[c];
+    const char *text = ch->text.p ? ch->text.p : "";
+    size_t safe = serve_tool_stream_safe(j->tool_family, text, ch->text.n);
+    if (finish != LOOM_FINISH_NONE) {
+        tools_read(j, ch);
+        safe = ch->ncalls ? ch->content_len : ch->text.n;
+    }
+    if (safe < ch->streamed) safe = ch->streamed;
+    sse_chunk(j, c, token, text + ch->streamed, safe - ch->streamed, lp_one, ch->ncalls ? LOOM_FINISH_NONE : finish);
+    ch->streamed = safe;
+    if (!ch->ncalls) return;
+    cJSON *o = response_head(j, "chat.completion.chunk");
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), e);
+    cJSON_AddNumberToObject(e, "index", c);
+    cJSON_AddItemToObject(cJSON_AddObjectToObject(e, "delta"), "tool_calls", tool_calls_json(j, c, true));
+    cJSON_AddNullToObject(e, "logprobs");
+    cJSON_AddStringToObject(e, "finish_reason", "tool_calls");
     sse_put_json(j, o);
     cJSON_Delete(o);
 }
@@ -477,34 +628,44 @@ static void job_suspend_locked(job *j) {
 
 /* ------------------------------------------------------ engine events */
 
+/* [engine thread] The event's latencies into the histograms (TTFT, TPOT,
+ * end to end) and its finish reason counted. Under j->mu. */
+static void record_latency(job *j, choice *ch, const loom_token_event *ev) {
+    const double t = cli_now();
+    serve_metrics *m = &j->s->m;
+    pthread_mutex_lock(&m->mu);
+    if (ev->token >= 0 && ch->t_last > 0) hist_add(&m->tpot, t - ch->t_last);
+    else if (ev->token >= 0) hist_add(&m->ttft, t - j->t0);
+    if (ev->finish != LOOM_FINISH_NONE) {
+        /* completed samples only: an abort or a failure is not a latency */
+        if (ev->finish != LOOM_FINISH_ABORT && ev->finish != LOOM_FINISH_ERROR) hist_add(&m->e2e, t - j->t0);
+        if ((unsigned)ev->finish < 6) m->finished[ev->finish]++;
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (ev->token >= 0) ch->t_last = t;
+}
+
 /* [engine thread] One token or final event of one sample. */
 static void on_event(void *user, const loom_token_event *ev) {
     prompt_ctx *pc = user;
     job *j = pc->j;
-    cJSON *lp_one = token_logprobs(j, ev); /* outside the lock: it detokenizes */
-    pthread_mutex_lock(&j->mu);
     int32_t c = pc->p * j->n + ev->sample_index;
+    cJSON *lp_one = token_logprobs(j, ev); /* outside the lock: it detokenizes */
+    echo_part ep = {0}; /* `echoed` is the engine thread's alone: read without the lock */
+    if (j->q.echo && !j->ch[c].echoed && ev->finish != LOOM_FINISH_ERROR) echo_build(j, pc, ev, &ep);
+    pthread_mutex_lock(&j->mu);
     choice *ch = &j->ch[c];
     pc->prompt_tokens = ev->prompt_tokens;
+    if (LOOM_HAS_FIELD(ev, loom_token_event, cached_prompt_tokens)) pc->cached_tokens = ev->cached_prompt_tokens;
+    if (ep.ready) echo_put(j, c, &ep);
     if (ev->token >= 0) ch->tokens++;
-    {
-        const double t = cli_now();
-        serve_metrics *m = &j->s->m;
-        pthread_mutex_lock(&m->mu);
-        if (ev->token >= 0 && ch->t_last > 0) hist_add(&m->tpot, t - ch->t_last);
-        else if (ev->token >= 0) hist_add(&m->ttft, t - j->t0);
-        if (ev->finish != LOOM_FINISH_NONE) {
-            /* completed samples only: an abort or a failure is not a latency */
-            if (ev->finish != LOOM_FINISH_ABORT && ev->finish != LOOM_FINISH_ERROR) hist_add(&m->e2e, t - j->t0);
-            if ((unsigned)ev->finish < 6) m->finished[ev->finish]++;
-        }
-        pthread_mutex_unlock(&m->mu);
-        if (ev->token >= 0) ch->t_last = t;
-    }
+    record_latency(j, ch, ev);
     const char *text = ev->text ? ev->text : "";
     size_t len = ev->text ? ev->text_len : 0; /* by length: text may hold NUL characters */
+    if (len) sb_put(&ch->text, text, len);
     if (j->q.stream && !j->sse_done) { /* done already: ended at shutdown */
-        sse_chunk(j, c, ev->token >= 0, text, len, lp_one, ev->finish);
+        if (j->tool_family) sse_tools_event(j, c, ev->token >= 0, lp_one, ev->finish);
+        else sse_chunk(j, c, ev->token >= 0, text, len, lp_one, ev->finish);
         if (ev->finish == LOOM_FINISH_ERROR) {
             char *e = serve_error_json(500, ev->error ? ev->error : "generation failed", NULL);
             if (e) {
@@ -515,7 +676,7 @@ static void on_event(void *user, const loom_token_event *ev) {
             free(e);
         }
     }
-    if (len) sb_put(&ch->text, text, len);
+    if (!j->q.stream && j->tool_family && ev->finish != LOOM_FINISH_NONE) tools_read(j, ch);
     if (lp_one && j->q.api == SERVE_CHAT) {
         if (!ch->lp) ch->lp = cJSON_CreateArray();
         cJSON_AddItemToArray(ch->lp, lp_one);
@@ -538,6 +699,7 @@ static void on_event(void *user, const loom_token_event *ev) {
     pthread_mutex_unlock(&j->mu);
     serve_resume(j->s, wake);
     cJSON_Delete(lp_one);
+    free(ep.owned);
     if (prompt_done) job_unref(j);
 }
 
@@ -584,6 +746,12 @@ static void *engine_main(void *arg) {
 }
 
 /* ---------------------------------------------------------- HTTP side */
+
+static char *json_text(cJSON *o) {
+    char *t = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return t;
+}
 
 typedef struct conn_state {
     sbuf body;
@@ -759,7 +927,13 @@ static cJSON *final_response(job *j) {
         cJSON *e = cJSON_CreateObject();
         cJSON_AddNumberToObject(e, "index", c);
         const char *text = ch->text.p ? ch->text.p : "";
-        if (chat) {
+        if (chat && ch->ncalls) { /* the text before the calls, if any, and the calls */
+            cJSON *m = cJSON_AddObjectToObject(e, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddItemToObject(m, "content", ch->content_len ? serve_json_text(text, ch->content_len)
+                                                                : cJSON_CreateNull());
+            cJSON_AddItemToObject(m, "tool_calls", tool_calls_json(j, c, false));
+        } else if (chat) {
             cJSON *m = cJSON_AddObjectToObject(e, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
             cJSON_AddItemToObject(m, "content", serve_json_text(text, ch->text.n));
@@ -780,8 +954,8 @@ static cJSON *final_response(job *j) {
         } else {
             cJSON_AddNullToObject(e, "logprobs");
         }
-        cJSON_AddStringToObject(e, "finish_reason", serve_finish_name(ch->finish) ? serve_finish_name(ch->finish)
-                                                                                 : "stop");
+        const char *fr = ch->ncalls ? "tool_calls" : serve_finish_name(ch->finish);
+        cJSON_AddStringToObject(e, "finish_reason", fr ? fr : "stop");
         cJSON_AddItemToArray(cs, e);
     }
     cJSON_AddItemToObject(o, "usage", usage_json(j));
@@ -809,6 +983,16 @@ static bool prompt_too_long(const server *s, const serve_req *q, char *why, size
     return true;
 }
 
+/* Whether the request names a model this server does not serve (then why:
+ * a 404 for 'model'). */
+static bool other_model(const server *s, const serve_req *q, char *why, size_t whyn) {
+    if (!q->model || !strcmp(q->model, s->model)) return false;
+    char mb[201], sb[201];
+    snprintf(why, whyn, "the model '%s' does not exist: this server serves '%s' (GET /v1/models)",
+             serve_utf8_clip(q->model, 200, mb, sizeof mb), serve_utf8_clip(s->model, 200, sb, sizeof sb));
+    return true;
+}
+
 /* A job for the request body in cs, or NULL with the HTTP status, message
  * and offending parameter (may stay NULL) to reply with: 413 too large, 400
  * not a valid request, 404 another model, 500 out of memory. */
@@ -830,22 +1014,21 @@ static job *job_new(server *s, const char *url, serve_api api, const conn_state 
         *status = 400;
         return NULL;
     }
-    if (j->q.model && strcmp(j->q.model, s->model)) {
-        char mb[201], sb[201];
-        snprintf(why, whyn, "the model '%s' does not exist: this server serves '%s' (GET /v1/models)",
-                 serve_utf8_clip(j->q.model, 200, mb, sizeof mb), serve_utf8_clip(s->model, 200, sb, sizeof sb));
+    if (other_model(s, &j->q, why, whyn)) {
         serve_req_free(&j->q);
         free(j);
         *status = 404;
         *param = "model";
         return NULL;
     }
-    if (prompt_too_long(s, &j->q, why, whyn, param)) {
+    if ((api == SERVE_CHAT && !serve_req_apply_tools(&j->q, loom_engine_chat_template(s->eng), why, whyn, param)) ||
+        prompt_too_long(s, &j->q, why, whyn, param)) {
         serve_req_free(&j->q);
         free(j);
         *status = 400;
         return NULL;
     }
+    if (j->q.num_tools > 0) j->tool_family = loom_engine_chat_template(s->eng);
     j->s = s;
     j->fd = -1;
     snprintf(j->url, sizeof j->url, "%s", url);
@@ -1043,6 +1226,82 @@ static enum MHD_Result completion(server *s, struct MHD_Connection *conn, const 
     return completion_resumed(s, conn, cs);
 }
 
+/* ------------------------------------------------ tokenize, detokenize */
+
+/* POST /tokenize: the token ids a completions prompt or a chat conversation
+ * reads (vLLM's shape: tokens, count, max_model_len). On the polling
+ * thread, as a completion's tokenizing is, bounded by the prompt byte cap. */
+static char *tokenize_answer(server *s, const serve_req *q, unsigned *status, char *why, size_t whyn) {
+    loom_request r = loom_request_default();
+    if (q->base.num_messages > 0) r.messages = q->base.messages, r.num_messages = q->base.num_messages;
+    else r.prompt = q->prompts[0].text;
+    r.parse_special = s->opt->parse_special;
+    int32_t *ids = NULL, n = 0;
+    loom_error err = {0};
+    if (loom_engine_prompt_tokens(s->eng, &r, q->add_special, &ids, &n, &err) != LOOM_OK) {
+        *status = err.code == LOOM_ERR_NOMEM ? 500 : 400;
+        snprintf(why, whyn, "%s", err.message);
+        return NULL;
+    }
+    cJSON *o = cJSON_CreateObject(), *t = cJSON_AddArrayToObject(o, "tokens");
+    for (int32_t i = 0; i < n; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(ids[i]));
+    cJSON_AddNumberToObject(o, "count", n);
+    cJSON_AddNumberToObject(o, "max_model_len", loom_engine_max_context(s->eng));
+    cJSON_AddNullToObject(o, "token_strs");
+    free(ids);
+    return json_text(o);
+}
+
+/* POST /detokenize: {"prompt": the ids' text} (NUL characters as \u0000),
+ * every id checked against the vocabulary first. */
+static char *detokenize_answer(server *s, const serve_req *q, unsigned *status, char *why, size_t whyn) {
+    const serve_prompt *p = &q->prompts[0];
+    const int32_t vocab = loom_engine_vocab_size(s->eng);
+    *status = 400;
+    for (int32_t i = 0; i < p->num_tokens; i++)
+        if (p->tokens[i] >= vocab) {
+            snprintf(why, whyn, "tokens[%d] is %d, outside the vocabulary [0, %d)", i, p->tokens[i], vocab);
+            return NULL;
+        }
+    char *text = NULL;
+    size_t len = 0;
+    loom_error err = {0};
+    if (loom_engine_detokenize_bytes(s->eng, p->tokens, p->num_tokens, &text, &len, &err) != LOOM_OK) {
+        *status = err.code == LOOM_ERR_NOMEM ? 500 : 400;
+        snprintf(why, whyn, "%s", err.message);
+        return NULL;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "prompt", serve_json_text(text, len));
+    free(text);
+    return json_text(o);
+}
+
+static enum MHD_Result tokenizer_route(server *s, struct MHD_Connection *conn, serve_api api, conn_state *cs) {
+    char why[512];
+    const char *param = NULL;
+    serve_req q;
+    if (cs->too_large) {
+        body_too_large(s, why, sizeof why);
+        return reply_error(s, conn, 413, why, NULL);
+    }
+    if (!serve_parse(api, cs->body.p, cs->body.n, 0, &q, why, sizeof why, &param))
+        return reply_error(s, conn, 400, why, param);
+    unsigned status = 404;
+    char *answer = NULL;
+    if (other_model(s, &q, why, sizeof why)) param = "model";
+    else if (api == SERVE_TOKENIZE &&
+             !serve_req_apply_tools(&q, loom_engine_chat_template(s->eng), why, sizeof why, &param))
+        status = 400;
+    else if (api == SERVE_TOKENIZE && prompt_too_long(s, &q, why, sizeof why, &param)) status = 400;
+    else if (api == SERVE_TOKENIZE) answer = tokenize_answer(s, &q, &status, why, sizeof why);
+    else answer = detokenize_answer(s, &q, &status, why, sizeof why);
+    if (!answer && (status == 400 || status == 500) && !param)
+        param = api == SERVE_DETOKENIZE ? "tokens" : q.base.num_messages > 0 ? "messages" : "prompt";
+    serve_req_free(&q);
+    return answer ? reply(s, conn, 200, answer, NULL) : reply_error(s, conn, status, why, param);
+}
+
 /* The served model as OpenAI's model object. */
 static cJSON *model_object(server *s) {
     cJSON *m = cJSON_CreateObject();
@@ -1052,12 +1311,6 @@ static cJSON *model_object(server *s) {
     cJSON_AddStringToObject(m, "owned_by", "loom");
     cJSON_AddNumberToObject(m, "max_model_len", loom_engine_max_context(s->eng));
     return m;
-}
-
-static char *json_text(cJSON *o) {
-    char *t = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return t;
 }
 
 static char *models_json(server *s) {
@@ -1178,7 +1431,7 @@ static bool auth_ok(const char *auth, const char *key) {
  * (413) — before the client is told to go on (100 Continue) and before its
  * body is read: MHD then answers at once and discards the body. */
 static enum MHD_Result header_stage(server *s, struct MHD_Connection *conn, const char *url, conn_state *cs) {
-    if (s->opt->api_key && !strncmp(url, "/v1/", 4)) {
+    if (s->opt->api_key && (!strncmp(url, "/v1/", 4) || !strcmp(url, "/tokenize") || !strcmp(url, "/detokenize"))) {
         const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
         if (!auth_ok(auth, s->opt->api_key)) {
             cs->answered = true;
@@ -1227,7 +1480,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     bool chat = !strcmp(url, "/v1/chat/completions"), gen = chat || !strcmp(url, "/v1/completions");
     serve_api api = chat ? SERVE_CHAT : SERVE_COMPLETIONS;
     if (gen && post) return completion(s, conn, url, api, cs);
-    if (gen) return reply_error(s, conn, MHD_HTTP_METHOD_NOT_ALLOWED, "use POST with a JSON body", NULL);
+    bool tok = !strcmp(url, "/tokenize"), detok = !strcmp(url, "/detokenize");
+    if ((tok || detok) && post) return tokenizer_route(s, conn, tok ? SERVE_TOKENIZE : SERVE_DETOKENIZE, cs);
+    if (gen || tok || detok)
+        return reply_error(s, conn, MHD_HTTP_METHOD_NOT_ALLOWED, "use POST with a JSON body", NULL);
     if (get && !strcmp(url, "/health")) {
         pthread_mutex_lock(&s->mu);
         bool ok = !s->fatal[0];
@@ -1240,8 +1496,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (get && !strcmp(url, "/metrics"))
         return reply(s, conn, 200, metrics_text(s), "text/plain; version=0.0.4");
     char m[400], mb[17], ub[161]; /* the method and URL as sent, cut between characters */
-    snprintf(m, sizeof m, "no route %s %s: try POST /v1/completions, POST /v1/chat/completions, GET "
-             "/v1/models, /v1/models/ID, /health, /metrics", serve_utf8_clip(method, 16, mb, sizeof mb),
+    snprintf(m, sizeof m, "no route %s %s: try POST /v1/completions, POST /v1/chat/completions, POST /tokenize, "
+             "POST /detokenize, GET /v1/models, /v1/models/ID, /health, /metrics",
+             serve_utf8_clip(method, 16, mb, sizeof mb),
              serve_utf8_clip(url, 160, ub, sizeof ub));
     return reply_error(s, conn, 404, m, NULL);
 }

@@ -120,7 +120,8 @@ static void count_prompt(loom_engine *e, loom_seq *s, const loom_sched_entry *en
     const int32_t np = s->info.num_prompt_tokens;
     if (!s->prefix_counted && s->sample_index == 0) {
         s->prefix_counted = true;
-        e->stats.cached_prompt_tokens += en->num_computed < np ? en->num_computed : np;
+        s->req->cached_prompt_tokens = en->num_computed < np ? en->num_computed : np;
+        e->stats.cached_prompt_tokens += s->req->cached_prompt_tokens;
     }
     if (en->num_computed < np) e->stats.prefill_tokens += (end < np ? end : np) - en->num_computed;
 }

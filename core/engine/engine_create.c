@@ -365,6 +365,8 @@ void loom_engine_destroy(loom_engine *e) {
         for (int32_t k = 0; k < rq->n; k++) loom_engine_seq_free(rq->seqs[k]);
         loom_engine_req_free(rq);
     }
+    for (int32_t i = 0; i < e->num_deferred; i++) loom_engine_req_free(e->deferred[i]);
+    free(e->deferred);
     while (e->inbox_head) {
         loom_inbox_item *it = e->inbox_head;
         e->inbox_head = it->next;
@@ -463,6 +465,11 @@ const char *loom_engine_token_piece(const loom_engine *e, int32_t id, size_t *le
 }
 
 int32_t loom_engine_vocab_size(const loom_engine *e) { return e->vocab; }
+const char *loom_engine_chat_template(const loom_engine *e) {
+    if (!e->tok || e->chat_none) return NULL;
+    loom_chat_format f = e->chat_format != LOOM_CHAT_AUTO ? e->chat_format : loom_tokenizer_chat_format(e->tok);
+    return loom_chat_format_name(f != LOOM_CHAT_AUTO ? f : LOOM_CHAT_CHATML); /* chat.c's fallback */
+}
 int32_t loom_engine_max_context(const loom_engine *e) { return e->max_model_len; }
 const char *loom_engine_model_name(const loom_engine *e) {
     return e->mcfg && e->mcfg->name[0] ? e->mcfg->name : "model";

@@ -85,6 +85,13 @@ struct loom_req {
     loom_seq **seqs;           /* (n)                                        */
     bool aborted;
     double arrival;
+    int32_t cached_prompt_tokens; /* served by the prefix cache, at sample 0's first schedule */
+    /* r.prompt_logprobs: the prompt scored at admission (score.c) */
+    bool prompt_scored;        /* the arrays below are filled (events carry them) */
+    float *prompt_lp;          /* (prompt_len); [0] NAN                      */
+    int32_t prompt_num_top;    /* alternatives per position                  */
+    int32_t *prompt_top_ids;   /* (prompt_len, prompt_num_top)               */
+    float *prompt_top_lps;     /* (prompt_len, prompt_num_top)               */
 };
 
 /* The model runner the engine drives: a backend, or an executor over
@@ -144,6 +151,10 @@ struct loom_engine {
 
     /* Requests and sequences (engine thread only); seqs sorted by id. */
     loom_req **reqs;           int32_t num_reqs, cap_reqs;
+    /* Requests whose prompt logprobs wait for KV room to be scored (the
+     * cache is full of running sequences), oldest first; retried at every
+     * drain of the inbox. */
+    loom_req **deferred;       int32_t num_deferred, cap_deferred;
     loom_seq **seqs;           int32_t num_seqs, cap_seqs;
     int64_t next_seq_id;
 
@@ -194,6 +205,7 @@ void engine_accept_token(loom_engine *e, loom_seq *s, const engine_token *t);
 void engine_seq_finish(loom_engine *e, loom_seq *s, loom_finish_reason why, const char *error);
 void engine_end_unstarted(const loom_req *rq, int32_t from, loom_finish_reason why, const char *error);
 void engine_reap(loom_engine *e);
+void engine_event_prompt(loom_token_event *ev, const loom_req *rq);
 
 /* requests.c */
 void engine_drain_inbox(loom_engine *e, loom_error *err);
@@ -217,6 +229,9 @@ loom_status engine_sampler_check(loom_engine *e, loom_seq *s, loom_error *err);
 loom_status engine_check_token(const loom_engine *e, int32_t tok, loom_error *err);
 float engine_raw_logprob(const float *row, int32_t vocab, int32_t tok);
 int32_t engine_raw_top(const float *row, int32_t vocab, int32_t n, int32_t *ids, float *lps);
+
+/* score.c */
+loom_status engine_score_prompt(loom_engine *e, loom_req *rq, loom_error *err);
 
 /* speculate.c */
 loom_status engine_spec_propose(loom_engine *e, loom_error *err);

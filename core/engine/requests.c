@@ -66,12 +66,16 @@ static loom_status encode_messages(loom_engine *e, const loom_request *req, loom
     loom_chat_msg *msgs = calloc((size_t)req->num_messages, sizeof *msgs);
     if (!msgs) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying %d messages", req->num_messages);
     loom_status st = LOOM_OK;
+    const char *family = loom_engine_chat_template(e);
+    const bool llama3 = family && !strcmp(family, "llama3");
     for (int32_t i = 0; i < req->num_messages && st == LOOM_OK; i++) {
         const char *role = req->messages[i].role, *content = req->messages[i].content;
-        if (!role || !content || (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant")))
+        const bool ipython = role && !strcmp(role, "ipython") && llama3; /* Llama 3.1's tool results */
+        if (!role || !content ||
+            (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && !ipython))
             st = loom_error_set(err, LOOM_ERR_INVALID,
                                 "messages[%d]: role '%s' with %s content: roles are system, user and "
-                                "assistant, content is text",
+                                "assistant (and ipython with the llama3 template), content is text",
                                 i, role ? role : "(none)", content ? "text" : "no");
         msgs[i] = (loom_chat_msg){role, content};
     }
@@ -80,8 +84,10 @@ static loom_status encode_messages(loom_engine *e, const loom_request *req, loom
     return st;
 }
 
-/* Text, wrapped as one user turn when req->chat asks for it. */
-static loom_status encode_text(loom_engine *e, const loom_request *req, loom_req *rq, loom_error *err) {
+/* Text, wrapped as one user turn when req->chat asks for it; add_special:
+ * with the BOS the tokenizer puts before text, if it has one. */
+static loom_status encode_text(loom_engine *e, const loom_request *req, bool add_special, loom_req *rq,
+                               loom_error *err) {
     if (!e->tok)
         return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
                               "this model has no tokenizer (dummy weights): give prompt token ids instead of text");
@@ -93,7 +99,8 @@ static loom_status encode_text(loom_engine *e, const loom_request *req, loom_req
         msgs[nm++] = (loom_chat_msg){"user", req->prompt};
         return chat_encode(e, req, msgs, nm, rq, err);
     }
-    return loom_tokenizer_encode(e->tok, req->prompt, strlen(req->prompt), loom_tokenizer_adds_bos(e->tok),
+    return loom_tokenizer_encode(e->tok, req->prompt, strlen(req->prompt),
+                                 add_special && loom_tokenizer_adds_bos(e->tok),
                                  req->parse_special, &rq->prompt, &rq->prompt_len, err);
 }
 
@@ -111,14 +118,37 @@ static loom_status copy_tokens(loom_engine *e, const loom_request *req, loom_req
     return LOOM_OK;
 }
 
-/* The prompt as token ids, from whichever form the request gave, and the
- * new-token budget that fits the context after it. */
+/* The prompt as token ids, from whichever form the request gave. */
+static loom_status encode_prompt(loom_engine *e, const loom_request *req, bool add_special, loom_req *rq,
+                                 loom_error *err) {
+    if (req->num_messages > 0) return encode_messages(e, req, rq, err);
+    if (req->prompt) return encode_text(e, req, add_special, rq, err);
+    if (req->tokens && req->num_tokens > 0) return copy_tokens(e, req, rq, err);
+    return loom_error_set(err, LOOM_ERR_INVALID, "request has neither a prompt nor prompt tokens");
+}
+
+loom_status loom_engine_prompt_tokens(loom_engine *e, const loom_request *req, bool add_special, int32_t **ids,
+                                      int32_t *n, loom_error *err) {
+    if (!e || !req || req->struct_size < sizeof(uint32_t) || req->struct_size > sizeof(loom_request))
+        return loom_error_set(err, LOOM_ERR_INVALID, "loom_engine_prompt_tokens: an engine and a request (struct_size "
+                              "%u) are required", req ? req->struct_size : 0);
+    loom_request full = loom_request_default();
+    memcpy(&full, req, req->struct_size);
+    loom_req rq = {0};
+    loom_status st = encode_prompt(e, &full, add_special, &rq, err);
+    if (st != LOOM_OK) {
+        free(rq.prompt);
+        return st;
+    }
+    *ids = rq.prompt;
+    *n = rq.prompt_len;
+    return LOOM_OK;
+}
+
+/* The prompt as token ids and the new-token budget that fits the context
+ * after it. */
 static loom_status resolve_prompt(loom_engine *e, const loom_request *req, loom_req *rq, loom_error *err) {
-    loom_status st;
-    if (req->num_messages > 0) st = encode_messages(e, req, rq, err);
-    else if (req->prompt) st = encode_text(e, req, rq, err);
-    else if (req->tokens && req->num_tokens > 0) st = copy_tokens(e, req, rq, err);
-    else st = loom_error_set(err, LOOM_ERR_INVALID, "request has neither a prompt nor prompt tokens");
+    loom_status st = encode_prompt(e, req, true, rq, err);
     if (st != LOOM_OK) return st;
     if (rq->prompt_len == 0)
         return loom_error_set(err, LOOM_ERR_INVALID, "the prompt encodes to zero tokens: give some text");
@@ -331,7 +361,81 @@ static void admit(loom_engine *e, loom_req *rq, loom_error *err) {
     }
 }
 
+/* A request that reads its prompt and generates nothing (prompt_only):
+ * every sample ends at once, LENGTH, after the prompt was scored when it
+ * asked for its logprobs. */
+static void finish_prompt_only(loom_engine *e, loom_req *rq) {
+    e->stats.prompt_tokens += rq->prompt_len;
+    engine_end_unstarted(rq, 0, LOOM_FINISH_LENGTH, NULL);
+    pthread_mutex_lock(&e->inbox_mu);
+    e->active--;
+    pthread_mutex_unlock(&e->inbox_mu);
+    loom_engine_req_free(rq);
+}
+
+static bool any_running(const loom_engine *e) {
+    for (int32_t i = 0; i < e->num_reqs; i++)
+        if (e->reqs[i]->live > 0) return true;
+    return false;
+}
+
+/* Admit a request after what it needs before its first step: its prompt's
+ * logprobs, scored now (between steps, the step buffers are free), and an
+ * end at once for a request that generates nothing. A prompt the cache has
+ * no room to score while other requests run waits for them (deferred, tried
+ * again at the next drain); with none running, no room is an error (the
+ * paged cache always holds one max_model_len sequence, so that is rare). */
+static void admit_scored(loom_engine *e, loom_req *rq, loom_error *err) {
+    if (rq->r.prompt_logprobs) {
+        loom_error serr = {0};
+        loom_status st = engine_score_prompt(e, rq, &serr);
+        if (st == LOOM_ERR_NO_SPACE && any_running(e) &&
+            engine_grow((void **)&e->deferred, &e->cap_deferred, e->num_deferred + 1, sizeof(loom_req *)) ==
+                LOOM_OK) {
+            e->deferred[e->num_deferred++] = rq;
+            return;
+        }
+        if (st != LOOM_OK) {
+            loom_error_prefix(&serr, "scoring the prompt's %d tokens", rq->prompt_len);
+            fail_unadmitted(e, rq, serr.message);
+            return;
+        }
+    }
+    if (rq->r.prompt_only) finish_prompt_only(e, rq);
+    else admit(e, rq, err);
+}
+
+/* The deferred requests, tried again oldest first (each may wait again). */
+static void retry_deferred(loom_engine *e, loom_error *err) {
+    const int32_t n = e->num_deferred;
+    if (n == 0) return;
+    loom_req **batch = malloc((size_t)n * sizeof *batch);
+    if (!batch) return; /* tried at the next drain */
+    memcpy(batch, e->deferred, (size_t)n * sizeof *batch);
+    e->num_deferred = 0;
+    for (int32_t i = 0; i < n; i++) admit_scored(e, batch[i], err);
+    free(batch);
+}
+
+/* An abort of a request still waiting to be scored: its samples end now. */
+static bool abort_deferred(loom_engine *e, int64_t id) {
+    for (int32_t i = 0; i < e->num_deferred; i++) {
+        loom_req *rq = e->deferred[i];
+        if (rq->id != id) continue;
+        memmove(e->deferred + i, e->deferred + i + 1, (size_t)(e->num_deferred - i - 1) * sizeof *e->deferred);
+        e->num_deferred--;
+        engine_end_unstarted(rq, 0, LOOM_FINISH_ABORT, NULL);
+        pthread_mutex_lock(&e->inbox_mu);
+        e->active--;
+        pthread_mutex_unlock(&e->inbox_mu);
+        loom_engine_req_free(rq);
+        return true;
+    }
+    return false;
+}
+
 static void abort_request(loom_engine *e, int64_t id) {
+    if (abort_deferred(e, id)) return;
     for (int32_t i = 0; i < e->num_reqs; i++) {
         loom_req *rq = e->reqs[i];
         if (rq->id != id || rq->live == 0) continue;
@@ -346,9 +450,10 @@ void engine_drain_inbox(loom_engine *e, loom_error *err) {
     loom_inbox_item *it = e->inbox_head;
     e->inbox_head = e->inbox_tail = NULL;
     pthread_mutex_unlock(&e->inbox_mu);
+    retry_deferred(e, err);
     while (it) {
         loom_inbox_item *next = it->next;
-        if (it->req) admit(e, it->req, err);
+        if (it->req) admit_scored(e, it->req, err);
         else abort_request(e, it->abort_id);
         free(it);
         it = next;

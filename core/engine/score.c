@@ -1,9 +1,13 @@
 /*
- * core/engine/score.c — teacher-forced scoring (perplexity): one sequence's
- * tokens through the runner in chunks, the log-probability of each next
- * token under the model's raw distribution. Uses the cache manager for
- * slots like any sequence, and frees them at the end.
+ * core/engine/score.c — teacher-forced scoring: one sequence's tokens
+ * through the runner in chunks, the log-probability of each next token
+ * under the model's raw distribution (and its most likely alternatives,
+ * when asked). Uses the cache manager for slots like any sequence, and
+ * frees them at the end. Two callers: loom_engine_score (perplexity, on an
+ * idle engine) and a request's prompt_logprobs, scored between steps when
+ * it is admitted.
  */
+#include <math.h>
 #include <stdlib.h>
 
 #include "engine/engine_internal.h"
@@ -48,8 +52,17 @@ static loom_batch score_batch(loom_engine *e, const int32_t *tokens, int32_t sta
     };
 }
 
+/* Where a score goes: logprobs (n), and when k > 0 the k most likely
+ * tokens of each position with their logprobs (n, k); row 0 untouched. */
+typedef struct score_out {
+    float *logprobs;
+    int32_t k;
+    int32_t *top_ids;
+    float *top_lps;
+} score_out;
+
 static loom_status score_run(loom_engine *e, const loom_seq_info *info, const int32_t *tokens, int32_t n,
-                             float *logprobs, loom_error *err) {
+                             const score_out *o, loom_error *err) {
     loom_status st = engine_run_block_ops(e, err);
     if (st != LOOM_OK) return st;
     if (engine_step_buffers(e, 1, SCORE_CHUNK, e->bt_stride) != LOOM_OK)
@@ -57,21 +70,26 @@ static loom_status score_run(loom_engine *e, const loom_seq_info *info, const in
     if ((st = engine_logits_room(e, SCORE_CHUNK, err)) != LOOM_OK) return st;
     int32_t nb = e->cache->block_table(e->cache_self, info->id, e->block_table, e->bt_stride);
     for (int32_t k = nb; k < e->bt_stride; k++) e->block_table[k] = -1;
-    logprobs[0] = 0.0f;
     for (int32_t start = 0; start < n; start += SCORE_CHUNK) {
         int32_t c = n - start < SCORE_CHUNK ? n - start : SCORE_CHUNK;
         loom_batch batch = score_batch(e, tokens, start, c);
         if ((st = e->run.forward(e->run.self, &batch, e->logits, err)) != LOOM_OK) return st;
-        for (int32_t i = 0; i < c && start + i + 1 < n; i++)
-            logprobs[start + i + 1] =
-                engine_raw_logprob(e->logits + (size_t)i * e->vocab, e->vocab, tokens[start + i + 1]);
+        for (int32_t i = 0; i < c && start + i + 1 < n; i++) {
+            const float *row = e->logits + (size_t)i * e->vocab;
+            const int32_t p = start + i + 1;
+            o->logprobs[p] = engine_raw_logprob(row, e->vocab, tokens[p]);
+            if (o->k > 0)
+                engine_raw_top(row, e->vocab, o->k, o->top_ids + (size_t)p * o->k, o->top_lps + (size_t)p * o->k);
+        }
     }
     return LOOM_OK;
 }
 
-loom_status loom_engine_score(loom_engine *e, const int32_t *tokens, int32_t n, float *logprobs, loom_error *err) {
-    loom_status st = score_check(e, tokens, n, err);
-    if (st != LOOM_OK) return st;
+/* Score tokens (n) as a sequence of its own: slots from the cache manager,
+ * the forward in chunks, the slots freed (their full blocks stay in the
+ * prefix cache). */
+static loom_status score_tokens(loom_engine *e, const int32_t *tokens, int32_t n, const score_out *o,
+                                loom_error *err) {
     loom_seq_info info = {
         .struct_size = sizeof info,
         .id = e->next_seq_id++,
@@ -81,14 +99,42 @@ loom_status loom_engine_score(loom_engine *e, const int32_t *tokens, int32_t n, 
         .max_total_tokens = n,
         .tokens = tokens,
     };
-    st = e->cache->allocate(e->cache_self, &info, n, err);
+    loom_status st = e->cache->allocate(e->cache_self, &info, n, err);
     if (st == LOOM_ERR_NO_SPACE)
         return loom_error_set(err, LOOM_ERR_NO_SPACE,
-                              "loom_engine_score: the KV cache cannot hold %d tokens (%d blocks of %d): give the "
-                              "cache more memory or score shorter windows",
-                              n, e->layout.num_blocks, e->layout.block_size);
+                              "the KV cache cannot hold %d tokens to score now (%d blocks of %d, %d free): give the "
+                              "cache more memory, score shorter texts, or retry when fewer requests run",
+                              n, e->layout.num_blocks, e->layout.block_size,
+                              e->cache->num_free_blocks(e->cache_self));
     if (st != LOOM_OK) return st;
-    st = score_run(e, &info, tokens, n, logprobs, err);
+    st = score_run(e, &info, tokens, n, o, err);
     e->cache->free(e->cache_self, info.id);
+    return st;
+}
+
+loom_status engine_score_prompt(loom_engine *e, loom_req *rq, loom_error *err) {
+    const int32_t n = rq->prompt_len, k = rq->r.params.logprobs;
+    if (!rq->prompt_lp) rq->prompt_lp = malloc((size_t)n * sizeof *rq->prompt_lp);
+    if (k > 0 && !rq->prompt_top_ids) { /* a retry (after NO_SPACE) reuses them */
+        rq->prompt_top_ids = calloc((size_t)n * (size_t)k, sizeof *rq->prompt_top_ids);
+        rq->prompt_top_lps = calloc((size_t)n * (size_t)k, sizeof *rq->prompt_top_lps);
+    }
+    if (!rq->prompt_lp || (k > 0 && (!rq->prompt_top_ids || !rq->prompt_top_lps)))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for the logprobs of %d prompt tokens", n);
+    rq->prompt_lp[0] = NAN;
+    rq->prompt_num_top = k;
+    score_out o = {rq->prompt_lp, k, rq->prompt_top_ids, rq->prompt_top_lps};
+    loom_status st = score_tokens(e, rq->prompt, n, &o, err);
+    rq->prompt_scored = st == LOOM_OK;
+    return st;
+}
+
+loom_status loom_engine_score(loom_engine *e, const int32_t *tokens, int32_t n, float *logprobs, loom_error *err) {
+    loom_status st = score_check(e, tokens, n, err);
+    if (st != LOOM_OK) return st;
+    logprobs[0] = 0.0f;
+    score_out o = {.logprobs = logprobs};
+    st = score_tokens(e, tokens, n, &o, err);
+    if (st != LOOM_OK) loom_error_prefix(err, "loom_engine_score");
     return st;
 }

@@ -104,6 +104,9 @@ void loom_engine_req_free(loom_req *rq) {
         free(rq->stop);
     }
     free(rq->prompt);
+    free(rq->prompt_lp);
+    free(rq->prompt_top_ids);
+    free(rq->prompt_top_lps);
     free(rq->seqs);
     free((char *)rq->r.system);
     free((void *)rq->r.logit_bias);
@@ -111,6 +114,17 @@ void loom_engine_req_free(loom_req *rq) {
 }
 
 /* ---------------------------------------------------------------- events */
+
+/* What every event of rq says about its prompt (since ABI 2.3). */
+void engine_event_prompt(loom_token_event *ev, const loom_req *rq) {
+    ev->cached_prompt_tokens = rq->cached_prompt_tokens;
+    if (!rq->prompt_scored) return; /* not asked for, or not scored (yet): a failure or abort */
+    ev->prompt_token_ids = rq->prompt;
+    ev->prompt_logprobs = rq->prompt_lp;
+    ev->prompt_num_top = rq->prompt_num_top;
+    ev->prompt_top_ids = rq->prompt_top_ids;
+    ev->prompt_top_logprobs = rq->prompt_top_lps;
+}
 
 /* text: len bytes (may hold NUL characters), NUL-terminated. */
 static void emit(loom_engine *e, loom_seq *s, const engine_token *t, const char *text, size_t len,
@@ -133,6 +147,7 @@ static void emit(loom_engine *e, loom_seq *s, const engine_token *t, const char 
         .vocab = e->vocab,
         .prompt_tokens = s->req->prompt_len,
     };
+    engine_event_prompt(&ev, s->req);
     s->req->r.on_token(s->req->r.user, &ev);
 }
 
@@ -141,6 +156,7 @@ void engine_end_unstarted(const loom_req *rq, int32_t from, loom_finish_reason w
     for (int32_t k = from; k < rq->n && rq->r.on_token; k++) {
         loom_token_event ev = {.struct_size = sizeof ev, .request_id = rq->id, .sample_index = k, .token = -1,
                                .text = "", .finish = why, .error = error, .prompt_tokens = rq->prompt_len};
+        engine_event_prompt(&ev, rq);
         rq->r.on_token(rq->r.user, &ev);
     }
 }

@@ -3,8 +3,10 @@
  * submit requests, step, stream tokens, read stats.
  *
  * Threads: loom_engine_add_request and loom_engine_abort are [any] (they
- * post to an inbox the step loop drains); everything else is [engine]:
- * one thread drives loom_engine_step. Callbacks run on the stepping thread.
+ * post to an inbox the step loop drains), and so are the tokenizer calls
+ * (tokenize, prompt_tokens, detokenize, token_piece: they only read the
+ * immutable tokenizer); everything else is [engine]: one thread drives
+ * loom_engine_step. Callbacks run on the stepping thread.
  */
 #ifndef LOOM_ENGINE_H
 #define LOOM_ENGINE_H
@@ -59,6 +61,25 @@ typedef struct loom_token_event {
     size_t text_len;           /* bytes of text: the text may hold NUL
                                   characters (a model can generate byte
                                   0), so pass it on by length, not strlen */
+    /* since ABI 2.3 (read them only when LOOM_HAS_FIELD(ev, loom_token_event,
+     * prompt_top_logprobs)) — add new members below this line only.
+     * Every event of a request carries them, borrowed for the call. */
+    int32_t cached_prompt_tokens; /* of prompt_tokens, how many the prefix
+                                  cache served (the first time the request
+                                  was scheduled; 0 before that, or without
+                                  prefix caching)                          */
+    const int32_t *prompt_token_ids; /* (prompt_tokens) the prompt as the
+                                  model read it, when the request set
+                                  prompt_logprobs; else NULL             */
+    const float *prompt_logprobs; /* (prompt_tokens) log p(prompt[i] |
+                                  prompt[0..i)) under the model's raw
+                                  distribution; [0] is NAN (nothing comes
+                                  before it); NULL unless prompt_logprobs */
+    int32_t prompt_num_top;    /* alternatives per prompt token (the
+                                  request's params.logprobs)             */
+    const int32_t *prompt_top_ids;   /* (prompt_tokens, prompt_num_top), most
+                                  likely first; row 0 unset              */
+    const float *prompt_top_logprobs; /* (prompt_tokens, prompt_num_top)  */
 } loom_token_event;
 
 typedef void (*loom_token_cb)(void *user, const loom_token_event *ev);
@@ -66,7 +87,9 @@ typedef void (*loom_token_cb)(void *user, const loom_token_event *ev);
 /* One turn of a conversation (loom_request.messages). An array element:
  * frozen for the major version. */
 typedef struct loom_chat_message {
-    const char *role;          /* "system", "user" or "assistant"            */
+    const char *role;          /* "system", "user" or "assistant"; with the
+                                  llama3 template also "ipython" (a tool's
+                                  result, as Llama 3.1 reads it; since 2.3) */
     const char *content;       /* UTF-8 text                                 */
 } loom_chat_message;
 
@@ -110,6 +133,20 @@ typedef struct loom_request {
      * its turn and forge another; only the chat template's own markers are
      * special. Token-id prompts are unaffected. */
     bool parse_special;
+    /* since ABI 2.3 — add new members below this line only */
+    /* Compute the prompt's own logprobs (each token's under the model given
+     * the tokens before it, with params.logprobs alternatives) when the
+     * request is admitted: one forward over the prompt outside the batch,
+     * whose KV blocks then serve the request's prefill through the prefix
+     * cache. A prompt the cache has no room for while other requests run
+     * waits for them (it stays queued; loom_engine_abort ends it). Delivered on every event (loom_token_event.prompt_logprobs):
+     * the OpenAI completions API's echo with logprobs. */
+    bool prompt_logprobs;
+    /* Generate nothing: the prompt is read (and scored, with
+     * prompt_logprobs), then every sample ends with one final event,
+     * finish LENGTH and no token; max_tokens is ignored. The "score a
+     * text" idiom: echo with max_tokens 0. */
+    bool prompt_only;
 } loom_request;
 
 /* A request with every field at its default: struct_size set, greedy
@@ -200,6 +237,15 @@ loom_status loom_engine_tokenize(loom_engine *e, const char *text, bool add_bos,
                                  int32_t *n, loom_error *err);
 loom_status loom_engine_detokenize(loom_engine *e, const int32_t *ids, int32_t n, char **text,
                                    loom_error *err);
+/* [any] The prompt tokens loom_engine_add_request reads for req: its text
+ * (parse_special honoured), its token ids (checked against the
+ * vocabulary), or its messages through the chat template, ending with the
+ * assistant's turn to speak. add_special false leaves out the special
+ * tokens the tokenizer adds around text (a BOS); a chat template's own
+ * markers stay. Sampling fields are not read. *ids malloc'd (*n of them),
+ * caller frees. Since ABI 2.3. */
+loom_status loom_engine_prompt_tokens(loom_engine *e, const loom_request *req, bool add_special, int32_t **ids,
+                                      int32_t *n, loom_error *err);
 /* The same with the text's length in *len (since ABI 2.2): decoded text may
  * hold NUL characters, which loom_engine_detokenize's C string cuts off. */
 loom_status loom_engine_detokenize_bytes(loom_engine *e, const int32_t *ids, int32_t n, char **text,
@@ -213,6 +259,12 @@ loom_status loom_engine_detokenize_bytes(loom_engine *e, const int32_t *ids, int
 const char *loom_engine_token_piece(const loom_engine *e, int32_t id, size_t *len);
 int32_t loom_engine_vocab_size(const loom_engine *e);
 int32_t loom_engine_max_context(const loom_engine *e);
+/* [any] The chat template family messages are rendered with: "chatml"
+ * (SmolLM2, Qwen, Hermes), "llama3" or "llama2" (also Mistral's [INST]);
+ * NULL without a tokenizer or with model.chat_template: none. A caller that
+ * writes a family's own conventions into messages (tool calls) asks this.
+ * Since ABI 2.3. */
+const char *loom_engine_chat_template(const loom_engine *e);
 const char *loom_engine_model_name(const loom_engine *e);
 
 /* The engine API as a table, for plugins (which never link libloom) that

@@ -5,8 +5,12 @@
  * loom/sampler.h allows a sampler to leave as the core set them. The
  * engine tests check what a request asking for logprobs then receives.
  * With `force` >= 0 it picks that token every time (a model then generates
- * exactly what a test needs, e.g. byte 0).
+ * exactly what a test needs, e.g. byte 0); with `script` (token ids,
+ * comma-separated) output token i is the script's i-th, then `force` or
+ * greedy again (a model then "answers" a text a test chose, e.g. a tool
+ * call, whole rows only).
  */
+#include <stdlib.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -14,13 +18,18 @@
 #include "loom/plugin.h"
 #include "loom/sampler.h"
 
+#define LAZY_SCRIPT_MAX 128
+
 typedef struct lazy {
     const loom_host *host;
     int64_t force;
+    int32_t script[LAZY_SCRIPT_MAX]; /* output token i of every request */
+    int32_t script_len;
 } lazy;
 
 typedef struct lazy_config {
     int64_t force; /* >= 0: always this token */
+    char script[LOOM_PARAM_STRING_MAX]; /* "id,id,...": the first output tokens */
 } lazy_config;
 
 static loom_status lazy_create(const loom_host *host, const void *config, void **self, loom_error *err) {
@@ -28,6 +37,16 @@ static loom_status lazy_create(const loom_host *host, const void *config, void *
     if (!l) return host->error(host->ctx, err, LOOM_ERR_NOMEM, "sampler.lazy: out of memory");
     l->host = host;
     l->force = ((const lazy_config *)config)->force;
+    const char *p = ((const lazy_config *)config)->script;
+    for (char *end; *p && l->script_len < LAZY_SCRIPT_MAX; p = *end == ',' ? end + 1 : end) {
+        long id = strtol(p, &end, 10);
+        if (end == p || id < 0) {
+            host->free(host->ctx, l);
+            return host->error(host->ctx, err, LOOM_ERR_INVALID, "sampler.lazy: script '%s' is not id,id,...",
+                               ((const lazy_config *)config)->script);
+        }
+        l->script[l->script_len++] = (int32_t)id;
+    }
     *self = l;
     return LOOM_OK;
 }
@@ -49,7 +68,9 @@ static loom_status lazy_sample(void *self, const loom_sample_batch *b, loom_samp
     const lazy *l = self;
     for (int32_t r = 0; r < b->n; r++) {
         const float *x = b->logits + (size_t)r * b->width;
+        const int32_t at = b->rows[r]->output_len;
         int32_t t = l->force >= 0 && l->force < b->width ? (int32_t)l->force : argmax(x, b->width);
+        if (at < l->script_len && l->script[at] < b->width && !b->candidates) t = l->script[at];
         out->tokens[r] = t;
         if (out->logprobs) {
             double z = 0;
@@ -75,6 +96,8 @@ static const loom_sampler_ops lazy_ops = {.struct_size = sizeof lazy_ops, .creat
 static const loom_param lazy_params[] = {
     {.key = "force", .type = LOOM_PARAM_INT, .offset = offsetof(lazy_config, force), .default_value = "-1",
      .min = -1, .max = 1e9, .doc = "pick this token every time (-1: greedy)"},
+    {.key = "script", .type = LOOM_PARAM_STRING, .offset = offsetof(lazy_config, script), .default_value = "",
+     .doc = "token ids, comma-separated: the first output tokens of every request"},
     {0}};
 
 static const loom_component lazy_components[] = {{.struct_size = sizeof(loom_component),

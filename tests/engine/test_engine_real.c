@@ -713,3 +713,237 @@ Test(real, score_matches_generation) {
     eng_rec_free(&r);
     loom_engine_destroy(e);
 }
+
+/* ------------------------------------------------ prompt logprobs (echo) */
+
+/* What the events of one request said about its prompt (ABI 2.3 fields):
+ * copied from its first event; the rest checked to agree. */
+typedef struct prompt_rec {
+    int32_t events, finals, last_token, cached;
+    loom_finish_reason finish;
+    int32_t n, k;
+    int32_t *ids, *top;
+    float *lp, *top_lp;
+} prompt_rec;
+
+static void prompt_on_token(void *user, const loom_token_event *ev) {
+    prompt_rec *r = user;
+    cr_assert(LOOM_HAS_FIELD(ev, loom_token_event, prompt_top_logprobs));
+    if (r->events++ == 0 && ev->prompt_logprobs) {
+        r->n = ev->prompt_tokens, r->k = ev->prompt_num_top;
+        r->ids = malloc((size_t)r->n * sizeof *r->ids);
+        r->lp = malloc((size_t)r->n * sizeof *r->lp);
+        r->top = malloc((size_t)r->n * (size_t)r->k * sizeof *r->top + 1);
+        r->top_lp = malloc((size_t)r->n * (size_t)r->k * sizeof *r->top_lp + 1);
+        memcpy(r->ids, ev->prompt_token_ids, (size_t)r->n * sizeof *r->ids);
+        memcpy(r->lp, ev->prompt_logprobs, (size_t)r->n * sizeof *r->lp);
+        if (r->k > 0) {
+            memcpy(r->top, ev->prompt_top_ids, (size_t)r->n * (size_t)r->k * sizeof *r->top);
+            memcpy(r->top_lp, ev->prompt_top_logprobs, (size_t)r->n * (size_t)r->k * sizeof *r->top_lp);
+        }
+    }
+    r->cached = ev->cached_prompt_tokens;
+    r->last_token = ev->token;
+    if (ev->finish != LOOM_FINISH_NONE) r->finals++, r->finish = ev->finish;
+}
+
+static void prompt_rec_free(prompt_rec *r) {
+    free(r->ids), free(r->lp), free(r->top), free(r->top_lp);
+}
+
+/* prompt_logprobs are loom_engine_score's numbers with the most likely
+ * alternatives beside them; prompt_only ends at once after scoring; and the
+ * scored prompt's blocks serve the next request sharing it as cached
+ * prompt tokens. */
+Test(real, prompt_logprobs_and_cached_tokens) {
+    eng_need_model();
+    loom_engine *e = eng_open("smol.yaml", k_no_overrides);
+    const char *text = "The history of the Roman Empire begins with the founding of the city of Rome, which legend "
+                       "places in the year 753 before our era, on the banks of the river Tiber";
+    int32_t *ids = NULL, n = 0;
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_tokenize(e, text, true, &ids, &n, &err), LOOM_OK, "%s", err.message);
+    cr_assert_gt(n, 32, "the prompt must fill whole KV blocks to be cached");
+    prompt_rec a = {0};
+    loom_request rq = loom_request_default();
+    rq.prompt = text;
+    rq.prompt_logprobs = true;
+    rq.prompt_only = true;
+    rq.params.logprobs = 3;
+    rq.max_tokens = 5; /* ignored: prompt_only */
+    rq.n = 2;
+    rq.on_token = prompt_on_token;
+    rq.user = &a;
+    cr_assert_geq(loom_engine_add_request(e, &rq, &err), 0, "%s", err.message);
+    eng_run(e, 100);
+    cr_assert_eq(a.events, 2, "prompt_only: one final event per sample, got %d", a.events);
+    cr_assert_eq(a.finals, 2);
+    cr_assert_eq(a.finish, LOOM_FINISH_LENGTH);
+    cr_assert_eq(a.last_token, -1);
+    cr_assert_eq(a.n, n);
+    cr_assert_eq(a.k, 3);
+    cr_assert(!memcmp(a.ids, ids, (size_t)n * sizeof *ids), "prompt_token_ids differ from the tokenizer's");
+    float *lp = malloc((size_t)n * sizeof *lp);
+    cr_assert_eq(loom_engine_score(e, ids, n, lp, &err), LOOM_OK, "%s", err.message);
+    cr_assert(isnan(a.lp[0]), "the first prompt token has no logprob: %g", (double)a.lp[0]);
+    for (int32_t i = 1; i < n; i++) {
+        cr_assert(fabsf(a.lp[i] - lp[i]) <= 1e-4f, "position %d: %g vs score %g", i, (double)a.lp[i], (double)lp[i]);
+        cr_assert_geq(a.top_lp[(size_t)i * 3] + 1e-5f, a.lp[i], "position %d: the top alternative is less likely "
+                      "than the prompt's own token", i);
+        cr_assert_geq(a.top_lp[(size_t)i * 3], a.top_lp[(size_t)i * 3 + 1]);
+    }
+    /* a generating request for the same text: its prefill comes from the
+     * prefix cache, which the scoring filled (whole blocks, one token left
+     * to compute) */
+    prompt_rec b = {0};
+    rq.prompt_logprobs = false, rq.prompt_only = false, rq.n = 1, rq.user = &b;
+    cr_assert_geq(loom_engine_add_request(e, &rq, &err), 0, "%s", err.message);
+    eng_run(e, 100);
+    cr_assert_eq(b.finals, 1);
+    cr_assert_eq(b.events, 6, "5 token events and the final one, got %d", b.events);
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st, sizeof st);
+    cr_assert_gt(b.cached, 0, "cached_prompt_tokens 0 for a prompt the cache holds");
+    cr_assert_lt(b.cached, n);
+    cr_assert_eq(b.cached % st.block_size, 0, "whole blocks: %d of block size %d", b.cached, st.block_size);
+    cr_assert_eq(st.kv_blocks_used, 0);
+    free(lp);
+    free(ids);
+    prompt_rec_free(&a);
+    prompt_rec_free(&b);
+    loom_engine_destroy(e);
+}
+
+/* loom_engine_prompt_tokens gives what a request reads: text as
+ * loom_engine_tokenize encodes it, messages through the chat template. */
+Test(real, prompt_tokens_match_requests) {
+    eng_need_model();
+    loom_engine *e = eng_open("smol.yaml", k_no_overrides);
+    loom_error err = {0};
+    int32_t *a = NULL, *b = NULL, na = 0, nb = 0;
+    loom_request rq = loom_request_default();
+    rq.prompt = "Hello <|im_end|> world";
+    cr_assert_eq(loom_engine_prompt_tokens(e, &rq, true, &a, &na, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(loom_engine_tokenize(e, rq.prompt, true, &b, &nb, &err), LOOM_OK, "%s", err.message);
+    cr_assert(na == nb && !memcmp(a, b, (size_t)na * sizeof *a), "text prompt: %d vs %d tokens", na, nb);
+    free(a), free(b);
+    loom_chat_message m[] = {{"system", "Be brief."}, {"user", "Hi"}};
+    loom_request chat = loom_request_default();
+    chat.messages = m;
+    chat.num_messages = 2;
+    cr_assert_eq(loom_engine_prompt_tokens(e, &chat, false, &a, &na, &err), LOOM_OK, "%s", err.message);
+    char *text = NULL;
+    cr_assert_eq(loom_engine_detokenize(e, a, na, &text, &err), LOOM_OK, "%s", err.message);
+    cr_assert(strstr(text, "Be brief.") && strstr(text, "Hi"), "rendered chat '%s'", text);
+    prompt_rec r = {0};
+    chat.max_tokens = 1, chat.on_token = prompt_on_token, chat.user = &r;
+    cr_assert_geq(loom_engine_add_request(e, &chat, &err), 0, "%s", err.message);
+    eng_run(e, 100);
+    free(text), free(a);
+    /* SmolLM2's template is ChatML, whose conversations have no ipython
+     * turns (Llama 3.1's tool results) */
+    cr_assert_str_eq(loom_engine_chat_template(e), "chatml");
+    loom_chat_message ip[] = {{"user", "Hi"}, {"ipython", "42"}};
+    chat.messages = ip;
+    cr_assert_neq(loom_engine_prompt_tokens(e, &chat, false, &a, &na, &err), LOOM_OK);
+    cr_assert(strstr(err.message, "ipython with the llama3 template"), "%s", err.message);
+    int32_t bad[] = {1, loom_engine_vocab_size(e)};
+    loom_request tok = loom_request_default();
+    tok.tokens = bad, tok.num_tokens = 2;
+    cr_assert_neq(loom_engine_prompt_tokens(e, &tok, true, &a, &na, &err), LOOM_OK);
+    cr_assert(strstr(err.message, "outside the vocabulary"), "%s", err.message);
+    loom_engine_destroy(e);
+}
+
+/* A prompt to score that the cache has no room for while another request
+ * runs waits for it (deferred), then is scored: its one event comes after
+ * the running request's end. 8 blocks of 16 per sequence at most (context
+ * 128) in a pool of 9: B's 127 tokens fit only once A's 4 to 6 blocks are
+ * free. */
+typedef struct order_rec {
+    int32_t *clock;
+    int32_t final_at;
+    prompt_rec p;
+} order_rec;
+
+static void order_on_token(void *user, const loom_token_event *ev) {
+    order_rec *o = user;
+    prompt_on_token(&o->p, ev);
+    if (ev->finish != LOOM_FINISH_NONE) o->final_at = ++*o->clock;
+}
+
+Test(real, prompt_logprobs_wait_for_kv_room) {
+    eng_need_model();
+    const char *ov[] = {"engine.max_model_len=128", "cache.num_blocks=9", NULL};
+    loom_engine *e = eng_open("smol.yaml", ov);
+    loom_error err = {0};
+    int32_t clock = 0, a_ids[60], b_ids[127];
+    eng_prompt(a_ids, 60, 7, loom_engine_vocab_size(e));
+    eng_prompt(b_ids, 127, 8, loom_engine_vocab_size(e));
+    order_rec a = {.clock = &clock}, b = {.clock = &clock};
+    loom_request ra = loom_request_default();
+    ra.tokens = a_ids, ra.num_tokens = 60, ra.max_tokens = 30, ra.ignore_eos = true;
+    ra.on_token = order_on_token, ra.user = &a;
+    cr_assert_geq(loom_engine_add_request(e, &ra, &err), 0, "%s", err.message);
+    int32_t active = 1;
+    for (int i = 0; i < 4; i++) cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%s", err.message);
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st, sizeof st);
+    cr_assert_gt(st.kv_blocks_used, 1, "A holds %d blocks: B's 8 must not fit beside it", st.kv_blocks_used);
+    loom_request rb = loom_request_default();
+    rb.tokens = b_ids, rb.num_tokens = 127, rb.prompt_logprobs = true, rb.prompt_only = true;
+    rb.on_token = order_on_token, rb.user = &b;
+    cr_assert_geq(loom_engine_add_request(e, &rb, &err), 0, "%s", err.message);
+    for (int i = 0; i < 200 && active > 0; i++)
+        cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(active, 0);
+    cr_assert_eq(a.p.finals, 1);
+    cr_assert_eq(a.p.finish, LOOM_FINISH_LENGTH);
+    cr_assert_eq(b.p.finals, 1);
+    cr_assert_eq(b.p.finish, LOOM_FINISH_LENGTH, "B ended %d (an error: it did not wait)", b.p.finish);
+    cr_assert_not_null(b.p.lp, "B's event carries its prompt logprobs");
+    cr_assert_eq(b.p.n, 127);
+    cr_assert_gt(b.final_at, a.final_at, "B was scored only once A was done");
+    loom_engine_get_stats(e, &st, sizeof st);
+    cr_assert_eq(st.kv_blocks_used, 0);
+    prompt_rec_free(&a.p);
+    prompt_rec_free(&b.p);
+    loom_engine_destroy(e);
+}
+
+/* Aborting a request that waits to be scored ends it at once. */
+Test(real, deferred_scoring_aborted) {
+    eng_need_model();
+    const char *ov[] = {"engine.max_model_len=128", "cache.num_blocks=9", NULL};
+    loom_engine *e = eng_open("smol.yaml", ov);
+    loom_error err = {0};
+    int32_t clock = 0, a_ids[60], b_ids[127];
+    eng_prompt(a_ids, 60, 7, loom_engine_vocab_size(e));
+    eng_prompt(b_ids, 127, 8, loom_engine_vocab_size(e));
+    order_rec a = {.clock = &clock}, b = {.clock = &clock};
+    loom_request ra = loom_request_default();
+    ra.tokens = a_ids, ra.num_tokens = 60, ra.max_tokens = 30, ra.ignore_eos = true;
+    ra.on_token = order_on_token, ra.user = &a;
+    cr_assert_geq(loom_engine_add_request(e, &ra, &err), 0, "%s", err.message);
+    int32_t active = 1;
+    for (int i = 0; i < 4; i++) cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%s", err.message);
+    loom_request rb = loom_request_default();
+    rb.tokens = b_ids, rb.num_tokens = 127, rb.prompt_logprobs = true, rb.max_tokens = 1;
+    rb.on_token = order_on_token, rb.user = &b;
+    int64_t id = loom_engine_add_request(e, &rb, &err);
+    cr_assert_geq(id, 0, "%s", err.message);
+    cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(b.p.events, 0, "B waits");
+    loom_engine_abort(e, id);
+    cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(b.p.finals, 1);
+    cr_assert_eq(b.p.finish, LOOM_FINISH_ABORT);
+    cr_assert_null(b.p.lp, "an unscored prompt's event carries no prompt logprobs");
+    cr_assert_eq(a.p.finals, 0, "A runs on");
+    for (int i = 0; i < 200 && active > 0; i++)
+        cr_assert_eq(loom_engine_step(e, &active, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(a.p.finals, 1);
+    prompt_rec_free(&a.p);
+    prompt_rec_free(&b.p);
+    loom_engine_destroy(e);
+}

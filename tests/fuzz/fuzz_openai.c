@@ -3,7 +3,11 @@
  * `loom serve` (cli/serve/openai.c, no HTTP): both routes, the prompt-size
  * measure the server checks before tokenizing, the error body for the
  * parser's message, and a parsed conversation through the chat template.
- * First input byte: the route (even: completions, odd: chat).
+ * First input byte: the route, its low two bits (0: completions, 1: chat,
+ * 2: tokenize, 3: detokenize); bit 2 the chat template family tool calls
+ * are rendered for and read in (chatml, llama3). A request offering tools
+ * has them rendered, and the body itself read as a model's answer: every
+ * call read has a JSON object as its arguments.
  */
 #include <stdint.h>
 
@@ -20,10 +24,29 @@ static void check_error_body(const char *why, const char *param) {
     free(e);
 }
 
+/* The tool side of a parsed request: render its tools and tool turns, and
+ * read `answer` as the model's reply. */
+static void fuzz_tools(serve_req *q, const char *family, const char *answer, size_t len) {
+    char why[512];
+    const char *param = NULL;
+    if (!serve_req_apply_tools(q, family, why, sizeof why, &param)) check_error_body(why, param);
+    serve_tool_call calls[4];
+    size_t content = 0;
+    int32_t n = serve_tool_calls_parse(family, q->tools, q->num_tools, answer, len, calls, 4, &content);
+    FUZZ_CHECK(n >= 0 && n <= 4 && content <= len);
+    for (int32_t i = 0; i < n; i++) {
+        cJSON *a = cJSON_Parse(calls[i].arguments);
+        FUZZ_CHECK(cJSON_IsObject(a));
+        cJSON_Delete(a);
+    }
+    serve_tool_calls_free(calls, n);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_quiet();
     if (size < 1) return 0;
-    serve_api api = data[0] & 1 ? SERVE_CHAT : SERVE_COMPLETIONS;
+    static const serve_api routes[4] = {SERVE_COMPLETIONS, SERVE_CHAT, SERVE_TOKENIZE, SERVE_DETOKENIZE};
+    serve_api api = routes[data[0] & 3];
     char *body = fuzz_cstr(data + 1, size - 1); /* serve_parse wants body[len] == 0 */
     serve_req q;
     char why[512];
@@ -31,7 +54,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (serve_parse(api, body, size - 1, 16, &q, why, sizeof why, &param)) {
         int32_t which = 0;
         (void)serve_prompt_bytes(&q, &which);
-        if (api == SERVE_CHAT && q.base.num_messages > 0) {
+        fuzz_tools(&q, data[0] & 4 ? "llama3" : "chatml", body, size - 1);
+        if (q.base.num_messages > 0) {
             loom_chat_msg *m = calloc((size_t)q.base.num_messages, sizeof *m);
             FUZZ_CHECK(m != NULL);
             for (int32_t i = 0; i < q.base.num_messages; i++)

@@ -163,7 +163,8 @@ Test(openai, logit_bias) {
 }
 
 Test(openai, unsupported_refused_by_name) {
-    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"echo\": true}", "echo", "not supported");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"echo\": true}", "echo",
+              "/v1/completions only");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"suffix\": \"}\"}", "suffix", "fill-in-the-middle");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"n\": 2, \"best_of\": 4}", "best_of", "n = 2");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"guided_json\": {}}", "guided_json", "guided decoding");
@@ -172,7 +173,15 @@ Test(openai, unsupported_refused_by_name) {
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"min_tokens\": 4}", "min_tokens", "min_tokens");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"stop_token_ids\": [2]}", "stop_token_ids", "'stop'");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
-              "\"required\"}", "tool_choice", "function calling");
+              "\"required\"}", "tool_choice", "needs a decoding constraint");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
+              "{\"type\": \"function\", \"function\": {\"name\": \"f\"}}}", "tool_choice", "needs a decoding constraint");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"tools\": [{}]}", "tools", "chat/completions only");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"functions\": [{}]}",
+              "functions", "send 'tools'");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"none\", "
+              "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a b\"}}]}", "tools",
+              "tools[0].function.name");
     serve_req ok = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
                                         "\"tool_choice\": \"none\", \"functions\": [], \"min_tokens\": 0, "
                                         "\"use_beam_search\": false, \"stop_token_ids\": []}");
@@ -187,7 +196,7 @@ Test(openai, unsupported_refused_by_name) {
     strcat(body, "]}");
     parse_bad(SERVE_COMPLETIONS, body, "n", "1088 choices: at most 1024");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{}]}", "tools",
-              "function calling");
+              "tools[0] must be");
     parse_bad(SERVE_CHAT,
               "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": "
               "\"json_object\"}}",
@@ -195,6 +204,118 @@ Test(openai, unsupported_refused_by_name) {
     serve_req r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
                                        "\"response_format\": {\"type\": \"text\"}, \"tools\": []}");
     serve_req_free(&r);
+}
+
+/* echo: the prompt before the text; max_tokens 0 (nothing generated) only
+ * with it; prompt logprobs asked of the engine only with logprobs. */
+Test(openai, echo) {
+    serve_req r =
+        parse_ok(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"echo\": true, \"max_tokens\": 0, \"logprobs\": 2}");
+    cr_assert(r.echo && r.base.prompt_only && r.base.prompt_logprobs);
+    cr_assert_eq(r.base.params.logprobs, 2);
+    serve_req_free(&r);
+    r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": [1, 2], \"echo\": true, \"max_tokens\": 3}");
+    cr_assert(r.echo && !r.base.prompt_only && !r.base.prompt_logprobs);
+    cr_assert_eq(r.base.max_tokens, 3);
+    serve_req_free(&r);
+    r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"echo\": false, \"logprobs\": 0}");
+    cr_assert(!r.echo && !r.base.prompt_only && !r.base.prompt_logprobs);
+    serve_req_free(&r);
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"max_tokens\": 0}", "max_tokens", "[1, ");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"echo\": 1}", "echo", "true or false");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"echo\": true, \"max_tokens\": -1}", "max_tokens", "[0, ");
+}
+
+/* POST /tokenize: text or messages, add_special_tokens with vLLM's defaults;
+ * POST /detokenize: a list of ids, possibly empty. */
+Test(openai, tokenize_and_detokenize) {
+    serve_req r = parse_ok(SERVE_TOKENIZE, "{\"model\": \"m\", \"prompt\": \"Hello\"}");
+    cr_assert_str_eq(r.prompts[0].text, "Hello");
+    cr_assert(r.add_special && r.base.num_messages == 0);
+    cr_assert_str_eq(r.model, "m");
+    serve_req_free(&r);
+    r = parse_ok(SERVE_TOKENIZE, "{\"prompt\": \"Hello\", \"add_special_tokens\": false}");
+    cr_assert(!r.add_special);
+    serve_req_free(&r);
+    r = parse_ok(SERVE_TOKENIZE, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                                 "\"add_generation_prompt\": true}");
+    cr_assert(!r.add_special && r.base.num_messages == 1);
+    cr_assert_str_eq(r.base.messages[0].content, "hi");
+    int32_t which;
+    cr_assert_eq(serve_prompt_bytes(&r, &which), 2);
+    serve_req_free(&r);
+    parse_bad(SERVE_TOKENIZE, "{}", "prompt", "'prompt' must be text");
+    parse_bad(SERVE_TOKENIZE, "{\"prompt\": [1, 2]}", "prompt", "'prompt' must be text");
+    parse_bad(SERVE_TOKENIZE, "{\"prompt\": \"x\", \"messages\": []}", "messages", "not both");
+    parse_bad(SERVE_TOKENIZE, "{\"messages\": [{\"role\": \"function\", \"content\": \"x\"}]}", "messages", "role");
+    parse_bad(SERVE_TOKENIZE, "{\"prompt\": \"x\", \"add_special_tokens\": \"yes\"}", "add_special_tokens",
+              "true or false");
+    parse_bad(SERVE_TOKENIZE, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                              "\"add_generation_prompt\": false}", "add_generation_prompt", "not supported");
+    r = parse_ok(SERVE_DETOKENIZE, "{\"tokens\": [0, 17, 2147483647]}");
+    cr_assert_eq(r.prompts[0].num_tokens, 3);
+    cr_assert_eq(r.prompts[0].tokens[2], 2147483647);
+    serve_req_free(&r);
+    r = parse_ok(SERVE_DETOKENIZE, "{\"tokens\": []}");
+    cr_assert_eq(r.prompts[0].num_tokens, 0);
+    serve_req_free(&r);
+    parse_bad(SERVE_DETOKENIZE, "{}", "tokens", "'tokens' must be a list");
+    parse_bad(SERVE_DETOKENIZE, "{\"tokens\": \"12\"}", "tokens", "'tokens' must be a list");
+    parse_bad(SERVE_DETOKENIZE, "{\"tokens\": [1, -2]}", "tokens", "tokens[1] must be a token id");
+    parse_bad(SERVE_DETOKENIZE, "{\"tokens\": [1.5]}", "tokens", "tokens[0] must be a token id");
+    parse_bad(SERVE_DETOKENIZE, "{\"tokens\": [3e10]}", "tokens", "tokens[0] must be a token id");
+    parse_bad(SERVE_DETOKENIZE, "[1, 2]", NULL, "must be a JSON object");
+}
+
+/* tools and tool turns: read, checked, and rendered for a family. */
+Test(openai, tools_and_tool_turns) {
+    const char *tools = "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+                        "\"description\": \"d\", \"parameters\": {\"type\": \"object\"}}}, {\"type\": \"function\", "
+                        "\"function\": {\"name\": \"add-2_x\"}}]";
+    char body[1024];
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"w?\"}, {\"role\": "
+             "\"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"c\", \"type\": \"function\", \"function\": "
+             "{\"name\": \"get_weather\", \"arguments\": \"{}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": \"c\", "
+             "\"content\": \"sunny\"}], \"parallel_tool_calls\": false, %s}", tools);
+    serve_req r = parse_ok(SERVE_CHAT, body);
+    cr_assert_eq(r.num_tools, 2);
+    cr_assert_str_eq(r.tools[1].name, "add-2_x");
+    cr_assert(r.tool_turns && !r.parallel_tool_calls);
+    cr_assert_eq(r.base.num_messages, 3);
+    cr_assert_str_eq(r.base.messages[1].content, "", "an assistant's calls alone: no text");
+    char why[256];
+    const char *param;
+    cr_assert(!serve_req_apply_tools(&r, "llama2", why, sizeof why, &param));
+    cr_assert_str_eq(param, "tools");
+    cr_assert(serve_req_apply_tools(&r, "chatml", why, sizeof why, &param), "%s", why);
+    cr_assert_eq(r.base.num_messages, 4, "a system turn for the tools");
+    cr_assert(strstr(r.base.messages[0].content, "<tools>"));
+    cr_assert(strstr(r.base.messages[2].content, "<tool_call>"));
+    cr_assert_str_eq(r.base.messages[3].role, "user");
+    int32_t which;
+    cr_assert_gt(serve_prompt_bytes(&r, &which), 300, "the rendered tools count toward the cap");
+    serve_req_free(&r);
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"w?\"}], \"tool_choice\": "
+             "\"none\", %s}", tools);
+    r = parse_ok(SERVE_CHAT, body);
+    cr_assert_eq(r.num_tools, 0, "tool_choice none: checked, not offered");
+    cr_assert(serve_req_apply_tools(&r, NULL, why, sizeof why, &param), "nothing to render: no family needed");
+    serve_req_free(&r);
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+              "\"function\", \"function\": {\"name\": \"f\"}}, {\"type\": \"function\", \"function\": {\"name\": "
+              "\"f\"}}]}", "tools", "offered twice");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+              "\"function\", \"function\": {\"name\": \"f\", \"parameters\": []}}]}", "tools", "JSON schema object");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": {}}", "tools",
+              "at most 128");
+    char *many = malloc(16384);
+    strcpy(many, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [");
+    for (int i = 0; i <= SERVE_MAX_TOOLS; i++)
+        sprintf(many + strlen(many), "%s{\"type\": \"function\", \"function\": {\"name\": \"f%d\"}}", i ? "," : "",
+                i);
+    strcat(many, "]}");
+    parse_bad(SERVE_CHAT, many, "tools", "at most 128");
+    free(many);
 }
 
 Test(openai, chat_messages) {
@@ -216,8 +337,11 @@ Test(openai, chat_messages) {
     parse_bad(SERVE_CHAT, "{\"prompt\": \"x\"}", "messages", "'messages' must be a non-empty list");
     parse_bad(SERVE_CHAT, "{\"messages\": []}", "messages", "non-empty");
     parse_bad(SERVE_CHAT, "{\"messages\": [\"hi\"]}", "messages", "messages[0] must be an object");
-    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "messages",
-              "no tool calling");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"function\", \"content\": \"x\"}]}", "messages",
+              "send 'tool'");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"tool\"}]}", "messages", "has no content");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\", \"tool_calls\": []}]}", "messages",
+              "on an assistant message");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\"}]}", "messages", "messages[0] has no content");
     parse_bad(SERVE_CHAT,
               "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {}}]}]}",
@@ -346,7 +470,9 @@ Test(openai, mutated_bodies_never_crash, .timeout = 120) {
         const char *src = seeds[mut_rng(&s) % 3];
         /* mostly the body's own API, sometimes the other one */
         const bool own = mut_rng(&s) % 8 != 0, chat_body = src == seeds[2];
-        const int api = chat_body == own ? SERVE_CHAT : SERVE_COMPLETIONS;
+        const uint64_t route = mut_rng(&s) % 16; /* now and then a body for the tokenizer routes */
+        const int api = route == 0 ? SERVE_TOKENIZE : route == 1 ? SERVE_DETOKENIZE
+                        : chat_body == own ? SERVE_CHAT : SERVE_COMPLETIONS;
         size_t n = strlen(src);
         memcpy(buf, src, n + 1);
         const int edits = 1 + (int)(mut_rng(&s) % 4);

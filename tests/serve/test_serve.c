@@ -487,7 +487,9 @@ Test(serve, bad_requests_named, .timeout = 300) {
                  400, "prompt[1]");
     expect_error(http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"model\": \"gpt-4\"}", NULL), 404,
                  "'gpt-4' does not exist");
-    expect_error(http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"echo\": true}", NULL), 400, "echo");
+    expect_error(http(s.port, "POST", "/v1/chat/completions",
+                      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"echo\": true}", NULL),
+                 400, "/v1/completions only");
     expect_error(http(s.port, "GET", "/v1/completions", NULL, NULL), 405, "use POST");
     expect_error(http(s.port, "GET", "/v2/anything", NULL, NULL), 404, "no route GET /v2/anything");
     /* still healthy, nothing left running */
@@ -510,6 +512,8 @@ Test(serve, api_key_and_body_limit, .timeout = 300) {
         snprintf(h, sizeof h, "Authorization: %s\r\n", near[i]);
         expect_error(http(s.port, "GET", "/v1/models", NULL, h), 401, "API key");
     }
+    expect_error(http(s.port, "POST", "/tokenize", "{\"prompt\": \"x\"}", NULL), 401, "API key");
+    expect_error(http(s.port, "POST", "/detokenize", "{\"tokens\": [1]}", NULL), 401, "API key");
     reply r = http(s.port, "POST", "/v1/completions", body, "Authorization: Bearer s3cret\r\n");
     cr_assert_eq(r.status, 200, "%s", r.body);
     reply_free(&r);
@@ -523,6 +527,43 @@ Test(serve, api_key_and_body_limit, .timeout = 300) {
     snprintf(big, sizeof big, "{\"prompt\": [1], \"user\": \"%0*d\"}", 3000, 0);
     expect_error(http(s.port, "POST", "/v1/completions", big, "Authorization: Bearer s3cret\r\n"), 413,
                  "larger than 2048 bytes");
+    free(stop(&s, 30));
+}
+
+/* /tokenize and /detokenize on the dummy pipeline (no tokenizer): OpenAI-
+ * shaped 400s naming the field, 405 for GET, 404 for another model; echo of
+ * a token-id prompt needs the tokenizer too, so its text is empty, not an
+ * error, and the prompt's logprobs still come (nothing precedes the first). */
+Test(serve, tokenizer_routes_without_tokenizer, .timeout = 120) {
+    server s = start(TINY, NULL);
+    reply r = http(s.port, "POST", "/tokenize", "{\"prompt\": \"hello\"}", NULL);
+    cr_assert_eq(r.status, 400, "%s", r.body);
+    cr_assert_str_eq(str(r.json, "error.param"), "prompt");
+    cr_assert(strstr(str(r.json, "error.message"), "no tokenizer"), "%s", r.body);
+    reply_free(&r);
+    r = http(s.port, "POST", "/detokenize", "{\"tokens\": [1, 2]}", NULL);
+    cr_assert_eq(r.status, 400, "%s", r.body);
+    cr_assert_str_eq(str(r.json, "error.param"), "tokens");
+    reply_free(&r);
+    r = http(s.port, "POST", "/detokenize", "{\"tokens\": [1, 100000]}", NULL);
+    cr_assert_eq(r.status, 400, "%s", r.body);
+    cr_assert(strstr(str(r.json, "error.message"), "tokens[1] is 100000, outside the vocabulary [0, "), "%s", r.body);
+    reply_free(&r);
+    expect_error(http(s.port, "POST", "/detokenize", "{\"tokens\": [1, -1]}", NULL), 400, "tokens[1]");
+    expect_error(http(s.port, "POST", "/tokenize", "{\"model\": \"gpt-4\", \"prompt\": \"x\"}", NULL), 404,
+                 "does not exist");
+    expect_error(http(s.port, "GET", "/tokenize", NULL, NULL), 405, "use POST");
+    expect_error(http(s.port, "POST", "/tokenize", "{\"prompt\": ", NULL), 400, "not valid JSON");
+    r = http(s.port, "POST", "/v1/completions",
+             "{\"prompt\": [5, 6, 7], \"max_tokens\": 0, \"echo\": true, \"logprobs\": 1}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert(cJSON_IsNull(get(r.json, "choices.0.logprobs.token_logprobs.0")), "%s", r.body);
+    cr_assert_lt(num(r.json, "choices.0.logprobs.token_logprobs.2"), 0);
+    cr_assert_eq(cJSON_GetArraySize(get(r.json, "choices.0.logprobs.tokens")), 3);
+    cr_assert_str_eq(str(r.json, "choices.0.logprobs.tokens.1"), "token_id:6");
+    cr_assert_str_eq(str(r.json, "choices.0.finish_reason"), "length");
+    cr_assert_eq(num(r.json, "usage.completion_tokens"), 0);
+    reply_free(&r);
     free(stop(&s, 30));
 }
 
@@ -1124,6 +1165,174 @@ Test(serve, parse_special_tokens_option, .timeout = 300) {
     const char *const opt[] = {"--parse-special-tokens", NULL};
     const int as_text = chat_prompt_tokens(NULL, body), as_tokens = chat_prompt_tokens(opt, body);
     cr_assert_lt(as_tokens, as_text - 4, "with the option %d prompt tokens, without %d", as_tokens, as_text);
+}
+
+/* The tokenizer routes, echo and cached prompt tokens on SmolLM2:
+ * /tokenize and /detokenize round-trip text; /tokenize of messages counts
+ * what chat usage reports; echo with max_tokens 0 returns the prompt with
+ * its logprobs (the first null, the rest equal to what loom_engine_score
+ * gives the generated ones: checked by the text's next token scored both
+ * ways); a request sharing a long prefix with an earlier one reports whole
+ * cached blocks in usage.prompt_tokens_details. */
+Test(serve, tokenize_echo_cached_real_model, .timeout = 300) {
+    need_model();
+    server s = start(SMOL, NULL);
+    const char *text = "The capital of France is";
+    reply t = http(s.port, "POST", "/tokenize", "{\"prompt\": \"The capital of France is\"}", NULL);
+    cr_assert_eq(t.status, 200, "%s", t.body);
+    const int count = (int)num(t.json, "count");
+    cr_assert_eq(count, cJSON_GetArraySize(get(t.json, "tokens")));
+    cr_assert_gt(num(t.json, "max_model_len"), count);
+    char *ids = cJSON_PrintUnformatted(get(t.json, "tokens")), body[512];
+    snprintf(body, sizeof body, "{\"tokens\": %s}", ids);
+    reply d = http(s.port, "POST", "/detokenize", body, NULL);
+    cr_assert_eq(d.status, 200, "%s", d.body);
+    cr_assert_str_eq(str(d.json, "prompt"), text);
+    reply_free(&d);
+    /* echo, scoring only: the prompt back with a logprob per token */
+    reply e = http(s.port, "POST", "/v1/completions",
+                   "{\"prompt\": \"The capital of France is\", \"max_tokens\": 0, \"echo\": true, \"logprobs\": 1}",
+                   NULL);
+    cr_assert_eq(e.status, 200, "%s", e.body);
+    cr_assert_str_eq(str(e.json, "choices.0.text"), text);
+    cr_assert_eq(cJSON_GetArraySize(get(e.json, "choices.0.logprobs.tokens")), count);
+    cr_assert(cJSON_IsNull(get(e.json, "choices.0.logprobs.token_logprobs.0")));
+    cr_assert(cJSON_IsNull(get(e.json, "choices.0.logprobs.top_logprobs.0")));
+    cr_assert_eq(num(e.json, "choices.0.logprobs.text_offset.1"), 3, "' capital' starts after 'The'");
+    cr_assert_eq(num(e.json, "usage.completion_tokens"), 0);
+    cr_assert_eq(num(e.json, "usage.prompt_tokens"), count);
+    /* echo and generate: the prompt, then the greedy token, whose logprob
+     * is the one echo scores for it as part of a longer prompt */
+    reply g = http(s.port, "POST", "/v1/completions",
+                   "{\"prompt\": \"The capital of France is\", \"max_tokens\": 1, \"echo\": true, \"logprobs\": 1, "
+                   "\"temperature\": 0}", NULL);
+    cr_assert_eq(g.status, 200, "%s", g.body);
+    const char *all = str(g.json, "choices.0.text");
+    cr_assert(!strncmp(all, text, strlen(text)) && strlen(all) > strlen(text), "'%s'", all);
+    char lp_at[64], off_at[64];
+    snprintf(lp_at, sizeof lp_at, "choices.0.logprobs.token_logprobs.%d", count);
+    snprintf(off_at, sizeof off_at, "choices.0.logprobs.text_offset.%d", count);
+    const double gen_lp = num(g.json, lp_at);
+    cr_assert_eq(num(g.json, off_at), strlen(text), "the generated token's offset counts the echoed prompt");
+    char body2[512];
+    snprintf(body2, sizeof body2, "{\"prompt\": \"%s\", \"max_tokens\": 0, \"echo\": true, \"logprobs\": 0}", all);
+    reply sc = http(s.port, "POST", "/v1/completions", body2, NULL);
+    cr_assert_eq(sc.status, 200, "%s", sc.body);
+    cr_assert_float_eq(num(sc.json, lp_at), gen_lp, 1e-3, "%s", sc.body);
+    reply_free(&sc);
+    reply_free(&g);
+    reply_free(&e);
+    reply_free(&t);
+    free(ids);
+    /* messages: /tokenize counts what a chat request reads */
+    const char *msgs = "[{\"role\": \"system\", \"content\": \"You are a careful assistant. Answer every question in "
+                       "one short sentence, without lists, and never invent facts you do not know.\"}, {\"role\": "
+                       "\"user\", \"content\": \"What is the capital of %s?\"}]";
+    char m1[512], req[700];
+    snprintf(m1, sizeof m1, msgs, "France");
+    snprintf(req, sizeof req, "{\"messages\": %s}", m1);
+    reply tm = http(s.port, "POST", "/tokenize", req, NULL);
+    cr_assert_eq(tm.status, 200, "%s", tm.body);
+    snprintf(req, sizeof req, "{\"messages\": %s, \"max_tokens\": 1}", m1);
+    reply c1 = http(s.port, "POST", "/v1/chat/completions", req, NULL);
+    cr_assert_eq(c1.status, 200, "%s", c1.body);
+    cr_assert_eq(num(c1.json, "usage.prompt_tokens"), num(tm.json, "count"));
+    cr_assert_eq(num(c1.json, "usage.prompt_tokens_details.cached_tokens"), 0, "a fresh server's first chat");
+    snprintf(m1, sizeof m1, msgs, "Spain");
+    snprintf(req, sizeof req, "{\"messages\": %s, \"max_tokens\": 1}", m1);
+    reply c2 = http(s.port, "POST", "/v1/chat/completions", req, NULL);
+    cr_assert_eq(c2.status, 200, "%s", c2.body);
+    const int cached = (int)num(c2.json, "usage.prompt_tokens_details.cached_tokens");
+    cr_assert(cached >= 32 && cached % 16 == 0 && cached < num(c2.json, "usage.prompt_tokens"),
+              "the shared system prompt gives whole cached blocks: %d", cached);
+    reply_free(&tm);
+    reply_free(&c1);
+    reply_free(&c2);
+    free(stop(&s, 60));
+}
+
+/* The token ids of text (special tokens read as such), comma-separated, for
+ * the lazy sampler's script: a model that "answers" exactly that text. */
+static char *script_of(const char *text) {
+    const char *const special[] = {"--parse-special-tokens", NULL};
+    server s = start(SMOL, special);
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "prompt", text);
+    char *body = cJSON_PrintUnformatted(b);
+    reply r = http(s.port, "POST", "/tokenize", body, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    char *ids = cJSON_PrintUnformatted(get(r.json, "tokens"));
+    ids[strlen(ids) - 1] = 0; /* "[1,2]" -> "1,2" */
+    char *out = strdup(ids + 1);
+    free(ids), free(body), cJSON_Delete(b), reply_free(&r);
+    free(stop(&s, 60));
+    return out;
+}
+
+#define WEATHER_TOOLS "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": " \
+                      "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}]"
+#define ROME "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Rome?\"}], \"max_tokens\": 60"
+
+/* Tool calls end to end: SmolLM2 made to answer a Hermes call (the lazy
+ * sampler's script) comes back as message.tool_calls with finish_reason
+ * "tool_calls" — whole, and streamed as a tool_calls delta with no content
+ * chunk showing the call's text; without tools, or with tool_choice none,
+ * the same text is content. tool_choice "required" is refused (400). */
+Test(serve, tool_calls_real_model, .timeout = 300) {
+    need_model();
+    char *ids = script_of("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n"
+                          "</tool_call><|im_end|>");
+    char set[300];
+    snprintf(set, sizeof set, "sampler.script=%s", ids);
+    const char *const args[] = {"--set", "sampler.plugin=lazy", "--set", set, NULL};
+    server s = start(SMOL, args);
+    reply r = http(s.port, "POST", "/v1/chat/completions", ROME ", " WEATHER_TOOLS "}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert_str_eq(str(r.json, "choices.0.finish_reason"), "tool_calls", "%s", r.body);
+    cr_assert(cJSON_IsNull(get(r.json, "choices.0.message.content")), "%s", r.body);
+    cr_assert_str_eq(str(r.json, "choices.0.message.tool_calls.0.type"), "function");
+    cr_assert_str_eq(str(r.json, "choices.0.message.tool_calls.0.function.name"), "get_weather");
+    cr_assert_str_eq(str(r.json, "choices.0.message.tool_calls.0.function.arguments"), "{\"city\":\"Rome\"}");
+    cr_assert(!strncmp(str(r.json, "choices.0.message.tool_calls.0.id"), "call_", 5));
+    reply_free(&r);
+    r = http(s.port, "POST", "/v1/chat/completions", ROME ", \"stream\": true, " WEATHER_TOOLS "}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cJSON *ev[128];
+    bool done;
+    int n = sse_events(r.body, ev, 128, &done);
+    cr_assert(done && n >= 2, "%d events", n);
+    cr_assert(!strstr(r.body, "tool_call>"), "the call's text went out as content: %s", r.body);
+    cr_assert_str_eq(str(ev[n - 1], "choices.0.finish_reason"), "tool_calls");
+    cr_assert_str_eq(str(ev[n - 1], "choices.0.delta.tool_calls.0.function.name"), "get_weather");
+    cr_assert_eq(num(ev[n - 1], "choices.0.delta.tool_calls.0.index"), 0);
+    for (int i = 0; i < n; i++) cJSON_Delete(ev[i]);
+    reply_free(&r);
+    const char *plain[] = {ROME "}", ROME ", \"tool_choice\": \"none\", " WEATHER_TOOLS "}"};
+    for (int i = 0; i < 2; i++) {
+        r = http(s.port, "POST", "/v1/chat/completions", plain[i], NULL);
+        cr_assert_eq(r.status, 200, "%s", r.body);
+        cr_assert(strstr(str(r.json, "choices.0.message.content"), "<tool_call>"), "%s", r.body);
+        cr_assert_str_eq(str(r.json, "choices.0.finish_reason"), "stop");
+        reply_free(&r);
+    }
+    expect_error(http(s.port, "POST", "/v1/chat/completions", ROME ", \"tool_choice\": \"required\", " WEATHER_TOOLS "}",
+                      NULL), 400, "decoding constraint");
+    free(stop(&s, 60));
+    free(ids);
+}
+
+/* The tools' rendered text counts toward the prompt byte cap, checked
+ * before tokenizing like the messages' own text. */
+Test(serve, tools_count_toward_the_prompt_cap, .timeout = 120) {
+    need_model();
+    server s = start(SMOL, (const char *[]){"--max-prompt-bytes", "300", NULL});
+    reply r = http(s.port, "POST", "/v1/chat/completions", ROME "}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    reply_free(&r);
+    expect_error(http(s.port, "POST", "/v1/chat/completions", ROME ", " WEATHER_TOOLS "}", NULL),
+                 400, "over the 300 bytes");
+    expect_error(http(s.port, "POST", "/tokenize", ROME ", " WEATHER_TOOLS "}", NULL), 400, "over the 300 bytes");
+    free(stop(&s, 30));
 }
 
 typedef struct conc_arg {
