@@ -360,6 +360,14 @@ static bool cpu_keeps_tied_head(const cpu_backend *b, const loom_ww *w) {
            loom_cpu_qformat_supported(LOOM_QFMT_GGUF, t->dtype);
 }
 
+/* Are the embedding's rows decoded from its GGUF blocks at each lookup
+ * instead of kept as float32? When the tied LM head keeps those blocks
+ * anyway and the model is whole: the float copy of a 262144-token
+ * vocabulary (Gemma 3) would be 640 MiB more, for one row a token. */
+static bool cpu_embeds_from_blocks(const cpu_backend *b, const loom_ww *w) {
+    return cpu_keeps_tied_head(b, w) && w->shard.size == 1;
+}
+
 /* Floats of layer ly's group g kept as float32 (its parts planned NONE). */
 static int64_t cpu_group_floats(const loom_ww_layer *ly, int g) {
     int64_t n = 0;
@@ -376,7 +384,8 @@ static loom_status cpu_alloc_weights(cpu_backend *b, const loom_ww *w, loom_erro
     const loom_host *h = b->host;
     const size_t H = (size_t)w->hidden, VH = (size_t)w->shard.vocab_rows * H;
     const bool any_quant = loom_ww_any_quant(w) || cpu_keeps_tied_head(b, w);
-    size_t floats = cpu_round_floats(VH) * (w->out.t && w->out_plan.format == LOOM_QFMT_NONE ? 2 : 1) +
+    size_t floats = cpu_round_floats(VH) * ((cpu_embeds_from_blocks(b, w) ? 0 : 1) +
+                                            (w->out.t && w->out_plan.format == LOOM_QFMT_NONE ? 1 : 0)) +
                     cpu_round_floats(H);
     const loom_model_config *c = &b->mc;
     const size_t gemma = (c->qk_norm ? 2 * cpu_round_floats((size_t)c->head_dim) : 0) +
@@ -407,13 +416,15 @@ static loom_status cpu_alloc_weights(cpu_backend *b, const loom_ww *w, loom_erro
 static loom_status cpu_load_vocab(cpu_backend *b, const loom_model_view *m, const loom_ww *w,
                                   float **cur, loom_error *err) {
     const size_t VH = (size_t)w->shard.vocab_rows * (size_t)w->hidden;
+    const bool from_blocks = cpu_embeds_from_blocks(b, w);
     loom_status st;
-    float *embed = cpu_carve(cur, VH);
+    float *embed = from_blocks ? NULL : cpu_carve(cur, VH);
     float *onorm = cpu_carve(cur, (size_t)w->hidden);
-    if ((st = cpu_dequant_win(b, &w->embed, embed, err)) ||
+    if ((!from_blocks && (st = cpu_dequant_win(b, &w->embed, embed, err))) ||
         (st = cpu_dequant_win(b, &w->out_norm, onorm, err)))
         return st;
     b->embed = embed;
+    b->embed_blocks = from_blocks ? w->embed.t : NULL;
     b->out_norm = onorm;
     b->lm_head = embed;
     if (w->out.t && w->out_plan.format == LOOM_QFMT_NONE) {

@@ -88,7 +88,10 @@ typedef struct cpu_backend {
     void *arena_raw;            /* host->alloc'd; arena is it, 64-B aligned   */
     float *arena;
     size_t weight_bytes;        /* bytes of the arena in use                  */
-    const float *embed;         /* (vocab_rows, hidden)                       */
+    const float *embed;         /* (vocab_rows, hidden); NULL: embed_blocks    */
+    const loom_tensor *embed_blocks; /* (vocab, hidden) GGUF blocks a lookup
+                                   decodes one row of (a whole model whose
+                                   tied LM head keeps them); else NULL        */
     const float *out_norm;      /* (hidden)                                   */
     const float *lm_head;       /* (vocab_rows, hidden); == embed when tied   */
     cpu_layer *layers;          /* (num_layers)                               */

@@ -320,16 +320,33 @@ static loom_status cpu_ffn_block(cpu_backend *b, int64_t T, int32_t l, float bet
     return LOOM_OK;
 }
 
+/* x (T, H): each token's row decoded from the embedding's GGUF blocks
+ * (the same values the float32 copy would hold). */
+static loom_status cpu_embed_blocks(cpu_backend *b, const int32_t *ids, int64_t T, loom_error *err) {
+    const loom_host *h = b->host;
+    const loom_tensor *e = b->embed_blocks;
+    const int64_t H = b->mc.hidden_size;
+    const size_t row = h->dtype_row_bytes(e->dtype, H);
+    for (int64_t t = 0; t < T; t++)
+        if (h->convert(LOOM_DTYPE_F32, b->x + t * H, e->dtype, (const uint8_t *)e->data + (size_t)ids[t] * row, H))
+            return h->error(h->ctx, err, LOOM_ERR_INTERNAL, "backend cpu: cannot decode row %d of %s (%s)",
+                            (int)ids[t], e->name ? e->name : "token_embd.weight", h->dtype_name(e->dtype));
+    return LOOM_OK;
+}
+
 /* x (T, H): the token embeddings (times the model's embed_scale) and the
  * RoPE tables of this batch's positions (the local layers' too). */
 static loom_status cpu_embed(cpu_backend *b, const loom_batch *bt, loom_error *err) {
     const loom_model_config *c = &b->mc;
     const int64_t T = bt->num_tokens, H = c->hidden_size, half = c->head_dim / 2;
     loom_status st;
-    if (!b->sharded)
+    if (b->embed_blocks) {
+        if ((st = cpu_embed_blocks(b, bt->token_ids, T, err)) != LOOM_OK) return st;
+    } else if (!b->sharded) {
         loom_cpu_embedding(b->x, b->embed, bt->token_ids, T, H);
-    else if ((st = cpu_embed_shard(b, b->x, bt->token_ids, T, H, err)) != LOOM_OK)
+    } else if ((st = cpu_embed_shard(b, b->x, bt->token_ids, T, H, err)) != LOOM_OK) {
         return st;
+    }
     if (c->embed_scale > 0 && c->embed_scale != 1.0f) loom_cpu_scale(b->x, T * H, c->embed_scale);
     loom_cpu_rope_table(b->rope_cos, b->rope_sin, bt->positions, T, b->inv_freq, (int32_t)half);
     if (c->sliding_window > 0)
