@@ -102,10 +102,6 @@ typedef struct loom_model_config {
     float rope_theta_local;       /* RoPE base of local layers               */
 } loom_model_config;
 
-/* Is layer l of a model with config c a sliding-window (local) layer? */
-static inline bool loom_model_layer_is_local(const loom_model_config *c, int32_t l) {
-    return c->sliding_window > 0 && c->global_every > 0 && (l + 1) % c->global_every != 0;
-}
 
 /* How a pre-quantized checkpoint packs its linear weights (AWQ / GPTQ
  * safetensors). Grows only at its end. */

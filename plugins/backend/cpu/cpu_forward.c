@@ -258,6 +258,12 @@ static void cpu_observe(const cpu_backend *b, int32_t l, const int *parts, int n
 
 /* ----------------------------------------------------------------- forward */
 
+/* Is layer l a sliding-window (local) one? loom_model_config's rule:
+ * with a window, every global_every-th layer is global. */
+static bool cpu_layer_is_local(const loom_model_config *c, int32_t l) {
+    return c->sliding_window > 0 && c->global_every > 0 && (l + 1) % c->global_every != 0;
+}
+
 /* Layer l's attention block: x (T, H) += O(attention(RoPE(QKV(norm(x)))))
  * — the O product normed first (post_attn_norm) for Gemma 3, where a local
  * layer also reads its own RoPE tables and only its window of keys. */
@@ -266,7 +272,7 @@ static loom_status cpu_attention_block(cpu_backend *b, const loom_batch *bt, int
     const loom_model_config *c = &b->mc;
     const cpu_layer *ly = &b->layers[l];
     const int64_t T = bt->num_tokens, H = c->hidden_size, QKV = b->qkv_rows, QD = b->q_dim;
-    const bool local = loom_model_layer_is_local(c, l);
+    const bool local = cpu_layer_is_local(c, l);
     const float *cos_t = local ? b->rope_cos_local : b->rope_cos;
     const float *sin_t = local ? b->rope_sin_local : b->rope_sin;
     float *x = b->x, *xn = b->xn, *qkv = b->qkv, *k = b->qkv + QD;
