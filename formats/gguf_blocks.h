@@ -13,6 +13,10 @@
  *   Q8_0 (32 elems, 34 B):   f16 d; int8 q[32]            x = d q
  *   Q4_0 (32 elems, 18 B):   f16 d; u8 qs[16]             x[j] = d (lo(qs[j]) - 8), x[j + 16] = d (hi(qs[j]) - 8)
  *   Q4_1 (32 elems, 20 B):   f16 d; f16 m; u8 qs[16]      x[j] = d lo(qs[j]) + m, x[j + 16] = d hi(qs[j]) + m
+ *   Q5_0 (32 elems, 22 B):   f16 d; u8 qh[4]; u8 qs[16]   q[j] = lo(qs[j]) | bit j of qh << 4,
+ *                            q[j + 16] = hi(qs[j]) | bit j + 16 of qh << 4 (qh little-endian): x = d (q - 16)
+ *        Not a loom dtype: the GGUF loader widens Q5_0 to Q8_0 (loom_gguf_q5_0_to_q8_0),
+ *        which is exact (same d, codes -16..15 fit int8).
  *   Q4_K (256 elems, 144 B): f16 d; f16 dmin; u8 scales[12]; u8 qs[128]
  *        8 sub-blocks of 32, each a 6-bit scale sc and 6-bit min mn packed
  *        in `scales` (loom_q4k_scale_min); sub-blocks 2i and 2i + 1 are the
@@ -45,6 +49,8 @@
 #define LOOM_GGUF_Q4_0_BYTES 18
 #define LOOM_GGUF_Q4_1_ELEMS 32
 #define LOOM_GGUF_Q4_1_BYTES 20
+#define LOOM_GGUF_Q5_0_ELEMS 32
+#define LOOM_GGUF_Q5_0_BYTES 22
 #define LOOM_GGUF_Q4_K_ELEMS 256
 #define LOOM_GGUF_Q4_K_BYTES 144
 #define LOOM_GGUF_Q6_K_ELEMS 256
@@ -129,6 +135,32 @@ static inline void loom_gguf_dec_q4_1(const uint8_t *b, float *y) {
         y[j] = d * (float)(qs[j] & 0xF) + m;
         y[j + 16] = d * (float)(qs[j] >> 4) + m;
     }
+}
+
+/* Q5_0 block b's 32 codes, 0..31 (x = d (q - 16)). */
+static inline void loom_gguf_q5_0_codes(const uint8_t *b, int *q) {
+    const uint32_t qh = (uint32_t)b[2] | (uint32_t)b[3] << 8 | (uint32_t)b[4] << 16 | (uint32_t)b[5] << 24;
+    const uint8_t *qs = b + 6;
+    for (int j = 0; j < 16; j++) {
+        q[j] = (qs[j] & 0xF) | (int)((qh >> j) & 1) << 4;
+        q[j + 16] = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+    }
+}
+
+static inline void loom_gguf_dec_q5_0(const uint8_t *b, float *y) {
+    const float d = loom_gguf_f16(b);
+    int q[32];
+    loom_gguf_q5_0_codes(b, q);
+    for (int j = 0; j < 32; j++) y[j] = d * (float)(q[j] - 16);
+}
+
+/* One Q5_0 block (22 B) as the Q8_0 block (34 B) of the same values. */
+static inline void loom_gguf_q5_0_to_q8_0(const uint8_t *b, uint8_t *out) {
+    int q[32];
+    loom_gguf_q5_0_codes(b, q);
+    out[0] = b[0];
+    out[1] = b[1];
+    for (int j = 0; j < 32; j++) out[2 + j] = (uint8_t)(int8_t)(q[j] - 16);
 }
 
 static inline void loom_gguf_dec_q4_k(const uint8_t *b, float *y) {

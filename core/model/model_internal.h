@@ -70,6 +70,7 @@ loom_tensor *lm_find(const loom_model *m, const char *name);
 loom_status lm_check_config(const loom_model_config *c, const char *src, const lm_keys *k, loom_error *err);
 /* Every required tensor present, readable, with the expected shape/dtype. */
 loom_status lm_validate(loom_model *m, const char *src, const lm_keys *k, loom_error *err);
+const char *lm_arch_name(loom_arch a);             /* "llama", "qwen2", "gemma3" */
 void lm_progress(const loom_model_load_opts *o, const char *what, double fraction);
 
 loom_status lm_load_gguf(loom_model *m, const loom_model_load_opts *o, loom_error *err);

@@ -40,7 +40,7 @@ typedef struct model_raw {
 static const char *const k_formats[] = {"auto", "gguf", "safetensors", "dummy", NULL};
 static const char *const k_dtypes[] = {"f32", "f16", "bf16", NULL};
 static const loom_dtype k_dtype_values[] = {LOOM_DTYPE_F32, LOOM_DTYPE_F16, LOOM_DTYPE_BF16};
-static const char *const k_templates[] = {"auto", "chatml", "llama3", "llama2", "none", NULL};
+static const char *const k_templates[] = {"auto", "chatml", "llama3", "llama2", "none", "gemma", NULL};
 
 /* min > max: no bounds. */
 static const loom_param k_model_params[] = {

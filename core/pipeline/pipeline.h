@@ -49,6 +49,7 @@ typedef enum loom_chat_template {
     LOOM_CHAT_TEMPLATE_LLAMA3 = 2,
     LOOM_CHAT_TEMPLATE_LLAMA2 = 3,
     LOOM_CHAT_TEMPLATE_NONE = 4,       /* prompts are used as written         */
+    LOOM_CHAT_TEMPLATE_GEMMA = 5,
 } loom_chat_template;
 
 #define LOOM_PIPELINE_PATH_MAX 4096

@@ -110,12 +110,32 @@ loom_status loom_check_batch(const loom_batch *bt, const float *logits, bool log
     return LOOM_OK;
 }
 
+/* The fields since ABI 2.3 (Gemma 3) in range. */
+static bool model_features_ok(const loom_model_config *c, char *why, size_t cap) {
+    if ((unsigned)c->ffn_act > LOOM_FFN_GELU_TANH || !(c->embed_scale >= 0) || !(c->attn_scale >= 0) ||
+        !isfinite(c->embed_scale) || !isfinite(c->attn_scale)) {
+        snprintf(why, cap, "model '%s': ffn activation %d (0 silu, 1 gelu_tanh), embedding scale %g and "
+                 "attention scale %g (finite, >= 0) out of range",
+                 c->name, (int)c->ffn_act, (double)c->embed_scale, (double)c->attn_scale);
+        return false;
+    }
+    if (c->sliding_window < 0 || (c->sliding_window > 0 && (c->global_every <= 0 || !(c->rope_theta_local > 0)))) {
+        snprintf(why, cap, "model '%s': sliding window %d (>= 0) needs global_every %d > 0 and a local RoPE "
+                 "base %g > 0",
+                 c->name, c->sliding_window, c->global_every, (double)c->rope_theta_local);
+        return false;
+    }
+    return true;
+}
+
 loom_status loom_check_model_config(const loom_model_config *c, char *why, size_t cap) {
-    if (c->arch != LOOM_ARCH_LLAMA && c->arch != LOOM_ARCH_QWEN2) {
-        snprintf(why, cap, "model '%s' has architecture %d; only llama (0) and qwen2 (1) run here", c->name,
-                 (int)c->arch);
+    if (c->arch != LOOM_ARCH_LLAMA && c->arch != LOOM_ARCH_QWEN2 && c->arch != LOOM_ARCH_GEMMA3) {
+        snprintf(why, cap, "model '%s' has architecture %d; only llama (0), qwen2 (1) and gemma3 (2) run here",
+                 c->name, (int)c->arch);
         return LOOM_ERR_UNSUPPORTED;
     }
+    if (LOOM_HAS_FIELD(c, loom_model_config, rope_theta_local) && !model_features_ok(c, why, cap))
+        return LOOM_ERR_FORMAT;
     if (c->vocab_size <= 0 || c->hidden_size <= 0 || c->intermediate_size <= 0 || c->num_layers <= 0 ||
         c->num_heads <= 0 || c->num_kv_heads <= 0 || c->num_heads % c->num_kv_heads != 0 ||
         c->head_dim <= 0 || !(c->rms_norm_eps >= 0) || !(c->rope_theta > 0)) {
@@ -160,6 +180,14 @@ loom_status loom_check_load(bool already_loaded, const loom_model_view *m, const
         snprintf(why, cap, "load_shard() got a communicator without all_reduce_sum and all_gather (struct_size %u)",
                  comm->struct_size);
         return LOOM_ERR_ABI;
+    }
+    /* a post-norm needs the whole sum of a row-parallel GEMM before the
+     * residual add; the shard plan adds the partial sums onto it */
+    if (comm && LOOM_HAS_FIELD(m->config, loom_model_config, post_norms) && m->config->post_norms) {
+        snprintf(why, cap, "model '%s' normalises the attention and FFN outputs before the residual add "
+                 "(Gemma 3 post-norms); tensor parallelism does not run such models yet: use one rank",
+                 m->config->name);
+        return LOOM_ERR_UNSUPPORTED;
     }
     return loom_check_model_config(m->config, why, cap);
 }

@@ -10,6 +10,11 @@
  *   Llama 2  <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s>
  *            and its Mistral variant <s>[INST] {user} [/INST]{assistant}</s>
  *            (chosen when the template has [INST] but no <<SYS>>).
+ *   Gemma    <bos><start_of_turn>user\n{system\n\n}{content|trim}<end_of_turn>\n
+ *            <start_of_turn>model\n{content|trim}<end_of_turn>\n ... (the
+ *            assistant's role is "model"; a system message opens the first
+ *            user turn). Also chosen for a vocabulary with <start_of_turn>
+ *            when the file has no template (Gemma 3 GGUFs carry none).
  * loom_chat_encode() also records where roles and contents were written, so
  * special-token text inside a message stays ordinary text: a message cannot
  * close its turn and forge another.
@@ -26,9 +31,11 @@ loom_chat_format tok_detect_chat_format(const loom_tokenizer *t) {
         if (strstr(tmpl, "<|im_start|>")) return LOOM_CHAT_CHATML;
         if (strstr(tmpl, "<|start_header_id|>")) return LOOM_CHAT_LLAMA3;
         if (strstr(tmpl, "[INST]")) return LOOM_CHAT_LLAMA2;
+        if (strstr(tmpl, "<start_of_turn>")) return LOOM_CHAT_GEMMA;
     }
     if (loom_tokenizer_find(t, "<|im_start|>") >= 0) return LOOM_CHAT_CHATML;
     if (loom_tokenizer_find(t, "<|start_header_id|>") >= 0) return LOOM_CHAT_LLAMA3;
+    if (loom_tokenizer_find(t, "<start_of_turn>") >= 0) return LOOM_CHAT_GEMMA;
     if (t->kind == TOK_SPM) return LOOM_CHAT_LLAMA2;
     return LOOM_CHAT_AUTO;
 }
@@ -43,6 +50,7 @@ const char *loom_chat_format_name(loom_chat_format fmt) {
     case LOOM_CHAT_CHATML: return "chatml";
     case LOOM_CHAT_LLAMA3: return "llama3";
     case LOOM_CHAT_LLAMA2: return "llama2";
+    case LOOM_CHAT_GEMMA: return "gemma";
     }
     return "?";
 }
@@ -236,6 +244,32 @@ static void render_llama3(const loom_chat_msg *msgs, int32_t n, bool add_generat
     if (add_generation_prompt) tok_buf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
+/* Gemma's template: roles alternate user/model after an optional system
+ * message, which is written at the start of the first user turn. */
+static loom_status render_gemma(const loom_tokenizer *t, const loom_chat_msg *msgs, int32_t n,
+                                bool add_generation_prompt, tok_buf *b, chat_spans *sp, loom_error *err) {
+    const bool spm = t && t->kind == TOK_SPM; /* else the marker is not this vocabulary's */
+    tok_buf_puts(b, special_text(t, spm ? t->bos : -1, "<bos>"));
+    int32_t first = n > 0 && strcmp(msgs[0].role, "system") == 0;
+    for (int32_t i = first; i < n; i++) {
+        bool user = strcmp(msgs[i].role, "user") == 0;
+        if ((!user && strcmp(msgs[i].role, "assistant") != 0) || user != ((i - first) % 2 == 0))
+            return loom_error_set(err, LOOM_ERR_INVALID,
+                                  "chat (gemma): message %d has role '%s'; after an optional 'system', "
+                                  "roles must alternate user/assistant/user/...",
+                                  (int)i, msgs[i].role);
+        tok_buf_puts(b, user ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
+        if (i == first && first) {
+            put_user(b, sp, msgs[0].content, false);
+            tok_buf_puts(b, "\n\n");
+        }
+        put_user(b, sp, msgs[i].content, true);
+        tok_buf_puts(b, "<end_of_turn>\n");
+    }
+    if (add_generation_prompt) tok_buf_puts(b, "<start_of_turn>model\n");
+    return LOOM_OK;
+}
+
 /* Render into *b (NUL-terminated on success), recording the caller's text in sp. */
 static loom_status chat_render(const loom_tokenizer *t, loom_chat_format fmt, const loom_chat_msg *msgs,
                                int32_t n, bool add_generation_prompt, tok_buf *b, chat_spans *sp,
@@ -247,6 +281,7 @@ static loom_status chat_render(const loom_tokenizer *t, loom_chat_format fmt, co
     case LOOM_CHAT_CHATML: render_chatml(t, msgs, n, add_generation_prompt, b, sp); break;
     case LOOM_CHAT_LLAMA3: render_llama3(msgs, n, add_generation_prompt, b, sp); break;
     case LOOM_CHAT_LLAMA2: st = render_llama2(t, msgs, n, b, sp, err); break;
+    case LOOM_CHAT_GEMMA: st = render_gemma(t, msgs, n, add_generation_prompt, b, sp, err); break;
     default: st = loom_error_set(err, LOOM_ERR_INVALID, "chat: unknown format %d", (int)fmt); break;
     }
     if (!st && (b->oom || (sp && sp->oom))) st = loom_error_set(err, LOOM_ERR_NOMEM, "chat: out of memory");

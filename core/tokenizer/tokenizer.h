@@ -178,6 +178,7 @@ typedef enum loom_chat_format {
     LOOM_CHAT_CHATML, /* SmolLM2, Qwen */
     LOOM_CHAT_LLAMA3,
     LOOM_CHAT_LLAMA2, /* also Mistral [INST] */
+    LOOM_CHAT_GEMMA,  /* <start_of_turn>user ... <end_of_turn> (Gemma 3) */
 } loom_chat_format;
 
 typedef struct loom_chat_msg {
@@ -192,7 +193,7 @@ loom_chat_format loom_tokenizer_chat_format(const loom_tokenizer *t);
  * fmt is not AUTO (then no template-specific defaults such as SmolLM2's
  * default system prompt apply). AUTO uses the detected format, ChatML if none.
  * The text includes the BOS marker where the template writes one
- * (<|begin_of_text|>, <s>): encode it with add_bos=false, parse_special=true.
+ * (<|begin_of_text|>, <s>, <bos>): encode it with add_bos=false, parse_special=true.
  * *out is malloc'd, NUL-terminated. */
 loom_status loom_chat_apply(const loom_tokenizer *t, loom_chat_format fmt,
                             const loom_chat_msg *msgs, int32_t n, bool add_generation_prompt,

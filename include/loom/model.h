@@ -43,7 +43,14 @@ extern "C" {
 typedef enum loom_arch {
     LOOM_ARCH_LLAMA = 0, /* Llama 2/3, SmolLM2, Mistral (no sliding window) */
     LOOM_ARCH_QWEN2 = 1, /* Llama + QKV bias                               */
+    LOOM_ARCH_GEMMA3 = 2,/* the loom_model_config fields since ABI 2.3     */
 } loom_arch;
+
+/* The FFN's gated activation: act(gate) * up. */
+typedef enum loom_ffn_act {
+    LOOM_FFN_SILU = 0,      /* SwiGLU (Llama, Qwen2)                        */
+    LOOM_FFN_GELU_TANH = 1, /* GeGLU with tanh-approximated GELU (Gemma)    */
+} loom_ffn_act;
 
 typedef enum loom_rope_scaling {
     LOOM_ROPE_SCALING_NONE = 0,
@@ -75,7 +82,26 @@ typedef struct loom_model_config {
     int32_t bos_token_id;         /* -1 when none                            */
     int32_t eos_token_id;         /* -1 when none                            */
     char name[128];               /* human-readable model name               */
+    /* --- since ABI 2.3: what sets Gemma 3 apart from Llama. Zero (what a
+     * config written before 2.3 holds) is Llama's behaviour in each. */
+    loom_ffn_act ffn_act;         /* SILU for Llama / Qwen2                  */
+    float embed_scale;            /* token embeddings times this; 0: 1       */
+    float attn_scale;             /* scores = q.k * this; 0: 1/sqrt(head_dim) */
+    bool qk_norm;                 /* RMSNorm of each q and k head before RoPE
+                                     (blk.N.attn_q_norm / attn_k_norm, (head_dim)) */
+    bool post_norms;              /* RMSNorm of the attention and FFN outputs
+                                     before the residual add (blk.N.
+                                     post_attention_norm / post_ffw_norm)    */
+    int32_t sliding_window;       /* tokens a local layer sees, itself
+                                     included; 0: no local layers            */
+    int32_t global_every;         /* with a window: layer l is global (whole
+                                     context, rope_theta and rope_scaling)
+                                     when (l + 1) % global_every == 0, local
+                                     (window, rope_theta_local, no scaling)
+                                     otherwise                               */
+    float rope_theta_local;       /* RoPE base of local layers               */
 } loom_model_config;
+
 
 /* How a pre-quantized checkpoint packs its linear weights (AWQ / GPTQ
  * safetensors). Grows only at its end. */

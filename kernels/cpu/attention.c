@@ -2,7 +2,8 @@
  * kernels/cpu/attention.c — the paged KV cache on the CPU: writing K/V
  * through the slot mapping, float16 conversion, and causal paged attention
  * with an online softmax (FlashAttention's algorithm, one query row at a
- * time).
+ * time), optionally over a sliding window of keys (Gemma 3's local layers;
+ * keys before the window are never read, whatever the cache still holds).
  *
  * Layout (loom/backend.h): each pool is (num_blocks, num_kv_heads,
  * block_size, head_dim), so the keys of one (block, kv head) are block_size
@@ -148,6 +149,12 @@ static inline const float *attn_row(const void *base, loom_dtype dt, int64_t ele
     return (const float *)base + elem;
 }
 
+/* The first key position a query at position p sees: 0, or the start of
+ * its sliding window (the last `window` positions, p included). */
+static inline int64_t attn_first_key(const loom_cpu_attn_args *a, int64_t p) {
+    return a->window > 0 && p + 1 > a->window ? p + 1 - a->window : 0;
+}
+
 static void attn_items(void *arg, int64_t b, int64_t e, int worker) {
     (void)worker;
     const loom_cpu_attn_args *a = arg;
@@ -169,11 +176,12 @@ static void attn_items(void *arg, int64_t b, int64_t e, int worker) {
         float m = -INFINITY, l = 0.0f;
         for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
 
-        for (int64_t j0 = 0; j0 <= p; j0 += bs) {
+        const int64_t lo = attn_first_key(a, p);
+        for (int64_t j0 = lo - lo % bs; j0 <= p; j0 += bs) {
             int64_t blk = bt[j0 / bs];
             int64_t n = p + 1 - j0 < bs ? p + 1 - j0 : bs; /* keys of this block */
             int64_t row0 = (blk * KVH + kvh) * bs * D;      /* element offset   */
-            for (int64_t i0 = 0; i0 < n; i0 += ATTN_TILE) {
+            for (int64_t i0 = j0 < lo ? lo - j0 : 0; i0 < n; i0 += ATTN_TILE) {
                 int64_t nn = n - i0 < ATTN_TILE ? n - i0 : ATTN_TILE;
                 float tmax = -INFINITY;
                 for (int64_t j = 0; j < nn; j++) {
@@ -205,7 +213,7 @@ void loom_cpu_paged_attention(const loom_cpu_attn_args *a, loom_cpu_pool *pool) 
     int64_t T = a->num_tokens, H = a->num_heads;
     if (T <= 0) return;
     double work = 0;
-    for (int64_t t = 0; t < T; t++) work += (double)(a->positions[t] + 1);
+    for (int64_t t = 0; t < T; t++) work += (double)(a->positions[t] + 1 - attn_first_key(a, a->positions[t]));
     work *= (double)H * a->kv->head_dim;
     if (work < ATTN_PARALLEL_MIN) pool = NULL;
     loom_cpu_pool_for(pool, T * H, 1, attn_items, (void *)a);

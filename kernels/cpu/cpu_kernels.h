@@ -1,7 +1,8 @@
 /*
- * kernels/cpu/cpu_kernels.h — the float32 CPU kernels of a Llama-family
- * forward pass: RMSNorm, RoPE (NeoX, Llama-3 / linear scaling), SwiGLU,
- * paged attention with an online softmax, KV-cache writes, linear layers
+ * kernels/cpu/cpu_kernels.h — the float32 CPU kernels of a Llama- or
+ * Gemma-3-family forward pass: RMSNorm (per row, per head, as a post-norm),
+ * RoPE (NeoX, Llama-3 / linear scaling), SwiGLU and tanh GeGLU, paged
+ * attention with an online softmax and an optional sliding window, KV-cache writes, linear layers
  * through OpenBLAS, embedding lookup, and a small pthread pool to spread
  * work over cores.
  *
@@ -71,6 +72,25 @@ void loom_cpu_add_rmsnorm(float *y, float *x, const float *r, const float *w, in
  * gate, up (T, I) with row strides ldg, ldu; out (T, I) contiguous. */
 void loom_cpu_swiglu(float *out, const float *gate, int64_t ldg, const float *up, int64_t ldu,
                      int64_t T, int64_t I, loom_cpu_pool *pool);
+
+/* GeGLU with tanh GELU: out[t,i] = gelu(gate[t,i]) * up[t,i],
+ * gelu(g) = g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (PyTorch's
+ * approximate="tanh"). Shapes as loom_cpu_swiglu. */
+void loom_cpu_geglu_tanh(float *out, const float *gate, int64_t ldg, const float *up, int64_t ldu,
+                         int64_t T, int64_t I, loom_cpu_pool *pool);
+
+/* Post-norm residual add: x[t,:] += rmsnorm(r[t,:]) * w. x, r (T, N)
+ * contiguous, distinct. */
+void loom_cpu_add_normed(float *x, const float *r, const float *w, int64_t T, int64_t N, float eps,
+                         loom_cpu_pool *pool);
+
+/* RMSNorm of every head in place (QK-norm): x (T, n_heads, D) with row
+ * stride ldx; each head's D floats normalised and times w (D). */
+void loom_cpu_head_rmsnorm(float *x, int64_t ldx, int64_t T, int32_t n_heads, int32_t D, const float *w,
+                           float eps, loom_cpu_pool *pool);
+
+/* x (n) *= s. */
+void loom_cpu_scale(float *x, int64_t n, float s);
 
 /* Embedding lookup: out[t,:] = table[ids[t],:]. table (V, N), out (T, N);
  * ids must be in [0, V) (checked by the caller). */
@@ -147,13 +167,16 @@ typedef struct loom_cpu_attn_args {
     const int32_t *block_table;   /* (S, block_table_stride) block ids         */
     int32_t block_table_stride;
     float scale;                  /* softmax scale, usually 1/sqrt(head_dim)   */
+    int32_t window;               /* > 0: a query at position p sees only keys
+                                     p - window + 1 .. p (sliding window); 0: all */
 } loom_cpu_attn_args;
 
 /* Causal paged attention over a flattened variable-length batch: token t of
  * sequence s at position p attends to positions 0..p of s, whose K/V are read
  * through s's block table (position j lives in block block_table[s][j / bs]
  * at offset j % bs). Query head h reads KV head h / (num_heads/num_kv_heads)
- * (GQA; MQA when num_kv_heads = 1). Softmax is computed online over key
+ * (GQA; MQA when num_kv_heads = 1); with a->window only the last `window`
+ * positions (block table entries before them are not read). Softmax is computed online over key
  * tiles (FlashAttention's running max and sum), so no (T, context) score
  * matrix is formed. Work items are (token, head) pairs spread over the pool.
  * head_dim <= LOOM_CPU_MAX_HEAD_DIM. Block ids and positions must be valid

@@ -1,6 +1,7 @@
 /*
- * kernels/cpu/elementwise.c — row-wise kernels: RMSNorm (plain and fused
- * with the residual add), SwiGLU and embedding lookup.
+ * kernels/cpu/elementwise.c — row-wise kernels: RMSNorm (plain, fused
+ * with the residual add, of the normed output added to the residual, per
+ * head), SwiGLU, tanh GeGLU, scaling and embedding lookup.
  *
  * Rows are split over the pool only when a call is big enough (prefill);
  * a decode step's single row is cheaper to do inline than to wake a thread.
@@ -100,6 +101,65 @@ void loom_cpu_swiglu(float *out, const float *gate, int64_t ldg, const float *up
     swiglu_ctx c = {.out = out, .gate = gate, .up = up, .ldg = ldg, .ldu = ldu, .I = I};
     if (T * I < ELEM_PARALLEL_MIN) pool = NULL;
     loom_cpu_pool_for(pool, T, elem_grain(I), swiglu_rows, &c);
+}
+
+/* ------------------------------------------------------- Gemma's variants */
+
+typedef struct addnorm_ctx {
+    float *x;
+    const float *r, *w;
+    int64_t N;
+    float eps;
+} addnorm_ctx;
+
+static void add_normed_rows(void *arg, int64_t b, int64_t e, int worker) {
+    (void)worker;
+    const addnorm_ctx *c = arg;
+    for (int64_t t = b; t < e; t++) {
+        const float *r = c->r + t * c->N;
+        float *x = c->x + t * c->N;
+        float inv = rms_inv(r, c->N, c->eps);
+        for (int64_t i = 0; i < c->N; i++) x[i] += r[i] * inv * c->w[i];
+    }
+}
+
+void loom_cpu_add_normed(float *x, const float *r, const float *w, int64_t T, int64_t N, float eps,
+                         loom_cpu_pool *pool) {
+    addnorm_ctx c = {.x = x, .r = r, .w = w, .N = N, .eps = eps};
+    if (T * N < ELEM_PARALLEL_MIN) pool = NULL;
+    loom_cpu_pool_for(pool, T, elem_grain(N), add_normed_rows, &c);
+}
+
+void loom_cpu_head_rmsnorm(float *x, int64_t ldx, int64_t T, int32_t n_heads, int32_t D, const float *w,
+                           float eps, loom_cpu_pool *pool) {
+    for (int32_t h = 0; h < n_heads; h++)
+        loom_cpu_rmsnorm(x + (int64_t)h * D, ldx, x + (int64_t)h * D, ldx, w, T, D, eps, pool);
+}
+
+static void geglu_rows(void *arg, int64_t b, int64_t e, int worker) {
+    (void)worker;
+    const swiglu_ctx *c = arg;
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int64_t t = b; t < e; t++) {
+        const float *g = c->gate + t * c->ldg;
+        const float *u = c->up + t * c->ldu;
+        float *o = c->out + t * c->I;
+        for (int64_t i = 0; i < c->I; i++) {
+            float x = g[i];
+            o[i] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * u[i];
+        }
+    }
+}
+
+void loom_cpu_geglu_tanh(float *out, const float *gate, int64_t ldg, const float *up, int64_t ldu,
+                         int64_t T, int64_t I, loom_cpu_pool *pool) {
+    swiglu_ctx c = {.out = out, .gate = gate, .up = up, .ldg = ldg, .ldu = ldu, .I = I};
+    if (T * I < ELEM_PARALLEL_MIN) pool = NULL;
+    loom_cpu_pool_for(pool, T, elem_grain(I), geglu_rows, &c);
+}
+
+void loom_cpu_scale(float *x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
 /* -------------------------------------------------------------- embedding */

@@ -41,6 +41,10 @@ Test(backend_check, valid_configs_pass) {
     c.rope_scaling = LOOM_ROPE_SCALING_LLAMA3, c.rope_factor = 8, c.rope_low_freq_factor = 1,
     c.rope_high_freq_factor = 4, c.rope_original_context = 8192;
     cr_assert_eq(loom_check_model_config(&c, why, sizeof why), LOOM_OK, "%s", why);
+    c = good(), c.arch = LOOM_ARCH_GEMMA3, c.ffn_act = LOOM_FFN_GELU_TANH, c.qk_norm = c.post_norms = true,
+    c.sliding_window = 512, c.global_every = 6, c.rope_theta_local = 10000, c.attn_scale = 0.25f,
+    c.embed_scale = 8;
+    cr_assert_eq(loom_check_model_config(&c, why, sizeof why), LOOM_OK, "%s", why);
 }
 
 Test(backend_check, each_bad_config_is_refused_by_name) {
@@ -62,6 +66,14 @@ Test(backend_check, each_bad_config_is_refused_by_name) {
     c = good(), c.rope_scaling = LOOM_ROPE_SCALING_LLAMA3, c.rope_factor = 8, c.rope_low_freq_factor = 4,
     c.rope_high_freq_factor = 1, c.rope_original_context = 8192;
     refused(&c, LOOM_ERR_FORMAT, "low/high freq factors 4/1");
+    c = good(), c.sliding_window = 512, c.rope_theta_local = 10000; /* no global_every */
+    refused(&c, LOOM_ERR_FORMAT, "needs global_every 0 > 0");
+    c = good(), c.sliding_window = 512, c.global_every = 6;
+    refused(&c, LOOM_ERR_FORMAT, "local RoPE base 0 > 0");
+    c = good(), c.ffn_act = (loom_ffn_act)9;
+    refused(&c, LOOM_ERR_FORMAT, "ffn activation 9");
+    c = good(), c.attn_scale = NAN;
+    refused(&c, LOOM_ERR_FORMAT, "attention scale nan");
 }
 
 /* load()'s preamble, shared by the cpu and cuda backends: each refusal
@@ -74,6 +86,12 @@ static const loom_tensor *no_tensor(void *ctx, const char *name) {
 static loom_status comm_noop_sum(void *ctx, int32_t rank, void *buf, int64_t count, loom_dtype dt, void *stream,
                                  loom_error *err) {
     (void)ctx, (void)rank, (void)buf, (void)count, (void)dt, (void)stream, (void)err;
+    return LOOM_OK;
+}
+
+static loom_status comm_noop_gather(void *ctx, int32_t rank, const void *send, void *recv, int64_t count,
+                                    loom_dtype dt, void *stream, loom_error *err) {
+    (void)ctx, (void)rank, (void)send, (void)recv, (void)count, (void)dt, (void)stream, (void)err;
     return LOOM_OK;
 }
 
@@ -93,6 +111,14 @@ Test(backend_check, load_preamble_refuses_each_bad_call) {
     cr_assert(strstr(why, "struct_size 8"), "%s", why);
     loom_comm half = {.struct_size = sizeof half, .all_reduce_sum = comm_noop_sum};
     cr_assert_eq(loom_check_load(false, &m, &half, why, sizeof why), LOOM_ERR_ABI, "%s", why);
+    loom_comm full = {.struct_size = sizeof full, .all_reduce_sum = comm_noop_sum,
+                      .all_gather = comm_noop_gather};
+    cr_assert_eq(loom_check_load(false, &m, &full, why, sizeof why), LOOM_OK, "%s", why);
+    c.post_norms = true; /* Gemma 3: no tensor parallelism */
+    cr_assert_eq(loom_check_load(false, &m, &full, why, sizeof why), LOOM_ERR_UNSUPPORTED);
+    cr_assert(strstr(why, "post-norms") && strstr(why, "one rank"), "%s", why);
+    cr_assert_eq(loom_check_load(false, &m, NULL, why, sizeof why), LOOM_OK, "%s", why);
+    c.post_norms = false;
     c.num_kv_heads = 3; /* the config check runs last */
     cr_assert_eq(loom_check_load(false, &m, NULL, why, sizeof why), LOOM_ERR_UNSUPPORTED);
     cr_assert(strstr(why, "kv heads 3"), "%s", why);

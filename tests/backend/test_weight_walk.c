@@ -171,6 +171,38 @@ Test(weight_walk, whole_model_lists_every_tensor_whole, .init = tw_setup) {
     tw_free(m);
 }
 
+/* Gemma 3's flags ask for four more 1-D tensors a layer, listed whole; a
+ * missing one is an error naming it. */
+Test(weight_walk, gemma3_norms_listed_and_required, .init = tw_setup) {
+    tw_model *m = tw_make(false, false, NULL);
+    m->c.qk_norm = m->c.post_norms = true;
+    loom_ww w;
+    loom_error err = {0};
+    cr_assert_eq(tw_walk(&w, m, 0, 0, NULL, NULL, &err), LOOM_ERR_NOT_FOUND);
+    cr_assert(strstr(err.message, "blk.0.attn_q_norm.weight"), "%s", err.message);
+    char name[64];
+    static const char *norms[] = {"attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"};
+    for (int l = 0; l < 2; l++)
+        for (int k = 0; k < 4; k++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, norms[k]);
+            tw_add(m, name, k < 2 ? 16 : 64, -1, false);
+        }
+    cr_assert_eq(tw_walk(&w, m, 0, 0, NULL, NULL, &err), LOOM_OK, "%s", err.message);
+    for (int l = 0; l < 2; l++) {
+        tw_expect(&w.layer[l].q_norm, 0, 1, 0, 16);
+        tw_expect(&w.layer[l].k_norm, 0, 1, 0, 16);
+        tw_expect(&w.layer[l].post_attn_norm, 0, 1, 0, 64);
+        tw_expect(&w.layer[l].post_ffn_norm, 0, 1, 0, 64);
+    }
+    loom_ww_free(&w);
+    m->c.qk_norm = m->c.post_norms = false; /* a Llama config lists none of them */
+    cr_assert_eq(tw_walk(&w, m, 0, 0, NULL, NULL, &err), LOOM_OK, "%s", err.message);
+    cr_assert(!w.layer[1].q_norm.t && !w.layer[1].post_ffn_norm.t);
+    loom_ww_free(&w);
+    cr_assert_eq(fake_host_live_allocs(), 0);
+    tw_free(m);
+}
+
 Test(weight_walk, a_rank_keeps_its_rows_and_columns, .init = tw_setup) {
     tw_model *m = tw_make(true, true, NULL);
     loom_ww w;

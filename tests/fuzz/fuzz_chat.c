@@ -73,7 +73,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     loom_chat_msg m[MAX_MSGS];
     char *store;
     int32_t n = split(data, size, m, &store);
-    static const loom_chat_format fmts[] = {LOOM_CHAT_AUTO, LOOM_CHAT_CHATML, LOOM_CHAT_LLAMA3, LOOM_CHAT_LLAMA2};
+    static const loom_chat_format fmts[] = {LOOM_CHAT_AUTO, LOOM_CHAT_CHATML, LOOM_CHAT_LLAMA3, LOOM_CHAT_LLAMA2,
+                                            LOOM_CHAT_GEMMA};
     for (size_t i = 0; i < sizeof fmts / sizeof *fmts; i++) one_format(t, fmts[i], m, n);
     free(store);
     return 0;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tests/fuzz/make_seeds.py — writes the binary seed files of corpus/gguf
 and corpus/safetensors: tiny Llama models (hidden 4, one layer, 8 tokens)
-that load, so the fuzzers start from inputs that reach the config and
+and a tiny Gemma 3 (Q5_0 weights) that load, so the fuzzers start from inputs that reach the config and
 tensor checks, not only the header. Text seeds are written by hand.
 Run from anywhere; rewrites its own seeds (seed-*.bin) in place."""
 import json
@@ -80,6 +80,47 @@ def gguf(with_tokenizer=True, align=32):
     return head + data
 
 
+def gemma3():
+    """A tiny Gemma 3 (hidden 32, 2 heads of 16, one layer, window 4, SentencePiece vocabulary):
+    its extra keys and norms, Q5_0 matrices (widened to Q8_0 at load), a Q8_0 embedding."""
+    gh, gi, ghd = 32, 32, 16
+    kvs = [kv("general.architecture", 8, "gemma3"), kv("gemma3.block_count", 4, 1),
+           kv("gemma3.embedding_length", 4, gh), kv("gemma3.feed_forward_length", 4, gi),
+           kv("gemma3.attention.head_count", 4, NH), kv("gemma3.attention.head_count_kv", 4, NKV),
+           kv("gemma3.attention.key_length", 4, ghd), kv("gemma3.attention.value_length", 4, ghd),
+           kv("gemma3.context_length", 4, 32), kv("gemma3.rope.freq_base", 6, 1e6),
+           kv("gemma3.attention.layer_norm_rms_epsilon", 6, 1e-6), kv("gemma3.attention.sliding_window", 4, 4),
+           kv("tokenizer.ggml.model", 8, "llama"),
+           kv("tokenizer.ggml.tokens", 9, (8, ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "\u2581", "a", "\n"])),
+           kv("tokenizer.ggml.token_type", 9, (5, [3, 3, 3, 2, 3, 1, 1, 1])),
+           kv("tokenizer.ggml.bos_token_id", 4, 2), kv("tokenizer.ggml.eos_token_id", 4, 1)]
+    ts = [("token_embd.weight", [gh, V], 8), ("output_norm.weight", [gh], 0)]
+    for n, ne, t in [("attn_norm.weight", [gh], 0), ("attn_q.weight", [gh, NH * ghd], 6),
+                     ("attn_k.weight", [gh, NKV * ghd], 6), ("attn_v.weight", [gh, NKV * ghd], 6),
+                     ("attn_output.weight", [NH * ghd, gh], 6), ("attn_q_norm.weight", [ghd], 0),
+                     ("attn_k_norm.weight", [ghd], 0), ("post_attention_norm.weight", [gh], 0),
+                     ("ffn_norm.weight", [gh], 0), ("ffn_gate.weight", [gh, gi], 6), ("ffn_up.weight", [gh, gi], 6),
+                     ("ffn_down.weight", [gi, gh], 6), ("post_ffw_norm.weight", [gh], 0)]:
+        ts.append(("blk.0." + n, ne, t))
+    infos, data = b"", b""
+    for name, ne, t in ts:
+        rows = ne[1] if len(ne) > 1 else 1
+        while len(data) % 32:
+            data += b"\0"
+        infos += gstr(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne)
+        infos += struct.pack("<IQ", t, len(data))
+        if t == 0:
+            data += struct.pack("<%df" % ne[0], *[1.0 + 0.01 * (i % 7) for i in range(ne[0])])
+            continue
+        for r in range(rows * ne[0] // 32):  # blocks: f16 d = 0.0625, then codes
+            data += struct.pack("<H", 0x2C00)
+            data += bytes((r * 7 + j * 13) % 256 for j in range(4 + 16 if t == 6 else 32))
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(ts), len(kvs)) + b"".join(kvs) + infos
+    while len(head) % 32:
+        head += b"\0"
+    return head + data
+
+
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V, "hidden_size": H,
           "intermediate_size": I, "num_hidden_layers": 1, "num_attention_heads": NH, "num_key_value_heads": NKV,
           "max_position_embeddings": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True}
@@ -114,6 +155,7 @@ def write(path, b):
 write("corpus/gguf/seed-tiny-llama.bin", gguf())
 write("corpus/gguf/seed-no-tokenizer.bin", gguf(with_tokenizer=False))
 write("corpus/gguf/seed-align1.bin", gguf(align=1))
+write("corpus/gguf/seed-tiny-gemma3.bin", gemma3())
 cfg = json.dumps(CONFIG).encode()
 write("corpus/safetensors/seed-f32.bin", struct.pack("<I", len(cfg)) + cfg + safetensors("F32"))
 write("corpus/safetensors/seed-bf16-default-config.bin", struct.pack("<I", 0) + safetensors("BF16"))

@@ -194,6 +194,69 @@ Test(kernels, swiglu) {
     loom_cpu_pool_destroy(pool);
 }
 
+Test(kernels, geglu_tanh) {
+    test_rng r = rng_seeded("kernels.geglu_tanh");
+    loom_cpu_pool *pool = loom_cpu_pool_create(3);
+    const int64_t T = 33, I = 2048, ld = 2 * I + 1;
+    float *gu = xmalloc(sizeof(float) * T * ld), *out = xmalloc(sizeof(float) * T * I);
+    rng_fill(&r, gu, T * ld, 4);
+    gu[0] = -60.f, gu[1] = 60.f; /* tanh saturates: -0 and g */
+    loom_cpu_geglu_tanh(out, gu, ld, gu + I, ld, T, I, pool);
+    double num = 0, den = 1e-30;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < I; i++) {
+            double g = gu[t * ld + i], u = gu[t * ld + I + i];
+            double ref = 0.5 * g * (1 + tanh(sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * u;
+            num = err_max(num, fabs(out[t * I + i] - ref));
+            den = fmax(den, fabs(ref));
+        }
+    cr_assert_lt(num / den, F32_TOL, "geglu_tanh rel err %g", num / den);
+    free(gu), free(out);
+    loom_cpu_pool_destroy(pool);
+}
+
+/* Gemma's norms: every head of a strided (T, heads, D) row normed in place,
+ * and x += rmsnorm(r) * w. */
+Test(kernels, head_rmsnorm_and_add_normed) {
+    test_rng r = rng_seeded("kernels.head_rmsnorm_and_add_normed");
+    const int64_t T = 7, NH = 3, D = 256, ld = NH * D + 9, N = 640;
+    float *x = xmalloc(sizeof(float) * T * ld), *x0 = xmalloc(sizeof(float) * T * ld);
+    float *w = xmalloc(sizeof(float) * N);
+    double y[640];
+    rng_fill(&r, x, T * ld, 3);
+    rng_fill(&r, w, N, 2);
+    memcpy(x0, x, sizeof(float) * T * ld);
+    loom_cpu_head_rmsnorm(x, ld, T, (int32_t)NH, (int32_t)D, w, 1e-6f, NULL);
+    double num = 0, den = 1e-30;
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t h = 0; h < NH; h++) {
+            ref_rmsnorm(y, x0 + t * ld + h * D, w, D, 1e-6);
+            for (int64_t e = 0; e < D; e++) {
+                num = err_max(num, fabs(x[t * ld + h * D + e] - y[e]));
+                den = fmax(den, fabs(y[e]));
+            }
+        }
+        for (int64_t e = NH * D; e < ld; e++) cr_assert_eq(x[t * ld + e], x0[t * ld + e], "wrote past the heads");
+    }
+    cr_assert_lt(num / den, F32_TOL, "head_rmsnorm rel err %g", num / den);
+    float *res = xmalloc(sizeof(float) * T * N), *add = xmalloc(sizeof(float) * T * N);
+    rng_fill(&r, res, T * N, 2);
+    rng_fill(&r, add, T * N, 5);
+    memcpy(x0, res, sizeof(float) * T * N);
+    loom_cpu_add_normed(res, add, w, T, N, 1e-6f, NULL);
+    num = 0, den = 1e-30;
+    for (int64_t t = 0; t < T; t++) {
+        ref_rmsnorm(y, add + t * N, w, N, 1e-6);
+        for (int64_t e = 0; e < N; e++) {
+            double ref = x0[t * N + e] + y[e];
+            num = err_max(num, fabs(res[t * N + e] - ref));
+            den = fmax(den, fabs(ref));
+        }
+    }
+    cr_assert_lt(num / den, F32_TOL, "add_normed rel err %g", num / den);
+    free(x), free(x0), free(w), free(res), free(add);
+}
+
 /* ------------------------------------------------------------- embedding */
 
 Test(kernels, embedding) {
@@ -414,7 +477,11 @@ typedef struct attn_case {
     int S;
     const int *ctx;   /* (S) context length after this step */
     const int *qlen;  /* (S) query tokens this step (the last qlen positions) */
+    int window;       /* sliding window (0: none)                              */
 } attn_case;
+
+/* The first key a query at position p sees under window w. */
+static int kt_first_key(int w, int p) { return w > 0 && p + 1 > w ? p + 1 - w : 0; }
 
 /* One batch through kv_write + paged attention vs a float64 softmax over the
  * logical (contiguous) K/V; returns the relative error. */
@@ -461,6 +528,15 @@ static double run_attn(test_rng *r, const attn_case *cs, int H, int KVH, int D, 
         for (int p = 0; p < prior; p++)
             slots[p] = (int64_t)bt[s * stride + p / bs] * bs + p % bs;
         loom_cpu_kv_write(&kv, K[s], ld_kv, Vv[s], ld_kv, slots, prior);
+        /* the cache keeps everything, but what no query of this step may
+         * see under the window goes back to NaN: a read of it shows */
+        int unseen = kt_first_key(cs->window, prior);
+        for (int p = 0; p < unseen && p < prior; p++)
+            for (int h = 0; h < KVH; h++) {
+                size_t e = (((size_t)bt[s * stride + p / bs] * KVH + h) * bs + p % bs) * D;
+                memset((char *)kp + e * esz, 0xff, D * esz);
+                memset((char *)vp + e * esz, 0xff, D * esz);
+            }
         free(slots);
     }
     /* this step's batch */
@@ -486,7 +562,8 @@ static double run_attn(test_rng *r, const attn_case *cs, int H, int KVH, int D, 
     float scale = 1.0f / sqrtf((float)D);
     loom_cpu_attn_args a = {.out = out, .ldo = ldo, .q = q, .ldq = ldq, .kv = &kv, .num_heads = H,
                             .num_tokens = T, .num_seqs = S, .query_start = qs, .positions = pos,
-                            .block_table = bt, .block_table_stride = stride, .scale = scale};
+                            .block_table = bt, .block_table_stride = stride, .scale = scale,
+                            .window = cs->window};
     loom_cpu_paged_attention(&a, pool);
 
     /* float64 reference over the logical K/V (rounded like the cache) */
@@ -496,9 +573,9 @@ static double run_attn(test_rng *r, const attn_case *cs, int H, int KVH, int D, 
     for (int s = 0; s < S; s++)
         for (int t = qs[s]; t < qs[s + 1]; t++)
             for (int h = 0; h < H; h++) {
-                int kvh = h / g, p = pos[t];
+                int kvh = h / g, p = pos[t], lo = kt_first_key(cs->window, p);
                 double mx = -INFINITY, sum = 0;
-                for (int j = 0; j <= p; j++) {
+                for (int j = lo; j <= p; j++) {
                     double d = 0;
                     for (int e = 0; e < D; e++) {
                         float kk = K[s][(int64_t)j * ld_kv + kvh * D + e];
@@ -509,7 +586,7 @@ static double run_attn(test_rng *r, const attn_case *cs, int H, int KVH, int D, 
                     mx = fmax(mx, sc[j]);
                 }
                 for (int e = 0; e < D; e++) acc[e] = 0;
-                for (int j = 0; j <= p; j++) {
+                for (int j = lo; j <= p; j++) {
                     double pj = exp(sc[j] - mx);
                     sum += pj;
                     for (int e = 0; e < D; e++) {
@@ -582,6 +659,26 @@ Test(kernels, paged_attention_threaded_long) {
     cr_assert_lt(e, F32_TOL, "long threaded attention rel err %g", e);
     e = run_attn(&r, &c, 9, 3, 64, 16, LOOM_DTYPE_F16, pool);
     cr_assert_lt(e, F32_TOL, "long threaded attention (f16) rel err %g", e);
+    loom_cpu_pool_destroy(pool);
+}
+
+/* Sliding window (Gemma 3's local layers): each query sees only the last
+ * `window` positions; slots before the window hold NaN (run_attn). Decode,
+ * prefill chunks and whole prompts, windows shorter than a block, across
+ * block edges and longer than the context. */
+Test(kernels, paged_attention_sliding_window) {
+    test_rng r = rng_seeded("kernels.paged_attention_sliding_window");
+    loom_cpu_pool *pool = loom_cpu_pool_create(2);
+    static const int ctx[] = {600, 70, 9, 40}, ql[] = {1, 30, 9, 40};
+    const int windows[] = {1, 7, 16, 33, 512, 1000};
+    const int sizes[] = {16, 5};
+    for (int wi = 0; wi < 6; wi++)
+        for (int bi = 0; bi < 2; bi++) {
+            attn_case c = {4, ctx, ql, windows[wi]};
+            double e = run_attn(&r, &c, 4, 1, 64, sizes[bi], wi % 2 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32,
+                                bi ? pool : NULL);
+            cr_assert_lt(e, F32_TOL, "window %d block size %d: rel err %g", windows[wi], sizes[bi], e);
+        }
     loom_cpu_pool_destroy(pool);
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate golden vectors for tests/model/test_dequant.c.
 
-For each GGML block type loom dequantizes, writes tests/model/data/<type>.raw
+For each GGML block type loom dequantizes (Q5_0: widens to Q8_0 at load), writes tests/model/data/<type>.raw
 (random blocks, with the f16 scale fields set to ordinary values so results
 are finite) and <type>.f32 (little-endian float32 as computed by the `gguf`
 Python package, llama.cpp's own reference: gguf.quants.dequantize). F16 and
@@ -34,6 +34,7 @@ def blocks(qtype):
         T.Q4_1: [0, 2],       # d, m
         T.Q4_K: [0, 2],       # d, dmin
         T.Q6_K: [208],        # d (after ql[128], qh[64], scales[16])
+        T.Q5_0: [0],          # d (then qh[4], qs[16])
     }[qtype]
     for b in range(NBLOCKS):
         for off in f16_fields:
@@ -60,6 +61,12 @@ def main():
                      dtype="<u2")
     bbits.tofile(os.path.join(OUT, "bf16.raw"))
     (bbits.astype("<u4") << 16).view("<f4").tofile(os.path.join(OUT, "bf16.f32"))
+    # Q5_0 last, so the files above keep their bytes (one random stream)
+    blck, raw = blocks(T.Q5_0)
+    ref = quants.dequantize(raw, T.Q5_0).astype("<f4").reshape(-1)
+    assert ref.size == NBLOCKS * blck and np.all(np.isfinite(ref))
+    raw.tofile(os.path.join(OUT, "q5_0.raw"))
+    ref.tofile(os.path.join(OUT, "q5_0.f32"))
 
 
 if __name__ == "__main__":

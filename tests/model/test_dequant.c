@@ -16,6 +16,7 @@
 
 #include "../common/fmt_ref.h"
 #include "formats/dequant.h"
+#include "formats/gguf_blocks.h"
 #include "formats/half.h"
 
 /* ------------------------------------------------------------ helpers */
@@ -98,6 +99,17 @@ static double ref_q6_k(const uint8_t *row, int64_t e) {
     return fr_f16_value(le16(b + 208)) * scale * q;
 }
 
+/* Q5_0: 4 bytes qh after d hold bit 4 of element j in bit j (little-endian);
+ * the low 4 bits of elements 0..15 are the low nibbles of qs[16], those of
+ * 16..31 the high nibbles; q is offset by -16. */
+static double ref_q5_0(const uint8_t *row, int64_t e) {
+    const uint8_t *b = row + (e / 32) * 22;
+    int k = (int)(e % 32);
+    int low4 = k < 16 ? (b[6 + k] & 15) : (b[6 + k - 16] >> 4);
+    int high = (b[2 + k / 8] >> (k % 8)) & 1;
+    return fr_f16_value(le16(b)) * ((low4 | high << 4) - 16);
+}
+
 typedef double (*ref_fn)(const uint8_t *, int64_t);
 
 static void check_type(const char *name, loom_dtype t, ref_fn ref) {
@@ -142,6 +154,38 @@ Test(model, dequant_q4_0) { check_type("q4_0", LOOM_DTYPE_Q4_0, ref_q4_0); }
 Test(model, dequant_q4_1) { check_type("q4_1", LOOM_DTYPE_Q4_1, ref_q4_1); }
 Test(model, dequant_q4_k) { check_type("q4_k", LOOM_DTYPE_Q4_K, ref_q4_k); }
 Test(model, dequant_q6_k) { check_type("q6_k", LOOM_DTYPE_Q6_K, ref_q6_k); }
+
+/* Q5_0 is not a loom dtype: the GGUF loader widens each block to Q8_0. The
+ * widened blocks and the direct decode must both give exactly the values
+ * of gguf-py and of the float64 reference (every product is exact). */
+Test(model, dequant_q5_0_widened_to_q8_0) {
+    size_t rawlen, reflen;
+    uint8_t *raw = read_data("q5_0.raw", &rawlen);
+    float *gold = read_data("q5_0.f32", &reflen);
+    const int64_t n = (int64_t)(reflen / 4), nb = n / LOOM_GGUF_Q5_0_ELEMS;
+    cr_assert_eq((size_t)nb * LOOM_GGUF_Q5_0_BYTES, rawlen, "q5_0: size of golden data");
+    uint8_t *wide = malloc((size_t)nb * LOOM_GGUF_Q8_0_BYTES);
+    float *out = malloc((size_t)n * sizeof *out), direct[32];
+    for (int64_t b = 0; b < nb; b++)
+        loom_gguf_q5_0_to_q8_0(raw + b * LOOM_GGUF_Q5_0_BYTES, wide + b * LOOM_GGUF_Q8_0_BYTES);
+    cr_assert_eq(loom_dequant_row(LOOM_DTYPE_Q8_0, wide, out, n), LOOM_OK);
+    double maxabs = 0;
+    for (int64_t i = 0; i < n; i++) maxabs = fmax(maxabs, fabs(gold[i]));
+    cr_assert_gt(maxabs, 0, "q5_0: golden data is all zero");
+    for (int64_t i = 0; i < n; i++) {
+        if (i % 32 == 0) loom_gguf_dec_q5_0(raw + (i / 32) * LOOM_GGUF_Q5_0_BYTES, direct);
+        cr_assert_eq(out[i], gold[i], "q5_0[%lld]: widened %.9g, gguf-py %.9g", (long long)i, (double)out[i],
+                     (double)gold[i]);
+        cr_assert_eq(direct[i % 32], gold[i], "q5_0[%lld]: decoded %.9g, gguf-py %.9g", (long long)i,
+                     (double)direct[i % 32], (double)gold[i]);
+        cr_assert_eq((double)out[i], ref_q5_0(raw, i), "q5_0[%lld]: float64 reference %.9g", (long long)i,
+                     ref_q5_0(raw, i));
+    }
+    free(wide);
+    free(out);
+    free(raw);
+    free(gold);
+}
 
 static void check_16bit(const char *name, loom_dtype t) {
     char fn[64];

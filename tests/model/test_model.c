@@ -89,6 +89,7 @@ enum { TL = 2, TH = 32, TNH = 4, TNKV = 2, THD = 8, TI = 64, TV = 40 };
 enum {
     F_TIE = 1, F_BIAS = 2, F_BAD_FFN_UP = 4, F_MISSING = 8, F_IQ_REQUIRED = 16, F_IQ_EXTRA = 32,
     F_QWEN2 = 64, F_Q8 = 128, F_NO_KV_HEADS = 256,
+    F_GEMMA3 = 512, F_NO_WINDOW = 1024, F_NO_POST_NORM = 2048, /* gemma3: no sliding_window key / post_ffw_norm */
 };
 
 typedef struct tiny {
@@ -117,7 +118,7 @@ static void build_tiny(tiny *t, unsigned flags) {
     memset(t, 0, sizeof *t);
     gb *b = &t->b;
     gb_init(b);
-    const char *arch = flags & F_QWEN2 ? "qwen2" : "llama";
+    const char *arch = flags & F_QWEN2 ? "qwen2" : flags & F_GEMMA3 ? "gemma3" : "llama";
     char k[128];
 #define AK(s) (snprintf(k, sizeof k, "%s." s, arch), k)
     gb_s(b, "general.architecture", arch);
@@ -134,9 +135,10 @@ static void build_tiny(tiny *t, unsigned flags) {
     gb_strarr(b, "tokenizer.ggml.tokens", TV, "t");
     gb_u32(b, "tokenizer.ggml.bos_token_id", 1);
     gb_u32(b, "tokenizer.ggml.eos_token_id", 2);
+    if ((flags & F_GEMMA3) && !(flags & F_NO_WINDOW)) gb_u32(b, AK("attention.sliding_window"), 4);
 #undef AK
     int nkv = flags & F_NO_KV_HEADS ? TNH : TNKV;
-    bool permute = !(flags & F_QWEN2);
+    bool permute = !(flags & (F_QWEN2 | F_GEMMA3));
     tiny_add(t, "token_embd.weight", TV, TH, 1.0f);
     tiny_add(t, "output_norm.weight", TH, 0, 2.0f);
     if (!(flags & F_TIE)) tiny_add(t, "output.weight", TV, TH, 3.0f);
@@ -204,6 +206,12 @@ static void build_tiny(tiny *t, unsigned flags) {
             gb_tensor_add(b, N("ffn_down.weight"), GG_IQ2_XXS, 2, ne, iq, 66 * ne[1]);
         } else {
             tiny_add(t, N("ffn_down.weight"), TH, TI, 90.0f);
+        }
+        if (flags & F_GEMMA3) {
+            tiny_add(t, N("attn_q_norm.weight"), THD, 0, 1.0f);
+            tiny_add(t, N("attn_k_norm.weight"), THD, 0, 1.5f);
+            tiny_add(t, N("post_attention_norm.weight"), TH, 0, 2.0f);
+            if (!((flags & F_NO_POST_NORM) && l == 1)) tiny_add(t, N("post_ffw_norm.weight"), TH, 0, 2.5f);
         }
 #undef N
     }
@@ -479,6 +487,56 @@ Test(model, gguf_arch_and_keys) {
     cr_assert_eq(loom_model_config_get(m)->rope_factor, 8.0f);
     cr_assert_not_null(loom_model_tensor(m, "rope_freqs.weight"));
     loom_model_free(m);
+    free_tiny(&t);
+    rm_tmpdir();
+}
+
+/* Gemma 3: the keys (llama.cpp's defaults where absent), the config's
+ * flags, Q/K rows left as stored, the four extra norms required, and the
+ * errors naming the key or tensor at fault. */
+Test(model, gguf_gemma3_config) {
+    make_tmpdir();
+    loom_error err;
+    tiny t;
+    build_tiny(&t, F_GEMMA3);
+    loom_model *m = load_ok(write_tiny(&t, "gemma3.gguf"), NULL);
+    const loom_model_config *c = loom_model_config_get(m);
+    cr_assert_eq(c->arch, LOOM_ARCH_GEMMA3);
+    cr_assert(c->qk_norm && c->post_norms && c->ffn_act == LOOM_FFN_GELU_TANH);
+    cr_assert(c->sliding_window == 4 && c->global_every == 6 && c->rope_theta_local == 10000.0f);
+    cr_assert_eq(c->rope_theta, 50000.0f);
+    cr_assert_float_eq(c->attn_scale, 1.0f / sqrtf((float)THD), 1e-7f);
+    cr_assert_float_eq(c->embed_scale, sqrtf((float)TH), 1e-6f);
+    const loom_tensor *q = loom_model_tensor(m, "blk.1.attn_q.weight");
+    cr_assert_eq(memcmp(q->data, t.hf_q[1], (size_t)TNH * THD * TH * 4), 0, "gemma3 q rows must stay as stored");
+    cr_assert_not_null(loom_model_tensor(m, "blk.0.attn_k_norm.weight"));
+    loom_model_free(m);
+    free_tiny(&t);
+
+    build_tiny(&t, F_GEMMA3);
+    gb_f32(&t.b, "gemma3.rope.freq_base_swa", 5000.0f);
+    gb_u32(&t.b, "gemma3.attention.sliding_window_pattern", 2);
+    m = load_ok(write_tiny(&t, "gemma3b.gguf"), NULL);
+    c = loom_model_config_get(m);
+    cr_assert(c->rope_theta_local == 5000.0f && c->global_every == 2);
+    loom_model_free(m);
+    free_tiny(&t);
+
+    build_tiny(&t, F_GEMMA3 | F_NO_WINDOW);
+    cr_assert_eq(load_err(write_tiny(&t, "nowin.gguf"), &err), LOOM_ERR_FORMAT);
+    cr_assert(strstr(err.message, "gemma3.attention.sliding_window is missing"), "%s", err.message);
+    free_tiny(&t);
+
+    build_tiny(&t, F_GEMMA3 | F_NO_WINDOW);
+    gb_u32(&t.b, "gemma3.attention.sliding_window", 0);
+    cr_assert_eq(load_err(write_tiny(&t, "win0.gguf"), &err), LOOM_ERR_FORMAT);
+    cr_assert(strstr(err.message, "sliding_window=0") && strstr(err.message, "positive"), "%s", err.message);
+    free_tiny(&t);
+
+    build_tiny(&t, F_GEMMA3 | F_NO_POST_NORM);
+    cr_assert_eq(load_err(write_tiny(&t, "nopost.gguf"), &err), LOOM_ERR_FORMAT);
+    cr_assert(strstr(err.message, "blk.1.post_ffw_norm.weight is missing") && strstr(err.message, "gemma3"), "%s",
+              err.message);
     free_tiny(&t);
     rm_tmpdir();
 }

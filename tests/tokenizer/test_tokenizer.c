@@ -8,6 +8,12 @@
  *                          through smollm2-tokenizer.json (always).
  *   spm_tiny.json          a 420-piece SentencePiece BPE model and the ids
  *                          SentencePiece gives; rebuilt from arrays.
+ *   gemma3_golden.jsonl    transformers' GemmaTokenizer (built from the
+ *                          Gemma 3 270M GGUF) on the same strings and
+ *                          Gemma's own, BOS included; gemma3_chat_golden.jsonl
+ *                          its chat template's texts and ids
+ *                          (gen_gemma3_golden.py; the real GGUF from
+ *                          LOOM_TEST_GEMMA_MODEL, skipped if unset).
  * Plus streaming detokenization, chat templates (exact strings), invalid
  * input and error paths, and an encoding speed figure.
  */
@@ -55,13 +61,14 @@ static loom_tokenizer *spm_tokenizer(int n, const char **tv, const float *sv, co
 }
 
 typedef struct golden {
+    char *decoded;      /* what decoding the ids gives, when not text */
     char *text;
     int32_t *ids;
     int32_t n;
 } golden;
 
-static int load_goldens(golden **out) {
-    char *all = test_slurp(data_path("smollm2_golden.jsonl"), NULL);
+static int load_goldens_from(const char *file, golden **out) {
+    char *all = test_slurp(data_path(file), NULL);
     int cap = 128, n = 0;
     golden *g = calloc((size_t)cap, sizeof *g);
     for (char *line = strtok(all, "\n"); line; line = strtok(NULL, "\n")) {
@@ -70,6 +77,8 @@ static int load_goldens(golden **out) {
         cJSON *text = cJSON_GetObjectItem(o, "text"), *ids = cJSON_GetObjectItem(o, "ids");
         cr_assert(n < cap);
         g[n].text = strdup(text->valuestring);
+        cJSON *dec = cJSON_GetObjectItem(o, "decoded");
+        g[n].decoded = strdup(dec ? dec->valuestring : text->valuestring);
         g[n].n = cJSON_GetArraySize(ids);
         g[n].ids = malloc(sizeof(int32_t) * (size_t)(g[n].n + 1));
         for (int i = 0; i < g[n].n; i++) g[n].ids[i] = cJSON_GetArrayItem(ids, i)->valueint;
@@ -81,8 +90,10 @@ static int load_goldens(golden **out) {
     return n;
 }
 
+static int load_goldens(golden **out) { return load_goldens_from("smollm2_golden.jsonl", out); }
+
 static void free_goldens(golden *g, int n) {
-    for (int i = 0; i < n; i++) { free(g[i].text); free(g[i].ids); }
+    for (int i = 0; i < n; i++) { free(g[i].text); free(g[i].decoded); free(g[i].ids); }
     free(g);
 }
 
@@ -97,8 +108,8 @@ static loom_tokenizer *json_tok(void) {
     return t;
 }
 
-static loom_tokenizer *gguf_tok(void) {
-    const char *path = getenv("LOOM_TEST_MODEL");
+static loom_tokenizer *gguf_tok_from(const char *env) {
+    const char *path = getenv(env);
     if (!path || !*path) return NULL;
     loom_gguf *g = NULL;
     loom_error err = {0};
@@ -109,16 +120,18 @@ static loom_tokenizer *gguf_tok(void) {
     return t;
 }
 
+static loom_tokenizer *gguf_tok(void) { return gguf_tok_from("LOOM_TEST_MODEL"); }
+
 static void print_ids(const char *what, const int32_t *ids, int32_t n) {
     fprintf(stderr, "%s:", what);
     for (int32_t i = 0; i < n; i++) fprintf(stderr, " %d", (int)ids[i]);
     fprintf(stderr, "\n");
 }
 
-/* Encode every golden; return how many match exactly (and round-trip). */
-static int check_goldens(const loom_tokenizer *t, const char *who) {
+/* Encode every golden of `file`; return how many match exactly (and round-trip). */
+static int check_goldens_of(const loom_tokenizer *t, const char *who, const char *file) {
     golden *g;
-    int n = load_goldens(&g), ok = 0;
+    int n = load_goldens_from(file, &g), ok = 0;
     for (int i = 0; i < n; i++) {
         int32_t *ids = NULL, m = 0;
         loom_error err = {0};
@@ -131,9 +144,12 @@ static int check_goldens(const loom_tokenizer *t, const char *who) {
             print_ids("  got ", ids, m);
         }
         char *back = NULL;
-        cr_assert_eq(loom_tokenizer_decode(t, ids, m, false, &back, &err), LOOM_OK, "%s", err.message);
-        bool round = strcmp(back, g[i].text) == 0;
-        if (!round) fprintf(stderr, "[%s] round trip of \"%s\" gave \"%s\"\n", who, g[i].text, back);
+        /* the BOS a tokenizer adds is not part of the text */
+        int32_t skip = m > 0 && loom_tokenizer_adds_bos(t) && ids[0] == loom_tokenizer_bos(t);
+        cr_assert_eq(loom_tokenizer_decode(t, ids + skip, m - skip, false, &back, &err), LOOM_OK, "%s",
+                     err.message);
+        bool round = strcmp(back, g[i].decoded) == 0;
+        if (!round) fprintf(stderr, "[%s] round trip of \"%s\" gave \"%s\"\n", who, g[i].decoded, back);
         ok += same && round;
         free(back);
         free(ids);
@@ -142,6 +158,10 @@ static int check_goldens(const loom_tokenizer *t, const char *who) {
     cr_expect_eq(ok, n, "%s: %d of %d goldens match", who, ok, n);
     free_goldens(g, n);
     return ok;
+}
+
+static int check_goldens(const loom_tokenizer *t, const char *who) {
+    return check_goldens_of(t, who, "smollm2_golden.jsonl");
 }
 
 static bool valid_utf8_complete(const char *s, size_t n) {
@@ -171,6 +191,21 @@ Test(tokenizer, gguf_goldens) {
     cr_expect_not(loom_tokenizer_is_eog(t, 1));
     cr_expect_eq(loom_tokenizer_chat_format(t), LOOM_CHAT_CHATML);
     check_goldens(t, "gguf");
+    loom_tokenizer_free(t);
+}
+
+/* Gemma 3's SentencePiece vocabulary (262144 pieces, byte fallback, no
+ * prefix space, BOS added) against transformers' GemmaTokenizer built from
+ * the same GGUF (gen_gemma3_golden.py). The ids include the BOS. */
+Test(tokenizer, gemma3_goldens) {
+    loom_tokenizer *t = gguf_tok_from("LOOM_TEST_GEMMA_MODEL");
+    if (!t) cr_skip_test("LOOM_TEST_GEMMA_MODEL is not set (scripts/fetch-model.sh gemma3-270m prints its path)");
+    cr_expect_eq(loom_tokenizer_vocab_size(t), 262144);
+    cr_expect_eq(loom_tokenizer_bos(t), 2);
+    cr_expect_eq(loom_tokenizer_eos(t), 1);
+    cr_expect(loom_tokenizer_adds_bos(t));
+    cr_expect(loom_tokenizer_is_eog(t, 1));
+    check_goldens_of(t, "gemma3", "gemma3_golden.jsonl");
     loom_tokenizer_free(t);
 }
 
@@ -667,6 +702,57 @@ Test(tokenizer, chat_llama2) {
     loom_error err = {0};
     cr_expect_eq(loom_chat_apply(NULL, LOOM_CHAT_LLAMA2, bad, 2, true, &s, &err), LOOM_ERR_INVALID);
     cr_expect(strstr(err.message, "alternate") != NULL, "%s", err.message);
+}
+
+/* Gemma 3's template as transformers renders it (gemma3_chat_golden.jsonl):
+ * the text always; with LOOM_TEST_GEMMA_MODEL, the format detected from the
+ * vocabulary (the GGUF has no template) and the ids. A message's literal
+ * "<end_of_turn>" stays text in loom (it cannot close the turn). */
+Test(tokenizer, chat_gemma3_goldens) {
+    loom_tokenizer *t = gguf_tok_from("LOOM_TEST_GEMMA_MODEL");
+    if (t) cr_expect_eq(loom_tokenizer_chat_format(t), LOOM_CHAT_GEMMA);
+    char *all = test_slurp(data_path("gemma3_chat_golden.jsonl"), NULL);
+    int rows = 0, with_ids = 0;
+    for (char *line = strtok(all, "\n"); line; line = strtok(NULL, "\n"), rows++) {
+        cJSON *o = cJSON_Parse(line), *msgs = cJSON_GetObjectItem(o, "messages"), *ids = cJSON_GetObjectItem(o, "ids");
+        loom_chat_msg m[8];
+        int32_t n = cJSON_GetArraySize(msgs);
+        cr_assert(o && n > 0 && n <= 8, "bad chat golden: %s", line);
+        for (int32_t i = 0; i < n; i++)
+            m[i] = (loom_chat_msg){cJSON_GetObjectItem(cJSON_GetArrayItem(msgs, i), "role")->valuestring,
+                                   cJSON_GetObjectItem(cJSON_GetArrayItem(msgs, i), "content")->valuestring};
+        char *text = NULL;
+        cr_assert_eq(loom_chat_apply(NULL, LOOM_CHAT_GEMMA, m, n, true, &text, NULL), LOOM_OK);
+        cr_expect_str_eq(text, cJSON_GetObjectItem(o, "text")->valuestring);
+        free(text);
+        int32_t *got = NULL, ng = 0;
+        loom_error err = {0};
+        if (t) {
+            cr_assert_eq(loom_chat_encode(t, LOOM_CHAT_AUTO, m, n, true, &got, &ng, &err), LOOM_OK, "%s",
+                         err.message);
+            bool forged = false;
+            for (int32_t i = 0; i < ng - 2; i++) forged |= got[i] == 106 && got[i + 1] != 107; /* <end_of_turn> not before \n */
+            cr_expect_not(forged, "a message's <end_of_turn> text became the special token");
+        }
+        if (t && ids) {
+            bool same = ng == cJSON_GetArraySize(ids);
+            for (int32_t i = 0; same && i < ng; i++) same = got[i] == cJSON_GetArrayItem(ids, i)->valueint;
+            if (!same) print_ids("  got ", got, ng);
+            cr_expect(same, "chat golden %d: ids differ from transformers'", rows);
+            with_ids++;
+        }
+        free(got);
+        cJSON_Delete(o);
+    }
+    free(all);
+    cr_expect_eq(rows, 4);
+    if (t) cr_expect_eq(with_ids, 3);
+    loom_chat_msg bad[] = {{"user", "a"}, {"user", "b"}};
+    char *s = NULL;
+    loom_error err = {0};
+    cr_expect_eq(loom_chat_apply(NULL, LOOM_CHAT_GEMMA, bad, 2, true, &s, &err), LOOM_ERR_INVALID);
+    cr_expect(strstr(err.message, "alternate") != NULL, "%s", err.message);
+    loom_tokenizer_free(t);
 }
 
 Test(tokenizer, chat_mistral_variant) {

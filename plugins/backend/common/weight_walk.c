@@ -103,6 +103,34 @@ static loom_status ww_plan(const loom_ww *w, const loom_model_view *m, const loo
     return LOOM_OK;
 }
 
+/* Layer l's whole 1-D tensors that the config asks for beyond Llama's:
+ * QK-norm weights (head_dim) and post-norm weights (hidden). */
+static loom_status ww_layer_norms(loom_ww *w, const loom_model_view *m, int32_t l, loom_error *err) {
+    const loom_model_config *c = w->config;
+    loom_ww_layer *ly = &w->layer[l];
+    const struct {
+        bool want;
+        const char *suffix;
+        int64_t n;
+        loom_ww_part *dst;
+    } norms[] = {
+        {c->qk_norm, "attn_q_norm", c->head_dim, &ly->q_norm},
+        {c->qk_norm, "attn_k_norm", c->head_dim, &ly->k_norm},
+        {c->post_norms, "post_attention_norm", w->hidden, &ly->post_attn_norm},
+        {c->post_norms, "post_ffw_norm", w->hidden, &ly->post_ffn_norm},
+    };
+    char name[96];
+    const loom_tensor *t;
+    loom_status st;
+    for (size_t i = 0; i < sizeof norms / sizeof norms[0]; i++) {
+        if (!norms[i].want) continue;
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, norms[i].suffix);
+        if ((st = ww_tensor(w, m, name, norms[i].n, -1, true, &t, err))) return st;
+        ww_window(norms[i].dst, t, name, 0, 1, 0, norms[i].n);
+    }
+    return LOOM_OK;
+}
+
 /* Layer l's tensors: the seven linear weights (each with its plan), the two
  * norms and, with w->bias, the Q/K/V biases. */
 static loom_status ww_layer(loom_ww *w, const loom_model_view *m, const loom_quant_binding *q,
@@ -145,7 +173,7 @@ static loom_status ww_layer(loom_ww *w, const loom_model_view *m, const loom_qua
         if ((st = ww_tensor(w, m, name, k == 0 ? QD : KVD, -1, true, &t, err))) return st;
         ww_window(&ly->bias[k], t, name, 0, 1, k == 0 ? q0 : k0, k == 0 ? QDl : KVDl);
     }
-    return LOOM_OK;
+    return ww_layer_norms(w, m, l, err);
 }
 
 loom_status loom_ww_collect(loom_ww *w, const loom_model_view *m, const loom_quant_binding *q,

@@ -1,8 +1,8 @@
 /*
  * plugins/backend/common/weight_walk.h — the weights a Llama-family model
  * gives a backend, walked once for every backend: which tensors there are
- * (names, shapes from the config, the optional Q/K/V biases, a tied LM
- * head), how they fuse (Q|K|V and gate|up), which part of each a
+ * (names, shapes from the config, the optional Q/K/V biases, Gemma 3's
+ * QK-norms and post-norms, a tied LM head), how they fuse (Q|K|V and gate|up), which part of each a
  * tensor-parallel rank keeps (host->shard_plan's loom_shard: Q, K, V, gate
  * and up by rows, O and down by input columns, the embedding and LM head
  * by vocabulary rows), and the quantizer's plan for each linear weight,
@@ -59,6 +59,9 @@ typedef struct loom_ww_layer {
     loom_ww_part ffn_norm;      /* (hidden), whole                            */
     loom_ww_part bias[3];       /* Q, K, V biases sliced like their rows; t NULL
                                    unless the walk's `bias`                    */
+    /* Gemma 3 (config qk_norm / post_norms; t NULL otherwise), whole */
+    loom_ww_part q_norm, k_norm;           /* (head_dim): every q / k head    */
+    loom_ww_part post_attn_norm, post_ffn_norm; /* (hidden)                   */
 } loom_ww_layer;
 
 /* A fused matrix: parts [first, end) of lin[], this rank's rows n (the

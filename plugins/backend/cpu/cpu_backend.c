@@ -1,7 +1,7 @@
 /*
  * plugins/backend/cpu/cpu_backend.c — the "cpu" backend component: a
- * Llama-family forward pass in float32 on the host, built from
- * kernels/cpu and OpenBLAS.
+ * Llama-family (and Gemma 3) forward pass in float32 on the host, built
+ * from kernels/cpu and OpenBLAS.
  *
  * This file holds the descriptor and parameter table, instance lifetime,
  * weight loading (weights are dequantized to float32 through host->convert,
@@ -175,6 +175,7 @@ static void cpu_destroy(void *self) {
     h->free(h->ctx, b->swap);
     h->free(h->ctx, b->layers);
     h->free(h->ctx, b->inv_freq);
+    h->free(h->ctx, b->inv_freq_local);
     h->free(h->ctx, b->arena_raw);
     h->free(h->ctx, b);
 }
@@ -359,11 +360,22 @@ static bool cpu_keeps_tied_head(const cpu_backend *b, const loom_ww *w) {
            loom_cpu_qformat_supported(LOOM_QFMT_GGUF, t->dtype);
 }
 
+/* Are the embedding's rows decoded from its GGUF blocks at each lookup
+ * instead of kept as float32? On the first stage, when the tied LM head
+ * runs on those blocks and the model is not tensor-sharded: the float copy
+ * of a 262144-token vocabulary (Gemma 3) would be 640 MiB more, for one
+ * row a token. */
+static bool cpu_embeds_from_blocks(const cpu_backend *b, const loom_ww *w) {
+    return b->first_stage && cpu_keeps_tied_head(b, w) && w->shard.size == 1;
+}
+
 /* Does this instance keep the float32 embedding? The first stage looks
- * tokens up in it; the last stage reads it as a tied LM head, unless that
- * head runs on the embedding's GGUF blocks. A middle stage keeps none. */
+ * tokens up in it (unless it decodes them from the blocks); the last stage
+ * reads it as a tied LM head, unless that head runs on the embedding's GGUF
+ * blocks. A middle stage keeps none. */
 static bool cpu_keeps_embed(const cpu_backend *b, const loom_ww *w) {
-    return b->first_stage || (b->last_stage && !w->out.t && !cpu_keeps_tied_head(b, w));
+    return (b->first_stage && !cpu_embeds_from_blocks(b, w)) ||
+           (b->last_stage && !w->out.t && !cpu_keeps_tied_head(b, w));
 }
 
 /* Floats of the vocabulary tensors this instance keeps (cpu_load_vocab):
@@ -394,8 +406,11 @@ static loom_status cpu_alloc_weights(cpu_backend *b, const loom_ww *w, loom_erro
     const size_t H = (size_t)w->hidden;
     const bool any_quant = loom_ww_any_quant(w) || cpu_keeps_tied_head(b, w);
     size_t floats = cpu_vocab_floats(b, w);
+    const loom_model_config *c = &b->mc;
+    const size_t gemma = (c->qk_norm ? 2 * cpu_round_floats((size_t)c->head_dim) : 0) +
+                         (c->post_norms ? 2 * cpu_round_floats(H) : 0);
     for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++) {
-        floats += 2 * cpu_round_floats(H) + (w->bias ? cpu_round_floats((size_t)w->qkv_rows) : 0);
+        floats += 2 * cpu_round_floats(H) + (w->bias ? cpu_round_floats((size_t)w->qkv_rows) : 0) + gemma;
         for (int g = 0; g < LOOM_WW_NGROUPS; g++)
             floats += cpu_round_floats((size_t)cpu_group_floats(&w->layer[l], g));
     }
@@ -404,8 +419,9 @@ static loom_status cpu_alloc_weights(cpu_backend *b, const loom_ww *w, loom_erro
     b->arena_raw = h->alloc(h->ctx, arena_bytes + CPU_ALIGN);
     b->layers = h->calloc(h->ctx, (size_t)w->layers, sizeof *b->layers);
     b->inv_freq = h->calloc(h->ctx, (size_t)b->mc.head_dim / 2, sizeof *b->inv_freq);
+    b->inv_freq_local = h->calloc(h->ctx, (size_t)b->mc.head_dim / 2, sizeof *b->inv_freq_local);
     b->qscratch = any_quant ? loom_cpu_qscratch_create() : NULL;
-    if (!b->arena_raw || !b->layers || !b->inv_freq || (any_quant && !b->qscratch))
+    if (!b->arena_raw || !b->layers || !b->inv_freq || !b->inv_freq_local || (any_quant && !b->qscratch))
         return h->error(h->ctx, err, LOOM_ERR_NOMEM,
                         "backend cpu: out of memory for %.1f MiB of float32 weights of '%s'; free "
                         "host RAM or use a smaller model",
@@ -421,10 +437,12 @@ static loom_status cpu_alloc_weights(cpu_backend *b, const loom_ww *w, loom_erro
 static loom_status cpu_load_vocab(cpu_backend *b, const loom_model_view *m, const loom_ww *w,
                                   float **cur, loom_error *err) {
     const size_t VH = (size_t)w->shard.vocab_rows * (size_t)w->hidden;
+    const bool from_blocks = cpu_embeds_from_blocks(b, w);
     loom_status st;
     float *embed = cpu_keeps_embed(b, w) ? cpu_carve(cur, VH) : NULL;
     if (embed && (st = cpu_dequant_win(b, &w->embed, embed, err))) return st;
     b->embed = embed;
+    b->embed_blocks = from_blocks ? w->embed.t : NULL;
     if (!b->last_stage) return LOOM_OK;
     float *onorm = cpu_carve(cur, (size_t)w->hidden);
     if ((st = cpu_dequant_win(b, &w->out_norm, onorm, err))) return st;
@@ -448,6 +466,22 @@ static loom_status cpu_load_vocab(cpu_backend *b, const loom_model_view *m, cons
             return st;
         b->lm_q.quant = true;
         b->lm_head = NULL;
+    }
+    return LOOM_OK;
+}
+
+/* Gemma 3's QK-norm and post-norm weights of a layer, when the walk has them. */
+static loom_status cpu_load_layer_norms(cpu_layer *ly, const loom_ww_layer *wl, cpu_backend *b, float **cur,
+                                        loom_error *err) {
+    const loom_ww_part *src[4] = {&wl->q_norm, &wl->k_norm, &wl->post_attn_norm, &wl->post_ffn_norm};
+    const float **dst[4] = {&ly->q_norm, &ly->k_norm, &ly->post_attn_norm, &ly->post_ffn_norm};
+    loom_status st;
+    for (int i = 0; i < 4; i++) {
+        *dst[i] = NULL;
+        if (!src[i]->t) continue;
+        float *p = cpu_carve(cur, (size_t)src[i]->nc);
+        if ((st = cpu_dequant_win(b, src[i], p, err))) return st;
+        *dst[i] = p;
     }
     return LOOM_OK;
 }
@@ -486,6 +520,7 @@ static loom_status cpu_load_layer(cpu_backend *b, const loom_model_view *m, cons
         float *bd = bq + (k == 0 ? 0 : w->q_rows + (k - 1) * w->kv_rows);
         if ((st = cpu_dequant_win(b, &wl->bias[k], bd, err))) return st;
     }
+    if ((st = cpu_load_layer_norms(ly, wl, b, cur, err))) return st;
     /* the fused float matrices exist only when every part is float */
     bool fq = !ly->lin[0].quant && !ly->lin[1].quant && !ly->lin[2].quant;
     bool fg = !ly->lin[4].quant && !ly->lin[5].quant;
@@ -508,6 +543,10 @@ static void cpu_load_done(cpu_backend *b, const loom_ww *w, const loom_comm *com
     loom_cpu_rope_inv_freq(b->inv_freq, c->head_dim, c->rope_theta, c->rope_scaling,
                            c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
                            c->rope_original_context);
+    /* sliding-window layers: their own base, unscaled (Gemma 3) */
+    if (c->sliding_window > 0)
+        loom_cpu_rope_inv_freq(b->inv_freq_local, c->head_dim, c->rope_theta_local,
+                               LOOM_ROPE_SCALING_NONE, 1, 1, 1, 1);
     /* from here on mc is the model as this rank runs it */
     b->mc.num_heads = sh->heads;
     b->mc.num_kv_heads = sh->kv_heads;
@@ -594,10 +633,12 @@ fail:
     h->free(h->ctx, b->arena_raw);
     h->free(h->ctx, b->layers);
     h->free(h->ctx, b->inv_freq);
+    h->free(h->ctx, b->inv_freq_local);
     b->arena_raw = NULL;
     b->arena = NULL;
     b->layers = NULL;
     b->inv_freq = NULL;
+    b->inv_freq_local = NULL;
     b->weight_bytes = 0;
     return st;
 }
@@ -825,7 +866,7 @@ static const loom_component cpu_components[] = {{
     .struct_size = sizeof(loom_component),
     .kind = LOOM_KIND_BACKEND,
     .name = "cpu",
-    .summary = "Llama-family forward on the host: float32 weights, OpenBLAS GEMMs, paged KV",
+    .summary = "Llama-family and Gemma 3 forward on the host: float32 or GGUF weights, paged KV",
     .ops = &cpu_ops,
     .params = cpu_params,
     .config_size = sizeof(cpu_backend_config),

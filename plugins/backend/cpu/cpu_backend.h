@@ -73,6 +73,11 @@ typedef struct cpu_layer {
                                NULL when a part is quantized                 */
     const float *wdown;     /* (hidden, intermediate), NULL when quantized   */
     cpu_lin lin[CPU_NLIN];  /* per part (float pointer or quantized view)    */
+    /* Gemma 3 (NULL for Llama / Qwen2) */
+    const float *q_norm;    /* (head_dim) RMSNorm weight of every q head     */
+    const float *k_norm;    /* (head_dim) ... and of every k head            */
+    const float *post_attn_norm; /* (hidden) on the attention output         */
+    const float *post_ffn_norm;  /* (hidden) on the FFN output               */
 } cpu_layer;
 
 typedef struct cpu_backend {
@@ -89,11 +94,15 @@ typedef struct cpu_backend {
     void *arena_raw;            /* host->alloc'd; arena is it, 64-B aligned   */
     float *arena;
     size_t weight_bytes;        /* bytes of the arena in use                  */
-    const float *embed;         /* (vocab_rows, hidden)                       */
+    const float *embed;         /* (vocab_rows, hidden); NULL: embed_blocks    */
+    const loom_tensor *embed_blocks; /* (vocab, hidden) GGUF blocks a lookup
+                                   decodes one row of (a whole model whose
+                                   tied LM head keeps them); else NULL        */
     const float *out_norm;      /* (hidden)                                   */
     const float *lm_head;       /* (vocab_rows, hidden); == embed when tied   */
     cpu_layer *layers;          /* (num_layers)                               */
     double *inv_freq;           /* (head_dim / 2) RoPE frequencies            */
+    double *inv_freq_local;     /* (head_dim / 2) of sliding-window layers     */
 
     /* --- quantized weights (loom/quant.h, kernels/cpu/qlinear.h) */
     loom_quant_binding quant;   /* copy of the binding; ops NULL: none        */
@@ -136,6 +145,7 @@ typedef struct cpu_backend {
     float *gu;                  /* (rows, 2 intermediate)                     */
     float *act;                 /* (rows, intermediate)                       */
     float *rope_cos, *rope_sin; /* (rows, head_dim / 2)                       */
+    float *rope_cos_local, *rope_sin_local; /* (rows, head_dim / 2) local layers' */
     float *topk_logits;         /* (rows, vocab) forward_topk's whole rows    */
     size_t topk_cap;            /* floats it holds                            */
 

@@ -5,6 +5,11 @@
  *   att = paged_attention(q, cache); x += att Wo^T;
  *   xn = rmsnorm(x); gu = xn Wgu^T; act = silu(gate) * up; x += act Wdown^T
  * then the final norm and the LM head for the `logits_index` rows only.
+ * Gemma 3 (the config's flags, loom/model.h) adds: embeddings times
+ * sqrt(hidden); RMSNorm of each q and k head before RoPE; local layers with
+ * their own RoPE base that attend to a sliding window of keys; gelu_tanh
+ * instead of silu; and x += rmsnorm(att Wo^T) (and of the FFN output)
+ * instead of the plain adds.
  *
  * The residual adds ride on the GEMMs (beta = 1 into x), so the residual
  * stream is never copied. Weights a quantizer changed run on
@@ -60,12 +65,12 @@ static loom_status cpu_scratch(cpu_backend *b, int64_t rows, loom_error *err) {
     if (rows < 16) rows = 16;
     /* each piece rounded to 16 floats so every buffer starts 64-B aligned
      * relative to the block */
-    size_t r16[8] = {(size_t)c->hidden_size, (size_t)c->hidden_size, (size_t)b->qkv_rows,
-                     (size_t)b->q_dim, 2 * (size_t)c->intermediate_size,
-                     (size_t)c->intermediate_size, (size_t)c->head_dim / 2,
-                     (size_t)c->head_dim / 2};
-    size_t per_row[8], total = 0;
-    for (int i = 0; i < 8; i++) {
+    const size_t half = (size_t)c->head_dim / 2, local = c->sliding_window > 0 ? half : 0;
+    size_t r16[10] = {(size_t)c->hidden_size, (size_t)c->hidden_size, (size_t)b->qkv_rows,
+                      (size_t)b->q_dim, 2 * (size_t)c->intermediate_size,
+                      (size_t)c->intermediate_size, half, half, local, local};
+    size_t per_row[10], total = 0;
+    for (int i = 0; i < 10; i++) {
         per_row[i] = (r16[i] * (size_t)rows + 15) & ~(size_t)15;
         total += per_row[i];
     }
@@ -78,9 +83,9 @@ static loom_status cpu_scratch(cpu_backend *b, int64_t rows, loom_error *err) {
     h->free(h->ctx, b->scratch);
     b->scratch = s;
     b->scratch_rows = rows;
-    float **dst[8] = {&b->x, &b->xn, &b->qkv, &b->att, &b->gu, &b->act, &b->rope_cos,
-                      &b->rope_sin};
-    for (int i = 0; i < 8; i++) {
+    float **dst[10] = {&b->x, &b->xn, &b->qkv, &b->att, &b->gu, &b->act, &b->rope_cos,
+                       &b->rope_sin, &b->rope_cos_local, &b->rope_sin_local};
+    for (int i = 0; i < 10; i++) {
         *dst[i] = s;
         s += per_row[i];
     }
@@ -153,19 +158,6 @@ static loom_status cpu_lm_head_shard(cpu_backend *b, const float *xn, int64_t NL
 }
 
 /* ---------------------------------------------------- pipeline parallelism */
-
-/* The residual stream x (T, H) from the previous stage, or the embeddings
- * on the first stage. */
-static loom_status cpu_stage_in(cpu_backend *b, float *x, const int32_t *ids, int64_t T, int64_t H,
-                                loom_error *err) {
-    if (!b->first_stage)
-        return b->stage.recv_prev(b->stage.ctx, x, T * H, LOOM_DTYPE_F32, NULL, err);
-    if (!b->sharded) {
-        loom_cpu_embedding(x, b->embed, ids, T, H);
-        return LOOM_OK;
-    }
-    return cpu_embed_shard(b, x, ids, T, H, err);
-}
 
 /* A stage before the last hands x (T, H) to the next one. */
 static loom_status cpu_stage_out(cpu_backend *b, const float *x, int64_t T, int64_t H,
@@ -283,30 +275,133 @@ static void cpu_observe(const cpu_backend *b, int32_t l, const int *parts, int n
 
 /* ----------------------------------------------------------------- forward */
 
+/* Is layer l a sliding-window (local) one? loom_model_config's rule:
+ * with a window, every global_every-th layer is global. */
+static bool cpu_layer_is_local(const loom_model_config *c, int32_t l) {
+    return c->sliding_window > 0 && c->global_every > 0 && (l + 1) % c->global_every != 0;
+}
+
+/* Layer l's attention block: x (T, H) += O(attention(RoPE(QKV(norm(x)))))
+ * — the O product normed first (post_attn_norm) for Gemma 3, where a local
+ * layer also reads its own RoPE tables and only its window of keys. */
+static loom_status cpu_attention_block(cpu_backend *b, const loom_batch *bt, int32_t l,
+                                       loom_cpu_attn_args *aa, float beta_res, loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    const cpu_layer *ly = &b->layers[l];
+    const int64_t T = bt->num_tokens, H = c->hidden_size, QKV = b->qkv_rows, QD = b->q_dim;
+    const bool local = cpu_layer_is_local(c, l);
+    const float *cos_t = local ? b->rope_cos_local : b->rope_cos;
+    const float *sin_t = local ? b->rope_sin_local : b->rope_sin;
+    float *x = b->x, *xn = b->xn, *qkv = b->qkv, *k = b->qkv + QD;
+    loom_status st;
+    /* (T, H) -> (T, QKV) -> (T, QD) -> (T, H) */
+    loom_cpu_rmsnorm(xn, H, x, H, ly->attn_norm, T, H, c->rms_norm_eps, b->pool);
+    cpu_observe(b, l, (const int[]){CPU_LQ, CPU_LK, CPU_LV}, 3, xn, H, T, H);
+    if ((st = cpu_group(b, ly, CPU_LQ, CPU_LV + 1, qkv, QKV, xn, H, ly->wqkv, ly->bqkv, T, H,
+                        0.0f, err)) != LOOM_OK)
+        return st;
+    if (ly->q_norm) {
+        loom_cpu_head_rmsnorm(qkv, QKV, T, c->num_heads, c->head_dim, ly->q_norm, c->rms_norm_eps, b->pool);
+        loom_cpu_head_rmsnorm(k, QKV, T, c->num_kv_heads, c->head_dim, ly->k_norm, c->rms_norm_eps, b->pool);
+    }
+    loom_cpu_rope_apply(qkv, QKV, T, c->num_heads, c->head_dim, cos_t, sin_t);
+    loom_cpu_rope_apply(k, QKV, T, c->num_kv_heads, c->head_dim, cos_t, sin_t);
+    loom_cpu_kv_write(aa->kv, k, QKV, k + b->kv_dim, QKV, bt->slot_mapping, T);
+    aa->window = local ? c->sliding_window : 0;
+    loom_cpu_paged_attention(aa, b->pool);
+    cpu_observe(b, l, (const int[]){CPU_LO}, 1, b->att, QD, T, QD);
+    if (!ly->post_attn_norm)
+        return cpu_group(b, ly, CPU_LO, CPU_LO + 1, x, H, b->att, QD, ly->wo, NULL, T, QD, beta_res, err);
+    if ((st = cpu_group(b, ly, CPU_LO, CPU_LO + 1, xn, H, b->att, QD, ly->wo, NULL, T, QD, 0.0f, err)))
+        return st;
+    loom_cpu_add_normed(x, xn, ly->post_attn_norm, T, H, c->rms_norm_eps, b->pool);
+    return LOOM_OK;
+}
+
+/* Layer l's FFN block: x (T, H) += down(act(gate) * up) of norm(x), the
+ * down product normed first (post_ffn_norm) for Gemma 3. */
+static loom_status cpu_ffn_block(cpu_backend *b, int64_t T, int32_t l, float beta_res, loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    const cpu_layer *ly = &b->layers[l];
+    const int64_t H = c->hidden_size, I = c->intermediate_size;
+    float *x = b->x, *xn = b->xn, *gu = b->gu, *act = b->act;
+    loom_status st;
+    /* (T, H) -> (T, 2I) -> (T, I) -> (T, H) */
+    loom_cpu_rmsnorm(xn, H, x, H, ly->ffn_norm, T, H, c->rms_norm_eps, b->pool);
+    cpu_observe(b, l, (const int[]){CPU_LGATE, CPU_LUP}, 2, xn, H, T, H);
+    if ((st = cpu_group(b, ly, CPU_LGATE, CPU_LUP + 1, gu, 2 * I, xn, H, ly->wgu, NULL, T, H,
+                        0.0f, err)) != LOOM_OK)
+        return st;
+    if (c->ffn_act == LOOM_FFN_GELU_TANH) loom_cpu_geglu_tanh(act, gu, 2 * I, gu + I, 2 * I, T, I, b->pool);
+    else loom_cpu_swiglu(act, gu, 2 * I, gu + I, 2 * I, T, I, b->pool);
+    cpu_observe(b, l, (const int[]){CPU_LDOWN}, 1, act, I, T, I);
+    if (!ly->post_ffn_norm)
+        return cpu_group(b, ly, CPU_LDOWN, CPU_LDOWN + 1, x, H, act, I, ly->wdown, NULL, T, I, beta_res, err);
+    if ((st = cpu_group(b, ly, CPU_LDOWN, CPU_LDOWN + 1, xn, H, act, I, ly->wdown, NULL, T, I, 0.0f, err)))
+        return st;
+    loom_cpu_add_normed(x, xn, ly->post_ffn_norm, T, H, c->rms_norm_eps, b->pool);
+    return LOOM_OK;
+}
+
+/* x (T, H): each token's row decoded from the embedding's GGUF blocks
+ * (the same values the float32 copy would hold). */
+static loom_status cpu_embed_blocks(cpu_backend *b, const int32_t *ids, int64_t T, loom_error *err) {
+    const loom_host *h = b->host;
+    const loom_tensor *e = b->embed_blocks;
+    const int64_t H = b->mc.hidden_size;
+    const size_t row = h->dtype_row_bytes(e->dtype, H);
+    for (int64_t t = 0; t < T; t++)
+        if (h->convert(LOOM_DTYPE_F32, b->x + t * H, e->dtype, (const uint8_t *)e->data + (size_t)ids[t] * row, H))
+            return h->error(h->ctx, err, LOOM_ERR_INTERNAL, "backend cpu: cannot decode row %d of %s (%s)",
+                            (int)ids[t], e->name ? e->name : "token_embd.weight", h->dtype_name(e->dtype));
+    return LOOM_OK;
+}
+
+/* x (T, H): the token embeddings (times the model's embed_scale), or on a
+ * later pipeline stage the residual stream the stage before sends; and the
+ * RoPE tables of this batch's positions (the local layers' too). */
+static loom_status cpu_embed(cpu_backend *b, const loom_batch *bt, loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    const int64_t T = bt->num_tokens, H = c->hidden_size, half = c->head_dim / 2;
+    loom_status st;
+    if (!b->first_stage) {
+        if ((st = b->stage.recv_prev(b->stage.ctx, b->x, T * H, LOOM_DTYPE_F32, NULL, err)) != LOOM_OK)
+            return st;
+    } else if (b->embed_blocks) {
+        if ((st = cpu_embed_blocks(b, bt->token_ids, T, err)) != LOOM_OK) return st;
+    } else if (!b->sharded) {
+        loom_cpu_embedding(b->x, b->embed, bt->token_ids, T, H);
+    } else if ((st = cpu_embed_shard(b, b->x, bt->token_ids, T, H, err)) != LOOM_OK) {
+        return st;
+    }
+    if (b->first_stage && c->embed_scale > 0 && c->embed_scale != 1.0f) loom_cpu_scale(b->x, T * H, c->embed_scale);
+    loom_cpu_rope_table(b->rope_cos, b->rope_sin, bt->positions, T, b->inv_freq, (int32_t)half);
+    if (c->sliding_window > 0)
+        loom_cpu_rope_table(b->rope_cos_local, b->rope_sin_local, bt->positions, T, b->inv_freq_local,
+                            (int32_t)half);
+    return LOOM_OK;
+}
+
 loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits, loom_error *err) {
     cpu_backend *b = self;
     loom_status st = cpu_check_batch(b, bt, logits, err);
     if (st != LOOM_OK || bt->num_tokens == 0) return st;
     const loom_model_config *c = &b->mc;
-    const int64_t T = bt->num_tokens, H = c->hidden_size, I = c->intermediate_size;
-    const int64_t QKV = b->qkv_rows, QD = b->q_dim, KVD = b->kv_dim, D = c->head_dim;
+    const int64_t T = bt->num_tokens, H = c->hidden_size, QD = b->q_dim, QKV = b->qkv_rows;
     const int64_t NL = bt->num_logits;
     if ((st = cpu_scratch(b, T > NL ? T : NL, err)) != LOOM_OK) return st;
-
-    float *x = b->x, *xn = b->xn, *qkv = b->qkv, *att = b->att, *gu = b->gu, *act = b->act;
-    if ((st = cpu_stage_in(b, x, bt->token_ids, T, H, err)) != LOOM_OK) return st;
+    if ((st = cpu_embed(b, bt, err)) != LOOM_OK) return st;
     /* the residual joins the row-parallel GEMMs on one rank only */
     const float beta_res = !b->sharded || b->comm.rank == 0 ? 1.0f : 0.0f;
-    loom_cpu_rope_table(b->rope_cos, b->rope_sin, bt->positions, T, b->inv_freq, (int32_t)(D / 2));
 
     loom_cpu_kv kv = {.dtype = b->kv_layout.dtype,
                       .num_blocks = b->kv_layout.num_blocks,
                       .num_kv_heads = c->num_kv_heads,
                       .block_size = b->kv_layout.block_size,
                       .head_dim = c->head_dim};
-    loom_cpu_attn_args aa = {.out = att,
+    loom_cpu_attn_args aa = {.out = b->att,
                              .ldo = QD,
-                             .q = qkv,
+                             .q = b->qkv,
                              .ldq = QKV,
                              .kv = &kv,
                              .num_heads = c->num_heads,
@@ -316,46 +411,22 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
                              .positions = bt->positions,
                              .block_table = bt->block_table,
                              .block_table_stride = bt->block_table_stride,
-                             .scale = (float)(1.0 / sqrt((double)D))};
+                             .scale = c->attn_scale > 0 ? c->attn_scale
+                                                        : (float)(1.0 / sqrt((double)c->head_dim))};
 
     for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++) {
-        const cpu_layer *ly = &b->layers[l];
         kv.k = cpu_pool_base(b, l, 0, false);
         kv.v = cpu_pool_base(b, l, 1, false);
-
-        /* attention block: (T, H) -> (T, QKV) -> (T, QD) -> += (T, H) */
-        loom_cpu_rmsnorm(xn, H, x, H, ly->attn_norm, T, H, c->rms_norm_eps, b->pool);
-        cpu_observe(b, l, (const int[]){CPU_LQ, CPU_LK, CPU_LV}, 3, xn, H, T, H);
-        if ((st = cpu_group(b, ly, CPU_LQ, CPU_LV + 1, qkv, QKV, xn, H, ly->wqkv, ly->bqkv, T, H,
-                            0.0f, err)) != LOOM_OK)
+        if ((st = cpu_attention_block(b, bt, l, &aa, beta_res, err)) != LOOM_OK ||
+            (st = cpu_all_reduce(b, b->x, T * H, err)) != LOOM_OK ||
+            (st = cpu_ffn_block(b, T, l, beta_res, err)) != LOOM_OK ||
+            (st = cpu_all_reduce(b, b->x, T * H, err)) != LOOM_OK)
             return st;
-        loom_cpu_rope_apply(qkv, QKV, T, c->num_heads, c->head_dim, b->rope_cos, b->rope_sin);
-        loom_cpu_rope_apply(qkv + QD, QKV, T, c->num_kv_heads, c->head_dim, b->rope_cos,
-                            b->rope_sin);
-        loom_cpu_kv_write(&kv, qkv + QD, QKV, qkv + QD + KVD, QKV, bt->slot_mapping, T);
-        loom_cpu_paged_attention(&aa, b->pool);
-        cpu_observe(b, l, (const int[]){CPU_LO}, 1, att, QD, T, QD);
-        if ((st = cpu_group(b, ly, CPU_LO, CPU_LO + 1, x, H, att, QD, ly->wo, NULL, T, QD,
-                            beta_res, err)) != LOOM_OK)
-            return st;
-        if ((st = cpu_all_reduce(b, x, T * H, err)) != LOOM_OK) return st;
-
-        /* FFN block: (T, H) -> (T, 2I) -> (T, I) -> += (T, H) */
-        loom_cpu_rmsnorm(xn, H, x, H, ly->ffn_norm, T, H, c->rms_norm_eps, b->pool);
-        cpu_observe(b, l, (const int[]){CPU_LGATE, CPU_LUP}, 2, xn, H, T, H);
-        if ((st = cpu_group(b, ly, CPU_LGATE, CPU_LUP + 1, gu, 2 * I, xn, H, ly->wgu, NULL, T, H,
-                            0.0f, err)) != LOOM_OK)
-            return st;
-        loom_cpu_swiglu(act, gu, 2 * I, gu + I, 2 * I, T, I, b->pool);
-        cpu_observe(b, l, (const int[]){CPU_LDOWN}, 1, act, I, T, I);
-        if ((st = cpu_group(b, ly, CPU_LDOWN, CPU_LDOWN + 1, x, H, act, I, ly->wdown, NULL, T, I,
-                            beta_res, err)) != LOOM_OK)
-            return st;
-        if ((st = cpu_all_reduce(b, x, T * H, err)) != LOOM_OK) return st;
     }
 
-    if (!b->last_stage) return cpu_stage_out(b, x, T, H, err);
+    if (!b->last_stage) return cpu_stage_out(b, b->x, T, H, err);
     /* final norm and LM head on the wanted rows only: (NL, H) -> (NL, V) */
+    float *x = b->x, *xn = b->xn;
     if (NL > 0) {
         for (int64_t i = 0; i < NL; i++)
             loom_cpu_rmsnorm(xn + i * H, H, x + (int64_t)bt->logits_index[i] * H, H, b->out_norm,
