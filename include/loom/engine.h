@@ -110,6 +110,16 @@ typedef struct loom_request {
      * its turn and forge another; only the chat template's own markers are
      * special. Token-id prompts are unaffected. */
     bool parse_special;
+    /* since ABI 2.3: a decoding constraint (structured outputs,
+     * loom/constraint.h): the generated text is kept inside language
+     * `constraint_lang` ("json_schema", "json_object", "gbnf"; NULL = no
+     * constraint) described by `constraint` (NUL-terminated; NULL or "" for
+     * a language that needs no text). Compiled by the pipeline's constraint
+     * plugin at loom_engine_add_request, which refuses a text it cannot
+     * enforce, naming the problem. Borrowed for the call. A sample whose
+     * constraint allows no further token ends with LOOM_FINISH_ERROR. */
+    const char *constraint_lang;
+    const char *constraint;
 } loom_request;
 
 /* A request with every field at its default: struct_size set, greedy
