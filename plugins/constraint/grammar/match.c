@@ -175,8 +175,11 @@ static int utf8_step(utf8_state *u, uint8_t b, uint32_t *cp) {
 /* The code points a partly read character may still become. */
 static void utf8_span(const utf8_state *u, uint32_t *lo, uint32_t *hi) {
     int shift = 6 * u->need;
+    const uint32_t least = u->len == 4 ? 0x10000 : u->len == 3 ? 0x800 : 0x80; /* shorter forms are overlong */
     *lo = u->val << shift;
     *hi = *lo | ((1u << shift) - 1u);
+    if (*lo < least) *lo = least;
+    if (*hi > 0x10FFFF) *hi = 0x10FFFF;
 }
 
 /* -------------------------------------------------------------- matcher */
@@ -302,6 +305,7 @@ static bool partial_fits(const gmatch *m, int32_t in, const utf8_state *u) {
     const gram *g = &m->c->g;
     uint32_t lo, hi;
     utf8_span(u, &lo, &hi);
+    if (lo > hi || (lo >= 0xD800 && hi <= 0xDFFF)) return false; /* only surrogates or nothing left */
     int32_t at = in + 1, n = m->arena[in];
     for (int32_t s = 0; s < n; s++) {
         int32_t len = m->arena[at];
