@@ -126,7 +126,7 @@ static bool fail(gen *g, loom_status code, const char *ptr, const char *fmt, ...
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    snprintf(g->why, g->cap, "schema at '%s': %s", ptr[0] ? ptr : "#", msg);
+    snprintf(g->why, g->cap, "schema at '%s%s': %s", ptr[0] == '#' ? "" : "#", ptr, msg);
     g->st = code;
     return false;
 }
