@@ -5,7 +5,7 @@
  * then one document sampled token by token from the masks, timing every
  * fill_mask. Prints the mean and worst mask time per step.
  *
- * Usage: constraint_mask PIPELINE.yaml [STEPS]
+ * Usage: constraint_mask PIPELINE.yaml [STEPS] [--no-cache]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +49,7 @@ int main(int argc, char **argv) {
         gram_parse(gbnf, strlen(gbnf), &lim, &c.g, why, sizeof why) != LOOM_OK)
         return fprintf(stderr, "%s\n", why), 1;
     c.trie = trie;
+    c.cache = argc > 3 && !strcmp(argv[3], "--no-cache") ? NULL : mask_cache_new(64, v.size);
     gmatch *m;
     gmatch_new(&c, &m, why, sizeof why);
     uint32_t *mask = malloc(LOOM_MASK_WORDS(v.size) * 4);
@@ -74,6 +75,7 @@ int main(int argc, char **argv) {
            t_trie * 1e3, n, n ? total / n * 1e3 : 0, worst * 1e3);
     gmatch_free(m);
     gram_free(&c.g);
+    mask_cache_free(c.cache);
     vtrie_free(trie);
     free(gbnf);
     free(mask);

@@ -89,7 +89,7 @@ static cJSON *run_one(const cJSON *req, const cu_vocab *v, vtrie *trie) {
     const char *lang = cJSON_GetStringValue(cJSON_GetObjectItem(req, "lang"));
     const char *text = cJSON_GetStringValue(cJSON_GetObjectItem(req, "text"));
     char why[512] = "", *gbnf = NULL;
-    gram_compiled c = {.trie = trie, .vocab = &v->view, .lim = k_lim};
+    gram_compiled c = {.trie = trie, .vocab = &v->view, .lim = k_lim, .cache = mask_cache_new(8, v->view.size)};
     loom_status st = LOOM_OK;
     if (lang && !strcmp(lang, "json_schema")) st = gram_schema_to_gbnf(text, strlen(text), &k_lim, &gbnf, why, sizeof why);
     else if (lang && !strcmp(lang, "json_object")) st = gram_schema_to_gbnf(NULL, 0, &k_lim, &gbnf, why, sizeof why);
@@ -99,6 +99,7 @@ static cJSON *run_one(const cJSON *req, const cu_vocab *v, vtrie *trie) {
         cJSON_AddBoolToObject(out, "ok", false);
         cJSON_AddStringToObject(out, "error", why);
         cJSON_AddNumberToObject(out, "status", st);
+        mask_cache_free(c.cache);
         return out;
     }
     test_rng r = {.s = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(req, "seed"))};
@@ -120,6 +121,7 @@ static cJSON *run_one(const cJSON *req, const cu_vocab *v, vtrie *trie) {
     cJSON_AddNumberToObject(out, "unfinished", unfinished);
     cJSON_AddNumberToObject(out, "bad", bad);
     gram_free(&c.g);
+    mask_cache_free(c.cache);
     return out;
 }
 

@@ -77,12 +77,20 @@ typedef struct vtrie vtrie;
 loom_status vtrie_build(const loom_vocab_view *v, vtrie **out, char *why, size_t cap);
 void vtrie_free(vtrie *t);
 
+/* Masks already computed for a grammar, by parse state: the state inside
+ * a long string (or any loop) repeats step after step, so its mask is
+ * computed once. Shared by the grammar's matchers (guarded). */
+typedef struct mask_cache mask_cache;
+mask_cache *mask_cache_new(int32_t entries, int32_t vocab);
+void mask_cache_free(mask_cache *mc);
+
 /* A compiled constraint: the grammar and the trie it is matched against. */
 typedef struct gram_compiled {
     gram g;
     const vtrie *trie;         /* borrowed from the plugin's cache           */
     const loom_vocab_view *vocab;
     gram_limits lim;
+    mask_cache *cache;         /* owned; NULL = no caching                   */
 } gram_compiled;
 
 typedef struct gmatch gmatch;

@@ -27,6 +27,7 @@ typedef struct gr_config {
     int64_t max_stack_depth;
     int64_t max_stacks;
     int64_t max_repeat;
+    int64_t mask_cache;
 } gr_config;
 
 static const loom_param gr_params[] = {
@@ -42,6 +43,8 @@ static const loom_param gr_params[] = {
      "parse stacks kept at once for an ambiguous grammar (fewer only narrows the mask)"},
     {"max_repeat", LOOM_PARAM_INT, offsetof(gr_config, max_repeat), "1000", 1, 100000, NULL,
      "largest count of a repetition {m,n}, maxItems or maxLength"},
+    {"mask_cache", LOOM_PARAM_INT, offsetof(gr_config, mask_cache), "64", 0, 4096, NULL,
+     "token masks kept per request's grammar, by parse state (0 = none; each is vocab/8 bytes)"},
     {0},
 };
 
@@ -53,6 +56,7 @@ typedef struct gr_trie {
 typedef struct gr_self {
     const loom_host *host;
     gram_limits lim;
+    int32_t mask_cache;
     pthread_mutex_t mu;        /* guards tries                               */
     gr_trie *tries;
     int32_t n_tries, cap_tries;
@@ -65,6 +69,7 @@ static loom_status gr_create(const loom_host *host, const void *config, void **s
     s->host = host;
     s->lim = (gram_limits){c->max_text_bytes, c->max_elements, c->max_schema_depth,
                            c->max_stack_depth, c->max_stacks, c->max_repeat};
+    s->mask_cache = (int32_t)c->mask_cache;
     pthread_mutex_init(&s->mu, NULL);
     *self = s;
     return LOOM_OK;
@@ -138,9 +143,11 @@ static loom_status gr_compile(void *self, const char *lang, const char *text, si
                   : gram_parse(text ? text : "", text ? len : 0, &s->lim, &c->g, why, sizeof why);
     }
     if (st == LOOM_OK) st = gr_trie_for(s, vocab, &c->trie, why, sizeof why);
+    if (st == LOOM_OK && s->mask_cache > 0 && !(c->cache = mask_cache_new(s->mask_cache, vocab->size)))
+        st = LOOM_ERR_NOMEM, snprintf(why, sizeof why, "out of memory");
     free(gbnf);
     if (st != LOOM_OK) {
-        if (c) gram_free(&c->g);
+        if (c) gram_free(&c->g), mask_cache_free(c->cache);
         free(c);
         return h->error(h->ctx, err, st, "constraint '%s' (%s): %s", GR_NAME, lang, why);
     }
@@ -153,6 +160,7 @@ static void gr_grammar_free(void *self, void *grammar) {
     gram_compiled *c = grammar;
     if (!c) return;
     gram_free(&c->g);
+    mask_cache_free(c->cache);
     free(c);
 }
 

@@ -16,6 +16,7 @@
  * nest deeper), and at most max_stacks stacks are kept; dropping a stack
  * only narrows what is allowed, so everything allowed still parses.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -413,6 +414,104 @@ bool gmatch_accept_token(gmatch *m, int32_t token) {
     return gmatch_accept_bytes(m, (const uint8_t *)b, len);
 }
 
+/* ------------------------------------------------------------ mask cache */
+
+typedef struct mc_entry {
+    uint64_t hash, used;       /* used: the cache's clock at the last hit    */
+    int32_t *key;              /* the encoded set then the UTF-8 state       */
+    int32_t key_len;
+    uint32_t *mask;
+} mc_entry;
+
+struct mask_cache {
+    pthread_mutex_t mu;
+    mc_entry *e;
+    int32_t n, cap;
+    size_t words;
+    uint64_t clock;
+    int64_t hits, misses;
+};
+
+mask_cache *mask_cache_new(int32_t entries, int32_t vocab) {
+    if (entries <= 0) return NULL;
+    mask_cache *mc = calloc(1, sizeof *mc);
+    if (!mc || !(mc->e = calloc((size_t)entries, sizeof *mc->e))) {
+        free(mc);
+        return NULL;
+    }
+    pthread_mutex_init(&mc->mu, NULL);
+    mc->cap = entries;
+    mc->words = LOOM_MASK_WORDS(vocab);
+    return mc;
+}
+
+void mask_cache_free(mask_cache *mc) {
+    if (!mc) return;
+    for (int32_t i = 0; i < mc->n; i++) {
+        free(mc->e[i].key);
+        free(mc->e[i].mask);
+    }
+    free(mc->e);
+    pthread_mutex_destroy(&mc->mu);
+    free(mc);
+}
+
+/* The matcher's state as a cache key in m->arena (after the set), its hash. */
+static int32_t state_key(gmatch *m, uint64_t *hash) {
+    if (!arena_room(m, m->cur_len + 3)) return -1;
+    int32_t off = m->arena_len;
+    memcpy(m->arena + off, m->cur, (size_t)m->cur_len * sizeof(int32_t));
+    m->arena[off + m->cur_len] = (int32_t)m->u.val;
+    m->arena[off + m->cur_len + 1] = m->u.need;
+    m->arena[off + m->cur_len + 2] = m->u.len;
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i < m->cur_len + 3; i++) h = (h ^ (uint32_t)m->arena[off + i]) * 1099511628211ull;
+    *hash = h;
+    return off;
+}
+
+static bool cache_get(mask_cache *mc, const int32_t *key, int32_t len, uint64_t h, uint32_t *mask) {
+    bool hit = false;
+    pthread_mutex_lock(&mc->mu);
+    for (int32_t i = 0; i < mc->n && !hit; i++) {
+        mc_entry *e = &mc->e[i];
+        if (e->hash != h || e->key_len != len || memcmp(e->key, key, (size_t)len * sizeof *key)) continue;
+        memcpy(mask, e->mask, mc->words * sizeof *mask);
+        e->used = ++mc->clock;
+        hit = true;
+    }
+    hit ? mc->hits++ : mc->misses++;
+    pthread_mutex_unlock(&mc->mu);
+    return hit;
+}
+
+/* Keep mask under key, evicting the least recently used entry when full
+ * (nothing is kept when memory runs out: caching is only a saving). */
+static void cache_put(mask_cache *mc, const int32_t *key, int32_t len, uint64_t h, const uint32_t *mask) {
+    int32_t *k = malloc((size_t)len * sizeof *k);
+    uint32_t *mk = malloc(mc->words * sizeof *mk);
+    if (!k || !mk) {
+        free(k);
+        free(mk);
+        return;
+    }
+    memcpy(k, key, (size_t)len * sizeof *k);
+    memcpy(mk, mask, mc->words * sizeof *mk);
+    pthread_mutex_lock(&mc->mu);
+    int32_t at = mc->n;
+    if (mc->n == mc->cap) {
+        at = 0;
+        for (int32_t i = 1; i < mc->n; i++)
+            if (mc->e[i].used < mc->e[at].used) at = i;
+        free(mc->e[at].key);
+        free(mc->e[at].mask);
+    } else {
+        mc->n++;
+    }
+    mc->e[at] = (mc_entry){.hash = h, .used = ++mc->clock, .key = k, .key_len = len, .mask = mk};
+    pthread_mutex_unlock(&mc->mu);
+}
+
 /* ----------------------------------------------------------------- masks */
 
 static void allow_node(const vtrie *t, const tnode *nd, uint32_t *mask) {
@@ -452,13 +551,24 @@ loom_status gmatch_fill_mask(gmatch *m, uint32_t *mask, char *why, size_t cap) {
     const loom_vocab_view *v = m->c->vocab;
     memset(mask, 0, LOOM_MASK_WORDS(v->size) * sizeof(uint32_t));
     if (m->terminated) return LOOM_OK;
-    int32_t set = load_cur(m);
-    if (set < 0) goto oom;
+    mask_cache *mc = m->c->cache;
+    uint64_t h = 0;
+    int32_t key = -1, set;
+    if (mc) { /* the key begins with the encoded set: the walk starts from it */
+        m->arena_len = 0;
+        if ((key = state_key(m, &h)) < 0) goto oom;
+        m->arena_len = key + m->cur_len + 3;
+        if (cache_get(mc, m->arena + key, m->cur_len + 3, h, mask)) return LOOM_OK;
+        set = key;
+    } else if ((set = load_cur(m)) < 0) {
+        goto oom;
+    }
     walk(m, 0, set, m->u, mask);
     if (m->oom) goto oom;
     if (gmatch_can_end(m))
         for (int32_t i = 0; i < v->num_eog; i++)
             if (v->eog[i] >= 0 && v->eog[i] < v->size) mask[v->eog[i] >> 5] |= 1u << (v->eog[i] & 31);
+    if (key >= 0) cache_put(mc, m->arena + key, m->cur_len + 3, h, mask);
     return LOOM_OK;
 oom:
     snprintf(why, cap, "out of memory computing a token mask");
