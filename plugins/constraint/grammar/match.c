@@ -197,6 +197,15 @@ struct gmatch {
     int32_t buf_cap;
     int32_t out_off;           /* the set being emitted into (arena offset)  */
     bool oom;
+    /* The walk's memo, kept across masks: sets interned by content, and
+     * (interned set, code point) -> interned set or -1 (nothing survives). */
+    int32_t *iset;             /* interned sets, encoded back to back        */
+    int32_t iset_len, iset_cap;
+    int32_t *itab;             /* (itab_cap) offsets into iset, -1 empty     */
+    int32_t itab_cap, icount;
+    uint64_t *tkey;            /* (tcap) (set << 21 | cp) + 1, 0 empty       */
+    int32_t *tval;
+    int32_t tcap, tcount;
 };
 
 static bool arena_room(gmatch *m, int32_t more) {
@@ -264,21 +273,26 @@ static void expand(gmatch *m, int32_t len, int depth) {
 
 static int32_t set_count(const gmatch *m, int32_t off) { return m->arena[off]; }
 
+/* Where a set lives: the scratch arena (rewound as the walk returns) or
+ * the interned sets (kept while the memo lasts). */
+static const int32_t *set_base(const gmatch *m, bool interned) { return interned ? m->iset : m->arena; }
+
 /* A new set at the arena's end: the stacks of set `in` whose top class
  * holds cp, advanced past it. Returns its offset. */
-static int32_t advance(gmatch *m, int32_t in, uint32_t cp) {
+static int32_t advance(gmatch *m, bool interned, int32_t in, uint32_t cp) {
     const gram *g = &m->c->g;
     if (!arena_room(m, 1)) return -1;
     int32_t out = m->arena_len;
     m->arena[m->arena_len++] = 0;
     int32_t saved_out = m->out_off;
     m->out_off = out;
-    int32_t at = in + 1, n = m->arena[in];
+    int32_t at = in + 1, n = set_base(m, interned)[in];
     for (int32_t s = 0; s < n; s++) {
-        int32_t len = m->arena[at];
-        int32_t top = len > 0 ? m->arena[at + len] : -1;
+        const int32_t *src = set_base(m, interned); /* the arena may have moved */
+        int32_t len = src[at];
+        int32_t top = len > 0 ? src[at + len] : -1;
         if (len > 0 && gram_class_has(g, g->elems[top].arg, cp) && len <= m->buf_cap) {
-            memcpy(m->buf, m->arena + at + 1, (size_t)len * sizeof(int32_t));
+            memcpy(m->buf, src + at + 1, (size_t)len * sizeof(int32_t));
             int32_t next = top + 1, l = len - 1;
             if (g->elems[next].type != G_ALT && g->elems[next].type != G_END) m->buf[l++] = next;
             expand(m, l, 0);
@@ -302,15 +316,16 @@ static bool class_meets(const gram *g, int32_t cls, uint32_t lo, uint32_t hi) {
 }
 
 /* Some stack of set `in` can take a character that starts as u does. */
-static bool partial_fits(const gmatch *m, int32_t in, const utf8_state *u) {
+static bool partial_fits(const gmatch *m, bool interned, int32_t in, const utf8_state *u) {
     const gram *g = &m->c->g;
+    const int32_t *src = set_base(m, interned);
     uint32_t lo, hi;
     utf8_span(u, &lo, &hi);
     if (lo > hi || (lo >= 0xD800 && hi <= 0xDFFF)) return false; /* only surrogates or nothing left */
-    int32_t at = in + 1, n = m->arena[in];
+    int32_t at = in + 1, n = src[in];
     for (int32_t s = 0; s < n; s++) {
-        int32_t len = m->arena[at];
-        if (len > 0 && class_meets(g, g->elems[m->arena[at + len]].arg, lo, hi)) return true;
+        int32_t len = src[at];
+        if (len > 0 && class_meets(g, g->elems[src[at + len]].arg, lo, hi)) return true;
         at += 1 + len;
     }
     return false;
@@ -365,6 +380,10 @@ oom:
 
 void gmatch_free(gmatch *m) {
     if (!m) return;
+    free(m->iset);
+    free(m->itab);
+    free(m->tkey);
+    free(m->tval);
     free(m->cur);
     free(m->arena);
     free(m->buf);
@@ -381,10 +400,10 @@ bool gmatch_accept_bytes(gmatch *m, const uint8_t *b, size_t n) {
         int r = utf8_step(&u, b[i], &cp);
         if (r < 0) return false;
         if (r == 0) {
-            if (!partial_fits(m, set, &u)) return false;
+            if (!partial_fits(m, false, set, &u)) return false;
             continue;
         }
-        if ((set = advance(m, set, cp)) < 0 || set_count(m, set) == 0) return false;
+        if ((set = advance(m, false, set, cp)) < 0 || set_count(m, set) == 0) return false;
     }
     if (m->oom || !store_cur(m, set)) return false;
     m->u = u;
@@ -521,29 +540,147 @@ static void allow_node(const vtrie *t, const tnode *nd, uint32_t *mask) {
     }
 }
 
+/* ------------------------------------------------------------- the memo */
+
+/* The memo grows with the distinct states a walk meets; past these it is
+ * dropped before the next mask. */
+#define MEMO_MAX_INTS (1 << 21)
+#define MEMO_MAX_TRANS (1 << 20)
+
+static int32_t set_len_of(const int32_t *set) {
+    int32_t end = 1;
+    for (int32_t s = 0; s < set[0]; s++) end += 1 + set[end];
+    return end;
+}
+
+static uint64_t hash_ints(const int32_t *x, int32_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i < n; i++) h = (h ^ (uint32_t)x[i]) * 1099511628211ull;
+    return h;
+}
+
+static void memo_reset(gmatch *m) {
+    m->iset_len = m->icount = m->tcount = 0;
+    if (m->itab) memset(m->itab, 0xFF, (size_t)m->itab_cap * sizeof(int32_t));
+    if (m->tkey) memset(m->tkey, 0, (size_t)m->tcap * sizeof(uint64_t));
+}
+
+static bool itab_grow(gmatch *m) {
+    int32_t nc = m->itab_cap ? 2 * m->itab_cap : 1024;
+    int32_t *t = malloc((size_t)nc * sizeof *t);
+    if (!t) return false;
+    memset(t, 0xFF, (size_t)nc * sizeof *t);
+    for (int32_t i = 0; i < m->itab_cap; i++) {
+        int32_t off = m->itab[i];
+        if (off < 0) continue;
+        uint64_t h = hash_ints(m->iset + off, set_len_of(m->iset + off));
+        size_t j = h & (size_t)(nc - 1);
+        while (t[j] >= 0) j = (j + 1) & (size_t)(nc - 1);
+        t[j] = off;
+    }
+    free(m->itab);
+    m->itab = t;
+    m->itab_cap = nc;
+    return true;
+}
+
+/* The interned copy of the encoded set at x; -1 when out of memory. */
+static int32_t intern(gmatch *m, const int32_t *x) {
+    int32_t len = set_len_of(x);
+    if (2 * (m->icount + 1) > m->itab_cap && !itab_grow(m)) return -1;
+    uint64_t h = hash_ints(x, len);
+    size_t j = h & (size_t)(m->itab_cap - 1);
+    for (; m->itab[j] >= 0; j = (j + 1) & (size_t)(m->itab_cap - 1)) {
+        const int32_t *y = m->iset + m->itab[j];
+        if (set_len_of(y) == len && !memcmp(x, y, (size_t)len * sizeof *x)) return m->itab[j];
+    }
+    if (!vt_grow((void **)&m->iset, &m->iset_cap, m->iset_len + len, sizeof(int32_t))) return -1;
+    memcpy(m->iset + m->iset_len, x, (size_t)len * sizeof *x);
+    m->itab[j] = m->iset_len;
+    m->icount++;
+    m->iset_len += len;
+    return m->itab[j];
+}
+
+static bool trans_grow(gmatch *m) {
+    int32_t nc = m->tcap ? 2 * m->tcap : 4096;
+    uint64_t *k = calloc((size_t)nc, sizeof *k);
+    int32_t *v = malloc((size_t)nc * sizeof *v);
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return false;
+    }
+    for (int32_t i = 0; i < m->tcap; i++) {
+        if (!m->tkey[i]) continue;
+        size_t j = (m->tkey[i] * 0x9E3779B97F4A7C15ull) >> 20 & (size_t)(nc - 1);
+        while (k[j]) j = (j + 1) & (size_t)(nc - 1);
+        k[j] = m->tkey[i];
+        v[j] = m->tval[i];
+    }
+    free(m->tkey);
+    free(m->tval);
+    m->tkey = k;
+    m->tval = v;
+    m->tcap = nc;
+    return true;
+}
+
+/* Slot of (set, cp) in the transition table; *found says whether it holds it. */
+static int64_t trans_slot(gmatch *m, int32_t set, uint32_t cp, bool *found) {
+    *found = false;
+    if (2 * (m->tcount + 1) > m->tcap && !trans_grow(m)) return -1;
+    uint64_t key = (((uint64_t)set << 21) | cp) + 1;
+    size_t j = (key * 0x9E3779B97F4A7C15ull) >> 20 & (size_t)(m->tcap - 1);
+    for (; m->tkey[j]; j = (j + 1) & (size_t)(m->tcap - 1))
+        if (m->tkey[j] == key) {
+            *found = true;
+            return (int64_t)j;
+        }
+    m->tkey[j] = key;
+    m->tcount++;
+    return (int64_t)j;
+}
+
+/* The interned set after cp from interned set `set`: -1 when nothing
+ * survives, -2 when out of memory. */
+static int32_t step_interned(gmatch *m, int32_t set, uint32_t cp) {
+    bool found;
+    int64_t slot = trans_slot(m, set, cp, &found);
+    if (slot < 0) return -2;
+    if (found) return m->tval[slot];
+    int32_t mark = m->arena_len;
+    int32_t off = advance(m, true, set, cp);
+    int32_t next = off < 0 ? -2 : m->arena[off] == 0 ? -1 : intern(m, m->arena + off);
+    m->arena_len = mark;
+    if (next == -2 || (off >= 0 && m->arena[off] != 0 && next < 0)) {
+        m->tkey[slot] = 0; /* not kept: out of memory */
+        m->tcount--;
+        return -2;
+    }
+    m->tval[slot] = next;
+    return next;
+}
+
 static void walk(gmatch *m, int32_t node, int32_t set, utf8_state u, uint32_t *mask) {
     const vtrie *t = m->c->trie;
     const tnode *nd = &t->nodes[node];
-    for (int32_t e = 0; e < nd->n_edges; e++) {
-        int32_t mark = m->arena_len;
+    for (int32_t e = 0; e < nd->n_edges && !m->oom; e++) {
         utf8_state u2 = u;
         uint32_t cp;
         int r = utf8_step(&u2, t->edge_byte[nd->edge_first + e], &cp);
         int32_t next = set;
         if (r < 0) continue;
         if (r == 1) {
-            next = advance(m, set, cp);
-            if (next < 0 || set_count(m, next) == 0) {
-                m->arena_len = mark;
-                continue;
-            }
-        } else if (!partial_fits(m, set, &u2)) {
+            next = step_interned(m, set, cp);
+            if (next == -2) m->oom = true;
+            if (next < 0) continue;
+        } else if (!partial_fits(m, true, set, &u2)) {
             continue;
         }
         int32_t child = t->edge_child[nd->edge_first + e];
         allow_node(t, &t->nodes[child], mask);
         if (t->nodes[child].n_edges > 0) walk(m, child, next, u2, mask);
-        m->arena_len = mark;
     }
 }
 
@@ -554,15 +691,14 @@ loom_status gmatch_fill_mask(gmatch *m, uint32_t *mask, char *why, size_t cap) {
     mask_cache *mc = m->c->cache;
     uint64_t h = 0;
     int32_t key = -1, set;
-    if (mc) { /* the key begins with the encoded set: the walk starts from it */
-        m->arena_len = 0;
+    m->arena_len = 0;
+    if (mc) {
         if ((key = state_key(m, &h)) < 0) goto oom;
         m->arena_len = key + m->cur_len + 3;
         if (cache_get(mc, m->arena + key, m->cur_len + 3, h, mask)) return LOOM_OK;
-        set = key;
-    } else if ((set = load_cur(m)) < 0) {
-        goto oom;
     }
+    if (m->iset_len > MEMO_MAX_INTS || m->tcount > MEMO_MAX_TRANS) memo_reset(m);
+    if ((set = intern(m, m->cur)) < 0) goto oom;
     walk(m, 0, set, m->u, mask);
     if (m->oom) goto oom;
     if (gmatch_can_end(m))
