@@ -289,12 +289,47 @@ static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
         return fail(c, "min_tokens", "'min_tokens' is not supported by loom's sampler");
     if ((v = field(root, "stop_token_ids")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
         return fail(c, "stop_token_ids", "'stop_token_ids' is not supported: use 'stop' strings");
-    v = field(root, "response_format");
-    const cJSON *type = v ? field(v, "type") : NULL;
-    if (v && !(cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
-        return fail(c, "response_format", "'response_format' %s is not supported (no guided decoding): only "
-                    "{\"type\": \"text\"}", shown(v, b, sizeof b));
     (void)api;
+    return true;
+}
+
+/* OpenAI's response_format: {"type": "text"}, {"type": "json_object"} or
+ * {"type": "json_schema", "json_schema": {"name", "schema", "strict"}},
+ * enforced by the pipeline's constraint plugin (always strictly); the
+ * engine refuses a schema it cannot enforce, naming the keyword. */
+static bool parse_response_format(parse_ctx *c, const cJSON *root) {
+    const cJSON *v = field(root, "response_format");
+    char b[64];
+    if (!v || cJSON_IsNull(v)) return true;
+    const cJSON *type = cJSON_IsObject(v) ? field(v, "type") : NULL;
+    if (!cJSON_IsString(type))
+        return fail(c, "response_format", "'response_format' must be an object with a \"type\", got %s",
+                    shown(v, b, sizeof b));
+    const char *t = type->valuestring;
+    if (!strcmp(t, "text")) return true;
+    if (!strcmp(t, "json_object")) {
+        c->r->base.constraint_lang = "json_object";
+        return true;
+    }
+    if (strcmp(t, "json_schema"))
+        return fail(c, "response_format", "'response_format' type \"%.32s\" is not supported: \"text\", "
+                    "\"json_object\" or \"json_schema\"", t);
+    const cJSON *js = field(v, "json_schema"), *schema = js ? field(js, "schema") : NULL;
+    if (!cJSON_IsObject(js))
+        return fail(c, "response_format", "'response_format.json_schema' must be an object with a \"schema\"");
+    const cJSON *name = field(js, "name"), *strict = field(js, "strict");
+    if (name && !cJSON_IsString(name))
+        return fail(c, "response_format", "'response_format.json_schema.name' must be text, got %s",
+                    shown(name, b, sizeof b));
+    if (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))
+        return fail(c, "response_format", "'response_format.json_schema.strict' must be true or false");
+    if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema))
+        return fail(c, "response_format", "'response_format.json_schema.schema' must be a JSON schema (an object), "
+                    "got %s", schema ? shown(schema, b, sizeof b) : "nothing");
+    char *text = keep(c->r, cJSON_PrintUnformatted(schema));
+    if (!text) return fail(c, "response_format", "out of memory reading the schema");
+    c->r->base.constraint_lang = "json_schema";
+    c->r->base.constraint = text;
     return true;
 }
 
@@ -372,6 +407,7 @@ static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32
     r->base.strict_max_tokens = field(root, mt) != NULL;
     if (!bool_field(c, root, "ignore_eos", &r->base.ignore_eos)) return false;
     if (!parse_logit_bias(c, root)) return false;
+    if (!parse_response_format(c, root)) return false;
 
     /* logprobs: completions — how many alternatives (0..20); chat — a bool
      * plus top_logprobs. The engine reports the chosen token's logprob only

@@ -162,6 +162,33 @@ Test(openai, logit_bias) {
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"logit_bias\": [1]}", "logit_bias", "must be an object");
 }
 
+/* response_format: text, json_object and json_schema become the request's
+ * constraint (the engine compiles it); anything else is refused by name. */
+Test(openai, response_format) {
+    serve_req r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                                       "\"response_format\": {\"type\": \"json_object\"}}");
+    cr_assert_str_eq(r.base.constraint_lang, "json_object");
+    serve_req_free(&r);
+    r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", "
+                                    "\"json_schema\": {\"name\": \"p\", \"strict\": true, \"schema\": "
+                                    "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}}}}");
+    cr_assert_str_eq(r.base.constraint_lang, "json_schema");
+    cr_assert_str_eq(r.base.constraint, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}");
+    serve_req_free(&r);
+    r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                             "\"response_format\": {\"type\": \"text\"}}");
+    cr_assert_null(r.base.constraint_lang);
+    serve_req_free(&r);
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"regex\"}}",
+              "response_format", "not supported");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"response_format\": \"json\"}", "response_format",
+              "must be an object");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\"}}",
+              "response_format", "\"schema\"");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", "
+              "\"json_schema\": {\"schema\": 3}}}", "response_format", "must be a JSON schema");
+}
+
 Test(openai, unsupported_refused_by_name) {
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"echo\": true}", "echo", "not supported");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"suffix\": \"}\"}", "suffix", "fill-in-the-middle");
@@ -188,10 +215,6 @@ Test(openai, unsupported_refused_by_name) {
     parse_bad(SERVE_COMPLETIONS, body, "n", "1088 choices: at most 1024");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{}]}", "tools",
               "function calling");
-    parse_bad(SERVE_CHAT,
-              "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": "
-              "\"json_object\"}}",
-              "response_format", "guided decoding");
     serve_req r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
                                        "\"response_format\": {\"type\": \"text\"}, \"tools\": []}");
     serve_req_free(&r);
