@@ -392,6 +392,7 @@ static bool parse_postfix(parser *p, int32_t rid, int32_t item_start) {
     }
     rule_buf *r = &p->rules[rid];
     int32_t n = r->n - item_start;
+    if (n == 0) return true; /* "" repeated is still "" */
     g_elem *x = malloc((size_t)n * sizeof *x);
     if (!x) return fail_at(p, p->pos, LOOM_ERR_NOMEM, "out of memory");
     memcpy(x, r->e + item_start, (size_t)n * sizeof *x);
@@ -618,6 +619,7 @@ void gram_free(gram *g) {
 
 bool gram_class_has(const gram *g, int32_t cls, uint32_t cp) {
     const g_class *c = &g->classes[cls];
+    if (c->count == 0) return c->negated; /* "." has no ranges at all */
     const uint32_t *r = g->ranges + 2 * c->first;
     int32_t lo = 0, hi = c->count - 1;
     bool in = false;

@@ -306,6 +306,7 @@ static int32_t advance(gmatch *m, bool interned, int32_t in, uint32_t cp) {
 /* Some code point in [lo, hi] is in class cls. */
 static bool class_meets(const gram *g, int32_t cls, uint32_t lo, uint32_t hi) {
     const g_class *c = &g->classes[cls];
+    if (c->count == 0) return c->negated;
     const uint32_t *r = g->ranges + 2 * c->first;
     for (int32_t i = 0; i < c->count; i++) {
         bool overlap = r[2 * i] <= hi && r[2 * i + 1] >= lo;
