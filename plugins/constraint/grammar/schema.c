@@ -108,7 +108,10 @@ typedef struct gen {
 static const char k_base[] =
     "ws ::= [ \\t\\n]{0,16}\n"
     "string ::= \"\\\"\" char* \"\\\"\"\n"
-    "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
+    /* \u escapes of surrogates are left out: a pair would be two characters
+     * here but one for minLength / maxLength */
+    "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" hex-not-surrogate)\n"
+    "hex-not-surrogate ::= [0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}\n"
     "int-part ::= \"0\" | [1-9] [0-9]{0,15}\n"
     "integer ::= \"-\"? int-part\n"
     "number ::= \"-\"? int-part (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})?\n"
