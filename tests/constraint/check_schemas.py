@@ -7,7 +7,8 @@ replay): the C helper (constraint_check) compiles it and samples documents
 token by token from its masks; every sampled document must parse as JSON and
 validate. Python also writes valid documents of its own (compact, properties
 in declared order), which the matcher must accept, and mutations of them,
-which it must reject whenever jsonschema says they are invalid.
+which it must reject whenever jsonschema says they are invalid. A fixed list of
+regexes is checked the same way against Python's re.fullmatch.
 
 Usage: check_schemas.py HELPER [--count N] [--seed S]
 Exit 77 (skip) when jsonschema is not installed.
@@ -15,6 +16,7 @@ Exit 77 (skip) when jsonschema is not installed.
 import argparse
 import json
 import random
+import re
 import subprocess
 import sys
 import time
@@ -150,6 +152,40 @@ def mutations(r, doc_text):
     return out
 
 
+REGEXES = [
+    r"^[A-Z][a-z]{2,5}(-\d{3})?$", r"(?:ab|c)*x\.", r"\d+(\.\d+)?", r"(a|)b", r"[^a-c\]]+", r"[\w.-]+@[a-z]+\.com",
+    r"(?P<y>\d{4})-(\d\d)", r"\s*\S+", r"(yes|no|maybe)", r"é+中?", r"[0-9a-f]{8}", r"a{2}b{,2}c{1,}", r"x{",
+    r"\(\)\[\]\{\}", r"[A-Z]\W\D", r"[\S\d]+\W*", r".{3}", r"(\+|-)?[1-9][0-9]*", r"\x41\u00e9\t?",
+]
+
+
+def check_regexes(proc, r, failures):
+    """Samples of each regex must re.fullmatch it; strings that fullmatch must be accepted."""
+    sampled = 0
+    for rx in REGEXES:
+        docs = [d for d in ["Abc", "Abc-123", "x.", "ababx.", "12.5", "b", "ab", "xyz", "a@b.com", "2024-01",
+                            "  q", "maybe", "éé中", "deadbeef", "aabbc", "x{", "()[]{}", "Q!x", "a\nb", "-12",
+                            "Aé\t"] if re.fullmatch(rx, d)]
+        if re.search(r"\\[dDwWsS]", rx):  # shorthands are ASCII-only: a subset of Python's
+            docs = [d for d in docs if d.isascii()]
+        req = {"lang": "regex", "text": rx, "seed": r.randrange(1 << 62), "samples": 6, "docs": docs}
+        proc.stdin.write(json.dumps(req) + "\n")
+        proc.stdin.flush()
+        res = json.loads(proc.stdout.readline())
+        if not res["ok"]:
+            failures.append(f"regex {rx!r}: refused: {res['error']}")
+            continue
+        for s in res["samples"]:
+            sampled += 1
+            s = bytes.fromhex(s).decode("utf-8")  # a UnicodeDecodeError is a failure too
+            if not re.fullmatch(rx, s):
+                failures.append(f"regex {rx!r}: sampled {s!r} does not match")
+        for d, ok in zip(docs, res["accepts"]):
+            if not ok:
+                failures.append(f"regex {rx!r}: matching {d!r} was rejected")
+    return sampled
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("helper")
@@ -186,6 +222,7 @@ def main():
         for s in res["samples"]:
             sampled += 1
             try:
+                s = bytes.fromhex(s).decode("utf-8")
                 validator.validate(json.loads(s))
             except Exception as e:  # noqa: BLE001 - any failure is a finding
                 failures.append(f"{where}: sampled {s!r} does not validate: {str(e)[:200]}")
@@ -201,12 +238,14 @@ def main():
             if ok and not valid:
                 failures.append(f"{where}: invalid document {m!r} was accepted")
             rejected += not ok
+    rx_sampled = check_regexes(proc, r, failures)
     proc.stdin.close()
     proc.wait()
     for f in failures[:20]:
         print("FAIL", f)
     print(f"{a.count} schemas, {sampled} sampled documents validated ({unfinished} samples unfinished), "
-          f"{accepted} valid documents accepted, {rejected} mutations rejected, {len(failures)} failures")
+          f"{accepted} valid documents accepted, {rejected} mutations rejected; {len(REGEXES)} regexes, "
+          f"{rx_sampled} samples matched; {len(failures)} failures")
     return 1 if failures or sampled < a.count else 0
 
 

@@ -4,7 +4,7 @@
  *   {"lang": "json_schema", "text": "...", "seed": N, "samples": K, "docs": ["...", ...]}
  * compiles it with the grammar plugin's code against the synthetic
  * vocabulary (constraint_util.h), and prints one JSON line:
- *   {"ok": true, "samples": [...], "unfinished": U, "accepts": [true, ...]}
+ *   {"ok": true, "samples": ["hex", ...], "unfinished": U, "accepts": [true, ...]}
  * or {"ok": false, "error": "..."}. Samples are drawn token by token from
  * the masks (seeded), every chosen token checked against the mask and fed
  * back through accept(); "accepts" says whether each given document is
@@ -41,7 +41,7 @@ static int32_t pick(const cu_vocab *v, const uint32_t *mask, int32_t step, test_
     return allowed[rng_int(r, n)];
 }
 
-/* One sampled document into out (cJSON string), or NULL when unfinished. */
+/* One sampled document as hex (it may hold NUL bytes), or NULL when unfinished. */
 static char *sample_doc(const gram_compiled *c, const cu_vocab *v, test_rng *r, bool *bad) {
     gmatch *m;
     char why[256];
@@ -68,11 +68,11 @@ static char *sample_doc(const gram_compiled *c, const cu_vocab *v, test_rng *r, 
         }
     }
     gmatch_free(m);
-    if (!done) {
-        free(text);
-        return NULL;
-    }
-    return text;
+    char *hex = done ? malloc(2 * len + 1) : NULL;
+    for (size_t i = 0; hex && i < len; i++) sprintf(hex + 2 * i, "%02x", (unsigned char)text[i]);
+    if (hex) hex[2 * len] = '\0';
+    free(text);
+    return hex;
 }
 
 static bool accepts(const gram_compiled *c, const char *doc) {
@@ -93,6 +93,7 @@ static cJSON *run_one(const cJSON *req, const cu_vocab *v, vtrie *trie) {
     loom_status st = LOOM_OK;
     if (lang && !strcmp(lang, "json_schema")) st = gram_schema_to_gbnf(text, strlen(text), &k_lim, &gbnf, why, sizeof why);
     else if (lang && !strcmp(lang, "json_object")) st = gram_schema_to_gbnf(NULL, 0, &k_lim, &gbnf, why, sizeof why);
+    else if (lang && !strcmp(lang, "regex")) st = gram_regex_to_gbnf(text, strlen(text), &k_lim, &gbnf, why, sizeof why);
     if (st == LOOM_OK) st = gram_parse(gbnf ? gbnf : text, strlen(gbnf ? gbnf : text), &k_lim, &c.g, why, sizeof why);
     free(gbnf);
     if (st != LOOM_OK) {

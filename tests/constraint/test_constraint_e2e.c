@@ -101,7 +101,7 @@ Test(constraint_e2e, bad_schema_is_refused_at_add_request) {
     r.constraint = "{\"type\": \"object\", ";
     cr_assert_eq(loom_engine_add_request(e, &r, &err), -1);
     cr_assert(strstr(err.message, "not valid JSON"), "%s", err.message);
-    r.constraint_lang = "regex";
+    r.constraint_lang = "lark";
     cr_assert_eq(loom_engine_add_request(e, &r, &err), -1);
     cr_assert(strstr(err.message, "unknown language"), "%s", err.message);
     loom_engine_destroy(e);

@@ -220,8 +220,8 @@ Test(plugin, compile_match_and_errors_through_the_ops) {
     cr_assert_eq(ops->create(h, &cfg, &self, &err), LOOM_OK, "%s", err.message);
     static cu_vocab v;
     cu_vocab_init(&v);
-    cr_assert_eq(ops->compile(self, "regex", "a", 1, &v.view, &g, &err), LOOM_ERR_UNSUPPORTED);
-    cr_assert(strstr(err.message, "unknown language 'regex'"), "%s", err.message);
+    cr_assert_eq(ops->compile(self, "lark", "a", 1, &v.view, &g, &err), LOOM_ERR_UNSUPPORTED);
+    cr_assert(strstr(err.message, "unknown language 'lark'"), "%s", err.message);
     cr_assert_null(g);
     const char *bad = "{\"type\":\"string\",\"format\":\"date\"}";
     cr_assert_eq(ops->compile(self, "json_schema", bad, strlen(bad), &v.view, &g, &err), LOOM_ERR_UNSUPPORTED);
@@ -240,4 +240,20 @@ Test(plugin, compile_match_and_errors_through_the_ops) {
     ops->grammar_free(self, g);
     ops->destroy(self);
     dlclose(dl);
+}
+
+Test(regex, refusals_name_the_construct_and_offset) {
+    static const char *const bad[][2] = {
+        {"a(?=b)", "offset 3: lookarounds"},   {"\\bword", "escape '\\b'"},      {"(a)\\1", "escape '\\1'"},
+        {"a^b", "anchors are supported only"}, {"a$b", "anchors are supported only"}, {"(ab", "unclosed '('"},
+        {"ab)", "')' without '('"},          {"*a", "nothing to repeat"},      {"a**", "multiple repeat"},
+        {"[a-", "unterminated class"},       {"[z-a]", "end before its start"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *out = NULL, why[256] = "";
+        cr_assert_neq(gram_regex_to_gbnf(bad[i][0], strlen(bad[i][0]), &k_lim, &out, why, sizeof why), LOOM_OK,
+                      "accepted %s", bad[i][0]);
+        cr_assert(strstr(why, bad[i][1]), "'%s' for %s (wanted '%s')", why, bad[i][0], bad[i][1]);
+        cr_assert_null(out);
+    }
 }

@@ -1,12 +1,12 @@
 /*
  * tests/fuzz/fuzz_constraint.c — the grammar constraint's compilers on
- * hostile text: JSON schemas (json_schema) and GBNF grammars, compiled
+ * hostile text: JSON schemas (json_schema), GBNF grammars and regexes, compiled
  * under small limits against the synthetic test vocabulary; a grammar that
  * compiles is then driven for a few steps. Checked: a refusal has a
  * message; every token a mask allows is accepted; a dead end only ever
  * follows an empty mask; the end is allowed exactly when can_end says so.
  *
- * Input: the first byte picks the language (even: json_schema, odd: gbnf);
+ * Input: the first byte picks the language (mod 3: json_schema, gbnf, regex);
  * the rest is the text, up to a 0x00 byte; what follows it is fed to the
  * matcher as a document.
  */
@@ -48,13 +48,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
         FUZZ_CHECK(vtrie_build(&v.view, &trie, why, sizeof why) == LOOM_OK);
     }
     if (n == 0) return 0;
-    const bool gbnf = d[0] & 1;
+    const int lang = d[0] % 3;
     const uint8_t *text = d + 1, *nul = memchr(text, 0, n - 1);
     const size_t tlen = nul ? (size_t)(nul - text) : n - 1;
     const uint8_t *doc = nul ? nul + 1 : d + n;
     char *src = fuzz_cstr(text, tlen), *out = NULL;
     gram_compiled c = {.trie = trie, .vocab = &v.view, .lim = k_lim};
-    loom_status st = gbnf ? LOOM_OK : gram_schema_to_gbnf(src, tlen, &k_lim, &out, why, sizeof why);
+    loom_status st = lang == 1   ? LOOM_OK
+                     : lang == 2 ? gram_regex_to_gbnf(src, tlen, &k_lim, &out, why, sizeof why)
+                                 : gram_schema_to_gbnf(src, tlen, &k_lim, &out, why, sizeof why);
     if (st == LOOM_OK) st = gram_parse(out ? out : src, out ? strlen(out) : tlen, &k_lim, &c.g, why, sizeof why);
     if (st != LOOM_OK) FUZZ_CHECK(why[0] != '\0');
     else {

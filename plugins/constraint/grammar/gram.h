@@ -72,6 +72,12 @@ bool gram_class_has(const gram *g, int32_t cls, uint32_t cp);
 loom_status gram_schema_to_gbnf(const char *schema, size_t len, const gram_limits *lim, char **gbnf, char *why,
                                 size_t cap);
 
+/* regex.c: a regular expression (full match, Python's syntax, the subset
+ * regex.c lists) to GBNF text, malloc'd into *gbnf; LOOM_ERR_UNSUPPORTED
+ * names a construct it cannot translate and its offset. */
+loom_status gram_regex_to_gbnf(const char *re, size_t len, const gram_limits *lim, char **gbnf, char *why,
+                               size_t cap);
+
 /* match.c: the vocabulary as a byte trie (one per vocab view). */
 typedef struct vtrie vtrie;
 loom_status vtrie_build(const loom_vocab_view *v, vtrie **out, char *why, size_t cap);

@@ -5,7 +5,8 @@
  * the vocabulary (gram.h, docs/constraints.md).
  *
  * Languages: "json_schema" (text: the schema), "json_object" (no text: any
- * JSON object), "gbnf" (text: the grammar, start rule `root`). The trie of
+ * JSON object), "regex" (text: a regular expression the whole output
+ * must match), "gbnf" (text: the grammar, start rule `root`). The trie of
  * a vocabulary is built on the first compile against it and kept for the
  * instance's life (one per vocab view, guarded by a mutex: compile is
  * [any]).
@@ -127,11 +128,13 @@ static loom_status gr_compile(void *self, const char *lang, const char *text, si
         st = gram_schema_to_gbnf(text, len, &s->lim, &gbnf, why, sizeof why);
     } else if (!strcmp(lang, "json_object")) {
         st = gram_schema_to_gbnf(NULL, 0, &s->lim, &gbnf, why, sizeof why);
+    } else if (!strcmp(lang, "regex")) {
+        st = gram_regex_to_gbnf(text ? text : "", text ? len : 0, &s->lim, &gbnf, why, sizeof why);
     } else if (!strcmp(lang, "gbnf")) {
         st = LOOM_OK;
     } else {
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "constraint '%s': unknown language '%.64s' (known: json_schema, json_object, gbnf)", GR_NAME,
+                        "constraint '%s': unknown language '%.64s' (known: json_schema, json_object, regex, gbnf)", GR_NAME,
                         lang);
     }
     gram_compiled *c = st == LOOM_OK ? calloc(1, sizeof *c) : NULL;
@@ -226,7 +229,7 @@ static const loom_component gr_components[] = {
         .struct_size = sizeof(loom_component),
         .kind = LOOM_KIND_CONSTRAINT,
         .name = GR_NAME,
-        .summary = "structured outputs: JSON schema, any JSON object, GBNF grammars, as per-step token masks",
+        .summary = "structured outputs: JSON schema, any JSON object, regex, GBNF grammars, as per-step token masks",
         .ops = &gr_ops,
         .params = gr_params,
         .config_size = sizeof(gr_config),
