@@ -185,8 +185,15 @@ static void utf8_span(const utf8_state *u, uint32_t *lo, uint32_t *hi) {
 
 /* -------------------------------------------------------------- matcher */
 
+typedef struct dedup_slot {
+    uint32_t epoch;            /* the set it belongs to                      */
+    int32_t off;               /* arena offset of the stack's length word    */
+} dedup_slot;
+
 struct gmatch {
     const gram_compiled *c;
+    dedup_slot *dedup;         /* (dedup_cap) stacks of the set being built  */
+    uint32_t dedup_cap, dedup_epoch;
     int32_t *cur;              /* the current set, encoded                   */
     int32_t cur_len, cur_cap;
     utf8_state u;
@@ -218,15 +225,29 @@ static bool arena_room(gmatch *m, int32_t more) {
 }
 
 /* Add buf[0..len) to the set at out_off unless it is there already. */
+/* Start a new set at the arena's end (its count word); emit() adds to it. */
+static int32_t set_begin(gmatch *m) {
+    if (!arena_room(m, 1)) return -1;
+    m->out_off = m->arena_len;
+    m->arena[m->arena_len++] = 0;
+    m->dedup_epoch++;
+    return m->out_off;
+}
+
+/* Add buf[0..len) to the set at out_off unless it is there already (a
+ * hash of the set's stacks, tagged by the set's epoch, finds duplicates
+ * without scanning). */
 static void emit(gmatch *m, int32_t len) {
-    int32_t *set = m->arena + m->out_off;
-    int32_t at = m->out_off + 1;
-    for (int32_t s = 0; s < set[0]; s++) {
-        int32_t n = m->arena[at];
-        if (n == len && !memcmp(m->arena + at + 1, m->buf, (size_t)len * sizeof(int32_t))) return;
-        at += 1 + n;
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i < len; i++) h = (h ^ (uint32_t)m->buf[i]) * 1099511628211ull;
+    const uint32_t mask = m->dedup_cap - 1;
+    uint32_t j = (uint32_t)(h ^ (h >> 32)) & mask;
+    for (; m->dedup[j].epoch == m->dedup_epoch; j = (j + 1) & mask) {
+        int32_t at = m->dedup[j].off;
+        if (m->arena[at] == len && !memcmp(m->arena + at + 1, m->buf, (size_t)len * sizeof(int32_t))) return;
     }
-    if (set[0] >= m->c->lim.max_stacks || !arena_room(m, len + 1)) return;
+    if (m->arena[m->out_off] >= m->c->lim.max_stacks || !arena_room(m, len + 1)) return;
+    m->dedup[j] = (dedup_slot){m->dedup_epoch, m->arena_len};
     m->arena[m->arena_len++] = len;
     memcpy(m->arena + m->arena_len, m->buf, (size_t)len * sizeof(int32_t));
     m->arena_len += len;
@@ -254,7 +275,8 @@ static void expand_alts(gmatch *m, int32_t r, int32_t base, int depth) {
 /* Expand buf[0..len) until its top is a class (or it is empty), emitting
  * each result. */
 static void expand(gmatch *m, int32_t len, int depth) {
-    if (depth > 4096 || len > m->c->lim.max_stack_depth) return;
+    /* a full set takes nothing more: stop expanding (only narrows the mask) */
+    if (depth > 4096 || len > m->c->lim.max_stack_depth || m->arena[m->out_off] >= m->c->lim.max_stacks) return;
     if (len == 0) {
         emit(m, 0);
         return;
@@ -281,11 +303,9 @@ static const int32_t *set_base(const gmatch *m, bool interned) { return interned
  * holds cp, advanced past it. Returns its offset. */
 static int32_t advance(gmatch *m, bool interned, int32_t in, uint32_t cp) {
     const gram *g = &m->c->g;
-    if (!arena_room(m, 1)) return -1;
-    int32_t out = m->arena_len;
-    m->arena[m->arena_len++] = 0;
     int32_t saved_out = m->out_off;
-    m->out_off = out;
+    int32_t out = set_begin(m);
+    if (out < 0) return -1;
     int32_t at = in + 1, n = set_base(m, interned)[in];
     for (int32_t s = 0; s < n; s++) {
         const int32_t *src = set_base(m, interned); /* the arena may have moved */
@@ -366,9 +386,11 @@ loom_status gmatch_new(const gram_compiled *c, gmatch **out, char *why, size_t c
     if (!m) goto oom;
     m->c = c;
     m->buf_cap = (int32_t)c->lim.max_stack_depth + 2;
-    if (!(m->buf = malloc((size_t)m->buf_cap * sizeof(int32_t))) || !arena_room(m, 1)) goto oom;
-    m->out_off = 0;
-    m->arena[m->arena_len++] = 0;
+    m->dedup_cap = 16;
+    while (m->dedup_cap < 4 * (uint64_t)c->lim.max_stacks) m->dedup_cap *= 2;
+    if (!(m->buf = malloc((size_t)m->buf_cap * sizeof(int32_t))) ||
+        !(m->dedup = calloc(m->dedup_cap, sizeof *m->dedup)) || set_begin(m) != 0)
+        goto oom;
     expand_alts(m, c->g.root, 0, 0);
     if (m->oom || !store_cur(m, 0)) goto oom;
     *out = m;
@@ -381,6 +403,7 @@ oom:
 
 void gmatch_free(gmatch *m) {
     if (!m) return;
+    free(m->dedup);
     free(m->iset);
     free(m->itab);
     free(m->tkey);
