@@ -122,3 +122,64 @@ Test(constraint_e2e, no_constraint_slot_is_refused) {
     loom_engine_destroy(e);
     free(pipe);
 }
+
+/* A grammar that can never end, under a small stack-depth limit: once the
+ * limit is reached nothing may follow, and the sample ends with an error
+ * naming the dead end instead of text outside the grammar. */
+Test(constraint_e2e, dead_end_finishes_with_an_error) {
+    eng_need_model();
+    char *pipe = eng_data_in("constraint", "smol.yaml");
+    static const char *const small[] = {"constraint.max_stack_depth=8", NULL};
+    loom_engine *e = eng_open_path(pipe, small);
+    eng_rec rec;
+    eng_rec_init(&rec, 1);
+    loom_request r = loom_request_default();
+    r.prompt = "Brackets:";
+    r.max_tokens = 60;
+    r.constraint_lang = "gbnf";
+    r.constraint = "root ::= \"[\" root \"]\"";
+    eng_add(e, r, &rec);
+    eng_run(e, 200);
+    eng_rec_check_done(&rec);
+    cr_assert_eq(rec.s[0].finish, LOOM_FINISH_ERROR, "finish %d, text %.*s", rec.s[0].finish, (int)rec.s[0].len,
+                 rec.s[0].text);
+    cr_assert(strstr(rec.s[0].error, "dead end"), "%s", rec.s[0].error);
+    for (size_t i = 0; i < rec.s[0].len; i++) cr_assert_eq(rec.s[0].text[i], '[', "%.*s", (int)rec.s[0].len, rec.s[0].text);
+    eng_rec_free(&rec);
+    loom_engine_destroy(e);
+    free(pipe);
+}
+
+/* n > 1: every sample has its own matcher (forks start fresh) and each
+ * answer is a JSON object. */
+Test(constraint_e2e, forked_samples_each_follow_the_constraint) {
+    eng_need_model();
+    char *pipe = eng_data_in("constraint", "smol.yaml");
+    loom_engine *e = eng_open_path(pipe, k_no_overrides);
+    eng_rec rec;
+    eng_rec_init(&rec, 3);
+    loom_request r = loom_request_default();
+    r.prompt = "A JSON object:";
+    r.n = 3;
+    r.max_tokens = 60;
+    r.params.temperature = 1.0f;
+    r.params.seed = 11;
+    r.params.has_seed = true;
+    r.constraint_lang = "regex";
+    r.constraint = "\\{\"n\": [0-9]{1,3}\\}";
+    eng_add(e, r, &rec);
+    eng_run(e, 300);
+    eng_rec_check_done(&rec);
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq(rec.s[k].finish, LOOM_FINISH_EOS, "sample %d: finish %d (%s)", k, rec.s[k].finish,
+                     rec.s[k].error);
+        char *t = strndup(rec.s[k].text, rec.s[k].len);
+        cJSON *j = cJSON_Parse(t);
+        cr_assert(cJSON_IsNumber(cJSON_GetObjectItem(j, "n")), "sample %d: %s", k, t);
+        cJSON_Delete(j);
+        free(t);
+    }
+    eng_rec_free(&rec);
+    loom_engine_destroy(e);
+    free(pipe);
+}
