@@ -56,13 +56,14 @@ loom_status engine_constraint_compile(loom_engine *e, const loom_request *full, 
                               "{plugin: grammar}`)", lang);
     if (!e->tok)
         return loom_error_set(err, LOOM_ERR_UNSUPPORTED, "constraint '%.64s': the model has no tokenizer", lang);
-    if (e->spec && !e->con->rollback)
-        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
-                              "constraint '%.64s' with speculative decoding: the constraint plugin cannot undo "
-                              "rejected drafts (no rollback); drop the speculator or the constraint", lang);
     if (e->spec)
         return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
-                              "constraint '%.64s' with speculative decoding is not supported yet", lang);
+                              "constraint '%.64s' with speculative decoding: the engine does not mask or roll back "
+                              "drafts; use a pipeline without a speculator for constrained requests", lang);
+    if (full->ignore_eos)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "constraint '%.64s' with ignore_eos: a constrained text ends where the constraint "
+                              "says", lang);
     if (full->want_probs)
         return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
                               "constraint '%.64s' with want_probs: the distributions would not show the mask", lang);
@@ -116,8 +117,7 @@ loom_status engine_constraint_fill(loom_engine *e, loom_seq *s, loom_error *err)
 }
 
 /* NULL when tok may follow for s, else why it may not (s's sample must end). */
-const char *engine_constraint_check_token(const loom_engine *e, loom_seq *s, int32_t tok) {
-    (void)e;
+const char *engine_constraint_check_token(const loom_seq *s, int32_t tok) {
     if (!s->matcher) return NULL;
     if (!s->mask_live)
         return "the constraint reached a dead end: no token can continue the text inside the schema or grammar";
@@ -128,8 +128,7 @@ const char *engine_constraint_check_token(const loom_engine *e, loom_seq *s, int
 }
 
 /* Advance s's matcher past tok; NULL, or why the sample must end. */
-const char *engine_constraint_accept(loom_engine *e, loom_seq *s, int32_t tok) {
-    (void)e;
+const char *engine_constraint_accept(loom_seq *s, int32_t tok) {
     if (!s->matcher) return NULL;
     loom_error le = {0};
     s->mask_live = false;

@@ -238,8 +238,8 @@ void engine_constraint_req_free(loom_req *rq);
 loom_status engine_constraint_seq_init(loom_seq *s);
 void engine_constraint_seq_free(loom_seq *s);
 loom_status engine_constraint_fill(loom_engine *e, loom_seq *s, loom_error *err);
-const char *engine_constraint_check_token(const loom_engine *e, loom_seq *s, int32_t tok);
-const char *engine_constraint_accept(loom_engine *e, loom_seq *s, int32_t tok);
+const char *engine_constraint_check_token(const loom_seq *s, int32_t tok);
+const char *engine_constraint_accept(loom_seq *s, int32_t tok);
 
 /* speculate.c */
 loom_status engine_spec_propose(loom_engine *e, loom_error *err);

@@ -139,7 +139,7 @@ static loom_status fork_samples(loom_engine *e, loom_seq *parent, const float *r
         engine_top top;
         engine_token t = {0};
         st = engine_sample_one(e, c, x, &top, &t, err);
-        const char *refused = st == LOOM_OK ? engine_constraint_check_token(e, c, t.id) : NULL;
+        const char *refused = st == LOOM_OK ? engine_constraint_check_token(c, t.id) : NULL;
         if (refused) engine_seq_finish(e, c, LOOM_FINISH_ERROR, refused);
         else if (st == LOOM_OK) engine_accept_token(e, c, &t);
     }
@@ -299,7 +299,7 @@ loom_status engine_sample_rows(loom_engine *e, float *logits, int32_t width, loo
         /* Fork before sample 0 takes its token, so every sample starts
          * from the prompt alone. */
         if (!s->req->forked && (st = fork_samples(e, s, sc.first_rows + (size_t)r * width, err)) != LOOM_OK) break;
-        const char *refused = engine_constraint_check_token(e, s, sc.toks[r]);
+        const char *refused = engine_constraint_check_token(s, sc.toks[r]);
         if (refused) {
             engine_seq_finish(e, s, LOOM_FINISH_ERROR, refused);
             continue;

@@ -261,7 +261,7 @@ void engine_seq_finish(loom_engine *e, loom_seq *s, loom_finish_reason why, cons
 
 /* One chosen token for s: append, detokenize, stream, check the end. */
 void engine_accept_token(loom_engine *e, loom_seq *s, const engine_token *t) {
-    const char *refused = engine_constraint_accept(e, s, t->id);
+    const char *refused = engine_constraint_accept(s, t->id);
     if (refused) {
         engine_seq_finish(e, s, LOOM_FINISH_ERROR, refused);
         return;

@@ -108,6 +108,31 @@ Test(constraint_e2e, bad_schema_is_refused_at_add_request) {
     free(pipe);
 }
 
+/* What a constraint cannot run with is refused at add_request, naming it. */
+Test(constraint_e2e, unsupported_combinations_refused) {
+    eng_need_model();
+    char *pipe = eng_data_in("constraint", "smol.yaml");
+    static const char *const spec[] = {"speculator.plugin=ngram", NULL};
+    loom_engine *e = eng_open_path(pipe, spec);
+    loom_request r = loom_request_default();
+    r.prompt = "x";
+    r.constraint_lang = "json_object";
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_add_request(e, &r, &err), -1);
+    cr_assert(strstr(err.message, "speculative decoding"), "%s", err.message);
+    loom_engine_destroy(e);
+    e = eng_open_path(pipe, k_no_overrides);
+    r.ignore_eos = true;
+    cr_assert_eq(loom_engine_add_request(e, &r, &err), -1);
+    cr_assert(strstr(err.message, "ignore_eos"), "%s", err.message);
+    r.ignore_eos = false;
+    r.want_probs = true;
+    cr_assert_eq(loom_engine_add_request(e, &r, &err), -1);
+    cr_assert(strstr(err.message, "want_probs"), "%s", err.message);
+    loom_engine_destroy(e);
+    free(pipe);
+}
+
 Test(constraint_e2e, no_constraint_slot_is_refused) {
     eng_need_model();
     char *pipe = eng_data_in("constraint", "smol.yaml");
