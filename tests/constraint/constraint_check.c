@@ -88,14 +88,9 @@ static cJSON *run_one(const cJSON *req, const cu_vocab *v, vtrie *trie) {
     cJSON *out = cJSON_CreateObject();
     const char *lang = cJSON_GetStringValue(cJSON_GetObjectItem(req, "lang"));
     const char *text = cJSON_GetStringValue(cJSON_GetObjectItem(req, "text"));
-    char why[512] = "", *gbnf = NULL;
+    char why[512] = "";
     gram_compiled c = {.trie = trie, .vocab = &v->view, .lim = k_lim, .cache = mask_cache_new(8, v->view.size)};
-    loom_status st = LOOM_OK;
-    if (lang && !strcmp(lang, "json_schema")) st = gram_schema_to_gbnf(text, strlen(text), &k_lim, &gbnf, why, sizeof why);
-    else if (lang && !strcmp(lang, "json_object")) st = gram_schema_to_gbnf(NULL, 0, &k_lim, &gbnf, why, sizeof why);
-    else if (lang && !strcmp(lang, "regex")) st = gram_regex_to_gbnf(text, strlen(text), &k_lim, &gbnf, why, sizeof why);
-    if (st == LOOM_OK) st = gram_parse(gbnf ? gbnf : text, strlen(gbnf ? gbnf : text), &k_lim, &c.g, why, sizeof why);
-    free(gbnf);
+    loom_status st = gram_compile_lang(lang ? lang : "", text, text ? strlen(text) : 0, &k_lim, &c.g, why, sizeof why);
     if (st != LOOM_OK) {
         cJSON_AddBoolToObject(out, "ok", false);
         cJSON_AddStringToObject(out, "error", why);

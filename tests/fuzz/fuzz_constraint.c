@@ -52,18 +52,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
     const uint8_t *text = d + 1, *nul = memchr(text, 0, n - 1);
     const size_t tlen = nul ? (size_t)(nul - text) : n - 1;
     const uint8_t *doc = nul ? nul + 1 : d + n;
-    char *src = fuzz_cstr(text, tlen), *out = NULL;
+    static const char *const langs[] = {"json_schema", "gbnf", "regex"};
+    char *src = fuzz_cstr(text, tlen);
     gram_compiled c = {.trie = trie, .vocab = &v.view, .lim = k_lim};
-    loom_status st = lang == 1   ? LOOM_OK
-                     : lang == 2 ? gram_regex_to_gbnf(src, tlen, &k_lim, &out, why, sizeof why)
-                                 : gram_schema_to_gbnf(src, tlen, &k_lim, &out, why, sizeof why);
-    if (st == LOOM_OK) st = gram_parse(out ? out : src, out ? strlen(out) : tlen, &k_lim, &c.g, why, sizeof why);
+    loom_status st = gram_compile_lang(langs[lang], src, tlen, &k_lim, &c.g, why, sizeof why);
     if (st != LOOM_OK) FUZZ_CHECK(why[0] != '\0');
     else {
         drive(&c, &v, doc, (size_t)(d + n - doc));
         gram_free(&c.g);
     }
-    free(out);
     free(src);
     return 0;
 }

@@ -35,6 +35,8 @@ typedef struct parser {
     uint32_t *ranges;          /* pairs                                      */
     int32_t n_ranges, cap_ranges;
     int64_t total;             /* elements in every rule                     */
+    int32_t *names;            /* (names_cap) rule ids by name hash, -1 empty */
+    int32_t names_cap, named;
     char *why;
     size_t cap;
     loom_status st;            /* first failure; LOOM_OK while parsing       */
@@ -108,10 +110,48 @@ static int32_t new_rule(parser *p, const char *name, size_t nlen) {
     return p->n_rules++;
 }
 
+static uint32_t name_hash(const char *s, size_t n) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
+    return h;
+}
+
+/* Double the name table and re-place every named rule. */
+static bool names_grow(parser *p) {
+    int32_t nc = p->names_cap ? 2 * p->names_cap : 256;
+    int32_t *t = malloc((size_t)nc * sizeof *t);
+    if (!t) return false;
+    memset(t, 0xFF, (size_t)nc * sizeof *t);
+    for (int32_t i = 0; i < p->n_rules; i++) {
+        if (!p->rules[i].name) continue;
+        uint32_t j = name_hash(p->rules[i].name, strlen(p->rules[i].name)) & (uint32_t)(nc - 1);
+        while (t[j] >= 0) j = (j + 1) & (uint32_t)(nc - 1);
+        t[j] = i;
+    }
+    free(p->names);
+    p->names = t;
+    p->names_cap = nc;
+    return true;
+}
+
+/* The rule named name[0..nlen), created on first use (a hash table: a
+ * grammar of many rules must not cost a scan per reference). */
 static int32_t find_rule(parser *p, const char *name, size_t nlen) {
-    for (int32_t i = 0; i < p->n_rules; i++)
-        if (p->rules[i].name && strlen(p->rules[i].name) == nlen && !memcmp(p->rules[i].name, name, nlen)) return i;
-    return new_rule(p, name, nlen);
+    if (2 * (p->named + 1) > p->names_cap && !names_grow(p)) {
+        fail_at(p, p->pos, LOOM_ERR_NOMEM, "out of memory");
+        return -1;
+    }
+    uint32_t mask = (uint32_t)(p->names_cap - 1), j = name_hash(name, nlen) & mask;
+    for (; p->names[j] >= 0; j = (j + 1) & mask) {
+        const char *n = p->rules[p->names[j]].name;
+        if (strlen(n) == nlen && !memcmp(n, name, nlen)) return p->names[j];
+    }
+    int32_t id = new_rule(p, name, nlen);
+    if (id >= 0) {
+        p->names[j] = id;
+        p->named++;
+    }
+    return id;
 }
 
 static int cmp_range(const void *a, const void *b) {
@@ -320,21 +360,27 @@ static bool parse_primary(parser *p, int32_t rid, int depth) {
 }
 
 /* Parse {m}, {m,}, {m,n} after '{'; max -1 = unbounded. */
+/* Decimal digits at pos (inside the text, which need not be
+ * NUL-terminated), saturating past 10^12; -1 when there are none. */
+static int64_t read_count(parser *p) {
+    int64_t v = -1;
+    while (peek(p) >= '0' && peek(p) <= '9') {
+        v = (v < 0 ? 0 : v) * 10 + (peek(p) - '0');
+        if (v > 1000000000000LL) v = 1000000000000LL;
+        p->pos++;
+    }
+    return v;
+}
+
 static bool parse_braces(parser *p, int64_t *min, int64_t *max) {
     p->pos++;
-    char *end;
-    *min = strtoll(p->s + p->pos, &end, 10);
-    if (end == p->s + p->pos || (size_t)(end - p->s) > p->len || *min < 0) return fail(p, "expected a count after '{'");
-    p->pos = (size_t)(end - p->s);
+    if ((*min = read_count(p)) < 0) return fail(p, "expected a count after '{'");
     *max = *min;
     if (peek(p) == ',') {
         p->pos++;
         *max = -1;
-        if (peek(p) != '}') {
-            *max = strtoll(p->s + p->pos, &end, 10);
-            if (end == p->s + p->pos || *max < *min) return fail(p, "bad {m,n}: n must be a count >= m");
-            p->pos = (size_t)(end - p->s);
-        }
+        if (peek(p) != '}' && ((*max = read_count(p)) < 0 || *max < *min))
+            return fail(p, "bad {m,n}: n must be a count >= m");
     }
     if (peek(p) != '}') return fail(p, "expected '}'");
     p->pos++;
@@ -570,6 +616,7 @@ static void parser_free(parser *p) {
         free(p->rules[i].e);
     }
     free(p->rules);
+    free(p->names);
     free(p->classes);
     free(p->ranges);
 }

@@ -78,6 +78,12 @@ loom_status gram_schema_to_gbnf(const char *schema, size_t len, const gram_limit
 loom_status gram_regex_to_gbnf(const char *re, size_t len, const gram_limits *lim, char **gbnf, char *why,
                                size_t cap);
 
+/* lang.c: `lang` ("json_schema", "json_object", "regex", "gbnf") and its
+ * text (len bytes; NULL for none) to a grammar in *out.
+ * LOOM_ERR_UNSUPPORTED for an unknown language. */
+loom_status gram_compile_lang(const char *lang, const char *text, size_t len, const gram_limits *lim, gram *out,
+                              char *why, size_t cap);
+
 /* match.c: the vocabulary as a byte trie (one per vocab view). */
 typedef struct vtrie vtrie;
 loom_status vtrie_build(const loom_vocab_view *v, vtrie **out, char *why, size_t cap);

@@ -120,37 +120,17 @@ static loom_status gr_compile(void *self, const char *lang, const char *text, si
     if (!lang || !vocab || vocab->struct_size < sizeof(loom_vocab_view) || !vocab->piece || vocab->size <= 0)
         return h->error(h->ctx, err, LOOM_ERR_INVALID, "constraint '%s': compile needs a language and a vocabulary",
                         GR_NAME);
-    char *gbnf = NULL;
-    loom_status st;
-    if (!strcmp(lang, "json_schema")) {
-        if (!text || len == 0)
-            return h->error(h->ctx, err, LOOM_ERR_INVALID, "constraint '%s': json_schema needs a schema", GR_NAME);
-        st = gram_schema_to_gbnf(text, len, &s->lim, &gbnf, why, sizeof why);
-    } else if (!strcmp(lang, "json_object")) {
-        st = gram_schema_to_gbnf(NULL, 0, &s->lim, &gbnf, why, sizeof why);
-    } else if (!strcmp(lang, "regex")) {
-        st = gram_regex_to_gbnf(text ? text : "", text ? len : 0, &s->lim, &gbnf, why, sizeof why);
-    } else if (!strcmp(lang, "gbnf")) {
-        st = LOOM_OK;
-    } else {
-        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "constraint '%s': unknown language '%.64s' (known: json_schema, json_object, regex, gbnf)", GR_NAME,
-                        lang);
-    }
-    gram_compiled *c = st == LOOM_OK ? calloc(1, sizeof *c) : NULL;
-    if (st == LOOM_OK && !c) st = LOOM_ERR_NOMEM, snprintf(why, sizeof why, "out of memory");
-    if (st == LOOM_OK) {
-        c->lim = s->lim;
-        c->vocab = vocab;
-        st = gbnf ? gram_parse(gbnf, strlen(gbnf), &s->lim, &c->g, why, sizeof why)
-                  : gram_parse(text ? text : "", text ? len : 0, &s->lim, &c->g, why, sizeof why);
-    }
+    gram_compiled *c = calloc(1, sizeof *c);
+    if (!c) return h->error(h->ctx, err, LOOM_ERR_NOMEM, "constraint '%s': out of memory", GR_NAME);
+    c->lim = s->lim;
+    c->vocab = vocab;
+    loom_status st = gram_compile_lang(lang, text, len, &s->lim, &c->g, why, sizeof why);
     if (st == LOOM_OK) st = gr_trie_for(s, vocab, &c->trie, why, sizeof why);
     if (st == LOOM_OK && s->mask_cache > 0 && !(c->cache = mask_cache_new(s->mask_cache, vocab->size)))
         st = LOOM_ERR_NOMEM, snprintf(why, sizeof why, "out of memory");
-    free(gbnf);
     if (st != LOOM_OK) {
-        if (c) gram_free(&c->g), mask_cache_free(c->cache);
+        gram_free(&c->g);
+        mask_cache_free(c->cache);
         free(c);
         return h->error(h->ctx, err, st, "constraint '%s' (%s): %s", GR_NAME, lang, why);
     }

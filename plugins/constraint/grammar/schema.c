@@ -206,6 +206,10 @@ static bool gen_literals(gen *g, const cJSON *vals, bool single, const cJSON *ty
 /* The members of an object with declared properties, in declaration
  * order, required ones always present: rules S_i (nothing written yet)
  * and R_i (something written: a comma first), chained. */
+/* Most properties (and required names) one object may declare: matching
+ * required names to properties is a scan per name. */
+#define SCHEMA_MAX_MEMBERS 1024
+
 static bool gen_props(gen *g, const cJSON *props, const cJSON *required, sbuf *body, const char *ptr, int depth) {
     int n = cJSON_GetArraySize(props);
     int32_t *val = calloc((size_t)n + 1, sizeof(int32_t));
@@ -229,12 +233,12 @@ static bool gen_props(gen *g, const cJSON *props, const cJSON *required, sbuf *b
     int32_t base = g->next_rule;
     g->next_rule += 2 * (n + 1);
     /* S_i = base + 2i, R_i = base + 2i + 1; S_n = R_n = "" */
-    for (i = 0; ok && i <= n; i++) {
+    const cJSON *pi = props->child;
+    for (i = 0; ok && i <= n; i++, pi = pi ? pi->next : NULL) {
         if (i == n) {
             sb_printf(&g->out, "s%d ::= \"\"\ns%d ::= \"\"\n", base + 2 * i, base + 2 * i + 1);
             break;
         }
-        const cJSON *pi = cJSON_GetArrayItem(props, i);
         cJSON *name = cJSON_CreateString(pi->string);
         char *enc = name ? cJSON_PrintUnformatted(name) : NULL;
         cJSON_Delete(name);
@@ -262,6 +266,10 @@ static bool gen_props(gen *g, const cJSON *props, const cJSON *required, sbuf *b
 
 static bool check_required(gen *g, const cJSON *props, const cJSON *required, const char *ptr) {
     if (required && !cJSON_IsArray(required)) return fail(g, LOOM_ERR_INVALID, ptr, "'required' must be an array");
+    const int np = props ? cJSON_GetArraySize(props) : 0, nr = required ? cJSON_GetArraySize(required) : 0;
+    if (np > SCHEMA_MAX_MEMBERS || nr > SCHEMA_MAX_MEMBERS)
+        return fail(g, LOOM_ERR_INVALID, ptr, "%d properties and %d required names: at most %d of each per object",
+                    np, nr, SCHEMA_MAX_MEMBERS);
     const cJSON *r;
     cJSON_ArrayForEach(r, required) {
         if (!cJSON_IsString(r)) return fail(g, LOOM_ERR_INVALID, ptr, "'required' must hold strings");
