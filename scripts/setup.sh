@@ -56,20 +56,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >&2
 fi
 
-# Python packages the tests use, one per line in scripts/requirements-test.txt (each
-# importable under its own name); a test that needs a missing one skips, saying so.
-reqs="$root/scripts/requirements-test.txt"
-need_pip=0
-while read -r pkg; do
-  [ -n "$pkg" ] && ! python3 -c "import $pkg" 2>/dev/null && need_pip=1
-done < <(grep -v '^#' "$reqs")
-if [ $need_pip = 1 ]; then
-  echo "setup: pip-installing $reqs" >&2
-  python3 -m pip install -q --user -r "$reqs" >&2 2>/dev/null ||
-    python3 -m pip install -q --user --break-system-packages -r "$reqs" >&2 ||
-    echo "setup: could not install $reqs; the tests that need it will skip" >&2
-fi
-
 [ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
 
 args=(-Dbuildtype=debugoptimized)
