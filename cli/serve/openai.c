@@ -274,12 +274,11 @@ static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
                                                                     !strcmp(v->valuestring, "auto"))))
         return fail(c, "tool_choice", "'tool_choice' %s is not supported (no function calling)", shown(v, b, sizeof b));
     /* vLLM's extensions that change what is generated: refused when set */
-    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                                         "structured_outputs", "prompt_logprobs"};
+    static const char *const guided[] = {"structured_outputs", "prompt_logprobs"};
     for (size_t i = 0; i < sizeof guided / sizeof *guided; i++)
         if (field(root, guided[i]))
-            return fail(c, guided[i], "'%s' is not supported (no guided decoding or prompt logprobs in loom "
-                        "serve)", guided[i]);
+            return fail(c, guided[i], "'%s' is not supported by loom serve (use response_format or "
+                        "guided_json / guided_regex / guided_choice / guided_grammar)", guided[i]);
     static const char *const flags[] = {"use_beam_search", "include_stop_str_in_output", "continue_final_message",
                                         "echo"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
@@ -330,6 +329,68 @@ static bool parse_response_format(parse_ctx *c, const cJSON *root) {
     if (!text) return fail(c, "response_format", "out of memory reading the schema");
     c->r->base.constraint_lang = "json_schema";
     c->r->base.constraint = text;
+    return true;
+}
+
+/* guided_choice as a regex: the choices as literals (ASCII punctuation
+ * escaped), one of them exactly. NULL when out of memory. */
+static char *choice_regex(const cJSON *v) {
+    size_t cap = 3;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, v) cap += 2 * strlen(e->valuestring) + 1;
+    char *re = malloc(cap), *o = re;
+    if (!re) return NULL;
+    cJSON_ArrayForEach(e, v) {
+        if (o != re) *o++ = '|';
+        for (const unsigned char *s = (const unsigned char *)e->valuestring; *s; s++) {
+            if (*s < 0x80 && !((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z')))
+                *o++ = '\\';
+            *o++ = (char)*s;
+        }
+    }
+    *o = '\0';
+    return re;
+}
+
+/* vLLM's guided decoding fields: guided_json (a schema, or its text),
+ * guided_regex, guided_grammar (GBNF) and guided_choice (a list of texts),
+ * at most one of them and not with a response_format that constrains. */
+static bool parse_guided(parse_ctx *c, const cJSON *root) {
+    static const char *const keys[] = {"guided_json", "guided_regex", "guided_grammar", "guided_choice"};
+    const cJSON *v = NULL;
+    const char *key = NULL;
+    char b[64];
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        const cJSON *f = field(root, keys[i]);
+        if (!f || cJSON_IsNull(f)) continue;
+        if (key || c->r->base.constraint_lang)
+            return fail(c, keys[i], "'%s' with %s: send one way of constraining the output", keys[i],
+                        key ? key : "response_format");
+        v = f, key = keys[i];
+    }
+    if (!key) return true;
+    char *text = NULL;
+    if (!strcmp(key, "guided_json")) {
+        if (!cJSON_IsObject(v) && !cJSON_IsString(v))
+            return fail(c, key, "'guided_json' must be a JSON schema (an object or its text), got %s",
+                        shown(v, b, sizeof b));
+        text = cJSON_IsString(v) ? strdup(v->valuestring) : cJSON_PrintUnformatted(v);
+        c->r->base.constraint_lang = "json_schema";
+    } else if (!strcmp(key, "guided_choice")) {
+        const cJSON *e;
+        if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) == 0)
+            return fail(c, key, "'guided_choice' must be a non-empty list of texts, got %s", shown(v, b, sizeof b));
+        cJSON_ArrayForEach(e, v) if (!cJSON_IsString(e) || !e->valuestring[0])
+            return fail(c, key, "'guided_choice' entries must be non-empty texts");
+        text = choice_regex(v);
+        c->r->base.constraint_lang = "regex";
+    } else {
+        if (!cJSON_IsString(v) || !v->valuestring[0])
+            return fail(c, key, "'%s' must be a non-empty text, got %s", key, shown(v, b, sizeof b));
+        text = strdup(v->valuestring);
+        c->r->base.constraint_lang = !strcmp(key, "guided_regex") ? "regex" : "gbnf";
+    }
+    if (!(c->r->base.constraint = keep(c->r, text))) return fail(c, key, "out of memory reading '%s'", key);
     return true;
 }
 
@@ -407,7 +468,7 @@ static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32
     r->base.strict_max_tokens = field(root, mt) != NULL;
     if (!bool_field(c, root, "ignore_eos", &r->base.ignore_eos)) return false;
     if (!parse_logit_bias(c, root)) return false;
-    if (!parse_response_format(c, root)) return false;
+    if (!parse_response_format(c, root) || !parse_guided(c, root)) return false;
 
     /* logprobs: completions — how many alternatives (0..20); chat — a bool
      * plus top_logprobs. The engine reports the chosen token's logprob only

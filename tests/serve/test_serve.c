@@ -1151,6 +1151,22 @@ Test(serve, response_format_real_model, .timeout = 300) {
                       "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
                       "{\"schema\": {\"type\": \"string\", \"pattern\": \"^a\"}}}}", NULL),
                  400, "pattern");
+    /* vLLM's guided_choice and guided_regex */
+    r = http(s.port, "POST", "/v1/completions",
+             "{\"prompt\": \"Is Paris in France?\", \"max_tokens\": 5, \"temperature\": 0, "
+             "\"guided_choice\": [\"yes\", \"no\"]}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    const char *t = str(r.json, "choices.0.text");
+    cr_assert(!strcmp(t, "yes") || !strcmp(t, "no"), "%s", r.body);
+    reply_free(&r);
+    r = http(s.port, "POST", "/v1/completions",
+             "{\"prompt\": \"A year:\", \"max_tokens\": 8, \"seed\": 5, \"guided_regex\": \"(19|20)[0-9]{2}\"}",
+             NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    t = str(r.json, "choices.0.text");
+    cr_assert(strlen(t) == 4 && (!strncmp(t, "19", 2) || !strncmp(t, "20", 2)) && t[2] >= '0' && t[2] <= '9' &&
+              t[3] >= '0' && t[3] <= '9', "%s", r.body);
+    reply_free(&r);
     free(stop(&s, 60));
 }
 
