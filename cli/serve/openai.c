@@ -303,15 +303,14 @@ static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
     if ((v = field(root, "tool_choice")) && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") ||
                                                                     !strcmp(v->valuestring, "auto"))))
         return fail(c, "tool_choice", "'tool_choice' %s is not supported: forcing a call (\"required\" or a named "
-                    "function) needs a decoding constraint, which loom serve does not have yet; use \"auto\" or "
-                    "\"none\"", shown(v, b, sizeof b));
+                    "function) needs a decoding constraint over the model's tool-call format, which loom serve does "
+                    "not build yet; use \"auto\" or \"none\"", shown(v, b, sizeof b));
     /* vLLM's extensions that change what is generated: refused when set */
-    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                                         "structured_outputs", "prompt_logprobs"};
+    static const char *const guided[] = {"structured_outputs", "prompt_logprobs"};
     for (size_t i = 0; i < sizeof guided / sizeof *guided; i++)
         if (field(root, guided[i]))
-            return fail(c, guided[i], "'%s' is not supported (no guided decoding or prompt logprobs in loom "
-                        "serve)", guided[i]);
+            return fail(c, guided[i], "'%s' is not supported by loom serve (use response_format or "
+                        "guided_json / guided_regex / guided_choice / guided_grammar)", guided[i]);
     static const char *const flags[] = {"use_beam_search", "include_stop_str_in_output", "continue_final_message"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
         if ((v = field(root, flags[i])) && !cJSON_IsFalse(v))
@@ -322,11 +321,6 @@ static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
         return fail(c, "min_tokens", "'min_tokens' is not supported by loom's sampler");
     if ((v = field(root, "stop_token_ids")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
         return fail(c, "stop_token_ids", "'stop_token_ids' is not supported: use 'stop' strings");
-    v = field(root, "response_format");
-    const cJSON *type = v ? field(v, "type") : NULL;
-    if (v && !(cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
-        return fail(c, "response_format", "'response_format' %s is not supported (no guided decoding): only "
-                    "{\"type\": \"text\"}", shown(v, b, sizeof b));
     return true;
 }
 
@@ -389,6 +383,108 @@ bool serve_req_apply_tools(serve_req *r, const char *family, char *why, size_t w
         return false;
     r->base.messages = r->rendered;
     *param = NULL;
+    return true;
+}
+
+/* OpenAI's response_format: {"type": "text"}, {"type": "json_object"} or
+ * {"type": "json_schema", "json_schema": {"name", "schema", "strict"}},
+ * enforced by the pipeline's constraint plugin (always strictly); the
+ * engine refuses a schema it cannot enforce, naming the keyword. */
+static bool parse_response_format(parse_ctx *c, const cJSON *root) {
+    const cJSON *v = field(root, "response_format");
+    char b[64];
+    if (!v || cJSON_IsNull(v)) return true;
+    const cJSON *type = cJSON_IsObject(v) ? field(v, "type") : NULL;
+    if (!cJSON_IsString(type))
+        return fail(c, "response_format", "'response_format' must be an object with a \"type\", got %s",
+                    shown(v, b, sizeof b));
+    const char *t = type->valuestring;
+    if (!strcmp(t, "text")) return true;
+    if (!strcmp(t, "json_object")) {
+        c->r->base.constraint_lang = "json_object";
+        return true;
+    }
+    if (strcmp(t, "json_schema"))
+        return fail(c, "response_format", "'response_format' type \"%.32s\" is not supported: \"text\", "
+                    "\"json_object\" or \"json_schema\"", t);
+    const cJSON *js = field(v, "json_schema"), *schema = js ? field(js, "schema") : NULL;
+    if (!cJSON_IsObject(js))
+        return fail(c, "response_format", "'response_format.json_schema' must be an object with a \"schema\"");
+    const cJSON *name = field(js, "name"), *strict = field(js, "strict");
+    if (name && !cJSON_IsString(name))
+        return fail(c, "response_format", "'response_format.json_schema.name' must be text, got %s",
+                    shown(name, b, sizeof b));
+    if (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))
+        return fail(c, "response_format", "'response_format.json_schema.strict' must be true or false");
+    if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema))
+        return fail(c, "response_format", "'response_format.json_schema.schema' must be a JSON schema (an object), "
+                    "got %s", schema ? shown(schema, b, sizeof b) : "nothing");
+    char *text = keep(c->r, cJSON_PrintUnformatted(schema));
+    if (!text) return fail(c, "response_format", "out of memory reading the schema");
+    c->r->base.constraint_lang = "json_schema";
+    c->r->base.constraint = text;
+    return true;
+}
+
+/* guided_choice as a regex: the choices as literals (ASCII punctuation
+ * escaped), one of them exactly. NULL when out of memory. */
+static char *choice_regex(const cJSON *v) {
+    size_t cap = 3;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, v) cap += 2 * strlen(e->valuestring) + 1;
+    char *re = malloc(cap), *o = re;
+    if (!re) return NULL;
+    cJSON_ArrayForEach(e, v) {
+        if (o != re) *o++ = '|';
+        for (const unsigned char *s = (const unsigned char *)e->valuestring; *s; s++) {
+            if (*s < 0x80 && !((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z')))
+                *o++ = '\\';
+            *o++ = (char)*s;
+        }
+    }
+    *o = '\0';
+    return re;
+}
+
+/* vLLM's guided decoding fields: guided_json (a schema, or its text),
+ * guided_regex, guided_grammar (GBNF) and guided_choice (a list of texts),
+ * at most one of them and not with a response_format that constrains. */
+static bool parse_guided(parse_ctx *c, const cJSON *root) {
+    static const char *const keys[] = {"guided_json", "guided_regex", "guided_grammar", "guided_choice"};
+    const cJSON *v = NULL;
+    const char *key = NULL;
+    char b[64];
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        const cJSON *f = field(root, keys[i]);
+        if (!f || cJSON_IsNull(f)) continue;
+        if (key || c->r->base.constraint_lang)
+            return fail(c, keys[i], "'%s' with %s: send one way of constraining the output", keys[i],
+                        key ? key : "response_format");
+        v = f, key = keys[i];
+    }
+    if (!key) return true;
+    char *text = NULL;
+    if (!strcmp(key, "guided_json")) {
+        if (!cJSON_IsObject(v) && !cJSON_IsString(v))
+            return fail(c, key, "'guided_json' must be a JSON schema (an object or its text), got %s",
+                        shown(v, b, sizeof b));
+        text = cJSON_IsString(v) ? strdup(v->valuestring) : cJSON_PrintUnformatted(v);
+        c->r->base.constraint_lang = "json_schema";
+    } else if (!strcmp(key, "guided_choice")) {
+        const cJSON *e;
+        if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) == 0)
+            return fail(c, key, "'guided_choice' must be a non-empty list of texts, got %s", shown(v, b, sizeof b));
+        cJSON_ArrayForEach(e, v) if (!cJSON_IsString(e) || !e->valuestring[0])
+            return fail(c, key, "'guided_choice' entries must be non-empty texts");
+        text = choice_regex(v);
+        c->r->base.constraint_lang = "regex";
+    } else {
+        if (!cJSON_IsString(v) || !v->valuestring[0])
+            return fail(c, key, "'%s' must be a non-empty text, got %s", key, shown(v, b, sizeof b));
+        text = strdup(v->valuestring);
+        c->r->base.constraint_lang = !strcmp(key, "guided_regex") ? "regex" : "gbnf";
+    }
+    if (!(c->r->base.constraint = keep(c->r, text))) return fail(c, key, "out of memory reading '%s'", key);
     return true;
 }
 
@@ -493,6 +589,7 @@ static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32
     r->base.strict_max_tokens = field(root, mt) != NULL;
     if (!bool_field(c, root, "ignore_eos", &r->base.ignore_eos)) return false;
     if (!parse_logit_bias(c, root)) return false;
+    if (!parse_response_format(c, root) || !parse_guided(c, root)) return false;
     if (!parse_logprobs(c, root, api)) return false;
 
     if (!bool_field(c, root, "stream", &r->stream)) return false;

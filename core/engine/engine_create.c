@@ -250,6 +250,8 @@ static loom_status create_plugins(loom_engine *e, loom_error *err) {
     e->smp = ops;
     if ((st = make_instance(e, LOOM_KIND_SPECULATOR, false, &ops, &e->spec_self, err)) != LOOM_OK) return st;
     e->spec = ops;
+    if ((st = make_instance(e, LOOM_KIND_CONSTRAINT, false, &ops, &e->con_self, err)) != LOOM_OK) return st;
+    e->con = ops;
     /* Rows are reduced on the device only when the runner can and the
      * sampler said it can use candidates (loom/sampler.h). */
     e->device_sampling = loom_pipeline_engine(e->pipe)->device_sampling && e->run.forward_topk && e->smp->candidates;
@@ -341,6 +343,7 @@ loom_status loom_engine_create(const char *pipeline_path, const char *const *ove
     }
     if (st == LOOM_OK) st = create_runner(e, path, err);
     if (st == LOOM_OK) st = create_plugins(e, err);
+    if (st == LOOM_OK) st = engine_constraint_init(e, err);
     if (st == LOOM_OK) st = load_weights(e, path, err);
     if (st == LOOM_OK) st = size_cache(e, path, err);
     if (st == LOOM_OK && e->spec) {
@@ -377,6 +380,7 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->seqs);
     if (e->pipe) {
         destroy_instance(e, LOOM_KIND_SPECULATOR, e->spec_self);
+        destroy_instance(e, LOOM_KIND_CONSTRAINT, e->con_self); /* after every request's grammar */
         destroy_instance(e, LOOM_KIND_SAMPLER, e->smp_self);
         destroy_instance(e, LOOM_KIND_SCHEDULER, e->sch_self);
         destroy_instance(e, LOOM_KIND_CACHE, e->cache_self);
@@ -384,6 +388,7 @@ void loom_engine_destroy(loom_engine *e) {
         for (int32_t i = 0; i < e->num_inner; i++) destroy_instance(e, LOOM_KIND_BACKEND, e->inner[i]);
         destroy_instance(e, LOOM_KIND_QUANTIZER, e->quant_self); /* after the backend released its tensors */
     }
+    engine_constraint_fini(e);
     loom_tokenizer_free(e->tok);
     loom_model_free(e->model);
     loom_pipeline_destroy(e->pipe);

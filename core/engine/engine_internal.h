@@ -21,6 +21,7 @@
 
 #include "loom/backend.h"
 #include "loom/cache.h"
+#include "loom/constraint.h"
 #include "loom/engine.h"
 #include "loom/executor.h"
 #include "loom/quant.h"
@@ -69,6 +70,12 @@ typedef struct loom_seq {
     size_t spec_q_cap;         /* floats allocated                           */
     bool spec_q_valid;         /* false: drafts are deterministic (one-hot) */
     const float *cur_probs;    /* distribution of the token being emitted    */
+    /* Decoding constraint (the request has one): this sample's matcher and
+     * the mask of its next token. */
+    const loom_constraint_ops *con; void *con_self; /* to free the matcher  */
+    void *matcher;
+    uint32_t *mask;            /* (LOOM_MASK_WORDS(vocab))                   */
+    bool mask_live;            /* mask filled this step and not all zero     */
 } loom_seq;
 
 struct loom_req {
@@ -92,6 +99,8 @@ struct loom_req {
     int32_t prompt_num_top;    /* alternatives per position                  */
     int32_t *prompt_top_ids;   /* (prompt_len, prompt_num_top)               */
     float *prompt_top_lps;     /* (prompt_len, prompt_num_top)               */
+    void *grammar;             /* compiled constraint, or NULL (freed with the request) */
+    const loom_constraint_ops *con; void *con_self;
 };
 
 /* The model runner the engine drives: a backend, or an executor over
@@ -137,6 +146,9 @@ struct loom_engine {
     const loom_sampler_ops *smp;    void *smp_self;
     const loom_quant_ops *quant;    void *quant_self;
     const loom_spec_ops *spec;      void *spec_self;
+    const loom_constraint_ops *con; void *con_self; /* NULL: no constraint slot */
+    loom_vocab_view vocab_view;     /* the tokenizer as constraints see it   */
+    int32_t *eog_ids;               /* (vocab_view.num_eog)                  */
     loom_quant_binding quant_binding;
 
     loom_kv_layout layout;
@@ -232,6 +244,16 @@ int32_t engine_raw_top(const float *row, int32_t vocab, int32_t n, int32_t *ids,
 
 /* score.c */
 loom_status engine_score_prompt(loom_engine *e, loom_req *rq, loom_error *err);
+/* constrain.c */
+loom_status engine_constraint_init(loom_engine *e, loom_error *err);
+void engine_constraint_fini(loom_engine *e);
+loom_status engine_constraint_compile(loom_engine *e, const loom_request *full, loom_req *rq, loom_error *err);
+void engine_constraint_req_free(loom_req *rq);
+loom_status engine_constraint_seq_init(loom_seq *s);
+void engine_constraint_seq_free(loom_seq *s);
+loom_status engine_constraint_fill(loom_engine *e, loom_seq *s, loom_error *err);
+const char *engine_constraint_check_token(const loom_seq *s, int32_t tok);
+const char *engine_constraint_accept(loom_seq *s, int32_t tok);
 
 /* speculate.c */
 loom_status engine_spec_propose(loom_engine *e, loom_error *err);

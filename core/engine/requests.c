@@ -293,6 +293,7 @@ int64_t loom_engine_add_request(loom_engine *e, const loom_request *req, loom_er
     if (st == LOOM_OK) st = check_params(&full.params, err);
     if (st == LOOM_OK) st = copy_stops(full.stop, rq, err);
     if (st == LOOM_OK) st = copy_logit_bias(e, &full, rq, err);
+    if (st == LOOM_OK) st = engine_constraint_compile(e, &full, rq, err);
     if (st == LOOM_OK && !(rq->seqs = calloc((size_t)rq->n, sizeof(loom_seq *))))
         st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
     if (st == LOOM_OK && !(it = calloc(1, sizeof *it))) st = loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");

@@ -59,18 +59,21 @@ loom_sample_row engine_sample_row(loom_seq *s, int32_t upto) {
                              .output_len = upto - s->info.num_prompt_tokens,
                              .rng_state = s->rng,
                              .logit_bias = s->req->r.logit_bias,
-                             .num_logit_bias = s->req->r.num_logit_bias};
+                             .num_logit_bias = s->req->r.num_logit_bias,
+                             .allowed = s->matcher && s->mask_live ? s->mask : NULL};
 }
 
 /* Candidates s's next logits row may be reduced to (> 0), or 0 when it
  * must come back whole. Rows that verify drafts: greedy verification needs
  * each row's argmax (and its logprobs) only; sampled verification needs
  * the whole distribution. A logit bias can lift any token into the top k,
- * so a biased row comes whole (loom/sampler.h). */
+ * so a biased row comes whole (loom/sampler.h), and so does a constrained
+ * one (its mask is applied on the host). */
 int32_t engine_row_candidates(const loom_engine *e, const loom_seq *s, int32_t kmax) {
     const loom_req *rq = s->req;
     const loom_sampling_params *p = &rq->r.params;
-    if (!e->device_sampling || !rq->forked || rq->r.want_probs || rq->r.num_logit_bias > 0) return 0;
+    if (!e->device_sampling || !rq->forked || rq->r.want_probs || rq->r.num_logit_bias > 0 || s->matcher)
+        return 0;
     int32_t k = e->smp->candidates(e->smp_self, p);
     if (s->info.num_draft > 0) {
         if (p->temperature != 0.0f || k <= 0) return 0;
@@ -136,7 +139,9 @@ static loom_status fork_samples(loom_engine *e, loom_seq *parent, const float *r
         engine_top top;
         engine_token t = {0};
         st = engine_sample_one(e, c, x, &top, &t, err);
-        if (st == LOOM_OK) engine_accept_token(e, c, &t);
+        const char *refused = st == LOOM_OK ? engine_constraint_check_token(c, t.id) : NULL;
+        if (refused) engine_seq_finish(e, c, LOOM_FINISH_ERROR, refused);
+        else if (st == LOOM_OK) engine_accept_token(e, c, &t);
     }
     free(x);
     return st;
@@ -158,6 +163,8 @@ static void pad_alternatives(int32_t *ids, float *lps, int32_t n) {
  * the request asked, its logprobs, with t's arrays pointing into `top`. */
 loom_status engine_sample_one(loom_engine *e, loom_seq *s, float *x, engine_top *top, engine_token *t,
                               loom_error *err) {
+    loom_status st = engine_constraint_fill(e, s, err);
+    if (st != LOOM_OK) return st;
     loom_sample_row row = engine_sample_row(s, s->info.num_tokens);
     const loom_sample_row *rows[1] = {&row};
     loom_sample_batch b = {.struct_size = sizeof b, .n = 1, .vocab = e->vocab, .width = e->vocab, .logits = x,
@@ -167,7 +174,7 @@ loom_status engine_sample_one(loom_engine *e, loom_seq *s, float *x, engine_top 
                          .top_ids = want_lp ? top->ids : NULL, .top_logprobs = want_lp ? top->lps : NULL};
     t->logprob = 0.0f;
     if (want_lp) pad_alternatives(top->ids, top->lps, 1);
-    loom_status st = e->smp->sample(e->smp_self, &b, &o, err);
+    st = e->smp->sample(e->smp_self, &b, &o, err);
     if (st != LOOM_OK) return st;
     t->num_top = want_lp ? s->req->r.params.logprobs : 0;
     t->top_ids = top->ids;
@@ -273,12 +280,13 @@ loom_status engine_sample_rows(loom_engine *e, float *logits, int32_t width, loo
     loom_status st = scratch_get(&sc, n, err);
     if (st != LOOM_OK) return st;
     bool want_lp = false; /* the full log-softmax is paid only when asked for */
-    for (int32_t r = 0; r < n; r++) {
+    for (int32_t r = 0; r < n && st == LOOM_OK; r++) {
+        st = engine_constraint_fill(e, seqs[r], err);
         sc.rows[r] = engine_sample_row(seqs[r], seqs[r]->info.num_tokens);
         sc.ptrs[r] = &sc.rows[r];
         want_lp |= seqs[r]->req->r.params.logprobs > 0;
     }
-    if (!cand) st = keep_raw(e, logits, seqs, n, &sc, err);
+    if (st == LOOM_OK && !cand) st = keep_raw(e, logits, seqs, n, &sc, err);
     loom_sample_batch b = {.struct_size = sizeof b, .n = n, .vocab = e->vocab, .width = width, .logits = logits,
                            .rows = sc.ptrs, .candidates = cand, .lse = lse};
     loom_sample_out o = {.struct_size = sizeof o, .tokens = sc.toks, .logprobs = want_lp ? sc.lps : NULL,
@@ -291,6 +299,11 @@ loom_status engine_sample_rows(loom_engine *e, float *logits, int32_t width, loo
         /* Fork before sample 0 takes its token, so every sample starts
          * from the prompt alone. */
         if (!s->req->forked && (st = fork_samples(e, s, sc.first_rows + (size_t)r * width, err)) != LOOM_OK) break;
+        const char *refused = engine_constraint_check_token(s, sc.toks[r]);
+        if (refused) {
+            engine_seq_finish(e, s, LOOM_FINISH_ERROR, refused);
+            continue;
+        }
         engine_token t = {.id = sc.toks[r], .logprob = sc.lps[r], .num_top = s->req->r.params.logprobs,
                           .top_ids = sc.top_ids + (size_t)r * LOOM_MAX_LOGPROBS,
                           .top_logprobs = sc.top_lp + (size_t)r * LOOM_MAX_LOGPROBS};

@@ -47,6 +47,7 @@ void loom_engine_seq_free(loom_seq *s) {
     free(s->tokens);
     free(s->text);
     free(s->spec_q);
+    engine_constraint_seq_free(s);
     free(s);
 }
 
@@ -74,6 +75,10 @@ loom_seq *engine_seq_new(loom_engine *e, loom_req *rq, int32_t sample_index) {
                                           : e->seed ^ ((uint64_t)s->info.id * 0xD1B54A32D192ED03ULL);
     loom_rng_seed(s->rng, seed);
     if (e->tok) loom_detok_init(&s->detok, e->tok, true);
+    if (engine_constraint_seq_init(s) != LOOM_OK) {
+        loom_engine_seq_free(s);
+        return NULL;
+    }
     return s;
 }
 
@@ -110,6 +115,7 @@ void loom_engine_req_free(loom_req *rq) {
     free(rq->seqs);
     free((char *)rq->r.system);
     free((void *)rq->r.logit_bias);
+    engine_constraint_req_free(rq);
     free(rq);
 }
 
@@ -271,6 +277,11 @@ void engine_seq_finish(loom_engine *e, loom_seq *s, loom_finish_reason why, cons
 
 /* One chosen token for s: append, detokenize, stream, check the end. */
 void engine_accept_token(loom_engine *e, loom_seq *s, const engine_token *t) {
+    const char *refused = engine_constraint_accept(s, t->id);
+    if (refused) {
+        engine_seq_finish(e, s, LOOM_FINISH_ERROR, refused);
+        return;
+    }
     if (seq_push(s, t->id) != LOOM_OK) {
         engine_seq_finish(e, s, LOOM_FINISH_ERROR, "out of memory appending a token");
         return;

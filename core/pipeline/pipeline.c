@@ -103,12 +103,13 @@ static const struct {
     {"quantizer", LOOM_KIND_QUANTIZER, false},
     {"sampler", LOOM_KIND_SAMPLER, true},
     {"speculator", LOOM_KIND_SPECULATOR, false},
+    {"constraint", LOOM_KIND_CONSTRAINT, false},
 };
 #define NUM_SLOTS ((int)(sizeof k_slots / sizeof k_slots[0]))
 
 static const char *const k_top_keys[] = {
     "include", "plugin_path", "model", "engine", "backend", "executor",
-    "scheduler", "cache", "quantizer", "sampler", "speculator", NULL,
+    "scheduler", "cache", "quantizer", "sampler", "speculator", "constraint", NULL,
 };
 
 static const char *const k_ignore_plugin[] = {"plugin", NULL};
@@ -288,7 +289,7 @@ static void check_top_keys(const loom_cfg_node *root, loom_diag *diag) {
         loom_diag_add(diag, loom_cfg_key_mark(root, i),
                       "unknown top-level key '%s';%s valid keys: include, plugin_path, model, "
                       "engine, backend, executor, scheduler, cache, quantizer, sampler, "
-                      "speculator",
+                      "speculator, constraint",
                       key, hint);
     }
 }

@@ -33,6 +33,7 @@
 #include "loom/sampler.h"
 #include "loom/scheduler.h"
 #include "loom/spec.h"
+#include "loom/constraint.h"
 #include "loom_build_config.h"
 #include "plugin/host.h"
 #include "util/util.h"
@@ -94,6 +95,12 @@ static const ops_member spec_members[] = {
     REQ(loom_spec_ops, release), OPT(loom_spec_ops, stats), OPT(loom_spec_ops, propose_batch),
     {0, NULL, false}};
 
+static const ops_member constraint_members[] = {
+    REQ(loom_constraint_ops, create), REQ(loom_constraint_ops, destroy), REQ(loom_constraint_ops, compile),
+    REQ(loom_constraint_ops, grammar_free), REQ(loom_constraint_ops, matcher_new),
+    REQ(loom_constraint_ops, matcher_free), REQ(loom_constraint_ops, fill_mask), REQ(loom_constraint_ops, accept),
+    REQ(loom_constraint_ops, can_end), OPT(loom_constraint_ops, rollback), {0, NULL, false}};
+
 static const ops_member *kind_members(loom_kind kind) {
     switch (kind) {
     case LOOM_KIND_BACKEND: return backend_members;
@@ -103,6 +110,7 @@ static const ops_member *kind_members(loom_kind kind) {
     case LOOM_KIND_QUANTIZER: return quant_members;
     case LOOM_KIND_SAMPLER: return sampler_members;
     case LOOM_KIND_SPECULATOR: return spec_members;
+    case LOOM_KIND_CONSTRAINT: return constraint_members;
     }
     return NULL;
 }
@@ -142,6 +150,7 @@ const char *loom_kind_name(loom_kind k) {
     case LOOM_KIND_QUANTIZER: return "quantizer";
     case LOOM_KIND_SAMPLER: return "sampler";
     case LOOM_KIND_SPECULATOR: return "speculator";
+    case LOOM_KIND_CONSTRAINT: return "constraint";
     }
     return NULL;
 }
@@ -155,18 +164,19 @@ const char *loom_kind_with_article(loom_kind kind) {
     case LOOM_KIND_QUANTIZER: return "a quantizer";
     case LOOM_KIND_SAMPLER: return "a sampler";
     case LOOM_KIND_SPECULATOR: return "a speculator";
+    case LOOM_KIND_CONSTRAINT: return "a constraint";
     }
     return "an unknown kind of";
 }
 
 loom_kind loom_kind_from_name(const char *name) {
     if (!name) return (loom_kind)0;
-    for (int k = LOOM_KIND_BACKEND; k <= LOOM_KIND_SPECULATOR; k++)
+    for (int k = LOOM_KIND_BACKEND; k <= LOOM_KIND_CONSTRAINT; k++)
         if (strcmp(loom_kind_name((loom_kind)k), name) == 0) return (loom_kind)k;
     return (loom_kind)0;
 }
 
-static bool kind_valid(loom_kind k) { return k >= LOOM_KIND_BACKEND && k <= LOOM_KIND_SPECULATOR; }
+static bool kind_valid(loom_kind k) { return k >= LOOM_KIND_BACKEND && k <= LOOM_KIND_CONSTRAINT; }
 
 /* The header that declares a kind's ops table, without ".h". */
 static const char *kind_header(loom_kind k) {

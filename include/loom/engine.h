@@ -147,6 +147,16 @@ typedef struct loom_request {
      * finish LENGTH and no token; max_tokens is ignored. The "score a
      * text" idiom: echo with max_tokens 0. */
     bool prompt_only;
+    /* A decoding constraint (structured outputs,
+     * loom/constraint.h): the generated text is kept inside language
+     * `constraint_lang` ("json_schema", "json_object", "gbnf"; NULL = no
+     * constraint) described by `constraint` (NUL-terminated; NULL or "" for
+     * a language that needs no text). Compiled by the pipeline's constraint
+     * plugin at loom_engine_add_request, which refuses a text it cannot
+     * enforce, naming the problem. Borrowed for the call. A sample whose
+     * constraint allows no further token ends with LOOM_FINISH_ERROR. */
+    const char *constraint_lang;
+    const char *constraint;
 } loom_request;
 
 /* A request with every field at its default: struct_size set, greedy

@@ -153,6 +153,8 @@ typedef enum loom_kind {
     LOOM_KIND_QUANTIZER = 5,  /* weight/activation/KV formats (loom/quant.h)      */
     LOOM_KIND_SAMPLER = 6,    /* logits -> tokens (loom/sampler.h)                */
     LOOM_KIND_SPECULATOR = 7, /* draft + verify (loom/spec.h)                     */
+    /* since ABI 2.3 */
+    LOOM_KIND_CONSTRAINT = 8, /* allowed-token masks (loom/constraint.h)          */
 } loom_kind;
 
 /* --------------------------------------------------------------- host table */

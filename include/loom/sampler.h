@@ -75,6 +75,16 @@ typedef struct loom_sample_row {
      * candidates: the bias can move tokens into the top k. */
     const loom_logit_bias *logit_bias; /* (num_logit_bias); NULL when 0     */
     int32_t num_logit_bias;
+    /* since ABI 2.3 (read only when LOOM_HAS_FIELD(row, loom_sample_row,
+     * allowed)): the request's decoding constraint (loom/constraint.h) as a
+     * bitset over the vocabulary, bit v of word v / 32 set when token v may
+     * be chosen, never all zero. A sampler treats every other token's
+     * logit as -inf after it has taken the raw logprobs (they still report
+     * what the model thought) and before anything else. NULL: no
+     * constraint. A row with a mask always comes whole. The core checks
+     * the chosen token against the mask and fails a sampler that ignored
+     * it. */
+    const uint32_t *allowed;   /* (LOOM_MASK_WORDS(vocab)) or NULL           */
 } loom_sample_row;
 
 /*

@@ -21,6 +21,8 @@
  *   BROKEN_SLOPPY      quantizer "sloppy" (int8): scales written 1.25x too
  *                      large                            -> beyond half a step
  *   BROKEN_WILD        speculator "wild" (ngram): drafts token `vocab`
+ *   BROKEN_LENIENT     constraint "lenient" (grammar): accept() takes a
+ *                      token its own mask forbids
  *
  * The shipped plugin's source is included (its entry point renamed where
  * the file has one), so each broken plugin is the real one plus the few
@@ -51,6 +53,10 @@
 #include "ngram.c"
 #define BROKEN_PARAMS loom_ngram_params
 #define BROKEN_CONFIG_SIZE sizeof(loom_ngram_config)
+#elif defined(BROKEN_LENIENT)
+#include "grammar.c"
+#define BROKEN_PARAMS gr_params
+#define BROKEN_CONFIG_SIZE sizeof(gr_config)
 #endif
 #undef loom_plugin_entry
 
@@ -194,6 +200,21 @@ static const loom_spec_ops broken_ops = {
     .struct_size = sizeof(loom_spec_ops), .create = ngram_create, .destroy = ngram_destroy, .init = wild_init,
     .plan = ngram_plan, .propose = wild_propose, .observe = ngram_observe, .release = ngram_release,
     .stats = ngram_stats};
+
+/* ------------------------------------------------------------- constraint */
+#elif defined(BROKEN_LENIENT)
+#define BROKEN_NAME "lenient"
+#define BROKEN_KIND LOOM_KIND_CONSTRAINT
+
+static loom_status lenient_accept(void *self, void *matcher, int32_t token, loom_error *err) {
+    (void)gr_accept(self, matcher, token, err);
+    return LOOM_OK; /* the bug: a refused token reported as taken */
+}
+
+static const loom_constraint_ops broken_ops = {
+    .struct_size = sizeof(loom_constraint_ops), .create = gr_create, .destroy = gr_destroy, .compile = gr_compile,
+    .grammar_free = gr_grammar_free, .matcher_new = gr_matcher_new, .matcher_free = gr_matcher_free,
+    .fill_mask = gr_fill_mask, .accept = lenient_accept, .can_end = gr_can_end};
 #else
 #error "build with one of -DBROKEN_LEAKY, -DBROKEN_GREEDY, ... (see the comment at the top)"
 #endif

@@ -162,12 +162,66 @@ Test(openai, logit_bias) {
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"logit_bias\": [1]}", "logit_bias", "must be an object");
 }
 
+/* response_format: text, json_object and json_schema become the request's
+ * constraint (the engine compiles it); anything else is refused by name. */
+Test(openai, response_format) {
+    serve_req r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                                       "\"response_format\": {\"type\": \"json_object\"}}");
+    cr_assert_str_eq(r.base.constraint_lang, "json_object");
+    serve_req_free(&r);
+    r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", "
+                                    "\"json_schema\": {\"name\": \"p\", \"strict\": true, \"schema\": "
+                                    "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}}}}");
+    cr_assert_str_eq(r.base.constraint_lang, "json_schema");
+    cr_assert_str_eq(r.base.constraint, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}");
+    serve_req_free(&r);
+    r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                             "\"response_format\": {\"type\": \"text\"}}");
+    cr_assert_null(r.base.constraint_lang);
+    serve_req_free(&r);
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"regex\"}}",
+              "response_format", "not supported");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"response_format\": \"json\"}", "response_format",
+              "must be an object");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\"}}",
+              "response_format", "\"schema\"");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", "
+              "\"json_schema\": {\"schema\": 3}}}", "response_format", "must be a JSON schema");
+}
+
+/* vLLM's guided_* fields: one of them becomes the request's constraint. */
+Test(openai, guided_fields) {
+    serve_req r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"guided_json\": {\"type\": \"integer\"}}");
+    cr_assert_str_eq(r.base.constraint_lang, "json_schema");
+    cr_assert_str_eq(r.base.constraint, "{\"type\":\"integer\"}");
+    serve_req_free(&r);
+    r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"guided_regex\": \"[0-9]{3}\"}");
+    cr_assert_str_eq(r.base.constraint_lang, "regex");
+    cr_assert_str_eq(r.base.constraint, "[0-9]{3}");
+    serve_req_free(&r);
+    r = parse_ok(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"guided_choice\": [\"yes\", \"n.o\", \"é (x)\"]}");
+    cr_assert_str_eq(r.base.constraint_lang, "regex");
+    cr_assert_str_eq(r.base.constraint, "yes|n\\.o|é\\ \\(x\\)");
+    serve_req_free(&r);
+    r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                             "\"guided_grammar\": \"root ::= \\\"a\\\"\"}");
+    cr_assert_str_eq(r.base.constraint_lang, "gbnf");
+    serve_req_free(&r);
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"guided_regex\": \"a\", \"guided_choice\": [\"b\"]}",
+              "guided_choice", "one way");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_object\"}, "
+              "\"guided_regex\": \"a\"}", "guided_regex", "response_format");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"guided_choice\": []}", "guided_choice", "non-empty");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"guided_json\": 3}", "guided_json", "JSON schema");
+}
+
 Test(openai, unsupported_refused_by_name) {
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"echo\": true}", "echo",
               "/v1/completions only");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"suffix\": \"}\"}", "suffix", "fill-in-the-middle");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"n\": 2, \"best_of\": 4}", "best_of", "n = 2");
-    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"guided_json\": {}}", "guided_json", "guided decoding");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"structured_outputs\": {}}", "structured_outputs",
+              "not supported");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"use_beam_search\": true}", "use_beam_search",
               "not supported");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"min_tokens\": 4}", "min_tokens", "min_tokens");
@@ -197,10 +251,6 @@ Test(openai, unsupported_refused_by_name) {
     parse_bad(SERVE_COMPLETIONS, body, "n", "1088 choices: at most 1024");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{}]}", "tools",
               "tools[0] must be");
-    parse_bad(SERVE_CHAT,
-              "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": "
-              "\"json_object\"}}",
-              "response_format", "guided decoding");
     serve_req r = parse_ok(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
                                        "\"response_format\": {\"type\": \"text\"}, \"tools\": []}");
     serve_req_free(&r);

@@ -1155,6 +1155,62 @@ Test(serve, logit_bias_real_model, .timeout = 300) {
     free(stop(&s, 60));
 }
 
+/* response_format end to end on both APIs: a json_schema answer parses with
+ * the schema's members and types, json_object gives an object, a schema
+ * the constraint cannot enforce is a 400 naming the keyword. */
+Test(serve, response_format_real_model, .timeout = 300) {
+    need_model();
+    static const char *const args[] = {"--set", "constraint.plugin=grammar", NULL};
+    server s = start(SMOL, args);
+    static const char schema[] =
+        "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"city\", \"strict\": true, \"schema\": "
+        "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"maxLength\": 30}, "
+        "\"population\": {\"type\": \"integer\"}}, \"required\": [\"city\", \"population\"], "
+        "\"additionalProperties\": false}}}";
+    char body[1024];
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"The largest city of France "
+             "as JSON\"}], \"max_tokens\": 80, \"seed\": 3, \"response_format\": %s}", schema);
+    reply r = http(s.port, "POST", "/v1/chat/completions", body, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert_str_eq(str(r.json, "choices.0.finish_reason"), "stop", "%s", r.body);
+    cJSON *j = cJSON_Parse(chat_text(r.json));
+    cr_assert(cJSON_IsString(cJSON_GetObjectItem(j, "city")) && cJSON_IsNumber(cJSON_GetObjectItem(j, "population")) &&
+              cJSON_GetArraySize(j) == 2, "%s", chat_text(r.json));
+    cJSON_Delete(j);
+    reply_free(&r);
+    r = http(s.port, "POST", "/v1/completions",
+             "{\"prompt\": \"A JSON object:\", \"max_tokens\": 60, \"seed\": 1, "
+             "\"response_format\": {\"type\": \"json_object\"}}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    if (!strcmp(str(r.json, "choices.0.finish_reason"), "stop")) {
+        j = cJSON_Parse(str(r.json, "choices.0.text"));
+        cr_assert(cJSON_IsObject(j), "%s", r.body);
+        cJSON_Delete(j);
+    }
+    reply_free(&r);
+    expect_error(http(s.port, "POST", "/v1/completions",
+                      "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
+                      "{\"schema\": {\"type\": \"string\", \"pattern\": \"^a\"}}}}", NULL),
+                 400, "pattern");
+    /* vLLM's guided_choice and guided_regex */
+    r = http(s.port, "POST", "/v1/completions",
+             "{\"prompt\": \"Is Paris in France?\", \"max_tokens\": 5, \"temperature\": 0, "
+             "\"guided_choice\": [\"yes\", \"no\"]}", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    const char *t = str(r.json, "choices.0.text");
+    cr_assert(!strcmp(t, "yes") || !strcmp(t, "no"), "%s", r.body);
+    reply_free(&r);
+    r = http(s.port, "POST", "/v1/completions",
+             "{\"prompt\": \"A year:\", \"max_tokens\": 8, \"seed\": 5, \"guided_regex\": \"(19|20)[0-9]{2}\"}",
+             NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    t = str(r.json, "choices.0.text");
+    cr_assert(strlen(t) == 4 && (!strncmp(t, "19", 2) || !strncmp(t, "20", 2)) && t[2] >= '0' && t[2] <= '9' &&
+              t[3] >= '0' && t[3] <= '9', "%s", r.body);
+    reply_free(&r);
+    free(stop(&s, 60));
+}
+
 /* --parse-special-tokens: a user's "<|im_end|>" is the control token (one
  * token each) instead of text (several), so the same conversation is
  * shorter; by default it stays text (no forged turns). */

@@ -10,6 +10,8 @@
  *      bias, penalty or temperature. out->logprobs and the top-N alternatives
  *      (out->top_ids / top_logprobs) report this distribution, so they say
  *      what the model thought, not what the knobs made of it.
+ *   1a. Constraint mask (row->allowed, ABI 2.3): every token outside it
+ *      becomes -inf, so nothing below can bring it back.
  *   1b. Logit bias (OpenAI logit_bias; row->logit_bias, ABI 2.2): logit +=
  *      bias for each listed token (a masked -inf logit stays masked), as
  *      llama.cpp's sampler chain does first.
@@ -551,6 +553,16 @@ static loom_status std_check_cand_row(std_sampler *s, const loom_sample_batch *b
     return LOOM_OK;
 }
 
+/* Step 1a: tokens outside the row's constraint mask to -inf (columns map
+ * to token ids through ids when the row is candidates). */
+static void std_apply_mask(float *x, int32_t width, const int32_t *ids, const loom_sample_row *row) {
+    if (!LOOM_HAS_FIELD(row, loom_sample_row, allowed) || !row->allowed) return;
+    for (int32_t i = 0; i < width; i++) {
+        const int32_t t = ids ? ids[i] : i;
+        if (!((row->allowed[t >> 5] >> (t & 31)) & 1u)) x[i] = -INFINITY;
+    }
+}
+
 /* Steps 0-9 for row r (x: its `width` logits; ids: its candidates' token
  * ids or NULL; lse_given: the whole row's log-sum-exp for candidates). */
 static void std_sample_row(std_sampler *s, float *x, int32_t width, const int32_t *ids, const float *lse_given,
@@ -567,6 +579,7 @@ static void std_sample_row(std_sampler *s, float *x, int32_t width, const int32_
         for (int32_t i = 0; ids && top_ids && i < LOOM_MAX_LOGPROBS; i++)
             if (top_ids[i] >= 0) top_ids[i] = ids[top_ids[i]];
     }
+    std_apply_mask(x, width, ids, row);
     std_dist d = std_row_dist(s, x, width, row);
     int32_t col = d.greedy ? s->cand[0].id : std_draw(s, s->cand, d.n, row->rng_state);
     out->tokens[r] = ids ? ids[col] : col;
@@ -646,6 +659,7 @@ static loom_status std_probs(void *self, float *logits, int32_t vocab, const loo
     st = std_reserve(s, vocab, err);
     if (st != LOOM_OK) return st;
 
+    std_apply_mask(logits, vocab, NULL, row);
     std_dist d = std_row_dist(s, logits, vocab, row);
     for (int32_t i = 0; i < vocab; i++) logits[i] = 0.0f;
     for (int64_t i = 0; i < d.n; i++) logits[s->cand[i].id] = (float)s->cand[i].w;

@@ -1,0 +1,138 @@
+/*
+ * core/engine/constrain.c — decoding constraints (loom/constraint.h) in the
+ * engine: the tokenizer as a vocab view, a request's constraint compiled
+ * when it is added (so a bad schema is refused before any compute), a
+ * matcher per sample, the mask of each constrained row before sampling
+ * and the chosen token fed back after.
+ *
+ * What it is not: the mask on the device. Constrained rows always come
+ * back whole to the host (engine_row_candidates) and the sampler applies
+ * the mask there, as it applies logit_bias.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "util/util.h"
+
+/* A token constrained text may hold: not a control, unused or unknown
+ * token and not an end of generation (those the mask adds itself). */
+static const char *vocab_piece(const void *ctx, int32_t id, size_t *len) {
+    const loom_engine *e = ctx;
+    *len = 0;
+    loom_token_type t = loom_tokenizer_token_type(e->tok, id);
+    if (t == LOOM_TOKEN_CONTROL || t == LOOM_TOKEN_UNUSED || t == LOOM_TOKEN_UNKNOWN) return NULL;
+    if (loom_tokenizer_is_eog(e->tok, id)) return NULL;
+    return loom_tokenizer_piece(e->tok, id, len);
+}
+
+loom_status engine_constraint_init(loom_engine *e, loom_error *err) {
+    if (!e->con || !e->tok) return LOOM_OK;
+    int32_t n = 0;
+    for (int32_t id = 0; id < e->vocab; id++) n += loom_tokenizer_is_eog(e->tok, id);
+    if (!(e->eog_ids = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t))))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
+    n = 0;
+    for (int32_t id = 0; id < e->vocab; id++)
+        if (loom_tokenizer_is_eog(e->tok, id)) e->eog_ids[n++] = id;
+    e->vocab_view = (loom_vocab_view){.struct_size = sizeof(loom_vocab_view), .size = e->vocab, .ctx = e,
+                                      .piece = vocab_piece, .eog = e->eog_ids, .num_eog = n};
+    return LOOM_OK;
+}
+
+void engine_constraint_fini(loom_engine *e) { free(e->eog_ids); }
+
+/* [any] The request's constraint through the pipeline's constraint plugin;
+ * what it cannot run with is refused here, naming why. */
+loom_status engine_constraint_compile(loom_engine *e, const loom_request *full, loom_req *rq, loom_error *err) {
+    rq->r.constraint_lang = NULL;
+    rq->r.constraint = NULL;
+    const char *lang = full->constraint_lang;
+    if (!lang || !lang[0]) return LOOM_OK;
+    if (!e->con)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "constraint '%.64s': the pipeline has no constraint section (e.g. `constraint: "
+                              "{plugin: grammar}`)", lang);
+    if (!e->tok)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED, "constraint '%.64s': the model has no tokenizer", lang);
+    if (e->spec)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "constraint '%.64s' with speculative decoding: the engine does not mask or roll back "
+                              "drafts; use a pipeline without a speculator for constrained requests", lang);
+    if (full->ignore_eos)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "constraint '%.64s' with ignore_eos: a constrained text ends where the constraint "
+                              "says", lang);
+    if (full->want_probs)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "constraint '%.64s' with want_probs: the distributions would not show the mask", lang);
+    const char *text = full->constraint ? full->constraint : "";
+    void *g = NULL;
+    loom_status st = e->con->compile(e->con_self, lang, text, strlen(text), &e->vocab_view, &g, err);
+    if (st == LOOM_OK && !g)
+        st = loom_error_set(err, LOOM_ERR_INTERNAL, "constraint plugin returned LOOM_OK without a grammar");
+    if (st != LOOM_OK) return st;
+    rq->grammar = g;
+    rq->con = e->con;
+    rq->con_self = e->con_self;
+    return LOOM_OK;
+}
+
+void engine_constraint_req_free(loom_req *rq) {
+    if (rq->grammar) rq->con->grammar_free(rq->con_self, rq->grammar);
+    rq->grammar = NULL;
+}
+
+/* A matcher for a new sample of a constrained request. */
+loom_status engine_constraint_seq_init(loom_seq *s) {
+    loom_req *rq = s->req;
+    if (!rq->grammar) return LOOM_OK;
+    loom_error le = {0};
+    if (rq->con->matcher_new(rq->con_self, rq->grammar, &s->matcher, &le) != LOOM_OK) return le.code;
+    s->con = rq->con;
+    s->con_self = rq->con_self;
+    return LOOM_OK;
+}
+
+void engine_constraint_seq_free(loom_seq *s) {
+    if (s->matcher) s->con->matcher_free(s->con_self, s->matcher);
+    s->matcher = NULL;
+    free(s->mask);
+    s->mask = NULL;
+}
+
+/* The mask of s's next token into s->mask; s->mask_live says whether it
+ * allows anything. */
+loom_status engine_constraint_fill(loom_engine *e, loom_seq *s, loom_error *err) {
+    s->mask_live = false;
+    if (!s->matcher) return LOOM_OK;
+    const size_t words = LOOM_MASK_WORDS(e->vocab);
+    if (!s->mask && !(s->mask = malloc(words * sizeof(uint32_t))))
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for a constraint mask");
+    loom_status st = s->con->fill_mask(s->con_self, s->matcher, s->mask, err);
+    if (st != LOOM_OK) return st;
+    for (size_t i = 0; i < words && !s->mask_live; i++) s->mask_live = s->mask[i] != 0;
+    return LOOM_OK;
+}
+
+/* NULL when tok may follow for s, else why it may not (s's sample must end). */
+const char *engine_constraint_check_token(const loom_seq *s, int32_t tok) {
+    if (!s->matcher) return NULL;
+    if (!s->mask_live)
+        return "the constraint reached a dead end: no token can continue the text inside the schema or grammar";
+    if (!((s->mask[tok >> 5] >> (tok & 31)) & 1u))
+        return "the sampler chose a token the constraint's mask forbids (a sampler built before ABI 2.3 ignores "
+               "loom_sample_row.allowed)";
+    return NULL;
+}
+
+/* Advance s's matcher past tok; NULL, or why the sample must end. */
+const char *engine_constraint_accept(loom_seq *s, int32_t tok) {
+    if (!s->matcher) return NULL;
+    loom_error le = {0};
+    s->mask_live = false;
+    if (s->con->accept(s->con_self, s->matcher, tok, &le) != LOOM_OK)
+        return "the constraint refused the chosen token";
+    return NULL;
+}

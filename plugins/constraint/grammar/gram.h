@@ -1,0 +1,119 @@
+/*
+ * plugins/constraint/grammar/gram.h — the grammar plugin's internals: a
+ * GBNF-style grammar compiled to flat rules of code-point classes, the
+ * pushdown matcher over it, the vocabulary trie the masks are computed
+ * from, and the JSON-schema-to-GBNF translator. Private to this plugin
+ * (tests link these files directly).
+ *
+ * A grammar is rules; a rule is alternatives; an alternative is a sequence
+ * of elements, each a class of code points or a reference to a rule.
+ * Elements are stored flat: a rule's alternatives follow one another, each
+ * closed by G_ALT, the last by G_END. A parse position is an index into
+ * that array; a parse stack is the positions still to match, innermost on
+ * top, and the matcher keeps the set of stacks the input so far allows
+ * (every top a class, or the stack empty: the input is complete).
+ */
+#ifndef LOOM_GRAMMAR_GRAM_H
+#define LOOM_GRAMMAR_GRAM_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/constraint.h"
+#include "loom/plugin.h"
+
+/* Limits on what a hostile text can grow (the plugin's parameters). */
+typedef struct gram_limits {
+    int64_t max_text_bytes;    /* schema or grammar text                     */
+    int64_t max_elements;      /* compiled grammar size, elements            */
+    int64_t max_schema_depth;  /* nesting of a JSON schema                   */
+    int64_t max_stack_depth;   /* parse stack: nesting of the generated text */
+    int64_t max_stacks;        /* parse stacks kept at once (ambiguity)      */
+    int64_t max_repeat;        /* the n of x{m,n}                            */
+} gram_limits;
+
+enum { G_END = 0, G_ALT = 1, G_REF = 2, G_CLASS = 3 };
+
+typedef struct g_elem {
+    int32_t type;              /* G_END, G_ALT, G_REF, G_CLASS               */
+    int32_t arg;               /* rule id (G_REF) or class id (G_CLASS)      */
+} g_elem;
+
+typedef struct g_class {
+    bool negated;
+    int32_t first, count;      /* ranges[first .. first+count), sorted, merged */
+} g_class;
+
+typedef struct gram {
+    g_elem *elems;             /* (n_elems)                                  */
+    int32_t n_elems;
+    int32_t *rule_start;       /* (n_rules) first element of each rule       */
+    int32_t n_rules;
+    g_class *classes;          /* (n_classes)                                */
+    int32_t n_classes;
+    uint32_t *ranges;          /* (2 * n_ranges) inclusive [lo, hi] pairs    */
+    int32_t n_ranges;
+    int32_t root;              /* rule id of "root"                          */
+} gram;
+
+/* gbnf.c: parse GBNF text (llama.cpp's dialect: rules `name ::= ...`,
+ * "literals", [classes], ., ( ), | , * + ? {m} {m,} {m,n}, # comments) into
+ * *out. Refuses undefined rules, a missing root, left recursion and
+ * anything past the limits, naming line:column. */
+loom_status gram_parse(const char *text, size_t len, const gram_limits *lim, gram *out, char *why, size_t cap);
+void gram_free(gram *g);
+bool gram_class_has(const gram *g, int32_t cls, uint32_t cp);
+
+/* schema.c: a JSON schema (or NULL for "any JSON object") to GBNF text,
+ * malloc'd into *gbnf. LOOM_ERR_UNSUPPORTED names a keyword it cannot
+ * enforce with its JSON pointer; LOOM_ERR_INVALID a malformed schema. */
+loom_status gram_schema_to_gbnf(const char *schema, size_t len, const gram_limits *lim, char **gbnf, char *why,
+                                size_t cap);
+
+/* regex.c: a regular expression (full match, Python's syntax, the subset
+ * regex.c lists) to GBNF text, malloc'd into *gbnf; LOOM_ERR_UNSUPPORTED
+ * names a construct it cannot translate and its offset. */
+loom_status gram_regex_to_gbnf(const char *re, size_t len, const gram_limits *lim, char **gbnf, char *why,
+                               size_t cap);
+
+/* lang.c: `lang` ("json_schema", "json_object", "regex", "gbnf") and its
+ * text (len bytes; NULL for none) to a grammar in *out.
+ * LOOM_ERR_UNSUPPORTED for an unknown language. */
+loom_status gram_compile_lang(const char *lang, const char *text, size_t len, const gram_limits *lim, gram *out,
+                              char *why, size_t cap);
+
+/* match.c: the vocabulary as a byte trie (one per vocab view). */
+typedef struct vtrie vtrie;
+loom_status vtrie_build(const loom_vocab_view *v, vtrie **out, char *why, size_t cap);
+void vtrie_free(vtrie *t);
+
+/* Masks already computed for a grammar, by parse state: the state inside
+ * a long string (or any loop) repeats step after step, so its mask is
+ * computed once. Shared by the grammar's matchers (guarded). */
+typedef struct mask_cache mask_cache;
+mask_cache *mask_cache_new(int32_t entries, int32_t vocab);
+void mask_cache_free(mask_cache *mc);
+
+/* A compiled constraint: the grammar and the trie it is matched against. */
+typedef struct gram_compiled {
+    gram g;
+    const vtrie *trie;         /* borrowed from the plugin's cache           */
+    const loom_vocab_view *vocab;
+    gram_limits lim;
+    mask_cache *cache;         /* owned; NULL = no caching                   */
+} gram_compiled;
+
+typedef struct gmatch gmatch;
+loom_status gmatch_new(const gram_compiled *c, gmatch **out, char *why, size_t cap);
+void gmatch_free(gmatch *m);
+/* Bytes in, the matcher advances; false (state unchanged) when the bytes
+ * leave the language. */
+bool gmatch_accept_bytes(gmatch *m, const uint8_t *b, size_t n);
+bool gmatch_accept_token(gmatch *m, int32_t token);
+bool gmatch_can_end(const gmatch *m);
+bool gmatch_terminated(const gmatch *m);
+loom_status gmatch_fill_mask(gmatch *m, uint32_t *mask, char *why, size_t cap);
+
+#endif

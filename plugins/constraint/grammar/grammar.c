@@ -1,0 +1,227 @@
+/*
+ * plugins/constraint/grammar/grammar.c — the "grammar" constraint: JSON
+ * schemas, "any JSON object" and GBNF grammars compiled to a pushdown
+ * matcher over code points, masked token by token through a byte trie of
+ * the vocabulary (gram.h, docs/constraints.md).
+ *
+ * Languages: "json_schema" (text: the schema), "json_object" (no text: any
+ * JSON object), "regex" (text: a regular expression the whole output
+ * must match), "gbnf" (text: the grammar, start rule `root`). The trie of
+ * a vocabulary is built on the first compile against it and kept for the
+ * instance's life (one per vocab view, guarded by a mutex: compile is
+ * [any]).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gram.h"
+#include "loom/constraint.h"
+
+#define GR_NAME "grammar"
+
+typedef struct gr_config {
+    int64_t max_text_bytes;
+    int64_t max_elements;
+    int64_t max_schema_depth;
+    int64_t max_stack_depth;
+    int64_t max_stacks;
+    int64_t max_repeat;
+    int64_t mask_cache;
+} gr_config;
+
+static const loom_param gr_params[] = {
+    {"max_text_bytes", LOOM_PARAM_INT, offsetof(gr_config, max_text_bytes), "1048576", 64, 1 << 26, NULL,
+     "longest schema or grammar text accepted, in bytes"},
+    {"max_elements", LOOM_PARAM_INT, offsetof(gr_config, max_elements), "1000000", 64, 1 << 26, NULL,
+     "largest compiled grammar, in elements (repetitions expanded)"},
+    {"max_schema_depth", LOOM_PARAM_INT, offsetof(gr_config, max_schema_depth), "64", 1, 4096, NULL,
+     "deepest nesting of subschemas in a JSON schema"},
+    {"max_stack_depth", LOOM_PARAM_INT, offsetof(gr_config, max_stack_depth), "512", 8, 65536, NULL,
+     "deepest parse stack: how deep the generated text may nest"},
+    {"max_stacks", LOOM_PARAM_INT, offsetof(gr_config, max_stacks), "256", 1, 65536, NULL,
+     "parse stacks kept at once for an ambiguous grammar (fewer only narrows the mask)"},
+    {"max_repeat", LOOM_PARAM_INT, offsetof(gr_config, max_repeat), "1000", 1, 100000, NULL,
+     "largest count of a repetition {m,n}, maxItems or maxLength"},
+    {"mask_cache", LOOM_PARAM_INT, offsetof(gr_config, mask_cache), "64", 0, 4096, NULL,
+     "token masks kept per request's grammar, by parse state (0 = none; each is vocab/8 bytes)"},
+    {0},
+};
+
+typedef struct gr_trie {
+    const loom_vocab_view *vocab;
+    vtrie *trie;
+} gr_trie;
+
+typedef struct gr_self {
+    const loom_host *host;
+    gram_limits lim;
+    int32_t mask_cache;
+    pthread_mutex_t mu;        /* guards tries                               */
+    gr_trie *tries;
+    int32_t n_tries, cap_tries;
+} gr_self;
+
+static loom_status gr_create(const loom_host *host, const void *config, void **self, loom_error *err) {
+    const gr_config *c = config;
+    gr_self *s = calloc(1, sizeof *s);
+    if (!s) return host->error(host->ctx, err, LOOM_ERR_NOMEM, "constraint '%s': out of memory", GR_NAME);
+    s->host = host;
+    s->lim = (gram_limits){c->max_text_bytes, c->max_elements, c->max_schema_depth,
+                           c->max_stack_depth, c->max_stacks, c->max_repeat};
+    s->mask_cache = (int32_t)c->mask_cache;
+    pthread_mutex_init(&s->mu, NULL);
+    *self = s;
+    return LOOM_OK;
+}
+
+static void gr_destroy(void *self) {
+    gr_self *s = self;
+    if (!s) return;
+    for (int32_t i = 0; i < s->n_tries; i++) vtrie_free(s->tries[i].trie);
+    free(s->tries);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+/* The trie of `v`, built on first use. */
+static loom_status gr_trie_for(gr_self *s, const loom_vocab_view *v, const vtrie **out, char *why, size_t cap) {
+    loom_status st = LOOM_OK;
+    pthread_mutex_lock(&s->mu);
+    *out = NULL;
+    for (int32_t i = 0; i < s->n_tries; i++)
+        if (s->tries[i].vocab == v) *out = s->tries[i].trie;
+    if (!*out) {
+        vtrie *t = NULL;
+        if (s->n_tries == s->cap_tries) {
+            int32_t nc = s->cap_tries ? 2 * s->cap_tries : 4;
+            gr_trie *q = realloc(s->tries, (size_t)nc * sizeof *q);
+            if (q) s->tries = q, s->cap_tries = nc;
+        }
+        if (s->n_tries == s->cap_tries) {
+            snprintf(why, cap, "out of memory");
+            st = LOOM_ERR_NOMEM;
+        } else if ((st = vtrie_build(v, &t, why, cap)) == LOOM_OK) {
+            s->tries[s->n_tries++] = (gr_trie){v, t};
+            *out = t;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+static loom_status gr_compile(void *self, const char *lang, const char *text, size_t len, const loom_vocab_view *vocab,
+                              void **grammar, loom_error *err) {
+    gr_self *s = self;
+    const loom_host *h = s->host;
+    char why[LOOM_ERROR_MSG_MAX - 64] = "";
+    *grammar = NULL;
+    if (!lang || !vocab || vocab->struct_size < sizeof(loom_vocab_view) || !vocab->piece || vocab->size <= 0)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "constraint '%s': compile needs a language and a vocabulary",
+                        GR_NAME);
+    gram_compiled *c = calloc(1, sizeof *c);
+    if (!c) return h->error(h->ctx, err, LOOM_ERR_NOMEM, "constraint '%s': out of memory", GR_NAME);
+    c->lim = s->lim;
+    c->vocab = vocab;
+    loom_status st = gram_compile_lang(lang, text, len, &s->lim, &c->g, why, sizeof why);
+    if (st == LOOM_OK) st = gr_trie_for(s, vocab, &c->trie, why, sizeof why);
+    if (st == LOOM_OK && s->mask_cache > 0 && !(c->cache = mask_cache_new(s->mask_cache, vocab->size)))
+        st = LOOM_ERR_NOMEM, snprintf(why, sizeof why, "out of memory");
+    if (st != LOOM_OK) {
+        gram_free(&c->g);
+        mask_cache_free(c->cache);
+        free(c);
+        return h->error(h->ctx, err, st, "constraint '%s' (%s): %s", GR_NAME, lang, why);
+    }
+    *grammar = c;
+    return LOOM_OK;
+}
+
+static void gr_grammar_free(void *self, void *grammar) {
+    (void)self;
+    gram_compiled *c = grammar;
+    if (!c) return;
+    gram_free(&c->g);
+    mask_cache_free(c->cache);
+    free(c);
+}
+
+static loom_status gr_matcher_new(void *self, void *grammar, void **matcher, loom_error *err) {
+    gr_self *s = self;
+    char why[256];
+    gmatch *m = NULL;
+    *matcher = NULL;
+    if (!grammar)
+        return s->host->error(s->host->ctx, err, LOOM_ERR_INVALID, "constraint '%s': matcher_new: no grammar",
+                              GR_NAME);
+    if (gmatch_new(grammar, &m, why, sizeof why) != LOOM_OK)
+        return s->host->error(s->host->ctx, err, LOOM_ERR_NOMEM, "constraint '%s': %s", GR_NAME, why);
+    *matcher = m;
+    return LOOM_OK;
+}
+
+static void gr_matcher_free(void *self, void *matcher) {
+    (void)self;
+    gmatch_free(matcher);
+}
+
+static loom_status gr_fill_mask(void *self, void *matcher, uint32_t *mask, loom_error *err) {
+    gr_self *s = self;
+    char why[256];
+    if (!matcher || !mask)
+        return s->host->error(s->host->ctx, err, LOOM_ERR_INVALID, "constraint '%s': fill_mask: matcher and mask "
+                              "are required", GR_NAME);
+    if (gmatch_fill_mask(matcher, mask, why, sizeof why) != LOOM_OK)
+        return s->host->error(s->host->ctx, err, LOOM_ERR_NOMEM, "constraint '%s': %s", GR_NAME, why);
+    return LOOM_OK;
+}
+
+static loom_status gr_accept(void *self, void *matcher, int32_t token, loom_error *err) {
+    gr_self *s = self;
+    if (!matcher || !gmatch_accept_token(matcher, token))
+        return s->host->error(s->host->ctx, err, LOOM_ERR_INVALID,
+                              "constraint '%s': token %d does not continue the constrained text", GR_NAME, token);
+    return LOOM_OK;
+}
+
+static bool gr_can_end(void *self, const void *matcher) {
+    (void)self;
+    return matcher && gmatch_can_end(matcher);
+}
+
+static const loom_constraint_ops gr_ops = {
+    .struct_size = sizeof(loom_constraint_ops),
+    .create = gr_create,
+    .destroy = gr_destroy,
+    .compile = gr_compile,
+    .grammar_free = gr_grammar_free,
+    .matcher_new = gr_matcher_new,
+    .matcher_free = gr_matcher_free,
+    .fill_mask = gr_fill_mask,
+    .accept = gr_accept,
+    .can_end = gr_can_end,
+    .rollback = NULL,
+};
+
+static const loom_component gr_components[] = {
+    {
+        .struct_size = sizeof(loom_component),
+        .kind = LOOM_KIND_CONSTRAINT,
+        .name = GR_NAME,
+        .summary = "structured outputs: JSON schema, any JSON object, regex, GBNF grammars, as per-step token masks",
+        .ops = &gr_ops,
+        .params = gr_params,
+        .config_size = sizeof(gr_config),
+    },
+};
+
+static const loom_plugin_desc gr_desc = {
+    LOOM_PLUGIN_DESC_HEADER,
+    .name = "loom-constraint-grammar",
+    .version = "0.1.0",
+    .num_components = 1,
+    .components = gr_components,
+};
+
+LOOM_EXPORT const loom_plugin_desc *loom_plugin_entry(void) { return &gr_desc; }

@@ -1,0 +1,737 @@
+/*
+ * plugins/constraint/grammar/match.c — the pushdown matcher and the token
+ * masks: the set of parse stacks the text so far allows (gram.h), advanced
+ * one code point at a time, with the UTF-8 decoding state shared by every
+ * stack (all see the same bytes).
+ *
+ * A mask is one walk of the vocabulary's byte trie (built once per vocab
+ * view): at each trie node the parse state after that prefix is derived
+ * from its parent's, a subtree whose prefix leaves the language is pruned,
+ * and the tokens ending at a surviving node are allowed. Sets live in one
+ * arena of int32 that the walk rewinds on the way back up, so a mask
+ * allocates nothing once the arena has grown. A set is encoded flat:
+ * [stacks, (length, positions bottom..top)...].
+ *
+ * Limits: a stack deeper than max_stack_depth is dropped (the text may not
+ * nest deeper), and at most max_stacks stacks are kept; dropping a stack
+ * only narrows what is allowed, so everything allowed still parses.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gram.h"
+
+/* ----------------------------------------------------------------- trie */
+
+typedef struct tnode {
+    int32_t edge_first, n_edges;
+    int32_t tok_first, n_toks;
+} tnode;
+
+struct vtrie {
+    tnode *nodes;
+    int32_t n_nodes, cap_nodes;
+    uint8_t *edge_byte;        /* (n_edges)                                  */
+    int32_t *edge_child;
+    int32_t n_edges, cap_edges;
+    int32_t *toks;             /* token ids, grouped by node                 */
+    int32_t n_toks;
+};
+
+/* Longest piece the trie holds; a longer token is never allowed. */
+#define VTRIE_MAX_PIECE 1024
+
+typedef struct vt_tok {
+    const uint8_t *b;
+    size_t n;
+    int32_t id;
+} vt_tok;
+
+static int vt_cmp(const void *a, const void *b) {
+    const vt_tok *x = a, *y = b;
+    size_t n = x->n < y->n ? x->n : y->n;
+    int c = memcmp(x->b, y->b, n);
+    if (c) return c;
+    if (x->n != y->n) return x->n < y->n ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static bool vt_grow(void **p, int32_t *cap, int32_t need, size_t elem) {
+    if (need <= *cap) return true;
+    int32_t nc = *cap ? *cap * 2 : 1024;
+    while (nc < need) nc *= 2;
+    void *q = realloc(*p, (size_t)nc * elem);
+    if (!q) return false;
+    *p = q;
+    *cap = nc;
+    return true;
+}
+
+/* The node for tokens [lo, hi), which share their first `depth` bytes. */
+static int32_t vt_node(vtrie *t, const vt_tok *tk, int32_t lo, int32_t hi, size_t depth) {
+    if (!vt_grow((void **)&t->nodes, &t->cap_nodes, t->n_nodes + 1, sizeof(tnode))) return -1;
+    int32_t id = t->n_nodes++;
+    int32_t i = lo;
+    t->nodes[id].tok_first = t->n_toks;
+    while (i < hi && tk[i].n == depth) t->toks[t->n_toks++] = tk[i++].id;
+    t->nodes[id].n_toks = t->n_toks - t->nodes[id].tok_first;
+    int32_t groups = 0;
+    for (int32_t j = i; j < hi; j++)
+        if (j == i || tk[j].b[depth] != tk[j - 1].b[depth]) groups++;
+    int32_t first = t->n_edges;
+    if (t->n_edges + groups > t->cap_edges) return -1; /* sized for every prefix up front */
+    t->n_edges += groups;
+    t->nodes[id].edge_first = first;
+    t->nodes[id].n_edges = groups;
+    int32_t g = 0;
+    for (int32_t j = i; j < hi;) {
+        int32_t k = j;
+        while (k < hi && tk[k].b[depth] == tk[j].b[depth]) k++;
+        int32_t child = vt_node(t, tk, j, k, depth + 1);
+        if (child < 0) return -1;
+        t->edge_byte[first + g] = tk[j].b[depth];
+        t->edge_child[first + g] = child;
+        g++;
+        j = k;
+    }
+    return id;
+}
+
+loom_status vtrie_build(const loom_vocab_view *v, vtrie **out, char *why, size_t cap) {
+    *out = NULL;
+    vt_tok *tk = malloc((size_t)(v->size > 0 ? v->size : 1) * sizeof *tk);
+    vtrie *t = calloc(1, sizeof *t);
+    int32_t n = 0;
+    size_t bytes = 0;
+    if (tk && t) {
+        for (int32_t id = 0; id < v->size; id++) {
+            size_t len = 0;
+            const char *b = v->piece(v->ctx, id, &len);
+            if (!b || len == 0 || len > VTRIE_MAX_PIECE) continue;
+            tk[n++] = (vt_tok){(const uint8_t *)b, len, id};
+            bytes += len;
+        }
+        qsort(tk, (size_t)n, sizeof *tk, vt_cmp);
+        /* every edge is a distinct prefix of some token: at most `bytes` */
+        t->edge_child = malloc((bytes + 1) * sizeof(int32_t));
+        t->edge_byte = malloc(bytes + 1);
+        t->cap_edges = (int32_t)bytes + 1;
+        t->toks = malloc((size_t)(n + 1) * sizeof(int32_t));
+    }
+    if (!tk || !t || !t->edge_child || !t->edge_byte || !t->toks || vt_node(t, tk, 0, n, 0) != 0) {
+        free(tk);
+        vtrie_free(t);
+        snprintf(why, cap, "out of memory building the vocabulary trie");
+        return LOOM_ERR_NOMEM;
+    }
+    free(tk);
+    *out = t;
+    return LOOM_OK;
+}
+
+void vtrie_free(vtrie *t) {
+    if (!t) return;
+    free(t->nodes);
+    free(t->edge_byte);
+    free(t->edge_child);
+    free(t->toks);
+    free(t);
+}
+
+/* ---------------------------------------------------------------- UTF-8 */
+
+typedef struct utf8_state {
+    uint32_t val;              /* bits so far                                */
+    int8_t need;               /* continuation bytes still to come           */
+    int8_t len;                /* bytes of the character being read          */
+} utf8_state;
+
+/* 1: a code point completed (*cp), 0: more bytes needed, -1: invalid. */
+static int utf8_step(utf8_state *u, uint8_t b, uint32_t *cp) {
+    if (u->need == 0) {
+        if (b < 0x80) {
+            *cp = b;
+            return 1;
+        }
+        if (b >= 0xC2 && b <= 0xDF) *u = (utf8_state){b & 0x1Fu, 1, 2};
+        else if (b >= 0xE0 && b <= 0xEF) *u = (utf8_state){b & 0x0Fu, 2, 3};
+        else if (b >= 0xF0 && b <= 0xF4) *u = (utf8_state){b & 0x07u, 3, 4};
+        else return -1;
+        return 0;
+    }
+    if ((b & 0xC0) != 0x80) return -1;
+    u->val = (u->val << 6) | (b & 0x3Fu);
+    if (--u->need > 0) return 0;
+    const uint32_t v = u->val;
+    const int8_t len = u->len;
+    *u = (utf8_state){0};
+    if (v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return -1;
+    if ((len == 3 && v < 0x800) || (len == 4 && v < 0x10000)) return -1; /* overlong */
+    *cp = v;
+    return 1;
+}
+
+/* The code points a partly read character may still become. */
+static void utf8_span(const utf8_state *u, uint32_t *lo, uint32_t *hi) {
+    int shift = 6 * u->need;
+    const uint32_t least = u->len == 4 ? 0x10000 : u->len == 3 ? 0x800 : 0x80; /* shorter forms are overlong */
+    *lo = u->val << shift;
+    *hi = *lo | ((1u << shift) - 1u);
+    if (*lo < least) *lo = least;
+    if (*hi > 0x10FFFF) *hi = 0x10FFFF;
+}
+
+/* -------------------------------------------------------------- matcher */
+
+typedef struct dedup_slot {
+    uint32_t epoch;            /* the set it belongs to                      */
+    int32_t off;               /* arena offset of the stack's length word    */
+} dedup_slot;
+
+struct gmatch {
+    const gram_compiled *c;
+    dedup_slot *dedup;         /* (dedup_cap) stacks of the set being built  */
+    uint32_t dedup_cap, dedup_epoch;
+    int32_t *cur;              /* the current set, encoded                   */
+    int32_t cur_len, cur_cap;
+    utf8_state u;
+    bool terminated;
+    int32_t *arena;            /* scratch sets                               */
+    int32_t arena_len, arena_cap;
+    int32_t *buf;              /* one stack being expanded                   */
+    int32_t buf_cap;
+    int32_t out_off;           /* the set being emitted into (arena offset)  */
+    bool oom;
+    /* The walk's memo, kept across masks: sets interned by content, and
+     * (interned set, code point) -> interned set or -1 (nothing survives). */
+    int32_t *iset;             /* interned sets, encoded back to back        */
+    int32_t iset_len, iset_cap;
+    int32_t *itab;             /* (itab_cap) offsets into iset, -1 empty     */
+    int32_t itab_cap, icount;
+    uint64_t *tkey;            /* (tcap) (set << 21 | cp) + 1, 0 empty       */
+    int32_t *tval;
+    int32_t tcap, tcount;
+};
+
+static bool arena_room(gmatch *m, int32_t more) {
+    if (m->arena_len + more <= m->arena_cap) return true;
+    if (!vt_grow((void **)&m->arena, &m->arena_cap, m->arena_len + more, sizeof(int32_t))) {
+        m->oom = true;
+        return false;
+    }
+    return true;
+}
+
+/* Add buf[0..len) to the set at out_off unless it is there already. */
+/* Start a new set at the arena's end (its count word); emit() adds to it. */
+static int32_t set_begin(gmatch *m) {
+    if (!arena_room(m, 1)) return -1;
+    m->out_off = m->arena_len;
+    m->arena[m->arena_len++] = 0;
+    m->dedup_epoch++;
+    return m->out_off;
+}
+
+/* Add buf[0..len) to the set at out_off unless it is there already (a
+ * hash of the set's stacks, tagged by the set's epoch, finds duplicates
+ * without scanning). */
+static void emit(gmatch *m, int32_t len) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i < len; i++) h = (h ^ (uint32_t)m->buf[i]) * 1099511628211ull;
+    const uint32_t mask = m->dedup_cap - 1;
+    uint32_t j = (uint32_t)(h ^ (h >> 32)) & mask;
+    for (; m->dedup[j].epoch == m->dedup_epoch; j = (j + 1) & mask) {
+        int32_t at = m->dedup[j].off;
+        if (m->arena[at] == len && !memcmp(m->arena + at + 1, m->buf, (size_t)len * sizeof(int32_t))) return;
+    }
+    if (m->arena[m->out_off] >= m->c->lim.max_stacks || !arena_room(m, len + 1)) return;
+    m->dedup[j] = (dedup_slot){m->dedup_epoch, m->arena_len};
+    m->arena[m->arena_len++] = len;
+    memcpy(m->arena + m->arena_len, m->buf, (size_t)len * sizeof(int32_t));
+    m->arena_len += len;
+    m->arena[m->out_off]++;
+}
+
+static void expand(gmatch *m, int32_t len, int depth);
+
+/* Every alternative of rule r on top of buf[0..base). */
+static void expand_alts(gmatch *m, int32_t r, int32_t base, int depth) {
+    const gram *g = &m->c->g;
+    for (int32_t a = g->rule_start[r];;) {
+        if (g->elems[a].type == G_ALT || g->elems[a].type == G_END) {
+            expand(m, base, depth + 1); /* an empty alternative */
+        } else if (base < m->buf_cap) {
+            m->buf[base] = a;
+            expand(m, base + 1, depth + 1);
+        }
+        while (g->elems[a].type != G_ALT && g->elems[a].type != G_END) a++;
+        if (g->elems[a].type == G_END) break;
+        a++;
+    }
+}
+
+/* Expand buf[0..len) until its top is a class (or it is empty), emitting
+ * each result. */
+static void expand(gmatch *m, int32_t len, int depth) {
+    /* a full set takes nothing more: stop expanding (only narrows the mask) */
+    if (depth > 4096 || len > m->c->lim.max_stack_depth || m->arena[m->out_off] >= m->c->lim.max_stacks) return;
+    if (len == 0) {
+        emit(m, 0);
+        return;
+    }
+    const gram *g = &m->c->g;
+    int32_t pos = m->buf[len - 1];
+    if (g->elems[pos].type == G_CLASS) {
+        emit(m, len);
+        return;
+    }
+    /* a reference: continue after it, beneath the rule's alternatives */
+    int32_t next = pos + 1, base = len - 1;
+    if (g->elems[next].type != G_ALT && g->elems[next].type != G_END) m->buf[base++] = next;
+    expand_alts(m, g->elems[pos].arg, base, depth);
+}
+
+static int32_t set_count(const gmatch *m, int32_t off) { return m->arena[off]; }
+
+/* Where a set lives: the scratch arena (rewound as the walk returns) or
+ * the interned sets (kept while the memo lasts). */
+static const int32_t *set_base(const gmatch *m, bool interned) { return interned ? m->iset : m->arena; }
+
+/* A new set at the arena's end: the stacks of set `in` whose top class
+ * holds cp, advanced past it. Returns its offset. */
+static int32_t advance(gmatch *m, bool interned, int32_t in, uint32_t cp) {
+    const gram *g = &m->c->g;
+    int32_t saved_out = m->out_off;
+    int32_t out = set_begin(m);
+    if (out < 0) return -1;
+    int32_t at = in + 1, n = set_base(m, interned)[in];
+    for (int32_t s = 0; s < n; s++) {
+        const int32_t *src = set_base(m, interned); /* the arena may have moved */
+        int32_t len = src[at];
+        int32_t top = len > 0 ? src[at + len] : -1;
+        if (len > 0 && gram_class_has(g, g->elems[top].arg, cp) && len <= m->buf_cap) {
+            memcpy(m->buf, src + at + 1, (size_t)len * sizeof(int32_t));
+            int32_t next = top + 1, l = len - 1;
+            if (g->elems[next].type != G_ALT && g->elems[next].type != G_END) m->buf[l++] = next;
+            expand(m, l, 0);
+        }
+        at += 1 + len;
+    }
+    m->out_off = saved_out;
+    return out;
+}
+
+/* Some code point in [lo, hi] is in class cls. */
+static bool class_meets(const gram *g, int32_t cls, uint32_t lo, uint32_t hi) {
+    const g_class *c = &g->classes[cls];
+    if (c->count == 0) return c->negated;
+    const uint32_t *r = g->ranges + 2 * c->first;
+    for (int32_t i = 0; i < c->count; i++) {
+        bool overlap = r[2 * i] <= hi && r[2 * i + 1] >= lo;
+        if (!c->negated && overlap) return true;
+        if (c->negated && r[2 * i] <= lo && r[2 * i + 1] >= hi) return false;
+    }
+    return c->negated;
+}
+
+/* Some stack of set `in` can take a character that starts as u does. */
+static bool partial_fits(const gmatch *m, bool interned, int32_t in, const utf8_state *u) {
+    const gram *g = &m->c->g;
+    const int32_t *src = set_base(m, interned);
+    uint32_t lo, hi;
+    utf8_span(u, &lo, &hi);
+    if (lo > hi || (lo >= 0xD800 && hi <= 0xDFFF)) return false; /* only surrogates or nothing left */
+    int32_t at = in + 1, n = src[in];
+    for (int32_t s = 0; s < n; s++) {
+        int32_t len = src[at];
+        if (len > 0 && class_meets(g, g->elems[src[at + len]].arg, lo, hi)) return true;
+        at += 1 + len;
+    }
+    return false;
+}
+
+static bool set_has_empty(const int32_t *set) {
+    int32_t at = 1;
+    for (int32_t s = 0; s < set[0]; s++) {
+        if (set[at] == 0) return true;
+        at += 1 + set[at];
+    }
+    return false;
+}
+
+/* Copy the current set to the start of the arena; returns its offset (0). */
+static int32_t load_cur(gmatch *m) {
+    m->arena_len = 0;
+    if (!arena_room(m, m->cur_len)) return -1;
+    memcpy(m->arena, m->cur, (size_t)m->cur_len * sizeof(int32_t));
+    m->arena_len = m->cur_len;
+    return 0;
+}
+
+static bool store_cur(gmatch *m, int32_t off) {
+    int32_t end = off + 1;
+    for (int32_t s = 0; s < m->arena[off]; s++) end += 1 + m->arena[end];
+    int32_t len = end - off;
+    if (!vt_grow((void **)&m->cur, &m->cur_cap, len, sizeof(int32_t))) return false;
+    memcpy(m->cur, m->arena + off, (size_t)len * sizeof(int32_t));
+    m->cur_len = len;
+    return true;
+}
+
+loom_status gmatch_new(const gram_compiled *c, gmatch **out, char *why, size_t cap) {
+    gmatch *m = calloc(1, sizeof *m);
+    *out = NULL;
+    if (!m) goto oom;
+    m->c = c;
+    m->buf_cap = (int32_t)c->lim.max_stack_depth + 2;
+    m->dedup_cap = 16;
+    while (m->dedup_cap < 4 * (uint64_t)c->lim.max_stacks) m->dedup_cap *= 2;
+    if (!(m->buf = malloc((size_t)m->buf_cap * sizeof(int32_t))) ||
+        !(m->dedup = calloc(m->dedup_cap, sizeof *m->dedup)) || set_begin(m) != 0)
+        goto oom;
+    expand_alts(m, c->g.root, 0, 0);
+    if (m->oom || !store_cur(m, 0)) goto oom;
+    *out = m;
+    return LOOM_OK;
+oom:
+    gmatch_free(m);
+    snprintf(why, cap, "out of memory starting a matcher");
+    return LOOM_ERR_NOMEM;
+}
+
+void gmatch_free(gmatch *m) {
+    if (!m) return;
+    free(m->dedup);
+    free(m->iset);
+    free(m->itab);
+    free(m->tkey);
+    free(m->tval);
+    free(m->cur);
+    free(m->arena);
+    free(m->buf);
+    free(m);
+}
+
+bool gmatch_accept_bytes(gmatch *m, const uint8_t *b, size_t n) {
+    if (m->terminated) return false;
+    int32_t set = load_cur(m);
+    if (set < 0) return false;
+    utf8_state u = m->u;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t cp;
+        int r = utf8_step(&u, b[i], &cp);
+        if (r < 0) return false;
+        if (r == 0) {
+            if (!partial_fits(m, false, set, &u)) return false;
+            continue;
+        }
+        if ((set = advance(m, false, set, cp)) < 0 || set_count(m, set) == 0) return false;
+    }
+    if (m->oom || !store_cur(m, set)) return false;
+    m->u = u;
+    return true;
+}
+
+bool gmatch_can_end(const gmatch *m) { return !m->terminated && m->u.need == 0 && set_has_empty(m->cur); }
+bool gmatch_terminated(const gmatch *m) { return m->terminated; }
+
+static bool is_eog(const loom_vocab_view *v, int32_t token) {
+    for (int32_t i = 0; i < v->num_eog; i++)
+        if (v->eog[i] == token) return true;
+    return false;
+}
+
+bool gmatch_accept_token(gmatch *m, int32_t token) {
+    const loom_vocab_view *v = m->c->vocab;
+    if (token < 0 || token >= v->size || m->terminated) return false;
+    if (is_eog(v, token)) {
+        if (!gmatch_can_end(m)) return false;
+        m->terminated = true;
+        return true;
+    }
+    size_t len = 0;
+    const char *b = v->piece(v->ctx, token, &len);
+    if (!b || len == 0) return false;
+    return gmatch_accept_bytes(m, (const uint8_t *)b, len);
+}
+
+/* ------------------------------------------------------------ mask cache */
+
+typedef struct mc_entry {
+    uint64_t hash, used;       /* used: the cache's clock at the last hit    */
+    int32_t *key;              /* the encoded set then the UTF-8 state       */
+    int32_t key_len;
+    uint32_t *mask;
+} mc_entry;
+
+struct mask_cache {
+    pthread_mutex_t mu;
+    mc_entry *e;
+    int32_t n, cap;
+    size_t words;
+    uint64_t clock;
+    int64_t hits, misses;
+};
+
+mask_cache *mask_cache_new(int32_t entries, int32_t vocab) {
+    if (entries <= 0) return NULL;
+    mask_cache *mc = calloc(1, sizeof *mc);
+    if (!mc || !(mc->e = calloc((size_t)entries, sizeof *mc->e))) {
+        free(mc);
+        return NULL;
+    }
+    pthread_mutex_init(&mc->mu, NULL);
+    mc->cap = entries;
+    mc->words = LOOM_MASK_WORDS(vocab);
+    return mc;
+}
+
+void mask_cache_free(mask_cache *mc) {
+    if (!mc) return;
+    for (int32_t i = 0; i < mc->n; i++) {
+        free(mc->e[i].key);
+        free(mc->e[i].mask);
+    }
+    free(mc->e);
+    pthread_mutex_destroy(&mc->mu);
+    free(mc);
+}
+
+/* The matcher's state as a cache key in m->arena (after the set), its hash. */
+static int32_t state_key(gmatch *m, uint64_t *hash) {
+    if (!arena_room(m, m->cur_len + 3)) return -1;
+    int32_t off = m->arena_len;
+    memcpy(m->arena + off, m->cur, (size_t)m->cur_len * sizeof(int32_t));
+    m->arena[off + m->cur_len] = (int32_t)m->u.val;
+    m->arena[off + m->cur_len + 1] = m->u.need;
+    m->arena[off + m->cur_len + 2] = m->u.len;
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i < m->cur_len + 3; i++) h = (h ^ (uint32_t)m->arena[off + i]) * 1099511628211ull;
+    *hash = h;
+    return off;
+}
+
+static bool cache_get(mask_cache *mc, const int32_t *key, int32_t len, uint64_t h, uint32_t *mask) {
+    bool hit = false;
+    pthread_mutex_lock(&mc->mu);
+    for (int32_t i = 0; i < mc->n && !hit; i++) {
+        mc_entry *e = &mc->e[i];
+        if (e->hash != h || e->key_len != len || memcmp(e->key, key, (size_t)len * sizeof *key)) continue;
+        memcpy(mask, e->mask, mc->words * sizeof *mask);
+        e->used = ++mc->clock;
+        hit = true;
+    }
+    hit ? mc->hits++ : mc->misses++;
+    pthread_mutex_unlock(&mc->mu);
+    return hit;
+}
+
+/* Keep mask under key, evicting the least recently used entry when full
+ * (nothing is kept when memory runs out: caching is only a saving). */
+static void cache_put(mask_cache *mc, const int32_t *key, int32_t len, uint64_t h, const uint32_t *mask) {
+    int32_t *k = malloc((size_t)len * sizeof *k);
+    uint32_t *mk = malloc(mc->words * sizeof *mk);
+    if (!k || !mk) {
+        free(k);
+        free(mk);
+        return;
+    }
+    memcpy(k, key, (size_t)len * sizeof *k);
+    memcpy(mk, mask, mc->words * sizeof *mk);
+    pthread_mutex_lock(&mc->mu);
+    int32_t at = mc->n;
+    if (mc->n == mc->cap) {
+        at = 0;
+        for (int32_t i = 1; i < mc->n; i++)
+            if (mc->e[i].used < mc->e[at].used) at = i;
+        free(mc->e[at].key);
+        free(mc->e[at].mask);
+    } else {
+        mc->n++;
+    }
+    mc->e[at] = (mc_entry){.hash = h, .used = ++mc->clock, .key = k, .key_len = len, .mask = mk};
+    pthread_mutex_unlock(&mc->mu);
+}
+
+/* ----------------------------------------------------------------- masks */
+
+static void allow_node(const vtrie *t, const tnode *nd, uint32_t *mask) {
+    for (int32_t i = 0; i < nd->n_toks; i++) {
+        int32_t id = t->toks[nd->tok_first + i];
+        mask[id >> 5] |= 1u << (id & 31);
+    }
+}
+
+/* ------------------------------------------------------------- the memo */
+
+/* The memo grows with the distinct states a walk meets; past these it is
+ * dropped before the next mask. */
+#define MEMO_MAX_INTS (1 << 21)
+#define MEMO_MAX_TRANS (1 << 20)
+
+static int32_t set_len_of(const int32_t *set) {
+    int32_t end = 1;
+    for (int32_t s = 0; s < set[0]; s++) end += 1 + set[end];
+    return end;
+}
+
+static uint64_t hash_ints(const int32_t *x, int32_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i < n; i++) h = (h ^ (uint32_t)x[i]) * 1099511628211ull;
+    return h;
+}
+
+static void memo_reset(gmatch *m) {
+    m->iset_len = m->icount = m->tcount = 0;
+    if (m->itab) memset(m->itab, 0xFF, (size_t)m->itab_cap * sizeof(int32_t));
+    if (m->tkey) memset(m->tkey, 0, (size_t)m->tcap * sizeof(uint64_t));
+}
+
+static bool itab_grow(gmatch *m) {
+    int32_t nc = m->itab_cap ? 2 * m->itab_cap : 1024;
+    int32_t *t = malloc((size_t)nc * sizeof *t);
+    if (!t) return false;
+    memset(t, 0xFF, (size_t)nc * sizeof *t);
+    for (int32_t i = 0; i < m->itab_cap; i++) {
+        int32_t off = m->itab[i];
+        if (off < 0) continue;
+        uint64_t h = hash_ints(m->iset + off, set_len_of(m->iset + off));
+        size_t j = h & (size_t)(nc - 1);
+        while (t[j] >= 0) j = (j + 1) & (size_t)(nc - 1);
+        t[j] = off;
+    }
+    free(m->itab);
+    m->itab = t;
+    m->itab_cap = nc;
+    return true;
+}
+
+/* The interned copy of the encoded set at x; -1 when out of memory. */
+static int32_t intern(gmatch *m, const int32_t *x) {
+    int32_t len = set_len_of(x);
+    if (2 * (m->icount + 1) > m->itab_cap && !itab_grow(m)) return -1;
+    uint64_t h = hash_ints(x, len);
+    size_t j = h & (size_t)(m->itab_cap - 1);
+    for (; m->itab[j] >= 0; j = (j + 1) & (size_t)(m->itab_cap - 1)) {
+        const int32_t *y = m->iset + m->itab[j];
+        if (set_len_of(y) == len && !memcmp(x, y, (size_t)len * sizeof *x)) return m->itab[j];
+    }
+    if (!vt_grow((void **)&m->iset, &m->iset_cap, m->iset_len + len, sizeof(int32_t))) return -1;
+    memcpy(m->iset + m->iset_len, x, (size_t)len * sizeof *x);
+    m->itab[j] = m->iset_len;
+    m->icount++;
+    m->iset_len += len;
+    return m->itab[j];
+}
+
+static bool trans_grow(gmatch *m) {
+    int32_t nc = m->tcap ? 2 * m->tcap : 4096;
+    uint64_t *k = calloc((size_t)nc, sizeof *k);
+    int32_t *v = malloc((size_t)nc * sizeof *v);
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return false;
+    }
+    for (int32_t i = 0; i < m->tcap; i++) {
+        if (!m->tkey[i]) continue;
+        size_t j = (m->tkey[i] * 0x9E3779B97F4A7C15ull) >> 20 & (size_t)(nc - 1);
+        while (k[j]) j = (j + 1) & (size_t)(nc - 1);
+        k[j] = m->tkey[i];
+        v[j] = m->tval[i];
+    }
+    free(m->tkey);
+    free(m->tval);
+    m->tkey = k;
+    m->tval = v;
+    m->tcap = nc;
+    return true;
+}
+
+/* Slot of (set, cp) in the transition table; *found says whether it holds it. */
+static int64_t trans_slot(gmatch *m, int32_t set, uint32_t cp, bool *found) {
+    *found = false;
+    if (2 * (m->tcount + 1) > m->tcap && !trans_grow(m)) return -1;
+    uint64_t key = (((uint64_t)set << 21) | cp) + 1;
+    size_t j = (key * 0x9E3779B97F4A7C15ull) >> 20 & (size_t)(m->tcap - 1);
+    for (; m->tkey[j]; j = (j + 1) & (size_t)(m->tcap - 1))
+        if (m->tkey[j] == key) {
+            *found = true;
+            return (int64_t)j;
+        }
+    m->tkey[j] = key;
+    m->tcount++;
+    return (int64_t)j;
+}
+
+/* The interned set after cp from interned set `set`: -1 when nothing
+ * survives, -2 when out of memory. */
+static int32_t step_interned(gmatch *m, int32_t set, uint32_t cp) {
+    bool found;
+    int64_t slot = trans_slot(m, set, cp, &found);
+    if (slot < 0) return -2;
+    if (found) return m->tval[slot];
+    int32_t mark = m->arena_len;
+    int32_t off = advance(m, true, set, cp);
+    int32_t next = off < 0 ? -2 : m->arena[off] == 0 ? -1 : intern(m, m->arena + off);
+    m->arena_len = mark;
+    if (next == -2 || (off >= 0 && m->arena[off] != 0 && next < 0)) {
+        m->tkey[slot] = 0; /* not kept: out of memory */
+        m->tcount--;
+        return -2;
+    }
+    m->tval[slot] = next;
+    return next;
+}
+
+static void walk(gmatch *m, int32_t node, int32_t set, utf8_state u, uint32_t *mask) {
+    const vtrie *t = m->c->trie;
+    const tnode *nd = &t->nodes[node];
+    for (int32_t e = 0; e < nd->n_edges && !m->oom; e++) {
+        utf8_state u2 = u;
+        uint32_t cp;
+        int r = utf8_step(&u2, t->edge_byte[nd->edge_first + e], &cp);
+        int32_t next = set;
+        if (r < 0) continue;
+        if (r == 1) {
+            next = step_interned(m, set, cp);
+            if (next == -2) m->oom = true;
+            if (next < 0) continue;
+        } else if (!partial_fits(m, true, set, &u2)) {
+            continue;
+        }
+        int32_t child = t->edge_child[nd->edge_first + e];
+        allow_node(t, &t->nodes[child], mask);
+        if (t->nodes[child].n_edges > 0) walk(m, child, next, u2, mask);
+    }
+}
+
+loom_status gmatch_fill_mask(gmatch *m, uint32_t *mask, char *why, size_t cap) {
+    const loom_vocab_view *v = m->c->vocab;
+    memset(mask, 0, LOOM_MASK_WORDS(v->size) * sizeof(uint32_t));
+    if (m->terminated) return LOOM_OK;
+    mask_cache *mc = m->c->cache;
+    uint64_t h = 0;
+    int32_t key = -1, set;
+    m->arena_len = 0;
+    if (mc) {
+        if ((key = state_key(m, &h)) < 0) goto oom;
+        m->arena_len = key + m->cur_len + 3;
+        if (cache_get(mc, m->arena + key, m->cur_len + 3, h, mask)) return LOOM_OK;
+    }
+    if (m->iset_len > MEMO_MAX_INTS || m->tcount > MEMO_MAX_TRANS) memo_reset(m);
+    if ((set = intern(m, m->cur)) < 0) goto oom;
+    walk(m, 0, set, m->u, mask);
+    if (m->oom) goto oom;
+    if (gmatch_can_end(m))
+        for (int32_t i = 0; i < v->num_eog; i++)
+            if (v->eog[i] >= 0 && v->eog[i] < v->size) mask[v->eog[i] >> 5] |= 1u << (v->eog[i] & 31);
+    if (key >= 0) cache_put(mc, m->arena + key, m->cur_len + 3, h, mask);
+    return LOOM_OK;
+oom:
+    snprintf(why, cap, "out of memory computing a token mask");
+    m->oom = false;
+    return LOOM_ERR_NOMEM;
+}

@@ -1,0 +1,210 @@
+/*
+ * tests/constraint/test_constraint_e2e.c — structured outputs through the
+ * engine with SmolLM2 (LOOM_TEST_MODEL; skips when unset): a json_schema
+ * request's text parses and has the schema's required members with their
+ * types, json_object gives an object, a bad schema is refused at
+ * add_request naming the problem, and a request that cannot run with the
+ * pipeline (no constraint section) is refused too.
+ */
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/eng_util.h"
+#include "loom/engine.h"
+
+static const char *const k_no_overrides[] = {NULL};
+
+static loom_engine *eng_open_path(const char *path, const char *const *overrides) {
+    int32_t n = 0;
+    while (overrides[n]) n++;
+    loom_engine *e = NULL;
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_create(path, overrides, n, &e, &err), LOOM_OK, "%s: %s", path, err.message);
+    return e;
+}
+
+static const char k_schema[] =
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":20},"
+    "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},\"maxItems\":3}},"
+    "\"required\":[\"name\",\"age\",\"tags\"],\"additionalProperties\":false}";
+
+static char *run_constrained(loom_engine *e, const char *lang, const char *text, uint64_t seed) {
+    eng_rec rec;
+    eng_rec_init(&rec, 1);
+    loom_request r = loom_request_default();
+    r.prompt = "Describe a person as JSON.";
+    r.chat = true;
+    r.max_tokens = 120;
+    r.params.temperature = 0.8f;
+    r.params.seed = seed;
+    r.params.has_seed = true;
+    r.constraint_lang = lang;
+    r.constraint = text;
+    eng_add(e, r, &rec);
+    eng_run(e, 400);
+    eng_rec_check_done(&rec);
+    cr_assert_eq(rec.s[0].finish, LOOM_FINISH_EOS, "finish %d (%s), text: %.*s", rec.s[0].finish, rec.s[0].error,
+                 (int)rec.s[0].len, rec.s[0].text);
+    char *out = strndup(rec.s[0].text, rec.s[0].len);
+    eng_rec_free(&rec);
+    return out;
+}
+
+Test(constraint_e2e, json_schema_output_validates) {
+    eng_need_model();
+    char *pipe = eng_data_in("constraint", "smol.yaml");
+    loom_engine *e = eng_open_path(pipe, k_no_overrides);
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+        char *text = run_constrained(e, "json_schema", k_schema, seed);
+        cJSON *j = cJSON_Parse(text);
+        cr_assert_not_null(j, "not JSON: %s", text);
+        cr_assert(cJSON_IsString(cJSON_GetObjectItem(j, "name")), "%s", text);
+        cr_assert(strlen(cJSON_GetObjectItem(j, "name")->valuestring) <= 20, "%s", text);
+        const cJSON *age = cJSON_GetObjectItem(j, "age"), *tags = cJSON_GetObjectItem(j, "tags"), *t;
+        cr_assert(cJSON_IsNumber(age) && age->valuedouble == (double)(long long)age->valuedouble, "%s", text);
+        cr_assert(cJSON_IsArray(tags) && cJSON_GetArraySize(tags) <= 3, "%s", text);
+        cJSON_ArrayForEach(t, tags) cr_assert(cJSON_IsString(t) && (!strcmp(t->valuestring, "a") || !strcmp(t->valuestring, "b")), "%s", text);
+        cr_assert_eq(cJSON_GetArraySize(j), 3, "only the declared members: %s", text);
+        cJSON_Delete(j);
+        free(text);
+    }
+    loom_engine_destroy(e);
+    free(pipe);
+}
+
+Test(constraint_e2e, json_object_output_is_an_object) {
+    eng_need_model();
+    char *pipe = eng_data_in("constraint", "smol.yaml");
+    loom_engine *e = eng_open_path(pipe, k_no_overrides);
+    char *text = run_constrained(e, "json_object", NULL, 7);
+    cJSON *j = cJSON_Parse(text);
+    cr_assert(cJSON_IsObject(j), "not a JSON object: %s", text);
+    cJSON_Delete(j);
+    free(text);
+    loom_engine_destroy(e);
+    free(pipe);
+}
+
+Test(constraint_e2e, bad_schema_is_refused_at_add_request) {
+    eng_need_model();
+    char *pipe = eng_data_in("constraint", "smol.yaml");
+    loom_engine *e = eng_open_path(pipe, k_no_overrides);
+    loom_request r = loom_request_default();
+    r.prompt = "x";
+    r.constraint_lang = "json_schema";
+    r.constraint = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^x$\"}}}";
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_add_request(e, &r, &err), -1);
+    cr_assert(strstr(err.message, "pattern") && strstr(err.message, "#/properties/a"), "%s", err.message);
+    r.constraint = "{\"type\": \"object\", ";
+    cr_assert_eq(loom_engine_add_request(e, &r, &err), -1);
+    cr_assert(strstr(err.message, "not valid JSON"), "%s", err.message);
+    r.constraint_lang = "lark";
+    cr_assert_eq(loom_engine_add_request(e, &r, &err), -1);
+    cr_assert(strstr(err.message, "unknown language"), "%s", err.message);
+    loom_engine_destroy(e);
+    free(pipe);
+}
+
+/* What a constraint cannot run with is refused at add_request, naming it. */
+Test(constraint_e2e, unsupported_combinations_refused) {
+    eng_need_model();
+    char *pipe = eng_data_in("constraint", "smol.yaml");
+    static const char *const spec[] = {"speculator.plugin=ngram", NULL};
+    loom_engine *e = eng_open_path(pipe, spec);
+    loom_request r = loom_request_default();
+    r.prompt = "x";
+    r.constraint_lang = "json_object";
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_add_request(e, &r, &err), -1);
+    cr_assert(strstr(err.message, "speculative decoding"), "%s", err.message);
+    loom_engine_destroy(e);
+    e = eng_open_path(pipe, k_no_overrides);
+    r.ignore_eos = true;
+    cr_assert_eq(loom_engine_add_request(e, &r, &err), -1);
+    cr_assert(strstr(err.message, "ignore_eos"), "%s", err.message);
+    r.ignore_eos = false;
+    r.want_probs = true;
+    cr_assert_eq(loom_engine_add_request(e, &r, &err), -1);
+    cr_assert(strstr(err.message, "want_probs"), "%s", err.message);
+    loom_engine_destroy(e);
+    free(pipe);
+}
+
+Test(constraint_e2e, no_constraint_slot_is_refused) {
+    eng_need_model();
+    char *pipe = eng_data_in("constraint", "smol.yaml");
+    static const char *const off[] = {"constraint=null", NULL};
+    loom_engine *e = eng_open_path(pipe, off);
+    loom_request r = loom_request_default();
+    r.prompt = "x";
+    r.constraint_lang = "json_object";
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_add_request(e, &r, &err), -1);
+    cr_assert(strstr(err.message, "no constraint section"), "%s", err.message);
+    loom_engine_destroy(e);
+    free(pipe);
+}
+
+/* A grammar that can never end, under a small stack-depth limit: once the
+ * limit is reached nothing may follow, and the sample ends with an error
+ * naming the dead end instead of text outside the grammar. */
+Test(constraint_e2e, dead_end_finishes_with_an_error) {
+    eng_need_model();
+    char *pipe = eng_data_in("constraint", "smol.yaml");
+    static const char *const small[] = {"constraint.max_stack_depth=8", NULL};
+    loom_engine *e = eng_open_path(pipe, small);
+    eng_rec rec;
+    eng_rec_init(&rec, 1);
+    loom_request r = loom_request_default();
+    r.prompt = "Brackets:";
+    r.max_tokens = 60;
+    r.constraint_lang = "gbnf";
+    r.constraint = "root ::= \"[\" root \"]\"";
+    eng_add(e, r, &rec);
+    eng_run(e, 200);
+    eng_rec_check_done(&rec);
+    cr_assert_eq(rec.s[0].finish, LOOM_FINISH_ERROR, "finish %d, text %.*s", rec.s[0].finish, (int)rec.s[0].len,
+                 rec.s[0].text);
+    cr_assert(strstr(rec.s[0].error, "dead end"), "%s", rec.s[0].error);
+    for (size_t i = 0; i < rec.s[0].len; i++) cr_assert_eq(rec.s[0].text[i], '[', "%.*s", (int)rec.s[0].len, rec.s[0].text);
+    eng_rec_free(&rec);
+    loom_engine_destroy(e);
+    free(pipe);
+}
+
+/* n > 1: every sample has its own matcher (forks start fresh) and each
+ * answer is a JSON object. */
+Test(constraint_e2e, forked_samples_each_follow_the_constraint) {
+    eng_need_model();
+    char *pipe = eng_data_in("constraint", "smol.yaml");
+    loom_engine *e = eng_open_path(pipe, k_no_overrides);
+    eng_rec rec;
+    eng_rec_init(&rec, 3);
+    loom_request r = loom_request_default();
+    r.prompt = "A JSON object:";
+    r.n = 3;
+    r.max_tokens = 60;
+    r.params.temperature = 1.0f;
+    r.params.seed = 11;
+    r.params.has_seed = true;
+    r.constraint_lang = "regex";
+    r.constraint = "\\{\"n\": [0-9]{1,3}\\}";
+    eng_add(e, r, &rec);
+    eng_run(e, 300);
+    eng_rec_check_done(&rec);
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq(rec.s[k].finish, LOOM_FINISH_EOS, "sample %d: finish %d (%s)", k, rec.s[k].finish,
+                     rec.s[k].error);
+        char *t = strndup(rec.s[k].text, rec.s[k].len);
+        cJSON *j = cJSON_Parse(t);
+        cr_assert(cJSON_IsNumber(cJSON_GetObjectItem(j, "n")), "sample %d: %s", k, t);
+        cJSON_Delete(j);
+        free(t);
+    }
+    eng_rec_free(&rec);
+    loom_engine_destroy(e);
+    free(pipe);
+}
