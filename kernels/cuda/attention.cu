@@ -69,8 +69,9 @@
  * prefill shape, whose four warps share every decoded K and V element.
  *
  * The decode shape over an E4M3 cache (lc_att_rd: head_dim 64 and 128)
- * converts codes in registers instead: no dt tiles, no extra barrier, and a
- * third of the shared memory per CTA, so more tiles are in flight per SM
+ * converts codes in registers instead: no dt tiles, no extra barrier, and
+ * 48 instead of 80 KiB of shared memory per CTA at head_dim 128, so 3 CTAs
+ * fit an SM instead of 2
  * (the dt-tile design above ran at 34% of copy bandwidth at 512 sequences:
  * half the bytes per stage at the same occupancy). Each warp reads only its
  * own 16-key slice, so nothing is converted twice. The trick is a fixed
@@ -87,7 +88,8 @@
  *     (key, key+1) pairs. The accumulators then hold columns in that order,
  *     and the merge reads them back through the inverse map.
  * Code stages are swizzled by row (16-byte chunk c of row r at
- * c ^ (r & 7)) so both reads are free of bank conflicts.
+ * c ^ (r & 7)) so the reads are free of bank conflicts at head_dim 128; at
+ * 64, V's 8-byte reads of rows 2tq meet 2-way.
  *
  * Not here: ALiBi, sliding windows, soft-capping, per-layer KV scales.
  * Head dims 16, 32, 64, 128.
@@ -532,11 +534,11 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
             pa[3] = lc_pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
             if constexpr (RD) { /* rows r0, r0+1 (b0) and r0+8, r0+9 (b1); codes g*DT .. +DT */
                 const int r0 = kw + 16 * kk + 2 * tq;
-                uint32_t x[4][DT / 4];
+                alignas(16) uint32_t x[4][DT / 4];
 #pragma unroll
                 for (int h = 0; h < 4; h++) {
                     const uint8_t *src = code_at(v8s, r0 + (h & 1) + 8 * (h >> 1), g * DT);
-                    if (DT == 16) *reinterpret_cast<uint4 *>(x[h]) = *reinterpret_cast<const uint4 *>(src);
+                    if constexpr (DT == 16) *reinterpret_cast<uint4 *>(x[h]) = *reinterpret_cast<const uint4 *>(src);
                     else *reinterpret_cast<uint2 *>(x[h]) = *reinterpret_cast<const uint2 *>(src);
                 }
 #pragma unroll
