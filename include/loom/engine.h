@@ -270,7 +270,8 @@ const char *loom_engine_token_piece(const loom_engine *e, int32_t id, size_t *le
 int32_t loom_engine_vocab_size(const loom_engine *e);
 int32_t loom_engine_max_context(const loom_engine *e);
 /* [any] The chat template family messages are rendered with: "chatml"
- * (SmolLM2, Qwen, Hermes), "llama3" or "llama2" (also Mistral's [INST]);
+ * (SmolLM2, Qwen, Hermes), "llama3", "llama2" (also Mistral's [INST]) or
+ * "gemma";
  * NULL without a tokenizer or with model.chat_template: none. A caller that
  * writes a family's own conventions into messages (tool calls) asks this.
  * Since ABI 2.3. */
