@@ -514,8 +514,11 @@ static cJSON *tool_calls_json(const job *j, int32_t c, bool indexed) {
     const choice *ch = &j->ch[c];
     cJSON *a = cJSON_CreateArray();
     for (int32_t k = 0; k < ch->ncalls; k++) {
+        /* The request id's tail after its "cmpl-"-style prefix; the whole id
+         * when it has no '-', never past its NUL. */
+        const char *dash = strchr(j->id, '-');
         char id[80];
-        snprintf(id, sizeof id, "call_%s_%d_%d", j->id + strcspn(j->id, "-") + 1, c, k);
+        snprintf(id, sizeof id, "call_%s_%d_%d", dash ? dash + 1 : j->id, c, k);
         cJSON *t = cJSON_CreateObject();
         if (indexed) cJSON_AddNumberToObject(t, "index", k);
         cJSON_AddStringToObject(t, "id", id);
