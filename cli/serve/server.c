@@ -1256,11 +1256,19 @@ static char *tokenize_answer(server *s, const serve_req *q, unsigned *status, ch
 }
 
 /* POST /detokenize: {"prompt": the ids' text} (NUL characters as \u0000),
- * every id checked against the vocabulary first. */
+ * every id checked against the vocabulary first. At most max_model_len ids,
+ * the longest sequence the engine ever holds: the body cap alone lets some
+ * 200k ids through, whose text (tens of MB) would be built on the polling
+ * thread. */
 static char *detokenize_answer(server *s, const serve_req *q, unsigned *status, char *why, size_t whyn) {
     const serve_prompt *p = &q->prompts[0];
-    const int32_t vocab = loom_engine_vocab_size(s->eng);
+    const int32_t vocab = loom_engine_vocab_size(s->eng), cap = loom_engine_max_context(s->eng);
     *status = 400;
+    if (p->num_tokens > cap) {
+        snprintf(why, whyn, "tokens has %d ids, over the %d (max_model_len) loom serve detokenizes at once",
+                 p->num_tokens, cap);
+        return NULL;
+    }
     for (int32_t i = 0; i < p->num_tokens; i++)
         if (p->tokens[i] >= vocab) {
             snprintf(why, whyn, "tokens[%d] is %d, outside the vocabulary [0, %d)", i, p->tokens[i], vocab);

@@ -550,6 +550,14 @@ Test(serve, tokenizer_routes_without_tokenizer, .timeout = 120) {
     cr_assert(strstr(str(r.json, "error.message"), "tokens[1] is 100000, outside the vocabulary [0, "), "%s", r.body);
     reply_free(&r);
     expect_error(http(s.port, "POST", "/detokenize", "{\"tokens\": [1, -1]}", NULL), 400, "tokens[1]");
+    char many[1024] = "{\"tokens\": [1";
+    for (int i = 1; i < 129; i++) strcat(many, ", 1"); /* one id over TINY's max_model_len of 128 */
+    strcat(many, "]}");
+    r = http(s.port, "POST", "/detokenize", many, NULL);
+    cr_assert_eq(r.status, 400, "%s", r.body);
+    cr_assert_str_eq(str(r.json, "error.param"), "tokens");
+    cr_assert(strstr(str(r.json, "error.message"), "tokens has 129 ids, over the 128 (max_model_len)"), "%s", r.body);
+    reply_free(&r);
     expect_error(http(s.port, "POST", "/tokenize", "{\"model\": \"gpt-4\", \"prompt\": \"x\"}", NULL), 404,
                  "does not exist");
     expect_error(http(s.port, "GET", "/tokenize", NULL, NULL), 405, "use POST");
