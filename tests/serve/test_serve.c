@@ -575,6 +575,26 @@ Test(serve, tokenizer_routes_without_tokenizer, .timeout = 120) {
     free(stop(&s, 30));
 }
 
+/* Echo with logprobs scores the prompt first, and that pass registers the
+ * prompt's blocks in the prefix cache: the request's own prefill hitting
+ * them is not "cached" in usage; a second identical request's hits are. */
+Test(serve, echo_logprobs_cached_tokens, .timeout = 120) {
+    server s = start(TINY, NULL);
+    char body[1024] = "{\"max_tokens\": 1, \"echo\": true, \"logprobs\": 1, \"prompt\": [1";
+    for (int i = 1; i < 40; i++) snprintf(body + strlen(body), sizeof body - strlen(body), ", %d", 1 + i % 200);
+    strcat(body, "]}");
+    reply r = http(s.port, "POST", "/v1/completions", body, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert_eq(num(r.json, "usage.prompt_tokens"), 40, "%s", r.body);
+    cr_assert_eq(num(r.json, "usage.prompt_tokens_details.cached_tokens"), 0, "%s", r.body);
+    reply_free(&r);
+    r = http(s.port, "POST", "/v1/completions", body, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert_gt(num(r.json, "usage.prompt_tokens_details.cached_tokens"), 0, "%s", r.body);
+    reply_free(&r);
+    free(stop(&s, 30));
+}
+
 /* A body of `fill` bytes of 'a' as the prompt text (completions) or one
  * user message (chat); malloc'd. */
 static char *big_prompt_body(bool chat, size_t fill) {
