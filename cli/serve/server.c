@@ -976,13 +976,15 @@ static bool prompt_too_long(const server *s, const serve_req *q, char *why, size
     int32_t which = 0;
     size_t n = serve_prompt_bytes(q, &which);
     if (n <= s->prompt_cap) return false;
+    /* Messages come with chat and with /tokenize; either way they are the field. */
+    const bool msgs = q->api == SERVE_CHAT || q->base.num_messages > 0;
     char where[32] = "prompt";
-    if (q->api == SERVE_CHAT) snprintf(where, sizeof where, "the messages");
+    if (msgs) snprintf(where, sizeof where, "the messages");
     else if (q->num_prompts > 1) snprintf(where, sizeof where, "prompt[%d]", which);
     snprintf(why, whyn, "%s %s %zu bytes of text, over the %zu bytes loom serve takes for one prompt (the context "
              "holds %d tokens; loom serve --max-prompt-bytes): shorten the prompt", where,
-             q->api == SERVE_CHAT ? "have" : "is", n, s->prompt_cap, loom_engine_max_context(s->eng));
-    *param = q->api == SERVE_CHAT ? "messages" : "prompt";
+             msgs ? "have" : "is", n, s->prompt_cap, loom_engine_max_context(s->eng));
+    *param = msgs ? "messages" : "prompt";
     return true;
 }
 

@@ -619,6 +619,16 @@ Test(serve, prompt_bytes_capped_before_tokenizing, .timeout = 120) {
     b = big_prompt_body(true, 20000);
     expect_error(http(s.port, "POST", "/v1/chat/completions", b, NULL), 400, "--max-prompt-bytes");
     free(b);
+    b = malloc(20100); /* /tokenize of messages: the error names messages, not prompt */
+    int at = sprintf(b, "{\"messages\": [{\"role\": \"user\", \"content\": \"");
+    memset(b + at, 'a', 20000);
+    strcpy(b + at + 20000, "\"}]}");
+    r = http(s.port, "POST", "/tokenize", b, NULL);
+    cr_assert_eq(r.status, 400, "%s", r.body);
+    cr_assert_str_eq(str(r.json, "error.param"), "messages");
+    cr_assert(strstr(str(r.json, "error.message"), "the messages have 20000 bytes"), "%s", r.body);
+    reply_free(&r);
+    free(b);
     free(stop(&s, 30));
     s = start(TINY, (const char *[]){"--max-prompt-bytes", "1000", NULL});
     b = big_prompt_body(false, 1001);
