@@ -75,7 +75,10 @@ typedef struct loom_backend_memory {
     uint32_t struct_size;
     size_t total_bytes;        /* device (or host RAM for cpu) capacity      */
     size_t free_bytes;         /* free now, after weights were loaded        */
-    size_t weight_bytes;       /* bytes held by weights                      */
+    size_t weight_bytes;       /* bytes held by weights (an executor: all its
+                                  ranks' together with pp, the largest rank's
+                                  with tp alone); informational, nothing is
+                                  sized by it                                */
 } loom_backend_memory;
 
 /*
