@@ -5,7 +5,8 @@ Criterion programs print "Synthesis: Tested: T | Passing: P | Failing: F |
 Crashing: C"; those give per-case counts. Any other test (scripts, a
 Criterion program that died before its synthesis) counts as one case by its
 meson result. Prints exactly one line: "N passed, N failed" (", N skipped"
-when some were skipped) and exits 1 when anything failed.
+when some were skipped) and exits 1 when anything failed. A first argument
+--failed N adds N failures found outside the logs (test.sh's setup steps).
 """
 import json
 import re
@@ -15,7 +16,10 @@ SYN = re.compile(r"Synthesis: Tested: (\d+) \| Passing: (\d+) \| Failing: (\d+) 
 SKIP = re.compile(r"Skipped: (\d+)")
 
 passed = failed = skipped = 0
-for build in sys.argv[1:]:
+builds = sys.argv[1:]
+if builds[:1] == ["--failed"]:
+    failed, builds = int(builds[1]), builds[2:]
+for build in builds:
     try:
         lines = open(f"{build}/meson-logs/testlog.json").read().splitlines()
     except OSError:

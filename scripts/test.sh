@@ -14,7 +14,8 @@ Installs build dependencies (scripts/setup.sh), fetches the default model
 and Gemma 3 270M (scripts/fetch-model.sh [gemma3-270m]; tests that need
 them skip with a message if that fails) and the openai client with
 jsonschema (scripts/python-env.sh, a venv in the cache; the client test
-skips without them), builds in ./build and runs every test suite; then builds in
+skips without them, and with the default model present that counts as one
+failure, so a run cannot pass without the client test), builds in ./build and runs every test suite; then builds in
 ./build-asan with ASan+UBSan and runs them again; then builds the fuzz
 harnesses in ./build-fuzz (clang; scripts/setup.sh --fuzz) and runs suite
 'fuzz': each target replays tests/fuzz/corpus and fuzzes for
@@ -54,8 +55,15 @@ fi
 builds=("$root/build")
 scripts/setup.sh --build-dir "$root/build" >/dev/null || { echo "test.sh: build failed"; echo "0 passed, 1 failed"; exit 1; }
 # after setup.sh (python3-venv): the openai client and jsonschema for tests/serve
+# With the model present, the client test would run but for the Python
+# environment: its skip counts as a failure rather than passing unseen.
+setup_failed=0
 if py=$(scripts/python-env.sh); then
   export LOOM_TEST_PYTHON="$py"
+elif [ -n "${LOOM_TEST_MODEL:-}" ]; then
+  echo "test.sh: FAILURE: scripts/python-env.sh could not install openai / jsonschema, so the openai client" \
+       "test (tests/serve/openai_client_test.sh) cannot run; counted as one failure" >&2
+  setup_failed=1
 else
   echo "test.sh: WARNING: could not install openai / jsonschema; the client test will skip" >&2
 fi
@@ -88,5 +96,5 @@ if [ $fuzz = 1 ]; then
   fi
 fi
 
-python3 "$root/scripts/count_tests.py" "${builds[@]}" || rc=1
+python3 "$root/scripts/count_tests.py" --failed $setup_failed "${builds[@]}" || rc=1
 exit $rc

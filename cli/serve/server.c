@@ -514,8 +514,11 @@ static cJSON *tool_calls_json(const job *j, int32_t c, bool indexed) {
     const choice *ch = &j->ch[c];
     cJSON *a = cJSON_CreateArray();
     for (int32_t k = 0; k < ch->ncalls; k++) {
+        /* The request id's tail after its "cmpl-"-style prefix; the whole id
+         * when it has no '-', never past its NUL. */
+        const char *dash = strchr(j->id, '-');
         char id[80];
-        snprintf(id, sizeof id, "call_%s_%d_%d", j->id + strcspn(j->id, "-") + 1, c, k);
+        snprintf(id, sizeof id, "call_%s_%d_%d", dash ? dash + 1 : j->id, c, k);
         cJSON *t = cJSON_CreateObject();
         if (indexed) cJSON_AddNumberToObject(t, "index", k);
         cJSON_AddStringToObject(t, "id", id);
@@ -973,13 +976,15 @@ static bool prompt_too_long(const server *s, const serve_req *q, char *why, size
     int32_t which = 0;
     size_t n = serve_prompt_bytes(q, &which);
     if (n <= s->prompt_cap) return false;
+    /* Messages come with chat and with /tokenize; either way they are the field. */
+    const bool msgs = q->api == SERVE_CHAT || q->base.num_messages > 0;
     char where[32] = "prompt";
-    if (q->api == SERVE_CHAT) snprintf(where, sizeof where, "the messages");
+    if (msgs) snprintf(where, sizeof where, "the messages");
     else if (q->num_prompts > 1) snprintf(where, sizeof where, "prompt[%d]", which);
     snprintf(why, whyn, "%s %s %zu bytes of text, over the %zu bytes loom serve takes for one prompt (the context "
              "holds %d tokens; loom serve --max-prompt-bytes): shorten the prompt", where,
-             q->api == SERVE_CHAT ? "have" : "is", n, s->prompt_cap, loom_engine_max_context(s->eng));
-    *param = q->api == SERVE_CHAT ? "messages" : "prompt";
+             msgs ? "have" : "is", n, s->prompt_cap, loom_engine_max_context(s->eng));
+    *param = msgs ? "messages" : "prompt";
     return true;
 }
 
@@ -1253,11 +1258,19 @@ static char *tokenize_answer(server *s, const serve_req *q, unsigned *status, ch
 }
 
 /* POST /detokenize: {"prompt": the ids' text} (NUL characters as \u0000),
- * every id checked against the vocabulary first. */
+ * every id checked against the vocabulary first. At most max_model_len ids,
+ * the longest sequence the engine ever holds: the body cap alone lets some
+ * 200k ids through, whose text (tens of MB) would be built on the polling
+ * thread. */
 static char *detokenize_answer(server *s, const serve_req *q, unsigned *status, char *why, size_t whyn) {
     const serve_prompt *p = &q->prompts[0];
-    const int32_t vocab = loom_engine_vocab_size(s->eng);
+    const int32_t vocab = loom_engine_vocab_size(s->eng), cap = loom_engine_max_context(s->eng);
     *status = 400;
+    if (p->num_tokens > cap) {
+        snprintf(why, whyn, "tokens has %d ids, over the %d (max_model_len) loom serve detokenizes at once",
+                 p->num_tokens, cap);
+        return NULL;
+    }
     for (int32_t i = 0; i < p->num_tokens; i++)
         if (p->tokens[i] >= vocab) {
             snprintf(why, whyn, "tokens[%d] is %d, outside the vocabulary [0, %d)", i, p->tokens[i], vocab);

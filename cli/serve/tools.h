@@ -3,7 +3,7 @@
  * offered tools and the conversation's tool turns written into messages the
  * way the family's models were trained to read them, and the model's answer
  * read back into tool calls. Pure functions on text (no HTTP, no engine),
- * unit-tested in tests/serve and fuzzed (tests/fuzz/fuzz_tool_calls.c).
+ * unit-tested in tests/serve and fuzzed (tests/fuzz/fuzz_openai.c).
  *
  * Families (loom_engine_chat_template):
  *   chatml — Hermes / Qwen2.5: the tools in the system turn inside <tools>,
@@ -12,8 +12,9 @@
  *   llama3 — Llama 3.1's JSON tool calling: the tools in the first user
  *            turn, a call as the whole answer {"name", "parameters"}
  *            (several separated by ';'), results as "ipython" turns.
- * Other families (llama2, Mistral's [INST]) are refused: loom has no
- * rendering of Mistral's [AVAILABLE_TOOLS] control tokens.
+ * Other families (llama2, Mistral's [INST], gemma) are refused: loom has no
+ * rendering of Mistral's [AVAILABLE_TOOLS] control tokens, and Gemma's
+ * chat template has no tool turns of its own.
  *
  * What is not here: tool_choice "required" or a named function, which need
  * a decoding constraint to be kept (the constraint plugin kind).

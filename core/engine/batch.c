@@ -115,12 +115,16 @@ loom_status engine_run_block_ops(loom_engine *e, loom_error *err) {
 }
 
 /* Prompt-token accounting for one scheduled entry: tokens the prefix cache
- * served (first schedule of sample 0) and tokens actually prefilled. */
+ * served (first schedule of sample 0) and tokens actually prefilled. A
+ * scored prompt's hits on blocks its own scoring pass registered are not
+ * counted as served: only what the cache held before scoring. */
 static void count_prompt(loom_engine *e, loom_seq *s, const loom_sched_entry *en, int32_t end) {
     const int32_t np = s->info.num_prompt_tokens;
     if (!s->prefix_counted && s->sample_index == 0) {
         s->prefix_counted = true;
-        s->req->cached_prompt_tokens = en->num_computed < np ? en->num_computed : np;
+        int32_t c = en->num_computed < np ? en->num_computed : np;
+        if (s->req->prompt_scored && c > s->req->cached_before_score) c = s->req->cached_before_score;
+        s->req->cached_prompt_tokens = c;
         e->stats.cached_prompt_tokens += s->req->cached_prompt_tokens;
     }
     if (en->num_computed < np) e->stats.prefill_tokens += (end < np ? end : np) - en->num_computed;

@@ -95,6 +95,7 @@ struct loom_req {
     int32_t cached_prompt_tokens; /* served by the prefix cache, at sample 0's first schedule */
     /* r.prompt_logprobs: the prompt scored at admission (score.c) */
     bool prompt_scored;        /* the arrays below are filled (events carry them) */
+    int32_t cached_before_score; /* prompt tokens the prefix cache held before scoring */
     float *prompt_lp;          /* (prompt_len); [0] NAN                      */
     int32_t prompt_num_top;    /* alternatives per position                  */
     int32_t *prompt_top_ids;   /* (prompt_len, prompt_num_top)               */

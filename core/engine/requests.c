@@ -110,8 +110,9 @@ static loom_status copy_tokens(loom_engine *e, const loom_request *req, loom_req
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying %d prompt tokens", req->num_tokens);
     for (int32_t i = 0; i < req->num_tokens; i++) {
         if (req->tokens[i] < 0 || req->tokens[i] >= e->vocab)
-            return loom_error_set(err, LOOM_ERR_INVALID, "prompt token %d at index %d is outside the vocabulary [0, %d)",
-                                  req->tokens[i], i, e->vocab);
+            return loom_error_set(err, LOOM_ERR_INVALID,
+                                  "prompt token %d at index %d is outside the vocabulary [0, %d)", req->tokens[i], i,
+                                  e->vocab);
         rq->prompt[i] = req->tokens[i];
     }
     rq->prompt_len = req->num_tokens;
@@ -352,7 +353,8 @@ static void admit(loom_engine *e, loom_req *rq, loom_error *err) {
      * instead of failing every row of a later step. */
     loom_status st = engine_sampler_check(e, s, err);
     if (st != LOOM_OK) {
-        engine_seq_finish(e, s, LOOM_FINISH_ERROR, err ? err->message : "the sampler rejected the request's parameters");
+        engine_seq_finish(e, s, LOOM_FINISH_ERROR,
+                          err ? err->message : "the sampler rejected the request's parameters");
         return;
     }
     st = e->sch->add(e->sch_self, &s->info, err);

@@ -112,6 +112,26 @@ static loom_status score_tokens(loom_engine *e, const int32_t *tokens, int32_t n
     return st;
 }
 
+/* How many of the prompt's tokens the prefix cache holds before scoring
+ * registers the prompt's own blocks: a probe sequence takes the prefix and
+ * drops it at once (the cache counts it as one more prefix query). The
+ * request's cached_prompt_tokens is capped at this, so blocks it produced
+ * itself are not reported as served by the cache. */
+static int32_t cached_before_score(loom_engine *e, const loom_req *rq) {
+    loom_seq_info probe = {
+        .struct_size = sizeof probe,
+        .id = e->next_seq_id++,
+        .request_id = -1,
+        .num_prompt_tokens = rq->prompt_len,
+        .num_tokens = rq->prompt_len,
+        .max_total_tokens = rq->prompt_len,
+        .tokens = rq->prompt,
+    };
+    int32_t hit = e->cache->acquire_prefix(e->cache_self, &probe);
+    e->cache->free(e->cache_self, probe.id);
+    return hit;
+}
+
 loom_status engine_score_prompt(loom_engine *e, loom_req *rq, loom_error *err) {
     const int32_t n = rq->prompt_len, k = rq->r.params.logprobs;
     if (!rq->prompt_lp) rq->prompt_lp = malloc((size_t)n * sizeof *rq->prompt_lp);
@@ -124,6 +144,7 @@ loom_status engine_score_prompt(loom_engine *e, loom_req *rq, loom_error *err) {
     rq->prompt_lp[0] = NAN;
     rq->prompt_num_top = k;
     score_out o = {rq->prompt_lp, k, rq->prompt_top_ids, rq->prompt_top_lps};
+    rq->cached_before_score = cached_before_score(e, rq);
     loom_status st = score_tokens(e, rq->prompt, n, &o, err);
     rq->prompt_scored = st == LOOM_OK;
     return st;

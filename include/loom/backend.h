@@ -75,7 +75,10 @@ typedef struct loom_backend_memory {
     uint32_t struct_size;
     size_t total_bytes;        /* device (or host RAM for cpu) capacity      */
     size_t free_bytes;         /* free now, after weights were loaded        */
-    size_t weight_bytes;       /* bytes held by weights                      */
+    size_t weight_bytes;       /* bytes held by weights (an executor: all its
+                                  ranks' together with pp, the largest rank's
+                                  with tp alone); informational, nothing is
+                                  sized by it                                */
 } loom_backend_memory;
 
 /*
@@ -126,14 +129,29 @@ typedef struct loom_comm {
  * rank links to the same tensor rank of the next stage and sends its whole,
  * replicated, residual stream.
  *
+ * Micro-batches and the prefix cache: a paged cache registers a block when
+ * it allocates it, before its KV is computed, so a later sequence of the
+ * same step may take it as a prefix hit and read it. A reader must then be
+ * in the same micro-batch as the block's writer (each layer writes the
+ * batch's KV before attending) or a later one (each stage runs the
+ * micro-batches in order) — never an earlier one. This holds because
+ * micro-batches are consecutive runs of the batch and the batch lists
+ * sequences in the order the scheduler allocated them; an executor that
+ * reorders sequences across micro-batches must keep it.
+ *
  * The link functions are [instance]: called from the thread running this
  * rank's forward(), `buf` device memory of `count` elements of `dtype`
- * (`stream` the backend's device stream; NULL on the host). send_next()
- * may return as soon as `buf` may be reused; recv_prev() returns when
- * `buf` holds the message. Both block until the peer arrives, and return
- * an error (never hang) when the executor aborts the pipeline because some
- * rank failed, or when the peer's count or dtype differs. Grows only at its
- * end.
+ * (`stream` the backend's device stream; NULL on the host). Host links
+ * (the pp executor's threads): send_next() returns once `buf` may be
+ * reused and recv_prev() once `buf` holds the message; both block until
+ * the peer arrives, and return an error (never hang) when the executor
+ * aborts the pipeline because some rank failed, or when the peer's count
+ * or dtype differs. Device links (its nccl): both only enqueue the
+ * transfer on `stream` and return, so "may be reused" and "holds the
+ * message" hold in stream order, for work enqueued after the call; a
+ * count or dtype mismatch is not detected, and an abort reaches them as
+ * ncclCommAbort, which ends transfers still waiting for a peer (the
+ * communicators are then unusable). Grows only at its end.
  */
 typedef struct loom_stage {
     uint32_t struct_size;

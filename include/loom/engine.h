@@ -136,10 +136,13 @@ typedef struct loom_request {
     /* since ABI 2.3 — add new members below this line only */
     /* Compute the prompt's own logprobs (each token's under the model given
      * the tokens before it, with params.logprobs alternatives) when the
-     * request is admitted: one forward over the prompt outside the batch,
-     * whose KV blocks then serve the request's prefill through the prefix
-     * cache. A prompt the cache has no room for while other requests run
-     * waits for them (it stays queued; loom_engine_abort ends it). Delivered on every event (loom_token_event.prompt_logprobs):
+     * request is admitted: one forward over the prompt outside the batch.
+     * With prefix caching on (cache.paged's default), its full KV blocks
+     * then serve the request's prefill (not counted in cached_prompt_tokens,
+     * which counts only what the cache held before); without it the prefill
+     * computes the prompt again. A prompt the cache has no room for while
+     * other requests run waits for them (it stays queued; loom_engine_abort
+     * ends it). Delivered on every event (loom_token_event.prompt_logprobs):
      * the OpenAI completions API's echo with logprobs. */
     bool prompt_logprobs;
     /* Generate nothing: the prompt is read (and scored, with
@@ -270,7 +273,8 @@ const char *loom_engine_token_piece(const loom_engine *e, int32_t id, size_t *le
 int32_t loom_engine_vocab_size(const loom_engine *e);
 int32_t loom_engine_max_context(const loom_engine *e);
 /* [any] The chat template family messages are rendered with: "chatml"
- * (SmolLM2, Qwen, Hermes), "llama3" or "llama2" (also Mistral's [INST]);
+ * (SmolLM2, Qwen, Hermes), "llama3", "llama2" (also Mistral's [INST]) or
+ * "gemma";
  * NULL without a tokenizer or with model.chat_template: none. A caller that
  * writes a family's own conventions into messages (tool calls) asks this.
  * Since ABI 2.3. */

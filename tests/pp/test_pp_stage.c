@@ -577,6 +577,23 @@ Test(pp, stages_hold_only_their_weights) {
     tiny_free(m);
 }
 
+/* The executor's memory(): weight_bytes is the pipeline's, the stages'
+ * sum (one whole model), while free and total stay the tightest rank's. */
+Test(pp, memory_reports_the_pipelines_weights) {
+    tiny_model *m = pp_model(1);
+    rig g;
+    rig_plugins(&g);
+    size_t whole = stage_weight_bytes(&g.cpu, m, NULL);
+    loom_error err = {0};
+    cr_assert_eq(rig_open(&g, 2, 1, 1, m, &err), LOOM_OK, "%s", err.message);
+    loom_backend_memory mem = {.struct_size = sizeof mem};
+    cr_assert_eq(g.ops->memory(g.self, &mem, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(mem.weight_bytes, whole, "pp 2 reports %zu weight bytes, the model holds %zu", mem.weight_bytes,
+                 whole);
+    rig_close(&g);
+    tiny_free(m);
+}
+
 /* -------------------------------------------------------------- links */
 
 typedef struct link_job {

@@ -3,7 +3,8 @@
 # openai_client_test.py (the official openai client against `loom serve` on
 # SmolLM2) with the python that has the packages: LOOM_TEST_PYTHON
 # (scripts/python-env.sh's, set by scripts/test.sh), else python3. Skips
-# (exit 77) without LOOM_TEST_MODEL or without openai / jsonschema.
+# (exit 77) without LOOM_TEST_MODEL or without openai / jsonschema; with the
+# model present, scripts/test.sh counts the latter as a failure.
 set -u
 cli=$1
 src=$2

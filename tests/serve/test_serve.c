@@ -550,6 +550,14 @@ Test(serve, tokenizer_routes_without_tokenizer, .timeout = 120) {
     cr_assert(strstr(str(r.json, "error.message"), "tokens[1] is 100000, outside the vocabulary [0, "), "%s", r.body);
     reply_free(&r);
     expect_error(http(s.port, "POST", "/detokenize", "{\"tokens\": [1, -1]}", NULL), 400, "tokens[1]");
+    char many[1024] = "{\"tokens\": [1";
+    for (int i = 1; i < 129; i++) strcat(many, ", 1"); /* one id over TINY's max_model_len of 128 */
+    strcat(many, "]}");
+    r = http(s.port, "POST", "/detokenize", many, NULL);
+    cr_assert_eq(r.status, 400, "%s", r.body);
+    cr_assert_str_eq(str(r.json, "error.param"), "tokens");
+    cr_assert(strstr(str(r.json, "error.message"), "tokens has 129 ids, over the 128 (max_model_len)"), "%s", r.body);
+    reply_free(&r);
     expect_error(http(s.port, "POST", "/tokenize", "{\"model\": \"gpt-4\", \"prompt\": \"x\"}", NULL), 404,
                  "does not exist");
     expect_error(http(s.port, "GET", "/tokenize", NULL, NULL), 405, "use POST");
@@ -563,6 +571,26 @@ Test(serve, tokenizer_routes_without_tokenizer, .timeout = 120) {
     cr_assert_str_eq(str(r.json, "choices.0.logprobs.tokens.1"), "token_id:6");
     cr_assert_str_eq(str(r.json, "choices.0.finish_reason"), "length");
     cr_assert_eq(num(r.json, "usage.completion_tokens"), 0);
+    reply_free(&r);
+    free(stop(&s, 30));
+}
+
+/* Echo with logprobs scores the prompt first, and that pass registers the
+ * prompt's blocks in the prefix cache: the request's own prefill hitting
+ * them is not "cached" in usage; a second identical request's hits are. */
+Test(serve, echo_logprobs_cached_tokens, .timeout = 120) {
+    server s = start(TINY, NULL);
+    char body[1024] = "{\"max_tokens\": 1, \"echo\": true, \"logprobs\": 1, \"prompt\": [1";
+    for (int i = 1; i < 40; i++) snprintf(body + strlen(body), sizeof body - strlen(body), ", %d", 1 + i % 200);
+    strcat(body, "]}");
+    reply r = http(s.port, "POST", "/v1/completions", body, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert_eq(num(r.json, "usage.prompt_tokens"), 40, "%s", r.body);
+    cr_assert_eq(num(r.json, "usage.prompt_tokens_details.cached_tokens"), 0, "%s", r.body);
+    reply_free(&r);
+    r = http(s.port, "POST", "/v1/completions", body, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert_gt(num(r.json, "usage.prompt_tokens_details.cached_tokens"), 0, "%s", r.body);
     reply_free(&r);
     free(stop(&s, 30));
 }
@@ -590,6 +618,16 @@ Test(serve, prompt_bytes_capped_before_tokenizing, .timeout = 120) {
     free(b);
     b = big_prompt_body(true, 20000);
     expect_error(http(s.port, "POST", "/v1/chat/completions", b, NULL), 400, "--max-prompt-bytes");
+    free(b);
+    b = malloc(20100); /* /tokenize of messages: the error names messages, not prompt */
+    int at = sprintf(b, "{\"messages\": [{\"role\": \"user\", \"content\": \"");
+    memset(b + at, 'a', 20000);
+    strcpy(b + at + 20000, "\"}]}");
+    r = http(s.port, "POST", "/tokenize", b, NULL);
+    cr_assert_eq(r.status, 400, "%s", r.body);
+    cr_assert_str_eq(str(r.json, "error.param"), "messages");
+    cr_assert(strstr(str(r.json, "error.message"), "the messages have 20000 bytes"), "%s", r.body);
+    reply_free(&r);
     free(b);
     free(stop(&s, 30));
     s = start(TINY, (const char *[]){"--max-prompt-bytes", "1000", NULL});

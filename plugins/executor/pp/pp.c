@@ -615,7 +615,7 @@ static loom_status pp_memory(void *self, loom_backend_memory *out, loom_error *e
         const loom_backend_memory *r = &pp->ranks[i].mem;
         if (r->free_bytes < m.free_bytes) m.free_bytes = r->free_bytes;
         if (r->total_bytes < m.total_bytes) m.total_bytes = r->total_bytes;
-        if (r->weight_bytes > m.weight_bytes) m.weight_bytes = r->weight_bytes;
+        m.weight_bytes += r->weight_bytes; /* disjoint layers (or tp shards): the pipeline holds the sum */
     }
     if (pp->cfg.comm == PP_COMM_THREADS) {
         /* host backends share one RAM: each rank's KV pool gets its part */
