@@ -39,45 +39,9 @@
 
 #define REL_TOL 1e-5
 
-/* ------------------------------------------------------ a locked host */
-
-static pthread_mutex_t g_host_mu = PTHREAD_MUTEX_INITIALIZER;
-static loom_host g_host;
-static const loom_host *g_base;
-
-static void *lk_alloc(void *ctx, size_t n) {
-    pthread_mutex_lock(&g_host_mu);
-    void *p = g_base->alloc(ctx, n);
-    pthread_mutex_unlock(&g_host_mu);
-    return p;
-}
-static void *lk_calloc(void *ctx, size_t n, size_t s) {
-    pthread_mutex_lock(&g_host_mu);
-    void *p = g_base->calloc(ctx, n, s);
-    pthread_mutex_unlock(&g_host_mu);
-    return p;
-}
-static void lk_free(void *ctx, void *p) {
-    pthread_mutex_lock(&g_host_mu);
-    g_base->free(ctx, p);
-    pthread_mutex_unlock(&g_host_mu);
-}
-static void lk_metric_set(void *ctx, const char *name, double v) {
-    pthread_mutex_lock(&g_host_mu);
-    g_base->metric_set(ctx, name, v);
-    pthread_mutex_unlock(&g_host_mu);
-}
-
-static const loom_host *host(void) {
-    if (g_base) return &g_host;
-    g_base = fake_host();
-    g_host = *g_base;
-    g_host.alloc = lk_alloc;
-    g_host.calloc = lk_calloc;
-    g_host.free = lk_free;
-    g_host.metric_set = lk_metric_set;
-    return &g_host;
-}
+/* The fake host behind a lock (the ranks allocate from their threads),
+ * wrapped once per test process. */
+static const loom_host *host(void) { return fake_host_locked(); }
 
 /* ------------------------------------------------------ random model */
 
