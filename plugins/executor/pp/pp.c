@@ -38,6 +38,7 @@
 
 #include "pp.h"
 #include "rank_pool.h"
+#include "topk_rows.h"
 #include "tp.h"
 
 #define PP_MAX_STAGES 64
@@ -141,8 +142,7 @@ typedef struct pp_exec {
     loom_kv_layout kv;                 /* after kv_alloc (for batch checks)   */
     bool kv_ready;
     pp_split split;                    /* the step's micro-batches            */
-    float *topk_rows;                  /* forward_topk without the backend's  */
-    size_t topk_cap;                   /* floats in topk_rows                 */
+    topk_rows topk;                    /* forward_topk without the backend's  */
     rank_pool pool;                    /* the ranks' threads (rank_pool.h)    */
 } pp_exec;
 
@@ -317,7 +317,7 @@ static void pp_destroy(void *self) {
     pp_nccl_destroy(pp->nc);
 #endif
     pp_split_free(&pp->split, h);
-    h->free(h->ctx, pp->topk_rows);
+    topk_rows_free(&pp->topk, h);
     h->free(h->ctx, pp->ranks);
     h->free(h->ctx, pp);
 }
@@ -594,23 +594,9 @@ static loom_status pp_topk_on_host(pp_exec *pp, const loom_batch *b, const loom_
     const loom_host *h = pp->host;
     const int64_t V = pp->vocab, NL = b ? b->num_logits : 0;
     if (NL <= 0) return pp_forward_job(pp, b, NULL, NULL, err);
-    const size_t need = (size_t)NL * (size_t)V;
-    if (need > pp->topk_cap) {
-        float *p = h->alloc(h->ctx, need * sizeof(float));
-        if (!p)
-            return h->error(h->ctx, err, LOOM_ERR_NOMEM, "executor pp: out of host memory for %lld logits rows",
-                            (long long)NL);
-        h->free(h->ctx, pp->topk_rows);
-        pp->topk_rows = p, pp->topk_cap = need;
-    }
-    loom_status st = pp_forward_job(pp, b, pp->topk_rows, NULL, err);
-    if (st != LOOM_OK) return st;
-    for (int64_t r = 0; r < NL; r++) {
-        const float *row = pp->topk_rows + (size_t)r * (size_t)V;
-        h->logits_topk_row(row, (int32_t)V, out->k, out->top_ids + r * out->k, out->top_vals + r * out->k,
-                           out->lse + r);
-        if (out->want_full[r]) memcpy(out->full + (size_t)r * (size_t)V, row, (size_t)V * sizeof(float));
-    }
+    loom_status st = topk_rows_reserve(&pp->topk, h, "executor pp", NL, V, err);
+    if (st != LOOM_OK || (st = pp_forward_job(pp, b, pp->topk.rows, NULL, err)) != LOOM_OK) return st;
+    topk_rows_reduce(&pp->topk, h, NL, V, out);
     return LOOM_OK;
 }
 

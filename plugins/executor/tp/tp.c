@@ -39,6 +39,7 @@
 #include <string.h>
 
 #include "rank_pool.h"
+#include "topk_rows.h"
 #include "tp.h"
 
 #define TP_MAX_SIZE 1024
@@ -135,8 +136,7 @@ typedef struct tp_exec {
 #endif
     bool loaded;
     int64_t vocab;                     /* the loaded model's                  */
-    float *topk_rows;                  /* forward_topk without the backend's  */
-    size_t topk_cap;                   /* floats in topk_rows                 */
+    topk_rows topk;                    /* forward_topk without the backend's  */
     rank_pool pool;                    /* the ranks' threads (rank_pool.h)    */
 } tp_exec;
 
@@ -382,7 +382,7 @@ static void tp_destroy(void *self) {
 #ifdef LOOM_TP_HAVE_NCCL
     tp_nccl_destroy(tp->nc);
 #endif
-    h->free(h->ctx, tp->topk_rows);
+    topk_rows_free(&tp->topk, h);
     h->free(h->ctx, tp->ranks);
     h->free(h->ctx, tp);
 }
@@ -578,22 +578,9 @@ static loom_status tp_forward_topk(void *self, const loom_batch *batch, const lo
     /* the ranks' backend returns whole rows only: reduce them here */
     const int64_t V = tp->vocab, NL = batch ? batch->num_logits : 0;
     if (NL <= 0) return tp_forward(self, batch, NULL, err);
-    const size_t need = (size_t)NL * (size_t)V;
-    if (need > tp->topk_cap) {
-        float *p = h->alloc(h->ctx, need * sizeof(float));
-        if (!p)
-            return h->error(h->ctx, err, LOOM_ERR_NOMEM, "executor tp: out of host memory for %lld logits rows",
-                            (long long)NL);
-        h->free(h->ctx, tp->topk_rows);
-        tp->topk_rows = p, tp->topk_cap = need;
-    }
-    if ((st = tp_forward(self, batch, tp->topk_rows, err)) != LOOM_OK) return st;
-    for (int64_t r = 0; r < NL; r++) {
-        const float *row = tp->topk_rows + (size_t)r * (size_t)V;
-        h->logits_topk_row(row, (int32_t)V, out->k, out->top_ids + r * out->k, out->top_vals + r * out->k,
-                             out->lse + r);
-        if (out->want_full[r]) memcpy(out->full + (size_t)r * (size_t)V, row, (size_t)V * sizeof(float));
-    }
+    if ((st = topk_rows_reserve(&tp->topk, h, "executor tp", NL, V, err)) != LOOM_OK) return st;
+    if ((st = tp_forward(self, batch, tp->topk.rows, err)) != LOOM_OK) return st;
+    topk_rows_reduce(&tp->topk, h, NL, V, out);
     return LOOM_OK;
 }
 
