@@ -130,11 +130,7 @@ static loom_status rig_open(rig *g, int pp, int tp, int mb, const tiny_model *m,
         cr_assert_eq(g->inner_ops->create(host(), &bc, &g->inner[i], err), LOOM_OK, "%s", err->message);
     loom_status st = g->pp_ops->attach_inner(g->exec, g->inner_ops, g->inner, g->n, err);
     if (st != LOOM_OK) return st;
-    g->runner = (loom_backend_ops){
-        .struct_size = sizeof(loom_backend_ops), .load = g->pp_ops->load,
-        .kv_block_bytes = g->pp_ops->kv_block_bytes, .memory = g->pp_ops->memory,
-        .kv_alloc = g->pp_ops->kv_alloc, .forward = g->pp_ops->forward, .copy_blocks = g->pp_ops->copy_blocks,
-        .forward_topk = g->pp_ops->forward_topk, .swap_blocks = g->pp_ops->swap_blocks};
+    g->runner = tb_executor_runner(g->pp_ops);
     g->ops = &g->runner;
     g->self = g->exec;
     return g->ops->load(g->self, &m->view, NULL, err);

@@ -161,11 +161,7 @@ static loom_status rig_open(rig *g, int32_t n, const tiny_model *m, loom_error *
     if ((st = g->tp_ops->attach_inner(g->exec, g->inner_ops, g->inner, n, err)) != LOOM_OK)
         return st;
     /* the executor drives like a backend: its model-runner methods */
-    g->exec_runner = (loom_backend_ops){
-        .struct_size = sizeof(loom_backend_ops), .load = g->tp_ops->load,
-        .kv_block_bytes = g->tp_ops->kv_block_bytes, .memory = g->tp_ops->memory, .kv_alloc = g->tp_ops->kv_alloc,
-        .forward = g->tp_ops->forward, .copy_blocks = g->tp_ops->copy_blocks,
-        .forward_topk = g->tp_ops->forward_topk, .swap_blocks = g->tp_ops->swap_blocks};
+    g->exec_runner = tb_executor_runner(g->tp_ops);
     g->ops = &g->exec_runner;
     g->self = g->exec;
     return g->ops->load(g->self, &m->view, NULL, err);
