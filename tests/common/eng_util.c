@@ -291,3 +291,54 @@ void eng_set_same(const eng_set_rec *a, const eng_set_rec *b, double tol, const 
     cr_assert(worst <= tol, "%s: log-probs / distributions differ by up to %g (tolerance %g)", what,
               worst, tol);
 }
+
+/* ------------------------------------------------------------ SmolLM2 */
+
+static char *eng_smol_generate(loom_engine *e, eng_rec *r) {
+    loom_request rq = loom_request_default();
+    rq.prompt = "Explain in two sentences why the sky is blue.";
+    rq.chat = true;
+    rq.max_tokens = 40;
+    rq.params.logprobs = 2;
+    eng_rec_init(r, 1);
+    eng_add(e, rq, r);
+    eng_run(e, 1000);
+    eng_rec_check_done(r);
+    return r->s[0].text;
+}
+
+void eng_smol_compare(const char *folder, const char *pipeline, const char *const *ref_overrides,
+                      const char *const *overrides, const char *text, double tol, const char *what) {
+    eng_rec ra, rb;
+    loom_engine *ref = eng_open_in(folder, "smol.yaml", ref_overrides);
+    int32_t *tok = NULL, n = 0;
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_tokenize(ref, text, true, &tok, &n, &err), LOOM_OK, "%s", err.message);
+    float *want = eng_score(ref, tok, n);
+    char *ta = eng_smol_generate(ref, &ra);
+    loom_engine_destroy(ref);
+
+    loom_engine *e = eng_open_in(folder, pipeline, overrides);
+    float *got = eng_score(e, tok, n);
+    char *tb = eng_smol_generate(e, &rb);
+    loom_engine_destroy(e);
+
+    double worst = eng_max_diff(got, want, (size_t)n);
+    cr_log_info("SmolLM2 %s: max |log-prob difference| %.3g over %d tokens", what, worst, n);
+    cr_assert(worst <= tol, "%s: teacher-forced log-probs differ by up to %g (tolerance %g)", what, worst,
+              tol);
+    cr_assert(ta && tb, "no text generated");
+    cr_assert_str_eq(ta, tb, "%s wrote other text than one backend:\n--- one backend\n%s\n--- %s\n%s",
+                     what, ta, what, tb);
+    cr_assert_eq(ra.s[0].ntok, rb.s[0].ntok);
+    for (int32_t k = 0; k < ra.s[0].ntok; k++)
+        cr_assert_eq(ra.s[0].tokens[k], rb.s[0].tokens[k], "%s: generated token %d: %d vs %d", what, k,
+                     ra.s[0].tokens[k], rb.s[0].tokens[k]);
+    double gen = eng_max_diff(ra.s[0].lps, rb.s[0].lps, (size_t)ra.s[0].ntok);
+    cr_assert(gen <= tol, "%s: generated log-probs differ by up to %g (tolerance %g)", what, gen, tol);
+    eng_rec_free(&ra);
+    eng_rec_free(&rb);
+    free(tok);
+    free(want);
+    free(got);
+}

@@ -107,4 +107,12 @@ void eng_set_free(eng_set_rec *recs);
  * distributions within tol (0: bit-identical). */
 void eng_set_same(const eng_set_rec *a, const eng_set_rec *b, double tol, const char *what);
 
+/* SmolLM2 (LOOM_TEST_MODEL; call eng_need_model first) on
+ * tests/<folder>/data/smol.yaml with ref_overrides against `pipeline`
+ * with `overrides`: teacher-forced log-probs of `text` within tol, and a
+ * chat answer (40 greedy tokens) with the same text and token ids and
+ * log-probs within tol. `what` names the second in messages. */
+void eng_smol_compare(const char *folder, const char *pipeline, const char *const *ref_overrides,
+                      const char *const *overrides, const char *text, double tol, const char *what);
+
 #endif

@@ -239,54 +239,14 @@ Test(pp, error_pp_size_out_of_range) {
 
 /* ------------------------------------------------------------ SmolLM2 */
 
-static char *smol_generate(loom_engine *e, eng_rec *r) {
-    loom_request rq = loom_request_default();
-    rq.prompt = "Explain in two sentences why the sky is blue.";
-    rq.chat = true;
-    rq.max_tokens = 40;
-    rq.params.logprobs = 2;
-    eng_rec_init(r, 1);
-    eng_add(e, rq, r);
-    eng_run(e, 1000);
-    eng_rec_check_done(r);
-    return r->s[0].text;
-}
+static const char k_smol_text[] =
+    "The quick brown fox jumps over the lazy dog. Pipeline parallelism gives each device a "
+    "contiguous range of a transformer's layers; the hidden states travel from one stage to "
+    "the next, and micro-batches keep every stage busy.";
 
-/* One backend vs `ov` on smol_pp.yaml: teacher-forced log-probs within tol,
- * the same greedy text, generated log-probs within tol. */
+/* One backend vs `ov` on smol_pp.yaml (eng_smol_compare). */
 static void smol_compare(const char *const *ref_ov, const char *const *ov, double tol, const char *what) {
-    static const char text[] =
-        "The quick brown fox jumps over the lazy dog. Pipeline parallelism gives each device a "
-        "contiguous range of a transformer's layers; the hidden states travel from one stage to "
-        "the next, and micro-batches keep every stage busy.";
-    eng_rec ra, rb;
-    loom_engine *ref = pp_open("smol.yaml", ref_ov);
-    int32_t *tok = NULL, n = 0;
-    loom_error err = {0};
-    cr_assert_eq(loom_engine_tokenize(ref, text, true, &tok, &n, &err), LOOM_OK, "%s", err.message);
-    float *want = eng_score(ref, tok, n);
-    char *ta = smol_generate(ref, &ra);
-    loom_engine_destroy(ref);
-
-    loom_engine *e = pp_open("smol_pp.yaml", ov);
-    float *got = eng_score(e, tok, n);
-    char *tb = smol_generate(e, &rb);
-    loom_engine_destroy(e);
-
-    double worst = max_diff(got, want, (size_t)n);
-    cr_log_info("SmolLM2 %s: max |log-prob difference| %.3g over %d tokens", what, worst, n);
-    cr_assert(worst <= tol, "%s: teacher-forced log-probs differ by up to %g (tolerance %g)", what, worst, tol);
-    cr_assert(ta && tb, "no text generated");
-    cr_assert_str_eq(ta, tb, "%s wrote other text than one backend:\n--- one backend\n%s\n--- %s\n%s", what, ta,
-                     what, tb);
-    cr_assert_eq(ra.s[0].ntok, rb.s[0].ntok);
-    double gen = max_diff(ra.s[0].lps, rb.s[0].lps, (size_t)ra.s[0].ntok);
-    cr_assert(gen <= tol, "%s: generated log-probs differ by up to %g (tolerance %g)", what, gen, tol);
-    eng_rec_free(&ra);
-    eng_rec_free(&rb);
-    free(tok);
-    free(want);
-    free(got);
+    eng_smol_compare("pp", "smol_pp.yaml", ref_ov, ov, k_smol_text, tol, what);
 }
 
 /* 30 layers over 3 stages of 10, GGUF weights as stored: the same

@@ -235,73 +235,20 @@ Test(tp, error_nccl_without_cuda_or_gpus) {
 
 /* ------------------------------------------------------------ SmolLM2 */
 
-static const char *need_model(void) {
-    const char *m = getenv("LOOM_TEST_MODEL");
-    if (!m || !m[0])
-        cr_skip_test("LOOM_TEST_MODEL is unset: set it to the SmolLM2-135M-Instruct Q4_1 GGUF "
-                     "(scripts/fetch-model.sh prints the path) to run the SmolLM2 TP tests");
-    return m;
-}
-
-static char *smol_generate(loom_engine *e, eng_rec *r) {
-    loom_request rq = loom_request_default();
-    rq.prompt = "Explain in two sentences why the sky is blue.";
-    rq.chat = true;
-    rq.max_tokens = 40;
-    rq.params.logprobs = 2;
-    eng_rec_init(r, 1);
-    eng_add(e, rq, r);
-    eng_run(e, 1000);
-    eng_rec_check_done(r);
-    return r->s[0].text;
-}
-
 /* 9 heads, 3 KV heads, FFN 1536: 3 ranks of 3 heads / 1 KV head / 512 FFN
  * columns / 16384 vocabulary rows give one backend's text and log-probs. */
 Test(tp, smollm2_size3_matches_one_backend, .timeout = 240) {
-    need_model();
+    eng_need_model();
     static const char text[] =
         "The quick brown fox jumps over the lazy dog. Tensor parallelism splits every weight "
         "matrix of a transformer across devices: the attention heads, the feed-forward columns "
         "and the vocabulary, so that each device holds a slice and the partial results are "
         "summed by an all-reduce after each block.";
-    eng_rec ra, rb;
-    loom_engine *ref = tp_open("smol.yaml", NULL);
-    int32_t *tok = NULL, n = 0;
-    loom_error err = {0};
-    cr_assert_eq(loom_engine_tokenize(ref, text, true, &tok, &n, &err), LOOM_OK, "%s", err.message);
-    float *want = eng_score(ref, tok, n);
-    char *ta = smol_generate(ref, &ra);
-    loom_engine_destroy(ref);
-
-    loom_engine *e = tp_open("smol_tp.yaml", NULL);
-    float *got = eng_score(e, tok, n);
-    char *tb = smol_generate(e, &rb);
-    loom_engine_destroy(e);
-
-    double worst = 0;
-    for (int32_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)got[i] - want[i]));
-    cr_log_info("SmolLM2 size 3: max |log-prob difference| %.3g over %d tokens", worst, n);
-    cr_assert(worst <= 2.5e-4, "size 3: teacher-forced log-probs differ by up to %g (tolerance 2.5e-4)",
-              worst);
-    cr_assert(ta && tb, "no text generated");
-    cr_assert_str_eq(ta, tb, "size 3 wrote other text than one backend:\n--- one backend\n%s\n--- size 3\n%s",
-                     ta, tb);
-    cr_assert_eq(ra.s[0].ntok, rb.s[0].ntok);
-    for (int32_t k = 0; k < ra.s[0].ntok; k++) {
-        cr_assert_eq(ra.s[0].tokens[k], rb.s[0].tokens[k]);
-        cr_assert(fabsf(ra.s[0].lps[k] - rb.s[0].lps[k]) <= 2.5e-4f, "token %d: %.6f vs %.6f", k,
-                  (double)ra.s[0].lps[k], (double)rb.s[0].lps[k]);
-    }
-    eng_rec_free(&ra);
-    eng_rec_free(&rb);
-    free(tok);
-    free(want);
-    free(got);
+    eng_smol_compare("tp", "smol_tp.yaml", NULL, NULL, text, 2.5e-4, "size 3");
 }
 
 Test(tp, smollm2_size2_is_a_clear_error) {
-    need_model();
+    eng_need_model();
     const char *ov[] = {"executor.size=2", NULL};
     tp_expect_error("smol_tp.yaml", ov,
                     (const char *const[]){"9 attention heads", "size 2", "divides the heads: 1, 3",
