@@ -109,6 +109,33 @@ const char *eng_need_model(void) {
     return m;
 }
 
+loom_status eng_try_open_in(const char *folder, const char *pipeline, const char *const *overrides,
+                            loom_engine **e, loom_error *err) {
+    char *path = eng_data_in(folder, pipeline);
+    int32_t n = 0;
+    while (overrides && overrides[n]) n++;
+    *e = NULL;
+    loom_status st = loom_engine_create(path, overrides, n, e, err);
+    free(path);
+    return st;
+}
+
+loom_engine *eng_open_in(const char *folder, const char *pipeline, const char *const *overrides) {
+    loom_engine *e = NULL;
+    loom_error err = {0};
+    loom_status st = eng_try_open_in(folder, pipeline, overrides, &e, &err);
+    cr_assert_eq(st, LOOM_OK, "loom_engine_create(%s): %s", pipeline, err.message);
+    return e;
+}
+
+float *eng_score(loom_engine *e, const int32_t *tok, int32_t n) {
+    float *lp = malloc((size_t)n * sizeof(float));
+    cr_assert_not_null(lp);
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_score(e, tok, n, lp, &err), LOOM_OK, "score: %s", err.message);
+    return lp;
+}
+
 loom_engine *eng_open(const char *pipeline, const char *const *overrides) {
     char *path = eng_data(pipeline);
     int32_t n = 0;
@@ -185,4 +212,133 @@ loom_request eng_req_tokens(const int32_t *ids, int32_t n, int32_t max_tokens) {
     r.max_tokens = max_tokens;
     r.ignore_eos = true;
     return r;
+}
+
+/* ------------------------------------------------------- a request set */
+
+static const int32_t k_set_lens[ENG_SET_N] = {5, 37, 12, 64, 23};
+static const int32_t k_set_outs[ENG_SET_N] = {20, 9, 16, 12, 25};
+
+/* eng_on_token plus a copy of the distribution of every token event. */
+static void eng_set_on_token(void *user, const loom_token_event *ev) {
+    eng_set_rec *r = user;
+    eng_on_token(&r->rec, ev);
+    if (ev->token < 0 || !ev->probs || ev->vocab != r->vocab) return;
+    const size_t V = (size_t)r->vocab;
+    if (r->count == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 32;
+        r->probs = realloc(r->probs, (size_t)r->cap * V * sizeof(float));
+        if (!r->probs) abort();
+    }
+    memcpy(r->probs + (size_t)r->count * V, ev->probs, V * sizeof(float));
+    r->count++;
+}
+
+void eng_set_run(const char *folder, int32_t vocab, const char *pipeline,
+                 const char *const *overrides, eng_set_rec *recs, loom_engine_stats *st) {
+    int32_t p[ENG_SET_N][64];
+    loom_engine *e = eng_open_in(folder, pipeline, overrides);
+    for (int i = 0; i < ENG_SET_N; i++) {
+        eng_prompt(p[i], k_set_lens[i], 100 + (uint32_t)i, vocab);
+        memset(&recs[i], 0, sizeof recs[i]);
+        eng_rec_init(&recs[i].rec, 1);
+        recs[i].vocab = vocab;
+        loom_request rq = eng_req_tokens(p[i], k_set_lens[i], k_set_outs[i]);
+        rq.params.logprobs = 2;
+        rq.want_probs = i == 0;
+        rq.on_token = eng_set_on_token;
+        rq.user = &recs[i];
+        loom_error err = {0};
+        cr_assert_geq(loom_engine_add_request(e, &rq, &err), 0, "add_request: %s", err.message);
+    }
+    eng_run(e, 10000);
+    for (int i = 0; i < ENG_SET_N; i++) {
+        eng_rec_check_done(&recs[i].rec);
+        cr_assert_eq(recs[i].rec.s[0].ntok, k_set_outs[i], "%s: request %d made %d tokens, want %d",
+                     pipeline, i, recs[i].rec.s[0].ntok, k_set_outs[i]);
+    }
+    if (st) loom_engine_get_stats(e, st, sizeof *st);
+    loom_engine_destroy(e);
+}
+
+void eng_set_free(eng_set_rec *recs) {
+    for (int i = 0; i < ENG_SET_N; i++) {
+        eng_rec_free(&recs[i].rec);
+        free(recs[i].probs);
+    }
+}
+
+static double eng_max_diff(const float *a, const float *b, size_t n) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - b[i]));
+    return worst;
+}
+
+void eng_set_same(const eng_set_rec *a, const eng_set_rec *b, double tol, const char *what) {
+    double worst = 0;
+    for (int i = 0; i < ENG_SET_N; i++) {
+        const eng_sample *x = &a[i].rec.s[0], *y = &b[i].rec.s[0];
+        cr_assert_eq(x->ntok, y->ntok, "%s: request %d: %d vs %d tokens", what, i, x->ntok, y->ntok);
+        for (int32_t k = 0; k < x->ntok; k++)
+            cr_assert_eq(x->tokens[k], y->tokens[k], "%s: request %d token %d: %d vs %d", what, i, k,
+                         x->tokens[k], y->tokens[k]);
+        worst = fmax(worst, eng_max_diff(x->lps, y->lps, (size_t)x->ntok));
+    }
+    cr_assert_eq(a[0].count, b[0].count, "%s: %d vs %d distributions", what, a[0].count, b[0].count);
+    cr_assert_eq(a[0].vocab, b[0].vocab, "%s: vocabulary %d vs %d", what, a[0].vocab, b[0].vocab);
+    worst = fmax(worst, eng_max_diff(a[0].probs, b[0].probs, (size_t)a[0].count * (size_t)a[0].vocab));
+    cr_log_info("%s: max |difference| of log-probs and probabilities %.3g", what, worst);
+    cr_assert(worst <= tol, "%s: log-probs / distributions differ by up to %g (tolerance %g)", what,
+              worst, tol);
+}
+
+/* ------------------------------------------------------------ SmolLM2 */
+
+static char *eng_smol_generate(loom_engine *e, eng_rec *r) {
+    loom_request rq = loom_request_default();
+    rq.prompt = "Explain in two sentences why the sky is blue.";
+    rq.chat = true;
+    rq.max_tokens = 40;
+    rq.params.logprobs = 2;
+    eng_rec_init(r, 1);
+    eng_add(e, rq, r);
+    eng_run(e, 1000);
+    eng_rec_check_done(r);
+    return r->s[0].text;
+}
+
+void eng_smol_compare(const char *folder, const char *pipeline, const char *const *ref_overrides,
+                      const char *const *overrides, const char *text, double tol, const char *what) {
+    eng_rec ra, rb;
+    loom_engine *ref = eng_open_in(folder, "smol.yaml", ref_overrides);
+    int32_t *tok = NULL, n = 0;
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_tokenize(ref, text, true, &tok, &n, &err), LOOM_OK, "%s", err.message);
+    float *want = eng_score(ref, tok, n);
+    char *ta = eng_smol_generate(ref, &ra);
+    loom_engine_destroy(ref);
+
+    loom_engine *e = eng_open_in(folder, pipeline, overrides);
+    float *got = eng_score(e, tok, n);
+    char *tb = eng_smol_generate(e, &rb);
+    loom_engine_destroy(e);
+
+    double worst = eng_max_diff(got, want, (size_t)n);
+    cr_log_info("SmolLM2 %s: max |log-prob difference| %.3g over %d tokens", what, worst, n);
+    cr_assert(worst <= tol, "%s: teacher-forced log-probs differ by up to %g (tolerance %g)", what, worst,
+              tol);
+    cr_assert(ta && tb, "no text generated");
+    cr_assert_str_eq(ta, tb, "%s wrote other text than one backend:\n--- one backend\n%s\n--- %s\n%s",
+                     what, ta, what, tb);
+    cr_assert_eq(ra.s[0].ntok, rb.s[0].ntok);
+    for (int32_t k = 0; k < ra.s[0].ntok; k++)
+        cr_assert_eq(ra.s[0].tokens[k], rb.s[0].tokens[k], "%s: generated token %d: %d vs %d", what, k,
+                     ra.s[0].tokens[k], rb.s[0].tokens[k]);
+    double gen = eng_max_diff(ra.s[0].lps, rb.s[0].lps, (size_t)ra.s[0].ntok);
+    cr_assert(gen <= tol, "%s: generated log-probs differ by up to %g (tolerance %g)", what, gen, tol);
+    eng_rec_free(&ra);
+    eng_rec_free(&rb);
+    free(tok);
+    free(want);
+    free(got);
 }

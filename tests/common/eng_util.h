@@ -3,7 +3,9 @@
  * an engine from a pipeline under tests/engine/data with overrides, record
  * every streamed event of a request (per sample: token ids, log-probs, text,
  * final events), step until every request is done, and compare two runs
- * token by token. Every helper fails the current Criterion test on error.
+ * token by token; for the executor suites (tp, pp), a fixed set of batched
+ * requests run on a plain backend and through an executor and compared.
+ * Every helper fails the current Criterion test on error.
  */
 #ifndef LOOM_TEST_ENG_UTIL_H
 #define LOOM_TEST_ENG_UTIL_H
@@ -53,6 +55,14 @@ char *eng_data(const char *name);
 const char *eng_need_model(void);
 /* Build an engine from tests/engine/data/<pipeline> with NULL-terminated overrides. */
 loom_engine *eng_open(const char *pipeline, const char *const *overrides);
+/* The same from tests/<folder>/data/<pipeline>. */
+loom_engine *eng_open_in(const char *folder, const char *pipeline, const char *const *overrides);
+/* As eng_open_in, but a failure is returned (err filled, *e NULL), not a
+ * failed test: for the tests that expect one. */
+loom_status eng_try_open_in(const char *folder, const char *pipeline, const char *const *overrides,
+                            loom_engine **e, loom_error *err);
+/* Teacher-forced log-probs of tok[0..n) (loom_engine_score), malloc'd (n). */
+float *eng_score(loom_engine *e, const int32_t *tok, int32_t n);
 /* Add a request recording into rec (sets on_token/user); fails the test on -1. */
 int64_t eng_add(loom_engine *e, loom_request req, eng_rec *rec);
 /* Step until nothing is active (at most max_steps steps). */
@@ -71,5 +81,38 @@ int32_t eng_same_greedy(const eng_sample *a, const eng_sample *b, float tol, con
 
 /* Greedy request with ids. */
 loom_request eng_req_tokens(const int32_t *ids, int32_t n, int32_t max_tokens);
+
+/* ------------------------------------------- a request set (executor tests) */
+
+/* ENG_SET_N greedy requests of different prompt and output lengths, run
+ * together so batches mix prefill chunks with decodes; request 0 also
+ * records every sampling distribution it streams. The executor suites run
+ * one set on a plain backend and one through their executor and compare. */
+#define ENG_SET_N 5
+
+typedef struct eng_set_rec {
+    eng_rec rec;
+    float *probs;          /* (count, vocab) request 0's distributions     */
+    int32_t count, cap;
+    int32_t vocab;
+} eng_set_rec;
+
+/* Run the set on tests/<folder>/data/<pipeline> with `overrides` (prompts
+ * of ids below vocab, logprobs 2); every request must make its tokens.
+ * Fills recs[ENG_SET_N] and, when st is not NULL, the engine's stats. */
+void eng_set_run(const char *folder, int32_t vocab, const char *pipeline,
+                 const char *const *overrides, eng_set_rec *recs, loom_engine_stats *st);
+void eng_set_free(eng_set_rec *recs);
+/* Identical greedy ids (no near-tie allowance); log-probs and request 0's
+ * distributions within tol (0: bit-identical). */
+void eng_set_same(const eng_set_rec *a, const eng_set_rec *b, double tol, const char *what);
+
+/* SmolLM2 (LOOM_TEST_MODEL; call eng_need_model first) on
+ * tests/<folder>/data/smol.yaml with ref_overrides against `pipeline`
+ * with `overrides`: teacher-forced log-probs of `text` within tol, and a
+ * chat answer (40 greedy tokens) with the same text and token ids and
+ * log-probs within tol. `what` names the second in messages. */
+void eng_smol_compare(const char *folder, const char *pipeline, const char *const *ref_overrides,
+                      const char *const *overrides, const char *text, double tol, const char *what);
 
 #endif

@@ -3,7 +3,9 @@
  */
 #include "fake_host.h"
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +111,46 @@ const loom_host *fake_host(void) {
     g_host.metric_set = fh_metric_set;
     g_host.num_threads = fh_threads;
     return &g_host;
+}
+
+/* ------------------------------------------------------ a locked host */
+
+static pthread_mutex_t g_lk_mu = PTHREAD_MUTEX_INITIALIZER;
+static loom_host g_lk_host;
+static bool g_lk_ready;
+
+static void *lk_alloc(void *ctx, size_t n) {
+    pthread_mutex_lock(&g_lk_mu);
+    void *p = fh_alloc(ctx, n);
+    pthread_mutex_unlock(&g_lk_mu);
+    return p;
+}
+static void *lk_calloc(void *ctx, size_t n, size_t s) {
+    pthread_mutex_lock(&g_lk_mu);
+    void *p = fh_calloc(ctx, n, s);
+    pthread_mutex_unlock(&g_lk_mu);
+    return p;
+}
+static void lk_free(void *ctx, void *p) {
+    pthread_mutex_lock(&g_lk_mu);
+    fh_free(ctx, p);
+    pthread_mutex_unlock(&g_lk_mu);
+}
+static void lk_metric_set(void *ctx, const char *name, double v) {
+    pthread_mutex_lock(&g_lk_mu);
+    fh_metric_set(ctx, name, v);
+    pthread_mutex_unlock(&g_lk_mu);
+}
+
+const loom_host *fake_host_locked(void) {
+    if (g_lk_ready) return &g_lk_host;
+    g_lk_host = *fake_host();
+    g_lk_host.alloc = lk_alloc;
+    g_lk_host.calloc = lk_calloc;
+    g_lk_host.free = lk_free;
+    g_lk_host.metric_set = lk_metric_set;
+    g_lk_ready = true;
+    return &g_lk_host;
 }
 
 long fake_host_live_allocs(void) { return g.live; }

@@ -18,6 +18,7 @@
 
 #include "fake_host.h"
 #include "loom/backend.h"
+#include "loom/executor.h"
 #include "loom/plugin.h"
 
 /* Same layout as the plugin's config struct (its `params` offsets say so;
@@ -97,6 +98,16 @@ static inline bool tb_blocks_init(tb *b, int32_t block_size, int32_t num_blocks,
         b->free_list[j] = t;
     }
     return true;
+}
+
+/* An executor's model-runner methods as a backend ops table, so a test
+ * drives the executor (self = its instance) as it drives one backend. */
+static inline loom_backend_ops tb_executor_runner(const loom_executor_ops *x) {
+    return (loom_backend_ops){.struct_size = sizeof(loom_backend_ops), .load = x->load,
+                              .kv_block_bytes = x->kv_block_bytes, .memory = x->memory,
+                              .kv_alloc = x->kv_alloc, .forward = x->forward,
+                              .copy_blocks = x->copy_blocks, .forward_topk = x->forward_topk,
+                              .swap_blocks = x->swap_blocks};
 }
 
 static inline void tb_close(tb *b) {

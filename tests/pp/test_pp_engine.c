@@ -44,24 +44,7 @@
 
 /* ------------------------------------------------------------- helpers */
 
-static loom_status pp_try_open(const char *pipe, const char *const *ov, loom_engine **e,
-                               loom_error *err) {
-    char *path = eng_data_in("pp", pipe);
-    int32_t n = 0;
-    while (ov && ov[n]) n++;
-    *e = NULL;
-    loom_status st = loom_engine_create(path, ov, n, e, err);
-    free(path);
-    return st;
-}
-
-static loom_engine *pp_open(const char *pipe, const char *const *ov) {
-    loom_engine *e = NULL;
-    loom_error err = {0};
-    loom_status st = pp_try_open(pipe, ov, &e, &err);
-    cr_assert_eq(st, LOOM_OK, "loom_engine_create(%s): %s", pipe, err.message);
-    return e;
-}
+static loom_engine *pp_open(const char *pipe, const char *const *ov) { return eng_open_in("pp", pipe, ov); }
 
 /* A pp configuration as overrides, plus `base`. */
 typedef struct pp_ov {
@@ -85,17 +68,10 @@ static const char *const *pp_with(pp_ov *o, int pp, int tp, int mb, const char *
     return o->list;
 }
 
-static float *pp_score(loom_engine *e, const int32_t *tok, int32_t n) {
-    float *lp = malloc((size_t)n * sizeof(float));
-    loom_error err = {0};
-    cr_assert_eq(loom_engine_score(e, tok, n, lp, &err), LOOM_OK, "score: %s", err.message);
-    return lp;
-}
-
 static void pp_expect_error(const char *const *ov, const char *const *needles) {
     loom_engine *e = NULL;
     loom_error err = {0};
-    loom_status st = pp_try_open("tiny_pp.yaml", ov, &e, &err);
+    loom_status st = eng_try_open_in("pp", "tiny_pp.yaml", ov, &e, &err);
     if (e) loom_engine_destroy(e);
     cr_assert_neq(st, LOOM_OK, "engine created with %s, an error was expected", ov[0]);
     for (int i = 0; needles[i]; i++)
@@ -108,84 +84,6 @@ static double max_diff(const float *a, const float *b, size_t n) {
     return worst;
 }
 
-/* ------------------------------------------------------- a request set */
-
-#define NP 5
-static const int32_t k_lens[NP] = {5, 37, 12, 64, 23};
-static const int32_t k_outs[NP] = {20, 9, 16, 12, 25};
-
-typedef struct pp_rec {
-    eng_rec rec;
-    float *probs;  /* (count, VOCAB) request 0's distributions */
-    int32_t count, cap;
-} pp_rec;
-
-static void pp_on_token(void *user, const loom_token_event *ev) {
-    pp_rec *r = user;
-    eng_on_token(&r->rec, ev);
-    if (ev->token < 0 || !ev->probs || ev->vocab != VOCAB) return;
-    if (r->count == r->cap) {
-        r->cap = r->cap ? 2 * r->cap : 32;
-        r->probs = realloc(r->probs, (size_t)r->cap * VOCAB * sizeof(float));
-        if (!r->probs) abort();
-    }
-    memcpy(r->probs + (size_t)r->count * VOCAB, ev->probs, VOCAB * sizeof(float));
-    r->count++;
-}
-
-/* The NP prompts together, chunked by max_batched_tokens 24 so prefill
- * chunks share steps with decodes; request 0 streams its distributions. */
-static void run_set(const char *pipe, const char *const *ov, pp_rec *recs, loom_engine_stats *st) {
-    int32_t p[NP][64];
-    loom_engine *e = pp_open(pipe, ov);
-    for (int i = 0; i < NP; i++) {
-        eng_prompt(p[i], k_lens[i], 100 + (uint32_t)i, VOCAB);
-        memset(&recs[i], 0, sizeof recs[i]);
-        eng_rec_init(&recs[i].rec, 1);
-        loom_request rq = eng_req_tokens(p[i], k_lens[i], k_outs[i]);
-        rq.params.logprobs = 2;
-        rq.want_probs = i == 0;
-        rq.on_token = pp_on_token;
-        rq.user = &recs[i];
-        loom_error err = {0};
-        cr_assert_geq(loom_engine_add_request(e, &rq, &err), 0, "add_request: %s", err.message);
-    }
-    eng_run(e, 10000);
-    for (int i = 0; i < NP; i++) {
-        eng_rec_check_done(&recs[i].rec);
-        cr_assert_eq(recs[i].rec.s[0].ntok, k_outs[i], "%s: request %d made %d tokens, want %d", pipe, i,
-                     recs[i].rec.s[0].ntok, k_outs[i]);
-    }
-    if (st) loom_engine_get_stats(e, st, sizeof *st);
-    loom_engine_destroy(e);
-}
-
-static void free_set(pp_rec *recs) {
-    for (int i = 0; i < NP; i++) {
-        eng_rec_free(&recs[i].rec);
-        free(recs[i].probs);
-    }
-}
-
-/* Identical greedy ids; log-probs and request 0's distributions within tol
- * (tol 0: bit-identical). */
-static void same_set(const pp_rec *a, const pp_rec *b, double tol, const char *what) {
-    double worst = 0;
-    for (int i = 0; i < NP; i++) {
-        const eng_sample *x = &a[i].rec.s[0], *y = &b[i].rec.s[0];
-        cr_assert_eq(x->ntok, y->ntok, "%s: request %d: %d vs %d tokens", what, i, x->ntok, y->ntok);
-        for (int32_t k = 0; k < x->ntok; k++)
-            cr_assert_eq(x->tokens[k], y->tokens[k], "%s: request %d token %d: %d vs %d", what, i, k,
-                         x->tokens[k], y->tokens[k]);
-        worst = fmax(worst, max_diff(x->lps, y->lps, (size_t)x->ntok));
-    }
-    cr_assert_eq(a[0].count, b[0].count, "%s: %d vs %d distributions", what, a[0].count, b[0].count);
-    worst = fmax(worst, max_diff(a[0].probs, b[0].probs, (size_t)a[0].count * VOCAB));
-    cr_log_info("%s: max |difference| of log-probs and probabilities %.3g", what, worst);
-    cr_assert(worst <= tol, "%s: log-probs / distributions differ by up to %g (tolerance %g)", what, worst,
-              tol);
-}
-
 /* --------------------------------------------------- tiny: the splits */
 
 /* Teacher-forced log-probs of 200 tokens (one sequence's prefill: every
@@ -195,7 +93,7 @@ Test(pp, tiny_score_bit_identical_over_stage_splits) {
     int32_t tok[N];
     eng_prompt(tok, N, 5, VOCAB);
     loom_engine *ref = pp_open("tiny.yaml", NULL);
-    float *want = pp_score(ref, tok, N);
+    float *want = eng_score(ref, tok, N);
     loom_engine_destroy(ref);
     static const struct {
         int pp;
@@ -204,7 +102,7 @@ Test(pp, tiny_score_bit_identical_over_stage_splits) {
     for (size_t s = 0; s < sizeof splits / sizeof splits[0]; s++) {
         pp_ov o;
         loom_engine *e = pp_open("tiny_pp.yaml", pp_with(&o, splits[s].pp, 1, 1, splits[s].layers, NULL));
-        float *got = pp_score(e, tok, N);
+        float *got = eng_score(e, tok, N);
         cr_assert(!memcmp(got, want, sizeof want[0] * N),
                   "pp %d (layers %s): log-probs differ from one backend by up to %g; a stage runs the "
                   "same arithmetic, so they must be bit-identical",
@@ -218,8 +116,8 @@ Test(pp, tiny_score_bit_identical_over_stage_splits) {
 /* Five requests batched with chunked prefill, split into micro-batches. */
 Test(pp, tiny_greedy_identical_with_micro_batches) {
     const char *ov[] = {"scheduler.max_batched_tokens=24", NULL};
-    pp_rec ref[NP], got[NP];
-    run_set("tiny.yaml", ov, ref, NULL);
+    eng_set_rec ref[ENG_SET_N], got[ENG_SET_N];
+    eng_set_run("pp", VOCAB, "tiny.yaml", ov, ref, NULL);
     static const struct {
         int pp, tp, mb;
         const char *layers;
@@ -227,27 +125,28 @@ Test(pp, tiny_greedy_identical_with_micro_batches) {
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         pp_ov o;
         loom_engine_stats st;
-        run_set("tiny_pp.yaml", pp_with(&o, cfg[c].pp, cfg[c].tp, cfg[c].mb, cfg[c].layers, ov), got, &st);
+        eng_set_run("pp", VOCAB, "tiny_pp.yaml", pp_with(&o, cfg[c].pp, cfg[c].tp, cfg[c].mb, cfg[c].layers, ov),
+                    got, &st);
         cr_assert_geq(st.max_running, 3, "the batch never ran more than %d sequences together", st.max_running);
         char what[96];
         snprintf(what, sizeof what, "pp %d, micro_batches %d, layers %s", cfg[c].pp, cfg[c].mb,
                  cfg[c].layers ? cfg[c].layers : "even");
-        same_set(ref, got, cfg[c].mb == 1 ? 0.0 : MB_TOL, what);
-        free_set(got);
+        eng_set_same(ref, got, cfg[c].mb == 1 ? 0.0 : MB_TOL, what);
+        eng_set_free(got);
     }
-    free_set(ref);
+    eng_set_free(ref);
 }
 
 /* tp 2 inside each of 3 stages (6 ranks), with micro-batches. */
 Test(pp, tiny_tp2_x_pp3_matches_one_backend) {
     const char *ov[] = {"scheduler.max_batched_tokens=24", NULL};
-    pp_rec ref[NP], got[NP];
-    run_set("tiny.yaml", ov, ref, NULL);
+    eng_set_rec ref[ENG_SET_N], got[ENG_SET_N];
+    eng_set_run("pp", VOCAB, "tiny.yaml", ov, ref, NULL);
     pp_ov o;
-    run_set("tiny_pp.yaml", pp_with(&o, 3, 2, 2, NULL, ov), got, NULL);
-    same_set(ref, got, 1e-4, "tp 2 x pp 3, micro_batches 2");
-    free_set(got);
-    free_set(ref);
+    eng_set_run("pp", VOCAB, "tiny_pp.yaml", pp_with(&o, 3, 2, 2, NULL, ov), got, NULL);
+    eng_set_same(ref, got, 1e-4, "tp 2 x pp 3, micro_batches 2");
+    eng_set_free(got);
+    eng_set_free(ref);
 }
 
 /* ------------------------------------------------------- composition */
@@ -259,18 +158,18 @@ Test(pp, composes_with_swap_preemption_forks_and_prefix_cache) {
     const char *ov_small[] = {"engine.max_model_len=96", "cache.num_blocks=8", "cache.num_cpu_blocks=64",
                               "scheduler.preemption=swap", NULL};
     const char *ov_big[] = {"engine.max_model_len=96", NULL};
-    pp_rec ref[NP], got[NP];
-    run_set("tiny.yaml", ov_big, ref, NULL);
+    eng_set_rec ref[ENG_SET_N], got[ENG_SET_N];
+    eng_set_run("pp", VOCAB, "tiny.yaml", ov_big, ref, NULL);
     pp_ov o;
     loom_engine_stats st;
-    run_set("tiny_pp.yaml", pp_with(&o, 3, 1, 2, NULL, ov_small), got, &st);
+    eng_set_run("pp", VOCAB, "tiny_pp.yaml", pp_with(&o, 3, 1, 2, NULL, ov_small), got, &st);
     cr_assert_gt(st.swaps_out, 0, "a pool of 8 blocks with swap should swap out (preemptions %lld)",
                  (long long)st.preemptions);
     cr_assert_eq(st.swaps_in, st.swaps_out);
     cr_assert_eq(st.kv_blocks_used, 0);
-    same_set(ref, got, MB_TOL, "swap preemption at pp 3 vs unconstrained one backend");
-    free_set(ref);
-    free_set(got);
+    eng_set_same(ref, got, MB_TOL, "swap preemption at pp 3 vs unconstrained one backend");
+    eng_set_free(ref);
+    eng_set_free(got);
 
     int32_t p[40];
     eng_prompt(p, 40, 9, VOCAB);
@@ -340,54 +239,14 @@ Test(pp, error_pp_size_out_of_range) {
 
 /* ------------------------------------------------------------ SmolLM2 */
 
-static char *smol_generate(loom_engine *e, eng_rec *r) {
-    loom_request rq = loom_request_default();
-    rq.prompt = "Explain in two sentences why the sky is blue.";
-    rq.chat = true;
-    rq.max_tokens = 40;
-    rq.params.logprobs = 2;
-    eng_rec_init(r, 1);
-    eng_add(e, rq, r);
-    eng_run(e, 1000);
-    eng_rec_check_done(r);
-    return r->s[0].text;
-}
+static const char k_smol_text[] =
+    "The quick brown fox jumps over the lazy dog. Pipeline parallelism gives each device a "
+    "contiguous range of a transformer's layers; the hidden states travel from one stage to "
+    "the next, and micro-batches keep every stage busy.";
 
-/* One backend vs `ov` on smol_pp.yaml: teacher-forced log-probs within tol,
- * the same greedy text, generated log-probs within tol. */
+/* One backend vs `ov` on smol_pp.yaml (eng_smol_compare). */
 static void smol_compare(const char *const *ref_ov, const char *const *ov, double tol, const char *what) {
-    static const char text[] =
-        "The quick brown fox jumps over the lazy dog. Pipeline parallelism gives each device a "
-        "contiguous range of a transformer's layers; the hidden states travel from one stage to "
-        "the next, and micro-batches keep every stage busy.";
-    eng_rec ra, rb;
-    loom_engine *ref = pp_open("smol.yaml", ref_ov);
-    int32_t *tok = NULL, n = 0;
-    loom_error err = {0};
-    cr_assert_eq(loom_engine_tokenize(ref, text, true, &tok, &n, &err), LOOM_OK, "%s", err.message);
-    float *want = pp_score(ref, tok, n);
-    char *ta = smol_generate(ref, &ra);
-    loom_engine_destroy(ref);
-
-    loom_engine *e = pp_open("smol_pp.yaml", ov);
-    float *got = pp_score(e, tok, n);
-    char *tb = smol_generate(e, &rb);
-    loom_engine_destroy(e);
-
-    double worst = max_diff(got, want, (size_t)n);
-    cr_log_info("SmolLM2 %s: max |log-prob difference| %.3g over %d tokens", what, worst, n);
-    cr_assert(worst <= tol, "%s: teacher-forced log-probs differ by up to %g (tolerance %g)", what, worst, tol);
-    cr_assert(ta && tb, "no text generated");
-    cr_assert_str_eq(ta, tb, "%s wrote other text than one backend:\n--- one backend\n%s\n--- %s\n%s", what, ta,
-                     what, tb);
-    cr_assert_eq(ra.s[0].ntok, rb.s[0].ntok);
-    double gen = max_diff(ra.s[0].lps, rb.s[0].lps, (size_t)ra.s[0].ntok);
-    cr_assert(gen <= tol, "%s: generated log-probs differ by up to %g (tolerance %g)", what, gen, tol);
-    eng_rec_free(&ra);
-    eng_rec_free(&rb);
-    free(tok);
-    free(want);
-    free(got);
+    eng_smol_compare("pp", "smol_pp.yaml", ref_ov, ov, k_smol_text, tol, what);
 }
 
 /* 30 layers over 3 stages of 10, GGUF weights as stored: the same

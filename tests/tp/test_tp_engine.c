@@ -33,26 +33,7 @@
 
 /* ------------------------------------------------------------- helpers */
 
-static char *tp_data(const char *name) { return eng_data_in("tp", name); }
-
-static loom_status tp_try_open(const char *pipe, const char *const *ov, loom_engine **e,
-                               loom_error *err) {
-    char *path = tp_data(pipe);
-    int32_t n = 0;
-    while (ov && ov[n]) n++;
-    *e = NULL;
-    loom_status st = loom_engine_create(path, ov, n, e, err);
-    free(path);
-    return st;
-}
-
-static loom_engine *tp_open(const char *pipe, const char *const *ov) {
-    loom_engine *e = NULL;
-    loom_error err = {0};
-    loom_status st = tp_try_open(pipe, ov, &e, &err);
-    cr_assert_eq(st, LOOM_OK, "loom_engine_create(%s): %s", pipe, err.message);
-    return e;
-}
+static loom_engine *tp_open(const char *pipe, const char *const *ov) { return eng_open_in("tp", pipe, ov); }
 
 /* Overrides `base` plus "executor.size=N" (static storage per call site). */
 typedef struct tp_ov {
@@ -69,112 +50,16 @@ static const char *const *tp_with_size(tp_ov *o, int size, const char *const *ba
     return o->list;
 }
 
-static float *tp_score(loom_engine *e, const int32_t *tok, int32_t n) {
-    float *lp = malloc((size_t)n * sizeof(float));
-    loom_error err = {0};
-    cr_assert_eq(loom_engine_score(e, tok, n, lp, &err), LOOM_OK, "score: %s", err.message);
-    return lp;
-}
-
 static void tp_expect_error(const char *pipe, const char *const *ov, const char *const *needles) {
     loom_engine *e = NULL;
     loom_error err = {0};
-    loom_status st = tp_try_open(pipe, ov, &e, &err);
+    loom_status st = eng_try_open_in("tp", pipe, ov, &e, &err);
     if (e) loom_engine_destroy(e);
     cr_assert_neq(st, LOOM_OK, "%s with %s: engine created, an error was expected", pipe,
                   ov && ov[0] ? ov[0] : "no overrides");
     for (int i = 0; needles[i]; i++)
         cr_assert(strstr(err.message, needles[i]), "error lacks \"%s\": %s", needles[i],
                   err.message);
-}
-
-/* ------------------------------------------------------- a request set */
-
-#define NP 5
-static const int32_t k_lens[NP] = {5, 37, 12, 64, 23};
-static const int32_t k_outs[NP] = {20, 9, 16, 12, 25};
-
-typedef struct tp_probs {
-    float *rows;   /* (count, VOCAB) the distributions drawn from */
-    int32_t count, cap;
-} tp_probs;
-
-/* eng_on_token plus a copy of the distribution of every token event. */
-typedef struct tp_rec {
-    eng_rec rec;
-    tp_probs probs;
-} tp_rec;
-
-static void tp_on_token(void *user, const loom_token_event *ev) {
-    tp_rec *r = user;
-    eng_on_token(&r->rec, ev);
-    if (ev->token < 0 || !ev->probs || ev->vocab != VOCAB) return;
-    tp_probs *p = &r->probs;
-    if (p->count == p->cap) {
-        p->cap = p->cap ? 2 * p->cap : 32;
-        p->rows = realloc(p->rows, (size_t)p->cap * VOCAB * sizeof(float));
-        if (!p->rows) abort();
-    }
-    memcpy(p->rows + (size_t)p->count * VOCAB, ev->probs, VOCAB * sizeof(float));
-    p->count++;
-}
-
-/* Run the NP prompts together (chunked by max_batched_tokens 24 so prefill
- * chunks share steps with decodes); request 0 streams its distributions. */
-static void run_set(const char *pipe, const char *const *ov, tp_rec *recs, loom_engine_stats *st) {
-    int32_t p[NP][64];
-    loom_engine *e = tp_open(pipe, ov);
-    for (int i = 0; i < NP; i++) {
-        eng_prompt(p[i], k_lens[i], 100 + (uint32_t)i, VOCAB);
-        memset(&recs[i], 0, sizeof recs[i]);
-        eng_rec_init(&recs[i].rec, 1);
-        loom_request rq = eng_req_tokens(p[i], k_lens[i], k_outs[i]);
-        rq.params.logprobs = 2;
-        rq.want_probs = i == 0;
-        rq.on_token = tp_on_token;
-        rq.user = &recs[i];
-        loom_error err = {0};
-        cr_assert_geq(loom_engine_add_request(e, &rq, &err), 0, "add_request: %s", err.message);
-    }
-    eng_run(e, 10000);
-    for (int i = 0; i < NP; i++) {
-        eng_rec_check_done(&recs[i].rec);
-        cr_assert_eq(recs[i].rec.s[0].ntok, k_outs[i], "%s: request %d made %d tokens, want %d",
-                     pipe, i, recs[i].rec.s[0].ntok, k_outs[i]);
-    }
-    if (st) loom_engine_get_stats(e, st, sizeof *st);
-    loom_engine_destroy(e);
-}
-
-static void free_set(tp_rec *recs) {
-    for (int i = 0; i < NP; i++) {
-        eng_rec_free(&recs[i].rec);
-        free(recs[i].probs.rows);
-    }
-}
-
-/* Identical greedy ids (no near-tie allowance), log-probs within tol, and
- * request 0's distributions within tol. */
-static void same_set(const tp_rec *a, const tp_rec *b, float tol, const char *what) {
-    for (int i = 0; i < NP; i++) {
-        const eng_sample *x = &a[i].rec.s[0], *y = &b[i].rec.s[0];
-        cr_assert_eq(x->ntok, y->ntok, "%s: request %d: %d vs %d tokens", what, i, x->ntok,
-                     y->ntok);
-        for (int32_t k = 0; k < x->ntok; k++) {
-            cr_assert_eq(x->tokens[k], y->tokens[k], "%s: request %d token %d: %d vs %d", what, i,
-                         k, x->tokens[k], y->tokens[k]);
-            cr_assert(fabsf(x->lps[k] - y->lps[k]) <= tol,
-                      "%s: request %d token %d: log-prob %.7f vs %.7f (tolerance %g)", what, i, k,
-                      (double)x->lps[k], (double)y->lps[k], (double)tol);
-        }
-    }
-    const tp_probs *pa = &a[0].probs, *pb = &b[0].probs;
-    cr_assert_eq(pa->count, pb->count, "%s: %d vs %d distributions", what, pa->count, pb->count);
-    double worst = 0;
-    for (size_t k = 0; k < (size_t)pa->count * VOCAB; k++)
-        worst = fmax(worst, fabs((double)pa->rows[k] - pb->rows[k]));
-    cr_assert(worst <= tol, "%s: distributions differ by up to %g (tolerance %g)", what, worst,
-              (double)tol);
 }
 
 /* ------------------------------------------------ tiny: sizes 1, 2, 4 */
@@ -186,13 +71,13 @@ Test(tp, tiny_score_matches_one_backend) {
     int32_t tok[N];
     eng_prompt(tok, N, 5, VOCAB);
     loom_engine *ref = tp_open("tiny.yaml", NULL);
-    float *want = tp_score(ref, tok, N);
+    float *want = eng_score(ref, tok, N);
     loom_engine_destroy(ref);
     static const int sizes[] = {1, 2, 4};
     for (int s = 0; s < 3; s++) {
         tp_ov o;
         loom_engine *e = tp_open("tiny_tp.yaml", tp_with_size(&o, sizes[s], NULL));
-        float *got = tp_score(e, tok, N);
+        float *got = eng_score(e, tok, N);
         double worst = 0;
         for (int i = 0; i < N; i++) worst = fmax(worst, fabs((double)got[i] - want[i]));
         cr_log_info("size %d: max |log-prob difference| %.3g over %d tokens", sizes[s], worst, N);
@@ -212,21 +97,21 @@ Test(tp, tiny_score_matches_one_backend) {
  * log-probs and sampling distributions, at sizes 2 and 4. */
 Test(tp, tiny_greedy_identical) {
     const char *ov[] = {"scheduler.max_batched_tokens=24", NULL};
-    tp_rec ref[NP], got[NP];
-    run_set("tiny.yaml", ov, ref, NULL);
+    eng_set_rec ref[ENG_SET_N], got[ENG_SET_N];
+    eng_set_run("tp", VOCAB, "tiny.yaml", ov, ref, NULL);
     static const int sizes[] = {2, 4};
     for (int s = 0; s < 2; s++) {
         tp_ov o;
         loom_engine_stats st;
-        run_set("tiny_tp.yaml", tp_with_size(&o, sizes[s], ov), got, &st);
+        eng_set_run("tp", VOCAB, "tiny_tp.yaml", tp_with_size(&o, sizes[s], ov), got, &st);
         cr_assert_geq(st.max_running, 3, "the batch never ran more than %d sequences together",
                       st.max_running);
         char what[64];
         snprintf(what, sizeof what, "size %d vs one backend", sizes[s]);
-        same_set(ref, got, 1e-4f, what);
-        free_set(got);
+        eng_set_same(ref, got, 1e-4f, what);
+        eng_set_free(got);
     }
-    free_set(ref);
+    eng_set_free(ref);
 }
 
 /* -------------------------------------------------------- composition */
@@ -234,15 +119,15 @@ Test(tp, tiny_greedy_identical) {
 /* Static scheduler and contiguous cache (no prefix sharing), size 2. */
 Test(tp, composes_with_static_scheduler_and_contiguous_cache) {
     const char *ov[] = {"scheduler.plugin=static", "cache.plugin=contiguous", NULL};
-    tp_rec ref[NP], got[NP];
-    run_set("tiny.yaml", ov, ref, NULL);
+    eng_set_rec ref[ENG_SET_N], got[ENG_SET_N];
+    eng_set_run("tp", VOCAB, "tiny.yaml", ov, ref, NULL);
     tp_ov o;
     loom_engine_stats st;
-    run_set("tiny_tp.yaml", tp_with_size(&o, 2, ov), got, &st);
+    eng_set_run("tp", VOCAB, "tiny_tp.yaml", tp_with_size(&o, 2, ov), got, &st);
     cr_assert_eq(st.cached_prompt_tokens, 0);
-    same_set(ref, got, 1e-4f, "static + contiguous, size 2");
-    free_set(ref);
-    free_set(got);
+    eng_set_same(ref, got, 1e-4f, "static + contiguous, size 2");
+    eng_set_free(ref);
+    eng_set_free(got);
 }
 
 /* Paged cache under pressure with swap preemption (swap_blocks on every
@@ -252,18 +137,18 @@ Test(tp, composes_with_swap_preemption_forks_and_prefix_cache) {
     const char *ov_small[] = {"engine.max_model_len=96", "cache.num_blocks=8",
                               "cache.num_cpu_blocks=64", "scheduler.preemption=swap", NULL};
     const char *ov_big[] = {"engine.max_model_len=96", NULL};
-    tp_rec ref[NP], got[NP];
-    run_set("tiny.yaml", ov_big, ref, NULL);
+    eng_set_rec ref[ENG_SET_N], got[ENG_SET_N];
+    eng_set_run("tp", VOCAB, "tiny.yaml", ov_big, ref, NULL);
     tp_ov o;
     loom_engine_stats st;
-    run_set("tiny_tp.yaml", tp_with_size(&o, 4, ov_small), got, &st);
+    eng_set_run("tp", VOCAB, "tiny_tp.yaml", tp_with_size(&o, 4, ov_small), got, &st);
     cr_assert_gt(st.swaps_out, 0, "a pool of 8 blocks with swap should swap out (preemptions %lld)",
                  (long long)st.preemptions);
     cr_assert_eq(st.swaps_in, st.swaps_out);
     cr_assert_eq(st.kv_blocks_used, 0);
-    same_set(ref, got, 1e-4f, "swap preemption at size 4 vs unconstrained one backend");
-    free_set(ref);
-    free_set(got);
+    eng_set_same(ref, got, 1e-4f, "swap preemption at size 4 vs unconstrained one backend");
+    eng_set_free(ref);
+    eng_set_free(got);
 
     /* forks and the prefix cache: sampled, seeded, so both runs draw alike */
     int32_t p[40];
@@ -307,15 +192,15 @@ Test(tp, composes_with_swap_preemption_forks_and_prefix_cache) {
 Test(tp, composes_with_a_quantizer) {
     const char *ov[] = {"quantizer.plugin=int8", "quantizer.skip=token_embd,output,blk",
                         "quantizer.kv_cache=f16", NULL};
-    tp_rec ref[NP], got[NP];
-    run_set("tiny.yaml", ov, ref, NULL);
+    eng_set_rec ref[ENG_SET_N], got[ENG_SET_N];
+    eng_set_run("tp", VOCAB, "tiny.yaml", ov, ref, NULL);
     tp_ov o;
-    run_set("tiny_tp.yaml", tp_with_size(&o, 2, ov), got, NULL);
+    eng_set_run("tp", VOCAB, "tiny_tp.yaml", tp_with_size(&o, 2, ov), got, NULL);
     /* K/V rounded to f16 on both sides; the float inputs differ in the last
      * bits, so a rounding can flip: a looser tolerance, same tokens */
-    same_set(ref, got, 2e-3f, "f16 KV cache, size 2");
-    free_set(ref);
-    free_set(got);
+    eng_set_same(ref, got, 2e-3f, "f16 KV cache, size 2");
+    eng_set_free(ref);
+    eng_set_free(got);
 }
 
 /* ------------------------------------------------------------- errors */
@@ -350,73 +235,20 @@ Test(tp, error_nccl_without_cuda_or_gpus) {
 
 /* ------------------------------------------------------------ SmolLM2 */
 
-static const char *need_model(void) {
-    const char *m = getenv("LOOM_TEST_MODEL");
-    if (!m || !m[0])
-        cr_skip_test("LOOM_TEST_MODEL is unset: set it to the SmolLM2-135M-Instruct Q4_1 GGUF "
-                     "(scripts/fetch-model.sh prints the path) to run the SmolLM2 TP tests");
-    return m;
-}
-
-static char *smol_generate(loom_engine *e, eng_rec *r) {
-    loom_request rq = loom_request_default();
-    rq.prompt = "Explain in two sentences why the sky is blue.";
-    rq.chat = true;
-    rq.max_tokens = 40;
-    rq.params.logprobs = 2;
-    eng_rec_init(r, 1);
-    eng_add(e, rq, r);
-    eng_run(e, 1000);
-    eng_rec_check_done(r);
-    return r->s[0].text;
-}
-
 /* 9 heads, 3 KV heads, FFN 1536: 3 ranks of 3 heads / 1 KV head / 512 FFN
  * columns / 16384 vocabulary rows give one backend's text and log-probs. */
 Test(tp, smollm2_size3_matches_one_backend, .timeout = 240) {
-    need_model();
+    eng_need_model();
     static const char text[] =
         "The quick brown fox jumps over the lazy dog. Tensor parallelism splits every weight "
         "matrix of a transformer across devices: the attention heads, the feed-forward columns "
         "and the vocabulary, so that each device holds a slice and the partial results are "
         "summed by an all-reduce after each block.";
-    eng_rec ra, rb;
-    loom_engine *ref = tp_open("smol.yaml", NULL);
-    int32_t *tok = NULL, n = 0;
-    loom_error err = {0};
-    cr_assert_eq(loom_engine_tokenize(ref, text, true, &tok, &n, &err), LOOM_OK, "%s", err.message);
-    float *want = tp_score(ref, tok, n);
-    char *ta = smol_generate(ref, &ra);
-    loom_engine_destroy(ref);
-
-    loom_engine *e = tp_open("smol_tp.yaml", NULL);
-    float *got = tp_score(e, tok, n);
-    char *tb = smol_generate(e, &rb);
-    loom_engine_destroy(e);
-
-    double worst = 0;
-    for (int32_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)got[i] - want[i]));
-    cr_log_info("SmolLM2 size 3: max |log-prob difference| %.3g over %d tokens", worst, n);
-    cr_assert(worst <= 2.5e-4, "size 3: teacher-forced log-probs differ by up to %g (tolerance 2.5e-4)",
-              worst);
-    cr_assert(ta && tb, "no text generated");
-    cr_assert_str_eq(ta, tb, "size 3 wrote other text than one backend:\n--- one backend\n%s\n--- size 3\n%s",
-                     ta, tb);
-    cr_assert_eq(ra.s[0].ntok, rb.s[0].ntok);
-    for (int32_t k = 0; k < ra.s[0].ntok; k++) {
-        cr_assert_eq(ra.s[0].tokens[k], rb.s[0].tokens[k]);
-        cr_assert(fabsf(ra.s[0].lps[k] - rb.s[0].lps[k]) <= 2.5e-4f, "token %d: %.6f vs %.6f", k,
-                  (double)ra.s[0].lps[k], (double)rb.s[0].lps[k]);
-    }
-    eng_rec_free(&ra);
-    eng_rec_free(&rb);
-    free(tok);
-    free(want);
-    free(got);
+    eng_smol_compare("tp", "smol_tp.yaml", NULL, NULL, text, 2.5e-4, "size 3");
 }
 
 Test(tp, smollm2_size2_is_a_clear_error) {
-    need_model();
+    eng_need_model();
     const char *ov[] = {"executor.size=2", NULL};
     tp_expect_error("smol_tp.yaml", ov,
                     (const char *const[]){"9 attention heads", "size 2", "divides the heads: 1, 3",

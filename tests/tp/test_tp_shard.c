@@ -20,7 +20,6 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,47 +34,9 @@
 
 #define REL_TOL 1e-5
 
-/* ------------------------------------------------------ a locked host */
-
-static pthread_mutex_t g_host_mu = PTHREAD_MUTEX_INITIALIZER;
-static loom_host g_host;
-static const loom_host *g_base;
-
-static void *lk_alloc(void *ctx, size_t n) {
-    pthread_mutex_lock(&g_host_mu);
-    void *p = g_base->alloc(ctx, n);
-    pthread_mutex_unlock(&g_host_mu);
-    return p;
-}
-static void *lk_calloc(void *ctx, size_t n, size_t s) {
-    pthread_mutex_lock(&g_host_mu);
-    void *p = g_base->calloc(ctx, n, s);
-    pthread_mutex_unlock(&g_host_mu);
-    return p;
-}
-static void lk_free(void *ctx, void *p) {
-    pthread_mutex_lock(&g_host_mu);
-    g_base->free(ctx, p);
-    pthread_mutex_unlock(&g_host_mu);
-}
-static void lk_metric_set(void *ctx, const char *name, double v) {
-    pthread_mutex_lock(&g_host_mu);
-    g_base->metric_set(ctx, name, v);
-    pthread_mutex_unlock(&g_host_mu);
-}
-
-/* The fake host, wrapped once per test process (fake_host() resets its
- * counters, so it is called only here). */
-static const loom_host *host(void) {
-    if (g_base) return &g_host;
-    g_base = fake_host();
-    g_host = *g_base;
-    g_host.alloc = lk_alloc;
-    g_host.calloc = lk_calloc;
-    g_host.free = lk_free;
-    g_host.metric_set = lk_metric_set;
-    return &g_host;
-}
+/* The fake host behind a lock (the ranks allocate from their threads),
+ * wrapped once per test process. */
+static const loom_host *host(void) { return fake_host_locked(); }
 
 /* ------------------------------------------------------ random models */
 
@@ -200,11 +161,7 @@ static loom_status rig_open(rig *g, int32_t n, const tiny_model *m, loom_error *
     if ((st = g->tp_ops->attach_inner(g->exec, g->inner_ops, g->inner, n, err)) != LOOM_OK)
         return st;
     /* the executor drives like a backend: its model-runner methods */
-    g->exec_runner = (loom_backend_ops){
-        .struct_size = sizeof(loom_backend_ops), .load = g->tp_ops->load,
-        .kv_block_bytes = g->tp_ops->kv_block_bytes, .memory = g->tp_ops->memory, .kv_alloc = g->tp_ops->kv_alloc,
-        .forward = g->tp_ops->forward, .copy_blocks = g->tp_ops->copy_blocks,
-        .forward_topk = g->tp_ops->forward_topk, .swap_blocks = g->tp_ops->swap_blocks};
+    g->exec_runner = tb_executor_runner(g->tp_ops);
     g->ops = &g->exec_runner;
     g->self = g->exec;
     return g->ops->load(g->self, &m->view, NULL, err);

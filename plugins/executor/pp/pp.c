@@ -26,18 +26,19 @@
  *               summaries).
  *
  * Threads, failure: as the tp executor — a persistent worker per rank, a
- * job posted to all and awaited; the first rank to fail aborts the links
+ * job posted to all and awaited (plugins/executor/common/rank_pool.h); the first rank to fail aborts the links
  * and the stages' collectives so no peer waits forever, and the call
  * reports that rank's error. Links and collectives: `threads` (host
  * memory, host backends such as cpu; pp_link.c and tp_comm.c) or `nccl`
  * (one GPU per rank; pp_nccl.c, compiled in CUDA builds but not yet run).
  */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "pp.h"
+#include "rank_pool.h"
+#include "topk_rows.h"
 #include "tp.h"
 
 #define PP_MAX_STAGES 64
@@ -90,7 +91,6 @@ typedef enum pp_op {
     PP_OP_FORWARD,
     PP_OP_COPY,
     PP_OP_SWAP,
-    PP_OP_QUIT,
 } pp_op;
 
 /* One call, the same for every rank (all pointers borrowed for the call). */
@@ -112,7 +112,7 @@ typedef struct pp_job {
 struct pp_exec;
 
 typedef struct pp_rank {
-    struct pp_exec *pp;
+    const struct pp_exec *pp;
     int32_t index;                     /* stage * tp_size + tensor rank       */
     int32_t stage, trank;              /* its stage, its rank inside it       */
     void *inst;                        /* the backend instance (engine-owned) */
@@ -122,10 +122,6 @@ typedef struct pp_rank {
     pp_nccl_end nend;                  /* link.ctx (nccl)                     */
 #endif
     loom_comm comm;                    /* the stage's collectives (tp_size > 1) */
-    pthread_t thread;
-    bool started;
-    loom_status st;                    /* result of the current job           */
-    loom_error err;
     loom_backend_memory mem;           /* PP_OP_MEMORY result                 */
 } pp_rank;
 
@@ -146,17 +142,8 @@ typedef struct pp_exec {
     loom_kv_layout kv;                 /* after kv_alloc (for batch checks)   */
     bool kv_ready;
     pp_split split;                    /* the step's micro-batches            */
-    float *topk_rows;                  /* forward_topk without the backend's  */
-    size_t topk_cap;                   /* floats in topk_rows                 */
-
-    /* job hand-off: the engine thread posts, workers run, the last wakes it */
-    pthread_mutex_t mu;
-    pthread_cond_t cv_job, cv_done;
-    bool sync_ready;
-    uint64_t gen;                      /* jobs posted                         */
-    int32_t pending;                   /* workers not done with the job       */
-    int32_t failed;                    /* first rank that failed, -1 = none   */
-    pp_job job;
+    topk_rows topk;                    /* forward_topk without the backend's  */
+    rank_pool pool;                    /* the ranks' threads (rank_pool.h)    */
 } pp_exec;
 
 /* ---------------------------------------------------------------- workers */
@@ -172,7 +159,7 @@ static void pp_abort_all(pp_exec *pp) {
 
 /* The micro-batches in order on this rank; the last stage's tensor rank 0
  * writes each one's rows of the step's logits or summaries. */
-static loom_status pp_rank_forward(pp_rank *rk, const pp_job *j) {
+static loom_status pp_rank_forward(const pp_rank *rk, const pp_job *j, loom_error *err) {
     const pp_exec *pp = rk->pp;
     const loom_backend_ops *o = pp->inner;
     const bool writes = rk->stage == pp->stages - 1 && rk->trank == 0;
@@ -188,99 +175,69 @@ static loom_status pp_rank_forward(pp_rank *rk, const pp_job *j) {
             sub.lse = t->lse + r;
             sub.want_full = t->want_full + r;
             sub.full = t->full ? t->full + r * pp->vocab : NULL;
-            st = o->forward_topk(rk->inst, &mb->batch, &sub, &rk->err);
+            st = o->forward_topk(rk->inst, &mb->batch, &sub, err);
         } else {
             float *rows = writes && j->logits ? j->logits + (int64_t)mb->row0 * pp->vocab : NULL;
-            st = o->forward(rk->inst, &mb->batch, rows, &rk->err);
+            st = o->forward(rk->inst, &mb->batch, rows, err);
         }
     }
     return st;
 }
 
-/* Run one job on the rank's thread. */
-static void pp_rank_run(pp_rank *rk, const pp_job *j) {
-    const loom_backend_ops *o = rk->pp->inner;
-    loom_error *err = &rk->err;
-    const loom_comm *comm = rk->pp->tp > 1 ? &rk->comm : NULL;
+/* [rank thread] Run one job (rank_pool's run hook). */
+static loom_status pp_rank_run(void *ctx, int32_t rank, const void *job, loom_error *err) {
+    pp_exec *pp = ctx;
+    pp_rank *rk = &pp->ranks[rank];
+    const pp_job *j = job;
+    const loom_backend_ops *o = pp->inner;
+    const loom_comm *comm = pp->tp > 1 ? &rk->comm : NULL;
     switch (j->op) {
     case PP_OP_BIND:
 #ifdef LOOM_PP_HAVE_NCCL
-        rk->st = rk->pp->nc ? pp_nccl_bind_thread(rk->pp->nc, rk->index, err) : LOOM_OK;
+        return pp->nc ? pp_nccl_bind_thread(pp->nc, rk->index, err) : LOOM_OK;
 #else
-        rk->st = LOOM_OK;
+        return LOOM_OK;
 #endif
-        break;
-    case PP_OP_LOAD: rk->st = o->load_stage(rk->inst, j->model, j->quant, &rk->link, comm, err); break;
+    case PP_OP_LOAD: return o->load_stage(rk->inst, j->model, j->quant, &rk->link, comm, err);
     case PP_OP_MEMORY:
         rk->mem = (loom_backend_memory){.struct_size = sizeof rk->mem};
-        rk->st = o->memory(rk->inst, &rk->mem, err);
-        break;
-    case PP_OP_KV_ALLOC: rk->st = o->kv_alloc(rk->inst, j->layout, err); break;
-    case PP_OP_FORWARD: rk->st = pp_rank_forward(rk, j); break;
-    case PP_OP_COPY: rk->st = o->copy_blocks(rk->inst, j->pairs, j->n, err); break;
-    case PP_OP_SWAP: rk->st = o->swap_blocks(rk->inst, j->dir, j->pairs, j->n, err); break;
-    case PP_OP_QUIT: rk->st = LOOM_OK; break;
+        return o->memory(rk->inst, &rk->mem, err);
+    case PP_OP_KV_ALLOC: return o->kv_alloc(rk->inst, j->layout, err);
+    case PP_OP_FORWARD: return pp_rank_forward(rk, j, err);
+    case PP_OP_COPY: return o->copy_blocks(rk->inst, j->pairs, j->n, err);
+    case PP_OP_SWAP: return o->swap_blocks(rk->inst, j->dir, j->pairs, j->n, err);
     }
+    return LOOM_OK;
 }
 
-static void *pp_worker(void *arg) {
-    pp_rank *rk = arg;
-    pp_exec *pp = rk->pp;
-    uint64_t seen = 0;
-    for (;;) {
-        pthread_mutex_lock(&pp->mu);
-        while (pp->gen == seen) pthread_cond_wait(&pp->cv_job, &pp->mu);
-        seen = pp->gen;
-        pp_job j = pp->job;
-        pthread_mutex_unlock(&pp->mu);
-
-        rk->st = LOOM_OK;
-        if (j.only < 0 || j.only == rk->index) pp_rank_run(rk, &j);
-        pthread_mutex_lock(&pp->mu);
-        if (rk->st != LOOM_OK && pp->failed < 0) {
-            /* the first failure is the cause; peers then fail in their links
-             * and collectives because of this abort */
-            pp->failed = rk->index;
-            pp_abort_all(pp);
-        }
-        if (--pp->pending == 0) pthread_cond_signal(&pp->cv_done);
-        pthread_mutex_unlock(&pp->mu);
-        if (j.op == PP_OP_QUIT) break;
-    }
-    return NULL;
-}
+/* [rank thread, pool lock held] rank_pool's abort hook. */
+static void pp_pool_abort(void *ctx) { pp_abort_all(ctx); }
 
 /* [engine] Post `j` to every rank, wait for all, and report the first
  * failure (naming its stage and rank) into err. */
 static loom_status pp_run(pp_exec *pp, pp_job j, loom_error *err) {
     const loom_host *h = pp->host;
 #ifdef LOOM_PP_HAVE_NCCL
-    if (pp_nccl_aborted(pp->nc) && j.op != PP_OP_QUIT)
+    if (pp_nccl_aborted(pp->nc))
         return h->error(h->ctx, err, LOOM_ERR_DEVICE,
                         "executor pp: the NCCL communicators were aborted after a rank failed; recreate the "
                         "engine");
 #endif
-    pthread_mutex_lock(&pp->mu);
-    pp->job = j;
-    pp->pending = pp->size;
-    pp->failed = -1;
-    pp->gen++;
-    pthread_cond_broadcast(&pp->cv_job);
-    while (pp->pending > 0) pthread_cond_wait(&pp->cv_done, &pp->mu);
-    int32_t failed = pp->failed;
-    pthread_mutex_unlock(&pp->mu);
+    int32_t failed = rank_pool_run(&pp->pool, &j, j.only);
     if (failed < 0) return LOOM_OK;
     /* every rank has left its links and collectives: reusable again */
     pp_links_reset(pp->links);
     for (int32_t s = 0; s < pp->stages; s++)
         if (pp->tc[s]) tp_threads_reset(pp->tc[s]);
     const pp_rank *rk = &pp->ranks[failed];
+    const loom_status st = rank_pool_status(&pp->pool, failed);
+    const loom_error *fe = rank_pool_error(&pp->pool, failed);
     if (pp->size == 1) {
-        if (err) *err = rk->err;
-        return rk->st;
+        if (err) *err = *fe;
+        return st;
     }
-    return h->error(h->ctx, err, rk->st, "stage %d of %d, tensor rank %d of %d: %s", rk->stage,
-                    pp->stages, rk->trank, pp->tp, rk->err.message);
+    return h->error(h->ctx, err, st, "stage %d of %d, tensor rank %d of %d: %s", rk->stage,
+                    pp->stages, rk->trank, pp->tp, fe->message);
 }
 
 /* ---------------------------------------------------------------- lifetime */
@@ -341,44 +298,26 @@ static loom_status pp_create(const loom_host *host, const void *config, void **s
     pp->stages = (int32_t)cfg.pp_size;
     pp->tp = (int32_t)cfg.tp_size;
     pp->size = pp->stages * pp->tp;
-    pp->failed = -1;
-    if (pthread_mutex_init(&pp->mu, NULL) != 0) goto fail_mutex;
-    if (pthread_cond_init(&pp->cv_job, NULL) != 0) goto fail_cv_job;
-    if (pthread_cond_init(&pp->cv_done, NULL) != 0) goto fail_cv_done;
-    pp->sync_ready = true;
+    if ((st = rank_pool_init(&pp->pool, host, "executor pp", pp_rank_run, pp_pool_abort, pp, err)) != LOOM_OK) {
+        host->free(host->ctx, pp);
+        return st;
+    }
     *self = pp;
     return LOOM_OK;
-fail_cv_done:
-    pthread_cond_destroy(&pp->cv_job);
-fail_cv_job:
-    pthread_mutex_destroy(&pp->mu);
-fail_mutex:
-    host->free(host->ctx, pp);
-    return host->error(host->ctx, err, LOOM_ERR_NOMEM,
-                       "executor pp: could not initialise a mutex / condition variable");
 }
 
 static void pp_destroy(void *self) {
     pp_exec *pp = self;
     if (!pp) return;
     const loom_host *h = pp->host;
-    if (pp->ranks) {
-        /* attach starts every thread or none */
-        pp_run(pp, (pp_job){.op = PP_OP_QUIT, .only = -1}, NULL);
-        for (int32_t i = 0; i < pp->size; i++) pthread_join(pp->ranks[i].thread, NULL);
-    }
+    rank_pool_fini(&pp->pool); /* stops the ranks' threads first */
     for (int32_t s = 0; s < pp->stages; s++) tp_threads_destroy(pp->tc[s]);
     pp_links_destroy(pp->links);
 #ifdef LOOM_PP_HAVE_NCCL
     pp_nccl_destroy(pp->nc);
 #endif
-    if (pp->sync_ready) {
-        pthread_cond_destroy(&pp->cv_done);
-        pthread_cond_destroy(&pp->cv_job);
-        pthread_mutex_destroy(&pp->mu);
-    }
     pp_split_free(&pp->split, h);
-    h->free(h->ctx, pp->topk_rows);
+    topk_rows_free(&pp->topk, h);
     h->free(h->ctx, pp->ranks);
     h->free(h->ctx, pp);
 }
@@ -428,23 +367,6 @@ static void pp_init_rank(pp_exec *pp, pp_rank *rk, int32_t i, void *inst) {
 #endif
 }
 
-/* Start every rank's thread, or none (the started ones are stopped). */
-static loom_status pp_start_threads(pp_exec *pp, pp_rank *ranks, loom_error *err) {
-    for (int32_t i = 0; i < pp->size; i++) {
-        if (pthread_create(&ranks[i].thread, NULL, pp_worker, &ranks[i]) == 0) continue;
-        pthread_mutex_lock(&pp->mu);
-        pp->job = (pp_job){.op = PP_OP_QUIT, .only = -1};
-        pp->pending = i;
-        pp->gen++;
-        pthread_cond_broadcast(&pp->cv_job);
-        pthread_mutex_unlock(&pp->mu);
-        for (int32_t k = 0; k < i; k++) pthread_join(ranks[k].thread, NULL);
-        return pp->host->error(pp->host->ctx, err, LOOM_ERR_NOMEM,
-                               "executor pp: could not start the thread of rank %d", i);
-    }
-    return LOOM_OK;
-}
-
 static loom_status pp_attach_inner(void *self, const loom_backend_ops *inner, void *const *instances,
                                    int32_t n, loom_error *err) {
     pp_exec *pp = self;
@@ -467,11 +389,13 @@ static loom_status pp_attach_inner(void *self, const loom_backend_ops *inner, vo
     pp_rank *ranks = h->calloc(h->ctx, (size_t)n, sizeof *ranks);
     if (!ranks) return h->error(h->ctx, err, LOOM_ERR_NOMEM, "executor pp: out of memory");
     for (int32_t i = 0; i < n; i++) pp_init_rank(pp, &ranks[i], i, instances[i]);
-    if ((st = pp_start_threads(pp, ranks, err)) != LOOM_OK) {
+    /* the workers read pp->ranks: set before they start */
+    pp->ranks = ranks;
+    if ((st = rank_pool_start(&pp->pool, n, err)) != LOOM_OK) {
+        pp->ranks = NULL;
         h->free(h->ctx, ranks);
         return st;
     }
-    pp->ranks = ranks;
     if (pp->cfg.comm == PP_COMM_NCCL && (st = pp_run(pp, (pp_job){.op = PP_OP_BIND, .only = -1}, err)) != LOOM_OK)
         return st;
     h->log(h->ctx, LOOM_LOG_INFO, PP_WHO, "%d stage(s) x %d tensor rank(s), %s links, %lld micro-batch(es)",
@@ -670,23 +594,9 @@ static loom_status pp_topk_on_host(pp_exec *pp, const loom_batch *b, const loom_
     const loom_host *h = pp->host;
     const int64_t V = pp->vocab, NL = b ? b->num_logits : 0;
     if (NL <= 0) return pp_forward_job(pp, b, NULL, NULL, err);
-    const size_t need = (size_t)NL * (size_t)V;
-    if (need > pp->topk_cap) {
-        float *p = h->alloc(h->ctx, need * sizeof(float));
-        if (!p)
-            return h->error(h->ctx, err, LOOM_ERR_NOMEM, "executor pp: out of host memory for %lld logits rows",
-                            (long long)NL);
-        h->free(h->ctx, pp->topk_rows);
-        pp->topk_rows = p, pp->topk_cap = need;
-    }
-    loom_status st = pp_forward_job(pp, b, pp->topk_rows, NULL, err);
-    if (st != LOOM_OK) return st;
-    for (int64_t r = 0; r < NL; r++) {
-        const float *row = pp->topk_rows + (size_t)r * (size_t)V;
-        h->logits_topk_row(row, (int32_t)V, out->k, out->top_ids + r * out->k, out->top_vals + r * out->k,
-                           out->lse + r);
-        if (out->want_full[r]) memcpy(out->full + (size_t)r * (size_t)V, row, (size_t)V * sizeof(float));
-    }
+    loom_status st = topk_rows_reserve(&pp->topk, h, "executor pp", NL, V, err);
+    if (st != LOOM_OK || (st = pp_forward_job(pp, b, pp->topk.rows, NULL, err)) != LOOM_OK) return st;
+    topk_rows_reduce(&pp->topk, h, NL, V, out);
     return LOOM_OK;
 }
 

@@ -1,8 +1,8 @@
 /*
  * plugins/executor/pp/pp.h — private state of the pipeline-parallel
  * executor (loom-executor-pp.so), shared by its sources:
- *   pp.c       descriptor, parameters, lifetime, the per-rank worker
- *              threads and the executor ops (load, KV, forward, blocks)
+ *   pp.c       descriptor, parameters, lifetime, the jobs the ranks run
+ *              and the executor ops (load, KV, forward, blocks)
  *   pp_link.c  the threads links: point-to-point send/recv of the residual
  *              stream between ranks that are threads of this process
  *   pp_split.c micro-batches: a step's batch cut into sub-batches of whole
@@ -11,6 +11,8 @@
  *              compiled, untested)
  * Collectives inside a stage (tensor parallelism) are the tp executor's
  * threads communicator (plugins/executor/tp/tp_comm.c, compiled in).
+ * The ranks' worker threads and job hand-off, and forward_topk reduced on
+ * the host, are plugins/executor/common's (rank_pool.h, topk_rows.h).
  * Not an installed header. See docs/tensor-parallel.md.
  */
 #ifndef LOOM_PLUGIN_PP_H

@@ -25,20 +25,21 @@
  * that lists the sizes that would work.
  *
  * Threads: each rank has a persistent worker thread; a call posts one job
- * and waits for every rank (a generation counter and two condition
- * variables). Ranks run concurrently because their forward passes block in
- * the collectives until all ranks arrive. When one rank fails, the
+ * and waits for every rank (plugins/executor/common/rank_pool.h). Ranks
+ * run concurrently because their forward passes block in the collectives
+ * until all ranks arrive. When one rank fails, the
  * communicator is aborted so its peers return instead of waiting forever,
  * and the call reports the first failure, prefixed with the rank.
  *
  * Communicators: `threads` (tp_comm.c, host memory, any build) or `nccl`
  * (tp_nccl.c, one GPU per rank, only in builds with LOOM_TP_HAVE_NCCL).
  */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "rank_pool.h"
+#include "topk_rows.h"
 #include "tp.h"
 
 #define TP_MAX_SIZE 1024
@@ -98,7 +99,6 @@ typedef enum tp_op {
     TP_OP_FORWARD_TOPK,
     TP_OP_COPY,
     TP_OP_SWAP,
-    TP_OP_QUIT,
 } tp_op;
 
 /* One call, the same for every rank (all pointers borrowed for the call). */
@@ -116,17 +116,10 @@ typedef struct tp_job {
     loom_swap_dir dir;
 } tp_job;
 
-struct tp_exec;
-
 typedef struct tp_rank {
-    struct tp_exec *tp;
     int32_t index;                     /* local rank, 0..size-1               */
     void *inst;                        /* the backend instance (engine-owned) */
     loom_comm comm;                    /* handed to load_shard                */
-    pthread_t thread;
-    bool started;
-    loom_status st;                    /* result of the current job           */
-    loom_error err;
     loom_backend_memory mem;           /* TP_OP_MEMORY result                 */
 } tp_rank;
 
@@ -143,17 +136,8 @@ typedef struct tp_exec {
 #endif
     bool loaded;
     int64_t vocab;                     /* the loaded model's                  */
-    float *topk_rows;                  /* forward_topk without the backend's  */
-    size_t topk_cap;                   /* floats in topk_rows                 */
-
-    /* job hand-off: the engine thread posts, workers run, the last wakes it */
-    pthread_mutex_t mu;
-    pthread_cond_t cv_job, cv_done;
-    bool sync_ready;
-    uint64_t gen;                      /* jobs posted                         */
-    int32_t pending;                   /* workers not done with the job       */
-    int32_t failed;                    /* first rank that failed, -1 = none   */
-    tp_job job;
+    topk_rows topk;                    /* forward_topk without the backend's  */
+    rank_pool pool;                    /* the ranks' threads (rank_pool.h)    */
 } tp_exec;
 
 /* ---------------------------------------------------------------- helpers */
@@ -165,89 +149,52 @@ static void tp_comm_abort(tp_exec *tp) {
 #endif
 }
 
-/* Run one job on the rank's thread. */
-static void tp_rank_run(tp_rank *rk, const tp_job *j) {
-    tp_exec *tp = rk->tp;
+/* [rank thread] Run one job (rank_pool's run hook). */
+static loom_status tp_rank_run(void *ctx, int32_t rank, const void *job, loom_error *err) {
+    tp_exec *tp = ctx;
+    tp_rank *rk = &tp->ranks[rank];
+    const tp_job *j = job;
     const loom_backend_ops *o = tp->inner;
-    loom_error *err = &rk->err;
     switch (j->op) {
     case TP_OP_BIND:
 #ifdef LOOM_TP_HAVE_NCCL
-        rk->st = tp->nc ? tp_nccl_bind_thread(tp->nc, rk->index, err) : LOOM_OK;
+        return tp->nc ? tp_nccl_bind_thread(tp->nc, rk->index, err) : LOOM_OK;
 #else
-        rk->st = LOOM_OK;
+        return LOOM_OK;
 #endif
-        break;
-    case TP_OP_LOAD: rk->st = o->load_shard(rk->inst, j->model, j->quant, &rk->comm, err); break;
+    case TP_OP_LOAD: return o->load_shard(rk->inst, j->model, j->quant, &rk->comm, err);
     case TP_OP_MEMORY:
         rk->mem = (loom_backend_memory){.struct_size = sizeof rk->mem};
-        rk->st = o->memory(rk->inst, &rk->mem, err);
-        break;
-    case TP_OP_KV_ALLOC: rk->st = o->kv_alloc(rk->inst, j->layout, err); break;
-    case TP_OP_FORWARD:
-        rk->st = o->forward(rk->inst, j->batch, rk->index == 0 ? j->logits : NULL, err);
-        break;
+        return o->memory(rk->inst, &rk->mem, err);
+    case TP_OP_KV_ALLOC: return o->kv_alloc(rk->inst, j->layout, err);
+    case TP_OP_FORWARD: return o->forward(rk->inst, j->batch, rk->index == 0 ? j->logits : NULL, err);
     case TP_OP_FORWARD_TOPK:
-        rk->st = rk->index == 0 ? o->forward_topk(rk->inst, j->batch, j->topk, err)
-                                : o->forward(rk->inst, j->batch, NULL, err);
-        break;
-    case TP_OP_COPY: rk->st = o->copy_blocks(rk->inst, j->pairs, j->n, err); break;
-    case TP_OP_SWAP: rk->st = o->swap_blocks(rk->inst, j->dir, j->pairs, j->n, err); break;
-    case TP_OP_QUIT: rk->st = LOOM_OK; break;
+        return rk->index == 0 ? o->forward_topk(rk->inst, j->batch, j->topk, err)
+                              : o->forward(rk->inst, j->batch, NULL, err);
+    case TP_OP_COPY: return o->copy_blocks(rk->inst, j->pairs, j->n, err);
+    case TP_OP_SWAP: return o->swap_blocks(rk->inst, j->dir, j->pairs, j->n, err);
     }
+    return LOOM_OK;
 }
 
-static void *tp_worker(void *arg) {
-    tp_rank *rk = arg;
-    tp_exec *tp = rk->tp;
-    uint64_t seen = 0;
-    for (;;) {
-        pthread_mutex_lock(&tp->mu);
-        while (tp->gen == seen) pthread_cond_wait(&tp->cv_job, &tp->mu);
-        seen = tp->gen;
-        tp_job j = tp->job;
-        pthread_mutex_unlock(&tp->mu);
-
-        bool mine = j.only < 0 || j.only == rk->index;
-        rk->st = LOOM_OK;
-        if (mine) tp_rank_run(rk, &j);
-        pthread_mutex_lock(&tp->mu);
-        if (rk->st != LOOM_OK && tp->failed < 0) {
-            /* the first failure is the cause; peers then fail in their
-             * collectives because of this abort */
-            tp->failed = rk->index;
-            tp_comm_abort(tp);
-        }
-        if (--tp->pending == 0) pthread_cond_signal(&tp->cv_done);
-        pthread_mutex_unlock(&tp->mu);
-        if (j.op == TP_OP_QUIT) break;
-    }
-    return NULL;
-}
+/* [rank thread, pool lock held] rank_pool's abort hook. */
+static void tp_pool_abort(void *ctx) { tp_comm_abort(ctx); }
 
 /* [engine] Post `j` to every rank, wait for all, and report the first
  * failure (rank-prefixed) into err. */
 static loom_status tp_run(tp_exec *tp, tp_job j, loom_error *err) {
     const loom_host *h = tp->host;
 #ifdef LOOM_TP_HAVE_NCCL
-    if (tp->nc && tp_nccl_aborted(tp->nc) && j.op != TP_OP_QUIT)
+    if (tp->nc && tp_nccl_aborted(tp->nc))
         return h->error(h->ctx, err, LOOM_ERR_DEVICE,
                         "executor tp: the NCCL communicator was aborted after a rank failed; "
                         "recreate the engine");
 #endif
-    pthread_mutex_lock(&tp->mu);
-    tp->job = j;
-    tp->pending = tp->size;
-    tp->failed = -1;
-    tp->gen++;
-    pthread_cond_broadcast(&tp->cv_job);
-    while (tp->pending > 0) pthread_cond_wait(&tp->cv_done, &tp->mu);
-    int32_t failed = tp->failed;
-    pthread_mutex_unlock(&tp->mu);
+    int32_t failed = rank_pool_run(&tp->pool, &j, j.only);
 #ifdef LOOM_TP_HAVE_NCCL
     /* every rank synced its stream: a peer-to-peer kernel that gave up
      * waiting for a peer has said so by now */
-    if (failed < 0 && tp->nc && j.op != TP_OP_QUIT) {
+    if (failed < 0 && tp->nc) {
         loom_status cs = tp_nccl_check(tp->nc, err);
         if (cs != LOOM_OK) {
             tp_comm_abort(tp);
@@ -258,13 +205,14 @@ static loom_status tp_run(tp_exec *tp, tp_job j, loom_error *err) {
     if (failed < 0) return LOOM_OK;
     /* every rank has left its collectives: the threads group can be reused */
     if (tp->tc) tp_threads_reset(tp->tc);
-    tp_rank *rk = &tp->ranks[failed];
+    const loom_status st = rank_pool_status(&tp->pool, failed);
+    const loom_error *fe = rank_pool_error(&tp->pool, failed);
     if (tp->size == 1) {
-        if (err) *err = rk->err;
-        return rk->st;
+        if (err) *err = *fe;
+        return st;
     }
-    return h->error(h->ctx, err, rk->st, "rank %d of %d: %s", tp->base + failed, tp->world,
-                    rk->err.message);
+    return h->error(h->ctx, err, st, "rank %d of %d: %s", tp->base + failed, tp->world,
+                    fe->message);
 }
 
 /* Sizes n (up to 64, and at most heads) the model splits over: heads and
@@ -416,50 +364,25 @@ static loom_status tp_create(const loom_host *host, const void *config, void **s
     tp->world = (int32_t)(cfg.size * cfg.nodes);
     tp->base = (int32_t)(cfg.node_rank * cfg.size);
     tp->comm_kind = kind;
-    tp->failed = -1;
-    if (pthread_mutex_init(&tp->mu, NULL) != 0) goto fail_sync;
-    if (pthread_cond_init(&tp->cv_job, NULL) != 0) {
-        pthread_mutex_destroy(&tp->mu);
-        goto fail_sync;
+    loom_status st = rank_pool_init(&tp->pool, host, "executor tp", tp_rank_run, tp_pool_abort, tp, err);
+    if (st != LOOM_OK) {
+        host->free(host->ctx, tp);
+        return st;
     }
-    if (pthread_cond_init(&tp->cv_done, NULL) != 0) {
-        pthread_cond_destroy(&tp->cv_job);
-        pthread_mutex_destroy(&tp->mu);
-        goto fail_sync;
-    }
-    tp->sync_ready = true;
     *self = tp;
     return LOOM_OK;
-fail_sync:
-    host->free(host->ctx, tp);
-    return host->error(host->ctx, err, LOOM_ERR_NOMEM,
-                       "executor tp: could not initialise a mutex / condition variable");
 }
 
 static void tp_destroy(void *self) {
     tp_exec *tp = self;
     if (!tp) return;
     const loom_host *h = tp->host;
-    bool any = false;
-    for (int32_t i = 0; tp->ranks && i < tp->size; i++) any = any || tp->ranks[i].started;
-    if (any) {
-        /* a QUIT job; ranks never started would leave pending > 0, so the
-         * hand-off only runs when all of them are (attach starts all or none) */
-        tp_job j = {.op = TP_OP_QUIT, .only = -1};
-        tp_run(tp, j, NULL);
-        for (int32_t i = 0; i < tp->size; i++)
-            if (tp->ranks[i].started) pthread_join(tp->ranks[i].thread, NULL);
-    }
+    rank_pool_fini(&tp->pool); /* stops the ranks' threads first */
     tp_threads_destroy(tp->tc);
 #ifdef LOOM_TP_HAVE_NCCL
     tp_nccl_destroy(tp->nc);
 #endif
-    if (tp->sync_ready) {
-        pthread_cond_destroy(&tp->cv_done);
-        pthread_cond_destroy(&tp->cv_job);
-        pthread_mutex_destroy(&tp->mu);
-    }
-    h->free(h->ctx, tp->topk_rows);
+    topk_rows_free(&tp->topk, h);
     h->free(h->ctx, tp->ranks);
     h->free(h->ctx, tp);
 }
@@ -516,26 +439,16 @@ static loom_status tp_attach_inner(void *self, const loom_backend_ops *inner,
     tp_rank *ranks = h->calloc(h->ctx, (size_t)n, sizeof *ranks);
     if (!ranks) return h->error(h->ctx, err, LOOM_ERR_NOMEM, "executor tp: out of memory");
     for (int32_t i = 0; i < n; i++) {
-        ranks[i] = (tp_rank){.tp = tp, .index = i, .inst = instances[i], .comm = proto};
+        ranks[i] = (tp_rank){.index = i, .inst = instances[i], .comm = proto};
         ranks[i].comm.rank = tp->base + i;
     }
-    for (int32_t i = 0; i < n; i++) {
-        if (pthread_create(&ranks[i].thread, NULL, tp_worker, &ranks[i]) != 0) {
-            /* stop the ones already running: they wait for a job */
-            pthread_mutex_lock(&tp->mu);
-            tp->job = (tp_job){.op = TP_OP_QUIT, .only = -1};
-            tp->pending = i;
-            tp->gen++;
-            pthread_cond_broadcast(&tp->cv_job);
-            pthread_mutex_unlock(&tp->mu);
-            for (int32_t k = 0; k < i; k++) pthread_join(ranks[k].thread, NULL);
-            h->free(h->ctx, ranks);
-            return h->error(h->ctx, err, LOOM_ERR_NOMEM,
-                            "executor tp: could not start the thread of rank %d", i);
-        }
-        ranks[i].started = true;
-    }
+    /* the workers read tp->ranks: set before they start */
     tp->ranks = ranks;
+    if ((st = rank_pool_start(&tp->pool, n, err)) != LOOM_OK) {
+        tp->ranks = NULL;
+        h->free(h->ctx, ranks);
+        return st;
+    }
     if (tp->comm_kind == TP_COMM_NCCL &&
         (st = tp_run(tp, (tp_job){.op = TP_OP_BIND, .only = -1}, err)) != LOOM_OK)
         return st;
@@ -665,22 +578,9 @@ static loom_status tp_forward_topk(void *self, const loom_batch *batch, const lo
     /* the ranks' backend returns whole rows only: reduce them here */
     const int64_t V = tp->vocab, NL = batch ? batch->num_logits : 0;
     if (NL <= 0) return tp_forward(self, batch, NULL, err);
-    const size_t need = (size_t)NL * (size_t)V;
-    if (need > tp->topk_cap) {
-        float *p = h->alloc(h->ctx, need * sizeof(float));
-        if (!p)
-            return h->error(h->ctx, err, LOOM_ERR_NOMEM, "executor tp: out of host memory for %lld logits rows",
-                            (long long)NL);
-        h->free(h->ctx, tp->topk_rows);
-        tp->topk_rows = p, tp->topk_cap = need;
-    }
-    if ((st = tp_forward(self, batch, tp->topk_rows, err)) != LOOM_OK) return st;
-    for (int64_t r = 0; r < NL; r++) {
-        const float *row = tp->topk_rows + (size_t)r * (size_t)V;
-        h->logits_topk_row(row, (int32_t)V, out->k, out->top_ids + r * out->k, out->top_vals + r * out->k,
-                             out->lse + r);
-        if (out->want_full[r]) memcpy(out->full + (size_t)r * (size_t)V, row, (size_t)V * sizeof(float));
-    }
+    if ((st = topk_rows_reserve(&tp->topk, h, "executor tp", NL, V, err)) != LOOM_OK) return st;
+    if ((st = tp_forward(self, batch, tp->topk.rows, err)) != LOOM_OK) return st;
+    topk_rows_reduce(&tp->topk, h, NL, V, out);
     return LOOM_OK;
 }
 

@@ -1,14 +1,17 @@
 /*
  * plugins/executor/tp/tp.h — private state of the tensor-parallel executor
  * (loom-executor-tp.so), shared by its sources:
- *   tp.c            descriptor, parameters, lifetime, the per-rank worker
- *                   threads and the executor ops (load, KV, forward, blocks)
+ *   tp.c            descriptor, parameters, lifetime, the jobs the ranks run
+ *                   and the executor ops (load, KV, forward, blocks)
  *   tp_comm.c       the threads communicator: shared-memory collectives
  *                   among ranks that are threads of this process
  *   tp_nccl.c       the NCCL communicator (built with LOOM_TP_HAVE_NCCL)
  *   tp_rendezvous.c rank-0 rendezvous over TCP: node 0 hands NCCL's unique
  *                   id to the other nodes
- * Not an installed header. See docs/tensor-parallel.md.
+ * The ranks' worker threads and job hand-off, and forward_topk reduced on
+ * the host, are plugins/executor/common's (rank_pool.h, topk_rows.h),
+ * shared with the pp executor. Not an installed header. See
+ * docs/tensor-parallel.md.
  */
 #ifndef LOOM_PLUGIN_TP_H
 #define LOOM_PLUGIN_TP_H
