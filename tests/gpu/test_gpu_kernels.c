@@ -2466,6 +2466,8 @@ static const att_case k_att_e4m3[] = {
     {"decode f16 D128", HF, 128, 32, 8, 16, ATT_DECODE, -1, 0},
     {"bs7 decode", BF, 128, 8, 8, 7, ATT_DECODE, -1, 0},
     {"bs32 decode split7", BF, 64, 12, 4, 32, ATT_DECODE, -1, 7},
+    {"decode G16 (all 16 rows)", BF, 128, 16, 1, 16, ATT_DECODE, -1, 0},
+    {"decode G2 f16 split7", HF, 64, 8, 4, 16, ATT_DECODE, -1, 7},
     {"MQA G32", BF, 64, 32, 1, 16, ATT_DECODE, -1, 0},
     {"invariant", BF, 64, 9, 3, 16, ATT_CHUNK, 2, 0},
     {"invariant", BF, 128, 32, 8, 16, ATT_CHUNK, 2, 7},
