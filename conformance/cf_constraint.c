@@ -19,46 +19,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cf_byte_vocab.h"
 #include "cf_kit.h"
 #include "loom/constraint.h"
 
 static const char *const cx_multi[] = {"{\"", "\":", "\",", "\"}", "true", "false", "null", ", ", "[]", "{}",
                                        "12", "é", "\xe4\xb8", "\xad", NULL};
 
-typedef struct cx_vocab {
-    loom_vocab_view view;
-    const char *pieces[300];
-    size_t lens[300];
-    char bytes[256];
-    int32_t eog[1];
-    int32_t never;             /* the NULL-piece token                       */
-} cx_vocab;
+typedef cf_byte_vocab cx_vocab;
 
-static const char *cx_piece(const void *ctx, int32_t id, size_t *len) {
-    const cx_vocab *v = ctx;
-    *len = 0;
-    if (id < 0 || id >= v->view.size || !v->pieces[id]) return NULL;
-    *len = v->lens[id];
-    return v->pieces[id];
-}
-
-static void cx_vocab_init(cx_vocab *v) {
-    memset(v, 0, sizeof *v);
-    int32_t n = 0;
-    for (int b = 0; b < 256; b++) {
-        v->bytes[b] = (char)b;
-        v->pieces[n] = &v->bytes[b];
-        v->lens[n++] = 1;
-    }
-    for (int i = 0; cx_multi[i]; i++) {
-        v->pieces[n] = cx_multi[i];
-        v->lens[n++] = strlen(cx_multi[i]);
-    }
-    v->never = n++;
-    v->eog[0] = n++;
-    v->view = (loom_vocab_view){.struct_size = sizeof(loom_vocab_view), .size = n, .ctx = v, .piece = cx_piece,
-                                .eog = v->eog, .num_eog = 1};
-}
+/* The check's vocabulary: cx_multi always fits. */
+static void cx_vocab_init(cx_vocab *v) { (void)cf_byte_vocab_init(v, cx_multi); }
 
 static bool cx_bit(const uint32_t *m, int32_t id) { return (m[id >> 5] >> (id & 31)) & 1u; }
 
@@ -104,7 +75,7 @@ static bool cx_walk(cf_run *r, const loom_constraint_ops *ops, void *self, void 
         CF_ENSURE(r, ops->fill_mask(self, m, mask, &err) == LOOM_OK, "fill_mask failed: %s", err.message);
         for (int32_t id = v->view.size; id < (int32_t)(words * 32); id++)
             CF_ENSURE(r, !cx_bit(mask, id), "mask bit %d is past the vocabulary (%d)", id, v->view.size);
-        CF_ENSURE(r, !cx_bit(mask, v->never), "token %d (piece NULL) is allowed", v->never);
+        CF_ENSURE(r, !cx_bit(mask, v->control), "token %d (piece NULL) is allowed", v->control);
         CF_ENSURE(r, cx_bit(mask, v->eog[0]) == ops->can_end(self, m), "end bit %d but can_end() %d",
                   cx_bit(mask, v->eog[0]), ops->can_end(self, m));
         int32_t allowed[300], n = 0, refused = -1;
