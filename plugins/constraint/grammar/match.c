@@ -224,7 +224,13 @@ static bool arena_room(gmatch *m, int32_t more) {
     return true;
 }
 
-/* Add buf[0..len) to the set at out_off unless it is there already. */
+/* FNV-1a over n ints: the hash of stacks, sets and cache keys. */
+static uint64_t hash_ints(const int32_t *x, int32_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i < n; i++) h = (h ^ (uint32_t)x[i]) * 1099511628211ull;
+    return h;
+}
+
 /* Start a new set at the arena's end (its count word); emit() adds to it. */
 static int32_t set_begin(gmatch *m) {
     if (!arena_room(m, 1)) return -1;
@@ -238,8 +244,7 @@ static int32_t set_begin(gmatch *m) {
  * hash of the set's stacks, tagged by the set's epoch, finds duplicates
  * without scanning). */
 static void emit(gmatch *m, int32_t len) {
-    uint64_t h = 1469598103934665603ull;
-    for (int32_t i = 0; i < len; i++) h = (h ^ (uint32_t)m->buf[i]) * 1099511628211ull;
+    const uint64_t h = hash_ints(m->buf, len);
     const uint32_t mask = m->dedup_cap - 1;
     uint32_t j = (uint32_t)(h ^ (h >> 32)) & mask;
     for (; m->dedup[j].epoch == m->dedup_epoch; j = (j + 1) & mask) {
@@ -507,9 +512,7 @@ static int32_t state_key(gmatch *m, uint64_t *hash) {
     m->arena[off + m->cur_len] = (int32_t)m->u.val;
     m->arena[off + m->cur_len + 1] = m->u.need;
     m->arena[off + m->cur_len + 2] = m->u.len;
-    uint64_t h = 1469598103934665603ull;
-    for (int32_t i = 0; i < m->cur_len + 3; i++) h = (h ^ (uint32_t)m->arena[off + i]) * 1099511628211ull;
-    *hash = h;
+    *hash = hash_ints(m->arena + off, m->cur_len + 3);
     return off;
 }
 
@@ -575,12 +578,6 @@ static int32_t set_len_of(const int32_t *set) {
     int32_t end = 1;
     for (int32_t s = 0; s < set[0]; s++) end += 1 + set[end];
     return end;
-}
-
-static uint64_t hash_ints(const int32_t *x, int32_t n) {
-    uint64_t h = 1469598103934665603ull;
-    for (int32_t i = 0; i < n; i++) h = (h ^ (uint32_t)x[i]) * 1099511628211ull;
-    return h;
 }
 
 static void memo_reset(gmatch *m) {
