@@ -292,7 +292,6 @@ static bool parse_stop(parse_ctx *c, const cJSON *root) {
 /* Fields loom cannot honour: refused by name rather than ignored. */
 static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
     const cJSON *v;
-    char b[64];
     if ((v = field(root, "suffix")) && !(cJSON_IsString(v) && !v->valuestring[0]))
         return fail(c, "suffix", "'suffix' (fill-in-the-middle) is not supported");
     if (api != SERVE_CHAT && (v = field(root, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
@@ -300,11 +299,6 @@ static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
     if ((v = field(root, "functions")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
         return fail(c, "functions", "'functions' (the legacy form of function calling) is not supported: send "
                     "'tools'");
-    if ((v = field(root, "tool_choice")) && !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") ||
-                                                                    !strcmp(v->valuestring, "auto"))))
-        return fail(c, "tool_choice", "'tool_choice' %s is not supported: forcing a call (\"required\" or a named "
-                    "function) needs a decoding constraint over the model's tool-call format, which loom serve does "
-                    "not build yet; use \"auto\" or \"none\"", shown(v, b, sizeof b));
     /* vLLM's extensions that change what is generated: refused when set */
     static const char *const guided[] = {"structured_outputs", "prompt_logprobs"};
     for (size_t i = 0; i < sizeof guided / sizeof *guided; i++)
@@ -335,15 +329,47 @@ static bool tool_name_ok(const char *s) {
     return true;
 }
 
+static bool offered_tool(const serve_req *r, const char *name) {
+    for (int32_t i = 0; i < r->num_tools; i++)
+        if (!strcmp(r->tools[i].name, name)) return true;
+    return false;
+}
+
+/* tool_choice: "none", "auto" (the default), "required", or {"type":
+ * "function", "function": {"name": N}}; *mode is what it said. */
+static bool parse_tool_choice(parse_ctx *c, const cJSON *tc, const char **mode, const char **named) {
+    char b[64];
+    *mode = "auto", *named = NULL;
+    if (!tc || cJSON_IsNull(tc)) return true;
+    if (cJSON_IsString(tc) && (!strcmp(tc->valuestring, "none") || !strcmp(tc->valuestring, "auto") ||
+                               !strcmp(tc->valuestring, "required"))) {
+        *mode = tc->valuestring;
+        return true;
+    }
+    const cJSON *type = cJSON_IsObject(tc) ? field(tc, "type") : NULL, *f = type ? field(tc, "function") : NULL;
+    const cJSON *name = cJSON_IsObject(f) ? field(f, "name") : NULL;
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") || !cJSON_IsString(name))
+        return fail(c, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "
+                    "\"function\", \"function\": {\"name\": ...}}, got %s", shown(tc, b, sizeof b));
+    *mode = "named", *named = name->valuestring;
+    return true;
+}
+
 /* tools: [{"type": "function", "function": {"name", "description",
- * "parameters"}}], offered with tool_choice auto (the default); with
- * tool_choice none they are checked but not offered. */
+ * "parameters"}}], offered with tool_choice auto (the default), required
+ * or named; with tool_choice none they are checked but not offered. */
 static bool parse_tools(parse_ctx *c, const cJSON *root) {
     serve_req *r = c->r;
-    const cJSON *v = field(root, "tools"), *t, *tc = field(root, "tool_choice");
+    const cJSON *v = field(root, "tools"), *t;
+    const char *mode, *named;
     char b[64];
     r->parallel_tool_calls = true;
     if (!bool_field(c, root, "parallel_tool_calls", &r->parallel_tool_calls)) return false;
+    if (!parse_tool_choice(c, field(root, "tool_choice"), &mode, &named)) return false;
+    const bool forced = !strcmp(mode, "required") || named;
+    if (forced && (!cJSON_IsArray(v) || cJSON_GetArraySize(v) == 0))
+        return fail(c, "tool_choice", "'tool_choice' %s needs the functions in 'tools'", named ? "naming a function"
+                                                                                               : "\"required\"");
     if (!v) return true;
     const int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
     if (n < 0 || n > SERVE_MAX_TOOLS)
@@ -370,7 +396,27 @@ static bool parse_tools(parse_ctx *c, const cJSON *root) {
                 return fail(c, "tools", "tools[%d]: the function name '%s' is offered twice", i, name->valuestring);
         r->tools[i++] = (serve_tool){name->valuestring, t};
     }
-    r->num_tools = tc && !strcmp(tc->valuestring, "none") ? 0 : n; /* none: checked, not offered */
+    r->num_tools = !strcmp(mode, "none") ? 0 : n; /* none: checked, not offered */
+    r->tool_required = !strcmp(mode, "required");
+    r->tool_named = named;
+    if (named && !offered_tool(r, named))
+        return fail(c, "tool_choice", "'tool_choice' names the function '%.64s', which 'tools' does not offer", named);
+    return true;
+}
+
+/* tool_choice "required" or named: the answer constrained to the calls'
+ * JSON (tools.h, serve_tool_forced_schema); not with another constraint. */
+static bool apply_tool_choice(parse_ctx *c) {
+    serve_req *r = c->r;
+    if (!r->tool_required && !r->tool_named) return true;
+    if (r->base.constraint_lang)
+        return fail(c, "tool_choice", "'tool_choice' %s with response_format or guided_*: send one way of "
+                    "constraining the output", r->tool_named ? "naming a function" : "\"required\"");
+    char *schema = keep(r, serve_tool_forced_schema(r->tools, r->num_tools, r->tool_named,
+                                                    r->parallel_tool_calls ? SERVE_MAX_TOOL_CALLS : 1));
+    if (!schema) return fail(c, "tool_choice", "out of memory building the tool-call schema");
+    r->base.constraint_lang = "json_schema";
+    r->base.constraint = schema;
     return true;
 }
 
@@ -589,7 +635,7 @@ static bool parse_sampling(parse_ctx *c, const cJSON *root, serve_api api, int32
     r->base.strict_max_tokens = field(root, mt) != NULL;
     if (!bool_field(c, root, "ignore_eos", &r->base.ignore_eos)) return false;
     if (!parse_logit_bias(c, root)) return false;
-    if (!parse_response_format(c, root) || !parse_guided(c, root)) return false;
+    if (!parse_response_format(c, root) || !parse_guided(c, root) || !apply_tool_choice(c)) return false;
     if (!parse_logprobs(c, root, api)) return false;
 
     if (!bool_field(c, root, "stream", &r->stream)) return false;

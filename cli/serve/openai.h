@@ -6,7 +6,7 @@
  *
  * What a demanding client of vLLM or the OpenAI API sends is read, tools
  * included (rendered and read back in tools.h); fields loom cannot honour
- * (suffix, tool_choice required, images, best_of > n)
+ * (suffix, images, best_of > n)
  * are refused with a message naming the field, never silently dropped.
  * Unknown fields are ignored, as vLLM and the OpenAI SDKs expect.
  */
@@ -61,6 +61,8 @@ typedef struct serve_req {
     serve_tool *tools;          /* (num_tools); owned array                   */
     int32_t num_tools;
     bool parallel_tool_calls;   /* false: at most one call is read            */
+    bool tool_required;         /* tool_choice "required": the answer is calls */
+    const char *tool_named;     /* tool_choice names this function, or NULL   */
     serve_tool_msg *tool_msgs;  /* (base.num_messages as parsed); owned array */
     bool tool_turns;            /* a tool message or an assistant's tool_calls */
     loom_chat_message *rendered;/* serve_req_apply_tools' messages; owned    */

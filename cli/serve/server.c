@@ -454,6 +454,23 @@ static void sse_put_json(job *j, cJSON *o) {
  * the finish reason, whichever there are. Every token gets its chunk, also
  * one whose text is not complete yet (part of a UTF-8 character, or held
  * back by a stop string): clients time the first token by it. */
+/* A chat chunk's logprobs: the token's entry (referenced), or null. */
+static void chat_chunk_logprobs(cJSON *e, cJSON *lp_one) {
+    if (lp_one) {
+        cJSON *l = cJSON_AddObjectToObject(e, "logprobs");
+        cJSON_AddItemReferenceToArray(cJSON_AddArrayToObject(l, "content"), lp_one);
+    } else {
+        cJSON_AddNullToObject(e, "logprobs");
+    }
+}
+
+static void chunk_finish(cJSON *e, const char *fr) {
+    if (fr)
+        cJSON_AddStringToObject(e, "finish_reason", fr);
+    else
+        cJSON_AddNullToObject(e, "finish_reason");
+}
+
 static void sse_chunk(job *j, int32_t c, bool token, const char *text, size_t len, cJSON *lp_one,
                       loom_finish_reason finish) {
     choice *ch = &j->ch[c];
@@ -468,13 +485,7 @@ static void sse_chunk(job *j, int32_t c, bool token, const char *text, size_t le
         if (!ch->started) cJSON_AddStringToObject(d, "role", "assistant");
         if (len || !ch->started) cJSON_AddItemToObject(d, "content", serve_json_text(text, len));
         ch->started = true;
-        if (lp_one) {
-            cJSON *l = cJSON_AddObjectToObject(e, "logprobs");
-            cJSON *content = cJSON_AddArrayToObject(l, "content");
-            cJSON_AddItemReferenceToArray(content, lp_one);
-        } else {
-            cJSON_AddNullToObject(e, "logprobs");
-        }
+        chat_chunk_logprobs(e, lp_one);
     } else {
         cJSON_AddItemToObject(e, "text", serve_json_text(text, len));
         if (lp_one) {
@@ -487,11 +498,7 @@ static void sse_chunk(job *j, int32_t c, bool token, const char *text, size_t le
             cJSON_AddNullToObject(e, "logprobs");
         }
     }
-    const char *fr = serve_finish_name(finish);
-    if (fr)
-        cJSON_AddStringToObject(e, "finish_reason", fr);
-    else
-        cJSON_AddNullToObject(e, "finish_reason");
+    chunk_finish(e, serve_finish_name(finish));
     sse_put_json(j, o);
     cJSON_Delete(o);
 }
@@ -502,10 +509,31 @@ static void sse_chunk(job *j, int32_t c, bool token, const char *text, size_t le
  * functions only; at most one without parallel_tool_calls). Under j->mu. */
 static void tools_read(job *j, choice *ch) {
     const int32_t max = j->q.parallel_tool_calls ? SERVE_MAX_TOOL_CALLS : 1;
+    const char *text = ch->text.p ? ch->text.p : "";
     ch->calls = calloc((size_t)max, sizeof *ch->calls);
     if (!ch->calls) return;
-    ch->ncalls = serve_tool_calls_parse(j->tool_family, j->q.tools, j->q.num_tools, ch->text.p ? ch->text.p : "",
-                                        ch->text.n, ch->calls, max, &ch->content_len);
+    if (!j->q.tool_required && !j->q.tool_named) {
+        ch->ncalls = serve_tool_calls_parse(j->tool_family, j->q.tools, j->q.num_tools, text, ch->text.n, ch->calls,
+                                            max, &ch->content_len);
+        return;
+    }
+    ch->ncalls = serve_tool_forced_parse(j->q.tools, j->q.num_tools, j->q.tool_named, text, ch->text.n, ch->calls,
+                                         max);
+    ch->content_len = ch->ncalls ? 0 : ch->text.n;
+}
+
+/* The finish reason of a choice: "tool_calls" when it made calls (but a
+ * named tool_choice, which OpenAI ends as the generation ended). */
+static const char *choice_finish(const job *j, const choice *ch) {
+    return ch->ncalls && !j->q.tool_named ? "tool_calls" : serve_finish_name(ch->finish);
+}
+
+/* Call k of choice c's id. */
+static void call_id(const job *j, int32_t c, int32_t k, char *id, size_t size) {
+    /* The request id's tail after its "cmpl-"-style prefix; the whole id
+     * when it has no '-', never past its NUL. */
+    const char *dash = strchr(j->id, '-');
+    snprintf(id, size, "call_%s_%d_%d", dash ? dash + 1 : j->id, c, k);
 }
 
 /* OpenAI's tool_calls list of choice c (with each call's index when it goes
@@ -514,11 +542,8 @@ static cJSON *tool_calls_json(const job *j, int32_t c, bool indexed) {
     const choice *ch = &j->ch[c];
     cJSON *a = cJSON_CreateArray();
     for (int32_t k = 0; k < ch->ncalls; k++) {
-        /* The request id's tail after its "cmpl-"-style prefix; the whole id
-         * when it has no '-', never past its NUL. */
-        const char *dash = strchr(j->id, '-');
         char id[80];
-        snprintf(id, sizeof id, "call_%s_%d_%d", dash ? dash + 1 : j->id, c, k);
+        call_id(j, c, k, id, sizeof id);
         cJSON *t = cJSON_CreateObject();
         if (indexed) cJSON_AddNumberToObject(t, "index", k);
         cJSON_AddStringToObject(t, "id", id);
@@ -540,7 +565,7 @@ static cJSON *tool_calls_json(const job *j, int32_t c, bool indexed) {
 static void sse_tools_event(job *j, int32_t c, bool token, cJSON *lp_one, loom_finish_reason finish) {
     choice *ch = &j->ch[c];
     const char *text = ch->text.p ? ch->text.p : "";
-    size_t safe = serve_tool_stream_safe(j->tool_family, text, ch->text.n);
+    size_t safe = j->q.tool_required ? 0 : serve_tool_stream_safe(j->tool_family, text, ch->text.n);
     if (finish != LOOM_FINISH_NONE) {
         tools_read(j, ch);
         safe = ch->ncalls ? ch->content_len : ch->text.n;
@@ -556,6 +581,43 @@ static void sse_tools_event(job *j, int32_t c, bool token, cJSON *lp_one, loom_f
     cJSON_AddItemToObject(cJSON_AddObjectToObject(e, "delta"), "tool_calls", tool_calls_json(j, c, true));
     cJSON_AddNullToObject(e, "logprobs");
     cJSON_AddStringToObject(e, "finish_reason", "tool_calls");
+    sse_put_json(j, o);
+    cJSON_Delete(o);
+}
+
+/* A chat stream whose tool_choice names a function: the answer is the
+ * call's arguments, sent as they come as tool_calls deltas (the first with
+ * the call's id and name), ending as the generation ended. Under j->mu,
+ * after the event's text was appended to the choice. */
+static void sse_named_event(job *j, int32_t c, bool token, cJSON *lp_one, loom_finish_reason finish) {
+    choice *ch = &j->ch[c];
+    const size_t n = ch->text.n - ch->streamed;
+    if (!token && !n && !lp_one && finish == LOOM_FINISH_NONE && ch->started) return;
+    cJSON *o = response_head(j, "chat.completion.chunk");
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), e);
+    cJSON_AddNumberToObject(e, "index", c);
+    cJSON *d = cJSON_AddObjectToObject(e, "delta");
+    if (!ch->started) {
+        cJSON_AddStringToObject(d, "role", "assistant");
+        cJSON_AddNullToObject(d, "content");
+    }
+    cJSON *call = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"), call);
+    cJSON_AddNumberToObject(call, "index", 0);
+    if (!ch->started) {
+        char id[80];
+        call_id(j, c, 0, id, sizeof id);
+        cJSON_AddStringToObject(call, "id", id);
+        cJSON_AddStringToObject(call, "type", "function");
+    }
+    cJSON *f = cJSON_AddObjectToObject(call, "function");
+    if (!ch->started) cJSON_AddStringToObject(f, "name", j->q.tool_named);
+    cJSON_AddItemToObject(f, "arguments", serve_json_text(ch->text.p ? ch->text.p + ch->streamed : "", n));
+    ch->started = true;
+    ch->streamed = ch->text.n;
+    chat_chunk_logprobs(e, lp_one);
+    chunk_finish(e, serve_finish_name(finish));
     sse_put_json(j, o);
     cJSON_Delete(o);
 }
@@ -667,7 +729,8 @@ static void on_event(void *user, const loom_token_event *ev) {
     size_t len = ev->text ? ev->text_len : 0; /* by length: text may hold NUL characters */
     if (len) sb_put(&ch->text, text, len);
     if (j->q.stream && !j->sse_done) { /* done already: ended at shutdown */
-        if (j->tool_family) sse_tools_event(j, c, ev->token >= 0, lp_one, ev->finish);
+        if (j->q.tool_named) sse_named_event(j, c, ev->token >= 0, lp_one, ev->finish);
+        else if (j->tool_family) sse_tools_event(j, c, ev->token >= 0, lp_one, ev->finish);
         else sse_chunk(j, c, ev->token >= 0, text, len, lp_one, ev->finish);
         if (ev->finish == LOOM_FINISH_ERROR) {
             char *e = serve_error_json(500, ev->error ? ev->error : "generation failed", NULL);
@@ -957,7 +1020,7 @@ static cJSON *final_response(job *j) {
         } else {
             cJSON_AddNullToObject(e, "logprobs");
         }
-        const char *fr = ch->ncalls ? "tool_calls" : serve_finish_name(ch->finish);
+        const char *fr = choice_finish(j, ch);
         cJSON_AddStringToObject(e, "finish_reason", fr ? fr : "stop");
         cJSON_AddItemToArray(cs, e);
     }

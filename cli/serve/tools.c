@@ -376,3 +376,90 @@ size_t serve_tool_stream_safe(const char *family, const char *text, size_t len) 
         if (len >= k && !memcmp(text + len - k, open, k)) return len - k;
     return len;
 }
+
+/* ----------------------------------------------- forced calls (tool_choice) */
+
+static const serve_tool *tool_named(const serve_tool *tools, int32_t n, const char *name) {
+    for (int32_t i = 0; i < n; i++)
+        if (!strcmp(tools[i].name, name)) return &tools[i];
+    return NULL;
+}
+
+/* A function's parameter schema, or an object with no properties. A new
+ * item (a copy), or NULL when out of memory. */
+static cJSON *params_schema(const serve_tool *t) {
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(t->def, "function");
+    const cJSON *p = f ? cJSON_GetObjectItemCaseSensitive(f, "parameters") : NULL;
+    if (p) return cJSON_Duplicate(p, true);
+    cJSON *o = cJSON_CreateObject();
+    if (!cJSON_AddStringToObject(o, "type", "object") || !cJSON_AddObjectToObject(o, "properties") ||
+        !cJSON_AddFalseToObject(o, "additionalProperties")) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* {"type": "object", "properties": {"name": {"const": NAME}, "parameters":
+ * P}, "required": [...], "additionalProperties": false} */
+static cJSON *call_schema(const serve_tool *t) {
+    cJSON *o = cJSON_CreateObject(), *props = cJSON_AddObjectToObject(o, "properties");
+    cJSON *name = cJSON_AddObjectToObject(props, "name"), *p = params_schema(t);
+    const char *req[] = {"name", "parameters"};
+    bool ok = cJSON_AddStringToObject(o, "type", "object") && name && cJSON_AddStringToObject(name, "const", t->name) &&
+              p && cJSON_AddItemToObject(props, "parameters", p) &&
+              cJSON_AddItemToObject(o, "required", cJSON_CreateStringArray(req, 2)) &&
+              cJSON_AddFalseToObject(o, "additionalProperties");
+    if (!ok && p && !cJSON_GetObjectItemCaseSensitive(props, "parameters")) cJSON_Delete(p);
+    if (!ok) cJSON_Delete(o);
+    return ok ? o : NULL;
+}
+
+static cJSON *required_schema(const serve_tool *tools, int32_t n, int32_t max_calls) {
+    cJSON *o = cJSON_CreateObject(), *items = cJSON_AddObjectToObject(o, "items");
+    cJSON *any = cJSON_AddArrayToObject(items, "anyOf");
+    bool ok = cJSON_AddStringToObject(o, "type", "array") && cJSON_AddNumberToObject(o, "minItems", 1) &&
+              cJSON_AddNumberToObject(o, "maxItems", max_calls) && any;
+    for (int32_t i = 0; ok && i < n; i++) {
+        cJSON *c = call_schema(&tools[i]);
+        ok = c && cJSON_AddItemToArray(any, c);
+        if (!ok) cJSON_Delete(c);
+    }
+    if (!ok) cJSON_Delete(o);
+    return ok ? o : NULL;
+}
+
+char *serve_tool_forced_schema(const serve_tool *tools, int32_t num_tools, const char *named, int32_t max_calls) {
+    const serve_tool *t = named ? tool_named(tools, num_tools, named) : NULL;
+    if (named && !t) return NULL;
+    cJSON *s = named ? params_schema(t) : required_schema(tools, num_tools, max_calls);
+    char *text = s ? cJSON_PrintUnformatted(s) : NULL;
+    cJSON_Delete(s);
+    return text;
+}
+
+int32_t serve_tool_forced_parse(const serve_tool *tools, int32_t num_tools, const char *named, const char *text,
+                                size_t len, serve_tool_call *calls, int32_t max) {
+    if (max <= 0) return 0;
+    memset(calls, 0, (size_t)max * sizeof *calls);
+    if (named) {
+        calls[0].name = strdup(named);
+        calls[0].arguments = strndup(text, len);
+        if (calls[0].name && calls[0].arguments) return 1;
+        serve_tool_calls_free(calls, 1);
+        return 0;
+    }
+    size_t at = skip_ws(text, len, 0);
+    cJSON *a = at < len && text[at] == '[' ? json_at(text, len, &at) : NULL;
+    int32_t n = 0;
+    const cJSON *e;
+    bool ok = cJSON_IsArray(a) && cJSON_GetArraySize(a) > 0 && cJSON_GetArraySize(a) <= max &&
+              skip_ws(text, len, at) == len;
+    if (ok) cJSON_ArrayForEach(e, a) {
+            if (!(ok = call_from_json(e, tools, num_tools, &calls[n++]))) break;
+        }
+    cJSON_Delete(a);
+    if (ok) return n;
+    serve_tool_calls_free(calls, n);
+    return 0;
+}

@@ -16,8 +16,12 @@
  * rendering of Mistral's [AVAILABLE_TOOLS] control tokens, and Gemma's
  * chat template has no tool turns of its own.
  *
- * What is not here: tool_choice "required" or a named function, which need
- * a decoding constraint to be kept (the constraint plugin kind).
+ * tool_choice "required" or a named function is kept by a decoding
+ * constraint (the constraint plugin kind) over plain JSON rather than the
+ * family's call format, as vLLM does it: a named function's answer is its
+ * arguments object; "required" answers a list of {"name", "parameters"}
+ * objects. serve_tool_forced_schema writes that schema, serve_tool_forced_
+ * parse reads the answer back, for any family.
  */
 #ifndef LOOM_SERVE_TOOLS_H
 #define LOOM_SERVE_TOOLS_H
@@ -74,5 +78,20 @@ void serve_tool_calls_free(serve_tool_call *calls, int32_t n);
  * none once it may be a call (llama3: it starts with '{'; chatml: the part
  * from a "<tool_call>", or from a '<' that may begin one). */
 size_t serve_tool_stream_safe(const char *family, const char *text, size_t len);
+
+/* tool_choice "required" (named NULL) or a named function: the JSON schema
+ * the answer is constrained to — the function's parameters (an object with
+ * no properties when it declares none), or a list of 1..max_calls
+ * {"name": an offered function, "parameters": its parameters}. malloc'd
+ * compact text, or NULL when out of memory. */
+char *serve_tool_forced_schema(const serve_tool *tools, int32_t num_tools, const char *named, int32_t max_calls);
+
+/* The calls in a constrained answer (see serve_tool_forced_schema): for a
+ * named function always one call whose arguments are the text as generated
+ * (cut short by max_tokens it is cut short, as OpenAI streams it); for
+ * "required" the list read back, or 0 when it is not a complete list of
+ * offered calls (cut off by max_tokens: the text stays content). */
+int32_t serve_tool_forced_parse(const serve_tool *tools, int32_t num_tools, const char *named, const char *text,
+                                size_t len, serve_tool_call *calls, int32_t max);
 
 #endif

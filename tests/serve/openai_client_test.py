@@ -5,7 +5,8 @@ whole and streamed (with the usage chunk), logprobs, n with a seed, stop
 strings, echo (scoring a text with max_tokens 0), cached prompt tokens in
 usage, vLLM's /tokenize and /detokenize, tool calls (whole and streamed, the
 model made to answer a call by the test sampler "lazy"'s script, since
-SmolLM2-135M does not call tools on its own), and the client's typed errors
+SmolLM2-135M does not call tools on its own; tool_choice required and a
+named function held to the schema by the grammar constraint), and the client's typed errors
 (BadRequestError naming the parameter, NotFoundError). Each response is also
 validated with `jsonschema` against the shape the OpenAI API documents.
 
@@ -176,7 +177,8 @@ def start_server(loom, source, *extra):
     log = tempfile.TemporaryFile(mode="w+")  # the server's request log: a file, never a pipe that fills
     # weights in their GGUF blocks (smol.yaml asks for f32, for the C tests' exact texts): several
     # times faster on a CPU, and every check here compares the server with itself
-    proc = subprocess.Popen([loom, "serve", "tests/engine/data/smol.yaml", "--port", "0", "--set",
+    # the grammar constraint keeps tool_choice required / named
+    proc = subprocess.Popen([loom, "serve", "tests/constraint/data/smol.yaml", "--port", "0", "--set",
                              "backend.weight_dtype=gguf", *extra], cwd=source,
                             stdout=subprocess.PIPE, stderr=log, text=True)
     line = proc.stdout.readline()
@@ -385,6 +387,55 @@ def tool_checks(c, loom, source, base):
     c.run("the scripted server exits 0 on SIGTERM", lambda: expect(rc == 0, f"exit status {rc}"))
 
 
+FORCED_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["city", "unit"],
+        "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 24},
+                       "unit": {"enum": ["celsius", "fahrenheit"]},
+                       "days": {"type": "integer"}}}}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "required": ["a", "b"], "additionalProperties": False,
+        "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}},
+]
+PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in FORCED_TOOLS}
+
+
+def forced_tool_checks(c, client, model):
+    """tool_choice required / named on SmolLM2, which rarely calls tools by
+    itself: the constraint makes every answer a call whose arguments
+    validate against the function's schema."""
+    def required():
+        for seed in range(6):
+            r = client.chat.completions.create(model=model, messages=ROME, tools=FORCED_TOOLS, tool_choice="required",
+                                               parallel_tool_calls=False, max_tokens=200, temperature=1.0, seed=seed)
+            ch = r.choices[0]
+            expect(ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1, ch)
+            call = ch.message.tool_calls[0].function
+            jsonschema.validate(json.loads(call.arguments), PARAMS[call.name])
+
+    c.run("tools: tool_choice required makes a call valid for its schema (6 seeds, temperature 1)", required)
+
+    named = {"type": "function", "function": {"name": "add"}}
+
+    def named_whole_and_stream():
+        r = client.chat.completions.create(model=model, messages=ROME, tools=FORCED_TOOLS, tool_choice=named,
+                                           max_tokens=200, temperature=0)
+        ch = r.choices[0]
+        expect(ch.finish_reason == "stop" and ch.message.content is None, ch)
+        args = ch.message.tool_calls[0].function.arguments
+        jsonschema.validate(json.loads(args), PARAMS["add"])
+        chunks = list(client.chat.completions.create(model=model, messages=ROME, tools=FORCED_TOOLS,
+                                                     tool_choice=named, max_tokens=200, temperature=0, stream=True))
+        deltas = [tc for k in chunks if k.choices for tc in (k.choices[0].delta.tool_calls or [])]
+        expect(len(deltas) > 2, f"the arguments came in one piece: {deltas}")
+        expect(deltas[0].function.name == "add" and deltas[0].id, deltas[0])
+        streamed = "".join(d.function.arguments or "" for d in deltas)
+        expect(streamed == args, (streamed, args))
+        expect(chunks[-1].choices[0].finish_reason == "stop", chunks[-1])
+
+    c.run("tools: a named tool_choice answers its arguments, streamed piece by piece the same", named_whole_and_stream)
+
+
 def model_of(client):
     return client.models.list().data[0].id
 
@@ -398,10 +449,11 @@ def error_checks(c, client, model):
     c.run("error: max_tokens past the context is a BadRequestError", lambda: raises(
         openai.BadRequestError, lambda: client.completions.create(model=model, prompt="x", max_tokens=100000),
         None, "lower max_tokens"))
-    c.run("error: tool_choice required is refused (it needs a decoding constraint)", lambda: raises(
+    c.run("error: tool_choice naming a function not offered is a BadRequestError", lambda: raises(
         openai.BadRequestError, lambda: client.chat.completions.create(
-            model=model, messages=FRANCE, tools=WEATHER, tool_choice="required"),
-        "tool_choice", "decoding constraint"))
+            model=model, messages=FRANCE, tools=WEATHER,
+            tool_choice={"type": "function", "function": {"name": "get_time"}}),
+        "tool_choice", "does not offer"))
     c.run("error: a tool without a name is a BadRequestError", lambda: raises(
         openai.BadRequestError, lambda: client.chat.completions.create(
             model=model, messages=FRANCE, tools=[{"type": "function", "function": {"parameters": {}}}]),
@@ -414,7 +466,7 @@ def error_checks(c, client, model):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--loom", required=True, help="the loom binary")
-    ap.add_argument("--source", required=True, help="the source tree (tests/engine/data/smol.yaml)")
+    ap.add_argument("--source", required=True, help="the source tree (tests/constraint/data/smol.yaml)")
     args = ap.parse_args()
     proc, base = start_server(args.loom, args.source)
     c = Checks()
@@ -427,6 +479,7 @@ def main():
         completion_checks(c, client, model)
         route_checks(c, base, model)
         error_checks(c, client, model)
+        forced_tool_checks(c, client, model)
         tool_checks(c, args.loom, args.source, base)
     finally:
         proc.send_signal(signal.SIGTERM)

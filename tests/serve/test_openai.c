@@ -227,9 +227,11 @@ Test(openai, unsupported_refused_by_name) {
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"min_tokens\": 4}", "min_tokens", "min_tokens");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"stop_token_ids\": [2]}", "stop_token_ids", "'stop'");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
-              "\"required\"}", "tool_choice", "needs a decoding constraint");
+              "\"required\"}", "tool_choice", "needs the functions in 'tools'");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
-              "{\"type\": \"function\", \"function\": {\"name\": \"f\"}}}", "tool_choice", "needs a decoding constraint");
+              "{\"type\": \"function\", \"function\": {\"name\": \"f\"}}}", "tool_choice", "needs the functions");
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
+              "\"always\"}", "tool_choice", "must be \"none\"");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"tools\": [{}]}", "tools", "chat/completions only");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"functions\": [{}]}",
               "functions", "send 'tools'");
@@ -358,6 +360,27 @@ Test(openai, tools_and_tool_turns) {
               "\"function\", \"function\": {\"name\": \"f\", \"parameters\": []}}]}", "tools", "JSON schema object");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": {}}", "tools",
               "at most 128");
+    /* tool_choice required / named: the answer constrained to the calls' JSON */
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"w?\"}], \"tool_choice\": "
+             "{\"type\": \"function\", \"function\": {\"name\": \"add-2_x\"}}, %s}", tools);
+    r = parse_ok(SERVE_CHAT, body);
+    cr_assert_str_eq(r.tool_named, "add-2_x");
+    cr_assert_str_eq(r.base.constraint_lang, "json_schema");
+    cr_assert(strstr(r.base.constraint, "\"additionalProperties\":false"), "no parameters: an empty object");
+    serve_req_free(&r);
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"w?\"}], \"tool_choice\": "
+             "\"required\", \"parallel_tool_calls\": false, %s}", tools);
+    r = parse_ok(SERVE_CHAT, body);
+    cr_assert(r.tool_required && !r.tool_named);
+    cr_assert(strstr(r.base.constraint, "\"maxItems\":1"), "%s", r.base.constraint);
+    cr_assert(strstr(r.base.constraint, "{\"const\":\"get_weather\"}"), "%s", r.base.constraint);
+    serve_req_free(&r);
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"w?\"}], \"tool_choice\": "
+             "{\"type\": \"function\", \"function\": {\"name\": \"nope\"}}, %s}", tools);
+    parse_bad(SERVE_CHAT, body, "tool_choice", "does not offer");
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"w?\"}], \"tool_choice\": "
+             "\"required\", \"response_format\": {\"type\": \"json_object\"}, %s}", tools);
+    parse_bad(SERVE_CHAT, body, "tool_choice", "one way of constraining");
     char *many = malloc(16384);
     strcpy(many, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [");
     for (int i = 0; i <= SERVE_MAX_TOOLS; i++)

@@ -253,3 +253,40 @@ Test(tools, llama3_rendering_and_refusals) {
     cr_assert(strstr(why, "messages[1].tool_calls[0].function.arguments"), "%s", why);
     cJSON_Delete(calls), cJSON_Delete(two), cJSON_Delete(bad);
 }
+
+/* tool_choice required / named: the schema the answer is held to, and the
+ * answer read back; what is not a complete list of offered calls stays
+ * content. */
+Test(tools, forced_schema_and_parse) {
+    char *named = serve_tool_forced_schema(g_tools, 2, "get_weather", 4);
+    cr_assert_str_eq(named, "{\"type\":\"object\"}", "the function's own parameters");
+    free(named);
+    cr_assert_null(serve_tool_forced_schema(g_tools, 2, "nope", 4));
+    char *req = serve_tool_forced_schema(g_tools, 2, NULL, 3);
+    cJSON *s = cJSON_Parse(req);
+    cr_assert_eq(cJSON_GetObjectItem(s, "maxItems")->valueint, 3);
+    cr_assert_eq(cJSON_GetObjectItem(s, "minItems")->valueint, 1);
+    const cJSON *any = cJSON_GetObjectItem(cJSON_GetObjectItem(s, "items"), "anyOf");
+    cr_assert_eq(cJSON_GetArraySize(any), 2);
+    const cJSON *add = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(any, 1), "properties"), "parameters");
+    cr_assert(cJSON_IsFalse(cJSON_GetObjectItem(add, "additionalProperties")), "no parameters: an empty object");
+    cJSON_Delete(s);
+    free(req);
+
+    serve_tool_call calls[3];
+    const char *two = " [{\"name\": \"add\", \"parameters\": {}}, {\"name\": \"get_weather\", \"parameters\": "
+                      "{\"city\": \"Oslo\"}}] ";
+    cr_assert_eq(serve_tool_forced_parse(g_tools, 2, NULL, two, strlen(two), calls, 3), 2);
+    cr_assert_str_eq(calls[1].name, "get_weather");
+    cr_assert_str_eq(calls[1].arguments, "{\"city\":\"Oslo\"}");
+    serve_tool_calls_free(calls, 2);
+    cr_assert_eq(serve_tool_forced_parse(g_tools, 2, NULL, two, strlen(two), calls, 1), 0, "more than max");
+    const char *bad[] = {"", "[]", "[{\"name\": \"add\", \"parameters\": {}}", "[{\"name\": \"x\", \"parameters\": {}}]",
+                         "[{\"name\": \"add\", \"parameters\": 3}]", "[{\"name\": \"add\"}] tail", "{}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_assert_eq(serve_tool_forced_parse(g_tools, 2, NULL, bad[i], strlen(bad[i]), calls, 3), 0, "'%s'", bad[i]);
+    const char *args = "{\"city\": \"Ber";
+    cr_assert_eq(serve_tool_forced_parse(g_tools, 2, "get_weather", args, strlen(args), calls, 3), 1);
+    cr_assert_str_eq(calls[0].arguments, args, "a named call's arguments are the text, as streamed");
+    serve_tool_calls_free(calls, 1);
+}
