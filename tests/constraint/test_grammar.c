@@ -208,13 +208,51 @@ static const loom_constraint_ops *load_ops(void **dl) {
     return d->components[0].ops;
 }
 
+/* The grammar plugin's parameters, in gr_params' order. */
+typedef struct {
+    int64_t text, elems, depth, stack, stacks, rep, cache, grammars;
+} grammar_cfg;
+
+/* Requests with one language and text share one grammar (and its mask
+ * cache); released grammars are kept up to grammar_cache, then freed
+ * least recently released first. */
+Test(plugin, grammars_are_shared_by_text) {
+    void *dl;
+    const loom_constraint_ops *ops = load_ops(&dl);
+    grammar_cfg cfg = {1 << 20, 100000, 16, 64, 64, 100, 4, 1};
+    void *self, *a, *b, *c, *d;
+    loom_error err = {0};
+    cr_assert_eq(ops->create(fake_host(), &cfg, &self, &err), LOOM_OK, "%s", err.message);
+    static cu_vocab v;
+    cu_vocab_init(&v);
+    const char *s1 = "{\"type\":\"integer\"}", *s2 = "{\"type\":\"string\"}";
+    cr_assert_eq(ops->compile(self, "json_schema", s1, strlen(s1), &v.view, &a, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(ops->compile(self, "json_schema", s1, strlen(s1), &v.view, &b, &err), LOOM_OK);
+    cr_assert_eq(ops->compile(self, "json_schema", s2, strlen(s2), &v.view, &c, &err), LOOM_OK);
+    cr_assert_neq(ops->compile(self, "gbnf", s1, strlen(s1), &v.view, &d, &err), LOOM_OK,
+                  "the same text in another language is compiled as that language (not GBNF)");
+    cr_assert(a == b && a != c);
+    void *m = NULL;
+    ops->grammar_free(self, a);
+    cr_assert_eq(ops->matcher_new(self, b, &m, &err), LOOM_OK, "b still holds the shared grammar");
+    uint32_t mask[LOOM_MASK_WORDS(512)];
+    cr_assert_eq(ops->fill_mask(self, m, mask, &err), LOOM_OK);
+    cr_assert(cu_allowed(mask, '7') && !cu_allowed(mask, '"'));
+    ops->matcher_free(self, m);
+    ops->grammar_free(self, b);
+    ops->grammar_free(self, c); /* two released, one kept: s1's, released first, is freed */
+    cr_assert_eq(ops->compile(self, "json_schema", s2, strlen(s2), &v.view, &d, &err), LOOM_OK);
+    cr_assert_eq(d, c, "the kept grammar is reused");
+    ops->grammar_free(self, d);
+    ops->destroy(self);
+    dlclose(dl);
+}
+
 Test(plugin, compile_match_and_errors_through_the_ops) {
     void *dl;
     const loom_constraint_ops *ops = load_ops(&dl);
     const loom_host *h = fake_host();
-    struct {
-        int64_t text, elems, depth, stack, stacks, rep, cache;
-    } cfg = {1 << 20, 100000, 16, 64, 64, 100, 4};
+    grammar_cfg cfg = {1 << 20, 100000, 16, 64, 64, 100, 4, 2};
     void *self, *g = NULL, *m = NULL;
     loom_error err = {0};
     cr_assert_eq(ops->create(h, &cfg, &self, &err), LOOM_OK, "%s", err.message);

@@ -103,6 +103,7 @@ typedef struct gram_compiled {
     const loom_vocab_view *vocab;
     gram_limits lim;
     mask_cache *cache;         /* owned; NULL = no caching                   */
+    bool shared;               /* in the plugin's table of shared grammars   */
 } gram_compiled;
 
 typedef struct gmatch gmatch;

@@ -10,6 +10,12 @@
  * a vocabulary is built on the first compile against it and kept for the
  * instance's life (one per vocab view, guarded by a mutex: compile is
  * [any]).
+ *
+ * Compiled grammars are shared: requests with the same language and text
+ * (a server's clients sending one schema) get one grammar, and with it one
+ * mask cache, so a parse state one request has seen is a copy for every
+ * other; the last `grammar_cache` grammars no request holds are kept for
+ * the next.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -29,6 +35,7 @@ typedef struct gr_config {
     int64_t max_stacks;
     int64_t max_repeat;
     int64_t mask_cache;
+    int64_t grammar_cache;
 } gr_config;
 
 static const loom_param gr_params[] = {
@@ -44,8 +51,10 @@ static const loom_param gr_params[] = {
      "parse stacks kept at once for an ambiguous grammar (fewer only narrows the mask)"},
     {"max_repeat", LOOM_PARAM_INT, offsetof(gr_config, max_repeat), "1000", 1, 100000, NULL,
      "largest count of a repetition {m,n}, maxItems or maxLength"},
-    {"mask_cache", LOOM_PARAM_INT, offsetof(gr_config, mask_cache), "64", 0, 4096, NULL,
-     "token masks kept per request's grammar, by parse state (0 = none; each is vocab/8 bytes)"},
+    {"mask_cache", LOOM_PARAM_INT, offsetof(gr_config, mask_cache), "256", 0, 4096, NULL,
+     "token masks kept per grammar, by parse state (0 = none; each is vocab/8 bytes)"},
+    {"grammar_cache", LOOM_PARAM_INT, offsetof(gr_config, grammar_cache), "16", 0, 1024, NULL,
+     "compiled grammars kept after their last request ends, for requests with the same text (0 = none)"},
     {0},
 };
 
@@ -54,13 +63,25 @@ typedef struct gr_trie {
     vtrie *trie;
 } gr_trie;
 
+/* A compiled grammar shared by every request with its language and text. */
+typedef struct gr_shared {
+    gram_compiled *c;
+    char *lang, *text;         /* owned copies (text: len bytes)             */
+    size_t len;
+    int32_t refs;              /* requests holding it; 0 = kept for reuse    */
+    uint64_t last_used;        /* clock when refs last fell to 0             */
+} gr_shared;
+
 typedef struct gr_self {
     const loom_host *host;
     gram_limits lim;
-    int32_t mask_cache;
-    pthread_mutex_t mu;        /* guards tries                               */
+    int32_t mask_cache, grammar_cache;
+    pthread_mutex_t mu;        /* guards tries and shared                    */
     gr_trie *tries;
     int32_t n_tries, cap_tries;
+    gr_shared *shared;
+    int32_t n_shared, cap_shared;
+    uint64_t clock;
 } gr_self;
 
 static loom_status gr_create(const loom_host *host, const void *config, void **self, loom_error *err) {
@@ -71,14 +92,31 @@ static loom_status gr_create(const loom_host *host, const void *config, void **s
     s->lim = (gram_limits){c->max_text_bytes, c->max_elements, c->max_schema_depth,
                            c->max_stack_depth, c->max_stacks, c->max_repeat};
     s->mask_cache = (int32_t)c->mask_cache;
+    s->grammar_cache = (int32_t)c->grammar_cache;
     pthread_mutex_init(&s->mu, NULL);
     *self = s;
     return LOOM_OK;
 }
 
+static void compiled_free(gram_compiled *c) {
+    if (!c) return;
+    gram_free(&c->g);
+    mask_cache_free(c->cache);
+    free(c);
+}
+
+static void shared_drop(gr_self *s, int32_t i) {
+    compiled_free(s->shared[i].c);
+    free(s->shared[i].lang);
+    free(s->shared[i].text);
+    s->shared[i] = s->shared[--s->n_shared];
+}
+
 static void gr_destroy(void *self) {
     gr_self *s = self;
     if (!s) return;
+    while (s->n_shared > 0) shared_drop(s, s->n_shared - 1); /* the engine freed every grammar before */
+    free(s->shared);
     for (int32_t i = 0; i < s->n_tries; i++) vtrie_free(s->tries[i].trie);
     free(s->tries);
     pthread_mutex_destroy(&s->mu);
@@ -111,6 +149,72 @@ static loom_status gr_trie_for(gr_self *s, const loom_vocab_view *v, const vtrie
     return st;
 }
 
+/* The shared grammar of (vocab, lang, text), one more reference taken, or
+ * NULL. Under s->mu. */
+static gram_compiled *shared_take(gr_self *s, const loom_vocab_view *vocab, const char *lang, const char *text,
+                                  size_t len) {
+    for (int32_t i = 0; i < s->n_shared; i++) {
+        gr_shared *e = &s->shared[i];
+        if (e->c->vocab == vocab && e->len == len && !strcmp(e->lang, lang) && !memcmp(e->text, text, len)) {
+            e->refs++;
+            return e->c;
+        }
+    }
+    return NULL;
+}
+
+/* Share c from now on (one reference: the caller's); when memory runs out
+ * it is simply not shared. Under s->mu. */
+static void shared_add(gr_self *s, gram_compiled *c, const char *lang, const char *text, size_t len) {
+    if (s->n_shared == s->cap_shared) {
+        int32_t nc = s->cap_shared ? 2 * s->cap_shared : 8;
+        gr_shared *q = realloc(s->shared, (size_t)nc * sizeof *q);
+        if (!q) return;
+        s->shared = q, s->cap_shared = nc;
+    }
+    char *l = strdup(lang), *t = malloc(len + 1);
+    if (!l || !t) {
+        free(l);
+        free(t);
+        return;
+    }
+    memcpy(t, text, len);
+    t[len] = '\0';
+    s->shared[s->n_shared++] = (gr_shared){.c = c, .lang = l, .text = t, .len = len, .refs = 1};
+    c->shared = true;
+}
+
+/* Free the least recently released grammars no request holds, past
+ * grammar_cache of them. Under s->mu. */
+static void shared_trim(gr_self *s) {
+    for (;;) {
+        int32_t idle = 0, oldest = -1;
+        for (int32_t i = 0; i < s->n_shared; i++) {
+            if (s->shared[i].refs > 0) continue;
+            idle++;
+            if (oldest < 0 || s->shared[i].last_used < s->shared[oldest].last_used) oldest = i;
+        }
+        if (idle <= s->grammar_cache) return;
+        shared_drop(s, oldest);
+    }
+}
+
+static loom_status compile_new(gr_self *s, const char *lang, const char *text, size_t len,
+                               const loom_vocab_view *vocab, gram_compiled **out, char *why, size_t cap) {
+    gram_compiled *c = calloc(1, sizeof *c);
+    *out = NULL;
+    if (!c) return snprintf(why, cap, "out of memory"), LOOM_ERR_NOMEM;
+    c->lim = s->lim;
+    c->vocab = vocab;
+    loom_status st = gram_compile_lang(lang, text, len, &s->lim, &c->g, why, cap);
+    if (st == LOOM_OK) st = gr_trie_for(s, vocab, &c->trie, why, cap);
+    if (st == LOOM_OK && s->mask_cache > 0 && !(c->cache = mask_cache_new(s->mask_cache, vocab->size)))
+        st = LOOM_ERR_NOMEM, snprintf(why, cap, "out of memory");
+    if (st != LOOM_OK) compiled_free(c);
+    else *out = c;
+    return st;
+}
+
 static loom_status gr_compile(void *self, const char *lang, const char *text, size_t len, const loom_vocab_view *vocab,
                               void **grammar, loom_error *err) {
     gr_self *s = self;
@@ -120,31 +224,38 @@ static loom_status gr_compile(void *self, const char *lang, const char *text, si
     if (!lang || !vocab || vocab->struct_size < sizeof(loom_vocab_view) || !vocab->piece || vocab->size <= 0)
         return h->error(h->ctx, err, LOOM_ERR_INVALID, "constraint '%s': compile needs a language and a vocabulary",
                         GR_NAME);
-    gram_compiled *c = calloc(1, sizeof *c);
-    if (!c) return h->error(h->ctx, err, LOOM_ERR_NOMEM, "constraint '%s': out of memory", GR_NAME);
-    c->lim = s->lim;
-    c->vocab = vocab;
-    loom_status st = gram_compile_lang(lang, text, len, &s->lim, &c->g, why, sizeof why);
-    if (st == LOOM_OK) st = gr_trie_for(s, vocab, &c->trie, why, sizeof why);
-    if (st == LOOM_OK && s->mask_cache > 0 && !(c->cache = mask_cache_new(s->mask_cache, vocab->size)))
-        st = LOOM_ERR_NOMEM, snprintf(why, sizeof why, "out of memory");
-    if (st != LOOM_OK) {
-        gram_free(&c->g);
-        mask_cache_free(c->cache);
-        free(c);
-        return h->error(h->ctx, err, st, "constraint '%s' (%s): %s", GR_NAME, lang, why);
+    if (!text) text = "", len = 0;
+    pthread_mutex_lock(&s->mu);
+    gram_compiled *c = shared_take(s, vocab, lang, text, len);
+    pthread_mutex_unlock(&s->mu);
+    if (c) {
+        *grammar = c;
+        return LOOM_OK;
     }
+    /* compiled outside the lock (a large grammar takes a while); two
+     * requests racing on one new text each compile, and both are shared */
+    loom_status st = compile_new(s, lang, text, len, vocab, &c, why, sizeof why);
+    if (st != LOOM_OK) return h->error(h->ctx, err, st, "constraint '%s' (%s): %s", GR_NAME, lang, why);
+    pthread_mutex_lock(&s->mu);
+    shared_add(s, c, lang, text, len);
+    pthread_mutex_unlock(&s->mu);
     *grammar = c;
     return LOOM_OK;
 }
 
 static void gr_grammar_free(void *self, void *grammar) {
-    (void)self;
+    gr_self *s = self;
     gram_compiled *c = grammar;
     if (!c) return;
-    gram_free(&c->g);
-    mask_cache_free(c->cache);
-    free(c);
+    if (!c->shared) {
+        compiled_free(c);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    for (int32_t i = 0; i < s->n_shared; i++)
+        if (s->shared[i].c == c && --s->shared[i].refs == 0) s->shared[i].last_used = ++s->clock;
+    shared_trim(s);
+    pthread_mutex_unlock(&s->mu);
 }
 
 static loom_status gr_matcher_new(void *self, void *grammar, void **matcher, loom_error *err) {
