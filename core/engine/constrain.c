@@ -5,9 +5,11 @@
  * matcher per sample, the mask of each constrained row before sampling
  * and the chosen token fed back after.
  *
- * What it is not: the mask on the device. Constrained rows always come
- * back whole to the host (engine_row_candidates) and the sampler applies
- * the mask there, as it applies logit_bias.
+ * Where the masks apply: with a runner that masks candidates (ABI 2.4,
+ * loom_logits_topk.allowed) a constrained row that asks for no logprob
+ * alternatives comes back as its best allowed candidates, the masks
+ * computed while the forward runs (step.c); otherwise it comes back whole
+ * and the sampler applies the mask on the host, as it applies logit_bias.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,13 +104,18 @@ void engine_constraint_seq_free(loom_seq *s) {
     s->mask = NULL;
 }
 
+uint32_t *engine_constraint_mask_buffer(const loom_engine *e, loom_seq *s) {
+    if (!s->mask) s->mask = malloc(LOOM_MASK_WORDS(e->vocab) * sizeof(uint32_t));
+    return s->mask;
+}
+
 /* The mask of s's next token into s->mask; s->mask_live says whether it
  * allows anything. */
 loom_status engine_constraint_fill(loom_engine *e, loom_seq *s, loom_error *err) {
     s->mask_live = false;
     if (!s->matcher) return LOOM_OK;
     const size_t words = LOOM_MASK_WORDS(e->vocab);
-    if (!s->mask && !(s->mask = malloc(words * sizeof(uint32_t))))
+    if (!engine_constraint_mask_buffer(e, s))
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for a constraint mask");
     loom_status st = s->con->fill_mask(s->con_self, s->matcher, s->mask, err);
     if (st != LOOM_OK) return st;

@@ -177,6 +177,19 @@ static loom_status load_model(loom_engine *e, const char *path, loom_error *err)
     return LOOM_OK;
 }
 
+/* The oldest ABI minor among the runner's plugins (the executor and its
+ * backend, or the backend): what the engine may ask of forward_topk. */
+static uint32_t runner_abi_minor(const loom_engine *e) {
+    uint32_t minor = LOOM_ABI_MINOR;
+    const loom_kind kinds[] = {LOOM_KIND_EXECUTOR, LOOM_KIND_BACKEND};
+    for (int i = 0; i < 2; i++) {
+        const loom_pipeline_slot *slot = loom_pipeline_slot_get(e->pipe, kinds[i]);
+        const loom_plugin_desc *d = slot ? loom_plugin_desc_of(slot->plugin) : NULL;
+        if (d && d->abi_minor < minor) minor = d->abi_minor;
+    }
+    return minor;
+}
+
 static void runner_from_backend(loom_runner *r, const loom_backend_ops *o) {
     r->load = o->load;
     r->kv_block_bytes = o->kv_block_bytes;
@@ -255,6 +268,7 @@ static loom_status create_plugins(loom_engine *e, loom_error *err) {
     /* Rows are reduced on the device only when the runner can and the
      * sampler said it can use candidates (loom/sampler.h). */
     e->device_sampling = loom_pipeline_engine(e->pipe)->device_sampling && e->run.forward_topk && e->smp->candidates;
+    e->device_masks = e->device_sampling && runner_abi_minor(e) >= 4;
     return LOOM_OK;
 }
 
@@ -410,6 +424,7 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->top_lse);
     free(e->want_full);
     free(e->top_seqs);
+    free(e->row_allowed);
     free(e->inner);
     free(e->ops);
     free(e->pairs);

@@ -76,6 +76,9 @@ typedef struct loom_seq {
     void *matcher;
     uint32_t *mask;            /* (LOOM_MASK_WORDS(vocab))                   */
     bool mask_live;            /* mask filled this step and not all zero     */
+    bool mask_ready;           /* filled during this step's forward (the
+                                  runner masks its candidates): sampling
+                                  uses it as it is                          */
 } loom_seq;
 
 struct loom_req {
@@ -156,6 +159,8 @@ struct loom_engine {
     int32_t bt_stride;         /* block-table entries per sequence: max_model_len in blocks */
     bool device_sampling;      /* engine.device_sampling, the runner has forward_topk
                                   and the sampler declares candidates()      */
+    bool device_masks;         /* and the runner masks constrained candidate
+                                  rows (its plugins are ABI >= 2.4)          */
     int32_t max_model_len;
     int32_t vocab;
     uint64_t seed;
@@ -193,7 +198,10 @@ struct loom_engine {
     float *top_lse;            /* (num_logits)                               */
     uint8_t *want_full;        /* (num_logits)                               */
     loom_seq **top_seqs;       /* (num_logits) the sequence of each candidate row */
-    int32_t top_cap;           /* rows the four arrays above hold            */
+    const uint32_t **row_allowed; /* (num_logits) forward_topk's masks       */
+    int32_t top_cap;           /* rows the arrays above hold                 */
+    bool masks_filled;         /* this step's fill_masks ran                 */
+    int32_t step_logits;       /* logits rows of the step in forward_topk    */
     float *scratch;            /* (vocab * k) rows for want_probs / verification */
     size_t scratch_cap;
     loom_block_op *ops;
@@ -253,6 +261,8 @@ void engine_constraint_req_free(loom_req *rq);
 loom_status engine_constraint_seq_init(loom_seq *s);
 void engine_constraint_seq_free(loom_seq *s);
 loom_status engine_constraint_fill(loom_engine *e, loom_seq *s, loom_error *err);
+/* s->mask, allocated on first use (NULL when out of memory). */
+uint32_t *engine_constraint_mask_buffer(const loom_engine *e, loom_seq *s);
 const char *engine_constraint_check_token(const loom_seq *s, int32_t tok);
 const char *engine_constraint_accept(loom_seq *s, int32_t tok);
 

@@ -67,13 +67,15 @@ loom_sample_row engine_sample_row(loom_seq *s, int32_t upto) {
  * must come back whole. Rows that verify drafts: greedy verification needs
  * each row's argmax (and its logprobs) only; sampled verification needs
  * the whole distribution. A logit bias can lift any token into the top k,
- * so a biased row comes whole (loom/sampler.h), and so does a constrained
- * one (its mask is applied on the host). */
+ * so a biased row comes whole (loom/sampler.h); a constrained one comes
+ * as candidates only when the runner masks them (ABI 2.4). */
 int32_t engine_row_candidates(const loom_engine *e, const loom_seq *s, int32_t kmax) {
     const loom_req *rq = s->req;
     const loom_sampling_params *p = &rq->r.params;
-    if (!e->device_sampling || !rq->forked || rq->r.want_probs || rq->r.num_logit_bias > 0 || s->matcher)
-        return 0;
+    if (!e->device_sampling || !rq->forked || rq->r.want_probs || rq->r.num_logit_bias > 0) return 0;
+    /* a masked row's candidates are its best allowed tokens: logprob
+     * alternatives, which report the raw row, need it whole */
+    if (s->matcher && (!e->device_masks || p->logprobs > 0)) return 0;
     int32_t k = e->smp->candidates(e->smp_self, p);
     if (s->info.num_draft > 0) {
         if (p->temperature != 0.0f || k <= 0) return 0;
@@ -281,7 +283,8 @@ loom_status engine_sample_rows(loom_engine *e, float *logits, int32_t width, loo
     if (st != LOOM_OK) return st;
     bool want_lp = false; /* the full log-softmax is paid only when asked for */
     for (int32_t r = 0; r < n && st == LOOM_OK; r++) {
-        st = engine_constraint_fill(e, seqs[r], err);
+        if (!seqs[r]->mask_ready) st = engine_constraint_fill(e, seqs[r], err);
+        seqs[r]->mask_ready = false;
         sc.rows[r] = engine_sample_row(seqs[r], seqs[r]->info.num_tokens);
         sc.ptrs[r] = &sc.rows[r];
         want_lp |= seqs[r]->req->r.params.logprobs > 0;

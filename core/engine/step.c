@@ -134,36 +134,74 @@ static loom_status topk_reserve(loom_engine *e, int32_t rows, int32_t k, loom_er
     if (wf) e->want_full = wf;
     loom_seq **sq = realloc(e->top_seqs, (size_t)cap * sizeof *sq);
     if (sq) e->top_seqs = sq;
-    if (!ids || !vals || !lse || !wf || !sq)
+    const uint32_t **ra = realloc(e->row_allowed, (size_t)cap * sizeof *ra);
+    if (ra) e->row_allowed = ra;
+    if (!ids || !vals || !lse || !wf || !sq || !ra)
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for %d candidate rows", rows);
     e->top_cap = cap;
     return LOOM_OK;
 }
 
 /* Which rows come back as candidates (want_full[r] == 0) and how many per
- * row: what the most demanding candidate row needs. 0 = all rows whole. */
-static loom_status plan_rows(loom_engine *e, int32_t nlog, int32_t *topk, loom_error *err) {
+ * row: what the most demanding candidate row needs (0 = all rows whole);
+ * *masked: some candidate row is constrained (row_allowed[r] its mask,
+ * filled by fill_step_masks while the forward runs). */
+static loom_status plan_rows(loom_engine *e, int32_t nlog, int32_t *topk, bool *masked, loom_error *err) {
     const int32_t kmax = e->vocab < LOOM_LOGITS_TOPK_MAX ? e->vocab : LOOM_LOGITS_TOPK_MAX;
     *topk = 0;
+    *masked = false;
+    for (int32_t r = 0; r < nlog; r++) e->logit_seqs[r]->mask_ready = false;
     if (!e->device_sampling || nlog == 0) return LOOM_OK;
     loom_status st = topk_reserve(e, nlog, kmax, err);
     if (st != LOOM_OK) return st;
     for (int32_t r = 0; r < nlog; r++) {
-        int32_t k = engine_row_candidates(e, e->logit_seqs[r], kmax);
+        loom_seq *s = e->logit_seqs[r];
+        int32_t k = engine_row_candidates(e, s, kmax);
         e->want_full[r] = k == 0;
         if (k > *topk) *topk = k;
+        e->row_allowed[r] = k > 0 && s->matcher ? engine_constraint_mask_buffer(e, s) : NULL;
+        if (k > 0 && s->matcher && !e->row_allowed[r])
+            return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for a constraint mask");
+        *masked |= e->row_allowed[r] != NULL;
+    }
+    return LOOM_OK;
+}
+
+/* [the runner's reducing thread, while the engine thread waits in
+ * forward_topk] loom_logits_topk.fill_masks: the masks of the step's
+ * constrained candidate rows, once; a dead end's row goes unmasked (the
+ * sample ends with the constraint's error when its token is checked). */
+static loom_status fill_step_masks(void *ctx, loom_error *err) {
+    loom_engine *e = ctx;
+    if (e->masks_filled) return LOOM_OK;
+    e->masks_filled = true;
+    for (int32_t r = 0; r < e->step_logits; r++) {
+        if (!e->row_allowed[r]) continue;
+        loom_seq *s = e->logit_seqs[r];
+        loom_status st = engine_constraint_fill(e, s, err);
+        if (st != LOOM_OK) return st;
+        s->mask_ready = true;
+        if (!s->mask_live) e->row_allowed[r] = NULL;
     }
     return LOOM_OK;
 }
 
 static loom_status forward(loom_engine *e, const loom_batch *batch, int32_t *topk, loom_error *err) {
-    loom_status st = plan_rows(e, batch->num_logits, topk, err);
+    bool masked;
+    loom_status st = plan_rows(e, batch->num_logits, topk, &masked, err);
     if (st != LOOM_OK) return st;
     const double t0 = loom_now();
     if (*topk > 0) {
+        e->step_logits = batch->num_logits;
+        e->masks_filled = false;
         loom_logits_topk o = {.struct_size = sizeof o, .k = *topk, .top_ids = e->top_ids, .top_vals = e->top_vals,
-                              .lse = e->top_lse, .want_full = e->want_full, .full = e->logits};
+                              .lse = e->top_lse, .want_full = e->want_full, .full = e->logits,
+                              .allowed = masked ? e->row_allowed : NULL,
+                              .fill_masks = masked ? fill_step_masks : NULL, .fill_ctx = e};
         st = e->run.forward_topk(e->run.self, batch, &o, err);
+        if (st == LOOM_OK && masked && !e->masks_filled)
+            st = loom_error_set(err, LOOM_ERR_INTERNAL, "it returned constrained candidate rows without calling "
+                                "fill_masks (loom/backend.h, ABI 2.4)");
     } else {
         st = e->run.forward(e->run.self, batch, e->logits, err);
     }

@@ -229,6 +229,7 @@ static const loom_host g_host = {
     .rng_seed = loom_rng_seed,
     .rng_next = loom_rng_next,
     .rng_uniform = loom_rng_uniform,
+    .logits_topk_masked_row = loom_logits_topk_masked_row,
 };
 
 const loom_host *loom_host_default(void) { return &g_host; }

@@ -273,7 +273,10 @@ loom_status loom_shard_plan(const loom_model_config *c, int32_t rank, int32_t si
     return LOOM_OK;
 }
 
-void loom_logits_topk_row(const float *row, int32_t vocab, int32_t k, int32_t *ids, float *vals, float *lse) {
+/* Both host functions: the ranking sees a token outside `allowed` (when
+ * given) as -inf, the log-sum-exp always the raw row. */
+static void topk_row(const float *row, int32_t vocab, const uint32_t *allowed, int32_t k, int32_t *ids,
+                     float *vals, float *lse) {
     if (k <= 0) return; /* nothing asked: nothing written (loom/plugin.h) */
     int32_t n = 0;
     float mx = -INFINITY;
@@ -281,6 +284,7 @@ void loom_logits_topk_row(const float *row, int32_t vocab, int32_t k, int32_t *i
         float x = row[v];
         if (x != x) x = -INFINITY;
         if (x > mx) mx = x;
+        if (allowed && !((allowed[v >> 5] >> (v & 31)) & 1u)) x = -INFINITY;
         /* a later id enters only when strictly greater than the k-th */
         if (n == k && !(x > vals[k - 1])) continue;
         int32_t j = n < k ? n++ : k - 1;
@@ -304,6 +308,15 @@ void loom_logits_topk_row(const float *row, int32_t vocab, int32_t k, int32_t *i
     for (int32_t v = 0; v < vocab; v++)
         if (row[v] == row[v]) z += exp((double)row[v] - (double)mx);
     *lse = (float)((double)mx + log(z));
+}
+
+void loom_logits_topk_row(const float *row, int32_t vocab, int32_t k, int32_t *ids, float *vals, float *lse) {
+    topk_row(row, vocab, NULL, k, ids, vals, lse);
+}
+
+void loom_logits_topk_masked_row(const float *row, int32_t vocab, const uint32_t *allowed, int32_t k, int32_t *ids,
+                                 float *vals, float *lse) {
+    topk_row(row, vocab, allowed, k, ids, vals, lse);
 }
 
 void loom_rng_seed(uint64_t state[4], uint64_t seed) {

@@ -32,6 +32,8 @@ loom_status loom_shard_plan(const loom_model_config *c, int32_t rank, int32_t si
                             size_t cap);
 void        loom_logits_topk_row(const float *row, int32_t vocab, int32_t k, int32_t *ids, float *vals,
                                  float *lse);
+void        loom_logits_topk_masked_row(const float *row, int32_t vocab, const uint32_t *allowed, int32_t k,
+                                        int32_t *ids, float *vals, float *lse);
 
 void        loom_rng_seed(uint64_t state[4], uint64_t seed);
 uint64_t    loom_rng_next(uint64_t state[4]);

@@ -187,6 +187,28 @@ typedef struct loom_logits_topk {
     float *lse;                /* (num_logits)                               */
     const uint8_t *want_full;  /* (num_logits)                               */
     float *full;               /* (num_logits, vocab)                        */
+    /* since ABI 2.4 (read only when LOOM_HAS_FIELD(out, loom_logits_topk,
+     * fill_masks)); a runner whose plugin (and, under an executor, whose
+     * backend) is built against ABI >= 2.4 honours them, and the engine
+     * sends constrained rows as candidates only to such a runner.
+     * Decoding-constraint masks (loom/constraint.h bitsets of
+     * LOOM_MASK_WORDS(vocab) words, host memory, caller-owned), one pointer
+     * per row or NULL for an unconstrained row; the array itself may be
+     * NULL (no row constrained). A candidate row with a mask has its top k
+     * taken as if every token outside the mask were -inf (ties by
+     * ascending id, so when fewer than k are allowed the remaining slots
+     * are forbidden tokens at -inf); lse stays the log-sum-exp of the whole
+     * raw row (host->logits_topk_masked_row is the reference). A row with
+     * want_full set has no mask. */
+    const uint32_t *const *allowed; /* (num_logits) or NULL                  */
+    /* Called before `allowed` is first read, after the step's forward work
+     * is enqueued where the runner can (so the caller computes masks while
+     * the device runs), from whichever thread the runner reduces on; a
+     * runner that reduces in parts (micro-batches) may call it once per
+     * part, and the caller's fill must make every call after the first a
+     * no-op. NULL: the masks are ready. An error fails the step. */
+    loom_status (*fill_masks)(void *ctx, loom_error *err);
+    void *fill_ctx;
 } loom_logits_topk;
 
 /*

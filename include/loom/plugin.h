@@ -67,7 +67,7 @@ extern "C" {
 /* ---------------------------------------------------------------- versions */
 
 #define LOOM_ABI_MAJOR 2
-#define LOOM_ABI_MINOR 3
+#define LOOM_ABI_MINOR 4
 
 /* Bumped whenever loom_tensor or the batch layout changes meaning. */
 #define LOOM_TENSOR_LAYOUT_REV 1
@@ -288,7 +288,17 @@ typedef struct loom_host {
     /* Uniform double in [0, 1) from the next 53 bits. */
     double (*rng_uniform)(uint64_t state[4]);
 
-    /* since ABI 2.0 — add new members below this line only */
+    /* since ABI 2.4 (check with LOOM_HAS_FIELD(host, loom_host,
+     * logits_topk_masked_row)) */
+    /* logits_topk_row of the row with every token outside `allowed` (a
+     * loom/constraint.h bitset) ranked as -inf — equal values still by
+     * ascending id, so when fewer than k are allowed the rest are forbidden
+     * tokens at -inf — while *lse stays the raw row's: the reference of
+     * forward_topk()'s masked rows (loom_logits_topk.allowed). */
+    void (*logits_topk_masked_row)(const float *row, int32_t vocab, const uint32_t *allowed, int32_t k,
+                                   int32_t *ids, float *vals, float *lse);
+
+    /* since ABI 2.4 — add new members below this line only */
 } loom_host;
 
 /* ------------------------------------------------------------- lifetime */

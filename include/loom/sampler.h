@@ -81,7 +81,10 @@ typedef struct loom_sample_row {
      * be chosen, never all zero. A sampler treats every other token's
      * logit as -inf after it has taken the raw logprobs (they still report
      * what the model thought) and before anything else. NULL: no
-     * constraint. A row with a mask always comes whole. The core checks
+     * constraint. A row with a mask comes whole, or, when the runner masks
+     * candidates (loom/backend.h, loom_logits_topk.allowed), as the best
+     * allowed tokens with the raw row's lse (the core then asks for no
+     * logprob alternatives from it). The core checks
      * the chosen token against the mask and fails a sampler that ignored
      * it. */
     const uint32_t *allowed;   /* (LOOM_MASK_WORDS(vocab)) or NULL           */

@@ -100,12 +100,17 @@ cudaError_t loom_cuda_add_rmsnorm(loom_cuda_dt dt, void *y, float *x, const void
  * (descending, equal values by ascending id, NaN as -inf) into vals/ids
  * (rows, k), and lse (rows) = log sum exp of the row. ws: device
  * workspace of loom_cuda_topk_ws_bytes(rows, V, k) bytes (0 for k = 1).
- * cudaErrorInvalidValue when !loom_cuda_topk_supported(V, k) (vocabularies
- * above 256k logits, k outside 1..min(V, 64)). */
+ * masks (device, (rows, (V + 31) / 32) words; NULL: none) with has_mask
+ * (device, (rows) flags): a row whose flag is set ranks every token
+ * whose bit is clear as -inf (loom/backend.h's loom_logits_topk.allowed);
+ * its lse stays the raw row's. cudaErrorInvalidValue when
+ * !loom_cuda_topk_supported(V, k) (vocabularies above 256k logits, k
+ * outside 1..min(V, 64)) or masks without has_mask. */
 size_t loom_cuda_topk_ws_bytes(int rows, int V, int k);
 int loom_cuda_topk_supported(int V, int k);
-cudaError_t loom_cuda_logits_topk(const float *logits, int rows, int V, int k, int32_t *ids, float *vals,
-                                  float *lse, void *ws, cudaStream_t s);
+cudaError_t loom_cuda_logits_topk(const float *logits, int rows, int V, int k, const uint32_t *masks,
+                                  const uint8_t *has_mask, int32_t *ids, float *vals, float *lse, void *ws,
+                                  cudaStream_t s);
 
 /* SwiGLU over the fused gate|up GEMM output:
  *   out[t,i] = dt(silu(gu[t,i]) * gu[t,I+i]),  silu(g) = g / (1 + e^-g).

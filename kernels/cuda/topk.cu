@@ -19,6 +19,11 @@
  *           (at most 64 chunks x 64) and keeps the k best.
  * Plain launches (no programmatic dependent launch): they run after the LM
  * head has finished, and the next step's first kernel waits for them.
+ *
+ * Constraint masks (optional): a row with one ranks every token outside it
+ * as -inf (its id still breaking ties) in both passes, while the
+ * log-sum-exp reads the raw value — the raw distribution's normaliser, as
+ * the host sampler reports logprobs.
  */
 #include <math.h>
 #include <stdint.h>
@@ -29,6 +34,22 @@
 #define TK_CHUNK 4096   /* logits per pass-2 block                          */
 #define TK_MAX_CHUNKS 64 /* so pass 3 sorts at most 64 * 64 = 4096 keys     */
 #define TK_THREADS 512
+
+/* A row's mask, or NULL (masks: (rows, words) bits; has: (rows) flags). */
+struct tk_masks {
+    const uint32_t *bits;
+    const uint8_t *has;
+    int words;
+};
+
+__device__ __forceinline__ const uint32_t *tk_row_mask(tk_masks m, int row) {
+    return m.bits && m.has[row] ? m.bits + (size_t)row * m.words : nullptr;
+}
+
+/* x as ranked for token v: -inf when a mask forbids v. */
+__device__ __forceinline__ float tk_ranked(float x, const uint32_t *mask, int v) {
+    return mask && !((__ldg(mask + (v >> 5)) >> (v & 31)) & 1u) ? -INFINITY : x;
+}
 
 __device__ __forceinline__ uint64_t tk_key(float x, int32_t id) {
     if (x != x) x = -INFINITY;
@@ -72,12 +93,14 @@ __device__ __forceinline__ tk_lse tk_lse_merge(tk_lse a, tk_lse b) {
 #define TK1_THREADS 1024
 #define TK1_VEC 8
 
-__device__ __forceinline__ void tk_fold(const float *f, int n, int v0, int stride, uint64_t &best, tk_lse &st) {
+__device__ __forceinline__ void tk_fold(const float *f, int n, int v0, int stride, const uint32_t *mask,
+                                        uint64_t &best, tk_lse &st) {
     float m = -INFINITY;
 #pragma unroll
     for (int i = 0; i < TK1_VEC; i++)
         if (i < n) {
-            const uint64_t key = tk_key(f[i], v0 + i * stride);
+            const int v = v0 + i * stride;
+            const uint64_t key = tk_key(tk_ranked(f[i], mask, v), v);
             best = key > best ? key : best;
             if (f[i] == f[i]) m = fmaxf(m, f[i]);
         }
@@ -93,9 +116,11 @@ __device__ __forceinline__ void tk_fold(const float *f, int n, int v0, int strid
 }
 
 __global__ void __launch_bounds__(TK1_THREADS)
-    tk_best_lse_kernel(const float *__restrict__ logits, int V, int32_t *ids, float *vals, float *lse, int k) {
+    tk_best_lse_kernel(const float *__restrict__ logits, int V, tk_masks masks, int32_t *ids, float *vals,
+                       float *lse, int k) {
     const int row = blockIdx.x;
     const float *x = logits + (size_t)row * V;
+    const uint32_t *mask = tk_row_mask(masks, row);
     uint64_t best = 0;
     tk_lse st = {-INFINITY, 0.0f};
     const int step = TK1_THREADS * TK1_VEC;
@@ -104,7 +129,7 @@ __global__ void __launch_bounds__(TK1_THREADS)
         float f[TK1_VEC];
 #pragma unroll
         for (int i = 0; i < TK1_VEC; i++) f[i] = __ldg(x + v + i * TK1_THREADS);
-        tk_fold(f, TK1_VEC, v, TK1_THREADS, best, st);
+        tk_fold(f, TK1_VEC, v, TK1_THREADS, mask, best, st);
     }
     if (v < V) { /* the tail: fewer than TK1_VEC values for this thread */
         float f[TK1_VEC];
@@ -112,7 +137,7 @@ __global__ void __launch_bounds__(TK1_THREADS)
 #pragma unroll
         for (int i = 0; i < TK1_VEC; i++)
             if (v + i * TK1_THREADS < V) f[i] = __ldg(x + v + i * TK1_THREADS), n = i + 1;
-        tk_fold(f, n, v, TK1_THREADS, best, st);
+        tk_fold(f, n, v, TK1_THREADS, mask, best, st);
     }
     __shared__ uint64_t sk[TK1_THREADS / 32];
     __shared__ float sm[TK1_THREADS / 32], ss[TK1_THREADS / 32];
@@ -159,14 +184,16 @@ __device__ void tk_bitonic_desc(uint64_t *s, int n) {
 }
 
 /* Pass 2: grid (chunks, rows), block TK_THREADS; cand (rows, chunks, k). */
-__global__ void tk_chunk_kernel(const float *__restrict__ logits, int V, int k, int chunks, uint64_t *cand) {
+__global__ void tk_chunk_kernel(const float *__restrict__ logits, int V, tk_masks masks, int k, int chunks,
+                                uint64_t *cand) {
     __shared__ uint64_t s[TK_CHUNK];
     const int row = blockIdx.y, c = blockIdx.x;
     const float *x = logits + (size_t)row * V;
+    const uint32_t *mask = tk_row_mask(masks, row);
     const int base = c * TK_CHUNK;
     for (int i = threadIdx.x; i < TK_CHUNK; i += blockDim.x) {
         int v = base + i;
-        s[i] = v < V ? tk_key(x[v], v) : 0; /* 0 ranks below every real key */
+        s[i] = v < V ? tk_key(tk_ranked(x[v], mask, v), v) : 0; /* 0 ranks below every real key */
     }
     __syncthreads();
     tk_bitonic_desc(s, TK_CHUNK);
@@ -200,16 +227,18 @@ extern "C" int loom_cuda_topk_supported(int V, int k) {
     return V >= 1 && k >= 1 && k <= LOOM_CUDA_TOPK_MAX && k <= V && tk_chunks(V) <= TK_MAX_CHUNKS;
 }
 
-extern "C" cudaError_t loom_cuda_logits_topk(const float *logits, int rows, int V, int k, int32_t *ids,
-                                             float *vals, float *lse, void *ws, cudaStream_t s) {
+extern "C" cudaError_t loom_cuda_logits_topk(const float *logits, int rows, int V, int k, const uint32_t *masks,
+                                             const uint8_t *has_mask, int32_t *ids, float *vals, float *lse,
+                                             void *ws, cudaStream_t s) {
     if (rows <= 0) return cudaSuccess;
-    if (!loom_cuda_topk_supported(V, k)) return cudaErrorInvalidValue;
-    tk_best_lse_kernel<<<rows, TK1_THREADS, 0, s>>>(logits, V, ids, vals, lse, k);
+    if (!loom_cuda_topk_supported(V, k) || (masks && !has_mask)) return cudaErrorInvalidValue;
+    const tk_masks m = {masks, has_mask, (V + 31) / 32};
+    tk_best_lse_kernel<<<rows, TK1_THREADS, 0, s>>>(logits, V, m, ids, vals, lse, k);
     if (k == 1) return cudaGetLastError();
     const int chunks = tk_chunks(V);
     int n2 = 1;
     while (n2 < chunks * k) n2 <<= 1;
-    tk_chunk_kernel<<<dim3((unsigned)chunks, (unsigned)rows), TK_THREADS, 0, s>>>(logits, V, k, chunks,
+    tk_chunk_kernel<<<dim3((unsigned)chunks, (unsigned)rows), TK_THREADS, 0, s>>>(logits, V, m, k, chunks,
                                                                                  (uint64_t *)ws);
     tk_merge_kernel<<<rows, TK_THREADS, 0, s>>>((const uint64_t *)ws, k, chunks, n2, ids, vals);
     return cudaGetLastError();

@@ -2333,9 +2333,9 @@ static void test_logits_topk_invariance(int rows, int V, int k) {
     for (int pass = 0; pass < 2; pass++) { /* 0: each row alone, 1: all together */
         if (pass == 0)
             for (int r = 0; r < rows; r++)
-                CK(loom_cuda_logits_topk(dx + (size_t)r * V, 1, V, k, dids + (size_t)r * k, dvals + (size_t)r * k,
+                CK(loom_cuda_logits_topk(dx + (size_t)r * V, 1, V, k, NULL, NULL, dids + (size_t)r * k, dvals + (size_t)r * k,
                                          dlse + r, ws, 0));
-        else CK(loom_cuda_logits_topk(dx, rows, V, k, dids, dvals, dlse, ws, 0));
+        else CK(loom_cuda_logits_topk(dx, rows, V, k, NULL, NULL, dids, dvals, dlse, ws, 0));
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(ids[pass], dids, bytes, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(vals[pass], dvals, bytes, cudaMemcpyDeviceToHost));
@@ -2352,10 +2352,28 @@ static void test_logits_topk_invariance(int rows, int V, int k) {
     free(x), free(ids[0]), free(ids[1]), free(vals[0]), free(vals[1]), free(lse[0]), free(lse[1]);
 }
 
+/* Constraint masks for test_logits_topk (words (V + 31) / 32 per row):
+ * row 0 unmasked (flag clear), row 1 every token allowed, row 2 fewer
+ * tokens than k allowed (the rest of its top k are forbidden tokens at
+ * -inf), the others a random third of the vocabulary. */
+static void topk_masks(int rows, int V, int k, uint32_t *bits, uint8_t *has) {
+    const int W = (V + 31) / 32;
+    memset(bits, 0, (size_t)rows * W * 4);
+    for (int r = 0; r < rows; r++) {
+        has[r] = r != 0;
+        uint32_t *m = bits + (size_t)r * W;
+        for (int v = 0; v < V; v++) {
+            const bool on = r == 1 || (r == 2 ? v % (V / (k > 1 ? k / 2 + 1 : 1) + 1) == 3 : rng_int(3) == 0);
+            if (on) m[v >> 5] |= 1u << (v & 31);
+        }
+    }
+}
+
 /* loom_cuda_logits_topk against loom/logits_topk.h on rows with many ties
  * (values on a coarse grid), NaNs and -inf; ids and values exactly, lse
- * to float rounding. */
-static void test_logits_topk(int rows, int V, int k) {
+ * to float rounding. Masked: the reference ranks a masked copy of the row
+ * and takes lse from the raw row. */
+static void test_logits_topk(int rows, int V, int k, bool masked) {
     const size_t n = (size_t)rows * V;
     float *x = malloc(n * sizeof *x);
     for (size_t i = 0; i < n; i++) {
@@ -2370,18 +2388,31 @@ static void test_logits_topk(int rows, int V, int k) {
     int32_t *dids = dev_poison((size_t)rows * k * 4);
     float *dvals = dev_poison((size_t)rows * k * 4), *dlse = dev_poison((size_t)rows * 4);
     void *ws = dev_poison(loom_cuda_topk_ws_bytes(rows, V, k));
-    CK(loom_cuda_logits_topk(dx, rows, V, k, dids, dvals, dlse, ws, 0));
+    const int W = (V + 31) / 32;
+    uint32_t *bits = masked ? malloc((size_t)rows * W * 4) : NULL;
+    uint8_t *has = masked ? malloc((size_t)rows) : NULL;
+    if (masked) topk_masks(rows, V, k, bits, has);
+    uint32_t *dbits = masked ? dev_upload(bits, (size_t)rows * W * 4) : NULL;
+    uint8_t *dhas = masked ? dev_upload(has, (size_t)rows) : NULL;
+    CK(loom_cuda_logits_topk(dx, rows, V, k, dbits, dhas, dids, dvals, dlse, ws, 0));
     CK(cudaDeviceSynchronize());
     int32_t *ids = malloc((size_t)rows * k * 4), *rid = malloc((size_t)k * 4);
     float *vals = malloc((size_t)rows * k * 4), *lse = malloc((size_t)rows * 4), *rval = malloc((size_t)k * 4);
+    float *mrow = malloc((size_t)V * sizeof *mrow);
     CK(cudaMemcpy(ids, dids, (size_t)rows * k * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(vals, dvals, (size_t)rows * k * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(lse, dlse, (size_t)rows * 4, cudaMemcpyDeviceToHost));
     long bad = 0;
     double worst = 0;
     for (int r = 0; r < rows; r++) {
-        float rl;
-        loom_logits_topk_row(x + (size_t)r * V, V, k, rid, rval, &rl);
+        float rl, ml;
+        const float *row = x + (size_t)r * V;
+        loom_logits_topk_row(row, V, k, rid, rval, &rl);
+        if (masked && has[r]) {
+            const uint32_t *m = bits + (size_t)r * W;
+            for (int v = 0; v < V; v++) mrow[v] = (m[v >> 5] >> (v & 31)) & 1u ? row[v] : -INFINITY;
+            loom_logits_topk_row(mrow, V, k, rid, rval, &ml);
+        }
         for (int j = 0; j < k; j++)
             if (ids[(size_t)r * k + j] != rid[j] || !(vals[(size_t)r * k + j] == rval[j] ||
                                                       (isinf(rval[j]) && vals[(size_t)r * k + j] == rval[j])))
@@ -2390,14 +2421,15 @@ static void test_logits_topk(int rows, int V, int k) {
         if (!(e <= worst)) worst = e;
     }
     char name[128];
-    snprintf(name, sizeof name, "logits_topk rows %d V %d k %d: ids/values", rows, V, k);
+    const char *mk = masked ? " masked" : "";
+    snprintf(name, sizeof name, "logits_topk%s rows %d V %d k %d: ids/values", mk, rows, V, k);
     err_acc a = {.worst = (double)bad, .rows = rows};
     report(name, &a, 0.0);
-    snprintf(name, sizeof name, "logits_topk rows %d V %d k %d: lse", rows, V, k);
+    snprintf(name, sizeof name, "logits_topk%s rows %d V %d k %d: lse of the raw row", mk, rows, V, k);
     err_acc b = {.worst = worst, .rows = rows};
     report(name, &b, 1e-5);
-    cudaFree(dx), cudaFree(dids), cudaFree(dvals), cudaFree(dlse), cudaFree(ws);
-    free(x), free(ids), free(rid), free(vals), free(lse), free(rval);
+    cudaFree(dx), cudaFree(dids), cudaFree(dvals), cudaFree(dlse), cudaFree(ws), cudaFree(dbits), cudaFree(dhas);
+    free(x), free(ids), free(rid), free(vals), free(lse), free(rval), free(mrow), free(bits), free(has);
 }
 
 /* ------------------------------------------------- attention case tables */
@@ -2614,15 +2646,17 @@ attention:;
     test_copy_blocks(false);
     test_copy_blocks(true);
 
-    test_logits_topk(1, 1000, 1);
-    test_logits_topk(3, 49152, 1);
-    test_logits_topk(7, 49152, 20);
-    test_logits_topk(256, 128256, 1);
-    test_logits_topk(256, 128256, 64);
-    test_logits_topk(5, 151936, 64);
-    test_logits_topk(2, 70, 64);
-    test_logits_topk(4, 4096, 7);
-    test_logits_topk(3, 4097, 2);
+    for (int masked = 0; masked < 2; masked++) {
+        test_logits_topk(1, 1000, 1, masked);
+        test_logits_topk(3, 49152, 1, masked);
+        test_logits_topk(7, 49152, 20, masked);
+        test_logits_topk(256, 128256, 1, masked);
+        test_logits_topk(256, 128256, 64, masked);
+        test_logits_topk(5, 151936, 64, masked);
+        test_logits_topk(2, 70, 64, masked);
+        test_logits_topk(4, 4096, 7, masked);
+        test_logits_topk(3, 4097, 2, masked);
+    }
     test_logits_topk_invariance(7, 49152, 1);
     test_logits_topk_invariance(7, 128256, 64);
 

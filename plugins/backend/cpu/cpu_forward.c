@@ -462,10 +462,16 @@ loom_status cpu_backend_forward_topk(void *self, const loom_batch *bt, const loo
     }
     loom_status st = cpu_backend_forward(self, bt, b->topk_logits, err);
     if (st != LOOM_OK) return st;
+    /* constraint masks (ABI 2.4): the caller fills them now */
+    const bool masks = LOOM_HAS_FIELD(out, loom_logits_topk, fill_masks) && out->allowed;
+    if (masks && out->fill_masks && (st = out->fill_masks(out->fill_ctx, err)) != LOOM_OK) return st;
     for (int64_t r = 0; r < NL; r++) {
         const float *row = b->topk_logits + (size_t)r * (size_t)V;
-        b->host->logits_topk_row(row, (int32_t)V, out->k, out->top_ids + r * out->k, out->top_vals + r * out->k,
-                             out->lse + r);
+        const uint32_t *m = masks ? out->allowed[r] : NULL;
+        int32_t *ids = out->top_ids + r * out->k;
+        float *vals = out->top_vals + r * out->k;
+        if (m) b->host->logits_topk_masked_row(row, (int32_t)V, m, out->k, ids, vals, out->lse + r);
+        else b->host->logits_topk_row(row, (int32_t)V, out->k, ids, vals, out->lse + r);
         if (out->want_full[r]) {
             if (!out->full)
                 return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID, "backend cpu: forward_topk: row %lld wants "

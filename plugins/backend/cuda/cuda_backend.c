@@ -257,6 +257,7 @@ static void cb_destroy(void *self) {
     if (b->meta_host) cudaFreeHost(b->meta_host);
     if (b->logits_host) cudaFreeHost(b->logits_host);
     if (b->topk_host) cudaFreeHost(b->topk_host);
+    if (b->mask_host) cudaFreeHost(b->mask_host);
     h->free(h->ctx, b->layers);
     loom_cuda_gemm_destroy(b->gemm);
     if (b->stream) cudaStreamDestroy(b->stream);

@@ -198,6 +198,11 @@ typedef struct cuda_backend {
      * mirror; room for logits_rows x (2 x 64 + 1) 4-byte elements */
     int32_t *topk_dev, *topk_host;
     void *topk_ws;                           /* loom_cuda_topk_ws_bytes   */
+    /* forward_topk's constraint masks for the rows of one LM-head chunk:
+     * (logits_rows, mask_words) bits | (logits_rows) flags, on the device
+     * and its pinned staging (allocated with the work buffers) */
+    uint32_t *mask_dev, *mask_host;
+    int32_t mask_words;
 
     /* per-step metadata: pinned staging and its device copy */
     uint8_t *meta_host, *meta_dev;

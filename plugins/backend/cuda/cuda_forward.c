@@ -559,6 +559,35 @@ static loom_status cb_sync(cuda_backend *b, loom_error *err) {
     return st;
 }
 
+/* Row r's constraint mask in tk, or NULL (loom/backend.h, ABI 2.4). */
+static const uint32_t *cb_row_mask(const loom_logits_topk *tk, size_t r) {
+    return LOOM_HAS_FIELD(tk, loom_logits_topk, fill_masks) && tk->allowed ? tk->allowed[r] : NULL;
+}
+
+/* The masks of rows [r0, r0 + nreal) to the device (bits | flags, one
+ * copy), or *d_masks NULL when none of them has one. */
+static loom_status cb_upload_masks(cuda_backend *b, int32_t r0, int32_t nreal, const loom_logits_topk *tk,
+                                   const uint32_t **d_masks, const uint8_t **d_has, loom_error *err) {
+    const size_t W = (size_t)b->mask_words;
+    uint8_t *has = (uint8_t *)(b->mask_host + (size_t)nreal * W);
+    bool any = false;
+    for (int32_t i = 0; i < nreal; i++) {
+        const uint32_t *m = cb_row_mask(tk, (size_t)(r0 + i));
+        has[i] = m != NULL;
+        if (m) memcpy(b->mask_host + (size_t)i * W, m, W * 4);
+        any |= has[i];
+    }
+    *d_masks = NULL;
+    *d_has = NULL;
+    if (!any) return LOOM_OK;
+    const size_t bytes = (size_t)nreal * (W * 4 + 1);
+    loom_status st = CB_CUDA(b, err, cudaMemcpyAsync(b->mask_dev, b->mask_host, bytes, cudaMemcpyHostToDevice,
+                                                     b->stream));
+    *d_masks = b->mask_dev;
+    *d_has = (const uint8_t *)(b->mask_dev + (size_t)nreal * W);
+    return st;
+}
+
 /* Move logits rows [r0, r0 + nreal) of the step, now in logits_dev rows
  * [0, nreal), to the caller, and wait for the stream. Whole rows
  * (`logits`, tk NULL) go through the pinned mirror. With `tk`
@@ -581,6 +610,13 @@ static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, fl
     }
     const int32_t k = tk->k;
     const bool on_device = loom_cuda_topk_supported((int)V, k);
+    /* the masks are computed by the caller while the step runs */
+    if (LOOM_HAS_FIELD(tk, loom_logits_topk, fill_masks) && tk->fill_masks &&
+        (st = tk->fill_masks(tk->fill_ctx, err)) != LOOM_OK)
+        return st;
+    const uint32_t *d_masks = NULL;
+    const uint8_t *d_has = NULL;
+    if (on_device && (st = cb_upload_masks(b, r0, nreal, tk, &d_masks, &d_has, err))) return st;
     /* the summary packed as ids (nreal, k) | values (nreal, k) | lse (nreal),
      * so one small copy crosses instead of three — each copy is a few
      * microseconds of a batch-1 step that is ~0.7 ms on SmolLM2 */
@@ -589,8 +625,8 @@ static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, fl
     float *d_vals = (float *)(d_ids + nk), *d_lse = d_vals + nk;
     const float *h_vals = (const float *)(h_ids + nk), *h_lse = h_vals + nk;
     if (on_device) {
-        if ((st = CB_CUDA(b, err, loom_cuda_logits_topk(b->logits_dev, nreal, (int)V, k, d_ids, d_vals, d_lse,
-                                                        b->topk_ws, b->stream))) ||
+        if ((st = CB_CUDA(b, err, loom_cuda_logits_topk(b->logits_dev, nreal, (int)V, k, d_masks, d_has, d_ids,
+                                                        d_vals, d_lse, b->topk_ws, b->stream))) ||
             (st = CB_CUDA(b, err, cudaMemcpyAsync(h_ids, d_ids, (2 * nk + (size_t)nreal) * 4,
                                                   cudaMemcpyDeviceToHost, b->stream))))
             return st;
@@ -609,8 +645,11 @@ static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, fl
             memcpy(tk->top_vals + r * k, h_vals + (size_t)i * k, (size_t)k * sizeof(float));
             tk->lse[r] = h_lse[i];
         } else {
-            b->host->logits_topk_row(b->logits_host + (size_t)i * V, (int32_t)V, k, tk->top_ids + r * k,
-                                 tk->top_vals + r * k, tk->lse + r);
+            const float *row = b->logits_host + (size_t)i * V;
+            const uint32_t *m = cb_row_mask(tk, r);
+            if (m) b->host->logits_topk_masked_row(row, (int32_t)V, m, k, tk->top_ids + r * k, tk->top_vals + r * k,
+                                                   tk->lse + r);
+            else b->host->logits_topk_row(row, (int32_t)V, k, tk->top_ids + r * k, tk->top_vals + r * k, tk->lse + r);
         }
         if (tk->want_full[r]) memcpy(tk->full + r * V, b->logits_host + (size_t)i * V, row_bytes);
     }

@@ -545,7 +545,12 @@ static loom_status cb_rope_init(cuda_backend *b, loom_error *err) {
 
 /* ---------------------------------------------------------- work buffers */
 
-#define CB_WORK_BUFS 16
+#define CB_WORK_BUFS 17
+
+/* forward_topk's mask staging: a chunk's rows of bits, then its flags. */
+static size_t cb_mask_bytes(const cuda_backend *b) {
+    return (size_t)b->logits_rows * ((size_t)b->mask_words * 4 + 1);
+}
 
 static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     const loom_host *h = b->host;
@@ -555,6 +560,7 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     const size_t I = (size_t)c->intermediate_size, V = (size_t)c->vocab_size, e = b->elt;
     b->max_tokens = (int32_t)MT;
     b->logits_rows = cb_logits_rows(&b->cfg);
+    b->mask_words = (int32_t)((c->vocab_size + 31) / 32);
     const size_t LR = (size_t)b->logits_rows;
     /* sharded: this rank's logits slice and every rank's, gathered (empty,
      * so the layout is unchanged, otherwise) */
@@ -573,7 +579,7 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
                      LR * H * e,      LR * V * 4,  attn_ws * 4,
                      MT * (size_t)c->num_kv_heads * sizeof(int), LR * VP * 4, NR * LR * VP * 4,
                      LR * (2 * TK + 1) * 4,
-                     loom_cuda_topk_ws_bytes((int)LR, (int)V, (int)TK), b->qscratch_bytes};
+                     loom_cuda_topk_ws_bytes((int)LR, (int)V, (int)TK), cb_mask_bytes(b), b->qscratch_bytes};
     size_t total = 0;
     for (int i = 0; i < CB_WORK_BUFS; i++) total += cb_round(sz[i]);
     size_t free_b = 0, tot = 0;
@@ -591,7 +597,7 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     void **dst[CB_WORK_BUFS] = {(void **)&b->x, &b->xn, &b->qkv, &b->att, &b->r, &b->gu, &b->act, &b->xs,
                       (void **)&b->logits_dev, (void **)&b->attn_ws, (void **)&b->attn_sem,
                       (void **)&b->logits_local, (void **)&b->logits_gathered,
-                      (void **)&b->topk_dev, &b->topk_ws, &b->qscratch};
+                      (void **)&b->topk_dev, &b->topk_ws, (void **)&b->mask_dev, &b->qscratch};
     for (int i = 0; i < CB_WORK_BUFS; i++) {
         *dst[i] = p;
         p += cb_round(sz[i]);
@@ -610,7 +616,8 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     if ((st = CB_CUDA(b, err, cudaHostAlloc((void **)&b->logits_host, LR * V * 4,
                                             cudaHostAllocDefault))) ||
         (st = CB_CUDA(b, err, cudaHostAlloc((void **)&b->topk_host, LR * (2 * TK + 1) * 4,
-                                            cudaHostAllocDefault))))
+                                            cudaHostAllocDefault))) ||
+        (st = CB_CUDA(b, err, cudaHostAlloc((void **)&b->mask_host, cb_mask_bytes(b), cudaHostAllocDefault))))
         return st;
     /* metadata starts at 1 MiB and grows with the batch (cuda_forward.c) */
     b->meta_cap = (size_t)1 << 20;
@@ -1056,12 +1063,14 @@ static void cb_load_undo(cuda_backend *b) {
     if (b->meta_host) cudaFreeHost(b->meta_host);
     if (b->logits_host) cudaFreeHost(b->logits_host);
     if (b->topk_host) cudaFreeHost(b->topk_host);
+    if (b->mask_host) cudaFreeHost(b->mask_host);
     h->free(h->ctx, b->layers);
     b->weights = b->work = NULL;
     b->rope_cs = NULL;
     b->meta_dev = b->meta_host = NULL;
     b->logits_host = NULL;
     b->topk_host = NULL;
+    b->mask_host = b->mask_dev = NULL;
     b->layers = NULL;
     b->weight_bytes = 0;
     b->qweight_bytes = 0;

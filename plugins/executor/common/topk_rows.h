@@ -31,9 +31,11 @@ typedef struct topk_rows {
 loom_status topk_rows_reserve(topk_rows *t, const loom_host *h, const char *who, int64_t nl,
                               int64_t vocab, loom_error *err);
 /* [engine] Fill `out` (k candidates and lse per row; the full row where
- * out->want_full[r]) from the first nl rows. */
-void        topk_rows_reduce(const topk_rows *t, const loom_host *h, int64_t nl, int64_t vocab,
-                             const loom_logits_topk *out);
+ * out->want_full[r]) from the first nl rows, after out->fill_masks; a
+ * row with a constraint mask (out->allowed, ABI 2.4) through
+ * host->logits_topk_masked_row. Fails only with fill_masks' error. */
+loom_status topk_rows_reduce(const topk_rows *t, const loom_host *h, int64_t nl, int64_t vocab,
+                             const loom_logits_topk *out, loom_error *err);
 /* [engine] Release the buffer; the struct is empty again. NULL-safe rows. */
 void        topk_rows_free(topk_rows *t, const loom_host *h);
 

@@ -175,6 +175,8 @@ static loom_status pp_rank_forward(const pp_rank *rk, const pp_job *j, loom_erro
             sub.lse = t->lse + r;
             sub.want_full = t->want_full + r;
             sub.full = t->full ? t->full + r * pp->vocab : NULL;
+            /* the engine's fill_masks runs once however many parts call it */
+            if (LOOM_HAS_FIELD(t, loom_logits_topk, allowed) && t->allowed) sub.allowed = t->allowed + r;
             st = o->forward_topk(rk->inst, &mb->batch, &sub, err);
         } else {
             float *rows = writes && j->logits ? j->logits + (int64_t)mb->row0 * pp->vocab : NULL;
@@ -596,8 +598,7 @@ static loom_status pp_topk_on_host(pp_exec *pp, const loom_batch *b, const loom_
     if (NL <= 0) return pp_forward_job(pp, b, NULL, NULL, err);
     loom_status st = topk_rows_reserve(&pp->topk, h, "executor pp", NL, V, err);
     if (st != LOOM_OK || (st = pp_forward_job(pp, b, pp->topk.rows, NULL, err)) != LOOM_OK) return st;
-    topk_rows_reduce(&pp->topk, h, NL, V, out);
-    return LOOM_OK;
+    return topk_rows_reduce(&pp->topk, h, NL, V, out, err);
 }
 
 static loom_status pp_forward_topk(void *self, const loom_batch *batch, const loom_logits_topk *out,

@@ -580,8 +580,7 @@ static loom_status tp_forward_topk(void *self, const loom_batch *batch, const lo
     if (NL <= 0) return tp_forward(self, batch, NULL, err);
     if ((st = topk_rows_reserve(&tp->topk, h, "executor tp", NL, V, err)) != LOOM_OK) return st;
     if ((st = tp_forward(self, batch, tp->topk.rows, err)) != LOOM_OK) return st;
-    topk_rows_reduce(&tp->topk, h, NL, V, out);
-    return LOOM_OK;
+    return topk_rows_reduce(&tp->topk, h, NL, V, out, err);
 }
 
 static loom_status tp_copy_blocks(void *self, const int32_t *pairs, int32_t n, loom_error *err) {
