@@ -344,13 +344,20 @@ static bool render_mistral(render *r, const serve_tool *tools, int32_t nt, const
         if (!strcmp(m[i].role, "user")) last_user = i;
     if (nt > 0 && last_user < 0)
         return fail(why, whyn, "the mistral template puts the tools before the last user message: send one");
-    for (int32_t i = 0; i < n; i++) {
+    /* a leading system message goes in front of the last user message, as
+     * mistral-common's v3 writes it (not the first, as plain chat does) */
+    const bool sys = n > 0 && !strcmp(m[0].role, "system") && last_user > 0;
+    for (int32_t i = sys; i < n; i++) {
         tbuf b = {0};
         bool ok = true;
         const char *role = m[i].role;
         if (i == last_user && nt > 0) {
             mistral_tools(&b, tools, nt);
             emit(r, "available_tools", &b);
+        }
+        if (i == last_user && sys) {
+            tb_puts(&b, m[0].content ? m[0].content : "");
+            tb_puts(&b, "\n\n");
         }
         if (!strcmp(role, "tool")) {
             ok = mistral_result(&b, &m[i], i, why, whyn);

@@ -17,7 +17,8 @@
  *            "available_tools" turn just before the last user turn, an
  *            assistant's calls as a "tool_calls" turn [{"name",
  *            "arguments", "id"}], results as "tool_results" turns
- *            {"content", "call_id"}, ids of 9 letters and digits; the
+ *            {"content", "call_id"}, ids of 9 letters and digits, a
+ *            system message in front of the last user message; the
  *            chat renderer (core/tokenizer/chat.c) puts the control tokens
  *            around them. The answer is read back from a JSON list of calls
  *            (its [TOOL_CALLS] is a control token, which the text leaves out).

@@ -314,23 +314,25 @@ Test(tools, mistral_rendering_golden) {
                           {"tool", "{\"temp\": 18}", NULL, "call_abc123def"},
                           {"tool", "sunny \"mostly\"\n\x01\xc3\xa9", NULL, "abc123def"}};
     rendered r = render_ok("mistral", 2, m, 7);
-    cr_assert_eq(r.n, 8, "the tools add one turn");
-    const char *roles[] = {"system", "user", "assistant", "available_tools", "user", "tool_calls", "tool_results",
+    cr_assert_eq(r.n, 7, "the tools add one turn, the system message joins the last user turn");
+    const char *roles[] = {"user", "assistant", "available_tools", "user", "tool_calls", "tool_results",
                            "tool_results"};
-    for (int i = 0; i < 8; i++) cr_assert_str_eq(r.m[i].role, roles[i], "message %d", i);
-    cr_assert_str_eq(r.m[3].content,
+    for (int i = 0; i < 7; i++) cr_assert_str_eq(r.m[i].role, roles[i], "message %d", i);
+    cr_assert_str_eq(r.m[0].content, "Hi");
+    cr_assert_str_eq(r.m[2].content,
                      "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"\", "
                      "\"parameters\": {\"type\": \"object\"}}}, {\"type\": \"function\", \"function\": {\"name\": "
                      "\"add\", \"description\": \"\", \"parameters\": {}}}]",
                      "before the last user message, as mistral-common's Tool models dump");
-    cr_assert_str_eq(r.m[4].content, "Weather in Rome?");
-    cr_assert_str_eq(r.m[5].content,
+    cr_assert_str_eq(r.m[3].content, "Be brief.\n\nWeather in Rome?", "mistral-common v3 puts the system prompt "
+                     "before the last user message");
+    cr_assert_str_eq(r.m[4].content,
                      "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \"n\": [1, 2.5]}, \"id\": "
                      "\"abc123def\"}]",
                      "a call id becomes its last 9 letters and digits");
-    cr_assert_str_eq(r.m[6].content, "{\"content\": {\"temp\": 18}, \"call_id\": \"abc123def\"}",
+    cr_assert_str_eq(r.m[5].content, "{\"content\": {\"temp\": 18}, \"call_id\": \"abc123def\"}",
                      "a result that is JSON is embedded as JSON");
-    cr_assert_str_eq(r.m[7].content, "{\"content\": \"sunny \\\"mostly\\\"\\n\\u0001\xc3\xa9\", \"call_id\": "
+    cr_assert_str_eq(r.m[6].content, "{\"content\": \"sunny \\\"mostly\\\"\\n\\u0001\xc3\xa9\", \"call_id\": "
                      "\"abc123def\"}", "else as a string, non-ASCII kept as json.dumps(ensure_ascii=False) does");
     rendered_free(&r);
     cJSON_Delete(calls);
