@@ -218,8 +218,11 @@ static bool tool_fields(parse_ctx *c, const cJSON *m, int32_t i, const char *rol
         c->r->tool_turns = true;
     }
     if (!strcmp(role, "tool")) {
-        const cJSON *ct = field(m, "content");
+        const cJSON *ct = field(m, "content"), *id = field(m, "tool_call_id");
         if (!cJSON_IsString(ct)) return fail(c, "messages", "messages[%d] (role tool) needs text content", i);
+        if (id && !cJSON_IsString(id))
+            return fail(c, "messages", "messages[%d].tool_call_id must be text, got %s", i, shown(id, b, sizeof b));
+        out->tool_call_id = id ? id->valuestring : NULL;
         c->r->tool_turns = true;
     }
     return true;

@@ -217,18 +217,184 @@ static bool render_llama3(render *r, const serve_tool *tools, int32_t nt, const 
     return true;
 }
 
+/* Mistral (tokenizer v3): JSON as mistral-common writes it with Python's
+ * json.dumps(..., ensure_ascii=False): ", " and ": " between items, only
+ * what JSON must escape escaped (control characters as \u00xx). */
+static void py_str(tbuf *b, const char *s) {
+    tb_puts(b, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        static const char from[] = "\"\\\n\r\t\b\f", to[] = "\"\\nrtbf";
+        const char *e = *p ? strchr(from, *p) : NULL;
+        char esc[8];
+        if (e) snprintf(esc, sizeof esc, "\\%c", to[e - from]);
+        else if (*p < 0x20) snprintf(esc, sizeof esc, "\\u%04x", *p);
+        else esc[0] = (char)*p, esc[1] = 0;
+        tb_puts(b, esc);
+    }
+    tb_puts(b, "\"");
+}
+
+static void py_json(tbuf *b, const cJSON *v) {
+    if (cJSON_IsString(v)) {
+        py_str(b, v->valuestring);
+        return;
+    }
+    if (!cJSON_IsObject(v) && !cJSON_IsArray(v)) { /* numbers, true, false, null */
+        tb_json(b, v);
+        return;
+    }
+    tb_puts(b, cJSON_IsObject(v) ? "{" : "[");
+    for (const cJSON *c = v->child; c; c = c->next) {
+        if (cJSON_IsObject(v)) {
+            py_str(b, c->string);
+            tb_puts(b, ": ");
+        }
+        py_json(b, c);
+        if (c->next) tb_puts(b, ", ");
+    }
+    tb_puts(b, cJSON_IsObject(v) ? "}" : "]");
+}
+
+/* The tools as mistral-common dumps its Tool models: {"type": "function",
+ * "function": {"name", "description" ("" when absent), "parameters" ({}
+ * when absent)}}. */
+static void mistral_tools(tbuf *b, const serve_tool *tools, int32_t n) {
+    cJSON *list = cJSON_CreateArray();
+    for (int32_t i = 0; list && i < n; i++) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(tools[i].def, "function");
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(f, "description");
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+        cJSON *t = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+        cJSON_AddItemToArray(list, t);
+        cJSON_AddStringToObject(t, "type", "function");
+        cJSON_AddItemToObject(t, "function", fn);
+        cJSON_AddStringToObject(fn, "name", tools[i].name);
+        cJSON_AddStringToObject(fn, "description", cJSON_IsString(d) ? d->valuestring : "");
+        cJSON_AddItemToObject(fn, "parameters", p ? cJSON_Duplicate(p, true) : cJSON_CreateObject());
+    }
+    if (!list) b->oom = true;
+    else py_json(b, list);
+    cJSON_Delete(list);
+}
+
+/* A call id as Mistral v3 writes it: 9 letters and digits. An id that is
+ * one is kept; another becomes the last 9 of its letters and digits (the
+ * same for a call and its result). False when it has fewer. */
+static bool mistral_id(const char *id, char out[10]) {
+    size_t n = 0, len = strlen(id);
+    out[9] = 0;
+    for (size_t i = len; i-- > 0 && n < 9;)
+        if ((id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'z') || (id[i] >= 'A' && id[i] <= 'Z'))
+            out[8 - n++] = id[i];
+    return n == 9;
+}
+
+/* An assistant turn's calls: [{"name", "arguments", "id"}, ...]. */
+static bool mistral_calls(tbuf *b, const serve_tool_msg *m, int32_t i, char *why, size_t whyn) {
+    cJSON *list = cJSON_CreateArray();
+    int32_t k = 0;
+    const cJSON *call;
+    bool ok = list != NULL;
+    cJSON_ArrayForEach(call, m->tool_calls) {
+        const char *name;
+        cJSON *args;
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(call, "id");
+        char id9[10];
+        if (!ok || !(ok = call_parts(call, i, k, &name, &args, why, whyn))) break;
+        ok = cJSON_IsString(id) && mistral_id(id->valuestring, id9);
+        if (!ok) {
+            cJSON_Delete(args);
+            fail(why, whyn, "messages[%d].tool_calls[%d] needs an id with at least 9 letters and digits (the mistral "
+                 "template writes 9)", i, k);
+            break;
+        }
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToArray(list, o);
+        cJSON_AddStringToObject(o, "name", name);
+        cJSON_AddItemToObject(o, "arguments", args);
+        cJSON_AddStringToObject(o, "id", id9);
+        k++;
+    }
+    if (ok) py_json(b, list);
+    else if (!list) fail(why, whyn, "out of memory");
+    cJSON_Delete(list);
+    return ok;
+}
+
+/* A tool's result: {"content": its text read as JSON when it is JSON, else
+ * the text, "call_id": the call's id}. */
+static bool mistral_result(tbuf *b, const serve_tool_msg *m, int32_t i, char *why, size_t whyn) {
+    char id9[10];
+    if (!m->tool_call_id || !mistral_id(m->tool_call_id, id9))
+        return fail(why, whyn, "messages[%d] (role tool) needs a tool_call_id with at least 9 letters and digits "
+                    "(the mistral template writes 9)", i);
+    const char *text = m->content ? m->content : "";
+    cJSON *o = cJSON_CreateObject(), *parsed = cJSON_ParseWithOpts(text, NULL, true);
+    cJSON_AddItemToObject(o, "content", parsed ? parsed : cJSON_CreateString(text));
+    cJSON_AddStringToObject(o, "call_id", id9);
+    py_json(b, o);
+    cJSON_Delete(o);
+    return true;
+}
+
+static bool render_mistral(render *r, const serve_tool *tools, int32_t nt, const serve_tool_msg *m, int32_t n,
+                           char *why, size_t whyn) {
+    int32_t last_user = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (!strcmp(m[i].role, "user")) last_user = i;
+    if (nt > 0 && last_user < 0)
+        return fail(why, whyn, "the mistral template puts the tools before the last user message: send one");
+    /* a leading system message goes in front of the last user message, as
+     * mistral-common's v3 writes it (not the first, as plain chat does) */
+    const bool sys = n > 0 && !strcmp(m[0].role, "system") && last_user > 0;
+    for (int32_t i = sys; i < n; i++) {
+        tbuf b = {0};
+        bool ok = true;
+        const char *role = m[i].role;
+        if (i == last_user && nt > 0) {
+            mistral_tools(&b, tools, nt);
+            emit(r, "available_tools", &b);
+        }
+        if (i == last_user && sys) {
+            tb_puts(&b, m[0].content ? m[0].content : "");
+            tb_puts(&b, "\n\n");
+        }
+        if (!strcmp(role, "tool")) {
+            ok = mistral_result(&b, &m[i], i, why, whyn);
+            role = "tool_results";
+        } else if (m[i].tool_calls) {
+            const char *c = m[i].content ? m[i].content : "";
+            while (is_ws(*c)) c++;
+            ok = !*c ? mistral_calls(&b, &m[i], i, why, whyn)
+                     : fail(why, whyn, "messages[%d] has text and tool calls: the mistral template writes an "
+                            "assistant turn's text or its calls, not both", i);
+            role = "tool_calls";
+        } else {
+            tb_puts(&b, m[i].content ? m[i].content : "");
+        }
+        if (!ok) {
+            free(b.p);
+            return false;
+        }
+        emit(r, role, &b);
+    }
+    return true;
+}
+
 bool serve_tools_render(const char *family, const serve_tool *tools, int32_t num_tools, const serve_tool_msg *msgs,
                         int32_t n, loom_chat_message **out, int32_t *n_out, char ***store, int32_t *n_store,
                         char *why, size_t why_size) {
     const bool hermes = family && !strcmp(family, "chatml"), llama3 = family && !strcmp(family, "llama3");
-    if (!hermes && !llama3)
-        return fail(why, why_size, "tool calling needs a chatml (Hermes, Qwen2.5) or llama3 chat template; this "
-                    "model's is %s", family ? family : "none");
-    render r = {.out = calloc((size_t)n + 1, sizeof *r.out), .store = calloc((size_t)n + 1, sizeof *r.store)};
+    const bool mistral = family && !strcmp(family, "mistral");
+    if (!hermes && !llama3 && !mistral)
+        return fail(why, why_size, "tool calling needs a chatml (Hermes, Qwen2.5), llama3 or mistral chat template; "
+                    "this model's is %s", family ? family : "none");
+    render r = {.out = calloc((size_t)n + 2, sizeof *r.out), .store = calloc((size_t)n + 2, sizeof *r.store)};
     bool ok = r.out && r.store;
     if (!ok) fail(why, why_size, "out of memory");
-    if (ok) ok = hermes ? render_hermes(&r, tools, num_tools, msgs, n, why, why_size)
-                        : render_llama3(&r, tools, num_tools, msgs, n, why, why_size);
+    if (ok) ok = hermes  ? render_hermes(&r, tools, num_tools, msgs, n, why, why_size)
+                 : llama3 ? render_llama3(&r, tools, num_tools, msgs, n, why, why_size)
+                          : render_mistral(&r, tools, num_tools, msgs, n, why, why_size);
     if (ok && r.oom) ok = fail(why, why_size, "out of memory rendering the tools");
     if (!ok) {
         for (int32_t i = 0; r.store && i < r.n_store; i++) free(r.store[i]);
@@ -345,6 +511,35 @@ refuse:
     return 0;
 }
 
+/* Mistral: a JSON list of {"name", "arguments"} (an "id" ignored), the
+ * whole answer — or after a "[TOOL_CALLS]" the text spells out (its
+ * control token leaves the text empty where it stood), with content
+ * before it. */
+static const char k_mistral_tag[] = "[TOOL_CALLS]";
+
+static int32_t parse_mistral(const serve_tool *tools, int32_t nt, const char *t, size_t len, serve_tool_call *calls,
+                             int32_t max, size_t *content_len) {
+    const char *hit = find(t, len, 0, k_mistral_tag);
+    size_t at = skip_ws(t, len, hit ? (size_t)(hit - t) + sizeof k_mistral_tag - 1 : 0);
+    if (at == len || t[at] != '[') return 0;
+    cJSON *a = json_at(t, len, &at);
+    int32_t n = 0;
+    const cJSON *e;
+    bool ok = cJSON_IsArray(a) && cJSON_GetArraySize(a) > 0 && cJSON_GetArraySize(a) <= max &&
+              skip_ws(t, len, at) == len;
+    if (ok) cJSON_ArrayForEach(e, a) {
+            if (!(ok = call_from_json(e, tools, nt, &calls[n++]))) break;
+        }
+    cJSON_Delete(a);
+    if (!ok) {
+        serve_tool_calls_free(calls, n);
+        return 0;
+    }
+    *content_len = hit ? (size_t)(hit - t) : 0;
+    while (*content_len > 0 && is_ws(t[*content_len - 1])) (*content_len)--;
+    return n;
+}
+
 int32_t serve_tool_calls_parse(const char *family, const serve_tool *tools, int32_t num_tools, const char *text,
                                size_t len, serve_tool_call *calls, int32_t max, size_t *content_len) {
     *content_len = len;
@@ -352,6 +547,7 @@ int32_t serve_tool_calls_parse(const char *family, const serve_tool *tools, int3
     memset(calls, 0, (size_t)max * sizeof *calls);
     if (!strcmp(family, "chatml")) return parse_hermes(tools, num_tools, text, len, calls, max, content_len);
     if (!strcmp(family, "llama3")) return parse_llama3(tools, num_tools, text, len, calls, max, content_len);
+    if (!strcmp(family, "mistral")) return parse_mistral(tools, num_tools, text, len, calls, max, content_len);
     return 0;
 }
 
@@ -363,18 +559,23 @@ void serve_tool_calls_free(serve_tool_call *calls, int32_t n) {
     }
 }
 
-size_t serve_tool_stream_safe(const char *family, const char *text, size_t len) {
-    if (family && !strcmp(family, "llama3")) {
-        size_t at = skip_ws(text, len, 0);
-        return at == len || text[at] == '{' || text[at] == '<' ? 0 : len;
-    }
-    static const char open[] = "<tool_call>";
-    const char *hit = find(text, len, 0, open);
+/* The bytes before `tag` in text, or before a tail that may be its start. */
+static size_t before_tag(const char *text, size_t len, const char *tag) {
+    const char *hit = find(text, len, 0, tag);
     if (hit) return (size_t)(hit - text);
-    /* hold back a tail that may be the start of "<tool_call>" */
-    for (size_t k = sizeof open - 2; k > 0; k--)
-        if (len >= k && !memcmp(text + len - k, open, k)) return len - k;
+    for (size_t k = strlen(tag) - 1; k > 0; k--)
+        if (len >= k && !memcmp(text + len - k, tag, k)) return len - k;
     return len;
+}
+
+size_t serve_tool_stream_safe(const char *family, const char *text, size_t len) {
+    const bool llama3 = family && !strcmp(family, "llama3"), mistral = family && !strcmp(family, "mistral");
+    if (llama3 || mistral) {
+        size_t at = skip_ws(text, len, 0);
+        if (at == len || text[at] == (llama3 ? '{' : '[') || (llama3 && text[at] == '<')) return 0;
+        return llama3 ? len : before_tag(text, len, k_mistral_tag);
+    }
+    return before_tag(text, len, "<tool_call>");
 }
 
 /* ----------------------------------------------- forced calls (tool_choice) */

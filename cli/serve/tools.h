@@ -11,10 +11,19 @@
  *            as a user turn of <tool_response> blocks;
  *   llama3 — Llama 3.1's JSON tool calling: the tools in the first user
  *            turn, a call as the whole answer {"name", "parameters"}
- *            (several separated by ';'), results as "ipython" turns.
- * Other families (llama2, Mistral's [INST], gemma) are refused: loom has no
- * rendering of Mistral's [AVAILABLE_TOOLS] control tokens, and Gemma's
- * chat template has no tool turns of its own.
+ *            (several separated by ';'), results as "ipython" turns;
+ *   mistral — Mistral's tokenizer v3 as mistral-common encodes it: the
+ *            tools as JSON (Python's json.dumps spacing) in an
+ *            "available_tools" turn just before the last user turn, an
+ *            assistant's calls as a "tool_calls" turn [{"name",
+ *            "arguments", "id"}], results as "tool_results" turns
+ *            {"content", "call_id"}, ids of 9 letters and digits, a
+ *            system message in front of the last user message; the
+ *            chat renderer (core/tokenizer/chat.c) puts the control tokens
+ *            around them. The answer is read back from a JSON list of calls
+ *            (its [TOOL_CALLS] is a control token, which the text leaves out).
+ * Other families (llama2, gemma) are refused: Gemma's chat template has no
+ * tool turns of its own, Llama 2 was not trained on any.
  *
  * tool_choice "required" or a named function is kept by a decoding
  * constraint (the constraint plugin kind) over plain JSON rather than the
@@ -56,6 +65,7 @@ typedef struct serve_tool_msg {
     const char *role;          /* system, user, assistant, tool             */
     const char *content;       /* text, or NULL (an assistant's calls only) */
     const cJSON *tool_calls;   /* an assistant's [{"function": {...}}], or NULL */
+    const char *tool_call_id;  /* a tool message's, or NULL                 */
 } serve_tool_msg;
 
 /* Messages for the engine: the conversation with the tools and the tool
@@ -75,8 +85,10 @@ int32_t serve_tool_calls_parse(const char *family, const serve_tool *tools, int3
 void serve_tool_calls_free(serve_tool_call *calls, int32_t n);
 
 /* How many leading bytes of a streamed answer can go out as content now:
- * none once it may be a call (llama3: it starts with '{'; chatml: the part
- * from a "<tool_call>", or from a '<' that may begin one). */
+ * none once it may be a call (llama3: it starts with '{'; mistral: it
+ * starts with '[', or the part from a "[TOOL_CALLS]" written as text;
+ * chatml: the part from a "<tool_call>", or from a '<' that may begin
+ * one). */
 size_t serve_tool_stream_safe(const char *family, const char *text, size_t len);
 
 /* tool_choice "required" (named NULL) or a named function: the JSON schema

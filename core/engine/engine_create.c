@@ -488,6 +488,7 @@ int32_t loom_engine_vocab_size(const loom_engine *e) { return e->vocab; }
 const char *loom_engine_chat_template(const loom_engine *e) {
     if (!e->tok || e->chat_none) return NULL;
     loom_chat_format f = e->chat_format != LOOM_CHAT_AUTO ? e->chat_format : loom_tokenizer_chat_format(e->tok);
+    if (f == LOOM_CHAT_LLAMA2 && tok_chat_mistral(e->tok)) return "mistral"; /* the variant chat.c writes */
     return loom_chat_format_name(f != LOOM_CHAT_AUTO ? f : LOOM_CHAT_CHATML); /* chat.c's fallback */
 }
 int32_t loom_engine_max_context(const loom_engine *e) { return e->max_model_len; }

@@ -67,15 +67,18 @@ static loom_status encode_messages(loom_engine *e, const loom_request *req, loom
     if (!msgs) return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying %d messages", req->num_messages);
     loom_status st = LOOM_OK;
     const char *family = loom_engine_chat_template(e);
-    const bool llama3 = family && !strcmp(family, "llama3");
+    const bool llama3 = family && !strcmp(family, "llama3"), mistral = family && !strcmp(family, "mistral");
     for (int32_t i = 0; i < req->num_messages && st == LOOM_OK; i++) {
         const char *role = req->messages[i].role, *content = req->messages[i].content;
-        const bool ipython = role && !strcmp(role, "ipython") && llama3; /* Llama 3.1's tool results */
+        const bool tool_role = role && ((llama3 && !strcmp(role, "ipython")) || /* Llama 3.1's tool results */
+                                        (mistral && (!strcmp(role, "available_tools") || !strcmp(role, "tool_calls") ||
+                                                     !strcmp(role, "tool_results"))));
         if (!role || !content ||
-            (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && !ipython))
+            (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && !tool_role))
             st = loom_error_set(err, LOOM_ERR_INVALID,
                                 "messages[%d]: role '%s' with %s content: roles are system, user and "
-                                "assistant (and ipython with the llama3 template), content is text",
+                                "assistant (and ipython with the llama3 template; available_tools, tool_calls "
+                                "and tool_results with the mistral one), content is text",
                                 i, role ? role : "(none)", content ? "text" : "no");
         msgs[i] = (loom_chat_msg){role, content};
     }

@@ -9,7 +9,15 @@
  *            {content|trim}<|eot_id|> ...
  *   Llama 2  <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s>
  *            and its Mistral variant <s>[INST] {user} [/INST]{assistant}</s>
- *            (chosen when the template has [INST] but no <<SYS>>).
+ *            (chosen when the template has [INST] but no <<SYS>>), which
+ *            also writes Mistral's tool turns (tokenizer v3, as
+ *            mistral-common encodes them) from three roles whose content
+ *            is the JSON text: "available_tools" [AVAILABLE_TOOLS] {json}
+ *            [/AVAILABLE_TOOLS] just before a user turn, "tool_calls" an
+ *            assistant turn [TOOL_CALLS] {json}</s>, "tool_results"
+ *            [TOOL_RESULTS] {json}[/TOOL_RESULTS] after the calls (the
+ *            space before the JSON only for a SentencePiece vocabulary,
+ *            where mistral-common's encoding of the JSON starts with one).
  *   Gemma    <bos><start_of_turn>user\n{system\n\n}{content|trim}<end_of_turn>\n
  *            <start_of_turn>model\n{content|trim}<end_of_turn>\n ... (the
  *            assistant's role is "model"; a system message opens the first
@@ -130,12 +138,58 @@ static const char *special_text(const loom_tokenizer *t, int32_t id, const char 
     return s && *s ? s : dflt;
 }
 
+bool tok_chat_mistral(const loom_tokenizer *t) {
+    return t && t->chat_template && strstr(t->chat_template, "[INST]") && !strstr(t->chat_template, "<<SYS>>");
+}
+
+/* Mistral's tool roles and the control tokens around each. None counts
+ * in the user/assistant alternation: calls and their results sit where the
+ * assistant's turn is, which its answer (or the next user turn) ends. */
+static const struct {
+    const char *role, *open, *close;
+} k_mistral_tool_roles[] = {
+    {"available_tools", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"},
+    {"tool_calls", "[TOOL_CALLS]", NULL}, /* closed by </s> */
+    {"tool_results", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"},
+};
+
+static int mistral_tool_role(const char *role) {
+    for (int r = 0; r < 3; r++)
+        if (!strcmp(role, k_mistral_tool_roles[r].role)) return r;
+    return -1;
+}
+
+/* Message i in a Mistral tool role (tr) checked against its neighbours
+ * and written; k counts the user/assistant turns before it. */
+static loom_status render_mistral_tool(const loom_tokenizer *t, const loom_chat_msg *msgs, int32_t n, int32_t i,
+                                       int tr, const char *eos, int32_t k, tok_buf *b, chat_spans *sp,
+                                       loom_error *err) {
+    const char *prev = i > 0 ? msgs[i - 1].role : "";
+    bool ok = tr == 0   ? i + 1 < n && !strcmp(msgs[i + 1].role, "user")
+              : tr == 1 ? k % 2 == 1
+                        : !strcmp(prev, "tool_calls") || !strcmp(prev, "tool_results");
+    if (!ok)
+        return loom_error_set(err, LOOM_ERR_INVALID, "chat (mistral): message %d ('%s') must %s", (int)i,
+                              msgs[i].role,
+                              tr == 0   ? "come just before a user message"
+                              : tr == 1 ? "take an assistant turn (after a user message)"
+                                        : "follow the assistant's tool_calls or another tool_results");
+    if (tr == 2 && loom_tokenizer_find(t, "[TOOL_CONTENT]") >= 0)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED, "chat (mistral): this vocabulary writes tool results "
+                              "with [TOOL_CONTENT] (tokenizer v7 and later), which loom does not render");
+    tok_buf_puts(b, k_mistral_tool_roles[tr].open);
+    if (t && t->kind == TOK_SPM) tok_buf_puts(b, " ");
+    put_user(b, sp, msgs[i].content, false);
+    tok_buf_puts(b, k_mistral_tool_roles[tr].close ? k_mistral_tool_roles[tr].close : eos);
+    return LOOM_OK;
+}
+
 static loom_status render_llama2(const loom_tokenizer *t, const loom_chat_msg *msgs, int32_t n,
                                  tok_buf *b, chat_spans *sp, loom_error *err) {
     bool spm = t && t->kind == TOK_SPM; /* else the markers are not this vocabulary's */
     const char *bos = special_text(t, spm ? t->bos : -1, "<s>");
     const char *eos = special_text(t, spm ? t->eos : -1, "</s>");
-    bool mistral = t && t->chat_template && !strstr(t->chat_template, "<<SYS>>");
+    bool mistral = tok_chat_mistral(t);
     const char *sys = NULL;
     int32_t first = 0;
     if (n > 0 && strcmp(msgs[0].role, "system") == 0) {
@@ -143,14 +197,23 @@ static loom_status render_llama2(const loom_tokenizer *t, const loom_chat_msg *m
         first = 1;
     }
     if (mistral) tok_buf_puts(b, bos);
-    for (int32_t i = first; i < n; i++) {
-        int32_t k = i - first;
+    int32_t k = 0; /* user and assistant turns so far */
+    for (int32_t i = first; i < n; i++, k++) {
+        int tr = mistral ? mistral_tool_role(msgs[i].role) : -1;
+        if (tr >= 0) {
+            loom_status st = render_mistral_tool(t, msgs, n, i, tr, eos, k, b, sp, err);
+            if (st) return st;
+            k--; /* not a turn of the alternation */
+            continue;
+        }
         bool user = strcmp(msgs[i].role, "user") == 0;
+        if (user && k % 2 == 1 && i > 0 && !strcmp(msgs[i - 1].role, "tool_results")) k++; /* the results ended it */
         if (!user && strcmp(msgs[i].role, "assistant") != 0)
             return loom_error_set(err, LOOM_ERR_INVALID,
-                                  "chat (llama2): message %d has role '%s'; only a leading "
-                                  "'system', then 'user'/'assistant' are allowed",
-                                  (int)i, msgs[i].role);
+                                  "chat (%s): message %d has role '%s'; only a leading "
+                                  "'system', then 'user'/'assistant' are allowed%s",
+                                  mistral ? "mistral" : "llama2", (int)i, msgs[i].role,
+                                  mistral ? " (and the tool roles available_tools, tool_calls, tool_results)" : "");
         if (user != (k % 2 == 0))
             return loom_error_set(err, LOOM_ERR_INVALID,
                                   "chat (llama2): roles must alternate user/assistant/user/... "

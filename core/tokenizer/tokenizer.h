@@ -181,6 +181,11 @@ typedef enum loom_chat_format {
     LOOM_CHAT_GEMMA,  /* <start_of_turn>user ... <end_of_turn> (Gemma 3) */
 } loom_chat_format;
 
+/* Does the llama2 family render t's conversations in Mistral's [INST]
+ * variant (a template with [INST] and no <<SYS>>)? Then the tool roles
+ * available_tools, tool_calls and tool_results are written too (chat.c). */
+bool tok_chat_mistral(const loom_tokenizer *t);
+
 typedef struct loom_chat_msg {
     const char *role;    /* "system", "user", "assistant", ... */
     const char *content;

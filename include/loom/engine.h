@@ -89,7 +89,10 @@ typedef void (*loom_token_cb)(void *user, const loom_token_event *ev);
 typedef struct loom_chat_message {
     const char *role;          /* "system", "user" or "assistant"; with the
                                   llama3 template also "ipython" (a tool's
-                                  result, as Llama 3.1 reads it; since 2.3) */
+                                  result, as Llama 3.1 reads it; since 2.3);
+                                  with the mistral one "available_tools",
+                                  "tool_calls", "tool_results" (their JSON
+                                  between Mistral's control tokens) */
     const char *content;       /* UTF-8 text                                 */
 } loom_chat_message;
 
@@ -273,8 +276,8 @@ const char *loom_engine_token_piece(const loom_engine *e, int32_t id, size_t *le
 int32_t loom_engine_vocab_size(const loom_engine *e);
 int32_t loom_engine_max_context(const loom_engine *e);
 /* [any] The chat template family messages are rendered with: "chatml"
- * (SmolLM2, Qwen, Hermes), "llama3", "llama2" (also Mistral's [INST]) or
- * "gemma";
+ * (SmolLM2, Qwen, Hermes), "llama3", "llama2", "mistral" (Llama 2's [INST]
+ * variant without <<SYS>>) or "gemma";
  * NULL without a tokenizer or with model.chat_template: none. A caller that
  * writes a family's own conventions into messages (tool calls) asks this.
  * Since ABI 2.3. */

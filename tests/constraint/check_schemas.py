@@ -11,6 +11,9 @@ which it must reject whenever jsonschema says they are invalid. A fixed list of
 regexes is checked the same way against Python's re.fullmatch.
 
 Usage: check_schemas.py HELPER [--count N] [--seed S]
+Formats are checked with jsonschema's FormatChecker (date-time and time need
+the rfc3339-validator package, which scripts/python-env.sh installs; without
+it they go unchecked, so the script then refuses to run them: exit 77).
 Exit 77 (skip) when jsonschema is not installed.
 """
 import argparse
@@ -26,6 +29,31 @@ try:
 except ImportError:
     print("jsonschema is not installed for this Python (set LOOM_TEST_PYTHON to one that has it): skipped")
     sys.exit(77)
+if "date-time" not in jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers:
+    print("rfc3339-validator is not installed, so jsonschema cannot check date-time (scripts/python-env.sh "
+          "installs it): skipped")
+    sys.exit(77)
+
+# patterns for "pattern", each with strings that fully match it (the instance
+# generator's valid values); they stay inside what both Python's re and
+# ECMA-262 read the same way
+PATTERNS = [
+    (r"^[A-Z]{2}-\d{3}$", ["AB-123", "ZZ-000"]),
+    (r"[a-c]+\.?", ["abc.", "a"]),
+    (r"^(yes|no)$", ["yes", "no"]),
+    (r'^"[^"\\]*"$', ['"q"', '""']),
+    (r"a\\b\n", ["a\\b\n"]),
+    (r"[^a-z]{1,3}", ["\t", "A\u0001", "\"\\"]),
+    (r"^.{2}$", ["x\u001f", "é中"]),
+    (r"\s\S", [" x", "\t\""]),
+    (r"(?:\d{1,2}:)?\d\d", ["1:23", "45"]),
+]
+FORMATS = {
+    "date": ["2024-02-28", "0001-12-31"], "time": ["23:59:59Z", "00:00:00.5+05:30"],
+    "date-time": ["2020-04-30T12:00:00-01:00"], "uuid": ["123e4567-e89b-12d3-a456-426614174000"],
+    "ipv4": ["192.168.0.1", "0.0.0.0"], "email": ["a.b@example.com", "x+y@d-1.org"],
+}
+BOUNDS = [-1000, -101, -15, -1, 0, 1, 7, 9, 10, 99, 101, 12345, 10**15]
 
 WORDS = ["id", "name", "tags", "a b", "x\"y", "é", "count", "items", "ok", "nested", "k-1", "值"]
 
@@ -39,11 +67,18 @@ def rand_schema(r, depth, defs):
     k = r.choice(kinds)
     if k == "string":
         s = {"type": "string"}
-        if r.random() < 0.3:
+        x = r.random()
+        if x < 0.3:
             s["minLength"] = r.randint(0, 3)
             s["maxLength"] = s["minLength"] + r.randint(0, 5)
+        elif x < 0.5:
+            s["pattern"] = r.choice(PATTERNS)[0]
+        elif x < 0.7:
+            s["format"] = r.choice(sorted(FORMATS))
         return s
-    if k in ("integer", "number", "boolean", "null"):
+    if k in ("integer", "number"):
+        return rand_bounds(r, {"type": k})
+    if k in ("boolean", "null"):
         return {"type": k}
     if k == "enum":
         vals = r.sample([1, 2.5, "a", "b c", True, None, "é", [1, 2], {"k": 1}, -3, ""], r.randint(1, 4))
@@ -80,6 +115,45 @@ def rand_schema(r, depth, defs):
     if k == "types":
         return {"type": r.sample(["string", "integer", "boolean", "null"], 2)}
     return {"$ref": "#/$defs/" + r.choice(sorted(defs))}
+
+
+def rand_bounds(r, s):
+    """Random minimum / maximum / exclusive bounds, integers (on integers
+    sometimes not); sometimes none, sometimes one side."""
+    if r.random() < 0.4:
+        return s
+    lo, hi = sorted(r.sample(BOUNDS, 2))
+    if r.random() < 0.2:
+        hi = lo
+    sides = r.choice(["both", "both", "lo", "hi"])
+    if sides != "hi":
+        s["exclusiveMinimum" if r.random() < 0.3 and lo != hi else "minimum"] = lo
+    if sides != "lo":
+        s["exclusiveMaximum" if r.random() < 0.3 and lo != hi else "maximum"] = hi
+    if s["type"] == "integer" and r.random() < 0.2:
+        for key in [k for k in s if k != "type"]:  # non-integer bounds on integers, widened
+            s[key] = s[key] + (-0.5 if "inimum" in key else 0.25)
+    return s
+
+
+def in_bounds(r, s):
+    """A value inside s's bounds (integer, or a number with a few decimals)."""
+    lo = s.get("minimum", s.get("exclusiveMinimum", -10**6))
+    hi = s.get("maximum", s.get("exclusiveMaximum", 10**6))
+    for _ in range(100):
+        v = r.randint(int(lo) - 1, int(hi) + 1)
+        if s["type"] == "number" and r.random() < 0.5:
+            v = round(v + r.random(), r.randint(1, 4))
+        if validates(s, v):
+            return v
+    return None
+
+
+def validates(s, v):
+    return jsonschema.Draft202012Validator(s, format_checker=FORMAT_CHECKER).is_valid(v)
+
+
+FORMAT_CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
 
 
 def fits(v, t):
@@ -120,9 +194,16 @@ def instance(r, s, root):
     t = s.get("type", "object")
     if isinstance(t, list):
         t = r.choice(t)
+    if t == "string" and "pattern" in s:
+        return r.choice(dict(PATTERNS)[s["pattern"]])
+    if t == "string" and "format" in s:
+        return r.choice(FORMATS[s["format"]])
     if t == "string":
         n = r.randint(s.get("minLength", 0), s.get("maxLength", s.get("minLength", 0) + 4))
         return "".join(r.choice("ab é\"\\\n中") for _ in range(n))
+    if t in ("integer", "number") and any(k in s for k in ("minimum", "maximum", "exclusiveMinimum",
+                                                            "exclusiveMaximum")):
+        return in_bounds(r, s)
     if t == "integer":
         return r.randint(-1000, 1000)
     if t == "number":
@@ -199,7 +280,7 @@ def main():
     failures, sampled, accepted, rejected, unfinished = [], 0, 0, 0, 0
     for i in range(a.count):
         schema = make_schema(r)
-        validator = jsonschema.Draft202012Validator(schema)
+        validator = jsonschema.Draft202012Validator(schema, format_checker=FORMAT_CHECKER)
         docs = []
         for _ in range(3):
             d = instance(r, schema, schema)

@@ -73,8 +73,19 @@ Test(schema, limits_and_unsupported_keywords) {
     cr_assert_eq(gram_schema_to_gbnf(deep, strlen(deep), &k_lim, &out, why, sizeof why), LOOM_ERR_INVALID);
     cr_assert(strstr(why, "max_schema_depth"), "%s", why);
     static const char *const bad[][2] = {
-        {"{\"type\":\"string\",\"pattern\":\"a\"}", "keyword 'pattern'"},
-        {"{\"type\":\"integer\",\"minimum\":3}", "keyword 'minimum'"},
+        {"{\"type\":\"integer\",\"multipleOf\":3}", "keyword 'multipleOf'"},
+        {"{\"type\":\"string\",\"format\":\"hostname\"}", "format 'hostname' is not supported"},
+        {"{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", "'maxLength' beside 'pattern'"},
+        {"{\"type\":\"string\",\"pattern\":\"(?=a)\"}", "'pattern': regex at offset 2: lookarounds"},
+        {"{\"type\":\"string\",\"pattern\":\"a\",\"format\":\"date\"}", "'pattern' beside 'format'"},
+        {"{\"type\":\"number\",\"minimum\":0.5}", "non-integer 'minimum'"},
+        {"{\"type\":\"number\",\"exclusiveMaximum\":1e16}", "past 2^53"},
+        {"{\"type\":\"integer\",\"minimum\":3,\"exclusiveMaximum\":3}", "no integer satisfies"},
+        {"{\"type\":\"number\",\"minimum\":3,\"exclusiveMaximum\":3}", "no number satisfies"},
+        {"{\"type\":\"integer\",\"minimum\":1e17}", "no value of at most 16 integer digits"},
+        {"{\"type\":\"integer\",\"minimum\":\"3\"}", "'minimum' must be a number"},
+        {"{\"minimum\":3}", "'minimum' without a 'type'"},
+        {"{\"enum\":[\"a\"],\"format\":\"date\"}", "'format' beside 'enum'"},
         {"{\"oneOf\":[{\"type\":\"number\"},{\"type\":\"integer\"}]}", "could both match"},
         {"{\"allOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}", "allOf"},
         {"{\"$ref\":\"#/$defs/missing\"}", "does not resolve"},
@@ -127,6 +138,23 @@ static int32_t id_of(const cu_vocab *v, const char *piece) {
         if (v->pieces[i] && v->lens[i] == strlen(piece) && !memcmp(v->pieces[i], piece, v->lens[i])) return i;
     cr_assert_fail("no token '%s'", piece);
     return -1;
+}
+
+/* Does the grammar of `schema` take `doc` whole (every byte, then the end)? */
+static bool schema_accepts(const char *schema, const char *doc) {
+    char *gbnf = NULL, why[256];
+    cr_assert_eq(gram_schema_to_gbnf(schema, strlen(schema), &k_lim, &gbnf, why, sizeof why), LOOM_OK, "%s: %s",
+                 schema, why);
+    fixture *f = open_grammar(gbnf, &k_lim);
+    free(gbnf);
+    bool ok = gmatch_accept_bytes(f->m, (const uint8_t *)doc, strlen(doc)) && gmatch_can_end(f->m);
+    close_grammar(f);
+    return ok;
+}
+
+static void expect_docs(const char *schema, const char *const *good, const char *const *bad) {
+    for (; good && *good; good++) cr_assert(schema_accepts(schema, *good), "%s refused %s", schema, *good);
+    for (; bad && *bad; bad++) cr_assert(!schema_accepts(schema, *bad), "%s accepted %s", schema, *bad);
 }
 
 static void fill(fixture *f) {
@@ -261,9 +289,9 @@ Test(plugin, compile_match_and_errors_through_the_ops) {
     cr_assert_eq(ops->compile(self, "lark", "a", 1, &v.view, &g, &err), LOOM_ERR_UNSUPPORTED);
     cr_assert(strstr(err.message, "unknown language 'lark'"), "%s", err.message);
     cr_assert_null(g);
-    const char *bad = "{\"type\":\"string\",\"format\":\"date\"}";
+    const char *bad = "{\"type\":\"string\",\"format\":\"hostname\"}";
     cr_assert_eq(ops->compile(self, "json_schema", bad, strlen(bad), &v.view, &g, &err), LOOM_ERR_UNSUPPORTED);
-    cr_assert(strstr(err.message, "'format'"), "%s", err.message);
+    cr_assert(strstr(err.message, "format 'hostname'"), "%s", err.message);
     cr_assert_eq(ops->compile(self, "json_object", "", 0, &v.view, &g, &err), LOOM_OK, "%s", err.message);
     cr_assert_eq(ops->matcher_new(self, g, &m, &err), LOOM_OK);
     uint32_t mask[LOOM_MASK_WORDS(512)];
@@ -294,4 +322,109 @@ Test(regex, refusals_name_the_construct_and_offset) {
         cr_assert(strstr(why, bad[i][1]), "'%s' for %s (wanted '%s')", why, bad[i][0], bad[i][1]);
         cr_assert_null(out);
     }
+}
+
+/* ------------------------------------------------- bounds, pattern, format */
+
+/* Every integer near [lo, hi] is taken exactly when it lies inside (the
+ * bounds given as the schema spells them: lo_kw / hi_kw may be exclusive,
+ * and NULL leaves that side open). */
+static void check_int_bounds(const char *lo_kw, double lo, const char *hi_kw, double hi, int64_t from, int64_t to) {
+    char schema[256], *at = schema + sprintf(schema, "{\"type\":\"integer\"");
+    if (lo_kw) at += sprintf(at, ",\"%s\":%.17g", lo_kw, lo);
+    if (hi_kw) at += sprintf(at, ",\"%s\":%.17g", hi_kw, hi);
+    strcpy(at, "}");
+    char *gbnf = NULL, why[256];
+    cr_assert_eq(gram_schema_to_gbnf(schema, strlen(schema), &k_lim, &gbnf, why, sizeof why), LOOM_OK, "%s", why);
+    fixture *f = open_grammar(gbnf, &k_lim);
+    free(gbnf);
+    for (int64_t v = from; v <= to; v++) {
+        bool in = (!lo_kw || (strcmp(lo_kw, "minimum") ? (double)v > lo : (double)v >= lo)) &&
+                  (!hi_kw || (strcmp(hi_kw, "maximum") ? (double)v < hi : (double)v <= hi));
+        char doc[32];
+        snprintf(doc, sizeof doc, "%lld", (long long)v);
+        gmatch *m;
+        cr_assert_eq(gmatch_new(&f->c, &m, why, sizeof why), LOOM_OK);
+        bool took = gmatch_accept_bytes(m, (const uint8_t *)doc, strlen(doc)) && gmatch_can_end(m);
+        gmatch_free(m);
+        cr_assert_eq(took, in, "%s: %s %s", schema, doc, in ? "refused" : "accepted");
+    }
+    close_grammar(f);
+}
+
+Test(schema, integer_bounds_exact) {
+    check_int_bounds("minimum", 0, "maximum", 0, -30, 30);
+    check_int_bounds("minimum", -15, "maximum", 7, -40, 40);
+    check_int_bounds("minimum", 99, "maximum", 101, 0, 1200);
+    check_int_bounds("exclusiveMinimum", -1000, "exclusiveMaximum", -101, -1100, 50);
+    check_int_bounds("minimum", 7, "maximum", 12345, 0, 13000);
+    check_int_bounds("minimum", -2.5, "exclusiveMaximum", 3.25, -10, 10);
+    check_int_bounds("minimum", 10, NULL, 0, -20, 1100);
+    check_int_bounds(NULL, 0, "maximum", -15, -1100, 20);
+    check_int_bounds("exclusiveMinimum", -1, NULL, 0, -20, 20);
+    /* random ranges with random probes */
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < 40; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int64_t a = (int64_t)(x % 20001) - 10000, b = a + (int64_t)((x >> 20) % 3000);
+        check_int_bounds(x & 1 ? "minimum" : "exclusiveMinimum", (double)a, x & 2 ? "maximum" : "exclusiveMaximum",
+                         (double)b, a - 40, b + 40);
+    }
+    expect_docs("{\"type\":\"integer\",\"minimum\":-9007199254740992}",
+                (const char *[]){"-9007199254740992", "0", "9999999999999999", NULL},
+                (const char *[]){"-9007199254740993", "-0", "01", "10000000000000000", NULL});
+}
+
+Test(schema, number_bounds_exact_at_the_ends) {
+    expect_docs("{\"type\":\"number\",\"minimum\":0,\"maximum\":1}",
+                (const char *[]){"0", "0.5", "1", "1.000", "0.0000000000000001", "0.9999999999999999", NULL},
+                (const char *[]){"1.0001", "-0.1", "-1", "2", "1.5", NULL});
+    /* a 16th significant digit could round onto the exclusive bound */
+    expect_docs("{\"type\":\"number\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1}",
+                (const char *[]){"0.0001", "0.5", "0.999999999999999", "0.000000000000001", NULL},
+                (const char *[]){"0", "0.000", "1", "1.0", "0.9999999999999999", "-0.5", NULL});
+    expect_docs("{\"type\":\"number\",\"exclusiveMinimum\":5,\"maximum\":100}",
+                (const char *[]){"5.00000000000001", "6", "99.9999999999999999", "100", "100.0", NULL},
+                (const char *[]){"5", "5.0", "5.000000000000001", "100.01", "4.9", NULL});
+    expect_docs("{\"type\":\"number\",\"exclusiveMinimum\":-3,\"exclusiveMaximum\":-1}",
+                (const char *[]){"-2.5", "-2", "-1.5", "-2.99999999999999", NULL},
+                (const char *[]){"-3", "-1", "-1.0", "-0.5", "-3.5", "0", "-2.999999999999999", NULL});
+    expect_docs("{\"type\":\"number\",\"minimum\":-1,\"maximum\":1}",
+                (const char *[]){"-1", "-0.5", "0", "0.25", "1", "-1.0", NULL},
+                (const char *[]){"-1.5", "-1.01", "1.01", "-0", NULL});
+    expect_docs("{\"type\":\"number\",\"maximum\":0}", (const char *[]){"0", "-7.5", "-1000", NULL},
+                (const char *[]){"0.5", "1", NULL});
+}
+
+Test(schema, pattern_escapes_what_json_must) {
+    /* a quote, a backslash, a tab and any control character, as JSON writes them */
+    expect_docs("{\"type\":\"string\",\"pattern\":\"^a\\\"b\\\\\\\\\\\\t.$\"}",
+                (const char *[]){"\"a\\\"b\\\\\\t\\u0001\"", "\"a\\\"b\\\\\\tx\"", "\"a\\\"b\\\\\\t\\u001F\"",
+                                 "\"a\\\"b\\\\\\t\\u001f\"", "\"a\\\"b\\\\\\t\\\"\"", NULL},
+                (const char *[]){"\"a\"b\\\\\\tx\"", "\"a\\\"b\\\\\tx\"", "\"a\\\"b\\\\\\t\\n\"",
+                                 "\"a\\\"b\\\\\\t\\r\"", "\"a\\\"b\\\\\\t\"", NULL});
+    expect_docs("{\"type\":\"string\",\"pattern\":\"[^a-z]\"}",
+                (const char *[]){"\"A\"", "\"\\n\"", "\"\\\\\"", "\"\\u0000\"", "\"中\"", NULL},
+                (const char *[]){"\"a\"", "\"\n\"", "\"\\u000a\"", "\"\\x\"", NULL});
+}
+
+Test(schema, formats_only_valid_values) {
+    expect_docs("{\"type\":\"string\",\"format\":\"date\"}",
+                (const char *[]){"\"2023-02-28\"", "\"2024-12-31\"", "\"0001-04-30\"", NULL},
+                (const char *[]){"\"2023-02-29\"", "\"2023-04-31\"", "\"0000-01-01\"", "\"2023-13-01\"",
+                                 "\"2023-1-01\"", NULL});
+    expect_docs("{\"type\":\"string\",\"format\":\"time\"}",
+                (const char *[]){"\"23:59:59Z\"", "\"00:00:00.123+05:30\"", NULL},
+                (const char *[]){"\"12:00:00\"", "\"24:00:00Z\"", "\"12:60:00Z\"", NULL});
+    expect_docs("{\"type\":\"string\",\"format\":\"date-time\"}", (const char *[]){"\"2020-06-30T08:00:00-07:00\"", NULL},
+                (const char *[]){"\"2020-06-31T08:00:00Z\"", "\"2020-06-30 08:00:00Z\"", NULL});
+    expect_docs("{\"type\":\"string\",\"format\":\"ipv4\"}", (const char *[]){"\"255.0.10.1\"", "\"0.0.0.0\"", NULL},
+                (const char *[]){"\"256.0.0.1\"", "\"01.0.0.0\"", "\"1.2.3\"", NULL});
+    expect_docs("{\"type\":\"string\",\"format\":\"uuid\"}",
+                (const char *[]){"\"123e4567-E89B-12d3-a456-426614174000\"", NULL},
+                (const char *[]){"\"123e4567e89b12d3a456426614174000\"", NULL});
+    expect_docs("{\"type\":\"string\",\"format\":\"email\"}", (const char *[]){"\"a.b+c@ex-1.example.org\"", NULL},
+                (const char *[]){"\"a@b\"", "\"a..b@c.d\"", "\"@c.d\"", "\"a@-c.d\"", NULL});
+    /* format constrains strings only: beside another type it changes nothing */
+    expect_docs("{\"type\":\"integer\",\"format\":\"int32\"}", (const char *[]){"12", NULL}, NULL);
 }

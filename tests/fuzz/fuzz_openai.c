@@ -4,10 +4,10 @@
  * measure the server checks before tokenizing, the error body for the
  * parser's message, and a parsed conversation through the chat template.
  * First input byte: the route, its low two bits (0: completions, 1: chat,
- * 2: tokenize, 3: detokenize); bit 2 the chat template family tool calls
- * are rendered for and read in (chatml, llama3). A request offering tools
- * has them rendered, and the body itself read as a model's answer: every
- * call read has a JSON object as its arguments.
+ * 2: tokenize, 3: detokenize); bits 2-3 the chat template family tool
+ * calls are rendered for and read in (chatml, llama3, mistral, chatml). A
+ * request offering tools has them rendered, and the body itself read as a
+ * model's answer: every call read has a JSON object as its arguments.
  */
 #include <stdint.h>
 
@@ -54,7 +54,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (serve_parse(api, body, size - 1, 16, &q, why, sizeof why, &param)) {
         int32_t which = 0;
         (void)serve_prompt_bytes(&q, &which);
-        fuzz_tools(&q, data[0] & 4 ? "llama3" : "chatml", body, size - 1);
+        static const char *const families[4] = {"chatml", "llama3", "mistral", "chatml"};
+        fuzz_tools(&q, families[(data[0] >> 2) & 3], body, size - 1);
         if (q.base.num_messages > 0) {
             loom_chat_msg *m = calloc((size_t)q.base.num_messages, sizeof *m);
             FUZZ_CHECK(m != NULL);

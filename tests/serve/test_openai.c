@@ -347,6 +347,20 @@ Test(openai, tools_and_tool_turns) {
     int32_t which;
     cr_assert_gt(serve_prompt_bytes(&r, &which), 300, "the rendered tools count toward the cap");
     serve_req_free(&r);
+    /* the tool message's tool_call_id reaches the renderer (mistral writes it) */
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"w?\"}, {\"role\": "
+             "\"assistant\", \"tool_calls\": [{\"id\": \"call_12345678_0_0\", \"function\": {\"name\": "
+             "\"get_weather\", \"arguments\": \"{}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": "
+             "\"call_12345678_0_0\", \"content\": \"sunny\"}], %s}", tools);
+    r = parse_ok(SERVE_CHAT, body);
+    cr_assert_str_eq(r.tool_msgs[2].tool_call_id, "call_12345678_0_0");
+    cr_assert(serve_req_apply_tools(&r, "mistral", why, sizeof why, &param), "%s", why);
+    cr_assert_eq(r.base.num_messages, 4);
+    cr_assert_str_eq(r.base.messages[3].role, "tool_results");
+    cr_assert_str_eq(r.base.messages[3].content, "{\"content\": \"sunny\", \"call_id\": \"234567800\"}");
+    serve_req_free(&r);
+    parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"tool\", \"tool_call_id\": 7, \"content\": \"x\"}]}",
+              "messages", "messages[0].tool_call_id must be text");
     snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"w?\"}], \"tool_choice\": "
              "\"none\", %s}", tools);
     r = parse_ok(SERVE_CHAT, body);

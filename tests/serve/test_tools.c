@@ -1,7 +1,8 @@
 /*
  * tests/serve/test_tools.c — tool calling's text side (cli/serve/tools.c):
  * the offered tools and tool turns rendered per chat template family
- * (Hermes / Qwen2.5 on chatml, Llama 3.1 JSON on llama3, refused
+ * (Hermes / Qwen2.5 on chatml, Llama 3.1 JSON on llama3, Mistral v3 on
+ * mistral, with golden strings as mistral-common writes them; refused
  * elsewhere), and the model's answer read back into calls — well-formed
  * calls, text around them, and hostile or malformed answers, which stay
  * content and never crash, hang or yield arguments that are not a JSON
@@ -116,6 +117,27 @@ Test(tools, llama3_calls_read) {
     stays_content("llama3", "");
 }
 
+/* 20000 copies of the bases (in turn), each with 3 random bytes spliced
+ * in, read by each family (parse() checks every call it reads); s holds
+ * the longest base. */
+static void parse_mutations(const char *const *bases, int nb, const char *const *families, int nf, unsigned seed,
+                            char *s) {
+    serve_tool_call calls[4];
+    size_t content;
+    for (int it = 0; it < 20000; it++) {
+        strcpy(s, bases[it % nb]);
+        size_t len = strlen(s);
+        for (int k = 0; k < 3; k++) {
+            seed = seed * 1103515245u + 12345u;
+            s[(seed >> 8) % len] = (char)(1 + (seed >> 16) % 255);
+        }
+        for (int f = 0; f < nf; f++) {
+            int32_t got = parse(families[f], s, calls, 4, &content);
+            serve_tool_calls_free(calls, got);
+        }
+    }
+}
+
 /* Hostile answers: deep nesting, many calls, huge repeats — bounded work,
  * no call unless it is well-formed, never past max calls. */
 Test(tools, hostile_answers, .timeout = 30) {
@@ -140,21 +162,9 @@ Test(tools, hostile_answers, .timeout = 30) {
     cr_assert_eq(parse("chatml", s, calls, SERVE_MAX_TOOL_CALLS, &content), SERVE_MAX_TOOL_CALLS);
     serve_tool_calls_free(calls, SERVE_MAX_TOOL_CALLS);
     /* random bytes spliced into a call: never a crash, arguments always an object */
-    const char *base = "ok <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \"n\": [1, 2]}}"
-                       "</tool_call>";
-    unsigned seed = 12345;
-    for (int it = 0; it < 20000; it++) {
-        strcpy(s, base);
-        size_t len = strlen(s);
-        for (int k = 0; k < 3; k++) {
-            seed = seed * 1103515245u + 12345u;
-            s[(seed >> 8) % len] = (char)(1 + (seed >> 16) % 255);
-        }
-        for (int f = 0; f < 2; f++) {
-            int32_t got = parse(f ? "llama3" : "chatml", s, calls, 4, &content);
-            serve_tool_calls_free(calls, got);
-        }
-    }
+    const char *base[] = {"ok <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \"n\": "
+                          "[1, 2]}}</tool_call>"};
+    parse_mutations(base, 1, (const char *[]){"chatml", "llama3"}, 2, 12345, s);
     free(s);
 }
 
@@ -289,4 +299,121 @@ Test(tools, forced_schema_and_parse) {
     cr_assert_eq(serve_tool_forced_parse(g_tools, 2, "get_weather", args, strlen(args), calls, 3), 1);
     cr_assert_str_eq(calls[0].arguments, args, "a named call's arguments are the text, as streamed");
     serve_tool_calls_free(calls, 1);
+}
+
+/* Mistral (tokenizer v3): the strings mistral-common encodes between the
+ * control tokens, which json.dumps writes with ", " and ": ". */
+Test(tools, mistral_rendering_golden) {
+    cJSON *calls = cJSON_Parse("[{\"id\": \"call_abc123def\", \"type\": \"function\", \"function\": {\"name\": "
+                               "\"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Rome\\\", \\\"n\\\": [1, 2.5]}\"}}]");
+    serve_tool_msg m[] = {{"system", "Be brief.", NULL, NULL},
+                          {"user", "Hi", NULL, NULL},
+                          {"assistant", "Hello.", NULL, NULL},
+                          {"user", "Weather in Rome?", NULL, NULL},
+                          {"assistant", "", calls, NULL},
+                          {"tool", "{\"temp\": 18}", NULL, "call_abc123def"},
+                          {"tool", "sunny \"mostly\"\n\x01\xc3\xa9", NULL, "abc123def"}};
+    rendered r = render_ok("mistral", 2, m, 7);
+    cr_assert_eq(r.n, 7, "the tools add one turn, the system message joins the last user turn");
+    const char *roles[] = {"user", "assistant", "available_tools", "user", "tool_calls", "tool_results",
+                           "tool_results"};
+    for (int i = 0; i < 7; i++) cr_assert_str_eq(r.m[i].role, roles[i], "message %d", i);
+    cr_assert_str_eq(r.m[0].content, "Hi");
+    cr_assert_str_eq(r.m[2].content,
+                     "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"\", "
+                     "\"parameters\": {\"type\": \"object\"}}}, {\"type\": \"function\", \"function\": {\"name\": "
+                     "\"add\", \"description\": \"\", \"parameters\": {}}}]",
+                     "before the last user message, as mistral-common's Tool models dump");
+    cr_assert_str_eq(r.m[3].content, "Be brief.\n\nWeather in Rome?", "mistral-common v3 puts the system prompt "
+                     "before the last user message");
+    cr_assert_str_eq(r.m[4].content,
+                     "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \"n\": [1, 2.5]}, \"id\": "
+                     "\"abc123def\"}]",
+                     "a call id becomes its last 9 letters and digits");
+    cr_assert_str_eq(r.m[5].content, "{\"content\": {\"temp\": 18}, \"call_id\": \"abc123def\"}",
+                     "a result that is JSON is embedded as JSON");
+    cr_assert_str_eq(r.m[6].content, "{\"content\": \"sunny \\\"mostly\\\"\\n\\u0001\xc3\xa9\", \"call_id\": "
+                     "\"abc123def\"}", "else as a string, non-ASCII kept as json.dumps(ensure_ascii=False) does");
+    rendered_free(&r);
+    cJSON_Delete(calls);
+}
+
+Test(tools, mistral_refusals) {
+    char why[256];
+    loom_chat_message *out;
+    int32_t n, ns;
+    char **store;
+    cJSON *calls = cJSON_Parse("[{\"id\": \"ab_12\", \"function\": {\"name\": \"add\", \"arguments\": {}}}]");
+    serve_tool_msg m[] = {{"user", "x", NULL, NULL}, {"assistant", NULL, calls, NULL}, {"tool", "1", NULL, NULL}};
+    cr_assert(!serve_tools_render("mistral", g_tools, 2, m, 2, &out, &n, &store, &ns, why, sizeof why));
+    cr_assert(strstr(why, "messages[1].tool_calls[0] needs an id with at least 9"), "%s", why);
+    cJSON_Delete(calls);
+    calls = cJSON_Parse("[{\"id\": \"abcdefghi\", \"function\": {\"name\": \"add\", \"arguments\": {}}}]");
+    m[1].tool_calls = calls;
+    cr_assert(!serve_tools_render("mistral", g_tools, 2, m, 3, &out, &n, &store, &ns, why, sizeof why));
+    cr_assert(strstr(why, "messages[2] (role tool) needs a tool_call_id"), "%s", why);
+    m[1].content = "I will call it.";
+    cr_assert(!serve_tools_render("mistral", g_tools, 2, m, 2, &out, &n, &store, &ns, why, sizeof why));
+    cr_assert(strstr(why, "text and tool calls"), "%s", why);
+    serve_tool_msg sys[] = {{"system", "s", NULL, NULL}};
+    cr_assert(!serve_tools_render("mistral", g_tools, 2, sys, 1, &out, &n, &store, &ns, why, sizeof why));
+    cr_assert(strstr(why, "before the last user message"), "%s", why);
+    cJSON_Delete(calls);
+}
+
+Test(tools, mistral_calls_read) {
+    serve_tool_call calls[4];
+    size_t content;
+    /* the control token [TOOL_CALLS] leaves no text: the answer is the list */
+    const char *two = "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}, \"id\": \"abc123def\"}, "
+                      "{\"name\": \"add\", \"arguments\": \"{\\\"a\\\": 1}\"}]\n";
+    cr_assert_eq(parse("mistral", two, calls, 4, &content), 2);
+    cr_assert_str_eq(calls[0].name, "get_weather");
+    cr_assert_str_eq(calls[0].arguments, "{\"city\":\"Rome\"}");
+    cr_assert_str_eq(calls[1].arguments, "{\"a\":1}");
+    cr_assert_eq(content, 0);
+    serve_tool_calls_free(calls, 2);
+    /* spelled out as text (a vocabulary without the control token), after content */
+    cr_assert_eq(parse("mistral", "Checking. [TOOL_CALLS] [{\"name\": \"add\"}]", calls, 4, &content), 1);
+    cr_assert_eq(content, strlen("Checking."));
+    cr_assert_str_eq(calls[0].arguments, "{}");
+    serve_tool_calls_free(calls, 1);
+    cr_assert_eq(parse("mistral", two, calls, 1, &content), 0, "parallel_tool_calls false: two stay text");
+    stays_content("mistral", "The weather is fine.");
+    stays_content("mistral", "[link](http://x)");
+    stays_content("mistral", "[]");
+    stays_content("mistral", "[{\"name\": \"nope\", \"arguments\": {}}]");
+    stays_content("mistral", "[{\"name\": \"add\", \"arguments\": [1]}]");
+    stays_content("mistral", "[{\"name\": \"add\"}] and more");
+    stays_content("mistral", "[{\"name\": \"add\"}, 3]");
+    stays_content("mistral", "[{\"name\": \"add\"");
+    stays_content("mistral", "[TOOL_CALLS]");
+    stays_content("mistral", "[TOOL_CALLS] {\"name\": \"add\"}");
+    stays_content("mistral", "");
+}
+
+Test(tools, mistral_hostile_answers, .timeout = 30) {
+    const size_t big = 1 << 20;
+    char *s = malloc(big + 64);
+    size_t n = 0;
+    while (n < big) s[n++] = '[';
+    s[n] = 0;
+    stays_content("mistral", s);
+    for (n = 0; n + 13 < big; n += 12) memcpy(s + n, "[TOOL_CALLS]", 12);
+    s[n] = 0;
+    stays_content("mistral", s);
+    const char *base[] = {"[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \"n\": "
+                          "[1, 2]}}]",
+                          "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}, {\"name\": \"add\"}]"};
+    parse_mutations(base, 2, (const char *[]){"mistral"}, 1, 777, s);
+    free(s);
+}
+
+Test(tools, mistral_stream_holds_back_what_may_be_a_call) {
+    cr_assert_eq(serve_tool_stream_safe("mistral", "  [{\"na", 7), 0);
+    cr_assert_eq(serve_tool_stream_safe("mistral", " ", 1), 0);
+    cr_assert_eq(serve_tool_stream_safe("mistral", "Sure", 4), 4);
+    cr_assert_eq(serve_tool_stream_safe("mistral", "Sure [TOOL", 10), 5);
+    cr_assert_eq(serve_tool_stream_safe("mistral", "Sure [TOOL_CALLS] [", 19), 5);
+    cr_assert_eq(serve_tool_stream_safe("mistral", "a [b", 4), 4, "'[b' cannot begin [TOOL_CALLS]");
 }

@@ -462,7 +462,8 @@ Test(tokenizer, chat_chatml_qwen_style_default) {
 
 /* A hand-built Llama-2-style vocabulary: scores decide merges, ▁ is the
  * space, <0xNN> covers what the vocabulary lacks. */
-static loom_tokenizer *hand_spm(const char *tmpl) {
+/* hand_spm's vocabulary with `controls` (n_controls control tokens) after it. */
+static loom_tokenizer *hand_spm_with(const char *tmpl, const char *const *controls, int n_controls) {
     static char bytes[256][8];
     const char *base[] = {"<unk>", "<s>", "</s>"};
     const char *words[] = {"\xE2\x96\x81", "h", "e", "l", "o", "w", "r", "d",
@@ -470,7 +471,7 @@ static loom_tokenizer *hand_spm(const char *tmpl) {
                            "\xE2\x96\x81w", "or", "\xE2\x96\x81wor", "\xE2\x96\x81world", "\xE2\x96\x81\xE2\x96\x81", "ld"};
     float wscore[] = {-1, -2, -2, -2, -2, -2, -2, -2, -3, -4, -3.5f, -5, -6, -3, -3, -4, -5, -7, -3.2f};
     int nw = (int)(sizeof words / sizeof *words);
-    int n = 3 + 256 + nw;
+    int n = 3 + 256 + nw + n_controls;
     const char **tv = calloc((size_t)n, sizeof *tv);
     float *sv = calloc((size_t)n, sizeof *sv);
     int32_t *yv = calloc((size_t)n, sizeof *yv);
@@ -481,12 +482,15 @@ static loom_tokenizer *hand_spm(const char *tmpl) {
         yv[3 + b] = LOOM_TOKEN_BYTE;
     }
     for (int i = 0; i < nw; i++) { tv[259 + i] = words[i]; sv[259 + i] = wscore[i]; yv[259 + i] = LOOM_TOKEN_NORMAL; }
+    for (int i = 0; i < n_controls; i++) { tv[259 + nw + i] = controls[i]; yv[259 + nw + i] = LOOM_TOKEN_CONTROL; }
     loom_tokenizer *t = spm_tokenizer(n, tv, sv, yv, tmpl);
     free(tv);
     free(sv);
     free(yv);
     return t;
 }
+
+static loom_tokenizer *hand_spm(const char *tmpl) { return hand_spm_with(tmpl, NULL, 0); }
 
 Test(tokenizer, spm_hand_vocab) {
     loom_tokenizer *t = hand_spm(NULL);
@@ -765,6 +769,56 @@ Test(tokenizer, chat_mistral_variant) {
     cr_assert_eq(loom_chat_apply(t, LOOM_CHAT_AUTO, m, 3, true, &s, NULL), LOOM_OK);
     cr_expect_str_eq(s, "<s>[INST] Hi [/INST]Hello</s>[INST] Again [/INST]");
     free(s);
+    loom_tokenizer_free(t);
+}
+
+/* Mistral's tool turns (tokenizer v3): the JSON between control tokens,
+ * where the control tokens are special and the same text inside a message
+ * stays text. */
+Test(tokenizer, chat_mistral_tool_roles) {
+    static const char *const ctl[] = {"[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                                      "[TOOL_RESULTS]", "[/TOOL_RESULTS]"};
+    loom_tokenizer *t = hand_spm_with("{{ bos_token }}{% for message in messages %}[INST] [AVAILABLE_TOOLS]"
+                                      "{% endfor %}", ctl, 7);
+    loom_chat_msg m[] = {{"user", "Hi"},          {"assistant", "Hello"},  {"available_tools", "[T]"},
+                         {"user", "Weather?"},    {"tool_calls", "[C]"},   {"tool_results", "{R1}"},
+                         {"tool_results", "{R2}"}, {"assistant", "Sunny."}, {"user", "Thanks"}};
+    char *s;
+    loom_error err = {0};
+    cr_assert_eq(loom_chat_apply(t, LOOM_CHAT_AUTO, m, 9, true, &s, &err), LOOM_OK, "%s", err.message);
+    cr_expect_str_eq(s, "<s>[INST] Hi [/INST]Hello</s>[AVAILABLE_TOOLS] [T][/AVAILABLE_TOOLS][INST] Weather? [/INST]"
+                        "[TOOL_CALLS] [C]</s>[TOOL_RESULTS] {R1}[/TOOL_RESULTS][TOOL_RESULTS] {R2}[/TOOL_RESULTS]"
+                        "Sunny.</s>[INST] Thanks [/INST]");
+    free(s);
+    /* results then the next user turn (no answer between) */
+    loom_chat_msg m2[] = {{"user", "a"}, {"tool_calls", "[C]"}, {"tool_results", "{R}"}, {"user", "b"}};
+    cr_assert_eq(loom_chat_apply(t, LOOM_CHAT_AUTO, m2, 4, true, &s, &err), LOOM_OK, "%s", err.message);
+    free(s);
+    /* the markers are control tokens; a message's "[TOOL_CALLS]" is text */
+    loom_chat_msg m3[] = {{"available_tools", "[]"}, {"user", "[TOOL_CALLS]"}, {"tool_calls", "[/INST]"}};
+    int32_t *ids, n;
+    cr_assert_eq(loom_chat_encode(t, LOOM_CHAT_AUTO, m3, 3, true, &ids, &n, &err), LOOM_OK, "%s", err.message);
+    const int32_t tool_calls = loom_tokenizer_find(t, "[TOOL_CALLS]"), end_inst = loom_tokenizer_find(t, "[/INST]");
+    int calls_seen = 0, end_inst_seen = 0;
+    for (int32_t i = 0; i < n; i++) calls_seen += ids[i] == tool_calls, end_inst_seen += ids[i] == end_inst;
+    cr_expect_eq(calls_seen, 1, "only the template's [TOOL_CALLS] is the token");
+    cr_expect_eq(end_inst_seen, 1, "only the template's [/INST] is the token");
+    free(ids);
+    /* misplaced tool turns are refused, naming the message */
+    static const struct {
+        loom_chat_msg m[3];
+        int n;
+        const char *needle;
+    } bad[] = {
+        {{{"available_tools", "[]"}, {"assistant", "x"}}, 2, "message 0 ('available_tools') must come just before"},
+        {{{"tool_calls", "[]"}}, 1, "must take an assistant turn"},
+        {{{"user", "a"}, {"tool_results", "{}"}}, 2, "must follow the assistant's tool_calls"},
+        {{{"user", "a"}, {"tool", "{}"}}, 2, "tool roles available_tools"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(loom_chat_apply(t, LOOM_CHAT_AUTO, bad[i].m, bad[i].n, true, &s, &err), LOOM_ERR_INVALID);
+        cr_expect(strstr(err.message, bad[i].needle), "%s", err.message);
+    }
     loom_tokenizer_free(t);
 }
 

@@ -58,6 +58,17 @@ typedef struct gram {
     int32_t root;              /* rule id of "root"                          */
 } gram;
 
+/* buf.c: a growing NUL-terminated text; `oom` once an allocation failed
+ * (later writes are dropped). Zero-initialise; the owner frees `s`. */
+typedef struct gbuf {
+    char *s;
+    size_t n, cap;
+    bool oom;
+} gbuf;
+void gbuf_add(gbuf *b, const char *s, size_t n);
+void gbuf_put(gbuf *b, const char *s);
+void gbuf_printf(gbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* gbnf.c: parse GBNF text (llama.cpp's dialect: rules `name ::= ...`,
  * "literals", [classes], ., ( ), | , * + ? {m} {m,} {m,n}, # comments) into
  * *out. Refuses undefined rules, a missing root, left recursion and
@@ -77,6 +88,35 @@ loom_status gram_schema_to_gbnf(const char *schema, size_t len, const gram_limit
  * names a construct it cannot translate and its offset. */
 loom_status gram_regex_to_gbnf(const char *re, size_t len, const gram_limits *lim, char **gbnf, char *why,
                                size_t cap);
+
+/* regex.c: the same regex as a GBNF expression (no rule name, no rule
+ * references) for the text between the quotes of a JSON string: the
+ * characters JSON must escape (", \, U+0000..U+001F) in their escaped
+ * form (\" \\ \b \f \n \r \t, else \u00XX in either case of hex),
+ * every other character as itself; `.` also leaves out \r, U+2028 and
+ * U+2029 (a subset of both ECMA-262's and Python's meaning). Malloc'd into
+ * *body. */
+loom_status gram_regex_json_body(const char *re, size_t len, const gram_limits *lim, char **body, char *why,
+                                 size_t cap);
+
+/* range.c: GBNF expressions for decimal numbers in a range, as JSON
+ * writes them (no leading zeros, no exponent, at most GRAM_MAX_DIGITS
+ * integer digits). Integers lo..hi inclusive (|lo|, |hi| <= GRAM_MAX_INT,
+ * lo <= hi). */
+#define GRAM_MAX_DIGITS 16
+#define GRAM_MAX_INT 9999999999999999LL
+void gram_int_range(gbuf *b, int64_t lo, int64_t hi);
+/* Numbers x with lo < x < hi, each end inclusive when its flag says so and
+ * absent when its `has` flag is false; lo, hi integers within
+ * +-GRAM_MAX_INT. Fractions beside an exclusive end are kept to 15
+ * significant digits, so a reader parsing to a double never rounds them
+ * onto the bound. Returns false (nothing written) when no number fits. */
+typedef struct gram_bound {
+    bool has;                  /* false = unbounded on this side             */
+    bool incl;                 /* the bound itself is allowed                */
+    int64_t v;                 /* the bound, an integer                      */
+} gram_bound;
+bool gram_number_range(gbuf *b, gram_bound lo, gram_bound hi);
 
 /* lang.c: `lang` ("json_schema", "json_object", "regex", "gbnf") and its
  * text (len bytes; NULL for none) to a grammar in *out.

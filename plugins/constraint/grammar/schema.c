@@ -6,17 +6,22 @@
  *
  * Enforced: type (one or a list), enum, const, properties + required +
  * additionalProperties (false, true or a schema), items, minItems,
- * maxItems, minLength, maxLength, anyOf, oneOf (when its branches cannot
- * both match: distinct types), allOf of one schema, $ref to "#" or any
- * JSON pointer inside the document ($defs, definitions). Properties come
- * in the order the schema declares them. Whitespace between tokens is at
- * most 16 characters; numbers have at most 16 integer and 16 fraction
- * digits. Refused with LOOM_ERR_UNSUPPORTED, naming the keyword and its
- * JSON pointer: every validation keyword not listed (pattern, format,
- * minimum, maximum, multipleOf, uniqueItems, prefixItems, contains,
- * patternProperties, not, if/then/else, ...), since the output must always
- * validate. Annotations (title, description, default, examples, ...) and
- * unknown keywords are ignored, as JSON Schema says.
+ * maxItems, minLength, maxLength, pattern (regex.c's JSON-string mode),
+ * format (date, time, date-time, uuid, ipv4, email, as regexes), minimum,
+ * maximum, exclusiveMinimum, exclusiveMaximum (range.c; integer bounds on
+ * numbers), anyOf, oneOf (when its branches cannot both match: distinct
+ * types), allOf of one schema, $ref to "#" or any JSON pointer inside the
+ * document ($defs, definitions). Properties come in the order the schema
+ * declares them. Whitespace between tokens is at most 16 characters;
+ * numbers have at most 16 integer and 16 fraction digits. Refused with
+ * LOOM_ERR_UNSUPPORTED, naming the keyword and its JSON pointer: every
+ * validation keyword not listed (multipleOf, uniqueItems, prefixItems,
+ * contains, patternProperties, not, if/then/else, ...), other formats,
+ * non-integer bounds on numbers, and a type's narrowing keywords where
+ * they would go unapplied (beside enum / const, or with no type), since
+ * the output must always validate. Annotations (title, description,
+ * default, examples, ...) and unknown keywords are ignored, as JSON Schema
+ * says.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -27,64 +32,21 @@
 
 #include "gram.h"
 
-typedef struct sbuf {
-    char *s;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap * 2 : 256;
-        while (nc < b->n + n + 1) nc *= 2;
-        char *q = realloc(b->s, nc);
-        if (!q) {
-            b->oom = true;
-            return;
-        }
-        b->s = q;
-        b->cap = nc;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = '\0';
-}
-
-static void sb_put(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
-
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    va_list ap, ap2;
-    va_start(ap, fmt);
-    va_copy(ap2, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    char *tmp = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (tmp) {
-        vsnprintf(tmp, (size_t)n + 1, fmt, ap2);
-        sb_add(b, tmp, (size_t)n);
-    } else {
-        b->oom = true;
-    }
-    va_end(ap2);
-    free(tmp);
-}
-
 /* `s` as a GBNF literal "..." (UTF-8 kept, quotes, backslashes and control
  * characters escaped). */
-static void sb_literal(sbuf *b, const char *s) {
-    sb_put(b, "\"");
+static void gbuf_literal(gbuf *b, const char *s) {
+    gbuf_put(b, "\"");
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '"' || *p == '\\') {
             char e[3] = {'\\', (char)*p, 0};
-            sb_put(b, e);
+            gbuf_put(b, e);
         } else if (*p < 0x20) {
-            sb_printf(b, "\\x%02X", *p);
+            gbuf_printf(b, "\\x%02X", *p);
         } else {
-            sb_add(b, (const char *)p, 1);
+            gbuf_add(b, (const char *)p, 1);
         }
     }
-    sb_put(b, "\"");
+    gbuf_put(b, "\"");
 }
 
 typedef struct ref_rule {
@@ -95,7 +57,7 @@ typedef struct ref_rule {
 typedef struct gen {
     const cJSON *root;
     const gram_limits *lim;
-    sbuf out;                  /* rules written so far                       */
+    gbuf out;                  /* rules written so far                       */
     int32_t next_rule;
     ref_rule *refs;
     int32_t n_refs, cap_refs;
@@ -135,8 +97,7 @@ static bool fail(gen *g, loom_status code, const char *ptr, const char *fmt, ...
 }
 
 static const char *const k_unsupported[] = {
-    "pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-    "patternProperties", "propertyNames", "minProperties", "maxProperties", "dependentRequired",
+    "multipleOf", "patternProperties", "propertyNames", "minProperties", "maxProperties", "dependentRequired",
     "dependentSchemas", "dependencies", "uniqueItems", "contains", "minContains", "maxContains", "prefixItems",
     "additionalItems", "unevaluatedProperties", "unevaluatedItems", "not", "if", "then", "else",
     "$dynamicRef", "$recursiveRef", "contentSchema", NULL};
@@ -186,15 +147,15 @@ static bool value_fits_types(const cJSON *v, const cJSON *type) {
 }
 
 /* One alternative per enum value (or the const) that also fits `type`. */
-static bool gen_literals(gen *g, const cJSON *vals, bool single, const cJSON *type, sbuf *body, const char *ptr) {
+static bool gen_literals(gen *g, const cJSON *vals, bool single, const cJSON *type, gbuf *body, const char *ptr) {
     int n = 0;
     const cJSON *v;
     for (v = single ? vals : vals->child; v; v = single ? NULL : v->next) {
         if (!value_fits_types(v, type)) continue;
         char *text = cJSON_PrintUnformatted(v);
         if (!text) return fail(g, LOOM_ERR_NOMEM, ptr, "out of memory");
-        if (n++) sb_put(body, " | ");
-        sb_literal(body, text);
+        if (n++) gbuf_put(body, " | ");
+        gbuf_literal(body, text);
         free(text);
     }
     if (n == 0) return fail(g, LOOM_ERR_INVALID, ptr, "no %s value satisfies the schema's type", single ? "const" : "enum");
@@ -210,7 +171,7 @@ static bool gen_literals(gen *g, const cJSON *vals, bool single, const cJSON *ty
  * required names to properties is a scan per name. */
 #define SCHEMA_MAX_MEMBERS 1024
 
-static bool gen_props(gen *g, const cJSON *props, const cJSON *required, sbuf *body, const char *ptr, int depth) {
+static bool gen_props(gen *g, const cJSON *props, const cJSON *required, gbuf *body, const char *ptr, int depth) {
     int n = cJSON_GetArraySize(props);
     int32_t *val = calloc((size_t)n + 1, sizeof(int32_t));
     bool *req = calloc((size_t)n + 1, sizeof(bool));
@@ -236,7 +197,7 @@ static bool gen_props(gen *g, const cJSON *props, const cJSON *required, sbuf *b
     const cJSON *pi = props->child;
     for (i = 0; ok && i <= n; i++, pi = pi ? pi->next : NULL) {
         if (i == n) {
-            sb_printf(&g->out, "s%d ::= \"\"\ns%d ::= \"\"\n", base + 2 * i, base + 2 * i + 1);
+            gbuf_printf(&g->out, "s%d ::= \"\"\ns%d ::= \"\"\n", base + 2 * i, base + 2 * i + 1);
             break;
         }
         cJSON *name = cJSON_CreateString(pi->string);
@@ -246,19 +207,19 @@ static bool gen_props(gen *g, const cJSON *props, const cJSON *required, sbuf *b
             ok = fail(g, LOOM_ERR_NOMEM, ptr, "out of memory");
             break;
         }
-        sbuf kv = {0};
-        sb_literal(&kv, enc);
+        gbuf kv = {0};
+        gbuf_literal(&kv, enc);
         free(enc);
-        sb_printf(&kv, " ws \":\" ws s%d ws", val[i]);
+        gbuf_printf(&kv, " ws \":\" ws s%d ws", val[i]);
         for (int r = 0; r < 2 && !kv.oom; r++) {
-            sb_printf(&g->out, "s%d ::= %s%s s%d", base + 2 * i + r, r ? "\",\" ws " : "", kv.s, base + 2 * (i + 1) + 1);
-            if (!req[i]) sb_printf(&g->out, " | s%d", base + 2 * (i + 1) + r);
-            sb_put(&g->out, "\n");
+            gbuf_printf(&g->out, "s%d ::= %s%s s%d", base + 2 * i + r, r ? "\",\" ws " : "", kv.s, base + 2 * (i + 1) + 1);
+            if (!req[i]) gbuf_printf(&g->out, " | s%d", base + 2 * (i + 1) + r);
+            gbuf_put(&g->out, "\n");
         }
         if (kv.oom) g->out.oom = true;
         free(kv.s);
     }
-    if (ok) sb_printf(body, "\"{\" ws s%d \"}\"", base);
+    if (ok) gbuf_printf(body, "\"{\" ws s%d \"}\"", base);
     free(val);
     free(req);
     return ok;
@@ -282,7 +243,7 @@ static bool check_required(gen *g, const cJSON *props, const cJSON *required, co
     return true;
 }
 
-static bool gen_object(gen *g, const cJSON *s, sbuf *body, const char *ptr, int depth) {
+static bool gen_object(gen *g, const cJSON *s, gbuf *body, const char *ptr, int depth) {
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
     const cJSON *required = cJSON_GetObjectItemCaseSensitive(s, "required");
     const cJSON *addl = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
@@ -290,18 +251,18 @@ static bool gen_object(gen *g, const cJSON *s, sbuf *body, const char *ptr, int 
     if (!check_required(g, props, required, ptr)) return false;
     if (props && cJSON_GetArraySize(props) > 0) return gen_props(g, props, required, body, ptr, depth);
     if (cJSON_IsFalse(addl)) {
-        sb_put(body, "\"{\" ws \"}\"");
+        gbuf_put(body, "\"{\" ws \"}\"");
         return true;
     }
     if (!addl || cJSON_IsTrue(addl)) {
-        sb_put(body, "object");
+        gbuf_put(body, "object");
         return true;
     }
     char cp[512];
     child_ptr(cp, sizeof cp, ptr, "additionalProperties");
     int32_t v = gen_schema(g, addl, cp, depth + 1);
     if (v < 0) return false;
-    sb_printf(body, "\"{\" ws (string ws \":\" ws s%d (ws \",\" ws string ws \":\" ws s%d)* ws)? \"}\"", v, v);
+    gbuf_printf(body, "\"{\" ws (string ws \":\" ws s%d (ws \",\" ws string ws \":\" ws s%d)* ws)? \"}\"", v, v);
     return true;
 }
 
@@ -320,7 +281,7 @@ static bool get_count(gen *g, const cJSON *s, const char *key, int64_t dflt, int
     return true;
 }
 
-static bool gen_array(gen *g, const cJSON *s, sbuf *body, const char *ptr, int depth) {
+static bool gen_array(gen *g, const cJSON *s, gbuf *body, const char *ptr, int depth) {
     const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
     int64_t min, max;
     if (!get_count(g, s, "minItems", 0, &min, ptr) || !get_count(g, s, "maxItems", -1, &max, ptr)) return false;
@@ -336,35 +297,172 @@ static bool gen_array(gen *g, const cJSON *s, sbuf *body, const char *ptr, int d
         snprintf(item, sizeof item, "s%d", v);
     }
     if (max == 0) {
-        sb_put(body, "\"[\" ws \"]\"");
+        gbuf_put(body, "\"[\" ws \"]\"");
         return true;
     }
     char rest[64];
     int64_t lo = min > 0 ? min - 1 : 0;
     if (max < 0) snprintf(rest, sizeof rest, "{%lld,}", (long long)lo);
     else snprintf(rest, sizeof rest, "{%lld,%lld}", (long long)lo, (long long)(max - 1));
-    sb_printf(body, "\"[\" ws (%s (ws \",\" ws %s)%s ws)%s \"]\"", item, item, rest, min > 0 ? "" : "?");
+    gbuf_printf(body, "\"[\" ws (%s (ws \",\" ws %s)%s ws)%s \"]\"", item, item, rest, min > 0 ? "" : "?");
     return true;
 }
 
 /* ----------------------------------------------------------------- types */
 
-static bool gen_string(gen *g, const cJSON *s, sbuf *body, const char *ptr) {
-    int64_t min, max;
-    if (!get_count(g, s, "minLength", 0, &min, ptr) || !get_count(g, s, "maxLength", -1, &max, ptr)) return false;
-    if (max >= 0 && max < min) return fail(g, LOOM_ERR_INVALID, ptr, "maxLength is below minLength");
-    if (min == 0 && max < 0) sb_put(body, "string");
-    else if (max < 0) sb_printf(body, "\"\\\"\" char{%lld,} \"\\\"\"", (long long)min);
-    else sb_printf(body, "\"\\\"\" char{%lld,%lld} \"\\\"\"", (long long)min, (long long)max);
+/* The formats enforced, each as a regex (regex.c's dialect) every match
+ * of which is a valid value: days per month with February to 28, RFC 3339
+ * times with an offset, dotted quads without leading zeros, RFC 5322
+ * dot-atom addresses at a domain of two or more labels. */
+#define RX_DATE                                                                                                     \
+    "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"      \
+    "|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))"
+#define RX_TIME "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,9})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+#define RX_OCTET "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+#define RX_ATEXT "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
+#define RX_LABEL "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+static const struct {
+    const char *name, *regex;
+} k_formats[] = {
+    {"date", RX_DATE},
+    {"time", RX_TIME},
+    {"date-time", RX_DATE "T" RX_TIME},
+    {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
+    {"ipv4", "(?:" RX_OCTET "\\.){3}" RX_OCTET},
+    {"email", RX_ATEXT "+(?:\\." RX_ATEXT "+)*@" RX_LABEL "(?:\\." RX_LABEL ")+"},
+};
+
+/* A string whose content fully matches `pattern` or the regex of `format`
+ * (a full match also satisfies JSON Schema's search). */
+static bool gen_string_regex(gen *g, const cJSON *s, const cJSON *pat, const cJSON *fmt, gbuf *body,
+                             const char *ptr) {
+    const char *kw = pat ? "pattern" : "format";
+    if (!cJSON_IsString(pat ? pat : fmt)) return fail(g, LOOM_ERR_INVALID, ptr, "'%s' must be a string", kw);
+    if (pat && fmt) return fail(g, LOOM_ERR_UNSUPPORTED, ptr, "'pattern' beside 'format' is not supported");
+    static const char *const lens[] = {"minLength", "maxLength"};
+    for (int i = 0; i < 2; i++)
+        if (cJSON_GetObjectItemCaseSensitive(s, lens[i]))
+            return fail(g, LOOM_ERR_UNSUPPORTED, ptr,
+                        "'%s' beside '%s' is not supported (a length and a regular expression are not combined "
+                        "exactly)",
+                        lens[i], kw);
+    const char *re = pat ? pat->valuestring : NULL;
+    for (size_t i = 0; !re && i < sizeof k_formats / sizeof k_formats[0]; i++)
+        if (!strcmp(fmt->valuestring, k_formats[i].name)) re = k_formats[i].regex;
+    if (!re)
+        return fail(g, LOOM_ERR_UNSUPPORTED, ptr,
+                    "format '%.64s' is not supported (enforced: date, time, date-time, uuid, ipv4, email)",
+                    fmt->valuestring);
+    char *rb = NULL, why[256];
+    loom_status st = gram_regex_json_body(re, strlen(re), g->lim, &rb, why, sizeof why);
+    if (st != LOOM_OK) return fail(g, st, ptr, "'pattern': %s", why);
+    gbuf_printf(body, "\"\\\"\" (%s) \"\\\"\"", rb);
+    free(rb);
     return true;
 }
 
-static bool gen_type(gen *g, const cJSON *s, const char *t, sbuf *body, const char *ptr, int depth) {
+static bool gen_string(gen *g, const cJSON *s, gbuf *body, const char *ptr) {
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
+    if (pat || fmt) return gen_string_regex(g, s, pat, fmt, body, ptr);
+    int64_t min, max;
+    if (!get_count(g, s, "minLength", 0, &min, ptr) || !get_count(g, s, "maxLength", -1, &max, ptr)) return false;
+    if (max >= 0 && max < min) return fail(g, LOOM_ERR_INVALID, ptr, "maxLength is below minLength");
+    if (min == 0 && max < 0) gbuf_put(body, "string");
+    else if (max < 0) gbuf_printf(body, "\"\\\"\" char{%lld,} \"\\\"\"", (long long)min);
+    else gbuf_printf(body, "\"\\\"\" char{%lld,%lld} \"\\\"\"", (long long)min, (long long)max);
+    return true;
+}
+
+/* --------------------------------------------------------------- numbers */
+
+static const char *const k_bound_keys[] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+
+/* Bound keyword k's value into *v; false with the error set when it is
+ * not one the grammar can hold exactly. *present false when absent (or a
+ * draft-4 boolean, which modifies minimum / maximum instead). */
+static bool bound_value(gen *g, const cJSON *s, const char *k, bool integer, double *v, bool *present,
+                        const char *ptr) {
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(s, k);
+    *present = b && !cJSON_IsBool(b);
+    if (!b || cJSON_IsBool(b)) return true;
+    if (!cJSON_IsNumber(b) || !isfinite(b->valuedouble))
+        return fail(g, LOOM_ERR_INVALID, ptr, "'%s' must be a number", k);
+    *v = b->valuedouble;
+    if (fabs(*v) > 9007199254740992.0 && fabs(*v) < 1e17)
+        return fail(g, LOOM_ERR_UNSUPPORTED, ptr,
+                    "'%s' = %.17g is past 2^53, where the bound cannot be read exactly", k, *v);
+    if (!integer && floor(*v) != *v)
+        return fail(g, LOOM_ERR_UNSUPPORTED, ptr,
+                    "non-integer '%s' (%.17g) on a number is not supported (integer bounds are)", k, *v);
+    return true;
+}
+
+/* The four bound keywords as a lower and an upper bound (the tighter of
+ * minimum and exclusiveMinimum; equal ones: the exclusive), on integers
+ * made inclusive; ends past GRAM_MAX_INT clamped (nothing longer is
+ * written). false with the error set. */
+static bool read_bounds(gen *g, const cJSON *s, bool integer, gram_bound *lo, gram_bound *hi, const char *ptr) {
+    gram_bound end[2] = {{0}, {0}};
+    for (int k = 0; k < 4; k++) {
+        double v = 0;
+        bool present;
+        if (!bound_value(g, s, k_bound_keys[k], integer, &v, &present, ptr)) return false;
+        if (!present) continue;
+        int side = k / 2;
+        bool incl = k % 2 == 0;
+        if (incl && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, k_bound_keys[k + 1]))) incl = false; /* draft 4 */
+        if (integer) { /* the nearest integer inside, inclusive */
+            v = side == 0 ? (incl ? ceil(v) : floor(v) + 1) : (incl ? floor(v) : ceil(v) - 1);
+            incl = true;
+        }
+        if (v < -(double)GRAM_MAX_INT) v = -(double)GRAM_MAX_INT - 1;
+        if (v > (double)GRAM_MAX_INT) v = (double)GRAM_MAX_INT + 1;
+        gram_bound *e = &end[side];
+        bool tighter = !e->has || (side == 0 ? v > (double)e->v : v < (double)e->v) ||
+                       ((double)e->v == v && !incl);
+        if (tighter) *e = (gram_bound){true, incl, (int64_t)v};
+    }
+    /* past the 16 digits: unbounded on that side, or nothing writable */
+    if (end[0].has && end[0].v < -GRAM_MAX_INT) end[0].has = false;
+    if (end[1].has && end[1].v > GRAM_MAX_INT) end[1].has = false;
+    if ((end[0].has && end[0].v > GRAM_MAX_INT) || (end[1].has && end[1].v < -GRAM_MAX_INT))
+        return fail(g, LOOM_ERR_UNSUPPORTED, ptr, "the bounds leave no value of at most %d integer digits",
+                    GRAM_MAX_DIGITS);
+    if (end[0].has && end[1].has &&
+        (end[0].v > end[1].v || (end[0].v == end[1].v && !(end[0].incl && end[1].incl))))
+        return fail(g, LOOM_ERR_INVALID, ptr, "no %s satisfies the bounds", integer ? "integer" : "number");
+    *lo = end[0];
+    *hi = end[1];
+    return true;
+}
+
+static bool gen_bounded(gen *g, const cJSON *s, bool integer, gbuf *body, const char *ptr) {
+    bool any = false;
+    for (int k = 0; k < 4; k++) any |= cJSON_GetObjectItemCaseSensitive(s, k_bound_keys[k]) != NULL;
+    if (!any) {
+        gbuf_put(body, integer ? "integer" : "number");
+        return true;
+    }
+    gram_bound lo, hi;
+    if (!read_bounds(g, s, integer, &lo, &hi, ptr)) return false;
+    if (integer) {
+        gram_int_range(body, lo.has ? lo.v : -GRAM_MAX_INT, hi.has ? hi.v : GRAM_MAX_INT);
+        return true;
+    }
+    if (!gram_number_range(body, lo, hi))
+        return fail(g, LOOM_ERR_UNSUPPORTED, ptr, "no number of at most %d integer and 15 significant digits "
+                    "satisfies the bounds", GRAM_MAX_DIGITS);
+    return true;
+}
+
+static bool gen_type(gen *g, const cJSON *s, const char *t, gbuf *body, const char *ptr, int depth) {
     if (!strcmp(t, "object")) return gen_object(g, s, body, ptr, depth);
     if (!strcmp(t, "array")) return gen_array(g, s, body, ptr, depth);
     if (!strcmp(t, "string")) return gen_string(g, s, body, ptr);
-    if (!strcmp(t, "number") || !strcmp(t, "integer") || !strcmp(t, "boolean") || !strcmp(t, "null")) {
-        sb_put(body, t);
+    if (!strcmp(t, "number") || !strcmp(t, "integer")) return gen_bounded(g, s, !strcmp(t, "integer"), body, ptr);
+    if (!strcmp(t, "boolean") || !strcmp(t, "null")) {
+        gbuf_put(body, t);
         return true;
     }
     return fail(g, LOOM_ERR_INVALID, ptr, "unknown type '%.32s'", t);
@@ -387,7 +485,7 @@ static unsigned type_bits(const cJSON *s) {
     return bits;
 }
 
-static bool gen_branches(gen *g, const cJSON *arr, const char *kw, sbuf *body, const char *ptr, int depth) {
+static bool gen_branches(gen *g, const cJSON *arr, const char *kw, gbuf *body, const char *ptr, int depth) {
     if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) == 0)
         return fail(g, LOOM_ERR_INVALID, ptr, "'%s' must be a non-empty array", kw);
     if (!strcmp(kw, "oneOf")) {
@@ -411,7 +509,7 @@ static bool gen_branches(gen *g, const cJSON *arr, const char *kw, sbuf *body, c
         snprintf(cp, sizeof cp, "%s/%s/%d", ptr, kw, i);
         int32_t r = gen_schema(g, b, cp, depth + 1);
         if (r < 0) return false;
-        sb_printf(body, "%ss%d", i++ ? " | " : "", r);
+        gbuf_printf(body, "%ss%d", i++ ? " | " : "", r);
     }
     return true;
 }
@@ -471,7 +569,7 @@ static int32_t gen_ref(gen *g, const cJSON *ref, const char *ptr, int depth) {
     g->refs[g->n_refs++] = (ref_rule){t, rule};
     int32_t body = gen_schema(g, t, ref->valuestring, depth + 1);
     if (body < 0) return -1;
-    sb_printf(&g->out, "s%d ::= s%d\n", rule, body);
+    gbuf_printf(&g->out, "s%d ::= s%d\n", rule, body);
     return rule;
 }
 
@@ -491,8 +589,23 @@ static bool check_keywords(gen *g, const cJSON *s, const char *ptr, const char *
     return true;
 }
 
+/* Keywords that narrow one type's values, which the translation applies
+ * only inside gen_type: beside enum / const (`beside`) or with no type
+ * they would be ignored, so they are refused. */
+static bool check_typed_keywords(gen *g, const cJSON *s, const char *beside, const char *ptr) {
+    static const char *const k[] = {"pattern", "format", "minimum", "maximum", "exclusiveMinimum",
+                                    "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems", NULL};
+    for (int i = 0; k[i]; i++) {
+        if (!cJSON_GetObjectItemCaseSensitive(s, k[i])) continue;
+        if (beside) return fail(g, LOOM_ERR_UNSUPPORTED, ptr, "'%s' beside '%s' is not supported", k[i], beside);
+        return fail(g, LOOM_ERR_UNSUPPORTED, ptr, "'%s' without a 'type' is not supported: declare the type it "
+                    "applies to", k[i]);
+    }
+    return true;
+}
+
 /* The body of subschema s (a rule's right-hand side) into body. */
-static bool gen_body(gen *g, const cJSON *s, sbuf *body, const char *ptr, int depth) {
+static bool gen_body(gen *g, const cJSON *s, gbuf *body, const char *ptr, int depth) {
     static const char *const alone[] = {"$ref", "anyOf", "oneOf", "allOf"};
     for (int i = 0; i < 4; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, alone[i]);
@@ -500,7 +613,7 @@ static bool gen_body(gen *g, const cJSON *s, sbuf *body, const char *ptr, int de
         if (!check_keywords(g, s, ptr, alone[i])) return false;
         if (i == 0) {
             int32_t r = gen_ref(g, v, ptr, depth);
-            if (r >= 0) sb_printf(body, "s%d", r);
+            if (r >= 0) gbuf_printf(body, "s%d", r);
             return r >= 0;
         }
         if (i == 3 && cJSON_GetArraySize(v) != 1)
@@ -512,6 +625,7 @@ static bool gen_body(gen *g, const cJSON *s, sbuf *body, const char *ptr, int de
     if (type && !cJSON_IsString(type) && !(cJSON_IsArray(type) && cJSON_GetArraySize(type) > 0))
         return fail(g, LOOM_ERR_INVALID, ptr, "'type' must be a string or a non-empty array of strings");
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(s, "const"), *e = cJSON_GetObjectItemCaseSensitive(s, "enum");
+    if ((c || e) && !check_typed_keywords(g, s, c ? "const" : "enum", ptr)) return false;
     if (c) return gen_literals(g, c, true, type, body, ptr);
     if (e) {
         if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) == 0)
@@ -524,9 +638,9 @@ static bool gen_body(gen *g, const cJSON *s, sbuf *body, const char *ptr, int de
         const cJSON *t;
         cJSON_ArrayForEach(t, type) {
             if (!cJSON_IsString(t)) return fail(g, LOOM_ERR_INVALID, ptr, "'type' entries must be strings");
-            sbuf one = {0};
+            gbuf one = {0};
             bool ok = gen_type(g, s, t->valuestring, &one, ptr, depth);
-            if (ok && !one.oom) sb_printf(body, "%s(%s)", i++ ? " | " : "", one.s);
+            if (ok && !one.oom) gbuf_printf(body, "%s(%s)", i++ ? " | " : "", one.s);
             free(one.s);
             if (!ok) return false;
         }
@@ -535,7 +649,8 @@ static bool gen_body(gen *g, const cJSON *s, sbuf *body, const char *ptr, int de
     if (cJSON_GetObjectItemCaseSensitive(s, "properties") || cJSON_GetObjectItemCaseSensitive(s, "required"))
         return gen_object(g, s, body, ptr, depth);
     if (cJSON_GetObjectItemCaseSensitive(s, "items")) return gen_array(g, s, body, ptr, depth);
-    sb_put(body, "value");
+    if (!check_typed_keywords(g, s, NULL, ptr)) return false;
+    gbuf_put(body, "value");
     return true;
 }
 
@@ -553,10 +668,10 @@ static int32_t gen_schema(gen *g, const cJSON *s, const char *ptr, int depth) {
         return -1;
     }
     int32_t rule = g->next_rule++;
-    sbuf body = {0};
+    gbuf body = {0};
     bool ok;
     if (cJSON_IsTrue(s)) {
-        sb_put(&body, "value");
+        gbuf_put(&body, "value");
         ok = true;
     } else if (cJSON_IsFalse(s)) {
         ok = fail(g, LOOM_ERR_UNSUPPORTED, ptr, "the schema 'false' allows nothing");
@@ -566,7 +681,7 @@ static int32_t gen_schema(gen *g, const cJSON *s, const char *ptr, int depth) {
         ok = gen_body(g, s, &body, ptr, depth);
     }
     if (ok && (body.oom || !body.s)) ok = fail(g, LOOM_ERR_NOMEM, ptr, "out of memory");
-    if (ok) sb_printf(&g->out, "s%d ::= %s\n", rule, body.s);
+    if (ok) gbuf_printf(&g->out, "s%d ::= %s\n", rule, body.s);
     free(body.s);
     return ok ? rule : -1;
 }
@@ -591,10 +706,10 @@ loom_status gram_schema_to_gbnf(const char *schema, size_t len, const gram_limit
         }
     }
     g.root = root;
-    sb_put(&g.out, k_base);
+    gbuf_put(&g.out, k_base);
     int32_t top = root ? gen_schema(&g, root, "", 0) : -1;
-    if (!root) sb_put(&g.out, "root ::= object\n");
-    else if (top >= 0) sb_printf(&g.out, "root ::= s%d\n", top);
+    if (!root) gbuf_put(&g.out, "root ::= object\n");
+    else if (top >= 0) gbuf_printf(&g.out, "root ::= s%d\n", top);
     cJSON_Delete(root);
     free(g.refs);
     if (g.st == LOOM_OK && g.out.oom) {
