@@ -34,7 +34,6 @@
  * saturate at +-448, see docs/quantization.md).
  */
 #include "cpu_backend.h"
-#include "weight_walk.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -169,6 +168,7 @@ static void cpu_destroy(void *self) {
     loom_cpu_pool_destroy(b->pool);
     cpu_release_quant(b);
     h->free(h->ctx, b->scratch);
+    h->free(h->ctx, b->moe_scratch);
     h->free(h->ctx, b->lg_local);
     h->free(h->ctx, b->topk_logits);
     h->free(h->ctx, b->kv);
@@ -219,8 +219,8 @@ static void cpu_deq_rows(void *arg, int64_t b, int64_t e, int worker) {
 static loom_status cpu_dequant_part(cpu_backend *b, const loom_tensor *t, int64_t r0, int64_t nr,
                                     int64_t c0, int64_t nc, float *dst, loom_error *err) {
     const loom_host *h = b->host;
+    if (nr <= 0 || nc <= 0) return LOOM_OK; /* also an absent part: a MoE layer's dense FFN */
     int64_t cols = t->shape[t->ndim - 1];
-    if (nr <= 0 || nc <= 0) return LOOM_OK;
     cpu_deq_job j = {.host = h, .t = t, .row_bytes = h->dtype_row_bytes(t->dtype, cols),
                      .cols = cols, .r0 = r0, .c0 = c0, .nc = nc, .dst = dst};
     atomic_init(&j.failed, 0);
@@ -241,6 +241,13 @@ static loom_status cpu_dequant_part(cpu_backend *b, const loom_tensor *t, int64_
                         "host's dequantizer does not handle it",
                         t->name ? t->name : "?", b->host->dtype_name(t->dtype));
     return LOOM_OK;
+}
+
+/* Rows [r0, r0 + nr) of t, whole (a stacked expert tensor's rows run on
+ * through its experts), into float32 dst (nr, cols). */
+loom_status cpu_dequant_rows(cpu_backend *b, const loom_tensor *t, int64_t r0, int64_t nr, float *dst,
+                             loom_error *err) {
+    return cpu_dequant_part(b, t, r0, nr, 0, t->shape[t->ndim - 1], dst, err);
 }
 
 /* The window p of its tensor (plugins/backend/common/weight_walk.h) into
@@ -325,6 +332,14 @@ static loom_status cpu_load_qlin(cpu_backend *b, const loom_model_view *m, const
     return LOOM_OK;
 }
 
+/* cpu_load_qlin for the whole of a 2-D tensor t (an expert's view). */
+loom_status cpu_load_qlin_tensor(cpu_backend *b, const loom_model_view *m, const loom_tensor *t,
+                                 const char *name, const loom_quant_plan *plan, cpu_lin *out, loom_error *err) {
+    loom_ww_part p = {.t = t, .r0 = 0, .nr = t->shape[0], .c0 = 0, .nc = t->shape[1]};
+    snprintf(p.name, sizeof p.name, "%s", name);
+    return cpu_load_qlin(b, m, &p, plan, out, err);
+}
+
 /* Release every quantizer-owned tensor and the kernel scratch (destroy and
  * load's fail path). */
 static void cpu_release_quant(cpu_backend *b) {
@@ -341,13 +356,14 @@ static void cpu_release_quant(cpu_backend *b) {
             *lins[i] = (cpu_lin){0};
         }
     }
+    cpu_moe_release(b);
     loom_cpu_qscratch_destroy(b->qscratch);
     b->qscratch = NULL;
     b->qweight_bytes = 0;
 }
 
 /* Carve n floats (rounded to the alignment) from the arena cursor. */
-static float *cpu_carve(float **cursor, size_t n) {
+float *cpu_carve(float **cursor, size_t n) {
     float *p = *cursor;
     *cursor += cpu_round_floats(n);
     return p;
@@ -413,6 +429,7 @@ static loom_status cpu_alloc_weights(cpu_backend *b, const loom_ww *w, loom_erro
         floats += 2 * cpu_round_floats(H) + (w->bias ? cpu_round_floats((size_t)w->qkv_rows) : 0) + gemma;
         for (int g = 0; g < LOOM_WW_NGROUPS; g++)
             floats += cpu_round_floats((size_t)cpu_group_floats(&w->layer[l], g));
+        floats += cpu_moe_floats(b, &w->layer[l]);
     }
     size_t arena_bytes = floats * sizeof(float);
     b->weight_bytes = arena_bytes;
@@ -521,6 +538,7 @@ static loom_status cpu_load_layer(cpu_backend *b, const loom_model_view *m, cons
         if ((st = cpu_dequant_win(b, &wl->bias[k], bd, err))) return st;
     }
     if ((st = cpu_load_layer_norms(ly, wl, b, cur, err))) return st;
+    if (wl->router.t && (st = cpu_moe_load(b, m, wl, ly, cur, err))) return st;
     /* the fused float matrices exist only when every part is float */
     bool fq = !ly->lin[0].quant && !ly->lin[1].quant && !ly->lin[2].quant;
     bool fg = !ly->lin[4].quant && !ly->lin[5].quant;
