@@ -177,14 +177,19 @@ static loom_status read_arch(const cJSON *root, const char *path, loom_model_con
 
 /* Mixture-of-experts sizes and routing (loom/model.h). Mixtral:
  * num_local_experts experts of width intermediate_size, always
- * renormalised; Qwen2/3-MoE: num_experts of width moe_intermediate_size,
+ * renormalised; Qwen2/3-MoE: num_experts (or num_local_experts) of width
+ * moe_intermediate_size,
  * norm_topk_prob (default false, as transformers), Qwen2-MoE's shared
  * expert. Layers with a dense MLP between MoE ones are refused. */
 static loom_status read_moe(const js_ctx *c, loom_model_config *cfg, loom_error *err) {
     loom_status st;
     const bool mixtral = cfg->arch == LOOM_ARCH_MIXTRAL;
     if (!mixtral && cfg->arch != LOOM_ARCH_QWEN3_MOE && cfg->arch != LOOM_ARCH_QWEN2_MOE) return LOOM_OK;
-    if ((st = js_int(c, mixtral ? "num_local_experts" : "num_experts", true, &cfg->num_experts, err)) ||
+    /* the Hub's Qwen configs say num_experts; transformers 5 writes either
+     * model's count as num_local_experts */
+    const char *nkey = cJSON_GetObjectItemCaseSensitive(c->root, "num_local_experts") ? "num_local_experts"
+                                                                                      : "num_experts";
+    if ((st = js_int(c, nkey, true, &cfg->num_experts, err)) ||
         (st = js_int(c, "num_experts_per_tok", true, &cfg->num_experts_used, err)))
         return st;
     cfg->expert_intermediate_size = cfg->intermediate_size;
@@ -195,8 +200,8 @@ static loom_status read_moe(const js_ctx *c, loom_model_config *cfg, loom_error 
         return st;
     cfg->moe_norm_topk = mixtral || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c->root, "norm_topk_prob"));
     if (cfg->num_experts <= 0)
-        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: \"%s\" = %d must be positive", c->path,
-                              mixtral ? "num_local_experts" : "num_experts", cfg->num_experts);
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: \"%s\" = %d must be positive", c->path, nkey,
+                              cfg->num_experts);
     int32_t step = 1;
     if ((st = js_int(c, "decoder_sparse_step", false, &step, err))) return st;
     const cJSON *only = cJSON_GetObjectItemCaseSensitive(c->root, "mlp_only_layers");
@@ -1102,7 +1107,8 @@ static loom_status stack_kind(loom_model *m, int32_t l, const char *kind, loom_e
     }
     snprintf(name, sizeof name, "blk.%d.%s.weight", l, kind);
     const int64_t shape[3] = {E, rows, cols};
-    return lm_add_tensor(m, name, dt, 3, shape, buf, bytes * (size_t)E, err);
+    loom_status st = lm_add_tensor(m, name, dt, 3, shape, buf, bytes * (size_t)E, err);
+    return st ? st : lm_index(m, st_where(m), err); /* lm_find reads the index */
 }
 
 /* A mixture-of-experts checkpoint stores each expert's matrices apart; the
