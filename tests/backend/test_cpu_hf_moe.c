@@ -9,7 +9,9 @@
  * the Hub's per-expert tensor names.
  *
  * For each model:
- *   - teacher forcing: the 32 reference tokens prefilled at once; at every
+ *   - teacher forcing, from the safetensors directory and from the GGUF
+ *     llama.cpp's converter would write of it (built here from the loaded
+ *     tensors: llama.cpp names and keys, Mixtral's Q/K rows interleaved): the 32 reference tokens prefilled at once; at every
  *     position log p(next token) within LP_TOL of transformers' and the
  *     same argmax;
  *   - greedy: the first 8 tokens as the prompt, then 16 greedy decode steps
@@ -29,6 +31,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../model/gguf_writer.h"
 #include "fake_host.h"
 #include "model/model.h"
 #include "tb_util.h"
@@ -38,6 +41,7 @@
 typedef struct hm_ctx {
     cJSON *doc;
     loom_model *model;
+    gw image;           /* the GGUF the model was loaded from, or empty */
     tb b;
     int V;
 } hm_ctx;
@@ -58,8 +62,65 @@ static char *hm_read(const char *path) {
     return s;
 }
 
-/* Load checkpoint `name`, its reference and a cpu backend over it. */
-static void hm_setup(hm_ctx *c, const char *name) {
+/* The llama.cpp GGUF of model m (canonical names and layout already; GGML
+ * dims reversed), as llama.cpp's converter writes it: arch qwen3 /
+ * qwen3moe / qwen2moe, or Mixtral as "llama" with expert keys and Q/K rows
+ * in its interleaved order. Every tensor float32. */
+static gw hm_gguf_image(const loom_model *m) {
+    const loom_model_view *v = loom_model_view_get(m);
+    const loom_model_config *c = v->config;
+    const char *a = c->arch == LOOM_ARCH_QWEN3       ? "qwen3"
+                    : c->arch == LOOM_ARCH_QWEN3_MOE ? "qwen3moe"
+                    : c->arch == LOOM_ARCH_QWEN2_MOE ? "qwen2moe"
+                                                     : "llama";
+    gb b;
+    gb_init(&b);
+    char k[96];
+#define KEY(suffix) (snprintf(k, sizeof k, "%s.%s", a, suffix), k)
+    gb_s(&b, "general.architecture", a);
+    const struct {
+        const char *key;
+        int32_t v;
+    } ints[] = {{"block_count", c->num_layers},          {"embedding_length", c->hidden_size},
+                {"feed_forward_length", c->intermediate_size}, {"attention.head_count", c->num_heads},
+                {"attention.head_count_kv", c->num_kv_heads}, {"attention.key_length", c->head_dim},
+                {"context_length", c->max_context},       {"vocab_size", c->vocab_size},
+                {"expert_count", c->num_experts},         {"expert_used_count", c->num_experts_used},
+                {"expert_feed_forward_length", c->expert_intermediate_size},
+                {"expert_shared_feed_forward_length", c->shared_expert_intermediate_size}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (ints[i].v > 0) gb_u32(&b, KEY(ints[i].key), (uint32_t)ints[i].v);
+    gb_f32(&b, KEY("rope.freq_base"), c->rope_theta);
+    gb_f32(&b, KEY("attention.layer_norm_rms_epsilon"), c->rms_norm_eps);
+#undef KEY
+    const int32_t n = v->count(v->ctx);
+    void **perm = calloc((size_t)n, sizeof *perm);
+    for (int32_t i = 0; i < n; i++) {
+        const loom_tensor *t = v->at(v->ctx, i);
+        cr_assert_eq(t->dtype, LOOM_DTYPE_F32, "%s is not float32", t->name);
+        uint64_t ne[3];
+        for (int d = 0; d < t->ndim; d++) ne[d] = (uint64_t)t->shape[t->ndim - 1 - d];
+        const void *data = t->data;
+        const bool q = strstr(t->name, ".attn_q.weight") != NULL, kk = strstr(t->name, ".attn_k.weight") != NULL;
+        if (!strcmp(a, "llama") && (q || kk)) {
+            perm[i] = malloc(t->nbytes);
+            cr_assert_eq(loom_model_permute_rows(t->data, perm[i], t->shape[0], t->nbytes / (size_t)t->shape[0],
+                                                 q ? c->num_heads : c->num_kv_heads),
+                         LOOM_OK);
+            data = perm[i];
+        }
+        gb_tensor_add(&b, t->name, GG_F32, (uint32_t)t->ndim, ne, data, t->nbytes);
+    }
+    gw img = gb_finish(&b);
+    gb_free(&b);
+    for (int32_t i = 0; i < n; i++) free(perm[i]);
+    free(perm);
+    return img;
+}
+
+/* Load checkpoint `name` (as llama.cpp's GGUF of it when `gguf`), its
+ * reference and a cpu backend over it. */
+static void hm_setup(hm_ctx *c, const char *name, bool gguf) {
     memset(c, 0, sizeof *c);
     const char *src = getenv("LOOM_SOURCE_DIR");
     char dir[4096], jpath[4200];
@@ -79,6 +140,12 @@ static void hm_setup(hm_ctx *c, const char *name) {
     loom_error err = {0};
     loom_model_load_opts o = {.path = dir, .format = "safetensors"};
     cr_assert_eq(loom_model_load(&o, &c->model, &err), LOOM_OK, "load %s: %s", dir, err.message);
+    if (gguf) {
+        c->image = hm_gguf_image(c->model);
+        loom_model_free(c->model);
+        loom_model_load_opts og = {.path = name, .format = "gguf", .data = c->image.buf, .size = c->image.len};
+        cr_assert_eq(loom_model_load(&og, &c->model, &err), LOOM_OK, "load GGUF of %s: %s", name, err.message);
+    }
     const loom_model_view *view = loom_model_view_get(c->model);
     c->V = view->config->vocab_size;
     char msg[512];
@@ -95,6 +162,7 @@ static void hm_setup(hm_ctx *c, const char *name) {
 static void hm_teardown(hm_ctx *c) {
     tb_close(&c->b);
     loom_model_free(c->model);
+    free(c->image.buf);
     cJSON_Delete(c->doc);
     cr_assert_eq(fake_host_live_allocs(), 0, "leaked %ld host allocations", fake_host_live_allocs());
 }
@@ -133,9 +201,9 @@ static double hm_logprob(const float *row, int V, int tok, int *argmax) {
     return row[tok] - mx - log(sum);
 }
 
-static void hm_teacher_forced(const char *name) {
+static void hm_teacher_forced(const char *name, bool gguf) {
     hm_ctx c;
-    hm_setup(&c, name);
+    hm_setup(&c, name, gguf);
     int n;
     int32_t *ids = hm_ids(c.doc, "tokens", &n, 0);
     const cJSON *lps = cJSON_GetObjectItem(c.doc, "logprobs"), *am_ref = cJSON_GetObjectItem(c.doc, "argmax");
@@ -154,7 +222,8 @@ static void hm_teacher_forced(const char *name) {
         cr_assert_eq(am, cJSON_GetArrayItem(am_ref, t)->valueint, "%s position %d: argmax %d, transformers %d",
                      name, t, am, cJSON_GetArrayItem(am_ref, t)->valueint);
     }
-    fprintf(stderr, "[hf_moe] %s: %d teacher-forced log-probs, max |diff| %.3g\n", name, n - 1, worst);
+    fprintf(stderr, "[hf_moe] %s%s: %d teacher-forced log-probs, max |diff| %.3g\n", name, gguf ? " (GGUF)" : "",
+            n - 1, worst);
     tb_seq_release(&c.b, &s);
     free(lg);
     free(ids);
@@ -163,7 +232,7 @@ static void hm_teacher_forced(const char *name) {
 
 static void hm_greedy(const char *name) {
     hm_ctx c;
-    hm_setup(&c, name);
+    hm_setup(&c, name, false);
     int np, ng;
     int32_t *want = hm_ids(c.doc, "greedy", &ng, 0);
     int32_t *ids = hm_ids(c.doc, "prompt", &np, ng);
@@ -189,10 +258,14 @@ static void hm_greedy(const char *name) {
     hm_teardown(&c);
 }
 
-Test(hf_moe, qwen3_teacher_forced) { hm_teacher_forced("qwen3"); }
-Test(hf_moe, qwen3_moe_teacher_forced) { hm_teacher_forced("qwen3_moe"); }
-Test(hf_moe, qwen2_moe_teacher_forced) { hm_teacher_forced("qwen2_moe"); }
-Test(hf_moe, mixtral_teacher_forced) { hm_teacher_forced("mixtral"); }
+Test(hf_moe, qwen3_teacher_forced) { hm_teacher_forced("qwen3", false); }
+Test(hf_moe, qwen3_moe_teacher_forced) { hm_teacher_forced("qwen3_moe", false); }
+Test(hf_moe, qwen2_moe_teacher_forced) { hm_teacher_forced("qwen2_moe", false); }
+Test(hf_moe, mixtral_teacher_forced) { hm_teacher_forced("mixtral", false); }
+Test(hf_moe, qwen3_gguf_teacher_forced) { hm_teacher_forced("qwen3", true); }
+Test(hf_moe, qwen3_moe_gguf_teacher_forced) { hm_teacher_forced("qwen3_moe", true); }
+Test(hf_moe, qwen2_moe_gguf_teacher_forced) { hm_teacher_forced("qwen2_moe", true); }
+Test(hf_moe, mixtral_gguf_teacher_forced) { hm_teacher_forced("mixtral", true); }
 Test(hf_moe, qwen3_greedy) { hm_greedy("qwen3"); }
 Test(hf_moe, qwen3_moe_greedy) { hm_greedy("qwen3_moe"); }
 Test(hf_moe, qwen2_moe_greedy) { hm_greedy("qwen2_moe"); }
