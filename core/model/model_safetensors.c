@@ -1119,11 +1119,15 @@ static loom_status stack_experts(loom_model *m, loom_error *err) {
     const int32_t E = m->cfg.num_experts;
     loom_status st;
     for (int32_t i = 0; i < m->n_tensors; i++) {
-        const char *hash = strchr(m->names[i], '#');
-        if (hash && (E == 0 || atol(hash + 1) >= E))
+        const char *hash = strchr(m->names[i], '#'); /* "blk.L.KIND.weight#E" */
+        int layer = -1, n = 0;
+        if (hash && (E == 0 || atol(hash + 1) >= E)) {
+            sscanf(m->names[i], "blk.%d.%n", &layer, &n);
             return loom_error_set(err, LOOM_ERR_FORMAT,
-                                  "%s: expert tensor of %s for expert %s, but config.json says %d experts",
-                                  st_where(m), m->names[i], hash + 1, E);
+                                  "%s: layer %d has a %.*s matrix for expert %s, but config.json says %d experts",
+                                  st_where(m), layer, (int)(strstr(m->names[i], ".weight#") - m->names[i] - n),
+                                  m->names[i] + n, hash + 1, E);
+        }
     }
     if (E == 0) return LOOM_OK;
     static const char *const kinds[] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../model/gguf_writer.h"
 #include "fake_host.h"
@@ -66,7 +67,13 @@ static char *hm_read(const char *path) {
  * dims reversed), as llama.cpp's converter writes it: arch qwen3 /
  * qwen3moe / qwen2moe, or Mixtral as "llama" with expert keys and Q/K rows
  * in its interleaved order. Every tensor float32. */
-static gw hm_gguf_image(const loom_model *m) {
+static gw hm_gguf_image_edit(const loom_model *m, const char *rename_from, const char *rename_to, bool keys_k);
+
+static gw hm_gguf_image(const loom_model *m) { return hm_gguf_image_edit(m, NULL, NULL, true); }
+
+/* ... with tensor rename_from written as rename_to, and without the
+ * expert_used_count key unless keys_k (for the error tests). */
+static gw hm_gguf_image_edit(const loom_model *m, const char *rename_from, const char *rename_to, bool keys_k) {
     const loom_model_view *v = loom_model_view_get(m);
     const loom_model_config *c = v->config;
     const char *a = c->arch == LOOM_ARCH_QWEN3       ? "qwen3"
@@ -89,7 +96,8 @@ static gw hm_gguf_image(const loom_model *m) {
                 {"expert_feed_forward_length", c->expert_intermediate_size},
                 {"expert_shared_feed_forward_length", c->shared_expert_intermediate_size}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        if (ints[i].v > 0) gb_u32(&b, KEY(ints[i].key), (uint32_t)ints[i].v);
+        if (ints[i].v > 0 && (keys_k || strcmp(ints[i].key, "expert_used_count")))
+            gb_u32(&b, KEY(ints[i].key), (uint32_t)ints[i].v);
     gb_f32(&b, KEY("rope.freq_base"), c->rope_theta);
     gb_f32(&b, KEY("attention.layer_norm_rms_epsilon"), c->rms_norm_eps);
 #undef KEY
@@ -109,7 +117,8 @@ static gw hm_gguf_image(const loom_model *m) {
                          LOOM_OK);
             data = perm[i];
         }
-        gb_tensor_add(&b, t->name, GG_F32, (uint32_t)t->ndim, ne, data, t->nbytes);
+        const bool ren = rename_from && !strcmp(t->name, rename_from);
+        gb_tensor_add(&b, ren ? rename_to : t->name, GG_F32, (uint32_t)t->ndim, ne, data, t->nbytes);
     }
     gw img = gb_finish(&b);
     gb_free(&b);
@@ -270,3 +279,121 @@ Test(hf_moe, qwen3_greedy) { hm_greedy("qwen3"); }
 Test(hf_moe, qwen3_moe_greedy) { hm_greedy("qwen3_moe"); }
 Test(hf_moe, qwen2_moe_greedy) { hm_greedy("qwen2_moe"); }
 Test(hf_moe, mixtral_greedy) { hm_greedy("mixtral"); }
+
+/* ------------------------------------------------------------ bad files */
+
+/* A copy of checkpoint `name` in a fresh temporary directory, config.json's
+ * text `from` replaced by `to` and, in model.safetensors' header, `hfrom`
+ * by `hto` (same length, so every offset stays valid); NULL: unchanged.
+ * Returns the directory (static storage). */
+static const char *hm_edited_copy(const char *name, const char *from, const char *to, const char *hfrom,
+                                  const char *hto) {
+    static char dir[256];
+    snprintf(dir, sizeof dir, "/tmp/loom-hfmoe-XXXXXX");
+    cr_assert(mkdtemp(dir), "mkdtemp");
+    const char *src = getenv("LOOM_SOURCE_DIR");
+    const char *files[2] = {"config.json", "model.safetensors"};
+    for (int f = 0; f < 2; f++) {
+        char in[4096], out[512];
+        snprintf(in, sizeof in, "%s/tests/backend/data/moe/%s/%s", src ? src : ".", name, files[f]);
+        snprintf(out, sizeof out, "%s/%s", dir, files[f]);
+        FILE *fi = fopen(in, "rb");
+        if (!fi) cr_skip_test("%s is absent (tests/e2e/gen_moe_reference.py makes it)", in);
+        fseek(fi, 0, SEEK_END);
+        long n = ftell(fi);
+        fseek(fi, 0, SEEK_SET);
+        char *buf = malloc((size_t)n + 256);
+        cr_assert_eq(fread(buf, 1, (size_t)n, fi), (size_t)n);
+        fclose(fi);
+        const char *a = f == 0 ? from : hfrom, *b = f == 0 ? to : hto;
+        if (a) {
+            char *at = memmem(buf, (size_t)n, a, strlen(a));
+            cr_assert(at, "%s has no '%s'", in, a);
+            size_t la = strlen(a), lb = strlen(b);
+            cr_assert(f == 0 || la == lb, "a safetensors header edit must keep its length");
+            memmove(at + lb, at + la, (size_t)n - (size_t)(at - buf) - la);
+            memcpy(at, b, lb);
+            n += (long)lb - (long)la;
+        }
+        FILE *fo = fopen(out, "wb");
+        cr_assert(fo && fwrite(buf, 1, (size_t)n, fo) == (size_t)n);
+        fclose(fo);
+        free(buf);
+    }
+    return dir;
+}
+
+static void hm_rm(const char *dir) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    unlink(p);
+    rmdir(dir);
+}
+
+/* Load the edited copy; it must fail with a message holding want1 and want2. */
+static void hm_expect_error(const char *name, const char *from, const char *to, const char *hfrom, const char *hto,
+                            const char *want1, const char *want2) {
+    const char *dir = hm_edited_copy(name, from, to, hfrom, hto);
+    loom_model *m = NULL;
+    loom_error err = {0};
+    loom_model_load_opts o = {.path = dir, .format = "safetensors"};
+    loom_status st = loom_model_load(&o, &m, &err);
+    fprintf(stderr, "[hf_moe] %s with %s -> %s: %s\n", name, from ? from : hfrom, from ? to : hto, err.message);
+    cr_assert_neq(st, LOOM_OK, "%s: the edited checkpoint loaded", name);
+    cr_assert(m == NULL);
+    cr_assert(strstr(err.message, want1) && strstr(err.message, want2), "%s: message '%s' lacks '%s' / '%s'", name,
+              err.message, want1, want2);
+    hm_rm(dir);
+}
+
+Test(hf_moe, bad_safetensors_are_named) {
+    /* fewer experts in config.json than in the file: the stray expert named */
+    hm_expect_error("qwen2_moe", "\"num_experts\": 8", "\"num_experts\": 7", NULL, NULL, "matrix for expert 7,",
+                    "config.json says 7 experts");
+    /* more: the first missing one named */
+    hm_expect_error("qwen3_moe", "\"num_local_experts\": 16", "\"num_local_experts\": 17", NULL, NULL,
+                    "layer 0 has no ffn_gate_exps matrix for expert 16 of 17", "/tmp/loom-hfmoe-");
+    /* an expert's matrix missing from the file */
+    hm_expect_error("mixtral", NULL, NULL, "layers.1.block_sparse_moe.experts.5.w3", "layers.1.block_sparse_moe.experts.5.w9",
+                    "layer 1 has no ffn_up_exps matrix for expert 5 of 8", "/tmp/loom-hfmoe-");
+    /* expert width that does not match the tensors */
+    hm_expect_error("qwen3_moe", "\"moe_intermediate_size\": 16", "\"moe_intermediate_size\": 20", NULL, NULL,
+                    "blk.0.ffn_gate_exps.weight: shape (16, 16, 64) expected (16, 20, 64)",
+                    "moe_intermediate_size=20");
+    /* top-k beyond the expert count */
+    hm_expect_error("mixtral", "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9", NULL, NULL,
+                    "num_experts_per_tok=9", "must be in 1..8");
+    /* dense layers between MoE ones are refused, not run as MoE */
+    hm_expect_error("qwen2_moe", "\"mlp_only_layers\": []", "\"mlp_only_layers\": [1]", NULL, NULL,
+                    "mlp_only_layers", "every layer is a mixture of experts");
+}
+
+Test(hf_moe, bad_gguf_are_named) {
+    hm_ctx c;
+    hm_setup(&c, "mixtral", false);
+    const struct {
+        const char *from, *to;
+        bool keys_k;
+        const char *want1, *want2;
+    } cases[] = {
+        {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_gate.0.weight", true, "one tensor each", "convert the model again"},
+        {NULL, NULL, false, "llama.expert_used_count is missing", "mixtral"},
+        {"blk.1.ffn_down_exps.weight", "blk.1.ffn_down_exps.bias", true, "blk.1.ffn_down_exps.weight is missing",
+         "mixtral"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gw img = hm_gguf_image_edit(c.model, cases[i].from, cases[i].to, cases[i].keys_k);
+        loom_model *m = NULL;
+        loom_error err = {0};
+        loom_model_load_opts o = {.path = "mixtral.gguf", .format = "gguf", .data = img.buf, .size = img.len};
+        loom_status st = loom_model_load(&o, &m, &err);
+        fprintf(stderr, "[hf_moe] GGUF case %zu: %s\n", i, err.message);
+        cr_assert_neq(st, LOOM_OK, "GGUF case %zu loaded", i);
+        cr_assert(strstr(err.message, cases[i].want1) && strstr(err.message, cases[i].want2),
+                  "GGUF case %zu: '%s' lacks '%s' / '%s'", i, err.message, cases[i].want1, cases[i].want2);
+        free(img.buf);
+    }
+    hm_teardown(&c);
+}
