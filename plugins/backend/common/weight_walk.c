@@ -182,7 +182,7 @@ static loom_status ww_moe(loom_ww *w, const loom_model_view *m, const loom_quant
         const int64_t rows = k < 2 ? I : H, cols = k < 2 ? H : I;
         snprintf(name, sizeof name, "blk.%d.%s.weight", l, exps[k]);
         if ((st = ww_tensor3(w, m, name, E, rows, cols, &t, err))) return st;
-        ww_window(&ly->exps[k], t, name, 0, E * rows, 0, cols);
+        ww_window(&ly->exps[k], t, name, w->expert0 * rows, w->experts * rows, 0, cols);
         loom_tensor view;
         loom_ww_expert_view(w, t, 0, &view);
         if ((st = ww_plan(w, m, q, hk, &view, name, &ly->exps_plan[k], err))) return st;
@@ -194,7 +194,9 @@ static loom_status ww_moe(loom_ww *w, const loom_model_view *m, const loom_quant
         if ((st = ww_tensor(w, m, name, rows, cols, true, &t, err)) ||
             (st = ww_plan(w, m, q, hk, t, name, &ly->shexp[k].plan, err)))
             return st;
-        ww_window(&ly->shexp[k].w, t, name, 0, rows, 0, cols);
+        /* gate and up keep this rank's rows, down its input columns */
+        if (k < 2) ww_window(&ly->shexp[k].w, t, name, w->shexp0, w->shexp_rows, 0, cols);
+        else ww_window(&ly->shexp[k].w, t, name, 0, rows, w->shexp0, w->shexp_rows);
     }
     snprintf(name, sizeof name, "blk.%d.ffn_gate_inp_shexp.weight", l);
     if ((st = ww_tensor(w, m, name, H, -1, true, &t, err))) return st;
@@ -251,6 +253,25 @@ static loom_status ww_layer(loom_ww *w, const loom_model_view *m, const loom_qua
     return moe ? ww_moe(w, m, q, hk, l, err) : LOOM_OK;
 }
 
+/* Expert parallelism over the shard's ranks: a contiguous block of
+ * experts per rank and a slice of the shared expert's width. */
+static loom_status ww_expert_split(loom_ww *w, loom_error *err) {
+    const loom_model_config *c = w->config;
+    const int32_t n = w->shard.size, r = w->shard.rank;
+    const int64_t S = c->shared_expert_intermediate_size;
+    if (c->num_experts <= 0) return LOOM_OK;
+    if (c->num_experts % n != 0 || S % n != 0)
+        return w->host->error(w->host->ctx, err, LOOM_ERR_UNSUPPORTED,
+                              "%s: model '%s' has %d experts and a shared expert of width %lld; expert parallelism "
+                              "over %d ranks needs both divisible by the rank count",
+                              w->who, c->name, c->num_experts, (long long)S, n);
+    w->experts = c->num_experts / n;
+    w->expert0 = r * w->experts;
+    w->shexp_rows = S / n;
+    w->shexp0 = r * w->shexp_rows;
+    return LOOM_OK;
+}
+
 loom_status loom_ww_collect(loom_ww *w, const loom_model_view *m, const loom_quant_binding *q,
                             const loom_ww_hooks *hooks, loom_error *err) {
     const loom_host *h = w->host;
@@ -258,11 +279,7 @@ loom_status loom_ww_collect(loom_ww *w, const loom_model_view *m, const loom_qua
     const int64_t H = w->hidden, V = w->vocab;
     const loom_tensor *t_embed, *t_onorm, *t_out, *t_probe;
     loom_status st;
-    if (c->num_experts > 0 && w->shard.size > 1)
-        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "%s: model '%s' is a mixture of %d experts; tensor-parallel sharding of experts is not "
-                        "implemented (run it on one rank)",
-                        w->who, c->name, c->num_experts);
+    if ((st = ww_expert_split(w, err))) return st;
     if ((st = ww_tensor(w, m, "token_embd.weight", V, H, true, &t_embed, err)) ||
         (st = ww_tensor(w, m, "output_norm.weight", H, -1, true, &t_onorm, err)) ||
         (st = ww_tensor(w, m, "output.weight", V, H, false, &t_out, err)))

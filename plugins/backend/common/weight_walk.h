@@ -65,11 +65,14 @@ typedef struct loom_ww_layer {
     loom_ww_part post_attn_norm, post_ffn_norm; /* (hidden)                   */
     /* Mixture of experts (config num_experts > 0; t NULL otherwise). The
      * dense lin[GATE..DOWN] are then absent (t NULL, empty window, plan
-     * NONE). Whole tensors: a rank keeps every expert. */
-    loom_ww_part router;        /* ffn_gate_inp (experts, hidden)            */
+     * NONE). Expert parallelism: a rank keeps experts [expert0, expert0 +
+     * experts) of the walk, and its slice of the shared expert's width
+     * (gate and up by rows, down by columns, as a dense FFN). */
+    loom_ww_part router;        /* ffn_gate_inp (experts, hidden), whole     */
     loom_ww_part exps[3];       /* ffn_gate_exps, ffn_up_exps (experts, expert_inter,
                                    hidden), ffn_down_exps (experts, hidden,
-                                   expert_inter); window = all experts' rows */
+                                   expert_inter); window = this rank's experts'
+                                   rows                                      */
     loom_quant_plan exps_plan[3]; /* the quantizer's plan for each expert's
                                    matrix of that kind (asked once, for
                                    expert 0's view: loom_ww_expert_view)     */
@@ -98,6 +101,11 @@ typedef struct loom_ww {
     int64_t q_rows, kv_rows, qkv_rows, inter_rows;
     int64_t q0, k0, i0;
     loom_ww_group group[LOOM_WW_NGROUPS];
+    /* mixture of experts, this rank's: experts [expert0, expert0 + experts)
+     * (all of them on one rank) and shared-expert columns [shexp0, shexp0 +
+     * shexp_rows) */
+    int32_t expert0, experts;
+    int64_t shexp0, shexp_rows;
     /* after loom_ww_collect */
     loom_ww_part embed;         /* token_embd: this rank's vocabulary rows    */
     loom_ww_part out_norm;      /* output_norm, whole                         */

@@ -243,17 +243,9 @@ static loom_status cpu_dequant_part(cpu_backend *b, const loom_tensor *t, int64_
     return LOOM_OK;
 }
 
-/* Rows [r0, r0 + nr) of t, whole (a stacked expert tensor's rows run on
- * through its experts), into float32 dst (nr, cols). */
-loom_status cpu_dequant_rows(cpu_backend *b, const loom_tensor *t, int64_t r0, int64_t nr, float *dst,
-                             loom_error *err) {
-    return cpu_dequant_part(b, t, r0, nr, 0, t->shape[t->ndim - 1], dst, err);
-}
-
 /* The window p of its tensor (plugins/backend/common/weight_walk.h) into
  * float32 dst (p->nr, p->nc). */
-static loom_status cpu_dequant_win(cpu_backend *b, const loom_ww_part *p, float *dst,
-                                   loom_error *err) {
+loom_status cpu_dequant_win(cpu_backend *b, const loom_ww_part *p, float *dst, loom_error *err) {
     return cpu_dequant_part(b, p->t, p->r0, p->nr, p->c0, p->nc, dst, err);
 }
 
@@ -289,8 +281,8 @@ static const loom_quant_ops cpu_keep_ops = {.struct_size = sizeof(loom_quant_ops
  * a zero-copy view of the GGUF blocks, or the quantizer's tensor (kept in
  * out->q, released at destroy), then this rank's window of it: rows
  * [r0, r0 + nr), columns [c0, c0 + nc). */
-static loom_status cpu_load_qlin(cpu_backend *b, const loom_model_view *m, const loom_ww_part *p,
-                                 const loom_quant_plan *plan, cpu_lin *out, loom_error *err) {
+loom_status cpu_load_qlin(cpu_backend *b, const loom_model_view *m, const loom_ww_part *p,
+                          const loom_quant_plan *plan, cpu_lin *out, loom_error *err) {
     const loom_host *h = b->host;
     const loom_tensor *t = p->t;
     const char *name = p->name;
@@ -330,14 +322,6 @@ static loom_status cpu_load_qlin(cpu_backend *b, const loom_model_view *m, const
     out->f = NULL;
     b->qweight_bytes += loom_cpu_qweight_bytes(&out->w);
     return LOOM_OK;
-}
-
-/* cpu_load_qlin for the whole of a 2-D tensor t (an expert's view). */
-loom_status cpu_load_qlin_tensor(cpu_backend *b, const loom_model_view *m, const loom_tensor *t,
-                                 const char *name, const loom_quant_plan *plan, cpu_lin *out, loom_error *err) {
-    loom_ww_part p = {.t = t, .r0 = 0, .nr = t->shape[0], .c0 = 0, .nc = t->shape[1]};
-    snprintf(p.name, sizeof p.name, "%s", name);
-    return cpu_load_qlin(b, m, &p, plan, out, err);
 }
 
 /* Release every quantizer-owned tensor and the kernel scratch (destroy and
@@ -582,10 +566,12 @@ static void cpu_load_done(cpu_backend *b, const loom_ww *w, const loom_comm *com
     if (h->metric_set) h->metric_set(h->ctx, "backend.cpu.weight_bytes", (double)b->weight_bytes);
     if (comm)
         h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO,
-               "rank %d/%d of '%s': heads %d..%d, KV heads %d..%d, FFN %lld..%lld, vocab "
+               "rank %d/%d of '%s': heads %d..%d, KV heads %d..%d, %s %lld..%lld, vocab "
                "%d..%d, %.1f MiB weights (%.1f MiB quantized)",
                sh->rank, sh->size, c->name, sh->head0, sh->head0 + sh->heads - 1, sh->kv0,
-               sh->kv0 + sh->kv_heads - 1, (long long)w->i0, (long long)(w->i0 + w->inter_rows - 1),
+               sh->kv0 + sh->kv_heads - 1, w->experts ? "experts" : "FFN",
+               (long long)(w->experts ? w->expert0 : w->i0),
+               (long long)(w->experts ? w->expert0 + w->experts - 1 : w->i0 + w->inter_rows - 1),
                sh->vocab_lo, sh->vocab_lo + sh->vocab_rows - 1, (double)b->weight_bytes / (1 << 20),
                (double)b->qweight_bytes / (1 << 20));
     else

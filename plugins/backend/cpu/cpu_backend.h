@@ -72,10 +72,12 @@ typedef struct cpu_expert {
 /* A mixture-of-experts FFN (loom/model.h): the router, every routed expert
  * and the optional shared expert with its sigmoid gate. */
 typedef struct cpu_moe {
-    const float *router;    /* (experts, hidden) float32                     */
-    cpu_expert *ex;         /* (experts) host->calloc'd                      */
-    cpu_expert sh;          /* the shared expert, when sh_gate               */
+    const float *router;    /* (experts, hidden) float32, every expert       */
+    int32_t e0, n;          /* this rank's experts: e0 .. e0 + n - 1         */
+    cpu_expert *ex;         /* (n) host->calloc'd                            */
+    cpu_expert sh;          /* the shared expert (this rank's width), when sh_gate */
     const float *sh_gate;   /* (hidden) or NULL: no shared expert            */
+    int64_t sh_width;       /* this rank's columns of the shared expert      */
 } cpu_moe;
 
 /* One decoder layer's weights. The float path keeps Q, K, V fused into one
@@ -191,9 +193,10 @@ typedef struct cpu_backend {
 } cpu_backend;
 
 /* cpu_moe.c */
-/* Layer l's FFN for a mixture of experts: x (T, H) += the routed experts'
- * weighted outputs (+ the shared expert's) of rmsnorm(x). */
-loom_status cpu_moe_block(cpu_backend *b, int64_t T, int32_t l, loom_error *err);
+/* Layer l's FFN for a mixture of experts: x (T, H) = beta_res * x + this
+ * rank's experts' weighted outputs (+ its part of the shared expert's) of
+ * rmsnorm(x); beta_res 1 on a whole model or rank 0, else 0. */
+loom_status cpu_moe_block(cpu_backend *b, int64_t T, int32_t l, float beta_res, loom_error *err);
 /* Floats of layer wl's expert weights kept as float32 (cpu_moe_load carves them). */
 size_t cpu_moe_floats(const cpu_backend *b, const loom_ww_layer *wl);
 /* Load layer l's experts (walk layer wl) into ly->moe, carving float parts from *cur. */
@@ -203,10 +206,9 @@ loom_status cpu_moe_load(cpu_backend *b, const loom_model_view *m, const loom_ww
 void cpu_moe_release(cpu_backend *b);
 
 /* cpu_backend.c, for cpu_moe.c */
-loom_status cpu_dequant_rows(cpu_backend *b, const loom_tensor *t, int64_t r0, int64_t nr, float *dst,
-                             loom_error *err);
-loom_status cpu_load_qlin_tensor(cpu_backend *b, const loom_model_view *m, const loom_tensor *t,
-                                 const char *name, const loom_quant_plan *plan, cpu_lin *out, loom_error *err);
+loom_status cpu_dequant_win(cpu_backend *b, const loom_ww_part *p, float *dst, loom_error *err);
+loom_status cpu_load_qlin(cpu_backend *b, const loom_model_view *m, const loom_ww_part *p,
+                          const loom_quant_plan *plan, cpu_lin *out, loom_error *err);
 float *cpu_carve(float **cursor, size_t n);
 
 /* cpu_forward.c */

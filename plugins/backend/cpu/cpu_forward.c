@@ -419,7 +419,8 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
         kv.v = cpu_pool_base(b, l, 1, false);
         if ((st = cpu_attention_block(b, bt, l, &aa, beta_res, err)) != LOOM_OK ||
             (st = cpu_all_reduce(b, b->x, T * H, err)) != LOOM_OK ||
-            (st = b->layers[l].moe.ex ? cpu_moe_block(b, T, l, err) : cpu_ffn_block(b, T, l, beta_res, err)) ||
+            (st = b->layers[l].moe.ex ? cpu_moe_block(b, T, l, beta_res, err)
+                                       : cpu_ffn_block(b, T, l, beta_res, err)) ||
             (st = cpu_all_reduce(b, b->x, T * H, err)) != LOOM_OK)
             return st;
     }

@@ -18,6 +18,14 @@
  * weight_dtype: gguf) plans them, quantized per expert: each expert's
  * matrix is a 2-D view of the stacked tensor (loom_ww_expert_view) given
  * to the quantizer like any linear weight.
+ *
+ * Expert parallelism (load_shard, the tp executor): a rank holds a block
+ * of the experts and a slice of the shared expert's width, while attention
+ * is tensor-parallel; every rank has every token (the attention
+ * all-reduce replicates x), routes all of them the same way, runs only its
+ * own experts and adds its partial FFN output into x, and the all-reduce
+ * after the block sums the ranks (dispatch is implicit, combine is that
+ * all-reduce).
  */
 #include "cpu_backend.h"
 
@@ -41,38 +49,36 @@ static size_t cpu_expert_floats(int64_t W, int64_t H, const loom_quant_plan *con
 size_t cpu_moe_floats(const cpu_backend *b, const loom_ww_layer *wl) {
     if (!wl->router.t) return 0;
     const loom_model_config *c = &b->mc;
-    const int64_t H = c->hidden_size, E = c->num_experts;
+    const int64_t H = c->hidden_size, E = c->num_experts, El = wl->exps[0].nr / c->expert_intermediate_size;
     const loom_quant_plan *ep[CPU_NEXP] = {&wl->exps_plan[0], &wl->exps_plan[1], &wl->exps_plan[2]};
-    size_t n = cpu_moe_round((size_t)(E * H)) + (size_t)E * cpu_expert_floats(c->expert_intermediate_size, H, ep);
+    size_t n = cpu_moe_round((size_t)(E * H)) + (size_t)El * cpu_expert_floats(c->expert_intermediate_size, H, ep);
     if (wl->shexp_gate.t) {
         const loom_quant_plan *sp[CPU_NEXP] = {&wl->shexp[0].plan, &wl->shexp[1].plan, &wl->shexp[2].plan};
-        n += cpu_moe_round((size_t)H) + cpu_expert_floats(c->shared_expert_intermediate_size, H, sp);
+        n += cpu_moe_round((size_t)H) + cpu_expert_floats(wl->shexp[0].w.nr, H, sp);
     }
     return n;
 }
 
-/* One expert of width W: part k is rows [r0[k], r0[k] + rows) of tensor
- * t[k] (a stacked tensor's expert, or a whole shared-expert matrix),
- * float32 into the arena or, planned otherwise, quantized from `views[k]`. */
+/* One expert of width W (this rank's): part k its window of a 2-D tensor
+ * (a routed expert's view, or the shared expert's matrix), float32 into
+ * the arena or, planned otherwise, quantized. */
 static loom_status cpu_expert_load(cpu_backend *b, const loom_model_view *m, cpu_expert *ex, int64_t W,
-                                   const loom_tensor *const t[CPU_NEXP], const loom_tensor *const views[CPU_NEXP],
-                                   const int64_t r0[CPU_NEXP], const char *const names[CPU_NEXP],
-                                   const loom_quant_plan *const plans[CPU_NEXP], float **cur, loom_error *err) {
+                                   const loom_ww_part parts[CPU_NEXP], const loom_quant_plan *const plans[CPU_NEXP],
+                                   float **cur, loom_error *err) {
     const int64_t H = b->mc.hidden_size;
-    const loom_quant_plan *gp[CPU_NEXP] = {plans[0], plans[1], plans[2]};
-    size_t gu_floats = cpu_expert_floats(W, H, gp) -
-                       (plans[CPU_EDOWN]->format == LOOM_QFMT_NONE ? cpu_moe_round((size_t)(W * H)) : 0);
+    size_t gu_floats = 0;
+    for (int k = CPU_EGATE; k <= CPU_EUP; k++)
+        if (plans[k]->format == LOOM_QFMT_NONE) gu_floats += (size_t)(W * H);
     float *gu = gu_floats ? cpu_carve(cur, gu_floats) : NULL, *next = gu;
     loom_status st;
     for (int k = 0; k < CPU_NEXP; k++) {
-        const int64_t rows = k == CPU_EDOWN ? H : W;
         if (plans[k]->format != LOOM_QFMT_NONE) {
-            if ((st = cpu_load_qlin_tensor(b, m, views[k], names[k], plans[k], &ex->lin[k], err))) return st;
+            if ((st = cpu_load_qlin(b, m, &parts[k], plans[k], &ex->lin[k], err))) return st;
             continue;
         }
         float *dst = k == CPU_EDOWN ? cpu_carve(cur, (size_t)(W * H)) : next;
         if (k != CPU_EDOWN) next += W * H;
-        if ((st = cpu_dequant_rows(b, t[k], r0[k], rows, dst, err))) return st;
+        if ((st = cpu_dequant_win(b, &parts[k], dst, err))) return st;
         ex->lin[k] = (cpu_lin){.f = dst};
     }
     ex->wgu = !ex->lin[CPU_EGATE].quant && !ex->lin[CPU_EUP].quant ? gu : NULL;
@@ -80,24 +86,17 @@ static loom_status cpu_expert_load(cpu_backend *b, const loom_model_view *m, cpu
     return LOOM_OK;
 }
 
-/* The shared expert and its gate vector. */
+/* The shared expert (this rank's slice of its width) and its gate vector. */
 static loom_status cpu_shared_load(cpu_backend *b, const loom_model_view *m, const loom_ww_layer *wl, cpu_moe *mo,
                                    float **cur, loom_error *err) {
-    const int64_t S = b->mc.shared_expert_intermediate_size;
-    const loom_tensor *t[CPU_NEXP], *v[CPU_NEXP];
-    const char *names[CPU_NEXP];
-    const loom_quant_plan *plans[CPU_NEXP];
-    const int64_t r0[CPU_NEXP] = {0, 0, 0};
-    for (int k = 0; k < CPU_NEXP; k++) {
-        t[k] = v[k] = wl->shexp[k].w.t;
-        names[k] = wl->shexp[k].w.name;
-        plans[k] = &wl->shexp[k].plan;
-    }
-    loom_status st = cpu_expert_load(b, m, &mo->sh, S, t, v, r0, names, plans, cur, err);
+    const loom_ww_part parts[CPU_NEXP] = {wl->shexp[0].w, wl->shexp[1].w, wl->shexp[2].w};
+    const loom_quant_plan *plans[CPU_NEXP] = {&wl->shexp[0].plan, &wl->shexp[1].plan, &wl->shexp[2].plan};
+    loom_status st = cpu_expert_load(b, m, &mo->sh, wl->shexp[0].w.nr, parts, plans, cur, err);
     if (st) return st;
     float *g = cpu_carve(cur, (size_t)b->mc.hidden_size);
-    if ((st = cpu_dequant_rows(b, wl->shexp_gate.t, 0, 1, g, err))) return st;
+    if ((st = cpu_dequant_win(b, &wl->shexp_gate, g, err))) return st;
     mo->sh_gate = g;
+    mo->sh_width = wl->shexp[0].w.nr;
     return LOOM_OK;
 }
 
@@ -106,32 +105,29 @@ loom_status cpu_moe_load(cpu_backend *b, const loom_model_view *m, const loom_ww
     const loom_host *h = b->host;
     const loom_model_config *c = &b->mc;
     const int64_t H = c->hidden_size, E = c->num_experts, I = c->expert_intermediate_size;
+    const int32_t e0 = (int32_t)(wl->exps[0].r0 / I), El = (int32_t)(wl->exps[0].nr / I);
     cpu_moe *mo = &ly->moe;
     loom_status st;
     float *router = cpu_carve(cur, (size_t)(E * H));
-    if ((st = cpu_dequant_rows(b, wl->router.t, 0, E, router, err))) return st;
+    if ((st = cpu_dequant_win(b, &wl->router, router, err))) return st;
     mo->router = router;
-    mo->ex = h->calloc(h->ctx, (size_t)E, sizeof *mo->ex);
+    mo->e0 = e0;
+    mo->n = El;
+    mo->ex = h->calloc(h->ctx, (size_t)El, sizeof *mo->ex);
     if (!mo->ex)
-        return h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cpu: out of memory for %lld experts' tables",
-                        (long long)E);
-    const loom_tensor *t[CPU_NEXP];
-    const char *names[CPU_NEXP];
-    const loom_quant_plan *plans[CPU_NEXP];
-    for (int k = 0; k < CPU_NEXP; k++) {
-        t[k] = wl->exps[k].t;
-        names[k] = wl->exps[k].name;
-        plans[k] = &wl->exps_plan[k];
-    }
-    for (int32_t e = 0; e < E; e++) {
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cpu: out of memory for %d experts' tables", El);
+    const loom_quant_plan *plans[CPU_NEXP] = {&wl->exps_plan[0], &wl->exps_plan[1], &wl->exps_plan[2]};
+    const loom_ww w = {.host = h};
+    for (int32_t e = 0; e < El; e++) {
         loom_tensor view[CPU_NEXP];
-        const loom_tensor *v[CPU_NEXP];
+        loom_ww_part parts[CPU_NEXP];
         for (int k = 0; k < CPU_NEXP; k++) {
-            loom_ww_expert_view(&(loom_ww){.host = h}, t[k], e, &view[k]);
-            v[k] = &view[k];
+            loom_ww_expert_view(&w, wl->exps[k].t, e0 + e, &view[k]);
+            parts[k] = (loom_ww_part){.t = &view[k], .r0 = 0, .nr = view[k].shape[0], .c0 = 0,
+                                      .nc = view[k].shape[1]};
+            snprintf(parts[k].name, sizeof parts[k].name, "%s", wl->exps[k].name);
         }
-        const int64_t r0[CPU_NEXP] = {e * I, e * I, e * H};
-        if ((st = cpu_expert_load(b, m, &mo->ex[e], I, t, v, r0, names, plans, cur, err))) return st;
+        if ((st = cpu_expert_load(b, m, &mo->ex[e], I, parts, plans, cur, err))) return st;
     }
     return wl->shexp_gate.t ? cpu_shared_load(b, m, wl, mo, cur, err) : LOOM_OK;
 }
@@ -148,7 +144,7 @@ void cpu_moe_release(cpu_backend *b) {
     for (int32_t l = 0; b->layers && l < b->mc.num_layers; l++) {
         cpu_moe *mo = &b->layers[l].moe;
         if (!mo->ex) continue;
-        for (int32_t e = 0; e < b->mc.num_experts; e++) cpu_expert_release(b, &mo->ex[e]);
+        for (int32_t e = 0; e < mo->n; e++) cpu_expert_release(b, &mo->ex[e]);
         cpu_expert_release(b, &mo->sh);
         b->host->free(b->host->ctx, mo->ex);
         *mo = (cpu_moe){0};
@@ -272,7 +268,7 @@ static loom_status cpu_expert_ffn(cpu_backend *b, const cpu_expert *ex, int64_t 
 /* out (T, H) += sigmoid(xn . w_g) * shared(xn), per token. */
 static loom_status cpu_moe_shared(cpu_backend *b, const cpu_moe *mo, const float *xn, int64_t T, float *out,
                                   loom_error *err) {
-    const int64_t H = b->mc.hidden_size, S = b->mc.shared_expert_intermediate_size;
+    const int64_t H = b->mc.hidden_size, S = mo->sh_width;
     loom_status st = cpu_expert_ffn(b, &mo->sh, S, xn, T, b->moe_y, err);
     if (st) return st;
     for (int64_t t = 0; t < T; t++) {
@@ -284,7 +280,7 @@ static loom_status cpu_moe_shared(cpu_backend *b, const cpu_moe *mo, const float
     return LOOM_OK;
 }
 
-loom_status cpu_moe_block(cpu_backend *b, int64_t T, int32_t l, loom_error *err) {
+loom_status cpu_moe_block(cpu_backend *b, int64_t T, int32_t l, float beta_res, loom_error *err) {
     const loom_model_config *c = &b->mc;
     const cpu_layer *ly = &b->layers[l];
     const cpu_moe *mo = &ly->moe;
@@ -298,12 +294,12 @@ loom_status cpu_moe_block(cpu_backend *b, int64_t T, int32_t l, loom_error *err)
     loom_cpu_linear(b->moe_logits, E, xn, H, mo->router, NULL, T, E, H, 0.0f, b->pool);
     cpu_moe_group(b, T);
     memset(out, 0, (size_t)(T * H) * sizeof *out);
-    for (int64_t e = 0; e < E; e++) {
+    for (int32_t e = mo->e0; e < mo->e0 + mo->n; e++) { /* this rank's experts */
         const int32_t p0 = b->moe_off[e], n = b->moe_off[e + 1] - p0;
         if (n == 0) continue; /* an expert no token chose is never read */
         for (int32_t i = 0; i < n; i++)
             memcpy(b->moe_xg + (int64_t)i * H, xn + (int64_t)b->moe_tok[p0 + i] * H, (size_t)H * sizeof *xn);
-        if ((st = cpu_expert_ffn(b, &mo->ex[e], I, b->moe_xg, n, b->moe_y, err))) return st;
+        if ((st = cpu_expert_ffn(b, &mo->ex[e - mo->e0], I, b->moe_xg, n, b->moe_y, err))) return st;
         for (int32_t i = 0; i < n; i++) {
             float *o = out + (int64_t)b->moe_tok[p0 + i] * H;
             const float w = b->moe_wt[p0 + i], *y = b->moe_y + (int64_t)i * H;
@@ -311,6 +307,10 @@ loom_status cpu_moe_block(cpu_backend *b, int64_t T, int32_t l, loom_error *err)
         }
     }
     if (mo->sh_gate && (st = cpu_moe_shared(b, mo, xn, T, out, err))) return st;
-    for (int64_t i = 0; i < T * H; i++) x[i] += out[i];
+    /* expert parallel: this rank's partial sum; the residual joins on one
+     * rank only and the caller's all-reduce adds the ranks up */
+    if (beta_res == 0.0f) memcpy(x, out, (size_t)(T * H) * sizeof *x);
+    else
+        for (int64_t i = 0; i < T * H; i++) x[i] += out[i];
     return LOOM_OK;
 }
