@@ -349,7 +349,7 @@ static loom_status read_config(gg_ctx *c, loom_model *m, loom_error *err) {
     cfg->tie_embeddings = loom_gguf_find_tensor(c->g, "output.weight") == NULL;
     cfg->qkv_bias = cfg->arch == LOOM_ARCH_QWEN2 || cfg->arch == LOOM_ARCH_QWEN2_MOE ||
                     loom_gguf_find_tensor(c->g, "blk.0.attn_q.bias") != NULL;
-    cfg->qk_norm = cfg->arch == LOOM_ARCH_QWEN3 || cfg->arch == LOOM_ARCH_QWEN3_MOE;
+    cfg->qk_norm = cfg->qk_norm || cfg->arch == LOOM_ARCH_QWEN3 || cfg->arch == LOOM_ARCH_QWEN3_MOE;
     return read_moe(c, cfg, err);
 }
 

@@ -291,7 +291,7 @@ static loom_status read_config(const cJSON *root, const char *path, loom_model_c
     cfg->tie_embeddings = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings"));
     cfg->qkv_bias = cfg->arch == LOOM_ARCH_QWEN2 || cfg->arch == LOOM_ARCH_QWEN2_MOE ||
                     cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "attention_bias"));
-    cfg->qk_norm = cfg->arch == LOOM_ARCH_QWEN3 || cfg->arch == LOOM_ARCH_QWEN3_MOE;
+    cfg->qk_norm = cfg->qk_norm || cfg->arch == LOOM_ARCH_QWEN3 || cfg->arch == LOOM_ARCH_QWEN3_MOE;
     if ((st = read_moe(&c, cfg, err))) return st;
 
     const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
