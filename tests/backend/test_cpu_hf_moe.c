@@ -14,6 +14,8 @@
  *     tensors: llama.cpp names and keys, Mixtral's Q/K rows interleaved): the 32 reference tokens prefilled at once; at every
  *     position log p(next token) within LP_TOL of transformers' and the
  *     same argmax;
+ *   - Q8_0 experts in that GGUF (Qwen3-MoE, Mixtral), run as stored and
+ *     dequantized: near transformers, and not equal to each other;
  *   - greedy: the first 8 tokens as the prompt, then 16 greedy decode steps
  *     one token at a time (the batch-1 path that reads only the chosen
  *     experts) must give transformers' tokens.
@@ -67,13 +69,39 @@ static char *hm_read(const char *path) {
  * dims reversed), as llama.cpp's converter writes it: arch qwen3 /
  * qwen3moe / qwen2moe, or Mixtral as "llama" with expert keys and Q/K rows
  * in its interleaved order. Every tensor float32. */
-static gw hm_gguf_image_edit(const loom_model *m, const char *rename_from, const char *rename_to, bool keys_k);
+typedef struct hm_gguf_opts {
+    const char *rename_from, *rename_to; /* write tensor rename_from under this name */
+    bool drop_k;                         /* leave out <arch>.expert_used_count       */
+    bool q8_experts;                     /* stacked experts with 32-multiple rows as Q8_0 */
+} hm_gguf_opts;
 
-static gw hm_gguf_image(const loom_model *m) { return hm_gguf_image_edit(m, NULL, NULL, true); }
+/* Q8_0 blocks of n floats (n % 32 == 0): per 32, an f16 scale d = max|x| /
+ * 127 and round(x / d) as int8 — ggml's layout, written here from its
+ * description. */
+static uint8_t *hm_q8_0(const float *x, int64_t n) {
+    uint8_t *out = malloc((size_t)(n / 32) * 34);
+    for (int64_t b = 0; b < n / 32; b++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b * 32 + i]));
+        _Float16 d = (_Float16)(amax / 127.0f);
+        float df = (float)d;
+        memcpy(out + b * 34, &d, 2);
+        for (int i = 0; i < 32; i++) {
+            float q = df > 0 ? roundf(x[b * 32 + i] / df) : 0;
+            ((int8_t *)out)[b * 34 + 2 + i] = (int8_t)fmaxf(-127, fminf(127, q));
+        }
+    }
+    return out;
+}
 
-/* ... with tensor rename_from written as rename_to, and without the
- * expert_used_count key unless keys_k (for the error tests). */
-static gw hm_gguf_image_edit(const loom_model *m, const char *rename_from, const char *rename_to, bool keys_k) {
+static gw hm_gguf_image_edit(const loom_model *m, hm_gguf_opts o);
+
+static gw hm_gguf_image(const loom_model *m, bool q8_experts) {
+    return hm_gguf_image_edit(m, (hm_gguf_opts){.q8_experts = q8_experts});
+}
+
+/* ... edited as `o` says (for the error tests and the Q8_0 experts). */
+static gw hm_gguf_image_edit(const loom_model *m, hm_gguf_opts o) {
     const loom_model_view *v = loom_model_view_get(m);
     const loom_model_config *c = v->config;
     const char *a = c->arch == LOOM_ARCH_QWEN3       ? "qwen3"
@@ -96,7 +124,7 @@ static gw hm_gguf_image_edit(const loom_model *m, const char *rename_from, const
                 {"expert_feed_forward_length", c->expert_intermediate_size},
                 {"expert_shared_feed_forward_length", c->shared_expert_intermediate_size}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        if (ints[i].v > 0 && (keys_k || strcmp(ints[i].key, "expert_used_count")))
+        if (ints[i].v > 0 && (!o.drop_k || strcmp(ints[i].key, "expert_used_count")))
             gb_u32(&b, KEY(ints[i].key), (uint32_t)ints[i].v);
     gb_f32(&b, KEY("rope.freq_base"), c->rope_theta);
     gb_f32(&b, KEY("attention.layer_norm_rms_epsilon"), c->rms_norm_eps);
@@ -117,8 +145,14 @@ static gw hm_gguf_image_edit(const loom_model *m, const char *rename_from, const
                          LOOM_OK);
             data = perm[i];
         }
-        const bool ren = rename_from && !strcmp(t->name, rename_from);
-        gb_tensor_add(&b, ren ? rename_to : t->name, GG_F32, (uint32_t)t->ndim, ne, data, t->nbytes);
+        const bool ren = o.rename_from && !strcmp(t->name, o.rename_from);
+        const int64_t cols = t->shape[t->ndim - 1], numel = (int64_t)(t->nbytes / sizeof(float));
+        if (o.q8_experts && strstr(t->name, "_exps.") && cols % 32 == 0) {
+            perm[i] = hm_q8_0(t->data, numel);
+            gb_tensor_add(&b, t->name, GG_Q8_0, (uint32_t)t->ndim, ne, perm[i], (size_t)(numel / 32) * 34);
+            continue;
+        }
+        gb_tensor_add(&b, ren ? o.rename_to : t->name, GG_F32, (uint32_t)t->ndim, ne, data, t->nbytes);
     }
     gw img = gb_finish(&b);
     gb_free(&b);
@@ -129,7 +163,7 @@ static gw hm_gguf_image_edit(const loom_model *m, const char *rename_from, const
 
 /* Load checkpoint `name` (as llama.cpp's GGUF of it when `gguf`), its
  * reference and a cpu backend over it. */
-static void hm_setup(hm_ctx *c, const char *name, bool gguf) {
+static void hm_setup_as(hm_ctx *c, const char *name, bool gguf, bool q8_experts, int weight_dtype) {
     memset(c, 0, sizeof *c);
     const char *src = getenv("LOOM_SOURCE_DIR");
     char dir[4096], jpath[4200];
@@ -150,7 +184,7 @@ static void hm_setup(hm_ctx *c, const char *name, bool gguf) {
     loom_model_load_opts o = {.path = dir, .format = "safetensors"};
     cr_assert_eq(loom_model_load(&o, &c->model, &err), LOOM_OK, "load %s: %s", dir, err.message);
     if (gguf) {
-        c->image = hm_gguf_image(c->model);
+        c->image = hm_gguf_image(c->model, q8_experts);
         loom_model_free(c->model);
         loom_model_load_opts og = {.path = name, .format = "gguf", .data = c->image.buf, .size = c->image.len};
         cr_assert_eq(loom_model_load(&og, &c->model, &err), LOOM_OK, "load GGUF of %s: %s", name, err.message);
@@ -159,7 +193,7 @@ static void hm_setup(hm_ctx *c, const char *name, bool gguf) {
     c->V = view->config->vocab_size;
     char msg[512];
     cr_assert(tb_load_plugin(&c->b, msg, sizeof msg), "%s", msg);
-    tb_config cfg = {.threads = 2, .kv_dtype = 0, .weight_dtype = 0};
+    tb_config cfg = {.threads = 2, .kv_dtype = 0, .weight_dtype = weight_dtype};
     cr_assert_eq(c->b.ops->create(fake_host(), &cfg, &c->b.self, &err), LOOM_OK, "%s", err.message);
     cr_assert_eq(c->b.ops->load(c->b.self, view, NULL, &err), LOOM_OK, "%s", err.message);
     loom_kv_layout lay = {.struct_size = sizeof lay, .block_size = 16, .num_blocks = 8,
@@ -167,6 +201,8 @@ static void hm_setup(hm_ctx *c, const char *name, bool gguf) {
     cr_assert_eq(c->b.ops->kv_alloc(c->b.self, &lay, &err), LOOM_OK, "%s", err.message);
     cr_assert(tb_blocks_init(&c->b, 16, 8, 0x5eed));
 }
+
+static void hm_setup(hm_ctx *c, const char *name, bool gguf) { hm_setup_as(c, name, gguf, false, 0); }
 
 static void hm_teardown(hm_ctx *c) {
     tb_close(&c->b);
@@ -384,7 +420,8 @@ Test(hf_moe, bad_gguf_are_named) {
          "mixtral"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        gw img = hm_gguf_image_edit(c.model, cases[i].from, cases[i].to, cases[i].keys_k);
+        gw img = hm_gguf_image_edit(
+            c.model, (hm_gguf_opts){.rename_from = cases[i].from, .rename_to = cases[i].to, .drop_k = !cases[i].keys_k});
         loom_model *m = NULL;
         loom_error err = {0};
         loom_model_load_opts o = {.path = "mixtral.gguf", .format = "gguf", .data = img.buf, .size = img.len};
@@ -397,3 +434,62 @@ Test(hf_moe, bad_gguf_are_named) {
     }
     hm_teardown(&c);
 }
+
+/* Teacher-forced log p(next) of checkpoint `name` loaded as a GGUF with
+ * Q8_0 experts, on weight_dtype wd (0 f32, 1 gguf); (n - 1) values. */
+static double *hm_q8_logprobs(const char *name, int wd, int *n_out, const cJSON **ref, cJSON **doc) {
+    hm_ctx c;
+    hm_setup_as(&c, name, true, true, wd);
+    int n;
+    int32_t *ids = hm_ids(c.doc, "tokens", &n, 0);
+    float *lg = malloc(sizeof(float) * (size_t)n * (size_t)c.V);
+    tb_seq s = {.tokens = ids, .len = n};
+    hm_step(&c, &s, n, true, lg);
+    double *lp = malloc(sizeof(double) * (size_t)n);
+    for (int t = 0; t + 1 < n; t++) {
+        int am;
+        lp[t] = hm_logprob(lg + (int64_t)t * c.V, c.V, ids[t + 1], &am);
+    }
+    tb_seq_release(&c.b, &s);
+    free(lg);
+    free(ids);
+    *doc = c.doc;
+    c.doc = NULL; /* the caller's */
+    *ref = cJSON_GetObjectItem(*doc, "logprobs");
+    hm_teardown(&c);
+    *n_out = n;
+    return lp;
+}
+
+/* The experts of the GGUF as Q8_0 blocks (gate and up: rows of 64; down
+ * stays float, its rows of 16 / 24 are not whole blocks). weight_dtype
+ * gguf runs them as stored, per expert, with 8-bit block activations,
+ * beside float down matrices; weight_dtype f32 dequantizes them. The two
+ * must differ (the activations' rounding: the blocks were used as stored)
+ * and both stay near transformers' float weights (the blocks' rounding;
+ * measured mean |diff| dequantized / as stored: Mixtral 0.020 / 0.031,
+ * Qwen3-MoE 0.025 / 0.034). */
+static void hm_q8(const char *name) {
+    int n;
+    const cJSON *ref;
+    cJSON *doc_f, *doc_g;
+    double *f = hm_q8_logprobs(name, 0, &n, &ref, &doc_f);
+    double *g = hm_q8_logprobs(name, 1, &n, &ref, &doc_g);
+    double mean_f = 0, mean_g = 0, fg = 0;
+    for (int t = 0; t + 1 < n; t++) {
+        const double r = cJSON_GetArrayItem(ref, t + 1)->valuedouble;
+        mean_f += fabs(f[t] - r) / (n - 1);
+        mean_g += fabs(g[t] - r) / (n - 1);
+        fg = fmax(fg, fabs(f[t] - g[t]));
+    }
+    fprintf(stderr, "[hf_moe] %s, Q8_0 experts: mean |log-prob diff| %.3g dequantized, %.3g as stored (max "
+            "%.3g between them)\n", name, mean_f, mean_g, fg);
+    cr_assert(mean_f < 0.1 && mean_g < 0.1, "%s: mean |diff| %g / %g (bound 0.1)", name, mean_f, mean_g);
+    cr_assert(fg > 1e-6, "%s: weight_dtype gguf gave the dequantized path's log-probs exactly: the blocks "
+              "were not run as stored", name);
+    free(f), free(g);
+    cJSON_Delete(doc_f), cJSON_Delete(doc_g);
+}
+
+Test(hf_moe, qwen3_moe_q8_0_experts) { hm_q8("qwen3_moe"); }
+Test(hf_moe, mixtral_q8_0_experts) { hm_q8("mixtral"); }
