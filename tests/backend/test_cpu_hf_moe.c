@@ -38,6 +38,7 @@
 #include "fake_host.h"
 #include "model/model.h"
 #include "tb_util.h"
+#include "tp_util.h"
 
 #define LP_TOL 1e-4
 
@@ -48,22 +49,6 @@ typedef struct hm_ctx {
     tb b;
     int V;
 } hm_ctx;
-
-static char *hm_read(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        s = NULL;
-    }
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
-}
 
 /* The llama.cpp GGUF of model m (canonical names and layout already; GGML
  * dims reversed), as llama.cpp's converter writes it: arch qwen3 /
@@ -174,8 +159,7 @@ static void hm_setup_as(hm_ctx *c, const char *name, bool gguf, bool q8_experts,
         cr_skip_test("%s is absent: run `python3 tests/e2e/gen_moe_reference.py OUT` (torch, transformers) "
                      "and copy OUT/%s there",
                      jpath, name);
-    char *text = hm_read(jpath);
-    cr_assert(text, "cannot read %s", jpath);
+    char *text = tp_read(jpath);
     c->doc = cJSON_Parse(text);
     free(text);
     cr_assert(c->doc, "%s is not JSON", jpath);
@@ -322,17 +306,14 @@ Test(hf_moe, mixtral_greedy) { hm_greedy("mixtral"); }
  * text `from` replaced by `to` and, in model.safetensors' header, `hfrom`
  * by `hto` (same length, so every offset stays valid); NULL: unchanged.
  * Returns the directory (static storage). */
-static const char *hm_edited_copy(const char *name, const char *from, const char *to, const char *hfrom,
-                                  const char *hto) {
-    static char dir[256];
-    snprintf(dir, sizeof dir, "/tmp/loom-hfmoe-XXXXXX");
-    cr_assert(mkdtemp(dir), "mkdtemp");
+static char *hm_edited_copy(const char *name, const char *from, const char *to, const char *hfrom,
+                            const char *hto) {
+    char *dir = tp_mkdtemp();
     const char *src = getenv("LOOM_SOURCE_DIR");
     const char *files[2] = {"config.json", "model.safetensors"};
     for (int f = 0; f < 2; f++) {
-        char in[4096], out[512];
+        char in[4096];
         snprintf(in, sizeof in, "%s/tests/backend/data/moe/%s/%s", src ? src : ".", name, files[f]);
-        snprintf(out, sizeof out, "%s/%s", dir, files[f]);
         FILE *fi = fopen(in, "rb");
         if (!fi) cr_skip_test("%s is absent (tests/e2e/gen_moe_reference.py makes it)", in);
         fseek(fi, 0, SEEK_END);
@@ -351,27 +332,21 @@ static const char *hm_edited_copy(const char *name, const char *from, const char
             memcpy(at, b, lb);
             n += (long)lb - (long)la;
         }
+        char *out = tp_join(dir, files[f]);
         FILE *fo = fopen(out, "wb");
         cr_assert(fo && fwrite(buf, 1, (size_t)n, fo) == (size_t)n);
         fclose(fo);
+        free(out);
         free(buf);
     }
     return dir;
 }
 
-static void hm_rm(const char *dir) {
-    char p[512];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    unlink(p);
-    rmdir(dir);
-}
-
-/* Load the edited copy; it must fail with a message holding want1 and want2. */
+/* Load the edited copy; it must fail with a message naming the directory
+ * and holding want1 and want2. */
 static void hm_expect_error(const char *name, const char *from, const char *to, const char *hfrom, const char *hto,
                             const char *want1, const char *want2) {
-    const char *dir = hm_edited_copy(name, from, to, hfrom, hto);
+    char *dir = hm_edited_copy(name, from, to, hfrom, hto);
     loom_model *m = NULL;
     loom_error err = {0};
     loom_model_load_opts o = {.path = dir, .format = "safetensors"};
@@ -379,9 +354,10 @@ static void hm_expect_error(const char *name, const char *from, const char *to, 
     fprintf(stderr, "[hf_moe] %s with %s -> %s: %s\n", name, from ? from : hfrom, from ? to : hto, err.message);
     cr_assert_neq(st, LOOM_OK, "%s: the edited checkpoint loaded", name);
     cr_assert(m == NULL);
-    cr_assert(strstr(err.message, want1) && strstr(err.message, want2), "%s: message '%s' lacks '%s' / '%s'", name,
-              err.message, want1, want2);
-    hm_rm(dir);
+    cr_assert(strstr(err.message, want1) && strstr(err.message, want2) && strstr(err.message, dir),
+              "%s: message '%s' lacks '%s' / '%s' / the directory %s", name, err.message, want1, want2, dir);
+    tp_rm_rf(dir);
+    free(dir);
 }
 
 Test(hf_moe, bad_safetensors_are_named) {
@@ -390,10 +366,10 @@ Test(hf_moe, bad_safetensors_are_named) {
                     "config.json says 7 experts");
     /* more: the first missing one named */
     hm_expect_error("qwen3_moe", "\"num_local_experts\": 16", "\"num_local_experts\": 17", NULL, NULL,
-                    "layer 0 has no ffn_gate_exps matrix for expert 16 of 17", "/tmp/loom-hfmoe-");
+                    "layer 0 has no ffn_gate_exps matrix", "expert 16 of 17");
     /* an expert's matrix missing from the file */
     hm_expect_error("mixtral", NULL, NULL, "layers.1.block_sparse_moe.experts.5.w3", "layers.1.block_sparse_moe.experts.5.w9",
-                    "layer 1 has no ffn_up_exps matrix for expert 5 of 8", "/tmp/loom-hfmoe-");
+                    "layer 1 has no ffn_up_exps matrix", "expert 5 of 8");
     /* expert width that does not match the tensors */
     hm_expect_error("qwen3_moe", "\"moe_intermediate_size\": 16", "\"moe_intermediate_size\": 20", NULL, NULL,
                     "blk.0.ffn_gate_exps.weight: shape (16, 16, 64) expected (16, 20, 64)",
