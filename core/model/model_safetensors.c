@@ -1069,7 +1069,7 @@ static void drop_marked(loom_model *m, const char *mark) {
 
 /* Layer l's experts of one kind ("ffn_gate_exps", ...), stored one matrix
  * each as name#E, copied into the stacked (experts, rows, cols) tensor. */
-static loom_status stack_kind(loom_model *m, int32_t l, const char *kind, loom_error *err) {
+static loom_status stack_kind(loom_model *m, int32_t l, const char *kind, size_t *budget, loom_error *err) {
     const int32_t E = m->cfg.num_experts;
     char name[96];
     snprintf(name, sizeof name, "blk.%d.%s.weight#0", l, kind);
@@ -1086,11 +1086,9 @@ static loom_status stack_kind(loom_model *m, int32_t l, const char *kind, loom_e
     if (t0->ndim != 2 || bytes == 0 || bytes > SIZE_MAX / (size_t)E)
         return loom_error_set(err, LOOM_ERR_FORMAT, "%s: layer %d expert 0's %s is not a matrix", st_where(m), l,
                               kind);
-    uint8_t *buf = lm_alloc(m, bytes * (size_t)E);
-    if (!buf)
-        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory stacking %d experts' %s of layer %d (%zu bytes)",
-                              E, kind, l, bytes * (size_t)E);
-    for (int32_t e = 0; e < E; e++) {
+    /* every expert present and alike before anything is allocated: the
+     * copy is then no larger than the file's own tensors */
+    for (int32_t e = 1; e < E; e++) {
         snprintf(name, sizeof name, "blk.%d.%s.weight#%d", l, kind, e);
         const loom_tensor *t = lm_find(m, name);
         if (!t)
@@ -1103,7 +1101,22 @@ static loom_status stack_kind(loom_model *m, int32_t l, const char *kind, loom_e
                                   st_where(m), l, e, kind, (long long)t->shape[0],
                                   (long long)(t->ndim == 2 ? t->shape[1] : -1), loom_dtype_name(t->dtype),
                                   (long long)rows, (long long)cols, loom_dtype_name(dt));
-        memcpy(buf + (size_t)e * bytes, t->data, bytes);
+    }
+    /* entries may alias one region of the file; copies never exceed what
+     * the files hold */
+    if (bytes * (size_t)E > *budget)
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: layer %d's %d %s matrices would take %zu bytes, more than the weight files "
+                              "hold; their entries overlap (damaged file)",
+                              st_where(m), l, E, kind, bytes * (size_t)E);
+    *budget -= bytes * (size_t)E;
+    uint8_t *buf = lm_alloc(m, bytes * (size_t)E);
+    if (!buf)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory stacking %d experts' %s of layer %d (%zu bytes)",
+                              E, kind, l, bytes * (size_t)E);
+    for (int32_t e = 0; e < E; e++) {
+        snprintf(name, sizeof name, "blk.%d.%s.weight#%d", l, kind, e);
+        memcpy(buf + (size_t)e * bytes, lm_find(m, name)->data, bytes);
     }
     snprintf(name, sizeof name, "blk.%d.%s.weight", l, kind);
     const int64_t shape[3] = {E, rows, cols};
@@ -1115,8 +1128,9 @@ static loom_status stack_kind(loom_model *m, int32_t l, const char *kind, loom_e
  * canonical form (loom/model.h) stacks them, so they are copied once at
  * load (the per-expert entries leave the table). Also: the shared expert's
  * gate (1, hidden) becomes the canonical (hidden) vector. */
-static loom_status stack_experts(loom_model *m, loom_error *err) {
+static loom_status stack_experts(loom_model *m, size_t file_bytes, loom_error *err) {
     const int32_t E = m->cfg.num_experts;
+    size_t budget = file_bytes;
     loom_status st;
     for (int32_t i = 0; i < m->n_tensors; i++) {
         const char *hash = strchr(m->names[i], '#'); /* "blk.L.KIND.weight#E" */
@@ -1133,7 +1147,7 @@ static loom_status stack_experts(loom_model *m, loom_error *err) {
     static const char *const kinds[] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
     for (int32_t l = 0; l < m->cfg.num_layers; l++)
         for (int k = 0; k < 3; k++)
-            if ((st = stack_kind(m, l, kinds[k], err))) return st;
+            if ((st = stack_kind(m, l, kinds[k], &budget, err))) return st;
     drop_marked(m, "#");
     for (int32_t i = 0; i < m->n_tensors; i++) {
         loom_tensor *t = &m->tensors[i];
@@ -1184,7 +1198,7 @@ static loom_status load_memory(loom_model *m, const loom_model_load_opts *o, loo
     if (st) return st;
     if ((st = shard_entries(m, name, o->data, o->size, NULL, NULL, err))) return st;
     if ((st = lm_index(m, name, err))) return st;
-    if ((st = stack_experts(m, err))) return st;
+    if ((st = stack_experts(m, o->size, err))) return st;
     if ((st = finish_packed(m, err))) return st;
     if ((st = settle_output(m, err))) return st;
     return lm_validate(m, name, &k_config_keys, err);
@@ -1208,7 +1222,9 @@ loom_status lm_load_safetensors(loom_model *m, const loom_model_load_opts *o, lo
     if (single && use_index) snprintf(idx_path, sizeof idx_path, "%s", o->path);
     st = use_index ? load_indexed(m, o, idx_path, path, cap, err) : load_single(m, o, single, path, cap, err);
     if (st) goto free_path;
-    if ((st = stack_experts(m, err))) goto free_path;
+    size_t mapped = 0;
+    for (int32_t i = 0; i < m->n_maps; i++) mapped += m->maps[i].size;
+    if ((st = stack_experts(m, mapped, err))) goto free_path;
     if ((st = finish_packed(m, err))) goto free_path;
     if ((st = settle_output(m, err))) goto free_path;
     st = lm_validate(m, m->dir, &k_config_keys, err);

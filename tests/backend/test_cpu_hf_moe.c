@@ -469,3 +469,38 @@ static void hm_q8(const char *name) {
 
 Test(hf_moe, qwen3_moe_q8_0_experts) { hm_q8("qwen3_moe"); }
 Test(hf_moe, mixtral_q8_0_experts) { hm_q8("mixtral"); }
+
+/* A safetensors file whose 64 experts' entries all alias one 4 KiB region:
+ * stacking them would allocate 64 times what the file holds, so the loader
+ * refuses before allocating. */
+Test(hf_moe, aliased_expert_entries_are_refused) {
+    enum { E = 64, ROWS = 16, COLS = 64, BYTES = ROWS * COLS * 4 };
+    static char hdr[64 << 10];
+    int k = snprintf(hdr, sizeof hdr, "{");
+    static const char *const kinds[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int e = 0; e < E; e++)
+        for (int j = 0; j < 3; j++)
+            k += snprintf(hdr + k, sizeof hdr - (size_t)k,
+                          "%s\"model.layers.0.mlp.experts.%d.%s.weight\":{\"dtype\":\"F32\",\"shape\":[%d,%d],"
+                          "\"data_offsets\":[0,%d]}",
+                          k > 1 ? "," : "", e, kinds[j], j < 2 ? ROWS : COLS, j < 2 ? COLS : ROWS, BYTES);
+    k += snprintf(hdr + k, sizeof hdr - (size_t)k, "}");
+    while (k % 8) hdr[k++] = ' ';
+    size_t size = 8 + (size_t)k + BYTES;
+    uint8_t *file = calloc(1, size);
+    uint64_t hl = (uint64_t)k;
+    memcpy(file, &hl, 8);
+    memcpy(file + 8, hdr, (size_t)k);
+    static const char cfg[] =
+        "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"vocab_size\":32,\"hidden_size\":64,\"intermediate_size\":64,"
+        "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":16,"
+        "\"num_experts\":64,\"num_experts_per_tok\":2,\"moe_intermediate_size\":16,\"norm_topk_prob\":true}";
+    loom_model_load_opts o = {.path = "aliased", .format = "safetensors", .data = file, .size = size,
+                              .config_json = cfg, .config_json_len = sizeof cfg - 1};
+    loom_model *m = NULL;
+    loom_error err = {0};
+    cr_assert_neq(loom_model_load(&o, &m, &err), LOOM_OK);
+    fprintf(stderr, "[hf_moe] aliased experts: %s\n", err.message);
+    cr_assert(strstr(err.message, "more than the weight files hold"), "%s", err.message);
+    free(file);
+}
