@@ -13,7 +13,8 @@
  * 4 sequences of different lengths batched with mixed prefill chunks and
  * decodes (logits equal to the single-sequence runs); shuffled vs contiguous
  * block tables (bit-identical); f16 KV; swap out/in and copy-on-write block
- * copies; and the error paths (bad batch, bad layout, unsupported quant
+ * copies; a MoE decode step that must not read the experts it did not
+ * choose (their weights NaN); and the error paths (bad batch, bad layout, unsupported quant
  * plan, missing or misshapen tensors).
  *
  * Error measure: max |logit - reference| / max |reference logit| over every
@@ -131,6 +132,9 @@ static void ref_freqs(const loom_model_config *c, double *f) {
  * loom/model.h states it: softmax over every expert, the top k (ties to the
  * lower index), renormalised when moe_norm_topk, each expert's SwiGLU
  * output times its weight, plus the sigmoid-gated shared expert. */
+/* The experts ref_moe chose last in each layer (the NaN-poison test). */
+static int g_ref_sel[8][64];
+
 static void ref_moe(const tiny_model *m, int l, const double *xn, double *o) {
     const loom_model_config *c = &m->cfg;
     const int H = c->hidden_size, E = c->num_experts, K = c->num_experts_used, I = c->expert_intermediate_size,
@@ -152,6 +156,7 @@ static void ref_moe(const tiny_model *m, int l, const double *xn, double *o) {
             if (!taken && (best < 0 || p[e] > p[best])) best = e;
         }
         sel[j] = best;
+        if (l < 8) g_ref_sel[l][j] = best;
         wsum += wt[j] = p[best] / sum;
     }
     for (int i = 0; i < H; i++) o[i] = 0;
@@ -507,6 +512,59 @@ Test(backend, shuffled_block_table_is_bit_identical) {
     for (int i = 0; i < MIX_SEQS; i++) free(toks[i]);
     free(a), free(c);
     tiny_free(m);
+}
+
+/* A decode step of one token reads only the experts it chose: every other
+ * expert's weights are set to NaN (0 x NaN is NaN, so any read of them
+ * would reach the logits), and the step still gives the float64
+ * reference's logits. */
+Test(backend, moe_batch1_reads_only_chosen_experts) {
+    test_rng r = rng_seeded("backend.moe_batch1");
+    static const tm_variant vs[] = {TM_QWEN3_MOE, TM_QWEN2_MOE};
+    for (int vi = 0; vi < 2; vi++) {
+        tiny_model *m = tm_make(vs[vi], &r);
+        const loom_model_config *c = &m->cfg;
+        const int V = c->vocab_size, K = c->num_experts_used;
+        int32_t tok = (int32_t)rng_int(&r, V);
+        double *ref = malloc(sizeof(double) * V);
+        ref_forward(m, &tok, 1, ref);
+        char nm[64];
+        int poisoned = 0;
+        for (int l = 0; l < c->num_layers; l++)
+            for (int e = 0; e < c->num_experts; e++) {
+                bool chosen = false;
+                for (int j = 0; j < K; j++) chosen |= g_ref_sel[l][j] == e;
+                if (chosen) continue;
+                static const char *const kinds[] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+                for (int k = 0; k < 3; k++) {
+                    snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, kinds[k]);
+                    loom_tensor *t = (loom_tensor *)tiny_get(m, nm);
+                    const int64_t n = t->shape[1] * t->shape[2];
+                    for (int64_t i = 0; i < n; i++) {
+                        if (t->dtype == LOOM_DTYPE_F16) ((_Float16 *)t->data)[e * n + i] = (_Float16)NAN;
+                        else ((float *)t->data)[e * n + i] = NAN;
+                    }
+                }
+                poisoned++;
+            }
+        cr_assert_eq(poisoned, c->num_layers * (c->num_experts - K));
+        tb b;
+        tb_start(&b, m, (tb_opts){.threads = 2, .block_size = 16, .num_blocks = 4});
+        tb_seq s = {.tokens = &tok, .len = 1};
+        tb_seq *ss[1] = {&s};
+        int32_t nn[1] = {1};
+        float *lg;
+        cr_assert_eq(tb_run(&b, ss, nn, 1, true, V, &lg), 1);
+        double e = row_err(lg, ref, V);
+        fprintf(stderr, "[backend.moe_batch1] %s: %d of %d experts per layer NaN, rel err %.3g\n", variant_names[vs[vi]],
+                c->num_experts - K, c->num_experts, e);
+        cr_assert_lt(e, LOGIT_TOL, "%s: a one-token step read an expert it did not choose (rel err %g)",
+                     variant_names[vs[vi]], e);
+        free(lg);
+        tb_close(&b);
+        free(ref);
+        tiny_free(m);
+    }
 }
 
 Test(backend, f16_kv_cache) {
