@@ -324,6 +324,10 @@ static loom_status read_moe(const gg_ctx *c, loom_model_config *cfg, loom_error 
     if (cfg->arch == LOOM_ARCH_QWEN2_MOE &&
         (st = get_int(c, "expert_shared_feed_forward_length", false, &cfg->shared_expert_intermediate_size, err)))
         return st;
+    /* a shared expert without the key: its width from the tensor, never ignored */
+    const loom_gguf_tensor_info *sh = loom_gguf_find_tensor(c->g, "blk.0.ffn_up_shexp.weight");
+    if (cfg->shared_expert_intermediate_size == 0 && sh && sh->n_dims == 2 && sh->ne[1] <= INT32_MAX)
+        cfg->shared_expert_intermediate_size = (int32_t)sh->ne[1];
     cfg->moe_norm_topk = cfg->arch != LOOM_ARCH_QWEN2_MOE;
     if (cfg->arch == LOOM_ARCH_MIXTRAL && loom_gguf_find_tensor(c->g, "blk.0.ffn_gate.0.weight"))
         return loom_error_set(err, LOOM_ERR_UNSUPPORTED,

@@ -195,6 +195,8 @@ static loom_status read_moe(const js_ctx *c, loom_model_config *cfg, loom_error 
     cfg->expert_intermediate_size = cfg->intermediate_size;
     if (!mixtral && (st = js_int(c, "moe_intermediate_size", true, &cfg->expert_intermediate_size, err)))
         return st;
+    /* absent: transformers' Qwen2MoeConfig default, which it would build */
+    if (cfg->arch == LOOM_ARCH_QWEN2_MOE) cfg->shared_expert_intermediate_size = 5632;
     if (cfg->arch == LOOM_ARCH_QWEN2_MOE &&
         (st = js_int(c, "shared_expert_intermediate_size", false, &cfg->shared_expert_intermediate_size, err)))
         return st;
@@ -1144,6 +1146,11 @@ static loom_status stack_experts(loom_model *m, size_t file_bytes, loom_error *e
         }
     }
     if (E == 0) return LOOM_OK;
+    if (m->cfg.shared_expert_intermediate_size == 0 && lm_find(m, "blk.0.ffn_up_shexp.weight"))
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: the weights hold a shared expert (mlp.shared_expert.*) but the config gives it "
+                              "no width; set shared_expert_intermediate_size",
+                              st_where(m));
     static const char *const kinds[] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
     for (int32_t l = 0; l < m->cfg.num_layers; l++)
         for (int k = 0; k < 3; k++)

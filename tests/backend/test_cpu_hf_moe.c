@@ -56,7 +56,7 @@ typedef struct hm_ctx {
  * in its interleaved order. Every tensor float32. */
 typedef struct hm_gguf_opts {
     const char *rename_from, *rename_to; /* write tensor rename_from under this name */
-    bool drop_k;                         /* leave out <arch>.expert_used_count       */
+    const char *drop_key;                /* leave out <arch>.<drop_key>              */
     bool q8_experts;                     /* stacked experts with 32-multiple rows as Q8_0 */
 } hm_gguf_opts;
 
@@ -81,9 +81,6 @@ static uint8_t *hm_q8_0(const float *x, int64_t n) {
 
 static gw hm_gguf_image_edit(const loom_model *m, hm_gguf_opts o);
 
-static gw hm_gguf_image(const loom_model *m, bool q8_experts) {
-    return hm_gguf_image_edit(m, (hm_gguf_opts){.q8_experts = q8_experts});
-}
 
 /* ... edited as `o` says (for the error tests and the Q8_0 experts). */
 static gw hm_gguf_image_edit(const loom_model *m, hm_gguf_opts o) {
@@ -109,7 +106,7 @@ static gw hm_gguf_image_edit(const loom_model *m, hm_gguf_opts o) {
                 {"expert_feed_forward_length", c->expert_intermediate_size},
                 {"expert_shared_feed_forward_length", c->shared_expert_intermediate_size}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        if (ints[i].v > 0 && (!o.drop_k || strcmp(ints[i].key, "expert_used_count")))
+        if (ints[i].v > 0 && (!o.drop_key || strcmp(ints[i].key, o.drop_key)))
             gb_u32(&b, KEY(ints[i].key), (uint32_t)ints[i].v);
     gb_f32(&b, KEY("rope.freq_base"), c->rope_theta);
     gb_f32(&b, KEY("attention.layer_norm_rms_epsilon"), c->rms_norm_eps);
@@ -148,7 +145,7 @@ static gw hm_gguf_image_edit(const loom_model *m, hm_gguf_opts o) {
 
 /* Load checkpoint `name` (as llama.cpp's GGUF of it when `gguf`), its
  * reference and a cpu backend over it. */
-static void hm_setup_as(hm_ctx *c, const char *name, bool gguf, bool q8_experts, int weight_dtype) {
+static void hm_setup_as(hm_ctx *c, const char *name, bool gguf, hm_gguf_opts go, int weight_dtype) {
     memset(c, 0, sizeof *c);
     const char *src = getenv("LOOM_SOURCE_DIR");
     char dir[4096], jpath[4200];
@@ -168,7 +165,7 @@ static void hm_setup_as(hm_ctx *c, const char *name, bool gguf, bool q8_experts,
     loom_model_load_opts o = {.path = dir, .format = "safetensors"};
     cr_assert_eq(loom_model_load(&o, &c->model, &err), LOOM_OK, "load %s: %s", dir, err.message);
     if (gguf) {
-        c->image = hm_gguf_image(c->model, q8_experts);
+        c->image = hm_gguf_image_edit(c->model, go);
         loom_model_free(c->model);
         loom_model_load_opts og = {.path = name, .format = "gguf", .data = c->image.buf, .size = c->image.len};
         cr_assert_eq(loom_model_load(&og, &c->model, &err), LOOM_OK, "load GGUF of %s: %s", name, err.message);
@@ -186,7 +183,7 @@ static void hm_setup_as(hm_ctx *c, const char *name, bool gguf, bool q8_experts,
     cr_assert(tb_blocks_init(&c->b, 16, 8, 0x5eed));
 }
 
-static void hm_setup(hm_ctx *c, const char *name, bool gguf) { hm_setup_as(c, name, gguf, false, 0); }
+static void hm_setup(hm_ctx *c, const char *name, bool gguf) { hm_setup_as(c, name, gguf, (hm_gguf_opts){0}, 0); }
 
 static void hm_teardown(hm_ctx *c) {
     tb_close(&c->b);
@@ -230,9 +227,9 @@ static double hm_logprob(const float *row, int V, int tok, int *argmax) {
     return row[tok] - mx - log(sum);
 }
 
-static void hm_teacher_forced(const char *name, bool gguf) {
+static void hm_teacher_forced_as(const char *name, bool gguf, hm_gguf_opts go) {
     hm_ctx c;
-    hm_setup(&c, name, gguf);
+    hm_setup_as(&c, name, gguf, go, 0);
     int n;
     int32_t *ids = hm_ids(c.doc, "tokens", &n, 0);
     const cJSON *lps = cJSON_GetObjectItem(c.doc, "logprobs"), *am_ref = cJSON_GetObjectItem(c.doc, "argmax");
@@ -285,6 +282,14 @@ static void hm_greedy(const char *name) {
     free(ids);
     free(want);
     hm_teardown(&c);
+}
+
+static void hm_teacher_forced(const char *name, bool gguf) { hm_teacher_forced_as(name, gguf, (hm_gguf_opts){0}); }
+
+/* A qwen2moe GGUF without expert_shared_feed_forward_length: the shared
+ * expert's width comes from its tensors, not 0 (which would drop it). */
+Test(hf_moe, qwen2_moe_gguf_without_shared_width_key) {
+    hm_teacher_forced_as("qwen2_moe", true, (hm_gguf_opts){.drop_key = "expert_shared_feed_forward_length"});
 }
 
 Test(hf_moe, qwen3_teacher_forced) { hm_teacher_forced("qwen3", false); }
@@ -377,6 +382,11 @@ Test(hf_moe, bad_safetensors_are_named) {
     /* top-k beyond the expert count */
     hm_expect_error("mixtral", "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9", NULL, NULL,
                     "num_experts_per_tok=9", "must be in 1..8");
+    /* no shared width in config.json: transformers' default (5632), which
+     * the tensors then contradict, rather than a shared expert ignored */
+    hm_expect_error("qwen2_moe", "\"shared_expert_intermediate_size\"", "\"shared_expert_intermediate_sizX\"", NULL,
+                    NULL, "blk.0.ffn_gate_shexp.weight: shape (32, 64) expected (5632, 64)",
+                    "shared_expert_intermediate_size=5632");
     /* dense layers between MoE ones are refused, not run as MoE */
     hm_expect_error("qwen2_moe", "\"mlp_only_layers\": []", "\"mlp_only_layers\": [1]", NULL, NULL,
                     "mlp_only_layers", "every layer is a mixture of experts");
@@ -397,7 +407,7 @@ Test(hf_moe, bad_gguf_are_named) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         gw img = hm_gguf_image_edit(
-            c.model, (hm_gguf_opts){.rename_from = cases[i].from, .rename_to = cases[i].to, .drop_k = !cases[i].keys_k});
+            c.model, (hm_gguf_opts){.rename_from = cases[i].from, .rename_to = cases[i].to, .drop_key = cases[i].keys_k ? NULL : "expert_used_count"});
         loom_model *m = NULL;
         loom_error err = {0};
         loom_model_load_opts o = {.path = "mixtral.gguf", .format = "gguf", .data = img.buf, .size = img.len};
@@ -415,7 +425,7 @@ Test(hf_moe, bad_gguf_are_named) {
  * Q8_0 experts, on weight_dtype wd (0 f32, 1 gguf); (n - 1) values. */
 static double *hm_q8_logprobs(const char *name, int wd, int *n_out, const cJSON **ref, cJSON **doc) {
     hm_ctx c;
-    hm_setup_as(&c, name, true, true, wd);
+    hm_setup_as(&c, name, true, (hm_gguf_opts){.q8_experts = true}, wd);
     int n;
     int32_t *ids = hm_ids(c.doc, "tokens", &n, 0);
     float *lg = malloc(sizeof(float) * (size_t)n * (size_t)c.V);
