@@ -36,6 +36,7 @@
 
 #include "../model/gguf_writer.h"
 #include "fake_host.h"
+#include "formats/half.h"
 #include "model/model.h"
 #include "tb_util.h"
 #include "tp_util.h"
@@ -68,8 +69,8 @@ static uint8_t *hm_q8_0(const float *x, int64_t n) {
     for (int64_t b = 0; b < n / 32; b++) {
         float amax = 0;
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b * 32 + i]));
-        _Float16 d = (_Float16)(amax / 127.0f);
-        float df = (float)d;
+        const uint16_t d = loom_fp32_to_fp16(amax / 127.0f);
+        const float df = loom_fp16_to_fp32(d);
         memcpy(out + b * 34, &d, 2);
         for (int i = 0; i < 32; i++) {
             float q = df > 0 ? roundf(x[b * 32 + i] / df) : 0;
