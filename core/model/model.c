@@ -231,6 +231,7 @@ void lm_progress(const loom_model_load_opts *o, const char *what, double fractio
 
 #define LM_MAX_DIM (1 << 24)     /* any hidden/vocab/ffn width beyond this is a corrupt header */
 #define LM_MAX_LAYERS 4096
+#define LM_MAX_EXPERTS 4096      /* routed experts per layer (DeepSeek-V3 has 256) */
 
 loom_status lm_check_config(const loom_model_config *c, const char *src, const lm_keys *k, loom_error *err) {
     struct {
@@ -265,6 +266,20 @@ loom_status lm_check_config(const loom_model_config *c, const char *src, const l
     if (c->rope_scaling != LOOM_ROPE_SCALING_NONE && !(c->rope_factor > 0))
         return loom_error_set(err, LOOM_ERR_FORMAT, "%s: rope scaling factor %g must be positive", src,
                               (double)c->rope_factor);
+    if (c->num_experts < 0 || c->num_experts > LM_MAX_EXPERTS)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s=%d is out of range (0..%d)", src,
+                              k->experts ? k->experts : "expert count", c->num_experts, LM_MAX_EXPERTS);
+    if (c->num_experts > 0 && (c->num_experts_used < 1 || c->num_experts_used > c->num_experts))
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s=%d must be in 1..%d (the expert count)", src,
+                              k->experts_used ? k->experts_used : "experts per token", c->num_experts_used,
+                              c->num_experts);
+    if (c->num_experts > 0 && (c->expert_intermediate_size <= 0 || c->expert_intermediate_size > LM_MAX_DIM ||
+                               c->shared_expert_intermediate_size < 0 ||
+                               c->shared_expert_intermediate_size > LM_MAX_DIM))
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s=%d / %s=%d out of range (1..%d / 0..%d)", src,
+                              k->expert_inter ? k->expert_inter : "expert width", c->expert_intermediate_size,
+                              k->shared_inter ? k->shared_inter : "shared expert width",
+                              c->shared_expert_intermediate_size, LM_MAX_DIM, LM_MAX_DIM);
     if (c->bos_token_id >= c->vocab_size || c->eos_token_id >= c->vocab_size)
         return loom_error_set(err, LOOM_ERR_FORMAT, "%s: bos/eos token id (%d/%d) outside the vocabulary (%d)", src,
                               c->bos_token_id, c->eos_token_id, c->vocab_size);
@@ -276,11 +291,15 @@ const char *lm_arch_name(loom_arch a) {
     case LOOM_ARCH_LLAMA: return "llama";
     case LOOM_ARCH_QWEN2: return "qwen2";
     case LOOM_ARCH_GEMMA3: return "gemma3";
+    case LOOM_ARCH_QWEN3: return "qwen3";
+    case LOOM_ARCH_QWEN3_MOE: return "qwen3moe";
+    case LOOM_ARCH_QWEN2_MOE: return "qwen2moe";
+    case LOOM_ARCH_MIXTRAL: return "mixtral";
     }
     return "unknown";
 }
 
-enum { D_VOCAB, D_HIDDEN, D_INTER, D_Q, D_KV, D_HEAD };
+enum { D_VOCAB, D_HIDDEN, D_INTER, D_Q, D_KV, D_HEAD, D_EXP, D_EINTER, D_SINTER };
 
 static int64_t dim_value(const loom_model_config *c, int d) {
     switch (d) {
@@ -289,6 +308,9 @@ static int64_t dim_value(const loom_model_config *c, int d) {
     case D_INTER: return c->intermediate_size;
     case D_Q: return (int64_t)c->num_heads * c->head_dim;
     case D_HEAD: return c->head_dim;
+    case D_EXP: return c->num_experts;
+    case D_EINTER: return c->expert_intermediate_size;
+    case D_SINTER: return c->shared_expert_intermediate_size;
     default: return (int64_t)c->num_kv_heads * c->head_dim;
     }
 }
@@ -300,6 +322,13 @@ static int dim_label(char *buf, size_t cap, const loom_model_config *c, const lm
     case D_INTER: return snprintf(buf, cap, "%s=%d", k->inter, c->intermediate_size);
     case D_Q: return snprintf(buf, cap, "%s=%d x %s=%d", k->heads, c->num_heads, k->head_dim, c->head_dim);
     case D_HEAD: return snprintf(buf, cap, "%s=%d", k->head_dim, c->head_dim);
+    case D_EXP: return snprintf(buf, cap, "%s=%d", k->experts ? k->experts : "experts", c->num_experts);
+    case D_EINTER:
+        return snprintf(buf, cap, "%s=%d", k->expert_inter ? k->expert_inter : "expert width",
+                        c->expert_intermediate_size);
+    case D_SINTER:
+        return snprintf(buf, cap, "%s=%d", k->shared_inter ? k->shared_inter : "shared expert width",
+                        c->shared_expert_intermediate_size);
     default: return snprintf(buf, cap, "%s=%d x %s=%d", k->kv_heads, c->num_kv_heads, k->head_dim, c->head_dim);
     }
 }
@@ -320,7 +349,7 @@ static bool is_weight_type(loom_dtype t) {
 
 /* Check one required tensor: present, readable type, expected shape. */
 static loom_status check_tensor(loom_model *m, const char *src, const lm_keys *k, const char *name, int ndim,
-                                int d0, int d1, loom_error *err) {
+                                int d0, int d1, int d2, loom_error *err) {
     const loom_model_config *c = &m->cfg;
     loom_tensor *t = lm_find(m, name);
     if (!t) {
@@ -333,7 +362,7 @@ static loom_status check_tensor(loom_model *m, const char *src, const lm_keys *k
                                       src, name, m->unsup[i].type);
         return loom_error_set(err, LOOM_ERR_FORMAT,
                               "%s: required tensor %s is missing (a %s model with %d layers needs it); the file is "
-                              "incomplete or is not a Llama/Qwen2/Gemma3-style decoder",
+                              "incomplete or is not a Llama/Qwen/Mixtral/Gemma3-style decoder",
                               src, name, lm_arch_name(c->arch), c->num_layers);
     }
     bool ok_type = ndim == 1 ? is_float_type(t->dtype) : is_weight_type(t->dtype);
@@ -342,22 +371,23 @@ static loom_status check_tensor(loom_model *m, const char *src, const lm_keys *k
                               "%s: tensor %s has type %s, which loom does not accept for a %s; use %s", src, name,
                               loom_dtype_name(t->dtype), ndim == 1 ? "norm/bias vector" : "weight matrix",
                               ndim == 1 ? "f32, f16 or bf16" : "f32, f16, bf16, q8_0, q4_0, q4_1, q4_k or q6_k");
-    int dims[2] = {d0, d1};
+    int dims[3] = {d0, d1, d2};
     bool ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == dim_value(c, dims[i]);
     if (!ok) {
-        char got[96], exp[96], from[256];
+        char got[96], exp[96], from[320];
         int n = snprintf(got, sizeof got, "(");
         for (int i = 0; i < t->ndim; i++)
             n += snprintf(got + n, sizeof got - (size_t)n, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
         snprintf(got + n, sizeof got - (size_t)n, ")");
-        if (ndim == 1) snprintf(exp, sizeof exp, "(%lld)", (long long)dim_value(c, d0));
-        else snprintf(exp, sizeof exp, "(%lld, %lld)", (long long)dim_value(c, d0), (long long)dim_value(c, d1));
-        n = dim_label(from, sizeof from, c, k, d0);
-        if (ndim == 2 && n < (int)sizeof from - 2) {
-            n += snprintf(from + n, sizeof from - (size_t)n, ", ");
-            if (n < (int)sizeof from) dim_label(from + n, sizeof from - (size_t)n, c, k, d1);
+        int ne = snprintf(exp, sizeof exp, "("), nf = 0;
+        for (int i = 0; i < ndim; i++) {
+            ne += snprintf(exp + ne, sizeof exp - (size_t)ne, "%s%lld", i ? ", " : "",
+                           (long long)dim_value(c, dims[i]));
+            if (i && nf < (int)sizeof from - 2) nf += snprintf(from + nf, sizeof from - (size_t)nf, ", ");
+            if (nf < (int)sizeof from) nf += dim_label(from + nf, sizeof from - (size_t)nf, c, k, dims[i]);
         }
+        snprintf(exp + ne, sizeof exp - (size_t)ne, ")");
         return loom_error_set(err, LOOM_ERR_FORMAT,
                               "%s: %s: shape %s expected %s from %s; the tensors do not match the model's "
                               "configuration (damaged file or mismatched config)",
@@ -382,31 +412,41 @@ loom_status lm_validate(loom_model *m, const char *src, const lm_keys *k, loom_e
     const loom_model_config *c = &m->cfg;
     loom_status st;
     char name[96];
-    if ((st = check_tensor(m, src, k, "token_embd.weight", 2, D_VOCAB, D_HIDDEN, err))) return st;
-    if ((st = check_tensor(m, src, k, "output_norm.weight", 1, D_HIDDEN, 0, err))) return st;
-    if (!c->tie_embeddings && (st = check_tensor(m, src, k, "output.weight", 2, D_VOCAB, D_HIDDEN, err)))
+    if ((st = check_tensor(m, src, k, "token_embd.weight", 2, D_VOCAB, D_HIDDEN, 0, err))) return st;
+    if ((st = check_tensor(m, src, k, "output_norm.weight", 1, D_HIDDEN, 0, 0, err))) return st;
+    if (!c->tie_embeddings && (st = check_tensor(m, src, k, "output.weight", 2, D_VOCAB, D_HIDDEN, 0, err)))
         return st;
-    /* when: 0 always, else only with qkv_bias (1), qk_norm (2), post_norms (3) */
+    /* when: 0 always, else only with qkv_bias (1), qk_norm (2), post_norms
+     * (3), a dense FFN (4), routed experts (5), a shared expert (6) */
     static const struct {
         const char *suffix;
-        int ndim, d0, d1;
+        int ndim, d0, d1, d2;
         int when;
     } per_layer[] = {
-        {"attn_norm.weight", 1, D_HIDDEN, 0, 0}, {"attn_q.weight", 2, D_Q, D_HIDDEN, 0},
-        {"attn_k.weight", 2, D_KV, D_HIDDEN, 0},  {"attn_v.weight", 2, D_KV, D_HIDDEN, 0},
-        {"attn_output.weight", 2, D_HIDDEN, D_Q, 0}, {"ffn_norm.weight", 1, D_HIDDEN, 0, 0},
-        {"ffn_gate.weight", 2, D_INTER, D_HIDDEN, 0}, {"ffn_up.weight", 2, D_INTER, D_HIDDEN, 0},
-        {"ffn_down.weight", 2, D_HIDDEN, D_INTER, 0}, {"attn_q.bias", 1, D_Q, 0, 1},
-        {"attn_k.bias", 1, D_KV, 0, 1},            {"attn_v.bias", 1, D_KV, 0, 1},
-        {"attn_q_norm.weight", 1, D_HEAD, 0, 2},    {"attn_k_norm.weight", 1, D_HEAD, 0, 2},
-        {"post_attention_norm.weight", 1, D_HIDDEN, 0, 3}, {"post_ffw_norm.weight", 1, D_HIDDEN, 0, 3},
+        {"attn_norm.weight", 1, D_HIDDEN, 0, 0, 0}, {"attn_q.weight", 2, D_Q, D_HIDDEN, 0, 0},
+        {"attn_k.weight", 2, D_KV, D_HIDDEN, 0, 0},  {"attn_v.weight", 2, D_KV, D_HIDDEN, 0, 0},
+        {"attn_output.weight", 2, D_HIDDEN, D_Q, 0, 0}, {"ffn_norm.weight", 1, D_HIDDEN, 0, 0, 0},
+        {"ffn_gate.weight", 2, D_INTER, D_HIDDEN, 0, 4}, {"ffn_up.weight", 2, D_INTER, D_HIDDEN, 0, 4},
+        {"ffn_down.weight", 2, D_HIDDEN, D_INTER, 0, 4}, {"attn_q.bias", 1, D_Q, 0, 0, 1},
+        {"attn_k.bias", 1, D_KV, 0, 0, 1},            {"attn_v.bias", 1, D_KV, 0, 0, 1},
+        {"attn_q_norm.weight", 1, D_HEAD, 0, 0, 2},    {"attn_k_norm.weight", 1, D_HEAD, 0, 0, 2},
+        {"post_attention_norm.weight", 1, D_HIDDEN, 0, 0, 3}, {"post_ffw_norm.weight", 1, D_HIDDEN, 0, 0, 3},
+        {"ffn_gate_inp.weight", 2, D_EXP, D_HIDDEN, 0, 5},
+        {"ffn_gate_exps.weight", 3, D_EXP, D_EINTER, D_HIDDEN, 5},
+        {"ffn_up_exps.weight", 3, D_EXP, D_EINTER, D_HIDDEN, 5},
+        {"ffn_down_exps.weight", 3, D_EXP, D_HIDDEN, D_EINTER, 5},
+        {"ffn_gate_shexp.weight", 2, D_SINTER, D_HIDDEN, 0, 6}, {"ffn_up_shexp.weight", 2, D_SINTER, D_HIDDEN, 0, 6},
+        {"ffn_down_shexp.weight", 2, D_HIDDEN, D_SINTER, 0, 6}, {"ffn_gate_inp_shexp.weight", 1, D_HIDDEN, 0, 0, 6},
     };
-    const bool have[4] = {true, c->qkv_bias, c->qk_norm, c->post_norms};
+    const bool moe = c->num_experts > 0;
+    const bool have[7] = {true, c->qkv_bias, c->qk_norm, c->post_norms, !moe, moe,
+                          moe && c->shared_expert_intermediate_size > 0};
     for (int32_t l = 0; l < c->num_layers; l++) {
         for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++) {
             if (!have[per_layer[i].when]) continue;
             snprintf(name, sizeof name, "blk.%d.%s", l, per_layer[i].suffix);
-            if ((st = check_tensor(m, src, k, name, per_layer[i].ndim, per_layer[i].d0, per_layer[i].d1, err)))
+            if ((st = check_tensor(m, src, k, name, per_layer[i].ndim, per_layer[i].d0, per_layer[i].d1,
+                                   per_layer[i].d2, err)))
                 return st;
         }
     }

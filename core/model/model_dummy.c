@@ -36,22 +36,35 @@ typedef struct shape_def {
     bool tie;
     int32_t bos, eos;
     const char *label;
+    /* mixture of experts (loom/model.h); zero: dense */
+    int32_t experts, experts_used, expert_inter, shared_inter;
+    bool norm_topk;
 } shape_def;
 
 static const shape_def k_shapes[] = {
     {"llama3-8b", LOOM_ARCH_LLAMA, 128256, 4096, 14336, 32, 32, 8, 128, 8192, 500000.0f, 1e-5f, false, 128000,
-     128001, "dummy Llama-3-8B"},
+     128001, "dummy Llama-3-8B", 0, 0, 0, 0, false},
     {"llama2-7b", LOOM_ARCH_LLAMA, 32000, 4096, 11008, 32, 32, 32, 128, 4096, 10000.0f, 1e-5f, false, 1, 2,
-     "dummy Llama-2-7B"},
+     "dummy Llama-2-7B", 0, 0, 0, 0, false},
     {"smollm2-135m", LOOM_ARCH_LLAMA, 49152, 576, 1536, 30, 9, 3, 64, 8192, 100000.0f, 1e-5f, true, 1, 2,
-     "dummy SmolLM2-135M"},
+     "dummy SmolLM2-135M", 0, 0, 0, 0, false},
     {"qwen2-0.5b", LOOM_ARCH_QWEN2, 151936, 896, 4864, 24, 14, 2, 64, 32768, 1000000.0f, 1e-6f, true, 151643,
-     151645, "dummy Qwen2-0.5B"},
-    {"tiny", LOOM_ARCH_LLAMA, 256, 64, 128, 2, 4, 2, 16, 256, 10000.0f, 1e-5f, false, 1, 2, "dummy tiny"},
+     151645, "dummy Qwen2-0.5B", 0, 0, 0, 0, false},
+    {"tiny", LOOM_ARCH_LLAMA, 256, 64, 128, 2, 4, 2, 16, 256, 10000.0f, 1e-5f, false, 1, 2, "dummy tiny", 0, 0, 0, 0,
+     false},
+    {"mixtral-8x7b", LOOM_ARCH_MIXTRAL, 32000, 4096, 14336, 32, 32, 8, 128, 32768, 1000000.0f, 1e-5f, false, 1, 2,
+     "dummy Mixtral-8x7B", 8, 2, 14336, 0, true},
+    {"qwen3-30b-a3b", LOOM_ARCH_QWEN3_MOE, 151936, 2048, 6144, 48, 32, 4, 128, 40960, 1000000.0f, 1e-6f, false,
+     151643, 151645, "dummy Qwen3-30B-A3B", 128, 8, 768, 0, true},
+    {"qwen3-moe-tiny", LOOM_ARCH_QWEN3_MOE, 256, 64, 128, 2, 4, 2, 16, 256, 10000.0f, 1e-6f, true, 1, 2,
+     "dummy tiny Qwen3-MoE", 8, 2, 32, 0, true},
+    {"qwen2-moe-tiny", LOOM_ARCH_QWEN2_MOE, 256, 64, 128, 2, 4, 2, 16, 256, 10000.0f, 1e-6f, false, 1, 2,
+     "dummy tiny Qwen2-MoE (shared expert)", 8, 2, 32, 48, false},
 };
 
 const char *const *loom_model_dummy_shapes(void) {
-    static const char *const names[] = {"llama3-8b", "llama2-7b", "smollm2-135m", "qwen2-0.5b", "tiny", NULL};
+    static const char *const names[] = {"llama3-8b",    "llama2-7b",     "smollm2-135m",   "qwen2-0.5b", "tiny",
+                                        "mixtral-8x7b", "qwen3-30b-a3b", "qwen3-moe-tiny", "qwen2-moe-tiny", NULL};
     return names;
 }
 
@@ -160,11 +173,13 @@ static const shape_def *find_shape(const char *name) {
 static loom_status check_opts(const loom_model_load_opts *o, const shape_def **sd, loom_error *err) {
     if (!o->dummy_shape || !*o->dummy_shape)
         return loom_error_set(err, LOOM_ERR_INVALID,
-                              "dummy model needs a shape (llama3-8b, llama2-7b, smollm2-135m, qwen2-0.5b or tiny)");
+                              "dummy model needs a shape (llama3-8b, llama2-7b, smollm2-135m, qwen2-0.5b, tiny, "
+                              "mixtral-8x7b, qwen3-30b-a3b, qwen3-moe-tiny or qwen2-moe-tiny)");
     *sd = find_shape(o->dummy_shape);
     if (!*sd)
         return loom_error_set(err, LOOM_ERR_INVALID,
-                              "unknown dummy shape '%s' (use llama3-8b, llama2-7b, smollm2-135m, qwen2-0.5b or tiny)",
+                              "unknown dummy shape '%s' (use llama3-8b, llama2-7b, smollm2-135m, qwen2-0.5b, tiny, "
+                              "mixtral-8x7b, qwen3-30b-a3b, qwen3-moe-tiny or qwen2-moe-tiny)",
                               o->dummy_shape);
     loom_dtype dt = o->dummy_dtype;
     if (dt != LOOM_DTYPE_F32 && dt != LOOM_DTYPE_F16 && dt != LOOM_DTYPE_BF16)
@@ -189,7 +204,13 @@ static void set_config(loom_model_config *c, const shape_def *sd, const loom_mod
     c->rope_theta = sd->theta;
     c->rms_norm_eps = sd->eps;
     c->tie_embeddings = sd->tie;
-    c->qkv_bias = sd->arch == LOOM_ARCH_QWEN2;
+    c->qkv_bias = sd->arch == LOOM_ARCH_QWEN2 || sd->arch == LOOM_ARCH_QWEN2_MOE;
+    c->qk_norm = sd->arch == LOOM_ARCH_QWEN3 || sd->arch == LOOM_ARCH_QWEN3_MOE;
+    c->num_experts = sd->experts;
+    c->num_experts_used = sd->experts_used;
+    c->expert_intermediate_size = sd->expert_inter;
+    c->shared_expert_intermediate_size = sd->shared_inter;
+    c->moe_norm_topk = sd->norm_topk;
     c->bos_token_id = sd->bos;
     c->eos_token_id = sd->eos;
     snprintf(c->name, sizeof c->name, "%s (%s, seed %llu)", sd->label, loom_dtype_name(o->dummy_dtype),
@@ -201,16 +222,17 @@ typedef struct plan {
     loom_model *m;
     loom_dtype dt;
     size_t esz;              /* bytes per element                         */
-    dtensor *ts;             /* [3 + 12 * layers]                         */
+    dtensor *ts;             /* [3 + 24 * layers]                         */
     int32_t n_ts;
     size_t total;            /* arena bytes so far, each tensor ALIGNed   */
 } plan;
 
-/* Add one tensor of shape (s0) or (s0, s1) to the model and the arena plan. */
-static loom_status plan_add(plan *p, const char *name, int nd, int64_t s0, int64_t s1, init_kind kind,
-                            int64_t fan_in, loom_error *err) {
-    int64_t shape[2] = {s0, s1};
-    int64_t numel = nd == 1 ? s0 : s0 * s1;
+/* Add one tensor of shape (s0), (s0, s1) or (s0, s1, s2) to the model and
+ * the arena plan. */
+static loom_status plan_add3(plan *p, const char *name, int nd, int64_t s0, int64_t s1, int64_t s2,
+                             init_kind kind, int64_t fan_in, loom_error *err) {
+    int64_t shape[3] = {s0, s1, s2};
+    int64_t numel = nd == 1 ? s0 : nd == 2 ? s0 * s1 : s0 * s1 * s2;
     loom_status st = lm_add_tensor(p->m, name, p->dt, nd, shape, NULL, (size_t)numel * p->esz, err);
     if (st) return st;
     p->ts[p->n_ts] = (dtensor){.index = p->n_ts, .numel = numel, .offset = p->total, .kind = kind,
@@ -218,6 +240,36 @@ static loom_status plan_add(plan *p, const char *name, int nd, int64_t s0, int64
                                         : kind == INIT_NORM ? 0.05f : 0.02f};
     p->total += ((size_t)numel * p->esz + ALIGN - 1) / ALIGN * ALIGN;
     p->n_ts++;
+    return LOOM_OK;
+}
+
+static loom_status plan_add(plan *p, const char *name, int nd, int64_t s0, int64_t s1, init_kind kind,
+                            int64_t fan_in, loom_error *err) {
+    return plan_add3(p, name, nd, s0, s1, 1, kind, fan_in, err);
+}
+
+/* Layer l's routed (and shared) experts instead of a dense FFN. */
+static loom_status plan_moe(plan *p, const loom_model_config *c, int32_t l, loom_error *err) {
+    const int64_t H = c->hidden_size, E = c->num_experts, I = c->expert_intermediate_size,
+                  S = c->shared_expert_intermediate_size;
+    char name[96];
+    loom_status st;
+#define ADD3(s, nd, s0, s1, s2, kind, fan_in)                                                 \
+    do {                                                                                      \
+        snprintf(name, sizeof name, "blk.%d." s, l);                                          \
+        if ((st = plan_add3(p, name, nd, s0, s1, s2, kind, fan_in, err))) return st;          \
+    } while (0)
+    ADD3("ffn_gate_inp.weight", 2, E, H, 1, INIT_MATRIX, H);
+    ADD3("ffn_gate_exps.weight", 3, E, I, H, INIT_MATRIX, H);
+    ADD3("ffn_up_exps.weight", 3, E, I, H, INIT_MATRIX, H);
+    ADD3("ffn_down_exps.weight", 3, E, H, I, INIT_MATRIX, I);
+    if (S > 0) {
+        ADD3("ffn_gate_shexp.weight", 2, S, H, 1, INIT_MATRIX, H);
+        ADD3("ffn_up_shexp.weight", 2, S, H, 1, INIT_MATRIX, H);
+        ADD3("ffn_down_shexp.weight", 2, H, S, 1, INIT_MATRIX, S);
+        ADD3("ffn_gate_inp_shexp.weight", 1, H, 1, 1, INIT_MATRIX, H);
+    }
+#undef ADD3
     return LOOM_OK;
 }
 
@@ -241,8 +293,13 @@ static loom_status plan_layer(plan *p, const loom_model_config *c, int32_t l, lo
         ADD("attn_k.bias", 1, KV, 0, INIT_BIAS, 1);
         ADD("attn_v.bias", 1, KV, 0, INIT_BIAS, 1);
     }
+    if (c->qk_norm) {
+        ADD("attn_q_norm.weight", 1, c->head_dim, 0, INIT_NORM, 1);
+        ADD("attn_k_norm.weight", 1, c->head_dim, 0, INIT_NORM, 1);
+    }
     ADD("attn_output.weight", 2, H, Q, INIT_MATRIX, Q);
     ADD("ffn_norm.weight", 1, H, 0, INIT_NORM, 1);
+    if (c->num_experts > 0) return plan_moe(p, c, l, err);
     ADD("ffn_gate.weight", 2, I, H, INIT_MATRIX, H);
     ADD("ffn_up.weight", 2, I, H, INIT_MATRIX, H);
     ADD("ffn_down.weight", 2, H, I, INIT_MATRIX, I);
@@ -315,11 +372,13 @@ loom_status lm_load_dummy(loom_model *m, const loom_model_load_opts *o, loom_err
     if (st) return st;
     loom_model_config *c = &m->cfg;
     set_config(c, sd, o);
-    lm_keys keys = {"vocab", "hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim"};
+    lm_keys keys = {"vocab",    "hidden",   "intermediate", "layers",        "heads",
+                    "kv_heads", "head_dim", "experts",      "experts_used",  "expert_intermediate",
+                    "shared_expert_intermediate"};
     if ((st = lm_check_config(c, o->dummy_shape, &keys, err))) return st;
 
     loom_dtype dt = o->dummy_dtype;
-    int32_t max_ts = 3 + 12 * c->num_layers;
+    int32_t max_ts = 3 + 24 * c->num_layers;
     plan p = {.m = m, .dt = dt, .esz = dt == LOOM_DTYPE_F32 ? 4 : 2};
     p.ts = calloc((size_t)max_ts, sizeof *p.ts);
     unit_start = calloc((size_t)max_ts + 1, sizeof *unit_start);

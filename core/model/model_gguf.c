@@ -1,13 +1,15 @@
 /*
  * core/model/model_gguf.c — model config and tensors from a GGUF file.
  *
- * Reads the llama.cpp metadata keys of architectures "llama", "qwen2" and
- * "gemma3" into loom_model_config, exposes every readable tensor under its GGUF name
+ * Reads the llama.cpp metadata keys of architectures "llama" (Mixtral: with
+ * expert_count), "qwen2", "qwen3", "qwen3moe", "qwen2moe" and "gemma3" into
+ * loom_model_config, exposes every readable tensor under its GGUF name
  * with the GGML dims reversed into row-major order (ne[0] contiguous ->
  * last), then, for arch llama only, copies Q/K weights and biases into owned
  * memory with llama.cpp's interleaving permutation undone (whole rows, so
  * quantized rows are moved, never dequantized). qwen2 and gemma3 GGUFs are
- * converted without that permutation (llama.cpp uses NeoX RoPE for them).
+ * converted without that permutation (llama.cpp uses NeoX RoPE for them;
+ * so are the Qwen3 and Qwen MoE ones).
  * Q5_0 tensors are widened to Q8_0 (exact; add_widened_q5_0).
  */
 #include <float.h>
@@ -118,7 +120,8 @@ static void infer_llama3_scaling(loom_model_config *c, const loom_gguf_tensor_in
                  path, (double)c->rope_factor, worst);
 }
 
-/* general.architecture: llama, qwen2 or gemma3; sets the prefix of the other keys. */
+/* general.architecture: llama, qwen2, qwen3, qwen3moe, qwen2moe or gemma3;
+ * sets the prefix of the other keys (Mixtral is "llama" with experts). */
 static loom_status read_arch(gg_ctx *c, loom_model_config *cfg, loom_error *err) {
     loom_gguf_str s;
     if (!loom_gguf_get_str(c->g, "general.architecture", &s))
@@ -128,7 +131,9 @@ static loom_status read_arch(gg_ctx *c, loom_model_config *cfg, loom_error *err)
     static const struct {
         const char *name;
         loom_arch arch;
-    } known[] = {{"llama", LOOM_ARCH_LLAMA}, {"qwen2", LOOM_ARCH_QWEN2}, {"gemma3", LOOM_ARCH_GEMMA3}};
+    } known[] = {{"llama", LOOM_ARCH_LLAMA},         {"qwen2", LOOM_ARCH_QWEN2},
+                 {"gemma3", LOOM_ARCH_GEMMA3},       {"qwen3", LOOM_ARCH_QWEN3},
+                 {"qwen3moe", LOOM_ARCH_QWEN3_MOE}, {"qwen2moe", LOOM_ARCH_QWEN2_MOE}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (loom_gguf_str_eq(s, known[i].name)) {
             cfg->arch = known[i].arch;
@@ -136,7 +141,8 @@ static loom_status read_arch(gg_ctx *c, loom_model_config *cfg, loom_error *err)
             return LOOM_OK;
         }
     return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
-                          "%s: architecture '%.*s' is not supported (loom runs llama, qwen2 and gemma3 GGUFs)",
+                          "%s: architecture '%.*s' is not supported (loom runs llama (Mixtral included), qwen2, "
+                          "qwen3, qwen3moe, qwen2moe and gemma3 GGUFs)",
                           c->path, (int)(s.len > 40 ? 40 : s.len), s.ptr);
 }
 
@@ -296,6 +302,41 @@ static loom_status read_gemma3(const gg_ctx *c, loom_model_config *cfg, loom_err
     return LOOM_OK;
 }
 
+/* Mixture of experts: <arch>.expert_count (Mixtral: a "llama" file with
+ * experts), expert_used_count, the experts' width (expert_feed_forward_length;
+ * Mixtral's is feed_forward_length) and Qwen2-MoE's shared expert
+ * (expert_shared_feed_forward_length). Renormalising the kept weights is
+ * fixed per architecture, as llama.cpp runs them: Qwen3-MoE and Mixtral
+ * do, Qwen2-MoE does not. */
+static loom_status read_moe(const gg_ctx *c, loom_model_config *cfg, loom_error *err) {
+    loom_status st;
+    if ((st = get_int(c, "expert_count", false, &cfg->num_experts, err))) return st;
+    const bool qmoe = cfg->arch == LOOM_ARCH_QWEN3_MOE || cfg->arch == LOOM_ARCH_QWEN2_MOE;
+    if (cfg->num_experts == 0 && !qmoe) return LOOM_OK;
+    char k[KEYLEN];
+    if (cfg->num_experts <= 0)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: %s=%d; a %s model needs experts", c->path,
+                              akey(k, c, "expert_count"), cfg->num_experts, c->arch);
+    if (cfg->arch == LOOM_ARCH_LLAMA) cfg->arch = LOOM_ARCH_MIXTRAL;
+    if ((st = get_int(c, "expert_used_count", true, &cfg->num_experts_used, err))) return st;
+    cfg->expert_intermediate_size = cfg->intermediate_size;
+    if ((st = get_int(c, "expert_feed_forward_length", qmoe, &cfg->expert_intermediate_size, err))) return st;
+    if (cfg->arch == LOOM_ARCH_QWEN2_MOE &&
+        (st = get_int(c, "expert_shared_feed_forward_length", false, &cfg->shared_expert_intermediate_size, err)))
+        return st;
+    /* a shared expert without the key: its width from the tensor, never ignored */
+    const loom_gguf_tensor_info *sh = loom_gguf_find_tensor(c->g, "blk.0.ffn_up_shexp.weight");
+    if (cfg->shared_expert_intermediate_size == 0 && sh && sh->n_dims == 2 && sh->ne[1] <= INT32_MAX)
+        cfg->shared_expert_intermediate_size = (int32_t)sh->ne[1];
+    cfg->moe_norm_topk = cfg->arch != LOOM_ARCH_QWEN2_MOE;
+    if (cfg->arch == LOOM_ARCH_MIXTRAL && loom_gguf_find_tensor(c->g, "blk.0.ffn_gate.0.weight"))
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "%s: experts stored one tensor each (blk.N.ffn_gate.E.weight, an early llama.cpp "
+                              "Mixtral layout); convert the model again for stacked blk.N.ffn_gate_exps.weight",
+                              c->path);
+    return LOOM_OK;
+}
+
 static loom_status read_config(gg_ctx *c, loom_model *m, loom_error *err) {
     loom_model_config *cfg = &m->cfg;
     loom_status st;
@@ -304,14 +345,16 @@ static loom_status read_config(gg_ctx *c, loom_model *m, loom_error *err) {
     cfg->rope_theta = 10000.0f;
     if ((st = get_float(c, "rope.freq_base", &cfg->rope_theta, err))) return st;
     if (cfg->arch == LOOM_ARCH_GEMMA3 && (st = read_gemma3(c, cfg, err))) return st;
-    cfg->rms_norm_eps = cfg->arch == LOOM_ARCH_LLAMA ? 1e-5f : 1e-6f;
+    cfg->rms_norm_eps = !strcmp(c->arch, "llama") ? 1e-5f : 1e-6f;
     if ((st = get_float(c, "attention.layer_norm_rms_epsilon", &cfg->rms_norm_eps, err))) return st;
     if ((st = read_rope_scaling(c, cfg, err))) return st;
     if ((st = read_vocab_size(c, cfg, err))) return st;
     read_ids_and_name(c, cfg);
     cfg->tie_embeddings = loom_gguf_find_tensor(c->g, "output.weight") == NULL;
-    cfg->qkv_bias = cfg->arch == LOOM_ARCH_QWEN2 || loom_gguf_find_tensor(c->g, "blk.0.attn_q.bias") != NULL;
-    return LOOM_OK;
+    cfg->qkv_bias = cfg->arch == LOOM_ARCH_QWEN2 || cfg->arch == LOOM_ARCH_QWEN2_MOE ||
+                    loom_gguf_find_tensor(c->g, "blk.0.attn_q.bias") != NULL;
+    cfg->qk_norm = cfg->qk_norm || cfg->arch == LOOM_ARCH_QWEN3 || cfg->arch == LOOM_ARCH_QWEN3_MOE;
+    return read_moe(c, cfg, err);
 }
 
 /* Is name "blk.<N>.attn_q.weight" (or k, or .bias)? Sets *is_q. */
@@ -365,11 +408,14 @@ loom_status lm_load_gguf(loom_model *m, const loom_model_load_opts *o, loom_erro
     if (st) return st;
     gg_ctx c = {.g = m->gguf, .path = src};
     if ((st = read_config(&c, m, err))) return st;
-    char kk[7][KEYLEN];
+    char kk[11][KEYLEN];
     lm_keys keys = {akey(kk[0], &c, "vocab_size"), akey(kk[1], &c, "embedding_length"),
                     akey(kk[2], &c, "feed_forward_length"), akey(kk[3], &c, "block_count"),
                     akey(kk[4], &c, "attention.head_count"), akey(kk[5], &c, "attention.head_count_kv"),
-                    "head_dim"};
+                    "head_dim", akey(kk[6], &c, "expert_count"), akey(kk[7], &c, "expert_used_count"),
+                    akey(kk[8], &c, m->cfg.arch == LOOM_ARCH_MIXTRAL ? "feed_forward_length"
+                                                                      : "expert_feed_forward_length"),
+                    akey(kk[9], &c, "expert_shared_feed_forward_length")};
     if ((st = lm_check_config(&m->cfg, src, &keys, err))) return st;
 
     /* tensors: mmap'd views with reversed dims */
@@ -398,8 +444,8 @@ loom_status lm_load_gguf(loom_model *m, const loom_model_load_opts *o, loom_erro
     if ((st = lm_index(m, src, err))) return st;
     if ((st = lm_validate(m, src, &keys, err))) return st;
 
-    /* undo llama.cpp's Q/K row interleaving (arch llama only) */
-    if (m->cfg.arch == LOOM_ARCH_LLAMA) {
+    /* undo llama.cpp's Q/K row interleaving (arch llama only, Mixtral included) */
+    if (!strcmp(c.arch, "llama")) {
         int32_t done = 0, total = 0;
         bool q;
         for (int32_t i = 0; i < m->n_tensors; i++) total += is_qk(m->names[i], &q);

@@ -48,6 +48,8 @@ struct loom_model {
  * "expected (1536, 576) from llama.feed_forward_length=1536, ...". */
 typedef struct lm_keys {
     const char *vocab, *hidden, *inter, *layers, *heads, *kv_heads, *head_dim;
+    /* mixture of experts; NULL: a generic label */
+    const char *experts, *experts_used, *expert_inter, *shared_inter;
 } lm_keys;
 
 loom_model *lm_new(const char *format);
@@ -70,7 +72,7 @@ loom_tensor *lm_find(const loom_model *m, const char *name);
 loom_status lm_check_config(const loom_model_config *c, const char *src, const lm_keys *k, loom_error *err);
 /* Every required tensor present, readable, with the expected shape/dtype. */
 loom_status lm_validate(loom_model *m, const char *src, const lm_keys *k, loom_error *err);
-const char *lm_arch_name(loom_arch a);             /* "llama", "qwen2", "gemma3" */
+const char *lm_arch_name(loom_arch a);             /* "llama", "qwen2", "gemma3", "qwen3moe", ... */
 void lm_progress(const loom_model_load_opts *o, const char *what, double fraction);
 
 loom_status lm_load_gguf(loom_model *m, const loom_model_load_opts *o, loom_error *err);

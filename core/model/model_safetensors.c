@@ -16,6 +16,7 @@
 #include <limits.h>
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,27 +146,73 @@ static loom_status js_num(const cJSON *obj, const char *path, const char *key, f
     return LOOM_OK;
 }
 
-/* LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM by
- * "architectures", else by "model_type". */
+/* The architecture by "architectures", else by "model_type". */
 static loom_status read_arch(const cJSON *root, const char *path, loom_model_config *cfg, loom_error *err) {
+    static const struct {
+        const char *cls, *model_type;
+        loom_arch arch;
+    } known[] = {
+        {"LlamaForCausalLM", "llama", LOOM_ARCH_LLAMA},       {"MistralForCausalLM", "mistral", LOOM_ARCH_LLAMA},
+        {"Qwen2ForCausalLM", "qwen2", LOOM_ARCH_QWEN2},       {"Qwen3ForCausalLM", "qwen3", LOOM_ARCH_QWEN3},
+        {"Qwen3MoeForCausalLM", "qwen3_moe", LOOM_ARCH_QWEN3_MOE},
+        {"Qwen2MoeForCausalLM", "qwen2_moe", LOOM_ARCH_QWEN2_MOE},
+        {"MixtralForCausalLM", "mixtral", LOOM_ARCH_MIXTRAL},
+    };
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     const char *arch = cJSON_IsString(a0) ? a0->valuestring : NULL;
     const char *model_type = cJSON_IsString(mt) ? mt->valuestring : NULL;
-    if (arch ? (!strcmp(arch, "LlamaForCausalLM") || !strcmp(arch, "MistralForCausalLM"))
-             : (model_type && (!strcmp(model_type, "llama") || !strcmp(model_type, "mistral")))) {
-        cfg->arch = LOOM_ARCH_LLAMA;
-        return LOOM_OK;
-    }
-    if (arch ? !strcmp(arch, "Qwen2ForCausalLM") : (model_type && !strcmp(model_type, "qwen2"))) {
-        cfg->arch = LOOM_ARCH_QWEN2;
-        return LOOM_OK;
-    }
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (arch ? !strcmp(arch, known[i].cls) : (model_type && !strcmp(model_type, known[i].model_type))) {
+            cfg->arch = known[i].arch;
+            return LOOM_OK;
+        }
     return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
                           "%s: architecture %s is not supported (loom loads LlamaForCausalLM, "
-                          "MistralForCausalLM and Qwen2ForCausalLM)",
+                          "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
+                          "Qwen2MoeForCausalLM and MixtralForCausalLM)",
                           path, arch ? arch : model_type ? model_type : "(none given)");
+}
+
+/* Mixture-of-experts sizes and routing (loom/model.h). Mixtral:
+ * num_local_experts experts of width intermediate_size, always
+ * renormalised; Qwen2/3-MoE: num_experts (or num_local_experts) of width
+ * moe_intermediate_size,
+ * norm_topk_prob (default false, as transformers), Qwen2-MoE's shared
+ * expert. Layers with a dense MLP between MoE ones are refused. */
+static loom_status read_moe(const js_ctx *c, loom_model_config *cfg, loom_error *err) {
+    loom_status st;
+    const bool mixtral = cfg->arch == LOOM_ARCH_MIXTRAL;
+    if (!mixtral && cfg->arch != LOOM_ARCH_QWEN3_MOE && cfg->arch != LOOM_ARCH_QWEN2_MOE) return LOOM_OK;
+    /* the Hub's Qwen configs say num_experts; transformers 5 writes either
+     * model's count as num_local_experts */
+    const char *nkey = cJSON_GetObjectItemCaseSensitive(c->root, "num_local_experts") ? "num_local_experts"
+                                                                                      : "num_experts";
+    if ((st = js_int(c, nkey, true, &cfg->num_experts, err)) ||
+        (st = js_int(c, "num_experts_per_tok", true, &cfg->num_experts_used, err)))
+        return st;
+    cfg->expert_intermediate_size = cfg->intermediate_size;
+    if (!mixtral && (st = js_int(c, "moe_intermediate_size", true, &cfg->expert_intermediate_size, err)))
+        return st;
+    /* absent: transformers' Qwen2MoeConfig default, which it would build */
+    if (cfg->arch == LOOM_ARCH_QWEN2_MOE) cfg->shared_expert_intermediate_size = 5632;
+    if (cfg->arch == LOOM_ARCH_QWEN2_MOE &&
+        (st = js_int(c, "shared_expert_intermediate_size", false, &cfg->shared_expert_intermediate_size, err)))
+        return st;
+    cfg->moe_norm_topk = mixtral || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c->root, "norm_topk_prob"));
+    if (cfg->num_experts <= 0)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: \"%s\" = %d must be positive", c->path, nkey,
+                              cfg->num_experts);
+    int32_t step = 1;
+    if ((st = js_int(c, "decoder_sparse_step", false, &step, err))) return st;
+    const cJSON *only = cJSON_GetObjectItemCaseSensitive(c->root, "mlp_only_layers");
+    if (step != 1 || (cJSON_IsArray(only) && cJSON_GetArraySize(only) > 0))
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "%s: decoder_sparse_step=%d with %d mlp_only_layers: loom runs models whose every "
+                              "layer is a mixture of experts (decoder_sparse_step 1, mlp_only_layers [])",
+                              c->path, step, cJSON_IsArray(only) ? cJSON_GetArraySize(only) : 0);
+    return LOOM_OK;
 }
 
 /* The sizes; head_dim defaults to hidden_size / num_attention_heads. */
@@ -244,7 +291,10 @@ static loom_status read_config(const cJSON *root, const char *path, loom_model_c
     if ((st = js_int(&c, "bos_token_id", false, &cfg->bos_token_id, err))) return st;
     if ((st = js_int(&c, "eos_token_id", false, &cfg->eos_token_id, err))) return st;
     cfg->tie_embeddings = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings"));
-    cfg->qkv_bias = cfg->arch == LOOM_ARCH_QWEN2 || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "attention_bias"));
+    cfg->qkv_bias = cfg->arch == LOOM_ARCH_QWEN2 || cfg->arch == LOOM_ARCH_QWEN2_MOE ||
+                    cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "attention_bias"));
+    cfg->qk_norm = cfg->qk_norm || cfg->arch == LOOM_ARCH_QWEN3 || cfg->arch == LOOM_ARCH_QWEN3_MOE;
+    if ((st = read_moe(&c, cfg, err))) return st;
 
     const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
     const cJSON *use_sw = cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window");
@@ -391,6 +441,31 @@ static loom_status find_packing(loom_model *m, const cJSON *root, char *path, si
 
 /* ------------------------------------------------------------ names */
 
+/* One routed expert's matrix, `rest` of "model.layers.<layer>.<rest>":
+ * mlp.experts.E.{gate,up,down}_proj.weight (Qwen MoE) or
+ * block_sparse_moe.experts.E.w{1,3,2}.weight (Mixtral) -> the stacked
+ * tensor's name with "#E" appended; stack_experts() assembles them. */
+static bool map_expert(long layer, const char *rest, char *out, size_t cap) {
+    static const struct {
+        const char *prefix, *gate, *up, *down;
+    } forms[] = {{"mlp.experts.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"},
+                 {"block_sparse_moe.experts.", "w1.weight", "w3.weight", "w2.weight"}};
+    for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
+        size_t np = strlen(forms[f].prefix);
+        if (strncmp(rest, forms[f].prefix, np) != 0 || rest[np] < '0' || rest[np] > '9') continue;
+        char *end;
+        errno = 0;
+        long e = strtol(rest + np, &end, 10);
+        if (errno || e < 0 || e > 1000000 || *end != '.') return false;
+        const char *kind = !strcmp(end + 1, forms[f].gate) ? "ffn_gate_exps"
+                           : !strcmp(end + 1, forms[f].up) ? "ffn_up_exps"
+                           : !strcmp(end + 1, forms[f].down) ? "ffn_down_exps"
+                                                             : NULL;
+        return kind && snprintf(out, cap, "blk.%ld.%s.weight#%ld", layer, kind, e) < (int)cap;
+    }
+    return false;
+}
+
 /* HF name -> canonical for plain tensors; false for tensors loom does not use. */
 static bool map_plain(const char *hf, char *out, size_t cap) {
     static const struct {
@@ -417,6 +492,14 @@ static bool map_plain(const char *hf, char *out, size_t cap) {
         {"mlp.gate_proj.weight", "ffn_gate.weight"},
         {"mlp.up_proj.weight", "ffn_up.weight"},
         {"mlp.down_proj.weight", "ffn_down.weight"},
+        {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+        {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+        {"mlp.gate.weight", "ffn_gate_inp.weight"},
+        {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},
+        {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
+        {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
+        {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
+        {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"},
     };
     const char *p = hf;
     if (strncmp(p, "model.layers.", 13) != 0) return false;
@@ -428,7 +511,7 @@ static bool map_plain(const char *hf, char *out, size_t cap) {
     if (errno || n < 0 || n > 100000 || *end != '.') return false;
     for (size_t i = 0; i < sizeof layer / sizeof layer[0]; i++)
         if (!strcmp(end + 1, layer[i].hf)) return snprintf(out, cap, "blk.%ld.%s", n, layer[i].gg) < (int)cap;
-    return false;
+    return map_expert(n, end + 1, out, cap);
 }
 
 /* The parts of a packed 4-bit Linear, next to where its .weight would be. */
@@ -603,6 +686,11 @@ static loom_status add_entry(loom_model *m, const char *file, const st_entry *t,
         loom_log(LOOM_LOG_DEBUG, "model", "%s: ignoring tensor %s", file, t->hf);
         return LOOM_OK;
     }
+    if (packed && strstr(t->hf, ".experts."))
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "%s: tensor %s: packed 4-bit (AWQ/GPTQ) experts are not supported; use the float "
+                              "checkpoint (a quantizer plugin can quantize it at load)",
+                              file, t->hf);
     if (packed && !m->packing.method)
         return loom_error_set(err, LOOM_ERR_FORMAT,
                               "%s: tensor %s is part of a packed 4-bit AWQ/GPTQ layer, but config.json has no "
@@ -846,7 +934,9 @@ static bool safe_shard_name(const char *s) {
 static const lm_keys k_config_keys = {
     "config.json vocab_size", "config.json hidden_size", "config.json intermediate_size",
     "config.json num_hidden_layers", "config.json num_attention_heads",
-    "config.json num_key_value_heads", "config.json head_dim"};
+    "config.json num_key_value_heads", "config.json head_dim", "config.json num_experts",
+    "config.json num_experts_per_tok", "config.json moe_intermediate_size",
+    "config.json shared_expert_intermediate_size"};
 
 /* The model directory: o->path itself, or the directory of a file in it
  * (then *single names that file, a pointer into o->path). */
@@ -965,6 +1055,120 @@ static loom_status load_single(loom_model *m, const loom_model_load_opts *o, con
     return lm_index(m, path, err);
 }
 
+/* Drop the tensors whose name contains `mark` from the table. */
+static void drop_marked(loom_model *m, const char *mark) {
+    int32_t k = 0;
+    for (int32_t i = 0; i < m->n_tensors; i++) {
+        if (strstr(m->names[i], mark)) {
+            free(m->names[i]);
+            continue;
+        }
+        m->tensors[k] = m->tensors[i];
+        m->names[k++] = m->names[i];
+    }
+    m->n_tensors = k;
+}
+
+/* Layer l's experts of one kind ("ffn_gate_exps", ...), stored one matrix
+ * each as name#E, copied into the stacked (experts, rows, cols) tensor. */
+static loom_status stack_kind(loom_model *m, int32_t l, const char *kind, size_t *budget, loom_error *err) {
+    const int32_t E = m->cfg.num_experts;
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.%s.weight#0", l, kind);
+    const loom_tensor *t0 = lm_find(m, name);
+    if (!t0)
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: layer %d has no %s matrix for expert 0 (a model with %d experts needs one per "
+                              "expert: mlp.experts.E.{gate,up,down}_proj.weight or block_sparse_moe.experts.E."
+                              "w{1,3,2}.weight)",
+                              st_where(m), l, kind, E);
+    const loom_dtype dt = t0->dtype;
+    const int64_t rows = t0->shape[0], cols = t0->ndim == 2 ? t0->shape[1] : -1;
+    const size_t bytes = t0->nbytes;
+    if (t0->ndim != 2 || bytes == 0 || bytes > SIZE_MAX / (size_t)E)
+        return loom_error_set(err, LOOM_ERR_FORMAT, "%s: layer %d expert 0's %s is not a matrix", st_where(m), l,
+                              kind);
+    /* every expert present and alike before anything is allocated: the
+     * copy is then no larger than the file's own tensors */
+    for (int32_t e = 1; e < E; e++) {
+        snprintf(name, sizeof name, "blk.%d.%s.weight#%d", l, kind, e);
+        const loom_tensor *t = lm_find(m, name);
+        if (!t)
+            return loom_error_set(err, LOOM_ERR_FORMAT, "%s: layer %d has no %s matrix for expert %d of %d",
+                                  st_where(m), l, kind, e, E);
+        if (t->dtype != dt || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols || t->nbytes != bytes)
+            return loom_error_set(err, LOOM_ERR_FORMAT,
+                                  "%s: layer %d expert %d's %s is (%lld, %lld) %s but expert 0's is (%lld, %lld) %s; "
+                                  "every expert must have the same shape and dtype",
+                                  st_where(m), l, e, kind, (long long)t->shape[0],
+                                  (long long)(t->ndim == 2 ? t->shape[1] : -1), loom_dtype_name(t->dtype),
+                                  (long long)rows, (long long)cols, loom_dtype_name(dt));
+    }
+    /* entries may alias one region of the file; copies never exceed what
+     * the files hold */
+    if (bytes * (size_t)E > *budget)
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: layer %d's %d %s matrices would take %zu bytes, more than the weight files "
+                              "hold; their entries overlap (damaged file)",
+                              st_where(m), l, E, kind, bytes * (size_t)E);
+    *budget -= bytes * (size_t)E;
+    uint8_t *buf = lm_alloc(m, bytes * (size_t)E);
+    if (!buf)
+        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory stacking %d experts' %s of layer %d (%zu bytes)",
+                              E, kind, l, bytes * (size_t)E);
+    for (int32_t e = 0; e < E; e++) {
+        snprintf(name, sizeof name, "blk.%d.%s.weight#%d", l, kind, e);
+        memcpy(buf + (size_t)e * bytes, lm_find(m, name)->data, bytes);
+    }
+    snprintf(name, sizeof name, "blk.%d.%s.weight", l, kind);
+    const int64_t shape[3] = {E, rows, cols};
+    loom_status st = lm_add_tensor(m, name, dt, 3, shape, buf, bytes * (size_t)E, err);
+    return st ? st : lm_index(m, st_where(m), err); /* lm_find reads the index */
+}
+
+/* A mixture-of-experts checkpoint stores each expert's matrices apart; the
+ * canonical form (loom/model.h) stacks them, so they are copied once at
+ * load (the per-expert entries leave the table). Also: the shared expert's
+ * gate (1, hidden) becomes the canonical (hidden) vector. */
+static loom_status stack_experts(loom_model *m, size_t file_bytes, loom_error *err) {
+    const int32_t E = m->cfg.num_experts;
+    size_t budget = file_bytes;
+    loom_status st;
+    for (int32_t i = 0; i < m->n_tensors; i++) {
+        const char *hash = strchr(m->names[i], '#'); /* "blk.L.KIND.weight#E" */
+        int layer = -1, n = 0;
+        if (hash && (E == 0 || atol(hash + 1) >= E)) {
+            sscanf(m->names[i], "blk.%d.%n", &layer, &n);
+            return loom_error_set(err, LOOM_ERR_FORMAT,
+                                  "%s: layer %d has a %.*s matrix for expert %s, but config.json says %d experts",
+                                  st_where(m), layer, (int)(strstr(m->names[i], ".weight#") - m->names[i] - n),
+                                  m->names[i] + n, hash + 1, E);
+        }
+    }
+    if (E == 0) return LOOM_OK;
+    if (m->cfg.shared_expert_intermediate_size == 0 && lm_find(m, "blk.0.ffn_up_shexp.weight"))
+        return loom_error_set(err, LOOM_ERR_FORMAT,
+                              "%s: the weights hold a shared expert (mlp.shared_expert.*) but the config gives it "
+                              "no width; set shared_expert_intermediate_size",
+                              st_where(m));
+    static const char *const kinds[] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    for (int32_t l = 0; l < m->cfg.num_layers; l++)
+        for (int k = 0; k < 3; k++)
+            if ((st = stack_kind(m, l, kinds[k], &budget, err))) return st;
+    drop_marked(m, "#");
+    for (int32_t i = 0; i < m->n_tensors; i++) {
+        loom_tensor *t = &m->tensors[i];
+        const char *suf = ".ffn_gate_inp_shexp.weight";
+        size_t n = strlen(t->name), k = strlen(suf);
+        if (n > k && !strcmp(t->name + n - k, suf) && t->ndim == 2 && t->shape[0] == 1) {
+            t->ndim = 1;
+            t->shape[0] = t->shape[1];
+            t->shape[1] = 1;
+        }
+    }
+    return lm_index(m, st_where(m), err);
+}
+
 /* Tied embeddings: HF sometimes stores lm_head anyway; the view omits it.
  * No lm_head at all means tied. */
 static loom_status settle_output(loom_model *m, loom_error *err) {
@@ -1001,6 +1205,7 @@ static loom_status load_memory(loom_model *m, const loom_model_load_opts *o, loo
     if (st) return st;
     if ((st = shard_entries(m, name, o->data, o->size, NULL, NULL, err))) return st;
     if ((st = lm_index(m, name, err))) return st;
+    if ((st = stack_experts(m, o->size, err))) return st;
     if ((st = finish_packed(m, err))) return st;
     if ((st = settle_output(m, err))) return st;
     return lm_validate(m, name, &k_config_keys, err);
@@ -1024,6 +1229,9 @@ loom_status lm_load_safetensors(loom_model *m, const loom_model_load_opts *o, lo
     if (single && use_index) snprintf(idx_path, sizeof idx_path, "%s", o->path);
     st = use_index ? load_indexed(m, o, idx_path, path, cap, err) : load_single(m, o, single, path, cap, err);
     if (st) goto free_path;
+    size_t mapped = 0;
+    for (int32_t i = 0; i < m->n_maps; i++) mapped += m->maps[i].size;
+    if ((st = stack_experts(m, mapped, err))) goto free_path;
     if ((st = finish_packed(m, err))) goto free_path;
     if ((st = settle_output(m, err))) goto free_path;
     st = lm_validate(m, m->dir, &k_config_keys, err);

@@ -128,13 +128,33 @@ static bool model_features_ok(const loom_model_config *c, char *why, size_t cap)
     return true;
 }
 
+/* The mixture-of-experts fields (since ABI 2.4) consistent. */
+static bool model_moe_ok(const loom_model_config *c, char *why, size_t cap) {
+    const bool moe_arch = c->arch == LOOM_ARCH_QWEN3_MOE || c->arch == LOOM_ARCH_QWEN2_MOE ||
+                          c->arch == LOOM_ARCH_MIXTRAL;
+    if (c->num_experts == 0 && !moe_arch) return true;
+    if (c->num_experts <= 0 || c->num_experts_used < 1 || c->num_experts_used > c->num_experts ||
+        c->expert_intermediate_size <= 0 || c->shared_expert_intermediate_size < 0) {
+        snprintf(why, cap, "model '%s': %d experts, %d per token, expert width %d, shared expert width %d: need "
+                 "1 <= per token <= experts, width > 0, shared >= 0",
+                 c->name, c->num_experts, c->num_experts_used, c->expert_intermediate_size,
+                 c->shared_expert_intermediate_size);
+        return false;
+    }
+    return true;
+}
+
 loom_status loom_check_model_config(const loom_model_config *c, char *why, size_t cap) {
-    if (c->arch != LOOM_ARCH_LLAMA && c->arch != LOOM_ARCH_QWEN2 && c->arch != LOOM_ARCH_GEMMA3) {
-        snprintf(why, cap, "model '%s' has architecture %d; only llama (0), qwen2 (1) and gemma3 (2) run here",
+    if ((unsigned)c->arch > LOOM_ARCH_MIXTRAL ||
+        (c->arch > LOOM_ARCH_GEMMA3 && !LOOM_HAS_FIELD(c, loom_model_config, moe_norm_topk))) {
+        snprintf(why, cap, "model '%s' has architecture %d; only llama (0), qwen2 (1), gemma3 (2), qwen3 (3), "
+                 "qwen3moe (4), qwen2moe (5) and mixtral (6) run here",
                  c->name, (int)c->arch);
         return LOOM_ERR_UNSUPPORTED;
     }
     if (LOOM_HAS_FIELD(c, loom_model_config, rope_theta_local) && !model_features_ok(c, why, cap))
+        return LOOM_ERR_FORMAT;
+    if (LOOM_HAS_FIELD(c, loom_model_config, moe_norm_topk) && !model_moe_ok(c, why, cap))
         return LOOM_ERR_FORMAT;
     if (c->vocab_size <= 0 || c->hidden_size <= 0 || c->intermediate_size <= 0 || c->num_layers <= 0 ||
         c->num_heads <= 0 || c->num_kv_heads <= 0 || c->num_heads % c->num_kv_heads != 0 ||

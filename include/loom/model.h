@@ -18,6 +18,18 @@
  *   blk.N.ffn_gate.weight        (intermediate, hidden)
  *   blk.N.ffn_up.weight          (intermediate, hidden)
  *   blk.N.ffn_down.weight        (hidden, intermediate)
+ * A mixture-of-experts model (num_experts > 0, since ABI 2.4) has, in every
+ * layer, instead of ffn_gate / ffn_up / ffn_down (llama.cpp's names and
+ * layout; expert e's matrix is row block e of the stacked tensor):
+ *   blk.N.ffn_gate_inp.weight    (experts, hidden)            the router
+ *   blk.N.ffn_gate_exps.weight   (experts, expert_inter, hidden)
+ *   blk.N.ffn_up_exps.weight     (experts, expert_inter, hidden)
+ *   blk.N.ffn_down_exps.weight   (experts, hidden, expert_inter)
+ * and with a shared expert (shared_expert_intermediate_size > 0):
+ *   blk.N.ffn_gate_shexp.weight / ffn_up_shexp.weight (shared_inter, hidden)
+ *   blk.N.ffn_down_shexp.weight  (hidden, shared_inter)
+ *   blk.N.ffn_gate_inp_shexp.weight (hidden)   its sigmoid gate's weights
+ * Qwen3 adds blk.N.attn_q_norm / attn_k_norm (head_dim) as Gemma 3 does.
  * A 4-bit AWQ/GPTQ safetensors checkpoint adds, per packed linear,
  * `<name>.qweight / .qzeros / .scales [/ .g_idx]` and makes `<name>.weight` a
  * shape-only descriptor (out, in): data NULL, nbytes 0, dtype that of the
@@ -44,6 +56,11 @@ typedef enum loom_arch {
     LOOM_ARCH_LLAMA = 0, /* Llama 2/3, SmolLM2, Mistral (no sliding window) */
     LOOM_ARCH_QWEN2 = 1, /* Llama + QKV bias                               */
     LOOM_ARCH_GEMMA3 = 2,/* the loom_model_config fields since ABI 2.3     */
+    /* since ABI 2.4 */
+    LOOM_ARCH_QWEN3 = 3,     /* Llama + QK-norm (qk_norm), explicit head_dim */
+    LOOM_ARCH_QWEN3_MOE = 4, /* Qwen3 with routed experts                   */
+    LOOM_ARCH_QWEN2_MOE = 5, /* Qwen2 (QKV bias) with routed + shared experts */
+    LOOM_ARCH_MIXTRAL = 6,   /* Llama with 8 routed SwiGLU experts           */
 } loom_arch;
 
 /* The FFN's gated activation: act(gate) * up. */
@@ -100,6 +117,21 @@ typedef struct loom_model_config {
                                      (window, rope_theta_local, no scaling)
                                      otherwise                               */
     float rope_theta_local;       /* RoPE base of local layers               */
+    /* --- since ABI 2.4: mixture of experts. num_experts 0 (what a config
+     * written before 2.4 holds): a dense FFN in every layer. Otherwise
+     * every layer's FFN is routed (the tensors above): router logits
+     * r = xn Wr^T (experts); p = softmax(r) over all experts in float32;
+     * the num_experts_used largest p (ties to the lower index) are kept,
+     * divided by their sum when moe_norm_topk; the FFN output is the sum
+     * over the kept experts of p_e * down_e(silu(gate_e xn) * up_e xn),
+     * plus, with a shared expert, sigmoid(xn . w_shgate) times the shared
+     * SwiGLU FFN of xn. (Mixtral's softmax over the top-k logits is the
+     * renormalised form.) */
+    int32_t num_experts;          /* routed experts per layer; 0: dense      */
+    int32_t num_experts_used;     /* experts each token is sent to (top-k)   */
+    int32_t expert_intermediate_size; /* each routed expert's FFN width      */
+    int32_t shared_expert_intermediate_size; /* 0: no shared expert          */
+    bool moe_norm_topk;           /* renormalise the kept weights to sum 1   */
 } loom_model_config;
 
 

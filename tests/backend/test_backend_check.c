@@ -1,7 +1,8 @@
 /*
  * tests/backend/test_backend_check.c — loom/backend_check.h's model-config
  * check, which the cpu and cuda backends both run before their own limits:
- * a valid Llama config passes, and each way a config can be unusable is
+ * a valid Llama (Qwen2, Gemma 3, Qwen2-MoE) config passes, and each way a
+ * config can be unusable (experts included) is
  * refused with its status and a message naming the number at fault; the
  * batch check (host->check_batch) reads no token before query_start and
  * the pool shape are known good; host->logits_topk_row outside k 1..vocab.
@@ -45,6 +46,21 @@ Test(backend_check, valid_configs_pass) {
     c.sliding_window = 512, c.global_every = 6, c.rope_theta_local = 10000, c.attn_scale = 0.25f,
     c.embed_scale = 8;
     cr_assert_eq(loom_check_model_config(&c, why, sizeof why), LOOM_OK, "%s", why);
+    c = good(), c.arch = LOOM_ARCH_QWEN2_MOE, c.num_experts = 8, c.num_experts_used = 2,
+    c.expert_intermediate_size = 32, c.shared_expert_intermediate_size = 48;
+    cr_assert_eq(loom_check_model_config(&c, why, sizeof why), LOOM_OK, "%s", why);
+}
+
+Test(backend_check, bad_expert_configs_are_refused) {
+    loom_model_config c = good();
+    c.arch = LOOM_ARCH_MIXTRAL; /* a mixture-of-experts architecture without experts */
+    refused(&c, LOOM_ERR_FORMAT, "0 experts");
+    c.num_experts = 8, c.num_experts_used = 9, c.expert_intermediate_size = 32;
+    refused(&c, LOOM_ERR_FORMAT, "8 experts, 9 per token");
+    c.num_experts_used = 2, c.expert_intermediate_size = 0;
+    refused(&c, LOOM_ERR_FORMAT, "expert width 0");
+    c.expert_intermediate_size = 32, c.shared_expert_intermediate_size = -1;
+    refused(&c, LOOM_ERR_FORMAT, "shared expert width -1");
 }
 
 Test(backend_check, each_bad_config_is_refused_by_name) {

@@ -2,15 +2,19 @@
  * tests/backend/test_cpu_backend.c — the cpu backend plugin (dlopen'd, on
  * the fake host) against a plain float64 Llama forward written here from
  * scratch (no shared kernels), on random tiny models: 2 layers, hidden 64,
- * 4 heads / 2 KV heads, FFN 128, vocab 97, in three variants — Llama with
+ * 4 heads / 2 KV heads, FFN 128, vocab 97, in seven variants — Llama with
  * tied embeddings, Qwen2 (QKV bias, separate LM head, f16-stored weights the
- * backend must dequantize), and Llama-3 RoPE scaling.
+ * backend must dequantize), Llama-3 RoPE scaling, Qwen3 (QK-norm), and the
+ * mixtures of experts Qwen3-MoE (8 experts, top-2, renormalised), Qwen2-MoE
+ * (6 experts, top-3, not renormalised, a shared expert, f16 weights) and
+ * Mixtral (8 experts, top-2).
  *
  * Scenarios: one full prefill; the same prompt in 3 chunks then decoded;
  * 4 sequences of different lengths batched with mixed prefill chunks and
  * decodes (logits equal to the single-sequence runs); shuffled vs contiguous
  * block tables (bit-identical); f16 KV; swap out/in and copy-on-write block
- * copies; and the error paths (bad batch, bad layout, unsupported quant
+ * copies; a MoE decode step that must not read the experts it did not
+ * choose (their weights NaN); and the error paths (bad batch, bad layout, unsupported quant
  * plan, missing or misshapen tensors).
  *
  * Error measure: max |logit - reference| / max |reference logit| over every
@@ -33,7 +37,25 @@
 
 /* ------------------------------------------------------------ tiny model */
 
-typedef enum tm_variant { TM_LLAMA, TM_QWEN2, TM_LLAMA3 } tm_variant;
+typedef enum tm_variant { TM_LLAMA, TM_QWEN2, TM_LLAMA3, TM_QWEN3, TM_QWEN3_MOE, TM_QWEN2_MOE, TM_MIXTRAL } tm_variant;
+
+/* The mixture-of-experts and Qwen3 variants on top of the Llama config:
+ * Qwen3 QK-norm; 8 experts top-2 renormalised (Qwen3-MoE, Mixtral); 6
+ * experts top-3 not renormalised plus a shared expert, QKV bias (Qwen2-MoE). */
+static void tm_moe(tiny_model *m, tm_variant v) {
+    loom_model_config *c = &m->cfg;
+    static const loom_arch arch[] = {[TM_QWEN3] = LOOM_ARCH_QWEN3, [TM_QWEN3_MOE] = LOOM_ARCH_QWEN3_MOE,
+                                     [TM_QWEN2_MOE] = LOOM_ARCH_QWEN2_MOE, [TM_MIXTRAL] = LOOM_ARCH_MIXTRAL};
+    c->arch = arch[v];
+    c->qk_norm = v == TM_QWEN3 || v == TM_QWEN3_MOE;
+    c->qkv_bias = v == TM_QWEN2_MOE;
+    if (v == TM_QWEN3) return;
+    c->num_experts = v == TM_QWEN2_MOE ? 6 : 8;
+    c->num_experts_used = v == TM_QWEN2_MOE ? 3 : 2;
+    c->expert_intermediate_size = v == TM_MIXTRAL ? 48 : 32;
+    c->shared_expert_intermediate_size = v == TM_QWEN2_MOE ? 40 : 0;
+    c->moe_norm_topk = v != TM_QWEN2_MOE;
+}
 
 static tiny_model *tm_make(tm_variant v, test_rng *r) {
     tiny_model *m = calloc(1, sizeof *m);
@@ -60,9 +82,11 @@ static tiny_model *tm_make(tm_variant v, test_rng *r) {
                              .qkv_bias = v == TM_QWEN2,
                              .bos_token_id = 1,
                              .eos_token_id = 2};
-    snprintf(c->name, sizeof c->name, "tiny-%s",
-             v == TM_QWEN2 ? "qwen2" : v == TM_LLAMA3 ? "llama3" : "llama");
-    tiny_add_tensors(m, r, LOOM_DTYPE_F32, v == TM_QWEN2 ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32);
+    static const char *const names[] = {"llama", "qwen2", "llama3", "qwen3", "qwen3moe", "qwen2moe", "mixtral"};
+    snprintf(c->name, sizeof c->name, "tiny-%s", names[v]);
+    if (v >= TM_QWEN3) tm_moe(m, v);
+    tiny_add_tensors(m, r, LOOM_DTYPE_F32,
+                     v == TM_QWEN2 || v == TM_QWEN2_MOE ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32);
     return m;
 }
 
@@ -104,6 +128,64 @@ static void ref_freqs(const loom_model_config *c, double *f) {
     }
 }
 
+/* o (H) = the mixture-of-experts FFN of layer l on xn (H), as
+ * loom/model.h states it: softmax over every expert, the top k (ties to the
+ * lower index), renormalised when moe_norm_topk, each expert's SwiGLU
+ * output times its weight, plus the sigmoid-gated shared expert. */
+/* The experts ref_moe chose last in each layer (the NaN-poison test). */
+static int g_ref_sel[8][64];
+
+static void ref_moe(const tiny_model *m, int l, const double *xn, double *o) {
+    const loom_model_config *c = &m->cfg;
+    const int H = c->hidden_size, E = c->num_experts, K = c->num_experts_used, I = c->expert_intermediate_size,
+              S = c->shared_expert_intermediate_size, W = I > S ? I : S;
+    double p[64], g[256], u[256], y[256], mx = -INFINITY, sum = 0;
+    char nm[64];
+#define W_(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix), tiny_val(m, nm))
+    cr_assert(E <= 64 && W <= 256 && H <= 256);
+    ref_matvec(p, W_("ffn_gate_inp.weight"), NULL, xn, E, H);
+    for (int e = 0; e < E; e++) mx = fmax(mx, p[e]);
+    for (int e = 0; e < E; e++) sum += p[e] = exp(p[e] - mx);
+    int sel[64];
+    double wt[64], wsum = 0;
+    for (int j = 0; j < K; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++) taken |= sel[i] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        sel[j] = best;
+        if (l < 8) g_ref_sel[l][j] = best;
+        wsum += wt[j] = p[best] / sum;
+    }
+    for (int i = 0; i < H; i++) o[i] = 0;
+    for (int j = 0; j < K; j++) {
+        const int e = sel[j];
+        ref_matvec(g, W_("ffn_gate_exps.weight") + (int64_t)e * I * H, NULL, xn, I, H);
+        ref_matvec(u, W_("ffn_up_exps.weight") + (int64_t)e * I * H, NULL, xn, I, H);
+        for (int i = 0; i < I; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+        ref_matvec(y, W_("ffn_down_exps.weight") + (int64_t)e * H * I, NULL, g, H, I);
+        const double w = c->moe_norm_topk ? wt[j] / wsum : wt[j];
+        for (int i = 0; i < H; i++) o[i] += w * y[i];
+    }
+    if (S == 0) return;
+    ref_matvec(g, W_("ffn_gate_shexp.weight"), NULL, xn, S, H);
+    ref_matvec(u, W_("ffn_up_shexp.weight"), NULL, xn, S, H);
+    for (int i = 0; i < S; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+    ref_matvec(y, W_("ffn_down_shexp.weight"), NULL, g, H, S);
+    double d = 0;
+    const float *gw = W_("ffn_gate_inp_shexp.weight");
+    for (int i = 0; i < H; i++) d += gw[i] * xn[i];
+    for (int i = 0; i < H; i++) o[i] += y[i] / (1 + exp(-d));
+#undef W_
+}
+
+/* RMSNorm of each of n heads (D each) of z in place (Qwen3's QK-norm). */
+static void ref_head_norm(double *z, int n, int D, const float *w, double eps) {
+    for (int h = 0; h < n; h++) ref_rms(z + h * D, z + h * D, w, D, eps);
+}
+
 /* Logits (n, V) for every position of one sequence, by recomputing the
  * whole causal forward in float64. */
 static void ref_forward(const tiny_model *m, const int32_t *tok, int n, double *logits) {
@@ -127,6 +209,10 @@ static void ref_forward(const tiny_model *m, const int32_t *tok, int n, double *
             ref_matvec(q + t * QD, W("attn_q.weight"), c->qkv_bias ? W("attn_q.bias") : NULL, xn, QD, H);
             ref_matvec(k + t * KVD, W("attn_k.weight"), c->qkv_bias ? W("attn_k.bias") : NULL, xn, KVD, H);
             ref_matvec(v + t * KVD, W("attn_v.weight"), c->qkv_bias ? W("attn_v.bias") : NULL, xn, KVD, H);
+            if (c->qk_norm) {
+                ref_head_norm(q + t * QD, NH, D, W("attn_q_norm.weight"), c->rms_norm_eps);
+                ref_head_norm(k + t * KVD, NKV, D, W("attn_k_norm.weight"), c->rms_norm_eps);
+            }
             /* rotate_half RoPE at position t */
             for (int h = 0; h < NH + NKV; h++) {
                 double *z = h < NH ? q + t * QD + h * D : k + t * KVD + (h - NH) * D;
@@ -157,6 +243,11 @@ static void ref_forward(const tiny_model *m, const int32_t *tok, int n, double *
             ref_matvec(o, W("attn_output.weight"), NULL, att, H, QD);
             for (int i = 0; i < H; i++) x[t * H + i] += o[i];
             ref_rms(xn, x + t * H, W("ffn_norm.weight"), H, c->rms_norm_eps);
+            if (c->num_experts > 0) {
+                ref_moe(m, l, xn, o);
+                for (int i = 0; i < H; i++) x[t * H + i] += o[i];
+                continue;
+            }
             ref_matvec(g, W("ffn_gate.weight"), NULL, xn, I, H);
             ref_matvec(u, W("ffn_up.weight"), NULL, xn, I, H);
             for (int i = 0; i < I; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
@@ -234,14 +325,16 @@ static int32_t *random_tokens(test_rng *r, int n, int V) {
     return t;
 }
 
-static const tm_variant all_variants[] = {TM_LLAMA, TM_QWEN2, TM_LLAMA3};
-static const char *const variant_names[] = {"llama", "qwen2", "llama3"};
+static const tm_variant all_variants[] = {TM_LLAMA, TM_QWEN2, TM_LLAMA3, TM_QWEN3, TM_QWEN3_MOE, TM_QWEN2_MOE,
+                                          TM_MIXTRAL};
+static const char *const variant_names[] = {"llama", "qwen2", "llama3", "qwen3", "qwen3moe", "qwen2moe", "mixtral"};
+#define N_VARIANTS ((int)(sizeof all_variants / sizeof all_variants[0]))
 
 /* ------------------------------------------------------------ scenarios */
 
 Test(backend, full_prefill) {
     test_rng r = rng_seeded("backend.full_prefill");
-    for (int vi = 0; vi < 3; vi++) {
+    for (int vi = 0; vi < N_VARIANTS; vi++) {
         tiny_model *m = tm_make(all_variants[vi], &r);
         int V = m->cfg.vocab_size, n = 37;
         int32_t *tok = random_tokens(&r, n, V);
@@ -269,7 +362,7 @@ Test(backend, full_prefill) {
 
 Test(backend, chunked_prefill_then_decode) {
     test_rng r = rng_seeded("backend.chunked_prefill_then_decode");
-    for (int vi = 0; vi < 3; vi++) {
+    for (int vi = 0; vi < N_VARIANTS; vi++) {
         tiny_model *m = tm_make(all_variants[vi], &r);
         int V = m->cfg.vocab_size, prompt = 37, gen = 6, n = prompt + gen;
         int32_t *tok = random_tokens(&r, n, V);
@@ -345,7 +438,7 @@ static int run_mix(tiny_model *m, tb_opts o, int32_t *const toks[MIX_SEQS], floa
 
 Test(backend, mixed_batch_matches_single_sequences) {
     test_rng r = rng_seeded("backend.mixed_batch");
-    for (int vi = 0; vi < 3; vi++) {
+    for (int vi = 0; vi < N_VARIANTS; vi++) {
         tiny_model *m = tm_make(all_variants[vi], &r);
         int V = m->cfg.vocab_size;
         int32_t *toks[MIX_SEQS];
@@ -419,6 +512,59 @@ Test(backend, shuffled_block_table_is_bit_identical) {
     for (int i = 0; i < MIX_SEQS; i++) free(toks[i]);
     free(a), free(c);
     tiny_free(m);
+}
+
+/* A decode step of one token reads only the experts it chose: every other
+ * expert's weights are set to NaN (0 x NaN is NaN, so any read of them
+ * would reach the logits), and the step still gives the float64
+ * reference's logits. */
+Test(backend, moe_batch1_reads_only_chosen_experts) {
+    test_rng r = rng_seeded("backend.moe_batch1");
+    static const tm_variant vs[] = {TM_QWEN3_MOE, TM_QWEN2_MOE};
+    for (int vi = 0; vi < 2; vi++) {
+        tiny_model *m = tm_make(vs[vi], &r);
+        const loom_model_config *c = &m->cfg;
+        const int V = c->vocab_size, K = c->num_experts_used;
+        int32_t tok = (int32_t)rng_int(&r, V);
+        double *ref = malloc(sizeof(double) * V);
+        ref_forward(m, &tok, 1, ref);
+        char nm[64];
+        int poisoned = 0;
+        for (int l = 0; l < c->num_layers; l++)
+            for (int e = 0; e < c->num_experts; e++) {
+                bool chosen = false;
+                for (int j = 0; j < K; j++) chosen |= g_ref_sel[l][j] == e;
+                if (chosen) continue;
+                static const char *const kinds[] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+                for (int k = 0; k < 3; k++) {
+                    snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, kinds[k]);
+                    loom_tensor *t = (loom_tensor *)tiny_get(m, nm);
+                    const int64_t n = t->shape[1] * t->shape[2];
+                    for (int64_t i = 0; i < n; i++) {
+                        if (t->dtype == LOOM_DTYPE_F16) ((_Float16 *)t->data)[e * n + i] = (_Float16)NAN;
+                        else ((float *)t->data)[e * n + i] = NAN;
+                    }
+                }
+                poisoned++;
+            }
+        cr_assert_eq(poisoned, c->num_layers * (c->num_experts - K));
+        tb b;
+        tb_start(&b, m, (tb_opts){.threads = 2, .block_size = 16, .num_blocks = 4});
+        tb_seq s = {.tokens = &tok, .len = 1};
+        tb_seq *ss[1] = {&s};
+        int32_t nn[1] = {1};
+        float *lg;
+        cr_assert_eq(tb_run(&b, ss, nn, 1, true, V, &lg), 1);
+        double e = row_err(lg, ref, V);
+        fprintf(stderr, "[backend.moe_batch1] %s: %d of %d experts per layer NaN, rel err %.3g\n", variant_names[vs[vi]],
+                c->num_experts - K, c->num_experts, e);
+        cr_assert_lt(e, LOGIT_TOL, "%s: a one-token step read an expert it did not choose (rel err %g)",
+                     variant_names[vs[vi]], e);
+        free(lg);
+        tb_close(&b);
+        free(ref);
+        tiny_free(m);
+    }
 }
 
 Test(backend, f16_kv_cache) {

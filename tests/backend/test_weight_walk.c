@@ -313,3 +313,63 @@ Test(weight_walk, plans_go_through_the_backend_and_the_quantizer, .init = tw_set
     cr_assert_eq(fake_host_live_allocs(), 0);
     tw_free(m);
 }
+
+/* ------------------------------------------------- mixture of experts */
+
+/* tw_make's model as a mixture of 6 experts of width 16 with a shared
+ * expert of width 32: every layer's dense FFN replaced by the router, the
+ * stacked experts and the shared expert. */
+static tw_model *tw_make_moe(void) {
+    tw_model *m = tw_make(false, false, NULL);
+    m->c.arch = LOOM_ARCH_QWEN2_MOE;
+    m->c.num_experts = 6, m->c.num_experts_used = 2, m->c.expert_intermediate_size = 16;
+    m->c.shared_expert_intermediate_size = 32;
+    char name[64];
+    for (int l = 0; l < 2; l++) {
+        const struct {
+            const char *s;
+            int64_t d0, d1, d2;
+        } t[] = {{"ffn_gate_inp", 6, 64, 0},   {"ffn_gate_exps", 6, 16, 64}, {"ffn_up_exps", 6, 16, 64},
+                 {"ffn_down_exps", 6, 64, 16}, {"ffn_gate_shexp", 32, 64, 0}, {"ffn_up_shexp", 32, 64, 0},
+                 {"ffn_down_shexp", 64, 32, 0}, {"ffn_gate_inp_shexp", 64, -1, 0}};
+        for (size_t k = 0; k < sizeof t / sizeof t[0]; k++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, t[k].s);
+            tw_add(m, name, t[k].d0, t[k].d2 > 0 ? t[k].d1 * t[k].d2 : t[k].d1, false);
+            if (t[k].d2 > 0) { /* stacked: (experts, rows, cols) over the same zeros */
+                loom_tensor *x = &m->t[m->n - 1];
+                x->ndim = 3, x->shape[1] = t[k].d1, x->shape[2] = t[k].d2;
+            }
+        }
+    }
+    return m;
+}
+
+Test(weight_walk, experts_split_over_ranks, .init = tw_setup) {
+    tw_model *m = tw_make_moe();
+    loom_ww w;
+    loom_error err = {0};
+    cr_assert_eq(tw_walk(&w, m, 0, 0, NULL, NULL, &err), LOOM_OK, "%s", err.message);
+    const loom_ww_layer *ly = &w.layer[1];
+    cr_assert(!ly->lin[LOOM_WW_GATE].w.t && !ly->lin[LOOM_WW_DOWN].w.t, "a MoE layer has no dense FFN");
+    tw_expect(&ly->router, 0, 6, 0, 64);
+    tw_expect(&ly->exps[0], 0, 96, 0, 64);
+    tw_expect(&ly->exps[2], 0, 384, 0, 16);
+    tw_expect(&ly->shexp[2].w, 0, 64, 0, 32);
+    loom_ww_free(&w);
+    /* rank 1 of 2: experts 3..5, shared-expert columns 16..31 */
+    cr_assert_eq(tw_walk(&w, m, 1, 2, NULL, NULL, &err), LOOM_OK, "%s", err.message);
+    ly = &w.layer[0];
+    cr_assert(w.expert0 == 3 && w.experts == 3);
+    tw_expect(&ly->router, 0, 6, 0, 64);
+    tw_expect(&ly->exps[1], 48, 48, 0, 64);
+    tw_expect(&ly->exps[2], 192, 192, 0, 16);
+    tw_expect(&ly->shexp[0].w, 16, 16, 0, 64);
+    tw_expect(&ly->shexp[2].w, 0, 64, 16, 16);
+    tw_expect(&ly->shexp_gate, 0, 1, 0, 64);
+    loom_ww_free(&w);
+    /* 6 experts over 4 ranks: refused, nothing left allocated */
+    cr_assert_eq(tw_walk(&w, m, 0, 4, NULL, NULL, &err), LOOM_ERR_UNSUPPORTED);
+    cr_assert(strstr(err.message, "6 experts") && strstr(err.message, "over 4 ranks"), "%s", err.message);
+    cr_assert_eq(fake_host_live_allocs(), 0);
+    tw_free(m);
+}

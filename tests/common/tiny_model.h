@@ -4,7 +4,8 @@
  * cpu backend test and the tp shard test). The caller fills `cfg`; then
  * tiny_add_tensors draws every tensor the config asks for (embedding,
  * final norm, untied LM head, per layer norms, Q/K/V (+ biases when
- * qkv_bias), O, gate/up/down) from a seeded stream, keeping the float
+ * qkv_bias, QK-norms when qk_norm), O, gate/up/down or, with num_experts,
+ * the router and stacked experts (+ a shared expert)) from a seeded stream, keeping the float
  * values the backend should see (after f16 rounding) for references.
  * Header-only; every helper fails the current Criterion test on error.
  */
@@ -22,7 +23,7 @@
 #include "loom/model.h"
 #include "rng.h"
 
-#define TINY_MAX 80
+#define TINY_MAX 96
 
 typedef struct tiny_model {
     loom_model_config cfg;
@@ -50,12 +51,13 @@ static inline const float *tiny_val(const tiny_model *m, const char *name) {
     return NULL;
 }
 
-/* Add a random tensor (rows x cols; cols < 0: 1-D of rows) ~ offset + scale N(0,1). */
-static inline void tiny_add(tiny_model *m, test_rng *r, const char *name, int64_t rows, int64_t cols,
-                            double scale, double offset, loom_dtype dt) {
+/* Add a random tensor (rows x cols, or d0 x rows x cols when d0 > 0;
+ * cols < 0: 1-D of rows) ~ offset + scale N(0,1). */
+static inline void tiny_add3(tiny_model *m, test_rng *r, const char *name, int64_t d0, int64_t rows, int64_t cols,
+                             double scale, double offset, loom_dtype dt) {
     cr_assert_lt(m->n, TINY_MAX);
     int i = m->n++;
-    int64_t n = rows * (cols < 0 ? 1 : cols);
+    int64_t n = (d0 > 0 ? d0 : 1) * rows * (cols < 0 ? 1 : cols);
     snprintf(m->names[i], sizeof m->names[i], "%s", name);
     m->val[i] = malloc(sizeof(float) * (size_t)n);
     for (int64_t k = 0; k < n; k++) m->val[i][k] = (float)(offset + scale * rng_normal(r));
@@ -79,6 +81,40 @@ static inline void tiny_add(tiny_model *m, test_rng *r, const char *name, int64_
                             .nbytes = (size_t)n * loom_dtype_block_bytes(dt),
                             .device = LOOM_DEVICE_HOST,
                             .name = m->names[i]};
+    if (d0 > 0) {
+        m->t[i].ndim = 3;
+        m->t[i].shape[0] = d0, m->t[i].shape[1] = rows, m->t[i].shape[2] = cols;
+    }
+}
+
+static inline void tiny_add(tiny_model *m, test_rng *r, const char *name, int64_t rows, int64_t cols,
+                            double scale, double offset, loom_dtype dt) {
+    tiny_add3(m, r, name, 0, rows, cols, scale, offset, dt);
+}
+
+/* Layer l's routed (and shared) experts instead of a dense FFN; the router
+ * a bit larger so the experts' weights differ. */
+static inline void tiny_add_moe(tiny_model *m, test_rng *r, int l, loom_dtype wdt) {
+    const loom_model_config *c = &m->cfg;
+    const int64_t H = c->hidden_size, E = c->num_experts, I = c->expert_intermediate_size,
+                  S = c->shared_expert_intermediate_size;
+    char name[64];
+#define ADD3(suffix, d0, rows, cols, scale, dt)                                                    \
+    do {                                                                                           \
+        snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                       \
+        tiny_add3(m, r, name, d0, rows, cols, scale, 0, dt);                                       \
+    } while (0)
+    ADD3("ffn_gate_inp.weight", 0, E, H, 3.0 / sqrt((double)H), LOOM_DTYPE_F32);
+    ADD3("ffn_gate_exps.weight", E, I, H, 1.0 / sqrt((double)H), wdt);
+    ADD3("ffn_up_exps.weight", E, I, H, 1.0 / sqrt((double)H), wdt);
+    ADD3("ffn_down_exps.weight", E, H, I, 1.0 / sqrt((double)I), wdt);
+    if (S > 0) {
+        ADD3("ffn_gate_shexp.weight", 0, S, H, 1.0 / sqrt((double)H), wdt);
+        ADD3("ffn_up_shexp.weight", 0, S, H, 1.0 / sqrt((double)H), wdt);
+        ADD3("ffn_down_shexp.weight", 0, H, S, 1.0 / sqrt((double)S), wdt);
+        ADD3("ffn_gate_inp_shexp.weight", 0, H, -1, 1.0 / sqrt((double)H), LOOM_DTYPE_F32);
+    }
+#undef ADD3
 }
 
 /* Every tensor m->cfg asks for: the embedding in `emb_dt`, matrices in
@@ -107,8 +143,16 @@ static inline void tiny_add_tensors(tiny_model *m, test_rng *r, loom_dtype emb_d
             ADD("attn_k.bias", KVD, -1, 0.3, 0, LOOM_DTYPE_F32);
             ADD("attn_v.bias", KVD, -1, 0.3, 0, LOOM_DTYPE_F32);
         }
+        if (c->qk_norm) {
+            ADD("attn_q_norm.weight", c->head_dim, -1, 0.2, 1, LOOM_DTYPE_F32);
+            ADD("attn_k_norm.weight", c->head_dim, -1, 0.2, 1, LOOM_DTYPE_F32);
+        }
         ADD("attn_output.weight", H, QD, 1.0 / sqrt((double)QD), 0, wdt);
         ADD("ffn_norm.weight", H, -1, 0.1, 1, LOOM_DTYPE_F32);
+        if (c->num_experts > 0) {
+            tiny_add_moe(m, r, l, wdt);
+            continue;
+        }
         ADD("ffn_gate.weight", I, H, 1.0 / sqrt((double)H), 0, wdt);
         ADD("ffn_up.weight", I, H, 1.0 / sqrt((double)H), 0, wdt);
         ADD("ffn_down.weight", H, I, 1.0 / sqrt((double)I), 0, wdt);

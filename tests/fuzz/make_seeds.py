@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """tests/fuzz/make_seeds.py — writes the binary seed files of corpus/gguf
-and corpus/safetensors: tiny Llama models (hidden 4, one layer, 8 tokens)
-and a tiny Gemma 3 (Q5_0 weights) that load, so the fuzzers start from inputs that reach the config and
+and corpus/safetensors: tiny Llama models (hidden 4, one layer, 8 tokens),
+a tiny Gemma 3 (Q5_0 weights) and tiny mixtures of experts (a Qwen2-MoE
+safetensors with per-expert tensors and a shared expert, a qwen3moe GGUF
+with stacked experts) that load, so the fuzzers start from inputs that reach the config and
 tensor checks, not only the header. Text seeds are written by hand.
 Run from anywhere; rewrites its own seeds (seed-*.bin) in place."""
 import json
@@ -147,6 +149,71 @@ def safetensors(dtype="F32"):
     return struct.pack("<Q", len(hj)) + hj + data
 
 
+E, K, EI, SI = 2, 1, 4, 4  # experts, per token, expert width, shared expert width
+
+MOE_CONFIG = dict(CONFIG, architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", num_experts=E,
+                  num_experts_per_tok=K, moe_intermediate_size=EI, shared_expert_intermediate_size=SI,
+                  norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[])
+
+
+def safetensors_moe():
+    """Qwen2-MoE under the Hub's names: QKV bias, router, per-expert matrices, shared expert and gate."""
+    hf = {"model.embed_tokens.weight": [V, H], "model.norm.weight": [H],
+          "model.layers.0.input_layernorm.weight": [H], "model.layers.0.post_attention_layernorm.weight": [H],
+          "model.layers.0.self_attn.o_proj.weight": [H, NH * HD], "model.layers.0.mlp.gate.weight": [E, H],
+          "model.layers.0.mlp.shared_expert.gate_proj.weight": [SI, H],
+          "model.layers.0.mlp.shared_expert.up_proj.weight": [SI, H],
+          "model.layers.0.mlp.shared_expert.down_proj.weight": [H, SI],
+          "model.layers.0.mlp.shared_expert_gate.weight": [1, H]}
+    for p, rows in (("q", NH * HD), ("k", NKV * HD), ("v", NKV * HD)):
+        hf["model.layers.0.self_attn.%s_proj.weight" % p] = [rows, H]
+        hf["model.layers.0.self_attn.%s_proj.bias" % p] = [rows]
+    for e in range(E):
+        for proj, shape in (("gate_proj", [EI, H]), ("up_proj", [EI, H]), ("down_proj", [H, EI])):
+            hf["model.layers.0.mlp.experts.%d.%s.weight" % (e, proj)] = shape
+    header, data = {"__metadata__": {"format": "pt"}}, b""
+    for name, shape in hf.items():
+        n = 1
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + n * 4]}
+        data += struct.pack("<%df" % n, *[0.01 * ((i * 37) % 23 - 11) for i in range(n)])
+    hj = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(hj)) + hj + data
+
+
+def gguf_moe():
+    """A qwen3moe GGUF: QK-norms, router, stacked f32 experts (ne: H, EI, E)."""
+    a = "qwen3moe"
+    kvs = [kv("general.architecture", 8, a), kv(a + ".block_count", 4, 1), kv(a + ".embedding_length", 4, H),
+           kv(a + ".feed_forward_length", 4, I), kv(a + ".attention.head_count", 4, NH),
+           kv(a + ".attention.head_count_kv", 4, NKV), kv(a + ".context_length", 4, 32),
+           kv(a + ".rope.freq_base", 6, 10000.0), kv(a + ".attention.layer_norm_rms_epsilon", 6, 1e-6),
+           kv(a + ".vocab_size", 4, V), kv(a + ".expert_count", 4, E), kv(a + ".expert_used_count", 4, K),
+           kv(a + ".expert_feed_forward_length", 4, EI)]
+    ts = [("token_embd.weight", [H, V]), ("output_norm.weight", [H])]
+    for n, ne in [("attn_norm.weight", [H]), ("attn_q.weight", [H, NH * HD]), ("attn_k.weight", [H, NKV * HD]),
+                  ("attn_v.weight", [H, NKV * HD]), ("attn_output.weight", [NH * HD, H]),
+                  ("attn_q_norm.weight", [HD]), ("attn_k_norm.weight", [HD]), ("ffn_norm.weight", [H]),
+                  ("ffn_gate_inp.weight", [H, E]), ("ffn_gate_exps.weight", [H, EI, E]),
+                  ("ffn_up_exps.weight", [H, EI, E]), ("ffn_down_exps.weight", [EI, H, E])]:
+        ts.append(("blk.0." + n, ne))
+    infos, data = b"", b""
+    for name, ne in ts:
+        n = 1
+        for d in ne:
+            n *= d
+        while len(data) % 32:
+            data += b"\0"
+        infos += gstr(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne)
+        infos += struct.pack("<IQ", 0, len(data))
+        data += struct.pack("<%df" % n, *[0.01 * ((i * 37) % 23 - 11) for i in range(n)])
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(ts), len(kvs)) + b"".join(kvs) + infos
+    while len(head) % 32:
+        head += b"\0"
+    return head + data
+
+
 def write(path, b):
     with open(os.path.join(HERE, path), "wb") as f:
         f.write(b)
@@ -159,3 +226,6 @@ write("corpus/gguf/seed-tiny-gemma3.bin", gemma3())
 cfg = json.dumps(CONFIG).encode()
 write("corpus/safetensors/seed-f32.bin", struct.pack("<I", len(cfg)) + cfg + safetensors("F32"))
 write("corpus/safetensors/seed-bf16-default-config.bin", struct.pack("<I", 0) + safetensors("BF16"))
+write("corpus/gguf/seed-tiny-qwen3moe.bin", gguf_moe())
+moe_cfg = json.dumps(MOE_CONFIG).encode()
+write("corpus/safetensors/seed-qwen2moe.bin", struct.pack("<I", len(moe_cfg)) + moe_cfg + safetensors_moe())

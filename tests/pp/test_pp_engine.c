@@ -14,7 +14,8 @@
  *   rows, and OpenBLAS picks other kernels — another summation order — for
  *   another row count: last-bit differences, observed <= 1e-6), and within
  *   the tp suite's 1e-4 with tp 2 inside the stages (row-parallel sums in
- *   another order);
+ *   another order); the same for the 6-layer Qwen2-MoE dummy (3 stages
+ *   bit-identical; tp 2, expert parallel, inside each stage within 1e-4);
  *   composition: swap preemption, n > 1 forks (copy-on-write) and the
  *   prefix cache, with block ids shared by every stage's own pools;
  *   errors: more stages than layers, a layer list that does not sum to the
@@ -147,6 +148,33 @@ Test(pp, tiny_tp2_x_pp3_matches_one_backend) {
     eng_set_same(ref, got, 1e-4, "tp 2 x pp 3, micro_batches 2");
     eng_set_free(got);
     eng_set_free(ref);
+}
+
+/* A mixture of experts (the Qwen2-MoE dummy, 6 layers, shared expert):
+ * stages bit-identical to one backend, and tp 2 (expert parallel) inside
+ * each of 3 stages with micro-batches equal to it. */
+Test(pp, moe_stages_and_expert_parallel_match_one_backend) {
+    enum { N = 120 };
+    const char *ov[] = {"model.shape=qwen2-moe-tiny", "scheduler.max_batched_tokens=24", NULL};
+    int32_t tok[N];
+    eng_prompt(tok, N, 5, VOCAB);
+    loom_engine *ref = pp_open("tiny.yaml", ov);
+    float *want = eng_score(ref, tok, N);
+    loom_engine_destroy(ref);
+    pp_ov o;
+    loom_engine *e = pp_open("tiny_pp.yaml", pp_with(&o, 3, 1, 1, NULL, ov));
+    float *got = eng_score(e, tok, N);
+    loom_engine_destroy(e);
+    cr_assert(!memcmp(got, want, sizeof want[0] * N), "MoE pp 3: log-probs differ by up to %g",
+              max_diff(got, want, N));
+    free(got);
+    free(want);
+    eng_set_rec rref[ENG_SET_N], rgot[ENG_SET_N];
+    eng_set_run("pp", VOCAB, "tiny.yaml", ov, rref, NULL);
+    eng_set_run("pp", VOCAB, "tiny_pp.yaml", pp_with(&o, 3, 2, 2, NULL, ov), rgot, NULL);
+    eng_set_same(rref, rgot, 1e-4, "MoE tp 2 x pp 3, micro_batches 2");
+    eng_set_free(rgot);
+    eng_set_free(rref);
 }
 
 /* ------------------------------------------------------- composition */

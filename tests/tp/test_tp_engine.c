@@ -13,6 +13,9 @@
  *     cache; a quantizer (f16 KV cache) — each one combined run;
  *   errors: size 0, heads that do not divide, threads across nodes, comm
  *     nccl in a build without it;
+ *   mixture of experts (expert parallelism): the tiny Qwen3-MoE and
+ *     Qwen2-MoE dummies on 1, 2, 4 ranks equal one backend as above
+ *     (experts that do not divide: tests/backend/test_weight_walk.c);
  *   SmolLM2-135M (LOOM_TEST_MODEL; skipped when unset): size 3 gives the
  *     greedy text of one backend and its log-probs within 2.5e-4 (30
  *     layers of float32 sums in another order; observed ~3e-5); size 2 is
@@ -112,6 +115,54 @@ Test(tp, tiny_greedy_identical) {
         eng_set_free(got);
     }
     eng_set_free(ref);
+}
+
+/* ------------------------------------- mixture of experts: expert parallel */
+
+/* The tiny Qwen3-MoE (8 experts, top-2) and Qwen2-MoE (8 experts, top-2,
+ * shared expert of width 48) dummies on 1, 2, 4 ranks: each rank holds a
+ * block of the experts and a slice of the shared expert, attention is
+ * tensor-parallel. Teacher-forced log-probs within 1e-4 of one backend
+ * (size 1 bit-identical) and, at sizes 2 and 4, the same greedy ids and
+ * distributions for the batched request set. */
+Test(tp, moe_expert_parallel_matches_one_backend, .timeout = 240) {
+    enum { N = 120 };
+    static const char *const shapes[] = {"model.shape=qwen3-moe-tiny", "model.shape=qwen2-moe-tiny"};
+    int32_t tok[N];
+    eng_prompt(tok, N, 9, VOCAB);
+    for (int m = 0; m < 2; m++) {
+        const char *base[] = {shapes[m], "scheduler.max_batched_tokens=24", NULL};
+        loom_engine *ref = tp_open("tiny.yaml", base);
+        float *want = eng_score(ref, tok, N);
+        loom_engine_destroy(ref);
+        eng_set_rec set_ref[ENG_SET_N], set_got[ENG_SET_N];
+        eng_set_run("tp", VOCAB, "tiny.yaml", base, set_ref, NULL);
+        static const int sizes[] = {1, 2, 4};
+        for (int s = 0; s < 3; s++) {
+            tp_ov o;
+            loom_engine *e = tp_open("tiny_tp.yaml", tp_with_size(&o, sizes[s], base));
+            float *got = eng_score(e, tok, N);
+            loom_engine_destroy(e);
+            double worst = 0;
+            for (int i = 0; i < N; i++) worst = fmax(worst, fabs((double)got[i] - want[i]));
+            cr_log_info("%s, %d ranks: max |log-prob difference| %.3g over %d tokens", shapes[m], sizes[s], worst,
+                        N);
+            if (sizes[s] == 1)
+                cr_assert(!memcmp(got, want, sizeof want[0] * N), "%s size 1 must be bit-identical (max diff %g)",
+                          shapes[m], worst);
+            else
+                cr_assert(worst <= 1e-4, "%s size %d: log-probs differ by up to %g", shapes[m], sizes[s], worst);
+            free(got);
+            if (sizes[s] == 1) continue;
+            eng_set_run("tp", VOCAB, "tiny_tp.yaml", tp_with_size(&o, sizes[s], base), set_got, NULL);
+            char what[96];
+            snprintf(what, sizeof what, "%s, %d expert-parallel ranks vs one backend", shapes[m], sizes[s]);
+            eng_set_same(set_ref, set_got, 1e-4f, what);
+            eng_set_free(set_got);
+        }
+        eng_set_free(set_ref);
+        free(want);
+    }
 }
 
 /* -------------------------------------------------------- composition */

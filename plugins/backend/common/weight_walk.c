@@ -131,6 +131,79 @@ static loom_status ww_layer_norms(loom_ww *w, const loom_model_view *m, int32_t 
     return LOOM_OK;
 }
 
+void loom_ww_expert_view(const loom_ww *w, const loom_tensor *t, int32_t e, loom_tensor *out) {
+    const size_t bytes = w->host->dtype_row_bytes(t->dtype, t->shape[2]) * (size_t)t->shape[1];
+    *out = *t;
+    out->ndim = 2;
+    out->shape[0] = t->shape[1];
+    out->shape[1] = t->shape[2];
+    out->shape[2] = 1;
+    out->data = (uint8_t *)t->data + (size_t)e * bytes; /* read-only: the model's data */
+    out->nbytes = bytes;
+}
+
+/* A stacked expert tensor (d0, d1, d2) with whole rows of data. */
+static loom_status ww_tensor3(const loom_ww *w, const loom_model_view *m, const char *name, int64_t d0,
+                              int64_t d1, int64_t d2, const loom_tensor **out, loom_error *err) {
+    const loom_host *h = w->host;
+    const loom_tensor *t = *out = m->get(m->ctx, name);
+    if (!t)
+        return h->error(h->ctx, err, LOOM_ERR_NOT_FOUND, "%s: model '%s' has no tensor %s (a mixture of %d "
+                        "experts needs it)", w->who, w->config->name, name, w->config->num_experts);
+    const size_t row = h->dtype_row_bytes(t->dtype, d2);
+    if (t->ndim != 3 || t->shape[0] != d0 || t->shape[1] != d1 || t->shape[2] != d2 || !t->data || row == 0 ||
+        t->nbytes != row * (size_t)(d0 * d1))
+        return h->error(h->ctx, err, LOOM_ERR_FORMAT,
+                        "%s: tensor %s is (%lld, %lld, %lld) %s of %zu bytes; expected (%lld, %lld, %lld) with "
+                        "data from the model's configuration",
+                        w->who, name, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0),
+                        (long long)(t->ndim > 2 ? t->shape[2] : 0), h->dtype_name(t->dtype), t->nbytes,
+                        (long long)d0, (long long)d1, (long long)d2);
+    return LOOM_OK;
+}
+
+/* Layer l's experts: the router, the three stacked expert tensors (each
+ * kind planned once through expert 0's view) and the shared expert. */
+static loom_status ww_moe(loom_ww *w, const loom_model_view *m, const loom_quant_binding *q,
+                          const loom_ww_hooks *hk, int32_t l, loom_error *err) {
+    const loom_model_config *c = w->config;
+    loom_ww_layer *ly = &w->layer[l];
+    const int64_t H = w->hidden, E = c->num_experts, I = c->expert_intermediate_size,
+                  S = c->shared_expert_intermediate_size;
+    static const char *const exps[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    static const char *const shexp[3] = {"ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"};
+    char name[96];
+    const loom_tensor *t;
+    loom_status st;
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+    if ((st = ww_tensor(w, m, name, E, H, true, &t, err))) return st;
+    ww_window(&ly->router, t, name, 0, E, 0, H);
+    for (int k = 0; k < 3; k++) {
+        const int64_t rows = k < 2 ? I : H, cols = k < 2 ? H : I;
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, exps[k]);
+        if ((st = ww_tensor3(w, m, name, E, rows, cols, &t, err))) return st;
+        ww_window(&ly->exps[k], t, name, w->expert0 * rows, w->experts * rows, 0, cols);
+        loom_tensor view;
+        loom_ww_expert_view(w, t, 0, &view);
+        if ((st = ww_plan(w, m, q, hk, &view, name, &ly->exps_plan[k], err))) return st;
+    }
+    if (S <= 0) return LOOM_OK;
+    for (int k = 0; k < 3; k++) {
+        const int64_t rows = k < 2 ? S : H, cols = k < 2 ? H : S;
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, shexp[k]);
+        if ((st = ww_tensor(w, m, name, rows, cols, true, &t, err)) ||
+            (st = ww_plan(w, m, q, hk, t, name, &ly->shexp[k].plan, err)))
+            return st;
+        /* gate and up keep this rank's rows, down its input columns */
+        if (k < 2) ww_window(&ly->shexp[k].w, t, name, w->shexp0, w->shexp_rows, 0, cols);
+        else ww_window(&ly->shexp[k].w, t, name, 0, rows, w->shexp0, w->shexp_rows);
+    }
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp_shexp.weight", l);
+    if ((st = ww_tensor(w, m, name, H, -1, true, &t, err))) return st;
+    ww_window(&ly->shexp_gate, t, name, 0, 1, 0, H);
+    return LOOM_OK;
+}
+
 /* Layer l's tensors: the seven linear weights (each with its plan), the two
  * norms and, with w->bias, the Q/K/V biases. */
 static loom_status ww_layer(loom_ww *w, const loom_model_view *m, const loom_quant_binding *q,
@@ -152,15 +225,18 @@ static loom_status ww_layer(loom_ww *w, const loom_model_view *m, const loom_qua
     char name[96];
     const loom_tensor *t;
     loom_status st;
+    const bool moe = w->config->num_experts > 0;
     for (int k = 0; k < LOOM_WW_NLIN; k++) {
         loom_ww_lin *li = &ly->lin[k];
+        li->group = group[k];
+        li->group_row = group_row[k];
+        li->plan = (loom_quant_plan){.struct_size = sizeof li->plan, .format = LOOM_QFMT_NONE};
+        if (moe && k >= LOOM_WW_GATE) continue; /* experts instead (ww_moe) */
         snprintf(name, sizeof name, "blk.%d.%s.weight", l, ww_lin_names[k]);
         if ((st = ww_tensor(w, m, name, shape[k][0], shape[k][1], true, &t, err)) ||
             (st = ww_plan(w, m, q, hk, t, name, &li->plan, err)))
             return st;
         ww_window(&li->w, t, name, part[k][0], part[k][1], part[k][2], part[k][3]);
-        li->group = group[k];
-        li->group_row = group_row[k];
     }
     snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l);
     if ((st = ww_tensor(w, m, name, H, -1, true, &t, err))) return st;
@@ -173,7 +249,27 @@ static loom_status ww_layer(loom_ww *w, const loom_model_view *m, const loom_qua
         if ((st = ww_tensor(w, m, name, k == 0 ? QD : KVD, -1, true, &t, err))) return st;
         ww_window(&ly->bias[k], t, name, 0, 1, k == 0 ? q0 : k0, k == 0 ? QDl : KVDl);
     }
-    return ww_layer_norms(w, m, l, err);
+    if ((st = ww_layer_norms(w, m, l, err))) return st;
+    return moe ? ww_moe(w, m, q, hk, l, err) : LOOM_OK;
+}
+
+/* Expert parallelism over the shard's ranks: a contiguous block of
+ * experts per rank and a slice of the shared expert's width. */
+static loom_status ww_expert_split(loom_ww *w, loom_error *err) {
+    const loom_model_config *c = w->config;
+    const int32_t n = w->shard.size, r = w->shard.rank;
+    const int64_t S = c->shared_expert_intermediate_size;
+    if (c->num_experts <= 0) return LOOM_OK;
+    if (c->num_experts % n != 0 || S % n != 0)
+        return w->host->error(w->host->ctx, err, LOOM_ERR_UNSUPPORTED,
+                              "%s: model '%s' has %d experts and a shared expert of width %lld; expert parallelism "
+                              "over %d ranks needs both divisible by the rank count",
+                              w->who, c->name, c->num_experts, (long long)S, n);
+    w->experts = c->num_experts / n;
+    w->expert0 = r * w->experts;
+    w->shexp_rows = S / n;
+    w->shexp0 = r * w->shexp_rows;
+    return LOOM_OK;
 }
 
 loom_status loom_ww_collect(loom_ww *w, const loom_model_view *m, const loom_quant_binding *q,
@@ -183,6 +279,7 @@ loom_status loom_ww_collect(loom_ww *w, const loom_model_view *m, const loom_qua
     const int64_t H = w->hidden, V = w->vocab;
     const loom_tensor *t_embed, *t_onorm, *t_out, *t_probe;
     loom_status st;
+    if ((st = ww_expert_split(w, err))) return st;
     if ((st = ww_tensor(w, m, "token_embd.weight", V, H, true, &t_embed, err)) ||
         (st = ww_tensor(w, m, "output_norm.weight", H, -1, true, &t_onorm, err)) ||
         (st = ww_tensor(w, m, "output.weight", V, H, false, &t_out, err)))
@@ -216,7 +313,10 @@ bool loom_ww_any_quant(const loom_ww *w) {
     if (w->out.t && w->out_plan.format != LOOM_QFMT_NONE) return true;
     for (int32_t l = 0; w->layer && l < w->layers; l++)
         for (int k = 0; k < LOOM_WW_NLIN; k++)
-            if (w->layer[l].lin[k].plan.format != LOOM_QFMT_NONE) return true;
+            if (w->layer[l].lin[k].plan.format != LOOM_QFMT_NONE ||
+                (k < 3 && (w->layer[l].exps_plan[k].format != LOOM_QFMT_NONE ||
+                           w->layer[l].shexp[k].plan.format != LOOM_QFMT_NONE)))
+                return true;
     return false;
 }
 

@@ -2,7 +2,8 @@
  * plugins/backend/common/weight_walk.h — the weights a Llama-family model
  * gives a backend, walked once for every backend: which tensors there are
  * (names, shapes from the config, the optional Q/K/V biases, Gemma 3's
- * QK-norms and post-norms, a tied LM head), how they fuse (Q|K|V and gate|up), which part of each a
+ * QK-norms and post-norms, a tied LM head, the routed and shared experts of
+ * a mixture-of-experts model), how they fuse (Q|K|V and gate|up), which part of each a
  * tensor-parallel rank keeps (host->shard_plan's loom_shard: Q, K, V, gate
  * and up by rows, O and down by input columns, the embedding and LM head
  * by vocabulary rows), and the quantizer's plan for each linear weight,
@@ -62,6 +63,21 @@ typedef struct loom_ww_layer {
     /* Gemma 3 (config qk_norm / post_norms; t NULL otherwise), whole */
     loom_ww_part q_norm, k_norm;           /* (head_dim): every q / k head    */
     loom_ww_part post_attn_norm, post_ffn_norm; /* (hidden)                   */
+    /* Mixture of experts (config num_experts > 0; t NULL otherwise). The
+     * dense lin[GATE..DOWN] are then absent (t NULL, empty window, plan
+     * NONE). Expert parallelism: a rank keeps experts [expert0, expert0 +
+     * experts) of the walk, and its slice of the shared expert's width
+     * (gate and up by rows, down by columns, as a dense FFN). */
+    loom_ww_part router;        /* ffn_gate_inp (experts, hidden), whole     */
+    loom_ww_part exps[3];       /* ffn_gate_exps, ffn_up_exps (experts, expert_inter,
+                                   hidden), ffn_down_exps (experts, hidden,
+                                   expert_inter); window = this rank's experts'
+                                   rows                                      */
+    loom_quant_plan exps_plan[3]; /* the quantizer's plan for each expert's
+                                   matrix of that kind (asked once, for
+                                   expert 0's view: loom_ww_expert_view)     */
+    loom_ww_lin shexp[3];       /* shared expert gate, up, down; t NULL: none */
+    loom_ww_part shexp_gate;    /* ffn_gate_inp_shexp (hidden)               */
 } loom_ww_layer;
 
 /* A fused matrix: parts [first, end) of lin[], this rank's rows n (the
@@ -85,6 +101,11 @@ typedef struct loom_ww {
     int64_t q_rows, kv_rows, qkv_rows, inter_rows;
     int64_t q0, k0, i0;
     loom_ww_group group[LOOM_WW_NGROUPS];
+    /* mixture of experts, this rank's: experts [expert0, expert0 + experts)
+     * (all of them on one rank) and shared-expert columns [shexp0, shexp0 +
+     * shexp_rows) */
+    int32_t expert0, experts;
+    int64_t shexp0, shexp_rows;
     /* after loom_ww_collect */
     loom_ww_part embed;         /* token_embd: this rank's vocabulary rows    */
     loom_ww_part out_norm;      /* output_norm, whole                         */
@@ -128,6 +149,10 @@ loom_status loom_ww_begin(loom_ww *w, const loom_host *host, const char *who, co
  * without output.weight. */
 loom_status loom_ww_collect(loom_ww *w, const loom_model_view *m, const loom_quant_binding *q,
                             const loom_ww_hooks *hooks, loom_error *err);
+
+/* Expert e's matrix of a stacked (experts, rows, cols) tensor t as a 2-D
+ * tensor `out` (rows, cols) viewing t's data (borrowed; same name). */
+void loom_ww_expert_view(const loom_ww *w, const loom_tensor *t, int32_t e, loom_tensor *out);
 
 /* Does any linear weight (or the LM head) have a quantized plan? */
 bool loom_ww_any_quant(const loom_ww *w);

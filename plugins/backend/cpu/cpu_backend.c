@@ -34,7 +34,6 @@
  * saturate at +-448, see docs/quantization.md).
  */
 #include "cpu_backend.h"
-#include "weight_walk.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -169,6 +168,7 @@ static void cpu_destroy(void *self) {
     loom_cpu_pool_destroy(b->pool);
     cpu_release_quant(b);
     h->free(h->ctx, b->scratch);
+    h->free(h->ctx, b->moe_scratch);
     h->free(h->ctx, b->lg_local);
     h->free(h->ctx, b->topk_logits);
     h->free(h->ctx, b->kv);
@@ -219,8 +219,8 @@ static void cpu_deq_rows(void *arg, int64_t b, int64_t e, int worker) {
 static loom_status cpu_dequant_part(cpu_backend *b, const loom_tensor *t, int64_t r0, int64_t nr,
                                     int64_t c0, int64_t nc, float *dst, loom_error *err) {
     const loom_host *h = b->host;
+    if (nr <= 0 || nc <= 0) return LOOM_OK; /* also an absent part: a MoE layer's dense FFN */
     int64_t cols = t->shape[t->ndim - 1];
-    if (nr <= 0 || nc <= 0) return LOOM_OK;
     cpu_deq_job j = {.host = h, .t = t, .row_bytes = h->dtype_row_bytes(t->dtype, cols),
                      .cols = cols, .r0 = r0, .c0 = c0, .nc = nc, .dst = dst};
     atomic_init(&j.failed, 0);
@@ -245,8 +245,7 @@ static loom_status cpu_dequant_part(cpu_backend *b, const loom_tensor *t, int64_
 
 /* The window p of its tensor (plugins/backend/common/weight_walk.h) into
  * float32 dst (p->nr, p->nc). */
-static loom_status cpu_dequant_win(cpu_backend *b, const loom_ww_part *p, float *dst,
-                                   loom_error *err) {
+loom_status cpu_dequant_win(cpu_backend *b, const loom_ww_part *p, float *dst, loom_error *err) {
     return cpu_dequant_part(b, p->t, p->r0, p->nr, p->c0, p->nc, dst, err);
 }
 
@@ -282,8 +281,8 @@ static const loom_quant_ops cpu_keep_ops = {.struct_size = sizeof(loom_quant_ops
  * a zero-copy view of the GGUF blocks, or the quantizer's tensor (kept in
  * out->q, released at destroy), then this rank's window of it: rows
  * [r0, r0 + nr), columns [c0, c0 + nc). */
-static loom_status cpu_load_qlin(cpu_backend *b, const loom_model_view *m, const loom_ww_part *p,
-                                 const loom_quant_plan *plan, cpu_lin *out, loom_error *err) {
+loom_status cpu_load_qlin(cpu_backend *b, const loom_model_view *m, const loom_ww_part *p,
+                          const loom_quant_plan *plan, cpu_lin *out, loom_error *err) {
     const loom_host *h = b->host;
     const loom_tensor *t = p->t;
     const char *name = p->name;
@@ -341,13 +340,14 @@ static void cpu_release_quant(cpu_backend *b) {
             *lins[i] = (cpu_lin){0};
         }
     }
+    cpu_moe_release(b);
     loom_cpu_qscratch_destroy(b->qscratch);
     b->qscratch = NULL;
     b->qweight_bytes = 0;
 }
 
 /* Carve n floats (rounded to the alignment) from the arena cursor. */
-static float *cpu_carve(float **cursor, size_t n) {
+float *cpu_carve(float **cursor, size_t n) {
     float *p = *cursor;
     *cursor += cpu_round_floats(n);
     return p;
@@ -413,6 +413,7 @@ static loom_status cpu_alloc_weights(cpu_backend *b, const loom_ww *w, loom_erro
         floats += 2 * cpu_round_floats(H) + (w->bias ? cpu_round_floats((size_t)w->qkv_rows) : 0) + gemma;
         for (int g = 0; g < LOOM_WW_NGROUPS; g++)
             floats += cpu_round_floats((size_t)cpu_group_floats(&w->layer[l], g));
+        floats += cpu_moe_floats(b, &w->layer[l]);
     }
     size_t arena_bytes = floats * sizeof(float);
     b->weight_bytes = arena_bytes;
@@ -521,6 +522,7 @@ static loom_status cpu_load_layer(cpu_backend *b, const loom_model_view *m, cons
         if ((st = cpu_dequant_win(b, &wl->bias[k], bd, err))) return st;
     }
     if ((st = cpu_load_layer_norms(ly, wl, b, cur, err))) return st;
+    if (wl->router.t && (st = cpu_moe_load(b, m, wl, ly, cur, err))) return st;
     /* the fused float matrices exist only when every part is float */
     bool fq = !ly->lin[0].quant && !ly->lin[1].quant && !ly->lin[2].quant;
     bool fg = !ly->lin[4].quant && !ly->lin[5].quant;
@@ -564,10 +566,12 @@ static void cpu_load_done(cpu_backend *b, const loom_ww *w, const loom_comm *com
     if (h->metric_set) h->metric_set(h->ctx, "backend.cpu.weight_bytes", (double)b->weight_bytes);
     if (comm)
         h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO,
-               "rank %d/%d of '%s': heads %d..%d, KV heads %d..%d, FFN %lld..%lld, vocab "
+               "rank %d/%d of '%s': heads %d..%d, KV heads %d..%d, %s %lld..%lld, vocab "
                "%d..%d, %.1f MiB weights (%.1f MiB quantized)",
                sh->rank, sh->size, c->name, sh->head0, sh->head0 + sh->heads - 1, sh->kv0,
-               sh->kv0 + sh->kv_heads - 1, (long long)w->i0, (long long)(w->i0 + w->inter_rows - 1),
+               sh->kv0 + sh->kv_heads - 1, w->experts ? "experts" : "FFN",
+               (long long)(w->experts ? w->expert0 : w->i0),
+               (long long)(w->experts ? w->expert0 + w->experts - 1 : w->i0 + w->inter_rows - 1),
                sh->vocab_lo, sh->vocab_lo + sh->vocab_rows - 1, (double)b->weight_bytes / (1 << 20),
                (double)b->qweight_bytes / (1 << 20));
     else

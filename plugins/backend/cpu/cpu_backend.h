@@ -34,6 +34,7 @@
 #include "loom/plugin.h"
 #include "loom/quant.h"
 #include "qlinear.h"
+#include "weight_walk.h"
 
 #define CPU_WHO "backend.cpu"
 
@@ -58,6 +59,27 @@ typedef struct cpu_lin {
 /* Linear weights of a layer, in this order (fused groups: Q K V, gate up). */
 enum { CPU_LQ, CPU_LK, CPU_LV, CPU_LO, CPU_LGATE, CPU_LUP, CPU_LDOWN, CPU_NLIN };
 
+/* One SwiGLU expert (routed or shared): gate, up, down as cpu_lins; wgu
+ * is the fused (2 width, hidden) float matrix gate-then-up when both are
+ * float, wdown the float down matrix (NULL when quantized). */
+enum { CPU_EGATE, CPU_EUP, CPU_EDOWN, CPU_NEXP };
+typedef struct cpu_expert {
+    cpu_lin lin[CPU_NEXP];
+    const float *wgu;       /* (2 width, hidden) or NULL                     */
+    const float *wdown;     /* (hidden, width) or NULL                       */
+} cpu_expert;
+
+/* A mixture-of-experts FFN (loom/model.h): the router, every routed expert
+ * and the optional shared expert with its sigmoid gate. */
+typedef struct cpu_moe {
+    const float *router;    /* (experts, hidden) float32, every expert       */
+    int32_t e0, n;          /* this rank's experts: e0 .. e0 + n - 1         */
+    cpu_expert *ex;         /* (n) host->calloc'd                            */
+    cpu_expert sh;          /* the shared expert (this rank's width), when sh_gate */
+    const float *sh_gate;   /* (hidden) or NULL: no shared expert            */
+    int64_t sh_width;       /* this rank's columns of the shared expert      */
+} cpu_moe;
+
 /* One decoder layer's weights. The float path keeps Q, K, V fused into one
  * matrix and gate/up into another; when the quantizer changes any part of
  * a group, each part is its own cpu_lin (float parts still carved in order,
@@ -78,6 +100,8 @@ typedef struct cpu_layer {
     const float *k_norm;    /* (head_dim) ... and of every k head            */
     const float *post_attn_norm; /* (hidden) on the attention output         */
     const float *post_ffn_norm;  /* (hidden) on the FFN output               */
+    /* mixture of experts instead of wgu / wdown (moe.ex NULL: dense) */
+    cpu_moe moe;
 } cpu_layer;
 
 typedef struct cpu_backend {
@@ -147,11 +171,45 @@ typedef struct cpu_backend {
     float *rope_cos, *rope_sin; /* (rows, head_dim / 2)                       */
     float *rope_cos_local, *rope_sin_local; /* (rows, head_dim / 2) local layers' */
     float *topk_logits;         /* (rows, vocab) forward_topk's whole rows    */
+    /* --- mixture-of-experts scratch (cpu_moe.c), grown on demand */
+    int64_t moe_rows;           /* token rows it holds                        */
+    void *moe_scratch;          /* host->alloc'd block carved below           */
+    float *moe_logits;          /* (rows, experts) router logits / weights    */
+    float *moe_xg;              /* (rows, hidden) rows routed to one expert   */
+    float *moe_gu;              /* (rows, 2 max width) gate|up                */
+    float *moe_act;             /* (rows, max width)                          */
+    float *moe_y;               /* (rows, hidden) one expert's output         */
+    float *moe_out;             /* (rows, hidden) the layer's FFN output      */
+    float *moe_wt;              /* (rows * top-k) routing weight of each pair */
+    float *moe_slotw;           /* (rows, top-k) weight of each (token, slot) */
+    int32_t *moe_tok;           /* (rows * top-k) token of each pair, by expert */
+    int32_t *moe_sel;           /* (rows, top-k) expert of each (token, slot) */
+    int32_t *moe_off;           /* (experts + 1) first pair of each expert    */
+    int32_t *moe_fill;          /* (experts) cursors while grouping           */
     size_t topk_cap;            /* floats it holds                            */
 
     /* --- calibration (set_observer); obs.record NULL: none installed */
     loom_act_observer obs;      /* copy of the installed observer             */
 } cpu_backend;
+
+/* cpu_moe.c */
+/* Layer l's FFN for a mixture of experts: x (T, H) = beta_res * x + this
+ * rank's experts' weighted outputs (+ its part of the shared expert's) of
+ * rmsnorm(x); beta_res 1 on a whole model or rank 0, else 0. */
+loom_status cpu_moe_block(cpu_backend *b, int64_t T, int32_t l, float beta_res, loom_error *err);
+/* Floats of layer wl's expert weights kept as float32 (cpu_moe_load carves them). */
+size_t cpu_moe_floats(const cpu_backend *b, const loom_ww_layer *wl);
+/* Load layer l's experts (walk layer wl) into ly->moe, carving float parts from *cur. */
+loom_status cpu_moe_load(cpu_backend *b, const loom_model_view *m, const loom_ww_layer *wl, cpu_layer *ly,
+                         float **cur, loom_error *err);
+/* Release the quantizer-owned tensors and the expert arrays of every layer. */
+void cpu_moe_release(cpu_backend *b);
+
+/* cpu_backend.c, for cpu_moe.c */
+loom_status cpu_dequant_win(cpu_backend *b, const loom_ww_part *p, float *dst, loom_error *err);
+loom_status cpu_load_qlin(cpu_backend *b, const loom_model_view *m, const loom_ww_part *p,
+                          const loom_quant_plan *plan, cpu_lin *out, loom_error *err);
+float *cpu_carve(float **cursor, size_t n);
 
 /* cpu_forward.c */
 loom_status cpu_backend_forward(void *self, const loom_batch *batch, float *logits,

@@ -66,9 +66,10 @@ static loom_status cpu_scratch(cpu_backend *b, int64_t rows, loom_error *err) {
     /* each piece rounded to 16 floats so every buffer starts 64-B aligned
      * relative to the block */
     const size_t half = (size_t)c->head_dim / 2, local = c->sliding_window > 0 ? half : 0;
+    /* a mixture of experts has no dense FFN: its buffers are cpu_moe.c's */
+    const size_t inter = c->num_experts > 0 ? 0 : (size_t)c->intermediate_size;
     size_t r16[10] = {(size_t)c->hidden_size, (size_t)c->hidden_size, (size_t)b->qkv_rows,
-                      (size_t)b->q_dim, 2 * (size_t)c->intermediate_size,
-                      (size_t)c->intermediate_size, half, half, local, local};
+                      (size_t)b->q_dim, 2 * inter, inter, half, half, local, local};
     size_t per_row[10], total = 0;
     for (int i = 0; i < 10; i++) {
         per_row[i] = (r16[i] * (size_t)rows + 15) & ~(size_t)15;
@@ -419,7 +420,8 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
         kv.v = cpu_pool_base(b, l, 1, false);
         if ((st = cpu_attention_block(b, bt, l, &aa, beta_res, err)) != LOOM_OK ||
             (st = cpu_all_reduce(b, b->x, T * H, err)) != LOOM_OK ||
-            (st = cpu_ffn_block(b, T, l, beta_res, err)) != LOOM_OK ||
+            (st = b->layers[l].moe.ex ? cpu_moe_block(b, T, l, beta_res, err)
+                                       : cpu_ffn_block(b, T, l, beta_res, err)) ||
             (st = cpu_all_reduce(b, b->x, T * H, err)) != LOOM_OK)
             return st;
     }

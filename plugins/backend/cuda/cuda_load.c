@@ -1126,12 +1126,20 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                         "head, head_dim %d: one of 16, 32, 64, 128)",
                         c->name, c->hidden_size, c->intermediate_size, c->num_heads, c->num_kv_heads,
                         LOOM_CUDA_MAX_GQA, c->head_dim);
-    /* Gemma 3's QK-norm, post-norms, GeGLU, sliding windows and scales have
-     * no kernels here yet: refuse rather than run Llama math on them */
+    /* no grouped-expert kernels here yet: refuse rather than run a dense
+     * FFN that the model does not have */
+    if (c->num_experts > 0)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: model '%s' is a mixture of %d experts (%d per token); this backend has no "
+                        "mixture-of-experts kernels yet; use backend: cpu",
+                        c->name, c->num_experts, c->num_experts_used);
+    /* Gemma 3's (and Qwen3's) QK-norm, post-norms, GeGLU, sliding windows
+     * and scales have no kernels here yet: refuse rather than run Llama
+     * math on them */
     if (c->qk_norm || c->post_norms || c->ffn_act != LOOM_FFN_SILU || c->sliding_window > 0 ||
         (c->embed_scale > 0 && c->embed_scale != 1.0f) || c->attn_scale > 0)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "backend cuda: model '%s' needs Gemma 3's QK-norm, post-norms, GeGLU, sliding-window "
+                        "backend cuda: model '%s' needs QK-norm (Gemma 3, Qwen3), post-norms, GeGLU, sliding-window "
                         "attention or scaled embeddings, which this backend does not run yet; use backend: cpu",
                         c->name);
     if ((st = cb_load_begin(b, &w, err)) != LOOM_OK) return st;
