@@ -1371,7 +1371,8 @@ static char *script_of(const char *text) {
  * sampler's script) comes back as message.tool_calls with finish_reason
  * "tool_calls" — whole, and streamed as a tool_calls delta with no content
  * chunk showing the call's text; without tools, or with tool_choice none,
- * the same text is content. tool_choice "required" is refused (400). */
+ * the same text is content. tool_choice "required" without a constraint
+ * section in the pipeline is refused (400). */
 Test(serve, tool_calls_real_model, .timeout = 300) {
     need_model();
     char *ids = script_of("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n"
@@ -1410,7 +1411,7 @@ Test(serve, tool_calls_real_model, .timeout = 300) {
         reply_free(&r);
     }
     expect_error(http(s.port, "POST", "/v1/chat/completions", ROME ", \"tool_choice\": \"required\", " WEATHER_TOOLS "}",
-                      NULL), 400, "decoding constraint");
+                      NULL), 400, "no constraint section");
     free(stop(&s, 60));
     free(ids);
 }
