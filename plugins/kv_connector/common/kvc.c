@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -108,7 +107,7 @@ kvc_conn *kvc_conn_new(int fd, const kvc_config *cfg, const char *peer) {
 
 void kvc_conn_free(kvc_conn *c) {
     if (!c) return;
-    if (c->map) munmap(c->map, c->map_len);
+    if (c->oob && c->oob_close) c->oob_close(c->oob);
     if (c->fd >= 0) close(c->fd);
     free(c->head);
     free(c->payload);

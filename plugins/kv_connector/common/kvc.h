@@ -90,8 +90,8 @@ typedef struct kvc_conn {
     uint8_t *head;             /* (max_head) received head                  */
     uint8_t *payload;          /* inline payload received, grown as needed  */
     uint64_t payload_cap;
-    void *map;                 /* a received shared-memory payload, mapped  */
-    size_t map_len;
+    void *oob;                 /* a received out-of-band payload's handle   */
+    void (*oob_close)(void *oob); /* releases it (at the next recv or free) */
     char peer[96];             /* for messages                              */
 } kvc_conn;
 
