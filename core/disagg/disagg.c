@@ -203,6 +203,9 @@ static void pf_serve(loom_disagg *d, loom_kv_conn *c) {
     loom_status st = d->ops->recv(d->self, c, &m, &err);
     if (st != LOOM_OK) {
         loom_log(LOOM_LOG_WARN, "disagg", "prefill: reading a request: %s", err.message);
+        pthread_mutex_lock(&d->mu);
+        if (st == LOOM_ERR_INVALID) d->st.auth_failures++; /* the handshake failed */
+        pthread_mutex_unlock(&d->mu);
         count(d, false, 0);
         return;
     }

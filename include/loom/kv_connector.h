@@ -100,12 +100,15 @@ typedef struct loom_kv_connector_ops {
     loom_status (*listen)(void *self, loom_error *err);
 
     /* REQUIRED. Prefill side, after listen(): wait up to timeout_ms (>= 0)
-     * for one peer and authenticate it. On LOOM_OK *conn is a new
-     * connection the caller closes. No peer within the time: LOOM_ERR_IO
-     * with *conn NULL and a message starting "timeout"; the caller loops
-     * (that is how a listener thread notices shutdown). A peer that fails
-     * authentication is closed here and reported as LOOM_ERR_INVALID; the
-     * listener goes on. */
+     * for one peer. On LOOM_OK *conn is a new connection the caller
+     * closes. No peer within the time: LOOM_ERR_IO with *conn NULL and a
+     * message starting "timeout"; the caller loops (that is how a listener
+     * thread notices shutdown). A peer refused before any exchange (e.g.
+     * another user) is LOOM_ERR_INVALID; the listener goes on. The key
+     * handshake may be left to the connection's first send() or recv(),
+     * on the connection's own thread, so a silent peer never stalls the
+     * listener: a failed handshake then comes back from that call as
+     * LOOM_ERR_INVALID, and nothing of the peer's is read past it. */
     loom_status (*accept)(void *self, int32_t timeout_ms, loom_kv_conn **conn, loom_error *err);
 
     /* REQUIRED. Decode side: connect to the configured address and

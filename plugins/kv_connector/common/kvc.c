@@ -383,12 +383,20 @@ loom_status kvc_inst_accept(kvc_inst *in, int32_t timeout_ms, bool (*check)(int 
     }
     kvc_conn *c = kvc_conn_new(fd, &in->cfg, "the decode engine");
     if (!c) return kvc_fail(err, LOOM_ERR_NOMEM, "kv_connector %s: out of memory", in->who);
-    if ((st = kvc_auth_server(c, in->key, in->key_len, in->who, err)) != LOOM_OK) {
-        kvc_conn_free(c);
-        return st == LOOM_ERR_IO ? LOOM_ERR_INVALID : st; /* a failed handshake, whatever broke it */
-    }
+    c->auth_key = in->key;
+    c->auth_key_len = in->key_len;
+    c->auth_pending = in->key_len > 0;
     *out = c;
     return LOOM_OK;
+}
+
+loom_status kvc_conn_auth(kvc_conn *c, const char *who, loom_error *err) {
+    if (!c->auth_pending) return LOOM_OK;
+    c->auth_pending = false;
+    loom_status st = kvc_auth_server(c, c->auth_key, c->auth_key_len, who, err);
+    if (st == LOOM_OK) return LOOM_OK;
+    shutdown(c->fd, SHUT_RDWR); /* nothing more from or to a peer that failed */
+    return LOOM_ERR_INVALID;    /* a failed handshake, whatever broke it */
 }
 
 loom_status kvc_inst_connected(kvc_inst *in, int fd, const char *peer, kvc_conn **out, loom_error *err) {

@@ -93,6 +93,12 @@ typedef struct kvc_conn {
     void *oob;                 /* a received out-of-band payload's handle   */
     void (*oob_close)(void *oob); /* releases it (at the next recv or free) */
     char peer[96];             /* for messages                              */
+    /* accepted, handshake not run yet: it runs at the first send or recv,
+     * on the connection's own thread, so a silent peer never stalls the
+     * listener (kvc_conn_auth) */
+    const uint8_t *auth_key;   /* the instance's key (outlives the conn)    */
+    size_t auth_key_len;
+    bool auth_pending;
 } kvc_conn;
 
 /* Make a connection around fd (owned from here on); NULL when out of memory
@@ -147,12 +153,17 @@ typedef struct kvc_inst {
 loom_status kvc_inst_init(kvc_inst *in, const loom_host *host, const char *who, const kvc_config *cfg,
                           bool key_required, loom_error *err);
 void kvc_inst_limits(const kvc_inst *in, loom_kv_limits *out);
-/* accept() of loom/kv_connector.h up to the handshake; `check` (may be
- * NULL) vets the new socket first (e.g. the peer's user id). */
+/* accept() of loom/kv_connector.h: the socket, vetted by `check` (may be
+ * NULL; e.g. the peer's user id), with its handshake left pending for the
+ * connection's first send or recv (kvc_conn_auth). */
 loom_status kvc_inst_accept(kvc_inst *in, int32_t timeout_ms, bool (*check)(int fd, char *why, size_t cap),
                             kvc_conn **out, loom_error *err);
 /* A connected socket (owned from here on) through the client handshake. */
 loom_status kvc_inst_connected(kvc_inst *in, int fd, const char *peer, kvc_conn **out, loom_error *err);
+
+/* Run an accepted connection's pending handshake (a no-op afterwards):
+ * every send and recv of a connector starts with it. */
+loom_status kvc_conn_auth(kvc_conn *c, const char *who, loom_error *err);
 
 /* Deadline arithmetic for poll(). */
 double kvc_now_ms(void);

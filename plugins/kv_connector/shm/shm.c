@@ -158,6 +158,8 @@ static loom_status shm_send(void *self, loom_kv_conn *conn, const loom_kv_msg *m
     kvc_conn *c = (kvc_conn *)conn;
     if (!c || !m || m->struct_size < sizeof *m)
         return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector %s: send() needs a connection and a message", PAY_NAME);
+    loom_status ast = kvc_conn_auth(c, PAY_NAME, err);
+    if (ast != LOOM_OK) return ast;
     if (m->payload_len == 0) return kvc_send_frame(c, m->type, 0, m->head, m->head_len, NULL, 0, PAY_NAME, err);
     if (m->head_len > c->max_head - KVC_SHM_NAME || !m->payload || m->payload_len > c->max_payload)
         return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector %s: message outside the limits or without its payload",
@@ -196,6 +198,8 @@ static loom_status oob_open(kvc_conn *c, const kvc_frame *f, loom_kv_msg *out, l
 static loom_status shm_recv(void *self, loom_kv_conn *conn, loom_kv_msg *out, loom_error *err) {
     kvc_conn *c = (kvc_conn *)conn;
     if (!c || !out) return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector %s: recv() needs a connection", PAY_NAME);
+    loom_status ast = kvc_conn_auth(c, PAY_NAME, err);
+    if (ast != LOOM_OK) return ast;
     if (c->oob) {
         pay_close(c->oob);
         c->oob = NULL;

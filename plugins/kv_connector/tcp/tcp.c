@@ -135,12 +135,15 @@ static loom_status tcp_connect(void *self, loom_kv_conn **conn, loom_error *err)
 static loom_status tcp_send(void *self, loom_kv_conn *conn, const loom_kv_msg *m, loom_error *err) {
     if (!conn || !m || m->struct_size < sizeof *m)
         return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector tcp: send() needs a connection and a message");
+    loom_status st = kvc_conn_auth((kvc_conn *)conn, "tcp", err);
+    if (st != LOOM_OK) return st;
     return kvc_send_frame((kvc_conn *)conn, m->type, 0, m->head, m->head_len, m->payload, m->payload_len, "tcp", err);
 }
 
 static loom_status tcp_recv(void *self, loom_kv_conn *conn, loom_kv_msg *out, loom_error *err) {
     if (!conn || !out) return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector tcp: recv() needs a connection");
-    return kvc_recv_inline((kvc_conn *)conn, out, "tcp", err);
+    loom_status st = kvc_conn_auth((kvc_conn *)conn, "tcp", err);
+    return st != LOOM_OK ? st : kvc_recv_inline((kvc_conn *)conn, out, "tcp", err);
 }
 
 static void tcp_close(void *self, loom_kv_conn *conn) { kvc_conn_free((kvc_conn *)conn); }
