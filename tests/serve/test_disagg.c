@@ -6,7 +6,9 @@
  *   - identical greedy text and logprobs (and a seeded sample) vs colocated;
  *   - KV blocks freed on both sides afterwards (/metrics kv_blocks_used);
  *   - a client leaving mid-transfer, the prefill server killed mid-request:
- *     the client gets an error, both servers keep serving;
+ *     the client gets an error, both servers keep serving; the decode
+ *     server killed mid-request: the prefill server frees the blocks and
+ *     serves the next one;
  *   - a decode server with the wrong key is refused; hostile bytes on the
  *     prefill port leave it serving.
  */
@@ -141,6 +143,21 @@ Test(disagg, shm_matches_colocated_and_frees_blocks, .timeout = 240) {
     leave_mid_request(d.port);
     expect_freed(p.port, d.port);
     expect_same(completion_body, "/v1/completions", false, d.port, c.port);
+
+    /* the decode server killed while its prompt is prefilled: the prefill
+     * server frees the blocks and serves the next decode server */
+    char *body = long_body(60);
+    int fd = dial(d.port);
+    send_request(fd, "POST", "/v1/completions", body, NULL);
+    free(body);
+    usleep(100000);
+    kill(d.pid, SIGKILL);
+    waitpid(d.pid, NULL, 0);
+    unlink(d.err_path);
+    close(fd);
+    d = start(CFG_SHM, (const char *[]){"--role", "decode", "--set", path_set, ONE_THREAD, NULL});
+    expect_same(completion_body, "/v1/completions", false, d.port, c.port);
+    expect_freed(p.port, d.port);
 
     free(stop(&d, 30));
     free(stop(&p, 30));
