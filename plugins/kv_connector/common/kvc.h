@@ -58,8 +58,8 @@ typedef struct kvc_config {
 #define KVC_PARAMS(type)                                                                                        \
     {"key_file", LOOM_PARAM_STRING, offsetof(type, base.key_file), "", 1, 0, NULL,                              \
      "file holding the shared key (>= 16 bytes, mode 0600 advised) both engines must hold; ~ not expanded"},     \
-        {"timeout_ms", LOOM_PARAM_INT, offsetof(type, base.timeout_ms), "10000", 1, 3600000, NULL,              \
-         "bound on every wait for the peer (connect, handshake, each message), milliseconds"},                  \
+        {"timeout_ms", LOOM_PARAM_INT, offsetof(type, base.timeout_ms), "60000", 1, 3600000, NULL,              \
+         "bound on every wait for the peer (connect, handshake, each message) and on the prefill itself, ms"}, \
         {"max_head_bytes", LOOM_PARAM_INT, offsetof(type, base.max_head_bytes), "1048576", 4096, 67108864, NULL, \
          "largest message head accepted (the prompt's token ids travel in it), bytes"},                         \
         {"max_payload_bytes", LOOM_PARAM_INT, offsetof(type, base.max_payload_bytes), "1073741824", 0,           \
