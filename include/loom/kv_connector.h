@@ -114,7 +114,10 @@ typedef struct loom_kv_connector_ops {
     /* REQUIRED. Decode side: connect to the configured address and
      * authenticate (both sides prove they hold the key), within the
      * connector's timeout. On LOOM_OK *conn is a new connection the caller
-     * closes; on failure *conn is NULL and nothing is left open. */
+     * closes; on failure *conn is NULL and nothing is left open. With a
+     * handshake left to the accepted side's first send() or recv() (see
+     * accept), connect() returns only once that side made it: the
+     * accepting side must read or write while connect() runs. */
     loom_status (*connect)(void *self, loom_kv_conn **conn, loom_error *err);
 
     /* REQUIRED. Send one message (m borrowed for the call; type > 0, head

@@ -160,8 +160,11 @@ static loom_status shm_send(void *self, loom_kv_conn *conn, const loom_kv_msg *m
         return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector %s: send() needs a connection and a message", PAY_NAME);
     loom_status ast = kvc_conn_auth(c, PAY_NAME, err);
     if (ast != LOOM_OK) return ast;
+    if (m->head_len > c->max_head - KVC_SHM_NAME) /* the limit limits() reports, payload or not */
+        return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector %s: a head of %u bytes exceeds the limit of %u", PAY_NAME,
+                        m->head_len, c->max_head - KVC_SHM_NAME);
     if (m->payload_len == 0) return kvc_send_frame(c, m->type, 0, m->head, m->head_len, NULL, 0, PAY_NAME, err);
-    if (m->head_len > c->max_head - KVC_SHM_NAME || !m->payload || m->payload_len > c->max_payload)
+    if (!m->payload || m->payload_len > c->max_payload)
         return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector %s: message outside the limits or without its payload",
                         PAY_NAME);
     uint8_t *head = malloc((size_t)m->head_len + KVC_SHM_NAME);
