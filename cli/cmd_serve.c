@@ -41,6 +41,9 @@ static const char serve_usage_text[] =
     "      --parse-special-tokens read special-token markers (<|im_end|>, ...) in prompts and message\n"
     "                             content as the tokens they name, as transformers and vLLM do\n"
     "                             (default: as text, so a user cannot forge a turn)\n"
+    "      --role ROLE            colocated (default), prefill or decode: disaggregated serving over the\n"
+    "                             pipeline's kv_connector section; a decode server answers clients and\n"
+    "                             fetches each prompt's KV from the prefill server (docs/disaggregation.md)\n"
     "      --set KEY=VALUE        override a pipeline key, e.g. scheduler.max_num_seqs=32\n"
     "  -h, --help                 this help\n"
     "\n"
@@ -62,7 +65,7 @@ int loom_cmd_serve(int argc, char **argv) {
         bool takes = !strcmp(a, "--host") || !strcmp(a, "--port") || !strcmp(a, "--served-model-name") ||
                      !strcmp(a, "--api-key") || !strcmp(a, "--max-tokens") || !strcmp(a, "--max-body") ||
                      !strcmp(a, "--max-prompt-bytes") || !strcmp(a, "--max-connections") || !strcmp(a, "--idle-timeout") ||
-                     !strcmp(a, "--set");
+                     !strcmp(a, "--set") || !strcmp(a, "--role");
         if (takes && !v) {
             cli_usage_error("serve", serve_usage_text, "%s needs a value", a);
             goto out;
@@ -95,6 +98,14 @@ int loom_cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--idle-timeout")) {
             if (!cli_parse_long("serve", serve_usage_text, a, v, 1, 86400, &l)) goto out;
             opt.idle_timeout = (unsigned)l;
+        } else if (!strcmp(a, "--role")) {
+            if (!strcmp(v, "colocated")) opt.role = SERVE_ROLE_COLOCATED;
+            else if (!strcmp(v, "prefill")) opt.role = SERVE_ROLE_PREFILL;
+            else if (!strcmp(v, "decode")) opt.role = SERVE_ROLE_DECODE;
+            else {
+                cli_usage_error("serve", serve_usage_text, "--role '%s': use colocated, prefill or decode", v);
+                goto out;
+            }
         } else if (!strcmp(a, "--parse-special-tokens")) {
             opt.parse_special = true;
         } else if (!strcmp(a, "--set")) {

@@ -439,14 +439,39 @@ static bool check_topk(cf_run *r, const void *arg) {
     return bk_close(&b, ok);
 }
 
-/* A prefills 10 tokens; its blocks are moved by `how` to fresh ones for
- * B (same tokens); both decode token 10: the same logits. */
-static bool bk_moved(cf_run *r, bool swap) {
+/* kv_read_blocks A's n blocks as block images and kv_write_blocks them into
+ * B's; a bad block id and a buffer of the wrong length must be refused. */
+static bool bk_images(cf_run *r, bk *b, const int32_t *from, const int32_t *to, int32_t n) {
+    size_t per = bk_kv_bytes(b, BK_BS), len = per * (size_t)n;
+    char *buf = malloc(len + per);
+    loom_error err = {0};
+    bool ok = buf != NULL;
+    if (ok && b->bops->kv_read_blocks(b->self, from, n, buf, len, &err) != LOOM_OK)
+        ok = cf_fail(r, "kv_read_blocks failed: %s", err.message);
+    if (ok && b->bops->kv_write_blocks(b->self, to, n, buf, len, &err) != LOOM_OK)
+        ok = cf_fail(r, "kv_write_blocks failed: %s", err.message);
+    int32_t bad[1] = {BK_NBLOCKS};
+    if (ok && b->bops->kv_read_blocks(b->self, bad, 1, buf, per, &err) == LOOM_OK)
+        ok = cf_fail(r, "kv_read_blocks accepted block id %d of a pool of %d", BK_NBLOCKS, BK_NBLOCKS);
+    if (ok && b->bops->kv_write_blocks(b->self, to, n, buf, len + 1, &err) == LOOM_OK)
+        ok = cf_fail(r, "kv_write_blocks accepted a buffer one byte longer than %d block images", n);
+    free(buf);
+    return ok;
+}
+
+/* A prefills 10 tokens; its blocks are moved to fresh ones for B (same
+ * tokens) by copy_blocks, by a swap out and in, or (images) as block
+ * images read out and written in; both decode token 10: the same logits. */
+static bool bk_moved(cf_run *r, bool swap, bool images) {
     bk b;
     if (!bk_open(r, &b, BK_NBLOCKS, swap ? 16 : 0)) return false;
     if (swap && !bk_has_swap(&b)) {
         bk_close(&b, true);
         return r->failed ? false : cf_skip(r, "swap_blocks() is NULL (optional): cache managers preempt by recompute");
+    }
+    if (images && (b.executor || !LOOM_HAS_FIELD(b.bops, loom_backend_ops, kv_write_blocks) || !b.bops->kv_read_blocks)) {
+        bk_close(&b, true);
+        return r->failed ? false : cf_skip(r, "kv_read_blocks() / kv_write_blocks() are NULL (optional): no disaggregation");
     }
     bk_seq A, B;
     bk_fill(&b, &A, r->seed, 12);
@@ -465,7 +490,9 @@ static bool bk_moved(cf_run *r, bool swap) {
     }
     B.nb = A.nb;
     B.len = 10;
-    if (ok && !swap && bk_copy(&b, pairs, A.nb, &err) != LOOM_OK) ok = cf_fail(r, "copy_blocks failed: %s", err.message);
+    if (ok && images) ok = bk_images(r, &b, A.blocks, B.blocks, A.nb);
+    else if (ok && !swap && bk_copy(&b, pairs, A.nb, &err) != LOOM_OK)
+        ok = cf_fail(r, "copy_blocks failed: %s", err.message);
     if (ok && swap) {
         if (bk_swap(&b, LOOM_SWAP_OUT, pairs, A.nb, &err) != LOOM_OK) ok = cf_fail(r, "swap out failed: %s", err.message);
         for (int32_t i = 0; ok && i < A.nb; i++) {
@@ -476,13 +503,17 @@ static bool bk_moved(cf_run *r, bool swap) {
             ok = cf_fail(r, "swap in failed: %s", err.message);
     }
     ok = ok && bk_step(&b, pab, n1, 2, l) &&
-         bk_close_rows(&b, l, l + V, swap ? "decoding from blocks swapped out and in" : "decoding from copied blocks");
+         bk_close_rows(&b, l, l + V,
+                       images ? "decoding from block images read out and written in"
+                       : swap ? "decoding from blocks swapped out and in"
+                              : "decoding from copied blocks");
     free(l);
     return bk_close(&b, ok);
 }
 
-static bool check_copy(cf_run *r, const void *arg) { return bk_moved(r, false); }
-static bool check_swap(cf_run *r, const void *arg) { return bk_moved(r, true); }
+static bool check_copy(cf_run *r, const void *arg) { return bk_moved(r, false, false); }
+static bool check_swap(cf_run *r, const void *arg) { return bk_moved(r, true, false); }
+static bool check_images(cf_run *r, const void *arg) { return bk_moved(r, false, true); }
 
 /* The executor's logits vs one inner backend's, step for step. */
 static bool check_equivalence(cf_run *r, const void *arg) {
@@ -535,6 +566,7 @@ static int bk_checks(cf_check *out, int cap, bool executor) {
     n = cf_add(out, n, cap, check_topk, NULL, "backend.forward_topk");
     n = cf_add(out, n, cap, check_copy, NULL, "backend.copy_blocks");
     n = cf_add(out, n, cap, check_swap, NULL, "backend.swap_blocks");
+    n = cf_add(out, n, cap, check_images, NULL, "backend.kv_block_images");
     if (executor) n = cf_add(out, n, cap, check_equivalence, NULL, "executor.equivalence");
     return n;
 }

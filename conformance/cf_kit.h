@@ -153,6 +153,7 @@ int cf_checks_speculator(const loom_component *c, cf_check *out, int cap);
 int cf_checks_backend(const loom_component *c, cf_check *out, int cap);
 int cf_checks_executor(const loom_component *c, cf_check *out, int cap);
 int cf_checks_constraint(const loom_component *c, cf_check *out, int cap);
+int cf_checks_kv_connector(const loom_component *c, cf_check *out, int cap);
 
 /* Add one check (name printf-style) when there is room; returns the new
  * count. */

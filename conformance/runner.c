@@ -151,6 +151,7 @@ static int list_checks(const loom_component *c, cf_check *out, int cap, bool *un
     case LOOM_KIND_BACKEND: k = cf_checks_backend(c, out + n, cap - n); break;
     case LOOM_KIND_EXECUTOR: k = cf_checks_executor(c, out + n, cap - n); break;
     case LOOM_KIND_CONSTRAINT: k = cf_checks_constraint(c, out + n, cap - n); break;
+    case LOOM_KIND_KV_CONNECTOR: k = cf_checks_kv_connector(c, out + n, cap - n); break;
     default: k = -1; break;
     }
     *untested = k < 0;

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "commands.h" /* cli_now */
+#include "disagg/disagg.h"
 #include "openai.h"
 #include "tokenizer/tokenizer.h" /* loom_utf8_next */
 
@@ -194,6 +195,7 @@ struct server {
      * a connection the stop is closing, and none is left suspended (MHD
      * refuses to stop with one). */
     atomic_int resuming;
+    loom_disagg *dg;          /* --role prefill / decode, else NULL        */
 };
 
 static void job_unref(job *j) {
@@ -1143,6 +1145,22 @@ static unsigned job_list(server *s, job *j, serve_api api, char *why, size_t why
     return status;
 }
 
+/* Decode role: whether r's prompt is computed by the prefill engine — one
+ * sample, no prompt logprobs, no constraint (those run here, colocated), a
+ * prompt of at least two tokens — and then its tokens (*ids malloc'd) with
+ * r marked kv_remote. */
+static void remote_prompt(server *s, loom_request *r, int32_t **ids, int32_t *n) {
+    loom_error err = {0};
+    if (r->n > 1 || r->prompt_logprobs || r->prompt_only || r->constraint_lang) return;
+    if (loom_engine_prompt_tokens(s->eng, r, true, ids, n, &err) != LOOM_OK) return; /* add_request says why */
+    if (*n >= 2) {
+        r->kv_remote = true;
+        return;
+    }
+    free(*ids);
+    *ids = NULL;
+}
+
 /* Add the job's prompts to the engine without holding the server lock —
  * tokenizing a long prompt must not stall the engine thread — storing each
  * id under it, so a shutdown or engine-failure sweep sees every id to
@@ -1165,7 +1183,12 @@ static unsigned job_add_prompts(server *s, job *j, serve_api api, char *why, siz
         r.on_token = on_event;
         r.user = pc;
         r.parse_special = s->opt->parse_special;
+        int32_t *remote = NULL, nremote = 0; /* the prompt, when a prefill engine computes it */
+        if (s->dg) remote_prompt(s, &r, &remote, &nremote);
         int64_t id = loom_engine_add_request(s->eng, &r, &err);
+        if (id >= 0 && remote && loom_disagg_remote_prefill(s->dg, id, remote, nremote, &err) != LOOM_OK)
+            loom_engine_kv_fail(s->eng, id, err.message);
+        free(remote);
         pthread_mutex_lock(&s->mu);
         if (id >= 0) {
             pc->id = id;
@@ -1460,6 +1483,24 @@ static char *metrics_text(server *s) {
     METRIC("generation_tokens_total", "counter", "tokens generated", "%lld", (long long)st.generated_tokens);
     METRIC("preemptions_total", "counter", "sequences preempted", "%lld", (long long)st.preemptions);
     METRIC("steps_total", "counter", "engine steps", "%lld", (long long)st.steps);
+    if (s->dg) {
+        loom_disagg_stats ds;
+        loom_disagg_get_stats(s->dg, &ds);
+        METRIC("kv_transfers_total", "counter", "KV hand-overs completed (disaggregated serving)", "%llu",
+               (unsigned long long)ds.transfers_ok);
+        METRIC("kv_transfer_failures_total", "counter", "KV hand-overs that ended in an error", "%llu",
+               (unsigned long long)ds.transfers_failed);
+        METRIC("kv_transfer_bytes_total", "counter", "KV block-image bytes handed over", "%llu",
+               (unsigned long long)ds.bytes);
+        METRIC("kv_auth_failures_total", "counter", "KV peers refused by the connector's handshake", "%llu",
+               (unsigned long long)ds.auth_failures);
+        METRIC("kv_transfers_in_flight", "gauge", "KV hand-overs running now", "%d", ds.in_flight);
+        METRIC("kv_waiting", "gauge", "requests waiting for their prompt's KV", "%d", st.kv_waiting);
+        METRIC("kv_exported_blocks_total", "counter", "KV blocks read out for decode engines", "%lld",
+               (long long)st.kv_exported_blocks);
+        METRIC("kv_imported_blocks_total", "counter", "KV blocks written in from a prefill engine", "%lld",
+               (long long)st.kv_imported_blocks);
+    }
 #undef METRIC
     snprintf(line, sizeof line, "# HELP loom_http_responses_total HTTP responses by status class; "
              "499: the client left before its answer (in no class)\n"
@@ -1742,11 +1783,29 @@ static void stop_server(server *s, struct MHD_Daemon *d, pthread_t eng_thread, i
     pthread_join(eng_thread, NULL);
 }
 
+/* [any] Another thread added or delivered a request: step. */
+static void serve_wake(void *ctx) {
+    server *s = ctx;
+    pthread_mutex_lock(&s->mu);
+    s->pending = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
 int serve_run(loom_engine *eng, const serve_options *opt) {
     char model[128];
     served_model_name(eng, opt, model, sizeof model);
     server s;
     server_init(&s, eng, opt, model);
+    if (opt->role != SERVE_ROLE_COLOCATED) {
+        loom_error err = {0};
+        loom_disagg_role role = opt->role == SERVE_ROLE_PREFILL ? LOOM_DISAGG_PREFILL : LOOM_DISAGG_DECODE;
+        if (loom_disagg_create(eng, role, serve_wake, &s, &s.dg, &err) != LOOM_OK) {
+            fprintf(stderr, "loom serve: %s\n", err.message);
+            server_destroy(&s);
+            return 1;
+        }
+    }
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
     char port[16];
@@ -1754,6 +1813,7 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     int gai = getaddrinfo(opt->host, port, &hints, &ai);
     if (gai) {
         fprintf(stderr, "loom serve: cannot resolve --host '%s': %s\n", opt->host, gai_strerror(gai));
+        loom_disagg_destroy(s.dg);
         return 1;
     }
     /* Signals go to this thread's sigwait only: block them before any
@@ -1770,6 +1830,7 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     struct MHD_Daemon *d = start_daemon(&s, ai, host, sizeof host, &v6);
     if (!d) {
         pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+        loom_disagg_destroy(s.dg);
         return 1;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
@@ -1784,6 +1845,7 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
         pthread_mutex_unlock(&s.mu);
         if (watching) pthread_join(s.watcher, NULL);
         pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+        loom_disagg_destroy(s.dg);
         return 1;
     }
     fprintf(stderr, "loom serve: model '%s', context %d tokens%s; Ctrl-C stops\n", s.model,
@@ -1793,7 +1855,9 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
 
     int sig = 0;
     sigwait(&sigs, &sig);
+    loom_disagg_stop(s.dg); /* first: its handlers need the engine thread */
     stop_server(&s, d, eng_thread, sig);
+    loom_disagg_destroy(s.dg);
     pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
     server_destroy(&s);
     return 0;

@@ -39,7 +39,16 @@ typedef struct serve_options {
     unsigned idle_timeout;      /* seconds an idle or half-sent connection is kept */
     bool parse_special;         /* special-token markers in prompts and message
                                  * content are tokens (loom_request.parse_special) */
+    int role;                   /* SERVE_ROLE_*: colocated, or one side of a
+                                 * disaggregated pair (docs/disaggregation.md) */
 } serve_options;
+
+enum {
+    SERVE_ROLE_COLOCATED = 0,   /* prefill and decode in this engine         */
+    SERVE_ROLE_PREFILL = 1,     /* also serve prefills to decode engines over
+                                 * the pipeline's kv_connector              */
+    SERVE_ROLE_DECODE = 2,      /* prompts' KV from a prefill engine         */
+};
 
 /* Serve until SIGINT or SIGTERM; then stop taking requests, abort the ones
  * running (their clients get an error), and return 0. Returns 1 when the

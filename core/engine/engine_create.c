@@ -200,6 +200,10 @@ static void runner_from_backend(loom_runner *r, const loom_backend_ops *o) {
     r->forward_topk = o->forward_topk;
     r->swap_blocks = o->swap_blocks;
     r->set_observer = o->set_observer;
+    if (LOOM_HAS_FIELD(o, loom_backend_ops, kv_write_blocks)) {
+        r->kv_read_blocks = o->kv_read_blocks;
+        r->kv_write_blocks = o->kv_write_blocks;
+    }
 }
 
 /* An executor and the N backend instances it drives (one per rank). */
@@ -384,10 +388,13 @@ void loom_engine_destroy(loom_engine *e) {
     }
     for (int32_t i = 0; i < e->num_deferred; i++) loom_engine_req_free(e->deferred[i]);
     free(e->deferred);
+    engine_kv_fini(e);
     while (e->inbox_head) {
         loom_inbox_item *it = e->inbox_head;
         e->inbox_head = it->next;
         loom_engine_req_free(it->req);
+        engine_handoff_free(it->kv);
+        free(it->kv_fail);
         free(it);
     }
     free(e->reqs);

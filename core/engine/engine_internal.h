@@ -11,6 +11,7 @@
  *   speculate.c      drafts before the step, verification after it
  *   spec_verify.c    the rejection-sampling rule itself
  *   score.c          teacher-forced scoring (perplexity)
+ *   kv_transfer.c    disaggregation: a prefill's KV out, a remote one in
  */
 #ifndef LOOM_CORE_ENGINE_INTERNAL_H
 #define LOOM_CORE_ENGINE_INTERNAL_H
@@ -123,12 +124,26 @@ typedef struct loom_runner {
     loom_swap_blocks_fn *swap_blocks;       /* NULL: none                     */
     loom_status (*set_observer)(void *self, const loom_act_observer *obs,
                                 loom_error *err); /* NULL: none               */
+    /* block images in and out (disaggregation); NULL: none */
+    loom_status (*kv_read_blocks)(void *self, const int32_t *blocks, int32_t n, void *buf, size_t len,
+                                  loom_error *err);
+    loom_status (*kv_write_blocks)(void *self, const int32_t *blocks, int32_t n, const void *buf, size_t len,
+                                   loom_error *err);
 } loom_runner;
+
+/* A copy of a loom_kv_handoff the engine owns (kv_transfer.c). */
+typedef struct engine_handoff {
+    loom_kv_handoff h;         /* tokens and blocks point into the allocations below */
+    int32_t *tokens;
+    void *blocks;
+} engine_handoff;
 
 /* Inbox entry posted by [any]-thread calls. */
 typedef struct loom_inbox_item {
-    loom_req *req;             /* an add, or NULL for an abort               */
-    int64_t abort_id;
+    loom_req *req;             /* an add, or NULL for an abort or a KV item  */
+    int64_t abort_id;          /* the request an abort or a KV item is for   */
+    engine_handoff *kv;        /* a delivery (owned), or NULL               */
+    char *kv_fail;             /* a transfer failure's message (owned), or NULL */
     struct loom_inbox_item *next;
 } loom_inbox_item;
 
@@ -173,6 +188,11 @@ struct loom_engine {
      * cache is full of running sequences), oldest first; retried at every
      * drain of the inbox. */
     loom_req **deferred;       int32_t num_deferred, cap_deferred;
+    /* kv_remote requests waiting for their KV, oldest first, each with the
+     * handoff delivered for it (NULL until then; one that found no room in
+     * the cache stays here and is tried again at every drain). */
+    loom_req **parked;         int32_t num_parked, cap_parked;
+    engine_handoff **parked_kv;
     loom_seq **seqs;           int32_t num_seqs, cap_seqs;
     int64_t next_seq_id;
 
@@ -230,6 +250,9 @@ void engine_event_prompt(loom_token_event *ev, const loom_req *rq);
 
 /* requests.c */
 void engine_drain_inbox(loom_engine *e, loom_error *err);
+void engine_inbox_post(loom_engine *e, loom_inbox_item *it, loom_req *rq);
+void engine_fail_unadmitted(loom_engine *e, loom_req *rq, const char *why);
+void engine_admit(loom_engine *e, loom_req *rq, const engine_handoff *kv, loom_error *err);
 
 /* batch.c */
 loom_status engine_step_buffers(loom_engine *e, int32_t nseq, int32_t ntok, int32_t bt_stride);
@@ -250,6 +273,17 @@ loom_status engine_sampler_check(loom_engine *e, loom_seq *s, loom_error *err);
 loom_status engine_check_token(const loom_engine *e, int32_t tok, loom_error *err);
 float engine_raw_logprob(const float *row, int32_t vocab, int32_t tok);
 int32_t engine_raw_top(const float *row, int32_t vocab, int32_t n, int32_t *ids, float *lps);
+
+/* kv_transfer.c */
+loom_status engine_kv_check_request(const loom_request *full, loom_error *err);
+void engine_kv_park(loom_engine *e, loom_req *rq);
+bool engine_kv_abort_parked(loom_engine *e, int64_t id);
+void engine_kv_inbox_item(loom_engine *e, loom_inbox_item *it);
+void engine_kv_retry(loom_engine *e);
+void engine_kv_export(loom_engine *e, loom_seq *s, loom_finish_reason why);
+void engine_kv_fini(loom_engine *e);
+void engine_handoff_free(engine_handoff *k);
+loom_status engine_kv_import(loom_engine *e, loom_seq *s, const engine_handoff *kv, loom_error *err);
 
 /* score.c */
 loom_status engine_score_prompt(loom_engine *e, loom_req *rq, loom_error *err);

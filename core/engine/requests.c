@@ -264,7 +264,7 @@ static loom_req *req_copy(const loom_request *req, loom_request *full) {
     return rq;
 }
 
-static void inbox_post(loom_engine *e, loom_inbox_item *it, loom_req *rq) {
+void engine_inbox_post(loom_engine *e, loom_inbox_item *it, loom_req *rq) {
     pthread_mutex_lock(&e->inbox_mu);
     if (rq) {
         rq->id = e->next_req_id++;
@@ -295,6 +295,7 @@ int64_t loom_engine_add_request(loom_engine *e, const loom_request *req, loom_er
     loom_inbox_item *it = NULL;
     loom_status st = resolve_prompt(e, &full, rq, err);
     if (st == LOOM_OK) st = check_params(&full.params, err);
+    if (st == LOOM_OK) st = engine_kv_check_request(&full, err);
     if (st == LOOM_OK) st = copy_stops(full.stop, rq, err);
     if (st == LOOM_OK) st = copy_logit_bias(e, &full, rq, err);
     if (st == LOOM_OK) st = engine_constraint_compile(e, &full, rq, err);
@@ -306,7 +307,7 @@ int64_t loom_engine_add_request(loom_engine *e, const loom_request *req, loom_er
         return -1;
     }
     it->req = rq;
-    inbox_post(e, it, rq);
+    engine_inbox_post(e, it, rq);
     return rq->id;
 }
 
@@ -314,7 +315,7 @@ loom_status loom_engine_abort(loom_engine *e, int64_t request_id) {
     loom_inbox_item *it = calloc(1, sizeof *it);
     if (!it) return LOOM_ERR_NOMEM;
     it->abort_id = request_id;
-    inbox_post(e, it, NULL);
+    engine_inbox_post(e, it, NULL);
     return LOOM_OK;
 }
 
@@ -323,7 +324,7 @@ loom_status loom_engine_abort(loom_engine *e, int64_t request_id) {
 /* A request that never reached the tables ends here: one ERROR event per
  * sample (its caller may be waiting on them — e.g. an HTTP client), then
  * it no longer counts as active. */
-static void fail_unadmitted(loom_engine *e, loom_req *rq, const char *why) {
+void engine_fail_unadmitted(loom_engine *e, loom_req *rq, const char *why) {
     engine_end_unstarted(rq, 0, LOOM_FINISH_ERROR, why);
     pthread_mutex_lock(&e->inbox_mu);
     e->active--;
@@ -331,19 +332,21 @@ static void fail_unadmitted(loom_engine *e, loom_req *rq, const char *why) {
     loom_engine_req_free(rq);
 }
 
-/* Admit a queued request. Whatever refuses it (out of memory, the sampler,
- * the scheduler) ends that request alone with an error event: the engine
- * goes on with the others. */
-static void admit(loom_engine *e, loom_req *rq, loom_error *err) {
+/* Admit a queued request — with kv (not NULL) a kv_remote one, whose
+ * prompt's KV but the last token's is written in before the scheduler sees
+ * it. Whatever refuses it (out of memory, the sampler, the cache, the
+ * scheduler) ends that request alone with an error event: the engine goes
+ * on with the others. */
+void engine_admit(loom_engine *e, loom_req *rq, const engine_handoff *kv, loom_error *err) {
     static const char *const oom = "out of memory admitting the request";
     if (engine_grow((void **)&e->reqs, &e->cap_reqs, e->num_reqs + 1, sizeof(loom_req *)) != LOOM_OK) {
-        fail_unadmitted(e, rq, oom);
+        engine_fail_unadmitted(e, rq, oom);
         return;
     }
     loom_seq *s = engine_seq_new(e, rq, 0);
     if (!s || engine_track_seq(e, s) != LOOM_OK) {
         loom_engine_seq_free(s);
-        fail_unadmitted(e, rq, oom);
+        engine_fail_unadmitted(e, rq, oom);
         return;
     }
     e->reqs[e->num_reqs++] = rq;
@@ -358,6 +361,10 @@ static void admit(loom_engine *e, loom_req *rq, loom_error *err) {
     if (st != LOOM_OK) {
         engine_seq_finish(e, s, LOOM_FINISH_ERROR,
                           err ? err->message : "the sampler rejected the request's parameters");
+        return;
+    }
+    if (kv && (st = engine_kv_import(e, s, kv, err)) != LOOM_OK) {
+        engine_seq_finish(e, s, LOOM_FINISH_ERROR, err ? err->message : "the prefill's KV could not be written in");
         return;
     }
     st = e->sch->add(e->sch_self, &s->info, err);
@@ -403,12 +410,13 @@ static void admit_scored(loom_engine *e, loom_req *rq, loom_error *err) {
         }
         if (st != LOOM_OK) {
             loom_error_prefix(&serr, "scoring the prompt's %d tokens", rq->prompt_len);
-            fail_unadmitted(e, rq, serr.message);
+            engine_fail_unadmitted(e, rq, serr.message);
             return;
         }
     }
     if (rq->r.prompt_only) finish_prompt_only(e, rq);
-    else admit(e, rq, err);
+    else if (rq->r.kv_remote) engine_kv_park(e, rq);
+    else engine_admit(e, rq, NULL, err);
 }
 
 /* The deferred requests, tried again oldest first (each may wait again). */
@@ -441,7 +449,7 @@ static bool abort_deferred(loom_engine *e, int64_t id) {
 }
 
 static void abort_request(loom_engine *e, int64_t id) {
-    if (abort_deferred(e, id)) return;
+    if (abort_deferred(e, id) || engine_kv_abort_parked(e, id)) return;
     for (int32_t i = 0; i < e->num_reqs; i++) {
         loom_req *rq = e->reqs[i];
         if (rq->id != id || rq->live == 0) continue;
@@ -457,9 +465,11 @@ void engine_drain_inbox(loom_engine *e, loom_error *err) {
     e->inbox_head = e->inbox_tail = NULL;
     pthread_mutex_unlock(&e->inbox_mu);
     retry_deferred(e, err);
+    engine_kv_retry(e);
     while (it) {
         loom_inbox_item *next = it->next;
         if (it->req) admit_scored(e, it->req, err);
+        else if (it->kv || it->kv_fail) engine_kv_inbox_item(e, it);
         else abort_request(e, it->abort_id);
         free(it);
         it = next;

@@ -247,6 +247,7 @@ void engine_seq_finish(loom_engine *e, loom_seq *s, loom_finish_reason why, cons
     if (s->finished) return;
     s->finished = true;
     e->sch->remove(e->sch_self, s->info.id); /* unknown ids are ignored */
+    if (s->req->r.on_kv_export) engine_kv_export(e, s, why); /* before its blocks go */
     e->cache->free(e->cache_self, s->info.id);
     if (e->spec) e->spec->release(e->spec_self, s->info.id);
     /* The final event carries what the detokenizer and the stop-string

@@ -318,7 +318,7 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
     engine_reap(e);
     if (active) {
         pthread_mutex_lock(&e->inbox_mu);
-        *active = e->active;
+        *active = e->active - e->num_parked; /* parked requests wait for a delivery, not a step */
         pthread_mutex_unlock(&e->inbox_mu);
     }
     return LOOM_OK;
@@ -352,6 +352,7 @@ static void engine_stats_fill(loom_engine *e, loom_engine_stats *out) {
     out->evictions = cs.evictions;
     out->swaps_out = cs.swaps_out;
     out->swaps_in = cs.swaps_in;
+    out->kv_waiting = e->num_parked;
     if (e->spec && e->spec->stats) {
         loom_spec_stats sp = {.struct_size = sizeof sp};
         e->spec->stats(e->spec_self, &sp);

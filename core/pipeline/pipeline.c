@@ -104,12 +104,13 @@ static const struct {
     {"sampler", LOOM_KIND_SAMPLER, true},
     {"speculator", LOOM_KIND_SPECULATOR, false},
     {"constraint", LOOM_KIND_CONSTRAINT, false},
+    {"kv_connector", LOOM_KIND_KV_CONNECTOR, false},
 };
 #define NUM_SLOTS ((int)(sizeof k_slots / sizeof k_slots[0]))
 
 static const char *const k_top_keys[] = {
     "include", "plugin_path", "model", "engine", "backend", "executor",
-    "scheduler", "cache", "quantizer", "sampler", "speculator", "constraint", NULL,
+    "scheduler", "cache", "quantizer", "sampler", "speculator", "constraint", "kv_connector", NULL,
 };
 
 static const char *const k_ignore_plugin[] = {"plugin", NULL};
@@ -289,7 +290,7 @@ static void check_top_keys(const loom_cfg_node *root, loom_diag *diag) {
         loom_diag_add(diag, loom_cfg_key_mark(root, i),
                       "unknown top-level key '%s';%s valid keys: include, plugin_path, model, "
                       "engine, backend, executor, scheduler, cache, quantizer, sampler, "
-                      "speculator, constraint",
+                      "speculator, constraint, kv_connector",
                       key, hint);
     }
 }

@@ -34,6 +34,7 @@
 #include "loom/scheduler.h"
 #include "loom/spec.h"
 #include "loom/constraint.h"
+#include "loom/kv_connector.h"
 #include "loom_build_config.h"
 #include "plugin/host.h"
 #include "util/util.h"
@@ -64,7 +65,8 @@ static const ops_member backend_members[] = {
     REQ(loom_backend_ops, kv_block_bytes), REQ(loom_backend_ops, memory), REQ(loom_backend_ops, kv_alloc),
     REQ(loom_backend_ops, forward), REQ(loom_backend_ops, copy_blocks), OPT(loom_backend_ops, forward_topk),
     OPT(loom_backend_ops, swap_blocks), OPT(loom_backend_ops, load_shard), OPT(loom_backend_ops, set_observer),
-    OPT_SINCE(3, loom_backend_ops, load_stage), {0, NULL, false, 0}};
+    OPT_SINCE(3, loom_backend_ops, load_stage), OPT_SINCE(4, loom_backend_ops, kv_read_blocks),
+    OPT_SINCE(4, loom_backend_ops, kv_write_blocks), {0, NULL, false, 0}};
 static const ops_member executor_members[] = {
     REQ(loom_executor_ops, create), REQ(loom_executor_ops, destroy), REQ(loom_executor_ops, inner_count),
     REQ(loom_executor_ops, attach_inner), REQ(loom_executor_ops, load), REQ(loom_executor_ops, kv_block_bytes),
@@ -100,6 +102,11 @@ static const ops_member constraint_members[] = {
     REQ(loom_constraint_ops, grammar_free), REQ(loom_constraint_ops, matcher_new),
     REQ(loom_constraint_ops, matcher_free), REQ(loom_constraint_ops, fill_mask), REQ(loom_constraint_ops, accept),
     REQ(loom_constraint_ops, can_end), OPT(loom_constraint_ops, rollback), {0, NULL, false}};
+static const ops_member kv_connector_members[] = {
+    REQ(loom_kv_connector_ops, create), REQ(loom_kv_connector_ops, destroy), REQ(loom_kv_connector_ops, limits),
+    REQ(loom_kv_connector_ops, listen), REQ(loom_kv_connector_ops, accept), REQ(loom_kv_connector_ops, connect),
+    REQ(loom_kv_connector_ops, send), REQ(loom_kv_connector_ops, recv), REQ(loom_kv_connector_ops, close),
+    {0, NULL, false}};
 
 static const ops_member *kind_members(loom_kind kind) {
     switch (kind) {
@@ -111,6 +118,7 @@ static const ops_member *kind_members(loom_kind kind) {
     case LOOM_KIND_SAMPLER: return sampler_members;
     case LOOM_KIND_SPECULATOR: return spec_members;
     case LOOM_KIND_CONSTRAINT: return constraint_members;
+    case LOOM_KIND_KV_CONNECTOR: return kv_connector_members;
     }
     return NULL;
 }
@@ -151,6 +159,7 @@ const char *loom_kind_name(loom_kind k) {
     case LOOM_KIND_SAMPLER: return "sampler";
     case LOOM_KIND_SPECULATOR: return "speculator";
     case LOOM_KIND_CONSTRAINT: return "constraint";
+    case LOOM_KIND_KV_CONNECTOR: return "kv_connector";
     }
     return NULL;
 }
@@ -165,18 +174,19 @@ const char *loom_kind_with_article(loom_kind kind) {
     case LOOM_KIND_SAMPLER: return "a sampler";
     case LOOM_KIND_SPECULATOR: return "a speculator";
     case LOOM_KIND_CONSTRAINT: return "a constraint";
+    case LOOM_KIND_KV_CONNECTOR: return "a kv_connector";
     }
     return "an unknown kind of";
 }
 
 loom_kind loom_kind_from_name(const char *name) {
     if (!name) return (loom_kind)0;
-    for (int k = LOOM_KIND_BACKEND; k <= LOOM_KIND_CONSTRAINT; k++)
+    for (int k = LOOM_KIND_BACKEND; k <= LOOM_KIND_KV_CONNECTOR; k++)
         if (strcmp(loom_kind_name((loom_kind)k), name) == 0) return (loom_kind)k;
     return (loom_kind)0;
 }
 
-static bool kind_valid(loom_kind k) { return k >= LOOM_KIND_BACKEND && k <= LOOM_KIND_CONSTRAINT; }
+static bool kind_valid(loom_kind k) { return k >= LOOM_KIND_BACKEND && k <= LOOM_KIND_KV_CONNECTOR; }
 
 /* The header that declares a kind's ops table, without ".h". */
 static const char *kind_header(loom_kind k) {
@@ -414,6 +424,14 @@ static loom_status check_component(const char *path, uint32_t idx, const loom_co
     }
     if (c->kind == LOOM_KIND_CACHE && !((const loom_cache_ops *)ops)->swap_out != !((const loom_cache_ops *)ops)->swap_in) {
         snprintf(msg, n, "'%s': cache '%s' has only one of swap_out() and swap_in(): loom/cache.h wants both or neither",
+                 path, c->name);
+        return LOOM_ERR_FORMAT;
+    }
+    if (c->kind == LOOM_KIND_BACKEND && LOOM_HAS_FIELD((const loom_backend_ops *)ops, loom_backend_ops, kv_write_blocks) &&
+        !((const loom_backend_ops *)ops)->kv_read_blocks != !((const loom_backend_ops *)ops)->kv_write_blocks) {
+        snprintf(msg, n,
+                 "'%s': backend '%s' has only one of kv_read_blocks() and kv_write_blocks(): loom/backend.h wants "
+                 "both or neither",
                  path, c->name);
         return LOOM_ERR_FORMAT;
     }

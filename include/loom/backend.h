@@ -352,6 +352,23 @@ typedef struct loom_backend_ops {
     loom_status (*load_stage)(void *self, const loom_model_view *model, const loom_quant_binding *quant,
                               const loom_stage *stage, const loom_comm *comm, loom_error *err);
     /* since ABI 2.3 — add new members below this line only */
+    /* OPTIONAL, both or neither, since ABI 2.4 (NULL = this backend's KV
+     * cannot leave it; disaggregated serving refuses it, naming it; the
+     * loader refuses a table with only one). Copy whole device blocks to
+     * (read) or from (write) `buf`, host memory of `len` bytes that must be
+     * exactly n * kv_block_bytes(block_size, dtype) of the allocated pools,
+     * in the block-image layout every backend shares, so engines of
+     * different backends can hand KV to each other: block after block, and
+     * within one block every held layer in order, K then V, each
+     * (num_kv_heads, block_size, head_dim) in the pool's element type.
+     * `blocks` (n) are device block ids, each in [0, num_blocks); any bad
+     * id or length is LOOM_ERR_INVALID and nothing is copied. After
+     * kv_alloc(). Done before the call returns. */
+    loom_status (*kv_read_blocks)(void *self, const int32_t *blocks, int32_t n, void *buf, size_t len,
+                                  loom_error *err);
+    loom_status (*kv_write_blocks)(void *self, const int32_t *blocks, int32_t n, const void *buf, size_t len,
+                                   loom_error *err);
+    /* since ABI 2.4 — add new members below this line only */
 } loom_backend_ops;
 
 #ifdef __cplusplus

@@ -96,6 +96,8 @@ typedef struct loom_chat_message {
     const char *content;       /* UTF-8 text                                 */
 } loom_chat_message;
 
+struct loom_kv_export;
+
 /* Grows only at its end. */
 typedef struct loom_request {
     uint32_t struct_size;
@@ -163,7 +165,66 @@ typedef struct loom_request {
      * constraint allows no further token ends with LOOM_FINISH_ERROR. */
     const char *constraint_lang;
     const char *constraint;
+    /* since ABI 2.4 — add new members below this line only.
+     * Prefill/decode disaggregation (docs/disaggregation.md). A request
+     * may set at most one of the two; n must be 1, and prompt_logprobs,
+     * prompt_only and a constraint are refused with either. */
+    /* Prefill side: when sample 0 finishes (not by abort or error), called
+     * once on the engine thread with the prompt's KV, before its blocks
+     * are released; `user` is the request's user. What the callback
+     * returns is logged, never fatal: the request's final event follows
+     * either way. NULL = an ordinary request. */
+    loom_status (*on_kv_export)(void *user, const struct loom_kv_export *x);
+    /* Decode side: the KV of all but the prompt's last token comes from
+     * another engine through loom_engine_kv_deliver (or the request ends
+     * with loom_engine_kv_fail's error). Until then the request waits
+     * outside the scheduler and does not count as active for
+     * loom_engine_step. The engine computes the last prompt token itself
+     * and samples every output token, so sampling, seeds, logprobs and
+     * stop rules are exactly the colocated ones. */
+    bool kv_remote;
 } loom_request;
+
+/* The prompt's KV as the prefill engine hands it out (on_kv_export);
+ * everything borrowed for the callback. Grows only at its end. */
+typedef struct loom_kv_export {
+    uint32_t struct_size;
+    int64_t request_id;
+    int32_t num_tokens;        /* tokens whose KV the blocks hold           */
+    const int32_t *tokens;     /* (num_tokens) those tokens                 */
+    int32_t block_size;        /* tokens per block                          */
+    int32_t num_blocks;        /* ceil(num_tokens / block_size)             */
+    size_t block_bytes;        /* bytes of one block image (loom/backend.h) */
+    /* [engine, during the callback only] Copy blocks [first, first + n) of
+     * the sequence as block images into dst (host, exactly n * block_bytes
+     * bytes). */
+    loom_status (*read)(void *ctx, int32_t first, int32_t n, void *dst, size_t len, loom_error *err);
+    void *ctx;
+} loom_kv_export;
+
+/* A prefill's KV handed to a kv_remote request (loom_engine_kv_deliver).
+ * Borrowed for the call (the engine copies it). Grows only at its end. */
+typedef struct loom_kv_handoff {
+    uint32_t struct_size;
+    int32_t num_tokens;        /* the request's prompt length - 1           */
+    const int32_t *tokens;     /* (num_tokens) must equal the prompt's first
+                                  num_tokens tokens                         */
+    int32_t block_size;        /* must equal this engine's                  */
+    int32_t num_blocks;        /* ceil(num_tokens / block_size)             */
+    size_t block_bytes;        /* must equal this engine's                  */
+    const void *blocks;        /* (num_blocks * block_bytes) block images   */
+} loom_kv_handoff;
+
+/* What two engines must agree on to hand KV over. Grows only at its end. */
+typedef struct loom_kv_info {
+    uint32_t struct_size;
+    int32_t block_size;        /* tokens per block                          */
+    size_t block_bytes;        /* bytes of one block image, all layers      */
+    loom_dtype kv_dtype;       /* the pools' element type                   */
+    int32_t num_layers;
+    int32_t vocab;
+    int32_t max_model_len;
+} loom_kv_info;
 
 /* A request with every field at its default: struct_size set, greedy
  * sampling params (loom_sampling_params_default), n = 1. */
@@ -211,6 +272,10 @@ typedef struct loom_engine_stats {
     int64_t kind_tokens[LOOM_STEP_KINDS];
     double kind_seconds[LOOM_STEP_KINDS];
     double kind_backend_seconds[LOOM_STEP_KINDS];
+    /* since ABI 2.4 */
+    int32_t kv_waiting;            /* kv_remote requests waiting for their KV */
+    int64_t kv_exported_blocks;    /* blocks read out through on_kv_export   */
+    int64_t kv_imported_blocks;    /* blocks written in by loom_engine_kv_deliver */
 } loom_engine_stats;
 
 /* Build an engine from a pipeline file with "a.b=value" overrides. */
@@ -232,6 +297,22 @@ loom_status loom_engine_run(loom_engine *e, loom_error *err);
  * fields that fit and sets out->struct_size to what it wrote, so a program
  * built against an older, shorter loom_engine_stats is never overrun. */
 void loom_engine_get_stats(loom_engine *e, loom_engine_stats *out, size_t size);
+
+/* [any] What a KV hand-over must match (since ABI 2.4).
+ * LOOM_ERR_UNSUPPORTED, naming the runner, when its KV cannot leave it (an
+ * executor, or a backend without kv_read_blocks / kv_write_blocks). */
+loom_status loom_engine_kv_info(const loom_engine *e, loom_kv_info *out, loom_error *err);
+/* [any] Hand a kv_remote request its prompt's KV (since ABI 2.4): the
+ * engine copies h and queues it for the step loop, which drops it when
+ * request `request_id` no longer waits (aborted meanwhile). A handoff that
+ * does not fit the request (tokens, sizes) ends the request there with an
+ * error naming the mismatch. LOOM_ERR_INVALID for a malformed h,
+ * LOOM_ERR_NOMEM when it cannot be copied (nothing queued then). */
+loom_status loom_engine_kv_deliver(loom_engine *e, int64_t request_id, const loom_kv_handoff *h, loom_error *err);
+/* [any] End a kv_remote request that waits for its KV with an error event
+ * carrying `why` (since ABI 2.4); a request no longer waiting is left
+ * alone. */
+loom_status loom_engine_kv_fail(loom_engine *e, int64_t request_id, const char *why);
 
 /* [engine] Teacher-forced scoring (perplexity): logprobs[i] = log p(tokens[i]
  * | tokens[0..i)) under the model's raw distribution for i >= 1;

@@ -155,6 +155,8 @@ typedef enum loom_kind {
     LOOM_KIND_SPECULATOR = 7, /* draft + verify (loom/spec.h)                     */
     /* since ABI 2.3 */
     LOOM_KIND_CONSTRAINT = 8, /* allowed-token masks (loom/constraint.h)          */
+    /* since ABI 2.4 */
+    LOOM_KIND_KV_CONNECTOR = 9, /* KV hand-over between engines (loom/kv_connector.h) */
 } loom_kind;
 
 /* --------------------------------------------------------------- host table */

@@ -206,6 +206,9 @@ BAD_PLUGIN_TEST(null_required_method, LOOM_KIND_SAMPLER, "nullsample", LOOM_ERR_
 BAD_PLUGIN_TEST(half_a_swap_pair, LOOM_KIND_CACHE, "halfswap", LOOM_ERR_FORMAT,
                 "cache 'halfswap' has only one of swap_out() and swap_in()")
 
+BAD_PLUGIN_TEST(half_a_kv_image_pair, LOOM_KIND_BACKEND, "halfkv", LOOM_ERR_FORMAT,
+                "backend 'halfkv' has only one of kv_read_blocks() and kv_write_blocks()")
+
 BAD_PLUGIN_TEST(param_outside_config, LOOM_KIND_SAMPLER, "badparam", LOOM_ERR_FORMAT,
                 "parameter 'n' lies outside the config struct")
 
@@ -354,7 +357,7 @@ Test(plugin_registry, list_tolerates_broken_files) {
     }
     cr_assert_eq(good, 8 + 2, "7 kinds + libmulti + bad/loom-scheduler-liar.so + bad/loom-sampler-nullself.so "
                  "(good: %d)", good);
-    cr_assert_eq(broken, 11, "10 broken plugins + the text file (broken: %d)", broken);
+    cr_assert_eq(broken, 12, "11 broken plugins + the text file (broken: %d)", broken);
     cr_assert(saw_text && saw_multi);
     int n2 = 0;
     cr_assert_eq(loom_registry_list(reg, &n2), items, "cached");

@@ -847,6 +847,52 @@ static loom_status cpu_swap_blocks(void *self, loom_swap_dir dir, const int32_t 
     return LOOM_OK;
 }
 
+/* The block-image transfer of loom/backend.h: n device blocks to or from
+ * one host buffer, each block every held layer's K then V. */
+static loom_status cpu_kv_image(cpu_backend *b, const char *op, const int32_t *blocks, int32_t n, size_t len,
+                                loom_error *err) {
+    const loom_host *h = b->host;
+    if (!b->kv_ready) return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cpu: %s() before kv_alloc()", op);
+    size_t per = b->kv_block_bytes * 2 * (size_t)b->nlayers;
+    if (n < 0 || (n > 0 && !blocks) || len != per * (size_t)n)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: %s(): %d blocks need a buffer of exactly %zu bytes (%zu per block), got %zu",
+                        op, n, per * (size_t)(n > 0 ? n : 0), per, len);
+    for (int32_t i = 0; i < n; i++)
+        if (blocks[i] < 0 || blocks[i] >= b->kv_layout.num_blocks)
+            return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cpu: %s(): block %d is id %d, outside [0, %d)",
+                            op, i, blocks[i], b->kv_layout.num_blocks);
+    return LOOM_OK;
+}
+
+static loom_status cpu_kv_read_blocks(void *self, const int32_t *blocks, int32_t n, void *buf, size_t len,
+                                      loom_error *err) {
+    cpu_backend *b = self;
+    loom_status st = cpu_kv_image(b, "kv_read_blocks", blocks, n, len, err);
+    if (st) return st;
+    char *dst = buf;
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++)
+            for (int kv = 0; kv < 2; kv++, dst += b->kv_block_bytes)
+                memcpy(dst, cpu_pool_base(b, l, kv, false) + (size_t)blocks[i] * b->kv_block_bytes,
+                       b->kv_block_bytes);
+    return LOOM_OK;
+}
+
+static loom_status cpu_kv_write_blocks(void *self, const int32_t *blocks, int32_t n, const void *buf, size_t len,
+                                       loom_error *err) {
+    cpu_backend *b = self;
+    loom_status st = cpu_kv_image(b, "kv_write_blocks", blocks, n, len, err);
+    if (st) return st;
+    const char *src = buf;
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++)
+            for (int kv = 0; kv < 2; kv++, src += b->kv_block_bytes)
+                memcpy(cpu_pool_base(b, l, kv, false) + (size_t)blocks[i] * b->kv_block_bytes, src,
+                       b->kv_block_bytes);
+    return LOOM_OK;
+}
+
 /* ------------------------------------------------------------- descriptor */
 
 static const loom_backend_ops cpu_ops = {
@@ -864,6 +910,8 @@ static const loom_backend_ops cpu_ops = {
     .load_shard = cpu_load_shard,
     .set_observer = cpu_backend_set_observer,
     .load_stage = cpu_load_stage,
+    .kv_read_blocks = cpu_kv_read_blocks,
+    .kv_write_blocks = cpu_kv_write_blocks,
 };
 
 static const loom_component cpu_components[] = {{

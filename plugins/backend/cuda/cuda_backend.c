@@ -546,6 +546,47 @@ static loom_status cb_swap_blocks(void *self, loom_swap_dir dir, const int32_t *
                : cb_copy(b, b->swap_dev, b->pools_dev, pairs, n, err);
 }
 
+/* The block-image transfer of loom/backend.h: per block, each layer's K
+ * then V, one copy per (block, layer, K|V) on the backend's stream, waited
+ * for before returning. Untested on a GPU (disaggregation's tests run on
+ * the cpu backend). */
+static loom_status cb_kv_image(cuda_backend *b, const char *op, const int32_t *blocks, int32_t n, void *host,
+                               size_t len, bool read, loom_error *err) {
+    const loom_host *h = b->host;
+    if (!b->kv_ready) return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: %s() before kv_alloc()", op);
+    const int32_t L = b->mc.num_layers;
+    const size_t bb = b->kv_block_bytes, per = bb * 2 * (size_t)L;
+    if (n < 0 || (n > 0 && (!blocks || !host)) || len != per * (size_t)(n > 0 ? n : 0))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: %s(): %d blocks need a buffer of exactly %zu bytes (%zu per block), got %zu", op,
+                        n, per * (size_t)(n > 0 ? n : 0), per, len);
+    for (int32_t i = 0; i < n; i++)
+        if (blocks[i] < 0 || blocks[i] >= b->kv_layout.num_blocks)
+            return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: %s(): block %d is id %d, outside [0, %d)", op,
+                            i, blocks[i], b->kv_layout.num_blocks);
+    loom_status st = CB_CUDA(b, err, cudaSetDevice(b->device));
+    char *p = host;
+    for (int32_t i = 0; i < n && !st; i++)
+        for (int32_t l = 0; l < L && !st; l++)
+            for (int kv = 0; kv < 2 && !st; kv++, p += bb) {
+                char *dev = (char *)b->pools[kv * L + l] + (size_t)blocks[i] * bb;
+                st = CB_CUDA(b, err, read ? cudaMemcpyAsync(p, dev, bb, cudaMemcpyDeviceToHost, b->stream)
+                                          : cudaMemcpyAsync(dev, p, bb, cudaMemcpyHostToDevice, b->stream));
+            }
+    loom_status sync = CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
+    return st ? st : sync;
+}
+
+static loom_status cb_kv_read_blocks(void *self, const int32_t *blocks, int32_t n, void *buf, size_t len,
+                                     loom_error *err) {
+    return cb_kv_image(self, "kv_read_blocks", blocks, n, buf, len, true, err);
+}
+
+static loom_status cb_kv_write_blocks(void *self, const int32_t *blocks, int32_t n, const void *buf, size_t len,
+                                      loom_error *err) {
+    return cb_kv_image(self, "kv_write_blocks", blocks, n, (void *)buf, len, false, err);
+}
+
 /* ------------------------------------------------------------- descriptor */
 
 static const loom_backend_ops cb_ops = {
@@ -560,6 +601,8 @@ static const loom_backend_ops cb_ops = {
     .forward_topk = cb_forward_topk,
     .copy_blocks = cb_copy_blocks,
     .swap_blocks = cb_swap_blocks,
+    .kv_read_blocks = cb_kv_read_blocks,
+    .kv_write_blocks = cb_kv_write_blocks,
     .load_shard = cb_load_shard,
 };
 

@@ -14,6 +14,8 @@
  *   BAD_PARAM       param offset past config_size  -> "lies outside the config struct"
  *   BAD_NULLMETHOD  a sampler without sample()     -> "has no sample() (NULL)"
  *   BAD_HALFSWAP    a cache with swap_out() but no swap_in() -> "only one of swap_out() and swap_in()"
+ *   BAD_HALFKV      a backend with kv_read_blocks() but no kv_write_blocks()
+ *                   -> "only one of kv_read_blocks() and kv_write_blocks()"
  *   BAD_LIAR        file says scheduler, component is a cache named "liar"
  *   BAD_NULLSELF    a complete sampler (it loads) whose create() returns
  *                   LOOM_OK without an instance  -> refused by create_instance
@@ -45,6 +47,8 @@
 #define BAD_NAME "nullsample"
 #elif defined(BAD_HALFSWAP)
 #define BAD_NAME "halfswap"
+#elif defined(BAD_HALFKV)
+#define BAD_NAME "halfkv"
 #elif defined(BAD_LIAR)
 #define BAD_NAME "liar"
 #elif defined(BAD_NULLSELF)
@@ -62,7 +66,33 @@ static loom_status bad_create(const loom_host *host, const void *config, void **
 
 static void bad_destroy(void *self) { (void)self; }
 
-#if defined(BAD_LIAR) || defined(BAD_HALFSWAP)
+#if defined(BAD_HALFKV)
+/* A complete backend table (every REQUIRED member), so only the defect is wrong. */
+static loom_status bad_load(void *s, const loom_model_view *m, const loom_quant_binding *q, loom_error *e) {
+    return (void)s, (void)m, (void)q, (void)e, LOOM_ERR_UNSUPPORTED;
+}
+static size_t bad_kv_bytes(void *s, int32_t bs, loom_dtype t) { return (void)s, (void)bs, (void)t, 0; }
+static loom_status bad_memory(void *s, loom_backend_memory *m, loom_error *e) {
+    return (void)s, (void)m, (void)e, LOOM_ERR_UNSUPPORTED;
+}
+static loom_status bad_kv_alloc(void *s, const loom_kv_layout *l, loom_error *e) {
+    return (void)s, (void)l, (void)e, LOOM_ERR_UNSUPPORTED;
+}
+static loom_status bad_forward(void *s, const loom_batch *b, float *l, loom_error *e) {
+    return (void)s, (void)b, (void)l, (void)e, LOOM_ERR_UNSUPPORTED;
+}
+static loom_status bad_copy(void *s, const int32_t *p, int32_t n, loom_error *e) {
+    return (void)s, (void)p, (void)n, (void)e, LOOM_ERR_UNSUPPORTED;
+}
+static loom_status bad_kv_read(void *s, const int32_t *b, int32_t n, void *buf, size_t len, loom_error *e) {
+    return (void)s, (void)b, (void)n, (void)buf, (void)len, (void)e, LOOM_ERR_UNSUPPORTED;
+}
+static const loom_backend_ops bad_ops = {
+    .struct_size = sizeof(loom_backend_ops), .create = bad_create, .destroy = bad_destroy, .load = bad_load,
+    .kv_block_bytes = bad_kv_bytes, .memory = bad_memory, .kv_alloc = bad_kv_alloc, .forward = bad_forward,
+    .copy_blocks = bad_copy, .kv_read_blocks = bad_kv_read};
+#define BAD_KIND LOOM_KIND_BACKEND
+#elif defined(BAD_LIAR) || defined(BAD_HALFSWAP)
 /* A complete cache table (every REQUIRED member), so only the defect is wrong. */
 static loom_status bad_init(void *s, const loom_cache_init *i, loom_kv_layout *l, loom_error *e) {
     (void)s, (void)i, (void)l, (void)e;

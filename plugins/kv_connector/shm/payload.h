@@ -1,0 +1,39 @@
+/*
+ * plugins/kv_connector/shm/payload.h — where a same-host connector puts a
+ * payload out of band: one implementation per connector (payload_posix.c
+ * for `shm`, payload_cuda.c for `cuda-ipc`), chosen at build time.
+ * Every function is [any]; a token belongs to one connection.
+ */
+#ifndef LOOM_KV_PAYLOAD_H
+#define LOOM_KV_PAYLOAD_H
+
+#include <stdint.h>
+
+#include "kvc.h"
+
+/* The component's name and one-line summary (PAY_NAME, PAY_SUMMARY), set by
+ * the build: -DPAY_CUDA selects cuda-ipc. */
+#ifdef PAY_CUDA
+#define PAY_NAME "cuda-ipc"
+#define PAY_SUMMARY "KV hand-over on one node through CUDA IPC device memory (untested on a GPU; needs one)"
+#else
+#define PAY_NAME "shm"
+#define PAY_SUMMARY "KV hand-over on one host: control over a Unix socket, blocks in POSIX shared memory"
+#endif
+
+/* LOOM_OK when this transport can work in this process (cuda-ipc: a CUDA
+ * device is visible), else LOOM_ERR_UNSUPPORTED saying why. */
+loom_status pay_available(loom_error *err);
+/* Sender: place len bytes of payload where the peer can open them and
+ * describe that place in where[KVC_SHM_NAME]; *token until pay_release. */
+loom_status pay_put(const void *payload, uint64_t len, uint8_t where[KVC_SHM_NAME], void **token, loom_error *err);
+/* Sender: the peer acknowledged (or the send failed): drop the payload. */
+void pay_release(void *token, const uint8_t where[KVC_SHM_NAME]);
+/* Receiver: open the peer's payload `where` that must be exactly len
+ * bytes; *ptr is host-readable until pay_close(*token). Anything else —
+ * a description that is not one of ours, another size — is an error. */
+loom_status pay_open(const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr, void **token,
+                     loom_error *err);
+void pay_close(void *token);
+
+#endif

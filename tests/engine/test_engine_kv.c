@@ -1,0 +1,196 @@
+/*
+ * tests/engine/test_engine_kv.c — the engine's side of disaggregation
+ * (loom/engine.h: on_kv_export, kv_remote, loom_engine_kv_deliver /
+ * kv_fail), two engines in one process on random "tiny" dummy weights, no
+ * connector in between: what the prefill engine exports, delivered to the
+ * decode engine, must give the colocated engine's tokens and logprobs —
+ * greedy and seeded sampling, several requests at once, prompts shorter
+ * and longer than one block. A handoff that does not fit its request, a
+ * failed transfer and an abort while the KV is on the way each end that
+ * request alone, and every block is free afterwards on both engines.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eng_util.h"
+
+#define VOCAB 256
+#define NREQ 4
+
+/* What the prefill engine's on_kv_export gave for one request. */
+typedef struct exported {
+    eng_rec rec;               /* the prefill request's own events         */
+    int32_t ntok;              /* tokens whose KV the blocks hold (prompt) */
+    int32_t nb;                /* blocks read: all but the last token's    */
+    size_t bb;
+    int32_t bs;
+    void *blocks;
+    int calls;
+} exported;
+
+static loom_status on_export(void *user, const loom_kv_export *x) {
+    exported *o = user;
+    o->calls++;
+    o->ntok = x->num_tokens;
+    o->bs = x->block_size;
+    o->bb = x->block_bytes;
+    int32_t n = x->num_tokens - 1;
+    o->nb = (n + x->block_size - 1) / x->block_size;
+    o->blocks = malloc((size_t)o->nb * o->bb + 1);
+    loom_error err = {0};
+    loom_status st = x->read(x->ctx, 0, o->nb, o->blocks, (size_t)o->nb * o->bb, &err);
+    cr_assert_eq(st, LOOM_OK, "export read: %s", err.message);
+    /* a range outside the sequence is refused */
+    cr_assert_neq(x->read(x->ctx, 0, x->num_blocks + 1, o->blocks, (size_t)(x->num_blocks + 1) * o->bb, &err), LOOM_OK);
+    return LOOM_OK;
+}
+
+static void on_prefill_token(void *user, const loom_token_event *ev) { eng_on_token(&((exported *)user)->rec, ev); }
+
+/* Prefill prompt p (n tokens) on engine P and return what it exported. */
+static void prefill(loom_engine *P, const int32_t *p, int32_t n, exported *o) {
+    memset(o, 0, sizeof *o);
+    eng_rec_init(&o->rec, 1);
+    loom_request r = eng_req_tokens(p, n, 1);
+    r.on_token = on_prefill_token;
+    r.on_kv_export = on_export;
+    r.user = o;
+    loom_error err = {0};
+    cr_assert_geq(loom_engine_add_request(P, &r, &err), 0, "%s", err.message);
+}
+
+static void expect_idle(loom_engine *e, const char *who) {
+    loom_engine_stats st;
+    loom_engine_get_stats(e, &st, sizeof st);
+    cr_assert_eq(st.kv_blocks_used, 0, "%s: %d KV blocks still held", who, st.kv_blocks_used);
+    cr_assert_eq(st.kv_waiting, 0, "%s: %d requests still wait for KV", who, st.kv_waiting);
+}
+
+static loom_kv_handoff handoff_of(const exported *o, const int32_t *p) {
+    return (loom_kv_handoff){.struct_size = sizeof(loom_kv_handoff), .num_tokens = o->ntok - 1, .tokens = p,
+                             .block_size = o->bs, .num_blocks = o->nb, .block_bytes = o->bb, .blocks = o->blocks};
+}
+
+/* NREQ requests (prompt lengths around the block size, greedy and seeded)
+ * colocated and disaggregated: the same tokens, logprobs within 1e-4. */
+static void run_matches(bool seeded) {
+    loom_engine *C = eng_open("tiny.yaml", NULL), *P = eng_open("tiny.yaml", NULL), *D = eng_open("tiny.yaml", NULL);
+    loom_kv_info ip = {.struct_size = sizeof ip}, id = {.struct_size = sizeof id};
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_kv_info(P, &ip, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(loom_engine_kv_info(D, &id, &err), LOOM_OK);
+    cr_assert_eq(ip.block_bytes, id.block_bytes);
+    const int32_t lens[NREQ] = {2, 15, 17, 40};
+    int32_t p[NREQ][64];
+    eng_rec rc[NREQ], rd[NREQ];
+    exported ex[NREQ];
+    int64_t ids[NREQ];
+    for (int i = 0; i < NREQ; i++) {
+        eng_prompt(p[i], lens[i], 100u + (uint32_t)i, VOCAB);
+        loom_request r = eng_req_tokens(p[i], lens[i], 12);
+        r.params.logprobs = 2;
+        if (seeded) r.params.temperature = 0.9f, r.params.has_seed = true, r.params.seed = 77u + (uint64_t)i;
+        eng_rec_init(&rc[i], 1);
+        eng_add(C, r, &rc[i]);
+        eng_rec_init(&rd[i], 1);
+        r.kv_remote = true;
+        ids[i] = eng_add(D, r, &rd[i]);
+        prefill(P, p[i], lens[i], &ex[i]);
+    }
+    eng_run(C, 2000);
+    eng_run(P, 2000);
+    eng_run(D, 50); /* nothing to step: every request waits for its KV */
+    loom_engine_stats st;
+    loom_engine_get_stats(D, &st, sizeof st);
+    cr_assert_eq(st.kv_waiting, NREQ);
+    cr_assert_eq(st.generated_tokens, 0);
+    for (int i = NREQ - 1; i >= 0; i--) { /* delivered out of order */
+        cr_assert_eq(ex[i].calls, 1);
+        loom_kv_handoff h = handoff_of(&ex[i], p[i]);
+        cr_assert_eq(loom_engine_kv_deliver(D, ids[i], &h, &err), LOOM_OK, "%s", err.message);
+    }
+    eng_run(D, 2000);
+    for (int i = 0; i < NREQ; i++) {
+        eng_rec_check_done(&rd[i]);
+        const eng_sample *a = &rd[i].s[0], *b = &rc[i].s[0];
+        cr_assert_eq(a->finish, LOOM_FINISH_LENGTH, "request %d: %s", i, a->error);
+        cr_assert_eq(a->ntok, b->ntok);
+        for (int32_t t = 0; t < a->ntok; t++) {
+            cr_assert_eq(a->tokens[t], b->tokens[t], "request %d token %d", i, t);
+            cr_assert(fabsf(a->lps[t] - b->lps[t]) < 1e-4f, "request %d token %d: logprob %g vs %g", i, t,
+                      a->lps[t], b->lps[t]);
+        }
+        eng_rec_free(&rc[i]);
+        eng_rec_free(&rd[i]);
+        eng_rec_free(&ex[i].rec);
+        free(ex[i].blocks);
+    }
+    loom_engine_get_stats(D, &st, sizeof st);
+    cr_assert_gt(st.kv_imported_blocks, 0);
+    /* the decode engine computed one prompt token per request: the rest came as KV */
+    cr_assert_eq(st.prefill_tokens, NREQ, "the decode engine computed %lld prompt tokens", (long long)st.prefill_tokens);
+    expect_idle(P, "prefill");
+    expect_idle(D, "decode");
+    loom_engine_destroy(C);
+    loom_engine_destroy(P);
+    loom_engine_destroy(D);
+}
+
+Test(engine_kv, greedy_handover_matches_colocated) { run_matches(false); }
+Test(engine_kv, seeded_handover_matches_colocated) { run_matches(true); }
+
+Test(engine_kv, bad_handoff_failure_and_abort_end_one_request) {
+    loom_engine *P = eng_open("tiny.yaml", NULL), *D = eng_open("tiny.yaml", NULL);
+    int32_t p[40];
+    eng_prompt(p, 40, 9u, VOCAB);
+    exported ex;
+    prefill(P, p, 40, &ex);
+    eng_run(P, 2000);
+    cr_assert_eq(ex.calls, 1);
+    loom_error err = {0};
+    eng_rec r[4];
+    int64_t id[4];
+    for (int i = 0; i < 4; i++) {
+        eng_rec_init(&r[i], 1);
+        loom_request q = eng_req_tokens(p, i == 0 ? 39 : 40, 4); /* request 0: another prompt length */
+        q.kv_remote = true;
+        id[i] = eng_add(D, q, &r[i]);
+    }
+    loom_kv_handoff h = handoff_of(&ex, p);
+    cr_assert_eq(loom_engine_kv_deliver(D, id[0], &h, &err), LOOM_OK); /* checked at the step: mismatch */
+    loom_kv_handoff bad = h;
+    bad.block_bytes += 4;
+    cr_assert_eq(loom_engine_kv_deliver(D, id[1], &bad, &err), LOOM_OK); /* other block bytes */
+    cr_assert_eq(loom_engine_kv_fail(D, id[2], "the prefill server went away"), LOOM_OK);
+    cr_assert_eq(loom_engine_abort(D, id[3]), LOOM_OK);
+    eng_run(D, 100);
+    cr_assert_eq(loom_engine_kv_deliver(D, id[3], &h, &err), LOOM_OK); /* too late: dropped */
+    eng_run(D, 100);
+    for (int i = 0; i < 4; i++) eng_rec_check_done(&r[i]);
+    cr_assert_eq(r[0].s[0].finish, LOOM_FINISH_ERROR);
+    cr_assert(strstr(r[0].s[0].error, "covers 39 tokens"), "%s", r[0].s[0].error);
+    cr_assert_eq(r[1].s[0].finish, LOOM_FINISH_ERROR);
+    cr_assert(strstr(r[1].s[0].error, "bytes"), "%s", r[1].s[0].error);
+    cr_assert_eq(r[2].s[0].finish, LOOM_FINISH_ERROR);
+    cr_assert_str_eq(r[2].s[0].error, "the prefill server went away");
+    cr_assert_eq(r[3].s[0].finish, LOOM_FINISH_ABORT);
+    for (int i = 0; i < 4; i++) cr_assert_eq(r[i].s[0].ntok, 0);
+    expect_idle(P, "prefill");
+    expect_idle(D, "decode");
+    /* the refusals at add_request: n > 1, both roles at once */
+    loom_request q = eng_req_tokens(p, 40, 4);
+    q.kv_remote = true;
+    q.n = 2;
+    cr_assert_lt(loom_engine_add_request(D, &q, &err), 0);
+    cr_assert(strstr(err.message, "n > 1"), "%s", err.message);
+    q.n = 1;
+    q.on_kv_export = on_export;
+    cr_assert_lt(loom_engine_add_request(D, &q, &err), 0);
+    for (int i = 0; i < 4; i++) eng_rec_free(&r[i]);
+    eng_rec_free(&ex.rec);
+    free(ex.blocks);
+    loom_engine_destroy(P);
+    loom_engine_destroy(D);
+}
