@@ -14,14 +14,17 @@
 
 size_t loom_cpu_q8_bytes(int64_t K) { return (size_t)K + 2 * sizeof(float) * (size_t)(K / 32); }
 
-void loom_cpu_q8_quantize(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
+void loom_cpu_q8_quantize_portable(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
     const int64_t nb = K / LOOM_CPU_Q8_BLOCK;
     int8_t *q = buf;
     float *d = (float *)(q + K), *s = d + nb;
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        for (int j = 0; j < 32; j++) { /* not fmaxf: a libm call per element here */
+            const float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+        }
         const float db = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         int32_t sum = 0;
         for (int j = 0; j < 32; j++) {
@@ -152,6 +155,7 @@ typedef struct qd_isa {
     const char *name;
     loom_cpu_q8dot_fn *const *table;
     loom_cpu_q8dot2_fn *const *table2;
+    void (*quantize)(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
     int (*usable)(void);
 } qd_isa;
 
@@ -171,10 +175,11 @@ static int qd_always(void) { return 1; }
 /* Best first. */
 static const qd_isa qd_isas[] = {
 #if defined(__x86_64__) && defined(__GNUC__)
-    {"avx512vnni", loom_cpu_q8dot_vnni, loom_cpu_q8dot2_vnni, qd_has_vnni},
-    {"avx2", loom_cpu_q8dot_avx2, loom_cpu_q8dot2_avx2, qd_has_avx2},
+    {"avx512vnni", loom_cpu_q8dot_vnni, loom_cpu_q8dot2_vnni, loom_cpu_q8_quantize_vnni, qd_has_vnni},
+    {"avx2", loom_cpu_q8dot_avx2, loom_cpu_q8dot2_avx2, loom_cpu_q8_quantize_avx2, qd_has_avx2},
 #endif
-    {"portable", loom_cpu_q8dot_portable, loom_cpu_q8dot2_portable, qd_always},
+    {"portable", loom_cpu_q8dot_portable, loom_cpu_q8dot2_portable, loom_cpu_q8_quantize_portable,
+     qd_always},
 };
 
 static const qd_isa *qd_cur;
@@ -217,6 +222,11 @@ static int qd_kind(loom_dtype dtype) {
     case LOOM_DTYPE_Q6_K: return LOOM_CPU_Q8_Q6_K;
     default: return -1;
     }
+}
+
+void loom_cpu_q8_quantize(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
+    pthread_once(&qd_once, qd_pick);
+    qd_cur->quantize(x, K, buf, out);
 }
 
 loom_cpu_q8dot_fn *loom_cpu_q8dot(loom_dtype dtype) {

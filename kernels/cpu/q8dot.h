@@ -41,7 +41,8 @@ typedef struct loom_cpu_q8 {
 size_t loom_cpu_q8_bytes(int64_t K);
 
 /* Quantize x (K floats) into buf (loom_cpu_q8_bytes(K), 4-byte aligned) and
- * point *out into it. K a multiple of 32. */
+ * point *out into it. K a multiple of 32. Every instruction set's version
+ * gives the same bytes. */
 void loom_cpu_q8_quantize(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
 
 /* out[t] = row . x[t] for t < mr (1..LOOM_CPU_Q8_MR): `row` holds K / elems
@@ -83,5 +84,9 @@ extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_vnni[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_portable[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_avx2[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_vnni[LOOM_CPU_Q8_NKINDS];
+/* the quantizer of each instruction set (bit for bit the same results) */
+void loom_cpu_q8_quantize_portable(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
+void loom_cpu_q8_quantize_avx2(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
+void loom_cpu_q8_quantize_vnni(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
 
 #endif

@@ -2,7 +2,7 @@
  * kernels/cpu/q8dot_x86.h — the x86 row kernels of q8dot.h, written once
  * and built once per instruction set: q8dot_avx2.c (-mavx2 -mfma -mf16c)
  * and q8dot_vnni.c (adds AVX-512 VNNI, VL, BW) include it with QD_TABLE (and QD_TABLE2)
- * naming the table and QD_VNNI 0 or 1. The only difference is the unsigned
+ * naming the table, QD_QUANTIZE the activation quantizer and QD_VNNI 0 or 1. The only difference is the unsigned
  * x signed byte dot: AVX2 multiplies pairs into int16 (maddubs) and adds
  * pairs into int32 (madd); VNNI does both in one vpdpbusd. Either way
  * int32 lane i holds the sum over bytes 4i..4i+3.
@@ -285,6 +285,46 @@ static void qd_pair_q8_0(const uint8_t *r0, const uint8_t *r1, int64_t K, const 
         qd_q8_0_block(r1 + (size_t)b * bb, b, xt, 1, &a[1][0]);
     }
     for (int r = 0; r < 2; r++) out[r] = qd_hsum(_mm256_add_ps(a[r][0], a[r][1]));
+}
+
+/* The activation quantizer of q8dot.h, 32 floats a block: max |x| and
+ * rint(x * (127 / max)) in float32 as the portable loop computes them (one
+ * rounding each, round-to-nearest-even), so the codes, scales and sums are
+ * bit for bit the portable ones whatever the instruction set. */
+void QD_QUANTIZE(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
+    const int64_t nb = K / LOOM_CPU_Q8_BLOCK;
+    int8_t *q = buf;
+    float *d = (float *)(q + K), *s = d + nb;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(x + 32 * b + 8 * i);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float amax = _mm_cvtss_f32(h);
+        const float db = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        __m256i c[4];
+        for (int i = 0; i < 4; i++)
+            c[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)),
+                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        /* int32 -> int8 in element order: packs interleave the 128-bit
+         * halves, the permute puts them back */
+        const __m256i w16 = _mm256_packs_epi32(c[0], c[1]), x16 = _mm256_packs_epi32(c[2], c[3]);
+        const __m256i b8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16, x16),
+                                                       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + 32 * b), b8);
+        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        d[b] = db;
+        s[b] = db * (float)_mm_cvtsi128_si32(s4);
+    }
+    *out = (loom_cpu_q8){.q = q, .d = d, .s = s};
 }
 
 /* One function per type: a token count of 1 gets its own copy (decode). */

@@ -204,6 +204,39 @@ Test(q8dot, quantizer_rounds_within_half_a_step) {
     }
 }
 
+/* The vector quantizers give the portable one's bytes (codes, scales, sums),
+ * ties and outliers included: a token's activations must not depend on
+ * the instruction set that quantized them. */
+Test(q8dot, quantizer_is_the_same_on_every_isa) {
+    test_rng r = rng_seeded("q8dot.quantizer_isas");
+    static float x[MAXK];
+    static _Alignas(64) uint8_t want[MAXK * 2], got[MAXK * 2];
+    int ran = 0;
+    for (int it = 0; it < 40; it++) {
+        const int64_t K = 32 * (1 + rng_int(&r, MAXK / 32));
+        rng_fill(&r, x, K, rng_range(&r, 1e-3, 10));
+        x[rng_int(&r, K)] *= 50.0f;
+        /* exact halves of a step: 127 / amax times x lands on k + 0.5 */
+        for (int j = 0; j < 8; j++) x[j] = (float)j * 0.5f, x[8 + j] = -(float)j * 0.5f;
+        x[16] = 63.5f;
+        if (it % 4 == 0) memset(x + 32 * rng_int(&r, K / 32), 0, 32 * sizeof(float));
+        loom_cpu_q8 q;
+        cr_assert(loom_cpu_q8_force_isa("portable"));
+        loom_cpu_q8_quantize(x, K, want, &q);
+        for (size_t i = 1; i < sizeof isas / sizeof isas[0]; i++) {
+            if (!loom_cpu_q8_force_isa(isas[i])) continue;
+            ran++;
+            memset(got, 0xA5, loom_cpu_q8_bytes(K));
+            loom_cpu_q8_quantize(x, K, got, &q);
+            cr_assert(!memcmp(got, want, loom_cpu_q8_bytes(K)), "%s quantizer differs from portable at K %lld",
+                      isas[i], (long long)K);
+            cr_assert(q.q == (const int8_t *)got && q.d == (const float *)(got + K));
+        }
+    }
+    cr_assert(loom_cpu_q8_force_isa(NULL));
+    if (!ran) cr_log_info("q8dot: only the portable quantizer runs on this CPU");
+}
+
 /* Every type, every ISA here, batch 1 and 2..4 tokens, K from one block up. */
 Test(q8dot, rows_match_references_on_every_isa) {
     test_rng r = rng_seeded("q8dot.rows");
