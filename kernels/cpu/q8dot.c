@@ -2,7 +2,7 @@
  * kernels/cpu/q8dot.c — the activation quantizer, the portable row kernels
  * and the pick of an instruction set (see q8dot.h). The x86 kernels are
  * q8dot_x86.h, built once per instruction set (q8dot_avx2.c,
- * q8dot_vnni.c).
+ * q8dot_avx512.c, q8dot_vnni.c).
  */
 #include "q8dot.h"
 
@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 size_t loom_cpu_q8_bytes(int64_t K) { return (size_t)K + 2 * sizeof(float) * (size_t)(K / 32); }
@@ -165,6 +166,11 @@ static int qd_has_vnni(void) {
     return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("fma");
 }
+static int qd_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("fma");
+}
 static int qd_has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -176,40 +182,52 @@ static int qd_always(void) { return 1; }
 static const qd_isa qd_isas[] = {
 #if defined(__x86_64__) && defined(__GNUC__)
     {"avx512vnni", loom_cpu_q8dot_vnni, loom_cpu_q8dot2_vnni, loom_cpu_q8_quantize_vnni, qd_has_vnni},
+    {"avx512", loom_cpu_q8dot_avx512, loom_cpu_q8dot2_avx512, loom_cpu_q8_quantize_avx512,
+     qd_has_avx512},
     {"avx2", loom_cpu_q8dot_avx2, loom_cpu_q8dot2_avx2, loom_cpu_q8_quantize_avx2, qd_has_avx2},
 #endif
     {"portable", loom_cpu_q8dot_portable, loom_cpu_q8dot2_portable, loom_cpu_q8_quantize_portable,
      qd_always},
 };
 
-static const qd_isa *qd_cur;
+static const qd_isa *qd_best;
+static _Atomic(const qd_isa *) qd_cur;
 static pthread_once_t qd_once = PTHREAD_ONCE_INIT;
 
 static void qd_pick(void) {
     for (size_t i = 0; i < sizeof qd_isas / sizeof qd_isas[0]; i++)
         if (qd_isas[i].usable()) {
-            qd_cur = &qd_isas[i];
-            return;
+            qd_best = &qd_isas[i];
+            break;
         }
+    atomic_store(&qd_cur, qd_best);
+}
+
+/* The current choice, read once per product. */
+static const qd_isa *qd_now(void) {
+    pthread_once(&qd_once, qd_pick);
+    return atomic_load_explicit(&qd_cur, memory_order_relaxed);
 }
 
 bool loom_cpu_q8_force_isa(const char *name) {
     pthread_once(&qd_once, qd_pick);
     if (!name) {
-        qd_pick();
+        atomic_store(&qd_cur, qd_best);
         return true;
     }
     for (size_t i = 0; i < sizeof qd_isas / sizeof qd_isas[0]; i++)
         if (!strcmp(qd_isas[i].name, name) && qd_isas[i].usable()) {
-            qd_cur = &qd_isas[i];
+            atomic_store(&qd_cur, &qd_isas[i]);
             return true;
         }
     return false;
 }
 
-const char *loom_cpu_q8_isa(void) {
+const char *loom_cpu_q8_isa(void) { return qd_now()->name; }
+
+const char *loom_cpu_q8_best_isa(void) {
     pthread_once(&qd_once, qd_pick);
-    return qd_cur->name;
+    return qd_best->name;
 }
 
 /* Index of a block type in the tables, or -1. */
@@ -225,18 +243,15 @@ static int qd_kind(loom_dtype dtype) {
 }
 
 void loom_cpu_q8_quantize(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
-    pthread_once(&qd_once, qd_pick);
-    qd_cur->quantize(x, K, buf, out);
+    qd_now()->quantize(x, K, buf, out);
 }
 
 loom_cpu_q8dot_fn *loom_cpu_q8dot(loom_dtype dtype) {
-    pthread_once(&qd_once, qd_pick);
     const int k = qd_kind(dtype);
-    return k < 0 ? NULL : qd_cur->table[k];
+    return k < 0 ? NULL : qd_now()->table[k];
 }
 
 loom_cpu_q8dot2_fn *loom_cpu_q8dot2(loom_dtype dtype) {
-    pthread_once(&qd_once, qd_pick);
     const int k = qd_kind(dtype);
-    return k < 0 ? NULL : qd_cur->table2[k];
+    return k < 0 ? NULL : qd_now()->table2[k];
 }

@@ -1,8 +1,9 @@
 /*
  * kernels/cpu/q8dot_x86.h — the x86 row kernels of q8dot.h, written once
- * and built once per instruction set: q8dot_avx2.c (-mavx2 -mfma -mf16c)
- * and q8dot_vnni.c (adds AVX-512 VNNI, VL, BW) include it with QD_TABLE (and QD_TABLE2)
- * naming the table, QD_QUANTIZE the activation quantizer and QD_VNNI 0 or 1. The only difference is the unsigned
+ * and built once per instruction set: q8dot_avx2.c (-mavx2 -mfma -mf16c),
+ * q8dot_avx512.c (adds AVX-512 F, BW, VL) and q8dot_vnni.c (adds VNNI too)
+ * include it with QD_TABLE and QD_TABLE2 naming the tables, QD_QUANTIZE the
+ * activation quantizer and QD_VNNI 0 or 1. The only difference is the unsigned
  * x signed byte dot: AVX2 multiplies pairs into int16 (maddubs) and adds
  * pairs into int32 (madd); VNNI does both in one vpdpbusd. Either way
  * int32 lane i holds the sum over bytes 4i..4i+3.

@@ -2,8 +2,8 @@
  * tests/kernels/test_cpu_q8dot.c — kernels/cpu/q8dot.h (GGUF weight rows
  * dotted with 8-bit block-quantized activations) against float64
  * references, for every block type (q4_0, q4_1, q8_0, q4_k, q6_k), every
- * instruction set this CPU runs (portable always; avx2, avx512vnni where
- * present), batch 1 (one row, and two rows a call) and small batches
+ * instruction set this CPU runs (portable always; avx2, avx512,
+ * avx512vnni where present), batch 1 (one row, and two rows a call) and small batches
  * (1..4 tokens a call), on random blocks (seed printed; LOOM_TEST_SEED
  * replays).
  *
@@ -36,7 +36,7 @@ TestSuite(q8dot, .fini = fini);
 
 static const loom_dtype types[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q8_0,
                                    LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q6_K};
-static const char *const isas[] = {"portable", "avx2", "avx512vnni"};
+static const char *const isas[] = {"portable", "avx2", "avx512", "avx512vnni"};
 
 static size_t blk_bytes(loom_dtype t) {
     switch (t) {
