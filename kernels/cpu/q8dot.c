@@ -150,12 +150,29 @@ loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_portable[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qp2_q4_0, [LOOM_CPU_Q8_Q4_1] = qp2_q4_1, [LOOM_CPU_Q8_Q8_0] = qp2_q8_0,
     [LOOM_CPU_Q8_Q4_K] = qp2_q4_k, [LOOM_CPU_Q8_Q6_K] = qp2_q6_k};
 
+/* Four rows as four row calls. */
+#define QP_QUAD(name, row)                                                                        \
+    static void name(const uint8_t *r0, size_t stride, int64_t K, const loom_cpu_q8 *x,           \
+                     float *out) {                                                                \
+        for (int r = 0; r < 4; r++) row(r0 + (size_t)r * stride, K, x, 1, out + r);               \
+    }
+QP_QUAD(qp4_q4_0, qp_q4_0)
+QP_QUAD(qp4_q4_1, qp_q4_1)
+QP_QUAD(qp4_q8_0, qp_q8_0)
+QP_QUAD(qp4_q4_k, qp_q4_k)
+QP_QUAD(qp4_q6_k, qp_q6_k)
+
+loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_portable[LOOM_CPU_Q8_NKINDS] = {
+    [LOOM_CPU_Q8_Q4_0] = qp4_q4_0, [LOOM_CPU_Q8_Q4_1] = qp4_q4_1, [LOOM_CPU_Q8_Q8_0] = qp4_q8_0,
+    [LOOM_CPU_Q8_Q4_K] = qp4_q4_k, [LOOM_CPU_Q8_Q6_K] = qp4_q6_k};
+
 /* ------------------------------------------------------------ the pick */
 
 typedef struct qd_isa {
     const char *name;
     loom_cpu_q8dot_fn *const *table;
     loom_cpu_q8dot2_fn *const *table2;
+    loom_cpu_q8dot4_fn *const *table4;
     void (*quantize)(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
     int (*usable)(void);
 } qd_isa;
@@ -181,12 +198,16 @@ static int qd_always(void) { return 1; }
 /* Best first. */
 static const qd_isa qd_isas[] = {
 #if defined(__x86_64__) && defined(__GNUC__)
-    {"avx512vnni", loom_cpu_q8dot_vnni, loom_cpu_q8dot2_vnni, loom_cpu_q8_quantize_vnni, qd_has_vnni},
-    {"avx512", loom_cpu_q8dot_avx512, loom_cpu_q8dot2_avx512, loom_cpu_q8_quantize_avx512,
+    {"avx512vnni", loom_cpu_q8dot_vnni, loom_cpu_q8dot2_vnni, loom_cpu_q8dot4_vnni,
+     loom_cpu_q8_quantize_vnni, qd_has_vnni},
+    {"avx512", loom_cpu_q8dot_avx512, loom_cpu_q8dot2_avx512, loom_cpu_q8dot4_avx512,
+     loom_cpu_q8_quantize_avx512,
      qd_has_avx512},
-    {"avx2", loom_cpu_q8dot_avx2, loom_cpu_q8dot2_avx2, loom_cpu_q8_quantize_avx2, qd_has_avx2},
+    {"avx2", loom_cpu_q8dot_avx2, loom_cpu_q8dot2_avx2, loom_cpu_q8dot4_avx2,
+     loom_cpu_q8_quantize_avx2, qd_has_avx2},
 #endif
-    {"portable", loom_cpu_q8dot_portable, loom_cpu_q8dot2_portable, loom_cpu_q8_quantize_portable,
+    {"portable", loom_cpu_q8dot_portable, loom_cpu_q8dot2_portable, loom_cpu_q8dot4_portable,
+     loom_cpu_q8_quantize_portable,
      qd_always},
 };
 
@@ -254,4 +275,9 @@ loom_cpu_q8dot_fn *loom_cpu_q8dot(loom_dtype dtype) {
 loom_cpu_q8dot2_fn *loom_cpu_q8dot2(loom_dtype dtype) {
     const int k = qd_kind(dtype);
     return k < 0 ? NULL : qd_now()->table2[k];
+}
+
+loom_cpu_q8dot4_fn *loom_cpu_q8dot4(loom_dtype dtype) {
+    const int k = qd_kind(dtype);
+    return k < 0 ? NULL : qd_now()->table4[k];
 }

@@ -67,6 +67,16 @@ typedef void loom_cpu_q8dot2_fn(const uint8_t *row0, const uint8_t *row1, int64_
  * serves has one), or NULL. */
 loom_cpu_q8dot2_fn *loom_cpu_q8dot2(loom_dtype dtype);
 
+/* Batch 1, four rows at `stride` bytes apart: out[r] = row r . x, each bit
+ * for bit the row kernel's result; q4_0 / q4_1 / q8_0 interleave the four
+ * rows block by block (the k-quants make four row calls). */
+typedef void loom_cpu_q8dot4_fn(const uint8_t *row0, size_t stride, int64_t K,
+                                const loom_cpu_q8 *x, float *out);
+
+/* The four-row kernel for `dtype` on this CPU (every type the row kernel
+ * serves has one), or NULL. */
+loom_cpu_q8dot4_fn *loom_cpu_q8dot4(loom_dtype dtype);
+
 /* Which instruction set the kernels use here: "avx512vnni", "avx512",
  * "avx2" or "portable". */
 const char *loom_cpu_q8_isa(void);
@@ -91,6 +101,10 @@ extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_portable[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_avx2[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_vnni[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_avx512[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_portable[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_avx2[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_avx512[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_vnni[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_avx512[LOOM_CPU_Q8_NKINDS];
 /* the quantizer of each instruction set (bit for bit the same results) */
 void loom_cpu_q8_quantize_portable(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);

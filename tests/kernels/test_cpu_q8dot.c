@@ -3,8 +3,8 @@
  * dotted with 8-bit block-quantized activations) against float64
  * references, for every block type (q4_0, q4_1, q8_0, q4_k, q6_k), every
  * instruction set this CPU runs (portable always; avx2, avx512,
- * avx512vnni where present), batch 1 (one row, and two rows a call) and small batches
- * (1..4 tokens a call), on random blocks (seed printed; LOOM_TEST_SEED
+ * avx512vnni where present), batch 1 (one row, two and four rows a call) and small batches
+ * (1..4 tokens a call; one, two and four rows a call at one token), on random blocks (seed printed; LOOM_TEST_SEED
  * replays).
  *
  * Two references a row must meet:
@@ -173,6 +173,19 @@ static void check_row(test_rng *r, loom_dtype t, int64_t K, int mr, const char *
     cr_assert(p[0] == got[0] && q[1] == got[0] && p[1] == o && q[0] == o,
               "%s %s K %lld: two-row kernel %.9g %.9g / %.9g %.9g, one-row %.9g %.9g", isa,
               loom_dtype_name(t), (long long)K, p[0], p[1], q[0], q[1], got[0], o);
+    /* the four-row kernel: the row in each place among three others, rows
+     * one stride apart */
+    static uint8_t quad[4 * MAXK * 2];
+    const size_t rb = (size_t)(K / blk_elems(t)) * blk_bytes(t), stride = rb + 4 * (size_t)rng_int(r, 3);
+    for (int at = 0; at < 4; at++) {
+        for (int k = 0; k < 4; k++) memcpy(quad + (size_t)k * stride, k == at ? row : other, rb);
+        float f[4];
+        loom_cpu_q8dot4(t)(quad, stride, K, xq, f);
+        for (int k = 0; k < 4; k++)
+            cr_assert(f[k] == (k == at ? got[0] : o), "%s %s K %lld: four-row kernel row %d of 4 (row at %d) "
+                      "%.9g, one-row %.9g", isa, loom_dtype_name(t), (long long)K, k, at, f[k],
+                      k == at ? got[0] : o);
+    }
 }
 
 Test(q8dot, quantizer_rounds_within_half_a_step) {
@@ -250,7 +263,7 @@ Test(q8dot, rows_match_references_on_every_isa) {
         ran++;
         for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
             const loom_dtype t = types[ti];
-            cr_assert(loom_cpu_q8dot(t) && loom_cpu_q8dot2(t));
+            cr_assert(loom_cpu_q8dot(t) && loom_cpu_q8dot2(t) && loom_cpu_q8dot4(t));
             for (int it = 0; it < 60; it++) {
                 const int64_t be = blk_elems(t), K = be * (1 + rng_int(&r, MAXK / be));
                 check_row(&r, t, K, 1 + it % LOOM_CPU_Q8_MR, isas[i]);
