@@ -22,6 +22,8 @@
  * and runs on the kernels' integer q8 path, as llama.cpp runs a GGUF file;
  * the backend plans them itself through a quantizer binding of its own
  * (cpu_keep_ops). weight_dtype: f32 dequantizes everything instead.
+ * cpu_isa names the instruction set of those kernels (auto: the best the
+ * CPU has); it is process-wide (q8dot.h), set at create.
  *
  * Quantizers (loom/quant.h): each linear weight (q, k, v, o, gate, up, down,
  * output) gets the bound quantizer's plan. NONE dequantizes to float32 as
