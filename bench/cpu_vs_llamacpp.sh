@@ -14,7 +14,8 @@
 # ($LLAMACPP_PY_VERSION, default 0.3.36), fetched with `pip download
 # --no-binary :all:` and built once (CPU only, GGML_NATIVE, just
 # llama-bench) under $LOOM_LLAMACPP_DIR (default ~/.cache/loom/llamacpp).
-# Other work on the machine skews both engines alike: compare the ratios.
+# Other work on the machine skews both engines alike: compare the ratios
+# (per repeat, the two engines back to back: *_paired, and their median).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 B=${1:-$root/build}
@@ -105,6 +106,12 @@ for t in sorted({1, nall}):
                     "decode_runs": [round(v, 1) for v in tg], "prefill_runs": [round(v, 1) for v in pp]}
     row["loom_over_llama_decode"] = round(row["loom"]["decode_tok_s"] / row["llama"]["decode_tok_s"], 3)
     row["loom_over_llama_prefill"] = round(row["loom"]["prefill512_tok_s"] / row["llama"]["prefill512_tok_s"], 3)
+    # each repeat's two engines ran back to back: their ratio shares that
+    # moment's load, so the median of the paired ratios is the steadier figure
+    for what, key in (("decode", "decode_runs"), ("prefill", "prefill_runs")):
+        pr = [lo / ll for lo, ll in zip(row["loom"][key], row["llama"][key])]
+        row[f"loom_over_llama_{what}_paired"] = [round(v, 3) for v in pr]
+        row[f"loom_over_llama_{what}_paired_median"] = round(statistics.median(pr), 3)
     out[f"threads_{t}"] = row
 json.dump(out, sys.stdout, indent=1)
 EOF

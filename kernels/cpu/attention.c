@@ -155,6 +155,11 @@ static inline int64_t attn_first_key(const loom_cpu_attn_args *a, int64_t p) {
     return a->window > 0 && p + 1 > a->window ? p + 1 - a->window : 0;
 }
 
+/* Built for x86-64-v4 / v3 / baseline, picked at load: the dot and the
+ * value accumulation run 8 or 16 lanes wide with FMA instead of SSE2's 4. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 static void attn_items(void *arg, int64_t b, int64_t e, int worker) {
     (void)worker;
     const loom_cpu_attn_args *a = arg;

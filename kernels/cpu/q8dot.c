@@ -2,7 +2,7 @@
  * kernels/cpu/q8dot.c — the activation quantizer, the portable row kernels
  * and the pick of an instruction set (see q8dot.h). The x86 kernels are
  * q8dot_x86.h, built once per instruction set (q8dot_avx2.c,
- * q8dot_vnni.c).
+ * q8dot_avx512.c, q8dot_vnni.c).
  */
 #include "q8dot.h"
 
@@ -10,18 +10,22 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 size_t loom_cpu_q8_bytes(int64_t K) { return (size_t)K + 2 * sizeof(float) * (size_t)(K / 32); }
 
-void loom_cpu_q8_quantize(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
+void loom_cpu_q8_quantize_portable(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
     const int64_t nb = K / LOOM_CPU_Q8_BLOCK;
     int8_t *q = buf;
     float *d = (float *)(q + K), *s = d + nb;
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        for (int j = 0; j < 32; j++) { /* not fmaxf: a libm call per element here */
+            const float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+        }
         const float db = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         int32_t sum = 0;
         for (int j = 0; j < 32; j++) {
@@ -146,12 +150,30 @@ loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_portable[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qp2_q4_0, [LOOM_CPU_Q8_Q4_1] = qp2_q4_1, [LOOM_CPU_Q8_Q8_0] = qp2_q8_0,
     [LOOM_CPU_Q8_Q4_K] = qp2_q4_k, [LOOM_CPU_Q8_Q6_K] = qp2_q6_k};
 
+/* Four rows as four row calls. */
+#define QP_QUAD(name, row)                                                                        \
+    static void name(const uint8_t *r0, size_t stride, int64_t K, const loom_cpu_q8 *x,           \
+                     float *out) {                                                                \
+        for (int r = 0; r < 4; r++) row(r0 + (size_t)r * stride, K, x, 1, out + r);               \
+    }
+QP_QUAD(qp4_q4_0, qp_q4_0)
+QP_QUAD(qp4_q4_1, qp_q4_1)
+QP_QUAD(qp4_q8_0, qp_q8_0)
+QP_QUAD(qp4_q4_k, qp_q4_k)
+QP_QUAD(qp4_q6_k, qp_q6_k)
+
+loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_portable[LOOM_CPU_Q8_NKINDS] = {
+    [LOOM_CPU_Q8_Q4_0] = qp4_q4_0, [LOOM_CPU_Q8_Q4_1] = qp4_q4_1, [LOOM_CPU_Q8_Q8_0] = qp4_q8_0,
+    [LOOM_CPU_Q8_Q4_K] = qp4_q4_k, [LOOM_CPU_Q8_Q6_K] = qp4_q6_k};
+
 /* ------------------------------------------------------------ the pick */
 
 typedef struct qd_isa {
     const char *name;
     loom_cpu_q8dot_fn *const *table;
     loom_cpu_q8dot2_fn *const *table2;
+    loom_cpu_q8dot4_fn *const *table4;
+    void (*quantize)(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
     int (*usable)(void);
 } qd_isa;
 
@@ -159,6 +181,11 @@ typedef struct qd_isa {
 static int qd_has_vnni(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("fma");
+}
+static int qd_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("fma");
 }
 static int qd_has_avx2(void) {
@@ -171,40 +198,57 @@ static int qd_always(void) { return 1; }
 /* Best first. */
 static const qd_isa qd_isas[] = {
 #if defined(__x86_64__) && defined(__GNUC__)
-    {"avx512vnni", loom_cpu_q8dot_vnni, loom_cpu_q8dot2_vnni, qd_has_vnni},
-    {"avx2", loom_cpu_q8dot_avx2, loom_cpu_q8dot2_avx2, qd_has_avx2},
+    {"avx512vnni", loom_cpu_q8dot_vnni, loom_cpu_q8dot2_vnni, loom_cpu_q8dot4_vnni,
+     loom_cpu_q8_quantize_vnni, qd_has_vnni},
+    {"avx512", loom_cpu_q8dot_avx512, loom_cpu_q8dot2_avx512, loom_cpu_q8dot4_avx512,
+     loom_cpu_q8_quantize_avx512,
+     qd_has_avx512},
+    {"avx2", loom_cpu_q8dot_avx2, loom_cpu_q8dot2_avx2, loom_cpu_q8dot4_avx2,
+     loom_cpu_q8_quantize_avx2, qd_has_avx2},
 #endif
-    {"portable", loom_cpu_q8dot_portable, loom_cpu_q8dot2_portable, qd_always},
+    {"portable", loom_cpu_q8dot_portable, loom_cpu_q8dot2_portable, loom_cpu_q8dot4_portable,
+     loom_cpu_q8_quantize_portable,
+     qd_always},
 };
 
-static const qd_isa *qd_cur;
+static const qd_isa *qd_best;
+static _Atomic(const qd_isa *) qd_cur;
 static pthread_once_t qd_once = PTHREAD_ONCE_INIT;
 
 static void qd_pick(void) {
     for (size_t i = 0; i < sizeof qd_isas / sizeof qd_isas[0]; i++)
         if (qd_isas[i].usable()) {
-            qd_cur = &qd_isas[i];
-            return;
+            qd_best = &qd_isas[i];
+            break;
         }
+    atomic_store(&qd_cur, qd_best);
+}
+
+/* The current choice, read once per product. */
+static const qd_isa *qd_now(void) {
+    pthread_once(&qd_once, qd_pick);
+    return atomic_load_explicit(&qd_cur, memory_order_relaxed);
 }
 
 bool loom_cpu_q8_force_isa(const char *name) {
     pthread_once(&qd_once, qd_pick);
     if (!name) {
-        qd_pick();
+        atomic_store(&qd_cur, qd_best);
         return true;
     }
     for (size_t i = 0; i < sizeof qd_isas / sizeof qd_isas[0]; i++)
         if (!strcmp(qd_isas[i].name, name) && qd_isas[i].usable()) {
-            qd_cur = &qd_isas[i];
+            atomic_store(&qd_cur, &qd_isas[i]);
             return true;
         }
     return false;
 }
 
-const char *loom_cpu_q8_isa(void) {
+const char *loom_cpu_q8_isa(void) { return qd_now()->name; }
+
+const char *loom_cpu_q8_best_isa(void) {
     pthread_once(&qd_once, qd_pick);
-    return qd_cur->name;
+    return qd_best->name;
 }
 
 /* Index of a block type in the tables, or -1. */
@@ -219,14 +263,21 @@ static int qd_kind(loom_dtype dtype) {
     }
 }
 
+void loom_cpu_q8_quantize(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
+    qd_now()->quantize(x, K, buf, out);
+}
+
 loom_cpu_q8dot_fn *loom_cpu_q8dot(loom_dtype dtype) {
-    pthread_once(&qd_once, qd_pick);
     const int k = qd_kind(dtype);
-    return k < 0 ? NULL : qd_cur->table[k];
+    return k < 0 ? NULL : qd_now()->table[k];
 }
 
 loom_cpu_q8dot2_fn *loom_cpu_q8dot2(loom_dtype dtype) {
-    pthread_once(&qd_once, qd_pick);
     const int k = qd_kind(dtype);
-    return k < 0 ? NULL : qd_cur->table2[k];
+    return k < 0 ? NULL : qd_now()->table2[k];
+}
+
+loom_cpu_q8dot4_fn *loom_cpu_q8dot4(loom_dtype dtype) {
+    const int k = qd_kind(dtype);
+    return k < 0 ? NULL : qd_now()->table4[k];
 }

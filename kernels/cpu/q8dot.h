@@ -12,11 +12,13 @@
  * scales. The result differs from the float-activation product by the
  * activation rounding alone: at most d/2 per activation.
  *
- * Instruction sets: AVX2 (maddubs / madd), AVX-512 VNNI (vpdpbusd on 256
- * bits), and portable C, each built as its own object and picked once per
- * process from the CPU's features (loom_cpu_q8_isa).
+ * Instruction sets: AVX2 (maddubs / madd), AVX-512 (the same code with
+ * EVEX encodings and 32 registers), AVX-512 VNNI (vpdpbusd on 256 bits),
+ * and portable C, each built as its own object and picked once per process
+ * from the CPU's features (loom_cpu_q8_isa), or forced by name.
  *
- * Internal to kernels/cpu (and its tests).
+ * Internal to kernels/cpu, its tests, and the cpu backend (its cpu_isa
+ * parameter forces an instruction set).
  */
 #ifndef LOOM_CPU_Q8DOT_H
 #define LOOM_CPU_Q8DOT_H
@@ -41,7 +43,8 @@ typedef struct loom_cpu_q8 {
 size_t loom_cpu_q8_bytes(int64_t K);
 
 /* Quantize x (K floats) into buf (loom_cpu_q8_bytes(K), 4-byte aligned) and
- * point *out into it. K a multiple of 32. */
+ * point *out into it. K a multiple of 32. Every instruction set's version
+ * gives the same bytes. */
 void loom_cpu_q8_quantize(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
 
 /* out[t] = row . x[t] for t < mr (1..LOOM_CPU_Q8_MR): `row` holds K / elems
@@ -64,14 +67,28 @@ typedef void loom_cpu_q8dot2_fn(const uint8_t *row0, const uint8_t *row1, int64_
  * serves has one), or NULL. */
 loom_cpu_q8dot2_fn *loom_cpu_q8dot2(loom_dtype dtype);
 
-/* Which instruction set the kernels use here: "avx512vnni", "avx2" or
- * "portable". */
+/* Batch 1, four rows at `stride` bytes apart: out[r] = row r . x, each bit
+ * for bit the row kernel's result; q4_0 / q4_1 / q8_0 interleave the four
+ * rows block by block (the k-quants make four row calls). */
+typedef void loom_cpu_q8dot4_fn(const uint8_t *row0, size_t stride, int64_t K,
+                                const loom_cpu_q8 *x, float *out);
+
+/* The four-row kernel for `dtype` on this CPU (every type the row kernel
+ * serves has one), or NULL. */
+loom_cpu_q8dot4_fn *loom_cpu_q8dot4(loom_dtype dtype);
+
+/* Which instruction set the kernels use here: "avx512vnni", "avx512",
+ * "avx2" or "portable". */
 const char *loom_cpu_q8_isa(void);
 
-/* Force an instruction set by name (tests, so every path on this machine
- * runs); false, leaving the choice as it was, when the CPU lacks it or the
- * name is unknown. NULL goes back to the best one. Not thread-safe: call
- * before any product runs. */
+/* The best instruction set this CPU has (what NULL below goes back to). */
+const char *loom_cpu_q8_best_isa(void);
+
+/* Force an instruction set by name (tests, and the cpu backend's cpu_isa,
+ * so every path this machine has can run); false, leaving the choice as it
+ * was, when the CPU lacks it or the name is unknown. NULL goes back to the
+ * best one. Process-wide; a product already running finishes on the set it
+ * started with (each call reads the choice once). */
 bool loom_cpu_q8_force_isa(const char *name);
 
 /* ---- per-ISA tables (q8dot_*.c); index by loom_cpu_q8_kind */
@@ -83,5 +100,16 @@ extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_vnni[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_portable[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_avx2[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_vnni[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_avx512[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_portable[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_avx2[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_avx512[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_vnni[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_avx512[LOOM_CPU_Q8_NKINDS];
+/* the quantizer of each instruction set (bit for bit the same results) */
+void loom_cpu_q8_quantize_portable(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
+void loom_cpu_q8_quantize_avx2(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
+void loom_cpu_q8_quantize_avx512(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
+void loom_cpu_q8_quantize_vnni(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
 
 #endif

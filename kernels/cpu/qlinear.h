@@ -33,8 +33,8 @@
  * tile or panel in flight exists as float.
  *
  * What this is not: the fastest possible CPU kernel for every format: only
- * GGUF blocks have integer kernels (q8dot.h: AVX2, AVX-512 VNNI, portable,
- * picked at run time); the other formats are the CPU path that lets CI
+ * GGUF blocks have integer kernels (q8dot.h: AVX2, AVX-512, AVX-512 VNNI,
+ * portable, picked at run time); the other formats are the CPU path that lets CI
  * test every scheme, with the right memory traffic for batch-1 decode.
  *
  * Threads: one call at a time per scratch; the pool is driven by the caller.

@@ -675,10 +675,10 @@ Test(backend, descriptor_memory_and_sizes) {
     cr_assert_eq(b.desc->build_signature, LOOM_BUILD_SIGNATURE);
     cr_assert_eq(b.comp->config_size, sizeof(tb_config));
     cr_assert_eq(b.ops->struct_size, sizeof(loom_backend_ops));
-    const char *keys[] = {"threads", "kv_dtype", "weight_dtype"};
+    const char *keys[] = {"threads", "kv_dtype", "weight_dtype", "cpu_isa"};
     size_t offs[] = {offsetof(tb_config, threads), offsetof(tb_config, kv_dtype),
-                     offsetof(tb_config, weight_dtype)};
-    for (int i = 0; i < 3; i++) {
+                     offsetof(tb_config, weight_dtype), offsetof(tb_config, cpu_isa)};
+    for (int i = 0; i < 4; i++) {
         const loom_param *p = b.comp->params;
         while (p->key && strcmp(p->key, keys[i])) p++;
         cr_assert(p->key, "param %s missing", keys[i]);
@@ -794,6 +794,40 @@ static loom_status q_plan(void *self, const loom_model_view *m, const loom_tenso
                           loom_quant_plan *out, loom_error *err) {
     out->format = strstr(w->name, "attn_v") ? LOOM_QFMT_INT8_W8A16 : LOOM_QFMT_NONE;
     return LOOM_OK;
+}
+
+/* cpu_isa: portable and auto always create; a named set either runs here or
+ * fails create naming it (never a silent fallback); out of range is bad
+ * config. */
+Test(backend, cpu_isa_param) {
+    static const char *const names[] = {"auto", "avx512vnni", "avx512", "avx2", "portable"};
+    tb b = {0};
+    char msg[512];
+    cr_assert(tb_load_plugin(&b, msg, sizeof msg), "%s", msg);
+    const loom_host *host = fake_host();
+    int ran = 0;
+    for (int i = 0; i < 5; i++) {
+        loom_error err = {0};
+        tb_config cfg = {.weight_dtype = 1, .cpu_isa = i};
+        void *self = NULL;
+        loom_status st = b.ops->create(host, &cfg, &self, &err);
+        if (st == LOOM_OK) {
+            ran++;
+            b.ops->destroy(self);
+            continue;
+        }
+        cr_assert(i != 0 && i != 4, "cpu_isa %s must always create: %s", names[i], err.message);
+        cr_assert_eq(st, LOOM_ERR_UNSUPPORTED, "%s: %s", names[i], err.message);
+        cr_assert(strstr(err.message, names[i]) && strstr(err.message, "lacks"), "%s", err.message);
+        cr_assert_null(self);
+    }
+    cr_assert_geq(ran, 2);
+    loom_error err = {0};
+    tb_config bad = {.cpu_isa = 5};
+    void *self = NULL;
+    cr_assert_eq(b.ops->create(host, &bad, &self, &err), LOOM_ERR_INVALID);
+    cr_assert(strstr(err.message, "cpu_isa"), "%s", err.message);
+    tb_close(&b);
 }
 
 Test(backend, load_errors) {

@@ -27,6 +27,7 @@ typedef struct tb_config {
     int64_t threads;
     int64_t kv_dtype;     /* 0 f32, 1 f16 */
     int64_t weight_dtype; /* 0 f32, 1 gguf (blocks as stored) */
+    int64_t cpu_isa;      /* 0 auto, 1 avx512vnni, 2 avx512, 3 avx2, 4 portable */
 } tb_config;
 
 #define TB_MAX_SEQ_BLOCKS 512

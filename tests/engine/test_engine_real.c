@@ -144,6 +144,28 @@ Test(real, batch_invariance_chunked_prefill_gguf_blocks) {
     batch_invariance("backend.weight_dtype=gguf");
 }
 
+/* The portable C kernels (backend.cpu_isa=portable) against the best
+ * instruction set here: the same integer dots, float sums in another order,
+ * so the same greedy ids until a near-tie and log-probs within 1e-3 (the
+ * kernel tests hold each path to its references and to batch invariance). */
+Test(real, portable_isa_matches_best) {
+    eng_need_model();
+    eng_rec best[NP], port[NP];
+    const char *ov[] = {"cache.prefix_caching=false", NULL};
+    const char *ovp[] = {"cache.prefix_caching=false", "backend.cpu_isa=portable", NULL};
+    run_prompts(ov, false, best, 10, NULL);
+    run_prompts(ovp, false, port, 10, NULL);
+    int32_t total = 0;
+    for (int i = 0; i < NP; i++) {
+        char w[64];
+        snprintf(w, sizeof w, "prompt %d, best isa vs portable", i);
+        total += eng_same_greedy(&best[i].s[0], &port[i].s[0], 1e-3f, w);
+        eng_rec_free(&best[i]);
+        eng_rec_free(&port[i]);
+    }
+    cr_assert_geq(total, NP * 8, "too few tokens compared (%d)", total);
+}
+
 /* ------------------------------------------- scheduler / cache A/B */
 
 static const char *const k_system =

@@ -2,9 +2,9 @@
  * tests/kernels/test_cpu_q8dot.c — kernels/cpu/q8dot.h (GGUF weight rows
  * dotted with 8-bit block-quantized activations) against float64
  * references, for every block type (q4_0, q4_1, q8_0, q4_k, q6_k), every
- * instruction set this CPU runs (portable always; avx2, avx512vnni where
- * present), batch 1 (one row, and two rows a call) and small batches
- * (1..4 tokens a call), on random blocks (seed printed; LOOM_TEST_SEED
+ * instruction set this CPU runs (portable always; avx2, avx512,
+ * avx512vnni where present), batch 1 (one row, two and four rows a call) and small batches
+ * (1..4 tokens a call; one, two and four rows a call at one token), on random blocks (seed printed; LOOM_TEST_SEED
  * replays).
  *
  * Two references a row must meet:
@@ -36,7 +36,7 @@ TestSuite(q8dot, .fini = fini);
 
 static const loom_dtype types[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q8_0,
                                    LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q6_K};
-static const char *const isas[] = {"portable", "avx2", "avx512vnni"};
+static const char *const isas[] = {"portable", "avx2", "avx512", "avx512vnni"};
 
 static size_t blk_bytes(loom_dtype t) {
     switch (t) {
@@ -173,6 +173,19 @@ static void check_row(test_rng *r, loom_dtype t, int64_t K, int mr, const char *
     cr_assert(p[0] == got[0] && q[1] == got[0] && p[1] == o && q[0] == o,
               "%s %s K %lld: two-row kernel %.9g %.9g / %.9g %.9g, one-row %.9g %.9g", isa,
               loom_dtype_name(t), (long long)K, p[0], p[1], q[0], q[1], got[0], o);
+    /* the four-row kernel: the row in each place among three others, rows
+     * one stride apart */
+    static uint8_t quad[4 * MAXK * 2];
+    const size_t rb = (size_t)(K / blk_elems(t)) * blk_bytes(t), stride = rb + 4 * (size_t)rng_int(r, 3);
+    for (int at = 0; at < 4; at++) {
+        for (int k = 0; k < 4; k++) memcpy(quad + (size_t)k * stride, k == at ? row : other, rb);
+        float f[4];
+        loom_cpu_q8dot4(t)(quad, stride, K, xq, f);
+        for (int k = 0; k < 4; k++)
+            cr_assert(f[k] == (k == at ? got[0] : o), "%s %s K %lld: four-row kernel row %d of 4 (row at %d) "
+                      "%.9g, one-row %.9g", isa, loom_dtype_name(t), (long long)K, k, at, f[k],
+                      k == at ? got[0] : o);
+    }
 }
 
 Test(q8dot, quantizer_rounds_within_half_a_step) {
@@ -204,6 +217,39 @@ Test(q8dot, quantizer_rounds_within_half_a_step) {
     }
 }
 
+/* The vector quantizers give the portable one's bytes (codes, scales, sums),
+ * ties and outliers included: a token's activations must not depend on
+ * the instruction set that quantized them. */
+Test(q8dot, quantizer_is_the_same_on_every_isa) {
+    test_rng r = rng_seeded("q8dot.quantizer_isas");
+    static float x[MAXK];
+    static _Alignas(64) uint8_t want[MAXK * 2], got[MAXK * 2];
+    int ran = 0;
+    for (int it = 0; it < 40; it++) {
+        const int64_t K = 32 * (1 + rng_int(&r, MAXK / 32));
+        rng_fill(&r, x, K, rng_range(&r, 1e-3, 10));
+        x[rng_int(&r, K)] *= 50.0f;
+        /* exact halves of a step: 127 / amax times x lands on k + 0.5 */
+        for (int j = 0; j < 8; j++) x[j] = (float)j * 0.5f, x[8 + j] = -(float)j * 0.5f;
+        x[16] = 63.5f;
+        if (it % 4 == 0) memset(x + 32 * rng_int(&r, K / 32), 0, 32 * sizeof(float));
+        loom_cpu_q8 q;
+        cr_assert(loom_cpu_q8_force_isa("portable"));
+        loom_cpu_q8_quantize(x, K, want, &q);
+        for (size_t i = 1; i < sizeof isas / sizeof isas[0]; i++) {
+            if (!loom_cpu_q8_force_isa(isas[i])) continue;
+            ran++;
+            memset(got, 0xA5, loom_cpu_q8_bytes(K));
+            loom_cpu_q8_quantize(x, K, got, &q);
+            cr_assert(!memcmp(got, want, loom_cpu_q8_bytes(K)), "%s quantizer differs from portable at K %lld",
+                      isas[i], (long long)K);
+            cr_assert(q.q == (const int8_t *)got && q.d == (const float *)(got + K));
+        }
+    }
+    cr_assert(loom_cpu_q8_force_isa(NULL));
+    if (!ran) cr_log_info("q8dot: only the portable quantizer runs on this CPU");
+}
+
 /* Every type, every ISA here, batch 1 and 2..4 tokens, K from one block up. */
 Test(q8dot, rows_match_references_on_every_isa) {
     test_rng r = rng_seeded("q8dot.rows");
@@ -217,7 +263,7 @@ Test(q8dot, rows_match_references_on_every_isa) {
         ran++;
         for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
             const loom_dtype t = types[ti];
-            cr_assert(loom_cpu_q8dot(t) && loom_cpu_q8dot2(t));
+            cr_assert(loom_cpu_q8dot(t) && loom_cpu_q8dot2(t) && loom_cpu_q8dot4(t));
             for (int it = 0; it < 60; it++) {
                 const int64_t be = blk_elems(t), K = be * (1 + rng_int(&r, MAXK / be));
                 check_row(&r, t, K, 1 + it % LOOM_CPU_Q8_MR, isas[i]);

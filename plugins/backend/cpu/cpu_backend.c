@@ -22,6 +22,8 @@
  * and runs on the kernels' integer q8 path, as llama.cpp runs a GGUF file;
  * the backend plans them itself through a quantizer binding of its own
  * (cpu_keep_ops). weight_dtype: f32 dequantizes everything instead.
+ * cpu_isa names the instruction set of those kernels (auto: the best the
+ * CPU has); it is process-wide (q8dot.h), set at create.
  *
  * Quantizers (loom/quant.h): each linear weight (q, k, v, o, gate, up, down,
  * output) gets the bound quantizer's plan. NONE dequantizes to float32 as
@@ -34,6 +36,7 @@
  * saturate at +-448, see docs/quantization.md).
  */
 #include "cpu_backend.h"
+#include "q8dot.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -46,6 +49,10 @@
 static const char *const cpu_kv_dtype_choices[] = {"f32", "f16", NULL};
 static const char *const cpu_weight_dtype_choices[] = {"f32", "gguf", NULL};
 enum { CPU_WEIGHTS_F32 = 0, CPU_WEIGHTS_GGUF = 1 };
+/* the names loom_cpu_q8_force_isa takes, after "auto" */
+static const char *const cpu_isa_choices[] = {"auto", "avx512vnni", "avx512", "avx2", "portable",
+                                              NULL};
+enum { CPU_ISA_AUTO = 0, CPU_ISA_LAST = 4 };
 
 static const loom_param cpu_params[] = {
     {.key = "threads", .type = LOOM_PARAM_INT, .offset = offsetof(cpu_backend_config, threads),
@@ -60,6 +67,11 @@ static const loom_param cpu_params[] = {
      .doc = "without a quantizer: gguf keeps GGUF q4_0/q4_1/q8_0/q4_k/q6_k linear weights (and a "
             "tied LM head) as stored, on 8-bit integer kernels; f32 dequantizes every weight at "
             "load"},
+    {.key = "cpu_isa", .type = LOOM_PARAM_ENUM, .offset = offsetof(cpu_backend_config, cpu_isa),
+     .default_value = "auto", .min = 1, .max = 0, .choices = cpu_isa_choices,
+     .doc = "instruction set of the GGUF integer kernels: auto = the best this CPU has "
+            "(avx512vnni, avx512, avx2, portable); naming one forces it (a CPU without it fails "
+            "create), e.g. portable to test or time the plain C path; process-wide"},
     {.key = NULL},
 };
 
@@ -117,15 +129,23 @@ static loom_status cpu_create(const loom_host *host, const void *config, void **
         return LOOM_ERR_ABI;
     }
     *self = NULL;
-    cpu_backend_config cfg = {.threads = 0, .kv_dtype = 0, .weight_dtype = CPU_WEIGHTS_GGUF};
+    cpu_backend_config cfg = {.threads = 0, .kv_dtype = 0, .weight_dtype = CPU_WEIGHTS_GGUF,
+                              .cpu_isa = CPU_ISA_AUTO};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.threads < 0 || cfg.threads > 1024 || cfg.kv_dtype < 0 || cfg.kv_dtype > 1 ||
-        cfg.weight_dtype < CPU_WEIGHTS_F32 || cfg.weight_dtype > CPU_WEIGHTS_GGUF)
+        cfg.weight_dtype < CPU_WEIGHTS_F32 || cfg.weight_dtype > CPU_WEIGHTS_GGUF ||
+        cfg.cpu_isa < CPU_ISA_AUTO || cfg.cpu_isa > CPU_ISA_LAST)
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "backend cpu: bad config (threads %lld in [0, 1024], kv_dtype %lld in "
-                           "{0 f32, 1 f16}, weight_dtype %lld in {0 f32, 1 gguf})",
+                           "{0 f32, 1 f16}, weight_dtype %lld in {0 f32, 1 gguf}, cpu_isa %lld in "
+                           "[0, %d])",
                            (long long)cfg.threads, (long long)cfg.kv_dtype,
-                           (long long)cfg.weight_dtype);
+                           (long long)cfg.weight_dtype, (long long)cfg.cpu_isa, CPU_ISA_LAST);
+    /* process-wide, before any product runs (q8dot.h) */
+    if (!loom_cpu_q8_force_isa(cfg.cpu_isa == CPU_ISA_AUTO ? NULL : cpu_isa_choices[cfg.cpu_isa]))
+        return host->error(host->ctx, err, LOOM_ERR_UNSUPPORTED,
+                           "backend cpu: cpu_isa %s: this CPU lacks it (the best it has is %s)",
+                           cpu_isa_choices[cfg.cpu_isa], loom_cpu_q8_best_isa());
 
     cpu_backend *b = host->calloc(host->ctx, 1, sizeof *b);
     if (!b)

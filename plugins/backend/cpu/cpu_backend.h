@@ -43,6 +43,7 @@ typedef struct cpu_backend_config {
     int64_t threads;      /* compute threads; 0 = host->num_threads()          */
     int64_t kv_dtype;     /* index into cpu_kv_dtype_choices: 0 f32, 1 f16     */
     int64_t weight_dtype; /* index into cpu_weight_dtype_choices: 0 f32, 1 gguf */
+    int64_t cpu_isa;      /* index into cpu_isa_choices: 0 auto, else a q8 path */
 } cpu_backend_config;
 
 /* One linear weight as this rank runs it: float32 rows in the arena, or a
