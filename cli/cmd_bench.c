@@ -9,6 +9,9 @@
  * generates exactly its output length (ignore_eos), so two pipelines do the
  * same work. Reported: throughput, TTFT and TPOT percentiles, peak KV use,
  * preemptions and prefix-cache hits; --json writes them for scripts.
+ * --constraint holds every request to a decoding constraint (structured
+ * outputs): the request then ends where the constraint lets it or at its
+ * output length, so a schema longer than the output keeps the work equal.
  * Uses only the public engine API.
  */
 #include <cjson/cJSON.h>
@@ -42,6 +45,9 @@ static void bench_usage(FILE *f) {
           "  --prefix-len N         length of that shared prefix in tokens (default 64)\n"
           "  --rate R               Poisson arrivals, requests/s (default: all at once)\n"
           "  --seed S               workload seed (default 0)\n"
+          "  --constraint LANG      hold every request to a decoding constraint of the pipeline's\n"
+          "                         constraint plugin (json_object, json_schema, regex, gbnf)\n"
+          "  --constraint-text T    its text, or @FILE (a schema, regex or grammar)\n"
           "\n"
           "Run:\n"
           "  --compare A B          run both pipelines on the same workload, interleaved,\n"
@@ -63,6 +69,7 @@ typedef struct bench_req {
     bool chat;           /* wrap the prompt in the model's chat template */
     int32_t output_len;
     double arrival;      /* seconds after start */
+    const char *constraint_lang, *constraint; /* --constraint, or NULL */
 } bench_req;
 
 typedef struct bench_track {
@@ -235,7 +242,9 @@ static bool submit_arrived(loom_engine *eng, const bench_req *w, int32_t n, doub
             rq.num_tokens = q->num_tokens;
         }
         rq.max_tokens = q->output_len;
-        rq.ignore_eos = true;
+        rq.ignore_eos = q->constraint_lang == NULL; /* a constrained text ends where its constraint says */
+        rq.constraint_lang = q->constraint_lang;
+        rq.constraint = q->constraint;
         rq.on_token = on_token;
         rq.user = t;
         int64_t id = loom_engine_add_request(eng, &rq, &err);
@@ -624,6 +633,8 @@ typedef struct bench_args {
     double shared, rate;
     uint64_t seed;
     bool progress;
+    const char *constraint_lang;         /* --constraint                               */
+    char *constraint;                    /* --constraint-text, read (owned)            */
 } bench_args;
 
 /* An integer option's value (as an int, the way it is stored) in [lo, hi];
@@ -636,6 +647,25 @@ static bool bench_int(const char *opt, const char *v, int lo, int hi, const char
         return false;
     }
     return true;
+}
+
+/* --constraint-text's value: the text, or @FILE's contents (at most
+ * 16 MiB); NULL after a message. */
+static char *constraint_text(const char *v) {
+    if (v[0] != '@') return strdup(v);
+    FILE *f = fopen(v + 1, "rb");
+    char *buf = NULL;
+    long len = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && len <= (16L << 20) &&
+        fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)len + 1)) && fread(buf, 1, (size_t)len, f) == (size_t)len)
+        buf[len] = '\0';
+    else if (buf)
+        free(buf), buf = NULL;
+    if (!buf)
+        fprintf(stderr, "loom bench: --constraint-text %s: %s\n", v,
+                !f ? strerror(errno) : len > (16L << 20) ? "larger than 16 MiB" : "cannot read it");
+    if (f) fclose(f);
+    return buf;
 }
 
 /* An option that takes the next word (v, not NULL): -1 to go on, else the
@@ -675,6 +705,11 @@ static int bench_valued(bench_args *b, const char *a, const char *v) {
         if (!bench_int(a, v, 1, 100, "1..100", &b->repeat)) return LOOM_EXIT_USAGE;
     } else if (!strcmp(a, "--set")) {
         cli_sets_add(&b->sets, v);
+    } else if (!strcmp(a, "--constraint")) {
+        b->constraint_lang = v;
+    } else if (!strcmp(a, "--constraint-text")) {
+        free(b->constraint);
+        if (!(b->constraint = constraint_text(v))) return LOOM_EXIT_USAGE;
     } else {
         b->json_path = v; /* --json */
     }
@@ -685,7 +720,8 @@ static int bench_valued(bench_args *b, const char *a, const char *v) {
 static int bench_parse(bench_args *b, int argc, char **argv) {
     static const char *const valued[] = {"--workload", "--num-requests", "--input-len", "--output-len",
                                          "--shared-prefix-ratio", "--prefix-len", "--rate", "--seed",
-                                         "--warmup", "--repeat", "--set", "--json", NULL};
+                                         "--warmup", "--repeat", "--set", "--json", "--constraint",
+                                         "--constraint-text", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool takes = false;
@@ -835,8 +871,10 @@ int loom_cmd_bench(int argc, char **argv) {
     if (!cli_sets_init(&b.sets, argc)) return LOOM_EXIT_FAIL;
     int rc = bench_parse(&b, argc, argv);
     if (rc < 0) rc = make_workload(&b, &w, &n);
+    for (int32_t i = 0; rc < 0 && i < n; i++) w[i].constraint_lang = b.constraint_lang, w[i].constraint = b.constraint;
     if (rc < 0) rc = bench_runs(&b, w, n);
     free_workload(w, n);
+    free(b.constraint);
     cli_sets_free(&b.sets);
     return rc;
 }
