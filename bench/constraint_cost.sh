@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# bench/constraint_cost.sh [CONFIG] — what a decoding constraint costs a
+# decode step: N requests (default 64) decoding together, OUT tokens each,
+# with no constraint (EOS ignored), held to bench/data/people-schema.json
+# (60 people: longer than OUT tokens, so every request runs its OUT tokens
+# and the batch stays whole), and held to it with whole rows to the host
+# (engine.device_sampling=false: the mask applied by the sampler, the
+# pre-2.4 path). Greedy. Runs interleaved, REPEAT rounds; one JSON,
+# $LOOM_RESULTS/<hw>-constraint-cost-smollm2.json (bench/record.py).
+#
+#   CONFIG    a SmolLM2 pipeline (default configs/gpu/smollm2.yaml: the real
+#             tokenizer is needed; the grammar constraint is added with --set)
+# Environment: LB (build dir, default build), N (64), IN (128), OUT (256),
+#   REPEAT (2), OUT_DIR (raw JSON and logs, default /tmp/out/constraint).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+LB=${LB:-build}
+CFG=${1:-configs/gpu/smollm2.yaml}
+N=${N:-64}; IN=${IN:-128}; OUT=${OUT:-256}; REPEAT=${REPEAT:-2}
+O=${OUT_DIR:-/tmp/out/constraint}
+mkdir -p "$O"
+common=(--num-requests "$N" --input-len "$IN" --output-len "$OUT" --warmup 8 --no-progress
+        --set constraint.plugin=grammar --set "scheduler.max_num_seqs=$N")
+schema=(--constraint json_schema --constraint-text @bench/data/people-schema.json)
+declare -A args=([free]="" [masked]="${schema[*]}" [host]="${schema[*]} --set engine.device_sampling=false")
+for r in $(seq 1 "$REPEAT"); do
+  for k in free masked host; do
+    # shellcheck disable=SC2086
+    "$LB/cli/loom" bench "$CFG" "${common[@]}" ${args[$k]} --json "$O/$k-$r.json" > "$O/$k-$r.log" 2>&1 \
+      || { echo "constraint_cost: $k run $r failed:"; tail -5 "$O/$k-$r.log"; exit 1; }
+    echo "$k run $r: $(grep -E 'TPOT p50' "$O/$k-$r.log")  $(grep -E 'output tokens/s' "$O/$k-$r.log")"
+  done
+done
+recs=()
+for k in free masked host; do for r in $(seq 1 "$REPEAT"); do recs+=(--bench "$k-$r=$O/$k-$r.json"); done; done
+python3 bench/record.py '{hw}-constraint-cost-smollm2' "${recs[@]}" \
+  --what "decode with a JSON-schema constraint vs none: $N requests x $IN in / $OUT out, greedy; free = no constraint, masked = masks computed while the GPU runs and applied in the device top-k, host = whole rows masked by the sampler" \
+  --command "bench/constraint_cost.sh $CFG (N=$N IN=$IN OUT=$OUT REPEAT=$REPEAT)"
