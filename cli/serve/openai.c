@@ -299,6 +299,9 @@ static bool refuse_unsupported(parse_ctx *c, const cJSON *root, serve_api api) {
         return fail(c, "suffix", "'suffix' (fill-in-the-middle) is not supported");
     if (api != SERVE_CHAT && (v = field(root, "tools")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
         return fail(c, "tools", "'tools' (function calling) is supported on /v1/chat/completions only");
+    if (api != SERVE_CHAT && (v = field(root, "tool_choice")) &&
+        !(cJSON_IsString(v) && (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"))))
+        return fail(c, "tool_choice", "'tool_choice' forcing a call is supported on /v1/chat/completions only");
     if ((v = field(root, "functions")) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0))
         return fail(c, "functions", "'functions' (the legacy form of function calling) is not supported: send "
                     "'tools'");

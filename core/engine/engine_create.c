@@ -15,6 +15,7 @@
 #include "engine/engine_internal.h"
 #include "plugin/host.h"
 #include "util/util.h"
+#include "util/workers.h"
 
 /* Model-load progress on stderr, only when a person is watching. */
 static void load_progress(void *user, const char *what, double fraction) {
@@ -432,6 +433,9 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->want_full);
     free(e->top_seqs);
     free(e->row_allowed);
+    free(e->mask_rows);
+    free(e->mask_status);
+    loom_workers_free(e->mask_workers);
     free(e->inner);
     free(e->ops);
     free(e->pairs);

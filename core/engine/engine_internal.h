@@ -222,6 +222,9 @@ struct loom_engine {
     int32_t top_cap;           /* rows the arrays above hold                 */
     bool masks_filled;         /* this step's fill_masks ran                 */
     int32_t step_logits;       /* logits rows of the step in forward_topk    */
+    struct loom_workers *mask_workers; /* fill_masks' pool, made on first use */
+    int32_t *mask_rows;        /* (top_cap) rows fill_masks computes         */
+    loom_status *mask_status;  /* (top_cap) each one's outcome               */
     float *scratch;            /* (vocab * k) rows for want_probs / verification */
     size_t scratch_cap;
     loom_block_op *ops;

@@ -15,11 +15,14 @@
  *
  * It refuses to be clever: no policy lives here.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/engine_internal.h"
+#include "util/workers.h"
 #include "util/util.h"
 
 /* ------------------------------------------------------------ schedule */
@@ -136,7 +139,11 @@ static loom_status topk_reserve(loom_engine *e, int32_t rows, int32_t k, loom_er
     if (sq) e->top_seqs = sq;
     const uint32_t **ra = realloc(e->row_allowed, (size_t)cap * sizeof *ra);
     if (ra) e->row_allowed = ra;
-    if (!ids || !vals || !lse || !wf || !sq || !ra)
+    int32_t *mr = realloc(e->mask_rows, (size_t)cap * sizeof *mr);
+    if (mr) e->mask_rows = mr;
+    loom_status *ms = realloc(e->mask_status, (size_t)cap * sizeof *ms);
+    if (ms) e->mask_status = ms;
+    if (!ids || !vals || !lse || !wf || !sq || !ra || !mr || !ms)
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for %d candidate rows", rows);
     e->top_cap = cap;
     return LOOM_OK;
@@ -167,21 +174,53 @@ static loom_status plan_rows(loom_engine *e, int32_t nlog, int32_t *topk, bool *
     return LOOM_OK;
 }
 
+/* One row's mask (a worker of fill_step_masks). Different matchers may
+ * fill concurrently (loom/constraint.h); each row is its own sequence. */
+static void fill_one_mask(void *ctx, int32_t i) {
+    loom_engine *e = ctx;
+    const int32_t r = e->mask_rows[i];
+    loom_seq *s = e->logit_seqs[r];
+    loom_error le = {0};
+    e->mask_status[i] = engine_constraint_fill(e, s, &le);
+    s->mask_ready = e->mask_status[i] == LOOM_OK;
+}
+
+/* The pool of mask workers: engine.mask_threads, 0 = the online cores
+ * minus the step's own thread, at most 15. NULL: the step's thread alone. */
+static struct loom_workers *mask_pool(loom_engine *e) {
+    if (!e->mask_workers) {
+        int32_t n = loom_pipeline_engine(e->pipe)->mask_threads;
+        if (n == 0) {
+            long cores = sysconf(_SC_NPROCESSORS_ONLN);
+            n = cores > 16 ? 15 : cores > 1 ? (int32_t)cores - 1 : 0;
+        }
+        e->mask_workers = loom_workers_new(n); /* NULL (no memory): filled serially below */
+    }
+    return e->mask_workers;
+}
+
 /* [the runner's reducing thread, while the engine thread waits in
  * forward_topk] loom_logits_topk.fill_masks: the masks of the step's
- * constrained candidate rows, once; a dead end's row goes unmasked (the
- * sample ends with the constraint's error when its token is checked). */
+ * constrained candidate rows, once, spread over the mask workers; a dead
+ * end's row goes unmasked (the sample ends with the constraint's error
+ * when its token is checked). */
 static loom_status fill_step_masks(void *ctx, loom_error *err) {
     loom_engine *e = ctx;
     if (e->masks_filled) return LOOM_OK;
     e->masks_filled = true;
-    for (int32_t r = 0; r < e->step_logits; r++) {
-        if (!e->row_allowed[r]) continue;
-        loom_seq *s = e->logit_seqs[r];
-        loom_status st = engine_constraint_fill(e, s, err);
-        if (st != LOOM_OK) return st;
-        s->mask_ready = true;
-        if (!s->mask_live) e->row_allowed[r] = NULL;
+    int32_t n = 0;
+    for (int32_t r = 0; r < e->step_logits; r++)
+        if (e->row_allowed[r]) e->mask_rows[n++] = r;
+    struct loom_workers *w = n > 1 ? mask_pool(e) : NULL;
+    if (w) loom_workers_run(w, n, fill_one_mask, e);
+    else
+        for (int32_t i = 0; i < n; i++) fill_one_mask(e, i);
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t r = e->mask_rows[i];
+        if (e->mask_status[i] != LOOM_OK)
+            return loom_error_set(err, e->mask_status[i], "constraint mask of request %lld: %s",
+                                  (long long)e->logit_seqs[r]->req->id, loom_status_name(e->mask_status[i]));
+        if (!e->logit_seqs[r]->mask_live) e->row_allowed[r] = NULL;
     }
     return LOOM_OK;
 }
@@ -194,7 +233,9 @@ static loom_status forward(loom_engine *e, const loom_batch *batch, int32_t *top
     if (*topk > 0) {
         e->step_logits = batch->num_logits;
         e->masks_filled = false;
-        loom_logits_topk o = {.struct_size = sizeof o, .k = *topk, .top_ids = e->top_ids, .top_vals = e->top_vals,
+        /* without masks, the ABI 2.3 size: an older runner copying the
+         * struct never claims fields it did not copy */
+        loom_logits_topk o = {.struct_size = masked ? sizeof o : offsetof(loom_logits_topk, allowed), .k = *topk, .top_ids = e->top_ids, .top_vals = e->top_vals,
                               .lse = e->top_lse, .want_full = e->want_full, .full = e->logits,
                               .allowed = masked ? e->row_allowed : NULL,
                               .fill_masks = masked ? fill_step_masks : NULL, .fill_ctx = e};

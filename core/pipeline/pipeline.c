@@ -70,6 +70,7 @@ typedef struct engine_raw {
     bool device_sampling;
     int64_t log_level;
     bool progress;
+    int64_t mask_threads;
 } engine_raw;
 
 static const char *const k_log_levels[] = {"debug", "info", "warn", "error", NULL};
@@ -88,6 +89,9 @@ static const loom_param k_engine_params[] = {
      "messages on stderr at this level and above (info adds per-run summaries)"},
     {"progress", LOOM_PARAM_BOOL, offsetof(engine_raw, progress), "false", 0, 0, NULL,
      "show model-load progress on stderr even when it is not a terminal"},
+    {"mask_threads", LOOM_PARAM_INT, offsetof(engine_raw, mask_threads), "0", 0, 256, NULL,
+     "threads computing decoding-constraint masks while the device runs a step (with the step's "
+     "own thread); 0 = the online cores minus one, at most 15"},
     {0},
 };
 
@@ -397,6 +401,7 @@ static void bind_engine(loom_pipeline *p, loom_diag *diag) {
     p->engine.device_sampling = p->engine_raw.device_sampling;
     p->engine.log_level = (loom_log_level)p->engine_raw.log_level;
     p->engine.progress = p->engine_raw.progress;
+    p->engine.mask_threads = (int32_t)p->engine_raw.mask_threads;
 }
 
 /* ------------------------------------------------------- plugin slots */

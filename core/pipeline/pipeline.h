@@ -76,6 +76,7 @@ typedef struct loom_engine_settings {
     bool device_sampling;  /* use the backend's forward_topk when exact        */
     loom_log_level log_level; /* stderr messages at this level and above       */
     bool progress;         /* model-load progress even without a terminal      */
+    int32_t mask_threads;  /* constraint-mask workers; 0 = cores - 1, <= 15    */
 } loom_engine_settings;
 
 /* ------------------------------------------------------------------ slots */

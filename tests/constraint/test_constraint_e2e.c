@@ -242,14 +242,16 @@ Test(constraint_e2e, masked_candidates_equal_whole_rows, .timeout = 900) {
     char *pipe = eng_data_in("constraint", "smol.yaml");
     const char *const whole_ov[] = {"engine.device_sampling=false", NULL};
     const char *const pp[] = {"executor.plugin=pp", "executor.pp_size=2", "executor.micro_batches=2", NULL};
-    const char *const *cand_ov[] = {k_no_overrides, pp};
+    const char *const tp[] = {"executor.plugin=tp", "executor.size=1", "executor.comm=threads",
+                              "engine.mask_threads=3", NULL};
+    const char *const *cand_ov[] = {k_no_overrides, pp, tp};
     eng_rec whole[4], cand[4];
     loom_engine_stats sw, sc;
     loom_engine *e = eng_open_path(pipe, whole_ov);
     run_masked_batch(e, whole, &sw);
     loom_engine_destroy(e);
     cr_assert_eq(sw.device_sampled_rows, 0);
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < 3; c++) {
         e = eng_open_path(pipe, cand_ov[c]);
         run_masked_batch(e, cand, &sc);
         loom_engine_destroy(e);

@@ -233,6 +233,8 @@ Test(openai, unsupported_refused_by_name) {
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
               "\"always\"}", "tool_choice", "must be \"none\"");
     parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"tools\": [{}]}", "tools", "chat/completions only");
+    parse_bad(SERVE_COMPLETIONS, "{\"prompt\": \"x\", \"tool_choice\": \"required\"}", "tool_choice",
+              "chat/completions only");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"functions\": [{}]}",
               "functions", "send 'tools'");
     parse_bad(SERVE_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"none\", "

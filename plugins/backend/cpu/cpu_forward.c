@@ -446,7 +446,7 @@ loom_status cpu_backend_forward_topk(void *self, const loom_batch *bt, const loo
                                      loom_error *err) {
     cpu_backend *b = self;
     const int64_t V = b->mc.vocab_size, NL = bt ? bt->num_logits : 0;
-    if (!out || out->struct_size < sizeof *out || out->k < 1 || out->k > LOOM_LOGITS_TOPK_MAX ||
+    if (!out || out->struct_size < offsetof(loom_logits_topk, allowed) || out->k < 1 || out->k > LOOM_LOGITS_TOPK_MAX ||
         out->k > V || (NL > 0 && (!out->top_ids || !out->top_vals || !out->lse || !out->want_full)))
         return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
                               "backend cpu: forward_topk: bad request (k %d, vocab %lld, or NULL arrays)",

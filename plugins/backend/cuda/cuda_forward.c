@@ -957,7 +957,7 @@ loom_status cb_forward(void *self, const loom_batch *bt, float *logits, loom_err
 loom_status cb_forward_topk(void *self, const loom_batch *bt, const loom_logits_topk *tk, loom_error *err) {
     cuda_backend *b = self;
     const loom_host *h = b->host;
-    if (!tk || tk->struct_size < sizeof *tk || tk->k < 1 || tk->k > LOOM_LOGITS_TOPK_MAX ||
+    if (!tk || tk->struct_size < offsetof(loom_logits_topk, allowed) || tk->k < 1 || tk->k > LOOM_LOGITS_TOPK_MAX ||
         tk->k > b->mc.vocab_size || tk->k > LOOM_CUDA_TOPK_MAX)
         return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: forward_topk: k = %d is outside 1..%d",
                         tk ? tk->k : 0, LOOM_LOGITS_TOPK_MAX);

@@ -604,7 +604,7 @@ static loom_status pp_topk_on_host(pp_exec *pp, const loom_batch *b, const loom_
 static loom_status pp_forward_topk(void *self, const loom_batch *batch, const loom_logits_topk *out,
                                    loom_error *err) {
     pp_exec *pp = self;
-    if (!out || out->struct_size < sizeof *out || out->k < 1 || out->k > LOOM_LOGITS_TOPK_MAX)
+    if (!out || out->struct_size < offsetof(loom_logits_topk, allowed) || out->k < 1 || out->k > LOOM_LOGITS_TOPK_MAX)
         return pp->host->error(pp->host->ctx, err, LOOM_ERR_INVALID,
                                "executor pp: forward_topk: k = %d is outside 1..%d", out ? out->k : 0,
                                LOOM_LOGITS_TOPK_MAX);

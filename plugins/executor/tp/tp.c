@@ -569,7 +569,7 @@ static loom_status tp_forward_topk(void *self, const loom_batch *batch, const lo
     const loom_host *h = tp->host;
     loom_status st = tp_need(tp, true, "forward_topk", err);
     if (st != LOOM_OK) return st;
-    if (!out || out->struct_size < sizeof *out || out->k < 1 || out->k > LOOM_LOGITS_TOPK_MAX)
+    if (!out || out->struct_size < offsetof(loom_logits_topk, allowed) || out->k < 1 || out->k > LOOM_LOGITS_TOPK_MAX)
         return h->error(h->ctx, err, LOOM_ERR_INVALID, "executor tp: forward_topk: k = %d is outside 1..%d",
                         out ? out->k : 0, LOOM_LOGITS_TOPK_MAX);
     if (tp->inner->forward_topk)
