@@ -21,7 +21,7 @@ CASES=${GEMMA3_AB_CASES:-"8192:2"}
 R=$(mktemp -d)
 trap 'rm -rf "$R"' EXIT
 cd "$root"
-args=()
+# one entry per context, each recorded as soon as it is measured (--merge)
 for c in $CASES; do
   ctx=${c%%:*} n=${c##*:}
   gib=$(python3 -c "print(round($ctx * 36864 * 1.25 / 2**30, 4))")
@@ -29,8 +29,8 @@ for c in $CASES; do
   "$L" bench --compare configs/ab/gemma3-windows.yaml configs/ab/gemma3-no-windows.yaml \
     --num-requests "$n" --input-len $((ctx - 16)) --output-len 16 --seed 5 --no-progress \
     --set engine.max_model_len="$ctx" --set cache.memory_gib="$gib" --json "$R/ctx$ctx.json"
-  args+=(--bench "ctx$ctx=$R/ctx$ctx.json" --value "ctx${ctx}_kv_budget_gib=$gib")
+  python3 bench/record.py cpu-ab-gemma3-windows --cpu --merge \
+    --what "Gemma 3 270M on the cpu backend at long contexts, KV budget 1.25 sequences without windows: window-aware paged cache (a) vs every layer's history kept (b)" \
+    --command "GEMMA3_AB_CASES=$c bench/gemma3_windows_ab.sh" \
+    --bench "ctx$ctx=$R/ctx$ctx.json" --value "ctx${ctx}_kv_budget_gib=$gib"
 done
-python3 bench/record.py cpu-ab-gemma3-windows --cpu \
-  --what "Gemma 3 270M on the cpu backend at long contexts, KV budget 1.25 sequences without windows: window-aware paged cache (a) vs every layer's history kept (b)" \
-  --command "GEMMA3_AB_CASES=\"$CASES\" bench/gemma3_windows_ab.sh" "${args[@]}"

@@ -54,6 +54,10 @@ static bool batch_rows_ok(const loom_batch *bt, int32_t s, int32_t bs, int32_t n
                           char *why, size_t cap) {
     const int32_t G = batch_groups(bt);
     const bool windows = LOOM_HAS_FIELD(bt, loom_batch, group_window) && bt->group_window;
+    if (G > LOOM_KV_GROUPS_MAX) {
+        snprintf(why, cap, "batch has %d block-table groups; at most %d", G, LOOM_KV_GROUPS_MAX);
+        return false;
+    }
     for (int32_t g = 0; g < G; g++) {
         const int32_t *row = bt->block_table + ((int64_t)g * bt->num_seqs + s) * bt->block_table_stride;
         const int32_t w = windows ? bt->group_window[g] : 0;

@@ -28,8 +28,8 @@
  * Who calls what: the scheduler calls acquire_prefix, allocate, free (to
  * preempt by recompute), swap_out and swap_in, through its environment;
  * the core calls fork (n > 1 samples), truncate (rejected drafts), free
- * (finished sequences), block_table, take_block_ops, num_free_blocks
- * (to budget drafts) and stats.
+ * (finished sequences), block_table and group_table, take_block_ops,
+ * num_free_blocks (to budget drafts) and stats.
  *
  * Stats: the core sets out->struct_size and zeroes the rest; the manager
  * fills the fields that struct_size covers.
