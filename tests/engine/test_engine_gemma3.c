@@ -306,3 +306,13 @@ static void w_preempt(const char *mode, const char *swap_gib) {
 Test(gemma3, windows_equal_preempt_recompute, .timeout = 600) { w_preempt("recompute", "cache.cpu_swap_gib=0"); }
 
 Test(gemma3, windows_equal_preempt_swap, .timeout = 600) { w_preempt("swap", "cache.cpu_swap_gib=0.1"); }
+
+/* Speculative decoding (ngram drafts, verified and partly rolled back by
+ * truncate) over sequences past the window: the same tokens either way. */
+Test(gemma3, windows_equal_with_drafts, .timeout = 600) {
+    static w_side on, off;
+    w_pair((const char *const[]){"speculator.plugin=ngram", NULL}, &on, &off, "ngram drafts");
+    cr_assert(on.end.spec_proposed > 0 && off.end.spec_proposed > 0, "drafts proposed: %lld with windows, %lld off",
+              (long long)on.end.spec_proposed, (long long)off.end.spec_proposed);
+    w_side_free(&on), w_side_free(&off);
+}
