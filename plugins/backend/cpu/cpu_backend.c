@@ -818,6 +818,7 @@ static loom_status cpu_kv_alloc(void *self, const loom_kv_layout *layout, loom_e
     }
     b->kv_layout = *layout;
     b->kv_layout.dtype = dt;
+    b->kv_layout.num_groups = LOOM_HAS_FIELD(layout, loom_kv_layout, num_groups) ? layout->num_groups : 0;
     b->kv_block_bytes = block;
     b->kv_ready = true;
     return LOOM_OK;

@@ -341,12 +341,15 @@ static uint64_t paged_key(const paged *p, uint64_t h1, int32_t g) {
 }
 
 /* Group g's table of s. */
-static inline int32_t *paged_tab(const paged_seq *s, int32_t g) { return s->blocks + (size_t)g * s->cap; }
+static inline int32_t *paged_tab(const paged_seq *s, int32_t g) {
+    return s->blocks + (size_t)g * s->cap;
+}
 
 /* Blocks s holds now, all groups (device or host). */
 static int32_t paged_seq_held(const paged *p, const paged_seq *s) {
     int32_t n = 0;
-    for (int32_t g = 0; g < p->G; g++) n += s->nblocks > s->dropped[g] ? s->nblocks - s->dropped[g] : 0;
+    for (int32_t g = 0; g < p->G; g++)
+        if (s->nblocks > s->dropped[g]) n += s->nblocks - s->dropped[g];
     return n;
 }
 
@@ -567,7 +570,8 @@ static void paged_register_full(paged *p, paged_seq *s, const loom_seq_info *seq
         s->h2[j] = b;
         for (int32_t g = 0; g < p->G; g++) {
             int32_t blk = paged_tab(s, g)[j];
-            if (blk < 0 || p->blocks[blk].hashed || paged_map_find(&p->prefix, paged_key(p, a, g), NULL))
+            if (blk < 0 || p->blocks[blk].hashed ||
+                paged_map_find(&p->prefix, paged_key(p, a, g), NULL))
                 continue;
             /* The prefix table was sized for every block: the put cannot fail. */
             paged_map_put(&p->prefix, paged_key(p, a, g), blk);
@@ -702,7 +706,7 @@ static loom_status paged_take_groups(paged *p, const loom_cache_init *in, loom_k
     for (int32_t i = 0; ok && i < g->num_groups; i++) ok = g->window[i] >= 0;
     if (!ok)
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "cache.paged: the backend's block-table groups are malformed (%d groups, %d "
+                        "cache.paged: malformed block-table groups from the backend (%d groups, %d "
                         "of %d layers per block); set cache.sliding_window: off",
                         g->num_groups, g->layers_per_block, g->num_layers);
     p->G = g->num_groups;
@@ -823,7 +827,8 @@ static loom_status paged_init(void *self, const loom_cache_init *in, loom_kv_lay
            "watermark %d blocks, %d block-table group%s%s",
            p->num_blocks, p->bs, (double)p->num_blocks * (double)p->block_bytes / PAGED_MIB,
            p->num_cpu_blocks, p->cfg.prefix_caching ? "on" : "off", p->watermark_blocks, p->G,
-           p->G == 1 ? "" : "s", p->any_window ? " (windowed groups free what left the window)" : "");
+           p->G == 1 ? "" : "s",
+           p->any_window ? " (windowed groups free what left the window)" : "");
     paged_publish(p);
     return LOOM_OK;
 }
@@ -833,7 +838,8 @@ static loom_status paged_init(void *self, const loom_cache_init *in, loom_kv_lay
 /* The registered block of group g holding block j of a sequence whose
  * chain hashes there are a, b and tokens toks; -1 when none (a colliding
  * key is a different block, not a hit). */
-static int32_t paged_lookup(const paged *p, int32_t g, uint64_t a, uint64_t b, const int32_t *toks) {
+static int32_t paged_lookup(const paged *p, int32_t g, uint64_t a, uint64_t b,
+                            const int32_t *toks) {
     int64_t v;
     if (!paged_map_find(&p->prefix, paged_key(p, a, g), &v)) return -1;
     const paged_block *blk = &p->blocks[v];
@@ -852,7 +858,8 @@ static int32_t paged_window_lo(const paged *p, int32_t g, int64_t q) {
 
 /* Chain hashes of s's first blocks into s->h1/h2 while every global group
  * has them cached: how many blocks (at most max_blocks) that is. */
-static int32_t paged_global_run(paged *p, paged_seq *s, const loom_seq_info *seq, int32_t max_blocks) {
+static int32_t paged_global_run(paged *p, paged_seq *s, const loom_seq_info *seq,
+                                int32_t max_blocks) {
     for (int32_t j = 0; j < max_blocks; j++) {
         const int32_t *toks = seq->tokens + (size_t)j * p->bs;
         s->h1[j] = paged_hash1(j ? s->h1[j - 1] : PAGED_ROOT1, toks, p->bs);
@@ -936,7 +943,8 @@ typedef struct paged_plan {
 } paged_plan;
 
 static int32_t paged_seq_num_computed(const loom_seq_info *seq, int32_t num_tokens) {
-    if (seq->struct_size < offsetof(loom_seq_info, num_computed) + sizeof seq->num_computed) return 0;
+    if (seq->struct_size < offsetof(loom_seq_info, num_computed) + sizeof seq->num_computed)
+        return 0;
     int32_t nc = seq->num_computed;
     return nc < 0 ? 0 : nc > num_tokens ? num_tokens : nc;
 }
@@ -992,7 +1000,8 @@ static void paged_commit_grow(paged *p, paged_seq *s, const paged_plan *pl) {
         }
     }
     for (int32_t j = s->nblocks; j < pl->total; j++)
-        for (int32_t g = 0; g < p->G; g++) paged_tab(s, g)[j] = j < pl->drop_to[g] ? -1 : paged_take_free(p);
+        for (int32_t g = 0; g < p->G; g++)
+            paged_tab(s, g)[j] = j < pl->drop_to[g] ? -1 : paged_take_free(p);
     s->nblocks = pl->total;
 }
 
@@ -1442,7 +1451,8 @@ bool loom_paged_debug_check(void *self, char *msg, size_t msg_size) {
         if (!B[b].hashed) continue;
         hashed++;
         int64_t v;
-        PAGED_CHECK(B[b].group < p->G && paged_map_find(&p->prefix, paged_key(p, B[b].h1, B[b].group), &v) &&
+        PAGED_CHECK(B[b].group < p->G &&
+                        paged_map_find(&p->prefix, paged_key(p, B[b].h1, B[b].group), &v) &&
                         v == b,
                     "hashed block %d is not in the prefix table under its hash", b);
     }
