@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench/constraint_cost.sh [CONFIG] — what a decoding constraint costs a
-# decode step: N requests (default 64) decoding together, OUT tokens each,
+# decode step: N requests (default 64) decoding together, OUT_LEN tokens each,
 # with no constraint (EOS ignored), held to bench/data/people-schema.json
-# (60 people: longer than OUT tokens, so every request runs its OUT tokens
+# (60 people: longer than OUT_LEN tokens, so every request runs its OUT_LEN tokens
 # and the batch stays whole), and held to it with whole rows to the host
 # (engine.device_sampling=false: the mask applied by the sampler, the
 # pre-2.4 path). Greedy. Runs interleaved, REPEAT rounds; one JSON,
@@ -10,17 +10,17 @@
 #
 #   CONFIG    a SmolLM2 pipeline (default configs/gpu/smollm2.yaml: the real
 #             tokenizer is needed; the grammar constraint is added with --set)
-# Environment: LB (build dir, default build), N (64), IN (128), OUT (256),
+# Environment: LB (build dir, default build), N (64), IN (128), OUT_LEN (256),
 #   REPEAT (2), OUT_DIR (raw JSON and logs, default /tmp/out/constraint).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 LB=${LB:-build}
 CFG=${1:-configs/gpu/smollm2.yaml}
-N=${N:-64}; IN=${IN:-128}; OUT=${OUT:-256}; REPEAT=${REPEAT:-2}
+N=${N:-64}; IN=${IN:-128}; OUT_LEN=${OUT_LEN:-256}; REPEAT=${REPEAT:-2}
 O=${OUT_DIR:-/tmp/out/constraint}
 mkdir -p "$O"
-common=(--num-requests "$N" --input-len "$IN" --output-len "$OUT" --warmup 8 --no-progress
+common=(--num-requests "$N" --input-len "$IN" --output-len "$OUT_LEN" --warmup 8 --no-progress
         --set constraint.plugin=grammar --set "scheduler.max_num_seqs=$N")
 schema=(--constraint json_schema --constraint-text @bench/data/people-schema.json)
 declare -A args=([free]="" [masked]="${schema[*]}" [host]="${schema[*]} --set engine.device_sampling=false")
@@ -35,5 +35,5 @@ done
 recs=()
 for k in free masked host; do for r in $(seq 1 "$REPEAT"); do recs+=(--bench "$k-$r=$O/$k-$r.json"); done; done
 python3 bench/record.py '{hw}-constraint-cost-smollm2' "${recs[@]}" \
-  --what "decode with a JSON-schema constraint vs none: $N requests x $IN in / $OUT out, greedy; free = no constraint, masked = masks computed while the GPU runs and applied in the device top-k, host = whole rows masked by the sampler" \
-  --command "bench/constraint_cost.sh $CFG (N=$N IN=$IN OUT=$OUT REPEAT=$REPEAT)"
+  --what "decode with a JSON-schema constraint vs none: $N requests x $IN in / $OUT_LEN out, greedy; free = no constraint, masked = masks computed while the GPU runs and applied in the device top-k, host = whole rows masked by the sampler" \
+  --command "bench/constraint_cost.sh $CFG (N=$N IN=$IN OUT_LEN=$OUT_LEN REPEAT=$REPEAT)"

@@ -7,8 +7,9 @@
  * optional shared prefix and Poisson arrivals. Requests enter the engine
  * when their arrival time has passed on the wall clock; every request
  * generates exactly its output length (ignore_eos), so two pipelines do the
- * same work. Reported: throughput, TTFT and TPOT percentiles, peak KV use,
- * preemptions and prefix-cache hits; --json writes them for scripts.
+ * same work. Reported: throughput, TTFT and TPOT percentiles, peak KV use
+ * (share of the pool, MiB, and the most one sequence held), preemptions and
+ * prefix-cache hits; --json writes them for scripts.
  * --constraint holds every request to a decoding constraint (structured
  * outputs): the request then ends where the constraint lets it or at its
  * output length, so a schema longer than the output keeps the work equal.
@@ -32,7 +33,8 @@ static void bench_usage(FILE *f) {
           "       loom bench --compare A.yaml B.yaml [options]\n"
           "\n"
           "Offline benchmark: run a workload through the engine and report throughput,\n"
-          "TTFT/TPOT percentiles, peak KV-cache use, preemptions and prefix hits.\n"
+          "TTFT/TPOT percentiles, peak KV-cache use (share, MiB, per sequence), preemptions\n"
+          "and prefix hits.\n"
           "\n"
           "Workload (a file, or a generator):\n"
           "  --workload FILE        JSONL, one request per line:\n"
@@ -91,9 +93,11 @@ typedef struct bench_result {
     double seconds, req_per_s, out_tok_per_s, total_tok_per_s;
     double ttft[3], tpot[3]; /* p50 p90 p99, seconds */
     double peak_kv, prefix_hit_rate;
+    double peak_kv_mib, seq_kv_mib; /* peak KV bytes; most one sequence held */
     int64_t preemptions, prefill_tokens, cached_tokens, output_tokens;
     int64_t swaps_out, swaps_in, spec_proposed, spec_accepted, device_sampled;
     int32_t max_running, errors;
+    int32_t kv_groups, peak_seq_blocks, peak_blocks;
     int64_t steps;
     double step_seconds, backend_seconds; /* inside engine steps; inside the backend's forward */
     loom_engine_stats kinds;              /* the kind_* split of those (loom_step_kind) */
@@ -331,6 +335,11 @@ static void fill_result(bench_result *res, const loom_engine_stats *st, bench_tr
     percentiles(t->ttft, nt, res->ttft);
     percentiles(t->tpot, np, res->tpot);
     res->peak_kv = st->kv_blocks_total ? (double)st->kv_blocks_peak / st->kv_blocks_total : 0;
+    res->peak_kv_mib = (double)st->kv_blocks_peak * (double)st->kv_block_bytes / (1 << 20);
+    res->seq_kv_mib = (double)st->kv_peak_seq_blocks * (double)st->kv_block_bytes / (1 << 20);
+    res->kv_groups = st->kv_groups;
+    res->peak_seq_blocks = st->kv_peak_seq_blocks;
+    res->peak_blocks = st->kv_blocks_peak;
     /* prompt tokens served from the prefix cache, per request once: the
      * cache's own query counter also counts every admission the scheduler
      * retried (a request waiting for blocks is looked up again each step) */
@@ -530,6 +539,8 @@ static const metric metrics[] = {
     {"TPOT p90", "ms", M(tpot[1]), false},
     {"TPOT p99", "ms", M(tpot[2]), false},
     {"peak KV use", "%", M(peak_kv), false},
+    {"peak KV", "MiB", M(peak_kv_mib), false},
+    {"KV per sequence, peak", "MiB", M(seq_kv_mib), false},
     {"prefix hit rate", "%", M(prefix_hit_rate), true},
     {"wall time", "s", M(seconds), false},
 };
@@ -549,6 +560,9 @@ static void print_counts(FILE *f, const char *label, const bench_result *r) {
            "%lld preemptions, %d sequences at most in one step\n",
            label, (long long)r->prefill_tokens, (long long)r->cached_tokens, (long long)r->output_tokens,
            (long long)r->preemptions, r->max_running);
+    fprintf(f, "%-18s KV: peak %d blocks (%.1f MiB), one sequence at most %d blocks (%.2f MiB) in %d block table%s\n",
+            "", r->peak_blocks, r->peak_kv_mib, r->peak_seq_blocks, r->seq_kv_mib, r->kv_groups,
+            r->kv_groups == 1 ? "" : "s");
     if (r->swaps_out || r->swaps_in)
         fprintf(f, "%-18s %lld blocks swapped out, %lld in\n", "", (long long)r->swaps_out, (long long)r->swaps_in);
     if (r->steps > 0)
@@ -588,6 +602,9 @@ static cJSON *result_json(const bench_result *r) {
     cJSON_AddNumberToObject(o, "cached_prompt_tokens", (double)r->cached_tokens);
     cJSON_AddNumberToObject(o, "output_tokens", (double)r->output_tokens);
     cJSON_AddNumberToObject(o, "max_running", r->max_running);
+    cJSON_AddNumberToObject(o, "kv_groups", r->kv_groups);
+    cJSON_AddNumberToObject(o, "kv_peak_blocks", r->peak_blocks);
+    cJSON_AddNumberToObject(o, "kv_peak_seq_blocks", r->peak_seq_blocks);
     cJSON_AddNumberToObject(o, "swaps_out", (double)r->swaps_out);
     cJSON_AddNumberToObject(o, "swaps_in", (double)r->swaps_in);
     cJSON_AddNumberToObject(o, "spec_proposed", (double)r->spec_proposed);

@@ -23,6 +23,11 @@
  * must return every host allocation. A probe (the shipped manager's debug
  * hooks, in its own tests) adds exact refcounts and its self-check.
  *
+ * With block-table groups (a case's `groups`, taken by the manager) every
+ * group's table is checked alike, its slots remembering their group too,
+ * except that a windowed group need only hold what the next query's window
+ * reads — and, for the shipped manager (exact_tables), must have released
+ * every block before the window its last allocate() saw.
  * cache.contract: the calls' edge cases — init's layout, unknown ids,
  * lengths no pool could hold (LOOM_ERR_INVALID, not NO_SPACE),
  * acquire_prefix on a sequence holding blocks, truncate beyond the end,
@@ -56,6 +61,7 @@ typedef struct ct_seq {
     int32_t toks[CT_MAX_TABLE];
     int32_t n;        /* tokens                                     */
     int32_t computed; /* leading tokens whose K/V are in the cache  */
+    int32_t released_at; /* num_computed at its last allocate / hit  */
 } ct_seq;
 
 typedef struct ct {
@@ -65,6 +71,8 @@ typedef struct ct {
     void *self;
     loom_kv_layout layout;
     int32_t bs, nblocks, ncpu;
+    int32_t G;        /* tables per sequence (1 unless groups taken) */
+    int32_t win[LOOM_KV_GROUPS_MAX]; /* each group's window; 0 = all  */
     int32_t nfree0;   /* num_free_blocks() of the new pool            */
     bool can_swap;    /* swap_out/in present                          */
     uint64_t seed;
@@ -105,7 +113,15 @@ static bool ct_fail(ct *t, const char *fmt, ...) {
 
 static int32_t ct_rand(ct *t, int32_t n) { return cf_rng_below(&t->g, n); }
 
-static int64_t ct_enc(int32_t pos, int32_t tok) { return ((int64_t)pos << 32) | (uint32_t)tok; }
+/* What position pos (token tok) of a layer of group g leaves in its slot. */
+static int64_t ct_enc(int32_t g, int32_t pos, int32_t tok) {
+    return ((int64_t)g << 56) | ((int64_t)pos << 32) | (uint32_t)tok;
+}
+
+/* The first position group g must still hold for a query at q. */
+static int32_t ct_lo(const ct *t, int32_t g, int32_t q) {
+    return t->win[g] > 0 && q - t->win[g] + 1 > 0 ? q - t->win[g] + 1 : 0;
+}
 
 static loom_seq_info ct_info(const ct_seq *s, int32_t num_draft) {
     return (loom_seq_info){.struct_size = sizeof(loom_seq_info), .id = s->id, .request_id = s->id,
@@ -143,51 +159,64 @@ static bool ct_apply_ops(ct *t) {
     return true;
 }
 
-/* Device table of s into out (cap CT_MAX_TABLE); -1 after a failure. */
-static int32_t ct_table(ct *t, const ct_seq *s, int32_t *out) {
-    int32_t n = t->ops->block_table(t->self, s->id, out, CT_MAX_TABLE);
+/* Group g's device table of seq id (block_table() for group 0). */
+static int32_t ct_group_table(ct *t, loom_seq_id id, int32_t g, int32_t *out) {
+    return g == 0 ? t->ops->block_table(t->self, id, out, CT_MAX_TABLE)
+                  : t->ops->group_table(t->self, id, g, out, CT_MAX_TABLE);
+}
+
+/* Group g's device table of s into out (cap CT_MAX_TABLE); -1 after a
+ * failure. */
+static int32_t ct_table(ct *t, const ct_seq *s, int32_t g, int32_t *out) {
+    int32_t n = ct_group_table(t, s->id, g, out);
     if (n < 0 || n > CT_MAX_TABLE) {
-        ct_fail(t, "block_table(seq %lld) returned %d", (long long)s->id, n);
+        ct_fail(t, "table of group %d (seq %lld) has %d entries", g, (long long)s->id, n);
         return -1;
     }
     return n;
 }
 
-/* Whether block b is in the device table of any live sequence but s. */
+/* Whether block b is in a device table of any live sequence but s. */
 static bool ct_shared(ct *t, const ct_seq *s, int32_t b) {
     int32_t tab[CT_MAX_TABLE];
     for (int i = 0; i < CT_MAX_SEQS; i++) {
         const ct_seq *o = &t->seqs[i];
         if (!o->live || o == s || o->state == CT_SWAPPED) continue;
-        int32_t n = t->ops->block_table(t->self, o->id, tab, CT_MAX_TABLE);
-        for (int32_t j = 0; j < n && j < CT_MAX_TABLE; j++)
-            if (tab[j] == b) return true;
+        for (int32_t g = 0; g < t->G; g++) {
+            int32_t n = ct_group_table(t, o->id, g, tab);
+            for (int32_t j = 0; j < n && j < CT_MAX_TABLE; j++)
+                if (tab[j] == b) return true;
+        }
     }
     return false;
 }
 
-/* The forward pass: write K/V of positions [from, to) of s. */
+/* The forward pass: write K/V of positions [from, to) of s, in every
+ * group. */
 static bool ct_forward(ct *t, ct_seq *s, int32_t from, int32_t to) {
     int32_t tab[CT_MAX_TABLE], bs = t->bs;
-    int32_t nb = ct_table(t, s, tab);
-    if (nb < 0) return false;
-    CT_ENSURE(t, nb >= ct_blocks_for(t, to), "seq %lld has %d blocks for %d tokens after a successful allocate",
-              (long long)s->id, nb, to);
-    for (int32_t p = from; p < to; p++) {
-        int32_t b = tab[p / bs];
-        CT_ENSURE(t, b >= 0 && b < t->nblocks, "seq %lld: block id %d outside [0, %d)", (long long)s->id, b,
-                  t->nblocks);
-        if (p == from || p % bs == 0) {
-            CT_ENSURE(t, !ct_shared(t, s, b),
-                      "seq %lld writes position %d into block %d, which another live sequence's table holds "
-                      "(a write into a shared block must be copied first)",
-                      (long long)s->id, p, b);
-            if (t->probe && t->probe->refcount)
-                CT_ENSURE(t, t->probe->refcount(t->self, b, false) == 1,
-                          "seq %lld writes position %d into block %d of refcount %d", (long long)s->id, p, b,
-                          t->probe->refcount(t->self, b, false));
+    for (int32_t g = 0; g < t->G; g++) {
+        int32_t nb = ct_table(t, s, g, tab);
+        if (nb < 0) return false;
+        CT_ENSURE(t, nb >= ct_blocks_for(t, to),
+                  "seq %lld has %d blocks in group %d for %d tokens after a successful allocate", (long long)s->id,
+                  nb, g, to);
+        for (int32_t p = from; p < to; p++) {
+            int32_t b = tab[p / bs];
+            CT_ENSURE(t, b >= 0 && b < t->nblocks, "seq %lld group %d: block id %d for position %d outside [0, %d)",
+                      (long long)s->id, g, b, p, t->nblocks);
+            if (p == from || p % bs == 0) {
+                CT_ENSURE(t, !ct_shared(t, s, b),
+                          "seq %lld writes position %d into block %d, which another live sequence's table holds "
+                          "(a write into a shared block must be copied first)",
+                          (long long)s->id, p, b);
+                if (t->probe && t->probe->refcount)
+                    CT_ENSURE(t, t->probe->refcount(t->self, b, false) == 1,
+                              "seq %lld writes position %d into block %d of refcount %d", (long long)s->id, p, b,
+                              t->probe->refcount(t->self, b, false));
+            }
+            t->dev[(size_t)b * bs + p % bs] = ct_enc(g, p, s->toks[p]);
         }
-        t->dev[(size_t)b * bs + p % bs] = ct_enc(p, s->toks[p]);
     }
     s->computed = to;
     return true;
@@ -195,47 +224,87 @@ static bool ct_forward(ct *t, ct_seq *s, int32_t from, int32_t to) {
 
 /* ------------------------------------------------------------- invariants */
 
-/* s's positions read back its tokens; counts its references. */
-static bool ct_check_seq(ct *t, const ct_seq *s) {
+/* Group g's host table of swapped s into tab; -2 when no probe can say
+ * (then nothing is checked). */
+static int32_t ct_host_table(ct *t, const ct_seq *s, int32_t g, int32_t *tab, bool *sw) {
+    if (t->probe && t->probe->group_host_table)
+        return t->probe->group_host_table(t->self, s->id, g, tab, CT_MAX_TABLE, sw);
+    if (t->probe && t->probe->host_table && t->G == 1)
+        return t->probe->host_table(t->self, s->id, tab, CT_MAX_TABLE, sw);
+    return -2;
+}
+
+/* Swapped s's group g: its host blocks keep the window's data. */
+static bool ct_check_swapped(ct *t, const ct_seq *s, int32_t g) {
     int32_t tab[CT_MAX_TABLE];
-    if (s->state == CT_WAITING || s->state == CT_SWAPPED) {
-        int32_t nb = t->ops->block_table(t->self, s->id, tab, CT_MAX_TABLE);
-        CT_ENSURE(t, nb == 0, "%s seq %lld holds %d device blocks",
-                  s->state == CT_WAITING ? "freed" : "swapped-out", (long long)s->id, nb);
-        if (s->state == CT_WAITING || !t->probe || !t->probe->host_table) return true;
-        bool sw = false;
-        nb = t->probe->host_table(t->self, s->id, tab, CT_MAX_TABLE, &sw);
-        CT_ENSURE(t, sw && nb == ct_blocks_for(t, s->computed), "swapped seq %lld: %d host blocks for %d tokens",
-                  (long long)s->id, nb, s->computed);
-        for (int32_t j = 0; j < nb; j++) {
-            CT_ENSURE(t, tab[j] >= 0 && tab[j] < t->ncpu, "host block id %d out of range", tab[j]);
-            t->hrefs[tab[j]]++;
-        }
-        for (int32_t p = 0; p < s->computed; p++)
-            CT_ENSURE(t, t->host[(size_t)tab[p / t->bs] * t->bs + p % t->bs] == ct_enc(p, s->toks[p]),
-                      "swapped seq %lld position %d lost its data in host block %d", (long long)s->id, p,
-                      tab[p / t->bs]);
-        return true;
+    bool sw = false;
+    int32_t nb = ct_host_table(t, s, g, tab, &sw);
+    if (nb == -2) return true;
+    CT_ENSURE(t, sw && nb == ct_blocks_for(t, s->computed), "swapped seq %lld: %d host blocks in group %d for %d tokens",
+              (long long)s->id, nb, g, s->computed);
+    for (int32_t j = 0; j < nb; j++) {
+        CT_ENSURE(t, tab[j] >= -1 && tab[j] < t->ncpu, "host block id %d out of range", tab[j]);
+        if (tab[j] >= 0) t->hrefs[tab[j]]++;
     }
-    int32_t nb = ct_table(t, s, tab);
+    for (int32_t p = ct_lo(t, g, s->computed); p < s->computed; p++) {
+        int32_t b = tab[p / t->bs];
+        CT_ENSURE(t, b >= 0 && t->host[(size_t)b * t->bs + p % t->bs] == ct_enc(g, p, s->toks[p]),
+                  "swapped seq %lld position %d lost its data in host block %d of group %d", (long long)s->id, p, b,
+                  g);
+    }
+    return true;
+}
+
+/* Resident s's group g: the positions its next query reads hold its own
+ * tokens; counts its references and released entries. */
+static bool ct_check_resident(ct *t, const ct_seq *s, int32_t g) {
+    int32_t tab[CT_MAX_TABLE];
+    int32_t nb = ct_table(t, s, g, tab);
     if (nb < 0) return false;
-    CT_ENSURE(t, nb >= ct_blocks_for(t, s->computed), "seq %lld: %d blocks for %d computed tokens",
-              (long long)s->id, nb, s->computed);
+    CT_ENSURE(t, nb >= ct_blocks_for(t, s->computed), "seq %lld: %d blocks in group %d for %d computed tokens",
+              (long long)s->id, nb, g, s->computed);
     if (t->probe && t->probe->exact_tables)
         CT_ENSURE(t, nb == ct_blocks_for(t, s->computed), "seq %lld: %d blocks for %d tokens (want exactly %d)",
                   (long long)s->id, nb, s->computed, ct_blocks_for(t, s->computed));
+    const int32_t lo = ct_lo(t, g, s->computed) / t->bs;
+    const int32_t gone = ct_lo(t, g, s->released_at) / t->bs; /* released at its last allocate */
     for (int32_t j = 0; j < nb; j++) {
-        CT_ENSURE(t, tab[j] >= 0 && tab[j] < t->nblocks, "seq %lld: block id %d outside [0, %d)", (long long)s->id,
-                  tab[j], t->nblocks);
+        if (tab[j] == -1 && j < lo) {
+            t->tally.released++;
+            continue;
+        }
+        CT_ENSURE(t, tab[j] >= 0 && tab[j] < t->nblocks, "seq %lld group %d: block id %d outside [0, %d)",
+                  (long long)s->id, g, tab[j], t->nblocks);
+        CT_ENSURE(t, !(t->probe && t->probe->exact_tables) || j >= gone,
+                  "seq %lld group %d (window %d) still holds block %d at entry %d, before the window of position "
+                  "%d that its last allocate computed from",
+                  (long long)s->id, g, t->win[g], tab[j], j, s->released_at);
         t->refs[tab[j]]++;
     }
-    for (int32_t p = 0; p < s->computed; p++) {
+    for (int32_t p = ct_lo(t, g, s->computed); p < s->computed; p++) {
         int64_t got = t->dev[(size_t)tab[p / t->bs] * t->bs + p % t->bs];
-        CT_ENSURE(t, got == ct_enc(p, s->toks[p]),
-                  "seq %lld position %d (token %d) reads back position %d token %d from block %d: a prefix hit, "
-                  "copy, swap or write went to the wrong block",
-                  (long long)s->id, p, s->toks[p], got < 0 ? -1 : (int32_t)(got >> 32),
-                  got < 0 ? -1 : (int32_t)(uint32_t)got, tab[p / t->bs]);
+        CT_ENSURE(t, got == ct_enc(g, p, s->toks[p]),
+                  "seq %lld position %d (token %d) of group %d reads back group %d position %d token %d from block "
+                  "%d: a prefix hit, copy, swap or write went to the wrong block",
+                  (long long)s->id, p, s->toks[p], g, got < 0 ? -1 : (int32_t)(got >> 56),
+                  got < 0 ? -1 : (int32_t)((got >> 32) & 0xffffff), got < 0 ? -1 : (int32_t)(uint32_t)got,
+                  tab[p / t->bs]);
+    }
+    return true;
+}
+
+/* s's positions read back its tokens; counts its references. */
+static bool ct_check_seq(ct *t, const ct_seq *s) {
+    for (int32_t g = 0; g < t->G; g++) {
+        if (s->state == CT_RUNNING) {
+            if (!ct_check_resident(t, s, g)) return false;
+            continue;
+        }
+        int32_t tab[CT_MAX_TABLE];
+        int32_t nb = ct_group_table(t, s->id, g, tab);
+        CT_ENSURE(t, nb == 0, "%s seq %lld holds %d device blocks in group %d",
+                  s->state == CT_WAITING ? "freed" : "swapped-out", (long long)s->id, nb, g);
+        if (s->state == CT_SWAPPED && !ct_check_swapped(t, s, g)) return false;
     }
     return true;
 }
@@ -252,20 +321,21 @@ static bool ct_check_pool(ct *t) {
         unreferenced += rc == 0;
     }
     if (t->probe && t->probe->refcount)
-        CT_ENSURE(t, unreferenced == t->ops->num_free_blocks(t->self), "%d unreferenced blocks, num_free_blocks() "
-                  "says %d", unreferenced, t->ops->num_free_blocks(t->self));
+        CT_ENSURE(t, unreferenced / t->G == t->ops->num_free_blocks(t->self),
+                  "%d unreferenced blocks in %d groups, num_free_blocks() says %d", unreferenced, t->G,
+                  t->ops->num_free_blocks(t->self));
     for (int32_t b = 0; t->probe && t->probe->refcount && t->probe->host_table && b < t->ncpu; b++)
         CT_ENSURE(t, t->probe->refcount(t->self, b, true) == t->hrefs[b], "host block %d: refcount %d, %d tables",
                   b, t->probe->refcount(t->self, b, true), t->hrefs[b]);
     int32_t nfree = t->ops->num_free_blocks(t->self);
-    CT_ENSURE(t, nfree >= 0 && nfree + used <= t->nblocks,
+    CT_ENSURE(t, nfree >= 0 && nfree * t->G + used <= t->nblocks,
               "num_free_blocks() = %d while %d distinct blocks are in live tables of a %d-block pool: a "
               "block is counted free while referenced (double free?)",
               nfree, used, t->nblocks);
     if (t->ops->stats) {
         loom_cache_stats st = {.struct_size = sizeof st};
         t->ops->stats(t->self, &st);
-        CT_ENSURE(t, st.num_blocks == t->nblocks && st.free_blocks >= nfree && st.free_blocks + used <= t->nblocks,
+        CT_ENSURE(t, st.num_blocks == t->nblocks && st.free_blocks >= nfree * t->G && st.free_blocks + used <= t->nblocks,
                   "stats: num_blocks %d, free_blocks %d; the layout has %d blocks, num_free_blocks() says %d can be "
                   "handed out, %d are in live tables",
                   st.num_blocks, st.free_blocks, t->nblocks, nfree, used);
@@ -293,13 +363,13 @@ static bool ct_check(ct *t) {
 
 /* Snapshot for "a failed call changed nothing". */
 typedef struct ct_snap {
-    int32_t nb, tab[CT_MAX_TABLE], free_blocks;
+    int32_t nb, tab[LOOM_KV_GROUPS_MAX][CT_MAX_TABLE], free_blocks;
     loom_cache_stats st;
 } ct_snap;
 
 static void ct_snapshot(ct *t, const ct_seq *s, ct_snap *sn) {
     memset(sn, 0, sizeof *sn);
-    sn->nb = t->ops->block_table(t->self, s->id, sn->tab, CT_MAX_TABLE);
+    for (int32_t g = 0; g < t->G; g++) sn->nb = ct_group_table(t, s->id, g, sn->tab[g]);
     sn->free_blocks = t->ops->num_free_blocks(t->self);
     sn->st.struct_size = sizeof sn->st;
     if (t->ops->stats) t->ops->stats(t->self, &sn->st);
@@ -310,9 +380,11 @@ static bool ct_unchanged(ct *t, const ct_seq *s, const ct_snap *before, const ch
     ct_snapshot(t, s, &after);
     loom_block_op op;
     CT_ENSURE(t, t->ops->take_block_ops(t->self, &op, 1) == 0, "a failed %s queued block ops", call);
-    CT_ENSURE(t, after.nb == before->nb && after.nb >= 0 && after.nb <= CT_MAX_TABLE &&
-                     !memcmp(after.tab, before->tab, sizeof(int32_t) * (size_t)after.nb),
-              "a failed %s changed seq %lld's block table", call, (long long)s->id);
+    CT_ENSURE(t, after.nb == before->nb && after.nb >= 0 && after.nb <= CT_MAX_TABLE,
+              "a failed %s changed seq %lld's table length", call, (long long)s->id);
+    for (int32_t g = 0; g < t->G; g++)
+        CT_ENSURE(t, !memcmp(after.tab[g], before->tab[g], sizeof(int32_t) * (size_t)after.nb),
+                  "a failed %s changed seq %lld's block table of group %d", call, (long long)s->id, g);
     CT_ENSURE(t, after.free_blocks == before->free_blocks && !memcmp(&after.st, &before->st, sizeof after.st),
               "a failed %s changed the pool (free blocks %d -> %d)", call, before->free_blocks,
               after.free_blocks);
@@ -379,6 +451,7 @@ static bool ct_allocate(ct *t, ct_seq *s, int32_t to, int32_t num_draft, bool *o
     loom_status st = t->ops->allocate(t->self, &info, to, &err);
     t->tally.allocs++;
     *ok = st == LOOM_OK;
+    if (*ok) s->released_at = s->computed;
     if (st == LOOM_ERR_NO_SPACE) {
         t->tally.nospace++;
         return ct_unchanged(t, s, &sn, "allocate");
@@ -417,6 +490,7 @@ static bool ct_op_admit(ct *t) {
     t->tally.prefix_hit_tokens += k;
     s->state = CT_RUNNING;
     s->computed = k;
+    s->released_at = k;
     if (!ct_check(t)) return false; /* the hit blocks must hold exactly s's tokens */
     int32_t to = k + 1 + ct_rand(t, s->n - k);
     bool ok;
@@ -432,9 +506,9 @@ static bool ct_op_admit(ct *t) {
 
 /* After a verified step with drafts: keep a random number, roll back the rest. */
 static bool ct_verify(ct *t, ct_seq *s, int32_t drafts) {
-    if (t->probe && t->probe->hashed) {
+    for (int32_t g = 0; t->probe && t->probe->hashed && g < t->G; g++) {
         int32_t tab[CT_MAX_TABLE];
-        int32_t nb = ct_table(t, s, tab);
+        int32_t nb = ct_table(t, s, g, tab);
         for (int32_t j = (s->n - drafts) / t->bs; j < nb; j++)
             CT_ENSURE(t, !t->probe->hashed(t->self, tab[j]), "block %d holding drafts of seq %lld is in the prefix cache",
                       tab[j], (long long)s->id);
@@ -447,7 +521,7 @@ static bool ct_verify(ct *t, ct_seq *s, int32_t drafts) {
     info.num_computed = keep;
     t->ops->truncate(t->self, &info, keep);
     int32_t tab[CT_MAX_TABLE];
-    int32_t nb = ct_table(t, s, tab);
+    int32_t nb = ct_table(t, s, 0, tab);
     CT_ENSURE(t, nb == ct_blocks_for(t, keep), "truncate(seq %lld, %d) left %d blocks; want %d", (long long)s->id,
               keep, nb, ct_blocks_for(t, keep));
     return true;
@@ -496,16 +570,23 @@ static bool ct_op_fork(ct *t) {
     return true;
 }
 
+/* Truncate to a random length: with windows, not below what the last
+ * allocate computed from (windowed groups released what lies before that;
+ * the engine only rolls back drafts), except to 0. */
 static bool ct_op_truncate(ct *t) {
     ct_seq *s = ct_pick(t, CT_RUNNING);
     if (!s || s->computed == 0) return true;
-    int32_t r = ct_rand(t, s->computed + 1);
+    int32_t floor = 0;
+    for (int32_t g = 0; g < t->G; g++)
+        if (t->win[g] > 0) floor = s->released_at;
+    int32_t r = floor + ct_rand(t, s->computed - floor + 1);
+    if (floor > 0 && ct_rand(t, 4) == 0) r = 0;
     loom_seq_info info = ct_info(s, 0);
     t->ops->truncate(t->self, &info, r);
     s->n = r;
     s->computed = r;
     int32_t tab[CT_MAX_TABLE];
-    int32_t nb = ct_table(t, s, tab);
+    int32_t nb = ct_table(t, s, 0, tab);
     CT_ENSURE(t, nb == ct_blocks_for(t, r), "truncate(seq %lld, %d) left %d blocks; want %d", (long long)s->id, r,
               nb, ct_blocks_for(t, r));
     if (r == 0) { /* an empty sequence is a finished one here */
@@ -562,16 +643,16 @@ static size_t ct_block_bytes(void *ctx, int32_t block_size) {
 
 /* A loom_cache_init for a fake backend with room for about 64 blocks of 16
  * tokens, so a manager that sizes its pool from memory runs full too. */
-static loom_cache_init ct_init_desc(int32_t max_model_len) {
+static loom_cache_init ct_init_desc(int32_t max_model_len, const loom_kv_groups *groups) {
     size_t free_bytes = (size_t)64 * 16 * CT_BYTES_PER_TOKEN;
     return (loom_cache_init){.struct_size = sizeof(loom_cache_init), .block_bytes = ct_block_bytes,
                              .device_free_bytes = free_bytes, .device_total_bytes = free_bytes * 2,
-                             .max_model_len = max_model_len, .backend_can_swap = true};
+                             .max_model_len = max_model_len, .backend_can_swap = true, .groups = groups};
 }
 
 /* init() and the layout it reports. */
 static bool ct_open(ct *t) {
-    loom_cache_init in = ct_init_desc(t->cs->max_model_len);
+    loom_cache_init in = ct_init_desc(t->cs->max_model_len, t->cs->groups);
     loom_error err = {0};
     t->layout = (loom_kv_layout){.struct_size = sizeof t->layout, .dtype = LOOM_DTYPE_F16};
     loom_status st = t->ops->init(t->self, &in, &t->layout, &err);
@@ -585,6 +666,18 @@ static bool ct_open(ct *t) {
     t->bs = t->layout.block_size;
     t->nblocks = t->layout.num_blocks;
     t->ncpu = t->layout.num_cpu_blocks;
+    t->G = 1;
+    if (t->layout.num_groups > 0) {
+        const loom_kv_groups *g = t->cs->groups;
+        CT_ENSURE(t, g && t->layout.num_groups == g->num_groups,
+                  "init set layout.num_groups %d; the backend proposed %d", t->layout.num_groups,
+                  g ? g->num_groups : 0);
+        CT_ENSURE(t, g->num_groups == 1 || t->ops->group_table, "init took %d groups without a group_table()",
+                  g->num_groups);
+        t->G = g->num_groups;
+        memcpy(t->win, g->window, sizeof t->win);
+    }
+    t->tally.num_groups = t->G;
     t->can_swap = t->ops->swap_out && t->ops->swap_in;
     t->tally.num_blocks = t->nblocks;
     t->nfree0 = t->ops->num_free_blocks(t->self);
@@ -647,6 +740,7 @@ static bool ct_expectations(ct *t) {
     CT_ENSURE(t, !c->expect_prefix_hits || y->prefix_hit_tokens > 0, "no prefix hits");
     CT_ENSURE(t, !c->expect_swaps || y->swapped_blocks > 0, "no swaps");
     CT_ENSURE(t, !c->expect_cow || y->copies > 0, "no copy-on-write");
+    CT_ENSURE(t, !c->expect_released || y->released > 0, "no windowed group released a block");
     return true;
 }
 
@@ -713,6 +807,11 @@ bool loom_conformance_cache_traffic(const loom_component *comp, const loom_confo
 
 /* ------------------------------------------------------------- the checks */
 
+/* A backend's proposal of three block-table groups: one global, two
+ * sliding-window ones of 9 tokens, each block holding 2 of 6 layers. */
+static const loom_kv_groups k_groups3 = {.struct_size = sizeof(loom_kv_groups), .num_groups = 3,
+                                         .layers_per_block = 2, .num_layers = 6, .window = {0, 9, 9}};
+
 /* The default cases of `loom plugin-test` (the shipped manager's own tests
  * run more, with its debug hooks: tests/cache/test_property.c). */
 static const loom_conformance_cache_case k_cases[] = {
@@ -724,6 +823,9 @@ static const loom_conformance_cache_case k_cases[] = {
     {"bs=16 prefix swap", "block_size=16,num_blocks=24,num_cpu_blocks=12,prefix_caching=true,watermark=0", 192,
      6000},
     {"defaults, pool sized from memory", "", 128, 6000},
+    {.label = "bs=4 prefix swap, 3 block-table groups (windows 0, 9, 9)",
+     .sets = "block_size=4,num_blocks=96,num_cpu_blocks=24,prefix_caching=true,watermark=0.02",
+     .max_model_len = 128, .num_ops = 8000, .groups = &k_groups3},
 };
 
 static bool check_traffic(cf_run *r, const void *arg) {
@@ -747,7 +849,7 @@ static void *cc_open(cf_run *r, const char *csv, loom_kv_layout *layout) {
     void *self;
     if (!cf_create(r, csv, &self)) return NULL;
     const loom_cache_ops *ops = r->comp->ops;
-    loom_cache_init in = ct_init_desc(64);
+    loom_cache_init in = ct_init_desc(64, NULL);
     loom_error err = {0};
     *layout = (loom_kv_layout){.struct_size = sizeof *layout, .dtype = LOOM_DTYPE_F16};
     cf_where(r, "init()");

@@ -81,6 +81,10 @@ typedef struct loom_conformance_cache_probe {
      * more), and no block is ever in two tables (no sharing at all). */
     bool exact_tables;
     bool never_shares;
+    /* Group `group`'s table including host ids while swapped (-1: unknown
+     * seq or group); with block-table groups it replaces host_table. */
+    int32_t (*group_host_table)(void *self, loom_seq_id seq, int32_t group, int32_t *out, int32_t cap,
+                                bool *swapped);
 } loom_conformance_cache_probe;
 
 /* One random-traffic run of a cache manager (the `cache.traffic` check). */
@@ -94,12 +98,20 @@ typedef struct loom_conformance_cache_case {
     bool expect_prefix_hits;   /* ... unless acquire_prefix hit at least once        */
     bool expect_swaps;         /* ... unless blocks were swapped                     */
     bool expect_cow;           /* ... unless a copy-on-write was queued              */
+    const loom_kv_groups *groups; /* loom_cache_init.groups: block-table groups the
+                                  fake backend proposes; NULL = none. A manager that
+                                  takes them is checked per group: each windowed
+                                  group's table must hold what the next query's
+                                  window reads, and (exact_tables) nothing before it */
+    bool expect_released;      /* fail unless a windowed group released a block      */
 } loom_conformance_cache_case;
 
 /* What a traffic run saw (filled on success and failure alike). */
 typedef struct loom_conformance_cache_tally {
     int64_t ops, allocs, nospace, prefix_hit_tokens, copies, swapped_blocks, forks, drains;
     int32_t num_blocks, peak_used;
+    int32_t num_groups;        /* tables per sequence the manager keeps              */
+    int64_t released;          /* released (-1) table entries seen, all checks       */
 } loom_conformance_cache_tally;
 
 /* -------------------------------------------------------------- running */

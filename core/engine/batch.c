@@ -13,6 +13,7 @@
 
 /* Grow the per-step arrays for nseq sequences and ntok tokens. */
 loom_status engine_step_buffers(loom_engine *e, int32_t nseq, int32_t ntok, int32_t bt_stride) {
+    const int32_t G = e->num_groups > 1 ? e->num_groups : 1; /* tables and slot rows per sequence */
     if (engine_grow((void **)&e->sched_entries, &e->sched_cap, nseq, sizeof(loom_sched_entry)) != LOOM_OK)
         return LOOM_ERR_NOMEM;
     loom_seq_id *pre = realloc(e->preempted, (size_t)e->sched_cap * sizeof(loom_seq_id));
@@ -26,7 +27,7 @@ loom_status engine_step_buffers(loom_engine *e, int32_t nseq, int32_t ntok, int3
         if (ids) e->tok_ids = ids;
         int32_t *pos = realloc(e->positions, (size_t)n * sizeof(int32_t));
         if (pos) e->positions = pos;
-        int64_t *slots = realloc(e->slots, (size_t)n * sizeof(int64_t));
+        int64_t *slots = realloc(e->slots, (size_t)n * (size_t)G * sizeof(int64_t));
         if (slots) e->slots = slots;
         int32_t *li = realloc(e->logits_index, (size_t)n * sizeof(int32_t));
         if (li) e->logits_index = li;
@@ -44,8 +45,8 @@ loom_status engine_step_buffers(loom_engine *e, int32_t nseq, int32_t ntok, int3
         if (!qs || !cl) return LOOM_ERR_NOMEM;
         e->seq_cap = n;
     }
-    if ((int64_t)nseq * bt_stride > e->bt_cap) {
-        int32_t n = nseq * bt_stride * 2;
+    if ((int64_t)nseq * bt_stride * G > e->bt_cap) {
+        int32_t n = nseq * bt_stride * G * 2;
         int32_t *bt = realloc(e->block_table, (size_t)n * sizeof(int32_t));
         if (!bt) return LOOM_ERR_NOMEM;
         e->block_table = bt;
@@ -130,27 +131,58 @@ static void count_prompt(loom_engine *e, loom_seq *s, const loom_sched_entry *en
     if (en->num_computed < np) e->stats.prefill_tokens += (end < np ? end : np) - en->num_computed;
 }
 
-/* Lay out entry i (sequence s) at token offset t: its block table row, its
- * tokens, positions and slots, and the rows that need logits — its last
- * token, or its last token and every draft after it, when it catches up. */
-static loom_status add_entry(loom_engine *e, int32_t i, const loom_sched_entry *en, loom_seq *s, int32_t *t,
-                             int32_t *nlog, loom_error *err) {
+/* Row i (of S) of every group's block table for sequence `id`, -1 past
+ * its blocks; each group must have blocks for tokens [0, end). */
+loom_status engine_table_rows(loom_engine *e, loom_seq_id id, int32_t i, int32_t S, int32_t end, loom_error *err) {
     const int32_t bs = e->layout.block_size, stride = e->bt_stride;
-    int32_t *row = e->block_table + (size_t)i * stride;
-    int32_t nb = e->cache->block_table(e->cache_self, s->info.id, row, stride);
+    for (int32_t g = 0; g < e->num_groups; g++) {
+        int32_t *row = e->block_table + ((size_t)g * S + i) * stride;
+        int32_t nb = g == 0 ? e->cache->block_table(e->cache_self, id, row, stride)
+                            : e->cache->group_table(e->cache_self, id, g, row, stride);
+        if (nb > stride || (int64_t)nb * bs < end)
+            return loom_error_set(err, LOOM_ERR_INTERNAL,
+                                  "seq %lld has %d blocks in group %d for %d tokens: the scheduler did not allocate",
+                                  (long long)id, nb, g, end);
+        for (int32_t k = nb; k < stride; k++) row[k] = -1;
+    }
+    return LOOM_OK;
+}
+
+/* Slots of positions [from, end), written at tokens t.. of a batch of T
+ * tokens, through row i (of S) of every group's table: (G, T). */
+loom_status engine_fill_slots(loom_engine *e, int32_t i, int32_t S, int32_t T, int32_t t, int32_t from, int32_t end,
+                              loom_error *err) {
+    const int32_t bs = e->layout.block_size, stride = e->bt_stride;
+    for (int32_t g = 0; g < e->num_groups; g++) {
+        const int32_t *row = e->block_table + ((size_t)g * S + i) * stride;
+        int64_t *slots = e->slots + (size_t)g * T + t;
+        for (int32_t p = from; p < end; p++) {
+            if (row[p / bs] < 0)
+                return loom_error_set(err, LOOM_ERR_INTERNAL,
+                                      "the cache released block %d of group %d that position %d is written to", p / bs,
+                                      g, p);
+            slots[p - from] = (int64_t)row[p / bs] * bs + p % bs;
+        }
+    }
+    return LOOM_OK;
+}
+
+/* Lay out entry i (of S, in a batch of T tokens; sequence s) at token
+ * offset t: its block table rows, its tokens, positions and slots, and the
+ * rows that need logits — its last token, or its last token and every
+ * draft after it, when it catches up. */
+static loom_status add_entry(loom_engine *e, int32_t i, int32_t S, int32_t T, const loom_sched_entry *en, loom_seq *s,
+                             int32_t *t, int32_t *nlog, loom_error *err) {
     int32_t end = en->num_computed + en->num_tokens;
-    if (nb > stride || (int64_t)nb * bs < end)
-        return loom_error_set(err, LOOM_ERR_INTERNAL,
-                              "seq %lld has %d blocks for %d tokens: the scheduler did not allocate",
-                              (long long)s->info.id, nb, end);
-    for (int32_t k = nb; k < stride; k++) row[k] = -1;
+    loom_status st = engine_table_rows(e, s->info.id, i, S, end, err);
+    if (st == LOOM_OK) st = engine_fill_slots(e, i, S, T, *t, en->num_computed, end, err);
+    if (st != LOOM_OK) return st;
     e->query_start[i] = *t;
     e->context_len[i] = end;
     count_prompt(e, s, en, end);
     for (int32_t p = en->num_computed; p < end; p++, (*t)++) {
         e->tok_ids[*t] = s->tokens[p];
         e->positions[*t] = p;
-        e->slots[*t] = (int64_t)row[p / bs] * bs + p % bs;
     }
     if (end < s->info.num_tokens) return LOOM_OK;
     int32_t rows = 1 + s->info.num_draft; /* end == num_tokens: all drafts are in this step */
@@ -174,7 +206,7 @@ loom_status engine_build_batch(loom_engine *e, const loom_sched_output *out, loo
     for (int32_t i = 0; i < out->num_scheduled; i++) {
         const loom_sched_entry *en = &out->scheduled[i];
         loom_seq *s = loom_engine_find_seq(e, en->seq);
-        loom_status st = add_entry(e, i, en, s, &t, &nlog, err);
+        loom_status st = add_entry(e, i, out->num_scheduled, ntok, en, s, &t, &nlog, err);
         if (st != LOOM_OK) return st;
         if (en->num_computed >= s->info.num_prompt_tokens) any_decode = true;
         else any_prompt = true;
@@ -194,6 +226,8 @@ loom_status engine_build_batch(loom_engine *e, const loom_sched_output *out, loo
         .slot_mapping = e->slots,
         .num_logits = nlog,
         .logits_index = e->logits_index,
+        .num_groups = e->num_groups,
+        .group_window = e->group_window,
     };
     return engine_logits_room(e, nlog, err);
 }

@@ -205,6 +205,7 @@ static void runner_from_backend(loom_runner *r, const loom_backend_ops *o) {
         r->kv_read_blocks = o->kv_read_blocks;
         r->kv_write_blocks = o->kv_write_blocks;
     }
+    r->kv_groups = LOOM_HAS_FIELD(o, loom_backend_ops, kv_groups) ? o->kv_groups : NULL;
 }
 
 /* An executor and the N backend instances it drives (one per rank). */
@@ -309,6 +310,51 @@ static loom_status kv_dtype(loom_engine *e, const char *path, loom_dtype *out, l
                           LOOM_DTYPE_F32, LOOM_DTYPE_F16, LOOM_DTYPE_BF16, LOOM_DTYPE_FP8_E4M3, LOOM_DTYPE_COUNT);
 }
 
+/* The runner's proposal of block-table groups (loom/backend.h), checked;
+ * *out NULL when it makes none (executors, backends before ABI 2.4). */
+static loom_status runner_groups(loom_engine *e, const char *path, const loom_kv_groups **out, loom_error *err) {
+    *out = NULL;
+    if (!e->run.kv_groups) return LOOM_OK;
+    loom_kv_groups *g = &e->kv_groups;
+    *g = (loom_kv_groups){.struct_size = sizeof *g};
+    loom_status st = e->run.kv_groups(e->run.self, g, err);
+    if (st != LOOM_OK) {
+        loom_error_prefix(err, "%s: %s '%s' kv_groups()", path, loom_kind_name(e->run.kind), e->run.name);
+        return st;
+    }
+    bool ok = g->num_groups >= 1 && g->num_groups <= LOOM_KV_GROUPS_MAX && g->num_layers >= 1 &&
+              g->layers_per_block >= 1 && g->layers_per_block <= g->num_layers;
+    for (int32_t i = 0; ok && i < g->num_groups; i++) ok = g->window[i] >= 0;
+    if (!ok)
+        return loom_error_set(err, LOOM_ERR_INTERNAL,
+                              "%s: %s '%s' proposed %d block-table groups of %d layers per block (of %d): want "
+                              "1..%d groups, 1..num_layers layers and windows >= 0",
+                              path, loom_kind_name(e->run.kind), e->run.name, g->num_groups, g->layers_per_block,
+                              g->num_layers, LOOM_KV_GROUPS_MAX);
+    *out = g;
+    return LOOM_OK;
+}
+
+/* What the cache manager made of the proposal: the engine's group count
+ * and windows for every batch. */
+static loom_status take_groups(loom_engine *e, const loom_kv_groups *proposal, loom_error *err) {
+    const char *name = loom_pipeline_slot_get(e->pipe, LOOM_KIND_CACHE)->name;
+    int32_t g = e->layout.num_groups;
+    e->num_groups = 1;
+    e->group_window = NULL;
+    if (g == 0) return LOOM_OK;
+    if (!proposal || g != proposal->num_groups)
+        return loom_error_set(err, LOOM_ERR_INTERNAL, "cache '%s' set layout.num_groups %d; the runner proposed %d",
+                              name, g, proposal ? proposal->num_groups : 0);
+    if (g > 1 && !(LOOM_HAS_FIELD(e->cache, loom_cache_ops, group_table) && e->cache->group_table))
+        return loom_error_set(err, LOOM_ERR_INTERNAL, "cache '%s' took %d block-table groups but has no group_table()",
+                              name, g);
+    e->num_groups = g;
+    for (int32_t i = 0; i < g; i++)
+        if (proposal->window[i] > 0) e->group_window = proposal->window;
+    return LOOM_OK;
+}
+
 /* Size the KV cache with the cache manager and allocate it on the runner. */
 static loom_status size_cache(loom_engine *e, const char *path, loom_error *err) {
     e->layout.struct_size = sizeof e->layout;
@@ -317,6 +363,8 @@ static loom_status size_cache(loom_engine *e, const char *path, loom_error *err)
     loom_backend_memory mem = {.struct_size = sizeof mem};
     st = e->run.memory(e->run.self, &mem, err);
     if (st != LOOM_OK) return st;
+    const loom_kv_groups *groups = NULL;
+    if ((st = runner_groups(e, path, &groups, err)) != LOOM_OK) return st;
     loom_cache_init ci = {
         .struct_size = sizeof ci,
         .block_bytes = cache_block_bytes,
@@ -325,11 +373,14 @@ static loom_status size_cache(loom_engine *e, const char *path, loom_error *err)
         .device_total_bytes = mem.total_bytes,
         .max_model_len = e->max_model_len,
         .backend_can_swap = e->run.swap_blocks != NULL,
+        .groups = groups,
     };
+    e->layout.num_groups = 0;
     if ((st = e->cache->init(e->cache_self, &ci, &e->layout, err)) != LOOM_OK) {
         loom_error_prefix(err, "%s: cache '%s'", path, loom_pipeline_slot_get(e->pipe, LOOM_KIND_CACHE)->name);
         return st;
     }
+    if ((st = take_groups(e, groups, err)) != LOOM_OK) return st;
     if (e->layout.block_size < 1 || e->layout.num_blocks < 1)
         return loom_error_set(err, LOOM_ERR_INTERNAL, "cache manager returned an empty layout (%d blocks of %d)",
                               e->layout.num_blocks, e->layout.block_size);

@@ -129,6 +129,8 @@ typedef struct loom_runner {
                                   loom_error *err);
     loom_status (*kv_write_blocks)(void *self, const int32_t *blocks, int32_t n, const void *buf, size_t len,
                                    loom_error *err);
+    loom_status (*kv_groups)(void *self, loom_kv_groups *out,
+                             loom_error *err);    /* NULL: one table (executors) */
 } loom_runner;
 
 /* A copy of a loom_kv_handoff the engine owns (kv_transfer.c). */
@@ -172,6 +174,10 @@ struct loom_engine {
 
     loom_kv_layout layout;
     int32_t bt_stride;         /* block-table entries per sequence: max_model_len in blocks */
+    int32_t num_groups;        /* block tables per sequence (>= 1): layout.num_groups */
+    loom_kv_groups kv_groups;  /* the runner's proposal, as the cache took it */
+    const int32_t *group_window; /* kv_groups.window when the cache took the
+                                  proposal and a group has a window, else NULL */
     bool device_sampling;      /* engine.device_sampling, the runner has forward_topk
                                   and the sampler declares candidates()      */
     bool device_masks;         /* and the runner masks constrained candidate
@@ -259,6 +265,9 @@ void engine_admit(loom_engine *e, loom_req *rq, const engine_handoff *kv, loom_e
 
 /* batch.c */
 loom_status engine_step_buffers(loom_engine *e, int32_t nseq, int32_t ntok, int32_t bt_stride);
+loom_status engine_table_rows(loom_engine *e, loom_seq_id id, int32_t i, int32_t S, int32_t end, loom_error *err);
+loom_status engine_fill_slots(loom_engine *e, int32_t i, int32_t S, int32_t T, int32_t t, int32_t from, int32_t end,
+                              loom_error *err);
 loom_status engine_logits_room(loom_engine *e, int32_t rows, loom_error *err);
 float *engine_scratch_rows(loom_engine *e, int32_t rows);
 loom_status engine_run_block_ops(loom_engine *e, loom_error *err);

@@ -24,6 +24,14 @@
 
 /* ------------------------------------------------------------ requests */
 
+/* Block images name one block table per sequence; a cache that keeps
+ * several (sliding-window layers) cannot hand its KV over yet. */
+static loom_status grouped_refusal(const loom_engine *e, loom_error *err) {
+    return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                          "KV transfer with %d block-table groups (a model with sliding-window layers) is not "
+                          "supported: set cache.sliding_window: off to keep one table", e->num_groups);
+}
+
 loom_status engine_kv_check_request(const loom_request *full, loom_error *err) {
     const bool exp = full->on_kv_export != NULL, rem = full->kv_remote;
     if (!exp && !rem) return LOOM_OK;
@@ -77,6 +85,8 @@ void engine_kv_export(loom_engine *e, loom_seq *s, loom_finish_reason why) {
     if (!e->run.kv_read_blocks)
         st = loom_error_set(&err, LOOM_ERR_UNSUPPORTED, "%s '%s' cannot read its KV blocks out",
                             e->run.kind == LOOM_KIND_EXECUTOR ? "executor" : "backend", e->run.name);
+    else if (e->num_groups > 1)
+        st = grouped_refusal(e, &err);
     else if (!ids)
         st = loom_error_set(&err, LOOM_ERR_NOMEM, "out of memory exporting KV");
     else if (e->cache->block_table(e->cache_self, s->info.id, ids, nb) < nb)
@@ -101,6 +111,7 @@ void engine_kv_export(loom_engine *e, loom_seq *s, loom_finish_reason why) {
 loom_status engine_kv_import(loom_engine *e, loom_seq *s, const engine_handoff *kv, loom_error *err) {
     const int32_t n = kv->h.num_tokens, nb = kv->h.num_blocks;
     if (n == 0) return LOOM_OK;
+    if (e->num_groups > 1) return grouped_refusal(e, err);
     loom_status st = e->cache->allocate(e->cache_self, &s->info, n, err);
     if (st != LOOM_OK) {
         loom_error_prefix(err, "allocating %d blocks for the prefill's KV", nb);
@@ -261,6 +272,7 @@ loom_status loom_engine_kv_info(const loom_engine *e, loom_kv_info *out, loom_er
                               "%s '%s' cannot move KV blocks in or out (no kv_read_blocks / kv_write_blocks): "
                               "disaggregated serving needs a backend that can, e.g. cpu",
                               e->run.kind == LOOM_KIND_EXECUTOR ? "executor" : "backend", e->run.name);
+    if (e->num_groups > 1) return grouped_refusal(e, err);
     *out = (loom_kv_info){.struct_size = sizeof *out, .block_size = e->layout.block_size,
                           .block_bytes = e->run.kv_block_bytes(e->run.self, e->layout.block_size, e->layout.dtype),
                           .kv_dtype = e->layout.dtype, .num_layers = e->mcfg->num_layers, .vocab = e->vocab,

@@ -33,12 +33,10 @@ static loom_status score_check(loom_engine *e, const int32_t *tokens, int32_t n,
 
 /* Tokens [start, start + c) as one batch of sequence 0, every row wanted. */
 static loom_batch score_batch(loom_engine *e, const int32_t *tokens, int32_t start, int32_t c) {
-    const int32_t bs = e->layout.block_size;
     for (int32_t i = 0; i < c; i++) {
         int32_t p = start + i;
         e->tok_ids[i] = tokens[p];
         e->positions[i] = p;
-        e->slots[i] = (int64_t)e->block_table[p / bs] * bs + p % bs;
         e->logits_index[i] = i;
     }
     e->query_start[0] = 0;
@@ -48,7 +46,8 @@ static loom_batch score_batch(loom_engine *e, const int32_t *tokens, int32_t sta
         .struct_size = sizeof(loom_batch), .num_seqs = 1, .num_tokens = c, .token_ids = e->tok_ids,
         .positions = e->positions, .query_start = e->query_start, .context_len = e->context_len,
         .block_table = e->block_table, .block_table_stride = e->bt_stride, .slot_mapping = e->slots,
-        .num_logits = c, .logits_index = e->logits_index,
+        .num_logits = c, .logits_index = e->logits_index, .num_groups = e->num_groups,
+        .group_window = e->group_window,
     };
 }
 
@@ -68,10 +67,10 @@ static loom_status score_run(loom_engine *e, const loom_seq_info *info, const in
     if (engine_step_buffers(e, 1, SCORE_CHUNK, e->bt_stride) != LOOM_OK)
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
     if ((st = engine_logits_room(e, SCORE_CHUNK, err)) != LOOM_OK) return st;
-    int32_t nb = e->cache->block_table(e->cache_self, info->id, e->block_table, e->bt_stride);
-    for (int32_t k = nb; k < e->bt_stride; k++) e->block_table[k] = -1;
+    if ((st = engine_table_rows(e, info->id, 0, 1, n, err)) != LOOM_OK) return st;
     for (int32_t start = 0; start < n; start += SCORE_CHUNK) {
         int32_t c = n - start < SCORE_CHUNK ? n - start : SCORE_CHUNK;
+        if ((st = engine_fill_slots(e, 0, 1, c, 0, start, start + c, err)) != LOOM_OK) return st;
         loom_batch batch = score_batch(e, tokens, start, c);
         if ((st = e->run.forward(e->run.self, &batch, e->logits, err)) != LOOM_OK) return st;
         for (int32_t i = 0; i < c && start + i + 1 < n; i++) {

@@ -394,6 +394,9 @@ static void engine_stats_fill(loom_engine *e, loom_engine_stats *out) {
     out->swaps_out = cs.swaps_out;
     out->swaps_in = cs.swaps_in;
     out->kv_waiting = e->num_parked;
+    out->kv_block_bytes = cs.block_bytes;
+    out->kv_groups = cs.num_groups > 0 ? cs.num_groups : 1;
+    out->kv_peak_seq_blocks = cs.peak_seq_blocks;
     if (e->spec && e->spec->stats) {
         loom_spec_stats sp = {.struct_size = sizeof sp};
         e->spec->stats(e->spec_self, &sp);

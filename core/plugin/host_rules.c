@@ -40,6 +40,44 @@ static bool batch_shape_ok(const loom_batch *bt, int32_t bs, int32_t nblk, char 
     return true;
 }
 
+/* Block-table groups of a batch (loom/backend.h, since ABI 2.4): 1 for
+ * a batch built before them. */
+static int32_t batch_groups(const loom_batch *bt) {
+    if (!LOOM_HAS_FIELD(bt, loom_batch, group_window) || bt->num_groups <= 1) return 1;
+    return bt->num_groups;
+}
+
+/* Sequence s's row in every group's table: the `need` entries its context
+ * covers are pool blocks, except those of a windowed group wholly before
+ * the window of its first query (position q0) — released, maybe -1. */
+static bool batch_rows_ok(const loom_batch *bt, int32_t s, int32_t bs, int32_t nblk, int64_t need, int32_t q0,
+                          char *why, size_t cap) {
+    const int32_t G = batch_groups(bt);
+    const bool windows = LOOM_HAS_FIELD(bt, loom_batch, group_window) && bt->group_window;
+    if (G > LOOM_KV_GROUPS_MAX) {
+        snprintf(why, cap, "batch has %d block-table groups; at most %d", G, LOOM_KV_GROUPS_MAX);
+        return false;
+    }
+    for (int32_t g = 0; g < G; g++) {
+        const int32_t *row = bt->block_table + ((int64_t)g * bt->num_seqs + s) * bt->block_table_stride;
+        const int32_t w = windows ? bt->group_window[g] : 0;
+        if (w < 0) {
+            snprintf(why, cap, "batch group %d has window %d (>= 0)", g, w);
+            return false;
+        }
+        const int64_t released = w > 0 && q0 - w + 1 > 0 ? (q0 - w + 1) / bs : 0;
+        for (int64_t j = 0; j < need; j++) {
+            if (j < released && row[j] == -1) continue;
+            if (row[j] < 0 || row[j] >= nblk) {
+                snprintf(why, cap, "sequence %d block_table[%lld] of group %d = %d is outside the pool [0, %d)", s,
+                         (long long)j, g, row[j], nblk);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 loom_status loom_check_batch(const loom_batch *bt, const float *logits, bool logits_optional, int32_t block_size,
                              int32_t num_blocks, int32_t vocab, int32_t max_positions, char *why, size_t cap) {
     const size_t need_size = offsetof(loom_batch, logits_index) + sizeof(void *);
@@ -80,11 +118,7 @@ loom_status loom_check_batch(const loom_batch *bt, const float *logits, bool log
             LOOM_BATCH_FAIL("sequence %d has context_len %d: must be > 0 and fit its block table (%d blocks "
                             "of %d tokens)",
                             s, ctx, bt->block_table_stride, bs);
-        const int32_t *row = bt->block_table + (int64_t)s * bt->block_table_stride;
-        for (int64_t j = 0; j < need; j++)
-            if (row[j] < 0 || row[j] >= nblk)
-                LOOM_BATCH_FAIL("sequence %d block_table[%lld] = %d is outside the pool [0, %d)", s,
-                                (long long)j, row[j], nblk);
+        if (!batch_rows_ok(bt, s, bs, nblk, need, ctx - (q1 - q0), why, cap)) return LOOM_ERR_INVALID;
         for (int32_t t = q0; t < q1; t++) {
             if (bt->positions[t] < 0 || bt->positions[t] >= ctx)
                 LOOM_BATCH_FAIL("token %d (sequence %d) has position %d outside [0, context_len %d)", t, s,
@@ -95,10 +129,12 @@ loom_status loom_check_batch(const loom_batch *bt, const float *logits, bool log
                                 t, bt->positions[t], max_positions);
             if (bt->token_ids[t] < 0 || bt->token_ids[t] >= vocab)
                 LOOM_BATCH_FAIL("token %d has id %d outside the vocabulary [0, %d)", t, bt->token_ids[t], vocab);
-            int64_t slot = bt->slot_mapping[t];
-            if (slot < -1 || slot >= (int64_t)nblk * bs)
-                LOOM_BATCH_FAIL("token %d has slot %lld outside [-1, %lld)", t, (long long)slot,
-                                (long long)nblk * bs);
+            for (int32_t g = 0; g < batch_groups(bt); g++) {
+                int64_t slot = bt->slot_mapping[(int64_t)g * T + t];
+                if (slot < -1 || slot >= (int64_t)nblk * bs)
+                    LOOM_BATCH_FAIL("token %d has slot %lld in group %d outside [-1, %lld)", t, (long long)slot, g,
+                                    (long long)nblk * bs);
+            }
         }
     }
     for (int32_t i = 0; i < NL; i++) {

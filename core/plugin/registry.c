@@ -66,7 +66,7 @@ static const ops_member backend_members[] = {
     REQ(loom_backend_ops, forward), REQ(loom_backend_ops, copy_blocks), OPT(loom_backend_ops, forward_topk),
     OPT(loom_backend_ops, swap_blocks), OPT(loom_backend_ops, load_shard), OPT(loom_backend_ops, set_observer),
     OPT_SINCE(3, loom_backend_ops, load_stage), OPT_SINCE(4, loom_backend_ops, kv_read_blocks),
-    OPT_SINCE(4, loom_backend_ops, kv_write_blocks), {0, NULL, false, 0}};
+    OPT_SINCE(4, loom_backend_ops, kv_write_blocks), OPT_SINCE(4, loom_backend_ops, kv_groups), {0, NULL, false, 0}};
 static const ops_member executor_members[] = {
     REQ(loom_executor_ops, create), REQ(loom_executor_ops, destroy), REQ(loom_executor_ops, inner_count),
     REQ(loom_executor_ops, attach_inner), REQ(loom_executor_ops, load), REQ(loom_executor_ops, kv_block_bytes),
@@ -82,7 +82,8 @@ static const ops_member cache_members[] = {
     REQ(loom_cache_ops, acquire_prefix), REQ(loom_cache_ops, allocate), REQ(loom_cache_ops, truncate),
     REQ(loom_cache_ops, free), REQ(loom_cache_ops, fork), OPT(loom_cache_ops, swap_out),
     OPT(loom_cache_ops, swap_in), REQ(loom_cache_ops, block_table), REQ(loom_cache_ops, take_block_ops),
-    REQ(loom_cache_ops, num_free_blocks), OPT(loom_cache_ops, stats), {0, NULL, false}};
+    REQ(loom_cache_ops, num_free_blocks), OPT(loom_cache_ops, stats), OPT_SINCE(4, loom_cache_ops, group_table),
+    {0, NULL, false, 0}};
 static const ops_member quant_members[] = {
     REQ(loom_quant_ops, create), REQ(loom_quant_ops, destroy), REQ(loom_quant_ops, plan),
     REQ(loom_quant_ops, quantize), REQ(loom_quant_ops, release), OPT(loom_quant_ops, kv_dtype),

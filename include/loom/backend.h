@@ -14,6 +14,21 @@
  *     (num_blocks, num_kv_heads, block_size, head_dim)    head_dim contiguous
  * and a token at position p of a sequence lives in physical slot
  *     slot = block_table[p / block_size] * block_size + p % block_size.
+ *
+ * Block-table groups (since ABI 2.4). A model whose layers attend
+ * differently (Gemma 3: sliding-window layers beside global ones) may keep
+ * one block table per group of layers, so a windowed group's blocks that
+ * left its window go back to the pool while a global group keeps all of
+ * them (vLLM's hybrid allocator). The backend proposes the groups
+ * (kv_groups() below: each group's window, and how many layers one block
+ * id holds); the cache manager takes the proposal or not (layout
+ * num_groups). Taken with G > 1 groups: each group has layers_per_block
+ * layers (the last may have fewer), one block id names one block of those
+ * layers' K and V, so the backend keeps layers_per_block K pools and V
+ * pools (slot i of every group shares pool i), and layer l reads its
+ * group's table and slot mapping. Blocks of a windowed group that no query
+ * of the sequence will read again are -1 in its table; a backend reads a
+ * windowed layer's table only inside the window.
  */
 #ifndef LOOM_BACKEND_H
 #define LOOM_BACKEND_H
@@ -52,6 +67,16 @@ typedef struct loom_batch {
     const int64_t *slot_mapping;   /* (num_tokens) KV slot per token; -1 = skip write */
     int32_t num_logits;            /* rows of logits wanted                    */
     const int32_t *logits_index;   /* (num_logits) token indices, ascending    */
+    /* since ABI 2.4 — add new members below this line only */
+    int32_t num_groups;            /* block-table groups G (layout.num_groups);
+                                      0 or 1: one table and one slot mapping.
+                                      G > 1: block_table is (G, num_seqs,
+                                      block_table_stride) and slot_mapping
+                                      (G, num_tokens), group g's at g * rows  */
+    const int32_t *group_window;   /* (max(G, 1)) tokens each group's layers
+                                      see, 0 = all; NULL = all 0. Entries of
+                                      a windowed group's row for blocks wholly
+                                      before every query's window may be -1  */
 } loom_batch;
 
 /* How the cache manager sized the KV pools. Grows only at its end. */
@@ -62,7 +87,30 @@ typedef struct loom_kv_layout {
     int32_t num_cpu_blocks;    /* host blocks for swap-out; 0 = no swapping  */
     loom_dtype dtype;          /* K/V element type (f32, f16, bf16, fp8_e4m3);
                                   LOOM_DTYPE_COUNT = the backend's own default */
+    /* since ABI 2.4 — add new members below this line only */
+    int32_t num_groups;        /* set by the cache manager: 0 = it ignored the
+                                  backend's kv_groups() proposal (one table,
+                                  no window); G >= 1 = it took the proposal
+                                  (then G equals its num_groups). The pools
+                                  are per layer unless G > 1 (see above)    */
 } loom_kv_layout;
+
+/* Most block-table groups a backend may propose. */
+#define LOOM_KV_GROUPS_MAX 16
+
+/* A backend's proposal of block-table groups for the loaded model (since
+ * ABI 2.4; see "Block-table groups" above). Grows only at its end. */
+typedef struct loom_kv_groups {
+    uint32_t struct_size;
+    int32_t num_groups;        /* 1..LOOM_KV_GROUPS_MAX                      */
+    int32_t layers_per_block;  /* layers one block id holds when G > 1; with
+                                  one group, every held layer              */
+    int32_t num_layers;        /* layers kv_block_bytes() counts: one block
+                                  of a grouped pool takes kv_block_bytes() *
+                                  layers_per_block / num_layers bytes      */
+    int32_t window[LOOM_KV_GROUPS_MAX]; /* tokens group g's layers see, the
+                                  query's own position included; 0 = all  */
+} loom_kv_groups;
 
 typedef enum loom_swap_dir {
     LOOM_SWAP_OUT = 0,         /* device block -> host block                 */
@@ -368,6 +416,16 @@ typedef struct loom_backend_ops {
                                   loom_error *err);
     loom_status (*kv_write_blocks)(void *self, const int32_t *blocks, int32_t n, const void *buf, size_t len,
                                    loom_error *err);
+
+    /* OPTIONAL, since ABI 2.4 (NULL = one block table for every layer; the
+     * engine then never passes a windowed or grouped layout). After load(),
+     * before kv_alloc(): fill `out` (the core sets struct_size) with the
+     * groups this backend can keep its KV in — one group without a window
+     * for a model whose layers all attend to the whole context. When the
+     * layout it then gets has num_groups > 1, kv_alloc() keeps
+     * layers_per_block pools of each kind and forward() reads layer l's
+     * group's table, slot mapping and window (loom_batch). */
+    loom_status (*kv_groups)(void *self, loom_kv_groups *out, loom_error *err);
     /* since ABI 2.4 — add new members below this line only */
 } loom_backend_ops;
 

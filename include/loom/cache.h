@@ -28,11 +28,28 @@
  * Who calls what: the scheduler calls acquire_prefix, allocate, free (to
  * preempt by recompute), swap_out and swap_in, through its environment;
  * the core calls fork (n > 1 samples), truncate (rejected drafts), free
- * (finished sequences), block_table, take_block_ops, num_free_blocks
- * (to budget drafts) and stats.
+ * (finished sequences), block_table and group_table, take_block_ops,
+ * num_free_blocks (to budget drafts) and stats.
  *
  * Stats: the core sets out->struct_size and zeroes the rest; the manager
  * fills the fields that struct_size covers.
+ *
+ * Groups and windows (since ABI 2.4; loom/backend.h, "Block-table groups").
+ * init() may get the backend's proposal of block-table groups; a manager
+ * that takes it (layout->num_groups = G) keeps G tables per sequence, all
+ * as long as the sequence (entry j covers tokens [j*bs, (j+1)*bs)), each
+ * new table position taking one block in every group. In a group with a
+ * window W, allocate() releases the blocks no query of the sequence reads
+ * again — block j once (j+1)*bs <= seq->num_computed - W + 1 — and leaves
+ * -1 in their entries; blocks it would release count as free towards that
+ * same allocate(). So the engine never truncates below the num_computed
+ * its last allocate() saw (it only rolls back drafts). acquire_prefix hits
+ * only prefixes whose every needed block is cached: all blocks in a
+ * global group, the blocks inside the window of the first token to compute
+ * in a windowed one. fork shares and swap moves the blocks still held.
+ * Block ops stay per block id: with G > 1 an id is one block of one group.
+ * A manager that ignores the proposal leaves layout->num_groups at 0 and
+ * keeps one table for every layer, as before.
  *
  * All functions are [engine]: called only from the step-loop thread.
  */
@@ -63,6 +80,9 @@ typedef struct loom_cache_init {
     size_t device_total_bytes; /* backend memory capacity                   */
     int32_t max_model_len;     /* longest sequence, tokens                  */
     bool backend_can_swap;     /* backend implements swap_blocks            */
+    /* since ABI 2.4 — add new members below this line only */
+    const loom_kv_groups *groups; /* the backend's block-table groups, borrowed
+                                  for init(); NULL = one table, no window   */
 } loom_cache_init;
 
 typedef enum loom_block_op_kind {
@@ -94,6 +114,13 @@ typedef struct loom_cache_stats {
     int64_t swaps_in;
     int64_t cow_copies;
     int32_t peak_used_blocks;  /* high-water mark of referenced blocks      */
+    /* since ABI 2.4 — add new members below this line only */
+    int32_t num_groups;        /* block tables per sequence (>= 1)          */
+    int32_t peak_seq_blocks;   /* most blocks one sequence held at once,
+                                  all its groups together                   */
+    int64_t block_bytes;       /* backend bytes one block id takes (0 when
+                                  unknown): peak KV use is peak_used_blocks
+                                  times this                                */
 } loom_cache_stats;
 
 typedef struct loom_cache_ops {
@@ -144,7 +171,8 @@ typedef struct loom_cache_ops {
     loom_status (*swap_in)(void *self, loom_seq_id seq, loom_error *err);
 
     /* REQUIRED. seq's device block table: writes up to `cap` ids to out
-     * (NULL allowed with cap 0) and returns how many it has. */
+     * (NULL allowed with cap 0) and returns how many it has (with groups:
+     * group 0's). */
     int32_t (*block_table)(void *self, loom_seq_id seq, int32_t *out, int32_t cap);
     /* REQUIRED. Pending copies and swaps in the order they were queued:
      * moves up to `cap` into out and returns how many (the core calls it
@@ -153,11 +181,20 @@ typedef struct loom_cache_ops {
     /* REQUIRED. Blocks allocate() could hand out now (free + evictable):
      * what the core budgets drafts against. It may be less than
      * stats.free_blocks when the manager cannot hand out every free block
-     * (e.g. `contiguous`, which gives each sequence one whole region). */
+     * (e.g. `contiguous`, which gives each sequence one whole region).
+     * With G groups: table positions, free blocks / G. */
     int32_t (*num_free_blocks)(void *self);
     /* OPTIONAL (NULL = the engine reports zeros). */
     void (*stats)(void *self, loom_cache_stats *out);
     /* since ABI 2.0 — add new members below this line only */
+
+    /* OPTIONAL, since ABI 2.4 (NULL = this manager never takes the
+     * backend's groups). Group `group` (0..layout->num_groups-1) of seq's
+     * device table, as block_table(): up to `cap` ids (-1 for blocks a
+     * windowed group released), returns how many entries it has (0 for
+     * an unknown, swapped or out-of-range one). */
+    int32_t (*group_table)(void *self, loom_seq_id seq, int32_t group, int32_t *out, int32_t cap);
+    /* since ABI 2.4 — add new members below this line only */
 } loom_cache_ops;
 
 #ifdef __cplusplus

@@ -276,6 +276,13 @@ typedef struct loom_engine_stats {
     int32_t kv_waiting;            /* kv_remote requests waiting for their KV */
     int64_t kv_exported_blocks;    /* blocks read out through on_kv_export   */
     int64_t kv_imported_blocks;    /* blocks written in by loom_engine_kv_deliver */
+    /* KV memory (loom_cache_stats): bytes one block id takes (0 when the
+     * cache manager cannot say), block tables per sequence, and the most
+     * blocks one sequence held at once (all its tables). Peak KV bytes are
+     * kv_blocks_peak * kv_block_bytes. */
+    int64_t kv_block_bytes;
+    int32_t kv_groups;
+    int32_t kv_peak_seq_blocks;
 } loom_engine_stats;
 
 /* Build an engine from a pipeline file with "a.b=value" overrides. */

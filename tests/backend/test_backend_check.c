@@ -208,6 +208,36 @@ Test(backend_check, batch_bad_pool_shape_refused) {
     cb_refused(&c, 4, -1, "num_blocks -1");
 }
 
+/* Block-table groups (ABI 2.4): one sequence decoding position 11 (12
+ * tokens of context, blocks of 4) with a global group 0 and a group 1 of
+ * window 5, which reads positions 7..11: its block 0 may be released (-1),
+ * block 1 may not; group 0 keeps every block; every group's slot checked. */
+Test(backend_check, batch_groups_allow_released_blocks_only_before_the_window) {
+    int32_t ids[1] = {5}, pos[1] = {11}, qs[2] = {0, 1}, ctx[1] = {12}, li[1] = {0}, win[2] = {0, 5};
+    int32_t bt[2 * 3] = {0, 1, 2, /* group 1 */ -1, 3, 4};
+    int64_t slots[2] = {2 * 4 + 3, 4 * 4 + 3};
+    float logits[1] = {0};
+    loom_batch b = {.struct_size = sizeof b, .num_seqs = 1, .num_tokens = 1, .token_ids = ids, .positions = pos,
+                    .query_start = qs, .context_len = ctx, .block_table = bt, .block_table_stride = 3,
+                    .slot_mapping = slots, .num_logits = 1, .logits_index = li, .num_groups = 2,
+                    .group_window = win};
+    char why[384] = "";
+    cr_assert_eq(loom_check_batch(&b, logits, false, 4, 8, 97, 0, why, sizeof why), LOOM_OK, "%s", why);
+    bt[3] = 3, bt[4] = -1; /* group 1's block 1 holds positions 4..7: 7 is in the window */
+    cr_assert_eq(loom_check_batch(&b, logits, false, 4, 8, 97, 0, why, sizeof why), LOOM_ERR_INVALID);
+    cr_assert(strstr(why, "block_table[1] of group 1 = -1"), "%s", why);
+    bt[3] = -1, bt[4] = 3, bt[0] = -1; /* group 0 has no window */
+    cr_assert_eq(loom_check_batch(&b, logits, false, 4, 8, 97, 0, why, sizeof why), LOOM_ERR_INVALID);
+    cr_assert(strstr(why, "block_table[0] of group 0 = -1"), "%s", why);
+    bt[0] = 0, slots[1] = 8 * 4; /* group 1's slot past the pool */
+    cr_assert_eq(loom_check_batch(&b, logits, false, 4, 8, 97, 0, why, sizeof why), LOOM_ERR_INVALID);
+    cr_assert(strstr(why, "in group 1 outside"), "%s", why);
+    slots[1] = 19, b.group_window = NULL; /* no windows: nothing may be released */
+    cr_assert_eq(loom_check_batch(&b, logits, false, 4, 8, 97, 0, why, sizeof why), LOOM_ERR_INVALID);
+    b.group_window = win, b.num_groups = LOOM_KV_GROUPS_MAX + 1;
+    cr_assert_eq(loom_check_batch(&b, logits, false, 4, 8, 97, 0, why, sizeof why), LOOM_ERR_INVALID);
+}
+
 /* ---------------------------------------------- host->logits_topk_row */
 
 /* k <= 0 writes nothing (not even *lse); k > vocab pads the tail with

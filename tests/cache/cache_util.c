@@ -37,6 +37,14 @@ bool tc_apply_defaults(const loom_param *params, void *cfg, size_t cfg_size) {
             memcpy((char *)cfg + p->offset, &v, sizeof v);
             break;
         }
+        case LOOM_PARAM_ENUM: { /* the index of the default among the choices */
+            if (p->offset + sizeof(int64_t) > cfg_size || !p->choices) goto bad;
+            int64_t v = 0;
+            while (p->choices[v] && strcmp(p->choices[v], d)) v++;
+            if (!p->choices[v]) goto bad;
+            memcpy((char *)cfg + p->offset, &v, sizeof v);
+            break;
+        }
         default:
             goto bad;
         }

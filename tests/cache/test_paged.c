@@ -522,3 +522,46 @@ Test(cache, paged_stats_respect_struct_size) {
     cr_assert_eq(st.free_blocks, untouched, "fields past struct_size are left alone");
     close_and_check_leaks(&c);
 }
+
+/* Block-table groups: a global group 0 and a group 1 of window 8 over
+ * 4-token blocks. Group 1 releases a block once the first token to compute
+ * is 8 past its end, group 0 never; a prefix hit then needs group 0's
+ * blocks from the start but group 1's only inside the window. */
+Test(cache, paged_window_releases_and_prefix_hit_past_the_window) {
+    static const loom_kv_groups g = {.struct_size = sizeof g, .num_groups = 2, .layers_per_block = 1,
+                                     .num_layers = 2, .window = {0, 8}};
+    tc_cache c;
+    loom_paged_config cfg = paged_cfg(4, 64);
+    loom_cache_init in = tc_init_desc((size_t)1 << 30, 64, false);
+    in.groups = &g;
+    loom_error err = {0};
+    cr_assert_eq(tc_open(&c, &loom_paged_ops, &cfg, &in, &err), LOOM_OK, "open: %s", err.message);
+    cr_assert_eq(c.layout.num_groups, 2);
+    cr_assert_eq(c.ops->num_free_blocks(c.self), 32, "64 blocks are 32 table positions of 2 groups");
+    int32_t t[32], t0[16], t1[16], u0[16], u1[16];
+    for (int i = 0; i < 32; i++) t[i] = 100 + i;
+    loom_seq_info s = tc_seq(1, t, 24, 0);
+    cr_assert_eq(c.ops->allocate(c.self, &s, 16, &err), LOOM_OK, "%s", err.message);
+    s.num_computed = 16; /* sees positions 9..: blocks 0 and 1 (positions 0..7) are behind */
+    cr_assert_eq(c.ops->allocate(c.self, &s, 24, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(c.ops->block_table(c.self, 1, t0, 16), 6);
+    cr_assert_eq(c.ops->group_table(c.self, 1, 1, t1, 16), 6);
+    for (int j = 0; j < 6; j++) {
+        cr_assert_geq(t0[j], 0, "group 0 entry %d released", j);
+        cr_assert((j < 2) == (t1[j] == -1), "group 1 entry %d is %d", j, t1[j]);
+    }
+    check(&c);
+    /* 30 tokens sharing the first 24: all 6 blocks of group 0, blocks 4..5
+     * of group 1 (the window of position 24 is 17..24) */
+    loom_seq_info s2 = tc_seq(2, t, 30, 0);
+    cr_assert_eq(c.ops->acquire_prefix(c.self, &s2), 24);
+    cr_assert_eq(c.ops->block_table(c.self, 2, u0, 16), 6);
+    cr_assert_eq(c.ops->group_table(c.self, 2, 1, u1, 16), 6);
+    for (int j = 0; j < 6; j++) {
+        cr_assert_eq(u0[j], t0[j], "group 0 entry %d", j);
+        cr_assert_eq(u1[j], j < 4 ? -1 : t1[j], "group 1 entry %d", j);
+    }
+    cr_assert_eq(loom_paged_debug_refcount(c.self, t1[4], false), 2);
+    check(&c);
+    close_and_check_leaks(&c);
+}

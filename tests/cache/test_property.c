@@ -41,6 +41,7 @@ static const loom_conformance_cache_probe k_paged_probe = {
     .self_check = paged_self_check,
     .host_table = loom_paged_debug_table,
     .exact_tables = true,
+    .group_host_table = loom_paged_debug_group_table,
 };
 
 static const loom_component k_paged = {.struct_size = sizeof(loom_component), .kind = LOOM_KIND_CACHE,
@@ -110,6 +111,57 @@ Test(cache, property_paged_bs2_colliding_keys, .timeout = 120) {
     loom_conformance_cache_case c = {"paged bs=2 8 keys", "block_size=2,num_blocks=96,prefix_caching=true,watermark=0",
                                      96, 12000, true, true, false, true};
     run(&k_paged, &c, &probe);
+}
+
+/* Block-table groups (loom/cache.h): a global group beside windowed ones;
+ * the kit checks every group's data, that windowed groups hold what the
+ * next query reads and released everything before (exact_tables). */
+static const loom_kv_groups k_gemma_like = {.struct_size = sizeof(loom_kv_groups), .num_groups = 4,
+                                            .layers_per_block = 1, .num_layers = 4, .window = {0, 9, 9, 9}};
+static const loom_kv_groups k_mixed_windows = {.struct_size = sizeof(loom_kv_groups), .num_groups = 3,
+                                               .layers_per_block = 2, .num_layers = 5, .window = {1, 0, 14}};
+static const loom_kv_groups k_all_local = {.struct_size = sizeof(loom_kv_groups), .num_groups = 1,
+                                           .layers_per_block = 3, .num_layers = 3, .window = {7}};
+
+Test(cache, property_paged_groups_bs4_prefix_swap, .timeout = 120) {
+    loom_conformance_cache_case c = {
+        "paged bs=4 4 groups (0/9/9/9) prefix+swap",
+        "block_size=4,num_blocks=120,num_cpu_blocks=40,prefix_caching=true,watermark=0.02", 128, 20000, true, true,
+        true, true, &k_gemma_like, true};
+    loom_conformance_cache_tally y = run(&k_paged, &c, &k_paged_probe);
+    cr_assert_eq(y.num_groups, 4, "the paged manager did not take the proposed groups");
+}
+
+/* Windows of 1 (a query sees only itself) and 14 beside a global group in
+ * the middle; 3-token blocks so windows end inside blocks. */
+Test(cache, property_paged_groups_mixed_windows, .timeout = 120) {
+    loom_conformance_cache_case c = {
+        "paged bs=3 3 groups (1/0/14) prefix+swap",
+        "block_size=3,num_blocks=150,num_cpu_blocks=30,prefix_caching=true,watermark=0", 128, 20000, true, true,
+        true, true, &k_mixed_windows, true};
+    run_paged(&c);
+}
+
+/* One group, every layer windowed: the only table releases too, so prefix
+ * hits need just the window's blocks (8 colliding keys for good measure). */
+Test(cache, property_paged_one_windowed_group, .timeout = 120) {
+    loom_conformance_cache_probe probe = k_paged_probe;
+    probe.prepare = paged_collide;
+    loom_conformance_cache_case c = {
+        "paged bs=2 1 group (7) 8 keys", "block_size=2,num_blocks=48,num_cpu_blocks=16,prefix_caching=true,watermark=0",
+        96, 20000, true, true, true, true, &k_all_local, true};
+    run(&k_paged, &c, &probe);
+}
+
+/* sliding_window: off ignores the proposal: one table, nothing released. */
+Test(cache, property_paged_groups_off, .timeout = 120) {
+    loom_conformance_cache_case c = {
+        "paged bs=4 groups proposed, off", "block_size=4,num_blocks=64,num_cpu_blocks=24,prefix_caching=true,"
+                                           "watermark=0.02,sliding_window=off",
+        128, 8000, true, true, true, true, &k_gemma_like, false};
+    loom_conformance_cache_tally y = run(&k_paged, &c, &k_paged_probe);
+    cr_assert(y.num_groups == 1 && y.released == 0, "off: %d groups, %lld released entries", y.num_groups,
+              (long long)y.released);
 }
 
 Test(cache, property_contiguous, .timeout = 120) {

@@ -20,6 +20,10 @@
  *                      mean 0.02 over 38 equal tokens; the reference's own
  *                      top-2 margins fall to 0.006, 0.014 and 0.14, where
  *                      the runs swap the two tokens and stop comparing).
+ * Then the window-aware cache (block-table groups, local layers' blocks
+ * freed behind the window) against one that keeps everything: bit-equal
+ * greedy and sampled tokens and log-probs with prompts past the window, a
+ * prefix hit past the window, forks, and preemption by recompute and swap.
  */
 #include <criterion/criterion.h>
 #include <cjson/cJSON.h>
@@ -136,3 +140,179 @@ static void check_against_reference(const char *wd, float tol) {
 Test(gemma3, transformers_f32_weights, .timeout = 300) { check_against_reference("f32", 1e-3f); }
 
 Test(gemma3, transformers_gguf_weights, .timeout = 300) { check_against_reference("gguf", 0.3f); }
+
+/* ------------------------------------------- window-aware freeing: on = off
+ *
+ * The paged cache's block-table groups free a local layer's blocks once they
+ * leave its 512-token window (cache.sliding_window: auto); with `off` every
+ * layer keeps its whole history. The attention reads the same keys either
+ * way, so every token and log-prob must be bit-identical. One engine runs
+ * two phases: four requests together — the reference's 600-token prompt,
+ * 700 and 560 random ids (prompts past the window, prefilled in 256-token
+ * chunks so windows move during prefill) and a 40-token prompt sampled
+ * twice at temperature 0.8 (forked sequences) — then, once they are done, a
+ * request whose first 640 tokens are the 700-token prompt's: a prefix-cache
+ * hit past the window, served from the local groups' released blocks. Under
+ * a small KV budget the same runs preempt, by recompute or by swap. */
+
+#define W_REQS 5
+#define W_OUT 16
+
+typedef struct w_prompts {
+    int32_t p[W_REQS][768];
+    int32_t n[W_REQS];
+} w_prompts;
+
+static void w_make_prompts(w_prompts *w, const g3_case *cs) {
+    memcpy(w->p[0], cs[4].prompt, (size_t)cs[4].n_prompt * sizeof(int32_t));
+    w->n[0] = cs[4].n_prompt;
+    eng_prompt(w->p[1], 700, 11, 32000);
+    w->n[1] = 700;
+    eng_prompt(w->p[2], 40, 12, 32000);
+    w->n[2] = 40;
+    eng_prompt(w->p[3], 560, 13, 32000);
+    w->n[3] = 560;
+    memcpy(w->p[4], w->p[1], 640 * sizeof(int32_t)); /* 40 blocks of 16 shared with request 1 */
+    eng_prompt(w->p[4] + 640, 30, 14, 32000);
+    w->n[4] = 670;
+}
+
+static void w_add(loom_engine *e, const w_prompts *w, int i, eng_rec *rec) {
+    loom_request r = eng_req_tokens(w->p[i], w->n[i], W_OUT);
+    r.params.logprobs = 2;
+    if (i == 2) {
+        r.n = 2;
+        r.params.temperature = 0.8f;
+        r.params.seed = 7;
+        r.params.has_seed = true;
+    }
+    eng_rec_init(rec, r.n > 1 ? r.n : 1);
+    eng_add(e, r, rec);
+}
+
+/* Both phases under `overrides` (sliding_window first); the engine's stats
+ * after the first phase and at the end. */
+static void w_run(const w_prompts *w, const char *const *overrides, eng_rec *rec, loom_engine_stats *mid,
+                  loom_engine_stats *end) {
+    loom_engine *e = eng_open("gemma3.yaml", overrides);
+    for (int i = 0; i < W_REQS - 1; i++) w_add(e, w, i, &rec[i]);
+    eng_run(e, 20000);
+    loom_engine_get_stats(e, mid, sizeof *mid);
+    w_add(e, w, W_REQS - 1, &rec[W_REQS - 1]);
+    eng_run(e, 20000);
+    loom_engine_get_stats(e, end, sizeof *end);
+    loom_engine_destroy(e);
+    for (int i = 0; i < W_REQS; i++) eng_rec_check_done(&rec[i]);
+}
+
+/* Every sample of every request: the same ids and bit-identical log-probs. */
+static void w_same(const eng_rec *a, const eng_rec *b, const char *what) {
+    for (int i = 0; i < W_REQS; i++)
+        for (int k = 0; k < a[i].n; k++) {
+            const eng_sample *x = &a[i].s[k], *y = &b[i].s[k];
+            cr_assert_eq(x->ntok, W_OUT, "%s: request %d sample %d made %d tokens", what, i, k, x->ntok);
+            cr_assert_eq(y->ntok, x->ntok, "%s: request %d sample %d made %d tokens, off %d", what, i, k, y->ntok,
+                         x->ntok);
+            for (int32_t t = 0; t < x->ntok; t++) {
+                cr_assert_eq(x->tokens[t], y->tokens[t], "%s: request %d sample %d token %d: %d with windows, %d off",
+                             what, i, k, t, x->tokens[t], y->tokens[t]);
+                cr_assert(!memcmp(&x->lps[t], &y->lps[t], sizeof(float)),
+                          "%s: request %d sample %d token %d: log-prob %.9g with windows, %.9g off", what, i, k, t,
+                          (double)x->lps[t], (double)y->lps[t]);
+            }
+        }
+}
+
+/* What one mode of an A/B recorded. */
+typedef struct w_side {
+    eng_rec rec[W_REQS];
+    loom_engine_stats mid, end; /* after the first phase, at the end */
+} w_side;
+
+/* The same runs with sliding_window auto (on) and off under the extra
+ * overrides (NULL-terminated, at most 5); outputs must be bit-identical. */
+static void w_pair(const char *const *extra, w_side *on, w_side *off, const char *what) {
+    need_gemma_model();
+    static g3_case cs[G3_CASES];
+    static w_prompts w;
+    load_reference(cs);
+    w_make_prompts(&w, cs);
+    const char *o[2][8] = {{"cache.sliding_window=auto", "scheduler.max_batched_tokens=256"},
+                           {"cache.sliding_window=off", "scheduler.max_batched_tokens=256"}};
+    for (int m = 0; m < 2; m++) {
+        int k = 2;
+        for (const char *const *x = extra; *x && k < 7; x++) o[m][k++] = *x;
+        o[m][k] = NULL;
+    }
+    w_run(&w, o[0], on->rec, &on->mid, &on->end);
+    w_run(&w, o[1], off->rec, &off->mid, &off->end);
+    w_same(on->rec, off->rec, what);
+    cr_assert(on->end.kv_groups == 6 && off->end.kv_groups == 1, "%s: %d block-table groups with windows, %d off",
+              what, on->end.kv_groups, off->end.kv_groups);
+    fprintf(stderr,
+            "[gemma3 windows %s] per sequence at most %d blocks x %lld B with windows, %d x %lld B off; "
+            "preemptions %lld / %lld, swapped out %lld / %lld blocks; last prompt served %lld / %lld tokens "
+            "from the prefix cache\n",
+            what, on->end.kv_peak_seq_blocks, (long long)on->end.kv_block_bytes, off->end.kv_peak_seq_blocks,
+            (long long)off->end.kv_block_bytes, (long long)on->end.preemptions, (long long)off->end.preemptions,
+            (long long)on->end.swaps_out, (long long)off->end.swaps_out,
+            (long long)(on->end.cached_prompt_tokens - on->mid.cached_prompt_tokens),
+            (long long)(off->end.cached_prompt_tokens - off->mid.cached_prompt_tokens));
+    free_reference(cs);
+}
+
+static void w_side_free(w_side *a) {
+    for (int i = 0; i < W_REQS; i++) eng_rec_free(&a->rec[i]);
+}
+
+/* Room for everything: the last prompt's 640 shared tokens come from the
+ * prefix cache in both modes (with windows, the local groups' blocks
+ * 8..39 that request 1 released but the cache kept), and a sequence of
+ * 716 tokens holds less KV with windows even in 256-token prefill chunks. */
+Test(gemma3, windows_equal_prefix_hit_past_window, .timeout = 600) {
+    static w_side on, off;
+    w_pair((const char *const[]){NULL}, &on, &off, "room for all");
+    int64_t hit_on = on.end.cached_prompt_tokens - on.mid.cached_prompt_tokens;
+    int64_t hit_off = off.end.cached_prompt_tokens - off.mid.cached_prompt_tokens;
+    cr_assert(hit_on == 640 && hit_off == 640,
+              "the last prompt took %lld tokens from the prefix cache with windows, %lld off; want 640",
+              (long long)hit_on, (long long)hit_off);
+    cr_assert(on.end.preemptions == 0 && off.end.preemptions == 0);
+    /* 45 global blocks and at most 16 + 32 + 2 of each of the 5 local groups
+     * (a 256-token chunk, the 512-token window, a partial block each side) */
+    cr_assert_leq(on.end.kv_peak_seq_blocks, 45 + 5 * 50, "one sequence held %d blocks with windows",
+                  on.end.kv_peak_seq_blocks);
+    cr_assert_lt(on.end.kv_peak_seq_blocks * on.end.kv_block_bytes, off.end.kv_peak_seq_blocks * off.end.kv_block_bytes);
+    w_side_free(&on), w_side_free(&off);
+}
+
+/* 30 MiB of KV (53 blocks of 16 tokens without windows, 848 tokens) for
+ * about 2600: sequences are preempted and prefilled again, or swapped out
+ * and in, in both modes. */
+static void w_preempt(const char *mode, const char *swap_gib) {
+    static w_side on, off;
+    char pre[64];
+    snprintf(pre, sizeof pre, "scheduler.preemption=%s", mode);
+    const char *const extra[] = {"cache.memory_gib=0.0293", "engine.max_model_len=768", pre, swap_gib, NULL};
+    w_pair(extra, &on, &off, mode);
+    cr_assert(on.end.preemptions > 0 && off.end.preemptions > 0, "%s: %lld preemptions with windows, %lld off",
+              mode, (long long)on.end.preemptions, (long long)off.end.preemptions);
+    bool swapped = strcmp(mode, "swap") == 0;
+    cr_assert(!swapped || (on.end.swaps_out > 0 && off.end.swaps_out > 0), "swap: %lld / %lld blocks swapped out",
+              (long long)on.end.swaps_out, (long long)off.end.swaps_out);
+    w_side_free(&on), w_side_free(&off);
+}
+
+Test(gemma3, windows_equal_preempt_recompute, .timeout = 600) { w_preempt("recompute", "cache.cpu_swap_gib=0"); }
+
+Test(gemma3, windows_equal_preempt_swap, .timeout = 600) { w_preempt("swap", "cache.cpu_swap_gib=0.1"); }
+
+/* Speculative decoding (ngram drafts, verified and partly rolled back by
+ * truncate) over sequences past the window: the same tokens either way. */
+Test(gemma3, windows_equal_with_drafts, .timeout = 600) {
+    static w_side on, off;
+    w_pair((const char *const[]){"speculator.plugin=ngram", NULL}, &on, &off, "ngram drafts");
+    cr_assert(on.end.spec_proposed > 0 && off.end.spec_proposed > 0, "drafts proposed: %lld with windows, %lld off",
+              (long long)on.end.spec_proposed, (long long)off.end.spec_proposed);
+    w_side_free(&on), w_side_free(&off);
+}

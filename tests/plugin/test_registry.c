@@ -448,12 +448,13 @@ Test(plugin_registry, create_without_instance_is_refused) {
 
 Test(plugin_registry, abi_helpers) {
     /* the minimum is every member of a 2.0 table: the whole table of every
-     * kind but the sampler's, whose check() came in 2.1, and the backend's,
-     * whose load_stage() came in 2.3 */
+     * kind but the sampler's, whose check() came in 2.1, the backend's,
+     * whose load_stage() came in 2.3 (and kv_groups() in 2.4), and the
+     * cache's, whose group_table() came in 2.4 */
     cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_BACKEND), offsetof(loom_backend_ops, load_stage));
     cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_EXECUTOR), sizeof(loom_executor_ops));
     cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_SCHEDULER), sizeof(loom_scheduler_ops));
-    cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_CACHE), sizeof(loom_cache_ops));
+    cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_CACHE), offsetof(loom_cache_ops, group_table));
     cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_QUANTIZER), sizeof(loom_quant_ops));
     cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_SAMPLER), offsetof(loom_sampler_ops, check));
     cr_assert_eq(loom_kind_min_ops_size(LOOM_KIND_SPECULATOR), sizeof(loom_spec_ops));

@@ -37,6 +37,7 @@
  */
 #include "cpu_backend.h"
 #include "q8dot.h"
+#include "kv_groups.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -193,6 +194,8 @@ static void cpu_destroy(void *self) {
     h->free(h->ctx, b->topk_logits);
     h->free(h->ctx, b->kv);
     h->free(h->ctx, b->swap);
+    h->free(h->ctx, b->kv_slot);
+    h->free(h->ctx, b->kv_group);
     h->free(h->ctx, b->layers);
     h->free(h->ctx, b->inv_freq);
     h->free(h->ctx, b->inv_freq_local);
@@ -746,6 +749,40 @@ static loom_status cpu_memory(void *self, loom_backend_memory *out, loom_error *
     return LOOM_OK;
 }
 
+static loom_status cpu_kv_groups(void *self, loom_kv_groups *out, loom_error *err) {
+    cpu_backend *b = self;
+    if (!b->loaded || !out)
+        return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
+                              "backend cpu: kv_groups() %s", !out ? "without an output" : "before load()");
+    loom_kv_groups_plan(&b->mc, b->layer0, b->nlayers, out, NULL, NULL);
+    return LOOM_OK;
+}
+
+/* Each held layer's pool pair and block-table group for `layout`: its own
+ * pair and group 0, or with groups (layout num_groups > 1) the plan's. */
+static loom_status cpu_kv_slots(cpu_backend *b, const loom_kv_layout *layout, loom_error *err) {
+    const loom_host *h = b->host;
+    h->free(h->ctx, b->kv_slot);
+    h->free(h->ctx, b->kv_group);
+    b->kv_slot = h->alloc(h->ctx, (size_t)b->nlayers * sizeof *b->kv_slot);
+    b->kv_group = h->alloc(h->ctx, (size_t)b->nlayers * sizeof *b->kv_group);
+    if (!b->kv_slot || !b->kv_group)
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cpu: out of memory for the KV slot map");
+    int32_t groups = LOOM_HAS_FIELD(layout, loom_kv_layout, num_groups) ? layout->num_groups : 0;
+    b->kv_pools = b->nlayers;
+    for (int32_t i = 0; i < b->nlayers; i++) b->kv_slot[i] = i, b->kv_group[i] = 0;
+    if (groups <= 1) return LOOM_OK;
+    loom_kv_groups plan = {.struct_size = sizeof plan};
+    loom_kv_groups_plan(&b->mc, b->layer0, b->nlayers, &plan, b->kv_group, b->kv_slot);
+    if (plan.num_groups != groups)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: the KV layout has %d block-table groups; this model's layers "
+                        "make %d (kv_groups())",
+                        groups, plan.num_groups);
+    b->kv_pools = plan.layers_per_block;
+    return LOOM_OK;
+}
+
 static loom_status cpu_kv_alloc(void *self, const loom_kv_layout *layout, loom_error *err) {
     cpu_backend *b = self;
     const loom_host *h = b->host;
@@ -769,7 +806,9 @@ static loom_status cpu_kv_alloc(void *self, const loom_kv_layout *layout, loom_e
                         b->host->dtype_name(layout->dtype));
     size_t block = (size_t)b->mc.num_kv_heads * (size_t)layout->block_size *
                    (size_t)b->mc.head_dim * b->host->dtype_block_bytes(dt);
-    size_t pools = 2 * (size_t)b->nlayers;
+    loom_status st = cpu_kv_slots(b, layout, err);
+    if (st != LOOM_OK) return st;
+    size_t pools = 2 * (size_t)b->kv_pools;
     double want = (double)block * (double)pools * ((double)layout->num_blocks + layout->num_cpu_blocks);
     size_t avail = 0;
     bool have_avail = cpu_meminfo("MemAvailable", &avail);
@@ -788,7 +827,7 @@ static loom_status cpu_kv_alloc(void *self, const loom_kv_layout *layout, loom_e
                         "backend cpu: could not allocate %zu bytes (%.1f MiB) for %d KV blocks "
                         "(%zu bytes each across %d layers); lower num_blocks",
                         dev_bytes, (double)dev_bytes / (1 << 20), layout->num_blocks,
-                        block * pools, b->nlayers);
+                        block * pools, b->kv_pools);
     if (layout->num_cpu_blocks > 0) {
         size_t swap_bytes = block * pools * (size_t)layout->num_cpu_blocks;
         b->swap = h->calloc(h->ctx, 1, swap_bytes);
@@ -803,19 +842,20 @@ static loom_status cpu_kv_alloc(void *self, const loom_kv_layout *layout, loom_e
     }
     b->kv_layout = *layout;
     b->kv_layout.dtype = dt;
+    b->kv_layout.num_groups = LOOM_HAS_FIELD(layout, loom_kv_layout, num_groups) ? layout->num_groups : 0;
     b->kv_block_bytes = block;
     b->kv_ready = true;
     return LOOM_OK;
 }
 
 /* Copy block src of pool (src_swap) to block dst of pool (dst_swap), K and V
- * of every layer. */
+ * of every pool pair (with groups: the layers of the block's group). */
 static void cpu_copy_block(cpu_backend *b, int32_t src, bool src_swap, int32_t dst,
                            bool dst_swap) {
-    for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++)
+    for (int32_t slot = 0; slot < b->kv_pools; slot++)
         for (int kv = 0; kv < 2; kv++)
-            memcpy(cpu_pool_base(b, l, kv, dst_swap) + (size_t)dst * b->kv_block_bytes,
-                   cpu_pool_base(b, l, kv, src_swap) + (size_t)src * b->kv_block_bytes,
+            memcpy(cpu_slot_base(b, slot, kv, dst_swap) + (size_t)dst * b->kv_block_bytes,
+                   cpu_slot_base(b, slot, kv, src_swap) + (size_t)src * b->kv_block_bytes,
                    b->kv_block_bytes);
 }
 
@@ -927,6 +967,7 @@ static const loom_backend_ops cpu_ops = {
     .forward_topk = cpu_backend_forward_topk,
     .copy_blocks = cpu_copy_blocks,
     .swap_blocks = cpu_swap_blocks,
+    .kv_groups = cpu_kv_groups,
     .load_shard = cpu_load_shard,
     .set_observer = cpu_backend_set_observer,
     .load_stage = cpu_load_stage,

@@ -157,8 +157,12 @@ typedef struct cpu_backend {
     bool kv_ready;
     loom_kv_layout kv_layout;   /* copy; dtype resolved to F32, F16 or FP8_E4M3 */
     size_t kv_block_bytes;      /* one block of one pool (K or V) of a layer  */
-    uint8_t *kv;                /* (layers, 2, num_blocks) blocks             */
-    uint8_t *swap;              /* (layers, 2, num_cpu_blocks) blocks or NULL */
+    int32_t kv_pools;           /* K/V pool pairs: the held layers, or with
+                                   block-table groups layers_per_block       */
+    int32_t *kv_slot;           /* (nlayers) each held layer's pool pair      */
+    int32_t *kv_group;          /* (nlayers) its block-table group            */
+    uint8_t *kv;                /* (kv_pools, 2, num_blocks) blocks           */
+    uint8_t *swap;              /* (kv_pools, 2, num_cpu_blocks) blocks or NULL */
 
     /* --- forward scratch, grown on demand (float32) */
     int64_t scratch_rows;       /* token rows the scratch holds               */
@@ -220,13 +224,17 @@ loom_status cpu_backend_forward_topk(void *self, const loom_batch *batch, const 
 
 loom_status cpu_backend_set_observer(void *self, const loom_act_observer *obs, loom_error *err);
 
-/* K or V pool `kv` (0 = K, 1 = V) of decoder layer `layer` (a held one:
- * layer0..layer0+nlayers-1) in the device (swap = false) or host swap
- * (swap = true) pool. */
-static inline uint8_t *cpu_pool_base(const cpu_backend *b, int32_t layer, int kv, bool swap) {
+/* K or V pool `kv` (0 = K, 1 = V) of pool pair `slot` (0..kv_pools-1) in
+ * the device (swap = false) or host swap (swap = true) pool. */
+static inline uint8_t *cpu_slot_base(const cpu_backend *b, int32_t slot, int kv, bool swap) {
     int64_t nb = swap ? b->kv_layout.num_cpu_blocks : b->kv_layout.num_blocks;
     uint8_t *base = swap ? b->swap : b->kv;
-    return base + ((int64_t)(layer - b->layer0) * 2 + kv) * nb * (int64_t)b->kv_block_bytes;
+    return base + ((int64_t)slot * 2 + kv) * nb * (int64_t)b->kv_block_bytes;
+}
+
+/* The same of decoder layer `layer` (a held one: layer0..layer0+nlayers-1). */
+static inline uint8_t *cpu_pool_base(const cpu_backend *b, int32_t layer, int kv, bool swap) {
+    return cpu_slot_base(b, b->kv_slot[layer - b->layer0], kv, swap);
 }
 
 #endif

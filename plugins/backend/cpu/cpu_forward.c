@@ -32,12 +32,22 @@
  * on instead of the final norm and LM head (cpu_stage_in / cpu_stage_out).
  */
 #include "cpu_backend.h"
+#include "kv_groups.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 /* ----------------------------------------------------------- batch checks */
+
+/* Block-table groups of a batch and of the KV layout: 1 unless grouped. */
+static int32_t cpu_batch_groups(const loom_batch *bt) {
+    return LOOM_HAS_FIELD(bt, loom_batch, num_groups) && bt->num_groups > 1 ? bt->num_groups : 1;
+}
+
+static int32_t cpu_layout_groups(const cpu_backend *b) {
+    return b->kv_layout.num_groups > 1 ? b->kv_layout.num_groups : 1;
+}
 
 static loom_status cpu_check_batch(cpu_backend *b, const loom_batch *bt, const float *logits,
                                    loom_error *err) {
@@ -52,6 +62,10 @@ static loom_status cpu_check_batch(cpu_backend *b, const loom_batch *bt, const f
     loom_status st = b->host->check_batch(bt, logits, logits_optional, b->kv_layout.block_size,
                                       b->kv_layout.num_blocks, b->mc.vocab_size, 0, why, sizeof why);
     if (st != LOOM_OK) return h->error(h->ctx, err, st, "backend cpu: %s", why);
+    if (cpu_batch_groups(bt) != cpu_layout_groups(b))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cpu: the batch has %d block-table groups, the KV layout %d",
+                        cpu_batch_groups(bt), cpu_layout_groups(b));
     return LOOM_OK;
 }
 
@@ -276,21 +290,21 @@ static void cpu_observe(const cpu_backend *b, int32_t l, const int *parts, int n
 
 /* ----------------------------------------------------------------- forward */
 
-/* Is layer l a sliding-window (local) one? loom_model_config's rule:
- * with a window, every global_every-th layer is global. */
-static bool cpu_layer_is_local(const loom_model_config *c, int32_t l) {
-    return c->sliding_window > 0 && c->global_every > 0 && (l + 1) % c->global_every != 0;
-}
-
 /* Layer l's attention block: x (T, H) += O(attention(RoPE(QKV(norm(x)))))
  * — the O product normed first (post_attn_norm) for Gemma 3, where a local
- * layer also reads its own RoPE tables and only its window of keys. */
+ * layer also reads its own RoPE tables and only its window of keys. With
+ * block-table groups the layer's K/V go through its group's table and
+ * slot mapping. */
 static loom_status cpu_attention_block(cpu_backend *b, const loom_batch *bt, int32_t l,
                                        loom_cpu_attn_args *aa, float beta_res, loom_error *err) {
     const loom_model_config *c = &b->mc;
     const cpu_layer *ly = &b->layers[l];
     const int64_t T = bt->num_tokens, H = c->hidden_size, QKV = b->qkv_rows, QD = b->q_dim;
-    const bool local = cpu_layer_is_local(c, l);
+    const int32_t window = loom_kv_layer_window(c, l);
+    const bool local = window > 0;
+    const int64_t g = b->kv_group[l - b->layer0];
+    const int64_t *slots = bt->slot_mapping + g * T;
+    aa->block_table = bt->block_table + g * bt->num_seqs * bt->block_table_stride;
     const float *cos_t = local ? b->rope_cos_local : b->rope_cos;
     const float *sin_t = local ? b->rope_sin_local : b->rope_sin;
     float *x = b->x, *xn = b->xn, *qkv = b->qkv, *k = b->qkv + QD;
@@ -307,8 +321,8 @@ static loom_status cpu_attention_block(cpu_backend *b, const loom_batch *bt, int
     }
     loom_cpu_rope_apply(qkv, QKV, T, c->num_heads, c->head_dim, cos_t, sin_t);
     loom_cpu_rope_apply(k, QKV, T, c->num_kv_heads, c->head_dim, cos_t, sin_t);
-    loom_cpu_kv_write(aa->kv, k, QKV, k + b->kv_dim, QKV, bt->slot_mapping, T);
-    aa->window = local ? c->sliding_window : 0;
+    loom_cpu_kv_write(aa->kv, k, QKV, k + b->kv_dim, QKV, slots, T);
+    aa->window = window;
     loom_cpu_paged_attention(aa, b->pool);
     cpu_observe(b, l, (const int[]){CPU_LO}, 1, b->att, QD, T, QD);
     if (!ly->post_attn_norm)

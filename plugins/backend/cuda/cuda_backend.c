@@ -364,6 +364,12 @@ static loom_status cb_kv_alloc(void *self, const loom_kv_layout *layout, loom_er
                         "num_cpu_blocks %d): need block_size > 0, num_blocks > 0, cpu blocks >= 0",
                         layout ? layout->block_size : 0, layout ? layout->num_blocks : 0,
                         layout ? layout->num_cpu_blocks : 0);
+    /* it proposes no block-table groups (no kv_groups()): one table only */
+    if (LOOM_HAS_FIELD(layout, loom_kv_layout, num_groups) && layout->num_groups > 1)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: a KV layout of %d block-table groups; this backend keeps one "
+                        "table for every layer (set cache.sliding_window: off)",
+                        layout->num_groups);
     loom_dtype dt = cb_kv_resolve(b, layout->dtype);
     if (dt == LOOM_DTYPE_COUNT)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,

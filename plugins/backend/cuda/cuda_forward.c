@@ -79,6 +79,10 @@ static loom_status cb_check_batch(cuda_backend *b, const loom_batch *bt, const f
                                       b->kv_layout.num_blocks, b->mc.vocab_size, b->rope_max_pos, why,
                                       sizeof why);
     if (st != LOOM_OK) return h->error(h->ctx, err, st, "backend cuda: %s", why);
+    if (LOOM_HAS_FIELD(bt, loom_batch, num_groups) && bt->num_groups > 1)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: a batch of %d block-table groups; this backend reads one",
+                        bt->num_groups);
     if (bt->num_tokens > b->max_tokens)
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "backend cuda: batch of %d tokens exceeds the work buffers' %d; raise the "

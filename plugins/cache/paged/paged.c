@@ -45,6 +45,20 @@
  * block; shared blocks are copied out (sharing is not preserved across a
  * swap) and the device copies of registered blocks stay cached.
  *
+ * Groups and windows (loom/cache.h). With the backend's block-table groups
+ * taken (sliding_window: auto), a sequence has G tables of equal length in
+ * one array and every new table position takes a block in each group. A
+ * group with window W releases, at allocate(), its leading blocks that no
+ * query from seq->num_computed on reads — block j once (j+1)*bs <=
+ * num_computed - W + 1 — leaving -1 there (`dropped` counts that leading
+ * run; a run that skips past the table's end is never allocated). A
+ * released registered block stays cached like any other. Prefix keys mix
+ * in the group (group 0's key is h1 itself, so one group hashes as
+ * before), and a prefix of m blocks is a hit when every global group holds
+ * blocks 0..m-1 and every windowed group the blocks inside the window of
+ * position m*bs — the most such m wins (cf. vLLM's sliding-window manager,
+ * which searches its window's run of hits from the right).
+ *
  * What this file refuses to be: it never touches device memory, never
  * blocks, and is not thread-safe — every call is [engine].
  */
@@ -61,6 +75,8 @@
 #define PAGED_MIB (1024.0 * 1024.0)
 
 /* ------------------------------------------------------------ parameters */
+
+static const char *const paged_window_choices[] = {"auto", "off", NULL};
 
 const loom_param loom_paged_params[] = {
     {"block_size", LOOM_PARAM_INT, offsetof(loom_paged_config, block_size), "16", 1, 1024, NULL,
@@ -79,6 +95,9 @@ const loom_param loom_paged_params[] = {
      NULL, "host swap pool in GiB; 0 = no swapping (preempt by recompute)"},
     {"num_cpu_blocks", LOOM_PARAM_INT, offsetof(loom_paged_config, num_cpu_blocks), "0", 0,
      PAGED_MAX_BLOCKS, NULL, "exact host block count; 0 = size from cpu_swap_gib"},
+    {"sliding_window", LOOM_PARAM_ENUM, offsetof(loom_paged_config, sliding_window), "auto", 0, 0,
+     paged_window_choices,
+     "auto: block tables per layer group, windowed layers' old blocks freed; off: keep all"},
     {NULL, 0, 0, NULL, 0, 0, NULL, NULL},
 };
 
@@ -92,6 +111,7 @@ typedef struct paged_block {
     int32_t next;
     uint8_t where;   /* PAGED_USED / PAGED_FREE / PAGED_CACHED              */
     uint8_t hashed;  /* registered in the prefix table under h1             */
+    uint8_t group;   /* the group whose table registered it (key of h1)     */
     uint64_t h1, h2; /* valid when hashed                                   */
 } paged_block;
 
@@ -108,9 +128,11 @@ typedef struct paged_map {
 typedef struct paged_seq {
     loom_seq_id id;
     int32_t len;        /* tokens that have slots; nblocks == ceil(len / bs) */
-    int32_t nblocks;
-    int32_t cap;        /* capacity of blocks/h1/h2                          */
-    int32_t *blocks;    /* (nblocks) device ids, host ids while swapped      */
+    int32_t nblocks;    /* entries of each group's table                     */
+    int32_t cap;        /* capacity of each table and of h1/h2               */
+    int32_t *blocks;    /* (G, cap): group g's table at g * cap; device ids,
+                           host ids while swapped, -1 for released ones      */
+    int32_t dropped[LOOM_KV_GROUPS_MAX]; /* leading released entries per group */
     uint64_t *h1, *h2;  /* (num_hashed) chain hashes of the leading blocks   */
     int32_t num_hashed; /* leading full blocks whose chain hash is known     */
     bool swapped;
@@ -123,6 +145,11 @@ typedef struct paged {
     bool inited;
 
     int32_t bs;              /* tokens per block                             */
+    int32_t G;               /* block tables per sequence                    */
+    int32_t window[LOOM_KV_GROUPS_MAX]; /* per group, tokens; 0 = keep all   */
+    bool any_window;         /* some group releases blocks                   */
+    int32_t *ok;             /* (ok_cap) acquire_prefix's scratch            */
+    int32_t ok_cap;
     int32_t num_blocks;      /* device blocks                                */
     int32_t num_cpu_blocks;  /* host blocks (0 = no swap)                    */
     int32_t watermark_blocks;
@@ -306,11 +333,36 @@ static void paged_note_peak(paged *p) {
     if (used > p->st.peak_used_blocks) p->st.peak_used_blocks = used;
 }
 
+/* Prefix-table key of a block of group g with chain hash h1: h1 itself in
+ * group 0 (one group hashes as before), a bijective remix in the others. */
+static uint64_t paged_key(const paged *p, uint64_t h1, int32_t g) {
+    uint64_t k = g ? paged_mix64(h1 ^ (0xa0761d6478bd642fULL * (uint64_t)g)) : h1;
+    return k & p->key_mask;
+}
+
+/* Group g's table of s. */
+static inline int32_t *paged_tab(const paged_seq *s, int32_t g) {
+    return s->blocks + (size_t)g * s->cap;
+}
+
+/* Blocks s holds now, all groups (device or host). */
+static int32_t paged_seq_held(const paged *p, const paged_seq *s) {
+    int32_t n = 0;
+    for (int32_t g = 0; g < p->G; g++)
+        if (s->nblocks > s->dropped[g]) n += s->nblocks - s->dropped[g];
+    return n;
+}
+
+static void paged_note_seq(paged *p, const paged_seq *s) {
+    int32_t held = paged_seq_held(p, s);
+    if (held > p->st.peak_seq_blocks) p->st.peak_seq_blocks = held;
+}
+
 static void paged_unregister(paged *p, int32_t b) {
     paged_block *blk = &p->blocks[b];
     if (!blk->hashed) return;
     int64_t v;
-    uint64_t key = blk->h1 & p->key_mask;
+    uint64_t key = paged_key(p, blk->h1, blk->group);
     if (paged_map_find(&p->prefix, key, &v) && v == b) paged_map_del(&p->prefix, key);
     blk->hashed = 0;
 }
@@ -357,13 +409,19 @@ static void paged_host_unref(paged *p, int32_t hb) {
     if (--p->host_ref[hb] == 0) p->host_free[p->num_host_free++] = hb;
 }
 
-/* Release blocks [from, nblocks) of s, deepest first (LRU order). */
+/* Release entries [from, nblocks) of every table of s, deepest first (LRU
+ * order). */
 static void paged_release_tail(paged *p, paged_seq *s, int32_t from) {
-    for (int32_t j = s->nblocks - 1; j >= from; j--) {
-        if (s->swapped) paged_host_unref(p, s->blocks[j]);
-        else paged_unref(p, s->blocks[j]);
-    }
-    s->nblocks = from < s->nblocks ? from : s->nblocks;
+    for (int32_t j = s->nblocks - 1; j >= from; j--)
+        for (int32_t g = 0; g < p->G; g++) {
+            int32_t b = paged_tab(s, g)[j];
+            if (b < 0) continue;
+            if (s->swapped) paged_host_unref(p, b);
+            else paged_unref(p, b);
+        }
+    if (from < s->nblocks) s->nblocks = from;
+    for (int32_t g = 0; g < p->G; g++)
+        if (s->dropped[g] > s->nblocks) s->dropped[g] = s->nblocks;
 }
 
 /* --------------------------------------------------------------- metrics */
@@ -428,13 +486,14 @@ static void paged_seq_destroy(paged *p, paged_seq *s) {
     h->free(h->ctx, s);
 }
 
-/* Grow s's arrays to hold n blocks; false (and s unchanged) on failure. */
+/* Grow s's arrays to hold n entries per table; false (and s unchanged) on
+ * failure. */
 static bool paged_seq_reserve(paged *p, paged_seq *s, int32_t n) {
     if (n <= s->cap) return true;
     const loom_host *h = p->host;
     int32_t cap = s->cap ? s->cap : 8;
     while (cap < n) cap = cap > INT32_MAX / 2 ? n : cap * 2;
-    int32_t *b = h->alloc(h->ctx, (size_t)cap * sizeof *b);
+    int32_t *b = h->alloc(h->ctx, (size_t)cap * (size_t)p->G * sizeof *b);
     uint64_t *x = h->alloc(h->ctx, (size_t)cap * sizeof *x);
     uint64_t *y = h->alloc(h->ctx, (size_t)cap * sizeof *y);
     if (!b || !x || !y) {
@@ -443,7 +502,8 @@ static bool paged_seq_reserve(paged *p, paged_seq *s, int32_t n) {
         h->free(h->ctx, y);
         return false;
     }
-    if (s->nblocks) memcpy(b, s->blocks, (size_t)s->nblocks * sizeof *b);
+    for (int32_t g = 0; s->nblocks && g < p->G; g++)
+        memcpy(b + (size_t)g * cap, paged_tab(s, g), (size_t)s->nblocks * sizeof *b);
     if (s->num_hashed) {
         memcpy(x, s->h1, (size_t)s->num_hashed * sizeof *x);
         memcpy(y, s->h2, (size_t)s->num_hashed * sizeof *y);
@@ -463,6 +523,17 @@ static bool paged_seq_reserve(paged *p, paged_seq *s, int32_t n) {
 static int32_t paged_seq_num_draft(const loom_seq_info *seq) {
     if (seq->struct_size < offsetof(loom_seq_info, num_draft) + sizeof seq->num_draft) return 0;
     return seq->num_draft > 0 ? seq->num_draft : 0;
+}
+
+/* Room for n flags in p->ok. */
+static bool paged_ok_reserve(paged *p, int32_t n) {
+    if (n <= p->ok_cap) return true;
+    int32_t *ok = p->host->alloc(p->host->ctx, (size_t)n * sizeof *ok);
+    if (!ok) return false;
+    p->host->free(p->host->ctx, p->ok);
+    p->ok = ok;
+    p->ok_cap = n;
+    return true;
 }
 
 static bool paged_ops_reserve(paged *p, int32_t extra) {
@@ -497,14 +568,19 @@ static void paged_register_full(paged *p, paged_seq *s, const loom_seq_info *seq
         uint64_t b = paged_hash2(j ? s->h2[j - 1] : PAGED_ROOT2, toks, p->bs);
         s->h1[j] = a;
         s->h2[j] = b;
-        int32_t blk = s->blocks[j];
-        if (p->blocks[blk].hashed || paged_map_find(&p->prefix, a & p->key_mask, NULL)) continue;
-        /* The prefix table was sized for every block: the put cannot fail. */
-        paged_map_put(&p->prefix, a & p->key_mask, blk);
-        p->blocks[blk].hashed = 1;
-        p->blocks[blk].h1 = a;
-        p->blocks[blk].h2 = b;
-        memcpy(p->tokens + (size_t)blk * p->bs, toks, (size_t)p->bs * sizeof *toks);
+        for (int32_t g = 0; g < p->G; g++) {
+            int32_t blk = paged_tab(s, g)[j];
+            if (blk < 0 || p->blocks[blk].hashed ||
+                paged_map_find(&p->prefix, paged_key(p, a, g), NULL))
+                continue;
+            /* The prefix table was sized for every block: the put cannot fail. */
+            paged_map_put(&p->prefix, paged_key(p, a, g), blk);
+            p->blocks[blk].hashed = 1;
+            p->blocks[blk].group = (uint8_t)g;
+            p->blocks[blk].h1 = a;
+            p->blocks[blk].h2 = b;
+            memcpy(p->tokens + (size_t)blk * p->bs, toks, (size_t)p->bs * sizeof *toks);
+        }
     }
     if (full > s->num_hashed) s->num_hashed = full;
 }
@@ -539,6 +615,10 @@ static loom_status paged_create(const loom_host *host, const void *config, void 
     if (!(c->watermark >= 0.0 && c->watermark < 1.0))
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "cache.paged: watermark=%g must be in [0, 1)", c->watermark);
+    if (c->sliding_window != PAGED_WINDOW_AUTO && c->sliding_window != PAGED_WINDOW_OFF)
+        return host->error(host->ctx, err, LOOM_ERR_INVALID,
+                           "cache.paged: sliding_window=%lld is neither auto (0) nor off (1)",
+                           (long long)c->sliding_window);
     paged *p = host->calloc(host->ctx, 1, sizeof *p);
     if (!p)
         return host->error(host->ctx, err, LOOM_ERR_NOMEM,
@@ -547,6 +627,7 @@ static loom_status paged_create(const loom_host *host, const void *config, void 
     p->cfg = *c;
     p->key_mask = ~(uint64_t)0;
     p->bs = (int32_t)c->block_size;
+    p->G = 1;
     *self = p;
     return LOOM_OK;
 }
@@ -570,6 +651,7 @@ static void paged_destroy(void *self) {
     h->free(h->ctx, p->host_ref);
     h->free(h->ctx, p->host_free);
     h->free(h->ctx, p->ops);
+    h->free(h->ctx, p->ok);
     h->free(h->ctx, p);
 }
 
@@ -608,6 +690,47 @@ static loom_status paged_size_device(paged *p, const loom_cache_init *in, int64_
     return LOOM_OK;
 }
 
+/* Take the backend's block-table groups (loom/cache.h) unless
+ * sliding_window is off, the core passes none, or the layout cannot say
+ * so; then one block holds layers_per_block layers, not all of them. */
+static loom_status paged_take_groups(paged *p, const loom_cache_init *in, loom_kv_layout *layout,
+                                     loom_error *err) {
+    const loom_host *h = p->host;
+    const loom_kv_groups *g = LOOM_HAS_FIELD(in, loom_cache_init, groups) ? in->groups : NULL;
+    if (!g || p->cfg.sliding_window == PAGED_WINDOW_OFF ||
+        !LOOM_HAS_FIELD(layout, loom_kv_layout, num_groups))
+        return LOOM_OK;
+    bool ok = g->struct_size >= offsetof(loom_kv_groups, window) + sizeof g->window &&
+              g->num_groups >= 1 && g->num_groups <= LOOM_KV_GROUPS_MAX && g->num_layers >= 1 &&
+              g->layers_per_block >= 1 && g->layers_per_block <= g->num_layers;
+    for (int32_t i = 0; ok && i < g->num_groups; i++) ok = g->window[i] >= 0;
+    if (!ok)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "cache.paged: malformed block-table groups from the backend (%d groups, %d "
+                        "of %d layers per block); set cache.sliding_window: off",
+                        g->num_groups, g->layers_per_block, g->num_layers);
+    p->G = g->num_groups;
+    for (int32_t i = 0; i < p->G; i++) {
+        p->window[i] = g->window[i];
+        p->any_window |= g->window[i] > 0;
+    }
+    if (p->G > 1)
+        p->block_bytes = p->block_bytes * (size_t)g->layers_per_block / (size_t)g->num_layers;
+    layout->num_groups = p->G;
+    return LOOM_OK;
+}
+
+/* Blocks one sequence of len tokens needs at least, all groups: each
+ * windowed group only the blocks one query's window spans. */
+static int64_t paged_min_seq_blocks(const paged *p, int32_t len) {
+    int64_t whole = len > 0 ? (len + p->bs - 1) / p->bs : 1, n = 0;
+    for (int32_t g = 0; g < p->G; g++) {
+        int64_t w = p->window[g] > 0 ? (p->window[g] - 1 + p->bs - 1) / p->bs + 1 : whole;
+        n += w < whole ? w : whole;
+    }
+    return n;
+}
+
 static loom_status paged_init(void *self, const loom_cache_init *in, loom_kv_layout *layout,
                               loom_error *err) {
     paged *p = self;
@@ -617,12 +740,14 @@ static loom_status paged_init(void *self, const loom_cache_init *in, loom_kv_lay
     if (!in || !layout)
         return h->error(h->ctx, err, LOOM_ERR_INVALID, "cache.paged: init without init/layout");
     p->block_bytes = in->block_bytes ? in->block_bytes(in->ctx, p->bs) : 0;
-
-    int64_t n = 0;
-    loom_status st = paged_size_device(p, in, &n, err);
+    loom_status st = paged_take_groups(p, in, layout, err);
     if (st != LOOM_OK) return st;
 
-    int64_t per_seq = in->max_model_len > 0 ? (in->max_model_len + p->bs - 1) / p->bs : 1;
+    int64_t n = 0;
+    st = paged_size_device(p, in, &n, err);
+    if (st != LOOM_OK) return st;
+
+    int64_t per_seq = paged_min_seq_blocks(p, in->max_model_len);
     if (n < per_seq) {
         double need = (double)per_seq * (double)p->block_bytes / PAGED_MIB;
         double have = (double)n * (double)p->block_bytes / PAGED_MIB;
@@ -699,14 +824,71 @@ static loom_status paged_init(void *self, const loom_cache_init *in, loom_kv_lay
     p->inited = true;
     h->log(h->ctx, LOOM_LOG_INFO, PAGED_WHO,
            "%d device blocks of %d tokens (%.1f MiB), %d host blocks, prefix caching %s, "
-           "watermark %d blocks",
+           "watermark %d blocks, %d block-table group%s%s",
            p->num_blocks, p->bs, (double)p->num_blocks * (double)p->block_bytes / PAGED_MIB,
-           p->num_cpu_blocks, p->cfg.prefix_caching ? "on" : "off", p->watermark_blocks);
+           p->num_cpu_blocks, p->cfg.prefix_caching ? "on" : "off", p->watermark_blocks, p->G,
+           p->G == 1 ? "" : "s",
+           p->any_window ? " (windowed groups free what left the window)" : "");
     paged_publish(p);
     return LOOM_OK;
 }
 
 /* ------------------------------------------------------------- the calls */
+
+/* The registered block of group g holding block j of a sequence whose
+ * chain hashes there are a, b and tokens toks; -1 when none (a colliding
+ * key is a different block, not a hit). */
+static int32_t paged_lookup(const paged *p, int32_t g, uint64_t a, uint64_t b,
+                            const int32_t *toks) {
+    int64_t v;
+    if (!paged_map_find(&p->prefix, paged_key(p, a, g), &v)) return -1;
+    const paged_block *blk = &p->blocks[v];
+    if (blk->h1 != a || blk->h2 != b || blk->group != g ||
+        memcmp(p->tokens + (size_t)v * p->bs, toks, (size_t)p->bs * sizeof *toks) != 0)
+        return -1;
+    return (int32_t)v;
+}
+
+/* First block of a windowed group that the token at position q still
+ * reads (0 for a group that keeps everything). */
+static int32_t paged_window_lo(const paged *p, int32_t g, int64_t q) {
+    int64_t first = q - p->window[g] + 1;
+    return p->window[g] > 0 && first > 0 ? (int32_t)(first / p->bs) : 0;
+}
+
+/* Chain hashes of s's first blocks into s->h1/h2 while every global group
+ * has them cached: how many blocks (at most max_blocks) that is. */
+static int32_t paged_global_run(paged *p, paged_seq *s, const loom_seq_info *seq,
+                                int32_t max_blocks) {
+    for (int32_t j = 0; j < max_blocks; j++) {
+        const int32_t *toks = seq->tokens + (size_t)j * p->bs;
+        s->h1[j] = paged_hash1(j ? s->h1[j - 1] : PAGED_ROOT1, toks, p->bs);
+        s->h2[j] = paged_hash2(j ? s->h2[j - 1] : PAGED_ROOT2, toks, p->bs);
+        for (int32_t g = 0; g < p->G; g++)
+            if (p->window[g] == 0 && paged_lookup(p, g, s->h1[j], s->h2[j], toks) < 0) return j;
+    }
+    return max_blocks;
+}
+
+/* The longest hit of at most M blocks (chain hashes known) for which every
+ * windowed group has the blocks of its window cached: p->ok[m] stays 1
+ * while a prefix of m blocks serves every group seen so far. */
+static int32_t paged_window_hit(paged *p, const paged_seq *s, const loom_seq_info *seq, int32_t M) {
+    if (!p->any_window) return M;
+    for (int32_t m = 0; m <= M; m++) p->ok[m] = 1;
+    for (int32_t g = 0; g < p->G; g++) {
+        if (p->window[g] == 0) continue;
+        int32_t run = 0; /* cached blocks ending at j */
+        for (int32_t j = 0; j < M; j++) {
+            const int32_t *toks = seq->tokens + (size_t)j * p->bs;
+            run = paged_lookup(p, g, s->h1[j], s->h2[j], toks) >= 0 ? run + 1 : 0;
+            if (j + 1 - paged_window_lo(p, g, (int64_t)(j + 1) * p->bs) > run) p->ok[j + 1] = 0;
+        }
+    }
+    int32_t m = M;
+    while (m > 0 && !p->ok[m]) m--;
+    return m;
+}
 
 static int32_t paged_acquire_prefix(void *self, const loom_seq_info *seq) {
     paged *p = self;
@@ -723,34 +905,104 @@ static int32_t paged_acquire_prefix(void *self, const loom_seq_info *seq) {
     /* Only a sequence without blocks can take a prefix (contract: before the
      * first allocation); anything else is answered as a miss. */
     if (s->nblocks > 0 || s->swapped) return 0;
-    if (!paged_seq_reserve(p, s, max_blocks)) {
+    if (!paged_seq_reserve(p, s, max_blocks) || !paged_ok_reserve(p, max_blocks + 1)) {
         if (created) paged_seq_destroy(p, s);
         return 0;
     }
 
     p->st.prefix_queries += seq->num_tokens;
-    int32_t j = 0;
-    for (; j < max_blocks; j++) {
-        const int32_t *toks = seq->tokens + (size_t)j * p->bs;
-        uint64_t a = paged_hash1(j ? s->h1[j - 1] : PAGED_ROOT1, toks, p->bs);
-        int64_t v;
-        if (!paged_map_find(&p->prefix, a & p->key_mask, &v)) break;
-        int32_t blk = (int32_t)v;
-        uint64_t b = paged_hash2(j ? s->h2[j - 1] : PAGED_ROOT2, toks, p->bs);
-        if (p->blocks[blk].h1 != a || p->blocks[blk].h2 != b ||
-            memcmp(p->tokens + (size_t)blk * p->bs, toks, (size_t)p->bs * sizeof *toks) != 0)
-            break; /* the key collided: a different block, not ours */
-        paged_ref(p, blk);
-        s->blocks[j] = blk;
-        s->h1[j] = a;
-        s->h2[j] = b;
+    int32_t m = paged_window_hit(p, s, seq, paged_global_run(p, s, seq, max_blocks));
+    for (int32_t g = 0; g < p->G; g++) {
+        int32_t *tab = paged_tab(s, g);
+        s->dropped[g] = paged_window_lo(p, g, (int64_t)m * p->bs);
+        for (int32_t j = 0; j < m; j++) {
+            tab[j] = j < s->dropped[g]
+                         ? -1
+                         : paged_lookup(p, g, s->h1[j], s->h2[j], seq->tokens + (size_t)j * p->bs);
+            if (tab[j] >= 0) paged_ref(p, tab[j]);
+        }
     }
-    s->nblocks = j;
-    s->num_hashed = j;
-    s->len = j * p->bs;
+    s->nblocks = m;
+    s->num_hashed = m;
+    s->len = m * p->bs;
     p->st.prefix_hits += s->len;
     paged_note_peak(p);
+    paged_note_seq(p, s);
     return s->len;
+}
+
+/* What allocate() will do to s, decided before anything changes. */
+typedef struct paged_plan {
+    int32_t total;                         /* table entries after          */
+    int32_t drop_to[LOOM_KV_GROUPS_MAX];   /* leading entries released      */
+    int32_t last;                          /* partial block written, or -1  */
+    bool cow[LOOM_KV_GROUPS_MAX];          /* ... shared there: copied      */
+    int32_t extra;                         /* blocks taken                  */
+    int32_t reclaim;                       /* blocks its releases free      */
+    int32_t held;                          /* blocks it holds after         */
+} paged_plan;
+
+static int32_t paged_seq_num_computed(const loom_seq_info *seq, int32_t num_tokens) {
+    if (seq->struct_size < offsetof(loom_seq_info, num_computed) + sizeof seq->num_computed)
+        return 0;
+    int32_t nc = seq->num_computed;
+    return nc < 0 ? 0 : nc > num_tokens ? num_tokens : nc;
+}
+
+/* The plan for growing s to num_tokens with num_computed of them computed:
+ * per group, entries the window left behind are released (those past the
+ * table's end never allocated), new entries take a block each, and a
+ * shared partial last block is copied. */
+static void paged_plan_grow(const paged *p, const paged_seq *s, int32_t num_tokens, int32_t nc,
+                            paged_plan *pl) {
+    int32_t need = (int32_t)(((int64_t)num_tokens + p->bs - 1) / p->bs);
+    memset(pl, 0, sizeof *pl);
+    pl->total = s->nblocks > need ? s->nblocks : need;
+    pl->last = num_tokens > s->len && s->len % p->bs != 0 ? s->len / p->bs : -1;
+    for (int32_t g = 0; g < p->G; g++) {
+        const int32_t *tab = paged_tab(s, g);
+        int32_t d = paged_window_lo(p, g, nc);
+        if (d > pl->total) d = pl->total;
+        if (d < s->dropped[g]) d = s->dropped[g];
+        pl->drop_to[g] = d;
+        for (int32_t j = s->dropped[g]; j < d && j < s->nblocks; j++)
+            pl->reclaim += tab[j] >= 0 && p->blocks[tab[j]].ref == 1;
+        pl->extra += pl->total - (s->nblocks > d ? s->nblocks : d);
+        if (pl->last >= d && tab[pl->last] >= 0 && p->blocks[tab[pl->last]].ref > 1) {
+            pl->cow[g] = true;
+            pl->extra++;
+        }
+        pl->held += pl->total - d;
+    }
+}
+
+/* Carry out a plan checked to fit: release, copy or unregister the written
+ * partial block, take the new entries. */
+static void paged_commit_grow(paged *p, paged_seq *s, const paged_plan *pl) {
+    for (int32_t g = 0; g < p->G; g++) {
+        int32_t *tab = paged_tab(s, g);
+        int32_t upto = pl->drop_to[g] < s->nblocks ? pl->drop_to[g] : s->nblocks;
+        for (int32_t j = upto - 1; j >= s->dropped[g]; j--) {
+            if (tab[j] >= 0) paged_unref(p, tab[j]);
+            tab[j] = -1;
+        }
+        s->dropped[g] = pl->drop_to[g];
+        if (pl->last < 0 || pl->last < pl->drop_to[g] || tab[pl->last] < 0) continue;
+        int32_t old = tab[pl->last];
+        if (pl->cow[g]) {
+            int32_t nb = paged_take_free(p);
+            paged_ops_push(p, LOOM_BLOCK_COPY, old, nb);
+            paged_unref(p, old);
+            tab[pl->last] = nb;
+            p->st.cow_copies++;
+        } else {
+            paged_unregister(p, old);
+        }
+    }
+    for (int32_t j = s->nblocks; j < pl->total; j++)
+        for (int32_t g = 0; g < p->G; g++)
+            paged_tab(s, g)[j] = j < pl->drop_to[g] ? -1 : paged_take_free(p);
+    s->nblocks = pl->total;
 }
 
 static loom_status paged_allocate(void *self, const loom_seq_info *seq, int32_t num_tokens,
@@ -783,39 +1035,35 @@ static loom_status paged_allocate(void *self, const loom_seq_info *seq, int32_t 
         goto undo_create;
     }
 
-    int32_t total = s->nblocks > (int32_t)need_total ? s->nblocks : (int32_t)need_total;
-    int32_t extra = total - s->nblocks;
-    /* Writing past len lands first in the last partial block, if any: a
-     * shared one must be copied, an exclusively held registered one (kept
-     * after a truncate) must leave the prefix cache before it changes. */
-    int32_t last = -1;
-    bool cow = false;
-    if (num_tokens > s->len && s->len % p->bs != 0) {
-        last = s->len / p->bs;
-        if (p->blocks[s->blocks[last]].ref > 1) {
-            cow = true;
-            extra++;
-        }
+    paged_plan pl;
+    paged_plan_grow(p, s, num_tokens, paged_seq_num_computed(seq, num_tokens), &pl);
+    if (pl.held > p->num_blocks) {
+        st = h->error(h->ctx, err, LOOM_ERR_INVALID,
+                      "cache.paged: seq %lld needs %d blocks in its %d block tables for %d tokens "
+                      "but the pool has only %d; lower max_model_len, compute long prompts in "
+                      "smaller chunks, or enlarge the pool",
+                      (long long)seq->id, pl.held, p->G, num_tokens, p->num_blocks);
+        goto undo_create;
     }
     int32_t free_now = paged_num_free(p);
-    if (extra > free_now) {
+    if (pl.extra > free_now + pl.reclaim) {
         st = h->error(h->ctx, err, LOOM_ERR_NO_SPACE,
                       "cache.paged: seq %lld needs %d more blocks, %d free", (long long)seq->id,
-                      extra, free_now);
+                      pl.extra - pl.reclaim, free_now);
         goto undo_create;
     }
     /* Watermark at admission: leave headroom for running sequences to grow;
      * pointless (and a livelock) when nothing else holds blocks. */
     int32_t used = p->num_blocks - free_now;
-    if (!s->admitted && extra > 0 && used > s->nblocks &&
-        free_now - extra < p->watermark_blocks) {
+    if (!s->admitted && pl.extra > 0 && used > paged_seq_held(p, s) &&
+        free_now + pl.reclaim - pl.extra < p->watermark_blocks) {
         st = h->error(h->ctx, err, LOOM_ERR_NO_SPACE,
                       "cache.paged: admitting seq %lld would leave %d free blocks, under the "
                       "watermark of %d",
-                      (long long)seq->id, free_now - extra, p->watermark_blocks);
+                      (long long)seq->id, free_now + pl.reclaim - pl.extra, p->watermark_blocks);
         goto undo_create;
     }
-    if (!paged_seq_reserve(p, s, total) || !paged_ops_reserve(p, cow ? 1 : 0)) {
+    if (!paged_seq_reserve(p, s, pl.total) || !paged_ops_reserve(p, p->G)) {
         st = h->error(h->ctx, err, LOOM_ERR_NOMEM,
                       "cache.paged: out of host memory growing seq %lld's block table",
                       (long long)seq->id);
@@ -823,24 +1071,12 @@ static loom_status paged_allocate(void *self, const loom_seq_info *seq, int32_t 
     }
 
     /* Commit: nothing below can fail. */
-    if (last >= 0) {
-        int32_t old = s->blocks[last];
-        if (cow) {
-            int32_t nb = paged_take_free(p);
-            paged_ops_push(p, LOOM_BLOCK_COPY, old, nb);
-            paged_unref(p, old);
-            s->blocks[last] = nb;
-            p->st.cow_copies++;
-        } else {
-            paged_unregister(p, old);
-        }
-    }
-    for (int32_t j = s->nblocks; j < total; j++) s->blocks[j] = paged_take_free(p);
-    s->nblocks = total;
+    paged_commit_grow(p, s, &pl);
     if (num_tokens > s->len) s->len = num_tokens;
     s->admitted = true;
     paged_register_full(p, s, seq);
     paged_note_peak(p);
+    paged_note_seq(p, s);
     return LOOM_OK;
 
 undo_create:
@@ -897,9 +1133,13 @@ static loom_status paged_fork(void *self, loom_seq_id parent, loom_seq_id child,
         return h->error(h->ctx, err, LOOM_ERR_NOMEM,
                         "cache.paged: out of host memory forking seq %lld", (long long)parent);
     }
-    for (int32_t j = 0; j < ps->nblocks; j++) {
-        cs->blocks[j] = ps->blocks[j];
-        paged_ref(p, ps->blocks[j]);
+    for (int32_t g = 0; g < p->G; g++) {
+        for (int32_t j = 0; j < ps->nblocks; j++) {
+            int32_t b = paged_tab(ps, g)[j];
+            paged_tab(cs, g)[j] = b;
+            if (b >= 0) paged_ref(p, b);
+        }
+        cs->dropped[g] = ps->dropped[g];
     }
     if (ps->num_hashed) {
         memcpy(cs->h1, ps->h1, (size_t)ps->num_hashed * sizeof *cs->h1);
@@ -909,6 +1149,7 @@ static loom_status paged_fork(void *self, loom_seq_id parent, loom_seq_id child,
     cs->num_hashed = ps->num_hashed;
     cs->len = ps->len;
     cs->admitted = true;
+    paged_note_seq(p, cs);
     return LOOM_OK;
 }
 
@@ -932,14 +1173,14 @@ static paged_seq *paged_swap_check(paged *p, loom_seq_id id, bool out, loom_stat
                        !s ? "unknown" : out ? "an already swapped" : "a resident", (long long)id);
         return NULL;
     }
-    int32_t room = out ? p->num_host_free : paged_num_free(p);
-    if (s->nblocks > room) {
+    int32_t room = out ? p->num_host_free : paged_num_free(p), held = paged_seq_held(p, s);
+    if (held > room) {
         *st = h->error(h->ctx, err, LOOM_ERR_NO_SPACE,
-                       "cache.paged: seq %lld needs %d %s blocks, %d free", (long long)id,
-                       s->nblocks, out ? "host" : "device", room);
+                       "cache.paged: seq %lld needs %d %s blocks, %d free", (long long)id, held,
+                       out ? "host" : "device", room);
         return NULL;
     }
-    if (!paged_ops_reserve(p, s->nblocks)) {
+    if (!paged_ops_reserve(p, held)) {
         *st = h->error(h->ctx, err, LOOM_ERR_NOMEM,
                        "cache.paged: out of host memory queueing swap ops");
         return NULL;
@@ -947,24 +1188,42 @@ static paged_seq *paged_swap_check(paged *p, loom_seq_id id, bool out, loom_stat
     return s;
 }
 
+/* Move s's held blocks to the host pool (out) or back, one queued op
+ * each in table order, table entries rewritten in place; the device
+ * blocks a swap-out leaves go back deepest first (registered ones stay
+ * cached). Room was checked. Returns the blocks moved. */
+static int32_t paged_swap_move(paged *p, paged_seq *s, bool out) {
+    const int32_t k0 = p->num_ops;
+    for (int32_t g = 0; g < p->G; g++) {
+        int32_t *tab = paged_tab(s, g);
+        for (int32_t j = s->dropped[g]; j < s->nblocks; j++) {
+            int32_t other = out ? p->host_free[--p->num_host_free] : paged_take_free(p);
+            paged_ops_push(p, out ? LOOM_BLOCK_SWAP_OUT : LOOM_BLOCK_SWAP_IN, tab[j], other);
+            if (out) {
+                p->host_ref[other] = 1;
+            } else {
+                paged_host_unref(p, tab[j]);
+                tab[j] = other;
+            }
+        }
+    }
+    for (int32_t g = 0, k = k0; out && g < p->G; k += s->nblocks - s->dropped[g], g++) {
+        int32_t *tab = paged_tab(s, g);
+        for (int32_t j = s->nblocks - 1; j >= s->dropped[g]; j--) {
+            paged_unref(p, tab[j]);
+            tab[j] = p->ops[k + j - s->dropped[g]].dst;
+        }
+    }
+    s->swapped = out;
+    return p->num_ops - k0;
+}
+
 static loom_status paged_swap_out(void *self, loom_seq_id id, loom_error *err) {
     paged *p = self;
     loom_status st = LOOM_OK;
     paged_seq *s = paged_swap_check(p, id, true, &st, err);
     if (!s) return st;
-    int32_t n = s->nblocks;
-    for (int32_t j = 0; j < n; j++) {
-        int32_t hb = p->host_free[--p->num_host_free];
-        p->host_ref[hb] = 1;
-        paged_ops_push(p, LOOM_BLOCK_SWAP_OUT, s->blocks[j], hb);
-    }
-    /* Device blocks go back deepest first; registered ones stay cached. */
-    for (int32_t j = n - 1; j >= 0; j--) {
-        paged_unref(p, s->blocks[j]);
-        s->blocks[j] = p->ops[p->num_ops - n + j].dst;
-    }
-    s->swapped = true;
-    p->st.swaps_out += n;
+    p->st.swaps_out += paged_swap_move(p, s, true);
     return LOOM_OK;
 }
 
@@ -973,28 +1232,27 @@ static loom_status paged_swap_in(void *self, loom_seq_id id, loom_error *err) {
     loom_status st = LOOM_OK;
     paged_seq *s = paged_swap_check(p, id, false, &st, err);
     if (!s) return st;
-    for (int32_t j = 0; j < s->nblocks; j++) {
-        int32_t d = paged_take_free(p);
-        paged_ops_push(p, LOOM_BLOCK_SWAP_IN, s->blocks[j], d);
-        paged_host_unref(p, s->blocks[j]);
-        s->blocks[j] = d;
-    }
-    s->swapped = false;
+    p->st.swaps_in += paged_swap_move(p, s, false);
     /* The new blocks are unregistered: recompute the chain at the next
      * allocate so they can be registered (and shared) again. */
     s->num_hashed = 0;
-    p->st.swaps_in += s->nblocks;
     paged_note_peak(p);
     return LOOM_OK;
 }
 
-static int32_t paged_block_table(void *self, loom_seq_id id, int32_t *out, int32_t cap) {
+static int32_t paged_group_table(void *self, loom_seq_id id, int32_t group, int32_t *out,
+                                 int32_t cap) {
     paged *p = self;
     paged_seq *s = paged_seq_find(p, id);
-    if (!s || s->swapped) return 0; /* a swapped seq has no device blocks */
+    /* a swapped seq has no device blocks */
+    if (!s || s->swapped || group < 0 || group >= p->G) return 0;
     int32_t n = s->nblocks < cap ? s->nblocks : cap;
-    if (n > 0 && out) memcpy(out, s->blocks, (size_t)n * sizeof *out);
+    if (n > 0 && out) memcpy(out, paged_tab(s, group), (size_t)n * sizeof *out);
     return s->nblocks;
+}
+
+static int32_t paged_block_table(void *self, loom_seq_id id, int32_t *out, int32_t cap) {
+    return paged_group_table(self, id, 0, out, cap);
 }
 
 /* The core drains this once per step: the natural moment to publish. */
@@ -1012,7 +1270,11 @@ static int32_t paged_take_block_ops(void *self, loom_block_op *out, int32_t cap)
     return n;
 }
 
-static int32_t paged_num_free_blocks(void *self) { return paged_num_free((paged *)self); }
+/* In table positions: each takes a block in every group. */
+static int32_t paged_num_free_blocks(void *self) {
+    paged *p = self;
+    return paged_num_free(p) / p->G;
+}
 
 /* Writes only the fields the caller's struct_size covers (0 = all). */
 static void paged_stats(void *self, loom_cache_stats *out) {
@@ -1028,6 +1290,8 @@ static void paged_stats(void *self, loom_cache_stats *out) {
     s.num_cpu_blocks = p->num_cpu_blocks;
     s.free_cpu_blocks = p->num_host_free;
     s.block_size = p->bs;
+    s.num_groups = p->G;
+    s.block_bytes = (int64_t)p->block_bytes;
     memcpy(out, &s, size);
     paged_publish(p);
 }
@@ -1048,6 +1312,7 @@ const loom_cache_ops loom_paged_ops = {
     .take_block_ops = paged_take_block_ops,
     .num_free_blocks = paged_num_free_blocks,
     .stats = paged_stats,
+    .group_table = paged_group_table,
 };
 
 /* ----------------------------------------------------------- debug hooks */
@@ -1068,15 +1333,20 @@ bool loom_paged_debug_hashed(void *self, int32_t block) {
     return block >= 0 && block < p->num_blocks && p->blocks[block].hashed;
 }
 
-int32_t loom_paged_debug_table(void *self, loom_seq_id id, int32_t *out, int32_t cap,
-                               bool *swapped) {
+int32_t loom_paged_debug_group_table(void *self, loom_seq_id id, int32_t group, int32_t *out,
+                                     int32_t cap, bool *swapped) {
     paged *p = self;
     paged_seq *s = paged_seq_find(p, id);
-    if (!s) return -1;
+    if (!s || group < 0 || group >= p->G) return -1;
     if (swapped) *swapped = s->swapped;
     int32_t n = s->nblocks < cap ? s->nblocks : cap;
-    if (n > 0 && out) memcpy(out, s->blocks, (size_t)n * sizeof *out);
+    if (n > 0 && out) memcpy(out, paged_tab(s, group), (size_t)n * sizeof *out);
     return s->nblocks;
+}
+
+int32_t loom_paged_debug_table(void *self, loom_seq_id id, int32_t *out, int32_t cap,
+                               bool *swapped) {
+    return loom_paged_debug_group_table(self, id, 0, out, cap, swapped);
 }
 
 #define PAGED_CHECK(cond, ...)                                                                     \
@@ -1109,6 +1379,52 @@ done:
     return ok;
 }
 
+/* One sequence's tables: lengths, the released leading runs, ids in range
+ * (counted into refs / hrefs), registered blocks agreeing with its chain. */
+static bool paged_check_seq(const paged *p, const paged_seq *s, int32_t *refs, int32_t *hrefs,
+                            char *msg, size_t msg_size) {
+    bool ok = true;
+    const paged_block *B = p->blocks;
+    PAGED_CHECK(s->nblocks == (s->len + p->bs - 1) / p->bs, "seq %lld: %d blocks for len %d",
+                (long long)s->id, s->nblocks, s->len);
+    PAGED_CHECK(s->num_hashed <= s->len / p->bs, "seq %lld: %d hashed blocks for len %d",
+                (long long)s->id, s->num_hashed, s->len);
+    for (int32_t g = 0; g < p->G; g++) {
+        const int32_t *tab = paged_tab(s, g);
+        PAGED_CHECK(s->dropped[g] >= 0 && s->dropped[g] <= s->nblocks &&
+                        (p->window[g] > 0 || s->dropped[g] == 0),
+                    "seq %lld group %d: %d released entries of %d (window %d)", (long long)s->id, g,
+                    s->dropped[g], s->nblocks, p->window[g]);
+        for (int32_t j = 0; j < s->nblocks; j++) {
+            int32_t b = tab[j];
+            PAGED_CHECK((j < s->dropped[g]) == (b == -1),
+                        "seq %lld group %d entry %d is %d with %d leading entries released",
+                        (long long)s->id, g, j, b, s->dropped[g]);
+            if (b == -1) continue;
+            if (s->swapped) {
+                PAGED_CHECK(b >= 0 && b < p->num_cpu_blocks, "seq %lld: bad host id %d",
+                            (long long)s->id, b);
+                hrefs[b]++;
+                continue;
+            }
+            PAGED_CHECK(b >= 0 && b < p->num_blocks, "seq %lld: bad id %d", (long long)s->id, b);
+            refs[b]++;
+            if (j >= s->num_hashed || !B[b].hashed) continue;
+            PAGED_CHECK(B[b].group == g && B[b].h1 == s->h1[j] && B[b].h2 == s->h2[j],
+                        "seq %lld block %d (#%d of group %d): registered hash or group differs "
+                        "from the chain",
+                        (long long)s->id, b, j, g);
+            const int32_t *t = p->tokens + (size_t)b * p->bs;
+            PAGED_CHECK(paged_hash1(j ? s->h1[j - 1] : PAGED_ROOT1, t, p->bs) == B[b].h1 &&
+                            paged_hash2(j ? s->h2[j - 1] : PAGED_ROOT2, t, p->bs) == B[b].h2,
+                        "seq %lld block %d: stored tokens do not hash to its hash",
+                        (long long)s->id, b);
+        }
+    }
+done:
+    return ok;
+}
+
 bool loom_paged_debug_check(void *self, char *msg, size_t msg_size) {
     paged *p = self;
     const loom_host *h = p->host;
@@ -1135,7 +1451,9 @@ bool loom_paged_debug_check(void *self, char *msg, size_t msg_size) {
         if (!B[b].hashed) continue;
         hashed++;
         int64_t v;
-        PAGED_CHECK(paged_map_find(&p->prefix, B[b].h1 & p->key_mask, &v) && v == b,
+        PAGED_CHECK(B[b].group < p->G &&
+                        paged_map_find(&p->prefix, paged_key(p, B[b].h1, B[b].group), &v) &&
+                        v == b,
                     "hashed block %d is not in the prefix table under its hash", b);
     }
     PAGED_CHECK(used + nplain + ncached == p->num_blocks, "used %d + free %d + cached %d != %d",
@@ -1145,32 +1463,10 @@ bool loom_paged_debug_check(void *self, char *msg, size_t msg_size) {
 
     for (size_t i = 0; i < p->seqs.cap; i++) {
         if (!p->seqs.used[i]) continue;
-        const paged_seq *s = (const paged_seq *)(intptr_t)p->seqs.vals[i];
-        PAGED_CHECK(s->nblocks == (s->len + p->bs - 1) / p->bs,
-                    "seq %lld: %d blocks for len %d", (long long)s->id, s->nblocks, s->len);
-        PAGED_CHECK(s->num_hashed <= s->len / p->bs, "seq %lld: %d hashed blocks for len %d",
-                    (long long)s->id, s->num_hashed, s->len);
-        for (int32_t j = 0; j < s->nblocks; j++) {
-            int32_t b = s->blocks[j];
-            if (s->swapped) {
-                PAGED_CHECK(b >= 0 && b < p->num_cpu_blocks, "seq %lld: bad host id %d",
-                            (long long)s->id, b);
-                hrefs[b]++;
-                continue;
-            }
-            PAGED_CHECK(b >= 0 && b < p->num_blocks, "seq %lld: bad id %d", (long long)s->id, b);
-            refs[b]++;
-            if (j < s->num_hashed && B[b].hashed) {
-                PAGED_CHECK(B[b].h1 == s->h1[j] && B[b].h2 == s->h2[j],
-                            "seq %lld block %d (#%d): registered hash differs from the chain",
-                            (long long)s->id, b, j);
-                const int32_t *t = p->tokens + (size_t)b * p->bs;
-                PAGED_CHECK(paged_hash1(j ? s->h1[j - 1] : PAGED_ROOT1, t, p->bs) == B[b].h1 &&
-                                paged_hash2(j ? s->h2[j - 1] : PAGED_ROOT2, t, p->bs) ==
-                                    B[b].h2,
-                            "seq %lld block %d: stored tokens do not hash to its hash",
-                            (long long)s->id, b);
-            }
+        if (!paged_check_seq(p, (const paged_seq *)(intptr_t)p->seqs.vals[i], refs, hrefs, msg,
+                             msg_size)) {
+            ok = false;
+            goto done;
         }
     }
     for (int32_t b = 0; b < p->num_blocks; b++)

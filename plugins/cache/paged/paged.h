@@ -27,7 +27,12 @@ typedef struct loom_paged_config {
     double watermark;        /* [0, 1): share of blocks kept free at admission */
     double cpu_swap_gib;     /* host swap pool, GiB; 0 = no swap               */
     int64_t num_cpu_blocks;  /* > 0: exact host pool size (overrides GiB)      */
+    int64_t sliding_window;  /* PAGED_WINDOW_AUTO: take the backend's block-table
+                                groups (free what a window left behind);
+                                PAGED_WINDOW_OFF: one table, every block kept */
 } loom_paged_config;
+
+enum { PAGED_WINDOW_AUTO = 0, PAGED_WINDOW_OFF = 1 };
 
 extern const loom_cache_ops loom_paged_ops;
 extern const loom_param loom_paged_params[];
@@ -45,9 +50,13 @@ void    loom_paged_debug_set_key_mask(void *self, uint64_t mask);
 /* Whether device block `block` is registered in the prefix cache. */
 bool    loom_paged_debug_hashed(void *self, int32_t block);
 /* seq's table including host ids while swapped: writes up to `cap` ids,
- * returns how many it has (-1 for an unknown seq); *swapped set if non-NULL. */
+ * returns how many it has (-1 for an unknown seq); *swapped set if non-NULL.
+ * Group 0's; loom_paged_debug_group_table for any group (-1 entries are
+ * blocks a windowed group released). */
 int32_t loom_paged_debug_table(void *self, loom_seq_id seq, int32_t *out, int32_t cap,
                                bool *swapped);
+int32_t loom_paged_debug_group_table(void *self, loom_seq_id seq, int32_t group, int32_t *out,
+                                     int32_t cap, bool *swapped);
 /* Walk every internal structure and check the invariants (refcounts equal
  * table references, free lists disjoint and complete, hash table and block
  * hashes agree, stored tokens re-hash to the stored hash). Returns true when
