@@ -563,6 +563,14 @@ static loom_status cb_sync(cuda_backend *b, loom_error *err) {
     return st;
 }
 
+/* A failure after copies were enqueued from pinned staging: wait for the
+ * stream (its own status aside) so the next step cannot rewrite staging a
+ * copy still reads. */
+static loom_status cb_drain(cuda_backend *b, loom_status st) {
+    (void)cudaStreamSynchronize(b->stream);
+    return st;
+}
+
 /* Row r's constraint mask in tk, or NULL (loom/backend.h, ABI 2.4). */
 static const uint32_t *cb_row_mask(const loom_logits_topk *tk, size_t r) {
     return LOOM_HAS_FIELD(tk, loom_logits_topk, fill_masks) && tk->allowed ? tk->allowed[r] : NULL;
@@ -633,13 +641,13 @@ static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, fl
                                                         d_vals, d_lse, b->topk_ws, b->stream))) ||
             (st = CB_CUDA(b, err, cudaMemcpyAsync(h_ids, d_ids, (2 * nk + (size_t)nreal) * 4,
                                                   cudaMemcpyDeviceToHost, b->stream))))
-            return st;
+            return cb_drain(b, st);
     }
     for (int32_t i = 0; i < nreal; i++) {
         if (on_device && !tk->want_full[r0 + i]) continue;
         if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->logits_host + (size_t)i * V, b->logits_dev + (size_t)i * V,
                                                   row_bytes, cudaMemcpyDeviceToHost, b->stream))))
-            return st;
+            return cb_drain(b, st);
     }
     if ((st = cb_sync(b, err))) return st;
     for (int32_t i = 0; i < nreal; i++) {
