@@ -162,7 +162,7 @@ Test(cli, plugins_json) {
     cr_assert_not_null(root, "not JSON:\n%s", r.out);
     cJSON *plugins = cJSON_GetObjectItem(root, "plugins");
     cJSON *broken = cJSON_GetObjectItem(root, "broken");
-    cr_assert_eq(cJSON_GetArraySize(broken), 11);
+    cr_assert_eq(cJSON_GetArraySize(broken), 12);
     bool found = false;
     cJSON *p;
     cJSON_ArrayForEach(p, plugins) {

@@ -160,9 +160,13 @@ Test(engine_kv, bad_handoff_failure_and_abort_end_one_request) {
     }
     loom_kv_handoff h = handoff_of(&ex, p);
     cr_assert_eq(loom_engine_kv_deliver(D, id[0], &h, &err), LOOM_OK); /* checked at the step: mismatch */
-    loom_kv_handoff bad = h;
+    loom_kv_handoff bad = h; /* other block bytes, with a buffer of that size (the contract's) */
     bad.block_bytes += 4;
-    cr_assert_eq(loom_engine_kv_deliver(D, id[1], &bad, &err), LOOM_OK); /* other block bytes */
+    void *bad_blocks = calloc((size_t)bad.num_blocks, bad.block_bytes);
+    cr_assert_not_null(bad_blocks);
+    bad.blocks = bad_blocks;
+    cr_assert_eq(loom_engine_kv_deliver(D, id[1], &bad, &err), LOOM_OK);
+    free(bad_blocks);
     cr_assert_eq(loom_engine_kv_fail(D, id[2], "the prefill server went away"), LOOM_OK);
     cr_assert_eq(loom_engine_abort(D, id[3]), LOOM_OK);
     eng_run(D, 100);
