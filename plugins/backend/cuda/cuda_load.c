@@ -1126,7 +1126,7 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                         "head, head_dim %d: one of 16, 32, 64, 128)",
                         c->name, c->hidden_size, c->intermediate_size, c->num_heads, c->num_kv_heads,
                         LOOM_CUDA_MAX_GQA, c->head_dim);
-    /* no grouped-expert kernels here yet: refuse rather than run a dense
+    /* this backend has no grouped-expert kernels: refuse rather than run a dense
      * FFN that the model does not have */
     if (c->num_experts > 0)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
