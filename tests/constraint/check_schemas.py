@@ -130,6 +130,8 @@ def rand_bounds(r, s):
         s["exclusiveMinimum" if r.random() < 0.3 and lo != hi else "minimum"] = lo
     if sides != "lo":
         s["exclusiveMaximum" if r.random() < 0.3 and lo != hi else "maximum"] = hi
+    if s["type"] == "integer" and "exclusiveMinimum" in s and "exclusiveMaximum" in s and hi - lo < 2:
+        s["maximum"] = s.pop("exclusiveMaximum")  # (9, 10) holds no integer: the engine refuses it by design
     if s["type"] == "integer" and r.random() < 0.2:
         for key in [k for k in s if k != "type"]:  # non-integer bounds on integers, widened
             s[key] = s[key] + (-0.5 if "inimum" in key else 0.25)

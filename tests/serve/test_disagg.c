@@ -210,12 +210,12 @@ Test(disagg, tcp_key_hostile_peers_and_a_killed_prefill, .timeout = 240) {
     leave_mid_request(d.port);
     expect_freed(p.port, d.port);
 
-    /* the prefill server killed while it computes a long prompt */
+    /* the prefill server killed with a request in its hands: stopped before the request is sent, so a fast
+     * machine cannot finish the prefill first (it did, 100 ms after sending, on CI) */
     char *body = long_body(60);
+    kill(p.pid, SIGSTOP);
     int fd = dial(d.port);
     send_request(fd, "POST", "/v1/completions", body, NULL);
-    usleep(100000);
-    kill(p.pid, SIGSTOP); /* mid-request however fast the machine: it cannot finish now */
     usleep(500000);
     kill(p.pid, SIGKILL);
     waitpid(p.pid, NULL, 0);
