@@ -214,6 +214,11 @@ typedef struct loom_stage {
     /* REQUIRED when index < count - 1 (NULL on the last stage). */
     loom_status (*send_next)(void *ctx, const void *buf, int64_t count, loom_dtype dtype,
                              void *stream, loom_error *err);
+    /* since ABI 2.5 (LOOM_HAS_FIELD): 1 when the links take device memory
+     * on the backend's stream (the pp executor's nccl), 0 when they take
+     * host memory (its threads) — a GPU backend stages the residual
+     * stream through host memory for the latter. */
+    int32_t device_links;
 } loom_stage;
 
 /* Largest k forward_topk() must serve. */

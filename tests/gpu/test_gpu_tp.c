@@ -65,6 +65,9 @@
 #ifndef LOOM_TP_EXECUTOR_DEFAULT
 #define LOOM_TP_EXECUTOR_DEFAULT "loom-executor-tp.so"
 #endif
+#ifndef LOOM_PP_EXECUTOR_DEFAULT
+#define LOOM_PP_EXECUTOR_DEFAULT "loom-executor-pp.so"
+#endif
 
 #define TOL_TP 2e-2   /* sharded vs one backend: bf16 all-reduce of partial sums */
 #define TOL_SAME 1e-6 /* fork vs original; graphs-on vs eager sharded runs */
@@ -230,8 +233,10 @@ static void rig_close(rig *g) {
     memset(g, 0, sizeof *g);
 }
 
-static loom_status rig_open(rig *g, const plugin *cuda, const plugin *tp, int size, bool graphs,
-                            bool p2p, const loom_model_view *view, loom_error *e) {
+/* size 0: a plain backend; else the executor `tp` (tp or pp) with the
+ * overrides xov over `size` cuda instances. */
+static loom_status rig_open_exec(rig *g, const plugin *cuda, const plugin *tp, int size, const char *const *xov,
+                                 bool graphs, const loom_model_view *view, loom_error *e) {
     memset(g, 0, sizeof *g);
     g->cuda = cuda, g->tp = tp;
     const char *ov[] = {graphs ? "cuda_graphs=true" : "cuda_graphs=false",
@@ -245,10 +250,7 @@ static loom_status rig_open(rig *g, const plugin *cuda, const plugin *tp, int si
         if ((st = backend_of(cuda)->create(h, bcfg, &g->plain, e))) goto out;
         g->ops = backend_of(cuda), g->self = g->plain;
     } else {
-        char sz[32];
-        snprintf(sz, sizeof sz, "size=%d", size);
-        const char *tov[] = {sz, "comm=nccl", p2p ? "p2p_kib=8192" : NULL, NULL};
-        void *tcfg = gpu_config_make(tp->comp, tov);
+        void *tcfg = gpu_config_make(tp->comp, xov);
         const loom_executor_ops *x = executor_of(tp);
         st = x->create(h, tcfg, &g->exec, e);
         free(tcfg);
@@ -268,6 +270,14 @@ static loom_status rig_open(rig *g, const plugin *cuda, const plugin *tp, int si
 out:
     free(bcfg);
     return st;
+}
+
+static loom_status rig_open(rig *g, const plugin *cuda, const plugin *tp, int size, bool graphs,
+                            bool p2p, const loom_model_view *view, loom_error *e) {
+    char sz[32];
+    snprintf(sz, sizeof sz, "size=%d", size);
+    const char *tov[] = {sz, "comm=nccl", p2p ? "p2p_kib=8192" : NULL, NULL};
+    return rig_open_exec(g, cuda, tp, size, tov, graphs, view, e);
 }
 
 typedef struct run_out {
@@ -354,6 +364,37 @@ fail:
     printf("FAIL %s: status %d: %s\n", label, (int)st, e.message);
     g_fail++;
     return r;
+}
+
+/* A forward_topk run against the whole rows of `ref` (the same steps run
+ * with forward()): each row's top-k ids / values and log-sum-exp equal the
+ * host reference on ref's row, and the rows asked whole equal ref's. */
+static void check_topk(const char *label, const run_out *got, const run_out *ref, int V, const char *ref_name) {
+    char what[400];
+    double full_err = 0, lse_err = 0;
+    int id_bad = 0;
+    for (int r = 0; r < ref->rows && r < got->rows; r++) {
+        const float *row = ref->logits + (size_t)r * V;
+        int32_t ids[TOPK_K];
+        float vals[TOPK_K], lse;
+        loom_logits_topk_row(row, V, TOPK_K, ids, vals, &lse);
+        for (int j = 0; j < TOPK_K; j++) /* a tie may order ids either way */
+            if (ids[j] != got->top_ids[r * TOPK_K + j] &&
+                fabsf(vals[j] - got->top_vals[r * TOPK_K + j]) > 1e-6f * fabsf(vals[j]))
+                id_bad++;
+        double d = fabs((double)lse - got->lse[r]);
+        if (!(d <= lse_err)) lse_err = d;
+        if (r % 2 == 0) {
+            double fe = rows_err(got->logits + (size_t)r * V, row, 1, V);
+            if (!(fe <= full_err)) full_err = fe;
+        }
+    }
+    snprintf(what, sizeof what, "%s: top-%d ids/values == host reference (%d rows)", label, TOPK_K, ref->rows);
+    result(got->rows == ref->rows && id_bad == 0, what, id_bad, NULL);
+    snprintf(what, sizeof what, "%s: log-sum-exp == host reference", label);
+    result(lse_err <= 1e-4, what, lse_err, NULL);
+    snprintf(what, sizeof what, "%s: want_full rows == %s", label, ref_name);
+    result(full_err <= TOL_SAME, what, full_err, NULL);
 }
 
 /* ------------------------------------------------------------- a model */
@@ -470,31 +511,7 @@ static void run_model(const plugin *cuda, const plugin *tp, int ndev, const char
             result(got->rows == eager2.rows && err <= TOL_SAME, what, err,
                    same ? " (bit-identical)" : " (not bit-identical)");
         } else if (got->ok) {
-            double full_err = 0, lse_err = 0;
-            int id_bad = 0;
-            for (int r = 0; r < eager2.rows && r < got->rows; r++) {
-                const float *ref = eager2.logits + (size_t)r * V;
-                int32_t ids[TOPK_K];
-                float vals[TOPK_K], lse;
-                loom_logits_topk_row(ref, V, TOPK_K, ids, vals, &lse);
-                for (int j = 0; j < TOPK_K; j++) /* a tie may order ids either way */
-                    if (ids[j] != got->top_ids[r * TOPK_K + j] &&
-                        fabsf(vals[j] - got->top_vals[r * TOPK_K + j]) > 1e-6f * fabsf(vals[j]))
-                        id_bad++;
-                double d = fabs((double)lse - got->lse[r]);
-                if (!(d <= lse_err)) lse_err = d;
-                if (r % 2 == 0) {
-                    double fe = rows_err(got->logits + (size_t)r * V, ref, 1, V);
-                    if (!(fe <= full_err)) full_err = fe;
-                }
-            }
-            snprintf(what, sizeof what, "%s: top-%d ids/values == host reference (%d rows)", label, TOPK_K,
-                     eager2.rows);
-            result(got->rows == eager2.rows && id_bad == 0, what, id_bad, NULL);
-            snprintf(what, sizeof what, "%s: log-sum-exp == host reference", label);
-            result(lse_err <= 1e-4, what, lse_err, NULL);
-            snprintf(what, sizeof what, "%s: want_full rows == eager NCCL run", label);
-            result(full_err <= TOL_SAME, what, full_err, NULL);
+            check_topk(label, got, &eager2, V, "eager NCCL run");
         }
         free(got->logits);
         free(got);
@@ -502,6 +519,86 @@ static void run_model(const plugin *cuda, const plugin *tp, int ndev, const char
     free(eager2.logits);
 out:
     free(ref.logits);
+}
+
+/* ---------------------------------------------- pipeline stages, one GPU */
+
+/* The scenario on a fresh rig (size 0: a plain backend). */
+static run_out run_rig(const plugin *cuda, const plugin *xp, int size, const char *const *xov, bool graphs,
+                       bool topk, const loom_model_view *view, const char *label) {
+    rig g;
+    loom_error e = {0};
+    run_out r = {0};
+    loom_status st = rig_open_exec(&g, cuda, xp, size, xov, graphs, view, &e);
+    if (st) {
+        printf("FAIL %s: setup: status %d: %s\n", label, (int)st, e.message);
+        g_fail++;
+    } else {
+        g.topk = topk;
+        r = run_steps(&g, view->config->vocab_size, label);
+    }
+    rig_close(&g);
+    return r;
+}
+
+/* The pp executor (comm threads: links staged through pinned host memory)
+ * over `stages` cuda instances sharing GPU 0, against one plain backend:
+ * with one micro-batch every stage runs the plain backend's kernels on the
+ * same rows and the links move x and r whole, so bit for bit (graphs on
+ * against the plain backend's graphs); two micro-batches change the GEMMs'
+ * row counts (TOL_TP). Also forward_topk through the last stage, the fork,
+ * the per-stage kv_block_bytes and graph captures on every stage. */
+static void run_pp_model(const plugin *cuda, const plugin *pp, const char *name, const loom_model_view *view) {
+    const int V = view->config->vocab_size, L = view->config->num_layers;
+    char label[200], what[400];
+    snprintf(label, sizeof label, "%s plain eager", name);
+    run_out ref_e = run_rig(cuda, NULL, 0, NULL, false, false, view, label);
+    snprintf(label, sizeof label, "%s plain graphs", name);
+    run_out ref_g = run_rig(cuda, NULL, 0, NULL, true, false, view, label);
+    static const struct { int stages, mb; bool graphs, topk; } variants[] = {
+        {2, 1, false, false}, {2, 1, true, false}, {2, 2, true, false}, {2, 1, true, true},
+        {3, 1, false, false}, {3, 2, true, false}, {-1, 1, true, false}, /* -1: a stage per layer */
+    };
+    for (size_t vi = 0; ref_e.ok && ref_g.ok && vi < sizeof variants / sizeof variants[0]; vi++) {
+        const int n = variants[vi].stages < 0 ? L : variants[vi].stages, mb = variants[vi].mb;
+        const bool graphs = variants[vi].graphs, topk = variants[vi].topk;
+        if (n > L || (variants[vi].stages < 0 && L <= 3)) continue;
+        char a[32], b[32];
+        snprintf(a, sizeof a, "pp_size=%d", n);
+        snprintf(b, sizeof b, "micro_batches=%d", mb);
+        const char *xov[] = {a, b, "comm=threads", NULL};
+        snprintf(label, sizeof label, "%s pp %d micro-batches %d graphs=%s%s", name, n, mb, graphs ? "on" : "off",
+                 topk ? " forward_topk" : "");
+        const double cap0 = loom_metrics_get("backend.cuda.graph_captures");
+        run_out got = run_rig(cuda, pp, n, xov, graphs, topk, view, label);
+        const run_out *ref = graphs ? &ref_g : &ref_e;
+        if (got.ok && topk) {
+            check_topk(label, &got, ref, V, graphs ? "plain graphs run" : "plain eager run");
+        } else if (got.ok) {
+            const double err = rows_err(got.logits, ref->logits, ref->rows, V);
+            const bool same = got.rows == ref->rows &&
+                              !memcmp(got.logits, ref->logits, sizeof(float) * (size_t)ref->rows * V);
+            snprintf(what, sizeof what, "%s vs plain backend (%d rows)", label, ref->rows);
+            result(got.rows == ref->rows && err <= (mb == 1 ? TOL_SAME : TOL_TP), what, err,
+                   same ? " (bit-identical)" : " (not bit-identical)");
+            const double fe = rows_err(got.logits + (size_t)(got.fork_row + 1) * V,
+                                       got.logits + (size_t)got.fork_row * V, 1, V);
+            snprintf(what, sizeof what, "%s fork via copy_blocks == original", label);
+            result(fe <= TOL_SAME, what, fe, NULL);
+            const size_t most = (size_t)(L + n - 1) / (size_t)n; /* the largest stage's layers */
+            snprintf(what, sizeof what, "%s kv_block_bytes %zu (plain %zu: %zu of %d layers)", label,
+                     got.kv_block_bytes, ref->kv_block_bytes, most, L);
+            result(got.kv_block_bytes * (size_t)L == ref->kv_block_bytes * most, what, 0, NULL);
+            if (graphs) {
+                const double caps = loom_metrics_get("backend.cuda.graph_captures") - cap0;
+                snprintf(what, sizeof what, "%s: graphs captured on every stage (%g)", label, caps);
+                result(caps >= n, what, 0, NULL);
+            }
+        }
+        free(got.logits);
+    }
+    free(ref_e.logits);
+    free(ref_g.logits);
 }
 
 static loom_model *load_dummy(const char *shape, loom_dtype dt, int32_t layers) {
@@ -520,31 +617,41 @@ static loom_model *load_dummy(const char *shape, loom_dtype dt, int32_t layers) 
 int main(int argc, char **argv) {
     const char *cuda_so = argc > 2 ? argv[1] : getenv("LOOM_CUDA_BACKEND_SO");
     const char *tp_so = argc > 2 ? argv[2] : getenv("LOOM_TP_EXECUTOR_SO");
+    const char *pp_so = argc > 3 ? argv[3] : getenv("LOOM_PP_EXECUTOR_SO");
     if (!cuda_so) cuda_so = LOOM_CUDA_BACKEND_DEFAULT;
     if (!tp_so) tp_so = LOOM_TP_EXECUTOR_DEFAULT;
+    if (!pp_so) pp_so = LOOM_PP_EXECUTOR_DEFAULT;
     /* NVLink multicast off: docs/tensor-parallel.md (required on the
      * project's shared H200 machines) */
     setenv("NCCL_NVLS_ENABLE", "0", 0);
-    printf("gpu_tp_test\n  cuda: %s\n  tp:   %s\n", cuda_so, tp_so);
-#ifndef GPU_TP_HAVE_NCCL
-    printf("SKIP loom-executor-tp.so was built without NCCL (libnccl not found at configure)\n");
-    return 0;
-#endif
+    printf("gpu_tp_test\n  cuda: %s\n  tp:   %s\n  pp:   %s\n", cuda_so, tp_so, pp_so);
+    plugin cuda, tp, pp;
+    if (!plugin_open(&cuda, cuda_so, LOOM_KIND_BACKEND, "cuda") || !plugin_open(&pp, pp_so, LOOM_KIND_EXECUTOR, "pp"))
+        return 100;
+    loom_model *m;
+    /* pipeline stages on one GPU (threads links) */
+    if ((m = load_dummy("tiny", LOOM_DTYPE_BF16, 0))) {
+        run_pp_model(&cuda, &pp, "tiny bf16", loom_model_view_get(m));
+        loom_model_free(m);
+    }
+    if ((m = load_dummy("qwen2-0.5b", LOOM_DTYPE_BF16, 5))) {
+        run_pp_model(&cuda, &pp, "qwen2-0.5b 5 layers (bias, tied)", loom_model_view_get(m));
+        loom_model_free(m);
+    }
     int ndev = 0;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
+#ifndef GPU_TP_HAVE_NCCL
+    printf("SKIP tp: loom-executor-tp.so was built without NCCL (libnccl not found at configure)\n");
+    ndev = 0;
+#endif
     if (ce != cudaSuccess || ndev < 2) {
-        printf("SKIP tensor parallelism needs >= 2 GPUs; %d visible%s%s\n",
-               ce == cudaSuccess ? ndev : 0, ce == cudaSuccess ? "" : ": ",
-               ce == cudaSuccess ? "" : cudaGetErrorString(ce));
-        return 0;
+        printf("SKIP tensor parallelism needs >= 2 GPUs; %d visible%s%s\n", ce == cudaSuccess ? ndev : 0,
+               ce == cudaSuccess ? "" : ": ", ce == cudaSuccess ? "" : cudaGetErrorString(ce));
+        printf("gpu_tp_test: %d passed, %d failed\n", g_pass, g_fail);
+        return g_fail;
     }
     printf("  %d GPUs visible\n", ndev);
-    plugin cuda, tp;
-    if (!plugin_open(&cuda, cuda_so, LOOM_KIND_BACKEND, "cuda") ||
-        !plugin_open(&tp, tp_so, LOOM_KIND_EXECUTOR, "tp"))
-        return 100;
-
-    loom_model *m;
+    if (!plugin_open(&tp, tp_so, LOOM_KIND_EXECUTOR, "tp")) return 100;
     if ((m = load_dummy("tiny", LOOM_DTYPE_BF16, 0))) {
         const loom_model_view *v = loom_model_view_get(m);
         run_model(&cuda, &tp, ndev, "tiny bf16", v);

@@ -101,7 +101,7 @@ void cb_graphs_reset(cuda_backend *b) {
     for (int k = 0; k < CB_NUM_TOK_BUCKETS; k++) {
         cuda_piece_set *ps = &b->pieces[k];
         if (ps->exec) {
-            for (int32_t i = 0; i <= b->mc.num_layers; i++)
+            for (int32_t i = 0; i <= b->nlayers; i++)
                 if (ps->exec[i]) cudaGraphExecDestroy(ps->exec[i]);
             b->host->free(b->host->ctx, ps->exec);
         }
@@ -242,7 +242,7 @@ static void cb_destroy(void *self) {
     if (b->stream) cudaStreamSynchronize(b->stream);
     cb_graphs_reset(b);
     if (b->pools) {
-        for (int32_t i = 0; i < 2 * b->mc.num_layers; i++)
+        for (int32_t i = 0; i < 2 * b->nlayers; i++)
             if (b->pools[i]) cudaFree(b->pools[i]);
         h->free(h->ctx, b->pools);
     }
@@ -258,6 +258,7 @@ static void cb_destroy(void *self) {
     if (b->logits_host) cudaFreeHost(b->logits_host);
     if (b->topk_host) cudaFreeHost(b->topk_host);
     if (b->mask_host) cudaFreeHost(b->mask_host);
+    cb_link_buf_free(b);
     h->free(h->ctx, b->layers);
     loom_cuda_gemm_destroy(b->gemm);
     if (b->stream) cudaStreamDestroy(b->stream);
@@ -314,7 +315,7 @@ static size_t cb_kv_block_bytes(void *self, int32_t block_size, loom_dtype dtype
     if (!b->loaded || block_size <= 0 || dt == LOOM_DTYPE_COUNT) return 0;
     size_t per_pool = (size_t)b->mc.num_kv_heads * (size_t)block_size * (size_t)b->mc.head_dim *
                       loom_dtype_block_bytes(dt);
-    return per_pool * 2 * (size_t)b->mc.num_layers;
+    return per_pool * 2 * (size_t)b->nlayers; /* a pipeline stage: its layers only */
 }
 
 static loom_status cb_memory(void *self, loom_backend_memory *out, loom_error *err) {
@@ -335,7 +336,7 @@ static loom_status cb_memory(void *self, loom_backend_memory *out, loom_error *e
 static void cb_kv_free(cuda_backend *b) {
     const loom_host *h = b->host;
     if (b->pools) {
-        for (int32_t i = 0; i < 2 * b->mc.num_layers; i++)
+        for (int32_t i = 0; i < 2 * b->nlayers; i++)
             if (b->pools[i]) cudaFree(b->pools[i]);
         h->free(h->ctx, b->pools);
         b->pools = NULL;
@@ -377,7 +378,7 @@ static loom_status cb_kv_alloc(void *self, const loom_kv_layout *layout, loom_er
                         "its compute type %s or fp8_e4m3 (set the backend's dtype, or leave the "
                         "cache's dtype to the backend)",
                         loom_dtype_name(layout->dtype), loom_dtype_name(b->ldt));
-    const int32_t L = b->mc.num_layers;
+    const int32_t L = b->nlayers; /* held: every layer, or a pipeline stage's */
     const loom_cuda_kv kv = dt == LOOM_DTYPE_FP8_E4M3 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
     const size_t kv_elt = LOOM_CUDA_KV_ELT(kv);
     const size_t block = (size_t)b->mc.num_kv_heads * (size_t)layout->block_size *
@@ -523,7 +524,7 @@ static loom_status cb_copy(cuda_backend *b, void *const *src_pools, void *const 
     if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->pairs_dev, pairs, (size_t)n * 2 * sizeof(int32_t),
                                               cudaMemcpyHostToDevice, b->stream))))
         return st;
-    return CB_CUDA(b, err, loom_cuda_copy_blocks(src_pools, dst_pools, 2 * b->mc.num_layers,
+    return CB_CUDA(b, err, loom_cuda_copy_blocks(src_pools, dst_pools, 2 * b->nlayers,
                                                  b->pairs_dev, n, b->kv_block_bytes, b->stream));
 }
 
@@ -560,7 +561,7 @@ static loom_status cb_kv_image(cuda_backend *b, const char *op, const int32_t *b
                                size_t len, bool read, loom_error *err) {
     const loom_host *h = b->host;
     if (!b->kv_ready) return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: %s() before kv_alloc()", op);
-    const int32_t L = b->mc.num_layers;
+    const int32_t L = b->nlayers; /* a pipeline stage's image holds its layers */
     const size_t bb = b->kv_block_bytes, per = bb * 2 * (size_t)L;
     if (n < 0 || (n > 0 && (!blocks || !host)) || len != per * (size_t)(n > 0 ? n : 0))
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
@@ -610,6 +611,7 @@ static const loom_backend_ops cb_ops = {
     .kv_read_blocks = cb_kv_read_blocks,
     .kv_write_blocks = cb_kv_write_blocks,
     .load_shard = cb_load_shard,
+    .load_stage = cb_load_stage,
 };
 
 static const loom_component cb_components[] = {{

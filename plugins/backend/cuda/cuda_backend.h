@@ -170,7 +170,8 @@ typedef struct cuda_backend {
     void *qscratch;             /* quantized-GEMM scratch (work allocation)   */
     size_t qscratch_bytes;      /* its size: the largest any weight needs     */
     size_t qweight_bytes;       /* bytes of quantized weights in the arena    */
-    cuda_layer *layers;         /* host array (num_layers)                    */
+    cuda_layer *layers;         /* host array (num_layers); a pipeline stage
+                                   fills only its layers'                     */
     float *rope_cs;             /* (rope_max_pos, head_dim/2, 2) f32 device    */
     int32_t rope_max_pos;
 
@@ -221,15 +222,25 @@ typedef struct cuda_backend {
     float *logits_local;        /* (logits_rows, vocab_pad) f32, sharded only */
     float *logits_gathered;     /* (size, logits_rows, vocab_pad) f32, ditto  */
 
+    /* --- pipeline parallelism: set by load_stage; every layer after load() */
+    loom_stage stage;           /* copy (struct_size 0: not a stage)          */
+    int32_t layer0, nlayers;    /* the decoder layers held: [layer0, +nlayers) */
+    bool first_stage;           /* embeds the tokens                          */
+    bool last_stage;            /* final norm, LM head, logits                */
+    int32_t step_tokens;        /* this step's real rows (what the links move) */
+    void *link_buf;             /* x | r of max_tokens rows, the message: pinned
+                                   host (threads links) or device (nccl)      */
+
     /* --- after kv_alloc */
     bool kv_ready;
     loom_kv_layout kv_layout;   /* copy; dtype resolved (dt or fp8_e4m3)      */
     loom_cuda_kv kv;            /* the pools' element type for the kernels    */
     size_t kv_block_bytes;      /* one block of one pool (K or V of a layer)  */
-    void **pools;               /* host array (2 L): K of layers, then V      */
+    void **pools;               /* host array (2 n, n = nlayers): K of the held
+                                   layers, then V (cb_kpool / cb_vpool)        */
     void **pools_dev;           /* device copy of `pools`                     */
-    void *swap;                 /* pinned mapped host pool (2 L, cpu blocks)  */
-    void **swap_dev;            /* device array (2 L) of mapped pointers      */
+    void *swap;                 /* pinned mapped host pool (2 n, cpu blocks)  */
+    void **swap_dev;            /* device array (2 n) of mapped pointers      */
     int32_t *pairs_dev;         /* block-copy pairs upload                    */
     int32_t pairs_cap;          /* pairs it holds                             */
 
@@ -243,6 +254,17 @@ typedef struct cuda_backend {
     int64_t steps_timed;
     double step_seconds, wait_seconds;
 } cuda_backend;
+
+/* Decoder layer l's K and V pools (l a model layer this instance holds). */
+static inline void *cb_kpool(const cuda_backend *b, int32_t l) { return b->pools[l - b->layer0]; }
+static inline void *cb_vpool(const cuda_backend *b, int32_t l) { return b->pools[b->nlayers + l - b->layer0]; }
+
+/* Bytes of a pipeline link message of T rows: x (f32) then r (dt) — the
+ * residual stream and the last layer's pending down projection, which the
+ * next stage's first norm adds as this stage's next layer would have. */
+static inline size_t cb_link_bytes(const cuda_backend *b, int64_t T) {
+    return (size_t)T * (size_t)b->mc.hidden_size * (4 + b->elt);
+}
 
 /* cuda_backend.c */
 /* LOOM_OK for cudaSuccess; otherwise fills err with the call, file:line and
@@ -262,6 +284,10 @@ loom_status cb_load(void *self, const loom_model_view *m, const loom_quant_bindi
                     loom_error *err);
 loom_status cb_load_shard(void *self, const loom_model_view *m, const loom_quant_binding *quant,
                           const loom_comm *comm, loom_error *err);
+loom_status cb_load_stage(void *self, const loom_model_view *m, const loom_quant_binding *quant,
+                          const loom_stage *stage, const loom_comm *comm, loom_error *err);
+/* Free the pipeline link buffer (pinned host or device memory), if any. */
+void cb_link_buf_free(cuda_backend *b);
 
 /* cuda_forward.c */
 loom_status cb_forward(void *self, const loom_batch *batch, float *logits, loom_error *err);

@@ -75,7 +75,9 @@ static loom_status cb_check_batch(cuda_backend *b, const loom_batch *bt, const f
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "backend cuda: forward() before %s", !b->loaded ? "load()" : "kv_alloc()");
     char why[LOOM_ERROR_MSG_MAX - 16];
-    loom_status st = b->host->check_batch(bt, logits, b->sharded, b->kv_layout.block_size,
+    /* only the last stage, and with tensor parallelism only some rank,
+     * returns logits */
+    loom_status st = b->host->check_batch(bt, logits, b->sharded || !b->last_stage, b->kv_layout.block_size,
                                       b->kv_layout.num_blocks, b->mc.vocab_size, b->rope_max_pos, why,
                                       sizeof why);
     if (st != LOOM_OK) return h->error(h->ctx, err, st, "backend cuda: %s", why);
@@ -354,7 +356,7 @@ static loom_status cb_record_pre_attention(cuda_backend *b, const cuda_plan *p, 
     const loom_model_config *c = &b->mc;
     const int32_t T = p->T;
     const cuda_layer *ly = &b->layers[l];
-    void *kc = b->pools[l], *vc = b->pools[c->num_layers + l];
+    void *kc = cb_kpool(b, l), *vc = cb_vpool(b, l);
     /* (T, H) -> (T, QKV), RoPE + KV write; the pair epilogue at one row */
     const loom_cuda_epi rope = {.kind = LOOM_CUDA_EPI_ROPE_KV, .kv = b->kv, .bias = ly->bqkv,
                                 .cs = b->rope_cs, .pos = p->pos, .slot = p->slot, .k_cache = kc,
@@ -383,7 +385,7 @@ static loom_status cb_record_attention(cuda_backend *b, const cuda_plan *p, int3
                               .block_size = b->kv_layout.block_size,
                               .scale = (float)(1.0 / sqrt((double)c->head_dim)),
                               .partial = b->attn_ws, .sem = b->attn_sem,
-                              .k_cache = b->pools[l], .v_cache = b->pools[c->num_layers + l]};
+                              .k_cache = cb_kpool(b, l), .v_cache = cb_vpool(b, l)};
     loom_status st;
     if (b->cfg.batch_invariant) { /* one token per tile, all in one of the lists */
         aa.tiles = p->n_dec > 0 ? p->dec_tiles : p->pre_tiles, aa.num_tiles = p->n_dec + p->n_pre;
@@ -421,21 +423,23 @@ static loom_status cb_record_post_attention(cuda_backend *b, const cuda_plan *p,
     return cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err);
 }
 
-/* Piece i in [0, layers] of the layer stack: everything between attention
- * launches i - 1 and i — the embedding (i = 0) or layer i - 1's FFN block,
- * then layer i's QKV (i < layers). The same launches for every step of the
- * same rows, which is what a piecewise graph captures. */
+/* Piece i in [layer0, layer0 + nlayers] of the layers held: everything
+ * between attention launches i - 1 and i — the embedding (i = 0; a later
+ * pipeline stage has received x and r instead) or layer i - 1's FFN block,
+ * then layer i's QKV (i < the end). The same launches for every step of
+ * the same rows, which is what a piecewise graph captures. */
 static loom_status cb_record_piece(cuda_backend *b, const cuda_plan *p, int32_t i, loom_error *err) {
     const int32_t T = p->T, H = b->mc.hidden_size;
     loom_status st;
-    if (i == 0) {
-        if ((st = CB_CUDA(b, err, loom_cuda_embedding(b->dt, b->x, b->embed, p->ids, T, H, b->stream))) ||
-            (st = cb_all_reduce(b, b->x, (int64_t)T * H, LOOM_DTYPE_F32, err)))
+    if (i == b->layer0) {
+        if (b->first_stage &&
+            ((st = CB_CUDA(b, err, loom_cuda_embedding(b->dt, b->x, b->embed, p->ids, T, H, b->stream))) ||
+             (st = cb_all_reduce(b, b->x, (int64_t)T * H, LOOM_DTYPE_F32, err))))
             return st;
     } else if ((st = cb_record_post_attention(b, p, i - 1, err))) {
         return st;
     }
-    return i < b->mc.num_layers ? cb_record_pre_attention(b, p, i, err) : LOOM_OK;
+    return i < b->layer0 + b->nlayers ? cb_record_pre_attention(b, p, i, err) : LOOM_OK;
 }
 
 /* Enqueue the embedding and every layer for p->T rows. Leaves the residual
@@ -450,9 +454,9 @@ static loom_status cb_record_piece(cuda_backend *b, const cuda_plan *p, int32_t 
  * projection then reads act, which the epilogue wrote. */
 static loom_status cb_record_layers(cuda_backend *b, const cuda_plan *p, loom_error *err) {
     loom_status st;
-    for (int32_t i = 0; i <= b->mc.num_layers; i++)
-        if ((st = cb_record_piece(b, p, i, err)) ||
-            (i < b->mc.num_layers && (st = cb_record_attention(b, p, i, err))))
+    const int32_t end = b->layer0 + b->nlayers;
+    for (int32_t i = b->layer0; i <= end; i++)
+        if ((st = cb_record_piece(b, p, i, err)) || (i < end && (st = cb_record_attention(b, p, i, err))))
             return st;
     return LOOM_OK;
 }
@@ -668,10 +672,49 @@ static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, fl
     return LOOM_OK;
 }
 
+/* Pipeline links (loom/backend.h, loom_stage): one message per step of
+ * the step's real rows, x (f32) then r (dt) — what the next layer's norm
+ * would add (cb_link_bytes). Device links move link_buf on the stream;
+ * host links stage it through pinned memory, waiting for the GPU before
+ * a send. Either way the step ends synchronised, like one that returns
+ * logits. */
+static loom_status cb_recv_prev(cuda_backend *b, loom_error *err) {
+    const int64_t T = b->step_tokens, n = T * b->mc.hidden_size;
+    const size_t xb = (size_t)n * 4;
+    const bool dev = b->stage.device_links;
+    loom_status st = b->stage.recv_prev(b->stage.ctx, b->link_buf, (int64_t)cb_link_bytes(b, T), LOOM_DTYPE_U8,
+                                        dev ? (void *)b->stream : NULL, err);
+    if (st) return st;
+    const enum cudaMemcpyKind kind = dev ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
+    if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->x, b->link_buf, xb, kind, b->stream))) ||
+        (st = CB_CUDA(b, err, cudaMemcpyAsync(b->r, (uint8_t *)b->link_buf + xb, (size_t)n * b->elt, kind,
+                                              b->stream))))
+        return cb_drain(b, st);
+    return LOOM_OK;
+}
+
+static loom_status cb_send_next(cuda_backend *b, loom_error *err) {
+    const int64_t T = b->step_tokens, n = T * b->mc.hidden_size;
+    const size_t xb = (size_t)n * 4;
+    const bool dev = b->stage.device_links;
+    const enum cudaMemcpyKind kind = dev ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost;
+    loom_status st;
+    if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->link_buf, b->x, xb, kind, b->stream))) ||
+        (st = CB_CUDA(b, err, cudaMemcpyAsync((uint8_t *)b->link_buf + xb, b->r, (size_t)n * b->elt, kind,
+                                              b->stream))))
+        return cb_drain(b, st);
+    if (!dev && (st = cb_sync(b, err))) return st;
+    st = b->stage.send_next(b->stage.ctx, b->link_buf, (int64_t)cb_link_bytes(b, T), LOOM_DTYPE_U8,
+                            dev ? (void *)b->stream : NULL, err);
+    if (st) return cb_drain(b, st);
+    return dev ? cb_sync(b, err) : LOOM_OK;
+}
+
 /* The LM head over all p->NL rows in chunks of logits_rows, of which the
  * first `real_logits` go to the caller, and the wait for the step's end. */
 static loom_status cb_run_logits(cuda_backend *b, const cuda_plan *p, float *logits, const loom_logits_topk *tk,
                                  int32_t real_logits, loom_error *err) {
+    if (!b->last_stage) return cb_send_next(b, err);
     loom_status st = LOOM_OK;
     for (int32_t r0 = 0; r0 < p->NL; r0 += b->logits_rows) {
         int32_t n = p->NL - r0 < b->logits_rows ? p->NL - r0 : b->logits_rows;
@@ -702,19 +745,21 @@ static loom_status cb_run_eager(cuda_backend *b, const cuda_plan *p, float *logi
 static loom_status cb_run_piecewise(cuda_backend *b, const cuda_plan *p, int kt, float *logits,
                                     const loom_logits_topk *tk, int32_t real_logits, loom_error *err) {
     const cuda_piece_set *ps = &b->pieces[kt];
+    const int32_t end = b->layer0 + b->nlayers;
     loom_status st;
     if ((st = cb_upload_meta(b, p, err))) return st;
-    for (int32_t i = 0; i <= b->mc.num_layers; i++)
-        if ((st = CB_CUDA(b, err, cudaGraphLaunch(ps->exec[i], b->stream))) ||
-            (i < b->mc.num_layers && (st = cb_record_attention(b, p, i, err))))
+    for (int32_t i = b->layer0; i <= end; i++)
+        if ((st = CB_CUDA(b, err, cudaGraphLaunch(ps->exec[i - b->layer0], b->stream))) ||
+            (i < end && (st = cb_record_attention(b, p, i, err))))
             return st;
     b->piecewise_replays++;
     if (b->host->metric_add) b->host->metric_add(b->host->ctx, "backend.cuda.piecewise_replays", 1);
     return cb_run_logits(b, p, logits, tk, real_logits, err);
 }
 
-/* Capture piece `piece` of plan p (piece < 0: the whole padded decode step
- * with its LM head) as an instantiated graph in *exec. */
+/* Capture piece `piece` of plan p (cb_record_piece's numbering; < 0: the
+ * whole padded decode step with its LM head — a pipeline stage before the
+ * last has none) as an instantiated graph in *exec. */
 static loom_status cb_capture_one(cuda_backend *b, const cuda_plan *p, int32_t piece, cudaGraphExec_t *exec,
                                   loom_error *err) {
     cudaGraph_t graph = NULL;
@@ -722,7 +767,7 @@ static loom_status cb_capture_one(cuda_backend *b, const cuda_plan *p, int32_t p
     loom_status st = CB_CUDA(b, err, cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
     if (st) return st;
     if (piece >= 0) st = cb_record_piece(b, p, piece, err);
-    else if ((st = cb_record_layers(b, p, err)) == LOOM_OK)
+    else if ((st = cb_record_layers(b, p, err)) == LOOM_OK && b->last_stage)
         st = cb_record_logits(b, p, 0, p->NL, true, err);
     cudaError_t ce = cudaStreamEndCapture(b->stream, &graph); /* always end what was begun */
     if (st == LOOM_OK) st = cb_cuda_check(b, err, ce, "cudaStreamEndCapture", __FILE__, __LINE__);
@@ -742,14 +787,14 @@ static loom_status cb_capture_one(cuda_backend *b, const cuda_plan *p, int32_t p
  * leaves the bucket eager and is only logged. */
 static void cb_capture_pieces(cuda_backend *b, int kt, const cuda_plan *p) {
     const loom_host *h = b->host;
-    const int32_t L = b->mc.num_layers;
+    const int32_t L = b->nlayers;
     cuda_piece_set *ps = &b->pieces[kt];
     ps->tried = true;
     loom_error e = {0};
     loom_status st = LOOM_OK;
     ps->exec = h->calloc(h->ctx, (size_t)L + 1, sizeof *ps->exec);
     if (!ps->exec) st = h->error(h->ctx, &e, LOOM_ERR_NOMEM, "out of host memory");
-    for (int32_t i = 0; st == LOOM_OK && i <= L; i++) st = cb_capture_one(b, p, i, &ps->exec[i], &e);
+    for (int32_t i = 0; st == LOOM_OK && i <= L; i++) st = cb_capture_one(b, p, b->layer0 + i, &ps->exec[i], &e);
     if (st == LOOM_OK) {
         h->log(h->ctx, LOOM_LOG_DEBUG, CB_WHO, "captured %d piecewise graphs for %d token rows", L + 1, p->T);
         if (h->metric_add) h->metric_add(h->ctx, "backend.cuda.graph_captures", L + 1);
@@ -885,7 +930,7 @@ loom_status cb_warm_pieces(cuda_backend *b, loom_error *err) {
     const size_t free1 = cb_free_bytes();
     h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
            "piecewise graphs: %d token buckets (%d..%d rows, %d graphs each) captured in %.2f s, %.1f MiB",
-           n, CB_GRAPH_MAX_Q + 1, most, b->mc.num_layers + 1, cb_now() - t0,
+           n, CB_GRAPH_MAX_Q + 1, most, b->nlayers + 1, cb_now() - t0,
            free0 > free1 ? (double)(free0 - free1) / (1024.0 * 1024.0) : 0.0);
     return LOOM_OK;
 }
@@ -927,6 +972,8 @@ static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits,
                            loom_error *err) {
     loom_status st;
     if ((st = CB_CUDA(b, err, cudaSetDevice(b->device)))) return st;
+    b->step_tokens = bt->num_tokens;
+    if (!b->first_stage && (st = cb_recv_prev(b, err))) return st;
     cuda_plan p;
     int32_t q = 1;
     const int k = cb_graph_bucket(b, bt, &q);
@@ -936,7 +983,7 @@ static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits,
     if (g->exec) {
         if ((st = cb_upload_meta(b, &p, err)) ||
             (st = CB_CUDA(b, err, cudaGraphLaunch(g->exec, b->stream))) ||
-            (st = cb_emit_logits(b, 0, bt->num_logits, logits, tk, err)))
+            (st = b->last_stage ? cb_emit_logits(b, 0, bt->num_logits, logits, tk, err) : cb_send_next(b, err)))
             return st;
         b->graph_replays++;
         if (b->host->metric_add) b->host->metric_add(b->host->ctx, "backend.cuda.graph_replays", 1);
@@ -969,6 +1016,7 @@ loom_status cb_forward(void *self, const loom_batch *bt, float *logits, loom_err
 loom_status cb_forward_topk(void *self, const loom_batch *bt, const loom_logits_topk *tk, loom_error *err) {
     cuda_backend *b = self;
     const loom_host *h = b->host;
+    if (!b->last_stage) return cb_forward(self, bt, NULL, err); /* no logits here */
     if (!tk || tk->struct_size < offsetof(loom_logits_topk, allowed) || tk->k < 1 || tk->k > LOOM_LOGITS_TOPK_MAX ||
         tk->k > b->mc.vocab_size || tk->k > LOOM_CUDA_TOPK_MAX)
         return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: forward_topk: k = %d is outside 1..%d",

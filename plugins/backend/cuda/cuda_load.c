@@ -745,6 +745,13 @@ static loom_status cb_check_lm(cuda_backend *b, const loom_ww *w, loom_cuda_gguf
     return LOOM_OK;
 }
 
+/* Does this instance hold the embedding table? The first stage looks
+ * tokens up in it; the last uses it as a tied LM head. A middle stage (or a
+ * last one with its own LM head) does not. */
+static bool cb_keeps_embed(const cuda_backend *b, const loom_ww *w) {
+    return b->first_stage || (b->last_stage && !w->out.t);
+}
+
 /* Device bytes of this rank's weights into b->weight_bytes (the quantized
  * ones also into b->qweight_bytes), as cb_load_vocab and cb_carve_layer
  * carve them; a quantized group takes its quantized size instead of dt.
@@ -757,10 +764,10 @@ static void cb_size_weights(cuda_backend *b, const loom_ww *w, const loom_cuda_g
                          : po->format == LOOM_QFMT_GGUF ? cb_round(glay[(size_t)w->layers * CB_NGROUPS].bytes)
                                                         : cb_qbytes(po->format, (int64_t)Vp, (int64_t)H,
                                                                     po->group_size);
-    b->weight_bytes = cb_round(Vp * H * e) + cb_round(H * 4);
-    if (w->out.t) b->weight_bytes += q_lm ? lm_qb : cb_round(Vp * H * e);
-    b->qweight_bytes = lm_qb;
-    for (int32_t l = 0; l < w->layers; l++) {
+    b->weight_bytes = (cb_keeps_embed(b, w) ? cb_round(Vp * H * e) : 0) + cb_round(H * 4);
+    if (w->out.t && b->last_stage) b->weight_bytes += q_lm ? lm_qb : cb_round(Vp * H * e);
+    b->qweight_bytes = b->last_stage ? lm_qb : 0;
+    for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++) {
         const loom_ww_layer *wl = &w->layer[l];
         b->weight_bytes += 2 * cb_round(H * 4) + (w->bias ? cb_round((size_t)w->qkv_rows * 4) : 0);
         for (int gi = 0; gi < CB_NGROUPS; gi++) {
@@ -840,14 +847,15 @@ static loom_status cb_load_vocab(cuda_backend *b, const loom_model_view *m,
     const int64_t H = w->hidden, Vp = w->shard.vocab_pad, Vl = w->shard.vocab_rows;
     const loom_quant_plan *po = &w->out_plan;
     loom_status st;
-    b->embed = cb_carve(cur, (size_t)(Vp * H) * b->elt);
+    const bool embed = cb_keeps_embed(b, w);
+    b->embed = embed ? cb_carve(cur, (size_t)(Vp * H) * b->elt) : NULL;
     b->out_norm = cb_carve(cur, (size_t)H * 4);
     b->lm_head = b->embed;
-    if ((st = cb_upload_win(up, &w->embed, b->embed, false, err)) ||
-        (st = cb_upload_win(up, &w->out_norm, b->out_norm, true, err)) ||
-        (st = cb_zero_rows(b, b->embed, Vl, Vp, H, err)))
+    if ((embed && ((st = cb_upload_win(up, &w->embed, b->embed, false, err)) ||
+                   (st = cb_zero_rows(b, b->embed, Vl, Vp, H, err)))) ||
+        (st = cb_upload_win(up, &w->out_norm, b->out_norm, true, err)))
         return st;
-    if (!w->out.t) return LOOM_OK;
+    if (!w->out.t || !b->last_stage) return LOOM_OK;
     if (po->format == LOOM_QFMT_GGUF) {
         /* zeroed first: padding rows (zero blocks: scale 0) give logits 0 */
         void *base = cb_carve(cur, glay_out->bytes);
@@ -966,7 +974,7 @@ static void cb_size_qscratch(cuda_backend *b) {
     const int mt = (int)b->cfg.max_batched_tokens;
     const int lr = cb_logits_rows(&b->cfg);
     b->qscratch_bytes = 0;
-    for (int32_t l = 0; l < b->mc.num_layers; l++)
+    for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++)
         for (int gi = 0; gi < CB_NGROUPS; gi++) {
             size_t n = loom_cuda_qgemm_scratch_bytes(b->gemm, b->dt, 0, &b->layers[l].q[gi], mt);
             if (n > b->qscratch_bytes) b->qscratch_bytes = n;
@@ -1001,6 +1009,22 @@ static loom_status cb_load_begin(cuda_backend *b, const loom_ww *w, loom_error *
     return LOOM_OK;
 }
 
+/* A pipeline stage's link buffer, for max_tokens rows: device memory for
+ * device links, pinned host memory for host links. */
+static loom_status cb_link_buf_init(cuda_backend *b, loom_error *err) {
+    if (!b->stage.struct_size || b->stage.count < 2) return LOOM_OK;
+    const size_t n = cb_link_bytes(b, b->max_tokens);
+    if (b->stage.device_links) return CB_CUDA(b, err, cudaMalloc(&b->link_buf, n));
+    return CB_CUDA(b, err, cudaHostAlloc(&b->link_buf, n, cudaHostAllocDefault));
+}
+
+void cb_link_buf_free(cuda_backend *b) {
+    if (!b->link_buf) return;
+    if (b->stage.device_links) cudaFree(b->link_buf);
+    else cudaFreeHost(b->link_buf);
+    b->link_buf = NULL;
+}
+
 /* After the weights: the model as this rank runs it, the communicator, the
  * RoPE table and the work buffers, the log line. */
 static loom_status cb_load_done(cuda_backend *b, const loom_ww *w, const loom_comm *comm,
@@ -1022,7 +1046,7 @@ static loom_status cb_load_done(cuda_backend *b, const loom_ww *w, const loom_co
         memset(&b->comm, 0, sizeof b->comm);
         memcpy(&b->comm, comm, comm->struct_size < sizeof b->comm ? comm->struct_size : sizeof b->comm);
     }
-    if ((st = cb_rope_init(b, err)) || (st = cb_work_init(b, err))) return st;
+    if ((st = cb_rope_init(b, err)) || (st = cb_work_init(b, err)) || (st = cb_link_buf_init(b, err))) return st;
     b->loaded = true;
     if (h->metric_set) h->metric_set(h->ctx, "backend.cuda.weight_bytes", (double)b->weight_bytes);
     if (b->sharded && b->cfg.batch_invariant)
@@ -1031,6 +1055,11 @@ static loom_status cb_load_done(cuda_backend *b, const loom_ww *w, const loom_co
                "order follows the message size (the step's token count), so results may still "
                "depend on the batch",
                b->comm.size);
+    if (b->stage.struct_size)
+        h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "stage %d/%d of '%s' on device %d: layers %d..%d%s%s, %s links",
+               b->stage.index, b->stage.count, c->name, b->device, b->layer0, b->layer0 + b->nlayers - 1,
+               b->first_stage ? ", embedding" : "", b->last_stage ? ", LM head" : "",
+               b->stage.device_links ? "device" : "host (staged through pinned memory)");
     if (comm)
         h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
                "rank %d/%d of '%s' on device %d: heads %d..%d, KV heads %d..%d, FFN %lld..%lld, "
@@ -1064,6 +1093,7 @@ static void cb_load_undo(cuda_backend *b) {
     if (b->logits_host) cudaFreeHost(b->logits_host);
     if (b->topk_host) cudaFreeHost(b->topk_host);
     if (b->mask_host) cudaFreeHost(b->mask_host);
+    cb_link_buf_free(b);
     h->free(h->ctx, b->layers);
     b->weights = b->work = NULL;
     b->rope_cs = NULL;
@@ -1093,7 +1123,7 @@ static loom_status cb_load_weights(cuda_backend *b, const loom_model_view *m,
     uint8_t *cur = b->weights;
     if ((st = cb_load_vocab(b, m, quant, w, &glay[(size_t)w->layers * CB_NGROUPS], &up, &cur, err)))
         goto out;
-    for (int32_t l = 0; l < w->layers; l++) {
+    for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++) {
         void *gbase[CB_NGROUPS];
         const loom_cuda_gguf_layout *gl = &glay[(size_t)l * CB_NGROUPS];
         if ((st = cb_carve_layer(b, w, l, gl, &cur, gbase, err)) ||
@@ -1106,17 +1136,30 @@ out:
     return st;
 }
 
-/* load() and load_shard(): `comm` NULL keeps the whole model. What to load
- * is the weight walk's (plugins/backend/common/weight_walk.h). */
+/* The layers this instance holds: `stage`'s (checked by cb_load_stage),
+ * or all of them. */
+static void cb_set_layers(cuda_backend *b, const loom_stage *stage) {
+    b->stage = (loom_stage){0}; /* an older executor's stage is shorter: its new fields read 0 */
+    if (stage) memcpy(&b->stage, stage, stage->struct_size < sizeof b->stage ? stage->struct_size : sizeof b->stage);
+    b->layer0 = stage ? stage->first_layer : 0;
+    b->nlayers = stage ? stage->num_layers : b->mc.num_layers;
+    b->first_stage = !stage || stage->index == 0;
+    b->last_stage = !stage || stage->index == stage->count - 1;
+}
+
+/* load(), load_shard() and load_stage(): `comm` NULL keeps the whole
+ * width, `stage` NULL every layer. What to load is the weight walk's
+ * (plugins/backend/common/weight_walk.h). */
 static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                                 const loom_quant_binding *quant, const loom_comm *comm,
-                                loom_error *err) {
+                                const loom_stage *stage, loom_error *err) {
     const loom_host *h = b->host;
     loom_status st = LOOM_OK;
     loom_ww w;
     if ((st = loom_ww_begin(&w, h, "backend cuda", CB_WHO, b->loaded, m, comm, err)) != LOOM_OK)
         return st;
     b->mc = *m->config;
+    cb_set_layers(b, stage);
     const loom_model_config *c = &b->mc;
     if (!LOOM_CUDA_HEAD_DIM_OK(c->head_dim) || c->hidden_size % 8 != 0 || c->intermediate_size % 8 != 0 ||
         c->hidden_size > 32768 || c->num_heads / c->num_kv_heads > LOOM_CUDA_MAX_GQA)
@@ -1174,7 +1217,7 @@ fail:
 
 loom_status cb_load(void *self, const loom_model_view *m, const loom_quant_binding *quant,
                     loom_error *err) {
-    return cb_load_impl(self, m, quant, NULL, err);
+    return cb_load_impl(self, m, quant, NULL, NULL, err);
 }
 
 /* Tensor parallelism: bind to the rank's GPU (current on this thread, made
@@ -1195,5 +1238,56 @@ loom_status cb_load_shard(void *self, const loom_model_view *m, const loom_quant
                               "backend cuda: load() called twice; create a new instance per "
                               "model");
     if ((st = cb_bind_current_device(b, err)) != LOOM_OK) return st;
-    return cb_load_impl(b, m, quant, comm, err);
+    return cb_load_impl(b, m, quant, comm, NULL, err);
+}
+
+/* A stage that does not fit the model's L layers, or lacks a link it needs. */
+static loom_status cb_check_stage(cuda_backend *b, const loom_model_view *m, const loom_stage *stage,
+                                  const loom_comm *comm, loom_error *err) {
+    const loom_host *h = b->host;
+    if (!stage || stage->struct_size < offsetof(loom_stage, device_links))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: load_stage() needs a stage of ABI 2.3 or later (struct_size %u)",
+                        stage ? stage->struct_size : 0u);
+    const int32_t L = m && m->config ? m->config->num_layers : 0;
+    const int32_t i = stage->index, n = stage->count, f = stage->first_layer, k = stage->num_layers;
+    if (n < 1 || i < 0 || i >= n || k < 1 || f < 0 || (int64_t)f + k > L)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: stage %d of %d holds layers %d..%d, outside the model's %d layers (0..%d)", i,
+                        n, f, f + k - 1, L, L - 1);
+    if ((i == 0) != (f == 0) || (i == n - 1) != (f + k == L))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: stage %d of %d holds layers %d..%d: the first stage must start at layer 0 "
+                        "and the last end at layer %d, and only they",
+                        i, n, f, f + k - 1, L - 1);
+    if ((i > 0 && !stage->recv_prev) || (i < n - 1 && !stage->send_next))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: stage %d of %d has no %s link", i, n,
+                        i > 0 && !stage->recv_prev ? "recv_prev" : "send_next");
+    /* host links come with host collectives (the executor's threads): a
+     * sharded step would hand them device buffers */
+    const bool device_links = LOOM_HAS_FIELD(stage, loom_stage, device_links) && stage->device_links;
+    if (comm && comm->size > 1 && !device_links)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: tensor parallelism inside a pipeline stage needs device links and "
+                        "collectives (executor comm: nccl); comm: threads works on host memory");
+    return LOOM_OK;
+}
+
+/* Pipeline parallelism: keep `stage`'s layers (with `comm`, this rank's
+ * shard of them) and move the residual stream through the stage's links
+ * in forward() (cuda_forward.c). Device links (nccl): bind to the GPU the
+ * executor made current, as load_shard. Host links (threads): stay on the
+ * configured device — every stage may share one GPU. */
+loom_status cb_load_stage(void *self, const loom_model_view *m, const loom_quant_binding *quant,
+                          const loom_stage *stage, const loom_comm *comm, loom_error *err) {
+    cuda_backend *b = self;
+    loom_status st;
+    if (b->loaded)
+        return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
+                              "backend cuda: load() called twice; create a new instance per model");
+    if ((st = cb_check_stage(b, m, stage, comm, err))) return st;
+    if (LOOM_HAS_FIELD(stage, loom_stage, device_links) && stage->device_links &&
+        (st = cb_bind_current_device(b, err)) != LOOM_OK)
+        return st;
+    return cb_load_impl(b, m, quant, comm, stage, err);
 }

@@ -363,6 +363,7 @@ static void pp_init_rank(pp_exec *pp, pp_rank *rk, int32_t i, void *inst) {
     rk->link.ctx = &rk->nend;
     rk->link.recv_prev = s > 0 ? pp_nccl_recv : NULL;
     rk->link.send_next = s < pp->stages - 1 ? pp_nccl_send : NULL;
+    rk->link.device_links = 1;
     rk->comm.ctx = pp_nccl_stage_ctx(pp->nc, s);
     rk->comm.all_reduce_sum = pp_nccl_all_reduce;
     rk->comm.all_gather = pp_nccl_all_gather;
