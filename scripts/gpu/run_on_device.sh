@@ -15,8 +15,9 @@
 # BUILD_DIR holds tests/gpu/gpu_kernel_tests, tests/gpu/gpu_backend_test,
 # bench/gpu/gpu_bench, plugins/backend/{cuda,cpu}/*.so and core/libloom.so.0
 # (a meson build dir, or a copy of those files in the same layout), and
-# optionally tests/gpu/gpu_tp_test with plugins/executor/tp/*.so (tensor
-# parallelism; it skips itself with fewer than 2 GPUs). Extra shared
+# optionally tests/gpu/gpu_tp_test with plugins/executor/{tp,pp}/*.so
+# (pipeline stages on one GPU; tensor parallelism, which skips itself with
+# fewer than 2 GPUs). Extra shared
 # libraries the machine lacks (openblas, libyaml, libnccl, ...) may sit in
 # BUILD_DIR/../lib. Logs and gpu_bench.json go to OUT_DIR (default $OUT, or
 # ./gpu-out); the current figures to $LOOM_RESULTS (default bench/results):
@@ -87,7 +88,8 @@ if [ -x "$B/tests/gpu/gpu_tp_test" ]; then
   echo "=== gpu_tp_test"
   export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}   # docs/tensor-parallel.md
   $SAN "$B/tests/gpu/gpu_tp_test" "$B/plugins/backend/cuda/loom-backend-cuda.so" \
-    "$B/plugins/executor/tp/loom-executor-tp.so" 2>&1 | tee "$O/tp_test.log"
+    "$B/plugins/executor/tp/loom-executor-tp.so" "$B/plugins/executor/pp/loom-executor-pp.so" 2>&1 |
+    tee "$O/tp_test.log"
   [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
 fi
 if [ $BENCH = 1 ]; then

@@ -1,13 +1,14 @@
 /*
- * tests/gpu/test_gpu_tp.c — tensor parallelism on GPUs: the tp executor
- * (loom-executor-tp.so, comm nccl) over cuda backend ranks, against one
- * plain cuda backend on the same model and the same batches. Needs at least
- * two Hopper GPUs and a tp plugin built with NCCL; with fewer GPUs it prints
- * a SKIP line and exits 0. Not a meson test(): CI has no GPU.
+ * tests/gpu/test_gpu_tp.c — the parallel executors over cuda backend
+ * ranks, against one plain cuda backend on the same model and the same
+ * batches: first the pp executor's stages sharing one GPU (comm threads;
+ * run_pp_model), then the tp executor (comm nccl), which needs at least two
+ * Hopper GPUs and a tp plugin built with NCCL — with fewer GPUs that part
+ * prints a SKIP line. Not a meson test(): CI has no GPU.
  *
- *   gpu_tp_test [cuda.so tp.so]
+ *   gpu_tp_test [cuda.so tp.so [pp.so]]
  *       (defaults: the paths meson compiled in, or $LOOM_CUDA_BACKEND_SO /
- *        $LOOM_TP_EXECUTOR_SO)
+ *        $LOOM_TP_EXECUTOR_SO / $LOOM_PP_EXECUTOR_SO)
  *
  * Models are core/model's dummy weights (libloom's loader and default host,
  * as bench/gpu does): "tiny" (vocab 256, hidden 64, 4 heads / 2 KV heads of

@@ -57,6 +57,13 @@
  * take part in every collective and sync). Decode graphs only when the
  * communicator's collectives are plain kernels (see cb_graph_bucket); no
  * piecewise graphs (cb_piece_bucket).
+ *
+ * Loaded by load_stage (pipeline parallelism), an instance runs only its
+ * layers [layer0, layer0 + nlayers): a stage after the first receives x
+ * and r from the previous stage before the step's launches instead of
+ * embedding, a stage before the last sends them after its last layer
+ * instead of the LM head (cb_recv_prev / cb_send_next). Its decode and
+ * piecewise graphs cover its own layers; the links run outside them.
  */
 #include <time.h>
 

@@ -29,8 +29,9 @@
  * job posted to all and awaited (plugins/executor/common/rank_pool.h); the first rank to fail aborts the links
  * and the stages' collectives so no peer waits forever, and the call
  * reports that rank's error. Links and collectives: `threads` (host
- * memory, host backends such as cpu; pp_link.c and tp_comm.c) or `nccl`
- * (one GPU per rank; pp_nccl.c, compiled in CUDA builds but not yet run).
+ * memory: cpu ranks, or cuda ranks sharing one GPU that stage the residual
+ * stream through pinned memory; pp_link.c and tp_comm.c) or `nccl` (one GPU
+ * per rank; pp_nccl.c, compiled in CUDA builds, not yet run: one GPU here).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,9 +76,8 @@ static const loom_param pp_params[] = {
             "model's; empty = an even split, earlier stages taking the remainder"},
     {.key = "comm", .type = LOOM_PARAM_ENUM, .offset = offsetof(pp_config, comm),
      .default_value = "threads", .min = 1, .max = 0, .choices = pp_comm_choices,
-     .doc = "links and stage collectives: threads (host memory, host backends such as cpu), nccl "
-            "(rank i on GPU i of this node; compiled in CUDA builds, not yet run: no GPU backend "
-            "has load_stage)"},
+     .doc = "links and stage collectives: threads (host memory: cpu ranks, or cuda ranks sharing one GPU), "
+            "nccl (rank i on GPU i of this node; compiled in CUDA builds, not yet run on several GPUs)"},
     {.key = NULL},
 };
 
@@ -382,7 +382,7 @@ static loom_status pp_attach_inner(void *self, const loom_backend_ops *inner, vo
     if (!LOOM_HAS_FIELD(inner, loom_backend_ops, load_stage) || !inner->load_stage)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "executor pp: the pipeline's backend cannot be a pipeline stage: its ops "
-                        "table has no load_stage (ABI 2.3; backends with pipeline support: cpu)");
+                        "table has no load_stage (ABI 2.3; backends with pipeline support: cpu, cuda)");
     for (int32_t i = 0; i < n; i++)
         if (!instances[i])
             return h->error(h->ctx, err, LOOM_ERR_INVALID, "executor pp: backend instance of rank %d is NULL", i);

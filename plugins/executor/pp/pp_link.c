@@ -111,7 +111,7 @@ static loom_status pp_check_end(const pp_end *e, int32_t which, const char *what
     if (stream)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "executor pp: rank %d passed a device stream to %s, but the threads links "
-                        "carry host memory (host backends such as cpu)",
+                        "carry host memory (cpu, or a cuda stage's pinned staging)",
                         e->rank, what);
     if (which < 0 || which >= e->links->n)
         return h->error(h->ctx, err, LOOM_ERR_INVALID,

@@ -21,9 +21,9 @@
  * must then be recreated.
  *
  * UNTESTED: built with LOOM_PP_HAVE_NCCL (CUDA and libnccl found at
- * configure) and compiled in the CUDA build, but no GPU backend implements
- * load_stage yet (the cuda backend has load_shard only), so nothing has run
- * it. Single node only.
+ * configure) and compiled in the CUDA build; the cuda backend's stages
+ * (load_stage, device links) have run on one GPU over the threads links
+ * only — a run here needs several GPUs. Single node only.
  */
 #ifdef LOOM_PP_HAVE_NCCL
 
