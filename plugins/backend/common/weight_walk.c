@@ -5,6 +5,7 @@
  */
 #include "weight_walk.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -323,4 +324,31 @@ bool loom_ww_any_quant(const loom_ww *w) {
 void loom_ww_free(loom_ww *w) {
     if (w->layer) w->host->free(w->host->ctx, w->layer);
     w->layer = NULL;
+}
+
+loom_status loom_ww_check_stage(const loom_host *h, const char *who, const loom_model_view *m,
+                                const loom_stage *stage, loom_error *err) {
+    if (!stage || stage->struct_size < offsetof(loom_stage, device_links))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "%s: load_stage() needs a stage of ABI 2.3 or later "
+                        "(struct_size %u)", who, stage ? stage->struct_size : 0u);
+    const int32_t L = m && m->config ? m->config->num_layers : 0;
+    const int32_t i = stage->index, n = stage->count, f = stage->first_layer, k = stage->num_layers;
+    if (n < 1 || i < 0 || i >= n || k < 1 || f < 0 || (int64_t)f + k > L)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "%s: stage %d of %d holds layers %d..%d, outside the model's %d layers (0..%d)", who, i, n,
+                        f, f + k - 1, L, L - 1);
+    if ((i == 0) != (f == 0) || (i == n - 1) != (f + k == L))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "%s: stage %d of %d holds layers %d..%d: the first stage must start at layer 0 and the "
+                        "last end at layer %d, and only they",
+                        who, i, n, f, f + k - 1, L - 1);
+    if ((i > 0 && !stage->recv_prev) || (i < n - 1 && !stage->send_next))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "%s: stage %d of %d has no %s link", who, i, n,
+                        i > 0 && !stage->recv_prev ? "recv_prev" : "send_next");
+    return LOOM_OK;
+}
+
+void loom_ww_copy_stage(loom_stage *out, const loom_stage *stage) {
+    memset(out, 0, sizeof *out);
+    if (stage) memcpy(out, stage, stage->struct_size < sizeof *out ? stage->struct_size : sizeof *out);
 }

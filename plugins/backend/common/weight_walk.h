@@ -157,6 +157,17 @@ void loom_ww_expert_view(const loom_ww *w, const loom_tensor *t, int32_t e, loom
 /* Does any linear weight (or the LM head) have a quantized plan? */
 bool loom_ww_any_quant(const loom_ww *w);
 
+/* load_stage()'s checks on `stage` for model m (`who`: "backend cpu"):
+ * a stage of ABI 2.3 or later whose layers fit the model (the first stage
+ * starts at layer 0, the last ends at its last layer, only they do) and
+ * that has the links it needs. LOOM_ERR_INVALID naming what does not. */
+loom_status loom_ww_check_stage(const loom_host *host, const char *who, const loom_model_view *m,
+                                const loom_stage *stage, loom_error *err);
+
+/* Copy `stage` into *out, whatever ABI the executor was built against
+ * (members it lacks read 0), or zero *out when stage is NULL. */
+void loom_ww_copy_stage(loom_stage *out, const loom_stage *stage);
+
 /* Free what loom_ww_collect allocated; idempotent. */
 void loom_ww_free(loom_ww *w);
 

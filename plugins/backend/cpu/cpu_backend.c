@@ -607,7 +607,7 @@ static void cpu_load_done(cpu_backend *b, const loom_ww *w, const loom_comm *com
 /* The layers this instance holds: `stage`'s (checked by cpu_load_stage),
  * or all of them. */
 static void cpu_set_layers(cpu_backend *b, const loom_stage *stage) {
-    b->stage = stage ? *stage : (loom_stage){0};
+    loom_ww_copy_stage(&b->stage, stage);
     b->layer0 = stage ? stage->first_layer : 0;
     b->nlayers = stage ? stage->num_layers : b->mc.num_layers;
     b->first_stage = !stage || stage->index == 0;
@@ -695,27 +695,8 @@ static loom_status cpu_load_stage(void *self, const loom_model_view *m,
                                   const loom_quant_binding *quant, const loom_stage *stage,
                                   const loom_comm *comm, loom_error *err) {
     cpu_backend *b = self;
-    const loom_host *h = b->host;
-    if (!stage || stage->struct_size < sizeof *stage)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "backend cpu: load_stage() needs a stage (struct_size %u, want %zu)",
-                        stage ? stage->struct_size : 0u, sizeof *stage);
-    const int32_t L = m && m->config ? m->config->num_layers : 0;
-    const int32_t i = stage->index, n = stage->count, f = stage->first_layer, k = stage->num_layers;
-    if (n < 1 || i < 0 || i >= n || k < 1 || f < 0 || (int64_t)f + k > L)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "backend cpu: stage %d of %d holds layers %d..%d, outside the model's %d "
-                        "layers (0..%d)",
-                        i, n, f, f + k - 1, L, L - 1);
-    if ((i == 0) != (f == 0) || (i == n - 1) != (f + k == L))
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "backend cpu: stage %d of %d holds layers %d..%d: the first stage must "
-                        "start at layer 0 and the last end at layer %d, and only they",
-                        i, n, f, f + k - 1, L - 1);
-    if ((i > 0 && !stage->recv_prev) || (i < n - 1 && !stage->send_next))
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "backend cpu: stage %d of %d has no %s link", i, n,
-                        i > 0 && !stage->recv_prev ? "recv_prev" : "send_next");
+    loom_status st = loom_ww_check_stage(b->host, "backend cpu", m, stage, err);
+    if (st != LOOM_OK) return st;
     return cpu_load_impl(b, m, quant, comm, stage, err);
 }
 

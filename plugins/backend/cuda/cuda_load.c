@@ -1139,8 +1139,7 @@ out:
 /* The layers this instance holds: `stage`'s (checked by cb_load_stage),
  * or all of them. */
 static void cb_set_layers(cuda_backend *b, const loom_stage *stage) {
-    b->stage = (loom_stage){0}; /* an older executor's stage is shorter: its new fields read 0 */
-    if (stage) memcpy(&b->stage, stage, stage->struct_size < sizeof b->stage ? stage->struct_size : sizeof b->stage);
+    loom_ww_copy_stage(&b->stage, stage); /* an older executor's stage is shorter: its new fields read 0 */
     b->layer0 = stage ? stage->first_layer : 0;
     b->nlayers = stage ? stage->num_layers : b->mc.num_layers;
     b->first_stage = !stage || stage->index == 0;
@@ -1245,24 +1244,8 @@ loom_status cb_load_shard(void *self, const loom_model_view *m, const loom_quant
 static loom_status cb_check_stage(cuda_backend *b, const loom_model_view *m, const loom_stage *stage,
                                   const loom_comm *comm, loom_error *err) {
     const loom_host *h = b->host;
-    if (!stage || stage->struct_size < offsetof(loom_stage, device_links))
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "backend cuda: load_stage() needs a stage of ABI 2.3 or later (struct_size %u)",
-                        stage ? stage->struct_size : 0u);
-    const int32_t L = m && m->config ? m->config->num_layers : 0;
-    const int32_t i = stage->index, n = stage->count, f = stage->first_layer, k = stage->num_layers;
-    if (n < 1 || i < 0 || i >= n || k < 1 || f < 0 || (int64_t)f + k > L)
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "backend cuda: stage %d of %d holds layers %d..%d, outside the model's %d layers (0..%d)", i,
-                        n, f, f + k - 1, L, L - 1);
-    if ((i == 0) != (f == 0) || (i == n - 1) != (f + k == L))
-        return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                        "backend cuda: stage %d of %d holds layers %d..%d: the first stage must start at layer 0 "
-                        "and the last end at layer %d, and only they",
-                        i, n, f, f + k - 1, L - 1);
-    if ((i > 0 && !stage->recv_prev) || (i < n - 1 && !stage->send_next))
-        return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: stage %d of %d has no %s link", i, n,
-                        i > 0 && !stage->recv_prev ? "recv_prev" : "send_next");
+    loom_status st = loom_ww_check_stage(h, "backend cuda", m, stage, err);
+    if (st != LOOM_OK) return st;
     /* host links come with host collectives (the executor's threads): a
      * sharded step would hand them device buffers */
     const bool device_links = LOOM_HAS_FIELD(stage, loom_stage, device_links) && stage->device_links;
