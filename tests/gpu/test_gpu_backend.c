@@ -203,6 +203,11 @@ typedef struct shape {
     const loom_dtype *gguf;
     bool kv_fp8;        /* KV cache fp8_e4m3 on every instance               */
     const char *cuda_ov; /* one more cuda backend parameter ("key=value"), or NULL */
+    bool qk_norm;       /* Qwen3: RMSNorm of each q and k head before RoPE    */
+    int32_t window;     /* > 0: Gemma 3 — QK-norm, post-norms, GeGLU, the
+                           embedding scale, attn_scale 1/sqrt(256), every
+                           third layer global (RoPE base theta), the others
+                           local over `window` tokens (base 10000)            */
 } shape;
 
 /* f as IEEE binary16 (formats/half.h: round to nearest even, subnormals
@@ -268,6 +273,17 @@ static fake_model *fm_make(const shape *s) {
                              .rope_original_context = 8192, .tie_embeddings = s->tie,
                              .qkv_bias = s->bias, .bos_token_id = 1, .eos_token_id = 2};
     snprintf(c->name, sizeof c->name, "fake %s", s->name);
+    c->qk_norm = s->qk_norm || s->window > 0;
+    if (s->window > 0) { /* Gemma 3's config as model_gguf.c reads it */
+        c->post_norms = true;
+        c->ffn_act = LOOM_FFN_GELU_TANH;
+        c->sliding_window = s->window;
+        c->global_every = 3;
+        c->rope_theta_local = 10000.0f;
+        c->embed_scale = sqrtf((float)s->hidden);
+        c->attn_scale = 0.0625f; /* query_pre_attn_scalar 256 */
+        c->rms_norm_eps = 1e-6f;
+    }
     const int64_t H = s->hidden, I = s->inter, QD = (int64_t)s->heads * s->head_dim;
     const int64_t KVD = (int64_t)s->kv_heads * s->head_dim;
     fm_add(m, "token_embd.weight", s->vocab, H, false, 0, 1.0f);
@@ -294,6 +310,14 @@ static fake_model *fm_make(const shape *s) {
 #undef ADDW
         snprintf(nm, sizeof nm, "blk.%d.attn_norm.weight", l), fm_add(m, nm, H, 0, true, 1, 0.05f);
         snprintf(nm, sizeof nm, "blk.%d.ffn_norm.weight", l), fm_add(m, nm, H, 0, true, 1, 0.05f);
+        if (c->qk_norm) { /* wide spread: a wrong head's weight shows */
+            snprintf(nm, sizeof nm, "blk.%d.attn_q_norm.weight", l), fm_add(m, nm, s->head_dim, 0, true, 1, 0.5f);
+            snprintf(nm, sizeof nm, "blk.%d.attn_k_norm.weight", l), fm_add(m, nm, s->head_dim, 0, true, 1, 0.5f);
+        }
+        if (c->post_norms) {
+            snprintf(nm, sizeof nm, "blk.%d.post_attention_norm.weight", l), fm_add(m, nm, H, 0, true, 1, 0.05f);
+            snprintf(nm, sizeof nm, "blk.%d.post_ffw_norm.weight", l), fm_add(m, nm, H, 0, true, 1, 0.05f);
+        }
         if (s->bias) {
             snprintf(nm, sizeof nm, "blk.%d.attn_q.bias", l), fm_add(m, nm, QD, 0, true, 0, 0.5f);
             snprintf(nm, sizeof nm, "blk.%d.attn_k.bias", l), fm_add(m, nm, KVD, 0, true, 0, 0.5f);
@@ -457,9 +481,10 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
     if (!sh->kv_fp8 && qb && qb->ops->struct_size > offsetof(loom_quant_ops, kv_dtype) && qb->ops->kv_dtype)
         kv_dt = qb->ops->kv_dtype(qb->self);
     const bool kv_fp8 = kv_dt == LOOM_DTYPE_FP8_E4M3;
-    printf("--- %s: vocab %d hidden %d ffn %d layers %d heads %d/%d head_dim %d%s%s%s, cuda %s%s%s%s\n",
+    printf("--- %s: vocab %d hidden %d ffn %d layers %d heads %d/%d head_dim %d%s%s%s%s, cuda %s%s%s%s\n",
            sh->name, sh->vocab, sh->hidden, sh->inter, sh->layers, sh->heads, sh->kv_heads,
            sh->head_dim, sh->bias ? " qkv-bias" : "", sh->llama3 ? " llama3-rope" : "",
+           sh->window > 0 ? " gemma3 (window, qk-norm, post-norms, geglu)" : sh->qk_norm ? " qk-norm" : "",
            sh->gguf ? " gguf-block-weights" : sh->f32_weights ? " f32-weights" : " bf16-weights", sh->dtype ? sh->dtype : "bf16",
            qb ? ", quantizer " : "", qb ? qb->name : "", kv_fp8 ? ", fp8_e4m3 KV cache" : "");
     fake_model *m = fm_make(sh);
@@ -967,6 +992,27 @@ int main(int argc, char **argv) {
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         run_shape(&cpu_p, &cuda_p, &shapes[i], NULL, TOL_CPU);
+    /* Gemma 3 and Qwen3: head_dim 256 with MQA (Gemma 3 270M: 4 heads, 1
+     * KV head, hidden 640) and windows shorter than the prompts (37: not a
+     * block multiple; 16: one block), head_dim 64 with GQA 4; Qwen3's
+     * QK-norm at head_dim 128; an FP8 KV cache and f16 on the Gemma shapes */
+    const shape gemma[] = {
+        {"gemma3-like-d256", LOOM_ARCH_GEMMA3, 1024, 640, 2048, 3, 4, 1, 256, 1000000, true, false, false, false, NULL,
+         NULL, false, NULL, false, 37},
+        {"gemma3-like-d64-gqa4", LOOM_ARCH_GEMMA3, 512, 512, 1024, 4, 8, 2, 64, 1000000, true, false, false, true, NULL,
+         NULL, false, NULL, false, 16},
+        {"gemma3-like-d256-f16", LOOM_ARCH_GEMMA3, 1024, 640, 2048, 3, 4, 1, 256, 1000000, true, false, false, false,
+         "f16", NULL, false, NULL, false, 37},
+        {"qwen3-like-d128", LOOM_ARCH_QWEN3, 512, 256, 512, 2, 8, 2, 128, 1000000, false, false, false, false, NULL,
+         NULL, false, NULL, true, 0},
+    };
+    for (size_t i = 0; i < sizeof gemma / sizeof gemma[0]; i++)
+        run_shape(&cpu_p, &cuda_p, &gemma[i], NULL, TOL_CPU);
+    {
+        shape g8 = gemma[0];
+        g8.name = "kvfp8-gemma3-like-d256", g8.kv_fp8 = true;
+        run_shape(&cpu_p, &cuda_p, &g8, NULL, TOL_KV_FP8);
+    }
     /* FP8 E4M3 KV cache on both backends: head dims 64 and 128, GQA 2 / 3 / 4,
      * a QKV bias, f16 compute, the Llama-3-8B-like shape */
     {
@@ -997,6 +1043,9 @@ int main(int argc, char **argv) {
         run_invariant(&cuda_p, &smol, NULL, 1100, TOL_CPU);
         run_invariant(&cuda_p, &mqa, NULL, 70, TOL_CPU);
         run_invariant(&cuda_p, &shapes[4], NULL, 1100, TOL_CPU);
+        /* sliding windows: the window start moves with each token */
+        run_invariant(&cuda_p, &gemma[0], NULL, 30, TOL_CPU);
+        run_invariant(&cuda_p, &gemma[1], NULL, 1100, TOL_CPU);
         /* with an FP8 KV cache: the decode of the codes is per element, so
          * the mode's bit-invariance must hold as with bf16 */
         shape smol8 = smol, big8 = shapes[4];

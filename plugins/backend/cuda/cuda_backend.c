@@ -253,6 +253,7 @@ static void cb_destroy(void *self) {
     cudaFree(b->work);
     cudaFree(b->weights);
     cudaFree(b->rope_cs);
+    cudaFree(b->rope_cs_local);
     cudaFree(b->meta_dev);
     if (b->meta_host) cudaFreeHost(b->meta_host);
     if (b->logits_host) cudaFreeHost(b->logits_host);

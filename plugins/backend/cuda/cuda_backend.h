@@ -113,6 +113,9 @@ typedef struct cuda_layer {
     void *wgu;         /* (2 intermediate, hidden) dt: rows gate, then up        */
     void *wdown;       /* (hidden, intermediate) dt                              */
     loom_cuda_qweight q[CB_NGROUPS]; /* quantized groups (same row order)    */
+    /* Qwen3 / Gemma 3 (model config qk_norm, post_norms), else NULL: f32 */
+    float *q_norm, *k_norm;               /* (head_dim) every q / k head      */
+    float *post_attn_norm, *post_ffn_norm; /* (hidden) Gemma 3                */
 } cuda_layer;
 
 /* A captured decode graph for one bucket. */
@@ -172,6 +175,8 @@ typedef struct cuda_backend {
     size_t qweight_bytes;       /* bytes of quantized weights in the arena    */
     cuda_layer *layers;         /* host array (num_layers)                    */
     float *rope_cs;             /* (rope_max_pos, head_dim/2, 2) f32 device    */
+    float *rope_cs_local;       /* the same for sliding-window layers (their
+                                   own base, unscaled); NULL without a window */
     int32_t rope_max_pos;
 
     /* work buffers, rows = max_tokens (one device allocation) */

@@ -7,7 +7,14 @@
  *              xn = rmsnorm(x += r); gu = xn Wgu^T; act = swiglu(gu);
  *              r = act Wdown^T
  *   logits rows: xs = rmsnorm(x[idx] + r[idx]); logits = xs LM^T (float32)
- * with x the float32 residual stream and everything else bf16/f16. W8A8 /
+ * with x the float32 residual stream and everything else bf16/f16.
+ * Qwen3 and Gemma 3 (the config's flags, loom/model.h) change, as the cpu
+ * backend does: each q and k head is RMS-normed before RoPE (in the RoPE
+ * kernel, loom_cuda_rope_kv_norm); Gemma 3 also scales the embeddings,
+ * gives its sliding-window layers their own RoPE table and a window in
+ * attention, runs GeGLU instead of SwiGLU, and adds the O and down
+ * products to x through their own RMSNorm (loom_cuda_add_normed) as soon
+ * as they are made, so no r is left pending for the next norm. W8A8 /
  * FP8 weights never see xn or act: their per-token activation codes are
  * made inside the RMSNorm / SwiGLU kernels (loom_cuda_qgemm_norm_run,
  * loom_cuda_qgemm_swiglu_run).
@@ -61,6 +68,7 @@
 #include <time.h>
 
 #include "cuda_backend.h"
+#include "kv_groups.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -348,24 +356,40 @@ static bool cb_swiglu_fuses(const cuda_backend *b, const loom_cuda_qweight *q) {
     return (q->fmt == LOOM_CUDA_Q_INT8_W8A16 || q->fmt == LOOM_CUDA_Q_INT4) && loom_cuda_qgemm_splits(b->gemm, b->dt, q);
 }
 
+/* The residual's pending addend for the norm before a GEMM: the last O
+ * or down product r, or NULL where nothing is pending (the first layer;
+ * post-norm models, whose products went into x through their norm). */
+static const void *cb_pending(const cuda_backend *b, int32_t l) {
+    return l > 0 && !b->mc.post_norms ? b->r : NULL;
+}
+
 /* Layer l before attention: xn = rmsnorm(x [+= r]); qkv = xn Wqkv^T; RoPE
- * on q and k, k and v written to the cache. */
+ * on q and k (QK-norm first where the model has it; a sliding-window
+ * layer's own table), k and v written to the cache. */
 static loom_status cb_record_pre_attention(cuda_backend *b, const cuda_plan *p, int32_t l, loom_error *err) {
     const loom_model_config *c = &b->mc;
     const int32_t T = p->T;
     const cuda_layer *ly = &b->layers[l];
     void *kc = b->pools[l], *vc = b->pools[c->num_layers + l];
-    /* (T, H) -> (T, QKV), RoPE + KV write; the pair epilogue at one row */
+    const float *cs = loom_kv_layer_window(c, l) > 0 ? b->rope_cs_local : b->rope_cs;
+    /* (T, H) -> (T, QKV), RoPE + KV write; the pair epilogue at one row
+     * (not with QK-norm: the norm sits between the GEMM and the rotation) */
     const loom_cuda_epi rope = {.kind = LOOM_CUDA_EPI_ROPE_KV, .kv = b->kv, .bias = ly->bqkv,
-                                .cs = b->rope_cs, .pos = p->pos, .slot = p->slot, .k_cache = kc,
+                                .cs = cs, .pos = p->pos, .slot = p->slot, .k_cache = kc,
                                 .v_cache = vc, .num_heads = c->num_heads, .num_kv_heads = c->num_kv_heads,
                                 .head_dim = c->head_dim, .block_size = b->kv_layout.block_size};
+    const bool fuse = T == 1 && !ly->q_norm;
     loom_status st;
-    if ((st = cb_norm_gemm(b, T, b->qkv_rows, ly->attn_norm, l ? b->r : NULL, ly->wqkv, &ly->q[CB_G_QKV], b->qkv,
-                           T == 1 ? &rope : NULL, "QKV", err)))
+    if ((st = cb_norm_gemm(b, T, b->qkv_rows, ly->attn_norm, cb_pending(b, l), ly->wqkv, &ly->q[CB_G_QKV], b->qkv,
+                           fuse ? &rope : NULL, "QKV", err)))
         return st;
-    if (T == 1) return LOOM_OK;
-    return CB_CUDA(b, err, loom_cuda_rope_kv(b->dt, b->kv, b->qkv, b->qkv_rows, ly->bqkv, b->rope_cs, p->pos,
+    if (fuse) return LOOM_OK;
+    if (ly->q_norm)
+        return CB_CUDA(b, err, loom_cuda_rope_kv_norm(b->dt, b->kv, b->qkv, b->qkv_rows, ly->bqkv, ly->q_norm,
+                                                      ly->k_norm, c->rms_norm_eps, cs, p->pos, p->slot, kc, vc, T,
+                                                      c->num_heads, c->num_kv_heads, c->head_dim,
+                                                      b->kv_layout.block_size, b->stream));
+    return CB_CUDA(b, err, loom_cuda_rope_kv(b->dt, b->kv, b->qkv, b->qkv_rows, ly->bqkv, cs, p->pos,
                                              p->slot, kc, vc, T, c->num_heads, c->num_kv_heads, c->head_dim,
                                              b->kv_layout.block_size, b->stream));
 }
@@ -381,9 +405,10 @@ static loom_status cb_record_attention(cuda_backend *b, const cuda_plan *p, int3
                               .positions = p->pos, .num_heads = c->num_heads,
                               .num_kv_heads = c->num_kv_heads, .head_dim = c->head_dim,
                               .block_size = b->kv_layout.block_size,
-                              .scale = (float)(1.0 / sqrt((double)c->head_dim)),
+                              .scale = c->attn_scale > 0 ? c->attn_scale : (float)(1.0 / sqrt((double)c->head_dim)),
                               .partial = b->attn_ws, .sem = b->attn_sem,
-                              .k_cache = b->pools[l], .v_cache = b->pools[c->num_layers + l]};
+                              .k_cache = b->pools[l], .v_cache = b->pools[c->num_layers + l],
+                              .window = loom_kv_layer_window(c, l)};
     loom_status st;
     if (b->cfg.batch_invariant) { /* one token per tile, all in one of the lists */
         aa.tiles = p->n_dec > 0 ? p->dec_tiles : p->pre_tiles, aa.num_tiles = p->n_dec + p->n_pre;
@@ -402,23 +427,45 @@ static loom_status cb_record_attention(cuda_backend *b, const cuda_plan *p, int3
     return LOOM_OK;
 }
 
-/* Layer l after attention: r = att Wo^T; x += r; gu = rmsnorm(x) Wgu^T;
- * r = SwiGLU(gu) Wdown^T. The row-parallel GEMMs' partial r are summed
- * over ranks (sharded). */
+/* Gemma 3's post-norm: x += rmsnorm(r) * w (w NULL: nothing, r stays
+ * pending for the next norm). */
+static loom_status cb_post_norm(cuda_backend *b, int32_t T, const float *w, loom_error *err) {
+    if (!w) return LOOM_OK;
+    return CB_CUDA(b, err, loom_cuda_add_normed(b->dt, b->x, b->r, w, T, b->mc.hidden_size, b->mc.rms_norm_eps,
+                                                b->stream));
+}
+
+/* r (T, H) = GeGLU(gu) @ w_down^T: act = gelu_tanh(gate) * up, then the
+ * down GEMM (any weight format). */
+static loom_status cb_geglu_down(cuda_backend *b, int32_t T, const cuda_layer *ly, loom_error *err) {
+    const int32_t H = b->mc.hidden_size, I = b->mc.intermediate_size;
+    loom_status st = CB_CUDA(b, err, loom_cuda_geglu_tanh(b->dt, b->act, b->gu, T, I, b->stream));
+    if (st) return st;
+    return cb_gemm(b, false, T, H, I, b->act, ly->wdown, &ly->q[CB_G_DOWN], b->r, "ffn_down", err);
+}
+
+/* Layer l after attention: r = att Wo^T; x += r (Gemma: x += rmsnorm(r)
+ * now); gu = rmsnorm(x) Wgu^T; r = SwiGLU(gu) Wdown^T (Gemma: GeGLU, then
+ * x += rmsnorm(r)). The row-parallel GEMMs' partial r are summed over ranks
+ * (sharded) before any norm reads them. */
 static loom_status cb_record_post_attention(cuda_backend *b, const cuda_plan *p, int32_t l, loom_error *err) {
     const int32_t T = p->T, H = b->mc.hidden_size, I = b->mc.intermediate_size;
     const cuda_layer *ly = &b->layers[l];
+    const bool gelu = b->mc.ffn_act == LOOM_FFN_GELU_TANH;
     const loom_cuda_epi swiglu = {.kind = LOOM_CUDA_EPI_SWIGLU, .act = b->act};
-    const bool swiglu1 = T == 1 && cb_swiglu_fuses(b, &ly->q[CB_G_DOWN]);
+    const bool swiglu1 = T == 1 && !gelu && cb_swiglu_fuses(b, &ly->q[CB_G_DOWN]);
     loom_status st;
     if ((st = cb_gemm(b, false, T, H, b->q_dim, b->att, ly->wo, &ly->q[CB_G_O], b->r, "attn_output", err)) ||
         (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)) ||
-        (st = cb_norm_gemm(b, T, 2 * I, ly->ffn_norm, b->r, ly->wgu, &ly->q[CB_G_GU], b->gu,
-                           swiglu1 ? &swiglu : NULL, "ffn_gate_up", err)) ||
-        (st = swiglu1 ? cb_gemm(b, false, T, H, I, b->act, ly->wdown, &ly->q[CB_G_DOWN], b->r, "ffn_down", err)
-                      : cb_swiglu_down(b, T, ly->wdown, &ly->q[CB_G_DOWN], err)))
+        (st = cb_post_norm(b, T, ly->post_attn_norm, err)) ||
+        (st = cb_norm_gemm(b, T, 2 * I, ly->ffn_norm, ly->post_attn_norm ? NULL : b->r, ly->wgu, &ly->q[CB_G_GU],
+                           b->gu, swiglu1 ? &swiglu : NULL, "ffn_gate_up", err)))
         return st;
-    return cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err);
+    if (gelu) st = cb_geglu_down(b, T, ly, err);
+    else if (swiglu1) st = cb_gemm(b, false, T, H, I, b->act, ly->wdown, &ly->q[CB_G_DOWN], b->r, "ffn_down", err);
+    else st = cb_swiglu_down(b, T, ly->wdown, &ly->q[CB_G_DOWN], err);
+    if (st || (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err))) return st;
+    return cb_post_norm(b, T, ly->post_ffn_norm, err);
 }
 
 /* Piece i in [0, layers] of the layer stack: everything between attention
@@ -429,7 +476,8 @@ static loom_status cb_record_piece(cuda_backend *b, const cuda_plan *p, int32_t 
     const int32_t T = p->T, H = b->mc.hidden_size;
     loom_status st;
     if (i == 0) {
-        if ((st = CB_CUDA(b, err, loom_cuda_embedding(b->dt, b->x, b->embed, p->ids, T, H, b->stream))) ||
+        const float scale = b->mc.embed_scale > 0 ? b->mc.embed_scale : 1.0f;
+        if ((st = CB_CUDA(b, err, loom_cuda_embedding_scaled(b->dt, b->x, b->embed, p->ids, T, H, scale, b->stream))) ||
             (st = cb_all_reduce(b, b->x, (int64_t)T * H, LOOM_DTYPE_F32, err)))
             return st;
     } else if ((st = cb_record_post_attention(b, p, i - 1, err))) {
@@ -491,7 +539,7 @@ static loom_status cb_record_logits(cuda_backend *b, const cuda_plan *p, int32_t
                                     bool to_host, loom_error *err) {
     const loom_model_config *c = &b->mc;
     loom_status st;
-    if ((st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xs, b->x, b->r, b->out_norm,
+    if ((st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xs, b->x, cb_pending(b, c->num_layers), b->out_norm,
                                                     p->lidx + row0, n, c->hidden_size,
                                                     c->rms_norm_eps, b->stream))))
         return st;
