@@ -25,6 +25,7 @@
  * (Hopper) only.
  */
 #include "cuda_backend.h"
+#include "kv_groups.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -242,7 +243,7 @@ static void cb_destroy(void *self) {
     if (b->stream) cudaStreamSynchronize(b->stream);
     cb_graphs_reset(b);
     if (b->pools) {
-        for (int32_t i = 0; i < 2 * b->mc.num_layers; i++)
+        for (int32_t i = 0; i < 2 * b->kv_npools; i++)
             if (b->pools[i]) cudaFree(b->pools[i]);
         h->free(h->ctx, b->pools);
     }
@@ -333,10 +334,48 @@ static loom_status cb_memory(void *self, loom_backend_memory *out, loom_error *e
     return LOOM_OK;
 }
 
+/* kv_groups() (loom/backend.h): the plan every backend makes alike
+ * (kv_groups.h) over this instance's layers — a tensor-parallel rank holds
+ * them all. */
+static loom_status cb_kv_groups(void *self, loom_kv_groups *out, loom_error *err) {
+    cuda_backend *b = self;
+    if (!b->loaded || !out)
+        return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID, "backend cuda: kv_groups() %s",
+                              !out ? "without an output" : "before load()");
+    loom_kv_groups_plan(&b->mc, 0, b->mc.num_layers, out, NULL, NULL);
+    return LOOM_OK;
+}
+
+/* Each layer's pool pair and block-table group for `layout`: its own pair
+ * and group 0, or with groups (layout num_groups > 1) the plan's. */
+static loom_status cb_kv_slots(cuda_backend *b, const loom_kv_layout *layout, loom_error *err) {
+    const loom_host *h = b->host;
+    const int32_t L = b->mc.num_layers;
+    const int32_t groups = LOOM_HAS_FIELD(layout, loom_kv_layout, num_groups) ? layout->num_groups : 0;
+    b->kv_groups = 1;
+    b->kv_npools = L;
+    for (int32_t l = 0; l < L; l++) b->layers[l].kv_slot = l, b->layers[l].kv_group = 0;
+    if (groups <= 1) return LOOM_OK;
+    int32_t *grp = h->alloc(h->ctx, 2 * (size_t)L * sizeof *grp);
+    if (!grp) return h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cuda: out of host memory");
+    loom_kv_groups plan = {.struct_size = sizeof plan};
+    loom_kv_groups_plan(&b->mc, 0, L, &plan, grp, grp + L);
+    for (int32_t l = 0; l < L; l++) b->layers[l].kv_group = grp[l], b->layers[l].kv_slot = grp[L + l];
+    h->free(h->ctx, grp);
+    if (plan.num_groups != groups)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: the KV layout has %d block-table groups; this model's layers make %d "
+                        "(kv_groups())",
+                        groups, plan.num_groups);
+    b->kv_groups = groups;
+    b->kv_npools = plan.layers_per_block;
+    return LOOM_OK;
+}
+
 static void cb_kv_free(cuda_backend *b) {
     const loom_host *h = b->host;
     if (b->pools) {
-        for (int32_t i = 0; i < 2 * b->mc.num_layers; i++)
+        for (int32_t i = 0; i < 2 * b->kv_npools; i++)
             if (b->pools[i]) cudaFree(b->pools[i]);
         h->free(h->ctx, b->pools);
         b->pools = NULL;
@@ -365,12 +404,7 @@ static loom_status cb_kv_alloc(void *self, const loom_kv_layout *layout, loom_er
                         "num_cpu_blocks %d): need block_size > 0, num_blocks > 0, cpu blocks >= 0",
                         layout ? layout->block_size : 0, layout ? layout->num_blocks : 0,
                         layout ? layout->num_cpu_blocks : 0);
-    /* it proposes no block-table groups (no kv_groups()): one table only */
-    if (LOOM_HAS_FIELD(layout, loom_kv_layout, num_groups) && layout->num_groups > 1)
-        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "backend cuda: a KV layout of %d block-table groups; this backend keeps one "
-                        "table for every layer (set cache.sliding_window: off)",
-                        layout->num_groups);
+    if ((st = cb_kv_slots(b, layout, err))) return st;
     loom_dtype dt = cb_kv_resolve(b, layout->dtype);
     if (dt == LOOM_DTYPE_COUNT)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
@@ -378,7 +412,7 @@ static loom_status cb_kv_alloc(void *self, const loom_kv_layout *layout, loom_er
                         "its compute type %s or fp8_e4m3 (set the backend's dtype, or leave the "
                         "cache's dtype to the backend)",
                         loom_dtype_name(layout->dtype), loom_dtype_name(b->ldt));
-    const int32_t L = b->mc.num_layers;
+    const int32_t L = b->kv_npools; /* pool pairs */
     const loom_cuda_kv kv = dt == LOOM_DTYPE_FP8_E4M3 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
     const size_t kv_elt = LOOM_CUDA_KV_ELT(kv);
     const size_t block = (size_t)b->mc.num_kv_heads * (size_t)layout->block_size *
@@ -397,7 +431,7 @@ static loom_status cb_kv_alloc(void *self, const loom_kv_layout *layout, loom_er
         return st;
     if (need > free_b)
         return h->error(h->ctx, err, LOOM_ERR_NOMEM,
-                        "backend cuda: KV pools of %d blocks x %zu bytes (%d layers, K and V) "
+                        "backend cuda: KV pools of %d blocks x %zu bytes (%d pool pairs, K and V) "
                         "need %.1f MiB but device %d has %.1f MiB free; lower "
                         "cache.memory_fraction or cache.num_blocks, or engine.max_model_len",
                         layout->num_blocks, block * 2 * (size_t)L, L, cb_mib(need), b->device,
@@ -470,9 +504,10 @@ static loom_status cb_kv_alloc(void *self, const loom_kv_layout *layout, loom_er
     b->kv_block_bytes = block;
     b->kv_ready = true;
     h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "KV pools (%s): %d blocks of %d tokens, %.1f MiB (+%d "
-           "swap blocks, %.1f MiB pinned)", loom_dtype_name(dt), layout->num_blocks,
-           layout->block_size, cb_mib(need), layout->num_cpu_blocks,
-           cb_mib(block * 2 * (size_t)L * (size_t)layout->num_cpu_blocks));
+           "swap blocks, %.1f MiB pinned); %d block-table group%s, %d pool pairs",
+           loom_dtype_name(dt), layout->num_blocks, layout->block_size, cb_mib(need), layout->num_cpu_blocks,
+           cb_mib(block * 2 * (size_t)L * (size_t)layout->num_cpu_blocks), b->kv_groups,
+           b->kv_groups == 1 ? "" : "s", L);
     if (h->metric_set) h->metric_set(h->ctx, "backend.cuda.kv_bytes", (double)need);
     return cb_warm_pieces(b, err);
 
@@ -524,7 +559,7 @@ static loom_status cb_copy(cuda_backend *b, void *const *src_pools, void *const 
     if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->pairs_dev, pairs, (size_t)n * 2 * sizeof(int32_t),
                                               cudaMemcpyHostToDevice, b->stream))))
         return st;
-    return CB_CUDA(b, err, loom_cuda_copy_blocks(src_pools, dst_pools, 2 * b->mc.num_layers,
+    return CB_CUDA(b, err, loom_cuda_copy_blocks(src_pools, dst_pools, 2 * b->kv_npools,
                                                  b->pairs_dev, n, b->kv_block_bytes, b->stream));
 }
 
@@ -576,7 +611,7 @@ static loom_status cb_kv_image(cuda_backend *b, const char *op, const int32_t *b
     for (int32_t i = 0; i < n && !st; i++)
         for (int32_t l = 0; l < L && !st; l++)
             for (int kv = 0; kv < 2 && !st; kv++, p += bb) {
-                char *dev = (char *)b->pools[kv * L + l] + (size_t)blocks[i] * bb;
+                char *dev = (char *)b->pools[kv * b->kv_npools + b->layers[l].kv_slot] + (size_t)blocks[i] * bb;
                 st = CB_CUDA(b, err, read ? cudaMemcpyAsync(p, dev, bb, cudaMemcpyDeviceToHost, b->stream)
                                           : cudaMemcpyAsync(dev, p, bb, cudaMemcpyHostToDevice, b->stream));
             }
@@ -610,6 +645,7 @@ static const loom_backend_ops cb_ops = {
     .swap_blocks = cb_swap_blocks,
     .kv_read_blocks = cb_kv_read_blocks,
     .kv_write_blocks = cb_kv_write_blocks,
+    .kv_groups = cb_kv_groups,
     .load_shard = cb_load_shard,
 };
 

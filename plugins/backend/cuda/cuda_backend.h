@@ -116,6 +116,10 @@ typedef struct cuda_layer {
     /* Qwen3 / Gemma 3 (model config qk_norm, post_norms), else NULL: f32 */
     float *q_norm, *k_norm;               /* (head_dim) every q / k head      */
     float *post_attn_norm, *post_ffn_norm; /* (hidden) Gemma 3                */
+    /* set by kv_alloc: the layer's K/V pool pair and block-table group
+     * (loom/backend.h, "Block-table groups"): its own pair and group 0,
+     * or with G > 1 groups the shared plan's (kv_groups.h) */
+    int32_t kv_slot, kv_group;
 } cuda_layer;
 
 /* A captured decode graph for one bucket. */
@@ -140,10 +144,11 @@ typedef struct cuda_plan {
     int32_t dec_splits, pre_splits; /* split-K bound of each launch        */
     const int32_t *ids;        /* (T)                                       */
     const int32_t *pos;        /* (T)                                       */
-    const int64_t *slot;       /* (T)                                       */
+    const int64_t *slot;       /* (G, T): group g's slot mapping at g * T   */
     const int32_t *lidx;       /* (NL) rows of the LM head                  */
-    const int32_t *stride;     /* device int: block-table row length        */
-    const int32_t *bt;         /* (rows, *stride)                           */
+    const int32_t *stride;     /* device ints: block-table row length, then
+                                  one group's table length (rows * stride) */
+    const int32_t *bt;         /* (G, rows, *stride)                        */
     const loom_cuda_attn_tile *dec_tiles, *pre_tiles;
     size_t bytes;              /* metadata bytes to upload                  */
 } cuda_plan;
@@ -231,10 +236,14 @@ typedef struct cuda_backend {
     loom_kv_layout kv_layout;   /* copy; dtype resolved (dt or fp8_e4m3)      */
     loom_cuda_kv kv;            /* the pools' element type for the kernels    */
     size_t kv_block_bytes;      /* one block of one pool (K or V of a layer)  */
-    void **pools;               /* host array (2 L): K of layers, then V      */
+    int32_t kv_groups;          /* block-table groups G (1: one table)        */
+    int32_t kv_npools;          /* pool pairs P: the layers, or with G > 1
+                                   groups layers_per_block (layer l's pair is
+                                   layers[l].kv_slot)                         */
+    void **pools;               /* host array (2 P): K pools, then V          */
     void **pools_dev;           /* device copy of `pools`                     */
-    void *swap;                 /* pinned mapped host pool (2 L, cpu blocks)  */
-    void **swap_dev;            /* device array (2 L) of mapped pointers      */
+    void *swap;                 /* pinned mapped host pool (2 P, cpu blocks)  */
+    void **swap_dev;            /* device array (2 P) of mapped pointers      */
     int32_t *pairs_dev;         /* block-copy pairs upload                    */
     int32_t pairs_cap;          /* pairs it holds                             */
 
