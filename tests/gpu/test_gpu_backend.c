@@ -44,6 +44,15 @@
  * prefill chunk), eager and through graphs — the logits must be equal bit
  * for bit ("... = decode x5", "graphs = eager"); with bf16/f16 and with
  * int4 / fp8 / int8-w8a8 weights.
+ * Gemma 3 and Qwen3 (run_gemma): Gemma-3-like shapes (QK-norm, post-norms,
+ * GeGLU, the embedding and attention scales, head_dim 256 with MQA and 64
+ * with GQA 4, windows of 37 and 16 tokens shorter than the prompts, local
+ * layers' own RoPE base), in bf16, f16 and with an FP8 KV cache, and with
+ * the backends' block-table groups (kv_groups(): both must propose the
+ * same; each group its own blocks, a windowed group's blocks before the
+ * step's window -1); a Qwen3-like shape (QK-norm, head_dim 128 over a
+ * 256-wide residual); batch invariance under windows.
+ * LOOM_GPU_BACKEND_TESTS=gemma runs only those.
  * FP8 KV cache: shapes marked kv-fp8 give every instance (cpu, cuda eager,
  * cuda graphs) a kv layout of fp8_e4m3, as the engine does for a
  * quantizer's kv_cache: fp8 — both backends store e4m3(x) with scale 1.0;
@@ -1027,6 +1036,44 @@ static const char *write_calib(const shape *sh) {
     return ok ? path : NULL;
 }
 
+/* Gemma 3 and Qwen3 shapes (run_shape, batch invariance with windows);
+ * LOOM_GPU_BACKEND_TESTS=gemma runs only these. */
+static void run_gemma(const plugin *cpu_p, const plugin *cuda_p) {
+    /* Gemma 3 and Qwen3: head_dim 256 with MQA (Gemma 3 270M: 4 heads, 1
+     * KV head, hidden 640) and windows shorter than the prompts (37: not a
+     * block multiple; 16: one block), head_dim 64 with GQA 4; Qwen3's
+     * QK-norm at head_dim 128; an FP8 KV cache and f16 on the Gemma shapes */
+    const shape gemma[] = {
+        {"gemma3-like-d256", LOOM_ARCH_GEMMA3, 1024, 640, 2048, 3, 4, 1, 256, 1000000, true, false, false, false, NULL,
+         NULL, false, NULL, false, 37},
+        {"gemma3-like-d64-gqa4", LOOM_ARCH_GEMMA3, 512, 512, 1024, 4, 8, 2, 64, 1000000, true, false, false, true, NULL,
+         NULL, false, NULL, false, 16},
+        {"gemma3-like-d256-f16", LOOM_ARCH_GEMMA3, 1024, 640, 2048, 3, 4, 1, 256, 1000000, true, false, false, false,
+         "f16", NULL, false, NULL, false, 37},
+        {"qwen3-like-d128", LOOM_ARCH_QWEN3, 512, 256, 512, 2, 8, 2, 128, 1000000, false, false, false, false, NULL,
+         NULL, false, NULL, true, 0},
+    };
+    for (size_t i = 0; i < sizeof gemma / sizeof gemma[0]; i++)
+        run_shape(cpu_p, cuda_p, &gemma[i], NULL, TOL_CPU);
+    {
+        shape g8 = gemma[0];
+        g8.name = "kvfp8-gemma3-like-d256", g8.kv_fp8 = true;
+        run_shape(cpu_p, cuda_p, &g8, NULL, TOL_KV_FP8);
+        /* block-table groups (the window-aware cache): 3 and 4 groups of
+         * one layer a block, windowed groups' old blocks -1 */
+        shape gg[2] = {gemma[0], gemma[1]};
+        gg[0].name = "grouped-gemma3-like-d256", gg[1].name = "grouped-gemma3-like-d64-gqa4";
+        for (int i = 0; i < 2; i++) {
+            gg[i].groups = true;
+            run_shape(cpu_p, cuda_p, &gg[i], NULL, TOL_CPU);
+        }
+    }
+    /* batch invariance under sliding windows: the window start moves with
+     * each token */
+    run_invariant(cuda_p, &gemma[0], NULL, 30, TOL_CPU);
+    run_invariant(cuda_p, &gemma[1], NULL, 1100, TOL_CPU);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: gpu_backend_test [CUDA_BACKEND.so CPU_BACKEND.so [SEED]]\n"
@@ -1047,6 +1094,12 @@ int main(int argc, char **argv) {
            cuda_so, cpu_so);
     plugin cpu_p, cuda_p;
     if (!plugin_open(&cuda_p, cuda_so, "cuda") || !plugin_open(&cpu_p, cpu_so, "cpu")) return 100;
+    const char *only = getenv("LOOM_GPU_BACKEND_TESTS");
+    if (only && !strcmp(only, "gemma")) {
+        printf("gpu_backend_test: LOOM_GPU_BACKEND_TESTS=gemma: the Gemma 3 / Qwen3 shapes only\n");
+        run_gemma(&cpu_p, &cuda_p);
+        goto done;
+    }
 
     const shape shapes[] = {
         {"tiny-d64", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, true, false, false, false, NULL},
@@ -1057,35 +1110,7 @@ int main(int argc, char **argv) {
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         run_shape(&cpu_p, &cuda_p, &shapes[i], NULL, TOL_CPU);
-    /* Gemma 3 and Qwen3: head_dim 256 with MQA (Gemma 3 270M: 4 heads, 1
-     * KV head, hidden 640) and windows shorter than the prompts (37: not a
-     * block multiple; 16: one block), head_dim 64 with GQA 4; Qwen3's
-     * QK-norm at head_dim 128; an FP8 KV cache and f16 on the Gemma shapes */
-    const shape gemma[] = {
-        {"gemma3-like-d256", LOOM_ARCH_GEMMA3, 1024, 640, 2048, 3, 4, 1, 256, 1000000, true, false, false, false, NULL,
-         NULL, false, NULL, false, 37},
-        {"gemma3-like-d64-gqa4", LOOM_ARCH_GEMMA3, 512, 512, 1024, 4, 8, 2, 64, 1000000, true, false, false, true, NULL,
-         NULL, false, NULL, false, 16},
-        {"gemma3-like-d256-f16", LOOM_ARCH_GEMMA3, 1024, 640, 2048, 3, 4, 1, 256, 1000000, true, false, false, false,
-         "f16", NULL, false, NULL, false, 37},
-        {"qwen3-like-d128", LOOM_ARCH_QWEN3, 512, 256, 512, 2, 8, 2, 128, 1000000, false, false, false, false, NULL,
-         NULL, false, NULL, true, 0},
-    };
-    for (size_t i = 0; i < sizeof gemma / sizeof gemma[0]; i++)
-        run_shape(&cpu_p, &cuda_p, &gemma[i], NULL, TOL_CPU);
-    {
-        shape g8 = gemma[0];
-        g8.name = "kvfp8-gemma3-like-d256", g8.kv_fp8 = true;
-        run_shape(&cpu_p, &cuda_p, &g8, NULL, TOL_KV_FP8);
-        /* block-table groups (the window-aware cache): 3 and 4 groups of
-         * one layer a block, windowed groups' old blocks -1 */
-        shape gg[2] = {gemma[0], gemma[1]};
-        gg[0].name = "grouped-gemma3-like-d256", gg[1].name = "grouped-gemma3-like-d64-gqa4";
-        for (int i = 0; i < 2; i++) {
-            gg[i].groups = true;
-            run_shape(&cpu_p, &cuda_p, &gg[i], NULL, TOL_CPU);
-        }
-    }
+    run_gemma(&cpu_p, &cuda_p);
     /* FP8 E4M3 KV cache on both backends: head dims 64 and 128, GQA 2 / 3 / 4,
      * a QKV bias, f16 compute, the Llama-3-8B-like shape */
     {
@@ -1116,9 +1141,6 @@ int main(int argc, char **argv) {
         run_invariant(&cuda_p, &smol, NULL, 1100, TOL_CPU);
         run_invariant(&cuda_p, &mqa, NULL, 70, TOL_CPU);
         run_invariant(&cuda_p, &shapes[4], NULL, 1100, TOL_CPU);
-        /* sliding windows: the window start moves with each token */
-        run_invariant(&cuda_p, &gemma[0], NULL, 30, TOL_CPU);
-        run_invariant(&cuda_p, &gemma[1], NULL, 1100, TOL_CPU);
         /* with an FP8 KV cache: the decode of the codes is per element, so
          * the mode's bit-invariance must hold as with bf16 */
         shape smol8 = smol, big8 = shapes[4];
@@ -1249,6 +1271,7 @@ int main(int argc, char **argv) {
            "piecewise graphs (prefill, mixed steps) replayed", g_piecewise_replays);
     if (replayed) g_pass++;
     else g_fail++;
+done:
     printf("gpu_backend_test: %d passed, %d failed (seed %llu)\n", g_pass, g_fail,
            (unsigned long long)seed);
     return g_fail > 255 ? 255 : g_fail;
