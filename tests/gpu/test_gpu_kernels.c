@@ -257,11 +257,12 @@ static void test_rmsnorm(loom_cuda_dt dt, int H, int T, int mode) {
 
 /* ----------------------------------------------------------------- SwiGLU */
 
-static void test_swiglu(loom_cuda_dt dt, int I, int T) {
+/* SwiGLU, or (gelu) GeGLU with tanh GELU, against float64. */
+static void test_swiglu(loom_cuda_dt dt, int I, int T, bool gelu) {
     float *gu_f = malloc((size_t)T * 2 * I * 4);
     uint16_t *gu = rand16(dt, (size_t)T * 2 * I, -4, 4, gu_f);
     void *d_gu = dev_upload(gu, (size_t)T * 2 * I * 2), *d_o = dev_poison((size_t)T * I * 2);
-    CK(loom_cuda_swiglu(dt, d_o, d_gu, T, I, 0));
+    CK(gelu ? loom_cuda_geglu_tanh(dt, d_o, d_gu, T, I, 0) : loom_cuda_swiglu(dt, d_o, d_gu, T, I, 0));
     CK(cudaDeviceSynchronize());
     uint16_t *o = malloc((size_t)T * I * 2);
     CK(cudaMemcpy(o, d_o, (size_t)T * I * 2, cudaMemcpyDeviceToHost));
@@ -270,39 +271,14 @@ static void test_swiglu(loom_cuda_dt dt, int I, int T) {
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < I; i++) {
             double g = gu_f[(size_t)t * 2 * I + i], u = gu_f[(size_t)t * 2 * I + I + i];
-            ref[i] = g / (1.0 + exp(-g)) * u;
+            ref[i] = gelu ? 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u
+                          : g / (1.0 + exp(-g)) * u;
             out[i] = from16(dt, o[(size_t)t * I + i]);
         }
         err_row(&a, out, ref, I);
     }
     char name[128];
-    snprintf(name, sizeof name, "swiglu %s I=%d T=%d", dtn(dt), I, T);
-    report(name, &a, TOL16);
-    cudaFree(d_gu), cudaFree(d_o);
-    free(gu_f), free(gu), free(o), free(out), free(ref);
-}
-
-/* GeGLU with tanh GELU against float64. */
-static void test_geglu(loom_cuda_dt dt, int I, int T) {
-    float *gu_f = malloc((size_t)T * 2 * I * 4);
-    uint16_t *gu = rand16(dt, (size_t)T * 2 * I, -5, 5, gu_f);
-    void *d_gu = dev_upload(gu, (size_t)T * 2 * I * 2), *d_o = dev_poison((size_t)T * I * 2);
-    CK(loom_cuda_geglu_tanh(dt, d_o, d_gu, T, I, 0));
-    CK(cudaDeviceSynchronize());
-    uint16_t *o = malloc((size_t)T * I * 2);
-    CK(cudaMemcpy(o, d_o, (size_t)T * I * 2, cudaMemcpyDeviceToHost));
-    err_acc a = {0};
-    double *out = malloc((size_t)I * 8), *ref = malloc((size_t)I * 8);
-    for (int t = 0; t < T; t++) {
-        for (int i = 0; i < I; i++) {
-            double g = gu_f[(size_t)t * 2 * I + i], u = gu_f[(size_t)t * 2 * I + I + i];
-            ref[i] = 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u;
-            out[i] = from16(dt, o[(size_t)t * I + i]);
-        }
-        err_row(&a, out, ref, I);
-    }
-    char name[128];
-    snprintf(name, sizeof name, "geglu_tanh %s I=%d T=%d", dtn(dt), I, T);
+    snprintf(name, sizeof name, "%s %s I=%d T=%d", gelu ? "geglu_tanh" : "swiglu", dtn(dt), I, T);
     report(name, &a, TOL16);
     cudaFree(d_gu), cudaFree(d_o);
     free(gu_f), free(gu), free(o), free(out), free(ref);
@@ -2848,11 +2824,11 @@ int main(int argc, char **argv) {
         test_rmsnorm(LOOM_CUDA_F16, 8192, 5, mode);
         test_rmsnorm(LOOM_CUDA_BF16, 64, 3, mode);
     }
-    test_swiglu(LOOM_CUDA_BF16, 14336, 3);
-    test_swiglu(LOOM_CUDA_BF16, 1536, 17);
-    test_swiglu(LOOM_CUDA_F16, 8, 2);
-    test_geglu(LOOM_CUDA_BF16, 2048, 5);
-    test_geglu(LOOM_CUDA_F16, 6912, 3);
+    test_swiglu(LOOM_CUDA_BF16, 14336, 3, false);
+    test_swiglu(LOOM_CUDA_BF16, 1536, 17, false);
+    test_swiglu(LOOM_CUDA_F16, 8, 2, false);
+    test_swiglu(LOOM_CUDA_BF16, 2048, 5, true);
+    test_swiglu(LOOM_CUDA_F16, 6912, 3, true);
     test_add_normed(LOOM_CUDA_BF16, 640, 9);
     test_add_normed(LOOM_CUDA_F16, 4096, 2);
     test_add_normed(LOOM_CUDA_BF16, 64, 1);
