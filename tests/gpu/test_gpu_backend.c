@@ -1064,7 +1064,7 @@ static void run_gemma(const plugin *cpu_p, const plugin *cuda_p) {
         shape gg[2] = {gemma[0], gemma[1]};
         gg[0].name = "grouped-gemma3-like-d256", gg[1].name = "grouped-gemma3-like-d64-gqa4";
         for (int i = 0; i < 2; i++) {
-            gg[i].groups = true;
+            gg[i].groups = true, gg[i].cuda_ov = "kv_groups=true";
             run_shape(cpu_p, cuda_p, &gg[i], NULL, TOL_CPU);
         }
     }

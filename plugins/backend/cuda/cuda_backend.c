@@ -77,6 +77,10 @@ static const loom_param cb_params[] = {
      .offset = offsetof(cuda_backend_config, qgemv_tc_min_rows), .default_value = "0", .min = 0, .max = 9,
      .doc = "fewest rows (1..8) from which W8A8 / FP8 / INT4 linear layers run the tensor-core GEMV, not "
             "the CUDA-core one; 0 = the crossover measured on the H200 (2 rows W8A8 / FP8, 3 INT4), 9 = never"},
+    {.key = "kv_groups", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, kv_groups),
+     .default_value = "false",
+     .doc = "propose block-table groups to the cache (Gemma 3: sliding-window layers' blocks freed behind the "
+            "window, cache.sliding_window: auto); false: one table, every layer's whole history"},
     {.key = NULL},
 };
 
@@ -334,15 +338,22 @@ static loom_status cb_memory(void *self, loom_backend_memory *out, loom_error *e
     return LOOM_OK;
 }
 
-/* kv_groups() (loom/backend.h): the plan every backend makes alike
- * (kv_groups.h) over this instance's layers — a tensor-parallel rank holds
- * them all. */
+/* kv_groups() (loom/backend.h): with the kv_groups parameter, the plan
+ * every backend makes alike (kv_groups.h) over this instance's layers — a
+ * tensor-parallel rank holds them all; without it one group of every layer
+ * and no window, so the cache keeps each layer's whole history. */
 static loom_status cb_kv_groups(void *self, loom_kv_groups *out, loom_error *err) {
     cuda_backend *b = self;
     if (!b->loaded || !out)
         return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID, "backend cuda: kv_groups() %s",
                               !out ? "without an output" : "before load()");
-    loom_kv_groups_plan(&b->mc, 0, b->mc.num_layers, out, NULL, NULL);
+    if (b->cfg.kv_groups) {
+        loom_kv_groups_plan(&b->mc, 0, b->mc.num_layers, out, NULL, NULL);
+        return LOOM_OK;
+    }
+    const uint32_t size = out->struct_size;
+    *out = (loom_kv_groups){.struct_size = size, .num_groups = 1, .layers_per_block = b->mc.num_layers,
+                            .num_layers = b->mc.num_layers};
     return LOOM_OK;
 }
 
@@ -356,6 +367,11 @@ static loom_status cb_kv_slots(cuda_backend *b, const loom_kv_layout *layout, lo
     b->kv_npools = L;
     for (int32_t l = 0; l < L; l++) b->layers[l].kv_slot = l, b->layers[l].kv_group = 0;
     if (groups <= 1) return LOOM_OK;
+    if (!b->cfg.kv_groups)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: a KV layout of %d block-table groups, which this instance did not propose; "
+                        "set backend.kv_groups: true, or cache.sliding_window: off",
+                        groups);
     int32_t *grp = h->alloc(h->ctx, 2 * (size_t)L * sizeof *grp);
     if (!grp) return h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cuda: out of host memory");
     loom_kv_groups plan = {.struct_size = sizeof plan};

@@ -86,6 +86,7 @@ typedef struct cuda_backend_config {
                                    other tokens (docs/gpu.md)                   */
     int64_t qgemv_tc_min_rows;  /* rows from which W8A8 / FP8 / INT4 GEMVs take
                                    the tensor cores; 0 = as measured, 9 = never */
+    bool kv_groups;             /* propose block-table groups (kv_groups())    */
 } cuda_backend_config;
 
 /* Rows of the logits work buffers (and the largest graph bucket's rows). */
