@@ -60,11 +60,16 @@ static const shape_def k_shapes[] = {
      "dummy tiny Qwen3-MoE", 8, 2, 32, 0, true},
     {"qwen2-moe-tiny", LOOM_ARCH_QWEN2_MOE, 256, 64, 128, 2, 4, 2, 16, 256, 10000.0f, 1e-6f, false, 1, 2,
      "dummy tiny Qwen2-MoE (shared expert)", 8, 2, 32, 48, false},
+    {"gemma3-270m", LOOM_ARCH_GEMMA3, 262144, 640, 2048, 18, 4, 1, 256, 32768, 1000000.0f, 1e-6f, true, 2, 1,
+     "dummy Gemma-3-270M", 0, 0, 0, 0, false},
+    {"qwen3-0.6b", LOOM_ARCH_QWEN3, 151936, 1024, 3072, 28, 16, 8, 128, 40960, 1000000.0f, 1e-6f, true, 151643,
+     151645, "dummy Qwen3-0.6B", 0, 0, 0, 0, false},
 };
 
 const char *const *loom_model_dummy_shapes(void) {
-    static const char *const names[] = {"llama3-8b",    "llama2-7b",     "smollm2-135m",   "qwen2-0.5b", "tiny",
-                                        "mixtral-8x7b", "qwen3-30b-a3b", "qwen3-moe-tiny", "qwen2-moe-tiny", NULL};
+    static const char *const names[] = {"llama3-8b",      "llama2-7b",      "smollm2-135m", "qwen2-0.5b",
+                                        "tiny",           "mixtral-8x7b",   "qwen3-30b-a3b", "qwen3-moe-tiny",
+                                        "qwen2-moe-tiny", "gemma3-270m",    "qwen3-0.6b",   NULL};
     return names;
 }
 
@@ -174,12 +179,14 @@ static loom_status check_opts(const loom_model_load_opts *o, const shape_def **s
     if (!o->dummy_shape || !*o->dummy_shape)
         return loom_error_set(err, LOOM_ERR_INVALID,
                               "dummy model needs a shape (llama3-8b, llama2-7b, smollm2-135m, qwen2-0.5b, tiny, "
-                              "mixtral-8x7b, qwen3-30b-a3b, qwen3-moe-tiny or qwen2-moe-tiny)");
+                              "mixtral-8x7b, qwen3-30b-a3b, qwen3-moe-tiny, qwen2-moe-tiny, gemma3-270m or "
+                              "qwen3-0.6b)");
     *sd = find_shape(o->dummy_shape);
     if (!*sd)
         return loom_error_set(err, LOOM_ERR_INVALID,
                               "unknown dummy shape '%s' (use llama3-8b, llama2-7b, smollm2-135m, qwen2-0.5b, tiny, "
-                              "mixtral-8x7b, qwen3-30b-a3b, qwen3-moe-tiny or qwen2-moe-tiny)",
+                              "mixtral-8x7b, qwen3-30b-a3b, qwen3-moe-tiny, qwen2-moe-tiny, gemma3-270m or "
+                              "qwen3-0.6b)",
                               o->dummy_shape);
     loom_dtype dt = o->dummy_dtype;
     if (dt != LOOM_DTYPE_F32 && dt != LOOM_DTYPE_F16 && dt != LOOM_DTYPE_BF16)
@@ -213,6 +220,16 @@ static void set_config(loom_model_config *c, const shape_def *sd, const loom_mod
     c->moe_norm_topk = sd->norm_topk;
     c->bos_token_id = sd->bos;
     c->eos_token_id = sd->eos;
+    if (sd->arch == LOOM_ARCH_GEMMA3) { /* Gemma 3 270M's, as model_gguf.c reads its GGUF */
+        c->sliding_window = 512;
+        c->global_every = 6;
+        c->rope_theta_local = 10000.0f;
+        c->attn_scale = 1.0f / sqrtf((float)sd->head_dim);
+        c->embed_scale = sqrtf((float)sd->hidden);
+        c->ffn_act = LOOM_FFN_GELU_TANH;
+        c->qk_norm = true;
+        c->post_norms = true;
+    }
     snprintf(c->name, sizeof c->name, "%s (%s, seed %llu)", sd->label, loom_dtype_name(o->dummy_dtype),
              (unsigned long long)o->seed);
 }
@@ -298,11 +315,13 @@ static loom_status plan_layer(plan *p, const loom_model_config *c, int32_t l, lo
         ADD("attn_k_norm.weight", 1, c->head_dim, 0, INIT_NORM, 1);
     }
     ADD("attn_output.weight", 2, H, Q, INIT_MATRIX, Q);
+    if (c->post_norms) ADD("post_attention_norm.weight", 1, H, 0, INIT_NORM, 1);
     ADD("ffn_norm.weight", 1, H, 0, INIT_NORM, 1);
     if (c->num_experts > 0) return plan_moe(p, c, l, err);
     ADD("ffn_gate.weight", 2, I, H, INIT_MATRIX, H);
     ADD("ffn_up.weight", 2, I, H, INIT_MATRIX, H);
     ADD("ffn_down.weight", 2, H, I, INIT_MATRIX, I);
+    if (c->post_norms) ADD("post_ffw_norm.weight", 1, H, 0, INIT_NORM, 1);
 #undef ADD
     return LOOM_OK;
 }

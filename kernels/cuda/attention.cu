@@ -91,8 +91,21 @@
  * c ^ (r & 7)) so the reads are free of bank conflicts at head_dim 128; at
  * 64, V's 8-byte reads of rows 2tq meet 2-way.
  *
- * Not here: ALiBi, sliding windows, soft-capping, per-layer KV scales.
- * Head dims 16, 32, 64, 128.
+ * Sliding windows (loom_cuda_attn_args.window > 0, Gemma 3's local
+ * layers): a row at position p sees keys p - window + 1 .. p. A tile's key
+ * range then starts at its first row's window start, so keys no row sees
+ * are never loaded (nor their blocks' table entries read: a windowed
+ * block-table group may hold -1 there), the split plan covers only that
+ * range, and key tiles that reach below some row's window take the masked
+ * path.
+ *
+ * Head dim 256 (Gemma 3): the same kernel; its Q fragments and O
+ * accumulators alone are 192 registers a thread, so both shapes are built
+ * for one CTA an SM there, and the register-converting E4M3 decode path is
+ * left to head dims up to 128 (256 stages its codes like the prefill shape).
+ *
+ * Not here: ALiBi, soft-capping, per-layer KV scales.
+ * Head dims 16, 32, 64, 128, 256.
  */
 #include "common.cuh"
 
@@ -197,21 +210,31 @@ typedef lc_shape<4, 64> lc_prefill_shape;
 
 /* E4M3 codes converted in registers (the decode shape, head_dim >= 64):
  * see the file comment. */
-__host__ __device__ constexpr bool lc_att_rd(bool f8, int wm, int d) { return f8 && wm == 1 && d >= 64; }
+__host__ __device__ constexpr bool lc_att_rd(bool f8, int wm, int d) { return f8 && wm == 1 && d >= 64 && d <= 128; }
 
-/* Largest position + 1 among the tile's tokens, computed by warp 0 and
- * broadcast through `slot`. Every thread must call it. */
+/* Largest position + 1 among the tile's tokens (returned) and the first
+ * key any of them sees (*k_lo: 0, or with a window the smallest position's
+ * window start), computed by warp 0 and broadcast through `slot` (2 ints).
+ * Every thread must call it. */
 __device__ __forceinline__ int lc_tile_kv_len(const int32_t *__restrict__ positions,
-                                              const loom_cuda_attn_tile &tile, int *slot) {
+                                              const loom_cuda_attn_tile &tile, int window, int *slot,
+                                              int *k_lo) {
     if (threadIdx.x < 32) {
-        int m = -1;
-        for (int i = threadIdx.x; i < tile.ntok; i += 32) m = max(m, positions[tile.tok0 + i]);
+        int m = -1, lo = INT_MAX;
+        for (int i = threadIdx.x; i < tile.ntok; i += 32) {
+            const int p = positions[tile.tok0 + i];
+            m = max(m, p), lo = min(lo, p);
+        }
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (threadIdx.x == 0) *slot = m + 1;
+        for (int o = 16; o > 0; o >>= 1) {
+            m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+            lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+        }
+        if (threadIdx.x == 0) slot[0] = m + 1, slot[1] = window > 0 ? max(0, lo - window + 1) : 0;
     }
     __syncthreads();
-    return *slot;
+    *k_lo = slot[1];
+    return slot[0];
 }
 
 /* --------------------------------------------------------------- kernel */
@@ -233,7 +256,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     extern __shared__ uint4 lc_smem[];
     __shared__ int row_pos[ROWS];
     __shared__ float ml[WN][ROWS][2];
-    __shared__ int s_kvlen, s_last;
+    __shared__ int s_kvlen[2], s_last;
 
     lc_pdl_wait();
     lc_pdl_trigger();
@@ -255,14 +278,17 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
 
     for (int r = tid; r < ROWS; r += LC_ATT_THREADS)
         row_pos[r] = r < nrows ? a.positions[tile.tok0 + r / G] : -1;
-    const int kv_len = lc_tile_kv_len(a.positions, tile, &s_kvlen); /* syncs */
+    int k_lo;
+    const int kv_len = lc_tile_kv_len(a.positions, tile, a.window, s_kvlen, &k_lo); /* syncs */
     int splits, chunk;
-    lc_split_plan(kv_len, a.max_splits, CTA_N, S::SPLIT_MIN, &splits, &chunk);
+    lc_split_plan(kv_len - k_lo, a.max_splits, CTA_N, S::SPLIT_MIN, &splits, &chunk);
     if (z >= splits) return; /* uniform over the CTA */
-    const int k_begin = z * chunk;
+    const int k_begin = k_lo + z * chunk;
     const int k_end = min(kv_len, k_begin + chunk);
     const int n_iter = (k_end - k_begin + CTA_N - 1) / CTA_N;
-    const int32_t *__restrict__ bt = a.block_table + (size_t)tile.seq * (size_t)(*a.bt_stride);
+    /* group g's table: (S, stride) rows at g * bt_stride[1] elements */
+    const size_t bt_row0 = a.bt_group > 0 ? (size_t)a.bt_group * (size_t)a.bt_stride[1] : 0;
+    const int32_t *__restrict__ bt = a.block_table + bt_row0 + (size_t)tile.seq * (size_t)(*a.bt_stride);
 
     /* shared memory, dt cache: K stages (STAGES, CTA_N, D) dt | V stages;
      * Q (ROWS <= CTA_N rows) borrows the last K stage, which is first
@@ -305,7 +331,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     constexpr int EB = F8 ? 1 : 2;              /* bytes per cache element   */
     constexpr int ROWB = D * EB;                /* bytes per staged row      */
     constexpr int CPRG = ROWB / 16;             /* 16-byte chunks per row    */
-    constexpr int JSTEP = LC_ATT_THREADS / CPRG; /* rows per pass (CPRG <= 16) */
+    constexpr int JSTEP = LC_ATT_THREADS / CPRG; /* rows per pass */
     constexpr int NPASS = (CTA_N + JSTEP - 1) / JSTEP; /* JSTEP > CTA_N: F8, D 16 */
     const int c_ld = tid % CPRG, j0 = tid / CPRG;
     /* RD code stages: chunk c of row r at c ^ (r & SWM) */
@@ -332,7 +358,11 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
                 else blk = bt[key / bs], off = key % bs;
                 e = (uint32_t)blk * blk_elems + head_off + (uint32_t)off * D;
             }
-            const uint32_t so = sbase + i * JSTEP * ROWB;
+            /* a dt row of more than 16 chunks (head_dim 256): JSTEP = 4 rows,
+             * less than the swizzle period, so each row's chunk is placed anew */
+            const uint32_t so = !F8 && JSTEP % 8 != 0
+                                    ? st * CTA_N * ROWB + (uint32_t)lc_swz<CPR>(j0 + i * JSTEP, c_ld) * 16
+                                    : sbase + i * JSTEP * ROWB;
             if (F8) {
                 lc_cp_async16(kst_s + so, kc8 + e, ok);
                 lc_cp_async16(vst_s + so, vc8 + e, ok);
@@ -407,8 +437,15 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     /* smallest position among this warp's valid rows: key tiles at or below
      * it need no causal mask (invalid rows are never written) */
     int rp_min = min(rp0 < 0 ? INT_MAX : rp0, rp1 < 0 ? INT_MAX : rp1);
+    int rp_max = max(rp0, rp1); /* invalid rows are -1 */
 #pragma unroll
-    for (int off = 1; off < 32; off <<= 1) rp_min = min(rp_min, __shfl_xor_sync(0xffffffffu, rp_min, off));
+    for (int off = 1; off < 32; off <<= 1) {
+        rp_min = min(rp_min, __shfl_xor_sync(0xffffffffu, rp_min, off));
+        rp_max = max(rp_max, __shfl_xor_sync(0xffffffffu, rp_max, off));
+    }
+    /* with a window, keys below win_lo are outside some row's window */
+    const int win = a.window;
+    const int win_lo = win > 0 ? rp_max - win + 1 : INT_MIN;
     const float sl2 = a.scale * 1.4426950408889634f; /* raw score -> log2 units */
     float o[DT][4];
 #pragma unroll
@@ -474,7 +511,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
 
         /* scale, causal + range mask (edge tiles only), running max */
         const int kbase = k_begin + it * CTA_N + kw;
-        const bool edge = kbase + BN - 1 >= k_end || kbase + BN - 1 > rp_min;
+        const bool edge = kbase + BN - 1 >= k_end || kbase + BN - 1 > rp_min || kbase < win_lo;
         const int key0 = kbase + 2 * tq;
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -485,7 +522,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
                 if (edge) {
                     const int key = key0 + nt * 8 + (e & 1);
                     const int rp = e < 2 ? rp0 : rp1;
-                    if (key >= k_end || key > rp) s = -INFINITY;
+                    if (key >= k_end || key > rp || (win > 0 && key <= rp - win)) s = -INFINITY;
                 }
                 sc[nt][e] = s;
             }
@@ -725,10 +762,14 @@ static cudaError_t lc_att_launch(const loom_cuda_attn_args *a, cudaStream_t s) {
  * 2 stages, registers for 2 CTAs per SM (no spills). A 2-stage decode ring
  * and a 3-CTA prefill build were slower (docs/performance.md, tried and
  * rejected). */
+/* CTAs an SM is built for: head_dim 256 needs the registers of one. */
+template <int D> constexpr int lc_minb_decode() { return D > 128 ? 1 : 3; }
+template <int D> constexpr int lc_minb_prefill() { return D > 128 ? 1 : 2; }
+
 template <typename T, bool F8, int D>
 static cudaError_t lc_att_shape(const loom_cuda_attn_args *a, cudaStream_t s) {
-    if (a->shape == LOOM_CUDA_ATTN_DECODE) return lc_att_launch<T, F8, D, 1, 16, 3, 3>(a, s);
-    return lc_att_launch<T, F8, D, 4, 64, 2, 2>(a, s);
+    if (a->shape == LOOM_CUDA_ATTN_DECODE) return lc_att_launch<T, F8, D, 1, 16, lc_minb_decode<D>(), 3>(a, s);
+    return lc_att_launch<T, F8, D, 4, 64, lc_minb_prefill<D>(), 2>(a, s);
 }
 
 template <typename T, bool F8>
@@ -738,13 +779,14 @@ static cudaError_t lc_att_dim(const loom_cuda_attn_args *a, cudaStream_t s) {
     case 32: return lc_att_shape<T, F8, 32>(a, s);
     case 64: return lc_att_shape<T, F8, 64>(a, s);
     case 128: return lc_att_shape<T, F8, 128>(a, s);
+    case 256: return lc_att_shape<T, F8, 256>(a, s);
     default: return cudaErrorInvalidValue;
     }
 }
 
 template <typename T, bool F8, int D> static int lc_occ_d(loom_cuda_attn_shape shape) {
-    if (shape == LOOM_CUDA_ATTN_DECODE) return lc_att_occupancy<T, F8, D, 1, 16, 3, 3>();
-    return lc_att_occupancy<T, F8, D, 4, 64, 2, 2>();
+    if (shape == LOOM_CUDA_ATTN_DECODE) return lc_att_occupancy<T, F8, D, 1, 16, lc_minb_decode<D>(), 3>();
+    return lc_att_occupancy<T, F8, D, 4, 64, lc_minb_prefill<D>(), 2>();
 }
 
 template <typename T, bool F8> static int lc_occ_dim(loom_cuda_attn_shape shape, int d) {
@@ -753,6 +795,7 @@ template <typename T, bool F8> static int lc_occ_dim(loom_cuda_attn_shape shape,
     case 32: return lc_occ_d<T, F8, 32>(shape);
     case 64: return lc_occ_d<T, F8, 64>(shape);
     case 128: return lc_occ_d<T, F8, 128>(shape);
+    case 256: return lc_occ_d<T, F8, 256>(shape);
     default: return 0;
     }
 }
@@ -833,7 +876,7 @@ extern "C" cudaError_t loom_cuda_attention(const loom_cuda_attn_args *a, cudaStr
     const int G = a->num_kv_heads > 0 ? a->num_heads / a->num_kv_heads : 0;
     if (G < 1 || G * a->num_kv_heads != a->num_heads || G > loom_cuda_attn_rows(a->shape) ||
         a->max_splits < 1 || a->max_splits > 65535 || a->num_kv_heads > 65535 ||
-        (a->max_splits > 1 && (!a->partial || !a->sem)) ||
+        (a->max_splits > 1 && (!a->partial || !a->sem)) || a->window < 0 || a->bt_group < 0 ||
         (a->kv != LOOM_CUDA_KV_DT && a->kv != LOOM_CUDA_KV_E4M3))
         return cudaErrorInvalidValue;
     if (a->kv == LOOM_CUDA_KV_E4M3)

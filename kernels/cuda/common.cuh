@@ -55,6 +55,13 @@ template <> __device__ __forceinline__ __half lc_from_f<__half>(float x) {
 __device__ __forceinline__ float lc_silu_mul(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, __expf(-g))), u);
 }
+/* GeGLU's gelu(g) * u with PyTorch's approximate="tanh" GELU, the cpu
+ * backend's formula (loom_cpu_geglu_tanh): g/2 (1 + tanh(sqrt(2/pi)
+ * (g + 0.044715 g^3))) u, tanhf the accurate one. */
+__device__ __forceinline__ float lc_gelu_tanh_mul(float g, float u) {
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * u;
+}
 __device__ __forceinline__ void lc_rope_rot(float a, float b, float c, float s, float &ra, float &rb) {
     ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
     rb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));

@@ -8,8 +8,9 @@
  * and the KV-cache write through the slot mapping, paged attention over a
  * flattened variable-length batch (one tensor-core kernel in a prefill shape
  * and a decode shape, split-K over the keys merged by the last split —
- * flash-decoding),
- * SwiGLU, KV block copies (copy-on-write and swap to mapped host memory),
+ * flash-decoding — with an optional sliding window),
+ * SwiGLU, and Gemma 3's and Qwen3's pieces (embedding scale, QK-norm fused
+ * with RoPE, post-norm residual adds, GeGLU), KV block copies (copy-on-write and swap to mapped host memory),
  * and the linear layers: a streaming GEMV for batches of <= 8 rows, cuBLASLt
  * (with a plan cache) above.
  *
@@ -67,7 +68,7 @@ typedef enum loom_cuda_kv {
 
 /* Head dims the attention kernels are built for (the tensor-core tiles need
  * a power of two, multiple of 16). */
-#define LOOM_CUDA_HEAD_DIM_OK(d) ((d) == 16 || (d) == 32 || (d) == 64 || (d) == 128)
+#define LOOM_CUDA_HEAD_DIM_OK(d) ((d) == 16 || (d) == 32 || (d) == 64 || (d) == 128 || (d) == 256)
 /* Query heads per KV head the attention kernels can pack into one tile. */
 #define LOOM_CUDA_MAX_GQA 64
 
@@ -78,6 +79,10 @@ typedef enum loom_cuda_kv {
  * x (T, H) float32; table (V, H) dt; ids (T) in [0, V) or -1. H % 8 == 0. */
 cudaError_t loom_cuda_embedding(loom_cuda_dt dt, float *x, const void *table, const int32_t *ids,
                                 int T, int H, cudaStream_t s);
+/* loom_cuda_embedding, each element then times `scale` in float32 (Gemma's
+ * embedding scale; the cpu backend's loom_cpu_scale after the lookup). */
+cudaError_t loom_cuda_embedding_scaled(loom_cuda_dt dt, float *x, const void *table, const int32_t *ids,
+                                       int T, int H, float scale, cudaStream_t s);
 
 /* Residual add fused with RMSNorm. For output row i, input row j = rows ?
  * rows[i] : i:
@@ -90,6 +95,13 @@ cudaError_t loom_cuda_embedding(loom_cuda_dt dt, float *x, const void *table, co
 cudaError_t loom_cuda_add_rmsnorm(loom_cuda_dt dt, void *y, float *x, const void *r,
                                   const float *w, const int32_t *rows, int T, int H, float eps,
                                   cudaStream_t s);
+
+/* Post-norm residual add (Gemma 3's post-attention and post-FFN norms):
+ *   x[t,:] += r[t,:] * rsqrt(mean(r[t,:]^2) + eps) * w
+ * in float32 on r's dt values. x (T, H) float32; r (T, H) dt; w (H)
+ * float32. H % 8 == 0, H <= 32768. */
+cudaError_t loom_cuda_add_normed(loom_cuda_dt dt, float *x, const void *r, const float *w, int T, int H,
+                                 float eps, cudaStream_t s);
 
 /* ------------------------------------------------------------ sampling */
 
@@ -118,6 +130,12 @@ cudaError_t loom_cuda_logits_topk(const float *logits, int rows, int V, int k, c
 cudaError_t loom_cuda_swiglu(loom_cuda_dt dt, void *out, const void *gu, int T, int I,
                              cudaStream_t s);
 
+/* GeGLU with tanh GELU (Gemma), shapes as loom_cuda_swiglu:
+ *   out[t,i] = dt(gelu(gu[t,i]) * gu[t,I+i]),
+ *   gelu(g) = g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))). */
+cudaError_t loom_cuda_geglu_tanh(loom_cuda_dt dt, void *out, const void *gu, int T, int I,
+                                 cudaStream_t s);
+
 /* ------------------------------------------------------------------- RoPE */
 
 /* cos/sin table for positions [0, max_pos): cs[p][i] = (cos(p f_i),
@@ -141,6 +159,20 @@ cudaError_t loom_cuda_rope_kv(loom_cuda_dt dt, loom_cuda_kv kv, void *qkv, int l
                               const float *bias, const float *cs, const int32_t *pos,
                               const int64_t *slot, void *k_cache, void *v_cache, int T, int H,
                               int KVH, int D, int block_size, cudaStream_t s);
+
+/* loom_cuda_rope_kv with QK-norm (Qwen3, Gemma 3) before the rotation:
+ * each q head (+ bias) is normalised over its D values and times q_norm,
+ * each k head times k_norm —
+ *   h = h * rsqrt(mean(h^2) + eps) * w
+ * — in float32, rounded once after RoPE (q in place, k into the cache as
+ * loom_cuda_rope_kv stores it). q_norm or k_norm NULL: that kind is not
+ * normalised (both NULL: loom_cuda_rope_kv's result). Weights as the
+ * model loader presents them (Gemma's GGUF stores 1 + w already). Shapes as
+ * loom_cuda_rope_kv; D even and <= 256. One warp a head. */
+cudaError_t loom_cuda_rope_kv_norm(loom_cuda_dt dt, loom_cuda_kv kv, void *qkv, int ld, const float *bias,
+                                   const float *q_norm, const float *k_norm, float eps, const float *cs,
+                                   const int32_t *pos, const int64_t *slot, void *k_cache, void *v_cache,
+                                   int T, int H, int KVH, int D, int block_size, cudaStream_t s);
 
 /* -------------------------------------------------------------- attention */
 
@@ -191,10 +223,20 @@ typedef struct loom_cuda_attn_args {
     float *partial;                /* split-K workspace; >= loom_cuda_attn_workspace_floats */
     int *sem;                      /* split-K counters, >= num_tiles * KVH ints;
                                       zero before the first call, left zero */
+    int window;                    /* > 0: a row at position p sees keys
+                                      p - window + 1 .. p only (a sliding-
+                                      window layer); 0: keys 0 .. p         */
+    int bt_group;                  /* block-table group read: > 0 reads the
+                                      table at block_table + bt_group *
+                                      bt_stride[1] (bt_stride then points at
+                                      2 ints: row length, group length);
+                                      0: bt_stride[0] only                   */
 } loom_cuda_attn_args;
 
 /* Causal paged attention: every query row attends to keys 0..pos of its
- * sequence, read through the block table. An E4M3 cache is read as codes
+ * sequence (pos - window + 1 .. pos with a window; keys before the tile's
+ * first window start are never read, nor their block-table entries),
+ * read through the block table. An E4M3 cache is read as codes
  * (half the bytes of dt) and decoded exactly to dt in shared memory before
  * the tensor-core products, so the arithmetic is the dt path's on the
  * decoded values. A (tile, kv head) is split over

@@ -1,10 +1,12 @@
 /*
  * kernels/cuda/elementwise.cu — the memory-bound kernels of the forward
- * pass: embedding gather, residual add + RMSNorm (optionally gathering the
- * LM-head rows, or quantizing its rows per token for a W8A8 / FP8 GEMM
- * instead of storing them), SwiGLU, the RoPE cos/sin table, RoPE fused with the QKV
- * bias and the KV-cache write (dt, or FP8 E4M3 codes through e4m3.h's
- * encoder), and whole-block KV copies.
+ * pass: embedding gather (times Gemma's embedding scale), residual add +
+ * RMSNorm (optionally gathering the LM-head rows, or quantizing its rows
+ * per token for a W8A8 / FP8 GEMM instead of storing them), Gemma's
+ * post-norm residual add, SwiGLU and GeGLU, the RoPE cos/sin table, RoPE
+ * fused with the QKV bias and the KV-cache write (dt, or FP8 E4M3 codes
+ * through e4m3.h's encoder) — with QK-norm (Qwen3, Gemma 3) a per-head
+ * RMSNorm first, in the same kernel — and whole-block KV copies.
  *
  * Every kernel moves 16-byte vectors (8 bf16/f16, or 4 floats twice) so a
  * warp reads 512 contiguous bytes per instruction; widths are multiples of
@@ -21,12 +23,12 @@
 
 /* ------------------------------------------------------------- embedding */
 
-/* x (T, H) f32 <- table (V, H) dt rows ids (T); id -1: a zero row (a
- * tensor-parallel rank's token outside its vocabulary slice). grid T,
- * block 128. */
+/* x (T, H) f32 <- table (V, H) dt rows ids (T) times `scale` (1: exact);
+ * id -1: a zero row (a tensor-parallel rank's token outside its vocabulary
+ * slice). grid T, block 128. */
 template <typename T>
 __global__ void lc_embedding_kernel(float *__restrict__ x, const T *__restrict__ table,
-                                    const int32_t *__restrict__ ids, int H) {
+                                    const int32_t *__restrict__ ids, int H, float scale) {
     lc_pdl_wait();
     lc_pdl_trigger();
     const int t = blockIdx.x;
@@ -43,19 +45,27 @@ __global__ void lc_embedding_kernel(float *__restrict__ x, const T *__restrict__
     for (int c = threadIdx.x; c < H / 8; c += blockDim.x) {
         float f[8];
         lc_unpack8<T>(lc_ldg16(src + c * 8), f);
+#pragma unroll
+        for (int e = 0; e < 8; e++) f[e] = __fmul_rn(f[e], scale);
         float4 *d = reinterpret_cast<float4 *>(dst + c * 8);
         d[0] = make_float4(f[0], f[1], f[2], f[3]);
         d[1] = make_float4(f[4], f[5], f[6], f[7]);
     }
 }
 
-extern "C" cudaError_t loom_cuda_embedding(loom_cuda_dt dt, float *x, const void *table,
-                                           const int32_t *ids, int T, int H, cudaStream_t s) {
+extern "C" cudaError_t loom_cuda_embedding_scaled(loom_cuda_dt dt, float *x, const void *table,
+                                                  const int32_t *ids, int T, int H, float scale,
+                                                  cudaStream_t s) {
     if (T <= 0) return cudaSuccess;
     cudaError_t e;
     LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_embedding_kernel<E>, dim3(T), dim3(128), 0, s, x,
-                                            static_cast<const E *>(table), ids, H));
+                                            static_cast<const E *>(table), ids, H, scale));
     return e;
+}
+
+extern "C" cudaError_t loom_cuda_embedding(loom_cuda_dt dt, float *x, const void *table,
+                                           const int32_t *ids, int T, int H, cudaStream_t s) {
+    return loom_cuda_embedding_scaled(dt, x, table, ids, T, H, 1.0f, s);
 }
 
 /* ------------------------------------------------------ add + RMSNorm */
@@ -198,10 +208,67 @@ extern "C" cudaError_t lc_add_rmsnorm_quant(loom_cuda_dt dt, int fp8, float *x, 
     return e;
 }
 
+/* ------------------------------------------------- post-norm residual add */
+
+/* One CTA per row t: x[t] += r[t] * rsqrt(mean(r[t]^2) + eps) * w, the
+ * arithmetic in float32 on r's dt values (loom_cpu_add_normed's order).
+ * x (T, H) f32; r (T, H) dt; w (H) f32. */
+template <typename T>
+__global__ void __launch_bounds__(1024)
+    lc_add_normed_kernel(float *__restrict__ x, const T *__restrict__ r, const float *__restrict__ w, int H,
+                         float eps) {
+    __shared__ float red[32];
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int t = blockIdx.x, nc = H / 8;
+    float *xr = x + (size_t)t * H;
+    const T *rr = r + (size_t)t * H;
+    float v[LC_NORM_MAXC][8];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < LC_NORM_MAXC; k++) {
+        const int c = threadIdx.x + k * blockDim.x;
+        if (c < nc) {
+            lc_unpack8<T>(lc_ldg16(rr + c * 8), v[k]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) ss += v[k][e] * v[k][e];
+        }
+    }
+    ss = lc_block_sum(ss, red);
+    const float inv = rsqrtf(ss / (float)H + eps);
+#pragma unroll
+    for (int k = 0; k < LC_NORM_MAXC; k++) {
+        const int c = threadIdx.x + k * blockDim.x;
+        if (c < nc) {
+            float4 *d = reinterpret_cast<float4 *>(xr + c * 8);
+            const float4 *w4 = reinterpret_cast<const float4 *>(w + c * 8);
+            float4 a = d[0], b = d[1];
+            const float4 w0 = __ldg(w4), w1 = __ldg(w4 + 1);
+            a.x += v[k][0] * inv * w0.x, a.y += v[k][1] * inv * w0.y;
+            a.z += v[k][2] * inv * w0.z, a.w += v[k][3] * inv * w0.w;
+            b.x += v[k][4] * inv * w1.x, b.y += v[k][5] * inv * w1.y;
+            b.z += v[k][6] * inv * w1.z, b.w += v[k][7] * inv * w1.w;
+            d[0] = a, d[1] = b;
+        }
+    }
+}
+
+extern "C" cudaError_t loom_cuda_add_normed(loom_cuda_dt dt, float *x, const void *r, const float *w, int T,
+                                            int H, float eps, cudaStream_t s) {
+    if (T <= 0) return cudaSuccess;
+    const int threads = lc_norm_threads(H);
+    if (!threads) return cudaErrorInvalidValue;
+    cudaError_t e;
+    LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_add_normed_kernel<E>, dim3(T), dim3(threads), 0, s, x,
+                                            static_cast<const E *>(r), w, H, eps));
+    return e;
+}
+
 /* ----------------------------------------------------------------- SwiGLU */
 
-/* out (T, I) = silu(gu[:, :I]) * gu[:, I:]; grid-stride over 8-element chunks. */
-template <typename T>
+/* out (T, I) = act(gu[:, :I]) * gu[:, I:], act silu or (GELU) tanh GELU;
+ * grid-stride over 8-element chunks. */
+template <typename T, bool GELU = false>
 __global__ void lc_swiglu_kernel(T *__restrict__ out, const T *__restrict__ gu, int T_, int I) {
     lc_pdl_wait();
     lc_pdl_trigger();
@@ -216,20 +283,35 @@ __global__ void lc_swiglu_kernel(T *__restrict__ out, const T *__restrict__ gu, 
         lc_unpack8<T>(lc_ldg16(g), gf);
         lc_unpack8<T>(lc_ldg16(g + I), uf);
 #pragma unroll
-        for (int e = 0; e < 8; e++) o[e] = lc_silu_mul(gf[e], uf[e]);
+        for (int e = 0; e < 8; e++) o[e] = GELU ? lc_gelu_tanh_mul(gf[e], uf[e]) : lc_silu_mul(gf[e], uf[e]);
         lc_stg16(out + t * I + c * 8, lc_pack8<T>(o));
     }
+}
+
+/* Blocks of a grid-stride launch over T x I / 8 chunks. */
+static unsigned lc_glu_blocks(int T, int I) {
+    const size_t chunks = (size_t)T * (I / 8);
+    size_t blocks = (chunks + 255) / 256;
+    if (blocks > 132 * 16) blocks = 132 * 16; /* grid-stride beyond a few waves */
+    return (unsigned)blocks;
+}
+
+extern "C" cudaError_t loom_cuda_geglu_tanh(loom_cuda_dt dt, void *out, const void *gu, int T, int I,
+                                            cudaStream_t s) {
+    if (T <= 0) return cudaSuccess;
+    if (I % 8) return cudaErrorInvalidValue;
+    cudaError_t e;
+    LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_swiglu_kernel<E, true>, dim3(lc_glu_blocks(T, I)), dim3(256), 0, s,
+                                            static_cast<E *>(out), static_cast<const E *>(gu), T, I));
+    return e;
 }
 
 extern "C" cudaError_t loom_cuda_swiglu(loom_cuda_dt dt, void *out, const void *gu, int T, int I,
                                         cudaStream_t s) {
     if (T <= 0) return cudaSuccess;
     if (I % 8) return cudaErrorInvalidValue;
-    const size_t chunks = (size_t)T * (I / 8);
-    size_t blocks = (chunks + 255) / 256;
-    if (blocks > 132 * 16) blocks = 132 * 16; /* grid-stride beyond a few waves */
     cudaError_t e;
-    LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_swiglu_kernel<E>, dim3((unsigned)blocks), dim3(256),
+    LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_swiglu_kernel<E>, dim3(lc_glu_blocks(T, I)), dim3(256),
                                             0, s, static_cast<E *>(out),
                                             static_cast<const E *>(gu), T, I));
     return e;
@@ -358,6 +440,101 @@ extern "C" cudaError_t loom_cuda_rope_kv(loom_cuda_dt dt, loom_cuda_kv kv, void 
     else
         LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_rope_kv_kernel<E, false>, dim3(T), dim3(128), 0, s,
                                                 static_cast<E *>(qkv), ld, bias, cs, pos, slot,
+                                                k_cache, v_cache, H, KVH, D, block_size));
+    return e;
+}
+
+/* ------------------------------------------- QK-norm + RoPE + KV write */
+
+/* Most RoPE pairs a lane of lc_rope_kv_norm_kernel holds: head_dim <= 256. */
+#define LC_QKN_MAXP 4
+
+/* loom_cuda_rope_kv_norm: one CTA per token, one warp per head at a time —
+ * query heads, then K heads, then V heads. A q or k head's lane holds the
+ * pairs (j, j + D/2), j = lane + 32 i, in float32: bias added, the head's
+ * RMSNorm (sum of squares over the warp) times its weight, the rotation,
+ * then one rounding to dt (q in place) or to the cache's type (k). V heads
+ * (+ bias) go to the cache. qkv (T, ld) dt; caches (blocks, KVH, bs, D). */
+template <typename T, bool F8>
+__global__ void lc_rope_kv_norm_kernel(T *__restrict__ qkv, int ld, const float *__restrict__ bias,
+                                       const float *__restrict__ qw, const float *__restrict__ kw, float eps,
+                                       const float *__restrict__ cs, const int32_t *__restrict__ pos,
+                                       const int64_t *__restrict__ slot, void *__restrict__ kc,
+                                       void *__restrict__ vc, int H, int KVH, int D, int bs) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int t = blockIdx.x, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const int half = D / 2, p = pos[t];
+    const int64_t sl = slot[t];
+    const int64_t blk = sl >= 0 ? sl / bs : 0, off = sl >= 0 ? sl % bs : 0;
+    T *row = qkv + (size_t)t * ld;
+    for (int hh = threadIdx.x >> 5; hh < H + 2 * KVH; hh += nw) {
+        const bool is_q = hh < H, is_v = hh >= H + KVH;
+        if (!is_q && sl < 0) continue; /* no cache write for this token */
+        const int kh = is_v ? hh - H - KVH : hh - H;
+        const size_t at = (((size_t)blk * KVH + kh) * bs + off) * D;
+        const T *x = row + (size_t)hh * D;
+        const float *bb = bias ? bias + (size_t)hh * D : nullptr;
+        if (is_v) {
+            for (int i = lane; i < D; i += 32) {
+                const float f = lc_to_f(x[i]) + (bb ? bb[i] : 0.0f);
+                if (F8) static_cast<uint8_t *>(vc)[at + i] = (uint8_t)lc_e4m3_encode(__float_as_uint(f));
+                else static_cast<T *>(vc)[at + i] = lc_from_f<T>(f);
+            }
+            continue;
+        }
+        float a[LC_QKN_MAXP], b[LC_QKN_MAXP], ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < LC_QKN_MAXP; i++) {
+            const int j = lane + 32 * i;
+            a[i] = b[i] = 0.0f;
+            if (j < half) {
+                a[i] = lc_to_f(x[j]) + (bb ? bb[j] : 0.0f);
+                b[i] = lc_to_f(x[j + half]) + (bb ? bb[j + half] : 0.0f);
+                ss += a[i] * a[i] + b[i] * b[i];
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float *w = is_q ? qw : kw;
+        const float inv = w ? rsqrtf(ss / (float)D + eps) : 1.0f;
+#pragma unroll
+        for (int i = 0; i < LC_QKN_MAXP; i++) {
+            const int j = lane + 32 * i;
+            if (j >= half) continue;
+            if (w) a[i] = a[i] * inv * w[j], b[i] = b[i] * inv * w[j + half];
+            const float2 c = *reinterpret_cast<const float2 *>(cs + ((size_t)p * half + j) * 2);
+            float ra, rb;
+            lc_rope_rot(a[i], b[i], c.x, c.y, ra, rb);
+            if (is_q) {
+                row[(size_t)hh * D + j] = lc_from_f<T>(ra);
+                row[(size_t)hh * D + j + half] = lc_from_f<T>(rb);
+            } else if (F8) {
+                static_cast<uint8_t *>(kc)[at + j] = (uint8_t)lc_e4m3_encode(__float_as_uint(ra));
+                static_cast<uint8_t *>(kc)[at + j + half] = (uint8_t)lc_e4m3_encode(__float_as_uint(rb));
+            } else {
+                static_cast<T *>(kc)[at + j] = lc_from_f<T>(ra);
+                static_cast<T *>(kc)[at + j + half] = lc_from_f<T>(rb);
+            }
+        }
+    }
+}
+
+extern "C" cudaError_t loom_cuda_rope_kv_norm(loom_cuda_dt dt, loom_cuda_kv kv, void *qkv, int ld, const float *bias,
+                                              const float *q_norm, const float *k_norm, float eps, const float *cs,
+                                              const int32_t *pos, const int64_t *slot, void *k_cache, void *v_cache,
+                                              int T, int H, int KVH, int D, int block_size, cudaStream_t s) {
+    if (T <= 0) return cudaSuccess;
+    if (D % 2 || D > 64 * LC_QKN_MAXP || (kv != LOOM_CUDA_KV_DT && kv != LOOM_CUDA_KV_E4M3))
+        return cudaErrorInvalidValue;
+    cudaError_t e;
+    if (kv == LOOM_CUDA_KV_E4M3)
+        LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_rope_kv_norm_kernel<E, true>, dim3(T), dim3(256), 0, s,
+                                                static_cast<E *>(qkv), ld, bias, q_norm, k_norm, eps, cs, pos, slot,
+                                                k_cache, v_cache, H, KVH, D, block_size));
+    else
+        LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_rope_kv_norm_kernel<E, false>, dim3(T), dim3(256), 0, s,
+                                                static_cast<E *>(qkv), ld, bias, q_norm, k_norm, eps, cs, pos, slot,
                                                 k_cache, v_cache, H, KVH, D, block_size));
     return e;
 }

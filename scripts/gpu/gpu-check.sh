@@ -54,6 +54,16 @@
 #           on the Llama-3-8B shape: per-token logprobs, batch-1 decode at a
 #           long context, offline throughput; SmolLM2 perplexity with both
 #           (needs SmolLM2 for that part).
+#   gemma:  Gemma 3 and Qwen3 on cuda: gpu_backend_test's Gemma-3-like and
+#           Qwen3-like shapes (grouped layouts included); a tiny random
+#           Gemma 3 written by transformers as GGUF
+#           (tests/e2e/hf_gemma3_reference.py) and a tiny Qwen3
+#           (hf_llama_reference.py --shape qwen3-tiny): teacher-forced
+#           logprobs and 32 greedy tokens vs transformers on cuda (Gemma also
+#           with backend.kv_groups=true) and cpu; Gemma 3 270M's shape
+#           (dummy bf16): batch-1 decode and 2048-token prefill; the
+#           window-aware cache vs whole history at 8k and 32k contexts
+#           (configs/ab/gemma3-dummy-cuda-*.yaml).
 set -u
 . scripts/gpu/gpu-env.sh
 O=${OUT:-/tmp/out}; mkdir -p "$O"
@@ -559,7 +569,73 @@ PY
   rec '{hw}-awq-gptq-vs-transformers' --merge --what "AWQ / GPTQ / GPTQ-v2 checkpoints through int4: teacher-forced logprobs and 32 greedy tokens vs transformers on the dequantized weights" \
     $(for shape in ${AWQ_SHAPES:-tiny llama3-8b}; do echo "--text $shape=$O/awq-summary-$shape.txt"; done)
   ;;
-*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|throughput|serve" >&2; exit 2 ;;
+gemma)
+  step "gpu_backend_test: the Gemma 3 / Qwen3 shapes"
+  LOOM_GPU_BACKEND_TESTS=gemma timeout 300 "$LB/tests/gpu/gpu_backend_test" "$LB/plugins/backend/cuda/loom-backend-cuda.so" \
+    "$LB/plugins/backend/cpu/loom-backend-cpu.so" > "$O/gemma-backend.txt" 2>&1 || fails=$((fails + 1))
+  grep -E "^FAIL" "$O/gemma-backend.txt" | head -20; tail -1 "$O/gemma-backend.txt"
+  # ref DIR TOKENS_CFG WHAT SETS...: score + 32 greedy ids vs DIR's reference
+  ref_check() {
+    local d=$1 cfg=$2 what=$3; shift 3
+    LOOM_HF_REF=$d/model${GGUF_SUFFIX:-} timeout 120 "$LB/tests/e2e/engine_tool" score "$cfg" $d/tokens.txt "$@" \
+      > "$O/$what-logprobs.txt" 2> "$O/$what.err" || tail -3 "$O/$what.err"
+    python3 tests/e2e/compare_logprobs.py $d/ref_logprobs.txt "$O/$what-logprobs.txt" | sed "s/^/$what: /" \
+      | tee -a "$O/gemma-summary.txt"; [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+    LOOM_HF_REF=$d/model${GGUF_SUFFIX:-} timeout 120 "$LB/tests/e2e/engine_tool" greedy-ids "$cfg" 32 \
+      "$(cat $d/prompt.txt)" "$@" > "$O/$what-greedy.txt" 2>> "$O/$what.err"
+    python3 - $d/ref_greedy.txt "$O/$what-greedy.txt" "$what" <<'PY' | tee -a "$O/gemma-summary.txt"
+import sys
+r, g = open(sys.argv[1]).read().split(), open(sys.argv[2]).read().split()
+k = next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), min(len(r), len(g)))
+print(f"{'PASS' if r and r == g else 'INFO'} {sys.argv[3]} greedy: {len(g)} tokens, identical for the first {k} of {len(r)}")
+PY
+  }
+  : > "$O/gemma-summary.txt"
+  sed 's/plugin: cuda/plugin: cpu/; /cuda_graphs/d' configs/gpu/hf-gemma3-reference.yaml > /tmp/g3cpu.yaml
+  sed 's/plugin: cuda/plugin: cpu/; /cuda_graphs/d' configs/gpu/hf-reference.yaml > /tmp/hfcpu.yaml
+  step "transformers: tiny random Gemma 3 (6 layers, window 32) as GGUF"
+  if timeout 300 python3 tests/e2e/hf_gemma3_reference.py /tmp/g3ref --layers 6 --window 32 --tokens 128 --greedy 32 \
+    > "$O/gemma3-ref.log" 2>&1; then
+    tail -1 "$O/gemma3-ref.log"
+    GGUF_SUFFIX=.gguf ref_check /tmp/g3ref configs/gpu/hf-gemma3-reference.yaml gemma3-cuda
+    GGUF_SUFFIX=.gguf ref_check /tmp/g3ref configs/gpu/hf-gemma3-reference.yaml gemma3-cuda-groups --set backend.kv_groups=true
+    GGUF_SUFFIX=.gguf ref_check /tmp/g3ref /tmp/g3cpu.yaml gemma3-cpu
+  else
+    echo "FAIL the Gemma 3 reference: $(tail -1 "$O/gemma3-ref.log")" | tee -a "$O/gemma-summary.txt"; fails=$((fails + 1))
+  fi
+  step "transformers: tiny random Qwen3 (4 layers)"
+  if timeout 300 python3 tests/e2e/hf_llama_reference.py /tmp/q3ref --shape qwen3-tiny --layers 4 --tokens 128 \
+    --greedy 32 > "$O/qwen3-ref.log" 2>&1; then
+    ref_check /tmp/q3ref configs/gpu/hf-reference.yaml qwen3-cuda
+    ref_check /tmp/q3ref /tmp/hfcpu.yaml qwen3-cpu
+  else
+    echo "FAIL the Qwen3 reference: $(tail -1 "$O/qwen3-ref.log")" | tee -a "$O/gemma-summary.txt"; fails=$((fails + 1))
+  fi
+  rm -rf /tmp/g3ref /tmp/q3ref
+  step "Gemma 3 270M shape (dummy bf16): batch-1 decode, 2048-token prefill"
+  timeout 200 loom bench configs/gpu/gemma3-270m-dummy.yaml --num-requests 4 --input-len 128 --output-len 256 \
+    --set scheduler.max_num_seqs=1 --no-progress --json "$O/gemma3-270m-batch1.json" 2>&1 | grep -E "TPOT p50|output tok" \
+    || fails=$((fails + 1))
+  timeout 200 loom bench configs/gpu/gemma3-270m-dummy.yaml --num-requests 8 --input-len 2048 --output-len 1 \
+    --set scheduler.max_num_seqs=1 --no-progress --json "$O/gemma3-270m-prefill2048.json" 2>&1 | grep -E "TTFT p50|total tok" \
+    || fails=$((fails + 1))
+  rec '{hw}-gemma3-270m-speed' --what "Gemma 3 270M shape, dummy bf16 on cuda: batch-1 decode (4 requests of 128 + 256 tokens) and 2048-token prefill (8 prompts one at a time)" \
+    --bench batch1="$O/gemma3-270m-batch1.json" --bench prefill2048="$O/gemma3-270m-prefill2048.json" \
+    --text references="$O/gemma-summary.txt"
+  step "window-aware cache vs whole history (KV budget 1.25 sequences without windows)"
+  for c in 8192:16 32768:6; do
+    ctx=${c%%:*} n=${c##*:}
+    gib=$(python3 -c "print(round($ctx * 18432 * 1.25 / 2**30, 4))")
+    timeout 300 loom bench --compare configs/ab/gemma3-dummy-cuda-windows.yaml configs/ab/gemma3-dummy-cuda-no-windows.yaml \
+      --num-requests $n --input-len $((ctx - 16)) --output-len 16 --seed 5 --no-progress \
+      --set engine.max_model_len=$ctx --set cache.memory_gib=$gib --json "$O/gemma3-ab-ctx$ctx.json" > "$O/gemma3-ab-ctx$ctx.txt" 2>&1 \
+      || fails=$((fails + 1))
+    grep -E "KV per seq|peak KV|total tok|TPOT p50|preempt" "$O/gemma3-ab-ctx$ctx.txt" | head -8
+    rec '{hw}-ab-gemma3-windows' --merge --what "Gemma 3 270M shape (dummy bf16) on cuda at long contexts, KV budget 1.25 sequences without windows: window-aware cache (a, backend.kv_groups) vs every layer's history (b)" \
+      --bench "ctx$ctx=$O/gemma3-ab-ctx$ctx.json" --value "ctx${ctx}_kv_budget_gib=$gib"
+  done
+  ;;
+*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|throughput|serve|gemma" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

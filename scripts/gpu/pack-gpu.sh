@@ -13,7 +13,9 @@ B=$(cd "${1:?usage: pack-gpu.sh BUILD_DIR [--slim]}" && pwd)
 SLIM=${2:-}
 P="$root/.devpack"
 mkdir -p "$P"
-grep -qx '/.devpack/' "$root/.git/info/exclude" 2>/dev/null || echo '/.devpack/' >> "$root/.git/info/exclude"
+# git's exclude file (a worktree's .git is a file: ask git where it is)
+git -C "$root" check-ignore -q .devpack/x 2>/dev/null ||
+  echo '/.devpack/' >> "$(git -C "$root" rev-parse --git-path info/exclude)"
 cd "$B"
 dirs=$(for d in core cli plugins tests/e2e tests/gpu bench/gpu tests/backend; do [ -d "$d" ] && echo "$d"; done)
 files=$(find $dirs -maxdepth 4 \( -name '*.so' -o -name '*.so.*' -o \( -perm -u+x -type f \) \) \

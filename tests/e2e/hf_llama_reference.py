@@ -3,8 +3,11 @@
 Hugging Face transformers, saved as a safetensors checkpoint that loom loads,
 and transformers' own teacher-forced log-probabilities for a token sequence.
 
-    hf_llama_reference.py OUT_DIR [--layers N] [--shape llama3-8b|tiny] [--tokens N]
+    hf_llama_reference.py OUT_DIR [--layers N] [--shape llama3-8b|tiny|qwen3-tiny] [--tokens N]
                           [--quant awq|gptq|gptq_v2 [--group G] [--greedy N]] [--device D]
+
+--shape qwen3-tiny: a Qwen3 (Qwen3ForCausalLM: QK-norm, head_dim 128 apart
+from hidden / heads) instead of a Llama; everything else alike.
 
 Writes OUT_DIR/model/ (config.json + model.safetensors, bf16),
 OUT_DIR/tokens.txt and OUT_DIR/ref_logprobs.txt (float32 from the bf16
@@ -28,7 +31,7 @@ import json
 import os
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 SHAPES = {
     # Llama-3-8B widths; depth set by --layers to keep the run short.
@@ -38,6 +41,10 @@ SHAPES = {
     "tiny": dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000, rope_theta=10000.0,
                  max_position_embeddings=2048, rms_norm_eps=1e-5),
+    # Qwen3: 4 x 128 query dims over a 256-wide residual, GQA 2
+    "qwen3-tiny": dict(hidden_size=256, intermediate_size=768, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=128, vocab_size=1000, rope_theta=1000000.0,
+                       max_position_embeddings=2048, rms_norm_eps=1e-6),
 }
 
 PROJS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -130,15 +137,18 @@ a = ap.parse_args()
 dev = a.device
 
 torch.manual_seed(a.seed)
-cfg = LlamaConfig(num_hidden_layers=a.layers, tie_word_embeddings=False, torch_dtype="bfloat16",
-                  **SHAPES[a.shape])
+qwen3 = a.shape.startswith("qwen3")
+Config, Model = (Qwen3Config, Qwen3ForCausalLM) if qwen3 else (LlamaConfig, LlamaForCausalLM)
+cfg = Config(num_hidden_layers=a.layers, tie_word_embeddings=False, torch_dtype="bfloat16", **SHAPES[a.shape])
 with torch.device(dev):
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    model = Model(cfg).to(torch.bfloat16).eval()
     # Default init gives near-uniform logits; scale up so the test means something.
     with torch.no_grad():
         for n, p in model.named_parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.02 if "embed" in n else 1.0 / p.shape[1] ** 0.5)
+            elif qwen3 and "norm" in n:  # QK-norm / RMSNorm weights away from 1: a wrong one shows
+                p.uniform_(0.5, 1.5)
 os.makedirs(a.out, exist_ok=True)
 if a.quant:
     write_quantized(model, cfg, os.path.join(a.out, "model"), a.quant, a.group)

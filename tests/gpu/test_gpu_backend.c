@@ -44,6 +44,15 @@
  * prefill chunk), eager and through graphs — the logits must be equal bit
  * for bit ("... = decode x5", "graphs = eager"); with bf16/f16 and with
  * int4 / fp8 / int8-w8a8 weights.
+ * Gemma 3 and Qwen3 (run_gemma): Gemma-3-like shapes (QK-norm, post-norms,
+ * GeGLU, the embedding and attention scales, head_dim 256 with MQA and 64
+ * with GQA 4, windows of 37 and 16 tokens shorter than the prompts, local
+ * layers' own RoPE base), in bf16, f16 and with an FP8 KV cache, and with
+ * the backends' block-table groups (kv_groups(): both must propose the
+ * same; each group its own blocks, a windowed group's blocks before the
+ * step's window -1); a Qwen3-like shape (QK-norm, head_dim 128 over a
+ * 256-wide residual); batch invariance under windows.
+ * LOOM_GPU_BACKEND_TESTS=gemma runs only those.
  * FP8 KV cache: shapes marked kv-fp8 give every instance (cpu, cuda eager,
  * cuda graphs) a kv layout of fp8_e4m3, as the engine does for a
  * quantizer's kv_cache: fp8 — both backends store e4m3(x) with scale 1.0;
@@ -203,6 +212,12 @@ typedef struct shape {
     const loom_dtype *gguf;
     bool kv_fp8;        /* KV cache fp8_e4m3 on every instance               */
     const char *cuda_ov; /* one more cuda backend parameter ("key=value"), or NULL */
+    bool qk_norm;       /* Qwen3: RMSNorm of each q and k head before RoPE    */
+    bool groups;        /* KV layout with the backends' block-table groups   */
+    int32_t window;     /* > 0: Gemma 3 — QK-norm, post-norms, GeGLU, the
+                           embedding scale, attn_scale 1/sqrt(256), every
+                           third layer global (RoPE base theta), the others
+                           local over `window` tokens (base 10000)            */
 } shape;
 
 /* f as IEEE binary16 (formats/half.h: round to nearest even, subnormals
@@ -268,6 +283,17 @@ static fake_model *fm_make(const shape *s) {
                              .rope_original_context = 8192, .tie_embeddings = s->tie,
                              .qkv_bias = s->bias, .bos_token_id = 1, .eos_token_id = 2};
     snprintf(c->name, sizeof c->name, "fake %s", s->name);
+    c->qk_norm = s->qk_norm || s->window > 0;
+    if (s->window > 0) { /* Gemma 3's config as model_gguf.c reads it */
+        c->post_norms = true;
+        c->ffn_act = LOOM_FFN_GELU_TANH;
+        c->sliding_window = s->window;
+        c->global_every = 3;
+        c->rope_theta_local = 10000.0f;
+        c->embed_scale = sqrtf((float)s->hidden);
+        c->attn_scale = 0.0625f; /* query_pre_attn_scalar 256 */
+        c->rms_norm_eps = 1e-6f;
+    }
     const int64_t H = s->hidden, I = s->inter, QD = (int64_t)s->heads * s->head_dim;
     const int64_t KVD = (int64_t)s->kv_heads * s->head_dim;
     fm_add(m, "token_embd.weight", s->vocab, H, false, 0, 1.0f);
@@ -294,6 +320,14 @@ static fake_model *fm_make(const shape *s) {
 #undef ADDW
         snprintf(nm, sizeof nm, "blk.%d.attn_norm.weight", l), fm_add(m, nm, H, 0, true, 1, 0.05f);
         snprintf(nm, sizeof nm, "blk.%d.ffn_norm.weight", l), fm_add(m, nm, H, 0, true, 1, 0.05f);
+        if (c->qk_norm) { /* wide spread: a wrong head's weight shows */
+            snprintf(nm, sizeof nm, "blk.%d.attn_q_norm.weight", l), fm_add(m, nm, s->head_dim, 0, true, 1, 0.5f);
+            snprintf(nm, sizeof nm, "blk.%d.attn_k_norm.weight", l), fm_add(m, nm, s->head_dim, 0, true, 1, 0.5f);
+        }
+        if (c->post_norms) {
+            snprintf(nm, sizeof nm, "blk.%d.post_attention_norm.weight", l), fm_add(m, nm, H, 0, true, 1, 0.05f);
+            snprintf(nm, sizeof nm, "blk.%d.post_ffw_norm.weight", l), fm_add(m, nm, H, 0, true, 1, 0.05f);
+        }
         if (s->bias) {
             snprintf(nm, sizeof nm, "blk.%d.attn_q.bias", l), fm_add(m, nm, QD, 0, true, 0, 0.5f);
             snprintf(nm, sizeof nm, "blk.%d.attn_k.bias", l), fm_add(m, nm, KVD, 0, true, 0, 0.5f);
@@ -330,21 +364,32 @@ typedef struct sched {
     int32_t n_free;
 } sched;
 
+/* Block-table groups of the shape run_shape runs (1: one table) and each
+ * group's window, from the backends' kv_groups(). A sequence's block j in
+ * group g is id blocks[j] + g * NB / g_groups: the scheduler hands out
+ * ids below NB / g_groups, so no two groups share a block. */
+#define MAX_GROUPS 4
+static int g_groups = 1;
+static int32_t g_gwin[MAX_GROUPS];
+
+static int32_t gblk(int32_t b, int g) { return b + g * (NB / g_groups); }
+
 static void sched_init(sched *s) {
-    for (int i = 0; i < NB; i++) s->free_list[i] = i;
-    for (int i = NB - 1; i > 0; i--) { /* shuffled: block tables are scattered */
+    const int n = NB / g_groups;
+    for (int i = 0; i < n; i++) s->free_list[i] = i;
+    for (int i = n - 1; i > 0; i--) { /* shuffled: block tables are scattered */
         int j = (int)(gpu_rng_next() % (uint64_t)(i + 1)), t = s->free_list[i];
         s->free_list[i] = s->free_list[j], s->free_list[j] = t;
     }
-    s->n_free = NB;
+    s->n_free = n;
 }
 
 static int32_t sched_alloc(sched *s) { return s->free_list[--s->n_free]; }
 
 typedef struct batch_buf {
     loom_batch b;
-    int32_t tok[4096], pos[4096], qs[65], ctx[64], bt[64 * MAX_SEQ_BLOCKS], lidx[4096];
-    int64_t slot[4096];
+    int32_t tok[4096], pos[4096], qs[65], ctx[64], bt[MAX_GROUPS * 64 * MAX_SEQ_BLOCKS], lidx[4096];
+    int64_t slot[MAX_GROUPS * 4096];
 } batch_buf;
 
 /* Step where seqs[i] gets nnew[i] new tokens; logits for all tokens or
@@ -360,21 +405,33 @@ static void build(sched *sc, seq **seqs, const int *nnew, int nseq, bool all_log
     o->qs[0] = 0;
     for (int i = 0; i < nseq; i++) {
         seq *s = seqs[i];
-        for (int j = 0; j < stride; j++) o->bt[i * stride + j] = j < s->nblocks ? s->blocks[j] : -1;
+        for (int g = 0; g < g_groups; g++) {
+            /* a windowed group's blocks wholly before the step's first
+             * window are -1, as the cache manager leaves them */
+            const int lo = g_gwin[g] > 0 ? s->done - g_gwin[g] + 1 : 0;
+            for (int j = 0; j < stride; j++)
+                o->bt[(g * nseq + i) * stride + j] = j >= s->nblocks || (j + 1) * BS <= lo ? -1 : gblk(s->blocks[j], g);
+        }
         for (int j = 0; j < nnew[i]; j++, T++) {
             int p = s->done + j;
             o->tok[T] = s->tokens[p];
             o->pos[T] = p;
-            o->slot[T] = (int64_t)s->blocks[p / BS] * BS + p % BS;
             if (all_logits || j == nnew[i] - 1) o->lidx[nl++] = T;
         }
         o->qs[i + 1] = T;
         o->ctx[i] = s->done + nnew[i];
     }
+    for (int g = 0; g < g_groups; g++) /* group g's slot mapping at g * T */
+        for (int i = 0, t = 0; i < nseq; i++)
+            for (int j = 0; j < nnew[i]; j++, t++) {
+                const int p = seqs[i]->done + j;
+                o->slot[g * T + t] = (int64_t)gblk(seqs[i]->blocks[p / BS], g) * BS + p % BS;
+            }
     o->b = (loom_batch){.struct_size = sizeof(loom_batch), .num_seqs = nseq, .num_tokens = T,
                         .token_ids = o->tok, .positions = o->pos, .query_start = o->qs,
                         .context_len = o->ctx, .block_table = o->bt, .block_table_stride = stride,
-                        .slot_mapping = o->slot, .num_logits = nl, .logits_index = o->lidx};
+                        .slot_mapping = o->slot, .num_logits = nl, .logits_index = o->lidx,
+                        .num_groups = g_groups > 1 ? g_groups : 0, .group_window = g_groups > 1 ? g_gwin : NULL};
 }
 
 /* ------------------------------------------------------------- checking */
@@ -449,6 +506,34 @@ static void advance(seq **seqs, const int *nnew, int n) {
 /* ------------------------------------------------------------ one shape */
 
 /* qb: a quantizer every instance loads with (NULL: none); tol: cuda vs cpu. */
+/* Block-table groups for shape sh: the cpu and cuda backends' kv_groups()
+ * proposals must agree; the layout takes them (g_groups, g_gwin). */
+static bool take_groups(const shape *sh, const plugin *const *pl, void **const *inst, loom_kv_layout *kvl) {
+    loom_kv_groups pg[2] = {{.struct_size = sizeof pg[0]}, {.struct_size = sizeof pg[1]}};
+    loom_error e = {0};
+    char name[128];
+    snprintf(name, sizeof name, "%s kv_groups(): cuda proposes what cpu does", sh->name);
+    for (int i = 0; i < 2; i++)
+        if (!pl[i]->ops->kv_groups || pl[i]->ops->kv_groups(*inst[i], &pg[i], &e)) {
+            printf("FAIL %s: instance %d has no kv_groups() or it failed: %s\n", name, i, e.message);
+            g_fail++;
+            return false;
+        }
+    const bool same = pg[0].num_groups == pg[1].num_groups && pg[0].layers_per_block == pg[1].layers_per_block &&
+                      !memcmp(pg[0].window, pg[1].window, sizeof pg[0].window);
+    printf("%s %-64s %d groups, %d layers a block\n", same ? "PASS" : "FAIL", name, pg[1].num_groups,
+           pg[1].layers_per_block);
+    if (!same || pg[0].num_groups > MAX_GROUPS) {
+        g_fail++;
+        return false;
+    }
+    g_pass++;
+    g_groups = pg[0].num_groups;
+    memcpy(g_gwin, pg[0].window, sizeof g_gwin);
+    kvl->num_groups = g_groups;
+    return true;
+}
+
 static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh,
                       const loom_quant_binding *qb, double tol) {
     /* the KV type the engine would ask for: the shape's, else the
@@ -457,9 +542,10 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
     if (!sh->kv_fp8 && qb && qb->ops->struct_size > offsetof(loom_quant_ops, kv_dtype) && qb->ops->kv_dtype)
         kv_dt = qb->ops->kv_dtype(qb->self);
     const bool kv_fp8 = kv_dt == LOOM_DTYPE_FP8_E4M3;
-    printf("--- %s: vocab %d hidden %d ffn %d layers %d heads %d/%d head_dim %d%s%s%s, cuda %s%s%s%s\n",
+    printf("--- %s: vocab %d hidden %d ffn %d layers %d heads %d/%d head_dim %d%s%s%s%s, cuda %s%s%s%s\n",
            sh->name, sh->vocab, sh->hidden, sh->inter, sh->layers, sh->heads, sh->kv_heads,
            sh->head_dim, sh->bias ? " qkv-bias" : "", sh->llama3 ? " llama3-rope" : "",
+           sh->window > 0 ? " gemma3 (window, qk-norm, post-norms, geglu)" : sh->qk_norm ? " qk-norm" : "",
            sh->gguf ? " gguf-block-weights" : sh->f32_weights ? " f32-weights" : " bf16-weights", sh->dtype ? sh->dtype : "bf16",
            qb ? ", quantizer " : "", qb ? qb->name : "", kv_fp8 ? ", fp8_e4m3 KV cache" : "");
     fake_model *m = fm_make(sh);
@@ -480,9 +566,16 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
     void *cfgs[3] = {c_cpu, c_e, c_g};
     for (int i = 0; i < 3; i++) {
         if ((st = pl[i]->ops->create(&g_host, cfgs[i], inst[i], &e)) ||
-            (st = pl[i]->ops->load(*inst[i], &m->view, qb, &e)) ||
-            (st = pl[i]->ops->kv_alloc(*inst[i], &kvl, &e))) {
+            (st = pl[i]->ops->load(*inst[i], &m->view, qb, &e))) {
             printf("FAIL %s setup of instance %d: status %d: %s\n", sh->name, i, (int)st, e.message);
+            g_fail++;
+            goto out;
+        }
+    }
+    if (sh->groups && !take_groups(sh, pl, inst, &kvl)) goto out;
+    for (int i = 0; i < 3; i++) {
+        if ((st = pl[i]->ops->kv_alloc(*inst[i], &kvl, &e))) {
+            printf("FAIL %s kv_alloc of instance %d: status %d: %s\n", sh->name, i, (int)st, e.message);
             g_fail++;
             goto out;
         }
@@ -542,14 +635,14 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
     }
     /* 5. fork: seq 6 = copy of seq 4's blocks (copy_blocks), same next token */
     {
-        int32_t pairs[2 * MAX_SEQ_BLOCKS];
+        int32_t pairs[2 * MAX_GROUPS * MAX_SEQ_BLOCKS];
         S[6] = S[4];
         S[6].nblocks = 0;
-        for (int j = 0; j < S[4].nblocks; j++) {
-            S[6].blocks[S[6].nblocks++] = sched_alloc(&sc);
-            pairs[2 * j] = S[4].blocks[j], pairs[2 * j + 1] = S[6].blocks[j];
-        }
-        int n = S[4].nblocks;
+        for (int j = 0; j < S[4].nblocks; j++) S[6].blocks[S[6].nblocks++] = sched_alloc(&sc);
+        int n = 0; /* every group's blocks */
+        for (int g = 0; g < g_groups; g++)
+            for (int j = 0; j < S[4].nblocks; j++, n++)
+                pairs[2 * n] = gblk(S[4].blocks[j], g), pairs[2 * n + 1] = gblk(S[6].blocks[j], g);
         if ((st = cpu_p->ops->copy_blocks(t.cpu, pairs, n, &e)) ||
             (st = cuda_p->ops->copy_blocks(t.eager, pairs, n, &e)) ||
             (st = cuda_p->ops->copy_blocks(t.graph, pairs, n, &e))) {
@@ -568,12 +661,16 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
     }
     /* 6. swap seq 1 out to host blocks and back in to fresh device blocks */
     {
-        int32_t out_pairs[2 * MAX_SEQ_BLOCKS], in_pairs[2 * MAX_SEQ_BLOCKS];
-        int n = S[1].nblocks;
-        for (int j = 0; j < n; j++) {
-            out_pairs[2 * j] = S[1].blocks[j], out_pairs[2 * j + 1] = j;
-            S[1].blocks[j] = sched_alloc(&sc);
-            in_pairs[2 * j] = j, in_pairs[2 * j + 1] = S[1].blocks[j];
+        int32_t out_pairs[2 * MAX_GROUPS * MAX_SEQ_BLOCKS], in_pairs[2 * MAX_GROUPS * MAX_SEQ_BLOCKS];
+        const int nb = S[1].nblocks;
+        int n = 0; /* every group's blocks, host block j * G + g */
+        for (int j = 0; j < nb; j++) {
+            const int32_t fresh = sched_alloc(&sc);
+            for (int g = 0; g < g_groups; g++, n++) {
+                out_pairs[2 * n] = gblk(S[1].blocks[j], g), out_pairs[2 * n + 1] = j * g_groups + g;
+                in_pairs[2 * n] = j * g_groups + g, in_pairs[2 * n + 1] = gblk(fresh, g);
+            }
+            S[1].blocks[j] = fresh;
         }
         const plugin *ps[3] = {cpu_p, cuda_p, cuda_p};
         void *is[3] = {t.cpu, t.eager, t.graph};
@@ -634,6 +731,8 @@ out:
     free(c_cpu), free(c_e), free(c_g);
     free(t.l_cpu), free(t.l_eager), free(t.l_graph);
     fm_free(m);
+    g_groups = 1;
+    memset(g_gwin, 0, sizeof g_gwin);
 }
 
 /* ---------------------------------------------------- batch invariance */
@@ -937,6 +1036,44 @@ static const char *write_calib(const shape *sh) {
     return ok ? path : NULL;
 }
 
+/* Gemma 3 and Qwen3 shapes (run_shape, batch invariance with windows);
+ * LOOM_GPU_BACKEND_TESTS=gemma runs only these. */
+static void run_gemma(const plugin *cpu_p, const plugin *cuda_p) {
+    /* Gemma 3 and Qwen3: head_dim 256 with MQA (Gemma 3 270M: 4 heads, 1
+     * KV head, hidden 640) and windows shorter than the prompts (37: not a
+     * block multiple; 16: one block), head_dim 64 with GQA 4; Qwen3's
+     * QK-norm at head_dim 128; an FP8 KV cache and f16 on the Gemma shapes */
+    const shape gemma[] = {
+        {"gemma3-like-d256", LOOM_ARCH_GEMMA3, 1024, 640, 2048, 3, 4, 1, 256, 1000000, true, false, false, false, NULL,
+         NULL, false, NULL, false, 37},
+        {"gemma3-like-d64-gqa4", LOOM_ARCH_GEMMA3, 512, 512, 1024, 4, 8, 2, 64, 1000000, true, false, false, true, NULL,
+         NULL, false, NULL, false, 16},
+        {"gemma3-like-d256-f16", LOOM_ARCH_GEMMA3, 1024, 640, 2048, 3, 4, 1, 256, 1000000, true, false, false, false,
+         "f16", NULL, false, NULL, false, 37},
+        {"qwen3-like-d128", LOOM_ARCH_QWEN3, 512, 256, 512, 2, 8, 2, 128, 1000000, false, false, false, false, NULL,
+         NULL, false, NULL, true, 0},
+    };
+    for (size_t i = 0; i < sizeof gemma / sizeof gemma[0]; i++)
+        run_shape(cpu_p, cuda_p, &gemma[i], NULL, TOL_CPU);
+    {
+        shape g8 = gemma[0];
+        g8.name = "kvfp8-gemma3-like-d256", g8.kv_fp8 = true;
+        run_shape(cpu_p, cuda_p, &g8, NULL, TOL_KV_FP8);
+        /* block-table groups (the window-aware cache): 3 and 4 groups of
+         * one layer a block, windowed groups' old blocks -1 */
+        shape gg[2] = {gemma[0], gemma[1]};
+        gg[0].name = "grouped-gemma3-like-d256", gg[1].name = "grouped-gemma3-like-d64-gqa4";
+        for (int i = 0; i < 2; i++) {
+            gg[i].groups = true, gg[i].cuda_ov = "kv_groups=true";
+            run_shape(cpu_p, cuda_p, &gg[i], NULL, TOL_CPU);
+        }
+    }
+    /* batch invariance under sliding windows: the window start moves with
+     * each token */
+    run_invariant(cuda_p, &gemma[0], NULL, 30, TOL_CPU);
+    run_invariant(cuda_p, &gemma[1], NULL, 1100, TOL_CPU);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: gpu_backend_test [CUDA_BACKEND.so CPU_BACKEND.so [SEED]]\n"
@@ -957,6 +1094,12 @@ int main(int argc, char **argv) {
            cuda_so, cpu_so);
     plugin cpu_p, cuda_p;
     if (!plugin_open(&cuda_p, cuda_so, "cuda") || !plugin_open(&cpu_p, cpu_so, "cpu")) return 100;
+    const char *only = getenv("LOOM_GPU_BACKEND_TESTS");
+    if (only && !strcmp(only, "gemma")) {
+        printf("gpu_backend_test: LOOM_GPU_BACKEND_TESTS=gemma: the Gemma 3 / Qwen3 shapes only\n");
+        run_gemma(&cpu_p, &cuda_p);
+        goto done;
+    }
 
     const shape shapes[] = {
         {"tiny-d64", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, true, false, false, false, NULL},
@@ -967,6 +1110,7 @@ int main(int argc, char **argv) {
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         run_shape(&cpu_p, &cuda_p, &shapes[i], NULL, TOL_CPU);
+    run_gemma(&cpu_p, &cuda_p);
     /* FP8 E4M3 KV cache on both backends: head dims 64 and 128, GQA 2 / 3 / 4,
      * a QKV bias, f16 compute, the Llama-3-8B-like shape */
     {
@@ -1127,6 +1271,7 @@ int main(int argc, char **argv) {
            "piecewise graphs (prefill, mixed steps) replayed", g_piecewise_replays);
     if (replayed) g_pass++;
     else g_fail++;
+done:
     printf("gpu_backend_test: %d passed, %d failed (seed %llu)\n", g_pass, g_fail,
            (unsigned long long)seed);
     return g_fail > 255 ? 255 : g_fail;

@@ -152,6 +152,12 @@ static double e4m3_dec(uint8_t c) { return (double)loom_e4m3_to_fp32(c); }
 static loom_cuda_kv g_kv = LOOM_CUDA_KV_DT;
 static const char *kvn(void) { return g_kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : ""; }
 
+/* Sliding window of the attention checks (0: whole context), set like g_kv. */
+static int g_window;
+
+/* First key position p sees under g_window. */
+static int win_lo(int p) { return g_window > 0 && p - g_window + 1 > 0 ? p - g_window + 1 : 0; }
+
 /* n random cache elements of g_kv in [-1, 1): dt values, or the E4M3 codes
  * of such values; `shadow` (may be NULL) gets their exact float values. */
 static void *rand_kv(loom_cuda_dt dt, size_t n, float *shadow) {
@@ -251,11 +257,12 @@ static void test_rmsnorm(loom_cuda_dt dt, int H, int T, int mode) {
 
 /* ----------------------------------------------------------------- SwiGLU */
 
-static void test_swiglu(loom_cuda_dt dt, int I, int T) {
+/* SwiGLU, or (gelu) GeGLU with tanh GELU, against float64. */
+static void test_swiglu(loom_cuda_dt dt, int I, int T, bool gelu) {
     float *gu_f = malloc((size_t)T * 2 * I * 4);
     uint16_t *gu = rand16(dt, (size_t)T * 2 * I, -4, 4, gu_f);
     void *d_gu = dev_upload(gu, (size_t)T * 2 * I * 2), *d_o = dev_poison((size_t)T * I * 2);
-    CK(loom_cuda_swiglu(dt, d_o, d_gu, T, I, 0));
+    CK(gelu ? loom_cuda_geglu_tanh(dt, d_o, d_gu, T, I, 0) : loom_cuda_swiglu(dt, d_o, d_gu, T, I, 0));
     CK(cudaDeviceSynchronize());
     uint16_t *o = malloc((size_t)T * I * 2);
     CK(cudaMemcpy(o, d_o, (size_t)T * I * 2, cudaMemcpyDeviceToHost));
@@ -264,16 +271,68 @@ static void test_swiglu(loom_cuda_dt dt, int I, int T) {
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < I; i++) {
             double g = gu_f[(size_t)t * 2 * I + i], u = gu_f[(size_t)t * 2 * I + I + i];
-            ref[i] = g / (1.0 + exp(-g)) * u;
+            ref[i] = gelu ? 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u
+                          : g / (1.0 + exp(-g)) * u;
             out[i] = from16(dt, o[(size_t)t * I + i]);
         }
         err_row(&a, out, ref, I);
     }
     char name[128];
-    snprintf(name, sizeof name, "swiglu %s I=%d T=%d", dtn(dt), I, T);
+    snprintf(name, sizeof name, "%s %s I=%d T=%d", gelu ? "geglu_tanh" : "swiglu", dtn(dt), I, T);
     report(name, &a, TOL16);
     cudaFree(d_gu), cudaFree(d_o);
     free(gu_f), free(gu), free(o), free(out), free(ref);
+}
+
+/* Post-norm residual add x += rmsnorm(r) * w against float64, and the
+ * scaled embedding lookup. */
+static void test_add_normed(loom_cuda_dt dt, int H, int T) {
+    float *x = malloc((size_t)T * H * 4), *rf = malloc((size_t)T * H * 4), *w = malloc((size_t)H * 4);
+    for (size_t i = 0; i < (size_t)T * H; i++) x[i] = gpu_rng_unif(-3, 3);
+    for (int i = 0; i < H; i++) w[i] = gpu_rng_unif(0.5f, 1.5f);
+    uint16_t *r = rand16(dt, (size_t)T * H, -20, 20, rf); /* far from unit scale: the norm matters */
+    float *d_x = dev_upload(x, (size_t)T * H * 4);
+    void *d_r = dev_upload(r, (size_t)T * H * 2), *d_w = dev_upload(w, (size_t)H * 4);
+    const float eps = 1e-6f;
+    CK(loom_cuda_add_normed(dt, d_x, d_r, d_w, T, H, eps, 0));
+    CK(cudaDeviceSynchronize());
+    float *x2 = malloc((size_t)T * H * 4);
+    CK(cudaMemcpy(x2, d_x, (size_t)T * H * 4, cudaMemcpyDeviceToHost));
+    err_acc a = {0};
+    double *out = malloc((size_t)H * 8), *ref = malloc((size_t)H * 8);
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int i = 0; i < H; i++) ss += (double)rf[(size_t)t * H + i] * rf[(size_t)t * H + i];
+        const double inv = 1.0 / sqrt(ss / H + eps);
+        for (int i = 0; i < H; i++) {
+            ref[i] = x[(size_t)t * H + i] + rf[(size_t)t * H + i] * inv * w[i];
+            out[i] = x2[(size_t)t * H + i];
+        }
+        err_row(&a, out, ref, H);
+    }
+    char name[128];
+    snprintf(name, sizeof name, "add_normed %s H=%d T=%d", dtn(dt), H, T);
+    report(name, &a, TOL32);
+    /* the scaled lookup: table row times the scale, in float32 */
+    const int V = 300;
+    float *tab_f = malloc((size_t)V * H * 4);
+    uint16_t *tab = rand16(dt, (size_t)V * H, -1, 1, tab_f);
+    int32_t *ids = malloc((size_t)T * 4);
+    for (int t = 0; t < T; t++) ids[t] = t % 3 == 2 ? -1 : rng_int(V);
+    void *d_tab = dev_upload(tab, (size_t)V * H * 2), *d_ids = dev_upload(ids, (size_t)T * 4);
+    const float sc = sqrtf((float)H);
+    CK(loom_cuda_embedding_scaled(dt, d_x, d_tab, d_ids, T, H, sc, 0));
+    CK(cudaMemcpy(x2, d_x, (size_t)T * H * 4, cudaMemcpyDeviceToHost));
+    long bad = 0;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < H; i++) {
+            const float want = ids[t] < 0 ? 0.0f : tab_f[(size_t)ids[t] * H + i] * sc;
+            bad += memcmp(&want, &x2[(size_t)t * H + i], 4) != 0 && !(want == 0 && x2[(size_t)t * H + i] == 0);
+        }
+    snprintf(name, sizeof name, "embedding_scaled %s H=%d T=%d (bits = float32 product, count)", dtn(dt), H, T);
+    report_count(name, bad, (long)T * H);
+    cudaFree(d_x), cudaFree(d_r), cudaFree(d_w), cudaFree(d_tab), cudaFree(d_ids);
+    free(x), free(rf), free(w), free(r), free(x2), free(out), free(ref), free(tab_f), free(tab), free(ids);
 }
 
 /* ------------------------------------------------------------ RoPE + KV */
@@ -438,6 +497,102 @@ static void test_rope_kv(loom_cuda_dt dt, loom_cuda_kv kv, int H, int KVH, int D
     free(kc), free(vc), free(in), free(ref), free(out), free(written);
 }
 
+/* QK-norm + RoPE + KV write (loom_cuda_rope_kv_norm) against float64:
+ * each q / k head (+ bias) normalised over D, times its weight, rotated
+ * with the float32 table; v (+ bias) copied. Weights NULL for k when
+ * !knorm (only q normalised). kv E4M3: the codes decoded against the same
+ * reference at e4m3's precision (3 mantissa bits: < 2^-4 relative). */
+static void test_rope_kv_norm(loom_cuda_dt dt, loom_cuda_kv kv, int H, int KVH, int D, int T, bool bias,
+                              bool knorm) {
+    const bool f8 = kv == LOOM_CUDA_KV_E4M3;
+    const size_t kve = f8 ? 1 : 2;
+    const int bs = 16, max_pos = 9000, half = D / 2, QKV = (H + 2 * KVH) * D, nblk = (T + bs - 1) / bs + 2;
+    const float eps = 1e-6f;
+    double *inv = malloc((size_t)half * 8);
+    inv_freq_llama3(inv, D, 1000000.0, false);
+    float *cs_d = NULL;
+    double *d_inv = dev_upload(inv, (size_t)half * 8);
+    CK(cudaMalloc((void **)&cs_d, (size_t)max_pos * half * 2 * 4));
+    CK(loom_cuda_rope_table(cs_d, d_inv, max_pos, half, 0));
+    float *qkv_f = malloc((size_t)T * QKV * 4), *b_f = malloc((size_t)QKV * 4), *w_f = malloc((size_t)2 * D * 4);
+    uint16_t *qkv = rand16(dt, (size_t)T * QKV, -4, 4, qkv_f);
+    for (int i = 0; i < QKV; i++) b_f[i] = gpu_rng_unif(-0.5f, 0.5f);
+    for (int i = 0; i < 2 * D; i++) w_f[i] = gpu_rng_unif(0.2f, 2.0f);
+    int32_t *pos = malloc((size_t)T * 4);
+    int64_t *slot = malloc((size_t)T * 8);
+    for (int t = 0; t < T; t++) pos[t] = rng_int(max_pos), slot[t] = t % 4 == 1 ? -1 : (int64_t)(nblk * bs - 1 - t);
+    const size_t cache_elems = (size_t)nblk * KVH * bs * D;
+    void *d_qkv = dev_upload(qkv, (size_t)T * QKV * 2), *d_b = dev_upload(b_f, (size_t)QKV * 4);
+    float *d_w = dev_upload(w_f, (size_t)2 * D * 4);
+    void *d_pos = dev_upload(pos, (size_t)T * 4), *d_slot = dev_upload(slot, (size_t)T * 8);
+    void *d_k = dev_poison(cache_elems * kve), *d_v = dev_poison(cache_elems * kve);
+    CK(loom_cuda_rope_kv_norm(dt, kv, d_qkv, QKV, bias ? d_b : NULL, d_w, knorm ? d_w + D : NULL, eps, cs_d, d_pos,
+                              d_slot, d_k, d_v, T, H, KVH, D, bs, 0));
+    CK(cudaDeviceSynchronize());
+    uint16_t *q2 = malloc((size_t)T * QKV * 2);
+    uint8_t *kc = malloc(cache_elems * kve), *vc = malloc(cache_elems * kve);
+    CK(cudaMemcpy(q2, d_qkv, (size_t)T * QKV * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(kc, d_k, cache_elems * kve, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(vc, d_v, cache_elems * kve, cudaMemcpyDeviceToHost));
+    err_acc aq = {0}, ak = {0}, av = {0};
+    double *in = malloc((size_t)D * 8), *ref = malloc((size_t)D * 8), *out = malloc((size_t)D * 8);
+    long stray = 0;
+    for (int t = 0; t < T; t++)
+        for (int hh = 0; hh < H + 2 * KVH; hh++) {
+            const bool is_q = hh < H, is_v = hh >= H + KVH;
+            for (int i = 0; i < D; i++)
+                in[i] = qkv_f[(size_t)t * QKV + hh * D + i] + (bias ? b_f[hh * D + i] : 0.0);
+            const float *w = is_q ? w_f : knorm && !is_v ? w_f + D : NULL;
+            if (w) {
+                double ss = 0;
+                for (int i = 0; i < D; i++) ss += in[i] * in[i];
+                const double r = 1.0 / sqrt(ss / D + eps);
+                for (int i = 0; i < D; i++) in[i] *= r * w[i];
+            }
+            if (!is_v)
+                for (int i = 0; i < half; i++) {
+                    const double a = (double)pos[t] * inv[i], c = (float)cos(a), s = (float)sin(a);
+                    ref[i] = in[i] * c - in[i + half] * s;
+                    ref[i + half] = in[i + half] * c + in[i] * s;
+                }
+            else
+                memcpy(ref, in, (size_t)D * 8);
+            if (is_q) {
+                for (int i = 0; i < D; i++) out[i] = from16(dt, q2[(size_t)t * QKV + hh * D + i]);
+                err_row(&aq, out, ref, D);
+                continue;
+            }
+            const int kh = is_v ? hh - H - KVH : hh - H;
+            const uint8_t *c = is_v ? vc : kc;
+            if (slot[t] < 0) continue;
+            const size_t row = ((size_t)(slot[t] / bs) * KVH + kh) * bs + slot[t] % bs;
+            for (int i = 0; i < D; i++)
+                out[i] = f8 ? e4m3_dec(c[row * D + i]) : from16(dt, ((const uint16_t *)c)[row * D + i]);
+            err_row(is_v ? &av : &ak, out, ref, D);
+        }
+    /* the skipped tokens' slots (-1) were never written: their rows keep the poison */
+    for (int t = 0; t < T; t++) {
+        if (slot[t] >= 0) continue;
+        const int64_t sl = nblk * bs - 1 - t;
+        for (int kh = 0; kh < KVH; kh++) {
+            const size_t row = ((size_t)(sl / bs) * KVH + kh) * bs + sl % bs;
+            for (size_t i = 0; i < (size_t)D * kve; i++) stray += kc[row * D * kve + i] != 0xff || vc[row * D * kve + i] != 0xff;
+        }
+    }
+    char name[200], cfg[120];
+    snprintf(cfg, sizeof cfg, "%s%s H=%d KVH=%d D=%d T=%d%s%s", dtn(dt), f8 ? " e4m3-KV" : "", H, KVH, D, T,
+             bias ? " bias" : "", knorm ? "" : " (k not normed)");
+    const double tk = f8 ? 7e-2 : TOL16;
+    snprintf(name, sizeof name, "rope_kv_norm %s (q)", cfg), report(name, &aq, TOL16);
+    snprintf(name, sizeof name, "rope_kv_norm %s (k cache)", cfg), report(name, &ak, tk);
+    snprintf(name, sizeof name, "rope_kv_norm %s (v cache)", cfg), report(name, &av, tk);
+    snprintf(name, sizeof name, "rope_kv_norm %s no write for slot -1 (count)", cfg), report_count(name, stray, T);
+    cudaFree(d_inv), cudaFree(cs_d), cudaFree(d_qkv), cudaFree(d_b), cudaFree(d_w), cudaFree(d_pos);
+    cudaFree(d_slot), cudaFree(d_k), cudaFree(d_v);
+    free(inv), free(qkv_f), free(b_f), free(w_f), free(qkv), free(pos), free(slot), free(q2), free(kc), free(vc);
+    free(in), free(ref), free(out);
+}
+
 /* E4M3 write, bit for bit: every token at position 0 (cos 1, sin 0: the
  * rotation returns K's inputs unchanged, whatever the kernel's rounding),
  * no bias, so the kernel encodes exactly the dt values of the qkv rows.
@@ -580,8 +735,12 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     const int stride = maxblk + 2;
     int32_t *bt = malloc((size_t)nseq * stride * 4);
     for (int s = 0, k = 0; s < nseq; s++)
-        for (int j = 0; j < stride; j++)
+        for (int j = 0; j < stride; j++) {
             bt[(size_t)s * stride + j] = j < (ctx[s] + bs - 1) / bs ? perm[k++] : -1;
+            /* with a window, blocks wholly before every query's window are
+             * -1, as a windowed block-table group leaves them: never read */
+            if ((j + 1) * bs <= win_lo(ctx[s] - nq[s])) bt[(size_t)s * stride + j] = -1;
+        }
     const size_t cache_elems = (size_t)nblk * KVH * bs * D, kve = LOOM_CUDA_KV_ELT(g_kv);
     float *kf = malloc(cache_elems * 4), *vf = malloc(cache_elems * 4);
     void *kc = rand_kv(dt, cache_elems, kf), *vc = rand_kv(dt, cache_elems, vf);
@@ -647,7 +806,7 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
                              .bt_stride = d_stride, .positions = d_pos, .num_heads = H,
                              .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
                              .scale = (float)(1.0 / sqrt((double)D)), .partial = d_ws,
-                             .sem = d_sem};
+                             .sem = d_sem, .window = g_window};
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -690,7 +849,8 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
             const int s = seq_of[t], p = pos[t], kvh = h / G;
             const float *qr = qf + (size_t)t * ldq + (size_t)h * D;
             double m = -INFINITY;
-            for (int j = 0; j <= p; j++) {
+            const int j0 = win_lo(p);
+            for (int j = j0; j <= p; j++) {
                 size_t row = ((size_t)bt[(size_t)s * stride + j / bs] * KVH + kvh) * bs + j % bs;
                 const float *kr = kf + row * D;
                 double d = 0;
@@ -700,7 +860,7 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
             }
             double l = 0;
             for (int i = 0; i < D; i++) ref[i] = 0;
-            for (int j = 0; j <= p; j++) {
+            for (int j = j0; j <= p; j++) {
                 double w = exp(sc[j] - m);
                 l += w;
                 size_t row = ((size_t)bt[(size_t)s * stride + j / bs] * KVH + kvh) * bs + j % bs;
@@ -724,12 +884,14 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
         acc.rows++;
     }
     char name[200];
+    char wn[24] = "";
+    if (g_window > 0) snprintf(wn, sizeof wn, " window %d", g_window);
     if (inv)
-        snprintf(name, sizeof name, "attention %s %s%s D=%d H=%d/%d bs=%d T=%d invariant %d tiles/launch (%.2f ms)",
-                 label, dtn(dt), kvn(), D, H, KVH, bs, T, inv_per_launch, ms_time);
+        snprintf(name, sizeof name, "attention %s %s%s%s D=%d H=%d/%d bs=%d T=%d invariant %d tiles/launch (%.2f ms)",
+                 label, dtn(dt), kvn(), wn, D, H, KVH, bs, T, inv_per_launch, ms_time);
     else
-        snprintf(name, sizeof name, "attention %s %s%s D=%d H=%d/%d bs=%d T=%d tiles %d+%d splits %d/%d (%.2f ms)",
-                 label, dtn(dt), kvn(), D, H, KVH, bs, T, nd, np, ms[0], ms[1], ms_time);
+        snprintf(name, sizeof name, "attention %s %s%s%s D=%d H=%d/%d bs=%d T=%d tiles %d+%d splits %d/%d (%.2f ms)",
+                 label, dtn(dt), kvn(), wn, D, H, KVH, bs, T, nd, np, ms[0], ms[1], ms_time);
     report(name, &acc, TOL16);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     cudaFree(d_k), cudaFree(d_v), cudaFree(d_q), cudaFree(d_pos), cudaFree(d_bt);
@@ -832,7 +994,7 @@ static void test_attention_invariance(loom_cuda_dt dt, int D, int H, int KVH, in
                              .bt_stride = d_stride, .positions = d_pos, .num_heads = H,
                              .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
                              .scale = (float)(1.0 / sqrt((double)D)), .partial = d_ws,
-                             .sem = d_sem};
+                             .sem = d_sem, .window = g_window};
     uint16_t *alone = malloc(out_bytes), *all = malloc(out_bytes), *chunked = malloc(out_bytes);
     /* each token alone: a launch of its one tile */
     for (int i = 0; i < T; i++) {
@@ -2532,8 +2694,48 @@ static void att_grid(const int (*gqa)[2], int n) {
                                k_att_ctx, k_att_nq[b], -1, 0);
 }
 
+/* Head dim 256 (Gemma 3: 4 query heads, 1 KV head; 8/2 too) and sliding
+ * windows (Gemma 3's local layers) at head dims 256, 128 and 64: every
+ * batch shape, forced shapes and splits, long contexts (the window then
+ * bounds what a split reads), the batch-invariant call, windows shorter
+ * than a block and not a block multiple; dt and E4M3 caches. */
+static const att_case k_att_gemma[] = {
+    {"D256 MQA G4 prefill", LOOM_CUDA_BF16, 256, 4, 1, 16, ATT_PREFILL, -1, 0},
+    {"D256 MQA G4 decode", LOOM_CUDA_BF16, 256, 4, 1, 16, ATT_DECODE, -1, 0},
+    {"D256 MQA G4 chunked", LOOM_CUDA_BF16, 256, 4, 1, 16, ATT_CHUNK, -1, 0},
+    {"D256 G4 decode split64", LOOM_CUDA_BF16, 256, 8, 2, 16, ATT_DECODE, -1, 64},
+    {"D256 G4 decode as prefill", LOOM_CUDA_BF16, 256, 8, 2, 16, ATT_DECODE, 1, 0},
+    {"D256 f16 chunked split7", LOOM_CUDA_F16, 256, 8, 2, 16, ATT_CHUNK, -1, 7},
+    {"D256 long decode", LOOM_CUDA_BF16, 256, 4, 1, 16, ATT_LONG_DECODE, -1, 0},
+    {"D256 long verify", LOOM_CUDA_BF16, 256, 8, 2, 16, ATT_LONG_VERIFY, -1, 0},
+    {"D256 invariant", LOOM_CUDA_BF16, 256, 4, 1, 16, ATT_CHUNK, 2, 0},
+    {"D128 chunked", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_CHUNK, -1, 0},
+    {"D64 GQA3 decode", LOOM_CUDA_BF16, 64, 9, 3, 16, ATT_DECODE, -1, 0},
+    {"D64 bs7 chunked", LOOM_CUDA_BF16, 64, 4, 2, 7, ATT_CHUNK, -1, 0},
+};
+
+static void test_attention_gemma(void) {
+    const int wins[4] = {0, 37, 512, 5};
+    for (int f8 = 0; f8 < 2; f8++) {
+        g_kv = f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
+        for (int w = 0; w < 4; w++) {
+            g_window = wins[w];
+            /* the window 5 (shorter than a block) on a few cases only */
+            att_run(k_att_gemma, w == 3 ? 3 : (int)(sizeof k_att_gemma / sizeof k_att_gemma[0]));
+        }
+        g_window = 37;
+        test_attention_invariance(LOOM_CUDA_BF16, 256, 4, 1, 16, 1030, 5);
+        test_attention_invariance(LOOM_CUDA_BF16, 64, 9, 3, 16, 300, 5);
+        g_window = 0;
+        test_attention_invariance(LOOM_CUDA_BF16, 256, 4, 1, 16, 1030, 5);
+    }
+    g_kv = LOOM_CUDA_KV_DT;
+    g_window = 0;
+}
+
 /* Every attention case: dt caches, the batch-invariant mode, E4M3 caches. */
 static void test_attention_all(void) {
+    test_attention_gemma();
     /* attention: ragged prefill, block boundaries, GQA 1/3/4/8, D 64/128;
      * then forced shapes and split counts, other block sizes and head
      * dims, long contexts (split-K decode, a verify step) */
@@ -2622,9 +2824,14 @@ int main(int argc, char **argv) {
         test_rmsnorm(LOOM_CUDA_F16, 8192, 5, mode);
         test_rmsnorm(LOOM_CUDA_BF16, 64, 3, mode);
     }
-    test_swiglu(LOOM_CUDA_BF16, 14336, 3);
-    test_swiglu(LOOM_CUDA_BF16, 1536, 17);
-    test_swiglu(LOOM_CUDA_F16, 8, 2);
+    test_swiglu(LOOM_CUDA_BF16, 14336, 3, false);
+    test_swiglu(LOOM_CUDA_BF16, 1536, 17, false);
+    test_swiglu(LOOM_CUDA_F16, 8, 2, false);
+    test_swiglu(LOOM_CUDA_BF16, 2048, 5, true);
+    test_swiglu(LOOM_CUDA_F16, 6912, 3, true);
+    test_add_normed(LOOM_CUDA_BF16, 640, 9);
+    test_add_normed(LOOM_CUDA_F16, 4096, 2);
+    test_add_normed(LOOM_CUDA_BF16, 64, 1);
 
     for (int f8 = 0; f8 < 2; f8++) { /* dt caches, then E4M3 */
         const loom_cuda_kv kv = f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
@@ -2633,6 +2840,14 @@ int main(int argc, char **argv) {
         test_rope_kv(LOOM_CUDA_BF16, kv, 14, 2, 64, 16, 11, true, false);
         test_rope_kv(LOOM_CUDA_F16, kv, 4, 2, 16, 8, 9, true, false);
         test_rope_kv(LOOM_CUDA_BF16, kv, 8, 1, 32, 32, 5, false, false);
+    }
+    for (int f8 = 0; f8 < 2; f8++) { /* QK-norm: Gemma 3 270M, Qwen3 heads, small dims */
+        const loom_cuda_kv kv = f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
+        test_rope_kv_norm(LOOM_CUDA_BF16, kv, 4, 1, 256, 19, false, true);
+        test_rope_kv_norm(LOOM_CUDA_F16, kv, 8, 2, 256, 5, true, true);
+        test_rope_kv_norm(LOOM_CUDA_BF16, kv, 16, 8, 128, 7, false, true);
+        test_rope_kv_norm(LOOM_CUDA_BF16, kv, 9, 3, 64, 4, true, false);
+        test_rope_kv_norm(LOOM_CUDA_BF16, kv, 4, 2, 16, 3, false, true);
     }
     test_rope_kv_e4m3_exact(LOOM_CUDA_BF16);
     test_rope_kv_e4m3_exact(LOOM_CUDA_F16);

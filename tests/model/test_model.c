@@ -1012,6 +1012,39 @@ Test(model, dummy_dtypes_shapes_progress) {
     for (const char *const *s = loom_model_dummy_shapes(); *s; s++) cr_assert_gt(strlen(*s), 0);
 }
 
+/* Gemma 3 270M's and Qwen3-0.6B's dummy shapes carry their models' config
+ * (window pattern, scales, QK-norm, post-norms) and norm tensors, as their
+ * GGUF loaders would fill them. */
+Test(model, dummy_gemma3_qwen3) {
+    loom_model *m = dummy("gemma3-270m", LOOM_DTYPE_BF16, 3, 2);
+    const loom_model_config *c = loom_model_config_get(m);
+    cr_assert(c->arch == LOOM_ARCH_GEMMA3 && c->hidden_size == 640 && c->num_heads == 4 && c->num_kv_heads == 1 &&
+              c->head_dim == 256 && c->vocab_size == 262144 && c->tie_embeddings);
+    cr_assert(c->sliding_window == 512 && c->global_every == 6 && c->rope_theta_local == 10000.0f &&
+              c->rope_theta == 1000000.0f);
+    cr_assert(c->qk_norm && c->post_norms && c->ffn_act == LOOM_FFN_GELU_TANH);
+    cr_assert_float_eq(c->attn_scale, 0.0625f, 1e-9f);
+    cr_assert_float_eq(c->embed_scale, sqrtf(640.0f), 1e-6f);
+    const char *norms[4] = {"attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"};
+    const int64_t width[4] = {256, 256, 640, 640};
+    char nm[64];
+    for (int l = 0; l < 2; l++)
+        for (int i = 0; i < 4; i++) {
+            snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, norms[i]);
+            const loom_tensor *t = loom_model_tensor(m, nm);
+            cr_assert(t && t->ndim == 1 && t->shape[0] == width[i], "%s", nm);
+        }
+    loom_model_free(m);
+
+    m = dummy("qwen3-0.6b", LOOM_DTYPE_BF16, 3, 1);
+    c = loom_model_config_get(m);
+    cr_assert(c->arch == LOOM_ARCH_QWEN3 && c->qk_norm && !c->post_norms && c->ffn_act == LOOM_FFN_SILU &&
+              c->sliding_window == 0 && c->head_dim == 128 && c->num_heads * c->head_dim != c->hidden_size);
+    cr_assert_not_null(loom_model_tensor(m, "blk.0.attn_q_norm.weight"));
+    cr_assert_null(loom_model_tensor(m, "blk.0.post_ffw_norm.weight"));
+    loom_model_free(m);
+}
+
 Test(model, dispatch_errors) {
     loom_model *m = NULL;
     loom_error err = {0};

@@ -25,6 +25,7 @@
  * (Hopper) only.
  */
 #include "cuda_backend.h"
+#include "kv_groups.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -76,6 +77,10 @@ static const loom_param cb_params[] = {
      .offset = offsetof(cuda_backend_config, qgemv_tc_min_rows), .default_value = "0", .min = 0, .max = 9,
      .doc = "fewest rows (1..8) from which W8A8 / FP8 / INT4 linear layers run the tensor-core GEMV, not "
             "the CUDA-core one; 0 = the crossover measured on the H200 (2 rows W8A8 / FP8, 3 INT4), 9 = never"},
+    {.key = "kv_groups", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, kv_groups),
+     .default_value = "false",
+     .doc = "propose block-table groups to the cache (Gemma 3: sliding-window layers' blocks freed behind the "
+            "window, cache.sliding_window: auto); false: one table, every layer's whole history"},
     {.key = NULL},
 };
 
@@ -242,7 +247,7 @@ static void cb_destroy(void *self) {
     if (b->stream) cudaStreamSynchronize(b->stream);
     cb_graphs_reset(b);
     if (b->pools) {
-        for (int32_t i = 0; i < 2 * b->nlayers; i++)
+        for (int32_t i = 0; i < 2 * b->kv_npools; i++)
             if (b->pools[i]) cudaFree(b->pools[i]);
         h->free(h->ctx, b->pools);
     }
@@ -253,6 +258,7 @@ static void cb_destroy(void *self) {
     cudaFree(b->work);
     cudaFree(b->weights);
     cudaFree(b->rope_cs);
+    cudaFree(b->rope_cs_local);
     cudaFree(b->meta_dev);
     if (b->meta_host) cudaFreeHost(b->meta_host);
     if (b->logits_host) cudaFreeHost(b->logits_host);
@@ -333,10 +339,62 @@ static loom_status cb_memory(void *self, loom_backend_memory *out, loom_error *e
     return LOOM_OK;
 }
 
+/* kv_groups() (loom/backend.h): with the kv_groups parameter, the plan
+ * every backend makes alike (kv_groups.h) over this instance's layers — a
+ * tensor-parallel rank holds them all, a pipeline stage its own; without
+ * it one group of those layers and no window, so the cache keeps each
+ * layer's whole history. */
+static loom_status cb_kv_groups(void *self, loom_kv_groups *out, loom_error *err) {
+    cuda_backend *b = self;
+    if (!b->loaded || !out)
+        return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID, "backend cuda: kv_groups() %s",
+                              !out ? "without an output" : "before load()");
+    if (b->cfg.kv_groups) {
+        loom_kv_groups_plan(&b->mc, b->layer0, b->nlayers, out, NULL, NULL);
+        return LOOM_OK;
+    }
+    const uint32_t size = out->struct_size;
+    *out = (loom_kv_groups){.struct_size = size, .num_groups = 1, .layers_per_block = b->nlayers,
+                            .num_layers = b->nlayers};
+    return LOOM_OK;
+}
+
+/* Each held layer's pool pair and block-table group for `layout`: its own
+ * pair (counted from layer0) and group 0, or with groups (layout
+ * num_groups > 1) the plan's. */
+static loom_status cb_kv_slots(cuda_backend *b, const loom_kv_layout *layout, loom_error *err) {
+    const loom_host *h = b->host;
+    const int32_t L = b->nlayers, l0 = b->layer0;
+    const int32_t groups = LOOM_HAS_FIELD(layout, loom_kv_layout, num_groups) ? layout->num_groups : 0;
+    b->kv_groups = 1;
+    b->kv_npools = L;
+    for (int32_t i = 0; i < L; i++) b->layers[l0 + i].kv_slot = i, b->layers[l0 + i].kv_group = 0;
+    if (groups <= 1) return LOOM_OK;
+    if (!b->cfg.kv_groups)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: a KV layout of %d block-table groups, which this instance did not propose; "
+                        "set backend.kv_groups: true, or cache.sliding_window: off",
+                        groups);
+    int32_t *grp = h->alloc(h->ctx, 2 * (size_t)L * sizeof *grp);
+    if (!grp) return h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cuda: out of host memory");
+    loom_kv_groups plan = {.struct_size = sizeof plan};
+    loom_kv_groups_plan(&b->mc, l0, L, &plan, grp, grp + L);
+    for (int32_t i = 0; i < L; i++) b->layers[l0 + i].kv_group = grp[i], b->layers[l0 + i].kv_slot = grp[L + i];
+    h->free(h->ctx, grp);
+    if (plan.num_groups != groups)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: the KV layout has %d block-table groups; this model's layers make %d "
+                        "(kv_groups())",
+                        groups, plan.num_groups);
+    b->kv_groups = groups;
+    b->kv_npools = plan.layers_per_block;
+    return LOOM_OK;
+}
+
 static void cb_kv_free(cuda_backend *b) {
     const loom_host *h = b->host;
     if (b->pools) {
-        for (int32_t i = 0; i < 2 * b->nlayers; i++)
+        for (int32_t i = 0; i < 2 * b->kv_npools; i++)
             if (b->pools[i]) cudaFree(b->pools[i]);
         h->free(h->ctx, b->pools);
         b->pools = NULL;
@@ -365,12 +423,7 @@ static loom_status cb_kv_alloc(void *self, const loom_kv_layout *layout, loom_er
                         "num_cpu_blocks %d): need block_size > 0, num_blocks > 0, cpu blocks >= 0",
                         layout ? layout->block_size : 0, layout ? layout->num_blocks : 0,
                         layout ? layout->num_cpu_blocks : 0);
-    /* it proposes no block-table groups (no kv_groups()): one table only */
-    if (LOOM_HAS_FIELD(layout, loom_kv_layout, num_groups) && layout->num_groups > 1)
-        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "backend cuda: a KV layout of %d block-table groups; this backend keeps one "
-                        "table for every layer (set cache.sliding_window: off)",
-                        layout->num_groups);
+    if ((st = cb_kv_slots(b, layout, err))) return st;
     loom_dtype dt = cb_kv_resolve(b, layout->dtype);
     if (dt == LOOM_DTYPE_COUNT)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
@@ -378,7 +431,7 @@ static loom_status cb_kv_alloc(void *self, const loom_kv_layout *layout, loom_er
                         "its compute type %s or fp8_e4m3 (set the backend's dtype, or leave the "
                         "cache's dtype to the backend)",
                         loom_dtype_name(layout->dtype), loom_dtype_name(b->ldt));
-    const int32_t L = b->nlayers; /* held: every layer, or a pipeline stage's */
+    const int32_t L = b->kv_npools; /* pool pairs */
     const loom_cuda_kv kv = dt == LOOM_DTYPE_FP8_E4M3 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
     const size_t kv_elt = LOOM_CUDA_KV_ELT(kv);
     const size_t block = (size_t)b->mc.num_kv_heads * (size_t)layout->block_size *
@@ -397,7 +450,7 @@ static loom_status cb_kv_alloc(void *self, const loom_kv_layout *layout, loom_er
         return st;
     if (need > free_b)
         return h->error(h->ctx, err, LOOM_ERR_NOMEM,
-                        "backend cuda: KV pools of %d blocks x %zu bytes (%d layers, K and V) "
+                        "backend cuda: KV pools of %d blocks x %zu bytes (%d pool pairs, K and V) "
                         "need %.1f MiB but device %d has %.1f MiB free; lower "
                         "cache.memory_fraction or cache.num_blocks, or engine.max_model_len",
                         layout->num_blocks, block * 2 * (size_t)L, L, cb_mib(need), b->device,
@@ -470,9 +523,10 @@ static loom_status cb_kv_alloc(void *self, const loom_kv_layout *layout, loom_er
     b->kv_block_bytes = block;
     b->kv_ready = true;
     h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "KV pools (%s): %d blocks of %d tokens, %.1f MiB (+%d "
-           "swap blocks, %.1f MiB pinned)", loom_dtype_name(dt), layout->num_blocks,
-           layout->block_size, cb_mib(need), layout->num_cpu_blocks,
-           cb_mib(block * 2 * (size_t)L * (size_t)layout->num_cpu_blocks));
+           "swap blocks, %.1f MiB pinned); %d block-table group%s, %d pool pairs",
+           loom_dtype_name(dt), layout->num_blocks, layout->block_size, cb_mib(need), layout->num_cpu_blocks,
+           cb_mib(block * 2 * (size_t)L * (size_t)layout->num_cpu_blocks), b->kv_groups,
+           b->kv_groups == 1 ? "" : "s", L);
     if (h->metric_set) h->metric_set(h->ctx, "backend.cuda.kv_bytes", (double)need);
     return cb_warm_pieces(b, err);
 
@@ -524,7 +578,7 @@ static loom_status cb_copy(cuda_backend *b, void *const *src_pools, void *const 
     if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->pairs_dev, pairs, (size_t)n * 2 * sizeof(int32_t),
                                               cudaMemcpyHostToDevice, b->stream))))
         return st;
-    return CB_CUDA(b, err, loom_cuda_copy_blocks(src_pools, dst_pools, 2 * b->nlayers,
+    return CB_CUDA(b, err, loom_cuda_copy_blocks(src_pools, dst_pools, 2 * b->kv_npools,
                                                  b->pairs_dev, n, b->kv_block_bytes, b->stream));
 }
 
@@ -576,7 +630,8 @@ static loom_status cb_kv_image(cuda_backend *b, const char *op, const int32_t *b
     for (int32_t i = 0; i < n && !st; i++)
         for (int32_t l = 0; l < L && !st; l++)
             for (int kv = 0; kv < 2 && !st; kv++, p += bb) {
-                char *dev = (char *)b->pools[kv * L + l] + (size_t)blocks[i] * bb;
+                char *dev = (char *)b->pools[kv * b->kv_npools + b->layers[b->layer0 + l].kv_slot] +
+                            (size_t)blocks[i] * bb;
                 st = CB_CUDA(b, err, read ? cudaMemcpyAsync(p, dev, bb, cudaMemcpyDeviceToHost, b->stream)
                                           : cudaMemcpyAsync(dev, p, bb, cudaMemcpyHostToDevice, b->stream));
             }
@@ -610,6 +665,7 @@ static const loom_backend_ops cb_ops = {
     .swap_blocks = cb_swap_blocks,
     .kv_read_blocks = cb_kv_read_blocks,
     .kv_write_blocks = cb_kv_write_blocks,
+    .kv_groups = cb_kv_groups,
     .load_shard = cb_load_shard,
     .load_stage = cb_load_stage,
 };

@@ -86,6 +86,7 @@ typedef struct cuda_backend_config {
                                    other tokens (docs/gpu.md)                   */
     int64_t qgemv_tc_min_rows;  /* rows from which W8A8 / FP8 / INT4 GEMVs take
                                    the tensor cores; 0 = as measured, 9 = never */
+    bool kv_groups;             /* propose block-table groups (kv_groups())    */
 } cuda_backend_config;
 
 /* Rows of the logits work buffers (and the largest graph bucket's rows). */
@@ -113,6 +114,13 @@ typedef struct cuda_layer {
     void *wgu;         /* (2 intermediate, hidden) dt: rows gate, then up        */
     void *wdown;       /* (hidden, intermediate) dt                              */
     loom_cuda_qweight q[CB_NGROUPS]; /* quantized groups (same row order)    */
+    /* Qwen3 / Gemma 3 (model config qk_norm, post_norms), else NULL: f32 */
+    float *q_norm, *k_norm;               /* (head_dim) every q / k head      */
+    float *post_attn_norm, *post_ffn_norm; /* (hidden) Gemma 3                */
+    /* set by kv_alloc: the layer's K/V pool pair and block-table group
+     * (loom/backend.h, "Block-table groups"): its own pair and group 0,
+     * or with G > 1 groups the shared plan's (kv_groups.h) */
+    int32_t kv_slot, kv_group;
 } cuda_layer;
 
 /* A captured decode graph for one bucket. */
@@ -137,10 +145,11 @@ typedef struct cuda_plan {
     int32_t dec_splits, pre_splits; /* split-K bound of each launch        */
     const int32_t *ids;        /* (T)                                       */
     const int32_t *pos;        /* (T)                                       */
-    const int64_t *slot;       /* (T)                                       */
+    const int64_t *slot;       /* (G, T): group g's slot mapping at g * T   */
     const int32_t *lidx;       /* (NL) rows of the LM head                  */
-    const int32_t *stride;     /* device int: block-table row length        */
-    const int32_t *bt;         /* (rows, *stride)                           */
+    const int32_t *stride;     /* device ints: block-table row length, then
+                                  one group's table length (rows * stride) */
+    const int32_t *bt;         /* (G, rows, *stride)                        */
     const loom_cuda_attn_tile *dec_tiles, *pre_tiles;
     size_t bytes;              /* metadata bytes to upload                  */
 } cuda_plan;
@@ -173,6 +182,8 @@ typedef struct cuda_backend {
     cuda_layer *layers;         /* host array (num_layers); a pipeline stage
                                    fills only its layers'                     */
     float *rope_cs;             /* (rope_max_pos, head_dim/2, 2) f32 device    */
+    float *rope_cs_local;       /* the same for sliding-window layers (their
+                                   own base, unscaled); NULL without a window */
     int32_t rope_max_pos;
 
     /* work buffers, rows = max_tokens (one device allocation) */
@@ -236,11 +247,15 @@ typedef struct cuda_backend {
     loom_kv_layout kv_layout;   /* copy; dtype resolved (dt or fp8_e4m3)      */
     loom_cuda_kv kv;            /* the pools' element type for the kernels    */
     size_t kv_block_bytes;      /* one block of one pool (K or V of a layer)  */
-    void **pools;               /* host array (2 n, n = nlayers): K of the held
-                                   layers, then V (cb_kpool / cb_vpool)        */
+    int32_t kv_groups;          /* block-table groups G (1: one table)        */
+    int32_t kv_npools;          /* pool pairs P: the layers, or with G > 1
+                                   groups layers_per_block (layer l's pair is
+                                   layers[l].kv_slot)                         */
+    void **pools;               /* host array (2 P): K pools, then V (a pipeline
+                                   stage's: its own layers')                 */
     void **pools_dev;           /* device copy of `pools`                     */
-    void *swap;                 /* pinned mapped host pool (2 n, cpu blocks)  */
-    void **swap_dev;            /* device array (2 n) of mapped pointers      */
+    void *swap;                 /* pinned mapped host pool (2 P, cpu blocks)  */
+    void **swap_dev;            /* device array (2 P) of mapped pointers      */
     int32_t *pairs_dev;         /* block-copy pairs upload                    */
     int32_t pairs_cap;          /* pairs it holds                             */
 
@@ -254,10 +269,6 @@ typedef struct cuda_backend {
     int64_t steps_timed;
     double step_seconds, wait_seconds;
 } cuda_backend;
-
-/* Decoder layer l's K and V pools (l a model layer this instance holds). */
-static inline void *cb_kpool(const cuda_backend *b, int32_t l) { return b->pools[l - b->layer0]; }
-static inline void *cb_vpool(const cuda_backend *b, int32_t l) { return b->pools[b->nlayers + l - b->layer0]; }
 
 /* Bytes of a pipeline link message of T rows: x (f32) then r (dt) — the
  * residual stream and the last layer's pending down projection, which the

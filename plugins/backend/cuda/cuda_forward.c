@@ -7,7 +7,14 @@
  *              xn = rmsnorm(x += r); gu = xn Wgu^T; act = swiglu(gu);
  *              r = act Wdown^T
  *   logits rows: xs = rmsnorm(x[idx] + r[idx]); logits = xs LM^T (float32)
- * with x the float32 residual stream and everything else bf16/f16. W8A8 /
+ * with x the float32 residual stream and everything else bf16/f16.
+ * Qwen3 and Gemma 3 (the config's flags, loom/model.h) change, as the cpu
+ * backend does: each q and k head is RMS-normed before RoPE (in the RoPE
+ * kernel, loom_cuda_rope_kv_norm); Gemma 3 also scales the embeddings,
+ * gives its sliding-window layers their own RoPE table and a window in
+ * attention, runs GeGLU instead of SwiGLU, and adds the O and down
+ * products to x through their own RMSNorm (loom_cuda_add_normed) as soon
+ * as they are made, so no r is left pending for the next norm. W8A8 /
  * FP8 weights never see xn or act: their per-token activation codes are
  * made inside the RMSNorm / SwiGLU kernels (loom_cuda_qgemm_norm_run,
  * loom_cuda_qgemm_swiglu_run).
@@ -68,6 +75,7 @@
 #include <time.h>
 
 #include "cuda_backend.h"
+#include "kv_groups.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -88,10 +96,11 @@ static loom_status cb_check_batch(cuda_backend *b, const loom_batch *bt, const f
                                       b->kv_layout.num_blocks, b->mc.vocab_size, b->rope_max_pos, why,
                                       sizeof why);
     if (st != LOOM_OK) return h->error(h->ctx, err, st, "backend cuda: %s", why);
-    if (LOOM_HAS_FIELD(bt, loom_batch, num_groups) && bt->num_groups > 1)
-        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "backend cuda: a batch of %d block-table groups; this backend reads one",
-                        bt->num_groups);
+    const int32_t groups = LOOM_HAS_FIELD(bt, loom_batch, num_groups) && bt->num_groups > 1 ? bt->num_groups : 1;
+    if (groups != b->kv_groups)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: the batch has %d block-table groups, the KV layout %d", groups,
+                        b->kv_groups);
     if (bt->num_tokens > b->max_tokens)
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "backend cuda: batch of %d tokens exceeds the work buffers' %d; raise the "
@@ -103,21 +112,24 @@ static loom_status cb_check_batch(cuda_backend *b, const loom_batch *bt, const f
 /* -------------------------------------------------------------- metadata */
 
 /* Byte offsets of the regions of one step's metadata block; every region
- * starts 16-byte aligned. The block table comes last (its size varies
- * with the stride, the rest depends only on the capacities). */
+ * starts 16-byte aligned. The block tables come last (their size varies
+ * with the stride, the rest depends only on the capacities). With G
+ * block-table groups there are G slot mappings of Tcap rows (group g's at
+ * g * Tcap) and G tables of the step's rows (group g's at g * rows *
+ * stride elements, the header's second int). */
 typedef struct cb_meta_layout {
     size_t hdr, ids, pos, slot, lidx, dtiles, ptiles, bt;
 } cb_meta_layout;
 
 static size_t cb_a16(size_t n) { return (n + 15) & ~(size_t)15; }
 
-static void cb_meta_layout_of(int32_t Tcap, int32_t NLcap, int32_t ndec, int32_t npre,
+static void cb_meta_layout_of(int32_t Tcap, int32_t NLcap, int32_t ndec, int32_t npre, int32_t G,
                               cb_meta_layout *l) {
     size_t o = 0;
     l->hdr = o, o += 16;
     l->ids = o, o += cb_a16((size_t)Tcap * 4);
     l->pos = o, o += cb_a16((size_t)Tcap * 4);
-    l->slot = o, o += cb_a16((size_t)Tcap * 8);
+    l->slot = o, o += cb_a16((size_t)G * Tcap * 8);
     l->lidx = o, o += cb_a16((size_t)NLcap * 4);
     l->dtiles = o, o += (size_t)ndec * sizeof(loom_cuda_attn_tile);
     l->ptiles = o, o += (size_t)npre * sizeof(loom_cuda_attn_tile);
@@ -189,9 +201,10 @@ static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t 
         else if (n * G <= dec_rows) ndec++;
         else npre += (n + tpt - 1) / tpt;
     }
+    const int32_t NG = b->kv_groups;
     cb_meta_layout l;
-    cb_meta_layout_of(rowsT, NL, ndec, npre, &l);
-    const size_t bytes = l.bt + (size_t)rowsS * (size_t)stride * 4;
+    cb_meta_layout_of(rowsT, NL, ndec, npre, NG, &l);
+    const size_t bytes = l.bt + (size_t)NG * rowsS * (size_t)stride * 4;
     loom_status st = cb_meta_reserve(b, bytes, err);
     if (st) return st;
 
@@ -202,13 +215,16 @@ static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t 
     int32_t *lidx = (int32_t *)(m + l.lidx), *btab = (int32_t *)(m + l.bt);
     loom_cuda_attn_tile *dt = (loom_cuda_attn_tile *)(m + l.dtiles);
     loom_cuda_attn_tile *pt = (loom_cuda_attn_tile *)(m + l.ptiles);
-    hdr[0] = stride, hdr[1] = hdr[2] = hdr[3] = 0;
+    hdr[0] = stride, hdr[1] = rowsS * stride, hdr[2] = hdr[3] = 0;
     if (!pad) {
         memcpy(ids, bt->token_ids, (size_t)T * 4);
         memcpy(pos, bt->positions, (size_t)T * 4);
-        memcpy(slot, bt->slot_mapping, (size_t)T * 8);
+        for (int32_t g = 0; g < NG; g++) {
+            memcpy(slot + (size_t)g * rowsT, bt->slot_mapping + (size_t)g * T, (size_t)T * 8);
+            for (int32_t r = T; r < rowsT; r++) slot[(size_t)g * rowsT + r] = -1;
+        }
         memcpy(lidx, bt->logits_index, (size_t)NL * 4);
-        for (int32_t r = T; r < rowsT; r++) ids[r] = 0, pos[r] = 0, slot[r] = -1;
+        for (int32_t r = T; r < rowsT; r++) ids[r] = 0, pos[r] = 0;
     } else {
         for (int32_t s = 0; s < rowsS; s++) {
             const int32_t q0 = s < S ? bt->query_start[s] : 0, n = s < S ? bt->query_start[s + 1] - q0 : 0;
@@ -216,7 +232,8 @@ static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t 
                 const int32_t r = s * q + j, t = q0 + (j < n ? j : n - 1);
                 ids[r] = n > 0 ? bt->token_ids[t] : 0;
                 pos[r] = n > 0 ? bt->positions[t] : 0;
-                slot[r] = n > 0 && j < n ? bt->slot_mapping[t] : -1;
+                for (int32_t g = 0; g < NG; g++)
+                    slot[(size_t)g * rowsT + r] = n > 0 && j < n ? bt->slot_mapping[(size_t)g * T + t] : -1;
             }
         }
         /* wanted rows first (t -> its padded row), then any row */
@@ -232,8 +249,11 @@ static loom_status cb_meta_build(cuda_backend *b, const loom_batch *bt, int32_t 
             int64_t v = (int64_t)ids[t] - b->vocab_lo;
             ids[t] = v >= 0 && v < b->vocab_rows ? (int32_t)v : -1;
         }
-    memcpy(btab, bt->block_table, (size_t)S * (size_t)stride * 4);
-    memset(btab + (size_t)S * stride, 0, (size_t)(rowsS - S) * (size_t)stride * 4);
+    for (int32_t g = 0; g < NG; g++) { /* dummy sequences: rows of block 0 */
+        int32_t *gt = btab + (size_t)g * rowsS * stride;
+        memcpy(gt, bt->block_table + (size_t)g * S * stride, (size_t)S * (size_t)stride * 4);
+        memset(gt + (size_t)S * stride, 0, (size_t)(rowsS - S) * (size_t)stride * 4);
+    }
     int32_t id = 0, ip = 0;
     for (int32_t s = 0; s < rowsS; s++) {
         int32_t q0 = pad ? s * q : bt->query_start[s], n = pad ? q : bt->query_start[s + 1] - q0;
@@ -357,25 +377,42 @@ static bool cb_swiglu_fuses(const cuda_backend *b, const loom_cuda_qweight *q) {
     return (q->fmt == LOOM_CUDA_Q_INT8_W8A16 || q->fmt == LOOM_CUDA_Q_INT4) && loom_cuda_qgemm_splits(b->gemm, b->dt, q);
 }
 
+/* The residual's pending addend for the norm before a GEMM: the last O
+ * or down product r, or NULL where nothing is pending (the first layer;
+ * post-norm models, whose products went into x through their norm). */
+static const void *cb_pending(const cuda_backend *b, int32_t l) {
+    return l > 0 && !b->mc.post_norms ? b->r : NULL;
+}
+
 /* Layer l before attention: xn = rmsnorm(x [+= r]); qkv = xn Wqkv^T; RoPE
- * on q and k, k and v written to the cache. */
+ * on q and k (QK-norm first where the model has it; a sliding-window
+ * layer's own table), k and v written to the cache. */
 static loom_status cb_record_pre_attention(cuda_backend *b, const cuda_plan *p, int32_t l, loom_error *err) {
     const loom_model_config *c = &b->mc;
     const int32_t T = p->T;
     const cuda_layer *ly = &b->layers[l];
-    void *kc = cb_kpool(b, l), *vc = cb_vpool(b, l);
-    /* (T, H) -> (T, QKV), RoPE + KV write; the pair epilogue at one row */
+    void *kc = b->pools[ly->kv_slot], *vc = b->pools[b->kv_npools + ly->kv_slot];
+    const int64_t *slot = p->slot + (size_t)ly->kv_group * T; /* this layer's group's mapping */
+    const float *cs = loom_kv_layer_window(c, l) > 0 ? b->rope_cs_local : b->rope_cs;
+    /* (T, H) -> (T, QKV), RoPE + KV write; the pair epilogue at one row
+     * (not with QK-norm: the norm sits between the GEMM and the rotation) */
     const loom_cuda_epi rope = {.kind = LOOM_CUDA_EPI_ROPE_KV, .kv = b->kv, .bias = ly->bqkv,
-                                .cs = b->rope_cs, .pos = p->pos, .slot = p->slot, .k_cache = kc,
+                                .cs = cs, .pos = p->pos, .slot = slot, .k_cache = kc,
                                 .v_cache = vc, .num_heads = c->num_heads, .num_kv_heads = c->num_kv_heads,
                                 .head_dim = c->head_dim, .block_size = b->kv_layout.block_size};
+    const bool fuse = T == 1 && !ly->q_norm;
     loom_status st;
-    if ((st = cb_norm_gemm(b, T, b->qkv_rows, ly->attn_norm, l ? b->r : NULL, ly->wqkv, &ly->q[CB_G_QKV], b->qkv,
-                           T == 1 ? &rope : NULL, "QKV", err)))
+    if ((st = cb_norm_gemm(b, T, b->qkv_rows, ly->attn_norm, cb_pending(b, l), ly->wqkv, &ly->q[CB_G_QKV], b->qkv,
+                           fuse ? &rope : NULL, "QKV", err)))
         return st;
-    if (T == 1) return LOOM_OK;
-    return CB_CUDA(b, err, loom_cuda_rope_kv(b->dt, b->kv, b->qkv, b->qkv_rows, ly->bqkv, b->rope_cs, p->pos,
-                                             p->slot, kc, vc, T, c->num_heads, c->num_kv_heads, c->head_dim,
+    if (fuse) return LOOM_OK;
+    if (ly->q_norm)
+        return CB_CUDA(b, err, loom_cuda_rope_kv_norm(b->dt, b->kv, b->qkv, b->qkv_rows, ly->bqkv, ly->q_norm,
+                                                      ly->k_norm, c->rms_norm_eps, cs, p->pos, slot, kc, vc, T,
+                                                      c->num_heads, c->num_kv_heads, c->head_dim,
+                                                      b->kv_layout.block_size, b->stream));
+    return CB_CUDA(b, err, loom_cuda_rope_kv(b->dt, b->kv, b->qkv, b->qkv_rows, ly->bqkv, cs, p->pos,
+                                             slot, kc, vc, T, c->num_heads, c->num_kv_heads, c->head_dim,
                                              b->kv_layout.block_size, b->stream));
 }
 
@@ -385,14 +422,16 @@ static loom_status cb_record_pre_attention(cuda_backend *b, const cuda_plan *p, 
 static loom_status cb_record_attention(cuda_backend *b, const cuda_plan *p, int32_t l, loom_error *err) {
     const loom_model_config *c = &b->mc;
     cudaStream_t s = b->stream;
+    const cuda_layer *ly = &b->layers[l];
     loom_cuda_attn_args aa = {.dt = b->dt, .kv = b->kv, .out = b->att, .ldo = b->q_dim, .q = b->qkv,
                               .ldq = b->qkv_rows, .block_table = p->bt, .bt_stride = p->stride,
                               .positions = p->pos, .num_heads = c->num_heads,
                               .num_kv_heads = c->num_kv_heads, .head_dim = c->head_dim,
                               .block_size = b->kv_layout.block_size,
-                              .scale = (float)(1.0 / sqrt((double)c->head_dim)),
+                              .scale = c->attn_scale > 0 ? c->attn_scale : (float)(1.0 / sqrt((double)c->head_dim)),
                               .partial = b->attn_ws, .sem = b->attn_sem,
-                              .k_cache = cb_kpool(b, l), .v_cache = cb_vpool(b, l)};
+                              .k_cache = b->pools[ly->kv_slot], .v_cache = b->pools[b->kv_npools + ly->kv_slot],
+                              .window = loom_kv_layer_window(c, l), .bt_group = ly->kv_group};
     loom_status st;
     if (b->cfg.batch_invariant) { /* one token per tile, all in one of the lists */
         aa.tiles = p->n_dec > 0 ? p->dec_tiles : p->pre_tiles, aa.num_tiles = p->n_dec + p->n_pre;
@@ -411,23 +450,45 @@ static loom_status cb_record_attention(cuda_backend *b, const cuda_plan *p, int3
     return LOOM_OK;
 }
 
-/* Layer l after attention: r = att Wo^T; x += r; gu = rmsnorm(x) Wgu^T;
- * r = SwiGLU(gu) Wdown^T. The row-parallel GEMMs' partial r are summed
- * over ranks (sharded). */
+/* Gemma 3's post-norm: x += rmsnorm(r) * w (w NULL: nothing, r stays
+ * pending for the next norm). */
+static loom_status cb_post_norm(cuda_backend *b, int32_t T, const float *w, loom_error *err) {
+    if (!w) return LOOM_OK;
+    return CB_CUDA(b, err, loom_cuda_add_normed(b->dt, b->x, b->r, w, T, b->mc.hidden_size, b->mc.rms_norm_eps,
+                                                b->stream));
+}
+
+/* r (T, H) = GeGLU(gu) @ w_down^T: act = gelu_tanh(gate) * up, then the
+ * down GEMM (any weight format). */
+static loom_status cb_geglu_down(cuda_backend *b, int32_t T, const cuda_layer *ly, loom_error *err) {
+    const int32_t H = b->mc.hidden_size, I = b->mc.intermediate_size;
+    loom_status st = CB_CUDA(b, err, loom_cuda_geglu_tanh(b->dt, b->act, b->gu, T, I, b->stream));
+    if (st) return st;
+    return cb_gemm(b, false, T, H, I, b->act, ly->wdown, &ly->q[CB_G_DOWN], b->r, "ffn_down", err);
+}
+
+/* Layer l after attention: r = att Wo^T; x += r (Gemma: x += rmsnorm(r)
+ * now); gu = rmsnorm(x) Wgu^T; r = SwiGLU(gu) Wdown^T (Gemma: GeGLU, then
+ * x += rmsnorm(r)). The row-parallel GEMMs' partial r are summed over ranks
+ * (sharded) before any norm reads them. */
 static loom_status cb_record_post_attention(cuda_backend *b, const cuda_plan *p, int32_t l, loom_error *err) {
     const int32_t T = p->T, H = b->mc.hidden_size, I = b->mc.intermediate_size;
     const cuda_layer *ly = &b->layers[l];
+    const bool gelu = b->mc.ffn_act == LOOM_FFN_GELU_TANH;
     const loom_cuda_epi swiglu = {.kind = LOOM_CUDA_EPI_SWIGLU, .act = b->act};
-    const bool swiglu1 = T == 1 && cb_swiglu_fuses(b, &ly->q[CB_G_DOWN]);
+    const bool swiglu1 = T == 1 && !gelu && cb_swiglu_fuses(b, &ly->q[CB_G_DOWN]);
     loom_status st;
     if ((st = cb_gemm(b, false, T, H, b->q_dim, b->att, ly->wo, &ly->q[CB_G_O], b->r, "attn_output", err)) ||
         (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)) ||
-        (st = cb_norm_gemm(b, T, 2 * I, ly->ffn_norm, b->r, ly->wgu, &ly->q[CB_G_GU], b->gu,
-                           swiglu1 ? &swiglu : NULL, "ffn_gate_up", err)) ||
-        (st = swiglu1 ? cb_gemm(b, false, T, H, I, b->act, ly->wdown, &ly->q[CB_G_DOWN], b->r, "ffn_down", err)
-                      : cb_swiglu_down(b, T, ly->wdown, &ly->q[CB_G_DOWN], err)))
+        (st = cb_post_norm(b, T, ly->post_attn_norm, err)) ||
+        (st = cb_norm_gemm(b, T, 2 * I, ly->ffn_norm, ly->post_attn_norm ? NULL : b->r, ly->wgu, &ly->q[CB_G_GU],
+                           b->gu, swiglu1 ? &swiglu : NULL, "ffn_gate_up", err)))
         return st;
-    return cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err);
+    if (gelu) st = cb_geglu_down(b, T, ly, err);
+    else if (swiglu1) st = cb_gemm(b, false, T, H, I, b->act, ly->wdown, &ly->q[CB_G_DOWN], b->r, "ffn_down", err);
+    else st = cb_swiglu_down(b, T, ly->wdown, &ly->q[CB_G_DOWN], err);
+    if (st || (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err))) return st;
+    return cb_post_norm(b, T, ly->post_ffn_norm, err);
 }
 
 /* Piece i in [layer0, layer0 + nlayers] of the layers held: everything
@@ -439,8 +500,9 @@ static loom_status cb_record_piece(cuda_backend *b, const cuda_plan *p, int32_t 
     const int32_t T = p->T, H = b->mc.hidden_size;
     loom_status st;
     if (i == b->layer0) {
+        const float scale = b->mc.embed_scale > 0 ? b->mc.embed_scale : 1.0f;
         if (b->first_stage &&
-            ((st = CB_CUDA(b, err, loom_cuda_embedding(b->dt, b->x, b->embed, p->ids, T, H, b->stream))) ||
+            ((st = CB_CUDA(b, err, loom_cuda_embedding_scaled(b->dt, b->x, b->embed, p->ids, T, H, scale, b->stream))) ||
              (st = cb_all_reduce(b, b->x, (int64_t)T * H, LOOM_DTYPE_F32, err))))
             return st;
     } else if ((st = cb_record_post_attention(b, p, i - 1, err))) {
@@ -502,7 +564,7 @@ static loom_status cb_record_logits(cuda_backend *b, const cuda_plan *p, int32_t
                                     bool to_host, loom_error *err) {
     const loom_model_config *c = &b->mc;
     loom_status st;
-    if ((st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xs, b->x, b->r, b->out_norm,
+    if ((st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xs, b->x, cb_pending(b, c->num_layers), b->out_norm,
                                                     p->lidx + row0, n, c->hidden_size,
                                                     c->rms_norm_eps, b->stream))))
         return st;
@@ -880,14 +942,15 @@ static int32_t cb_piece_rows(const cuda_backend *b, int kt) {
  * puts them, so pieces captured from it serve every such step. */
 static loom_status cb_meta_dummy(cuda_backend *b, int32_t rows, cuda_plan *p, loom_error *err) {
     cb_meta_layout l;
-    cb_meta_layout_of(rows, 0, 0, 0, &l);
+    cb_meta_layout_of(rows, 0, 0, 0, b->kv_groups, &l);
     loom_status st = cb_meta_reserve(b, l.bt, err);
     if (st) return st;
     uint8_t *m = b->meta_host;
     int32_t *hdr = (int32_t *)(m + l.hdr), *ids = (int32_t *)(m + l.ids), *pos = (int32_t *)(m + l.pos);
     int64_t *slot = (int64_t *)(m + l.slot);
     hdr[0] = hdr[1] = hdr[2] = hdr[3] = 0;
-    for (int32_t r = 0; r < rows; r++) ids[r] = 0, pos[r] = 0, slot[r] = -1;
+    for (int32_t r = 0; r < rows; r++) ids[r] = 0, pos[r] = 0;
+    for (int32_t r = 0; r < rows * b->kv_groups; r++) slot[r] = -1;
     const uint8_t *d = b->meta_dev;
     *p = (cuda_plan){.T = rows, .dec_splits = 1, .pre_splits = 1, .ids = (const int32_t *)(d + l.ids),
                      .pos = (const int32_t *)(d + l.pos), .slot = (const int64_t *)(d + l.slot),

@@ -495,9 +495,9 @@ static loom_cuda_qweight cb_gguf_qweight(const loom_cuda_gguf_layout *lay, void 
 /* Rotary frequencies, float64 — the same formula as kernels/cpu/rope.c
  * (Hugging Face's default, linear and llama3 rope_type), so both backends
  * rotate by identical angles. */
-static void cb_rope_inv_freq(double *inv_freq, const loom_model_config *c) {
+static void cb_rope_inv_freq(double *inv_freq, const loom_model_config *c, bool local) {
     const int32_t hd = c->head_dim, half = hd / 2;
-    const double theta = c->rope_theta, factor = c->rope_factor;
+    const double theta = local ? c->rope_theta_local : c->rope_theta, factor = local ? 0 : c->rope_factor;
     for (int32_t i = 0; i < half; i++) {
         double f = pow(theta, -(double)(2 * i) / (double)hd);
         if (c->rope_scaling == LOOM_ROPE_SCALING_LINEAR && factor > 0) {
@@ -519,28 +519,39 @@ static void cb_rope_inv_freq(double *inv_freq, const loom_model_config *c) {
     }
 }
 
-static loom_status cb_rope_init(cuda_backend *b, loom_error *err) {
+/* One cos/sin table of max_pos positions into *cs: the model's, or
+ * (local) its sliding-window layers' — their own base, unscaled, as the
+ * cpu backend's (cpu_load_done). */
+static loom_status cb_rope_table(cuda_backend *b, int64_t max_pos, bool local, float **cs, loom_error *err) {
     const loom_host *h = b->host;
     const loom_model_config *c = &b->mc;
     loom_status st;
-    int64_t max_pos = b->cfg.max_positions > 0 ? b->cfg.max_positions : c->max_context;
-    if (max_pos <= 0) max_pos = 8192;
     const int half = c->head_dim / 2;
     double *inv = h->alloc(h->ctx, (size_t)half * sizeof(double));
     double *inv_dev = NULL;
     if (!inv) return h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cuda: out of host memory");
-    cb_rope_inv_freq(inv, c);
-    if (!(st = CB_CUDA(b, err, cudaMalloc((void **)&b->rope_cs, (size_t)max_pos * half * 2 * sizeof(float)))) &&
+    cb_rope_inv_freq(inv, c, local);
+    if (!(st = CB_CUDA(b, err, cudaMalloc((void **)cs, (size_t)max_pos * half * 2 * sizeof(float)))) &&
         !(st = CB_CUDA(b, err, cudaMalloc((void **)&inv_dev, (size_t)half * sizeof(double)))) &&
         !(st = CB_CUDA(b, err, cudaMemcpyAsync(inv_dev, inv, (size_t)half * sizeof(double),
                                                cudaMemcpyHostToDevice, b->stream))) &&
-        !(st = CB_CUDA(b, err, loom_cuda_rope_table(b->rope_cs, inv_dev, (int)max_pos, half,
-                                                    b->stream))))
+        !(st = CB_CUDA(b, err, loom_cuda_rope_table(*cs, inv_dev, (int)max_pos, half, b->stream))))
         st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
     cudaFree(inv_dev);
     h->free(h->ctx, inv);
-    if (st == LOOM_OK) b->rope_max_pos = (int32_t)max_pos;
     return st;
+}
+
+static loom_status cb_rope_init(cuda_backend *b, loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    loom_status st;
+    int64_t max_pos = b->cfg.max_positions > 0 ? b->cfg.max_positions : c->max_context;
+    if (max_pos <= 0) max_pos = 8192;
+    if ((st = cb_rope_table(b, max_pos, false, &b->rope_cs, err)) ||
+        (c->sliding_window > 0 && (st = cb_rope_table(b, max_pos, true, &b->rope_cs_local, err))))
+        return st;
+    b->rope_max_pos = (int32_t)max_pos;
+    return LOOM_OK;
 }
 
 /* ---------------------------------------------------------- work buffers */
@@ -752,6 +763,12 @@ static bool cb_keeps_embed(const cuda_backend *b, const loom_ww *w) {
     return b->first_stage || (b->last_stage && !w->out.t);
 }
 
+/* Device bytes of a layer's QK-norm and post-norm weights (f32). */
+static size_t cb_norms_bytes(const cuda_backend *b, const loom_ww *w) {
+    const size_t D = (size_t)b->mc.head_dim, H = (size_t)w->hidden;
+    return (b->mc.qk_norm ? 2 * cb_round(D * 4) : 0) + (b->mc.post_norms ? 2 * cb_round(H * 4) : 0);
+}
+
 /* Device bytes of this rank's weights into b->weight_bytes (the quantized
  * ones also into b->qweight_bytes), as cb_load_vocab and cb_carve_layer
  * carve them; a quantized group takes its quantized size instead of dt.
@@ -770,6 +787,7 @@ static void cb_size_weights(cuda_backend *b, const loom_ww *w, const loom_cuda_g
     for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++) {
         const loom_ww_layer *wl = &w->layer[l];
         b->weight_bytes += 2 * cb_round(H * 4) + (w->bias ? cb_round((size_t)w->qkv_rows * 4) : 0);
+        b->weight_bytes += cb_norms_bytes(b, w);
         for (int gi = 0; gi < CB_NGROUPS; gi++) {
             const loom_ww_group *g = &w->group[gi];
             const loom_quant_plan *p0 = &wl->lin[g->first].plan;
@@ -915,6 +933,11 @@ static loom_status cb_carve_layer(cuda_backend *b, const loom_ww *w, int32_t l,
         if (gi == CB_G_QKV) ly->bqkv = w->bias ? cb_carve(cur, (size_t)w->qkv_rows * 4) : NULL;
         if (gi == CB_G_O) ly->ffn_norm = cb_carve(cur, H * 4);
     }
+    const size_t D = (size_t)b->mc.head_dim;
+    ly->q_norm = b->mc.qk_norm ? cb_carve(cur, D * 4) : NULL;
+    ly->k_norm = b->mc.qk_norm ? cb_carve(cur, D * 4) : NULL;
+    ly->post_attn_norm = b->mc.post_norms ? cb_carve(cur, H * 4) : NULL;
+    ly->post_ffn_norm = b->mc.post_norms ? cb_carve(cur, H * 4) : NULL;
     /* a quantized group has no dt matrix (gbase: its GGUF blocks) */
     ly->wqkv = wl->lin[LOOM_WW_Q].plan.format == LOOM_QFMT_NONE ? gbase[CB_G_QKV] : NULL;
     ly->wo = wl->lin[LOOM_WW_O].plan.format == LOOM_QFMT_NONE ? gbase[CB_G_O] : NULL;
@@ -961,6 +984,19 @@ static loom_status cb_upload_layer(cuda_backend *b, const loom_model_view *m,
     if ((st = cb_upload_win(up, &wl->attn_norm, ly->attn_norm, true, err)) ||
         (st = cb_upload_win(up, &wl->ffn_norm, ly->ffn_norm, true, err)))
         return st;
+    /* QK-norm and post-norms: the walk has them exactly when the config
+     * says so (the weights as the loader presents them: Gemma's GGUF holds
+     * 1 + w, as the cpu backend multiplies them) */
+    const loom_ww_part *src[4] = {&wl->q_norm, &wl->k_norm, &wl->post_attn_norm, &wl->post_ffn_norm};
+    float *dst[4] = {ly->q_norm, ly->k_norm, ly->post_attn_norm, ly->post_ffn_norm};
+    for (int i = 0; i < 4; i++) {
+        if (!dst[i]) continue;
+        if (!src[i]->t)
+            return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: layer %d has no %s weight its config asks for",
+                            (int)l, i < 2 ? (i ? "attn_k_norm" : "attn_q_norm")
+                                          : (i == 2 ? "post_attention_norm" : "post_ffw_norm"));
+        if ((st = cb_upload_win(up, src[i], dst[i], true, err))) return st;
+    }
     for (int k = 0; w->bias && k < 3; k++) {
         float *bd = ly->bqkv + (k == 0 ? 0 : w->q_rows + (k - 1) * w->kv_rows);
         if ((st = cb_upload_win(up, &wl->bias[k], bd, true, err))) return st;
@@ -1087,6 +1123,7 @@ static void cb_load_undo(cuda_backend *b) {
     cudaStreamSynchronize(b->stream);
     cudaFree(b->weights);
     cudaFree(b->rope_cs);
+    cudaFree(b->rope_cs_local);
     cudaFree(b->work);
     cudaFree(b->meta_dev);
     if (b->meta_host) cudaFreeHost(b->meta_host);
@@ -1097,6 +1134,7 @@ static void cb_load_undo(cuda_backend *b) {
     h->free(h->ctx, b->layers);
     b->weights = b->work = NULL;
     b->rope_cs = NULL;
+    b->rope_cs_local = NULL;
     b->meta_dev = b->meta_host = NULL;
     b->logits_host = NULL;
     b->topk_host = NULL;
@@ -1165,7 +1203,7 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cuda: model '%s' config not runnable here (hidden %d: multiple of 8 "
                         "and <= 32768, ffn %d: multiple of 8, heads %d/%d kv: at most %d per kv "
-                        "head, head_dim %d: one of 16, 32, 64, 128)",
+                        "head, head_dim %d: one of 16, 32, 64, 128, 256)",
                         c->name, c->hidden_size, c->intermediate_size, c->num_heads, c->num_kv_heads,
                         LOOM_CUDA_MAX_GQA, c->head_dim);
     /* this backend has no grouped-expert kernels: refuse rather than run a dense
@@ -1175,15 +1213,17 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                         "backend cuda: model '%s' is a mixture of %d experts (%d per token); this backend has no "
                         "mixture-of-experts kernels yet; use backend: cpu",
                         c->name, c->num_experts, c->num_experts_used);
-    /* Gemma 3's (and Qwen3's) QK-norm, post-norms, GeGLU, sliding windows
-     * and scales have no kernels here yet: refuse rather than run Llama
-     * math on them */
-    if (c->qk_norm || c->post_norms || c->ffn_act != LOOM_FFN_SILU || c->sliding_window > 0 ||
-        (c->embed_scale > 0 && c->embed_scale != 1.0f) || c->attn_scale > 0)
+    /* Gemma 3's and Qwen3's pieces run here (QK-norm, post-norms, GeGLU,
+     * sliding windows, scales); an activation this backend has no kernel
+     * for is refused rather than run as SiLU */
+    if (c->ffn_act != LOOM_FFN_SILU && c->ffn_act != LOOM_FFN_GELU_TANH)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "backend cuda: model '%s' needs QK-norm (Gemma 3, Qwen3), post-norms, GeGLU, sliding-window "
-                        "attention or scaled embeddings, which this backend does not run yet; use backend: cpu",
-                        c->name);
+                        "backend cuda: model '%s' has FFN activation %d; this backend runs SiLU (SwiGLU) and tanh "
+                        "GELU (GeGLU); use backend: cpu",
+                        c->name, (int)c->ffn_act);
+    if (c->sliding_window < 0)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: model '%s' has sliding window %d (need >= 0)",
+                        c->name, c->sliding_window);
     if ((st = cb_load_begin(b, &w, err)) != LOOM_OK) return st;
     /* GGUF groups' device layouts: (L, CB_NGROUPS), then output.weight */
     loom_cuda_gguf_layout *glay = h->calloc(h->ctx, (size_t)w.layers * CB_NGROUPS + 1, sizeof *glay);
