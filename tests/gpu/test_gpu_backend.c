@@ -203,7 +203,14 @@ typedef struct shape {
     const loom_dtype *gguf;
     bool kv_fp8;        /* KV cache fp8_e4m3 on every instance               */
     const char *cuda_ov; /* one more cuda backend parameter ("key=value"), or NULL */
+    const struct moe_spec *moe; /* a mixture of experts, or NULL (dense FFN)  */
 } shape;
+
+/* A mixture-of-experts FFN in every layer (fm_moe). */
+typedef struct moe_spec {
+    int32_t experts, used, width, shared; /* shared: width of the shared expert, 0: none */
+    bool norm_topk;
+} moe_spec;
 
 /* f as IEEE binary16 (formats/half.h: round to nearest even, subnormals
  * kept) at p, little-endian. */
@@ -254,6 +261,51 @@ static void fm_add_gguf(fake_model *m, const char *name, int64_t d0, int64_t d1,
     m->n++;
 }
 
+/* A stacked (d0, d1, d2) bf16 tensor U(-a, a) (the experts). */
+static void fm_add3(fake_model *m, const char *name, int64_t d0, int64_t d1, int64_t d2, float a) {
+    fm_add(m, name, d0 * d1, d2, false, 0, a);
+    loom_tensor *t = &m->t[m->n - 1];
+    t->ndim = 3, t->shape[0] = d0, t->shape[1] = d1, t->shape[2] = d2;
+}
+
+/* Layer l's router and experts. Routing that two backends agree on: a
+ * token's logits are its embedding's first E dims (the router reads dim e
+ * for expert e), which fm_moe_embed sets 8 apart, so the order of a
+ * token's experts is its own and no rounding difference between bf16 and
+ * float32 activations can swap two of them — while different tokens choose
+ * different experts (and small batches leave experts without tokens). */
+static void fm_moe(fake_model *m, const moe_spec *ms, int l, int64_t H) {
+    const int64_t E = ms->experts, I = ms->width, S = ms->shared;
+    char nm[64];
+    snprintf(nm, sizeof nm, "blk.%d.ffn_gate_inp.weight", l), fm_add(m, nm, E, H, false, 0, 0);
+    uint16_t *r = m->t[m->n - 1].data;
+    for (int64_t e = 0; e < E; e++) r[e * H + e] = loom_fp32_to_bf16(1.0f);
+    snprintf(nm, sizeof nm, "blk.%d.ffn_gate_exps.weight", l), fm_add3(m, nm, E, I, H, 1.0f / sqrtf((float)H));
+    snprintf(nm, sizeof nm, "blk.%d.ffn_up_exps.weight", l), fm_add3(m, nm, E, I, H, 1.0f / sqrtf((float)H));
+    snprintf(nm, sizeof nm, "blk.%d.ffn_down_exps.weight", l), fm_add3(m, nm, E, H, I, 1.0f / sqrtf((float)I));
+    if (!S) return;
+    snprintf(nm, sizeof nm, "blk.%d.ffn_gate_shexp.weight", l), fm_add(m, nm, S, H, false, 0, 1.0f / sqrtf((float)H));
+    snprintf(nm, sizeof nm, "blk.%d.ffn_up_shexp.weight", l), fm_add(m, nm, S, H, false, 0, 1.0f / sqrtf((float)H));
+    snprintf(nm, sizeof nm, "blk.%d.ffn_down_shexp.weight", l), fm_add(m, nm, H, S, false, 0, 1.0f / sqrtf((float)S));
+    snprintf(nm, sizeof nm, "blk.%d.ffn_gate_inp_shexp.weight", l), fm_add(m, nm, H, 0, true, 0, 0.5f);
+}
+
+/* The embedding's first E dims: each token a random permutation of the
+ * experts, 8 apart, centred (see fm_moe). */
+static void fm_moe_embed(fake_model *m, const moe_spec *ms, int64_t V, int64_t H) {
+    uint16_t *emb = m->t[0].data;
+    int32_t perm[64];
+    for (int64_t v = 0; v < V; v++) {
+        for (int e = 0; e < ms->experts; e++) perm[e] = e;
+        for (int e = ms->experts - 1; e > 0; e--) {
+            const int j = (int)(gpu_rng_next() % (uint64_t)(e + 1)), x = perm[e];
+            perm[e] = perm[j], perm[j] = x;
+        }
+        for (int e = 0; e < ms->experts; e++)
+            emb[v * H + e] = loom_fp32_to_bf16(8.0f * ((float)perm[e] - 0.5f * (float)(ms->experts - 1)));
+    }
+}
+
 static fake_model *fm_make(const shape *s) {
     fake_model *m = calloc(1, sizeof *m);
     g_matrix_dtype = s->f32_weights ? LOOM_DTYPE_F32 : LOOM_DTYPE_BF16;
@@ -268,9 +320,14 @@ static fake_model *fm_make(const shape *s) {
                              .rope_original_context = 8192, .tie_embeddings = s->tie,
                              .qkv_bias = s->bias, .bos_token_id = 1, .eos_token_id = 2};
     snprintf(c->name, sizeof c->name, "fake %s", s->name);
+    if (s->moe)
+        c->num_experts = s->moe->experts, c->num_experts_used = s->moe->used,
+        c->expert_intermediate_size = s->moe->width, c->shared_expert_intermediate_size = s->moe->shared,
+        c->moe_norm_topk = s->moe->norm_topk;
     const int64_t H = s->hidden, I = s->inter, QD = (int64_t)s->heads * s->head_dim;
     const int64_t KVD = (int64_t)s->kv_heads * s->head_dim;
     fm_add(m, "token_embd.weight", s->vocab, H, false, 0, 1.0f);
+    if (s->moe) fm_moe_embed(m, s->moe, s->vocab, H);
     fm_add(m, "output_norm.weight", H, 0, true, 1, 0.05f);
     if (!s->tie) {
         const loom_dtype ot = s->gguf ? s->gguf[7 * s->layers] : LOOM_DTYPE_BF16;
@@ -288,9 +345,13 @@ static fake_model *fm_make(const shape *s) {
         ADDW("attn_k.weight", KVD, H, H);
         ADDW("attn_v.weight", KVD, H, H);
         ADDW("attn_output.weight", H, QD, QD);
-        ADDW("ffn_gate.weight", I, H, H);
-        ADDW("ffn_up.weight", I, H, H);
-        ADDW("ffn_down.weight", H, I, I);
+        if (s->moe) {
+            fm_moe(m, s->moe, l, H);
+        } else {
+            ADDW("ffn_gate.weight", I, H, H);
+            ADDW("ffn_up.weight", I, H, H);
+            ADDW("ffn_down.weight", H, I, I);
+        }
 #undef ADDW
         snprintf(nm, sizeof nm, "blk.%d.attn_norm.weight", l), fm_add(m, nm, H, 0, true, 1, 0.05f);
         snprintf(nm, sizeof nm, "blk.%d.ffn_norm.weight", l), fm_add(m, nm, H, 0, true, 1, 0.05f);
@@ -878,6 +939,47 @@ static bool qplugin_open(qplugin *q, const char *dir, const char *name) {
     return q->comp != NULL;
 }
 
+/* A quantizer planning int8 for the routed experts only; its quantize()
+ * is never reached (load refuses first). */
+static loom_status fq_plan_exps(void *self, const loom_model_view *m, const loom_tensor *w, loom_quant_plan *out,
+                                loom_error *err) {
+    (void)self, (void)m, (void)err;
+    out->format = strstr(w->name ? w->name : "", "_exps") ? LOOM_QFMT_INT8_W8A16 : LOOM_QFMT_NONE;
+    return LOOM_OK;
+}
+static loom_status fq_quantize_none(void *self, const loom_model_view *m, const loom_tensor *w,
+                                    const loom_quant_plan *plan, loom_qtensor *out, loom_error *err) {
+    (void)self, (void)m, (void)w, (void)plan, (void)out;
+    return g_host.error(g_host.ctx, err, LOOM_ERR_INTERNAL, "fake quantizer: quantize() reached");
+}
+static void fq_release_none(void *self, loom_qtensor *q) { (void)self, (void)q; }
+
+/* What the cuda backend refuses of a mixture of experts, each with a
+ * message naming it: a Qwen3-MoE (QK-norm: not wired here yet) and
+ * quantized expert weights. */
+static void test_moe_refused(const plugin *cuda_p, const shape *mixtral) {
+    static const loom_quant_ops qexps = {.struct_size = sizeof qexps, .plan = fq_plan_exps,
+                                         .quantize = fq_quantize_none, .release = fq_release_none};
+    for (int k = 0; k < 2; k++) {
+        shape sh = *mixtral;
+        if (k == 0) sh.name = "qwen3-moe-like", sh.arch = LOOM_ARCH_QWEN3_MOE;
+        fake_model *m = fm_make(&sh);
+        if (k == 0) m->cfg.qk_norm = true;
+        loom_quant_binding qb = {.struct_size = sizeof qb, .ops = &qexps, .self = NULL, .name = "fake-int8-exps"};
+        void *cfg = gpu_config_make(cuda_p->comp, NULL), *inst = NULL;
+        loom_error e = {0};
+        loom_status st = cuda_p->ops->create(&g_host, cfg, &inst, &e);
+        if (st == LOOM_OK) st = cuda_p->ops->load(inst, &m->view, k ? &qb : NULL, &e);
+        const bool named = strstr(e.message, k ? "expert weights" : "Qwen3-MoE") != NULL;
+        expect_status(k ? "moe: quantizer planning int8 for the experts -> UNSUPPORTED"
+                        : "moe: Qwen3-MoE (QK-norm) -> UNSUPPORTED",
+                      st == LOOM_ERR_UNSUPPORTED && !named ? LOOM_ERR_INTERNAL : st, LOOM_ERR_UNSUPPORTED, &e);
+        if (inst) cuda_p->ops->destroy(inst);
+        free(cfg);
+        fm_free(m);
+    }
+}
+
 /* The whole run_shape sequence with quantizer `name` configured by
  * `overrides` on both backends: cuda's quantized kernels against the cpu
  * backend's (kernels/cpu/qlinear.c) on the same quantized weights. The cpu
@@ -967,6 +1069,23 @@ int main(int argc, char **argv) {
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         run_shape(&cpu_p, &cuda_p, &shapes[i], NULL, TOL_CPU);
+    /* mixtures of experts: Mixtral-like (8 experts, top-2, renormalised)
+     * and Qwen2-MoE-like (QKV bias; 16 experts, top-4, not renormalised,
+     * a shared expert behind its sigmoid gate); decode batches of 5 and
+     * more run the grouped GEMM, smaller ones the per-pair GEMVs */
+    {
+        static const moe_spec mixtral = {8, 2, 64, 0, true}, qwen2moe = {16, 4, 32, 48, false};
+        const shape moe[] = {
+            {"mixtral-like", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false, false, NULL,
+             .moe = &mixtral},
+            {"qwen2-moe-like", LOOM_ARCH_QWEN2_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, true, false, false, NULL,
+             .moe = &qwen2moe},
+            {"mixtral-like-f16", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false, false,
+             "f16", .moe = &mixtral},
+        };
+        for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) run_shape(&cpu_p, &cuda_p, &moe[i], NULL, TOL_CPU);
+        test_moe_refused(&cuda_p, &moe[0]);
+    }
     /* FP8 E4M3 KV cache on both backends: head dims 64 and 128, GQA 2 / 3 / 4,
      * a QKV bias, f16 compute, the Llama-3-8B-like shape */
     {

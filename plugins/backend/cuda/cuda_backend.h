@@ -113,6 +113,14 @@ typedef struct cuda_layer {
     void *wgu;         /* (2 intermediate, hidden) dt: rows gate, then up        */
     void *wdown;       /* (hidden, intermediate) dt                              */
     loom_cuda_qweight q[CB_NGROUPS]; /* quantized groups (same row order)    */
+    /* mixture of experts (mc.num_experts > 0; wgu, wdown NULL then), dt
+     * unless noted; E experts of width I, a shared expert of width S */
+    void *router;      /* (E, hidden)                                          */
+    void *wgu_exps;    /* (E, 2 I, hidden): per expert rows gate, then up      */
+    void *wdown_exps;  /* (E, hidden, I)                                       */
+    void *wgu_sh;      /* (2 S, hidden) or NULL (no shared expert)             */
+    void *wdown_sh;    /* (hidden, S)                                          */
+    float *sh_gate;    /* (hidden) f32                                         */
 } cuda_layer;
 
 /* A captured decode graph for one bucket. */
@@ -204,6 +212,17 @@ typedef struct cuda_backend {
     uint32_t *mask_dev, *mask_host;
     int32_t mask_words;
 
+    /* mixture-of-experts work (cuda_moe.c), one device allocation; rows =
+     * max_tokens, pairs P = rows x experts per token. The shared expert
+     * runs through gu / act (mc.intermediate_size is its width then). */
+    void *moe_work;
+    float *moe_logits;          /* (rows, E) f32 router logits                */
+    int32_t *moe_sel;           /* (P) chosen experts                          */
+    float *moe_wt;              /* (P) their weights                           */
+    int32_t *moe_off, *moe_perm, *moe_inv, *moe_tiles; /* grouping (moe.cu)   */
+    void *moe_gu, *moe_act, *moe_y; /* (P, 2 I), (P, I), (P, hidden) dt        */
+    void *moe_ysh;              /* (rows, hidden) dt shared expert output     */
+
     /* per-step metadata: pinned staging and its device copy */
     uint8_t *meta_host, *meta_dev;
     size_t meta_cap;
@@ -262,6 +281,16 @@ loom_status cb_load(void *self, const loom_model_view *m, const loom_quant_bindi
                     loom_error *err);
 loom_status cb_load_shard(void *self, const loom_model_view *m, const loom_quant_binding *quant,
                           const loom_comm *comm, loom_error *err);
+
+/* cuda_moe.c: the mixture-of-experts FFN (docs/moe.md) */
+/* What this backend runs of a mixture-of-experts config: LOOM_OK, or
+ * UNSUPPORTED naming what (Qwen3-MoE's QK-norm, expert parallelism,
+ * shapes the kernels do not take). */
+loom_status cb_moe_check_config(cuda_backend *b, const loom_model_config *c, bool sharded, loom_error *err);
+/* The work buffers, after the dense ones (mc as this rank runs it). */
+loom_status cb_moe_work_init(cuda_backend *b, loom_error *err);
+/* r (T, H) dt = the FFN of layer l over xn (T, H), the normed rows. */
+loom_status cb_moe_ffn(cuda_backend *b, int32_t T, int32_t l, loom_error *err);
 
 /* cuda_forward.c */
 loom_status cb_forward(void *self, const loom_batch *batch, float *logits, loom_error *err);

@@ -408,6 +408,14 @@ static loom_status cb_record_attention(cuda_backend *b, const cuda_plan *p, int3
 static loom_status cb_record_post_attention(cuda_backend *b, const cuda_plan *p, int32_t l, loom_error *err) {
     const int32_t T = p->T, H = b->mc.hidden_size, I = b->mc.intermediate_size;
     const cuda_layer *ly = &b->layers[l];
+    if (b->mc.num_experts > 0) { /* r = the experts' FFN of rmsnorm(x += r) (cuda_moe.c) */
+        loom_status st;
+        if ((st = cb_gemm(b, false, T, H, b->q_dim, b->att, ly->wo, &ly->q[CB_G_O], b->r, "attn_output", err)) ||
+            (st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, b->r, ly->ffn_norm, NULL, T, H,
+                                                        b->mc.rms_norm_eps, b->stream))))
+            return st;
+        return cb_moe_ffn(b, T, l, err);
+    }
     const loom_cuda_epi swiglu = {.kind = LOOM_CUDA_EPI_SWIGLU, .act = b->act};
     const bool swiglu1 = T == 1 && cb_swiglu_fuses(b, &ly->q[CB_G_DOWN]);
     loom_status st;
