@@ -71,6 +71,7 @@
 #include "loom/quant.h"
 #include "formats/dtype.h"
 #include "formats/half.h"
+#include "model/model.h"
 #include "plugin/host.h"
 
 #ifndef LOOM_CUDA_BACKEND_DEFAULT
@@ -1039,13 +1040,201 @@ static const char *write_calib(const shape *sh) {
     return ok ? path : NULL;
 }
 
+/* ------------------------------------------- transformers' tiny mixtures */
+
+/* The numbers of JSON array `key` in text (at most max), or -1. */
+static int json_numbers(const char *text, const char *key, double *out, int max) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\"", key);
+    const char *p = strstr(text, pat);
+    if (!p || !(p = strchr(p, '['))) return -1;
+    int n = 0;
+    for (p++; *p && *p != ']' && n < max;) {
+        char *end;
+        double v = strtod(p, &end);
+        if (end == p) {
+            p++;
+            continue;
+        }
+        out[n++] = v, p = end;
+    }
+    return n;
+}
+
+/* One batch of a single sequence in contiguous blocks [0, ...): tokens
+ * [done, done + n) of `tok`, logits of every one (all) or the last. */
+static void hf_batch(batch_buf *o, const int32_t *tok, int done, int n, bool all) {
+    for (int j = 0; j < 64; j++) o->bt[j] = j;
+    for (int j = 0; j < n; j++) {
+        o->tok[j] = tok[done + j], o->pos[j] = done + j, o->slot[j] = done + j;
+        o->lidx[j] = j;
+    }
+    if (!all) o->lidx[0] = n - 1;
+    o->qs[0] = 0, o->qs[1] = n, o->ctx[0] = done + n;
+    o->b = (loom_batch){.struct_size = sizeof o->b, .num_seqs = 1, .num_tokens = n, .token_ids = o->tok,
+                        .positions = o->pos, .query_start = o->qs, .context_len = o->ctx, .block_table = o->bt,
+                        .block_table_stride = 64, .slot_mapping = o->slot, .num_logits = all ? n : 1,
+                        .logits_index = o->lidx};
+}
+
+/* PASS when value <= limit. */
+static void hf_report(const char *name, double value, double limit) {
+    const bool ok = value <= limit;
+    printf("%s %-64s %.3e (limit %.1e)\n", ok ? "PASS" : "FAIL", name, value, limit);
+    fflush(stdout);
+    if (ok) g_pass++;
+    else g_fail++;
+}
+
+static double hf_logp(const float *row, int V, int tok) {
+    double mx = row[0], s = 0;
+    for (int i = 1; i < V; i++) mx = row[i] > mx ? row[i] : mx;
+    for (int i = 0; i < V; i++) s += exp((double)row[i] - mx);
+    return (double)row[tok] - mx - log(s);
+}
+static int hf_argmax(const float *row, int V) {
+    int b = 0;
+    for (int i = 1; i < V; i++) b = row[i] > row[b] ? i : b;
+    return b;
+}
+
+/* A tiny random checkpoint transformers wrote (tests/backend/data/moe/NAME:
+ * safetensors + reference.json, float32 on its CPU, by
+ * tests/e2e/gen_moe_reference.py) through the cuda backend in `dtype`:
+ * teacher-forced log-probs of its 32 tokens in one prefill (every position
+ * within tol of transformers', the same argmax), then greedy decoding one
+ * token at a time from its 8-token prompt (a CUDA graph per step): the same
+ * 16 tokens. */
+static void hf_moe_check(const plugin *cuda_p, const char *dir, const char *name, const char *dtype, double tol) {
+    char path[1024], label[96];
+    snprintf(path, sizeof path, "%s/%s/reference.json", dir, name);
+    snprintf(label, sizeof label, "transformers %s (cuda %s)", name, dtype);
+    FILE *f = fopen(path, "rb");
+    static char text[1 << 16];
+    size_t len = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    text[len] = 0;
+    double tk[64], lp[64], am[64], pr[16], gr[32];
+    const int nt = json_numbers(text, "tokens", tk, 64), nl = json_numbers(text, "logprobs", lp, 64);
+    const int na = json_numbers(text, "argmax", am, 64), np = json_numbers(text, "prompt", pr, 16);
+    const int ng = json_numbers(text, "greedy", gr, 32);
+    if (nt < 2 || nl != nt || na != nt || np < 1 || ng < 1) {
+        printf("FAIL %s: cannot read %s\n", label, path);
+        g_fail++;
+        return;
+    }
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    loom_model_load_opts o = {.path = path, .format = "safetensors"};
+    loom_model *m = NULL;
+    loom_error e = {0};
+    char dt_ov[32];
+    snprintf(dt_ov, sizeof dt_ov, "dtype=%s", dtype);
+    const char *ov[] = {"cuda_graphs=true", "max_batched_tokens=256", dt_ov, NULL};
+    void *cfg = gpu_config_make(cuda_p->comp, ov), *inst = NULL;
+    loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = BS, .num_blocks = 64, .dtype = LOOM_DTYPE_COUNT};
+    loom_status st = loom_model_load(&o, &m, &e);
+    const loom_model_config *c = st ? NULL : loom_model_view_get(m)->config;
+    static batch_buf bb;
+    float *lg = NULL;
+    if (st || (st = cuda_p->ops->create(&g_host, cfg, &inst, &e)) ||
+        (st = cuda_p->ops->load(inst, loom_model_view_get(m), NULL, &e)) ||
+        (st = cuda_p->ops->kv_alloc(inst, &kvl, &e))) {
+        printf("FAIL %s: setup: %s\n", label, e.message);
+        g_fail++;
+        goto out;
+    }
+    const int V = c->vocab_size;
+    int32_t tok[64];
+    for (int i = 0; i < nt; i++) tok[i] = (int32_t)tk[i];
+    lg = malloc((size_t)nt * V * 4);
+    hf_batch(&bb, tok, 0, nt, true);
+    if ((st = cuda_p->ops->forward(inst, &bb.b, lg, &e))) {
+        printf("FAIL %s: forward: %s\n", label, e.message);
+        g_fail++;
+        goto out;
+    }
+    double worst = 0, mean = 0;
+    long wrong = 0;
+    for (int i = 0; i < nt; i++) {
+        if (i > 0) {
+            const double d = fabs(hf_logp(lg + (size_t)(i - 1) * V, V, tok[i]) - lp[i]);
+            worst = d > worst ? d : worst, mean += d / (nt - 1);
+        }
+        wrong += hf_argmax(lg + (size_t)i * V, V) != (int)am[i];
+    }
+    char nm[160];
+    snprintf(nm, sizeof nm, "%s: %d teacher-forced log-probs (mean |d| %.2e)", label, nt - 1, mean);
+    hf_report(nm, worst, tol);
+    snprintf(nm, sizeof nm, "%s: argmax at %d positions", label, nt);
+    hf_report(nm, (double)wrong, 0);
+    /* greedy from the prompt, one token a step (a fresh sequence in the
+     * same blocks: its prefill overwrites the cache from position 0) */
+    int32_t seq[64];
+    for (int i = 0; i < np; i++) seq[i] = (int32_t)pr[i];
+    int n = np, differ = 0;
+    hf_batch(&bb, seq, 0, np, false);
+    for (int s = 0; s < ng; s++) {
+        if ((st = cuda_p->ops->forward(inst, &bb.b, lg, &e))) {
+            printf("FAIL %s: greedy step %d: %s\n", label, s, e.message);
+            g_fail++;
+            goto out;
+        }
+        seq[n] = (int32_t)hf_argmax(lg, V);
+        differ += seq[n] != (int32_t)gr[s];
+        seq[n] = (int32_t)gr[s]; /* keep transformers' context */
+        hf_batch(&bb, seq, n, 1, false);
+        n++;
+    }
+    snprintf(nm, sizeof nm, "%s: %d greedy tokens, decode steps of one token", label, ng);
+    hf_report(nm, (double)differ, 0);
+out:
+    if (inst) cuda_p->ops->destroy(inst);
+    free(cfg), free(lg);
+    loom_model_free(m);
+}
+
+/* Mixtures of experts: Mixtral-like (8 experts, top-2, renormalised)
+ * and Qwen2-MoE-like (QKV bias; 16 experts, top-4, not renormalised,
+ * a shared expert behind its sigmoid gate). Steps of more than 16
+ * (token, expert) pairs run the grouped GEMM (prefills, mixed steps, and
+ * qwen2-moe-like's decode steps of 5 sequences and more), smaller ones the
+ * per-pair GEMVs */
+static void run_moe_shapes(const plugin *cpu_p, const plugin *cuda_p) {
+    static const moe_spec mixtral = {8, 2, 64, 0, true}, qwen2moe = {16, 4, 32, 48, false};
+    const shape moe[] = {
+        {"mixtral-like", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false, false, NULL,
+         .moe = &mixtral},
+        {"qwen2-moe-like", LOOM_ARCH_QWEN2_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, true, false, false, NULL,
+         .moe = &qwen2moe},
+        {"mixtral-like-f16", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false, false,
+         "f16", .moe = &mixtral},
+    };
+    for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) run_shape(cpu_p, cuda_p, &moe[i], NULL, TOL_CPU);
+    test_moe_refused(cuda_p, &moe[0]);
+    /* LOOM_TEST_HF_MOE_DIR: tests/backend/data/moe (transformers' tiny
+     * checkpoints and references); the tolerances are bf16's / f16's
+     * rounding of float32 weights and activations */
+    const char *hf = getenv("LOOM_TEST_HF_MOE_DIR");
+    if (hf) {
+        static const char *const names[2] = {"mixtral", "qwen2_moe"};
+        for (int i = 0; i < 2; i++) {
+            hf_moe_check(cuda_p, hf, names[i], "bf16", 5e-2);
+            hf_moe_check(cuda_p, hf, names[i], "f16", 1e-2);
+        }
+    } else {
+        printf("SKIP transformers checkpoints: set LOOM_TEST_HF_MOE_DIR=tests/backend/data/moe\n");
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: gpu_backend_test [CUDA_BACKEND.so CPU_BACKEND.so [SEED]]\n"
                "  the cuda backend's logits against the cpu backend's on random models of several\n"
                "  shapes, dtypes and quantizers, eager and through CUDA graphs (needs a GPU). The .so\n"
                "  paths default to LOOM_CUDA_BACKEND_SO / LOOM_CPU_BACKEND_SO or the build tree;\n"
-               "  quantizer plugins come from LOOM_QUANTIZER_DIR. Ends with 'N passed, N failed'.\n");
+               "  quantizer plugins come from LOOM_QUANTIZER_DIR. LOOM_GPU_BACKEND_TESTS=moe: the\n"
+               "  mixture-of-experts shapes only (LOOM_TEST_HF_MOE_DIR=tests/backend/data/moe adds\n"
+               "  transformers' tiny checkpoints). Ends with 'N passed, N failed'.\n");
         return 0;
     }
     host_init();
@@ -1059,6 +1248,16 @@ int main(int argc, char **argv) {
            cuda_so, cpu_so);
     plugin cpu_p, cuda_p;
     if (!plugin_open(&cuda_p, cuda_so, "cuda") || !plugin_open(&cpu_p, cpu_so, "cpu")) return 100;
+    const char *only = getenv("LOOM_GPU_BACKEND_TESTS");
+    if (only && !strcmp(only, "moe")) { /* the mixture-of-experts shapes only */
+        run_moe_shapes(&cpu_p, &cuda_p);
+        const bool dec = g_graph_replays > 0, pw = g_piecewise_replays > 0;
+        printf("%s %-64s replays %.0f\n", dec ? "PASS" : "FAIL", "moe: decode graphs replayed", g_graph_replays);
+        printf("%s %-64s replays %.0f\n", pw ? "PASS" : "FAIL", "moe: piecewise graphs replayed", g_piecewise_replays);
+        g_pass += dec + pw, g_fail += !dec + !pw;
+        printf("gpu_backend_test: %d passed, %d failed (seed %llu)\n", g_pass, g_fail, (unsigned long long)seed);
+        return g_fail > 255 ? 255 : g_fail;
+    }
 
     const shape shapes[] = {
         {"tiny-d64", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, true, false, false, false, NULL},
@@ -1069,23 +1268,7 @@ int main(int argc, char **argv) {
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         run_shape(&cpu_p, &cuda_p, &shapes[i], NULL, TOL_CPU);
-    /* mixtures of experts: Mixtral-like (8 experts, top-2, renormalised)
-     * and Qwen2-MoE-like (QKV bias; 16 experts, top-4, not renormalised,
-     * a shared expert behind its sigmoid gate); decode batches of 5 and
-     * more run the grouped GEMM, smaller ones the per-pair GEMVs */
-    {
-        static const moe_spec mixtral = {8, 2, 64, 0, true}, qwen2moe = {16, 4, 32, 48, false};
-        const shape moe[] = {
-            {"mixtral-like", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false, false, NULL,
-             .moe = &mixtral},
-            {"qwen2-moe-like", LOOM_ARCH_QWEN2_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, true, false, false, NULL,
-             .moe = &qwen2moe},
-            {"mixtral-like-f16", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false, false,
-             "f16", .moe = &mixtral},
-        };
-        for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) run_shape(&cpu_p, &cuda_p, &moe[i], NULL, TOL_CPU);
-        test_moe_refused(&cuda_p, &moe[0]);
-    }
+    run_moe_shapes(&cpu_p, &cuda_p);
     /* FP8 E4M3 KV cache on both backends: head dims 64 and 128, GQA 2 / 3 / 4,
      * a QKV bias, f16 compute, the Llama-3-8B-like shape */
     {

@@ -1020,6 +1020,7 @@ static loom_status cb_upload_layer(cuda_backend *b, const loom_model_view *m,
         const loom_ww_lin *li = &wl->lin[k];
         const int gi = li->group;
         const loom_ww_group *g = &w->group[gi];
+        if (!li->w.t) continue; /* a mixture of experts' absent dense FFN */
         if (li->plan.format == LOOM_QFMT_NONE) {
             void *dst = (uint8_t *)gbase[gi] + (size_t)(li->group_row * g->k) * b->elt;
             st = cb_upload_win(up, &li->w, dst, false, err);
