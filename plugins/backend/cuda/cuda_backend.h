@@ -2,8 +2,9 @@
  * plugins/backend/cuda/cuda_backend.h — private state of the cuda backend
  * (loom-backend-cuda.so), shared by its source files: cuda_backend.c
  * (descriptor, parameters, lifetime, memory, KV pools, block copies),
- * cuda_load.c (weights to the device) and cuda_forward.c (batch checks,
- * the per-step metadata, the forward pass, CUDA graphs).
+ * cuda_load.c (weights to the device), cuda_forward.c (batch checks,
+ * the per-step metadata, the forward pass, CUDA graphs) and cuda_moe.c (a
+ * mixture of experts' FFN: docs/moe.md).
  *
  * Weights live in one device arena in the compute type (bf16 or f16), with
  * Q, K, V fused into one (q_dim + 2 kv_dim, hidden) matrix and gate/up into

@@ -5,7 +5,8 @@
  *   per layer: xn = rmsnorm(x [+= r]); qkv = xn Wqkv^T; rope + bias + KV
  *              write; att = paged_attention(q, cache); r = att Wo^T;
  *              xn = rmsnorm(x += r); gu = xn Wgu^T; act = swiglu(gu);
- *              r = act Wdown^T
+ *              r = act Wdown^T (a mixture of experts: r = its experts' FFN
+ *              of xn, cuda_moe.c)
  *   logits rows: xs = rmsnorm(x[idx] + r[idx]); logits = xs LM^T (float32)
  * with x the float32 residual stream and everything else bf16/f16. W8A8 /
  * FP8 weights never see xn or act: their per-token activation codes are
