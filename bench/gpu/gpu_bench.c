@@ -1087,26 +1087,44 @@ static void step_build(stepbuf *sb, int nseq, int done, int nnew, int per_seq, i
                          .num_logits = nseq, .logits_index = sb->lidx};
 }
 
-/* Bytes a decode step must read: every linear weight and the LM head once,
- * the embedding rows, and the K/V of the context. */
+/* Elements of a layer's FFN weights that `experts` routed experts' worth
+ * of a token reads (a dense model: its FFN; a mixture of experts: the
+ * router, that many experts and the shared expert). */
+static double ffn_elems(const loom_model_config *c, double experts) {
+    const double H = c->hidden_size;
+    if (c->num_experts <= 0) return 3.0 * c->intermediate_size * H;
+    return c->num_experts * H + experts * 3.0 * c->expert_intermediate_size * H +
+           3.0 * c->shared_expert_intermediate_size * H;
+}
+
+/* Bytes a decode step must read: every linear weight and the LM head once
+ * (of a mixture of experts, the experts nseq tokens choose: at most
+ * nseq x experts per token — the active weights at batch 1), the embedding
+ * rows, and the K/V of the context. */
 static double decode_bytes(const loom_model_config *c, int nseq, int ctx) {
-    const double H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+    const double H = c->hidden_size, V = c->vocab_size;
     const double QD = (double)c->num_heads * c->head_dim, KVD = (double)c->num_kv_heads * c->head_dim;
-    const double lin = H * (QD + 2 * KVD) + QD * H + 2 * I * H + I * H;
+    double used = (double)nseq * c->num_experts_used;
+    if (used > c->num_experts) used = c->num_experts;
+    const double lin = H * (QD + 2 * KVD) + QD * H + ffn_elems(c, used);
     return 2.0 * (lin * c->num_layers + V * H) + 2.0 * 2.0 * KVD * c->num_layers * (double)ctx * nseq;
 }
 static double step_flops(const loom_model_config *c, double tokens, double attn_pairs) {
-    const double H = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+    const double H = c->hidden_size, V = c->vocab_size;
     const double QD = (double)c->num_heads * c->head_dim, KVD = (double)c->num_kv_heads * c->head_dim;
-    const double lin = H * (QD + 2 * KVD) + QD * H + 3 * I * H;
+    const double lin = H * (QD + 2 * KVD) + QD * H + ffn_elems(c, c->num_experts_used);
     return 2.0 * lin * c->num_layers * tokens + 2.0 * V * H * 1 +
            4.0 * attn_pairs * c->num_heads * c->head_dim * c->num_layers;
 }
 
-static bool run_model(const backend *be, const char *shape, int decode_batch, int decode_ctx,
+/* layers > 0: the shape cut to that many layers (named so in the rows). */
+static bool run_model(const backend *be, const char *shape, int layers, int decode_batch, int decode_ctx,
                       int prefill_tokens, int iters) {
     loom_model_load_opts o = {.format = "dummy", .dummy_shape = shape, .seed = 1,
-                              .dummy_dtype = LOOM_DTYPE_BF16};
+                              .dummy_dtype = LOOM_DTYPE_BF16, .num_layers_override = layers};
+    char label[64];
+    if (layers > 0) snprintf(label, sizeof label, "%s (%d layers)", shape, layers);
+    else snprintf(label, sizeof label, "%s", shape);
     loom_model *m = NULL;
     loom_error e = {0};
     loom_status st = loom_model_load(&o, &m, &e);
@@ -1157,7 +1175,7 @@ static bool run_model(const backend *be, const char *shape, int decode_batch, in
         }
         double ms = median(t, iters) * 1e3;
         free(t);
-        snprintf(name, sizeof name, "%s decode batch %d ctx %d", shape, b, decode_ctx);
+        snprintf(name, sizeof name, "%s decode batch %d ctx %d", label, b, decode_ctx);
         add_row(name, ms, decode_bytes(c, b, decode_ctx + 30),
                 step_flops(c, b, (double)b * (decode_ctx + 30)), b / (ms * 1e-3));
     }
@@ -1170,7 +1188,7 @@ static bool run_model(const backend *be, const char *shape, int decode_batch, in
             if (i >= 0) t[i] = now_s() - a;
         }
         double ms = median(t, 7) * 1e3;
-        snprintf(name, sizeof name, "%s prefill %d tokens", shape, prefill_tokens);
+        snprintf(name, sizeof name, "%s prefill %d tokens", label, prefill_tokens);
         const double P = prefill_tokens;
         add_row(name, ms, decode_bytes(c, 1, 0),
                 step_flops(c, P, P * (P + 1) / 2), P / (ms * 1e-3));
@@ -1202,13 +1220,16 @@ int main(int argc, char **argv) {
                 "                  layer's small kernels between the linears, 'mixed')\n"
                 "  --attention     the decode attention rows only (bf16 and E4M3 caches)\n"
                 "  --layer CTX     one whole decode layer (norms, linears, RoPE, attention over CTX keys, SwiGLU)\n"
-                "                  in a CUDA graph, every format; bf16 also with each small kernel left out\n");
+                "                  in a CUDA graph, every format; bf16 also with each small kernel left out\n"
+                "  --moe LAYERS    the Mixtral-8x7B shape cut to LAYERS layers only: batch-1 and batch-8 decode at\n"
+                "                  512 tokens of context (bytes: the weights the tokens' experts read) and a\n"
+                "                  2048-token prefill\n");
         return argc < 2 ? 2 : 0;
     }
     const char *out_path = argv[1];
     const char *so = LOOM_CUDA_BACKEND_DEFAULT;
     bool quick = false, components_only = false, quant_only = false, attention_only = false;
-    int quant_m = 0, layer_ctx = 0;
+    int quant_m = 0, layer_ctx = 0, moe_layers = 0;
     int failed = 0;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -1217,6 +1238,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--attention")) attention_only = true;
         else if (!strcmp(argv[i], "--quant-m") && i + 1 < argc) quant_m = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layer") && i + 1 < argc) layer_ctx = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--moe") && i + 1 < argc) moe_layers = atoi(argv[++i]);
         else so = argv[i];
     }
     struct cudaDeviceProp prop;
@@ -1234,6 +1256,7 @@ int main(int argc, char **argv) {
         goto write;
     }
     if (attention_only) goto attention;
+    if (moe_layers > 0) goto engine;
     printf("  quantized linear layers (one Llama-3-8B layer: QKV, O, gate/up, down):\n");
     if (quant_m > 0) { /* --quant-m M: that M only */
         bench_quant(quant_m);
@@ -1269,6 +1292,7 @@ attention:
     }
     if (attention_only) goto write;
 
+engine:;
     backend be = {0};
     be.comp = gpu_plugin_find(&be.lib, so, LOOM_KIND_BACKEND, "cuda");
     if (!be.comp) {
@@ -1276,9 +1300,14 @@ attention:
         failed = 1;
     } else {
         be.ops = be.comp->ops;
-        failed += !run_model(&be, "smollm2-135m", 1, 512, 0, quick ? 50 : 200);
-        failed += !run_model(&be, "llama3-8b", 1, 512, 2048, quick ? 30 : 100);
-        if (!quick) failed += !run_model(&be, "llama3-8b", 64, 512, 0, 30);
+        if (moe_layers > 0) { /* --moe LAYERS: that only */
+            failed += !run_model(&be, "mixtral-8x7b", moe_layers, 1, 512, 2048, 100);
+            failed += !run_model(&be, "mixtral-8x7b", moe_layers, 8, 512, 0, 50);
+            goto write;
+        }
+        failed += !run_model(&be, "smollm2-135m", 0, 1, 512, 0, quick ? 50 : 200);
+        failed += !run_model(&be, "llama3-8b", 0, 1, 512, 2048, quick ? 30 : 100);
+        if (!quick) failed += !run_model(&be, "llama3-8b", 0, 64, 512, 0, 30);
     }
 
 write:;

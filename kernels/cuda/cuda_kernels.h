@@ -549,6 +549,66 @@ void loom_cuda_qgemm_set_gemv_max_m(loom_cuda_gemm *g, loom_cuda_qfmt fmt, int m
  * batch-invariant mode. The cuda backend's qgemv_tc_min_rows. */
 void loom_cuda_qgemm_set_tc_min_m(loom_cuda_gemm *g, int min_m);
 
+/* ---------------------------------------------------- mixture of experts */
+
+/* The routed FFN of a mixture-of-experts layer (moe.cu), as the cuda
+ * backend runs it for T tokens, E experts, K chosen per token and
+ * P = T K (token, expert) pairs; pair p = t K + j is token t's j-th choice:
+ *   logits (T, E) f32 = xn Wr^T (loom_cuda_gemm_run);
+ *   loom_cuda_moe_route: sel / wt (T, K);
+ *   many pairs: loom_cuda_moe_group, then the expert GEMMs over the rows
+ *   sorted by expert (loom_cuda_moe_gemm) and SwiGLU over them;
+ *   few pairs: loom_cuda_moe_gemv per pair, reading only chosen experts;
+ *   loom_cuda_moe_combine: r (T, H) = the weighted sum (+ shared expert).
+ * No host synchronisation and no grid sized from routed data: capturable
+ * in a CUDA graph. */
+#define LOOM_CUDA_MOE_MAX_EXPERTS 256
+
+/* Per token: p = softmax(logits[t, :E]) in float32; its K largest (equal
+ * probabilities: the lower expert first) into sel (T, K) in descending
+ * order and their p into wt (T, K), divided by their sum when norm != 0
+ * (transformers' order: softmax over all experts, then top-k). E in
+ * [1, LOOM_CUDA_MOE_MAX_EXPERTS], K in [1, min(E, 32)]. */
+cudaError_t loom_cuda_moe_route(const float *logits, int T, int E, int K, int norm, int32_t *sel,
+                                float *wt, cudaStream_t s);
+
+/* Tiles of the grouped GEMM that any routing of P pairs over E experts
+ * may need: the grid height of loom_cuda_moe_gemm and the room of the
+ * tile list (1 + 3 max_tiles ints). */
+int loom_cuda_moe_max_tiles(int P, int E);
+
+/* Group the P pairs of sel (P) by expert, on the device: off (E + 1) the
+ * exclusive prefix of the per-expert counts; perm (P): sorted row i holds
+ * pair perm[i], ascending experts; inv (P): pair p sits at sorted row
+ * inv[p]; tiles (1 + 3 max_tiles): tiles[0] = n, then n (expert, first
+ * sorted row, rows <= 64) triples covering every expert's rows. One CTA. */
+cudaError_t loom_cuda_moe_group(const int32_t *sel, int P, int E, int32_t *off, int32_t *perm,
+                                int32_t *inv, int32_t *tiles, cudaStream_t s);
+
+/* Grouped GEMM over the tile list: for each tile (e, r0, n) and sorted rows
+ * r in [r0, r0 + n): y[r, :N] (dt) = x[row] @ W_e^T with row = perm[r] / div
+ * (perm NULL: row = r), W (E, N, K) dt. Tensor cores (mma.sync), float32
+ * accumulation. N % 8 == 0, K % 8 == 0, max_tiles <= 65535 (the grid
+ * height; tiles past tiles[0] exit). */
+cudaError_t loom_cuda_moe_gemm(loom_cuda_dt dt, const void *x, const int32_t *perm, int div,
+                               const void *w, const int32_t *tiles, int max_tiles, int N, int K,
+                               void *y, cudaStream_t s);
+
+/* Per pair p < P: y[p, :N] (dt) = x[p / div] @ W_{sel[p]}^T, W (E, N, K)
+ * dt — only the chosen experts' weights are read (small batches), each
+ * output row one lane-strided float32 dot (the same bits at any P). K % 8
+ * == 0, div <= 32768. */
+cudaError_t loom_cuda_moe_gemv(loom_cuda_dt dt, const void *x, int div, const int32_t *sel,
+                               const void *w, int P, int N, int K, void *y, cudaStream_t s);
+
+/* r[t, :] (dt) = sum_j wt[t K + j] y[row] (j ascending; row = inv[t K + j],
+ * or t K + j when inv is NULL), plus, when ysh != NULL,
+ * sigmoid(xn[t] . sh_gate) ysh[t, :]. y (P, H), ysh / xn (T, H) dt,
+ * sh_gate (H) f32. H % 8 == 0. */
+cudaError_t loom_cuda_moe_combine(loom_cuda_dt dt, void *r, const void *y, const int32_t *inv,
+                                  const float *wt, int T, int K, int H, const void *ysh, const void *xn,
+                                  const float *sh_gate, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -80,6 +80,8 @@ fi
 if [ $BT = 1 ]; then
   echo "=== gpu_backend_test"
   export LOOM_QUANTIZER_DIR=${LOOM_QUANTIZER_DIR:-$B/plugins/quantizer}   # int8/fp8/int4 checks
+  # transformers' tiny Mixtral / Qwen2-MoE checkpoints, from the repository root
+  [ -d tests/backend/data/moe ] && export LOOM_TEST_HF_MOE_DIR=${LOOM_TEST_HF_MOE_DIR:-$PWD/tests/backend/data/moe}
   $SAN "$B/tests/gpu/gpu_backend_test" "$B/plugins/backend/cuda/loom-backend-cuda.so" \
     "$B/plugins/backend/cpu/loom-backend-cpu.so" 2>&1 | tee "$O/backend_test.log"
   [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))

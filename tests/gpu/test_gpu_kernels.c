@@ -2476,6 +2476,253 @@ static void test_swiglu_down(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, i
     free(guf), free(wf), free(gu), free(w);
 }
 
+/* ------------------------------------------------------- mixture of experts */
+
+/* Logits of T tokens over E experts by mode: 0 uniform U(-4, 4); 1 ties
+ * (values from {0, 0.5, 1, 1.5}: equal probabilities everywhere); 2 one
+ * expert (3 % E) far ahead for every token; 3 only experts < K + 1 ever
+ * likely (the others take no token). */
+static float *moe_logits(int T, int E, int K, int mode) {
+    float *lg = malloc((size_t)T * E * 4);
+    for (int t = 0; t < T; t++)
+        for (int e = 0; e < E; e++) {
+            float v = mode == 1 ? 0.5f * (float)rng_int(4) : gpu_rng_unif(-4, 4);
+            if (mode == 2 && e == 3 % E) v = 20.0f;
+            if (mode == 3) v = e <= K ? gpu_rng_unif(10, 12) : gpu_rng_unif(-30, -28);
+            lg[(size_t)t * E + e] = v;
+        }
+    return lg;
+}
+
+/* The router against float64: each token's chosen experts distinct and
+ * valid; in descending float64 probability and no unchosen expert more
+ * likely than a chosen one (within 1e-6 relative: float32 may order
+ * near-equal probabilities either way); where logits are exactly equal,
+ * the lower expert first; weights (renormalised when norm) within 1e-5 of
+ * the float64 ones of the experts chosen. */
+static void test_moe_route(int T, int E, int K, bool norm, int mode) {
+    float *lg = moe_logits(T, E, K, mode);
+    float *d_lg = dev_upload(lg, (size_t)T * E * 4), *d_wt = dev_poison((size_t)T * K * 4);
+    int32_t *d_sel = dev_poison((size_t)T * K * 4);
+    CK(loom_cuda_moe_route(d_lg, T, E, K, norm, d_sel, d_wt, 0));
+    CK(cudaDeviceSynchronize());
+    int32_t *sel = malloc((size_t)T * K * 4);
+    float *wt = malloc((size_t)T * K * 4);
+    CK(cudaMemcpy(sel, d_sel, (size_t)T * K * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(wt, d_wt, (size_t)T * K * 4, cudaMemcpyDeviceToHost));
+    double *p = malloc((size_t)E * 8);
+    long bad = 0;
+    double werr = 0;
+    for (int t = 0; t < T; t++) {
+        const float *l = lg + (size_t)t * E;
+        double mx = l[0], sum = 0, ksum = 0;
+        for (int e = 1; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+        for (int e = 0; e < E; e++) sum += p[e] = exp((double)l[e] - mx);
+        for (int e = 0; e < E; e++) p[e] /= sum;
+        bool chosen[LOOM_CUDA_MOE_MAX_EXPERTS] = {false};
+        for (int j = 0; j < K; j++) {
+            const int s = sel[(size_t)t * K + j];
+            if (s < 0 || s >= E || chosen[s]) {
+                bad++;
+                continue;
+            }
+            chosen[s] = true;
+            ksum += p[s];
+            if (j > 0) {
+                const int q = sel[(size_t)t * K + j - 1];
+                if (q >= 0 && q < E && (p[s] > p[q] * (1 + 1e-6) || (l[s] == l[q] && s < q))) bad++;
+            }
+        }
+        for (int e = 0; e < E; e++)
+            for (int j = 0; j < K && !chosen[e]; j++) {
+                const int s = sel[(size_t)t * K + j];
+                if (s < 0 || s >= E) continue;
+                if (p[e] > p[s] * (1 + 1e-6) || (l[e] == l[s] && e < s)) bad++;
+            }
+        for (int j = 0; j < K; j++) {
+            const int s = sel[(size_t)t * K + j];
+            if (s < 0 || s >= E) continue;
+            const double ref = norm ? p[s] / ksum : p[s];
+            const double d = fabs(wt[(size_t)t * K + j] - ref);
+            if (!(d <= werr)) werr = d;
+        }
+    }
+    static const char *const modes[4] = {"uniform", "ties", "one-expert", "idle-experts"};
+    char name[128];
+    snprintf(name, sizeof name, "moe route T=%d E=%d K=%d %s %s (order)", T, E, K, norm ? "renorm" : "raw",
+             modes[mode]);
+    report_count(name, bad, (long)T * K);
+    snprintf(name, sizeof name, "moe route T=%d E=%d K=%d %s %s (weights)", T, E, K, norm ? "renorm" : "raw",
+             modes[mode]);
+    err_acc a = {.worst = werr, .rows = T};
+    report(name, &a, TOL32);
+    cudaFree(d_lg), cudaFree(d_wt), cudaFree(d_sel);
+    free(lg), free(sel), free(wt), free(p);
+}
+
+/* Grouping P pairs by expert: off the prefix of the counts, perm a
+ * permutation with every sorted row in its expert's segment, inv its
+ * inverse, the tiles covering each segment exactly (rows <= 64, in order)
+ * and no more of them than loom_cuda_moe_max_tiles. */
+static void test_moe_group(int P, int E, int mode) {
+    int32_t *sel = malloc((size_t)P * 4);
+    for (int p = 0; p < P; p++)
+        sel[p] = mode == 0 ? rng_int(E) : mode == 1 ? E - 1 : (rng_int(2) ? 0 : E / 2);
+    const int mt = loom_cuda_moe_max_tiles(P, E);
+    int32_t *d_sel = dev_upload(sel, (size_t)P * 4), *d_off = dev_poison((size_t)(E + 1) * 4);
+    int32_t *d_perm = dev_poison((size_t)P * 4), *d_inv = dev_poison((size_t)P * 4);
+    int32_t *d_tiles = dev_poison((size_t)(1 + 3 * mt) * 4);
+    CK(loom_cuda_moe_group(d_sel, P, E, d_off, d_perm, d_inv, d_tiles, 0));
+    CK(cudaDeviceSynchronize());
+    int32_t *off = malloc((size_t)(E + 1) * 4), *perm = malloc((size_t)P * 4), *inv = malloc((size_t)P * 4);
+    int32_t *tiles = malloc((size_t)(1 + 3 * mt) * 4), *cnt = calloc((size_t)E, 4), *seen = calloc((size_t)P, 4);
+    CK(cudaMemcpy(off, d_off, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(perm, d_perm, (size_t)P * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(inv, d_inv, (size_t)P * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(tiles, d_tiles, (size_t)(1 + 3 * mt) * 4, cudaMemcpyDeviceToHost));
+    long bad = 0;
+    for (int p = 0; p < P; p++) cnt[sel[p]]++;
+    int32_t o = 0;
+    for (int e = 0; e < E; e++) {
+        bad += off[e] != o;
+        o += cnt[e];
+    }
+    bad += off[E] != P;
+    for (int i = 0; i < P && !bad; i++) {
+        const int32_t p = perm[i];
+        if (p < 0 || p >= P || seen[p]++ || inv[p] != i || i < off[sel[p]] || i >= off[sel[p] + 1]) bad++;
+    }
+    const int n = tiles[0];
+    bad += n < 0 || n > mt;
+    int32_t next = 0; /* tiles in order cover [0, P) expert by expert */
+    for (int k = 0; k < n && !bad; k++) {
+        const int32_t e = tiles[1 + 3 * k], r = tiles[2 + 3 * k], m = tiles[3 + 3 * k];
+        if (e < 0 || e >= E || r != next || m < 1 || m > 64 || r < off[e] || r + m > off[e + 1]) bad++;
+        next = r + m;
+    }
+    bad += !bad && next != P;
+    static const char *const modes[3] = {"uniform", "all-one-expert", "two-experts"};
+    char name[128];
+    snprintf(name, sizeof name, "moe group P=%d E=%d %s", P, E, modes[mode]);
+    report_count(name, bad, P);
+    cudaFree(d_sel), cudaFree(d_off), cudaFree(d_perm), cudaFree(d_inv), cudaFree(d_tiles);
+    free(sel), free(off), free(perm), free(inv), free(tiles), free(cnt), free(seen);
+}
+
+/* The routed FFN for T tokens as the backend runs it — route, then either
+ * the per-pair GEMVs or group + grouped GEMMs, SwiGLU between, combine
+ * (with a shared expert of width S when S > 0) — against float64 over the
+ * same dt inputs, with the device's routing and its dt roundings of gu,
+ * act and the expert outputs mirrored. */
+static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int S, int mode, bool gemv) {
+    const int P = T * K, mt = loom_cuda_moe_max_tiles(P, E);
+    float *xf = malloc((size_t)T * H * 4), *wguf = malloc((size_t)E * 2 * I * H * 4);
+    float *wdf = malloc((size_t)E * H * I * 4), *ysf = malloc((size_t)T * H * 4), *gate = malloc((size_t)H * 4);
+    const float a1 = 1.0f / sqrtf((float)H), a2 = 1.0f / sqrtf((float)I);
+    uint16_t *x = rand16(dt, (size_t)T * H, -2, 2, xf), *wgu = rand16(dt, (size_t)E * 2 * I * H, -a1, a1, wguf);
+    uint16_t *wd = rand16(dt, (size_t)E * H * I, -a2, a2, wdf), *ysh = rand16(dt, (size_t)T * H, -1, 1, ysf);
+    for (int i = 0; i < H; i++) gate[i] = gpu_rng_unif(-a1, a1);
+    float *lg = moe_logits(T, E, K, mode);
+    void *d_x = dev_upload(x, (size_t)T * H * 2), *d_wgu = dev_upload(wgu, (size_t)E * 2 * I * H * 2);
+    void *d_wd = dev_upload(wd, (size_t)E * H * I * 2), *d_ysh = dev_upload(ysh, (size_t)T * H * 2);
+    float *d_gate = dev_upload(gate, (size_t)H * 4), *d_lg = dev_upload(lg, (size_t)T * E * 4);
+    float *d_wt = dev_poison((size_t)P * 4);
+    int32_t *d_sel = dev_poison((size_t)P * 4), *d_off = dev_poison((size_t)(E + 1) * 4);
+    int32_t *d_perm = dev_poison((size_t)P * 4), *d_inv = dev_poison((size_t)P * 4);
+    int32_t *d_tiles = dev_poison((size_t)(1 + 3 * mt) * 4);
+    void *d_gu = dev_poison((size_t)P * 2 * I * 2), *d_act = dev_poison((size_t)P * I * 2);
+    void *d_y = dev_poison((size_t)P * H * 2), *d_r = dev_poison((size_t)T * H * 2);
+    CK(loom_cuda_moe_route(d_lg, T, E, K, 1, d_sel, d_wt, 0));
+    if (gemv) {
+        CK(loom_cuda_moe_gemv(dt, d_x, K, d_sel, d_wgu, P, 2 * I, H, d_gu, 0));
+        CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
+        CK(loom_cuda_moe_gemv(dt, d_act, 1, d_sel, d_wd, P, H, I, d_y, 0));
+    } else {
+        CK(loom_cuda_moe_group(d_sel, P, E, d_off, d_perm, d_inv, d_tiles, 0));
+        CK(loom_cuda_moe_gemm(dt, d_x, d_perm, K, d_wgu, d_tiles, mt, 2 * I, H, d_gu, 0));
+        CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
+        CK(loom_cuda_moe_gemm(dt, d_act, NULL, 1, d_wd, d_tiles, mt, H, I, d_y, 0));
+    }
+    CK(loom_cuda_moe_combine(dt, d_r, d_y, gemv ? NULL : d_inv, d_wt, T, K, H, S ? d_ysh : NULL, d_x, d_gate, 0));
+    CK(cudaDeviceSynchronize());
+    int32_t *sel = malloc((size_t)P * 4);
+    float *wt = malloc((size_t)P * 4);
+    uint16_t *r = malloc((size_t)T * H * 2);
+    CK(cudaMemcpy(sel, d_sel, (size_t)P * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(wt, d_wt, (size_t)P * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(r, d_r, (size_t)T * H * 2, cudaMemcpyDeviceToHost));
+    double *gu = malloc((size_t)2 * I * 8), *act = malloc((size_t)I * 8), *ref = malloc((size_t)H * 8);
+    double *out = malloc((size_t)H * 8);
+    err_acc a = {0};
+    for (int t = 0; t < T; t++) {
+        const float *xr = xf + (size_t)t * H;
+        for (int h = 0; h < H; h++) ref[h] = 0;
+        for (int j = 0; j < K; j++) {
+            const int e = sel[(size_t)t * K + j];
+            if (e < 0 || e >= E) {
+                a.nan = true;
+                continue;
+            }
+            for (int n = 0; n < 2 * I; n++) {
+                double s = 0;
+                for (int k = 0; k < H; k++) s += (double)xr[k] * wguf[((size_t)e * 2 * I + n) * H + k];
+                gu[n] = from16(dt, to16(dt, (float)s));
+            }
+            for (int i = 0; i < I; i++) act[i] = from16(dt, to16(dt, (float)(gu[i] / (1.0 + exp(-gu[i])) * gu[I + i])));
+            for (int h = 0; h < H; h++) {
+                double s = 0;
+                for (int i = 0; i < I; i++) s += act[i] * wdf[((size_t)e * H + h) * I + i];
+                ref[h] += wt[(size_t)t * K + j] * from16(dt, to16(dt, (float)s));
+            }
+        }
+        if (S) {
+            double d = 0;
+            for (int k = 0; k < H; k++) d += (double)xr[k] * gate[k];
+            const double g = 1.0 / (1.0 + exp(-d));
+            for (int h = 0; h < H; h++) ref[h] += g * ysf[(size_t)t * H + h];
+        }
+        for (int h = 0; h < H; h++) out[h] = from16(dt, r[(size_t)t * H + h]);
+        err_row(&a, out, ref, H);
+    }
+    static const char *const modes[4] = {"uniform", "ties", "one-expert", "idle-experts"};
+    char name[160];
+    snprintf(name, sizeof name, "moe ffn %s %s T=%d E=%d K=%d I=%d H=%d%s %s", dtn(dt), gemv ? "gemv" : "grouped", T, E,
+             K, I, H, S ? " +shared" : "", modes[mode]);
+    report(name, &a, TOL16);
+    void *dv[] = {d_x, d_wgu, d_wd, d_ysh, d_gate, d_lg, d_wt, d_sel, d_off, d_perm, d_inv, d_tiles, d_gu, d_act, d_y, d_r};
+    for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) cudaFree(dv[i]);
+    free(xf), free(wguf), free(wdf), free(ysf), free(gate), free(x), free(wgu), free(wd), free(ysh), free(lg);
+    free(sel), free(wt), free(r), free(gu), free(act), free(ref), free(out);
+}
+
+static void test_moe_all(void) {
+    static const int ks[3] = {1, 2, 8};
+    for (int mode = 0; mode < 4; mode++)
+        for (int ki = 0; ki < 3; ki++) {
+            test_moe_route(300, 8 * ki + 8, ks[ki], true, mode);
+            test_moe_route(37, 128, ks[ki], ki != 1, mode);
+        }
+    test_moe_route(5, 256, 8, true, 0);
+    test_moe_route(64, 60, 4, false, 1);
+    for (int mode = 0; mode < 3; mode++) {
+        test_moe_group(1, 8, mode);
+        test_moe_group(600, 8, mode);
+        test_moe_group(2400, 128, mode);
+        test_moe_group(8192 * 8, 128, mode);
+    }
+    const loom_cuda_dt dts[2] = {LOOM_CUDA_BF16, LOOM_CUDA_F16};
+    for (int di = 0; di < 2; di++)
+        for (int gemv = 0; gemv < 2; gemv++) {
+            const loom_cuda_dt dt = dts[di];
+            test_moe_ffn(dt, 1, 8, 2, 256, 128, 0, 0, gemv);
+            test_moe_ffn(dt, 3, 16, 8, 64, 72, 48, 1, gemv);
+            test_moe_ffn(dt, 17, 8, 1, 40, 200, 0, 2, gemv);
+            test_moe_ffn(dt, 300, 8, 2, 136, 64, 32, 3, gemv);
+            test_moe_ffn(dt, 130, 60, 4, 96, 256, 0, 0, gemv);
+        }
+    test_moe_ffn(LOOM_CUDA_BF16, 64, 8, 2, 1024, 512, 0, 0, false);
+}
+
 /* ------------------------------------------------------------ logits top-k */
 
 /* A row's top-k and log-sum-exp must not depend on how many rows share the
@@ -2788,7 +3035,7 @@ int main(int argc, char **argv) {
         printf("usage: gpu_kernel_tests [SEED]\n"
                "  every CUDA kernel against a float64 CPU reference on fresh random inputs (needs a GPU);\n"
                "  SEED repeats a run (each run prints its own). LOOM_GPU_KERNEL_TESTS=linear: the\n"
-               "  linear-layer tests only; =attention, =epilogue: those only. Ends with 'N passed, N failed'; exit status: the failures (at most 255).\n");
+               "  linear-layer tests only; =attention, =epilogue, =moe: those only. Ends with 'N passed, N failed'; exit status: the failures (at most 255).\n");
         return 0;
     }
     uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : (uint64_t)time(NULL);
@@ -2806,6 +3053,11 @@ int main(int argc, char **argv) {
      * =epilogue: the GEMVs' pair-epilogue tests only (short device calls) */
     const char *only = getenv("LOOM_GPU_KERNEL_TESTS");
     const bool only_att = only && strcmp(only, "attention") == 0, only_epi = only && strcmp(only, "epilogue") == 0;
+    if (only && strcmp(only, "moe") == 0) { /* =moe: the mixture-of-experts kernels only */
+        printf("gpu_kernel_tests: LOOM_GPU_KERNEL_TESTS=moe: the mixture-of-experts tests only\n");
+        test_moe_all();
+        goto done;
+    }
     if (only && (strcmp(only, "linear") == 0 || only_epi)) {
         printf("gpu_kernel_tests: LOOM_GPU_KERNEL_TESTS=%s: the %s tests only\n", only,
                only_epi ? "pair-epilogue" : "linear-layer");
@@ -2832,6 +3084,7 @@ int main(int argc, char **argv) {
     test_add_normed(LOOM_CUDA_BF16, 640, 9);
     test_add_normed(LOOM_CUDA_F16, 4096, 2);
     test_add_normed(LOOM_CUDA_BF16, 64, 1);
+    test_moe_all();
 
     for (int f8 = 0; f8 < 2; f8++) { /* dt caches, then E4M3 */
         const loom_cuda_kv kv = f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;

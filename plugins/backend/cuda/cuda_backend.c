@@ -256,6 +256,7 @@ static void cb_destroy(void *self) {
     if (b->swap) cudaFreeHost(b->swap);
     cudaFree(b->pairs_dev);
     cudaFree(b->work);
+    cudaFree(b->moe_work);
     cudaFree(b->weights);
     cudaFree(b->rope_cs);
     cudaFree(b->rope_cs_local);

@@ -2,8 +2,9 @@
  * plugins/backend/cuda/cuda_backend.h — private state of the cuda backend
  * (loom-backend-cuda.so), shared by its source files: cuda_backend.c
  * (descriptor, parameters, lifetime, memory, KV pools, block copies),
- * cuda_load.c (weights to the device) and cuda_forward.c (batch checks,
- * the per-step metadata, the forward pass, CUDA graphs).
+ * cuda_load.c (weights to the device), cuda_forward.c (batch checks,
+ * the per-step metadata, the forward pass, CUDA graphs) and cuda_moe.c (a
+ * mixture of experts' FFN: docs/moe.md).
  *
  * Weights live in one device arena in the compute type (bf16 or f16), with
  * Q, K, V fused into one (q_dim + 2 kv_dim, hidden) matrix and gate/up into
@@ -121,6 +122,14 @@ typedef struct cuda_layer {
      * (loom/backend.h, "Block-table groups"): its own pair and group 0,
      * or with G > 1 groups the shared plan's (kv_groups.h) */
     int32_t kv_slot, kv_group;
+    /* mixture of experts (mc.num_experts > 0; wgu, wdown NULL then), dt
+     * unless noted; E experts of width I, a shared expert of width S */
+    void *router;      /* (E, hidden)                                          */
+    void *wgu_exps;    /* (E, 2 I, hidden): per expert rows gate, then up      */
+    void *wdown_exps;  /* (E, hidden, I)                                       */
+    void *wgu_sh;      /* (2 S, hidden) or NULL (no shared expert)             */
+    void *wdown_sh;    /* (hidden, S)                                          */
+    float *sh_gate;    /* (hidden) f32                                         */
 } cuda_layer;
 
 /* A captured decode graph for one bucket. */
@@ -216,6 +225,17 @@ typedef struct cuda_backend {
     uint32_t *mask_dev, *mask_host;
     int32_t mask_words;
 
+    /* mixture-of-experts work (cuda_moe.c), one device allocation; rows =
+     * max_tokens, pairs P = rows x experts per token. The shared expert
+     * runs through gu / act (mc.intermediate_size is its width then). */
+    void *moe_work;
+    float *moe_logits;          /* (rows, E) f32 router logits                */
+    int32_t *moe_sel;           /* (P) chosen experts                          */
+    float *moe_wt;              /* (P) their weights                           */
+    int32_t *moe_off, *moe_perm, *moe_inv, *moe_tiles; /* grouping (moe.cu)   */
+    void *moe_gu, *moe_act, *moe_y; /* (P, 2 I), (P, I), (P, hidden) dt        */
+    void *moe_ysh;              /* (rows, hidden) dt shared expert output     */
+
     /* per-step metadata: pinned staging and its device copy */
     uint8_t *meta_host, *meta_dev;
     size_t meta_cap;
@@ -299,6 +319,16 @@ loom_status cb_load_stage(void *self, const loom_model_view *m, const loom_quant
                           const loom_stage *stage, const loom_comm *comm, loom_error *err);
 /* Free the pipeline link buffer (pinned host or device memory), if any. */
 void cb_link_buf_free(cuda_backend *b);
+
+/* cuda_moe.c: the mixture-of-experts FFN (docs/moe.md) */
+/* What this backend runs of a mixture-of-experts config: LOOM_OK, or
+ * UNSUPPORTED naming what (expert parallelism,
+ * shapes the kernels do not take). */
+loom_status cb_moe_check_config(cuda_backend *b, const loom_model_config *c, bool sharded, loom_error *err);
+/* The work buffers, after the dense ones (mc as this rank runs it). */
+loom_status cb_moe_work_init(cuda_backend *b, loom_error *err);
+/* r (T, H) dt = the FFN of layer l over xn (T, H), the normed rows. */
+loom_status cb_moe_ffn(cuda_backend *b, int32_t T, int32_t l, loom_error *err);
 
 /* cuda_forward.c */
 loom_status cb_forward(void *self, const loom_batch *batch, float *logits, loom_error *err);

@@ -5,7 +5,8 @@
  *   per layer: xn = rmsnorm(x [+= r]); qkv = xn Wqkv^T; rope + bias + KV
  *              write; att = paged_attention(q, cache); r = att Wo^T;
  *              xn = rmsnorm(x += r); gu = xn Wgu^T; act = swiglu(gu);
- *              r = act Wdown^T
+ *              r = act Wdown^T (a mixture of experts: r = its experts' FFN
+ *              of xn, cuda_moe.c)
  *   logits rows: xs = rmsnorm(x[idx] + r[idx]); logits = xs LM^T (float32)
  * with x the float32 residual stream and everything else bf16/f16.
  * Qwen3 and Gemma 3 (the config's flags, loom/model.h) change, as the cpu
@@ -475,6 +476,14 @@ static loom_status cb_record_post_attention(cuda_backend *b, const cuda_plan *p,
     const int32_t T = p->T, H = b->mc.hidden_size, I = b->mc.intermediate_size;
     const cuda_layer *ly = &b->layers[l];
     const bool gelu = b->mc.ffn_act == LOOM_FFN_GELU_TANH;
+    if (b->mc.num_experts > 0) { /* r = the experts' FFN of rmsnorm(x += r) (cuda_moe.c) */
+        loom_status st;
+        if ((st = cb_gemm(b, false, T, H, b->q_dim, b->att, ly->wo, &ly->q[CB_G_O], b->r, "attn_output", err)) ||
+            (st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, b->r, ly->ffn_norm, NULL, T, H,
+                                                        b->mc.rms_norm_eps, b->stream))))
+            return st;
+        return cb_moe_ffn(b, T, l, err);
+    }
     const loom_cuda_epi swiglu = {.kind = LOOM_CUDA_EPI_SWIGLU, .act = b->act};
     const bool swiglu1 = T == 1 && !gelu && cb_swiglu_fuses(b, &ly->q[CB_G_DOWN]);
     loom_status st;

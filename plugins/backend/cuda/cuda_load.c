@@ -769,6 +769,47 @@ static size_t cb_norms_bytes(const cuda_backend *b, const loom_ww *w) {
     return (b->mc.qk_norm ? 2 * cb_round(D * 4) : 0) + (b->mc.post_norms ? 2 * cb_round(H * 4) : 0);
 }
 
+/* ------------------------------------------------- mixture of experts */
+
+/* Is group gi replaced by the experts (its dense matrix absent)? */
+static bool cb_moe_group(const cuda_backend *b, int gi) {
+    return b->mc.num_experts > 0 && (gi == CB_G_GU || gi == CB_G_DOWN);
+}
+
+/* Device bytes of one layer's router, routed experts and shared expert,
+ * as cb_carve_moe carves them (0 for a dense model). */
+static size_t cb_moe_bytes(const cuda_backend *b) {
+    const loom_model_config *c = &b->mc;
+    if (c->num_experts <= 0) return 0;
+    const size_t E = (size_t)c->num_experts, H = (size_t)c->hidden_size, I = (size_t)c->expert_intermediate_size;
+    const size_t S = (size_t)c->shared_expert_intermediate_size, e = b->elt;
+    size_t n = cb_round(E * H * e) + cb_round(E * 2 * I * H * e) + cb_round(E * H * I * e);
+    if (S) n += cb_round(2 * S * H * e) + cb_round(H * S * e) + cb_round(H * 4);
+    return n;
+}
+
+/* The experts run in dt only: a quantizer's plan for them is refused
+ * (the grouped kernels have no quantized form yet). */
+static loom_status cb_check_moe_layer(cuda_backend *b, const loom_ww *w, int32_t l, loom_error *err) {
+    const loom_ww_layer *wl = &w->layer[l];
+    if (!wl->router.t) return LOOM_OK;
+    for (int k = 0; k < 3; k++) {
+        const loom_quant_plan *p = wl->shexp[k].w.t ? &wl->shexp[k].plan : NULL;
+        const char *name = wl->exps[k].name;
+        if (wl->exps_plan[k].format == LOOM_QFMT_NONE && (!p || p->format == LOOM_QFMT_NONE)) continue;
+        if (wl->exps_plan[k].format == LOOM_QFMT_NONE) name = wl->shexp[k].w.name;
+        return b->host->error(b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
+                              "backend cuda: tensor '%s' is planned %s by the quantizer, but the cuda backend runs "
+                              "expert weights in %s only so far; skip the experts in the quantizer (skip: "
+                              "\"ffn_gate_exps,ffn_up_exps,ffn_down_exps,shexp\") or use backend: cpu",
+                              name,
+                              loom_ww_qformat_name(wl->exps_plan[k].format != LOOM_QFMT_NONE ? wl->exps_plan[k].format
+                                                                                               : p->format),
+                              loom_dtype_name(b->ldt));
+    }
+    return LOOM_OK;
+}
+
 /* Device bytes of this rank's weights into b->weight_bytes (the quantized
  * ones also into b->qweight_bytes), as cb_load_vocab and cb_carve_layer
  * carve them; a quantized group takes its quantized size instead of dt.
@@ -788,7 +829,9 @@ static void cb_size_weights(cuda_backend *b, const loom_ww *w, const loom_cuda_g
         const loom_ww_layer *wl = &w->layer[l];
         b->weight_bytes += 2 * cb_round(H * 4) + (w->bias ? cb_round((size_t)w->qkv_rows * 4) : 0);
         b->weight_bytes += cb_norms_bytes(b, w);
+        b->weight_bytes += cb_moe_bytes(b);
         for (int gi = 0; gi < CB_NGROUPS; gi++) {
+            if (cb_moe_group(b, gi)) continue;
             const loom_ww_group *g = &w->group[gi];
             const loom_quant_plan *p0 = &wl->lin[g->first].plan;
             if (p0->format == LOOM_QFMT_NONE) {
@@ -903,6 +946,20 @@ static loom_status cb_load_vocab(cuda_backend *b, const loom_model_view *m,
     return cb_zero_rows(b, b->lm_head, Vl, Vp, H, err);
 }
 
+/* Layer l's router and experts, after its other weights (cb_moe_bytes). */
+static void cb_carve_moe(cuda_backend *b, cuda_layer *ly, uint8_t **cur) {
+    const loom_model_config *c = &b->mc;
+    const size_t E = (size_t)c->num_experts, H = (size_t)c->hidden_size, I = (size_t)c->expert_intermediate_size;
+    const size_t S = (size_t)c->shared_expert_intermediate_size, e = b->elt;
+    ly->router = cb_carve(cur, E * H * e);
+    ly->wgu_exps = cb_carve(cur, E * 2 * I * H * e);
+    ly->wdown_exps = cb_carve(cur, E * H * I * e);
+    if (!S) return;
+    ly->wgu_sh = cb_carve(cur, 2 * S * H * e);
+    ly->wdown_sh = cb_carve(cur, H * S * e);
+    ly->sh_gate = cb_carve(cur, H * 4);
+}
+
 /* Layer l's device memory, carved from *cur in this order: attn_norm, then
  * per group its dt matrix, its GGUF segments (zeroed: the kernels read the
  * 16-byte alignment gaps) or its quantized matrix, with the Q/K/V bias
@@ -920,7 +977,9 @@ static loom_status cb_carve_layer(cuda_backend *b, const loom_ww *w, int32_t l,
         const loom_ww_group *g = &w->group[gi];
         const loom_quant_plan *p0 = &wl->lin[g->first].plan;
         gbase[gi] = NULL;
-        if (p0->format == LOOM_QFMT_NONE) {
+        if (cb_moe_group(b, gi)) {
+            /* the experts instead (cb_carve_moe) */
+        } else if (p0->format == LOOM_QFMT_NONE) {
             gbase[gi] = cb_carve(cur, (size_t)(g->n * g->k) * b->elt);
         } else if (p0->format == LOOM_QFMT_GGUF) {
             gbase[gi] = cb_carve(cur, glay[gi].bytes);
@@ -938,12 +997,41 @@ static loom_status cb_carve_layer(cuda_backend *b, const loom_ww *w, int32_t l,
     ly->k_norm = b->mc.qk_norm ? cb_carve(cur, D * 4) : NULL;
     ly->post_attn_norm = b->mc.post_norms ? cb_carve(cur, H * 4) : NULL;
     ly->post_ffn_norm = b->mc.post_norms ? cb_carve(cur, H * 4) : NULL;
+    if (b->mc.num_experts > 0) cb_carve_moe(b, ly, cur);
     /* a quantized group has no dt matrix (gbase: its GGUF blocks) */
     ly->wqkv = wl->lin[LOOM_WW_Q].plan.format == LOOM_QFMT_NONE ? gbase[CB_G_QKV] : NULL;
     ly->wo = wl->lin[LOOM_WW_O].plan.format == LOOM_QFMT_NONE ? gbase[CB_G_O] : NULL;
     ly->wgu = wl->lin[LOOM_WW_GATE].plan.format == LOOM_QFMT_NONE ? gbase[CB_G_GU] : NULL;
     ly->wdown = wl->lin[LOOM_WW_DOWN].plan.format == LOOM_QFMT_NONE ? gbase[CB_G_DOWN] : NULL;
     return LOOM_OK;
+}
+
+/* Layer l's router and experts in dt (the shared expert's gate vector
+ * f32): each expert's gate and up as rows [0, I) and [I, 2I) of its
+ * gate|up matrix, its down matrix after the one before. */
+static loom_status cb_upload_moe(cb_uploader *up, const loom_ww *w, const loom_ww_layer *wl, cuda_layer *ly,
+                                 loom_error *err) {
+    cuda_backend *b = up->b;
+    const int64_t H = w->hidden, I = b->mc.expert_intermediate_size, S = b->mc.shared_expert_intermediate_size;
+    const size_t e = b->elt;
+    loom_status st;
+    if ((st = cb_upload_win(up, &wl->router, ly->router, false, err))) return st;
+    for (int32_t x = 0; x < w->experts; x++) {
+        loom_tensor v[3];
+        for (int k = 0; k < 3; k++) loom_ww_expert_view(w, wl->exps[k].t, w->expert0 + x, &v[k]);
+        uint8_t *gu = (uint8_t *)ly->wgu_exps + (size_t)(x * 2 * I * H) * e;
+        if ((st = cb_upload_part(up, &v[0], 0, I, 0, H, gu, false, err)) ||
+            (st = cb_upload_part(up, &v[1], 0, I, 0, H, gu + (size_t)(I * H) * e, false, err)) ||
+            (st = cb_upload_part(up, &v[2], 0, H, 0, I, (uint8_t *)ly->wdown_exps + (size_t)(x * H * I) * e, false,
+                                 err)))
+            return st;
+    }
+    if (!S) return LOOM_OK;
+    if ((st = cb_upload_win(up, &wl->shexp[0].w, ly->wgu_sh, false, err)) ||
+        (st = cb_upload_win(up, &wl->shexp[1].w, (uint8_t *)ly->wgu_sh + (size_t)(S * H) * e, false, err)) ||
+        (st = cb_upload_win(up, &wl->shexp[2].w, ly->wdown_sh, false, err)))
+        return st;
+    return cb_upload_win(up, &wl->shexp_gate, ly->sh_gate, true, err);
 }
 
 /* Layer l's weights into what cb_carve_layer carved: each linear part at
@@ -963,6 +1051,7 @@ static loom_status cb_upload_layer(cuda_backend *b, const loom_model_view *m,
         const loom_ww_lin *li = &wl->lin[k];
         const int gi = li->group;
         const loom_ww_group *g = &w->group[gi];
+        if (!li->w.t) continue; /* a mixture of experts' absent dense FFN */
         if (li->plan.format == LOOM_QFMT_NONE) {
             void *dst = (uint8_t *)gbase[gi] + (size_t)(li->group_row * g->k) * b->elt;
             st = cb_upload_win(up, &li->w, dst, false, err);
@@ -1001,7 +1090,7 @@ static loom_status cb_upload_layer(cuda_backend *b, const loom_model_view *m,
         float *bd = ly->bqkv + (k == 0 ? 0 : w->q_rows + (k - 1) * w->kv_rows);
         if ((st = cb_upload_win(up, &wl->bias[k], bd, true, err))) return st;
     }
-    return LOOM_OK;
+    return wl->router.t ? cb_upload_moe(up, w, wl, ly, err) : LOOM_OK;
 }
 
 /* Quantized-GEMM scratch: the largest any quantized weight needs at the
@@ -1074,6 +1163,10 @@ static loom_status cb_load_done(cuda_backend *b, const loom_ww *w, const loom_co
     b->mc.num_heads = sh->heads;
     b->mc.num_kv_heads = sh->kv_heads;
     b->mc.intermediate_size = sh->inter;
+    /* a mixture of experts has no dense FFN: gu / act serve its shared
+     * expert (width 8 when it has none: buffers of a few bytes) */
+    if (c->num_experts > 0)
+        b->mc.intermediate_size = c->shared_expert_intermediate_size ? c->shared_expert_intermediate_size : 8;
     b->vocab_lo = sh->vocab_lo;
     b->vocab_rows = sh->vocab_rows;
     b->vocab_pad = sh->vocab_pad;
@@ -1082,7 +1175,9 @@ static loom_status cb_load_done(cuda_backend *b, const loom_ww *w, const loom_co
         memset(&b->comm, 0, sizeof b->comm);
         memcpy(&b->comm, comm, comm->struct_size < sizeof b->comm ? comm->struct_size : sizeof b->comm);
     }
-    if ((st = cb_rope_init(b, err)) || (st = cb_work_init(b, err)) || (st = cb_link_buf_init(b, err))) return st;
+    if ((st = cb_rope_init(b, err)) || (st = cb_work_init(b, err)) || (st = cb_link_buf_init(b, err)) ||
+        (c->num_experts > 0 && (st = cb_moe_work_init(b, err))))
+        return st;
     b->loaded = true;
     if (h->metric_set) h->metric_set(h->ctx, "backend.cuda.weight_bytes", (double)b->weight_bytes);
     if (b->sharded && b->cfg.batch_invariant)
@@ -1125,6 +1220,7 @@ static void cb_load_undo(cuda_backend *b) {
     cudaFree(b->rope_cs);
     cudaFree(b->rope_cs_local);
     cudaFree(b->work);
+    cudaFree(b->moe_work);
     cudaFree(b->meta_dev);
     if (b->meta_host) cudaFreeHost(b->meta_host);
     if (b->logits_host) cudaFreeHost(b->logits_host);
@@ -1132,7 +1228,7 @@ static void cb_load_undo(cuda_backend *b) {
     if (b->mask_host) cudaFreeHost(b->mask_host);
     cb_link_buf_free(b);
     h->free(h->ctx, b->layers);
-    b->weights = b->work = NULL;
+    b->weights = b->work = b->moe_work = NULL;
     b->rope_cs = NULL;
     b->rope_cs_local = NULL;
     b->meta_dev = b->meta_host = NULL;
@@ -1157,6 +1253,8 @@ static loom_status cb_load_weights(cuda_backend *b, const loom_model_view *m,
     /* whole source rows: a column window dequantizes the full row first */
     int64_t max_cols = w->hidden > w->inter ? w->hidden : w->inter;
     if (w->q_dim > max_cols) max_cols = w->q_dim;
+    if (b->mc.expert_intermediate_size > max_cols) max_cols = b->mc.expert_intermediate_size;
+    if (b->mc.shared_expert_intermediate_size > max_cols) max_cols = b->mc.shared_expert_intermediate_size;
     if ((st = cb_uploader_init(b, &up, max_cols, err))) goto out;
     uint8_t *cur = b->weights;
     if ((st = cb_load_vocab(b, m, quant, w, &glay[(size_t)w->layers * CB_NGROUPS], &up, &cur, err)))
@@ -1206,13 +1304,8 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                         "head, head_dim %d: one of 16, 32, 64, 128, 256)",
                         c->name, c->hidden_size, c->intermediate_size, c->num_heads, c->num_kv_heads,
                         LOOM_CUDA_MAX_GQA, c->head_dim);
-    /* this backend has no grouped-expert kernels: refuse rather than run a dense
-     * FFN that the model does not have */
-    if (c->num_experts > 0)
-        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "backend cuda: model '%s' is a mixture of %d experts (%d per token); this backend has no "
-                        "mixture-of-experts kernels yet; use backend: cpu",
-                        c->name, c->num_experts, c->num_experts_used);
+    /* mixtures of experts: cuda_moe.c says which it runs */
+    if (c->num_experts > 0 && (st = cb_moe_check_config(b, c, comm && comm->size > 1, err))) return st;
     /* Gemma 3's and Qwen3's pieces run here (QK-norm, post-norms, GeGLU,
      * sliding windows, scales); an activation this backend has no kernel
      * for is refused rather than run as SiLU */
@@ -1235,7 +1328,9 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
         (st = cb_check_lm(b, &w, &glay[(size_t)w.layers * CB_NGROUPS], err)))
         goto fail;
     for (int32_t l = 0; l < w.layers; l++)
-        if ((st = cb_check_layer(b, &w, l, comm != NULL, &glay[(size_t)l * CB_NGROUPS], err))) goto fail;
+        if ((st = cb_check_layer(b, &w, l, comm != NULL, &glay[(size_t)l * CB_NGROUPS], err)) ||
+            (st = cb_check_moe_layer(b, &w, l, err)))
+            goto fail;
     const bool any_quant = loom_ww_any_quant(&w);
     cb_size_weights(b, &w, glay);
     if ((st = cb_alloc_weights(b, any_quant, err)) || (st = cb_load_weights(b, m, quant, &w, glay, err)))

@@ -1,0 +1,411 @@
+/*
+ * kernels/cuda/moe.cu — the mixture-of-experts FFN's kernels
+ * (cuda_kernels.h, "Mixture of experts"): routing, grouping the
+ * (token, expert) pairs by expert on the device, the experts' linear
+ * layers as a grouped tensor-core GEMM or (few pairs) GEMVs that read only
+ * the chosen experts, and the weighted combine with the shared expert.
+ *
+ * Nothing here synchronises with the host or sizes a launch from routed
+ * data: every grid depends on the token count only, and the per-expert row
+ * counts and tile lists live in device memory, so a step is capturable in
+ * a CUDA graph. The grouped GEMM's grid has room for the most tiles any
+ * routing of P pairs can need (loom_cuda_moe_max_tiles); tiles past the
+ * routing's count exit at once.
+ *
+ * Pair p = t * K + j is token t's j-th choice (descending weight). The
+ * grouped layout sorts pairs by expert: row i of the sorted activations is
+ * pair perm[i], and pair p sits at row inv[p]; within an expert the order
+ * is whatever the atomics gave, which changes nothing (every output row of
+ * a GEMM depends only on its own input row) — the combine sums each
+ * token's K rows in slot order, so results are deterministic.
+ */
+#include "common.cuh"
+
+/* Rows of a grouped-GEMM tile, and its columns. */
+#define LC_MOE_BM 64
+#define LC_MOE_BN 128
+#define LC_MOE_BK 32
+#define LC_MOE_PAD 8 /* smem row padding (elements): conflict-free fragment loads */
+
+/* ------------------------------------------------------------- routing */
+
+/* One warp per token: p = softmax(logits) over E in float32, its K largest
+ * (ties to the lower expert) in descending order, divided by their sum when
+ * `norm`. The probabilities live in registers, E / 32 a lane. */
+template <int PER>
+__global__ void lc_moe_route_kernel(const float *__restrict__ logits, int T, int E, int K, int norm,
+                                    int32_t *__restrict__ sel, float *__restrict__ wt) {
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= T) return;
+    const float *lg = logits + (size_t)t * E;
+    float p[PER];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int e = lane + 32 * i;
+        p[i] = e < E ? lg[e] : -INFINITY;
+        mx = fmaxf(mx, p[i]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        p[i] = lane + 32 * i < E ? expf(p[i] - mx) : 0.0f;
+        sum += p[i];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+#pragma unroll
+    for (int i = 0; i < PER; i++) p[i] = lane + 32 * i < E ? p[i] / sum : -1.0f;
+    float ksum = 0.0f, mine = 0.0f;
+    for (int j = 0; j < K; j++) {
+        /* this lane's best (lowest expert among equals), then the warp's */
+        float bv = -2.0f;
+        int be = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            if (p[i] > bv) bv = p[i], be = lane + 32 * i;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (ov > bv || (ov == bv && oe < be)) bv = ov, be = oe;
+        }
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            if (lane + 32 * i == be) p[i] = -1.0f; /* probabilities are >= 0: never again */
+        be = be < E ? be : 0; /* NaN logits: no order; stay in bounds */
+        ksum += bv;
+        if (lane == j) mine = bv;
+        if (lane == 0) sel[(size_t)t * K + j] = be;
+    }
+    if (lane < K) wt[(size_t)t * K + lane] = norm ? mine / ksum : mine;
+}
+
+extern "C" cudaError_t loom_cuda_moe_route(const float *logits, int T, int E, int K, int norm, int32_t *sel,
+                                           float *wt, cudaStream_t s) {
+    if (T <= 0) return cudaSuccess;
+    if (E < 1 || E > LOOM_CUDA_MOE_MAX_EXPERTS || K < 1 || K > E || K > 32) return cudaErrorInvalidValue;
+    const dim3 grid((unsigned)lc_ceil_div(T, 4)), block(128);
+    if (E <= 32) lc_moe_route_kernel<1><<<grid, block, 0, s>>>(logits, T, E, K, norm, sel, wt);
+    else if (E <= 64) lc_moe_route_kernel<2><<<grid, block, 0, s>>>(logits, T, E, K, norm, sel, wt);
+    else if (E <= 128) lc_moe_route_kernel<4><<<grid, block, 0, s>>>(logits, T, E, K, norm, sel, wt);
+    else lc_moe_route_kernel<8><<<grid, block, 0, s>>>(logits, T, E, K, norm, sel, wt);
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------ grouping */
+
+extern "C" int loom_cuda_moe_max_tiles(int P, int E) {
+    return (P + LC_MOE_BM - 1) / LC_MOE_BM + (E < P ? E : P);
+}
+
+/* One CTA: counts per expert (shared atomics), their exclusive scan into
+ * off (E + 1), each pair's row (perm / inv), and the tile list: tile i is
+ * (expert, first sorted row, rows) with tiles[0] = their count. */
+__global__ void __launch_bounds__(1024)
+    lc_moe_group_kernel(const int32_t *__restrict__ sel, int P, int E, int32_t *__restrict__ off,
+                        int32_t *__restrict__ perm, int32_t *__restrict__ inv, int32_t *__restrict__ tiles) {
+    extern __shared__ int32_t sm[]; /* cnt (E), cur (E), toff (E + 1) */
+    int32_t *cnt = sm, *cur = sm + E, *toff = sm + 2 * E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[sel[p]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t o = 0, to = 0;
+        for (int e = 0; e < E; e++) {
+            cur[e] = o;
+            toff[e] = to;
+            off[e] = o;
+            o += cnt[e];
+            to += (cnt[e] + LC_MOE_BM - 1) / LC_MOE_BM;
+        }
+        off[E] = o;
+        toff[E] = to;
+        tiles[0] = to;
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < P; p += blockDim.x) {
+        const int32_t i = atomicAdd(&cur[sel[p]], 1);
+        perm[i] = p;
+        inv[p] = i;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const int32_t r0 = cur[e] - cnt[e]; /* cur ended at the expert's end */
+        for (int32_t k = toff[e]; k < toff[e + 1]; k++) {
+            const int32_t r = r0 + (k - toff[e]) * LC_MOE_BM;
+            const int32_t n = r0 + cnt[e] - r;
+            int32_t *tl = tiles + 1 + 3 * k;
+            tl[0] = e, tl[1] = r, tl[2] = n < LC_MOE_BM ? n : LC_MOE_BM;
+        }
+    }
+}
+
+extern "C" cudaError_t loom_cuda_moe_group(const int32_t *sel, int P, int E, int32_t *off, int32_t *perm,
+                                           int32_t *inv, int32_t *tiles, cudaStream_t s) {
+    if (P <= 0 || E < 1 || E > LOOM_CUDA_MOE_MAX_EXPERTS) return cudaErrorInvalidValue;
+    lc_moe_group_kernel<<<1, 1024, (size_t)(3 * E + 1) * sizeof(int32_t), s>>>(sel, P, E, off, perm, inv, tiles);
+    return cudaGetLastError();
+}
+
+/* --------------------------------------------------------- grouped GEMM */
+
+template <typename T> __device__ __forceinline__ void lc_mma16816(float *c, const uint32_t *a, const uint32_t *b);
+template <> __device__ __forceinline__ void lc_mma16816<__nv_bfloat16>(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> __device__ __forceinline__ void lc_mma16816<__half>(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ void lc_cp_async16(void *smem, const void *gmem, bool pred) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(gmem), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void lc_cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void lc_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+/* One stage of the tiles: A (BM, BK) and B (BN, BK), rows padded. */
+template <typename T> struct lc_moe_stage {
+    T a[LC_MOE_BM][LC_MOE_BK + LC_MOE_PAD];
+    T b[LC_MOE_BN][LC_MOE_BK + LC_MOE_PAD];
+};
+
+/* y (P, N) sorted rows = x rows @ W_e^T per tile. Block (n tile, tile
+ * slot): tile slot i < tiles[0] is (e, r0, n) of tiles[1 + 3i ..]; input
+ * row of sorted row r: x[rows ? perm[r] / div : r]. 4 warps, 2 x 2, each
+ * 32 x 64 of the 64 x 128 tile; K in steps of 32, double-buffered by
+ * cp.async; columns past K and rows past the tile read as zeros. */
+template <typename T>
+__global__ void __launch_bounds__(128)
+    lc_moe_gemm_kernel(const T *__restrict__ x, const int32_t *__restrict__ perm, int div, const T *__restrict__ w,
+                       const int32_t *__restrict__ tiles, int N, int K, T *__restrict__ y) {
+    __shared__ __align__(16) lc_moe_stage<T> st[2];
+    const int slot = blockIdx.y;
+    if (slot >= tiles[0]) return;
+    const int32_t e = tiles[1 + 3 * slot], r0 = tiles[2 + 3 * slot], nrows = tiles[3 + 3 * slot];
+    const int n0 = blockIdx.x * LC_MOE_BN;
+    const T *we = w + (size_t)e * N * K;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 64;
+    /* loaders: A 64 rows x 4 chunks (2 per thread), B 128 rows x 4 chunks (4 per thread) */
+    const T *arow[2];
+    bool aok[2];
+    int ar[2], ac[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int c = tid + 128 * i;
+        ar[i] = c >> 2, ac[i] = (c & 3) * 8;
+        aok[i] = ar[i] < nrows;
+        const int32_t r = r0 + (aok[i] ? ar[i] : 0);
+        arow[i] = x + (size_t)(perm ? perm[r] / div : r) * K;
+    }
+    const T *brow[4];
+    bool bok[4];
+    int br[4], bc[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int c = tid + 128 * i;
+        br[i] = c >> 2, bc[i] = (c & 3) * 8;
+        bok[i] = n0 + br[i] < N;
+        brow[i] = we + (size_t)(bok[i] ? n0 + br[i] : 0) * K;
+    }
+    auto load = [&](int s, int k0) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const bool ok = aok[i] && k0 + ac[i] < K;
+            lc_cp_async16(&st[s].a[ar[i]][ac[i]], ok ? arow[i] + k0 + ac[i] : arow[i], ok);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const bool ok = bok[i] && k0 + bc[i] < K;
+            lc_cp_async16(&st[s].b[br[i]][bc[i]], ok ? brow[i] + k0 + bc[i] : brow[i], ok);
+        }
+        lc_cp_commit();
+    };
+    float acc[2][8][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+    const int g = lane >> 2, c2 = (lane & 3) * 2;
+    const int nk = (K + LC_MOE_BK - 1) / LC_MOE_BK;
+    load(0, 0);
+    for (int kt = 0; kt < nk; kt++) {
+        const int s = kt & 1;
+        if (kt + 1 < nk) {
+            load(s ^ 1, (kt + 1) * LC_MOE_BK);
+            lc_cp_wait<1>();
+        } else {
+            lc_cp_wait<0>();
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < LC_MOE_BK; kk += 16) {
+            uint32_t af[2][4], bf[8][2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const T *a0 = &st[s].a[wm + 16 * i + g][kk + c2];
+                const T *a1 = &st[s].a[wm + 16 * i + g + 8][kk + c2];
+                af[i][0] = *reinterpret_cast<const uint32_t *>(a0);
+                af[i][1] = *reinterpret_cast<const uint32_t *>(a1);
+                af[i][2] = *reinterpret_cast<const uint32_t *>(a0 + 8);
+                af[i][3] = *reinterpret_cast<const uint32_t *>(a1 + 8);
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const T *b0 = &st[s].b[wn + 8 * j + g][kk + c2];
+                bf[j][0] = *reinterpret_cast<const uint32_t *>(b0);
+                bf[j][1] = *reinterpret_cast<const uint32_t *>(b0 + 8);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) lc_mma16816<T>(acc[i][j], af[i], bf[j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int m = wm + 16 * i + g + 8 * h;
+            if (m >= nrows) continue;
+            T *yr = y + (size_t)(r0 + m) * N;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int n = n0 + wn + 8 * j + c2;
+                if (n < N) /* N % 8 == 0: n + 1 < N too */
+                    *reinterpret_cast<uint32_t *>(yr + n) = lc_pack2<T>(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            }
+        }
+}
+
+extern "C" cudaError_t loom_cuda_moe_gemm(loom_cuda_dt dt, const void *x, const int32_t *perm, int div,
+                                          const void *w, const int32_t *tiles, int max_tiles, int N, int K,
+                                          void *y, cudaStream_t s) {
+    if (max_tiles <= 0) return cudaSuccess;
+    if (N % 8 || K % 8 || max_tiles > 65535) return cudaErrorInvalidValue;
+    const dim3 grid((unsigned)lc_ceil_div(N, LC_MOE_BN), (unsigned)max_tiles);
+    LOOM_CUDA_DISPATCH_DT(dt, lc_moe_gemm_kernel<E><<<grid, 128, 0, s>>>(
+                                  (const E *)x, perm, div, (const E *)w, tiles, N, K, (E *)y));
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------- GEMVs */
+
+#define LC_MOE_GEMV_WARPS 4
+
+/* y (P, N) = per pair p: x[p / div] @ W_{sel[p]}^T. A warp per output row,
+ * lanes over K in 8-element chunks; blockIdx.y is the pair. Only the
+ * chosen experts' rows are read. */
+template <typename T>
+__global__ void __launch_bounds__(LC_MOE_GEMV_WARPS * 32)
+    lc_moe_gemv_kernel(const T *__restrict__ x, int div, const int32_t *__restrict__ sel, const T *__restrict__ w,
+                       int N, int K, T *__restrict__ y) {
+    const int lane = threadIdx.x & 31, p = blockIdx.y;
+    const int n = blockIdx.x * LC_MOE_GEMV_WARPS + (threadIdx.x >> 5);
+    if (n >= N) return;
+    const T *xr = x + (size_t)(p / div) * K;
+    const T *wr = w + ((size_t)sel[p] * N + n) * K;
+    float acc = 0.0f;
+    int c = lane * 8;
+    for (; c + 256 < K; c += 512) { /* two chunks in flight a lane */
+        const uint4 w0 = lc_ldg16(wr + c), w1 = lc_ldg16(wr + c + 256);
+        float xf[8], wf[8];
+        lc_unpack8<T>(lc_ldg16(xr + c), xf);
+        lc_unpack8<T>(w0, wf);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc = fmaf(xf[i], wf[i], acc);
+        lc_unpack8<T>(lc_ldg16(xr + c + 256), xf);
+        lc_unpack8<T>(w1, wf);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc = fmaf(xf[i], wf[i], acc);
+    }
+    if (c < K) {
+        float xf[8], wf[8];
+        lc_unpack8<T>(lc_ldg16(xr + c), xf);
+        lc_unpack8<T>(lc_ldg16(wr + c), wf);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc = fmaf(xf[i], wf[i], acc);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) y[(size_t)p * N + n] = lc_from_f<T>(acc);
+}
+
+extern "C" cudaError_t loom_cuda_moe_gemv(loom_cuda_dt dt, const void *x, int div, const int32_t *sel,
+                                          const void *w, int P, int N, int K, void *y, cudaStream_t s) {
+    if (P <= 0) return cudaSuccess;
+    if (K % 8 || div < 1 || div > 32768) return cudaErrorInvalidValue;
+    const size_t elt = 2;
+    /* the grid height holds 65535 pairs: launches of whole tokens' pairs */
+    const int chunk = 32768 / div * div;
+    for (int p0 = 0; p0 < P; p0 += chunk) {
+        const int n = P - p0 < chunk ? P - p0 : chunk;
+        const dim3 grid((unsigned)lc_ceil_div(N, LC_MOE_GEMV_WARPS), (unsigned)n);
+        const uint8_t *xc = (const uint8_t *)x + (size_t)(p0 / div) * K * elt;
+        uint8_t *yc = (uint8_t *)y + (size_t)p0 * N * elt;
+        LOOM_CUDA_DISPATCH_DT(dt, lc_moe_gemv_kernel<E><<<grid, LC_MOE_GEMV_WARPS * 32, 0, s>>>(
+                                      (const E *)xc, div, sel + p0, (const E *)w, N, K, (E *)yc));
+    }
+    return cudaGetLastError();
+}
+
+/* ------------------------------------------------------------- combine */
+
+/* One CTA per token: g = sigmoid(xn[t] . sh_gate) when there is a shared
+ * expert; r[t] = sum_j wt[t, j] y[row(t, j)] (+ g ysh[t]), in slot order. */
+template <typename T>
+__global__ void __launch_bounds__(256)
+    lc_moe_combine_kernel(T *__restrict__ r, const T *__restrict__ y, const int32_t *__restrict__ inv,
+                          const float *__restrict__ wt, int K, int H, const T *__restrict__ ysh,
+                          const T *__restrict__ xn, const float *__restrict__ sh_gate) {
+    __shared__ float red[32];
+    const int t = blockIdx.x;
+    float g = 0.0f;
+    if (ysh) {
+        float d = 0.0f;
+        for (int i = threadIdx.x; i < H; i += blockDim.x) d += lc_to_f(xn[(size_t)t * H + i]) * sh_gate[i];
+        d = lc_block_sum(d, red);
+        g = 1.0f / (1.0f + expf(-d));
+    }
+    for (int c = threadIdx.x * 8; c < H; c += blockDim.x * 8) {
+        float o[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v[8];
+        for (int j = 0; j < K; j++) {
+            const int p = t * K + j;
+            const float a = wt[p];
+            lc_unpack8<T>(lc_ldg16(y + (size_t)(inv ? inv[p] : p) * H + c), v);
+#pragma unroll
+            for (int i = 0; i < 8; i++) o[i] += a * v[i];
+        }
+        if (ysh) {
+            lc_unpack8<T>(lc_ldg16(ysh + (size_t)t * H + c), v);
+#pragma unroll
+            for (int i = 0; i < 8; i++) o[i] += g * v[i];
+        }
+        lc_stg16(r + (size_t)t * H + c, lc_pack8<T>(o));
+    }
+}
+
+extern "C" cudaError_t loom_cuda_moe_combine(loom_cuda_dt dt, void *r, const void *y, const int32_t *inv,
+                                             const float *wt, int T, int K, int H, const void *ysh, const void *xn,
+                                             const float *sh_gate, cudaStream_t s) {
+    if (T <= 0) return cudaSuccess;
+    if (H % 8) return cudaErrorInvalidValue;
+    LOOM_CUDA_DISPATCH_DT(dt, lc_moe_combine_kernel<E><<<(unsigned)T, 256, 0, s>>>(
+                                  (E *)r, (const E *)y, inv, wt, K, H, (const E *)ysh, (const E *)xn, sh_gate));
+    return cudaGetLastError();
+}
