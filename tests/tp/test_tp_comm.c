@@ -300,15 +300,14 @@ static void *a2a_waiting_rank(void *arg) {
     return NULL;
 }
 
-/* Ranks 0 and 1 of 3 wait in an all-to-all for rank 2, which failed: the
- * abort releases them with an error instead of a hang. */
-Test(tp_comm, all_to_allv_abort_releases_waiting_ranks) {
-    tp_threads *g = tp_threads_create(fake_host(), 3);
+/* Ranks 0 and 1 of g's 3 run `fn` (a collective) while rank 2 never
+ * comes: the abort must release both with an error, never a hang. */
+static void abort_two_waiters(tp_threads *g, void *(*fn)(void *)) {
     pthread_t th[2];
     rk ranks[2];
     for (int i = 0; i < 2; i++) {
         ranks[i] = (rk){.g = g, .rank = i, .n = 3};
-        pthread_create(&th[i], NULL, a2a_waiting_rank, &ranks[i]);
+        pthread_create(&th[i], NULL, fn, &ranks[i]);
     }
     usleep(50000);
     tp_threads_abort(g);
@@ -317,6 +316,11 @@ Test(tp_comm, all_to_allv_abort_releases_waiting_ranks) {
         cr_assert_neq(ranks[i].st, LOOM_OK);
         cr_assert(strstr(ranks[i].err.message, "another rank failed"), "%s", ranks[i].err.message);
     }
+}
+
+Test(tp_comm, all_to_allv_abort_releases_waiting_ranks) {
+    tp_threads *g = tp_threads_create(fake_host(), 3);
+    abort_two_waiters(g, a2a_waiting_rank);
     tp_threads_destroy(g);
 }
 
@@ -380,20 +384,8 @@ static void *summing_rank(void *arg) {
  * release them with an error; after a reset all three sum again. */
 Test(tp_comm, abort_releases_waiting_ranks_and_reset_recovers) {
     tp_threads *g = tp_threads_create(fake_host(), 3);
-    pthread_t th[2];
     rk ranks[3];
-    for (int i = 0; i < 2; i++) {
-        ranks[i] = (rk){.g = g, .rank = i, .n = 3};
-        pthread_create(&th[i], NULL, waiting_rank, &ranks[i]);
-    }
-    usleep(50000);
-    tp_threads_abort(g);
-    for (int i = 0; i < 2; i++) {
-        pthread_join(th[i], NULL);
-        cr_assert_neq(ranks[i].st, LOOM_OK);
-        cr_assert(strstr(ranks[i].err.message, "another rank failed"), "%s",
-                  ranks[i].err.message);
-    }
+    abort_two_waiters(g, waiting_rank);
     /* arriving after the abort fails at once, too */
     float x = 1;
     loom_error err = {0};

@@ -79,8 +79,8 @@ static const loom_param cpu_params[] = {
      .doc = "expert parallelism under the tp executor (MoE models): all_reduce = every rank routes every "
             "token through its own experts and the block's all-reduce combines; all_to_all = each rank "
             "routes its slice of the tokens, sends each (token, expert) row to the expert's owner and "
-            "back (the communicator's all_to_allv), then the slices are all-gathered; no effect on one "
-            "backend or a dense model"},
+            "back (the communicator's all_to_allv), then the slices are all-gathered (with a shared "
+            "expert: summed by the block's all-reduce); no effect on one backend or a dense model"},
     {.key = NULL},
 };
 
