@@ -160,8 +160,9 @@ typedef struct loom_comm {
      * rank d (d = r included) from `send` at offset send_counts[0] + ... +
      * send_counts[d-1], and receives recv_counts[s] elements from each
      * rank s into `recv` at the prefix sum of recv_counts before s. Both
-     * count arrays are host memory of `size` entries, >= 0 (zeros allowed,
-     * an all-zero call still synchronises), and must agree pairwise:
+     * count arrays are host memory of `size` entries, >= 0 (zeros allowed;
+     * every rank still makes the call, even with nothing to move), and
+     * must agree pairwise:
      * recv_counts[s] on rank r == send_counts[r] on rank s — the caller
      * exchanges them first (all_gather). `send` / `recv` may be NULL when
      * their counts sum to 0; they must not overlap. Every rank calls it
