@@ -153,6 +153,29 @@ typedef struct loom_comm {
      * steps that only make such calls into a CUDA graph; 0 = none are. */
     int64_t graph_safe_bytes;
     /* since ABI 2.0 — add new members below this line only */
+    /* since ABI 2.5 (read it only when LOOM_HAS_FIELD(comm, loom_comm,
+     * all_to_allv)); NULL = this communicator has none. [instance]
+     * All-to-all with per-peer counts, for expert parallelism's token
+     * dispatch and combine: rank r sends send_counts[d] elements to each
+     * rank d (d = r included) from `send` at offset send_counts[0] + ... +
+     * send_counts[d-1], and receives recv_counts[s] elements from each
+     * rank s into `recv` at the prefix sum of recv_counts before s. Both
+     * count arrays are host memory of `size` entries, >= 0 (zeros allowed;
+     * every rank still makes the call, even with nothing to move), and
+     * must agree pairwise:
+     * recv_counts[s] on rank r == send_counts[r] on rank s — the caller
+     * exchanges them first (all_gather). `send` / `recv` may be NULL when
+     * their counts sum to 0; they must not overlap. Every rank calls it
+     * with the same dtype. Errors: a bad argument, a count mismatch
+     * (detected by the threads communicator; NCCL cannot detect it), a
+     * dtype the communicator cannot move, or a peer that failed (the
+     * threads communicator returns an error, never hangs; NCCL as for the
+     * other collectives). Host (threads, stream NULL): returns once `recv`
+     * holds the data and `send` may be reused; device (NCCL): enqueued on
+     * `stream`, both hold in stream order. */
+    loom_status (*all_to_allv)(void *ctx, int32_t rank, const void *send, const int64_t *send_counts,
+                               void *recv, const int64_t *recv_counts, loom_dtype dtype, void *stream,
+                               loom_error *err);
 } loom_comm;
 
 /*

@@ -667,6 +667,54 @@ Test(backend, swap_and_copy_blocks) {
 
 /* ------------------------------------------------------------ contracts */
 
+static loom_status ep_noop_sum(void *ctx, int32_t rank, void *buf, int64_t count, loom_dtype dt, void *stream,
+                               loom_error *err) {
+    (void)ctx, (void)rank, (void)buf, (void)count, (void)dt, (void)stream, (void)err;
+    return LOOM_OK;
+}
+
+static loom_status ep_noop_gather(void *ctx, int32_t rank, const void *send, void *recv, int64_t count,
+                                  loom_dtype dt, void *stream, loom_error *err) {
+    (void)ctx, (void)rank, (void)send, (void)recv, (void)count, (void)dt, (void)stream, (void)err;
+    return LOOM_OK;
+}
+
+/* moe_dispatch: all_to_all needs the communicator's all_to_allv (ABI 2.5):
+ * a MoE model sharded through an older communicator, or one that leaves
+ * it NULL, is a load error naming both; all_reduce loads through it. */
+Test(backend, moe_all_to_all_needs_all_to_allv) {
+    tb b = {0};
+    char msg[512];
+    cr_assert(tb_load_plugin(&b, msg, sizeof msg), "%s", msg);
+    test_rng r = rng_seeded("backend.moe_a2a");
+    tiny_model *m = tm_make(TM_QWEN3_MOE, &r);
+    const loom_host *host = fake_host();
+    const loom_comm old = {.struct_size = offsetof(loom_comm, all_to_allv), .rank = 0, .size = 1,
+                           .all_reduce_sum = ep_noop_sum, .all_gather = ep_noop_gather};
+    const loom_comm none = {.struct_size = sizeof none, .rank = 0, .size = 1, .all_reduce_sum = ep_noop_sum,
+                            .all_gather = ep_noop_gather};
+    const loom_comm *comms[] = {&old, &none};
+    for (int i = 0; i < 2; i++) {
+        tb_config cfg = {.threads = 1, .moe_dispatch = 1};
+        loom_error err = {0};
+        cr_assert_eq(b.ops->create(host, &cfg, &b.self, &err), LOOM_OK, "%s", err.message);
+        cr_assert_neq(b.ops->load_shard(b.self, &m->view, NULL, comms[i], &err), LOOM_OK);
+        cr_assert(strstr(err.message, "all_to_allv") && strstr(err.message, "moe_dispatch"), "%s", err.message);
+        b.ops->destroy(b.self);
+        cfg.moe_dispatch = 0;
+        cr_assert_eq(b.ops->create(host, &cfg, &b.self, &err), LOOM_OK, "%s", err.message);
+        cr_assert_eq(b.ops->load_shard(b.self, &m->view, NULL, comms[i], &err), LOOM_OK, "%s", err.message);
+        b.ops->destroy(b.self);
+        b.self = NULL;
+    }
+    tb_config bad = {.threads = 1, .moe_dispatch = 2};
+    loom_error err = {0};
+    cr_assert_neq(b.ops->create(host, &bad, &b.self, &err), LOOM_OK);
+    cr_assert(strstr(err.message, "moe_dispatch 2"), "%s", err.message);
+    tb_close(&b);
+    tiny_free(m);
+}
+
 Test(backend, descriptor_memory_and_sizes) {
     tb b = {0};
     char msg[512];
@@ -675,10 +723,11 @@ Test(backend, descriptor_memory_and_sizes) {
     cr_assert_eq(b.desc->build_signature, LOOM_BUILD_SIGNATURE);
     cr_assert_eq(b.comp->config_size, sizeof(tb_config));
     cr_assert_eq(b.ops->struct_size, sizeof(loom_backend_ops));
-    const char *keys[] = {"threads", "kv_dtype", "weight_dtype", "cpu_isa"};
+    const char *keys[] = {"threads", "kv_dtype", "weight_dtype", "cpu_isa", "moe_dispatch"};
     size_t offs[] = {offsetof(tb_config, threads), offsetof(tb_config, kv_dtype),
-                     offsetof(tb_config, weight_dtype), offsetof(tb_config, cpu_isa)};
-    for (int i = 0; i < 4; i++) {
+                     offsetof(tb_config, weight_dtype), offsetof(tb_config, cpu_isa),
+                     offsetof(tb_config, moe_dispatch)};
+    for (int i = 0; i < 5; i++) {
         const loom_param *p = b.comp->params;
         while (p->key && strcmp(p->key, keys[i])) p++;
         cr_assert(p->key, "param %s missing", keys[i]);

@@ -28,6 +28,7 @@ typedef struct tb_config {
     int64_t kv_dtype;     /* 0 f32, 1 f16 */
     int64_t weight_dtype; /* 0 f32, 1 gguf (blocks as stored) */
     int64_t cpu_isa;      /* 0 auto, 1 avx512vnni, 2 avx512, 3 avx2, 4 portable */
+    int64_t moe_dispatch; /* 0 all_reduce, 1 all_to_all (sharded MoE) */
 } tb_config;
 
 #define TB_MAX_SEQ_BLOCKS 512

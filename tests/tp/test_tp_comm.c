@@ -8,7 +8,10 @@
  * (fewer elements than ranks too); all-gather is rank-major, also in place;
  * mismatched calls are reported on every rank; an abort releases ranks
  * waiting in a collective and reset makes the group usable again; a device
- * stream is refused.
+ * stream is refused. All-to-all with per-peer counts: random counts with
+ * zeros (ranks sending or receiving nothing) over 1..5 ranks and every
+ * element type the engine moves, byte-exact; a count mismatch fails on
+ * every rank; an abort releases waiting ranks; bad arguments are refused.
  *
  * Rendezvous: node 0 serves a 128-byte blob to two peers on localhost; a
  * duplicate node rank and a wrong node count are refused with the reason;
@@ -194,6 +197,153 @@ Test(tp_comm, all_gather_is_rank_major_and_works_in_place) {
     tp_threads_destroy(g);
 }
 
+/* ------------------------------------------------------- all-to-all (v) */
+
+#define A2A_MAXN 5
+#define A2A_MAXC 6
+
+/* Every rank's per-destination counts for one round: some zero, some whole
+ * rows of zeros (a rank that sends nothing) and columns (one that receives
+ * nothing). */
+typedef struct a2a_case {
+    loom_dtype dt;
+    int64_t counts[A2A_MAXN][A2A_MAXN]; /* [source][destination] */
+    uint32_t round;
+} a2a_case;
+
+/* The byte a source puts at element i, byte k of its message to dest. */
+static uint8_t a2a_byte(uint32_t round, int32_t src, int32_t dst, int64_t i, size_t k) {
+    return (uint8_t)(round * 131u + (uint32_t)src * 31u + (uint32_t)dst * 7u + (uint32_t)i * 3u + (uint32_t)k);
+}
+
+static void *a2a_rank(void *arg) {
+    rk *r = arg;
+    const a2a_case *c = r->arg;
+    const size_t es = esz(c->dt);
+    int64_t sc[A2A_MAXN], rc[A2A_MAXN], sn = 0, rn = 0;
+    for (int32_t k = 0; k < r->n; k++) {
+        sc[k] = c->counts[r->rank][k];
+        rc[k] = c->counts[k][r->rank];
+        sn += sc[k];
+        rn += rc[k];
+    }
+    uint8_t *send = sn ? malloc((size_t)sn * es) : NULL, *recv = rn ? malloc((size_t)rn * es) : NULL;
+    for (int32_t d = 0, o = 0; d < r->n; d++)
+        for (int64_t i = 0; i < sc[d]; i++, o++)
+            for (size_t k = 0; k < es; k++) send[(size_t)o * es + k] = a2a_byte(c->round, r->rank, d, i, k);
+    if (rn) memset(recv, 0xEE, (size_t)rn * es);
+    r->st = tp_threads_all_to_allv(r->g, r->rank, send, sc, recv, rc, c->dt, NULL, &r->err);
+    for (int32_t s = 0, o = 0; r->st == LOOM_OK && s < r->n; s++)
+        for (int64_t i = 0; i < rc[s]; i++, o++)
+            for (size_t k = 0; k < es; k++)
+                if (recv[(size_t)o * es + k] != a2a_byte(c->round, s, r->rank, i, k)) {
+                    snprintf(r->err.message, sizeof r->err.message,
+                             "rank %d: element %lld from rank %d, byte %zu wrong", r->rank, (long long)i, s, k);
+                    r->st = LOOM_ERR_INTERNAL;
+                }
+    free(send);
+    free(recv);
+    return NULL;
+}
+
+/* Random counts (zeros included, ranks that send or receive nothing) over
+ * 1..5 ranks, for every element type the engine moves: each rank receives
+ * exactly its peers' parts, in source order, over many rounds. */
+Test(tp_comm, all_to_allv_random_counts_every_dtype) {
+    static const loom_dtype dts[] = {LOOM_DTYPE_F32, LOOM_DTYPE_I32, LOOM_DTYPE_F16, LOOM_DTYPE_BF16};
+    uint32_t seed = 12345;
+    for (int32_t n = 1; n <= A2A_MAXN; n++) {
+        tp_threads *g = tp_threads_create(fake_host(), n);
+        for (uint32_t round = 0; round < 24; round++) {
+            a2a_case c = {.dt = dts[round % 4], .round = round};
+            const int32_t silent = round % 3 == 0 ? (int32_t)(round % (uint32_t)n) : -1;
+            for (int32_t s = 0; s < n; s++)
+                for (int32_t d = 0; d < n; d++) {
+                    seed = seed * 1103515245u + 12345u;
+                    const int64_t v = (int64_t)((seed >> 16) % A2A_MAXC);
+                    c.counts[s][d] = s == silent || (round % 4 == 1 && d == n - 1) || v < 2 ? 0 : v;
+                }
+            rk ranks[A2A_MAXN];
+            run_ranks(n, g, a2a_rank, ranks, &c);
+            for (int32_t i = 0; i < n; i++)
+                cr_assert_eq(ranks[i].st, LOOM_OK, "%d ranks, round %u, %s: %s", n, round, loom_dtype_name(c.dt),
+                             ranks[i].err.message);
+        }
+        tp_threads_destroy(g);
+    }
+}
+
+static void *a2a_mismatch_rank(void *arg) {
+    rk *r = arg;
+    float send[4] = {1, 2, 3, 4}, recv[8];
+    int64_t sc[2] = {1, 1}, rc[2] = {1, r->rank == 1 ? 2 : 1}; /* rank 1 expects 2 from rank 1, which sends 1 */
+    r->st = tp_threads_all_to_allv(r->g, r->rank, send, sc, recv, rc, LOOM_DTYPE_F32, NULL, &r->err);
+    return NULL;
+}
+
+Test(tp_comm, all_to_allv_count_mismatch_fails_on_every_rank) {
+    tp_threads *g = tp_threads_create(fake_host(), 2);
+    rk ranks[2];
+    run_ranks(2, g, a2a_mismatch_rank, ranks, NULL);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_neq(ranks[r].st, LOOM_OK, "rank %d did not notice", r);
+        cr_assert(strstr(ranks[r].err.message, "exchange the counts first"), "%s", ranks[r].err.message);
+    }
+    tp_threads_destroy(g);
+}
+
+static void *a2a_waiting_rank(void *arg) {
+    rk *r = arg;
+    float send[3] = {1, 2, 3}, recv[3];
+    int64_t c[3] = {1, 1, 1};
+    r->st = tp_threads_all_to_allv(r->g, r->rank, send, c, recv, c, LOOM_DTYPE_F32, NULL, &r->err);
+    return NULL;
+}
+
+/* Ranks 0 and 1 of g's 3 run `fn` (a collective) while rank 2 never
+ * comes: the abort must release both with an error, never a hang. */
+static void abort_two_waiters(tp_threads *g, void *(*fn)(void *)) {
+    pthread_t th[2];
+    rk ranks[2];
+    for (int i = 0; i < 2; i++) {
+        ranks[i] = (rk){.g = g, .rank = i, .n = 3};
+        pthread_create(&th[i], NULL, fn, &ranks[i]);
+    }
+    usleep(50000);
+    tp_threads_abort(g);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        cr_assert_neq(ranks[i].st, LOOM_OK);
+        cr_assert(strstr(ranks[i].err.message, "another rank failed"), "%s", ranks[i].err.message);
+    }
+}
+
+Test(tp_comm, all_to_allv_abort_releases_waiting_ranks) {
+    tp_threads *g = tp_threads_create(fake_host(), 3);
+    abort_two_waiters(g, a2a_waiting_rank);
+    tp_threads_destroy(g);
+}
+
+Test(tp_comm, all_to_allv_bad_arguments_are_refused) {
+    tp_threads *g = tp_threads_create(fake_host(), 1);
+    float x = 1, y = 0;
+    int64_t one = 1, zero = 0, neg = -1;
+    loom_error err = {0};
+    cr_assert_neq(tp_threads_all_to_allv(g, 0, &x, &one, &y, &one, LOOM_DTYPE_F32, (void *)0x10, &err), LOOM_OK);
+    cr_assert(strstr(err.message, "comm: nccl"), "%s", err.message);
+    cr_assert_neq(tp_threads_all_to_allv(g, 0, &x, &neg, &y, &neg, LOOM_DTYPE_F32, NULL, &err), LOOM_OK);
+    cr_assert(strstr(err.message, "negative count"), "%s", err.message);
+    cr_assert_neq(tp_threads_all_to_allv(g, 0, NULL, &one, &y, &one, LOOM_DTYPE_F32, NULL, &err), LOOM_OK);
+    cr_assert(strstr(err.message, "no send buffer"), "%s", err.message);
+    cr_assert_neq(tp_threads_all_to_allv(g, 0, &x, NULL, &y, &one, LOOM_DTYPE_F32, NULL, &err), LOOM_OK);
+    cr_assert_neq(tp_threads_all_to_allv(g, 0, &x, &one, &y, &one, LOOM_DTYPE_Q4_0, NULL, &err), LOOM_OK);
+    cr_assert_neq(tp_threads_all_to_allv(g, 1, &x, &one, &y, &one, LOOM_DTYPE_F32, NULL, &err), LOOM_OK);
+    cr_assert_eq(tp_threads_all_to_allv(g, 0, NULL, &zero, NULL, &zero, LOOM_DTYPE_F32, NULL, &err), LOOM_OK);
+    cr_assert_eq(tp_threads_all_to_allv(g, 0, &x, &one, &y, &one, LOOM_DTYPE_F32, NULL, &err), LOOM_OK);
+    cr_assert_eq(y, 1.0f);
+    tp_threads_destroy(g);
+}
+
 /* ------------------------------------------------ misuse, abort, reset */
 
 static void *mismatch_rank(void *arg) {
@@ -234,20 +384,8 @@ static void *summing_rank(void *arg) {
  * release them with an error; after a reset all three sum again. */
 Test(tp_comm, abort_releases_waiting_ranks_and_reset_recovers) {
     tp_threads *g = tp_threads_create(fake_host(), 3);
-    pthread_t th[2];
     rk ranks[3];
-    for (int i = 0; i < 2; i++) {
-        ranks[i] = (rk){.g = g, .rank = i, .n = 3};
-        pthread_create(&th[i], NULL, waiting_rank, &ranks[i]);
-    }
-    usleep(50000);
-    tp_threads_abort(g);
-    for (int i = 0; i < 2; i++) {
-        pthread_join(th[i], NULL);
-        cr_assert_neq(ranks[i].st, LOOM_OK);
-        cr_assert(strstr(ranks[i].err.message, "another rank failed"), "%s",
-                  ranks[i].err.message);
-    }
+    abort_two_waiters(g, waiting_rank);
     /* arriving after the abort fails at once, too */
     float x = 1;
     loom_error err = {0};

@@ -14,7 +14,9 @@
  *   errors: size 0, heads that do not divide, threads across nodes, comm
  *     nccl in a build without it;
  *   mixture of experts (expert parallelism): the tiny Qwen3-MoE and
- *     Qwen2-MoE dummies on 1, 2, 4 ranks equal one backend as above
+ *     Qwen2-MoE dummies on 1, 2, 4 ranks equal one backend as above, in
+ *     both moe_dispatch forms (all_reduce, all_to_all), and all_to_all
+ *     through steps of one token (ranks with no tokens and no rows)
  *     (experts that do not divide: tests/backend/test_weight_walk.c);
  *   SmolLM2-135M (LOOM_TEST_MODEL; skipped when unset): size 3 gives the
  *     greedy text of one backend and its log-probs within 2.5e-4 (30
@@ -122,16 +124,19 @@ Test(tp, tiny_greedy_identical) {
 /* The tiny Qwen3-MoE (8 experts, top-2) and Qwen2-MoE (8 experts, top-2,
  * shared expert of width 48) dummies on 1, 2, 4 ranks: each rank holds a
  * block of the experts and a slice of the shared expert, attention is
- * tensor-parallel. Teacher-forced log-probs within 1e-4 of one backend
- * (size 1 bit-identical) and, at sizes 2 and 4, the same greedy ids and
- * distributions for the batched request set. */
-Test(tp, moe_expert_parallel_matches_one_backend, .timeout = 240) {
+ * tensor-parallel; `dispatch` picks the backend's moe_dispatch form.
+ * Teacher-forced log-probs within 1e-4 of one backend (size 1
+ * bit-identical when `exact1`) and, at sizes 2 and 4, the same greedy ids
+ * and distributions for the batched request set (its last decode steps
+ * run one token: most ranks route nothing and some receive no rows). */
+static void moe_check(const char *dispatch, bool exact1) {
     enum { N = 120 };
     static const char *const shapes[] = {"model.shape=qwen3-moe-tiny", "model.shape=qwen2-moe-tiny"};
     int32_t tok[N];
     eng_prompt(tok, N, 9, VOCAB);
     for (int m = 0; m < 2; m++) {
         const char *base[] = {shapes[m], "scheduler.max_batched_tokens=24", NULL};
+        const char *ep[] = {shapes[m], "scheduler.max_batched_tokens=24", dispatch, NULL};
         loom_engine *ref = tp_open("tiny.yaml", base);
         float *want = eng_score(ref, tok, N);
         loom_engine_destroy(ref);
@@ -140,29 +145,75 @@ Test(tp, moe_expert_parallel_matches_one_backend, .timeout = 240) {
         static const int sizes[] = {1, 2, 4};
         for (int s = 0; s < 3; s++) {
             tp_ov o;
-            loom_engine *e = tp_open("tiny_tp.yaml", tp_with_size(&o, sizes[s], base));
+            loom_engine *e = tp_open("tiny_tp.yaml", tp_with_size(&o, sizes[s], ep));
             float *got = eng_score(e, tok, N);
             loom_engine_destroy(e);
             double worst = 0;
             for (int i = 0; i < N; i++) worst = fmax(worst, fabs((double)got[i] - want[i]));
-            cr_log_info("%s, %d ranks: max |log-prob difference| %.3g over %d tokens", shapes[m], sizes[s], worst,
-                        N);
-            if (sizes[s] == 1)
+            cr_log_info("%s, %s, %d ranks: max |log-prob difference| %.3g over %d tokens", shapes[m], dispatch,
+                        sizes[s], worst, N);
+            if (sizes[s] == 1 && exact1)
                 cr_assert(!memcmp(got, want, sizeof want[0] * N), "%s size 1 must be bit-identical (max diff %g)",
                           shapes[m], worst);
             else
-                cr_assert(worst <= 1e-4, "%s size %d: log-probs differ by up to %g", shapes[m], sizes[s], worst);
+                cr_assert(worst <= 1e-4, "%s, %s, size %d: log-probs differ by up to %g", shapes[m], dispatch,
+                          sizes[s], worst);
             free(got);
             if (sizes[s] == 1) continue;
-            eng_set_run("tp", VOCAB, "tiny_tp.yaml", tp_with_size(&o, sizes[s], base), set_got, NULL);
-            char what[96];
-            snprintf(what, sizeof what, "%s, %d expert-parallel ranks vs one backend", shapes[m], sizes[s]);
+            eng_set_run("tp", VOCAB, "tiny_tp.yaml", tp_with_size(&o, sizes[s], ep), set_got, NULL);
+            char what[128];
+            snprintf(what, sizeof what, "%s, %s, %d expert-parallel ranks vs one backend", shapes[m], dispatch,
+                     sizes[s]);
             eng_set_same(set_ref, set_got, 1e-4f, what);
             eng_set_free(set_got);
         }
         eng_set_free(set_ref);
         free(want);
     }
+}
+
+Test(tp, moe_expert_parallel_matches_one_backend, .timeout = 240) {
+    moe_check("backend.moe_dispatch=all_reduce", true);
+}
+
+Test(tp, moe_all_to_all_matches_one_backend, .timeout = 240) { moe_check("backend.moe_dispatch=all_to_all", false); }
+
+/* One request of a one-token prompt: every step (prefill included) runs a
+ * single token, so on 4 ranks three route nothing and at most two (top-2)
+ * receive rows. Greedy ids identical to one backend, log-probs within 1e-4. */
+Test(tp, moe_all_to_all_one_token_steps, .timeout = 120) {
+    enum { OUT = 12 };
+    const int32_t prompt[1] = {42};
+    const char *base[] = {"model.shape=qwen2-moe-tiny", NULL};
+    const char *ep[] = {"model.shape=qwen2-moe-tiny", "backend.moe_dispatch=all_to_all", NULL};
+    eng_rec want, got;
+    eng_rec_init(&want, 1);
+    eng_rec_init(&got, 1);
+    loom_engine *ref = tp_open("tiny.yaml", base);
+    loom_request rq = eng_req_tokens(prompt, 1, OUT);
+    rq.params.logprobs = 2;
+    eng_add(ref, rq, &want);
+    eng_run(ref, 100);
+    loom_engine_destroy(ref);
+    tp_ov o;
+    loom_engine *e = tp_open("tiny_tp.yaml", tp_with_size(&o, 4, ep));
+    eng_add(e, rq, &got);
+    eng_run(e, 100);
+    loom_engine_destroy(e);
+    eng_rec_check_done(&got);
+    cr_assert_eq(got.s[0].ntok, OUT, "made %d tokens, wanted %d", got.s[0].ntok, OUT);
+    cr_assert_eq(want.s[0].ntok, OUT);
+    double worst = 0;
+    for (int32_t i = 0; i < OUT; i++) worst = fmax(worst, fabs((double)got.s[0].lps[i] - want.s[0].lps[i]));
+    cr_log_info("one-token steps, 4 ranks, all_to_all: max |log-prob difference| %.3g over %d tokens", worst, OUT);
+    for (int32_t i = 0; i < OUT; i++) {
+        cr_assert_eq(got.s[0].tokens[i], want.s[0].tokens[i], "token %d: %d vs one backend's %d", i,
+                     got.s[0].tokens[i], want.s[0].tokens[i]);
+        cr_assert(fabsf(got.s[0].lps[i] - want.s[0].lps[i]) <= 1e-4f, "token %d: log-prob %g vs %g", i,
+                  (double)got.s[0].lps[i], (double)want.s[0].lps[i]);
+    }
+    eng_rec_free(&want);
+    eng_rec_free(&got);
 }
 
 /* -------------------------------------------------------- composition */

@@ -54,6 +54,7 @@ enum { CPU_WEIGHTS_F32 = 0, CPU_WEIGHTS_GGUF = 1 };
 static const char *const cpu_isa_choices[] = {"auto", "avx512vnni", "avx512", "avx2", "portable",
                                               NULL};
 enum { CPU_ISA_AUTO = 0, CPU_ISA_LAST = 4 };
+static const char *const cpu_moe_dispatch_choices[] = {"all_reduce", "all_to_all", NULL};
 
 static const loom_param cpu_params[] = {
     {.key = "threads", .type = LOOM_PARAM_INT, .offset = offsetof(cpu_backend_config, threads),
@@ -73,6 +74,13 @@ static const loom_param cpu_params[] = {
      .doc = "instruction set of the GGUF integer kernels: auto = the best this CPU has "
             "(avx512vnni, avx512, avx2, portable); naming one forces it (a CPU without it fails "
             "create), e.g. portable to test or time the plain C path; process-wide"},
+    {.key = "moe_dispatch", .type = LOOM_PARAM_ENUM, .offset = offsetof(cpu_backend_config, moe_dispatch),
+     .default_value = "all_reduce", .min = 1, .max = 0, .choices = cpu_moe_dispatch_choices,
+     .doc = "expert parallelism under the tp executor (MoE models): all_reduce = every rank routes every "
+            "token through its own experts and the block's all-reduce combines; all_to_all = each rank "
+            "routes its slice of the tokens, sends each (token, expert) row to the expert's owner and "
+            "back (the communicator's all_to_allv), then the slices are all-gathered (with a shared "
+            "expert: summed by the block's all-reduce); no effect on one backend or a dense model"},
     {.key = NULL},
 };
 
@@ -135,13 +143,15 @@ static loom_status cpu_create(const loom_host *host, const void *config, void **
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.threads < 0 || cfg.threads > 1024 || cfg.kv_dtype < 0 || cfg.kv_dtype > 1 ||
         cfg.weight_dtype < CPU_WEIGHTS_F32 || cfg.weight_dtype > CPU_WEIGHTS_GGUF ||
-        cfg.cpu_isa < CPU_ISA_AUTO || cfg.cpu_isa > CPU_ISA_LAST)
+        cfg.cpu_isa < CPU_ISA_AUTO || cfg.cpu_isa > CPU_ISA_LAST || cfg.moe_dispatch < CPU_MOE_ALL_REDUCE ||
+        cfg.moe_dispatch > CPU_MOE_ALL_TO_ALL)
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "backend cpu: bad config (threads %lld in [0, 1024], kv_dtype %lld in "
                            "{0 f32, 1 f16}, weight_dtype %lld in {0 f32, 1 gguf}, cpu_isa %lld in "
-                           "[0, %d])",
+                           "[0, %d], moe_dispatch %lld in {0 all_reduce, 1 all_to_all})",
                            (long long)cfg.threads, (long long)cfg.kv_dtype,
-                           (long long)cfg.weight_dtype, (long long)cfg.cpu_isa, CPU_ISA_LAST);
+                           (long long)cfg.weight_dtype, (long long)cfg.cpu_isa, CPU_ISA_LAST,
+                           (long long)cfg.moe_dispatch);
     /* process-wide, before any product runs (q8dot.h) */
     if (!loom_cpu_q8_force_isa(cfg.cpu_isa == CPU_ISA_AUTO ? NULL : cpu_isa_choices[cfg.cpu_isa]))
         return host->error(host->ctx, err, LOOM_ERR_UNSUPPORTED,
@@ -190,6 +200,7 @@ static void cpu_destroy(void *self) {
     cpu_release_quant(b);
     h->free(h->ctx, b->scratch);
     h->free(h->ctx, b->moe_scratch);
+    h->free(h->ctx, b->moe_ep);
     h->free(h->ctx, b->lg_local);
     h->free(h->ctx, b->topk_logits);
     h->free(h->ctx, b->kv);
@@ -627,6 +638,7 @@ static loom_status cpu_load_impl(cpu_backend *b, const loom_model_view *m,
         return st;
     b->mc = *m->config;
     const loom_model_config *c = &b->mc;
+    if ((st = cpu_moe_check_comm(b, c, comm, err)) != LOOM_OK) return st;
     if (c->head_dim % 2 != 0 || c->head_dim > LOOM_CPU_MAX_HEAD_DIM)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cpu: model '%s' has head_dim %d; this backend runs even head_dim up "

@@ -44,7 +44,9 @@ typedef struct cpu_backend_config {
     int64_t kv_dtype;     /* index into cpu_kv_dtype_choices: 0 f32, 1 f16     */
     int64_t weight_dtype; /* index into cpu_weight_dtype_choices: 0 f32, 1 gguf */
     int64_t cpu_isa;      /* index into cpu_isa_choices: 0 auto, else a q8 path */
+    int64_t moe_dispatch; /* CPU_MOE_ALL_REDUCE or CPU_MOE_ALL_TO_ALL (sharded MoE) */
 } cpu_backend_config;
+enum { CPU_MOE_ALL_REDUCE = 0, CPU_MOE_ALL_TO_ALL = 1 };
 
 /* One linear weight as this rank runs it: float32 rows in the arena, or a
  * quantized view (format != NONE in the quantizer's plan). */
@@ -191,6 +193,8 @@ typedef struct cpu_backend {
     int32_t *moe_sel;           /* (rows, top-k) expert of each (token, slot) */
     int32_t *moe_off;           /* (experts + 1) first pair of each expert    */
     int32_t *moe_fill;          /* (experts) cursors while grouping           */
+    int64_t moe_ep_rows;        /* token rows the all-to-all scratch holds    */
+    void *moe_ep;               /* host->alloc'd all-to-all scratch (cpu_moe.c) */
     size_t topk_cap;            /* floats it holds                            */
 
     /* --- calibration (set_observer); obs.record NULL: none installed */
@@ -200,8 +204,15 @@ typedef struct cpu_backend {
 /* cpu_moe.c */
 /* Layer l's FFN for a mixture of experts: x (T, H) = beta_res * x + this
  * rank's experts' weighted outputs (+ its part of the shared expert's) of
- * rmsnorm(x); beta_res 1 on a whole model or rank 0, else 0. */
-loom_status cpu_moe_block(cpu_backend *b, int64_t T, int32_t l, float beta_res, loom_error *err);
+ * rmsnorm(x); beta_res 1 on a whole model or rank 0, else 0. Sharded with
+ * moe_dispatch all_to_all, the routed part travels by all-to-all instead;
+ * *combined is then true when x already holds the whole result on every
+ * rank (no shared expert), so the caller skips its all-reduce. */
+loom_status cpu_moe_block(cpu_backend *b, int64_t T, int32_t l, float beta_res, bool *combined, loom_error *err);
+/* load: an error when moe_dispatch all_to_all meets a communicator without
+ * all_to_allv (a MoE model under an executor that lacks it). */
+loom_status cpu_moe_check_comm(const cpu_backend *b, const loom_model_config *c, const loom_comm *comm,
+                               loom_error *err);
 /* Floats of layer wl's expert weights kept as float32 (cpu_moe_load carves them). */
 size_t cpu_moe_floats(const cpu_backend *b, const loom_ww_layer *wl);
 /* Load layer l's experts (walk layer wl) into ly->moe, carving float parts from *cur. */

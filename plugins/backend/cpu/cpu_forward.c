@@ -432,11 +432,12 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
     for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++) {
         kv.k = cpu_pool_base(b, l, 0, false);
         kv.v = cpu_pool_base(b, l, 1, false);
+        bool combined = false; /* the all-to-all MoE form may leave nothing to sum */
         if ((st = cpu_attention_block(b, bt, l, &aa, beta_res, err)) != LOOM_OK ||
             (st = cpu_all_reduce(b, b->x, T * H, err)) != LOOM_OK ||
-            (st = b->layers[l].moe.ex ? cpu_moe_block(b, T, l, beta_res, err)
+            (st = b->layers[l].moe.ex ? cpu_moe_block(b, T, l, beta_res, &combined, err)
                                        : cpu_ffn_block(b, T, l, beta_res, err)) ||
-            (st = cpu_all_reduce(b, b->x, T * H, err)) != LOOM_OK)
+            (!combined && (st = cpu_all_reduce(b, b->x, T * H, err)) != LOOM_OK))
             return st;
     }
 

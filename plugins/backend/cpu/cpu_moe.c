@@ -280,37 +280,246 @@ static loom_status cpu_moe_shared(cpu_backend *b, const cpu_moe *mo, const float
     return LOOM_OK;
 }
 
-loom_status cpu_moe_block(cpu_backend *b, int64_t T, int32_t l, float beta_res, loom_error *err) {
-    const loom_model_config *c = &b->mc;
-    const cpu_layer *ly = &b->layers[l];
-    const cpu_moe *mo = &ly->moe;
-    const int64_t H = c->hidden_size, E = c->num_experts, I = c->expert_intermediate_size;
-    float *x = b->x, *xn = b->xn, *out;
+/* out (n, H) += w * y over the pairs [p0, p0 + n) of moe_tok / moe_wt,
+ * token rows relative to `out`: the combine, in pair order. */
+static void cpu_moe_combine(cpu_backend *b, float *out, int32_t p0, int32_t n, const float *y) {
+    const int64_t H = b->mc.hidden_size;
+    for (int32_t i = 0; i < n; i++) {
+        float *o = out + (int64_t)b->moe_tok[p0 + i] * H;
+        const float w = b->moe_wt[p0 + i], *yi = y + (int64_t)i * H;
+        for (int64_t k = 0; k < H; k++) o[k] += w * yi[k];
+    }
+}
+
+/* x = beta_res * x + out over T rows. */
+static void cpu_moe_residual(float *x, const float *out, int64_t TH, float beta_res) {
+    if (beta_res == 0.0f) memcpy(x, out, (size_t)TH * sizeof *x);
+    else
+        for (int64_t i = 0; i < TH; i++) x[i] += out[i];
+}
+
+/* The all-reduce form: every token through this rank's experts. */
+static loom_status cpu_moe_local(cpu_backend *b, const cpu_moe *mo, int64_t T, float *out, loom_error *err) {
+    const int64_t H = b->mc.hidden_size, E = b->mc.num_experts, I = b->mc.expert_intermediate_size;
     loom_status st;
-    if ((st = cpu_moe_scratch(b, T, err))) return st;
-    out = b->moe_out;
-    /* (T, H) -> router logits (T, E) -> pairs grouped by expert */
-    loom_cpu_rmsnorm(xn, H, x, H, ly->ffn_norm, T, H, c->rms_norm_eps, b->pool);
-    loom_cpu_linear(b->moe_logits, E, xn, H, mo->router, NULL, T, E, H, 0.0f, b->pool);
+    loom_cpu_linear(b->moe_logits, E, b->xn, H, mo->router, NULL, T, E, H, 0.0f, b->pool);
     cpu_moe_group(b, T);
     memset(out, 0, (size_t)(T * H) * sizeof *out);
     for (int32_t e = mo->e0; e < mo->e0 + mo->n; e++) { /* this rank's experts */
         const int32_t p0 = b->moe_off[e], n = b->moe_off[e + 1] - p0;
         if (n == 0) continue; /* an expert no token chose is never read */
         for (int32_t i = 0; i < n; i++)
-            memcpy(b->moe_xg + (int64_t)i * H, xn + (int64_t)b->moe_tok[p0 + i] * H, (size_t)H * sizeof *xn);
+            memcpy(b->moe_xg + (int64_t)i * H, b->xn + (int64_t)b->moe_tok[p0 + i] * H, (size_t)H * sizeof *b->xn);
         if ((st = cpu_expert_ffn(b, &mo->ex[e - mo->e0], I, b->moe_xg, n, b->moe_y, err))) return st;
-        for (int32_t i = 0; i < n; i++) {
-            float *o = out + (int64_t)b->moe_tok[p0 + i] * H;
-            const float w = b->moe_wt[p0 + i], *y = b->moe_y + (int64_t)i * H;
-            for (int64_t k = 0; k < H; k++) o[k] += w * y[k];
-        }
+        cpu_moe_combine(b, out, p0, n, b->moe_y);
     }
-    if (mo->sh_gate && (st = cpu_moe_shared(b, mo, xn, T, out, err))) return st;
+    return LOOM_OK;
+}
+
+/* ----------------------------------------------- expert parallel: all-to-all */
+
+/* One step's all-to-all state, carved from b->moe_ep for T tokens. */
+typedef struct cpu_ep {
+    int32_t n, r;                  /* ranks, this rank                             */
+    int64_t t0, ts, slice;         /* this rank's tokens [t0, t0 + ts); ceil(T/n)  */
+    int32_t *cnt, *all;            /* (n) pairs sent to each rank; (n, n) everyone's */
+    int64_t *sc, *rc, *scx, *rcx;  /* (n) pairs / floats sent to and received from */
+    int32_t *sid, *rid;            /* expert of each pair sent (T K) / received (T K) */
+    int32_t *idx, *eoff;           /* (T K) received pairs by local expert; (El + 1) */
+    float *sx, *rx;                /* (T K, H) rows sent, then their results; received */
+    float *gs, *gr;                /* (slice, H) this rank's output; (n slice, H) all */
+} cpu_ep;
+
+/* Carve (growing b->moe_ep when needed) the buffers of `ep` for T tokens. */
+static loom_status cpu_ep_scratch(cpu_backend *b, const cpu_moe *mo, int64_t T, cpu_ep *ep, loom_error *err) {
+    const loom_host *h = b->host;
+    const int64_t n = ep->n, H = b->mc.hidden_size, K = b->mc.num_experts_used;
+    const int64_t rows = T < 16 ? 16 : T, PK = rows * K, sl = (rows + n - 1) / n;
+    const size_t ints[6] = {(size_t)n, (size_t)(n * n), (size_t)PK, (size_t)PK, (size_t)PK, (size_t)mo->n + 1};
+    const size_t fl[4] = {(size_t)(PK * H), (size_t)(PK * H), (size_t)(sl * H), (size_t)(n * sl * H)};
+    size_t total = 4 * cpu_moe_round((size_t)n) * sizeof(int64_t);
+    for (int i = 0; i < 6; i++) total += cpu_moe_round(ints[i]) * sizeof(int32_t);
+    for (int i = 0; i < 4; i++) total += cpu_moe_round(fl[i]) * sizeof(float);
+    if (T > b->moe_ep_rows || !b->moe_ep) {
+        uint8_t *p = h->alloc(h->ctx, total);
+        if (!p)
+            return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                            "backend cpu: out of memory for %.1f MiB of expert-parallel all-to-all buffers (%lld "
+                            "tokens); lower max_num_batched_tokens",
+                            (double)total / (1 << 20), (long long)T);
+        h->free(h->ctx, b->moe_ep);
+        b->moe_ep = p;
+        b->moe_ep_rows = rows;
+    }
+    uint8_t *p = b->moe_ep;
+    int64_t **l64[4] = {&ep->sc, &ep->rc, &ep->scx, &ep->rcx};
+    for (int i = 0; i < 4; i++) {
+        *l64[i] = (int64_t *)p;
+        p += cpu_moe_round((size_t)n) * sizeof(int64_t);
+    }
+    int32_t **i32[6] = {&ep->cnt, &ep->all, &ep->sid, &ep->rid, &ep->idx, &ep->eoff};
+    for (int i = 0; i < 6; i++) {
+        *i32[i] = (int32_t *)p;
+        p += cpu_moe_round(ints[i]) * sizeof(int32_t);
+    }
+    float **f[4] = {&ep->sx, &ep->rx, &ep->gs, &ep->gr};
+    for (int i = 0; i < 4; i++) {
+        *f[i] = (float *)p;
+        p += cpu_moe_round(fl[i]) * sizeof(float);
+    }
+    return LOOM_OK;
+}
+
+/* Route this rank's slice and pack the pairs for their experts' owners:
+ * pairs in expert order, so each owner's (a contiguous block of experts)
+ * are contiguous and ascending. */
+static void cpu_ep_pack(cpu_backend *b, const cpu_moe *mo, cpu_ep *ep) {
+    const int64_t H = b->mc.hidden_size, E = b->mc.num_experts;
+    const float *xs = b->xn + ep->t0 * H;
+    loom_cpu_linear(b->moe_logits, E, xs, H, mo->router, NULL, ep->ts, E, H, 0.0f, b->pool);
+    cpu_moe_group(b, ep->ts);
+    for (int32_t e = 0; e < E; e++)
+        for (int32_t i = b->moe_off[e]; i < b->moe_off[e + 1]; i++) {
+            ep->sid[i] = e;
+            memcpy(ep->sx + (int64_t)i * H, xs + (int64_t)b->moe_tok[i] * H, (size_t)H * sizeof *xs);
+        }
+    for (int32_t d = 0; d < ep->n; d++) ep->cnt[d] = b->moe_off[(d + 1) * mo->n] - b->moe_off[d * mo->n];
+}
+
+/* Exchange the pair counts (all_gather) and send every pair's expert id
+ * and row to its owner. */
+static loom_status cpu_ep_dispatch(cpu_backend *b, cpu_ep *ep, int64_t *received, loom_error *err) {
+    const loom_comm *cm = &b->comm;
+    const int64_t H = b->mc.hidden_size;
+    loom_status st = cm->all_gather(cm->ctx, cm->rank, ep->cnt, ep->all, ep->n, LOOM_DTYPE_I32, NULL, err);
+    if (st) return st;
+    *received = 0;
+    for (int32_t k = 0; k < ep->n; k++) {
+        ep->sc[k] = ep->cnt[k];
+        ep->rc[k] = ep->all[(int64_t)k * ep->n + ep->r];
+        ep->scx[k] = ep->sc[k] * H;
+        ep->rcx[k] = ep->rc[k] * H;
+        *received += ep->rc[k];
+    }
+    if ((st = cm->all_to_allv(cm->ctx, cm->rank, ep->sid, ep->sc, ep->rid, ep->rc, LOOM_DTYPE_I32, NULL, err)))
+        return st;
+    return cm->all_to_allv(cm->ctx, cm->rank, ep->sx, ep->scx, ep->rx, ep->rcx, LOOM_DTYPE_F32, NULL, err);
+}
+
+/* Run this rank's experts over the R received rows, each result written
+ * over its row; rows of one expert batched together. */
+static loom_status cpu_ep_experts(cpu_backend *b, const cpu_moe *mo, cpu_ep *ep, int64_t R, loom_error *err) {
+    const int64_t H = b->mc.hidden_size, I = b->mc.expert_intermediate_size;
+    memset(ep->eoff, 0, (size_t)(mo->n + 1) * sizeof *ep->eoff);
+    for (int64_t i = 0; i < R; i++) {
+        const int32_t e = ep->rid[i] - mo->e0;
+        if (e < 0 || e >= mo->n)
+            return b->host->error(b->host->ctx, err, LOOM_ERR_INTERNAL,
+                                  "backend cpu: rank %d received a row for expert %d, but holds experts %d..%d",
+                                  ep->r, ep->rid[i], mo->e0, mo->e0 + mo->n - 1);
+        ep->eoff[e + 1]++;
+    }
+    for (int32_t e = 0; e < mo->n; e++) ep->eoff[e + 1] += ep->eoff[e];
+    for (int64_t i = 0; i < R; i++) ep->idx[ep->eoff[ep->rid[i] - mo->e0]++] = (int32_t)i; /* eoff[e] -> end */
+    for (int32_t e = 0, p0 = 0; e < mo->n; p0 = ep->eoff[e++]) {
+        const int32_t m = ep->eoff[e] - p0;
+        if (m == 0) continue;
+        for (int32_t i = 0; i < m; i++)
+            memcpy(b->moe_xg + (int64_t)i * H, ep->rx + (int64_t)ep->idx[p0 + i] * H, (size_t)H * sizeof(float));
+        loom_status st = cpu_expert_ffn(b, &mo->ex[e], I, b->moe_xg, m, b->moe_y, err);
+        if (st) return st;
+        for (int32_t i = 0; i < m; i++)
+            memcpy(ep->rx + (int64_t)ep->idx[p0 + i] * H, b->moe_y + (int64_t)i * H, (size_t)H * sizeof(float));
+    }
+    return LOOM_OK;
+}
+
+/* The all-to-all form: the routed experts' output of this rank's slice
+ * of the tokens into ep->gs (rows [0, ts), the rest of the slice zero). */
+static loom_status cpu_ep_routed(cpu_backend *b, const cpu_moe *mo, cpu_ep *ep, loom_error *err) {
+    const loom_comm *cm = &b->comm;
+    const int64_t H = b->mc.hidden_size;
+    int64_t R = 0;
+    cpu_ep_pack(b, mo, ep);
+    loom_status st = cpu_ep_dispatch(b, ep, &R, err);
+    if (st || (st = cpu_ep_experts(b, mo, ep, R, err))) return st;
+    /* results back to their sources, in the order the pairs were sent */
+    if ((st = cm->all_to_allv(cm->ctx, cm->rank, ep->rx, ep->rcx, ep->sx, ep->scx, LOOM_DTYPE_F32, NULL, err)))
+        return st;
+    memset(ep->gs, 0, (size_t)(ep->slice * H) * sizeof *ep->gs);
+    /* pairs by ascending expert: each token sums its experts in the
+     * order one backend does */
+    const int32_t pairs = b->moe_off[b->mc.num_experts];
+    cpu_moe_combine(b, ep->gs, 0, pairs, ep->sx);
+    return LOOM_OK;
+}
+
+/* out (T, H) = every rank's slice, all-gathered. */
+static loom_status cpu_ep_gather(cpu_backend *b, cpu_ep *ep, int64_t T, float *out, loom_error *err) {
+    const loom_comm *cm = &b->comm;
+    const int64_t H = b->mc.hidden_size;
+    loom_status st = cm->all_gather(cm->ctx, cm->rank, ep->gs, ep->gr, ep->slice * H, LOOM_DTYPE_F32, NULL, err);
+    if (st) return st;
+    for (int32_t s = 0; s < ep->n; s++) {
+        const int64_t t0 = T * s / ep->n, t1 = T * (s + 1) / ep->n;
+        memcpy(out + t0 * H, ep->gr + (int64_t)s * ep->slice * H, (size_t)((t1 - t0) * H) * sizeof *out);
+    }
+    return LOOM_OK;
+}
+
+/* The all-to-all form of the block. Without a shared expert the slices are
+ * all-gathered and every rank adds the whole output to its (replicated)
+ * x: *combined. With one, each rank's slice rows join its partial shared
+ * expert output and the caller's all-reduce sums them (an all-gather
+ * first would move the same rows twice). */
+static loom_status cpu_moe_a2a(cpu_backend *b, const cpu_moe *mo, int64_t T, float beta_res, bool *combined,
+                               loom_error *err) {
+    const int64_t H = b->mc.hidden_size;
+    cpu_ep ep = {.n = b->comm.size, .r = b->comm.rank, .t0 = T * b->comm.rank / b->comm.size,
+                 .slice = (T + b->comm.size - 1) / b->comm.size};
+    ep.ts = T * (ep.r + 1) / ep.n - ep.t0;
+    loom_status st = cpu_ep_scratch(b, mo, T, &ep, err);
+    if (st || (st = cpu_ep_routed(b, mo, &ep, err))) return st;
+    float *out = b->moe_out;
+    if (!mo->sh_gate) {
+        if ((st = cpu_ep_gather(b, &ep, T, out, err))) return st;
+        cpu_moe_residual(b->x, out, T * H, 1.0f);
+        *combined = true;
+        return LOOM_OK;
+    }
+    memset(out, 0, (size_t)(T * H) * sizeof *out);
+    memcpy(out + ep.t0 * H, ep.gs, (size_t)(ep.ts * H) * sizeof *out);
+    if ((st = cpu_moe_shared(b, mo, b->xn, T, out, err))) return st;
+    cpu_moe_residual(b->x, out, T * H, beta_res);
+    return LOOM_OK;
+}
+
+loom_status cpu_moe_check_comm(const cpu_backend *b, const loom_model_config *c, const loom_comm *comm,
+                               loom_error *err) {
+    if (!comm || c->num_experts <= 0 || b->cfg.moe_dispatch != CPU_MOE_ALL_TO_ALL) return LOOM_OK;
+    if (LOOM_HAS_FIELD(comm, loom_comm, all_to_allv) && comm->all_to_allv) return LOOM_OK;
+    return b->host->error(b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
+                          "backend cpu: moe_dispatch: all_to_all, but the executor's communicator has no "
+                          "all_to_allv (struct_size %u; ABI 2.5 added it); use moe_dispatch: all_reduce",
+                          comm->struct_size);
+}
+
+loom_status cpu_moe_block(cpu_backend *b, int64_t T, int32_t l, float beta_res, bool *combined, loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    const cpu_layer *ly = &b->layers[l];
+    const cpu_moe *mo = &ly->moe;
+    const int64_t H = c->hidden_size;
+    loom_status st;
+    *combined = false;
+    if ((st = cpu_moe_scratch(b, T, err))) return st;
+    loom_cpu_rmsnorm(b->xn, H, b->x, H, ly->ffn_norm, T, H, c->rms_norm_eps, b->pool);
+    if (b->sharded && b->cfg.moe_dispatch == CPU_MOE_ALL_TO_ALL)
+        return cpu_moe_a2a(b, mo, T, beta_res, combined, err);
+    float *out = b->moe_out;
+    if ((st = cpu_moe_local(b, mo, T, out, err))) return st;
+    if (mo->sh_gate && (st = cpu_moe_shared(b, mo, b->xn, T, out, err))) return st;
     /* expert parallel: this rank's partial sum; the residual joins on one
      * rank only and the caller's all-reduce adds the ranks up */
-    if (beta_res == 0.0f) memcpy(x, out, (size_t)(T * H) * sizeof *x);
-    else
-        for (int64_t i = 0; i < T * H; i++) x[i] += out[i];
+    cpu_moe_residual(b->x, out, T * H, beta_res);
     return LOOM_OK;
 }

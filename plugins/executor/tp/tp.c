@@ -420,6 +420,7 @@ static loom_status tp_attach_inner(void *self, const loom_backend_ops *inner,
         proto.ctx = tp->tc;
         proto.all_reduce_sum = tp_threads_all_reduce;
         proto.all_gather = tp_threads_all_gather;
+        proto.all_to_allv = tp_threads_all_to_allv;
     } else {
 #ifdef LOOM_TP_HAVE_NCCL
         if ((st = tp_nccl_create(h, tp->size, (int32_t)tp->cfg.nodes, (int32_t)tp->cfg.node_rank,
@@ -429,6 +430,7 @@ static loom_status tp_attach_inner(void *self, const loom_backend_ops *inner,
         proto.ctx = tp->nc;
         proto.all_reduce_sum = tp_nccl_all_reduce;
         proto.all_gather = tp_nccl_all_gather;
+        proto.all_to_allv = tp_nccl_all_to_allv;
         if (tp->cfg.p2p_kib > 0)
             proto.graph_safe_bytes = (int64_t)tp_nccl_enable_p2p(tp->nc, (size_t)tp->cfg.p2p_kib << 10);
 #else

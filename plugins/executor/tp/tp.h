@@ -48,6 +48,9 @@ loom_status tp_threads_all_reduce(void *ctx, int32_t rank, void *buf, int64_t co
                                   loom_dtype dtype, void *stream, loom_error *err);
 loom_status tp_threads_all_gather(void *ctx, int32_t rank, const void *send, void *recv,
                                   int64_t count, loom_dtype dtype, void *stream, loom_error *err);
+/* loom_comm.all_to_allv over host memory (counts checked pairwise). */
+loom_status tp_threads_all_to_allv(void *ctx, int32_t rank, const void *send, const int64_t *send_counts, void *recv,
+                                   const int64_t *recv_counts, loom_dtype dtype, void *stream, loom_error *err);
 
 /* --------------------------------------------------------- NCCL communicator */
 
@@ -76,6 +79,8 @@ loom_status tp_nccl_all_reduce(void *ctx, int32_t rank, void *buf, int64_t count
                                void *stream, loom_error *err);
 loom_status tp_nccl_all_gather(void *ctx, int32_t rank, const void *send, void *recv,
                                int64_t count, loom_dtype dtype, void *stream, loom_error *err);
+loom_status tp_nccl_all_to_allv(void *ctx, int32_t rank, const void *send, const int64_t *send_counts, void *recv,
+                                const int64_t *recv_counts, loom_dtype dtype, void *stream, loom_error *err);
 /* [engine] Route collectives of at most `cap` bytes per rank through the
  * peer-to-peer kernels (tp_p2p.h); one node only. Returns the bytes served
  * (0 = unavailable, logged; NCCL serves everything). */

@@ -12,7 +12,11 @@
  * 0..n-1 and writes the sum back into every buffer; a second barrier ends
  * the call. The summation order is fixed, so the result is independent of
  * timing and identical on every rank. All-gather copies every rank's send
- * buffer into each recv buffer between the same two barriers.
+ * buffer into each recv buffer between the same two barriers, and
+ * all-to-all (all_to_allv) copies, into each rank's recv buffer, its part
+ * of every rank's send buffer, the offsets being prefix sums of the
+ * published counts; every rank checks every pair of counts, so a
+ * mismatch fails the call on all ranks alike.
  *
  * The barrier is a mutex and condition variable (ranks may outnumber cores;
  * spinning would steal the core a peer needs) that can be aborted: when a
@@ -29,7 +33,7 @@
 #include "formats/dtype.h"
 #include "formats/half.h"
 
-typedef enum tp_coll { TP_COLL_REDUCE = 1, TP_COLL_GATHER = 2 } tp_coll;
+typedef enum tp_coll { TP_COLL_REDUCE = 1, TP_COLL_GATHER = 2, TP_COLL_A2AV = 3 } tp_coll;
 
 struct tp_threads {
     const loom_host *host;
@@ -41,7 +45,9 @@ struct tp_threads {
     bool aborted;
     /* what each rank called, published before the first barrier (n each) */
     void **bufs;              /* all-reduce buffer / all-gather recv         */
-    const void **sends;       /* all-gather send                             */
+    const void **sends;       /* all-gather / all-to-all send                */
+    const int64_t **scounts;  /* all-to-all per-destination counts           */
+    const int64_t **rcounts;  /* all-to-all per-source counts                */
     int64_t *counts;
     int32_t *dtypes;
     int32_t *colls;
@@ -54,10 +60,12 @@ tp_threads *tp_threads_create(const loom_host *host, int32_t n) {
     g->n = n;
     g->bufs = host->calloc(host->ctx, (size_t)n, sizeof *g->bufs);
     g->sends = host->calloc(host->ctx, (size_t)n, sizeof *g->sends);
+    g->scounts = host->calloc(host->ctx, (size_t)n, sizeof *g->scounts);
+    g->rcounts = host->calloc(host->ctx, (size_t)n, sizeof *g->rcounts);
     g->counts = host->calloc(host->ctx, (size_t)n, sizeof *g->counts);
     g->dtypes = host->calloc(host->ctx, (size_t)n, sizeof *g->dtypes);
     g->colls = host->calloc(host->ctx, (size_t)n, sizeof *g->colls);
-    if (!g->bufs || !g->sends || !g->counts || !g->dtypes || !g->colls) goto fail_mem;
+    if (!g->bufs || !g->sends || !g->scounts || !g->rcounts || !g->counts || !g->dtypes || !g->colls) goto fail_mem;
     if (pthread_mutex_init(&g->mu, NULL) != 0) goto fail_mem;
     if (pthread_cond_init(&g->cv, NULL) != 0) {
         pthread_mutex_destroy(&g->mu);
@@ -67,6 +75,8 @@ tp_threads *tp_threads_create(const loom_host *host, int32_t n) {
 fail_mem:
     host->free(host->ctx, g->bufs);
     host->free(host->ctx, g->sends);
+    host->free(host->ctx, g->scounts);
+    host->free(host->ctx, g->rcounts);
     host->free(host->ctx, g->counts);
     host->free(host->ctx, g->dtypes);
     host->free(host->ctx, g->colls);
@@ -81,6 +91,8 @@ void tp_threads_destroy(tp_threads *g) {
     pthread_mutex_destroy(&g->mu);
     h->free(h->ctx, g->bufs);
     h->free(h->ctx, g->sends);
+    h->free(h->ctx, g->scounts);
+    h->free(h->ctx, g->rcounts);
     h->free(h->ctx, g->counts);
     h->free(h->ctx, g->dtypes);
     h->free(h->ctx, g->colls);
@@ -273,6 +285,73 @@ loom_status tp_threads_all_gather(void *ctx, int32_t rank, const void *send, voi
             if (bytes && dst != (const uint8_t *)g->sends[k]) /* in place: already there */
                 memcpy(dst, g->sends[k], bytes);
         }
+    }
+    /* every rank has copied before any rank reuses its send buffer */
+    if (!tp_barrier(g) && st == LOOM_OK) return tp_aborted(g, what, rank, err);
+    return st;
+}
+
+/* Sum of counts[0..k). */
+static int64_t tp_prefix(const int64_t *counts, int32_t k) {
+    int64_t s = 0;
+    for (int32_t i = 0; i < k; i++) s += counts[i];
+    return s;
+}
+
+/* This rank's own arguments: counts >= 0, buffers present for nonzero sums. */
+static loom_status tp_a2av_args(tp_threads *g, int32_t rank, const void *send, const int64_t *sc, void *recv,
+                                const int64_t *rc, loom_error *err) {
+    const loom_host *h = g->host;
+    if (!sc || !rc)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "executor tp: rank %d: all_to_allv without %s counts",
+                        rank, !sc ? "send" : "receive");
+    for (int32_t k = 0; k < g->n; k++)
+        if (sc[k] < 0 || rc[k] < 0)
+            return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                            "executor tp: rank %d: all_to_allv with a negative count for rank %d (send %lld, "
+                            "receive %lld)",
+                            rank, k, (long long)sc[k], (long long)rc[k]);
+    if ((tp_prefix(sc, g->n) > 0 && !send) || (tp_prefix(rc, g->n) > 0 && !recv))
+        return h->error(h->ctx, err, LOOM_ERR_INVALID, "executor tp: rank %d: all_to_allv with counts but no %s buffer",
+                        rank, !send && tp_prefix(sc, g->n) > 0 ? "send" : "receive");
+    return LOOM_OK;
+}
+
+/* After the first barrier: does every rank receive what its peers send? */
+static loom_status tp_a2av_pairs(tp_threads *g, int32_t rank, loom_error *err) {
+    for (int32_t s = 0; s < g->n; s++)
+        for (int32_t d = 0; d < g->n; d++)
+            if (g->scounts[s][d] != g->rcounts[d][s])
+                return g->host->error(g->host->ctx, err, LOOM_ERR_INTERNAL,
+                                      "executor tp: rank %d in all_to_allv: rank %d sends %lld elements to rank %d, "
+                                      "which expects %lld; exchange the counts first",
+                                      rank, s, (long long)g->scounts[s][d], d, (long long)g->rcounts[d][s]);
+    return LOOM_OK;
+}
+
+loom_status tp_threads_all_to_allv(void *ctx, int32_t rank, const void *send, const int64_t *send_counts, void *recv,
+                                   const int64_t *recv_counts, loom_dtype dtype, void *stream, loom_error *err) {
+    tp_threads *g = ctx;
+    const char *what = "all_to_allv";
+    const size_t es = tp_elem_bytes(dtype);
+    loom_status st = tp_check_call(g, what, rank, 0, es, stream, err);
+    if (st == LOOM_OK) st = tp_a2av_args(g, rank, send, send_counts, recv, recv_counts, err);
+    if (st != LOOM_OK) return st;
+    g->sends[rank] = send;
+    g->bufs[rank] = recv;
+    g->scounts[rank] = send_counts;
+    g->rcounts[rank] = recv_counts;
+    g->counts[rank] = 0;
+    g->dtypes[rank] = (int32_t)dtype;
+    g->colls[rank] = TP_COLL_A2AV;
+    if (!tp_barrier(g)) return tp_aborted(g, what, rank, err);
+    st = tp_check_peers(g, what, rank, err);
+    if (st == LOOM_OK) st = tp_a2av_pairs(g, rank, err);
+    for (int32_t s = 0; st == LOOM_OK && s < g->n; s++) {
+        const size_t bytes = (size_t)recv_counts[s] * es;
+        if (!bytes) continue;
+        const uint8_t *src = (const uint8_t *)g->sends[s] + (size_t)tp_prefix(g->scounts[s], rank) * es;
+        memcpy((uint8_t *)recv + (size_t)tp_prefix(recv_counts, s) * es, src, bytes);
     }
     /* every rank has copied before any rank reuses its send buffer */
     if (!tp_barrier(g) && st == LOOM_OK) return tp_aborted(g, what, rank, err);

@@ -241,6 +241,39 @@ loom_status tp_nccl_all_gather(void *ctx, int32_t rank, const void *send, void *
     return r == ncclSuccess ? LOOM_OK : tp_nccl_fail(c->host, err, "ncclAllGather", r);
 }
 
+/* All-to-all with per-peer counts as one NCCL group of a send and a
+ * receive per peer (zero counts skipped; NCCL pairs them by peer and
+ * order). Not routed through the peer-to-peer kernels: the counts vary
+ * per step, so these calls are never graph-captured. */
+loom_status tp_nccl_all_to_allv(void *ctx, int32_t rank, const void *send, const int64_t *send_counts, void *recv,
+                                const int64_t *recv_counts, loom_dtype dtype, void *stream, loom_error *err) {
+    tp_nccl *c = ctx;
+    ncclComm_t comm = NULL;
+    ncclDataType_t type = ncclFloat32;
+    loom_status st = tp_nccl_prep(c, "all_to_allv", rank, dtype, stream, &comm, &type, err);
+    if (st != LOOM_OK) return st;
+    if (!send_counts || !recv_counts)
+        return c->host->error(c->host->ctx, err, LOOM_ERR_INVALID, "executor tp: rank %d: all_to_allv without counts",
+                              rank);
+    for (int32_t k = 0; k < c->world; k++)
+        if (send_counts[k] < 0 || recv_counts[k] < 0)
+            return c->host->error(c->host->ctx, err, LOOM_ERR_INVALID,
+                                  "executor tp: rank %d: all_to_allv with a negative count for rank %d", rank, k);
+    ncclResult_t r = ncclGroupStart();
+    size_t so = 0, ro = 0; /* bytes */
+    for (int32_t k = 0; k < c->world && r == ncclSuccess; k++) {
+        if (send_counts[k] > 0)
+            r = ncclSend((const uint8_t *)send + so, (size_t)send_counts[k], type, k, comm, (cudaStream_t)stream);
+        if (r == ncclSuccess && recv_counts[k] > 0)
+            r = ncclRecv((uint8_t *)recv + ro, (size_t)recv_counts[k], type, k, comm, (cudaStream_t)stream);
+        so += loom_dtype_row_bytes(dtype, send_counts[k]);
+        ro += loom_dtype_row_bytes(dtype, recv_counts[k]);
+    }
+    ncclResult_t e = ncclGroupEnd(); /* always closes the group, even after a failed call */
+    if (r == ncclSuccess) r = e;
+    return r == ncclSuccess ? LOOM_OK : tp_nccl_fail(c->host, err, "ncclSend/ncclRecv", r);
+}
+
 size_t tp_nccl_enable_p2p(tp_nccl *c, size_t cap) {
     const loom_host *h = c->host;
     if (c->world != c->local) {
