@@ -551,8 +551,8 @@ static int32_t shard_find(const mc_shard *sh, const int32_t *key, int32_t len, u
     }
 }
 
-/* Rebuild the index after an eviction moved nothing but emptied a slot
- * (open addressing cannot just clear it). */
+/* Rebuild the index after an eviction: open addressing cannot just clear
+ * the evicted entry's slot (a later key's probe may run through it). */
 static void shard_reindex(mc_shard *sh) {
     memset(sh->slot, 0xFF, (size_t)sh->cap * 2 * sizeof *sh->slot);
     for (int32_t i = 0; i < sh->n; i++)
