@@ -4,15 +4,19 @@
  * rules refused, the limits (elements, repetition, schema depth, text
  * size, parse-stack depth) as errors or narrowed masks, token masks over
  * multi-byte and partial UTF-8 pieces, the end allowed exactly when the
- * text is complete, and the plugin's ops through the fake host.
+ * text is complete, the shared mask cache (masks through it, from threads
+ * at once and under eviction, equal masks computed from scratch), and the
+ * plugin's ops through the fake host.
  */
 #include <criterion/criterion.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../common/fake_host.h"
+#include "../common/rng.h"
 #include "constraint_util.h"
 #include "gram.h"
 
@@ -221,6 +225,116 @@ Test(match, stack_depth_limit_narrows_the_mask) {
     cr_assert(depth > 2 && depth < 20, "nesting stopped at %d", depth);
     cr_assert(cu_allowed(f->mask, ']'), "closing is still allowed");
     close_grammar(f);
+}
+
+/* ------------------------------------------------------- the mask cache */
+
+/* One thread's random walk: a matcher through the shared cache and one
+ * with none, fed the same tokens (drawn from the reference mask, the end
+ * only when nothing else is allowed); every mask compared word for word. */
+typedef struct cache_walk {
+    const gram_compiled *cached, *plain;
+    const cu_vocab *v;
+    uint64_t seed;
+    int32_t steps, masks, mismatches;
+    char first[160];
+} cache_walk;
+
+/* One document: masks compared until the walk ends or goes wrong. */
+static bool cache_walk_doc(cache_walk *w, test_rng *r) {
+    gmatch *a, *b;
+    char why[256];
+    if (gmatch_new(w->cached, &a, why, sizeof why) != LOOM_OK || gmatch_new(w->plain, &b, why, sizeof why) != LOOM_OK) {
+        snprintf(w->first, sizeof w->first, "gmatch_new: %s", why);
+        w->mismatches++;
+        return false;
+    }
+    uint32_t ma[LOOM_MASK_WORDS(512)], mb[LOOM_MASK_WORDS(512)];
+    const size_t words = LOOM_MASK_WORDS(w->v->view.size);
+    bool ok = true;
+    for (int32_t step = 0; ok && w->masks < w->steps && !gmatch_terminated(b); step++) {
+        ok = gmatch_fill_mask(a, ma, why, sizeof why) == LOOM_OK && gmatch_fill_mask(b, mb, why, sizeof why) == LOOM_OK;
+        if (!ok) break;
+        w->masks++;
+        if (memcmp(ma, mb, words * sizeof *ma)) {
+            if (!w->mismatches++) snprintf(w->first, sizeof w->first, "step %d of seed %llu", step, (unsigned long long)w->seed);
+            ok = false;
+            break;
+        }
+        int32_t ids[600], n = 0;
+        for (int32_t id = 0; id < w->v->view.size; id++)
+            if (cu_allowed(mb, id) && id != w->v->eog[0]) ids[n++] = id;
+        int32_t t = n ? ids[rng_int(r, n)] : w->v->eog[0];
+        ok = cu_allowed(mb, t) && gmatch_accept_token(a, t) && gmatch_accept_token(b, t);
+    }
+    gmatch_free(a);
+    gmatch_free(b);
+    return ok;
+}
+
+/* Documents one after another until `steps` masks were compared. */
+static void *cache_walk_run(void *arg) {
+    cache_walk *w = arg;
+    test_rng r = {.s = w->seed};
+    while (w->masks < w->steps && cache_walk_doc(w, &r)) {}
+    return NULL;
+}
+
+/* Random walks through grammars with many states (bounded strings in
+ * unrolled arrays, enums, nested objects, numbers) by several threads
+ * sharing one cache, for caches from one entry (most shards hold none:
+ * every lookup misses or evicts) to more than the states met. */
+Test(cache, shared_masks_equal_masks_from_scratch) {
+    static const char *const schemas[] = {
+        "{\"type\":\"array\",\"minItems\":6,\"maxItems\":6,\"items\":{\"type\":\"object\",\"additionalProperties\":false,"
+        "\"required\":[\"name\",\"age\",\"city\",\"tags\"],\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},"
+        "\"age\":{\"type\":\"integer\"},\"city\":{\"enum\":[\"Paris\",\"Rome\",\"Oslo\"]},\"tags\":{\"type\":\"array\","
+        "\"maxItems\":3,\"items\":{\"type\":\"string\",\"maxLength\":4}}}}}",
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"minimum\":-5,\"maximum\":70},\"b\":{\"type\":"
+        "\"object\",\"properties\":{\"c\":{\"type\":\"boolean\"},\"d\":{\"type\":[\"string\",\"null\"]}}},\"e\":{\"type\":"
+        "\"string\",\"pattern\":\"^[a-c]{2,5}x?$\"}},\"required\":[\"a\",\"b\"]}",
+        NULL,
+    };
+    static const int32_t entries[] = {1, 5, 17, 4096};
+    cu_vocab v;
+    cu_vocab_init(&v);
+    vtrie *trie;
+    char why[256], *gbnf;
+    cr_assert_eq(vtrie_build(&v.view, &trie, why, sizeof why), LOOM_OK);
+    int32_t masks = 0;
+    for (int s = 0; schemas[s]; s++) {
+        cr_assert_eq(gram_schema_to_gbnf(schemas[s], strlen(schemas[s]), &k_lim, &gbnf, why, sizeof why), LOOM_OK, "%s", why);
+        for (size_t e = 0; e < sizeof entries / sizeof *entries; e++) {
+            gram_compiled cached = {.trie = trie, .vocab = &v.view, .lim = k_lim}, plain;
+            cr_assert_eq(gram_parse(gbnf, strlen(gbnf), &k_lim, &cached.g, why, sizeof why), LOOM_OK, "%s", why);
+            cr_assert((cached.cache = mask_cache_new(entries[e], v.view.size)));
+            plain = cached;
+            plain.cache = NULL;
+            enum { THREADS = 4 };
+            cache_walk w[THREADS];
+            pthread_t th[THREADS];
+            for (int i = 0; i < THREADS; i++) {
+                /* two threads per seed: both walk the same states, racing for the same entries */
+                w[i] = (cache_walk){.cached = &cached, .plain = &plain, .v = &v, .seed = 1 + (uint64_t)(s * 100 + e * 10 + i / 2), .steps = 400};
+                cr_assert_eq(pthread_create(&th[i], NULL, cache_walk_run, &w[i]), 0);
+            }
+            for (int i = 0; i < THREADS; i++) {
+                pthread_join(th[i], NULL);
+                cr_assert_eq(w[i].mismatches, 0, "schema %d, %d entries: cached mask differs at %s", s, entries[e], w[i].first);
+                cr_assert_eq(w[i].masks, w[i].steps, "schema %d: the walks stopped after %d masks", s, w[i].masks);
+                masks += w[i].masks;
+            }
+            int64_t hits, misses;
+            mask_cache_stats(cached.cache, &hits, &misses);
+            cr_assert_eq(hits + misses, w[0].masks + w[1].masks + w[2].masks + w[3].masks, "every mask looked up once");
+            if (entries[e] >= 4096) cr_assert(hits > 0, "the twin walks share their states");
+            mask_cache_free(cached.cache);
+            gram_free(&cached.g);
+        }
+        free(gbnf);
+    }
+    cr_assert(masks > 200);
+    vtrie_free(trie);
 }
 
 /* ------------------------------------------------------- the plugin's ops */

@@ -135,6 +135,8 @@ void vtrie_free(vtrie *t);
 typedef struct mask_cache mask_cache;
 mask_cache *mask_cache_new(int32_t entries, int32_t vocab);
 void mask_cache_free(mask_cache *mc);
+/* Lookups so far that found their mask / did not (for benchmarks). */
+void mask_cache_stats(mask_cache *mc, int64_t *hits, int64_t *misses);
 
 /* A compiled constraint: the grammar and the trie it is matched against. */
 typedef struct gram_compiled {

@@ -51,7 +51,7 @@ static const loom_param gr_params[] = {
      "parse stacks kept at once for an ambiguous grammar (fewer only narrows the mask)"},
     {"max_repeat", LOOM_PARAM_INT, offsetof(gr_config, max_repeat), "1000", 1, 100000, NULL,
      "largest count of a repetition {m,n}, maxItems or maxLength"},
-    {"mask_cache", LOOM_PARAM_INT, offsetof(gr_config, mask_cache), "256", 0, 4096, NULL,
+    {"mask_cache", LOOM_PARAM_INT, offsetof(gr_config, mask_cache), "256", 0, 65536, NULL,
      "token masks kept per grammar, by parse state (0 = none; each is vocab/8 bytes)"},
     {"grammar_cache", LOOM_PARAM_INT, offsetof(gr_config, grammar_cache), "16", 0, 1024, NULL,
      "compiled grammars kept after their last request ends, for requests with the same text (0 = none)"},

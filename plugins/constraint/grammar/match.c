@@ -465,43 +465,98 @@ bool gmatch_accept_token(gmatch *m, int32_t token) {
 /* ------------------------------------------------------------ mask cache */
 
 typedef struct mc_entry {
-    uint64_t hash, used;       /* used: the cache's clock at the last hit    */
+    uint64_t hash, used;       /* used: the shard's clock at the last hit    */
     int32_t *key;              /* the encoded set then the UTF-8 state       */
     int32_t key_len;
     uint32_t *mask;
 } mc_entry;
 
-struct mask_cache {
+/* The cache is split by key hash into shards, each with its own lock and an
+ * open-addressed index (2x its entries, slots hold entry indices, -1 empty),
+ * so the step's mask workers rarely wait on one another and a lookup costs
+ * one probe sequence whatever the cache's size. */
+#define MC_SHARDS 16
+
+typedef struct mc_shard {
     pthread_mutex_t mu;
     mc_entry *e;
+    int32_t *slot;             /* (2 * cap) entry index or -1                */
     int32_t n, cap;
-    size_t words;
     uint64_t clock;
     int64_t hits, misses;
+} mc_shard;
+
+struct mask_cache {
+    mc_shard sh[MC_SHARDS];
+    size_t words;
 };
 
 mask_cache *mask_cache_new(int32_t entries, int32_t vocab) {
     if (entries <= 0) return NULL;
     mask_cache *mc = calloc(1, sizeof *mc);
-    if (!mc || !(mc->e = calloc((size_t)entries, sizeof *mc->e))) {
-        free(mc);
-        return NULL;
-    }
-    pthread_mutex_init(&mc->mu, NULL);
-    mc->cap = entries;
+    if (!mc) return NULL;
     mc->words = LOOM_MASK_WORDS(vocab);
+    for (int32_t i = 0; i < MC_SHARDS; i++) pthread_mutex_init(&mc->sh[i].mu, NULL);
+    for (int32_t i = 0; i < MC_SHARDS; i++) {
+        mc_shard *sh = &mc->sh[i];
+        sh->cap = (entries + MC_SHARDS - 1 - i) / MC_SHARDS; /* the shards' caps sum to entries */
+        if (sh->cap == 0) continue;
+        sh->e = calloc((size_t)sh->cap, sizeof *sh->e);
+        sh->slot = malloc((size_t)sh->cap * 2 * sizeof *sh->slot);
+        if (!sh->e || !sh->slot) {
+            mask_cache_free(mc);
+            return NULL;
+        }
+        memset(sh->slot, 0xFF, (size_t)sh->cap * 2 * sizeof *sh->slot);
+    }
     return mc;
 }
 
 void mask_cache_free(mask_cache *mc) {
     if (!mc) return;
-    for (int32_t i = 0; i < mc->n; i++) {
-        free(mc->e[i].key);
-        free(mc->e[i].mask);
+    for (int32_t s = 0; s < MC_SHARDS; s++) {
+        mc_shard *sh = &mc->sh[s];
+        for (int32_t i = 0; i < sh->n; i++) {
+            free(sh->e[i].key);
+            free(sh->e[i].mask);
+        }
+        free(sh->e);
+        free(sh->slot);
+        pthread_mutex_destroy(&sh->mu);
     }
-    free(mc->e);
-    pthread_mutex_destroy(&mc->mu);
     free(mc);
+}
+
+void mask_cache_stats(mask_cache *mc, int64_t *hits, int64_t *misses) {
+    *hits = *misses = 0;
+    for (int32_t s = 0; s < MC_SHARDS; s++) {
+        pthread_mutex_lock(&mc->sh[s].mu);
+        *hits += mc->sh[s].hits;
+        *misses += mc->sh[s].misses;
+        pthread_mutex_unlock(&mc->sh[s].mu);
+    }
+}
+
+static mc_shard *shard_of(mask_cache *mc, uint64_t h) { return &mc->sh[(h >> 59) & (MC_SHARDS - 1)]; }
+
+/* The index slot holding key, or the empty slot where it would go. */
+static int32_t shard_find(const mc_shard *sh, const int32_t *key, int32_t len, uint64_t h) {
+    const uint32_t n = (uint32_t)sh->cap * 2;
+    uint32_t j = (uint32_t)(h % n);
+    for (;; j = j + 1 == n ? 0 : j + 1) {
+        int32_t i = sh->slot[j];
+        if (i < 0) return (int32_t)j;
+        const mc_entry *e = &sh->e[i];
+        if (e->hash == h && e->key_len == len && !memcmp(e->key, key, (size_t)len * sizeof *key)) return (int32_t)j;
+    }
+}
+
+/* Rebuild the index after an eviction: open addressing cannot just clear
+ * the evicted entry's slot (a later key's probe may run through it). */
+static void shard_reindex(mc_shard *sh) {
+    memset(sh->slot, 0xFF, (size_t)sh->cap * 2 * sizeof *sh->slot);
+    for (int32_t i = 0; i < sh->n; i++)
+        if (sh->e[i].key) sh->slot[shard_find(sh, sh->e[i].key, sh->e[i].key_len, sh->e[i].hash)] = i;
 }
 
 /* The matcher's state as a cache key in m->arena (after the set), its hash. */
@@ -517,23 +572,26 @@ static int32_t state_key(gmatch *m, uint64_t *hash) {
 }
 
 static bool cache_get(mask_cache *mc, const int32_t *key, int32_t len, uint64_t h, uint32_t *mask) {
-    bool hit = false;
-    pthread_mutex_lock(&mc->mu);
-    for (int32_t i = 0; i < mc->n && !hit; i++) {
-        mc_entry *e = &mc->e[i];
-        if (e->hash != h || e->key_len != len || memcmp(e->key, key, (size_t)len * sizeof *key)) continue;
-        memcpy(mask, e->mask, mc->words * sizeof *mask);
-        e->used = ++mc->clock;
-        hit = true;
+    mc_shard *sh = shard_of(mc, h);
+    pthread_mutex_lock(&sh->mu);
+    int32_t i = sh->cap ? sh->slot[shard_find(sh, key, len, h)] : -1; /* a cache smaller than its shards */
+    if (i >= 0) {
+        memcpy(mask, sh->e[i].mask, mc->words * sizeof *mask);
+        sh->e[i].used = ++sh->clock;
+        sh->hits++;
+    } else {
+        sh->misses++;
     }
-    hit ? mc->hits++ : mc->misses++;
-    pthread_mutex_unlock(&mc->mu);
-    return hit;
+    pthread_mutex_unlock(&sh->mu);
+    return i >= 0;
 }
 
-/* Keep mask under key, evicting the least recently used entry when full
- * (nothing is kept when memory runs out: caching is only a saving). */
+/* Keep mask under key in its shard, evicting the shard's least recently
+ * used entry when full (nothing is kept when memory runs out: caching is
+ * only a saving; a key another worker put meanwhile is kept once). */
 static void cache_put(mask_cache *mc, const int32_t *key, int32_t len, uint64_t h, const uint32_t *mask) {
+    mc_shard *sh = shard_of(mc, h);
+    if (sh->cap == 0) return;
     int32_t *k = malloc((size_t)len * sizeof *k);
     uint32_t *mk = malloc(mc->words * sizeof *mk);
     if (!k || !mk) {
@@ -543,19 +601,28 @@ static void cache_put(mask_cache *mc, const int32_t *key, int32_t len, uint64_t 
     }
     memcpy(k, key, (size_t)len * sizeof *k);
     memcpy(mk, mask, mc->words * sizeof *mk);
-    pthread_mutex_lock(&mc->mu);
-    int32_t at = mc->n;
-    if (mc->n == mc->cap) {
-        at = 0;
-        for (int32_t i = 1; i < mc->n; i++)
-            if (mc->e[i].used < mc->e[at].used) at = i;
-        free(mc->e[at].key);
-        free(mc->e[at].mask);
-    } else {
-        mc->n++;
+    pthread_mutex_lock(&sh->mu);
+    if (sh->slot[shard_find(sh, key, len, h)] >= 0) {
+        pthread_mutex_unlock(&sh->mu);
+        free(k);
+        free(mk);
+        return;
     }
-    mc->e[at] = (mc_entry){.hash = h, .used = ++mc->clock, .key = k, .key_len = len, .mask = mk};
-    pthread_mutex_unlock(&mc->mu);
+    int32_t at = sh->n;
+    if (sh->n == sh->cap) {
+        at = 0;
+        for (int32_t i = 1; i < sh->n; i++)
+            if (sh->e[i].used < sh->e[at].used) at = i;
+        free(sh->e[at].key);
+        free(sh->e[at].mask);
+        sh->e[at] = (mc_entry){0};
+        shard_reindex(sh);
+    } else {
+        sh->n++;
+    }
+    sh->e[at] = (mc_entry){.hash = h, .used = ++sh->clock, .key = k, .key_len = len, .mask = mk};
+    sh->slot[shard_find(sh, key, len, h)] = at;
+    pthread_mutex_unlock(&sh->mu);
 }
 
 /* ----------------------------------------------------------------- masks */
