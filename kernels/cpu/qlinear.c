@@ -117,7 +117,7 @@ bool loom_cpu_qformat_supported(loom_qformat format, loom_dtype dtype) {
         return true;
     case LOOM_QFMT_GGUF:
         return dtype == LOOM_DTYPE_Q4_0 || dtype == LOOM_DTYPE_Q4_1 || dtype == LOOM_DTYPE_Q4_K ||
-               dtype == LOOM_DTYPE_Q8_0 || dtype == LOOM_DTYPE_Q6_K;
+               dtype == LOOM_DTYPE_Q8_0 || dtype == LOOM_DTYPE_Q6_K || dtype == LOOM_DTYPE_Q5_K;
     default:
         return false;
     }
@@ -207,7 +207,7 @@ bool loom_cpu_qweight_gguf(loom_cpu_qweight *w, const loom_tensor *t, char *why,
     memset(w, 0, sizeof *w);
     if (!t || t->ndim != 2) return ql_why(why, size, "not a 2-D tensor");
     if (!loom_cpu_qformat_supported(LOOM_QFMT_GGUF, t->dtype))
-        return ql_why(why, size, "GGUF type %s has no CPU kernel (q4_0, q4_1, q4_k, q8_0, q6_k do)",
+        return ql_why(why, size, "GGUF type %s has no CPU kernel (q4_0, q4_1, q4_k, q5_k, q8_0, q6_k do)",
                       loom_dtype_name(t->dtype));
     const int64_t n = t->shape[0], k = t->shape[1];
     size_t rb = loom_dtype_row_bytes(t->dtype, k);
@@ -283,6 +283,7 @@ QL_INLINE void ql_dec_gguf(loom_dtype t, const uint8_t *b, int64_t K, float *y) 
     case LOOM_DTYPE_Q4_1: QL_GGUF_ROW(Q4_1, loom_gguf_dec_q4_1); break;
     case LOOM_DTYPE_Q4_K: QL_GGUF_ROW(Q4_K, loom_gguf_dec_q4_k); break;
     case LOOM_DTYPE_Q6_K: QL_GGUF_ROW(Q6_K, loom_gguf_dec_q6_k); break;
+    case LOOM_DTYPE_Q5_K: QL_GGUF_ROW(Q5_K, loom_gguf_dec_q5_k); break;
     default: break;
     }
 }
@@ -291,7 +292,7 @@ QL_INLINE void ql_dec_gguf(loom_dtype t, const uint8_t *b, int64_t K, float *y) 
 
 /* Formats decoded 16 weights at a time into one vector (every 16-aligned
  * run of a row shares one scale / zero / block): the fused small-M kernel
- * and the tile decoder use them. Others (q4_k, q6_k, int4 groups that are
+ * and the tile decoder use them. Others (q4_k, q5_k, q6_k, int4 groups that are
  * not multiples of 16) take the scalar decoder. */
 enum { QK_I8, QK_FP8, QK_I4, QK_Q4_0, QK_Q4_1, QK_Q8_0, QK_NONE };
 

@@ -3,7 +3,7 @@
  * references on fresh random inputs, every format:
  *   INT8_W8A16, INT8_W8A8 (with and without a SmoothQuant vector),
  *   FP8_W8A8 (per-channel and per-tensor scales), INT4_W4A16 (several group
- *   sizes), GGUF q4_0 / q4_1 / q8_0 / q4_k / q6_k;
+ *   sizes), GGUF q4_0 / q4_1 / q8_0 / q4_k / q5_k / q6_k;
  * many shapes (M = 1 .. 40 tokens, K not a multiple of 16 or 32 wherever the
  * format allows it), row strides, bias, beta, with and without a thread
  * pool; fused multi-part products against separate ones; the weight views'
@@ -92,7 +92,7 @@ static void tw_make(tw *t, test_rng *r, loom_qformat fmt, loom_dtype gt, int64_t
                 h = rand_f16(r, 0.001, 0.05), memcpy(p, &h, 2);
                 h = rand_f16(r, -0.4, 0.0), memcpy(p + 2, &h, 2);
                 break;
-            case LOOM_DTYPE_Q4_K:
+            case LOOM_DTYPE_Q4_K: case LOOM_DTYPE_Q5_K:
                 h = rand_f16(r, 0.0005, 0.005), memcpy(p, &h, 2);
                 h = rand_f16(r, 0.0005, 0.005), memcpy(p + 2, &h, 2);
                 break;
@@ -110,12 +110,12 @@ static void tw_make(tw *t, test_rng *r, loom_qformat fmt, loom_dtype gt, int64_t
             cr_assert_eq(loom_dequant_row(gt, d + (size_t)i * rb, row, k), LOOM_OK);
             for (int64_t c = 0; c < k; c++) {
                 t->ref[i * k + c] = row[c];
-                /* the block's additive term: -8 d (q4_0), m (q4_1), dmin*m (q4_k) */
+                /* the block's additive term: -8 d (q4_0), m (q4_1), dmin*m (q4_k, q5_k) */
                 const uint8_t *blk = d + (size_t)i * rb + (size_t)(c / be) * bb;
                 double off = 0;
                 if (gt == LOOM_DTYPE_Q4_0) off = 8 * fabs(loom_fp16_to_fp32((uint16_t)(blk[0] | blk[1] << 8)));
                 if (gt == LOOM_DTYPE_Q4_1) off = fabs(loom_fp16_to_fp32((uint16_t)(blk[2] | blk[3] << 8)));
-                if (gt == LOOM_DTYPE_Q4_K) off = 63 * fabs(loom_fp16_to_fp32((uint16_t)(blk[2] | blk[3] << 8)));
+                if (gt == LOOM_DTYPE_Q4_K || gt == LOOM_DTYPE_Q5_K) off = 63 * fabs(loom_fp16_to_fp32((uint16_t)(blk[2] | blk[3] << 8)));
                 t->mag[i * k + c] = fabs(row[c]) + off;
             }
         }
@@ -325,9 +325,9 @@ Test(qlinear, int4_w4a16) {
 Test(qlinear, gguf_blocks) {
     test_rng r = rng_seeded("qlinear.gguf");
     static const loom_dtype types[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q8_0,
-                                       LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q6_K};
-    for (int it = 0; it < 50; it++) {
-        loom_dtype gt = types[it % 5];
+                                       LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q5_K, LOOM_DTYPE_Q6_K};
+    for (int it = 0; it < 60; it++) {
+        loom_dtype gt = types[it % 6];
         int64_t be = loom_dtype_block_elems(gt);
         int64_t K = be * (1 + rng_int(&r, be == 32 ? 20 : 3)), n = 1 + rng_int(&r, 50);
         int64_t M = rand_m(&r);
@@ -447,6 +447,7 @@ Test(qlinear, slices_match_reference) {
         {LOOM_QFMT_INT4_W4A16, LOOM_DTYPE_COUNT, 8, false, false},
         {LOOM_QFMT_GGUF, LOOM_DTYPE_Q4_1, 0, false, false},
         {LOOM_QFMT_GGUF, LOOM_DTYPE_Q4_K, 0, false, false},
+        {LOOM_QFMT_GGUF, LOOM_DTYPE_Q5_K, 0, false, false},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (int it = 0; it < 4; it++) {

@@ -65,7 +65,7 @@ static const loom_param cpu_params[] = {
     {.key = "weight_dtype", .type = LOOM_PARAM_ENUM,
      .offset = offsetof(cpu_backend_config, weight_dtype), .default_value = "gguf", .min = 1,
      .max = 0, .choices = cpu_weight_dtype_choices,
-     .doc = "without a quantizer: gguf keeps GGUF q4_0/q4_1/q8_0/q4_k/q6_k linear weights (and a "
+     .doc = "without a quantizer: gguf keeps GGUF q4_0/q4_1/q8_0/q4_k/q5_k/q6_k linear weights (and a "
             "tied LM head) as stored, on 8-bit integer kernels; f32 dequantizes every weight at "
             "load"},
     {.key = "cpu_isa", .type = LOOM_PARAM_ENUM, .offset = offsetof(cpu_backend_config, cpu_isa),
