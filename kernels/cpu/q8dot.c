@@ -184,6 +184,30 @@ loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_portable[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qp4_q4_0, [LOOM_CPU_Q8_Q4_1] = qp4_q4_1, [LOOM_CPU_Q8_Q8_0] = qp4_q8_0,
     [LOOM_CPU_Q8_Q4_K] = qp4_q4_k, [LOOM_CPU_Q8_Q6_K] = qp4_q6_k, [LOOM_CPU_Q8_Q5_K] = qp4_q5_k};
 
+/* 16-bit weights: float products summed in element order (the x86 kernels
+ * sum 16 lanes apart, so the instruction sets agree to float32 rounding). */
+static void qp_h(const uint8_t *row, int64_t K, const float *const *x, int mr, float *out,
+                 const int bf) {
+    for (int t = 0; t < mr; t++) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < K; k++) {
+            const uint16_t h = (uint16_t)(row[2 * k] | row[2 * k + 1] << 8);
+            acc += (bf ? loom_bf16_to_fp32(h) : loom_fp16_to_fp32(h)) * x[t][k];
+        }
+        out[t] = acc;
+    }
+}
+
+static void qp_h_f16(const uint8_t *row, int64_t K, const float *const *x, int mr, float *out) {
+    qp_h(row, K, x, mr, out, 0);
+}
+
+static void qp_h_bf16(const uint8_t *row, int64_t K, const float *const *x, int mr, float *out) {
+    qp_h(row, K, x, mr, out, 1);
+}
+
+loom_cpu_hdot_fn *const loom_cpu_hdot_portable[2] = {qp_h_f16, qp_h_bf16};
+
 /* ------------------------------------------------------------ the pick */
 
 typedef struct qd_isa {
@@ -191,6 +215,7 @@ typedef struct qd_isa {
     loom_cpu_q8dot_fn *const *table;
     loom_cpu_q8dot2_fn *const *table2;
     loom_cpu_q8dot4_fn *const *table4;
+    loom_cpu_hdot_fn *const *htable;
     void (*quantize)(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
     int (*usable)(void);
 } qd_isa;
@@ -217,16 +242,14 @@ static int qd_always(void) { return 1; }
 static const qd_isa qd_isas[] = {
 #if defined(__x86_64__) && defined(__GNUC__)
     {"avx512vnni", loom_cpu_q8dot_vnni, loom_cpu_q8dot2_vnni, loom_cpu_q8dot4_vnni,
-     loom_cpu_q8_quantize_vnni, qd_has_vnni},
+     loom_cpu_hdot_vnni, loom_cpu_q8_quantize_vnni, qd_has_vnni},
     {"avx512", loom_cpu_q8dot_avx512, loom_cpu_q8dot2_avx512, loom_cpu_q8dot4_avx512,
-     loom_cpu_q8_quantize_avx512,
-     qd_has_avx512},
+     loom_cpu_hdot_avx512, loom_cpu_q8_quantize_avx512, qd_has_avx512},
     {"avx2", loom_cpu_q8dot_avx2, loom_cpu_q8dot2_avx2, loom_cpu_q8dot4_avx2,
-     loom_cpu_q8_quantize_avx2, qd_has_avx2},
+     loom_cpu_hdot_avx2, loom_cpu_q8_quantize_avx2, qd_has_avx2},
 #endif
     {"portable", loom_cpu_q8dot_portable, loom_cpu_q8dot2_portable, loom_cpu_q8dot4_portable,
-     loom_cpu_q8_quantize_portable,
-     qd_always},
+     loom_cpu_hdot_portable, loom_cpu_q8_quantize_portable, qd_always},
 };
 
 static const qd_isa *qd_best;
@@ -299,4 +322,9 @@ loom_cpu_q8dot2_fn *loom_cpu_q8dot2(loom_dtype dtype) {
 loom_cpu_q8dot4_fn *loom_cpu_q8dot4(loom_dtype dtype) {
     const int k = qd_kind(dtype);
     return k < 0 ? NULL : qd_now()->table4[k];
+}
+
+loom_cpu_hdot_fn *loom_cpu_hdot(loom_dtype dtype) {
+    if (dtype != LOOM_DTYPE_F16 && dtype != LOOM_DTYPE_BF16) return NULL;
+    return qd_now()->htable[dtype == LOOM_DTYPE_BF16];
 }

@@ -77,6 +77,18 @@ typedef void loom_cpu_q8dot4_fn(const uint8_t *row0, size_t stride, int64_t K,
  * serves has one), or NULL. */
 loom_cpu_q8dot4_fn *loom_cpu_q8dot4(loom_dtype dtype);
 
+/* 16-bit float weights kept as stored (f16, bf16; K elements of 2 bytes,
+ * any K) times float activations: out[t] = row . x[t] for t < mr (1..4),
+ * float32 products and sums (no activation rounding: the weights convert
+ * exactly). f16 converts with F16C, bf16 by a 16-bit shift; the same
+ * instruction sets as above pick them (a token's result is the same at
+ * every mr). */
+typedef void loom_cpu_hdot_fn(const uint8_t *row, int64_t K, const float *const *x, int mr,
+                              float *out);
+
+/* The kernel for LOOM_DTYPE_F16 or LOOM_DTYPE_BF16 on this CPU, or NULL. */
+loom_cpu_hdot_fn *loom_cpu_hdot(loom_dtype dtype);
+
 /* Which instruction set the kernels use here: "avx512vnni", "avx512",
  * "avx2" or "portable". */
 const char *loom_cpu_q8_isa(void);
@@ -106,6 +118,11 @@ extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_avx2[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_avx512[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_vnni[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_avx512[LOOM_CPU_Q8_NKINDS];
+/* the 16-bit kernels of each instruction set: [0] f16, [1] bf16 */
+extern loom_cpu_hdot_fn *const loom_cpu_hdot_portable[2];
+extern loom_cpu_hdot_fn *const loom_cpu_hdot_avx2[2];
+extern loom_cpu_hdot_fn *const loom_cpu_hdot_avx512[2];
+extern loom_cpu_hdot_fn *const loom_cpu_hdot_vnni[2];
 /* the quantizer of each instruction set (bit for bit the same results) */
 void loom_cpu_q8_quantize_portable(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
 void loom_cpu_q8_quantize_avx2(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);

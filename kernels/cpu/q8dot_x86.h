@@ -3,7 +3,7 @@
  * and built once per instruction set: q8dot_avx2.c (-mavx2 -mfma -mf16c),
  * q8dot_avx512.c (adds AVX-512 F, BW, VL) and q8dot_vnni.c (adds VNNI too)
  * include it with QD_TABLE, QD_TABLE2 and QD_TABLE4 naming the tables, QD_QUANTIZE the
- * activation quantizer and QD_VNNI 0 or 1. The only difference is the unsigned
+ * activation quantizer, QD_HTABLE the 16-bit float kernels and QD_VNNI 0 or 1. The only difference is the unsigned
  * x signed byte dot: AVX2 multiplies pairs into int16 (maddubs) and adds
  * pairs into int32 (madd); VNNI does both in one vpdpbusd. Either way
  * int32 lane i holds the sum over bytes 4i..4i+3.
@@ -385,3 +385,58 @@ loom_cpu_q8dot4_fn *const QD_TABLE4[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qd_quad_q4_0, [LOOM_CPU_Q8_Q4_1] = qd_quad_q4_1,
     [LOOM_CPU_Q8_Q8_0] = qd_quad_q8_0, [LOOM_CPU_Q8_Q4_K] = qd_quad_q4_k,
     [LOOM_CPU_Q8_Q6_K] = qd_quad_q6_k, [LOOM_CPU_Q8_Q5_K] = qd_quad_q5_k};
+
+/* ------------------------------------------------ 16-bit float weights */
+
+/* 8 weights at p as float32: f16 through F16C, bf16 widened and shifted
+ * into the top half of each lane. */
+QD_INLINE __m256 qd_h8(const uint8_t *p, const int bf) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (bf) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+QD_INLINE float qd_h1(const uint8_t *p, const int bf) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    if (!bf) return _cvtsh_ss(h);
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* One 16-bit row against MR tokens: 16 weights a step converted once, two
+ * accumulators a token (lanes 0-7 and 8-15), then the K % 16 tail. */
+QD_INLINE void qd_hrow(const uint8_t *row, int64_t K, const float *const *x, const int MR, int mr,
+                       float *out, const int bf) {
+    __m256 a0[LOOM_CPU_Q8_MR], a1[LOOM_CPU_Q8_MR];
+    const float *xt[LOOM_CPU_Q8_MR];
+    for (int t = 0; t < MR; t++) {
+        a0[t] = a1[t] = _mm256_setzero_ps();
+        xt[t] = x[t < mr ? t : 0];
+    }
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        const __m256 w0 = qd_h8(row + 2 * k, bf), w1 = qd_h8(row + 2 * k + 16, bf);
+        for (int t = 0; t < MR; t++) {
+            a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt[t] + k), a0[t]);
+            a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt[t] + k + 8), a1[t]);
+        }
+    }
+    for (int t = 0; t < mr; t++) {
+        float s = qd_hsum(_mm256_add_ps(a0[t], a1[t]));
+        for (int64_t i = k; i < K; i++) s += qd_h1(row + 2 * i, bf) * xt[t][i];
+        out[t] = s;
+    }
+}
+
+#define QD_HENTRY(name, bf)                                                                       \
+    static void name(const uint8_t *row, int64_t K, const float *const *x, int mr, float *out) {  \
+        if (mr == 1) qd_hrow(row, K, x, 1, 1, out, bf);                                           \
+        else qd_hrow(row, K, x, LOOM_CPU_Q8_MR, mr, out, bf);                                     \
+    }
+QD_HENTRY(qd_h_f16, 0)
+QD_HENTRY(qd_h_bf16, 1)
+
+loom_cpu_hdot_fn *const QD_HTABLE[2] = {qd_h_f16, qd_h_bf16};

@@ -15,6 +15,7 @@
  *   float   sum of w times the float activation; the gap may be the
  *           activation rounding alone: sum of |w| d / 2 over the row (plus
  *           the exact tolerance).
+ * 16-bit float rows (f16, bf16) against a float64 product likewise.
  * The quantizer: every code within [-127, 127], |x - d q| <= d / 2 (plus
  * float32 rounding), s = d sum(q).
  */
@@ -275,6 +276,61 @@ Test(q8dot, rows_match_references_on_every_isa) {
         }
     }
     cr_assert_geq(ran, 1);
+    cr_assert(loom_cpu_q8_force_isa(NULL));
+}
+
+/* 16-bit float rows (f16, bf16; any K, tails included) times float
+ * activations, every instruction set here, 1..4 tokens: within float32
+ * rounding of the float64 product (the weights convert exactly), and each
+ * token's result the same whatever the token count of the call. */
+Test(q8dot, sixteen_bit_rows_match_float64_on_every_isa) {
+    test_rng r = rng_seeded("q8dot.hdot");
+    static uint16_t row[MAXK];
+    static float x[LOOM_CPU_Q8_MR][MAXK];
+    int ran = 0;
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        if (!loom_cpu_q8_force_isa(isas[i])) continue;
+        ran++;
+        for (int b = 0; b < 2; b++) {
+            const loom_dtype t = b ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F16;
+            loom_cpu_hdot_fn *dot = loom_cpu_hdot(t);
+            cr_assert_not_null(dot);
+            for (int it = 0; it < 40; it++) {
+                const int64_t K = 1 + rng_int(&r, MAXK);
+                const int mr = 1 + it % LOOM_CPU_Q8_MR;
+                for (int64_t k = 0; k < K; k++) {
+                    const float v = rng_int(&r, 10) == 0 ? (float)rng_range(&r, -1, 1) * 1e-6f
+                                                         : (float)rng_range(&r, -2, 2);
+                    row[k] = b ? loom_fp32_to_bf16(v) : loom_fp32_to_fp16(v);
+                }
+                const float *xs[LOOM_CPU_Q8_MR];
+                for (int m = 0; m < mr; m++) {
+                    rng_fill(&r, x[m], K, rng_range(&r, 0.1, 4.0));
+                    xs[m] = x[m];
+                }
+                float got[LOOM_CPU_Q8_MR], one;
+                dot((const uint8_t *)row, K, xs, mr, got);
+                for (int m = 0; m < mr; m++) {
+                    double want = 0, mag = 0;
+                    for (int64_t k = 0; k < K; k++) {
+                        const double w = b ? loom_bf16_to_fp32(row[k]) : loom_fp16_to_fp32(row[k]);
+                        want += w * x[m][k];
+                        mag += fabs(w * x[m][k]);
+                    }
+                    cr_assert(fabs(got[m] - want) <= 1e-6 * mag + 1e-30,
+                              "%s %s K %lld token %d/%d: %.9g, float64 %.9g (|diff| %.3g, terms %.3g)",
+                              isas[i], loom_dtype_name(t), (long long)K, m, mr, got[m], want,
+                              fabs(got[m] - want), mag);
+                    dot((const uint8_t *)row, K, &xs[m], 1, &one);
+                    cr_assert(one == got[m], "%s %s K %lld: token %d alone %.9g, among %d %.9g", isas[i],
+                              loom_dtype_name(t), (long long)K, m, one, mr, got[m]);
+                }
+            }
+        }
+    }
+    cr_assert_geq(ran, 1);
+    cr_assert_null(loom_cpu_hdot(LOOM_DTYPE_F32));
+    cr_assert_null(loom_cpu_hdot(LOOM_DTYPE_Q4_K));
     cr_assert(loom_cpu_q8_force_isa(NULL));
 }
 

@@ -79,6 +79,14 @@ static void tw_make(tw *t, test_rng *r, loom_qformat fmt, loom_dtype gt, int64_t
         size_t rb = loom_dtype_row_bytes(gt, k);
         uint8_t *d = malloc(rb * (size_t)n);
         for (size_t i = 0; i < rb * (size_t)n; i++) d[i] = (uint8_t)rng_next(r);
+        if (gt == LOOM_DTYPE_F16 || gt == LOOM_DTYPE_BF16) /* finite values, zeros, subnormals */
+            for (size_t i = 0; i < (size_t)(n * k); i++) {
+                const int c = rng_int(r, 16);
+                const float v = c == 0 ? 0.0f : c == 1 ? -0.0f : c == 2 ? (float)rng_range(r, -1, 1) * 1e-6f
+                                                                        : (float)rng_range(r, -0.5, 0.5);
+                const uint16_t h = gt == LOOM_DTYPE_F16 ? loom_fp32_to_fp16(v) : loom_fp32_to_bf16(v);
+                memcpy(d + 2 * i, &h, 2);
+            }
         size_t bb = loom_dtype_block_bytes(gt);
         int64_t be = loom_dtype_block_elems(gt);
         for (size_t b = 0; b < rb * (size_t)n / bb; b++) {
@@ -219,7 +227,9 @@ static void check_part(const tw *t, const float *x, int64_t ldx, int64_t M, cons
     double *xe = malloc((size_t)K * sizeof(double));
     for (int64_t m = 0; m < M; m++) {
         double sx;
-        ref_act(t->w.format, x + m * ldx, K, smooth, xe, &sx);
+        /* 16-bit float weights kept as stored multiply the float activations */
+        const bool f16w = t->w.dtype == LOOM_DTYPE_F16 || t->w.dtype == LOOM_DTYPE_BF16;
+        ref_act(f16w ? LOOM_QFMT_NONE : t->w.format, x + m * ldx, K, smooth, xe, &sx);
         for (int64_t i = 0; i < n; i++) {
             double acc = 0, mag = 0;
             for (int64_t k = 0; k < K; k++) {
@@ -335,6 +345,47 @@ Test(qlinear, gguf_blocks) {
         tw_make(&t, &r, LOOM_QFMT_GGUF, gt, n, K, 0, false);
         run_one(&r, &t, M, NULL, loom_dtype_name(gt));
         tw_free(&t);
+    }
+}
+
+/* f16 / bf16 weights kept as stored (what the cpu backend does with a 16-bit
+ * file's linear weights): float activations, every M path (fused rows, tiles,
+ * sgemm panels), K with and without a tail of 16. */
+Test(qlinear, sixteen_bit_weights) {
+    test_rng r = rng_seeded("qlinear.f16");
+    static const int64_t ks[] = {1, 7, 16, 31, 64, 100, 257, 576};
+    static const int64_t ms[] = {1, 2, 4, 5, 16, 33, 40};
+    for (int it = 0; it < 48; it++) {
+        const loom_dtype gt = it % 2 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F16;
+        const int64_t K = ks[rng_int(&r, 8)], n = 1 + rng_int(&r, 60), M = ms[rng_int(&r, 7)];
+        tw t;
+        tw_make(&t, &r, LOOM_QFMT_GGUF, gt, n, K, 0, false);
+        run_one(&r, &t, M, NULL, loom_dtype_name(gt));
+        tw_free(&t);
+    }
+}
+
+/* The kernels' vector half -> float decode is the scalar codec's, bit for
+ * bit, on all 65536 codes (NaNs stay NaN); bf16 likewise. */
+Test(qlinear, sixteen_bit_decode_every_code) {
+    static uint16_t codes[65536];
+    static float got[65536];
+    for (int i = 0; i < 65536; i++) codes[i] = (uint16_t)i;
+    for (int b = 0; b < 2; b++) {
+        const loom_dtype dt = b ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F16;
+        loom_tensor t = view(dt, 1, 65536, codes, sizeof codes);
+        loom_cpu_qweight w;
+        char why[256];
+        cr_assert(loom_cpu_qweight_gguf(&w, &t, why, sizeof why), "%s", why);
+        loom_cpu_qweight_rows(&w, 0, 1, got);
+        for (int i = 0; i < 65536; i++) {
+            const float want = b ? loom_bf16_to_fp32((uint16_t)i) : loom_fp16_to_fp32((uint16_t)i);
+            uint32_t gb, wb;
+            memcpy(&gb, &got[i], 4);
+            memcpy(&wb, &want, 4);
+            cr_assert(isnan(want) ? isnan(got[i]) : gb == wb, "%s code 0x%04x: %.9g (0x%08x), want %.9g (0x%08x)",
+                      loom_dtype_name(dt), i, got[i], gb, want, wb);
+        }
     }
 }
 
@@ -542,14 +593,17 @@ Test(qlinear, weight_views_check_sizes) {
     cr_assert(loom_cpu_qweight_init(&w, &q8, why, sizeof why));
     cr_assert(w.per_tensor);
     /* GGUF: unsupported type, partial blocks */
-    loom_tensor g = view(LOOM_DTYPE_F16, 2, 32, d, 12);
+    loom_tensor g = view(LOOM_DTYPE_I32, 2, 32, d, 12);
     cr_assert_not(loom_cpu_qweight_gguf(&w, &g, why, sizeof why));
-    cr_assert(strstr(why, "f16"), "%s", why);
+    cr_assert(strstr(why, "i32"), "%s", why);
+    g = view(LOOM_DTYPE_BF16, 2, 32, d, 12);
+    cr_assert_not(loom_cpu_qweight_gguf(&w, &g, why, sizeof why)); /* 128 bytes needed */
     g = view(LOOM_DTYPE_Q4_K, 2, 255, d, 12);
     cr_assert_not(loom_cpu_qweight_gguf(&w, &g, why, sizeof why));
     g = view(LOOM_DTYPE_Q4_0, 2, 32, d, 12);
     cr_assert_not(loom_cpu_qweight_gguf(&w, &g, why, sizeof why)); /* 36 bytes needed */
     cr_assert(strstr(why, "36"), "%s", why);
     cr_assert_not(loom_cpu_qformat_supported(LOOM_QFMT_NONE, LOOM_DTYPE_F32));
-    cr_assert_not(loom_cpu_qformat_supported(LOOM_QFMT_GGUF, LOOM_DTYPE_BF16));
+    cr_assert(loom_cpu_qformat_supported(LOOM_QFMT_GGUF, LOOM_DTYPE_BF16));
+    cr_assert_not(loom_cpu_qformat_supported(LOOM_QFMT_GGUF, LOOM_DTYPE_I32));
 }
