@@ -63,6 +63,18 @@ static double ref_q4_1(const uint8_t *row, int64_t e) {
     return fr_f16_value(le16(b)) * q + fr_f16_value(le16(b + 2));
 }
 
+/* Sub-block sb's 6-bit scale and min from the 12 bytes at sc (Q4_K, Q5_K):
+ * see ref_q4_k. */
+static void ref_k_scale_min(const uint8_t *sc, int sb, int *scale, int *mn) {
+    if (sb < 4) {
+        *scale = sc[sb] & 63;
+        *mn = sc[sb + 4] & 63;
+    } else {
+        *scale = (sc[sb + 4] & 15) | ((sc[sb - 4] >> 6) << 4);
+        *mn = (sc[sb + 4] >> 4) | ((sc[sb] >> 6) << 4);
+    }
+}
+
 /* Q4_K: 8 sub-blocks of 32 with 6-bit (scale, min) pairs in 12 bytes:
  * bytes 0-3 hold scales 0-3 (low 6 bits) and, in their top 2 bits, bits 4-5
  * of scales 4-7; bytes 4-7 likewise for mins 0-3 / mins 4-7; bytes 8-11 hold
@@ -72,15 +84,8 @@ static double ref_q4_k(const uint8_t *row, int64_t e) {
     int k = (int)(e % 256);
     int sb = k / 32;                    /* sub-block                          */
     int pair = sb / 2, hi = sb % 2;     /* qs bytes [32*pair, +32), nibble    */
-    const uint8_t *sc = b + 4;
     int scale, mn;
-    if (sb < 4) {
-        scale = sc[sb] & 63;
-        mn = sc[sb + 4] & 63;
-    } else {
-        scale = (sc[sb + 4] & 15) | ((sc[sb - 4] >> 6) << 4);
-        mn = (sc[sb + 4] >> 4) | ((sc[sb] >> 6) << 4);
-    }
+    ref_k_scale_min(b + 4, sb, &scale, &mn);
     uint8_t byte = b[16 + 32 * pair + k % 32];
     int q = hi ? byte >> 4 : byte & 15;
     return fr_f16_value(le16(b)) * scale * q - fr_f16_value(le16(b + 2)) * mn;
@@ -120,15 +125,8 @@ static double ref_q5_0(const uint8_t *row, int64_t e) {
 static double ref_q5_k(const uint8_t *row, int64_t e) {
     const uint8_t *b = row + (e / 256) * 176;
     int k = (int)(e % 256), sb = k / 32, l = k % 32;
-    const uint8_t *sc = b + 4;
     int scale, mn;
-    if (sb < 4) {
-        scale = sc[sb] & 63;
-        mn = sc[sb + 4] & 63;
-    } else {
-        scale = (sc[sb + 4] & 15) | ((sc[sb - 4] >> 6) << 4);
-        mn = (sc[sb + 4] >> 4) | ((sc[sb] >> 6) << 4);
-    }
+    ref_k_scale_min(b + 4, sb, &scale, &mn);
     uint8_t byte = b[48 + 32 * (sb / 2) + l];
     int low4 = sb % 2 ? byte >> 4 : byte & 15;
     int bit4 = (b[16 + l] >> sb) & 1;
