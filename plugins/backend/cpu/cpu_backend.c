@@ -20,7 +20,7 @@
  * every linear weight stored as q4_0 / q4_1 / q8_0 / q4_k / q5_k / q6_k
  * blocks, and a tied LM head stored so, stays as stored (a zero-copy view of
  * the mmap) and runs on the kernels' integer q8 path, as llama.cpp runs a
- * GGUF file; f16 / bf16 linear weights (GGUF or safetensors) stay 16-bit
+ * GGUF file; f16 / bf16 linear weights (host tensors of any format) stay 16-bit
  * likewise and are converted to float as the kernels read them, which halves
  * their memory and the bytes a decode step streams against float32;
  * the backend plans them itself through a quantizer binding of its own
@@ -73,7 +73,7 @@ static const loom_param cpu_params[] = {
             "converted to float as they are read; f32 dequantizes every weight at load"},
     {.key = "cpu_isa", .type = LOOM_PARAM_ENUM, .offset = offsetof(cpu_backend_config, cpu_isa),
      .default_value = "auto", .min = 1, .max = 0, .choices = cpu_isa_choices,
-     .doc = "instruction set of the GGUF integer kernels: auto = the best this CPU has "
+     .doc = "instruction set of the GGUF integer kernels and the f16/bf16 row kernels: auto = the best this CPU has "
             "(avx512vnni, avx512, avx2, portable); naming one forces it (a CPU without it fails "
             "create), e.g. portable to test or time the plain C path; process-wide"},
     {.key = NULL},
