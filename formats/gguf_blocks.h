@@ -21,12 +21,16 @@
  *        8 sub-blocks of 32, each a 6-bit scale sc and 6-bit min mn packed
  *        in `scales` (loom_q4k_scale_min); sub-blocks 2i and 2i + 1 are the
  *        low and high nibbles of qs[32 i .. 32 i + 32): x = (d sc) q - dmin mn.
+ *   Q5_K (256 elems, 176 B): f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
+ *        Q4_K's scales and nibbles plus a fifth bit: sub-block j's weight l
+ *        has bit j of qh[l] as its bit 4, so q = nibble | bit << 4 in 0..31:
+ *        x = (d sc) q - dmin mn.
  *   Q6_K (256 elems, 210 B): u8 ql[128]; u8 qh[64]; int8 scales[16]; f16 d
  *        q = 4 low bits from ql | 2 high bits from qh, minus 32; 8 sub-blocks
  *        of 32 (loom_q6k_sub_at), two int8 scales each (16 weights a
  *        scale): x = (d sc) q.
  * Every product above is exact in float32 (at most 23 significant bits);
- * Q4_1 and Q4_K round once, at their one addition.
+ * Q4_1, Q4_K and Q5_K round once, at their one addition.
  *
  * Internal (never installed); plugins reach these through host->convert.
  */
@@ -53,12 +57,16 @@
 #define LOOM_GGUF_Q5_0_BYTES 22
 #define LOOM_GGUF_Q4_K_ELEMS 256
 #define LOOM_GGUF_Q4_K_BYTES 144
+#define LOOM_GGUF_Q5_K_ELEMS 256
+#define LOOM_GGUF_Q5_K_BYTES 176
 #define LOOM_GGUF_Q6_K_ELEMS 256
 #define LOOM_GGUF_Q6_K_BYTES 210
 
 /* Byte offsets inside a block. */
-#define LOOM_GGUF_Q4_K_SCALES 4  /* the 12 packed (scale, min) bytes   */
+#define LOOM_GGUF_Q4_K_SCALES 4  /* the 12 packed (scale, min) bytes (Q5_K: the same place) */
 #define LOOM_GGUF_Q4_K_QS 16     /* the 128 nibble bytes               */
+#define LOOM_GGUF_Q5_K_QH 16     /* the 32 fifth-bit bytes             */
+#define LOOM_GGUF_Q5_K_QS 48     /* the 128 nibble bytes               */
 #define LOOM_GGUF_Q6_K_D 208     /* the f16 d                          */
 
 /* Byte k (0..11) of Q4_K's 12 scale bytes held as three little-endian
@@ -163,23 +171,39 @@ static inline void loom_gguf_q5_0_to_q8_0(const uint8_t *b, uint8_t *out) {
     for (int j = 0; j < 32; j++) out[2 + j] = (uint8_t)(int8_t)(q[j] - 16);
 }
 
-static inline void loom_gguf_dec_q4_k(const uint8_t *b, float *y) {
-    const float d = loom_gguf_f16(b), dmin = loom_gguf_f16(b + 2);
-    uint32_t s[3];
+/* Q4_K's and Q5_K's 12 scale bytes (at the same place in both) as three
+ * little-endian words, for loom_q4k_scale_min. */
+static inline void loom_gguf_kscales(const uint8_t *b, uint32_t *s) {
     for (int i = 0; i < 3; i++) {
         const uint8_t *p = b + LOOM_GGUF_Q4_K_SCALES + 4 * i;
         s[i] = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
     }
+}
+
+/* Q4_K (q5 = 0) and Q5_K (q5 = 1): the same scales and nibbles, Q5_K's
+ * fifth code bit of sub-block j in bit j of qh[l]. */
+static inline void loom_gguf_dec_qk(const uint8_t *b, float *y, const int q5) {
+    const float d = loom_gguf_f16(b), dmin = loom_gguf_f16(b + 2);
+    uint32_t s[3];
+    loom_gguf_kscales(b, s);
+    const uint8_t *qh = b + LOOM_GGUF_Q5_K_QH;
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
-        const uint8_t *q = b + LOOM_GGUF_Q4_K_QS + 32 * (j >> 1);
+        const uint8_t *q = b + (q5 ? LOOM_GGUF_Q5_K_QS : LOOM_GGUF_Q4_K_QS) + 32 * (j >> 1);
         const int sh = 4 * (j & 1);
         uint32_t sc, mn;
         loom_q4k_scale_min(s, j, &sc, &mn);
         const float a = d * (float)sc, c = dmin * (float)mn;
-        for (int l = 0; l < 32; l++) y[32 * j + l] = a * (float)((q[l] >> sh) & 0xF) - c;
+        for (int l = 0; l < 32; l++) {
+            const int hb = q5 ? ((qh[l] >> j) & 1) << 4 : 0;
+            y[32 * j + l] = a * (float)(((q[l] >> sh) & 0xF) | hb) - c;
+        }
     }
 }
+
+static inline void loom_gguf_dec_q4_k(const uint8_t *b, float *y) { loom_gguf_dec_qk(b, y, 0); }
+
+static inline void loom_gguf_dec_q5_k(const uint8_t *b, float *y) { loom_gguf_dec_qk(b, y, 1); }
 
 static inline void loom_gguf_dec_q6_k(const uint8_t *b, float *y) {
     const float d = loom_gguf_f16(b + LOOM_GGUF_Q6_K_D);

@@ -33,6 +33,9 @@ typedef enum loom_dtype {
     LOOM_DTYPE_I32 = 9,
     LOOM_DTYPE_FP8_E4M3 = 10,
     LOOM_DTYPE_U8 = 11,
+    /* since ABI 2.5 (an older host names it "unknown" and refuses it; a
+     * plugin of ABI 2.4 or older built LOOM_DTYPE_COUNT as 12) */
+    LOOM_DTYPE_Q5_K = 12,  /* GGUF: 256-elem super-blocks, 176 B             */
     LOOM_DTYPE_COUNT
 } loom_dtype;
 

@@ -80,28 +80,44 @@ static void qp_q8_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr,
     }
 }
 
-static void qp_q4_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
+/* q4_k (q5 = 0) and q5_k (q5 = 1): the same scales and nibbles; q5_k's
+ * sub-block j takes its codes' bit 4 from bit j of qh[l]. */
+static void qp_qk(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out,
+                  const int q5) {
+    const size_t bb = q5 ? LOOM_GGUF_Q5_K_BYTES : LOOM_GGUF_Q4_K_BYTES;
+    const size_t qs_at = q5 ? LOOM_GGUF_Q5_K_QS : LOOM_GGUF_Q4_K_QS;
     for (int t = 0; t < mr; t++) {
         float acc = 0.0f;
         for (int64_t sb = 0; sb < K / 256; sb++) {
-            const uint8_t *blk = row + (size_t)sb * LOOM_GGUF_Q4_K_BYTES;
+            const uint8_t *blk = row + (size_t)sb * bb, *qh = blk + LOOM_GGUF_Q5_K_QH;
             const float d = loom_gguf_f16(blk), dmin = loom_gguf_f16(blk + 2);
             uint32_t sw[3];
             memcpy(sw, blk + LOOM_GGUF_Q4_K_SCALES, sizeof sw);
             for (int j = 0; j < 8; j++) {
-                const uint8_t *q = blk + LOOM_GGUF_Q4_K_QS + 32 * (j >> 1);
+                const uint8_t *q = blk + qs_at + 32 * (j >> 1);
                 const int sh = 4 * (j & 1);
                 const int64_t xb = 8 * sb + j;
                 const int8_t *xq = x[t].q + 32 * xb;
                 uint32_t sc, mn;
                 loom_q4k_scale_min(sw, j, &sc, &mn);
                 int32_t s = 0;
-                for (int l = 0; l < 32; l++) s += ((q[l] >> sh) & 15) * xq[l];
+                for (int l = 0; l < 32; l++) {
+                    const int hb = q5 ? ((qh[l] >> j) & 1) << 4 : 0;
+                    s += (((q[l] >> sh) & 15) | hb) * xq[l];
+                }
                 acc += d * (float)sc * x[t].d[xb] * (float)s - dmin * (float)mn * x[t].s[xb];
             }
         }
         out[t] = acc;
     }
+}
+
+static void qp_q4_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
+    qp_qk(row, K, x, mr, out, 0);
+}
+
+static void qp_q5_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
+    qp_qk(row, K, x, mr, out, 1);
 }
 
 static void qp_q6_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
@@ -131,7 +147,7 @@ static void qp_q6_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr,
 
 loom_cpu_q8dot_fn *const loom_cpu_q8dot_portable[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qp_q4_0, [LOOM_CPU_Q8_Q4_1] = qp_q4_1, [LOOM_CPU_Q8_Q8_0] = qp_q8_0,
-    [LOOM_CPU_Q8_Q4_K] = qp_q4_k, [LOOM_CPU_Q8_Q6_K] = qp_q6_k};
+    [LOOM_CPU_Q8_Q4_K] = qp_q4_k, [LOOM_CPU_Q8_Q6_K] = qp_q6_k, [LOOM_CPU_Q8_Q5_K] = qp_q5_k};
 
 /* Two rows as two row calls. */
 #define QP_PAIR(name, row)                                                                        \
@@ -145,10 +161,11 @@ QP_PAIR(qp2_q4_1, qp_q4_1)
 QP_PAIR(qp2_q8_0, qp_q8_0)
 QP_PAIR(qp2_q4_k, qp_q4_k)
 QP_PAIR(qp2_q6_k, qp_q6_k)
+QP_PAIR(qp2_q5_k, qp_q5_k)
 
 loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_portable[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qp2_q4_0, [LOOM_CPU_Q8_Q4_1] = qp2_q4_1, [LOOM_CPU_Q8_Q8_0] = qp2_q8_0,
-    [LOOM_CPU_Q8_Q4_K] = qp2_q4_k, [LOOM_CPU_Q8_Q6_K] = qp2_q6_k};
+    [LOOM_CPU_Q8_Q4_K] = qp2_q4_k, [LOOM_CPU_Q8_Q6_K] = qp2_q6_k, [LOOM_CPU_Q8_Q5_K] = qp2_q5_k};
 
 /* Four rows as four row calls. */
 #define QP_QUAD(name, row)                                                                        \
@@ -161,10 +178,35 @@ QP_QUAD(qp4_q4_1, qp_q4_1)
 QP_QUAD(qp4_q8_0, qp_q8_0)
 QP_QUAD(qp4_q4_k, qp_q4_k)
 QP_QUAD(qp4_q6_k, qp_q6_k)
+QP_QUAD(qp4_q5_k, qp_q5_k)
 
 loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_portable[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qp4_q4_0, [LOOM_CPU_Q8_Q4_1] = qp4_q4_1, [LOOM_CPU_Q8_Q8_0] = qp4_q8_0,
-    [LOOM_CPU_Q8_Q4_K] = qp4_q4_k, [LOOM_CPU_Q8_Q6_K] = qp4_q6_k};
+    [LOOM_CPU_Q8_Q4_K] = qp4_q4_k, [LOOM_CPU_Q8_Q6_K] = qp4_q6_k, [LOOM_CPU_Q8_Q5_K] = qp4_q5_k};
+
+/* 16-bit weights: float products summed in element order (the x86 kernels
+ * sum 16 lanes apart, so the instruction sets agree to float32 rounding). */
+static void qp_h(const uint8_t *row, int64_t K, const float *const *x, int mr, float *out,
+                 const int bf) {
+    for (int t = 0; t < mr; t++) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < K; k++) {
+            const uint16_t h = (uint16_t)(row[2 * k] | row[2 * k + 1] << 8);
+            acc += (bf ? loom_bf16_to_fp32(h) : loom_fp16_to_fp32(h)) * x[t][k];
+        }
+        out[t] = acc;
+    }
+}
+
+static void qp_h_f16(const uint8_t *row, int64_t K, const float *const *x, int mr, float *out) {
+    qp_h(row, K, x, mr, out, 0);
+}
+
+static void qp_h_bf16(const uint8_t *row, int64_t K, const float *const *x, int mr, float *out) {
+    qp_h(row, K, x, mr, out, 1);
+}
+
+loom_cpu_hdot_fn *const loom_cpu_hdot_portable[2] = {qp_h_f16, qp_h_bf16};
 
 /* ------------------------------------------------------------ the pick */
 
@@ -173,6 +215,7 @@ typedef struct qd_isa {
     loom_cpu_q8dot_fn *const *table;
     loom_cpu_q8dot2_fn *const *table2;
     loom_cpu_q8dot4_fn *const *table4;
+    loom_cpu_hdot_fn *const *htable;
     void (*quantize)(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
     int (*usable)(void);
 } qd_isa;
@@ -199,16 +242,14 @@ static int qd_always(void) { return 1; }
 static const qd_isa qd_isas[] = {
 #if defined(__x86_64__) && defined(__GNUC__)
     {"avx512vnni", loom_cpu_q8dot_vnni, loom_cpu_q8dot2_vnni, loom_cpu_q8dot4_vnni,
-     loom_cpu_q8_quantize_vnni, qd_has_vnni},
+     loom_cpu_hdot_vnni, loom_cpu_q8_quantize_vnni, qd_has_vnni},
     {"avx512", loom_cpu_q8dot_avx512, loom_cpu_q8dot2_avx512, loom_cpu_q8dot4_avx512,
-     loom_cpu_q8_quantize_avx512,
-     qd_has_avx512},
+     loom_cpu_hdot_avx512, loom_cpu_q8_quantize_avx512, qd_has_avx512},
     {"avx2", loom_cpu_q8dot_avx2, loom_cpu_q8dot2_avx2, loom_cpu_q8dot4_avx2,
-     loom_cpu_q8_quantize_avx2, qd_has_avx2},
+     loom_cpu_hdot_avx2, loom_cpu_q8_quantize_avx2, qd_has_avx2},
 #endif
     {"portable", loom_cpu_q8dot_portable, loom_cpu_q8dot2_portable, loom_cpu_q8dot4_portable,
-     loom_cpu_q8_quantize_portable,
-     qd_always},
+     loom_cpu_hdot_portable, loom_cpu_q8_quantize_portable, qd_always},
 };
 
 static const qd_isa *qd_best;
@@ -259,6 +300,7 @@ static int qd_kind(loom_dtype dtype) {
     case LOOM_DTYPE_Q8_0: return LOOM_CPU_Q8_Q8_0;
     case LOOM_DTYPE_Q4_K: return LOOM_CPU_Q8_Q4_K;
     case LOOM_DTYPE_Q6_K: return LOOM_CPU_Q8_Q6_K;
+    case LOOM_DTYPE_Q5_K: return LOOM_CPU_Q8_Q5_K;
     default: return -1;
     }
 }
@@ -280,4 +322,9 @@ loom_cpu_q8dot2_fn *loom_cpu_q8dot2(loom_dtype dtype) {
 loom_cpu_q8dot4_fn *loom_cpu_q8dot4(loom_dtype dtype) {
     const int k = qd_kind(dtype);
     return k < 0 ? NULL : qd_now()->table4[k];
+}
+
+loom_cpu_hdot_fn *loom_cpu_hdot(loom_dtype dtype) {
+    if (dtype != LOOM_DTYPE_F16 && dtype != LOOM_DTYPE_BF16) return NULL;
+    return qd_now()->htable[dtype == LOOM_DTYPE_BF16];
 }

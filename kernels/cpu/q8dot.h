@@ -1,13 +1,13 @@
 /*
  * kernels/cpu/q8dot.h — dot products of GGUF weight rows (q4_0, q4_1, q8_0,
- * q4_k, q6_k blocks as stored) with activations quantized to 8 bits per
+ * q4_k, q5_k, q6_k blocks as stored) with activations quantized to 8 bits per
  * block of 32, in integer arithmetic: the batch-1 and small-batch path of
  * kernels/cpu/qlinear.c for GGUF weights.
  *
  * Activations: each token's K floats become K/32 blocks of int8 codes with
  * one float scale each (d = max|x| / 127, q = rint(x / d)) and the block's
  * d * sum(q) (the term a weight offset multiplies: q4_1's min, q4_0's -8,
- * q4_k's mins). Weight codes times activation codes accumulate in int32
+ * q4_k's and q5_k's mins). Weight codes times activation codes accumulate in int32
  * per block (or per 16-weight scale group), and only then meet the float
  * scales. The result differs from the float-activation product by the
  * activation rounding alone: at most d/2 per activation.
@@ -53,7 +53,7 @@ typedef void loom_cpu_q8dot_fn(const uint8_t *row, int64_t K, const loom_cpu_q8 
                                float *out);
 
 /* The row kernel for a GGUF block type on this CPU, or NULL when the type
- * has none (q4_0, q4_1, q8_0, q4_k and q6_k do). */
+ * has none (q4_0, q4_1, q8_0, q4_k, q5_k and q6_k do). */
 loom_cpu_q8dot_fn *loom_cpu_q8dot(loom_dtype dtype);
 
 /* Batch 1, two rows: out[0] = row0 . x, out[1] = row1 . x (x one token),
@@ -77,6 +77,18 @@ typedef void loom_cpu_q8dot4_fn(const uint8_t *row0, size_t stride, int64_t K,
  * serves has one), or NULL. */
 loom_cpu_q8dot4_fn *loom_cpu_q8dot4(loom_dtype dtype);
 
+/* 16-bit float weights kept as stored (f16, bf16; K elements of 2 bytes,
+ * any K) times float activations: out[t] = row . x[t] for t < mr (1..4),
+ * float32 products and sums (no activation rounding: the weights convert
+ * exactly). f16 converts with F16C, bf16 by a 16-bit shift; the same
+ * instruction sets as above pick them (a token's result is the same at
+ * every mr). */
+typedef void loom_cpu_hdot_fn(const uint8_t *row, int64_t K, const float *const *x, int mr,
+                              float *out);
+
+/* The kernel for LOOM_DTYPE_F16 or LOOM_DTYPE_BF16 on this CPU, or NULL. */
+loom_cpu_hdot_fn *loom_cpu_hdot(loom_dtype dtype);
+
 /* Which instruction set the kernels use here: "avx512vnni", "avx512",
  * "avx2" or "portable". */
 const char *loom_cpu_q8_isa(void);
@@ -93,7 +105,7 @@ bool loom_cpu_q8_force_isa(const char *name);
 
 /* ---- per-ISA tables (q8dot_*.c); index by loom_cpu_q8_kind */
 enum { LOOM_CPU_Q8_Q4_0, LOOM_CPU_Q8_Q4_1, LOOM_CPU_Q8_Q8_0, LOOM_CPU_Q8_Q4_K, LOOM_CPU_Q8_Q6_K,
-       LOOM_CPU_Q8_NKINDS };
+       LOOM_CPU_Q8_Q5_K, LOOM_CPU_Q8_NKINDS };
 extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_portable[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_avx2[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_vnni[LOOM_CPU_Q8_NKINDS];
@@ -106,6 +118,11 @@ extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_avx2[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_avx512[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_vnni[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_avx512[LOOM_CPU_Q8_NKINDS];
+/* the 16-bit kernels of each instruction set: [0] f16, [1] bf16 */
+extern loom_cpu_hdot_fn *const loom_cpu_hdot_portable[2];
+extern loom_cpu_hdot_fn *const loom_cpu_hdot_avx2[2];
+extern loom_cpu_hdot_fn *const loom_cpu_hdot_avx512[2];
+extern loom_cpu_hdot_fn *const loom_cpu_hdot_vnni[2];
 /* the quantizer of each instruction set (bit for bit the same results) */
 void loom_cpu_q8_quantize_portable(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
 void loom_cpu_q8_quantize_avx2(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);

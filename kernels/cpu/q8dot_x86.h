@@ -3,7 +3,7 @@
  * and built once per instruction set: q8dot_avx2.c (-mavx2 -mfma -mf16c),
  * q8dot_avx512.c (adds AVX-512 F, BW, VL) and q8dot_vnni.c (adds VNNI too)
  * include it with QD_TABLE, QD_TABLE2 and QD_TABLE4 naming the tables, QD_QUANTIZE the
- * activation quantizer and QD_VNNI 0 or 1. The only difference is the unsigned
+ * activation quantizer, QD_HTABLE the 16-bit float kernels and QD_VNNI 0 or 1. The only difference is the unsigned
  * x signed byte dot: AVX2 multiplies pairs into int16 (maddubs) and adds
  * pairs into int32 (madd); VNNI does both in one vpdpbusd. Either way
  * int32 lane i holds the sum over bytes 4i..4i+3.
@@ -134,11 +134,23 @@ QD_INLINE void qd_q8_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, cons
     for (int t = 0; t < mr; t++) out[t] = qd_hsum(acc[t]);
 }
 
-/* q4_k: 8 sub-blocks of 32 a super-block, each w = (d sc) q - dmin mn;
- * sub-blocks 2i and 2i + 1 are the low and high nibbles of the same 32
- * bytes, and each lines up with one activation block. */
-QD_INLINE void qd_q4_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int MR, int mr,
-                       float *out) {
+/* Bit j (0..7) of every byte of qh at bit 4, the rest 0 (q5_k's fifth
+ * code bit of sub-block j). 16-bit shifts move both bytes of a lane alike;
+ * shifting toward bit 4 keeps the wanted bit of the upper byte inside the
+ * lane, and the mask drops what crossed from the other byte. */
+QD_INLINE __m256i qd_q5_bit(__m256i qh, const int j) {
+    const __m256i at = j <= 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
+    return _mm256_and_si256(at, _mm256_set1_epi8(0x10));
+}
+
+/* q4_k (q5 = 0) and q5_k (q5 = 1): 8 sub-blocks of 32 a super-block, each
+ * w = (d sc) q - dmin mn; sub-blocks 2i and 2i + 1 are the low and high
+ * nibbles of the same 32 bytes, and each lines up with one activation
+ * block. q5_k adds bit 4 of sub-block j's codes from bit j of qh[l]; its
+ * codes stay unsigned (0..31), so the unsigned x signed dot takes them as
+ * they are. */
+QD_INLINE void qd_qk(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int MR, int mr,
+                     float *out, const int q5) {
     __m256 acc[LOOM_CPU_Q8_MR], acc1[LOOM_CPU_Q8_MR];
     float off[LOOM_CPU_Q8_MR];
     const loom_cpu_q8 *xt[LOOM_CPU_Q8_MR];
@@ -147,9 +159,11 @@ QD_INLINE void qd_q4_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, cons
         off[t] = 0.0f;
         xt[t] = &x[t < mr ? t : 0];
     }
+    const size_t bb = q5 ? LOOM_GGUF_Q5_K_BYTES : LOOM_GGUF_Q4_K_BYTES;
+    const size_t qs_at = q5 ? LOOM_GGUF_Q5_K_QS : LOOM_GGUF_Q4_K_QS;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t sb = 0; sb < K / 256; sb++) {
-        const uint8_t *blk = row + (size_t)sb * LOOM_GGUF_Q4_K_BYTES;
+        const uint8_t *blk = row + (size_t)sb * bb;
         const float d = qd_f16(blk), dmin = qd_f16(blk + 2);
         uint32_t sw[3];
         memcpy(sw, blk + LOOM_GGUF_Q4_K_SCALES, sizeof sw);
@@ -161,10 +175,16 @@ QD_INLINE void qd_q4_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, cons
             a[j] = d * (float)sc;
             c[j] = dmin * (float)mn;
         }
+        const __m256i qh = q5 ? qd_load(blk + LOOM_GGUF_Q5_K_QH) : _mm256_setzero_si256();
+#pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
-            const __m256i raw = qd_load(blk + LOOM_GGUF_Q4_K_QS + 32 * i);
-            const __m256i lo = _mm256_and_si256(raw, m4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            const __m256i raw = qd_load(blk + qs_at + 32 * i);
+            __m256i lo = _mm256_and_si256(raw, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            if (q5) {
+                lo = _mm256_or_si256(lo, qd_q5_bit(qh, 2 * i));
+                hi = _mm256_or_si256(hi, qd_q5_bit(qh, 2 * i + 1));
+            }
             const int64_t xb = 8 * sb + 2 * i;
             for (int t = 0; t < MR; t++) {
                 const loom_cpu_q8 *v = xt[t];
@@ -328,44 +348,95 @@ void QD_QUANTIZE(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
 #define QD_Q4_1(r, K, x, MR, mr, o) qd_q4(r, K, x, MR, mr, o, 1)
 QD_ENTRY(qd_row_q4_0, QD_Q4_0)
 QD_ENTRY(qd_row_q4_1, QD_Q4_1)
+#define QD_Q4_K(r, K, x, MR, mr, o) qd_qk(r, K, x, MR, mr, o, 0)
+#define QD_Q5_K(r, K, x, MR, mr, o) qd_qk(r, K, x, MR, mr, o, 1)
 QD_ENTRY(qd_row_q8_0, qd_q8_0)
-QD_ENTRY(qd_row_q4_k, qd_q4_k)
+QD_ENTRY(qd_row_q4_k, QD_Q4_K)
+QD_ENTRY(qd_row_q5_k, QD_Q5_K)
 QD_ENTRY(qd_row_q6_k, qd_q6_k)
 
 loom_cpu_q8dot_fn *const QD_TABLE[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qd_row_q4_0, [LOOM_CPU_Q8_Q4_1] = qd_row_q4_1,
     [LOOM_CPU_Q8_Q8_0] = qd_row_q8_0, [LOOM_CPU_Q8_Q4_K] = qd_row_q4_k,
-    [LOOM_CPU_Q8_Q6_K] = qd_row_q6_k};
+    [LOOM_CPU_Q8_Q6_K] = qd_row_q6_k, [LOOM_CPU_Q8_Q5_K] = qd_row_q5_k};
 
-/* The super-block types' rows already hold 8 FMAs a block: two row calls. */
-static void qd_pair_q4_k(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
-                         float *out) {
-    qd_row_q4_k(r0, K, x, 1, out);
-    qd_row_q4_k(r1, K, x, 1, out + 1);
-}
-
-static void qd_pair_q6_k(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
-                         float *out) {
-    qd_row_q6_k(r0, K, x, 1, out);
-    qd_row_q6_k(r1, K, x, 1, out + 1);
-}
+/* The super-block types' rows already hold 8 FMAs a block: two (four) row
+ * calls. */
+#define QD_KQUANT_ROWS(pair, quad, row)                                                           \
+    static void pair(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,       \
+                     float *out) {                                                                \
+        row(r0, K, x, 1, out);                                                                    \
+        row(r1, K, x, 1, out + 1);                                                                \
+    }                                                                                             \
+    static void quad(const uint8_t *r0, size_t stride, int64_t K, const loom_cpu_q8 *x,           \
+                     float *out) {                                                                \
+        for (int r = 0; r < 4; r++) row(r0 + (size_t)r * stride, K, x, 1, out + r);               \
+    }
+QD_KQUANT_ROWS(qd_pair_q4_k, qd_quad_q4_k, qd_row_q4_k)
+QD_KQUANT_ROWS(qd_pair_q5_k, qd_quad_q5_k, qd_row_q5_k)
+QD_KQUANT_ROWS(qd_pair_q6_k, qd_quad_q6_k, qd_row_q6_k)
 
 loom_cpu_q8dot2_fn *const QD_TABLE2[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qd_pair_q4_0, [LOOM_CPU_Q8_Q4_1] = qd_pair_q4_1,
     [LOOM_CPU_Q8_Q8_0] = qd_pair_q8_0, [LOOM_CPU_Q8_Q4_K] = qd_pair_q4_k,
-    [LOOM_CPU_Q8_Q6_K] = qd_pair_q6_k};
-
-static void qd_quad_q4_k(const uint8_t *r0, size_t stride, int64_t K, const loom_cpu_q8 *x,
-                         float *out) {
-    for (int r = 0; r < 4; r++) qd_row_q4_k(r0 + (size_t)r * stride, K, x, 1, out + r);
-}
-
-static void qd_quad_q6_k(const uint8_t *r0, size_t stride, int64_t K, const loom_cpu_q8 *x,
-                         float *out) {
-    for (int r = 0; r < 4; r++) qd_row_q6_k(r0 + (size_t)r * stride, K, x, 1, out + r);
-}
+    [LOOM_CPU_Q8_Q6_K] = qd_pair_q6_k, [LOOM_CPU_Q8_Q5_K] = qd_pair_q5_k};
 
 loom_cpu_q8dot4_fn *const QD_TABLE4[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qd_quad_q4_0, [LOOM_CPU_Q8_Q4_1] = qd_quad_q4_1,
     [LOOM_CPU_Q8_Q8_0] = qd_quad_q8_0, [LOOM_CPU_Q8_Q4_K] = qd_quad_q4_k,
-    [LOOM_CPU_Q8_Q6_K] = qd_quad_q6_k};
+    [LOOM_CPU_Q8_Q6_K] = qd_quad_q6_k, [LOOM_CPU_Q8_Q5_K] = qd_quad_q5_k};
+
+/* ------------------------------------------------ 16-bit float weights */
+
+/* 8 weights at p as float32: f16 through F16C, bf16 widened and shifted
+ * into the top half of each lane. */
+QD_INLINE __m256 qd_h8(const uint8_t *p, const int bf) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (bf) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+QD_INLINE float qd_h1(const uint8_t *p, const int bf) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    if (!bf) return _cvtsh_ss(h);
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* One 16-bit row against MR tokens: 16 weights a step converted once, two
+ * accumulators a token (lanes 0-7 and 8-15), then the K % 16 tail. */
+QD_INLINE void qd_hrow(const uint8_t *row, int64_t K, const float *const *x, const int MR, int mr,
+                       float *out, const int bf) {
+    __m256 a0[LOOM_CPU_Q8_MR], a1[LOOM_CPU_Q8_MR];
+    const float *xt[LOOM_CPU_Q8_MR];
+    for (int t = 0; t < MR; t++) {
+        a0[t] = a1[t] = _mm256_setzero_ps();
+        xt[t] = x[t < mr ? t : 0];
+    }
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        const __m256 w0 = qd_h8(row + 2 * k, bf), w1 = qd_h8(row + 2 * k + 16, bf);
+        for (int t = 0; t < MR; t++) {
+            a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt[t] + k), a0[t]);
+            a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt[t] + k + 8), a1[t]);
+        }
+    }
+    for (int t = 0; t < mr; t++) {
+        float s = qd_hsum(_mm256_add_ps(a0[t], a1[t]));
+        for (int64_t i = k; i < K; i++) s += qd_h1(row + 2 * i, bf) * xt[t][i];
+        out[t] = s;
+    }
+}
+
+#define QD_HENTRY(name, bf)                                                                       \
+    static void name(const uint8_t *row, int64_t K, const float *const *x, int mr, float *out) {  \
+        if (mr == 1) qd_hrow(row, K, x, 1, 1, out, bf);                                           \
+        else qd_hrow(row, K, x, LOOM_CPU_Q8_MR, mr, out, bf);                                     \
+    }
+QD_HENTRY(qd_h_f16, 0)
+QD_HENTRY(qd_h_bf16, 1)
+
+loom_cpu_hdot_fn *const QD_HTABLE[2] = {qd_h_f16, qd_h_bf16};

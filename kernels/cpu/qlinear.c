@@ -59,6 +59,7 @@ typedef uint8_t ql_u8x8 __attribute__((vector_size(8)));
 typedef int16_t ql_i16x16 __attribute__((vector_size(32)));
 typedef int32_t ql_i32x16 __attribute__((vector_size(64)));
 typedef uint32_t ql_u32x16 __attribute__((vector_size(64)));
+typedef uint16_t ql_u16x16 __attribute__((vector_size(32)));
 
 /* Unaligned 16-float load (a macro: passing 64-byte vectors by value has a
  * target-dependent ABI). */
@@ -117,7 +118,8 @@ bool loom_cpu_qformat_supported(loom_qformat format, loom_dtype dtype) {
         return true;
     case LOOM_QFMT_GGUF:
         return dtype == LOOM_DTYPE_Q4_0 || dtype == LOOM_DTYPE_Q4_1 || dtype == LOOM_DTYPE_Q4_K ||
-               dtype == LOOM_DTYPE_Q8_0 || dtype == LOOM_DTYPE_Q6_K;
+               dtype == LOOM_DTYPE_Q8_0 || dtype == LOOM_DTYPE_Q6_K || dtype == LOOM_DTYPE_Q5_K ||
+               dtype == LOOM_DTYPE_F16 || dtype == LOOM_DTYPE_BF16;
     default:
         return false;
     }
@@ -207,7 +209,7 @@ bool loom_cpu_qweight_gguf(loom_cpu_qweight *w, const loom_tensor *t, char *why,
     memset(w, 0, sizeof *w);
     if (!t || t->ndim != 2) return ql_why(why, size, "not a 2-D tensor");
     if (!loom_cpu_qformat_supported(LOOM_QFMT_GGUF, t->dtype))
-        return ql_why(why, size, "GGUF type %s has no CPU kernel (q4_0, q4_1, q4_k, q8_0, q6_k do)",
+        return ql_why(why, size, "type %s has no CPU kernel as stored (q4_0, q4_1, q4_k, q5_k, q8_0, q6_k, f16, bf16 do)",
                       loom_dtype_name(t->dtype));
     const int64_t n = t->shape[0], k = t->shape[1];
     size_t rb = loom_dtype_row_bytes(t->dtype, k);
@@ -283,6 +285,13 @@ QL_INLINE void ql_dec_gguf(loom_dtype t, const uint8_t *b, int64_t K, float *y) 
     case LOOM_DTYPE_Q4_1: QL_GGUF_ROW(Q4_1, loom_gguf_dec_q4_1); break;
     case LOOM_DTYPE_Q4_K: QL_GGUF_ROW(Q4_K, loom_gguf_dec_q4_k); break;
     case LOOM_DTYPE_Q6_K: QL_GGUF_ROW(Q6_K, loom_gguf_dec_q6_k); break;
+    case LOOM_DTYPE_Q5_K: QL_GGUF_ROW(Q5_K, loom_gguf_dec_q5_k); break;
+    case LOOM_DTYPE_F16:
+        for (int64_t i = 0; i < K; i++) y[i] = loom_fp16_to_fp32((uint16_t)(b[2 * i] | b[2 * i + 1] << 8));
+        break;
+    case LOOM_DTYPE_BF16:
+        for (int64_t i = 0; i < K; i++) y[i] = loom_bf16_to_fp32((uint16_t)(b[2 * i] | b[2 * i + 1] << 8));
+        break;
     default: break;
     }
 }
@@ -291,9 +300,20 @@ QL_INLINE void ql_dec_gguf(loom_dtype t, const uint8_t *b, int64_t K, float *y) 
 
 /* Formats decoded 16 weights at a time into one vector (every 16-aligned
  * run of a row shares one scale / zero / block): the fused small-M kernel
- * and the tile decoder use them. Others (q4_k, q6_k, int4 groups that are
+ * and the tile decoder use them. Others (q4_k, q5_k, q6_k, int4 groups that are
  * not multiples of 16) take the scalar decoder. */
-enum { QK_I8, QK_FP8, QK_I4, QK_Q4_0, QK_Q4_1, QK_Q8_0, QK_NONE };
+enum { QK_I8, QK_FP8, QK_I4, QK_Q4_0, QK_Q4_1, QK_Q8_0, QK_F16, QK_BF16, QK_NONE };
+
+/* 16-bit float weights kept as stored. */
+static inline bool ql_is_16(const loom_cpu_qweight *w) {
+    return w->format == LOOM_QFMT_GGUF && (w->dtype == LOOM_DTYPE_F16 || w->dtype == LOOM_DTYPE_BF16);
+}
+
+/* Does w run on the 8-bit block activations of q8dot.h? (GGUF blocks do;
+ * 16-bit float weights kept as stored multiply float activations.) */
+static inline bool ql_is_q8(const loom_cpu_qweight *w) {
+    return w->format == LOOM_QFMT_GGUF && !ql_is_16(w);
+}
 
 static inline int ql_kind(const loom_cpu_qweight *w) {
     switch (w->format) {
@@ -304,6 +324,8 @@ static inline int ql_kind(const loom_cpu_qweight *w) {
         return w->dtype == LOOM_DTYPE_Q4_0   ? QK_Q4_0
                : w->dtype == LOOM_DTYPE_Q4_1 ? QK_Q4_1
                : w->dtype == LOOM_DTYPE_Q8_0 ? QK_Q8_0
+               : w->dtype == LOOM_DTYPE_F16  ? QK_F16
+               : w->dtype == LOOM_DTYPE_BF16 ? QK_BF16
                                              : QK_NONE;
     default: return QK_NONE;
     }
@@ -341,6 +363,29 @@ QL_INLINE ql_row ql_row_of(const loom_cpu_qweight *w, int64_t r) {
 #define QL_I8F(c)                                                                                  \
     __builtin_convertvector(                                                                       \
         __builtin_convertvector(__builtin_convertvector((c), ql_i16x16), ql_i32x16), ql_v16)
+
+/* IEEE half codes (in 32-bit lanes) -> float32 bits, exactly, in integer
+ * vector arithmetic (no F16C needed, so every target_clones build
+ * vectorises it; a _Float16 vector conversion is scalarised by GCC 12):
+ * exponent and mantissa move up 13 bits and the exponent is rebiased by
+ * 112 (127 - 15); Inf / NaN (exponent 31) get 112 more so they stay at
+ * 255; subnormals (exponent 0) are built as 2^-14 (1 + m / 1024) and
+ * 2^-14 subtracted, which leaves m 2^-24 exactly (zero stays zero).
+ * Pointers, not vector values: a 64-byte vector argument or return value
+ * has a target-dependent ABI. */
+QL_INLINE void ql_f16_bits(const ql_u32x16 *hp, ql_u32x16 *out) {
+    const ql_u32x16 h = *hp;
+    const ql_u32x16 m = (h & 0x7fffu) << 13, e = m & (0x7c00u << 13);
+    ql_u32x16 o = m + (112u << 23);
+    o += (ql_u32x16)(e == (0x7c00u << 13)) & (112u << 23);
+    ql_u32x16 sb = o + (1u << 23);
+    ql_v16 sf;
+    memcpy(&sf, &sb, sizeof sf);
+    sf -= 0x1p-14f;
+    memcpy(&sb, &sf, sizeof sb);
+    const ql_u32x16 sub = (ql_u32x16)(e == 0u);
+    *out = ((sb & sub) | (o & ~sub)) | (h & 0x8000u) << 16;
+}
 
 /* Weights [k, k + 16) of the row, dequantized, into *out; k a multiple of
  * 16. (An out-parameter: a 64-byte vector return value has a
@@ -403,6 +448,16 @@ QL_INLINE void ql_dec16(const int kind, const ql_row *q, int64_t k, ql_v16 *out)
         v = QL_I8F(c) * ql_f16(blk);
         break;
     }
+    case QK_F16:
+    case QK_BF16: {
+        ql_u16x16 h;
+        memcpy(&h, q->p + 2 * k, 32);
+        const ql_u32x16 c = __builtin_convertvector(h, ql_u32x16);
+        ql_u32x16 bits = c << 16;
+        if (kind == QK_F16) ql_f16_bits(&c, &bits);
+        memcpy(&v, &bits, sizeof v);
+        break;
+    }
     default: break;
     }
     *out = v;
@@ -456,9 +511,13 @@ QL_INLINE void ql_dec32(const int kind, const ql_row *q, int64_t k, ql_v16 *v0, 
     }
 }
 
-/* Weight k of the row for the K % 16 tail (INT8 / FP8 only: the other
- * vector kinds have K a multiple of 16). */
+/* Weight k of the row for the K % 16 tail (INT8, FP8, F16 and BF16 only:
+ * the other vector kinds have K a multiple of 16). */
 QL_INLINE float ql_dec1(const int kind, const ql_row *q, int64_t k) {
+    if (kind == QK_F16 || kind == QK_BF16) {
+        const uint16_t h = (uint16_t)(q->p[2 * k] | q->p[2 * k + 1] << 8);
+        return kind == QK_F16 ? loom_fp16_to_fp32(h) : loom_bf16_to_fp32(h);
+    }
     return kind == QK_FP8 ? ql_e4m3_lut[q->p[k]] * q->s : (float)(int8_t)q->p[k] * q->s;
 }
 
@@ -539,6 +598,8 @@ QL_INLINE void ql_decode(const loom_cpu_qweight *w, int64_t r0, int64_t nr, floa
     case QK_Q4_0: ql_decode_kind(QK_Q4_0, w, r0, nr, t); break;
     case QK_Q4_1: ql_decode_kind(QK_Q4_1, w, r0, nr, t); break;
     case QK_Q8_0: ql_decode_kind(QK_Q8_0, w, r0, nr, t); break;
+    case QK_F16: ql_decode_kind(QK_F16, w, r0, nr, t); break;
+    case QK_BF16: ql_decode_kind(QK_BF16, w, r0, nr, t); break;
     default: ql_decode_scalar(w, r0, nr, t); break;
     }
 }
@@ -787,6 +848,30 @@ QL_INLINE void ql_q8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t n0
     }
 }
 
+/* 16-bit float weights below the sgemm panels (M < LOOM_CPU_QLINEAR_PANEL_M):
+ * each row through the instruction-set kernel of q8dot.h (F16C for f16;
+ * GCC's vector conversion of _Float16 is scalarised), 4 tokens a call while
+ * the row sits in L1, the next row prefetched meanwhile. A token's result
+ * is the same whichever group of 4 it is in. */
+QL_INLINE void ql_h_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t n0, int64_t n1,
+                         int64_t col, const float *bias) {
+    loom_cpu_hdot_fn *dot = loom_cpu_hdot(w->dtype);
+    const size_t rs = w->row_stride;
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = w->data + (size_t)n * rs;
+        if (n + 1 < w->n) ql_prefetch_rows(row + rs, rs, 1, w->row_bytes);
+        for (int64_t m0 = 0; m0 < j->M; m0 += LOOM_CPU_Q8_MR) {
+            const int mr = j->M - m0 < LOOM_CPU_Q8_MR ? (int)(j->M - m0) : LOOM_CPU_Q8_MR;
+            const float *xs[LOOM_CPU_Q8_MR];
+            float o[LOOM_CPU_Q8_MR];
+            for (int m = 0; m < mr; m++) xs[m] = j->x + (m0 + m) * j->ldx;
+            dot(row, j->K, xs, mr, o);
+            for (int m = 0; m < mr; m++)
+                ql_store(j, m0 + m, col + n - n0, bias ? o[m] + bias[n - n0] : o[m]);
+        }
+    }
+}
+
 /* Small M (<= 4 tokens): rows [n0, n1) of w decoded 16 weights at a time
  * straight into registers and multiplied with all MR token rows (MR = 1 or
  * 4, a compile-time constant after inlining; missing tokens alias the
@@ -862,8 +947,12 @@ static void ql_range(const ql_job *j, int64_t b, int64_t e, int worker) {
             ql_int8_rows(j, w, n0, n1, s, bias ? bias + n0 : NULL);
             continue;
         }
-        if (w->format == LOOM_QFMT_GGUF) {
+        if (ql_is_q8(w)) {
             ql_q8_rows(j, w, n0, n1, s, bias ? bias + n0 : NULL);
+            continue;
+        }
+        if (ql_is_16(w)) { /* M >= LOOM_CPU_QLINEAR_PANEL_M went to sgemm panels */
+            ql_h_rows(j, w, n0, n1, s, bias ? bias + n0 : NULL);
             continue;
         }
         const bool fp8 = w->format == LOOM_QFMT_FP8_W8A8;
@@ -881,6 +970,8 @@ static void ql_range(const ql_job *j, int64_t b, int64_t e, int worker) {
                 QL_FUSED(QK_I8)
                 QL_FUSED(QK_FP8)
                 QL_FUSED(QK_I4)
+                QL_FUSED(QK_F16)
+                QL_FUSED(QK_BF16)
             }
 #undef QL_FUSED
             continue;
@@ -1009,7 +1100,7 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
         for (int p = 0; p < nparts; p++) {
             const float *bp = bias ? bias[p] : NULL;
             if (w[p]->format == LOOM_QFMT_INT8_W8A8 || w[p]->format == LOOM_QFMT_FP8_W8A8 ||
-                w[p]->format == LOOM_QFMT_GGUF) {
+                ql_is_q8(w[p])) {
                 contiguous &= nrest == 0 || off == roff[nrest - 1] + rest[nrest - 1]->n;
                 roff[nrest] = off;
                 rbias[nrest] = bp;
@@ -1056,7 +1147,7 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
         }
         any_w8a8 |= w[p]->format == LOOM_QFMT_INT8_W8A8;
         any_fp8 |= w[p]->format == LOOM_QFMT_FP8_W8A8;
-        any_gguf |= w[p]->format == LOOM_QFMT_GGUF;
+        any_gguf |= ql_is_q8(w[p]);
     }
 
     ql_job j = {.y = y, .ldy = ldy, .x = x, .ldx = ldx, .smooth = smooth, .M = M, .K = w[0]->k,

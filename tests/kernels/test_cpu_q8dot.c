@@ -1,7 +1,7 @@
 /*
  * tests/kernels/test_cpu_q8dot.c — kernels/cpu/q8dot.h (GGUF weight rows
  * dotted with 8-bit block-quantized activations) against float64
- * references, for every block type (q4_0, q4_1, q8_0, q4_k, q6_k), every
+ * references, for every block type (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k), every
  * instruction set this CPU runs (portable always; avx2, avx512,
  * avx512vnni where present), batch 1 (one row, two and four rows a call) and small batches
  * (1..4 tokens a call; one, two and four rows a call at one token), on random blocks (seed printed; LOOM_TEST_SEED
@@ -15,6 +15,7 @@
  *   float   sum of w times the float activation; the gap may be the
  *           activation rounding alone: sum of |w| d / 2 over the row (plus
  *           the exact tolerance).
+ * 16-bit float rows (f16, bf16) against a float64 product likewise.
  * The quantizer: every code within [-127, 127], |x - d q| <= d / 2 (plus
  * float32 rounding), s = d sum(q).
  */
@@ -35,7 +36,7 @@ static void fini(void) { loom_cpu_q8_force_isa(NULL); }
 TestSuite(q8dot, .fini = fini);
 
 static const loom_dtype types[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q8_0,
-                                   LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q6_K};
+                                   LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q5_K, LOOM_DTYPE_Q6_K};
 static const char *const isas[] = {"portable", "avx2", "avx512", "avx512vnni"};
 
 static size_t blk_bytes(loom_dtype t) {
@@ -44,10 +45,13 @@ static size_t blk_bytes(loom_dtype t) {
     case LOOM_DTYPE_Q4_1: return LOOM_GGUF_Q4_1_BYTES;
     case LOOM_DTYPE_Q8_0: return LOOM_GGUF_Q8_0_BYTES;
     case LOOM_DTYPE_Q4_K: return LOOM_GGUF_Q4_K_BYTES;
+    case LOOM_DTYPE_Q5_K: return LOOM_GGUF_Q5_K_BYTES;
     default: return LOOM_GGUF_Q6_K_BYTES;
     }
 }
-static int blk_elems(loom_dtype t) { return t == LOOM_DTYPE_Q4_K || t == LOOM_DTYPE_Q6_K ? 256 : 32; }
+static int blk_elems(loom_dtype t) {
+    return t == LOOM_DTYPE_Q4_K || t == LOOM_DTYPE_Q5_K || t == LOOM_DTYPE_Q6_K ? 256 : 32;
+}
 
 static void put_f16(uint8_t *p, double v) {
     uint16_t h = loom_fp32_to_fp16((float)v);
@@ -67,7 +71,7 @@ static void make_row(test_rng *r, loom_dtype t, int64_t K, uint8_t *row) {
             put_f16(p, rng_range(r, 0.001, 0.05));
             put_f16(p + 2, rng_range(r, -0.4, 0.0));
             break;
-        case LOOM_DTYPE_Q4_K:
+        case LOOM_DTYPE_Q4_K: case LOOM_DTYPE_Q5_K:
             put_f16(p, rng_range(r, 0.0005, 0.005));
             put_f16(p + 2, rng_range(r, 0.0005, 0.005));
             break;
@@ -88,18 +92,19 @@ static void decode_row(loom_dtype t, const uint8_t *row, int64_t K, float *w) {
         case LOOM_DTYPE_Q4_1: loom_gguf_dec_q4_1(p, o); break;
         case LOOM_DTYPE_Q8_0: loom_gguf_dec_q8_0(p, o); break;
         case LOOM_DTYPE_Q4_K: loom_gguf_dec_q4_k(p, o); break;
+        case LOOM_DTYPE_Q5_K: loom_gguf_dec_q5_k(p, o); break;
         default: loom_gguf_dec_q6_k(p, o); break;
         }
     }
 }
 
 /* |additive term| per element of block type t (q4_0's 8 d, q4_1's m,
- * q4_k's dmin mn): decoded weights cancel it, the kernels keep it apart. */
+ * q4_k's and q5_k's dmin mn): decoded weights cancel it, the kernels keep it apart. */
 static double offset_mag(loom_dtype t, const uint8_t *row, int64_t k) {
     const uint8_t *p = row + (size_t)(k / blk_elems(t)) * blk_bytes(t);
     if (t == LOOM_DTYPE_Q4_0) return 8 * fabs(loom_gguf_f16(p));
     if (t == LOOM_DTYPE_Q4_1) return fabs(loom_gguf_f16(p + 2));
-    if (t == LOOM_DTYPE_Q4_K) return 63 * fabs(loom_gguf_f16(p + 2));
+    if (t == LOOM_DTYPE_Q4_K || t == LOOM_DTYPE_Q5_K) return 63 * fabs(loom_gguf_f16(p + 2));
     return 0;
 }
 
@@ -271,6 +276,61 @@ Test(q8dot, rows_match_references_on_every_isa) {
         }
     }
     cr_assert_geq(ran, 1);
+    cr_assert(loom_cpu_q8_force_isa(NULL));
+}
+
+/* 16-bit float rows (f16, bf16; any K, tails included) times float
+ * activations, every instruction set here, 1..4 tokens: within float32
+ * rounding of the float64 product (the weights convert exactly), and each
+ * token's result the same whatever the token count of the call. */
+Test(q8dot, sixteen_bit_rows_match_float64_on_every_isa) {
+    test_rng r = rng_seeded("q8dot.hdot");
+    static uint16_t row[MAXK];
+    static float x[LOOM_CPU_Q8_MR][MAXK];
+    int ran = 0;
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        if (!loom_cpu_q8_force_isa(isas[i])) continue;
+        ran++;
+        for (int b = 0; b < 2; b++) {
+            const loom_dtype t = b ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F16;
+            loom_cpu_hdot_fn *dot = loom_cpu_hdot(t);
+            cr_assert_not_null(dot);
+            for (int it = 0; it < 40; it++) {
+                const int64_t K = 1 + rng_int(&r, MAXK);
+                const int mr = 1 + it % LOOM_CPU_Q8_MR;
+                for (int64_t k = 0; k < K; k++) {
+                    const float v = rng_int(&r, 10) == 0 ? (float)rng_range(&r, -1, 1) * 1e-6f
+                                                         : (float)rng_range(&r, -2, 2);
+                    row[k] = b ? loom_fp32_to_bf16(v) : loom_fp32_to_fp16(v);
+                }
+                const float *xs[LOOM_CPU_Q8_MR];
+                for (int m = 0; m < mr; m++) {
+                    rng_fill(&r, x[m], K, rng_range(&r, 0.1, 4.0));
+                    xs[m] = x[m];
+                }
+                float got[LOOM_CPU_Q8_MR], one;
+                dot((const uint8_t *)row, K, xs, mr, got);
+                for (int m = 0; m < mr; m++) {
+                    double want = 0, mag = 0;
+                    for (int64_t k = 0; k < K; k++) {
+                        const double w = b ? loom_bf16_to_fp32(row[k]) : loom_fp16_to_fp32(row[k]);
+                        want += w * x[m][k];
+                        mag += fabs(w * x[m][k]);
+                    }
+                    cr_assert(fabs(got[m] - want) <= 1e-6 * mag + 1e-30,
+                              "%s %s K %lld token %d/%d: %.9g, float64 %.9g (|diff| %.3g, terms %.3g)",
+                              isas[i], loom_dtype_name(t), (long long)K, m, mr, got[m], want,
+                              fabs(got[m] - want), mag);
+                    dot((const uint8_t *)row, K, &xs[m], 1, &one);
+                    cr_assert(one == got[m], "%s %s K %lld: token %d alone %.9g, among %d %.9g", isas[i],
+                              loom_dtype_name(t), (long long)K, m, one, mr, got[m]);
+                }
+            }
+        }
+    }
+    cr_assert_geq(ran, 1);
+    cr_assert_null(loom_cpu_hdot(LOOM_DTYPE_F32));
+    cr_assert_null(loom_cpu_hdot(LOOM_DTYPE_Q4_K));
     cr_assert(loom_cpu_q8_force_isa(NULL));
 }
 

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Generate golden vectors for tests/model/test_dequant.c.
 
-For each GGML block type loom dequantizes (Q5_0: widens to Q8_0 at load), writes tests/model/data/<type>.raw
+For each GGML block type loom dequantizes (Q5_0: widens to Q8_0 at load; Q5_K), writes tests/model/data/<type>.raw
 (random blocks, with the f16 scale fields set to ordinary values so results
 are finite) and <type>.f32 (little-endian float32 as computed by the `gguf`
 Python package, llama.cpp's own reference: gguf.quants.dequantize). F16 and
 BF16 vectors include zeros, subnormals, infinities and NaNs.
 
     pip install gguf numpy && python3 tests/model/gen_dequant.py
+(or PYTHONPATH=<llama.cpp>/gguf-py, e.g. the copy in the llama-cpp-python sdist
+that bench/cpu_vs_llamacpp.sh unpacks under ~/.cache/loom/llamacpp)
 Deterministic (fixed seed); re-running rewrites identical files.
 """
 import os
@@ -35,6 +37,7 @@ def blocks(qtype):
         T.Q4_K: [0, 2],       # d, dmin
         T.Q6_K: [208],        # d (after ql[128], qh[64], scales[16])
         T.Q5_0: [0],          # d (then qh[4], qs[16])
+        T.Q5_K: [0, 2],       # d, dmin (then scales[12], qh[32], qs[128])
     }[qtype]
     for b in range(NBLOCKS):
         for off in f16_fields:
@@ -67,6 +70,12 @@ def main():
     assert ref.size == NBLOCKS * blck and np.all(np.isfinite(ref))
     raw.tofile(os.path.join(OUT, "q5_0.raw"))
     ref.tofile(os.path.join(OUT, "q5_0.f32"))
+    # Q5_K after it, for the same reason
+    blck, raw = blocks(T.Q5_K)
+    ref = quants.dequantize(raw, T.Q5_K).astype("<f4").reshape(-1)
+    assert ref.size == NBLOCKS * blck and np.all(np.isfinite(ref))
+    raw.tofile(os.path.join(OUT, "q5_k.raw"))
+    ref.tofile(os.path.join(OUT, "q5_k.f32"))
 
 
 if __name__ == "__main__":

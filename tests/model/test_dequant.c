@@ -6,7 +6,8 @@
  * `gguf` Python package (tests/model/gen_dequant.py, llama.cpp's reference
  * implementation), and a float64 re-implementation below written from the
  * format description with per-element index arithmetic (not the loop
- * structure of formats/gguf_blocks.h).
+ * structure of formats/gguf_blocks.h). Q5_K's blocks also go through a
+ * GGUF file written here and read back by the GGUF reader.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -16,6 +17,8 @@
 
 #include "../common/fmt_ref.h"
 #include "formats/dequant.h"
+#include "gguf_writer.h"
+#include "model/gguf.h"
 #include "formats/gguf_blocks.h"
 #include "formats/half.h"
 
@@ -60,6 +63,18 @@ static double ref_q4_1(const uint8_t *row, int64_t e) {
     return fr_f16_value(le16(b)) * q + fr_f16_value(le16(b + 2));
 }
 
+/* Sub-block sb's 6-bit scale and min from the 12 bytes at sc (Q4_K, Q5_K):
+ * see ref_q4_k. */
+static void ref_k_scale_min(const uint8_t *sc, int sb, int *scale, int *mn) {
+    if (sb < 4) {
+        *scale = sc[sb] & 63;
+        *mn = sc[sb + 4] & 63;
+    } else {
+        *scale = (sc[sb + 4] & 15) | ((sc[sb - 4] >> 6) << 4);
+        *mn = (sc[sb + 4] >> 4) | ((sc[sb] >> 6) << 4);
+    }
+}
+
 /* Q4_K: 8 sub-blocks of 32 with 6-bit (scale, min) pairs in 12 bytes:
  * bytes 0-3 hold scales 0-3 (low 6 bits) and, in their top 2 bits, bits 4-5
  * of scales 4-7; bytes 4-7 likewise for mins 0-3 / mins 4-7; bytes 8-11 hold
@@ -69,15 +84,8 @@ static double ref_q4_k(const uint8_t *row, int64_t e) {
     int k = (int)(e % 256);
     int sb = k / 32;                    /* sub-block                          */
     int pair = sb / 2, hi = sb % 2;     /* qs bytes [32*pair, +32), nibble    */
-    const uint8_t *sc = b + 4;
     int scale, mn;
-    if (sb < 4) {
-        scale = sc[sb] & 63;
-        mn = sc[sb + 4] & 63;
-    } else {
-        scale = (sc[sb + 4] & 15) | ((sc[sb - 4] >> 6) << 4);
-        mn = (sc[sb + 4] >> 4) | ((sc[sb] >> 6) << 4);
-    }
+    ref_k_scale_min(b + 4, sb, &scale, &mn);
     uint8_t byte = b[16 + 32 * pair + k % 32];
     int q = hi ? byte >> 4 : byte & 15;
     return fr_f16_value(le16(b)) * scale * q - fr_f16_value(le16(b + 2)) * mn;
@@ -108,6 +116,21 @@ static double ref_q5_0(const uint8_t *row, int64_t e) {
     int low4 = k < 16 ? (b[6 + k] & 15) : (b[6 + k - 16] >> 4);
     int high = (b[2 + k / 8] >> (k % 8)) & 1;
     return fr_f16_value(le16(b)) * ((low4 | high << 4) - 16);
+}
+
+/* Q5_K: Q4_K's d, dmin and 12 scale bytes, then qh[32], then qs[128];
+ * element k of sub-block sb (k = 32 sb + l) has Q4_K's 4 low bits (the
+ * nibble of qs[32 (sb / 2) + l] that sb's parity picks) and bit 4 from bit
+ * sb of qh[l]. */
+static double ref_q5_k(const uint8_t *row, int64_t e) {
+    const uint8_t *b = row + (e / 256) * 176;
+    int k = (int)(e % 256), sb = k / 32, l = k % 32;
+    int scale, mn;
+    ref_k_scale_min(b + 4, sb, &scale, &mn);
+    uint8_t byte = b[48 + 32 * (sb / 2) + l];
+    int low4 = sb % 2 ? byte >> 4 : byte & 15;
+    int bit4 = (b[16 + l] >> sb) & 1;
+    return fr_f16_value(le16(b)) * scale * (low4 | bit4 << 4) - fr_f16_value(le16(b + 2)) * mn;
 }
 
 typedef double (*ref_fn)(const uint8_t *, int64_t);
@@ -154,6 +177,7 @@ Test(model, dequant_q4_0) { check_type("q4_0", LOOM_DTYPE_Q4_0, ref_q4_0); }
 Test(model, dequant_q4_1) { check_type("q4_1", LOOM_DTYPE_Q4_1, ref_q4_1); }
 Test(model, dequant_q4_k) { check_type("q4_k", LOOM_DTYPE_Q4_K, ref_q4_k); }
 Test(model, dequant_q6_k) { check_type("q6_k", LOOM_DTYPE_Q6_K, ref_q6_k); }
+Test(model, dequant_q5_k) { check_type("q5_k", LOOM_DTYPE_Q5_K, ref_q5_k); }
 
 /* Q5_0 is not a loom dtype: the GGUF loader widens each block to Q8_0. The
  * widened blocks and the direct decode must both give exactly the values
@@ -303,4 +327,43 @@ Test(model, half_bf16) {
         if (!isnan(f)) cr_assert_eq(loom_fp32_to_bf16(f), h);
     }
     cr_assert_eq(loom_fp32_to_bf16(3.4e38f), 0x7f80, "overflow rounds to inf");
+}
+
+/* Q5_K blocks (gguf-py's golden ones) as a 2-D tensor of a GGUF file: the
+ * reader maps GGML type 13 to LOOM_DTYPE_Q5_K with the bytes as written,
+ * and a row of it dequantizes to gguf-py's values. */
+Test(model, gguf_q5_k_tensor_reads_back) {
+    size_t rawlen, reflen;
+    uint8_t *raw = read_data("q5_k.raw", &rawlen);
+    float *gold = read_data("q5_k.f32", &reflen);
+    const int64_t n = (int64_t)(reflen / 4), cols = 512, rows = n / cols;
+    cr_assert_eq(rows * cols, n, "q5_k golden data: %lld values are not rows of %lld", (long long)n,
+                 (long long)cols);
+    gb b;
+    gb_init(&b);
+    gb_s(&b, "general.architecture", "llama");
+    uint64_t ne[2] = {(uint64_t)cols, (uint64_t)rows};
+    gb_tensor_add(&b, "blk.0.ffn_down.weight", GG_Q5_K, 2, ne, raw, rawlen);
+    gw f = gb_finish(&b);
+    loom_gguf *g = NULL;
+    loom_error err = {0};
+    cr_assert_eq(loom_gguf_open_buffer(f.buf, f.len, "q5k.gguf", &g, &err), LOOM_OK, "%s", err.message);
+    const loom_gguf_tensor_info *t = loom_gguf_find_tensor(g, "blk.0.ffn_down.weight");
+    cr_assert(t && t->supported && t->dtype == LOOM_DTYPE_Q5_K && t->ggml_type == 13);
+    cr_assert_str_eq(loom_dtype_name(t->dtype), "q5_k");
+    cr_assert_eq(t->nbytes, rawlen);
+    cr_assert_eq(memcmp(t->data, raw, rawlen), 0);
+    float row[512];
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *src = (const uint8_t *)t->data + (size_t)r * loom_dtype_row_bytes(LOOM_DTYPE_Q5_K, cols);
+        cr_assert_eq(loom_dequant_row(LOOM_DTYPE_Q5_K, src, row, cols), LOOM_OK);
+        for (int64_t c = 0; c < cols; c++)
+            cr_assert_eq(row[c], gold[r * cols + c], "row %lld col %lld: %.9g, gguf-py %.9g", (long long)r,
+                         (long long)c, (double)row[c], (double)gold[r * cols + c]);
+    }
+    loom_gguf_close(g);
+    free(f.buf);
+    gb_free(&b);
+    free(raw);
+    free(gold);
 }

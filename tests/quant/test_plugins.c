@@ -409,8 +409,9 @@ Test(quant_roundtrip, int4_gguf_source_keeps_blocks) {
     qt_model m;
     qt_model_init(&m);
     static const loom_dtype ok[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q4_K,
-                                    LOOM_DTYPE_Q8_0, LOOM_DTYPE_Q6_K};
-    for (int i = 0; i < 5; i++) {
+                                    LOOM_DTYPE_Q8_0, LOOM_DTYPE_Q6_K, LOOM_DTYPE_Q5_K};
+    const int nok = (int)(sizeof ok / sizeof ok[0]);
+    for (int i = 0; i < nok; i++) {
         char nm[64];
         snprintf(nm, sizeof nm, "blk.%d.attn_q.weight", i);
         size_t bytes = loom_dtype_row_bytes(ok[i], 256) * 4;
@@ -419,7 +420,7 @@ Test(quant_roundtrip, int4_gguf_source_keeps_blocks) {
     void *self;
     loom_error err;
     cr_assert_eq(qt_create(c, SETS("source=gguf"), &self, &err), LOOM_OK);
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < nok; i++) {
         loom_quant_plan p;
         cr_assert_eq(ops_of(c)->plan(self, &m.view, &m.t[i], &p, &err), LOOM_OK, "%s", err.message);
         cr_assert_eq(p.format, LOOM_QFMT_GGUF, "%s", loom_dtype_name(ok[i]));

@@ -3,7 +3,7 @@
  * references on fresh random inputs, every format:
  *   INT8_W8A16, INT8_W8A8 (with and without a SmoothQuant vector),
  *   FP8_W8A8 (per-channel and per-tensor scales), INT4_W4A16 (several group
- *   sizes), GGUF q4_0 / q4_1 / q8_0 / q4_k / q6_k;
+ *   sizes), GGUF q4_0 / q4_1 / q8_0 / q4_k / q5_k / q6_k;
  * many shapes (M = 1 .. 40 tokens, K not a multiple of 16 or 32 wherever the
  * format allows it), row strides, bias, beta, with and without a thread
  * pool; fused multi-part products against separate ones; the weight views'
@@ -79,6 +79,14 @@ static void tw_make(tw *t, test_rng *r, loom_qformat fmt, loom_dtype gt, int64_t
         size_t rb = loom_dtype_row_bytes(gt, k);
         uint8_t *d = malloc(rb * (size_t)n);
         for (size_t i = 0; i < rb * (size_t)n; i++) d[i] = (uint8_t)rng_next(r);
+        if (gt == LOOM_DTYPE_F16 || gt == LOOM_DTYPE_BF16) /* finite values, zeros, subnormals */
+            for (size_t i = 0; i < (size_t)(n * k); i++) {
+                const int c = rng_int(r, 16);
+                const float v = c == 0 ? 0.0f : c == 1 ? -0.0f : c == 2 ? (float)rng_range(r, -1, 1) * 1e-6f
+                                                                        : (float)rng_range(r, -0.5, 0.5);
+                const uint16_t h = gt == LOOM_DTYPE_F16 ? loom_fp32_to_fp16(v) : loom_fp32_to_bf16(v);
+                memcpy(d + 2 * i, &h, 2);
+            }
         size_t bb = loom_dtype_block_bytes(gt);
         int64_t be = loom_dtype_block_elems(gt);
         for (size_t b = 0; b < rb * (size_t)n / bb; b++) {
@@ -92,7 +100,7 @@ static void tw_make(tw *t, test_rng *r, loom_qformat fmt, loom_dtype gt, int64_t
                 h = rand_f16(r, 0.001, 0.05), memcpy(p, &h, 2);
                 h = rand_f16(r, -0.4, 0.0), memcpy(p + 2, &h, 2);
                 break;
-            case LOOM_DTYPE_Q4_K:
+            case LOOM_DTYPE_Q4_K: case LOOM_DTYPE_Q5_K:
                 h = rand_f16(r, 0.0005, 0.005), memcpy(p, &h, 2);
                 h = rand_f16(r, 0.0005, 0.005), memcpy(p + 2, &h, 2);
                 break;
@@ -110,12 +118,12 @@ static void tw_make(tw *t, test_rng *r, loom_qformat fmt, loom_dtype gt, int64_t
             cr_assert_eq(loom_dequant_row(gt, d + (size_t)i * rb, row, k), LOOM_OK);
             for (int64_t c = 0; c < k; c++) {
                 t->ref[i * k + c] = row[c];
-                /* the block's additive term: -8 d (q4_0), m (q4_1), dmin*m (q4_k) */
+                /* the block's additive term: -8 d (q4_0), m (q4_1), dmin*m (q4_k, q5_k) */
                 const uint8_t *blk = d + (size_t)i * rb + (size_t)(c / be) * bb;
                 double off = 0;
                 if (gt == LOOM_DTYPE_Q4_0) off = 8 * fabs(loom_fp16_to_fp32((uint16_t)(blk[0] | blk[1] << 8)));
                 if (gt == LOOM_DTYPE_Q4_1) off = fabs(loom_fp16_to_fp32((uint16_t)(blk[2] | blk[3] << 8)));
-                if (gt == LOOM_DTYPE_Q4_K) off = 63 * fabs(loom_fp16_to_fp32((uint16_t)(blk[2] | blk[3] << 8)));
+                if (gt == LOOM_DTYPE_Q4_K || gt == LOOM_DTYPE_Q5_K) off = 63 * fabs(loom_fp16_to_fp32((uint16_t)(blk[2] | blk[3] << 8)));
                 t->mag[i * k + c] = fabs(row[c]) + off;
             }
         }
@@ -219,7 +227,9 @@ static void check_part(const tw *t, const float *x, int64_t ldx, int64_t M, cons
     double *xe = malloc((size_t)K * sizeof(double));
     for (int64_t m = 0; m < M; m++) {
         double sx;
-        ref_act(t->w.format, x + m * ldx, K, smooth, xe, &sx);
+        /* 16-bit float weights kept as stored multiply the float activations */
+        const bool f16w = t->w.dtype == LOOM_DTYPE_F16 || t->w.dtype == LOOM_DTYPE_BF16;
+        ref_act(f16w ? LOOM_QFMT_NONE : t->w.format, x + m * ldx, K, smooth, xe, &sx);
         for (int64_t i = 0; i < n; i++) {
             double acc = 0, mag = 0;
             for (int64_t k = 0; k < K; k++) {
@@ -325,9 +335,9 @@ Test(qlinear, int4_w4a16) {
 Test(qlinear, gguf_blocks) {
     test_rng r = rng_seeded("qlinear.gguf");
     static const loom_dtype types[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q8_0,
-                                       LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q6_K};
-    for (int it = 0; it < 50; it++) {
-        loom_dtype gt = types[it % 5];
+                                       LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q5_K, LOOM_DTYPE_Q6_K};
+    for (int it = 0; it < 60; it++) {
+        loom_dtype gt = types[it % 6];
         int64_t be = loom_dtype_block_elems(gt);
         int64_t K = be * (1 + rng_int(&r, be == 32 ? 20 : 3)), n = 1 + rng_int(&r, 50);
         int64_t M = rand_m(&r);
@@ -335,6 +345,47 @@ Test(qlinear, gguf_blocks) {
         tw_make(&t, &r, LOOM_QFMT_GGUF, gt, n, K, 0, false);
         run_one(&r, &t, M, NULL, loom_dtype_name(gt));
         tw_free(&t);
+    }
+}
+
+/* f16 / bf16 weights kept as stored (what the cpu backend does with a 16-bit
+ * file's linear weights): float activations, every M path (fused rows, tiles,
+ * sgemm panels), K with and without a tail of 16. */
+Test(qlinear, sixteen_bit_weights) {
+    test_rng r = rng_seeded("qlinear.f16");
+    static const int64_t ks[] = {1, 7, 16, 31, 64, 100, 257, 576};
+    static const int64_t ms[] = {1, 2, 4, 5, 16, 33, 40};
+    for (int it = 0; it < 48; it++) {
+        const loom_dtype gt = it % 2 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F16;
+        const int64_t K = ks[rng_int(&r, 8)], n = 1 + rng_int(&r, 60), M = ms[rng_int(&r, 7)];
+        tw t;
+        tw_make(&t, &r, LOOM_QFMT_GGUF, gt, n, K, 0, false);
+        run_one(&r, &t, M, NULL, loom_dtype_name(gt));
+        tw_free(&t);
+    }
+}
+
+/* The kernels' vector half -> float decode is the scalar codec's, bit for
+ * bit, on all 65536 codes (NaNs stay NaN); bf16 likewise. */
+Test(qlinear, sixteen_bit_decode_every_code) {
+    static uint16_t codes[65536];
+    static float got[65536];
+    for (int i = 0; i < 65536; i++) codes[i] = (uint16_t)i;
+    for (int b = 0; b < 2; b++) {
+        const loom_dtype dt = b ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F16;
+        loom_tensor t = view(dt, 1, 65536, codes, sizeof codes);
+        loom_cpu_qweight w;
+        char why[256];
+        cr_assert(loom_cpu_qweight_gguf(&w, &t, why, sizeof why), "%s", why);
+        loom_cpu_qweight_rows(&w, 0, 1, got);
+        for (int i = 0; i < 65536; i++) {
+            const float want = b ? loom_bf16_to_fp32((uint16_t)i) : loom_fp16_to_fp32((uint16_t)i);
+            uint32_t gb, wb;
+            memcpy(&gb, &got[i], 4);
+            memcpy(&wb, &want, 4);
+            cr_assert(isnan(want) ? isnan(got[i]) : gb == wb, "%s code 0x%04x: %.9g (0x%08x), want %.9g (0x%08x)",
+                      loom_dtype_name(dt), i, got[i], gb, want, wb);
+        }
     }
 }
 
@@ -447,6 +498,7 @@ Test(qlinear, slices_match_reference) {
         {LOOM_QFMT_INT4_W4A16, LOOM_DTYPE_COUNT, 8, false, false},
         {LOOM_QFMT_GGUF, LOOM_DTYPE_Q4_1, 0, false, false},
         {LOOM_QFMT_GGUF, LOOM_DTYPE_Q4_K, 0, false, false},
+        {LOOM_QFMT_GGUF, LOOM_DTYPE_Q5_K, 0, false, false},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (int it = 0; it < 4; it++) {
@@ -541,14 +593,17 @@ Test(qlinear, weight_views_check_sizes) {
     cr_assert(loom_cpu_qweight_init(&w, &q8, why, sizeof why));
     cr_assert(w.per_tensor);
     /* GGUF: unsupported type, partial blocks */
-    loom_tensor g = view(LOOM_DTYPE_F16, 2, 32, d, 12);
+    loom_tensor g = view(LOOM_DTYPE_I32, 2, 32, d, 12);
     cr_assert_not(loom_cpu_qweight_gguf(&w, &g, why, sizeof why));
-    cr_assert(strstr(why, "f16"), "%s", why);
+    cr_assert(strstr(why, "i32"), "%s", why);
+    g = view(LOOM_DTYPE_BF16, 2, 32, d, 12);
+    cr_assert_not(loom_cpu_qweight_gguf(&w, &g, why, sizeof why)); /* 128 bytes needed */
     g = view(LOOM_DTYPE_Q4_K, 2, 255, d, 12);
     cr_assert_not(loom_cpu_qweight_gguf(&w, &g, why, sizeof why));
     g = view(LOOM_DTYPE_Q4_0, 2, 32, d, 12);
     cr_assert_not(loom_cpu_qweight_gguf(&w, &g, why, sizeof why)); /* 36 bytes needed */
     cr_assert(strstr(why, "36"), "%s", why);
     cr_assert_not(loom_cpu_qformat_supported(LOOM_QFMT_NONE, LOOM_DTYPE_F32));
-    cr_assert_not(loom_cpu_qformat_supported(LOOM_QFMT_GGUF, LOOM_DTYPE_BF16));
+    cr_assert(loom_cpu_qformat_supported(LOOM_QFMT_GGUF, LOOM_DTYPE_BF16));
+    cr_assert_not(loom_cpu_qformat_supported(LOOM_QFMT_GGUF, LOOM_DTYPE_I32));
 }

@@ -17,9 +17,12 @@
  * with the cuda backend; this file dequantizes and carves what it lists.
  *
  * GGUF blocks (weight_dtype: gguf, the default): with no quantizer bound,
- * every linear weight stored as q4_0 / q4_1 / q8_0 / q4_k / q6_k blocks, and
- * a tied LM head stored so, stays as stored (a zero-copy view of the mmap)
- * and runs on the kernels' integer q8 path, as llama.cpp runs a GGUF file;
+ * every linear weight stored as q4_0 / q4_1 / q8_0 / q4_k / q5_k / q6_k
+ * blocks, and a tied LM head stored so, stays as stored (a zero-copy view of
+ * the mmap) and runs on the kernels' integer q8 path, as llama.cpp runs a
+ * GGUF file; f16 / bf16 linear weights (host tensors of any format) stay 16-bit
+ * likewise and are converted to float as the kernels read them, which halves
+ * their memory and the bytes a decode step streams against float32;
  * the backend plans them itself through a quantizer binding of its own
  * (cpu_keep_ops). weight_dtype: f32 dequantizes everything instead.
  * cpu_isa names the instruction set of those kernels (auto: the best the
@@ -66,12 +69,12 @@ static const loom_param cpu_params[] = {
     {.key = "weight_dtype", .type = LOOM_PARAM_ENUM,
      .offset = offsetof(cpu_backend_config, weight_dtype), .default_value = "gguf", .min = 1,
      .max = 0, .choices = cpu_weight_dtype_choices,
-     .doc = "without a quantizer: gguf keeps GGUF q4_0/q4_1/q8_0/q4_k/q6_k linear weights (and a "
-            "tied LM head) as stored, on 8-bit integer kernels; f32 dequantizes every weight at "
-            "load"},
+     .doc = "without a quantizer: gguf keeps the linear weights (and a tied LM head) as stored: "
+            "GGUF q4_0/q4_1/q8_0/q4_k/q5_k/q6_k blocks on 8-bit integer kernels, f16/bf16 "
+            "converted to float as they are read; f32 dequantizes every weight at load"},
     {.key = "cpu_isa", .type = LOOM_PARAM_ENUM, .offset = offsetof(cpu_backend_config, cpu_isa),
      .default_value = "auto", .min = 1, .max = 0, .choices = cpu_isa_choices,
-     .doc = "instruction set of the GGUF integer kernels: auto = the best this CPU has "
+     .doc = "instruction set of the GGUF integer kernels and the f16/bf16 row kernels: auto = the best this CPU has "
             "(avx512vnni, avx512, avx2, portable); naming one forces it (a CPU without it fails "
             "create), e.g. portable to test or time the plain C path; process-wide"},
     {.key = "moe_dispatch", .type = LOOM_PARAM_ENUM, .offset = offsetof(cpu_backend_config, moe_dispatch),
@@ -601,7 +604,7 @@ static void cpu_load_done(cpu_backend *b, const loom_ww *w, const loom_comm *com
     if (comm)
         h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO,
                "rank %d/%d of '%s': heads %d..%d, KV heads %d..%d, %s %lld..%lld, vocab "
-               "%d..%d, %.1f MiB weights (%.1f MiB quantized)",
+               "%d..%d, %.1f MiB weights (%.1f MiB as stored or quantized)",
                sh->rank, sh->size, c->name, sh->head0, sh->head0 + sh->heads - 1, sh->kv0,
                sh->kv0 + sh->kv_heads - 1, w->experts ? "experts" : "FFN",
                (long long)(w->experts ? w->expert0 : w->i0),
@@ -609,7 +612,7 @@ static void cpu_load_done(cpu_backend *b, const loom_ww *w, const loom_comm *com
                sh->vocab_lo, sh->vocab_lo + sh->vocab_rows - 1, (double)b->weight_bytes / (1 << 20),
                (double)b->qweight_bytes / (1 << 20));
     else
-        h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO, "loaded '%s': %d layers, %.1f MiB weights (%.1f MiB quantized%s%s)%s",
+        h->log(h->ctx, LOOM_LOG_INFO, CPU_WHO, "loaded '%s': %d layers, %.1f MiB weights (%.1f MiB as stored or quantized%s%s)%s",
                c->name, w->layers, (double)b->weight_bytes / (1 << 20),
                (double)b->qweight_bytes / (1 << 20), b->quant.ops ? " by " : "",
                b->quant.ops && b->quant.name ? b->quant.name : "", w->out.t ? "" : " (tied LM head)");
