@@ -237,7 +237,7 @@ typedef struct cache_walk {
     const cu_vocab *v;
     uint64_t seed;
     int32_t steps, masks, mismatches;
-    char first[160];
+    char first[300];
 } cache_walk;
 
 /* One document: masks compared until the walk ends or goes wrong. */
