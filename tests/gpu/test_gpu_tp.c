@@ -170,7 +170,7 @@ static void vocab_cut_init(vocab_cut *v, const loom_model_view *base, int32_t vo
 #define NSEQ 4
 #define SEQ_BLOCKS 8
 #define MAX_T 128
-#define MAX_ROWS 128 /* logits rows of one run (the scenario has 71) */
+#define MAX_ROWS 128 /* logits rows of one run (the scenario has 73) */
 
 typedef struct seq {
     int32_t tokens[SEQ_BLOCKS * BS];
@@ -357,6 +357,14 @@ static run_out run_steps(rig *g, int V, const char *label) {
         seq *ss[3] = {&S[0], &S[1], &S[2]};
         int nn[3] = {1, 1, 1};
         STEP(ss, nn, 3, false);
+    }
+    {
+        /* graph-shaped but ragged (1 and 3 tokens: padded to 3 a sequence,
+         * so the second sequence's rows sit at 3..5, past the step's 4
+         * tokens): what a pipeline link must move whole */
+        seq *ss[2] = {&S[0], &S[1]};
+        int nn[2] = {1, 3};
+        STEP(ss, nn, 2, false);
     }
 #undef STEP
     r.ok = true;
@@ -637,6 +645,16 @@ int main(int argc, char **argv) {
     }
     if ((m = load_dummy("qwen2-0.5b", LOOM_DTYPE_BF16, 5))) {
         run_pp_model(&cuda, &pp, "qwen2-0.5b 5 layers (bias, tied)", loom_model_view_get(m));
+        loom_model_free(m);
+    }
+    /* stages of a post-norm, windowed model (no r pending between layers)
+     * and of a mixture of experts with QK-norm */
+    if ((m = load_dummy("gemma3-270m", LOOM_DTYPE_BF16, 4))) {
+        run_pp_model(&cuda, &pp, "gemma3-270m 4 layers (post-norms, windows)", loom_model_view_get(m));
+        loom_model_free(m);
+    }
+    if ((m = load_dummy("qwen3-moe-tiny", LOOM_DTYPE_BF16, 0))) {
+        run_pp_model(&cuda, &pp, "qwen3-moe-tiny (experts, QK-norm)", loom_model_view_get(m));
         loom_model_free(m);
     }
     int ndev = 0;

@@ -258,7 +258,8 @@ typedef struct cuda_backend {
     int32_t layer0, nlayers;    /* the decoder layers held: [layer0, +nlayers) */
     bool first_stage;           /* embeds the tokens                          */
     bool last_stage;            /* final norm, LM head, logits                */
-    int32_t step_tokens;        /* this step's real rows (what the links move) */
+    int32_t step_tokens;        /* this step's rows as laid out, padding
+                                   included (what the links move)             */
     void *link_buf;             /* x | r of max_tokens rows, the message: pinned
                                    host (threads links) or device (nccl)      */
 

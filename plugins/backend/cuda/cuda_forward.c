@@ -771,6 +771,14 @@ static loom_status cb_recv_prev(cuda_backend *b, loom_error *err) {
     return LOOM_OK;
 }
 
+/* A step's rows as this stage lays them out (the plan: a graph bucket
+ * spreads sequences s * q + j, padded), the same on every stage for the
+ * same batch; a stage after the first receives them before its launches. */
+static loom_status cb_stage_in(cuda_backend *b, const cuda_plan *p, loom_error *err) {
+    b->step_tokens = p->T;
+    return b->first_stage ? LOOM_OK : cb_recv_prev(b, err);
+}
+
 static loom_status cb_send_next(cuda_backend *b, loom_error *err) {
     const int64_t T = b->step_tokens, n = T * b->mc.hidden_size;
     const size_t xb = (size_t)n * 4;
@@ -1037,7 +1045,7 @@ static loom_status cb_step_other(cuda_backend *b, const loom_batch *bt, float *l
     const int kt = cb_piece_bucket(b, bt);
     const int32_t rows = kt < 0 ? 0 : cb_piece_rows(b, kt);
     loom_status st = cb_meta_build(b, bt, 0, 0, rows, &p, err);
-    if (st) return st;
+    if (st || (st = cb_stage_in(b, &p, err))) return st;
     if (kt >= 0 && b->pieces[kt].exec) return cb_run_piecewise(b, &p, kt, logits, tk, bt->num_logits, err);
     if ((st = cb_run_eager(b, &p, logits, tk, bt->num_logits, err))) return st;
     if (kt >= 0 && !b->pieces[kt].tried) cb_capture_pieces(b, kt, &p);
@@ -1051,13 +1059,11 @@ static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits,
                            loom_error *err) {
     loom_status st;
     if ((st = CB_CUDA(b, err, cudaSetDevice(b->device)))) return st;
-    b->step_tokens = bt->num_tokens;
-    if (!b->first_stage && (st = cb_recv_prev(b, err))) return st;
     cuda_plan p;
     int32_t q = 1;
     const int k = cb_graph_bucket(b, bt, &q);
     if (k < 0) return cb_step_other(b, bt, logits, tk, err);
-    if ((st = cb_meta_build(b, bt, cb_buckets[k], q, 0, &p, err))) return st;
+    if ((st = cb_meta_build(b, bt, cb_buckets[k], q, 0, &p, err)) || (st = cb_stage_in(b, &p, err))) return st;
     cuda_graph_slot *g = &b->graphs[q - 1][k];
     if (g->exec) {
         if ((st = cb_upload_meta(b, &p, err)) ||

@@ -28,6 +28,13 @@ static size_t cb_moe_round(size_t n) { return (n + 255) & ~(size_t)255; }
 loom_status cb_moe_check_config(cuda_backend *b, const loom_model_config *c, bool sharded, loom_error *err) {
     const loom_host *h = b->host;
     const char *who = c->name;
+    /* the MoE block runs rmsnorm(x += r), the experts' SwiGLU and leaves r
+     * pending: a post-norm or GeGLU config would silently run otherwise */
+    if (c->post_norms || c->ffn_act != LOOM_FFN_SILU)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: model '%s' is a mixture of experts with %s; the cuda MoE layer runs SwiGLU "
+                        "experts without post-norms; use backend: cpu",
+                        who, c->post_norms ? "post-norms" : "a non-SiLU FFN activation");
     if (sharded)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cuda: model '%s' is a mixture of experts; expert parallelism (tp size > 1) "

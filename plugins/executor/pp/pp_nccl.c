@@ -143,6 +143,7 @@ static bool pp_nccl_type(loom_dtype d, ncclDataType_t *t) {
     case LOOM_DTYPE_F16: *t = ncclFloat16; return true;
     case LOOM_DTYPE_BF16: *t = ncclBfloat16; return true;
     case LOOM_DTYPE_I32: *t = ncclInt32; return true;
+    case LOOM_DTYPE_U8: *t = ncclUint8; return true; /* the cuda backend's x | r messages */
     default: return false;
     }
 }
