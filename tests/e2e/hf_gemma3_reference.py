@@ -161,6 +161,7 @@ def main():
 
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    from hf_reference_io import write_greedy, write_teacher_forced
 
     torch.manual_seed(a.seed)
     cfg = Gemma3TextConfig(vocab_size=V, hidden_size=H, intermediate_size=FFN, num_hidden_layers=a.layers,
@@ -188,24 +189,9 @@ def main():
 
     g = torch.Generator().manual_seed(a.seed + 1)
     ids = torch.randint(4, V, (1, a.tokens), generator=g)
-    with torch.no_grad():
-        logits = model(ids.to(dev)).logits.float()[0]
-    lp = torch.log_softmax(logits, dim=-1)
-    ref = [0.0] + [lp[i, ids[0, i + 1]].item() for i in range(a.tokens - 1)]
-    with open(os.path.join(a.out, "tokens.txt"), "w") as f:
-        f.write(" ".join(str(int(t)) for t in ids[0]) + "\n")
-    with open(os.path.join(a.out, "ref_logprobs.txt"), "w") as f:
-        f.write("\n".join(f"{v:.6f}" for v in ref) + "\n")
+    write_teacher_forced(model, ids, a.out, dev)
     if a.greedy:
-        prompt = ids[:, :48].to(dev)
-        with torch.no_grad():
-            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=a.greedy,
-                                 min_new_tokens=a.greedy, do_sample=False, num_beams=1, eos_token_id=None,
-                                 pad_token_id=0)
-        with open(os.path.join(a.out, "prompt.txt"), "w") as f:
-            f.write(" ".join(str(int(t)) for t in prompt[0]) + "\n")
-        with open(os.path.join(a.out, "ref_greedy.txt"), "w") as f:
-            f.write(" ".join(str(int(t)) for t in out[0, 48:]) + "\n")
+        write_greedy(model, ids, 48, a.greedy, a.out, dev)
     print(f"wrote {a.out}: gemma3 x {a.layers} layers (window {a.window}), {a.tokens} tokens")
 
 

@@ -33,6 +33,8 @@ import os
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from hf_reference_io import write_greedy, write_teacher_forced
+
 SHAPES = {
     # Llama-3-8B widths; depth set by --layers to keep the run short.
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
@@ -158,25 +160,10 @@ else:
 
 g = torch.Generator().manual_seed(a.seed + 1)
 ids = torch.randint(100, cfg.vocab_size, (1, a.tokens), generator=g)
-with torch.no_grad():
-    logits = model(ids.to(dev)).logits.float()[0]
-lp = torch.log_softmax(logits, dim=-1)
-ref = [0.0] + [lp[i, ids[0, i + 1]].item() for i in range(a.tokens - 1)]
-with open(os.path.join(a.out, "tokens.txt"), "w") as f:
-    f.write(" ".join(str(int(t)) for t in ids[0]) + "\n")
-with open(os.path.join(a.out, "ref_logprobs.txt"), "w") as f:
-    f.write("\n".join(f"{v:.6f}" for v in ref) + "\n")
+logits = write_teacher_forced(model, ids, a.out, dev)
 with open(os.path.join(a.out, "ref_argmax.txt"), "w") as f:
     f.write(" ".join(str(int(t)) for t in logits.argmax(-1)) + "\n")
 if a.greedy:
-    prompt = ids[:, :16].to(dev)
-    with torch.no_grad():
-        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=a.greedy,
-                             min_new_tokens=a.greedy, do_sample=False, num_beams=1, eos_token_id=None,
-                             pad_token_id=0)
-    with open(os.path.join(a.out, "prompt.txt"), "w") as f:
-        f.write(" ".join(str(int(t)) for t in prompt[0]) + "\n")
-    with open(os.path.join(a.out, "ref_greedy.txt"), "w") as f:
-        f.write(" ".join(str(int(t)) for t in out[0, 16:]) + "\n")
+    write_greedy(model, ids, 16, a.greedy, a.out, dev)
 print(f"wrote {a.out}: {a.shape} x {a.layers} layers, {a.tokens} tokens"
       + (f", {a.quant} group {a.group}" if a.quant else ""))
