@@ -199,6 +199,8 @@ static void fm_add(fake_model *m, const char *name, int64_t d0, int64_t d1, bool
     m->n++;
 }
 
+/* Initialise the fields after `gguf` by name (.window = 37): a field
+ * inserted among them shifts positional initialisers silently. */
 typedef struct shape {
     const char *name;
     loom_arch arch;
@@ -215,6 +217,9 @@ typedef struct shape {
     const char *cuda_ov; /* one more cuda backend parameter ("key=value"), or NULL */
     bool qk_norm;       /* Qwen3: RMSNorm of each q and k head before RoPE    */
     bool groups;        /* KV layout with the backends' block-table groups   */
+    int32_t want_groups; /* with groups: the number kv_groups() must propose
+                            (0: any); a test that meant several groups
+                            fails rather than run one table           */
     int32_t window;     /* > 0: Gemma 3 — QK-norm, post-norms, GeGLU, the
                            embedding scale, attn_scale 1/sqrt(256), every
                            third layer global (RoPE base theta), the others
@@ -583,9 +588,13 @@ static bool take_groups(const shape *sh, const plugin *const *pl, void **const *
         }
     const bool same = pg[0].num_groups == pg[1].num_groups && pg[0].layers_per_block == pg[1].layers_per_block &&
                       !memcmp(pg[0].window, pg[1].window, sizeof pg[0].window);
+    const bool want = sh->want_groups <= 0 || pg[0].num_groups == sh->want_groups;
     printf("%s %-64s %d groups, %d layers a block\n", same ? "PASS" : "FAIL", name, pg[1].num_groups,
            pg[1].layers_per_block);
-    if (!same || pg[0].num_groups > MAX_GROUPS) {
+    if (!want)
+        printf("FAIL %s: kv_groups() proposes %d block-table groups, the shape is built for %d\n", sh->name,
+               pg[0].num_groups, sh->want_groups);
+    if (!same || !want || pg[0].num_groups > MAX_GROUPS) {
         g_fail++;
         return false;
     }
@@ -610,6 +619,12 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
            sh->window > 0 ? " gemma3 (window, qk-norm, post-norms, geglu)" : sh->qk_norm ? " qk-norm" : "",
            sh->gguf ? " gguf-block-weights" : sh->f32_weights ? " f32-weights" : " bf16-weights", sh->dtype ? sh->dtype : "bf16",
            qb ? ", quantizer " : "", qb ? qb->name : "", kv_fp8 ? ", fp8_e4m3 KV cache" : "");
+    if ((sh->arch == LOOM_ARCH_GEMMA3) != (sh->window > 0)) { /* a Gemma 3 shape without its windows */
+        printf("FAIL %s: arch %s with window %d (Gemma 3 shapes need a window, others none)\n", sh->name,
+               sh->arch == LOOM_ARCH_GEMMA3 ? "gemma3" : "not gemma3", sh->window);
+        g_fail++;
+        return;
+    }
     fake_model *m = fm_make(sh);
     loom_error e = {0};
     loom_status st;
@@ -1141,13 +1156,13 @@ static void run_gemma(const plugin *cpu_p, const plugin *cuda_p) {
      * QK-norm at head_dim 128; an FP8 KV cache and f16 on the Gemma shapes */
     const shape gemma[] = {
         {"gemma3-like-d256", LOOM_ARCH_GEMMA3, 1024, 640, 2048, 3, 4, 1, 256, 1000000, true, false, false, false, NULL,
-         NULL, false, NULL, false, 37},
+         .window = 37},
         {"gemma3-like-d64-gqa4", LOOM_ARCH_GEMMA3, 512, 512, 1024, 4, 8, 2, 64, 1000000, true, false, false, true, NULL,
-         NULL, false, NULL, false, 16},
+         .window = 16},
         {"gemma3-like-d256-f16", LOOM_ARCH_GEMMA3, 1024, 640, 2048, 3, 4, 1, 256, 1000000, true, false, false, false,
-         "f16", NULL, false, NULL, false, 37},
+         "f16", .window = 37},
         {"qwen3-like-d128", LOOM_ARCH_QWEN3, 512, 256, 512, 2, 8, 2, 128, 1000000, false, false, false, false, NULL,
-         NULL, false, NULL, true, 0},
+         .qk_norm = true},
     };
     for (size_t i = 0; i < sizeof gemma / sizeof gemma[0]; i++)
         run_shape(cpu_p, cuda_p, &gemma[i], NULL, TOL_CPU);
@@ -1155,10 +1170,12 @@ static void run_gemma(const plugin *cpu_p, const plugin *cuda_p) {
         shape g8 = gemma[0];
         g8.name = "kvfp8-gemma3-like-d256", g8.kv_fp8 = true;
         run_shape(cpu_p, cuda_p, &g8, NULL, TOL_KV_FP8);
-        /* block-table groups (the window-aware cache): 3 and 4 groups of
-         * one layer a block, windowed groups' old blocks -1 */
+        /* block-table groups (the window-aware cache), one layer a block:
+         * 3 layers (local, local, global) make 3 groups, 4 layers (one
+         * more local) 4; windowed groups' old blocks -1 */
         shape gg[2] = {gemma[0], gemma[1]};
         gg[0].name = "grouped-gemma3-like-d256", gg[1].name = "grouped-gemma3-like-d64-gqa4";
+        gg[0].want_groups = 3, gg[1].want_groups = 4;
         for (int i = 0; i < 2; i++) {
             gg[i].groups = true, gg[i].cuda_ov = "kv_groups=true";
             run_shape(cpu_p, cuda_p, &gg[i], NULL, TOL_CPU);
