@@ -55,15 +55,20 @@
 #           long context, offline throughput; SmolLM2 perplexity with both
 #           (needs SmolLM2 for that part).
 #   gemma:  Gemma 3 and Qwen3 on cuda: gpu_backend_test's Gemma-3-like and
-#           Qwen3-like shapes (grouped layouts included); a tiny random
-#           Gemma 3 written by transformers as GGUF
+#           Qwen3-like shapes (grouped layouts of 3 and 4 groups included);
+#           the real Gemma 3 270M (its GGUF assembled at /tmp/gemma3-270m.gguf)
+#           against transformers' float32 run of it
+#           (tests/engine/data/gemma3_reference.json;
+#           tests/e2e/check_gemma3_reference.py), with one block table and
+#           with backend.kv_groups=true; Gemma 3 270M's shape (dummy bf16):
+#           batch-1 decode and 2048-token prefill; the window-aware cache vs
+#           whole history at 8k, 16k and 32k contexts
+#           (configs/ab/gemma3-dummy-cuda-*.yaml; GEMMA_AB_CASES="CTX:N ...");
+#           a tiny random Gemma 3 written by transformers as GGUF
 #           (tests/e2e/hf_gemma3_reference.py) and a tiny Qwen3
 #           (hf_llama_reference.py --shape qwen3-tiny): teacher-forced
 #           logprobs and 32 greedy tokens vs transformers on cuda (Gemma also
-#           with backend.kv_groups=true) and cpu; Gemma 3 270M's shape
-#           (dummy bf16): batch-1 decode and 2048-token prefill; the
-#           window-aware cache vs whole history at 8k and 32k contexts
-#           (configs/ab/gemma3-dummy-cuda-*.yaml).
+#           with backend.kv_groups=true) and cpu.
 set -u
 . scripts/gpu/gpu-env.sh
 O=${OUT:-/tmp/out}; mkdir -p "$O"
@@ -73,7 +78,7 @@ step() { echo; echo "=== $*"; }
 # rec NAME --what TEXT [record.py options]: the stage's current figure; the
 # command recorded is this stage with the variables that narrowed it
 CMD="scripts/gpu/gpu-check.sh ${1:-}"
-for v in QUANT_SCHEMES QUANT_RUNS AWQ_SHAPES THROUGHPUT_CASES SKIP_AB SERVE_RATES SERVE_N SERVE_IN SERVE_OUT; do [ -n "${!v:-}" ] && CMD="$v=\"${!v}\" $CMD"; done
+for v in QUANT_SCHEMES QUANT_RUNS AWQ_SHAPES THROUGHPUT_CASES GEMMA_AB_CASES SKIP_AB SERVE_RATES SERVE_N SERVE_IN SERVE_OUT; do [ -n "${!v:-}" ] && CMD="$v=\"${!v}\" $CMD"; done
 rec() { python3 bench/record.py "$@" --dir "$RESULTS" --command "$CMD" || fails=$((fails + 1)); }
 # The SmolLM2 GGUF, carried in parts (split -b 33M; docs/gpu.md) across
 # back-to-back calls: each call copies the part it carries to /tmp, the
@@ -85,6 +90,15 @@ smollm2_model() {
     || { echo "FAIL model checksum (carry .devmodel parts: docs/gpu.md)"; rm -f /tmp/smollm2.gguf; return 1; }
   mkdir -p /tmp/lc/models && ln -sf /tmp/smollm2.gguf /tmp/lc/models/SmolLM2-135M-Instruct.Q4_1.gguf
   export LOOM_CACHE=/tmp/lc
+}
+# The real Gemma 3 270M GGUF (253 MB, scripts/fetch-model.sh gemma3-270m),
+# carried in parts like SmolLM2's and assembled at /tmp/gemma3-270m.gguf
+# (docs/gpu.md): checks its sha256.
+for f in .devmodel/gemma3-270m.part.*; do [ -e "$f" ] && cp "$f" /tmp/; done
+gemma3_model() {
+  [ -s /tmp/gemma3-270m.gguf ] || cat /tmp/gemma3-270m.part.* > /tmp/gemma3-270m.gguf 2>/dev/null
+  sha256sum /tmp/gemma3-270m.gguf | grep -q a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 \
+    || { echo "FAIL Gemma 3 270M checksum (assemble /tmp/gemma3-270m.gguf: docs/gpu.md)"; rm -f /tmp/gemma3-270m.gguf; return 1; }
 }
 # Greedy text of each SmolLM2 prompt with ngram speculation vs without, on
 # cuda: spec_vs_plain MAX_NEW [engine_tool --set options]. A DIFF counts as
@@ -570,10 +584,64 @@ PY
     $(for shape in ${AWQ_SHAPES:-tiny llama3-8b}; do echo "--text $shape=$O/awq-summary-$shape.txt"; done)
   ;;
 gemma)
-  step "gpu_backend_test: the Gemma 3 / Qwen3 shapes"
-  LOOM_GPU_BACKEND_TESTS=gemma timeout 300 "$LB/tests/gpu/gpu_backend_test" "$LB/plugins/backend/cuda/loom-backend-cuda.so" \
+  G3_WHAT="Gemma 3 on cuda against transformers: the real Gemma 3 270M GGUF (bf16 on cuda vs float32 on its dequantized weights; 5 prompts batched, one past the 512-token window, 12 greedy tokens each and their teacher-forced log-probs; one block table and the window-aware cache's 6 groups), a tiny random Gemma 3 and Qwen3 (teacher-forced log-probs, 32 greedy tokens)"
+  step "gpu_backend_test: the Gemma 3 / Qwen3 shapes (grouped: 3 and 4 block-table groups)"
+  LOOM_GPU_BACKEND_TESTS=gemma timeout 150 "$LB/tests/gpu/gpu_backend_test" "$LB/plugins/backend/cuda/loom-backend-cuda.so" \
     "$LB/plugins/backend/cpu/loom-backend-cpu.so" > "$O/gemma-backend.txt" 2>&1 || fails=$((fails + 1))
-  grep -E "^FAIL" "$O/gemma-backend.txt" | head -20; tail -1 "$O/gemma-backend.txt"
+  grep -E "^FAIL|kv_groups\(\)" "$O/gemma-backend.txt" | head -20; tail -1 "$O/gemma-backend.txt"
+  : > "$O/gemma-summary.txt"
+  # the real Gemma 3 270M against transformers' float32 run of it
+  # (tests/engine/data/gemma3_reference.json, as test_engine_gemma3.c on the
+  # cpu): five prompts batched, one past the 512-token window; 12 greedy
+  # tokens each and their teacher-forced log-probs; with one block table and
+  # with the window-aware cache's groups
+  step "Gemma 3 270M (GGUF at /tmp/gemma3-270m.gguf) vs transformers"
+  sum="$O/gemma3-270m-summary.txt"; : > "$sum"
+  if gemma3_model; then
+    g3=tests/engine/data/gemma3_reference.json
+    python3 tests/e2e/check_gemma3_reference.py inputs $g3 /tmp/g3real
+    for v in cuda:false cuda-groups:true; do
+      what=gemma3-270m-${v%%:*} grouped=${v#*:}
+      sets=(--set engine.log_level=info --set backend.kv_groups=$grouped)
+      LOOM_GEMMA_MODEL=/tmp/gemma3-270m.gguf timeout 90 "$LB/tests/e2e/engine_tool" greedy-file configs/gpu/gemma3-270m.yaml 12 \
+        /tmp/g3real/prompts.txt "${sets[@]}" > "$O/$what-greedy.txt" 2> "$O/$what.err" || tail -3 "$O/$what.err"
+      LOOM_GEMMA_MODEL=/tmp/gemma3-270m.gguf timeout 90 "$LB/tests/e2e/engine_tool" score-file configs/gpu/gemma3-270m.yaml \
+        /tmp/g3real/tokens.txt "${sets[@]}" > "$O/$what-score.txt" 2>> "$O/$what.err" || tail -3 "$O/$what.err"
+      python3 tests/e2e/check_gemma3_reference.py check $g3 "$O/$what-greedy.txt" "$O/$what-score.txt" "$what" \
+        | tee -a "$sum"; [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+      # the cuda backend's KV pools line says how many groups the cache took
+      groups=$(grep "KV pools" "$O/$what.err" | grep -o "[0-9]* block-table groups\?" | head -1)
+      want="1 block-table group"; [ $grouped = true ] && want="6 block-table groups"
+      if [ "$groups" = "$want" ]; then echo "PASS $what: the KV layout has $groups" | tee -a "$sum"
+      else echo "FAIL $what: the KV layout has '${groups:-no KV pools line}', want $want" | tee -a "$sum"; fails=$((fails + 1)); fi
+    done
+    rm -rf /tmp/g3real
+  else
+    echo "FAIL Gemma 3 270M: no model at /tmp/gemma3-270m.gguf (docs/gpu.md, 'Running on a GPU machine')" | tee -a "$sum"
+    fails=$((fails + 1))
+  fi
+  rec '{hw}-gemma3-vs-transformers' --merge --what "$G3_WHAT" --text gemma3-270m="$sum"
+  step "Gemma 3 270M shape (dummy bf16): batch-1 decode, 2048-token prefill"
+  timeout 100 loom bench configs/gpu/gemma3-270m-dummy.yaml --num-requests 4 --input-len 128 --output-len 256 \
+    --set scheduler.max_num_seqs=1 --no-progress --json "$O/gemma3-270m-batch1.json" 2>&1 | grep -E "TPOT p50|output tok" \
+    || fails=$((fails + 1))
+  timeout 100 loom bench configs/gpu/gemma3-270m-dummy.yaml --num-requests 8 --input-len 2048 --output-len 1 \
+    --set scheduler.max_num_seqs=1 --no-progress --json "$O/gemma3-270m-prefill2048.json" 2>&1 | grep -E "TTFT p50|total tok" \
+    || fails=$((fails + 1))
+  rec '{hw}-gemma3-270m-speed' --what "Gemma 3 270M shape, dummy bf16 on cuda: batch-1 decode (4 requests of 128 + 256 tokens) and 2048-token prefill (8 prompts one at a time)" \
+    --bench batch1="$O/gemma3-270m-batch1.json" --bench prefill2048="$O/gemma3-270m-prefill2048.json"
+  step "window-aware cache vs whole history (KV budget 1.25 sequences without windows)"
+  for c in ${GEMMA_AB_CASES:-8192:16 16384:10 32768:6}; do
+    ctx=${c%%:*} n=${c##*:}
+    gib=$(python3 -c "print(round($ctx * 18432 * 1.25 / 2**30, 4))")
+    timeout 150 loom bench --compare configs/ab/gemma3-dummy-cuda-windows.yaml configs/ab/gemma3-dummy-cuda-no-windows.yaml \
+      --num-requests $n --input-len $((ctx - 16)) --output-len 16 --seed 5 --no-progress \
+      --set engine.max_model_len=$ctx --set cache.memory_gib=$gib --json "$O/gemma3-ab-ctx$ctx.json" > "$O/gemma3-ab-ctx$ctx.txt" 2>&1 \
+      || { fails=$((fails + 1)); echo "FAIL A/B at context $ctx: $(tail -1 "$O/gemma3-ab-ctx$ctx.txt")"; continue; }
+    grep -E "KV per seq|peak KV|groups|total tok|TPOT p50|preempt" "$O/gemma3-ab-ctx$ctx.txt" | head -10
+    rec '{hw}-ab-gemma3-windows' --merge --what "Gemma 3 270M shape (dummy bf16) on cuda at long contexts, KV budget 1.25 sequences without windows: window-aware cache (a, backend.kv_groups) vs every layer's history (b)" \
+      --bench "ctx$ctx=$O/gemma3-ab-ctx$ctx.json" --value "ctx${ctx}_kv_budget_gib=$gib"
+  done
   # ref DIR TOKENS_CFG WHAT SETS...: score + 32 greedy ids vs DIR's reference
   ref_check() {
     local d=$1 cfg=$2 what=$3; shift 3
@@ -590,11 +658,10 @@ k = next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), min(len(r), len(g)
 print(f"{'PASS' if r and r == g else 'INFO'} {sys.argv[3]} greedy: {len(g)} tokens, identical for the first {k} of {len(r)}")
 PY
   }
-  : > "$O/gemma-summary.txt"
   sed 's/plugin: cuda/plugin: cpu/; /cuda_graphs/d' configs/gpu/hf-gemma3-reference.yaml > /tmp/g3cpu.yaml
   sed 's/plugin: cuda/plugin: cpu/; /cuda_graphs/d' configs/gpu/hf-reference.yaml > /tmp/hfcpu.yaml
   step "transformers: tiny random Gemma 3 (6 layers, window 32) as GGUF"
-  if timeout 300 python3 tests/e2e/hf_gemma3_reference.py /tmp/g3ref --layers 6 --window 32 --tokens 128 --greedy 32 \
+  if timeout 120 python3 tests/e2e/hf_gemma3_reference.py /tmp/g3ref --layers 6 --window 32 --tokens 128 --greedy 32 \
     > "$O/gemma3-ref.log" 2>&1; then
     tail -1 "$O/gemma3-ref.log"
     GGUF_SUFFIX=.gguf ref_check /tmp/g3ref configs/gpu/hf-gemma3-reference.yaml gemma3-cuda
@@ -604,7 +671,7 @@ PY
     echo "FAIL the Gemma 3 reference: $(tail -1 "$O/gemma3-ref.log")" | tee -a "$O/gemma-summary.txt"; fails=$((fails + 1))
   fi
   step "transformers: tiny random Qwen3 (4 layers)"
-  if timeout 300 python3 tests/e2e/hf_llama_reference.py /tmp/q3ref --shape qwen3-tiny --layers 4 --tokens 128 \
+  if timeout 120 python3 tests/e2e/hf_llama_reference.py /tmp/q3ref --shape qwen3-tiny --layers 4 --tokens 128 \
     --greedy 32 > "$O/qwen3-ref.log" 2>&1; then
     ref_check /tmp/q3ref configs/gpu/hf-reference.yaml qwen3-cuda
     ref_check /tmp/q3ref /tmp/hfcpu.yaml qwen3-cpu
@@ -612,28 +679,7 @@ PY
     echo "FAIL the Qwen3 reference: $(tail -1 "$O/qwen3-ref.log")" | tee -a "$O/gemma-summary.txt"; fails=$((fails + 1))
   fi
   rm -rf /tmp/g3ref /tmp/q3ref
-  step "Gemma 3 270M shape (dummy bf16): batch-1 decode, 2048-token prefill"
-  timeout 200 loom bench configs/gpu/gemma3-270m-dummy.yaml --num-requests 4 --input-len 128 --output-len 256 \
-    --set scheduler.max_num_seqs=1 --no-progress --json "$O/gemma3-270m-batch1.json" 2>&1 | grep -E "TPOT p50|output tok" \
-    || fails=$((fails + 1))
-  timeout 200 loom bench configs/gpu/gemma3-270m-dummy.yaml --num-requests 8 --input-len 2048 --output-len 1 \
-    --set scheduler.max_num_seqs=1 --no-progress --json "$O/gemma3-270m-prefill2048.json" 2>&1 | grep -E "TTFT p50|total tok" \
-    || fails=$((fails + 1))
-  rec '{hw}-gemma3-270m-speed' --what "Gemma 3 270M shape, dummy bf16 on cuda: batch-1 decode (4 requests of 128 + 256 tokens) and 2048-token prefill (8 prompts one at a time)" \
-    --bench batch1="$O/gemma3-270m-batch1.json" --bench prefill2048="$O/gemma3-270m-prefill2048.json" \
-    --text references="$O/gemma-summary.txt"
-  step "window-aware cache vs whole history (KV budget 1.25 sequences without windows)"
-  for c in 8192:16 32768:6; do
-    ctx=${c%%:*} n=${c##*:}
-    gib=$(python3 -c "print(round($ctx * 18432 * 1.25 / 2**30, 4))")
-    timeout 300 loom bench --compare configs/ab/gemma3-dummy-cuda-windows.yaml configs/ab/gemma3-dummy-cuda-no-windows.yaml \
-      --num-requests $n --input-len $((ctx - 16)) --output-len 16 --seed 5 --no-progress \
-      --set engine.max_model_len=$ctx --set cache.memory_gib=$gib --json "$O/gemma3-ab-ctx$ctx.json" > "$O/gemma3-ab-ctx$ctx.txt" 2>&1 \
-      || fails=$((fails + 1))
-    grep -E "KV per seq|peak KV|total tok|TPOT p50|preempt" "$O/gemma3-ab-ctx$ctx.txt" | head -8
-    rec '{hw}-ab-gemma3-windows' --merge --what "Gemma 3 270M shape (dummy bf16) on cuda at long contexts, KV budget 1.25 sequences without windows: window-aware cache (a, backend.kv_groups) vs every layer's history (b)" \
-      --bench "ctx$ctx=$O/gemma3-ab-ctx$ctx.json" --value "ctx${ctx}_kv_budget_gib=$gib"
-  done
+  rec '{hw}-gemma3-vs-transformers' --merge --what "$G3_WHAT" --text tiny-gemma3-qwen3="$O/gemma-summary.txt"
   ;;
 *) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|throughput|serve|gemma" >&2; exit 2 ;;
 esac
