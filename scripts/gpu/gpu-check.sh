@@ -74,7 +74,7 @@ set -u
 O=${OUT:-/tmp/out}; mkdir -p "$O"
 RESULTS=${LOOM_RESULTS:-bench/results}
 fails=0
-step() { echo; echo "=== $*"; }
+step() { echo; echo "=== [${SECONDS}s] $*"; }
 # rec NAME --what TEXT [record.py options]: the stage's current figure; the
 # command recorded is this stage with the variables that narrowed it
 CMD="scripts/gpu/gpu-check.sh ${1:-}"
