@@ -62,8 +62,9 @@
 #           tests/e2e/check_gemma3_reference.py), with one block table and
 #           with backend.kv_groups=true; Gemma 3 270M's shape (dummy bf16):
 #           batch-1 decode and 2048-token prefill; the window-aware cache vs
-#           whole history at 8k, 16k and 32k contexts
-#           (configs/ab/gemma3-dummy-cuda-*.yaml; GEMMA_AB_CASES="CTX:N ...");
+#           whole history at 8k, 16k and 32k contexts, prefill-bound and
+#           decode-bound (the gemma-ab stage alone; configs/ab/gemma3-dummy-cuda-*.yaml;
+#           GEMMA_AB_CASES / GEMMA_AB_DECODE_CASES="CTX:N ...");
 #           a tiny random Gemma 3 written by transformers as GGUF
 #           (tests/e2e/hf_gemma3_reference.py) and a tiny Qwen3
 #           (hf_llama_reference.py --shape qwen3-tiny): teacher-forced
@@ -78,7 +79,7 @@ step() { echo; echo "=== [${SECONDS}s] $*"; }
 # rec NAME --what TEXT [record.py options]: the stage's current figure; the
 # command recorded is this stage with the variables that narrowed it
 CMD="scripts/gpu/gpu-check.sh ${1:-}"
-for v in QUANT_SCHEMES QUANT_RUNS AWQ_SHAPES THROUGHPUT_CASES GEMMA_AB_CASES SKIP_AB SERVE_RATES SERVE_N SERVE_IN SERVE_OUT; do [ -n "${!v:-}" ] && CMD="$v=\"${!v}\" $CMD"; done
+for v in QUANT_SCHEMES QUANT_RUNS AWQ_SHAPES THROUGHPUT_CASES GEMMA_AB_CASES GEMMA_AB_DECODE_CASES SKIP_AB SERVE_RATES SERVE_N SERVE_IN SERVE_OUT; do [ -n "${!v:-}" ] && CMD="$v=\"${!v}\" $CMD"; done
 rec() { python3 bench/record.py "$@" --dir "$RESULTS" --command "$CMD" || fails=$((fails + 1)); }
 # The SmolLM2 GGUF, carried in parts (split -b 33M; docs/gpu.md) across
 # back-to-back calls: each call copies the part it carries to /tmp, the
@@ -118,6 +119,33 @@ PY
 ) || fails=$((fails + 1))
     echo "$line" | tee -a "$O/spec_vs_plain.txt"
   done < tests/e2e/data/smollm2_prompts.txt
+}
+# The window-aware cache (a, configs/ab/gemma3-dummy-cuda-windows.yaml) vs
+# every layer's whole history (b) on Gemma 3 270M's shape, a KV budget of
+# 1.25 sequences of the context without windows (bf16: 18 KiB a token), so
+# (b) holds one sequence at a time: gemma_ab OUTPUT_LEN "CTX:REQUESTS ..." KEY
+# — prompts of CTX - OUTPUT_LEN random ids; results under KEY<CTX>.
+G3_AB_WHAT="Gemma 3 270M shape (dummy bf16) on cuda at long contexts, KV budget 1.25 sequences without windows: window-aware cache (a, backend.kv_groups) vs every layer's history (b); ctxN: prompts of N - 16 tokens and 16 output tokens (prefill-bound), decode-ctxN: N - 512 and 512"
+gemma_ab() {
+  local out=$1 cases=$2 key=$3 c ctx n gib
+  for c in $cases; do
+    ctx=${c%%:*} n=${c##*:}
+    gib=$(python3 -c "print(round($ctx * 18432 * 1.25 / 2**30, 4))")
+    timeout 150 loom bench --compare configs/ab/gemma3-dummy-cuda-windows.yaml configs/ab/gemma3-dummy-cuda-no-windows.yaml \
+      --num-requests $n --input-len $((ctx - out)) --output-len $out --seed 5 --no-progress \
+      --set engine.max_model_len=$ctx --set cache.memory_gib=$gib --json "$O/gemma3-ab-$key$ctx.json" > "$O/gemma3-ab-$key$ctx.txt" 2>&1 \
+      || { fails=$((fails + 1)); echo "FAIL A/B $key$ctx: $(tail -1 "$O/gemma3-ab-$key$ctx.txt")"; continue; }
+    echo "$key$ctx: $n requests of $((ctx - out)) + $out tokens, KV budget $gib GiB"
+    grep -E "KV per seq|peak KV|total tok|output tok|TPOT p50|counts" "$O/gemma3-ab-$key$ctx.txt" | head -10
+    rec '{hw}-ab-gemma3-windows' --merge --what "$G3_AB_WHAT" \
+      --bench "$key$ctx=$O/gemma3-ab-$key$ctx.json" --value "$key${ctx}_kv_budget_gib=$gib"
+  done
+}
+gemma_ab_both() {
+  step "window-aware cache vs whole history, prefill-bound (16 output tokens)"
+  gemma_ab 16 "${GEMMA_AB_CASES:-8192:16 16384:10 32768:6}" ctx
+  step "window-aware cache vs whole history, decode-bound (512 output tokens)"
+  gemma_ab 512 "${GEMMA_AB_DECODE_CASES:-8192:16 16384:12 32768:8}" decode-ctx
 }
 case "${1:-}" in
 throughput)
@@ -630,18 +658,7 @@ gemma)
     || fails=$((fails + 1))
   rec '{hw}-gemma3-270m-speed' --what "Gemma 3 270M shape, dummy bf16 on cuda: batch-1 decode (4 requests of 128 + 256 tokens) and 2048-token prefill (8 prompts one at a time)" \
     --bench batch1="$O/gemma3-270m-batch1.json" --bench prefill2048="$O/gemma3-270m-prefill2048.json"
-  step "window-aware cache vs whole history (KV budget 1.25 sequences without windows)"
-  for c in ${GEMMA_AB_CASES:-8192:16 16384:10 32768:6}; do
-    ctx=${c%%:*} n=${c##*:}
-    gib=$(python3 -c "print(round($ctx * 18432 * 1.25 / 2**30, 4))")
-    timeout 150 loom bench --compare configs/ab/gemma3-dummy-cuda-windows.yaml configs/ab/gemma3-dummy-cuda-no-windows.yaml \
-      --num-requests $n --input-len $((ctx - 16)) --output-len 16 --seed 5 --no-progress \
-      --set engine.max_model_len=$ctx --set cache.memory_gib=$gib --json "$O/gemma3-ab-ctx$ctx.json" > "$O/gemma3-ab-ctx$ctx.txt" 2>&1 \
-      || { fails=$((fails + 1)); echo "FAIL A/B at context $ctx: $(tail -1 "$O/gemma3-ab-ctx$ctx.txt")"; continue; }
-    grep -E "KV per seq|peak KV|groups|total tok|TPOT p50|preempt" "$O/gemma3-ab-ctx$ctx.txt" | head -10
-    rec '{hw}-ab-gemma3-windows' --merge --what "Gemma 3 270M shape (dummy bf16) on cuda at long contexts, KV budget 1.25 sequences without windows: window-aware cache (a, backend.kv_groups) vs every layer's history (b)" \
-      --bench "ctx$ctx=$O/gemma3-ab-ctx$ctx.json" --value "ctx${ctx}_kv_budget_gib=$gib"
-  done
+  gemma_ab_both
   # ref DIR TOKENS_CFG WHAT SETS...: score + 32 greedy ids vs DIR's reference
   ref_check() {
     local d=$1 cfg=$2 what=$3; shift 3
@@ -681,7 +698,8 @@ PY
   rm -rf /tmp/g3ref /tmp/q3ref
   rec '{hw}-gemma3-vs-transformers' --merge --what "$G3_WHAT" --text tiny-gemma3-qwen3="$O/gemma-summary.txt"
   ;;
-*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|throughput|serve|gemma" >&2; exit 2 ;;
+gemma-ab) gemma_ab_both ;;
+*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|throughput|serve|gemma|gemma-ab" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails
