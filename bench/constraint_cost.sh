@@ -29,9 +29,9 @@ common=(--num-requests "$N" --input-len "$IN" --output-len "$OUT_LEN" --warmup 8
 schema=(--constraint json_schema --constraint-text @bench/data/people-schema.json)
 declare -A args=([free]="" [masked]="${schema[*]}" [plain]="${schema[*]} --set constraint.mask_cut_keys=false"
                  [host]="${schema[*]} --set engine.device_sampling=false")
+for k in $MODES; do [ -n "${args[$k]+x}" ] || { echo "constraint_cost: unknown mode '$k' (free masked plain host)"; exit 2; }; done
 for r in $(seq 1 "$REPEAT"); do
   for k in $MODES; do
-    [ -n "${args[$k]+x}" ] || { echo "constraint_cost: unknown mode '$k'"; exit 2; }
     # shellcheck disable=SC2086
     "$LB/cli/loom" bench "$CFG" "${common[@]}" ${args[$k]} --json "$O/$k-$r.json" > "$O/$k-$r.log" 2>&1 \
       || { echo "constraint_cost: $k run $r failed:"; tail -5 "$O/$k-$r.log"; exit 1; }
