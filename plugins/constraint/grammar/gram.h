@@ -134,7 +134,10 @@ void vtrie_free(vtrie *t);
 
 /* Masks already computed for a grammar, by parse state: the state inside
  * a long string (or any loop) repeats step after step, so its mask is
- * computed once. Shared by the grammar's matchers (guarded). */
+ * computed once. Also by cut key (the state without the stack frames
+ * below a token's reach, with the few tokens that reach them listed and
+ * walked whole on each use), so repeated items share their masks.
+ * Shared by the grammar's matchers (guarded). */
 typedef struct mask_cache mask_cache;
 mask_cache *mask_cache_new(int32_t entries, int32_t vocab);
 void mask_cache_free(mask_cache *mc);

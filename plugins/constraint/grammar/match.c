@@ -12,6 +12,12 @@
  * allocates nothing once the arena has grown. A set is encoded flat:
  * [stacks, (length, positions bottom..top)...].
  *
+ * Masks are cached by whole state and by cut key (fill_cut: the stacks'
+ * shared bottom frames, which a token cannot reach in fewer than
+ * CUT_MIN_REACH code points, replaced by one marker frame; the tokens that
+ * do pop into it are left to a walk with the whole stacks), so the same
+ * place in each of many repeated items shares one mask.
+ *
  * Limits: a stack deeper than max_stack_depth is dropped (the text may not
  * nest deeper), and at most max_stacks stacks are kept; dropping a stack
  * only narrows what is allowed, so everything allowed still parses.
