@@ -161,6 +161,70 @@ Test(kernels, add_rmsnorm) {
     loom_cpu_pool_destroy(pool);
 }
 
+/* ------------------------------------------------------------- exp */
+
+/* Error of y against e^x in units in the last place of the float32 nearest
+ * e^x (subnormal results: of the smallest subnormal). */
+static double exp_ulps(float y, float x) {
+    double ref = exp((double)x);
+    int e = ref >= 0x1p-126 ? ilogb(ref) : -126;
+    return fabs((double)y - ref) / ldexp(1.0, e - 23);
+}
+
+/* loom_cpu_exp (the vector exp of attention's softmax and SwiGLU) over the
+ * whole float range of e^x in steps finer than an ulp of the argument's
+ * scale, against float64 exp and libm's expf; special values exactly. */
+Test(kernels, exp) {
+    test_rng r = rng_seeded("kernels.exp");
+    const int64_t n = 1 << 20;
+    float *x = xmalloc(sizeof(float) * n), *y = xmalloc(sizeof(float) * n);
+    double worst = 0, worst_libm = 0;
+    float at = 0;
+    for (int pass = 0; pass < 4; pass++) {
+        /* pass 0: an even sweep of [-104, 89]; 1: random in [-1, 1] (the
+         * softmax's usual range); 2: random in [-88, 0]; 3: near the edges */
+        for (int64_t i = 0; i < n; i++) {
+            double u = rng_unif(&r);
+            x[i] = pass == 0 ? (float)(-104.0 + 193.0 * (double)i / (double)(n - 1))
+                 : pass == 1 ? (float)(2 * u - 1)
+                 : pass == 2 ? (float)(-88.0 * u)
+                 : (float)(i % 2 ? 88.0 + 0.73 * u : -87.0 - 17.0 * u);
+        }
+        loom_cpu_exp(y, x, n - pass); /* odd lengths: the zero-padded tail */
+        for (int64_t i = 0; i < n - pass; i++) {
+            double ref = exp((double)x[i]);
+            if (ref > 0x1.fffffep127) { /* beyond FLT_MAX: overflows */
+                if (ref > 0x1.ffffffp127) cr_assert(isinf(y[i]) && y[i] > 0, "e^%a = %a, want inf", (double)x[i], (double)y[i]);
+                continue;
+            }
+            double u = exp_ulps(y[i], x[i]);
+            if (u > worst) worst = u, at = x[i];
+            worst_libm = fmax(worst_libm, exp_ulps(expf(x[i]), x[i]));
+        }
+    }
+    cr_assert_leq(worst, 2.0, "vector exp is %.2f ulp off at x = %a (libm expf: %.2f ulp)", worst,
+                  (double)at, worst_libm);
+    /* specials: e^0 = 1 exactly (the online softmax compares corr with 1) */
+    const float sx[] = {0.0f, -0.0f, -INFINITY, INFINITY, NAN, -1000.0f, 1000.0f, -110.0f, 89.0f};
+    float sy[9];
+    loom_cpu_exp(sy, sx, 9);
+    cr_assert_eq(sy[0], 1.0f);
+    cr_assert_eq(sy[1], 1.0f);
+    cr_assert_eq(sy[2], 0.0f, "e^-inf = %a", (double)sy[2]);
+    cr_assert(isinf(sy[3]) && sy[3] > 0, "e^inf = %a", (double)sy[3]);
+    cr_assert(isnan(sy[4]), "e^NaN = %a", (double)sy[4]);
+    cr_assert_eq(sy[5], 0.0f, "e^-1000 = %a", (double)sy[5]);
+    cr_assert(isinf(sy[6]) && sy[6] > 0, "e^1000 = %a", (double)sy[6]);
+    cr_assert_eq(sy[7], 0.0f, "e^-110 = %a", (double)sy[7]);
+    cr_assert(isinf(sy[8]), "e^89 = %a", (double)sy[8]);
+    /* in place */
+    float ip[3] = {1.0f, 2.0f, -3.0f};
+    loom_cpu_exp(ip, ip, 3);
+    cr_assert(exp_ulps(ip[0], 1.0f) <= 2.0 && exp_ulps(ip[1], 2.0f) <= 2.0 && exp_ulps(ip[2], -3.0f) <= 2.0);
+    cr_log_info("vector exp: %.3f ulp at most (x = %a); libm expf %.3f", worst, (double)at, worst_libm);
+    free(x), free(y);
+}
+
 /* ------------------------------------------------------------- SwiGLU */
 
 Test(kernels, swiglu) {
