@@ -811,12 +811,23 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
  * did not overlap. One call ahead (0.7-2.4 KB on SmolLM2's rows) took the
  * 49152 x 576 q8_0 LM head from 5.2 to 2.0 ms and the q4_1 rows from 2.9
  * to 2.1 ns a block; 512 bytes ahead was too late, 2 KB and more no
- * better or worse. */
-QL_INLINE void ql_prefetch_rows(const uint8_t *row, size_t stride, int rows, size_t bytes) {
-    for (int r = 0; r < rows; r++)
-        for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(row + (size_t)r * stride + o);
-}
+ * better or worse. `locality` is __builtin_prefetch's (3: prefetcht0, 1:
+ * prefetcht2). */
+#define ql_prefetch_rows(row, stride, rows, bytes, locality)                                       \
+    do {                                                                                           \
+        for (int r_ = 0; r_ < (rows); r_++)                                                        \
+            for (size_t o_ = 0; o_ < (bytes); o_ += 64)                                            \
+                __builtin_prefetch((row) + (size_t)r_ * (stride) + o_, 0, locality);               \
+    } while (0)
 
+/* Batch 1 prefetches the rows about this many bytes ahead of the ones being
+ * dotted, with prefetcht2. On a 2-core Zen 4 (AVX-512) machine the rows one
+ * call ahead with prefetcht0 (above) stalled: ~16% of a decode step sat on
+ * prefetch instructions waiting for miss buffers, and SmolLM2's 30 layers
+ * + LM head took 10.3-11.9 ms a token at one thread (microbenchmark, best
+ * of 30, interleaved runs); 4-9 KB ahead with prefetcht2 took 7.3-9.0 ms
+ * (16-32 KB ahead: 10.4-11.9; prefetcht1 at 6 KB: 9.0-10.0). */
+#define QL_PF_AHEAD_BYTES 6144
 QL_INLINE void ql_q8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t n0, int64_t n1,
                           int64_t col, const float *bias) {
     loom_cpu_q8dot_fn *dot = loom_cpu_q8dot(w->dtype);
@@ -824,11 +835,14 @@ QL_INLINE void ql_q8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t n0
         loom_cpu_q8dot4_fn *dot4 = loom_cpu_q8dot4(w->dtype);
         loom_cpu_q8dot2_fn *dot2 = loom_cpu_q8dot2(w->dtype);
         const size_t rs = w->row_stride;
+        /* rows ahead: a multiple of 4, at least one call */
+        const int64_t ahead = ((int64_t)(QL_PF_AHEAD_BYTES / (rs ? rs : 1)) + 3) & ~(int64_t)3;
+        const int64_t pa = ahead < 4 ? 4 : ahead;
         int64_t n = n0;
         for (; n + 3 < n1; n += 4) {
             float o[4];
             const uint8_t *row = w->data + (size_t)n * rs;
-            if (n + 7 < w->n) ql_prefetch_rows(row + 4 * rs, rs, 4, w->row_bytes);
+            if (n + pa + 3 < w->n) ql_prefetch_rows(row + (size_t)pa * rs, rs, 4, w->row_bytes, 1);
             dot4(row, rs, j->K, j->x8, o);
             for (int c = 0; c < 4; c++)
                 ql_store(j, 0, col + n + c - n0, bias ? o[c] + bias[n + c - n0] : o[c]);
@@ -896,7 +910,7 @@ QL_INLINE void ql_h_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t n0,
     const size_t rs = w->row_stride;
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = w->data + (size_t)n * rs;
-        if (n + 1 < w->n) ql_prefetch_rows(row + rs, rs, 1, w->row_bytes);
+        if (n + 1 < w->n) ql_prefetch_rows(row + rs, rs, 1, w->row_bytes, 3);
         for (int64_t m0 = 0; m0 < j->M; m0 += LOOM_CPU_Q8_MR) {
             const int mr = j->M - m0 < LOOM_CPU_Q8_MR ? (int)(j->M - m0) : LOOM_CPU_Q8_MR;
             const float *xs[LOOM_CPU_Q8_MR];
