@@ -146,10 +146,11 @@ ATTN_INLINE attn_v4 attn_hsum4x8(loom_v8f a0, loom_v8f a1, loom_v8f a2, loom_v8f
     return __builtin_shufflevector(u, u, 0, 4, 2, 6) + __builtin_shufflevector(u, u, 1, 5, 3, 7);
 }
 
-/* S[i][j] = scale (q_i . k_j) for i < nq, j < nn: q (nq, D), k (nn, D),
- * rows contiguous. Four keys a pass share each query load. */
-ATTN_INLINE void attn_scores(float (*S)[ATTN_TILE], const float *q, int nq, const float *k, int nn,
-                             int64_t D, float scale) {
+/* S[i][c + j] = scale (q_i . k_j) for i < nq, j < nn: q (nq, D), k (nn,
+ * D), rows contiguous. Four keys a pass share each query load (a key's
+ * score has the same bits whether it is one of four or alone). */
+ATTN_INLINE void attn_scores(float (*S)[ATTN_TILE], int c, const float *q, int nq, const float *k,
+                             int nn, int64_t D, float scale) {
     const int64_t D8 = D & ~(int64_t)7;
     for (int i = 0; i < nq; i++) {
         const float *qi = q + i * D;
@@ -170,7 +171,7 @@ ATTN_INLINE void attn_scores(float (*S)[ATTN_TILE], const float *q, int nq, cons
                 s[2] += qi[d] * k2[d], s[3] += qi[d] * k3[d];
             }
             s *= scale;
-            memcpy(&S[i][j], &s, sizeof s);
+            memcpy(&S[i][c + j], &s, sizeof s);
         }
         for (; j < nn; j++) {
             const float *kj = k + j * D;
@@ -181,7 +182,7 @@ ATTN_INLINE void attn_scores(float (*S)[ATTN_TILE], const float *q, int nq, cons
             }
             float s = attn_hsum8(a);
             for (int64_t d = D8; d < D; d++) s += qi[d] * kj[d];
-            S[i][j] = s * scale;
+            S[i][c + j] = s * scale;
         }
     }
 }
@@ -258,7 +259,12 @@ typedef struct attn_job {
  * [h0, h0 + nh) of KV head kvh. Every key from the first token's first
  * visible one to the last token's position is in the cache (this step's
  * were written before), so a tile is read whole and each query masks what
- * it may not see: keys after its position or before its window. */
+ * it may not see: keys after its position or before its window. Tiles
+ * are the same for every query whatever the run (ATTN_TILE keys from the
+ * block's start; keys before the run's first visible one are -inf, not
+ * read), and a key sits in the same lane of its tile: a query's sums, maxima
+ * and rescalings happen in the same order alone or in a run, so its output
+ * has the same bits (kernels.paged_attention_is_batch_invariant). */
 ATTN_INLINE void attn_run(const loom_cpu_attn_args *a, int64_t t0, int64_t t1, int32_t s, int64_t kvh,
                           int32_t h0, int32_t nh) {
     const loom_cpu_kv *kv = a->kv;
@@ -290,21 +296,24 @@ ATTN_INLINE void attn_run(const loom_cpu_attn_args *a, int64_t t0, int64_t t1, i
         const int64_t blk = bt[j0 / bs];
         const int64_t n = khi + 1 - j0 < bs ? khi + 1 - j0 : bs; /* keys of this block */
         const int64_t row0 = (blk * KVH + kvh) * bs * D;          /* element offset   */
-        for (int64_t i0 = j0 < klo ? klo - j0 : 0; i0 < n; i0 += ATTN_TILE) {
-            const int nn = (int)(n - i0 < ATTN_TILE ? n - i0 : ATTN_TILE);
+        for (int64_t i0 = j0 < klo ? (klo - j0) / ATTN_TILE * ATTN_TILE : 0; i0 < n; i0 += ATTN_TILE) {
+            const int nn = (int)(n - i0 < ATTN_TILE ? n - i0 : ATTN_TILE); /* tile's keys */
+            const int js = (int)(j0 + i0 < klo ? klo - j0 - i0 : 0);      /* first read  */
             const int64_t kp0 = j0 + i0; /* position of the tile's first key */
-            attn_scores(S, qb, nq, attn_rows(kv->k, kv->dtype, row0 + i0 * D, kt, nn * D), nn, D,
-                        a->scale);
+            for (int i = 0; i < nq; i++)
+                for (int j = 0; j < js; j++) S[i][j] = -INFINITY;
+            attn_scores(S, js, qb, nq, attn_rows(kv->k, kv->dtype, row0 + (i0 + js) * D, kt, (nn - js) * D),
+                        nn - js, D, a->scale);
             for (int ti = 0; ti < nt; ti++) {
-                if (kp0 + nn - 1 <= pq[ti] && kp0 >= lq[ti]) continue;
-                for (int j = 0; j < nn; j++)
+                if (kp0 + nn - 1 <= pq[ti] && kp0 + js >= lq[ti]) continue;
+                for (int j = js; j < nn; j++)
                     if (kp0 + j > pq[ti] || kp0 + j < lq[ti])
                         for (int hh = 0; hh < nh; hh++) S[ti * nh + hh][j] = -INFINITY;
             }
             const int nn8 = (nn + 7) & ~7;
             for (int i = 0; i < nq; i++) {
                 float tmax = -INFINITY;
-                for (int j = 0; j < nn; j++) tmax = S[i][j] > tmax ? S[i][j] : tmax;
+                for (int j = js; j < nn; j++) tmax = S[i][j] > tmax ? S[i][j] : tmax;
                 const float mn = tmax > m[i] ? tmax : m[i];
                 if (mn == -INFINITY) { /* no key of this query so far */
                     memset(S[i], 0, sizeof S[i]);
@@ -326,15 +335,15 @@ ATTN_INLINE void attn_run(const loom_cpu_attn_args *a, int64_t t0, int64_t t1, i
                 }
                 m[i] = mn;
             }
-            const float *vr = attn_rows(kv->v, kv->dtype, row0 + i0 * D, vt, nn * D);
+            const float *vr = attn_rows(kv->v, kv->dtype, row0 + (i0 + js) * D, vt, (nn - js) * D);
             for (int i = 0; i < nq; i += 4) {
                 float *ar[4];
                 const float *pr[4];
                 for (int r = 0; r < 4; r++) {
                     const int ii = i + r < nq ? i + r : nq;
-                    ar[r] = acc + ii * D, pr[r] = S[ii];
+                    ar[r] = acc + ii * D, pr[r] = S[ii] + js;
                 }
-                attn_pv4(ar, pr, vr, nn, D);
+                attn_pv4(ar, pr, vr, nn - js, D);
             }
         }
     }

@@ -684,12 +684,12 @@ Test(kernels, paged_attention_shapes) {
     static const int ctx_c[] = {48}, q_c[] = {1};
     attn_case cases[] = {{5, ctx_a, q_a}, {3, ctx_b, q_b}, {1, ctx_c, q_c}};
     int heads[][2] = {{4, 4}, {6, 2}, {8, 2}, {8, 1}}; /* GQA ratio 1, 3, 4, 8 */
-    int dims[] = {64, 128};
+    int dims[] = {64, 128, 36}; /* 36: the kernels' tails past multiples of 16 and 8 */
     loom_dtype dts[] = {LOOM_DTYPE_F32, LOOM_DTYPE_F16};
     int n = 0;
     for (int ci = 0; ci < 3; ci++)
         for (int hi = 0; hi < 4; hi++)
-            for (int di = 0; di < 2; di++)
+            for (int di = 0; di < 3; di++)
                 for (int ti = 0; ti < 2; ti++, n++) {
                     int bs = n % 5 == 4 ? 5 : 16; /* mostly 16; sometimes an odd size */
                     double e = run_attn(&r, &cases[ci], heads[hi][0], heads[hi][1], dims[di], bs,
@@ -743,6 +743,61 @@ Test(kernels, paged_attention_sliding_window) {
                                 bi ? pool : NULL);
             cr_assert_lt(e, F32_TOL, "window %d block size %d: rel err %g", windows[wi], sizes[bi], e);
         }
+    loom_cpu_pool_destroy(pool);
+}
+
+/* A query's output does not depend on the tokens that share its call: the
+ * last 7 positions of a sequence attended together (one work item covers
+ * 4 of them) give, bit for bit, what each gives alone (a decode step vs a
+ * verify step of speculative decoding), with and without a window (which
+ * starts the run's first tile elsewhere than a lone query's), blocks
+ * shorter and longer than the kernel's 32-key tile, with and without the
+ * pool, f32 and f16 caches. */
+Test(kernels, paged_attention_is_batch_invariant) {
+    test_rng r = rng_seeded("kernels.paged_attention_invariant");
+    loom_cpu_pool *pool = loom_cpu_pool_create(2);
+    enum { H = 6, KVH = 2, D = 64, CTX = 150, Q = 7 };
+    const int windows[] = {0, 5, 40, 130}, sizes[] = {16, 64};
+    int n = 0;
+    for (int wi = 0; wi < 4; wi++)
+        for (int bi = 0; bi < 2; bi++)
+            for (int di = 0; di < 2; di++, n++) {
+                const int BS = sizes[bi], NB = (CTX + BS - 1) / BS;
+                const loom_dtype dt = di ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
+                const size_t esz = di ? 2 : 4, elems = (size_t)NB * KVH * BS * D;
+                void *kp = xmalloc(elems * esz), *vp = xmalloc(elems * esz);
+                loom_cpu_kv kv = {.k = kp, .v = vp, .dtype = dt, .num_blocks = NB, .num_kv_heads = KVH,
+                                  .block_size = BS, .head_dim = D};
+                float *k = xmalloc(sizeof(float) * CTX * KVH * D), *v = xmalloc(sizeof(float) * CTX * KVH * D);
+                int64_t *slot = xmalloc(sizeof(int64_t) * CTX);
+                int32_t *bt = xmalloc(sizeof(int32_t) * NB);
+                for (int b = 0; b < NB; b++) bt[b] = NB - 1 - b; /* blocks in reverse */
+                for (int p = 0; p < CTX; p++) slot[p] = (int64_t)bt[p / BS] * BS + p % BS;
+                rng_fill(&r, k, CTX * KVH * D, 2);
+                rng_fill(&r, v, CTX * KVH * D, 1);
+                loom_cpu_kv_write(&kv, k, KVH * D, v, KVH * D, slot, CTX);
+                float *q = xmalloc(sizeof(float) * Q * H * D), *all = xmalloc(sizeof(float) * Q * H * D);
+                float *one = xmalloc(sizeof(float) * H * D);
+                rng_fill(&r, q, Q * H * D, 1);
+                int32_t pos[Q], qs[2] = {0, Q};
+                for (int t = 0; t < Q; t++) pos[t] = CTX - Q + t;
+                loom_cpu_attn_args a = {.out = all, .ldo = H * D, .q = q, .ldq = H * D, .kv = &kv,
+                                        .num_heads = H, .num_tokens = Q, .num_seqs = 1, .query_start = qs,
+                                        .positions = pos, .block_table = bt, .block_table_stride = NB,
+                                        .scale = 0.125f, .window = windows[wi]};
+                loom_cpu_paged_attention(&a, n % 2 ? pool : NULL);
+                for (int t = 0; t < Q; t++) {
+                    int32_t qs1[2] = {0, 1};
+                    loom_cpu_attn_args a1 = a;
+                    a1.out = one, a1.q = q + t * H * D, a1.num_tokens = 1, a1.query_start = qs1;
+                    a1.positions = &pos[t];
+                    loom_cpu_paged_attention(&a1, n % 2 ? NULL : pool);
+                    cr_assert(!memcmp(one, all + t * H * D, sizeof(float) * H * D),
+                              "window %d block size %d %s: token %d alone differs from the same token among %d",
+                              windows[wi], BS, loom_dtype_name(dt), t, Q);
+                }
+                free(kp), free(vp), free(k), free(v), free(slot), free(bt), free(q), free(all), free(one);
+            }
     loom_cpu_pool_destroy(pool);
 }
 
