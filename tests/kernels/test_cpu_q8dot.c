@@ -4,8 +4,9 @@
  * references, for every block type (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k), every
  * instruction set this CPU runs (portable always; avx2, avx512,
  * avx512vnni where present), batch 1 (one row, two and four rows a call) and small batches
- * (1..4 tokens a call; one, two and four rows a call at one token), on random blocks (seed printed; LOOM_TEST_SEED
- * replays).
+ * (1..4 tokens a call; one, two and four rows a call at one token), the group kernel (1..8
+ * interleaved tokens, several rows; bit for bit the row kernel's results), on random blocks
+ * (seed printed; LOOM_TEST_SEED replays).
  *
  * Two references a row must meet:
  *   exact   sum of w (formats/gguf_blocks.h's float decode) times the
