@@ -153,6 +153,8 @@ static struct {
     pthread_t th;
 } hand = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
+static int g_in_hi; /* the longest prompt of the run */
+
 static void *host_alloc(size_t n) {
 #ifdef PD_CUDA_HOST
     void *p = NULL;
@@ -210,9 +212,18 @@ static loom_status pf_export(void *user, const loom_kv_export *x) {
     hand.busy[b] = true;
     pthread_mutex_unlock(&hand.mu);
     if (len > hand.cap[b]) {
-        host_free(hand.buf[b]);
-        hand.cap[b] = 0;
-        if ((hand.buf[b] = host_alloc(len))) hand.cap[b] = len;
+        /* all buffers at once, sized for the longest prompt: pinning is slow,
+         * do it during the warm-up rather than mid-run */
+        size_t most = (size_t)((g_in_hi - 1 + x->block_size - 1) / x->block_size) * x->block_bytes;
+        if (most < len) most = len;
+        pthread_mutex_lock(&hand.mu);
+        for (int i = 0; i < NBUF; i++)
+            if (i == b || (!hand.busy[i] && hand.cap[i] < most)) {
+                host_free(hand.buf[i]);
+                hand.cap[i] = 0;
+                if ((hand.buf[i] = host_alloc(most))) hand.cap[i] = most;
+            }
+        pthread_mutex_unlock(&hand.mu);
     }
     loom_status st = hand.buf[b] ? x->read(x->ctx, 0, nb, hand.buf[b], len, &err) : LOOM_ERR_NOMEM;
     pthread_mutex_lock(&hand.mu);
@@ -580,6 +591,7 @@ int main(int argc, char **argv) {
     /* the engine copies every hand-over (hundreds of MB on a GPU model):
      * keep freed memory in one heap for reuse instead of fresh mmap()s that
      * fault every page in again */
+    g_in_hi = o.in_hi;
     mallopt(M_ARENA_MAX, 1);
     mallopt(M_MMAP_MAX, 0);
     mallopt(M_TRIM_THRESHOLD, INT32_MAX);
