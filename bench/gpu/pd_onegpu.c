@@ -6,7 +6,7 @@
  * where the two engines sit on complementary SM partitions
  * (backend.sm_count / backend.sm_partition, CUDA green contexts).
  *
- *   pd_onegpu CONFIG --mode colo|disagg|check [--set K=V]... [--cset K=V]...
+ *   pd_onegpu CONFIG --mode colo|disagg|check|scale [--set K=V]... [--cset K=V]...
  *             [--pset K=V]... [--dset K=V]... [--rates R,R,...] [--num N]
  *             [--in-lo A --in-hi B] [--out-lo A --out-hi B] [--vocab-hi V]
  *             [--seed S] [--ttft-ms T --tpot-ms P] [--json PATH]
@@ -30,6 +30,11 @@
  *
  * check: the same greedy workload (all at once) through both modes; exits
  * 1 unless every request's tokens are identical.
+ *
+ * scale: one engine (as colo) and two fixed phases, all at once: 8 prompts
+ * of in-hi tokens with one output (prefill), then num prompts of in-lo
+ * tokens with out-hi outputs (decode); the step lines say what its SMs buy
+ * (run it with backend.sm_count in --cset).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -264,7 +269,7 @@ typedef struct opts {
 } opts;
 
 static int usage(void) {
-    fprintf(stderr, "usage: pd_onegpu CONFIG --mode colo|disagg|check [--set K=V] [--cset K=V] [--pset K=V] "
+    fprintf(stderr, "usage: pd_onegpu CONFIG --mode colo|disagg|check|scale [--set K=V] [--cset K=V] [--pset K=V] "
                     "[--dset K=V] [--rates R,...|inf] [--num N] [--in-lo A] [--in-hi B] [--out-lo A] [--out-hi B] "
                     "[--vocab-hi V] [--seed S] [--ttft-ms T] [--tpot-ms P] [--json PATH]\n");
     return 2;
@@ -322,8 +327,8 @@ static int parse_args(int argc, char **argv, opts *o) {
         if (bad) return fprintf(stderr, "pd_onegpu: bad value for %s: %s\n", a, v), -1;
     }
     if (!o->config) return fprintf(stderr, "pd_onegpu: no pipeline file\n"), -1;
-    if (strcmp(o->mode, "colo") && strcmp(o->mode, "disagg") && strcmp(o->mode, "check"))
-        return fprintf(stderr, "pd_onegpu: --mode is colo, disagg or check, not %s\n", o->mode), -1;
+    if (strcmp(o->mode, "colo") && strcmp(o->mode, "disagg") && strcmp(o->mode, "check") && strcmp(o->mode, "scale"))
+        return fprintf(stderr, "pd_onegpu: --mode is colo, disagg, check or scale, not %s\n", o->mode), -1;
     if (o->in_lo > o->in_hi || o->out_lo > o->out_hi)
         return fprintf(stderr, "pd_onegpu: --in-lo/--in-hi and --out-lo/--out-hi must be ordered ranges\n"), -1;
     if (o->nrates == 0) o->rates[o->nrates++] = INFINITY;
@@ -453,6 +458,8 @@ static void report(const opts *o, FILE *js, const char *mode, double rate, req *
     double kv = 0;
     size_t kvb = 0;
     long outs = 0;
+    /* the rate the arrivals realised (a Poisson sample of n is not the rate) */
+    double arrived = n > 1 && w[n - 1].arrival > w[0].arrival ? (n - 1) / (w[n - 1].arrival - w[0].arrival) : INFINITY;
     for (int i = 0; i < n; i++) {
         ttft[i] = 1e3 * (w[i].t_first - w[i].arrival);
         tpot[i] = w[i].got > 1 ? 1e3 * (w[i].t_last - w[i].t_first) / (w[i].got - 1) : 0;
@@ -464,19 +471,23 @@ static void report(const opts *o, FILE *js, const char *mode, double rate, req *
     if (js) {
         fprintf(js, "%s{\"mode\": \"%s\", \"rate\": %s%.3f, \"requests\": %d, \"seconds\": %.4f, \"good\": %d, "
                     "\"goodput\": %.4f, \"req_per_s\": %.4f, \"output_tok_per_s\": %.1f, \"kv_ms_mean\": %.3f, "
-                    "\"kv_mb_mean\": %.2f, \"ttft_ms\": [", first ? "" : ",\n", mode, isfinite(rate) ? "" : "\"inf\", \"rate_value\": ",
-                isfinite(rate) ? rate : 0.0, n, seconds, good, good / seconds, n / seconds, outs / seconds,
-                1e3 * kv / n, (double)kvb / n / 1e6);
+                    "\"kv_mb_mean\": %.2f, \"arrived_per_s\": %.4f, \"ttft_ms\": [", first ? "" : ",\n", mode,
+                isfinite(rate) ? "" : "\"inf\", \"rate_value\": ", isfinite(rate) ? rate : 0.0, n, seconds, good,
+                good / seconds, n / seconds, outs / seconds, 1e3 * kv / n, (double)kvb / n / 1e6,
+                isfinite(arrived) ? arrived : 0.0);
         for (int i = 0; i < n; i++) fprintf(js, "%s%.3f", i ? ", " : "", ttft[i]);
         fprintf(js, "], \"tpot_ms\": [");
         for (int i = 0; i < n; i++) fprintf(js, "%s%.3f", i ? ", " : "", tpot[i]);
         fprintf(js, "]}");
+        fflush(js); /* a run cut short keeps the rates it finished */
     }
     double t50 = pct(ttft, n, 50), t90 = pct(ttft, n, 90), t99 = pct(ttft, n, 99);
     double p50 = pct(tpot, n, 50), p90 = pct(tpot, n, 90), p99 = pct(tpot, n, 99);
-    printf("%-6s rate %6.2f: %d requests in %.2f s (%.2f req/s, %.0f out tok/s); TTFT p50/p90/p99 %.0f/%.0f/%.0f ms; "
+    if (isfinite(rate)) printf("%-6s rate %6.2f (arrivals %.2f/s): ", mode, rate, arrived);
+    else printf("%-6s all at once: ", mode);
+    printf("%d requests in %.2f s (%.2f req/s, %.0f out tok/s); TTFT p50/p90/p99 %.0f/%.0f/%.0f ms; "
            "TPOT p50/p90/p99 %.1f/%.1f/%.1f ms; goodput %.2f req/s (%d of %d within TTFT %.0f ms, TPOT %.0f ms)",
-           mode, isfinite(rate) ? rate : INFINITY, n, seconds, n / seconds, outs / seconds, t50, t90, t99, p50, p90,
+           n, seconds, n / seconds, outs / seconds, t50, t90, t99, p50, p90,
            p99, good / seconds, good, n, o->ttft_ms, o->tpot_ms);
     if (kvb) printf("; KV hand-over %.1f ms / %.1f MB a request", 1e3 * kv / n, (double)kvb / n / 1e6);
     printf("\n");
@@ -537,7 +548,7 @@ static int run_mode(const opts *o, const char *mode, FILE *js, bool *first, req 
             r2.e = d;
             pthread_create(&r2.th, NULL, step_loop, &r2);
         }
-        pf_ctx *ctx = calloc((size_t)o->num, sizeof *ctx);
+        pf_ctx *ctx = calloc((size_t)(o->num > 2 * NBUF ? o->num : 2 * NBUF), sizeof *ctx);
         /* a warm-up request first (graphs, cuBLASLt plans, first-touch memory) */
         opts warm = *o; /* the longest prompts: the hand-over buffers reach their size here */
         warm.num = 2 * NBUF;
@@ -546,17 +557,29 @@ static int run_mode(const opts *o, const char *mode, FILE *js, bool *first, req 
         double secs;
         if (!ctx || !ww || run_workload(&warm, ww, e, d, &r1, d ? &r2 : NULL, ctx, &secs)) rc = 1;
         free_workload(ww, warm.num);
-        for (int k = 0; !rc && k < o->nrates; k++) {
-            req *w = make_workload(o, o->rates[k], o->seed + (unsigned)k);
+        /* scale: one prefill-only phase (8 prompts of in-hi tokens, one
+         * output each) and one decode phase (num prompts of in-lo tokens,
+         * out-hi outputs), all at once: what the engine's SMs buy */
+        opts ph[2] = {*o, *o};
+        ph[0].num = 8, ph[0].in_lo = o->in_hi, ph[0].out_lo = ph[0].out_hi = 1;
+        ph[1].in_hi = o->in_lo, ph[1].out_lo = o->out_hi;
+        const bool scale = !strcmp(mode, "scale");
+        const int phases = scale ? 2 : o->nrates;
+        for (int k = 0; !rc && k < phases; k++) {
+            const opts *po = scale ? &ph[k] : o;
+            const double rate = scale ? INFINITY : o->rates[k];
+            if (scale) printf("scale phase %s: %d requests of %d prompt tokens, %d outputs\n", k ? "decode" : "prefill",
+                              po->num, po->in_lo, po->out_hi);
+            req *w = make_workload(po, rate, o->seed + (unsigned)k);
             loom_engine_stats s1a, s1b, s2a, s2b;
             snapshot(&r1, &s1a);
             if (d) snapshot(&r2, &s2a);
-            if (!w || run_workload(o, w, e, d, &r1, d ? &r2 : NULL, ctx, &secs)) {
+            if (!w || run_workload(po, w, e, d, &r1, d ? &r2 : NULL, ctx, &secs)) {
                 rc = 1;
-                free_workload(w, o->num);
+                free_workload(w, po->num);
                 break;
             }
-            report(o, js, mode, o->rates[k], w, secs, *first);
+            report(po, js, mode, rate, w, secs, *first);
             snapshot(&r1, &s1b);
             print_steps(dis ? "prefill" : "colocated", &s1a, &s1b);
             if (d) {
@@ -564,8 +587,8 @@ static int run_mode(const opts *o, const char *mode, FILE *js, bool *first, req 
                 print_steps("decode", &s2a, &s2b);
             }
             *first = false;
-            if (w_out && k == o->nrates - 1) *w_out = w;
-            else free_workload(w, o->num);
+            if (w_out && k == phases - 1) *w_out = w;
+            else free_workload(w, po->num);
         }
         atomic_store(&r1.stop, 1);
         pthread_join(r1.th, NULL);
