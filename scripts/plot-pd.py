@@ -4,10 +4,12 @@ tabulate bench/gpu/pd_onegpu runs (colocated vs disaggregated inside one GPU):
 per offered request rate, TTFT and TPOT at p50 and p90, and goodput — requests
 per second meeting both TTFT <= MS and TPOT <= MS (DistServe's metric; the
 objectives default to the ones the runs were made with; per-request times are
-in the JSON, so other objectives are recomputed here). Prints a Markdown table
+in the JSON, so other objectives are recomputed here). The x axis is the
+arrival rate the seeded Poisson sample realised (arrived_per_s), else the offered one. Prints a Markdown table
 and, per run, DistServe's per-GPU goodput: the highest measured rate at which
 at least 90% of the requests meet both objectives. A RESULT.json may also be a
-bench/record.py file holding pd_onegpu JSONs (its results' data).
+bench/record.py file holding pd_onegpu JSONs, FILE.json:KEY naming the entry
+(bench/results/h200-pd-onegpu-llama3-8b.json:colocated).
 Needs matplotlib for the plot (OUT.png '-' prints the table only)."""
 import json
 import math
@@ -24,6 +26,10 @@ def pct(v, p):
 
 
 def load(path):
+    key = None
+    if ".json:" in path:  # a bench/record.py file and the entry to read
+        path, key = path.split(".json:", 1)
+        path += ".json"
     text = open(path).read()
     try:
         d = json.loads(text)
@@ -31,8 +37,10 @@ def load(path):
         d = json.loads(text.rstrip().rstrip(",") + "\n]}")
     if "runs" in d:
         return d
-    # a bench/record.py file: the first pd_onegpu JSON among its results
-    for v in d.get("results", {}).values():
+    # a bench/record.py file: the entry named, else its first pd_onegpu JSON
+    for k, v in d.get("results", {}).items():
+        if key is not None and k != key:
+            continue
         r = v.get("data", v)
         if isinstance(r, dict) and "runs" in r:
             return r
@@ -44,7 +52,8 @@ def rows(d, ttft, tpot):
     for r in d["runs"]:
         rate = math.inf if r["rate"] == "inf" else r["rate"]
         ok = sum(1 for a, b in zip(r["ttft_ms"], r["tpot_ms"]) if a <= ttft and b <= tpot)
-        out.append(dict(rate=rate, seconds=r["seconds"], n=r["requests"], achieved=r["req_per_s"],
+        arrived = r.get("arrived_per_s") or rate
+        out.append(dict(rate=rate, arrived=arrived, seconds=r["seconds"], n=r["requests"], achieved=r["req_per_s"],
                         goodput=ok / r["seconds"], attain=ok / r["requests"],
                         ttft50=pct(r["ttft_ms"], 50), ttft90=pct(r["ttft_ms"], 90),
                         tpot50=pct(r["tpot_ms"], 50), tpot90=pct(r["tpot_ms"], 90),
@@ -74,17 +83,18 @@ def main():
         runs.append((label, rows(d, t1, t2), t1, t2))
     t1, t2 = runs[0][2], runs[0][3]
     print(f"objectives: TTFT <= {t1:g} ms, TPOT <= {t2:g} ms\n")
-    print("| run | offered req/s | achieved | goodput req/s | within both | TTFT p50 / p90 ms | TPOT p50 / p90 ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| run | offered req/s | arrived req/s | achieved | goodput req/s | within both | TTFT p50 / p90 ms "
+          "| TPOT p50 / p90 ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, rs, _, _ in runs:
         for r in rs:
-            print(f"| {label} | {r['rate']:g} | {r['achieved']:.2f} | {r['goodput']:.2f} | {100 * r['attain']:.0f}% | "
+            print(f"| {label} | {r['rate']:g} | {r['arrived']:.2f} | {r['achieved']:.2f} | {r['goodput']:.2f} | {100 * r['attain']:.0f}% | "
                   f"{r['ttft50']:.0f} / {r['ttft90']:.0f} | {r['tpot50']:.1f} / {r['tpot90']:.1f} |")
     print()
     for label, rs, _, _ in runs:
-        ok = [r["rate"] for r in rs if r["attain"] >= 0.9 and math.isfinite(r["rate"])]
+        ok = [r["arrived"] for r in rs if r["attain"] >= 0.9 and math.isfinite(r["arrived"])]
         best = max((r["goodput"] for r in rs), default=0)
-        print(f"{label}: highest rate with >= 90% within both: {max(ok) if ok else 0:g} req/s; "
+        print(f"{label}: highest arrival rate with >= 90% within both: {max(ok) if ok else 0:.2f} req/s; "
               f"best goodput {best:.2f} req/s" +
               (f"; KV hand-over {rs[0]['kv_ms']:.1f} ms / {rs[0]['kv_mb']:.0f} MB a request" if rs[0]["kv_mb"] else ""))
     if out == "-":
@@ -94,7 +104,8 @@ def main():
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
     for label, rs, _, _ in runs:
-        x = [r["rate"] for r in rs]
+        rs = sorted(rs, key=lambda r: r["arrived"])
+        x = [r["arrived"] for r in rs]
         ax[0].plot(x, [r["goodput"] for r in rs], "o-", label=label)
         p = ax[1].plot(x, [r["ttft90"] for r in rs], "o-", label=f"{label} p90")
         ax[1].plot(x, [r["ttft50"] for r in rs], "s--", color=p[0].get_color(), alpha=0.6, label=f"{label} p50")
@@ -110,7 +121,7 @@ def main():
     ax[2].set_ylabel("ms")
     ax[2].axhline(t2, color="grey", lw=0.8, ls=":")
     for a in ax:
-        a.set_xlabel("offered requests/s (Poisson)")
+        a.set_xlabel("arrival rate, requests/s (Poisson, as realised)")
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
     fig.tight_layout()
