@@ -88,6 +88,9 @@ typedef struct cuda_backend_config {
     int64_t qgemv_tc_min_rows;  /* rows from which W8A8 / FP8 / INT4 GEMVs take
                                    the tensor cores; 0 = as measured, 9 = never */
     bool kv_groups;             /* propose block-table groups (kv_groups())    */
+    int64_t sm_count;           /* > 0: run on a green context of that many SMs */
+    int64_t sm_partition;       /* 0 "first": those sm_count SMs; 1 "rest": the
+                                   SMs the split leaves over (the complement) */
 } cuda_backend_config;
 
 /* Rows of the logits work buffers (and the largest graph bucket's rows). */
@@ -173,6 +176,14 @@ typedef struct cuda_backend {
     int num_sms;                /* multiprocessors, for split-K sizing        */
     char device_name[128];
     cudaStream_t stream;        /* every op of this instance runs here        */
+    void *green;                /* CUgreenCtx the stream belongs to (sm_count > 0), or NULL */
+    /* block images (kv_read_blocks / kv_write_blocks): a device staging
+     * buffer, the (layer, K|V) pool pointers on both sides, the pairs */
+    void *img_stage;
+    size_t img_stage_bytes;
+    void **img_ptrs_dev;        /* 4 * nlayers: sources then destinations     */
+    int32_t *img_pairs_dev;
+    int32_t img_pairs_cap;
     loom_cuda_gemm *gemm;       /* cuBLASLt context + plan cache              */
 
     /* --- after load */
