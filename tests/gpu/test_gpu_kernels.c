@@ -2767,11 +2767,11 @@ static const char *qfn(loom_cuda_qfmt f) {
  * (ref), element by element: round to nearest leaves int8 within half a
  * step (0.5 sx) and e4m3 within half an ulp — 2^-4 of the value for
  * normals, 2^-10 sx below 2^-6 sx (subnormals); the row's scale must be
- * its largest |ref| over 127 (448) up to `rel`. rel: how far the device's
- * row may be from ref (0 for the given inputs; the SwiGLU rows come from
- * the device's dt gate|up output, which may differ from the reference's
- * by a dt rounding — 2^-6 of the value covers bf16's). Returns the number
- * of elements (and a bad scale as one) outside. */
+ * its largest |ref| over 127 (448) up to `rel`. rel: how far the row the
+ * device quantized may be from ref (0 for the given inputs; the SwiGLU rows,
+ * formed from the device's gate|up output in float and rounded to dt, one
+ * dt rounding: 2^-7 covers a bf16 ulp). Returns the number of elements (and
+ * a bad scale as one) outside. */
 static long mq_codes_bad(int aq, const double *deq, const double *ref, int n, float sx, double rel) {
     long bad = 0;
     double amax = 0;
@@ -2833,6 +2833,7 @@ static void test_moe_qffn(loom_cuda_dt dt, loom_cuda_qfmt f, int T, int E, int K
     float *wt = malloc((size_t)P * 4), *xsx = malloc((size_t)T * 4), *asx = malloc((size_t)P * 4);
     uint16_t *r = malloc((size_t)T * H * 2);
     uint8_t *xq = malloc((size_t)T * H), *aqc = malloc((size_t)P * I);
+    uint16_t *gud = malloc((size_t)P * 2 * I * 2); /* the device's gate|up rows: what its codes encode */
     CK(cudaMemcpy(sel, d_sel, (size_t)P * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(wt, d_wt, (size_t)P * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(r, d_r, (size_t)T * H * 2, cudaMemcpyDeviceToHost));
@@ -2841,6 +2842,7 @@ static void test_moe_qffn(loom_cuda_dt dt, loom_cuda_qfmt f, int T, int E, int K
         CK(cudaMemcpy(xq, d_xq, (size_t)T * H, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(xsx, d_xsx, (size_t)T * 4, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(aqc, d_aq, (size_t)P * I, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(gud, d_gu, (size_t)P * 2 * I * 2, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(asx, d_asx, (size_t)P * 4, cudaMemcpyDeviceToHost));
     }
 #define MQ_CODE(c) (aq == 2 ? e4m3_dec(c) : (double)(int8_t)(c))
@@ -2871,8 +2873,16 @@ static void test_moe_qffn(loom_cuda_dt dt, loom_cuda_qfmt f, int T, int E, int K
             for (int i = 0; i < I; i++) actref[i] = from16(dt, to16(dt, (float)(gu[i] / (1.0 + exp(-gu[i])) * gu[I + i])));
             const int row = gemv ? p : inv[p];
             if (aq) {
-                for (int i = 0; i < I; i++) act[i] = MQ_CODE(aqc[(size_t)row * I + i]) * asx[row];
-                cbad += mq_codes_bad(aq, act, actref, I, asx[row], 0x1p-6), cn += I;
+                /* the codes encode silu(g) u of the device's own gate|up row,
+                 * rounded to dt: formed here in double, one dt rounding may
+                 * land the other way than the device's float one */
+                const uint16_t *gr = gud + (size_t)row * 2 * I;
+                for (int i = 0; i < I; i++) {
+                    const double gg = from16(dt, gr[i]), uu = from16(dt, gr[I + i]);
+                    actref[i] = from16(dt, to16(dt, (float)(gg / (1.0 + exp(-gg)) * uu)));
+                    act[i] = MQ_CODE(aqc[(size_t)row * I + i]) * asx[row];
+                }
+                cbad += mq_codes_bad(aq, act, actref, I, asx[row], 0x1p-7), cn += I;
             } else {
                 memcpy(act, actref, (size_t)I * 8);
             }
@@ -2901,7 +2911,7 @@ static void test_moe_qffn(loom_cuda_dt dt, loom_cuda_qfmt f, int T, int E, int K
     void *dv[] = {d_x, d_lg, d_wt, d_sel, d_off, d_perm, d_inv, d_tiles, d_gu, d_act, d_y, d_r, d_xq, d_aq, d_xsx, d_asx};
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) cudaFree(dv[i]);
     mq_free(&mgu), mq_free(&md);
-    free(xf), free(x), free(lg), free(sel), free(inv), free(wt), free(xsx), free(asx), free(r), free(xq), free(aqc);
+    free(xf), free(x), free(lg), free(sel), free(inv), free(wt), free(xsx), free(asx), free(r), free(xq), free(aqc), free(gud);
     free(xin), free(gu), free(act), free(actref), free(ref), free(out), free(xr);
 }
 
