@@ -379,6 +379,7 @@ static void cb_destroy(void *self) {
     cudaFree(b->img_pairs_dev);
     cudaFree(b->work);
     cudaFree(b->moe_work);
+    cudaFree(b->moe_qwork);
     cudaFree(b->weights);
     cudaFree(b->rope_cs);
     cudaFree(b->rope_cs_local);

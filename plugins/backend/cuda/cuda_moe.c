@@ -120,6 +120,8 @@ static loom_status cb_moe_experts(cuda_backend *b, int32_t T, int32_t l, const i
     const int P = T * K;
     cudaStream_t s = b->stream;
     loom_status st;
+    if (cb_moe_q_routed(ly)) /* quantized experts: cuda_moe_quant.c */
+        return cb_moe_qexperts(b, T, l, P <= CB_MOE_GEMV_PAIRS || b->cfg.batch_invariant, rows, err);
     if (P <= CB_MOE_GEMV_PAIRS || b->cfg.batch_invariant) {
         *rows = NULL;
         if ((st = cb_moe_launch(b, loom_cuda_moe_gemv(b->dt, b->xn, K, b->moe_sel, ly->wgu_exps, P, 2 * I, H,
@@ -164,7 +166,8 @@ loom_status cb_moe_ffn(cuda_backend *b, int32_t T, int32_t l, loom_error *err) {
                             "routing", l, err)) ||
         (st = cb_moe_experts(b, T, l, &rows, err)))
         return st;
-    if (ly->wgu_sh &&
+    if (cb_moe_q_shared(ly) && (st = cb_moe_qshared(b, T, l, err))) return st;
+    if (ly->wgu_sh && !cb_moe_q_shared(ly) &&
         ((st = cb_moe_rc(b,
                          loom_cuda_gemm_run(b->gemm, b->dt, 0, T, 2 * S, H, b->xn, ly->wgu_sh, b->gu, s, msg,
                                             sizeof msg),
@@ -176,6 +179,6 @@ loom_status cb_moe_ffn(cuda_backend *b, int32_t T, int32_t l, loom_error *err) {
         return st;
     return cb_moe_launch(b,
                          loom_cuda_moe_combine(b->dt, b->r, b->moe_y, rows, b->moe_wt, T, K, H,
-                                               ly->wgu_sh ? b->moe_ysh : NULL, b->xn, ly->sh_gate, s),
+                                               ly->sh_gate ? b->moe_ysh : NULL, b->xn, ly->sh_gate, s),
                          "expert combine", l, err);
 }
