@@ -1123,11 +1123,12 @@ static double step_flops(const loom_model_config *c, double tokens, double attn_
 }
 
 /* layers > 0: the shape cut to that many layers (named so in the rows);
- * qb: a quantizer the backend loads with (NULL: bf16), qlabel its rows'
- * tag and wbytes the bytes of one quantized linear weight. */
-static bool run_model_q(const backend *be, const char *shape, int layers, int decode_batch, int decode_ctx,
-                        int prefill_tokens, int iters, const loom_quant_binding *qb, const char *qlabel,
-                        double wbytes) {
+ * batches: the decode batch sizes run on one load; qb: a quantizer the
+ * backend loads with (NULL: bf16), qlabel its rows' tag and wbytes the bytes
+ * of one quantized linear weight. */
+static bool run_model_q(const backend *be, const char *shape, int layers, const int *batches, int nbatch,
+                        int decode_ctx, int prefill_tokens, int iters, const loom_quant_binding *qb,
+                        const char *qlabel, double wbytes) {
     loom_model_load_opts o = {.format = "dummy", .dummy_shape = shape, .seed = 1,
                               .dummy_dtype = LOOM_DTYPE_BF16, .num_layers_override = layers};
     char label[64];
@@ -1148,7 +1149,8 @@ static bool run_model_q(const backend *be, const char *shape, int layers, int de
     int max_seq_tokens = decode_ctx + iters + 16 > prefill_tokens ? decode_ctx + iters + 16
                                                                   : prefill_tokens;
     const int per_seq = (max_seq_tokens + bs - 1) / bs;
-    const int nseq_max = decode_batch > 1 ? decode_batch : 1;
+    int nseq_max = 1;
+    for (int i = 0; i < nbatch; i++) nseq_max = batches[i] > nseq_max ? batches[i] : nseq_max;
     const char *ov[] = {"cuda_graphs=true", "max_batched_tokens=4096", NULL};
     void *cfg = gpu_config_make(be->comp, ov), *inst = NULL;
     loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = bs,
@@ -1165,8 +1167,9 @@ static bool run_model_q(const backend *be, const char *shape, int layers, int de
     }
     printf("  %s: loaded in %.1f s\n", shape, now_s() - t0);
     /* decode: prefill the contexts (in chunks), then time single-token steps */
-    if (decode_batch > 0) {
-        const int b = decode_batch;
+    for (int bi = 0; bi < nbatch; bi++) {
+        const int b = batches[bi];
+        if (b <= 0) continue;
         for (int done = 0; done < decode_ctx;) {
             int n = decode_ctx - done < 2048 / b ? decode_ctx - done : 2048 / b;
             step_build(&sb, b, done, n, per_seq, bs, c->vocab_size);
@@ -1217,7 +1220,7 @@ out:
 
 static bool run_model(const backend *be, const char *shape, int layers, int decode_batch, int decode_ctx,
                       int prefill_tokens, int iters) {
-    return run_model_q(be, shape, layers, decode_batch, decode_ctx, prefill_tokens, iters, NULL, NULL, 2.0);
+    return run_model_q(be, shape, layers, &decode_batch, 1, decode_ctx, prefill_tokens, iters, NULL, NULL, 2.0);
 }
 
 /* --moe-quant: the Mixtral-8x7B shape cut to `layers` layers with every
@@ -1253,7 +1256,8 @@ static int run_moe_quant(const backend *be, const char *dir, int layers) {
             failed++;
         } else {
             const loom_quant_binding qb = {.struct_size = sizeof qb, .ops = ops, .self = self, .name = qs[i].label};
-            failed += !run_model_q(be, "mixtral-8x7b", layers, 1, 512, 2048, 100, &qb, qs[i].label, qs[i].wbytes);
+            static const int one = 1;
+            failed += !run_model_q(be, "mixtral-8x7b", layers, &one, 1, 512, 2048, 100, &qb, qs[i].label, qs[i].wbytes);
             ops->destroy(self);
         }
         free(cfg);
@@ -1277,12 +1281,13 @@ int main(int argc, char **argv) {
                 "  --attention     the decode attention rows only (bf16 and E4M3 caches)\n"
                 "  --layer CTX     one whole decode layer (norms, linears, RoPE, attention over CTX keys, SwiGLU)\n"
                 "                  in a CUDA graph, every format; bf16 also with each small kernel left out\n"
-                "  --moe LAYERS    the Mixtral-8x7B shape cut to LAYERS layers only: batch-1 and batch-8 decode at\n"
-                "                  512 tokens of context (bytes: the weights the tokens' experts read) and a\n"
-                "                  2048-token prefill\n"
-                "  --moe-quant LAYERS  that shape in bf16, then quantized by each quantizer (int8 w8a16, int8 w8a8,\n"
-                "                  fp8, int4 g128; from --quantizer-dir DIR, default plugins/quantizer): batch-1\n"
-                "                  decode and a 2048-token prefill each\n");
+                "  --moe LAYERS    a mixture-of-experts dummy shape (bf16) cut to LAYERS layers only, loaded once:\n"
+                "                  batch-1 and batch-8 decode at 512 tokens of context (bytes: the weights the\n"
+                "                  tokens' experts read) and a 2048-token prefill\n"
+                "  --moe-shape S   that shape: mixtral-8x7b (default) or qwen3-30b-a3b\n"
+                "  --moe-quant LAYERS  the Mixtral-8x7B shape in bf16, then quantized by each quantizer (int8 w8a16,\n"
+                "                  int8 w8a8, fp8, int4 g128; from --quantizer-dir DIR, default plugins/quantizer):\n"
+                "                  batch-1 decode and a 2048-token prefill each\n");
         return argc < 2 ? 2 : 0;
     }
     const char *out_path = argv[1];
@@ -1290,6 +1295,7 @@ int main(int argc, char **argv) {
     bool quick = false, components_only = false, quant_only = false, attention_only = false;
     int quant_m = 0, layer_ctx = 0, moe_layers = 0, moe_quant_layers = 0;
     const char *quant_dir = "plugins/quantizer";
+    const char *moe_shape = "mixtral-8x7b";
     int failed = 0;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -1301,6 +1307,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--moe") && i + 1 < argc) moe_layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--moe-quant") && i + 1 < argc) moe_quant_layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quantizer-dir") && i + 1 < argc) quant_dir = argv[++i];
+        else if (!strcmp(argv[i], "--moe-shape") && i + 1 < argc) moe_shape = argv[++i];
         else so = argv[i];
     }
     struct cudaDeviceProp prop;
@@ -1367,8 +1374,8 @@ engine:;
             goto write;
         }
         if (moe_layers > 0) { /* --moe LAYERS: that only */
-            failed += !run_model(&be, "mixtral-8x7b", moe_layers, 1, 512, 2048, 100);
-            failed += !run_model(&be, "mixtral-8x7b", moe_layers, 8, 512, 0, 50);
+            static const int moe_batches[2] = {1, 8};
+            failed += !run_model_q(&be, moe_shape, moe_layers, moe_batches, 2, 512, 2048, 100, NULL, NULL, 2.0);
             goto write;
         }
         failed += !run_model(&be, "smollm2-135m", 0, 1, 512, 0, quick ? 50 : 200);

@@ -642,6 +642,19 @@ cudaError_t loom_cuda_moe_combine(loom_cuda_dt dt, void *r, const void *y, const
                                   const float *wt, int T, int K, int H, const void *ysh, const void *xn,
                                   const float *sh_gate, cudaStream_t s);
 
+/* Few pairs without a shared expert (batch-1 decode), two launches instead
+ * of gate|up GEMVs, SwiGLU, down GEMVs and the combine:
+ * loom_cuda_moe_gemv_swiglu: act[p, :I] (dt) = silu(g) u per pair, g and u
+ * the rows n and I + n of W_{sel[p]} (E, 2I, K) dotted with x[p / div]
+ * (float32, not rounded between); K % 8 == 0, div <= 32768.
+ * loom_cuda_moe_gemv_combine: r[t, :H] (dt) = sum_j wt[t K + j]
+ * (act[t K + j] . rows of W_{sel[t K + j]} (E, H, I)), float32 throughout,
+ * one rounding; I % 8 == 0. Each token's result is the same at any T. */
+cudaError_t loom_cuda_moe_gemv_swiglu(loom_cuda_dt dt, const void *x, int div, const int32_t *sel,
+                                      const void *w, int P, int I, int K, void *act, cudaStream_t s);
+cudaError_t loom_cuda_moe_gemv_combine(loom_cuda_dt dt, const void *act, const int32_t *sel, const float *wt,
+                                       const void *w, int T, int K, int H, int I, void *r, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

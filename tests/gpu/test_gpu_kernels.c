@@ -2610,11 +2610,15 @@ static void test_moe_group(int P, int E, int mode) {
 }
 
 /* The routed FFN for T tokens as the backend runs it — route, then either
- * the per-pair GEMVs or group + grouped GEMMs, SwiGLU between, combine
- * (with a shared expert of width S when S > 0) — against float64 over the
- * same dt inputs, with the device's routing and its dt roundings of gu,
- * act and the expert outputs mirrored. */
-static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int S, int mode, bool gemv) {
+ * the per-pair GEMVs (gemv 1) or group + grouped GEMMs (0), SwiGLU between,
+ * combine (with a shared expert of width S when S > 0) — against float64
+ * over the same dt inputs, with the device's routing and its dt roundings
+ * of gu, act and the expert outputs mirrored. gemv 2: the fused pair
+ * (loom_cuda_moe_gemv_swiglu, loom_cuda_moe_gemv_combine: only act is
+ * rounded; no shared expert). */
+static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int S, int mode, int gemv) {
+    if (gemv == 2 && S) return; /* the fused pair has no shared expert */
+    const bool fused = gemv == 2;
     const int P = T * K, mt = loom_cuda_moe_max_tiles(P, E);
     float *xf = malloc((size_t)T * H * 4), *wguf = malloc((size_t)E * 2 * I * H * 4);
     float *wdf = malloc((size_t)E * H * I * 4), *ysf = malloc((size_t)T * H * 4), *gate = malloc((size_t)H * 4);
@@ -2633,7 +2637,10 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
     void *d_gu = dev_poison((size_t)P * 2 * I * 2), *d_act = dev_poison((size_t)P * I * 2);
     void *d_y = dev_poison((size_t)P * H * 2), *d_r = dev_poison((size_t)T * H * 2);
     CK(loom_cuda_moe_route(d_lg, T, E, K, 1, d_sel, d_wt, 0));
-    if (gemv) {
+    if (fused) {
+        CK(loom_cuda_moe_gemv_swiglu(dt, d_x, K, d_sel, d_wgu, P, I, H, d_act, 0));
+        CK(loom_cuda_moe_gemv_combine(dt, d_act, d_sel, d_wt, d_wd, T, K, H, I, d_r, 0));
+    } else if (gemv) {
         CK(loom_cuda_moe_gemv(dt, d_x, K, d_sel, d_wgu, P, 2 * I, H, d_gu, 0));
         CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
         CK(loom_cuda_moe_gemv(dt, d_act, 1, d_sel, d_wd, P, H, I, d_y, 0));
@@ -2643,7 +2650,8 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
         CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
         CK(loom_cuda_moe_gemm(dt, d_act, NULL, 1, d_wd, d_tiles, mt, H, I, d_y, 0));
     }
-    CK(loom_cuda_moe_combine(dt, d_r, d_y, gemv ? NULL : d_inv, d_wt, T, K, H, S ? d_ysh : NULL, d_x, d_gate, 0));
+    if (!fused)
+        CK(loom_cuda_moe_combine(dt, d_r, d_y, gemv ? NULL : d_inv, d_wt, T, K, H, S ? d_ysh : NULL, d_x, d_gate, 0));
     CK(cudaDeviceSynchronize());
     int32_t *sel = malloc((size_t)P * 4);
     float *wt = malloc((size_t)P * 4);
@@ -2666,13 +2674,13 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
             for (int n = 0; n < 2 * I; n++) {
                 double s = 0;
                 for (int k = 0; k < H; k++) s += (double)xr[k] * wguf[((size_t)e * 2 * I + n) * H + k];
-                gu[n] = from16(dt, to16(dt, (float)s));
+                gu[n] = fused ? s : from16(dt, to16(dt, (float)s));
             }
             for (int i = 0; i < I; i++) act[i] = from16(dt, to16(dt, (float)(gu[i] / (1.0 + exp(-gu[i])) * gu[I + i])));
             for (int h = 0; h < H; h++) {
                 double s = 0;
                 for (int i = 0; i < I; i++) s += act[i] * wdf[((size_t)e * H + h) * I + i];
-                ref[h] += wt[(size_t)t * K + j] * from16(dt, to16(dt, (float)s));
+                ref[h] += wt[(size_t)t * K + j] * (fused ? s : from16(dt, to16(dt, (float)s)));
             }
         }
         if (S) {
@@ -2686,7 +2694,8 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
     }
     static const char *const modes[4] = {"uniform", "ties", "one-expert", "idle-experts"};
     char name[160];
-    snprintf(name, sizeof name, "moe ffn %s %s T=%d E=%d K=%d I=%d H=%d%s %s", dtn(dt), gemv ? "gemv" : "grouped", T, E,
+    snprintf(name, sizeof name, "moe ffn %s %s T=%d E=%d K=%d I=%d H=%d%s %s", dtn(dt),
+             fused ? "gemv+swiglu, gemv+combine" : gemv ? "gemv" : "grouped", T, E,
              K, I, H, S ? " +shared" : "", modes[mode]);
     report(name, &a, TOL16);
     void *dv[] = {d_x, d_wgu, d_wd, d_ysh, d_gate, d_lg, d_wt, d_sel, d_off, d_perm, d_inv, d_tiles, d_gu, d_act, d_y, d_r};
@@ -2974,13 +2983,14 @@ static void test_moe_all(void) {
     }
     const loom_cuda_dt dts[2] = {LOOM_CUDA_BF16, LOOM_CUDA_F16};
     for (int di = 0; di < 2; di++)
-        for (int gemv = 0; gemv < 2; gemv++) {
+        for (int gemv = 0; gemv < 3; gemv++) {
             const loom_cuda_dt dt = dts[di];
             test_moe_ffn(dt, 1, 8, 2, 256, 128, 0, 0, gemv);
             test_moe_ffn(dt, 3, 16, 8, 64, 72, 48, 1, gemv);
             test_moe_ffn(dt, 17, 8, 1, 40, 200, 0, 2, gemv);
             test_moe_ffn(dt, 300, 8, 2, 136, 64, 32, 3, gemv);
             test_moe_ffn(dt, 130, 60, 4, 96, 256, 0, 0, gemv);
+            test_moe_ffn(dt, 2, 128, 8, 768, 2048, 0, 1, gemv); /* Qwen3-30B-A3B's widths */
         }
     test_moe_ffn(LOOM_CUDA_BF16, 64, 8, 2, 1024, 512, 0, 0, false);
     test_moe_q_all();
@@ -3364,6 +3374,8 @@ int main(int argc, char **argv) {
         test_rope_kv_norm(LOOM_CUDA_BF16, kv, 16, 8, 128, 7, false, true);
         test_rope_kv_norm(LOOM_CUDA_BF16, kv, 9, 3, 64, 4, true, false);
         test_rope_kv_norm(LOOM_CUDA_BF16, kv, 4, 2, 16, 3, false, true);
+        test_rope_kv_norm(LOOM_CUDA_BF16, kv, 32, 4, 128, 1, false, true); /* Qwen3-30B-A3B, a decode step */
+        test_rope_kv_norm(LOOM_CUDA_BF16, kv, 32, 4, 128, 9, false, true);
     }
     test_rope_kv_e4m3_exact(LOOM_CUDA_BF16);
     test_rope_kv_e4m3_exact(LOOM_CUDA_F16);
