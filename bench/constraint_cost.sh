@@ -3,29 +3,35 @@
 # decode step: N requests (default 64) decoding together, OUT_LEN tokens each,
 # with no constraint (EOS ignored), held to bench/data/people-schema.json
 # (60 people: longer than OUT_LEN tokens, so every request runs its OUT_LEN tokens
-# and the batch stays whole), and held to it with whole rows to the host
-# (engine.device_sampling=false: the mask applied by the sampler, the
-# pre-2.4 path). Greedy. Runs interleaved, REPEAT rounds; one JSON,
+# and the batch stays whole), the same with masks cached by whole parse states
+# only (plain: constraint.mask_cut_keys=false, the path before cut keys), and
+# held to it with whole rows to the host (engine.device_sampling=false: the
+# mask applied by the sampler, the pre-2.4 path). Greedy. Runs interleaved,
+# REPEAT rounds; one JSON,
 # $LOOM_RESULTS/<hw>-constraint-cost-smollm2.json (bench/record.py).
 #
 #   CONFIG    a SmolLM2 pipeline (default configs/gpu/smollm2.yaml: the real
 #             tokenizer is needed; the grammar constraint is added with --set)
 # Environment: LB (build dir, default build), N (64), IN (128), OUT_LEN (256),
-#   REPEAT (2), OUT_DIR (raw JSON and logs, default /tmp/out/constraint).
+#   REPEAT (2), MODES (default "free masked plain host"), OUT_DIR (raw JSON
+#   and logs, default /tmp/out/constraint).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 LB=${LB:-build}
 CFG=${1:-configs/gpu/smollm2.yaml}
 N=${N:-64}; IN=${IN:-128}; OUT_LEN=${OUT_LEN:-256}; REPEAT=${REPEAT:-2}
+MODES=${MODES:-free masked plain host}
 O=${OUT_DIR:-/tmp/out/constraint}
 mkdir -p "$O"
 common=(--num-requests "$N" --input-len "$IN" --output-len "$OUT_LEN" --warmup 8 --no-progress
         --set constraint.plugin=grammar --set "scheduler.max_num_seqs=$N")
 schema=(--constraint json_schema --constraint-text @bench/data/people-schema.json)
-declare -A args=([free]="" [masked]="${schema[*]}" [host]="${schema[*]} --set engine.device_sampling=false")
+declare -A args=([free]="" [masked]="${schema[*]}" [plain]="${schema[*]} --set constraint.mask_cut_keys=false"
+                 [host]="${schema[*]} --set engine.device_sampling=false")
+for k in $MODES; do [ -n "${args[$k]+x}" ] || { echo "constraint_cost: unknown mode '$k' (free masked plain host)"; exit 2; }; done
 for r in $(seq 1 "$REPEAT"); do
-  for k in free masked host; do
+  for k in $MODES; do
     # shellcheck disable=SC2086
     "$LB/cli/loom" bench "$CFG" "${common[@]}" ${args[$k]} --json "$O/$k-$r.json" > "$O/$k-$r.log" 2>&1 \
       || { echo "constraint_cost: $k run $r failed:"; tail -5 "$O/$k-$r.log"; exit 1; }
@@ -33,7 +39,7 @@ for r in $(seq 1 "$REPEAT"); do
   done
 done
 recs=()
-for k in free masked host; do for r in $(seq 1 "$REPEAT"); do recs+=(--bench "$k-$r=$O/$k-$r.json"); done; done
+for k in $MODES; do for r in $(seq 1 "$REPEAT"); do recs+=(--bench "$k-$r=$O/$k-$r.json"); done; done
 python3 bench/record.py '{hw}-constraint-cost-smollm2' "${recs[@]}" \
-  --what "decode with a JSON-schema constraint vs none: $N requests x $IN in / $OUT_LEN out, greedy; free = no constraint, masked = masks computed while the GPU runs and applied in the device top-k, host = whole rows masked by the sampler" \
-  --command "bench/constraint_cost.sh $CFG (N=$N IN=$IN OUT_LEN=$OUT_LEN REPEAT=$REPEAT)"
+  --what "decode with a JSON-schema constraint vs none: $N requests x $IN in / $OUT_LEN out, greedy; free = no constraint, masked = masks computed while the GPU runs and applied in the device top-k (cut keys), plain = the same with masks cached by whole parse states only (constraint.mask_cut_keys=false), host = whole rows masked by the sampler" \
+  --command "bench/constraint_cost.sh $CFG (N=$N IN=$IN OUT_LEN=$OUT_LEN REPEAT=$REPEAT MODES='$MODES')"

@@ -13,12 +13,18 @@
  * SEQS matchers (one thread, one shared mask cache of CACHE entries, the
  * plugin's default 256), then each matcher takes the lowest allowed token
  * (a stand-in for a greedy model: sequences mostly agree) or, one time in
- * ten, a uniformly drawn one (so they drift apart). Prints the batch's mask
- * time per step (mean, p50, p90, worst), the cache's hit rate, and the
- * same for the first and second half of the steps.
+ * ten, a uniformly drawn one (so they drift apart). Runs twice in lockstep,
+ * caching by whole parse states only (before cut keys) and with cut keys,
+ * the masks compared (exit 1 when they differ). With --docs each sequence
+ * instead writes its own document of the people schema's shape (random
+ * names, ages, cities, tags; compact or indented), token by token as the
+ * tokenizer splits it: sequences at different places, as a model's
+ * greedy answers to different prompts are. Prints each one's mask time
+ * per step (mean, p50, p90, worst), its cache's hit rate, and the same for
+ * the first and second half of the steps.
  *
  * Usage: constraint_mask PIPELINE.yaml [STEPS] [--no-cache]
- *        constraint_mask PIPELINE.yaml --batch SCHEMA.json SEQS STEPS [CACHE]
+ *        constraint_mask PIPELINE.yaml --batch SCHEMA.json SEQS STEPS [CACHE] [--docs]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,60 +119,137 @@ static void report(const char *what, double *t, int n, int64_t hits, int64_t mis
            hits + misses ? 100.0 * hits / (hits + misses) : 0, (long long)hits, (long long)(hits + misses));
 }
 
-/* --batch: SEQS matchers of one schema, every step all their masks. */
-static int batch(const loom_vocab_view *v, int32_t eog, const char *path, int seqs, int steps, int entries) {
+/* --docs: a document of bench/data/people-schema.json's shape for sequence
+ * `seq`, as a model might write it: 60 people with names, ages, cities
+ * and tags drawn at random, compact or indented (by seq), tokenized by
+ * the model's tokenizer. */
+static int next_int(uint64_t *r, int k) {
+    *r = *r * 6364136223846793005ull + 1442695040888963407ull;
+    return (int)((*r >> 33) % (uint64_t)k);
+}
+
+static int32_t *people_doc(loom_engine *e, int seq, int32_t *n) {
+    static const char *const first[] = {"Ada", "Alan", "Grace", "Linus", "Marie", "Niels", "Emmy", "Kurt", "Rosalind",
+                                        "Sofia", "Jean", "Hedy", "Claude", "Barbara", "Tim", "Katherine"};
+    static const char *const last[] = {"Lovelace", "Turing", "Hopper", "Curie", "Bohr", "Noether", "Godel", "Franklin",
+                                       "Kovalevskaya", "Lamarr", "Shannon", "Liskov", "Lee", "Johnson"};
+    static const char *const city[] = {"Paris", "Rome", "Oslo", "Lima"};
+    static const char *const tag[] = {"math", "poetry", "physics", "chess", "music", "code", "art", "history",
+                                      "biology", "film", "travel", "cooking"};
+    uint64_t r = 0x9E3779B97F4A7C15ull * (uint64_t)(seq + 1);
+    const bool pretty = seq % 2;
+    const char *nl = pretty ? "\n  " : "", *nl2 = pretty ? "\n    " : "", *sep = pretty ? "," : ", ";
+    char *doc = malloc(1 << 16);
+    size_t at = 0;
+    int f, l, age, c;
+    at += (size_t)sprintf(doc + at, "[");
+    for (int p = 0; p < 60; p++) {
+        char name[64];
+        f = next_int(&r, 16), l = next_int(&r, 14), age = 18 + next_int(&r, 80), c = next_int(&r, 4);
+        snprintf(name, sizeof name, "%s %s", first[f], last[l]);
+        name[16] = 0; /* maxLength 16 */
+        at += (size_t)sprintf(doc + at, "%s%s{%s\"name\": \"%s\"%s%s\"age\": %d%s%s\"city\": \"%s\"%s%s\"tags\": [",
+                              p ? sep : "", nl, nl2, name, sep, nl2, age, sep, nl2, city[c], sep, nl2);
+        for (int t = 0, nt = next_int(&r, 4); t < nt; t++)
+            at += (size_t)sprintf(doc + at, "%s\"%s\"", t ? ", " : "", tag[next_int(&r, 12)]);
+        at += (size_t)sprintf(doc + at, "]%s}", pretty ? "\n  " : "");
+    }
+    sprintf(doc + at, "%s]", pretty ? "\n" : "");
+    int32_t *ids = NULL;
+    loom_error err = {0};
+    if (loom_engine_tokenize(e, doc, false, &ids, n, &err) != LOOM_OK) *n = 0;
+    free(doc);
+    return ids;
+}
+
+/* --batch: SEQS matchers of one schema, every step all their masks, twice
+ * in lockstep: with whole parse states as cache keys only (`plain`, the
+ * path before cut keys) and with cut keys (`cut`), each with its own cache
+ * and matchers, the two masks compared bit for bit. */
+static int batch(loom_engine *e, const loom_vocab_view *v, int32_t eog, const char *path, int seqs, int steps, int entries,
+                 bool docs) {
     size_t len;
     char *schema = slurp(path, &len), why[512], *gbnf = NULL;
     if (!schema) return fprintf(stderr, "cannot read %s\n", path), 1;
     gram_limits lim = {1 << 20, 1000000, 64, 512, 256, 1000};
-    gram_compiled c = {.vocab = v, .lim = lim};
+    gram_compiled c[2] = {{.vocab = v, .lim = lim, .plain_keys = true}, {.vocab = v, .lim = lim}};
+    static const char *const mode[2] = {"plain keys (before)", "cut keys (after)"};
     vtrie *trie;
     if (vtrie_build(v, &trie, why, sizeof why) != LOOM_OK ||
         gram_schema_to_gbnf(schema, len, &lim, &gbnf, why, sizeof why) != LOOM_OK ||
-        gram_parse(gbnf, strlen(gbnf), &lim, &c.g, why, sizeof why) != LOOM_OK)
+        gram_parse(gbnf, strlen(gbnf), &lim, &c[0].g, why, sizeof why) != LOOM_OK)
         return fprintf(stderr, "%s\n", why), 1;
-    c.trie = trie;
-    c.cache = entries > 0 ? mask_cache_new(entries, v->size) : NULL;
-    gmatch **m = calloc((size_t)seqs, sizeof *m);
-    uint64_t *rng = calloc((size_t)seqs, sizeof *rng);
-    double *t = calloc((size_t)steps, sizeof *t);
-    uint32_t *mask = malloc(LOOM_MASK_WORDS(v->size) * 4);
-    for (int i = 0; i < seqs; i++) {
-        rng[i] = 1000003u * (uint64_t)(i + 1);
-        if (gmatch_new(&c, &m[i], why, sizeof why) != LOOM_OK) return fprintf(stderr, "%s\n", why), 1;
+    c[1].g = c[0].g;
+    gmatch **m[2];
+    double *t[2];
+    int64_t h0[2] = {0}, m0[2] = {0}, h1[2] = {0}, m1[2] = {0};
+    for (int k = 0; k < 2; k++) {
+        c[k].trie = trie;
+        c[k].cache = entries > 0 ? mask_cache_new(entries, v->size) : NULL;
+        m[k] = calloc((size_t)seqs, sizeof *m[k]);
+        t[k] = calloc((size_t)steps, sizeof *t[k]);
+        for (int i = 0; i < seqs; i++)
+            if (gmatch_new(&c[k], &m[k][i], why, sizeof why) != LOOM_OK) return fprintf(stderr, "%s\n", why), 1;
     }
+    uint64_t *rng = calloc((size_t)seqs, sizeof *rng);
+    const size_t words = LOOM_MASK_WORDS(v->size);
+    uint32_t *mask = malloc(words * 4), *other = malloc(words * 4);
+    for (int i = 0; i < seqs; i++) rng[i] = 1000003u * (uint64_t)(i + 1);
+    int32_t **doc = calloc((size_t)seqs, sizeof *doc), *doc_n = calloc((size_t)seqs, sizeof *doc_n);
+    for (int i = 0; docs && i < seqs; i++)
+        if (!(doc[i] = people_doc(e, i, &doc_n[i]))) return fprintf(stderr, "cannot tokenize a document\n"), 1;
+    long refused = 0;
     int n = 0, live = seqs;
+    long differ = 0;
     double accept = 0;
-    int64_t h0 = 0, m0 = 0, h1 = 0, m1 = 0;
     for (; n < steps && live > 0; n++) {
-        if (n == steps / 2 && c.cache) mask_cache_stats(c.cache, &h0, &m0);
-        double step = 0;
+        for (int k = 0; k < 2; k++)
+            if (n == steps / 2 && c[k].cache) mask_cache_stats(c[k].cache, &h0[k], &m0[k]);
         live = 0;
         for (int i = 0; i < seqs; i++) {
-            if (gmatch_terminated(m[i]) || gmatch_can_end(m[i])) continue;
+            if (gmatch_terminated(m[0][i]) || gmatch_can_end(m[0][i])) continue;
+            for (int k = 1; k >= 0; k--) { /* cut keys first: the plain walk's memo must not warm it */
+                double t0 = now();
+                if (gmatch_fill_mask(m[k][i], k ? mask : other, why, sizeof why) != LOOM_OK)
+                    return fprintf(stderr, "%s\n", why), 1;
+                t[k][n] += now() - t0;
+            }
+            differ += memcmp(mask, other, words * 4) != 0;
+            int32_t tok = docs ? (n < doc_n[i] ? doc[i][n] : -1) : pick_token(mask, v->size, eog, &rng[i]);
+            if (docs && tok >= 0 && !((mask[tok >> 5] >> (tok & 31)) & 1u)) refused++, tok = -1;
             double t0 = now();
-            if (gmatch_fill_mask(m[i], mask, why, sizeof why) != LOOM_OK) return fprintf(stderr, "%s\n", why), 1;
-            step += now() - t0;
-            int32_t tok = pick_token(mask, v->size, eog, &rng[i]);
-            t0 = now();
-            bool ok = tok >= 0 && gmatch_accept_token(m[i], tok);
+            bool ok = tok >= 0 && gmatch_accept_token(m[1][i], tok);
             accept += now() - t0;
+            ok = ok && gmatch_accept_token(m[0][i], tok);
             live += ok;
         }
-        t[n] = step;
     }
-    if (c.cache) mask_cache_stats(c.cache, &h1, &m1);
-    printf("%d sequences, people-style schema %s, mask cache %d entries\n", seqs, path, entries);
-    report("first half", t, n / 2, h0, m0);
-    report("second half", t + n / 2, n - n / 2, h1 - h0, m1 - m0);
-    report("all", t, n, h1, m1);
+    printf("%d sequences, people-style schema %s, %s, mask cache %d entries; masks differing between the modes: %ld\n",
+           seqs, path, docs ? "each writing its own document (--docs)" : "lowest allowed token, 1 in 10 uniform", entries,
+           differ);
+    if (refused) printf("REFUSED: %ld document tokens not in their mask\n", refused);
+    for (int i = 0; i < seqs; i++) free(doc[i]);
+    free(doc), free(doc_n);
+    for (int k = 0; k < 2; k++) {
+        char what[96];
+        if (c[k].cache) mask_cache_stats(c[k].cache, &h1[k], &m1[k]);
+        snprintf(what, sizeof what, "%s, first half", mode[k]);
+        report(what, t[k], n / 2, h0[k], m0[k]);
+        snprintf(what, sizeof what, "%s, second half", mode[k]);
+        report(what, t[k] + n / 2, n - n / 2, h1[k] - h0[k], m1[k] - m0[k]);
+        snprintf(what, sizeof what, "%s, all", mode[k]);
+        report(what, t[k], n, h1[k], m1[k]);
+    }
     printf("accepting the sampled tokens: %.3f ms per step (all sequences)\n", n ? accept / n * 1e3 : 0);
-    for (int i = 0; i < seqs; i++) gmatch_free(m[i]);
-    free(m), free(rng), free(t), free(mask), free(schema), free(gbnf);
-    gram_free(&c.g);
-    mask_cache_free(c.cache);
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < seqs; i++) gmatch_free(m[k][i]);
+        free(m[k]), free(t[k]);
+        mask_cache_free(c[k].cache);
+    }
+    free(rng), free(mask), free(other), free(schema), free(gbnf);
+    gram_free(&c[0].g);
     vtrie_free(trie);
-    return 0;
+    return differ != 0 || refused != 0;
 }
 
 int main(int argc, char **argv) {
@@ -178,7 +261,8 @@ int main(int argc, char **argv) {
     int32_t eog = 2; /* SmolLM2's <|im_end|> */
     loom_vocab_view v = {sizeof v, loom_engine_vocab_size(e), e, piece, &eog, 1};
     if (argc > 5 && !strcmp(argv[2], "--batch")) {
-        int rc = batch(&v, eog, argv[3], atoi(argv[4]), atoi(argv[5]), argc > 6 ? atoi(argv[6]) : 256);
+        bool docs = !strcmp(argv[argc - 1], "--docs");
+        int rc = batch(e, &v, eog, argv[3], atoi(argv[4]), atoi(argv[5]), argc > 6 + docs ? atoi(argv[6]) : 256, docs);
         loom_engine_destroy(e);
         return rc;
     }

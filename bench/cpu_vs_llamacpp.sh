@@ -26,6 +26,13 @@ reps=${REPEATS:-3}
 all=$(nproc)
 lb=$dir/build-$ver/bin/llama-bench
 
+# the table at the end reads the file with gguf-py and measures memcpy
+# bandwidth with numpy: say so now, not after minutes of benchmarks
+python3 -c 'import numpy' 2>/dev/null || {
+  echo "cpu_vs_llamacpp.sh: python3 has no numpy (pip install numpy)" >&2
+  exit 1
+}
+
 if [ ! -x "$lb" ]; then
   mkdir -p "$dir"
   sdist=$dir/llama_cpp_python-$ver.tar.gz

@@ -21,6 +21,13 @@
 #               a CPU smoke run points both at a tiny CPU pipeline and sets
 #               NO_GPU_SETS=1 (no cuda backend keys)
 #   OUT         raw per-case JSON and logs (default /tmp/out/throughput)
+#   RESULT, LABEL  the results file ({hw}-RESULT.json, default
+#               throughput-llama3-8b) and the model named in its 'what'
+#               (default "Llama-3-8B shape"): a mixture-of-experts run sets
+#               BF16_CONFIG=configs/gpu/qwen3-30b-a3b-dummy.yaml,
+#               RESULT=throughput-qwen3-30b-a3b and LABEL
+#   EXTRA_SETS  more `--set k=v` for every case, e.g. "model.layers=8"
+#               (space-separated k=v)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -29,6 +36,8 @@ MAX_SEQS=${MAX_SEQS:-512}
 BF16_CONFIG=${BF16_CONFIG:-configs/gpu/llama3-8b-dummy.yaml}
 FP8_CONFIG=${FP8_CONFIG:-configs/gpu/llama3-8b-fp8.yaml}
 O=${OUT:-/tmp/out}/throughput
+export RESULT=${RESULT:-throughput-llama3-8b}
+LABEL=${LABEL:-Llama-3-8B shape}
 mkdir -p "$O"
 cases=("$@")
 [ ${#cases[@]} -gt 0 ] || for d in bf16 fp8; do
@@ -46,6 +55,7 @@ for c in "${cases[@]}"; do
   esac
   sets+=(--set "scheduler.max_num_seqs=$MAX_SEQS" --set scheduler.max_batched_tokens=8192)
   [ -n "${NO_GPU_SETS:-}" ] || sets+=(--set "backend.max_graph_batch=$MAX_SEQS" --set cache.memory_fraction=0.9)
+  for kv in ${EXTRA_SETS:-}; do sets+=(--set "$kv"); done
   name="$dtype-$in-$out"
   echo "=== $name: $n requests, $MAX_SEQS sequences a step ($cfg)"
   if "$LB/cli/loom" bench "$cfg" "${sets[@]}" --num-requests "$n" --input-len "$in" --output-len "$out" \
@@ -59,7 +69,7 @@ done
 
 [ ${#rows[@]} -gt 0 ] || { echo "bench/throughput.sh: no case ran"; exit 1; }
 python3 - "$O" "$MAX_SEQS" "${rows[@]}" <<'PY'
-import json, sys
+import json, os, sys
 # TensorRT-LLM's perf-overview table, Llama-3.1-8B FP8 on one H200 (output tok/s)
 trt = {(128, 128): 27911, (128, 2048): 26221, (1000, 1000): 17744, (2048, 2048): 12194}
 out, max_seqs = sys.argv[1], int(sys.argv[2])
@@ -73,7 +83,8 @@ for spec in sys.argv[3:]:
            "tpot_p50_ms": round(r["TPOT_p50_ms"], 3), "wall_s": round(r["wall_time_s"], 3),
            "outside_steps_s": round(r["wall_time_s"] - r["step_seconds"], 3),
            "steps_by_kind": r.get("steps_by_kind", {})}
-    ref = trt.get((int(i), int(o))) if dtype == "fp8" else None
+    llama = os.environ["RESULT"] == "throughput-llama3-8b"  # TensorRT-LLM's figure is of that model
+    ref = trt.get((int(i), int(o))) if dtype == "fp8" and llama else None
     if ref:
         row["trtllm_h200_fp8_output_tok_s"] = ref
         row["ratio_to_trtllm"] = round(r["output_tokens_s_tok_s"] / ref, 3)
@@ -87,12 +98,14 @@ PY
 # one entry per case (--merge keeps the other cases' entries and their commits)
 cmd="bench/throughput.sh"
 [ "$MAX_SEQS" = 512 ] || cmd="MAX_SEQS=$MAX_SEQS $cmd"
+[ "$RESULT" = throughput-llama3-8b ] || cmd="RESULT=$RESULT LABEL='$LABEL' BF16_CONFIG=$BF16_CONFIG $cmd"
+[ -z "${EXTRA_SETS:-}" ] || cmd="EXTRA_SETS='$EXTRA_SETS' $cmd"
 args=()
 for r in "${rows[@]}"; do
   IFS=: read -r dtype in out n _ <<< "$r"
   args+=(--json "$dtype-$in-$out=$O/$dtype-$in-$out.row.json")
 done
-python3 bench/record.py "{hw}-throughput-llama3-8b" --merge \
-  --what "offline throughput, trtllm-bench shape (fixed lengths, EOS ignored, all at once), Llama-3-8B shape dummy weights, bf16 and FP8 weights + FP8 KV, vs TensorRT-LLM's H200 table; one entry per DTYPE-IN-OUT case, measured by '$cmd DTYPE:IN:OUT:REQUESTS'" \
+python3 bench/record.py "{hw}-$RESULT" --merge \
+  --what "offline throughput, trtllm-bench shape (fixed lengths, EOS ignored, all at once), $LABEL dummy weights, bf16 and FP8 weights + FP8 KV, vs TensorRT-LLM's H200 table (Llama-3.1-8B FP8); one entry per DTYPE-IN-OUT case, measured by '$cmd DTYPE:IN:OUT:REQUESTS'" \
   --command "$cmd" "${args[@]}"
 [ $failed = 0 ]

@@ -40,6 +40,7 @@
 #include "cuda_kernels.h"
 #include "qgemm.h" /* lc_gemm_set_fp8_vec, lc_qgemm_fp8_count: the FP8 GEMM's fallback for comparison */
 #include "loom/backend.h"
+#include "loom/quant.h"
 #include "gpu_util.h"
 #include "model/model.h"
 #include "plugin/host.h"
@@ -1101,13 +1102,17 @@ static double ffn_elems(const loom_model_config *c, double experts) {
  * (of a mixture of experts, the experts nseq tokens choose: at most
  * nseq x experts per token — the active weights at batch 1), the embedding
  * rows, and the K/V of the context. */
+/* Bytes a linear weight takes (2: bf16; quantized runs set it for their
+ * format: run_model_q). */
+static double g_wbytes = 2.0;
+
 static double decode_bytes(const loom_model_config *c, int nseq, int ctx) {
     const double H = c->hidden_size, V = c->vocab_size;
     const double QD = (double)c->num_heads * c->head_dim, KVD = (double)c->num_kv_heads * c->head_dim;
     double used = (double)nseq * c->num_experts_used;
     if (used > c->num_experts) used = c->num_experts;
     const double lin = H * (QD + 2 * KVD) + QD * H + ffn_elems(c, used);
-    return 2.0 * (lin * c->num_layers + V * H) + 2.0 * 2.0 * KVD * c->num_layers * (double)ctx * nseq;
+    return g_wbytes * lin * c->num_layers + 2.0 * V * H + 2.0 * 2.0 * KVD * c->num_layers * (double)ctx * nseq;
 }
 static double step_flops(const loom_model_config *c, double tokens, double attn_pairs) {
     const double H = c->hidden_size, V = c->vocab_size;
@@ -1117,14 +1122,20 @@ static double step_flops(const loom_model_config *c, double tokens, double attn_
            4.0 * attn_pairs * c->num_heads * c->head_dim * c->num_layers;
 }
 
-/* layers > 0: the shape cut to that many layers (named so in the rows). */
-static bool run_model(const backend *be, const char *shape, int layers, int decode_batch, int decode_ctx,
-                      int prefill_tokens, int iters) {
+/* layers > 0: the shape cut to that many layers (named so in the rows);
+ * batches: the decode batch sizes run on one load; qb: a quantizer the
+ * backend loads with (NULL: bf16), qlabel its rows' tag and wbytes the bytes
+ * of one quantized linear weight. */
+static bool run_model_q(const backend *be, const char *shape, int layers, const int *batches, int nbatch,
+                        int decode_ctx, int prefill_tokens, int iters, const loom_quant_binding *qb,
+                        const char *qlabel, double wbytes) {
     loom_model_load_opts o = {.format = "dummy", .dummy_shape = shape, .seed = 1,
                               .dummy_dtype = LOOM_DTYPE_BF16, .num_layers_override = layers};
     char label[64];
-    if (layers > 0) snprintf(label, sizeof label, "%s (%d layers)", shape, layers);
-    else snprintf(label, sizeof label, "%s", shape);
+    if (layers > 0) snprintf(label, sizeof label, "%s (%d layers)%s%s", shape, layers, qlabel ? " " : "",
+                             qlabel ? qlabel : "");
+    else snprintf(label, sizeof label, "%s%s%s", shape, qlabel ? " " : "", qlabel ? qlabel : "");
+    g_wbytes = qb ? wbytes : 2.0;
     loom_model *m = NULL;
     loom_error e = {0};
     loom_status st = loom_model_load(&o, &m, &e);
@@ -1138,7 +1149,8 @@ static bool run_model(const backend *be, const char *shape, int layers, int deco
     int max_seq_tokens = decode_ctx + iters + 16 > prefill_tokens ? decode_ctx + iters + 16
                                                                   : prefill_tokens;
     const int per_seq = (max_seq_tokens + bs - 1) / bs;
-    const int nseq_max = decode_batch > 1 ? decode_batch : 1;
+    int nseq_max = 1;
+    for (int i = 0; i < nbatch; i++) nseq_max = batches[i] > nseq_max ? batches[i] : nseq_max;
     const char *ov[] = {"cuda_graphs=true", "max_batched_tokens=4096", NULL};
     void *cfg = gpu_config_make(be->comp, ov), *inst = NULL;
     loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = bs,
@@ -1149,14 +1161,15 @@ static bool run_model(const backend *be, const char *shape, int layers, int deco
     char name[96];
     double t0 = now_s();
     if ((st = be->ops->create(loom_host_default(), cfg, &inst, &e)) ||
-        (st = be->ops->load(inst, view, NULL, &e)) || (st = be->ops->kv_alloc(inst, &kvl, &e))) {
+        (st = be->ops->load(inst, view, qb, &e)) || (st = be->ops->kv_alloc(inst, &kvl, &e))) {
         printf("  %s: backend setup failed: %s\n", shape, e.message);
         goto out;
     }
     printf("  %s: loaded in %.1f s\n", shape, now_s() - t0);
     /* decode: prefill the contexts (in chunks), then time single-token steps */
-    if (decode_batch > 0) {
-        const int b = decode_batch;
+    for (int bi = 0; bi < nbatch; bi++) {
+        const int b = batches[bi];
+        if (b <= 0) continue;
         for (int done = 0; done < decode_ctx;) {
             int n = decode_ctx - done < 2048 / b ? decode_ctx - done : 2048 / b;
             step_build(&sb, b, done, n, per_seq, bs, c->vocab_size);
@@ -1205,6 +1218,53 @@ out:
     return ok;
 }
 
+static bool run_model(const backend *be, const char *shape, int layers, int decode_batch, int decode_ctx,
+                      int prefill_tokens, int iters) {
+    return run_model_q(be, shape, layers, &decode_batch, 1, decode_ctx, prefill_tokens, iters, NULL, NULL, 2.0);
+}
+
+/* --moe-quant: the Mixtral-8x7B shape cut to `layers` layers with every
+ * linear weight but the embedding / LM head quantized by each quantizer of
+ * DIR in turn (int8 W8A16, int8 W8A8, fp8, int4 groups of 128), after the
+ * bf16 run: batch-1 decode (per-pair GEMVs over the chosen experts) and a
+ * 2048-token prefill (the grouped GEMM). */
+static int run_moe_quant(const backend *be, const char *dir, int layers) {
+    static const struct {
+        const char *name, *label, *ov;
+        double wbytes;
+    } qs[4] = {{"int8", "int8-w8a16", "mode=w8a16", 1.0},
+               {"int8", "int8-w8a8", "mode=w8a8", 1.0},
+               {"fp8", "fp8", "scales=per_channel", 1.0},
+               {"int4", "int4-g128", "group_size=128", 0.5 + 8.0 / 128}};
+    int failed = !run_model(be, "mixtral-8x7b", layers, 1, 512, 2048, 100);
+    for (int i = 0; i < 4; i++) {
+        char path[1024];
+        void *lib = NULL;
+        snprintf(path, sizeof path, "%s/%s/loom-quantizer-%s.so", dir, qs[i].name, qs[i].name);
+        const loom_component *comp = gpu_plugin_find(&lib, path, LOOM_KIND_QUANTIZER, qs[i].name);
+        if (!comp) {
+            printf("  cannot load quantizer %s from %s\n", qs[i].name, path);
+            failed++;
+            continue;
+        }
+        const loom_quant_ops *ops = comp->ops;
+        const char *ov[] = {qs[i].ov, NULL};
+        void *cfg = gpu_config_make(comp, ov), *self = NULL;
+        loom_error e = {0};
+        if (ops->create(loom_host_default(), cfg, &self, &e)) {
+            printf("  quantizer %s: %s\n", qs[i].label, e.message);
+            failed++;
+        } else {
+            const loom_quant_binding qb = {.struct_size = sizeof qb, .ops = ops, .self = self, .name = qs[i].label};
+            static const int one = 1;
+            failed += !run_model_q(be, "mixtral-8x7b", layers, &one, 1, 512, 2048, 100, &qb, qs[i].label, qs[i].wbytes);
+            ops->destroy(self);
+        }
+        free(cfg);
+    }
+    return failed;
+}
+
 /* -------------------------------------------------------------------- main */
 
 int main(int argc, char **argv) {
@@ -1221,15 +1281,21 @@ int main(int argc, char **argv) {
                 "  --attention     the decode attention rows only (bf16 and E4M3 caches)\n"
                 "  --layer CTX     one whole decode layer (norms, linears, RoPE, attention over CTX keys, SwiGLU)\n"
                 "                  in a CUDA graph, every format; bf16 also with each small kernel left out\n"
-                "  --moe LAYERS    the Mixtral-8x7B shape cut to LAYERS layers only: batch-1 and batch-8 decode at\n"
-                "                  512 tokens of context (bytes: the weights the tokens' experts read) and a\n"
-                "                  2048-token prefill\n");
+                "  --moe LAYERS    a mixture-of-experts dummy shape (bf16) cut to LAYERS layers only, loaded once:\n"
+                "                  batch-1 and batch-8 decode at 512 tokens of context (bytes: the weights the\n"
+                "                  tokens' experts read) and a 2048-token prefill\n"
+                "  --moe-shape S   that shape: mixtral-8x7b (default) or qwen3-30b-a3b\n"
+                "  --moe-quant LAYERS  the Mixtral-8x7B shape in bf16, then quantized by each quantizer (int8 w8a16,\n"
+                "                  int8 w8a8, fp8, int4 g128; from --quantizer-dir DIR, default plugins/quantizer):\n"
+                "                  batch-1 decode and a 2048-token prefill each\n");
         return argc < 2 ? 2 : 0;
     }
     const char *out_path = argv[1];
     const char *so = LOOM_CUDA_BACKEND_DEFAULT;
     bool quick = false, components_only = false, quant_only = false, attention_only = false;
-    int quant_m = 0, layer_ctx = 0, moe_layers = 0;
+    int quant_m = 0, layer_ctx = 0, moe_layers = 0, moe_quant_layers = 0;
+    const char *quant_dir = "plugins/quantizer";
+    const char *moe_shape = "mixtral-8x7b";
     int failed = 0;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -1239,6 +1305,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quant-m") && i + 1 < argc) quant_m = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layer") && i + 1 < argc) layer_ctx = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--moe") && i + 1 < argc) moe_layers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--moe-quant") && i + 1 < argc) moe_quant_layers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quantizer-dir") && i + 1 < argc) quant_dir = argv[++i];
+        else if (!strcmp(argv[i], "--moe-shape") && i + 1 < argc) moe_shape = argv[++i];
         else so = argv[i];
     }
     struct cudaDeviceProp prop;
@@ -1256,7 +1325,7 @@ int main(int argc, char **argv) {
         goto write;
     }
     if (attention_only) goto attention;
-    if (moe_layers > 0) goto engine;
+    if (moe_layers > 0 || moe_quant_layers > 0) goto engine;
     printf("  quantized linear layers (one Llama-3-8B layer: QKV, O, gate/up, down):\n");
     if (quant_m > 0) { /* --quant-m M: that M only */
         bench_quant(quant_m);
@@ -1300,9 +1369,13 @@ engine:;
         failed = 1;
     } else {
         be.ops = be.comp->ops;
+        if (moe_quant_layers > 0) { /* --moe-quant LAYERS: that only */
+            failed += run_moe_quant(&be, quant_dir, moe_quant_layers);
+            goto write;
+        }
         if (moe_layers > 0) { /* --moe LAYERS: that only */
-            failed += !run_model(&be, "mixtral-8x7b", moe_layers, 1, 512, 2048, 100);
-            failed += !run_model(&be, "mixtral-8x7b", moe_layers, 8, 512, 0, 50);
+            static const int moe_batches[2] = {1, 8};
+            failed += !run_model_q(&be, moe_shape, moe_layers, moe_batches, 2, 512, 2048, 100, NULL, NULL, 2.0);
             goto write;
         }
         failed += !run_model(&be, "smollm2-135m", 0, 1, 512, 0, quick ? 50 : 200);

@@ -73,6 +73,11 @@ void loom_cpu_add_rmsnorm(float *y, float *x, const float *r, const float *w, in
 void loom_cpu_swiglu(float *out, const float *gate, int64_t ldg, const float *up, int64_t ldu,
                      int64_t T, int64_t I, loom_cpu_pool *pool);
 
+/* y[i] = e^x[i] for i < n (y may equal x), with the vector exp the softmax
+ * of attention and SwiGLU use (kernels/cpu/vexp.h: within 2 ulp of e^x,
+ * e^0 = 1, e^-inf = 0, overflow to inf, NaN kept). */
+void loom_cpu_exp(float *y, const float *x, int64_t n);
+
 /* GeGLU with tanh GELU: out[t,i] = gelu(gate[t,i]) * up[t,i],
  * gelu(g) = g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (PyTorch's
  * approximate="tanh"). Shapes as loom_cpu_swiglu. */

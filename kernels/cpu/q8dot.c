@@ -39,6 +39,22 @@ void loom_cpu_q8_quantize_portable(const float *x, int64_t K, void *buf, loom_cp
     *out = (loom_cpu_q8){.q = q, .d = d, .s = s};
 }
 
+size_t loom_cpu_q8g_bytes(int64_t K) { return LOOM_CPU_Q8_G * loom_cpu_q8_bytes(K); }
+
+void loom_cpu_q8g_pack(const loom_cpu_q8 *x, int mr, int64_t K, void *buf, loom_cpu_q8g *out) {
+    const int64_t nb = K / LOOM_CPU_Q8_BLOCK;
+    int8_t *q = buf;
+    float *d = (float *)(q + LOOM_CPU_Q8_G * K), *s = d + LOOM_CPU_Q8_G * nb;
+    for (int64_t b = 0; b < nb; b++)
+        for (int t = 0; t < LOOM_CPU_Q8_G; t++) {
+            const loom_cpu_q8 *xt = &x[t < mr ? t : 0];
+            memcpy(q + (LOOM_CPU_Q8_G * b + t) * 32, xt->q + 32 * b, 32);
+            d[LOOM_CPU_Q8_G * b + t] = xt->d[b];
+            s[LOOM_CPU_Q8_G * b + t] = xt->s[b];
+        }
+    *out = (loom_cpu_q8g){.q = q, .d = d, .s = s};
+}
+
 /* ------------------------------------------------------------ portable */
 
 static void qp_q4(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out,
@@ -215,6 +231,7 @@ typedef struct qd_isa {
     loom_cpu_q8dot_fn *const *table;
     loom_cpu_q8dot2_fn *const *table2;
     loom_cpu_q8dot4_fn *const *table4;
+    loom_cpu_q8gemm_fn *const *tableg; /* NULL: none */
     loom_cpu_hdot_fn *const *htable;
     void (*quantize)(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
     int (*usable)(void);
@@ -242,14 +259,14 @@ static int qd_always(void) { return 1; }
 static const qd_isa qd_isas[] = {
 #if defined(__x86_64__) && defined(__GNUC__)
     {"avx512vnni", loom_cpu_q8dot_vnni, loom_cpu_q8dot2_vnni, loom_cpu_q8dot4_vnni,
-     loom_cpu_hdot_vnni, loom_cpu_q8_quantize_vnni, qd_has_vnni},
+     loom_cpu_q8gemm_vnni, loom_cpu_hdot_vnni, loom_cpu_q8_quantize_vnni, qd_has_vnni},
     {"avx512", loom_cpu_q8dot_avx512, loom_cpu_q8dot2_avx512, loom_cpu_q8dot4_avx512,
-     loom_cpu_hdot_avx512, loom_cpu_q8_quantize_avx512, qd_has_avx512},
+     loom_cpu_q8gemm_avx512, loom_cpu_hdot_avx512, loom_cpu_q8_quantize_avx512, qd_has_avx512},
     {"avx2", loom_cpu_q8dot_avx2, loom_cpu_q8dot2_avx2, loom_cpu_q8dot4_avx2,
-     loom_cpu_hdot_avx2, loom_cpu_q8_quantize_avx2, qd_has_avx2},
+     loom_cpu_q8gemm_avx2, loom_cpu_hdot_avx2, loom_cpu_q8_quantize_avx2, qd_has_avx2},
 #endif
     {"portable", loom_cpu_q8dot_portable, loom_cpu_q8dot2_portable, loom_cpu_q8dot4_portable,
-     loom_cpu_hdot_portable, loom_cpu_q8_quantize_portable, qd_always},
+     NULL, loom_cpu_hdot_portable, loom_cpu_q8_quantize_portable, qd_always},
 };
 
 static const qd_isa *qd_best;
@@ -322,6 +339,12 @@ loom_cpu_q8dot2_fn *loom_cpu_q8dot2(loom_dtype dtype) {
 loom_cpu_q8dot4_fn *loom_cpu_q8dot4(loom_dtype dtype) {
     const int k = qd_kind(dtype);
     return k < 0 ? NULL : qd_now()->table4[k];
+}
+
+loom_cpu_q8gemm_fn *loom_cpu_q8gemm(loom_dtype dtype) {
+    const int k = qd_kind(dtype);
+    const qd_isa *isa = qd_now();
+    return k < 0 || !isa->tableg ? NULL : isa->tableg[k];
 }
 
 loom_cpu_hdot_fn *loom_cpu_hdot(loom_dtype dtype) {

@@ -77,6 +77,39 @@ typedef void loom_cpu_q8dot4_fn(const uint8_t *row0, size_t stride, int64_t K,
  * serves has one), or NULL. */
 loom_cpu_q8dot4_fn *loom_cpu_q8dot4(loom_dtype dtype);
 
+/* ---- small batches: up to LOOM_CPU_Q8_G tokens interleaved block by block */
+
+#define LOOM_CPU_Q8_G 8        /* tokens one group holds                      */
+
+/* A group of tokens' activations, interleaved: block b of token t's codes
+ * at q + (8 b + t) 32, its scale at d[8 b + t] and its d * sum at
+ * s[8 b + t]. One pointer reaches every token, and the scales of all the
+ * tokens for one block are one vector. Tokens past the group's count
+ * repeat token 0 (computed by the kernels, never stored). */
+typedef struct loom_cpu_q8g {
+    const int8_t *q;           /* (K/32, 8, 32) codes                          */
+    const float *d;            /* (K/32, 8) block scales                       */
+    const float *s;            /* (K/32, 8) d * sum of the block's codes       */
+} loom_cpu_q8g;
+
+/* Bytes one group of K activations takes (K a multiple of 32). */
+size_t loom_cpu_q8g_bytes(int64_t K);
+
+/* Interleave mr (1..8) tokens' activations x (loom_cpu_q8_quantize's) into
+ * buf (loom_cpu_q8g_bytes(K), 4-byte aligned) and point *out into it. */
+void loom_cpu_q8g_pack(const loom_cpu_q8 *x, int mr, int64_t K, void *buf, loom_cpu_q8g *out);
+
+/* out[r * ldo + t] = row r . token t for r < nr, t < mr (1..8): nr rows of
+ * `dtype` at `stride` bytes apart against a group. Each result is bit for
+ * bit the row kernel's for that row and token (so a token's product does
+ * not depend on the batch it is in: decode and a verify step agree). */
+typedef void loom_cpu_q8gemm_fn(const uint8_t *row0, size_t stride, int64_t nr, int64_t K,
+                                const loom_cpu_q8g *x, int mr, float *out, int64_t ldo);
+
+/* The group kernel for `dtype` on this CPU, or NULL (the portable set, and
+ * the k-quants, whose row kernels serve several tokens already). */
+loom_cpu_q8gemm_fn *loom_cpu_q8gemm(loom_dtype dtype);
+
 /* 16-bit float weights kept as stored (f16, bf16; K elements of 2 bytes,
  * any K) times float activations: out[t] = row . x[t] for t < mr (1..4),
  * float32 products and sums (no activation rounding: the weights convert
@@ -118,6 +151,9 @@ extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_avx2[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_avx512[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_vnni[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_avx512[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8gemm_fn *const loom_cpu_q8gemm_avx2[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8gemm_fn *const loom_cpu_q8gemm_avx512[LOOM_CPU_Q8_NKINDS];
+extern loom_cpu_q8gemm_fn *const loom_cpu_q8gemm_vnni[LOOM_CPU_Q8_NKINDS];
 /* the 16-bit kernels of each instruction set: [0] f16, [1] bf16 */
 extern loom_cpu_hdot_fn *const loom_cpu_hdot_portable[2];
 extern loom_cpu_hdot_fn *const loom_cpu_hdot_avx2[2];

@@ -9,6 +9,7 @@
 #define QD_TABLE loom_cpu_q8dot_avx512
 #define QD_TABLE2 loom_cpu_q8dot2_avx512
 #define QD_TABLE4 loom_cpu_q8dot4_avx512
+#define QD_TABLEG loom_cpu_q8gemm_avx512
 #define QD_QUANTIZE loom_cpu_q8_quantize_avx512
 #define QD_HTABLE loom_cpu_hdot_avx512
 #include "q8dot_x86.h"

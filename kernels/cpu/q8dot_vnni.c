@@ -7,6 +7,7 @@
 #define QD_TABLE loom_cpu_q8dot_vnni
 #define QD_TABLE2 loom_cpu_q8dot2_vnni
 #define QD_TABLE4 loom_cpu_q8dot4_vnni
+#define QD_TABLEG loom_cpu_q8gemm_vnni
 #define QD_QUANTIZE loom_cpu_q8_quantize_vnni
 #define QD_HTABLE loom_cpu_hdot_vnni
 #include "q8dot_x86.h"

@@ -386,6 +386,92 @@ loom_cpu_q8dot4_fn *const QD_TABLE4[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q8_0] = qd_quad_q8_0, [LOOM_CPU_Q8_Q4_K] = qd_quad_q4_k,
     [LOOM_CPU_Q8_Q6_K] = qd_quad_q6_k, [LOOM_CPU_Q8_Q5_K] = qd_quad_q5_k};
 
+/* ------------------------------------------------ small batches (q8g) */
+
+/* One q4_0 / q4_1 row against MR (4 or 8) tokens of a q8g group: per
+ * token exactly qd_q4's operations in qd_q4's order (the products d dx of
+ * all tokens in one multiply, the offset sums of all tokens in one FMA,
+ * lane t doing what the row kernel's scalar does), so every token's result
+ * is the row kernel's bit for bit. What the interleaved group saves: one
+ * pointer for every token's codes and scales, and per block one unpack of
+ * the weights, one scale product and one offset FMA for all tokens. */
+QD_INLINE void qd_q4_g(const uint8_t *row, int64_t K, const loom_cpu_q8g *x, const int MR, float *out,
+                       const int q41) {
+    const size_t bb = q41 ? LOOM_GGUF_Q4_1_BYTES : LOOM_GGUF_Q4_0_BYTES;
+    __m256 acc[LOOM_CPU_Q8_G];
+    __m256 off8 = _mm256_setzero_ps();
+    __m128 off4 = _mm_setzero_ps();
+    for (int t = 0; t < MR; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < K / 32; b++) {
+        const uint8_t *blk = row + (size_t)b * bb;
+        const __m128 dm = qd_q4_dm(blk, q41);
+        const __m256i w = qd_nibbles16(blk + (q41 ? 4 : 2));
+        const int8_t *xq = x->q + b * (32 * LOOM_CPU_Q8_G);
+        const float *xd = x->d + b * LOOM_CPU_Q8_G, *xs = x->s + b * LOOM_CPU_Q8_G;
+        float dd[LOOM_CPU_Q8_G];
+        if (MR == 8) {
+            _mm256_storeu_ps(dd, _mm256_mul_ps(_mm256_broadcastss_ps(dm), _mm256_loadu_ps(xd)));
+            off8 = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), _mm256_loadu_ps(xs), off8);
+        } else {
+            _mm_storeu_ps(dd, _mm_mul_ps(_mm_broadcastss_ps(dm), _mm_loadu_ps(xd)));
+            off4 = _mm_fmadd_ps(_mm_broadcastss_ps(_mm_movehdup_ps(dm)), _mm_loadu_ps(xs), off4);
+        }
+        for (int t = 0; t < MR; t++) {
+            const __m256 p = _mm256_cvtepi32_ps(qd_dot(w, qd_load(xq + 32 * t)));
+            acc[t] = _mm256_fmadd_ps(p, _mm256_set1_ps(dd[t]), acc[t]);
+        }
+    }
+    float o[LOOM_CPU_Q8_G];
+    if (MR == 8) _mm256_storeu_ps(o, off8);
+    else _mm_storeu_ps(o, off4);
+    for (int t = 0; t < MR; t++) out[t] = qd_hsum(acc[t]) + o[t];
+}
+
+/* One q8_0 row against MR tokens of a q8g group: qd_q8_0's operations per
+ * token, as qd_q4_g. */
+QD_INLINE void qd_q8_0_g(const uint8_t *row, int64_t K, const loom_cpu_q8g *x, const int MR, float *out) {
+    __m256 acc[LOOM_CPU_Q8_G];
+    for (int t = 0; t < MR; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < K / 32; b++) {
+        const uint8_t *blk = row + (size_t)b * LOOM_GGUF_Q8_0_BYTES;
+        const __m256i w = qd_load(blk + 2);
+        const __m256i wa = _mm256_sign_epi8(w, w);
+        const int8_t *xq = x->q + b * (32 * LOOM_CPU_Q8_G);
+        const float *xd = x->d + b * LOOM_CPU_Q8_G;
+        float dd[LOOM_CPU_Q8_G];
+        if (MR == 8) _mm256_storeu_ps(dd, _mm256_mul_ps(_mm256_set1_ps(qd_f16(blk)), _mm256_loadu_ps(xd)));
+        else _mm_storeu_ps(dd, _mm_mul_ps(_mm_set1_ps(qd_f16(blk)), _mm_loadu_ps(xd)));
+        for (int t = 0; t < MR; t++) {
+            const __m256i xs = _mm256_sign_epi8(qd_load(xq + 32 * t), w);
+            const __m256 p = _mm256_cvtepi32_ps(qd_dot(wa, xs));
+            acc[t] = _mm256_fmadd_ps(p, _mm256_set1_ps(dd[t]), acc[t]);
+        }
+    }
+    for (int t = 0; t < MR; t++) out[t] = qd_hsum(acc[t]);
+}
+
+/* nr rows at `stride` bytes against mr (1..8) tokens of a group: four
+ * tokens' kernel up to 4, eight's above. */
+#define QD_GENTRY(name, body)                                                                     \
+    static void name(const uint8_t *r0, size_t stride, int64_t nr, int64_t K,                    \
+                     const loom_cpu_q8g *x, int mr, float *out, int64_t ldo) {                    \
+        for (int64_t r = 0; r < nr; r++) {                                                        \
+            float o[LOOM_CPU_Q8_G];                                                               \
+            if (mr <= 4) body(r0 + (size_t)r * stride, K, x, 4, o);                               \
+            else body(r0 + (size_t)r * stride, K, x, 8, o);                                       \
+            memcpy(out + r * ldo, o, (size_t)mr * sizeof(float));                                 \
+        }                                                                                         \
+    }
+#define QD_Q4_0G(r, K, x, MR, o) qd_q4_g(r, K, x, MR, o, 0)
+#define QD_Q4_1G(r, K, x, MR, o) qd_q4_g(r, K, x, MR, o, 1)
+QD_GENTRY(qd_gemm_q4_0, QD_Q4_0G)
+QD_GENTRY(qd_gemm_q4_1, QD_Q4_1G)
+QD_GENTRY(qd_gemm_q8_0, qd_q8_0_g)
+
+loom_cpu_q8gemm_fn *const QD_TABLEG[LOOM_CPU_Q8_NKINDS] = {
+    [LOOM_CPU_Q8_Q4_0] = qd_gemm_q4_0, [LOOM_CPU_Q8_Q4_1] = qd_gemm_q4_1,
+    [LOOM_CPU_Q8_Q8_0] = qd_gemm_q8_0};
+
 /* ------------------------------------------------ 16-bit float weights */
 
 /* 8 weights at p as float32: f16 through F16C, bf16 widened and shifted

@@ -7,7 +7,9 @@
  * FP8, q8 blocks for GGUF; all spread over the pool by token), then weight
  * rows are spread over the pool, by M:
  *   GGUF      at every M, each row's blocks are dotted in integers with the
- *             q8 activations (q8dot.h), 4 tokens a pass, 16-token tiles;
+ *             q8 activations (q8dot.h): 4 rows a call at M = 1; above, the
+ *             group kernel (8 tokens interleaved; q4_0, q4_1, q8_0) or 4
+ *             tokens a row call in 16-token tiles (k-quants);
  *   M <= 4    each row is decoded 32 weights at a time into vector registers
  *             and multiplied with every token (decode is the cost at batch 1,
  *             so it happens once per weight, next to the FMAs);
@@ -626,6 +628,10 @@ struct loom_cpu_qscratch {
     size_t x8_cap;     /* bytes                                             */
     loom_cpu_q8 *x8v;  /* GGUF: (M) views into x8                           */
     size_t x8v_cap;    /* entries                                           */
+    uint8_t *x8g;      /* GGUF, M > 1: (M/8 up, loom_cpu_q8g_bytes(K)) groups */
+    size_t x8g_cap;    /* bytes                                             */
+    loom_cpu_q8g *x8gv; /* GGUF, M > 1: views into x8g                      */
+    size_t x8gv_cap;   /* entries                                           */
 };
 
 loom_cpu_qscratch *loom_cpu_qscratch_create(void) {
@@ -642,6 +648,8 @@ void loom_cpu_qscratch_destroy(loom_cpu_qscratch *s) {
     free(s->panel);
     free(s->x8);
     free(s->x8v);
+    free(s->x8g);
+    free(s->x8gv);
     free(s);
 }
 
@@ -671,6 +679,8 @@ typedef struct ql_job {
     const float *smooth;       /* INT8 / FP8 W8A8: smoothing vector, or NULL    */
     uint8_t *x8buf;            /* GGUF: (M, loom_cpu_q8_bytes(K)) or NULL       */
     loom_cpu_q8 *x8;           /* GGUF: (M) q8 activations of each token        */
+    uint8_t *x8gbuf;           /* GGUF, M > 1: the groups' bytes, or NULL       */
+    loom_cpu_q8g *x8g;         /* GGUF, M > 1: tokens 8g.. interleaved, or NULL */
     int64_t M, K;
     float beta;
     int nparts;
@@ -785,11 +795,17 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
     }
 }
 
-/* GGUF: rows [n0, n1) of w dotted with the q8 activations (q8dot.h), up to
- * LOOM_CPU_Q8_MR tokens a call. Tokens go in tiles of QL_Q8_TILE_M (their
- * codes ~10 KiB at K 576, in L1) with the rows inside, so a row is read
- * once a tile and the activations once a row from L1, not L2. */
+/* GGUF: rows [n0, n1) of w dotted with the q8 activations (q8dot.h).
+ * Batch 1 through the one-, two- and four-row kernels; more tokens through
+ * the group kernel where the type has one (q4_0, q4_1, q8_0): the rows go
+ * in panels of ~12 KiB (in L1), and every group of 8 tokens passes over a
+ * panel before the next, so each weight row is read from L2 or memory
+ * once a call and unpacked once a group. Other types: up to
+ * LOOM_CPU_Q8_MR tokens a call, tokens in tiles of QL_Q8_TILE_M (their
+ * codes ~10 KiB at K 576, in L1) with the rows inside. */
 #define QL_Q8_TILE_M 16
+#define QL_Q8_PANEL_BYTES 12288
+#define QL_Q8_PANEL_MAX 64
 
 /* `rows` rows' bytes toward the cache while the current ones are dotted.
  * The hardware prefetcher alone left a batch-1 GEMV at 5-7 GB/s on the dev
@@ -797,12 +813,23 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
  * did not overlap. One call ahead (0.7-2.4 KB on SmolLM2's rows) took the
  * 49152 x 576 q8_0 LM head from 5.2 to 2.0 ms and the q4_1 rows from 2.9
  * to 2.1 ns a block; 512 bytes ahead was too late, 2 KB and more no
- * better or worse. */
-QL_INLINE void ql_prefetch_rows(const uint8_t *row, size_t stride, int rows, size_t bytes) {
-    for (int r = 0; r < rows; r++)
-        for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(row + (size_t)r * stride + o);
-}
+ * better or worse. `locality` is __builtin_prefetch's (3: prefetcht0, 1:
+ * prefetcht2). */
+#define ql_prefetch_rows(row, stride, rows, bytes, locality)                                       \
+    do {                                                                                           \
+        for (int r_ = 0; r_ < (rows); r_++)                                                        \
+            for (size_t o_ = 0; o_ < (bytes); o_ += 64)                                            \
+                __builtin_prefetch((row) + (size_t)r_ * (stride) + o_, 0, locality);               \
+    } while (0)
 
+/* Batch 1 prefetches the rows about this many bytes ahead of the ones being
+ * dotted, with prefetcht2. On a 2-core Zen 4 (AVX-512) machine the rows one
+ * call ahead with prefetcht0 (above) stalled: ~16% of a decode step sat on
+ * prefetch instructions waiting for miss buffers, and SmolLM2's 30 layers
+ * + LM head took 10.3-11.9 ms a token at one thread (microbenchmark, best
+ * of 30, interleaved runs); 4-9 KB ahead with prefetcht2 took 7.3-9.0 ms
+ * (16-32 KB ahead: 10.4-11.9; prefetcht1 at 6 KB: 9.0-10.0). */
+#define QL_PF_AHEAD_BYTES 6144
 QL_INLINE void ql_q8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t n0, int64_t n1,
                           int64_t col, const float *bias) {
     loom_cpu_q8dot_fn *dot = loom_cpu_q8dot(w->dtype);
@@ -810,11 +837,14 @@ QL_INLINE void ql_q8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t n0
         loom_cpu_q8dot4_fn *dot4 = loom_cpu_q8dot4(w->dtype);
         loom_cpu_q8dot2_fn *dot2 = loom_cpu_q8dot2(w->dtype);
         const size_t rs = w->row_stride;
+        /* rows ahead: a multiple of 4, at least one call */
+        const int64_t ahead = ((int64_t)(QL_PF_AHEAD_BYTES / (rs ? rs : 1)) + 3) & ~(int64_t)3;
+        const int64_t pa = ahead < 4 ? 4 : ahead;
         int64_t n = n0;
         for (; n + 3 < n1; n += 4) {
             float o[4];
             const uint8_t *row = w->data + (size_t)n * rs;
-            if (n + 7 < w->n) ql_prefetch_rows(row + 4 * rs, rs, 4, w->row_bytes);
+            if (n + pa + 3 < w->n) ql_prefetch_rows(row + (size_t)pa * rs, rs, 4, w->row_bytes, 1);
             dot4(row, rs, j->K, j->x8, o);
             for (int c = 0; c < 4; c++)
                 ql_store(j, 0, col + n + c - n0, bias ? o[c] + bias[n + c - n0] : o[c]);
@@ -830,6 +860,29 @@ QL_INLINE void ql_q8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t n0
             float o[1];
             dot(w->data + (size_t)n * rs, j->K, j->x8, 1, o);
             ql_store(j, 0, col + n - n0, bias ? o[0] + bias[n - n0] : o[0]);
+        }
+        return;
+    }
+    loom_cpu_q8gemm_fn *gemm = j->x8g ? loom_cpu_q8gemm(w->dtype) : NULL;
+    if (gemm) {
+        const size_t rs = w->row_stride;
+        int64_t pr = QL_Q8_PANEL_BYTES / (int64_t)(w->row_bytes ? w->row_bytes : 1);
+        pr = pr < 4 ? 4 : pr > QL_Q8_PANEL_MAX ? QL_Q8_PANEL_MAX : pr;
+        float o[QL_Q8_PANEL_MAX * LOOM_CPU_Q8_G];
+        for (int64_t n = n0; n < n1; n += pr) {
+            const int64_t nr = n1 - n < pr ? n1 - n : pr;
+            for (int64_t m = 0; m < j->M; m += LOOM_CPU_Q8_G) {
+                const int mr = j->M - m < LOOM_CPU_Q8_G ? (int)(j->M - m) : LOOM_CPU_Q8_G;
+                gemm(w->data + (size_t)n * rs, rs, nr, j->K, &j->x8g[m / LOOM_CPU_Q8_G], mr, o,
+                     LOOM_CPU_Q8_G);
+                for (int64_t r = 0; r < nr; r++) {
+                    const float b = bias ? bias[n + r - n0] : 0.0f;
+                    for (int c = 0; c < mr; c++) {
+                        const float v = o[r * LOOM_CPU_Q8_G + c];
+                        ql_store(j, m + c, col + n + r - n0, bias ? v + b : v);
+                    }
+                }
+            }
         }
         return;
     }
@@ -859,7 +912,7 @@ QL_INLINE void ql_h_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t n0,
     const size_t rs = w->row_stride;
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = w->data + (size_t)n * rs;
-        if (n + 1 < w->n) ql_prefetch_rows(row + rs, rs, 1, w->row_bytes);
+        if (n + 1 < w->n) ql_prefetch_rows(row + rs, rs, 1, w->row_bytes, 3);
         for (int64_t m0 = 0; m0 < j->M; m0 += LOOM_CPU_Q8_MR) {
             const int mr = j->M - m0 < LOOM_CPU_Q8_MR ? (int)(j->M - m0) : LOOM_CPU_Q8_MR;
             const float *xs[LOOM_CPU_Q8_MR];
@@ -1021,6 +1074,18 @@ static void ql_prep_q8(void *ctx, int64_t b, int64_t e, int worker) {
         loom_cpu_q8_quantize(j->x + m * j->ldx, j->K, j->x8buf + (size_t)m * tb, &j->x8[m]);
 }
 
+/* GGUF groups [b, e) of 8 tokens: the q8 activations interleaved. */
+static void ql_prep_q8g(void *ctx, int64_t b, int64_t e, int worker) {
+    (void)worker;
+    const ql_job *j = ctx;
+    const size_t gb = loom_cpu_q8g_bytes(j->K);
+    for (int64_t g = b; g < e; g++) {
+        const int64_t m = g * LOOM_CPU_Q8_G;
+        const int mr = j->M - m < LOOM_CPU_Q8_G ? (int)(j->M - m) : LOOM_CPU_Q8_G;
+        loom_cpu_q8g_pack(&j->x8[m], mr, j->K, j->x8gbuf + (size_t)g * gb, &j->x8g[g]);
+    }
+}
+
 /* FP8 tokens [b, e): xf = decode(e4m3(xs / sx)), sxf = amax / 448 where
  * xs = x (or x / smooth). */
 static void ql_prep_fp8(void *ctx, int64_t b, int64_t e, int worker) {
@@ -1128,7 +1193,7 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
     /* parts that quantize x (INT8 / FP8 W8A8) with different smoothing
      * vectors quantize it differently: run them one call each */
     const float *smooth = NULL;
-    bool any_w8a8 = false, any_fp8 = false, any_act = false, any_gguf = false;
+    bool any_w8a8 = false, any_fp8 = false, any_act = false, any_gguf = false, any_g = false;
     for (int p = 0; p < nparts; p++) {
         const bool act = w[p]->format == LOOM_QFMT_INT8_W8A8 || w[p]->format == LOOM_QFMT_FP8_W8A8;
         if (act) {
@@ -1148,6 +1213,7 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
         any_w8a8 |= w[p]->format == LOOM_QFMT_INT8_W8A8;
         any_fp8 |= w[p]->format == LOOM_QFMT_FP8_W8A8;
         any_gguf |= ql_is_q8(w[p]);
+        any_g |= M > 1 && ql_is_q8(w[p]) && loom_cpu_q8gemm(w[p]->dtype);
     }
 
     ql_job j = {.y = y, .ldy = ldy, .x = x, .ldx = ldx, .smooth = smooth, .M = M, .K = w[0]->k,
@@ -1171,6 +1237,10 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
         (any_gguf && !ql_grow((void **)&s->x8, &s->x8_cap, (size_t)M * loom_cpu_q8_bytes(K), 1)) ||
         (any_gguf && !ql_grow((void **)&s->x8v, &s->x8v_cap, (size_t)M, sizeof(loom_cpu_q8))))
         return false;
+    const int64_t groups = (M + LOOM_CPU_Q8_G - 1) / LOOM_CPU_Q8_G;
+    if (any_g && (!ql_grow((void **)&s->x8g, &s->x8g_cap, (size_t)groups * loom_cpu_q8g_bytes(K), 1) ||
+                  !ql_grow((void **)&s->x8gv, &s->x8gv_cap, (size_t)groups, sizeof(loom_cpu_q8g))))
+        return false;
     j.tiles = s->tiles;
     j.sxq = s->sx;
     j.sxf = s->sx + M;
@@ -1186,6 +1256,11 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
         j.x8buf = s->x8;
         j.x8 = s->x8v;
         loom_cpu_pool_for(pool, M, 4, ql_prep_q8, &j);
+    }
+    if (any_g) {
+        j.x8gbuf = s->x8g;
+        j.x8g = s->x8gv;
+        loom_cpu_pool_for(pool, groups, 1, ql_prep_q8g, &j);
     }
     loom_cpu_pool_for(pool, N, R, ql_task, &j);
     return true;

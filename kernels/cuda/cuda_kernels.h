@@ -549,6 +549,39 @@ void loom_cuda_qgemm_set_gemv_max_m(loom_cuda_gemm *g, loom_cuda_qfmt fmt, int m
  * batch-invariant mode. The cuda backend's qgemv_tc_min_rows. */
 void loom_cuda_qgemm_set_tc_min_m(loom_cuda_gemm *g, int min_m);
 
+/* ------------------------------------------------------ quantized experts */
+
+/* The linear layers of a mixture of experts on quantized weights
+ * (moe_quant.cu; the rest of the layer is moe.cu's, below). A stacked
+ * quantized weight is E experts' (N, K) matrices in one format, each in
+ * loom_cuda_qweight's layout: expert e's data at data + e *
+ * loom_cuda_moe_qdata_bytes(w), its scales at scales + e *
+ * loom_cuda_moe_qscale_floats(w); smooth unused (NULL). Formats: INT8_W8A16,
+ * INT8_W8A8, FP8 and INT4 (not GGUF); N % 8 == 0, K % 16 == 0 (INT4: group
+ * a multiple of 32 dividing K). W8A8 / FP8 read their activations as codes
+ * xq (rows, K) and scales sx (rows) from loom_cuda_moe_quant_act (x unused),
+ * the others x (rows, K) dt (xq, sx unused). */
+int loom_cuda_moe_qweight_ok(loom_cuda_qfmt fmt, int N, int K, int group);
+size_t loom_cuda_moe_qdata_bytes(const loom_cuda_qweight *w);
+size_t loom_cuda_moe_qscale_floats(const loom_cuda_qweight *w);
+/* Whether fmt quantizes its activations: 1 int8 (W8A8), 2 e4m3 (FP8), 0 no. */
+int loom_cuda_moe_qacts(loom_cuda_qfmt fmt);
+/* Per-row activation codes for fmt (W8A8: int8, FP8: e4m3; the dense
+ * layers' arithmetic): of x (M, K) dt, or with swiglu of silu(gate) * up
+ * read from a gate|up output x (M, 2K). xq (M, K) bytes, sx (M) f32. */
+cudaError_t loom_cuda_moe_quant_act(loom_cuda_dt dt, loom_cuda_qfmt fmt, int swiglu, int M, int K,
+                                    const void *x, void *xq, float *sx, cudaStream_t s);
+/* loom_cuda_moe_gemv on a stacked quantized weight: y (P, w->N) dt, pair
+ * p's row of x / xq / sx is p / div. Only the chosen experts are read. */
+cudaError_t loom_cuda_moe_qgemv(loom_cuda_dt dt, const void *x, const void *xq, const float *sx, int div,
+                                const int32_t *sel, const loom_cuda_qweight *w, int P, void *y, cudaStream_t s);
+/* loom_cuda_moe_gemm on a stacked quantized weight (the tiles of
+ * loom_cuda_moe_group): sorted row r reads input row perm ? perm[r] / div
+ * : r of x / xq / sx; y (P, w->N) dt in sorted rows. */
+cudaError_t loom_cuda_moe_qgemm(loom_cuda_dt dt, const void *x, const void *xq, const float *sx,
+                                const int32_t *perm, int div, const loom_cuda_qweight *w, const int32_t *tiles,
+                                int max_tiles, void *y, cudaStream_t s);
+
 /* ---------------------------------------------------- mixture of experts */
 
 /* The routed FFN of a mixture-of-experts layer (moe.cu), as the cuda
@@ -608,6 +641,19 @@ cudaError_t loom_cuda_moe_gemv(loom_cuda_dt dt, const void *x, int div, const in
 cudaError_t loom_cuda_moe_combine(loom_cuda_dt dt, void *r, const void *y, const int32_t *inv,
                                   const float *wt, int T, int K, int H, const void *ysh, const void *xn,
                                   const float *sh_gate, cudaStream_t s);
+
+/* Few pairs without a shared expert (batch-1 decode), two launches instead
+ * of gate|up GEMVs, SwiGLU, down GEMVs and the combine:
+ * loom_cuda_moe_gemv_swiglu: act[p, :I] (dt) = silu(g) u per pair, g and u
+ * the rows n and I + n of W_{sel[p]} (E, 2I, K) dotted with x[p / div]
+ * (float32, not rounded between); K % 8 == 0, div <= 32768.
+ * loom_cuda_moe_gemv_combine: r[t, :H] (dt) = sum_j wt[t K + j]
+ * (act[t K + j] . rows of W_{sel[t K + j]} (E, H, I)), float32 throughout,
+ * one rounding; I % 8 == 0. Each token's result is the same at any T. */
+cudaError_t loom_cuda_moe_gemv_swiglu(loom_cuda_dt dt, const void *x, int div, const int32_t *sel,
+                                      const void *w, int P, int I, int K, void *act, cudaStream_t s);
+cudaError_t loom_cuda_moe_gemv_combine(loom_cuda_dt dt, const void *act, const int32_t *sel, const float *wt,
+                                       const void *w, int T, int K, int H, int I, void *r, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -35,6 +35,8 @@
 template <int PER>
 __global__ void lc_moe_route_kernel(const float *__restrict__ logits, int T, int E, int K, int norm,
                                     int32_t *__restrict__ sel, float *__restrict__ wt) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= T) return;
@@ -89,11 +91,10 @@ extern "C" cudaError_t loom_cuda_moe_route(const float *logits, int T, int E, in
     if (T <= 0) return cudaSuccess;
     if (E < 1 || E > LOOM_CUDA_MOE_MAX_EXPERTS || K < 1 || K > E || K > 32) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)lc_ceil_div(T, 4)), block(128);
-    if (E <= 32) lc_moe_route_kernel<1><<<grid, block, 0, s>>>(logits, T, E, K, norm, sel, wt);
-    else if (E <= 64) lc_moe_route_kernel<2><<<grid, block, 0, s>>>(logits, T, E, K, norm, sel, wt);
-    else if (E <= 128) lc_moe_route_kernel<4><<<grid, block, 0, s>>>(logits, T, E, K, norm, sel, wt);
-    else lc_moe_route_kernel<8><<<grid, block, 0, s>>>(logits, T, E, K, norm, sel, wt);
-    return cudaGetLastError();
+    if (E <= 32) return lc_launch(lc_moe_route_kernel<1>, grid, block, 0, s, logits, T, E, K, norm, sel, wt);
+    if (E <= 64) return lc_launch(lc_moe_route_kernel<2>, grid, block, 0, s, logits, T, E, K, norm, sel, wt);
+    if (E <= 128) return lc_launch(lc_moe_route_kernel<4>, grid, block, 0, s, logits, T, E, K, norm, sel, wt);
+    return lc_launch(lc_moe_route_kernel<8>, grid, block, 0, s, logits, T, E, K, norm, sel, wt);
 }
 
 /* ------------------------------------------------------------ grouping */
@@ -109,6 +110,8 @@ __global__ void __launch_bounds__(1024)
     lc_moe_group_kernel(const int32_t *__restrict__ sel, int P, int E, int32_t *__restrict__ off,
                         int32_t *__restrict__ perm, int32_t *__restrict__ inv, int32_t *__restrict__ tiles) {
     extern __shared__ int32_t sm[]; /* cnt (E), cur (E), toff (E + 1) */
+    lc_pdl_wait();
+    lc_pdl_trigger();
     int32_t *cnt = sm, *cur = sm + E, *toff = sm + 2 * E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
@@ -148,8 +151,8 @@ __global__ void __launch_bounds__(1024)
 extern "C" cudaError_t loom_cuda_moe_group(const int32_t *sel, int P, int E, int32_t *off, int32_t *perm,
                                            int32_t *inv, int32_t *tiles, cudaStream_t s) {
     if (P <= 0 || E < 1 || E > LOOM_CUDA_MOE_MAX_EXPERTS) return cudaErrorInvalidValue;
-    lc_moe_group_kernel<<<1, 1024, (size_t)(3 * E + 1) * sizeof(int32_t), s>>>(sel, P, E, off, perm, inv, tiles);
-    return cudaGetLastError();
+    return lc_launch(lc_moe_group_kernel, dim3(1), dim3(1024), (size_t)(3 * E + 1) * sizeof(int32_t), s, sel, P, E,
+                     off, perm, inv, tiles);
 }
 
 /* --------------------------------------------------------- grouped GEMM */
@@ -191,6 +194,8 @@ __global__ void __launch_bounds__(128)
     lc_moe_gemm_kernel(const T *__restrict__ x, const int32_t *__restrict__ perm, int div, const T *__restrict__ w,
                        const int32_t *__restrict__ tiles, int N, int K, T *__restrict__ y) {
     __shared__ __align__(16) lc_moe_stage<T> st[2];
+    lc_pdl_wait();
+    lc_pdl_trigger();
     const int slot = blockIdx.y;
     if (slot >= tiles[0]) return;
     const int32_t e = tiles[1 + 3 * slot], r0 = tiles[2 + 3 * slot], nrows = tiles[3 + 3 * slot];
@@ -299,9 +304,10 @@ extern "C" cudaError_t loom_cuda_moe_gemm(loom_cuda_dt dt, const void *x, const 
     if (max_tiles <= 0) return cudaSuccess;
     if (N % 8 || K % 8 || max_tiles > 65535) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)lc_ceil_div(N, LC_MOE_BN), (unsigned)max_tiles);
-    LOOM_CUDA_DISPATCH_DT(dt, lc_moe_gemm_kernel<E><<<grid, 128, 0, s>>>(
-                                  (const E *)x, perm, div, (const E *)w, tiles, N, K, (E *)y));
-    return cudaGetLastError();
+    cudaError_t e;
+    LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_moe_gemm_kernel<E>, grid, dim3(128), 0, s, (const E *)x, perm, div,
+                                            (const E *)w, tiles, N, K, (E *)y));
+    return e;
 }
 
 /* ---------------------------------------------------------------- GEMVs */
@@ -315,6 +321,8 @@ template <typename T>
 __global__ void __launch_bounds__(LC_MOE_GEMV_WARPS * 32)
     lc_moe_gemv_kernel(const T *__restrict__ x, int div, const int32_t *__restrict__ sel, const T *__restrict__ w,
                        int N, int K, T *__restrict__ y) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
     const int lane = threadIdx.x & 31, p = blockIdx.y;
     const int n = blockIdx.x * LC_MOE_GEMV_WARPS + (threadIdx.x >> 5);
     if (n >= N) return;
@@ -358,10 +366,12 @@ extern "C" cudaError_t loom_cuda_moe_gemv(loom_cuda_dt dt, const void *x, int di
         const dim3 grid((unsigned)lc_ceil_div(N, LC_MOE_GEMV_WARPS), (unsigned)n);
         const uint8_t *xc = (const uint8_t *)x + (size_t)(p0 / div) * K * elt;
         uint8_t *yc = (uint8_t *)y + (size_t)p0 * N * elt;
-        LOOM_CUDA_DISPATCH_DT(dt, lc_moe_gemv_kernel<E><<<grid, LC_MOE_GEMV_WARPS * 32, 0, s>>>(
-                                      (const E *)xc, div, sel + p0, (const E *)w, N, K, (E *)yc));
+        cudaError_t e;
+        LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_moe_gemv_kernel<E>, grid, dim3(LC_MOE_GEMV_WARPS * 32), 0, s,
+                                                (const E *)xc, div, sel + p0, (const E *)w, N, K, (E *)yc));
+        if (e != cudaSuccess) return e;
     }
-    return cudaGetLastError();
+    return cudaSuccess;
 }
 
 /* ------------------------------------------------------------- combine */
@@ -374,6 +384,8 @@ __global__ void __launch_bounds__(256)
                           const float *__restrict__ wt, int K, int H, const T *__restrict__ ysh,
                           const T *__restrict__ xn, const float *__restrict__ sh_gate) {
     __shared__ float red[32];
+    lc_pdl_wait();
+    lc_pdl_trigger();
     const int t = blockIdx.x;
     float g = 0.0f;
     if (ysh) {
@@ -405,7 +417,168 @@ extern "C" cudaError_t loom_cuda_moe_combine(loom_cuda_dt dt, void *r, const voi
                                              const float *sh_gate, cudaStream_t s) {
     if (T <= 0) return cudaSuccess;
     if (H % 8) return cudaErrorInvalidValue;
-    LOOM_CUDA_DISPATCH_DT(dt, lc_moe_combine_kernel<E><<<(unsigned)T, 256, 0, s>>>(
-                                  (E *)r, (const E *)y, inv, wt, K, H, (const E *)ysh, (const E *)xn, sh_gate));
-    return cudaGetLastError();
+    cudaError_t e;
+    LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_moe_combine_kernel<E>, dim3((unsigned)T), dim3(256), 0, s, (E *)r,
+                                            (const E *)y, inv, wt, K, H, (const E *)ysh, (const E *)xn, sh_gate));
+    return e;
+}
+
+/* ------------------------------------------- fused GEMVs (few pairs) */
+
+/* acc[r] += lane's share of x[r] . w[r] over K (8-element chunks strided
+ * by the warp, two a lane in flight per row): R rows at once, so a lane has
+ * 2R weight loads outstanding. */
+template <typename T, int R>
+__device__ __forceinline__ void lc_moe_dots(const T *const *x, const T *const *w, int K, int lane, float *acc) {
+    int c = lane * 8;
+    for (; c + 256 < K; c += 512) {
+        uint4 wa[R], wb[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) wa[r] = lc_ldg16(w[r] + c), wb[r] = lc_ldg16(w[r] + c + 256);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float xf[8], wf[8];
+            lc_unpack8<T>(lc_ldg16(x[r] + c), xf);
+            lc_unpack8<T>(wa[r], wf);
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[r] = fmaf(xf[i], wf[i], acc[r]);
+            lc_unpack8<T>(lc_ldg16(x[r] + c + 256), xf);
+            lc_unpack8<T>(wb[r], wf);
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[r] = fmaf(xf[i], wf[i], acc[r]);
+        }
+    }
+    if (c < K) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float xf[8], wf[8];
+            lc_unpack8<T>(lc_ldg16(x[r] + c), xf);
+            lc_unpack8<T>(lc_ldg16(w[r] + c), wf);
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[r] = fmaf(xf[i], wf[i], acc[r]);
+        }
+    }
+}
+
+__device__ __forceinline__ float lc_moe_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* act[p, n] = silu(g) u, g / u = x[p / div] . rows n / I + n of W_{sel[p]}
+ * (E, 2I, K): a warp per n, blockIdx.y the pair. */
+template <typename T>
+__global__ void __launch_bounds__(LC_MOE_GEMV_WARPS * 32)
+    lc_moe_gemv_swiglu_kernel(const T *__restrict__ x, int div, const int32_t *__restrict__ sel,
+                              const T *__restrict__ w, int I, int K, T *__restrict__ act) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int lane = threadIdx.x & 31, p = blockIdx.y;
+    const int n = blockIdx.x * LC_MOE_GEMV_WARPS + (threadIdx.x >> 5);
+    if (n >= I) return;
+    const T *xr = x + (size_t)(p / div) * K;
+    const T *wg = w + ((size_t)sel[p] * 2 * I + n) * K;
+    const T *xs[2] = {xr, xr}, *ws[2] = {wg, wg + (size_t)I * K};
+    float acc[2] = {0.0f, 0.0f};
+    lc_moe_dots<T, 2>(xs, ws, K, lane, acc);
+    const float g = lc_moe_warp_sum(acc[0]), u = lc_moe_warp_sum(acc[1]);
+    if (lane == 0) act[(size_t)p * I + n] = lc_from_f<T>(lc_silu_mul(g, u));
+}
+
+extern "C" cudaError_t loom_cuda_moe_gemv_swiglu(loom_cuda_dt dt, const void *x, int div, const int32_t *sel,
+                                                 const void *w, int P, int I, int K, void *act, cudaStream_t s) {
+    if (P <= 0) return cudaSuccess;
+    if (K % 8 || div < 1 || div > 32768) return cudaErrorInvalidValue;
+    const int chunk = 32768 / div * div; /* the grid height holds 65535 pairs: whole tokens a launch */
+    for (int p0 = 0; p0 < P; p0 += chunk) {
+        const int n = P - p0 < chunk ? P - p0 : chunk;
+        const dim3 grid((unsigned)lc_ceil_div(I, LC_MOE_GEMV_WARPS), (unsigned)n);
+        const uint8_t *xc = (const uint8_t *)x + (size_t)(p0 / div) * K * 2;
+        uint8_t *ac = (uint8_t *)act + (size_t)p0 * I * 2;
+        cudaError_t e;
+        LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_moe_gemv_swiglu_kernel<E>, grid, dim3(LC_MOE_GEMV_WARPS * 32), 0,
+                                                s, (const E *)xc, div, sel + p0, (const E *)w, I, K, (E *)ac));
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+/* r[t, n] = sum_j wt[t K + j] (act[t K + j] . row n of W_{sel[t K + j]})
+ * (W (E, H, I)): the down GEMVs and the combine in one. A CTA per
+ * (LC_MOE_CMB_ROWS rows n, token t = blockIdx.y); its warp w takes row
+ * w % ROWS and every (WARPS / ROWS)-th of the token's experts from w / ROWS,
+ * up to four dots in flight, so one round of loads covers Qwen3-MoE's 8
+ * experts of 768; the warps' sums meet in shared memory (a fixed order). */
+#define LC_MOE_CMB_ROWS 4
+#define LC_MOE_CMB_WARPS 8
+template <typename T>
+__global__ void __launch_bounds__(LC_MOE_CMB_WARPS * 32)
+    lc_moe_gemv_combine_kernel(const T *__restrict__ act, const int32_t *__restrict__ sel,
+                               const float *__restrict__ wt, const T *__restrict__ w, int Kx, int H, int I,
+                               T *__restrict__ r) {
+    __shared__ float red[LC_MOE_CMB_WARPS];
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.y;
+    const int n = blockIdx.x * LC_MOE_CMB_ROWS + warp % LC_MOE_CMB_ROWS;
+    const int step = LC_MOE_CMB_WARPS / LC_MOE_CMB_ROWS, p0 = t * Kx;
+    float tot = 0.0f;
+    if (n < H) {
+        int j = warp / LC_MOE_CMB_ROWS;
+        for (; j + 3 * step < Kx; j += 4 * step) {
+            const T *xs[4], *ws[4];
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int p = p0 + j + q * step;
+                xs[q] = act + (size_t)p * I, ws[q] = w + ((size_t)sel[p] * H + n) * I;
+            }
+            lc_moe_dots<T, 4>(xs, ws, I, lane, acc);
+#pragma unroll
+            for (int q = 0; q < 4; q++) tot += wt[p0 + j + q * step] * acc[q];
+        }
+        for (; j + step < Kx; j += 2 * step) {
+            const int p = p0 + j;
+            const T *xs[2] = {act + (size_t)p * I, act + (size_t)(p + step) * I};
+            const T *ws[2] = {w + ((size_t)sel[p] * H + n) * I, w + ((size_t)sel[p + step] * H + n) * I};
+            float acc[2] = {0.0f, 0.0f};
+            lc_moe_dots<T, 2>(xs, ws, I, lane, acc);
+            tot += wt[p] * acc[0] + wt[p + step] * acc[1];
+        }
+        if (j < Kx) {
+            const int p = p0 + j;
+            const T *xs[1] = {act + (size_t)p * I}, *ws[1] = {w + ((size_t)sel[p] * H + n) * I};
+            float acc[1] = {0.0f};
+            lc_moe_dots<T, 1>(xs, ws, I, lane, acc);
+            tot += wt[p] * acc[0];
+        }
+    }
+    tot = lc_moe_warp_sum(tot);
+    if (lane == 0) red[warp] = tot;
+    __syncthreads();
+    const int nn = blockIdx.x * LC_MOE_CMB_ROWS + threadIdx.x;
+    if (threadIdx.x < LC_MOE_CMB_ROWS && nn < H) {
+        float sum = 0.0f;
+        for (int q = threadIdx.x; q < LC_MOE_CMB_WARPS; q += LC_MOE_CMB_ROWS) sum += red[q];
+        r[(size_t)t * H + nn] = lc_from_f<T>(sum);
+    }
+}
+
+extern "C" cudaError_t loom_cuda_moe_gemv_combine(loom_cuda_dt dt, const void *act, const int32_t *sel,
+                                                  const float *wt, const void *w, int T, int K, int H, int I,
+                                                  void *r, cudaStream_t s) {
+    if (T <= 0) return cudaSuccess;
+    if (I % 8 || K < 1) return cudaErrorInvalidValue;
+    for (int t0 = 0; t0 < T; t0 += 32768) {
+        const int n = T - t0 < 32768 ? T - t0 : 32768;
+        const dim3 grid((unsigned)lc_ceil_div(H, LC_MOE_CMB_ROWS), (unsigned)n);
+        const size_t p0 = (size_t)t0 * K;
+        cudaError_t e;
+        LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_moe_gemv_combine_kernel<E>, grid, dim3(LC_MOE_CMB_WARPS * 32), 0,
+                                                s, (const E *)act + p0 * I, sel + p0, wt + p0, (const E *)w, K, H,
+                                                I, (E *)r + (size_t)t0 * H));
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
 }

@@ -337,6 +337,221 @@ Test(cache, shared_masks_equal_masks_from_scratch) {
     vtrie_free(trie);
 }
 
+/* ------------------------------------- cut keys against brute force */
+
+/* The synthetic vocabulary plus pieces that cross several levels of JSON's
+ * structure at once ("\"]},", "}]}"), so tokens reach the frames a cut key
+ * leaves out, and random pieces over the grammars' alphabet. */
+static const char *bf_pieces[260];
+static char bf_random[120][8];
+
+static void bf_vocab_init(cu_vocab *v) {
+    static const char *const extra[] = {"\"]},", "\"]}", "\"}]", "}]}", "\"},{\"", "\"]},\n", "\", \"", "\"],", "\"]",
+                                        "},{", "}, {", "\"}, ", "]}]", "a\"]}", "1]}", "1}", "0]}", ", \"", "\"}}",
+                                        "ab\"", "c\",", "x\"}", NULL};
+    test_rng r = {.s = 0x5eed};
+    static const char alpha[] = "\"{}[],: abcx019-.\n";
+    int32_t n = 0;
+    for (int i = 0; cu_multi[i]; i++) bf_pieces[n++] = cu_multi[i];
+    for (int i = 0; extra[i]; i++) bf_pieces[n++] = extra[i];
+    for (int i = 0; i < 120; i++) {
+        int len = 2 + (int)rng_int(&r, 5);
+        for (int j = 0; j < len; j++) bf_random[i][j] = alpha[rng_int(&r, (int64_t)sizeof alpha - 1)];
+        bf_random[i][len] = 0;
+        bf_pieces[n++] = bf_random[i];
+    }
+    bf_pieces[n] = NULL;
+    cr_assert(cf_byte_vocab_init(v, bf_pieces), "the test vocabulary fits");
+}
+
+/* A random JSON schema: strings with lengths, integers with bounds, enums,
+ * objects with required and optional members, arrays (often unrolled:
+ * minItems = maxItems) nesting them. */
+static void bf_schema(gbuf *b, test_rng *r, int depth) {
+    switch (depth >= 3 ? rng_int(r, 4) : rng_int(r, 8)) {
+    case 0:
+        if (rng_int(r, 3)) gbuf_printf(b, "{\"type\":\"string\",\"maxLength\":%d}", (int)rng_int(r, 7));
+        else gbuf_put(b, "{\"type\":\"string\"}");
+        break;
+    case 1: gbuf_printf(b, "{\"type\":\"integer\",\"minimum\":%d,\"maximum\":%d}", -(int)rng_int(r, 20), (int)rng_int(r, 200)); break;
+    case 2: gbuf_put(b, rng_int(r, 2) ? "{\"enum\":[\"ab\",\"b\\\"c\",\"x\"]}" : "{\"enum\":[1,\"a\",null]}"); break;
+    case 3: gbuf_put(b, "{\"type\":[\"boolean\",\"null\"]}"); break;
+    case 4:
+    case 5: {
+        int n = 1 + (int)rng_int(r, 3);
+        gbuf_put(b, "{\"type\":\"object\",\"additionalProperties\":false,\"properties\":{");
+        for (int i = 0; i < n; i++) {
+            gbuf_printf(b, "%s\"p%d\":", i ? "," : "", i);
+            bf_schema(b, r, depth + 1);
+        }
+        gbuf_put(b, "},\"required\":[");
+        for (int i = 0, first = 1; i < n; i++)
+            if (rng_int(r, 3)) gbuf_printf(b, "%s\"p%d\"", first ? "" : ",", i), first = 0;
+        gbuf_put(b, "]}");
+        break;
+    }
+    default: {
+        int lo = (int)rng_int(r, 4), hi = rng_int(r, 2) ? lo : lo + (int)rng_int(r, 3);
+        gbuf_printf(b, "{\"type\":\"array\",\"minItems\":%d,\"maxItems\":%d,\"items\":", lo, hi);
+        bf_schema(b, r, depth + 1);
+        gbuf_put(b, "}");
+    }
+    }
+}
+
+static void bf_repeat(gbuf *b, test_rng *r) {
+    static const char *const q[] = {"", "", "?", "*", "+", "{2}", "{0,3}", "{1,4}"};
+    gbuf_put(b, q[rng_int(r, 8)]);
+}
+
+/* A random regex: literals (quotes and JSON punctuation among them),
+ * classes, groups with alternatives, repetitions. */
+static void bf_regex(gbuf *b, test_rng *r, int depth) {
+    static const char *const atom[] = {"a", "b", "x", "0", "\"", ",", ":", " ", "\\]", "\\}", "[a-c]", "[0-9]", "[^b\"]", "."};
+    for (int i = 0, n = 1 + (int)rng_int(r, 3); i < n; i++) {
+        if (depth < 3 && rng_int(r, 3) == 0) {
+            gbuf_put(b, "(");
+            bf_regex(b, r, depth + 1);
+            if (rng_int(r, 2)) gbuf_put(b, "|"), bf_regex(b, r, depth + 1);
+            gbuf_put(b, ")");
+        } else {
+            gbuf_put(b, atom[rng_int(r, 14)]);
+        }
+        bf_repeat(b, r);
+    }
+}
+
+/* A random GBNF grammar: rules referring only to later rules (no left
+ * recursion), repeated items in unrolled lists. */
+static void bf_gbnf(gbuf *b, test_rng *r) {
+    static const char *const lit[] = {"\"[\"", "\"]\"", "\"{\"", "\"}\"", "\",\"", "\"\\\"\"", "\"ab\"", "\"x\"",
+                                      "[a-c]", "[0-9]", "[^\\\"]", "\": \""};
+    int rules = 2 + (int)rng_int(r, 4);
+    gbuf_printf(b, "root ::= \"[\" r1 (\",\" r1){%d} \"]\"\n", 1 + (int)rng_int(r, 4));
+    for (int i = 1; i < rules; i++) {
+        gbuf_printf(b, "r%d ::= ", i);
+        for (int a = 0, na = 1 + (int)rng_int(r, 3); a < na; a++) {
+            if (a) gbuf_put(b, " | ");
+            gbuf_put(b, lit[rng_int(r, 12)]); /* never empty: repetitions of it cannot loop */
+            for (int k = 0, nk = (int)rng_int(r, 3); k < nk; k++) {
+                gbuf_put(b, " ");
+                if (i + 1 < rules && rng_int(r, 2)) gbuf_printf(b, "(r%d)", i + 1 + (int)rng_int(r, rules - i - 1));
+                else gbuf_put(b, lit[rng_int(r, 12)]);
+                bf_repeat(b, r);
+            }
+        }
+        gbuf_put(b, "\n");
+    }
+}
+
+/* Every mask of random walks through a grammar, by matchers sharing one
+ * cache (cut keys on) and one with plain keys only, equal to the mask
+ * brute force gives (every token of the vocabulary run through the
+ * matcher). Returns the masks compared. */
+static int32_t bf_check(const char *lang, const char *text, const cu_vocab *v, const vtrie *trie, test_rng *r,
+                        int32_t entries, int64_t stats[3]) {
+    gram_compiled cut = {.trie = trie, .vocab = &v->view, .lim = k_lim}, plain;
+    char why[256];
+    if (gram_compile_lang(lang, text, strlen(text), &k_lim, &cut.g, why, sizeof why) != LOOM_OK) return 0;
+    cr_assert((cut.cache = mask_cache_new(entries, v->view.size)));
+    plain = cut;
+    plain.plain_keys = true;
+    cr_assert((plain.cache = mask_cache_new(entries, v->view.size)));
+    enum { SEQS = 3 };
+    gmatch *m[SEQS], *p[SEQS];
+    for (int i = 0; i < SEQS; i++) {
+        cr_assert_eq(gmatch_new(&cut, &m[i], why, sizeof why), LOOM_OK);
+        cr_assert_eq(gmatch_new(&plain, &p[i], why, sizeof why), LOOM_OK);
+    }
+    uint32_t mc[LOOM_MASK_WORDS(CF_BYTE_VOCAB_MAX)], mp[LOOM_MASK_WORDS(CF_BYTE_VOCAB_MAX)],
+        bf[LOOM_MASK_WORDS(CF_BYTE_VOCAB_MAX)];
+    int32_t compared = 0;
+    for (int step = 0; step < 80; step++) {
+        for (int i = 0; i < SEQS; i++) {
+            if (gmatch_terminated(m[i])) continue;
+            cr_assert_eq(gmatch_fill_mask(m[i], mc, why, sizeof why), LOOM_OK, "%s", why);
+            cr_assert_eq(gmatch_fill_mask(p[i], mp, why, sizeof why), LOOM_OK, "%s", why);
+            memset(bf, 0, sizeof bf);
+            for (int32_t id = 0; id < v->view.size; id++)
+                if (gmatch_token_allowed(m[i], id)) bf[id >> 5] |= 1u << (id & 31);
+            for (int32_t id = 0; id < v->view.size; id++) {
+                cr_assert_eq(cu_allowed(mc, id), cu_allowed(bf, id),
+                             "%s %s, cache %d, seq %d step %d: token %d ('%.*s') is %s by the cut-key mask", lang, text,
+                             entries, i, step, id, (int)v->lens[id], v->pieces[id] ? v->pieces[id] : "",
+                             cu_allowed(mc, id) ? "allowed" : "refused");
+                cr_assert_eq(cu_allowed(mp, id), cu_allowed(bf, id), "%s %s: plain-key mask differs at token %d",
+                             lang, text, id);
+            }
+            compared++;
+            /* the next token: multi-byte pieces half the time, so walks go deep */
+            int32_t ids[CF_BYTE_VOCAB_MAX], n = 0, multi = 0;
+            for (int32_t id = 0; id < v->view.size; id++)
+                if (cu_allowed(bf, id) && id != v->eog[0]) ids[n++] = id, multi += id >= 256;
+            int32_t t = v->eog[0];
+            if (n) {
+                bool want_multi = multi && rng_int(r, 2);
+                do t = ids[rng_int(r, n)];
+                while (want_multi && t < 256);
+            }
+            cr_assert(gmatch_accept_token(m[i], t) && gmatch_accept_token(p[i], t), "%s: token %d refused", text, t);
+        }
+    }
+    for (int i = 0; i < SEQS; i++) gmatch_free(m[i]), gmatch_free(p[i]);
+    int64_t h, mi, u;
+    mask_cache_cut_stats(cut.cache, &h, &mi, &u);
+    stats[0] += h, stats[1] += mi, stats[2] += u;
+    mask_cache_free(cut.cache);
+    mask_cache_free(plain.cache);
+    gram_free(&cut.g);
+    return compared;
+}
+
+/* Cut keys (a mask cached once for a place in a repeated item, tokens that
+ * reach below the cut walked with the whole stacks) give exactly the masks
+ * brute force gives, on random schemas, regexes and GBNF grammars, with
+ * caches from one entry to more than the states met; and the cut path is
+ * taken, hit and leaves tokens to the whole stacks somewhere among them. */
+Test(cache, cut_keys_equal_brute_force) {
+    static cu_vocab v;
+    bf_vocab_init(&v);
+    vtrie *trie;
+    char why[256];
+    cr_assert_eq(vtrie_build(&v.view, &trie, why, sizeof why), LOOM_OK);
+    test_rng r = rng_seeded("cut_keys_equal_brute_force");
+    static const int32_t entries[] = {1, 3, 16, 4096};
+    int32_t masks = 0, grammars = 0;
+    int64_t stats[3] = {0}; /* cut-key hits, cut walks, walks of tokens left to the whole stacks */
+    /* fixed cases first: the people schema's shape, a tags list reaching the item below */
+    static const char *const fixed[][2] = {
+        {"json_schema", "{\"type\":\"array\",\"minItems\":5,\"maxItems\":5,\"items\":{\"type\":\"object\","
+                        "\"additionalProperties\":false,\"required\":[\"a\",\"tags\"],\"properties\":{\"a\":{\"type\":"
+                        "\"string\",\"maxLength\":3},\"tags\":{\"type\":\"array\",\"maxItems\":2,\"items\":{\"type\":"
+                        "\"string\",\"maxLength\":2}}}}}"},
+        {"regex", "(\"[a-c]{0,3}\",){4}\"x\""},
+    };
+    for (int i = 0; i < 60 + 2; i++) {
+        gbuf b = {0};
+        const char *lang = i < 2 ? fixed[i][0] : (const char *[]){"json_schema", "regex", "gbnf"}[i % 3];
+        if (i < 2) gbuf_put(&b, fixed[i][1]);
+        else if (i % 3 == 0) bf_schema(&b, &r, 0);
+        else if (i % 3 == 1) bf_regex(&b, &r, 0);
+        else bf_gbnf(&b, &r);
+        cr_assert(!b.oom);
+        int32_t n = bf_check(lang, b.s, &v, trie, &r, entries[i % 4], stats); /* 0: did not compile */
+        masks += n;
+        grammars += n > 0;
+        free(b.s);
+    }
+    cr_assert(grammars >= 40, "only %d of the random grammars compiled", grammars);
+    cr_assert(masks > 2000, "%d masks compared", masks);
+    cr_assert(stats[0] > 100 && stats[1] > 100 && stats[2] > 10,
+              "the cut path was taken too rarely: %lld hits, %lld walks, %lld walks of tokens below the cut",
+              (long long)stats[0], (long long)stats[1], (long long)stats[2]);
+    cr_log_info("%d grammars, %d masks: cut keys %lld hits, %lld walks, %lld walks below the cut", grammars, masks,
+                (long long)stats[0], (long long)stats[1], (long long)stats[2]);
+    vtrie_free(trie);
+}
+
 /* ------------------------------------------------------- the plugin's ops */
 
 static const loom_constraint_ops *load_ops(void **dl) {

@@ -90,24 +90,24 @@ def randomize(model, gen):
                 p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
 
 
-def split_fused(name, t, n_inter, gate_first):
+def split_fused(name, t, n_inter, gate_first, hidden=HIDDEN):
     """transformers' fused expert parameters -> the Hub's per-expert names
     (gate_up_proj holds gate then up when gate_first)."""
     base = name[: -len(".gate_up_proj")] if name.endswith(".gate_up_proj") else name[: -len(".down_proj")]
     out = {}
     E = t.shape[0]
     if name.endswith(".gate_up_proj"):
-        if t.shape[1:] == (HIDDEN, 2 * n_inter):
+        if t.shape[1:] == (hidden, 2 * n_inter):
             t = t.transpose(1, 2)
-        assert t.shape[1:] == (2 * n_inter, HIDDEN), f"{name}: unexpected shape {tuple(t.shape)}"
+        assert t.shape[1:] == (2 * n_inter, hidden), f"{name}: unexpected shape {tuple(t.shape)}"
         g, u = (slice(0, n_inter), slice(n_inter, None)) if gate_first else (slice(n_inter, None), slice(0, n_inter))
         for e in range(E):
             out[f"{base}.{e}.gate_proj.weight"] = t[e, g]
             out[f"{base}.{e}.up_proj.weight"] = t[e, u]
     else:
-        if t.shape[1:] == (n_inter, HIDDEN):
+        if t.shape[1:] == (n_inter, hidden):
             t = t.transpose(1, 2)
-        assert t.shape[1:] == (HIDDEN, n_inter), f"{name}: unexpected shape {tuple(t.shape)}"
+        assert t.shape[1:] == (hidden, n_inter), f"{name}: unexpected shape {tuple(t.shape)}"
         for e in range(E):
             out[f"{base}.{e}.down_proj.weight"] = t[e]
     return out
@@ -125,7 +125,7 @@ def hub_state(model, name, cfg, gate_first):
         if cfg.tie_word_embeddings and k == "lm_head.weight":
             continue
         if k.endswith("experts.gate_up_proj") or k.endswith("experts.down_proj"):
-            out.update(split_fused(k, v, n_inter, gate_first))
+            out.update(split_fused(k, v, n_inter, gate_first, cfg.hidden_size))
             fused = True
         else:
             out[k] = v

@@ -1054,12 +1054,22 @@ static bool qplugin_open(qplugin *q, const char *dir, const char *name) {
     return q->comp != NULL;
 }
 
-/* A quantizer planning int8 for the routed experts only; its quantize()
- * is never reached (load refuses first). */
-static loom_status fq_plan_exps(void *self, const loom_model_view *m, const loom_tensor *w, loom_quant_plan *out,
-                                loom_error *err) {
+/* Quantizers whose expert plans the cuda backend must refuse; their
+ * quantize() is never reached (load refuses first): int8 for the routed
+ * experts' gate only (gate and up are one fused matrix), and int4 in
+ * groups of 48 for every expert matrix (the kernels take multiples of 32). */
+static loom_status fq_plan_gate_exps(void *self, const loom_model_view *m, const loom_tensor *w, loom_quant_plan *out,
+                                     loom_error *err) {
     (void)self, (void)m, (void)err;
-    out->format = strstr(w->name ? w->name : "", "_exps") ? LOOM_QFMT_INT8_W8A16 : LOOM_QFMT_NONE;
+    out->format = strstr(w->name ? w->name : "", "ffn_gate_exps") ? LOOM_QFMT_INT8_W8A16 : LOOM_QFMT_NONE;
+    return LOOM_OK;
+}
+static loom_status fq_plan_exps_g48(void *self, const loom_model_view *m, const loom_tensor *w, loom_quant_plan *out,
+                                    loom_error *err) {
+    (void)self, (void)m, (void)err;
+    const bool e = strstr(w->name ? w->name : "", "_exps") != NULL;
+    out->format = e ? LOOM_QFMT_INT4_W4A16 : LOOM_QFMT_NONE;
+    out->group_size = e ? 48 : 0;
     return LOOM_OK;
 }
 static loom_status fq_quantize_none(void *self, const loom_model_view *m, const loom_tensor *w,
@@ -1069,24 +1079,36 @@ static loom_status fq_quantize_none(void *self, const loom_model_view *m, const 
 }
 static void fq_release_none(void *self, loom_qtensor *q) { (void)self, (void)q; }
 
-/* What the cuda backend refuses of a mixture of experts, with a message
- * naming it: quantized expert weights. */
+/* What the cuda backend refuses of a quantized mixture of experts, with a
+ * message naming it: gate and up in different formats, an int4 group the
+ * expert kernels do not take. */
 static void test_moe_refused(const plugin *cuda_p, const shape *mixtral) {
-    static const loom_quant_ops qexps = {.struct_size = sizeof qexps, .plan = fq_plan_exps,
+    static const loom_quant_ops qgate = {.struct_size = sizeof qgate, .plan = fq_plan_gate_exps,
                                          .quantize = fq_quantize_none, .release = fq_release_none};
-    fake_model *m = fm_make(mixtral);
-    loom_quant_binding qb = {.struct_size = sizeof qb, .ops = &qexps, .self = NULL, .name = "fake-int8-exps"};
-    void *cfg = gpu_config_make(cuda_p->comp, NULL), *inst = NULL;
-    loom_error e = {0};
-    loom_status st = cuda_p->ops->create(&g_host, cfg, &inst, &e);
-    if (st == LOOM_OK) st = cuda_p->ops->load(inst, &m->view, &qb, &e);
-    const bool named = strstr(e.message, "expert weights") != NULL;
-    expect_status("moe: quantizer planning int8 for the experts -> UNSUPPORTED",
-                  st == LOOM_ERR_UNSUPPORTED && !named ? LOOM_ERR_INTERNAL : st, LOOM_ERR_UNSUPPORTED, &e);
-    if (inst) cuda_p->ops->destroy(inst);
-    free(cfg);
-    fm_free(m);
+    static const loom_quant_ops qg48 = {.struct_size = sizeof qg48, .plan = fq_plan_exps_g48,
+                                        .quantize = fq_quantize_none, .release = fq_release_none};
+    const loom_quant_ops *ops[2] = {&qgate, &qg48};
+    const char *what[2] = {"one fused matrix", "group_size a multiple of 32"};
+    const char *label[2] = {"moe: int8 for the experts' gate only (not up) -> UNSUPPORTED",
+                            "moe: int4 groups of 48 on the experts -> UNSUPPORTED"};
+    for (int i = 0; i < 2; i++) {
+        fake_model *m = fm_make(mixtral);
+        loom_quant_binding qb = {.struct_size = sizeof qb, .ops = ops[i], .self = NULL, .name = "fake-exps"};
+        void *cfg = gpu_config_make(cuda_p->comp, NULL), *inst = NULL;
+        loom_error e = {0};
+        loom_status st = cuda_p->ops->create(&g_host, cfg, &inst, &e);
+        if (st == LOOM_OK) st = cuda_p->ops->load(inst, &m->view, &qb, &e);
+        const bool named = strstr(e.message, what[i]) != NULL;
+        expect_status(label[i], st == LOOM_ERR_UNSUPPORTED && !named ? LOOM_ERR_INTERNAL : st, LOOM_ERR_UNSUPPORTED,
+                      &e);
+        if (inst) cuda_p->ops->destroy(inst);
+        free(cfg);
+        fm_free(m);
+    }
 }
+
+static void moe_quant_greedy(const plugin *cpu_p, const plugin *cuda_p, const shape *sh, const loom_quant_binding *qb,
+                             double tie);
 
 /* The whole run_shape sequence with quantizer `name` configured by
  * `overrides` on both backends: cuda's quantized kernels against the cpu
@@ -1113,6 +1135,7 @@ static void run_quant(const plugin *cpu_p, const plugin *cuda_p, const char *dir
     }
     loom_quant_binding qb = {.struct_size = sizeof qb, .ops = qp.ops, .self = self, .name = label};
     run_shape(cpu_p, cuda_p, sh, &qb, tol);
+    if (sh->moe) moe_quant_greedy(cpu_p, cuda_p, sh, &qb, tol);
     qp.ops->destroy(self);
     free(cfg);
 }
@@ -1346,6 +1369,74 @@ out:
     loom_model_free(m);
 }
 
+/* Greedy decoding of shape sh with quantizer qb on both backends: the cpu
+ * backend's 16 greedy tokens from an 8-token prompt (one token a step),
+ * then the cuda backend (CUDA graphs) fed the same tokens: its argmax at
+ * every step must be the cpu's, except where the cpu's two best logits are
+ * within `tie` (relative to the largest) — counted and printed, not failed:
+ * W8A8 / FP8 activation codes from float32 and from bf16 rows may differ. */
+static void moe_quant_greedy(const plugin *cpu_p, const plugin *cuda_p, const shape *sh, const loom_quant_binding *qb,
+                             double tie) {
+    enum { NP = 8, NG = 16 };
+    fake_model *m = fm_make(sh);
+    const int V = sh->vocab;
+    char dt_ov[32], label[128];
+    snprintf(dt_ov, sizeof dt_ov, "dtype=%s", sh->dtype ? sh->dtype : "bf16");
+    snprintf(label, sizeof label, "%s %s: %d greedy tokens cuda vs cpu", sh->name, qb->name, NG);
+    const char *ov[] = {"cuda_graphs=true", "max_batched_tokens=256", dt_ov, NULL};
+    void *cfg[2] = {gpu_config_make(cpu_p->comp, NULL), gpu_config_make(cuda_p->comp, ov)}, *inst[2] = {NULL, NULL};
+    const plugin *pl[2] = {cpu_p, cuda_p};
+    loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = BS, .num_blocks = 64, .dtype = LOOM_DTYPE_COUNT};
+    loom_error e = {0};
+    loom_status st = LOOM_OK;
+    static batch_buf bb;
+    float *lg = malloc((size_t)V * 4);
+    int32_t seq[NP + NG + 1];
+    int differ = 0, ties = 0;
+    for (int i = 0; i < 2 && !st; i++)
+        if ((st = pl[i]->ops->create(&g_host, cfg[i], &inst[i], &e)) ||
+            (st = pl[i]->ops->load(inst[i], &m->view, qb, &e)) || (st = pl[i]->ops->kv_alloc(inst[i], &kvl, &e)))
+            break;
+    if (st) {
+        printf("FAIL %s: setup: %s\n", label, e.message);
+        g_fail++;
+        goto out;
+    }
+    for (int i = 0; i < NP; i++) seq[i] = (int32_t)((i * 37 + 11) % V);
+    double gap[NG];
+    for (int k = 0; k < 2; k++) { /* k 0: the cpu's tokens; 1: cuda on them */
+        hf_batch(&bb, seq, 0, NP, false);
+        for (int s = 0; s < NG; s++) {
+            if ((st = pl[k]->ops->forward(inst[k], &bb.b, lg, &e))) {
+                printf("FAIL %s: %s step %d: %s\n", label, k ? "cuda" : "cpu", s, e.message);
+                g_fail++;
+                goto out;
+            }
+            const int a = hf_argmax(lg, V);
+            if (k == 0) {
+                int b2 = a ? 0 : 1;
+                for (int i = 0; i < V; i++) b2 = i != a && lg[i] > lg[b2] ? i : b2;
+                gap[s] = (lg[a] - lg[b2]) / (fabs(lg[a]) > 1e-30 ? fabs(lg[a]) : 1e-30);
+                seq[NP + s] = a;
+            } else if (a != seq[NP + s]) {
+                if (gap[s] < tie) ties++;
+                else differ++;
+            }
+            hf_batch(&bb, seq, NP + s, 1, false);
+        }
+    }
+    printf("%s %-64s %d differ (%d more at near-ties < %.0e)\n", differ ? "FAIL" : "PASS", label, differ, ties, tie);
+    if (differ) g_fail++;
+    else g_pass++;
+out:
+    for (int i = 0; i < 2; i++) {
+        if (inst[i]) pl[i]->ops->destroy(inst[i]);
+        free(cfg[i]);
+    }
+    free(lg);
+    fm_free(m);
+}
+
 /* Mixtures of experts: Mixtral-like (8 experts, top-2, renormalised)
  * and Qwen2-MoE-like (QKV bias; 16 experts, top-4, not renormalised,
  * a shared expert behind its sigmoid gate). Steps of more than 16
@@ -1367,6 +1458,26 @@ static void run_moe_shapes(const plugin *cpu_p, const plugin *cuda_p) {
     };
     for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) run_shape(cpu_p, cuda_p, &moe[i], NULL, TOL_CPU);
     test_moe_refused(cuda_p, &moe[0]);
+    /* quantized experts (and attention): each quantizer on both backends,
+     * cuda's expert kernels (moe_quant.cu) against the cpu backend's on the
+     * same quantized weights; tolerances as for the dense quantized shapes.
+     * int4 on qwen2-moe-like keeps the shared expert's down projection
+     * (48 input columns) in bf16: groups of 32 do not divide it. */
+    {
+        const char *qdir = getenv("LOOM_QUANTIZER_DIR") ? getenv("LOOM_QUANTIZER_DIR") : LOOM_QUANTIZER_DIR_DEFAULT;
+        const char *w8a16[] = {"mode=w8a16", NULL}, *w8a8[] = {"mode=w8a8", NULL};
+        const char *fp8c[] = {"scales=per_channel", NULL}, *fp8t[] = {"scales=per_tensor", NULL};
+        const char *i4g32[] = {"group_size=32", NULL};
+        const char *i4g32s[] = {"group_size=32", "skip=token_embd,output,ffn_down_shexp", NULL};
+        for (int i = 0; i < 2; i++) {
+            run_quant(cpu_p, cuda_p, qdir, "int8", w8a16, "int8-w8a16", &moe[i], 3e-2);
+            run_quant(cpu_p, cuda_p, qdir, "int8", w8a8, "int8-w8a8", &moe[i], 6e-2);
+            run_quant(cpu_p, cuda_p, qdir, "fp8", i ? fp8t : fp8c, i ? "fp8-per-tensor" : "fp8-per-channel", &moe[i],
+                      8e-2);
+            run_quant(cpu_p, cuda_p, qdir, "int4", i ? i4g32s : i4g32, "int4-g32", &moe[i], 3e-2);
+        }
+        run_quant(cpu_p, cuda_p, qdir, "fp8", fp8c, "fp8-per-channel", &moe[2], 8e-2); /* f16 */
+    }
     /* LOOM_TEST_HF_MOE_DIR: tests/backend/data/moe (transformers' tiny
      * float32 checkpoints and references). f16 (2^-11 relative rounding)
      * keeps the router logits' error below the checkpoints' smallest

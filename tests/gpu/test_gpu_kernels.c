@@ -2610,11 +2610,15 @@ static void test_moe_group(int P, int E, int mode) {
 }
 
 /* The routed FFN for T tokens as the backend runs it — route, then either
- * the per-pair GEMVs or group + grouped GEMMs, SwiGLU between, combine
- * (with a shared expert of width S when S > 0) — against float64 over the
- * same dt inputs, with the device's routing and its dt roundings of gu,
- * act and the expert outputs mirrored. */
-static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int S, int mode, bool gemv) {
+ * the per-pair GEMVs (gemv 1) or group + grouped GEMMs (0), SwiGLU between,
+ * combine (with a shared expert of width S when S > 0) — against float64
+ * over the same dt inputs, with the device's routing and its dt roundings
+ * of gu, act and the expert outputs mirrored. gemv 2: the fused pair
+ * (loom_cuda_moe_gemv_swiglu, loom_cuda_moe_gemv_combine: only act is
+ * rounded; no shared expert). */
+static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int S, int mode, int gemv) {
+    if (gemv == 2 && S) return; /* the fused pair has no shared expert */
+    const bool fused = gemv == 2;
     const int P = T * K, mt = loom_cuda_moe_max_tiles(P, E);
     float *xf = malloc((size_t)T * H * 4), *wguf = malloc((size_t)E * 2 * I * H * 4);
     float *wdf = malloc((size_t)E * H * I * 4), *ysf = malloc((size_t)T * H * 4), *gate = malloc((size_t)H * 4);
@@ -2633,7 +2637,10 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
     void *d_gu = dev_poison((size_t)P * 2 * I * 2), *d_act = dev_poison((size_t)P * I * 2);
     void *d_y = dev_poison((size_t)P * H * 2), *d_r = dev_poison((size_t)T * H * 2);
     CK(loom_cuda_moe_route(d_lg, T, E, K, 1, d_sel, d_wt, 0));
-    if (gemv) {
+    if (fused) {
+        CK(loom_cuda_moe_gemv_swiglu(dt, d_x, K, d_sel, d_wgu, P, I, H, d_act, 0));
+        CK(loom_cuda_moe_gemv_combine(dt, d_act, d_sel, d_wt, d_wd, T, K, H, I, d_r, 0));
+    } else if (gemv) {
         CK(loom_cuda_moe_gemv(dt, d_x, K, d_sel, d_wgu, P, 2 * I, H, d_gu, 0));
         CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
         CK(loom_cuda_moe_gemv(dt, d_act, 1, d_sel, d_wd, P, H, I, d_y, 0));
@@ -2643,7 +2650,8 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
         CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
         CK(loom_cuda_moe_gemm(dt, d_act, NULL, 1, d_wd, d_tiles, mt, H, I, d_y, 0));
     }
-    CK(loom_cuda_moe_combine(dt, d_r, d_y, gemv ? NULL : d_inv, d_wt, T, K, H, S ? d_ysh : NULL, d_x, d_gate, 0));
+    if (!fused)
+        CK(loom_cuda_moe_combine(dt, d_r, d_y, gemv ? NULL : d_inv, d_wt, T, K, H, S ? d_ysh : NULL, d_x, d_gate, 0));
     CK(cudaDeviceSynchronize());
     int32_t *sel = malloc((size_t)P * 4);
     float *wt = malloc((size_t)P * 4);
@@ -2666,13 +2674,13 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
             for (int n = 0; n < 2 * I; n++) {
                 double s = 0;
                 for (int k = 0; k < H; k++) s += (double)xr[k] * wguf[((size_t)e * 2 * I + n) * H + k];
-                gu[n] = from16(dt, to16(dt, (float)s));
+                gu[n] = fused ? s : from16(dt, to16(dt, (float)s));
             }
             for (int i = 0; i < I; i++) act[i] = from16(dt, to16(dt, (float)(gu[i] / (1.0 + exp(-gu[i])) * gu[I + i])));
             for (int h = 0; h < H; h++) {
                 double s = 0;
                 for (int i = 0; i < I; i++) s += act[i] * wdf[((size_t)e * H + h) * I + i];
-                ref[h] += wt[(size_t)t * K + j] * from16(dt, to16(dt, (float)s));
+                ref[h] += wt[(size_t)t * K + j] * (fused ? s : from16(dt, to16(dt, (float)s)));
             }
         }
         if (S) {
@@ -2686,13 +2694,276 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
     }
     static const char *const modes[4] = {"uniform", "ties", "one-expert", "idle-experts"};
     char name[160];
-    snprintf(name, sizeof name, "moe ffn %s %s T=%d E=%d K=%d I=%d H=%d%s %s", dtn(dt), gemv ? "gemv" : "grouped", T, E,
+    snprintf(name, sizeof name, "moe ffn %s %s T=%d E=%d K=%d I=%d H=%d%s %s", dtn(dt),
+             fused ? "gemv+swiglu, gemv+combine" : gemv ? "gemv" : "grouped", T, E,
              K, I, H, S ? " +shared" : "", modes[mode]);
     report(name, &a, TOL16);
     void *dv[] = {d_x, d_wgu, d_wd, d_ysh, d_gate, d_lg, d_wt, d_sel, d_off, d_perm, d_inv, d_tiles, d_gu, d_act, d_y, d_r};
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) cudaFree(dv[i]);
     free(xf), free(wguf), free(wdf), free(ysf), free(gate), free(x), free(wgu), free(wd), free(ysh), free(lg);
     free(sel), free(wt), free(r), free(gu), free(act), free(ref), free(out);
+}
+
+/* A stacked quantized expert weight (loom_cuda_moe_qgemv's layout): E
+ * random (N, K) matrices in fmt, their exact dequantized values in deq
+ * (E, N, K) — int8 q s, e4m3 e s, int4 q s + b per group — and its device
+ * copy in *qw. deq16 (INT4 only, else deq): what the grouped GEMM's loader
+ * puts in shared memory, fmaf(q, s, b) rounded to dt (int8 / e4m3 codes are
+ * exact in dt and scaled in the epilogue, so their deq stands). */
+typedef struct mq_host {
+    uint8_t *data;
+    float *sc;
+    double *deq, *deq16;
+    void *d_data, *d_sc;
+} mq_host;
+
+static void mq_make(loom_cuda_dt dt, loom_cuda_qfmt f, int E, int N, int K, int g, float amp, mq_host *m,
+                    loom_cuda_qweight *qw) {
+    const bool i4 = f == LOOM_CUDA_Q_INT4;
+    *qw = (loom_cuda_qweight){.fmt = f, .N = N, .K = K, .group = i4 ? g : 0};
+    const size_t db = loom_cuda_moe_qdata_bytes(qw), sf = loom_cuda_moe_qscale_floats(qw);
+    m->data = calloc((size_t)E * db, 1);
+    m->sc = malloc((size_t)E * sf * 4);
+    m->deq = malloc((size_t)E * N * K * sizeof(double));
+    m->deq16 = i4 ? malloc((size_t)E * N * K * sizeof(double)) : m->deq;
+    for (int e = 0; e < E; e++)
+        for (int n = 0; n < N; n++) {
+            uint8_t *row = m->data + (size_t)e * db + (size_t)n * (i4 ? K / 2 : K);
+            double *dq = m->deq + ((size_t)e * N + n) * K;
+            if (!i4) {
+                const float s = (f == LOOM_CUDA_Q_FP8 ? amp / 448.0f : amp / 127.0f) * gpu_rng_unif(0.5f, 1.5f);
+                m->sc[(size_t)e * sf + n] = s;
+                for (int k = 0; k < K; k++) {
+                    if (f == LOOM_CUDA_Q_FP8) {
+                        row[k] = e4m3_enc(gpu_rng_unif(-448.0f, 448.0f));
+                        dq[k] = e4m3_dec(row[k]) * s;
+                    } else {
+                        const int q = rng_int(255) - 127;
+                        row[k] = (uint8_t)(int8_t)q;
+                        dq[k] = (double)q * s;
+                    }
+                }
+                continue;
+            }
+            for (int gi = 0; gi < K / g; gi++) {
+                const float s = amp / 7.5f * gpu_rng_unif(0.5f, 1.5f), b = -(float)rng_int(16) * s;
+                float *sb = m->sc + (size_t)e * sf + ((size_t)n * (K / g) + gi) * 2;
+                sb[0] = s, sb[1] = b;
+                for (int k = gi * g; k < (gi + 1) * g; k++) {
+                    const int q = rng_int(16);
+                    row[k / 2] |= (uint8_t)(k % 2 ? q << 4 : q);
+                    dq[k] = (double)q * s + b;
+                    m->deq16[((size_t)e * N + n) * K + k] = from16(dt, to16(dt, fmaf((float)q, s, b)));
+                }
+            }
+        }
+    m->d_data = dev_upload(m->data, (size_t)E * db);
+    m->d_sc = dev_upload(m->sc, (size_t)E * sf * 4);
+    qw->data = m->d_data, qw->scales = m->d_sc;
+}
+
+static void mq_free(mq_host *m) {
+    if (m->deq16 != m->deq) free(m->deq16);
+    free(m->data), free(m->sc), free(m->deq);
+    cudaFree(m->d_data), cudaFree(m->d_sc);
+}
+
+static const char *qfn(loom_cuda_qfmt f) {
+    return f == LOOM_CUDA_Q_INT8_W8A16 ? "w8a16" : f == LOOM_CUDA_Q_INT8_W8A8 ? "w8a8" : f == LOOM_CUDA_Q_FP8 ? "fp8" : "int4";
+}
+
+/* Activation codes decoded (deq = code x sx) against the row they encode
+ * (ref), element by element: round to nearest leaves int8 within half a
+ * step (0.5 sx) and e4m3 within half an ulp — 2^-4 of the value for
+ * normals, 2^-10 sx below 2^-6 sx (subnormals); the row's scale must be
+ * its largest |ref| over 127 (448) up to `rel`. rel: how far the row the
+ * device quantized may be from ref (0 for the given inputs; the SwiGLU rows,
+ * formed from the device's gate|up output in float and rounded to dt, one
+ * dt rounding: 2^-7 covers a bf16 ulp). Returns the number of elements (and
+ * a bad scale as one) outside. */
+static long mq_codes_bad(int aq, const double *deq, const double *ref, int n, float sx, double rel) {
+    long bad = 0;
+    double amax = 0;
+    for (int i = 0; i < n; i++) {
+        const double r = fabs(ref[i]);
+        amax = r > amax ? r : amax;
+        const double half = aq == 1 ? 0.5 * sx : fmax(0x1p-4 * r, 0x1p-10 * sx);
+        /* 1e-4: the float product v / sx may sit an ulp off a rounding tie */
+        if (!(fabs(deq[i] - ref[i]) <= half * (1 + 1e-4) + rel * r + 1e-30)) bad++;
+    }
+    const double want = amax / (aq == 1 ? 127.0 : 448.0);
+    if (!(fabs(sx - want) <= (rel + 1e-6) * want + 1e-30)) bad++;
+    return bad;
+}
+
+/* The routed FFN on quantized experts (moe_quant.cu) as the backend runs
+ * it — route; W8A8 / FP8: the input rows' codes; per-pair GEMVs or group +
+ * grouped GEMMs; SwiGLU (W8A8 / FP8: into the down projection's codes);
+ * combine — against float64 over the exact dequantized weights (INT4 on
+ * the grouped GEMM: rounded to dt as its loader does, mq_host), with the
+ * device's routing, its activation codes (checked on their own against the
+ * rows they encode, mq_codes_bad) and its dt roundings of gu, act and y
+ * mirrored. */
+static void test_moe_qffn(loom_cuda_dt dt, loom_cuda_qfmt f, int T, int E, int K, int I, int H, int g, int mode,
+                          bool gemv) {
+    const int P = T * K, mt = loom_cuda_moe_max_tiles(P, E), aq = loom_cuda_moe_qacts(f);
+    float *xf = malloc((size_t)T * H * 4);
+    uint16_t *x = rand16(dt, (size_t)T * H, -2, 2, xf);
+    mq_host mgu, md;
+    loom_cuda_qweight qgu, qd;
+    mq_make(dt, f, E, 2 * I, H, g, 1.0f / sqrtf((float)H), &mgu, &qgu);
+    mq_make(dt, f, E, H, I, g, 1.0f / sqrtf((float)I), &md, &qd);
+    const double *wgu = gemv ? mgu.deq : mgu.deq16, *wdn = gemv ? md.deq : md.deq16;
+    float *lg = moe_logits(T, E, K, mode);
+    void *d_x = dev_upload(x, (size_t)T * H * 2);
+    float *d_lg = dev_upload(lg, (size_t)T * E * 4), *d_wt = dev_poison((size_t)P * 4);
+    int32_t *d_sel = dev_poison((size_t)P * 4), *d_off = dev_poison((size_t)(E + 1) * 4);
+    int32_t *d_perm = dev_poison((size_t)P * 4), *d_inv = dev_poison((size_t)P * 4);
+    int32_t *d_tiles = dev_poison((size_t)(1 + 3 * mt) * 4);
+    void *d_gu = dev_poison((size_t)P * 2 * I * 2), *d_act = dev_poison((size_t)P * I * 2);
+    void *d_y = dev_poison((size_t)P * H * 2), *d_r = dev_poison((size_t)T * H * 2);
+    uint8_t *d_xq = dev_poison((size_t)T * H), *d_aq = dev_poison((size_t)P * I);
+    float *d_xsx = dev_poison((size_t)T * 4), *d_asx = dev_poison((size_t)P * 4);
+    CK(loom_cuda_moe_route(d_lg, T, E, K, 1, d_sel, d_wt, 0));
+    if (aq) CK(loom_cuda_moe_quant_act(dt, f, 0, T, H, d_x, d_xq, d_xsx, 0));
+    if (gemv) {
+        CK(loom_cuda_moe_qgemv(dt, d_x, d_xq, d_xsx, K, d_sel, &qgu, P, d_gu, 0));
+    } else {
+        CK(loom_cuda_moe_group(d_sel, P, E, d_off, d_perm, d_inv, d_tiles, 0));
+        CK(loom_cuda_moe_qgemm(dt, d_x, d_xq, d_xsx, d_perm, K, &qgu, d_tiles, mt, d_gu, 0));
+    }
+    if (aq) CK(loom_cuda_moe_quant_act(dt, f, 1, P, I, d_gu, d_aq, d_asx, 0));
+    else CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
+    if (gemv) CK(loom_cuda_moe_qgemv(dt, d_act, d_aq, d_asx, 1, d_sel, &qd, P, d_y, 0));
+    else CK(loom_cuda_moe_qgemm(dt, d_act, d_aq, d_asx, NULL, 1, &qd, d_tiles, mt, d_y, 0));
+    CK(loom_cuda_moe_combine(dt, d_r, d_y, gemv ? NULL : d_inv, d_wt, T, K, H, NULL, d_x, NULL, 0));
+    CK(cudaDeviceSynchronize());
+    int32_t *sel = malloc((size_t)P * 4), *inv = malloc((size_t)P * 4);
+    float *wt = malloc((size_t)P * 4), *xsx = malloc((size_t)T * 4), *asx = malloc((size_t)P * 4);
+    uint16_t *r = malloc((size_t)T * H * 2);
+    uint8_t *xq = malloc((size_t)T * H), *aqc = malloc((size_t)P * I);
+    uint16_t *gud = malloc((size_t)P * 2 * I * 2); /* the device's gate|up rows: what its codes encode */
+    CK(cudaMemcpy(sel, d_sel, (size_t)P * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(wt, d_wt, (size_t)P * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(r, d_r, (size_t)T * H * 2, cudaMemcpyDeviceToHost));
+    if (!gemv) CK(cudaMemcpy(inv, d_inv, (size_t)P * 4, cudaMemcpyDeviceToHost));
+    if (aq) {
+        CK(cudaMemcpy(xq, d_xq, (size_t)T * H, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(xsx, d_xsx, (size_t)T * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(aqc, d_aq, (size_t)P * I, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(gud, d_gu, (size_t)P * 2 * I * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(asx, d_asx, (size_t)P * 4, cudaMemcpyDeviceToHost));
+    }
+#define MQ_CODE(c) (aq == 2 ? e4m3_dec(c) : (double)(int8_t)(c))
+    double *xin = malloc((size_t)H * 8), *gu = malloc((size_t)2 * I * 8), *act = malloc((size_t)I * 8);
+    double *actref = malloc((size_t)I * 8), *ref = malloc((size_t)H * 8), *out = malloc((size_t)H * 8);
+    double *xr = malloc((size_t)H * 8);
+    err_acc a = {0};
+    long cbad = 0, cn = 0; /* activation codes outside their bound (mq_codes_bad) */
+    for (int t = 0; t < T; t++) {
+        for (int k = 0; k < H; k++) {
+            xr[k] = xf[(size_t)t * H + k];
+            xin[k] = aq ? MQ_CODE(xq[(size_t)t * H + k]) * xsx[t] : xr[k];
+        }
+        if (aq) cbad += mq_codes_bad(aq, xin, xr, H, xsx[t], 0.0), cn += H;
+        for (int h = 0; h < H; h++) ref[h] = 0;
+        for (int j = 0; j < K; j++) {
+            const int p = t * K + j, e = sel[p];
+            if (e < 0 || e >= E) {
+                a.nan = true;
+                continue;
+            }
+            for (int n = 0; n < 2 * I; n++) {
+                double s = 0;
+                const double *w = wgu + ((size_t)e * 2 * I + n) * H;
+                for (int k = 0; k < H; k++) s += xin[k] * w[k];
+                gu[n] = from16(dt, to16(dt, (float)s));
+            }
+            for (int i = 0; i < I; i++) actref[i] = from16(dt, to16(dt, (float)(gu[i] / (1.0 + exp(-gu[i])) * gu[I + i])));
+            const int row = gemv ? p : inv[p];
+            if (aq) {
+                /* the codes encode silu(g) u of the device's own gate|up row,
+                 * rounded to dt: formed here in double, one dt rounding may
+                 * land the other way than the device's float one */
+                const uint16_t *gr = gud + (size_t)row * 2 * I;
+                for (int i = 0; i < I; i++) {
+                    const double gg = from16(dt, gr[i]), uu = from16(dt, gr[I + i]);
+                    actref[i] = from16(dt, to16(dt, (float)(gg / (1.0 + exp(-gg)) * uu)));
+                    act[i] = MQ_CODE(aqc[(size_t)row * I + i]) * asx[row];
+                }
+                cbad += mq_codes_bad(aq, act, actref, I, asx[row], 0x1p-7), cn += I;
+            } else {
+                memcpy(act, actref, (size_t)I * 8);
+            }
+            for (int h = 0; h < H; h++) {
+                double s = 0;
+                const double *w = wdn + ((size_t)e * H + h) * I;
+                for (int i = 0; i < I; i++) s += act[i] * w[i];
+                ref[h] += wt[p] * from16(dt, to16(dt, (float)s));
+            }
+        }
+        for (int h = 0; h < H; h++) out[h] = from16(dt, r[(size_t)t * H + h]);
+        err_row(&a, out, ref, H);
+    }
+#undef MQ_CODE
+    static const char *const modes[4] = {"uniform", "ties", "one-expert", "idle-experts"};
+    char name[160], gs[16] = "";
+    if (f == LOOM_CUDA_Q_INT4) snprintf(gs, sizeof gs, "-g%d", g);
+    snprintf(name, sizeof name, "moe qffn %s %s%s %s T=%d E=%d K=%d I=%d H=%d %s", dtn(dt), qfn(f), gs,
+             gemv ? "gemv" : "grouped", T, E, K, I, H, modes[mode]);
+    report(name, &a, TOL16);
+    if (aq) {
+        snprintf(name, sizeof name, "moe qffn %s %s activation codes T=%d K=%d (bad of %ld)", dtn(dt), qfn(f), T, K,
+                 cn);
+        report_count(name, cbad, cn);
+    }
+    void *dv[] = {d_x, d_lg, d_wt, d_sel, d_off, d_perm, d_inv, d_tiles, d_gu, d_act, d_y, d_r, d_xq, d_aq, d_xsx, d_asx};
+    for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) cudaFree(dv[i]);
+    mq_free(&mgu), mq_free(&md);
+    free(xf), free(x), free(lg), free(sel), free(inv), free(wt), free(xsx), free(asx), free(r), free(xq), free(aqc), free(gud);
+    free(xin), free(gu), free(act), free(actref), free(ref), free(out), free(xr);
+}
+
+/* The quantized expert kernels' argument checks: GGUF and unaligned
+ * shapes refused with cudaErrorInvalidValue, nothing launched. */
+static void test_moe_q_refused(void) {
+    long bad = 0, n = 0;
+    int32_t *d_sel = dev_poison(64);
+    void *d_x = dev_poison(4096), *d_y = dev_poison(4096);
+    const loom_cuda_qweight ws[4] = {
+        {.fmt = LOOM_CUDA_Q_GGUF, .N = 64, .K = 64, .data = d_x, .scales = d_x},
+        {.fmt = LOOM_CUDA_Q_INT8_W8A16, .N = 64, .K = 40, .data = d_x, .scales = d_x},
+        {.fmt = LOOM_CUDA_Q_INT4, .N = 64, .K = 64, .group = 48, .data = d_x, .scales = d_x},
+        {.fmt = LOOM_CUDA_Q_FP8, .N = 64, .K = 64, .data = d_x, .scales = d_x}, /* xq / sx missing */
+    };
+    for (int i = 0; i < 4; i++) {
+        n += 2;
+        bad += loom_cuda_moe_qgemv(LOOM_CUDA_BF16, d_x, NULL, NULL, 1, d_sel, &ws[i], 1, d_y, 0) != cudaErrorInvalidValue;
+        bad += loom_cuda_moe_qgemm(LOOM_CUDA_BF16, d_x, NULL, NULL, NULL, 1, &ws[i], d_sel, 1, d_y, 0) !=
+               cudaErrorInvalidValue;
+    }
+    (void)cudaGetLastError();
+    report_count("moe quantized experts: bad formats / shapes refused", bad, n);
+    cudaFree(d_sel), cudaFree(d_x), cudaFree(d_y);
+}
+
+static void test_moe_q_all(void) {
+    static const loom_cuda_qfmt fs[4] = {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8, LOOM_CUDA_Q_FP8,
+                                         LOOM_CUDA_Q_INT4};
+    for (int fi = 0; fi < 4; fi++)
+        for (int gemv = 0; gemv < 2; gemv++) {
+            const loom_cuda_qfmt f = fs[fi];
+            test_moe_qffn(LOOM_CUDA_BF16, f, 1, 8, 2, 256, 128, 64, 0, gemv);
+            test_moe_qffn(LOOM_CUDA_BF16, f, 3, 16, 8, 64, 64, 32, 1, gemv);
+            test_moe_qffn(LOOM_CUDA_BF16, f, 17, 8, 1, 96, 256, 32, 2, gemv);
+            test_moe_qffn(LOOM_CUDA_BF16, f, 300, 8, 2, 128, 64, 64, 3, gemv);
+            test_moe_qffn(LOOM_CUDA_BF16, f, 130, 60, 4, 256, 128, 128, 0, gemv);
+            test_moe_qffn(LOOM_CUDA_F16, f, 37, 16, 4, 64, 128, 32, 0, gemv);
+        }
+    test_moe_qffn(LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 64, 8, 2, 1024, 512, 0, 0, false);
+    test_moe_qffn(LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 64, 8, 2, 1024, 512, 0, 0, false);
+    test_moe_qffn(LOOM_CUDA_BF16, LOOM_CUDA_Q_INT4, 64, 8, 2, 1024, 512, 128, 0, false);
+    test_moe_q_refused();
 }
 
 static void test_moe_all(void) {
@@ -2712,15 +2983,17 @@ static void test_moe_all(void) {
     }
     const loom_cuda_dt dts[2] = {LOOM_CUDA_BF16, LOOM_CUDA_F16};
     for (int di = 0; di < 2; di++)
-        for (int gemv = 0; gemv < 2; gemv++) {
+        for (int gemv = 0; gemv < 3; gemv++) {
             const loom_cuda_dt dt = dts[di];
             test_moe_ffn(dt, 1, 8, 2, 256, 128, 0, 0, gemv);
             test_moe_ffn(dt, 3, 16, 8, 64, 72, 48, 1, gemv);
             test_moe_ffn(dt, 17, 8, 1, 40, 200, 0, 2, gemv);
             test_moe_ffn(dt, 300, 8, 2, 136, 64, 32, 3, gemv);
             test_moe_ffn(dt, 130, 60, 4, 96, 256, 0, 0, gemv);
+            test_moe_ffn(dt, 2, 128, 8, 768, 2048, 0, 1, gemv); /* Qwen3-30B-A3B's widths */
         }
     test_moe_ffn(LOOM_CUDA_BF16, 64, 8, 2, 1024, 512, 0, 0, false);
+    test_moe_q_all();
 }
 
 /* ------------------------------------------------------------ logits top-k */
@@ -3101,6 +3374,8 @@ int main(int argc, char **argv) {
         test_rope_kv_norm(LOOM_CUDA_BF16, kv, 16, 8, 128, 7, false, true);
         test_rope_kv_norm(LOOM_CUDA_BF16, kv, 9, 3, 64, 4, true, false);
         test_rope_kv_norm(LOOM_CUDA_BF16, kv, 4, 2, 16, 3, false, true);
+        test_rope_kv_norm(LOOM_CUDA_BF16, kv, 32, 4, 128, 1, false, true); /* Qwen3-30B-A3B, a decode step */
+        test_rope_kv_norm(LOOM_CUDA_BF16, kv, 32, 4, 128, 9, false, true);
     }
     test_rope_kv_e4m3_exact(LOOM_CUDA_BF16);
     test_rope_kv_e4m3_exact(LOOM_CUDA_F16);

@@ -161,6 +161,70 @@ Test(kernels, add_rmsnorm) {
     loom_cpu_pool_destroy(pool);
 }
 
+/* ------------------------------------------------------------- exp */
+
+/* Error of y against e^x in units in the last place of the float32 nearest
+ * e^x (subnormal results: of the smallest subnormal). */
+static double exp_ulps(float y, float x) {
+    double ref = exp((double)x);
+    int e = ref >= 0x1p-126 ? ilogb(ref) : -126;
+    return fabs((double)y - ref) / ldexp(1.0, e - 23);
+}
+
+/* loom_cpu_exp (the vector exp of attention's softmax and SwiGLU) over the
+ * whole float range of e^x in steps finer than an ulp of the argument's
+ * scale, against float64 exp and libm's expf; special values exactly. */
+Test(kernels, exp) {
+    test_rng r = rng_seeded("kernels.exp");
+    const int64_t n = 1 << 20;
+    float *x = xmalloc(sizeof(float) * n), *y = xmalloc(sizeof(float) * n);
+    double worst = 0, worst_libm = 0;
+    float at = 0;
+    for (int pass = 0; pass < 4; pass++) {
+        /* pass 0: an even sweep of [-104, 89]; 1: random in [-1, 1] (the
+         * softmax's usual range); 2: random in [-88, 0]; 3: near the edges */
+        for (int64_t i = 0; i < n; i++) {
+            double u = rng_unif(&r);
+            x[i] = pass == 0 ? (float)(-104.0 + 193.0 * (double)i / (double)(n - 1))
+                 : pass == 1 ? (float)(2 * u - 1)
+                 : pass == 2 ? (float)(-88.0 * u)
+                 : (float)(i % 2 ? 88.0 + 0.73 * u : -87.0 - 17.0 * u);
+        }
+        loom_cpu_exp(y, x, n - pass); /* odd lengths: the zero-padded tail */
+        for (int64_t i = 0; i < n - pass; i++) {
+            double ref = exp((double)x[i]);
+            if (ref > 0x1.fffffep127) { /* beyond FLT_MAX: overflows */
+                if (ref > 0x1.ffffffp127) cr_assert(isinf(y[i]) && y[i] > 0, "e^%a = %a, want inf", (double)x[i], (double)y[i]);
+                continue;
+            }
+            double u = exp_ulps(y[i], x[i]);
+            if (u > worst) worst = u, at = x[i];
+            worst_libm = fmax(worst_libm, exp_ulps(expf(x[i]), x[i]));
+        }
+    }
+    cr_assert_leq(worst, 2.0, "vector exp is %.2f ulp off at x = %a (libm expf: %.2f ulp)", worst,
+                  (double)at, worst_libm);
+    /* specials: e^0 = 1 exactly (the online softmax compares corr with 1) */
+    const float sx[] = {0.0f, -0.0f, -INFINITY, INFINITY, NAN, -1000.0f, 1000.0f, -110.0f, 89.0f};
+    float sy[9];
+    loom_cpu_exp(sy, sx, 9);
+    cr_assert_eq(sy[0], 1.0f);
+    cr_assert_eq(sy[1], 1.0f);
+    cr_assert_eq(sy[2], 0.0f, "e^-inf = %a", (double)sy[2]);
+    cr_assert(isinf(sy[3]) && sy[3] > 0, "e^inf = %a", (double)sy[3]);
+    cr_assert(isnan(sy[4]), "e^NaN = %a", (double)sy[4]);
+    cr_assert_eq(sy[5], 0.0f, "e^-1000 = %a", (double)sy[5]);
+    cr_assert(isinf(sy[6]) && sy[6] > 0, "e^1000 = %a", (double)sy[6]);
+    cr_assert_eq(sy[7], 0.0f, "e^-110 = %a", (double)sy[7]);
+    cr_assert(isinf(sy[8]), "e^89 = %a", (double)sy[8]);
+    /* in place */
+    float ip[3] = {1.0f, 2.0f, -3.0f};
+    loom_cpu_exp(ip, ip, 3);
+    cr_assert(exp_ulps(ip[0], 1.0f) <= 2.0 && exp_ulps(ip[1], 2.0f) <= 2.0 && exp_ulps(ip[2], -3.0f) <= 2.0);
+    cr_log_info("vector exp: %.3f ulp at most (x = %a); libm expf %.3f", worst, (double)at, worst_libm);
+    free(x), free(y);
+}
+
 /* ------------------------------------------------------------- SwiGLU */
 
 Test(kernels, swiglu) {
@@ -620,12 +684,12 @@ Test(kernels, paged_attention_shapes) {
     static const int ctx_c[] = {48}, q_c[] = {1};
     attn_case cases[] = {{5, ctx_a, q_a}, {3, ctx_b, q_b}, {1, ctx_c, q_c}};
     int heads[][2] = {{4, 4}, {6, 2}, {8, 2}, {8, 1}}; /* GQA ratio 1, 3, 4, 8 */
-    int dims[] = {64, 128};
+    int dims[] = {64, 128, 36}; /* 36: the kernels' tails past multiples of 16 and 8 */
     loom_dtype dts[] = {LOOM_DTYPE_F32, LOOM_DTYPE_F16};
     int n = 0;
     for (int ci = 0; ci < 3; ci++)
         for (int hi = 0; hi < 4; hi++)
-            for (int di = 0; di < 2; di++)
+            for (int di = 0; di < 3; di++)
                 for (int ti = 0; ti < 2; ti++, n++) {
                     int bs = n % 5 == 4 ? 5 : 16; /* mostly 16; sometimes an odd size */
                     double e = run_attn(&r, &cases[ci], heads[hi][0], heads[hi][1], dims[di], bs,
@@ -679,6 +743,61 @@ Test(kernels, paged_attention_sliding_window) {
                                 bi ? pool : NULL);
             cr_assert_lt(e, F32_TOL, "window %d block size %d: rel err %g", windows[wi], sizes[bi], e);
         }
+    loom_cpu_pool_destroy(pool);
+}
+
+/* A query's output does not depend on the tokens that share its call: the
+ * last 7 positions of a sequence attended together (one work item covers
+ * 4 of them) give, bit for bit, what each gives alone (a decode step vs a
+ * verify step of speculative decoding), with and without a window (which
+ * starts the run's first tile elsewhere than a lone query's), blocks
+ * shorter and longer than the kernel's 32-key tile, with and without the
+ * pool, f32 and f16 caches. */
+Test(kernels, paged_attention_is_batch_invariant) {
+    test_rng r = rng_seeded("kernels.paged_attention_invariant");
+    loom_cpu_pool *pool = loom_cpu_pool_create(2);
+    enum { H = 6, KVH = 2, D = 64, CTX = 150, Q = 7 };
+    const int windows[] = {0, 5, 40, 130}, sizes[] = {16, 64};
+    int n = 0;
+    for (int wi = 0; wi < 4; wi++)
+        for (int bi = 0; bi < 2; bi++)
+            for (int di = 0; di < 2; di++, n++) {
+                const int BS = sizes[bi], NB = (CTX + BS - 1) / BS;
+                const loom_dtype dt = di ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
+                const size_t esz = di ? 2 : 4, elems = (size_t)NB * KVH * BS * D;
+                void *kp = xmalloc(elems * esz), *vp = xmalloc(elems * esz);
+                loom_cpu_kv kv = {.k = kp, .v = vp, .dtype = dt, .num_blocks = NB, .num_kv_heads = KVH,
+                                  .block_size = BS, .head_dim = D};
+                float *k = xmalloc(sizeof(float) * CTX * KVH * D), *v = xmalloc(sizeof(float) * CTX * KVH * D);
+                int64_t *slot = xmalloc(sizeof(int64_t) * CTX);
+                int32_t *bt = xmalloc(sizeof(int32_t) * NB);
+                for (int b = 0; b < NB; b++) bt[b] = NB - 1 - b; /* blocks in reverse */
+                for (int p = 0; p < CTX; p++) slot[p] = (int64_t)bt[p / BS] * BS + p % BS;
+                rng_fill(&r, k, CTX * KVH * D, 2);
+                rng_fill(&r, v, CTX * KVH * D, 1);
+                loom_cpu_kv_write(&kv, k, KVH * D, v, KVH * D, slot, CTX);
+                float *q = xmalloc(sizeof(float) * Q * H * D), *all = xmalloc(sizeof(float) * Q * H * D);
+                float *one = xmalloc(sizeof(float) * H * D);
+                rng_fill(&r, q, Q * H * D, 1);
+                int32_t pos[Q], qs[2] = {0, Q};
+                for (int t = 0; t < Q; t++) pos[t] = CTX - Q + t;
+                loom_cpu_attn_args a = {.out = all, .ldo = H * D, .q = q, .ldq = H * D, .kv = &kv,
+                                        .num_heads = H, .num_tokens = Q, .num_seqs = 1, .query_start = qs,
+                                        .positions = pos, .block_table = bt, .block_table_stride = NB,
+                                        .scale = 0.125f, .window = windows[wi]};
+                loom_cpu_paged_attention(&a, n % 2 ? pool : NULL);
+                for (int t = 0; t < Q; t++) {
+                    int32_t qs1[2] = {0, 1};
+                    loom_cpu_attn_args a1 = a;
+                    a1.out = one, a1.q = q + t * H * D, a1.num_tokens = 1, a1.query_start = qs1;
+                    a1.positions = &pos[t];
+                    loom_cpu_paged_attention(&a1, n % 2 ? NULL : pool);
+                    cr_assert(!memcmp(one, all + t * H * D, sizeof(float) * H * D),
+                              "window %d block size %d %s: token %d alone differs from the same token among %d",
+                              windows[wi], BS, loom_dtype_name(dt), t, Q);
+                }
+                free(kp), free(vp), free(k), free(v), free(slot), free(bt), free(q), free(all), free(one);
+            }
     loom_cpu_pool_destroy(pool);
 }
 

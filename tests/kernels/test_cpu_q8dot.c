@@ -4,8 +4,9 @@
  * references, for every block type (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k), every
  * instruction set this CPU runs (portable always; avx2, avx512,
  * avx512vnni where present), batch 1 (one row, two and four rows a call) and small batches
- * (1..4 tokens a call; one, two and four rows a call at one token), on random blocks (seed printed; LOOM_TEST_SEED
- * replays).
+ * (1..4 tokens a call; one, two and four rows a call at one token), the group kernel (1..8
+ * interleaved tokens, several rows; bit for bit the row kernel's results), on random blocks
+ * (seed printed; LOOM_TEST_SEED replays).
  *
  * Two references a row must meet:
  *   exact   sum of w (formats/gguf_blocks.h's float decode) times the
@@ -276,6 +277,71 @@ Test(q8dot, rows_match_references_on_every_isa) {
         }
     }
     cr_assert_geq(ran, 1);
+    cr_assert(loom_cpu_q8_force_isa(NULL));
+}
+
+/* The group kernel (q8dot.h, loom_cpu_q8gemm): nr rows at a stride against
+ * mr = 1..8 interleaved tokens, every type that has one and every ISA
+ * here. Each result must be the row kernel's for that row and token, bit
+ * for bit (a token's product may not depend on its batch: decode and a
+ * verify step must agree), and so meet the row kernel's references;
+ * nothing outside the nr x mr results is written. */
+Test(q8dot, group_kernel_is_the_row_kernel_bit_for_bit) {
+    test_rng r = rng_seeded("q8dot.group");
+    enum { NR = 5 };
+    static uint8_t rows[NR * MAXK * 2];
+    static float w[NR][MAXK], x[LOOM_CPU_Q8_G][MAXK];
+    static _Alignas(64) uint8_t xb[LOOM_CPU_Q8_G][MAXK * 2];
+    static _Alignas(64) uint8_t gb[LOOM_CPU_Q8_G * MAXK * 2];
+    loom_cpu_q8 xq[LOOM_CPU_Q8_G];
+    int ran = 0;
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        if (!loom_cpu_q8_force_isa(isas[i])) continue;
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            const loom_dtype t = types[ti];
+            loom_cpu_q8gemm_fn *gemm = loom_cpu_q8gemm(t);
+            if (!gemm) continue;
+            ran++;
+            for (int it = 0; it < 40; it++) {
+                const int64_t be = blk_elems(t), K = be * (1 + rng_int(&r, MAXK / be));
+                const int mr = 1 + it % LOOM_CPU_Q8_G, nr = 1 + (int)rng_int(&r, NR);
+                const size_t rb = (size_t)(K / be) * blk_bytes(t), stride = rb + 2 * (size_t)rng_int(&r, 3);
+                for (int k = 0; k < nr; k++) {
+                    make_row(&r, t, K, rows + k * stride);
+                    decode_row(t, rows + k * stride, K, w[k]);
+                }
+                for (int m = 0; m < mr; m++) {
+                    rng_fill(&r, x[m], K, rng_range(&r, 0.1, 4.0));
+                    x[m][rng_int(&r, K)] *= 30.0f;
+                    if (rng_int(&r, 4) == 0) memset(x[m] + 32 * rng_int(&r, K / 32), 0, 32 * sizeof(float));
+                    loom_cpu_q8_quantize(x[m], K, xb[m], &xq[m]);
+                }
+                cr_assert_leq(loom_cpu_q8g_bytes(K), sizeof gb);
+                loom_cpu_q8g g;
+                loom_cpu_q8g_pack(xq, mr, K, gb, &g);
+                const int64_t ldo = LOOM_CPU_Q8_G + 1;
+                float out[NR * (LOOM_CPU_Q8_G + 1)];
+                for (size_t e = 0; e < sizeof out / sizeof *out; e++) out[e] = 777.f;
+                gemm(rows, stride, nr, K, &g, mr, out, ldo);
+                for (int k = 0; k < nr; k++) {
+                    float one[LOOM_CPU_Q8_MR];
+                    for (int m = 0; m < mr; m++) {
+                        loom_cpu_q8dot(t)(rows + k * stride, K, &xq[m], 1, one);
+                        cr_assert(out[k * ldo + m] == one[0],
+                                  "%s %s K %lld row %d token %d of %d: group kernel %.9g, row kernel %.9g",
+                                  isas[i], loom_dtype_name(t), (long long)K, k, m, mr, out[k * ldo + m],
+                                  one[0]);
+                        check_out(t, K, rows + k * stride, w[k], &x[m], &xq[m], 1, &out[k * ldo + m],
+                                  isas[i], "group");
+                    }
+                    for (int64_t m = mr; m < ldo; m++)
+                        cr_assert(out[k * ldo + m] == 777.f, "%s %s: group kernel wrote token %lld of %d",
+                                  isas[i], loom_dtype_name(t), (long long)m, mr);
+                }
+            }
+        }
+    }
+    if (!ran) cr_log_info("q8dot: no group kernel on this CPU (portable only)");
     cr_assert(loom_cpu_q8_force_isa(NULL));
 }
 

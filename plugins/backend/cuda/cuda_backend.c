@@ -30,7 +30,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <cuda.h>
+
 static const char *const cb_dtype_choices[] = {"bf16", "f16", NULL};
+static const char *const cb_partition_choices[] = {"first", "rest", NULL};
 
 static const loom_param cb_params[] = {
     {.key = "device", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, device),
@@ -81,10 +84,122 @@ static const loom_param cb_params[] = {
      .default_value = "false",
      .doc = "propose block-table groups to the cache (Gemma 3: sliding-window layers' blocks freed behind the "
             "window, cache.sliding_window: auto); false: one table, every layer's whole history"},
+    {.key = "sm_count", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, sm_count),
+     .default_value = "0", .min = 0, .max = 1024,
+     .doc = "run every kernel of this instance (CUDA graphs included) on a green context of this many "
+            "SMs (a multiple of the device's partition granularity, 8 on Hopper); 0 = the whole GPU. "
+            "Two engines of one process given complementary partitions (sm_partition) run side by side "
+            "without taking SMs from each other (docs/disaggregation.md, one GPU)"},
+    {.key = "sm_partition", .type = LOOM_PARAM_ENUM, .offset = offsetof(cuda_backend_config, sm_partition),
+     .default_value = "first", .min = 1, .max = 0, .choices = cb_partition_choices,
+     .doc = "with sm_count: first = the sm_count SMs split off the device, rest = the SMs that split "
+            "leaves over (what a second engine with the same sm_count and first does not use)"},
     {.key = NULL},
 };
 
 /* ---------------------------------------------------------------- helpers */
+
+/* ------------------------------------------------------- green contexts */
+
+/* sm_count > 0: make b->stream a stream of a green context holding
+ * sm_count SMs (sm_partition first) or the SMs such a split leaves over
+ * (rest), and set num_sms to what it holds. The driver entry points come
+ * through the runtime (cudaGetDriverEntryPointByVersion), so the plugin
+ * needs no libcuda at link time. A green context shares the primary
+ * context's memory: pools, weights and buffers are allocated as usual,
+ * only where the kernels run changes; a graph captured on the stream and
+ * launched on it runs there too. */
+typedef CUresult (*cb_pfn_get_dev)(CUdevice *, int);
+typedef CUresult (*cb_pfn_get_res)(CUdevice, CUdevResource *, CUdevResourceType);
+typedef CUresult (*cb_pfn_split)(CUdevResource *, unsigned int *, const CUdevResource *, CUdevResource *,
+                                 unsigned int, unsigned int);
+typedef CUresult (*cb_pfn_desc)(CUdevResourceDesc *, CUdevResource *, unsigned int);
+typedef CUresult (*cb_pfn_green)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int);
+typedef CUresult (*cb_pfn_green_destroy)(CUgreenCtx);
+typedef CUresult (*cb_pfn_green_stream)(CUstream *, CUgreenCtx, unsigned int, int);
+
+static void *cb_driver_fn(const char *name) {
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion(name, &fn, 12050, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+        return NULL;
+    return fn;
+}
+
+static void cb_green_destroy(cuda_backend *b) {
+    if (!b->green) return;
+    cb_pfn_green_destroy destroy = (cb_pfn_green_destroy)cb_driver_fn("cuGreenCtxDestroy");
+    if (destroy) destroy((CUgreenCtx)b->green);
+    b->green = NULL;
+}
+
+static loom_status cb_green_stream(cuda_backend *b, loom_error *err) {
+    const loom_host *h = b->host;
+    const long long want = (long long)b->cfg.sm_count;
+    const bool rest = b->cfg.sm_partition == 1;
+    cb_pfn_get_dev get_dev = (cb_pfn_get_dev)cb_driver_fn("cuDeviceGet");
+    cb_pfn_get_res get_res = (cb_pfn_get_res)cb_driver_fn("cuDeviceGetDevResource");
+    cb_pfn_split split = (cb_pfn_split)cb_driver_fn("cuDevSmResourceSplitByCount");
+    cb_pfn_desc gen_desc = (cb_pfn_desc)cb_driver_fn("cuDevResourceGenerateDesc");
+    cb_pfn_green create = (cb_pfn_green)cb_driver_fn("cuGreenCtxCreate");
+    cb_pfn_green_stream stream_create = (cb_pfn_green_stream)cb_driver_fn("cuGreenCtxStreamCreate");
+    if (!get_dev || !get_res || !split || !gen_desc || !create || !stream_create || !cb_driver_fn("cuGreenCtxDestroy"))
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: sm_count %lld needs CUDA green contexts (driver 12.5 or newer); this "
+                        "driver lacks them: use sm_count 0 (the whole GPU)", want);
+    CUdevice dev;
+    CUdevResource all, group, left;
+    memset(&all, 0, sizeof all);
+    memset(&group, 0, sizeof group);
+    memset(&left, 0, sizeof left);
+    CUresult r;
+    const char *what = "cuDeviceGet";
+    if ((r = get_dev(&dev, b->device)) != CUDA_SUCCESS) goto driver_fail;
+    what = "cuDeviceGetDevResource";
+    if ((r = get_res(dev, &all, CU_DEV_RESOURCE_TYPE_SM)) != CUDA_SUCCESS) goto driver_fail;
+    const unsigned total = all.sm.smCount, minp = all.sm.minSmPartitionSize,
+                   align = all.sm.smCoscheduledAlignment ? all.sm.smCoscheduledAlignment : 1;
+    if (want < (long long)minp || want % align || want + (rest ? (long long)minp : 0) > (long long)total ||
+        want >= (long long)total)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: sm_count %lld is not a partition of device %d (%u SMs): it must be a "
+                        "multiple of %u, at least %u%s, and below %u%s", want, b->device, total, align, minp,
+                        rest ? " and leave at least that many over for sm_partition rest" : "", total,
+                        " (0 = the whole GPU)");
+    unsigned ngroups = 1;
+    what = "cuDevSmResourceSplitByCount";
+    if ((r = split(&group, &ngroups, &all, &left, 0, (unsigned)want)) != CUDA_SUCCESS) goto driver_fail;
+    CUdevResource *use = rest ? &left : &group;
+    if (ngroups != 1 || use->sm.smCount == 0)
+        return h->error(h->ctx, err, LOOM_ERR_INVALID,
+                        "backend cuda: splitting %lld of device %d's %u SMs gave %u group(s) of %u and %u left "
+                        "over: no %s partition; choose another sm_count",
+                        want, b->device, total, ngroups, group.sm.smCount, left.sm.smCount, rest ? "rest" : "first");
+    CUdevResourceDesc desc;
+    what = "cuDevResourceGenerateDesc";
+    if ((r = gen_desc(&desc, use, 1)) != CUDA_SUCCESS) goto driver_fail;
+    CUgreenCtx g;
+    what = "cuGreenCtxCreate";
+    if ((r = create(&g, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM)) != CUDA_SUCCESS) goto driver_fail;
+    b->green = g;
+    CUstream s;
+    what = "cuGreenCtxStreamCreate";
+    if ((r = stream_create(&s, g, CU_STREAM_NON_BLOCKING, 0)) != CUDA_SUCCESS) {
+        cb_green_destroy(b);
+        goto driver_fail;
+    }
+    b->stream = (cudaStream_t)s;
+    b->num_sms = (int)use->sm.smCount;
+    h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "green context on device %d: %u of %u SMs (sm_count %lld, %s)",
+           b->device, use->sm.smCount, total, want, rest ? "rest" : "first");
+    return LOOM_OK;
+driver_fail:
+    return h->error(h->ctx, err, r == CUDA_ERROR_NOT_SUPPORTED ? LOOM_ERR_UNSUPPORTED : LOOM_ERR_DEVICE,
+                    "backend cuda: sm_count %lld (%s): %s failed on device %d with CUresult %d",
+                    want, rest ? "rest" : "first", what, b->device, (int)r);
+}
+
 
 loom_status cb_cuda_check(cuda_backend *b, loom_error *err, cudaError_t e, const char *what,
                           const char *file, int line) {
@@ -146,20 +261,23 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
     cuda_backend_config cfg = {.device = 0, .dtype = 0, .cuda_graphs = true,
                                .max_graph_batch = 256, .piecewise_graphs = true,
                                .max_graph_tokens = 2048, .max_batched_tokens = 8192,
-                               .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0};
+                               .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0,
+                               .sm_count = 0, .sm_partition = 0};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.device < 0 || cfg.dtype < 0 || cfg.dtype > 1 || cfg.max_graph_batch < 1 ||
         cfg.max_graph_batch > CB_MAX_GRAPH_BATCH || cfg.max_graph_tokens < 1 ||
         cfg.max_graph_tokens > CB_MAX_GRAPH_TOKENS || cfg.max_batched_tokens < 1 ||
-        cfg.max_batched_tokens > (1 << 20) || cfg.max_positions < 0)
+        cfg.max_batched_tokens > (1 << 20) || cfg.max_positions < 0 || cfg.sm_count < 0 ||
+        cfg.sm_partition < 0 || cfg.sm_partition > 1)
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "backend cuda: bad config (device %lld >= 0, dtype %lld in {0 bf16, "
                            "1 f16}, max_graph_batch %lld in [1, %d], max_graph_tokens %lld in [1, %d], "
-                           "max_batched_tokens %lld in [1, 1048576], max_positions %lld >= 0)",
+                           "max_batched_tokens %lld in [1, 1048576], max_positions %lld >= 0, sm_count "
+                           "%lld >= 0, sm_partition %lld in {0 first, 1 rest})",
                            (long long)cfg.device, (long long)cfg.dtype,
                            (long long)cfg.max_graph_batch, CB_MAX_GRAPH_BATCH, (long long)cfg.max_graph_tokens,
                            CB_MAX_GRAPH_TOKENS, (long long)cfg.max_batched_tokens,
-                           (long long)cfg.max_positions);
+                           (long long)cfg.max_positions, (long long)cfg.sm_count, (long long)cfg.sm_partition);
 
     /* a batch between two buckets pads to the upper one, which this bound
      * would exclude: keep the largest bucket it admits */
@@ -207,7 +325,8 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
     snprintf(b->device_name, sizeof b->device_name, "%.127s", prop.name);
     loom_status st;
     if ((st = CB_CUDA(b, err, cudaSetDevice(b->device))) ||
-        (st = CB_CUDA(b, err, cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)))) {
+        (st = cfg.sm_count > 0 ? cb_green_stream(b, err)
+                               : CB_CUDA(b, err, cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)))) {
         cb_destroy(b);
         return st;
     }
@@ -255,8 +374,12 @@ static void cb_destroy(void *self) {
     cudaFree(b->swap_dev);
     if (b->swap) cudaFreeHost(b->swap);
     cudaFree(b->pairs_dev);
+    cudaFree(b->img_stage);
+    cudaFree(b->img_ptrs_dev);
+    cudaFree(b->img_pairs_dev);
     cudaFree(b->work);
     cudaFree(b->moe_work);
+    cudaFree(b->moe_qwork);
     cudaFree(b->weights);
     cudaFree(b->rope_cs);
     cudaFree(b->rope_cs_local);
@@ -269,6 +392,7 @@ static void cb_destroy(void *self) {
     h->free(h->ctx, b->layers);
     loom_cuda_gemm_destroy(b->gemm);
     if (b->stream) cudaStreamDestroy(b->stream);
+    cb_green_destroy(b);
     h->free(h->ctx, b);
 }
 
@@ -286,6 +410,10 @@ loom_status cb_bind_current_device(cuda_backend *b, loom_error *err) {
                         "sm_%d%d, but this build carries sm_90a code only (Hopper: H100/H200); "
                         "choose Hopper GPUs with CUDA_VISIBLE_DEVICES",
                         d, prop.name, prop.major, prop.minor);
+    if (b->green)
+        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                        "backend cuda: sm_count (a green context on device %d) on a tensor-parallel rank "
+                        "(device %d) is not supported: leave sm_count 0 there", b->device, d);
     /* the stream and cuBLASLt context (with its workspace) belong to the
      * device the instance was created on: release them there, then make
      * new ones on d */
@@ -609,9 +737,14 @@ static loom_status cb_swap_blocks(void *self, loom_swap_dir dir, const int32_t *
 }
 
 /* The block-image transfer of loom/backend.h: per block, each layer's K
- * then V, one copy per (block, layer, K|V) on the backend's stream, waited
- * for before returning. Untested on a GPU (disaggregation's tests run on
- * the cpu backend). */
+ * then V. Chunks of blocks go through a device staging buffer (at most
+ * CB_IMG_STAGE bytes) in the image layout: one copy kernel gathers (read)
+ * or scatters (write) every (block, layer, K|V) of a chunk — pair {block,
+ * i * 2L} against pool pointers that put layer l's K|V at (2l + kv) * bb in
+ * image i — and one copy moves the chunk to or from the caller's host
+ * buffer; waited for before returning. */
+#define CB_IMG_STAGE ((size_t)256 << 20)
+
 static loom_status cb_kv_image(cuda_backend *b, const char *op, const int32_t *blocks, int32_t n, void *host,
                                size_t len, bool read, loom_error *err) {
     const loom_host *h = b->host;
@@ -626,17 +759,72 @@ static loom_status cb_kv_image(cuda_backend *b, const char *op, const int32_t *b
         if (blocks[i] < 0 || blocks[i] >= b->kv_layout.num_blocks)
             return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: %s(): block %d is id %d, outside [0, %d)", op,
                             i, blocks[i], b->kv_layout.num_blocks);
+    if (n == 0) return LOOM_OK;
     loom_status st = CB_CUDA(b, err, cudaSetDevice(b->device));
+    if (st) return st;
+    const size_t want = (size_t)n * per < CB_IMG_STAGE ? (size_t)n * per : (CB_IMG_STAGE / per ? CB_IMG_STAGE / per : 1) * per;
+    if (b->img_stage_bytes < want) {
+        cudaStreamSynchronize(b->stream);
+        cudaFree(b->img_stage);
+        b->img_stage = NULL;
+        b->img_stage_bytes = 0;
+        if ((st = CB_CUDA(b, err, cudaMalloc(&b->img_stage, want)))) return st;
+        b->img_stage_bytes = want;
+    }
+    if (!b->img_ptrs_dev && (st = CB_CUDA(b, err, cudaMalloc((void **)&b->img_ptrs_dev, 4 * (size_t)L * sizeof(void *)))))
+        return st;
+    const int32_t chunk = (int32_t)(b->img_stage_bytes / per);
+    if (b->img_pairs_cap < chunk) {
+        cudaStreamSynchronize(b->stream);
+        cudaFree(b->img_pairs_dev);
+        b->img_pairs_dev = NULL;
+        b->img_pairs_cap = 0;
+        if ((st = CB_CUDA(b, err, cudaMalloc((void **)&b->img_pairs_dev, (size_t)chunk * 2 * sizeof(int32_t)))))
+            return st;
+        b->img_pairs_cap = chunk;
+    }
+    void **ptrs = h->calloc(h->ctx, 4 * (size_t)L, sizeof(void *));
+    int32_t *pairs = h->calloc(h->ctx, (size_t)chunk * 2, sizeof(int32_t));
+    if (!ptrs || !pairs) {
+        h->free(h->ctx, ptrs);
+        h->free(h->ctx, pairs);
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cuda: %s(): out of host memory", op);
+    }
+    /* pools: [0, 2L) the pool side, [2L, 4L) the image side */
+    for (int32_t l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            ptrs[2 * l + kv] = b->pools[kv * b->kv_npools + b->layers[b->layer0 + l].kv_slot];
+            ptrs[2 * L + 2 * l + kv] = (char *)b->img_stage + (size_t)(2 * l + kv) * bb;
+        }
+    void *const *pool_side = b->img_ptrs_dev, *const *img_side = b->img_ptrs_dev + 2 * L;
+    st = CB_CUDA(b, err, cudaMemcpyAsync(b->img_ptrs_dev, ptrs, 4 * (size_t)L * sizeof(void *), cudaMemcpyHostToDevice,
+                                         b->stream));
     char *p = host;
-    for (int32_t i = 0; i < n && !st; i++)
-        for (int32_t l = 0; l < L && !st; l++)
-            for (int kv = 0; kv < 2 && !st; kv++, p += bb) {
-                char *dev = (char *)b->pools[kv * b->kv_npools + b->layers[b->layer0 + l].kv_slot] +
-                            (size_t)blocks[i] * bb;
-                st = CB_CUDA(b, err, read ? cudaMemcpyAsync(p, dev, bb, cudaMemcpyDeviceToHost, b->stream)
-                                          : cudaMemcpyAsync(dev, p, bb, cudaMemcpyHostToDevice, b->stream));
-            }
+    for (int32_t c0 = 0; c0 < n && !st; c0 += chunk) {
+        const int32_t m = n - c0 < chunk ? n - c0 : chunk;
+        for (int32_t i = 0; i < m; i++) {
+            pairs[2 * i + (read ? 0 : 1)] = blocks[c0 + i];
+            pairs[2 * i + (read ? 1 : 0)] = i * 2 * L;
+        }
+        /* pageable sources: staged before the call returns, so pairs and
+         * the host chunk may be reused at once */
+        if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->img_pairs_dev, pairs, (size_t)m * 2 * sizeof(int32_t),
+                                                  cudaMemcpyHostToDevice, b->stream))))
+            break;
+        if (!read && (st = CB_CUDA(b, err, cudaMemcpyAsync(b->img_stage, p, (size_t)m * per, cudaMemcpyHostToDevice,
+                                                           b->stream))))
+            break;
+        if ((st = CB_CUDA(b, err, loom_cuda_copy_blocks(read ? pool_side : img_side, read ? img_side : pool_side,
+                                                         2 * L, b->img_pairs_dev, m, bb, b->stream))))
+            break;
+        if (read && (st = CB_CUDA(b, err, cudaMemcpyAsync(p, b->img_stage, (size_t)m * per, cudaMemcpyDeviceToHost,
+                                                          b->stream))))
+            break;
+        p += (size_t)m * per;
+    }
     loom_status sync = CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
+    h->free(h->ctx, ptrs);
+    h->free(h->ctx, pairs);
     return st ? st : sync;
 }
 

@@ -88,6 +88,9 @@ typedef struct cuda_backend_config {
     int64_t qgemv_tc_min_rows;  /* rows from which W8A8 / FP8 / INT4 GEMVs take
                                    the tensor cores; 0 = as measured, 9 = never */
     bool kv_groups;             /* propose block-table groups (kv_groups())    */
+    int64_t sm_count;           /* > 0: run on a green context of that many SMs */
+    int64_t sm_partition;       /* 0 "first": those sm_count SMs; 1 "rest": the
+                                   SMs the split leaves over (the complement) */
 } cuda_backend_config;
 
 /* Rows of the logits work buffers (and the largest graph bucket's rows). */
@@ -130,6 +133,11 @@ typedef struct cuda_layer {
     void *wgu_sh;      /* (2 S, hidden) or NULL (no shared expert)             */
     void *wdown_sh;    /* (hidden, S)                                          */
     float *sh_gate;    /* (hidden) f32                                         */
+    /* quantized experts (cuda_moe_quant.c): fmt != NONE replaces the dt
+     * matrix above (NULL then) — the routed ones stacked (E, ...) as
+     * loom_cuda_moe_qgemv reads them, the shared one a dense quantized
+     * weight (loom_cuda_qgemm_run) */
+    loom_cuda_qweight q_gu_exps, q_down_exps, q_gu_sh, q_down_sh;
 } cuda_layer;
 
 /* A captured decode graph for one bucket. */
@@ -173,6 +181,14 @@ typedef struct cuda_backend {
     int num_sms;                /* multiprocessors, for split-K sizing        */
     char device_name[128];
     cudaStream_t stream;        /* every op of this instance runs here        */
+    void *green;                /* CUgreenCtx the stream belongs to (sm_count > 0), or NULL */
+    /* block images (kv_read_blocks / kv_write_blocks): a device staging
+     * buffer, the (layer, K|V) pool pointers on both sides, the pairs */
+    void *img_stage;
+    size_t img_stage_bytes;
+    void **img_ptrs_dev;        /* 4 * nlayers: sources then destinations     */
+    int32_t *img_pairs_dev;
+    int32_t img_pairs_cap;
     loom_cuda_gemm *gemm;       /* cuBLASLt context + plan cache              */
 
     /* --- after load */
@@ -235,6 +251,12 @@ typedef struct cuda_backend {
     int32_t *moe_off, *moe_perm, *moe_inv, *moe_tiles; /* grouping (moe.cu)   */
     void *moe_gu, *moe_act, *moe_y; /* (P, 2 I), (P, I), (P, hidden) dt        */
     void *moe_ysh;              /* (rows, hidden) dt shared expert output     */
+    /* quantized experts' activation codes (cuda_moe_quant.c; NULL unless a
+     * W8A8 / FP8 expert weight): the normed rows' (rows, hidden) and the
+     * SwiGLU rows' (P, I), with their per-row scales */
+    void *moe_qwork;
+    uint8_t *moe_xq, *moe_aq;
+    float *moe_xsx, *moe_asx;
 
     /* per-step metadata: pinned staging and its device copy */
     uint8_t *meta_host, *meta_dev;
@@ -330,6 +352,21 @@ loom_status cb_moe_check_config(cuda_backend *b, const loom_model_config *c, boo
 loom_status cb_moe_work_init(cuda_backend *b, loom_error *err);
 /* r (T, H) dt = the FFN of layer l over xn (T, H), the normed rows. */
 loom_status cb_moe_ffn(cuda_backend *b, int32_t T, int32_t l, loom_error *err);
+
+/* cuda_moe_quant.c: quantized expert weights (docs/moe.md) */
+/* Whether layer ly has a quantized routed (shared) expert matrix. */
+bool cb_moe_q_routed(const cuda_layer *ly);
+bool cb_moe_q_shared(const cuda_layer *ly);
+/* The activation-code buffers (after cb_moe_work_init) when some expert
+ * weight is W8A8 / FP8. */
+loom_status cb_moe_qwork_init(cuda_backend *b, loom_error *err);
+/* cb_moe_experts for a layer with quantized routed experts (either
+ * projection; the other may be dt): moe_y (P, H), *rows as there; gemv:
+ * per-pair GEMVs (cuda_moe.c decides), else the grouped GEMM. */
+loom_status cb_moe_qexperts(cuda_backend *b, int32_t T, int32_t l, bool gemv, const int32_t **rows,
+                            loom_error *err);
+/* moe_ysh (T, H) = the shared expert of layer l over xn, when quantized. */
+loom_status cb_moe_qshared(cuda_backend *b, int32_t T, int32_t l, loom_error *err);
 
 /* cuda_forward.c */
 loom_status cb_forward(void *self, const loom_batch *batch, float *logits, loom_error *err);

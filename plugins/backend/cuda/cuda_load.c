@@ -776,36 +776,98 @@ static bool cb_moe_group(const cuda_backend *b, int gi) {
     return b->mc.num_experts > 0 && (gi == CB_G_GU || gi == CB_G_DOWN);
 }
 
+/* A routed expert matrix's quantized shape under plan p: gate|up (gu:
+ * (2I, hidden) per expert, gate then up) or down ((hidden, I)). */
+static loom_cuda_qweight cb_moe_qshape(const cuda_backend *b, const loom_quant_plan *p, bool gu) {
+    const int H = b->mc.hidden_size, I = b->mc.expert_intermediate_size;
+    return (loom_cuda_qweight){.fmt = (loom_cuda_qfmt)p->format, .N = gu ? 2 * I : H, .K = gu ? H : I,
+                               .group = p->format == LOOM_QFMT_INT4_W4A16 ? p->group_size : 0};
+}
+
+/* Device bytes of E experts' stacked quantized matrices of shape q (data,
+ * scales, and for W8A8 / FP8 a SmoothQuant slot cb_upload_q may fill). */
+static size_t cb_moe_qstack_bytes(size_t E, const loom_cuda_qweight *q) {
+    return cb_round(E * loom_cuda_moe_qdata_bytes(q)) + cb_round(E * loom_cuda_moe_qscale_floats(q) * 4) +
+           (CB_SMOOTHED((loom_qformat)q->fmt) ? cb_round((size_t)q->K * 4) : 0);
+}
+
 /* Device bytes of one layer's router, routed experts and shared expert,
- * as cb_carve_moe carves them (0 for a dense model). */
-static size_t cb_moe_bytes(const cuda_backend *b) {
+ * as cb_carve_moe carves them (0 for a dense model); *qbytes: the
+ * quantized ones among them. */
+static size_t cb_moe_bytes(const cuda_backend *b, const loom_ww_layer *wl, size_t *qbytes) {
     const loom_model_config *c = &b->mc;
+    *qbytes = 0;
     if (c->num_experts <= 0) return 0;
     const size_t E = (size_t)c->num_experts, H = (size_t)c->hidden_size, I = (size_t)c->expert_intermediate_size;
     const size_t S = (size_t)c->shared_expert_intermediate_size, e = b->elt;
-    size_t n = cb_round(E * H * e) + cb_round(E * 2 * I * H * e) + cb_round(E * H * I * e);
-    if (S) n += cb_round(2 * S * H * e) + cb_round(H * S * e) + cb_round(H * 4);
-    return n;
+    size_t n = cb_round(E * H * e);
+    for (int k = 0; k < 3; k += 2) { /* gate|up (plans 0 and 1 agree), down */
+        const loom_quant_plan *p = &wl->exps_plan[k];
+        if (p->format == LOOM_QFMT_NONE) {
+            n += cb_round(E * (k ? H * I : 2 * I * H) * e);
+        } else {
+            const loom_cuda_qweight q = cb_moe_qshape(b, p, k == 0);
+            *qbytes += cb_moe_qstack_bytes(E, &q);
+        }
+    }
+    if (S) {
+        const loom_quant_plan *pg = &wl->shexp[0].plan, *pd = &wl->shexp[2].plan;
+        if (pg->format == LOOM_QFMT_NONE) n += cb_round(2 * S * H * e);
+        else *qbytes += cb_qbytes(pg->format, (int64_t)(2 * S), (int64_t)H, pg->group_size);
+        if (pd->format == LOOM_QFMT_NONE) n += cb_round(H * S * e);
+        else *qbytes += cb_qbytes(pd->format, (int64_t)H, (int64_t)S, pd->group_size);
+        n += cb_round(H * 4);
+    }
+    return n + *qbytes;
 }
 
-/* The experts run in dt only: a quantizer's plan for them is refused
- * (the grouped kernels have no quantized form yet). */
+/* The experts' quantizer plans as the cuda MoE layer runs them
+ * (cuda_moe_quant.c): int8 (W8A16, W8A8), fp8 and int4 on the routed and
+ * the shared experts, gate and up in one format (one fused matrix each),
+ * shapes within the kernels' contract; GGUF blocks as stored are refused. */
 static loom_status cb_check_moe_layer(cuda_backend *b, const loom_ww *w, int32_t l, loom_error *err) {
+    const loom_host *h = b->host;
     const loom_ww_layer *wl = &w->layer[l];
     if (!wl->router.t) return LOOM_OK;
-    for (int k = 0; k < 3; k++) {
-        const loom_quant_plan *p = wl->shexp[k].w.t ? &wl->shexp[k].plan : NULL;
-        const char *name = wl->exps[k].name;
-        if (wl->exps_plan[k].format == LOOM_QFMT_NONE && (!p || p->format == LOOM_QFMT_NONE)) continue;
-        if (wl->exps_plan[k].format == LOOM_QFMT_NONE) name = wl->shexp[k].w.name;
-        return b->host->error(b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
-                              "backend cuda: tensor '%s' is planned %s by the quantizer, but the cuda backend runs "
-                              "expert weights in %s only so far; skip the experts in the quantizer (skip: "
-                              "\"ffn_gate_exps,ffn_up_exps,ffn_down_exps,shexp\") or use backend: cpu",
-                              name,
-                              loom_ww_qformat_name(wl->exps_plan[k].format != LOOM_QFMT_NONE ? wl->exps_plan[k].format
-                                                                                               : p->format),
-                              loom_dtype_name(b->ldt));
+    const int H = b->mc.hidden_size, I = b->mc.expert_intermediate_size, S = b->mc.shared_expert_intermediate_size;
+    for (int sh = 0; sh < 2; sh++) {
+        if (sh && !wl->shexp[0].w.t) break;
+        const loom_quant_plan *p[3];
+        const char *name[3];
+        for (int k = 0; k < 3; k++) {
+            p[k] = sh ? &wl->shexp[k].plan : &wl->exps_plan[k];
+            name[k] = sh ? wl->shexp[k].w.name : wl->exps[k].name;
+            if (p[k]->format == LOOM_QFMT_GGUF)
+                return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                                "backend cuda: tensor '%s' is planned as GGUF blocks as stored; the cuda MoE layer "
+                                "runs expert weights in %s or quantized by the int8, fp8 or int4 quantizers, not "
+                                "GGUF blocks; dequantize them (quantizer source: quantize, or none) or use "
+                                "backend: cpu",
+                                name[k], loom_dtype_name(b->ldt));
+        }
+        if (p[0]->format != p[1]->format ||
+            (p[0]->format == LOOM_QFMT_INT4_W4A16 && p[0]->group_size != p[1]->group_size))
+            return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                            "backend cuda: tensor '%s' is planned %s (group %d) but '%s' %s (group %d); the cuda "
+                            "MoE layer runs each expert's gate and up as one fused matrix, so they need one "
+                            "format: skip both in the quantizer or neither",
+                            name[0], loom_ww_qformat_name(p[0]->format), p[0]->group_size, name[1],
+                            loom_ww_qformat_name(p[1]->format), p[1]->group_size);
+        for (int k = 0; k < 3; k += 2) {
+            if (p[k]->format == LOOM_QFMT_NONE) continue;
+            const int gs = p[k]->format == LOOM_QFMT_INT4_W4A16 ? p[k]->group_size : 0;
+            const int N = k ? H : 2 * (sh ? S : I), K = k ? (sh ? S : I) : H;
+            const bool ok = sh ? loom_cuda_qweight_ok((loom_cuda_qfmt)p[k]->format, K, gs)
+                               : loom_cuda_moe_qweight_ok((loom_cuda_qfmt)p[k]->format, N, K, gs);
+            if (!ok)
+                return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                                "backend cuda: tensor '%s' planned %s: the cuda expert kernels need %s, and it has "
+                                "%d input columns; %s",
+                                name[k], loom_ww_qformat_name(p[k]->format),
+                                gs ? "group_size a multiple of 32 dividing the input columns"
+                                   : "input columns a multiple of 16",
+                                K, gs ? "pick group_size 32, 64 or 128 (one that divides it)" : "skip the tensor in the quantizer");
+        }
     }
     return LOOM_OK;
 }
@@ -829,7 +891,9 @@ static void cb_size_weights(cuda_backend *b, const loom_ww *w, const loom_cuda_g
         const loom_ww_layer *wl = &w->layer[l];
         b->weight_bytes += 2 * cb_round(H * 4) + (w->bias ? cb_round((size_t)w->qkv_rows * 4) : 0);
         b->weight_bytes += cb_norms_bytes(b, w);
-        b->weight_bytes += cb_moe_bytes(b);
+        size_t moe_qb = 0;
+        b->weight_bytes += cb_moe_bytes(b, wl, &moe_qb);
+        b->qweight_bytes += moe_qb;
         for (int gi = 0; gi < CB_NGROUPS; gi++) {
             if (cb_moe_group(b, gi)) continue;
             const loom_ww_group *g = &w->group[gi];
@@ -946,17 +1010,32 @@ static loom_status cb_load_vocab(cuda_backend *b, const loom_model_view *m,
     return cb_zero_rows(b, b->lm_head, Vl, Vp, H, err);
 }
 
-/* Layer l's router and experts, after its other weights (cb_moe_bytes). */
-static void cb_carve_moe(cuda_backend *b, cuda_layer *ly, uint8_t **cur) {
+/* E experts' stacked quantized matrices of shape q from *cur: data,
+ * scales, the SmoothQuant slot (in smooth until the upload clears it). */
+static loom_cuda_qweight cb_carve_qstack(uint8_t **cur, size_t E, loom_cuda_qweight q) {
+    q.data = cb_carve(cur, E * loom_cuda_moe_qdata_bytes(&q));
+    q.scales = cb_carve(cur, E * loom_cuda_moe_qscale_floats(&q) * 4);
+    q.smooth = CB_SMOOTHED((loom_qformat)q.fmt) ? cb_carve(cur, (size_t)q.K * 4) : NULL;
+    return q;
+}
+
+/* Layer l's router and experts, after its other weights (cb_moe_bytes):
+ * each matrix in dt or, planned so, quantized. */
+static void cb_carve_moe(cuda_backend *b, const loom_ww_layer *wl, cuda_layer *ly, uint8_t **cur) {
     const loom_model_config *c = &b->mc;
     const size_t E = (size_t)c->num_experts, H = (size_t)c->hidden_size, I = (size_t)c->expert_intermediate_size;
     const size_t S = (size_t)c->shared_expert_intermediate_size, e = b->elt;
     ly->router = cb_carve(cur, E * H * e);
-    ly->wgu_exps = cb_carve(cur, E * 2 * I * H * e);
-    ly->wdown_exps = cb_carve(cur, E * H * I * e);
+    if (wl->exps_plan[0].format == LOOM_QFMT_NONE) ly->wgu_exps = cb_carve(cur, E * 2 * I * H * e);
+    else ly->q_gu_exps = cb_carve_qstack(cur, E, cb_moe_qshape(b, &wl->exps_plan[0], true));
+    if (wl->exps_plan[2].format == LOOM_QFMT_NONE) ly->wdown_exps = cb_carve(cur, E * H * I * e);
+    else ly->q_down_exps = cb_carve_qstack(cur, E, cb_moe_qshape(b, &wl->exps_plan[2], false));
     if (!S) return;
-    ly->wgu_sh = cb_carve(cur, 2 * S * H * e);
-    ly->wdown_sh = cb_carve(cur, H * S * e);
+    const loom_quant_plan *pg = &wl->shexp[0].plan, *pd = &wl->shexp[2].plan;
+    if (pg->format == LOOM_QFMT_NONE) ly->wgu_sh = cb_carve(cur, 2 * S * H * e);
+    else ly->q_gu_sh = cb_carve_q(cur, pg->format, (int64_t)(2 * S), (int64_t)H, pg->group_size);
+    if (pd->format == LOOM_QFMT_NONE) ly->wdown_sh = cb_carve(cur, H * S * e);
+    else ly->q_down_sh = cb_carve_q(cur, pd->format, (int64_t)H, (int64_t)S, pd->group_size);
     ly->sh_gate = cb_carve(cur, H * 4);
 }
 
@@ -997,7 +1076,7 @@ static loom_status cb_carve_layer(cuda_backend *b, const loom_ww *w, int32_t l,
     ly->k_norm = b->mc.qk_norm ? cb_carve(cur, D * 4) : NULL;
     ly->post_attn_norm = b->mc.post_norms ? cb_carve(cur, H * 4) : NULL;
     ly->post_ffn_norm = b->mc.post_norms ? cb_carve(cur, H * 4) : NULL;
-    if (b->mc.num_experts > 0) cb_carve_moe(b, ly, cur);
+    if (b->mc.num_experts > 0) cb_carve_moe(b, wl, ly, cur);
     /* a quantized group has no dt matrix (gbase: its GGUF blocks) */
     ly->wqkv = wl->lin[LOOM_WW_Q].plan.format == LOOM_QFMT_NONE ? gbase[CB_G_QKV] : NULL;
     ly->wo = wl->lin[LOOM_WW_O].plan.format == LOOM_QFMT_NONE ? gbase[CB_G_O] : NULL;
@@ -1006,31 +1085,88 @@ static loom_status cb_carve_layer(cuda_backend *b, const loom_ww *w, int32_t l,
     return LOOM_OK;
 }
 
-/* Layer l's router and experts in dt (the shared expert's gate vector
- * f32): each expert's gate and up as rows [0, I) and [I, 2I) of its
- * gate|up matrix, its down matrix after the one before. */
-static loom_status cb_upload_moe(cb_uploader *up, const loom_ww *w, const loom_ww_layer *wl, cuda_layer *ly,
-                                 loom_error *err) {
+/* One expert's parts [k0, k1) of its fused matrix (gate|up or down),
+ * quantized by the quantizer into dst (rows one after another). A
+ * SmoothQuant vector is refused for routed experts (routed: the stacked
+ * kernels quantize their rows without one) and kept for the shared one. */
+static loom_status cb_upload_moe_q(cuda_backend *b, const loom_model_view *m, const loom_quant_binding *quant,
+                                   const loom_ww_part *parts, const loom_quant_plan *const *plans, int n,
+                                   loom_cuda_qweight *dst, bool routed, loom_error *err) {
+    const loom_host *h = b->host;
+    float *sm = NULL;
+    loom_status st = LOOM_OK;
+    int64_t row = 0;
+    for (int k = 0; k < n && st == LOOM_OK; k++) {
+        st = cb_upload_q(b, m, quant, &parts[k], plans[k], dst, row, k == 0, &sm, err);
+        row += parts[k].nr;
+    }
+    if (st == LOOM_OK && sm && routed)
+        st = h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
+                      "backend cuda: tensor '%s' came with a SmoothQuant vector; the cuda MoE layer quantizes "
+                      "routed experts' activations without one (calibration records no expert inputs)",
+                      parts[0].name);
+    if (!sm) dst->smooth = NULL;
+    h->free(h->ctx, sm);
+    return st;
+}
+
+/* Layer l's router and experts, each matrix in dt or quantized by the
+ * quantizer (the shared expert's gate vector f32): each expert's gate and
+ * up as rows [0, I) and [I, 2I) of its gate|up matrix, its down matrix
+ * after the one before. */
+static loom_status cb_upload_moe(cb_uploader *up, const loom_model_view *m, const loom_quant_binding *quant,
+                                 const loom_ww *w, const loom_ww_layer *wl, cuda_layer *ly, loom_error *err) {
     cuda_backend *b = up->b;
     const int64_t H = w->hidden, I = b->mc.expert_intermediate_size, S = b->mc.shared_expert_intermediate_size;
     const size_t e = b->elt;
+    const bool qgu = wl->exps_plan[0].format != LOOM_QFMT_NONE, qd = wl->exps_plan[2].format != LOOM_QFMT_NONE;
+    const loom_quant_plan *ep[3] = {&wl->exps_plan[0], &wl->exps_plan[1], &wl->exps_plan[2]};
     loom_status st;
     if ((st = cb_upload_win(up, &wl->router, ly->router, false, err))) return st;
     for (int32_t x = 0; x < w->experts; x++) {
         loom_tensor v[3];
-        for (int k = 0; k < 3; k++) loom_ww_expert_view(w, wl->exps[k].t, w->expert0 + x, &v[k]);
-        uint8_t *gu = (uint8_t *)ly->wgu_exps + (size_t)(x * 2 * I * H) * e;
-        if ((st = cb_upload_part(up, &v[0], 0, I, 0, H, gu, false, err)) ||
-            (st = cb_upload_part(up, &v[1], 0, I, 0, H, gu + (size_t)(I * H) * e, false, err)) ||
-            (st = cb_upload_part(up, &v[2], 0, H, 0, I, (uint8_t *)ly->wdown_exps + (size_t)(x * H * I) * e, false,
-                                 err)))
+        loom_ww_part parts[3];
+        for (int k = 0; k < 3; k++) {
+            loom_ww_expert_view(w, wl->exps[k].t, w->expert0 + x, &v[k]);
+            parts[k] = (loom_ww_part){.t = &v[k], .r0 = 0, .nr = v[k].shape[0], .c0 = 0, .nc = v[k].shape[1]};
+            snprintf(parts[k].name, sizeof parts[k].name, "%s", wl->exps[k].name);
+        }
+        if (qgu) {
+            loom_cuda_qweight d = ly->q_gu_exps;
+            d.data = (const uint8_t *)d.data + (size_t)x * loom_cuda_moe_qdata_bytes(&d);
+            d.scales += (size_t)x * loom_cuda_moe_qscale_floats(&d);
+            if ((st = cb_upload_moe_q(b, m, quant, parts, ep, 2, &d, true, err))) return st;
+        } else {
+            uint8_t *gu = (uint8_t *)ly->wgu_exps + (size_t)(x * 2 * I * H) * e;
+            if ((st = cb_upload_part(up, &v[0], 0, I, 0, H, gu, false, err)) ||
+                (st = cb_upload_part(up, &v[1], 0, I, 0, H, gu + (size_t)(I * H) * e, false, err)))
+                return st;
+        }
+        if (qd) {
+            loom_cuda_qweight d = ly->q_down_exps;
+            d.data = (const uint8_t *)d.data + (size_t)x * loom_cuda_moe_qdata_bytes(&d);
+            d.scales += (size_t)x * loom_cuda_moe_qscale_floats(&d);
+            if ((st = cb_upload_moe_q(b, m, quant, &parts[2], &ep[2], 1, &d, true, err))) return st;
+        } else if ((st = cb_upload_part(up, &v[2], 0, H, 0, I, (uint8_t *)ly->wdown_exps + (size_t)(x * H * I) * e,
+                                        false, err))) {
             return st;
+        }
     }
+    ly->q_gu_exps.smooth = ly->q_down_exps.smooth = NULL;
     if (!S) return LOOM_OK;
-    if ((st = cb_upload_win(up, &wl->shexp[0].w, ly->wgu_sh, false, err)) ||
-        (st = cb_upload_win(up, &wl->shexp[1].w, (uint8_t *)ly->wgu_sh + (size_t)(S * H) * e, false, err)) ||
-        (st = cb_upload_win(up, &wl->shexp[2].w, ly->wdown_sh, false, err)))
+    const loom_quant_plan *sp[3] = {&wl->shexp[0].plan, &wl->shexp[1].plan, &wl->shexp[2].plan};
+    const loom_ww_part sparts[3] = {wl->shexp[0].w, wl->shexp[1].w, wl->shexp[2].w};
+    if (sp[0]->format != LOOM_QFMT_NONE) {
+        if ((st = cb_upload_moe_q(b, m, quant, sparts, sp, 2, &ly->q_gu_sh, false, err))) return st;
+    } else if ((st = cb_upload_win(up, &wl->shexp[0].w, ly->wgu_sh, false, err)) ||
+               (st = cb_upload_win(up, &wl->shexp[1].w, (uint8_t *)ly->wgu_sh + (size_t)(S * H) * e, false, err))) {
         return st;
+    }
+    if (sp[2]->format != LOOM_QFMT_NONE) {
+        if ((st = cb_upload_moe_q(b, m, quant, &sparts[2], &sp[2], 1, &ly->q_down_sh, false, err))) return st;
+    } else if ((st = cb_upload_win(up, &wl->shexp[2].w, ly->wdown_sh, false, err))) {
+        return st;
+    }
     return cb_upload_win(up, &wl->shexp_gate, ly->sh_gate, true, err);
 }
 
@@ -1090,7 +1226,7 @@ static loom_status cb_upload_layer(cuda_backend *b, const loom_model_view *m,
         float *bd = ly->bqkv + (k == 0 ? 0 : w->q_rows + (k - 1) * w->kv_rows);
         if ((st = cb_upload_win(up, &wl->bias[k], bd, true, err))) return st;
     }
-    return wl->router.t ? cb_upload_moe(up, w, wl, ly, err) : LOOM_OK;
+    return wl->router.t ? cb_upload_moe(up, m, quant, w, wl, ly, err) : LOOM_OK;
 }
 
 /* Quantized-GEMM scratch: the largest any quantized weight needs at the
@@ -1102,6 +1238,14 @@ static void cb_size_qscratch(cuda_backend *b) {
     for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++)
         for (int gi = 0; gi < CB_NGROUPS; gi++) {
             size_t n = loom_cuda_qgemm_scratch_bytes(b->gemm, b->dt, 0, &b->layers[l].q[gi], mt);
+            if (n > b->qscratch_bytes) b->qscratch_bytes = n;
+        }
+    /* a quantized shared expert runs as a dense FFN (cuda_moe_quant.c) */
+    for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++)
+        for (int k = 0; k < 2; k++) {
+            const loom_cuda_qweight *q = k ? &b->layers[l].q_down_sh : &b->layers[l].q_gu_sh;
+            if (q->fmt == LOOM_CUDA_Q_NONE) continue;
+            size_t n = loom_cuda_qgemm_scratch_bytes(b->gemm, b->dt, 0, q, mt);
             if (n > b->qscratch_bytes) b->qscratch_bytes = n;
         }
     size_t n = loom_cuda_qgemm_scratch_bytes(b->gemm, b->dt, 1, &b->lm_q, lr);
@@ -1176,7 +1320,7 @@ static loom_status cb_load_done(cuda_backend *b, const loom_ww *w, const loom_co
         memcpy(&b->comm, comm, comm->struct_size < sizeof b->comm ? comm->struct_size : sizeof b->comm);
     }
     if ((st = cb_rope_init(b, err)) || (st = cb_work_init(b, err)) || (st = cb_link_buf_init(b, err)) ||
-        (c->num_experts > 0 && (st = cb_moe_work_init(b, err))))
+        (c->num_experts > 0 && ((st = cb_moe_work_init(b, err)) || (st = cb_moe_qwork_init(b, err)))))
         return st;
     b->loaded = true;
     if (h->metric_set) h->metric_set(h->ctx, "backend.cuda.weight_bytes", (double)b->weight_bytes);
@@ -1221,6 +1365,7 @@ static void cb_load_undo(cuda_backend *b) {
     cudaFree(b->rope_cs_local);
     cudaFree(b->work);
     cudaFree(b->moe_work);
+    cudaFree(b->moe_qwork);
     cudaFree(b->meta_dev);
     if (b->meta_host) cudaFreeHost(b->meta_host);
     if (b->logits_host) cudaFreeHost(b->logits_host);
@@ -1228,7 +1373,7 @@ static void cb_load_undo(cuda_backend *b) {
     if (b->mask_host) cudaFreeHost(b->mask_host);
     cb_link_buf_free(b);
     h->free(h->ctx, b->layers);
-    b->weights = b->work = b->moe_work = NULL;
+    b->weights = b->work = b->moe_work = b->moe_qwork = NULL;
     b->rope_cs = NULL;
     b->rope_cs_local = NULL;
     b->meta_dev = b->meta_host = NULL;

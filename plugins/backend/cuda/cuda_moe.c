@@ -111,17 +111,43 @@ static loom_status cb_moe_rc(cuda_backend *b, int rc, const char *msg, const cha
                           l, what, msg);
 }
 
+/* Few pairs and no shared expert (batch-1 decode of Mixtral and Qwen3-MoE):
+ * gate|up GEMVs with SwiGLU fused, then the down GEMVs summing each token's
+ * experts straight into r — two launches for the four (GEMVs, SwiGLU,
+ * GEMVs, combine) of the general path; with Qwen3-30B-A3B's small experts
+ * the launches, not the bytes, were most of a layer. */
+static loom_status cb_moe_gemv_fused(cuda_backend *b, int32_t T, int32_t l, loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    const cuda_layer *ly = &b->layers[l];
+    const int K = c->num_experts_used, I = c->expert_intermediate_size, H = c->hidden_size;
+    loom_status st = cb_moe_launch(b, loom_cuda_moe_gemv_swiglu(b->dt, b->xn, K, b->moe_sel, ly->wgu_exps, T * K, I,
+                                                                H, b->moe_act, b->stream),
+                                   "expert gate|up GEMVs + SwiGLU", l, err);
+    if (st) return st;
+    return cb_moe_launch(b, loom_cuda_moe_gemv_combine(b->dt, b->moe_act, b->moe_sel, b->moe_wt, ly->wdown_exps, T, K,
+                                                       H, I, b->r, b->stream),
+                         "expert down GEMVs + combine", l, err);
+}
+
 /* moe_y (P, H) = the chosen experts' SwiGLU FFNs of their pairs' rows;
- * *rows: the row of pair p in moe_y (NULL: row p). */
-static loom_status cb_moe_experts(cuda_backend *b, int32_t T, int32_t l, const int32_t **rows, loom_error *err) {
+ * *rows: the row of pair p in moe_y (NULL: row p). *combined: r already
+ * holds the combine (cb_moe_gemv_fused). */
+static loom_status cb_moe_experts(cuda_backend *b, int32_t T, int32_t l, const int32_t **rows, bool *combined,
+                                  loom_error *err) {
     const loom_model_config *c = &b->mc;
     const cuda_layer *ly = &b->layers[l];
     const int K = c->num_experts_used, E = c->num_experts, I = c->expert_intermediate_size, H = c->hidden_size;
     const int P = T * K;
     cudaStream_t s = b->stream;
     loom_status st;
+    if (cb_moe_q_routed(ly)) /* quantized experts: cuda_moe_quant.c */
+        return cb_moe_qexperts(b, T, l, P <= CB_MOE_GEMV_PAIRS || b->cfg.batch_invariant, rows, err);
     if (P <= CB_MOE_GEMV_PAIRS || b->cfg.batch_invariant) {
         *rows = NULL;
+        if (!ly->wgu_sh) {
+            *combined = true;
+            return cb_moe_gemv_fused(b, T, l, err);
+        }
         if ((st = cb_moe_launch(b, loom_cuda_moe_gemv(b->dt, b->xn, K, b->moe_sel, ly->wgu_exps, P, 2 * I, H,
                                                       b->moe_gu, s),
                                 "expert gate|up GEMVs", l, err)) ||
@@ -154,6 +180,7 @@ loom_status cb_moe_ffn(cuda_backend *b, int32_t T, int32_t l, loom_error *err) {
     cudaStream_t s = b->stream;
     char msg[256] = "";
     const int32_t *rows = NULL;
+    bool combined = false;
     loom_status st;
     /* (T, H) -> logits (T, E) f32 -> sel / wt (T, K) */
     if ((st = cb_moe_rc(b,
@@ -162,9 +189,10 @@ loom_status cb_moe_ffn(cuda_backend *b, int32_t T, int32_t l, loom_error *err) {
                         msg, "router GEMM", l, err)) ||
         (st = cb_moe_launch(b, loom_cuda_moe_route(b->moe_logits, T, E, K, c->moe_norm_topk, b->moe_sel, b->moe_wt, s),
                             "routing", l, err)) ||
-        (st = cb_moe_experts(b, T, l, &rows, err)))
+        (st = cb_moe_experts(b, T, l, &rows, &combined, err)) || combined)
         return st;
-    if (ly->wgu_sh &&
+    if (cb_moe_q_shared(ly) && (st = cb_moe_qshared(b, T, l, err))) return st;
+    if (ly->wgu_sh && !cb_moe_q_shared(ly) &&
         ((st = cb_moe_rc(b,
                          loom_cuda_gemm_run(b->gemm, b->dt, 0, T, 2 * S, H, b->xn, ly->wgu_sh, b->gu, s, msg,
                                             sizeof msg),
@@ -176,6 +204,6 @@ loom_status cb_moe_ffn(cuda_backend *b, int32_t T, int32_t l, loom_error *err) {
         return st;
     return cb_moe_launch(b,
                          loom_cuda_moe_combine(b->dt, b->r, b->moe_y, rows, b->moe_wt, T, K, H,
-                                               ly->wgu_sh ? b->moe_ysh : NULL, b->xn, ly->sh_gate, s),
+                                               ly->sh_gate ? b->moe_ysh : NULL, b->xn, ly->sh_gate, s),
                          "expert combine", l, err);
 }

@@ -621,6 +621,51 @@ static void parser_free(parser *p) {
     free(p->ranges);
 }
 
+/* g->min_rest: for each element, the fewest code points that finish its
+ * alternative from there (G_MIN_REST_MAX when none or not found in the
+ * passes below: an estimate the matcher uses only to choose cache keys). */
+static bool min_rest(gram *g) {
+    int32_t n = g->n_elems;
+    int32_t *rule = malloc((size_t)(g->n_rules > 0 ? g->n_rules : 1) * sizeof *rule);
+    if (!(g->min_rest = malloc((size_t)(n > 0 ? n : 1) * sizeof *g->min_rest)) || !rule) {
+        free(rule);
+        return false;
+    }
+    for (int32_t r = 0; r < g->n_rules; r++) rule[r] = G_MIN_REST_MAX;
+    for (int pass = 0, changed = 1; changed && pass < 64; pass++) {
+        changed = 0;
+        for (int32_t r = 0; r < g->n_rules; r++) {
+            int64_t best = G_MIN_REST_MAX, sum = 0;
+            for (int32_t a = g->rule_start[r];; a++) {
+                const g_elem *e = &g->elems[a];
+                if (e->type == G_ALT || e->type == G_END) {
+                    if (sum < best) best = sum;
+                    sum = 0;
+                    if (e->type == G_END) break;
+                } else {
+                    sum += e->type == G_CLASS ? 1 : rule[e->arg];
+                    if (sum > G_MIN_REST_MAX) sum = G_MIN_REST_MAX;
+                }
+            }
+            if (best < rule[r]) rule[r] = (int32_t)best, changed = 1;
+        }
+    }
+    for (int32_t r = 0; r < g->n_rules; r++) { /* suffix sums, alternative by alternative */
+        int32_t end = g->rule_start[r];
+        while (g->elems[end].type != G_END) end++;
+        int64_t sum = 0;
+        for (int32_t a = end; a >= g->rule_start[r]; a--) {
+            const g_elem *e = &g->elems[a];
+            if (e->type == G_ALT || e->type == G_END) sum = 0;
+            else sum += e->type == G_CLASS ? 1 : rule[e->arg];
+            if (sum > G_MIN_REST_MAX) sum = G_MIN_REST_MAX;
+            g->min_rest[a] = (int32_t)sum;
+        }
+    }
+    free(rule);
+    return true;
+}
+
 loom_status gram_parse(const char *text, size_t len, const gram_limits *lim, gram *out, char *why, size_t cap) {
     memset(out, 0, sizeof *out);
     parser p = {.s = text, .len = len, .lim = lim, .why = why, .cap = cap};
@@ -646,6 +691,7 @@ loom_status gram_parse(const char *text, size_t len, const gram_limits *lim, gra
         flatten(&p, out);
         ok = check_left_recursion(&p, out);
     }
+    if (ok && !min_rest(out)) ok = fail_at(&p, 0, LOOM_ERR_NOMEM, "out of memory");
     if (ok) {
         out->classes = p.classes, out->n_classes = p.n_classes;
         out->ranges = p.ranges, out->n_ranges = p.n_ranges;
@@ -657,6 +703,7 @@ loom_status gram_parse(const char *text, size_t len, const gram_limits *lim, gra
 }
 
 void gram_free(gram *g) {
+    free(g->min_rest);
     free(g->elems);
     free(g->rule_start);
     free(g->classes);

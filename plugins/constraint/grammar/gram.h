@@ -56,7 +56,10 @@ typedef struct gram {
     uint32_t *ranges;          /* (2 * n_ranges) inclusive [lo, hi] pairs    */
     int32_t n_ranges;
     int32_t root;              /* rule id of "root"                          */
+    int32_t *min_rest;         /* (n_elems) fewest code points that finish an
+                                * element's alternative from it (capped)     */
 } gram;
+#define G_MIN_REST_MAX (1 << 20)
 
 /* buf.c: a growing NUL-terminated text; `oom` once an allocation failed
  * (later writes are dropped). Zero-initialise; the owner frees `s`. */
@@ -131,12 +134,18 @@ void vtrie_free(vtrie *t);
 
 /* Masks already computed for a grammar, by parse state: the state inside
  * a long string (or any loop) repeats step after step, so its mask is
- * computed once. Shared by the grammar's matchers (guarded). */
+ * computed once. Also by cut key (the state without the stack frames
+ * below a token's reach, with the few tokens that reach them listed and
+ * walked whole on each use), so repeated items share their masks.
+ * Shared by the grammar's matchers (guarded). */
 typedef struct mask_cache mask_cache;
 mask_cache *mask_cache_new(int32_t entries, int32_t vocab);
 void mask_cache_free(mask_cache *mc);
 /* Lookups so far that found their mask / did not (for benchmarks). */
 void mask_cache_stats(mask_cache *mc, int64_t *hits, int64_t *misses);
+/* Of those, the masks served through cut keys (from an entry / by a cut
+ * walk), and how many of them walked tokens left to the whole stacks. */
+void mask_cache_cut_stats(mask_cache *mc, int64_t *hits, int64_t *misses, int64_t *unc_walks);
 
 /* A compiled constraint: the grammar and the trie it is matched against. */
 typedef struct gram_compiled {
@@ -145,6 +154,8 @@ typedef struct gram_compiled {
     const loom_vocab_view *vocab;
     gram_limits lim;
     mask_cache *cache;         /* owned; NULL = no caching                   */
+    bool plain_keys;           /* cache masks by whole parse states only (no
+                                * cut keys shared by repeated items)        */
     bool shared;               /* in the plugin's table of shared grammars   */
 } gram_compiled;
 
@@ -158,5 +169,8 @@ bool gmatch_accept_token(gmatch *m, int32_t token);
 bool gmatch_can_end(const gmatch *m);
 bool gmatch_terminated(const gmatch *m);
 loom_status gmatch_fill_mask(gmatch *m, uint32_t *mask, char *why, size_t cap);
+/* Token `token` may come next, checked by running the matcher on its
+ * bytes (no trie, no cache): what its bit in the mask must say. */
+bool gmatch_token_allowed(gmatch *m, int32_t token);
 
 #endif

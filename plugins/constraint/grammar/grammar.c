@@ -36,6 +36,7 @@ typedef struct gr_config {
     int64_t max_repeat;
     int64_t mask_cache;
     int64_t grammar_cache;
+    bool mask_cut_keys;
 } gr_config;
 
 static const loom_param gr_params[] = {
@@ -55,6 +56,9 @@ static const loom_param gr_params[] = {
      "token masks kept per grammar, by parse state (0 = none; each is vocab/8 bytes)"},
     {"grammar_cache", LOOM_PARAM_INT, offsetof(gr_config, grammar_cache), "16", 0, 1024, NULL,
      "compiled grammars kept after their last request ends, for requests with the same text (0 = none)"},
+    {"mask_cut_keys", LOOM_PARAM_BOOL, offsetof(gr_config, mask_cut_keys), "true", 0, 0, NULL,
+     "also cache masks under keys that leave out the parse-stack frames below where a token can reach, so the "
+     "same place in every repeated item shares one mask (false = by whole parse states only)"},
     {0},
 };
 
@@ -76,6 +80,7 @@ typedef struct gr_self {
     const loom_host *host;
     gram_limits lim;
     int32_t mask_cache, grammar_cache;
+    bool mask_cut_keys;
     pthread_mutex_t mu;        /* guards tries and shared                    */
     gr_trie *tries;
     int32_t n_tries, cap_tries;
@@ -93,6 +98,7 @@ static loom_status gr_create(const loom_host *host, const void *config, void **s
                            c->max_stack_depth, c->max_stacks, c->max_repeat};
     s->mask_cache = (int32_t)c->mask_cache;
     s->grammar_cache = (int32_t)c->grammar_cache;
+    s->mask_cut_keys = c->mask_cut_keys;
     pthread_mutex_init(&s->mu, NULL);
     *self = s;
     return LOOM_OK;
@@ -206,6 +212,7 @@ static loom_status compile_new(gr_self *s, const char *lang, const char *text, s
     if (!c) return snprintf(why, cap, "out of memory"), LOOM_ERR_NOMEM;
     c->lim = s->lim;
     c->vocab = vocab;
+    c->plain_keys = !s->mask_cut_keys;
     loom_status st = gram_compile_lang(lang, text, len, &s->lim, &c->g, why, cap);
     if (st == LOOM_OK) st = gr_trie_for(s, vocab, &c->trie, why, cap);
     if (st == LOOM_OK && s->mask_cache > 0 && !(c->cache = mask_cache_new(s->mask_cache, vocab->size)))

@@ -12,11 +12,18 @@
  * allocates nothing once the arena has grown. A set is encoded flat:
  * [stacks, (length, positions bottom..top)...].
  *
+ * Masks are cached by whole state and by cut key (fill_cut: the stacks'
+ * shared bottom frames, which a token cannot reach in fewer than
+ * CUT_MIN_REACH code points, replaced by one marker frame; the tokens that
+ * do pop into it are left to a walk with the whole stacks), so the same
+ * place in each of many repeated items shares one mask.
+ *
  * Limits: a stack deeper than max_stack_depth is dropped (the text may not
  * nest deeper), and at most max_stacks stacks are kept; dropping a stack
  * only narrows what is allowed, so everything allowed still parses.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +45,8 @@ struct vtrie {
     int32_t n_edges, cap_edges;
     int32_t *toks;             /* token ids, grouped by node                 */
     int32_t n_toks;
+    int32_t *sub_end;          /* (n_nodes) nodes are numbered in preorder:
+                                * node i's subtree is [i, sub_end[i])        */
 };
 
 /* Longest piece the trie holds; a longer token is never allowed. */
@@ -127,6 +136,15 @@ loom_status vtrie_build(const loom_vocab_view *v, vtrie **out, char *why, size_t
         return LOOM_ERR_NOMEM;
     }
     free(tk);
+    if (!(t->sub_end = malloc((size_t)t->n_nodes * sizeof *t->sub_end))) {
+        vtrie_free(t);
+        snprintf(why, cap, "out of memory building the vocabulary trie");
+        return LOOM_ERR_NOMEM;
+    }
+    for (int32_t i = t->n_nodes - 1; i >= 0; i--) { /* children come after their parent */
+        const tnode *nd = &t->nodes[i];
+        t->sub_end[i] = nd->n_edges ? t->sub_end[t->edge_child[nd->edge_first + nd->n_edges - 1]] : i + 1;
+    }
     *out = t;
     return LOOM_OK;
 }
@@ -137,6 +155,7 @@ void vtrie_free(vtrie *t) {
     free(t->edge_byte);
     free(t->edge_child);
     free(t->toks);
+    free(t->sub_end);
     free(t);
 }
 
@@ -213,7 +232,20 @@ struct gmatch {
     uint64_t *tkey;            /* (tcap) (set << 21 | cp) + 1, 0 empty       */
     int32_t *tval;
     int32_t tcap, tcount;
+    /* A walk of a set whose stacks' bottom frames are cut off (a hole,
+     * below): `hole` is set when an expansion pops into it, `cut_abort`
+     * when the walk must be given up (a set reached max_stacks, or too
+     * many tokens depend on the frames cut off). */
+    bool cut, hole, cut_abort;
+    int32_t *unc;              /* trie nodes whose subtrees depend on the cut frames */
+    int32_t n_unc, unc_cap;
+    int64_t unc_nodes;         /* their subtrees' sizes, summed              */
 };
+
+/* A hole: the bottom k frames of a stack, cut off for a cache key shared
+ * by every context they stand for, encoded as one frame -1 - k (frames
+ * are element indices, never negative). */
+static int32_t hole_frames(int32_t marker) { return -1 - marker; }
 
 static bool arena_room(gmatch *m, int32_t more) {
     if (m->arena_len + more <= m->arena_cap) return true;
@@ -251,7 +283,11 @@ static void emit(gmatch *m, int32_t len) {
         int32_t at = m->dedup[j].off;
         if (m->arena[at] == len && !memcmp(m->arena + at + 1, m->buf, (size_t)len * sizeof(int32_t))) return;
     }
-    if (m->arena[m->out_off] >= m->c->lim.max_stacks || !arena_room(m, len + 1)) return;
+    if (m->arena[m->out_off] >= m->c->lim.max_stacks) {
+        if (m->cut) m->cut_abort = true;
+        return;
+    }
+    if (!arena_room(m, len + 1)) return;
     m->dedup[j] = (dedup_slot){m->dedup_epoch, m->arena_len};
     m->arena[m->arena_len++] = len;
     memcpy(m->arena + m->arena_len, m->buf, (size_t)len * sizeof(int32_t));
@@ -280,14 +316,24 @@ static void expand_alts(gmatch *m, int32_t r, int32_t base, int depth) {
 /* Expand buf[0..len) until its top is a class (or it is empty), emitting
  * each result. */
 static void expand(gmatch *m, int32_t len, int depth) {
+    /* a cut stack is as deep as the frames it stands for */
+    const int32_t real = len > 0 && m->buf[0] < 0 ? len - 1 + hole_frames(m->buf[0]) : len;
     /* a full set takes nothing more: stop expanding (only narrows the mask) */
-    if (depth > 4096 || len > m->c->lim.max_stack_depth || m->arena[m->out_off] >= m->c->lim.max_stacks) return;
+    if (m->arena[m->out_off] >= m->c->lim.max_stacks) {
+        if (m->cut) m->cut_abort = true; /* which stacks a full set keeps depends on the cut frames */
+        return;
+    }
+    if (depth > 4096 || real > m->c->lim.max_stack_depth) return;
     if (len == 0) {
         emit(m, 0);
         return;
     }
     const gram *g = &m->c->g;
     int32_t pos = m->buf[len - 1];
+    if (pos < 0) { /* popped into the cut frames: what follows depends on them */
+        m->hole = true;
+        return;
+    }
     if (g->elems[pos].type == G_CLASS) {
         emit(m, len);
         return;
@@ -419,7 +465,8 @@ void gmatch_free(gmatch *m) {
     free(m);
 }
 
-bool gmatch_accept_bytes(gmatch *m, const uint8_t *b, size_t n) {
+/* The bytes keep the text in the language; commit: advance to after them. */
+static bool accept_bytes(gmatch *m, const uint8_t *b, size_t n, bool commit) {
     if (m->terminated) return false;
     int32_t set = load_cur(m);
     if (set < 0) return false;
@@ -434,10 +481,13 @@ bool gmatch_accept_bytes(gmatch *m, const uint8_t *b, size_t n) {
         }
         if ((set = advance(m, false, set, cp)) < 0 || set_count(m, set) == 0) return false;
     }
+    if (!commit) return !m->oom;
     if (m->oom || !store_cur(m, set)) return false;
     m->u = u;
     return true;
 }
+
+bool gmatch_accept_bytes(gmatch *m, const uint8_t *b, size_t n) { return accept_bytes(m, b, n, true); }
 
 bool gmatch_can_end(const gmatch *m) { return !m->terminated && m->u.need == 0 && set_has_empty(m->cur); }
 bool gmatch_terminated(const gmatch *m) { return m->terminated; }
@@ -468,7 +518,10 @@ typedef struct mc_entry {
     uint64_t hash, used;       /* used: the shard's clock at the last hit    */
     int32_t *key;              /* the encoded set then the UTF-8 state       */
     int32_t key_len;
-    uint32_t *mask;
+    uint32_t *mask;            /* NULL: a cut key whose walk was given up    */
+    int32_t *unc;              /* (n_unc) trie nodes a cut key's mask leaves
+                                * to a walk with the whole stacks           */
+    int32_t n_unc;
 } mc_entry;
 
 /* The cache is split by key hash into shards, each with its own lock and an
@@ -483,12 +536,13 @@ typedef struct mc_shard {
     int32_t *slot;             /* (2 * cap) entry index or -1                */
     int32_t n, cap;
     uint64_t clock;
-    int64_t hits, misses;
 } mc_shard;
 
 struct mask_cache {
     mc_shard sh[MC_SHARDS];
     size_t words;
+    _Atomic int64_t hits, misses; /* masks served from an entry / by a walk */
+    _Atomic int64_t cut_hits, cut_misses, unc_walks; /* through cut keys     */
 };
 
 mask_cache *mask_cache_new(int32_t entries, int32_t vocab) {
@@ -519,6 +573,7 @@ void mask_cache_free(mask_cache *mc) {
         for (int32_t i = 0; i < sh->n; i++) {
             free(sh->e[i].key);
             free(sh->e[i].mask);
+            free(sh->e[i].unc);
         }
         free(sh->e);
         free(sh->slot);
@@ -528,13 +583,14 @@ void mask_cache_free(mask_cache *mc) {
 }
 
 void mask_cache_stats(mask_cache *mc, int64_t *hits, int64_t *misses) {
-    *hits = *misses = 0;
-    for (int32_t s = 0; s < MC_SHARDS; s++) {
-        pthread_mutex_lock(&mc->sh[s].mu);
-        *hits += mc->sh[s].hits;
-        *misses += mc->sh[s].misses;
-        pthread_mutex_unlock(&mc->sh[s].mu);
-    }
+    *hits = mc->hits;
+    *misses = mc->misses;
+}
+
+void mask_cache_cut_stats(mask_cache *mc, int64_t *hits, int64_t *misses, int64_t *unc_walks) {
+    *hits = mc->cut_hits;
+    *misses = mc->cut_misses;
+    *unc_walks = mc->unc_walks;
 }
 
 static mc_shard *shard_of(mask_cache *mc, uint64_t h) { return &mc->sh[(h >> 59) & (MC_SHARDS - 1)]; }
@@ -571,41 +627,56 @@ static int32_t state_key(gmatch *m, uint64_t *hash) {
     return off;
 }
 
-static bool cache_get(mask_cache *mc, const int32_t *key, int32_t len, uint64_t h, uint32_t *mask) {
+static bool unc_room(gmatch *m, int32_t n);
+
+/* 1: found, its mask copied and its uncertain nodes into m->unc; -1: a
+ * given-up cut key; 0: absent (or no room for the nodes). */
+static int cache_get(mask_cache *mc, gmatch *m, const int32_t *key, int32_t len, uint64_t h, uint32_t *mask) {
     mc_shard *sh = shard_of(mc, h);
+    int r = 0;
     pthread_mutex_lock(&sh->mu);
     int32_t i = sh->cap ? sh->slot[shard_find(sh, key, len, h)] : -1; /* a cache smaller than its shards */
     if (i >= 0) {
-        memcpy(mask, sh->e[i].mask, mc->words * sizeof *mask);
+        const mc_entry *e = &sh->e[i];
+        if (!e->mask) {
+            r = -1;
+        } else if (unc_room(m, e->n_unc)) {
+            memcpy(mask, e->mask, mc->words * sizeof *mask);
+            memcpy(m->unc, e->unc, (size_t)e->n_unc * sizeof *e->unc);
+            m->n_unc = e->n_unc;
+            r = 1;
+        }
         sh->e[i].used = ++sh->clock;
-        sh->hits++;
-    } else {
-        sh->misses++;
     }
     pthread_mutex_unlock(&sh->mu);
-    return i >= 0;
+    return r;
 }
 
 /* Keep mask under key in its shard, evicting the shard's least recently
  * used entry when full (nothing is kept when memory runs out: caching is
  * only a saving; a key another worker put meanwhile is kept once). */
-static void cache_put(mask_cache *mc, const int32_t *key, int32_t len, uint64_t h, const uint32_t *mask) {
+static void cache_put(mask_cache *mc, const int32_t *key, int32_t len, uint64_t h, const uint32_t *mask,
+                      const int32_t *unc, int32_t n_unc) {
     mc_shard *sh = shard_of(mc, h);
     if (sh->cap == 0) return;
     int32_t *k = malloc((size_t)len * sizeof *k);
-    uint32_t *mk = malloc(mc->words * sizeof *mk);
-    if (!k || !mk) {
+    uint32_t *mk = mask ? malloc(mc->words * sizeof *mk) : NULL;
+    int32_t *uk = n_unc > 0 ? malloc((size_t)n_unc * sizeof *uk) : NULL;
+    if (!k || (mask && !mk) || (n_unc > 0 && !uk)) {
         free(k);
         free(mk);
+        free(uk);
         return;
     }
     memcpy(k, key, (size_t)len * sizeof *k);
-    memcpy(mk, mask, mc->words * sizeof *mk);
+    if (mask) memcpy(mk, mask, mc->words * sizeof *mk);
+    if (n_unc > 0) memcpy(uk, unc, (size_t)n_unc * sizeof *uk);
     pthread_mutex_lock(&sh->mu);
     if (sh->slot[shard_find(sh, key, len, h)] >= 0) {
         pthread_mutex_unlock(&sh->mu);
         free(k);
         free(mk);
+        free(uk);
         return;
     }
     int32_t at = sh->n;
@@ -615,12 +686,14 @@ static void cache_put(mask_cache *mc, const int32_t *key, int32_t len, uint64_t 
             if (sh->e[i].used < sh->e[at].used) at = i;
         free(sh->e[at].key);
         free(sh->e[at].mask);
+        free(sh->e[at].unc);
         sh->e[at] = (mc_entry){0};
         shard_reindex(sh);
     } else {
         sh->n++;
     }
-    sh->e[at] = (mc_entry){.hash = h, .used = ++sh->clock, .key = k, .key_len = len, .mask = mk};
+    sh->e[at] = (mc_entry){.hash = h, .used = ++sh->clock, .key = k, .key_len = len, .mask = mk, .unc = uk,
+                           .n_unc = n_unc};
     sh->slot[shard_find(sh, key, len, h)] = at;
     pthread_mutex_unlock(&sh->mu);
 }
@@ -731,45 +804,223 @@ static int64_t trans_slot(gmatch *m, int32_t set, uint32_t cp, bool *found) {
 }
 
 /* The interned set after cp from interned set `set`: -1 when nothing
- * survives, -2 when out of memory. */
+ * survives, -2 when out of memory, -3 (a cut set) when some stack pops
+ * into its cut frames, -4 (a cut set) when the walk must be given up. */
 static int32_t step_interned(gmatch *m, int32_t set, uint32_t cp) {
     bool found;
     int64_t slot = trans_slot(m, set, cp, &found);
     if (slot < 0) return -2;
     if (found) return m->tval[slot];
     int32_t mark = m->arena_len;
-    int32_t off = advance(m, true, set, cp);
-    int32_t next = off < 0 ? -2 : m->arena[off] == 0 ? -1 : intern(m, m->arena + off);
+    m->hole = false;
+    int32_t off = advance(m, true, set, cp), next;
+    if (off < 0) next = -2;
+    else if (m->cut_abort) next = -4;
+    else if (m->hole) next = -3;
+    else if (m->arena[off] == 0) next = -1;
+    else if ((next = intern(m, m->arena + off)) < 0) next = -2;
     m->arena_len = mark;
-    if (next == -2 || (off >= 0 && m->arena[off] != 0 && next < 0)) {
-        m->tkey[slot] = 0; /* not kept: out of memory */
+    if (next == -2 || next == -4) {
+        m->tkey[slot] = 0; /* not kept: out of memory, or a given-up walk */
         m->tcount--;
-        return -2;
+        return next;
     }
     m->tval[slot] = next;
     return next;
 }
 
+/* Nodes whose tokens a cut walk leaves to a walk with the whole stacks:
+ * few and small, or the cut is not worth its key. */
+#define UNC_MAX_NODES 32
+#define UNC_MAX_SUBTREE 1024
+
+static bool unc_room(gmatch *m, int32_t n) {
+    return vt_grow((void **)&m->unc, &m->unc_cap, n > 0 ? n : 1, sizeof *m->unc);
+}
+
 static void walk(gmatch *m, int32_t node, int32_t set, utf8_state u, uint32_t *mask) {
     const vtrie *t = m->c->trie;
     const tnode *nd = &t->nodes[node];
-    for (int32_t e = 0; e < nd->n_edges && !m->oom; e++) {
+    for (int32_t e = 0; e < nd->n_edges && !m->oom && !m->cut_abort; e++) {
         utf8_state u2 = u;
         uint32_t cp;
         int r = utf8_step(&u2, t->edge_byte[nd->edge_first + e], &cp);
         int32_t next = set;
+        int32_t child = t->edge_child[nd->edge_first + e];
         if (r < 0) continue;
         if (r == 1) {
             next = step_interned(m, set, cp);
             if (next == -2) m->oom = true;
+            if (next == -3) { /* this subtree depends on the cut frames: left to the whole stacks */
+                m->unc_nodes += t->sub_end[child] - child;
+                if (m->n_unc >= UNC_MAX_NODES || m->unc_nodes > UNC_MAX_SUBTREE || !unc_room(m, m->n_unc + 1))
+                    m->cut_abort = true;
+                else
+                    m->unc[m->n_unc++] = child;
+            }
             if (next < 0) continue;
         } else if (!partial_fits(m, true, set, &u2)) {
             continue;
         }
-        int32_t child = t->edge_child[nd->edge_first + e];
         allow_node(t, &t->nodes[child], mask);
         if (t->nodes[child].n_edges > 0) walk(m, child, next, u2, mask);
     }
+}
+
+/* The tokens under the trie nodes unc[lo..hi) (preorder ids, sorted, no
+ * one inside another), walked from `node` with the whole stacks. */
+static void walk_unc(gmatch *m, int32_t node, int32_t set, utf8_state u, uint32_t *mask, const int32_t *unc,
+                     int32_t lo, int32_t hi) {
+    const vtrie *t = m->c->trie;
+    const tnode *nd = &t->nodes[node];
+    for (int32_t e = 0; e < nd->n_edges && lo < hi && !m->oom; e++) {
+        int32_t child = t->edge_child[nd->edge_first + e], end = t->sub_end[child];
+        while (lo < hi && unc[lo] < child) lo++; /* not below this node (cannot happen) */
+        int32_t j = lo;
+        while (j < hi && unc[j] < end) j++;
+        if (j == lo) continue;
+        utf8_state u2 = u;
+        uint32_t cp;
+        int r = utf8_step(&u2, t->edge_byte[nd->edge_first + e], &cp);
+        int32_t next = set;
+        if (r == 1) {
+            next = step_interned(m, set, cp);
+            if (next == -2) m->oom = true;
+        } else if (r < 0 || !partial_fits(m, true, set, &u2)) {
+            next = -1;
+        }
+        if (next >= 0) {
+            if (unc[lo] == child) {
+                allow_node(t, &t->nodes[child], mask);
+                if (t->nodes[child].n_edges > 0) walk(m, child, next, u2, mask);
+            } else {
+                walk_unc(m, child, next, u2, mask, unc, lo, j);
+            }
+        }
+        lo = j;
+    }
+}
+
+/* The current set with the bottom k frames of every stack cut off (each
+ * stack keeps at least its top) followed by the UTF-8 state, in the arena:
+ * a cache key for every context those frames may hold. Returns its offset;
+ * *len its length. */
+static int32_t cut_key(gmatch *m, int32_t k, int32_t *len, uint64_t *hash) {
+    if (!arena_room(m, m->cur_len + 3)) return -1;
+    int32_t off = m->arena_len, w = off + 1, at = 1;
+    int32_t *a = m->arena;
+    a[off] = m->cur[0];
+    for (int32_t s = 0; s < m->cur[0]; s++) {
+        int32_t n = m->cur[at];
+        a[w++] = n - k + 1;
+        a[w++] = -1 - k;
+        memcpy(a + w, m->cur + at + 1 + k, (size_t)(n - k) * sizeof *a);
+        w += n - k;
+        at += 1 + n;
+    }
+    a[w++] = (int32_t)m->u.val;
+    a[w++] = m->u.need;
+    a[w++] = m->u.len;
+    *len = w - off;
+    *hash = hash_ints(a + off, *len);
+    return off;
+}
+
+/* The frames every stack of the current set shares at its bottom, at most
+ * the shortest stack's length less one. */
+static int32_t shared_bottom(const gmatch *m) {
+    const int32_t *c = m->cur;
+    if (c[0] == 0) return 0;
+    int32_t k = c[1] - 1;
+    for (int32_t s = 0, at = 1; s < c[0] && k > 0; s++) {
+        int32_t n = c[at];
+        if (n - 1 < k) k = n - 1;
+        int32_t i = 0;
+        while (i < k && c[at + 1 + i] == c[2 + i]) i++;
+        k = i;
+        at += 1 + n;
+    }
+    return k > 0 ? k : 0;
+}
+
+static void add_eog(gmatch *m, uint32_t *mask) {
+    const loom_vocab_view *v = m->c->vocab;
+    if (gmatch_can_end(m))
+        for (int32_t i = 0; i < v->num_eog; i++)
+            if (v->eog[i] >= 0 && v->eog[i] < v->size) mask[v->eog[i] >> 5] |= 1u << (v->eog[i] & 31);
+}
+
+/* How many cuts a mask tries, the deepest first, and the fewest code
+ * points a token must hold to reach a cut's frames (fewer: too many tokens
+ * would be left to the whole stacks). */
+#define CUT_TRIES 3
+#define CUT_MIN_REACH 3
+
+/* The fewest code points that pop some stack of the current set into its
+ * bottom k frames. */
+static int64_t cut_reach(const gmatch *m, int32_t k) {
+    const int32_t *c = m->cur, *rest = m->c->g.min_rest;
+    int64_t best = INT64_MAX;
+    for (int32_t s = 0, at = 1; s < c[0]; s++) {
+        int64_t sum = 0;
+        for (int32_t i = k; i < c[at]; i++) sum += rest[c[at + 1 + i]];
+        if (sum < best) best = sum;
+        at += 1 + c[at];
+    }
+    return best;
+}
+
+/* The mask through a cut key (the frames below where a token can reach
+ * are left out, so the same place in each of many repeated items shares
+ * one entry): from the cache, or one walk of the cut set, which leaves the
+ * tokens that reach the cut frames (m->unc) to a walk of the whole set.
+ * Returns 1 when done (*hit: from the cache), 0 when no cut serves (a
+ * plain key then), -1 out of memory. */
+static int fill_cut(gmatch *m, uint32_t *mask, bool *hit) {
+    mask_cache *mc = m->c->cache;
+    int32_t top = shared_bottom(m), base = m->arena_len;
+    while (top >= 1 && cut_reach(m, top) < CUT_MIN_REACH) top--;
+    for (int32_t k = top; k >= 1 && k > top - CUT_TRIES; k--) {
+        int32_t len;
+        uint64_t h;
+        m->arena_len = base;
+        int32_t key = cut_key(m, k, &len, &h);
+        if (key < 0) return -1;
+        m->arena_len = key + len;
+        int r = cache_get(mc, m, m->arena + key, len, h, mask);
+        if (r < 0) continue;
+        *hit = r > 0;
+        if (r == 0) {
+            int32_t set = intern(m, m->arena + key);
+            if (set < 0) return -1;
+            m->cut = true;
+            m->cut_abort = false;
+            m->n_unc = 0;
+            m->unc_nodes = 0;
+            walk(m, 0, set, m->u, mask);
+            m->cut = false;
+            if (m->oom) return -1;
+            if (m->cut_abort) {
+                m->cut_abort = false;
+                memset(mask, 0, LOOM_MASK_WORDS(m->c->vocab->size) * sizeof(uint32_t));
+                cache_put(mc, m->arena + key, len, h, NULL, NULL, 0);
+                continue;
+            }
+            add_eog(m, mask);
+            cache_put(mc, m->arena + key, len, h, mask, m->unc, m->n_unc);
+        }
+        atomic_fetch_add(*hit ? &mc->cut_hits : &mc->cut_misses, 1);
+        if (m->n_unc > 0) {
+            atomic_fetch_add(&mc->unc_walks, 1);
+            int32_t set = intern(m, m->cur);
+            if (set < 0) return -1;
+            walk_unc(m, 0, set, m->u, mask, m->unc, 0, m->n_unc);
+            if (m->oom) return -1;
+        }
+        return 1;
+    }
+    m->arena_len = base;
+    return 0;
 }
 
 loom_status gmatch_fill_mask(gmatch *m, uint32_t *mask, char *why, size_t cap) {
@@ -780,22 +1031,41 @@ loom_status gmatch_fill_mask(gmatch *m, uint32_t *mask, char *why, size_t cap) {
     uint64_t h = 0;
     int32_t key = -1, set;
     m->arena_len = 0;
+    if (m->iset_len > MEMO_MAX_INTS || m->tcount > MEMO_MAX_TRANS) memo_reset(m);
+    if (mc && !m->c->plain_keys && m->c->g.min_rest) {
+        bool hit = false;
+        int r = fill_cut(m, mask, &hit);
+        if (r < 0) goto oom;
+        if (r > 0) {
+            atomic_fetch_add(hit ? &mc->hits : &mc->misses, 1);
+            return LOOM_OK;
+        }
+    }
     if (mc) {
         if ((key = state_key(m, &h)) < 0) goto oom;
         m->arena_len = key + m->cur_len + 3;
-        if (cache_get(mc, m->arena + key, m->cur_len + 3, h, mask)) return LOOM_OK;
+        int r = cache_get(mc, m, m->arena + key, m->cur_len + 3, h, mask);
+        atomic_fetch_add(r > 0 ? &mc->hits : &mc->misses, 1);
+        if (r > 0) return LOOM_OK;
     }
-    if (m->iset_len > MEMO_MAX_INTS || m->tcount > MEMO_MAX_TRANS) memo_reset(m);
     if ((set = intern(m, m->cur)) < 0) goto oom;
     walk(m, 0, set, m->u, mask);
     if (m->oom) goto oom;
-    if (gmatch_can_end(m))
-        for (int32_t i = 0; i < v->num_eog; i++)
-            if (v->eog[i] >= 0 && v->eog[i] < v->size) mask[v->eog[i] >> 5] |= 1u << (v->eog[i] & 31);
-    if (key >= 0) cache_put(mc, m->arena + key, m->cur_len + 3, h, mask);
+    add_eog(m, mask);
+    if (key >= 0) cache_put(mc, m->arena + key, m->cur_len + 3, h, mask, NULL, 0);
     return LOOM_OK;
 oom:
     snprintf(why, cap, "out of memory computing a token mask");
     m->oom = false;
+    m->cut = m->cut_abort = false;
     return LOOM_ERR_NOMEM;
+}
+
+bool gmatch_token_allowed(gmatch *m, int32_t token) {
+    const loom_vocab_view *v = m->c->vocab;
+    if (token < 0 || token >= v->size || m->terminated) return false;
+    size_t len = 0;
+    const char *b = v->piece(v->ctx, token, &len);
+    bool bytes = b && len > 0 && len <= VTRIE_MAX_PIECE && accept_bytes(m, (const uint8_t *)b, len, false);
+    return bytes || (is_eog(v, token) && gmatch_can_end(m));
 }

@@ -1,0 +1,145 @@
+/*
+ * plugins/backend/cuda/cuda_moe_quant.c — the cuda MoE layer on quantized
+ * expert weights (docs/moe.md, "Quantized experts on CUDA"). Routing,
+ * grouping and the combine are cuda_moe.c's; what changes is each
+ * projection's kernel:
+ *   routed gate|up / down quantized: loom_cuda_moe_qgemv (few pairs) or
+ *     loom_cuda_moe_qgemm (the grouped GEMM) on the stacked quantized
+ *     experts; W8A8 / FP8 first quantize their input rows per row
+ *     (loom_cuda_moe_quant_act: the normed rows once per step for gate|up,
+ *     silu(gate) * up formed inside the quantization for down);
+ *   the shared expert quantized: the dense quantized linear layers
+ *     (loom_cuda_qgemm_run, loom_cuda_qgemm_swiglu_run), as a dense FFN.
+ * A projection left in dt (the quantizer skipped it) runs moe.cu's kernel.
+ */
+#include "cuda_backend.h"
+
+#include <stdio.h>
+
+bool cb_moe_q_routed(const cuda_layer *ly) {
+    return ly->q_gu_exps.fmt != LOOM_CUDA_Q_NONE || ly->q_down_exps.fmt != LOOM_CUDA_Q_NONE;
+}
+
+bool cb_moe_q_shared(const cuda_layer *ly) {
+    return ly->q_gu_sh.fmt != LOOM_CUDA_Q_NONE || ly->q_down_sh.fmt != LOOM_CUDA_Q_NONE;
+}
+
+static size_t cb_mq_round(size_t n) { return (n + 255) & ~(size_t)255; }
+
+loom_status cb_moe_qwork_init(cuda_backend *b, loom_error *err) {
+    const loom_host *h = b->host;
+    const loom_model_config *c = &b->mc;
+    bool gu = false, down = false;
+    for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++) {
+        gu |= loom_cuda_moe_qacts(b->layers[l].q_gu_exps.fmt) != 0;
+        down |= loom_cuda_moe_qacts(b->layers[l].q_down_exps.fmt) != 0;
+    }
+    b->moe_qwork = NULL;
+    b->moe_xq = b->moe_aq = NULL;
+    b->moe_xsx = b->moe_asx = NULL;
+    if (!gu && !down) return LOOM_OK;
+    const size_t MT = (size_t)b->max_tokens, P = MT * (size_t)c->num_experts_used;
+    const size_t H = (size_t)c->hidden_size, I = (size_t)c->expert_intermediate_size;
+    const size_t sz[4] = {gu ? MT * H : 0, gu ? MT * 4 : 0, down ? P * I : 0, down ? P * 4 : 0};
+    size_t total = 0, free_b = 0, tot = 0;
+    for (int i = 0; i < 4; i++) total += cb_mq_round(sz[i]);
+    loom_status st;
+    if ((st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &tot)))) return st;
+    if (total > free_b)
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                        "backend cuda: the quantized experts' activation codes for max_batched_tokens = %zu need "
+                        "%.1f MiB, device %d has %.1f MiB free; lower the backend's max_batched_tokens",
+                        MT, (double)total / 1048576.0, b->device, (double)free_b / 1048576.0);
+    if ((st = CB_CUDA(b, err, cudaMalloc(&b->moe_qwork, total)))) return st;
+    uint8_t *p = b->moe_qwork;
+    void **dst[4] = {(void **)&b->moe_xq, (void **)&b->moe_xsx, (void **)&b->moe_aq, (void **)&b->moe_asx};
+    for (int i = 0; i < 4; i++) {
+        *dst[i] = sz[i] ? p : NULL;
+        p += cb_mq_round(sz[i]);
+    }
+    h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "quantized experts' activation codes: %.1f MiB",
+           (double)total / 1048576.0);
+    return LOOM_OK;
+}
+
+static loom_status cb_mq_launch(cuda_backend *b, cudaError_t e, const char *what, int32_t l, loom_error *err) {
+    if (e == cudaSuccess) return LOOM_OK;
+    (void)cudaGetLastError();
+    return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE, "backend cuda (device %d): layer %d %s: %s",
+                          b->device, l, what, cudaGetErrorString(e));
+}
+
+static loom_status cb_mq_rc(cuda_backend *b, int rc, const char *msg, const char *what, int32_t l,
+                            loom_error *err) {
+    if (rc == 0) return LOOM_OK;
+    (void)cudaGetLastError();
+    return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE, "backend cuda (device %d): layer %d %s: %s", b->device,
+                          l, what, msg);
+}
+
+loom_status cb_moe_qexperts(cuda_backend *b, int32_t T, int32_t l, bool gemv, const int32_t **rows,
+                            loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    const cuda_layer *ly = &b->layers[l];
+    const int K = c->num_experts_used, E = c->num_experts, I = c->expert_intermediate_size, H = c->hidden_size;
+    const int P = T * K;
+    const loom_cuda_qweight *qgu = ly->q_gu_exps.fmt != LOOM_CUDA_Q_NONE ? &ly->q_gu_exps : NULL;
+    const loom_cuda_qweight *qd = ly->q_down_exps.fmt != LOOM_CUDA_Q_NONE ? &ly->q_down_exps : NULL;
+    const bool agu = qgu && loom_cuda_moe_qacts(qgu->fmt), ad = qd && loom_cuda_moe_qacts(qd->fmt);
+    cudaStream_t s = b->stream;
+    const int tiles = loom_cuda_moe_max_tiles(P, E);
+    loom_status st;
+    *rows = gemv ? NULL : b->moe_inv;
+    /* gate|up: (T, H) -> moe_gu (P, 2I), pair rows or sorted rows */
+    if (agu && (st = cb_mq_launch(b, loom_cuda_moe_quant_act(b->dt, qgu->fmt, 0, T, H, b->xn, b->moe_xq, b->moe_xsx, s),
+                                  "expert input codes", l, err)))
+        return st;
+    if (!gemv && (st = cb_mq_launch(b, loom_cuda_moe_group(b->moe_sel, P, E, b->moe_off, b->moe_perm, b->moe_inv,
+                                                           b->moe_tiles, s),
+                                    "expert grouping", l, err)))
+        return st;
+    cudaError_t e;
+    if (gemv)
+        e = qgu ? loom_cuda_moe_qgemv(b->dt, b->xn, b->moe_xq, b->moe_xsx, K, b->moe_sel, qgu, P, b->moe_gu, s)
+                : loom_cuda_moe_gemv(b->dt, b->xn, K, b->moe_sel, ly->wgu_exps, P, 2 * I, H, b->moe_gu, s);
+    else
+        e = qgu ? loom_cuda_moe_qgemm(b->dt, b->xn, b->moe_xq, b->moe_xsx, b->moe_perm, K, qgu, b->moe_tiles, tiles,
+                                      b->moe_gu, s)
+                : loom_cuda_moe_gemm(b->dt, b->xn, b->moe_perm, K, ly->wgu_exps, b->moe_tiles, tiles, 2 * I, H,
+                                     b->moe_gu, s);
+    if ((st = cb_mq_launch(b, e, gemv ? "expert gate|up GEMVs" : "expert gate|up GEMM", l, err))) return st;
+    /* SwiGLU: into the codes of the down projection's input, or moe_act */
+    e = ad ? loom_cuda_moe_quant_act(b->dt, qd->fmt, 1, P, I, b->moe_gu, b->moe_aq, b->moe_asx, s)
+           : loom_cuda_swiglu(b->dt, b->moe_act, b->moe_gu, P, I, s);
+    if ((st = cb_mq_launch(b, e, ad ? "expert SwiGLU codes" : "expert SwiGLU", l, err))) return st;
+    /* down: moe_act / codes (P, I) -> moe_y (P, H), same rows */
+    if (gemv)
+        e = qd ? loom_cuda_moe_qgemv(b->dt, b->moe_act, b->moe_aq, b->moe_asx, 1, b->moe_sel, qd, P, b->moe_y, s)
+               : loom_cuda_moe_gemv(b->dt, b->moe_act, 1, b->moe_sel, ly->wdown_exps, P, H, I, b->moe_y, s);
+    else
+        e = qd ? loom_cuda_moe_qgemm(b->dt, b->moe_act, b->moe_aq, b->moe_asx, NULL, 1, qd, b->moe_tiles, tiles,
+                                     b->moe_y, s)
+               : loom_cuda_moe_gemm(b->dt, b->moe_act, NULL, 1, ly->wdown_exps, b->moe_tiles, tiles, H, I, b->moe_y,
+                                    s);
+    return cb_mq_launch(b, e, gemv ? "expert down GEMVs" : "expert down GEMM", l, err);
+}
+
+loom_status cb_moe_qshared(cuda_backend *b, int32_t T, int32_t l, loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    const cuda_layer *ly = &b->layers[l];
+    const int H = c->hidden_size, S = c->shared_expert_intermediate_size;
+    cudaStream_t s = b->stream;
+    char msg[256] = "";
+    int rc = ly->q_gu_sh.fmt != LOOM_CUDA_Q_NONE
+                 ? loom_cuda_qgemm_run(b->gemm, b->dt, 0, T, &ly->q_gu_sh, b->xn, b->gu, b->qscratch,
+                                       b->qscratch_bytes, s, msg, sizeof msg)
+                 : loom_cuda_gemm_run(b->gemm, b->dt, 0, T, 2 * S, H, b->xn, ly->wgu_sh, b->gu, s, msg, sizeof msg);
+    loom_status st = cb_mq_rc(b, rc, msg, "shared expert gate|up", l, err);
+    if (st) return st;
+    rc = ly->q_down_sh.fmt != LOOM_CUDA_Q_NONE
+             ? loom_cuda_qgemm_swiglu_run(b->gemm, b->dt, T, &ly->q_down_sh, b->gu, b->act, b->moe_ysh, b->qscratch,
+                                          b->qscratch_bytes, s, msg, sizeof msg)
+             : loom_cuda_gemm_swiglu_run(b->gemm, b->dt, T, H, S, b->gu, ly->wdown_sh, b->act, b->moe_ysh, s, msg,
+                                         sizeof msg);
+    return cb_mq_rc(b, rc, msg, "shared expert down", l, err);
+}
