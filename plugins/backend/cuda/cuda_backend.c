@@ -81,7 +81,7 @@ static const loom_param cb_params[] = {
      .doc = "fewest rows (1..8) from which W8A8 / FP8 / INT4 linear layers run the tensor-core GEMV, not "
             "the CUDA-core one; 0 = the crossover measured on the H200 (2 rows W8A8 / FP8, 3 INT4), 9 = never"},
     {.key = "kv_groups", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, kv_groups),
-     .default_value = "false",
+     .default_value = "true",
      .doc = "propose block-table groups to the cache (Gemma 3: sliding-window layers' blocks freed behind the "
             "window, cache.sliding_window: auto); false: one table, every layer's whole history"},
     {.key = "sm_count", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, sm_count),
@@ -468,7 +468,7 @@ static loom_status cb_memory(void *self, loom_backend_memory *out, loom_error *e
     return LOOM_OK;
 }
 
-/* kv_groups() (loom/backend.h): with the kv_groups parameter, the plan
+/* kv_groups() (loom/backend.h): with the kv_groups parameter (default on), the plan
  * every backend makes alike (kv_groups.h) over this instance's layers — a
  * tensor-parallel rank holds them all, a pipeline stage its own; without
  * it one group of those layers and no window, so the cache keeps each
