@@ -568,6 +568,7 @@ static const loom_constraint_ops *load_ops(void **dl) {
 /* The grammar plugin's parameters, in gr_params' order. */
 typedef struct {
     int64_t text, elems, depth, stack, stacks, rep, cache, grammars;
+    bool cut_keys;
 } grammar_cfg;
 
 /* Requests with one language and text share one grammar (and its mask
@@ -576,7 +577,7 @@ typedef struct {
 Test(plugin, grammars_are_shared_by_text) {
     void *dl;
     const loom_constraint_ops *ops = load_ops(&dl);
-    grammar_cfg cfg = {1 << 20, 100000, 16, 64, 64, 100, 4, 1};
+    grammar_cfg cfg = {1 << 20, 100000, 16, 64, 64, 100, 4, 1, true};
     void *self, *a, *b, *c, *d;
     loom_error err = {0};
     cr_assert_eq(ops->create(fake_host(), &cfg, &self, &err), LOOM_OK, "%s", err.message);
@@ -609,7 +610,7 @@ Test(plugin, compile_match_and_errors_through_the_ops) {
     void *dl;
     const loom_constraint_ops *ops = load_ops(&dl);
     const loom_host *h = fake_host();
-    grammar_cfg cfg = {1 << 20, 100000, 16, 64, 64, 100, 4, 2};
+    grammar_cfg cfg = {1 << 20, 100000, 16, 64, 64, 100, 4, 2, true};
     void *self, *g = NULL, *m = NULL;
     loom_error err = {0};
     cr_assert_eq(ops->create(h, &cfg, &self, &err), LOOM_OK, "%s", err.message);

@@ -462,6 +462,7 @@ void gmatch_free(gmatch *m) {
     free(m->cur);
     free(m->arena);
     free(m->buf);
+    free(m->unc);
     free(m);
 }
 
@@ -642,7 +643,7 @@ static int cache_get(mask_cache *mc, gmatch *m, const int32_t *key, int32_t len,
             r = -1;
         } else if (unc_room(m, e->n_unc)) {
             memcpy(mask, e->mask, mc->words * sizeof *mask);
-            memcpy(m->unc, e->unc, (size_t)e->n_unc * sizeof *e->unc);
+            if (e->n_unc > 0) memcpy(m->unc, e->unc, (size_t)e->n_unc * sizeof *e->unc);
             m->n_unc = e->n_unc;
             r = 1;
         }
