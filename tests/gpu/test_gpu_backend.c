@@ -1477,6 +1477,11 @@ static void run_moe_shapes(const plugin *cpu_p, const plugin *cuda_p) {
             run_quant(cpu_p, cuda_p, qdir, "int4", i ? i4g32s : i4g32, "int4-g32", &moe[i], 3e-2);
         }
         run_quant(cpu_p, cuda_p, qdir, "fp8", fp8c, "fp8-per-channel", &moe[2], 8e-2); /* f16 */
+        /* routed experts in bf16 beside a quantized shared expert: decode's
+         * few pairs take moe.cu's fused GEMVs, which must leave the shared
+         * expert to the combine */
+        const char *w8a16_sh[] = {"mode=w8a16", "skip=ffn_gate_exps,ffn_up_exps,ffn_down_exps", NULL};
+        run_quant(cpu_p, cuda_p, qdir, "int8", w8a16_sh, "int8-w8a16-shared-expert", &moe[1], 3e-2);
     }
     /* LOOM_TEST_HF_MOE_DIR: tests/backend/data/moe (transformers' tiny
      * float32 checkpoints and references). f16 (2^-11 relative rounding)

@@ -262,18 +262,18 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                                .max_graph_batch = 256, .piecewise_graphs = true,
                                .max_graph_tokens = 2048, .max_batched_tokens = 8192,
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0,
-                               .sm_count = 0, .sm_partition = 0};
+                               .sm_count = 0, .sm_partition = 0, .kv_groups = true};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.device < 0 || cfg.dtype < 0 || cfg.dtype > 1 || cfg.max_graph_batch < 1 ||
         cfg.max_graph_batch > CB_MAX_GRAPH_BATCH || cfg.max_graph_tokens < 1 ||
         cfg.max_graph_tokens > CB_MAX_GRAPH_TOKENS || cfg.max_batched_tokens < 1 ||
         cfg.max_batched_tokens > (1 << 20) || cfg.max_positions < 0 || cfg.sm_count < 0 ||
-        cfg.sm_partition < 0 || cfg.sm_partition > 1)
+        cfg.sm_partition < 0 || cfg.sm_partition > 1 || (cfg.sm_partition == 1 && cfg.sm_count == 0))
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "backend cuda: bad config (device %lld >= 0, dtype %lld in {0 bf16, "
                            "1 f16}, max_graph_batch %lld in [1, %d], max_graph_tokens %lld in [1, %d], "
                            "max_batched_tokens %lld in [1, 1048576], max_positions %lld >= 0, sm_count "
-                           "%lld >= 0, sm_partition %lld in {0 first, 1 rest})",
+                           "%lld >= 0, sm_partition %lld in {0 first, 1 rest}, rest only with an sm_count)",
                            (long long)cfg.device, (long long)cfg.dtype,
                            (long long)cfg.max_graph_batch, CB_MAX_GRAPH_BATCH, (long long)cfg.max_graph_tokens,
                            CB_MAX_GRAPH_TOKENS, (long long)cfg.max_batched_tokens,

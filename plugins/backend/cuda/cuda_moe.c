@@ -144,7 +144,9 @@ static loom_status cb_moe_experts(cuda_backend *b, int32_t T, int32_t l, const i
         return cb_moe_qexperts(b, T, l, P <= CB_MOE_GEMV_PAIRS || b->cfg.batch_invariant, rows, err);
     if (P <= CB_MOE_GEMV_PAIRS || b->cfg.batch_invariant) {
         *rows = NULL;
-        if (!ly->wgu_sh) {
+        /* the fused pair writes the combine itself: only without a shared
+         * expert (a quantized one leaves wgu_sh NULL, so ask the config) */
+        if (!c->shared_expert_intermediate_size) {
             *combined = true;
             return cb_moe_gemv_fused(b, T, l, err);
         }
