@@ -71,6 +71,7 @@ typedef struct req {
     char error[256];
     int64_t decode_id;
     double kv_seconds; /* disagg: the export callback (read out + hand over) */
+    _Atomic int kv_done; /* disagg: kv_seconds written (the hand-over thread) */
     size_t kv_bytes;
 } req;
 
@@ -80,7 +81,7 @@ typedef struct runner {
     _Atomic int want_stats; /* set by main, cleared by the stepping thread with snap filled */
     loom_engine_stats snap;
     pthread_t th;
-    int failed;
+    _Atomic int failed; /* set after why is written (its stepping thread) */
     char why[LOOM_ERROR_MSG_MAX];
 } runner;
 
@@ -97,8 +98,8 @@ static void *step_loop(void *arg) {
     while (!atomic_load(&r->stop)) {
         int32_t active = 0;
         if (loom_engine_step(r->e, &active, &err) != LOOM_OK) {
-            r->failed = 1;
             snprintf(r->why, sizeof r->why, "%s", err.message);
+            atomic_store(&r->failed, 1);
             break;
         }
         if (atomic_load(&r->want_stats)) {
@@ -192,6 +193,7 @@ static void *hand_loop(void *arg) {
         if (loom_engine_kv_deliver(j.c->decode, j.c->q->decode_id, &j.h, &err) != LOOM_OK)
             loom_engine_kv_fail(j.c->decode, j.c->q->decode_id, err.message);
         j.c->q->kv_seconds = now_s() - j.t0;
+        atomic_store(&j.c->q->kv_done, 1);
         pthread_mutex_lock(&hand.mu);
         hand.busy[j.buf] = false;
         pthread_cond_broadcast(&hand.cv);
@@ -422,10 +424,12 @@ static int run_workload(const opts *o, req *w, loom_engine *e, loom_engine *deco
     }
     for (;;) {
         int left = 0;
-        for (int i = 0; i < o->num; i++) left += atomic_load(&w[i].done) == 0;
+        /* disaggregated: also until the hand-over thread has timed each request */
+        for (int i = 0; i < o->num; i++)
+            left += atomic_load(&w[i].done) == 0 || (r2 && atomic_load(&w[i].done) == 1 && !atomic_load(&w[i].kv_done));
         if (!left) break;
-        if (r1->failed || (r2 && r2->failed))
-            return fprintf(stderr, "pd_onegpu: an engine failed: %s\n", r1->failed ? r1->why : r2->why), -1;
+        if (atomic_load(&r1->failed) || (r2 && atomic_load(&r2->failed)))
+            return fprintf(stderr, "pd_onegpu: an engine failed: %s\n", atomic_load(&r1->failed) ? r1->why : r2->why), -1;
         usleep(1000);
     }
     double end = 0;
@@ -499,7 +503,7 @@ static void report(const opts *o, FILE *js, const char *mode, double rate, req *
 /* The engine's counters, read by its stepping thread. */
 static void snapshot(runner *r, loom_engine_stats *out) {
     atomic_store(&r->want_stats, 1);
-    while (atomic_load(&r->want_stats) && !r->failed) usleep(100);
+    while (atomic_load(&r->want_stats) && !atomic_load(&r->failed)) usleep(100);
     *out = r->snap;
 }
 

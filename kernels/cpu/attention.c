@@ -111,9 +111,8 @@ void loom_cpu_kv_write(const loom_cpu_kv *kv, const float *k, int64_t ldk, const
  * to ATTN_HG query heads that share a KV head: each key and value row is
  * read once for all of them (12 queries for SmolLM2's 3 heads a KV head)
  * instead of once a query. Scores, the softmax's exps and the value
- * accumulation run 8 floats a vector. Measured on SmolLM2's 512-token
- * prefill (one core): attention went from ~23% of the prefill, one query
- * row at a time with libm expf, to ~5%. */
+ * accumulation run 8 floats a vector (docs/performance.md, the CPU
+ * section, has what this saves in a prefill). */
 #define ATTN_TILE 32 /* keys scored at a time (the online-softmax tile)       */
 #define ATTN_QB 4    /* consecutive tokens of one sequence an item serves      */
 #define ATTN_HG 4    /* query heads of one KV head an item serves, at most     */

@@ -807,14 +807,10 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
 #define QL_Q8_PANEL_BYTES 12288
 #define QL_Q8_PANEL_MAX 64
 
-/* `rows` rows' bytes toward the cache while the current ones are dotted.
- * The hardware prefetcher alone left a batch-1 GEMV at 5-7 GB/s on the dev
- * machine (one core reads 14.5 GB/s): each call's compute and its loads
- * did not overlap. One call ahead (0.7-2.4 KB on SmolLM2's rows) took the
- * 49152 x 576 q8_0 LM head from 5.2 to 2.0 ms and the q4_1 rows from 2.9
- * to 2.1 ns a block; 512 bytes ahead was too late, 2 KB and more no
- * better or worse. `locality` is __builtin_prefetch's (3: prefetcht0, 1:
- * prefetcht2). */
+/* `rows` rows' bytes toward the cache while the current ones are dotted:
+ * the hardware prefetcher alone leaves a one-core GEMV's loads and compute
+ * unoverlapped (docs/performance.md, the CPU section). `locality` is
+ * __builtin_prefetch's (3: prefetcht0, 1: prefetcht2). */
 #define ql_prefetch_rows(row, stride, rows, bytes, locality)                                       \
     do {                                                                                           \
         for (int r_ = 0; r_ < (rows); r_++)                                                        \
@@ -823,12 +819,9 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
     } while (0)
 
 /* Batch 1 prefetches the rows about this many bytes ahead of the ones being
- * dotted, with prefetcht2. On a 2-core Zen 4 (AVX-512) machine the rows one
- * call ahead with prefetcht0 (above) stalled: ~16% of a decode step sat on
- * prefetch instructions waiting for miss buffers, and SmolLM2's 30 layers
- * + LM head took 10.3-11.9 ms a token at one thread (microbenchmark, best
- * of 30, interleaved runs); 4-9 KB ahead with prefetcht2 took 7.3-9.0 ms
- * (16-32 KB ahead: 10.4-11.9; prefetcht1 at 6 KB: 9.0-10.0). */
+ * dotted, with prefetcht2: nearer with prefetcht0 the prefetches themselves
+ * stall on miss buffers, farther they are evicted before use (measured in
+ * docs/performance.md, the CPU section; bench/cpu_smollm2_chain.c). */
 #define QL_PF_AHEAD_BYTES 6144
 QL_INLINE void ql_q8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t n0, int64_t n1,
                           int64_t col, const float *bias) {

@@ -450,9 +450,9 @@ extern "C" cudaError_t loom_cuda_rope_kv(loom_cuda_dt dt, loom_cuda_kv kv, void 
 #define LC_QKN_MAXP 4
 
 /* loom_cuda_rope_kv_norm: CTAs (token, group of 8 heads), one warp per head
- * — query heads, then K heads, then V heads. (One CTA a token, its warps
- * walking all 40 heads of Qwen3-30B-A3B in turn, took 10 us a decode layer
- * under ncu, as long as the layer's attention and router together.) A q or k head's lane holds the
+ * — query heads, then K heads, then V heads: a batch-1 step has one token,
+ * and one CTA walking all its heads (40 on Qwen3-30B-A3B) is as long as
+ * the layer's attention. A q or k head's lane holds the
  * pairs (j, j + D/2), j = lane + 32 i, in float32: bias added, the head's
  * RMSNorm (sum of squares over the warp) times its weight, the rotation,
  * then one rounding to dt (q in place) or to the cache's type (k). V heads

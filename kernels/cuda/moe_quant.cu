@@ -21,9 +21,10 @@
  *                        and scale by the token's sx in the epilogue, so
  *                        the products are the cpu backend's.
  *
- * Loads go through registers (one k-step ahead) instead of cp.async: the
- * decode needs the bytes in registers anyway. This is the first form: no
- * ldmatrix, no deeper pipeline.
+ * Weights (and W8A8 / FP8 activation codes) are loaded through registers
+ * one k-step ahead, since their decode needs the bytes there anyway; dt
+ * activation tiles come by cp.async. No ldmatrix, no deeper pipeline
+ * (docs/moe.md says what that costs).
  */
 #include "common.cuh"
 #include "qdecode.cuh"
