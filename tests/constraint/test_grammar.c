@@ -399,26 +399,40 @@ static void bf_schema(gbuf *b, test_rng *r, int depth) {
     }
 }
 
-static void bf_repeat(gbuf *b, test_rng *r) {
+/* A random quantifier; with `once`, only "" or "?" (see bf_regex). Returns
+ * whether it lets its item match nothing. */
+static bool bf_repeat(gbuf *b, test_rng *r, bool once) {
     static const char *const q[] = {"", "", "?", "*", "+", "{2}", "{0,3}", "{1,4}"};
-    gbuf_put(b, q[rng_int(r, 8)]);
+    const char *pick = q[once ? rng_int(r, 3) : rng_int(r, 8)];
+    gbuf_put(b, pick);
+    return pick[0] == '?' || pick[0] == '*' || !strcmp(pick, "{0,3}");
 }
 
 /* A random regex: literals (quotes and JSON punctuation among them),
- * classes, groups with alternatives, repetitions. */
-static void bf_regex(gbuf *b, test_rng *r, int depth) {
+ * classes, groups with alternatives, repetitions. Returns whether it can
+ * match nothing. A group that can is never repeated: the matcher expands
+ * such nested empty loops exponentially (docs/constraints.md, "Limits"),
+ * which the GBNF generator below avoids the same way. */
+static bool bf_regex(gbuf *b, test_rng *r, int depth) {
     static const char *const atom[] = {"a", "b", "x", "0", "\"", ",", ":", " ", "\\]", "\\}", "[a-c]", "[0-9]", "[^b\"]", "."};
+    bool nullable = true;
     for (int i = 0, n = 1 + (int)rng_int(r, 3); i < n; i++) {
+        bool item = false;
         if (depth < 3 && rng_int(r, 3) == 0) {
             gbuf_put(b, "(");
-            bf_regex(b, r, depth + 1);
-            if (rng_int(r, 2)) gbuf_put(b, "|"), bf_regex(b, r, depth + 1);
+            item = bf_regex(b, r, depth + 1);
+            if (rng_int(r, 2)) {
+                gbuf_put(b, "|");
+                item |= bf_regex(b, r, depth + 1);
+            }
             gbuf_put(b, ")");
         } else {
             gbuf_put(b, atom[rng_int(r, 14)]);
         }
-        bf_repeat(b, r);
+        item |= bf_repeat(b, r, item);
+        nullable &= item;
     }
+    return nullable;
 }
 
 /* A random GBNF grammar: rules referring only to later rules (no left
@@ -437,7 +451,7 @@ static void bf_gbnf(gbuf *b, test_rng *r) {
                 gbuf_put(b, " ");
                 if (i + 1 < rules && rng_int(r, 2)) gbuf_printf(b, "(r%d)", i + 1 + (int)rng_int(r, rules - i - 1));
                 else gbuf_put(b, lit[rng_int(r, 12)]);
-                bf_repeat(b, r);
+                bf_repeat(b, r, false);
             }
         }
         gbuf_put(b, "\n");
@@ -544,7 +558,9 @@ Test(cache, cut_keys_equal_brute_force) {
     }
     cr_assert(grammars >= 40, "only %d of the random grammars compiled", grammars);
     cr_assert(masks > 2000, "%d masks compared", masks);
-    cr_assert(stats[0] > 100 && stats[1] > 100 && stats[2] > 10,
+    /* coverage, not correctness: the cut path must have served masks (runs
+     * give ~60-400 hits, depending on how many random items repeat) */
+    cr_assert(stats[0] > 30 && stats[1] > 100 && stats[2] > 10,
               "the cut path was taken too rarely: %lld hits, %lld walks, %lld walks of tokens below the cut",
               (long long)stats[0], (long long)stats[1], (long long)stats[2]);
     cr_log_info("%d grammars, %d masks: cut keys %lld hits, %lld walks, %lld walks below the cut", grammars, masks,
