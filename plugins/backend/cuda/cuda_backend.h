@@ -356,6 +356,9 @@ loom_status cb_moe_ffn(cuda_backend *b, int32_t T, int32_t l, loom_error *err);
 /* cuda_moe_quant.c: quantized expert weights (docs/moe.md) */
 /* Whether layer ly has a quantized routed (shared) expert matrix. */
 bool cb_moe_q_routed(const cuda_layer *ly);
+/* layer l's kernel launch / linear-layer status as the step's error (cuda_moe.c) */
+loom_status cb_moe_launch(cuda_backend *b, cudaError_t e, const char *what, int32_t l, loom_error *err);
+loom_status cb_moe_rc(cuda_backend *b, int rc, const char *msg, const char *what, int32_t l, loom_error *err);
 bool cb_moe_q_shared(const cuda_layer *ly);
 /* The activation-code buffers (after cb_moe_work_init) when some expert
  * weight is W8A8 / FP8. */

@@ -94,16 +94,16 @@ loom_status cb_moe_work_init(cuda_backend *b, loom_error *err) {
     return LOOM_OK;
 }
 
-/* A kernel's launch status as the step's error. */
-static loom_status cb_moe_launch(cuda_backend *b, cudaError_t e, const char *what, int32_t l, loom_error *err) {
+/* A kernel's launch status as the step's error (cuda_backend.h). */
+loom_status cb_moe_launch(cuda_backend *b, cudaError_t e, const char *what, int32_t l, loom_error *err) {
     if (e == cudaSuccess) return LOOM_OK;
     (void)cudaGetLastError();
     return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE, "backend cuda (device %d): layer %d %s: %s",
                           b->device, l, what, cudaGetErrorString(e));
 }
 
-/* A cuBLASLt / GEMV linear layer's status as the step's error. */
-static loom_status cb_moe_rc(cuda_backend *b, int rc, const char *msg, const char *what, int32_t l,
+/* A cuBLASLt / GEMV linear layer's status as the step's error (cuda_backend.h). */
+loom_status cb_moe_rc(cuda_backend *b, int rc, const char *msg, const char *what, int32_t l,
                              loom_error *err) {
     if (rc == 0) return LOOM_OK;
     (void)cudaGetLastError();

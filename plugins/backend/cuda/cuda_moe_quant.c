@@ -62,21 +62,6 @@ loom_status cb_moe_qwork_init(cuda_backend *b, loom_error *err) {
     return LOOM_OK;
 }
 
-static loom_status cb_mq_launch(cuda_backend *b, cudaError_t e, const char *what, int32_t l, loom_error *err) {
-    if (e == cudaSuccess) return LOOM_OK;
-    (void)cudaGetLastError();
-    return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE, "backend cuda (device %d): layer %d %s: %s",
-                          b->device, l, what, cudaGetErrorString(e));
-}
-
-static loom_status cb_mq_rc(cuda_backend *b, int rc, const char *msg, const char *what, int32_t l,
-                            loom_error *err) {
-    if (rc == 0) return LOOM_OK;
-    (void)cudaGetLastError();
-    return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE, "backend cuda (device %d): layer %d %s: %s", b->device,
-                          l, what, msg);
-}
-
 loom_status cb_moe_qexperts(cuda_backend *b, int32_t T, int32_t l, bool gemv, const int32_t **rows,
                             loom_error *err) {
     const loom_model_config *c = &b->mc;
@@ -91,10 +76,10 @@ loom_status cb_moe_qexperts(cuda_backend *b, int32_t T, int32_t l, bool gemv, co
     loom_status st;
     *rows = gemv ? NULL : b->moe_inv;
     /* gate|up: (T, H) -> moe_gu (P, 2I), pair rows or sorted rows */
-    if (agu && (st = cb_mq_launch(b, loom_cuda_moe_quant_act(b->dt, qgu->fmt, 0, T, H, b->xn, b->moe_xq, b->moe_xsx, s),
+    if (agu && (st = cb_moe_launch(b, loom_cuda_moe_quant_act(b->dt, qgu->fmt, 0, T, H, b->xn, b->moe_xq, b->moe_xsx, s),
                                   "expert input codes", l, err)))
         return st;
-    if (!gemv && (st = cb_mq_launch(b, loom_cuda_moe_group(b->moe_sel, P, E, b->moe_off, b->moe_perm, b->moe_inv,
+    if (!gemv && (st = cb_moe_launch(b, loom_cuda_moe_group(b->moe_sel, P, E, b->moe_off, b->moe_perm, b->moe_inv,
                                                            b->moe_tiles, s),
                                     "expert grouping", l, err)))
         return st;
@@ -107,11 +92,11 @@ loom_status cb_moe_qexperts(cuda_backend *b, int32_t T, int32_t l, bool gemv, co
                                       b->moe_gu, s)
                 : loom_cuda_moe_gemm(b->dt, b->xn, b->moe_perm, K, ly->wgu_exps, b->moe_tiles, tiles, 2 * I, H,
                                      b->moe_gu, s);
-    if ((st = cb_mq_launch(b, e, gemv ? "expert gate|up GEMVs" : "expert gate|up GEMM", l, err))) return st;
+    if ((st = cb_moe_launch(b, e, gemv ? "expert gate|up GEMVs" : "expert gate|up GEMM", l, err))) return st;
     /* SwiGLU: into the codes of the down projection's input, or moe_act */
     e = ad ? loom_cuda_moe_quant_act(b->dt, qd->fmt, 1, P, I, b->moe_gu, b->moe_aq, b->moe_asx, s)
            : loom_cuda_swiglu(b->dt, b->moe_act, b->moe_gu, P, I, s);
-    if ((st = cb_mq_launch(b, e, ad ? "expert SwiGLU codes" : "expert SwiGLU", l, err))) return st;
+    if ((st = cb_moe_launch(b, e, ad ? "expert SwiGLU codes" : "expert SwiGLU", l, err))) return st;
     /* down: moe_act / codes (P, I) -> moe_y (P, H), same rows */
     if (gemv)
         e = qd ? loom_cuda_moe_qgemv(b->dt, b->moe_act, b->moe_aq, b->moe_asx, 1, b->moe_sel, qd, P, b->moe_y, s)
@@ -121,7 +106,7 @@ loom_status cb_moe_qexperts(cuda_backend *b, int32_t T, int32_t l, bool gemv, co
                                      b->moe_y, s)
                : loom_cuda_moe_gemm(b->dt, b->moe_act, NULL, 1, ly->wdown_exps, b->moe_tiles, tiles, H, I, b->moe_y,
                                     s);
-    return cb_mq_launch(b, e, gemv ? "expert down GEMVs" : "expert down GEMM", l, err);
+    return cb_moe_launch(b, e, gemv ? "expert down GEMVs" : "expert down GEMM", l, err);
 }
 
 loom_status cb_moe_qshared(cuda_backend *b, int32_t T, int32_t l, loom_error *err) {
@@ -134,12 +119,12 @@ loom_status cb_moe_qshared(cuda_backend *b, int32_t T, int32_t l, loom_error *er
                  ? loom_cuda_qgemm_run(b->gemm, b->dt, 0, T, &ly->q_gu_sh, b->xn, b->gu, b->qscratch,
                                        b->qscratch_bytes, s, msg, sizeof msg)
                  : loom_cuda_gemm_run(b->gemm, b->dt, 0, T, 2 * S, H, b->xn, ly->wgu_sh, b->gu, s, msg, sizeof msg);
-    loom_status st = cb_mq_rc(b, rc, msg, "shared expert gate|up", l, err);
+    loom_status st = cb_moe_rc(b, rc, msg, "shared expert gate|up", l, err);
     if (st) return st;
     rc = ly->q_down_sh.fmt != LOOM_CUDA_Q_NONE
              ? loom_cuda_qgemm_swiglu_run(b->gemm, b->dt, T, &ly->q_down_sh, b->gu, b->act, b->moe_ysh, b->qscratch,
                                           b->qscratch_bytes, s, msg, sizeof msg)
              : loom_cuda_gemm_swiglu_run(b->gemm, b->dt, T, H, S, b->gu, ly->wdown_sh, b->act, b->moe_ysh, s, msg,
                                          sizeof msg);
-    return cb_mq_rc(b, rc, msg, "shared expert down", l, err);
+    return cb_moe_rc(b, rc, msg, "shared expert down", l, err);
 }
