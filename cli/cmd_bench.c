@@ -310,6 +310,8 @@ static void stats_minus(loom_engine_stats *st, const loom_engine_stats *base) {
     st->steps -= base->steps;
     st->prefill_seconds -= base->prefill_seconds, st->decode_seconds -= base->decode_seconds;
     st->backend_seconds -= base->backend_seconds;
+    st->constraint_mask_seconds -= base->constraint_mask_seconds, st->constraint_masks -= base->constraint_masks;
+    st->constraint_accept_seconds -= base->constraint_accept_seconds;
     for (int k = 0; k < LOOM_STEP_KINDS; k++) {
         st->kind_steps[k] -= base->kind_steps[k], st->kind_tokens[k] -= base->kind_tokens[k];
         st->kind_seconds[k] -= base->kind_seconds[k], st->kind_backend_seconds[k] -= base->kind_backend_seconds[k];
@@ -582,6 +584,11 @@ static void print_counts(FILE *f, const char *label, const bench_result *r) {
     if (r->seconds > r->step_seconds && r->steps > 0)
         fprintf(f, "%-18s outside the steps %.3f s (%.1f %% of the wall)\n", "", r->seconds - r->step_seconds,
                 100.0 * (r->seconds - r->step_seconds) / r->seconds);
+    if (r->kinds.constraint_masks && r->steps > 0)
+        fprintf(f, "%-18s constraint: %lld masks, %.3f ms a step computing them (inside the backend's forward, "
+                   "beside the GPU), %.3f ms a step advancing the matchers\n",
+                "", (long long)r->kinds.constraint_masks, 1e3 * r->kinds.constraint_mask_seconds / (double)r->steps,
+                1e3 * r->kinds.constraint_accept_seconds / (double)r->steps);
     if (r->spec_proposed)
         fprintf(f, "%-18s speculation: %lld draft tokens proposed, %lld accepted (%.1f %%)\n", "",
                 (long long)r->spec_proposed, (long long)r->spec_accepted,
@@ -621,6 +628,11 @@ static cJSON *result_json(const bench_result *r) {
         cJSON_AddNumberToObject(x, "tokens", (double)r->kinds.kind_tokens[k]);
         cJSON_AddNumberToObject(x, "seconds", r->kinds.kind_seconds[k]);
         cJSON_AddNumberToObject(x, "backend_seconds", r->kinds.kind_backend_seconds[k]);
+    }
+    if (r->kinds.constraint_masks) {
+        cJSON_AddNumberToObject(o, "constraint_masks", (double)r->kinds.constraint_masks);
+        cJSON_AddNumberToObject(o, "constraint_mask_seconds", r->kinds.constraint_mask_seconds);
+        cJSON_AddNumberToObject(o, "constraint_accept_seconds", r->kinds.constraint_accept_seconds);
     }
     cJSON_AddNumberToObject(o, "errors", r->errors);
     return o;

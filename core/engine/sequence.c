@@ -278,7 +278,12 @@ void engine_seq_finish(loom_engine *e, loom_seq *s, loom_finish_reason why, cons
 
 /* One chosen token for s: append, detokenize, stream, check the end. */
 void engine_accept_token(loom_engine *e, loom_seq *s, const engine_token *t) {
-    const char *refused = engine_constraint_accept(s, t->id);
+    const char *refused = NULL;
+    if (s->matcher) {
+        const double t0 = loom_now();
+        refused = engine_constraint_accept(s, t->id);
+        e->stats.constraint_accept_seconds += loom_now() - t0;
+    }
     if (refused) {
         engine_seq_finish(e, s, LOOM_FINISH_ERROR, refused);
         return;

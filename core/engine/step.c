@@ -208,6 +208,7 @@ static loom_status fill_step_masks(void *ctx, loom_error *err) {
     loom_engine *e = ctx;
     if (e->masks_filled) return LOOM_OK;
     e->masks_filled = true;
+    const double t0 = loom_now();
     int32_t n = 0;
     for (int32_t r = 0; r < e->step_logits; r++)
         if (e->row_allowed[r]) e->mask_rows[n++] = r;
@@ -215,6 +216,8 @@ static loom_status fill_step_masks(void *ctx, loom_error *err) {
     if (w) loom_workers_run(w, n, fill_one_mask, e);
     else
         for (int32_t i = 0; i < n; i++) fill_one_mask(e, i);
+    e->stats.constraint_mask_seconds += loom_now() - t0;
+    e->stats.constraint_masks += n;
     for (int32_t i = 0; i < n; i++) {
         const int32_t r = e->mask_rows[i];
         if (e->mask_status[i] != LOOM_OK)

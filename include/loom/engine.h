@@ -283,6 +283,13 @@ typedef struct loom_engine_stats {
     int64_t kv_block_bytes;
     int32_t kv_groups;
     int32_t kv_peak_seq_blocks;
+    /* Decoding constraints: wall time computing the step's masks (inside
+     * the backend's forward, while the GPU runs: a step waits for them only
+     * when they take longer than the GPU), the masks computed, and the time
+     * advancing the matchers past the chosen tokens (the engine's own work). */
+    double constraint_mask_seconds;
+    int64_t constraint_masks;
+    double constraint_accept_seconds;
 } loom_engine_stats;
 
 /* Build an engine from a pipeline file with "a.b=value" overrides. */

@@ -251,12 +251,19 @@ Test(constraint_e2e, masked_candidates_equal_whole_rows, .timeout = 900) {
     run_masked_batch(e, whole, &sw);
     loom_engine_destroy(e);
     cr_assert_eq(sw.device_sampled_rows, 0);
+    cr_assert_eq(sw.constraint_masks, 0, "whole rows: the sampler masks them, no fill_masks");
+    cr_assert_gt(sw.constraint_accept_seconds, 0.0);
     for (int c = 0; c < 3; c++) {
         e = eng_open_path(pipe, cand_ov[c]);
         run_masked_batch(e, cand, &sc);
         loom_engine_destroy(e);
         cr_assert_gt(sc.device_sampled_rows, 100, "run %d: constrained rows came as candidates (%lld)", c,
                      (long long)sc.device_sampled_rows);
+        /* every candidate row of a constrained request had its mask computed (fill_masks), timed */
+        cr_assert_geq(sc.constraint_masks, sc.device_sampled_rows, "run %d: %lld masks for %lld rows", c,
+                      (long long)sc.constraint_masks, (long long)sc.device_sampled_rows);
+        cr_assert_gt(sc.constraint_mask_seconds, 0.0);
+        cr_assert_gt(sc.constraint_accept_seconds, 0.0);
         for (int i = 0; i < 4; i++) {
             const eng_sample *a = &whole[i].s[0], *b = &cand[i].s[0];
             cr_assert_eq(a->ntok, b->ntok, "run %d request %d: %d vs %d tokens", c, i, a->ntok, b->ntok);

@@ -362,6 +362,11 @@ static void cb_destroy(void *self) {
                1e3 * b->step_seconds / (double)b->steps_timed,
                1e3 * b->wait_seconds / (double)b->steps_timed,
                1e3 * (b->step_seconds - b->wait_seconds) / (double)b->steps_timed);
+    if (b->mask_steps > 0)
+        h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
+               "constraint masks in %lld steps: %.3f ms a step computing them beside the GPU (counted as host work "
+               "above); in %lld of those steps the GPU was done before the masks",
+               (long long)b->mask_steps, 1e3 * b->mask_seconds / (double)b->mask_steps, (long long)b->mask_late);
     cudaSetDevice(b->device);
     if (b->stream) cudaStreamSynchronize(b->stream);
     cb_graphs_reset(b);

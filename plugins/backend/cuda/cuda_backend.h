@@ -311,6 +311,10 @@ typedef struct cuda_backend {
      * logged at destroy, to tell a host-bound step from a GPU-bound one */
     int64_t steps_timed;
     double step_seconds, wait_seconds;
+    /* steps whose caller computed constraint masks (fill_masks) while the
+     * GPU ran: their time, and how many found the GPU done before them */
+    int64_t mask_steps, mask_late;
+    double mask_seconds;
 } cuda_backend;
 
 /* Bytes of a pipeline link message of T rows: x (f32) then r (dt) — the

@@ -705,9 +705,13 @@ static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, fl
     const int32_t k = tk->k;
     const bool on_device = loom_cuda_topk_supported((int)V, k);
     /* the masks are computed by the caller while the step runs */
-    if (LOOM_HAS_FIELD(tk, loom_logits_topk, fill_masks) && tk->fill_masks &&
-        (st = tk->fill_masks(tk->fill_ctx, err)) != LOOM_OK)
-        return st;
+    if (LOOM_HAS_FIELD(tk, loom_logits_topk, fill_masks) && tk->fill_masks) {
+        const double t0 = cb_now();
+        if ((st = tk->fill_masks(tk->fill_ctx, err)) != LOOM_OK) return st;
+        b->mask_seconds += cb_now() - t0;
+        b->mask_steps++;
+        b->mask_late += cudaStreamQuery(b->stream) == cudaSuccess; /* the GPU waited for them */
+    }
     const uint32_t *d_masks = NULL;
     const uint8_t *d_has = NULL;
     if (on_device && (st = cb_upload_masks(b, r0, nreal, tk, &d_masks, &d_has, err))) return st;
