@@ -19,13 +19,8 @@
  * a GEMM depends only on its own input row) — the combine sums each
  * token's K rows in slot order, so results are deterministic.
  */
-#include "common.cuh"
+#include "moe_tile.cuh"
 
-/* Rows of a grouped-GEMM tile, and its columns. */
-#define LC_MOE_BM 64
-#define LC_MOE_BN 128
-#define LC_MOE_BK 32
-#define LC_MOE_PAD 8 /* smem row padding (elements): conflict-free fragment loads */
 
 /* ------------------------------------------------------------- routing */
 
@@ -157,19 +152,6 @@ extern "C" cudaError_t loom_cuda_moe_group(const int32_t *sel, int P, int E, int
 
 /* --------------------------------------------------------- grouped GEMM */
 
-template <typename T> __device__ __forceinline__ void lc_mma16816(float *c, const uint32_t *a, const uint32_t *b);
-template <> __device__ __forceinline__ void lc_mma16816<__nv_bfloat16>(float *c, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <> __device__ __forceinline__ void lc_mma16816<__half>(float *c, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 __device__ __forceinline__ void lc_cp_async16(void *smem, const void *gmem, bool pred) {
     const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
@@ -178,11 +160,6 @@ __device__ __forceinline__ void lc_cp_async16(void *smem, const void *gmem, bool
 __device__ __forceinline__ void lc_cp_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ __forceinline__ void lc_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
-/* One stage of the tiles: A (BM, BK) and B (BN, BK), rows padded. */
-template <typename T> struct lc_moe_stage {
-    T a[LC_MOE_BM][LC_MOE_BK + LC_MOE_PAD];
-    T b[LC_MOE_BN][LC_MOE_BK + LC_MOE_PAD];
-};
 
 /* y (P, N) sorted rows = x rows @ W_e^T per tile. Block (n tile, tile
  * slot): tile slot i < tiles[0] is (e, r0, n) of tiles[1 + 3i ..]; input
@@ -238,13 +215,8 @@ __global__ void __launch_bounds__(128)
         }
         lc_cp_commit();
     };
-    float acc[2][8][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+    lc_moe_acc acc;
+    lc_moe_acc_zero(acc);
     const int g = lane >> 2, c2 = (lane & 3) * 2;
     const int nk = (K + LC_MOE_BK - 1) / LC_MOE_BK;
     load(0, 0);
@@ -257,29 +229,7 @@ __global__ void __launch_bounds__(128)
             lc_cp_wait<0>();
         }
         __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < LC_MOE_BK; kk += 16) {
-            uint32_t af[2][4], bf[8][2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const T *a0 = &st[s].a[wm + 16 * i + g][kk + c2];
-                const T *a1 = &st[s].a[wm + 16 * i + g + 8][kk + c2];
-                af[i][0] = *reinterpret_cast<const uint32_t *>(a0);
-                af[i][1] = *reinterpret_cast<const uint32_t *>(a1);
-                af[i][2] = *reinterpret_cast<const uint32_t *>(a0 + 8);
-                af[i][3] = *reinterpret_cast<const uint32_t *>(a1 + 8);
-            }
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const T *b0 = &st[s].b[wn + 8 * j + g][kk + c2];
-                bf[j][0] = *reinterpret_cast<const uint32_t *>(b0);
-                bf[j][1] = *reinterpret_cast<const uint32_t *>(b0 + 8);
-            }
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 8; j++) lc_mma16816<T>(acc[i][j], af[i], bf[j]);
-        }
+        lc_moe_tile_step<T>(acc, st[s], wm, wn, lane);
         __syncthreads();
     }
 #pragma unroll

@@ -26,14 +26,10 @@
  * activation tiles come by cp.async. No ldmatrix, no deeper pipeline
  * (docs/moe.md says what that costs).
  */
-#include "common.cuh"
+#include "moe_tile.cuh"
 #include "qdecode.cuh"
 #include "qgemm.h"
 
-#define LC_MQ_BM 64
-#define LC_MQ_BN 128
-#define LC_MQ_BK 32
-#define LC_MQ_PAD 8
 #define LC_MQ_WARPS 4
 
 /* ----------------------------------------------------------- the layout */
@@ -167,24 +163,6 @@ extern "C" cudaError_t loom_cuda_moe_qgemv(loom_cuda_dt dt, const void *x, const
 
 /* --------------------------------------------------------- grouped GEMM */
 
-template <typename T> __device__ __forceinline__ void lc_mq_mma(float *c, const uint32_t *a, const uint32_t *b);
-template <> __device__ __forceinline__ void lc_mq_mma<__nv_bfloat16>(float *c, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <> __device__ __forceinline__ void lc_mq_mma<__half>(float *c, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-template <typename T> struct lc_mq_stage {
-    T a[LC_MQ_BM][LC_MQ_BK + LC_MQ_PAD];
-    T b[LC_MQ_BN][LC_MQ_BK + LC_MQ_PAD];
-};
 
 /* Eight int8 codes (words a, b) as exact dt values. */
 template <typename T> __device__ __forceinline__ uint4 lc_mq_i8x8(uint32_t a, uint32_t b) {
@@ -206,11 +184,11 @@ __global__ void __launch_bounds__(128)
                         const int32_t *__restrict__ tiles, int N, int K, int group, T *__restrict__ y) {
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     constexpr bool AQ = FMT == LOOM_CUDA_Q_INT8_W8A8 || FMT == LOOM_CUDA_Q_FP8;
-    __shared__ __align__(16) lc_mq_stage<T> st[2];
+    __shared__ __align__(16) lc_moe_stage<T> st[2];
     const int slot = blockIdx.y;
     if (slot >= tiles[0]) return;
     const int32_t e = tiles[1 + 3 * slot], r0 = tiles[2 + 3 * slot], nrows = tiles[3 + 3 * slot];
-    const int n0 = blockIdx.x * LC_MQ_BN;
+    const int n0 = blockIdx.x * LC_MOE_BN;
     const uint8_t *we = wd + (size_t)e * wstride;
     const float *se = sc + (size_t)e * sstride;
     const size_t row_bytes = I4 ? (size_t)K / 2 : (size_t)K;
@@ -300,15 +278,10 @@ __global__ void __launch_bounds__(128)
             }
         }
     };
-    float acc[2][8][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+    lc_moe_acc acc;
+    lc_moe_acc_zero(acc);
     const int g = lane >> 2, c2 = (lane & 3) * 2;
-    const int nk = (K + LC_MQ_BK - 1) / LC_MQ_BK;
+    const int nk = (K + LC_MOE_BK - 1) / LC_MOE_BK;
     fetch(0, 0);
     store(0);
     if constexpr (!AQ) asm volatile("cp.async.wait_group 0;");
@@ -316,30 +289,8 @@ __global__ void __launch_bounds__(128)
     for (int kt = 0; kt < nk; kt++) {
         const int s = kt & 1;
         const bool more = kt + 1 < nk;
-        if (more) fetch(s ^ 1, (kt + 1) * LC_MQ_BK);
-#pragma unroll
-        for (int kk = 0; kk < LC_MQ_BK; kk += 16) {
-            uint32_t af[2][4], bf[8][2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const T *a0 = &st[s].a[wm + 16 * i + g][kk + c2];
-                const T *a1 = &st[s].a[wm + 16 * i + g + 8][kk + c2];
-                af[i][0] = *reinterpret_cast<const uint32_t *>(a0);
-                af[i][1] = *reinterpret_cast<const uint32_t *>(a1);
-                af[i][2] = *reinterpret_cast<const uint32_t *>(a0 + 8);
-                af[i][3] = *reinterpret_cast<const uint32_t *>(a1 + 8);
-            }
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const T *b0 = &st[s].b[wn + 8 * j + g][kk + c2];
-                bf[j][0] = *reinterpret_cast<const uint32_t *>(b0);
-                bf[j][1] = *reinterpret_cast<const uint32_t *>(b0 + 8);
-            }
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 8; j++) lc_mq_mma<T>(acc[i][j], af[i], bf[j]);
-        }
+        if (more) fetch(s ^ 1, (kt + 1) * LC_MOE_BK);
+        lc_moe_tile_step<T>(acc, st[s], wm, wn, lane);
         if (more) {
             store(s ^ 1);
             if constexpr (!AQ) asm volatile("cp.async.wait_group 0;");
@@ -371,7 +322,7 @@ template <typename T, int FMT>
 static cudaError_t lc_moe_qgemm_f(const void *x, const void *xq, const float *sx, const int32_t *perm, int div,
                                   const loom_cuda_qweight *w, const int32_t *tiles, int max_tiles, void *y,
                                   cudaStream_t s) {
-    const dim3 grid((unsigned)lc_ceil_div(w->N, LC_MQ_BN), (unsigned)max_tiles);
+    const dim3 grid((unsigned)lc_ceil_div(w->N, LC_MOE_BN), (unsigned)max_tiles);
     lc_moe_qgemm_kernel<T, FMT><<<grid, 128, 0, s>>>(
         (const T *)x, (const uint8_t *)xq, sx, perm, div, (const uint8_t *)w->data, w->scales,
         loom_cuda_moe_qdata_bytes(w), loom_cuda_moe_qscale_floats(w), tiles, w->N, w->K, w->group, (T *)y);
