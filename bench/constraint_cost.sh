@@ -25,7 +25,7 @@ MODES=${MODES:-free masked plain host}
 O=${OUT_DIR:-/tmp/out/constraint}
 mkdir -p "$O"
 common=(--num-requests "$N" --input-len "$IN" --output-len "$OUT_LEN" --warmup 8 --no-progress
-        --set constraint.plugin=grammar --set "scheduler.max_num_seqs=$N")
+        --set constraint.plugin=grammar --set "scheduler.max_num_seqs=$N" --set engine.log_level=info)
 schema=(--constraint json_schema --constraint-text @bench/data/people-schema.json)
 declare -A args=([free]="" [masked]="${schema[*]}" [plain]="${schema[*]} --set constraint.mask_cut_keys=false"
                  [host]="${schema[*]} --set engine.device_sampling=false")
@@ -36,6 +36,9 @@ for r in $(seq 1 "$REPEAT"); do
     "$LB/cli/loom" bench "$CFG" "${common[@]}" ${args[$k]} --json "$O/$k-$r.json" > "$O/$k-$r.log" 2>&1 \
       || { echo "constraint_cost: $k run $r failed:"; tail -5 "$O/$k-$r.log"; exit 1; }
     echo "$k run $r: $(grep -E 'TPOT p50' "$O/$k-$r.log")  $(grep -E 'output tokens/s' "$O/$k-$r.log")"
+    # where a masked step's time goes: the masks beside the GPU, the matchers
+    # after it, and (cuda) how many steps found the GPU done before the masks
+    grep -E 'constraint:|decode  |waiting for the GPU|constraint masks in' "$O/$k-$r.log" | sed 's/^ */    /' || true
   done
 done
 recs=()
