@@ -49,6 +49,19 @@ cleanup() {
   pids=()
 }
 trap cleanup EXIT
+# http URL [BODY]: the response body, then its status on a line of its own (000: no answer); python3,
+# not curl, which the GPU image may lack
+http() {
+  python3 -c '
+import sys, urllib.request, urllib.error
+url, body = sys.argv[1], (sys.argv[2].encode() if len(sys.argv) > 2 else None)
+req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=60) as r: code, raw = r.status, r.read()
+except urllib.error.HTTPError as e: code, raw = e.code, e.read()
+except Exception as e: code, raw = 0, str(e).encode()
+sys.stdout.write(raw.decode("utf-8", "replace") + "\n%03d\n" % code)' "$@"
+}
 base_port=$((18400 + RANDOM % 400))
 next_port=$base_port
 # start NAME ARGS...: a server on the next port; sets $PORT and $PID
@@ -61,20 +74,20 @@ start() {
   pids+=("$PID"); logs+=("$log")
   eval "port_$name=$PORT pid_$name=$PID log_$name=$log"
 }
-# healthy NAME...: wait (<= 150 s) until each answers /health
+# healthy NAME...: wait (<= ~150 s) until each answers /health
 healthy() {
   local n p pid t
   for n in "$@"; do
     eval "p=\$port_$n pid=\$pid_$n"
-    for ((t = 0; t < 1500; t++)); do
-      curl -sf "http://127.0.0.1:$p/health" > /dev/null 2>&1 && break
+    for ((t = 0; t < 600; t++)); do
+      [ "$(http "http://127.0.0.1:$p/health" | tail -n 1)" = 200 ] && break
       if ! kill -0 "$pid" 2>/dev/null; then
         say "FAIL: server $n exited during start-up:"; eval "tail -n 20 \$log_$n" | tee -a "$summary"; return 1
       fi
-      sleep 0.1
+      sleep 0.2
     done
-    [ $t -lt 1500 ] || { say "FAIL: server $n not healthy after 150 s"; return 1; }
-    say "server $n healthy on port $p after $((t / 10)).$((t % 10)) s"
+    [ $t -lt 600 ] || { say "FAIL: server $n not healthy after 150 s"; return 1; }
+    say "server $n healthy on port $p"
   done
 }
 
@@ -125,8 +138,7 @@ done
 # expect_error PORT BODY WHAT: HTTP 500 naming "remote prefill failed"
 expect_error() {
   local r
-  r=$(curl -s -m 60 -w '\n%{http_code}' -H 'Content-Type: application/json' -d "$2" \
-        "http://127.0.0.1:$1/v1/completions")
+  r=$(http "http://127.0.0.1:$1/v1/completions" "$2")
   local code=${r##*$'\n'} body=${r%$'\n'*}
   if [ "$code" = 500 ] && [[ $body == *"remote prefill failed"* ]]; then
     say "ok: $3: HTTP $code: $(echo "$body" | python3 -c 'import json,sys; print(json.load(sys.stdin)["error"]["message"])' 2>/dev/null || echo "$body")"
@@ -137,8 +149,7 @@ expect_error() {
 # still_serving PORT WHAT: /health 200 and a short prompt answered (colocated: a 1-token prompt)
 still_serving() {
   local code
-  code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' \
-           -d '{"prompt":[17],"max_tokens":2,"temperature":0}' "http://127.0.0.1:$1/v1/completions")
+  code=$(http "http://127.0.0.1:$1/v1/completions" '{"prompt":[17],"max_tokens":2,"temperature":0}' | tail -n 1)
   if [ "$code" = 200 ]; then say "ok: $2 keeps serving"; else say "FAIL: $2: HTTP $code after the failure"; fail=1; fi
 }
 long_prompt=$(python3 -c 'import random; r = random.Random(5); print([r.randrange(1, 49000) for _ in range(3500)])')
@@ -156,12 +167,13 @@ fi
 for c in $conns; do
   k=${c//-/_}
   eval "dp=\$port_d_$k"
-  used=$(curl -s "http://127.0.0.1:$dp/metrics" | awk '$1 == "loom_kv_blocks_used" {print $2}')
+  used=$(http "http://127.0.0.1:$dp/metrics" | awk '$1 == "loom_kv_blocks_used" {print $2}')
   [ "$used" = 0 ] && say "ok: $c decode server holds no block after the failures" ||
     { say "FAIL: $c decode server holds $used blocks after the failures"; fail=1; }
 done
 cleanup
 trap - EXIT
+rm -f /tmp/loom-kv-check-*-$$.sock
 say "total $(python3 -c "import time; print(round(time.time() - $t_all, 1))") s"
 [ $fail = 0 ] && say "RESULT: PASS" || say "RESULT: FAIL"
 exit $fail
