@@ -1494,6 +1494,11 @@ static char *metrics_text(server *s) {
                (unsigned long long)ds.bytes);
         METRIC("kv_auth_failures_total", "counter", "KV peers refused by the connector's handshake", "%llu",
                (unsigned long long)ds.auth_failures);
+        METRIC("kv_send_seconds_total", "counter",
+               "prefill: time in the connector's send of KV (placing it, the peer's open and acknowledgement)",
+               "%.6f", (double)ds.send_us / 1e6);
+        METRIC("kv_deliver_seconds_total", "counter", "decode: time handing received KV to the engine", "%.6f",
+               (double)ds.deliver_us / 1e6);
         METRIC("kv_transfers_in_flight", "gauge", "KV hand-overs running now", "%d", ds.in_flight);
         METRIC("kv_waiting", "gauge", "requests waiting for their prompt's KV", "%d", st.kv_waiting);
         METRIC("kv_exported_blocks_total", "counter", "KV blocks read out for decode engines", "%lld",

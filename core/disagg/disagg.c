@@ -47,6 +47,19 @@ static void count(loom_disagg *d, bool ok, uint64_t bytes) {
     pthread_mutex_unlock(&d->mu);
 }
 
+static uint64_t now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000u + (uint64_t)t.tv_nsec / 1000u;
+}
+
+static void add_time(loom_disagg *d, uint64_t *field, uint64_t t0) {
+    uint64_t dt = now_us() - t0;
+    pthread_mutex_lock(&d->mu);
+    *field += dt;
+    pthread_mutex_unlock(&d->mu);
+}
+
 static void thread_done(loom_disagg *d) {
     pthread_mutex_lock(&d->mu);
     d->in_flight--;
@@ -228,7 +241,9 @@ static void pf_serve(loom_disagg *d, loom_kv_conn *c) {
         disagg_kv_encode(head, j->kv_tokens, j->block_size, j->kv_blocks, d->info.block_bytes);
         loom_kv_msg out = {.struct_size = sizeof out, .type = DISAGG_MSG_KV, .head = head, .head_len = sizeof head,
                            .payload = j->kv, .payload_len = j->kv_len};
+        uint64_t t0 = now_us();
         if ((st = d->ops->send(d->self, c, &out, &err)) != LOOM_OK) snprintf(why, sizeof why, "%s", err.message);
+        else add_time(d, &d->st.send_us, t0);
     } else {
         send_error(d, c, st, why);
     }
@@ -318,7 +333,10 @@ static loom_status dc_transfer(dc_job *w, loom_kv_conn *c, uint64_t *bytes, char
     if (st != LOOM_OK) return st;
     h.tokens = w->tokens;
     h.blocks = m.payload;
-    if ((st = loom_engine_kv_deliver(d->e, w->id, &h, &err)) != LOOM_OK) return snprintf(why, cap, "%s", err.message), st;
+    uint64_t t0 = now_us();
+    if ((st = loom_engine_kv_deliver(d->e, w->id, &h, &err)) != LOOM_OK)
+        return snprintf(why, cap, "%s", err.message), st;
+    add_time(d, &d->st.deliver_us, t0);
     *bytes = m.payload_len;
     return LOOM_OK;
 }

@@ -38,6 +38,11 @@ typedef struct loom_disagg_stats {
     uint64_t transfers_failed; /* hand-overs that ended in an error         */
     uint64_t bytes;            /* block-image bytes moved                   */
     uint64_t auth_failures;    /* prefill: peers refused by the handshake   */
+    uint64_t send_us;          /* prefill: time in the connector's send of
+                                  the KV (placing it, the peer's open and
+                                  acknowledgement), microseconds            */
+    uint64_t deliver_us;       /* decode: time handing received KV to the
+                                  engine (loom_engine_kv_deliver's copy)    */
     int32_t in_flight;         /* handler / worker threads running now      */
 } loom_disagg_stats;
 

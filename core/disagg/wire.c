@@ -65,10 +65,15 @@ loom_status disagg_prefill_parse(const uint8_t *head, size_t len, const loom_kv_
                  (int)info->kv_dtype, info->num_layers, info->vocab);
         return LOOM_ERR_INVALID;
     }
-    if (count < 2 || count >= (uint32_t)info->max_model_len || (len - DISAGG_PREFILL_FIXED) / 4 != count ||
-        (len - DISAGG_PREFILL_FIXED) % 4 != 0) {
-        snprintf(why, cap, "a prompt of %u tokens in %zu bytes (want 2 to %d tokens, 4 bytes each)", count, len,
-                 info->max_model_len - 1);
+    if (count < 2 || (len - DISAGG_PREFILL_FIXED) / 4 != count || (len - DISAGG_PREFILL_FIXED) % 4 != 0) {
+        snprintf(why, cap, "a prompt of %u tokens in %zu bytes (want at least 2 tokens, 4 bytes each)", count, len);
+        return LOOM_ERR_FORMAT;
+    }
+    if (count >= (uint32_t)info->max_model_len) {
+        snprintf(why, cap,
+                 "a prompt of %u tokens does not fit the prefill engine's context (engine.max_model_len %d: at most "
+                 "%d prompt tokens); give the prefill server at least the decode server's max_model_len",
+                 count, info->max_model_len, info->max_model_len - 1);
         return LOOM_ERR_FORMAT;
     }
     int32_t *t = malloc((size_t)count * sizeof *t);

@@ -21,18 +21,26 @@
 #define PAY_SUMMARY "KV hand-over on one host: control over a Unix socket, blocks in POSIX shared memory"
 #endif
 
-/* LOOM_OK when this transport can work in this process (cuda-ipc: a CUDA
- * device is visible), else LOOM_ERR_UNSUPPORTED saying why. */
-loom_status pay_available(loom_error *err);
+/* `device` is the connector's `device` parameter (cuda-ipc: the CUDA
+ * ordinal its buffers live on; shm ignores it). Every call makes it the
+ * calling thread's current device itself: the connector's threads are not
+ * the backend's. */
+
+/* LOOM_OK when this transport can work in this process (cuda-ipc: CUDA
+ * device `device` is visible), else LOOM_ERR_UNSUPPORTED saying why. */
+loom_status pay_available(int32_t device, loom_error *err);
 /* Sender: place len bytes of payload where the peer can open them and
- * describe that place in where[KVC_SHM_NAME]; *token until pay_release. */
-loom_status pay_put(const void *payload, uint64_t len, uint8_t where[KVC_SHM_NAME], void **token, loom_error *err);
+ * describe that place in where[KVC_SHM_NAME]; *token until pay_release.
+ * When it returns the bytes are there (cuda-ipc: the copy has completed on
+ * the device, not merely been queued). */
+loom_status pay_put(int32_t device, const void *payload, uint64_t len, uint8_t where[KVC_SHM_NAME], void **token,
+                    loom_error *err);
 /* Sender: the peer acknowledged (or the send failed): drop the payload. */
 void pay_release(void *token, const uint8_t where[KVC_SHM_NAME]);
 /* Receiver: open the peer's payload `where` that must be exactly len
  * bytes; *ptr is host-readable until pay_close(*token). Anything else —
  * a description that is not one of ours, another size — is an error. */
-loom_status pay_open(const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr, void **token,
+loom_status pay_open(int32_t device, const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr, void **token,
                      loom_error *err);
 void pay_close(void *token);
 

@@ -1,17 +1,37 @@
 /*
  * plugins/kv_connector/shm/payload_cuda.c — `cuda-ipc`'s payloads: the
- * sender copies the payload into device memory it allocates on its current
- * CUDA device and passes a CUDA IPC handle (cudaIpcGetMemHandle, 64 bytes)
- * in the frame; the peer opens it (cudaIpcOpenMemHandle), copies it out and
- * closes it before acknowledging, and the sender then frees it.
+ * sender copies the payload into device memory it allocates on the
+ * connector's device and passes a CUDA IPC handle (cudaIpcGetMemHandle, 64
+ * bytes) in the frame; the peer opens it (cudaIpcOpenMemHandle), copies it
+ * out and closes it before acknowledging, and the sender then frees it.
  *
- * The engines hand block images over in host memory today
- * (loom_kv_export.read, loom_engine_kv_deliver), so each side still copies
- * host <-> device once; a backend that reads and writes KV blocks on its
- * device could hand the device buffer over directly. Untested on a GPU: CI
- * compiles it, and without a visible device create() refuses cleanly.
+ * What only shows on a GPU, and how it is handled:
+ *   - The connector's threads (the prefill listener's handlers, the decode
+ *     workers) are not the backend's: each call sets the `device` parameter
+ *     as the thread's current device first (a fresh thread is on device 0).
+ *   - A host-to-device cudaMemcpy from pageable memory may return before
+ *     the DMA has landed, and the peer's reads are not ordered after it by
+ *     any stream: both copies run on the call's own non-blocking stream and
+ *     are waited for (cudaStreamSynchronize) before the handle is sent or
+ *     the acknowledgement goes back. A non-blocking stream also keeps the
+ *     copies out of the legacy default stream's implicit synchronisation.
+ *   - cudaIpcOpenMemHandle refuses a handle its own process exported: the
+ *     buffers this process exports are registered, and a handle found there
+ *     is read through the exporter's pointer (two engines in one process,
+ *     `loom plugin-test cuda-ipc`).
+ *   - The sender frees its buffer only after the peer acknowledged, and the
+ *     peer closes its mapping before acknowledging, so no mapping outlives
+ *     the allocation; on a failed or timed-out send the sender frees it at
+ *     once, and the core drops whatever that request's peer read.
+ *
+ * The engines hand block images over in host memory (loom_kv_export.read,
+ * loom_engine_kv_deliver), so each side still copies host <-> device once;
+ * a backend that reads and writes KV blocks on its device could hand the
+ * device buffer over directly. Without a visible device create() refuses
+ * cleanly ("no CUDA device visible ... use shm").
  */
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,55 +39,140 @@
 
 _Static_assert(sizeof(cudaIpcMemHandle_t) == KVC_SHM_NAME, "a CUDA IPC handle fills the frame's payload name");
 
-loom_status pay_available(loom_error *err) {
+/* A buffer this process exported, until pay_release. */
+typedef struct pay_buf {
+    struct pay_buf *next;
+    cudaIpcMemHandle_t h;
+    void *d;
+    uint64_t len;
+    int32_t device;
+} pay_buf;
+
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static pay_buf *reg;
+
+static loom_status cuda_fail(loom_error *err, cudaError_t e, const char *what, uint64_t len, int32_t device) {
+    if (e == cudaErrorMemoryAllocation)
+        return kvc_fail(err, LOOM_ERR_NOMEM,
+                        "kv_connector cuda-ipc: %s: %llu bytes of device memory on device %d are not free (the KV "
+                        "pool takes most of it: lower cache.memory_fraction or cache.memory_gib to leave room for "
+                        "one hand-over per request in flight, or use shm)",
+                        what, (unsigned long long)len, (int)device);
+    return kvc_fail(err, LOOM_ERR_DEVICE, "kv_connector cuda-ipc: %s (%llu bytes, device %d): %s", what,
+                    (unsigned long long)len, (int)device, cudaGetErrorString(e));
+}
+
+loom_status pay_available(int32_t device, loom_error *err) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0)
         return kvc_fail(err, LOOM_ERR_UNSUPPORTED, "kv_connector cuda-ipc: no CUDA device visible (%s); use shm",
                         e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    if (device < 0 || device >= n)
+        return kvc_fail(err, LOOM_ERR_UNSUPPORTED,
+                        "kv_connector cuda-ipc: device %d is not visible (%d device%s: 0..%d); set kv_connector.device "
+                        "to the backend's device",
+                        (int)device, n, n == 1 ? "" : "s", n - 1);
     return LOOM_OK;
 }
 
-loom_status pay_put(const void *payload, uint64_t len, uint8_t where[KVC_SHM_NAME], void **token, loom_error *err) {
-    void *d = NULL;
-    cudaIpcMemHandle_t h;
-    cudaError_t e = cudaMalloc(&d, (size_t)len);
-    if (e == cudaSuccess) e = cudaMemcpy(d, payload, (size_t)len, cudaMemcpyHostToDevice);
-    if (e == cudaSuccess) e = cudaIpcGetMemHandle(&h, d);
+/* dst <- src (len bytes) on a stream of its own, waited for. */
+static cudaError_t copy_sync(void *dst, const void *src, uint64_t len, enum cudaMemcpyKind kind) {
+    cudaStream_t s;
+    cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e != cudaSuccess) return e;
+    e = cudaMemcpyAsync(dst, src, (size_t)len, kind, s);
+    cudaError_t e2 = cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    return e != cudaSuccess ? e : e2;
+}
+
+loom_status pay_put(int32_t device, const void *payload, uint64_t len, uint8_t where[KVC_SHM_NAME], void **token,
+                    loom_error *err) {
+    *token = NULL;
+    pay_buf *b = calloc(1, sizeof *b);
+    if (!b) return kvc_fail(err, LOOM_ERR_NOMEM, "kv_connector cuda-ipc: out of memory");
+    b->len = len;
+    b->device = device;
+    const char *what = "selecting the device";
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) what = "allocating the hand-over buffer", e = cudaMalloc(&b->d, len ? (size_t)len : 1);
+    if (e == cudaSuccess)
+        what = "copying the KV to the device", e = copy_sync(b->d, payload, len, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) what = "cudaIpcGetMemHandle", e = cudaIpcGetMemHandle(&b->h, b->d);
     if (e != cudaSuccess) {
-        if (d) cudaFree(d);
-        *token = NULL;
-        return kvc_fail(err, e == cudaErrorMemoryAllocation ? LOOM_ERR_NOMEM : LOOM_ERR_DEVICE,
-                        "kv_connector cuda-ipc: sharing %llu bytes of device memory: %s", (unsigned long long)len,
-                        cudaGetErrorString(e));
+        if (b->d) cudaFree(b->d);
+        free(b);
+        return cuda_fail(err, e, what, len, device);
     }
-    memcpy(where, &h, sizeof h);
-    *token = d;
+    pthread_mutex_lock(&reg_mu);
+    b->next = reg;
+    reg = b;
+    pthread_mutex_unlock(&reg_mu);
+    memcpy(where, &b->h, sizeof b->h);
+    *token = b;
     return LOOM_OK;
 }
 
 void pay_release(void *token, const uint8_t where[KVC_SHM_NAME]) {
-    if (token) cudaFree(token);
+    pay_buf *b = token;
+    if (!b) return;
+    pthread_mutex_lock(&reg_mu);
+    for (pay_buf **p = &reg; *p; p = &(*p)->next)
+        if (*p == b) {
+            *p = b->next;
+            break;
+        }
+    pthread_mutex_unlock(&reg_mu);
+    cudaSetDevice(b->device);
+    cudaFree(b->d);
+    free(b);
 }
 
-loom_status pay_open(const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr, void **token,
+loom_status pay_open(int32_t device, const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr, void **token,
                      loom_error *err) {
     cudaIpcMemHandle_t h;
     memcpy(&h, where, sizeof h);
     *token = NULL;
     void *host = malloc(len ? (size_t)len : 1), *d = NULL;
     if (!host) return kvc_fail(err, LOOM_ERR_NOMEM, "kv_connector cuda-ipc: out of memory");
-    /* a handle that names no allocation of the peer, or a length past its
-     * end, fails here as a CUDA error, not as a stray read */
-    cudaError_t e = cudaIpcOpenMemHandle(&d, h, cudaIpcMemLazyEnablePeerAccess);
-    if (e == cudaSuccess) {
-        e = cudaMemcpy(host, d, (size_t)len, cudaMemcpyDeviceToHost);
-        cudaIpcCloseMemHandle(d);
+    cudaError_t e = cudaSetDevice(device);
+    const char *what = "selecting the device";
+    /* our own export (one process holds both ends): read it in place — the
+     * exporter keeps it until this side acknowledges. */
+    bool own = false, size_ok = true;
+    pthread_mutex_lock(&reg_mu);
+    for (pay_buf *b = reg; b; b = b->next)
+        if (memcmp(&b->h, &h, sizeof h) == 0) {
+            own = true;
+            size_ok = b->len == len;
+            if (size_ok && e == cudaSuccess)
+                what = "reading the peer's payload", e = copy_sync(host, b->d, len, cudaMemcpyDeviceToHost);
+            break;
+        }
+    pthread_mutex_unlock(&reg_mu);
+    if (own && !size_ok) {
+        free(host);
+        return kvc_fail(err, LOOM_ERR_FORMAT,
+                        "kv_connector cuda-ipc: the peer's payload is not the %llu bytes announced",
+                        (unsigned long long)len);
+    }
+    if (!own && e == cudaSuccess) {
+        /* a handle that names no allocation of the peer, or a length past
+         * its end, fails here as a CUDA error, not as a stray read */
+        what = "opening the peer's IPC handle (both servers must see the same GPU, in one node and one container; "
+               "otherwise use shm)";
+        e = cudaIpcOpenMemHandle(&d, h, cudaIpcMemLazyEnablePeerAccess);
+        if (e == cudaSuccess) {
+            what = "reading the peer's payload";
+            e = copy_sync(host, d, len, cudaMemcpyDeviceToHost);
+            cudaError_t ec = cudaIpcCloseMemHandle(d);
+            if (e == cudaSuccess && ec != cudaSuccess) what = "cudaIpcCloseMemHandle", e = ec;
+        }
     }
     if (e != cudaSuccess) {
         free(host);
-        return kvc_fail(err, LOOM_ERR_DEVICE, "kv_connector cuda-ipc: opening the peer's payload: %s",
-                        cudaGetErrorString(e));
+        return cuda_fail(err, e, what, len, device);
     }
     *ptr = host;
     *token = host;

@@ -27,9 +27,10 @@ typedef struct seg_map {
     size_t len;
 } seg_map;
 
-loom_status pay_available(loom_error *err) { return LOOM_OK; }
+loom_status pay_available(int32_t device, loom_error *err) { return LOOM_OK; }
 
-loom_status pay_put(const void *payload, uint64_t len, uint8_t where[KVC_SHM_NAME], void **token, loom_error *err) {
+loom_status pay_put(int32_t device, const void *payload, uint64_t len, uint8_t where[KVC_SHM_NAME], void **token,
+                    loom_error *err) {
     char *name = (char *)where;
     uint32_t rnd = 0;
     RAND_bytes((unsigned char *)&rnd, sizeof rnd);
@@ -65,7 +66,7 @@ static bool name_ok(const char *n) {
     return true;
 }
 
-loom_status pay_open(const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr, void **token,
+loom_status pay_open(int32_t device, const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr, void **token,
                      loom_error *err) {
     char name[KVC_SHM_NAME];
     memcpy(name, where, KVC_SHM_NAME);

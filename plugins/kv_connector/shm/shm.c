@@ -30,6 +30,9 @@
 typedef struct shm_config {
     kvc_config base;
     char path[LOOM_PARAM_STRING_MAX];
+#ifdef PAY_CUDA
+    int64_t device;
+#endif
 } shm_config;
 
 static const loom_param shm_params[] = {
@@ -37,6 +40,10 @@ static const loom_param shm_params[] = {
     {"path", LOOM_PARAM_STRING, offsetof(shm_config, path), "/tmp/loom-kv.sock", 1, 0, NULL,
      "Unix-domain socket the prefill engine listens on and the decode engine connects to "
      "(at most 107 bytes)"},
+#ifdef PAY_CUDA
+    {"device", LOOM_PARAM_INT, offsetof(shm_config, device), "0", 0, 1023, NULL,
+     "CUDA ordinal the hand-over buffers live on: the backend's `device` (both servers must see it)"},
+#endif
     {0},
 };
 
@@ -44,6 +51,7 @@ typedef struct shm_inst {
     kvc_inst in;
     struct sockaddr_un addr;
     bool owns_path;            /* listen() created the socket file          */
+    int32_t device;            /* cuda-ipc: the buffers' CUDA ordinal       */
 } shm_inst;
 
 static loom_status shm_create(const loom_host *host, const void *config, void **self, loom_error *err) {
@@ -51,7 +59,10 @@ static loom_status shm_create(const loom_host *host, const void *config, void **
     shm_inst *t = host->calloc(host->ctx, 1, sizeof *t);
     if (!t) return host->error(host->ctx, err, LOOM_ERR_NOMEM, "kv_connector " PAY_NAME ": out of memory");
     loom_status st = kvc_inst_init(&t->in, host, PAY_NAME, &cfg->base, false, err);
-    if (st == LOOM_OK) st = pay_available(err);
+#ifdef PAY_CUDA
+    t->device = (int32_t)cfg->device;
+#endif
+    if (st == LOOM_OK) st = pay_available(t->device, err);
     if (st == LOOM_OK && (!cfg->path[0] || strlen(cfg->path) >= sizeof t->addr.sun_path))
         st = host->error(host->ctx, err, LOOM_ERR_INVALID, "kv_connector " PAY_NAME ": path '%s' must be 1 to %zu bytes",
                          cfg->path, sizeof t->addr.sun_path - 1);
@@ -155,6 +166,7 @@ static loom_status shm_connect(void *self, loom_kv_conn **conn, loom_error *err)
 }
 
 static loom_status shm_send(void *self, loom_kv_conn *conn, const loom_kv_msg *m, loom_error *err) {
+    shm_inst *t = self;
     kvc_conn *c = (kvc_conn *)conn;
     if (!c || !m || m->struct_size < sizeof *m)
         return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector %s: send() needs a connection and a message", PAY_NAME);
@@ -172,7 +184,7 @@ static loom_status shm_send(void *self, loom_kv_conn *conn, const loom_kv_msg *m
     if (m->head_len) memcpy(head, m->head, m->head_len);
     uint8_t *name = head + m->head_len;
     void *token = NULL;
-    loom_status st = pay_put(m->payload, m->payload_len, name, &token, err);
+    loom_status st = pay_put(t->device, m->payload, m->payload_len, name, &token, err);
     if (st == LOOM_OK) {
         st = kvc_send_frame(c, m->type, KVC_FLAG_SHM, head, m->head_len + KVC_SHM_NAME, NULL, m->payload_len,
                             PAY_NAME, err);
@@ -187,9 +199,9 @@ static loom_status shm_send(void *self, loom_kv_conn *conn, const loom_kv_msg *m
 }
 
 /* The out-of-band payload of frame f: opened, acknowledged, in *out. */
-static loom_status oob_open(kvc_conn *c, const kvc_frame *f, loom_kv_msg *out, loom_error *err) {
+static loom_status oob_open(shm_inst *t, kvc_conn *c, const kvc_frame *f, loom_kv_msg *out, loom_error *err) {
     const void *ptr;
-    loom_status st = pay_open(c->head + f->head_len - KVC_SHM_NAME, f->payload_len, &ptr, &c->oob, err);
+    loom_status st = pay_open(t->device, c->head + f->head_len - KVC_SHM_NAME, f->payload_len, &ptr, &c->oob, err);
     if (st != LOOM_OK) return st;
     c->oob_close = pay_close;
     *out = (loom_kv_msg){.struct_size = sizeof *out, .type = f->type,
@@ -210,7 +222,7 @@ static loom_status shm_recv(void *self, loom_kv_conn *conn, loom_kv_msg *out, lo
     kvc_frame f;
     loom_status st = kvc_recv_head(c, &f, PAY_NAME, err);
     if (st != LOOM_OK) return st;
-    if (f.flags & KVC_FLAG_SHM) return oob_open(c, &f, out, err);
+    if (f.flags & KVC_FLAG_SHM) return oob_open(self, c, &f, out, err);
     return kvc_recv_payload(c, &f, out, PAY_NAME, err);
 }
 
