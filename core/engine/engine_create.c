@@ -432,7 +432,6 @@ loom_status loom_engine_create(const char *pipeline_path, const char *const *ove
 
 void loom_engine_destroy(loom_engine *e) {
     if (!e) return;
-    if (e->log_held) loom_log_hold(e->log_level, -1);
     for (int32_t i = 0; i < e->num_reqs; i++) {
         loom_req *rq = e->reqs[i];
         for (int32_t k = 0; k < rq->n; k++) loom_engine_seq_free(rq->seqs[k]);
@@ -461,6 +460,9 @@ void loom_engine_destroy(loom_engine *e) {
         for (int32_t i = 0; i < e->num_inner; i++) destroy_instance(e, LOOM_KIND_BACKEND, e->inner[i]);
         destroy_instance(e, LOOM_KIND_QUANTIZER, e->quant_self); /* after the backend released its tensors */
     }
+    /* after the plugins: what they log as they go (a backend's step split)
+     * is still at the engine's level */
+    if (e->log_held) loom_log_hold(e->log_level, -1);
     engine_constraint_fini(e);
     loom_tokenizer_free(e->tok);
     loom_model_free(e->model);
