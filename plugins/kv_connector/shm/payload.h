@@ -15,7 +15,7 @@
  * the build: -DPAY_CUDA selects cuda-ipc. */
 #ifdef PAY_CUDA
 #define PAY_NAME "cuda-ipc"
-#define PAY_SUMMARY "KV hand-over on one node through CUDA IPC device memory (untested on a GPU; needs one)"
+#define PAY_SUMMARY "KV hand-over on one node through CUDA IPC device memory (needs a GPU)"
 #else
 #define PAY_NAME "shm"
 #define PAY_SUMMARY "KV hand-over on one host: control over a Unix socket, blocks in POSIX shared memory"
