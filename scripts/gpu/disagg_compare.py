@@ -88,6 +88,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=49000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tol", type=float, default=2e-3)
+    ap.add_argument("--timing-lens", default="256,1024,2000",
+                    help="after the comparison, 4 requests of each length one at a time: hand-over times alone")
     ap.add_argument("--json")
     a = ap.parse_args()
 
@@ -133,14 +135,36 @@ def main():
                          f"or in count ({len(dlp)} vs {len(clp)})")
         rows.append(row)
 
+    # the concurrent pass's hand-overs (all answered, so all counted)
+    mp_c = metrics(a.prefill) if a.prefill else {}
+    md_c = metrics(a.decode)
+    # one at a time: each hand-over alone (no other prefill on the GPU), timed by /metrics deltas
+    timing = []
+    if a.prefill and a.timing_lens:
+        for n in [int(x) for x in a.timing_lens.split(",") if x]:
+            p0, d0 = metrics(a.prefill), metrics(a.decode)
+            reps = 4
+            for _ in range(reps):
+                post(a.decode, "/v1/completions", {"prompt": [rng.randrange(1, a.vocab) for _ in range(n)],
+                                                   "max_tokens": 1, "temperature": 0})
+            p1, d1 = metrics(a.prefill), metrics(a.decode)
+            k = p1.get("loom_kv_transfers_total", 0) - p0.get("loom_kv_transfers_total", 0)
+            by = d1.get("loom_kv_transfer_bytes_total", 0) - d0.get("loom_kv_transfer_bytes_total", 0)
+            sd = p1.get("loom_kv_send_seconds_total", 0) - p0.get("loom_kv_send_seconds_total", 0)
+            dd = d1.get("loom_kv_deliver_seconds_total", 0) - d0.get("loom_kv_deliver_seconds_total", 0)
+            if k:
+                timing.append({"prompt_tokens": n, "handovers": k, "mb_per_handover": round(by / k / 1e6, 3),
+                               "send_ms": round(1e3 * sd / k, 3), "deliver_ms": round(1e3 * dd / k, 3),
+                               "send_gb_per_s": round(by / sd / 1e9, 2) if sd else None})
+
     ok_d, md = wait_idle(a.decode)
     ok_p, mp = wait_idle(a.prefill) if a.prefill else (True, {})
     if not ok_d:
         fails.append(f"decode server: blocks still in use ({md.get('loom_kv_blocks_used')}) or requests waiting")
     if not ok_p:
         fails.append(f"prefill server: blocks still in use ({mp.get('loom_kv_blocks_used')})")
-    n_xfer = mp.get("loom_kv_transfers_total", 0)
-    n_recv = md.get("loom_kv_transfers_total", 0)
+    n_xfer = mp_c.get("loom_kv_transfers_total", 0)
+    n_recv = md_c.get("loom_kv_transfers_total", 0)
     summary = {
         "label": a.label,
         "requests": len(bodies),
@@ -153,13 +177,14 @@ def main():
         "wall_s_colo": round(t_colo, 3),
         "handovers_prefill": n_xfer,
         "handovers_decode": n_recv,
-        "handover_bytes": md.get("loom_kv_transfer_bytes_total"),
+        "handover_bytes": md_c.get("loom_kv_transfer_bytes_total"),
         "transfer_failures_decode": md.get("loom_kv_transfer_failures_total"),
-        "send_ms_per_handover": round(1e3 * mp.get("loom_kv_send_seconds_total", 0) / n_xfer, 3) if n_xfer else None,
-        "deliver_ms_per_handover": round(1e3 * md.get("loom_kv_deliver_seconds_total", 0) / n_recv, 3)
+        "send_ms_per_handover": round(1e3 * mp_c.get("loom_kv_send_seconds_total", 0) / n_xfer, 3) if n_xfer else None,
+        "deliver_ms_per_handover": round(1e3 * md_c.get("loom_kv_deliver_seconds_total", 0) / n_recv, 3)
         if n_recv else None,
         "exported_blocks": mp.get("loom_kv_exported_blocks_total"),
         "imported_blocks": md.get("loom_kv_imported_blocks_total"),
+        "timing_sequential": timing,
         "rows": rows,
     }
     if a.prefill and n_recv and mp.get("loom_kv_exported_blocks_total") != md.get("loom_kv_imported_blocks_total"):

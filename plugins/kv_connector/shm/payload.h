@@ -15,7 +15,7 @@
  * the build: -DPAY_CUDA selects cuda-ipc. */
 #ifdef PAY_CUDA
 #define PAY_NAME "cuda-ipc"
-#define PAY_SUMMARY "KV hand-over on one node through CUDA IPC device memory (untested on a GPU; needs one)"
+#define PAY_SUMMARY "KV hand-over on one node through CUDA IPC device memory (needs a GPU)"
 #else
 #define PAY_NAME "shm"
 #define PAY_SUMMARY "KV hand-over on one host: control over a Unix socket, blocks in POSIX shared memory"
@@ -35,8 +35,9 @@ loom_status pay_available(int32_t device, loom_error *err);
  * the device, not merely been queued). */
 loom_status pay_put(int32_t device, const void *payload, uint64_t len, uint8_t where[KVC_SHM_NAME], void **token,
                     loom_error *err);
-/* Sender: the peer acknowledged (or the send failed): drop the payload. */
-void pay_release(void *token, const uint8_t where[KVC_SHM_NAME]);
+/* Sender: the peer acknowledged (acked) or the send failed: drop the
+ * payload (cuda-ipc: an acknowledged buffer is reused, another is freed). */
+void pay_release(void *token, const uint8_t where[KVC_SHM_NAME], bool acked);
 /* Receiver: open the peer's payload `where` that must be exactly len
  * bytes; *ptr is host-readable until pay_close(*token). Anything else —
  * a description that is not one of ours, another size — is an error. */

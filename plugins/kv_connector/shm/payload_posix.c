@@ -55,7 +55,7 @@ loom_status pay_put(int32_t device, const void *payload, uint64_t len, uint8_t w
     return LOOM_OK;
 }
 
-void pay_release(void *token, const uint8_t where[KVC_SHM_NAME]) { shm_unlink((const char *)where); }
+void pay_release(void *token, const uint8_t where[KVC_SHM_NAME], bool acked) { shm_unlink((const char *)where); }
 
 /* A segment name from a peer: ours in shape, NUL-terminated. */
 static bool name_ok(const char *n) {

@@ -192,7 +192,7 @@ static loom_status shm_send(void *self, loom_kv_conn *conn, const loom_kv_msg *m
         if (st == LOOM_OK && (st = kvc_recv_head(c, &f, PAY_NAME, err)) == LOOM_OK && f.type != KVC_T_SHM_ACK)
             st = kvc_fail(err, LOOM_ERR_FORMAT, "kv_connector %s: peer answered a payload with frame type 0x%x",
                           PAY_NAME, f.type);
-        pay_release(token, name); /* acknowledged (the peer holds its own handle) or failed */
+        pay_release(token, name, st == LOOM_OK); /* acknowledged (the peer has read it) or failed */
     }
     free(head);
     return st;
