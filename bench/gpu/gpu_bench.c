@@ -257,9 +257,14 @@ static void bench_attention(int batch, int ctx, loom_cuda_kv kv, bool ragged) {
     CK(cudaMemcpy(d_tiles, tiles, sizeof *tiles * (size_t)batch, cudaMemcpyHostToDevice));
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-    int ms_split = loom_cuda_attn_max_splits(
-        batch, KVH, sms * loom_cuda_attn_ctas_per_sm(LOOM_CUDA_BF16, kv, LOOM_CUDA_ATTN_DECODE, D));
-    size_t wsf = loom_cuda_attn_workspace_floats(LOOM_CUDA_ATTN_DECODE, batch, KVH, D, ms_split);
+    /* the backend's split bound, within its 16 MiB workspace; and the one
+     * before the many-items kernel (one wave of one-item CTAs) */
+    const int resident = sms * loom_cuda_attn_ctas_per_sm(LOOM_CUDA_BF16, kv, LOOM_CUDA_ATTN_DECODE, D);
+    int ms_split = loom_cuda_attn_decode_max_splits(batch, KVH, resident);
+    while (ms_split > 1 && loom_cuda_attn_workspace_floats(LOOM_CUDA_ATTN_DECODE, batch, KVH, D, ms_split) > ((size_t)4 << 20))
+        ms_split--;
+    const int ms_old = loom_cuda_attn_max_splits(batch, KVH, resident);
+    size_t wsf = loom_cuda_attn_workspace_floats(LOOM_CUDA_ATTN_DECODE, batch, KVH, D, ms_split > ms_old ? ms_split : ms_old);
     CK(cudaMalloc((void **)&ws, wsf * 4 + 16));
     int *sem;
     CK(cudaMalloc((void **)&sem, (size_t)batch * KVH * sizeof(int)));
@@ -274,10 +279,12 @@ static void bench_attention(int batch, int ctx, loom_cuda_kv kv, bool ragged) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    /* the many-items kernel applies with one split (the backend's choice) */
-    const int nvar = ms_split == 1 ? 2 : 1;
+    /* where the backend's choice is the many-items kernel, also the grid
+     * before it: one item a CTA, its own split bound */
+    const int nvar = (long)batch * KVH * ms_split > resident ? 2 : 1;
     for (int var = 0; var < nvar; var++) {
         a.decode_ctas = var ? -1 : 0;
+        a.max_splits = var ? ms_old : ms_split;
         double t[30];
         for (int i = -3; i < 30; i++) {
             CK(cudaEventRecord(e0, 0));
@@ -293,7 +300,7 @@ static void bench_attention(int batch, int ctx, loom_cuda_kv kv, bool ragged) {
         const double flops = (double)keys * H * D * 4.0;
         char name[96];
         snprintf(name, sizeof name, "decode attention%s b=%d ctx=%d%s (G=%d, splits<=%d)%s",
-                 kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : "", batch, ctx, ragged ? " ragged" : "", G, ms_split,
+                 kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : "", batch, ctx, ragged ? " ragged" : "", G, a.max_splits,
                  var ? " 1 item/CTA" : "");
         add_row(name, ms, bytes, flops, 0);
         printf("      K/V read %.0f GB/s = %.1f%% of the D2D copy bandwidth\n", bytes / (ms * 1e-3) / 1e9,

@@ -734,6 +734,10 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
  * Used when max_splits is 1 (more items than one wave of CTAs), head dims
  * 64 and 128. */
 #define LC_DM_CAP 64 /* items a CTA at most (the host sizes the grid) */
+/* Keys a split of the many-items kernel reads at least: its splits are for
+ * balance between CTAs at long contexts, where a partial's write and merge
+ * cost little against the keys. */
+#define LC_DM_SPLIT_MIN 512
 
 template <typename T, bool F8, int D, int STAGES, int MINB>
 __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(const loom_cuda_attn_args a) {
@@ -749,16 +753,17 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(con
     static_assert(CTA_N % JSTEP == 0 && JSTEP % 8 == 0, "whole passes, swizzle period");
 
     extern __shared__ uint4 lc_smem[];
-    __shared__ int4 items[LC_DM_CAP];   /* (tok0, ntok, k_lo, kv_len) */
+    __shared__ int4 items[LC_DM_CAP];   /* (tok0, ntok, first key, end key) */
     __shared__ int item_seq[LC_DM_CAP]; /* block-table row */
     __shared__ int item_n[LC_DM_CAP];   /* 64-key stages of the item; 0: nothing to do */
+    __shared__ int item_sp[LC_DM_CAP];  /* splits of its (tile, kv head) << 8 | split */
     __shared__ float ml[WN][MR][2];
-    __shared__ int s_total;
+    __shared__ int s_total, s_last;
 
     lc_pdl_wait();
     lc_pdl_trigger();
     const int KVH = a.num_kv_heads, G = a.num_heads / a.num_kv_heads, bs = a.block_size;
-    const int n_items = a.num_tiles * KVH;
+    const int MS = a.max_splits, n_heads = a.num_tiles * KVH, n_items = n_heads * MS;
     const int b = blockIdx.x, grid = gridDim.x;
     const int count = b < n_items ? min((n_items - b + grid - 1) / grid, LC_DM_CAP) : 0;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wn = warp;
@@ -766,7 +771,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(con
 
     /* every item's plan, one thread an item */
     for (int i = tid; i < count; i += LC_ATT_THREADS) {
-        const int f = b + i * grid, ti = f / KVH;
+        const int f = b + i * grid, z = f / n_heads, ti = f % n_heads / KVH;
         const loom_cuda_attn_tile tile = a.tiles[ti];
         int m = -1, lo = INT_MAX;
         for (int k = 0; k < tile.ntok; k++) {
@@ -774,10 +779,14 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(con
             m = max(m, p), lo = min(lo, p);
         }
         const int kv_len = m + 1, k_lo = a.window > 0 && tile.ntok > 0 ? max(0, lo - a.window + 1) : 0;
-        const int n = tile.ntok > 0 && kv_len > k_lo ? (kv_len - k_lo + CTA_N - 1) / CTA_N : 0;
-        items[i] = make_int4(tile.tok0, tile.ntok, k_lo, kv_len);
+        int splits = 1, chunk = kv_len - k_lo;
+        if (MS > 1) lc_split_plan(kv_len - k_lo, MS, CTA_N, LC_DM_SPLIT_MIN, &splits, &chunk);
+        const int kb = k_lo + z * chunk, ke = min(kv_len, kb + chunk);
+        const int n = tile.ntok > 0 && z < splits && ke > kb ? (ke - kb + CTA_N - 1) / CTA_N : 0;
+        items[i] = make_int4(tile.tok0, tile.ntok, kb, ke);
         item_seq[i] = tile.seq;
         item_n[i] = n;
+        item_sp[i] = splits << 8 | z;
     }
     __syncthreads();
     if (tid == 0) {
@@ -813,7 +822,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(con
     while (li < count && item_n[li] == 0) li++;
     auto load_next = [&](int st) {
         const int4 it = items[li];
-        const int kvh = (b + li * grid) % KVH;
+        const int kvh = (b + li * grid) % n_heads % KVH;
         const int kb = it.z + lit * CTA_N, k_end = it.w;
         const int32_t *__restrict__ bt = a.block_table + bt_row0 + (size_t)item_seq[li] * bt_ld;
         const uint32_t head_off = (uint32_t)kvh * bs * D + c_ld * (16 / EB);
@@ -873,7 +882,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(con
         lc_cp_async_commit();
         const int4 it = items[ci];
         const int nrows = min(it.y * G, 16);
-        const int kvh = (b + ci * grid) % KVH;
+        const int kvh = (b + ci * grid) % n_heads % KVH;
         const int tok0 = it.x;
         if (cit == 0) { /* a new item: its Q fragments, row positions, fresh state */
 #pragma unroll
@@ -1044,6 +1053,11 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(con
             lr0 += __shfl_xor_sync(0xffffffffu, lr0, off);
             lr1 += __shfl_xor_sync(0xffffffffu, lr1, off);
         }
+        const int sp = item_sp[ci], splits = sp >> 8;
+        /* this item's (tile, kv head, split) in the workspace's layout */
+        const int fi = b + ci * grid;
+        const size_t cta0 = (size_t)(fi % n_heads) * MS, cta = cta0 + (sp & 255);
+        float *pml_all = a.partial + (size_t)n_heads * MS * 16 * D;
         for (int p0 = 0; p0 < nrows; p0 += MR) {
             const int h = p0 >> 3, gsel = p0 & 7; /* rows p0..p0+3 are rows g + 8h, g in gsel..gsel+3 */
             if (g >= gsel && g < gsel + MR) {
@@ -1085,9 +1099,55 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(con
                 const float inv = L > 0.0f ? 1.0f / L : 0.0f;
 #pragma unroll
                 for (int e = 0; e < 8; e++) acc[e] *= inv;
-                const int t = tok0 + r / G, hh = kvh * G + r % G;
-                lc_stg16(out + (size_t)t * a.ldo + (size_t)hh * D + c * 8, lc_pack8<T>(acc));
+                if (splits == 1) {
+                    const int t = tok0 + r / G, hh = kvh * G + r % G;
+                    lc_stg16(out + (size_t)t * a.ldo + (size_t)hh * D + c * 8, lc_pack8<T>(acc));
+                } else { /* a split's normalised partial and its (max, sum) */
+                    float4 *dst = reinterpret_cast<float4 *>(a.partial + (cta * 16 + r) * D + c * 8);
+                    dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+                    dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+                    if (c == 0) pml_all[(cta * 16 + r) * 2] = M, pml_all[(cta * 16 + r) * 2 + 1] = L;
+                }
             }
+            __syncthreads();
+        }
+        if (splits > 1) { /* the last split of the (tile, kv head) to finish merges, as above */
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) {
+                int *sem = a.sem + fi % n_heads;
+                const int prev = atomicAdd(sem, 1);
+                s_last = prev == splits - 1;
+                if (s_last) *sem = 0;
+            }
+            __syncthreads();
+            if (s_last) {
+                __threadfence();
+                for (int idx = tid; idx < nrows * CPR; idx += LC_ATT_THREADS) {
+                    const int r = idx / CPR, c = idx % CPR;
+                    float M = -INFINITY;
+                    for (int z = 0; z < splits; z++) M = fmaxf(M, __ldcg(pml_all + ((cta0 + z) * 16 + r) * 2));
+                    float L = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                    if (M != -INFINITY) {
+                        for (int z = 0; z < splits; z++) {
+                            const float *mlz = pml_all + ((cta0 + z) * 16 + r) * 2;
+                            const float f = __ldcg(mlz + 1) * lc_exp2(__ldcg(mlz) - M);
+                            L += f;
+                            const float4 *src = reinterpret_cast<const float4 *>(a.partial + ((cta0 + z) * 16 + r) * D + c * 8);
+                            const float4 x0 = __ldcg(src), x1 = __ldcg(src + 1);
+                            acc[0] += x0.x * f, acc[1] += x0.y * f, acc[2] += x0.z * f, acc[3] += x0.w * f;
+                            acc[4] += x1.x * f, acc[5] += x1.y * f, acc[6] += x1.z * f, acc[7] += x1.w * f;
+                        }
+                    }
+                    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[e] *= inv;
+                    const int t = tok0 + r / G, hh = kvh * G + r % G;
+                    lc_stg16(out + (size_t)t * a.ldo + (size_t)hh * D + c * 8, lc_pack8<T>(acc));
+                }
+            }
+            /* s_last is read again by the next item's merge: nobody may
+             * still read it when thread 0 rewrites it */
             __syncthreads();
         }
         cit = 0;
@@ -1130,7 +1190,7 @@ static cudaError_t lc_dm_launch(const loom_cuda_attn_args *a, cudaStream_t s, bo
     *used = false;
     if (a->decode_ctas < 0) return cudaSuccess;
     const size_t smem = lc_dm_smem<F8, D>();
-    const long items = (long)a->num_tiles * a->num_kv_heads;
+    const long items = (long)a->num_tiles * a->num_kv_heads * a->max_splits;
     long grid;
     if (a->decode_ctas > 0) {
         grid = a->decode_ctas;
@@ -1208,7 +1268,7 @@ template <int D> constexpr int lc_minb_prefill() { return D > 128 ? 1 : 2; }
 template <typename T, bool F8, int D>
 static cudaError_t lc_att_shape(const loom_cuda_attn_args *a, cudaStream_t s) {
     if constexpr (D == 64 || D == 128) {
-        if (a->shape == LOOM_CUDA_ATTN_DECODE && a->max_splits == 1) {
+        if (a->shape == LOOM_CUDA_ATTN_DECODE) {
             bool used;
             const cudaError_t e = lc_dm_launch<T, F8, D>(a, s, &used);
             if (used || e != cudaSuccess) return e;
@@ -1261,6 +1321,19 @@ extern "C" int loom_cuda_attn_max_splits(int num_tiles, int num_kv_heads, int re
     if (ctas <= 0 || resident <= 0 || ctas >= resident) return 1;
     long ms = resident / ctas;
     return (int)(ms < 1 ? 1 : ms > LC_SPLIT_MAX ? LC_SPLIT_MAX : ms);
+}
+
+extern "C" int loom_cuda_attn_decode_max_splits(int num_tiles, int num_kv_heads, int resident) {
+    const long items = (long)num_tiles * num_kv_heads;
+    if (items <= 0 || resident <= 0 || items <= resident) return loom_cuda_attn_max_splits(num_tiles, num_kv_heads, resident);
+    /* more items than a wave: the many-items kernel, whose CTAs take
+     * ceil(items / grid) items each — split (at long contexts only) until
+     * that rounding costs at most 7% */
+    for (int ms = 1; ms < 8; ms++) {
+        const double x = (double)items * ms / resident;
+        if (ceil(x) / x <= 1.07) return ms;
+    }
+    return 8;
 }
 
 extern "C" int loom_cuda_attn_rows(loom_cuda_attn_shape shape) {

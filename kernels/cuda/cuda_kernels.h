@@ -272,6 +272,12 @@ int loom_cuda_attn_ctas_per_sm(loom_cuda_dt dt, loom_cuda_kv kv, loom_cuda_attn_
  * 1 — a partial second wave costs as much as a full one. */
 int loom_cuda_attn_max_splits(int num_tiles, int num_kv_heads, int resident);
 
+/* The DECODE shape's split bound: loom_cuda_attn_max_splits up to one wave;
+ * past it (the many-items kernel, see decode_ctas) the few splits that
+ * even out the items each CTA takes (a split reads 512 keys at least, so
+ * only long contexts are cut), at most 8. */
+int loom_cuda_attn_decode_max_splits(int num_tiles, int num_kv_heads, int resident);
+
 /* The split plan both kernels share: a tile whose longest row sees kv_len
  * keys is cut into *splits ranges of *chunk keys (the last shorter). */
 void loom_cuda_attn_split_plan(loom_cuda_attn_shape shape, int kv_len, int max_splits,

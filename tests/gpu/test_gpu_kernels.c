@@ -3285,7 +3285,8 @@ static void test_attention_gemma(void) {
 
 /* The many-items decode kernel (one split, head dims 64 and 128): forced
  * onto few CTAs (several items each, the cp.async ring running across
- * items of ragged contexts 1..1000 and 20001..32768), GQA groups
+ * items of ragged contexts 1..1000 and 20001..32768; one split and
+ * forced split bounds, whose 512-key splits merge in the kernel), GQA groups
  * 1/3/4/8/16, block sizes 1/7/16/32, bf16/f16, a 4- and 3-token verify in
  * the decode shape, windows; then its own dispatch on a batch of hundreds
  * of ragged sequences, and the same batch on 3 CTAs (the 64-items-a-CTA
@@ -3302,6 +3303,9 @@ static const att_case k_att_multi[] = {
     {"chunk (decode tiles + prefill)", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_CHUNK, -1, 1},
     {"long decode", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_LONG_DECODE, -1, 1},
     {"long verify (decode shape)", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_LONG_VERIFY, 0, 1},
+    {"decode split7", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_DECODE, -1, 7},
+    {"long decode split64", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_LONG_DECODE, -1, 64},
+    {"long verify split3 (decode shape)", LOOM_CUDA_F16, 64, 16, 2, 16, ATT_LONG_VERIFY, 0, 3},
 };
 
 static void test_attention_multi(void) {
