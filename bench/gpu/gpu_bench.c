@@ -189,8 +189,9 @@ static void measure_gemm(void) {
 /* Decode attention alone on Llama-3-8B heads: `batch` sequences of `ctx`
  * tokens (ragged: contexts spread evenly over ctx/4 .. 7ctx/4, the same
  * mean), one token each, block size 16, blocks shuffled. Times the kernel
- * the backend picks (decode_ctas 0) and, where that is the many-items
- * kernel, the one-item-a-CTA grid (decode_ctas -1) on the same data. */
+ * the backend picks (decode_ctas 0) and, where that is a many-items kernel
+ * (past one wave; any E4M3 launch), the one-item-a-CTA grid with its own
+ * split bound (decode_ctas -1, "previous") on the same data. */
 static void bench_attention(int batch, int ctx, loom_cuda_kv kv, bool ragged) {
     const int H = 32, KVH = 8, D = 128, bs = 16, G = H / KVH;
     int *cl = malloc(sizeof(int) * (size_t)batch);
@@ -281,7 +282,7 @@ static void bench_attention(int batch, int ctx, loom_cuda_kv kv, bool ragged) {
     CK(cudaEventCreate(&e1));
     /* where the backend's choice is the many-items kernel, also the grid
      * before it: one item a CTA, its own split bound */
-    const int nvar = (long)batch * KVH * ms_split > resident ? 2 : 1;
+    const int nvar = kv == LOOM_CUDA_KV_E4M3 || (long)batch * KVH * ms_split > resident ? 2 : 1;
     for (int var = 0; var < nvar; var++) {
         a.decode_ctas = var ? -1 : 0;
         a.max_splits = var ? ms_old : ms_split;
@@ -301,7 +302,7 @@ static void bench_attention(int batch, int ctx, loom_cuda_kv kv, bool ragged) {
         char name[96];
         snprintf(name, sizeof name, "decode attention%s b=%d ctx=%d%s (G=%d, splits<=%d)%s",
                  kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : "", batch, ctx, ragged ? " ragged" : "", G, a.max_splits,
-                 var ? " 1 item/CTA" : "");
+                 var ? " previous" : "");
         add_row(name, ms, bytes, flops, 0);
         printf("      K/V read %.0f GB/s = %.1f%% of the D2D copy bandwidth\n", bytes / (ms * 1e-3) / 1e9,
                100.0 * bytes / (ms * 1e-3) / g_copy_bw);
@@ -1315,7 +1316,7 @@ int main(int argc, char **argv) {
                 "                  layer's small kernels between the linears, 'mixed')\n"
                 "  --attention     the decode attention rows only (bf16 and E4M3 caches): 1 and 8 x 32k, 64/256/512\n"
                 "                  sequences x 256/1024/4096 tokens, two ragged batches; the kernel the\n"
-                "                  backend picks and, where that differs, the one-item-a-CTA grid\n"
+                "                  backend picks and, where that differs, the previous one-item-a-CTA grid\n"
                 "  --layer CTX     one whole decode layer (norms, linears, RoPE, attention over CTX keys, SwiGLU)\n"
                 "                  in a CUDA graph, every format; bf16 also with each small kernel left out\n"
                 "  --moe LAYERS    a mixture-of-experts dummy shape (bf16) cut to LAYERS layers only, loaded once:\n"

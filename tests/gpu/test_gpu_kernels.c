@@ -156,8 +156,9 @@ static const char *kvn(void) { return g_kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : "
 static int g_window;
 
 /* decode_ctas of the attention checks' decode launches (0: the kernel's
- * own choice; > 0: the many-items decode kernel with at most that many
- * CTAs, then also compared bit for bit with the one-item-a-CTA grid). */
+ * own choice; > 0: the many-items decode kernel — over an E4M3 cache the
+ * transposed one — with at most that many CTAs; a dt cache's is also
+ * compared bit for bit with the one-item-a-CTA grid). */
 static int g_decode_ctas;
 
 /* First key position p sees under g_window. */
@@ -839,7 +840,7 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     /* the many-items decode kernel against the one-item-a-CTA grid: the
      * same arithmetic, so the same bits */
     long multi_differ = -1;
-    if (!inv && nd && g_decode_ctas > 0 && ms[0] == 1) {
+    if (!inv && nd && g_decode_ctas > 0 && ms[0] == 1 && g_kv == LOOM_CUDA_KV_DT) {
         CK(cudaMemset(d_out, 0xff, (size_t)T * ldo * 2));
         a.shape = LOOM_CUDA_ATTN_DECODE, a.tiles = d_dt, a.num_tiles = nd, a.max_splits = 1, a.decode_ctas = -1;
         CK(loom_cuda_attention(&a, 0));
@@ -3283,7 +3284,8 @@ static void test_attention_gemma(void) {
     g_window = 0;
 }
 
-/* The many-items decode kernel (one split, head dims 64 and 128): forced
+/* The many-items decode kernels (head dims 64 and 128; over an E4M3 cache
+ * with GQA groups up to 8 the transposed one, rows 8 at a time): forced
  * onto few CTAs (several items each, the cp.async ring running across
  * items of ragged contexts 1..1000 and 20001..32768; one split and
  * forced split bounds, whose 512-key splits merge in the kernel), GQA groups
@@ -3306,6 +3308,8 @@ static const att_case k_att_multi[] = {
     {"decode split7", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_DECODE, -1, 7},
     {"long decode split64", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_LONG_DECODE, -1, 64},
     {"long verify split3 (decode shape)", LOOM_CUDA_F16, 64, 16, 2, 16, ATT_LONG_VERIFY, 0, 3},
+    {"long verify split3 (decode shape, 16 rows)", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_LONG_VERIFY, 0, 3},
+    {"long decode G8 split5", LOOM_CUDA_BF16, 64, 16, 2, 16, ATT_LONG_DECODE, -1, 5},
 };
 
 static void test_attention_multi(void) {
