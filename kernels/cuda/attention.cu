@@ -104,6 +104,15 @@
  * for one CTA an SM there, and the register-converting E4M3 decode path is
  * left to head dims up to 128 (256 stages its codes like the prefill shape).
  *
+ * Decode launches at scale go to two more kernels below (dispatch in
+ * lc_att_shape; decode_ctas in loom_cuda_attn_args overrides it, the
+ * batch-invariant call never takes them): over an E4M3 cache with GQA
+ * groups up to 8, the transposed decode kernel (S^T = K Q^T, O^T += V^T
+ * P^T; 4 CTAs an SM) at every batch size; over a dt cache, once the (tile,
+ * kv head) items exceed one wave, the many-items kernel (this kernel's
+ * decode arithmetic, bit for bit, with the cp.async ring running across a
+ * CTA's items). Both take a list of items a CTA and 512-key splits.
+ *
  * Not here: ALiBi, soft-capping, per-layer KV scales.
  * Head dims 16, 32, 64, 128, 256.
  */
@@ -723,16 +732,21 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
  * arithmetic (the same 64-key stages, 16-key warp slices, online softmax
  * and in-CTA merge, so a row gets the same bits as from the kernel above
  * with one split) over a list of work items a CTA: a grid of about one
- * wave, CTA b taking items (tile, kv head) f = b, b + grid, b + 2 grid, ...
- * (strided, so ragged contexts spread evenly). The cp.async ring runs
+ * wave, CTA b taking items (tile, kv head, key split) f = b, b + grid,
+ * b + 2 grid, ... (strided, splits slowest, so ragged contexts and empty
+ * splits spread evenly). The cp.async ring runs
  * across item boundaries: while the last stages of one item are computed,
  * the first stages of the next are already in flight, so the memory pipe
  * never drains between items. Every item's (tile, context, first key) is
  * read once in the prologue, in parallel, into shared memory; the ring's
  * stage -> item mapping follows from it. The cross-warp merge goes through
  * its own buffer (the ring holds the next item's keys), four rows a pass.
- * Used when max_splits is 1 (more items than one wave of CTAs), head dims
- * 64 and 128. */
+ * With one split a row gets the bits of the kernel above; splits (a few,
+ * loom_cuda_attn_decode_max_splits, to even out the items a CTA takes) read
+ * 512 keys at least and merge like the kernel above's. Used over dt caches
+ * when the items exceed one wave, head dims 64 and 128: 2-9% faster than
+ * one item a CTA on the H200 (docs/performance.md); over an E4M3 cache it
+ * was not (the transposed kernel below is used there). */
 #define LC_DM_CAP 64 /* items a CTA at most (the host sizes the grid) */
 /* Keys a split of the many-items kernel reads at least: its splits are for
  * balance between CTAs at long contexts, where a partial's write and merge
@@ -1567,10 +1581,10 @@ template <typename T, bool F8, int D> static int lc_dm_resident(size_t smem) {
     return resident;
 }
 
-/* The many-items kernel for a decode launch when it applies (one split, head
- * dim 64 or 128; a->decode_ctas: 0 when the items exceed one wave of it,
- * > 0 always with at most that many CTAs, < 0 never). *used = 0 when it
- * does not apply. */
+/* The many-items kernel for a decode launch when it applies (head dim 64
+ * or 128; a->decode_ctas: 0 over a dt cache when the items exceed one wave
+ * of it, > 0 always with at most that many CTAs, < 0 never). *used = 0
+ * when it does not apply. */
 template <typename T, bool F8, int D>
 static cudaError_t lc_dm_launch(const loom_cuda_attn_args *a, cudaStream_t s, bool *used) {
     *used = false;
@@ -1581,6 +1595,9 @@ static cudaError_t lc_dm_launch(const loom_cuda_attn_args *a, cudaStream_t s, bo
     if (a->decode_ctas > 0) {
         grid = a->decode_ctas;
     } else {
+        /* over an E4M3 cache (GQA groups above 8 here) it measured slower
+         * than one item a CTA at long contexts and equal at short ones */
+        if (F8) return cudaSuccess;
         const int resident = lc_dm_resident<T, F8, D>(smem);
         if (resident <= 0 || items <= resident) return cudaSuccess;
         grid = resident;
