@@ -185,13 +185,13 @@ static void measure_gemm(void) {
 
 /* ------------------------------------------------------- attention alone */
 
-/* kv: the cache's element type (bf16, or E4M3 codes: half the bytes). */
-/* Decode attention alone on Llama-3-8B heads: `batch` sequences of `ctx`
+/* Decode attention alone on Llama-3-8B heads over a cache of `kv` (bf16,
+ * or E4M3 codes: half the bytes): `batch` sequences of `ctx`
  * tokens (ragged: contexts spread evenly over ctx/4 .. 7ctx/4, the same
  * mean), one token each, block size 16, blocks shuffled. Times the kernel
- * the backend picks (decode_ctas 0) and, where that is a many-items kernel
- * (past one wave; any E4M3 launch), the one-item-a-CTA grid with its own
- * split bound (decode_ctas -1, "previous") on the same data. */
+ * the backend picks (decode_ctas 0) and, where that is the many-items
+ * kernel (a dt cache past one wave), the one-item-a-CTA grid (decode_ctas
+ * -1, "previous") on the same data. */
 static void bench_attention(int batch, int ctx, loom_cuda_kv kv, bool ragged) {
     const int H = 32, KVH = 8, D = 128, bs = 16, G = H / KVH;
     int *cl = malloc(sizeof(int) * (size_t)batch);
@@ -258,14 +258,10 @@ static void bench_attention(int batch, int ctx, loom_cuda_kv kv, bool ragged) {
     CK(cudaMemcpy(d_tiles, tiles, sizeof *tiles * (size_t)batch, cudaMemcpyHostToDevice));
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-    /* the backend's split bound, within its 16 MiB workspace; and the one
-     * before the many-items kernel (one wave of one-item CTAs) */
+    /* the backend's split bound: one wave of one-item CTAs */
     const int resident = sms * loom_cuda_attn_ctas_per_sm(LOOM_CUDA_BF16, kv, LOOM_CUDA_ATTN_DECODE, D);
-    int ms_split = loom_cuda_attn_decode_max_splits(batch, KVH, resident);
-    while (ms_split > 1 && loom_cuda_attn_workspace_floats(LOOM_CUDA_ATTN_DECODE, batch, KVH, D, ms_split) > ((size_t)4 << 20))
-        ms_split--;
-    const int ms_old = loom_cuda_attn_max_splits(batch, KVH, resident);
-    size_t wsf = loom_cuda_attn_workspace_floats(LOOM_CUDA_ATTN_DECODE, batch, KVH, D, ms_split > ms_old ? ms_split : ms_old);
+    const int ms_split = loom_cuda_attn_max_splits(batch, KVH, resident);
+    size_t wsf = loom_cuda_attn_workspace_floats(LOOM_CUDA_ATTN_DECODE, batch, KVH, D, ms_split);
     CK(cudaMalloc((void **)&ws, wsf * 4 + 16));
     int *sem;
     CK(cudaMalloc((void **)&sem, (size_t)batch * KVH * sizeof(int)));
@@ -280,12 +276,11 @@ static void bench_attention(int batch, int ctx, loom_cuda_kv kv, bool ragged) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    /* where the backend's choice is the many-items kernel, also the grid
-     * before it: one item a CTA, its own split bound */
-    const int nvar = kv == LOOM_CUDA_KV_E4M3 || (long)batch * KVH * ms_split > resident ? 2 : 1;
+    /* where the backend's choice is the many-items kernel (a dt cache past
+     * one wave), also one item a CTA ("previous") */
+    const int nvar = kv == LOOM_CUDA_KV_DT && (long)batch * KVH * ms_split > resident ? 2 : 1;
     for (int var = 0; var < nvar; var++) {
         a.decode_ctas = var ? -1 : 0;
-        a.max_splits = var ? ms_old : ms_split;
         double t[30];
         for (int i = -3; i < 30; i++) {
             CK(cudaEventRecord(e0, 0));
@@ -301,7 +296,7 @@ static void bench_attention(int batch, int ctx, loom_cuda_kv kv, bool ragged) {
         const double flops = (double)keys * H * D * 4.0;
         char name[96];
         snprintf(name, sizeof name, "decode attention%s b=%d ctx=%d%s (G=%d, splits<=%d)%s",
-                 kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : "", batch, ctx, ragged ? " ragged" : "", G, a.max_splits,
+                 kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : "", batch, ctx, ragged ? " ragged" : "", G, ms_split,
                  var ? " previous" : "");
         add_row(name, ms, bytes, flops, 0);
         printf("      K/V read %.0f GB/s = %.1f%% of the D2D copy bandwidth\n", bytes / (ms * 1e-3) / 1e9,

@@ -104,14 +104,12 @@
  * for one CTA an SM there, and the register-converting E4M3 decode path is
  * left to head dims up to 128 (256 stages its codes like the prefill shape).
  *
- * Decode launches at scale go to two more kernels below (dispatch in
- * lc_att_shape; decode_ctas in loom_cuda_attn_args overrides it, the
- * batch-invariant call never takes them): over an E4M3 cache with GQA
- * groups up to 8, the transposed decode kernel (S^T = K Q^T, O^T += V^T
- * P^T; 4 CTAs an SM) at every batch size; over a dt cache, once the (tile,
- * kv head) items exceed one wave, the many-items kernel (this kernel's
- * decode arithmetic, bit for bit, with the cp.async ring running across a
- * CTA's items). Both take a list of items a CTA and 512-key splits.
+ * Decode launches over a dt cache whose (tile, kv head) items exceed one
+ * wave go to the many-items kernel below (this kernel's decode arithmetic,
+ * bit for bit, on one wave of CTAs that each take a list of items with the
+ * cp.async ring running across them; dispatch in lc_att_shape,
+ * decode_ctas in loom_cuda_attn_args forces or forbids it, the
+ * batch-invariant call never takes it).
  *
  * Not here: ALiBi, soft-capping, per-layer KV scales.
  * Head dims 16, 32, 64, 128, 256.
@@ -741,29 +739,28 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
  * read once in the prologue, in parallel, into shared memory; the ring's
  * stage -> item mapping follows from it. The cross-warp merge goes through
  * its own buffer (the ring holds the next item's keys), four rows a pass.
- * With one split a row gets the bits of the kernel above; splits (a few,
- * loom_cuda_attn_decode_max_splits, to even out the items a CTA takes) read
- * 512 keys at least and merge like the kernel above's. Used over dt caches
- * when the items exceed one wave, head dims 64 and 128: 2-9% faster than
- * one item a CTA on the H200 (docs/performance.md); over an E4M3 cache it
- * was not (the transposed kernel below is used there). */
+ * With one split a row gets the bits of the kernel above; given a split
+ * bound above 1 (decode_ctas > 0 only: the backend's bound is 1 past one
+ * wave) it cuts contexts into splits of 512 keys at least, merged like the
+ * kernel above's. Used over dt caches when the items exceed one wave, head
+ * dims 64 and 128: 1-12% faster than one item a CTA on the H200
+ * (docs/performance.md); over an E4M3 cache it was slower, so it is built
+ * for dt caches only. */
 #define LC_DM_CAP 64 /* items a CTA at most (the host sizes the grid) */
 /* Keys a split of the many-items kernel reads at least: its splits are for
  * balance between CTAs at long contexts, where a partial's write and merge
  * cost little against the keys. */
 #define LC_DM_SPLIT_MIN 512
 
-template <typename T, bool F8, int D, int STAGES, int MINB>
+template <typename T, int D, int STAGES, int MINB>
 __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(const loom_cuda_attn_args a) {
     constexpr int BN = 16, WN = 4, CTA_N = 64;
     constexpr int CPR = D / 8, KSTEPS = D / 16, NT = BN / 8, DT = D / 8;
     constexpr int MR = 4;          /* rows a merge pass */
     constexpr int MB_LD = D + 8;   /* floats a merge-buffer row */
-    constexpr bool RD = F8;        /* E4M3 converted in registers (D 64, 128) */
     static_assert(D == 64 || D == 128, "head dims 64 and 128");
-    constexpr int EB = F8 ? 1 : 2, ROWB = D * EB, CPRG = ROWB / 16;
+    constexpr int ROWB = D * 2, CPRG = ROWB / 16;
     constexpr int JSTEP = LC_ATT_THREADS / CPRG, NPASS = CTA_N / JSTEP;
-    constexpr int SWM = (CPRG < 8 ? CPRG : 8) - 1;
     static_assert(CTA_N % JSTEP == 0 && JSTEP % 8 == 0, "whole passes, swizzle period");
 
     extern __shared__ uint4 lc_smem[];
@@ -826,8 +823,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(con
     const uint32_t k_s = lc_smem_u32(K8), v_s = lc_smem_u32(V8);
 
     const int c_ld = tid % CPRG, j0 = tid / CPRG;
-    const uint32_t s_off0 = RD ? (uint32_t)(j0 * ROWB + ((c_ld ^ (j0 & SWM)) * 16))
-                               : (uint32_t)lc_swz<CPR>(j0, c_ld) * 16;
+    const uint32_t s_off0 = (uint32_t)lc_swz<CPR>(j0, c_ld) * 16;
     const uint32_t blk_elems = (uint32_t)KVH * bs * D;
     const int bs_shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
 
@@ -839,7 +835,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(con
         const int kvh = (b + li * grid) % n_heads % KVH;
         const int kb = it.z + lit * CTA_N, k_end = it.w;
         const int32_t *__restrict__ bt = a.block_table + bt_row0 + (size_t)item_seq[li] * bt_ld;
-        const uint32_t head_off = (uint32_t)kvh * bs * D + c_ld * (16 / EB);
+        const uint32_t head_off = (uint32_t)kvh * bs * D + c_ld * 8;
         const uint32_t sbase = st * CTA_N * ROWB + s_off0;
         if (lit == 0 && tid < 32) { /* the item's Q rows toward L2 before its first stage is computed */
             const int r = tid >> 1; /* row r, half tid & 1 */
@@ -860,17 +856,14 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(con
                 e = (uint32_t)blk * blk_elems + head_off + (uint32_t)off * D;
             }
             const uint32_t so = sbase + i * JSTEP * ROWB;
-            lc_cp_async16(k_s + so, kc + (size_t)e * EB, ok);
-            lc_cp_async16(v_s + so, vc + (size_t)e * EB, ok);
+            lc_cp_async16(k_s + so, kc + (size_t)e * 2, ok);
+            lc_cp_async16(v_s + so, vc + (size_t)e * 2, ok);
         }
         if (++lit == item_n[li]) {
             lit = 0;
             li++;
             while (li < count && item_n[li] == 0) li++;
         }
-    };
-    auto code_at = [&](const uint8_t *stage, int row, int byte) -> const uint8_t * {
-        return stage + row * ROWB + (((byte >> 4) ^ (row & SWM)) << 4) + (byte & 15);
     };
 
 #pragma unroll
@@ -904,21 +897,11 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(con
                 const int r = g + 8 * h;
                 const bool ok = r < nrows;
                 const T *src = q + (size_t)(tok0 + (ok ? r / G : 0)) * a.ldq + (size_t)(kvh * G + (ok ? r % G : 0)) * D;
-                if constexpr (RD) {
-                    uint4 w[D / 32];
+                const uint32_t *s32 = reinterpret_cast<const uint32_t *>(src);
 #pragma unroll
-                    for (int i = 0; i < D / 32; i++)
-                        w[i] = ok ? reinterpret_cast<const uint4 *>(src + tq * (D / 4))[i] : make_uint4(0u, 0u, 0u, 0u);
-                    const uint32_t *wv = reinterpret_cast<const uint32_t *>(w);
-#pragma unroll
-                    for (int kk = 0; kk < KSTEPS; kk++) qf[kk][h] = wv[2 * kk], qf[kk][2 + h] = wv[2 * kk + 1];
-                } else {
-                    const uint32_t *s32 = reinterpret_cast<const uint32_t *>(src);
-#pragma unroll
-                    for (int kk = 0; kk < KSTEPS; kk++) {
-                        qf[kk][h] = ok ? s32[8 * kk + tq] : 0u;
-                        qf[kk][2 + h] = ok ? s32[8 * kk + 4 + tq] : 0u;
-                    }
+                for (int kk = 0; kk < KSTEPS; kk++) {
+                    qf[kk][h] = ok ? s32[8 * kk + tq] : 0u;
+                    qf[kk][2 + h] = ok ? s32[8 * kk + 4 + tq] : 0u;
                 }
                 const int p = ok ? a.positions[tok0 + r / G] : -1;
                 if (h == 0) rp0 = p; else rp1 = p;
@@ -938,35 +921,19 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(con
         lc_cp_async_wait<STAGES - 1>();
         __syncthreads();
         const int k_end = it.w;
-        const uint8_t *k8s = K8 + st * CTA_N * ROWB, *v8s = V8 + st * CTA_N * ROWB;
         const uint32_t ks = k_s + st * CTA_N * ROWB, vs = v_s + st * CTA_N * ROWB;
 
         float sc[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-            if constexpr (RD) {
-                const int kr = kw + nt * 8 + g;
-                uint4 c[D / 64];
+            const int kr = kw + nt * 8 + (lane & 7);
 #pragma unroll
-                for (int i = 0; i < D / 64; i++)
-                    c[i] = *reinterpret_cast<const uint4 *>(code_at(k8s, kr, tq * (D / 4) + 16 * i));
-                const uint32_t *cw = reinterpret_cast<const uint32_t *>(c);
-#pragma unroll
-                for (int kk = 0; kk < KSTEPS; kk++) {
-                    uint32_t bb[2];
-                    lc_e4m3x4<T>(cw[kk], &bb[0], &bb[1]);
-                    lc_mma<T>(sc[nt], qf[kk], bb);
-                }
-            } else {
-                const int kr = kw + nt * 8 + (lane & 7);
-#pragma unroll
-                for (int kk = 0; kk < KSTEPS; kk += 2) {
-                    uint32_t bb[4];
-                    lc_ldsm_x4(bb, ks + lc_swz<CPR>(kr, 2 * kk + (lane >> 3)) * 16);
-                    lc_mma<T>(sc[nt], qf[kk], bb);
-                    lc_mma<T>(sc[nt], qf[kk + 1], bb + 2);
-                }
+            for (int kk = 0; kk < KSTEPS; kk += 2) {
+                uint32_t bb[4];
+                lc_ldsm_x4(bb, ks + lc_swz<CPR>(kr, 2 * kk + (lane >> 3)) * 16);
+                lc_mma<T>(sc[nt], qf[kk], bb);
+                lc_mma<T>(sc[nt], qf[kk + 1], bb + 2);
             }
         }
 
@@ -1024,37 +991,13 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(con
             pa[1] = lc_pack2<T>(sc[0][2], sc[0][3]);
             pa[2] = lc_pack2<T>(sc[1][0], sc[1][1]);
             pa[3] = lc_pack2<T>(sc[1][2], sc[1][3]);
-            if constexpr (RD) {
-                const int r0 = kw + 2 * tq;
-                alignas(16) uint32_t x[4][DT / 4];
+            const int vr = kw + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
-                for (int h = 0; h < 4; h++) {
-                    const uint8_t *src = code_at(v8s, r0 + (h & 1) + 8 * (h >> 1), g * DT);
-                    if constexpr (DT == 16) *reinterpret_cast<uint4 *>(x[h]) = *reinterpret_cast<const uint4 *>(src);
-                    else *reinterpret_cast<uint2 *>(x[h]) = *reinterpret_cast<const uint2 *>(src);
-                }
-#pragma unroll
-                for (int w = 0; w < DT / 4; w++) {
-                    uint32_t b0[4], b1[4];
-                    lc_e4m3x4<T>(__byte_perm(x[0][w], x[1][w], 0x5140), &b0[0], &b0[1]);
-                    lc_e4m3x4<T>(__byte_perm(x[0][w], x[1][w], 0x7362), &b0[2], &b0[3]);
-                    lc_e4m3x4<T>(__byte_perm(x[2][w], x[3][w], 0x5140), &b1[0], &b1[1]);
-                    lc_e4m3x4<T>(__byte_perm(x[2][w], x[3][w], 0x7362), &b1[2], &b1[3]);
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        const uint32_t bb[2] = {b0[j], b1[j]};
-                        lc_mma<T>(o[4 * w + j], pa, bb);
-                    }
-                }
-            } else {
-                const int vr = kw + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-                for (int d = 0; d < DT; d += 2) {
-                    uint32_t bb[4];
-                    lc_ldsm_x4_t(bb, vs + lc_swz<CPR>(vr, d + (lane >> 4)) * 16);
-                    lc_mma<T>(o[d], pa, bb);
-                    lc_mma<T>(o[d + 1], pa, bb + 2);
-                }
+            for (int d = 0; d < DT; d += 2) {
+                uint32_t bb[4];
+                lc_ldsm_x4_t(bb, vs + lc_swz<CPR>(vr, d + (lane >> 4)) * 16);
+                lc_mma<T>(o[d], pa, bb);
+                lc_mma<T>(o[d + 1], pa, bb + 2);
             }
         }
         __syncthreads(); /* the next load overwrites this stage */
@@ -1096,18 +1039,10 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(con
                         const float f = lc_exp2(ml[w][rr][0] - M);
                         L += ml[w][rr][1] * f;
                         const float *row = mb + ((size_t)w * MR + rr) * MB_LD;
-                        if constexpr (RD) {
-#pragma unroll
-                            for (int e = 0; e < 8; e++) {
-                                const int pp = c * 8 + e;
-                                acc[e] += row[(pp % DT) * 8 + pp / DT] * f;
-                            }
-                        } else {
-                            const float4 *src = reinterpret_cast<const float4 *>(row + c * 8);
-                            const float4 x0 = src[0], x1 = src[1];
-                            acc[0] += x0.x * f, acc[1] += x0.y * f, acc[2] += x0.z * f, acc[3] += x0.w * f;
-                            acc[4] += x1.x * f, acc[5] += x1.y * f, acc[6] += x1.z * f, acc[7] += x1.w * f;
-                        }
+                        const float4 *src = reinterpret_cast<const float4 *>(row + c * 8);
+                        const float4 x0 = src[0], x1 = src[1];
+                        acc[0] += x0.x * f, acc[1] += x0.y * f, acc[2] += x0.z * f, acc[3] += x0.w * f;
+                        acc[4] += x1.x * f, acc[5] += x1.y * f, acc[6] += x1.z * f, acc[7] += x1.w * f;
                     }
                 }
                 const float inv = L > 0.0f ? 1.0f / L : 0.0f;
@@ -1170,405 +1105,19 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(con
     }
 }
 
-/* ---------------------------------- decode over an E4M3 cache, transposed
- *
- * The decode shape puts a tile's rows (query heads) on the 16 rows of
- * mma.m16n8k16: at GQA group 4 twelve of them are padding, and the O
- * accumulators (16 rows x D a warp: 64 registers at head_dim 128) with
- * the Q fragments (32) hold the kernel at 3 CTAs an SM, too few warps to
- * hide an iteration's latency when each byte of E4M3 is converted in
- * registers. This kernel computes the transposes: S^T = K Q^T (16 keys x
- * 8 queries: K is the A operand, converted from codes exactly as above
- * under the same permuted head_dim, Q^T the B operand) and O^T += V^T P^T
- * (D/16 tiles of 16 head-dim rows x 8 queries: V^T is the A operand, the
- * code pairs the decode shape builds for its B operand; P^T the B operand,
- * moved from S^T's accumulator layout with four shuffles). Half the
- * tensor-core instructions, 32 + 16 registers of state instead of
- * 64 + 32, so 4 CTAs fit an SM. A tile's rows are taken 8 at a time: an
- * item is (tile, kv head, key split, query group), the second group empty
- * unless the tile has more than 8 rows (a verify tile). Everything else —
- * the work list, the ring across items, splits of 512 keys at least
- * merged by the last to finish — is the many-items kernel's; the merge
- * between warps goes through a small buffer 32 head-dim columns a pass.
- * Used for E4M3 caches at head dims 64 and 128 with GQA groups up to 8. */
-template <typename T, int D, int STAGES, int MINB>
-__global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_tr_kernel(const loom_cuda_attn_args a) {
-    constexpr int BN = 16, WN = 4, CTA_N = 64;
-    constexpr int CPR = D / 8, KSTEPS = D / 16, DT = D / 8, MT = D / 16;
-    constexpr int ROWB = D, CPRG = ROWB / 16;
-    constexpr int JSTEP = LC_ATT_THREADS / CPRG, NPASS = CTA_N / JSTEP;
-    constexpr int SWM = (CPRG < 8 ? CPRG : 8) - 1;
-    constexpr int CW = 32, CB_LD = CW + 4; /* merge pass: 32 columns; padded buffer row */
-    static_assert(D == 64 || D == 128, "head dims 64 and 128");
-    static_assert(CTA_N % JSTEP == 0 && JSTEP % 8 == 0, "whole passes, swizzle period");
-
-    extern __shared__ uint4 lc_smem[];
-    __shared__ int4 items[LC_DM_CAP];   /* (tok0, ntok, first key, end key) */
-    __shared__ int item_seq[LC_DM_CAP];
-    __shared__ int item_n[LC_DM_CAP];
-    __shared__ int item_sp[LC_DM_CAP];  /* splits << 8 | split */
-    __shared__ float ml[WN][8][2];
-    __shared__ int s_total, s_last;
-
-    lc_pdl_wait();
-    lc_pdl_trigger();
-    const int KVH = a.num_kv_heads, G = a.num_heads / a.num_kv_heads, bs = a.block_size;
-    const int MS = a.max_splits, n_heads = a.num_tiles * KVH, n_hs = n_heads * MS, n_items = n_hs * 2;
-    const int b = blockIdx.x, grid = gridDim.x;
-    const int count = b < n_items ? min((n_items - b + grid - 1) / grid, LC_DM_CAP) : 0;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wn = warp;
-    const int g = lane >> 2, tq = lane & 3;
-
-    for (int i = tid; i < count; i += LC_ATT_THREADS) {
-        const int f = b + i * grid, qg = f / n_hs, z = f % n_hs / n_heads, ti = f % n_heads / KVH;
-        const loom_cuda_attn_tile tile = a.tiles[ti];
-        int m = -1, lo = INT_MAX;
-        for (int k = 0; k < tile.ntok; k++) {
-            const int p = a.positions[tile.tok0 + k];
-            m = max(m, p), lo = min(lo, p);
-        }
-        const int kv_len = m + 1, k_lo = a.window > 0 && tile.ntok > 0 ? max(0, lo - a.window + 1) : 0;
-        int splits = 1, chunk = kv_len - k_lo;
-        if (MS > 1) lc_split_plan(kv_len - k_lo, MS, CTA_N, LC_DM_SPLIT_MIN, &splits, &chunk);
-        const int kb = k_lo + z * chunk, ke = min(kv_len, kb + chunk);
-        const int nrows = min(tile.ntok * G, 16);
-        const int n = tile.ntok > 0 && z < splits && ke > kb && nrows > qg * 8 ? (ke - kb + CTA_N - 1) / CTA_N : 0;
-        items[i] = make_int4(tile.tok0, tile.ntok, kb, ke);
-        item_seq[i] = tile.seq;
-        item_n[i] = n;
-        item_sp[i] = splits << 8 | z;
-    }
-    __syncthreads();
-    if (tid == 0) {
-        int t = 0;
-        for (int i = 0; i < count; i++) t += item_n[i];
-        s_total = t;
-    }
-    __syncthreads();
-    const int total = s_total;
-    if (total == 0) return;
-
-    const T *__restrict__ q = static_cast<const T *>(a.q);
-    const uint8_t *__restrict__ kc = static_cast<const uint8_t *>(a.k_cache);
-    const uint8_t *__restrict__ vc = static_cast<const uint8_t *>(a.v_cache);
-    const size_t bt_row0 = a.bt_group > 0 ? (size_t)a.bt_group * (size_t)a.bt_stride[1] : 0;
-    const size_t bt_ld = (size_t)*a.bt_stride;
-    T *out = static_cast<T *>(a.out);
-
-    /* K code stages | V code stages | merge buffer (WN, 8, CB_LD) f32 */
-    uint8_t *K8 = reinterpret_cast<uint8_t *>(lc_smem);
-    uint8_t *V8 = K8 + STAGES * CTA_N * ROWB;
-    float *mb = reinterpret_cast<float *>(V8 + STAGES * CTA_N * ROWB);
-    const uint32_t k_s = lc_smem_u32(K8), v_s = lc_smem_u32(V8);
-
-    const int c_ld = tid % CPRG, j0 = tid / CPRG;
-    const uint32_t s_off0 = (uint32_t)(j0 * ROWB + ((c_ld ^ (j0 & SWM)) * 16));
-    const uint32_t blk_elems = (uint32_t)KVH * bs * D;
-    const int bs_shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
-
-    int li = 0, lit = 0;
-    while (li < count && item_n[li] == 0) li++;
-    auto load_next = [&](int st) {
-        const int4 it = items[li];
-        const int f = b + li * grid, kvh = f % n_heads % KVH, qg = f / n_hs;
-        const int kb = it.z + lit * CTA_N, k_end = it.w;
-        const int32_t *__restrict__ bt = a.block_table + bt_row0 + (size_t)item_seq[li] * bt_ld;
-        const uint32_t head_off = (uint32_t)kvh * bs * D + c_ld * 16;
-        const uint32_t sbase = st * CTA_N * ROWB + s_off0;
-        if (lit == 0 && tid < 16) { /* the item's Q rows toward L2 */
-            const int r = qg * 8 + (tid >> 1);
-            if (r < min(it.y * G, 16)) {
-                const T *src = q + (size_t)(it.x + r / G) * a.ldq + (size_t)(kvh * G + r % G) * D + (tid & 1) * (D / 2);
-                asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src));
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < NPASS; i++) {
-            const int key = kb + j0 + i * JSTEP;
-            const bool ok = key < k_end;
-            uint32_t e = 0;
-            if (ok) {
-                int blk, off;
-                if (bs_shift >= 0) blk = bt[key >> bs_shift], off = key & (bs - 1);
-                else blk = bt[key / bs], off = key % bs;
-                e = (uint32_t)blk * blk_elems + head_off + (uint32_t)off * D;
-            }
-            const uint32_t so = sbase + i * JSTEP * ROWB;
-            lc_cp_async16(k_s + so, kc + e, ok);
-            lc_cp_async16(v_s + so, vc + e, ok);
-        }
-        if (++lit == item_n[li]) {
-            lit = 0;
-            li++;
-            while (li < count && item_n[li] == 0) li++;
-        }
-    };
-    auto code_at = [&](const uint8_t *stage, int row, int byte) -> const uint8_t * {
-        return stage + row * ROWB + (((byte >> 4) ^ (row & SWM)) << 4) + (byte & 15);
-    };
-
-#pragma unroll
-    for (int sp = 0; sp < STAGES - 1; sp++) {
-        if (sp < total) load_next(sp);
-        lc_cp_async_commit();
-    }
-
-    int ci = 0, cit = 0;
-    while (item_n[ci] == 0) ci++;
-    uint32_t qb[KSTEPS][2]; /* Q^T B fragments: query g, the permuted head_dim */
-    float o[MT][4];         /* O^T: rows g / g+8 = head-dim columns, cols 2tq, 2tq+1 = queries */
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* queries 2tq, 2tq+1 */
-    int rq0 = -1, rq1 = -1, rp_min = INT_MAX, win_lo = INT_MIN;
-    const float sl2 = a.scale * 1.4426950408889634f;
-    const int win = a.window;
-    const int kw = wn * BN;
-
-    for (int gs = 0; gs < total; gs++) {
-        const int st = gs % STAGES;
-        if (gs + STAGES - 1 < total) load_next((gs + STAGES - 1) % STAGES);
-        lc_cp_async_commit();
-        const int4 it = items[ci];
-        const int fi = b + ci * grid, qg = fi / n_hs;
-        const int nrows = min(it.y * G, 16), nq = min(nrows - qg * 8, 8);
-        const int kvh = fi % n_heads % KVH;
-        const int tok0 = it.x;
-        if (cit == 0) {
-            {
-                const int r = qg * 8 + g;
-                const bool ok = g < nq;
-                const T *src = q + (size_t)(tok0 + (ok ? r / G : 0)) * a.ldq + (size_t)(kvh * G + (ok ? r % G : 0)) * D;
-                uint4 w[D / 32];
-#pragma unroll
-                for (int i = 0; i < D / 32; i++)
-                    w[i] = ok ? reinterpret_cast<const uint4 *>(src + tq * (D / 4))[i] : make_uint4(0u, 0u, 0u, 0u);
-                const uint32_t *wv = reinterpret_cast<const uint32_t *>(w);
-#pragma unroll
-                for (int kk = 0; kk < KSTEPS; kk++) qb[kk][0] = wv[2 * kk], qb[kk][1] = wv[2 * kk + 1];
-            }
-            rq0 = 2 * tq < nq ? a.positions[tok0 + (qg * 8 + 2 * tq) / G] : -1;
-            rq1 = 2 * tq + 1 < nq ? a.positions[tok0 + (qg * 8 + 2 * tq + 1) / G] : -1;
-            rp_min = min(rq0 < 0 ? INT_MAX : rq0, rq1 < 0 ? INT_MAX : rq1);
-            int rp_max = max(rq0, rq1);
-#pragma unroll
-            for (int off = 1; off <= 2; off <<= 1) {
-                rp_min = min(rp_min, __shfl_xor_sync(0xffffffffu, rp_min, off));
-                rp_max = max(rp_max, __shfl_xor_sync(0xffffffffu, rp_max, off));
-            }
-            win_lo = win > 0 ? rp_max - win + 1 : INT_MIN;
-#pragma unroll
-            for (int d = 0; d < MT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-            m0 = m1 = -INFINITY, l0 = l1 = 0.0f;
-        }
-        lc_cp_async_wait<STAGES - 1>();
-        __syncthreads();
-        const int k_end = it.w;
-        const uint8_t *k8s = K8 + st * CTA_N * ROWB, *v8s = V8 + st * CTA_N * ROWB;
-
-        /* S^T (16 keys x 8 queries) = K Q^T: keys kw + g (a0, a2), kw + g + 8 (a1, a3) */
-        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        {
-            uint4 c0[D / 64], c1[D / 64];
-#pragma unroll
-            for (int i = 0; i < D / 64; i++) {
-                c0[i] = *reinterpret_cast<const uint4 *>(code_at(k8s, kw + g, tq * (D / 4) + 16 * i));
-                c1[i] = *reinterpret_cast<const uint4 *>(code_at(k8s, kw + g + 8, tq * (D / 4) + 16 * i));
-            }
-            const uint32_t *w0 = reinterpret_cast<const uint32_t *>(c0), *w1 = reinterpret_cast<const uint32_t *>(c1);
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS; kk++) {
-                uint32_t af[4];
-                lc_e4m3x4<T>(w0[kk], &af[0], &af[2]);
-                lc_e4m3x4<T>(w1[kk], &af[1], &af[3]);
-                lc_mma<T>(s, af, qb[kk]);
-            }
-        }
-        /* s[e]: key kw + g + 8 (e >> 1), query 2tq + (e & 1) */
-        const int kbase = it.z + cit * CTA_N + kw;
-        const bool edge = kbase + BN - 1 >= k_end || kbase + BN - 1 > rp_min || kbase < win_lo;
-        if (edge) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = kbase + g + 8 * (e >> 1), rq = e & 1 ? rq1 : rq0;
-                if (key >= k_end || key > rq || (win > 0 && key <= rq - win)) s[e] = -INFINITY;
-            }
-        }
-        float mx0 = fmaxf(s[0], s[2]), mx1 = fmaxf(s[1], s[3]);
-#pragma unroll
-        for (int off = 4; off < 32; off <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-        }
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float ms0 = mn0 == -INFINITY ? 0.0f : mn0 * sl2, ms1 = mn1 == -INFINITY ? 0.0f : mn1 * sl2;
-        const float c0 = mn0 == -INFINITY ? 1.0f : lc_exp2((m0 - mn0) * sl2);
-        const float c1 = mn1 == -INFINITY ? 1.0f : lc_exp2((m1 - mn1) * sl2);
-        m0 = mn0, m1 = mn1;
-        const float p0 = lc_exp2(fmaf(s[0], sl2, -ms0)), p2 = lc_exp2(fmaf(s[2], sl2, -ms0));
-        const float p1 = lc_exp2(fmaf(s[1], sl2, -ms1)), p3 = lc_exp2(fmaf(s[3], sl2, -ms1));
-        l0 = l0 * c0 + (p0 + p2);
-        l1 = l1 * c1 + (p1 + p3);
-        if (c0 != 1.0f || c1 != 1.0f) {
-#pragma unroll
-            for (int d = 0; d < MT; d++) o[d][0] *= c0, o[d][1] *= c1, o[d][2] *= c0, o[d][3] *= c1;
-        }
-        /* P^T B fragment: keys 2tq, 2tq+1 (b0) and 2tq+8, 2tq+9 (b1) of query g,
-         * held by lanes 8tq + g/2 (key 2tq) and 8tq + 4 + g/2 (key 2tq+1) */
-        uint32_t pb[2];
-        {
-            const uint32_t P0 = lc_pack2<T>(p0, p1), P1 = lc_pack2<T>(p2, p3);
-            const int la = 8 * tq + (g >> 1), lb = la + 4;
-            const uint32_t A0 = __shfl_sync(0xffffffffu, P0, la), B0 = __shfl_sync(0xffffffffu, P0, lb);
-            const uint32_t A1 = __shfl_sync(0xffffffffu, P1, la), B1 = __shfl_sync(0xffffffffu, P1, lb);
-            const uint32_t sel = g & 1 ? 0x7632u : 0x5410u;
-            pb[0] = __byte_perm(A0, B0, sel);
-            pb[1] = __byte_perm(A1, B1, sel);
-        }
-        /* O^T += V^T P^T: V rows kw + 2tq (+1, +8, +9), codes g*DT .. +DT (thread g's
-         * head-dim columns); tile mt's rows g / g+8 are columns g*DT + 2mt / + 1 */
-        {
-            const int r0 = kw + 2 * tq;
-            alignas(16) uint32_t x[4][DT / 4];
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                const uint8_t *src = code_at(v8s, r0 + (h & 1) + 8 * (h >> 1), g * DT);
-                if constexpr (DT == 16) *reinterpret_cast<uint4 *>(x[h]) = *reinterpret_cast<const uint4 *>(src);
-                else *reinterpret_cast<uint2 *>(x[h]) = *reinterpret_cast<const uint2 *>(src);
-            }
-#pragma unroll
-            for (int w = 0; w < DT / 4; w++) {
-                uint32_t b0[4], b1[4]; /* columns 4w .. 4w+3: keys (2tq, 2tq+1), (2tq+8, 2tq+9) */
-                lc_e4m3x4<T>(__byte_perm(x[0][w], x[1][w], 0x5140), &b0[0], &b0[1]);
-                lc_e4m3x4<T>(__byte_perm(x[0][w], x[1][w], 0x7362), &b0[2], &b0[3]);
-                lc_e4m3x4<T>(__byte_perm(x[2][w], x[3][w], 0x5140), &b1[0], &b1[1]);
-                lc_e4m3x4<T>(__byte_perm(x[2][w], x[3][w], 0x7362), &b1[2], &b1[3]);
-                const uint32_t a0[4] = {b0[0], b0[1], b1[0], b1[1]};
-                const uint32_t a1[4] = {b0[2], b0[3], b1[2], b1[3]};
-                lc_mma<T>(o[2 * w], a0, pb);
-                lc_mma<T>(o[2 * w + 1], a1, pb);
-            }
-        }
-        __syncthreads(); /* the next load overwrites this stage */
-
-        if (++cit < item_n[ci]) continue;
-        /* the item's last stage: merge the warps, 32 head-dim columns a pass */
-        float lr0 = l0, lr1 = l1;
-#pragma unroll
-        for (int off = 4; off < 32; off <<= 1) {
-            lr0 += __shfl_xor_sync(0xffffffffu, lr0, off);
-            lr1 += __shfl_xor_sync(0xffffffffu, lr1, off);
-        }
-        if (g == 0) {
-            ml[wn][2 * tq][0] = m0 * sl2, ml[wn][2 * tq][1] = lr0;
-            ml[wn][2 * tq + 1][0] = m1 * sl2, ml[wn][2 * tq + 1][1] = lr1;
-        }
-        const int sp = item_sp[ci], splits = sp >> 8;
-        const size_t cta0 = (size_t)(fi % n_heads) * MS, cta = cta0 + (sp & 255);
-        float *pml_all = a.partial + (size_t)n_hs * 16 * D;
-#pragma unroll 1
-        for (int pc = 0; pc < D / CW; pc++) {
-            if ((g * DT) / CW == pc) {
-                const int base = g * DT - pc * CW;
-#pragma unroll
-                for (int d = 0; d < MT; d++) {
-                    *reinterpret_cast<float2 *>(mb + ((size_t)wn * 8 + 2 * tq) * CB_LD + base + 2 * d) =
-                        make_float2(o[d][0], o[d][2]);
-                    *reinterpret_cast<float2 *>(mb + ((size_t)wn * 8 + 2 * tq + 1) * CB_LD + base + 2 * d) =
-                        make_float2(o[d][1], o[d][3]);
-                }
-            }
-            __syncthreads();
-            if (tid < 8 * (CW / 8)) {
-                const int qq = tid / (CW / 8), c8 = tid % (CW / 8), r = qg * 8 + qq;
-                if (qq < nq) {
-                    float M = -INFINITY;
-#pragma unroll
-                    for (int w = 0; w < WN; w++) M = fmaxf(M, ml[w][qq][0]);
-                    float L = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                    if (M != -INFINITY) {
-#pragma unroll
-                        for (int w = 0; w < WN; w++) {
-                            const float f = lc_exp2(ml[w][qq][0] - M);
-                            L += ml[w][qq][1] * f;
-                            const float4 *src = reinterpret_cast<const float4 *>(mb + ((size_t)w * 8 + qq) * CB_LD + c8 * 8);
-                            const float4 x0 = src[0], x1 = src[1];
-                            acc[0] += x0.x * f, acc[1] += x0.y * f, acc[2] += x0.z * f, acc[3] += x0.w * f;
-                            acc[4] += x1.x * f, acc[5] += x1.y * f, acc[6] += x1.z * f, acc[7] += x1.w * f;
-                        }
-                    }
-                    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-#pragma unroll
-                    for (int e = 0; e < 8; e++) acc[e] *= inv;
-                    const int col = pc * CW + c8 * 8;
-                    if (splits == 1) {
-                        const int t = tok0 + r / G, hh = kvh * G + r % G;
-                        lc_stg16(out + (size_t)t * a.ldo + (size_t)hh * D + col, lc_pack8<T>(acc));
-                    } else {
-                        float4 *dst = reinterpret_cast<float4 *>(a.partial + (cta * 16 + r) * D + col);
-                        dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-                        dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-                        if (col == 0) pml_all[(cta * 16 + r) * 2] = M, pml_all[(cta * 16 + r) * 2 + 1] = L;
-                    }
-                }
-            }
-            __syncthreads();
-        }
-        if (splits > 1) { /* the last of the (tile, kv head)'s splits x query groups merges */
-            __threadfence();
-            __syncthreads();
-            if (tid == 0) {
-                int *sem = a.sem + fi % n_heads;
-                const int target = splits * ((nrows + 7) / 8);
-                const int prev = atomicAdd(sem, 1);
-                s_last = prev == target - 1;
-                if (s_last) *sem = 0;
-            }
-            __syncthreads();
-            if (s_last) {
-                __threadfence();
-                for (int idx = tid; idx < nrows * CPR; idx += LC_ATT_THREADS) {
-                    const int r = idx / CPR, c = idx % CPR;
-                    float M = -INFINITY;
-                    for (int z = 0; z < splits; z++) M = fmaxf(M, __ldcg(pml_all + ((cta0 + z) * 16 + r) * 2));
-                    float L = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                    if (M != -INFINITY) {
-                        for (int z = 0; z < splits; z++) {
-                            const float *mlz = pml_all + ((cta0 + z) * 16 + r) * 2;
-                            const float f = __ldcg(mlz + 1) * lc_exp2(__ldcg(mlz) - M);
-                            L += f;
-                            const float4 *src = reinterpret_cast<const float4 *>(a.partial + ((cta0 + z) * 16 + r) * D + c * 8);
-                            const float4 x0 = __ldcg(src), x1 = __ldcg(src + 1);
-                            acc[0] += x0.x * f, acc[1] += x0.y * f, acc[2] += x0.z * f, acc[3] += x0.w * f;
-                            acc[4] += x1.x * f, acc[5] += x1.y * f, acc[6] += x1.z * f, acc[7] += x1.w * f;
-                        }
-                    }
-                    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-#pragma unroll
-                    for (int e = 0; e < 8; e++) acc[e] *= inv;
-                    const int t = tok0 + r / G, hh = kvh * G + r % G;
-                    lc_stg16(out + (size_t)t * a.ldo + (size_t)hh * D + c * 8, lc_pack8<T>(acc));
-                }
-            }
-            __syncthreads();
-        }
-        cit = 0;
-        ci++;
-        while (ci < count && item_n[ci] == 0) ci++;
-    }
-}
-
 /* ----------------------------------------------------------------- host */
 
-/* The many-items decode kernel's builds: E4M3 4 stages (64 KiB of codes +
- * the merge buffer, 3 CTAs an SM), dt 3 stages (2 CTAs an SM). */
-template <bool F8> constexpr int lc_dm_stages() { return F8 ? 4 : 3; }
-template <bool F8> constexpr int lc_dm_minb() { return F8 ? 3 : 2; }
-template <bool F8, int D> static size_t lc_dm_smem() {
-    return (size_t)2 * lc_dm_stages<F8>() * 64 * D * (F8 ? 1 : 2) + (size_t)4 * 4 * (D + 8) * sizeof(float);
+/* The many-items decode kernel's build: 3 stages, 2 CTAs an SM (as the
+ * decode shape over a dt cache). */
+#define LC_DM_STAGES 3
+#define LC_DM_MINB 2
+template <int D> static size_t lc_dm_smem() {
+    return (size_t)2 * LC_DM_STAGES * 64 * D * 2 + (size_t)4 * 4 * (D + 8) * sizeof(float);
 }
-template <typename T, bool F8, int D> static int lc_dm_resident(size_t smem) {
+template <typename T, int D> static int lc_dm_resident(size_t smem) {
     static int resident = 0; /* CTAs of one wave, once per process (one kind of GPU) */
     static unsigned long long done = 0;
-    const void *k = (const void *)lc_attn_multi_kernel<T, F8, D, lc_dm_stages<F8>(), lc_dm_minb<F8>()>;
+    const void *k = (const void *)lc_attn_multi_kernel<T, D, LC_DM_STAGES, LC_DM_MINB>;
     if (lc_smem_limit(&done, k, smem) != cudaSuccess) return 0;
     if (resident == 0) {
         int dev = 0, sms = 0, n = 0;
@@ -1581,41 +1130,33 @@ template <typename T, bool F8, int D> static int lc_dm_resident(size_t smem) {
     return resident;
 }
 
-/* The many-items kernel for a decode launch when it applies (head dim 64
- * or 128; a->decode_ctas: 0 over a dt cache when the items exceed one wave
- * of it, > 0 always with at most that many CTAs, < 0 never). *used = 0
- * when it does not apply. */
-template <typename T, bool F8, int D>
+/* The many-items kernel for a decode launch over a dt cache when it applies
+ * (head dim 64 or 128; a->decode_ctas: 0 when the items exceed one wave of
+ * it, > 0 always with at most that many CTAs, < 0 never). *used = 0 when
+ * it does not apply. */
+template <typename T, int D>
 static cudaError_t lc_dm_launch(const loom_cuda_attn_args *a, cudaStream_t s, bool *used) {
     *used = false;
     if (a->decode_ctas < 0) return cudaSuccess;
-    const size_t smem = lc_dm_smem<F8, D>();
+    const size_t smem = lc_dm_smem<D>();
+    const int resident = lc_dm_resident<T, D>(smem); /* also raises the smem limit */
+    if (resident <= 0) return cudaSuccess;
     const long items = (long)a->num_tiles * a->num_kv_heads * a->max_splits;
     long grid;
     if (a->decode_ctas > 0) {
         grid = a->decode_ctas;
     } else {
-        /* over an E4M3 cache (GQA groups above 8 here) it measured slower
-         * than one item a CTA at long contexts and equal at short ones */
-        if (F8) return cudaSuccess;
-        const int resident = lc_dm_resident<T, F8, D>(smem);
-        if (resident <= 0 || items <= resident) return cudaSuccess;
+        if (items <= resident) return cudaSuccess;
         grid = resident;
     }
     const long min_grid = (items + LC_DM_CAP - 1) / LC_DM_CAP;
     if (grid < min_grid) grid = min_grid;
     if (grid > items) grid = items;
     if (grid > INT_MAX) return cudaErrorInvalidValue;
-    static unsigned long long done = 0;
-    const void *k = (const void *)lc_attn_multi_kernel<T, F8, D, lc_dm_stages<F8>(), lc_dm_minb<F8>()>;
-    cudaError_t e = lc_smem_limit(&done, k, smem);
-    if (e != cudaSuccess) return e;
     *used = true;
-    return lc_launch(lc_attn_multi_kernel<T, F8, D, lc_dm_stages<F8>(), lc_dm_minb<F8>()>, dim3((unsigned)grid),
+    return lc_launch(lc_attn_multi_kernel<T, D, LC_DM_STAGES, LC_DM_MINB>, dim3((unsigned)grid),
                      dim3(LC_ATT_THREADS), smem, s, *a);
 }
-
-
 
 template <bool F8, int D, int WM, int BN, int STAGES> static size_t lc_att_smem() {
     typedef lc_shape<WM, BN> S;
@@ -1668,61 +1209,12 @@ static cudaError_t lc_att_launch(const loom_cuda_attn_args *a, cudaStream_t s) {
 template <int D> constexpr int lc_minb_decode() { return D > 128 ? 1 : 3; }
 template <int D> constexpr int lc_minb_prefill() { return D > 128 ? 1 : 2; }
 
-/* The transposed E4M3 decode kernel's build: 3 code stages, 4 CTAs an SM. */
-#define LC_TR_STAGES 3
-#define LC_TR_MINB 4
-template <int D> static size_t lc_tr_smem() {
-    return (size_t)2 * LC_TR_STAGES * 64 * D + (size_t)4 * 8 * (32 + 4) * sizeof(float);
-}
-template <typename T, int D> static int lc_tr_resident(size_t smem) {
-    static int resident = 0;
-    static unsigned long long done = 0;
-    const void *k = (const void *)lc_attn_tr_kernel<T, D, LC_TR_STAGES, LC_TR_MINB>;
-    if (lc_smem_limit(&done, k, smem) != cudaSuccess) return 0;
-    if (resident == 0) {
-        int dev = 0, sms = 0, n = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, LC_ATT_THREADS, smem) != cudaSuccess)
-            return 0;
-        resident = n * sms;
-    }
-    return resident;
-}
-
-/* A DECODE launch over an E4M3 cache with GQA groups up to 8 (rows of a
- * tile taken 8 at a time), unless decode_ctas < 0: the transposed kernel,
- * one wave of CTAs at most (decode_ctas > 0: at most that many). */
-template <typename T, int D>
-static cudaError_t lc_tr_launch(const loom_cuda_attn_args *a, cudaStream_t s, bool *used) {
-    *used = false;
-    const int G = a->num_heads / a->num_kv_heads;
-    if (a->decode_ctas < 0 || G > 8) return cudaSuccess;
-    const size_t smem = lc_tr_smem<D>();
-    const int resident = lc_tr_resident<T, D>(smem);
-    if (resident <= 0) return cudaSuccess;
-    const long items = (long)a->num_tiles * a->num_kv_heads * a->max_splits * 2; /* x 2 query groups */
-    long grid = a->decode_ctas > 0 ? a->decode_ctas : resident;
-    const long min_grid = (items + LC_DM_CAP - 1) / LC_DM_CAP;
-    if (grid < min_grid) grid = min_grid;
-    if (grid > items) grid = items;
-    if (grid > INT_MAX) return cudaErrorInvalidValue;
-    *used = true;
-    return lc_launch(lc_attn_tr_kernel<T, D, LC_TR_STAGES, LC_TR_MINB>, dim3((unsigned)grid), dim3(LC_ATT_THREADS),
-                     smem, s, *a);
-}
-
 template <typename T, bool F8, int D>
 static cudaError_t lc_att_shape(const loom_cuda_attn_args *a, cudaStream_t s) {
-    if constexpr (D == 64 || D == 128) {
-        if (F8 && a->shape == LOOM_CUDA_ATTN_DECODE) {
-            bool used;
-            const cudaError_t e = lc_tr_launch<T, D>(a, s, &used);
-            if (used || e != cudaSuccess) return e;
-        }
+    if constexpr (!F8 && (D == 64 || D == 128)) {
         if (a->shape == LOOM_CUDA_ATTN_DECODE) {
             bool used;
-            const cudaError_t e = lc_dm_launch<T, F8, D>(a, s, &used);
+            const cudaError_t e = lc_dm_launch<T, D>(a, s, &used);
             if (used || e != cudaSuccess) return e;
         }
     }
@@ -1773,19 +1265,6 @@ extern "C" int loom_cuda_attn_max_splits(int num_tiles, int num_kv_heads, int re
     if (ctas <= 0 || resident <= 0 || ctas >= resident) return 1;
     long ms = resident / ctas;
     return (int)(ms < 1 ? 1 : ms > LC_SPLIT_MAX ? LC_SPLIT_MAX : ms);
-}
-
-extern "C" int loom_cuda_attn_decode_max_splits(int num_tiles, int num_kv_heads, int resident) {
-    const long items = (long)num_tiles * num_kv_heads;
-    if (items <= 0 || resident <= 0 || items <= resident) return loom_cuda_attn_max_splits(num_tiles, num_kv_heads, resident);
-    /* more items than a wave: the many-items kernel, whose CTAs take
-     * ceil(items / grid) items each — split (at long contexts only) until
-     * that rounding costs at most 7% */
-    for (int ms = 1; ms < 8; ms++) {
-        const double x = (double)items * ms / resident;
-        if (ceil(x) / x <= 1.07) return ms;
-    }
-    return 8;
 }
 
 extern "C" int loom_cuda_attn_rows(loom_cuda_attn_shape shape) {

@@ -231,13 +231,14 @@ typedef struct loom_cuda_attn_args {
                                       bt_stride[1] (bt_stride then points at
                                       2 ints: row length, group length);
                                       0: bt_stride[0] only                   */
-    int decode_ctas;               /* DECODE shape with max_splits 1, head dim
+    int decode_ctas;               /* DECODE shape over a dt cache, head dim
                                       64 or 128: 0 picks the many-items-a-CTA
-                                      kernel when the (tile, kv head) items
-                                      exceed one wave of its CTAs; > 0 uses
-                                      it with at most this many CTAs (tests,
-                                      benchmarks); < 0 never (one item a CTA).
-                                      The same bits either way.            */
+                                      kernel when the (tile, kv head, split)
+                                      items exceed one wave of its CTAs; > 0
+                                      uses it with at most this many CTAs
+                                      (tests, benchmarks); < 0 never (one
+                                      item a CTA). With one split the same
+                                      bits either way.                     */
 } loom_cuda_attn_args;
 
 /* Causal paged attention: every query row attends to keys 0..pos of its
@@ -271,12 +272,6 @@ int loom_cuda_attn_ctas_per_sm(loom_cuda_dt dt, loom_cuda_kv kv, loom_cuda_attn_
  * one wave of `resident` CTAs (num_SMs x ctas_per_sm), at most 64, at least
  * 1 — a partial second wave costs as much as a full one. */
 int loom_cuda_attn_max_splits(int num_tiles, int num_kv_heads, int resident);
-
-/* The DECODE shape's split bound: loom_cuda_attn_max_splits up to one wave;
- * past it (the many-items kernel, see decode_ctas) the few splits that
- * even out the items each CTA takes (a split reads 512 keys at least, so
- * only long contexts are cut), at most 8. */
-int loom_cuda_attn_decode_max_splits(int num_tiles, int num_kv_heads, int resident);
 
 /* The split plan both kernels share: a tile whose longest row sees kv_len
  * keys is cut into *splits ranges of *chunk keys (the last shorter). */

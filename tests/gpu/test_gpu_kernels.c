@@ -156,9 +156,9 @@ static const char *kvn(void) { return g_kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : "
 static int g_window;
 
 /* decode_ctas of the attention checks' decode launches (0: the kernel's
- * own choice; > 0: the many-items decode kernel — over an E4M3 cache the
- * transposed one — with at most that many CTAs; a dt cache's is also
- * compared bit for bit with the one-item-a-CTA grid). */
+ * own choice; > 0 over a dt cache: the many-items decode kernel with at
+ * most that many CTAs, also compared bit for bit with the one-item-a-CTA
+ * grid when there is one split). */
 static int g_decode_ctas;
 
 /* First key position p sees under g_window. */
@@ -3284,15 +3284,14 @@ static void test_attention_gemma(void) {
     g_window = 0;
 }
 
-/* The many-items decode kernels (head dims 64 and 128; over an E4M3 cache
- * with GQA groups up to 8 the transposed one, rows 8 at a time): forced
+/* The many-items decode kernel (dt caches, head dims 64 and 128): forced
  * onto few CTAs (several items each, the cp.async ring running across
  * items of ragged contexts 1..1000 and 20001..32768; one split and
  * forced split bounds, whose 512-key splits merge in the kernel), GQA groups
  * 1/3/4/8/16, block sizes 1/7/16/32, bf16/f16, a 4- and 3-token verify in
  * the decode shape, windows; then its own dispatch on a batch of hundreds
  * of ragged sequences, and the same batch on 3 CTAs (the 64-items-a-CTA
- * cap raises the grid). dt and E4M3 caches. */
+ * cap raises the grid). */
 static const att_case k_att_multi[] = {
     {"decode", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_DECODE, -1, 1},
     {"decode G1", LOOM_CUDA_BF16, 128, 8, 8, 16, ATT_DECODE, -1, 1},
@@ -3317,23 +3316,20 @@ static void test_attention_multi(void) {
     enum { NS = 300 };
     int ctx[NS], nq[NS];
     for (int i = 0; i < NS; i++) ctx[i] = 1 + rng_int(2500), nq[i] = 1;
-    for (int f8 = 0; f8 < 2; f8++) {
-        g_kv = f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
-        g_decode_ctas = 5;
-        att_run(k_att_multi, n);
-        g_decode_ctas = 1;
-        att_run(k_att_multi, 2);
-        g_decode_ctas = 3;
-        g_window = 37;
-        att_run(k_att_multi, 3);
-        g_window = 0;
-        g_decode_ctas = 0;
-        test_attention("ragged x300 (dispatch)", LOOM_CUDA_BF16, 128, 32, 8, 16, NS, ctx, nq, -1, 1);
-        g_decode_ctas = 3;
-        test_attention("ragged x300", LOOM_CUDA_BF16, 128, 32, 8, 16, NS, ctx, nq, -1, 1);
-        g_decode_ctas = 0;
-    }
     g_kv = LOOM_CUDA_KV_DT;
+    g_decode_ctas = 5;
+    att_run(k_att_multi, n);
+    g_decode_ctas = 1;
+    att_run(k_att_multi, 2);
+    g_decode_ctas = 3;
+    g_window = 37;
+    att_run(k_att_multi, 3);
+    g_window = 0;
+    g_decode_ctas = 0;
+    test_attention("ragged x300 (dispatch)", LOOM_CUDA_BF16, 128, 32, 8, 16, NS, ctx, nq, -1, 1);
+    g_decode_ctas = 3;
+    test_attention("ragged x300", LOOM_CUDA_BF16, 128, 32, 8, 16, NS, ctx, nq, -1, 1);
+    g_decode_ctas = 0;
 }
 
 /* Every attention case: dt caches, the batch-invariant mode, E4M3 caches. */

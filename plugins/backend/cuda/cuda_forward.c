@@ -162,9 +162,7 @@ static loom_status cb_meta_reserve(cuda_backend *b, size_t bytes, loom_error *er
  * within the workspace. */
 static int32_t cb_max_splits(const cuda_backend *b, loom_cuda_attn_shape shape, int32_t ntiles) {
     if (ntiles <= 0) return 1;
-    int32_t ms = shape == LOOM_CUDA_ATTN_DECODE
-                     ? loom_cuda_attn_decode_max_splits(ntiles, b->mc.num_kv_heads, b->attn_resident[shape])
-                     : loom_cuda_attn_max_splits(ntiles, b->mc.num_kv_heads, b->attn_resident[shape]);
+    int32_t ms = loom_cuda_attn_max_splits(ntiles, b->mc.num_kv_heads, b->attn_resident[shape]);
     while (ms > 1 && loom_cuda_attn_workspace_floats(shape, ntiles, b->mc.num_kv_heads,
                                                      b->mc.head_dim, (int)ms) > b->attn_ws_floats)
         ms--;
