@@ -104,6 +104,13 @@
  * for one CTA an SM there, and the register-converting E4M3 decode path is
  * left to head dims up to 128 (256 stages its codes like the prefill shape).
  *
+ * Decode launches over a dt cache whose (tile, kv head) items exceed one
+ * wave go to the many-items kernel below (this kernel's decode arithmetic,
+ * bit for bit, on one wave of CTAs that each take a list of items with the
+ * cp.async ring running across them; dispatch in lc_att_shape,
+ * decode_ctas in loom_cuda_attn_args forces or forbids it, the
+ * batch-invariant call never takes it).
+ *
  * Not here: ALiBi, soft-capping, per-layer KV scales.
  * Head dims 16, 32, 64, 128, 256.
  */
@@ -713,7 +720,443 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     }
 }
 
+/* ------------------------------------------------ decode, many items a CTA
+ *
+ * At hundreds of sequences the one-item-a-CTA grid above is thousands of
+ * short CTAs (512 sequences x 8 KV heads of 256 keys: 4096 CTAs of four
+ * 64-key stages), and each pays a chain of dependent reads before its first
+ * key arrives (tile -> positions -> block table -> K/V) and a merge after
+ * its last with nothing in flight. This kernel is the decode shape's
+ * arithmetic (the same 64-key stages, 16-key warp slices, online softmax
+ * and in-CTA merge, so a row gets the same bits as from the kernel above
+ * with one split) over a list of work items a CTA: a grid of about one
+ * wave, CTA b taking items (tile, kv head, key split) f = b, b + grid,
+ * b + 2 grid, ... (strided, splits slowest, so ragged contexts and empty
+ * splits spread evenly). The cp.async ring runs
+ * across item boundaries: while the last stages of one item are computed,
+ * the first stages of the next are already in flight, so the memory pipe
+ * never drains between items. Every item's (tile, context, first key) is
+ * read once in the prologue, in parallel, into shared memory; the ring's
+ * stage -> item mapping follows from it. The cross-warp merge goes through
+ * its own buffer (the ring holds the next item's keys), four rows a pass.
+ * With one split a row gets the bits of the kernel above; given a split
+ * bound above 1 (decode_ctas > 0 only: the backend's bound is 1 past one
+ * wave) it cuts contexts into splits of 512 keys at least, merged like the
+ * kernel above's. Used over dt caches when the items exceed one wave, head
+ * dims 64 and 128: 1-12% faster than one item a CTA on the H200
+ * (docs/performance.md); over an E4M3 cache it was slower, so it is built
+ * for dt caches only. */
+#define LC_DM_CAP 64 /* items a CTA at most (the host sizes the grid) */
+/* Keys a split of the many-items kernel reads at least: its splits are for
+ * balance between CTAs at long contexts, where a partial's write and merge
+ * cost little against the keys. */
+#define LC_DM_SPLIT_MIN 512
+
+template <typename T, int D, int STAGES, int MINB>
+__global__ void __launch_bounds__(LC_ATT_THREADS, MINB) lc_attn_multi_kernel(const loom_cuda_attn_args a) {
+    constexpr int BN = 16, WN = 4, CTA_N = 64;
+    constexpr int CPR = D / 8, KSTEPS = D / 16, NT = BN / 8, DT = D / 8;
+    constexpr int MR = 4;          /* rows a merge pass */
+    constexpr int MB_LD = D + 8;   /* floats a merge-buffer row */
+    static_assert(D == 64 || D == 128, "head dims 64 and 128");
+    constexpr int ROWB = D * 2, CPRG = ROWB / 16;
+    constexpr int JSTEP = LC_ATT_THREADS / CPRG, NPASS = CTA_N / JSTEP;
+    static_assert(CTA_N % JSTEP == 0 && JSTEP % 8 == 0, "whole passes, swizzle period");
+
+    extern __shared__ uint4 lc_smem[];
+    __shared__ int4 items[LC_DM_CAP];   /* (tok0, ntok, first key, end key) */
+    __shared__ int item_seq[LC_DM_CAP]; /* block-table row */
+    __shared__ int item_n[LC_DM_CAP];   /* 64-key stages of the item; 0: nothing to do */
+    __shared__ int item_sp[LC_DM_CAP];  /* splits of its (tile, kv head) << 8 | split */
+    __shared__ float ml[WN][MR][2];
+    __shared__ int s_total, s_last;
+
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int KVH = a.num_kv_heads, G = a.num_heads / a.num_kv_heads, bs = a.block_size;
+    const int MS = a.max_splits, n_heads = a.num_tiles * KVH, n_items = n_heads * MS;
+    const int b = blockIdx.x, grid = gridDim.x;
+    const int count = b < n_items ? min((n_items - b + grid - 1) / grid, LC_DM_CAP) : 0;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wn = warp;
+    const int g = lane >> 2, tq = lane & 3;
+
+    /* every item's plan, one thread an item */
+    for (int i = tid; i < count; i += LC_ATT_THREADS) {
+        const int f = b + i * grid, z = f / n_heads, ti = f % n_heads / KVH;
+        const loom_cuda_attn_tile tile = a.tiles[ti];
+        int m = -1, lo = INT_MAX;
+        for (int k = 0; k < tile.ntok; k++) {
+            const int p = a.positions[tile.tok0 + k];
+            m = max(m, p), lo = min(lo, p);
+        }
+        const int kv_len = m + 1, k_lo = a.window > 0 && tile.ntok > 0 ? max(0, lo - a.window + 1) : 0;
+        int splits = 1, chunk = kv_len - k_lo;
+        if (MS > 1) lc_split_plan(kv_len - k_lo, MS, CTA_N, LC_DM_SPLIT_MIN, &splits, &chunk);
+        const int kb = k_lo + z * chunk, ke = min(kv_len, kb + chunk);
+        const int n = tile.ntok > 0 && z < splits && ke > kb ? (ke - kb + CTA_N - 1) / CTA_N : 0;
+        items[i] = make_int4(tile.tok0, tile.ntok, kb, ke);
+        item_seq[i] = tile.seq;
+        item_n[i] = n;
+        item_sp[i] = splits << 8 | z;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int t = 0;
+        for (int i = 0; i < count; i++) t += item_n[i];
+        s_total = t;
+    }
+    __syncthreads();
+    const int total = s_total;
+    if (total == 0) return;
+
+    const T *__restrict__ q = static_cast<const T *>(a.q);
+    const uint8_t *__restrict__ kc = static_cast<const uint8_t *>(a.k_cache);
+    const uint8_t *__restrict__ vc = static_cast<const uint8_t *>(a.v_cache);
+    const size_t bt_row0 = a.bt_group > 0 ? (size_t)a.bt_group * (size_t)a.bt_stride[1] : 0;
+    const size_t bt_ld = (size_t)*a.bt_stride;
+    T *out = static_cast<T *>(a.out);
+
+    /* shared memory: K stages (STAGES, CTA_N, ROWB) | V stages | merge buffer (WN, MR, MB_LD) f32 */
+    uint8_t *K8 = reinterpret_cast<uint8_t *>(lc_smem);
+    uint8_t *V8 = K8 + STAGES * CTA_N * ROWB;
+    float *mb = reinterpret_cast<float *>(V8 + STAGES * CTA_N * ROWB);
+    const uint32_t k_s = lc_smem_u32(K8), v_s = lc_smem_u32(V8);
+
+    const int c_ld = tid % CPRG, j0 = tid / CPRG;
+    const uint32_t s_off0 = (uint32_t)lc_swz<CPR>(j0, c_ld) * 16;
+    const uint32_t blk_elems = (uint32_t)KVH * bs * D;
+    const int bs_shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
+
+    /* load cursor: item li, its stage lit (uniform over the CTA) */
+    int li = 0, lit = 0;
+    while (li < count && item_n[li] == 0) li++;
+    auto load_next = [&](int st) {
+        const int4 it = items[li];
+        const int kvh = (b + li * grid) % n_heads % KVH;
+        const int kb = it.z + lit * CTA_N, k_end = it.w;
+        const int32_t *__restrict__ bt = a.block_table + bt_row0 + (size_t)item_seq[li] * bt_ld;
+        const uint32_t head_off = (uint32_t)kvh * bs * D + c_ld * 8;
+        const uint32_t sbase = st * CTA_N * ROWB + s_off0;
+        if (lit == 0 && tid < 32) { /* the item's Q rows toward L2 before its first stage is computed */
+            const int r = tid >> 1; /* row r, half tid & 1 */
+            if (r < min(it.y * G, 16)) {
+                const T *src = q + (size_t)(it.x + r / G) * a.ldq + (size_t)(kvh * G + r % G) * D + (tid & 1) * (D / 2);
+                asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src));
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NPASS; i++) {
+            const int key = kb + j0 + i * JSTEP;
+            const bool ok = key < k_end;
+            uint32_t e = 0;
+            if (ok) {
+                int blk, off;
+                if (bs_shift >= 0) blk = bt[key >> bs_shift], off = key & (bs - 1);
+                else blk = bt[key / bs], off = key % bs;
+                e = (uint32_t)blk * blk_elems + head_off + (uint32_t)off * D;
+            }
+            const uint32_t so = sbase + i * JSTEP * ROWB;
+            lc_cp_async16(k_s + so, kc + (size_t)e * 2, ok);
+            lc_cp_async16(v_s + so, vc + (size_t)e * 2, ok);
+        }
+        if (++lit == item_n[li]) {
+            lit = 0;
+            li++;
+            while (li < count && item_n[li] == 0) li++;
+        }
+    };
+
+#pragma unroll
+    for (int sp = 0; sp < STAGES - 1; sp++) {
+        if (sp < total) load_next(sp);
+        lc_cp_async_commit();
+    }
+
+    /* compute cursor */
+    int ci = 0, cit = 0;
+    while (item_n[ci] == 0) ci++;
+    uint32_t qf[KSTEPS][4];
+    float o[DT][4];
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    int rp0 = -1, rp1 = -1, rp_min = INT_MAX, win_lo = INT_MIN;
+    const float sl2 = a.scale * 1.4426950408889634f;
+    const int win = a.window;
+    const int kw = wn * BN;
+
+    for (int gs = 0; gs < total; gs++) {
+        const int st = gs % STAGES;
+        if (gs + STAGES - 1 < total) load_next((gs + STAGES - 1) % STAGES);
+        lc_cp_async_commit();
+        const int4 it = items[ci];
+        const int nrows = min(it.y * G, 16);
+        const int kvh = (b + ci * grid) % n_heads % KVH;
+        const int tok0 = it.x;
+        if (cit == 0) { /* a new item: its Q fragments, row positions, fresh state */
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = g + 8 * h;
+                const bool ok = r < nrows;
+                const T *src = q + (size_t)(tok0 + (ok ? r / G : 0)) * a.ldq + (size_t)(kvh * G + (ok ? r % G : 0)) * D;
+                const uint32_t *s32 = reinterpret_cast<const uint32_t *>(src);
+#pragma unroll
+                for (int kk = 0; kk < KSTEPS; kk++) {
+                    qf[kk][h] = ok ? s32[8 * kk + tq] : 0u;
+                    qf[kk][2 + h] = ok ? s32[8 * kk + 4 + tq] : 0u;
+                }
+                const int p = ok ? a.positions[tok0 + r / G] : -1;
+                if (h == 0) rp0 = p; else rp1 = p;
+            }
+            rp_min = min(rp0 < 0 ? INT_MAX : rp0, rp1 < 0 ? INT_MAX : rp1);
+            int rp_max = max(rp0, rp1);
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                rp_min = min(rp_min, __shfl_xor_sync(0xffffffffu, rp_min, off));
+                rp_max = max(rp_max, __shfl_xor_sync(0xffffffffu, rp_max, off));
+            }
+            win_lo = win > 0 ? rp_max - win + 1 : INT_MIN;
+#pragma unroll
+            for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+            m0 = m1 = -INFINITY, l0 = l1 = 0.0f;
+        }
+        lc_cp_async_wait<STAGES - 1>();
+        __syncthreads();
+        const int k_end = it.w;
+        const uint32_t ks = k_s + st * CTA_N * ROWB, vs = v_s + st * CTA_N * ROWB;
+
+        float sc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+            const int kr = kw + nt * 8 + (lane & 7);
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; kk += 2) {
+                uint32_t bb[4];
+                lc_ldsm_x4(bb, ks + lc_swz<CPR>(kr, 2 * kk + (lane >> 3)) * 16);
+                lc_mma<T>(sc[nt], qf[kk], bb);
+                lc_mma<T>(sc[nt], qf[kk + 1], bb + 2);
+            }
+        }
+
+        const int kbase = it.z + cit * CTA_N + kw;
+        const bool edge = kbase + BN - 1 >= k_end || kbase + BN - 1 > rp_min || kbase < win_lo;
+        const int key0 = kbase + 2 * tq;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float s = sc[nt][e];
+                if (edge) {
+                    const int key = key0 + nt * 8 + (e & 1);
+                    const int rp = e < 2 ? rp0 : rp1;
+                    if (key >= k_end || key > rp || (win > 0 && key <= rp - win)) s = -INFINITY;
+                }
+                sc[nt][e] = s;
+            }
+            mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
+        }
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+        }
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float ms0 = mn0 == -INFINITY ? 0.0f : mn0 * sl2, ms1 = mn1 == -INFINITY ? 0.0f : mn1 * sl2;
+        const float c0 = mn0 == -INFINITY ? 1.0f : lc_exp2((m0 - mn0) * sl2);
+        const float c1 = mn1 == -INFINITY ? 1.0f : lc_exp2((m1 - mn1) * sl2);
+        m0 = mn0, m1 = mn1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            sc[nt][0] = lc_exp2(fmaf(sc[nt][0], sl2, -ms0));
+            sc[nt][1] = lc_exp2(fmaf(sc[nt][1], sl2, -ms0));
+            sc[nt][2] = lc_exp2(fmaf(sc[nt][2], sl2, -ms1));
+            sc[nt][3] = lc_exp2(fmaf(sc[nt][3], sl2, -ms1));
+            ps0 += sc[nt][0] + sc[nt][1];
+            ps1 += sc[nt][2] + sc[nt][3];
+        }
+        l0 = l0 * c0 + ps0;
+        l1 = l1 * c1 + ps1;
+        if (c0 != 1.0f || c1 != 1.0f) {
+#pragma unroll
+            for (int d = 0; d < DT; d++) {
+                o[d][0] *= c0, o[d][1] *= c0;
+                o[d][2] *= c1, o[d][3] *= c1;
+            }
+        }
+        {
+            uint32_t pa[4];
+            pa[0] = lc_pack2<T>(sc[0][0], sc[0][1]);
+            pa[1] = lc_pack2<T>(sc[0][2], sc[0][3]);
+            pa[2] = lc_pack2<T>(sc[1][0], sc[1][1]);
+            pa[3] = lc_pack2<T>(sc[1][2], sc[1][3]);
+            const int vr = kw + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int d = 0; d < DT; d += 2) {
+                uint32_t bb[4];
+                lc_ldsm_x4_t(bb, vs + lc_swz<CPR>(vr, d + (lane >> 4)) * 16);
+                lc_mma<T>(o[d], pa, bb);
+                lc_mma<T>(o[d + 1], pa, bb + 2);
+            }
+        }
+        __syncthreads(); /* the next load overwrites this stage */
+
+        if (++cit < item_n[ci]) continue;
+        /* the item's last stage: merge the four warps' states, MR rows a pass, and write */
+        float lr0 = l0, lr1 = l1;
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+            lr0 += __shfl_xor_sync(0xffffffffu, lr0, off);
+            lr1 += __shfl_xor_sync(0xffffffffu, lr1, off);
+        }
+        const int sp = item_sp[ci], splits = sp >> 8;
+        /* this item's (tile, kv head, split) in the workspace's layout */
+        const int fi = b + ci * grid;
+        const size_t cta0 = (size_t)(fi % n_heads) * MS, cta = cta0 + (sp & 255);
+        float *pml_all = a.partial + (size_t)n_heads * MS * 16 * D;
+        for (int p0 = 0; p0 < nrows; p0 += MR) {
+            const int h = p0 >> 3, gsel = p0 & 7; /* rows p0..p0+3 are rows g + 8h, g in gsel..gsel+3 */
+            if (g >= gsel && g < gsel + MR) {
+                float *row = mb + ((size_t)wn * MR + (g - gsel)) * MB_LD;
+#pragma unroll
+                for (int d = 0; d < DT; d++)
+                    *reinterpret_cast<float2 *>(row + d * 8 + 2 * tq) =
+                        h ? make_float2(o[d][2], o[d][3]) : make_float2(o[d][0], o[d][1]);
+                if (tq == 0) ml[wn][g - gsel][0] = (h ? m1 : m0) * sl2, ml[wn][g - gsel][1] = h ? lr1 : lr0;
+            }
+            __syncthreads();
+            for (int idx = tid; idx < MR * CPR; idx += LC_ATT_THREADS) {
+                const int rr = idx / CPR, c = idx % CPR, r = p0 + rr;
+                if (r >= nrows) continue;
+                float M = -INFINITY;
+#pragma unroll
+                for (int w = 0; w < WN; w++) M = fmaxf(M, ml[w][rr][0]);
+                float L = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                if (M != -INFINITY) {
+#pragma unroll
+                    for (int w = 0; w < WN; w++) {
+                        const float f = lc_exp2(ml[w][rr][0] - M);
+                        L += ml[w][rr][1] * f;
+                        const float *row = mb + ((size_t)w * MR + rr) * MB_LD;
+                        const float4 *src = reinterpret_cast<const float4 *>(row + c * 8);
+                        const float4 x0 = src[0], x1 = src[1];
+                        acc[0] += x0.x * f, acc[1] += x0.y * f, acc[2] += x0.z * f, acc[3] += x0.w * f;
+                        acc[4] += x1.x * f, acc[5] += x1.y * f, acc[6] += x1.z * f, acc[7] += x1.w * f;
+                    }
+                }
+                const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[e] *= inv;
+                if (splits == 1) {
+                    const int t = tok0 + r / G, hh = kvh * G + r % G;
+                    lc_stg16(out + (size_t)t * a.ldo + (size_t)hh * D + c * 8, lc_pack8<T>(acc));
+                } else { /* a split's normalised partial and its (max, sum) */
+                    float4 *dst = reinterpret_cast<float4 *>(a.partial + (cta * 16 + r) * D + c * 8);
+                    dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+                    dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+                    if (c == 0) pml_all[(cta * 16 + r) * 2] = M, pml_all[(cta * 16 + r) * 2 + 1] = L;
+                }
+            }
+            __syncthreads();
+        }
+        if (splits > 1) { /* the last split of the (tile, kv head) to finish merges, as above */
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) {
+                int *sem = a.sem + fi % n_heads;
+                const int prev = atomicAdd(sem, 1);
+                s_last = prev == splits - 1;
+                if (s_last) *sem = 0;
+            }
+            __syncthreads();
+            if (s_last) {
+                __threadfence();
+                for (int idx = tid; idx < nrows * CPR; idx += LC_ATT_THREADS) {
+                    const int r = idx / CPR, c = idx % CPR;
+                    float M = -INFINITY;
+                    for (int z = 0; z < splits; z++) M = fmaxf(M, __ldcg(pml_all + ((cta0 + z) * 16 + r) * 2));
+                    float L = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                    if (M != -INFINITY) {
+                        for (int z = 0; z < splits; z++) {
+                            const float *mlz = pml_all + ((cta0 + z) * 16 + r) * 2;
+                            const float f = __ldcg(mlz + 1) * lc_exp2(__ldcg(mlz) - M);
+                            L += f;
+                            const float4 *src = reinterpret_cast<const float4 *>(a.partial + ((cta0 + z) * 16 + r) * D + c * 8);
+                            const float4 x0 = __ldcg(src), x1 = __ldcg(src + 1);
+                            acc[0] += x0.x * f, acc[1] += x0.y * f, acc[2] += x0.z * f, acc[3] += x0.w * f;
+                            acc[4] += x1.x * f, acc[5] += x1.y * f, acc[6] += x1.z * f, acc[7] += x1.w * f;
+                        }
+                    }
+                    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[e] *= inv;
+                    const int t = tok0 + r / G, hh = kvh * G + r % G;
+                    lc_stg16(out + (size_t)t * a.ldo + (size_t)hh * D + c * 8, lc_pack8<T>(acc));
+                }
+            }
+            /* s_last is read again by the next item's merge: nobody may
+             * still read it when thread 0 rewrites it */
+            __syncthreads();
+        }
+        cit = 0;
+        ci++;
+        while (ci < count && item_n[ci] == 0) ci++;
+    }
+}
+
 /* ----------------------------------------------------------------- host */
+
+/* The many-items decode kernel's build: 3 stages, 2 CTAs an SM (as the
+ * decode shape over a dt cache). */
+#define LC_DM_STAGES 3
+#define LC_DM_MINB 2
+template <int D> static size_t lc_dm_smem() {
+    return (size_t)2 * LC_DM_STAGES * 64 * D * 2 + (size_t)4 * 4 * (D + 8) * sizeof(float);
+}
+template <typename T, int D> static int lc_dm_resident(size_t smem) {
+    static int resident = 0; /* CTAs of one wave, once per process (one kind of GPU) */
+    static unsigned long long done = 0;
+    const void *k = (const void *)lc_attn_multi_kernel<T, D, LC_DM_STAGES, LC_DM_MINB>;
+    if (lc_smem_limit(&done, k, smem) != cudaSuccess) return 0;
+    if (resident == 0) {
+        int dev = 0, sms = 0, n = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, LC_ATT_THREADS, smem) != cudaSuccess)
+            return 0;
+        resident = n * sms;
+    }
+    return resident;
+}
+
+/* The many-items kernel for a decode launch over a dt cache when it applies
+ * (head dim 64 or 128; a->decode_ctas: 0 when the items exceed one wave of
+ * it, > 0 always with at most that many CTAs, < 0 never). *used = 0 when
+ * it does not apply. */
+template <typename T, int D>
+static cudaError_t lc_dm_launch(const loom_cuda_attn_args *a, cudaStream_t s, bool *used) {
+    *used = false;
+    if (a->decode_ctas < 0) return cudaSuccess;
+    const size_t smem = lc_dm_smem<D>();
+    const int resident = lc_dm_resident<T, D>(smem); /* also raises the smem limit */
+    if (resident <= 0) return cudaSuccess;
+    const long items = (long)a->num_tiles * a->num_kv_heads * a->max_splits;
+    long grid;
+    if (a->decode_ctas > 0) {
+        grid = a->decode_ctas;
+    } else {
+        if (items <= resident) return cudaSuccess;
+        grid = resident;
+    }
+    const long min_grid = (items + LC_DM_CAP - 1) / LC_DM_CAP;
+    if (grid < min_grid) grid = min_grid;
+    if (grid > items) grid = items;
+    if (grid > INT_MAX) return cudaErrorInvalidValue;
+    *used = true;
+    return lc_launch(lc_attn_multi_kernel<T, D, LC_DM_STAGES, LC_DM_MINB>, dim3((unsigned)grid),
+                     dim3(LC_ATT_THREADS), smem, s, *a);
+}
 
 template <bool F8, int D, int WM, int BN, int STAGES> static size_t lc_att_smem() {
     typedef lc_shape<WM, BN> S;
@@ -768,6 +1211,13 @@ template <int D> constexpr int lc_minb_prefill() { return D > 128 ? 1 : 2; }
 
 template <typename T, bool F8, int D>
 static cudaError_t lc_att_shape(const loom_cuda_attn_args *a, cudaStream_t s) {
+    if constexpr (!F8 && (D == 64 || D == 128)) {
+        if (a->shape == LOOM_CUDA_ATTN_DECODE) {
+            bool used;
+            const cudaError_t e = lc_dm_launch<T, D>(a, s, &used);
+            if (used || e != cudaSuccess) return e;
+        }
+    }
     if (a->shape == LOOM_CUDA_ATTN_DECODE) return lc_att_launch<T, F8, D, 1, 16, lc_minb_decode<D>(), 3>(a, s);
     return lc_att_launch<T, F8, D, 4, 64, lc_minb_prefill<D>(), 2>(a, s);
 }
@@ -860,6 +1310,7 @@ extern "C" cudaError_t loom_cuda_attention_invariant(const loom_cuda_attn_args *
     loom_cuda_attn_args c = *a;
     c.shape = loom_cuda_attn_invariant_shape(G);
     c.max_splits = LOOM_CUDA_ATTN_INVARIANT_SPLITS;
+    c.decode_ctas = -1; /* one kernel whatever the tile count */
     /* launches in stream order share the workspace and counters: each
      * waits for the one before (griddepcontrol.wait) before touching them */
     for (int t0 = 0; t0 < a->num_tiles; t0 += per_launch) {
