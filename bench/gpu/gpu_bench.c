@@ -535,7 +535,7 @@ static void bench_quant(int M) {
                 bytes += (double)N * rb;
             } else {
                 c.w = qb_weight(f, N, K, &data, &sc, &bytes);
-                if (tiled) CK(loom_cuda_qweight_tile(&c.w, 0));
+                if (tiled) CK(loom_cuda_qweight_tile(&c.w, LOOM_CUDA_BF16, 0));
                 c.scratch_bytes = loom_cuda_qgemm_scratch_bytes(g, LOOM_CUDA_BF16, 0, &c.w, M);
                 if (c.scratch_bytes) CK(cudaMalloc(&c.scratch, c.scratch_bytes));
             }
@@ -632,7 +632,7 @@ static void bench_quant_chain(int M, bool mixed) {
         for (int k = 0; k < 4; k++) {
             w[k] = qb_weight(f, shp[k][0], shp[k][1], &data[k], &sc[k], &bytes);
             if (f == LOOM_CUDA_Q_NONE) continue;
-            if (fi >= 5) CK(loom_cuda_qweight_tile(&w[k], 0));
+            if (fi >= 5) CK(loom_cuda_qweight_tile(&w[k], LOOM_CUDA_BF16, 0));
             const size_t b = loom_cuda_qgemm_scratch_bytes(g, LOOM_CUDA_BF16, 0, &w[k], M);
             if (b > scr) scr = b;
         }

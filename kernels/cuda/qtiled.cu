@@ -21,13 +21,15 @@
  *   int8 words 2j, 2j+1 (step j): bytes (row g: 2t, 2t+1; row g+8: 2t,
  *        2t+1), then the same at 2t+8, 2t+9.
  * So one 16-byte load per lane is the whole A operand of J mma k-steps, and
- * a warp's 512 bytes are contiguous. The scales stay as uploaded (INT4:
- * {s, b} f32 per row and group; W8A16: f32 per row).
+ * a warp's 512 bytes are contiguous. W8A16's scales stay as uploaded (f32
+ * a row); INT4's {s, b} f32 pairs are rewritten in place as (s, b) pairs in
+ * the activations' dt, the 16 rows of a row tile and group together (64
+ * bytes: four 16-byte copies bring a tile's group; half the bytes of f32).
  *
  * Kernel: a CTA of 4 warps owns 128 weight rows (each warp 2 row tiles) and
  * up to 8 NT tokens; per stage of 128 columns cp.async brings the weight
  * tiles, the tokens' columns (straight from x, dt: no preparation kernel)
- * and INT4's scales into shared memory, 4 stages deep (3 at 128 tokens).
+ * and INT4's tile scales into shared memory, 4 stages deep (3 at 128 tokens).
  * A warp reads its vectors (LDS.128), decodes them in registers — INT4:
  * LOP3 into the mantissa of 1024 (f16) / 128 (bf16), one subtraction and
  * one fma with the group's (s, b) rounded to dt: w = q s + b in dt, the
@@ -66,7 +68,7 @@ template <int FMT> struct lc_qt {
 template <int FMT, int NT> constexpr int lc_qt_stages() { return NT >= 16 ? 3 : 4; }
 /* bytes of one stage: weights | tokens | INT4 scales (2 groups a row at most) */
 template <int FMT> constexpr int lc_qt_wb() { return LC_QT_TILES * lc_qt<FMT>::V * 512; }
-template <int FMT> constexpr int lc_qt_sb() { return lc_qt<FMT>::I4 ? LC_QT_ROWS * 2 * 8 : 0; }
+template <int FMT> constexpr int lc_qt_sb() { return lc_qt<FMT>::I4 ? LC_QT_TILES * 2 * 64 : 0; }
 template <int FMT, int NT> constexpr int lc_qt_stb() { return lc_qt_wb<FMT>() + NT * 8 * 256 + lc_qt_sb<FMT>(); }
 template <int FMT, int NT> constexpr size_t lc_qt_smem() {
     return (size_t)lc_qt_stages<FMT, NT>() * lc_qt_stb<FMT, NT>();
@@ -187,7 +189,6 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32)
     const size_t tile_bytes = (size_t)K / F::KC * 512;
     const int groups = F::I4 ? K / group : 1;
     /* INT4: a stage's 128 columns span at most two groups (group % 64 == 0) */
-    constexpr int nsg = F::I4 ? 2 : 0;
 
     auto load_w = [&](int s, int b) {
         uint8_t *ws = lc_qt_sm + (size_t)b * STB;
@@ -199,12 +200,14 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32)
                        ok);
         }
         if constexpr (F::I4) {
-            float2 *ss = reinterpret_cast<float2 *>(ws + WB + XB);
+            /* the tiles' (s, b) dt pairs of the stage's groups: 64 bytes a
+             * (row tile, group), four 16-byte copies */
+            uint8_t *ss = ws + WB + XB;
             const int g0 = (s * LC_QT_KS) / group;
-            for (int i = tid; i < LC_QT_ROWS * nsg; i += LC_QT_WARPS * 32) {
-                const int r = i / nsg, h = i % nsg, n = tile0 * 16 + r;
-                const bool ok = n < N && g0 + h < groups;
-                lc_qt_cp8(ss + r * 2 + h, sc + (ok ? ((size_t)n * groups + g0 + h) * 2 : 0), ok);
+            for (int i = tid; i < LC_QT_TILES * 2 * 4; i += LC_QT_WARPS * 32) {
+                const int tl = i >> 3, h = (i >> 2) & 1, q = i & 3, gt = tile0 + tl;
+                const bool ok = gt < ntiles && g0 + h < groups;
+                lc_qt_cp16(ss + i * 16, sc + (ok ? ((size_t)gt * groups + g0 + h) * 16 + q * 4 : 0), ok);
             }
         }
     };
@@ -253,7 +256,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32)
         }
         const uint8_t *ws = lc_qt_sm + (size_t)(it % ST) * STB;
         const uint16_t *xs = reinterpret_cast<const uint16_t *>(ws + WB);
-        const float2 *ss = reinterpret_cast<const float2 *>(ws + WB + XB);
+        const uint32_t *ss = reinterpret_cast<const uint32_t *>(ws + WB + XB);
         const int s_col = (s_lo + it) * LC_QT_KS, g_st = F::I4 ? s_col / group : 0;
 #pragma unroll
         for (int v = 0; v < F::V; v++) {
@@ -265,9 +268,9 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32)
                 av[mt] = *reinterpret_cast<const uint4 *>(ws + ((size_t)(tl * F::V + v) * 32 + lane) * 16);
                 if constexpr (F::I4) {
                     const int h = (s_col + v * F::KC) / group - g_st;
-                    const float2 fa = ss[(tl * 16 + g) * 2 + h], fb = ss[(tl * 16 + g + 8) * 2 + h];
-                    s2a[mt] = lc_pack2<T>(fa.x, fa.x), b2a[mt] = lc_pack2<T>(fa.y, fa.y);
-                    s2b[mt] = lc_pack2<T>(fb.x, fb.x), b2b[mt] = lc_pack2<T>(fb.y, fb.y);
+                    const uint32_t pa = ss[(tl * 2 + h) * 16 + g], pb = ss[(tl * 2 + h) * 16 + g + 8];
+                    s2a[mt] = __byte_perm(pa, 0, 0x1010), b2a[mt] = __byte_perm(pa, 0, 0x3232);
+                    s2b[mt] = __byte_perm(pb, 0, 0x1010), b2b[mt] = __byte_perm(pb, 0, 0x3232);
                 }
             }
 #pragma unroll
@@ -393,7 +396,25 @@ __global__ void lc_qtiled_pack_kernel(const uint8_t *__restrict__ src, uint8_t *
     }
 }
 
-/* tiled -> (N, K) dt: INT4 q s + b in fp32 (as lc_dequant_weight), int8 q s */
+template <typename T> __device__ __forceinline__ float lc_qt_half_f(uint32_t h) {
+    if constexpr (std::is_same<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)h));
+    else return __uint_as_float(h << 16);
+}
+
+/* INT4 scales {s, b} f32 (N, groups) -> tiled (s, b) dt pairs (N / 16,
+ * groups, 16), s in the low half */
+template <typename T>
+__global__ void lc_qtiled_scales_kernel(const float *__restrict__ src, uint32_t *__restrict__ dst, int N, int groups) {
+    const size_t n_all = (size_t)N * groups;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_all; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t n = i / groups, gi = i % groups;
+        const uint32_t p = lc_pack2<T>(src[i * 2], src[i * 2 + 1]);
+        dst[((n / 16) * groups + gi) * 16 + n % 16] = p;
+    }
+}
+
+/* tiled -> (N, K) dt: INT4 q s + b in fp32 with the tiled (s, b) dt pairs,
+ * int8 q s */
 template <typename T>
 __global__ void lc_qtiled_dequant_kernel(const uint8_t *__restrict__ wd, const float *__restrict__ sc,
                                          T *__restrict__ out, int N, int K, int group, int i4) {
@@ -415,8 +436,8 @@ __global__ void lc_qtiled_dequant_kernel(const uint8_t *__restrict__ wd, const f
             if (i4) {
                 const int nib = e & 7;
                 const uint32_t q = (w[e >> 3] >> (4 * (nib & 3) + 16 * (nib >> 2))) & 15u;
-                const float2 sb = reinterpret_cast<const float2 *>(sc)[n * groups + col / group];
-                val = fmaf((float)q, sb.x, sb.y);
+                const uint32_t p = reinterpret_cast<const uint32_t *>(sc)[(rt * groups + col / group) * 16 + r];
+                val = fmaf((float)q, lc_qt_half_f<T>(p & 0xFFFFu), lc_qt_half_f<T>(p >> 16));
             } else {
                 val = (float)(int8_t)((w[e >> 2] >> (8 * (e & 3))) & 255u) * sc[n];
             }
@@ -502,7 +523,8 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
 
 extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,
                                  void *y, void *scratch, int invariant, cudaStream_t s) {
-    if (!lc_qtiled_ok(w) || w->layout != LOOM_CUDA_QLAYOUT_TILED || M < 1 || M > LC_QT_MAX_M)
+    if (!lc_qtiled_ok(w) || w->layout != LOOM_CUDA_QLAYOUT_TILED || M < 1 || M > LC_QT_MAX_M ||
+        (w->fmt == LOOM_CUDA_Q_INT4 && dt != w->tile_dt))
         return cudaErrorInvalidValue;
     float *part = static_cast<float *>(scratch);
 #define LC_QT_T(T)                                                                                 \
@@ -516,7 +538,8 @@ extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom
 }
 
 extern "C" cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s) {
-    if (!lc_qtiled_ok(w) || w->layout != LOOM_CUDA_QLAYOUT_TILED) return cudaErrorInvalidValue;
+    if (!lc_qtiled_ok(w) || w->layout != LOOM_CUDA_QLAYOUT_TILED || (w->fmt == LOOM_CUDA_Q_INT4 && dt != w->tile_dt))
+        return cudaErrorInvalidValue;
     const size_t nvec = (size_t)(w->N / 16) * (w->K / (w->fmt == LOOM_CUDA_Q_INT4 ? 64 : 32)) * 32;
     const unsigned grid = (unsigned)((nvec + 255) / 256 < 65535 ? (nvec + 255) / 256 : 65535);
     const int i4 = w->fmt == LOOM_CUDA_Q_INT4;
@@ -532,15 +555,18 @@ extern "C" cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweigh
 /* Repack w's row-major codes into the tiled layout in place (through a
  * temporary device copy of the codes, freed before returning; synchronizes
  * s). */
-extern "C" cudaError_t loom_cuda_qweight_tile(loom_cuda_qweight *w, cudaStream_t s) {
+extern "C" cudaError_t loom_cuda_qweight_tile(loom_cuda_qweight *w, loom_cuda_dt dt, cudaStream_t s) {
     if (!w || w->layout == LOOM_CUDA_QLAYOUT_TILED) return cudaSuccess;
-    if (!lc_qtiled_ok(w)) return cudaErrorInvalidValue;
+    if (!lc_qtiled_ok(w) || (dt != LOOM_CUDA_BF16 && dt != LOOM_CUDA_F16)) return cudaErrorInvalidValue;
     const int i4 = w->fmt == LOOM_CUDA_Q_INT4;
     const size_t bytes = (size_t)w->N * (i4 ? (size_t)w->K / 2 : (size_t)w->K);
+    const size_t sbytes = i4 ? (size_t)w->N * (w->K / w->group) * 8 : 0;
     void *tmp = NULL;
-    cudaError_t e = cudaMalloc(&tmp, bytes);
+    cudaError_t e = cudaMalloc(&tmp, bytes + sbytes);
     if (e != cudaSuccess) return e;
     e = cudaMemcpyAsync(tmp, w->data, bytes, cudaMemcpyDeviceToDevice, s);
+    if (e == cudaSuccess && i4)
+        e = cudaMemcpyAsync(static_cast<uint8_t *>(tmp) + bytes, w->scales, sbytes, cudaMemcpyDeviceToDevice, s);
     if (e == cudaSuccess) {
         const size_t nvec = bytes / 16;
         const unsigned grid = (unsigned)((nvec + 255) / 256 < 65535 ? (nvec + 255) / 256 : 65535);
@@ -549,9 +575,19 @@ extern "C" cudaError_t loom_cuda_qweight_tile(loom_cuda_qweight *w, cudaStream_t
                                                    w->K, i4);
         e = cudaGetLastError();
     }
+    if (e == cudaSuccess && i4) {
+        const float *src = reinterpret_cast<const float *>(static_cast<uint8_t *>(tmp) + bytes);
+        uint32_t *dst = reinterpret_cast<uint32_t *>(const_cast<float *>(w->scales));
+        const int groups = w->K / w->group;
+        const size_t n = (size_t)w->N * groups;
+        const unsigned grid = (unsigned)((n + 255) / 256 < 65535 ? (n + 255) / 256 : 65535);
+        if (dt == LOOM_CUDA_F16) lc_qtiled_scales_kernel<__half><<<grid, 256, 0, s>>>(src, dst, w->N, groups);
+        else lc_qtiled_scales_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>(src, dst, w->N, groups);
+        e = cudaGetLastError();
+    }
     const cudaError_t e2 = cudaStreamSynchronize(s);
     cudaFree(tmp);
     if (e == cudaSuccess) e = e2;
-    if (e == cudaSuccess) w->layout = LOOM_CUDA_QLAYOUT_TILED;
+    if (e == cudaSuccess) w->layout = LOOM_CUDA_QLAYOUT_TILED, w->tile_dt = dt;
     return e;
 }

@@ -1632,6 +1632,20 @@ int main(int argc, char **argv) {
             run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", ts, 3e-2);
         }
     }
+    /* backend.quant_layout=rows: W8A16 / INT4 on the codes as uploaded (the
+     * GEMVs, qmma.cu, dequantize + cuBLASLt) — the default repacks the
+     * shapes that tile (qtiled.cu); and the tiled weights with the kernel
+     * only up to 8 rows (dequantize + cuBLASLt above) */
+    {
+        shape rows = qs_tiny, t8 = qs_tiny;
+        rows.name = "q-tiny-d64 quant_layout=rows", rows.cuda_ov = "quant_layout=rows";
+        t8.name = "q-tiny-d64 qtiled_max_rows=8", t8.cuda_ov = "qtiled_max_rows=8";
+        for (int i = 0; i < 2; i++) {
+            const shape *ts = i ? &t8 : &rows;
+            run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16, "int8-w8a16", ts, 3e-2);
+            run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", ts, 3e-2);
+        }
+    }
     /* GGUF blocks as stored (int4 quantizer, source gguf) on both backends:
      * SmolLM2-like all-q4_1; Q4_K_M-like (q4_k with q6_k V and down: two
      * segments in Q/K/V) then a layer of three types in Q/K/V, with a q6_k

@@ -1353,7 +1353,7 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     loom_cuda_qweight w = {.fmt = fmt, .N = N, .K = K, .group = i4 ? group : 0, .data = d_data,
                            .scales = d_sc, .smooth = d_sm};
     int tile_rc = 0;
-    if (g_q_tile) tile_rc = (int)loom_cuda_qweight_tile(&w, 0);
+    if (g_q_tile) tile_rc = (int)loom_cuda_qweight_tile(&w, dt, 0);
     if (path == 1) loom_cuda_qgemm_set_gemv_max_m(g, fmt, 256);
     if (path == 2) loom_cuda_qgemm_set_gemv_max_m(g, fmt, 0);
     const size_t sb = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &w, M);
@@ -2213,7 +2213,7 @@ static void test_qgemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_
     void *d_x = dev_upload(x, (size_t)Mmax * K * 2);
     loom_cuda_qweight w = {.fmt = fmt, .N = N, .K = K, .group = i4 ? group : 0,
                            .data = d_data, .scales = d_sc, .smooth = NULL};
-    if (g_q_tile && loom_cuda_qweight_tile(&w, 0) != cudaSuccess) {
+    if (g_q_tile && loom_cuda_qweight_tile(&w, dt, 0) != cudaSuccess) {
         report_bits("qgemm invariant: loom_cuda_qweight_tile failed", 1, 1);
         return;
     }
