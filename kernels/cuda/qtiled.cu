@@ -168,19 +168,42 @@ template <typename T> __device__ __forceinline__ void lc_qt_dec8(uint32_t w, uin
     }
 }
 
+/* a dt value (low 16 bits of h) as float */
+template <typename T> __device__ __forceinline__ float lc_qt_half_f(uint32_t h) {
+    if constexpr (std::is_same<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)h));
+    else return __uint_as_float(h << 16);
+}
+
+/* Warps along the tokens: from 64-token tiles a CTA has 8 warps, 4 over its
+ * 128 rows times 2 over its tokens (each decodes its rows' weights for its
+ * half of the tokens), so an SM keeps 8-16 warps issuing mma.sync. */
+template <int NT> constexpr int lc_qt_wn() { return NT >= 8 ? 2 : 1; }
+/* INT4 at up to 16 tokens ("raw"): the mma takes the codes as decoded under
+ * the magic, M + q (M = 128 in bf16, 1024 in f16: one LOP3 per two weights,
+ * no subtraction or scale per weight), into per-group partial sums; a second
+ * mma with an all-ones A gives the tokens' sums over the group, X, and at
+ * the group's end acc += s d + (b - M s) X in fp32, s and b the tile's dt
+ * pairs — w = q s + b exactly as the fused decode, fewer instructions where
+ * the weight stream, not the mma, bounds the time. */
+/* (dispatch: at NT <= 2 outside batch-invariant mode, whose rows must have
+ * the bits of one row at every M: there the fused decode at every NT) */
+
 /* grid (CTA row blocks of 128, token tiles of 8 NT, K slices). Z == 1: y
  * (M, N) dt or f32; else part (Z, M, N) f32 without W8A16's row scale. */
-template <typename T, int FMT, int NT, bool F32>
-__global__ void __launch_bounds__(LC_QT_WARPS * 32)
+template <typename T, int FMT, int NT, bool F32, bool RAWP>
+__global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     lc_qtiled_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd,
                      const float *__restrict__ sc, void *__restrict__ y, float *__restrict__ part, int M, int N,
                      int K, int group) {
     typedef lc_qt<FMT> F;
-    constexpr int TOK = 8 * NT, ST = lc_qt_stages<FMT, NT>();
+    constexpr int TOK = 8 * NT, ST = lc_qt_stages<FMT, NT>(), WN = lc_qt_wn<NT>(), NTW = NT / WN;
+    constexpr int NTHR = LC_QT_WARPS * 32 * WN;
+    constexpr bool RAW = RAWP && FMT == LOOM_CUDA_Q_INT4;
     constexpr int WB = lc_qt_wb<FMT>(), XB = TOK * 256, STB = lc_qt_stb<FMT, NT>();
     extern __shared__ __align__(16) uint8_t lc_qt_sm[];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int wr = warp % LC_QT_WARPS, wc = warp / LC_QT_WARPS; /* row group, token group */
     const int tile0 = blockIdx.x * LC_QT_TILES, ntiles = N / 16;
     const int m0 = blockIdx.y * TOK;
     const int S = K / LC_QT_KS, Z = (int)gridDim.z, z = (int)blockIdx.z;
@@ -188,11 +211,10 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32)
     const int nst = s_hi - s_lo;
     const size_t tile_bytes = (size_t)K / F::KC * 512;
     const int groups = F::I4 ? K / group : 1;
-    /* INT4: a stage's 128 columns span at most two groups (group % 64 == 0) */
 
     auto load_w = [&](int s, int b) {
         uint8_t *ws = lc_qt_sm + (size_t)b * STB;
-        for (int i = tid; i < LC_QT_TILES * F::V * 32; i += LC_QT_WARPS * 32) {
+        for (int i = tid; i < LC_QT_TILES * F::V * 32; i += NTHR) {
             const int tl = i / (F::V * 32), rem = i % (F::V * 32);
             const int gt = tile0 + tl;
             const bool ok = gt < ntiles;
@@ -200,11 +222,11 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32)
                        ok);
         }
         if constexpr (F::I4) {
-            /* the tiles' (s, b) dt pairs of the stage's groups: 64 bytes a
-             * (row tile, group), four 16-byte copies */
+            /* the tiles' (s, b) dt pairs of the stage's groups (at most two:
+             * group % 64 == 0): 64 bytes a (row tile, group), four copies */
             uint8_t *ss = ws + WB + XB;
             const int g0 = (s * LC_QT_KS) / group;
-            for (int i = tid; i < LC_QT_TILES * 2 * 4; i += LC_QT_WARPS * 32) {
+            for (int i = tid; i < LC_QT_TILES * 2 * 4; i += NTHR) {
                 const int tl = i >> 3, h = (i >> 2) & 1, q = i & 3, gt = tile0 + tl;
                 const bool ok = gt < ntiles && g0 + h < groups;
                 lc_qt_cp16(ss + i * 16, sc + (ok ? ((size_t)gt * groups + g0 + h) * 16 + q * 4 : 0), ok);
@@ -213,7 +235,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32)
     };
     auto load_x = [&](int s, int b) {
         uint16_t *xs = reinterpret_cast<uint16_t *>(lc_qt_sm + (size_t)b * STB + WB);
-        for (int i = tid; i < TOK * 16; i += LC_QT_WARPS * 32) {
+        for (int i = tid; i < TOK * 16; i += NTHR) {
             const int r = i >> 4, c = i & 15, m = m0 + r;
             const bool ok = m < M;
             lc_qt_cp16(xs + r * 128 + ((c ^ (r & 7)) * 8), x + (size_t)(ok ? m : 0) * K + (size_t)s * LC_QT_KS + c * 8,
@@ -233,15 +255,37 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32)
         lc_qt_commit();
     }
 
-    float acc[LC_QT_MT][NT][4];
+    float acc[LC_QT_MT][NTW][4];
+    /* RAW: the group's partial sums and the tokens' sums over it */
+    float dg[RAW ? LC_QT_MT : 1][RAW ? NTW : 1][4], xg[RAW ? NTW : 1][2];
 #pragma unroll
     for (int mt = 0; mt < LC_QT_MT; mt++)
 #pragma unroll
-        for (int j = 0; j < NT; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
+        for (int j = 0; j < NTW; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
+    auto zero_group = [&]() {
+        if constexpr (RAW) {
+#pragma unroll
+            for (int mt = 0; mt < LC_QT_MT; mt++)
+#pragma unroll
+                for (int j = 0; j < NTW; j++) dg[mt][j][0] = dg[mt][j][1] = dg[mt][j][2] = dg[mt][j][3] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NTW; j++) xg[j][0] = xg[j][1] = 0.0f;
+        }
+    };
+    zero_group();
+    /* where the mma of row tile mt, n-tile nt accumulates */
+    auto sum_of = [&](int mt, int nt) -> float * {
+        if constexpr (RAW) return dg[mt][nt];
+        else return acc[mt][nt];
+    };
+    constexpr uint32_t ONES = std::is_same<T, __half>::value ? 0x3C003C00u : 0x3F803F80u;
+    constexpr float MAGF = std::is_same<T, __half>::value ? 1024.0f : 128.0f;
+    const uint32_t ones[4] = {ONES, ONES, ONES, ONES};
 
     /* ldmatrix lane roles: matrix mat = lane / 8 (x4: tokens +8 for mat >= 2,
      * columns +8 for odd mat), row lane % 8 */
     const int lm_mat = lane >> 3, lm_r = lane & 7;
+    const int r_base = wc * NTW * 8; /* the warp's first token row in the tile */
 
     for (int it = 0; it < nst; it++) {
         lc_qt_wait<ST - 2>();
@@ -261,16 +305,18 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32)
 #pragma unroll
         for (int v = 0; v < F::V; v++) {
             uint4 av[LC_QT_MT];
-            uint32_t s2a[LC_QT_MT], b2a[LC_QT_MT], s2b[LC_QT_MT], b2b[LC_QT_MT];
+            uint32_t pa[LC_QT_MT], pb[LC_QT_MT], s2a[LC_QT_MT], b2a[LC_QT_MT], s2b[LC_QT_MT], b2b[LC_QT_MT];
+            const int h = F::I4 ? (s_col + v * F::KC) / group - g_st : 0;
 #pragma unroll
             for (int mt = 0; mt < LC_QT_MT; mt++) {
-                const int tl = warp * LC_QT_MT + mt;
+                const int tl = wr * LC_QT_MT + mt;
                 av[mt] = *reinterpret_cast<const uint4 *>(ws + ((size_t)(tl * F::V + v) * 32 + lane) * 16);
                 if constexpr (F::I4) {
-                    const int h = (s_col + v * F::KC) / group - g_st;
-                    const uint32_t pa = ss[(tl * 2 + h) * 16 + g], pb = ss[(tl * 2 + h) * 16 + g + 8];
-                    s2a[mt] = __byte_perm(pa, 0, 0x1010), b2a[mt] = __byte_perm(pa, 0, 0x3232);
-                    s2b[mt] = __byte_perm(pb, 0, 0x1010), b2b[mt] = __byte_perm(pb, 0, 0x3232);
+                    pa[mt] = ss[(tl * 2 + h) * 16 + g], pb[mt] = ss[(tl * 2 + h) * 16 + g + 8];
+                    if constexpr (!RAW) {
+                        s2a[mt] = __byte_perm(pa[mt], 0, 0x1010), b2a[mt] = __byte_perm(pa[mt], 0, 0x3232);
+                        s2b[mt] = __byte_perm(pb[mt], 0, 0x1010), b2b[mt] = __byte_perm(pb[mt], 0, 0x3232);
+                    }
                 }
             }
 #pragma unroll
@@ -278,7 +324,14 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32)
                 uint32_t a[LC_QT_MT][4];
 #pragma unroll
                 for (int mt = 0; mt < LC_QT_MT; mt++) {
-                    if constexpr (F::I4) {
+                    if constexpr (RAW) {
+                        constexpr uint32_t MAGIC = std::is_same<T, __half>::value ? 0x64006400u : 0x43004300u;
+                        const uint32_t w = lc_qt_word(av[mt], j);
+                        a[mt][0] = lc_qt_lop3_or_and(w, 0x000F000Fu, MAGIC);
+                        a[mt][1] = lc_qt_lop3_or_and(w >> 4, 0x000F000Fu, MAGIC);
+                        a[mt][2] = lc_qt_lop3_or_and(w >> 8, 0x000F000Fu, MAGIC);
+                        a[mt][3] = lc_qt_lop3_or_and(w >> 12, 0x000F000Fu, MAGIC);
+                    } else if constexpr (F::I4) {
                         lc_qt_dec4<T>(lc_qt_word(av[mt], j), s2a[mt], b2a[mt], s2b[mt], b2b[mt], a[mt]);
                     } else {
                         lc_qt_dec8<T>(lc_qt_word(av[mt], 2 * j), a[mt][0], a[mt][1]);
@@ -286,24 +339,58 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32)
                     }
                 }
                 const int kc = (v * F::KC + 16 * j) >> 3; /* 16-byte chunk of the stage's columns */
-                if constexpr (NT == 1) {
-                    const int r = lm_r, c = kc + (lm_mat & 1);
+                if constexpr (NTW == 1) {
+                    const int r = r_base + lm_r, c = kc + (lm_mat & 1);
                     uint32_t b0, b1;
                     lc_qt_ldsm2(xs + r * 128 + ((c ^ (r & 7)) * 8), b0, b1);
+                    if constexpr (RAW) {
+                        float xx[4] = {xg[0][0], xg[0][1], 0.0f, 0.0f};
+                        lc_qt_mma<T>(xx, ones, b0, b1);
+                        xg[0][0] = xx[0], xg[0][1] = xx[1];
+                    }
 #pragma unroll
-                    for (int mt = 0; mt < LC_QT_MT; mt++) lc_qt_mma<T>(acc[mt][0], a[mt], b0, b1);
+                    for (int mt = 0; mt < LC_QT_MT; mt++) lc_qt_mma<T>(sum_of(mt, 0), a[mt], b0, b1);
                 } else {
 #pragma unroll
-                    for (int np = 0; np < NT / 2; np++) {
-                        const int r = np * 16 + (lm_mat >> 1) * 8 + lm_r, c = kc + (lm_mat & 1);
+                    for (int np = 0; np < NTW / 2; np++) {
+                        const int r = r_base + np * 16 + (lm_mat >> 1) * 8 + lm_r, c = kc + (lm_mat & 1);
                         uint32_t b0, b1, b2, b3;
                         lc_qt_ldsm4(xs + r * 128 + ((c ^ (r & 7)) * 8), b0, b1, b2, b3);
+                        if constexpr (RAW) {
+                            float x0[4] = {xg[2 * np][0], xg[2 * np][1], 0.0f, 0.0f};
+                            float x1[4] = {xg[2 * np + 1][0], xg[2 * np + 1][1], 0.0f, 0.0f};
+                            lc_qt_mma<T>(x0, ones, b0, b1);
+                            lc_qt_mma<T>(x1, ones, b2, b3);
+                            xg[2 * np][0] = x0[0], xg[2 * np][1] = x0[1];
+                            xg[2 * np + 1][0] = x1[0], xg[2 * np + 1][1] = x1[1];
+                        }
 #pragma unroll
                         for (int mt = 0; mt < LC_QT_MT; mt++) {
-                            lc_qt_mma<T>(acc[mt][2 * np], a[mt], b0, b1);
-                            lc_qt_mma<T>(acc[mt][2 * np + 1], a[mt], b2, b3);
+                            lc_qt_mma<T>(sum_of(mt, 2 * np), a[mt], b0, b1);
+                            lc_qt_mma<T>(sum_of(mt, 2 * np + 1), a[mt], b2, b3);
                         }
                     }
+                }
+            }
+            if constexpr (RAW) {
+                /* the group ends with this vector (group % 64 == 0), or the
+                 * slice does: acc += s d + (b - M s) X, then a fresh group */
+                const int end = s_col + (v + 1) * F::KC;
+                if (end % group == 0 || (it == nst - 1 && v == F::V - 1)) {
+#pragma unroll
+                    for (int mt = 0; mt < LC_QT_MT; mt++) {
+                        const float sa = lc_qt_half_f<T>(pa[mt] & 0xFFFFu), sb = lc_qt_half_f<T>(pb[mt] & 0xFFFFu);
+                        const float ca = lc_qt_half_f<T>(pa[mt] >> 16) - MAGF * sa;
+                        const float cb = lc_qt_half_f<T>(pb[mt] >> 16) - MAGF * sb;
+#pragma unroll
+                        for (int nt = 0; nt < NTW; nt++) {
+                            acc[mt][nt][0] = fmaf(sa, dg[mt][nt][0], fmaf(ca, xg[nt][0], acc[mt][nt][0]));
+                            acc[mt][nt][1] = fmaf(sa, dg[mt][nt][1], fmaf(ca, xg[nt][1], acc[mt][nt][1]));
+                            acc[mt][nt][2] = fmaf(sb, dg[mt][nt][2], fmaf(cb, xg[nt][0], acc[mt][nt][2]));
+                            acc[mt][nt][3] = fmaf(sb, dg[mt][nt][3], fmaf(cb, xg[nt][1], acc[mt][nt][3]));
+                        }
+                    }
+                    zero_group();
                 }
             }
         }
@@ -313,13 +400,13 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32)
     /* C: rows g, g + 8 of each row tile; tokens 2t, 2t + 1 of each n-tile */
 #pragma unroll
     for (int mt = 0; mt < LC_QT_MT; mt++) {
-        const int nb = (tile0 + warp * LC_QT_MT + mt) * 16;
+        const int nb = (tile0 + wr * LC_QT_MT + mt) * 16;
         if (nb >= N) continue;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const int n = nb + g + (i >= 2 ? 8 : 0), m = m0 + nt * 8 + 2 * t + (i & 1);
+                const int n = nb + g + (i >= 2 ? 8 : 0), m = m0 + (wc * NTW + nt) * 8 + 2 * t + (i & 1);
                 if (m >= M) continue;
                 const size_t o = (size_t)m * N + n;
                 if (Z > 1) {
@@ -396,11 +483,6 @@ __global__ void lc_qtiled_pack_kernel(const uint8_t *__restrict__ src, uint8_t *
     }
 }
 
-template <typename T> __device__ __forceinline__ float lc_qt_half_f(uint32_t h) {
-    if constexpr (std::is_same<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)h));
-    else return __uint_as_float(h << 16);
-}
-
 /* INT4 scales {s, b} f32 (N, groups) -> tiled (s, b) dt pairs (N / 16,
  * groups, 16), s in the low half */
 template <typename T>
@@ -414,23 +496,28 @@ __global__ void lc_qtiled_scales_kernel(const float *__restrict__ src, uint32_t 
 }
 
 /* tiled -> (N, K) dt: INT4 q s + b in fp32 with the tiled (s, b) dt pairs,
- * int8 q s */
+ * int8 q s. A warp per warp tile (16 rows x KC columns): each lane decodes
+ * its vector into shared memory, then the warp writes the 16 rows' KC
+ * columns as 16-byte stores. */
 template <typename T>
-__global__ void lc_qtiled_dequant_kernel(const uint8_t *__restrict__ wd, const float *__restrict__ sc,
-                                         T *__restrict__ out, int N, int K, int group, int i4) {
+__global__ void __launch_bounds__(256)
+    lc_qtiled_dequant_kernel(const uint8_t *__restrict__ wd, const float *__restrict__ sc, T *__restrict__ out,
+                             int N, int K, int group, int i4) {
+    __shared__ __align__(16) T tile[8][16][64];
     lc_pdl_wait();
     lc_pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int KC = i4 ? 64 : 32, C = K / KC;
-    const size_t nvec = (size_t)(N / 16) * C * 32;
+    const size_t ntile = (size_t)(N / 16) * C;
     const int groups = i4 ? K / group : 1;
-    for (size_t v = (size_t)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += (size_t)gridDim.x * blockDim.x) {
-        const int l = (int)(v % 32), c = (int)((v / 32) % C);
-        const size_t rt = v / 32 / C;
-        const uint4 u = reinterpret_cast<const uint4 *>(wd)[v];
+    for (size_t wt = (size_t)blockIdx.x * 8 + warp; wt < ntile; wt += (size_t)gridDim.x * 8) {
+        const int c = (int)(wt % C);
+        const size_t rt = wt / C;
+        const uint4 u = reinterpret_cast<const uint4 *>(wd)[wt * 32 + lane];
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
         for (int e = 0; e < (i4 ? 32 : 16); e++) {
             int r, col;
-            lc_qt_src(i4 != 0, l, c, e, &r, &col);
+            lc_qt_src(i4 != 0, lane, c, e, &r, &col);
             const size_t n = rt * 16 + r;
             float val;
             if (i4) {
@@ -441,8 +528,16 @@ __global__ void lc_qtiled_dequant_kernel(const uint8_t *__restrict__ wd, const f
             } else {
                 val = (float)(int8_t)((w[e >> 2] >> (8 * (e & 3))) & 255u) * sc[n];
             }
-            out[n * K + col] = lc_from_f<T>(val);
+            tile[warp][r][col - c * KC] = lc_from_f<T>(val);
         }
+        __syncwarp();
+        const int cpr = KC / 8; /* 16-byte chunks a row */
+        for (int i = lane; i < 16 * cpr; i += 32) {
+            const int r = i / cpr, q = i % cpr;
+            *reinterpret_cast<uint4 *>(out + (rt * 16 + r) * (size_t)K + (size_t)c * KC + q * 8) =
+                *reinterpret_cast<const uint4 *>(&tile[warp][r][q * 8]);
+        }
+        __syncwarp();
     }
 }
 
@@ -482,9 +577,9 @@ extern "C" size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m)
     return b;
 }
 
-template <typename T, int FMT, int NT, bool F32> static cudaError_t lc_qt_prepare(size_t smem) {
+template <typename T, int FMT, int NT, bool F32, bool RAW> static cudaError_t lc_qt_prepare(size_t smem) {
     static unsigned long long done = 0;
-    return lc_smem_limit(&done, (const void *)lc_qtiled_kernel<T, FMT, NT, F32>, smem);
+    return lc_smem_limit(&done, (const void *)lc_qtiled_kernel<T, FMT, NT, F32, RAW>, smem);
 }
 
 template <typename T, int FMT, bool F32>
@@ -497,21 +592,29 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
     const dim3 grid((unsigned)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES), (unsigned)((M + tok - 1) / tok),
                     (unsigned)Z);
     cudaError_t e;
-#define LC_QT_GO(NT_)                                                                                  \
+#define LC_QT_GO(NT_, RAW_)                                                                            \
     do {                                                                                               \
         constexpr size_t smem = lc_qt_smem<FMT, NT_>();                                                \
-        const cudaError_t attr = lc_qt_prepare<T, FMT, NT_, F32>(smem);                                \
+        const cudaError_t attr = lc_qt_prepare<T, FMT, NT_, F32, RAW_>(smem);                          \
         if (attr != cudaSuccess) return attr;                                                          \
-        e = lc_launch(lc_qtiled_kernel<T, FMT, NT_, F32>, grid, dim3(LC_QT_WARPS * 32), smem, s,       \
-                      static_cast<const uint16_t *>(x), static_cast<const uint8_t *>(w->data),         \
+        e = lc_launch(lc_qtiled_kernel<T, FMT, NT_, F32, RAW_>, grid, dim3(LC_QT_WARPS * 32 * lc_qt_wn<NT_>()), \
+                      smem, s, static_cast<const uint16_t *>(x), static_cast<const uint8_t *>(w->data),  \
                       (const float *)w->scales, y, part, M, w->N, w->K, w->group);                     \
     } while (0)
+    /* the raw INT4 decode at up to 16 tokens, not in batch-invariant mode */
+    constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     switch (NT) {
-    case 1: LC_QT_GO(1); break;
-    case 2: LC_QT_GO(2); break;
-    case 4: LC_QT_GO(4); break;
-    case 8: LC_QT_GO(8); break;
-    default: LC_QT_GO(16); break;
+    case 1:
+        if (I4 && !invariant) LC_QT_GO(1, I4);
+        else LC_QT_GO(1, false);
+        break;
+    case 2:
+        if (I4 && !invariant) LC_QT_GO(2, I4);
+        else LC_QT_GO(2, false);
+        break;
+    case 4: LC_QT_GO(4, false); break;
+    case 8: LC_QT_GO(8, false); break;
+    default: LC_QT_GO(16, false); break;
     }
 #undef LC_QT_GO
     if (e != cudaSuccess || Z == 1) return e;
@@ -540,8 +643,8 @@ extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom
 extern "C" cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s) {
     if (!lc_qtiled_ok(w) || w->layout != LOOM_CUDA_QLAYOUT_TILED || (w->fmt == LOOM_CUDA_Q_INT4 && dt != w->tile_dt))
         return cudaErrorInvalidValue;
-    const size_t nvec = (size_t)(w->N / 16) * (w->K / (w->fmt == LOOM_CUDA_Q_INT4 ? 64 : 32)) * 32;
-    const unsigned grid = (unsigned)((nvec + 255) / 256 < 65535 ? (nvec + 255) / 256 : 65535);
+    const size_t ntile = (size_t)(w->N / 16) * (w->K / (w->fmt == LOOM_CUDA_Q_INT4 ? 64 : 32));
+    const unsigned grid = (unsigned)((ntile + 7) / 8 < 65535 ? (ntile + 7) / 8 : 65535);
     const int i4 = w->fmt == LOOM_CUDA_Q_INT4;
     if (dt == LOOM_CUDA_F16)
         return lc_launch(lc_qtiled_dequant_kernel<__half>, dim3(grid), dim3(256), 0, s,

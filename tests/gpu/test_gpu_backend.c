@@ -52,7 +52,11 @@
  * same; each group its own blocks, a windowed group's blocks before the
  * step's window -1); a Qwen3-like shape (QK-norm, head_dim 128 over a
  * 256-wide residual); batch invariance under windows.
- * LOOM_GPU_BACKEND_TESTS=gemma runs only those.
+ * LOOM_GPU_BACKEND_TESTS=gemma runs only those; =quant only the quantizer
+ * configs on dense shapes and what follows them (GGUF, SmoothQuant, the
+ * quantized batch-invariant runs). W8A16 / INT4 weights run tiled (the
+ * default quant_layout) where their shapes tile, and once more with
+ * quant_layout=rows and qtiled_max_rows=8.
  * FP8 KV cache: shapes marked kv-fp8 give every instance (cpu, cuda eager,
  * cuda graphs) a kv layout of fp8_e4m3, as the engine does for a
  * quantizer's kv_cache: fp8 — both backends store e4m3(x) with scale 1.0;
@@ -1512,7 +1516,8 @@ int main(int argc, char **argv) {
                "  paths default to LOOM_CUDA_BACKEND_SO / LOOM_CPU_BACKEND_SO or the build tree;\n"
                "  quantizer plugins come from LOOM_QUANTIZER_DIR. LOOM_GPU_BACKEND_TESTS=moe: the\n"
                "  mixture-of-experts shapes only (LOOM_TEST_HF_MOE_DIR=tests/backend/data/moe adds\n"
-               "  transformers' tiny checkpoints). Ends with 'N passed, N failed'.\n");
+               "  transformers' tiny checkpoints); =quant: the quantized dense shapes only. Ends with\n"
+               "  'N passed, N failed'.\n");
         return 0;
     }
     host_init();
@@ -1531,6 +1536,10 @@ int main(int argc, char **argv) {
         printf("gpu_backend_test: LOOM_GPU_BACKEND_TESTS=gemma: the Gemma 3 / Qwen3 shapes only\n");
         run_gemma(&cpu_p, &cuda_p);
         goto done;
+    }
+    if (only && !strcmp(only, "quant")) { /* the quantizer configs on dense shapes onwards only */
+        printf("gpu_backend_test: LOOM_GPU_BACKEND_TESTS=quant: the quantized dense shapes only\n");
+        goto quant;
     }
     if (only && !strcmp(only, "moe")) { /* the mixture-of-experts shapes only */
         run_moe_shapes(&cpu_p, &cuda_p);
@@ -1594,6 +1603,7 @@ int main(int argc, char **argv) {
     }
 
     /* every quantizer config on cuda vs cpu (same quantizer, same weights) */
+quant:;
     const char *qdir = getenv("LOOM_QUANTIZER_DIR") ? getenv("LOOM_QUANTIZER_DIR")
                                                     : LOOM_QUANTIZER_DIR_DEFAULT;
     const shape qs_tiny = {"q-tiny-d64", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, true, false, false, false, NULL};

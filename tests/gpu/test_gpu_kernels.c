@@ -2142,6 +2142,10 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
             test_qgemm(g, LOOM_CUDA_BF16, f, 48, 528, 2048, 512, 0, true, false);
             test_qgemm(g, LOOM_CUDA_F16, f, 7, 304, 1024, 1024, 0, false, false);
             test_qgemm(g, LOOM_CUDA_BF16, f, 33, 304, 1536, 192, 0, false, false);
+            /* the raw decode (<= 16 tokens): groups ending mid-stage, slices
+             * starting and ending mid-group */
+            test_qgemm(g, LOOM_CUDA_BF16, f, 5, 304, 1536, 192, 0, true, false);
+            test_qgemm(g, LOOM_CUDA_F16, f, 12, 304, 1536, 192, 0, false, false);
         }
         g_qx_wild = true;
         test_qgemm(g, LOOM_CUDA_BF16, f, 37, 304, 2048, i4 ? 128 : 0, 0, true, false);
