@@ -212,15 +212,24 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     const size_t tile_bytes = (size_t)K / F::KC * 512;
     const int groups = F::I4 ? K / group : 1;
 
+    /* Each thread's copies are fixed but for the stage: weights, vector
+     * rem of row tiles tl0, tl0 + TPK, ...; tokens, chunk c of rows r0,
+     * r0 + NTHR / 16, ... Row tiles past N and tokens past M are not copied:
+     * their shared memory holds stale or undefined values that only reach
+     * output rows / token columns never stored. */
+    constexpr int VW = F::V * 32, TPK = NTHR / VW, CPW = LC_QT_TILES / TPK;
+    const int w_tl0 = tid / VW;
+    const uint8_t *w_src = wd + (size_t)(tile0 + w_tl0) * tile_bytes + (tid % VW) * 16;
+    constexpr int XPT = (TOK * 16 + NTHR - 1) / NTHR, XRS = NTHR / 16; /* copies a thread, rows apart */
+    const int x_r0 = tid >> 4, x_c = tid & 15;
+    const uint16_t *x_src = x + (size_t)(m0 + x_r0) * K + x_c * 8;
     auto load_w = [&](int s, int b) {
         uint8_t *ws = lc_qt_sm + (size_t)b * STB;
-        for (int i = tid; i < LC_QT_TILES * F::V * 32; i += NTHR) {
-            const int tl = i / (F::V * 32), rem = i % (F::V * 32);
-            const int gt = tile0 + tl;
-            const bool ok = gt < ntiles;
-            lc_qt_cp16(ws + (size_t)i * 16, wd + (size_t)(ok ? gt : 0) * tile_bytes + ((size_t)s * F::V) * 512 + rem * 16,
-                       ok);
-        }
+#pragma unroll
+        for (int k = 0; k < CPW; k++)
+            if (tile0 + w_tl0 + k * TPK < ntiles)
+                lc_qt_cp16(ws + (size_t)(tid + k * NTHR) * 16, w_src + (size_t)k * TPK * tile_bytes + (size_t)s * VW * 16,
+                           true);
         if constexpr (F::I4) {
             /* the tiles' (s, b) dt pairs of the stage's groups (at most two:
              * group % 64 == 0): 64 bytes a (row tile, group), four copies */
@@ -228,18 +237,19 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
             const int g0 = (s * LC_QT_KS) / group;
             for (int i = tid; i < LC_QT_TILES * 2 * 4; i += NTHR) {
                 const int tl = i >> 3, h = (i >> 2) & 1, q = i & 3, gt = tile0 + tl;
-                const bool ok = gt < ntiles && g0 + h < groups;
-                lc_qt_cp16(ss + i * 16, sc + (ok ? ((size_t)gt * groups + g0 + h) * 16 + q * 4 : 0), ok);
+                if (gt < ntiles && g0 + h < groups)
+                    lc_qt_cp16(ss + i * 16, sc + ((size_t)gt * groups + g0 + h) * 16 + q * 4, true);
             }
         }
     };
     auto load_x = [&](int s, int b) {
         uint16_t *xs = reinterpret_cast<uint16_t *>(lc_qt_sm + (size_t)b * STB + WB);
-        for (int i = tid; i < TOK * 16; i += NTHR) {
-            const int r = i >> 4, c = i & 15, m = m0 + r;
-            const bool ok = m < M;
-            lc_qt_cp16(xs + r * 128 + ((c ^ (r & 7)) * 8), x + (size_t)(ok ? m : 0) * K + (size_t)s * LC_QT_KS + c * 8,
-                       ok);
+#pragma unroll
+        for (int k = 0; k < XPT; k++) {
+            const int r = x_r0 + k * XRS;
+            if (r < TOK && m0 + r < M)
+                lc_qt_cp16(xs + r * 128 + ((x_c ^ (r & 7)) * 8), x_src + (size_t)k * XRS * K + (size_t)s * LC_QT_KS,
+                           true);
         }
     };
 
