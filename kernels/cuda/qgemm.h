@@ -109,6 +109,10 @@ cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweig
 cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s);
 /* The tiled bound of loom_cuda_qgemm_set_tiled_max_m (gemm.c holds it). */
 int lc_gemm_q_tiled_max_m(const loom_cuda_gemm *g);
+/* lc_qtiled's stages by bulk copies on mbarriers (1) or per-thread
+ * cp.async (0, the default); gpu_bench and the tests compare both. */
+void lc_qtiled_set_bulk(int on);
+int lc_qtiled_bulk(void);
 /* W8A16 / INT4 calls that ran lc_qtiled so far. */
 long lc_qgemm_qtiled_count(void);
 

@@ -69,9 +69,15 @@ template <int FMT, int NT> constexpr int lc_qt_stages() { return NT >= 16 ? 3 : 
 /* bytes of one stage: weights | tokens | INT4 scales (2 groups a row at most) */
 template <int FMT> constexpr int lc_qt_wb() { return LC_QT_TILES * lc_qt<FMT>::V * 512; }
 template <int FMT> constexpr int lc_qt_sb() { return lc_qt<FMT>::I4 ? LC_QT_TILES * 2 * 64 : 0; }
-template <int FMT, int NT> constexpr int lc_qt_stb() { return lc_qt_wb<FMT>() + NT * 8 * 256 + lc_qt_sb<FMT>(); }
+/* a staged token row: 128 columns and 16 bytes of padding (272 bytes: the 8
+ * rows of an ldmatrix fall on 8 different 4-bank groups) */
+#define LC_QT_XR 136
+template <int FMT, int NT> constexpr int lc_qt_stb() {
+    return lc_qt_wb<FMT>() + NT * 8 * LC_QT_XR * 2 + lc_qt_sb<FMT>();
+}
+/* the stages, then (bulk copies) one mbarrier a stage */
 template <int FMT, int NT> constexpr size_t lc_qt_smem() {
-    return (size_t)lc_qt_stages<FMT, NT>() * lc_qt_stb<FMT, NT>();
+    return (size_t)lc_qt_stages<FMT, NT>() * lc_qt_stb<FMT, NT>() + (size_t)lc_qt_stages<FMT, NT>() * 8;
 }
 
 __device__ __forceinline__ void lc_qt_cp16(void *smem, const void *gmem, bool valid) {
@@ -86,6 +92,30 @@ __device__ __forceinline__ void lc_qt_commit() { asm volatile("cp.async.commit_g
 template <int N> __device__ __forceinline__ void lc_qt_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+/* mbarrier + bulk copy (sm_90): the "bulk" variant's stages */
+__device__ __forceinline__ unsigned lc_qt_sa(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void lc_qt_bar_init(uint64_t *bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(lc_qt_sa(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void lc_qt_bar_expect(uint64_t *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(lc_qt_sa(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void lc_qt_bar_wait(uint64_t *bar, unsigned parity) {
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(lc_qt_sa(bar)), "r"(parity)
+                     : "memory");
+}
+__device__ __forceinline__ void lc_qt_bulk(void *smem, const void *gmem, unsigned bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     lc_qt_sa(smem)),
+                 "l"(gmem), "r"(bytes), "r"(lc_qt_sa(bar))
+                 : "memory");
+}
+
 __device__ __forceinline__ void lc_qt_ldsm4(const void *p, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -190,7 +220,7 @@ template <int NT> constexpr int lc_qt_wn() { return NT >= 8 ? 2 : 1; }
 
 /* grid (CTA row blocks of 128, token tiles of 8 NT, K slices). Z == 1: y
  * (M, N) dt or f32; else part (Z, M, N) f32 without W8A16's row scale. */
-template <typename T, int FMT, int NT, bool F32, bool RAWP>
+template <typename T, int FMT, int NT, bool F32, bool RAWP, bool BULK>
 __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     lc_qtiled_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd,
                      const float *__restrict__ sc, void *__restrict__ y, float *__restrict__ part, int M, int N,
@@ -199,7 +229,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     constexpr int TOK = 8 * NT, ST = lc_qt_stages<FMT, NT>(), WN = lc_qt_wn<NT>(), NTW = NT / WN;
     constexpr int NTHR = LC_QT_WARPS * 32 * WN;
     constexpr bool RAW = RAWP && FMT == LOOM_CUDA_Q_INT4;
-    constexpr int WB = lc_qt_wb<FMT>(), XB = TOK * 256, STB = lc_qt_stb<FMT, NT>();
+    constexpr int WB = lc_qt_wb<FMT>(), XB = TOK * LC_QT_XR * 2, STB = lc_qt_stb<FMT, NT>();
     extern __shared__ __align__(16) uint8_t lc_qt_sm[];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -248,21 +278,64 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
         for (int k = 0; k < XPT; k++) {
             const int r = x_r0 + k * XRS;
             if (r < TOK && m0 + r < M)
-                lc_qt_cp16(xs + r * 128 + ((x_c ^ (r & 7)) * 8), x_src + (size_t)k * XRS * K + (size_t)s * LC_QT_KS,
+                lc_qt_cp16(xs + r * LC_QT_XR + x_c * 8, x_src + (size_t)k * XRS * K + (size_t)s * LC_QT_KS,
                            true);
         }
     };
 
-    /* the weights do not depend on the kernel before */
+    /* BULK: warp 0 brings a stage by bulk copies (one a row tile's vectors,
+     * a (tile, group)'s scales, a token row), completing on the stage's
+     * mbarrier — a few instructions a stage instead of a copy a thread */
+    uint64_t *bars = reinterpret_cast<uint64_t *>(lc_qt_sm + (size_t)ST * STB);
+    const int nt_ok = ntiles - tile0 < LC_QT_TILES ? ntiles - tile0 : LC_QT_TILES;
+    const int rows_ok = M - m0 < TOK ? M - m0 : TOK;
+    auto bulk_w = [&](int s, int b) { /* warp 0: arm the barrier, weights and scales */
+        uint8_t *ws = lc_qt_sm + (size_t)b * STB;
+        const int g0 = F::I4 ? (s * LC_QT_KS) / group : 0;
+        const int ng = F::I4 ? (s * LC_QT_KS + LC_QT_KS - 1) / group - g0 + 1 : 0;
+        if (lane == 0)
+            lc_qt_bar_expect(&bars[b], (unsigned)(nt_ok * F::V * 512 + rows_ok * 256 + nt_ok * ng * 64));
+        __syncwarp();
+        for (int i = lane; i < nt_ok; i += 32)
+            lc_qt_bulk(ws + i * F::V * 512, wd + (size_t)(tile0 + i) * tile_bytes + (size_t)s * F::V * 512, F::V * 512,
+                       &bars[b]);
+        if constexpr (F::I4) {
+            for (int i = lane; i < nt_ok * ng; i += 32) {
+                const int tl = i / ng, h = i % ng;
+                lc_qt_bulk(ws + WB + XB + (tl * 2 + h) * 64, sc + ((size_t)(tile0 + tl) * groups + g0 + h) * 16, 64,
+                           &bars[b]);
+            }
+        }
+    };
+    auto bulk_x = [&](int s, int b) { /* warp 0: the token rows */
+        uint16_t *xs = reinterpret_cast<uint16_t *>(lc_qt_sm + (size_t)b * STB + WB);
+        for (int r = lane; r < rows_ok; r += 32)
+            lc_qt_bulk(xs + r * LC_QT_XR, x + (size_t)(m0 + r) * K + (size_t)s * LC_QT_KS, 256, &bars[b]);
+    };
+    if constexpr (BULK) {
+        if (tid == 0) {
+            for (int b = 0; b < ST; b++) lc_qt_bar_init(&bars[b], 1);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncthreads();
+        if (warp == 0)
+            for (int i = 0; i < ST - 1 && i < nst; i++) bulk_w(s_lo + i, i);
+        lc_pdl_wait();
+        lc_pdl_trigger();
+        if (warp == 0)
+            for (int i = 0; i < ST - 1 && i < nst; i++) bulk_x(s_lo + i, i);
+    } else {
+        /* the weights do not depend on the kernel before */
 #pragma unroll
-    for (int i = 0; i < ST - 1; i++)
-        if (i < nst) load_w(s_lo + i, i);
-    lc_pdl_wait();
-    lc_pdl_trigger();
+        for (int i = 0; i < ST - 1; i++)
+            if (i < nst) load_w(s_lo + i, i);
+        lc_pdl_wait();
+        lc_pdl_trigger();
 #pragma unroll
-    for (int i = 0; i < ST - 1; i++) {
-        if (i < nst) load_x(s_lo + i, i);
-        lc_qt_commit();
+        for (int i = 0; i < ST - 1; i++) {
+            if (i < nst) load_x(s_lo + i, i);
+            lc_qt_commit();
+        }
     }
 
     float acc[LC_QT_MT][NTW][4];
@@ -298,9 +371,17 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     const int r_base = wc * NTW * 8; /* the warp's first token row in the tile */
 
     for (int it = 0; it < nst; it++) {
-        lc_qt_wait<ST - 2>();
-        __syncthreads();
-        {
+        if constexpr (BULK) {
+            __syncthreads(); /* every warp is done with buffer (it - 1) % ST */
+            const int nx = it + ST - 1;
+            if (warp == 0 && nx < nst) {
+                bulk_w(s_lo + nx, nx % ST);
+                bulk_x(s_lo + nx, nx % ST);
+            }
+            lc_qt_bar_wait(&bars[it % ST], (unsigned)((it / ST) & 1));
+        } else {
+            lc_qt_wait<ST - 2>();
+            __syncthreads();
             const int nx = it + ST - 1;
             if (nx < nst) {
                 load_w(s_lo + nx, nx % ST);
@@ -352,7 +433,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
                 if constexpr (NTW == 1) {
                     const int r = r_base + lm_r, c = kc + (lm_mat & 1);
                     uint32_t b0, b1;
-                    lc_qt_ldsm2(xs + r * 128 + ((c ^ (r & 7)) * 8), b0, b1);
+                    lc_qt_ldsm2(xs + r * LC_QT_XR + c * 8, b0, b1);
                     if constexpr (RAW) {
                         float xx[4] = {xg[0][0], xg[0][1], 0.0f, 0.0f};
                         lc_qt_mma<T>(xx, ones, b0, b1);
@@ -365,7 +446,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
                     for (int np = 0; np < NTW / 2; np++) {
                         const int r = r_base + np * 16 + (lm_mat >> 1) * 8 + lm_r, c = kc + (lm_mat & 1);
                         uint32_t b0, b1, b2, b3;
-                        lc_qt_ldsm4(xs + r * 128 + ((c ^ (r & 7)) * 8), b0, b1, b2, b3);
+                        lc_qt_ldsm4(xs + r * LC_QT_XR + c * 8, b0, b1, b2, b3);
                         if constexpr (RAW) {
                             float x0[4] = {xg[2 * np][0], xg[2 * np][1], 0.0f, 0.0f};
                             float x1[4] = {xg[2 * np + 1][0], xg[2 * np + 1][1], 0.0f, 0.0f};
@@ -405,7 +486,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
             }
         }
     }
-    lc_qt_wait<0>(); /* no copy may land after the CTA has gone */
+    if constexpr (!BULK) lc_qt_wait<0>(); /* no copy may land after the CTA has gone (bulk: all waited) */
 
     /* C: rows g, g + 8 of each row tile; tokens 2t, 2t + 1 of each n-tile */
 #pragma unroll
@@ -587,10 +668,15 @@ extern "C" size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m)
     return b;
 }
 
-template <typename T, int FMT, int NT, bool F32, bool RAW> static cudaError_t lc_qt_prepare(size_t smem) {
+template <typename T, int FMT, int NT, bool F32, bool RAW, bool BULK> static cudaError_t lc_qt_prepare(size_t smem) {
     static unsigned long long done = 0;
-    return lc_smem_limit(&done, (const void *)lc_qtiled_kernel<T, FMT, NT, F32, RAW>, smem);
+    return lc_smem_limit(&done, (const void *)lc_qtiled_kernel<T, FMT, NT, F32, RAW, BULK>, smem);
 }
+
+/* bulk copies (the kernel's BULK variant) instead of per-thread cp.async */
+static int lc_qt_bulk_on = 0;
+extern "C" void lc_qtiled_set_bulk(int on) { lc_qt_bulk_on = on ? 1 : 0; }
+extern "C" int lc_qtiled_bulk(void) { return lc_qt_bulk_on; }
 
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
@@ -605,12 +691,16 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
 #define LC_QT_GO(NT_, RAW_)                                                                            \
     do {                                                                                               \
         constexpr size_t smem = lc_qt_smem<FMT, NT_>();                                                \
-        const cudaError_t attr = lc_qt_prepare<T, FMT, NT_, F32, RAW_>(smem);                          \
+        const cudaError_t attr = bulk ? lc_qt_prepare<T, FMT, NT_, F32, RAW_, true>(smem)             \
+                                      : lc_qt_prepare<T, FMT, NT_, F32, RAW_, false>(smem);            \
         if (attr != cudaSuccess) return attr;                                                          \
-        e = lc_launch(lc_qtiled_kernel<T, FMT, NT_, F32, RAW_>, grid, dim3(LC_QT_WARPS * 32 * lc_qt_wn<NT_>()), \
-                      smem, s, static_cast<const uint16_t *>(x), static_cast<const uint8_t *>(w->data),  \
+        e = lc_launch(bulk ? lc_qtiled_kernel<T, FMT, NT_, F32, RAW_, true>                            \
+                           : lc_qtiled_kernel<T, FMT, NT_, F32, RAW_, false>,                          \
+                      grid, dim3(LC_QT_WARPS * 32 * lc_qt_wn<NT_>()), smem, s,                         \
+                      static_cast<const uint16_t *>(x), static_cast<const uint8_t *>(w->data),         \
                       (const float *)w->scales, y, part, M, w->N, w->K, w->group);                     \
     } while (0)
+    const bool bulk = lc_qt_bulk_on != 0;
     /* the raw INT4 decode at up to 16 tokens, not in batch-invariant mode */
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     switch (NT) {

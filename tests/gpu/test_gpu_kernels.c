@@ -1382,7 +1382,7 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     /* an FP8 GEMM: cuBLASLt's scale vectors, or unit scales + the epilogue */
     if (v1 > v0 || e1 > e0) kern = v1 > v0 ? (e1 > e0 ? " scale-vec+epilogue" : " scale-vec") : " epilogue";
     if (qmma) kern = " qmma";
-    if (tiled) kern = " tiled";
+    if (tiled) kern = lc_qtiled_bulk() ? " tiled-bulk" : " tiled";
     else if (g_q_tile) kern = " tiled+dequant";
     char wild[16] = "";
     if (g_qx_wild) snprintf(wild, sizeof wild, M == 1 && g_qx_wild >= 2 ? " wild%d" : " wild", g_qx_wild);
@@ -2246,7 +2246,7 @@ static void test_qgemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(many, d_y, (size_t)M * row, cudaMemcpyDeviceToHost));
         snprintf(name, sizeof name, "qgemm invariant %s%s %s N=%d K=%d -> %s: M=%d rows = M=1 rows",
-                 qfmt_name(fmt), g_q_tile ? " tiled" : "", dtn(dt), N, K, out_f32 ? "f32" : dtn(dt), M);
+                 qfmt_name(fmt), g_q_tile ? (lc_qtiled_bulk() ? " tiled-bulk" : " tiled") : "", dtn(dt), N, K, out_f32 ? "f32" : dtn(dt), M);
         if (rc) printf("      qgemm error: %s\n", msg);
         report_bits(name, rc ? 1 : bits_differ(one, many, (size_t)M * N, oel) + unwritten, M);
     }
@@ -3477,6 +3477,9 @@ linear:;
         g_fail++;
     } else if (only_tiled) {
         test_qgemm_tiled(g);
+        lc_qtiled_set_bulk(1); /* the kernel's stages by bulk copies */
+        test_qgemm_tiled(g);
+        lc_qtiled_set_bulk(0);
         loom_cuda_gemm_destroy(g);
     } else if (only_epi) {
         test_pair_epilogue(g);
@@ -3524,6 +3527,9 @@ linear:;
         test_qgemm_all(g);
         test_qgemm_qmma(g);
         test_qgemm_tiled(g);
+        lc_qtiled_set_bulk(1);
+        test_qgemm_tiled(g);
+        lc_qtiled_set_bulk(0);
         test_qgemv_split(g);
         test_pair_epilogue(g);
         test_pair_epilogue_fallback(g);
