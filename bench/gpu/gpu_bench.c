@@ -505,13 +505,11 @@ static void bench_quant(int M) {
      * bound the tiled dequantize + cuBLASLt) — old vs new in one run */
     /* (above 64 rows also with the tiled bound at 0: the tiled weight
      * dequantized for cuBLASLt, "_tiled_deq" — where the bound belongs) */
-    /* ("_tiled_bulk": the tiled kernel's stages by bulk copies, lc_qtiled_set_bulk) */
-    const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF, nv = nv0 + (M > 64 ? 6 : 4);
-    const int vec0 = lc_gemm_fp8_vec(g), bulk0 = lc_qtiled_bulk();
+    const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF, nv = nv0 + (M > 64 ? 4 : 2);
+    const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
-        const bool tiled = vi >= nv0, bulk = tiled && vi >= nv0 + 2 && vi < nv0 + 4, deq = vi >= nv0 + 4;
+        const bool tiled = vi >= nv0, deq = vi >= nv0 + 2;
         loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : 256);
-        lc_qtiled_set_bulk(bulk);
         const bool epi = !tiled && M > 8 && vi == NF;
         const int fi = tiled ? ((vi - nv0) % 2 == 0 ? 1 : 4) : epi ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
         const bool cores = !tiled && vi >= NF && !epi;
@@ -556,7 +554,7 @@ static void bench_quant(int M) {
                    v - v0, e - e0);
         }
         char nm[96], label[24]; /* "_cc": the CUDA-core GEMV (qgemm.cu), not the tensor-core one */
-        snprintf(label, sizeof label, "%s%s", names[fi], cores ? "_cc" : epi ? "_epi" : deq ? "_tiled_deq" : bulk ? "_tiled_bulk" : tiled ? "_tiled" : "");
+        snprintf(label, sizeof label, "%s%s", names[fi], cores ? "_cc" : epi ? "_epi" : deq ? "_tiled_deq" : tiled ? "_tiled" : "");
         snprintf(nm, sizeof nm, "llama3-8b layer linears %s M=%d", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, ms, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
@@ -570,7 +568,6 @@ static void bench_quant(int M) {
     }
     lc_gemm_set_fp8_vec(g, vec0);
     loom_cuda_qgemm_set_tiled_max_m(g, 256);
-    lc_qtiled_set_bulk(bulk0);
     cudaFree(x), cudaFree(y);
     loom_cuda_gemm_destroy(g);
 }
@@ -596,12 +593,11 @@ static void bench_quant(int M) {
 static void bench_quant_chain(int M, bool mixed) {
     const int(*shp)[2] = l8b_linears;
     /* the last two: W8A16 / INT4 on tiled weights (qtiled.cu) */
-    static const loom_cuda_qfmt fmts[9] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
+    static const loom_cuda_qfmt fmts[7] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
                                            LOOM_CUDA_Q_FP8,  LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16,
-                                           LOOM_CUDA_Q_INT4, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
-    static const char *names[9] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128", "int8_w8a16_tiled",
-                                   "int4_g128_tiled", "int8_w8a16_tiled_bulk", "int4_g128_tiled_bulk"};
-    const int bulk0 = lc_qtiled_bulk();
+                                           LOOM_CUDA_Q_INT4};
+    static const char *names[7] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128", "int8_w8a16_tiled",
+                                   "int4_g128_tiled"};
     enum { DEPTH = 8 };
     int code;
     char msg[256];
@@ -630,9 +626,8 @@ static void bench_quant_chain(int M, bool mixed) {
     }
     double bf16_us = 0;
     const char *kind = mixed ? "mixed  " : "chained";
-    for (int fi = 0; fi < 9; fi++) {
+    for (int fi = 0; fi < 7; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
-        lc_qtiled_set_bulk(fi >= 7);
         void *data[4] = {0};
         float *sc[4] = {0};
         loom_cuda_qweight w[4];
@@ -707,7 +702,6 @@ static void bench_quant_chain(int M, bool mixed) {
         for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
         cudaFree(scratch);
     }
-    lc_qtiled_set_bulk(bulk0);
     cudaFree(x), cudaFree(y);
     cudaFree(resid), cudaFree(nw), cudaFree(xn), cudaFree(act);
     for (int k = 0; k < 4; k++) cudaFree(o[k]);

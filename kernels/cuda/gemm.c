@@ -109,7 +109,7 @@ loom_cuda_gemm *loom_cuda_gemm_create(size_t workspace_bytes, int *code, char *m
     /* quantized GEMV bounds: passes of 8 rows re-read the (small) weights;
      * the GEMM path pays a dt copy (W8A16 / INT4) or runs on tensor cores
      * (FP8 / W8A8). Starting points, to be tuned with gpu_bench. */
-    g->q_tiled_max_m = LC_QT_MAX_M;
+    g->q_tiled_max_m = LC_QT_DEFAULT_MAX_M;
     g->q_gemv_max_m[LOOM_CUDA_Q_INT8_W8A16] = 16;
     g->q_gemv_max_m[LOOM_CUDA_Q_INT8_W8A8] = 8;
     g->q_gemv_max_m[LOOM_CUDA_Q_FP8] = 8;

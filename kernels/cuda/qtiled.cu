@@ -22,24 +22,41 @@
  *        2t+1), then the same at 2t+8, 2t+9.
  * So one 16-byte load per lane is the whole A operand of J mma k-steps, and
  * a warp's 512 bytes are contiguous. W8A16's scales stay as uploaded (f32
- * a row); INT4's {s, b} f32 pairs are rewritten in place as (s, b) pairs in
- * the activations' dt, the 16 rows of a row tile and group together (64
- * bytes: four 16-byte copies bring a tile's group; half the bytes of f32).
+ * a row); INT4's {s, b} f32 pairs are rewritten in place as (s, b' = b +
+ * 8 s) pairs in the activations' dt, the 16 rows of a row tile and group
+ * together (64 bytes: four 16-byte copies bring a tile's group; half the
+ * bytes of f32). The kernels take INT4 codes centred, w = (q - 8) s + b':
+ * b' is small where the zero sits mid-range, so its rounding to dt costs
+ * less than b's would (|b| up to 15 s).
  *
- * Kernel: a CTA of 4 warps owns 128 weight rows (each warp 2 row tiles) and
- * up to 8 NT tokens; per stage of 128 columns cp.async brings the weight
- * tiles, the tokens' columns (straight from x, dt: no preparation kernel)
- * and INT4's tile scales into shared memory, 4 stages deep (3 at 128 tokens).
- * A warp reads its vectors (LDS.128), decodes them in registers — INT4:
- * LOP3 into the mantissa of 1024 (f16) / 128 (bf16), one subtraction and
- * one fma with the group's (s, b) rounded to dt: w = q s + b in dt, the
- * arithmetic of the dequantize + GEMM path; int8: the exact code (f16: one
- * PRMT and HSUB2 per two weights; bf16: through fp32's 2^23), the row scale
- * applied in fp32 at the end — and multiplies them with the token tiles by
- * mma.sync m16n8k16 in dt, B fragments by ldmatrix from an XOR-swizzled
- * tile. Matrices with few row tiles are split over K (grid z) into f32
- * partial sums that lc_qtiled_reduce adds in slice order (results never
- * depend on timing; the split depends on N, K and M only).
+ * Kernel: a CTA owns 128 weight rows and up to 8 NT tokens (4 warps, 2 row
+ * tiles each; from 64 tokens 8 warps, 4 over the rows x 2 over the
+ * tokens); per stage of 128 columns cp.async brings the weight tiles, the
+ * tokens' columns (straight from x, dt: no preparation kernel; rows past M
+ * and tiles past N are not copied) and INT4's tile scales into shared
+ * memory, 4 stages deep (3 at 128 tokens). A warp reads its vectors
+ * (LDS.128), decodes them in registers — INT4: LOP3 into the mantissa of
+ * 1024 (f16) / 128 (bf16), one subtraction (of the magic + 8) and one fma
+ * with the group's (s, b'): w in dt, the precision class of the dequantize
+ * + GEMM path; at up to 16 tokens ("raw") the mma takes the codes still
+ * under the magic into per-group sums, a second mma with an all-ones A sums
+ * the tokens over the group, and s d + (b' - (M + 8) s) X applies in fp32
+ * at the group's end (one LOP3 per two weights: the stream, not the mma,
+ * bounds those rows); int8: the exact code (f16: one PRMT and HSUB2 per two
+ * weights; bf16: through fp32's 2^23), the row scale in fp32 at the end —
+ * and multiplies them with the token tiles by mma.sync m16n8k16 in dt, B
+ * fragments by ldmatrix from token rows padded to 272 bytes. Matrices with
+ * few row tiles are split over K (grid z) into f32 partial sums that
+ * lc_qtiled_reduce adds in slice order (results never depend on timing; the
+ * split depends on N, K and M only; batch-invariant mode: the split of one
+ * row and the fused decode at every M).
+ *
+ * Measured (H200, one Llama-3-8B layer's four linears, bench/results/
+ * h200-quant-tiled-linears.json): INT4 beats the row-major kernels from 2 to
+ * 128 rows (8 rows 88 vs 192 us, 64 rows 194 vs 235) and loses at one row
+ * (89 vs 74; chained 63 vs 48: ~1.9 TB/s, issue-bound on the decode and
+ * copies); W8A16 wins only at 8..16 rows. mma.sync here reaches ~145-160
+ * TFLOP/s at 64-256 rows: below bf16's cuBLASLt from ~30 rows.
  *
  * Contract (lc_qtiled_ok): N % 16 == 0, K % 128 == 0, INT4 group % 64 == 0
  * dividing K; x rows 16-byte aligned (K % 8).
@@ -75,9 +92,8 @@ template <int FMT> constexpr int lc_qt_sb() { return lc_qt<FMT>::I4 ? LC_QT_TILE
 template <int FMT, int NT> constexpr int lc_qt_stb() {
     return lc_qt_wb<FMT>() + NT * 8 * LC_QT_XR * 2 + lc_qt_sb<FMT>();
 }
-/* the stages, then (bulk copies) one mbarrier a stage */
 template <int FMT, int NT> constexpr size_t lc_qt_smem() {
-    return (size_t)lc_qt_stages<FMT, NT>() * lc_qt_stb<FMT, NT>() + (size_t)lc_qt_stages<FMT, NT>() * 8;
+    return (size_t)lc_qt_stages<FMT, NT>() * lc_qt_stb<FMT, NT>();
 }
 
 __device__ __forceinline__ void lc_qt_cp16(void *smem, const void *gmem, bool valid) {
@@ -92,30 +108,6 @@ __device__ __forceinline__ void lc_qt_commit() { asm volatile("cp.async.commit_g
 template <int N> __device__ __forceinline__ void lc_qt_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
-/* mbarrier + bulk copy (sm_90): the "bulk" variant's stages */
-__device__ __forceinline__ unsigned lc_qt_sa(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void lc_qt_bar_init(uint64_t *bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(lc_qt_sa(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void lc_qt_bar_expect(uint64_t *bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(lc_qt_sa(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void lc_qt_bar_wait(uint64_t *bar, unsigned parity) {
-    unsigned done = 0;
-    while (!done)
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done)
-                     : "r"(lc_qt_sa(bar)), "r"(parity)
-                     : "memory");
-}
-__device__ __forceinline__ void lc_qt_bulk(void *smem, const void *gmem, unsigned bytes, uint64_t *bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     lc_qt_sa(smem)),
-                 "l"(gmem), "r"(bytes), "r"(lc_qt_sa(bar))
-                 : "memory");
-}
-
 __device__ __forceinline__ void lc_qt_ldsm4(const void *p, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -166,16 +158,19 @@ __device__ __forceinline__ uint32_t lc_qt_lop3_or_and(uint32_t a, uint32_t mask,
     return d;
 }
 
-/* INT4 word (one k16 step) -> the A fragment a[0..3] in dt: w = q s + b with
- * (s2a, b2a) row g's group pair, (s2b, b2b) row g + 8's. */
+/* INT4 word (one k16 step) -> the A fragment a[0..3] in dt: w = (q - 8) s +
+ * b' with (s2a, b2a) row g's group pair (s, b' = b + 8 s), (s2b, b2b) row
+ * g + 8's. */
 template <typename T>
 __device__ __forceinline__ void lc_qt_dec4(uint32_t w, uint32_t s2a, uint32_t b2a, uint32_t s2b, uint32_t b2b,
                                            uint32_t *a) {
+    /* the codes centred, q - 8 (exact): the pair's b is b + 8 s (tile scales) */
     constexpr uint32_t MAGIC = std::is_same<T, __half>::value ? 0x64006400u : 0x43004300u;
-    const uint32_t q0 = lc_qt_sub2<T>(lc_qt_lop3_or_and(w, 0x000F000Fu, MAGIC), MAGIC);
-    const uint32_t q1 = lc_qt_sub2<T>(lc_qt_lop3_or_and(w >> 4, 0x000F000Fu, MAGIC), MAGIC);
-    const uint32_t q2 = lc_qt_sub2<T>(lc_qt_lop3_or_and(w >> 8, 0x000F000Fu, MAGIC), MAGIC);
-    const uint32_t q3 = lc_qt_sub2<T>(lc_qt_lop3_or_and(w >> 12, 0x000F000Fu, MAGIC), MAGIC);
+    constexpr uint32_t MAGIC8 = std::is_same<T, __half>::value ? 0x64086408u : 0x43084308u; /* MAGIC + 8 */
+    const uint32_t q0 = lc_qt_sub2<T>(lc_qt_lop3_or_and(w, 0x000F000Fu, MAGIC), MAGIC8);
+    const uint32_t q1 = lc_qt_sub2<T>(lc_qt_lop3_or_and(w >> 4, 0x000F000Fu, MAGIC), MAGIC8);
+    const uint32_t q2 = lc_qt_sub2<T>(lc_qt_lop3_or_and(w >> 8, 0x000F000Fu, MAGIC), MAGIC8);
+    const uint32_t q3 = lc_qt_sub2<T>(lc_qt_lop3_or_and(w >> 12, 0x000F000Fu, MAGIC), MAGIC8);
     a[0] = lc_qt_fma2<T>(q0, s2a, b2a);
     a[1] = lc_qt_fma2<T>(q1, s2b, b2b);
     a[2] = lc_qt_fma2<T>(q2, s2a, b2a);
@@ -220,7 +215,7 @@ template <int NT> constexpr int lc_qt_wn() { return NT >= 8 ? 2 : 1; }
 
 /* grid (CTA row blocks of 128, token tiles of 8 NT, K slices). Z == 1: y
  * (M, N) dt or f32; else part (Z, M, N) f32 without W8A16's row scale. */
-template <typename T, int FMT, int NT, bool F32, bool RAWP, bool BULK>
+template <typename T, int FMT, int NT, bool F32, bool RAWP>
 __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     lc_qtiled_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd,
                      const float *__restrict__ sc, void *__restrict__ y, float *__restrict__ part, int M, int N,
@@ -283,59 +278,16 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
         }
     };
 
-    /* BULK: warp 0 brings a stage by bulk copies (one a row tile's vectors,
-     * a (tile, group)'s scales, a token row), completing on the stage's
-     * mbarrier — a few instructions a stage instead of a copy a thread */
-    uint64_t *bars = reinterpret_cast<uint64_t *>(lc_qt_sm + (size_t)ST * STB);
-    const int nt_ok = ntiles - tile0 < LC_QT_TILES ? ntiles - tile0 : LC_QT_TILES;
-    const int rows_ok = M - m0 < TOK ? M - m0 : TOK;
-    auto bulk_w = [&](int s, int b) { /* warp 0: arm the barrier, weights and scales */
-        uint8_t *ws = lc_qt_sm + (size_t)b * STB;
-        const int g0 = F::I4 ? (s * LC_QT_KS) / group : 0;
-        const int ng = F::I4 ? (s * LC_QT_KS + LC_QT_KS - 1) / group - g0 + 1 : 0;
-        if (lane == 0)
-            lc_qt_bar_expect(&bars[b], (unsigned)(nt_ok * F::V * 512 + rows_ok * 256 + nt_ok * ng * 64));
-        __syncwarp();
-        for (int i = lane; i < nt_ok; i += 32)
-            lc_qt_bulk(ws + i * F::V * 512, wd + (size_t)(tile0 + i) * tile_bytes + (size_t)s * F::V * 512, F::V * 512,
-                       &bars[b]);
-        if constexpr (F::I4) {
-            for (int i = lane; i < nt_ok * ng; i += 32) {
-                const int tl = i / ng, h = i % ng;
-                lc_qt_bulk(ws + WB + XB + (tl * 2 + h) * 64, sc + ((size_t)(tile0 + tl) * groups + g0 + h) * 16, 64,
-                           &bars[b]);
-            }
-        }
-    };
-    auto bulk_x = [&](int s, int b) { /* warp 0: the token rows */
-        uint16_t *xs = reinterpret_cast<uint16_t *>(lc_qt_sm + (size_t)b * STB + WB);
-        for (int r = lane; r < rows_ok; r += 32)
-            lc_qt_bulk(xs + r * LC_QT_XR, x + (size_t)(m0 + r) * K + (size_t)s * LC_QT_KS, 256, &bars[b]);
-    };
-    if constexpr (BULK) {
-        if (tid == 0) {
-            for (int b = 0; b < ST; b++) lc_qt_bar_init(&bars[b], 1);
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        }
-        __syncthreads();
-        if (warp == 0)
-            for (int i = 0; i < ST - 1 && i < nst; i++) bulk_w(s_lo + i, i);
-        lc_pdl_wait();
-        lc_pdl_trigger();
-        if (warp == 0)
-            for (int i = 0; i < ST - 1 && i < nst; i++) bulk_x(s_lo + i, i);
-    } else {
-        /* the weights do not depend on the kernel before */
+    /* the weights do not depend on the kernel before */
 #pragma unroll
-        for (int i = 0; i < ST - 1; i++)
-            if (i < nst) load_w(s_lo + i, i);
-        lc_pdl_wait();
-        lc_pdl_trigger();
+    for (int i = 0; i < ST - 1; i++)
+        if (i < nst) load_w(s_lo + i, i);
+    lc_pdl_wait();
+    lc_pdl_trigger();
 #pragma unroll
-        for (int i = 0; i < ST - 1; i++) {
-            if (i < nst) load_x(s_lo + i, i);
-            lc_qt_commit();
-        }
+    for (int i = 0; i < ST - 1; i++) {
+        if (i < nst) load_x(s_lo + i, i);
+        lc_qt_commit();
     }
 
     float acc[LC_QT_MT][NTW][4];
@@ -371,17 +323,9 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     const int r_base = wc * NTW * 8; /* the warp's first token row in the tile */
 
     for (int it = 0; it < nst; it++) {
-        if constexpr (BULK) {
-            __syncthreads(); /* every warp is done with buffer (it - 1) % ST */
-            const int nx = it + ST - 1;
-            if (warp == 0 && nx < nst) {
-                bulk_w(s_lo + nx, nx % ST);
-                bulk_x(s_lo + nx, nx % ST);
-            }
-            lc_qt_bar_wait(&bars[it % ST], (unsigned)((it / ST) & 1));
-        } else {
-            lc_qt_wait<ST - 2>();
-            __syncthreads();
+        lc_qt_wait<ST - 2>();
+        __syncthreads();
+        {
             const int nx = it + ST - 1;
             if (nx < nst) {
                 load_w(s_lo + nx, nx % ST);
@@ -471,8 +415,9 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
 #pragma unroll
                     for (int mt = 0; mt < LC_QT_MT; mt++) {
                         const float sa = lc_qt_half_f<T>(pa[mt] & 0xFFFFu), sb = lc_qt_half_f<T>(pb[mt] & 0xFFFFu);
-                        const float ca = lc_qt_half_f<T>(pa[mt] >> 16) - MAGF * sa;
-                        const float cb = lc_qt_half_f<T>(pb[mt] >> 16) - MAGF * sb;
+                        /* b' = b + 8 s stored: b - M s = b' - (M + 8) s */
+                        const float ca = lc_qt_half_f<T>(pa[mt] >> 16) - (MAGF + 8.0f) * sa;
+                        const float cb = lc_qt_half_f<T>(pb[mt] >> 16) - (MAGF + 8.0f) * sb;
 #pragma unroll
                         for (int nt = 0; nt < NTW; nt++) {
                             acc[mt][nt][0] = fmaf(sa, dg[mt][nt][0], fmaf(ca, xg[nt][0], acc[mt][nt][0]));
@@ -486,7 +431,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
             }
         }
     }
-    if constexpr (!BULK) lc_qt_wait<0>(); /* no copy may land after the CTA has gone (bulk: all waited) */
+    lc_qt_wait<0>(); /* no copy may land after the CTA has gone */
 
     /* C: rows g, g + 8 of each row tile; tokens 2t, 2t + 1 of each n-tile */
 #pragma unroll
@@ -574,19 +519,22 @@ __global__ void lc_qtiled_pack_kernel(const uint8_t *__restrict__ src, uint8_t *
     }
 }
 
-/* INT4 scales {s, b} f32 (N, groups) -> tiled (s, b) dt pairs (N / 16,
- * groups, 16), s in the low half */
+/* INT4 scales {s, b} f32 (N, groups) -> tiled (s, b' = b + 8 s) dt pairs
+ * (N / 16, groups, 16), s in the low half: the kernels take the codes
+ * centred, w = (q - 8) s + b', so b' is small where the zero is mid-range
+ * and its rounding to dt costs less than b's (|b| up to 15 s) */
 template <typename T>
 __global__ void lc_qtiled_scales_kernel(const float *__restrict__ src, uint32_t *__restrict__ dst, int N, int groups) {
     const size_t n_all = (size_t)N * groups;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_all; i += (size_t)gridDim.x * blockDim.x) {
         const size_t n = i / groups, gi = i % groups;
-        const uint32_t p = lc_pack2<T>(src[i * 2], src[i * 2 + 1]);
+        const float sv = src[i * 2], bv = src[i * 2 + 1];
+        const uint32_t p = lc_pack2<T>(sv, fmaf(8.0f, sv, bv)); /* b' = b + 8 s */
         dst[((n / 16) * groups + gi) * 16 + n % 16] = p;
     }
 }
 
-/* tiled -> (N, K) dt: INT4 q s + b in fp32 with the tiled (s, b) dt pairs,
+/* tiled -> (N, K) dt: INT4 (q - 8) s + b' in fp32 with the tiled dt pairs,
  * int8 q s. A warp per warp tile (16 rows x KC columns): each lane decodes
  * its vector into shared memory, then the warp writes the 16 rows' KC
  * columns as 16-byte stores. */
@@ -615,7 +563,7 @@ __global__ void __launch_bounds__(256)
                 const int nib = e & 7;
                 const uint32_t q = (w[e >> 3] >> (4 * (nib & 3) + 16 * (nib >> 2))) & 15u;
                 const uint32_t p = reinterpret_cast<const uint32_t *>(sc)[(rt * groups + col / group) * 16 + r];
-                val = fmaf((float)q, lc_qt_half_f<T>(p & 0xFFFFu), lc_qt_half_f<T>(p >> 16));
+                val = fmaf((float)q - 8.0f, lc_qt_half_f<T>(p & 0xFFFFu), lc_qt_half_f<T>(p >> 16));
             } else {
                 val = (float)(int8_t)((w[e >> 2] >> (8 * (e & 3))) & 255u) * sc[n];
             }
@@ -668,15 +616,10 @@ extern "C" size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m)
     return b;
 }
 
-template <typename T, int FMT, int NT, bool F32, bool RAW, bool BULK> static cudaError_t lc_qt_prepare(size_t smem) {
+template <typename T, int FMT, int NT, bool F32, bool RAW> static cudaError_t lc_qt_prepare(size_t smem) {
     static unsigned long long done = 0;
-    return lc_smem_limit(&done, (const void *)lc_qtiled_kernel<T, FMT, NT, F32, RAW, BULK>, smem);
+    return lc_smem_limit(&done, (const void *)lc_qtiled_kernel<T, FMT, NT, F32, RAW>, smem);
 }
-
-/* bulk copies (the kernel's BULK variant) instead of per-thread cp.async */
-static int lc_qt_bulk_on = 0;
-extern "C" void lc_qtiled_set_bulk(int on) { lc_qt_bulk_on = on ? 1 : 0; }
-extern "C" int lc_qtiled_bulk(void) { return lc_qt_bulk_on; }
 
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
@@ -691,16 +634,13 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
 #define LC_QT_GO(NT_, RAW_)                                                                            \
     do {                                                                                               \
         constexpr size_t smem = lc_qt_smem<FMT, NT_>();                                                \
-        const cudaError_t attr = bulk ? lc_qt_prepare<T, FMT, NT_, F32, RAW_, true>(smem)             \
-                                      : lc_qt_prepare<T, FMT, NT_, F32, RAW_, false>(smem);            \
+        const cudaError_t attr = lc_qt_prepare<T, FMT, NT_, F32, RAW_>(smem);                          \
         if (attr != cudaSuccess) return attr;                                                          \
-        e = lc_launch(bulk ? lc_qtiled_kernel<T, FMT, NT_, F32, RAW_, true>                            \
-                           : lc_qtiled_kernel<T, FMT, NT_, F32, RAW_, false>,                          \
+        e = lc_launch(lc_qtiled_kernel<T, FMT, NT_, F32, RAW_>,                                        \
                       grid, dim3(LC_QT_WARPS * 32 * lc_qt_wn<NT_>()), smem, s,                         \
                       static_cast<const uint16_t *>(x), static_cast<const uint8_t *>(w->data),         \
                       (const float *)w->scales, y, part, M, w->N, w->K, w->group);                     \
     } while (0)
-    const bool bulk = lc_qt_bulk_on != 0;
     /* the raw INT4 decode at up to 16 tokens, not in batch-invariant mode */
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     switch (NT) {

@@ -54,9 +54,8 @@
  * 256-wide residual); batch invariance under windows.
  * LOOM_GPU_BACKEND_TESTS=gemma runs only those; =quant only the quantizer
  * configs on dense shapes and what follows them (GGUF, SmoothQuant, the
- * quantized batch-invariant runs). W8A16 / INT4 weights run tiled (the
- * default quant_layout) where their shapes tile, and once more with
- * quant_layout=rows and qtiled_max_rows=8.
+ * quantized batch-invariant runs). W8A16 / INT4 run once more with
+ * quant_layout=tiled (kernels/cuda/qtiled.cu), int4 also batch-invariant.
  * FP8 KV cache: shapes marked kv-fp8 give every instance (cpu, cuda eager,
  * cuda graphs) a kv layout of fp8_e4m3, as the engine does for a
  * quantizer's kv_cache: fp8 — both backends store e4m3(x) with scale 1.0;
@@ -876,10 +875,10 @@ static void run_invariant(const plugin *cuda_p, const shape *sh, const loom_quan
     const int V = sh->vocab, NI = 3;
     char dt_ov[32];
     snprintf(dt_ov, sizeof dt_ov, "dtype=%s", sh->dtype ? sh->dtype : "bf16");
-    const char *ov[3][5] = {
-        {"batch_invariant=true", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, NULL},
-        {"batch_invariant=true", "cuda_graphs=true", "max_batched_tokens=1024", dt_ov, NULL},
-        {"batch_invariant=false", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, NULL}};
+    const char *ov[3][6] = {
+        {"batch_invariant=true", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL},
+        {"batch_invariant=true", "cuda_graphs=true", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL},
+        {"batch_invariant=false", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL}};
     const char *iname[3] = {"eager", "graphs", "ordinary"};
     void *cfg[3] = {NULL, NULL, NULL}, *inst[3] = {NULL, NULL, NULL};
     float *L[3][6] = {{NULL}}; /* [instance][(a), (b), (b'), (c), (c'), (d)]: (5, V) each */
@@ -1642,19 +1641,17 @@ quant:;
             run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", ts, 3e-2);
         }
     }
-    /* backend.quant_layout=rows: W8A16 / INT4 on the codes as uploaded (the
-     * GEMVs, qmma.cu, dequantize + cuBLASLt) — the default repacks the
-     * shapes that tile (qtiled.cu); and the tiled weights with the kernel
-     * only up to 8 rows (dequantize + cuBLASLt above) */
+    /* backend.quant_layout=tiled: W8A16 / INT4 repacked at load into
+     * qtiled.cu's tiles (the default keeps the codes as uploaded), on the
+     * tiny shape (prefill steps past the tiled bound of 128 rows take the
+     * tiled dequantize) and the Llama-3-8B-like one */
     {
-        shape rows = qs_tiny, t8 = qs_tiny;
-        rows.name = "q-tiny-d64 quant_layout=rows", rows.cuda_ov = "quant_layout=rows";
-        t8.name = "q-tiny-d64 qtiled_max_rows=8", t8.cuda_ov = "qtiled_max_rows=8";
-        for (int i = 0; i < 2; i++) {
-            const shape *ts = i ? &t8 : &rows;
-            run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16, "int8-w8a16", ts, 3e-2);
-            run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", ts, 3e-2);
-        }
+        shape tt = qs_tiny, t8b = qs_8b;
+        tt.name = "q-tiny-d64 quant_layout=tiled", tt.cuda_ov = "quant_layout=tiled";
+        t8b.name = "q-llama3-8b-2layer quant_layout=tiled", t8b.cuda_ov = "quant_layout=tiled";
+        run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16, "int8-w8a16", &tt, 3e-2);
+        run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &tt, 3e-2);
+        run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &t8b, 3e-2);
     }
     /* GGUF blocks as stored (int4 quantizer, source gguf) on both backends:
      * SmolLM2-like all-q4_1; Q4_K_M-like (q4_k with q6_k V and down: two
@@ -1720,6 +1717,11 @@ quant:;
             }
             loom_quant_binding qb = {.struct_size = sizeof qb, .ops = qp.ops, .self = qself, .name = labels[i]};
             run_invariant(&cuda_p, &qs_qwen, &qb, 30, tols[i]);
+            if (i == 0) { /* int4 on tiled weights: the tiled kernel at every M */
+                shape tq = qs_qwen;
+                tq.name = "q-d128-qwen2 quant_layout=tiled", tq.cuda_ov = "quant_layout=tiled";
+                run_invariant(&cuda_p, &tq, &qb, 30, tols[i]);
+            }
             qp.ops->destroy(qself);
             free(qcfg);
         }

@@ -1382,7 +1382,7 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     /* an FP8 GEMM: cuBLASLt's scale vectors, or unit scales + the epilogue */
     if (v1 > v0 || e1 > e0) kern = v1 > v0 ? (e1 > e0 ? " scale-vec+epilogue" : " scale-vec") : " epilogue";
     if (qmma) kern = " qmma";
-    if (tiled) kern = lc_qtiled_bulk() ? " tiled-bulk" : " tiled";
+    if (tiled) kern = " tiled";
     else if (g_q_tile) kern = " tiled+dequant";
     char wild[16] = "";
     if (g_qx_wild) snprintf(wild, sizeof wild, M == 1 && g_qx_wild >= 2 ? " wild%d" : " wild", g_qx_wild);
@@ -1420,8 +1420,9 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
          * the dequantized weights (W8A16 / INT4) or the unscaled sums
          * (FP8 into bf16) to 16 bits; qmma.cu's tensor-core kernel does
          * not (exact products, fp32 sums) */
-        /* (the tiled kernel: exact int8 codes, fp32 sums; INT4 forms q s + b
-         * in dt like the dequantize path) */
+        /* (the tiled kernel: exact int8 codes, fp32 sums; INT4 forms
+         * (q - 8) s + b' with s, b' rounded to dt, the precision class of the
+         * dequantize path) */
         const bool exact32 = out_f32 && (tiled ? fmt == LOOM_CUDA_Q_INT8_W8A16
                                                : g_q_tile ? false : (path == 1 || (path == 0 && M <= 8) || qmma));
         report(name, &a, exact32 ? 1e-4 : TOL16);
@@ -2127,6 +2128,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
     const loom_cuda_qfmt fmts[2] = {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
     const int Ms[12] = {1, 2, 3, 8, 9, 16, 31, 64, 100, 128, 255, 256};
     g_q_tile = true;
+    loom_cuda_qgemm_set_tiled_max_m(g, 256); /* the kernel at every M below (default: 128) */
     for (int fi = 0; fi < 2; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
         const bool i4 = f == LOOM_CUDA_Q_INT4;
@@ -2160,6 +2162,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         test_qgemm_invariance(g, LOOM_CUDA_F16, f, 512, 1024, 64, true, 19);
     }
     g_q_tile = false;
+    loom_cuda_qgemm_set_tiled_max_m(g, LC_QT_DEFAULT_MAX_M);
 }
 
 /* The scratch bytes returned for max_m must serve every M <= max_m, also
@@ -2246,7 +2249,7 @@ static void test_qgemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(many, d_y, (size_t)M * row, cudaMemcpyDeviceToHost));
         snprintf(name, sizeof name, "qgemm invariant %s%s %s N=%d K=%d -> %s: M=%d rows = M=1 rows",
-                 qfmt_name(fmt), g_q_tile ? (lc_qtiled_bulk() ? " tiled-bulk" : " tiled") : "", dtn(dt), N, K, out_f32 ? "f32" : dtn(dt), M);
+                 qfmt_name(fmt), g_q_tile ? " tiled" : "", dtn(dt), N, K, out_f32 ? "f32" : dtn(dt), M);
         if (rc) printf("      qgemm error: %s\n", msg);
         report_bits(name, rc ? 1 : bits_differ(one, many, (size_t)M * N, oel) + unwritten, M);
     }
@@ -3477,9 +3480,6 @@ linear:;
         g_fail++;
     } else if (only_tiled) {
         test_qgemm_tiled(g);
-        lc_qtiled_set_bulk(1); /* the kernel's stages by bulk copies */
-        test_qgemm_tiled(g);
-        lc_qtiled_set_bulk(0);
         loom_cuda_gemm_destroy(g);
     } else if (only_epi) {
         test_pair_epilogue(g);
@@ -3527,9 +3527,6 @@ linear:;
         test_qgemm_all(g);
         test_qgemm_qmma(g);
         test_qgemm_tiled(g);
-        lc_qtiled_set_bulk(1);
-        test_qgemm_tiled(g);
-        lc_qtiled_set_bulk(0);
         test_qgemv_split(g);
         test_pair_epilogue(g);
         test_pair_epilogue_fallback(g);

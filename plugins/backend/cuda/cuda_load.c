@@ -351,7 +351,7 @@ static void cb_qlayout_why(const loom_qtensor *qt, const loom_quant_plan *plan, 
  * qtiled.cu's tiles in place (loom_cuda_qweight_tile: a temporary device
  * copy of its codes while it runs); shapes that do not tile keep their rows. */
 static loom_status cb_tile_q(cuda_backend *b, loom_cuda_qweight *q, loom_error *err) {
-    if (b->cfg.quant_layout != 0 || (q->fmt != LOOM_CUDA_Q_INT8_W8A16 && q->fmt != LOOM_CUDA_Q_INT4) ||
+    if (b->cfg.quant_layout != 1 || (q->fmt != LOOM_CUDA_Q_INT8_W8A16 && q->fmt != LOOM_CUDA_Q_INT4) ||
         !loom_cuda_qweight_tileable(q))
         return LOOM_OK;
     return CB_CUDA(b, err, loom_cuda_qweight_tile(q, b->dt, b->stream));
