@@ -531,12 +531,19 @@ static void bench_quant(int M) {
      * run */
     /* above 8 rows, FP8 once more with unit-scale cuBLASLt + the epilogue
      * pass instead of cuBLASLt's scale vectors (lc_gemm_set_fp8_vec(0)) */
-    const int nv = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF;
+    /* last, W8A16 and INT4 once more on weights repacked into the tiled
+     * layout (loom_cuda_qweight_tile: qtiled.cu's kernel, or above its
+     * bound the tiled dequantize + cuBLASLt) — old vs new in one run */
+    /* (above 64 rows also with the tiled bound at 0: the tiled weight
+     * dequantized for cuBLASLt, "_tiled_deq" — where the bound belongs) */
+    const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF, nv = nv0 + (M > 64 ? 4 : 2);
     const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
-        const bool epi = M > 8 && vi == NF;
-        const int fi = epi ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
-        const bool cores = vi >= NF && !epi;
+        const bool tiled = vi >= nv0, deq = vi >= nv0 + 2;
+        loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : 256);
+        const bool epi = !tiled && M > 8 && vi == NF;
+        const int fi = tiled ? ((vi - nv0) % 2 == 0 ? 1 : 4) : epi ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
+        const bool cores = !tiled && vi >= NF && !epi;
         loom_cuda_qgemm_set_tc_min_m(g, cores ? 9 : 0); /* 9: never; 0: the default bound */
         lc_gemm_set_fp8_vec(g, epi ? 0 : vec0);
         const loom_cuda_qfmt f = fmts[fi];
@@ -562,6 +569,7 @@ static void bench_quant(int M) {
                 bytes += (double)N * rb;
             } else {
                 c.w = qb_weight(f, N, K, &data, &sc, &bytes);
+                if (tiled) CK(loom_cuda_qweight_tile(&c.w, LOOM_CUDA_BF16, 0));
                 c.scratch_bytes = loom_cuda_qgemm_scratch_bytes(g, LOOM_CUDA_BF16, 0, &c.w, M);
                 if (c.scratch_bytes) CK(cudaMalloc(&c.scratch, c.scratch_bytes));
             }
@@ -577,7 +585,7 @@ static void bench_quant(int M) {
                    v - v0, e - e0);
         }
         char nm[96], label[24]; /* "_cc": the CUDA-core GEMV (qgemm.cu), not the tensor-core one */
-        snprintf(label, sizeof label, "%s%s", names[fi], cores ? "_cc" : epi ? "_epi" : "");
+        snprintf(label, sizeof label, "%s%s", names[fi], cores ? "_cc" : epi ? "_epi" : deq ? "_tiled_deq" : tiled ? "_tiled" : "");
         snprintf(nm, sizeof nm, "llama3-8b layer linears %s M=%d", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, ms, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
@@ -590,6 +598,7 @@ static void bench_quant(int M) {
         }
     }
     lc_gemm_set_fp8_vec(g, vec0);
+    loom_cuda_qgemm_set_tiled_max_m(g, 256);
     cudaFree(x), cudaFree(y);
     loom_cuda_gemm_destroy(g);
 }
@@ -614,9 +623,12 @@ static void bench_quant(int M) {
  * kernels. */
 static void bench_quant_chain(int M, bool mixed) {
     const int(*shp)[2] = l8b_linears;
-    static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
-                                           LOOM_CUDA_Q_FP8, LOOM_CUDA_Q_INT4};
-    static const char *names[5] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128"};
+    /* the last two: W8A16 / INT4 on tiled weights (qtiled.cu) */
+    static const loom_cuda_qfmt fmts[7] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
+                                           LOOM_CUDA_Q_FP8,  LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16,
+                                           LOOM_CUDA_Q_INT4};
+    static const char *names[7] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128", "int8_w8a16_tiled",
+                                   "int4_g128_tiled"};
     enum { DEPTH = 8 };
     int code;
     char msg[256];
@@ -645,7 +657,7 @@ static void bench_quant_chain(int M, bool mixed) {
     }
     double bf16_us = 0;
     const char *kind = mixed ? "mixed  " : "chained";
-    for (int fi = 0; fi < 5; fi++) {
+    for (int fi = 0; fi < 7; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
         void *data[4] = {0};
         float *sc[4] = {0};
@@ -655,6 +667,7 @@ static void bench_quant_chain(int M, bool mixed) {
         for (int k = 0; k < 4; k++) {
             w[k] = qb_weight(f, shp[k][0], shp[k][1], &data[k], &sc[k], &bytes);
             if (f == LOOM_CUDA_Q_NONE) continue;
+            if (fi >= 5) CK(loom_cuda_qweight_tile(&w[k], LOOM_CUDA_BF16, 0));
             const size_t b = loom_cuda_qgemm_scratch_bytes(g, LOOM_CUDA_BF16, 0, &w[k], M);
             if (b > scr) scr = b;
         }
@@ -1306,7 +1319,7 @@ int main(int argc, char **argv) {
                 "  kernel and engine timings on the GPU, written to OUT.json (docs/performance.md reads them)\n"
                 "  --quick         fewer repetitions, no batch-64 engine run\n"
                 "  --components    every kernel of one Llama-3-8B layer timed alone, several batch sizes\n"
-                "  --quant         the quantized linear layers only (M = 1, 2, 8, 64, 2048; M = 1 also chained)\n"
+                "  --quant         the quantized linear layers only (M = 1, 2, 8, 16, 64, 128, 256, 2048; M = 1 also chained)\n"
                 "  --quant-m M     those at M only; M <= 8 also chained in a CUDA graph (M = 1: also with a\n"
                 "                  layer's small kernels between the linears, 'mixed')\n"
                 "  --attention     the decode attention rows only (bf16 and E4M3 caches): 1 and 8 x 32k, 64/256/512\n"
@@ -1371,7 +1384,10 @@ int main(int argc, char **argv) {
     bench_quant_chain(1, true);
     bench_quant(2);
     bench_quant(8);
+    bench_quant(16);
     bench_quant(64);
+    bench_quant(128);
+    bench_quant(256);
     bench_quant(2048);
     if (quant_only) goto write;
     bench_components(1, 512, 8);

@@ -461,7 +461,27 @@ typedef struct loom_cuda_qweight {
     const float *smooth;
     int nseg;               /* GGUF: segments used in seg[]                    */
     loom_cuda_qseg seg[LOOM_CUDA_QSEG_MAX];
+    int layout;             /* W8A16 / INT4: LOOM_CUDA_QLAYOUT_* of data       */
+    loom_cuda_dt tile_dt;   /* tiled INT4: the dt of its (s, b) scale pairs    */
 } loom_cuda_qweight;
+
+/* Layouts of a W8A16 / INT4 weight's codes: as uploaded (row-major, the
+ * table above), or repacked once by loom_cuda_qweight_tile into the
+ * tensor-core tiles of kernels/cuda/qtiled.cu (same bytes, permuted within
+ * 16-row blocks; W8A16's scales unchanged, INT4's rewritten in place as
+ * (s, b) pairs of tile_dt, 16 rows of a group together: half the bytes). A tiled weight runs qtiled.cu's kernel
+ * up to the tiled bound (loom_cuda_qgemm_set_tiled_max_m) and dequantize +
+ * cuBLASLt above it; the row-major kernels never see it. */
+enum { LOOM_CUDA_QLAYOUT_ROWS = 0, LOOM_CUDA_QLAYOUT_TILED = 1 };
+
+/* Repack w (W8A16 / INT4 with N % 16 == 0, K % 128 == 0, INT4 group % 64
+ * == 0: loom_cuda_qweight_tileable) into the tiled layout in place for
+ * activations of dt (INT4's scales are stored in it), through a temporary
+ * device copy of its codes and scales freed before returning;
+ * synchronizes s. Sets w->layout. cudaErrorInvalidValue where the shape
+ * does not tile. */
+int loom_cuda_qweight_tileable(const loom_cuda_qweight *w);
+cudaError_t loom_cuda_qweight_tile(loom_cuda_qweight *w, loom_cuda_dt dt, cudaStream_t s);
 
 /* Does the kernel contract above hold for fmt / K / group? (GGUF: only
  * K % 32; loom_cuda_qweight_valid checks its segments.) */
@@ -556,6 +576,11 @@ void loom_cuda_qgemm_set_gemv_max_m(loom_cuda_gemm *g, loom_cuda_qfmt fmt, int m
  * crossover is the GPU's (at 2 rows W8A8 / FP8 were within 2%); never in
  * batch-invariant mode. The cuda backend's qgemv_tc_min_rows. */
 void loom_cuda_qgemm_set_tc_min_m(loom_cuda_gemm *g, int min_m);
+/* Tiled W8A16 / INT4 weights (LOOM_CUDA_QLAYOUT_TILED) run qtiled.cu's
+ * kernel up to max_m rows (0..256, default 128) and dequantize + cuBLASLt
+ * above; batch-invariant mode runs the kernel at every M up to 256, then
+ * in chunks of 256 rows. Set it before asking loom_cuda_qgemm_scratch_bytes. */
+void loom_cuda_qgemm_set_tiled_max_m(loom_cuda_gemm *g, int max_m);
 
 /* ------------------------------------------------------ quantized experts */
 

@@ -97,8 +97,18 @@ void lc_qgemm_fp8_count(long *vec, long *epilogue) {
     *vec = lc_fp8_vec_runs;
     *epilogue = lc_fp8_epi_runs;
 }
-static _Atomic long lc_qmma_runs;
+static _Atomic long lc_qmma_runs, lc_qtiled_runs;
 long lc_qgemm_qmma_count(void) { return lc_qmma_runs; }
+long lc_qgemm_qtiled_count(void) { return lc_qtiled_runs; }
+
+static int lc_tiled(const loom_cuda_qweight *w) {
+    return (w->fmt == LOOM_CUDA_Q_INT8_W8A16 || w->fmt == LOOM_CUDA_Q_INT4) && w->layout == LOOM_CUDA_QLAYOUT_TILED;
+}
+/* Whether a tiled weight runs qtiled.cu's kernel at M rows (else dequantize
+ * + cuBLASLt): up to the tiled bound, at every M in batch-invariant mode. */
+static int lc_tiled_kernel(const loom_cuda_gemm *g, int M) {
+    return lc_gemm_invariant(g) || M <= lc_gemm_q_tiled_max_m(g);
+}
 
 static int lc_acts_quantized(loom_cuda_qfmt f) {
     return f == LOOM_CUDA_Q_INT8_W8A8 || f == LOOM_CUDA_Q_FP8;
@@ -129,6 +139,16 @@ static int lc_qmma_takes(const loom_cuda_gemm *g, const loom_cuda_qweight *w, in
 size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32,
                                      const loom_cuda_qweight *w, int max_m) {
     if (!w || w->fmt == LOOM_CUDA_Q_NONE || max_m <= 0) return 0;
+    if (lc_tiled(w)) {
+        /* the kernel's K-slice sums up to the bound, the dequantized copy above it */
+        const int tm = lc_gemm_q_tiled_max_m(g);
+        size_t big = lc_r256(lc_qtiled_scratch_bytes(w, max_m < LC_QT_MAX_M ? max_m : LC_QT_MAX_M));
+        if (max_m > tm && !lc_gemm_invariant(g)) {
+            const size_t d = lc_r256(lc_big_bytes(dt, out_f32, w, max_m));
+            if (d > big) big = d;
+        }
+        return big;
+    }
     const int ch = max_m < LC_QCHUNK_M ? max_m : LC_QCHUNK_M;
     size_t b = 0;
     if (lc_acts_quantized(w->fmt)) b += lc_r256((size_t)ch * 4) + lc_r256((size_t)ch * (size_t)w->K);
@@ -151,7 +171,7 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
 
 int loom_cuda_qgemm_splits(const loom_cuda_gemm *g, loom_cuda_dt dt, const loom_cuda_qweight *w) {
     /* one row goes to the GEMV (lc_gemv_passes) when its bound admits it */
-    if (!w || w->fmt == LOOM_CUDA_Q_NONE || lc_gemm_q_gemv_max_m(g, w->fmt) < 1) return 0;
+    if (!w || w->fmt == LOOM_CUDA_Q_NONE || lc_tiled(w) || lc_gemm_q_gemv_max_m(g, w->fmt) < 1) return 0;
     return lc_qgemv_splits(dt, w, lc_gemm_invariant(g), lc_gemm_q_tc_min_m(g));
 }
 
@@ -236,6 +256,24 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
     cudaError_t e;
     int rc;
 
+    if (lc_tiled(w)) {
+        /* tiled weights: qtiled.cu's kernel (in chunks of its 256 rows in
+         * batch-invariant mode), or dequantize + cuBLASLt above the bound */
+        if (lc_tiled_kernel(g, M)) {
+            const size_t yel = out_f32 ? 4 : 2;
+            for (int m0 = 0; m0 < M; m0 += LC_QT_MAX_M) {
+                const int mc = M - m0 < LC_QT_MAX_M ? M - m0 : LC_QT_MAX_M;
+                if ((e = lc_qtiled(dt, out_f32, mc, w, (const uint8_t *)x + (size_t)m0 * w->K * 2,
+                                   (uint8_t *)y + (size_t)m0 * w->N * yel, big, invariant, s)) != cudaSuccess)
+                    return lc_cuda_fail(e, "tiled quantized GEMM launch", w, mc, msg, msg_size);
+                lc_qtiled_runs++;
+            }
+            return 0;
+        }
+        if ((e = lc_qtiled_dequant(dt, w, big, s)) != cudaSuccess)
+            return lc_cuda_fail(e, "tiled dequantize kernel launch", w, M, msg, msg_size);
+        return lc_gemm_run_lt(g, dt, out_f32, M, w->N, w->K, x, big, y, s, msg, msg_size);
+    }
     if (!acts) {
         /* above 8 rows the tensor-core kernel with the decode in registers
          * where it takes the shape (it beats passes of the GEMV: one

@@ -95,6 +95,27 @@ size_t lc_qmma_scratch_bytes(const loom_cuda_qweight *w, int M);
 cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,
                     void *y, void *scratch, cudaStream_t s);
 
+/* W8A16 / INT4 on weights in the tiled layout (qtiled.cu), 1 ..
+ * LC_QT_MAX_M rows. lc_qtiled_ok: whether w's shape can be tiled (N % 16,
+ * K % 128, INT4 group % 64). Scratch: lc_qtiled_scratch_bytes (the K
+ * slices' partial sums, up to max_m rows). invariant: the split of one row
+ * at every M (batch-invariant mode). lc_qtiled_dequant: a tiled weight ->
+ * (N, K) dt for the dequantize + cuBLASLt path above LC_QT_MAX_M. */
+#define LC_QT_MAX_M 256
+/* the default tiled bound: on the H200 (one Llama-3-8B layer's linears) the
+ * kernel beats the tiled dequantize + cuBLASLt at 128 rows (W8A16 360 vs
+ * 490 us, INT4 352 vs 544) and not at 256 (588 vs 524, 581 vs 588) */
+#define LC_QT_DEFAULT_MAX_M 128
+int lc_qtiled_ok(const loom_cuda_qweight *w);
+size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m);
+cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x, void *y,
+                      void *scratch, int invariant, cudaStream_t s);
+cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s);
+/* The tiled bound of loom_cuda_qgemm_set_tiled_max_m (gemm.c holds it). */
+int lc_gemm_q_tiled_max_m(const loom_cuda_gemm *g);
+/* W8A16 / INT4 calls that ran lc_qtiled so far. */
+long lc_qgemm_qtiled_count(void);
+
 /* Dequantize a W8A16 / INT4 weight into out (N, K) dt. */
 cudaError_t lc_dequant_weight(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out,
                               cudaStream_t s);

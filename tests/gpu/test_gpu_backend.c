@@ -52,7 +52,10 @@
  * same; each group its own blocks, a windowed group's blocks before the
  * step's window -1); a Qwen3-like shape (QK-norm, head_dim 128 over a
  * 256-wide residual); batch invariance under windows.
- * LOOM_GPU_BACKEND_TESTS=gemma runs only those.
+ * LOOM_GPU_BACKEND_TESTS=gemma runs only those; =quant only the quantizer
+ * configs on dense shapes and what follows them (GGUF, SmoothQuant, the
+ * quantized batch-invariant runs). W8A16 / INT4 run once more with
+ * quant_layout=tiled (kernels/cuda/qtiled.cu), int4 also batch-invariant.
  * FP8 KV cache: shapes marked kv-fp8 give every instance (cpu, cuda eager,
  * cuda graphs) a kv layout of fp8_e4m3, as the engine does for a
  * quantizer's kv_cache: fp8 — both backends store e4m3(x) with scale 1.0;
@@ -873,10 +876,10 @@ static void run_invariant(const plugin *cuda_p, const shape *sh, const loom_quan
     const int V = sh->vocab, NI = 3;
     char dt_ov[32];
     snprintf(dt_ov, sizeof dt_ov, "dtype=%s", sh->dtype ? sh->dtype : "bf16");
-    const char *ov[3][5] = {
-        {"batch_invariant=true", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, NULL},
-        {"batch_invariant=true", "cuda_graphs=true", "max_batched_tokens=1024", dt_ov, NULL},
-        {"batch_invariant=false", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, NULL}};
+    const char *ov[3][6] = {
+        {"batch_invariant=true", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL},
+        {"batch_invariant=true", "cuda_graphs=true", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL},
+        {"batch_invariant=false", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL}};
     const char *iname[3] = {"eager", "graphs", "ordinary"};
     void *cfg[3] = {NULL, NULL, NULL}, *inst[3] = {NULL, NULL, NULL};
     float *L[3][6] = {{NULL}}; /* [instance][(a), (b), (b'), (c), (c'), (d)]: (5, V) each */
@@ -1545,7 +1548,8 @@ int main(int argc, char **argv) {
                "  paths default to LOOM_CUDA_BACKEND_SO / LOOM_CPU_BACKEND_SO or the build tree;\n"
                "  quantizer plugins come from LOOM_QUANTIZER_DIR. LOOM_GPU_BACKEND_TESTS=moe: the\n"
                "  mixture-of-experts shapes only (LOOM_TEST_HF_MOE_DIR=tests/backend/data/moe adds\n"
-               "  transformers' tiny checkpoints). Ends with 'N passed, N failed'.\n");
+               "  transformers' tiny checkpoints); =quant: the quantized dense shapes only. Ends with\n"
+               "  'N passed, N failed'.\n");
         return 0;
     }
     host_init();
@@ -1564,6 +1568,10 @@ int main(int argc, char **argv) {
         printf("gpu_backend_test: LOOM_GPU_BACKEND_TESTS=gemma: the Gemma 3 / Qwen3 shapes only\n");
         run_gemma(&cpu_p, &cuda_p);
         goto done;
+    }
+    if (only && !strcmp(only, "quant")) { /* the quantizer configs on dense shapes onwards only */
+        printf("gpu_backend_test: LOOM_GPU_BACKEND_TESTS=quant: the quantized dense shapes only\n");
+        goto quant;
     }
     if (only && !strcmp(only, "moe")) { /* the mixture-of-experts shapes only */
         run_moe_shapes(&cpu_p, &cuda_p);
@@ -1627,6 +1635,7 @@ int main(int argc, char **argv) {
     }
 
     /* every quantizer config on cuda vs cpu (same quantizer, same weights) */
+quant:;
     const char *qdir = getenv("LOOM_QUANTIZER_DIR") ? getenv("LOOM_QUANTIZER_DIR")
                                                     : LOOM_QUANTIZER_DIR_DEFAULT;
     const shape qs_tiny = {"q-tiny-d64", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, true, false, false, false, NULL};
@@ -1664,6 +1673,18 @@ int main(int argc, char **argv) {
             run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8c, "fp8-per-channel", ts, 8e-2);
             run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", ts, 3e-2);
         }
+    }
+    /* backend.quant_layout=tiled: W8A16 / INT4 repacked at load into
+     * qtiled.cu's tiles (the default keeps the codes as uploaded), on the
+     * tiny shape (prefill steps past the tiled bound of 128 rows take the
+     * tiled dequantize) and the Llama-3-8B-like one */
+    {
+        shape tt = qs_tiny, t8b = qs_8b;
+        tt.name = "q-tiny-d64 quant_layout=tiled", tt.cuda_ov = "quant_layout=tiled";
+        t8b.name = "q-llama3-8b-2layer quant_layout=tiled", t8b.cuda_ov = "quant_layout=tiled";
+        run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16, "int8-w8a16", &tt, 3e-2);
+        run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &tt, 3e-2);
+        run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &t8b, 3e-2);
     }
     /* GGUF blocks as stored (int4 quantizer, source gguf) on both backends:
      * SmolLM2-like all-q4_1; Q4_K_M-like (q4_k with q6_k V and down: two
@@ -1729,6 +1750,11 @@ int main(int argc, char **argv) {
             }
             loom_quant_binding qb = {.struct_size = sizeof qb, .ops = qp.ops, .self = qself, .name = labels[i]};
             run_invariant(&cuda_p, &qs_qwen, &qb, 30, tols[i]);
+            if (i == 0) { /* int4 on tiled weights: the tiled kernel at every M */
+                shape tq = qs_qwen;
+                tq.name = "q-d128-qwen2 quant_layout=tiled", tq.cuda_ov = "quant_layout=tiled";
+                run_invariant(&cuda_p, &tq, &qb, 30, tols[i]);
+            }
             qp.ops->destroy(qself);
             free(qcfg);
         }

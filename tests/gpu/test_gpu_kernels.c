@@ -1263,6 +1263,10 @@ static void qgemm_defaults(loom_cuda_gemm *g) {
  * (beyond f16's range), or of kind 2 (tiny) / 3 (powers of two) / 4 (all
  * positive, 1..3) when g_qx_wild is 2 / 3 / 4. */
 static int g_qx_wild;
+/* test_qgemm / test_qgemm_invariance: repack W8A16 / INT4 weights into the
+ * tiled layout after upload (loom_cuda_qweight_tile; a shape that does not
+ * tile fails the test) */
+static bool g_q_tile;
 
 /* Quantize random weights on the host exactly as loom/quant.h lays them
  * out, run loom_cuda_qgemm_run, and compare with a float64 reference over
@@ -1379,6 +1383,8 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     void *d_y = dev_poison((size_t)M * N * oel);
     loom_cuda_qweight w = {.fmt = fmt, .N = N, .K = K, .group = i4 ? group : 0, .data = d_data,
                            .scales = d_sc, .smooth = d_sm};
+    int tile_rc = 0;
+    if (g_q_tile) tile_rc = (int)loom_cuda_qweight_tile(&w, dt, 0);
     if (path == 1) loom_cuda_qgemm_set_gemv_max_m(g, fmt, 256);
     if (path == 2) loom_cuda_qgemm_set_gemv_max_m(g, fmt, 0);
     const size_t sb = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &w, M);
@@ -1387,9 +1393,10 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     long tc0, cc0, tc1, cc1, v0, e0, v1, e1;
     lc_qgemv_count(&tc0, &cc0);
     lc_qgemm_fp8_count(&v0, &e0);
-    const long q0 = lc_qgemm_qmma_count();
-    int rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
-    const bool qmma = lc_qgemm_qmma_count() > q0;
+    const long q0 = lc_qgemm_qmma_count(), t0 = lc_qgemm_qtiled_count();
+    int rc = tile_rc ? 10000 + tile_rc : loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
+    if (tile_rc) snprintf(msg, sizeof msg, "loom_cuda_qweight_tile: %s", cudaGetErrorString((cudaError_t)tile_rc));
+    const bool qmma = lc_qgemm_qmma_count() > q0, tiled = lc_qgemm_qtiled_count() > t0;
     if (!rc && path == 1 && qmma) {
         snprintf(msg, sizeof msg, "path 1 (the GEMV) ran qmma.cu's kernel: pick a shape it does not take");
         rc = -1;
@@ -1406,6 +1413,8 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     /* an FP8 GEMM: cuBLASLt's scale vectors, or unit scales + the epilogue */
     if (v1 > v0 || e1 > e0) kern = v1 > v0 ? (e1 > e0 ? " scale-vec+epilogue" : " scale-vec") : " epilogue";
     if (qmma) kern = " qmma";
+    if (tiled) kern = " tiled";
+    else if (g_q_tile) kern = " tiled+dequant";
     char wild[16] = "";
     if (g_qx_wild) snprintf(wild, sizeof wild, M == 1 && g_qx_wild >= 2 ? " wild%d" : " wild", g_qx_wild);
     snprintf(name, sizeof name, "qgemm %s %s M=%d N=%d K=%d%s%s%s%s%s -> %s", qfmt_name(fmt), dtn(dt),
@@ -1442,7 +1451,11 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
          * the dequantized weights (W8A16 / INT4) or the unscaled sums
          * (FP8 into bf16) to 16 bits; qmma.cu's tensor-core kernel does
          * not (exact products, fp32 sums) */
-        const bool exact32 = out_f32 && (path == 1 || (path == 0 && M <= 8) || qmma);
+        /* (the tiled kernel: exact int8 codes, fp32 sums; INT4 forms
+         * (q - 8) s + b' with s, b' rounded to dt, the precision class of the
+         * dequantize path) */
+        const bool exact32 = out_f32 && (tiled ? fmt == LOOM_CUDA_Q_INT8_W8A16
+                                               : g_q_tile ? false : (path == 1 || (path == 0 && M <= 8) || qmma));
         report(name, &a, exact32 ? 1e-4 : TOL16);
         free(y), free(out), free(ref);
     }
@@ -2133,6 +2146,56 @@ static void test_qgemm_qmma(loom_cuda_gemm *g) {
     }
 }
 
+/* W8A16 / INT4 on weights repacked into the tiled layout (qtiled.cu)
+ * against the float64 reference: every row count that picks another token
+ * tile or leaves a partial one (1..256), N of an odd number of 16-row tiles
+ * (a partial 128-row CTA block) and wide N (no K split), K split into
+ * slices (N small), INT4 groups of 64 (two a stage), 128, 256 and K, both
+ * dts, f32 output, tokens of wild magnitudes; above the tiled bound the
+ * tiled dequantize + cuBLASLt; batch-invariant bits. */
+static void test_qgemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, int N, int K,
+                                  int group, bool out_f32, int Mmax);
+static void test_qgemm_tiled(loom_cuda_gemm *g) {
+    const loom_cuda_qfmt fmts[2] = {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
+    const int Ms[12] = {1, 2, 3, 8, 9, 16, 31, 64, 100, 128, 255, 256};
+    g_q_tile = true;
+    loom_cuda_qgemm_set_tiled_max_m(g, 256); /* the kernel at every M below (default: 128) */
+    for (int fi = 0; fi < 2; fi++) {
+        const loom_cuda_qfmt f = fmts[fi];
+        const bool i4 = f == LOOM_CUDA_Q_INT4;
+        for (int mi = 0; mi < 12; mi++) {
+            test_qgemm(g, LOOM_CUDA_BF16, f, Ms[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
+            test_qgemm(g, LOOM_CUDA_F16, f, Ms[mi], 208, 2048, i4 ? 64 : 0, 0, Ms[mi] % 2 == 1, false);
+        }
+        test_qgemm(g, LOOM_CUDA_BF16, f, 1, 4096, 4096, i4 ? 128 : 0, 0, true, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 64, 4096, 4096, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 24, 16896, 512, i4 ? 256 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 5, 48, 14336, i4 ? 128 : 0, 0, true, false);
+        if (i4) {
+            test_qgemm(g, LOOM_CUDA_BF16, f, 48, 528, 2048, 512, 0, true, false);
+            test_qgemm(g, LOOM_CUDA_F16, f, 7, 304, 1024, 1024, 0, false, false);
+            test_qgemm(g, LOOM_CUDA_BF16, f, 33, 304, 1536, 192, 0, false, false);
+            /* the raw decode (<= 16 tokens): groups ending mid-stage, slices
+             * starting and ending mid-group */
+            test_qgemm(g, LOOM_CUDA_BF16, f, 5, 304, 1536, 192, 0, true, false);
+            test_qgemm(g, LOOM_CUDA_F16, f, 12, 304, 1536, 192, 0, false, false);
+        }
+        g_qx_wild = true;
+        test_qgemm(g, LOOM_CUDA_BF16, f, 37, 304, 2048, i4 ? 128 : 0, 0, true, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, 1, 304, 2048, i4 ? 128 : 0, 0, true, false);
+        g_qx_wild = false;
+        /* above the tiled bound: the tiled weight dequantized + cuBLASLt */
+        loom_cuda_qgemm_set_tiled_max_m(g, 16);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 40, 592, 1024, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, 300, 208, 1024, i4 ? 64 : 0, 0, true, false);
+        loom_cuda_qgemm_set_tiled_max_m(g, 256);
+        test_qgemm_invariance(g, LOOM_CUDA_BF16, f, 1008, 1024, 128, false, 40);
+        test_qgemm_invariance(g, LOOM_CUDA_F16, f, 512, 1024, 64, true, 19);
+    }
+    g_q_tile = false;
+    loom_cuda_qgemm_set_tiled_max_m(g, LC_QT_DEFAULT_MAX_M);
+}
+
 /* The scratch bytes returned for max_m must serve every M <= max_m, also
  * when the GEMV's bound is set below 8 (then 5..8 rows dequantize, which
  * qmma.cu's buffers alone would not hold): sized at 64, called at 6, 40
@@ -2186,8 +2249,12 @@ static void test_qgemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_
     uint16_t *x = rand16(dt, (size_t)Mmax * K, -2, 2, NULL);
     void *d_data = dev_upload(data, data_bytes), *d_sc = dev_upload(sc, nsc * 4);
     void *d_x = dev_upload(x, (size_t)Mmax * K * 2);
-    const loom_cuda_qweight w = {.fmt = fmt, .N = N, .K = K, .group = i4 ? group : 0,
-                                 .data = d_data, .scales = d_sc, .smooth = NULL};
+    loom_cuda_qweight w = {.fmt = fmt, .N = N, .K = K, .group = i4 ? group : 0,
+                           .data = d_data, .scales = d_sc, .smooth = NULL};
+    if (g_q_tile && loom_cuda_qweight_tile(&w, dt, 0) != cudaSuccess) {
+        report_bits("qgemm invariant: loom_cuda_qweight_tile failed", 1, 1);
+        return;
+    }
     loom_cuda_gemm_set_batch_invariant(g, 1);
     const size_t scr_inv = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &w, Mmax);
     loom_cuda_gemm_set_batch_invariant(g, 0);
@@ -2212,8 +2279,8 @@ static void test_qgemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_
         if (!rc) rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_scr, scr, 0, msg, sizeof msg);
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(many, d_y, (size_t)M * row, cudaMemcpyDeviceToHost));
-        snprintf(name, sizeof name, "qgemm invariant %s %s N=%d K=%d -> %s: M=%d rows = M=1 rows",
-                 qfmt_name(fmt), dtn(dt), N, K, out_f32 ? "f32" : dtn(dt), M);
+        snprintf(name, sizeof name, "qgemm invariant %s%s %s N=%d K=%d -> %s: M=%d rows = M=1 rows",
+                 qfmt_name(fmt), g_q_tile ? " tiled" : "", dtn(dt), N, K, out_f32 ? "f32" : dtn(dt), M);
         if (rc) printf("      qgemm error: %s\n", msg);
         report_bits(name, rc ? 1 : bits_differ(one, many, (size_t)M * N, oel) + unwritten, M);
     }
@@ -3388,7 +3455,7 @@ int main(int argc, char **argv) {
         printf("usage: gpu_kernel_tests [SEED]\n"
                "  every CUDA kernel against a float64 CPU reference on fresh random inputs (needs a GPU);\n"
                "  SEED repeats a run (each run prints its own). LOOM_GPU_KERNEL_TESTS=linear: the\n"
-               "  linear-layer tests only; =attention, =epilogue, =moe: those only. Ends with 'N passed, N failed'; exit status: the failures (at most 255).\n");
+               "  linear-layer tests only; =attention, =epilogue, =moe, =tiled: those only. Ends with 'N passed, N failed'; exit status: the failures (at most 255).\n");
         return 0;
     }
     uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : (uint64_t)time(NULL);
@@ -3411,9 +3478,10 @@ int main(int argc, char **argv) {
         test_moe_all();
         goto done;
     }
-    if (only && (strcmp(only, "linear") == 0 || only_epi)) {
+    const bool only_tiled = only && strcmp(only, "tiled") == 0; /* the tiled W8A16 / INT4 kernel only */
+    if (only && (strcmp(only, "linear") == 0 || only_epi || only_tiled)) {
         printf("gpu_kernel_tests: LOOM_GPU_KERNEL_TESTS=%s: the %s tests only\n", only,
-               only_epi ? "pair-epilogue" : "linear-layer");
+               only_epi ? "pair-epilogue" : only_tiled ? "tiled quantized-weight" : "linear-layer");
         goto linear;
     }
     if (only_att) {
@@ -3490,6 +3558,9 @@ linear:;
     if (!g) {
         printf("FAIL gemm_create: %s\n", msg);
         g_fail++;
+    } else if (only_tiled) {
+        test_qgemm_tiled(g);
+        loom_cuda_gemm_destroy(g);
     } else if (only_epi) {
         test_pair_epilogue(g);
         test_pair_epilogue_fallback(g);
@@ -3535,6 +3606,7 @@ linear:;
         }
         test_qgemm_all(g);
         test_qgemm_qmma(g);
+        test_qgemm_tiled(g);
         test_qgemv_split(g);
         test_pair_epilogue(g);
         test_pair_epilogue_fallback(g);

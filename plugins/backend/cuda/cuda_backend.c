@@ -34,6 +34,7 @@
 
 static const char *const cb_dtype_choices[] = {"bf16", "f16", NULL};
 static const char *const cb_partition_choices[] = {"first", "rest", NULL};
+static const char *const cb_qlayout_choices[] = {"rows", "tiled", NULL};
 
 static const loom_param cb_params[] = {
     {.key = "device", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, device),
@@ -80,6 +81,16 @@ static const loom_param cb_params[] = {
      .offset = offsetof(cuda_backend_config, qgemv_tc_min_rows), .default_value = "0", .min = 0, .max = 9,
      .doc = "fewest rows (1..8) from which W8A8 / FP8 / INT4 linear layers run the tensor-core GEMV, not "
             "the CUDA-core one; 0 = the crossover measured on the H200 (2 rows W8A8 / FP8, 3 INT4), 9 = never"},
+    {.key = "quant_layout", .type = LOOM_PARAM_ENUM, .offset = offsetof(cuda_backend_config, quant_layout),
+     .default_value = "rows", .min = 1, .max = 0, .choices = cb_qlayout_choices,
+     .doc = "W8A16 / INT4 weights: rows = as uploaded (one-row GEMVs, qmma.cu, dequantize + cuBLASLt: faster "
+            "at batch 1), tiled = repacked once at load into tensor-core tiles (in place) for one kernel at "
+            "1..qtiled_max_rows rows (kernels/cuda/qtiled.cu: INT4 faster at 2..128 rows, W8A16 at 8..16); "
+            "shapes that do not tile (N % 16, K % 128, int4 group % 64) stay rows"},
+    {.key = "qtiled_max_rows", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, qtiled_max_rows),
+     .default_value = "128", .min = 0, .max = 256,
+     .doc = "quant_layout tiled: most rows (M) the tiled kernel runs; above, the tiled weight is dequantized "
+            "for cuBLASLt (batch_invariant: the kernel at every M)"},
     {.key = "kv_groups", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, kv_groups),
      .default_value = "true",
      .doc = "propose block-table groups to the cache (Gemma 3: sliding-window layers' blocks freed behind the "
@@ -262,6 +273,7 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                                .max_graph_batch = 256, .piecewise_graphs = true,
                                .max_graph_tokens = 2048, .max_batched_tokens = 8192,
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0,
+                               .quant_layout = 0, .qtiled_max_rows = 128,
                                .sm_count = 0, .sm_partition = 0, .kv_groups = true};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.device < 0 || cfg.dtype < 0 || cfg.dtype > 1 || cfg.max_graph_batch < 1 ||

@@ -87,6 +87,10 @@ typedef struct cuda_backend_config {
                                    other tokens (docs/gpu.md)                   */
     int64_t qgemv_tc_min_rows;  /* rows from which W8A8 / FP8 / INT4 GEMVs take
                                    the tensor cores; 0 = as measured, 9 = never */
+    int64_t quant_layout;       /* W8A16 / INT4 codes: 0 "rows" (as uploaded),
+                                   1 "tiled" (repacked at load, qtiled.cu)     */
+    int64_t qtiled_max_rows;    /* tiled: the kernel up to these rows, then
+                                   dequantize + cuBLASLt (0..256)               */
     bool kv_groups;             /* propose block-table groups (kv_groups())    */
     int64_t sm_count;           /* > 0: run on a green context of that many SMs */
     int64_t sm_partition;       /* 0 "first": those sm_count SMs; 1 "rest": the

@@ -347,6 +347,16 @@ static void cb_qlayout_why(const loom_qtensor *qt, const loom_quant_plan *plan, 
  * W8A8 SmoothQuant vectors: the group's first part uploads its columns
  * into dst->smooth and keeps a host copy in *smooth_ref; later parts must
  * carry the same vector (one activation quantization serves the group). */
+/* quant_layout tiled: repack a fully uploaded W8A16 / INT4 weight into
+ * qtiled.cu's tiles in place (loom_cuda_qweight_tile: a temporary device
+ * copy of its codes while it runs); shapes that do not tile keep their rows. */
+static loom_status cb_tile_q(cuda_backend *b, loom_cuda_qweight *q, loom_error *err) {
+    if (b->cfg.quant_layout != 1 || (q->fmt != LOOM_CUDA_Q_INT8_W8A16 && q->fmt != LOOM_CUDA_Q_INT4) ||
+        !loom_cuda_qweight_tileable(q))
+        return LOOM_OK;
+    return CB_CUDA(b, err, loom_cuda_qweight_tile(q, b->dt, b->stream));
+}
+
 static loom_status cb_upload_q(cuda_backend *b, const loom_model_view *m,
                                const loom_quant_binding *qb, const loom_ww_part *p,
                                const loom_quant_plan *plan, const loom_cuda_qweight *dst,
@@ -1003,7 +1013,7 @@ static loom_status cb_load_vocab(cuda_backend *b, const loom_model_view *m,
         }
         if (!sm) b->lm_q.smooth = NULL;
         h->free(h->ctx, sm);
-        return LOOM_OK;
+        return Vl > 0 ? cb_tile_q(b, &b->lm_q, err) : LOOM_OK;
     }
     b->lm_head = cb_carve(cur, (size_t)(Vp * H) * b->elt);
     if ((st = cb_upload_win(up, &w->out, b->lm_head, false, err))) return st;
@@ -1206,6 +1216,8 @@ static loom_status cb_upload_layer(cuda_backend *b, const loom_model_view *m,
     }
     h->free(h->ctx, smooth_ref);
     if (st != LOOM_OK) return st;
+    for (int gi = 0; gi < CB_NGROUPS; gi++)
+        if ((st = cb_tile_q(b, &ly->q[gi], err))) return st;
     if ((st = cb_upload_win(up, &wl->attn_norm, ly->attn_norm, true, err)) ||
         (st = cb_upload_win(up, &wl->ffn_norm, ly->ffn_norm, true, err)))
         return st;
@@ -1271,6 +1283,7 @@ static loom_status cb_load_begin(cuda_backend *b, const loom_ww *w, loom_error *
      * quantized GEMV bound */
     loom_cuda_gemm_set_batch_invariant(b->gemm, b->cfg.batch_invariant);
     loom_cuda_qgemm_set_tc_min_m(b->gemm, (int)b->cfg.qgemv_tc_min_rows);
+    loom_cuda_qgemm_set_tiled_max_m(b->gemm, (int)b->cfg.qtiled_max_rows);
     b->q_dim = (int32_t)w->q_rows;
     b->kv_dim = (int32_t)w->kv_rows;
     b->qkv_rows = (int32_t)w->qkv_rows;

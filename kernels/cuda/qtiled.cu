@@ -1,0 +1,736 @@
+/*
+ * kernels/cuda/qtiled.cu — W8A16 and INT4 linear layers on weights repacked
+ * once at load into a tensor-core tile layout ("tiled", Marlin's idea), one
+ * kernel family for 1 .. LC_QT_MAX_M rows: lc_qtiled_pack (load time),
+ * lc_qtiled (qgemm.c dispatches), lc_qtiled_dequant (the large-M path).
+ *
+ * Layout (loom_cuda_qweight.layout == LOOM_CUDA_QLAYOUT_TILED): the weight
+ * (N, K) is cut into row tiles of 16 rows (N % 16 == 0); a row tile is K /
+ * KC "warp tiles" of 16 rows x KC columns (INT4 KC = 64, int8 32), 512
+ * bytes each, one 16-byte vector per lane, the tiles of one row tile
+ * consecutive over K — the same bytes as the row-major matrix, permuted
+ * within each 16-row block, so the repack replaces the codes in place of
+ * size. Lane l = 4 g + t's vector holds exactly its A fragments of the
+ * mma.sync m16n8k16 (the weight rows are the mma's M: at few tokens the
+ * 8-wide N is the batch, nothing wasted at M <= 8) for J consecutive
+ * k16 steps (INT4 4, int8 2): with p = 2t, 2t+1, 2t+8, 2t+9 the step's
+ * columns a lane's fragment takes,
+ *   INT4 word j (step j): nibble i (bits 4i..4i+3) and i + 4 (bits
+ *        16+4i..) = a_i's two halves: i = 0 row g cols (2t, 2t+1), 1 row
+ *        g+8 the same, 2 row g cols (2t+8, 2t+9), 3 row g+8 the same;
+ *   int8 words 2j, 2j+1 (step j): bytes (row g: 2t, 2t+1; row g+8: 2t,
+ *        2t+1), then the same at 2t+8, 2t+9.
+ * So one 16-byte load per lane is the whole A operand of J mma k-steps, and
+ * a warp's 512 bytes are contiguous. W8A16's scales stay as uploaded (f32
+ * a row); INT4's {s, b} f32 pairs are rewritten in place as (s, b' = b +
+ * 8 s) pairs in the activations' dt, the 16 rows of a row tile and group
+ * together (64 bytes: four 16-byte copies bring a tile's group; half the
+ * bytes of f32). The kernels take INT4 codes centred, w = (q - 8) s + b':
+ * b' is small where the zero sits mid-range, so its rounding to dt costs
+ * less than b's would (|b| up to 15 s).
+ *
+ * Kernel: a CTA owns 128 weight rows and up to 8 NT tokens (4 warps, 2 row
+ * tiles each; from 64 tokens 8 warps, 4 over the rows x 2 over the
+ * tokens); per stage of 128 columns cp.async brings the weight tiles, the
+ * tokens' columns (straight from x, dt: no preparation kernel; rows past M
+ * and tiles past N are not copied) and INT4's tile scales into shared
+ * memory, 4 stages deep (3 at 128 tokens). A warp reads its vectors
+ * (LDS.128), decodes them in registers — INT4: LOP3 into the mantissa of
+ * 1024 (f16) / 128 (bf16), one subtraction (of the magic + 8) and one fma
+ * with the group's (s, b'): w in dt, the precision class of the dequantize
+ * + GEMM path; at up to 16 tokens ("raw") the mma takes the codes still
+ * under the magic into per-group sums, a second mma with an all-ones A sums
+ * the tokens over the group, and s d + (b' - (M + 8) s) X applies in fp32
+ * at the group's end (one LOP3 per two weights: the stream, not the mma,
+ * bounds those rows); int8: the exact code (f16: one PRMT and HSUB2 per two
+ * weights; bf16: through fp32's 2^23), the row scale in fp32 at the end —
+ * and multiplies them with the token tiles by mma.sync m16n8k16 in dt, B
+ * fragments by ldmatrix from token rows padded to 272 bytes. Matrices with
+ * few row tiles are split over K (grid z) into f32 partial sums that
+ * lc_qtiled_reduce adds in slice order (results never depend on timing; the
+ * split depends on N, K and M only; batch-invariant mode: the split of one
+ * row and the fused decode at every M).
+ *
+ * Measured (H200, one Llama-3-8B layer's four linears, bench/results/
+ * h200-quant-tiled-linears.json): INT4 beats the row-major kernels from 2 to
+ * 128 rows (8 rows 88 vs 192 us, 64 rows 194 vs 235) and loses at one row
+ * (89 vs 74; chained 63 vs 48: ~1.9 TB/s, issue-bound on the decode and
+ * copies); W8A16 wins only at 8..16 rows. mma.sync here reaches ~145-160
+ * TFLOP/s at 64-256 rows: below bf16's cuBLASLt from ~30 rows.
+ *
+ * Contract (lc_qtiled_ok): N % 16 == 0, K % 128 == 0, INT4 group % 64 == 0
+ * dividing K; x rows 16-byte aligned (K % 8).
+ */
+#include <type_traits>
+
+#include "common.cuh"
+
+#include "mma.cuh"
+#include "qgemm.h"
+
+#define LC_QT_WARPS 4
+#define LC_QT_MT 2                        /* row tiles per warp       */
+#define LC_QT_TILES (LC_QT_WARPS * LC_QT_MT) /* row tiles per CTA        */
+#define LC_QT_ROWS (LC_QT_TILES * 16)      /* weight rows per CTA      */
+#define LC_QT_KS 128                       /* columns per stage        */
+#define LC_QT_SMS 132
+
+template <int FMT> struct lc_qt {
+    static constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
+    static constexpr int KC = I4 ? 64 : 32; /* columns per warp tile */
+    static constexpr int V = LC_QT_KS / KC; /* warp tiles per row tile and stage */
+    static constexpr int J = I4 ? 4 : 2;    /* k16 steps per warp tile */
+};
+
+template <int FMT, int NT> constexpr int lc_qt_stages() { return NT >= 16 ? 3 : 4; }
+/* bytes of one stage: weights | tokens | INT4 scales (2 groups a row at most) */
+template <int FMT> constexpr int lc_qt_wb() { return LC_QT_TILES * lc_qt<FMT>::V * 512; }
+template <int FMT> constexpr int lc_qt_sb() { return lc_qt<FMT>::I4 ? LC_QT_TILES * 2 * 64 : 0; }
+/* a staged token row: 128 columns and 16 bytes of padding (272 bytes: the 8
+ * rows of an ldmatrix fall on 8 different 4-bank groups) */
+#define LC_QT_XR 136
+template <int FMT, int NT> constexpr int lc_qt_stb() {
+    return lc_qt_wb<FMT>() + NT * 8 * LC_QT_XR * 2 + lc_qt_sb<FMT>();
+}
+template <int FMT, int NT> constexpr size_t lc_qt_smem() {
+    return (size_t)lc_qt_stages<FMT, NT>() * lc_qt_stb<FMT, NT>();
+}
+
+__device__ __forceinline__ void lc_qt_cp16(void *smem, const void *gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void lc_qt_cp8(void *smem, const void *gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 8 : 0));
+}
+__device__ __forceinline__ void lc_qt_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void lc_qt_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void lc_qt_ldsm4(const void *p, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(s));
+}
+__device__ __forceinline__ void lc_qt_ldsm2(const void *p, uint32_t &r0, uint32_t &r1) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(s));
+}
+
+__device__ __forceinline__ uint32_t lc_qt_word(const uint4 &v, int j) {
+    return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+/* c += a b in dt (f16 or bf16 operands, f32 accumulation) */
+template <typename T>
+__device__ __forceinline__ void lc_qt_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    if constexpr (std::is_same<T, __half>::value)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* packed dt x2 arithmetic */
+template <typename T> __device__ __forceinline__ uint32_t lc_qt_sub2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    if constexpr (std::is_same<T, __half>::value) asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    else asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+template <typename T> __device__ __forceinline__ uint32_t lc_qt_fma2(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    if constexpr (std::is_same<T, __half>::value)
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    else asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ uint32_t lc_qt_lop3_or_and(uint32_t a, uint32_t mask, uint32_t magic) {
+    uint32_t d; /* (a & mask) | magic */
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(mask), "r"(magic));
+    return d;
+}
+
+/* INT4 word (one k16 step) -> the A fragment a[0..3] in dt: w = (q - 8) s +
+ * b' with (s2a, b2a) row g's group pair (s, b' = b + 8 s), (s2b, b2b) row
+ * g + 8's. */
+template <typename T>
+__device__ __forceinline__ void lc_qt_dec4(uint32_t w, uint32_t s2a, uint32_t b2a, uint32_t s2b, uint32_t b2b,
+                                           uint32_t *a) {
+    /* the codes centred, q - 8 (exact): the pair's b is b + 8 s (tile scales) */
+    constexpr uint32_t MAGIC = std::is_same<T, __half>::value ? 0x64006400u : 0x43004300u;
+    constexpr uint32_t MAGIC8 = std::is_same<T, __half>::value ? 0x64086408u : 0x43084308u; /* MAGIC + 8 */
+    const uint32_t q0 = lc_qt_sub2<T>(lc_qt_lop3_or_and(w, 0x000F000Fu, MAGIC), MAGIC8);
+    const uint32_t q1 = lc_qt_sub2<T>(lc_qt_lop3_or_and(w >> 4, 0x000F000Fu, MAGIC), MAGIC8);
+    const uint32_t q2 = lc_qt_sub2<T>(lc_qt_lop3_or_and(w >> 8, 0x000F000Fu, MAGIC), MAGIC8);
+    const uint32_t q3 = lc_qt_sub2<T>(lc_qt_lop3_or_and(w >> 12, 0x000F000Fu, MAGIC), MAGIC8);
+    a[0] = lc_qt_fma2<T>(q0, s2a, b2a);
+    a[1] = lc_qt_fma2<T>(q1, s2b, b2b);
+    a[2] = lc_qt_fma2<T>(q2, s2a, b2a);
+    a[3] = lc_qt_fma2<T>(q3, s2b, b2b);
+}
+
+/* int8 word (bytes 0..3) -> two dt x2 of the exact codes (b0, b1), (b2, b3) */
+template <typename T> __device__ __forceinline__ void lc_qt_dec8(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    if constexpr (std::is_same<T, __half>::value) {
+        lc_i8x4_h2(w, lo, hi);
+    } else {
+        const uint32_t u = w ^ 0x80808080u; /* q + 128 */
+        const float f0 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u)) - 8388736.0f;
+        const float f1 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7541u)) - 8388736.0f;
+        const float f2 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7542u)) - 8388736.0f;
+        const float f3 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7543u)) - 8388736.0f;
+        /* small integers: the upper halves are their exact bf16 */
+        lo = __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632u);
+        hi = __byte_perm(__float_as_uint(f2), __float_as_uint(f3), 0x7632u);
+    }
+}
+
+/* a dt value (low 16 bits of h) as float */
+template <typename T> __device__ __forceinline__ float lc_qt_half_f(uint32_t h) {
+    if constexpr (std::is_same<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)h));
+    else return __uint_as_float(h << 16);
+}
+
+/* Warps along the tokens: from 64-token tiles a CTA has 8 warps, 4 over its
+ * 128 rows times 2 over its tokens (each decodes its rows' weights for its
+ * half of the tokens), so an SM keeps 8-16 warps issuing mma.sync. */
+template <int NT> constexpr int lc_qt_wn() { return NT >= 8 ? 2 : 1; }
+/* INT4 at up to 16 tokens ("raw"): the mma takes the codes as decoded under
+ * the magic, M + q (M = 128 in bf16, 1024 in f16: one LOP3 per two weights,
+ * no subtraction or scale per weight), into per-group partial sums; a second
+ * mma with an all-ones A gives the tokens' sums over the group, X, and at
+ * the group's end acc += s d + (b - M s) X in fp32, s and b the tile's dt
+ * pairs — w = q s + b exactly as the fused decode, fewer instructions where
+ * the weight stream, not the mma, bounds the time. */
+/* (dispatch: at NT <= 2 outside batch-invariant mode, whose rows must have
+ * the bits of one row at every M: there the fused decode at every NT) */
+
+/* grid (CTA row blocks of 128, token tiles of 8 NT, K slices). Z == 1: y
+ * (M, N) dt or f32; else part (Z, M, N) f32 without W8A16's row scale. */
+template <typename T, int FMT, int NT, bool F32, bool RAWP>
+__global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
+    lc_qtiled_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd,
+                     const float *__restrict__ sc, void *__restrict__ y, float *__restrict__ part, int M, int N,
+                     int K, int group) {
+    typedef lc_qt<FMT> F;
+    constexpr int TOK = 8 * NT, ST = lc_qt_stages<FMT, NT>(), WN = lc_qt_wn<NT>(), NTW = NT / WN;
+    constexpr int NTHR = LC_QT_WARPS * 32 * WN;
+    constexpr bool RAW = RAWP && FMT == LOOM_CUDA_Q_INT4;
+    constexpr int WB = lc_qt_wb<FMT>(), XB = TOK * LC_QT_XR * 2, STB = lc_qt_stb<FMT, NT>();
+    extern __shared__ __align__(16) uint8_t lc_qt_sm[];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int wr = warp % LC_QT_WARPS, wc = warp / LC_QT_WARPS; /* row group, token group */
+    const int tile0 = blockIdx.x * LC_QT_TILES, ntiles = N / 16;
+    const int m0 = blockIdx.y * TOK;
+    const int S = K / LC_QT_KS, Z = (int)gridDim.z, z = (int)blockIdx.z;
+    const int s_lo = (int)((long long)S * z / Z), s_hi = (int)((long long)S * (z + 1) / Z);
+    const int nst = s_hi - s_lo;
+    const size_t tile_bytes = (size_t)K / F::KC * 512;
+    const int groups = F::I4 ? K / group : 1;
+
+    /* Each thread's copies are fixed but for the stage: weights, vector
+     * rem of row tiles tl0, tl0 + TPK, ...; tokens, chunk c of rows r0,
+     * r0 + NTHR / 16, ... Row tiles past N and tokens past M are not copied:
+     * their shared memory holds stale or undefined values that only reach
+     * output rows / token columns never stored. */
+    constexpr int VW = F::V * 32, TPK = NTHR / VW, CPW = LC_QT_TILES / TPK;
+    const int w_tl0 = tid / VW;
+    const uint8_t *w_src = wd + (size_t)(tile0 + w_tl0) * tile_bytes + (tid % VW) * 16;
+    constexpr int XPT = (TOK * 16 + NTHR - 1) / NTHR, XRS = NTHR / 16; /* copies a thread, rows apart */
+    const int x_r0 = tid >> 4, x_c = tid & 15;
+    const uint16_t *x_src = x + (size_t)(m0 + x_r0) * K + x_c * 8;
+    auto load_w = [&](int s, int b) {
+        uint8_t *ws = lc_qt_sm + (size_t)b * STB;
+#pragma unroll
+        for (int k = 0; k < CPW; k++)
+            if (tile0 + w_tl0 + k * TPK < ntiles)
+                lc_qt_cp16(ws + (size_t)(tid + k * NTHR) * 16, w_src + (size_t)k * TPK * tile_bytes + (size_t)s * VW * 16,
+                           true);
+        if constexpr (F::I4) {
+            /* the tiles' (s, b) dt pairs of the stage's groups (at most two:
+             * group % 64 == 0): 64 bytes a (row tile, group), four copies */
+            uint8_t *ss = ws + WB + XB;
+            const int g0 = (s * LC_QT_KS) / group;
+            for (int i = tid; i < LC_QT_TILES * 2 * 4; i += NTHR) {
+                const int tl = i >> 3, h = (i >> 2) & 1, q = i & 3, gt = tile0 + tl;
+                if (gt < ntiles && g0 + h < groups)
+                    lc_qt_cp16(ss + i * 16, sc + ((size_t)gt * groups + g0 + h) * 16 + q * 4, true);
+            }
+        }
+    };
+    auto load_x = [&](int s, int b) {
+        uint16_t *xs = reinterpret_cast<uint16_t *>(lc_qt_sm + (size_t)b * STB + WB);
+#pragma unroll
+        for (int k = 0; k < XPT; k++) {
+            const int r = x_r0 + k * XRS;
+            if (r < TOK && m0 + r < M)
+                lc_qt_cp16(xs + r * LC_QT_XR + x_c * 8, x_src + (size_t)k * XRS * K + (size_t)s * LC_QT_KS,
+                           true);
+        }
+    };
+
+    /* the weights do not depend on the kernel before */
+#pragma unroll
+    for (int i = 0; i < ST - 1; i++)
+        if (i < nst) load_w(s_lo + i, i);
+    lc_pdl_wait();
+    lc_pdl_trigger();
+#pragma unroll
+    for (int i = 0; i < ST - 1; i++) {
+        if (i < nst) load_x(s_lo + i, i);
+        lc_qt_commit();
+    }
+
+    float acc[LC_QT_MT][NTW][4];
+    /* RAW: the group's partial sums and the tokens' sums over it */
+    float dg[RAW ? LC_QT_MT : 1][RAW ? NTW : 1][4], xg[RAW ? NTW : 1][2];
+#pragma unroll
+    for (int mt = 0; mt < LC_QT_MT; mt++)
+#pragma unroll
+        for (int j = 0; j < NTW; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
+    auto zero_group = [&]() {
+        if constexpr (RAW) {
+#pragma unroll
+            for (int mt = 0; mt < LC_QT_MT; mt++)
+#pragma unroll
+                for (int j = 0; j < NTW; j++) dg[mt][j][0] = dg[mt][j][1] = dg[mt][j][2] = dg[mt][j][3] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NTW; j++) xg[j][0] = xg[j][1] = 0.0f;
+        }
+    };
+    zero_group();
+    /* where the mma of row tile mt, n-tile nt accumulates */
+    auto sum_of = [&](int mt, int nt) -> float * {
+        if constexpr (RAW) return dg[mt][nt];
+        else return acc[mt][nt];
+    };
+    constexpr uint32_t ONES = std::is_same<T, __half>::value ? 0x3C003C00u : 0x3F803F80u;
+    constexpr float MAGF = std::is_same<T, __half>::value ? 1024.0f : 128.0f;
+    const uint32_t ones[4] = {ONES, ONES, ONES, ONES};
+
+    /* ldmatrix lane roles: matrix mat = lane / 8 (x4: tokens +8 for mat >= 2,
+     * columns +8 for odd mat), row lane % 8 */
+    const int lm_mat = lane >> 3, lm_r = lane & 7;
+    const int r_base = wc * NTW * 8; /* the warp's first token row in the tile */
+
+    for (int it = 0; it < nst; it++) {
+        lc_qt_wait<ST - 2>();
+        __syncthreads();
+        {
+            const int nx = it + ST - 1;
+            if (nx < nst) {
+                load_w(s_lo + nx, nx % ST);
+                load_x(s_lo + nx, nx % ST);
+            }
+            lc_qt_commit();
+        }
+        const uint8_t *ws = lc_qt_sm + (size_t)(it % ST) * STB;
+        const uint16_t *xs = reinterpret_cast<const uint16_t *>(ws + WB);
+        const uint32_t *ss = reinterpret_cast<const uint32_t *>(ws + WB + XB);
+        const int s_col = (s_lo + it) * LC_QT_KS, g_st = F::I4 ? s_col / group : 0;
+#pragma unroll
+        for (int v = 0; v < F::V; v++) {
+            uint4 av[LC_QT_MT];
+            uint32_t pa[LC_QT_MT], pb[LC_QT_MT], s2a[LC_QT_MT], b2a[LC_QT_MT], s2b[LC_QT_MT], b2b[LC_QT_MT];
+            const int h = F::I4 ? (s_col + v * F::KC) / group - g_st : 0;
+#pragma unroll
+            for (int mt = 0; mt < LC_QT_MT; mt++) {
+                const int tl = wr * LC_QT_MT + mt;
+                av[mt] = *reinterpret_cast<const uint4 *>(ws + ((size_t)(tl * F::V + v) * 32 + lane) * 16);
+                if constexpr (F::I4) {
+                    pa[mt] = ss[(tl * 2 + h) * 16 + g], pb[mt] = ss[(tl * 2 + h) * 16 + g + 8];
+                    if constexpr (!RAW) {
+                        s2a[mt] = __byte_perm(pa[mt], 0, 0x1010), b2a[mt] = __byte_perm(pa[mt], 0, 0x3232);
+                        s2b[mt] = __byte_perm(pb[mt], 0, 0x1010), b2b[mt] = __byte_perm(pb[mt], 0, 0x3232);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < F::J; j++) {
+                uint32_t a[LC_QT_MT][4];
+#pragma unroll
+                for (int mt = 0; mt < LC_QT_MT; mt++) {
+                    if constexpr (RAW) {
+                        constexpr uint32_t MAGIC = std::is_same<T, __half>::value ? 0x64006400u : 0x43004300u;
+                        const uint32_t w = lc_qt_word(av[mt], j);
+                        a[mt][0] = lc_qt_lop3_or_and(w, 0x000F000Fu, MAGIC);
+                        a[mt][1] = lc_qt_lop3_or_and(w >> 4, 0x000F000Fu, MAGIC);
+                        a[mt][2] = lc_qt_lop3_or_and(w >> 8, 0x000F000Fu, MAGIC);
+                        a[mt][3] = lc_qt_lop3_or_and(w >> 12, 0x000F000Fu, MAGIC);
+                    } else if constexpr (F::I4) {
+                        lc_qt_dec4<T>(lc_qt_word(av[mt], j), s2a[mt], b2a[mt], s2b[mt], b2b[mt], a[mt]);
+                    } else {
+                        lc_qt_dec8<T>(lc_qt_word(av[mt], 2 * j), a[mt][0], a[mt][1]);
+                        lc_qt_dec8<T>(lc_qt_word(av[mt], 2 * j + 1), a[mt][2], a[mt][3]);
+                    }
+                }
+                const int kc = (v * F::KC + 16 * j) >> 3; /* 16-byte chunk of the stage's columns */
+                if constexpr (NTW == 1) {
+                    const int r = r_base + lm_r, c = kc + (lm_mat & 1);
+                    uint32_t b0, b1;
+                    lc_qt_ldsm2(xs + r * LC_QT_XR + c * 8, b0, b1);
+                    if constexpr (RAW) {
+                        float xx[4] = {xg[0][0], xg[0][1], 0.0f, 0.0f};
+                        lc_qt_mma<T>(xx, ones, b0, b1);
+                        xg[0][0] = xx[0], xg[0][1] = xx[1];
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < LC_QT_MT; mt++) lc_qt_mma<T>(sum_of(mt, 0), a[mt], b0, b1);
+                } else {
+#pragma unroll
+                    for (int np = 0; np < NTW / 2; np++) {
+                        const int r = r_base + np * 16 + (lm_mat >> 1) * 8 + lm_r, c = kc + (lm_mat & 1);
+                        uint32_t b0, b1, b2, b3;
+                        lc_qt_ldsm4(xs + r * LC_QT_XR + c * 8, b0, b1, b2, b3);
+                        if constexpr (RAW) {
+                            float x0[4] = {xg[2 * np][0], xg[2 * np][1], 0.0f, 0.0f};
+                            float x1[4] = {xg[2 * np + 1][0], xg[2 * np + 1][1], 0.0f, 0.0f};
+                            lc_qt_mma<T>(x0, ones, b0, b1);
+                            lc_qt_mma<T>(x1, ones, b2, b3);
+                            xg[2 * np][0] = x0[0], xg[2 * np][1] = x0[1];
+                            xg[2 * np + 1][0] = x1[0], xg[2 * np + 1][1] = x1[1];
+                        }
+#pragma unroll
+                        for (int mt = 0; mt < LC_QT_MT; mt++) {
+                            lc_qt_mma<T>(sum_of(mt, 2 * np), a[mt], b0, b1);
+                            lc_qt_mma<T>(sum_of(mt, 2 * np + 1), a[mt], b2, b3);
+                        }
+                    }
+                }
+            }
+            if constexpr (RAW) {
+                /* the group ends with this vector (group % 64 == 0), or the
+                 * slice does: acc += s d + (b - M s) X, then a fresh group */
+                const int end = s_col + (v + 1) * F::KC;
+                if (end % group == 0 || (it == nst - 1 && v == F::V - 1)) {
+#pragma unroll
+                    for (int mt = 0; mt < LC_QT_MT; mt++) {
+                        const float sa = lc_qt_half_f<T>(pa[mt] & 0xFFFFu), sb = lc_qt_half_f<T>(pb[mt] & 0xFFFFu);
+                        /* b' = b + 8 s stored: b - M s = b' - (M + 8) s */
+                        const float ca = lc_qt_half_f<T>(pa[mt] >> 16) - (MAGF + 8.0f) * sa;
+                        const float cb = lc_qt_half_f<T>(pb[mt] >> 16) - (MAGF + 8.0f) * sb;
+#pragma unroll
+                        for (int nt = 0; nt < NTW; nt++) {
+                            acc[mt][nt][0] = fmaf(sa, dg[mt][nt][0], fmaf(ca, xg[nt][0], acc[mt][nt][0]));
+                            acc[mt][nt][1] = fmaf(sa, dg[mt][nt][1], fmaf(ca, xg[nt][1], acc[mt][nt][1]));
+                            acc[mt][nt][2] = fmaf(sb, dg[mt][nt][2], fmaf(cb, xg[nt][0], acc[mt][nt][2]));
+                            acc[mt][nt][3] = fmaf(sb, dg[mt][nt][3], fmaf(cb, xg[nt][1], acc[mt][nt][3]));
+                        }
+                    }
+                    zero_group();
+                }
+            }
+        }
+    }
+    lc_qt_wait<0>(); /* no copy may land after the CTA has gone */
+
+    /* C: rows g, g + 8 of each row tile; tokens 2t, 2t + 1 of each n-tile */
+#pragma unroll
+    for (int mt = 0; mt < LC_QT_MT; mt++) {
+        const int nb = (tile0 + wr * LC_QT_MT + mt) * 16;
+        if (nb >= N) continue;
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int n = nb + g + (i >= 2 ? 8 : 0), m = m0 + (wc * NTW + nt) * 8 + 2 * t + (i & 1);
+                if (m >= M) continue;
+                const size_t o = (size_t)m * N + n;
+                if (Z > 1) {
+                    part[(size_t)z * M * N + o] = acc[mt][nt][i];
+                    continue;
+                }
+                float val = acc[mt][nt][i];
+                if constexpr (!F::I4) val *= __ldg(sc + n);
+                if (F32) static_cast<float *>(y)[o] = val;
+                else static_cast<T *>(y)[o] = lc_from_f<T>(val);
+            }
+    }
+}
+
+/* y (M, N) = sum over z of part (z, M, N) in z order, times W8A16's row scale. */
+template <typename T, int FMT, bool F32>
+__global__ void __launch_bounds__(256)
+    lc_qtiled_reduce_kernel(const float *__restrict__ part, const float *__restrict__ sc, void *__restrict__ y,
+                            int M, int N, int Z) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const size_t MN = (size_t)M * N;
+    for (size_t o = (size_t)blockIdx.x * 256 + threadIdx.x; o < MN; o += (size_t)gridDim.x * 256) {
+        float v = 0.0f;
+        for (int z = 0; z < Z; z++) v += part[(size_t)z * MN + o];
+        if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A16) v *= sc[o % (size_t)N];
+        if (F32) static_cast<float *>(y)[o] = v;
+        else static_cast<T *>(y)[o] = lc_from_f<T>(v);
+    }
+}
+
+/* ------------------------------------------------------- layout mapping */
+
+/* Where byte / nibble e (INT4: nibble index 0..31 of the lane's vector,
+ * int8: byte 0..15) of lane l's vector in warp tile c of a row tile comes
+ * from: row within the row tile, column within the matrix. */
+__host__ __device__ inline void lc_qt_src(bool i4, int l, int c, int e, int *row, int *col) {
+    const int g = l >> 2, t = l & 3;
+    if (i4) {
+        const int j = e >> 3, nib = e & 7, i = nib & 3, hi = nib >> 2;
+        *row = g + (i & 1) * 8;
+        *col = c * 64 + 16 * j + 2 * t + (i >> 1) * 8 + hi;
+    } else {
+        const int j = e >> 3, w = (e >> 2) & 1, bb = e & 3;
+        *row = g + (bb >> 1) * 8;
+        *col = c * 32 + 16 * j + 2 * t + w * 8 + (bb & 1);
+    }
+}
+
+/* one thread per 16-byte lane vector: src row-major (N, K) codes -> dst tiled */
+__global__ void lc_qtiled_pack_kernel(const uint8_t *__restrict__ src, uint8_t *__restrict__ dst, int N, int K,
+                                      int i4) {
+    const int KC = i4 ? 64 : 32, C = K / KC;
+    const size_t nvec = (size_t)(N / 16) * C * 32;
+    const size_t rb = i4 ? (size_t)K / 2 : (size_t)K;
+    for (size_t v = (size_t)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += (size_t)gridDim.x * blockDim.x) {
+        const int l = (int)(v % 32), c = (int)((v / 32) % C);
+        const size_t rt = v / 32 / C;
+        uint32_t w[4] = {0, 0, 0, 0};
+        for (int e = 0; e < (i4 ? 32 : 16); e++) {
+            int r, col;
+            lc_qt_src(i4, l, c, e, &r, &col);
+            const uint8_t *row = src + (rt * 16 + r) * rb;
+            if (i4) {
+                const uint32_t q = (row[col >> 1] >> ((col & 1) * 4)) & 15u;
+                /* nibble e: word e / 8, bits 4 (e % 8 & 3) + 16 (e % 8 >> 2) */
+                const int nib = e & 7;
+                w[e >> 3] |= q << (4 * (nib & 3) + 16 * (nib >> 2));
+            } else {
+                w[e >> 2] |= (uint32_t)row[col] << (8 * (e & 3));
+            }
+        }
+        reinterpret_cast<uint4 *>(dst)[v] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+/* INT4 scales {s, b} f32 (N, groups) -> tiled (s, b' = b + 8 s) dt pairs
+ * (N / 16, groups, 16), s in the low half: the kernels take the codes
+ * centred, w = (q - 8) s + b', so b' is small where the zero is mid-range
+ * and its rounding to dt costs less than b's (|b| up to 15 s) */
+template <typename T>
+__global__ void lc_qtiled_scales_kernel(const float *__restrict__ src, uint32_t *__restrict__ dst, int N, int groups) {
+    const size_t n_all = (size_t)N * groups;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_all; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t n = i / groups, gi = i % groups;
+        const float sv = src[i * 2], bv = src[i * 2 + 1];
+        const uint32_t p = lc_pack2<T>(sv, fmaf(8.0f, sv, bv)); /* b' = b + 8 s */
+        dst[((n / 16) * groups + gi) * 16 + n % 16] = p;
+    }
+}
+
+/* tiled -> (N, K) dt: INT4 (q - 8) s + b' in fp32 with the tiled dt pairs,
+ * int8 q s. A warp per warp tile (16 rows x KC columns): each lane decodes
+ * its vector into shared memory, then the warp writes the 16 rows' KC
+ * columns as 16-byte stores. */
+template <typename T>
+__global__ void __launch_bounds__(256)
+    lc_qtiled_dequant_kernel(const uint8_t *__restrict__ wd, const float *__restrict__ sc, T *__restrict__ out,
+                             int N, int K, int group, int i4) {
+    __shared__ __align__(16) T tile[8][16][64];
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int KC = i4 ? 64 : 32, C = K / KC;
+    const size_t ntile = (size_t)(N / 16) * C;
+    const int groups = i4 ? K / group : 1;
+    for (size_t wt = (size_t)blockIdx.x * 8 + warp; wt < ntile; wt += (size_t)gridDim.x * 8) {
+        const int c = (int)(wt % C);
+        const size_t rt = wt / C;
+        const uint4 u = reinterpret_cast<const uint4 *>(wd)[wt * 32 + lane];
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+        for (int e = 0; e < (i4 ? 32 : 16); e++) {
+            int r, col;
+            lc_qt_src(i4 != 0, lane, c, e, &r, &col);
+            const size_t n = rt * 16 + r;
+            float val;
+            if (i4) {
+                const int nib = e & 7;
+                const uint32_t q = (w[e >> 3] >> (4 * (nib & 3) + 16 * (nib >> 2))) & 15u;
+                const uint32_t p = reinterpret_cast<const uint32_t *>(sc)[(rt * groups + col / group) * 16 + r];
+                val = fmaf((float)q - 8.0f, lc_qt_half_f<T>(p & 0xFFFFu), lc_qt_half_f<T>(p >> 16));
+            } else {
+                val = (float)(int8_t)((w[e >> 2] >> (8 * (e & 3))) & 255u) * sc[n];
+            }
+            tile[warp][r][col - c * KC] = lc_from_f<T>(val);
+        }
+        __syncwarp();
+        const int cpr = KC / 8; /* 16-byte chunks a row */
+        for (int i = lane; i < 16 * cpr; i += 32) {
+            const int r = i / cpr, q = i % cpr;
+            *reinterpret_cast<uint4 *>(out + (rt * 16 + r) * (size_t)K + (size_t)c * KC + q * 8) =
+                *reinterpret_cast<const uint4 *>(&tile[warp][r][q * 8]);
+        }
+        __syncwarp();
+    }
+}
+
+/* ------------------------------------------------------------- dispatch */
+
+extern "C" int lc_qtiled_ok(const loom_cuda_qweight *w) {
+    if (!w || w->N <= 0 || w->N % 16 || w->K <= 0 || w->K % LC_QT_KS) return 0;
+    if (w->fmt == LOOM_CUDA_Q_INT8_W8A16) return 1;
+    return w->fmt == LOOM_CUDA_Q_INT4 && w->group > 0 && w->group % 64 == 0 && w->K % w->group == 0;
+}
+
+extern "C" int loom_cuda_qweight_tileable(const loom_cuda_qweight *w) { return lc_qtiled_ok(w); }
+
+static int lc_qt_nt(int M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : M <= 64 ? 8 : 16; }
+
+/* K slices: aim at two CTAs per SM (one at 128-token tiles), >= 4 stages a slice */
+static int lc_qt_splits(const loom_cuda_qweight *w, int M) {
+    const int nt = lc_qt_nt(M), tok = 8 * nt;
+    const long ctas = (long)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES) * ((M + tok - 1) / tok);
+    const long want = nt >= 16 ? LC_QT_SMS : 2 * LC_QT_SMS;
+    const int S = w->K / LC_QT_KS;
+    int z = ctas >= want ? 1 : (int)((want + ctas - 1) / ctas);
+    if (z > 8) z = 8;
+    if (z > S / 4) z = S / 4 > 0 ? S / 4 : 1;
+    return z;
+}
+
+extern "C" size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m) {
+    size_t b = 0;
+    const int z1 = lc_qt_splits(w, 1);
+    for (int m = 1; m <= max_m && m <= LC_QT_MAX_M; m++) {
+        int z = lc_qt_splits(w, m);
+        if (z1 > z) z = z1; /* the batch-invariant split */
+        const size_t need = z > 1 ? (size_t)z * m * w->N * 4 : 0;
+        if (need > b) b = need;
+    }
+    return b;
+}
+
+template <typename T, int FMT, int NT, bool F32, bool RAW> static cudaError_t lc_qt_prepare(size_t smem) {
+    static unsigned long long done = 0;
+    return lc_smem_limit(&done, (const void *)lc_qtiled_kernel<T, FMT, NT, F32, RAW>, smem);
+}
+
+template <typename T, int FMT, bool F32>
+static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
+                               int invariant, cudaStream_t s) {
+    const int NT = lc_qt_nt(M), tok = 8 * NT;
+    /* batch-invariant: the split of one row at every M (each output's sum
+     * then runs the same mma steps in the same order whatever the tiling) */
+    const int Z = lc_qt_splits(w, invariant ? 1 : M);
+    const dim3 grid((unsigned)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES), (unsigned)((M + tok - 1) / tok),
+                    (unsigned)Z);
+    cudaError_t e;
+#define LC_QT_GO(NT_, RAW_)                                                                            \
+    do {                                                                                               \
+        constexpr size_t smem = lc_qt_smem<FMT, NT_>();                                                \
+        const cudaError_t attr = lc_qt_prepare<T, FMT, NT_, F32, RAW_>(smem);                          \
+        if (attr != cudaSuccess) return attr;                                                          \
+        e = lc_launch(lc_qtiled_kernel<T, FMT, NT_, F32, RAW_>,                                        \
+                      grid, dim3(LC_QT_WARPS * 32 * lc_qt_wn<NT_>()), smem, s,                         \
+                      static_cast<const uint16_t *>(x), static_cast<const uint8_t *>(w->data),         \
+                      (const float *)w->scales, y, part, M, w->N, w->K, w->group);                     \
+    } while (0)
+    /* the raw INT4 decode at up to 16 tokens, not in batch-invariant mode */
+    constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
+    switch (NT) {
+    case 1:
+        if (I4 && !invariant) LC_QT_GO(1, I4);
+        else LC_QT_GO(1, false);
+        break;
+    case 2:
+        if (I4 && !invariant) LC_QT_GO(2, I4);
+        else LC_QT_GO(2, false);
+        break;
+    case 4: LC_QT_GO(4, false); break;
+    case 8: LC_QT_GO(8, false); break;
+    default: LC_QT_GO(16, false); break;
+    }
+#undef LC_QT_GO
+    if (e != cudaSuccess || Z == 1) return e;
+    const size_t mn = (size_t)M * w->N;
+    const unsigned rg = (unsigned)((mn + 255) / 256 < 4096 ? (mn + 255) / 256 : 4096);
+    return lc_launch(lc_qtiled_reduce_kernel<T, FMT, F32>, dim3(rg), dim3(256), 0, s, (const float *)part,
+                     (const float *)w->scales, y, M, w->N, Z);
+}
+
+extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,
+                                 void *y, void *scratch, int invariant, cudaStream_t s) {
+    if (!lc_qtiled_ok(w) || w->layout != LOOM_CUDA_QLAYOUT_TILED || M < 1 || M > LC_QT_MAX_M ||
+        (w->fmt == LOOM_CUDA_Q_INT4 && dt != w->tile_dt))
+        return cudaErrorInvalidValue;
+    float *part = static_cast<float *>(scratch);
+#define LC_QT_T(T)                                                                                 \
+    (w->fmt == LOOM_CUDA_Q_INT4                                                                    \
+         ? (out_f32 ? lc_qtiled_t<T, LOOM_CUDA_Q_INT4, true>(M, w, x, y, part, invariant, s)                  \
+                    : lc_qtiled_t<T, LOOM_CUDA_Q_INT4, false>(M, w, x, y, part, invariant, s))                \
+         : (out_f32 ? lc_qtiled_t<T, LOOM_CUDA_Q_INT8_W8A16, true>(M, w, x, y, part, invariant, s)            \
+                    : lc_qtiled_t<T, LOOM_CUDA_Q_INT8_W8A16, false>(M, w, x, y, part, invariant, s)))
+    return dt == LOOM_CUDA_F16 ? LC_QT_T(__half) : LC_QT_T(__nv_bfloat16);
+#undef LC_QT_T
+}
+
+extern "C" cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s) {
+    if (!lc_qtiled_ok(w) || w->layout != LOOM_CUDA_QLAYOUT_TILED || (w->fmt == LOOM_CUDA_Q_INT4 && dt != w->tile_dt))
+        return cudaErrorInvalidValue;
+    const size_t ntile = (size_t)(w->N / 16) * (w->K / (w->fmt == LOOM_CUDA_Q_INT4 ? 64 : 32));
+    const unsigned grid = (unsigned)((ntile + 7) / 8 < 65535 ? (ntile + 7) / 8 : 65535);
+    const int i4 = w->fmt == LOOM_CUDA_Q_INT4;
+    if (dt == LOOM_CUDA_F16)
+        return lc_launch(lc_qtiled_dequant_kernel<__half>, dim3(grid), dim3(256), 0, s,
+                         static_cast<const uint8_t *>(w->data), (const float *)w->scales, static_cast<__half *>(out),
+                         w->N, w->K, w->group, i4);
+    return lc_launch(lc_qtiled_dequant_kernel<__nv_bfloat16>, dim3(grid), dim3(256), 0, s,
+                     static_cast<const uint8_t *>(w->data), (const float *)w->scales,
+                     static_cast<__nv_bfloat16 *>(out), w->N, w->K, w->group, i4);
+}
+
+/* Repack w's row-major codes into the tiled layout in place (through a
+ * temporary device copy of the codes, freed before returning; synchronizes
+ * s). */
+extern "C" cudaError_t loom_cuda_qweight_tile(loom_cuda_qweight *w, loom_cuda_dt dt, cudaStream_t s) {
+    if (!w || w->layout == LOOM_CUDA_QLAYOUT_TILED) return cudaSuccess;
+    if (!lc_qtiled_ok(w) || (dt != LOOM_CUDA_BF16 && dt != LOOM_CUDA_F16)) return cudaErrorInvalidValue;
+    const int i4 = w->fmt == LOOM_CUDA_Q_INT4;
+    const size_t bytes = (size_t)w->N * (i4 ? (size_t)w->K / 2 : (size_t)w->K);
+    const size_t sbytes = i4 ? (size_t)w->N * (w->K / w->group) * 8 : 0;
+    void *tmp = NULL;
+    cudaError_t e = cudaMalloc(&tmp, bytes + sbytes);
+    if (e != cudaSuccess) return e;
+    e = cudaMemcpyAsync(tmp, w->data, bytes, cudaMemcpyDeviceToDevice, s);
+    if (e == cudaSuccess && i4)
+        e = cudaMemcpyAsync(static_cast<uint8_t *>(tmp) + bytes, w->scales, sbytes, cudaMemcpyDeviceToDevice, s);
+    if (e == cudaSuccess) {
+        const size_t nvec = bytes / 16;
+        const unsigned grid = (unsigned)((nvec + 255) / 256 < 65535 ? (nvec + 255) / 256 : 65535);
+        lc_qtiled_pack_kernel<<<grid, 256, 0, s>>>(static_cast<const uint8_t *>(tmp),
+                                                   static_cast<uint8_t *>(const_cast<void *>(w->data)), w->N,
+                                                   w->K, i4);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess && i4) {
+        const float *src = reinterpret_cast<const float *>(static_cast<uint8_t *>(tmp) + bytes);
+        uint32_t *dst = reinterpret_cast<uint32_t *>(const_cast<float *>(w->scales));
+        const int groups = w->K / w->group;
+        const size_t n = (size_t)w->N * groups;
+        const unsigned grid = (unsigned)((n + 255) / 256 < 65535 ? (n + 255) / 256 : 65535);
+        if (dt == LOOM_CUDA_F16) lc_qtiled_scales_kernel<__half><<<grid, 256, 0, s>>>(src, dst, w->N, groups);
+        else lc_qtiled_scales_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>(src, dst, w->N, groups);
+        e = cudaGetLastError();
+    }
+    const cudaError_t e2 = cudaStreamSynchronize(s);
+    cudaFree(tmp);
+    if (e == cudaSuccess) e = e2;
+    if (e == cudaSuccess) w->layout = LOOM_CUDA_QLAYOUT_TILED, w->tile_dt = dt;
+    return e;
+}
