@@ -185,71 +185,48 @@ static void measure_gemm(void) {
 
 /* ------------------------------------------------------- attention alone */
 
-/* Decode attention alone on Llama-3-8B heads over a cache of `kv` (bf16,
- * or E4M3 codes: half the bytes): `batch` sequences of `ctx`
- * tokens (ragged: contexts spread evenly over ctx/4 .. 7ctx/4, the same
- * mean), one token each, block size 16, blocks shuffled. Times the kernel
- * the backend picks (decode_ctas 0) and, where that is the many-items
- * kernel (a dt cache past one wave), the one-item-a-CTA grid (decode_ctas
- * -1, "previous") on the same data. */
-static void bench_attention(int batch, int ctx, loom_cuda_kv kv, bool ragged) {
+/* kv: the cache's element type (bf16, or E4M3 codes: half the bytes). */
+static void bench_attention(int batch, int ctx, loom_cuda_kv kv) {
     const int H = 32, KVH = 8, D = 128, bs = 16, G = H / KVH;
-    int *cl = malloc(sizeof(int) * (size_t)batch);
-    long keys = 0;
-    int max_nb = 0, nblk = 0;
-    for (int b = 0; b < batch; b++) {
-        cl[b] = ragged && batch > 1 ? ctx / 4 + (int)((long)b * (6L * ctx / 4) / (batch - 1)) : ctx;
-        if (cl[b] < 1) cl[b] = 1;
-        keys += cl[b];
-        const int nb = (cl[b] + bs - 1) / bs;
-        nblk += nb;
-        if (nb > max_nb) max_nb = nb;
-    }
+    const int nb_seq = (ctx + bs - 1) / bs, nblk = nb_seq * batch;
     const size_t cache = (size_t)nblk * KVH * bs * D, elt = LOOM_CUDA_KV_ELT(kv);
     void *k, *v, *q, *o, *d_bt, *d_pos, *d_stride, *d_tiles;
     float *ws;
     CK(cudaMalloc(&k, cache * elt));
     CK(cudaMalloc(&v, cache * elt));
-    /* a 32 MiB random pattern, repeated over the caches */
-    const size_t pat = (size_t)1 << 24, pn = cache < pat ? cache : pat;
-    uint16_t *h = malloc(pn * 2);
+    uint16_t *h = malloc(cache * 2);
     uint64_t s = 777;
-    for (size_t i = 0; i < pn; i++) {
+    for (size_t i = 0; i < cache; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         h[i] = (uint16_t)(0x3c00u | ((s >> 33) & 0x83ffu));
     }
     if (kv == LOOM_CUDA_KV_E4M3) { /* codes: +-[0.5, 2), no NaN */
-        uint8_t *c8 = malloc(pn);
-        for (size_t i = 0; i < pn; i++) c8[i] = (uint8_t)((h[i] >> 8 & 0x80u) | 0x30u | (h[i] & 0x0fu));
-        memcpy(h, c8, pn);
+        uint8_t *c8 = malloc(cache);
+        for (size_t i = 0; i < cache; i++) c8[i] = (uint8_t)((h[i] >> 8 & 0x80u) | 0x30u | (h[i] & 0x0fu));
+        memcpy(h, c8, cache);
         free(c8);
     }
-    for (size_t off = 0; off < cache; off += pn) {
-        const size_t n = cache - off < pn ? cache - off : pn;
-        CK(cudaMemcpy((char *)k + off * elt, h, n * elt, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy((char *)v + off * elt, h, n * elt, cudaMemcpyHostToDevice));
-    }
+    CK(cudaMemcpy(k, h, cache * elt, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(v, h, cache * elt, cudaMemcpyHostToDevice));
     free(h);
     CK(cudaMalloc(&q, (size_t)batch * (H + 2 * KVH) * D * 2));
     CK(cudaMemset(q, 0x3c, (size_t)batch * (H + 2 * KVH) * D * 2));
     CK(cudaMalloc(&o, (size_t)batch * H * D * 2));
-    int32_t *perm = malloc((size_t)nblk * 4), *bt = malloc((size_t)batch * max_nb * 4), *pos = malloc((size_t)batch * 4);
-    for (int i = 0; i < nblk; i++) perm[i] = i;
+    int32_t *bt = malloc((size_t)nblk * 4), *pos = malloc((size_t)batch * 4);
+    for (int i = 0; i < nblk; i++) bt[i] = i;
     for (int i = nblk - 1; i > 0; i--) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
-        int j = (int)((s >> 33) % (uint64_t)(i + 1)), t = perm[i];
-        perm[i] = perm[j], perm[j] = t;
+        int j = (int)((s >> 33) % (uint64_t)(i + 1)), t = bt[i];
+        bt[i] = bt[j], bt[j] = t;
     }
-    for (int b = 0, n = 0; b < batch; b++)
-        for (int j = 0; j < max_nb; j++) bt[(size_t)b * max_nb + j] = j < (cl[b] + bs - 1) / bs ? perm[n++] : -1;
     loom_cuda_attn_tile *tiles = malloc(sizeof *tiles * (size_t)batch);
     for (int b = 0; b < batch; b++) {
-        pos[b] = cl[b] - 1;
+        pos[b] = ctx - 1;
         tiles[b] = (loom_cuda_attn_tile){b, b, 1, 0};
     }
-    int stride = max_nb;
-    CK(cudaMalloc(&d_bt, (size_t)batch * max_nb * 4));
-    CK(cudaMemcpy(d_bt, bt, (size_t)batch * max_nb * 4, cudaMemcpyHostToDevice));
+    int stride = nb_seq;
+    CK(cudaMalloc(&d_bt, (size_t)nblk * 4));
+    CK(cudaMemcpy(d_bt, bt, (size_t)nblk * 4, cudaMemcpyHostToDevice));
     CK(cudaMalloc(&d_pos, (size_t)batch * 4));
     CK(cudaMemcpy(d_pos, pos, (size_t)batch * 4, cudaMemcpyHostToDevice));
     CK(cudaMalloc(&d_stride, 4));
@@ -258,9 +235,8 @@ static void bench_attention(int batch, int ctx, loom_cuda_kv kv, bool ragged) {
     CK(cudaMemcpy(d_tiles, tiles, sizeof *tiles * (size_t)batch, cudaMemcpyHostToDevice));
     int sms = 132;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-    /* the backend's split bound: one wave of one-item CTAs */
-    const int resident = sms * loom_cuda_attn_ctas_per_sm(LOOM_CUDA_BF16, kv, LOOM_CUDA_ATTN_DECODE, D);
-    const int ms_split = loom_cuda_attn_max_splits(batch, KVH, resident);
+    int ms_split = loom_cuda_attn_max_splits(
+        batch, KVH, sms * loom_cuda_attn_ctas_per_sm(LOOM_CUDA_BF16, kv, LOOM_CUDA_ATTN_DECODE, D));
     size_t wsf = loom_cuda_attn_workspace_floats(LOOM_CUDA_ATTN_DECODE, batch, KVH, D, ms_split);
     CK(cudaMalloc((void **)&ws, wsf * 4 + 16));
     int *sem;
@@ -276,36 +252,29 @@ static void bench_attention(int batch, int ctx, loom_cuda_kv kv, bool ragged) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    /* where the backend's choice is the many-items kernel (a dt cache past
-     * one wave), also one item a CTA ("previous") */
-    const int nvar = kv == LOOM_CUDA_KV_DT && (long)batch * KVH * ms_split > resident ? 2 : 1;
-    for (int var = 0; var < nvar; var++) {
-        a.decode_ctas = var ? -1 : 0;
-        double t[30];
-        for (int i = -3; i < 30; i++) {
-            CK(cudaEventRecord(e0, 0));
-            CK(loom_cuda_attention(&a, 0));
-            CK(cudaEventRecord(e1, 0));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            if (i >= 0) t[i] = ms;
-        }
-        double ms = median(t, 30);
-        const double bytes = (double)keys * KVH * D * 2.0 * (double)elt;
-        const double flops = (double)keys * H * D * 4.0;
-        char name[96];
-        snprintf(name, sizeof name, "decode attention%s b=%d ctx=%d%s (G=%d, splits<=%d)%s",
-                 kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : "", batch, ctx, ragged ? " ragged" : "", G, ms_split,
-                 var ? " previous" : "");
-        add_row(name, ms, bytes, flops, 0);
-        printf("      K/V read %.0f GB/s = %.1f%% of the D2D copy bandwidth\n", bytes / (ms * 1e-3) / 1e9,
-               100.0 * bytes / (ms * 1e-3) / g_copy_bw);
+    double t[30];
+    for (int i = -3; i < 30; i++) {
+        CK(cudaEventRecord(e0, 0));
+        CK(loom_cuda_attention(&a, 0));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 0) t[i] = ms;
     }
+    double ms = median(t, 30);
+    const double bytes = (double)batch * ctx * KVH * D * 2.0 * (double)elt;
+    const double flops = (double)batch * ctx * H * D * 4.0;
+    char name[96];
+    snprintf(name, sizeof name, "decode attention%s b=%d ctx=%d (G=%d, splits<=%d)",
+             kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : "", batch, ctx, G, ms_split);
+    add_row(name, ms, bytes, flops, 0);
+    printf("      K/V read %.0f GB/s = %.1f%% of the D2D copy bandwidth\n", bytes / (ms * 1e-3) / 1e9,
+           100.0 * bytes / (ms * 1e-3) / g_copy_bw);
     cudaFree(k), cudaFree(v), cudaFree(q), cudaFree(o), cudaFree(d_bt), cudaFree(d_pos);
     cudaFree(d_stride), cudaFree(d_tiles), cudaFree(ws), cudaFree(sem);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
-    free(bt), free(perm), free(pos), free(tiles), free(cl);
+    free(bt), free(pos), free(tiles);
 }
 
 /* ------------------------------------------------ per-kernel breakdown */
@@ -1322,9 +1291,7 @@ int main(int argc, char **argv) {
                 "  --quant         the quantized linear layers only (M = 1, 2, 8, 16, 64, 128, 256, 2048; M = 1 also chained)\n"
                 "  --quant-m M     those at M only; M <= 8 also chained in a CUDA graph (M = 1: also with a\n"
                 "                  layer's small kernels between the linears, 'mixed')\n"
-                "  --attention     the decode attention rows only (bf16 and E4M3 caches): 1 and 8 x 32k, 64/256/512\n"
-                "                  sequences x 256/1024/4096 tokens, two ragged batches; the kernel the\n"
-                "                  backend picks and, where that differs, the previous one-item-a-CTA grid\n"
+                "  --attention     the decode attention rows only (bf16 and E4M3 caches)\n"
                 "  --layer CTX     one whole decode layer (norms, linears, RoPE, attention over CTX keys, SwiGLU)\n"
                 "                  in a CUDA graph, every format; bf16 also with each small kernel left out\n"
                 "  --moe LAYERS    a mixture-of-experts dummy shape (bf16) cut to LAYERS layers only, loaded once:\n"
@@ -1403,19 +1370,10 @@ int main(int argc, char **argv) {
 attention:
     for (int f8 = 0; f8 < 2; f8++) { /* bf16 KV, then an E4M3 KV cache (half the bytes) */
         const loom_cuda_kv kv = f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
-        bench_attention(1, 32768, kv, false);
-        bench_attention(8, 32768, kv, false);
-        bench_attention(512, 256, kv, false); /* a 128/128 throughput decode step */
-        if (!quick) bench_attention(64, 4096, kv, false);
-        if (attention_only) { /* the throughput grid: 64 / 256 / 512 sequences x 256 / 1024 / 4096 */
-            static const int bb[3] = {64, 256, 512}, cc[3] = {256, 1024, 4096};
-            for (int i = 0; i < 3; i++)
-                for (int j = 0; j < 3; j++)
-                    if (!(bb[i] == 512 && cc[j] == 256) && !(bb[i] == 64 && cc[j] == 4096))
-                        bench_attention(bb[i], cc[j], kv, false);
-            bench_attention(256, 1024, kv, true);
-            bench_attention(512, 256, kv, true);
-        }
+        bench_attention(1, 32768, kv);
+        bench_attention(8, 32768, kv);
+        bench_attention(512, 256, kv); /* a 128/128 throughput decode step */
+        if (!quick) bench_attention(64, 4096, kv);
     }
     if (attention_only) goto write;
 

@@ -231,14 +231,6 @@ typedef struct loom_cuda_attn_args {
                                       bt_stride[1] (bt_stride then points at
                                       2 ints: row length, group length);
                                       0: bt_stride[0] only                   */
-    int decode_ctas;               /* DECODE shape over a dt cache, head dim
-                                      64 or 128: 0 picks the many-items-a-CTA
-                                      kernel when the (tile, kv head, split)
-                                      items exceed one wave of its CTAs; > 0
-                                      uses it with at most this many CTAs
-                                      (tests, benchmarks); < 0 never (one
-                                      item a CTA). With one split the same
-                                      bits either way.                     */
 } loom_cuda_attn_args;
 
 /* Causal paged attention: every query row attends to keys 0..pos of its

@@ -155,12 +155,6 @@ static const char *kvn(void) { return g_kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : "
 /* Sliding window of the attention checks (0: whole context), set like g_kv. */
 static int g_window;
 
-/* decode_ctas of the attention checks' decode launches (0: the kernel's
- * own choice; > 0 over a dt cache: the many-items decode kernel with at
- * most that many CTAs, also compared bit for bit with the one-item-a-CTA
- * grid when there is one split). */
-static int g_decode_ctas;
-
 /* First key position p sees under g_window. */
 static int win_lo(int p) { return g_window > 0 && p - g_window + 1 > 0 ? p - g_window + 1 : 0; }
 
@@ -812,7 +806,7 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
                              .bt_stride = d_stride, .positions = d_pos, .num_heads = H,
                              .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
                              .scale = (float)(1.0 / sqrt((double)D)), .partial = d_ws,
-                             .sem = d_sem, .window = g_window, .decode_ctas = g_decode_ctas};
+                             .sem = d_sem, .window = g_window};
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -837,24 +831,6 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     cudaEventElapsedTime(&ms_time, e0, e1);
     uint16_t *o_h = malloc((size_t)T * ldo * 2);
     CK(cudaMemcpy(o_h, d_out, (size_t)T * ldo * 2, cudaMemcpyDeviceToHost));
-    /* the many-items decode kernel against the one-item-a-CTA grid: the
-     * same arithmetic, so the same bits */
-    long multi_differ = -1;
-    if (!inv && nd && g_decode_ctas > 0 && ms[0] == 1 && g_kv == LOOM_CUDA_KV_DT) {
-        CK(cudaMemset(d_out, 0xff, (size_t)T * ldo * 2));
-        a.shape = LOOM_CUDA_ATTN_DECODE, a.tiles = d_dt, a.num_tiles = nd, a.max_splits = 1, a.decode_ctas = -1;
-        CK(loom_cuda_attention(&a, 0));
-        if (np) {
-            a.shape = LOOM_CUDA_ATTN_PREFILL, a.tiles = d_pt, a.num_tiles = np, a.max_splits = ms[1];
-            CK(loom_cuda_attention(&a, 0));
-        }
-        CK(cudaDeviceSynchronize());
-        uint16_t *o2 = malloc((size_t)T * ldo * 2);
-        CK(cudaMemcpy(o2, d_out, (size_t)T * ldo * 2, cudaMemcpyDeviceToHost));
-        multi_differ = 0;
-        for (size_t i = 0; i < (size_t)T * ldo; i++) multi_differ += o2[i] != o_h[i];
-        free(o2);
-    }
 
     /* float64 reference, every (token, head) row (rows spread over OpenMP
      * threads; per-row errors merged afterwards) */
@@ -914,16 +890,9 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
         snprintf(name, sizeof name, "attention %s %s%s%s D=%d H=%d/%d bs=%d T=%d invariant %d tiles/launch (%.2f ms)",
                  label, dtn(dt), kvn(), wn, D, H, KVH, bs, T, inv_per_launch, ms_time);
     else
-        snprintf(name, sizeof name, "attention %s %s%s%s D=%d H=%d/%d bs=%d T=%d tiles %d+%d splits %d/%d%s (%.2f ms)",
-                 label, dtn(dt), kvn(), wn, D, H, KVH, bs, T, nd, np, ms[0], ms[1],
-                 g_decode_ctas > 0 ? " many-items decode" : "", ms_time);
+        snprintf(name, sizeof name, "attention %s %s%s%s D=%d H=%d/%d bs=%d T=%d tiles %d+%d splits %d/%d (%.2f ms)",
+                 label, dtn(dt), kvn(), wn, D, H, KVH, bs, T, nd, np, ms[0], ms[1], ms_time);
     report(name, &acc, TOL16);
-    if (multi_differ >= 0) {
-        err_acc bd = {.worst = (double)multi_differ, .rows = 1};
-        snprintf(name, sizeof name, "  ... many-items decode (<= %d CTAs) = one item a CTA, bit for bit (elements differing)",
-                 g_decode_ctas);
-        report(name, &bd, 0.0);
-    }
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     cudaFree(d_k), cudaFree(d_v), cudaFree(d_q), cudaFree(d_pos), cudaFree(d_bt);
     /* the kernel must leave its split-K counters at zero */
@@ -3351,57 +3320,8 @@ static void test_attention_gemma(void) {
     g_window = 0;
 }
 
-/* The many-items decode kernel (dt caches, head dims 64 and 128): forced
- * onto few CTAs (several items each, the cp.async ring running across
- * items of ragged contexts 1..1000 and 20001..32768; one split and
- * forced split bounds, whose 512-key splits merge in the kernel), GQA groups
- * 1/3/4/8/16, block sizes 1/7/16/32, bf16/f16, a 4- and 3-token verify in
- * the decode shape, windows; then its own dispatch on a batch of hundreds
- * of ragged sequences, and the same batch on 3 CTAs (the 64-items-a-CTA
- * cap raises the grid). */
-static const att_case k_att_multi[] = {
-    {"decode", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_DECODE, -1, 1},
-    {"decode G1", LOOM_CUDA_BF16, 128, 8, 8, 16, ATT_DECODE, -1, 1},
-    {"decode G8", LOOM_CUDA_BF16, 128, 16, 2, 16, ATT_DECODE, -1, 1},
-    {"decode G16", LOOM_CUDA_BF16, 64, 16, 1, 16, ATT_DECODE, -1, 1},
-    {"decode G3 f16", LOOM_CUDA_F16, 64, 9, 3, 16, ATT_DECODE, -1, 1},
-    {"decode bs1", LOOM_CUDA_BF16, 64, 4, 2, 1, ATT_DECODE, -1, 1},
-    {"decode bs7", LOOM_CUDA_BF16, 128, 8, 2, 7, ATT_DECODE, -1, 1},
-    {"decode bs32", LOOM_CUDA_BF16, 128, 32, 8, 32, ATT_DECODE, -1, 1},
-    {"chunk (decode tiles + prefill)", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_CHUNK, -1, 1},
-    {"long decode", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_LONG_DECODE, -1, 1},
-    {"long verify (decode shape)", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_LONG_VERIFY, 0, 1},
-    {"decode split7", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_DECODE, -1, 7},
-    {"long decode split64", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_LONG_DECODE, -1, 64},
-    {"long verify split3 (decode shape)", LOOM_CUDA_F16, 64, 16, 2, 16, ATT_LONG_VERIFY, 0, 3},
-    {"long verify split3 (decode shape, 16 rows)", LOOM_CUDA_BF16, 128, 32, 8, 16, ATT_LONG_VERIFY, 0, 3},
-    {"long decode G8 split5", LOOM_CUDA_BF16, 64, 16, 2, 16, ATT_LONG_DECODE, -1, 5},
-};
-
-static void test_attention_multi(void) {
-    const int n = (int)(sizeof k_att_multi / sizeof k_att_multi[0]);
-    enum { NS = 300 };
-    int ctx[NS], nq[NS];
-    for (int i = 0; i < NS; i++) ctx[i] = 1 + rng_int(2500), nq[i] = 1;
-    g_kv = LOOM_CUDA_KV_DT;
-    g_decode_ctas = 5;
-    att_run(k_att_multi, n);
-    g_decode_ctas = 1;
-    att_run(k_att_multi, 2);
-    g_decode_ctas = 3;
-    g_window = 37;
-    att_run(k_att_multi, 3);
-    g_window = 0;
-    g_decode_ctas = 0;
-    test_attention("ragged x300 (dispatch)", LOOM_CUDA_BF16, 128, 32, 8, 16, NS, ctx, nq, -1, 1);
-    g_decode_ctas = 3;
-    test_attention("ragged x300", LOOM_CUDA_BF16, 128, 32, 8, 16, NS, ctx, nq, -1, 1);
-    g_decode_ctas = 0;
-}
-
 /* Every attention case: dt caches, the batch-invariant mode, E4M3 caches. */
 static void test_attention_all(void) {
-    test_attention_multi();
     test_attention_gemma();
     /* attention: ragged prefill, block boundaries, GQA 1/3/4/8, D 64/128;
      * then forced shapes and split counts, other block sizes and head
