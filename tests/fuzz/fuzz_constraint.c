@@ -16,7 +16,7 @@
 #include "../constraint/constraint_util.h"
 #include "fuzz_util.h"
 
-static const gram_limits k_lim = {1 << 16, 20000, 32, 128, 64, 100};
+static const gram_limits k_lim = {1 << 16, 20000, 32, 128, 64, 100, 2000000};
 
 static void drive(gram_compiled *c, const cu_vocab *v, const uint8_t *doc, size_t n) {
     gmatch *m;
