@@ -552,9 +552,10 @@ Test(cache, cut_keys_equal_brute_force) {
     }
     cr_assert(grammars >= 40, "only %d of the random grammars compiled", grammars);
     cr_assert(masks > 2000, "%d masks compared", masks);
-    /* coverage, not correctness: the cut path must have served masks (runs
-     * give ~60-400 hits, depending on how many random items repeat) */
-    cr_assert(stats[0] > 30 && stats[1] > 100 && stats[2] > 10,
+    /* coverage, not correctness: the cut path must have served masks (60
+     * runs gave 37-500+ hits, 400-1200 walks, 28+ walks below the cut,
+     * depending on how many random items repeat) */
+    cr_assert(stats[0] > 10 && stats[1] > 100 && stats[2] > 10,
               "the cut path was taken too rarely: %lld hits, %lld walks, %lld walks of tokens below the cut",
               (long long)stats[0], (long long)stats[1], (long long)stats[2]);
     cr_log_info("%d grammars, %d masks: cut keys %lld hits, %lld walks, %lld walks below the cut", grammars, masks,
