@@ -171,7 +171,7 @@ static int batch(loom_engine *e, const loom_vocab_view *v, int32_t eog, const ch
     size_t len;
     char *schema = slurp(path, &len), why[512], *gbnf = NULL;
     if (!schema) return fprintf(stderr, "cannot read %s\n", path), 1;
-    gram_limits lim = {1 << 20, 1000000, 64, 512, 256, 1000};
+    gram_limits lim = {1 << 20, 1000000, 64, 512, 256, 1000, 20000000};
     gram_compiled c[2] = {{.vocab = v, .lim = lim, .plain_keys = true}, {.vocab = v, .lim = lim}};
     static const char *const mode[2] = {"plain keys (before)", "cut keys (after)"};
     vtrie *trie;
@@ -269,7 +269,7 @@ int main(int argc, char **argv) {
     const char *schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":"
                          "\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}},"
                          "\"required\":[\"name\",\"age\",\"tags\"],\"additionalProperties\":false}";
-    gram_limits lim = {1 << 20, 1000000, 64, 512, 256, 1000};
+    gram_limits lim = {1 << 20, 1000000, 64, 512, 256, 1000, 20000000};
     char why[512], *gbnf;
     gram_compiled c = {.vocab = &v, .lim = lim};
     vtrie *trie;

@@ -86,6 +86,13 @@ void engine_constraint_req_free(loom_req *rq) {
     rq->grammar = NULL;
 }
 
+/* Keep why s's constraint failed (the sample ends with it); returns it. */
+static const char *seq_con_error(loom_seq *s, const char *msg) {
+    free(s->con_error);
+    s->con_error = strdup(msg);
+    return s->con_error ? s->con_error : "the constraint failed (out of memory for its message)";
+}
+
 /* A matcher for a new sample of a constrained request. */
 loom_status engine_constraint_seq_init(loom_seq *s) {
     loom_req *rq = s->req;
@@ -98,6 +105,8 @@ loom_status engine_constraint_seq_init(loom_seq *s) {
 }
 
 void engine_constraint_seq_free(loom_seq *s) {
+    free(s->con_error);
+    s->con_error = NULL;
     if (s->matcher) s->con->matcher_free(s->con_self, s->matcher);
     s->matcher = NULL;
     free(s->mask);
@@ -117,8 +126,15 @@ loom_status engine_constraint_fill(loom_engine *e, loom_seq *s, loom_error *err)
     const size_t words = LOOM_MASK_WORDS(e->vocab);
     if (!engine_constraint_mask_buffer(e, s))
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for a constraint mask");
-    loom_status st = s->con->fill_mask(s->con_self, s->matcher, s->mask, err);
-    if (st != LOOM_OK) return st;
+    /* A failure is this sample's, not the step's: a grammar too ambiguous
+     * to match within the plugin's budget (or a mask it has no memory for)
+     * ends this sample with the plugin's message when its token is checked;
+     * the other rows of the step go on. */
+    loom_error le = {0};
+    if (s->con->fill_mask(s->con_self, s->matcher, s->mask, &le) != LOOM_OK) {
+        seq_con_error(s, le.message[0] ? le.message : "the constraint failed to compute a token mask");
+        return LOOM_OK;
+    }
     for (size_t i = 0; i < words && !s->mask_live; i++) s->mask_live = s->mask[i] != 0;
     return LOOM_OK;
 }
@@ -126,6 +142,7 @@ loom_status engine_constraint_fill(loom_engine *e, loom_seq *s, loom_error *err)
 /* NULL when tok may follow for s, else why it may not (s's sample must end). */
 const char *engine_constraint_check_token(const loom_seq *s, int32_t tok) {
     if (!s->matcher) return NULL;
+    if (s->con_error) return s->con_error;
     if (!s->mask_live)
         return "the constraint reached a dead end: no token can continue the text inside the schema or grammar";
     if (!((s->mask[tok >> 5] >> (tok & 31)) & 1u))
@@ -139,7 +156,10 @@ const char *engine_constraint_accept(loom_seq *s, int32_t tok) {
     if (!s->matcher) return NULL;
     loom_error le = {0};
     s->mask_live = false;
-    if (s->con->accept(s->con_self, s->matcher, tok, &le) != LOOM_OK)
+    if (s->con->accept(s->con_self, s->matcher, tok, &le) != LOOM_OK) {
+        /* the plugin's reason when it gave one (a work budget) */
+        if (le.code != LOOM_ERR_INVALID && le.message[0]) return seq_con_error(s, le.message);
         return "the constraint refused the chosen token";
+    }
     return NULL;
 }

@@ -80,6 +80,8 @@ typedef struct loom_seq {
     bool mask_ready;           /* filled during this step's forward (the
                                   runner masks its candidates): sampling
                                   uses it as it is                          */
+    char *con_error;           /* the constraint failed (its message): the
+                                  sample ends with it at its next token     */
 } loom_seq;
 
 struct loom_req {

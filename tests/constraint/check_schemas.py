@@ -239,6 +239,8 @@ REGEXES = [
     r"^[A-Z][a-z]{2,5}(-\d{3})?$", r"(?:ab|c)*x\.", r"\d+(\.\d+)?", r"(a|)b", r"[^a-c\]]+", r"[\w.-]+@[a-z]+\.com",
     r"(?P<y>\d{4})-(\d\d)", r"\s*\S+", r"(yes|no|maybe)", r"é+中?", r"[0-9a-f]{8}", r"a{2}b{,2}c{1,}", r"x{",
     r"\(\)\[\]\{\}", r"[A-Z]\W\D", r"[\S\d]+\W*", r".{3}", r"(\+|-)?[1-9][0-9]*", r"\x41\u00e9\t?",
+    # repetitions of bodies that can match nothing, nested in repetitions
+    r"((a*){0,3}b?)*", r"(a?)*c?", r"(|a)*b", r"(((a?){0,3}){0,3}){0,3}b", r"((a?){0,9}b?){0,9}c", r"(((a?)*)*b?)*c",
 ]
 
 
@@ -248,7 +250,7 @@ def check_regexes(proc, r, failures):
     for rx in REGEXES:
         docs = [d for d in ["Abc", "Abc-123", "x.", "ababx.", "12.5", "b", "ab", "xyz", "a@b.com", "2024-01",
                             "  q", "maybe", "éé中", "deadbeef", "aabbc", "x{", "()[]{}", "Q!x", "a\nb", "-12",
-                            "Aé\t"] if re.fullmatch(rx, d)]
+                            "Aé\t", "aababb", "aaab", "aaaab", "abaabc", "aabbc", "aac", "bab"] if re.fullmatch(rx, d)]
         if re.search(r"\\[dDwWsS]", rx):  # shorthands are ASCII-only: a subset of Python's
             docs = [d for d in docs if d.isascii()]
         req = {"lang": "regex", "text": rx, "seed": r.randrange(1 << 62), "samples": 6, "docs": docs}

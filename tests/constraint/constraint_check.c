@@ -22,7 +22,7 @@
 
 #define MAX_TOKENS 3000
 
-static const gram_limits k_lim = {1 << 20, 1000000, 64, 512, 256, 1000};
+static const gram_limits k_lim = {1 << 20, 1000000, 64, 512, 256, 1000, 20000000};
 
 /* A token from the mask: the end when allowed (mostly), else closing
  * characters more often the longer the text grows, else uniform. */

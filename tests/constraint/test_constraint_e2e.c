@@ -8,6 +8,7 @@
  */
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -280,5 +281,48 @@ Test(constraint_e2e, masked_candidates_equal_whole_rows, .timeout = 900) {
         }
     }
     for (int i = 0; i < 4; i++) eng_rec_free(&whole[i]);
+    free(pipe);
+}
+
+/* A grammar too ambiguous to match within the plugin's work budget
+ * (max_match_steps, small here): its request ends with an error naming the
+ * limit and the grammar, and a request beside it in the same steps goes on
+ * to its end (the failure is the request's, not the step's). */
+Test(constraint_e2e, work_budget_fails_only_its_request) {
+    eng_need_model();
+    char *pipe = eng_data_in("constraint", "smol.yaml");
+    static const char *const small[] = {"constraint.max_match_steps=100000", "constraint.max_stack_depth=64", NULL};
+    loom_engine *e = eng_open_path(pipe, small);
+    /* every one of 2^80 paths after the "q" is deeper than max_stack_depth
+     * (the distinct stacks explode: the one case the expansion's
+     * once-per-stack rule does not make cheap) */
+    char grammar[4096];
+    int at = snprintf(grammar, sizeof grammar, "root ::= \"q\" r1\n");
+    for (int i = 1; i < 80; i++)
+        at += snprintf(grammar + at, sizeof grammar - (size_t)at, "r%d ::= r%d \"x\" | r%d \"y\"\n", i, i + 1, i + 1);
+    snprintf(grammar + at, sizeof grammar - (size_t)at, "r80 ::= \"z\"\n");
+    eng_rec bad, good;
+    eng_rec_init(&bad, 1);
+    eng_rec_init(&good, 1);
+    loom_request r = loom_request_default();
+    r.prompt = "Write:";
+    r.max_tokens = 40;
+    r.constraint_lang = "gbnf";
+    r.constraint = grammar;
+    eng_add(e, r, &bad);
+    r.constraint_lang = "regex";
+    r.constraint = "\\{\"n\": [0-9]{1,3}\\}";
+    eng_add(e, r, &good);
+    eng_run(e, 200);
+    eng_rec_check_done(&bad);
+    eng_rec_check_done(&good);
+    cr_assert_eq(bad.s[0].finish, LOOM_FINISH_ERROR, "finish %d, text %.*s", bad.s[0].finish, (int)bad.s[0].len,
+                 bad.s[0].text);
+    cr_assert(strstr(bad.s[0].error, "max_match_steps (100000)") && strstr(bad.s[0].error, "gbnf `root ::= \"q\""),
+              "%s", bad.s[0].error);
+    cr_assert_eq(good.s[0].finish, LOOM_FINISH_EOS, "finish %d (%s)", good.s[0].finish, good.s[0].error);
+    eng_rec_free(&bad);
+    eng_rec_free(&good);
+    loom_engine_destroy(e);
     free(pipe);
 }

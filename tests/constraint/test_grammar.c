@@ -20,7 +20,7 @@
 #include "constraint_util.h"
 #include "gram.h"
 
-static const gram_limits k_lim = {1 << 20, 100000, 16, 64, 64, 100};
+static const gram_limits k_lim = {1 << 20, 100000, 16, 64, 64, 100, 20000000};
 
 static loom_status parse(const char *text, gram *g, char *why) {
     return gram_parse(text, strlen(text), &k_lim, g, why, 256);
@@ -399,44 +399,36 @@ static void bf_schema(gbuf *b, test_rng *r, int depth) {
     }
 }
 
-/* A random quantifier; with `once`, only "" or "?" (see bf_regex). Returns
- * whether it lets its item match nothing. */
-static bool bf_repeat(gbuf *b, test_rng *r, bool once) {
+/* A random quantifier. */
+static void bf_repeat(gbuf *b, test_rng *r) {
     static const char *const q[] = {"", "", "?", "*", "+", "{2}", "{0,3}", "{1,4}"};
-    const char *pick = q[once ? rng_int(r, 3) : rng_int(r, 8)];
-    gbuf_put(b, pick);
-    return pick[0] == '?' || pick[0] == '*' || !strcmp(pick, "{0,3}");
+    gbuf_put(b, q[rng_int(r, 8)]);
 }
 
 /* A random regex: literals (quotes and JSON punctuation among them),
- * classes, groups with alternatives, repetitions. Returns whether it can
- * match nothing. A group that can is never repeated: the matcher expands
- * such nested empty loops exponentially (docs/constraints.md, "Limits"),
- * which the GBNF generator below avoids the same way. */
-static bool bf_regex(gbuf *b, test_rng *r, int depth) {
+ * classes, groups with alternatives (empty ones among them), repetitions —
+ * of groups that can match nothing too, nested in other repetitions (the
+ * shape whose expansion was exponential before stacks were expanded once
+ * per set, match.c). */
+static void bf_regex(gbuf *b, test_rng *r, int depth) {
     static const char *const atom[] = {"a", "b", "x", "0", "\"", ",", ":", " ", "\\]", "\\}", "[a-c]", "[0-9]", "[^b\"]", "."};
-    bool nullable = true;
     for (int i = 0, n = 1 + (int)rng_int(r, 3); i < n; i++) {
-        bool item = false;
         if (depth < 3 && rng_int(r, 3) == 0) {
             gbuf_put(b, "(");
-            item = bf_regex(b, r, depth + 1);
-            if (rng_int(r, 2)) {
-                gbuf_put(b, "|");
-                item |= bf_regex(b, r, depth + 1);
-            }
+            if (rng_int(r, 8)) bf_regex(b, r, depth + 1); /* else an empty alternative */
+            if (rng_int(r, 2)) gbuf_put(b, "|"), bf_regex(b, r, depth + 1);
             gbuf_put(b, ")");
         } else {
             gbuf_put(b, atom[rng_int(r, 14)]);
         }
-        item |= bf_repeat(b, r, item);
-        nullable &= item;
+        bf_repeat(b, r);
     }
-    return nullable;
 }
 
 /* A random GBNF grammar: rules referring only to later rules (no left
- * recursion), repeated items in unrolled lists. */
+ * recursion), repeated items in unrolled lists; alternatives may match
+ * nothing (a repeated item or an empty literal), so repetitions of rules
+ * that can match nothing nest in one another. */
 static void bf_gbnf(gbuf *b, test_rng *r) {
     static const char *const lit[] = {"\"[\"", "\"]\"", "\"{\"", "\"}\"", "\",\"", "\"\\\"\"", "\"ab\"", "\"x\"",
                                       "[a-c]", "[0-9]", "[^\\\"]", "\": \""};
@@ -446,12 +438,14 @@ static void bf_gbnf(gbuf *b, test_rng *r) {
         gbuf_printf(b, "r%d ::= ", i);
         for (int a = 0, na = 1 + (int)rng_int(r, 3); a < na; a++) {
             if (a) gbuf_put(b, " | ");
-            gbuf_put(b, lit[rng_int(r, 12)]); /* never empty: repetitions of it cannot loop */
+            if (rng_int(r, 6)) gbuf_put(b, lit[rng_int(r, 12)]);
+            else gbuf_put(b, "\"\"");
+            bf_repeat(b, r);
             for (int k = 0, nk = (int)rng_int(r, 3); k < nk; k++) {
                 gbuf_put(b, " ");
                 if (i + 1 < rules && rng_int(r, 2)) gbuf_printf(b, "(r%d)", i + 1 + (int)rng_int(r, rules - i - 1));
                 else gbuf_put(b, lit[rng_int(r, 12)]);
-                bf_repeat(b, r, false);
+                bf_repeat(b, r);
             }
         }
         gbuf_put(b, "\n");
@@ -558,9 +552,10 @@ Test(cache, cut_keys_equal_brute_force) {
     }
     cr_assert(grammars >= 40, "only %d of the random grammars compiled", grammars);
     cr_assert(masks > 2000, "%d masks compared", masks);
-    /* coverage, not correctness: the cut path must have served masks (runs
-     * give ~60-400 hits, depending on how many random items repeat) */
-    cr_assert(stats[0] > 30 && stats[1] > 100 && stats[2] > 10,
+    /* coverage, not correctness: the cut path must have served masks (60
+     * runs gave 37-500+ hits, 400-1200 walks, 28+ walks below the cut,
+     * depending on how many random items repeat) */
+    cr_assert(stats[0] > 10 && stats[1] > 100 && stats[2] > 10,
               "the cut path was taken too rarely: %lld hits, %lld walks, %lld walks of tokens below the cut",
               (long long)stats[0], (long long)stats[1], (long long)stats[2]);
     cr_log_info("%d grammars, %d masks: cut keys %lld hits, %lld walks, %lld walks below the cut", grammars, masks,
@@ -585,6 +580,7 @@ static const loom_constraint_ops *load_ops(void **dl) {
 typedef struct {
     int64_t text, elems, depth, stack, stacks, rep, cache, grammars;
     bool cut_keys;
+    int64_t match_steps;
 } grammar_cfg;
 
 /* Requests with one language and text share one grammar (and its mask
@@ -593,7 +589,7 @@ typedef struct {
 Test(plugin, grammars_are_shared_by_text) {
     void *dl;
     const loom_constraint_ops *ops = load_ops(&dl);
-    grammar_cfg cfg = {1 << 20, 100000, 16, 64, 64, 100, 4, 1, true};
+    grammar_cfg cfg = {1 << 20, 100000, 16, 64, 64, 100, 4, 1, true, 4000000};
     void *self, *a, *b, *c, *d;
     loom_error err = {0};
     cr_assert_eq(ops->create(fake_host(), &cfg, &self, &err), LOOM_OK, "%s", err.message);
@@ -626,7 +622,7 @@ Test(plugin, compile_match_and_errors_through_the_ops) {
     void *dl;
     const loom_constraint_ops *ops = load_ops(&dl);
     const loom_host *h = fake_host();
-    grammar_cfg cfg = {1 << 20, 100000, 16, 64, 64, 100, 4, 2, true};
+    grammar_cfg cfg = {1 << 20, 100000, 16, 64, 64, 100, 4, 2, true, 4000000};
     void *self, *g = NULL, *m = NULL;
     loom_error err = {0};
     cr_assert_eq(ops->create(h, &cfg, &self, &err), LOOM_OK, "%s", err.message);
@@ -773,4 +769,151 @@ Test(schema, formats_only_valid_values) {
                 (const char *[]){"\"a@b\"", "\"a..b@c.d\"", "\"@c.d\"", "\"a@-c.d\"", NULL});
     /* format constrains strings only: beside another type it changes nothing */
     expect_docs("{\"type\":\"integer\",\"format\":\"int32\"}", (const char *[]){"12", NULL}, NULL);
+}
+
+/* A repetition whose body can match nothing, nested in another repetition,
+ * or alternatives that all lead to one rule: each stack is expanded once
+ * per set (match.c), so a mask or a token costs steps in proportion to the
+ * stacks, not to the paths (2^40 for the chain below, minutes or more for
+ * the nested loops before). Counted by the matcher's step counter, not by
+ * the clock; every mask must equal the one brute force gives, and the
+ * text must be complete (or not) as the language says. */
+Test(match, nullable_repetitions_expand_once) {
+    gbuf chain = {0}, mixed = {0};
+    gbuf_put(&chain, "root ::= c1 \"z\"\n");
+    for (int i = 1; i < 40; i++) gbuf_printf(&chain, "c%d ::= c%d | c%d\n", i, i + 1, i + 1);
+    gbuf_put(&chain, "c40 ::= \"a\"?\n");
+    gbuf_put(&mixed, "root ::= d1 \"z\"\n");
+    for (int i = 1; i < 12; i++) gbuf_printf(&mixed, "d%d ::= (d%d)? (d%d){0,2} | \"\"\n", i, i + 1, i + 1);
+    gbuf_put(&mixed, "d12 ::= \"a\"?\n");
+    cr_assert(!chain.oom && !mixed.oom);
+    const struct {
+        const char *lang, *text, *input;
+        bool complete;
+    } cases[] = {
+        {"regex", "((a*){0,3}b?)*", "aababb", true},
+        {"regex", "(a?)*", "aaa", true},
+        {"regex", "(|a)*", "aa", true},
+        {"regex", "(a?)+b", "aab", true},
+        {"regex", "(((((a?){0,3}){0,3}){0,3}){0,3}){0,3}b", "aaaab", true},
+        {"regex", "((a?){0,9}b?){0,9}c", "abaab", false},
+        {"regex", "(((a?)*)*b?)*c", "aabbc", true},
+        {"regex", "a+,+(\"{1,4}(x{0,3}( +))+|(a+\\]? {2}|0?0{1,4}:){0,3}[a-c]+(a{0,3}(:[^b\"]{2})?,?|\\}{0,3}){0,3})*",
+         "aa,,aab", true},
+        {"gbnf", "root ::= r1* \"z\"\nr1 ::= r2? r3{0,3}\nr2 ::= \"a\"?\nr3 ::= (r2 | \"\")*\n", "aaz", true},
+        {"gbnf", chain.s, "az", true},
+        {"gbnf", mixed.s, "aaa", false},
+    };
+    static cu_vocab v;
+    cu_vocab_init(&v);
+    vtrie *trie;
+    char why[256];
+    cr_assert_eq(vtrie_build(&v.view, &trie, why, sizeof why), LOOM_OK);
+    int64_t worst = 0;
+    gram_limits lim = k_lim;
+    lim.max_stacks = 256; /* the plugin's default: "aaaa" of the nested {0,3} has more than 64 parses */
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        gram_compiled gc = {.trie = trie, .vocab = &v.view, .lim = lim};
+        cr_assert_eq(gram_compile_lang(cases[c].lang, cases[c].text, strlen(cases[c].text), &lim, &gc.g, why,
+                                       sizeof why),
+                     LOOM_OK, "%s: %s", cases[c].text, why);
+        gmatch *m;
+        cr_assert_eq(gmatch_new(&gc, &m, why, sizeof why), LOOM_OK, "%s", why);
+        int64_t before = gmatch_steps(m);
+        if (before > worst) worst = before;
+        uint32_t mask[LOOM_MASK_WORDS(512)];
+        for (const char *p = cases[c].input;; p++) {
+            before = gmatch_steps(m);
+            cr_assert_eq(gmatch_fill_mask(m, mask, why, sizeof why), LOOM_OK, "%s: %s", cases[c].text, why);
+            if (gmatch_steps(m) - before > worst) worst = gmatch_steps(m) - before;
+            for (int32_t id = 0; id < v.view.size; id++)
+                cr_assert_eq(cu_allowed(mask, id), gmatch_token_allowed(m, id), "%s after %d bytes: token %d",
+                             cases[c].text, (int)(p - cases[c].input), id);
+            if (!*p) break;
+            cr_assert(cu_allowed(mask, (unsigned char)*p), "%s: '%c' refused", cases[c].text, *p);
+            before = gmatch_steps(m);
+            cr_assert(gmatch_accept_token(m, (unsigned char)*p));
+            if (gmatch_steps(m) - before > worst) worst = gmatch_steps(m) - before;
+        }
+        cr_assert_eq(gmatch_can_end(m), cases[c].complete, "%s: complete after '%s'", cases[c].text, cases[c].input);
+        cr_assert(!gmatch_over_budget(m));
+        gmatch_free(m);
+        gram_free(&gc.g);
+    }
+    /* polynomial: a few hundred steps an operation here (the chain alone
+     * was 2^40 paths); a bound far below any exponential */
+    cr_assert(worst < 20000, "an operation took %lld expansion steps", (long long)worst);
+    cr_log_info("worst operation: %lld expansion steps", (long long)worst);
+    vtrie_free(trie);
+    free(chain.s);
+    free(mixed.s);
+}
+
+/* A grammar whose stacks are all distinct yet never finish within
+ * max_stack_depth (every one of 2^80 paths is dropped at the depth limit):
+ * past max_match_steps the start, a mask or a token fails with an error
+ * naming the limit (and, through the plugin, the grammar), never a hang. */
+static void deep_grammar(gbuf *b, const char *first) {
+    gbuf_printf(b, "root ::= %s r1\n", first);
+    for (int i = 1; i < 80; i++) gbuf_printf(b, "r%d ::= r%d \"x\" | r%d \"y\"\n", i, i + 1, i + 1);
+    gbuf_put(b, "r80 ::= \"z\"\n");
+}
+
+Test(match, work_budget_fails_by_name) {
+    gram_limits lim = k_lim;
+    lim.max_match_steps = 100000;
+    static cu_vocab v;
+    cu_vocab_init(&v);
+    vtrie *trie;
+    char why[256];
+    cr_assert_eq(vtrie_build(&v.view, &trie, why, sizeof why), LOOM_OK);
+    gbuf at_start = {0}, after_q = {0};
+    deep_grammar(&at_start, "");
+    deep_grammar(&after_q, "\"q\"");
+    cr_assert(!at_start.oom && !after_q.oom);
+    gram_compiled gc = {.trie = trie, .vocab = &v.view, .lim = lim};
+    cr_assert_eq(gram_compile_lang("gbnf", at_start.s, strlen(at_start.s), &lim, &gc.g, why, sizeof why), LOOM_OK,
+                 "%s", why);
+    gmatch *m = NULL;
+    cr_assert_eq(gmatch_new(&gc, &m, why, sizeof why), LOOM_ERR_UNSUPPORTED);
+    cr_assert(strstr(why, "max_match_steps (100000)"), "%s", why);
+    gram_free(&gc.g);
+    /* the start is cheap; the 'q' is not: its mask and the token fail */
+    cr_assert_eq(gram_compile_lang("gbnf", after_q.s, strlen(after_q.s), &lim, &gc.g, why, sizeof why), LOOM_OK);
+    cr_assert_eq(gmatch_new(&gc, &m, why, sizeof why), LOOM_OK, "%s", why);
+    uint32_t mask[LOOM_MASK_WORDS(512)];
+    cr_assert_eq(gmatch_fill_mask(m, mask, why, sizeof why), LOOM_ERR_UNSUPPORTED);
+    cr_assert(strstr(why, "max_match_steps (100000)") && gmatch_over_budget(m), "%s", why);
+    cr_assert(!gmatch_accept_token(m, 'q') && gmatch_over_budget(m));
+    cr_assert(!gmatch_accept_token(m, 'r') && !gmatch_over_budget(m), "a plain refusal is not the budget");
+    gmatch_free(m);
+    gram_free(&gc.g);
+    vtrie_free(trie);
+
+    /* through the plugin's ops: the errors name the parameter and the grammar */
+    void *dl;
+    const loom_constraint_ops *ops = load_ops(&dl);
+    grammar_cfg cfg = {1 << 20, 100000, 16, 64, 64, 100, 4, 0, true, 100000};
+    void *self, *g = NULL, *pm = NULL;
+    loom_error err = {0};
+    cr_assert_eq(ops->create(fake_host(), &cfg, &self, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(ops->compile(self, "gbnf", at_start.s, strlen(at_start.s), &v.view, &g, &err), LOOM_OK, "%s",
+                 err.message);
+    cr_assert_eq(ops->matcher_new(self, g, &pm, &err), LOOM_ERR_UNSUPPORTED);
+    cr_assert(strstr(err.message, "max_match_steps (100000)") && strstr(err.message, "gbnf `root ::=  r1"), "%s",
+              err.message);
+    ops->grammar_free(self, g);
+    cr_assert_eq(ops->compile(self, "gbnf", after_q.s, strlen(after_q.s), &v.view, &g, &err), LOOM_OK);
+    cr_assert_eq(ops->matcher_new(self, g, &pm, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(ops->fill_mask(self, pm, mask, &err), LOOM_ERR_UNSUPPORTED);
+    cr_assert(strstr(err.message, "max_match_steps (100000)") && strstr(err.message, "gbnf `root ::= \"q\" r1"), "%s",
+              err.message);
+    cr_assert_eq(ops->accept(self, pm, 'q', &err), LOOM_ERR_UNSUPPORTED);
+    cr_assert(strstr(err.message, "token 113 took more than max_match_steps (100000)"), "%s", err.message);
+    ops->matcher_free(self, pm);
+    ops->grammar_free(self, g);
+    ops->destroy(self);
+    dlclose(dl);
+    free(at_start.s);
+    free(after_q.s);
 }

@@ -950,6 +950,37 @@ Test(serve, response_format_real_model, .timeout = 300) {
     free(stop(&s, 60));
 }
 
+/* A grammar too ambiguous to match within the constraint's work budget
+ * (max_match_steps, small here; every one of 2^80 paths after the "q" is
+ * deeper than max_stack_depth): that request is a 500 naming the limit and
+ * the grammar, and the server goes on serving the next one. */
+Test(serve, constraint_work_budget_is_that_requests_error_real_model, .timeout = 300) {
+    need_model();
+    static const char *const args[] = {"--set", "constraint.plugin=grammar", "--set", "constraint.max_match_steps=100000",
+                                       "--set", "constraint.max_stack_depth=64", NULL};
+    server s = start(SMOL, args);
+    char grammar[4096];
+    int at = snprintf(grammar, sizeof grammar, "root ::= \"q\" r1\n");
+    for (int i = 1; i < 80; i++)
+        at += snprintf(grammar + at, sizeof grammar - (size_t)at, "r%d ::= r%d \"x\" | r%d \"y\"\n", i, i + 1, i + 1);
+    snprintf(grammar + at, sizeof grammar - (size_t)at, "r80 ::= \"z\"\n");
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "prompt", "Write:");
+    cJSON_AddNumberToObject(b, "max_tokens", 20);
+    cJSON_AddStringToObject(b, "guided_grammar", grammar);
+    char *body = cJSON_PrintUnformatted(b);
+    expect_error(http(s.port, "POST", "/v1/completions", body, NULL), 500, "max_match_steps (100000)");
+    free(body);
+    cJSON_Delete(b);
+    reply r = http(s.port, "POST", "/v1/completions",
+                   "{\"prompt\": \"A year:\", \"max_tokens\": 8, \"seed\": 5, \"guided_regex\": \"(19|20)[0-9]{2}\"}",
+                   NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert_eq(strlen(str(r.json, "choices.0.text")), 4, "%s", r.body);
+    reply_free(&r);
+    free(stop(&s, 60));
+}
+
 /* --parse-special-tokens: a user's "<|im_end|>" is the control token (one
  * token each) instead of text (several), so the same conversation is
  * shorter; by default it stays text (no forged turns). */

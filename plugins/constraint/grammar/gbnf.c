@@ -537,7 +537,12 @@ static void compute_nullable(const gram *g, bool *nullable) {
 }
 
 /* Rules referenced at a leftmost position of rule r (after only nullable
- * elements), into out; returns how many. */
+ * elements), into out; returns how many. A reference of r to itself that
+ * ends its alternative is left out: nothing is pushed beneath it, so the
+ * matcher re-enters r on the same stack and its expansion stops there (a
+ * stack is expanded once per set, match.c) — that is how `x*` of an x that
+ * can match nothing (`R ::= x R | ""`, regex `(a*)*`) loops, and it cannot
+ * grow the stack. Every other cycle still is left recursion. */
 static int32_t left_refs(const gram *g, const bool *nullable, int32_t r, int32_t *out) {
     int32_t n = 0;
     bool blocked = false;
@@ -551,7 +556,8 @@ static int32_t left_refs(const gram *g, const bool *nullable, int32_t r, int32_t
         if (blocked) continue;
         if (e->type == G_CLASS) blocked = true;
         else {
-            out[n++] = e->arg;
+            const int32_t t = g->elems[i + 1].type;
+            if (e->arg != r || (t != G_ALT && t != G_END)) out[n++] = e->arg;
             if (!nullable[e->arg]) blocked = true;
         }
     }

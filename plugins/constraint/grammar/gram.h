@@ -32,6 +32,9 @@ typedef struct gram_limits {
     int64_t max_stack_depth;   /* parse stack: nesting of the generated text */
     int64_t max_stacks;        /* parse stacks kept at once (ambiguity)      */
     int64_t max_repeat;        /* the n of x{m,n}                            */
+    int64_t max_match_steps;   /* parse-stack expansion steps one mask, one
+                                * accepted token or a matcher's start may
+                                * take (<= 0: no budget)                     */
 } gram_limits;
 
 enum { G_END = 0, G_ALT = 1, G_REF = 2, G_CLASS = 3 };
@@ -157,6 +160,8 @@ typedef struct gram_compiled {
     bool plain_keys;           /* cache masks by whole parse states only (no
                                 * cut keys shared by repeated items)        */
     bool shared;               /* in the plugin's table of shared grammars   */
+    char what[96];             /* the language and the text's start, for
+                                * errors met while matching (the budget)    */
 } gram_compiled;
 
 typedef struct gmatch gmatch;
@@ -167,6 +172,12 @@ void gmatch_free(gmatch *m);
 bool gmatch_accept_bytes(gmatch *m, const uint8_t *b, size_t n);
 bool gmatch_accept_token(gmatch *m, int32_t token);
 bool gmatch_can_end(const gmatch *m);
+/* The last mask, token or start stopped at max_match_steps (it failed: a
+ * mask with LOOM_ERR_UNSUPPORTED, a token refused, the state unchanged). */
+bool gmatch_over_budget(const gmatch *m);
+/* Expansion steps so far, over the matcher's life (what the budget counts). */
+int64_t gmatch_steps(const gmatch *m);
+const gram_compiled *gmatch_grammar(const gmatch *m);
 bool gmatch_terminated(const gmatch *m);
 loom_status gmatch_fill_mask(gmatch *m, uint32_t *mask, char *why, size_t cap);
 /* Token `token` may come next, checked by running the matcher on its

@@ -37,6 +37,7 @@ typedef struct gr_config {
     int64_t mask_cache;
     int64_t grammar_cache;
     bool mask_cut_keys;
+    int64_t max_match_steps;
 } gr_config;
 
 static const loom_param gr_params[] = {
@@ -59,6 +60,10 @@ static const loom_param gr_params[] = {
     {"mask_cut_keys", LOOM_PARAM_BOOL, offsetof(gr_config, mask_cut_keys), "true", 0, 0, NULL,
      "also cache masks under keys that leave out the parse-stack frames below where a token can reach, so the "
      "same place in every repeated item shares one mask (false = by whole parse states only)"},
+    {"max_match_steps", LOOM_PARAM_INT, offsetof(gr_config, max_match_steps), "4000000", 1000, INT64_C(1) << 40,
+     NULL,
+     "parse-stack expansion steps one token mask or one accepted token may take; past it the request fails with "
+     "an error naming its grammar (a work budget against grammars too ambiguous to match quickly)"},
     {0},
 };
 
@@ -95,7 +100,7 @@ static loom_status gr_create(const loom_host *host, const void *config, void **s
     if (!s) return host->error(host->ctx, err, LOOM_ERR_NOMEM, "constraint '%s': out of memory", GR_NAME);
     s->host = host;
     s->lim = (gram_limits){c->max_text_bytes, c->max_elements, c->max_schema_depth,
-                           c->max_stack_depth, c->max_stacks, c->max_repeat};
+                           c->max_stack_depth, c->max_stacks, c->max_repeat, c->max_match_steps};
     s->mask_cache = (int32_t)c->mask_cache;
     s->grammar_cache = (int32_t)c->grammar_cache;
     s->mask_cut_keys = c->mask_cut_keys;
@@ -205,6 +210,19 @@ static void shared_trim(gr_self *s) {
     }
 }
 
+/* c->what: the language and the start of the text, for errors a matcher
+ * meets later (the budget), so a client sees which grammar it was. */
+static void gram_describe(gram_compiled *c, const char *lang, const char *text, size_t len) {
+    enum { SHOW = 60 };
+    char t[SHOW + 1];
+    size_t n = 0;
+    for (size_t i = 0; i < len && n < SHOW; i++) /* control bytes as spaces: it goes into one line */
+        t[n++] = (unsigned char)text[i] < 0x20 ? ' ' : text[i];
+    t[n] = '\0';
+    if (len == 0) snprintf(c->what, sizeof c->what, "%s", lang);
+    else snprintf(c->what, sizeof c->what, "%s `%s%s`", lang, t, len > SHOW ? "..." : "");
+}
+
 static loom_status compile_new(gr_self *s, const char *lang, const char *text, size_t len,
                                const loom_vocab_view *vocab, gram_compiled **out, char *why, size_t cap) {
     gram_compiled *c = calloc(1, sizeof *c);
@@ -213,6 +231,7 @@ static loom_status compile_new(gr_self *s, const char *lang, const char *text, s
     c->lim = s->lim;
     c->vocab = vocab;
     c->plain_keys = !s->mask_cut_keys;
+    gram_describe(c, lang, text, len);
     loom_status st = gram_compile_lang(lang, text, len, &s->lim, &c->g, why, cap);
     if (st == LOOM_OK) st = gr_trie_for(s, vocab, &c->trie, why, cap);
     if (st == LOOM_OK && s->mask_cache > 0 && !(c->cache = mask_cache_new(s->mask_cache, vocab->size)))
@@ -273,8 +292,10 @@ static loom_status gr_matcher_new(void *self, void *grammar, void **matcher, loo
     if (!grammar)
         return s->host->error(s->host->ctx, err, LOOM_ERR_INVALID, "constraint '%s': matcher_new: no grammar",
                               GR_NAME);
-    if (gmatch_new(grammar, &m, why, sizeof why) != LOOM_OK)
-        return s->host->error(s->host->ctx, err, LOOM_ERR_NOMEM, "constraint '%s': %s", GR_NAME, why);
+    loom_status st = gmatch_new(grammar, &m, why, sizeof why);
+    if (st != LOOM_OK)
+        return s->host->error(s->host->ctx, err, st, "constraint '%s' (%s): %s", GR_NAME,
+                              ((const gram_compiled *)grammar)->what, why);
     *matcher = m;
     return LOOM_OK;
 }
@@ -290,17 +311,25 @@ static loom_status gr_fill_mask(void *self, void *matcher, uint32_t *mask, loom_
     if (!matcher || !mask)
         return s->host->error(s->host->ctx, err, LOOM_ERR_INVALID, "constraint '%s': fill_mask: matcher and mask "
                               "are required", GR_NAME);
-    if (gmatch_fill_mask(matcher, mask, why, sizeof why) != LOOM_OK)
-        return s->host->error(s->host->ctx, err, LOOM_ERR_NOMEM, "constraint '%s': %s", GR_NAME, why);
+    loom_status st = gmatch_fill_mask(matcher, mask, why, sizeof why);
+    if (st != LOOM_OK)
+        return s->host->error(s->host->ctx, err, st, "constraint '%s' (%s): %s", GR_NAME, gmatch_grammar(matcher)->what,
+                              why);
     return LOOM_OK;
 }
 
 static loom_status gr_accept(void *self, void *matcher, int32_t token, loom_error *err) {
     gr_self *s = self;
-    if (!matcher || !gmatch_accept_token(matcher, token))
-        return s->host->error(s->host->ctx, err, LOOM_ERR_INVALID,
-                              "constraint '%s': token %d does not continue the constrained text", GR_NAME, token);
-    return LOOM_OK;
+    if (matcher && gmatch_accept_token(matcher, token)) return LOOM_OK;
+    if (matcher && gmatch_over_budget(matcher)) {
+        const gram_compiled *c = gmatch_grammar(matcher);
+        return s->host->error(s->host->ctx, err, LOOM_ERR_UNSUPPORTED,
+                              "constraint '%s' (%s): token %d took more than max_match_steps (%lld) parse-stack "
+                              "expansion steps: the grammar is too ambiguous to match within the budget",
+                              GR_NAME, c->what, token, (long long)c->lim.max_match_steps);
+    }
+    return s->host->error(s->host->ctx, err, LOOM_ERR_INVALID,
+                          "constraint '%s': token %d does not continue the constrained text", GR_NAME, token);
 }
 
 static bool gr_can_end(void *self, const void *matcher) {

@@ -223,6 +223,21 @@ struct gmatch {
     int32_t buf_cap;
     int32_t out_off;           /* the set being emitted into (arena offset)  */
     bool oom;
+    /* Stacks whose top is a reference, expanded already into the set being
+     * built (tagged by its epoch, as dedup): a stack reached again by
+     * another path (a repetition whose body can match nothing, nested in
+     * another; alternatives that end in the same rule) would only emit what
+     * the first visit emitted, so it is not expanded twice. Without this
+     * the paths, not the stacks, are walked: exponentially many. */
+    dedup_slot *visit;         /* (visit_cap) offsets into vstk             */
+    uint32_t visit_cap, visit_n;
+    int32_t *vstk;             /* the visited stacks: (length, frames)...    */
+    int32_t vstk_len, vstk_cap;
+    /* Work budget: expansion steps of the current mask or accepted token
+     * (max_match_steps); past it `over` stops every expansion and the
+     * operation fails. */
+    int64_t steps, steps_total;
+    bool over;
     /* The walk's memo, kept across masks: sets interned by content, and
      * (interned set, code point) -> interned set or -1 (nothing survives). */
     int32_t *iset;             /* interned sets, encoded back to back        */
@@ -268,7 +283,13 @@ static int32_t set_begin(gmatch *m) {
     if (!arena_room(m, 1)) return -1;
     m->out_off = m->arena_len;
     m->arena[m->arena_len++] = 0;
-    m->dedup_epoch++;
+    if (++m->dedup_epoch == 0) { /* wrapped: no slot may hold a stale epoch 0 */
+        memset(m->dedup, 0, m->dedup_cap * sizeof *m->dedup);
+        if (m->visit) memset(m->visit, 0, m->visit_cap * sizeof *m->visit);
+        m->dedup_epoch = 1;
+    }
+    m->visit_n = 0;
+    m->vstk_len = 0;
     return m->out_off;
 }
 
@@ -297,6 +318,44 @@ static void emit(gmatch *m, int32_t len) {
 
 static void expand(gmatch *m, int32_t len, int depth);
 
+/* Whether buf[0..len) was expanded already into the set being built;
+ * records it when not. At most VISIT_MAX_INTS ints of stacks are recorded
+ * per set (4 MiB): past that, or when memory runs out, a stack is expanded
+ * again (only slower; the budget, max_match_steps, bounds the work). */
+#define VISIT_MAX_INTS (1 << 20)
+static bool visited(gmatch *m, int32_t len) {
+    if (2 * (m->visit_n + 1) > m->visit_cap) {
+        uint32_t nc = m->visit_cap ? 2 * m->visit_cap : 256;
+        dedup_slot *t = calloc(nc, sizeof *t);
+        if (!t) return false;
+        for (int32_t at = 0; at < m->vstk_len; at += 1 + m->vstk[at]) { /* rehash this set's stacks */
+            uint64_t h = hash_ints(m->vstk + at + 1, m->vstk[at]);
+            uint32_t j = (uint32_t)(h ^ (h >> 32)) & (nc - 1);
+            while (t[j].epoch == m->dedup_epoch) j = (j + 1) & (nc - 1);
+            t[j] = (dedup_slot){m->dedup_epoch, at};
+        }
+        free(m->visit);
+        m->visit = t;
+        m->visit_cap = nc;
+    }
+    const uint64_t h = hash_ints(m->buf, len);
+    const uint32_t mask = m->visit_cap - 1;
+    uint32_t j = (uint32_t)(h ^ (h >> 32)) & mask;
+    for (; m->visit[j].epoch == m->dedup_epoch; j = (j + 1) & mask) {
+        int32_t at = m->visit[j].off;
+        if (m->vstk[at] == len && !memcmp(m->vstk + at + 1, m->buf, (size_t)len * sizeof(int32_t))) return true;
+    }
+    if (m->vstk_len + len + 1 > VISIT_MAX_INTS ||
+        !vt_grow((void **)&m->vstk, &m->vstk_cap, m->vstk_len + len + 1, sizeof(int32_t)))
+        return false;
+    m->visit[j] = (dedup_slot){m->dedup_epoch, m->vstk_len};
+    m->vstk[m->vstk_len] = len;
+    memcpy(m->vstk + m->vstk_len + 1, m->buf, (size_t)len * sizeof(int32_t));
+    m->vstk_len += len + 1;
+    m->visit_n++;
+    return false;
+}
+
 /* Every alternative of rule r on top of buf[0..base). */
 static void expand_alts(gmatch *m, int32_t r, int32_t base, int depth) {
     const gram *g = &m->c->g;
@@ -323,7 +382,11 @@ static void expand(gmatch *m, int32_t len, int depth) {
         if (m->cut) m->cut_abort = true; /* which stacks a full set keeps depends on the cut frames */
         return;
     }
-    if (depth > 4096 || real > m->c->lim.max_stack_depth) return;
+    if (depth > 4096 || real > m->c->lim.max_stack_depth || m->over) return;
+    if (++m->steps > m->c->lim.max_match_steps && m->c->lim.max_match_steps > 0) {
+        m->over = true; /* the operation fails (gmatch_over_budget) */
+        return;
+    }
     if (len == 0) {
         emit(m, 0);
         return;
@@ -338,6 +401,7 @@ static void expand(gmatch *m, int32_t len, int depth) {
         emit(m, len);
         return;
     }
+    if (visited(m, len)) return;
     /* a reference: continue after it, beneath the rule's alternatives */
     int32_t next = pos + 1, base = len - 1;
     if (g->elems[next].type != G_ALT && g->elems[next].type != G_END) m->buf[base++] = next;
@@ -345,6 +409,24 @@ static void expand(gmatch *m, int32_t len, int depth) {
 }
 
 static int32_t set_count(const gmatch *m, int32_t off) { return m->arena[off]; }
+
+/* A new operation (a mask, a token, the start) gets the whole budget. */
+static void budget_start(gmatch *m) {
+    if (m->vstk_cap > (1 << 16)) { /* a hostile grammar's visited stacks are not kept between operations */
+        free(m->vstk);
+        free(m->visit);
+        m->vstk = NULL, m->visit = NULL;
+        m->vstk_cap = m->vstk_len = 0;
+        m->visit_cap = m->visit_n = 0;
+    }
+    m->steps_total += m->steps;
+    m->steps = 0;
+    m->over = false;
+}
+
+bool gmatch_over_budget(const gmatch *m) { return m->over; }
+int64_t gmatch_steps(const gmatch *m) { return m->steps_total + m->steps; }
+const gram_compiled *gmatch_grammar(const gmatch *m) { return m->c; }
 
 /* Where a set lives: the scratch arena (rewound as the walk returns) or
  * the interned sets (kept while the memo lasts). */
@@ -442,7 +524,14 @@ loom_status gmatch_new(const gram_compiled *c, gmatch **out, char *why, size_t c
     if (!(m->buf = malloc((size_t)m->buf_cap * sizeof(int32_t))) ||
         !(m->dedup = calloc(m->dedup_cap, sizeof *m->dedup)) || set_begin(m) != 0)
         goto oom;
+    budget_start(m);
     expand_alts(m, c->g.root, 0, 0);
+    if (m->over) {
+        gmatch_free(m);
+        snprintf(why, cap, "the grammar's start took more than max_match_steps (%lld) parse-stack expansion steps: "
+                 "it is too ambiguous to match within the budget", (long long)c->lim.max_match_steps);
+        return LOOM_ERR_UNSUPPORTED;
+    }
     if (m->oom || !store_cur(m, 0)) goto oom;
     *out = m;
     return LOOM_OK;
@@ -455,6 +544,8 @@ oom:
 void gmatch_free(gmatch *m) {
     if (!m) return;
     free(m->dedup);
+    free(m->visit);
+    free(m->vstk);
     free(m->iset);
     free(m->itab);
     free(m->tkey);
@@ -469,6 +560,7 @@ void gmatch_free(gmatch *m) {
 /* The bytes keep the text in the language; commit: advance to after them. */
 static bool accept_bytes(gmatch *m, const uint8_t *b, size_t n, bool commit) {
     if (m->terminated) return false;
+    budget_start(m);
     int32_t set = load_cur(m);
     if (set < 0) return false;
     utf8_state u = m->u;
@@ -480,7 +572,7 @@ static bool accept_bytes(gmatch *m, const uint8_t *b, size_t n, bool commit) {
             if (!partial_fits(m, false, set, &u)) return false;
             continue;
         }
-        if ((set = advance(m, false, set, cp)) < 0 || set_count(m, set) == 0) return false;
+        if ((set = advance(m, false, set, cp)) < 0 || m->over || set_count(m, set) == 0) return false;
     }
     if (!commit) return !m->oom;
     if (m->oom || !store_cur(m, set)) return false;
@@ -806,7 +898,8 @@ static int64_t trans_slot(gmatch *m, int32_t set, uint32_t cp, bool *found) {
 
 /* The interned set after cp from interned set `set`: -1 when nothing
  * survives, -2 when out of memory, -3 (a cut set) when some stack pops
- * into its cut frames, -4 (a cut set) when the walk must be given up. */
+ * into its cut frames, -4 (a cut set) when the walk must be given up, -5
+ * past the work budget (m->over). */
 static int32_t step_interned(gmatch *m, int32_t set, uint32_t cp) {
     bool found;
     int64_t slot = trans_slot(m, set, cp, &found);
@@ -816,13 +909,14 @@ static int32_t step_interned(gmatch *m, int32_t set, uint32_t cp) {
     m->hole = false;
     int32_t off = advance(m, true, set, cp), next;
     if (off < 0) next = -2;
+    else if (m->over) next = -5;
     else if (m->cut_abort) next = -4;
     else if (m->hole) next = -3;
     else if (m->arena[off] == 0) next = -1;
     else if ((next = intern(m, m->arena + off)) < 0) next = -2;
     m->arena_len = mark;
-    if (next == -2 || next == -4) {
-        m->tkey[slot] = 0; /* not kept: out of memory, or a given-up walk */
+    if (next == -2 || next == -4 || next == -5) {
+        m->tkey[slot] = 0; /* not kept: out of memory, a given-up walk, or cut short by the budget */
         m->tcount--;
         return next;
     }
@@ -842,7 +936,7 @@ static bool unc_room(gmatch *m, int32_t n) {
 static void walk(gmatch *m, int32_t node, int32_t set, utf8_state u, uint32_t *mask) {
     const vtrie *t = m->c->trie;
     const tnode *nd = &t->nodes[node];
-    for (int32_t e = 0; e < nd->n_edges && !m->oom && !m->cut_abort; e++) {
+    for (int32_t e = 0; e < nd->n_edges && !m->oom && !m->cut_abort && !m->over; e++) {
         utf8_state u2 = u;
         uint32_t cp;
         int r = utf8_step(&u2, t->edge_byte[nd->edge_first + e], &cp);
@@ -874,7 +968,7 @@ static void walk_unc(gmatch *m, int32_t node, int32_t set, utf8_state u, uint32_
                      int32_t lo, int32_t hi) {
     const vtrie *t = m->c->trie;
     const tnode *nd = &t->nodes[node];
-    for (int32_t e = 0; e < nd->n_edges && lo < hi && !m->oom; e++) {
+    for (int32_t e = 0; e < nd->n_edges && lo < hi && !m->oom && !m->over; e++) {
         int32_t child = t->edge_child[nd->edge_first + e], end = t->sub_end[child];
         while (lo < hi && unc[lo] < child) lo++; /* not below this node (cannot happen) */
         int32_t j = lo;
@@ -1000,7 +1094,7 @@ static int fill_cut(gmatch *m, uint32_t *mask, bool *hit) {
             m->unc_nodes = 0;
             walk(m, 0, set, m->u, mask);
             m->cut = false;
-            if (m->oom) return -1;
+            if (m->oom || m->over) return -1;
             if (m->cut_abort) {
                 m->cut_abort = false;
                 memset(mask, 0, LOOM_MASK_WORDS(m->c->vocab->size) * sizeof(uint32_t));
@@ -1016,7 +1110,7 @@ static int fill_cut(gmatch *m, uint32_t *mask, bool *hit) {
             int32_t set = intern(m, m->cur);
             if (set < 0) return -1;
             walk_unc(m, 0, set, m->u, mask, m->unc, 0, m->n_unc);
-            if (m->oom) return -1;
+            if (m->oom || m->over) return -1;
         }
         return 1;
     }
@@ -1032,6 +1126,7 @@ loom_status gmatch_fill_mask(gmatch *m, uint32_t *mask, char *why, size_t cap) {
     uint64_t h = 0;
     int32_t key = -1, set;
     m->arena_len = 0;
+    budget_start(m);
     if (m->iset_len > MEMO_MAX_INTS || m->tcount > MEMO_MAX_TRANS) memo_reset(m);
     if (mc && !m->c->plain_keys && m->c->g.min_rest) {
         bool hit = false;
@@ -1051,14 +1146,21 @@ loom_status gmatch_fill_mask(gmatch *m, uint32_t *mask, char *why, size_t cap) {
     }
     if ((set = intern(m, m->cur)) < 0) goto oom;
     walk(m, 0, set, m->u, mask);
-    if (m->oom) goto oom;
+    if (m->oom || m->over) goto oom;
     add_eog(m, mask);
     if (key >= 0) cache_put(mc, m->arena + key, m->cur_len + 3, h, mask, NULL, 0);
     return LOOM_OK;
 oom:
+    m->cut = m->cut_abort = false;
+    if (m->over) {
+        memset(mask, 0, LOOM_MASK_WORDS(v->size) * sizeof(uint32_t));
+        m->oom = false;
+        snprintf(why, cap, "one token mask took more than max_match_steps (%lld) parse-stack expansion steps: the "
+                 "grammar is too ambiguous to match within the budget", (long long)m->c->lim.max_match_steps);
+        return LOOM_ERR_UNSUPPORTED;
+    }
     snprintf(why, cap, "out of memory computing a token mask");
     m->oom = false;
-    m->cut = m->cut_abort = false;
     return LOOM_ERR_NOMEM;
 }
 
