@@ -285,8 +285,10 @@ typedef struct loom_engine_stats {
     int32_t kv_peak_seq_blocks;
     /* Decoding constraints: wall time computing the step's masks (inside
      * the backend's forward, while the GPU runs: a step waits for them only
-     * when they take longer than the GPU), the masks computed, and the time
-     * advancing the matchers past the chosen tokens (the engine's own work). */
+     * when they take longer than the GPU) and how many — masks of rows the
+     * backend returns as candidates (forward_topk's fill_masks) only, not
+     * those the sampler computes for whole rows — and the time advancing
+     * the matchers past the chosen tokens (the engine's own work). */
     double constraint_mask_seconds;
     int64_t constraint_masks;
     double constraint_accept_seconds;

@@ -1,8 +1,9 @@
 /*
  * kernels/cuda/mma.cuh — what the tensor-core kernels of the quantized
  * linear layers share (qgemv_tc.cu: 2..8 rows; qmma.cu: W8A16 / INT4 at
- * 9..128 rows): the f16 mma, packed f16 arithmetic, and the decodes of
- * int8 / int4 codes into exact f16 values.
+ * 9..128 rows; qtiled.cu: the tiled layout): the f16 mma, packed f16
+ * arithmetic, the decodes of int8 / int4 codes into exact f16 values, and
+ * the K-split kernels' reduction.
  */
 #ifndef LOOM_CUDA_MMA_CUH
 #define LOOM_CUDA_MMA_CUH
@@ -73,6 +74,35 @@ template <bool I4> __device__ __forceinline__ uint4 lc_pack_h8(const float *v) {
     else
         return make_uint4(lc_pack2<__half>(v[0], v[1]), lc_pack2<__half>(v[2], v[3]),
                           lc_pack2<__half>(v[4], v[5]), lc_pack2<__half>(v[6], v[7]));
+}
+
+/* The K-split kernels' second pass (qmma.cu, qtiled.cu): y (M, N) = the
+ * sum over z of part (z, M, N) in z order (so results do not depend on
+ * timing), times the token's inv[m] when inv, and W8A16's row scale sc[n]
+ * when W8. */
+template <typename T, bool W8, bool F32>
+__global__ void __launch_bounds__(256)
+    lc_ksplit_reduce_kernel(const float *__restrict__ part, const float *__restrict__ inv,
+                            const float *__restrict__ sc, void *__restrict__ y, int M, int N, int Z) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const size_t MN = (size_t)M * N;
+    for (size_t o = (size_t)blockIdx.x * 256 + threadIdx.x; o < MN; o += (size_t)gridDim.x * 256) {
+        float v = 0.0f;
+        for (int z = 0; z < Z; z++) v += part[(size_t)z * MN + o];
+        if (inv) v *= inv[o / (size_t)N];
+        if constexpr (W8) v *= sc[o % (size_t)N];
+        if (F32) static_cast<float *>(y)[o] = v;
+        else static_cast<T *>(y)[o] = lc_from_f<T>(v);
+    }
+}
+
+template <typename T, bool W8, bool F32>
+static cudaError_t lc_ksplit_reduce(const float *part, const float *inv, const float *sc, void *y, int M, int N, int Z,
+                                    cudaStream_t s) {
+    const size_t mn = (size_t)M * N;
+    const unsigned rg = (unsigned)((mn + 255) / 256 < 4096 ? (mn + 255) / 256 : 4096);
+    return lc_launch(lc_ksplit_reduce_kernel<T, W8, F32>, dim3(rg), dim3(256), 0, s, part, inv, sc, y, M, N, Z);
 }
 
 #endif

@@ -21,7 +21,6 @@
  */
 #include "moe_tile.cuh"
 
-
 /* ------------------------------------------------------------- routing */
 
 /* One warp per token: p = softmax(logits) over E in float32, its K largest
@@ -152,14 +151,12 @@ extern "C" cudaError_t loom_cuda_moe_group(const int32_t *sel, int P, int E, int
 
 /* --------------------------------------------------------- grouped GEMM */
 
-
 __device__ __forceinline__ void lc_cp_async16(void *smem, const void *gmem, bool pred) {
     const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(gmem), "r"(pred ? 16 : 0));
 }
 __device__ __forceinline__ void lc_cp_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ __forceinline__ void lc_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-
 
 /* y (P, N) sorted rows = x rows @ W_e^T per tile. Block (n tile, tile
  * slot): tile slot i < tiles[0] is (e, r0, n) of tiles[1 + 3i ..]; input

@@ -163,7 +163,6 @@ extern "C" cudaError_t loom_cuda_moe_qgemv(loom_cuda_dt dt, const void *x, const
 
 /* --------------------------------------------------------- grouped GEMM */
 
-
 /* Eight int8 codes (words a, b) as exact dt values. */
 template <typename T> __device__ __forceinline__ uint4 lc_mq_i8x8(uint32_t a, uint32_t b) {
     float f[8];

@@ -104,7 +104,8 @@ cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight
 #define LC_QT_MAX_M 256
 /* the default tiled bound: on the H200 (one Llama-3-8B layer's linears) the
  * kernel beats the tiled dequantize + cuBLASLt at 128 rows (W8A16 360 vs
- * 490 us, INT4 352 vs 544) and not at 256 (588 vs 524, 581 vs 588) */
+ * 490 us, INT4 352 vs 544); at 256 W8A16 loses (588 vs 524) and INT4 ties
+ * (581 vs 588) */
 #define LC_QT_DEFAULT_MAX_M 128
 int lc_qtiled_ok(const loom_cuda_qweight *w);
 size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m);

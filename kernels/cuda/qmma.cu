@@ -33,7 +33,7 @@
  *                  f16 x f16 -> f32. Operand order trick (as qgemv_tc.cu): a
  *                  lane's A registers are its bytes as loaded, and it reads B
  *                  at the same physical columns.
- *   lc_qmma_reduce matrices of fewer than 2 x 132 row tiles (the O and down
+ *   lc_ksplit_reduce (mma.cuh) matrices of fewer than 2 x 132 row tiles (the O and down
  *                  projections of an 8B model) are also split over K (grid
  *                  z); the slices' f32 partial sums are added here in slice
  *                  order, so results do not depend on timing.
@@ -56,6 +56,7 @@
  */
 #include "common.cuh"
 
+#include "cp_async.cuh"
 #include "mma.cuh"
 #include "qgemm.h"
 
@@ -83,19 +84,6 @@ template <int FMT> struct lc_qm {
  * 4t + j (j = 0..3) in turn, and t, t + 2 would share banks. */
 __device__ __forceinline__ int lc_qm_chunk(int c) { return c ^ ((c >> 3) & 1); }
 
-/* 16 bytes global -> shared, asynchronously; zeros when !valid. */
-__device__ __forceinline__ void lc_cp16(void *smem, const void *gmem, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void lc_cp4(void *smem, const void *gmem, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void lc_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void lc_cp_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 /* ------------------------------------------------------------ prepare x */
 
@@ -318,25 +306,6 @@ __global__ void __launch_bounds__(LC_QMMA_WARPS * 32)
         }
 }
 
-/* y (M, N) = sum over z of part (z, M, N), in z order, times W8A16's row
- * scale and the token's 2^-e. */
-template <typename T, int FMT, bool F32>
-__global__ void __launch_bounds__(256)
-    lc_qmma_reduce_kernel(const float *__restrict__ part, const float *__restrict__ inv,
-                          const float *__restrict__ sc, void *__restrict__ y, int M, int N, int Z) {
-    lc_pdl_wait();
-    lc_pdl_trigger();
-    const size_t MN = (size_t)M * N;
-    for (size_t o = (size_t)blockIdx.x * 256 + threadIdx.x; o < MN; o += (size_t)gridDim.x * 256) {
-        float v = 0.0f;
-        for (int z = 0; z < Z; z++) v += part[(size_t)z * MN + o];
-        const int m = (int)(o / (size_t)N), n = (int)(o % (size_t)N);
-        v *= inv[m];
-        if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A16) v *= sc[n];
-        if (F32) static_cast<float *>(y)[o] = v;
-        else static_cast<T *>(y)[o] = lc_from_f<T>(v);
-    }
-}
 
 /* ------------------------------------------------------------- dispatch */
 
@@ -418,10 +387,8 @@ static cudaError_t lc_qmma_t(int M, const loom_cuda_qweight *w, const void *x, v
     else LC_QMMA_GO(2);
 #undef LC_QMMA_GO
     if (e != cudaSuccess || Z == 1) return e;
-    const size_t mn = (size_t)M * w->N;
-    const unsigned rg = (unsigned)((mn + 255) / 256 < 4096 ? (mn + 255) / 256 : 4096);
-    return lc_launch(lc_qmma_reduce_kernel<T, FMT, F32>, dim3(rg), dim3(256), 0, s, (const float *)part,
-                     (const float *)inv, (const float *)w->scales, y, M, w->N, Z);
+    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, (const float *)inv,
+                                                                   w->scales, y, M, w->N, Z, s);
 }
 
 extern "C" cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w,

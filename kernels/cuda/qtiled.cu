@@ -55,8 +55,9 @@
  * h200-quant-tiled-linears.json): INT4 beats the row-major kernels from 2 to
  * 128 rows (8 rows 88 vs 192 us, 64 rows 194 vs 235) and loses at one row
  * (89 vs 74; chained 63 vs 48: ~1.9 TB/s, issue-bound on the decode and
- * copies); W8A16 wins only at 8..16 rows. mma.sync here reaches ~145-160
- * TFLOP/s at 64-256 rows: below bf16's cuBLASLt from ~30 rows.
+ * copies); W8A16 wins only at 8..16 rows. mma.sync here reaches ~145-190
+ * TFLOP/s at 64-256 rows: below bf16's cuBLASLt from ~30 rows. (Timed
+ * before the INT4 codes were centred, 6bb08a0.)
  *
  * Contract (lc_qtiled_ok): N % 16 == 0, K % 128 == 0, INT4 group % 64 == 0
  * dividing K; x rows 16-byte aligned (K % 8).
@@ -65,6 +66,7 @@
 
 #include "common.cuh"
 
+#include "cp_async.cuh"
 #include "mma.cuh"
 #include "qgemm.h"
 
@@ -96,18 +98,6 @@ template <int FMT, int NT> constexpr size_t lc_qt_smem() {
     return (size_t)lc_qt_stages<FMT, NT>() * lc_qt_stb<FMT, NT>();
 }
 
-__device__ __forceinline__ void lc_qt_cp16(void *smem, const void *gmem, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void lc_qt_cp8(void *smem, const void *gmem, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 8 : 0));
-}
-__device__ __forceinline__ void lc_qt_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void lc_qt_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 __device__ __forceinline__ void lc_qt_ldsm4(const void *p, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -253,7 +243,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
 #pragma unroll
         for (int k = 0; k < CPW; k++)
             if (tile0 + w_tl0 + k * TPK < ntiles)
-                lc_qt_cp16(ws + (size_t)(tid + k * NTHR) * 16, w_src + (size_t)k * TPK * tile_bytes + (size_t)s * VW * 16,
+                lc_cp16(ws + (size_t)(tid + k * NTHR) * 16, w_src + (size_t)k * TPK * tile_bytes + (size_t)s * VW * 16,
                            true);
         if constexpr (F::I4) {
             /* the tiles' (s, b) dt pairs of the stage's groups (at most two:
@@ -263,7 +253,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
             for (int i = tid; i < LC_QT_TILES * 2 * 4; i += NTHR) {
                 const int tl = i >> 3, h = (i >> 2) & 1, q = i & 3, gt = tile0 + tl;
                 if (gt < ntiles && g0 + h < groups)
-                    lc_qt_cp16(ss + i * 16, sc + ((size_t)gt * groups + g0 + h) * 16 + q * 4, true);
+                    lc_cp16(ss + i * 16, sc + ((size_t)gt * groups + g0 + h) * 16 + q * 4, true);
             }
         }
     };
@@ -273,7 +263,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
         for (int k = 0; k < XPT; k++) {
             const int r = x_r0 + k * XRS;
             if (r < TOK && m0 + r < M)
-                lc_qt_cp16(xs + r * LC_QT_XR + x_c * 8, x_src + (size_t)k * XRS * K + (size_t)s * LC_QT_KS,
+                lc_cp16(xs + r * LC_QT_XR + x_c * 8, x_src + (size_t)k * XRS * K + (size_t)s * LC_QT_KS,
                            true);
         }
     };
@@ -287,7 +277,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
 #pragma unroll
     for (int i = 0; i < ST - 1; i++) {
         if (i < nst) load_x(s_lo + i, i);
-        lc_qt_commit();
+        lc_cp_commit();
     }
 
     float acc[LC_QT_MT][NTW][4];
@@ -323,7 +313,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     const int r_base = wc * NTW * 8; /* the warp's first token row in the tile */
 
     for (int it = 0; it < nst; it++) {
-        lc_qt_wait<ST - 2>();
+        lc_cp_wait<ST - 2>();
         __syncthreads();
         {
             const int nx = it + ST - 1;
@@ -331,7 +321,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
                 load_w(s_lo + nx, nx % ST);
                 load_x(s_lo + nx, nx % ST);
             }
-            lc_qt_commit();
+            lc_cp_commit();
         }
         const uint8_t *ws = lc_qt_sm + (size_t)(it % ST) * STB;
         const uint16_t *xs = reinterpret_cast<const uint16_t *>(ws + WB);
@@ -431,7 +421,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
             }
         }
     }
-    lc_qt_wait<0>(); /* no copy may land after the CTA has gone */
+    lc_cp_wait<0>(); /* no copy may land after the CTA has gone */
 
     /* C: rows g, g + 8 of each row tile; tokens 2t, 2t + 1 of each n-tile */
 #pragma unroll
@@ -457,22 +447,6 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     }
 }
 
-/* y (M, N) = sum over z of part (z, M, N) in z order, times W8A16's row scale. */
-template <typename T, int FMT, bool F32>
-__global__ void __launch_bounds__(256)
-    lc_qtiled_reduce_kernel(const float *__restrict__ part, const float *__restrict__ sc, void *__restrict__ y,
-                            int M, int N, int Z) {
-    lc_pdl_wait();
-    lc_pdl_trigger();
-    const size_t MN = (size_t)M * N;
-    for (size_t o = (size_t)blockIdx.x * 256 + threadIdx.x; o < MN; o += (size_t)gridDim.x * 256) {
-        float v = 0.0f;
-        for (int z = 0; z < Z; z++) v += part[(size_t)z * MN + o];
-        if constexpr (FMT == LOOM_CUDA_Q_INT8_W8A16) v *= sc[o % (size_t)N];
-        if (F32) static_cast<float *>(y)[o] = v;
-        else static_cast<T *>(y)[o] = lc_from_f<T>(v);
-    }
-}
 
 /* ------------------------------------------------------- layout mapping */
 
@@ -658,10 +632,8 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
     }
 #undef LC_QT_GO
     if (e != cudaSuccess || Z == 1) return e;
-    const size_t mn = (size_t)M * w->N;
-    const unsigned rg = (unsigned)((mn + 255) / 256 < 4096 ? (mn + 255) / 256 : 4096);
-    return lc_launch(lc_qtiled_reduce_kernel<T, FMT, F32>, dim3(rg), dim3(256), 0, s, (const float *)part,
-                     (const float *)w->scales, y, M, w->N, Z);
+    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
+                                                                   w->N, Z, s);
 }
 
 extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,

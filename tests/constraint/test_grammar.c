@@ -408,8 +408,8 @@ static void bf_repeat(gbuf *b, test_rng *r) {
 /* A random regex: literals (quotes and JSON punctuation among them),
  * classes, groups with alternatives (empty ones among them), repetitions —
  * of groups that can match nothing too, nested in other repetitions (the
- * shape whose expansion was exponential before stacks were expanded once
- * per set, match.c). */
+ * shape whose expansion is exponential in paths unless each stack is
+ * expanded once per set, match.c). */
 static void bf_regex(gbuf *b, test_rng *r, int depth) {
     static const char *const atom[] = {"a", "b", "x", "0", "\"", ",", ":", " ", "\\]", "\\}", "[a-c]", "[0-9]", "[^b\"]", "."};
     for (int i = 0, n = 1 + (int)rng_int(r, 3); i < n; i++) {
@@ -774,8 +774,7 @@ Test(schema, formats_only_valid_values) {
 /* A repetition whose body can match nothing, nested in another repetition,
  * or alternatives that all lead to one rule: each stack is expanded once
  * per set (match.c), so a mask or a token costs steps in proportion to the
- * stacks, not to the paths (2^40 for the chain below, minutes or more for
- * the nested loops before). Counted by the matcher's step counter, not by
+ * stacks, not to the paths (2^40 for the chain below). Counted by the matcher's step counter, not by
  * the clock; every mask must equal the one brute force gives, and the
  * text must be complete (or not) as the language says. */
 Test(match, nullable_repetitions_expand_once) {

@@ -218,6 +218,15 @@ static void gram_describe(gram_compiled *c, const char *lang, const char *text, 
     size_t n = 0;
     for (size_t i = 0; i < len && n < SHOW; i++) /* control bytes as spaces: it goes into one line */
         t[n++] = (unsigned char)text[i] < 0x20 ? ' ' : text[i];
+    if (len > SHOW) { /* cut at a character boundary: the text goes into JSON error bodies */
+        size_t lead = n;
+        while (lead > 0 && ((unsigned char)t[lead - 1] & 0xC0) == 0x80) lead--;
+        if (lead > 0 && (unsigned char)t[lead - 1] >= 0xC0) {
+            const unsigned char b = (unsigned char)t[lead - 1];
+            const size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
+            if (lead - 1 + need > n) n = lead - 1;
+        }
+    }
     t[n] = '\0';
     if (len == 0) snprintf(c->what, sizeof c->what, "%s", lang);
     else snprintf(c->what, sizeof c->what, "%s `%s%s`", lang, t, len > SHOW ? "..." : "");

@@ -324,6 +324,9 @@ static void expand(gmatch *m, int32_t len, int depth);
  * again (only slower; the budget, max_match_steps, bounds the work). */
 #define VISIT_MAX_INTS (1 << 20)
 static bool visited(gmatch *m, int32_t len) {
+    /* hashing (and recording) a stack costs its length: charged to the
+     * budget, so max_match_steps bounds the time of deep stacks too */
+    m->steps += len >> 4;
     if (2 * (m->visit_n + 1) > m->visit_cap) {
         uint32_t nc = m->visit_cap ? 2 * m->visit_cap : 256;
         dedup_slot *t = calloc(nc, sizeof *t);
@@ -593,6 +596,7 @@ static bool is_eog(const loom_vocab_view *v, int32_t token) {
 
 bool gmatch_accept_token(gmatch *m, int32_t token) {
     const loom_vocab_view *v = m->c->vocab;
+    m->over = false; /* a refusal below is not the previous operation's budget */
     if (token < 0 || token >= v->size || m->terminated) return false;
     if (is_eog(v, token)) {
         if (!gmatch_can_end(m)) return false;

@@ -138,6 +138,33 @@ static void pool_put(pay_buf *b, bool ok) {
     }
 }
 
+/* Free the idle buffers of `device` (an allocation failed while they held
+ * memory it needs); whether any were. */
+static bool pool_drain_idle(int32_t device) {
+    pay_buf *drop = NULL;
+    pthread_mutex_lock(&pool_mu);
+    for (pay_buf **q = &bufs; *q;) {
+        pay_buf *x = *q;
+        if (x->busy || x->device != device) {
+            q = &x->next;
+            continue;
+        }
+        *q = x->next;
+        idle_bytes -= x->cap;
+        x->next = drop;
+        drop = x;
+    }
+    pthread_mutex_unlock(&pool_mu);
+    const bool any = drop != NULL;
+    while (drop) {
+        pay_buf *x = drop;
+        drop = x->next;
+        cudaFree(x->d);
+        free(x);
+    }
+    return any;
+}
+
 loom_status pay_put(int32_t device, const void *payload, uint64_t len, uint8_t where[KVC_SHM_NAME], void **token,
                     loom_error *err) {
     *token = NULL;
@@ -162,6 +189,10 @@ loom_status pay_put(int32_t device, const void *payload, uint64_t len, uint8_t w
         b->device = device;
         b->busy = true;
         what = "allocating the hand-over buffer", e = cudaMalloc(&b->d, (size_t)b->cap);
+        if (e == cudaErrorMemoryAllocation && pool_drain_idle(device)) { /* idle ones too small: free, retry */
+            (void)cudaGetLastError();
+            e = cudaMalloc(&b->d, (size_t)b->cap);
+        }
         if (e == cudaSuccess) what = "cudaIpcGetMemHandle", e = cudaIpcGetMemHandle(&b->h, b->d);
         if (e != cudaSuccess) {
             if (b->d) cudaFree(b->d);
@@ -202,16 +233,20 @@ loom_status pay_open(int32_t device, const uint8_t where[KVC_SHM_NAME], uint64_t
     /* our own export (one process holds both ends): read it in place — the
      * exporter keeps it until this side acknowledges. */
     bool own = false, size_ok = true;
+    void *own_d = NULL;
     pthread_mutex_lock(&pool_mu);
     for (pay_buf *b = bufs; b; b = b->next)
         if (b->busy && memcmp(&b->h, &h, sizeof h) == 0) {
             own = true;
             size_ok = b->len == len;
-            if (size_ok && e == cudaSuccess)
-                what = "reading the peer's payload", e = copy_sync(host, b->d, len, cudaMemcpyDeviceToHost);
+            own_d = b->d;
             break;
         }
     pthread_mutex_unlock(&pool_mu);
+    /* outside the lock (other hand-overs go on): the buffer stays busy
+     * until this side acknowledges */
+    if (own && size_ok && e == cudaSuccess)
+        what = "reading the peer's payload", e = copy_sync(host, own_d, len, cudaMemcpyDeviceToHost);
     if (own && !size_ok) {
         free(host);
         return kvc_fail(err, LOOM_ERR_FORMAT,
