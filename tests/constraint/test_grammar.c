@@ -885,6 +885,8 @@ Test(match, work_budget_fails_by_name) {
     cr_assert(strstr(why, "max_match_steps (100000)") && gmatch_over_budget(m), "%s", why);
     cr_assert(!gmatch_accept_token(m, 'q') && gmatch_over_budget(m));
     cr_assert(!gmatch_accept_token(m, 'r') && !gmatch_over_budget(m), "a plain refusal is not the budget");
+    cr_assert(!gmatch_accept_token(m, 'q') && gmatch_over_budget(m));
+    cr_assert(!gmatch_accept_token(m, -1) && !gmatch_over_budget(m), "an invalid id is refused, not over the budget");
     gmatch_free(m);
     gram_free(&gc.g);
     vtrie_free(trie);
@@ -911,6 +913,26 @@ Test(match, work_budget_fails_by_name) {
     cr_assert(strstr(err.message, "token 113 took more than max_match_steps (100000)"), "%s", err.message);
     ops->matcher_free(self, pm);
     ops->grammar_free(self, g);
+    /* the grammar's start in the message is cut at a character boundary:
+     * a two-byte character over the 60-byte cut is left out whole */
+    gbuf accented = {0};
+    gbuf_put(&accented, "# a");
+    for (int i = 0; i < 30; i++) gbuf_put(&accented, "\xc3\xa9"); /* U+00E9, bytes 3..62 */
+    gbuf_put(&accented, "\n");
+    deep_grammar(&accented, "");
+    cr_assert(!accented.oom);
+    cr_assert_eq(ops->compile(self, "gbnf", accented.s, strlen(accented.s), &v.view, &g, &err), LOOM_OK, "%s",
+                 err.message);
+    cr_assert_eq(ops->matcher_new(self, g, &pm, &err), LOOM_ERR_UNSUPPORTED);
+    const char *shown = strstr(err.message, "gbnf `# a");
+    cr_assert(shown, "%s", err.message);
+    const char *end = strstr(shown, "...`");
+    cr_assert(end, "%s", err.message);
+    const size_t n = (size_t)(end - shown) - strlen("gbnf `# a");
+    cr_assert(n % 2 == 0 && n == 56, "%zu bytes of U+00E9 shown, not 56 (28 whole characters; the 29th "
+              "straddles the cut): %s", n, err.message);
+    ops->grammar_free(self, g);
+    free(accented.s);
     ops->destroy(self);
     dlclose(dl);
     free(at_start.s);
