@@ -52,7 +52,7 @@
  * row and the fused decode at every M).
  *
  * Measured (H200, one Llama-3-8B layer's four linears, bench/results/
- * h200-quant-tiled-linears.json): INT4 beats the row-major kernels from 2 to
+ * h200-quant-linears.json): INT4 beats the row-major kernels from 2 to
  * 128 rows (8 rows 88 vs 192 us, 64 rows 194 vs 235) and loses at one row
  * (89 vs 74; chained 63 vs 48: ~1.9 TB/s, issue-bound on the decode and
  * copies); W8A16 wins only at 8..16 rows. mma.sync here reaches ~145-190
