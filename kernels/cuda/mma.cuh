@@ -1,7 +1,8 @@
 /*
  * kernels/cuda/mma.cuh — what the tensor-core kernels of the quantized
- * linear layers share (qgemv_tc.cu: 2..8 rows; qmma.cu: W8A16 / INT4 at
- * 9..128 rows; qtiled.cu: the tiled layout): the f16 mma, packed f16
+ * linear layers and the grouped expert GEMMs share (qgemv_tc.cu: 2..8 rows;
+ * qmma.cu: W8A16 / INT4 at 9..128 rows; qtiled.cu: the tiled layout;
+ * moe_tile.cuh): the bf16 / f16 mma, packed f16
  * arithmetic, the decodes of int8 / int4 codes into exact f16 values, and
  * the K-split kernels' reduction.
  */
@@ -11,6 +12,25 @@
 #include <stdint.h>
 
 #include "common.cuh"
+
+/* c (16 x 8, f32) += a (16 x 16) b (16 x 8), operands in T (bf16 or f16),
+ * one warp. */
+template <typename T>
+__device__ __forceinline__ void lc_mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void lc_mma16816<__nv_bfloat16>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void lc_mma16816<__half>(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
 /* c (16 x 8, f32) += a (16 x 16, f16) b (16 x 8, f16), one warp. */
 __device__ __forceinline__ void lc_mma_f16(float *c, uint32_t a0, uint32_t a1, uint32_t a2,

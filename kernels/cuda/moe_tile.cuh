@@ -3,32 +3,19 @@
  * (moe.cu: experts in the compute type, loaded by cp.async; moe_quant.cu:
  * quantized experts decoded into the tile): a 64 x 128 output tile per CTA
  * of 4 warps (2 x 2, 32 x 64 each), K in steps of LC_MOE_BK held in shared
- * memory, mma.sync m16n8k16 with float32 accumulation. Its rows are the
+ * memory, mma.sync m16n8k16 with float32 accumulation (mma.cuh). Its rows are the
  * tiles of loom_cuda_moe_group's list (LC_MOE_BM rows an expert tile).
  */
 #ifndef LOOM_CUDA_MOE_TILE_CUH
 #define LOOM_CUDA_MOE_TILE_CUH
 
 #include "common.cuh"
+#include "mma.cuh"
 
 #define LC_MOE_BM 64
 #define LC_MOE_BN 128
 #define LC_MOE_BK 32
 #define LC_MOE_PAD 8 /* smem row padding (elements): conflict-free fragment loads */
-
-template <typename T> __device__ __forceinline__ void lc_mma16816(float *c, const uint32_t *a, const uint32_t *b);
-template <> __device__ __forceinline__ void lc_mma16816<__nv_bfloat16>(float *c, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <> __device__ __forceinline__ void lc_mma16816<__half>(float *c, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 /* One stage of the tiles: A (BM, BK) tokens and B (BN, BK) weights, rows padded. */
 template <typename T> struct lc_moe_stage {
@@ -76,7 +63,7 @@ __device__ __forceinline__ void lc_moe_tile_step(lc_moe_acc &acc, const lc_moe_s
 #pragma unroll
         for (int i = 0; i < 2; i++)
 #pragma unroll
-            for (int j = 0; j < 8; j++) lc_mma16816<T>(acc[i][j], af[i], bf[j]);
+            for (int j = 0; j < 8; j++) lc_mma16816<T>(acc[i][j], af[i], bf[j][0], bf[j][1]);
     }
 }
 

@@ -113,21 +113,6 @@ __device__ __forceinline__ uint32_t lc_qt_word(const uint4 &v, int j) {
     return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
-/* c += a b in dt (f16 or bf16 operands, f32 accumulation) */
-template <typename T>
-__device__ __forceinline__ void lc_qt_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    if constexpr (std::is_same<T, __half>::value)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* packed dt x2 arithmetic */
 template <typename T> __device__ __forceinline__ uint32_t lc_qt_sub2(uint32_t a, uint32_t b) {
     uint32_t d;
@@ -370,11 +355,11 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
                     lc_qt_ldsm2(xs + r * LC_QT_XR + c * 8, b0, b1);
                     if constexpr (RAW) {
                         float xx[4] = {xg[0][0], xg[0][1], 0.0f, 0.0f};
-                        lc_qt_mma<T>(xx, ones, b0, b1);
+                        lc_mma16816<T>(xx, ones, b0, b1);
                         xg[0][0] = xx[0], xg[0][1] = xx[1];
                     }
 #pragma unroll
-                    for (int mt = 0; mt < LC_QT_MT; mt++) lc_qt_mma<T>(sum_of(mt, 0), a[mt], b0, b1);
+                    for (int mt = 0; mt < LC_QT_MT; mt++) lc_mma16816<T>(sum_of(mt, 0), a[mt], b0, b1);
                 } else {
 #pragma unroll
                     for (int np = 0; np < NTW / 2; np++) {
@@ -384,15 +369,15 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
                         if constexpr (RAW) {
                             float x0[4] = {xg[2 * np][0], xg[2 * np][1], 0.0f, 0.0f};
                             float x1[4] = {xg[2 * np + 1][0], xg[2 * np + 1][1], 0.0f, 0.0f};
-                            lc_qt_mma<T>(x0, ones, b0, b1);
-                            lc_qt_mma<T>(x1, ones, b2, b3);
+                            lc_mma16816<T>(x0, ones, b0, b1);
+                            lc_mma16816<T>(x1, ones, b2, b3);
                             xg[2 * np][0] = x0[0], xg[2 * np][1] = x0[1];
                             xg[2 * np + 1][0] = x1[0], xg[2 * np + 1][1] = x1[1];
                         }
 #pragma unroll
                         for (int mt = 0; mt < LC_QT_MT; mt++) {
-                            lc_qt_mma<T>(sum_of(mt, 2 * np), a[mt], b0, b1);
-                            lc_qt_mma<T>(sum_of(mt, 2 * np + 1), a[mt], b2, b3);
+                            lc_mma16816<T>(sum_of(mt, 2 * np), a[mt], b0, b1);
+                            lc_mma16816<T>(sum_of(mt, 2 * np + 1), a[mt], b2, b3);
                         }
                     }
                 }
