@@ -3,7 +3,8 @@
  * (loom/kv_connector.h) on one host: two instances of the component, one
  * listening and one connecting, exchange messages both ways; a message over
  * the head limit is refused before anything is sent; accept() without a
- * peer ends in a "timeout". The connector must be able to listen and
+ * peer ends in a "timeout"; a lent payload buffer (cuda-ipc) travels whole,
+ * device payloads read back through payload_to_host(). The connector must be able to listen and
  * connect under the run's configuration: give it an address with --set
  * (shm: path=...; tcp: port=... and key_file=...).
  */
@@ -86,6 +87,9 @@ static void *kc_send_main(void *arg) {
     return NULL;
 }
 
+static bool kc_check_payload(cf_run *r, kc_side *b, loom_kv_conn *bc, const loom_kv_msg *got, const loom_kv_msg *m,
+                             kc_send *x, pthread_t t);
+
 /* One message from a to b (a sends on its thread: a shared-memory sender
  * waits for the receiver's acknowledgement), received intact. */
 static bool kc_carry(cf_run *r, kc_side *a, loom_kv_conn *ac, kc_side *b, loom_kv_conn *bc, const loom_kv_msg *m) {
@@ -95,16 +99,44 @@ static bool kc_carry(cf_run *r, kc_side *a, loom_kv_conn *ac, kc_side *b, loom_k
     loom_kv_msg got = {.struct_size = sizeof got};
     loom_error err = {0};
     loom_status st = b->ops->recv(b->self, bc, &got, &err);
+    if (st != LOOM_OK) {
+        pthread_join(t, NULL);
+        return cf_fail(r, "recv() failed: %s", err.message);
+    }
+    bool ok = true;
+    if (got.type != m->type || got.head_len != m->head_len || got.payload_len != m->payload_len)
+        ok = cf_fail(r, "received type %u, head %u, payload %llu bytes; sent %u, %u, %llu", got.type, got.head_len,
+                     (unsigned long long)got.payload_len, m->type, m->head_len, (unsigned long long)m->payload_len);
+    else if (m->head_len && memcmp(got.head, m->head, m->head_len) != 0)
+        ok = cf_fail(r, "the head arrived changed");
+    return kc_check_payload(r, b, bc, &got, ok ? m : NULL, &x, t) && ok;
+}
+
+/* The received payload equals m's (m NULL: not compared), read through payload_to_host() when it is
+ * device memory; payload_release() then acknowledges it and the sender's
+ * thread (t, still waiting for that) ends. */
+static bool kc_check_payload(cf_run *r, kc_side *b, loom_kv_conn *bc, const loom_kv_msg *got, const loom_kv_msg *m,
+                             kc_send *x, pthread_t t) {
+    const loom_kv_connector_ops *ops = b->ops;
+    bool ok = true;
+    uint8_t *host = NULL;
+    loom_error err = {0};
+    if (got->payload_on_device) {
+        const bool has = LOOM_HAS_FIELD(ops, loom_kv_connector_ops, payload_release) && ops->payload_to_host &&
+                         ops->payload_release;
+        if (!has) ok = cf_fail(r, "recv() gave device memory but payload_to_host / payload_release are missing");
+        host = ok ? malloc(got->payload_len ? (size_t)got->payload_len : 1) : NULL;
+        if (ok && (!host || ops->payload_to_host(b->self, bc, host, got->payload_len, &err) != LOOM_OK))
+            ok = cf_fail(r, "payload_to_host() failed: %s", err.message);
+    }
+    const void *bytes = got->payload_on_device ? host : got->payload;
+    if (ok && m && m->payload && m->payload_len && memcmp(bytes, m->payload, (size_t)m->payload_len) != 0)
+        ok = cf_fail(r, "the payload arrived changed");
+    if (got->payload_on_device && ops->payload_release) ops->payload_release(b->self, bc);
     pthread_join(t, NULL);
-    CF_ENSURE(r, x.st == LOOM_OK, "send() failed: %s", x.err.message);
-    CF_ENSURE(r, st == LOOM_OK, "recv() failed: %s", err.message);
-    CF_ENSURE(r, got.type == m->type && got.head_len == m->head_len && got.payload_len == m->payload_len,
-             "received type %u, head %u, payload %llu bytes; sent %u, %u, %llu", got.type, got.head_len,
-             (unsigned long long)got.payload_len, m->type, m->head_len, (unsigned long long)m->payload_len);
-    CF_ENSURE(r, !m->head_len || memcmp(got.head, m->head, m->head_len) == 0, "the head arrived changed");
-    CF_ENSURE(r, !m->payload_len || memcmp(got.payload, m->payload, (size_t)m->payload_len) == 0,
-             "the payload arrived changed");
-    return true;
+    free(host);
+    if (ok && x->st != LOOM_OK) ok = cf_fail(r, "send() failed: %s", x->err.message);
+    return ok;
 }
 
 static bool check_round_trip(cf_run *r, const void *arg) {
@@ -125,6 +157,49 @@ static bool check_round_trip(cf_run *r, const void *arg) {
     kc_unpair(r, &L, &C, lc, &ok);
     free(head);
     free(payload);
+    return ok;
+}
+
+/* A connector that lends payload buffers (payload_buffer): a lent buffer
+ * sent as the payload arrives whole and acknowledged, twice on one
+ * connection (host memory is filled and compared; device memory, which
+ * this check cannot write, is checked for size and hand-over only). */
+static bool check_lent_buffer(cf_run *r, const void *arg) {
+    const loom_kv_connector_ops *ops = r->comp->ops;
+    if (!LOOM_HAS_FIELD(ops, loom_kv_connector_ops, payload_buffer) || !ops->payload_buffer) return true;
+    kc_side L, C;
+    loom_kv_conn *lc;
+    bool ok = kc_pair(r, &L, &C, &lc);
+    cf_rng g = cf_rng_make(r->seed);
+    for (int round = 0; ok && round < 2; round++) {
+        const uint64_t len = (1u << 20) + 4096u * (uint64_t)round;
+        void *buf = NULL;
+        int32_t dev = -1;
+        loom_error err = {0};
+        cf_where(r, "payload_buffer() on the connecting side, sent as the payload");
+        if (ops->payload_buffer(C.self, C.conn, len, &buf, &dev, &err) != LOOM_OK || !buf) {
+            ok = cf_fail(r, "payload_buffer(%llu bytes) failed: %s", (unsigned long long)len, err.message);
+            break;
+        }
+        if (dev < 0)
+            for (uint64_t i = 0; i < len; i++) ((uint8_t *)buf)[i] = (uint8_t)cf_rng_next(&g);
+        loom_kv_msg m = {.struct_size = sizeof m, .type = 9, .head = "lent", .head_len = 4, .payload = buf,
+                         .payload_len = len, .payload_on_device = dev >= 0, .payload_device = dev};
+        kc_send x = {.s = &C, .conn = C.conn, .m = &m};
+        pthread_t t;
+        pthread_create(&t, NULL, kc_send_main, &x);
+        loom_kv_msg got = {.struct_size = sizeof got};
+        if (ops->recv(L.self, lc, &got, &err) != LOOM_OK) {
+            pthread_join(t, NULL);
+            ok = cf_fail(r, "recv() of a lent buffer failed: %s", err.message);
+            break;
+        }
+        if (got.payload_len != len) ok = cf_fail(r, "a lent buffer of %llu bytes arrived as %llu",
+                                                 (unsigned long long)len, (unsigned long long)got.payload_len);
+        loom_kv_msg host_copy = m; /* compared only when this side could write it */
+        ok = kc_check_payload(r, &L, lc, &got, ok && dev < 0 ? &host_copy : NULL, &x, t) && ok;
+    }
+    kc_unpair(r, &L, &C, lc, &ok);
     return ok;
 }
 
@@ -171,5 +246,6 @@ int cf_checks_kv_connector(const loom_component *c, cf_check *out, int cap) {
     n = cf_add(out, n, cap, check_accept_timeout, NULL, "kv_connector.accept_timeout");
     n = cf_add(out, n, cap, check_round_trip, NULL, "kv_connector.round_trip");
     n = cf_add(out, n, cap, check_head_limit, NULL, "kv_connector.head_limit");
+    n = cf_add(out, n, cap, check_lent_buffer, NULL, "kv_connector.lent_buffer");
     return n;
 }

@@ -1492,6 +1492,9 @@ static char *metrics_text(server *s) {
                (unsigned long long)ds.transfers_failed);
         METRIC("kv_transfer_bytes_total", "counter", "KV block-image bytes handed over", "%llu",
                (unsigned long long)ds.bytes);
+        METRIC("kv_host_staged_bytes_total", "counter",
+               "of them, bytes this side sent from or delivered out of host memory (0: device to device)", "%llu",
+               (unsigned long long)ds.host_bytes);
         METRIC("kv_auth_failures_total", "counter", "KV peers refused by the connector's handshake", "%llu",
                (unsigned long long)ds.auth_failures);
         METRIC("kv_send_seconds_total", "counter",

@@ -40,11 +40,19 @@ struct loom_disagg {
     loom_disagg_stats st;
 };
 
-static void count(loom_disagg *d, bool ok, uint64_t bytes) {
+static void count(loom_disagg *d, bool ok, uint64_t bytes, uint64_t host_bytes) {
     pthread_mutex_lock(&d->mu);
-    if (ok) d->st.transfers_ok++, d->st.bytes += bytes;
+    if (ok) d->st.transfers_ok++, d->st.bytes += bytes, d->st.host_bytes += host_bytes;
     else d->st.transfers_failed++;
     pthread_mutex_unlock(&d->mu);
+}
+
+/* The connector's optional ABI 2.6 members, NULL when it predates them. */
+static bool has_payload_buffer(const loom_disagg *d) {
+    return LOOM_HAS_FIELD(d->ops, loom_kv_connector_ops, payload_buffer) && d->ops->payload_buffer;
+}
+static bool has_payload_to_host(const loom_disagg *d) {
+    return LOOM_HAS_FIELD(d->ops, loom_kv_connector_ops, payload_to_host) && d->ops->payload_to_host;
 }
 
 static uint64_t now_us(void) {
@@ -104,6 +112,12 @@ typedef struct pf_job {
     char error[LOOM_ERROR_MSG_MAX];
     void *kv;                  /* block images of all but the last token    */
     size_t kv_len;
+    bool kv_owned;             /* kv is ours (host), not the connector's lent buffer */
+    int32_t kv_device;         /* kv's CUDA ordinal, -1 host                */
+    void *lent;                /* the connector's buffer for the KV (device
+                                  memory the engine reads into), or NULL    */
+    uint64_t lent_len;
+    int32_t lent_device;
     int32_t kv_tokens, kv_blocks, block_size;
     uint64_t max_payload;
 } pf_job;
@@ -113,7 +127,7 @@ static void pf_unref(pf_job *j) {
     bool last = --j->refs == 0;
     pthread_mutex_unlock(&j->mu);
     if (!last) return;
-    free(j->kv);
+    if (j->kv_owned) free(j->kv);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -133,11 +147,28 @@ static loom_status pf_export(void *user, const loom_kv_export *x) {
         pthread_mutex_unlock(&j->mu);
         return LOOM_ERR_INVALID;
     }
+    /* straight into the connector's buffer (one gather kernel) when it
+     * lent one of this size; under the lock, so a handler that gave up
+     * (pf_run's timeout) and takes it back never races this write */
+    pthread_mutex_lock(&j->mu);
+    if (j->lent && j->lent_len == len) {
+        loom_status st = x->read(x->ctx, 0, nb, j->lent, len, &err);
+        if (st == LOOM_OK) {
+            j->kv = j->lent, j->kv_len = len, j->kv_tokens = n, j->kv_blocks = nb, j->block_size = x->block_size;
+            j->kv_owned = false, j->kv_device = j->lent_device;
+        } else {
+            snprintf(j->error, sizeof j->error, "reading the KV out: %.400s", err.message);
+        }
+        pthread_mutex_unlock(&j->mu);
+        return st;
+    }
+    pthread_mutex_unlock(&j->mu);
     void *buf = malloc(len);
     loom_status st = buf ? x->read(x->ctx, 0, nb, buf, len, &err) : LOOM_ERR_NOMEM;
     pthread_mutex_lock(&j->mu);
     if (st == LOOM_OK) {
         j->kv = buf, j->kv_len = len, j->kv_tokens = n, j->kv_blocks = nb, j->block_size = x->block_size;
+        j->kv_owned = true, j->kv_device = -1;
         buf = NULL;
     } else {
         snprintf(j->error, sizeof j->error, "reading the KV out: %.400s", buf ? err.message : "out of memory");
@@ -197,6 +228,9 @@ static loom_status pf_run(loom_disagg *d, pf_job *j, const int32_t *tokens, int3
     }
     d->wake(d->wake_ctx);
     if (!pf_wait(j, d->lim.timeout_ms)) {
+        pthread_mutex_lock(&j->mu); /* no export writes the lent buffer from here on */
+        j->lent = NULL;
+        pthread_mutex_unlock(&j->mu);
         loom_engine_abort(d->e, id);
         d->wake(d->wake_ctx);
         snprintf(why, cap, "the prefill took longer than the connector's timeout_ms (%d)", d->lim.timeout_ms);
@@ -205,6 +239,25 @@ static loom_status pf_run(loom_disagg *d, pf_job *j, const int32_t *tokens, int3
     if (j->kv) return LOOM_OK;
     snprintf(why, cap, "the prefill ended without KV (%.400s)", j->error[0] ? j->error : "aborted");
     return LOOM_ERR_INTERNAL;
+}
+
+/* Ask the connector for a buffer the engine can read the prompt's KV
+ * straight into (cuda-ipc: device memory on the backend's device), so no
+ * byte crosses host memory; without one the KV goes through the host. */
+static void pf_borrow(loom_disagg *d, loom_kv_conn *c, pf_job *j, int32_t n) {
+    const int64_t bs = d->info.block_size, nb = (n - 1 + bs - 1) / bs;
+    const uint64_t len = (uint64_t)nb * d->info.block_bytes;
+    if (d->info.image_device < 0 || !has_payload_buffer(d) || n < 2 || len > d->lim.max_payload) return;
+    void *ptr = NULL;
+    int32_t dev = -1;
+    loom_error err = {0};
+    if (d->ops->payload_buffer(d->self, c, len, &ptr, &dev, &err) != LOOM_OK) {
+        loom_log(LOOM_LOG_DEBUG, "disagg", "prefill: no connector buffer, the KV goes through host memory: %s",
+                 err.message);
+        return;
+    }
+    if (dev != d->info.image_device) return; /* memory the backend cannot gather into: the host path */
+    j->lent = ptr, j->lent_len = len, j->lent_device = dev;
 }
 
 /* One decode engine's connection: PREFILL in, KV or ERROR out. */
@@ -219,7 +272,7 @@ static void pf_serve(loom_disagg *d, loom_kv_conn *c) {
         pthread_mutex_lock(&d->mu);
         if (st == LOOM_ERR_INVALID) d->st.auth_failures++; /* the handshake failed */
         pthread_mutex_unlock(&d->mu);
-        count(d, false, 0);
+        count(d, false, 0, 0);
         return;
     }
     if (m.type != DISAGG_MSG_PREFILL) {
@@ -234,13 +287,15 @@ static void pf_serve(loom_disagg *d, loom_kv_conn *c) {
         pthread_mutex_init(&j->mu, NULL);
         pthread_cond_init(&j->cv, NULL);
         j->max_payload = d->lim.max_payload;
+        pf_borrow(d, c, j, n);
         st = pf_run(d, j, tokens, n, why, sizeof why);
     }
     if (st == LOOM_OK) {
         uint8_t head[DISAGG_KV_HEAD];
         disagg_kv_encode(head, j->kv_tokens, j->block_size, j->kv_blocks, d->info.block_bytes);
         loom_kv_msg out = {.struct_size = sizeof out, .type = DISAGG_MSG_KV, .head = head, .head_len = sizeof head,
-                           .payload = j->kv, .payload_len = j->kv_len};
+                           .payload = j->kv, .payload_len = j->kv_len,
+                           .payload_on_device = j->kv_device >= 0, .payload_device = j->kv_device};
         uint64_t t0 = now_us();
         if ((st = d->ops->send(d->self, c, &out, &err)) != LOOM_OK) snprintf(why, sizeof why, "%s", err.message);
         else add_time(d, &d->st.send_us, t0);
@@ -248,7 +303,7 @@ static void pf_serve(loom_disagg *d, loom_kv_conn *c) {
         send_error(d, c, st, why);
     }
     if (st != LOOM_OK) loom_log(LOOM_LOG_WARN, "disagg", "prefill: %s", why);
-    count(d, st == LOOM_OK, st == LOOM_OK ? j->kv_len : 0);
+    count(d, st == LOOM_OK, st == LOOM_OK ? j->kv_len : 0, st == LOOM_OK && j->kv_device < 0 ? j->kv_len : 0);
     if (j) pf_unref(j);
     free(tokens);
 }
@@ -304,8 +359,88 @@ typedef struct dc_job {
     int32_t n;
 } dc_job;
 
+/* A delivery the engine reads in place: done() comes from its thread. */
+typedef struct dc_lend {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    loom_status st;
+} dc_lend;
+
+static void dc_done(void *ctx, loom_status st) {
+    dc_lend *l = ctx;
+    pthread_mutex_lock(&l->mu);
+    l->done = true;
+    l->st = st;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* Hand h's blocks (host, or device memory of the backend's device) to the
+ * engine to read in place, and wait until it has: *taken when written in.
+ * Not taken (no room in the cache now) is no error: the caller delivers a
+ * copy, which waits for room. The connection, and with it the sender's
+ * buffer, is held only for this wait — one engine step. */
+static loom_status dc_deliver_in_place(dc_job *w, loom_kv_handoff *h, int32_t device, bool *taken, char *why,
+                                       size_t cap) {
+    loom_disagg *d = w->d;
+    dc_lend l = {.st = LOOM_OK};
+    pthread_mutex_init(&l.mu, NULL);
+    pthread_cond_init(&l.cv, NULL);
+    h->blocks_on_device = device >= 0;
+    h->blocks_device = device;
+    h->done = dc_done;
+    h->done_ctx = &l;
+    loom_error err = {0};
+    loom_status st = loom_engine_kv_deliver(d->e, w->id, h, &err);
+    if (st == LOOM_OK) {
+        d->wake(d->wake_ctx);
+        /* the engine answers at its next step, or when destroyed */
+        pthread_mutex_lock(&l.mu);
+        while (!l.done) pthread_cond_wait(&l.cv, &l.mu);
+        pthread_mutex_unlock(&l.mu);
+        *taken = l.st == LOOM_OK;
+        if (l.st != LOOM_OK && l.st != LOOM_ERR_NO_SPACE)
+            st = l.st, snprintf(why, cap, "the decode engine dropped the KV (the request was aborted or refused it)");
+    } else {
+        snprintf(why, cap, "%s", err.message);
+    }
+    h->done = NULL;
+    h->blocks_on_device = false;
+    pthread_mutex_destroy(&l.mu);
+    pthread_cond_destroy(&l.cv);
+    return st;
+}
+
+/* Hand h's blocks over as a host copy the engine keeps; device payloads
+ * come to the host through the connector first. */
+static loom_status dc_deliver_copy(dc_job *w, loom_kv_conn *c, loom_kv_handoff *h, int32_t device, char *why,
+                                   size_t cap) {
+    loom_disagg *d = w->d;
+    loom_error err = {0};
+    const uint64_t len = (uint64_t)h->num_blocks * h->block_bytes;
+    void *host = NULL;
+    if (device >= 0) {
+        if (!has_payload_to_host(d))
+            return snprintf(why, cap, "kv_connector '%s' sent device memory but cannot copy it to the host "
+                            "(no payload_to_host)", d->slot->name), LOOM_ERR_UNSUPPORTED;
+        if (!(host = malloc(len ? len : 1))) return snprintf(why, cap, "out of memory"), LOOM_ERR_NOMEM;
+        loom_status st = d->ops->payload_to_host(d->self, c, host, len, &err);
+        if (st != LOOM_OK) {
+            free(host);
+            return snprintf(why, cap, "%s", err.message), st;
+        }
+        h->blocks = host;
+    }
+    loom_status st = loom_engine_kv_deliver(d->e, w->id, h, &err);
+    if (st != LOOM_OK) snprintf(why, cap, "%s", err.message);
+    free(host);
+    return st;
+}
+
 /* Send the prompt, read the answer; deliver or say why not. */
-static loom_status dc_transfer(dc_job *w, loom_kv_conn *c, uint64_t *bytes, char *why, size_t cap) {
+static loom_status dc_transfer(dc_job *w, loom_kv_conn *c, uint64_t *bytes, uint64_t *host_bytes, char *why,
+                               size_t cap) {
     loom_disagg *d = w->d;
     loom_error err = {0};
     size_t hl = DISAGG_PREFILL_FIXED + 4 * (size_t)w->n;
@@ -319,6 +454,7 @@ static loom_status dc_transfer(dc_job *w, loom_kv_conn *c, uint64_t *bytes, char
     loom_kv_msg m = {.struct_size = sizeof m, .type = DISAGG_MSG_PREFILL, .head = head, .head_len = (uint32_t)hl};
     loom_status st = d->ops->send(d->self, c, &m, &err);
     free(head);
+    m.payload_on_device = false; /* a connector older than ABI 2.6 leaves it */
     if (st == LOOM_OK) st = d->ops->recv(d->self, c, &m, &err);
     if (st != LOOM_OK) return snprintf(why, cap, "%s", err.message), st;
     if (m.type == DISAGG_MSG_ERROR) {
@@ -334,8 +470,19 @@ static loom_status dc_transfer(dc_job *w, loom_kv_conn *c, uint64_t *bytes, char
     h.tokens = w->tokens;
     h.blocks = m.payload;
     uint64_t t0 = now_us();
-    if ((st = loom_engine_kv_deliver(d->e, w->id, &h, &err)) != LOOM_OK)
-        return snprintf(why, cap, "%s", err.message), st;
+    bool taken = false;
+    const int32_t dev = m.payload_on_device ? m.payload_device : -1;
+    if (dev < 0 || dev == d->info.image_device) {
+        if ((st = dc_deliver_in_place(w, &h, dev, &taken, why, cap)) != LOOM_OK) return st;
+        if (taken) *host_bytes = dev < 0 ? m.payload_len : 0;
+    }
+    if (!taken) { /* a copy the engine keeps: it waits for room, or reads memory the backend cannot */
+        if ((st = dc_deliver_copy(w, c, &h, dev, why, cap)) != LOOM_OK) return st;
+        *host_bytes = m.payload_len;
+    }
+    /* written in, or copied: the sender may reuse its buffer now */
+    if (LOOM_HAS_FIELD(d->ops, loom_kv_connector_ops, payload_release) && d->ops->payload_release)
+        d->ops->payload_release(d->self, c);
     add_time(d, &d->st.deliver_us, t0);
     *bytes = m.payload_len;
     return LOOM_OK;
@@ -346,11 +493,11 @@ static void *dc_worker(void *arg) {
     loom_disagg *d = w->d;
     loom_error err = {0};
     char why[LOOM_ERROR_MSG_MAX];
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, host_bytes = 0;
     loom_kv_conn *c = NULL;
     loom_status st = d->ops->connect(d->self, &c, &err);
     if (st != LOOM_OK) snprintf(why, sizeof why, "%s", err.message);
-    else st = dc_transfer(w, c, &bytes, why, sizeof why);
+    else st = dc_transfer(w, c, &bytes, &host_bytes, why, sizeof why);
     if (c) d->ops->close(d->self, c);
     if (st != LOOM_OK) {
         char msg[LOOM_ERROR_MSG_MAX];
@@ -358,7 +505,7 @@ static void *dc_worker(void *arg) {
         loom_log(LOOM_LOG_WARN, "disagg", "request %lld: %s", (long long)w->id, msg);
         loom_engine_kv_fail(d->e, w->id, msg);
     }
-    count(d, st == LOOM_OK, bytes);
+    count(d, st == LOOM_OK, bytes, host_bytes);
     d->wake(d->wake_ctx);
     free(w->tokens);
     free(w);

@@ -37,6 +37,10 @@ typedef struct loom_disagg_stats {
     uint64_t transfers_ok;     /* hand-overs completed (either role)        */
     uint64_t transfers_failed; /* hand-overs that ended in an error         */
     uint64_t bytes;            /* block-image bytes moved                   */
+    uint64_t host_bytes;       /* of them, bytes this side sent from or
+                                  delivered out of host memory (0 when
+                                  cuda-ipc joins two cuda backends: the
+                                  blocks go device to device)               */
     uint64_t auth_failures;    /* prefill: peers refused by the handshake   */
     uint64_t send_us;          /* prefill: time in the connector's send of
                                   the KV (placing it, the peer's open and

@@ -206,6 +206,7 @@ static void runner_from_backend(loom_runner *r, const loom_backend_ops *o) {
         r->kv_write_blocks = o->kv_write_blocks;
     }
     r->kv_groups = LOOM_HAS_FIELD(o, loom_backend_ops, kv_groups) ? o->kv_groups : NULL;
+    r->kv_image_device = LOOM_HAS_FIELD(o, loom_backend_ops, kv_image_device) ? o->kv_image_device : NULL;
 }
 
 /* An executor and the N backend instances it drives (one per rank). */

@@ -133,13 +133,16 @@ typedef struct loom_runner {
                                    loom_error *err);
     loom_status (*kv_groups)(void *self, loom_kv_groups *out,
                              loom_error *err);    /* NULL: one table (executors) */
+    int32_t (*kv_image_device)(void *self);      /* NULL: host images only  */
 } loom_runner;
 
 /* A copy of a loom_kv_handoff the engine owns (kv_transfer.c). */
 typedef struct engine_handoff {
-    loom_kv_handoff h;         /* tokens and blocks point into the allocations below */
+    loom_kv_handoff h;         /* tokens and blocks point into the allocations
+                                  below, or blocks is the caller's (h.done) */
     int32_t *tokens;
-    void *blocks;
+    void *blocks;              /* the copy; NULL for blocks read in place   */
+    bool written;              /* engine_kv_import wrote the blocks in      */
 } engine_handoff;
 
 /* Inbox entry posted by [any]-thread calls. */
@@ -263,7 +266,7 @@ void engine_event_prompt(loom_token_event *ev, const loom_req *rq);
 void engine_drain_inbox(loom_engine *e, loom_error *err);
 void engine_inbox_post(loom_engine *e, loom_inbox_item *it, loom_req *rq);
 void engine_fail_unadmitted(loom_engine *e, loom_req *rq, const char *why);
-void engine_admit(loom_engine *e, loom_req *rq, const engine_handoff *kv, loom_error *err);
+void engine_admit(loom_engine *e, loom_req *rq, engine_handoff *kv, loom_error *err);
 
 /* batch.c */
 loom_status engine_step_buffers(loom_engine *e, int32_t nseq, int32_t ntok, int32_t bt_stride);
@@ -297,7 +300,9 @@ void engine_kv_retry(loom_engine *e);
 void engine_kv_export(loom_engine *e, loom_seq *s, loom_finish_reason why);
 void engine_kv_fini(loom_engine *e);
 void engine_handoff_free(engine_handoff *k);
-loom_status engine_kv_import(loom_engine *e, loom_seq *s, const engine_handoff *kv, loom_error *err);
+/* Parked kv_remote requests whose KV has not been delivered yet. */
+int32_t engine_kv_undelivered(const loom_engine *e);
+loom_status engine_kv_import(loom_engine *e, loom_seq *s, engine_handoff *kv, loom_error *err);
 
 /* score.c */
 loom_status engine_score_prompt(loom_engine *e, loom_req *rq, loom_error *err);

@@ -47,8 +47,17 @@ loom_status engine_kv_check_request(const loom_request *full, loom_error *err) {
                           exp ? "on_kv_export" : "kv_remote", what);
 }
 
+/* Tell a handoff read in place that the engine is done with its blocks
+ * (written, dropped, or no room now); a copy has no one to tell. */
+static void handoff_release(engine_handoff *k, loom_status st) {
+    void (*done)(void *, loom_status) = k->h.done;
+    k->h.done = NULL;
+    if (done) done(k->h.done_ctx, st);
+}
+
 void engine_handoff_free(engine_handoff *k) {
     if (!k) return;
+    handoff_release(k, k->written ? LOOM_OK : LOOM_ERR_INVALID);
     free(k->tokens);
     free(k->blocks);
     free(k);
@@ -108,7 +117,7 @@ void engine_kv_export(loom_engine *e, loom_seq *s, loom_finish_reason why) {
 
 /* ------------------------------------------------------------ import */
 
-loom_status engine_kv_import(loom_engine *e, loom_seq *s, const engine_handoff *kv, loom_error *err) {
+loom_status engine_kv_import(loom_engine *e, loom_seq *s, engine_handoff *kv, loom_error *err) {
     const int32_t n = kv->h.num_tokens, nb = kv->h.num_blocks;
     if (n == 0) return LOOM_OK;
     if (e->num_groups > 1) return grouped_refusal(e, err);
@@ -122,9 +131,10 @@ loom_status engine_kv_import(loom_engine *e, loom_seq *s, const engine_handoff *
     if (e->cache->block_table(e->cache_self, s->info.id, ids, nb) < nb)
         st = loom_error_set(err, LOOM_ERR_INTERNAL, "the cache gave fewer than %d blocks for %d tokens", nb, n);
     if (st == LOOM_OK)
-        st = e->run.kv_write_blocks(e->run.self, ids, nb, kv->blocks, (size_t)nb * kv->h.block_bytes, err);
+        st = e->run.kv_write_blocks(e->run.self, ids, nb, kv->h.blocks, (size_t)nb * kv->h.block_bytes, err);
     free(ids);
     if (st != LOOM_OK) return st;
+    kv->written = true;
     s->info.num_computed = n;
     e->stats.kv_imported_blocks += nb;
     return LOOM_OK;
@@ -222,6 +232,13 @@ static bool try_import(loom_engine *e, int32_t i) {
         return true;
     }
     if (e->cache->num_free_blocks(e->cache_self) < k->h.num_blocks + 1) {
+        if (any_live(e) && k->h.done) { /* not kept: its owner holds it only while we write */
+            engine_handoff *lent = e->parked_kv[i];
+            e->parked_kv[i] = NULL;
+            handoff_release(lent, LOOM_ERR_NO_SPACE);
+            engine_handoff_free(lent);
+            return false;
+        }
         if (any_live(e)) return false;
         snprintf(why, sizeof why, "the KV cache (%d blocks) has no room for the prefill's %d blocks",
                  e->layout.num_blocks, k->h.num_blocks);
@@ -234,6 +251,12 @@ static bool try_import(loom_engine *e, int32_t i) {
     engine_admit(e, rq, kv, &err);
     engine_handoff_free(kv);
     return true;
+}
+
+int32_t engine_kv_undelivered(const loom_engine *e) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < e->num_parked; i++) n += !e->parked_kv[i];
+    return n;
 }
 
 void engine_kv_retry(loom_engine *e) {
@@ -265,6 +288,11 @@ void engine_kv_fini(loom_engine *e) {
 
 /* ------------------------------------------------------------ the API */
 
+/* The device whose memory this engine's block images may live in, or -1. */
+static int32_t image_device(const loom_engine *e) {
+    return e->run.kv_read_blocks && e->run.kv_image_device ? e->run.kv_image_device(e->run.self) : -1;
+}
+
 loom_status loom_engine_kv_info(const loom_engine *e, loom_kv_info *out, loom_error *err) {
     if (!e || !out) return loom_error_set(err, LOOM_ERR_INVALID, "loom_engine_kv_info: engine and output required");
     if (!e->run.kv_read_blocks || !e->run.kv_write_blocks)
@@ -276,39 +304,61 @@ loom_status loom_engine_kv_info(const loom_engine *e, loom_kv_info *out, loom_er
     *out = (loom_kv_info){.struct_size = sizeof *out, .block_size = e->layout.block_size,
                           .block_bytes = e->run.kv_block_bytes(e->run.self, e->layout.block_size, e->layout.dtype),
                           .kv_dtype = e->layout.dtype, .num_layers = e->mcfg->num_layers, .vocab = e->vocab,
-                          .max_model_len = e->max_model_len};
+                          .max_model_len = e->max_model_len, .image_device = image_device(e)};
     return LOOM_OK;
 }
 
-/* A copy the engine owns of a handoff the caller borrows. */
-static engine_handoff *handoff_copy(const loom_kv_handoff *h) {
+/* A copy the engine owns of a handoff the caller borrows; with h->done set
+ * the blocks stay the caller's (read in place, released by done). */
+static engine_handoff *handoff_copy(const loom_kv_handoff *h, int32_t device,
+                                    void (*done)(void *, loom_status), void *done_ctx) {
     engine_handoff *k = calloc(1, sizeof *k);
     if (!k) return NULL;
-    k->h = *h;
+    memcpy(&k->h, h, sizeof k->h < h->struct_size ? sizeof k->h : h->struct_size);
     k->h.struct_size = sizeof k->h;
+    k->h.blocks_on_device = device >= 0;
+    k->h.blocks_device = device;
+    k->h.done = NULL; /* set last: a copy that fails tells no one */
     size_t tb = (size_t)h->num_tokens * sizeof(int32_t), bb = (size_t)h->num_blocks * h->block_bytes;
     k->tokens = malloc(tb ? tb : 1);
-    k->blocks = malloc(bb ? bb : 1);
-    if (!k->tokens || !k->blocks) {
+    k->blocks = done ? NULL : malloc(bb ? bb : 1);
+    if (!k->tokens || (!done && !k->blocks)) {
         engine_handoff_free(k);
         return NULL;
     }
     memcpy(k->tokens, h->tokens, tb);
-    memcpy(k->blocks, h->blocks, bb);
+    if (!done) memcpy(k->blocks, h->blocks, bb);
     k->h.tokens = k->tokens;
-    k->h.blocks = k->blocks;
+    k->h.blocks = done ? h->blocks : k->blocks;
+    k->h.done = done;
+    k->h.done_ctx = done_ctx;
     return k;
 }
 
 loom_status loom_engine_kv_deliver(loom_engine *e, int64_t request_id, const loom_kv_handoff *h, loom_error *err) {
-    if (!e || !h || h->struct_size < sizeof *h || h->num_tokens < 0 || h->num_blocks < 0 ||
-        (h->num_tokens > 0 && (!h->tokens || !h->blocks || h->block_bytes == 0)) ||
+    if (!e || !h || h->struct_size < offsetof(loom_kv_handoff, blocks) + sizeof h->blocks || h->num_tokens < 0 ||
+        h->num_blocks < 0 || (h->num_tokens > 0 && (!h->tokens || !h->blocks || h->block_bytes == 0)) ||
         (h->block_bytes > 0 && (size_t)h->num_blocks > SIZE_MAX / h->block_bytes))
         return loom_error_set(err, LOOM_ERR_INVALID,
                               "loom_engine_kv_deliver: a handoff (struct_size, counts >= 0, tokens and blocks "
                               "for a non-empty one) is required");
+    const bool on_dev = LOOM_HAS_FIELD(h, loom_kv_handoff, blocks_device) && h->blocks_on_device;
+    const int32_t dev = on_dev ? h->blocks_device : -1;
+    void (*done)(void *, loom_status) = LOOM_HAS_FIELD(h, loom_kv_handoff, done_ctx) ? h->done : NULL;
+    if (on_dev && (dev < 0 || !done))
+        return loom_error_set(err, LOOM_ERR_INVALID,
+                              "loom_engine_kv_deliver: blocks on CUDA device %d: device blocks are read in place "
+                              "and need an ordinal >= 0 and a done callback", dev);
+    const int32_t mine = image_device(e);
+    if (dev >= 0 && dev != mine) {
+        char where[48] = "host memory only";
+        if (mine >= 0) snprintf(where, sizeof where, "host memory or CUDA device %d", mine);
+        return loom_error_set(err, LOOM_ERR_INVALID,
+                              "loom_engine_kv_deliver: blocks on CUDA device %d, but %s '%s' reads block images from %s",
+                              dev, e->run.kind == LOOM_KIND_EXECUTOR ? "executor" : "backend", e->run.name, where);
+    }
     loom_inbox_item *it = calloc(1, sizeof *it);
-    engine_handoff *k = it ? handoff_copy(h) : NULL;
+    engine_handoff *k = it ? handoff_copy(h, dev, done, done ? h->done_ctx : NULL) : NULL;
     if (!k) {
         free(it);
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory copying %d KV blocks of %zu bytes", h->num_blocks,

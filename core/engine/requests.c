@@ -337,7 +337,7 @@ void engine_fail_unadmitted(loom_engine *e, loom_req *rq, const char *why) {
  * it. Whatever refuses it (out of memory, the sampler, the cache, the
  * scheduler) ends that request alone with an error event: the engine goes
  * on with the others. */
-void engine_admit(loom_engine *e, loom_req *rq, const engine_handoff *kv, loom_error *err) {
+void engine_admit(loom_engine *e, loom_req *rq, engine_handoff *kv, loom_error *err) {
     static const char *const oom = "out of memory admitting the request";
     if (engine_grow((void **)&e->reqs, &e->cap_reqs, e->num_reqs + 1, sizeof(loom_req *)) != LOOM_OK) {
         engine_fail_unadmitted(e, rq, oom);

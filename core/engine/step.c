@@ -362,7 +362,10 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
     engine_reap(e);
     if (active) {
         pthread_mutex_lock(&e->inbox_mu);
-        *active = e->active - e->num_parked; /* parked requests wait for a delivery, not a step */
+        /* requests still waiting for a delivery wait for it, not for a
+         * step; a delivered one waiting for room needs the steps that
+         * retry it once others free their blocks */
+        *active = e->active - engine_kv_undelivered(e);
         pthread_mutex_unlock(&e->inbox_mu);
     }
     return LOOM_OK;

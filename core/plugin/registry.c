@@ -66,7 +66,8 @@ static const ops_member backend_members[] = {
     REQ(loom_backend_ops, forward), REQ(loom_backend_ops, copy_blocks), OPT(loom_backend_ops, forward_topk),
     OPT(loom_backend_ops, swap_blocks), OPT(loom_backend_ops, load_shard), OPT(loom_backend_ops, set_observer),
     OPT_SINCE(3, loom_backend_ops, load_stage), OPT_SINCE(4, loom_backend_ops, kv_read_blocks),
-    OPT_SINCE(4, loom_backend_ops, kv_write_blocks), OPT_SINCE(4, loom_backend_ops, kv_groups), {0, NULL, false, 0}};
+    OPT_SINCE(4, loom_backend_ops, kv_write_blocks), OPT_SINCE(4, loom_backend_ops, kv_groups),
+    OPT_SINCE(6, loom_backend_ops, kv_image_device), {0, NULL, false, 0}};
 static const ops_member executor_members[] = {
     REQ(loom_executor_ops, create), REQ(loom_executor_ops, destroy), REQ(loom_executor_ops, inner_count),
     REQ(loom_executor_ops, attach_inner), REQ(loom_executor_ops, load), REQ(loom_executor_ops, kv_block_bytes),
@@ -107,6 +108,8 @@ static const ops_member kv_connector_members[] = {
     REQ(loom_kv_connector_ops, create), REQ(loom_kv_connector_ops, destroy), REQ(loom_kv_connector_ops, limits),
     REQ(loom_kv_connector_ops, listen), REQ(loom_kv_connector_ops, accept), REQ(loom_kv_connector_ops, connect),
     REQ(loom_kv_connector_ops, send), REQ(loom_kv_connector_ops, recv), REQ(loom_kv_connector_ops, close),
+    OPT_SINCE(6, loom_kv_connector_ops, payload_buffer), OPT_SINCE(6, loom_kv_connector_ops, payload_to_host),
+    OPT_SINCE(6, loom_kv_connector_ops, payload_release),
     {0, NULL, false}};
 
 static const ops_member *kind_members(loom_kind kind) {

@@ -439,7 +439,8 @@ typedef struct loom_backend_ops {
      * (num_kv_heads, block_size, head_dim) in the pool's element type.
      * `blocks` (n) are device block ids, each in [0, num_blocks); any bad
      * id or length is LOOM_ERR_INVALID and nothing is copied. After
-     * kv_alloc(). Done before the call returns. */
+     * kv_alloc(). Done before the call returns. Since ABI 2.6 `buf` may
+     * also be device memory of the ordinal kv_image_device() returns. */
     loom_status (*kv_read_blocks)(void *self, const int32_t *blocks, int32_t n, void *buf, size_t len,
                                   loom_error *err);
     loom_status (*kv_write_blocks)(void *self, const int32_t *blocks, int32_t n, const void *buf, size_t len,
@@ -455,6 +456,15 @@ typedef struct loom_backend_ops {
      * group's table, slot mapping and window (loom_batch). */
     loom_status (*kv_groups)(void *self, loom_kv_groups *out, loom_error *err);
     /* since ABI 2.4 — add new members below this line only */
+
+    /* OPTIONAL, since ABI 2.6 (NULL = block images in host memory only).
+     * [any], after kv_alloc(): the CUDA ordinal whose device memory
+     * kv_read_blocks / kv_write_blocks also take as `buf` — memory of this
+     * process on that device, its own allocation or a mapping opened
+     * through CUDA IPC — gathered or scattered by one kernel, without a
+     * host copy; -1 when this instance has none. */
+    int32_t (*kv_image_device)(void *self);
+    /* since ABI 2.6 — add new members below this line only */
 } loom_backend_ops;
 
 #ifdef __cplusplus

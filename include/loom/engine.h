@@ -196,14 +196,20 @@ typedef struct loom_kv_export {
     int32_t num_blocks;        /* ceil(num_tokens / block_size)             */
     size_t block_bytes;        /* bytes of one block image (loom/backend.h) */
     /* [engine, during the callback only] Copy blocks [first, first + n) of
-     * the sequence as block images into dst (host, exactly n * block_bytes
-     * bytes). */
+     * the sequence as block images into dst (exactly n * block_bytes
+     * bytes): host memory, or since ABI 2.6 device memory of the CUDA
+     * ordinal loom_kv_info.image_device names (one gather kernel, no host
+     * copy). */
     loom_status (*read)(void *ctx, int32_t first, int32_t n, void *dst, size_t len, loom_error *err);
     void *ctx;
 } loom_kv_export;
 
 /* A prefill's KV handed to a kv_remote request (loom_engine_kv_deliver).
- * Borrowed for the call (the engine copies it). Grows only at its end. */
+ * Borrowed for the call (the engine copies it) unless `done` is set (since
+ * ABI 2.6): then the engine reads `blocks` in place on its thread and the
+ * caller keeps them valid until done() — what a transport whose payload is
+ * device memory needs, and what spares the copy of a mapped one. Grows
+ * only at its end. */
 typedef struct loom_kv_handoff {
     uint32_t struct_size;
     int32_t num_tokens;        /* the request's prompt length - 1           */
@@ -213,6 +219,25 @@ typedef struct loom_kv_handoff {
     int32_t num_blocks;        /* ceil(num_tokens / block_size)             */
     size_t block_bytes;        /* must equal this engine's                  */
     const void *blocks;        /* (num_blocks * block_bytes) block images   */
+    /* since ABI 2.6 (LOOM_HAS_FIELD: a shorter struct is host memory the
+     * engine copies) */
+    bool blocks_on_device;     /* false: host memory. true: device memory of
+                                  CUDA ordinal blocks_device, which must be
+                                  the engine's loom_kv_info.image_device;
+                                  needs `done`                              */
+    int32_t blocks_device;
+    /* NULL: the engine copies `blocks` before returning. Set: [engine
+     * thread] called exactly once when loom_engine_kv_deliver returned
+     * LOOM_OK (never after an error return), after which it never touches
+     * `blocks` again: LOOM_OK — written into the request's blocks;
+     * LOOM_ERR_NO_SPACE — not taken, the cache has no room now: the request
+     * still waits, deliver again (e.g. a host copy, which waits for room);
+     * any other status — dropped (the request no longer waits, or ended
+     * with an error naming why). Also called, dropped, when the engine is
+     * destroyed first. Never deliver with `done` from the engine thread
+     * itself and then wait for it there. */
+    void (*done)(void *ctx, loom_status st);
+    void *done_ctx;
 } loom_kv_handoff;
 
 /* What two engines must agree on to hand KV over. Grows only at its end. */
@@ -224,6 +249,10 @@ typedef struct loom_kv_info {
     int32_t num_layers;
     int32_t vocab;
     int32_t max_model_len;
+    /* since ABI 2.6: the CUDA ordinal whose device memory this engine's
+     * block images may also live in (loom_kv_export.read's dst, a
+     * handoff's blocks_device); -1 when only host memory */
+    int32_t image_device;
 } loom_kv_info;
 
 /* A request with every field at its default: struct_size set, greedy

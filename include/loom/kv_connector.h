@@ -71,6 +71,19 @@ typedef struct loom_kv_msg {
     uint32_t head_len;         /* <= the connector's head limit              */
     const void *payload;       /* (payload_len) bytes; NULL when 0           */
     uint64_t payload_len;      /* <= the connector's payload limit           */
+    /* since ABI 2.6 (a shorter struct: host memory). Sending: false when
+     * the payload is host memory, true when it is device memory of CUDA
+     * ordinal payload_device (a connector that cannot send device memory
+     * refuses it, LOOM_ERR_UNSUPPORTED). Receiving: the connector sets both
+     * (the caller sets payload_on_device false before the call); true when
+     * the payload is device memory (cuda-ipc: the sender's buffer, mapped).
+     * Such a payload is acknowledged to the sender only by
+     * payload_release(), the next recv() or close() on the connection, so
+     * the sender's send() waits, and keeps it, that long: read it in place
+     * (a backend's kv_write_blocks) or copy it out with payload_to_host(),
+     * then release it. */
+    bool payload_on_device;
+    int32_t payload_device;
 } loom_kv_msg;
 
 /* What the core needs to know of an instance. Grows only at its end. */
@@ -136,6 +149,30 @@ typedef struct loom_kv_connector_ops {
      * fails; a peer blocked in recv() on the other side sees LOOM_ERR_IO. */
     void (*close)(void *self, loom_kv_conn *conn);
     /* since ABI 2.4 — add new members below this line only */
+
+    /* OPTIONAL, since ABI 2.6 (NULL = payloads are sent from where the
+     * caller has them). [instance]: lend a buffer of len bytes in the
+     * transport's own memory for the next send() on conn, so the sender
+     * writes the payload there and the connector sends it without a copy
+     * (cuda-ipc: an exported device buffer; *device its CUDA ordinal, -1
+     * for host memory). Valid until that send() returns or the connection
+     * closes; a send() whose payload is another buffer copies as before.
+     * LOOM_ERR_NOMEM when none can be had: the caller then sends from its
+     * own memory. */
+    loom_status (*payload_buffer)(void *self, loom_kv_conn *conn, uint64_t len, void **ptr, int32_t *device,
+                                  loom_error *err);
+    /* REQUIRED when recv() can return device payloads, else OPTIONAL
+     * (since ABI 2.6). [instance]: copy the payload of the last recv() on
+     * conn into host memory dst of exactly its payload_len bytes (for a
+     * receiver that cannot read that device's memory). */
+    loom_status (*payload_to_host)(void *self, loom_kv_conn *conn, void *dst, uint64_t len, loom_error *err);
+    /* REQUIRED when recv() can return device payloads, else OPTIONAL
+     * (since ABI 2.6). [instance]: the caller is done with the payload of
+     * the last recv() on conn (its pointer is invalid from here on); a
+     * device payload is unmapped and acknowledged now, so the sender's
+     * send() returns. Nothing received: a no-op. Never fails. */
+    void (*payload_release)(void *self, loom_kv_conn *conn);
+    /* since ABI 2.6 — add new members below this line only */
 } loom_kv_connector_ops;
 
 #ifdef __cplusplus

@@ -126,9 +126,10 @@ for c in $conns; do
   eval "pp=\$port_p_$k dp=\$port_d_$k"
   largs=()
   [ -n "$lens" ] && largs=(--lens "$lens")
+  [ "$c" = cuda-ipc ] && largs+=(--device-to-device)
   if python3 "$here/disagg_compare.py" --decode "$dp" --prefill "$pp" --colo "$port_colo" --label "$c" \
        "${largs[@]}" --json "$out/$c.json" > "$out/$c.txt" 2>&1; then
-    say "ok: $c decode == colocated: $(python3 -c "import json; d = json.load(open('$out/$c.json')); print(f\"{d['matched']}/{d['requests']} requests, max |dlogprob| {d['max_logprob_diff']:.3g}, {d['handovers_prefill']:g} hand-overs, send {d['send_ms_per_handover']} ms + deliver {d['deliver_ms_per_handover']} ms a hand-over ({d['handover_bytes']:g} bytes in all), wall {d['wall_s_decode']} s vs colocated {d['wall_s_colo']} s\")")"
+    say "ok: $c decode == colocated: $(python3 -c "import json; d = json.load(open('$out/$c.json')); print(f\"{d['matched']}/{d['requests']} requests, max |dlogprob| {d['max_logprob_diff']:.3g}, {d['handovers_prefill']:g} hand-overs, send {d['send_ms_per_handover']} ms + deliver {d['deliver_ms_per_handover']} ms a hand-over ({d['handover_bytes']:g} bytes in all, through host memory {d['host_staged_bytes_prefill']:g} prefill side / {d['host_staged_bytes_decode']:g} decode side), wall {d['wall_s_decode']} s vs colocated {d['wall_s_colo']} s\")")"
     say "   $c hand-overs one at a time: $(python3 -c "import json; d = json.load(open('$out/$c.json')); print('; '.join(f\"{t['prompt_tokens']} tokens {t['mb_per_handover']} MB: send {t['send_ms']} ms ({t['send_gb_per_s']} GB/s) + deliver {t['deliver_ms']} ms\" for t in d['timing_sequential']))")"
   else
     say "FAIL: $c decode != colocated:"; head -n 40 "$out/$c.txt" | tee -a "$summary"; fail=1

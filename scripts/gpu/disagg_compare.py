@@ -90,6 +90,8 @@ def main():
     ap.add_argument("--tol", type=float, default=2e-3)
     ap.add_argument("--timing-lens", default="256,1024,2000",
                     help="after the comparison, 4 requests of each length one at a time: hand-over times alone")
+    ap.add_argument("--device-to-device", action="store_true",
+                    help="fail unless both servers staged 0 KV bytes in host memory (cuda-ipc, cuda backends)")
     ap.add_argument("--json")
     a = ap.parse_args()
 
@@ -178,6 +180,8 @@ def main():
         "handovers_prefill": n_xfer,
         "handovers_decode": n_recv,
         "handover_bytes": md_c.get("loom_kv_transfer_bytes_total"),
+        "host_staged_bytes_prefill": mp_c.get("loom_kv_host_staged_bytes_total"),
+        "host_staged_bytes_decode": md_c.get("loom_kv_host_staged_bytes_total"),
         "transfer_failures_decode": md.get("loom_kv_transfer_failures_total"),
         "send_ms_per_handover": round(1e3 * mp_c.get("loom_kv_send_seconds_total", 0) / n_xfer, 3) if n_xfer else None,
         "deliver_ms_per_handover": round(1e3 * md_c.get("loom_kv_deliver_seconds_total", 0) / n_recv, 3)
@@ -189,6 +193,12 @@ def main():
     }
     if a.prefill and n_recv and mp.get("loom_kv_exported_blocks_total") != md.get("loom_kv_imported_blocks_total"):
         fails.append("exported and imported block counts differ")
+    # --device-to-device (cuda-ipc between cuda backends): no block image byte through host memory
+    if a.device_to_device and a.prefill:
+        for side, m in (("prefill", mp_c), ("decode", md_c)):
+            if m.get("loom_kv_host_staged_bytes_total", -1) != 0:
+                fails.append(f"{side} server staged {m.get('loom_kv_host_staged_bytes_total')} bytes in host memory "
+                             f"(want 0 device to device)")
     # a hand-over per request with >= 2 prompt tokens (the 1-token prompts run colocated)
     want = sum(1 for n in lens if n >= 2)
     if a.prefill and n_recv < want:

@@ -73,15 +73,36 @@ static loom_kv_handoff handoff_of(const exported *o, const int32_t *p) {
                              .block_size = o->bs, .num_blocks = o->nb, .block_bytes = o->bb, .blocks = o->blocks};
 }
 
+/* What a handoff read in place was told (loom_kv_handoff.done). */
+typedef struct lent {
+    int calls;
+    loom_status st;
+} lent;
+
+static void on_done(void *ctx, loom_status st) {
+    lent *l = ctx;
+    l->calls++;
+    l->st = st;
+}
+
+static loom_kv_handoff lend(loom_kv_handoff h, lent *l) {
+    h.done = on_done;
+    h.done_ctx = l;
+    return h;
+}
+
 /* NREQ requests (prompt lengths around the block size, greedy and seeded)
- * colocated and disaggregated: the same tokens, logprobs within 1e-4. */
-static void run_matches(bool seeded) {
+ * colocated and disaggregated: the same tokens, logprobs within 1e-4 —
+ * with the engine copying each handoff, or reading it in place. */
+static void run_matches(bool seeded, bool in_place) {
     loom_engine *C = eng_open("tiny.yaml", NULL), *P = eng_open("tiny.yaml", NULL), *D = eng_open("tiny.yaml", NULL);
     loom_kv_info ip = {.struct_size = sizeof ip}, id = {.struct_size = sizeof id};
     loom_error err = {0};
     cr_assert_eq(loom_engine_kv_info(P, &ip, &err), LOOM_OK, "%s", err.message);
     cr_assert_eq(loom_engine_kv_info(D, &id, &err), LOOM_OK);
     cr_assert_eq(ip.block_bytes, id.block_bytes);
+    cr_assert_eq(id.image_device, -1, "the cpu backend's images are host memory only");
+    lent lt[NREQ] = {{0}};
     const int32_t lens[NREQ] = {2, 15, 17, 40};
     int32_t p[NREQ][64];
     eng_rec rc[NREQ], rd[NREQ];
@@ -109,9 +130,13 @@ static void run_matches(bool seeded) {
     for (int i = NREQ - 1; i >= 0; i--) { /* delivered out of order */
         cr_assert_eq(ex[i].calls, 1);
         loom_kv_handoff h = handoff_of(&ex[i], p[i]);
+        if (in_place) h = lend(h, &lt[i]);
         cr_assert_eq(loom_engine_kv_deliver(D, ids[i], &h, &err), LOOM_OK, "%s", err.message);
     }
     eng_run(D, 2000);
+    for (int i = 0; i < NREQ && in_place; i++) /* written at the first step; never told twice */
+        cr_assert(lt[i].calls == 1 && lt[i].st == LOOM_OK, "request %d: done %d times, status %d", i, lt[i].calls,
+                  lt[i].st);
     for (int i = 0; i < NREQ; i++) {
         eng_rec_check_done(&rd[i]);
         const eng_sample *a = &rd[i].s[0], *b = &rc[i].s[0];
@@ -138,8 +163,103 @@ static void run_matches(bool seeded) {
     loom_engine_destroy(D);
 }
 
-Test(engine_kv, greedy_handover_matches_colocated) { run_matches(false); }
-Test(engine_kv, seeded_handover_matches_colocated) { run_matches(true); }
+Test(engine_kv, greedy_handover_matches_colocated) { run_matches(false, false); }
+Test(engine_kv, seeded_handover_matches_colocated) { run_matches(true, false); }
+Test(engine_kv, in_place_handover_matches_colocated) { run_matches(false, true); }
+Test(engine_kv, seeded_in_place_handover_matches_colocated) { run_matches(true, true); }
+
+/* A handoff read in place finds no room while another request runs: it is
+ * handed back (NO_SPACE) and the request still waits; a copy delivered
+ * then waits for room and gives the colocated tokens. */
+Test(engine_kv, in_place_without_room_is_handed_back) {
+    const char *ov[] = {"engine.max_model_len=80", "cache.num_blocks=5", NULL};
+    loom_engine *P = eng_open("tiny.yaml", ov), *D = eng_open("tiny.yaml", ov), *C = eng_open("tiny.yaml", ov);
+    int32_t pa[50], pb[40];
+    eng_prompt(pa, 50, 5u, VOCAB);
+    eng_prompt(pb, 40, 6u, VOCAB);
+    exported ex;
+    prefill(P, pb, 40, &ex);
+    eng_run(P, 2000);
+    eng_rec ra, rb, rc;
+    eng_rec_init(&ra, 1), eng_rec_init(&rb, 1), eng_rec_init(&rc, 1);
+    eng_add(C, eng_req_tokens(pb, 40, 8), &rc);
+    eng_run(C, 2000);
+    eng_add(D, eng_req_tokens(pa, 50, 12), &ra); /* 4 of the 5 blocks while it runs */
+    loom_request q = eng_req_tokens(pb, 40, 8);
+    q.kv_remote = true;
+    int64_t idb = eng_add(D, q, &rb);
+    int32_t active = 0;
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_step(D, &active, &err), LOOM_OK, "%s", err.message);
+    lent l = {0};
+    loom_kv_handoff h = lend(handoff_of(&ex, pb), &l);
+    cr_assert_eq(loom_engine_kv_deliver(D, idb, &h, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(loom_engine_step(D, &active, &err), LOOM_OK, "%s", err.message);
+    cr_assert(l.calls == 1 && l.st == LOOM_ERR_NO_SPACE, "done %d times, status %d", l.calls, l.st);
+    loom_engine_stats st;
+    loom_engine_get_stats(D, &st, sizeof st);
+    cr_assert_eq(st.kv_waiting, 1, "the request still waits for its KV");
+    h = handoff_of(&ex, pb); /* a copy: it waits for the first request's blocks */
+    cr_assert_eq(loom_engine_kv_deliver(D, idb, &h, &err), LOOM_OK, "%s", err.message);
+    eng_run(D, 2000);
+    eng_rec_check_done(&ra);
+    eng_rec_check_done(&rb);
+    cr_assert_eq(rb.s[0].finish, LOOM_FINISH_LENGTH, "%s", rb.s[0].error);
+    cr_assert_eq(rb.s[0].ntok, rc.s[0].ntok);
+    for (int32_t t = 0; t < rb.s[0].ntok; t++) cr_assert_eq(rb.s[0].tokens[t], rc.s[0].tokens[t], "token %d", t);
+    cr_assert_eq(l.calls, 1);
+    expect_idle(D, "decode");
+    eng_rec_free(&ra), eng_rec_free(&rb), eng_rec_free(&rc), eng_rec_free(&ex.rec);
+    free(ex.blocks);
+    loom_engine_destroy(P), loom_engine_destroy(D), loom_engine_destroy(C);
+}
+
+/* In-place handoffs: device memory a cpu engine cannot read, or without a
+ * done callback, is refused at the call (done never called); one for a
+ * request that no longer waits, or still queued when the engine is
+ * destroyed, is dropped and told so exactly once. */
+Test(engine_kv, in_place_refusals_and_drops) {
+    loom_engine *P = eng_open("tiny.yaml", NULL), *D = eng_open("tiny.yaml", NULL);
+    int32_t p[40];
+    eng_prompt(p, 40, 9u, VOCAB);
+    exported ex;
+    prefill(P, p, 40, &ex);
+    eng_run(P, 2000);
+    eng_rec r[2];
+    int64_t id[2];
+    for (int i = 0; i < 2; i++) {
+        eng_rec_init(&r[i], 1);
+        loom_request q = eng_req_tokens(p, 40, 4);
+        q.kv_remote = true;
+        id[i] = eng_add(D, q, &r[i]);
+    }
+    loom_error err = {0};
+    lent l[4] = {{0}};
+    loom_kv_handoff h = lend(handoff_of(&ex, p), &l[0]);
+    h.blocks_on_device = true, h.blocks_device = 0;
+    cr_assert_eq(loom_engine_kv_deliver(D, id[0], &h, &err), LOOM_ERR_INVALID);
+    cr_assert(strstr(err.message, "host memory only"), "%s", err.message);
+    h.done = NULL;
+    cr_assert_eq(loom_engine_kv_deliver(D, id[0], &h, &err), LOOM_ERR_INVALID);
+    cr_assert(strstr(err.message, "done callback"), "%s", err.message);
+    cr_assert_eq(l[0].calls, 0);
+    cr_assert_eq(loom_engine_abort(D, id[0]), LOOM_OK);
+    eng_run(D, 100);
+    h = lend(handoff_of(&ex, p), &l[1]); /* no longer waits: dropped */
+    cr_assert_eq(loom_engine_kv_deliver(D, id[0], &h, &err), LOOM_OK);
+    eng_run(D, 100);
+    cr_assert(l[1].calls == 1 && l[1].st != LOOM_OK && l[1].st != LOOM_ERR_NO_SPACE, "done %d, status %d",
+              l[1].calls, l[1].st);
+    h = lend(handoff_of(&ex, p), &l[2]); /* queued, never stepped: dropped by the destroy */
+    cr_assert_eq(loom_engine_kv_deliver(D, id[1], &h, &err), LOOM_OK);
+    cr_assert_eq(l[2].calls, 0);
+    loom_engine_destroy(D);
+    cr_assert(l[2].calls == 1 && l[2].st != LOOM_OK, "done %d, status %d", l[2].calls, l[2].st);
+    for (int i = 0; i < 2; i++) eng_rec_free(&r[i]);
+    eng_rec_free(&ex.rec);
+    free(ex.blocks);
+    loom_engine_destroy(P);
+}
 
 Test(engine_kv, bad_handoff_failure_and_abort_end_one_request) {
     loom_engine *P = eng_open("tiny.yaml", NULL), *D = eng_open("tiny.yaml", NULL);

@@ -138,6 +138,10 @@ Test(disagg, shm_matches_colocated_and_frees_blocks, .timeout = 240) {
     cr_assert_geq(metric(d.port, "loom_kv_transfers_total"), 3);
     cr_assert_gt(metric(d.port, "loom_kv_imported_blocks_total"), 0);
     cr_assert_eq(metric(p.port, "loom_kv_exported_blocks_total"), metric(d.port, "loom_kv_imported_blocks_total"));
+    /* cpu backends: every byte goes through host memory, on both sides */
+    cr_assert_gt(metric(d.port, "loom_kv_transfer_bytes_total"), 0);
+    cr_assert_eq(metric(d.port, "loom_kv_host_staged_bytes_total"), metric(d.port, "loom_kv_transfer_bytes_total"));
+    cr_assert_eq(metric(p.port, "loom_kv_host_staged_bytes_total"), metric(p.port, "loom_kv_transfer_bytes_total"));
 
     /* a client that leaves while its prompt's KV is on the way */
     leave_mid_request(d.port);

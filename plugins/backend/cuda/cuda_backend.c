@@ -754,21 +754,68 @@ static loom_status cb_swap_blocks(void *self, loom_swap_dir dir, const int32_t *
 }
 
 /* The block-image transfer of loom/backend.h: per block, each layer's K
- * then V. Chunks of blocks go through a device staging buffer (at most
- * CB_IMG_STAGE bytes) in the image layout: one copy kernel gathers (read)
- * or scatters (write) every (block, layer, K|V) of a chunk — pair {block,
- * i * 2L} against pool pointers that put layer l's K|V at (2l + kv) * bb in
- * image i — and one copy moves the chunk to or from the caller's host
- * buffer; waited for before returning. */
+ * then V. One copy kernel gathers (read) or scatters (write) every (block,
+ * layer, K|V) — pair {block, i * 2L} against pool pointers that put layer
+ * l's K|V at (2l + kv) * bb in image i — straight into or out of `buf`
+ * when it is device memory of this device (another engine's buffer mapped
+ * through CUDA IPC: no host copy); for host memory, chunks of blocks go
+ * through a device staging buffer (at most CB_IMG_STAGE bytes) and one
+ * copy each to or from `buf`. Waited for before returning. */
 #define CB_IMG_STAGE ((size_t)256 << 20)
 
-static loom_status cb_kv_image(cuda_backend *b, const char *op, const int32_t *blocks, int32_t n, void *host,
+/* Whether buf is device memory of this backend's device (*on_device) or
+ * host memory; device memory of another device is refused. */
+static loom_status cb_image_memory(cuda_backend *b, const char *op, const void *buf, bool *on_device,
+                                   loom_error *err) {
+    struct cudaPointerAttributes a;
+    *on_device = false;
+    if (cudaPointerGetAttributes(&a, buf) != cudaSuccess) { /* older drivers: unregistered host memory */
+        (void)cudaGetLastError();
+        return LOOM_OK;
+    }
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) return LOOM_OK;
+    if (a.device != b->device)
+        return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
+                              "backend cuda: %s(): the buffer is memory of CUDA device %d, this backend runs on %d", op,
+                              a.device, b->device);
+    *on_device = true;
+    return LOOM_OK;
+}
+
+/* The staging buffer (host buffers only) and the pointer and pair arrays
+ * for chunks of `chunk_blocks` images. */
+static loom_status cb_image_scratch(cuda_backend *b, size_t stage, int32_t chunk_blocks, loom_error *err) {
+    loom_status st;
+    if (b->img_stage_bytes < stage) {
+        cudaStreamSynchronize(b->stream);
+        cudaFree(b->img_stage);
+        b->img_stage = NULL;
+        b->img_stage_bytes = 0;
+        if ((st = CB_CUDA(b, err, cudaMalloc(&b->img_stage, stage)))) return st;
+        b->img_stage_bytes = stage;
+    }
+    if (!b->img_ptrs_dev &&
+        (st = CB_CUDA(b, err, cudaMalloc((void **)&b->img_ptrs_dev, 4 * (size_t)b->nlayers * sizeof(void *)))))
+        return st;
+    if (b->img_pairs_cap < chunk_blocks) {
+        cudaStreamSynchronize(b->stream);
+        cudaFree(b->img_pairs_dev);
+        b->img_pairs_dev = NULL;
+        b->img_pairs_cap = 0;
+        if ((st = CB_CUDA(b, err, cudaMalloc((void **)&b->img_pairs_dev, (size_t)chunk_blocks * 2 * sizeof(int32_t)))))
+            return st;
+        b->img_pairs_cap = chunk_blocks;
+    }
+    return LOOM_OK;
+}
+
+static loom_status cb_kv_image(cuda_backend *b, const char *op, const int32_t *blocks, int32_t n, void *buf,
                                size_t len, bool read, loom_error *err) {
     const loom_host *h = b->host;
     if (!b->kv_ready) return h->error(h->ctx, err, LOOM_ERR_INVALID, "backend cuda: %s() before kv_alloc()", op);
     const int32_t L = b->nlayers; /* a pipeline stage's image holds its layers */
     const size_t bb = b->kv_block_bytes, per = bb * 2 * (size_t)L;
-    if (n < 0 || (n > 0 && (!blocks || !host)) || len != per * (size_t)(n > 0 ? n : 0))
+    if (n < 0 || (n > 0 && (!blocks || !buf)) || len != per * (size_t)(n > 0 ? n : 0))
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
                         "backend cuda: %s(): %d blocks need a buffer of exactly %zu bytes (%zu per block), got %zu", op,
                         n, per * (size_t)(n > 0 ? n : 0), per, len);
@@ -778,28 +825,16 @@ static loom_status cb_kv_image(cuda_backend *b, const char *op, const int32_t *b
                             i, blocks[i], b->kv_layout.num_blocks);
     if (n == 0) return LOOM_OK;
     loom_status st = CB_CUDA(b, err, cudaSetDevice(b->device));
+    bool on_dev = false;
+    if (!st) st = cb_image_memory(b, op, buf, &on_dev, err);
     if (st) return st;
-    const size_t want = (size_t)n * per < CB_IMG_STAGE ? (size_t)n * per : (CB_IMG_STAGE / per ? CB_IMG_STAGE / per : 1) * per;
-    if (b->img_stage_bytes < want) {
-        cudaStreamSynchronize(b->stream);
-        cudaFree(b->img_stage);
-        b->img_stage = NULL;
-        b->img_stage_bytes = 0;
-        if ((st = CB_CUDA(b, err, cudaMalloc(&b->img_stage, want)))) return st;
-        b->img_stage_bytes = want;
-    }
-    if (!b->img_ptrs_dev && (st = CB_CUDA(b, err, cudaMalloc((void **)&b->img_ptrs_dev, 4 * (size_t)L * sizeof(void *)))))
-        return st;
-    const int32_t chunk = (int32_t)(b->img_stage_bytes / per);
-    if (b->img_pairs_cap < chunk) {
-        cudaStreamSynchronize(b->stream);
-        cudaFree(b->img_pairs_dev);
-        b->img_pairs_dev = NULL;
-        b->img_pairs_cap = 0;
-        if ((st = CB_CUDA(b, err, cudaMalloc((void **)&b->img_pairs_dev, (size_t)chunk * 2 * sizeof(int32_t)))))
-            return st;
-        b->img_pairs_cap = chunk;
-    }
+    /* device memory: every block in one kernel; host: chunks through the staging buffer */
+    const size_t stage = on_dev ? 0
+                         : (size_t)n * per < CB_IMG_STAGE ? (size_t)n * per
+                                                          : (CB_IMG_STAGE / per ? CB_IMG_STAGE / per : 1) * per;
+    if ((st = cb_image_scratch(b, stage, on_dev ? n : (int32_t)(stage / per), err))) return st;
+    const int32_t chunk = on_dev ? n : (int32_t)(b->img_stage_bytes / per);
+    char *img = on_dev ? buf : b->img_stage;
     void **ptrs = h->calloc(h->ctx, 4 * (size_t)L, sizeof(void *));
     int32_t *pairs = h->calloc(h->ctx, (size_t)chunk * 2, sizeof(int32_t));
     if (!ptrs || !pairs) {
@@ -811,12 +846,12 @@ static loom_status cb_kv_image(cuda_backend *b, const char *op, const int32_t *b
     for (int32_t l = 0; l < L; l++)
         for (int kv = 0; kv < 2; kv++) {
             ptrs[2 * l + kv] = b->pools[kv * b->kv_npools + b->layers[b->layer0 + l].kv_slot];
-            ptrs[2 * L + 2 * l + kv] = (char *)b->img_stage + (size_t)(2 * l + kv) * bb;
+            ptrs[2 * L + 2 * l + kv] = img + (size_t)(2 * l + kv) * bb;
         }
     void *const *pool_side = b->img_ptrs_dev, *const *img_side = b->img_ptrs_dev + 2 * L;
     st = CB_CUDA(b, err, cudaMemcpyAsync(b->img_ptrs_dev, ptrs, 4 * (size_t)L * sizeof(void *), cudaMemcpyHostToDevice,
                                          b->stream));
-    char *p = host;
+    char *p = buf;
     for (int32_t c0 = 0; c0 < n && !st; c0 += chunk) {
         const int32_t m = n - c0 < chunk ? n - c0 : chunk;
         for (int32_t i = 0; i < m; i++) {
@@ -828,14 +863,14 @@ static loom_status cb_kv_image(cuda_backend *b, const char *op, const int32_t *b
         if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->img_pairs_dev, pairs, (size_t)m * 2 * sizeof(int32_t),
                                                   cudaMemcpyHostToDevice, b->stream))))
             break;
-        if (!read && (st = CB_CUDA(b, err, cudaMemcpyAsync(b->img_stage, p, (size_t)m * per, cudaMemcpyHostToDevice,
-                                                           b->stream))))
+        if (!on_dev && !read &&
+            (st = CB_CUDA(b, err, cudaMemcpyAsync(b->img_stage, p, (size_t)m * per, cudaMemcpyHostToDevice, b->stream))))
             break;
         if ((st = CB_CUDA(b, err, loom_cuda_copy_blocks(read ? pool_side : img_side, read ? img_side : pool_side,
                                                          2 * L, b->img_pairs_dev, m, bb, b->stream))))
             break;
-        if (read && (st = CB_CUDA(b, err, cudaMemcpyAsync(p, b->img_stage, (size_t)m * per, cudaMemcpyDeviceToHost,
-                                                          b->stream))))
+        if (!on_dev && read &&
+            (st = CB_CUDA(b, err, cudaMemcpyAsync(p, b->img_stage, (size_t)m * per, cudaMemcpyDeviceToHost, b->stream))))
             break;
         p += (size_t)m * per;
     }
@@ -843,6 +878,11 @@ static loom_status cb_kv_image(cuda_backend *b, const char *op, const int32_t *b
     h->free(h->ctx, ptrs);
     h->free(h->ctx, pairs);
     return st ? st : sync;
+}
+
+static int32_t cb_kv_image_device(void *self) {
+    cuda_backend *b = self;
+    return b->kv_ready ? b->device : -1;
 }
 
 static loom_status cb_kv_read_blocks(void *self, const int32_t *blocks, int32_t n, void *buf, size_t len,
@@ -871,6 +911,7 @@ static const loom_backend_ops cb_ops = {
     .swap_blocks = cb_swap_blocks,
     .kv_read_blocks = cb_kv_read_blocks,
     .kv_write_blocks = cb_kv_write_blocks,
+    .kv_image_device = cb_kv_image_device,
     .kv_groups = cb_kv_groups,
     .load_shard = cb_load_shard,
     .load_stage = cb_load_stage,

@@ -92,6 +92,9 @@ typedef struct kvc_conn {
     uint64_t payload_cap;
     void *oob;                 /* a received out-of-band payload's handle   */
     void (*oob_close)(void *oob); /* releases it (at the next recv or free) */
+    bool oob_ack_due;          /* its acknowledgement waits for that release
+                                  (a device payload read in place)          */
+    void *lent;                /* a payload buffer lent for the next send   */
     char peer[96];             /* for messages                              */
     /* accepted, handshake not run yet: it runs at the first send or recv,
      * on the connection's own thread, so a silent peer never stalls the

@@ -31,18 +31,34 @@
 loom_status pay_available(int32_t device, loom_error *err);
 /* Sender: place len bytes of payload where the peer can open them and
  * describe that place in where[KVC_SHM_NAME]; *token until pay_release.
+ * `payload_device` is -1 for host memory, else the CUDA ordinal of the
+ * device memory the payload is (shm refuses it). `lent` (may be NULL)
+ * holds a buffer pay_lend gave this connection: when the payload is that
+ * buffer it is sent as it is, without a copy, and *lent becomes NULL.
  * When it returns the bytes are there (cuda-ipc: the copy has completed on
  * the device, not merely been queued). */
-loom_status pay_put(int32_t device, const void *payload, uint64_t len, uint8_t where[KVC_SHM_NAME], void **token,
-                    loom_error *err);
+loom_status pay_put(int32_t device, const void *payload, int32_t payload_device, uint64_t len, void **lent,
+                    uint8_t where[KVC_SHM_NAME], void **token, loom_error *err);
 /* Sender: the peer acknowledged (acked) or the send failed: drop the
  * payload (cuda-ipc: an acknowledged buffer is reused, another is freed). */
 void pay_release(void *token, const uint8_t where[KVC_SHM_NAME], bool acked);
 /* Receiver: open the peer's payload `where` that must be exactly len
- * bytes; *ptr is host-readable until pay_close(*token). Anything else —
+ * bytes; *ptr until pay_close(*token) — host memory (shm), or device
+ * memory of `device` with *on_device set (cuda-ipc: the peer's buffer,
+ * mapped; the caller acknowledges only after pay_close). Anything else —
  * a description that is not one of ours, another size — is an error. */
-loom_status pay_open(int32_t device, const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr, void **token,
-                     loom_error *err);
+loom_status pay_open(int32_t device, const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr,
+                     bool *on_device, void **token, loom_error *err);
+/* Receiver: copy an opened payload (len bytes) into host memory dst. */
+loom_status pay_to_host(void *token, void *dst, uint64_t len, loom_error *err);
 void pay_close(void *token);
+
+#ifdef PAY_CUDA
+/* Sender (cuda-ipc): a device buffer of len bytes for the connection's
+ * next payload (*ptr), so the backend gathers the KV straight into what
+ * is sent; *token until pay_put takes it or pay_unlend gives it back. */
+loom_status pay_lend(int32_t device, uint64_t len, void **ptr, void **token, loom_error *err);
+void pay_unlend(void *token);
+#endif
 
 #endif

@@ -1,10 +1,15 @@
 /*
- * plugins/kv_connector/shm/payload_cuda.c — `cuda-ipc`'s payloads: the
- * sender copies the payload into a device buffer of the connector's device
- * and passes its CUDA IPC handle (cudaIpcGetMemHandle, 64 bytes) in the
- * frame; the peer opens it (cudaIpcOpenMemHandle), copies it out and closes
- * it before acknowledging, and the sender then puts the buffer back in its
- * pool for the next hand-over.
+ * plugins/kv_connector/shm/payload_cuda.c — `cuda-ipc`'s payloads: device
+ * buffers of the connector's device, passed as CUDA IPC handles
+ * (cudaIpcGetMemHandle, 64 bytes) in the frame. Between two cuda backends
+ * on one device no byte crosses host memory: the prefill engine's backend
+ * gathers the KV blocks straight into a buffer lent here (pay_lend), the
+ * decode side maps it (cudaIpcOpenMemHandle) and its backend scatters the
+ * blocks straight from the mapping; the decode side closes the mapping and
+ * only then acknowledges, and the sender puts the buffer back in its pool
+ * for the next hand-over. A host payload (a cpu backend on the prefill
+ * side) is copied in; a receiver that cannot read the device copies out
+ * (pay_to_host).
  *
  * What only shows on a GPU, and how it is handled:
  *   - The connector's threads (the prefill listener's handlers, the decode
@@ -12,10 +17,12 @@
  *     as the thread's current device first (a fresh thread is on device 0).
  *   - A host-to-device cudaMemcpy from pageable memory may return before
  *     the DMA has landed, and the peer's reads are not ordered after it by
- *     any stream: both copies run on the call's own non-blocking stream and
- *     are waited for (cudaStreamSynchronize) before the handle is sent or
- *     the acknowledgement goes back. A non-blocking stream also keeps the
- *     copies out of the legacy default stream's implicit synchronisation.
+ *     any stream: copies run on the call's own non-blocking stream and are
+ *     waited for (cudaStreamSynchronize) before the handle is sent; the
+ *     backends' kv_read_blocks / kv_write_blocks wait for their kernels
+ *     before returning, which orders the two processes' kernels the same
+ *     way. A non-blocking stream keeps the copies out of the legacy default
+ *     stream's implicit synchronisation.
  *   - cudaFree (and often cudaMalloc) waits for all of the device's work,
  *     the engine's kernels included: buffers are pooled (sizes rounded to
  *     2 MiB, the smallest idle one that fits is taken, at most 1 GiB kept
@@ -28,12 +35,8 @@
  *     exporter's pointer (two engines in one process, `loom plugin-test
  *     cuda-ipc`).
  *
- * The engines hand block images over in host memory (loom_kv_export.read,
- * loom_engine_kv_deliver), so each side still copies host <-> device once;
- * a backend that reads and writes KV blocks on its device could hand the
- * device buffer over directly (docs/disaggregation.md, "cuda-ipc"). Without
- * a visible device create() refuses cleanly ("no CUDA device visible ...
- * use shm").
+ * Without a visible device create() refuses cleanly ("no CUDA device
+ * visible ... use shm").
  */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
@@ -165,12 +168,12 @@ static bool pool_drain_idle(int32_t device) {
     return any;
 }
 
-loom_status pay_put(int32_t device, const void *payload, uint64_t len, uint8_t where[KVC_SHM_NAME], void **token,
-                    loom_error *err) {
-    *token = NULL;
-    const char *what = "selecting the device";
+/* An idle pool buffer of `device` holding len bytes, or a new one: busy,
+ * its handle taken. */
+static loom_status pool_get(int32_t device, uint64_t len, pay_buf **out, loom_error *err) {
+    *out = NULL;
     cudaError_t e = cudaSetDevice(device);
-    if (e != cudaSuccess) return cuda_fail(err, e, what, len, device);
+    if (e != cudaSuccess) return cuda_fail(err, e, "selecting the device", len, device);
     /* the smallest idle buffer that holds it: no cudaMalloc, and no
      * cudaFree (which waits for the whole device, the engine's work too) */
     pay_buf *b = NULL;
@@ -188,7 +191,8 @@ loom_status pay_put(int32_t device, const void *payload, uint64_t len, uint8_t w
         if (!b->cap) b->cap = POOL_ROUND;
         b->device = device;
         b->busy = true;
-        what = "allocating the hand-over buffer", e = cudaMalloc(&b->d, (size_t)b->cap);
+        const char *what = "allocating the hand-over buffer";
+        e = cudaMalloc(&b->d, (size_t)b->cap);
         if (e == cudaErrorMemoryAllocation && pool_drain_idle(device)) { /* idle ones too small: free, retry */
             (void)cudaGetLastError();
             e = cudaMalloc(&b->d, (size_t)b->cap);
@@ -205,10 +209,41 @@ loom_status pay_put(int32_t device, const void *payload, uint64_t len, uint8_t w
         pthread_mutex_unlock(&pool_mu);
     }
     b->len = len;
-    e = copy_sync(b->d, payload, len, cudaMemcpyHostToDevice);
-    if (e != cudaSuccess) {
-        pool_put(b, false);
-        return cuda_fail(err, e, "copying the KV to the device", len, device);
+    *out = b;
+    return LOOM_OK;
+}
+
+loom_status pay_lend(int32_t device, uint64_t len, void **ptr, void **token, loom_error *err) {
+    pay_buf *b;
+    loom_status st = pool_get(device, len, &b, err);
+    *ptr = st == LOOM_OK ? b->d : NULL;
+    *token = b;
+    return st;
+}
+
+/* never exported: back to the pool as it is */
+void pay_unlend(void *token) {
+    if (token) pool_put(token, true);
+}
+
+loom_status pay_put(int32_t device, const void *payload, int32_t payload_device, uint64_t len, void **lent,
+                    uint8_t where[KVC_SHM_NAME], void **token, loom_error *err) {
+    *token = NULL;
+    pay_buf *b = lent ? *lent : NULL;
+    if (b && b->d == payload && b->device == device && len <= b->cap) {
+        /* the backend gathered the KV into this buffer and waited for it */
+        *lent = NULL;
+        b->len = len;
+    } else {
+        loom_status st = pool_get(device, len, &b, err);
+        if (st != LOOM_OK) return st;
+        /* host memory, or device memory (this device or a peer: UVA) */
+        cudaError_t e = copy_sync(b->d, payload, len, payload_device >= 0 ? cudaMemcpyDefault : cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) {
+            pool_put(b, false);
+            return cuda_fail(err, e, payload_device >= 0 ? "copying the KV on the device" : "copying the KV to the device",
+                             len, device);
+        }
     }
     memcpy(where, &b->h, sizeof b->h);
     *token = b;
@@ -221,61 +256,78 @@ void pay_release(void *token, const uint8_t where[KVC_SHM_NAME], bool acked) {
     if (token) pool_put(token, acked);
 }
 
-loom_status pay_open(int32_t device, const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr, void **token,
-                     loom_error *err) {
+/* A received payload: the peer's buffer mapped into this process (or, for
+ * this process's own export, read through the exporter's pointer). */
+typedef struct pay_view {
+    void *d;
+    bool mapped;               /* opened by cudaIpcOpenMemHandle: closed at pay_close */
+    int32_t device;
+    uint64_t len;
+} pay_view;
+
+loom_status pay_open(int32_t device, const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr,
+                     bool *on_device, void **token, loom_error *err) {
     cudaIpcMemHandle_t h;
     memcpy(&h, where, sizeof h);
     *token = NULL;
-    void *host = malloc(len ? (size_t)len : 1);
-    if (!host) return kvc_fail(err, LOOM_ERR_NOMEM, "kv_connector cuda-ipc: out of memory");
+    *on_device = false;
+    pay_view *v = calloc(1, sizeof *v);
+    if (!v) return kvc_fail(err, LOOM_ERR_NOMEM, "kv_connector cuda-ipc: out of memory");
+    v->device = device;
+    v->len = len;
     cudaError_t e = cudaSetDevice(device);
     const char *what = "selecting the device";
     /* our own export (one process holds both ends): read it in place — the
      * exporter keeps it until this side acknowledges. */
     bool own = false, size_ok = true;
-    void *own_d = NULL;
     pthread_mutex_lock(&pool_mu);
     for (pay_buf *b = bufs; b; b = b->next)
         if (b->busy && memcmp(&b->h, &h, sizeof h) == 0) {
             own = true;
             size_ok = b->len == len;
-            own_d = b->d;
+            v->d = b->d;
             break;
         }
     pthread_mutex_unlock(&pool_mu);
-    /* outside the lock (other hand-overs go on): the buffer stays busy
-     * until this side acknowledges */
-    if (own && size_ok && e == cudaSuccess)
-        what = "reading the peer's payload", e = copy_sync(host, own_d, len, cudaMemcpyDeviceToHost);
     if (own && !size_ok) {
-        free(host);
+        free(v);
         return kvc_fail(err, LOOM_ERR_FORMAT,
                         "kv_connector cuda-ipc: the peer's payload is not the %llu bytes announced",
                         (unsigned long long)len);
     }
     if (!own && e == cudaSuccess) {
-        /* a handle that names no allocation of the peer, or a length past
-         * its end, fails here as a CUDA error, not as a stray read */
+        /* a handle that names no allocation of the peer fails here as a
+         * CUDA error, not as a stray read */
         what = "opening the peer's IPC handle (both servers must see the same GPU, in one node and one container; "
                "otherwise use shm)";
-        void *d = NULL;
-        e = cudaIpcOpenMemHandle(&d, h, cudaIpcMemLazyEnablePeerAccess);
-        if (e == cudaSuccess) {
-            what = "reading the peer's payload";
-            e = copy_sync(host, d, len, cudaMemcpyDeviceToHost);
-            /* closed before the acknowledgement: the peer reuses the buffer
-             * for its next hand-over once acknowledged */
-            cudaError_t ec = cudaIpcCloseMemHandle(d);
-            if (e == cudaSuccess && ec != cudaSuccess) what = "cudaIpcCloseMemHandle", e = ec;
-        }
+        e = cudaIpcOpenMemHandle(&v->d, h, cudaIpcMemLazyEnablePeerAccess);
+        v->mapped = e == cudaSuccess;
     }
     if (e != cudaSuccess) {
-        free(host);
+        free(v);
         return cuda_fail(err, e, what, len, device);
     }
-    *ptr = host;
-    *token = host;
+    *ptr = v->d;
+    *on_device = true;
+    *token = v;
     return LOOM_OK;
 }
 
-void pay_close(void *token) { free(token); }
+loom_status pay_to_host(void *token, void *dst, uint64_t len, loom_error *err) {
+    pay_view *v = token;
+    if (!v || len != v->len)
+        return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector cuda-ipc: no received payload of %llu bytes to copy",
+                        (unsigned long long)len);
+    cudaError_t e = cudaSetDevice(v->device);
+    if (e == cudaSuccess) e = copy_sync(dst, v->d, len, cudaMemcpyDeviceToHost);
+    return e == cudaSuccess ? LOOM_OK : cuda_fail(err, e, "reading the peer's payload", len, v->device);
+}
+
+/* closed before the acknowledgement: the peer reuses the buffer for its
+ * next hand-over once acknowledged */
+void pay_close(void *token) {
+    pay_view *v = token;
+    if (!v) return;
+    if (v->mapped && cudaSetDevice(v->device) == cudaSuccess) cudaIpcCloseMemHandle(v->d);
+    free(v);
+}

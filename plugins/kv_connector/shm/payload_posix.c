@@ -29,9 +29,14 @@ typedef struct seg_map {
 
 loom_status pay_available(int32_t device, loom_error *err) { return LOOM_OK; }
 
-loom_status pay_put(int32_t device, const void *payload, uint64_t len, uint8_t where[KVC_SHM_NAME], void **token,
-                    loom_error *err) {
+loom_status pay_put(int32_t device, const void *payload, int32_t payload_device, uint64_t len, void **lent,
+                    uint8_t where[KVC_SHM_NAME], void **token, loom_error *err) {
     char *name = (char *)where;
+    *token = NULL;
+    if (payload_device >= 0)
+        return kvc_fail(err, LOOM_ERR_UNSUPPORTED,
+                        "kv_connector shm: the payload is device memory (CUDA device %d); shm sends host memory, "
+                        "cuda-ipc sends device memory", (int)payload_device);
     uint32_t rnd = 0;
     RAND_bytes((unsigned char *)&rnd, sizeof rnd);
     memset(name, 0, KVC_SHM_NAME);
@@ -66,9 +71,10 @@ static bool name_ok(const char *n) {
     return true;
 }
 
-loom_status pay_open(int32_t device, const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr, void **token,
-                     loom_error *err) {
+loom_status pay_open(int32_t device, const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr,
+                     bool *on_device, void **token, loom_error *err) {
     char name[KVC_SHM_NAME];
+    *on_device = false;
     memcpy(name, where, KVC_SHM_NAME);
     *token = NULL;
     if (!name_ok(name))
@@ -92,6 +98,15 @@ loom_status pay_open(int32_t device, const uint8_t where[KVC_SHM_NAME], uint64_t
     *s = (seg_map){m, (size_t)len};
     *ptr = m;
     *token = s;
+    return LOOM_OK;
+}
+
+loom_status pay_to_host(void *token, void *dst, uint64_t len, loom_error *err) {
+    const seg_map *s = token;
+    if (!s || len != s->len)
+        return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector shm: no received payload of %llu bytes to copy",
+                        (unsigned long long)len);
+    memcpy(dst, s->p, s->len);
     return LOOM_OK;
 }
 

@@ -168,7 +168,7 @@ static loom_status shm_connect(void *self, loom_kv_conn **conn, loom_error *err)
 static loom_status shm_send(void *self, loom_kv_conn *conn, const loom_kv_msg *m, loom_error *err) {
     shm_inst *t = self;
     kvc_conn *c = (kvc_conn *)conn;
-    if (!c || !m || m->struct_size < sizeof *m)
+    if (!c || !m || m->struct_size < offsetof(loom_kv_msg, payload_len) + sizeof m->payload_len)
         return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector %s: send() needs a connection and a message", PAY_NAME);
     loom_status ast = kvc_conn_auth(c, PAY_NAME, err);
     if (ast != LOOM_OK) return ast;
@@ -176,6 +176,7 @@ static loom_status shm_send(void *self, loom_kv_conn *conn, const loom_kv_msg *m
         return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector %s: a head of %u bytes exceeds the limit of %u", PAY_NAME,
                         m->head_len, c->max_head - KVC_SHM_NAME);
     if (m->payload_len == 0) return kvc_send_frame(c, m->type, 0, m->head, m->head_len, NULL, 0, PAY_NAME, err);
+    const int32_t dev = LOOM_HAS_FIELD(m, loom_kv_msg, payload_device) && m->payload_on_device ? m->payload_device : -1;
     if (!m->payload || m->payload_len > c->max_payload)
         return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector %s: message outside the limits or without its payload",
                         PAY_NAME);
@@ -184,7 +185,7 @@ static loom_status shm_send(void *self, loom_kv_conn *conn, const loom_kv_msg *m
     if (m->head_len) memcpy(head, m->head, m->head_len);
     uint8_t *name = head + m->head_len;
     void *token = NULL;
-    loom_status st = pay_put(t->device, m->payload, m->payload_len, name, &token, err);
+    loom_status st = pay_put(t->device, m->payload, dev, m->payload_len, &c->lent, name, &token, err);
     if (st == LOOM_OK) {
         st = kvc_send_frame(c, m->type, KVC_FLAG_SHM, head, m->head_len + KVC_SHM_NAME, NULL, m->payload_len,
                             PAY_NAME, err);
@@ -198,16 +199,37 @@ static loom_status shm_send(void *self, loom_kv_conn *conn, const loom_kv_msg *m
     return st;
 }
 
-/* The out-of-band payload of frame f: opened, acknowledged, in *out. */
+/* The out-of-band payload of frame f: opened, in *out, and acknowledged —
+ * a host one at once (the peer may drop its name: the mapping stays), a
+ * device one when it is released (oob_release), as it is read in place. */
 static loom_status oob_open(shm_inst *t, kvc_conn *c, const kvc_frame *f, loom_kv_msg *out, loom_error *err) {
     const void *ptr;
-    loom_status st = pay_open(t->device, c->head + f->head_len - KVC_SHM_NAME, f->payload_len, &ptr, &c->oob, err);
+    bool on_device;
+    loom_status st = pay_open(t->device, c->head + f->head_len - KVC_SHM_NAME, f->payload_len, &ptr, &on_device,
+                              &c->oob, err);
     if (st != LOOM_OK) return st;
     c->oob_close = pay_close;
+    /* the host's message: never older than this plugin's header */
     *out = (loom_kv_msg){.struct_size = sizeof *out, .type = f->type,
                          .head = f->head_len > KVC_SHM_NAME ? c->head : NULL, .head_len = f->head_len - KVC_SHM_NAME,
-                         .payload = ptr, .payload_len = f->payload_len};
+                         .payload = ptr, .payload_len = f->payload_len, .payload_on_device = on_device,
+                         .payload_device = on_device ? t->device : -1};
+    if (on_device) {
+        c->oob_ack_due = true;
+        return LOOM_OK;
+    }
     return kvc_send_frame(c, KVC_T_SHM_ACK, 0, NULL, 0, NULL, 0, PAY_NAME, err);
+}
+
+/* Release the last received payload; one read in place is acknowledged
+ * now, after its mapping is closed. */
+static void oob_release(kvc_conn *c) {
+    if (c->oob) c->oob_close(c->oob);
+    c->oob = NULL;
+    if (!c->oob_ack_due) return;
+    c->oob_ack_due = false;
+    loom_error err = {0}; /* a dead peer needs no acknowledgement */
+    kvc_send_frame(c, KVC_T_SHM_ACK, 0, NULL, 0, NULL, 0, PAY_NAME, &err);
 }
 
 static loom_status shm_recv(void *self, loom_kv_conn *conn, loom_kv_msg *out, loom_error *err) {
@@ -215,10 +237,7 @@ static loom_status shm_recv(void *self, loom_kv_conn *conn, loom_kv_msg *out, lo
     if (!c || !out) return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector %s: recv() needs a connection", PAY_NAME);
     loom_status ast = kvc_conn_auth(c, PAY_NAME, err);
     if (ast != LOOM_OK) return ast;
-    if (c->oob) {
-        pay_close(c->oob);
-        c->oob = NULL;
-    }
+    oob_release(c);
     kvc_frame f;
     loom_status st = kvc_recv_head(c, &f, PAY_NAME, err);
     if (st != LOOM_OK) return st;
@@ -226,7 +245,44 @@ static loom_status shm_recv(void *self, loom_kv_conn *conn, loom_kv_msg *out, lo
     return kvc_recv_payload(c, &f, out, PAY_NAME, err);
 }
 
-static void shm_close(void *self, loom_kv_conn *conn) { kvc_conn_free((kvc_conn *)conn); }
+static void shm_close(void *self, loom_kv_conn *conn) {
+    kvc_conn *c = (kvc_conn *)conn;
+    if (!c) return;
+    oob_release(c);
+#ifdef PAY_CUDA
+    pay_unlend(c->lent);
+    c->lent = NULL;
+#endif
+    kvc_conn_free(c);
+}
+
+static loom_status shm_payload_to_host(void *self, loom_kv_conn *conn, void *dst, uint64_t len, loom_error *err) {
+    kvc_conn *c = (kvc_conn *)conn;
+    if (!c || !c->oob || (len && !dst))
+        return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector %s: payload_to_host() without a received payload",
+                        PAY_NAME);
+    return pay_to_host(c->oob, dst, len, err);
+}
+
+static void shm_payload_release(void *self, loom_kv_conn *conn) {
+    if (conn) oob_release((kvc_conn *)conn);
+}
+
+#ifdef PAY_CUDA
+static loom_status shm_payload_buffer(void *self, loom_kv_conn *conn, uint64_t len, void **ptr, int32_t *device,
+                                      loom_error *err) {
+    shm_inst *t = self;
+    kvc_conn *c = (kvc_conn *)conn;
+    *ptr = NULL;
+    if (!c || len == 0 || len > c->max_payload)
+        return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector %s: payload_buffer() of %llu bytes (limit %llu)",
+                        PAY_NAME, (unsigned long long)len, (unsigned long long)(c ? c->max_payload : 0));
+    pay_unlend(c->lent); /* one lent buffer a connection */
+    c->lent = NULL;
+    *device = t->device;
+    return pay_lend(t->device, len, ptr, &c->lent, err);
+}
+#endif
 
 static const loom_kv_connector_ops shm_ops = {
     .struct_size = sizeof(loom_kv_connector_ops),
@@ -239,6 +295,11 @@ static const loom_kv_connector_ops shm_ops = {
     .send = shm_send,
     .recv = shm_recv,
     .close = shm_close,
+#ifdef PAY_CUDA
+    .payload_buffer = shm_payload_buffer,
+#endif
+    .payload_to_host = shm_payload_to_host,
+    .payload_release = shm_payload_release,
 };
 
 static const loom_component shm_components[] = {{
