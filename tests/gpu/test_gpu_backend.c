@@ -64,6 +64,7 @@
  * configured with kv_cache=fp8 (its kv_dtype, asked as the engine asks);
  * run_invariant with an fp8 KV cache too.
  */
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <math.h>
 #include <stdarg.h>
@@ -574,6 +575,62 @@ static void advance(seq **seqs, const int *nnew, int n) {
     for (int i = 0; i < n; i++) seqs[i]->done += nnew[i];
 }
 
+/* ---------------------------------------------------------- block images */
+
+/* Seq q's blocks as images: the eager cuda instance reads the same bytes
+ * into host memory and into device memory of kv_image_device(); written
+ * back from device memory into fresh blocks (of both cuda instances, the
+ * graph one from the eager one's image) and from host memory into the cpu's,
+ * the next decode step still matches. With equal image sizes the cpu's own
+ * image goes into the cuda blocks instead: block images are one layout
+ * across backends. q moves to the fresh blocks. */
+static bool check_block_images(trio *t, const char *shape, seq *q, sched *sc, loom_dtype kv_dt) {
+    const loom_backend_ops *cu = t->cuda_p->ops, *cp = t->cpu_p->ops;
+    char name[160];
+    loom_error e = {0};
+    const int32_t nb = q->nblocks;
+    const size_t per = cu->kv_block_bytes(t->eager, BS, kv_dt), len = per * (size_t)nb;
+    const bool same_layout = cp->kv_block_bytes(t->cpu, BS, kv_dt) == per;
+    const int32_t dev = cu->kv_image_device ? cu->kv_image_device(t->eager) : -1;
+    snprintf(name, sizeof name, "%s block images: kv_image_device() names the device", shape);
+    expect_status(name, dev >= 0 ? LOOM_OK : LOOM_ERR_UNSUPPORTED, LOOM_OK, NULL);
+    uint8_t *h_cuda = malloc(len), *h_dev = malloc(len), *h_cpu = malloc(len);
+    void *d = NULL;
+    bool ok = h_cuda && h_dev && h_cpu && dev >= 0 && cudaSetDevice(dev) == cudaSuccess &&
+              cudaMalloc(&d, len) == cudaSuccess;
+    loom_status st = ok ? cu->kv_read_blocks(t->eager, q->blocks, nb, h_cuda, len, &e) : LOOM_ERR_NOMEM;
+    if (!st) st = cu->kv_read_blocks(t->eager, q->blocks, nb, d, len, &e);
+    if (!st && cudaMemcpy(h_dev, d, len, cudaMemcpyDeviceToHost) != cudaSuccess) st = LOOM_ERR_DEVICE;
+    if (!st) st = cp->kv_read_blocks(t->cpu, q->blocks, nb, h_cpu, len, &e);
+    snprintf(name, sizeof name, "%s block images: read into device memory == into host (%d blocks)", shape, nb);
+    expect_status(name, st ? st : memcmp(h_cuda, h_dev, len) ? LOOM_ERR_INTERNAL : LOOM_OK, LOOM_OK, &e);
+    int32_t fresh[MAX_SEQ_BLOCKS];
+    for (int32_t j = 0; j < nb; j++) fresh[j] = sched_alloc(sc);
+    /* into the cuda instances: the cpu's image when the layouts agree */
+    if (!st && same_layout && cudaMemcpy(d, h_cpu, len, cudaMemcpyHostToDevice) != cudaSuccess) st = LOOM_ERR_DEVICE;
+    if (!st) st = cu->kv_write_blocks(t->eager, fresh, nb, d, len, &e);
+    if (!st) st = cu->kv_write_blocks(t->graph, fresh, nb, d, len, &e);
+    if (!st) st = cp->kv_write_blocks(t->cpu, fresh, nb, h_cpu, len, &e);
+    /* device memory of another device, or a bad length: refused by name */
+    loom_status bad = cu->kv_write_blocks(t->eager, fresh, nb, d, len - 1, &e);
+    snprintf(name, sizeof name, "%s block images: a device buffer of the wrong length is refused", shape);
+    expect_status(name, bad, LOOM_ERR_INVALID, &e);
+    snprintf(name, sizeof name, "%s block images: written from device memory (%s image)", shape,
+             same_layout ? "the cpu's" : "cuda's own");
+    expect_status(name, st, LOOM_OK, &e);
+    cudaFree(d);
+    free(h_cuda), free(h_dev), free(h_cpu);
+    if (st) return false;
+    memcpy(q->blocks, fresh, (size_t)nb * sizeof *fresh);
+    static batch_buf bb;
+    seq *ss[1] = {q};
+    int nn[1] = {1};
+    build(sc, ss, nn, 1, false, &bb);
+    if (!run_step(t, shape, "decode after block images written from device memory", &bb)) return false;
+    advance(ss, nn, 1);
+    return true;
+}
+
 /* ------------------------------------------------------------ one shape */
 
 /* qb: a quantizer every instance loads with (NULL: none); tol: cuda vs cpu. */
@@ -768,6 +825,8 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
         if (!run_step(&t, sh->name, "decode after swap out + in", &bb)) goto out;
         advance(ss, nn, 1);
     }
+    /* 6a. block images (kv_read_blocks / kv_write_blocks) */
+    if (g_groups == 1 && !check_block_images(&t, sh->name, &S[1], &sc, kvl.dtype)) goto out;
     /* 6b. draft-verification shapes, 1..8 tokens per sequence (graphs pad
      * each to 8 and the batch to bucket 8): all logits, then only the last
      * of each sequence — the second replays the first's graph */
