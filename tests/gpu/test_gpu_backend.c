@@ -590,18 +590,19 @@ static bool check_block_images(trio *t, const char *shape, seq *q, sched *sc, lo
     loom_error e = {0};
     const int32_t nb = q->nblocks;
     const size_t per = cu->kv_block_bytes(t->eager, BS, kv_dt), len = per * (size_t)nb;
-    const bool same_layout = cp->kv_block_bytes(t->cpu, BS, kv_dt) == per;
+    const size_t cpu_len = cp->kv_block_bytes(t->cpu, BS, kv_dt) * (size_t)nb; /* its own pool type */
+    const bool same_layout = cpu_len == len;
     const int32_t dev = cu->kv_image_device ? cu->kv_image_device(t->eager) : -1;
     snprintf(name, sizeof name, "%s block images: kv_image_device() names the device", shape);
     expect_status(name, dev >= 0 ? LOOM_OK : LOOM_ERR_UNSUPPORTED, LOOM_OK, NULL);
-    uint8_t *h_cuda = malloc(len), *h_dev = malloc(len), *h_cpu = malloc(len);
+    uint8_t *h_cuda = malloc(len), *h_dev = malloc(len), *h_cpu = malloc(cpu_len);
     void *d = NULL;
     bool ok = h_cuda && h_dev && h_cpu && dev >= 0 && cudaSetDevice(dev) == cudaSuccess &&
               cudaMalloc(&d, len) == cudaSuccess;
     loom_status st = ok ? cu->kv_read_blocks(t->eager, q->blocks, nb, h_cuda, len, &e) : LOOM_ERR_NOMEM;
     if (!st) st = cu->kv_read_blocks(t->eager, q->blocks, nb, d, len, &e);
     if (!st && cudaMemcpy(h_dev, d, len, cudaMemcpyDeviceToHost) != cudaSuccess) st = LOOM_ERR_DEVICE;
-    if (!st) st = cp->kv_read_blocks(t->cpu, q->blocks, nb, h_cpu, len, &e);
+    if (!st) st = cp->kv_read_blocks(t->cpu, q->blocks, nb, h_cpu, cpu_len, &e);
     snprintf(name, sizeof name, "%s block images: read into device memory == into host (%d blocks)", shape, nb);
     expect_status(name, st ? st : memcmp(h_cuda, h_dev, len) ? LOOM_ERR_INTERNAL : LOOM_OK, LOOM_OK, &e);
     int32_t fresh[MAX_SEQ_BLOCKS];
@@ -610,11 +611,11 @@ static bool check_block_images(trio *t, const char *shape, seq *q, sched *sc, lo
     if (!st && same_layout && cudaMemcpy(d, h_cpu, len, cudaMemcpyHostToDevice) != cudaSuccess) st = LOOM_ERR_DEVICE;
     if (!st) st = cu->kv_write_blocks(t->eager, fresh, nb, d, len, &e);
     if (!st) st = cu->kv_write_blocks(t->graph, fresh, nb, d, len, &e);
-    if (!st) st = cp->kv_write_blocks(t->cpu, fresh, nb, h_cpu, len, &e);
-    /* device memory of another device, or a bad length: refused by name */
-    loom_status bad = cu->kv_write_blocks(t->eager, fresh, nb, d, len - 1, &e);
+    if (!st) st = cp->kv_write_blocks(t->cpu, fresh, nb, h_cpu, cpu_len, &e);
+    loom_error eb = {0}; /* a device buffer of the wrong length: refused by name */
+    loom_status bad = cu->kv_write_blocks(t->eager, fresh, nb, d, len - 1, &eb);
     snprintf(name, sizeof name, "%s block images: a device buffer of the wrong length is refused", shape);
-    expect_status(name, bad, LOOM_ERR_INVALID, &e);
+    expect_status(name, bad, LOOM_ERR_INVALID, &eb);
     snprintf(name, sizeof name, "%s block images: written from device memory (%s image)", shape,
              same_layout ? "the cpu's" : "cuda's own");
     expect_status(name, st, LOOM_OK, &e);
