@@ -68,6 +68,13 @@ fi
 if [ -f "$build/build.ninja" ]; then
   meson configure "$build" "${args[@]}" "${extra[@]}" >/dev/null
 else
+  # nvcc through scripts/nvcc-depfile: meson < 1.3 (Debian 12 has 1.0) gives nvcc no
+  # dependency file, so an edited .cuh would not rebuild the kernels that include it
+  if [ $fuzz = 0 ] && command -v nvcc >/dev/null; then
+    mkdir -p "$build"
+    printf "[binaries]\ncuda = '%s'\n" "$root/scripts/nvcc-depfile" > "$build/nvcc-native.ini"
+    args+=(--native-file "$build/nvcc-native.ini")
+  fi
   meson setup "$build" "$root" "${args[@]}" "${extra[@]}" >&2
 fi
 ninja -C "$build" >&2
