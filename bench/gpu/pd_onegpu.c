@@ -531,7 +531,7 @@ static int run_mode(const opts *o, const char *mode, FILE *js, bool *first, req 
     int rc = 0;
     if (!e || (dis && !d)) rc = 1;
     loom_error err = {0};
-    loom_kv_info pi, di;
+    loom_kv_info pi = {.struct_size = sizeof pi}, di = {.struct_size = sizeof di};
     if (!rc && dis && (loom_engine_kv_info(e, &pi, &err) || loom_engine_kv_info(d, &di, &err))) {
         fprintf(stderr, "pd_onegpu: %s\n", err.message);
         rc = 1;

@@ -377,10 +377,12 @@ static void dc_done(void *ctx, loom_status st) {
 }
 
 /* Hand h's blocks (host, or device memory of the backend's device) to the
- * engine to read in place, and wait until it has: *taken when written in.
- * Not taken (no room in the cache now) is no error: the caller delivers a
- * copy, which waits for room. The connection, and with it the sender's
- * buffer, is held only for this wait — one engine step. */
+ * engine to read in place, and wait until it has: *taken when written in
+ * (or no longer wanted: the request was aborted meanwhile). Not taken (no
+ * room in the cache now) is no error: the caller delivers a copy, which
+ * waits for room. The connection, and with it the sender's buffer, is held
+ * only for this wait — until the engine's next step, so the engine must be
+ * stepped (loom_disagg_stop before the step loop ends). */
 static loom_status dc_deliver_in_place(dc_job *w, loom_kv_handoff *h, int32_t device, bool *taken, char *why,
                                        size_t cap) {
     loom_disagg *d = w->d;
@@ -399,8 +401,8 @@ static loom_status dc_deliver_in_place(dc_job *w, loom_kv_handoff *h, int32_t de
         pthread_mutex_lock(&l.mu);
         while (!l.done) pthread_cond_wait(&l.cv, &l.mu);
         pthread_mutex_unlock(&l.mu);
-        *taken = l.st == LOOM_OK;
-        if (l.st != LOOM_OK && l.st != LOOM_ERR_NO_SPACE)
+        *taken = l.st == LOOM_OK || l.st == LOOM_ERR_NOT_FOUND; /* written, or no longer wanted (aborted) */
+        if (!*taken && l.st != LOOM_ERR_NO_SPACE)
             st = l.st, snprintf(why, cap, "the decode engine dropped the KV (the request was aborted or refused it)");
     } else {
         snprintf(why, cap, "%s", err.message);

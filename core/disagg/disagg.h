@@ -57,9 +57,11 @@ typedef struct loom_disagg_stats {
 loom_status loom_disagg_create(loom_engine *e, loom_disagg_role role, void (*wake)(void *ctx), void *wake_ctx,
                                loom_disagg **out, loom_error *err);
 /* Stop the listener and wait for every handler and worker (each ends
- * within the connector's timeout); stats stay readable. The engine must
- * still be stepped meanwhile (handlers may wait for their prefill).
- * NULL-safe; a second call does nothing. */
+ * within the connector's timeout once the engine has taken what it waits
+ * for); stats stay readable. The engine must still be stepped meanwhile
+ * (handlers wait for their prefill, decode workers for the step that writes
+ * their KV in place), and destroyed only after this returns. NULL-safe; a
+ * second call does nothing. */
 void loom_disagg_stop(loom_disagg *d);
 /* loom_disagg_stop, then destroy the connector and free d. NULL-safe. */
 void loom_disagg_destroy(loom_disagg *d);

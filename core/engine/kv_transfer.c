@@ -119,7 +119,7 @@ void engine_kv_export(loom_engine *e, loom_seq *s, loom_finish_reason why) {
 
 loom_status engine_kv_import(loom_engine *e, loom_seq *s, engine_handoff *kv, loom_error *err) {
     const int32_t n = kv->h.num_tokens, nb = kv->h.num_blocks;
-    if (n == 0) return LOOM_OK;
+    if (n == 0) return kv->written = true, LOOM_OK;
     if (e->num_groups > 1) return grouped_refusal(e, err);
     loom_status st = e->cache->allocate(e->cache_self, &s->info, n, err);
     if (st != LOOM_OK) {
@@ -273,7 +273,8 @@ void engine_kv_inbox_item(loom_engine *e, loom_inbox_item *it) {
         it->kv = NULL;
         try_import(e, i);
     }
-    engine_handoff_free(it->kv); /* a request no longer waiting, or a second delivery */
+    if (it->kv) handoff_release(it->kv, LOOM_ERR_NOT_FOUND); /* a request no longer waiting, or a second delivery */
+    engine_handoff_free(it->kv);
     free(it->kv_fail);
 }
 
@@ -301,10 +302,17 @@ loom_status loom_engine_kv_info(const loom_engine *e, loom_kv_info *out, loom_er
                               "disaggregated serving needs a backend that can, e.g. cpu",
                               e->run.kind == LOOM_KIND_EXECUTOR ? "executor" : "backend", e->run.name);
     if (e->num_groups > 1) return grouped_refusal(e, err);
-    *out = (loom_kv_info){.struct_size = sizeof *out, .block_size = e->layout.block_size,
-                          .block_bytes = e->run.kv_block_bytes(e->run.self, e->layout.block_size, e->layout.dtype),
-                          .kv_dtype = e->layout.dtype, .num_layers = e->mcfg->num_layers, .vocab = e->vocab,
-                          .max_model_len = e->max_model_len, .image_device = image_device(e)};
+    if (out->struct_size < offsetof(loom_kv_info, image_device))
+        return loom_error_set(err, LOOM_ERR_ABI, "loom_engine_kv_info: struct_size %u is below ABI 2.4's %zu",
+                              out->struct_size, offsetof(loom_kv_info, image_device));
+    const loom_kv_info k = {.block_size = e->layout.block_size,
+                            .block_bytes = e->run.kv_block_bytes(e->run.self, e->layout.block_size, e->layout.dtype),
+                            .kv_dtype = e->layout.dtype, .num_layers = e->mcfg->num_layers, .vocab = e->vocab,
+                            .max_model_len = e->max_model_len, .image_device = image_device(e)};
+    /* the fields the caller's struct has: an older one ends sooner */
+    const uint32_t size = out->struct_size < sizeof k ? out->struct_size : (uint32_t)sizeof k;
+    memcpy(out, &k, size);
+    out->struct_size = size;
     return LOOM_OK;
 }
 

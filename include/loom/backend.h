@@ -440,7 +440,8 @@ typedef struct loom_backend_ops {
      * `blocks` (n) are device block ids, each in [0, num_blocks); any bad
      * id or length is LOOM_ERR_INVALID and nothing is copied. After
      * kv_alloc(). Done before the call returns. Since ABI 2.6 `buf` may
-     * also be device memory of the ordinal kv_image_device() returns. */
+     * also be device memory of the ordinal kv_image_device() returns,
+     * 16-byte aligned (else LOOM_ERR_INVALID). */
     loom_status (*kv_read_blocks)(void *self, const int32_t *blocks, int32_t n, void *buf, size_t len,
                                   loom_error *err);
     loom_status (*kv_write_blocks)(void *self, const int32_t *blocks, int32_t n, const void *buf, size_t len,

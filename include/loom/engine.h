@@ -232,10 +232,12 @@ typedef struct loom_kv_handoff {
      * `blocks` again: LOOM_OK — written into the request's blocks;
      * LOOM_ERR_NO_SPACE — not taken, the cache has no room now: the request
      * still waits, deliver again (e.g. a host copy, which waits for room);
-     * any other status — dropped (the request no longer waits, or ended
-     * with an error naming why). Also called, dropped, when the engine is
-     * destroyed first. Never deliver with `done` from the engine thread
-     * itself and then wait for it there. */
+     * LOOM_ERR_NOT_FOUND — not needed: the request no longer waits
+     * (aborted, or already given its KV), nothing to do; any other status
+     * — dropped, the request ended with an error naming why (the handoff
+     * did not fit it), or the engine was destroyed first. Never deliver
+     * with `done` from the engine thread itself and then wait for it
+     * there. Device blocks must be 16-byte aligned. */
     void (*done)(void *ctx, loom_status st);
     void *done_ctx;
 } loom_kv_handoff;
@@ -343,12 +345,17 @@ loom_status loom_engine_run(loom_engine *e, loom_error *err);
  * built against an older, shorter loom_engine_stats is never overrun. */
 void loom_engine_get_stats(loom_engine *e, loom_engine_stats *out, size_t size);
 
-/* [any] What a KV hand-over must match (since ABI 2.4).
- * LOOM_ERR_UNSUPPORTED, naming the runner, when its KV cannot leave it (an
- * executor, or a backend without kv_read_blocks / kv_write_blocks). */
+/* [any] What a KV hand-over must match (since ABI 2.4). The caller sets
+ * out->struct_size (its header's sizeof); the engine writes the fields that
+ * fit and sets struct_size to what it wrote (an ABI 2.4 caller's struct
+ * ends before image_device). LOOM_ERR_UNSUPPORTED, naming the runner, when
+ * its KV cannot leave it (an executor, or a backend without kv_read_blocks
+ * / kv_write_blocks). */
 loom_status loom_engine_kv_info(const loom_engine *e, loom_kv_info *out, loom_error *err);
 /* [any] Hand a kv_remote request its prompt's KV (since ABI 2.4): the
- * engine copies h and queues it for the step loop, which drops it when
+ * engine copies h (its blocks too unless h->done is set: then they are
+ * read in place, loom_kv_handoff) and queues it for the step loop, which
+ * drops it when
  * request `request_id` no longer waits (aborted meanwhile). A handoff that
  * does not fit the request (tokens, sizes) ends the request there with an
  * error naming the mismatch. LOOM_ERR_INVALID for a malformed h,

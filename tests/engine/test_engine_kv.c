@@ -11,6 +11,7 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,6 +103,21 @@ static void run_matches(bool seeded, bool in_place) {
     cr_assert_eq(loom_engine_kv_info(D, &id, &err), LOOM_OK);
     cr_assert_eq(ip.block_bytes, id.block_bytes);
     cr_assert_eq(id.image_device, -1, "the cpu backend's images are host memory only");
+    /* a caller built against ABI 2.4: its struct ends before image_device, nothing past it is written */
+    struct {
+        loom_kv_info k;
+        unsigned char canary[16];
+    } old;
+    memset(&old, 0xA5, sizeof old);
+    old.k.struct_size = offsetof(loom_kv_info, image_device);
+    cr_assert_eq(loom_engine_kv_info(D, &old.k, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(old.k.struct_size, offsetof(loom_kv_info, image_device));
+    cr_assert_eq(old.k.block_bytes, id.block_bytes);
+    const unsigned char *tail = (const unsigned char *)&old.k + offsetof(loom_kv_info, image_device);
+    for (size_t b = 0; b < sizeof old - offsetof(loom_kv_info, image_device); b++)
+        cr_assert_eq(tail[b], 0xA5, "byte %zu past a 2.4 caller's loom_kv_info was written", b);
+    old.k.struct_size = 8;
+    cr_assert_eq(loom_engine_kv_info(D, &old.k, &err), LOOM_ERR_ABI);
     lent lt[NREQ] = {{0}};
     const int32_t lens[NREQ] = {2, 15, 17, 40};
     int32_t p[NREQ][64];
@@ -248,8 +264,7 @@ Test(engine_kv, in_place_refusals_and_drops) {
     h = lend(handoff_of(&ex, p), &l[1]); /* no longer waits: dropped */
     cr_assert_eq(loom_engine_kv_deliver(D, id[0], &h, &err), LOOM_OK);
     eng_run(D, 100);
-    cr_assert(l[1].calls == 1 && l[1].st != LOOM_OK && l[1].st != LOOM_ERR_NO_SPACE, "done %d, status %d",
-              l[1].calls, l[1].st);
+    cr_assert(l[1].calls == 1 && l[1].st == LOOM_ERR_NOT_FOUND, "done %d, status %d", l[1].calls, l[1].st);
     h = lend(handoff_of(&ex, p), &l[2]); /* queued, never stepped: dropped by the destroy */
     cr_assert_eq(loom_engine_kv_deliver(D, id[1], &h, &err), LOOM_OK);
     cr_assert_eq(l[2].calls, 0);

@@ -778,6 +778,9 @@ static loom_status cb_image_memory(cuda_backend *b, const char *op, const void *
         return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
                               "backend cuda: %s(): the buffer is memory of CUDA device %d, this backend runs on %d", op,
                               a.device, b->device);
+    if ((uintptr_t)buf % 16) /* the copy kernel moves 16 bytes at a time */
+        return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
+                              "backend cuda: %s(): a device buffer must be 16-byte aligned (%p)", op, buf);
     *on_device = true;
     return LOOM_OK;
 }

@@ -39,16 +39,25 @@ loom_status pay_available(int32_t device, loom_error *err);
  * the device, not merely been queued). */
 loom_status pay_put(int32_t device, const void *payload, int32_t payload_device, uint64_t len, void **lent,
                     uint8_t where[KVC_SHM_NAME], void **token, loom_error *err);
-/* Sender: the peer acknowledged (acked) or the send failed: drop the
- * payload (cuda-ipc: an acknowledged buffer is reused, another is freed). */
-void pay_release(void *token, const uint8_t where[KVC_SHM_NAME], bool acked);
+/* How a send of a payload ended, for pay_release. */
+typedef enum pay_outcome {
+    PAY_ACKED,                 /* the peer acknowledged: it is done with it */
+    PAY_PEER_GONE,             /* never sent, or the peer closed / died     */
+    PAY_PEER_MAY_READ,         /* no acknowledgement (a timeout, a bad
+                                  frame): the peer may still read it        */
+} pay_outcome;
+/* Sender: drop the payload (cuda-ipc: an acknowledged buffer is reused,
+ * one of a peer that is gone freed, one the peer may still read never
+ * freed — freeing IPC-exported memory under a live mapping is undefined). */
+void pay_release(void *token, const uint8_t where[KVC_SHM_NAME], pay_outcome how);
 /* Receiver: open the peer's payload `where` that must be exactly len
- * bytes; *ptr until pay_close(*token) — host memory (shm), or device
- * memory of `device` with *on_device set (cuda-ipc: the peer's buffer,
- * mapped; the caller acknowledges only after pay_close). Anything else —
- * a description that is not one of ours, another size — is an error. */
+ * bytes; *ptr until pay_close(*token) — host memory (shm, *ptr_device -1),
+ * or device memory of CUDA ordinal *ptr_device (cuda-ipc: the peer's
+ * buffer, mapped, on whichever device it lives; the caller acknowledges
+ * only after pay_close). Anything else — a description that is not one of
+ * ours, a length past the buffer — is an error. */
 loom_status pay_open(int32_t device, const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr,
-                     bool *on_device, void **token, loom_error *err);
+                     int32_t *ptr_device, void **token, loom_error *err);
 /* Receiver: copy an opened payload (len bytes) into host memory dst. */
 loom_status pay_to_host(void *token, void *dst, uint64_t len, loom_error *err);
 void pay_close(void *token);

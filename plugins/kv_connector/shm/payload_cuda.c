@@ -38,6 +38,7 @@
  * Without a visible device create() refuses cleanly ("no CUDA device
  * visible ... use shm").
  */
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -250,10 +251,23 @@ loom_status pay_put(int32_t device, const void *payload, int32_t payload_device,
     return LOOM_OK;
 }
 
-void pay_release(void *token, const uint8_t where[KVC_SHM_NAME], bool acked) {
-    /* unacknowledged: the peer may still be reading it, so it is freed, not
-     * handed to the next hand-over */
-    if (token) pool_put(token, acked);
+void pay_release(void *token, const uint8_t where[KVC_SHM_NAME], pay_outcome how) {
+    pay_buf *b = token;
+    if (!b) return;
+    if (how != PAY_PEER_MAY_READ) {
+        pool_put(b, how == PAY_ACKED); /* reused, or freed: no mapping of it is left */
+        return;
+    }
+    /* the peer may hold a mapping still (freeing it under one is undefined):
+     * out of the pool for good, never freed — a leak a stuck peer costs */
+    pthread_mutex_lock(&pool_mu);
+    for (pay_buf **q = &bufs; *q; q = &(*q)->next)
+        if (*q == b) {
+            *q = b->next;
+            break;
+        }
+    pthread_mutex_unlock(&pool_mu);
+    free(b);
 }
 
 /* A received payload: the peer's buffer mapped into this process (or, for
@@ -261,19 +275,41 @@ void pay_release(void *token, const uint8_t where[KVC_SHM_NAME], bool acked) {
 typedef struct pay_view {
     void *d;
     bool mapped;               /* opened by cudaIpcOpenMemHandle: closed at pay_close */
-    int32_t device;
+    int32_t device;            /* the device the memory lives on            */
+    int32_t opener;            /* the device current when it was opened     */
     uint64_t len;
 } pay_view;
 
+/* Bytes from d to the end of its allocation, through the driver's
+ * cuMemGetAddressRange (the runtime has none; fetched through the runtime,
+ * so no libcuda at link time); false when it cannot be asked. */
+typedef CUresult (*pfn_range)(CUdeviceptr *, size_t *, CUdeviceptr);
+static bool mapped_bytes(const void *d, size_t *out) {
+    static pfn_range fn;
+    if (!fn) {
+        void *p = NULL;
+        enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess || !p)
+            return false;
+        fn = (pfn_range)p;
+    }
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    if (fn(&base, &size, (CUdeviceptr)(uintptr_t)d) != CUDA_SUCCESS) return false;
+    *out = size - (size_t)((uintptr_t)d - (uintptr_t)base);
+    return true;
+}
+
 loom_status pay_open(int32_t device, const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr,
-                     bool *on_device, void **token, loom_error *err) {
+                     int32_t *ptr_device, void **token, loom_error *err) {
     cudaIpcMemHandle_t h;
     memcpy(&h, where, sizeof h);
     *token = NULL;
-    *on_device = false;
+    *ptr_device = -1;
     pay_view *v = calloc(1, sizeof *v);
     if (!v) return kvc_fail(err, LOOM_ERR_NOMEM, "kv_connector cuda-ipc: out of memory");
-    v->device = device;
+    v->device = v->opener = device;
     v->len = len;
     cudaError_t e = cudaSetDevice(device);
     const char *what = "selecting the device";
@@ -303,12 +339,23 @@ loom_status pay_open(int32_t device, const uint8_t where[KVC_SHM_NAME], uint64_t
         e = cudaIpcOpenMemHandle(&v->d, h, cudaIpcMemLazyEnablePeerAccess);
         v->mapped = e == cudaSuccess;
     }
+    /* the device the memory lives on (a peer's GPU: the reader may not take it in place) */
+    struct cudaPointerAttributes a;
+    if (e == cudaSuccess && cudaPointerGetAttributes(&a, v->d) == cudaSuccess) v->device = a.device;
+    /* a length past the peer's allocation is refused here, before a kernel reads past it */
+    size_t have = 0;
+    if (e == cudaSuccess && v->mapped && mapped_bytes(v->d, &have) && have < len) {
+        pay_close(v);
+        return kvc_fail(err, LOOM_ERR_FORMAT,
+                        "kv_connector cuda-ipc: the peer announced %llu bytes in a buffer of %zu",
+                        (unsigned long long)len, have);
+    }
     if (e != cudaSuccess) {
         free(v);
         return cuda_fail(err, e, what, len, device);
     }
     *ptr = v->d;
-    *on_device = true;
+    *ptr_device = v->device;
     *token = v;
     return LOOM_OK;
 }
@@ -318,7 +365,7 @@ loom_status pay_to_host(void *token, void *dst, uint64_t len, loom_error *err) {
     if (!v || len != v->len)
         return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector cuda-ipc: no received payload of %llu bytes to copy",
                         (unsigned long long)len);
-    cudaError_t e = cudaSetDevice(v->device);
+    cudaError_t e = cudaSetDevice(v->opener);
     if (e == cudaSuccess) e = copy_sync(dst, v->d, len, cudaMemcpyDeviceToHost);
     return e == cudaSuccess ? LOOM_OK : cuda_fail(err, e, "reading the peer's payload", len, v->device);
 }
@@ -328,6 +375,6 @@ loom_status pay_to_host(void *token, void *dst, uint64_t len, loom_error *err) {
 void pay_close(void *token) {
     pay_view *v = token;
     if (!v) return;
-    if (v->mapped && cudaSetDevice(v->device) == cudaSuccess) cudaIpcCloseMemHandle(v->d);
+    if (v->mapped && cudaSetDevice(v->opener) == cudaSuccess) cudaIpcCloseMemHandle(v->d);
     free(v);
 }

@@ -60,7 +60,8 @@ loom_status pay_put(int32_t device, const void *payload, int32_t payload_device,
     return LOOM_OK;
 }
 
-void pay_release(void *token, const uint8_t where[KVC_SHM_NAME], bool acked) { shm_unlink((const char *)where); }
+/* the peer's mapping, if any, outlives the name */
+void pay_release(void *token, const uint8_t where[KVC_SHM_NAME], pay_outcome how) { shm_unlink((const char *)where); }
 
 /* A segment name from a peer: ours in shape, NUL-terminated. */
 static bool name_ok(const char *n) {
@@ -72,9 +73,9 @@ static bool name_ok(const char *n) {
 }
 
 loom_status pay_open(int32_t device, const uint8_t where[KVC_SHM_NAME], uint64_t len, const void **ptr,
-                     bool *on_device, void **token, loom_error *err) {
+                     int32_t *ptr_device, void **token, loom_error *err) {
     char name[KVC_SHM_NAME];
-    *on_device = false;
+    *ptr_device = -1;
     memcpy(name, where, KVC_SHM_NAME);
     *token = NULL;
     if (!name_ok(name))

@@ -190,10 +190,20 @@ static loom_status shm_send(void *self, loom_kv_conn *conn, const loom_kv_msg *m
         st = kvc_send_frame(c, m->type, KVC_FLAG_SHM, head, m->head_len + KVC_SHM_NAME, NULL, m->payload_len,
                             PAY_NAME, err);
         kvc_frame f;
-        if (st == LOOM_OK && (st = kvc_recv_head(c, &f, PAY_NAME, err)) == LOOM_OK && f.type != KVC_T_SHM_ACK)
-            st = kvc_fail(err, LOOM_ERR_FORMAT, "kv_connector %s: peer answered a payload with frame type 0x%x",
-                          PAY_NAME, f.type);
-        pay_release(token, name, st == LOOM_OK); /* acknowledged (the peer has read it) or failed */
+        pay_outcome how = PAY_PEER_GONE; /* a failed write: the peer closed (it unmaps first) or died */
+        if (st == LOOM_OK) {
+            loom_error e = {0};
+            st = kvc_recv_head(c, &f, PAY_NAME, &e);
+            if (st == LOOM_OK && f.type != KVC_T_SHM_ACK)
+                st = kvc_fail(&e, LOOM_ERR_FORMAT, "kv_connector %s: peer answered a payload with frame type 0x%x",
+                              PAY_NAME, f.type);
+            /* no acknowledgement: a peer that timed out or misbehaves may still read it */
+            how = st == LOOM_OK                                                     ? PAY_ACKED
+                  : st == LOOM_ERR_IO && strncmp(e.message, "timeout", 7) != 0 ? PAY_PEER_GONE
+                                                                                  : PAY_PEER_MAY_READ;
+            if (st != LOOM_OK && err) *err = e;
+        }
+        pay_release(token, name, how);
     }
     free(head);
     return st;
@@ -204,16 +214,17 @@ static loom_status shm_send(void *self, loom_kv_conn *conn, const loom_kv_msg *m
  * device one when it is released (oob_release), as it is read in place. */
 static loom_status oob_open(shm_inst *t, kvc_conn *c, const kvc_frame *f, loom_kv_msg *out, loom_error *err) {
     const void *ptr;
-    bool on_device;
-    loom_status st = pay_open(t->device, c->head + f->head_len - KVC_SHM_NAME, f->payload_len, &ptr, &on_device,
-                              &c->oob, err);
+    int32_t dev;
+    loom_status st = pay_open(t->device, c->head + f->head_len - KVC_SHM_NAME, f->payload_len, &ptr, &dev, &c->oob,
+                              err);
+    const bool on_device = dev >= 0;
     if (st != LOOM_OK) return st;
     c->oob_close = pay_close;
     /* the host's message: never older than this plugin's header */
     *out = (loom_kv_msg){.struct_size = sizeof *out, .type = f->type,
                          .head = f->head_len > KVC_SHM_NAME ? c->head : NULL, .head_len = f->head_len - KVC_SHM_NAME,
                          .payload = ptr, .payload_len = f->payload_len, .payload_on_device = on_device,
-                         .payload_device = on_device ? t->device : -1};
+                         .payload_device = dev};
     if (on_device) {
         c->oob_ack_due = true;
         return LOOM_OK;

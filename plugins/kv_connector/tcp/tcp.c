@@ -133,8 +133,12 @@ static loom_status tcp_connect(void *self, loom_kv_conn **conn, loom_error *err)
 }
 
 static loom_status tcp_send(void *self, loom_kv_conn *conn, const loom_kv_msg *m, loom_error *err) {
-    if (!conn || !m || m->struct_size < sizeof *m)
+    if (!conn || !m || m->struct_size < offsetof(loom_kv_msg, payload_len) + sizeof m->payload_len)
         return kvc_fail(err, LOOM_ERR_INVALID, "kv_connector tcp: send() needs a connection and a message");
+    if (m->payload_len && LOOM_HAS_FIELD(m, loom_kv_msg, payload_device) && m->payload_on_device)
+        return kvc_fail(err, LOOM_ERR_UNSUPPORTED,
+                        "kv_connector tcp: the payload is device memory (CUDA device %d); tcp sends host memory",
+                        (int)m->payload_device);
     loom_status st = kvc_conn_auth((kvc_conn *)conn, "tcp", err);
     if (st != LOOM_OK) return st;
     return kvc_send_frame((kvc_conn *)conn, m->type, 0, m->head, m->head_len, m->payload, m->payload_len, "tcp", err);
