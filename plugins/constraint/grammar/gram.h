@@ -160,6 +160,9 @@ typedef struct gram_compiled {
     bool plain_keys;           /* cache masks by whole parse states only (no
                                 * cut keys shared by repeated items)        */
     bool shared;               /* in the plugin's table of shared grammars   */
+    bool ref_walk;             /* masks by the plain walk: a hash probe a
+                                * trie node, no dense rows, no uniform
+                                * subtrees (the reference tests compare to) */
     char what[96];             /* the language and the text's start, for
                                 * errors met while matching (the budget)    */
 } gram_compiled;
