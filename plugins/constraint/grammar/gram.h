@@ -178,6 +178,9 @@ bool gmatch_can_end(const gmatch *m);
 /* The last mask, token or start stopped at max_match_steps (it failed: a
  * mask with LOOM_ERR_UNSUPPORTED, a token refused, the state unchanged). */
 bool gmatch_over_budget(const gmatch *m);
+/* Trie subtrees the matcher's walks decided without visiting them (for
+ * tests): allowed whole, and allowed down to a depth. */
+void gmatch_walk_stats(const gmatch *m, int64_t *whole, int64_t *cut);
 /* Expansion steps so far, over the matcher's life (what the budget counts). */
 int64_t gmatch_steps(const gmatch *m);
 const gram_compiled *gmatch_grammar(const gmatch *m);

@@ -54,6 +54,8 @@ struct vtrie {
      * below node i are toks[tok_first + n_toks .. tok_end(sub_end[i])). */
     uint64_t (*sub_bytes)[2];  /* (n_nodes)                                  */
     uint8_t *sub_depth;        /* (n_nodes)                                  */
+    uint16_t *node_depth;      /* (n_nodes) bytes of the node's prefix       */
+    uint16_t *tok_depth;       /* (n_toks) bytes of each token in toks       */
 };
 
 /* The shortcut covers subtrees at most this deep (bytes below the node). */
@@ -154,7 +156,9 @@ loom_status vtrie_build(const loom_vocab_view *v, vtrie **out, char *why, size_t
     }
     t->sub_bytes = calloc((size_t)t->n_nodes, sizeof *t->sub_bytes);
     t->sub_depth = malloc((size_t)t->n_nodes);
-    if (!t->sub_bytes || !t->sub_depth) {
+    t->node_depth = malloc((size_t)t->n_nodes * sizeof *t->node_depth);
+    t->tok_depth = malloc((size_t)(t->n_toks + 1) * sizeof *t->tok_depth);
+    if (!t->sub_bytes || !t->sub_depth || !t->node_depth || !t->tok_depth) {
         vtrie_free(t);
         snprintf(why, cap, "out of memory building the vocabulary trie");
         return LOOM_ERR_NOMEM;
@@ -175,6 +179,13 @@ loom_status vtrie_build(const loom_vocab_view *v, vtrie **out, char *why, size_t
         }
         t->sub_depth[i] = (uint8_t)depth;
     }
+    t->node_depth[0] = 0;
+    for (int32_t i = 0; i < t->n_nodes; i++) { /* parents come before their children */
+        const tnode *nd = &t->nodes[i];
+        for (int32_t e = nd->edge_first; e < nd->edge_first + nd->n_edges; e++)
+            t->node_depth[t->edge_child[e]] = (uint16_t)(t->node_depth[i] + 1); /* pieces <= VTRIE_MAX_PIECE */
+        for (int32_t k = nd->tok_first; k < nd->tok_first + nd->n_toks; k++) t->tok_depth[k] = t->node_depth[i];
+    }
     *out = t;
     return LOOM_OK;
 }
@@ -188,6 +199,8 @@ void vtrie_free(vtrie *t) {
     free(t->sub_end);
     free(t->sub_bytes);
     free(t->sub_depth);
+    free(t->node_depth);
+    free(t->tok_depth);
     free(t);
 }
 
@@ -287,6 +300,7 @@ struct gmatch {
     int32_t *drow;             /* (n_drows * 256)                            */
     struct dense_uni *duni;    /* (n_drows) the rows' uniform classes        */
     int32_t n_drows, cap_drows;
+    int64_t uni_whole, uni_cut; /* subtrees decided without a visit: whole, cut at a depth */
     /* A walk of a set whose stacks' bottom frames are cut off (a hole,
      * below): `hole` is set when an expansion pops into it, `cut_abort`
      * when the walk must be given up (a set reached max_stacks, or too
@@ -468,6 +482,10 @@ static void budget_start(gmatch *m) {
 }
 
 bool gmatch_over_budget(const gmatch *m) { return m->over; }
+void gmatch_walk_stats(const gmatch *m, int64_t *whole, int64_t *cut) {
+    *whole = m->uni_whole;
+    *cut = m->uni_cut;
+}
 int64_t gmatch_steps(const gmatch *m) { return m->steps_total + m->steps; }
 const gram_compiled *gmatch_grammar(const gmatch *m) { return m->c; }
 
@@ -993,6 +1011,7 @@ static bool unc_room(gmatch *m, int32_t n) {
 typedef struct dense_uni {
     int32_t succ;              /* DT_UNKNOWN until the row is complete; -1 none */
     int32_t levels;
+    uint64_t dead[2];          /* the ASCII bytes nothing survives           */
     uint64_t u[UNI_MAX_DEPTH][2];
 } dense_uni;
 
@@ -1107,9 +1126,12 @@ static bool uni_level(gmatch *m, int32_t set, int32_t d, uint64_t out[2]) {
         }
         dense_uni *du = &m->duni[row];
         du->succ = vote;
-        du->u[0][0] = du->u[0][1] = 0;
-        for (int32_t b = 0; b < 0x80 && vote >= 0; b++)
-            if (m->drow[(size_t)row * 256 + b] == vote) du->u[0][b >> 6] |= 1ull << (b & 63);
+        du->u[0][0] = du->u[0][1] = du->dead[0] = du->dead[1] = 0;
+        for (int32_t b = 0; b < 0x80; b++) {
+            const int32_t v = m->drow[(size_t)row * 256 + b];
+            if (v == vote && vote >= 0) du->u[0][b >> 6] |= 1ull << (b & 63);
+            if (v == -1) du->dead[b >> 6] |= 1ull << (b & 63);
+        }
         du->levels = 1;
     }
     while (m->duni[row].levels < d) {
@@ -1127,32 +1149,56 @@ static bool uni_level(gmatch *m, int32_t set, int32_t d, uint64_t out[2]) {
     return true;
 }
 
-/* Every token below `node` (not its own) into the mask. */
-static void allow_below(const vtrie *t, int32_t node, uint32_t *mask) {
+/* The tokens below `node` (not its own) at most `j` bytes longer than
+ * its prefix into the mask. */
+static void allow_below(const vtrie *t, int32_t node, int32_t j, uint32_t *mask) {
     const int32_t end = t->sub_end[node];
     const int32_t lo = t->nodes[node].tok_first + t->nodes[node].n_toks;
     const int32_t hi = end < t->n_nodes ? t->nodes[end].tok_first : t->n_toks;
-    for (int32_t i = lo; i < hi; i++) mask[t->toks[i] >> 5] |= 1u << (t->toks[i] & 31);
+    if (j >= t->sub_depth[node]) {
+        for (int32_t i = lo; i < hi; i++) mask[t->toks[i] >> 5] |= 1u << (t->toks[i] & 31);
+        return;
+    }
+    const int32_t most = t->node_depth[node] + j;
+    for (int32_t i = lo; i < hi; i++)
+        if (t->tok_depth[i] <= most) mask[t->toks[i] >> 5] |= 1u << (t->toks[i] & 31);
 }
 
-/* The whole subtree below `node`, reached in interned set `set` at a
- * character boundary, survives: every path down is a string of its bytes
- * no longer than its depth, and all of them lie in the set's uniform class
- * of that depth. */
-static bool uniform_below(gmatch *m, int32_t node, int32_t set) {
+static bool bytes_in(const uint64_t a[2], const uint64_t b[2]) { return !(a[0] & ~b[0]) && !(a[1] & ~b[1]); }
+
+/* The subtree below `node`, reached in interned set `set` at a character
+ * boundary, decided without visiting it: returns j when every path down
+ * of at most j bytes survives (its bytes all lie in the set's uniform
+ * class of level j) and every longer one dies at its (j+1)-th byte (the
+ * set j uniform steps on takes none of the subtree's bytes); j is the
+ * subtree's depth when every path survives. -1: walk it. */
+static int32_t uniform_below(gmatch *m, int32_t node, int32_t set) {
     const vtrie *t = m->c->trie;
     const int d = t->sub_depth[node];
     uint64_t u[2];
-    if (d == SUB_NONE || d == 0 || t->sub_end[node] - node < UNI_MIN_NODES || !uni_level(m, set, d, u)) return false;
-    return !(t->sub_bytes[node][0] & ~u[0]) && !(t->sub_bytes[node][1] & ~u[1]);
+    if (d == SUB_NONE || d == 0 || t->sub_end[node] - node < UNI_MIN_NODES || !uni_level(m, set, d, u)) return -1;
+    const uint64_t *bytes = t->sub_bytes[node];
+    if (bytes_in(bytes, u)) return d;
+    int32_t row = m->iset[set - 1], j = 0; /* uni_level made the rows of the chain, as far as it is not empty */
+    while (j + 1 < d && bytes_in(bytes, m->duni[row].u[j])) j++; /* levels 1..j hold the bytes */
+    if (j == 0) return -1;
+    for (int32_t l = 0; l < j; l++) row = m->iset[m->duni[row].succ - 1];
+    if (row < 0 || m->duni[row].succ == DT_UNKNOWN || !bytes_in(bytes, m->duni[row].dead)) return -1;
+    return j;
 }
 
 static void walk(gmatch *m, int32_t node, int32_t set, utf8_state u, uint32_t *mask) {
     const vtrie *t = m->c->trie;
     const tnode *nd = &t->nodes[node];
-    if (u.need == 0 && !m->c->ref_walk && uniform_below(m, node, set)) {
-        allow_below(t, node, mask);
-        return;
+    if (u.need == 0 && !m->c->ref_walk) {
+        const int32_t j = uniform_below(m, node, set);
+        if (j > 0) {
+            if (j >= t->sub_depth[node]) m->uni_whole++;
+            else m->uni_cut++;
+            allow_below(t, node, j, mask);
+            return;
+        }
+        if (m->oom || m->cut_abort || m->over) return;
     }
     for (int32_t e = 0; e < nd->n_edges && !m->oom && !m->cut_abort && !m->over; e++) {
         utf8_state u2 = u;
