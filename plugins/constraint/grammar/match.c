@@ -1383,7 +1383,7 @@ loom_status gmatch_fill_mask(gmatch *m, uint32_t *mask, char *why, size_t cap) {
     int32_t key = -1, set;
     m->arena_len = 0;
     budget_start(m);
-    if (m->iset_len > MEMO_MAX_INTS || m->tcount > MEMO_MAX_TRANS || m->n_drows > DROWS_MAX) memo_reset(m);
+    if (m->iset_len > MEMO_MAX_INTS || m->tcount > MEMO_MAX_TRANS || m->n_drows >= DROWS_MAX) memo_reset(m);
     if (mc && !m->c->plain_keys && m->c->g.min_rest) {
         bool hit = false;
         int r = fill_cut(m, mask, &hit);
