@@ -245,7 +245,8 @@ static int batch(loom_engine *e, const loom_vocab_view *v, int32_t eog, const ch
         for (int k = 0; k < MODES; k++) memset(load[k], 0, MASK_WORKERS * sizeof *load[k]);
         for (int i = 0; i < seqs; i++) {
             if (gmatch_terminated(m[0][i]) || gmatch_can_end(m[0][i])) continue;
-            for (int k = MODES - 1; k >= 0; k--) { /* the plugin's first: another's memo must not warm it */
+            for (int kk = 0; kk < MODES; kk++) { /* the order alternates: the first warms the CPU's caches */
+                const int k = n % 2 ? kk : MODES - 1 - kk;
                 double t0 = now();
                 if (gmatch_fill_mask(m[k][i], k == 2 ? mask : k ? ref : other, why, sizeof why) != LOOM_OK)
                     return fprintf(stderr, "%s\n", why), 1;

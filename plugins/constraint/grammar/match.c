@@ -1016,8 +1016,10 @@ typedef struct dense_uni {
 } dense_uni;
 
 /* Subtrees smaller than this are walked: the shortcut's check would cost
- * about what it saves. */
-#define UNI_MIN_NODES 2
+ * about what it saves. A node with fewer edges asks its bytes one by one
+ * instead of completing its set's row. */
+#define UNI_MIN_NODES 8
+#define ROW_MIN_EDGES 8
 
 /* The dense row of interned set `set` (allocated on first use); -1 when
  * the rows are full or memory ran out (the walk then probes the hash). */
@@ -1048,9 +1050,10 @@ static bool row_complete(gmatch *m, int32_t set, int32_t row);
  * -1 pruned, else step_interned's codes (-2 out of memory, -3 a hole, -4
  * a given-up cut walk, -5 past the budget). At a character boundary the
  * answer comes from the set's dense row, computed once. */
-static int32_t edge_next(gmatch *m, int32_t set, utf8_state *u, uint8_t b) {
+static int32_t edge_next(gmatch *m, int32_t set, utf8_state *u, uint8_t b, bool complete) {
     int32_t row = u->need == 0 && !m->c->ref_walk ? dense_row(m, set) : -1, v = DT_UNKNOWN;
-    if (row >= 0 && b < 0x80 && m->drow[(size_t)row * 256 + b] == DT_UNKNOWN && !row_complete(m, set, row))
+    if (complete && row >= 0 && b < 0x80 && m->drow[(size_t)row * 256 + b] == DT_UNKNOWN &&
+        !row_complete(m, set, row))
         return m->oom ? -2 : m->over ? -5 : -4;
     if (row >= 0 && (v = m->drow[(size_t)row * 256 + b]) != DT_UNKNOWN && v != DT_PARTIAL) return v;
     uint32_t cp;
@@ -1076,9 +1079,16 @@ static bool row_complete(gmatch *m, int32_t set, int32_t row) {
     const bool group = n <= 64;
     for (int32_t s = 0, at = 1; s < n && group; s++) {
         const int32_t len = src[at];
-        if (len > 0 && len <= m->buf_cap)
+        if (len > 0 && len <= m->buf_cap) { /* the class's ranges, clipped to ASCII */
+            const g_class *c = &g->classes[g->elems[src[at + len]].arg];
+            uint64_t in[2] = {0, 0};
+            for (int32_t i = 0; i < c->count; i++) {
+                const uint32_t lo = g->ranges[2 * (c->first + i)], hi = g->ranges[2 * (c->first + i) + 1];
+                for (uint32_t b = lo; b <= hi && b < 0x80; b++) in[b >> 6] |= 1ull << (b & 63);
+            }
             for (int32_t b = 0; b < 0x80; b++)
-                if (gram_class_has(g, g->elems[src[at + len]].arg, (uint32_t)b)) sig[b] |= 1ull << s;
+                if ((bool)((in[b >> 6] >> (b & 63)) & 1u) != c->negated) sig[b] |= 1ull << s;
+        }
         at += 1 + len;
     }
     int32_t *r = m->drow + (size_t)row * 256;
@@ -1175,13 +1185,14 @@ static bool bytes_in(const uint64_t a[2], const uint64_t b[2]) { return !(a[0] &
 static int32_t uniform_below(gmatch *m, int32_t node, int32_t set) {
     const vtrie *t = m->c->trie;
     const int d = t->sub_depth[node];
-    uint64_t u[2];
-    if (d == SUB_NONE || d == 0 || t->sub_end[node] - node < UNI_MIN_NODES || !uni_level(m, set, d, u)) return -1;
+    if (d == SUB_NONE || d == 0 || t->sub_end[node] - node < UNI_MIN_NODES) return -1;
     const uint64_t *bytes = t->sub_bytes[node];
-    if (bytes_in(bytes, u)) return d;
-    int32_t row = m->iset[set - 1], j = 0; /* uni_level made the rows of the chain, as far as it is not empty */
-    while (j + 1 < d && bytes_in(bytes, m->duni[row].u[j])) j++; /* levels 1..j hold the bytes */
-    if (j == 0) return -1;
+    int32_t j = 0; /* levels 1..j hold the bytes: computed one at a time, as far as they do */
+    for (uint64_t u[2]; j < d; j++)
+        if (!uni_level(m, set, j + 1, u) || !bytes_in(bytes, u)) break;
+    if (j == d) return d;
+    if (j == 0 || m->oom || m->cut_abort || m->over) return -1;
+    int32_t row = m->iset[set - 1]; /* level j + 1 of `set` made the rows of the chain's first j + 1 sets */
     for (int32_t l = 0; l < j; l++) row = m->iset[m->duni[row].succ - 1];
     if (row < 0 || m->duni[row].succ == DT_UNKNOWN || !bytes_in(bytes, m->duni[row].dead)) return -1;
     return j;
@@ -1203,7 +1214,7 @@ static void walk(gmatch *m, int32_t node, int32_t set, utf8_state u, uint32_t *m
     for (int32_t e = 0; e < nd->n_edges && !m->oom && !m->cut_abort && !m->over; e++) {
         utf8_state u2 = u;
         int32_t child = t->edge_child[nd->edge_first + e];
-        int32_t next = edge_next(m, set, &u2, t->edge_byte[nd->edge_first + e]);
+        int32_t next = edge_next(m, set, &u2, t->edge_byte[nd->edge_first + e], nd->n_edges >= ROW_MIN_EDGES);
         if (next == -2) m->oom = true;
         if (next == -3) { /* this subtree depends on the cut frames: left to the whole stacks */
             m->unc_nodes += t->sub_end[child] - child;
