@@ -10,7 +10,13 @@
  * and the tokens ending at a surviving node are allowed. Sets live in one
  * arena of int32 that the walk rewinds on the way back up, so a mask
  * allocates nothing once the arena has grown. A set is encoded flat:
- * [stacks, (length, positions bottom..top)...].
+ * [stacks, (length, positions bottom..top)...]. Two shortcuts keep the
+ * first mask of a state cheap (a string state's walk would visit ~100 000
+ * nodes of a real vocabulary): a dense row per interned set says what each
+ * byte leads to, and a subtree whose bytes all lie in the set's uniform
+ * class of its depth (dense_uni) is allowed, whole or down to a length,
+ * without a visit. gram_compiled.ref_walk turns both off (the tests'
+ * reference).
  *
  * Masks are cached by whole state and by cut key (fill_cut: the stacks'
  * shared bottom frames, which a token cannot reach in fewer than
@@ -870,7 +876,7 @@ static void allow_node(const vtrie *t, const tnode *nd, uint32_t *mask) {
  * dropped before the next mask. */
 #define MEMO_MAX_INTS (1 << 21)
 #define MEMO_MAX_TRANS (1 << 20)
-#define DROWS_MAX 1024         /* dense rows: 1 KiB each                     */
+#define DROWS_MAX 1024         /* dense rows, 1.5 KiB each with their levels */
 
 static int32_t set_len_of(const int32_t *set) {
     int32_t end = 1;
