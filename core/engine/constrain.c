@@ -118,11 +118,25 @@ uint32_t *engine_constraint_mask_buffer(const loom_engine *e, loom_seq *s) {
     return s->mask;
 }
 
+/* Feed s's kept token to its matcher; true when it failed (s->con_error says why). */
+static bool feed_pending(loom_seq *s) {
+    loom_error le = {0};
+    s->con_has_pending = false;
+    if (s->con->accept(s->con_self, s->matcher, s->con_pending, &le) != LOOM_OK) {
+        /* the plugin's reason when it gave one (a work budget) */
+        seq_con_error(s, le.code != LOOM_ERR_INVALID && le.message[0] ? le.message
+                                                                      : "the constraint refused the chosen token");
+        return true;
+    }
+    return false;
+}
+
 /* The mask of s's next token into s->mask; s->mask_live says whether it
  * allows anything. */
 loom_status engine_constraint_fill(loom_engine *e, loom_seq *s, loom_error *err) {
     s->mask_live = false;
     if (!s->matcher) return LOOM_OK;
+    if (s->con_has_pending && feed_pending(s)) return LOOM_OK; /* failed: the sample ends with its message */
     const size_t words = LOOM_MASK_WORDS(e->vocab);
     if (!engine_constraint_mask_buffer(e, s))
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory for a constraint mask");
@@ -151,15 +165,19 @@ const char *engine_constraint_check_token(const loom_seq *s, int32_t tok) {
     return NULL;
 }
 
-/* Advance s's matcher past tok; NULL, or why the sample must end. */
+/* s's chosen token is kept, not fed to the matcher yet: a token the
+ * engine accepts has passed s's mask (engine_constraint_check_token), so
+ * the matcher takes it unless its work budget or memory runs out, and
+ * feeding it waits for the next mask (feed_pending), which the mask
+ * workers compute while the GPU runs: the matchers advance off the step's
+ * critical path. Such a failure ends the sample at its next token, with
+ * the plugin's message. NULL, or why the sample must end. */
 const char *engine_constraint_accept(loom_seq *s, int32_t tok) {
     if (!s->matcher) return NULL;
-    loom_error le = {0};
     s->mask_live = false;
-    if (s->con->accept(s->con_self, s->matcher, tok, &le) != LOOM_OK) {
-        /* the plugin's reason when it gave one (a work budget) */
-        if (le.code != LOOM_ERR_INVALID && le.message[0]) return seq_con_error(s, le.message);
-        return "the constraint refused the chosen token";
-    }
+    if (s->con_has_pending && feed_pending(s)) return s->con_error; /* two tokens without a mask between: not met */
+    s->con_pending = tok;
+    s->con_has_pending = true;
     return NULL;
 }
+

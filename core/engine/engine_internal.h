@@ -82,6 +82,11 @@ typedef struct loom_seq {
                                   uses it as it is                          */
     char *con_error;           /* the constraint failed (its message): the
                                   sample ends with it at its next token     */
+    int32_t con_pending;       /* the chosen token not yet fed to the matcher:
+                                  fed just before the next mask, so on the
+                                  mask workers beside the GPU when the runner
+                                  masks candidates                          */
+    bool con_has_pending;
 } loom_seq;
 
 struct loom_req {

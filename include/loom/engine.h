@@ -318,8 +318,10 @@ typedef struct loom_engine_stats {
      * the backend's forward, while the GPU runs: a step waits for them only
      * when they take longer than the GPU) and how many — masks of rows the
      * backend returns as candidates (forward_topk's fill_masks) only, not
-     * those the sampler computes for whole rows — and the time advancing
-     * the matchers past the chosen tokens (the engine's own work). */
+     * those the sampler computes for whole rows — and the engine's own
+     * time handing the chosen tokens to the matchers (a matcher is advanced
+     * past its token just before its next mask: on the mask workers, inside
+     * constraint_mask_seconds, for candidate rows). */
     double constraint_mask_seconds;
     int64_t constraint_masks;
     double constraint_accept_seconds;

@@ -563,6 +563,148 @@ Test(cache, cut_keys_equal_brute_force) {
     vtrie_free(trie);
 }
 
+/* ------------------------------- the walk's shortcuts against the plain walk */
+
+/* Single bytes plus pieces over a small alphabet, up to 12 bytes long, so
+ * the trie has deep subtrees of plain string characters (the shortcut's
+ * case), some ending in JSON punctuation or a quote, some with a
+ * multi-byte character (which the shortcut leaves to the walk). */
+static char uw_random[236][16];
+
+static void uw_vocab_init(cu_vocab *v) {
+    static const char *pieces[240];
+    static const char alpha[] = "abcx01 ";
+    static const char *const tail[] = {"\"", "\",", "\"]", "\"}", ",", "]", "\\n", "é", ":", "\"]},"};
+    test_rng r = {.s = 0xfa57};
+    int32_t n = 0;
+    for (int i = 0; i < 236; i++) {
+        int len = 2 + (int)rng_int(&r, 11), at = 0;
+        for (int j = 0; j < len; j++) uw_random[i][at++] = alpha[rng_int(&r, (int64_t)sizeof alpha - 1)];
+        if (rng_int(&r, 4) == 0) { /* a tail after the plain characters */
+            const char *t = tail[rng_int(&r, 10)];
+            memcpy(uw_random[i] + at, t, strlen(t));
+            at += (int)strlen(t);
+        }
+        uw_random[i][at] = 0;
+        pieces[n++] = uw_random[i];
+    }
+    pieces[n] = NULL;
+    cr_assert(cf_byte_vocab_init(v, pieces), "the test vocabulary fits");
+}
+
+/* Masks of random walks through a grammar by matchers walking the trie the
+ * plugin's way (dense rows, subtrees decided whole or down to a depth) and
+ * by matchers walking it node by node with hash probes (ref_walk), in
+ * lockstep, compared word for word; with no cache (every mask a walk) or
+ * with a shared cache and cut keys (cut walks, holes, tokens left to the
+ * whole stacks). Returns the masks compared; adds the subtrees decided
+ * without a visit to *whole and *cut. */
+static int32_t uw_check(const char *lang, const char *text, const cu_vocab *v, const vtrie *trie, test_rng *r,
+                        bool cached, int64_t *whole, int64_t *cut) {
+    gram_compiled fast = {.trie = trie, .vocab = &v->view, .lim = k_lim}, ref;
+    char why[256];
+    if (gram_compile_lang(lang, text, strlen(text), &k_lim, &fast.g, why, sizeof why) != LOOM_OK) return 0;
+    ref = fast;
+    ref.ref_walk = true;
+    if (cached) {
+        cr_assert((fast.cache = mask_cache_new(64, v->view.size)));
+        cr_assert((ref.cache = mask_cache_new(64, v->view.size)));
+    }
+    enum { SEQS = 3 };
+    gmatch *m[SEQS], *p[SEQS];
+    for (int i = 0; i < SEQS; i++) {
+        cr_assert_eq(gmatch_new(&fast, &m[i], why, sizeof why), LOOM_OK);
+        cr_assert_eq(gmatch_new(&ref, &p[i], why, sizeof why), LOOM_OK);
+    }
+    uint32_t mf[LOOM_MASK_WORDS(CF_BYTE_VOCAB_MAX)], mr[LOOM_MASK_WORDS(CF_BYTE_VOCAB_MAX)];
+    const size_t words = LOOM_MASK_WORDS(v->view.size);
+    int32_t compared = 0;
+    for (int step = 0; step < 60; step++) {
+        for (int i = 0; i < SEQS; i++) {
+            if (gmatch_terminated(m[i])) continue;
+            cr_assert_eq(gmatch_fill_mask(m[i], mf, why, sizeof why), LOOM_OK, "%s", why);
+            cr_assert_eq(gmatch_fill_mask(p[i], mr, why, sizeof why), LOOM_OK, "%s", why);
+            for (size_t w = 0; w < words; w++)
+                cr_assert_eq(mf[w], mr[w], "%s %s (%s), seq %d step %d: mask word %zu is %08x, the plain walk's %08x",
+                             lang, text, cached ? "cut keys" : "no cache", i, step, w, mf[w], mr[w]);
+            compared++;
+            /* the next token: a long piece most of the time, so the text
+             * goes deep into strings and the shortcuts meet every depth */
+            int32_t ids[CF_BYTE_VOCAB_MAX], n = 0, longs = 0;
+            for (int32_t id = 0; id < v->view.size; id++)
+                if (cu_allowed(mf, id) && id != v->eog[0]) ids[n++] = id, longs += id >= 256;
+            int32_t t = v->eog[0];
+            if (n) {
+                bool want_long = longs && rng_int(r, 4);
+                do t = ids[rng_int(r, n)];
+                while (want_long && t < 256);
+            }
+            cr_assert(gmatch_accept_token(m[i], t) && gmatch_accept_token(p[i], t), "%s: token %d refused", text, t);
+        }
+    }
+    for (int i = 0; i < SEQS; i++) {
+        int64_t w, c;
+        gmatch_walk_stats(m[i], &w, &c);
+        *whole += w, *cut += c;
+        gmatch_walk_stats(p[i], &w, &c);
+        cr_assert(w == 0 && c == 0, "the reference walk took a shortcut");
+        gmatch_free(m[i]), gmatch_free(p[i]);
+    }
+    mask_cache_free(fast.cache);
+    mask_cache_free(ref.cache);
+    gram_free(&fast.g);
+    return compared;
+}
+
+/* The walk's shortcuts (dense rows; subtrees of one uniform class allowed
+ * whole or down to a depth without a visit) give masks bit for bit equal
+ * to the node-by-node walk, on bounded and unbounded strings, random JSON
+ * schemas, regexes and GBNF grammars, with and without cut keys; and both
+ * kinds of shortcut are taken. */
+Test(match, uniform_subtrees_equal_the_plain_walk) {
+    static cu_vocab v;
+    uw_vocab_init(&v);
+    vtrie *trie;
+    char why[256];
+    cr_assert_eq(vtrie_build(&v.view, &trie, why, sizeof why), LOOM_OK);
+    test_rng r = rng_seeded("uniform_subtrees_equal_the_plain_walk");
+    static const char *const fixed[][2] = {
+        {"json_object", ""},
+        {"json_schema", "{\"type\":\"array\",\"minItems\":4,\"maxItems\":4,\"items\":{\"type\":\"object\","
+                        "\"additionalProperties\":false,\"required\":[\"name\",\"tags\"],\"properties\":{\"name\":"
+                        "{\"type\":\"string\",\"maxLength\":9},\"tags\":{\"type\":\"array\",\"maxItems\":3,\"items\":"
+                        "{\"type\":\"string\",\"maxLength\":5}}}}}"},
+        {"regex", "(\"[a-c0 ]{0,7}\",){3}\"x*\""},
+        /* plain characters that lead to different sets that both survive:
+         * a subtree of a, b and c is allowed down to two bytes only where
+         * the longer paths die */
+        {"regex", "([abc]{2}[ab]*( [01x]{1,3})*,){2}[abc ]{0,4}"},
+        {"gbnf", "root ::= \"[\" item (\",\" item){0,4} \"]\"\nitem ::= \"\\\"\" [abcx01 ]{2,11} \"\\\"\" | [0-9]+\n"},
+    };
+    int32_t masks = 0, grammars = 0;
+    int64_t whole = 0, cut = 0;
+    for (int i = 0; i < 5 + 60; i++) {
+        gbuf b = {0};
+        const char *lang = i < 5 ? fixed[i][0] : (const char *[]){"json_schema", "regex", "gbnf"}[i % 3];
+        if (i < 5) gbuf_put(&b, fixed[i][1]);
+        else if (i % 3 == 0) bf_schema(&b, &r, 0);
+        else if (i % 3 == 1) bf_regex(&b, &r, 0);
+        else bf_gbnf(&b, &r);
+        cr_assert(!b.oom);
+        int32_t n = uw_check(lang, b.s ? b.s : "", &v, trie, &r, i % 2 == 1, &whole, &cut);
+        masks += n;
+        grammars += n > 0;
+        free(b.s);
+    }
+    cr_assert(grammars >= 40, "only %d of the random grammars compiled", grammars);
+    cr_assert(masks > 2000, "%d masks compared", masks);
+    cr_assert(whole > 100 && cut > 100, "the shortcuts were taken too rarely: %lld subtrees whole, %lld cut at a depth",
+              (long long)whole, (long long)cut);
+    cr_log_info("%d grammars, %d masks; subtrees decided without a visit: %lld whole, %lld down to a depth", grammars,
+                masks, (long long)whole, (long long)cut);
+    vtrie_free(trie);
+}
+
 /* ------------------------------------------------------- the plugin's ops */
 
 static const loom_constraint_ops *load_ops(void **dl) {

@@ -160,6 +160,9 @@ typedef struct gram_compiled {
     bool plain_keys;           /* cache masks by whole parse states only (no
                                 * cut keys shared by repeated items)        */
     bool shared;               /* in the plugin's table of shared grammars   */
+    bool ref_walk;             /* masks by the plain walk: a hash probe a
+                                * trie node, no dense rows, no uniform
+                                * subtrees (the reference tests compare to) */
     char what[96];             /* the language and the text's start, for
                                 * errors met while matching (the budget)    */
 } gram_compiled;
@@ -175,6 +178,9 @@ bool gmatch_can_end(const gmatch *m);
 /* The last mask, token or start stopped at max_match_steps (it failed: a
  * mask with LOOM_ERR_UNSUPPORTED, a token refused, the state unchanged). */
 bool gmatch_over_budget(const gmatch *m);
+/* Trie subtrees the matcher's walks decided without visiting them (for
+ * tests): allowed whole, and allowed down to a depth. */
+void gmatch_walk_stats(const gmatch *m, int64_t *whole, int64_t *cut);
 /* Expansion steps so far, over the matcher's life (what the budget counts). */
 int64_t gmatch_steps(const gmatch *m);
 const gram_compiled *gmatch_grammar(const gmatch *m);

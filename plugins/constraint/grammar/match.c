@@ -10,7 +10,13 @@
  * and the tokens ending at a surviving node are allowed. Sets live in one
  * arena of int32 that the walk rewinds on the way back up, so a mask
  * allocates nothing once the arena has grown. A set is encoded flat:
- * [stacks, (length, positions bottom..top)...].
+ * [stacks, (length, positions bottom..top)...]. Two shortcuts keep the
+ * first mask of a state cheap (a string state's walk would visit ~100 000
+ * nodes of a real vocabulary): a dense row per interned set says what each
+ * byte leads to, and a subtree whose bytes all lie in the set's uniform
+ * class of its depth (dense_uni) is allowed, whole or down to a length,
+ * without a visit. gram_compiled.ref_walk turns both off (the tests'
+ * reference).
  *
  * Masks are cached by whole state and by cut key (fill_cut: the stacks'
  * shared bottom frames, which a token cannot reach in fewer than
@@ -47,7 +53,20 @@ struct vtrie {
     int32_t n_toks;
     int32_t *sub_end;          /* (n_nodes) nodes are numbered in preorder:
                                 * node i's subtree is [i, sub_end[i])        */
+    /* What lies below node i, for the walk's shortcut (uniform_below): the
+     * ASCII bytes on the edges of its subtree and the longest path down,
+     * in bytes (SUB_NONE: a byte >= 0x80 below, or deeper than
+     * UNI_MAX_DEPTH). Tokens are numbered in preorder too, so the tokens
+     * below node i are toks[tok_first + n_toks .. tok_end(sub_end[i])). */
+    uint64_t (*sub_bytes)[2];  /* (n_nodes)                                  */
+    uint8_t *sub_depth;        /* (n_nodes)                                  */
+    uint16_t *node_depth;      /* (n_nodes) bytes of the node's prefix       */
+    uint16_t *tok_depth;       /* (n_toks) bytes of each token in toks       */
 };
+
+/* The shortcut covers subtrees at most this deep (bytes below the node). */
+#define UNI_MAX_DEPTH 32
+#define SUB_NONE 0xFF
 
 /* Longest piece the trie holds; a longer token is never allowed. */
 #define VTRIE_MAX_PIECE 1024
@@ -141,9 +160,37 @@ loom_status vtrie_build(const loom_vocab_view *v, vtrie **out, char *why, size_t
         snprintf(why, cap, "out of memory building the vocabulary trie");
         return LOOM_ERR_NOMEM;
     }
+    t->sub_bytes = calloc((size_t)t->n_nodes, sizeof *t->sub_bytes);
+    t->sub_depth = malloc((size_t)t->n_nodes);
+    t->node_depth = malloc((size_t)t->n_nodes * sizeof *t->node_depth);
+    t->tok_depth = malloc((size_t)(t->n_toks + 1) * sizeof *t->tok_depth);
+    if (!t->sub_bytes || !t->sub_depth || !t->node_depth || !t->tok_depth) {
+        vtrie_free(t);
+        snprintf(why, cap, "out of memory building the vocabulary trie");
+        return LOOM_ERR_NOMEM;
+    }
     for (int32_t i = t->n_nodes - 1; i >= 0; i--) { /* children come after their parent */
         const tnode *nd = &t->nodes[i];
         t->sub_end[i] = nd->n_edges ? t->sub_end[t->edge_child[nd->edge_first + nd->n_edges - 1]] : i + 1;
+        int depth = 0;
+        for (int32_t e = nd->edge_first; e < nd->edge_first + nd->n_edges; e++) {
+            const uint8_t b = t->edge_byte[e];
+            const int32_t c = t->edge_child[e];
+            int d = t->sub_depth[c] == SUB_NONE || b >= 0x80 ? SUB_NONE : 1 + t->sub_depth[c];
+            if (d > UNI_MAX_DEPTH) d = SUB_NONE;
+            if (d > depth) depth = d;
+            if (b < 0x80) t->sub_bytes[i][b >> 6] |= 1ull << (b & 63);
+            t->sub_bytes[i][0] |= t->sub_bytes[c][0];
+            t->sub_bytes[i][1] |= t->sub_bytes[c][1];
+        }
+        t->sub_depth[i] = (uint8_t)depth;
+    }
+    t->node_depth[0] = 0;
+    for (int32_t i = 0; i < t->n_nodes; i++) { /* parents come before their children */
+        const tnode *nd = &t->nodes[i];
+        for (int32_t e = nd->edge_first; e < nd->edge_first + nd->n_edges; e++)
+            t->node_depth[t->edge_child[e]] = (uint16_t)(t->node_depth[i] + 1); /* pieces <= VTRIE_MAX_PIECE */
+        for (int32_t k = nd->tok_first; k < nd->tok_first + nd->n_toks; k++) t->tok_depth[k] = t->node_depth[i];
     }
     *out = t;
     return LOOM_OK;
@@ -156,6 +203,10 @@ void vtrie_free(vtrie *t) {
     free(t->edge_child);
     free(t->toks);
     free(t->sub_end);
+    free(t->sub_bytes);
+    free(t->sub_depth);
+    free(t->node_depth);
+    free(t->tok_depth);
     free(t);
 }
 
@@ -247,6 +298,15 @@ struct gmatch {
     uint64_t *tkey;            /* (tcap) (set << 21 | cp) + 1, 0 empty       */
     int32_t *tval;
     int32_t tcap, tcount;
+    /* Dense rows of that memo for the walk: per interned set met at a
+     * character boundary, what each byte leads to (a set, DT_PARTIAL, -1
+     * pruned, -3 a hole; DT_UNKNOWN until asked), so the walk's step at a
+     * trie node is an array read, not a hash probe. A set's row index is
+     * the word before it in iset (-1: none yet). */
+    int32_t *drow;             /* (n_drows * 256)                            */
+    struct dense_uni *duni;    /* (n_drows) the rows' uniform classes        */
+    int32_t n_drows, cap_drows;
+    int64_t uni_whole, uni_cut; /* subtrees decided without a visit: whole, cut at a depth */
     /* A walk of a set whose stacks' bottom frames are cut off (a hole,
      * below): `hole` is set when an expansion pops into it, `cut_abort`
      * when the walk must be given up (a set reached max_stacks, or too
@@ -428,6 +488,10 @@ static void budget_start(gmatch *m) {
 }
 
 bool gmatch_over_budget(const gmatch *m) { return m->over; }
+void gmatch_walk_stats(const gmatch *m, int64_t *whole, int64_t *cut) {
+    *whole = m->uni_whole;
+    *cut = m->uni_cut;
+}
 int64_t gmatch_steps(const gmatch *m) { return m->steps_total + m->steps; }
 const gram_compiled *gmatch_grammar(const gmatch *m) { return m->c; }
 
@@ -553,6 +617,8 @@ void gmatch_free(gmatch *m) {
     free(m->itab);
     free(m->tkey);
     free(m->tval);
+    free(m->drow);
+    free(m->duni);
     free(m->cur);
     free(m->arena);
     free(m->buf);
@@ -810,6 +876,7 @@ static void allow_node(const vtrie *t, const tnode *nd, uint32_t *mask) {
  * dropped before the next mask. */
 #define MEMO_MAX_INTS (1 << 21)
 #define MEMO_MAX_TRANS (1 << 20)
+#define DROWS_MAX 1024         /* dense rows, 1.5 KiB each with their levels */
 
 static int32_t set_len_of(const int32_t *set) {
     int32_t end = 1;
@@ -818,7 +885,7 @@ static int32_t set_len_of(const int32_t *set) {
 }
 
 static void memo_reset(gmatch *m) {
-    m->iset_len = m->icount = m->tcount = 0;
+    m->iset_len = m->icount = m->tcount = m->n_drows = 0;
     if (m->itab) memset(m->itab, 0xFF, (size_t)m->itab_cap * sizeof(int32_t));
     if (m->tkey) memset(m->tkey, 0, (size_t)m->tcap * sizeof(uint64_t));
 }
@@ -852,11 +919,12 @@ static int32_t intern(gmatch *m, const int32_t *x) {
         const int32_t *y = m->iset + m->itab[j];
         if (set_len_of(y) == len && !memcmp(x, y, (size_t)len * sizeof *x)) return m->itab[j];
     }
-    if (!vt_grow((void **)&m->iset, &m->iset_cap, m->iset_len + len, sizeof(int32_t))) return -1;
-    memcpy(m->iset + m->iset_len, x, (size_t)len * sizeof *x);
-    m->itab[j] = m->iset_len;
+    if (!vt_grow((void **)&m->iset, &m->iset_cap, m->iset_len + len + 1, sizeof(int32_t))) return -1;
+    m->iset[m->iset_len] = -1; /* no dense row yet */
+    memcpy(m->iset + m->iset_len + 1, x, (size_t)len * sizeof *x);
+    m->itab[j] = m->iset_len + 1;
     m->icount++;
-    m->iset_len += len;
+    m->iset_len += len + 1;
     return m->itab[j];
 }
 
@@ -937,30 +1005,231 @@ static bool unc_room(gmatch *m, int32_t n) {
     return vt_grow((void **)&m->unc, &m->unc_cap, n > 0 ? n : 1, sizeof *m->unc);
 }
 
+/* What a dense row says of a byte not asked yet. */
+#define DT_UNKNOWN INT32_MIN
+#define DT_PARTIAL (-8)
+
+/* A set's uniform classes: the set most ASCII bytes lead to (succ) and,
+ * for d = 1..levels, u[d-1] = the ASCII bytes b such that every string
+ * of d bytes drawn from them is a walk through succ, succ's succ, ... (so
+ * every one of them survives). A subtree of the trie whose bytes all lie
+ * in u[depth-1] is allowed whole, without visiting its nodes. */
+typedef struct dense_uni {
+    int32_t succ;              /* DT_UNKNOWN until the row is complete; -1 none */
+    int32_t levels;
+    uint64_t dead[2];          /* the ASCII bytes nothing survives           */
+    uint64_t u[UNI_MAX_DEPTH][2];
+} dense_uni;
+
+/* Subtrees smaller than this are walked: the shortcut's check would cost
+ * about what it saves. A node with fewer edges asks its bytes one by one
+ * instead of completing its set's row. */
+#define UNI_MIN_NODES 8
+#define ROW_MIN_EDGES 8
+
+/* The dense row of interned set `set` (allocated on first use); -1 when
+ * the rows are full or memory ran out (the walk then probes the hash). */
+static int32_t dense_row(gmatch *m, int32_t set) {
+    int32_t r = m->iset[set - 1];
+    if (r >= 0 || m->n_drows >= DROWS_MAX) return r;
+    if (m->n_drows == m->cap_drows) {
+        int32_t nc = m->cap_drows ? 2 * m->cap_drows : 16;
+        int32_t *d = realloc(m->drow, (size_t)nc * 256 * sizeof *d);
+        if (d) m->drow = d;
+        dense_uni *du = d ? realloc(m->duni, (size_t)nc * sizeof *du) : NULL;
+        if (!du) return -1;
+        m->duni = du;
+        m->cap_drows = nc;
+    }
+    r = m->n_drows++;
+    m->duni[r].succ = DT_UNKNOWN;
+    m->duni[r].levels = 0;
+    for (int32_t i = 0; i < 256; i++) m->drow[(size_t)r * 256 + i] = DT_UNKNOWN;
+    m->iset[set - 1] = r;
+    return r;
+}
+
+static bool row_complete(gmatch *m, int32_t set, int32_t row);
+
+/* The set after edge byte b from interned set `set` in UTF-8 state *u
+ * (updated): >= 0 a set (the same one while a character is partly read),
+ * -1 pruned, else step_interned's codes (-2 out of memory, -3 a hole, -4
+ * a given-up cut walk, -5 past the budget). At a character boundary the
+ * answer comes from the set's dense row, computed once. */
+static int32_t edge_next(gmatch *m, int32_t set, utf8_state *u, uint8_t b, bool complete) {
+    int32_t row = u->need == 0 && !m->c->ref_walk ? dense_row(m, set) : -1, v = DT_UNKNOWN;
+    if (complete && row >= 0 && b < 0x80 && m->drow[(size_t)row * 256 + b] == DT_UNKNOWN &&
+        !row_complete(m, set, row))
+        return m->oom ? -2 : m->over ? -5 : -4;
+    if (row >= 0 && (v = m->drow[(size_t)row * 256 + b]) != DT_UNKNOWN && v != DT_PARTIAL) return v;
+    uint32_t cp;
+    int r = utf8_step(u, b, &cp);
+    if (v == DT_PARTIAL) return set;
+    if (r < 0) v = -1;
+    else if (r == 1) v = step_interned(m, set, cp);
+    else v = partial_fits(m, true, set, u) ? DT_PARTIAL : -1;
+    if (row >= 0 && v != -2 && v != -4 && v != -5) m->drow[(size_t)row * 256 + b] = v; /* as step_interned keeps */
+    return v == DT_PARTIAL ? set : v;
+}
+
+/* Every ASCII byte of interned set `set`'s dense row. advance() depends on
+ * a code point only through which stacks' top classes hold it, so bytes
+ * with the same such signature lead to the same set: one step_interned a
+ * signature (for sets of at most 64 stacks; larger ones ask every byte).
+ * false when a step stopped the walk (as edge_next's would). */
+static bool row_complete(gmatch *m, int32_t set, int32_t row) {
+    const gram *g = &m->c->g;
+    uint64_t sig[0x80] = {0}, dsig[0x80];
+    int32_t dval[0x80], nd = 0;
+    const int32_t *src = m->iset + set, n = src[0];
+    const bool group = n <= 64;
+    for (int32_t s = 0, at = 1; s < n && group; s++) {
+        const int32_t len = src[at];
+        if (len > 0 && len <= m->buf_cap) { /* the class's ranges, clipped to ASCII */
+            const g_class *c = &g->classes[g->elems[src[at + len]].arg];
+            uint64_t in[2] = {0, 0};
+            for (int32_t i = 0; i < c->count; i++) {
+                const uint32_t lo = g->ranges[2 * (c->first + i)], hi = g->ranges[2 * (c->first + i) + 1];
+                for (uint32_t b = lo; b <= hi && b < 0x80; b++) in[b >> 6] |= 1ull << (b & 63);
+            }
+            for (int32_t b = 0; b < 0x80; b++)
+                if ((bool)((in[b >> 6] >> (b & 63)) & 1u) != c->negated) sig[b] |= 1ull << s;
+        }
+        at += 1 + len;
+    }
+    int32_t *r = m->drow + (size_t)row * 256;
+    for (int32_t b = 0; b < 0x80 && group; b++) { /* what the walk asked already */
+        int32_t j = 0;
+        while (j < nd && dsig[j] != sig[b]) j++;
+        if (r[b] != DT_UNKNOWN && j == nd) dsig[nd] = sig[b], dval[nd++] = r[b];
+    }
+    for (int32_t b = 0; b < 0x80; b++) {
+        if (r[b] != DT_UNKNOWN) continue;
+        int32_t j = 0, v;
+        while (group && j < nd && dsig[j] != sig[b]) j++;
+        if (group && j < nd) {
+            v = dval[j];
+        } else if (group && sig[b] == 0) {
+            v = -1; /* no stack takes it */
+        } else {
+            v = step_interned(m, set, (uint32_t)b);
+            if (v == -2) m->oom = true;
+            if (v == -2 || v == -4 || v == -5) return false;
+            r = m->drow + (size_t)row * 256;
+            if (group) dsig[nd] = sig[b], dval[nd++] = v;
+        }
+        r[b] = v;
+    }
+    return true;
+}
+
+/* Level d of the uniform classes of interned set `set` (dense_uni) into
+ * out; false when the rows are full, or when completing a row stopped the
+ * walk (m->oom, m->cut_abort or m->over set: the step_interned codes, as
+ * any step of the walk would have). Completing a row asks every ASCII
+ * byte, some of which the walk itself might not have asked. */
+static bool uni_level(gmatch *m, int32_t set, int32_t d, uint64_t out[2]) {
+    const int32_t row = dense_row(m, set);
+    if (row < 0) return false;
+    if (m->duni[row].succ == DT_UNKNOWN) {
+        if (!row_complete(m, set, row)) return false;
+        int32_t vote = -1, count = 0;
+        for (int32_t b = 0; b < 0x80; b++) {
+            const int32_t v = m->drow[(size_t)row * 256 + b];
+            if (v < 0) continue;
+            if (count == 0) vote = v; /* the majority vote: the set most bytes lead to, if any has most */
+            count += v == vote ? 1 : -1;
+        }
+        dense_uni *du = &m->duni[row];
+        du->succ = vote;
+        du->u[0][0] = du->u[0][1] = du->dead[0] = du->dead[1] = 0;
+        for (int32_t b = 0; b < 0x80; b++) {
+            const int32_t v = m->drow[(size_t)row * 256 + b];
+            if (v == vote && vote >= 0) du->u[0][b >> 6] |= 1ull << (b & 63);
+            if (v == -1) du->dead[b >> 6] |= 1ull << (b & 63);
+        }
+        du->levels = 1;
+    }
+    while (m->duni[row].levels < d) {
+        const int32_t l = m->duni[row].levels, succ = m->duni[row].succ; /* computing u[l] */
+        uint64_t next[2] = {0, 0};
+        if (succ >= 0 && (m->duni[row].u[l - 1][0] | m->duni[row].u[l - 1][1]) && !uni_level(m, succ, l, next))
+            return false;
+        dense_uni *du = &m->duni[row]; /* the rows may have moved */
+        du->u[l][0] = du->u[0][0] & next[0];
+        du->u[l][1] = du->u[0][1] & next[1];
+        du->levels = l + 1;
+    }
+    out[0] = m->duni[row].u[d - 1][0];
+    out[1] = m->duni[row].u[d - 1][1];
+    return true;
+}
+
+/* The tokens below `node` (not its own) at most `j` bytes longer than
+ * its prefix into the mask. */
+static void allow_below(const vtrie *t, int32_t node, int32_t j, uint32_t *mask) {
+    const int32_t end = t->sub_end[node];
+    const int32_t lo = t->nodes[node].tok_first + t->nodes[node].n_toks;
+    const int32_t hi = end < t->n_nodes ? t->nodes[end].tok_first : t->n_toks;
+    if (j >= t->sub_depth[node]) {
+        for (int32_t i = lo; i < hi; i++) mask[t->toks[i] >> 5] |= 1u << (t->toks[i] & 31);
+        return;
+    }
+    const int32_t most = t->node_depth[node] + j;
+    for (int32_t i = lo; i < hi; i++)
+        if (t->tok_depth[i] <= most) mask[t->toks[i] >> 5] |= 1u << (t->toks[i] & 31);
+}
+
+static bool bytes_in(const uint64_t a[2], const uint64_t b[2]) { return !(a[0] & ~b[0]) && !(a[1] & ~b[1]); }
+
+/* The subtree below `node`, reached in interned set `set` at a character
+ * boundary, decided without visiting it: returns j when every path down
+ * of at most j bytes survives (its bytes all lie in the set's uniform
+ * class of level j) and every longer one dies at its (j+1)-th byte (the
+ * set j uniform steps on takes none of the subtree's bytes); j is the
+ * subtree's depth when every path survives. -1: walk it. */
+static int32_t uniform_below(gmatch *m, int32_t node, int32_t set) {
+    const vtrie *t = m->c->trie;
+    const int d = t->sub_depth[node];
+    if (d == SUB_NONE || d == 0 || t->sub_end[node] - node < UNI_MIN_NODES) return -1;
+    const uint64_t *bytes = t->sub_bytes[node];
+    int32_t j = 0; /* levels 1..j hold the bytes: computed one at a time, as far as they do */
+    for (uint64_t u[2]; j < d; j++)
+        if (!uni_level(m, set, j + 1, u) || !bytes_in(bytes, u)) break;
+    if (j == d) return d;
+    if (j == 0 || m->oom || m->cut_abort || m->over) return -1;
+    int32_t row = m->iset[set - 1]; /* level j + 1 of `set` made the rows of the chain's first j + 1 sets */
+    for (int32_t l = 0; l < j; l++) row = m->iset[m->duni[row].succ - 1];
+    if (row < 0 || m->duni[row].succ == DT_UNKNOWN || !bytes_in(bytes, m->duni[row].dead)) return -1;
+    return j;
+}
+
 static void walk(gmatch *m, int32_t node, int32_t set, utf8_state u, uint32_t *mask) {
     const vtrie *t = m->c->trie;
     const tnode *nd = &t->nodes[node];
+    if (u.need == 0 && !m->c->ref_walk) {
+        const int32_t j = uniform_below(m, node, set);
+        if (j > 0) {
+            if (j >= t->sub_depth[node]) m->uni_whole++;
+            else m->uni_cut++;
+            allow_below(t, node, j, mask);
+            return;
+        }
+        if (m->oom || m->cut_abort || m->over) return;
+    }
     for (int32_t e = 0; e < nd->n_edges && !m->oom && !m->cut_abort && !m->over; e++) {
         utf8_state u2 = u;
-        uint32_t cp;
-        int r = utf8_step(&u2, t->edge_byte[nd->edge_first + e], &cp);
-        int32_t next = set;
         int32_t child = t->edge_child[nd->edge_first + e];
-        if (r < 0) continue;
-        if (r == 1) {
-            next = step_interned(m, set, cp);
-            if (next == -2) m->oom = true;
-            if (next == -3) { /* this subtree depends on the cut frames: left to the whole stacks */
-                m->unc_nodes += t->sub_end[child] - child;
-                if (m->n_unc >= UNC_MAX_NODES || m->unc_nodes > UNC_MAX_SUBTREE || !unc_room(m, m->n_unc + 1))
-                    m->cut_abort = true;
-                else
-                    m->unc[m->n_unc++] = child;
-            }
-            if (next < 0) continue;
-        } else if (!partial_fits(m, true, set, &u2)) {
-            continue;
+        int32_t next = edge_next(m, set, &u2, t->edge_byte[nd->edge_first + e], nd->n_edges >= ROW_MIN_EDGES);
+        if (next == -2) m->oom = true;
+        if (next == -3) { /* this subtree depends on the cut frames: left to the whole stacks */
+            m->unc_nodes += t->sub_end[child] - child;
+            if (m->n_unc >= UNC_MAX_NODES || m->unc_nodes > UNC_MAX_SUBTREE || !unc_room(m, m->n_unc + 1))
+                m->cut_abort = true;
+            else
+                m->unc[m->n_unc++] = child;
         }
+        if (next < 0) continue;
         allow_node(t, &t->nodes[child], mask);
         if (t->nodes[child].n_edges > 0) walk(m, child, next, u2, mask);
     }
@@ -1131,7 +1400,7 @@ loom_status gmatch_fill_mask(gmatch *m, uint32_t *mask, char *why, size_t cap) {
     int32_t key = -1, set;
     m->arena_len = 0;
     budget_start(m);
-    if (m->iset_len > MEMO_MAX_INTS || m->tcount > MEMO_MAX_TRANS) memo_reset(m);
+    if (m->iset_len > MEMO_MAX_INTS || m->tcount > MEMO_MAX_TRANS || m->n_drows >= DROWS_MAX) memo_reset(m);
     if (mc && !m->c->plain_keys && m->c->g.min_rest) {
         bool hit = false;
         int r = fill_cut(m, mask, &hit);
