@@ -113,6 +113,8 @@
 #include <limits.h>
 #include <math.h>
 
+#include <type_traits>
+
 #define LC_ATT_THREADS 128
 /* Upper bound on splits per (tile, kv head). */
 #define LC_SPLIT_MAX 64
@@ -242,7 +244,7 @@ __device__ __forceinline__ int lc_tile_kv_len(const int32_t *__restrict__ positi
 /* grid (num_tiles, KVH, max_splits), block 128, dynamic smem lc_att_smem().
  * q (T, ldq) dt; out (T, ldo) dt; caches (num_blocks, KVH, bs, D) dt, or
  * E4M3 codes when F8; partial: see loom_cuda_attn_workspace_floats. */
-template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES>
+template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES, int CV>
 __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     lc_attn_kernel(const loom_cuda_attn_args a) {
     typedef lc_shape<WM, BN> S;
@@ -301,6 +303,10 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     static_assert(ROWS <= CTA_N, "Q must fit in one K stage");
     static_assert(STAGES >= 2, "two stages at least");
     constexpr bool RD = lc_att_rd(F8, WM, D);
+    /* RD's products: f16 (codes converted to f16, a bf16 Q converted once,
+     * P in f16) unless CV = 1 (codes decoded to dt by integer logic) */
+    constexpr bool HF = RD && CV != 1;
+    typedef typename std::conditional<HF, __half, T>::type MT;
     constexpr int TILES = RD ? 0 : F8 ? 1 : STAGES; /* dt tiles of K (and of V) */
     T *Ks = reinterpret_cast<T *>(lc_smem);
     T *Vs = Ks + TILES * CTA_N * D;
@@ -407,23 +413,56 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     __syncthreads();
     const int g = lane >> 2, tq = lane & 3;
     uint32_t qf[KSTEPS][4];
+    float qscale = 1.0f; /* HF with a bf16 Q: the raw scores come out 2^-qs too small */
     if constexpr (RD) { /* rows g, g + 8; elements tq*D/4 + 4s + 0..3 for k step s */
+        uint4 w[2][D / 32];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int r = g + 8 * h;
-            uint4 w[D / 32];
 #pragma unroll
-            for (int i = 0; i < D / 32; i++) w[i] = make_uint4(0u, 0u, 0u, 0u);
+            for (int i = 0; i < D / 32; i++) w[h][i] = make_uint4(0u, 0u, 0u, 0u);
             if (r < nrows) {
                 const uint4 *src = reinterpret_cast<const uint4 *>(
                     q + (size_t)(tile.tok0 + r / G) * a.ldq + (size_t)(kvh * G + r % G) * D + tq * (D / 4));
 #pragma unroll
-                for (int i = 0; i < D / 32; i++) w[i] = src[i];
+                for (int i = 0; i < D / 32; i++) w[h][i] = src[i];
             }
-            const uint32_t *wv = reinterpret_cast<const uint32_t *>(w);
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS; kk++) qf[kk][h] = wv[2 * kk], qf[kk][2 + h] = wv[2 * kk + 1];
         }
+        uint32_t *wv = reinterpret_cast<uint32_t *>(w);
+        if constexpr (HF && !std::is_same<T, __half>::value) {
+            /* bf16 Q -> f16, exactly: every warp holds the whole 16-row Q
+             * tile, so a warp max gives the tile's largest |q|, 2^E * 1.x;
+             * Q * 2^-(E - 14) puts it in [2^14, 2^15) (f16's max is 65504),
+             * where f16's 11-bit significand holds every bf16 value down to
+             * 2^-17 of the largest (smaller ones round at f16's 2^-24
+             * subnormal step: below 2^-40 of the largest |q|). The power of
+             * two comes back through the score scale (sl2), which every
+             * score passes through before the softmax, so S's bits are
+             * those of bf16 products. */
+            uint32_t mx = 0;
+#pragma unroll
+            for (int i = 0; i < D / 4; i++) { /* both rows */
+                const uint32_t m = wv[i] & 0x7fff7fffu;
+                mx = max(mx, max(m & 0xffffu, m >> 16));
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            const int e = (int)(mx >> 7); /* biased exponent; 255: inf / NaN, left as they are */
+            const int qs = mx == 0 || e == 255 ? 0 : min(max(e - 127 - 14, -100), 100);
+            const float down = __int_as_float((127 - qs) << 23);
+            qscale = __int_as_float((127 + qs) << 23);
+#pragma unroll
+            for (int i = 0; i < D / 4; i++) {
+                const __half2 hv = __floats2half2_rn(__uint_as_float(wv[i] << 16) * down,
+                                                     __uint_as_float(wv[i] & 0xffff0000u) * down);
+                wv[i] = *reinterpret_cast<const uint32_t *>(&hv);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; kk++)
+                qf[kk][h] = wv[h * (D / 8) + 2 * kk], qf[kk][2 + h] = wv[h * (D / 8) + 2 * kk + 1];
     } else {
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; kk++) {
@@ -446,7 +485,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     /* with a window, keys below win_lo are outside some row's window */
     const int win = a.window;
     const int win_lo = win > 0 ? rp_max - win + 1 : INT_MIN;
-    const float sl2 = a.scale * 1.4426950408889634f; /* raw score -> log2 units */
+    const float sl2 = a.scale * 1.4426950408889634f * qscale; /* raw score -> log2 units */
     float o[DT][4];
 #pragma unroll
     for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
@@ -484,8 +523,9 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; kk++) {
                 uint32_t b[2];
-                lc_e4m3x4<T>(cw[kk], &b[0], &b[1]);
-                lc_mma<T>(sc[nt], qf[kk], b);
+                if constexpr (CV == 1) lc_e4m3x4<T>(cw[kk], &b[0], &b[1]);
+                else lc_e4m3x4_cvt(cw[kk], &b[0], &b[1]);
+                lc_mma<MT>(sc[nt], qf[kk], b);
             }
         }
         } else {
@@ -498,12 +538,12 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
                 if (kk + 1 < KSTEPS) {
                     uint32_t b[4];
                     lc_ldsm_x4(b, ks + lc_swz<CPR>(kr, 2 * kk + (lane >> 3)) * 16);
-                    lc_mma<T>(sc[nt], qf[kk], b);
-                    lc_mma<T>(sc[nt], qf[kk + 1], b + 2);
+                    lc_mma<MT>(sc[nt], qf[kk], b);
+                    lc_mma<MT>(sc[nt], qf[kk + 1], b + 2);
                 } else {
                     uint32_t b[2];
                     lc_ldsm_x2(b, ks + lc_swz<CPR>(kr, 2 * kk + ((lane >> 3) & 1)) * 16);
-                    lc_mma<T>(sc[nt], qf[kk], b);
+                    lc_mma<MT>(sc[nt], qf[kk], b);
                 }
             }
         }
@@ -565,10 +605,10 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
             uint32_t pa[4];
-            pa[0] = lc_pack2<T>(sc[2 * kk][0], sc[2 * kk][1]);
-            pa[1] = lc_pack2<T>(sc[2 * kk][2], sc[2 * kk][3]);
-            pa[2] = lc_pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-            pa[3] = lc_pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            pa[0] = lc_pack2<MT>(sc[2 * kk][0], sc[2 * kk][1]);
+            pa[1] = lc_pack2<MT>(sc[2 * kk][2], sc[2 * kk][3]);
+            pa[2] = lc_pack2<MT>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            pa[3] = lc_pack2<MT>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
             if constexpr (RD) { /* rows r0, r0+1 (b0) and r0+8, r0+9 (b1); codes g*DT .. +DT */
                 const int r0 = kw + 16 * kk + 2 * tq;
                 alignas(16) uint32_t x[4][DT / 4];
@@ -581,14 +621,18 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
 #pragma unroll
                 for (int w = 0; w < DT / 4; w++) {
                     uint32_t b0[4], b1[4]; /* columns j = 4w .. 4w+3 */
-                    lc_e4m3x4<T>(__byte_perm(x[0][w], x[1][w], 0x5140), &b0[0], &b0[1]);
-                    lc_e4m3x4<T>(__byte_perm(x[0][w], x[1][w], 0x7362), &b0[2], &b0[3]);
-                    lc_e4m3x4<T>(__byte_perm(x[2][w], x[3][w], 0x5140), &b1[0], &b1[1]);
-                    lc_e4m3x4<T>(__byte_perm(x[2][w], x[3][w], 0x7362), &b1[2], &b1[3]);
+                    const uint32_t c4[4] = {__byte_perm(x[0][w], x[1][w], 0x5140), __byte_perm(x[0][w], x[1][w], 0x7362),
+                                            __byte_perm(x[2][w], x[3][w], 0x5140), __byte_perm(x[2][w], x[3][w], 0x7362)};
+                    uint32_t *dst[4][2] = {{&b0[0], &b0[1]}, {&b0[2], &b0[3]}, {&b1[0], &b1[1]}, {&b1[2], &b1[3]}};
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        if constexpr (CV == 0) lc_e4m3x4_cvt(c4[u], dst[u][0], dst[u][1]);
+                        else lc_e4m3x4<MT>(c4[u], dst[u][0], dst[u][1]);
+                    }
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
                         const uint32_t b[2] = {b0[j], b1[j]};
-                        lc_mma<T>(o[4 * w + j], pa, b);
+                        lc_mma<MT>(o[4 * w + j], pa, b);
                     }
                 }
                 continue;
@@ -598,8 +642,8 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
             for (int d = 0; d < DT; d += 2) {
                 uint32_t b[4];
                 lc_ldsm_x4_t(b, vs + lc_swz<CPR>(vr, d + (lane >> 4)) * 16);
-                lc_mma<T>(o[d], pa, b);
-                lc_mma<T>(o[d + 1], pa, b + 2);
+                lc_mma<MT>(o[d], pa, b);
+                lc_mma<MT>(o[d + 1], pa, b + 2);
             }
         }
         __syncthreads(); /* the next iteration's load overwrites this stage */
@@ -728,30 +772,30 @@ template <bool F8, int D, int WM, int BN, int STAGES> static size_t lc_att_smem(
 
 /* Raise the kernel's dynamic shared-memory limit, once per device
  * (lc_smem_limit). */
-template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES>
+template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES, int CV>
 static cudaError_t lc_att_prepare(size_t smem) {
     static unsigned long long done = 0;
-    return lc_smem_limit(&done, (const void *)lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES>, smem);
+    return lc_smem_limit(&done, (const void *)lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES, CV>, smem);
 }
 
-template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES>
+template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES, int CV = 0>
 static int lc_att_occupancy() {
     const size_t smem = lc_att_smem<F8, D, WM, BN, STAGES>();
-    if (lc_att_prepare<T, F8, D, WM, BN, MINB, STAGES>(smem) != cudaSuccess) return 0;
+    if (lc_att_prepare<T, F8, D, WM, BN, MINB, STAGES, CV>(smem) != cudaSuccess) return 0;
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES>,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES, CV>,
                                                       LC_ATT_THREADS, smem) != cudaSuccess)
         return 0;
     return n;
 }
 
-template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES>
+template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES, int CV = 0>
 static cudaError_t lc_att_launch(const loom_cuda_attn_args *a, cudaStream_t s) {
     const size_t smem = lc_att_smem<F8, D, WM, BN, STAGES>();
-    cudaError_t e = lc_att_prepare<T, F8, D, WM, BN, MINB, STAGES>(smem);
+    cudaError_t e = lc_att_prepare<T, F8, D, WM, BN, MINB, STAGES, CV>(smem);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)a->num_tiles, (unsigned)a->num_kv_heads, (unsigned)a->max_splits);
-    return lc_launch(lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES>, grid, dim3(LC_ATT_THREADS), smem,
+    return lc_launch(lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES, CV>, grid, dim3(LC_ATT_THREADS), smem,
                      s, *a);
 }
 
@@ -768,6 +812,10 @@ template <int D> constexpr int lc_minb_prefill() { return D > 128 ? 1 : 2; }
 
 template <typename T, bool F8, int D>
 static cudaError_t lc_att_shape(const loom_cuda_attn_args *a, cudaStream_t s) {
+    if (a->shape == LOOM_CUDA_ATTN_DECODE && lc_att_rd(F8, 1, D)) { /* E4M3 in registers: e4m3_conv */
+        if (a->e4m3_conv == 1) return lc_att_launch<T, F8, D, 1, 16, lc_minb_decode<D>(), 3, 1>(a, s);
+        if (a->e4m3_conv == 2) return lc_att_launch<T, F8, D, 1, 16, lc_minb_decode<D>(), 3, 2>(a, s);
+    }
     if (a->shape == LOOM_CUDA_ATTN_DECODE) return lc_att_launch<T, F8, D, 1, 16, lc_minb_decode<D>(), 3>(a, s);
     return lc_att_launch<T, F8, D, 4, 64, lc_minb_prefill<D>(), 2>(a, s);
 }
@@ -877,7 +925,7 @@ extern "C" cudaError_t loom_cuda_attention(const loom_cuda_attn_args *a, cudaStr
     if (G < 1 || G * a->num_kv_heads != a->num_heads || G > loom_cuda_attn_rows(a->shape) ||
         a->max_splits < 1 || a->max_splits > 65535 || a->num_kv_heads > 65535 ||
         (a->max_splits > 1 && (!a->partial || !a->sem)) || a->window < 0 || a->bt_group < 0 ||
-        (a->kv != LOOM_CUDA_KV_DT && a->kv != LOOM_CUDA_KV_E4M3))
+        (a->kv != LOOM_CUDA_KV_DT && a->kv != LOOM_CUDA_KV_E4M3) || a->e4m3_conv < 0 || a->e4m3_conv > 2)
         return cudaErrorInvalidValue;
     if (a->kv == LOOM_CUDA_KV_E4M3)
         return a->dt == LOOM_CUDA_F16 ? lc_att_dim<__half, true>(a, s) : lc_att_dim<__nv_bfloat16, true>(a, s);

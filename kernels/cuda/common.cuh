@@ -293,6 +293,20 @@ __device__ __forceinline__ void lc_e4m3x4<__half>(uint32_t c, uint32_t *lo, uint
     asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(*hi) : "r"(b), "r"(s));
 }
 
+/* Four codes (code 0 in the low byte) -> two f16x2 registers (lo = codes 0,
+ * 1; hi = codes 2, 3; the lower code in the lower half) by the conversion
+ * unit: cvt.rn.f16x2.e4m3x2 (sm_89 and later), one instruction per two
+ * codes, exact for every finite code (E4M3's 448 and its 2^-9 subnormals
+ * are f16 values); the NaN codes give f16 NaN, as the cpu decoder gives
+ * float NaN (lc_e4m3x4 reads them as +-480). The decode-shape attention
+ * over an E4M3 cache takes this path with f16 products (attention.cu). */
+__device__ __forceinline__ void lc_e4m3x4_cvt(uint32_t c, uint32_t *lo, uint32_t *hi) {
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\t"
+        "cvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+        : "=r"(*lo), "=r"(*hi)
+        : "r"(c));
+}
+
 /* 8 codes -> 8 dt in a 16-byte vector. */
 template <typename T> __device__ __forceinline__ uint4 lc_e4m3x8(uint2 c) {
     uint4 v;

@@ -231,6 +231,13 @@ typedef struct loom_cuda_attn_args {
                                       bt_stride[1] (bt_stride then points at
                                       2 ints: row length, group length);
                                       0: bt_stride[0] only                   */
+    int e4m3_conv;                 /* E4M3 cache, decode shape at head_dim 64 /
+                                      128 (an experiment, A/B in one run):
+                                      0 = codes to f16 by the conversion unit,
+                                      f16 products; 1 = integer decode to dt,
+                                      dt products (the previous kernel); 2 =
+                                      K by the conversion unit, V by the
+                                      integer decode to f16, f16 products   */
 } loom_cuda_attn_args;
 
 /* Causal paged attention: every query row attends to keys 0..pos of its

@@ -150,10 +150,23 @@ static double e4m3_dec(uint8_t c) { return (double)loom_e4m3_to_fp32(c); }
 /* Element type of the KV caches the attention checks build (set around a
  * block of checks in main). */
 static loom_cuda_kv g_kv = LOOM_CUDA_KV_DT;
-static const char *kvn(void) { return g_kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : ""; }
+/* loom_cuda_attn_args.e4m3_conv of the attention checks (an E4M3 cache's
+ * decode shape: 0 the conversion unit and f16 products, 1 the integer
+ * decode to dt, 2 K by the conversion unit), set like g_kv. */
+static int g_e4m3_conv;
+static const char *kvn(void) {
+    static const char *const n[3] = {" e4m3-KV", " e4m3-KV int", " e4m3-KV cvt_k"};
+    return g_kv == LOOM_CUDA_KV_E4M3 ? n[g_e4m3_conv] : "";
+}
 
 /* Sliding window of the attention checks (0: whole context), set like g_kv. */
 static int g_window;
+
+/* Range of the attention checks' queries: 2^g_qexp times [-1, 1), with the
+ * softmax scale divided by 2^g_qexp (the same scores): a bf16 query beyond
+ * f16's range (2^24) or below its normal range (2^-24), which the E4M3
+ * decode shape's f16 products must take exactly (attention.cu). */
+static int g_qexp;
 
 /* First key position p sees under g_window. */
 static int win_lo(int p) { return g_window > 0 && p - g_window + 1 > 0 ? p - g_window + 1 : 0; }
@@ -745,7 +758,8 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     float *kf = malloc(cache_elems * 4), *vf = malloc(cache_elems * 4);
     void *kc = rand_kv(dt, cache_elems, kf), *vc = rand_kv(dt, cache_elems, vf);
     float *qf = malloc((size_t)T * ldq * 4);
-    uint16_t *q = rand16(dt, (size_t)T * ldq, -1, 1, qf);
+    const float qr = ldexpf(1.0f, g_qexp);
+    uint16_t *q = rand16(dt, (size_t)T * ldq, -qr, qr, qf);
     int32_t *pos = malloc((size_t)T * 4);
     int *seq_of = malloc((size_t)T * sizeof(int));
     for (int s = 0, t = 0; s < nseq; s++)
@@ -805,8 +819,8 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
                              .k_cache = d_k, .v_cache = d_v, .block_table = d_bt,
                              .bt_stride = d_stride, .positions = d_pos, .num_heads = H,
                              .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
-                             .scale = (float)(1.0 / sqrt((double)D)), .partial = d_ws,
-                             .sem = d_sem, .window = g_window};
+                             .scale = (float)(1.0 / sqrt((double)D) / qr), .partial = d_ws,
+                             .sem = d_sem, .window = g_window, .e4m3_conv = g_e4m3_conv};
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -839,7 +853,7 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     for (int s = 0; s < nseq; s++) maxctx = ctx[s] > maxctx ? ctx[s] : maxctx;
     double *row_err = malloc((size_t)T * H * sizeof(double));
     unsigned char *row_nan = calloc((size_t)T * H, 1);
-    const double scale = 1.0 / sqrt((double)D);
+    const double scale = (double)a.scale;
 #pragma omp parallel
     {
         double *sc = malloc((size_t)maxctx * 8), *ref = malloc((size_t)D * 8);
@@ -884,8 +898,9 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
         acc.rows++;
     }
     char name[200];
-    char wn[24] = "";
+    char wn[48] = "";
     if (g_window > 0) snprintf(wn, sizeof wn, " window %d", g_window);
+    if (g_qexp) snprintf(wn + strlen(wn), sizeof wn - strlen(wn), " q*2^%d", g_qexp);
     if (inv)
         snprintf(name, sizeof name, "attention %s %s%s%s D=%d H=%d/%d bs=%d T=%d invariant %d tiles/launch (%.2f ms)",
                  label, dtn(dt), kvn(), wn, D, H, KVH, bs, T, inv_per_launch, ms_time);
@@ -994,7 +1009,7 @@ static void test_attention_invariance(loom_cuda_dt dt, int D, int H, int KVH, in
                              .bt_stride = d_stride, .positions = d_pos, .num_heads = H,
                              .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
                              .scale = (float)(1.0 / sqrt((double)D)), .partial = d_ws,
-                             .sem = d_sem, .window = g_window};
+                             .sem = d_sem, .window = g_window, .e4m3_conv = g_e4m3_conv};
     uint16_t *alone = malloc(out_bytes), *all = malloc(out_bytes), *chunked = malloc(out_bytes);
     /* each token alone: a launch of its one tile */
     for (int i = 0; i < T; i++) {
@@ -3257,6 +3272,14 @@ static const att_case k_att_e4m3[] = {
     {"long verify", BF, 128, 32, 8, 16, ATT_LONG_VERIFY, -1, 0},
     {"invariant long verify", BF, 128, 32, 8, 16, ATT_LONG_VERIFY, 2, 0},
 };
+/* queries far from 1 (g_qexp): both shapes, split and not, long contexts */
+static const att_case k_att_qrange[] = {
+    {"decode", BF, 128, 32, 8, 16, ATT_DECODE, -1, 0},
+    {"decode split7", BF, 64, 9, 3, 16, ATT_DECODE, -1, 7},
+    {"long verify", BF, 128, 32, 8, 16, ATT_LONG_VERIFY, -1, 0},
+    {"chunked", BF, 128, 32, 8, 16, ATT_CHUNK, -1, 0},
+    {"invariant", BF, 128, 32, 8, 16, ATT_CHUNK, 2, 0},
+};
 #undef BF
 #undef HF
 
@@ -3367,6 +3390,26 @@ static void test_attention_all(void) {
         test_attention_invariance(LOOM_CUDA_F16, 64, 8, 2, 16, 1030, 7);
         test_attention_invariance(LOOM_CUDA_BF16, 64, 32, 1, 16, 1030, 5);
     }
+    /* the decode shape's other E4M3 conversions (e4m3_conv 1, 2) */
+    for (g_e4m3_conv = 1; g_e4m3_conv < 3; g_e4m3_conv++) {
+        att_run(k_att_e4m3, (int)(sizeof k_att_e4m3 / sizeof k_att_e4m3[0]));
+        test_attention_invariance(LOOM_CUDA_BF16, 128, 32, 8, 16, 1030, 5);
+    }
+    g_e4m3_conv = 0;
+
+    /* bf16 queries of 2^24 and 2^-24 times [-1, 1) (the scale divided by as
+     * much): past f16's largest value and below its normal range, which the
+     * E4M3 decode shape's f16 products must take exactly; dt caches, then
+     * E4M3 with each conversion */
+    for (int f8 = 0; f8 < 2; f8++) {
+        g_kv = f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
+        for (int e = 0; e < 2; e++)
+            for (g_e4m3_conv = 0; g_e4m3_conv < (f8 ? 3 : 1); g_e4m3_conv++) {
+                g_qexp = e ? -24 : 24;
+                att_run(k_att_qrange, (int)(sizeof k_att_qrange / sizeof k_att_qrange[0]));
+            }
+    }
+    g_qexp = 0, g_e4m3_conv = 0;
     g_kv = LOOM_CUDA_KV_DT;
 }
 
