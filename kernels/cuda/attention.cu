@@ -812,9 +812,10 @@ template <int D> constexpr int lc_minb_prefill() { return D > 128 ? 1 : 2; }
 
 template <typename T, bool F8, int D>
 static cudaError_t lc_att_shape(const loom_cuda_attn_args *a, cudaStream_t s) {
-    if (a->shape == LOOM_CUDA_ATTN_DECODE && lc_att_rd(F8, 1, D)) { /* E4M3 in registers: e4m3_conv */
-        if (a->e4m3_conv == 1) return lc_att_launch<T, F8, D, 1, 16, lc_minb_decode<D>(), 3, 1>(a, s);
-        if (a->e4m3_conv == 2) return lc_att_launch<T, F8, D, 1, 16, lc_minb_decode<D>(), 3, 2>(a, s);
+    if constexpr (lc_att_rd(F8, 1, D)) { /* E4M3 in registers: e4m3_conv */
+        if (a->shape == LOOM_CUDA_ATTN_DECODE && a->e4m3_conv == 1) return lc_att_launch<T, F8, D, 1, 16, lc_minb_decode<D>(), 3, 1>(a, s);
+        if (a->shape == LOOM_CUDA_ATTN_DECODE && a->e4m3_conv == 2)
+            return lc_att_launch<T, F8, D, 1, 16, lc_minb_decode<D>(), 3, 2>(a, s);
     }
     if (a->shape == LOOM_CUDA_ATTN_DECODE) return lc_att_launch<T, F8, D, 1, 16, lc_minb_decode<D>(), 3>(a, s);
     return lc_att_launch<T, F8, D, 4, 64, lc_minb_prefill<D>(), 2>(a, s);
