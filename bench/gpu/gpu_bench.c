@@ -185,10 +185,8 @@ static void measure_gemm(void) {
 
 /* ------------------------------------------------------- attention alone */
 
-/* kv: the cache's element type (bf16, or E4M3 codes: half the bytes);
- * conv: loom_cuda_attn_args.e4m3_conv (E4M3 only). */
-static const char *const k_e4m3_conv_names[3] = {"cvt", "int", "cvt_k"};
-static void bench_attention(int batch, int ctx, loom_cuda_kv kv, int conv) {
+/* kv: the cache's element type (bf16, or E4M3 codes: half the bytes). */
+static void bench_attention(int batch, int ctx, loom_cuda_kv kv) {
     const int H = 32, KVH = 8, D = 128, bs = 16, G = H / KVH;
     const int nb_seq = (ctx + bs - 1) / bs, nblk = nb_seq * batch;
     const size_t cache = (size_t)nblk * KVH * bs * D, elt = LOOM_CUDA_KV_ELT(kv);
@@ -250,7 +248,7 @@ static void bench_attention(int batch, int ctx, loom_cuda_kv kv, int conv) {
                              .positions = d_pos, .tiles = d_tiles, .num_tiles = batch,
                              .num_heads = H, .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
                              .scale = 1.0f / sqrtf((float)D), .max_splits = ms_split,
-                             .partial = ws, .sem = sem, .e4m3_conv = conv};
+                             .partial = ws, .sem = sem};
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -268,10 +266,8 @@ static void bench_attention(int batch, int ctx, loom_cuda_kv kv, int conv) {
     const double bytes = (double)batch * ctx * KVH * D * 2.0 * (double)elt;
     const double flops = (double)batch * ctx * H * D * 4.0;
     char name[96];
-    char kvn[32] = "";
-    if (kv == LOOM_CUDA_KV_E4M3) snprintf(kvn, sizeof kvn, " e4m3-KV %s", k_e4m3_conv_names[conv]);
-    snprintf(name, sizeof name, "decode attention%s b=%d ctx=%d (G=%d, splits<=%d)", kvn, batch, ctx, G,
-             ms_split);
+    snprintf(name, sizeof name, "decode attention%s b=%d ctx=%d (G=%d, splits<=%d)",
+             kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : "", batch, ctx, G, ms_split);
     add_row(name, ms, bytes, flops, 0);
     printf("      K/V read %.0f GB/s = %.1f%% of the D2D copy bandwidth\n", bytes / (ms * 1e-3) / 1e9,
            100.0 * bytes / (ms * 1e-3) / g_copy_bw);
@@ -1372,14 +1368,13 @@ int main(int argc, char **argv) {
     bench_components(2048, 0, 8);
     if (components_only) return 0;
 attention:
-    { /* per shape: a bf16 KV cache, then E4M3 (half the bytes) with each conversion
-       * (int: the previous kernel; cvt: the conversion unit and f16 products; cvt_k) */
+    { /* per shape: a bf16 KV cache, then E4M3 (half the bytes) */
         static const int shapes[][2] = {{1, 32768}, {8, 32768}, {512, 256}, /* a 128/128 decode step */
                                         {256, 1024}, {512, 1024}, {64, 4096}};
         const int nsh = quick ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
         for (int i = 0; i < nsh; i++) {
-            bench_attention(shapes[i][0], shapes[i][1], LOOM_CUDA_KV_DT, 0);
-            for (int cv = 1; cv < 4; cv++) bench_attention(shapes[i][0], shapes[i][1], LOOM_CUDA_KV_E4M3, cv % 3);
+            bench_attention(shapes[i][0], shapes[i][1], LOOM_CUDA_KV_DT);
+            bench_attention(shapes[i][0], shapes[i][1], LOOM_CUDA_KV_E4M3);
         }
     }
     if (attention_only) goto write;

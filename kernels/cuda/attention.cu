@@ -66,7 +66,8 @@
  * on the decoded values (exact: every code is a bf16 and an f16). The
  * decode is integer logic and one packed multiply per two elements
  * (common.cuh: lc_e4m3x4), no conversion-unit instruction. That is the
- * prefill shape, whose four warps share every decoded K and V element.
+ * prefill shape (and head_dim 16 / 32 / 256), whose four warps share every
+ * decoded K and V element.
  *
  * The decode shape over an E4M3 cache (lc_att_rd: head_dim 64 and 128)
  * converts codes in registers instead: no dt tiles, no extra barrier, and
@@ -90,6 +91,22 @@
  * Code stages are swizzled by row (16-byte chunk c of row r at
  * c ^ (r & 7)) so the reads are free of bank conflicts at head_dim 128; at
  * 64, V's 8-byte reads of rows 2tq meet 2-way.
+ * Its products are f16 whatever dt is: the conversion unit turns each code
+ * pair into an f16 pair (cvt.rn.f16x2.e4m3x2, common.cuh lc_e4m3x4_cvt: one
+ * F2FP per two codes where lc_e4m3x4 takes about ten integer and packed
+ * instructions per four: the key loop at head_dim 128, a warp's 16 keys x
+ * 128 x K and V, is 618 SASS instructions instead of 873), and the mma
+ * runs f16 x f16 -> f32. Exact where dt's was: a code is
+ * an f16 value; a bf16 Q is converted once per CTA under a power of two
+ * that puts the tile's largest |q| in [2^14, 2^15), below f16's 65504, and
+ * comes back through the score scale (below), so every bf16 q down to
+ * 2^-17 of the largest is exact in f16 and the products are the bf16
+ * products times that power of two. P (in [0, 1]) is rounded to f16, 11
+ * significant bits against bf16's 8 (only a p below 2^-14 is coarser, with
+ * an absolute error under 2^-25). Measured on the H200 against the integer
+ * decode to dt with dt products (gpu_bench --attention, one run): 47.5 ->
+ * 52.1% of copy bandwidth at 512 sequences of 256 keys, 63.1 -> 73.0% at
+ * 512 of 1024, 60.6 -> 72.1% at 8 of 32k, 32.9 -> 36.6% at 1 of 32k.
  *
  * Sliding windows (loom_cuda_attn_args.window > 0, Gemma 3's local
  * layers): a row at position p sees keys p - window + 1 .. p. A tile's key
@@ -244,7 +261,7 @@ __device__ __forceinline__ int lc_tile_kv_len(const int32_t *__restrict__ positi
 /* grid (num_tiles, KVH, max_splits), block 128, dynamic smem lc_att_smem().
  * q (T, ldq) dt; out (T, ldo) dt; caches (num_blocks, KVH, bs, D) dt, or
  * E4M3 codes when F8; partial: see loom_cuda_attn_workspace_floats. */
-template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES, int CV>
+template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES>
 __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     lc_attn_kernel(const loom_cuda_attn_args a) {
     typedef lc_shape<WM, BN> S;
@@ -303,10 +320,9 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     static_assert(ROWS <= CTA_N, "Q must fit in one K stage");
     static_assert(STAGES >= 2, "two stages at least");
     constexpr bool RD = lc_att_rd(F8, WM, D);
-    /* RD's products: f16 (codes converted to f16, a bf16 Q converted once,
-     * P in f16) unless CV = 1 (codes decoded to dt by integer logic) */
-    constexpr bool HF = RD && CV != 1;
-    typedef typename std::conditional<HF, __half, T>::type MT;
+    /* RD's products are f16 (codes converted to f16 by the conversion
+     * unit, a bf16 Q converted once, P in f16); the others' are dt */
+    typedef typename std::conditional<RD, __half, T>::type MT;
     constexpr int TILES = RD ? 0 : F8 ? 1 : STAGES; /* dt tiles of K (and of V) */
     T *Ks = reinterpret_cast<T *>(lc_smem);
     T *Vs = Ks + TILES * CTA_N * D;
@@ -413,7 +429,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     __syncthreads();
     const int g = lane >> 2, tq = lane & 3;
     uint32_t qf[KSTEPS][4];
-    float qscale = 1.0f; /* HF with a bf16 Q: the raw scores come out 2^-qs too small */
+    float qscale = 1.0f; /* RD with a bf16 Q: the raw scores come out 2^-qs too small */
     if constexpr (RD) { /* rows g, g + 8; elements tq*D/4 + 4s + 0..3 for k step s */
         uint4 w[2][D / 32];
 #pragma unroll
@@ -429,7 +445,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
             }
         }
         uint32_t *wv = reinterpret_cast<uint32_t *>(w);
-        if constexpr (HF && !std::is_same<T, __half>::value) {
+        if constexpr (!std::is_same<T, __half>::value) {
             /* bf16 Q -> f16, exactly: every warp holds the whole 16-row Q
              * tile, so a warp max gives the tile's largest |q|, 2^E * 1.x;
              * Q * 2^-(E - 14) puts it in [2^14, 2^15) (f16's max is 65504),
@@ -437,8 +453,8 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
              * 2^-17 of the largest (smaller ones round at f16's 2^-24
              * subnormal step: below 2^-40 of the largest |q|). The power of
              * two comes back through the score scale (sl2), which every
-             * score passes through before the softmax, so S's bits are
-             * those of bf16 products. */
+             * score passes through before the softmax (the batch-invariant
+             * mode's tiles are one token: the power is that token's own). */
             uint32_t mx = 0;
 #pragma unroll
             for (int i = 0; i < D / 4; i++) { /* both rows */
@@ -523,8 +539,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; kk++) {
                 uint32_t b[2];
-                if constexpr (CV == 1) lc_e4m3x4<T>(cw[kk], &b[0], &b[1]);
-                else lc_e4m3x4_cvt(cw[kk], &b[0], &b[1]);
+                lc_e4m3x4_cvt(cw[kk], &b[0], &b[1]);
                 lc_mma<MT>(sc[nt], qf[kk], b);
             }
         }
@@ -621,14 +636,10 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
 #pragma unroll
                 for (int w = 0; w < DT / 4; w++) {
                     uint32_t b0[4], b1[4]; /* columns j = 4w .. 4w+3 */
-                    const uint32_t c4[4] = {__byte_perm(x[0][w], x[1][w], 0x5140), __byte_perm(x[0][w], x[1][w], 0x7362),
-                                            __byte_perm(x[2][w], x[3][w], 0x5140), __byte_perm(x[2][w], x[3][w], 0x7362)};
-                    uint32_t *dst[4][2] = {{&b0[0], &b0[1]}, {&b0[2], &b0[3]}, {&b1[0], &b1[1]}, {&b1[2], &b1[3]}};
-#pragma unroll
-                    for (int u = 0; u < 4; u++) {
-                        if constexpr (CV == 0) lc_e4m3x4_cvt(c4[u], dst[u][0], dst[u][1]);
-                        else lc_e4m3x4<MT>(c4[u], dst[u][0], dst[u][1]);
-                    }
+                    lc_e4m3x4_cvt(__byte_perm(x[0][w], x[1][w], 0x5140), &b0[0], &b0[1]);
+                    lc_e4m3x4_cvt(__byte_perm(x[0][w], x[1][w], 0x7362), &b0[2], &b0[3]);
+                    lc_e4m3x4_cvt(__byte_perm(x[2][w], x[3][w], 0x5140), &b1[0], &b1[1]);
+                    lc_e4m3x4_cvt(__byte_perm(x[2][w], x[3][w], 0x7362), &b1[2], &b1[3]);
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
                         const uint32_t b[2] = {b0[j], b1[j]};
@@ -772,30 +783,30 @@ template <bool F8, int D, int WM, int BN, int STAGES> static size_t lc_att_smem(
 
 /* Raise the kernel's dynamic shared-memory limit, once per device
  * (lc_smem_limit). */
-template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES, int CV>
+template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES>
 static cudaError_t lc_att_prepare(size_t smem) {
     static unsigned long long done = 0;
-    return lc_smem_limit(&done, (const void *)lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES, CV>, smem);
+    return lc_smem_limit(&done, (const void *)lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES>, smem);
 }
 
-template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES, int CV = 0>
+template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES>
 static int lc_att_occupancy() {
     const size_t smem = lc_att_smem<F8, D, WM, BN, STAGES>();
-    if (lc_att_prepare<T, F8, D, WM, BN, MINB, STAGES, CV>(smem) != cudaSuccess) return 0;
+    if (lc_att_prepare<T, F8, D, WM, BN, MINB, STAGES>(smem) != cudaSuccess) return 0;
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES, CV>,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES>,
                                                       LC_ATT_THREADS, smem) != cudaSuccess)
         return 0;
     return n;
 }
 
-template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES, int CV = 0>
+template <typename T, bool F8, int D, int WM, int BN, int MINB, int STAGES>
 static cudaError_t lc_att_launch(const loom_cuda_attn_args *a, cudaStream_t s) {
     const size_t smem = lc_att_smem<F8, D, WM, BN, STAGES>();
-    cudaError_t e = lc_att_prepare<T, F8, D, WM, BN, MINB, STAGES, CV>(smem);
+    cudaError_t e = lc_att_prepare<T, F8, D, WM, BN, MINB, STAGES>(smem);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)a->num_tiles, (unsigned)a->num_kv_heads, (unsigned)a->max_splits);
-    return lc_launch(lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES, CV>, grid, dim3(LC_ATT_THREADS), smem,
+    return lc_launch(lc_attn_kernel<T, F8, D, WM, BN, MINB, STAGES>, grid, dim3(LC_ATT_THREADS), smem,
                      s, *a);
 }
 
@@ -812,11 +823,6 @@ template <int D> constexpr int lc_minb_prefill() { return D > 128 ? 1 : 2; }
 
 template <typename T, bool F8, int D>
 static cudaError_t lc_att_shape(const loom_cuda_attn_args *a, cudaStream_t s) {
-    if constexpr (lc_att_rd(F8, 1, D)) { /* E4M3 in registers: e4m3_conv */
-        if (a->shape == LOOM_CUDA_ATTN_DECODE && a->e4m3_conv == 1) return lc_att_launch<T, F8, D, 1, 16, lc_minb_decode<D>(), 3, 1>(a, s);
-        if (a->shape == LOOM_CUDA_ATTN_DECODE && a->e4m3_conv == 2)
-            return lc_att_launch<T, F8, D, 1, 16, lc_minb_decode<D>(), 3, 2>(a, s);
-    }
     if (a->shape == LOOM_CUDA_ATTN_DECODE) return lc_att_launch<T, F8, D, 1, 16, lc_minb_decode<D>(), 3>(a, s);
     return lc_att_launch<T, F8, D, 4, 64, lc_minb_prefill<D>(), 2>(a, s);
 }
@@ -926,7 +932,7 @@ extern "C" cudaError_t loom_cuda_attention(const loom_cuda_attn_args *a, cudaStr
     if (G < 1 || G * a->num_kv_heads != a->num_heads || G > loom_cuda_attn_rows(a->shape) ||
         a->max_splits < 1 || a->max_splits > 65535 || a->num_kv_heads > 65535 ||
         (a->max_splits > 1 && (!a->partial || !a->sem)) || a->window < 0 || a->bt_group < 0 ||
-        (a->kv != LOOM_CUDA_KV_DT && a->kv != LOOM_CUDA_KV_E4M3) || a->e4m3_conv < 0 || a->e4m3_conv > 2)
+        (a->kv != LOOM_CUDA_KV_DT && a->kv != LOOM_CUDA_KV_E4M3))
         return cudaErrorInvalidValue;
     if (a->kv == LOOM_CUDA_KV_E4M3)
         return a->dt == LOOM_CUDA_F16 ? lc_att_dim<__half, true>(a, s) : lc_att_dim<__nv_bfloat16, true>(a, s);

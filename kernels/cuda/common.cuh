@@ -273,8 +273,9 @@ __device__ __forceinline__ uint2 lc_e4m3_pack8(const float *f) {
  * 16-bit lane, two logic ops and a shift move its bits into dt's fields
  * (value * 2^-120 for bf16, * 2^-8 for f16, subnormal codes on dt
  * subnormals), one packed multiply without flush-to-zero scales it back.
- * No conversion-unit instruction, so the attention kernels can decode a
- * tile at the rate they stream it. */
+ * No conversion-unit instruction: the prefill-shape attention decodes its
+ * code stages into dt tiles with it. The decode shape converts in registers
+ * with lc_e4m3x4_cvt below (fewer instructions; f16 products). */
 template <typename T> __device__ __forceinline__ void lc_e4m3x4(uint32_t c, uint32_t *lo, uint32_t *hi);
 template <>
 __device__ __forceinline__ void lc_e4m3x4<__nv_bfloat16>(uint32_t c, uint32_t *lo, uint32_t *hi) {

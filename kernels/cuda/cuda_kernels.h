@@ -231,22 +231,16 @@ typedef struct loom_cuda_attn_args {
                                       bt_stride[1] (bt_stride then points at
                                       2 ints: row length, group length);
                                       0: bt_stride[0] only                   */
-    int e4m3_conv;                 /* E4M3 cache, decode shape at head_dim 64 /
-                                      128 (an experiment, A/B in one run):
-                                      0 = codes to f16 by the conversion unit,
-                                      f16 products; 1 = integer decode to dt,
-                                      dt products (the previous kernel); 2 =
-                                      K by the conversion unit, V by the
-                                      integer decode to f16, f16 products   */
 } loom_cuda_attn_args;
 
 /* Causal paged attention: every query row attends to keys 0..pos of its
  * sequence (pos - window + 1 .. pos with a window; keys before the tile's
  * first window start are never read, nor their block-table entries),
  * read through the block table. An E4M3 cache is read as codes
- * (half the bytes of dt) and decoded exactly to dt in shared memory before
- * the tensor-core products, so the arithmetic is the dt path's on the
- * decoded values. A (tile, kv head) is split over
+ * (half the bytes of dt) and decoded exactly: to dt in shared memory before
+ * dt tensor-core products (the prefill shape), or to f16 in registers
+ * before f16 products (the decode shape at head_dim 64 / 128; a bf16 query
+ * converted to f16 exactly, under a power-of-two scale). A (tile, kv head) is split over
  * up to max_splits CTAs by key range (the split count is decided on the
  * device from the tile's context length, so one captured graph serves any
  * context); the last split of each (tile, kv head) to finish merges the

@@ -35,7 +35,6 @@
 static const char *const cb_dtype_choices[] = {"bf16", "f16", NULL};
 static const char *const cb_partition_choices[] = {"first", "rest", NULL};
 static const char *const cb_qlayout_choices[] = {"rows", "tiled", NULL};
-static const char *const cb_e4m3_conv_choices[] = {"cvt", "int", "cvt_k", NULL};
 
 static const loom_param cb_params[] = {
     {.key = "device", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, device),
@@ -106,11 +105,6 @@ static const loom_param cb_params[] = {
      .default_value = "first", .min = 1, .max = 0, .choices = cb_partition_choices,
      .doc = "with sm_count: first = the sm_count SMs split off the device, rest = the SMs that split "
             "leaves over (what a second engine with the same sm_count and first does not use)"},
-    {.key = "attn_e4m3_conv", .type = LOOM_PARAM_ENUM, .offset = offsetof(cuda_backend_config, attn_e4m3_conv),
-     .default_value = "cvt", .min = 1, .max = 0, .choices = cb_e4m3_conv_choices,
-     .doc = "an FP8 KV cache's decode attention at head_dim 64 / 128 (an A/B experiment): cvt = codes to f16 by "
-            "the conversion unit, f16 products; int = integer decode to dt (the previous kernel); cvt_k = K by "
-            "the conversion unit, V by the integer decode to f16"},
     {.key = NULL},
 };
 
@@ -280,14 +274,13 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                                .max_graph_tokens = 2048, .max_batched_tokens = 8192,
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0,
                                .quant_layout = 0, .qtiled_max_rows = 128,
-                               .sm_count = 0, .sm_partition = 0, .kv_groups = true, .attn_e4m3_conv = 0};
+                               .sm_count = 0, .sm_partition = 0, .kv_groups = true};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.device < 0 || cfg.dtype < 0 || cfg.dtype > 1 || cfg.max_graph_batch < 1 ||
         cfg.max_graph_batch > CB_MAX_GRAPH_BATCH || cfg.max_graph_tokens < 1 ||
         cfg.max_graph_tokens > CB_MAX_GRAPH_TOKENS || cfg.max_batched_tokens < 1 ||
         cfg.max_batched_tokens > (1 << 20) || cfg.max_positions < 0 || cfg.sm_count < 0 ||
-        cfg.sm_partition < 0 || cfg.sm_partition > 1 || (cfg.sm_partition == 1 && cfg.sm_count == 0) ||
-        cfg.attn_e4m3_conv < 0 || cfg.attn_e4m3_conv > 2)
+        cfg.sm_partition < 0 || cfg.sm_partition > 1 || (cfg.sm_partition == 1 && cfg.sm_count == 0))
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "backend cuda: bad config (device %lld >= 0, dtype %lld in {0 bf16, "
                            "1 f16}, max_graph_batch %lld in [1, %d], max_graph_tokens %lld in [1, %d], "

@@ -95,7 +95,6 @@ typedef struct cuda_backend_config {
     int64_t sm_count;           /* > 0: run on a green context of that many SMs */
     int64_t sm_partition;       /* 0 "first": those sm_count SMs; 1 "rest": the
                                    SMs the split leaves over (the complement) */
-    int64_t attn_e4m3_conv;     /* loom_cuda_attn_args.e4m3_conv: 0 cvt, 1 int, 2 cvt_k */
 } cuda_backend_config;
 
 /* Rows of the logits work buffers (and the largest graph bucket's rows). */

@@ -432,8 +432,7 @@ static loom_status cb_record_attention(cuda_backend *b, const cuda_plan *p, int3
                               .scale = c->attn_scale > 0 ? c->attn_scale : (float)(1.0 / sqrt((double)c->head_dim)),
                               .partial = b->attn_ws, .sem = b->attn_sem,
                               .k_cache = b->pools[ly->kv_slot], .v_cache = b->pools[b->kv_npools + ly->kv_slot],
-                              .window = loom_kv_layer_window(c, l), .bt_group = ly->kv_group,
-                              .e4m3_conv = (int)b->cfg.attn_e4m3_conv};
+                              .window = loom_kv_layer_window(c, l), .bt_group = ly->kv_group};
     loom_status st;
     if (b->cfg.batch_invariant) { /* one token per tile, all in one of the lists */
         aa.tiles = p->n_dec > 0 ? p->dec_tiles : p->pre_tiles, aa.num_tiles = p->n_dec + p->n_pre;
