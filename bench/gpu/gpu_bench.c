@@ -1368,12 +1368,14 @@ int main(int argc, char **argv) {
     bench_components(2048, 0, 8);
     if (components_only) return 0;
 attention:
-    for (int f8 = 0; f8 < 2; f8++) { /* bf16 KV, then an E4M3 KV cache (half the bytes) */
-        const loom_cuda_kv kv = f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
-        bench_attention(1, 32768, kv);
-        bench_attention(8, 32768, kv);
-        bench_attention(512, 256, kv); /* a 128/128 throughput decode step */
-        if (!quick) bench_attention(64, 4096, kv);
+    { /* per shape: a bf16 KV cache, then E4M3 (half the bytes) */
+        static const int shapes[][2] = {{1, 32768}, {8, 32768}, {512, 256}, /* a 128/128 decode step */
+                                        {256, 1024}, {512, 1024}, {64, 4096}};
+        const int nsh = quick ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
+        for (int i = 0; i < nsh; i++) {
+            bench_attention(shapes[i][0], shapes[i][1], LOOM_CUDA_KV_DT);
+            bench_attention(shapes[i][0], shapes[i][1], LOOM_CUDA_KV_E4M3);
+        }
     }
     if (attention_only) goto write;
 

@@ -66,7 +66,8 @@
  * on the decoded values (exact: every code is a bf16 and an f16). The
  * decode is integer logic and one packed multiply per two elements
  * (common.cuh: lc_e4m3x4), no conversion-unit instruction. That is the
- * prefill shape, whose four warps share every decoded K and V element.
+ * prefill shape (and head_dim 16 / 32 / 256), whose four warps share every
+ * decoded K and V element.
  *
  * The decode shape over an E4M3 cache (lc_att_rd: head_dim 64 and 128)
  * converts codes in registers instead: no dt tiles, no extra barrier, and
@@ -90,6 +91,22 @@
  * Code stages are swizzled by row (16-byte chunk c of row r at
  * c ^ (r & 7)) so the reads are free of bank conflicts at head_dim 128; at
  * 64, V's 8-byte reads of rows 2tq meet 2-way.
+ * Its products are f16 whatever dt is: the conversion unit turns each code
+ * pair into an f16 pair (cvt.rn.f16x2.e4m3x2, common.cuh lc_e4m3x4_cvt: one
+ * F2FP per two codes where lc_e4m3x4 takes about ten integer and packed
+ * instructions per four: the key loop at head_dim 128, a warp's 16 keys x
+ * 128 x K and V, is 618 SASS instructions instead of 873), and the mma
+ * runs f16 x f16 -> f32. Exact where dt's was: a code is
+ * an f16 value; a bf16 Q is converted once per CTA under a power of two
+ * that puts the tile's largest |q| in [2^14, 2^15), below f16's 65504, and
+ * comes back through the score scale (below), so every bf16 q down to
+ * 2^-17 of the largest is exact in f16 and the products are the bf16
+ * products times that power of two. P (in [0, 1]) is rounded to f16, 11
+ * significant bits against bf16's 8 (only a p below 2^-14 is coarser, with
+ * an absolute error under 2^-25). Measured on the H200 against the integer
+ * decode to dt with dt products (gpu_bench --attention, one run): 47.5 ->
+ * 52.1% of copy bandwidth at 512 sequences of 256 keys, 63.1 -> 73.0% at
+ * 512 of 1024, 60.6 -> 72.1% at 8 of 32k, 32.9 -> 36.6% at 1 of 32k.
  *
  * Sliding windows (loom_cuda_attn_args.window > 0, Gemma 3's local
  * layers): a row at position p sees keys p - window + 1 .. p. A tile's key
@@ -112,6 +129,8 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+
+#include <type_traits>
 
 #define LC_ATT_THREADS 128
 /* Upper bound on splits per (tile, kv head). */
@@ -301,6 +320,9 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     static_assert(ROWS <= CTA_N, "Q must fit in one K stage");
     static_assert(STAGES >= 2, "two stages at least");
     constexpr bool RD = lc_att_rd(F8, WM, D);
+    /* RD's products are f16 (codes converted to f16 by the conversion
+     * unit, a bf16 Q converted once, P in f16); the others' are dt */
+    typedef typename std::conditional<RD, __half, T>::type MT;
     constexpr int TILES = RD ? 0 : F8 ? 1 : STAGES; /* dt tiles of K (and of V) */
     T *Ks = reinterpret_cast<T *>(lc_smem);
     T *Vs = Ks + TILES * CTA_N * D;
@@ -407,23 +429,56 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     __syncthreads();
     const int g = lane >> 2, tq = lane & 3;
     uint32_t qf[KSTEPS][4];
+    float qscale = 1.0f; /* RD with a bf16 Q: the raw scores come out 2^-qs too small */
     if constexpr (RD) { /* rows g, g + 8; elements tq*D/4 + 4s + 0..3 for k step s */
+        uint4 w[2][D / 32];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int r = g + 8 * h;
-            uint4 w[D / 32];
 #pragma unroll
-            for (int i = 0; i < D / 32; i++) w[i] = make_uint4(0u, 0u, 0u, 0u);
+            for (int i = 0; i < D / 32; i++) w[h][i] = make_uint4(0u, 0u, 0u, 0u);
             if (r < nrows) {
                 const uint4 *src = reinterpret_cast<const uint4 *>(
                     q + (size_t)(tile.tok0 + r / G) * a.ldq + (size_t)(kvh * G + r % G) * D + tq * (D / 4));
 #pragma unroll
-                for (int i = 0; i < D / 32; i++) w[i] = src[i];
+                for (int i = 0; i < D / 32; i++) w[h][i] = src[i];
             }
-            const uint32_t *wv = reinterpret_cast<const uint32_t *>(w);
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS; kk++) qf[kk][h] = wv[2 * kk], qf[kk][2 + h] = wv[2 * kk + 1];
         }
+        uint32_t *wv = reinterpret_cast<uint32_t *>(w);
+        if constexpr (!std::is_same<T, __half>::value) {
+            /* bf16 Q -> f16, exactly: every warp holds the whole 16-row Q
+             * tile, so a warp max gives the tile's largest |q|, 2^E * 1.x;
+             * Q * 2^-(E - 14) puts it in [2^14, 2^15) (f16's max is 65504),
+             * where f16's 11-bit significand holds every bf16 value down to
+             * 2^-17 of the largest (smaller ones round at f16's 2^-24
+             * subnormal step: below 2^-40 of the largest |q|). The power of
+             * two comes back through the score scale (sl2), which every
+             * score passes through before the softmax (the batch-invariant
+             * mode's tiles are one token: the power is that token's own). */
+            uint32_t mx = 0;
+#pragma unroll
+            for (int i = 0; i < D / 4; i++) { /* both rows */
+                const uint32_t m = wv[i] & 0x7fff7fffu;
+                mx = max(mx, max(m & 0xffffu, m >> 16));
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            const int e = (int)(mx >> 7); /* biased exponent; 255: inf / NaN, left as they are */
+            const int qs = mx == 0 || e == 255 ? 0 : min(max(e - 127 - 14, -100), 100);
+            const float down = __int_as_float((127 - qs) << 23);
+            qscale = __int_as_float((127 + qs) << 23);
+#pragma unroll
+            for (int i = 0; i < D / 4; i++) {
+                const __half2 hv = __floats2half2_rn(__uint_as_float(wv[i] << 16) * down,
+                                                     __uint_as_float(wv[i] & 0xffff0000u) * down);
+                wv[i] = *reinterpret_cast<const uint32_t *>(&hv);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; kk++)
+                qf[kk][h] = wv[h * (D / 8) + 2 * kk], qf[kk][2 + h] = wv[h * (D / 8) + 2 * kk + 1];
     } else {
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; kk++) {
@@ -446,7 +501,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     /* with a window, keys below win_lo are outside some row's window */
     const int win = a.window;
     const int win_lo = win > 0 ? rp_max - win + 1 : INT_MIN;
-    const float sl2 = a.scale * 1.4426950408889634f; /* raw score -> log2 units */
+    const float sl2 = a.scale * 1.4426950408889634f * qscale; /* raw score -> log2 units */
     float o[DT][4];
 #pragma unroll
     for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
@@ -484,8 +539,8 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
 #pragma unroll
             for (int kk = 0; kk < KSTEPS; kk++) {
                 uint32_t b[2];
-                lc_e4m3x4<T>(cw[kk], &b[0], &b[1]);
-                lc_mma<T>(sc[nt], qf[kk], b);
+                lc_e4m3x4_cvt(cw[kk], &b[0], &b[1]);
+                lc_mma<MT>(sc[nt], qf[kk], b);
             }
         }
         } else {
@@ -498,12 +553,12 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
                 if (kk + 1 < KSTEPS) {
                     uint32_t b[4];
                     lc_ldsm_x4(b, ks + lc_swz<CPR>(kr, 2 * kk + (lane >> 3)) * 16);
-                    lc_mma<T>(sc[nt], qf[kk], b);
-                    lc_mma<T>(sc[nt], qf[kk + 1], b + 2);
+                    lc_mma<MT>(sc[nt], qf[kk], b);
+                    lc_mma<MT>(sc[nt], qf[kk + 1], b + 2);
                 } else {
                     uint32_t b[2];
                     lc_ldsm_x2(b, ks + lc_swz<CPR>(kr, 2 * kk + ((lane >> 3) & 1)) * 16);
-                    lc_mma<T>(sc[nt], qf[kk], b);
+                    lc_mma<MT>(sc[nt], qf[kk], b);
                 }
             }
         }
@@ -565,10 +620,10 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
             uint32_t pa[4];
-            pa[0] = lc_pack2<T>(sc[2 * kk][0], sc[2 * kk][1]);
-            pa[1] = lc_pack2<T>(sc[2 * kk][2], sc[2 * kk][3]);
-            pa[2] = lc_pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-            pa[3] = lc_pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            pa[0] = lc_pack2<MT>(sc[2 * kk][0], sc[2 * kk][1]);
+            pa[1] = lc_pack2<MT>(sc[2 * kk][2], sc[2 * kk][3]);
+            pa[2] = lc_pack2<MT>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            pa[3] = lc_pack2<MT>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
             if constexpr (RD) { /* rows r0, r0+1 (b0) and r0+8, r0+9 (b1); codes g*DT .. +DT */
                 const int r0 = kw + 16 * kk + 2 * tq;
                 alignas(16) uint32_t x[4][DT / 4];
@@ -581,14 +636,14 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
 #pragma unroll
                 for (int w = 0; w < DT / 4; w++) {
                     uint32_t b0[4], b1[4]; /* columns j = 4w .. 4w+3 */
-                    lc_e4m3x4<T>(__byte_perm(x[0][w], x[1][w], 0x5140), &b0[0], &b0[1]);
-                    lc_e4m3x4<T>(__byte_perm(x[0][w], x[1][w], 0x7362), &b0[2], &b0[3]);
-                    lc_e4m3x4<T>(__byte_perm(x[2][w], x[3][w], 0x5140), &b1[0], &b1[1]);
-                    lc_e4m3x4<T>(__byte_perm(x[2][w], x[3][w], 0x7362), &b1[2], &b1[3]);
+                    lc_e4m3x4_cvt(__byte_perm(x[0][w], x[1][w], 0x5140), &b0[0], &b0[1]);
+                    lc_e4m3x4_cvt(__byte_perm(x[0][w], x[1][w], 0x7362), &b0[2], &b0[3]);
+                    lc_e4m3x4_cvt(__byte_perm(x[2][w], x[3][w], 0x5140), &b1[0], &b1[1]);
+                    lc_e4m3x4_cvt(__byte_perm(x[2][w], x[3][w], 0x7362), &b1[2], &b1[3]);
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
                         const uint32_t b[2] = {b0[j], b1[j]};
-                        lc_mma<T>(o[4 * w + j], pa, b);
+                        lc_mma<MT>(o[4 * w + j], pa, b);
                     }
                 }
                 continue;
@@ -598,8 +653,8 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
             for (int d = 0; d < DT; d += 2) {
                 uint32_t b[4];
                 lc_ldsm_x4_t(b, vs + lc_swz<CPR>(vr, d + (lane >> 4)) * 16);
-                lc_mma<T>(o[d], pa, b);
-                lc_mma<T>(o[d + 1], pa, b + 2);
+                lc_mma<MT>(o[d], pa, b);
+                lc_mma<MT>(o[d + 1], pa, b + 2);
             }
         }
         __syncthreads(); /* the next iteration's load overwrites this stage */

@@ -273,8 +273,9 @@ __device__ __forceinline__ uint2 lc_e4m3_pack8(const float *f) {
  * 16-bit lane, two logic ops and a shift move its bits into dt's fields
  * (value * 2^-120 for bf16, * 2^-8 for f16, subnormal codes on dt
  * subnormals), one packed multiply without flush-to-zero scales it back.
- * No conversion-unit instruction, so the attention kernels can decode a
- * tile at the rate they stream it. */
+ * No conversion-unit instruction: the prefill-shape attention decodes its
+ * code stages into dt tiles with it. The decode shape converts in registers
+ * with lc_e4m3x4_cvt below (fewer instructions; f16 products). */
 template <typename T> __device__ __forceinline__ void lc_e4m3x4(uint32_t c, uint32_t *lo, uint32_t *hi);
 template <>
 __device__ __forceinline__ void lc_e4m3x4<__nv_bfloat16>(uint32_t c, uint32_t *lo, uint32_t *hi) {
@@ -291,6 +292,20 @@ __device__ __forceinline__ void lc_e4m3x4<__half>(uint32_t c, uint32_t *lo, uint
     const uint32_t b = lc_e4m3_f16_bits(__byte_perm(c, 0, 0x3424));
     asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(*lo) : "r"(a), "r"(s));
     asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(*hi) : "r"(b), "r"(s));
+}
+
+/* Four codes (code 0 in the low byte) -> two f16x2 registers (lo = codes 0,
+ * 1; hi = codes 2, 3; the lower code in the lower half) by the conversion
+ * unit: cvt.rn.f16x2.e4m3x2 (sm_89 and later), one instruction per two
+ * codes, exact for every finite code (E4M3's 448 and its 2^-9 subnormals
+ * are f16 values); the NaN codes give f16 NaN, as the cpu decoder gives
+ * float NaN (lc_e4m3x4 reads them as +-480). The decode-shape attention
+ * over an E4M3 cache takes this path with f16 products (attention.cu). */
+__device__ __forceinline__ void lc_e4m3x4_cvt(uint32_t c, uint32_t *lo, uint32_t *hi) {
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\t"
+        "cvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+        : "=r"(*lo), "=r"(*hi)
+        : "r"(c));
 }
 
 /* 8 codes -> 8 dt in a 16-byte vector. */

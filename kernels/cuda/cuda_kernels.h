@@ -237,9 +237,10 @@ typedef struct loom_cuda_attn_args {
  * sequence (pos - window + 1 .. pos with a window; keys before the tile's
  * first window start are never read, nor their block-table entries),
  * read through the block table. An E4M3 cache is read as codes
- * (half the bytes of dt) and decoded exactly to dt in shared memory before
- * the tensor-core products, so the arithmetic is the dt path's on the
- * decoded values. A (tile, kv head) is split over
+ * (half the bytes of dt) and decoded exactly: to dt in shared memory before
+ * dt tensor-core products (the prefill shape), or to f16 in registers
+ * before f16 products (the decode shape at head_dim 64 / 128; a bf16 query
+ * converted to f16 exactly, under a power-of-two scale). A (tile, kv head) is split over
  * up to max_splits CTAs by key range (the split count is decided on the
  * device from the tile's context length, so one captured graph serves any
  * context); the last split of each (tile, kv head) to finish merges the

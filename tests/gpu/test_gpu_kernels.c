@@ -22,7 +22,9 @@
  * FP8 KV cache (E4M3 codes, scale 1.0, the cpu backend's bits): the
  * attention checks rerun on a cache of random codes (`... e4m3-KV ...`; the
  * float64 reference reads the same decoded values, so the tolerance is the
- * bf16 one); rope_kv's E4M3 write against the host encoder (formats/e4m3.h,
+ * bf16 one: the decode shape's f16 products round only P differently, to
+ * f16's 11 significant bits instead of bf16's 8, and a bf16 query is
+ * converted exactly — checked at queries of 2^24 and 2^-24, `q*2^`); rope_kv's E4M3 write against the host encoder (formats/e4m3.h,
  * checked against float64 by tests/kernels): bit for bit where the kernel's
  * float32 value is known exactly (V, and K at position 0 — with specials:
  * +-0, +-inf, NaN, saturation, ties, subnormal codes), within the float32
@@ -154,6 +156,12 @@ static const char *kvn(void) { return g_kv == LOOM_CUDA_KV_E4M3 ? " e4m3-KV" : "
 
 /* Sliding window of the attention checks (0: whole context), set like g_kv. */
 static int g_window;
+
+/* Range of the attention checks' queries: 2^g_qexp times [-1, 1), with the
+ * softmax scale divided by 2^g_qexp (the same scores): a bf16 query beyond
+ * f16's range (2^24) or below its normal range (2^-24), which the E4M3
+ * decode shape's f16 products must take exactly (attention.cu). */
+static int g_qexp;
 
 /* First key position p sees under g_window. */
 static int win_lo(int p) { return g_window > 0 && p - g_window + 1 > 0 ? p - g_window + 1 : 0; }
@@ -745,7 +753,8 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     float *kf = malloc(cache_elems * 4), *vf = malloc(cache_elems * 4);
     void *kc = rand_kv(dt, cache_elems, kf), *vc = rand_kv(dt, cache_elems, vf);
     float *qf = malloc((size_t)T * ldq * 4);
-    uint16_t *q = rand16(dt, (size_t)T * ldq, -1, 1, qf);
+    const float qr = ldexpf(1.0f, g_qexp);
+    uint16_t *q = rand16(dt, (size_t)T * ldq, -qr, qr, qf);
     int32_t *pos = malloc((size_t)T * 4);
     int *seq_of = malloc((size_t)T * sizeof(int));
     for (int s = 0, t = 0; s < nseq; s++)
@@ -805,7 +814,7 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
                              .k_cache = d_k, .v_cache = d_v, .block_table = d_bt,
                              .bt_stride = d_stride, .positions = d_pos, .num_heads = H,
                              .num_kv_heads = KVH, .head_dim = D, .block_size = bs,
-                             .scale = (float)(1.0 / sqrt((double)D)), .partial = d_ws,
+                             .scale = (float)(1.0 / sqrt((double)D) / qr), .partial = d_ws,
                              .sem = d_sem, .window = g_window};
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -839,7 +848,7 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     for (int s = 0; s < nseq; s++) maxctx = ctx[s] > maxctx ? ctx[s] : maxctx;
     double *row_err = malloc((size_t)T * H * sizeof(double));
     unsigned char *row_nan = calloc((size_t)T * H, 1);
-    const double scale = 1.0 / sqrt((double)D);
+    const double scale = (double)a.scale;
 #pragma omp parallel
     {
         double *sc = malloc((size_t)maxctx * 8), *ref = malloc((size_t)D * 8);
@@ -884,8 +893,9 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
         acc.rows++;
     }
     char name[200];
-    char wn[24] = "";
+    char wn[48] = "";
     if (g_window > 0) snprintf(wn, sizeof wn, " window %d", g_window);
+    if (g_qexp) snprintf(wn + strlen(wn), sizeof wn - strlen(wn), " q*2^%d", g_qexp);
     if (inv)
         snprintf(name, sizeof name, "attention %s %s%s%s D=%d H=%d/%d bs=%d T=%d invariant %d tiles/launch (%.2f ms)",
                  label, dtn(dt), kvn(), wn, D, H, KVH, bs, T, inv_per_launch, ms_time);
@@ -3257,6 +3267,14 @@ static const att_case k_att_e4m3[] = {
     {"long verify", BF, 128, 32, 8, 16, ATT_LONG_VERIFY, -1, 0},
     {"invariant long verify", BF, 128, 32, 8, 16, ATT_LONG_VERIFY, 2, 0},
 };
+/* queries far from 1 (g_qexp): both shapes, split and not, long contexts */
+static const att_case k_att_qrange[] = {
+    {"decode", BF, 128, 32, 8, 16, ATT_DECODE, -1, 0},
+    {"decode split7", BF, 64, 9, 3, 16, ATT_DECODE, -1, 7},
+    {"long verify", BF, 128, 32, 8, 16, ATT_LONG_VERIFY, -1, 0},
+    {"chunked", BF, 128, 32, 8, 16, ATT_CHUNK, -1, 0},
+    {"invariant", BF, 128, 32, 8, 16, ATT_CHUNK, 2, 0},
+};
 #undef BF
 #undef HF
 
@@ -3367,6 +3385,18 @@ static void test_attention_all(void) {
         test_attention_invariance(LOOM_CUDA_F16, 64, 8, 2, 16, 1030, 7);
         test_attention_invariance(LOOM_CUDA_BF16, 64, 32, 1, 16, 1030, 5);
     }
+    /* bf16 queries of 2^24 and 2^-24 times [-1, 1) (the scale divided by as
+     * much): past f16's largest value and below its normal range, which the
+     * E4M3 decode shape's f16 products must take exactly; dt caches, then
+     * E4M3 */
+    for (int f8 = 0; f8 < 2; f8++) {
+        g_kv = f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
+        for (int e = 0; e < 2; e++) {
+            g_qexp = e ? -24 : 24;
+            att_run(k_att_qrange, (int)(sizeof k_att_qrange / sizeof k_att_qrange[0]));
+        }
+    }
+    g_qexp = 0;
     g_kv = LOOM_CUDA_KV_DT;
 }
 
