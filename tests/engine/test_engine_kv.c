@@ -62,6 +62,14 @@ static void prefill(loom_engine *P, const int32_t *p, int32_t n, exported *o) {
     cr_assert_geq(loom_engine_add_request(P, &r, &err), 0, "%s", err.message);
 }
 
+/* A 40-token prompt (into p) prefilled on P to the end: ex holds its KV. */
+static void prefill_40(loom_engine *P, int32_t p[40], exported *ex) {
+    eng_prompt(p, 40, 9u, VOCAB);
+    prefill(P, p, 40, ex);
+    eng_run(P, 2000);
+    cr_assert_eq(ex->calls, 1);
+}
+
 static void expect_idle(loom_engine *e, const char *who) {
     loom_engine_stats st;
     loom_engine_get_stats(e, &st, sizeof st);
@@ -237,10 +245,8 @@ Test(engine_kv, in_place_without_room_is_handed_back) {
 Test(engine_kv, in_place_refusals_and_drops) {
     loom_engine *P = eng_open("tiny.yaml", NULL), *D = eng_open("tiny.yaml", NULL);
     int32_t p[40];
-    eng_prompt(p, 40, 9u, VOCAB);
     exported ex;
-    prefill(P, p, 40, &ex);
-    eng_run(P, 2000);
+    prefill_40(P, p, &ex);
     eng_rec r[2];
     int64_t id[2];
     for (int i = 0; i < 2; i++) {
@@ -279,10 +285,8 @@ Test(engine_kv, in_place_refusals_and_drops) {
 Test(engine_kv, bad_handoff_failure_and_abort_end_one_request) {
     loom_engine *P = eng_open("tiny.yaml", NULL), *D = eng_open("tiny.yaml", NULL);
     int32_t p[40];
-    eng_prompt(p, 40, 9u, VOCAB);
     exported ex;
-    prefill(P, p, 40, &ex);
-    eng_run(P, 2000);
+    prefill_40(P, p, &ex);
     cr_assert_eq(ex.calls, 1);
     loom_error err = {0};
     eng_rec r[4];
