@@ -87,10 +87,20 @@ void engine_constraint_req_free(loom_req *rq) {
 }
 
 /* Keep why s's constraint failed (the sample ends with it); returns it. */
+/* what a failure says when its own message found no memory: never NULL,
+ * so a failed matcher is never taken for a live one */
+static char con_oom_msg[] = "the constraint failed (out of memory for its message)";
+
+static void con_error_free(loom_seq *s) {
+    if (s->con_error != con_oom_msg) free(s->con_error);
+    s->con_error = NULL;
+}
+
 static const char *seq_con_error(loom_seq *s, const char *msg) {
-    free(s->con_error);
+    con_error_free(s);
     s->con_error = strdup(msg);
-    return s->con_error ? s->con_error : "the constraint failed (out of memory for its message)";
+    if (!s->con_error) s->con_error = con_oom_msg;
+    return s->con_error;
 }
 
 /* A matcher for a new sample of a constrained request. */
@@ -105,8 +115,7 @@ loom_status engine_constraint_seq_init(loom_seq *s) {
 }
 
 void engine_constraint_seq_free(loom_seq *s) {
-    free(s->con_error);
-    s->con_error = NULL;
+    con_error_free(s);
     if (s->matcher) s->con->matcher_free(s->con_self, s->matcher);
     s->matcher = NULL;
     free(s->mask);

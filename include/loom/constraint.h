@@ -8,7 +8,9 @@
  * the request's samples a matcher, and at every step of a constrained
  * sample asks the matcher for the allowed tokens (fill_mask), hands the
  * mask to the sampler with the row (loom_sample_row.allowed), and tells the
- * matcher which token was chosen (accept). End-of-generation tokens are in
+ * matcher which token was chosen (accept) — just before that sample's next
+ * fill_mask, on the same thread (a mask worker, while the GPU runs), so a
+ * sample's last token is never accepted. End-of-generation tokens are in
  * the mask exactly when the text so far is complete (can_end). A sample
  * whose matcher allows nothing ends with LOOM_FINISH_ERROR and a message
  * saying the constraint reached a dead end, never with text that breaks it.
@@ -24,8 +26,9 @@
  * Threads: compile, grammar_free, matcher_new and matcher_free are [any]
  * (the engine compiles on the thread that adds the request); one matcher's
  * methods are [instance] (never concurrently on one matcher), while
- * different matchers of one grammar may run concurrently, so whatever a
- * grammar caches is guarded by the plugin.
+ * different matchers of one grammar may run concurrently — fill_mask and
+ * accept on the engine's mask workers — so whatever a grammar caches is
+ * guarded by the plugin.
  */
 #ifndef LOOM_CONSTRAINT_H
 #define LOOM_CONSTRAINT_H

@@ -321,7 +321,8 @@ typedef struct loom_engine_stats {
      * those the sampler computes for whole rows — and the engine's own
      * time handing the chosen tokens to the matchers (a matcher is advanced
      * past its token just before its next mask: on the mask workers, inside
-     * constraint_mask_seconds, for candidate rows). */
+     * constraint_mask_seconds, for candidate rows; for whole rows, with
+     * their mask, in neither). */
     double constraint_mask_seconds;
     int64_t constraint_masks;
     double constraint_accept_seconds;

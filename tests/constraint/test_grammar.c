@@ -627,6 +627,12 @@ static int32_t uw_check(const char *lang, const char *text, const cu_vocab *v, c
             for (size_t w = 0; w < words; w++)
                 cr_assert_eq(mf[w], mr[w], "%s %s (%s), seq %d step %d: mask word %zu is %08x, the plain walk's %08x",
                              lang, text, cached ? "cut keys" : "no cache", i, step, w, mf[w], mr[w]);
+            /* and an independent one: every token's bytes fed one at a
+             * time through the matcher (no trie, no rows, no memo) */
+            for (int32_t id = 0; id < v->view.size; id++)
+                cr_assert_eq(cu_allowed(mf, id), gmatch_token_allowed(m[i], id),
+                             "%s %s (%s), seq %d step %d: token %d %s by the mask, not byte by byte", lang, text,
+                             cached ? "cut keys" : "no cache", i, step, id, cu_allowed(mf, id) ? "allowed" : "refused");
             compared++;
             /* the next token: a long piece most of the time, so the text
              * goes deep into strings and the shortcuts meet every depth */
