@@ -326,3 +326,39 @@ Test(constraint_e2e, work_budget_fails_only_its_request) {
     loom_engine_destroy(e);
     free(pipe);
 }
+
+/* A matcher that refuses a token it is handed (a work budget or memory
+ * running out; constraint "flaky" refuses its 3rd): the engine hands a
+ * token over just before the sample's next mask, so the sample ends one
+ * token later with the plugin's message, after exactly the tokens it had
+ * streamed; a sample whose last token is the refused one ends normally. */
+Test(constraint_e2e, refused_token_ends_the_sample_one_token_later) {
+    eng_need_model();
+    char *pipe = eng_data_in("constraint", "smol.yaml");
+    const char *ov[] = {"constraint.plugin=flaky", "constraint.fail_at=3", NULL};
+    loom_engine *e = eng_open_path(pipe, ov);
+    const int32_t max_tokens[2] = {8, 3};
+    for (int k = 0; k < 2; k++) {
+        eng_rec rec;
+        eng_rec_init(&rec, 1);
+        loom_request r = loom_request_default();
+        r.prompt = "Say something.";
+        r.max_tokens = max_tokens[k];
+        r.constraint_lang = "any";
+        r.constraint = "";
+        eng_add(e, r, &rec);
+        eng_run(e, 100);
+        eng_rec_check_done(&rec);
+        if (k == 0) {
+            cr_assert_eq(rec.s[0].finish, LOOM_FINISH_ERROR, "finish %d", rec.s[0].finish);
+            cr_assert(rec.s[0].error && strstr(rec.s[0].error, "token 3 refused"), "%s", rec.s[0].error);
+            cr_assert_eq(rec.s[0].ntok, 3, "%d tokens before the refusal", rec.s[0].ntok);
+        } else {
+            cr_assert_eq(rec.s[0].finish, LOOM_FINISH_LENGTH, "finish %d (%s)", rec.s[0].finish, rec.s[0].error);
+            cr_assert_eq(rec.s[0].ntok, 3);
+        }
+        eng_rec_free(&rec);
+    }
+    loom_engine_destroy(e);
+    free(pipe);
+}
