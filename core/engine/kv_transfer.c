@@ -226,20 +226,20 @@ static bool any_live(const loom_engine *e) {
  * with no room, wait while others run (they free blocks), else fail. */
 static bool try_import(loom_engine *e, int32_t i) {
     char why[LOOM_ERROR_MSG_MAX];
-    const engine_handoff *k = e->parked_kv[i];
+    engine_handoff *k = e->parked_kv[i];
     if (handoff_mismatch(e, e->parked[i], k, why, sizeof why)) {
         end_parked(e, i, LOOM_FINISH_ERROR, why);
         return true;
     }
     if (e->cache->num_free_blocks(e->cache_self) < k->h.num_blocks + 1) {
-        if (any_live(e) && k->h.done) { /* not kept: its owner holds it only while we write */
-            engine_handoff *lent = e->parked_kv[i];
-            e->parked_kv[i] = NULL;
-            handoff_release(lent, LOOM_ERR_NO_SPACE);
-            engine_handoff_free(lent);
+        if (any_live(e)) { /* wait for their blocks; one read in place is not kept: its owner holds it for us */
+            if (k->h.done) {
+                e->parked_kv[i] = NULL;
+                handoff_release(k, LOOM_ERR_NO_SPACE);
+                engine_handoff_free(k);
+            }
             return false;
         }
-        if (any_live(e)) return false;
         snprintf(why, sizeof why, "the KV cache (%d blocks) has no room for the prefill's %d blocks",
                  e->layout.num_blocks, k->h.num_blocks);
         end_parked(e, i, LOOM_FINISH_ERROR, why);

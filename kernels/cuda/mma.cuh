@@ -32,13 +32,12 @@ __device__ __forceinline__ void lc_mma16816<__half>(float *c, const uint32_t *a,
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* c (16 x 8, f32) += a (16 x 16, f16) b (16 x 8, f16), one warp. */
+/* c (16 x 8, f32) += a (16 x 16, f16) b (16 x 8, f16), one warp: the f16
+ * lc_mma16816 with the A fragment in four registers. */
 __device__ __forceinline__ void lc_mma_f16(float *c, uint32_t a0, uint32_t a1, uint32_t a2,
                                            uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    const uint32_t a[4] = {a0, a1, a2, a3};
+    lc_mma16816<__half>(c, a, b0, b1);
 }
 
 __device__ __forceinline__ uint32_t lc_hsub2(uint32_t a, uint32_t b) {
