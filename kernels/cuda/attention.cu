@@ -101,9 +101,10 @@
  * that puts the tile's largest |q| in [2^14, 2^15), below f16's 65504, and
  * comes back through the score scale (below), so every bf16 q down to
  * 2^-17 of the largest is exact in f16 and the products are the bf16
- * products times that power of two. P (in [0, 1]) is rounded to f16, 11
- * significant bits against bf16's 8 (only a p below 2^-14 is coarser, with
- * an absolute error under 2^-25). Measured on the H200 against the integer
+ * products times that power of two. P is rounded to f16 as p 2^15: 11
+ * significant bits against bf16's 8 (only a p below 2^-29 is coarser, with
+ * an absolute error under 2^-40; unshifted, every p under 2^-25 was lost,
+ * up to N 2^-25 of a row's weight at N keys). Measured on the H200 against the integer
  * decode to dt with dt products (gpu_bench --attention, one run): 47.5 ->
  * 52.1% of copy bandwidth at 512 sequences of 256 keys, 63.1 -> 73.0% at
  * 512 of 1024, 60.6 -> 72.1% at 8 of 32k, 32.9 -> 36.6% at 1 of 32k.
@@ -592,7 +593,13 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
         /* running max in raw units (the scale is positive); a row with no
          * visible key yet keeps m = -inf and subtracts 0 */
         const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float ms0 = mn0 == -INFINITY ? 0.0f : mn0 * sl2, ms1 = mn1 == -INFINITY ? 0.0f : mn1 * sl2;
+        /* P in f16 (MT) is taken as p 2^15 (the row's largest 32768, under
+         * 65504), so a p down to 2^-29 keeps f16's 11 bits and none above
+         * 2^-39 flushes to zero; l carries the same factor, which O / l and
+         * the merges cancel */
+        constexpr float p_shift = std::is_same<MT, __half>::value ? 15.0f : 0.0f;
+        const float ms0 = (mn0 == -INFINITY ? 0.0f : mn0 * sl2) - p_shift;
+        const float ms1 = (mn1 == -INFINITY ? 0.0f : mn1 * sl2) - p_shift;
         const float c0 = mn0 == -INFINITY ? 1.0f : lc_exp2((m0 - mn0) * sl2);
         const float c1 = mn1 == -INFINITY ? 1.0f : lc_exp2((m1 - mn1) * sl2);
         m0 = mn0, m1 = mn1;

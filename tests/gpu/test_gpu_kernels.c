@@ -163,6 +163,14 @@ static int g_window;
  * decode shape's f16 products must take exactly (attention.cu). */
 static int g_qexp;
 
+/* Sink data for the attention checks (set like g_kv): every query
+ * element 27 ln 2 / sqrt(D) (rounded to dt), key 0 of each sequence all
+ * ones with a zero value, every other key zero with a value of ones — so
+ * each other key's weight is ~2^-27 of the sink's and the outputs are their
+ * total weight, ~2^-27 (ctx - 1): what P rounded to f16 loses when it
+ * flushes weights below f16's subnormals (attention.cu). */
+static bool g_sink;
+
 /* First key position p sees under g_window. */
 static int win_lo(int p) { return g_window > 0 && p - g_window + 1 > 0 ? p - g_window + 1 : 0; }
 
@@ -714,6 +722,27 @@ static void test_e4m3_decode(loom_cuda_dt dt) {
 
 /* -------------------------------------------------------------- attention */
 
+/* Element i of a cache built by rand_kv set to x (exact in dt and E4M3). */
+static void kv_set(loom_cuda_dt dt, void *c, float *shadow, size_t i, float x) {
+    if (g_kv == LOOM_CUDA_KV_E4M3) ((uint8_t *)c)[i] = e4m3_enc(x);
+    else ((uint16_t *)c)[i] = to16(dt, x);
+    shadow[i] = x;
+}
+
+/* g_sink's data over what test_attention drew (keys of every kv head). */
+static void sink_data(loom_cuda_dt dt, int D, int KVH, int bs, int nseq, const int32_t *bt, int stride, size_t n,
+                      void *kc, void *vc, float *kf, float *vf, uint16_t *q, float *qf, size_t nq) {
+    for (size_t i = 0; i < n; i++) kv_set(dt, kc, kf, i, 0.0f), kv_set(dt, vc, vf, i, 1.0f);
+    for (int s = 0; s < nseq; s++)
+        for (int h = 0; h < KVH; h++)
+            for (int i = 0; i < D; i++) {
+                const size_t at = ((size_t)bt[(size_t)s * stride] * KVH + h) * bs * D + i; /* position 0 */
+                kv_set(dt, kc, kf, at, 1.0f), kv_set(dt, vc, vf, at, 0.0f);
+            }
+    const uint16_t c = to16(dt, (float)(27.0 * log(2.0) / sqrt((double)D)) * ldexpf(1.0f, g_qexp));
+    for (size_t i = 0; i < nq; i++) q[i] = c, qf[i] = (float)from16(dt, c);
+}
+
 /* One attention check. Sequences s have context ctx[s] and nq[s] query
  * tokens (the last ones). shape_mode: -1 the backend's policy (decode tile
  * when nq * G <= 16, else prefill tiles), 0 / 1 force decode (when it fits)
@@ -759,6 +788,7 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     int *seq_of = malloc((size_t)T * sizeof(int));
     for (int s = 0, t = 0; s < nseq; s++)
         for (int i = 0; i < nq[s]; i++, t++) pos[t] = ctx[s] - nq[s] + i, seq_of[t] = s;
+    if (g_sink) sink_data(dt, D, KVH, bs, nseq, bt, stride, cache_elems, kc, vc, kf, vf, q, qf, (size_t)T * ldq);
 
     /* tiles, as the backend builds them (shape_mode 2, batch-invariant: one
      * token per tile, all in dtl, whatever shape the call picks) */
@@ -895,6 +925,7 @@ static void test_attention(const char *label, loom_cuda_dt dt, int D, int H, int
     char name[200];
     char wn[48] = "";
     if (g_window > 0) snprintf(wn, sizeof wn, " window %d", g_window);
+    if (g_sink) snprintf(wn + strlen(wn), sizeof wn - strlen(wn), " sink");
     if (g_qexp) snprintf(wn + strlen(wn), sizeof wn - strlen(wn), " q*2^%d", g_qexp);
     if (inv)
         snprintf(name, sizeof name, "attention %s %s%s%s D=%d H=%d/%d bs=%d T=%d invariant %d tiles/launch (%.2f ms)",
@@ -3275,6 +3306,13 @@ static const att_case k_att_qrange[] = {
     {"chunked", BF, 128, 32, 8, 16, ATT_CHUNK, -1, 0},
     {"invariant", BF, 128, 32, 8, 16, ATT_CHUNK, 2, 0},
 };
+/* the sink data (g_sink): decode and prefill shapes, split and not */
+static const att_case k_att_sink[] = {
+    {"decode", BF, 128, 32, 8, 16, ATT_LONG_DECODE, -1, 0},
+    {"decode", HF, 128, 32, 8, 16, ATT_LONG_DECODE, -1, 0},
+    {"decode split7", BF, 64, 9, 3, 16, ATT_LONG_DECODE, -1, 7},
+    {"long verify", BF, 128, 32, 8, 16, ATT_LONG_VERIFY, -1, 0},
+};
 #undef BF
 #undef HF
 
@@ -3397,6 +3435,16 @@ static void test_attention_all(void) {
         }
     }
     g_qexp = 0;
+    g_kv = LOOM_CUDA_KV_DT;
+    /* a sink key and thousands of keys at ~2^-27 of its weight: their
+     * total (the whole output) survives P's rounding, in both shapes, dt
+     * and E4M3 caches, bf16 and f16 */
+    g_sink = true;
+    for (int f8 = 0; f8 < 2; f8++) {
+        g_kv = f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT;
+        att_run(k_att_sink, (int)(sizeof k_att_sink / sizeof k_att_sink[0]));
+    }
+    g_sink = false;
     g_kv = LOOM_CUDA_KV_DT;
 }
 
