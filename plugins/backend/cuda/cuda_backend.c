@@ -138,6 +138,13 @@ static void *cb_driver_fn(const char *name) {
     return fn;
 }
 
+static void cb_mask_stream_destroy(cuda_backend *b) {
+    if (b->mask_copied) cudaEventDestroy(b->mask_copied);
+    if (b->mask_stream) cudaStreamDestroy(b->mask_stream);
+    b->mask_copied = NULL;
+    b->mask_stream = NULL;
+}
+
 static void cb_green_destroy(cuda_backend *b) {
     if (!b->green) return;
     cb_pfn_green_destroy destroy = (cb_pfn_green_destroy)cb_driver_fn("cuGreenCtxDestroy");
@@ -408,6 +415,7 @@ static void cb_destroy(void *self) {
     cb_link_buf_free(b);
     h->free(h->ctx, b->layers);
     loom_cuda_gemm_destroy(b->gemm);
+    cb_mask_stream_destroy(b);
     if (b->stream) cudaStreamDestroy(b->stream);
     cb_green_destroy(b);
     h->free(h->ctx, b);
@@ -438,6 +446,7 @@ loom_status cb_bind_current_device(cuda_backend *b, loom_error *err) {
     cudaSetDevice(old);
     if (b->stream) cudaStreamSynchronize(b->stream);
     loom_cuda_gemm_destroy(b->gemm);
+    cb_mask_stream_destroy(b);
     if (b->stream) cudaStreamDestroy(b->stream);
     b->gemm = NULL;
     b->stream = NULL;

@@ -244,6 +244,11 @@ typedef struct cuda_backend {
      * and its pinned staging (allocated with the work buffers) */
     uint32_t *mask_dev, *mask_host;
     int32_t mask_words;
+    /* the masks cross on a stream of their own (created at the first
+     * upload), so the copy overlaps the forward instead of following it;
+     * the top-k waits on mask_copied */
+    cudaStream_t mask_stream;
+    cudaEvent_t mask_copied;
 
     /* mixture-of-experts work (cuda_moe.c), one device allocation; rows =
      * max_tokens, pairs P = rows x experts per token. The shared expert

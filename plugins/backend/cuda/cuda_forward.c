@@ -675,11 +675,22 @@ static loom_status cb_upload_masks(cuda_backend *b, int32_t r0, int32_t nreal, c
     *d_has = NULL;
     if (!any) return LOOM_OK;
     const size_t bytes = (size_t)nreal * (W * 4 + 1);
-    loom_status st = CB_CUDA(b, err, cudaMemcpyAsync(b->mask_dev, b->mask_host, bytes, cudaMemcpyHostToDevice,
-                                                     b->stream));
+    loom_status st;
+    if (!b->mask_stream &&
+        ((st = CB_CUDA(b, err, cudaStreamCreateWithFlags(&b->mask_stream, cudaStreamNonBlocking))) ||
+         (st = CB_CUDA(b, err, cudaEventCreateWithFlags(&b->mask_copied, cudaEventDisableTiming)))))
+        return st;
+    /* staging is rewritten only after the step's sync, which waited for this copy */
+    if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->mask_dev, b->mask_host, bytes, cudaMemcpyHostToDevice,
+                                              b->mask_stream))) ||
+        (st = CB_CUDA(b, err, cudaEventRecord(b->mask_copied, b->mask_stream))) ||
+        (st = CB_CUDA(b, err, cudaStreamWaitEvent(b->stream, b->mask_copied, 0)))) {
+        (void)cudaStreamSynchronize(b->mask_stream); /* the copy may still read the staging */
+        return st;
+    }
     *d_masks = b->mask_dev;
     *d_has = (const uint8_t *)(b->mask_dev + (size_t)nreal * W);
-    return st;
+    return LOOM_OK;
 }
 
 /* Move logits rows [r0, r0 + nreal) of the step, now in logits_dev rows
