@@ -100,7 +100,9 @@ cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight
  * K % 128, INT4 group % 64). Scratch: lc_qtiled_scratch_bytes (the K
  * slices' partial sums, up to max_m rows). invariant: the split of one row
  * at every M (batch-invariant mode). lc_qtiled_dequant: a tiled weight ->
- * (N, K) dt for the dequantize + cuBLASLt path above LC_QT_MAX_M. */
+ * (N, K) dt for the dequantize + cuBLASLt path above LC_QT_MAX_M.
+ * wgmma_min_m: from these rows the Hopper wgmma kernel (0: never; not in
+ * batch-invariant mode), below it the mma.sync one. */
 #define LC_QT_MAX_M 256
 /* the default tiled bound: on the H200 (one Llama-3-8B layer's linears) the
  * kernel beats the tiled dequantize + cuBLASLt at 128 rows (W8A16 360 vs
@@ -110,7 +112,13 @@ cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight
 int lc_qtiled_ok(const loom_cuda_qweight *w);
 size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m);
 cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x, void *y,
-                      void *scratch, int invariant, cudaStream_t s);
+                      void *scratch, int invariant, int wgmma_min_m, cudaStream_t s);
+/* the default of loom_cuda_qgemm_set_tiled_wgmma_min_m: the wgmma path
+ * (Hopper warpgroup MMA) from this many rows, mma.sync below */
+#define LC_QT_DEFAULT_WG_MIN_M 17
+int lc_gemm_q_tiled_wg_min_m(const loom_cuda_gemm *g);
+/* lc_qtiled calls that took the wgmma path so far. */
+long lc_qtiled_wgmma_count(void);
 cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s);
 /* The tiled bound of loom_cuda_qgemm_set_tiled_max_m (gemm.c holds it). */
 int lc_gemm_q_tiled_max_m(const loom_cuda_gemm *g);
