@@ -119,6 +119,9 @@ cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweig
 int lc_gemm_q_tiled_wg_min_m(const loom_cuda_gemm *g);
 /* lc_qtiled calls that took the wgmma path so far. */
 long lc_qtiled_wgmma_count(void);
+/* the wgmma path's copies: 1 TMA + mbarriers (default), 0 cp.async + CTA
+ * barriers (for gpu_bench and the kernel tests; process-wide) */
+void lc_qtiled_set_wgmma_tma(int on);
 cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s);
 /* The tiled bound of loom_cuda_qgemm_set_tiled_max_m (gemm.c holds it). */
 int lc_gemm_q_tiled_max_m(const loom_cuda_gemm *g);

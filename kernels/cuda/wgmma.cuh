@@ -40,6 +40,53 @@ __device__ __forceinline__ void lc_wg_reg_fence(float &r) { asm volatile("" : "+
  * visible to the async proxy that wgmma reads B through. */
 __device__ __forceinline__ void lc_wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+/* ------------------------------------------- mbarriers and bulk copies
+ * (the TMA pipeline of qtiled.cu's wgmma path). A wait that has not seen
+ * its phase after ~2 s of clock traps (a kernel error, not a hang). */
+__device__ __forceinline__ void lc_mbar_init(uint32_t bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+/* the inits visible to the async proxy (the bulk copies complete on them) */
+__device__ __forceinline__ void lc_mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void lc_mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void lc_mbar_arrive_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void lc_mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    if (done) return;
+    const long long t0 = clock64();
+    for (;;) {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+        if (done) return;
+        if (clock64() - t0 > 4000000000ll) __trap();
+    }
+}
+/* bytes (a multiple of 16, both 16-aligned) global -> shared, completing on bar */
+__device__ __forceinline__ void lc_bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+/* a 2-D tensor-map box (c0 the inner coordinate) -> shared, completing on bar */
+__device__ __forceinline__ void lc_tma_2d(uint32_t dst, const void *tmap, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::
+                     "r"(dst),
+                 "l"(tmap), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+
 template <typename T, int N> struct lc_wgmma;
 
 template <> struct lc_wgmma<__nv_bfloat16, 32> {

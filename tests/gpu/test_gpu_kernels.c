@@ -2129,8 +2129,9 @@ static void test_qgemm_qmma(loom_cuda_gemm *g) {
 /* W8A16 / INT4 on weights repacked into the tiled layout (qtiled.cu)
  * against the float64 reference: every row count that picks another token
  * tile or leaves a partial one (1..256; from 17 rows the wgmma path, the
- * 32 / 64 / 128 / 256-token tiles and their edges; a few once more on the
- * mma.sync path with the wgmma bound off), N of an odd number of 16-row tiles
+ * 32 / 64 / 128 / 256-token tiles and their edges, with TMA copies and
+ * again with cp.async ones; a few once more on the mma.sync path with the
+ * wgmma bound off), N of an odd number of 16-row tiles
  * (a partial 128-row CTA block) and wide N (no K split), K split into
  * slices (N small), INT4 groups of 64 (two a stage), 128, 256 and K, both
  * dts, f32 output, tokens of wild magnitudes; above the tiled bound the
@@ -2164,6 +2165,15 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         report_count(i4 ? "tiled int4: calls missing the wgmma path from 17 rows"
                         : "tiled w8a16: calls missing the wgmma path from 17 rows",
                      2 * 14 + 6 - (lc_qtiled_wgmma_count() - wg0), 2 * 14 + 6);
+        /* the wgmma path with cp.async copies instead of TMA */
+        lc_qtiled_set_wgmma_tma(0);
+        const int Mc[6] = {17, 63, 65, 128, 200, 256};
+        for (int mi = 0; mi < 6; mi++) {
+            test_qgemm(g, LOOM_CUDA_BF16, f, Mc[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
+            test_qgemm(g, LOOM_CUDA_F16, f, Mc[mi], 208, 2048, i4 ? 64 : 0, 0, Mc[mi] % 2 == 1, false);
+        }
+        test_qgemm(g, LOOM_CUDA_BF16, f, 150, 304, 1536, i4 ? 192 : 0, 0, false, false);
+        lc_qtiled_set_wgmma_tma(1);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, 0);
         test_qgemm(g, LOOM_CUDA_BF16, f, 64, 592, 1024, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_F16, f, 200, 208, 2048, i4 ? 64 : 0, 0, true, false);
