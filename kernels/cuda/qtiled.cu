@@ -2,7 +2,9 @@
  * kernels/cuda/qtiled.cu — W8A16 and INT4 linear layers on weights repacked
  * once at load into a tensor-core tile layout ("tiled", Marlin's idea), one
  * kernel family for 1 .. LC_QT_MAX_M rows: lc_qtiled_pack (load time),
- * lc_qtiled (qgemm.c dispatches), lc_qtiled_dequant (the large-M path).
+ * lc_qtiled (qgemm.c dispatches: mma.sync below wgmma_min_m rows, from
+ * there the Hopper wgmma kernels further down), lc_qtiled_dequant (the
+ * large-M path).
  *
  * Layout (loom_cuda_qweight.layout == LOOM_CUDA_QLAYOUT_TILED): the weight
  * (N, K) is cut into row tiles of 16 rows (N % 16 == 0); a row tile is K /
@@ -57,7 +59,11 @@
  * (89 vs 74; chained 63 vs 48: ~1.9 TB/s, issue-bound on the decode and
  * copies); W8A16 wins only at 8..16 rows. mma.sync here reaches ~145-190
  * TFLOP/s at 64-256 rows: below bf16's cuBLASLt from ~30 rows. (Timed
- * before the INT4 codes were centred, 6bb08a0.)
+ * before the INT4 codes were centred, 6bb08a0.) The wgmma path from 17
+ * rows (bench/results/h200-quant-tiled-wgmma.json): 1.4-1.8x mma.sync from
+ * 32 rows; vs bf16 INT4 / W8A16 1.49x / 1.44x at 32 rows, 1.13x / 1.12x
+ * at 64, 0.58x / 0.65x at 256 (~350-370 TFLOP/s on gate|up, cuBLASLt's
+ * bf16 590).
  *
  * Contract (lc_qtiled_ok): N % 16 == 0, K % 128 == 0, INT4 group % 64 == 0
  * dividing K; x rows 16-byte aligned (K % 8).
@@ -633,7 +639,10 @@ __global__ void __launch_bounds__(LC_QW_THREADS, 1)
  * wgmmas and, once a stage's wgmmas are done (the wait_group 1 of the next
  * stage's first step), arrive on its `empty` barrier, which the producer
  * waits for before refilling it: ST stages in flight, no CTA barrier in
- * the loop, no copy instructions in the consumers. */
+ * the loop, no copy instructions in the consumers. Tiles of at most 128
+ * tokens (lc_qtiled_wgt_t: 256 would want more registers than a thread of
+ * 288 has). Every consumer thread arrives on `empty` (count 256): behind a
+ * lane-0 branch ptxas serializes every wgmma (C7513). */
 #define LC_QW_TMA_THREADS (LC_QW_THREADS + 32)
 
 template <typename T, int FMT, int TOK, bool F32>
@@ -1107,10 +1116,16 @@ static cudaError_t lc_qtiled_wgt_t(int M, const loom_cuda_qweight *w, const void
                                                                    w->N, Z, s);
 }
 
-/* which copies the wgmma path runs: 1 TMA + mbarriers (the default), 0
- * cp.async + CTA barriers (gpu_bench / the kernel tests compare them) */
-static int lc_qw_tma = 1;
-extern "C" void lc_qtiled_set_wgmma_tma(int on) { lc_qw_tma = on != 0; }
+/* which copies the wgmma path runs: 0 cp.async + CTA barriers, 1 TMA +
+ * mbarriers, 2 (the default) as measured on the H200 (one Llama-3-8B
+ * layer's linears, docs/performance.md): TMA for W8A16 above 64 rows
+ * (128: 184.6 vs 190.8 us, 256: 318.6 vs 362.8), cp.async for INT4
+ * everywhere (its scale copies make twice the bulk copies a stage for one
+ * producer lane: 64 rows 186.4 vs 137.1, 256 rows 394.9 vs 360.7) and for
+ * W8A16 up to 64 rows (64: 154.5 vs 137.8). gpu_bench and the kernel tests
+ * force either. */
+static int lc_qw_tma = 2;
+extern "C" void lc_qtiled_set_wgmma_tma(int mode) { lc_qw_tma = mode < 0 || mode > 2 ? 2 : mode; }
 
 static long lc_qtiled_wg_runs;
 extern "C" long lc_qtiled_wgmma_count(void) { return lc_qtiled_wg_runs; }
@@ -1122,7 +1137,8 @@ extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom
         return cudaErrorInvalidValue;
     float *part = static_cast<float *>(scratch);
     /* the wgmma path from wgmma_min_m rows (0: never), not batch-invariant */
-    const bool wg = !invariant && wgmma_min_m > 0 && M >= wgmma_min_m, tma = lc_qw_tma != 0;
+    const bool wg = !invariant && wgmma_min_m > 0 && M >= wgmma_min_m;
+    const bool tma = lc_qw_tma == 2 ? w->fmt == LOOM_CUDA_Q_INT8_W8A16 && M > 64 : lc_qw_tma == 1;
     if (wg) lc_qtiled_wg_runs++;
 #define LC_QT_T(T)                                                                                 \
     (w->fmt == LOOM_CUDA_Q_INT4                                                                    \

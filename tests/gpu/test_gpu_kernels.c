@@ -2129,9 +2129,10 @@ static void test_qgemm_qmma(loom_cuda_gemm *g) {
 /* W8A16 / INT4 on weights repacked into the tiled layout (qtiled.cu)
  * against the float64 reference: every row count that picks another token
  * tile or leaves a partial one (1..256; from 17 rows the wgmma path, the
- * 32 / 64 / 128 / 256-token tiles and their edges, with TMA copies and
- * again with cp.async ones; a few once more on the mma.sync path with the
- * wgmma bound off), N of an odd number of 16-row tiles
+ * 32 / 64 / 128 / 256-token tiles and their edges, with the copies the
+ * dispatch picks and again with cp.async and TMA ones forced; a few once
+ * more on the mma.sync path with the wgmma bound off), N of an odd number
+ * of 16-row tiles
  * (a partial 128-row CTA block) and wide N (no K split), K split into
  * slices (N small), INT4 groups of 64 (two a stage), 128, 256 and K, both
  * dts, f32 output, tokens of wild magnitudes; above the tiled bound the
@@ -2143,7 +2144,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
     enum { NM = 20 };
     const int Ms[NM] = {1, 2, 3, 8, 9, 16, 17, 31, 33, 63, 64, 65, 100, 127, 128, 129, 200, 255, 256, 248};
     g_q_tile = true;
-    loom_cuda_qgemm_set_tiled_max_m(g, 256); /* the kernel at every M below (default: 128) */
+    loom_cuda_qgemm_set_tiled_max_m(g, 256); /* the kernel at every M below (the default) */
     for (int fi = 0; fi < 2; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
         const bool i4 = f == LOOM_CUDA_Q_INT4;
@@ -2165,15 +2166,19 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         report_count(i4 ? "tiled int4: calls missing the wgmma path from 17 rows"
                         : "tiled w8a16: calls missing the wgmma path from 17 rows",
                      2 * 14 + 6 - (lc_qtiled_wgmma_count() - wg0), 2 * 14 + 6);
-        /* the wgmma path with cp.async copies instead of TMA */
-        lc_qtiled_set_wgmma_tma(0);
-        const int Mc[6] = {17, 63, 65, 128, 200, 256};
-        for (int mi = 0; mi < 6; mi++) {
-            test_qgemm(g, LOOM_CUDA_BF16, f, Mc[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
-            test_qgemm(g, LOOM_CUDA_F16, f, Mc[mi], 208, 2048, i4 ? 64 : 0, 0, Mc[mi] % 2 == 1, false);
+        /* the wgmma path with each of its copy schemes forced (the default
+         * picks by format and M): cp.async, then TMA */
+        for (int tma = 0; tma < 2; tma++) {
+            lc_qtiled_set_wgmma_tma(tma);
+            const int Mc[7] = {17, 63, 65, 128, 129, 200, 256};
+            for (int mi = 0; mi < 7; mi++) {
+                test_qgemm(g, LOOM_CUDA_BF16, f, Mc[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
+                test_qgemm(g, LOOM_CUDA_F16, f, Mc[mi], 208, 2048, i4 ? 64 : 0, 0, Mc[mi] % 2 == 1, false);
+            }
+            test_qgemm(g, LOOM_CUDA_BF16, f, 150, 304, 1536, i4 ? 192 : 0, 0, false, false);
+            test_qgemm(g, LOOM_CUDA_BF16, f, 256, 4096, 4096, i4 ? 128 : 0, 0, true, false);
         }
-        test_qgemm(g, LOOM_CUDA_BF16, f, 150, 304, 1536, i4 ? 192 : 0, 0, false, false);
-        lc_qtiled_set_wgmma_tma(1);
+        lc_qtiled_set_wgmma_tma(2);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, 0);
         test_qgemm(g, LOOM_CUDA_BF16, f, 64, 592, 1024, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_F16, f, 200, 208, 2048, i4 ? 64 : 0, 0, true, false);
