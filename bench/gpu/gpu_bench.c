@@ -503,13 +503,22 @@ static void bench_quant(int M) {
     /* last, W8A16 and INT4 once more on weights repacked into the tiled
      * layout (loom_cuda_qweight_tile: qtiled.cu's kernel, or above its
      * bound the tiled dequantize + cuBLASLt) — old vs new in one run */
-    /* (above 64 rows also with the tiled bound at 0: the tiled weight
-     * dequantized for cuBLASLt, "_tiled_deq" — where the bound belongs) */
-    const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF, nv = nv0 + (M > 64 ? 4 : 2);
+    /* (from 17 rows, where the tiled kernel runs its wgmma path, also with
+     * that path's copies forced to cp.async, "_tiled_cpa", and to TMA,
+     * "_tiled_tma" (the default picks by format and M), and with the path
+     * off: its mma.sync one, "_tiled_mma"; above 64 rows also with
+     * the tiled bound at 0: the tiled weight dequantized for cuBLASLt,
+     * "_tiled_deq" — where the bounds belong) */
+    const int nmma = M >= LC_QT_DEFAULT_WG_MIN_M ? 6 : 0; /* _tiled_cpa, _tiled_tma, _tiled_mma */
+    const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF, nv = nv0 + 2 + nmma + (M > 64 ? 2 : 0);
     const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
-        const bool tiled = vi >= nv0, deq = vi >= nv0 + 2;
+        const bool tiled = vi >= nv0, cpa = tiled && vi >= nv0 + 2 && vi < nv0 + 4 && nmma,
+                   tma = tiled && vi >= nv0 + 4 && vi < nv0 + 6 && nmma,
+                   mma = tiled && vi >= nv0 + 6 && vi < nv0 + 2 + nmma, deq = vi >= nv0 + 2 + nmma;
+        lc_qtiled_set_wgmma_tma(cpa ? 0 : tma ? 1 : 2);
         loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : 256);
+        loom_cuda_qgemm_set_tiled_wgmma_min_m(g, mma ? 0 : LC_QT_DEFAULT_WG_MIN_M);
         const bool epi = !tiled && M > 8 && vi == NF;
         const int fi = tiled ? ((vi - nv0) % 2 == 0 ? 1 : 4) : epi ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
         const bool cores = !tiled && vi >= NF && !epi;
@@ -554,7 +563,8 @@ static void bench_quant(int M) {
                    v - v0, e - e0);
         }
         char nm[96], label[24]; /* "_cc": the CUDA-core GEMV (qgemm.cu), not the tensor-core one */
-        snprintf(label, sizeof label, "%s%s", names[fi], cores ? "_cc" : epi ? "_epi" : deq ? "_tiled_deq" : tiled ? "_tiled" : "");
+        snprintf(label, sizeof label, "%s%s", names[fi],
+                 cores ? "_cc" : epi ? "_epi" : deq ? "_tiled_deq" : mma ? "_tiled_mma" : cpa ? "_tiled_cpa" : tma ? "_tiled_tma" : tiled ? "_tiled" : "");
         snprintf(nm, sizeof nm, "llama3-8b layer linears %s M=%d", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, ms, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);
@@ -568,6 +578,7 @@ static void bench_quant(int M) {
     }
     lc_gemm_set_fp8_vec(g, vec0);
     loom_cuda_qgemm_set_tiled_max_m(g, 256);
+    loom_cuda_qgemm_set_tiled_wgmma_min_m(g, LC_QT_DEFAULT_WG_MIN_M);
     cudaFree(x), cudaFree(y);
     loom_cuda_gemm_destroy(g);
 }

@@ -100,17 +100,29 @@ cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight
  * K % 128, INT4 group % 64). Scratch: lc_qtiled_scratch_bytes (the K
  * slices' partial sums, up to max_m rows). invariant: the split of one row
  * at every M (batch-invariant mode). lc_qtiled_dequant: a tiled weight ->
- * (N, K) dt for the dequantize + cuBLASLt path above LC_QT_MAX_M. */
+ * (N, K) dt for the dequantize + cuBLASLt path above LC_QT_MAX_M.
+ * wgmma_min_m: from these rows the Hopper wgmma kernel (0: never; not in
+ * batch-invariant mode), below it the mma.sync one. */
 #define LC_QT_MAX_M 256
 /* the default tiled bound: on the H200 (one Llama-3-8B layer's linears) the
- * kernel beats the tiled dequantize + cuBLASLt at 128 rows (W8A16 360 vs
- * 490 us, INT4 352 vs 544); at 256 W8A16 loses (588 vs 524) and INT4 ties
- * (581 vs 588) */
-#define LC_QT_DEFAULT_MAX_M 128
+ * kernel's wgmma path beats the tiled dequantize + cuBLASLt at 128 rows
+ * (W8A16 185 vs 491 us, INT4 196 vs 559) and at 256 (W8A16 319 vs 536,
+ * INT4 361 vs 606); the mma.sync path alone lost at 256 */
+#define LC_QT_DEFAULT_MAX_M 256
 int lc_qtiled_ok(const loom_cuda_qweight *w);
 size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m);
 cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x, void *y,
-                      void *scratch, int invariant, cudaStream_t s);
+                      void *scratch, int invariant, int wgmma_min_m, cudaStream_t s);
+/* the default of loom_cuda_qgemm_set_tiled_wgmma_min_m: the wgmma path
+ * (Hopper warpgroup MMA) from this many rows, mma.sync below */
+#define LC_QT_DEFAULT_WG_MIN_M 17
+int lc_gemm_q_tiled_wg_min_m(const loom_cuda_gemm *g);
+/* lc_qtiled calls that took the wgmma path so far. */
+long lc_qtiled_wgmma_count(void);
+/* the wgmma path's copies: 0 cp.async + CTA barriers, 1 TMA + mbarriers,
+ * 2 (default) by format and M as measured (qtiled.cu); for gpu_bench and
+ * the kernel tests, process-wide */
+void lc_qtiled_set_wgmma_tma(int mode);
 cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s);
 /* The tiled bound of loom_cuda_qgemm_set_tiled_max_m (gemm.c holds it). */
 int lc_gemm_q_tiled_max_m(const loom_cuda_gemm *g);

@@ -2,7 +2,9 @@
  * kernels/cuda/qtiled.cu — W8A16 and INT4 linear layers on weights repacked
  * once at load into a tensor-core tile layout ("tiled", Marlin's idea), one
  * kernel family for 1 .. LC_QT_MAX_M rows: lc_qtiled_pack (load time),
- * lc_qtiled (qgemm.c dispatches), lc_qtiled_dequant (the large-M path).
+ * lc_qtiled (qgemm.c dispatches: mma.sync below wgmma_min_m rows, from
+ * there the Hopper wgmma kernels further down), lc_qtiled_dequant (the
+ * large-M path).
  *
  * Layout (loom_cuda_qweight.layout == LOOM_CUDA_QLAYOUT_TILED): the weight
  * (N, K) is cut into row tiles of 16 rows (N % 16 == 0); a row tile is K /
@@ -57,18 +59,26 @@
  * (89 vs 74; chained 63 vs 48: ~1.9 TB/s, issue-bound on the decode and
  * copies); W8A16 wins only at 8..16 rows. mma.sync here reaches ~145-190
  * TFLOP/s at 64-256 rows: below bf16's cuBLASLt from ~30 rows. (Timed
- * before the INT4 codes were centred, 6bb08a0.)
+ * before the INT4 codes were centred, 6bb08a0.) The wgmma path from 17
+ * rows (bench/results/h200-quant-tiled-wgmma.json): 1.4-1.8x mma.sync from
+ * 32 rows; vs bf16 INT4 / W8A16 1.49x / 1.44x at 32 rows, 1.13x / 1.12x
+ * at 64, 0.58x / 0.65x at 256 (~350-370 TFLOP/s on gate|up, cuBLASLt's
+ * bf16 590).
  *
  * Contract (lc_qtiled_ok): N % 16 == 0, K % 128 == 0, INT4 group % 64 == 0
  * dividing K; x rows 16-byte aligned (K % 8).
  */
 #include <type_traits>
 
+#include <cuda.h> /* CUtensorMap */
+#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled */
+
 #include "common.cuh"
 
 #include "cp_async.cuh"
 #include "mma.cuh"
 #include "qgemm.h"
+#include "wgmma.cuh"
 
 #define LC_QT_WARPS 4
 #define LC_QT_MT 2                        /* row tiles per warp       */
@@ -433,6 +443,369 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
 }
 
 
+/* ------------------------------------------------- wgmma (Hopper) path */
+
+/* From 17 rows (lc_qtiled's wgmma_min_m) a CTA of two warpgroups owns the
+ * same 128 weight rows (warp w decodes row tile w exactly as above: the
+ * tiled vectors are the A fragments of wgmma m64nNk16 too, each warp of a
+ * warpgroup its 16 rows) and TOK = 32 .. 256 tokens, the wgmma's N: one
+ * wgmma.mma_async a warpgroup and k16 step, A from the decoded registers,
+ * B the stage's tokens in shared memory (K-major, the 128-byte swizzle: a
+ * token's 64 columns one 128-byte row, its 16-byte chunk c at c ^ (token %
+ * 8)), fp32 accumulators (TOK / 2 a thread). A stage is KS = 64 columns
+ * (128 at 128 tokens); cp.async brings weights, tokens and INT4's tile
+ * scales ST stages deep, D = ST - 2 ahead: a warpgroup waits for all but its
+ * latest wgmma after each one (wait_group 1), so the buffer refilled at the
+ * top of stage it — read by stage it - 2 — is free once the CTA passed the
+ * barrier. INT4 decodes fused (w = (q - 8) s + b' in dt, as the mma.sync
+ * path from 32 tokens); W8A16 the exact codes, the row scale at the end.
+ * Not in batch-invariant mode (the mma.sync path's sums there). */
+#define LC_QW_THREADS 256
+
+template <int TOK> constexpr int lc_qw_ks() { return TOK == 128 ? 128 : 64; }
+template <int FMT, int TOK> constexpr int lc_qw_wb() {
+    return LC_QT_TILES * (lc_qw_ks<TOK>() / lc_qt<FMT>::KC) * 512;
+}
+/* INT4: a (row tile, group) 64 bytes, KS / 64 groups a stage at most */
+template <int FMT, int TOK> constexpr int lc_qw_sb() {
+    return lc_qt<FMT>::I4 ? LC_QT_TILES * (lc_qw_ks<TOK>() / 64) * 64 : 0;
+}
+/* stage: tokens (TOK x KS, 1024-aligned swizzle atoms) | weights | scales */
+template <int FMT, int TOK> constexpr int lc_qw_stb() {
+    return (TOK * lc_qw_ks<TOK>() * 2 + lc_qw_wb<FMT, TOK>() + lc_qw_sb<FMT, TOK>() + 1023) / 1024 * 1024;
+}
+/* stages: up to 6 in 220 KB (one CTA an SM), 110 KB at <= 64 tokens (two) */
+template <int FMT, int TOK> constexpr int lc_qw_stages() {
+    return ((TOK <= 64 ? 110 : 220) * 1024 / lc_qw_stb<FMT, TOK>()) > 6
+               ? 6
+               : (TOK <= 64 ? 110 : 220) * 1024 / lc_qw_stb<FMT, TOK>();
+}
+template <int FMT, int TOK> constexpr size_t lc_qw_smem() {
+    return (size_t)lc_qw_stages<FMT, TOK>() * lc_qw_stb<FMT, TOK>() + 1024; /* + alignment slack */
+}
+
+template <typename T, int FMT, int TOK, bool F32>
+__global__ void __launch_bounds__(LC_QW_THREADS, 1)
+    lc_qtiled_wg_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd, const float *__restrict__ sc,
+                        void *__restrict__ y, float *__restrict__ part, int M, int N, int K, int group) {
+    typedef lc_qt<FMT> F;
+    constexpr int KS = lc_qw_ks<TOK>(), V = KS / F::KC, STEPS = KS / 16, NSL = KS / 64;
+    constexpr int XB = TOK * KS * 2, WB = lc_qw_wb<FMT, TOK>(), STB = lc_qw_stb<FMT, TOK>();
+    constexpr int ST = lc_qw_stages<FMT, TOK>(), D = ST - 2;
+    static_assert(ST >= 3, "wgmma path: too few stages");
+    static_assert(lc_qw_smem<FMT, TOK>() <= 227 * 1024, "wgmma path: shared memory");
+    extern __shared__ __align__(1024) uint8_t lc_qw_raw[];
+    /* 1024-aligned (the swizzle atoms') */
+    const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(lc_qw_raw);
+    uint8_t *sm = lc_qw_raw + ((1024u - (raw_s & 1023u)) & 1023u);
+    const uint32_t sm_s = (uint32_t)__cvta_generic_to_shared(sm);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int tile0 = blockIdx.x * LC_QT_TILES, ntiles = N / 16;
+    const int m0 = blockIdx.y * TOK;
+    const int S = K / KS, Z = (int)gridDim.z, z = (int)blockIdx.z;
+    const int s_lo = (int)((long long)S * z / Z), s_hi = (int)((long long)S * (z + 1) / Z);
+    const int nst = s_hi - s_lo;
+    const size_t tile_bytes = (size_t)K / F::KC * 512;
+    const int groups = F::I4 ? K / group : 1;
+
+    auto load_w = [&](int s, int b) {
+        uint8_t *ws = sm + (size_t)b * STB + XB;
+#pragma unroll
+        for (int k = 0; k < V; k++) { /* 8 row tiles x V vectors of 512 bytes */
+            const int i = tid + k * LC_QW_THREADS, tl = i / (V * 32), within = i % (V * 32);
+            if (tile0 + tl < ntiles)
+                lc_cp16(ws + (size_t)i * 16, wd + (size_t)(tile0 + tl) * tile_bytes + (size_t)s * V * 512 + within * 16,
+                        true);
+        }
+        if constexpr (F::I4) {
+            uint8_t *ss = ws + WB;
+            const int g0 = (s * KS) / group;
+            if (tid < LC_QT_TILES * NSL * 4) {
+                const int tl = tid / (NSL * 4), h = (tid >> 2) % NSL, q = tid & 3, gt = tile0 + tl;
+                if (gt < ntiles && g0 + h < groups)
+                    lc_cp16(ss + tid * 16, sc + ((size_t)gt * groups + g0 + h) * 16 + q * 4, true);
+            }
+        }
+    };
+    constexpr int CPR = KS / 8, XPT = TOK * CPR / LC_QW_THREADS; /* 16-byte chunks a token row, a thread */
+    static_assert(TOK * CPR % LC_QW_THREADS == 0, "token copies");
+    auto load_x = [&](int s, int b) {
+        uint8_t *xs = sm + (size_t)b * STB;
+#pragma unroll
+        for (int k = 0; k < XPT; k++) {
+            const int i = tid + k * LC_QW_THREADS, r = i / CPR, c = i % CPR;
+            if (m0 + r < M)
+                lc_cp16(xs + (c >> 3) * (TOK * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4),
+                        x + (size_t)(m0 + r) * K + (size_t)s * KS + c * 8, true);
+        }
+    };
+
+#pragma unroll
+    for (int i = 0; i < D; i++)
+        if (i < nst) load_w(s_lo + i, i);
+    lc_pdl_wait();
+    lc_pdl_trigger();
+#pragma unroll
+    for (int i = 0; i < D; i++) {
+        if (i < nst) load_x(s_lo + i, i);
+        lc_cp_commit();
+    }
+
+    float acc[TOK / 2];
+#pragma unroll
+    for (int i = 0; i < TOK / 2; i++) acc[i] = 0.0f;
+
+    for (int it = 0; it < nst; it++) {
+        lc_cp_wait<D - 1>();
+        lc_wg_proxy_fence(); /* the landed tokens, for wgmma's reads */
+        __syncthreads();
+        {
+            const int nx = it + D;
+            if (nx < nst) {
+                load_w(s_lo + nx, nx % ST);
+                load_x(s_lo + nx, nx % ST);
+            }
+            lc_cp_commit();
+        }
+        const int b = it % ST;
+        const uint8_t *ws = sm + (size_t)b * STB + XB;
+        const uint32_t xs_s = sm_s + (uint32_t)(b * STB);
+        const uint32_t *ss = reinterpret_cast<const uint32_t *>(ws + WB);
+        const int s_col = (s_lo + it) * KS, g_st = F::I4 ? s_col / group : 0;
+        uint4 av[V];
+        uint32_t s2a[V], b2a[V], s2b[V], b2b[V];
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            av[v] = *reinterpret_cast<const uint4 *>(ws + ((size_t)(warp * V + v) * 32 + lane) * 16);
+            if constexpr (F::I4) {
+                const int h = (s_col + v * F::KC) / group - g_st;
+                const uint32_t pa = ss[(warp * NSL + h) * 16 + g], pb = ss[(warp * NSL + h) * 16 + g + 8];
+                s2a[v] = __byte_perm(pa, 0, 0x1010), b2a[v] = __byte_perm(pa, 0, 0x3232);
+                s2b[v] = __byte_perm(pb, 0, 0x1010), b2b[v] = __byte_perm(pb, 0, 0x3232);
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < STEPS; q++) {
+            const int v = q / F::J, j = q % F::J;
+            uint32_t a[4];
+            if constexpr (F::I4) {
+                lc_qt_dec4<T>(lc_qt_word(av[v], j), s2a[v], b2a[v], s2b[v], b2b[v], a);
+            } else {
+                lc_qt_dec8<T>(lc_qt_word(av[v], 2 * j), a[0], a[1]);
+                lc_qt_dec8<T>(lc_qt_word(av[v], 2 * j + 1), a[2], a[3]);
+            }
+            /* k step q: 64-column block q / 4, 32 bytes a step within its rows */
+            const uint64_t desc = lc_wg_desc_sw128(xs_s + (uint32_t)((q >> 2) * (TOK * 128) + (q & 3) * 32));
+            lc_wg_fence();
+            lc_wgmma<T, TOK>::mma(acc, a, desc);
+            lc_wg_commit();
+            lc_wg_wait<1>();
+        }
+    }
+    lc_wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < TOK / 2; i++) lc_wg_reg_fence(acc[i]);
+    lc_cp_wait<0>(); /* no copy may land after the CTA has gone */
+
+    /* D: rows g, g + 8 of the warp's row tile; tokens 8 i + 2 t, + 1 */
+    const int nb = (tile0 + warp) * 16;
+    if (nb >= N) return;
+#pragma unroll
+    for (int i = 0; i < TOK / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int n = nb + g + (e >= 2 ? 8 : 0), m = m0 + 8 * i + 2 * t + (e & 1);
+            if (m >= M) continue;
+            const size_t o = (size_t)m * N + n;
+            if (Z > 1) {
+                part[(size_t)z * M * N + o] = acc[4 * i + e];
+                continue;
+            }
+            float val = acc[4 * i + e];
+            if constexpr (!F::I4) val *= __ldg(sc + n);
+            if (F32) static_cast<float *>(y)[o] = val;
+            else static_cast<T *>(y)[o] = lc_from_f<T>(val);
+        }
+}
+
+
+/* The same wgmma path with its copies by the tensor-memory accelerator:
+ * a ninth warp (one lane) produces — per stage one TMA box of the tokens
+ * a 64-column block (the tensor map of x does the 128-byte swizzle and
+ * fills rows past M with zeros), one bulk copy a row tile's weights and a
+ * (row tile, group)'s scales, all completing on the stage's `full`
+ * mbarrier — and the eight consumer warps wait for `full`, decode, run the
+ * wgmmas and, once a stage's wgmmas are done (the wait_group 1 of the next
+ * stage's first step), arrive on its `empty` barrier, which the producer
+ * waits for before refilling it: ST stages in flight, no CTA barrier in
+ * the loop, no copy instructions in the consumers. Tiles of at most 128
+ * tokens (lc_qtiled_wgt_t: 256 would want more registers than a thread of
+ * 288 has). Every consumer thread arrives on `empty` (count 256): behind a
+ * lane-0 branch ptxas serializes every wgmma (C7513). */
+#define LC_QW_TMA_THREADS (LC_QW_THREADS + 32)
+
+template <typename T, int FMT, int TOK, bool F32>
+__global__ void __launch_bounds__(LC_QW_TMA_THREADS, 1)
+    lc_qtiled_wgt_kernel(const __grid_constant__ CUtensorMap xmap, const uint8_t *__restrict__ wd,
+                         const float *__restrict__ sc, void *__restrict__ y, float *__restrict__ part, int M, int N,
+                         int K, int group) {
+    typedef lc_qt<FMT> F;
+    constexpr int KS = lc_qw_ks<TOK>(), V = KS / F::KC, STEPS = KS / 16, NSL = KS / 64, SUB = KS / 64;
+    constexpr int XB = TOK * KS * 2, WB = lc_qw_wb<FMT, TOK>(), STB = lc_qw_stb<FMT, TOK>();
+    constexpr int ST = lc_qw_stages<FMT, TOK>();
+    static_assert(ST >= 2, "wgmma path: too few stages");
+    static_assert(lc_qw_smem<FMT, TOK>() + 128 <= 227 * 1024, "wgmma path: shared memory");
+    extern __shared__ __align__(1024) uint8_t lc_qwt_raw[];
+    const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(lc_qwt_raw);
+    uint8_t *sm = lc_qwt_raw + ((1024u - (raw_s & 1023u)) & 1023u);
+    const uint32_t sm_s = (uint32_t)__cvta_generic_to_shared(sm);
+    const uint32_t full0 = sm_s + ST * STB, empty0 = full0 + ST * 8; /* ST mbarriers each, 8 bytes */
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int tile0 = blockIdx.y * LC_QT_TILES, ntiles = N / 16; /* grid (token tiles, row blocks, K slices) */
+    const int m0 = blockIdx.x * TOK;
+    const int S = K / KS, Z = (int)gridDim.z, z = (int)blockIdx.z;
+    const int s_lo = (int)((long long)S * z / Z), s_hi = (int)((long long)S * (z + 1) / Z);
+    const int nst = s_hi - s_lo;
+    const size_t tile_bytes = (size_t)K / F::KC * 512;
+    const int groups = F::I4 ? K / group : 1;
+
+    if (tid == 0) {
+        for (int i = 0; i < ST; i++) {
+            lc_mbar_init(full0 + i * 8, 1);
+            lc_mbar_init(empty0 + i * 8, LC_QW_THREADS); /* one arrival a consumer thread */
+        }
+        lc_mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (warp == LC_QT_TILES) { /* the producer */
+        if (lane == 0) {
+            const int vt = ntiles - tile0 < LC_QT_TILES ? ntiles - tile0 : LC_QT_TILES; /* valid row tiles */
+            auto weights = [&](int it) -> uint32_t { /* issues stage it's weights + scales, returns its bytes */
+                const int s = s_lo + it, b = it % ST;
+                const uint32_t ws = sm_s + b * STB + XB, fb = full0 + b * 8;
+                uint32_t bytes = 0;
+                for (int tl = 0; tl < vt; tl++) {
+                    lc_bulk_g2s(ws + tl * V * 512, wd + (size_t)(tile0 + tl) * tile_bytes + (size_t)s * V * 512,
+                                V * 512, fb);
+                    bytes += V * 512;
+                }
+                if constexpr (F::I4) {
+                    const int g0 = (s * KS) / group;
+                    const int ng = groups - g0 < NSL ? groups - g0 : NSL;
+                    for (int tl = 0; tl < vt; tl++) {
+                        lc_bulk_g2s(ws + WB + tl * NSL * 64, sc + ((size_t)(tile0 + tl) * groups + g0) * 16,
+                                    ng * 64, fb);
+                        bytes += ng * 64;
+                    }
+                }
+                return bytes;
+            };
+            auto wbytes = [&](int it) -> uint32_t {
+                uint32_t bytes = vt * V * 512;
+                if constexpr (F::I4) {
+                    const int g0 = ((s_lo + it) * KS) / group;
+                    bytes += vt * (groups - g0 < NSL ? groups - g0 : NSL) * 64;
+                }
+                return bytes;
+            };
+            constexpr uint32_t XBYTES = SUB * TOK * 128;
+            /* the weights of the first ST stages before the kernel before has
+             * finished (they do not depend on it), then their tokens */
+            const int pre = nst < ST ? nst : ST;
+            for (int it = 0; it < pre; it++) {
+                lc_mbar_arrive_tx(full0 + (it % ST) * 8, wbytes(it) + XBYTES);
+                weights(it);
+            }
+            lc_pdl_wait();
+            lc_pdl_trigger();
+            for (int it = 0; it < nst; it++) {
+                const int b = it % ST;
+                const uint32_t fb = full0 + b * 8;
+                if (it >= ST) {
+                    lc_mbar_wait(empty0 + b * 8, (uint32_t)((it / ST - 1) & 1));
+                    lc_mbar_arrive_tx(fb, wbytes(it) + XBYTES);
+                    weights(it);
+                }
+                const int col = (s_lo + it) * KS;
+#pragma unroll
+                for (int sub = 0; sub < SUB; sub++)
+                    lc_tma_2d(sm_s + b * STB + sub * (TOK * 128), &xmap, col + sub * 64, m0, fb);
+            }
+        }
+        return;
+    }
+
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    float acc[TOK / 2];
+#pragma unroll
+    for (int i = 0; i < TOK / 2; i++) acc[i] = 0.0f;
+
+    for (int it = 0; it < nst; it++) {
+        const int b = it % ST;
+        lc_mbar_wait(full0 + b * 8, (uint32_t)((it / ST) & 1));
+        const uint8_t *ws = sm + (size_t)b * STB + XB;
+        const uint32_t xs_s = sm_s + (uint32_t)(b * STB);
+        const uint32_t *ss = reinterpret_cast<const uint32_t *>(ws + WB);
+        const int s_col = (s_lo + it) * KS, g_st = F::I4 ? s_col / group : 0;
+        uint4 av[V];
+        uint32_t s2a[V], b2a[V], s2b[V], b2b[V];
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            av[v] = *reinterpret_cast<const uint4 *>(ws + ((size_t)(warp * V + v) * 32 + lane) * 16);
+            if constexpr (F::I4) {
+                const int h = (s_col + v * F::KC) / group - g_st;
+                const uint32_t pa = ss[(warp * NSL + h) * 16 + g], pb = ss[(warp * NSL + h) * 16 + g + 8];
+                s2a[v] = __byte_perm(pa, 0, 0x1010), b2a[v] = __byte_perm(pa, 0, 0x3232);
+                s2b[v] = __byte_perm(pb, 0, 0x1010), b2b[v] = __byte_perm(pb, 0, 0x3232);
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < STEPS; q++) {
+            const int v = q / F::J, j = q % F::J;
+            uint32_t a[4];
+            if constexpr (F::I4) {
+                lc_qt_dec4<T>(lc_qt_word(av[v], j), s2a[v], b2a[v], s2b[v], b2b[v], a);
+            } else {
+                lc_qt_dec8<T>(lc_qt_word(av[v], 2 * j), a[0], a[1]);
+                lc_qt_dec8<T>(lc_qt_word(av[v], 2 * j + 1), a[2], a[3]);
+            }
+            const uint64_t desc = lc_wg_desc_sw128(xs_s + (uint32_t)((q >> 2) * (TOK * 128) + (q & 3) * 32));
+            lc_wg_fence();
+            lc_wgmma<T, TOK>::mma(acc, a, desc);
+            lc_wg_commit();
+            lc_wg_wait<1>();
+            /* all but this step's wgmma done: the stage before is free */
+            if (q == 0 && it > 0) lc_mbar_arrive(empty0 + ((it - 1) % ST) * 8);
+        }
+    }
+    lc_wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < TOK / 2; i++) lc_wg_reg_fence(acc[i]);
+
+    const int nb = (tile0 + warp) * 16;
+    if (nb >= N) return;
+#pragma unroll
+    for (int i = 0; i < TOK / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int n = nb + g + (e >= 2 ? 8 : 0), m = m0 + 8 * i + 2 * t + (e & 1);
+            if (m >= M) continue;
+            const size_t o = (size_t)m * N + n;
+            if (Z > 1) {
+                part[(size_t)z * M * N + o] = acc[4 * i + e];
+                continue;
+            }
+            float val = acc[4 * i + e];
+            if constexpr (!F::I4) val *= __ldg(sc + n);
+            if (F32) static_cast<float *>(y)[o] = val;
+            else static_cast<T *>(y)[o] = lc_from_f<T>(val);
+        }
+}
+
 /* ------------------------------------------------------- layout mapping */
 
 /* Where byte / nibble e (INT4: nibble index 0..31 of the lane's vector,
@@ -563,12 +936,32 @@ static int lc_qt_splits(const loom_cuda_qweight *w, int M) {
     return z;
 }
 
+/* the wgmma path's token tile: its wgmma N */
+static int lc_qw_tok(int M) { return M <= 32 ? 32 : M <= 64 ? 64 : M <= 128 ? 128 : 256; }
+
+/* K slices of the wgmma path: as many as fill one wave of CTAs (one an SM,
+ * two at <= 64 tokens) without starting a second, >= 4 stages a slice */
+static int lc_qw_splits(const loom_cuda_qweight *w, int M, int tok) {
+    const int ks = tok == 128 ? 128 : 64;
+    const long ctas = (long)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES) * ((M + tok - 1) / tok);
+    const long slots = tok <= 64 ? 2 * LC_QT_SMS : LC_QT_SMS;
+    const int S = w->K / ks;
+    int z = ctas >= slots ? 1 : (int)(slots / ctas);
+    if (z > 8) z = 8;
+    if (z > S / 4) z = S / 4 > 0 ? S / 4 : 1;
+    return z;
+}
+
 extern "C" size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m) {
     size_t b = 0;
     const int z1 = lc_qt_splits(w, 1);
     for (int m = 1; m <= max_m && m <= LC_QT_MAX_M; m++) {
         int z = lc_qt_splits(w, m);
         if (z1 > z) z = z1; /* the batch-invariant split */
+        /* the wgmma path's, whatever its bound (TMA: at most 128-token tiles) */
+        const int zw = lc_qw_splits(w, m, lc_qw_tok(m)), zt = lc_qw_splits(w, m, lc_qw_tok(m < 128 ? m : 128));
+        if (zw > z) z = zw;
+        if (zt > z) z = zt;
         const size_t need = z > 1 ? (size_t)z * m * w->N * 4 : 0;
         if (need > b) b = need;
     }
@@ -621,18 +1014,146 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
                                                                    w->N, Z, s);
 }
 
+template <typename T, int FMT, int TOK, bool F32> static cudaError_t lc_qw_prepare(size_t smem) {
+    static unsigned long long done = 0;
+    return lc_smem_limit(&done, (const void *)lc_qtiled_wg_kernel<T, FMT, TOK, F32>, smem);
+}
+
+template <typename T, int FMT, bool F32>
+static cudaError_t lc_qtiled_wg_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
+                                  cudaStream_t s) {
+    const int tok = lc_qw_tok(M), Z = lc_qw_splits(w, M, tok);
+    const dim3 grid((unsigned)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES), (unsigned)((M + tok - 1) / tok),
+                    (unsigned)Z);
+    cudaError_t e;
+#define LC_QW_GO(TOK_)                                                                                 \
+    do {                                                                                               \
+        constexpr size_t smem = lc_qw_smem<FMT, TOK_>();                                               \
+        const cudaError_t attr = lc_qw_prepare<T, FMT, TOK_, F32>(smem);                               \
+        if (attr != cudaSuccess) return attr;                                                          \
+        e = lc_launch(lc_qtiled_wg_kernel<T, FMT, TOK_, F32>, grid, dim3(LC_QW_THREADS), smem, s,      \
+                      static_cast<const uint16_t *>(x), static_cast<const uint8_t *>(w->data),         \
+                      (const float *)w->scales, y, part, M, w->N, w->K, w->group);                     \
+    } while (0)
+    switch (tok) {
+    case 32: LC_QW_GO(32); break;
+    case 64: LC_QW_GO(64); break;
+    case 128: LC_QW_GO(128); break;
+    default: LC_QW_GO(256); break;
+    }
+#undef LC_QW_GO
+    if (e != cudaSuccess || Z == 1) return e;
+    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
+                                                                   w->N, Z, s);
+}
+
+/* The TMA kernel: x (M, K) 16-bit row-major as a tensor map of boxes of
+ * 64 columns x TOK rows in the 128-byte swizzle (rows past M read as
+ * zeros). cuTensorMapEncodeTiled through the runtime's driver entry point
+ * (host only: nothing enters a stream, so a launch being captured is
+ * fine). */
+static PFN_cuTensorMapEncodeTiled_v12000 lc_qw_encode_fn(void) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    static int tried = 0;
+    if (!__atomic_load_n(&tried, __ATOMIC_ACQUIRE)) {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+        __atomic_store_n(&tried, 1, __ATOMIC_RELEASE);
+    }
+    return fn;
+}
+
+static cudaError_t lc_qw_xmap(CUtensorMap *map, const void *x, int M, int K, int tok) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = lc_qw_encode_fn();
+    if (!enc) return cudaErrorNotSupported;
+    const cuuint64_t dim[2] = {(cuuint64_t)K, (cuuint64_t)M}, stride[1] = {(cuuint64_t)K * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)tok}, estr[2] = {1, 1};
+    const CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void *>(x), dim, stride, box, estr,
+                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <typename T, int FMT, int TOK, bool F32> static cudaError_t lc_qwt_prepare(size_t smem) {
+    static unsigned long long done = 0;
+    return lc_smem_limit(&done, (const void *)lc_qtiled_wgt_kernel<T, FMT, TOK, F32>, smem);
+}
+
+template <typename T, int FMT, bool F32>
+static cudaError_t lc_qtiled_wgt_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
+                                   cudaStream_t s) {
+    /* at most 128 tokens a tile (256 would want more than the 224 registers
+     * a thread of 288 has: ptxas serializes its wgmmas); the token tiles of
+     * a row block side by side in the grid (x), so they run together and
+     * the second reads its weights from L2 */
+    const int tok = lc_qw_tok(M < 128 ? M : 128), Z = lc_qw_splits(w, M, tok);
+    const dim3 grid((unsigned)((M + tok - 1) / tok), (unsigned)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES),
+                    (unsigned)Z);
+    CUtensorMap map;
+    cudaError_t e = lc_qw_xmap(&map, x, M, w->K, tok);
+    if (e != cudaSuccess) return e;
+#define LC_QWT_GO(TOK_)                                                                                \
+    do {                                                                                               \
+        constexpr size_t smem = lc_qw_smem<FMT, TOK_>() + 128; /* + the mbarriers */                   \
+        const cudaError_t attr = lc_qwt_prepare<T, FMT, TOK_, F32>(smem);                              \
+        if (attr != cudaSuccess) return attr;                                                          \
+        e = lc_launch(lc_qtiled_wgt_kernel<T, FMT, TOK_, F32>, grid, dim3(LC_QW_TMA_THREADS), smem, s,  \
+                      map, static_cast<const uint8_t *>(w->data), (const float *)w->scales, y, part, M, \
+                      w->N, w->K, w->group);                                                           \
+    } while (0)
+    switch (tok) {
+    case 32: LC_QWT_GO(32); break;
+    case 64: LC_QWT_GO(64); break;
+    default: LC_QWT_GO(128); break;
+    }
+#undef LC_QWT_GO
+    if (e != cudaSuccess || Z == 1) return e;
+    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
+                                                                   w->N, Z, s);
+}
+
+/* which copies the wgmma path runs: 0 cp.async + CTA barriers, 1 TMA +
+ * mbarriers, 2 (the default) as measured on the H200 (one Llama-3-8B
+ * layer's linears, docs/performance.md): TMA for W8A16 above 64 rows
+ * (128: 184.6 vs 190.8 us, 256: 318.6 vs 362.8), cp.async for INT4
+ * everywhere (its scale copies make twice the bulk copies a stage for one
+ * producer lane: 64 rows 186.4 vs 137.1, 256 rows 394.9 vs 360.7) and for
+ * W8A16 up to 64 rows (64: 154.5 vs 137.8). gpu_bench and the kernel tests
+ * force either. */
+static int lc_qw_tma = 2;
+extern "C" void lc_qtiled_set_wgmma_tma(int mode) { lc_qw_tma = mode < 0 || mode > 2 ? 2 : mode; }
+
+static long lc_qtiled_wg_runs;
+extern "C" long lc_qtiled_wgmma_count(void) { return lc_qtiled_wg_runs; }
+
 extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,
-                                 void *y, void *scratch, int invariant, cudaStream_t s) {
+                                 void *y, void *scratch, int invariant, int wgmma_min_m, cudaStream_t s) {
     if (!lc_qtiled_ok(w) || w->layout != LOOM_CUDA_QLAYOUT_TILED || M < 1 || M > LC_QT_MAX_M ||
         (w->fmt == LOOM_CUDA_Q_INT4 && dt != w->tile_dt))
         return cudaErrorInvalidValue;
     float *part = static_cast<float *>(scratch);
+    /* the wgmma path from wgmma_min_m rows (0: never), not batch-invariant */
+    const bool wg = !invariant && wgmma_min_m > 0 && M >= wgmma_min_m;
+    const bool tma = lc_qw_tma == 2 ? w->fmt == LOOM_CUDA_Q_INT8_W8A16 && M > 64 : lc_qw_tma == 1;
+    if (wg) lc_qtiled_wg_runs++;
 #define LC_QT_T(T)                                                                                 \
     (w->fmt == LOOM_CUDA_Q_INT4                                                                    \
-         ? (out_f32 ? lc_qtiled_t<T, LOOM_CUDA_Q_INT4, true>(M, w, x, y, part, invariant, s)                  \
-                    : lc_qtiled_t<T, LOOM_CUDA_Q_INT4, false>(M, w, x, y, part, invariant, s))                \
-         : (out_f32 ? lc_qtiled_t<T, LOOM_CUDA_Q_INT8_W8A16, true>(M, w, x, y, part, invariant, s)            \
-                    : lc_qtiled_t<T, LOOM_CUDA_Q_INT8_W8A16, false>(M, w, x, y, part, invariant, s)))
+         ? (wg ? (tma ? (out_f32 ? lc_qtiled_wgt_t<T, LOOM_CUDA_Q_INT4, true>(M, w, x, y, part, s)            \
+                                 : lc_qtiled_wgt_t<T, LOOM_CUDA_Q_INT4, false>(M, w, x, y, part, s))          \
+                      : (out_f32 ? lc_qtiled_wg_t<T, LOOM_CUDA_Q_INT4, true>(M, w, x, y, part, s)             \
+                                 : lc_qtiled_wg_t<T, LOOM_CUDA_Q_INT4, false>(M, w, x, y, part, s)))          \
+               : (out_f32 ? lc_qtiled_t<T, LOOM_CUDA_Q_INT4, true>(M, w, x, y, part, invariant, s)            \
+                          : lc_qtiled_t<T, LOOM_CUDA_Q_INT4, false>(M, w, x, y, part, invariant, s)))         \
+         : (wg ? (tma ? (out_f32 ? lc_qtiled_wgt_t<T, LOOM_CUDA_Q_INT8_W8A16, true>(M, w, x, y, part, s)      \
+                                 : lc_qtiled_wgt_t<T, LOOM_CUDA_Q_INT8_W8A16, false>(M, w, x, y, part, s))    \
+                      : (out_f32 ? lc_qtiled_wg_t<T, LOOM_CUDA_Q_INT8_W8A16, true>(M, w, x, y, part, s)       \
+                                 : lc_qtiled_wg_t<T, LOOM_CUDA_Q_INT8_W8A16, false>(M, w, x, y, part, s)))    \
+               : (out_f32 ? lc_qtiled_t<T, LOOM_CUDA_Q_INT8_W8A16, true>(M, w, x, y, part, invariant, s)      \
+                          : lc_qtiled_t<T, LOOM_CUDA_Q_INT8_W8A16, false>(M, w, x, y, part, invariant, s))))
     return dt == LOOM_CUDA_F16 ? LC_QT_T(__half) : LC_QT_T(__nv_bfloat16);
 #undef LC_QT_T
 }

@@ -1736,7 +1736,7 @@ quant:;
     }
     /* backend.quant_layout=tiled: W8A16 / INT4 repacked at load into
      * qtiled.cu's tiles (the default keeps the codes as uploaded), on the
-     * tiny shape (prefill steps past the tiled bound of 128 rows take the
+     * tiny shape (prefill steps past the tiled bound of 256 rows take the
      * tiled dequantize) and the Llama-3-8B-like one */
     {
         shape tt = qs_tiny, t8b = qs_8b;

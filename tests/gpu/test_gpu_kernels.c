@@ -1403,10 +1403,11 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     long tc0, cc0, tc1, cc1, v0, e0, v1, e1;
     lc_qgemv_count(&tc0, &cc0);
     lc_qgemm_fp8_count(&v0, &e0);
-    const long q0 = lc_qgemm_qmma_count(), t0 = lc_qgemm_qtiled_count();
+    const long q0 = lc_qgemm_qmma_count(), t0 = lc_qgemm_qtiled_count(), wg0 = lc_qtiled_wgmma_count();
     int rc = tile_rc ? 10000 + tile_rc : loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
     if (tile_rc) snprintf(msg, sizeof msg, "loom_cuda_qweight_tile: %s", cudaGetErrorString((cudaError_t)tile_rc));
     const bool qmma = lc_qgemm_qmma_count() > q0, tiled = lc_qgemm_qtiled_count() > t0;
+    const bool wgmma = lc_qtiled_wgmma_count() > wg0;
     if (!rc && path == 1 && qmma) {
         snprintf(msg, sizeof msg, "path 1 (the GEMV) ran qmma.cu's kernel: pick a shape it does not take");
         rc = -1;
@@ -1423,7 +1424,7 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     /* an FP8 GEMM: cuBLASLt's scale vectors, or unit scales + the epilogue */
     if (v1 > v0 || e1 > e0) kern = v1 > v0 ? (e1 > e0 ? " scale-vec+epilogue" : " scale-vec") : " epilogue";
     if (qmma) kern = " qmma";
-    if (tiled) kern = " tiled";
+    if (tiled) kern = wgmma ? " tiled-wgmma" : " tiled";
     else if (g_q_tile) kern = " tiled+dequant";
     char wild[16] = "";
     if (g_qx_wild) snprintf(wild, sizeof wild, M == 1 && g_qx_wild >= 2 ? " wild%d" : " wild", g_qx_wild);
@@ -2158,7 +2159,11 @@ static void test_qgemm_qmma(loom_cuda_gemm *g) {
 
 /* W8A16 / INT4 on weights repacked into the tiled layout (qtiled.cu)
  * against the float64 reference: every row count that picks another token
- * tile or leaves a partial one (1..256), N of an odd number of 16-row tiles
+ * tile or leaves a partial one (1..256; from 17 rows the wgmma path, the
+ * 32 / 64 / 128 / 256-token tiles and their edges, with the copies the
+ * dispatch picks and again with cp.async and TMA ones forced; a few once
+ * more on the mma.sync path with the wgmma bound off), N of an odd number
+ * of 16-row tiles
  * (a partial 128-row CTA block) and wide N (no K split), K split into
  * slices (N small), INT4 groups of 64 (two a stage), 128, 256 and K, both
  * dts, f32 output, tokens of wild magnitudes; above the tiled bound the
@@ -2167,16 +2172,48 @@ static void test_qgemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_
                                   int group, bool out_f32, int Mmax);
 static void test_qgemm_tiled(loom_cuda_gemm *g) {
     const loom_cuda_qfmt fmts[2] = {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
-    const int Ms[12] = {1, 2, 3, 8, 9, 16, 31, 64, 100, 128, 255, 256};
+    enum { NM = 20 };
+    const int Ms[NM] = {1, 2, 3, 8, 9, 16, 17, 31, 33, 63, 64, 65, 100, 127, 128, 129, 200, 255, 256, 248};
     g_q_tile = true;
-    loom_cuda_qgemm_set_tiled_max_m(g, 256); /* the kernel at every M below (default: 128) */
+    loom_cuda_qgemm_set_tiled_max_m(g, 256); /* the kernel at every M below (the default) */
     for (int fi = 0; fi < 2; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
         const bool i4 = f == LOOM_CUDA_Q_INT4;
-        for (int mi = 0; mi < 12; mi++) {
+        const long wg0 = lc_qtiled_wgmma_count();
+        for (int mi = 0; mi < NM; mi++) {
             test_qgemm(g, LOOM_CUDA_BF16, f, Ms[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
             test_qgemm(g, LOOM_CUDA_F16, f, Ms[mi], 208, 2048, i4 ? 64 : 0, 0, Ms[mi] % 2 == 1, false);
         }
+        /* the wgmma path: wide N (one K slice), K split over many slices,
+         * groups ending mid-stage (192), f32 output; then the mma.sync path
+         * at the same rows (wgmma bound off) */
+        test_qgemm(g, LOOM_CUDA_BF16, f, 200, 4096, 4096, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, 100, 2048, 4096, i4 ? 128 : 0, 0, true, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 40, 48, 14336, i4 ? 128 : 0, 0, true, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 150, 304, 1536, i4 ? 192 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, 77, 304, 1536, i4 ? 192 : 0, 0, true, false);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 256, 16896, 512, i4 ? 256 : 0, 0, true, false);
+        /* and the dispatch took it: the 14 rows >= 17 above, twice; these 6 */
+        report_count(i4 ? "tiled int4: calls missing the wgmma path from 17 rows"
+                        : "tiled w8a16: calls missing the wgmma path from 17 rows",
+                     2 * 14 + 6 - (lc_qtiled_wgmma_count() - wg0), 2 * 14 + 6);
+        /* the wgmma path with each of its copy schemes forced (the default
+         * picks by format and M): cp.async, then TMA */
+        for (int tma = 0; tma < 2; tma++) {
+            lc_qtiled_set_wgmma_tma(tma);
+            const int Mc[7] = {17, 63, 65, 128, 129, 200, 256};
+            for (int mi = 0; mi < 7; mi++) {
+                test_qgemm(g, LOOM_CUDA_BF16, f, Mc[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
+                test_qgemm(g, LOOM_CUDA_F16, f, Mc[mi], 208, 2048, i4 ? 64 : 0, 0, Mc[mi] % 2 == 1, false);
+            }
+            test_qgemm(g, LOOM_CUDA_BF16, f, 150, 304, 1536, i4 ? 192 : 0, 0, false, false);
+            test_qgemm(g, LOOM_CUDA_BF16, f, 256, 4096, 4096, i4 ? 128 : 0, 0, true, false);
+        }
+        lc_qtiled_set_wgmma_tma(2);
+        loom_cuda_qgemm_set_tiled_wgmma_min_m(g, 0);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 64, 592, 1024, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, 200, 208, 2048, i4 ? 64 : 0, 0, true, false);
+        loom_cuda_qgemm_set_tiled_wgmma_min_m(g, LC_QT_DEFAULT_WG_MIN_M);
         test_qgemm(g, LOOM_CUDA_BF16, f, 1, 4096, 4096, i4 ? 128 : 0, 0, true, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 64, 4096, 4096, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 24, 16896, 512, i4 ? 256 : 0, 0, false, false);

@@ -85,12 +85,17 @@ static const loom_param cb_params[] = {
      .default_value = "rows", .min = 1, .max = 0, .choices = cb_qlayout_choices,
      .doc = "W8A16 / INT4 weights: rows = as uploaded (one-row GEMVs, qmma.cu, dequantize + cuBLASLt: faster "
             "at batch 1), tiled = repacked once at load into tensor-core tiles (in place) for one kernel at "
-            "1..qtiled_max_rows rows (kernels/cuda/qtiled.cu: INT4 faster at 2..128 rows, W8A16 at 8..16); "
+            "1..qtiled_max_rows rows (kernels/cuda/qtiled.cu: INT4 faster at 2..256 rows, W8A16 at 8..256); "
             "shapes that do not tile (N % 16, K % 128, int4 group % 64) stay rows"},
     {.key = "qtiled_max_rows", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, qtiled_max_rows),
-     .default_value = "128", .min = 0, .max = 256,
+     .default_value = "256", .min = 0, .max = 256,
      .doc = "quant_layout tiled: most rows (M) the tiled kernel runs; above, the tiled weight is dequantized "
             "for cuBLASLt (batch_invariant: the kernel at every M)"},
+    {.key = "qtiled_wgmma_rows", .type = LOOM_PARAM_INT,
+     .offset = offsetof(cuda_backend_config, qtiled_wgmma_rows), .default_value = "17", .min = 0, .max = 257,
+     .doc = "quant_layout tiled: fewest rows (M) from which the tiled kernel runs its Hopper wgmma path "
+            "(warpgroup MMA, 32..256-token tiles), below it the mma.sync one; 0 = never (batch_invariant: "
+            "never)"},
     {.key = "kv_groups", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, kv_groups),
      .default_value = "true",
      .doc = "propose block-table groups to the cache (Gemma 3: sliding-window layers' blocks freed behind the "
@@ -280,7 +285,7 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                                .max_graph_batch = 256, .piecewise_graphs = true,
                                .max_graph_tokens = 2048, .max_batched_tokens = 8192,
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0,
-                               .quant_layout = 0, .qtiled_max_rows = 128,
+                               .quant_layout = 0, .qtiled_max_rows = 256, .qtiled_wgmma_rows = 17,
                                .sm_count = 0, .sm_partition = 0, .kv_groups = true};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.device < 0 || cfg.dtype < 0 || cfg.dtype > 1 || cfg.max_graph_batch < 1 ||

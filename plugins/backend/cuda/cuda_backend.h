@@ -91,6 +91,8 @@ typedef struct cuda_backend_config {
                                    1 "tiled" (repacked at load, qtiled.cu)     */
     int64_t qtiled_max_rows;    /* tiled: the kernel up to these rows, then
                                    dequantize + cuBLASLt (0..256)               */
+    int64_t qtiled_wgmma_rows;  /* tiled: its wgmma path from these rows
+                                   (0 = never)                                  */
     bool kv_groups;             /* propose block-table groups (kv_groups())    */
     int64_t sm_count;           /* > 0: run on a green context of that many SMs */
     int64_t sm_partition;       /* 0 "first": those sm_count SMs; 1 "rest": the
