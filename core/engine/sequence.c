@@ -90,12 +90,24 @@ loom_status engine_track_seq(loom_engine *e, loom_seq *s) {
 }
 
 loom_seq *loom_engine_find_seq(loom_engine *e, loom_seq_id id) {
+    /* A step looks its sequences up in the scheduler's order, mostly
+     * ascending ids: the one after the last found first (the lookups of a
+     * step of hundreds of sequences stay O(1) each, not a binary search of
+     * every tracked sequence, waiting ones included). */
+    const int32_t h = e->find_hint + 1;
+    if (h < e->num_seqs && e->seqs[h]->info.id == id) {
+        e->find_hint = h;
+        return e->seqs[h];
+    }
     /* Sequences are appended in id order: binary search. */
     int32_t lo = 0, hi = e->num_seqs - 1;
     while (lo <= hi) {
         int32_t mid = (lo + hi) / 2;
         loom_seq_id v = e->seqs[mid]->info.id;
-        if (v == id) return e->seqs[mid];
+        if (v == id) {
+            e->find_hint = mid;
+            return e->seqs[mid];
+        }
         if (v < id) lo = mid + 1;
         else hi = mid - 1;
     }
