@@ -210,7 +210,7 @@ loom_status engine_build_batch(loom_engine *e, const loom_sched_output *out, loo
         if (nb > width) width = nb;
     }
     e->step_stride = width < e->bt_stride ? width : e->bt_stride;
-    if (engine_step_buffers(e, out->num_scheduled, ntok, e->bt_stride) != LOOM_OK)
+    if (engine_step_buffers(e, out->num_scheduled, ntok, e->step_stride) != LOOM_OK)
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory growing step buffers");
     int32_t t = 0, nlog = 0;
     bool any_decode = false, any_prompt = false;

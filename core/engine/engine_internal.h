@@ -186,6 +186,7 @@ struct loom_engine {
     int32_t bt_stride;         /* block-table entries per sequence: max_model_len in blocks */
     int32_t step_stride;       /* the batch being built: its widest row (<= bt_stride) */
     int32_t find_hint;         /* index of the last loom_engine_find_seq hit */
+    int32_t finished_unreaped; /* sequences finished since engine_reap last ran */
     int32_t num_groups;        /* block tables per sequence (>= 1): layout.num_groups */
     loom_kv_groups kv_groups;  /* the runner's proposal, as the cache took it */
     const int32_t *group_window; /* kv_groups.window when the cache took the

@@ -179,8 +179,12 @@ void engine_end_unstarted(const loom_req *rq, int32_t from, loom_finish_reason w
     }
 }
 
-/* Remove finished sequences of finished requests from the tables. */
+/* Remove finished sequences of finished requests from the tables: a walk
+ * of every tracked sequence and request, so only after a step in which
+ * some sequence finished (engine_seq_finish counts them). */
 void engine_reap(loom_engine *e) {
+    if (e->finished_unreaped == 0) return;
+    e->finished_unreaped = 0;
     int32_t w = 0;
     for (int32_t i = 0; i < e->num_seqs; i++) {
         loom_seq *s = e->seqs[i];
@@ -258,6 +262,7 @@ static void stream_text(loom_engine *e, loom_seq *s, const engine_token *t) {
 void engine_seq_finish(loom_engine *e, loom_seq *s, loom_finish_reason why, const char *error) {
     if (s->finished) return;
     s->finished = true;
+    e->finished_unreaped++;
     e->sch->remove(e->sch_self, s->info.id); /* unknown ids are ignored */
     if (s->req->r.on_kv_export) engine_kv_export(e, s, why); /* before its blocks go */
     e->cache->free(e->cache_self, s->info.id);

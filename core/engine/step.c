@@ -97,7 +97,9 @@ static void fail_stalled(loom_engine *e) {
 }
 
 static loom_status schedule(loom_engine *e, double now, loom_sched_output *out, sched_result *res, loom_error *err) {
-    if (engine_step_buffers(e, e->num_seqs, 1, e->bt_stride) != LOOM_OK)
+    /* the scheduler's arrays hold every live sequence; block-table rows are
+     * sized by engine_build_batch for the sequences it schedules */
+    if (engine_step_buffers(e, e->num_seqs, 1, 0) != LOOM_OK)
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory growing step buffers");
     *out = (loom_sched_output){.struct_size = sizeof *out, .capacity = e->sched_cap, .scheduled = e->sched_entries,
                                .preempted = e->preempted, .preempt_mode = e->preempt_modes};
@@ -320,10 +322,11 @@ static loom_status sample_step(loom_engine *e, int32_t nlog, int32_t topk, loom_
 
 /* --------------------------------------------------------------- step */
 
-static int32_t live_seqs(const loom_engine *e) {
-    int32_t live = 0;
-    for (int32_t i = 0; i < e->num_seqs; i++) live += !e->seqs[i]->finished;
-    return live;
+/* Whether any tracked sequence is unfinished (the first one found). */
+static bool any_live_seq(const loom_engine *e) {
+    for (int32_t i = 0; i < e->num_seqs; i++)
+        if (!e->seqs[i]->finished) return true;
+    return false;
 }
 
 /* Schedule, run and sample one step of live sequences. */
@@ -372,7 +375,7 @@ loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
     const double t0 = loom_now();
     engine_drain_inbox(e, err);
     e->phase_seconds[ENGINE_PH_INBOX] += loom_now() - t0;
-    loom_status st = live_seqs(e) > 0 ? run_step(e, err) : LOOM_OK;
+    loom_status st = any_live_seq(e) ? run_step(e, err) : LOOM_OK;
     if (st != LOOM_OK) return st;
     const double tr = loom_now();
     engine_reap(e);
