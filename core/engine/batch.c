@@ -209,7 +209,10 @@ loom_status engine_build_batch(loom_engine *e, const loom_sched_output *out, loo
         ntok += en->num_tokens;
         if (nb > width) width = nb;
     }
-    e->step_stride = width < e->bt_stride ? width : e->bt_stride;
+    width = width < e->bt_stride ? width : e->bt_stride;
+    if (width != e->step_stride && e->host->metric_set) /* the metric "engine.block_table_width" */
+        e->host->metric_set(e->host->ctx, "engine.block_table_width", width);
+    e->step_stride = width;
     if (engine_step_buffers(e, out->num_scheduled, ntok, e->step_stride) != LOOM_OK)
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory growing step buffers");
     int32_t t = 0, nlog = 0;
