@@ -594,10 +594,11 @@ static void cb_mark(cuda_backend *b, int phase) {
 }
 
 /* The GPU's side of a timed step: an event before its first upload and one
- * before its wait (cb_sync); the events are made at the first timed step
- * (a failure only leaves the GPU split out). */
+ * before each of its waits (cb_sync; recorded again, the last one counts);
+ * the events are made at the first timed step (a failure only leaves the
+ * GPU split out). */
 static void cb_event(cuda_backend *b, bool end) {
-    if (!b->in_step || (end ? b->ev_ended : b->ev_started)) return;
+    if (!b->in_step || (!end && b->ev_started)) return;
     if (!b->ev_start && (cudaEventCreate(&b->ev_start) != cudaSuccess || cudaEventCreate(&b->ev_end) != cudaSuccess ||
                          cudaEventCreate(&b->ev_prev_end) != cudaSuccess)) {
         (void)cudaGetLastError();
