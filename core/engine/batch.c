@@ -131,15 +131,16 @@ static void count_prompt(loom_engine *e, loom_seq *s, const loom_sched_entry *en
     if (en->num_computed < np) e->stats.prefill_tokens += (end < np ? end : np) - en->num_computed;
 }
 
-/* Row i (of S) of every group's block table for sequence `id`, -1 past
- * its blocks; each group must have blocks for tokens [0, end). */
+/* Row i (of S, rows of e->step_stride entries) of every group's block
+ * table for sequence `id`: its first blocks, -1 past them; each group must
+ * have blocks for tokens [0, end) within the row. */
 loom_status engine_table_rows(loom_engine *e, loom_seq_id id, int32_t i, int32_t S, int32_t end, loom_error *err) {
-    const int32_t bs = e->layout.block_size, stride = e->bt_stride;
+    const int32_t bs = e->layout.block_size, stride = e->step_stride;
     for (int32_t g = 0; g < e->num_groups; g++) {
         int32_t *row = e->block_table + ((size_t)g * S + i) * stride;
         int32_t nb = g == 0 ? e->cache->block_table(e->cache_self, id, row, stride)
                             : e->cache->group_table(e->cache_self, id, g, row, stride);
-        if (nb > stride || (int64_t)nb * bs < end)
+        if (nb > e->bt_stride || (int64_t)(nb < stride ? nb : stride) * bs < end)
             return loom_error_set(err, LOOM_ERR_INTERNAL,
                                   "seq %lld has %d blocks in group %d for %d tokens: the scheduler did not allocate",
                                   (long long)id, nb, g, end);
@@ -152,7 +153,7 @@ loom_status engine_table_rows(loom_engine *e, loom_seq_id id, int32_t i, int32_t
  * tokens, through row i (of S) of every group's table: (G, T). */
 loom_status engine_fill_slots(loom_engine *e, int32_t i, int32_t S, int32_t T, int32_t t, int32_t from, int32_t end,
                               loom_error *err) {
-    const int32_t bs = e->layout.block_size, stride = e->bt_stride;
+    const int32_t bs = e->layout.block_size, stride = e->step_stride;
     for (int32_t g = 0; g < e->num_groups; g++) {
         const int32_t *row = e->block_table + ((size_t)g * S + i) * stride;
         int64_t *slots = e->slots + (size_t)g * T + t;
@@ -197,9 +198,22 @@ static loom_status add_entry(loom_engine *e, int32_t i, int32_t S, int32_t T, co
  * whether its entries are prompt chunks, past their prompt, or both. */
 loom_status engine_build_batch(loom_engine *e, const loom_sched_output *out, loom_batch *batch, loom_step_kind *kind,
                                loom_error *err) {
-    int32_t ntok = 0;
-    for (int32_t i = 0; i < out->num_scheduled; i++) ntok += out->scheduled[i].num_tokens;
-    if (engine_step_buffers(e, out->num_scheduled, ntok, e->bt_stride) != LOOM_OK)
+    /* rows as wide as the step's longest context, not max_model_len: what
+     * is filled here, packed by the runner and uploaded each step follows
+     * the contexts that run (loom/backend.h: >= the blocks any seq uses) */
+    const int32_t bs = e->layout.block_size;
+    int32_t ntok = 0, width = 1;
+    for (int32_t i = 0; i < out->num_scheduled; i++) {
+        const loom_sched_entry *en = &out->scheduled[i];
+        const int32_t nb = (int32_t)(((int64_t)en->num_computed + en->num_tokens + bs - 1) / bs);
+        ntok += en->num_tokens;
+        if (nb > width) width = nb;
+    }
+    width = width < e->bt_stride ? width : e->bt_stride;
+    if (width != e->step_stride && e->host->metric_set) /* the metric "engine.block_table_width" */
+        e->host->metric_set(e->host->ctx, "engine.block_table_width", width);
+    e->step_stride = width;
+    if (engine_step_buffers(e, out->num_scheduled, ntok, e->step_stride) != LOOM_OK)
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory growing step buffers");
     int32_t t = 0, nlog = 0;
     bool any_decode = false, any_prompt = false;
@@ -222,7 +236,7 @@ loom_status engine_build_batch(loom_engine *e, const loom_sched_output *out, loo
         .query_start = e->query_start,
         .context_len = e->context_len,
         .block_table = e->block_table,
-        .block_table_stride = e->bt_stride,
+        .block_table_stride = e->step_stride,
         .slot_mapping = e->slots,
         .num_logits = nlog,
         .logits_index = e->logits_index,

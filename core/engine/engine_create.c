@@ -461,6 +461,15 @@ void loom_engine_destroy(loom_engine *e) {
         for (int32_t i = 0; i < e->num_inner; i++) destroy_instance(e, LOOM_KIND_BACKEND, e->inner[i]);
         destroy_instance(e, LOOM_KIND_QUANTIZER, e->quant_self); /* after the backend released its tensors */
     }
+    if (e->phase_steps > 0) {
+        const double f = 1e3 / (double)e->phase_steps, *ph = e->phase_seconds;
+        loom_log(LOOM_LOG_INFO, "engine",
+                 "%lld steps, ms a step: inbox %.3f, drafts %.3f, schedule %.3f, batch %.3f, row plan %.3f, "
+                 "forward %.3f, sample + append + stream %.3f, reap %.3f",
+                 (long long)e->phase_steps, f * ph[ENGINE_PH_INBOX], f * ph[ENGINE_PH_PROPOSE],
+                 f * ph[ENGINE_PH_SCHEDULE], f * ph[ENGINE_PH_BATCH], f * ph[ENGINE_PH_ROWS],
+                 f * ph[ENGINE_PH_FORWARD], f * ph[ENGINE_PH_SAMPLE], f * ph[ENGINE_PH_REAP]);
+    }
     /* after the plugins: what they log as they go (a backend's step split)
      * is still at the engine's level */
     if (e->log_held) loom_log_hold(e->log_level, -1);

@@ -45,7 +45,7 @@ static loom_batch score_batch(loom_engine *e, const int32_t *tokens, int32_t sta
     return (loom_batch){
         .struct_size = sizeof(loom_batch), .num_seqs = 1, .num_tokens = c, .token_ids = e->tok_ids,
         .positions = e->positions, .query_start = e->query_start, .context_len = e->context_len,
-        .block_table = e->block_table, .block_table_stride = e->bt_stride, .slot_mapping = e->slots,
+        .block_table = e->block_table, .block_table_stride = e->step_stride, .slot_mapping = e->slots,
         .num_logits = c, .logits_index = e->logits_index, .num_groups = e->num_groups,
         .group_window = e->group_window,
     };
@@ -67,6 +67,7 @@ static loom_status score_run(loom_engine *e, const loom_seq_info *info, const in
     if (engine_step_buffers(e, 1, SCORE_CHUNK, e->bt_stride) != LOOM_OK)
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory");
     if ((st = engine_logits_room(e, SCORE_CHUNK, err)) != LOOM_OK) return st;
+    e->step_stride = e->bt_stride;
     if ((st = engine_table_rows(e, info->id, 0, 1, n, err)) != LOOM_OK) return st;
     for (int32_t start = 0; start < n; start += SCORE_CHUNK) {
         int32_t c = n - start < SCORE_CHUNK ? n - start : SCORE_CHUNK;

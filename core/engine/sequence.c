@@ -90,12 +90,24 @@ loom_status engine_track_seq(loom_engine *e, loom_seq *s) {
 }
 
 loom_seq *loom_engine_find_seq(loom_engine *e, loom_seq_id id) {
+    /* A step looks its sequences up in the scheduler's order, mostly
+     * ascending ids: the one after the last found first (the lookups of a
+     * step of hundreds of sequences stay O(1) each, not a binary search of
+     * every tracked sequence, waiting ones included). */
+    const int32_t h = e->find_hint + 1;
+    if (h < e->num_seqs && e->seqs[h]->info.id == id) {
+        e->find_hint = h;
+        return e->seqs[h];
+    }
     /* Sequences are appended in id order: binary search. */
     int32_t lo = 0, hi = e->num_seqs - 1;
     while (lo <= hi) {
         int32_t mid = (lo + hi) / 2;
         loom_seq_id v = e->seqs[mid]->info.id;
-        if (v == id) return e->seqs[mid];
+        if (v == id) {
+            e->find_hint = mid;
+            return e->seqs[mid];
+        }
         if (v < id) lo = mid + 1;
         else hi = mid - 1;
     }
@@ -167,8 +179,12 @@ void engine_end_unstarted(const loom_req *rq, int32_t from, loom_finish_reason w
     }
 }
 
-/* Remove finished sequences of finished requests from the tables. */
+/* Remove finished sequences of finished requests from the tables: a walk
+ * of every tracked sequence and request, so only after a step in which
+ * some sequence finished (engine_seq_finish counts them). */
 void engine_reap(loom_engine *e) {
+    if (e->finished_unreaped == 0) return;
+    e->finished_unreaped = 0;
     int32_t w = 0;
     for (int32_t i = 0; i < e->num_seqs; i++) {
         loom_seq *s = e->seqs[i];
@@ -246,6 +262,7 @@ static void stream_text(loom_engine *e, loom_seq *s, const engine_token *t) {
 void engine_seq_finish(loom_engine *e, loom_seq *s, loom_finish_reason why, const char *error) {
     if (s->finished) return;
     s->finished = true;
+    e->finished_unreaped++;
     e->sch->remove(e->sch_self, s->info.id); /* unknown ids are ignored */
     if (s->req->r.on_kv_export) engine_kv_export(e, s, why); /* before its blocks go */
     e->cache->free(e->cache_self, s->info.id);

@@ -97,7 +97,9 @@ static void fail_stalled(loom_engine *e) {
 }
 
 static loom_status schedule(loom_engine *e, double now, loom_sched_output *out, sched_result *res, loom_error *err) {
-    if (engine_step_buffers(e, e->num_seqs, 1, e->bt_stride) != LOOM_OK)
+    /* the scheduler's arrays hold every live sequence; block-table rows are
+     * sized by engine_build_batch for the sequences it schedules */
+    if (engine_step_buffers(e, e->num_seqs, 1, 0) != LOOM_OK)
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory growing step buffers");
     *out = (loom_sched_output){.struct_size = sizeof *out, .capacity = e->sched_cap, .scheduled = e->sched_entries,
                                .preempted = e->preempted, .preempt_mode = e->preempt_modes};
@@ -230,9 +232,11 @@ static loom_status fill_step_masks(void *ctx, loom_error *err) {
 
 static loom_status forward(loom_engine *e, const loom_batch *batch, int32_t *topk, loom_error *err) {
     bool masked;
+    const double tr = loom_now();
     loom_status st = plan_rows(e, batch->num_logits, topk, &masked, err);
     if (st != LOOM_OK) return st;
     const double t0 = loom_now();
+    e->phase_seconds[ENGINE_PH_ROWS] += t0 - tr;
     if (*topk > 0) {
         e->step_logits = batch->num_logits;
         e->masks_filled = false;
@@ -249,7 +253,9 @@ static loom_status forward(loom_engine *e, const loom_batch *batch, int32_t *top
     } else {
         st = e->run.forward(e->run.self, batch, e->logits, err);
     }
-    e->stats.backend_seconds += loom_now() - t0;
+    const double dt = loom_now() - t0;
+    e->stats.backend_seconds += dt;
+    e->phase_seconds[ENGINE_PH_FORWARD] += dt;
     if (st != LOOM_OK)
         loom_error_prefix(err, "%s '%s' forward (%d sequences, %d tokens)",
                           e->run.kind == LOOM_KIND_EXECUTOR ? "executor" : "backend", e->run.name, batch->num_seqs,
@@ -316,10 +322,11 @@ static loom_status sample_step(loom_engine *e, int32_t nlog, int32_t topk, loom_
 
 /* --------------------------------------------------------------- step */
 
-static int32_t live_seqs(const loom_engine *e) {
-    int32_t live = 0;
-    for (int32_t i = 0; i < e->num_seqs; i++) live += !e->seqs[i]->finished;
-    return live;
+/* Whether any tracked sequence is unfinished (the first one found). */
+static bool any_live_seq(const loom_engine *e) {
+    for (int32_t i = 0; i < e->num_seqs; i++)
+        if (!e->seqs[i]->finished) return true;
+    return false;
 }
 
 /* Schedule, run and sample one step of live sequences. */
@@ -328,7 +335,11 @@ static loom_status run_step(loom_engine *e, loom_error *err) {
     loom_status st = e->spec ? engine_spec_propose(e, err) : LOOM_OK;
     loom_sched_output out;
     sched_result res = SCHED_STALLED;
+    const double ts = loom_now();
+    e->phase_seconds[ENGINE_PH_PROPOSE] += ts - t0;
     if (st == LOOM_OK) st = schedule(e, t0, &out, &res, err);
+    const double tb = loom_now();
+    e->phase_seconds[ENGINE_PH_SCHEDULE] += tb - ts;
     if (st != LOOM_OK || res == SCHED_RETRY) return st; /* retry: blocks were freed, the next schedule() differs */
     if (res == SCHED_STALLED) {
         fail_stalled(e);
@@ -340,10 +351,15 @@ static loom_status run_step(loom_engine *e, loom_error *err) {
     if ((st = engine_run_block_ops(e, err)) != LOOM_OK) return st;
     if ((st = engine_build_batch(e, &out, &batch, &kind, err)) != LOOM_OK) return st;
     const double backend0 = e->stats.backend_seconds;
+    e->phase_seconds[ENGINE_PH_BATCH] += loom_now() - tb;
     if ((st = forward(e, &batch, &topk, err)) != LOOM_OK) return st;
+    const double tsm = loom_now();
     mark_computed(e, &out);
     if ((st = sample_step(e, batch.num_logits, topk, err)) != LOOM_OK) return st;
-    double dt = loom_now() - t0;
+    const double t1 = loom_now();
+    e->phase_seconds[ENGINE_PH_SAMPLE] += t1 - tsm;
+    e->phase_steps++;
+    double dt = t1 - t0;
     if (kind != LOOM_STEP_PREFILL) e->stats.decode_seconds += dt;
     else e->stats.prefill_seconds += dt;
     e->stats.steps++;
@@ -356,10 +372,14 @@ static loom_status run_step(loom_engine *e, loom_error *err) {
 }
 
 loom_status loom_engine_step(loom_engine *e, int32_t *active, loom_error *err) {
+    const double t0 = loom_now();
     engine_drain_inbox(e, err);
-    loom_status st = live_seqs(e) > 0 ? run_step(e, err) : LOOM_OK;
+    e->phase_seconds[ENGINE_PH_INBOX] += loom_now() - t0;
+    loom_status st = any_live_seq(e) ? run_step(e, err) : LOOM_OK;
     if (st != LOOM_OK) return st;
+    const double tr = loom_now();
     engine_reap(e);
+    e->phase_seconds[ENGINE_PH_REAP] += loom_now() - tr;
     if (active) {
         pthread_mutex_lock(&e->inbox_mu);
         /* requests still waiting for a delivery wait for it, not for a

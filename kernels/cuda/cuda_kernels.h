@@ -333,6 +333,9 @@ typedef struct loom_cuda_gemm loom_cuda_gemm;
 loom_cuda_gemm *loom_cuda_gemm_create(size_t workspace_bytes, int *code, char *msg,
                                       size_t msg_size);
 void loom_cuda_gemm_destroy(loom_cuda_gemm *g);
+/* Plan-cache misses so far (each a cuBLASLt heuristic query on the host)
+ * and the host seconds they took: a step that meets a new shape pays one. */
+void loom_cuda_gemm_plan_stats(const loom_cuda_gemm *g, long long *made, double *seconds);
 /* Returns 0 on success, else a cuBLAS status (or CUDA error + 10000) with a
  * reason in msg (may be NULL). Capturable into a CUDA graph. */
 int loom_cuda_gemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, int N, int K,

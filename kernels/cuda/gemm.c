@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cublasLt.h>
 #include <cublas_api.h> /* CUBLAS_VER_MAJOR / _MINOR */
@@ -59,6 +60,8 @@ struct loom_cuda_gemm {
     int q_tiled_wg_min_m; /* tiled: fewest M of its wgmma path (0: never) */
     int fp8_vec;    /* FP8 GEMMs may take per-row / per-column scale vectors */
     int q_tc_min_m; /* rows from which the quantized GEMV takes the tensor cores (0: per format) */
+    long long plans_made;  /* plan-cache misses: descriptors + heuristic query */
+    double plan_seconds;   /* host time they took                              */
 };
 
 static const float lc_one_f = 1.0f, lc_zero_f = 0.0f;
@@ -254,6 +257,17 @@ fail:
     return (int)st ? (int)st : 1;
 }
 
+static double lc_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void loom_cuda_gemm_plan_stats(const loom_cuda_gemm *g, long long *made, double *seconds) {
+    *made = g ? g->plans_made : 0;
+    *seconds = g ? g->plan_seconds : 0.0;
+}
+
 /* cuBLASLt for one shape and operand kind (0: dt; else LC_LT_*), through
  * the plan cache. */
 static int lc_lt_run(loom_cuda_gemm *g, int kind, loom_cuda_dt dt, int out_f32, int M, int N,
@@ -273,7 +287,10 @@ static int lc_lt_run(loom_cuda_gemm *g, int kind, loom_cuda_dt dt, int out_f32, 
         p = &g->plans[g->next];
         g->next = (g->next + 1) % LC_GEMM_CACHE;
         lc_plan_free(p);
+        const double t0 = lc_now();
         int rc = lc_plan_make(g, p, kind, dt, out_f32, M, N, K, sa, sb, msg, msg_size);
+        g->plans_made++;
+        g->plan_seconds += lc_now() - t0;
         if (rc == CUBLAS_STATUS_NOT_SUPPORTED) /* the callers fall back; ask once per shape */
             *p = (lc_gemm_plan){.valid = true, .unsupported = true, .m = M, .n = N, .k = K,
                                 .dt = (int)dt, .out_f32 = out_f32, .kind = kind};

@@ -215,7 +215,7 @@ stage1)
     --output-len 128:384 --seed 7 --set engine.log_level=info --no-progress --json "$O/llama3-8b-offline-1000.json" > "$O/offline-1000.txt" 2>&1 \
     || fails=$((fails + 1))
   grep -v 'INFO\|info' "$O/offline-1000.txt" | tail -19; grep 'waiting for the GPU' "$O/offline-1000.txt" | tail -1
-  grep -E "waiting for the GPU|engine's own work" "$O/offline-1000.txt" > "$O/offline-1000-split.txt"
+  grep -E "waiting for the GPU|engine's own work|ms a step: prep|ms a step: inbox|cuBLASLt plans" "$O/offline-1000.txt" > "$O/offline-1000-split.txt"
   rec '{hw}-hf-reference-llama3-8b' --what "teacher-forced logprobs vs transformers, random-weight Llama-3-8B shape (4 layers)" \
     --text compare="$O/hf_compare.txt"
   rec '{hw}-llama3-8b-bf16-decode-batch1' --what "Llama-3-8B shape, bf16, batch-1 decode (4 requests of 128 + 256 tokens)" \

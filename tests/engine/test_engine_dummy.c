@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "eng_util.h"
+#include "plugin/host.h" /* loom_metrics_get */
 
 #define VOCAB 256
 
@@ -108,6 +109,43 @@ Test(dummy, greedy_deterministic) {
     eng_rec_free(&a);
     eng_rec_free(&b);
     eng_rec_free(&c);
+}
+
+/* The batch's block-table rows are as wide as the step's longest context,
+ * not max_model_len (loom/backend.h: >= the blocks any sequence uses), and
+ * the tokens do not depend on max_model_len. tiny: 16-token blocks; at
+ * max_model_len 128 a row could hold 8. */
+Test(dummy, block_table_rows_follow_the_contexts) {
+    const char *const wide[] = {"engine.max_model_len=256", NULL};
+    eng_rec a[3], b[3];
+    int32_t p[3][40];
+    const int32_t len[3] = {9, 40, 23};
+    loom_engine *e = eng_open("tiny.yaml", NULL);
+    loom_engine *w = eng_open("tiny.yaml", wide);
+    for (int k = 0; k < 3; k++) {
+        eng_rec_init(&a[k], 1);
+        eng_rec_init(&b[k], 1);
+        eng_prompt(p[k], len[k], 30 + (uint32_t)k, VOCAB);
+        eng_add(e, eng_req_tokens(p[k], len[k], 7), &a[k]);
+        eng_add(w, eng_req_tokens(p[k], len[k], 7), &b[k]);
+    }
+    eng_run(e, 1000);
+    /* the last step fed the 40-token prompt's 6th new token: 46 positions, 3 blocks */
+    cr_assert_eq(loom_metrics_get("engine.block_table_width"), 3, "block-table rows of %g entries, want 3",
+                 loom_metrics_get("engine.block_table_width"));
+    eng_run(w, 1000);
+    cr_assert_eq(loom_metrics_get("engine.block_table_width"), 3);
+    for (int k = 0; k < 3; k++) {
+        eng_rec_check_done(&a[k]);
+        eng_rec_check_done(&b[k]);
+        cr_assert_eq(a[k].s[0].ntok, 7);
+        cr_assert(same_tokens(&a[k].s[0], &b[k].s[0]), "request %d: other tokens at max_model_len 256", k);
+        for (int32_t i = 0; i < 7; i++) cr_assert_float_eq(a[k].s[0].lps[i], b[k].s[0].lps[i], 1e-6);
+        eng_rec_free(&a[k]);
+        eng_rec_free(&b[k]);
+    }
+    loom_engine_destroy(e);
+    loom_engine_destroy(w);
 }
 
 /* A conversation needs a tokenizer: dummy weights refuse it by name. */

@@ -386,6 +386,26 @@ static void cb_destroy(void *self) {
                1e3 * b->step_seconds / (double)b->steps_timed,
                1e3 * b->wait_seconds / (double)b->steps_timed,
                1e3 * (b->step_seconds - b->wait_seconds) / (double)b->steps_timed);
+    static const char *const path_names[CB_PATHS] = {"decode graphs", "piecewise", "eager"};
+    for (int k = 0; k < CB_PATHS; k++) {
+        const int64_t n = b->path_steps[k];
+        if (n == 0) continue;
+        const double *ph = b->ph[k], f = 1e3 / (double)n;
+        h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
+               "%s: %lld steps, ms a step: prep %.3f, launch %.3f, masks %.3f, emit %.3f, wait %.3f, out %.3f, "
+               "capture %.3f; GPU %.3f busy from the first upload to the last launch, %.3f idle before the step; "
+               "%lld steps starved (the GPU done before the host finished launching)",
+               path_names[k], (long long)n, f * ph[CB_PH_PREP], f * ph[CB_PH_LAUNCH], f * ph[CB_PH_MASK],
+               f * ph[CB_PH_EMIT], f * ph[CB_PH_WAIT], f * ph[CB_PH_OUT], f * ph[CB_PH_CAPTURE],
+               f * b->gpu_busy[k], f * b->gpu_gap[k], (long long)b->starved[k]);
+    }
+    if (b->steps_timed > 0 && b->gemm) {
+        long long made = 0;
+        double secs = 0;
+        loom_cuda_gemm_plan_stats(b->gemm, &made, &secs);
+        h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "cuBLASLt plans made (cache misses): %lld, %.3f s of host time", made,
+               secs);
+    }
     if (b->mask_steps > 0)
         h->log(h->ctx, LOOM_LOG_INFO, CB_WHO,
                "constraint masks in %lld steps: %.3f ms a step computing them beside the GPU (counted as host work "
@@ -393,6 +413,9 @@ static void cb_destroy(void *self) {
                (long long)b->mask_steps, 1e3 * b->mask_seconds / (double)b->mask_steps, (long long)b->mask_late);
     cudaSetDevice(b->device);
     if (b->stream) cudaStreamSynchronize(b->stream);
+    if (b->ev_start) cudaEventDestroy(b->ev_start);
+    if (b->ev_end) cudaEventDestroy(b->ev_end);
+    if (b->ev_prev_end) cudaEventDestroy(b->ev_prev_end);
     cb_graphs_reset(b);
     if (b->pools) {
         for (int32_t i = 0; i < 2 * b->kv_npools; i++)

@@ -73,6 +73,20 @@ static inline int32_t cb_tok_bucket(int32_t T) {
     return (T + 15) / 16 + 3;
 }
 
+/* A step's path through cb_step, and the host phases its wall time is
+ * split into (cuda_forward.c: cb_mark; logged at destroy). */
+enum { CB_PATH_GRAPH = 0, CB_PATH_PIECE = 1, CB_PATH_EAGER = 2, CB_PATHS = 3 };
+enum {
+    CB_PH_PREP = 0,    /* batch checks, metadata packed into pinned staging */
+    CB_PH_LAUNCH = 1,  /* the upload and every launch up to the logits' */
+    CB_PH_MASK = 2,    /* the caller's constraint masks (fill_masks)    */
+    CB_PH_EMIT = 3,    /* top-k / masks / logits copies enqueued        */
+    CB_PH_WAIT = 4,    /* cudaStreamSynchronize                         */
+    CB_PH_OUT = 5,     /* results copied to the caller after the wait   */
+    CB_PH_CAPTURE = 6, /* a decode graph captured after its first step  */
+    CB_PHASES = 7
+};
+
 /* The bound configuration the host fills from the `params` table. */
 typedef struct cuda_backend_config {
     int64_t device;             /* CUDA ordinal                                  */
@@ -322,6 +336,18 @@ typedef struct cuda_backend {
      * logged at destroy, to tell a host-bound step from a GPU-bound one */
     int64_t steps_timed;
     double step_seconds, wait_seconds;
+    /* the same by path (CB_PATH_*) and host phase (CB_PH_*, cb_mark), and
+     * the GPU's side from two CUDA events a step: its span from the first
+     * upload to the last enqueued work (busy) and the idle time between the
+     * previous step's end and this step's first upload (gap, the host work
+     * no launch overlaps); starved: steps whose GPU had finished everything
+     * enqueued before the host finished enqueuing */
+    int32_t cur_path;
+    bool in_step, ev_started, ev_ended, ev_have_prev;
+    double mark_t;
+    int64_t path_steps[CB_PATHS], starved[CB_PATHS];
+    double ph[CB_PATHS][CB_PHASES], gpu_busy[CB_PATHS], gpu_gap[CB_PATHS];
+    cudaEvent_t ev_start, ev_end, ev_prev_end;
     /* steps whose caller computed constraint masks (fill_masks) while the
      * GPU ran: their time, and how many found the GPU done before them */
     int64_t mask_steps, mask_late;

@@ -582,7 +582,39 @@ static loom_status cb_record_logits(cuda_backend *b, const cuda_plan *p, int32_t
                    "lm_head", err);
 }
 
+/* Phase accounting (cuda_backend.h, CB_PH_*): the wall time since the
+ * last mark goes to `phase` of the step's path. Nothing outside a timed
+ * step (the warm-up at kv_alloc). */
+static double cb_now(void);
+static void cb_mark(cuda_backend *b, int phase) {
+    if (!b->in_step) return;
+    const double now = cb_now();
+    b->ph[b->cur_path][phase] += now - b->mark_t;
+    b->mark_t = now;
+}
+
+/* The GPU's side of a timed step: an event before its first upload and one
+ * before each of its waits (cb_sync; recorded again, the last one counts);
+ * the events are made at the first timed step (a failure only leaves the
+ * GPU split out). */
+static void cb_event(cuda_backend *b, bool end) {
+    if (!b->in_step || (!end && b->ev_started)) return;
+    if (!b->ev_start && (cudaEventCreate(&b->ev_start) != cudaSuccess || cudaEventCreate(&b->ev_end) != cudaSuccess ||
+                         cudaEventCreate(&b->ev_prev_end) != cudaSuccess)) {
+        (void)cudaGetLastError();
+        return;
+    }
+    if (!b->ev_prev_end) return;
+    if (cudaEventRecord(end ? b->ev_end : b->ev_start, b->stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+    if (end) b->ev_ended = true;
+    else b->ev_started = true;
+}
+
 static loom_status cb_upload_meta(cuda_backend *b, const cuda_plan *p, loom_error *err) {
+    cb_event(b, false);
     return CB_CUDA(b, err, cudaMemcpyAsync(b->meta_dev, b->meta_host, p->bytes,
                                            cudaMemcpyHostToDevice, b->stream));
 }
@@ -639,9 +671,12 @@ static double cb_now(void) {
 
 /* The step's wait for the GPU, timed (cb_destroy logs the split). */
 static loom_status cb_sync(cuda_backend *b, loom_error *err) {
+    cb_mark(b, CB_PH_EMIT);
+    cb_event(b, true);
     const double t0 = cb_now();
     loom_status st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
     b->wait_seconds += cb_now() - t0;
+    cb_mark(b, CB_PH_WAIT);
     return st;
 }
 
@@ -704,6 +739,10 @@ static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, fl
                                   const loom_logits_topk *tk, loom_error *err) {
     const size_t V = (size_t)b->mc.vocab_size, row_bytes = V * sizeof(float);
     loom_status st;
+    /* every launch of the step is enqueued: has the GPU already run them
+     * all (then it waited for the host)? */
+    cb_mark(b, CB_PH_LAUNCH);
+    if (b->in_step && r0 == 0 && cudaStreamQuery(b->stream) == cudaSuccess) b->starved[b->cur_path]++;
     if (nreal <= 0 || (!logits && !tk)) return cb_sync(b, err);
     if (!tk) {
         if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->logits_host, b->logits_dev, (size_t)nreal * row_bytes,
@@ -722,6 +761,7 @@ static loom_status cb_emit_logits(cuda_backend *b, int32_t r0, int32_t nreal, fl
         b->mask_seconds += cb_now() - t0;
         b->mask_steps++;
         b->mask_late += cudaStreamQuery(b->stream) == cudaSuccess; /* the GPU waited for them */
+        cb_mark(b, CB_PH_MASK);
     }
     const uint32_t *d_masks = NULL;
     const uint8_t *d_has = NULL;
@@ -1060,10 +1100,16 @@ static loom_status cb_step_other(cuda_backend *b, const loom_batch *bt, float *l
     const int kt = cb_piece_bucket(b, bt);
     const int32_t rows = kt < 0 ? 0 : cb_piece_rows(b, kt);
     loom_status st = cb_meta_build(b, bt, 0, 0, rows, &p, err);
+    b->cur_path = kt >= 0 && b->pieces[kt].exec ? CB_PATH_PIECE : CB_PATH_EAGER;
+    cb_mark(b, CB_PH_PREP);
     if (st || (st = cb_stage_in(b, &p, err))) return st;
     if (kt >= 0 && b->pieces[kt].exec) return cb_run_piecewise(b, &p, kt, logits, tk, bt->num_logits, err);
     if ((st = cb_run_eager(b, &p, logits, tk, bt->num_logits, err))) return st;
-    if (kt >= 0 && !b->pieces[kt].tried) cb_capture_pieces(b, kt, &p);
+    if (kt >= 0 && !b->pieces[kt].tried) {
+        cb_mark(b, CB_PH_OUT);
+        cb_capture_pieces(b, kt, &p);
+        cb_mark(b, CB_PH_CAPTURE);
+    }
     return LOOM_OK;
 }
 
@@ -1078,8 +1124,11 @@ static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits,
     int32_t q = 1;
     const int k = cb_graph_bucket(b, bt, &q);
     if (k < 0) return cb_step_other(b, bt, logits, tk, err);
-    if ((st = cb_meta_build(b, bt, cb_buckets[k], q, 0, &p, err)) || (st = cb_stage_in(b, &p, err))) return st;
     cuda_graph_slot *g = &b->graphs[q - 1][k];
+    b->cur_path = g->exec ? CB_PATH_GRAPH : CB_PATH_EAGER;
+    st = cb_meta_build(b, bt, cb_buckets[k], q, 0, &p, err);
+    cb_mark(b, CB_PH_PREP);
+    if (st || (st = cb_stage_in(b, &p, err))) return st;
     if (g->exec) {
         if ((st = cb_upload_meta(b, &p, err)) ||
             (st = CB_CUDA(b, err, cudaGraphLaunch(g->exec, b->stream))) ||
@@ -1092,7 +1141,11 @@ static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits,
     /* first time for this bucket: the padded step eagerly (warm-up and this
      * step's logits), then capture it for the next ones */
     if ((st = cb_run_eager(b, &p, logits, tk, bt->num_logits, err))) return st;
-    if (!g->tried) cb_capture(b, q, k, &p);
+    if (!g->tried) {
+        cb_mark(b, CB_PH_OUT);
+        cb_capture(b, q, k, &p);
+        cb_mark(b, CB_PH_CAPTURE);
+    }
     return LOOM_OK;
 }
 
@@ -1100,9 +1153,26 @@ static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits,
 static loom_status cb_step_timed(cuda_backend *b, const loom_batch *bt, float *logits, const loom_logits_topk *tk,
                                  loom_error *err) {
     const double t0 = cb_now();
+    b->in_step = true, b->mark_t = t0, b->cur_path = CB_PATH_EAGER, b->ev_started = b->ev_ended = false;
     loom_status st = cb_step(b, bt, logits, tk, err);
+    cb_mark(b, CB_PH_OUT);
+    b->in_step = false;
     b->step_seconds += cb_now() - t0;
     b->steps_timed++;
+    b->path_steps[b->cur_path]++;
+    /* the GPU's side: both events have completed (the step waited) */
+    float ms = 0;
+    if (st == LOOM_OK && b->ev_started && b->ev_ended &&
+        cudaEventElapsedTime(&ms, b->ev_start, b->ev_end) == cudaSuccess) {
+        b->gpu_busy[b->cur_path] += 1e-3 * ms;
+        if (b->ev_have_prev && cudaEventElapsedTime(&ms, b->ev_prev_end, b->ev_start) == cudaSuccess)
+            b->gpu_gap[b->cur_path] += 1e-3 * ms;
+        cudaEvent_t e = b->ev_prev_end;
+        b->ev_prev_end = b->ev_end, b->ev_end = e, b->ev_have_prev = true;
+    } else {
+        b->ev_have_prev = false;
+    }
+    (void)cudaGetLastError();
     return st;
 }
 
