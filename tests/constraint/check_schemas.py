@@ -138,6 +138,13 @@ def rand_bounds(r, s):
     return s
 
 
+def decimal(x, places):
+    """x rounded to `places` decimals, zero without a sign: the grammar writes
+    one spelling of zero (test_grammar.c refuses "-0"), and rounding a small
+    negative number gives -0.0, which json.dumps writes as "-0.0"."""
+    return round(x, places) + 0.0
+
+
 def in_bounds(r, s):
     """A value inside s's bounds (integer, or a number with a few decimals)."""
     lo = s.get("minimum", s.get("exclusiveMinimum", -10**6))
@@ -145,7 +152,7 @@ def in_bounds(r, s):
     for _ in range(100):
         v = r.randint(int(lo) - 1, int(hi) + 1)
         if s["type"] == "number" and r.random() < 0.5:
-            v = round(v + r.random(), r.randint(1, 4))
+            v = decimal(v + r.random(), r.randint(1, 4))
         if validates(s, v):
             return v
     return None
@@ -209,7 +216,7 @@ def instance(r, s, root):
     if t == "integer":
         return r.randint(-1000, 1000)
     if t == "number":
-        return r.choice([r.randint(-50, 50), round(r.uniform(-100, 100), 3)])
+        return r.choice([r.randint(-50, 50), decimal(r.uniform(-100, 100), 3)])
     if t == "boolean":
         return r.random() < 0.5
     if t == "null":
