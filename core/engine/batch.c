@@ -210,8 +210,10 @@ loom_status engine_build_batch(loom_engine *e, const loom_sched_output *out, loo
         if (nb > width) width = nb;
     }
     width = width < e->bt_stride ? width : e->bt_stride;
-    if (width != e->step_stride && e->host->metric_set) /* the metric "engine.block_table_width" */
+    if (width != e->bt_width_metric && e->host->metric_set) {
         e->host->metric_set(e->host->ctx, "engine.block_table_width", width);
+        e->bt_width_metric = width;
+    }
     e->step_stride = width;
     if (engine_step_buffers(e, out->num_scheduled, ntok, e->step_stride) != LOOM_OK)
         return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory growing step buffers");

@@ -159,6 +159,19 @@ typedef struct loom_inbox_item {
     struct loom_inbox_item *next;
 } loom_inbox_item;
 
+/* Phases of loom_engine_step (step.c). */
+enum {
+    ENGINE_PH_INBOX = 0,   /* new requests, aborts, deferred retries     */
+    ENGINE_PH_PROPOSE = 1, /* the speculator's drafts                    */
+    ENGINE_PH_SCHEDULE = 2,/* the scheduler (with the cache's allocation) */
+    ENGINE_PH_BATCH = 3,   /* block copies / swaps, the flattened batch  */
+    ENGINE_PH_ROWS = 4,    /* which rows come back as candidates          */
+    ENGINE_PH_FORWARD = 5, /* inside the runner's forward                 */
+    ENGINE_PH_SAMPLE = 6,  /* sampling, tokens appended / streamed        */
+    ENGINE_PH_REAP = 7,    /* finished requests freed                     */
+    ENGINE_PHASES = 8
+};
+
 struct loom_engine {
     loom_pipeline *pipe;
     const loom_host *host;
@@ -185,6 +198,7 @@ struct loom_engine {
     loom_kv_layout layout;
     int32_t bt_stride;         /* block-table entries per sequence: max_model_len in blocks */
     int32_t step_stride;       /* the batch being built: its widest row (<= bt_stride) */
+    int32_t bt_width_metric;   /* the width "engine.block_table_width" last reported */
     int32_t find_hint;         /* index of the last loom_engine_find_seq hit */
     int32_t finished_unreaped; /* sequences finished since engine_reap last ran */
     int32_t num_groups;        /* block tables per sequence (>= 1): layout.num_groups */
@@ -255,20 +269,8 @@ struct loom_engine {
     loom_engine_stats stats;
     /* the engine's own host work by phase (ENGINE_PH_*, step.c), logged at
      * destroy beside the backend's split */
-    double phase_seconds[8];
+    double phase_seconds[ENGINE_PHASES];
     int64_t phase_steps;
-};
-
-/* Phases of loom_engine_step (step.c). */
-enum {
-    ENGINE_PH_INBOX = 0,   /* new requests, aborts, deferred retries     */
-    ENGINE_PH_PROPOSE = 1, /* the speculator's drafts                    */
-    ENGINE_PH_SCHEDULE = 2,/* the scheduler (with the cache's allocation) */
-    ENGINE_PH_BATCH = 3,   /* block copies / swaps, the flattened batch  */
-    ENGINE_PH_ROWS = 4,    /* which rows come back as candidates          */
-    ENGINE_PH_FORWARD = 5, /* inside the runner's forward                 */
-    ENGINE_PH_SAMPLE = 6,  /* sampling, tokens appended / streamed        */
-    ENGINE_PH_REAP = 7,    /* finished requests freed                     */
 };
 
 /* sequence.c */

@@ -683,32 +683,24 @@ __global__ void __launch_bounds__(LC_QW_TMA_THREADS, 1)
     if (warp == LC_QT_TILES) { /* the producer */
         if (lane == 0) {
             const int vt = ntiles - tile0 < LC_QT_TILES ? ntiles - tile0 : LC_QT_TILES; /* valid row tiles */
-            auto weights = [&](int it) -> uint32_t { /* issues stage it's weights + scales, returns its bytes */
+            /* stage it's first group and group count (int4 scales) */
+            auto group0 = [&](int it) { return ((s_lo + it) * KS) / group; };
+            auto ngroups = [&](int it) { return groups - group0(it) < NSL ? groups - group0(it) : NSL; };
+            auto weights = [&](int it) { /* issues stage it's weights + scales */
                 const int s = s_lo + it, b = it % ST;
                 const uint32_t ws = sm_s + b * STB + XB, fb = full0 + b * 8;
-                uint32_t bytes = 0;
-                for (int tl = 0; tl < vt; tl++) {
+                for (int tl = 0; tl < vt; tl++)
                     lc_bulk_g2s(ws + tl * V * 512, wd + (size_t)(tile0 + tl) * tile_bytes + (size_t)s * V * 512,
                                 V * 512, fb);
-                    bytes += V * 512;
-                }
-                if constexpr (F::I4) {
-                    const int g0 = (s * KS) / group;
-                    const int ng = groups - g0 < NSL ? groups - g0 : NSL;
-                    for (int tl = 0; tl < vt; tl++) {
-                        lc_bulk_g2s(ws + WB + tl * NSL * 64, sc + ((size_t)(tile0 + tl) * groups + g0) * 16,
-                                    ng * 64, fb);
-                        bytes += ng * 64;
-                    }
-                }
-                return bytes;
+                if constexpr (F::I4)
+                    for (int tl = 0; tl < vt; tl++)
+                        lc_bulk_g2s(ws + WB + tl * NSL * 64, sc + ((size_t)(tile0 + tl) * groups + group0(it)) * 16,
+                                    ngroups(it) * 64, fb);
             };
+            /* the bytes weights(it) issues: what the stage's barrier expects */
             auto wbytes = [&](int it) -> uint32_t {
                 uint32_t bytes = vt * V * 512;
-                if constexpr (F::I4) {
-                    const int g0 = ((s_lo + it) * KS) / group;
-                    bytes += vt * (groups - g0 < NSL ? groups - g0 : NSL) * 64;
-                }
+                if constexpr (F::I4) bytes += vt * ngroups(it) * 64;
                 return bytes;
             };
             constexpr uint32_t XBYTES = SUB * TOK * 128;
@@ -1053,7 +1045,9 @@ static cudaError_t lc_qtiled_wg_t(int M, const loom_cuda_qweight *w, const void 
  * (host only: nothing enters a stream, so a launch being captured is
  * fine). */
 static PFN_cuTensorMapEncodeTiled_v12000 lc_qw_encode_fn(void) {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    /* tensor-parallel ranks are threads of one process: the pointer is
+     * looked up by whichever comes first (they find the same one) */
+    static void *fn = nullptr;
     static int tried = 0;
     if (!__atomic_load_n(&tried, __ATOMIC_ACQUIRE)) {
         void *p = nullptr;
@@ -1061,10 +1055,10 @@ static PFN_cuTensorMapEncodeTiled_v12000 lc_qw_encode_fn(void) {
         if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
                 cudaSuccess &&
             q == cudaDriverEntryPointSuccess)
-            fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+            __atomic_store_n(&fn, p, __ATOMIC_RELAXED);
         __atomic_store_n(&tried, 1, __ATOMIC_RELEASE);
     }
-    return fn;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(__atomic_load_n(&fn, __ATOMIC_RELAXED));
 }
 
 static cudaError_t lc_qw_xmap(CUtensorMap *map, const void *x, int M, int K, int tok) {
@@ -1095,7 +1089,7 @@ static cudaError_t lc_qtiled_wgt_t(int M, const loom_cuda_qweight *w, const void
                     (unsigned)Z);
     CUtensorMap map;
     cudaError_t e = lc_qw_xmap(&map, x, M, w->K, tok);
-    if (e != cudaSuccess) return e;
+    if (e != cudaSuccess) return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s); /* no tensor map: cp.async */
 #define LC_QWT_GO(TOK_)                                                                                \
     do {                                                                                               \
         constexpr size_t smem = lc_qw_smem<FMT, TOK_>() + 128; /* + the mbarriers */                   \
@@ -1125,10 +1119,12 @@ static cudaError_t lc_qtiled_wgt_t(int M, const loom_cuda_qweight *w, const void
  * W8A16 up to 64 rows (64: 154.5 vs 137.8). gpu_bench and the kernel tests
  * force either. */
 static int lc_qw_tma = 2;
-extern "C" void lc_qtiled_set_wgmma_tma(int mode) { lc_qw_tma = mode < 0 || mode > 2 ? 2 : mode; }
+extern "C" void lc_qtiled_set_wgmma_tma(int mode) {
+    __atomic_store_n(&lc_qw_tma, mode < 0 || mode > 2 ? 2 : mode, __ATOMIC_RELAXED);
+}
 
-static long lc_qtiled_wg_runs;
-extern "C" long lc_qtiled_wgmma_count(void) { return lc_qtiled_wg_runs; }
+static long lc_qtiled_wg_runs; /* calls that took the wgmma path (the kernel tests check the dispatch) */
+extern "C" long lc_qtiled_wgmma_count(void) { return __atomic_load_n(&lc_qtiled_wg_runs, __ATOMIC_RELAXED); }
 
 extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,
                                  void *y, void *scratch, int invariant, int wgmma_min_m, cudaStream_t s) {
@@ -1138,8 +1134,9 @@ extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom
     float *part = static_cast<float *>(scratch);
     /* the wgmma path from wgmma_min_m rows (0: never), not batch-invariant */
     const bool wg = !invariant && wgmma_min_m > 0 && M >= wgmma_min_m;
-    const bool tma = lc_qw_tma == 2 ? w->fmt == LOOM_CUDA_Q_INT8_W8A16 && M > 64 : lc_qw_tma == 1;
-    if (wg) lc_qtiled_wg_runs++;
+    const int tma_mode = __atomic_load_n(&lc_qw_tma, __ATOMIC_RELAXED);
+    const bool tma = tma_mode == 2 ? w->fmt == LOOM_CUDA_Q_INT8_W8A16 && M > 64 : tma_mode == 1;
+    if (wg) __atomic_fetch_add(&lc_qtiled_wg_runs, 1, __ATOMIC_RELAXED);
 #define LC_QT_T(T)                                                                                 \
     (w->fmt == LOOM_CUDA_Q_INT4                                                                    \
          ? (wg ? (tma ? (out_f32 ? lc_qtiled_wgt_t<T, LOOM_CUDA_Q_INT4, true>(M, w, x, y, part, s)            \

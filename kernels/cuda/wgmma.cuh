@@ -7,8 +7,9 @@
  * layout per warp is mma.sync's C for each 8 columns: d[4 i + 0, 1] row g,
  * columns 8 i + 2 t, + 1; d[4 i + 2, 3] row g + 8, the same.
  *
- * The lc_wgmma<T, N> bodies below are generated (one operand a register
- * of D: the assembler wants them listed).
+ * The lc_wgmma<T, N> bodies below list every accumulator register as its
+ * own asm operand (the instruction takes D as N / 2 registers a thread, and
+ * inline asm has no array operands), one body per N.
  */
 #ifndef LOOM_CUDA_WGMMA_CUH
 #define LOOM_CUDA_WGMMA_CUH
@@ -70,7 +71,10 @@ __device__ __forceinline__ void lc_mbar_wait(uint32_t bar, uint32_t parity) {
                      : "r"(bar), "r"(parity)
                      : "memory");
         if (done) return;
-        if (clock64() - t0 > 4000000000ll) __trap();
+        /* a stage that never fills is a protocol bug: trap (an error on the
+         * stream) rather than hang, but only after ~2^40 cycles (minutes),
+         * far past any wait time-slicing or preemption can cause */
+        if (clock64() - t0 > (1ll << 40)) __trap();
     }
 }
 /* bytes (a multiple of 16, both 16-aligned) global -> shared, completing on bar */

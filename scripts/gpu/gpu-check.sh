@@ -212,7 +212,7 @@ stage1)
     || fails=$((fails + 1))
   step "Llama-3-8B shape: offline throughput, 1000 requests (~512 in / ~256 out)"
   timeout 300 loom bench configs/gpu/llama3-8b-dummy.yaml --num-requests 1000 --input-len 384:640 \
-    --output-len 128:384 --seed 7 --set engine.log_level=info --no-progress --json "$O/llama3-8b-offline-1000.json" > "$O/offline-1000.txt" 2>&1 \
+    --output-len 128:384 --seed 7 --set engine.log_level=info --set backend.step_split=true --no-progress --json "$O/llama3-8b-offline-1000.json" > "$O/offline-1000.txt" 2>&1 \
     || fails=$((fails + 1))
   grep -v 'INFO\|info' "$O/offline-1000.txt" | tail -19; grep 'waiting for the GPU' "$O/offline-1000.txt" | tail -1
   grep -E "waiting for the GPU|engine's own work|ms a step: prep|ms a step: inbox|cuBLASLt plans" "$O/offline-1000.txt" > "$O/offline-1000-split.txt"

@@ -2196,7 +2196,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         /* and the dispatch took it: the 14 rows >= 17 above, twice; these 6 */
         report_count(i4 ? "tiled int4: calls missing the wgmma path from 17 rows"
                         : "tiled w8a16: calls missing the wgmma path from 17 rows",
-                     2 * 14 + 6 - (lc_qtiled_wgmma_count() - wg0), 2 * 14 + 6);
+                     labs(2 * 14 + 6 - (lc_qtiled_wgmma_count() - wg0)), 2 * 14 + 6);
         /* the wgmma path with each of its copy schemes forced (the default
          * picks by format and M): cp.async, then TMA */
         for (int tma = 0; tma < 2; tma++) {

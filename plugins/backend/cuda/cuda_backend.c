@@ -96,6 +96,11 @@ static const loom_param cb_params[] = {
      .doc = "quant_layout tiled: fewest rows (M) from which the tiled kernel runs its Hopper wgmma path "
             "(warpgroup MMA, 32..256-token tiles), below it the mma.sync one; 0 = never (batch_invariant: "
             "never)"},
+    {.key = "step_split", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, step_split),
+     .default_value = "false",
+     .doc = "time each step's host phases (prep, launch, masks, emit, wait, out) per path and the GPU's busy "
+            "span and idle gap before it (two CUDA events a step), logged at destroy; off: only the host / "
+            "GPU-wait split, so a batch-1 step pays nothing for it"},
     {.key = "kv_groups", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, kv_groups),
      .default_value = "true",
      .doc = "propose block-table groups to the cache (Gemma 3: sliding-window layers' blocks freed behind the "
@@ -387,7 +392,7 @@ static void cb_destroy(void *self) {
                1e3 * b->wait_seconds / (double)b->steps_timed,
                1e3 * (b->step_seconds - b->wait_seconds) / (double)b->steps_timed);
     static const char *const path_names[CB_PATHS] = {"decode graphs", "piecewise", "eager"};
-    for (int k = 0; k < CB_PATHS; k++) {
+    for (int k = 0; k < CB_PATHS && b->cfg.step_split; k++) {
         const int64_t n = b->path_steps[k];
         if (n == 0) continue;
         const double *ph = b->ph[k], f = 1e3 / (double)n;

@@ -711,10 +711,14 @@ static loom_status cb_upload_masks(cuda_backend *b, int32_t r0, int32_t nreal, c
     if (!any) return LOOM_OK;
     const size_t bytes = (size_t)nreal * (W * 4 + 1);
     loom_status st;
-    if (!b->mask_stream &&
-        ((st = CB_CUDA(b, err, cudaStreamCreateWithFlags(&b->mask_stream, cudaStreamNonBlocking))) ||
-         (st = CB_CUDA(b, err, cudaEventCreateWithFlags(&b->mask_copied, cudaEventDisableTiming)))))
-        return st;
+    if (!b->mask_copied) { /* both or neither: a half-made pair is made again next time */
+        if (!b->mask_stream && (st = CB_CUDA(b, err, cudaStreamCreateWithFlags(&b->mask_stream, cudaStreamNonBlocking))))
+            return st;
+        if ((st = CB_CUDA(b, err, cudaEventCreateWithFlags(&b->mask_copied, cudaEventDisableTiming)))) {
+            b->mask_copied = NULL;
+            return st;
+        }
+    }
     /* staging is rewritten only after the step's sync, which waited for this copy */
     if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->mask_dev, b->mask_host, bytes, cudaMemcpyHostToDevice,
                                               b->mask_stream))) ||
@@ -1153,26 +1157,35 @@ static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits,
 static loom_status cb_step_timed(cuda_backend *b, const loom_batch *bt, float *logits, const loom_logits_topk *tk,
                                  loom_error *err) {
     const double t0 = cb_now();
-    b->in_step = true, b->mark_t = t0, b->cur_path = CB_PATH_EAGER, b->ev_started = b->ev_ended = false;
+    /* the phase marks and GPU events only with step_split (in_step gates them) */
+    b->in_step = b->cfg.step_split, b->mark_t = t0, b->cur_path = CB_PATH_EAGER;
+    b->ev_started = b->ev_ended = false;
     loom_status st = cb_step(b, bt, logits, tk, err);
     cb_mark(b, CB_PH_OUT);
     b->in_step = false;
     b->step_seconds += cb_now() - t0;
     b->steps_timed++;
     b->path_steps[b->cur_path]++;
-    /* the GPU's side: both events have completed (the step waited) */
+    /* the GPU's side: both events have completed (the step waited); a
+     * failed query only leaves the split out (its error is cleared, so no
+     * later check takes it for its own) */
     float ms = 0;
-    if (st == LOOM_OK && b->ev_started && b->ev_ended &&
-        cudaEventElapsedTime(&ms, b->ev_start, b->ev_end) == cudaSuccess) {
+    if (st == LOOM_OK && b->ev_started && b->ev_ended) {
+        if (cudaEventElapsedTime(&ms, b->ev_start, b->ev_end) != cudaSuccess) {
+            (void)cudaGetLastError();
+            b->ev_have_prev = false;
+            return st;
+        }
         b->gpu_busy[b->cur_path] += 1e-3 * ms;
-        if (b->ev_have_prev && cudaEventElapsedTime(&ms, b->ev_prev_end, b->ev_start) == cudaSuccess)
-            b->gpu_gap[b->cur_path] += 1e-3 * ms;
+        if (b->ev_have_prev) {
+            if (cudaEventElapsedTime(&ms, b->ev_prev_end, b->ev_start) == cudaSuccess) b->gpu_gap[b->cur_path] += 1e-3 * ms;
+            else (void)cudaGetLastError();
+        }
         cudaEvent_t e = b->ev_prev_end;
         b->ev_prev_end = b->ev_end, b->ev_end = e, b->ev_have_prev = true;
     } else {
         b->ev_have_prev = false;
     }
-    (void)cudaGetLastError();
     return st;
 }
 
