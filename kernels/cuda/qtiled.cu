@@ -484,12 +484,88 @@ template <int FMT, int TOK> constexpr size_t lc_qw_smem() {
     return (size_t)lc_qw_stages<FMT, TOK>() * lc_qw_stb<FMT, TOK>() + 1024; /* + alignment slack */
 }
 
+/* One stage of a consumer warp in both wgmma kernels: its row tile's
+ * weight vectors (and int4 scale pairs) from the stage in shared memory
+ * (`st` generic, `st_s` its shared address; tokens at 0, weights at XB,
+ * scales at XB + WB), decoded to A fragments a k step at a time, each
+ * wgmma'd against the step's token columns; after the first step's
+ * wait_group 1 (every wgmma of the stage before done) `after_first` runs. */
+template <typename T, int FMT, int TOK, typename Fn>
+__device__ __forceinline__ void lc_qw_stage(float *acc, const uint8_t *st, uint32_t st_s, int s_col, int group,
+                                            int warp, int lane, Fn after_first) {
+    typedef lc_qt<FMT> F;
+    constexpr int KS = lc_qw_ks<TOK>(), V = KS / F::KC, STEPS = KS / 16, NSL = KS / 64;
+    constexpr int XB = TOK * KS * 2, WB = lc_qw_wb<FMT, TOK>();
+    const int g = lane >> 2;
+    const uint8_t *ws = st + XB;
+    const uint32_t *ss = reinterpret_cast<const uint32_t *>(ws + WB);
+    const int g_st = F::I4 ? s_col / group : 0;
+    uint4 av[V];
+    uint32_t s2a[V], b2a[V], s2b[V], b2b[V];
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        av[v] = *reinterpret_cast<const uint4 *>(ws + ((size_t)(warp * V + v) * 32 + lane) * 16);
+        if constexpr (F::I4) {
+            const int h = (s_col + v * F::KC) / group - g_st;
+            const uint32_t pa = ss[(warp * NSL + h) * 16 + g], pb = ss[(warp * NSL + h) * 16 + g + 8];
+            s2a[v] = __byte_perm(pa, 0, 0x1010), b2a[v] = __byte_perm(pa, 0, 0x3232);
+            s2b[v] = __byte_perm(pb, 0, 0x1010), b2b[v] = __byte_perm(pb, 0, 0x3232);
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < STEPS; q++) {
+        const int v = q / F::J, j = q % F::J;
+        uint32_t a[4];
+        if constexpr (F::I4) {
+            lc_qt_dec4<T>(lc_qt_word(av[v], j), s2a[v], b2a[v], s2b[v], b2b[v], a);
+        } else {
+            lc_qt_dec8<T>(lc_qt_word(av[v], 2 * j), a[0], a[1]);
+            lc_qt_dec8<T>(lc_qt_word(av[v], 2 * j + 1), a[2], a[3]);
+        }
+        /* k step q: 64-column block q / 4, 32 bytes a step within its rows */
+        const uint64_t desc = lc_wg_desc_sw128(st_s + (uint32_t)((q >> 2) * (TOK * 128) + (q & 3) * 32));
+        lc_wg_fence();
+        lc_wgmma<T, TOK>::mma(acc, a, desc);
+        lc_wg_commit();
+        lc_wg_wait<1>();
+        if (q == 0) after_first();
+    }
+}
+
+/* The accumulators of a consumer warp (rows nb + g, + 8 of its row tile;
+ * tokens m0 + 8 i + 2 t, + 1) to y, scaled by W8A16's row scale, or to
+ * its K slice's partial sums. */
+template <typename T, int FMT, int TOK, bool F32>
+__device__ __forceinline__ void lc_qw_store(const float *acc, const float *__restrict__ sc, void *__restrict__ y,
+                                            float *__restrict__ part, int M, int N, int m0, int nb, int z, int Z,
+                                            int lane) {
+    typedef lc_qt<FMT> F;
+    const int g = lane >> 2, t = lane & 3;
+    if (nb >= N) return;
+#pragma unroll
+    for (int i = 0; i < TOK / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int n = nb + g + (e >= 2 ? 8 : 0), m = m0 + 8 * i + 2 * t + (e & 1);
+            if (m >= M) continue;
+            const size_t o = (size_t)m * N + n;
+            if (Z > 1) {
+                part[(size_t)z * M * N + o] = acc[4 * i + e];
+                continue;
+            }
+            float val = acc[4 * i + e];
+            if constexpr (!F::I4) val *= __ldg(sc + n);
+            if (F32) static_cast<float *>(y)[o] = val;
+            else static_cast<T *>(y)[o] = lc_from_f<T>(val);
+        }
+}
+
 template <typename T, int FMT, int TOK, bool F32>
 __global__ void __launch_bounds__(LC_QW_THREADS, 1)
     lc_qtiled_wg_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd, const float *__restrict__ sc,
                         void *__restrict__ y, float *__restrict__ part, int M, int N, int K, int group) {
     typedef lc_qt<FMT> F;
-    constexpr int KS = lc_qw_ks<TOK>(), V = KS / F::KC, STEPS = KS / 16, NSL = KS / 64;
+    constexpr int KS = lc_qw_ks<TOK>(), V = KS / F::KC, NSL = KS / 64;
     constexpr int XB = TOK * KS * 2, WB = lc_qw_wb<FMT, TOK>(), STB = lc_qw_stb<FMT, TOK>();
     constexpr int ST = lc_qw_stages<FMT, TOK>(), D = ST - 2;
     static_assert(ST >= 3, "wgmma path: too few stages");
@@ -500,7 +576,7 @@ __global__ void __launch_bounds__(LC_QW_THREADS, 1)
     uint8_t *sm = lc_qw_raw + ((1024u - (raw_s & 1023u)) & 1023u);
     const uint32_t sm_s = (uint32_t)__cvta_generic_to_shared(sm);
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tile0 = blockIdx.x * LC_QT_TILES, ntiles = N / 16;
     const int m0 = blockIdx.y * TOK;
     const int S = K / KS, Z = (int)gridDim.z, z = (int)blockIdx.z;
@@ -569,64 +645,14 @@ __global__ void __launch_bounds__(LC_QW_THREADS, 1)
             lc_cp_commit();
         }
         const int b = it % ST;
-        const uint8_t *ws = sm + (size_t)b * STB + XB;
-        const uint32_t xs_s = sm_s + (uint32_t)(b * STB);
-        const uint32_t *ss = reinterpret_cast<const uint32_t *>(ws + WB);
-        const int s_col = (s_lo + it) * KS, g_st = F::I4 ? s_col / group : 0;
-        uint4 av[V];
-        uint32_t s2a[V], b2a[V], s2b[V], b2b[V];
-#pragma unroll
-        for (int v = 0; v < V; v++) {
-            av[v] = *reinterpret_cast<const uint4 *>(ws + ((size_t)(warp * V + v) * 32 + lane) * 16);
-            if constexpr (F::I4) {
-                const int h = (s_col + v * F::KC) / group - g_st;
-                const uint32_t pa = ss[(warp * NSL + h) * 16 + g], pb = ss[(warp * NSL + h) * 16 + g + 8];
-                s2a[v] = __byte_perm(pa, 0, 0x1010), b2a[v] = __byte_perm(pa, 0, 0x3232);
-                s2b[v] = __byte_perm(pb, 0, 0x1010), b2b[v] = __byte_perm(pb, 0, 0x3232);
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < STEPS; q++) {
-            const int v = q / F::J, j = q % F::J;
-            uint32_t a[4];
-            if constexpr (F::I4) {
-                lc_qt_dec4<T>(lc_qt_word(av[v], j), s2a[v], b2a[v], s2b[v], b2b[v], a);
-            } else {
-                lc_qt_dec8<T>(lc_qt_word(av[v], 2 * j), a[0], a[1]);
-                lc_qt_dec8<T>(lc_qt_word(av[v], 2 * j + 1), a[2], a[3]);
-            }
-            /* k step q: 64-column block q / 4, 32 bytes a step within its rows */
-            const uint64_t desc = lc_wg_desc_sw128(xs_s + (uint32_t)((q >> 2) * (TOK * 128) + (q & 3) * 32));
-            lc_wg_fence();
-            lc_wgmma<T, TOK>::mma(acc, a, desc);
-            lc_wg_commit();
-            lc_wg_wait<1>();
-        }
+        lc_qw_stage<T, FMT, TOK>(acc, sm + (size_t)b * STB, sm_s + (uint32_t)(b * STB), (s_lo + it) * KS, group,
+                                 warp, lane, [] {});
     }
     lc_wg_wait<0>();
 #pragma unroll
     for (int i = 0; i < TOK / 2; i++) lc_wg_reg_fence(acc[i]);
     lc_cp_wait<0>(); /* no copy may land after the CTA has gone */
-
-    /* D: rows g, g + 8 of the warp's row tile; tokens 8 i + 2 t, + 1 */
-    const int nb = (tile0 + warp) * 16;
-    if (nb >= N) return;
-#pragma unroll
-    for (int i = 0; i < TOK / 8; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int n = nb + g + (e >= 2 ? 8 : 0), m = m0 + 8 * i + 2 * t + (e & 1);
-            if (m >= M) continue;
-            const size_t o = (size_t)m * N + n;
-            if (Z > 1) {
-                part[(size_t)z * M * N + o] = acc[4 * i + e];
-                continue;
-            }
-            float val = acc[4 * i + e];
-            if constexpr (!F::I4) val *= __ldg(sc + n);
-            if (F32) static_cast<float *>(y)[o] = val;
-            else static_cast<T *>(y)[o] = lc_from_f<T>(val);
-        }
+    lc_qw_store<T, FMT, TOK, F32>(acc, sc, y, part, M, N, m0, (tile0 + warp) * 16, z, Z, lane);
 }
 
 
@@ -651,7 +677,7 @@ __global__ void __launch_bounds__(LC_QW_TMA_THREADS, 1)
                          const float *__restrict__ sc, void *__restrict__ y, float *__restrict__ part, int M, int N,
                          int K, int group) {
     typedef lc_qt<FMT> F;
-    constexpr int KS = lc_qw_ks<TOK>(), V = KS / F::KC, STEPS = KS / 16, NSL = KS / 64, SUB = KS / 64;
+    constexpr int KS = lc_qw_ks<TOK>(), V = KS / F::KC, NSL = KS / 64, SUB = KS / 64;
     constexpr int XB = TOK * KS * 2, WB = lc_qw_wb<FMT, TOK>(), STB = lc_qw_stb<FMT, TOK>();
     constexpr int ST = lc_qw_stages<FMT, TOK>();
     static_assert(ST >= 2, "wgmma path: too few stages");
@@ -662,7 +688,7 @@ __global__ void __launch_bounds__(LC_QW_TMA_THREADS, 1)
     const uint32_t sm_s = (uint32_t)__cvta_generic_to_shared(sm);
     const uint32_t full0 = sm_s + ST * STB, empty0 = full0 + ST * 8; /* ST mbarriers each, 8 bytes */
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tile0 = blockIdx.y * LC_QT_TILES, ntiles = N / 16; /* grid (token tiles, row blocks, K slices) */
     const int m0 = blockIdx.x * TOK;
     const int S = K / KS, Z = (int)gridDim.z, z = (int)blockIdx.z;
@@ -739,63 +765,16 @@ __global__ void __launch_bounds__(LC_QW_TMA_THREADS, 1)
     for (int it = 0; it < nst; it++) {
         const int b = it % ST;
         lc_mbar_wait(full0 + b * 8, (uint32_t)((it / ST) & 1));
-        const uint8_t *ws = sm + (size_t)b * STB + XB;
-        const uint32_t xs_s = sm_s + (uint32_t)(b * STB);
-        const uint32_t *ss = reinterpret_cast<const uint32_t *>(ws + WB);
-        const int s_col = (s_lo + it) * KS, g_st = F::I4 ? s_col / group : 0;
-        uint4 av[V];
-        uint32_t s2a[V], b2a[V], s2b[V], b2b[V];
-#pragma unroll
-        for (int v = 0; v < V; v++) {
-            av[v] = *reinterpret_cast<const uint4 *>(ws + ((size_t)(warp * V + v) * 32 + lane) * 16);
-            if constexpr (F::I4) {
-                const int h = (s_col + v * F::KC) / group - g_st;
-                const uint32_t pa = ss[(warp * NSL + h) * 16 + g], pb = ss[(warp * NSL + h) * 16 + g + 8];
-                s2a[v] = __byte_perm(pa, 0, 0x1010), b2a[v] = __byte_perm(pa, 0, 0x3232);
-                s2b[v] = __byte_perm(pb, 0, 0x1010), b2b[v] = __byte_perm(pb, 0, 0x3232);
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < STEPS; q++) {
-            const int v = q / F::J, j = q % F::J;
-            uint32_t a[4];
-            if constexpr (F::I4) {
-                lc_qt_dec4<T>(lc_qt_word(av[v], j), s2a[v], b2a[v], s2b[v], b2b[v], a);
-            } else {
-                lc_qt_dec8<T>(lc_qt_word(av[v], 2 * j), a[0], a[1]);
-                lc_qt_dec8<T>(lc_qt_word(av[v], 2 * j + 1), a[2], a[3]);
-            }
-            const uint64_t desc = lc_wg_desc_sw128(xs_s + (uint32_t)((q >> 2) * (TOK * 128) + (q & 3) * 32));
-            lc_wg_fence();
-            lc_wgmma<T, TOK>::mma(acc, a, desc);
-            lc_wg_commit();
-            lc_wg_wait<1>();
-            /* all but this step's wgmma done: the stage before is free */
-            if (q == 0 && it > 0) lc_mbar_arrive(empty0 + ((it - 1) % ST) * 8);
-        }
+        /* all but the first step's wgmma done: the stage before is free */
+        lc_qw_stage<T, FMT, TOK>(acc, sm + (size_t)b * STB, sm_s + (uint32_t)(b * STB), (s_lo + it) * KS, group,
+                                 warp, lane, [&] {
+                                     if (it > 0) lc_mbar_arrive(empty0 + ((it - 1) % ST) * 8);
+                                 });
     }
     lc_wg_wait<0>();
 #pragma unroll
     for (int i = 0; i < TOK / 2; i++) lc_wg_reg_fence(acc[i]);
-
-    const int nb = (tile0 + warp) * 16;
-    if (nb >= N) return;
-#pragma unroll
-    for (int i = 0; i < TOK / 8; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int n = nb + g + (e >= 2 ? 8 : 0), m = m0 + 8 * i + 2 * t + (e & 1);
-            if (m >= M) continue;
-            const size_t o = (size_t)m * N + n;
-            if (Z > 1) {
-                part[(size_t)z * M * N + o] = acc[4 * i + e];
-                continue;
-            }
-            float val = acc[4 * i + e];
-            if constexpr (!F::I4) val *= __ldg(sc + n);
-            if (F32) static_cast<float *>(y)[o] = val;
-            else static_cast<T *>(y)[o] = lc_from_f<T>(val);
-        }
+    lc_qw_store<T, FMT, TOK, F32>(acc, sc, y, part, M, N, m0, (tile0 + warp) * 16, z, Z, lane);
 }
 
 /* ------------------------------------------------------- layout mapping */
