@@ -22,6 +22,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -1791,6 +1792,27 @@ static void stop_server(server *s, struct MHD_Daemon *d, pthread_t eng_thread, i
     pthread_join(eng_thread, NULL);
 }
 
+/* SIGINT / SIGTERM while serving. Threads started before serve_run (the
+ * plugins': backend pools, mask workers, connectors) do not have the
+ * signals blocked, so the kernel may deliver one to any of them: a handler
+ * (not sigwait in one thread, which would leave the others to the default
+ * action, death by the signal) wakes serve_run through a semaphore. */
+static sem_t stop_sem;
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) {
+    stop_signal = sig;
+    sem_post(&stop_sem); /* async-signal-safe */
+}
+
+/* Install the handler for SIGINT and SIGTERM (NULL: restore the defaults). */
+static void set_stop_handler(void (*fn)(int)) {
+    struct sigaction sa = {.sa_handler = fn ? fn : SIG_DFL, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 /* [any] Another thread added or delivered a request: step. */
 static void serve_wake(void *ctx) {
     server *s = ctx;
@@ -1824,20 +1846,25 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
         loom_disagg_destroy(s.dg);
         return 1;
     }
-    /* Signals go to this thread's sigwait only: block them before any
-     * thread (MHD's, the engine's) starts, so they inherit the mask. */
+    /* MHD's threads and the engine's start with the stop signals blocked
+     * (inherited mask; their polls are not interrupted); this thread takes
+     * them again once they run. */
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    sem_init(&stop_sem, 0, 0);
+    stop_signal = 0;
+    set_stop_handler(on_stop_signal);
 
     char host[INET6_ADDRSTRLEN];
     bool v6;
     struct MHD_Daemon *d = start_daemon(&s, ai, host, sizeof host, &v6);
     if (!d) {
         pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+        set_stop_handler(NULL);
         loom_disagg_destroy(s.dg);
         return 1;
     }
@@ -1853,6 +1880,7 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
         pthread_mutex_unlock(&s.mu);
         if (watching) pthread_join(s.watcher, NULL);
         pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+        set_stop_handler(NULL);
         loom_disagg_destroy(s.dg);
         return 1;
     }
@@ -1861,12 +1889,14 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     printf("loom serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", bound);
     fflush(stdout);
 
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    loom_disagg_stop(s.dg); /* first: its handlers need the engine thread */
-    stop_server(&s, d, eng_thread, sig);
-    loom_disagg_destroy(s.dg);
     pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+    while (sem_wait(&stop_sem) != 0 && errno == EINTR) {}
+    loom_disagg_stop(s.dg); /* first: its handlers need the engine thread */
+    stop_server(&s, d, eng_thread, (int)stop_signal);
+    loom_disagg_destroy(s.dg);
+    /* a second signal while the engine is destroyed ends the process */
+    set_stop_handler(NULL);
+    sem_destroy(&stop_sem);
     server_destroy(&s);
     return 0;
 }

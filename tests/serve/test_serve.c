@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -22,6 +23,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -667,6 +669,43 @@ Test(serve, idle_timeout_after_a_completion, .timeout = 60) {
     free(stop(&s, 30));
 }
 
+/* Whether thread `tid` of process `pid` has SIGTERM blocked (its SigBlk
+ * mask in /proc); -1 when it cannot be read (the thread is gone). */
+static int sigterm_blocked(pid_t pid, long tid) {
+    char path[96], line[256];
+    snprintf(path, sizeof path, "/proc/%d/task/%ld/status", (int)pid, tid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    int blocked = -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "SigBlk:", 7)) blocked = (int)((strtoull(line + 7, NULL, 16) >> (SIGTERM - 1)) & 1);
+    fclose(f);
+    return blocked;
+}
+
+/* The kernel gives a process's SIGTERM to any thread that does not block
+ * it, and the plugins' threads (here the CPU backend's pool) start before
+ * the server: SIGTERM sent to each such thread in turn still stops the
+ * server cleanly (exit 0), not by the signal's default action. */
+Test(serve, sigterm_to_any_thread_stops_cleanly, .timeout = 120) {
+    server s = start(TINY, (const char *[]){"--set", "engine.threads=2", NULL});
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/task", (int)s.pid);
+    DIR *d = opendir(dir);
+    cr_assert(d, "cannot list %s", dir);
+    long other = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        long tid = atol(e->d_name);
+        if (tid > 0 && tid != s.pid && sigterm_blocked(s.pid, tid) == 0) other = tid;
+    }
+    closedir(d);
+    cr_assert_gt(other, 0, "no thread but the main one takes SIGTERM: the test would not test anything");
+    cr_assert_eq(syscall(SYS_tgkill, (int)s.pid, (int)other, SIGTERM), 0);
+    char *log = wait_exit(&s, 30);
+    cr_assert(strstr(log, "SIGTERM: stopping"), "%s", log);
+    free(log);
+}
+
 Test(serve, usage_errors) {
     const char *bin = getenv("LOOM_CLI");
     cr_assert_not_null(bin);
@@ -856,7 +895,9 @@ Test(serve, huge_prompt_refused_fast_real_model, .timeout = 300) {
     long grew = (peak_rss_kib(s.pid) - rss0) / 1024;
     cr_log_info("15 MiB prompt: 400 after %.1f ms, peak memory +%ld MiB", ms, grew);
     expect_error(r, 400, "over the 65536 bytes");
-    cr_assert_lt(ms, 1000, "the refusal took %.0f ms", ms);
+    /* generous for a sanitizer build under parallel tests: what it guards
+     * against, tokenizing the prompt first, took ~27 s */
+    cr_assert_lt(ms, 3000, "the refusal took %.0f ms", ms);
     /* the body itself (15 MiB, buffered and parsed) is all it may hold */
     cr_assert_lt(grew, 160, "the refused prompt grew the server by %ld MiB", grew);
     free(stop(&s, 60));
