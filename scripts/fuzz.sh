@@ -8,7 +8,8 @@ usage() {
   cat <<'USAGE'
 Usage: scripts/fuzz.sh [--seconds N] [--jobs N] [--work DIR] [--merge] [TARGET...]
 
-Targets: yaml gguf safetensors tokenizer_json encode chat openai (default: all).
+Targets: every tests/fuzz/fuzz_TARGET.c (yaml gguf safetensors tokenizer_json encode chat
+openai disagg constraint; default: all).
 Each runs for --seconds (default 600) from tests/fuzz/corpus/TARGET plus
 what earlier runs found in DIR/corpus/TARGET (--work, default
 ~/.cache/loom/fuzz). Findings go to DIR/findings/TARGET (crash-*, leak-*,
@@ -32,7 +33,9 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(yaml gguf safetensors tokenizer_json encode chat openai)
+if [ ${#targets[@]} = 0 ]; then # every harness, so a new one is never left out
+  for f in "$root"/tests/fuzz/fuzz_*.c; do t=${f##*/fuzz_}; targets+=("${t%.c}"); done
+fi
 build=$("$root/scripts/setup.sh" --fuzz --build-dir "$root/build-fuzz") || { echo "fuzz.sh: build failed" >&2; exit 1; }
 
 one() { # TARGET: fuzz it; prints "TARGET: OK|FOUND (execs)"
