@@ -120,8 +120,9 @@ int lc_gemm_q_tiled_wg_min_m(const loom_cuda_gemm *g);
 /* lc_qtiled calls that took the wgmma path so far. */
 long lc_qtiled_wgmma_count(void);
 /* the wgmma path's copies: 0 cp.async + CTA barriers, 1 TMA + mbarriers,
- * 2 (default) by format and M as measured (qtiled.cu); for gpu_bench and
- * the kernel tests, process-wide */
+ * 2 (default) by format and M as measured (qtiled.cu), 3 TMA as if no
+ * tensor map could be made (its cp.async fallback); for gpu_bench and the
+ * kernel tests, process-wide */
 void lc_qtiled_set_wgmma_tma(int mode);
 cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s);
 /* The tiled bound of loom_cuda_qgemm_set_tiled_max_m (gemm.c holds it). */

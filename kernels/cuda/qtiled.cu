@@ -1040,9 +1040,11 @@ static PFN_cuTensorMapEncodeTiled_v12000 lc_qw_encode_fn(void) {
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(__atomic_load_n(&fn, __ATOMIC_RELAXED));
 }
 
+static int lc_qw_tma = 2; /* lc_qtiled_set_wgmma_tma */
+
 static cudaError_t lc_qw_xmap(CUtensorMap *map, const void *x, int M, int K, int tok) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = lc_qw_encode_fn();
-    if (!enc) return cudaErrorNotSupported;
+    if (!enc || __atomic_load_n(&lc_qw_tma, __ATOMIC_RELAXED) == 3) return cudaErrorNotSupported;
     const cuuint64_t dim[2] = {(cuuint64_t)K, (cuuint64_t)M}, stride[1] = {(cuuint64_t)K * 2};
     const cuuint32_t box[2] = {64, (cuuint32_t)tok}, estr[2] = {1, 1};
     const CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void *>(x), dim, stride, box, estr,
@@ -1090,16 +1092,16 @@ static cudaError_t lc_qtiled_wgt_t(int M, const loom_cuda_qweight *w, const void
 }
 
 /* which copies the wgmma path runs: 0 cp.async + CTA barriers, 1 TMA +
- * mbarriers, 2 (the default) as measured on the H200 (one Llama-3-8B
+ * mbarriers, 3 TMA as if no tensor map could be made (its cp.async
+ * fallback, for the kernel tests), 2 (the default) as measured on the H200 (one Llama-3-8B
  * layer's linears, docs/performance.md): TMA for W8A16 above 64 rows
  * (128: 184.6 vs 190.8 us, 256: 318.6 vs 362.8), cp.async for INT4
  * everywhere (its scale copies make twice the bulk copies a stage for one
  * producer lane: 64 rows 186.4 vs 137.1, 256 rows 394.9 vs 360.7) and for
  * W8A16 up to 64 rows (64: 154.5 vs 137.8). gpu_bench and the kernel tests
  * force either. */
-static int lc_qw_tma = 2;
 extern "C" void lc_qtiled_set_wgmma_tma(int mode) {
-    __atomic_store_n(&lc_qw_tma, mode < 0 || mode > 2 ? 2 : mode, __ATOMIC_RELAXED);
+    __atomic_store_n(&lc_qw_tma, mode < 0 || mode > 3 ? 2 : mode, __ATOMIC_RELAXED);
 }
 
 static long lc_qtiled_wg_runs; /* calls that took the wgmma path (the kernel tests check the dispatch) */
@@ -1114,7 +1116,7 @@ extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom
     /* the wgmma path from wgmma_min_m rows (0: never), not batch-invariant */
     const bool wg = !invariant && wgmma_min_m > 0 && M >= wgmma_min_m;
     const int tma_mode = __atomic_load_n(&lc_qw_tma, __ATOMIC_RELAXED);
-    const bool tma = tma_mode == 2 ? w->fmt == LOOM_CUDA_Q_INT8_W8A16 && M > 64 : tma_mode == 1;
+    const bool tma = tma_mode == 2 ? w->fmt == LOOM_CUDA_Q_INT8_W8A16 && M > 64 : tma_mode != 0;
     if (wg) __atomic_fetch_add(&lc_qtiled_wg_runs, 1, __ATOMIC_RELAXED);
 #define LC_QT_T(T)                                                                                 \
     (w->fmt == LOOM_CUDA_Q_INT4                                                                    \

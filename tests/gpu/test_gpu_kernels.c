@@ -2209,6 +2209,10 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
             test_qgemm(g, LOOM_CUDA_BF16, f, 150, 304, 1536, i4 ? 192 : 0, 0, false, false);
             test_qgemm(g, LOOM_CUDA_BF16, f, 256, 4096, 4096, i4 ? 128 : 0, 0, true, false);
         }
+        /* TMA without a tensor map: the cp.async kernel instead */
+        lc_qtiled_set_wgmma_tma(3);
+        test_qgemm(g, LOOM_CUDA_BF16, f, 65, 592, 1024, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, 200, 208, 2048, i4 ? 64 : 0, 0, true, false);
         lc_qtiled_set_wgmma_tma(2);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, 0);
         test_qgemm(g, LOOM_CUDA_BF16, f, 64, 592, 1024, i4 ? 128 : 0, 0, false, false);
