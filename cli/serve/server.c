@@ -1797,12 +1797,20 @@ static void stop_server(server *s, struct MHD_Daemon *d, pthread_t eng_thread, i
  * signals blocked, so the kernel may deliver one to any of them: a handler
  * (not sigwait in one thread, which would leave the others to the default
  * action, death by the signal) wakes serve_run through a semaphore. */
-static sem_t stop_sem;
-static volatile sig_atomic_t stop_signal;
+static sem_t stop_sem;          /* lives as long as the process */
+static atomic_int stop_signal; /* the first signal; lock-free, so handler-safe */
 
 static void on_stop_signal(int sig) {
-    stop_signal = sig;
+    int first = 0;
+    if (!atomic_compare_exchange_strong(&stop_signal, &first, sig)) {
+        /* a second one while stopping (Ctrl-C again): end the process now */
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    const int saved = errno;
     sem_post(&stop_sem); /* async-signal-safe */
+    errno = saved;
 }
 
 /* Install the handler for SIGINT and SIGTERM (NULL: restore the defaults). */
@@ -1856,15 +1864,15 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
     sem_init(&stop_sem, 0, 0);
-    stop_signal = 0;
+    atomic_store(&stop_signal, 0);
     set_stop_handler(on_stop_signal);
 
     char host[INET6_ADDRSTRLEN];
     bool v6;
     struct MHD_Daemon *d = start_daemon(&s, ai, host, sizeof host, &v6);
     if (!d) {
-        pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
         set_stop_handler(NULL);
+        pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
         loom_disagg_destroy(s.dg);
         return 1;
     }
@@ -1879,8 +1887,8 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
         s.watch_exit = true;
         pthread_mutex_unlock(&s.mu);
         if (watching) pthread_join(s.watcher, NULL);
-        pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
         set_stop_handler(NULL);
+        pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
         loom_disagg_destroy(s.dg);
         return 1;
     }
@@ -1892,11 +1900,10 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
     while (sem_wait(&stop_sem) != 0 && errno == EINTR) {}
     loom_disagg_stop(s.dg); /* first: its handlers need the engine thread */
-    stop_server(&s, d, eng_thread, (int)stop_signal);
+    stop_server(&s, d, eng_thread, atomic_load(&stop_signal));
     loom_disagg_destroy(s.dg);
-    /* a second signal while the engine is destroyed ends the process */
+    /* a signal while the engine is destroyed ends the process, as above */
     set_stop_handler(NULL);
-    sem_destroy(&stop_sem);
     server_destroy(&s);
     return 0;
 }

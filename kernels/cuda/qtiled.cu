@@ -1040,7 +1040,9 @@ static PFN_cuTensorMapEncodeTiled_v12000 lc_qw_encode_fn(void) {
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(__atomic_load_n(&fn, __ATOMIC_RELAXED));
 }
 
-static int lc_qw_tma = 2; /* lc_qtiled_set_wgmma_tma */
+static int lc_qw_tma = 2;        /* lc_qtiled_set_wgmma_tma */
+static long lc_qw_fallbacks;      /* TMA calls that ran cp.async for want of a tensor map */
+extern "C" long lc_qtiled_tma_fallback_count(void) { return __atomic_load_n(&lc_qw_fallbacks, __ATOMIC_RELAXED); }
 
 static cudaError_t lc_qw_xmap(CUtensorMap *map, const void *x, int M, int K, int tok) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = lc_qw_encode_fn();
@@ -1070,7 +1072,10 @@ static cudaError_t lc_qtiled_wgt_t(int M, const loom_cuda_qweight *w, const void
                     (unsigned)Z);
     CUtensorMap map;
     cudaError_t e = lc_qw_xmap(&map, x, M, w->K, tok);
-    if (e != cudaSuccess) return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s); /* no tensor map: cp.async */
+    if (e != cudaSuccess) { /* no tensor map: cp.async */
+        __atomic_fetch_add(&lc_qw_fallbacks, 1, __ATOMIC_RELAXED);
+        return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);
+    }
 #define LC_QWT_GO(TOK_)                                                                                \
     do {                                                                                               \
         constexpr size_t smem = lc_qw_smem<FMT, TOK_>() + 128; /* + the mbarriers */                   \

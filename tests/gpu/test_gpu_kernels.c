@@ -2211,8 +2211,12 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         }
         /* TMA without a tensor map: the cp.async kernel instead */
         lc_qtiled_set_wgmma_tma(3);
+        const long fb0 = lc_qtiled_tma_fallback_count();
         test_qgemm(g, LOOM_CUDA_BF16, f, 65, 592, 1024, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_F16, f, 200, 208, 2048, i4 ? 64 : 0, 0, true, false);
+        report_count(i4 ? "tiled int4: TMA calls without a tensor map not falling back"
+                        : "tiled w8a16: TMA calls without a tensor map not falling back",
+                     labs(2 - (lc_qtiled_tma_fallback_count() - fb0)), 2);
         lc_qtiled_set_wgmma_tma(2);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, 0);
         test_qgemm(g, LOOM_CUDA_BF16, f, 64, 592, 1024, i4 ? 128 : 0, 0, false, false);
