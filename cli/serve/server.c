@@ -1852,6 +1852,7 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
     if (gai) {
         fprintf(stderr, "loom serve: cannot resolve --host '%s': %s\n", opt->host, gai_strerror(gai));
         loom_disagg_destroy(s.dg);
+        server_destroy(&s);
         return 1;
     }
     /* MHD's threads and the engine's start with the stop signals blocked
@@ -1874,6 +1875,7 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
         set_stop_handler(NULL);
         pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
         loom_disagg_destroy(s.dg);
+        server_destroy(&s);
         return 1;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
@@ -1890,6 +1892,7 @@ int serve_run(loom_engine *eng, const serve_options *opt) {
         set_stop_handler(NULL);
         pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
         loom_disagg_destroy(s.dg);
+        server_destroy(&s);
         return 1;
     }
     fprintf(stderr, "loom serve: model '%s', context %d tokens%s; Ctrl-C stops\n", s.model,
