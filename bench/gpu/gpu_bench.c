@@ -505,18 +505,20 @@ static void bench_quant(int M) {
      * bound the tiled dequantize + cuBLASLt) — old vs new in one run */
     /* (from 17 rows, where the tiled kernel runs its wgmma path, also with
      * that path's copies forced to cp.async, "_tiled_cpa", and to TMA,
-     * "_tiled_tma" (the default picks by format and M), and with the path
-     * off: its mma.sync one, "_tiled_mma"; above 64 rows also with
-     * the tiled bound at 0: the tiled weight dequantized for cuBLASLt,
-     * "_tiled_deq" — where the bounds belong) */
-    const int nmma = M >= LC_QT_DEFAULT_WG_MIN_M ? 6 : 0; /* _tiled_cpa, _tiled_tma, _tiled_mma */
+     * "_tiled_tma" (the default picks by format and M), the wide TMA
+     * kernel (256-row CTAs), "_tiled_wide", and with the path off: its
+     * mma.sync one, "_tiled_mma"; above 64 rows also with the tiled bound
+     * at 0: the tiled weight dequantized for cuBLASLt, "_tiled_deq" —
+     * where the bounds belong) */
+    const int nmma = M >= LC_QT_DEFAULT_WG_MIN_M ? 8 : 0; /* _tiled_cpa, _tiled_tma, _tiled_wide, _tiled_mma */
     const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF, nv = nv0 + 2 + nmma + (M > 64 ? 2 : 0);
     const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
         const bool tiled = vi >= nv0, cpa = tiled && vi >= nv0 + 2 && vi < nv0 + 4 && nmma,
                    tma = tiled && vi >= nv0 + 4 && vi < nv0 + 6 && nmma,
-                   mma = tiled && vi >= nv0 + 6 && vi < nv0 + 2 + nmma, deq = vi >= nv0 + 2 + nmma;
-        lc_qtiled_set_wgmma_tma(cpa ? 0 : tma ? 1 : 2);
+                   wide = tiled && vi >= nv0 + 6 && vi < nv0 + 8 && nmma,
+                   mma = tiled && vi >= nv0 + 8 && vi < nv0 + 2 + nmma, deq = vi >= nv0 + 2 + nmma;
+        lc_qtiled_set_wgmma_tma(cpa ? 0 : tma ? 1 : wide ? 4 : 2);
         loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : 256);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, mma ? 0 : LC_QT_DEFAULT_WG_MIN_M);
         const bool epi = !tiled && M > 8 && vi == NF;
@@ -564,7 +566,15 @@ static void bench_quant(int M) {
         }
         char nm[96], label[24]; /* "_cc": the CUDA-core GEMV (qgemm.cu), not the tensor-core one */
         snprintf(label, sizeof label, "%s%s", names[fi],
-                 cores ? "_cc" : epi ? "_epi" : deq ? "_tiled_deq" : mma ? "_tiled_mma" : cpa ? "_tiled_cpa" : tma ? "_tiled_tma" : tiled ? "_tiled" : "");
+                 cores ? "_cc"
+                 : epi ? "_epi"
+                 : deq ? "_tiled_deq"
+                 : mma ? "_tiled_mma"
+                 : cpa ? "_tiled_cpa"
+                 : tma ? "_tiled_tma"
+                 : wide ? "_tiled_wide"
+                 : tiled ? "_tiled"
+                         : "");
         snprintf(nm, sizeof nm, "llama3-8b layer linears %s M=%d", label, M);
         const double flops = 2.0 * M * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336);
         add_row(nm, ms, bytes + (double)M * (4096 * 3 + 14336) * 2, flops, 0);

@@ -119,10 +119,10 @@ cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweig
 int lc_gemm_q_tiled_wg_min_m(const loom_cuda_gemm *g);
 /* lc_qtiled calls that took the wgmma path so far. */
 long lc_qtiled_wgmma_count(void);
-/* the wgmma path's copies: 0 cp.async + CTA barriers, 1 TMA + mbarriers,
+/* the wgmma path's kernel: 0 cp.async + CTA barriers, 1 TMA + mbarriers,
  * 2 (default) by format and M as measured (qtiled.cu), 3 TMA as if no
- * tensor map could be made (its cp.async fallback); for gpu_bench and the
- * kernel tests, process-wide */
+ * tensor map could be made (its cp.async fallback), 4 the wide TMA kernel
+ * (256-row CTAs); for gpu_bench and the kernel tests, process-wide */
 void lc_qtiled_set_wgmma_tma(int mode);
 /* TMA calls of the wgmma path that fell back to cp.async (no tensor map). */
 long lc_qtiled_tma_fallback_count(void);

@@ -462,70 +462,96 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
  * Not in batch-invariant mode (the mma.sync path's sums there). */
 #define LC_QW_THREADS 256
 
-template <int TOK> constexpr int lc_qw_ks() { return TOK == 128 ? 128 : 64; }
-template <int FMT, int TOK> constexpr int lc_qw_wb() {
-    return LC_QT_TILES * (lc_qw_ks<TOK>() / lc_qt<FMT>::KC) * 512;
+/* columns a stage: 128 for the 128-row kernels' 128-token tiles, else 64
+ * (the wide kernel: its registers hold two row tiles' stage vectors) */
+template <int TOK, int TL = LC_QT_TILES> constexpr int lc_qw_ks() { return TOK == 128 && TL == LC_QT_TILES ? 128 : 64; }
+/* TL row tiles a CTA: LC_QT_TILES (128 rows), or LC_QWW_TILES in the wide
+ * kernel further down (256 rows, one CTA an SM whatever its tokens) */
+template <int FMT, int TOK, int TL = LC_QT_TILES> constexpr int lc_qw_wb() {
+    return TL * (lc_qw_ks<TOK, TL>() / lc_qt<FMT>::KC) * 512;
 }
 /* INT4: a (row tile, group) 64 bytes, KS / 64 groups a stage at most */
-template <int FMT, int TOK> constexpr int lc_qw_sb() {
-    return lc_qt<FMT>::I4 ? LC_QT_TILES * (lc_qw_ks<TOK>() / 64) * 64 : 0;
+template <int FMT, int TOK, int TL = LC_QT_TILES> constexpr int lc_qw_sb() {
+    return lc_qt<FMT>::I4 ? TL * (lc_qw_ks<TOK, TL>() / 64) * 64 : 0;
 }
 /* stage: tokens (TOK x KS, 1024-aligned swizzle atoms) | weights | scales */
-template <int FMT, int TOK> constexpr int lc_qw_stb() {
-    return (TOK * lc_qw_ks<TOK>() * 2 + lc_qw_wb<FMT, TOK>() + lc_qw_sb<FMT, TOK>() + 1023) / 1024 * 1024;
+template <int FMT, int TOK, int TL = LC_QT_TILES> constexpr int lc_qw_stb() {
+    return (TOK * lc_qw_ks<TOK, TL>() * 2 + lc_qw_wb<FMT, TOK, TL>() + lc_qw_sb<FMT, TOK, TL>() + 1023) / 1024 * 1024;
 }
-/* stages: up to 6 in 220 KB (one CTA an SM), 110 KB at <= 64 tokens (two) */
-template <int FMT, int TOK> constexpr int lc_qw_stages() {
-    return ((TOK <= 64 ? 110 : 220) * 1024 / lc_qw_stb<FMT, TOK>()) > 6
+/* stages: up to 6 in 220 KB (one CTA an SM), 110 KB for 128-row CTAs at <=
+ * 64 tokens (two) */
+template <int FMT, int TOK, int TL = LC_QT_TILES> constexpr int lc_qw_budget() {
+    return (TOK <= 64 && TL == LC_QT_TILES ? 110 : 220) * 1024;
+}
+template <int FMT, int TOK, int TL = LC_QT_TILES> constexpr int lc_qw_stages() {
+    return lc_qw_budget<FMT, TOK, TL>() / lc_qw_stb<FMT, TOK, TL>() > 6
                ? 6
-               : (TOK <= 64 ? 110 : 220) * 1024 / lc_qw_stb<FMT, TOK>();
+               : lc_qw_budget<FMT, TOK, TL>() / lc_qw_stb<FMT, TOK, TL>();
 }
-template <int FMT, int TOK> constexpr size_t lc_qw_smem() {
-    return (size_t)lc_qw_stages<FMT, TOK>() * lc_qw_stb<FMT, TOK>() + 1024; /* + alignment slack */
+template <int FMT, int TOK, int TL = LC_QT_TILES> constexpr size_t lc_qw_smem() {
+    return (size_t)lc_qw_stages<FMT, TOK, TL>() * lc_qw_stb<FMT, TOK, TL>() + 1024; /* + alignment slack */
 }
 
-/* One stage of a consumer warp in both wgmma kernels: its row tile's
+/* Row tile j (< RT) of consumer warp `warp` within its CTA's TL tiles:
+ * with one tile a warp, tile `warp`; with two (the wide kernel) warpgroup
+ * h = warp / 4's wgmma j takes the 64 rows of tiles 8 h + 4 j .. + 3, one
+ * a warp of the warpgroup. */
+template <int RT> __device__ __forceinline__ int lc_qw_tile(int warp, int j) {
+    return RT == 1 ? warp : (warp >> 2) * 8 + j * 4 + (warp & 3);
+}
+
+/* One stage of a consumer warp in the wgmma kernels: its RT row tiles'
  * weight vectors (and int4 scale pairs) from the stage in shared memory
  * (`st` generic, `st_s` its shared address; tokens at 0, weights at XB,
  * scales at XB + WB), decoded to A fragments a k step at a time, each
- * wgmma'd against the step's token columns; after the first step's
- * wait_group 1 (every wgmma of the stage before done) `after_first` runs. */
-template <typename T, int FMT, int TOK, typename Fn>
+ * wgmma'd against the step's token columns into its tile's TOK / 2
+ * accumulators (acc + j TOK / 2), the RT wgmmas of a step one commit
+ * group; after the first step's wait_group 1 (every wgmma of the stage
+ * before done) `after_first` runs. */
+template <typename T, int FMT, int TOK, int RT, int TL, typename Fn>
 __device__ __forceinline__ void lc_qw_stage(float *acc, const uint8_t *st, uint32_t st_s, int s_col, int group,
                                             int warp, int lane, Fn after_first) {
     typedef lc_qt<FMT> F;
-    constexpr int KS = lc_qw_ks<TOK>(), V = KS / F::KC, STEPS = KS / 16, NSL = KS / 64;
-    constexpr int XB = TOK * KS * 2, WB = lc_qw_wb<FMT, TOK>();
+    constexpr int KS = lc_qw_ks<TOK, TL>(), V = KS / F::KC, STEPS = KS / 16, NSL = KS / 64;
+    constexpr int XB = TOK * KS * 2, WB = lc_qw_wb<FMT, TOK, TL>();
     const int g = lane >> 2;
     const uint8_t *ws = st + XB;
     const uint32_t *ss = reinterpret_cast<const uint32_t *>(ws + WB);
     const int g_st = F::I4 ? s_col / group : 0;
-    uint4 av[V];
-    uint32_t s2a[V], b2a[V], s2b[V], b2b[V];
+    uint4 av[RT][V];
+    uint32_t s2a[RT][V], b2a[RT][V], s2b[RT][V], b2b[RT][V];
 #pragma unroll
-    for (int v = 0; v < V; v++) {
-        av[v] = *reinterpret_cast<const uint4 *>(ws + ((size_t)(warp * V + v) * 32 + lane) * 16);
-        if constexpr (F::I4) {
-            const int h = (s_col + v * F::KC) / group - g_st;
-            const uint32_t pa = ss[(warp * NSL + h) * 16 + g], pb = ss[(warp * NSL + h) * 16 + g + 8];
-            s2a[v] = __byte_perm(pa, 0, 0x1010), b2a[v] = __byte_perm(pa, 0, 0x3232);
-            s2b[v] = __byte_perm(pb, 0, 0x1010), b2b[v] = __byte_perm(pb, 0, 0x3232);
+    for (int j = 0; j < RT; j++) {
+        const int tl = lc_qw_tile<RT>(warp, j);
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            av[j][v] = *reinterpret_cast<const uint4 *>(ws + ((size_t)(tl * V + v) * 32 + lane) * 16);
+            if constexpr (F::I4) {
+                const int h = (s_col + v * F::KC) / group - g_st;
+                const uint32_t pa = ss[(tl * NSL + h) * 16 + g], pb = ss[(tl * NSL + h) * 16 + g + 8];
+                s2a[j][v] = __byte_perm(pa, 0, 0x1010), b2a[j][v] = __byte_perm(pa, 0, 0x3232);
+                s2b[j][v] = __byte_perm(pb, 0, 0x1010), b2b[j][v] = __byte_perm(pb, 0, 0x3232);
+            }
         }
     }
 #pragma unroll
     for (int q = 0; q < STEPS; q++) {
-        const int v = q / F::J, j = q % F::J;
-        uint32_t a[4];
-        if constexpr (F::I4) {
-            lc_qt_dec4<T>(lc_qt_word(av[v], j), s2a[v], b2a[v], s2b[v], b2b[v], a);
-        } else {
-            lc_qt_dec8<T>(lc_qt_word(av[v], 2 * j), a[0], a[1]);
-            lc_qt_dec8<T>(lc_qt_word(av[v], 2 * j + 1), a[2], a[3]);
+        const int v = q / F::J, jw = q % F::J;
+        uint32_t a[RT][4];
+#pragma unroll
+        for (int j = 0; j < RT; j++) {
+            if constexpr (F::I4) {
+                lc_qt_dec4<T>(lc_qt_word(av[j][v], jw), s2a[j][v], b2a[j][v], s2b[j][v], b2b[j][v], a[j]);
+            } else {
+                lc_qt_dec8<T>(lc_qt_word(av[j][v], 2 * jw), a[j][0], a[j][1]);
+                lc_qt_dec8<T>(lc_qt_word(av[j][v], 2 * jw + 1), a[j][2], a[j][3]);
+            }
         }
         /* k step q: 64-column block q / 4, 32 bytes a step within its rows */
         const uint64_t desc = lc_wg_desc_sw128(st_s + (uint32_t)((q >> 2) * (TOK * 128) + (q & 3) * 32));
         lc_wg_fence();
-        lc_wgmma<T, TOK>::mma(acc, a, desc);
+#pragma unroll
+        for (int j = 0; j < RT; j++) lc_wgmma<T, TOK>::mma(acc + j * (TOK / 2), a[j], desc);
         lc_wg_commit();
         lc_wg_wait<1>();
         if (q == 0) after_first();
@@ -645,7 +671,7 @@ __global__ void __launch_bounds__(LC_QW_THREADS, 1)
             lc_cp_commit();
         }
         const int b = it % ST;
-        lc_qw_stage<T, FMT, TOK>(acc, sm + (size_t)b * STB, sm_s + (uint32_t)(b * STB), (s_lo + it) * KS, group,
+        lc_qw_stage<T, FMT, TOK, 1, LC_QT_TILES>(acc, sm + (size_t)b * STB, sm_s + (uint32_t)(b * STB), (s_lo + it) * KS, group,
                                  warp, lane, [] {});
     }
     lc_wg_wait<0>();
@@ -766,7 +792,7 @@ __global__ void __launch_bounds__(LC_QW_TMA_THREADS, 1)
         const int b = it % ST;
         lc_mbar_wait(full0 + b * 8, (uint32_t)((it / ST) & 1));
         /* all but the first step's wgmma done: the stage before is free */
-        lc_qw_stage<T, FMT, TOK>(acc, sm + (size_t)b * STB, sm_s + (uint32_t)(b * STB), (s_lo + it) * KS, group,
+        lc_qw_stage<T, FMT, TOK, 1, LC_QT_TILES>(acc, sm + (size_t)b * STB, sm_s + (uint32_t)(b * STB), (s_lo + it) * KS, group,
                                  warp, lane, [&] {
                                      if (it > 0) lc_mbar_arrive(empty0 + ((it - 1) % ST) * 8);
                                  });
@@ -775,6 +801,134 @@ __global__ void __launch_bounds__(LC_QW_TMA_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < TOK / 2; i++) lc_wg_reg_fence(acc[i]);
     lc_qw_store<T, FMT, TOK, F32>(acc, sc, y, part, M, N, m0, (tile0 + warp) * 16, z, Z, lane);
+}
+
+/* The wide TMA kernel: 256 weight rows a CTA (16 row tiles) at up to 128
+ * tokens, so a stage's token copy feeds twice the weight rows the 128-row
+ * kernels give it (the token bytes per weight byte halve; at 64 rows they
+ * were ~4x the INT4 weights' bytes). Two consumer warpgroups own 128 rows
+ * each: per k16 step a consumer warp decodes two row tiles (lc_qw_tile<2>)
+ * and its warpgroup runs two m64 wgmmas, one commit group, into 2 x TOK / 2
+ * accumulators a thread — more than the 168 registers a thread of 384
+ * has, so the producer warpgroup hands its registers over (setmaxnreg: 40
+ * producer, 232 consumer). The producer warp spreads a stage's copies over
+ * its lanes (lane l < 16: row tile l's weights, 16 + l: its INT4 scales,
+ * lane s < KS / 64: token box s) behind one expect_tx by lane 0; the
+ * mbarrier protocol is lc_qtiled_wgt_kernel's. One CTA an SM. */
+#define LC_QWW_TILES 16
+#define LC_QWW_THREADS 384 /* consumer warpgroups 0, 1; the producer's 2 */
+
+template <typename T, int FMT, int TOK, bool F32>
+__global__ void __launch_bounds__(LC_QWW_THREADS, 1)
+    lc_qtiled_wgw_kernel(const __grid_constant__ CUtensorMap xmap, const uint8_t *__restrict__ wd,
+                         const float *__restrict__ sc, void *__restrict__ y, float *__restrict__ part, int M, int N,
+                         int K, int group) {
+    typedef lc_qt<FMT> F;
+    constexpr int TL = LC_QWW_TILES, KS = lc_qw_ks<TOK, TL>(), V = KS / F::KC, NSL = KS / 64, SUB = KS / 64;
+    constexpr int XB = TOK * KS * 2, WB = lc_qw_wb<FMT, TOK, TL>(), STB = lc_qw_stb<FMT, TOK, TL>();
+    constexpr int ST = lc_qw_stages<FMT, TOK, TL>();
+    static_assert(TOK <= 128, "wide wgmma kernel: at most 128 tokens (its accumulators)");
+    static_assert(ST >= 2, "wgmma path: too few stages");
+    static_assert(lc_qw_smem<FMT, TOK, TL>() + 128 <= 227 * 1024, "wgmma path: shared memory");
+    extern __shared__ __align__(1024) uint8_t lc_qww_raw[];
+    const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(lc_qww_raw);
+    uint8_t *sm = lc_qww_raw + ((1024u - (raw_s & 1023u)) & 1023u);
+    const uint32_t sm_s = (uint32_t)__cvta_generic_to_shared(sm);
+    const uint32_t full0 = sm_s + ST * STB, empty0 = full0 + ST * 8; /* ST mbarriers each, 8 bytes */
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tile0 = blockIdx.y * TL, ntiles = N / 16; /* grid (token tiles, row blocks, K slices) */
+    const int m0 = blockIdx.x * TOK;
+    const int S = K / KS, Z = (int)gridDim.z, z = (int)blockIdx.z;
+    const int s_lo = (int)((long long)S * z / Z), s_hi = (int)((long long)S * (z + 1) / Z);
+    const int nst = s_hi - s_lo;
+    const size_t tile_bytes = (size_t)K / F::KC * 512;
+    const int groups = F::I4 ? K / group : 1;
+
+    if (tid == 0) {
+        for (int i = 0; i < ST; i++) {
+            lc_mbar_init(full0 + i * 8, 1);
+            lc_mbar_init(empty0 + i * 8, 256); /* one arrival a consumer thread */
+        }
+        lc_mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (warp >= 8) { /* the producer warpgroup: one warp copies, three idle */
+        lc_wg_regs_dec<40>();
+        if (warp != 8) return;
+        const int vt = ntiles - tile0 < TL ? ntiles - tile0 : TL; /* valid row tiles */
+        auto group0 = [&](int it) { return ((s_lo + it) * KS) / group; };
+        auto ngroups = [&](int it) { return groups - group0(it) < NSL ? groups - group0(it) : NSL; };
+        constexpr uint32_t XBYTES = SUB * TOK * 128;
+        /* lane 0 announces stage it's bytes (the weights, scales and token
+         * boxes that complete on its `full` barrier), then the lanes issue
+         * its weight and scale copies */
+        auto weights = [&](int it) {
+            const int s = s_lo + it, b = it % ST;
+            const uint32_t ws = sm_s + b * STB + XB, fb = full0 + b * 8;
+            if (lane == 0) {
+                uint32_t bytes = vt * V * 512 + XBYTES;
+                if constexpr (F::I4) bytes += vt * ngroups(it) * 64;
+                lc_mbar_arrive_tx(fb, bytes);
+            }
+            __syncwarp();
+            if (lane < vt)
+                lc_bulk_g2s(ws + lane * V * 512, wd + (size_t)(tile0 + lane) * tile_bytes + (size_t)s * V * 512,
+                            V * 512, fb);
+            if constexpr (F::I4) {
+                const int tl = lane - 16;
+                if (tl >= 0 && tl < vt)
+                    lc_bulk_g2s(ws + WB + tl * NSL * 64, sc + ((size_t)(tile0 + tl) * groups + group0(it)) * 16,
+                                ngroups(it) * 64, fb);
+            }
+        };
+        /* the weights of the first ST stages before the kernel before has
+         * finished (they do not depend on it), then their tokens */
+        const int pre = nst < ST ? nst : ST;
+        for (int it = 0; it < pre; it++) weights(it);
+        lc_pdl_wait();
+        lc_pdl_trigger();
+        for (int it = 0; it < nst; it++) {
+            const int b = it % ST;
+            if (it >= ST) {
+                lc_mbar_wait(empty0 + b * 8, (uint32_t)((it / ST - 1) & 1));
+                weights(it);
+            }
+            if (lane < SUB)
+                lc_tma_2d(sm_s + b * STB + lane * (TOK * 128), &xmap, (s_lo + it) * KS + lane * 64, m0,
+                          full0 + b * 8);
+        }
+        return;
+    }
+
+    lc_wg_regs_inc<232>();
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    float acc[2 * (TOK / 2)];
+#pragma unroll
+    for (int i = 0; i < TOK; i++) acc[i] = 0.0f;
+    /* zeroed before the first wgmma: left to ptxas, the second tile's
+     * zeroing sinks past the first tile's wgmma and serializes them (C7515) */
+#pragma unroll
+    for (int i = 0; i < TOK; i++) lc_wg_reg_fence(acc[i]);
+
+    for (int it = 0; it < nst; it++) {
+        const int b = it % ST;
+        lc_mbar_wait(full0 + b * 8, (uint32_t)((it / ST) & 1));
+        /* all but the first step's wgmmas done: the stage before is free */
+        lc_qw_stage<T, FMT, TOK, 2, TL>(acc, sm + (size_t)b * STB, sm_s + (uint32_t)(b * STB), (s_lo + it) * KS,
+                                        group, warp, lane, [&] {
+                                            if (it > 0) lc_mbar_arrive(empty0 + ((it - 1) % ST) * 8);
+                                        });
+    }
+    lc_wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < TOK; i++) lc_wg_reg_fence(acc[i]);
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+        lc_qw_store<T, FMT, TOK, F32>(acc + j * (TOK / 2), sc, y, part, M, N, m0,
+                                      (tile0 + lc_qw_tile<2>(warp, j)) * 16, z, Z, lane);
 }
 
 /* ------------------------------------------------------- layout mapping */
@@ -911,11 +1065,12 @@ static int lc_qt_splits(const loom_cuda_qweight *w, int M) {
 static int lc_qw_tok(int M) { return M <= 32 ? 32 : M <= 64 ? 64 : M <= 128 ? 128 : 256; }
 
 /* K slices of the wgmma path: as many as fill one wave of CTAs (one an SM,
- * two at <= 64 tokens) without starting a second, >= 4 stages a slice */
-static int lc_qw_splits(const loom_cuda_qweight *w, int M, int tok) {
-    const int ks = tok == 128 ? 128 : 64;
-    const long ctas = (long)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES) * ((M + tok - 1) / tok);
-    const long slots = tok <= 64 ? 2 * LC_QT_SMS : LC_QT_SMS;
+ * two 128-row CTAs at <= 64 tokens) without starting a second, >= 4 stages
+ * a slice; tl row tiles a CTA */
+static int lc_qw_splits(const loom_cuda_qweight *w, int M, int tok, int tl = LC_QT_TILES) {
+    const int ks = tok == 128 && tl == LC_QT_TILES ? 128 : 64; /* lc_qw_ks */
+    const long ctas = (long)((w->N / 16 + tl - 1) / tl) * ((M + tok - 1) / tok);
+    const long slots = tok <= 64 && tl == LC_QT_TILES ? 2 * LC_QT_SMS : LC_QT_SMS;
     const int S = w->K / ks;
     int z = ctas >= slots ? 1 : (int)(slots / ctas);
     if (z > 8) z = 8;
@@ -929,10 +1084,12 @@ extern "C" size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m)
     for (int m = 1; m <= max_m && m <= LC_QT_MAX_M; m++) {
         int z = lc_qt_splits(w, m);
         if (z1 > z) z = z1; /* the batch-invariant split */
-        /* the wgmma path's, whatever its bound (TMA: at most 128-token tiles) */
+        /* the wgmma path's, whatever its kernel (TMA: at most 128-token tiles) */
         const int zw = lc_qw_splits(w, m, lc_qw_tok(m)), zt = lc_qw_splits(w, m, lc_qw_tok(m < 128 ? m : 128));
+        const int zv = lc_qw_splits(w, m, lc_qw_tok(m < 128 ? m : 128), LC_QWW_TILES); /* the wide kernel's */
         if (zw > z) z = zw;
         if (zt > z) z = zt;
+        if (zv > z) z = zv;
         const size_t need = z > 1 ? (size_t)z * m * w->N * 4 : 0;
         if (need > b) b = need;
     }
@@ -1096,21 +1253,72 @@ static cudaError_t lc_qtiled_wgt_t(int M, const loom_cuda_qweight *w, const void
                                                                    w->N, Z, s);
 }
 
-/* which copies the wgmma path runs: 0 cp.async + CTA barriers, 1 TMA +
- * mbarriers, 3 TMA as if no tensor map could be made (its cp.async
- * fallback, for the kernel tests), 2 (the default) as measured on the H200 (one Llama-3-8B
- * layer's linears, docs/performance.md): TMA for W8A16 above 64 rows
- * (128: 184.6 vs 190.8 us, 256: 318.6 vs 362.8), cp.async for INT4
- * everywhere (its scale copies make twice the bulk copies a stage for one
- * producer lane: 64 rows 186.4 vs 137.1, 256 rows 394.9 vs 360.7) and for
- * W8A16 up to 64 rows (64: 154.5 vs 137.8). gpu_bench and the kernel tests
- * force either. */
+template <typename T, int FMT, int TOK, bool F32> static cudaError_t lc_qww_prepare(size_t smem) {
+    static unsigned long long done = 0;
+    return lc_smem_limit(&done, (const void *)lc_qtiled_wgw_kernel<T, FMT, TOK, F32>, smem);
+}
+
+/* the wide TMA kernel (256-row CTAs, at most 128 tokens a tile) */
+template <typename T, int FMT, bool F32>
+static cudaError_t lc_qtiled_wgw_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
+                                   cudaStream_t s) {
+    const int tok = lc_qw_tok(M < 128 ? M : 128), Z = lc_qw_splits(w, M, tok, LC_QWW_TILES);
+    const dim3 grid((unsigned)((M + tok - 1) / tok), (unsigned)((w->N / 16 + LC_QWW_TILES - 1) / LC_QWW_TILES),
+                    (unsigned)Z);
+    CUtensorMap map;
+    cudaError_t e = lc_qw_xmap(&map, x, M, w->K, tok);
+    if (e != cudaSuccess) { /* no tensor map: cp.async */
+        __atomic_fetch_add(&lc_qw_fallbacks, 1, __ATOMIC_RELAXED);
+        return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);
+    }
+#define LC_QWW_GO(TOK_)                                                                                \
+    do {                                                                                               \
+        constexpr size_t smem = lc_qw_smem<FMT, TOK_, LC_QWW_TILES>() + 128; /* + the mbarriers */     \
+        const cudaError_t attr = lc_qww_prepare<T, FMT, TOK_, F32>(smem);                              \
+        if (attr != cudaSuccess) return attr;                                                          \
+        e = lc_launch(lc_qtiled_wgw_kernel<T, FMT, TOK_, F32>, grid, dim3(LC_QWW_THREADS), smem, s,     \
+                      map, static_cast<const uint8_t *>(w->data), (const float *)w->scales, y, part, M, \
+                      w->N, w->K, w->group);                                                           \
+    } while (0)
+    switch (tok) {
+    case 32: LC_QWW_GO(32); break;
+    case 64: LC_QWW_GO(64); break;
+    default: LC_QWW_GO(128); break;
+    }
+#undef LC_QWW_GO
+    if (e != cudaSuccess || Z == 1) return e;
+    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
+                                                                   w->N, Z, s);
+}
+
+/* which kernel and copies the wgmma path runs (lc_qtiled_set_wgmma_tma):
+ * 0 cp.async + CTA barriers, 1 TMA + mbarriers, 3 TMA as if no tensor map
+ * could be made (its cp.async fallback, for the kernel tests), 4 the wide
+ * TMA kernel (256-row CTAs, a producer warpgroup; not yet timed on the
+ * H200), 2 (the default) as measured on the H200 (one Llama-3-8B layer's
+ * linears, docs/performance.md): TMA for W8A16 above 64 rows (128: 184.6
+ * vs 190.8 us, 256: 318.6 vs 362.8), cp.async for INT4 everywhere (its
+ * scale copies make twice the bulk copies a stage for one producer lane: 64
+ * rows 186.4 vs 137.1, 256 rows 394.9 vs 360.7) and for W8A16 up to 64
+ * rows (64: 154.5 vs 137.8). gpu_bench and the kernel tests force each. */
 extern "C" void lc_qtiled_set_wgmma_tma(int mode) {
-    __atomic_store_n(&lc_qw_tma, mode < 0 || mode > 3 ? 2 : mode, __ATOMIC_RELAXED);
+    __atomic_store_n(&lc_qw_tma, mode < 0 || mode > 4 ? 2 : mode, __ATOMIC_RELAXED);
 }
 
 static long lc_qtiled_wg_runs; /* calls that took the wgmma path (the kernel tests check the dispatch) */
 extern "C" long lc_qtiled_wgmma_count(void) { return __atomic_load_n(&lc_qtiled_wg_runs, __ATOMIC_RELAXED); }
+
+/* one format and output type: the mma.sync kernel, or the wgmma path's
+ * kernel that `mode` (lc_qw_tma's) picks */
+template <typename T, int FMT, bool F32>
+static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
+                                int invariant, bool wg, int mode, cudaStream_t s) {
+    if (!wg) return lc_qtiled_t<T, FMT, F32>(M, w, x, y, part, invariant, s);
+    if (mode == 2) mode = FMT == LOOM_CUDA_Q_INT8_W8A16 && M > 64 ? 1 : 0;
+    if (mode == 0) return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);
+    if (mode == 4) return lc_qtiled_wgw_t<T, FMT, F32>(M, w, x, y, part, s);
+    return lc_qtiled_wgt_t<T, FMT, F32>(M, w, x, y, part, s); /* 1, 3 */
+}
 
 extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,
                                  void *y, void *scratch, int invariant, int wgmma_min_m, cudaStream_t s) {
@@ -1120,25 +1328,15 @@ extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom
     float *part = static_cast<float *>(scratch);
     /* the wgmma path from wgmma_min_m rows (0: never), not batch-invariant */
     const bool wg = !invariant && wgmma_min_m > 0 && M >= wgmma_min_m;
-    const int tma_mode = __atomic_load_n(&lc_qw_tma, __ATOMIC_RELAXED);
-    const bool tma = tma_mode == 2 ? w->fmt == LOOM_CUDA_Q_INT8_W8A16 && M > 64 : tma_mode != 0;
+    const int mode = __atomic_load_n(&lc_qw_tma, __ATOMIC_RELAXED);
     if (wg) __atomic_fetch_add(&lc_qtiled_wg_runs, 1, __ATOMIC_RELAXED);
-#define LC_QT_T(T)                                                                                 \
-    (w->fmt == LOOM_CUDA_Q_INT4                                                                    \
-         ? (wg ? (tma ? (out_f32 ? lc_qtiled_wgt_t<T, LOOM_CUDA_Q_INT4, true>(M, w, x, y, part, s)            \
-                                 : lc_qtiled_wgt_t<T, LOOM_CUDA_Q_INT4, false>(M, w, x, y, part, s))          \
-                      : (out_f32 ? lc_qtiled_wg_t<T, LOOM_CUDA_Q_INT4, true>(M, w, x, y, part, s)             \
-                                 : lc_qtiled_wg_t<T, LOOM_CUDA_Q_INT4, false>(M, w, x, y, part, s)))          \
-               : (out_f32 ? lc_qtiled_t<T, LOOM_CUDA_Q_INT4, true>(M, w, x, y, part, invariant, s)            \
-                          : lc_qtiled_t<T, LOOM_CUDA_Q_INT4, false>(M, w, x, y, part, invariant, s)))         \
-         : (wg ? (tma ? (out_f32 ? lc_qtiled_wgt_t<T, LOOM_CUDA_Q_INT8_W8A16, true>(M, w, x, y, part, s)      \
-                                 : lc_qtiled_wgt_t<T, LOOM_CUDA_Q_INT8_W8A16, false>(M, w, x, y, part, s))    \
-                      : (out_f32 ? lc_qtiled_wg_t<T, LOOM_CUDA_Q_INT8_W8A16, true>(M, w, x, y, part, s)       \
-                                 : lc_qtiled_wg_t<T, LOOM_CUDA_Q_INT8_W8A16, false>(M, w, x, y, part, s)))    \
-               : (out_f32 ? lc_qtiled_t<T, LOOM_CUDA_Q_INT8_W8A16, true>(M, w, x, y, part, invariant, s)      \
-                          : lc_qtiled_t<T, LOOM_CUDA_Q_INT8_W8A16, false>(M, w, x, y, part, invariant, s))))
+#define LC_QT_F(T, FMT)                                                                            \
+    (out_f32 ? lc_qtiled_go<T, FMT, true>(M, w, x, y, part, invariant, wg, mode, s)                \
+             : lc_qtiled_go<T, FMT, false>(M, w, x, y, part, invariant, wg, mode, s))
+#define LC_QT_T(T) (w->fmt == LOOM_CUDA_Q_INT4 ? LC_QT_F(T, LOOM_CUDA_Q_INT4) : LC_QT_F(T, LOOM_CUDA_Q_INT8_W8A16))
     return dt == LOOM_CUDA_F16 ? LC_QT_T(__half) : LC_QT_T(__nv_bfloat16);
 #undef LC_QT_T
+#undef LC_QT_F
 }
 
 extern "C" cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s) {

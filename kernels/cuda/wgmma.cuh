@@ -41,9 +41,20 @@ __device__ __forceinline__ void lc_wg_reg_fence(float &r) { asm volatile("" : "+
  * visible to the async proxy that wgmma reads B through. */
 __device__ __forceinline__ void lc_wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+/* Moves registers between the warpgroups of a warp-specialized CTA: a
+ * producer warpgroup gives up its surplus (dec) for its consumers (inc,
+ * which waits until the pool has them). Every warp of a warpgroup runs the
+ * same one; R a multiple of 8 in 24..256. */
+template <int R> __device__ __forceinline__ void lc_wg_regs_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+template <int R> __device__ __forceinline__ void lc_wg_regs_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+}
+
 /* ------------------------------------------- mbarriers and bulk copies
  * (the TMA pipeline of qtiled.cu's wgmma path). A wait that has not seen
- * its phase after ~2 s of clock traps (a kernel error, not a hang). */
+ * its phase after ~2^40 cycles faults (a kernel error, not a hang). */
 __device__ __forceinline__ void lc_mbar_init(uint32_t bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -71,10 +82,14 @@ __device__ __forceinline__ void lc_mbar_wait(uint32_t bar, uint32_t parity) {
                      : "r"(bar), "r"(parity)
                      : "memory");
         if (done) return;
-        /* a stage that never fills is a protocol bug: trap (an error on the
-         * stream) rather than hang, but only after ~2^40 cycles (minutes),
-         * far past any wait time-slicing or preemption can cause */
-        if (clock64() - t0 > (1ll << 40)) __trap();
+        /* a stage that never fills is a protocol bug: fault (an error on
+         * the stream) rather than hang, but only after ~2^40 cycles
+         * (minutes), far past any wait time-slicing or preemption can
+         * cause. The fault is a store to address 0 (an illegal address),
+         * not `trap`: with a trap in the kernel ptxas ignores setmaxnreg's
+         * budget and serializes the wide kernel's wgmmas (C7512). */
+        if (clock64() - t0 > (1ll << 40))
+            asm volatile("st.global.u32 [%0], %1;" ::"l"(0ull), "r"(0u) : "memory");
     }
 }
 /* bytes (a multiple of 16, both 16-aligned) global -> shared, completing on bar */

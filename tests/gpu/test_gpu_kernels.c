@@ -2161,7 +2161,8 @@ static void test_qgemm_qmma(loom_cuda_gemm *g) {
  * against the float64 reference: every row count that picks another token
  * tile or leaves a partial one (1..256; from 17 rows the wgmma path, the
  * 32 / 64 / 128 / 256-token tiles and their edges, with the copies the
- * dispatch picks and again with cp.async and TMA ones forced; a few once
+ * dispatch picks and again with cp.async, TMA and the wide TMA kernel
+ * forced; a few once
  * more on the mma.sync path with the wgmma bound off), N of an odd number
  * of 16-row tiles
  * (a partial 128-row CTA block) and wide N (no K split), K split into
@@ -2197,10 +2198,13 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         report_count(i4 ? "tiled int4: calls missing the wgmma path from 17 rows"
                         : "tiled w8a16: calls missing the wgmma path from 17 rows",
                      labs(2 * 14 + 6 - (lc_qtiled_wgmma_count() - wg0)), 2 * 14 + 6);
-        /* the wgmma path with each of its copy schemes forced (the default
-         * picks by format and M): cp.async, then TMA */
-        for (int tma = 0; tma < 2; tma++) {
-            lc_qtiled_set_wgmma_tma(tma);
+        /* the wgmma path with each of its kernels forced (the default picks
+         * by format and M): cp.async copies, TMA copies, the wide TMA kernel
+         * (256-row CTAs: 592 rows are two full blocks and a partial one, 208
+         * a partial one; K split over 8 slices at 48 rows) */
+        const int modes[3] = {0, 1, 4};
+        for (int mo = 0; mo < 3; mo++) {
+            lc_qtiled_set_wgmma_tma(modes[mo]);
             const int Mc[7] = {17, 63, 65, 128, 129, 200, 256};
             for (int mi = 0; mi < 7; mi++) {
                 test_qgemm(g, LOOM_CUDA_BF16, f, Mc[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
@@ -2208,6 +2212,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
             }
             test_qgemm(g, LOOM_CUDA_BF16, f, 150, 304, 1536, i4 ? 192 : 0, 0, false, false);
             test_qgemm(g, LOOM_CUDA_BF16, f, 256, 4096, 4096, i4 ? 128 : 0, 0, true, false);
+            test_qgemm(g, LOOM_CUDA_F16, f, 40, 48, 14336, i4 ? 128 : 0, 0, true, false);
         }
         /* TMA without a tensor map: the cp.async kernel instead */
         lc_qtiled_set_wgmma_tma(3);
