@@ -32,6 +32,12 @@
 #           per-token logprobs, greedy ids, batch-1 and offline speed.
 #   profile: SmolLM2 batch-1 decode per-kernel GPU time (ncu) against the
 #           step's wall time, graphs on and off (needs SmolLM2).
+#   kprofile: kernels under ncu where a target waits on a profile: the
+#           tiled W8A16 / INT4 wgmma kernels (each variant gpu_bench times,
+#           --set full) on one Llama-3-8B layer's linears at KPROFILE_M
+#           (default 64 256), and each kernel of a Qwen3-30B-A3B-shape
+#           (4 layers) batch-1 decode step inside its CUDA graph, warm
+#           caches, against the step's wall time.
 #   backend-ab: this tree's CUDA backend against an older commit's (packed by
 #           scripts/gpu/pack-old-backend.sh REV into .devpack/), new / old
 #           alternated in one machine: batch-1 decode of each config in
@@ -79,7 +85,7 @@ step() { echo; echo "=== [${SECONDS}s] $*"; }
 # rec NAME --what TEXT [record.py options]: the stage's current figure; the
 # command recorded is this stage with the variables that narrowed it
 CMD="scripts/gpu/gpu-check.sh ${1:-}"
-for v in QUANT_SCHEMES QUANT_RUNS AWQ_SHAPES THROUGHPUT_CASES GEMMA_AB_CASES GEMMA_AB_DECODE_CASES SKIP_AB SERVE_RATES SERVE_N SERVE_IN SERVE_OUT; do [ -n "${!v:-}" ] && CMD="$v=\"${!v}\" $CMD"; done
+for v in QUANT_SCHEMES QUANT_RUNS AWQ_SHAPES KPROFILE_M THROUGHPUT_CASES GEMMA_AB_CASES GEMMA_AB_DECODE_CASES SKIP_AB SERVE_RATES SERVE_N SERVE_IN SERVE_OUT; do [ -n "${!v:-}" ] && CMD="$v=\"${!v}\" $CMD"; done
 rec() { python3 bench/record.py "$@" --dir "$RESULTS" --command "$CMD" || fails=$((fails + 1)); }
 # The SmolLM2 GGUF, carried in parts (split -b 33M; docs/gpu.md) across
 # back-to-back calls: each call copies the part it carries to /tmp, the
@@ -540,6 +546,33 @@ profile)
   rec '{hw}-smollm2-decode-profile' --what "SmolLM2 batch-1 decode: each kernel's GPU time in a step (ncu, graphs off) and the step's wall time" \
     --text kernels="$O/ncu-smollm2-summary.txt" --text step_wall="$O/step-wall.txt"
   ;;
+kprofile)
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  [ -n "$NCU" ] || { echo "FAIL no ncu on this machine"; exit 1; }
+  CUDA_SO=$LB/plugins/backend/cuda/loom-backend-cuda.so
+  qargs=()
+  for M in ${KPROFILE_M:-64 256}; do
+    step "tiled W8A16 / INT4 wgmma kernels at M = $M (ncu --set full, one timed launch a variant and shape)"
+    # LOOM_BENCH_REPS=1: one warm-up and one timed launch of each GEMM
+    LOOM_BENCH_REPS=1 timeout 420 "$NCU" --set full --import-source no -k regex:'lc_qtiled_w' -f -o "/tmp/qtiled-m$M" \
+      "$LB/bench/gpu/gpu_bench" "/tmp/kprof-m$M.json" "$CUDA_SO" --quant-m "$M" > "$O/kprofile-m$M.log" 2>&1 \
+      || { fails=$((fails + 1)); tail -3 "$O/kprofile-m$M.log"; }
+    "$NCU" -i "/tmp/qtiled-m$M.ncu-rep" --page raw --csv > "$O/qtiled-m$M-raw.csv" 2>> "$O/kprofile-m$M.log" \
+      && python3 scripts/gpu/ncu-raw-summary.py "$O/qtiled-m$M-raw.csv" | tee "$O/qtiled-m$M-summary.txt" \
+      && qargs+=(--text "tiled_m$M=$O/qtiled-m$M-summary.txt")
+  done
+  step "Qwen3-30B-A3B shape (4 layers), batch-1 decode: each kernel's time inside its graph (ncu, warm caches)"
+  # past the context's prefill and the graph captures: ~10 whole steps
+  timeout 300 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+    --launch-skip 300 --launch-count 500 "$LB/bench/gpu/gpu_bench" /tmp/kprof-moe.json "$CUDA_SO" --moe 4 \
+    --moe-shape qwen3-30b-a3b > "$O/ncu-moe.csv" 2> "$O/ncu-moe.err" || { fails=$((fails + 1)); tail -3 "$O/ncu-moe.err"; }
+  python3 scripts/gpu/ncu-summary.py "$O/ncu-moe.csv" --step-kernel lc_embedding_kernel | tee "$O/ncu-moe-summary.txt" | head -30
+  step "the same step's wall time without the profiler (gpu_bench --moe 4)"
+  timeout 200 "$LB/bench/gpu/gpu_bench" "$O/moe-wall.json" "$CUDA_SO" --moe 4 --moe-shape qwen3-30b-a3b 2>&1 \
+    | grep -E "decode batch 1 |loaded" | tee "$O/moe-wall.txt"
+  rec '{hw}-kernel-profiles' --what "kernels under ncu: the tiled W8A16 / INT4 wgmma variants per launch (--set full: duration, speed-of-light shares, occupancy, tensor pipes, stall reasons) on one Llama-3-8B layer's linears; each kernel of a Qwen3-30B-A3B-shape (4 layers) batch-1 decode step inside its CUDA graph (warm caches) and the step's wall time unprofiled" \
+    "${qargs[@]}" --text moe_kernels="$O/ncu-moe-summary.txt" --text moe_wall="$O/moe-wall.txt"
+  ;;
 backend-ab)
   # The old plugin swapped into a copy of the plugin directory: the rest
   # of the build (core, CLI, other plugins) is this tree's for both. An A/B
@@ -699,7 +732,7 @@ PY
   rec '{hw}-gemma3-vs-transformers' --merge --what "$G3_WHAT" --text tiny-gemma3-qwen3="$O/gemma-summary.txt"
   ;;
 gemma-ab) gemma_ab_both ;;
-*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|throughput|serve|gemma|gemma-ab" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|kprofile|throughput|serve|gemma|gemma-ab" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails
