@@ -33,9 +33,9 @@
 #   profile: SmolLM2 batch-1 decode per-kernel GPU time (ncu) against the
 #           step's wall time, graphs on and off (needs SmolLM2).
 #   kprofile: kernels under ncu where a target waits on a profile: the
-#           tiled W8A16 / INT4 wgmma kernels (each variant gpu_bench times,
+#           tiled W8A16 / INT4 kernels (each variant gpu_bench times,
 #           --set full) on one Llama-3-8B layer's linears at KPROFILE_M
-#           (default 64 256), and each kernel of a Qwen3-30B-A3B-shape
+#           (default 16 64 256), and each kernel of a Qwen3-30B-A3B-shape
 #           (4 layers) batch-1 decode step inside its CUDA graph, warm
 #           caches, against the step's wall time.
 #   backend-ab: this tree's CUDA backend against an older commit's (packed by
@@ -551,10 +551,10 @@ kprofile)
   [ -n "$NCU" ] || { echo "FAIL no ncu on this machine"; exit 1; }
   CUDA_SO=$LB/plugins/backend/cuda/loom-backend-cuda.so
   qargs=()
-  for M in ${KPROFILE_M:-64 256}; do
-    step "tiled W8A16 / INT4 wgmma kernels at M = $M (ncu --set full, one timed launch a variant and shape)"
+  for M in ${KPROFILE_M:-16 64 256}; do
+    step "tiled W8A16 / INT4 kernels (mma.sync, wgmma) at M = $M (ncu --set full, one timed launch a variant and shape)"
     # LOOM_BENCH_REPS=1: one warm-up and one timed launch of each GEMM
-    LOOM_BENCH_REPS=1 timeout 420 "$NCU" --set full --import-source no -k regex:'lc_qtiled_w' -f -o "/tmp/qtiled-m$M" \
+    LOOM_BENCH_REPS=1 timeout 420 "$NCU" --set full --import-source no -k regex:'lc_qtiled_(w|kernel)' -f -o "/tmp/qtiled-m$M" \
       "$LB/bench/gpu/gpu_bench" "/tmp/kprof-m$M.json" "$CUDA_SO" --quant-m "$M" > "$O/kprofile-m$M.log" 2>&1 \
       || { fails=$((fails + 1)); tail -3 "$O/kprofile-m$M.log"; }
     "$NCU" -i "/tmp/qtiled-m$M.ncu-rep" --page raw --csv > "$O/qtiled-m$M-raw.csv" 2>> "$O/kprofile-m$M.log" \
