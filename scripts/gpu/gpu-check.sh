@@ -558,7 +558,7 @@ kprofile)
       "$LB/bench/gpu/gpu_bench" "/tmp/kprof-m$M.json" "$CUDA_SO" --quant-m "$M" > "$O/kprofile-m$M.log" 2>&1 \
       || { fails=$((fails + 1)); tail -3 "$O/kprofile-m$M.log"; }
     "$NCU" -i "/tmp/qtiled-m$M.ncu-rep" --page raw --csv > "$O/qtiled-m$M-raw.csv" 2>> "$O/kprofile-m$M.log" \
-      && python3 scripts/gpu/ncu-raw-summary.py "$O/qtiled-m$M-raw.csv" | tee "$O/qtiled-m$M-summary.txt" \
+      && python3 scripts/gpu/ncu-summary.py --raw "$O/qtiled-m$M-raw.csv" | tee "$O/qtiled-m$M-summary.txt" \
       && qargs+=(--text "tiled_m$M=$O/qtiled-m$M-summary.txt")
   done
   step "Qwen3-30B-A3B shape (4 layers), batch-1 decode: each kernel's time inside its graph (ncu, warm caches)"

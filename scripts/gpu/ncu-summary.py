@@ -8,7 +8,16 @@ top-k, tk_*), so whole steps are averaged and partial ones at the ends are
 dropped. Prints, per kernel name: launches per step, microseconds per step and
 the share; then the sum — which, set against the step's wall time measured
 without the profiler, says how much of a step is kernels and how much is the
-gaps between them."""
+gaps between them.
+
+scripts/gpu/ncu-summary.py --raw RAW.csv — one line per kernel and grid of an
+`ncu --set full` report exported with `ncu -i REP --page raw --csv`
+(gpu-check.sh kprofile): launches, mean duration, the speed-of-light shares
+(SM, memory, DRAM, L2, L1/shared), achieved occupancy, registers a thread,
+dynamic shared memory, the tensor pipes' activity and the largest warp stall
+reasons (cycles a warp spends stalled per issued instruction, by reason).
+Metrics are found by name patterns, so one this ncu version lacks is left out
+of the line rather than failing the summary."""
 import csv
 import re
 import sys
@@ -35,10 +44,78 @@ def short(name):
     return name[:70]
 
 
+SOL = [  # (label, exact metric names tried in order)
+    ("SM%", ["sm__throughput.avg.pct_of_peak_sustained_elapsed"]),
+    ("mem%", ["gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"]),
+    ("dram%", ["dram__throughput.avg.pct_of_peak_sustained_elapsed",
+               "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"]),
+    ("L2%", ["lts__throughput.avg.pct_of_peak_sustained_elapsed"]),
+    ("L1%", ["l1tex__throughput.avg.pct_of_peak_sustained_active"]),
+    ("occ%", ["sm__warps_active.avg.pct_of_peak_sustained_active"]),
+    ("regs", ["launch__registers_per_thread"]),
+    ("smem", ["launch__shared_mem_per_block_dynamic"]),
+]
+STALL = re.compile(r"^smsp__average_warp_latency_issue_stalled_(\w+)\.ratio$")
+STALL_PCT = re.compile(r"^smsp__warp_issue_stalled_(\w+)_per_warp_active\.pct$")
+TENSOR = re.compile(r"pipe_tensor.*(pct_of_peak_sustained_active|pct_of_peak_sustained_elapsed)$")
+
+
+def num(v):
+    try:
+        return float(v.replace(",", ""))
+    except (ValueError, AttributeError):
+        return None
+
+
+def raw_summary(path):
+    with open(path, newline="") as f:
+        rows = list(csv.reader(l for l in f if l.startswith('"')))
+    if len(rows) < 3:
+        print(f"ncu-summary: no launches in {path}")
+        return 1
+    head, units, data = rows[0], rows[1], rows[2:]
+    col = {h: i for i, h in enumerate(head)}
+    get = lambda r, name: num(r[col[name]]) if name in col and col[name] < len(r) else None
+    dur_unit = units[col["gpu__time_duration.sum"]] if "gpu__time_duration.sum" in col else "ns"
+    scale = UNIT.get(dur_unit, 1e-3)
+    groups = defaultdict(list)
+    for r in data:
+        name = r[col["Kernel Name"]] if "Kernel Name" in col else "?"
+        grid = r[col["Grid Size"]] if "Grid Size" in col else ""
+        groups[(short(name), grid)].append(r)
+    for (name, grid), rs in groups.items():
+        def mean(m):
+            vs = [v for v in (get(r, m) for r in rs) if v is not None]
+            return sum(vs) / len(vs) if vs else None
+
+        d = mean("gpu__time_duration.sum")
+        parts = [f"{name} grid {grid}: {len(rs)} launches", f"{d * scale:.1f} us" if d is not None else "? us"]
+        for label, names in SOL:
+            n = next((n for n in names if n in col), None)
+            v = mean(n) if n else None
+            if v is not None:
+                unit = units[col[n]] if label == "smem" and col[n] < len(units) else ""
+                parts.append(f"{label} {v:.0f}{' ' + unit if unit else ''}")
+        tens = [(h, mean(h)) for h in head if TENSOR.search(h)]
+        tens = [(h, v) for h, v in tens if v]
+        if tens:
+            parts.append("tensor " + ", ".join(f"{h.split('__')[1].split('.')[0]} {v:.0f}%" for h, v in tens[:3]))
+        stalls = [(m.group(1), mean(h)) for h in head for m in [STALL.match(h)] if m]
+        if not stalls:
+            stalls = [(m.group(1), mean(h)) for h in head for m in [STALL_PCT.match(h)] if m]
+        stalls = sorted(((k, v) for k, v in stalls if v), key=lambda kv: -kv[1])[:6]
+        if stalls:
+            parts.append("stalls " + ", ".join(f"{k} {v:.1f}" for k, v in stalls))
+        print("; ".join(parts))
+    return 0
+
+
 def main():
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
         return 0 if len(sys.argv) > 1 else 2
+    if sys.argv[1] == "--raw":
+        return raw_summary(sys.argv[2]) if len(sys.argv) > 2 else 2
     marker = sys.argv[sys.argv.index("--step-kernel") + 1] if "--step-kernel" in sys.argv else "tk_"
     ks = list(rows(sys.argv[1]))
     if not ks:
