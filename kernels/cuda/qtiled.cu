@@ -465,8 +465,8 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
 /* columns a stage: 128 for the 128-row kernels' 128-token tiles, else 64
  * (the wide kernel: its registers hold two row tiles' stage vectors) */
 template <int TOK, int TL = LC_QT_TILES> constexpr int lc_qw_ks() { return TOK == 128 && TL == LC_QT_TILES ? 128 : 64; }
-/* TL row tiles a CTA: LC_QT_TILES (128 rows), or LC_QWW_TILES in the wide
- * kernel further down (256 rows, one CTA an SM whatever its tokens) */
+/* TL row tiles a CTA: LC_QT_TILES (128 rows), or twice that in the wide
+ * TMA kernel further down (256 rows, one CTA an SM whatever its tokens) */
 template <int FMT, int TOK, int TL = LC_QT_TILES> constexpr int lc_qw_wb() {
     return TL * (lc_qw_ks<TOK, TL>() / lc_qt<FMT>::KC) * 512;
 }
@@ -683,31 +683,45 @@ __global__ void __launch_bounds__(LC_QW_THREADS, 1)
 
 
 /* The same wgmma path with its copies by the tensor-memory accelerator:
- * a ninth warp (one lane) produces — per stage one TMA box of the tokens
- * a 64-column block (the tensor map of x does the 128-byte swizzle and
- * fills rows past M with zeros), one bulk copy a row tile's weights and a
- * (row tile, group)'s scales, all completing on the stage's `full`
- * mbarrier — and the eight consumer warps wait for `full`, decode, run the
- * wgmmas and, once a stage's wgmmas are done (the wait_group 1 of the next
- * stage's first step), arrive on its `empty` barrier, which the producer
- * waits for before refilling it: ST stages in flight, no CTA barrier in
- * the loop, no copy instructions in the consumers. Tiles of at most 128
- * tokens (lc_qtiled_wgt_t: 256 would want more registers than a thread of
- * 288 has). Every consumer thread arrives on `empty` (count 256): behind a
- * lane-0 branch ptxas serializes every wgmma (C7513). */
-#define LC_QW_TMA_THREADS (LC_QW_THREADS + 32)
+ * a producer warp issues, per stage, one TMA box of the tokens a 64-column
+ * block (the tensor map of x does the 128-byte swizzle and fills rows past
+ * M with zeros), one bulk copy a row tile's weights and a (row tile,
+ * group)'s scales, all completing on the stage's `full` mbarrier (lane 0
+ * announces the bytes, then lane l copies row tile l's weights, lane 16 +
+ * l its scales, lane s token box s: ptxas still issues the bulk copies
+ * one at a time, the lanes only share the address arithmetic) — and the
+ * eight consumer warps wait for `full`, decode, run the wgmmas and, once a
+ * stage's wgmmas are done (the wait_group 1 of the next stage's first
+ * step), arrive on its `empty` barrier, which the producer waits for before
+ * refilling it: ST stages in flight, no CTA barrier in the loop, no copy
+ * instructions in the consumers. Every consumer thread arrives on `empty`
+ * (count 256): behind a lane-0 branch ptxas serializes every wgmma (C7513).
+ *
+ * RT row tiles a consumer warp. RT = 1: 128 weight rows a CTA (a warp its
+ * row tile), 8 + 1 warps. RT = 2, the wide kernel: 256 rows a CTA, so a
+ * stage's token copy feeds twice the weight rows (at 64 rows the 128-row
+ * CTAs' token bytes are ~4x INT4's weight bytes); two consumer warpgroups
+ * own 128 rows each (lc_qw_tile<2>: two m64 wgmmas a k16 step, one commit
+ * group, 2 x TOK / 2 accumulators a thread) — more than the 168 registers
+ * a thread of 384 has, so the producer is a warpgroup (one warp of it
+ * copies) that hands its registers over: setmaxnreg 40 producer, 232
+ * consumer; 64-column stages, one CTA an SM. Both take tiles of at most
+ * 128 tokens (256 would want more registers than a consumer has). */
+template <int RT> constexpr int lc_qw_tma_threads() { return RT == 2 ? 384 : 288; }
 
-template <typename T, int FMT, int TOK, bool F32>
-__global__ void __launch_bounds__(LC_QW_TMA_THREADS, 1)
-    lc_qtiled_wgt_kernel(const __grid_constant__ CUtensorMap xmap, const uint8_t *__restrict__ wd,
+template <typename T, int FMT, int TOK, bool F32, int RT>
+__global__ void __launch_bounds__(lc_qw_tma_threads<RT>(), 1)
+    lc_qtiled_tma_kernel(const __grid_constant__ CUtensorMap xmap, const uint8_t *__restrict__ wd,
                          const float *__restrict__ sc, void *__restrict__ y, float *__restrict__ part, int M, int N,
                          int K, int group) {
     typedef lc_qt<FMT> F;
-    constexpr int KS = lc_qw_ks<TOK>(), V = KS / F::KC, NSL = KS / 64, SUB = KS / 64;
-    constexpr int XB = TOK * KS * 2, WB = lc_qw_wb<FMT, TOK>(), STB = lc_qw_stb<FMT, TOK>();
-    constexpr int ST = lc_qw_stages<FMT, TOK>();
+    constexpr int TL = RT * LC_QT_TILES, KS = lc_qw_ks<TOK, TL>(), V = KS / F::KC, NSL = KS / 64, SUB = KS / 64;
+    constexpr int XB = TOK * KS * 2, WB = lc_qw_wb<FMT, TOK, TL>(), STB = lc_qw_stb<FMT, TOK, TL>();
+    constexpr int ST = lc_qw_stages<FMT, TOK, TL>();
+    static_assert(TOK <= 128, "TMA wgmma kernels: at most 128 tokens (their accumulators)");
+    static_assert(TL <= 16 && SUB <= 16, "TMA wgmma kernels: a copy a producer lane");
     static_assert(ST >= 2, "wgmma path: too few stages");
-    static_assert(lc_qw_smem<FMT, TOK>() + 128 <= 227 * 1024, "wgmma path: shared memory");
+    static_assert(lc_qw_smem<FMT, TOK, TL>() + 128 <= 227 * 1024, "wgmma path: shared memory");
     extern __shared__ __align__(1024) uint8_t lc_qwt_raw[];
     const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(lc_qwt_raw);
     uint8_t *sm = lc_qwt_raw + ((1024u - (raw_s & 1023u)) & 1023u);
@@ -715,7 +729,7 @@ __global__ void __launch_bounds__(LC_QW_TMA_THREADS, 1)
     const uint32_t full0 = sm_s + ST * STB, empty0 = full0 + ST * 8; /* ST mbarriers each, 8 bytes */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int tile0 = blockIdx.y * LC_QT_TILES, ntiles = N / 16; /* grid (token tiles, row blocks, K slices) */
+    const int tile0 = blockIdx.y * TL, ntiles = N / 16; /* grid (token tiles, row blocks, K slices) */
     const int m0 = blockIdx.x * TOK;
     const int S = K / KS, Z = (int)gridDim.z, z = (int)blockIdx.z;
     const int s_lo = (int)((long long)S * z / Z), s_hi = (int)((long long)S * (z + 1) / Z);
@@ -732,138 +746,16 @@ __global__ void __launch_bounds__(LC_QW_TMA_THREADS, 1)
     }
     __syncthreads();
 
-    if (warp == LC_QT_TILES) { /* the producer */
-        if (lane == 0) {
-            const int vt = ntiles - tile0 < LC_QT_TILES ? ntiles - tile0 : LC_QT_TILES; /* valid row tiles */
-            /* stage it's first group and group count (int4 scales) */
-            auto group0 = [&](int it) { return ((s_lo + it) * KS) / group; };
-            auto ngroups = [&](int it) { return groups - group0(it) < NSL ? groups - group0(it) : NSL; };
-            auto weights = [&](int it) { /* issues stage it's weights + scales */
-                const int s = s_lo + it, b = it % ST;
-                const uint32_t ws = sm_s + b * STB + XB, fb = full0 + b * 8;
-                for (int tl = 0; tl < vt; tl++)
-                    lc_bulk_g2s(ws + tl * V * 512, wd + (size_t)(tile0 + tl) * tile_bytes + (size_t)s * V * 512,
-                                V * 512, fb);
-                if constexpr (F::I4)
-                    for (int tl = 0; tl < vt; tl++)
-                        lc_bulk_g2s(ws + WB + tl * NSL * 64, sc + ((size_t)(tile0 + tl) * groups + group0(it)) * 16,
-                                    ngroups(it) * 64, fb);
-            };
-            /* the bytes weights(it) issues: what the stage's barrier expects */
-            auto wbytes = [&](int it) -> uint32_t {
-                uint32_t bytes = vt * V * 512;
-                if constexpr (F::I4) bytes += vt * ngroups(it) * 64;
-                return bytes;
-            };
-            constexpr uint32_t XBYTES = SUB * TOK * 128;
-            /* the weights of the first ST stages before the kernel before has
-             * finished (they do not depend on it), then their tokens */
-            const int pre = nst < ST ? nst : ST;
-            for (int it = 0; it < pre; it++) {
-                lc_mbar_arrive_tx(full0 + (it % ST) * 8, wbytes(it) + XBYTES);
-                weights(it);
-            }
-            lc_pdl_wait();
-            lc_pdl_trigger();
-            for (int it = 0; it < nst; it++) {
-                const int b = it % ST;
-                const uint32_t fb = full0 + b * 8;
-                if (it >= ST) {
-                    lc_mbar_wait(empty0 + b * 8, (uint32_t)((it / ST - 1) & 1));
-                    lc_mbar_arrive_tx(fb, wbytes(it) + XBYTES);
-                    weights(it);
-                }
-                const int col = (s_lo + it) * KS;
-#pragma unroll
-                for (int sub = 0; sub < SUB; sub++)
-                    lc_tma_2d(sm_s + b * STB + sub * (TOK * 128), &xmap, col + sub * 64, m0, fb);
-            }
-        }
-        return;
-    }
-
-    lc_pdl_wait();
-    lc_pdl_trigger();
-    float acc[TOK / 2];
-#pragma unroll
-    for (int i = 0; i < TOK / 2; i++) acc[i] = 0.0f;
-
-    for (int it = 0; it < nst; it++) {
-        const int b = it % ST;
-        lc_mbar_wait(full0 + b * 8, (uint32_t)((it / ST) & 1));
-        /* all but the first step's wgmma done: the stage before is free */
-        lc_qw_stage<T, FMT, TOK, 1, LC_QT_TILES>(acc, sm + (size_t)b * STB, sm_s + (uint32_t)(b * STB), (s_lo + it) * KS, group,
-                                 warp, lane, [&] {
-                                     if (it > 0) lc_mbar_arrive(empty0 + ((it - 1) % ST) * 8);
-                                 });
-    }
-    lc_wg_wait<0>();
-#pragma unroll
-    for (int i = 0; i < TOK / 2; i++) lc_wg_reg_fence(acc[i]);
-    lc_qw_store<T, FMT, TOK, F32>(acc, sc, y, part, M, N, m0, (tile0 + warp) * 16, z, Z, lane);
-}
-
-/* The wide TMA kernel: 256 weight rows a CTA (16 row tiles) at up to 128
- * tokens, so a stage's token copy feeds twice the weight rows the 128-row
- * kernels give it (the token bytes per weight byte halve; at 64 rows they
- * were ~4x the INT4 weights' bytes). Two consumer warpgroups own 128 rows
- * each: per k16 step a consumer warp decodes two row tiles (lc_qw_tile<2>)
- * and its warpgroup runs two m64 wgmmas, one commit group, into 2 x TOK / 2
- * accumulators a thread — more than the 168 registers a thread of 384
- * has, so the producer warpgroup hands its registers over (setmaxnreg: 40
- * producer, 232 consumer). The producer warp spreads a stage's copies over
- * its lanes (lane l < 16: row tile l's weights, 16 + l: its INT4 scales,
- * lane s < KS / 64: token box s) behind one expect_tx by lane 0; the
- * mbarrier protocol is lc_qtiled_wgt_kernel's. One CTA an SM. */
-#define LC_QWW_TILES 16
-#define LC_QWW_THREADS 384 /* consumer warpgroups 0, 1; the producer's 2 */
-
-template <typename T, int FMT, int TOK, bool F32>
-__global__ void __launch_bounds__(LC_QWW_THREADS, 1)
-    lc_qtiled_wgw_kernel(const __grid_constant__ CUtensorMap xmap, const uint8_t *__restrict__ wd,
-                         const float *__restrict__ sc, void *__restrict__ y, float *__restrict__ part, int M, int N,
-                         int K, int group) {
-    typedef lc_qt<FMT> F;
-    constexpr int TL = LC_QWW_TILES, KS = lc_qw_ks<TOK, TL>(), V = KS / F::KC, NSL = KS / 64, SUB = KS / 64;
-    constexpr int XB = TOK * KS * 2, WB = lc_qw_wb<FMT, TOK, TL>(), STB = lc_qw_stb<FMT, TOK, TL>();
-    constexpr int ST = lc_qw_stages<FMT, TOK, TL>();
-    static_assert(TOK <= 128, "wide wgmma kernel: at most 128 tokens (its accumulators)");
-    static_assert(ST >= 2, "wgmma path: too few stages");
-    static_assert(lc_qw_smem<FMT, TOK, TL>() + 128 <= 227 * 1024, "wgmma path: shared memory");
-    extern __shared__ __align__(1024) uint8_t lc_qww_raw[];
-    const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(lc_qww_raw);
-    uint8_t *sm = lc_qww_raw + ((1024u - (raw_s & 1023u)) & 1023u);
-    const uint32_t sm_s = (uint32_t)__cvta_generic_to_shared(sm);
-    const uint32_t full0 = sm_s + ST * STB, empty0 = full0 + ST * 8; /* ST mbarriers each, 8 bytes */
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int tile0 = blockIdx.y * TL, ntiles = N / 16; /* grid (token tiles, row blocks, K slices) */
-    const int m0 = blockIdx.x * TOK;
-    const int S = K / KS, Z = (int)gridDim.z, z = (int)blockIdx.z;
-    const int s_lo = (int)((long long)S * z / Z), s_hi = (int)((long long)S * (z + 1) / Z);
-    const int nst = s_hi - s_lo;
-    const size_t tile_bytes = (size_t)K / F::KC * 512;
-    const int groups = F::I4 ? K / group : 1;
-
-    if (tid == 0) {
-        for (int i = 0; i < ST; i++) {
-            lc_mbar_init(full0 + i * 8, 1);
-            lc_mbar_init(empty0 + i * 8, 256); /* one arrival a consumer thread */
-        }
-        lc_mbar_init_fence();
-    }
-    __syncthreads();
-
-    if (warp >= 8) { /* the producer warpgroup: one warp copies, three idle */
-        lc_wg_regs_dec<40>();
-        if (warp != 8) return;
+    if (warp >= LC_QT_TILES) { /* the producer (RT = 2: its warpgroup, one warp working) */
+        if constexpr (RT == 2) lc_wg_regs_dec<40>();
+        if (warp != LC_QT_TILES) return;
         const int vt = ntiles - tile0 < TL ? ntiles - tile0 : TL; /* valid row tiles */
+        /* stage it's first group and group count (int4 scales) */
         auto group0 = [&](int it) { return ((s_lo + it) * KS) / group; };
         auto ngroups = [&](int it) { return groups - group0(it) < NSL ? groups - group0(it) : NSL; };
         constexpr uint32_t XBYTES = SUB * TOK * 128;
-        /* lane 0 announces stage it's bytes (the weights, scales and token
-         * boxes that complete on its `full` barrier), then the lanes issue
-         * its weight and scale copies */
+        /* stage it's bytes announced on its `full` barrier (its weights,
+         * scales and token boxes), then its weight and scale copies */
         auto weights = [&](int it) {
             const int s = s_lo + it, b = it % ST;
             const uint32_t ws = sm_s + b * STB + XB, fb = full0 + b * 8;
@@ -902,33 +794,33 @@ __global__ void __launch_bounds__(LC_QWW_THREADS, 1)
         return;
     }
 
-    lc_wg_regs_inc<232>();
+    if constexpr (RT == 2) lc_wg_regs_inc<232>();
     lc_pdl_wait();
     lc_pdl_trigger();
-    float acc[2 * (TOK / 2)];
+    float acc[RT * (TOK / 2)];
 #pragma unroll
-    for (int i = 0; i < TOK; i++) acc[i] = 0.0f;
+    for (int i = 0; i < RT * (TOK / 2); i++) acc[i] = 0.0f;
     /* zeroed before the first wgmma: left to ptxas, the second tile's
      * zeroing sinks past the first tile's wgmma and serializes them (C7515) */
 #pragma unroll
-    for (int i = 0; i < TOK; i++) lc_wg_reg_fence(acc[i]);
+    for (int i = 0; i < RT * (TOK / 2); i++) lc_wg_reg_fence(acc[i]);
 
     for (int it = 0; it < nst; it++) {
         const int b = it % ST;
         lc_mbar_wait(full0 + b * 8, (uint32_t)((it / ST) & 1));
         /* all but the first step's wgmmas done: the stage before is free */
-        lc_qw_stage<T, FMT, TOK, 2, TL>(acc, sm + (size_t)b * STB, sm_s + (uint32_t)(b * STB), (s_lo + it) * KS,
-                                        group, warp, lane, [&] {
-                                            if (it > 0) lc_mbar_arrive(empty0 + ((it - 1) % ST) * 8);
-                                        });
+        lc_qw_stage<T, FMT, TOK, RT, TL>(acc, sm + (size_t)b * STB, sm_s + (uint32_t)(b * STB), (s_lo + it) * KS,
+                                         group, warp, lane, [&] {
+                                             if (it > 0) lc_mbar_arrive(empty0 + ((it - 1) % ST) * 8);
+                                         });
     }
     lc_wg_wait<0>();
 #pragma unroll
-    for (int i = 0; i < TOK; i++) lc_wg_reg_fence(acc[i]);
+    for (int i = 0; i < RT * (TOK / 2); i++) lc_wg_reg_fence(acc[i]);
 #pragma unroll
-    for (int j = 0; j < 2; j++)
+    for (int j = 0; j < RT; j++)
         lc_qw_store<T, FMT, TOK, F32>(acc + j * (TOK / 2), sc, y, part, M, N, m0,
-                                      (tile0 + lc_qw_tile<2>(warp, j)) * 16, z, Z, lane);
+                                      (tile0 + lc_qw_tile<RT>(warp, j)) * 16, z, Z, lane);
 }
 
 /* ------------------------------------------------------- layout mapping */
@@ -1086,7 +978,7 @@ extern "C" size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m)
         if (z1 > z) z = z1; /* the batch-invariant split */
         /* the wgmma path's, whatever its kernel (TMA: at most 128-token tiles) */
         const int zw = lc_qw_splits(w, m, lc_qw_tok(m)), zt = lc_qw_splits(w, m, lc_qw_tok(m < 128 ? m : 128));
-        const int zv = lc_qw_splits(w, m, lc_qw_tok(m < 128 ? m : 128), LC_QWW_TILES); /* the wide kernel's */
+        const int zv = lc_qw_splits(w, m, lc_qw_tok(m < 128 ? m : 128), 2 * LC_QT_TILES); /* the wide kernel's */
         if (zw > z) z = zw;
         if (zt > z) z = zt;
         if (zv > z) z = zv;
@@ -1212,21 +1104,21 @@ static cudaError_t lc_qw_xmap(CUtensorMap *map, const void *x, int M, int K, int
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <typename T, int FMT, int TOK, bool F32> static cudaError_t lc_qwt_prepare(size_t smem) {
+template <typename T, int FMT, int TOK, bool F32, int RT> static cudaError_t lc_qwt_prepare(size_t smem) {
     static unsigned long long done = 0;
-    return lc_smem_limit(&done, (const void *)lc_qtiled_wgt_kernel<T, FMT, TOK, F32>, smem);
+    return lc_smem_limit(&done, (const void *)lc_qtiled_tma_kernel<T, FMT, TOK, F32, RT>, smem);
 }
 
-template <typename T, int FMT, bool F32>
-static cudaError_t lc_qtiled_wgt_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
+/* the TMA kernel of RT row tiles a warp (128 or 256 rows a CTA) */
+template <typename T, int FMT, bool F32, int RT>
+static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
                                    cudaStream_t s) {
-    /* at most 128 tokens a tile (256 would want more than the 224 registers
-     * a thread of 288 has: ptxas serializes its wgmmas); the token tiles of
-     * a row block side by side in the grid (x), so they run together and
-     * the second reads its weights from L2 */
-    const int tok = lc_qw_tok(M < 128 ? M : 128), Z = lc_qw_splits(w, M, tok);
-    const dim3 grid((unsigned)((M + tok - 1) / tok), (unsigned)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES),
-                    (unsigned)Z);
+    constexpr int TL = RT * LC_QT_TILES;
+    /* at most 128 tokens a tile; the token tiles of a row block side by
+     * side in the grid (x), so they run together and the second reads its
+     * weights from L2 */
+    const int tok = lc_qw_tok(M < 128 ? M : 128), Z = lc_qw_splits(w, M, tok, TL);
+    const dim3 grid((unsigned)((M + tok - 1) / tok), (unsigned)((w->N / 16 + TL - 1) / TL), (unsigned)Z);
     CUtensorMap map;
     cudaError_t e = lc_qw_xmap(&map, x, M, w->K, tok);
     if (e != cudaSuccess) { /* no tensor map: cp.async */
@@ -1235,12 +1127,12 @@ static cudaError_t lc_qtiled_wgt_t(int M, const loom_cuda_qweight *w, const void
     }
 #define LC_QWT_GO(TOK_)                                                                                \
     do {                                                                                               \
-        constexpr size_t smem = lc_qw_smem<FMT, TOK_>() + 128; /* + the mbarriers */                   \
-        const cudaError_t attr = lc_qwt_prepare<T, FMT, TOK_, F32>(smem);                              \
+        constexpr size_t smem = lc_qw_smem<FMT, TOK_, TL>() + 128; /* + the mbarriers */               \
+        const cudaError_t attr = lc_qwt_prepare<T, FMT, TOK_, F32, RT>(smem);                          \
         if (attr != cudaSuccess) return attr;                                                          \
-        e = lc_launch(lc_qtiled_wgt_kernel<T, FMT, TOK_, F32>, grid, dim3(LC_QW_TMA_THREADS), smem, s,  \
-                      map, static_cast<const uint8_t *>(w->data), (const float *)w->scales, y, part, M, \
-                      w->N, w->K, w->group);                                                           \
+        e = lc_launch(lc_qtiled_tma_kernel<T, FMT, TOK_, F32, RT>, grid, dim3(lc_qw_tma_threads<RT>()), \
+                      smem, s, map, static_cast<const uint8_t *>(w->data), (const float *)w->scales, y, \
+                      part, M, w->N, w->K, w->group);                                                  \
     } while (0)
     switch (tok) {
     case 32: LC_QWT_GO(32); break;
@@ -1248,44 +1140,6 @@ static cudaError_t lc_qtiled_wgt_t(int M, const loom_cuda_qweight *w, const void
     default: LC_QWT_GO(128); break;
     }
 #undef LC_QWT_GO
-    if (e != cudaSuccess || Z == 1) return e;
-    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
-                                                                   w->N, Z, s);
-}
-
-template <typename T, int FMT, int TOK, bool F32> static cudaError_t lc_qww_prepare(size_t smem) {
-    static unsigned long long done = 0;
-    return lc_smem_limit(&done, (const void *)lc_qtiled_wgw_kernel<T, FMT, TOK, F32>, smem);
-}
-
-/* the wide TMA kernel (256-row CTAs, at most 128 tokens a tile) */
-template <typename T, int FMT, bool F32>
-static cudaError_t lc_qtiled_wgw_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
-                                   cudaStream_t s) {
-    const int tok = lc_qw_tok(M < 128 ? M : 128), Z = lc_qw_splits(w, M, tok, LC_QWW_TILES);
-    const dim3 grid((unsigned)((M + tok - 1) / tok), (unsigned)((w->N / 16 + LC_QWW_TILES - 1) / LC_QWW_TILES),
-                    (unsigned)Z);
-    CUtensorMap map;
-    cudaError_t e = lc_qw_xmap(&map, x, M, w->K, tok);
-    if (e != cudaSuccess) { /* no tensor map: cp.async */
-        __atomic_fetch_add(&lc_qw_fallbacks, 1, __ATOMIC_RELAXED);
-        return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);
-    }
-#define LC_QWW_GO(TOK_)                                                                                \
-    do {                                                                                               \
-        constexpr size_t smem = lc_qw_smem<FMT, TOK_, LC_QWW_TILES>() + 128; /* + the mbarriers */     \
-        const cudaError_t attr = lc_qww_prepare<T, FMT, TOK_, F32>(smem);                              \
-        if (attr != cudaSuccess) return attr;                                                          \
-        e = lc_launch(lc_qtiled_wgw_kernel<T, FMT, TOK_, F32>, grid, dim3(LC_QWW_THREADS), smem, s,     \
-                      map, static_cast<const uint8_t *>(w->data), (const float *)w->scales, y, part, M, \
-                      w->N, w->K, w->group);                                                           \
-    } while (0)
-    switch (tok) {
-    case 32: LC_QWW_GO(32); break;
-    case 64: LC_QWW_GO(64); break;
-    default: LC_QWW_GO(128); break;
-    }
-#undef LC_QWW_GO
     if (e != cudaSuccess || Z == 1) return e;
     return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
                                                                    w->N, Z, s);
@@ -1316,8 +1170,8 @@ static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x
     if (!wg) return lc_qtiled_t<T, FMT, F32>(M, w, x, y, part, invariant, s);
     if (mode == 2) mode = FMT == LOOM_CUDA_Q_INT8_W8A16 && M > 64 ? 1 : 0;
     if (mode == 0) return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);
-    if (mode == 4) return lc_qtiled_wgw_t<T, FMT, F32>(M, w, x, y, part, s);
-    return lc_qtiled_wgt_t<T, FMT, F32>(M, w, x, y, part, s); /* 1, 3 */
+    if (mode == 4) return lc_qtiled_tma_t<T, FMT, F32, 2>(M, w, x, y, part, s);
+    return lc_qtiled_tma_t<T, FMT, F32, 1>(M, w, x, y, part, s); /* 1, 3 */
 }
 
 extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,

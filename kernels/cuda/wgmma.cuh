@@ -54,7 +54,7 @@ template <int R> __device__ __forceinline__ void lc_wg_regs_inc() {
 
 /* ------------------------------------------- mbarriers and bulk copies
  * (the TMA pipeline of qtiled.cu's wgmma path). A wait that has not seen
- * its phase after ~2^40 cycles faults (a kernel error, not a hang). */
+ * its phase after 2^34 cycles (~9 s) faults (a kernel error, not a hang). */
 __device__ __forceinline__ void lc_mbar_init(uint32_t bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -83,12 +83,13 @@ __device__ __forceinline__ void lc_mbar_wait(uint32_t bar, uint32_t parity) {
                      : "memory");
         if (done) return;
         /* a stage that never fills is a protocol bug: fault (an error on
-         * the stream) rather than hang, but only after ~2^40 cycles
-         * (minutes), far past any wait time-slicing or preemption can
-         * cause. The fault is a store to address 0 (an illegal address),
-         * not `trap`: with a trap in the kernel ptxas ignores setmaxnreg's
-         * budget and serializes the wide kernel's wgmmas (C7512). */
-        if (clock64() - t0 > (1ll << 40))
+         * the stream) rather than hang, but only after 2^34 cycles (~9 s at
+         * 1.98 GHz: a whole kernel here takes milliseconds; far past what
+         * time-slicing with other contexts costs a wait). The fault is a
+         * store to address 0 (an illegal address), not `trap`: with a trap
+         * in the kernel ptxas ignores setmaxnreg's budget and serializes
+         * the wide kernel's wgmmas (C7512). */
+        if (clock64() - t0 > (1ll << 34))
             asm volatile("st.global.u32 [%0], %1;" ::"l"(0ull), "r"(0u) : "memory");
     }
 }

@@ -2201,8 +2201,11 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         /* the wgmma path with each of its kernels forced (the default picks
          * by format and M): cp.async copies, TMA copies, the wide TMA kernel
          * (256-row CTAs: 592 rows are two full blocks and a partial one, 208
-         * a partial one; K split over 8 slices at 48 rows) */
+         * a partial one, each K split; K split over 8 slices at 48 rows; no
+         * split at 16896 rows: 66 row blocks x 2 token tiles) — none of them
+         * may fall back to cp.async for want of a tensor map */
         const int modes[3] = {0, 1, 4};
+        const long fbm = lc_qtiled_tma_fallback_count(), wgm = lc_qtiled_wgmma_count();
         for (int mo = 0; mo < 3; mo++) {
             lc_qtiled_set_wgmma_tma(modes[mo]);
             const int Mc[7] = {17, 63, 65, 128, 129, 200, 256};
@@ -2213,7 +2216,12 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
             test_qgemm(g, LOOM_CUDA_BF16, f, 150, 304, 1536, i4 ? 192 : 0, 0, false, false);
             test_qgemm(g, LOOM_CUDA_BF16, f, 256, 4096, 4096, i4 ? 128 : 0, 0, true, false);
             test_qgemm(g, LOOM_CUDA_F16, f, 40, 48, 14336, i4 ? 128 : 0, 0, true, false);
+            test_qgemm(g, LOOM_CUDA_BF16, f, 256, 16896, 512, i4 ? 256 : 0, 0, false, false);
+            test_qgemm(g, LOOM_CUDA_F16, f, 200, 16896, 512, i4 ? 128 : 0, 0, true, false);
         }
+        report_count(i4 ? "tiled int4: forced wgmma kernels that fell back to cp.async"
+                        : "tiled w8a16: forced wgmma kernels that fell back to cp.async",
+                     lc_qtiled_tma_fallback_count() - fbm, lc_qtiled_wgmma_count() - wgm);
         /* TMA without a tensor map: the cp.async kernel instead */
         lc_qtiled_set_wgmma_tma(3);
         const long fb0 = lc_qtiled_tma_fallback_count();
