@@ -683,19 +683,20 @@ __global__ void __launch_bounds__(LC_QW_THREADS, 1)
 
 
 /* The same wgmma path with its copies by the tensor-memory accelerator:
- * a producer warp issues, per stage, one TMA box of the tokens a 64-column
- * block (the tensor map of x does the 128-byte swizzle and fills rows past
- * M with zeros), one bulk copy a row tile's weights and a (row tile,
- * group)'s scales, all completing on the stage's `full` mbarrier (lane 0
- * announces the bytes, then lane l copies row tile l's weights, lane 16 +
- * l its scales, lane s token box s: ptxas still issues the bulk copies
- * one at a time, the lanes only share the address arithmetic) — and the
- * eight consumer warps wait for `full`, decode, run the wgmmas and, once a
- * stage's wgmmas are done (the wait_group 1 of the next stage's first
- * step), arrive on its `empty` barrier, which the producer waits for before
- * refilling it: ST stages in flight, no CTA barrier in the loop, no copy
- * instructions in the consumers. Every consumer thread arrives on `empty`
- * (count 256): behind a lane-0 branch ptxas serializes every wgmma (C7513).
+ * one producer lane issues, per stage, three copies that complete on the
+ * stage's `full` mbarrier — a box of the tiled weight's tensor map (the
+ * stage's V warp tiles of every row tile of the CTA), one of INT4's scale
+ * pairs (the stage's groups of every row tile) and the tokens' (a 64-column
+ * block each: the map does the 128-byte swizzle), boxes past N or M read
+ * as zeros — and the eight consumer warps wait for `full`, decode, run the
+ * wgmmas and, once a stage's wgmmas are done (the wait_group 1 of the next
+ * stage's first step), arrive on its `empty` barrier, which the producer
+ * waits for before refilling it: ST stages in flight, no CTA barrier in
+ * the loop, no copy instructions in the consumers. Every consumer thread
+ * arrives on `empty` (count 256): behind a lane-0 branch ptxas serializes
+ * every wgmma (C7513). (A bulk copy a row tile and a scale group, as
+ * before the weight maps, made 17-33 copies a stage that ptxas issues one
+ * at a time.)
  *
  * RT row tiles a consumer warp. RT = 1: 128 weight rows a CTA (a warp its
  * row tile), 8 + 1 warps. RT = 2, the wide kernel: 256 rows a CTA, so a
@@ -711,15 +712,16 @@ template <int RT> constexpr int lc_qw_tma_threads() { return RT == 2 ? 384 : 288
 
 template <typename T, int FMT, int TOK, bool F32, int RT>
 __global__ void __launch_bounds__(lc_qw_tma_threads<RT>(), 1)
-    lc_qtiled_tma_kernel(const __grid_constant__ CUtensorMap xmap, const uint8_t *__restrict__ wd,
-                         const float *__restrict__ sc, void *__restrict__ y, float *__restrict__ part, int M, int N,
-                         int K, int group) {
+    lc_qtiled_tma_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
+                         const __grid_constant__ CUtensorMap smap, const float *__restrict__ sc, void *__restrict__ y,
+                         float *__restrict__ part, int M, int N, int K, int group) {
     typedef lc_qt<FMT> F;
-    constexpr int TL = RT * LC_QT_TILES, KS = lc_qw_ks<TOK, TL>(), V = KS / F::KC, NSL = KS / 64, SUB = KS / 64;
+    constexpr int TL = RT * LC_QT_TILES, KS = lc_qw_ks<TOK, TL>(), V = KS / F::KC, SUB = KS / 64;
     constexpr int XB = TOK * KS * 2, WB = lc_qw_wb<FMT, TOK, TL>(), STB = lc_qw_stb<FMT, TOK, TL>();
     constexpr int ST = lc_qw_stages<FMT, TOK, TL>();
+    /* what a stage's copies bring, whole boxes (zeros past N and M count) */
+    constexpr uint32_t BYTES = WB + lc_qw_sb<FMT, TOK, TL>() + SUB * TOK * 128;
     static_assert(TOK <= 128, "TMA wgmma kernels: at most 128 tokens (their accumulators)");
-    static_assert(TL <= 16 && SUB <= 16, "TMA wgmma kernels: a copy a producer lane");
     static_assert(ST >= 2, "wgmma path: too few stages");
     static_assert(lc_qw_smem<FMT, TOK, TL>() + 128 <= 227 * 1024, "wgmma path: shared memory");
     extern __shared__ __align__(1024) uint8_t lc_qwt_raw[];
@@ -729,13 +731,11 @@ __global__ void __launch_bounds__(lc_qw_tma_threads<RT>(), 1)
     const uint32_t full0 = sm_s + ST * STB, empty0 = full0 + ST * 8; /* ST mbarriers each, 8 bytes */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int tile0 = blockIdx.y * TL, ntiles = N / 16; /* grid (token tiles, row blocks, K slices) */
+    const int tile0 = blockIdx.y * TL; /* grid (token tiles, row blocks, K slices) */
     const int m0 = blockIdx.x * TOK;
     const int S = K / KS, Z = (int)gridDim.z, z = (int)blockIdx.z;
     const int s_lo = (int)((long long)S * z / Z), s_hi = (int)((long long)S * (z + 1) / Z);
     const int nst = s_hi - s_lo;
-    const size_t tile_bytes = (size_t)K / F::KC * 512;
-    const int groups = F::I4 ? K / group : 1;
 
     if (tid == 0) {
         for (int i = 0; i < ST; i++) {
@@ -746,34 +746,18 @@ __global__ void __launch_bounds__(lc_qw_tma_threads<RT>(), 1)
     }
     __syncthreads();
 
-    if (warp >= LC_QT_TILES) { /* the producer (RT = 2: its warpgroup, one warp working) */
+    if (warp >= LC_QT_TILES) { /* the producer (RT = 2: its warpgroup, one lane working) */
         if constexpr (RT == 2) lc_wg_regs_dec<40>();
-        if (warp != LC_QT_TILES) return;
-        const int vt = ntiles - tile0 < TL ? ntiles - tile0 : TL; /* valid row tiles */
-        /* stage it's first group and group count (int4 scales) */
-        auto group0 = [&](int it) { return ((s_lo + it) * KS) / group; };
-        auto ngroups = [&](int it) { return groups - group0(it) < NSL ? groups - group0(it) : NSL; };
-        constexpr uint32_t XBYTES = SUB * TOK * 128;
-        /* stage it's bytes announced on its `full` barrier (its weights,
-         * scales and token boxes), then its weight and scale copies */
+        if (warp != LC_QT_TILES || lane != 0) return;
+        /* stage it's bytes announced on its `full` barrier, then its
+         * weights (warp tiles (s V .. + V) of row tiles tile0 ..) and
+         * INT4's scales (groups from the stage's first) */
         auto weights = [&](int it) {
             const int s = s_lo + it, b = it % ST;
             const uint32_t ws = sm_s + b * STB + XB, fb = full0 + b * 8;
-            if (lane == 0) {
-                uint32_t bytes = vt * V * 512 + XBYTES;
-                if constexpr (F::I4) bytes += vt * ngroups(it) * 64;
-                lc_mbar_arrive_tx(fb, bytes);
-            }
-            __syncwarp();
-            if (lane < vt)
-                lc_bulk_g2s(ws + lane * V * 512, wd + (size_t)(tile0 + lane) * tile_bytes + (size_t)s * V * 512,
-                            V * 512, fb);
-            if constexpr (F::I4) {
-                const int tl = lane - 16;
-                if (tl >= 0 && tl < vt)
-                    lc_bulk_g2s(ws + WB + tl * NSL * 64, sc + ((size_t)(tile0 + tl) * groups + group0(it)) * 16,
-                                ngroups(it) * 64, fb);
-            }
+            lc_mbar_arrive_tx(fb, BYTES);
+            lc_tma_3d(ws, &wmap, 0, s * V, tile0, fb);
+            if constexpr (F::I4) lc_tma_3d(ws + WB, &smap, 0, (s * KS) / group, tile0, fb);
         };
         /* the weights of the first ST stages before the kernel before has
          * finished (they do not depend on it), then their tokens */
@@ -787,9 +771,9 @@ __global__ void __launch_bounds__(lc_qw_tma_threads<RT>(), 1)
                 lc_mbar_wait(empty0 + b * 8, (uint32_t)((it / ST - 1) & 1));
                 weights(it);
             }
-            if (lane < SUB)
-                lc_tma_2d(sm_s + b * STB + lane * (TOK * 128), &xmap, (s_lo + it) * KS + lane * 64, m0,
-                          full0 + b * 8);
+#pragma unroll
+            for (int sub = 0; sub < SUB; sub++)
+                lc_tma_2d(sm_s + b * STB + sub * (TOK * 128), &xmap, (s_lo + it) * KS + sub * 64, m0, full0 + b * 8);
         }
         return;
     }
@@ -1104,6 +1088,43 @@ static cudaError_t lc_qw_xmap(CUtensorMap *map, const void *x, int M, int K, int
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+/* A 3-D tensor map of 32-bit words, dim[0] innermost, packed (no gaps
+ * between rows), no swizzle, boxes past the end read as zeros: the tiled
+ * weight as (128 words a 512-byte warp tile, K / KC warp tiles, N / 16 row
+ * tiles) in boxes of (128, V, row tiles a CTA), INT4's scale pairs as (16
+ * words a (row tile, group), groups, N / 16) in boxes of (16, groups a
+ * stage, row tiles a CTA) — the stage layout the consumers read. */
+static cudaError_t lc_qw_map3(CUtensorMap *map, const void *p, const cuuint64_t dim[3], const cuuint32_t box[3]) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = lc_qw_encode_fn();
+    if (!enc || __atomic_load_n(&lc_qw_tma, __ATOMIC_RELAXED) == 3) return cudaErrorNotSupported;
+    const cuuint64_t stride[2] = {dim[0] * 4, dim[0] * dim[1] * 4};
+    const cuuint32_t estr[3] = {1, 1, 1};
+    const CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, const_cast<void *>(p), dim, stride, box, estr,
+                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+/* The three maps of a TMA kernel call: tokens, weights, INT4 scales (W8A16:
+ * the weights' again, unread). */
+template <int FMT, int TOK, int TL>
+static cudaError_t lc_qw_maps(CUtensorMap *xm, CUtensorMap *wm, CUtensorMap *smp, const loom_cuda_qweight *w,
+                              const void *x, int M) {
+    typedef lc_qt<FMT> F;
+    constexpr int KS = lc_qw_ks<TOK, TL>();
+    cudaError_t e = lc_qw_xmap(xm, x, M, w->K, TOK);
+    const cuuint64_t wdim[3] = {128, (cuuint64_t)(w->K / F::KC), (cuuint64_t)(w->N / 16)};
+    const cuuint32_t wbox[3] = {128, KS / F::KC, TL};
+    if (e == cudaSuccess) e = lc_qw_map3(wm, w->data, wdim, wbox);
+    if (e != cudaSuccess || !F::I4) {
+        *smp = *wm;
+        return e;
+    }
+    const cuuint64_t sdim[3] = {16, (cuuint64_t)(w->K / w->group), (cuuint64_t)(w->N / 16)};
+    const cuuint32_t sbox[3] = {16, KS / 64, TL};
+    return lc_qw_map3(smp, w->scales, sdim, sbox);
+}
+
 template <typename T, int FMT, int TOK, bool F32, int RT> static cudaError_t lc_qwt_prepare(size_t smem) {
     static unsigned long long done = 0;
     return lc_smem_limit(&done, (const void *)lc_qtiled_tma_kernel<T, FMT, TOK, F32, RT>, smem);
@@ -1119,20 +1140,20 @@ static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void
      * weights from L2 */
     const int tok = lc_qw_tok(M < 128 ? M : 128), Z = lc_qw_splits(w, M, tok, TL);
     const dim3 grid((unsigned)((M + tok - 1) / tok), (unsigned)((w->N / 16 + TL - 1) / TL), (unsigned)Z);
-    CUtensorMap map;
-    cudaError_t e = lc_qw_xmap(&map, x, M, w->K, tok);
-    if (e != cudaSuccess) { /* no tensor map: cp.async */
-        __atomic_fetch_add(&lc_qw_fallbacks, 1, __ATOMIC_RELAXED);
-        return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);
-    }
+    CUtensorMap xm, wm, smp;
+    cudaError_t e = cudaSuccess;
 #define LC_QWT_GO(TOK_)                                                                                \
     do {                                                                                               \
+        if ((e = lc_qw_maps<FMT, TOK_, TL>(&xm, &wm, &smp, w, x, M)) != cudaSuccess) {                 \
+            /* no tensor map: cp.async */                                                              \
+            __atomic_fetch_add(&lc_qw_fallbacks, 1, __ATOMIC_RELAXED);                                 \
+            return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);                                   \
+        }                                                                                              \
         constexpr size_t smem = lc_qw_smem<FMT, TOK_, TL>() + 128; /* + the mbarriers */               \
         const cudaError_t attr = lc_qwt_prepare<T, FMT, TOK_, F32, RT>(smem);                          \
         if (attr != cudaSuccess) return attr;                                                          \
         e = lc_launch(lc_qtiled_tma_kernel<T, FMT, TOK_, F32, RT>, grid, dim3(lc_qw_tma_threads<RT>()), \
-                      smem, s, map, static_cast<const uint8_t *>(w->data), (const float *)w->scales, y, \
-                      part, M, w->N, w->K, w->group);                                                  \
+                      smem, s, xm, wm, smp, (const float *)w->scales, y, part, M, w->N, w->K, w->group); \
     } while (0)
     switch (tok) {
     case 32: LC_QWT_GO(32); break;

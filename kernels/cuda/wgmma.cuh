@@ -107,6 +107,15 @@ __device__ __forceinline__ void lc_tma_2d(uint32_t dst, const void *tmap, int c0
                  : "memory");
 }
 
+/* a 3-D tensor-map box (c0 the innermost coordinate) -> shared, completing on bar */
+__device__ __forceinline__ void lc_tma_3d(uint32_t dst, const void *tmap, int c0, int c1, int c2, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::
+            "r"(dst),
+        "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+
 template <typename T, int N> struct lc_wgmma;
 
 /* The accumulator operands, 8 at a time (the instruction takes D as N / 2
