@@ -14,6 +14,9 @@
  *   m' = max(m, max_j s_j);  l' = l e^(m - m') + sum_j e^(s_j - m');
  *   acc' = acc e^(m - m') + sum_j e^(s_j - m') v_j
  * and the result is acc / l. Nothing of size (T, context) is ever formed.
+ * Keys go in chunks of 512 positions, each chunk's state from scratch and
+ * the chunks' states merged in order (the same rescaling), so the chunks of
+ * a decode step's query can run on different threads (attn_items).
  */
 #include "cpu_kernels.h"
 #include "qlinear.h" /* E4M3 rows for an FP8 KV cache */
@@ -248,33 +251,67 @@ static inline int64_t attn_first_key(const loom_cpu_attn_args *a, int64_t p) {
     return a->window > 0 && p + 1 > a->window ? p + 1 - a->window : 0;
 }
 
+/* Keys go in chunks of attn_chunk_keys (a whole number of blocks, from
+ * position 0): a query's softmax state is computed chunk by chunk, each
+ * from scratch, and the chunks' states merged in order. Where a call has
+ * fewer work items than threads can use (a decode step at long context)
+ * the chunks of one query run on different threads (FlashDecoding's split
+ * of the keys; each key and value row still read once for the query heads
+ * that share it) and a second pass merges them; elsewhere one item walks
+ * its chunks in turn. Both do the same arithmetic in the same order, so a
+ * query's output does not depend on which ran, on the threads, or on the
+ * tokens that share its call. */
+#define ATTN_CHUNK 512 /* keys a chunk, rounded to whole blocks */
+
+static inline int64_t attn_chunk_keys(int64_t bs) { return bs >= ATTN_CHUNK ? bs : ATTN_CHUNK / bs * bs; }
+
 typedef struct attn_job {
     const loom_cpu_attn_args *a;
     int32_t hg;   /* query heads an item serves          */
     int32_t nsub; /* items a (token chunk, KV head) has  */
+    int64_t nch;  /* split: key chunks a query has at most (0: not split) */
 } attn_job;
 
+/* Merges chunk state (mc, lc, ac) into (m, l, acc) for one query: the first
+ * chunk with keys is taken as it is, later ones rescaled to the larger max.
+ * The fmaf are explicit: the unsplit merge runs inside attn_items' x86-64-v3
+ * / v4 clones, where the compiler would contract a * b + c into an FMA, and
+ * the split one outside them, where it would not — and both must round
+ * alike. */
+static inline void attn_merge(float *m, float *l, float *acc, float mc, float lc, const float *ac, int64_t D) {
+    if (mc == -INFINITY) return; /* no key of this query in the chunk */
+    if (*m == -INFINITY) {
+        *m = mc, *l = lc;
+        memcpy(acc, ac, (size_t)D * sizeof(float));
+        return;
+    }
+    const float mn = mc > *m ? mc : *m, c0 = expf(*m - mn), c1 = expf(mc - mn);
+    *l = fmaf(*l, c0, lc * c1);
+    for (int64_t d = 0; d < D; d++) acc[d] = fmaf(acc[d], c0, ac[d] * c1);
+    *m = mn;
+}
+
 /* Tokens [t0, t1) of sequence s, at consecutive positions, query heads
- * [h0, h0 + nh) of KV head kvh. Every key from the first token's first
- * visible one to the last token's position is in the cache (this step's
- * were written before), so a tile is read whole and each query masks what
- * it may not see: keys after its position or before its window. Tiles
- * are the same for every query whatever the run (ATTN_TILE keys from the
- * block's start; keys before the run's first visible one are -inf, not
- * read), and a key sits in the same lane of its tile: a query's sums, maxima
- * and rescalings happen in the same order alone or in a run, so its output
- * has the same bits (kernels.paged_attention_is_batch_invariant). */
+ * [h0, h0 + nh) of KV head kvh, keys [c0, c1) of the cache (a chunk):
+ * each query's state over those keys into m, l, acc ((nq + 1) x D; the
+ * last row a spare). Every key from the first token's first visible one to
+ * the last token's position is in the cache (this step's were written
+ * before), so a tile is read whole and each query masks what it may not
+ * see: keys after its position or before its window. Tiles are the same
+ * for every query whatever the run (ATTN_TILE keys from the block's start;
+ * keys before the run's first visible one are -inf, not read), and a key
+ * sits in the same lane of its tile: a query's sums, maxima and rescalings
+ * happen in the same order alone or in a run, so its output has the same
+ * bits (kernels.paged_attention_is_batch_invariant). */
 ATTN_INLINE void attn_run(const loom_cpu_attn_args *a, int64_t t0, int64_t t1, int32_t s, int64_t kvh,
-                          int32_t h0, int32_t nh) {
+                          int32_t h0, int32_t nh, int64_t c0, int64_t c1, float *m, float *l, float *acc) {
     const loom_cpu_kv *kv = a->kv;
     const int64_t D = kv->head_dim, bs = kv->block_size, KVH = kv->num_kv_heads;
     const int nt = (int)(t1 - t0), nq = nt * nh;
     float qb[ATTN_MAXQ * LOOM_CPU_MAX_HEAD_DIM] __attribute__((aligned(32)));
-    float acc[(ATTN_MAXQ + 1) * LOOM_CPU_MAX_HEAD_DIM] __attribute__((aligned(32)));
     float kt[ATTN_TILE * LOOM_CPU_MAX_HEAD_DIM] __attribute__((aligned(32)));
     float vt[ATTN_TILE * LOOM_CPU_MAX_HEAD_DIM] __attribute__((aligned(32)));
     float S[ATTN_MAXQ + 1][ATTN_TILE] __attribute__((aligned(32)));
-    float m[ATTN_MAXQ], l[ATTN_MAXQ];
     int64_t pq[ATTN_QB], lq[ATTN_QB];
 
     for (int ti = 0; ti < nt; ti++) {
@@ -290,7 +327,7 @@ ATTN_INLINE void attn_run(const loom_cpu_attn_args *a, int64_t t0, int64_t t1, i
     memset(S[nq], 0, sizeof S[nq]);
 
     const int32_t *bt = a->block_table + (int64_t)s * a->block_table_stride;
-    const int64_t klo = lq[0], khi = pq[nt - 1];
+    const int64_t klo = lq[0] > c0 ? lq[0] : c0, khi = pq[nt - 1] < c1 - 1 ? pq[nt - 1] : c1 - 1;
     for (int64_t j0 = klo - klo % bs; j0 <= khi; j0 += bs) {
         const int64_t blk = bt[j0 / bs];
         const int64_t n = khi + 1 - j0 < bs ? khi + 1 - j0 : bs; /* keys of this block */
@@ -346,18 +383,41 @@ ATTN_INLINE void attn_run(const loom_cpu_attn_args *a, int64_t t0, int64_t t1, i
             }
         }
     }
+}
+
+/* The output of one query from its merged state. */
+static inline void attn_out(float *o, float l, const float *acc, int64_t D) {
+    const float inv = 1.0f / l;
+    for (int64_t d = 0; d < D; d++) o[d] = acc[d] * inv;
+}
+
+/* A run (as attn_run) over all its keys: chunk by chunk, merged in order,
+ * then its outputs. */
+ATTN_INLINE void attn_run_all(const loom_cpu_attn_args *a, int64_t t0, int64_t t1, int32_t s, int64_t kvh,
+                              int32_t h0, int32_t nh) {
+    const int64_t D = a->kv->head_dim, ck = attn_chunk_keys(a->kv->block_size);
+    const int nt = (int)(t1 - t0), nq = nt * nh;
+    float mc[ATTN_MAXQ], lc[ATTN_MAXQ], m[ATTN_MAXQ], l[ATTN_MAXQ];
+    float ac[(ATTN_MAXQ + 1) * LOOM_CPU_MAX_HEAD_DIM] __attribute__((aligned(32)));
+    float acc[ATTN_MAXQ * LOOM_CPU_MAX_HEAD_DIM] __attribute__((aligned(32)));
+    for (int i = 0; i < nq; i++) m[i] = -INFINITY, l[i] = 0.0f;
+    const int64_t klo = attn_first_key(a, a->positions[t0]), khi = a->positions[t1 - 1];
+    for (int64_t c = klo / ck; c <= khi / ck; c++) {
+        attn_run(a, t0, t1, s, kvh, h0, nh, c * ck, (c + 1) * ck, mc, lc, ac);
+        for (int i = 0; i < nq; i++) attn_merge(&m[i], &l[i], acc + i * D, mc[i], lc[i], ac + i * D, D);
+    }
     for (int ti = 0; ti < nt; ti++)
         for (int hh = 0; hh < nh; hh++) {
             const int i = ti * nh + hh;
-            float *o = a->out + (t0 + ti) * a->ldo + (int64_t)(h0 + hh) * D;
-            const float inv = 1.0f / l[i];
-            for (int64_t d = 0; d < D; d++) o[d] = acc[i * D + d] * inv;
+            attn_out(a->out + (t0 + ti) * a->ldo + (int64_t)(h0 + hh) * D, l[i], acc + i * D, D);
         }
 }
 
 /* Items [b, e): item = (chunk of ATTN_QB tokens, KV head, head subgroup).
  * A chunk's tokens go in runs of one sequence at consecutive positions.
- * Built for x86-64-v4 / v3 / baseline, picked at load. */
+ * Split (job->nch > 0): item = (token, KV head, head subgroup, key chunk),
+ * its state into a->part. Built for x86-64-v4 / v3 / baseline, picked at
+ * load. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
@@ -365,22 +425,67 @@ static void attn_items(void *arg, int64_t b, int64_t e, int worker) {
     (void)worker;
     const attn_job *job = arg;
     const loom_cpu_attn_args *a = job->a;
-    const int64_t KVH = a->kv->num_kv_heads, T = a->num_tokens;
+    const int64_t KVH = a->kv->num_kv_heads, T = a->num_tokens, H = a->num_heads, D = a->kv->head_dim;
     const int32_t G = a->num_heads / a->kv->num_kv_heads;
+    const int64_t per = KVH * job->nsub * (job->nch > 0 ? job->nch : 1); /* items a token (chunk) */
     for (int64_t item = b; item < e; item++) {
-        const int64_t c = item / (KVH * job->nsub), r = item % (KVH * job->nsub);
-        const int64_t kvh = r / job->nsub;
-        const int32_t sub = (int32_t)(r % job->nsub);
+        const int64_t c = item / per, r = item % per;
+        const int64_t kc = job->nch > 0 ? r % job->nch : 0, r2 = job->nch > 0 ? r / job->nch : r;
+        const int64_t kvh = r2 / job->nsub;
+        const int32_t sub = (int32_t)(r2 % job->nsub);
         const int32_t h0 = (int32_t)kvh * G + sub * job->hg;
         const int32_t nh = G - sub * job->hg < job->hg ? G - sub * job->hg : job->hg;
+        if (job->nch > 0) { /* token c, key chunk kc */
+            const int64_t ck = attn_chunk_keys(a->kv->block_size);
+            float m[ATTN_HG], l[ATTN_HG];
+            float acc[(ATTN_HG + 1) * LOOM_CPU_MAX_HEAD_DIM] __attribute__((aligned(32)));
+            attn_run(a, c, c + 1, attn_seq_of(a->query_start, a->num_seqs, c), kvh, h0, nh, kc * ck,
+                     (kc + 1) * ck, m, l, acc);
+            for (int hh = 0; hh < nh; hh++) {
+                float *st = a->part + ((c * H + h0 + hh) * job->nch + kc) * (D + 2);
+                st[0] = m[hh], st[1] = l[hh];
+                memcpy(st + 2, acc + hh * D, (size_t)D * sizeof(float));
+            }
+            continue;
+        }
         const int64_t c1 = (c + 1) * ATTN_QB < T ? (c + 1) * ATTN_QB : T;
         for (int64_t t0 = c * ATTN_QB, t1; t0 < c1; t0 = t1) {
             const int32_t s = attn_seq_of(a->query_start, a->num_seqs, t0);
             const int64_t end = a->query_start[s + 1] < c1 ? a->query_start[s + 1] : c1;
             for (t1 = t0 + 1; t1 < end && a->positions[t1] == a->positions[t1 - 1] + 1;) t1++;
-            attn_run(a, t0, t1, s, kvh, h0, nh);
+            attn_run_all(a, t0, t1, s, kvh, h0, nh);
         }
     }
+}
+
+/* Split's second pass: items (token, head) merge their chunks in order. */
+static void attn_merge_items(void *arg, int64_t b, int64_t e, int worker) {
+    (void)worker;
+    const attn_job *job = arg;
+    const loom_cpu_attn_args *a = job->a;
+    const int64_t H = a->num_heads, D = a->kv->head_dim;
+    float acc[LOOM_CPU_MAX_HEAD_DIM];
+    for (int64_t item = b; item < e; item++) {
+        const int64_t t = item / H, h = item % H;
+        float m = -INFINITY, l = 0.0f;
+        for (int64_t kc = 0; kc < job->nch; kc++) {
+            const float *st = a->part + (item * job->nch + kc) * (D + 2);
+            attn_merge(&m, &l, acc, st[0], st[1], st + 2, D);
+        }
+        attn_out(a->out + t * a->ldo + h * D, l, acc, D);
+    }
+}
+
+/* key chunks the longest query of the call spans (from position 0) */
+static int64_t attn_chunks(const loom_cpu_attn_args *a) {
+    int64_t pmax = 0;
+    for (int64_t t = 0; t < a->num_tokens; t++) pmax = a->positions[t] > pmax ? a->positions[t] : pmax;
+    return pmax / attn_chunk_keys(a->kv->block_size) + 1;
+}
+
+int64_t loom_cpu_attention_part_floats(const loom_cpu_attn_args *a) {
+    if (a->num_tokens <= 0) return 0;
+    return (int64_t)a->num_tokens * a->num_heads * attn_chunks(a) * (a->kv->head_dim + 2);
 }
 
 void loom_cpu_paged_attention(const loom_cpu_attn_args *a, loom_cpu_pool *pool) {
@@ -394,8 +499,19 @@ void loom_cpu_paged_attention(const loom_cpu_attn_args *a, loom_cpu_pool *pool) 
     attn_job job = {.a = a, .nsub = (G + ATTN_HG - 1) / ATTN_HG};
     job.hg = (G + job.nsub - 1) / job.nsub;
     const int64_t chunks = (T + ATTN_QB - 1) / ATTN_QB;
-    /* few items for the threads (a decode step at long context): one query
-     * head an item, so the heads spread over them */
-    if (pool && chunks * KVH * job.nsub < 4 * (int64_t)loom_cpu_pool_size(pool)) job.hg = 1, job.nsub = G;
+    const int64_t threads = pool ? (int64_t)loom_cpu_pool_size(pool) : 1;
+    if (pool && chunks * KVH * job.nsub < 4 * threads) {
+        /* few items for the threads (a decode step at long context): split
+         * the keys when they span chunks and a->part holds the states,
+         * else one query head an item, so the heads spread over them */
+        const int64_t nch = attn_chunks(a);
+        if (nch > 1 && a->part && loom_cpu_attention_part_floats(a) <= a->part_floats) {
+            job.nch = nch;
+            loom_cpu_pool_for(pool, T * KVH * job.nsub * nch, 1, attn_items, &job);
+            loom_cpu_pool_for(T * H >= 4 * threads ? pool : NULL, T * H, 1, attn_merge_items, &job);
+            return;
+        }
+        job.hg = 1, job.nsub = G;
+    }
     loom_cpu_pool_for(pool, chunks * KVH * job.nsub, 1, attn_items, &job);
 }

@@ -174,6 +174,9 @@ typedef struct loom_cpu_attn_args {
     float scale;                  /* softmax scale, usually 1/sqrt(head_dim)   */
     int32_t window;               /* > 0: a query at position p sees only keys
                                      p - window + 1 .. p (sliding window); 0: all */
+    float *part;                  /* optional scratch of part_floats floats for
+                                     the split over key chunks; NULL: never split */
+    int64_t part_floats;
 } loom_cpu_attn_args;
 
 /* Causal paged attention over a flattened variable-length batch: token t of
@@ -183,11 +186,18 @@ typedef struct loom_cpu_attn_args {
  * (GQA; MQA when num_kv_heads = 1); with a->window only the last `window`
  * positions (block table entries before them are not read). Softmax is computed online over key
  * tiles (FlashAttention's running max and sum), so no (T, context) score
- * matrix is formed. Work items are (token, head) pairs spread over the pool.
+ * matrix is formed. Work items are (tokens, KV head) groups spread over the
+ * pool, or (token, KV head, key chunk) with a->part (loom_cpu_attention_part_floats).
  * head_dim <= LOOM_CPU_MAX_HEAD_DIM. Block ids and positions must be valid
  * (checked by the caller). */
 #define LOOM_CPU_MAX_HEAD_DIM 256
 void loom_cpu_paged_attention(const loom_cpu_attn_args *a, loom_cpu_pool *pool);
+/* Floats of a->part with which a call may split its queries' keys over the
+ * pool's threads (key chunks of 512 positions, states merged in order: a
+ * decode step at long context has too few (query, KV head) items for the
+ * threads otherwise); with less (or NULL) it does not split — the output
+ * is the same bits either way. */
+int64_t loom_cpu_attention_part_floats(const loom_cpu_attn_args *a);
 
 /* ------------------------------------------------------------- linear */
 

@@ -549,6 +549,7 @@ static int kt_first_key(int w, int p) { return w > 0 && p + 1 > w ? p + 1 - w : 
 
 /* One batch through kv_write + paged attention vs a float64 softmax over the
  * logical (contiguous) K/V; returns the relative error. */
+static bool g_attn_split = true; /* run_attn hands attention its key-chunk scratch */
 static double run_attn(test_rng *r, const attn_case *cs, int H, int KVH, int D, int bs, loom_dtype dt,
                        loom_cpu_pool *pool) {
     int S = cs->S, T = 0, max_blocks = 0, total_blocks = 0;
@@ -628,7 +629,13 @@ static double run_attn(test_rng *r, const attn_case *cs, int H, int KVH, int D, 
                             .num_tokens = T, .num_seqs = S, .query_start = qs, .positions = pos,
                             .block_table = bt, .block_table_stride = stride, .scale = scale,
                             .window = cs->window};
+    /* with g_attn_split, the scratch that lets a call split keys over the pool */
+    if (g_attn_split) {
+        a.part_floats = loom_cpu_attention_part_floats(&a);
+        a.part = xmalloc(sizeof(float) * (size_t)(a.part_floats > 0 ? a.part_floats : 1));
+    }
     loom_cpu_paged_attention(&a, pool);
+    free(a.part);
 
     /* float64 reference over the logical K/V (rounded like the cache) */
     double num = 0, den = 1e-30;
@@ -714,7 +721,10 @@ Test(kernels, paged_attention_block_sizes) {
 }
 
 Test(kernels, paged_attention_threaded_long) {
-    /* big enough to take the pool path: long decode and a long prefill */
+    /* big enough to take the pool path: long decode and a long prefill
+     * (keys over several 512-position chunks); decode batches of long
+     * contexts, whose keys split over the threads (and once more without
+     * the scratch for it: the heads spread instead), windows among them */
     test_rng r = rng_seeded("kernels.paged_attention_threaded_long");
     loom_cpu_pool *pool = loom_cpu_pool_create(2);
     static const int ctx[] = {1500, 300, 7}, ql[] = {1, 300, 7};
@@ -723,6 +733,19 @@ Test(kernels, paged_attention_threaded_long) {
     cr_assert_lt(e, F32_TOL, "long threaded attention rel err %g", e);
     e = run_attn(&r, &c, 9, 3, 64, 16, LOOM_DTYPE_F16, pool);
     cr_assert_lt(e, F32_TOL, "long threaded attention (f16) rel err %g", e);
+    static const int dctx[] = {2100, 513, 1030}, dql[] = {1, 1, 1};
+    for (int split = 1; split >= 0; split--) {
+        g_attn_split = split;
+        for (int w = 0; w < 2; w++) {
+            attn_case d = {3, dctx, dql, w ? 700 : 0};
+            e = run_attn(&r, &d, 9, 3, 64, 16, LOOM_DTYPE_F16, pool);
+            cr_assert_lt(e, F32_TOL, "long decode batch (split %d, window %d) rel err %g", split, d.window, e);
+            d.S = 1;
+            e = run_attn(&r, &d, 8, 2, 128, 16, LOOM_DTYPE_F32, pool);
+            cr_assert_lt(e, F32_TOL, "long decode (split %d, window %d) rel err %g", split, d.window, e);
+        }
+    }
+    g_attn_split = true;
     loom_cpu_pool_destroy(pool);
 }
 
@@ -752,16 +775,19 @@ Test(kernels, paged_attention_sliding_window) {
  * verify step of speculative decoding), with and without a window (which
  * starts the run's first tile elsewhere than a lone query's), blocks
  * shorter and longer than the kernel's 32-key tile, with and without the
- * pool, f32 and f16 caches. */
+ * pool, f32 and f16 caches; at 1100 positions (three key chunks) the lone
+ * queries with the pool split their keys over the threads. */
 Test(kernels, paged_attention_is_batch_invariant) {
     test_rng r = rng_seeded("kernels.paged_attention_invariant");
     loom_cpu_pool *pool = loom_cpu_pool_create(2);
-    enum { H = 6, KVH = 2, D = 64, CTX = 150, Q = 7 };
-    const int windows[] = {0, 5, 40, 130}, sizes[] = {16, 64};
+    enum { H = 6, KVH = 2, D = 64, Q = 7 };
+    const int windows[] = {0, 5, 40, 130, 600}, sizes[] = {16, 64}, ctxs[] = {150, 1100};
     int n = 0;
-    for (int wi = 0; wi < 4; wi++)
+    for (int xi = 0; xi < 2; xi++)
+    for (int wi = 0; wi < 5; wi++)
         for (int bi = 0; bi < 2; bi++)
             for (int di = 0; di < 2; di++, n++) {
+                const int CTX = ctxs[xi];
                 const int BS = sizes[bi], NB = (CTX + BS - 1) / BS;
                 const loom_dtype dt = di ? LOOM_DTYPE_F16 : LOOM_DTYPE_F32;
                 const size_t esz = di ? 2 : 4, elems = (size_t)NB * KVH * BS * D;
@@ -786,15 +812,18 @@ Test(kernels, paged_attention_is_batch_invariant) {
                                         .positions = pos, .block_table = bt, .block_table_stride = NB,
                                         .scale = 0.125f, .window = windows[wi]};
                 loom_cpu_paged_attention(&a, n % 2 ? pool : NULL);
+                float part[H * 4 * (D + 2)]; /* 1100 positions: three key chunks */
                 for (int t = 0; t < Q; t++) {
                     int32_t qs1[2] = {0, 1};
                     loom_cpu_attn_args a1 = a;
                     a1.out = one, a1.q = q + t * H * D, a1.num_tokens = 1, a1.query_start = qs1;
-                    a1.positions = &pos[t];
+                    a1.positions = &pos[t], a1.part = part, a1.part_floats = H * 4 * (D + 2);
+                    cr_assert_leq(loom_cpu_attention_part_floats(&a1), a1.part_floats);
                     loom_cpu_paged_attention(&a1, n % 2 ? NULL : pool);
                     cr_assert(!memcmp(one, all + t * H * D, sizeof(float) * H * D),
-                              "window %d block size %d %s: token %d alone differs from the same token among %d",
-                              windows[wi], BS, loom_dtype_name(dt), t, Q);
+                              "context %d window %d block size %d %s: token %d alone differs from the same "
+                              "token among %d",
+                              CTX, windows[wi], BS, loom_dtype_name(dt), t, Q);
                 }
                 free(kp), free(vp), free(k), free(v), free(slot), free(bt), free(q), free(all), free(one);
             }

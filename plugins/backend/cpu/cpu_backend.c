@@ -202,6 +202,7 @@ static void cpu_destroy(void *self) {
     loom_cpu_pool_destroy(b->pool);
     cpu_release_quant(b);
     h->free(h->ctx, b->scratch);
+    h->free(h->ctx, b->attn_part);
     h->free(h->ctx, b->moe_scratch);
     h->free(h->ctx, b->moe_ep);
     h->free(h->ctx, b->lg_local);

@@ -169,6 +169,8 @@ typedef struct cpu_backend {
     /* --- forward scratch, grown on demand (float32) */
     int64_t scratch_rows;       /* token rows the scratch holds               */
     float *scratch;             /* host->alloc'd block carved below           */
+    float *attn_part;           /* attention's key-chunk states (cpu_attn_part) */
+    int64_t attn_part_floats;
     float *x;                   /* (rows, hidden) residual stream             */
     float *xn;                  /* (rows, hidden) normed                      */
     float *qkv;                 /* (rows, qkv_rows)                           */

@@ -110,6 +110,23 @@ static loom_status cpu_scratch(cpu_backend *b, int64_t rows, loom_error *err) {
 static loom_status cpu_lm_head(cpu_backend *b, float *y, int64_t ldy, const float *xn, int64_t NL,
                                loom_error *err);
 
+/* The key-chunk states with which attention splits a long query's keys
+ * over the threads (loom_cpu_attention_part_floats), grown to what the
+ * batch wants up to 16 MiB; past that, or when it cannot grow, attention
+ * runs unsplit — the same bits, fewer threads at a long decode. */
+#define CPU_ATTN_PART_MAX ((int64_t)4 << 20)
+static void cpu_attn_part(cpu_backend *b, loom_cpu_attn_args *aa) {
+    const int64_t need = loom_cpu_attention_part_floats(aa);
+    if (need > b->attn_part_floats && need <= CPU_ATTN_PART_MAX) {
+        float *p = b->host->alloc(b->host->ctx, (size_t)need * sizeof(float));
+        if (p) {
+            b->host->free(b->host->ctx, b->attn_part);
+            b->attn_part = p, b->attn_part_floats = need;
+        }
+    }
+    aa->part = b->attn_part, aa->part_floats = b->attn_part_floats;
+}
+
 /* ------------------------------------------------------ tensor parallelism */
 
 /* Sum x (n floats) over the ranks; nothing to do for a whole model. */
@@ -428,6 +445,7 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
                              .block_table_stride = bt->block_table_stride,
                              .scale = c->attn_scale > 0 ? c->attn_scale
                                                         : (float)(1.0 / sqrt((double)c->head_dim))};
+    cpu_attn_part(b, &aa);
 
     for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++) {
         kv.k = cpu_pool_base(b, l, 0, false);
