@@ -746,7 +746,7 @@ Test(backend, descriptor_memory_and_sizes) {
     cr_assert_eq(b.ops->kv_block_bytes(b.self, 16, LOOM_DTYPE_F32), (size_t)2 * 2 * 2 * 16 * 16 * 4);
     cr_assert_eq(b.ops->kv_block_bytes(b.self, 16, LOOM_DTYPE_F16), (size_t)2 * 2 * 2 * 16 * 16 * 2);
     cr_assert_eq(b.ops->kv_block_bytes(b.self, 16, LOOM_DTYPE_COUNT),
-                 (size_t)2 * 2 * 2 * 16 * 16 * 4, "default kv dtype is the param (f32)");
+                 (size_t)2 * 2 * 2 * 16 * 16 * 2, "default kv dtype is the param (f16)");
     cr_assert_eq(b.ops->kv_block_bytes(b.self, 16, LOOM_DTYPE_BF16), 0);
     loom_backend_memory mem = {0};
     cr_assert_eq(b.ops->memory(b.self, &mem, &err), LOOM_OK);

@@ -660,7 +660,7 @@ static const char *write_pipeline(const char *name, const char *dir, const char 
     char y[2048];
     snprintf(y, sizeof y,
              "model:\n  path: %s\n  format: safetensors\nengine:\n  threads: 1\n  max_model_len: 64\n"
-             "backend:\n  plugin: cpu\n  threads: 1\nscheduler:\n  plugin: continuous\ncache:\n  plugin: paged\n"
+             "backend:\n  plugin: cpu\n  threads: 1\n  kv_dtype: f32\nscheduler:\n  plugin: continuous\ncache:\n  plugin: paged\n"
              "  memory_gib: 0.01\nsampler:\n  plugin: standard\n%s%s\n",
              dir, *quant ? "quantizer:\n" : "", quant);
     write_str(g_root, name, y);

@@ -238,13 +238,14 @@ Test(quant_engine, tp2_int8_dummy, .timeout = 300) {
  * (tests/backend/data/moe/qwen2_moe: 8 experts top-2, a shared expert)
  * over its reference tokens, with overrides `extra`. */
 static float *moe_score(const char *const *extra, int nextra, const cJSON *ref, int32_t *n_out) {
-    const char *ov[12];
+    const char *ov[13];
     int n = 0;
     char *dir = src_path("tests/backend/data/moe/qwen2_moe");
     static char path_ov[4200];
     snprintf(path_ov, sizeof path_ov, "model.path=%s", dir);
     ov[n++] = "model.format=safetensors";
     ov[n++] = path_ov;
+    ov[n++] = "backend.kv_dtype=f32"; /* transformers' precision: the bounds below are float32's */
     for (int i = 0; i < nextra; i++) ov[n++] = extra[i];
     char *pipe = src_path("tests/engine/data/tiny.yaml");
     loom_engine *e = NULL;

@@ -64,8 +64,10 @@ static const loom_param cpu_params[] = {
      .default_value = "0", .min = 0, .max = 1024,
      .doc = "compute threads (attention pool and OpenBLAS); 0 = the pipeline's `threads`"},
     {.key = "kv_dtype", .type = LOOM_PARAM_ENUM, .offset = offsetof(cpu_backend_config, kv_dtype),
-     .default_value = "f32", .min = 1, .max = 0, .choices = cpu_kv_dtype_choices,
-     .doc = "KV-cache element type when the cache manager leaves it to the backend"},
+     .default_value = "f16", .min = 1, .max = 0, .choices = cpu_kv_dtype_choices,
+     .doc = "KV-cache element type when the cache manager leaves it to the backend: f16 (as "
+            "llama.cpp) halves the bytes a decode step reads from the cache and doubles the tokens a "
+            "budget holds; f32 keeps keys and values exact (float32 comparisons with transformers)"},
     {.key = "weight_dtype", .type = LOOM_PARAM_ENUM,
      .offset = offsetof(cpu_backend_config, weight_dtype), .default_value = "gguf", .min = 1,
      .max = 0, .choices = cpu_weight_dtype_choices,
@@ -141,7 +143,7 @@ static loom_status cpu_create(const loom_host *host, const void *config, void **
         return LOOM_ERR_ABI;
     }
     *self = NULL;
-    cpu_backend_config cfg = {.threads = 0, .kv_dtype = 0, .weight_dtype = CPU_WEIGHTS_GGUF,
+    cpu_backend_config cfg = {.threads = 0, .kv_dtype = 1, .weight_dtype = CPU_WEIGHTS_GGUF,
                               .cpu_isa = CPU_ISA_AUTO};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.threads < 0 || cfg.threads > 1024 || cfg.kv_dtype < 0 || cfg.kv_dtype > 1 ||
