@@ -14,6 +14,10 @@
 # ($LLAMACPP_PY_VERSION, default 0.3.36), fetched with `pip download
 # --no-binary :all:` and built once (CPU only, GGML_NATIVE, just
 # llama-bench) under $LOOM_LLAMACPP_DIR (default ~/.cache/loom/llamacpp).
+# Then decode at long context, all cores: llama-bench tg64 at depth D
+# (-d: D tokens in the cache first) against loom's 64 tokens after a
+# D-token prompt, for D in $DEPTHS (default 3000 7000). Both keep the KV
+# cache in f16 (their defaults).
 # Other work on the machine skews both engines alike: compare the ratios
 # (per repeat, the two engines back to back: *_paired, and their median).
 set -euo pipefail
@@ -23,6 +27,7 @@ model=${LOOM_TEST_MODEL:-$("$root/scripts/fetch-model.sh")}
 ver=${LLAMACPP_PY_VERSION:-0.3.36}
 dir=${LOOM_LLAMACPP_DIR:-${LOOM_CACHE:-$HOME/.cache/loom}/llamacpp}
 reps=${REPEATS:-3}
+depths=${DEPTHS:-3000 7000}
 all=$(nproc)
 lb=$dir/build-$ver/bin/llama-bench
 
@@ -61,13 +66,20 @@ for r in $(seq 1 "$reps"); do
     "$loom" bench "$cfg" --set "model.path=$model" --set engine.threads="$t" --num-requests 1 \
       --input-len 512 --output-len 1 --warmup 1 --no-progress --json "$tmp/loom-pp-$t-$r.json" >/dev/null
   done
+  for d in $depths; do
+    echo "repeat $r, depth $d" >&2
+    "$lb" -m "$model" -t "$all" -p 0 -n 64 -d "$d" -r 1 -o json >"$tmp/llama-d$d-$r.json"
+    "$loom" bench "$cfg" --set "model.path=$model" --set engine.threads="$all" --num-requests 1 \
+      --input-len "$d" --output-len 64 --no-progress --json "$tmp/loom-d$d-$r.json" >/dev/null
+  done
 done
 
 # the roofline's two figures: bytes a decode step streams, and memcpy bandwidth
-python3 - "$model" "$tmp" "$reps" "$all" "$dir/llama_cpp_python-$ver/vendor/llama.cpp/gguf-py" \
+python3 - "$model" "$tmp" "$reps" "$all" "$dir/llama_cpp_python-$ver/vendor/llama.cpp/gguf-py" "$depths" \
   >"$tmp/table.json" <<'EOF'
 import json, statistics, sys, threading, time
 model, tmp, reps, nall, gguf_py = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+depths = [int(d) for d in sys.argv[6].split()]
 sys.path.insert(0, gguf_py)
 import gguf
 import numpy as np
@@ -120,11 +132,21 @@ for t in sorted({1, nall}):
         row[f"loom_over_llama_{what}_paired"] = [round(v, 3) for v in pr]
         row[f"loom_over_llama_{what}_paired_median"] = round(statistics.median(pr), 3)
     out[f"threads_{t}"] = row
+for d in depths:
+    ll = [json.load(open(f"{tmp}/llama-d{d}-{r}.json"))[0]["avg_ts"] for r in range(1, reps + 1)]
+    lo = [1000.0 / json.load(open(f"{tmp}/loom-d{d}-{r}.json"))["a_results"]["TPOT_p50_ms"]
+          for r in range(1, reps + 1)]
+    pr = [a / b for a, b in zip(lo, ll)]
+    out[f"depth_{d}_threads_{nall}"] = {
+        "llama_decode_tok_s": round(statistics.median(ll), 1), "loom_decode_tok_s": round(statistics.median(lo), 1),
+        "llama_runs": [round(v, 1) for v in ll], "loom_runs": [round(v, 1) for v in lo],
+        "loom_over_llama_decode_paired": [round(v, 3) for v in pr],
+        "loom_over_llama_decode_paired_median": round(statistics.median(pr), 3)}
 json.dump(out, sys.stdout, indent=1)
 EOF
 cat "$tmp/table.json"
 llama_commit=$(sed -n 's/.*"build_commit": "\([^"]*\)".*/\1/p' "$tmp/llama-1-1.json" | head -1)
 python3 "$root/bench/record.py" cpu-smollm2-vs-llamacpp --cpu \
-  --what "loom cpu backend (configs/default.yaml: GGUF blocks as stored, q8 activations) vs llama.cpp (llama-cpp-python $ver sdist, commit ${llama_commit:-?}, llama-bench, CPU build) on $(basename "$model"): batch-1 decode (tg64 / 64 tokens after 16) and prefill (pp512), 1 and $all threads, interleaved, medians of $reps; roofline = memcpy bandwidth / bytes of the file's linear weights + LM head" \
+  --what "loom cpu backend (configs/default.yaml: GGUF blocks as stored, q8 activations) vs llama.cpp (llama-cpp-python $ver sdist, commit ${llama_commit:-?}, llama-bench, CPU build) on $(basename "$model"): batch-1 decode (tg64 / 64 tokens after 16) and prefill (pp512), 1 and $all threads, and decode at depths $depths ($all threads: tg64 -d D / 64 tokens after a D-token prompt), interleaved, medians of $reps; roofline = memcpy bandwidth / bytes of the file's linear weights + LM head" \
   --command "bench/cpu_vs_llamacpp.sh" --json table="$tmp/table.json" \
   --value load_average_before="$load_before" --value load_average_after="$(cut -d' ' -f1-3 /proc/loadavg)"
