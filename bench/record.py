@@ -68,10 +68,13 @@ def hw_slug(cpu_only):
     return name if len(g) == 1 else f"{name}x{len(g)}"
 
 
-def commit():
+def commit(cpu=False):
     if os.environ.get("LOOM_COMMIT"):
         return os.environ["LOOM_COMMIT"]
-    for d in (os.getcwd(), ROOT):   # the pack says what it was built from (pack-gpu.sh)
+    # a GPU run's binaries come from the pack, which says what it was built
+    # from (pack-gpu.sh); a CPU run's from this checkout, whatever pack lies
+    # about from an earlier GPU session
+    for d in () if cpu else (os.getcwd(), ROOT):
         p = os.path.join(d, ".devpack", "commit.txt")
         if os.path.isfile(p):
             return open(p).read().strip()
@@ -123,7 +126,7 @@ def main():
     if not a.name:
         ap.error("NAME is required")
     name = a.name.replace("{hw}", hw_slug(a.cpu))
-    prov = {"commit": a.commit or commit(),
+    prov = {"commit": a.commit or commit(a.cpu),
             "date": a.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "hardware": a.hardware or hardware(a.cpu)}
     entries = {}

@@ -6,12 +6,12 @@
 # Writes the current figures bench/results/cpu-ab-*.json (bench/record.py;
 # $LOOM_RESULTS moves them).
 # Usage: scripts/bench-cpu-ab.sh [BUILD_DIR] [PAIR...]
-#   PAIR: static, static-poisson, contiguous, prefix, kv (default: all)
+#   PAIR: static, static-poisson, contiguous, prefix, kv, kv-ppl (default: all)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 B=$root/build
 if [ $# -gt 0 ] && [ -d "$1" ]; then B=$1; shift; fi
-pairs=${*:-static static-poisson contiguous prefix kv}
+pairs=${*:-static static-poisson contiguous prefix kv kv-ppl}
 L="$B/cli/loom"
 R=$(mktemp -d)
 trap 'rm -rf "$R"' EXIT
@@ -60,6 +60,16 @@ for p in $pairs; do
     done
     rec cpu-ab-kv-f32-vs-f16 "SmolLM2 on the cpu backend, batch-1 decode after a 500 / 3000 / 7000-token prompt (64 new tokens, 3 interleaved runs a side, medians): KV cache f32 (a) vs f16 (b)" ctx500 ctx3000 ctx7000
     ;;
-  *) echo "bench-cpu-ab.sh: unknown pair '$p' (static, static-poisson, contiguous, prefix, kv)" >&2; exit 2 ;;
+  kv-ppl)
+    echo "== KV cache f32 vs f16: SmolLM2 perplexity on data/text/us-founding-documents.txt" >&2
+    for kv in f32 f16; do
+      "$L" perplexity configs/default.yaml data/text/us-founding-documents.txt --set backend.kv_dtype=$kv \
+        | grep -E "^perplexity:" > "$R/ppl-$kv.txt"
+    done
+    python3 bench/record.py cpu-ab-kv-f32-vs-f16 --merge --cpu --command "scripts/bench-cpu-ab.sh $pairs" \
+      --what "SmolLM2 on the cpu backend, KV cache f32 (a) vs f16 (b): batch-1 decode after a 500 / 3000 / 7000-token prompt (64 new tokens, 3 interleaved runs a side, medians); perplexity on data/text/us-founding-documents.txt" \
+      --text perplexity_f32="$R/ppl-f32.txt" --text perplexity_f16="$R/ppl-f16.txt"
+    ;;
+  *) echo "bench-cpu-ab.sh: unknown pair '$p' (static, static-poisson, contiguous, prefix, kv, kv-ppl)" >&2; exit 2 ;;
   esac
 done

@@ -401,6 +401,8 @@ ATTN_INLINE void attn_run_all(const loom_cpu_attn_args *a, int64_t t0, int64_t t
     float ac[(ATTN_MAXQ + 1) * LOOM_CPU_MAX_HEAD_DIM] __attribute__((aligned(32)));
     float acc[ATTN_MAXQ * LOOM_CPU_MAX_HEAD_DIM] __attribute__((aligned(32)));
     for (int i = 0; i < nq; i++) m[i] = -INFINITY, l[i] = 0.0f;
+    /* zeros, so a query no chunk gave a key (NaN scores) ends NaN, not garbage */
+    memset(acc, 0, (size_t)nq * D * sizeof(float));
     const int64_t klo = attn_first_key(a, a->positions[t0]), khi = a->positions[t1 - 1];
     for (int64_t c = klo / ck; c <= khi / ck; c++) {
         attn_run(a, t0, t1, s, kvh, h0, nh, c * ck, (c + 1) * ck, mc, lc, ac);
@@ -468,6 +470,7 @@ static void attn_merge_items(void *arg, int64_t b, int64_t e, int worker) {
     for (int64_t item = b; item < e; item++) {
         const int64_t t = item / H, h = item % H;
         float m = -INFINITY, l = 0.0f;
+        memset(acc, 0, (size_t)D * sizeof(float)); /* as attn_run_all */
         for (int64_t kc = 0; kc < job->nch; kc++) {
             const float *st = a->part + (item * job->nch + kc) * (D + 2);
             attn_merge(&m, &l, acc, st[0], st[1], st + 2, D);
@@ -505,7 +508,7 @@ void loom_cpu_paged_attention(const loom_cpu_attn_args *a, loom_cpu_pool *pool) 
          * the keys when they span chunks and a->part holds the states,
          * else one query head an item, so the heads spread over them */
         const int64_t nch = attn_chunks(a);
-        if (nch > 1 && a->part && loom_cpu_attention_part_floats(a) <= a->part_floats) {
+        if (nch > 1 && threads > 1 && a->part && loom_cpu_attention_part_floats(a) <= a->part_floats) {
             job.nch = nch;
             loom_cpu_pool_for(pool, T * KVH * job.nsub * nch, 1, attn_items, &job);
             loom_cpu_pool_for(T * H >= 4 * threads ? pool : NULL, T * H, 1, attn_merge_items, &job);
