@@ -291,6 +291,19 @@ static inline void attn_merge(float *m, float *l, float *acc, float mc, float lc
     *m = mn;
 }
 
+/* Blocks of the paged cache lie anywhere in the pool, so the hardware
+ * prefetcher cannot follow a query from one to the next: a decode step at
+ * long context waited on each block's first lines. Ask for the keys and
+ * values of the block ATTN_PF ahead while this one is scored (results do
+ * not change: a prefetch moves no value). */
+#define ATTN_PF 2
+static inline void attn_prefetch(const loom_cpu_kv *kv, int64_t blk, int64_t kvh, int64_t esz) {
+    const int64_t bytes = kv->block_size * kv->head_dim * esz;
+    const int64_t off = (blk * kv->num_kv_heads + kvh) * kv->block_size * kv->head_dim * esz;
+    const char *k = (const char *)kv->k + off, *v = (const char *)kv->v + off;
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(k + b, 0, 3), __builtin_prefetch(v + b, 0, 3);
+}
+
 /* Tokens [t0, t1) of sequence s, at consecutive positions, query heads
  * [h0, h0 + nh) of KV head kvh, keys [c0, c1) of the cache (a chunk):
  * each query's state over those keys into m, l, acc ((nq + 1) x D; the
@@ -328,10 +341,12 @@ ATTN_INLINE void attn_run(const loom_cpu_attn_args *a, int64_t t0, int64_t t1, i
 
     const int32_t *bt = a->block_table + (int64_t)s * a->block_table_stride;
     const int64_t klo = lq[0] > c0 ? lq[0] : c0, khi = pq[nt - 1] < c1 - 1 ? pq[nt - 1] : c1 - 1;
+    const int64_t esz = kv->dtype == LOOM_DTYPE_F16 ? 2 : kv->dtype == LOOM_DTYPE_FP8_E4M3 ? 1 : 4;
     for (int64_t j0 = klo - klo % bs; j0 <= khi; j0 += bs) {
         const int64_t blk = bt[j0 / bs];
         const int64_t n = khi + 1 - j0 < bs ? khi + 1 - j0 : bs; /* keys of this block */
         const int64_t row0 = (blk * KVH + kvh) * bs * D;          /* element offset   */
+        if (j0 + ATTN_PF * bs <= khi) attn_prefetch(kv, bt[j0 / bs + ATTN_PF], kvh, esz);
         for (int64_t i0 = j0 < klo ? (klo - j0) / ATTN_TILE * ATTN_TILE : 0; i0 < n; i0 += ATTN_TILE) {
             const int nn = (int)(n - i0 < ATTN_TILE ? n - i0 : ATTN_TILE); /* tile's keys */
             const int js = (int)(j0 + i0 < klo ? klo - j0 - i0 : 0);      /* first read  */
