@@ -494,23 +494,31 @@ static void attn_merge_items(void *arg, int64_t b, int64_t e, int worker) {
     }
 }
 
-/* key chunks the longest query of the call spans (from position 0) */
-static int64_t attn_chunks(const loom_cpu_attn_args *a) {
-    int64_t pmax = 0;
-    for (int64_t t = 0; t < a->num_tokens; t++) pmax = a->positions[t] > pmax ? a->positions[t] : pmax;
+/* key chunks a query at position pmax spans (from position 0), and the
+ * floats of a->part a split of the call's queries over them needs */
+static int64_t attn_chunks(const loom_cpu_attn_args *a, int64_t pmax) {
     return pmax / attn_chunk_keys(a->kv->block_size) + 1;
+}
+static int64_t attn_part_need(const loom_cpu_attn_args *a, int64_t nch) {
+    return (int64_t)a->num_tokens * a->num_heads * nch * (a->kv->head_dim + 2);
 }
 
 int64_t loom_cpu_attention_part_floats(const loom_cpu_attn_args *a) {
     if (a->num_tokens <= 0) return 0;
-    return (int64_t)a->num_tokens * a->num_heads * attn_chunks(a) * (a->kv->head_dim + 2);
+    int64_t pmax = 0;
+    for (int64_t t = 0; t < a->num_tokens; t++) pmax = a->positions[t] > pmax ? a->positions[t] : pmax;
+    return attn_part_need(a, attn_chunks(a, pmax));
 }
 
 void loom_cpu_paged_attention(const loom_cpu_attn_args *a, loom_cpu_pool *pool) {
     int64_t T = a->num_tokens, H = a->num_heads, KVH = a->kv->num_kv_heads;
     if (T <= 0) return;
     double work = 0;
-    for (int64_t t = 0; t < T; t++) work += (double)(a->positions[t] + 1 - attn_first_key(a, a->positions[t]));
+    int64_t pmax = 0;
+    for (int64_t t = 0; t < T; t++) {
+        work += (double)(a->positions[t] + 1 - attn_first_key(a, a->positions[t]));
+        pmax = a->positions[t] > pmax ? a->positions[t] : pmax;
+    }
     work *= (double)H * a->kv->head_dim;
     if (work < ATTN_PARALLEL_MIN) pool = NULL;
     const int32_t G = (int32_t)(H / KVH);
@@ -522,8 +530,8 @@ void loom_cpu_paged_attention(const loom_cpu_attn_args *a, loom_cpu_pool *pool) 
         /* few items for the threads (a decode step at long context): split
          * the keys when they span chunks and a->part holds the states,
          * else one query head an item, so the heads spread over them */
-        const int64_t nch = attn_chunks(a);
-        if (nch > 1 && threads > 1 && a->part && loom_cpu_attention_part_floats(a) <= a->part_floats) {
+        const int64_t nch = attn_chunks(a, pmax);
+        if (nch > 1 && threads > 1 && a->part && attn_part_need(a, nch) <= a->part_floats) {
             job.nch = nch;
             loom_cpu_pool_for(pool, T * KVH * job.nsub * nch, 1, attn_items, &job);
             loom_cpu_pool_for(T * H >= 4 * threads ? pool : NULL, T * H, 1, attn_merge_items, &job);

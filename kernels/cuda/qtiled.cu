@@ -463,8 +463,12 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
 #define LC_QW_THREADS 256
 
 /* columns a stage: 128 for the 128-row kernels' 128-token tiles, else 64
- * (the wide kernel: its registers hold two row tiles' stage vectors) */
-template <int TOK, int TL = LC_QT_TILES> constexpr int lc_qw_ks() { return TOK == 128 && TL == LC_QT_TILES ? 128 : 64; }
+ * (the wide kernel: its registers hold two row tiles' stage vectors); CTAs
+ * an SM: two 128-row CTAs at <= 64 tokens, else one (host and device both
+ * size the work by these) */
+constexpr int lc_qw_ks_of(int tok, int tl) { return tok == 128 && tl == LC_QT_TILES ? 128 : 64; }
+constexpr int lc_qw_per_sm(int tok, int tl) { return tok <= 64 && tl == LC_QT_TILES ? 2 : 1; }
+template <int TOK, int TL = LC_QT_TILES> constexpr int lc_qw_ks() { return lc_qw_ks_of(TOK, TL); }
 /* TL row tiles a CTA: LC_QT_TILES (128 rows), or twice that in the wide
  * TMA kernel further down (256 rows, one CTA an SM whatever its tokens) */
 template <int FMT, int TOK, int TL = LC_QT_TILES> constexpr int lc_qw_wb() {
@@ -478,15 +482,11 @@ template <int FMT, int TOK, int TL = LC_QT_TILES> constexpr int lc_qw_sb() {
 template <int FMT, int TOK, int TL = LC_QT_TILES> constexpr int lc_qw_stb() {
     return (TOK * lc_qw_ks<TOK, TL>() * 2 + lc_qw_wb<FMT, TOK, TL>() + lc_qw_sb<FMT, TOK, TL>() + 1023) / 1024 * 1024;
 }
-/* stages: up to 6 in 220 KB (one CTA an SM), 110 KB for 128-row CTAs at <=
- * 64 tokens (two) */
-template <int FMT, int TOK, int TL = LC_QT_TILES> constexpr int lc_qw_budget() {
-    return (TOK <= 64 && TL == LC_QT_TILES ? 110 : 220) * 1024;
-}
+/* stages: up to 6 in an SM's 220 KB shared by its CTAs */
 template <int FMT, int TOK, int TL = LC_QT_TILES> constexpr int lc_qw_stages() {
-    return lc_qw_budget<FMT, TOK, TL>() / lc_qw_stb<FMT, TOK, TL>() > 6
+    return 220 * 1024 / lc_qw_per_sm(TOK, TL) / lc_qw_stb<FMT, TOK, TL>() > 6
                ? 6
-               : lc_qw_budget<FMT, TOK, TL>() / lc_qw_stb<FMT, TOK, TL>();
+               : 220 * 1024 / lc_qw_per_sm(TOK, TL) / lc_qw_stb<FMT, TOK, TL>();
 }
 template <int FMT, int TOK, int TL = LC_QT_TILES> constexpr size_t lc_qw_smem() {
     return (size_t)lc_qw_stages<FMT, TOK, TL>() * lc_qw_stb<FMT, TOK, TL>() + 1024; /* + alignment slack */
@@ -940,13 +940,13 @@ static int lc_qt_splits(const loom_cuda_qweight *w, int M) {
 /* the wgmma path's token tile: its wgmma N */
 static int lc_qw_tok(int M) { return M <= 32 ? 32 : M <= 64 ? 64 : M <= 128 ? 128 : 256; }
 
-/* K slices of the wgmma path: as many as fill one wave of CTAs (one an SM,
- * two 128-row CTAs at <= 64 tokens) without starting a second, >= 4 stages
- * a slice; tl row tiles a CTA */
+/* K slices of the wgmma path: as many as fill one wave of CTAs
+ * (lc_qw_per_sm an SM) without starting a second, >= 4 stages a slice; tl
+ * row tiles a CTA */
 static int lc_qw_splits(const loom_cuda_qweight *w, int M, int tok, int tl = LC_QT_TILES) {
-    const int ks = tok == 128 && tl == LC_QT_TILES ? 128 : 64; /* lc_qw_ks */
+    const int ks = lc_qw_ks_of(tok, tl);
     const long ctas = (long)((w->N / 16 + tl - 1) / tl) * ((M + tok - 1) / tok);
-    const long slots = tok <= 64 && tl == LC_QT_TILES ? 2 * LC_QT_SMS : LC_QT_SMS;
+    const long slots = (long)lc_qw_per_sm(tok, tl) * LC_QT_SMS;
     const int S = w->K / ks;
     int z = ctas >= slots ? 1 : (int)(slots / ctas);
     if (z > 8) z = 8;
@@ -1095,8 +1095,8 @@ static cudaError_t lc_qw_xmap(CUtensorMap *map, const void *x, int M, int K, int
  * words a (row tile, group), groups, N / 16) in boxes of (16, groups a
  * stage, row tiles a CTA) — the stage layout the consumers read. */
 static cudaError_t lc_qw_map3(CUtensorMap *map, const void *p, const cuuint64_t dim[3], const cuuint32_t box[3]) {
-    PFN_cuTensorMapEncodeTiled_v12000 enc = lc_qw_encode_fn();
-    if (!enc || __atomic_load_n(&lc_qw_tma, __ATOMIC_RELAXED) == 3) return cudaErrorNotSupported;
+    PFN_cuTensorMapEncodeTiled_v12000 enc = lc_qw_encode_fn(); /* (mode 3: lc_qw_xmap refused first) */
+    if (!enc) return cudaErrorNotSupported;
     const cuuint64_t stride[2] = {dim[0] * 4, dim[0] * dim[1] * 4};
     const cuuint32_t estr[3] = {1, 1, 1};
     const CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, const_cast<void *>(p), dim, stride, box, estr,
