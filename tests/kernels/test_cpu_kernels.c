@@ -261,21 +261,24 @@ Test(kernels, swiglu) {
 Test(kernels, geglu_tanh) {
     test_rng r = rng_seeded("kernels.geglu_tanh");
     loom_cpu_pool *pool = loom_cpu_pool_create(3);
-    const int64_t T = 33, I = 2048, ld = 2 * I + 1;
-    float *gu = xmalloc(sizeof(float) * T * ld), *out = xmalloc(sizeof(float) * T * I);
-    rng_fill(&r, gu, T * ld, 4);
-    gu[0] = -60.f, gu[1] = 60.f; /* tanh saturates: -0 and g */
-    loom_cpu_geglu_tanh(out, gu, ld, gu + I, ld, T, I, pool);
-    double num = 0, den = 1e-30;
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t i = 0; i < I; i++) {
-            double g = gu[t * ld + i], u = gu[t * ld + I + i];
-            double ref = 0.5 * g * (1 + tanh(sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * u;
-            num = err_max(num, fabs(out[t * I + i] - ref));
-            den = fmax(den, fabs(ref));
-        }
-    cr_assert_lt(num / den, F32_TOL, "geglu_tanh rel err %g", num / den);
-    free(gu), free(out);
+    const int64_t T = 33, sizes[] = {2048, 13}; /* 13: the zero-padded tail lanes */
+    for (int n = 0; n < 2; n++) {
+        const int64_t I = sizes[n], ld = 2 * I + 1;
+        float *gu = xmalloc(sizeof(float) * T * ld), *out = xmalloc(sizeof(float) * T * I);
+        rng_fill(&r, gu, T * ld, 4);
+        gu[0] = -60.f, gu[1] = 60.f, gu[2] = -6.f; /* saturated: -0 and g; -6: 1 + tanh ~ 1e-16 */
+        loom_cpu_geglu_tanh(out, gu, ld, gu + I, ld, T, I, pool);
+        double num = 0, den = 1e-30;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < I; i++) {
+                double g = gu[t * ld + i], u = gu[t * ld + I + i];
+                double ref = 0.5 * g * (1 + tanh(sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * u;
+                num = err_max(num, fabs(out[t * I + i] - ref));
+                den = fmax(den, fabs(ref));
+            }
+        cr_assert_lt(num / den, F32_TOL, "geglu_tanh I=%lld rel err %g", (long long)I, num / den);
+        free(gu), free(out);
+    }
     loom_cpu_pool_destroy(pool);
 }
 
