@@ -106,8 +106,8 @@ void loom_cpu_q8g_pack(const loom_cpu_q8 *x, int mr, int64_t K, void *buf, loom_
 typedef void loom_cpu_q8gemm_fn(const uint8_t *row0, size_t stride, int64_t nr, int64_t K,
                                 const loom_cpu_q8g *x, int mr, float *out, int64_t ldo);
 
-/* The group kernel for `dtype` on this CPU, or NULL (the portable set, and
- * the k-quants, whose row kernels serve several tokens already). */
+/* The group kernel for `dtype` on this CPU (every type the row kernel
+ * serves has one), or NULL (the portable set). */
 loom_cpu_q8gemm_fn *loom_cpu_q8gemm(loom_dtype dtype);
 
 /* 16-bit float weights kept as stored (f16, bf16; K elements of 2 bytes,

@@ -21,6 +21,7 @@
 #include "formats/gguf_blocks.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define QD_INLINE static inline __attribute__((always_inline))
@@ -192,7 +193,9 @@ QD_INLINE void qd_qk(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const 
                 const __m256 p1 = _mm256_cvtepi32_ps(qd_dot(hi, qd_load(v->q + 32 * xb + 32)));
                 acc[t] = _mm256_fmadd_ps(p0, _mm256_set1_ps(a[2 * i] * v->d[xb]), acc[t]);
                 acc1[t] = _mm256_fmadd_ps(p1, _mm256_set1_ps(a[2 * i + 1] * v->d[xb + 1]), acc1[t]);
-                off[t] += c[2 * i] * v->s[xb] + c[2 * i + 1] * v->s[xb + 1];
+                /* explicit FMAs: contraction left to the compiler could differ from
+                 * the group kernel's vector form */
+                off[t] = fmaf(c[2 * i + 1], v->s[xb + 1], fmaf(c[2 * i], v->s[xb], off[t]));
             }
         }
     }
@@ -450,6 +453,118 @@ QD_INLINE void qd_q8_0_g(const uint8_t *row, int64_t K, const loom_cpu_q8g *x, c
     for (int t = 0; t < MR; t++) out[t] = qd_hsum(acc[t]);
 }
 
+/* Tokens a k-quant group pass holds: eight need 16 accumulators (two a
+ * token), which fit AVX-512's 32 registers; AVX2's 16 take two passes of
+ * four. */
+#ifdef __AVX512F__
+#define QD_KG 8
+#else
+#define QD_KG 4
+#endif
+
+/* One q4_k (q5 = 0) / q5_k (q5 = 1) row against MR (4 or 8) tokens of a
+ * q8g group from token t0: per token exactly qd_qk's operations in qd_qk's
+ * order (the scale products of all tokens for a sub-block in one multiply,
+ * the offset sums in two FMAs, lane t doing what the row kernel's scalars
+ * do), so every result is the row kernel's bit for bit; the weights are
+ * unpacked once for all MR tokens. */
+QD_INLINE void qd_qk_g(const uint8_t *row, int64_t K, const loom_cpu_q8g *x, const int t0, const int MR,
+                       float *out, const int q5) {
+    enum { G = LOOM_CPU_Q8_G };
+    __m256 acc[G], acc1[G];
+    __m256 off8 = _mm256_setzero_ps();
+    __m128 off4 = _mm_setzero_ps();
+    for (int t = 0; t < MR; t++) acc[t] = acc1[t] = _mm256_setzero_ps();
+    const size_t bb = q5 ? LOOM_GGUF_Q5_K_BYTES : LOOM_GGUF_Q4_K_BYTES;
+    const size_t qs_at = q5 ? LOOM_GGUF_Q5_K_QS : LOOM_GGUF_Q4_K_QS;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t sb = 0; sb < K / 256; sb++) {
+        const uint8_t *blk = row + (size_t)sb * bb;
+        const float d = qd_f16(blk), dmin = qd_f16(blk + 2);
+        uint32_t sw[3];
+        memcpy(sw, blk + LOOM_GGUF_Q4_K_SCALES, sizeof sw);
+        float a[8], c[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            uint32_t sc, mn;
+            loom_q4k_scale_min(sw, j, &sc, &mn);
+            a[j] = d * (float)sc;
+            c[j] = dmin * (float)mn;
+        }
+        const __m256i qh = q5 ? qd_load(blk + LOOM_GGUF_Q5_K_QH) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const __m256i raw = qd_load(blk + qs_at + 32 * i);
+            __m256i lo = _mm256_and_si256(raw, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            if (q5) {
+                lo = _mm256_or_si256(lo, qd_q5_bit(qh, 2 * i));
+                hi = _mm256_or_si256(hi, qd_q5_bit(qh, 2 * i + 1));
+            }
+            const int64_t xb = 8 * sb + 2 * i;
+            const int8_t *q0 = x->q + (xb * G + t0) * 32, *q1 = q0 + G * 32;
+            const float *d0 = x->d + xb * G + t0, *s0 = x->s + xb * G + t0;
+            float dd0[G], dd1[G];
+            if (MR == 8) {
+                _mm256_storeu_ps(dd0, _mm256_mul_ps(_mm256_set1_ps(a[2 * i]), _mm256_loadu_ps(d0)));
+                _mm256_storeu_ps(dd1, _mm256_mul_ps(_mm256_set1_ps(a[2 * i + 1]), _mm256_loadu_ps(d0 + G)));
+                off8 = _mm256_fmadd_ps(_mm256_set1_ps(c[2 * i]), _mm256_loadu_ps(s0), off8);
+                off8 = _mm256_fmadd_ps(_mm256_set1_ps(c[2 * i + 1]), _mm256_loadu_ps(s0 + G), off8);
+            } else {
+                _mm_storeu_ps(dd0, _mm_mul_ps(_mm_set1_ps(a[2 * i]), _mm_loadu_ps(d0)));
+                _mm_storeu_ps(dd1, _mm_mul_ps(_mm_set1_ps(a[2 * i + 1]), _mm_loadu_ps(d0 + G)));
+                off4 = _mm_fmadd_ps(_mm_set1_ps(c[2 * i]), _mm_loadu_ps(s0), off4);
+                off4 = _mm_fmadd_ps(_mm_set1_ps(c[2 * i + 1]), _mm_loadu_ps(s0 + G), off4);
+            }
+            for (int t = 0; t < MR; t++) {
+                const __m256 p0 = _mm256_cvtepi32_ps(qd_dot(lo, qd_load(q0 + 32 * t)));
+                const __m256 p1 = _mm256_cvtepi32_ps(qd_dot(hi, qd_load(q1 + 32 * t)));
+                acc[t] = _mm256_fmadd_ps(p0, _mm256_set1_ps(dd0[t]), acc[t]);
+                acc1[t] = _mm256_fmadd_ps(p1, _mm256_set1_ps(dd1[t]), acc1[t]);
+            }
+        }
+    }
+    float o[G];
+    if (MR == 8) _mm256_storeu_ps(o, off8);
+    else _mm_storeu_ps(o, off4);
+    for (int t = 0; t < MR; t++) out[t] = qd_hsum(_mm256_add_ps(acc[t], acc1[t])) - o[t];
+}
+
+/* One q6_k row against MR tokens of a group from token t0: qd_q6_k's
+ * operations per token, as qd_qk_g. */
+QD_INLINE void qd_q6_k_g(const uint8_t *row, int64_t K, const loom_cpu_q8g *x, const int t0, const int MR,
+                         float *out) {
+    enum { G = LOOM_CPU_Q8_G };
+    __m256 acc[2][G];
+    for (int t = 0; t < MR; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    const __m256i m32 = _mm256_set1_epi8(32);
+    for (int64_t sb = 0; sb < K / 256; sb++) {
+        const uint8_t *blk = row + (size_t)sb * LOOM_GGUF_Q6_K_BYTES;
+        const float d = qd_f16(blk + LOOM_GGUF_Q6_K_D);
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; s++) {
+            const loom_q6k_sub g = loom_q6k_sub_at(s);
+            const __m256i ql = qd_load(blk + g.lo), qh = qd_load(blk + g.ho);
+            const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, g.nsh), m4);
+            const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, g.hsh), m2), 4);
+            const __m256i w = _mm256_sub_epi8(_mm256_or_si256(lo, hi), m32);
+            const __m256i wa = _mm256_sign_epi8(w, w);
+            const __m256 sc = _mm256_set_m128(_mm_set1_ps(d * (float)(int8_t)blk[g.sc + 1]),
+                                              _mm_set1_ps(d * (float)(int8_t)blk[g.sc]));
+            const int64_t xb = 8 * sb + s;
+            const int8_t *q0 = x->q + (xb * G + t0) * 32;
+            const float *d0 = x->d + xb * G + t0;
+            for (int t = 0; t < MR; t++) {
+                const __m256i xs = _mm256_sign_epi8(qd_load(q0 + 32 * t), w);
+                const __m256 p = _mm256_cvtepi32_ps(qd_dot(wa, xs));
+                acc[s & 1][t] = _mm256_fmadd_ps(p, _mm256_mul_ps(sc, _mm256_set1_ps(d0[t])), acc[s & 1][t]);
+            }
+        }
+    }
+    for (int t = 0; t < MR; t++) out[t] = qd_hsum(_mm256_add_ps(acc[0][t], acc[1][t]));
+}
+
 /* nr rows at `stride` bytes against mr (1..8) tokens of a group: four
  * tokens' kernel up to 4, eight's above. */
 #define QD_GENTRY(name, body)                                                                     \
@@ -468,9 +583,29 @@ QD_GENTRY(qd_gemm_q4_0, QD_Q4_0G)
 QD_GENTRY(qd_gemm_q4_1, QD_Q4_1G)
 QD_GENTRY(qd_gemm_q8_0, qd_q8_0_g)
 
+/* The k-quants: passes of QD_KG tokens from token t0. */
+#define QD_KGENTRY(name, body)                                                                    \
+    static void name(const uint8_t *r0, size_t stride, int64_t nr, int64_t K,                    \
+                     const loom_cpu_q8g *x, int mr, float *out, int64_t ldo) {                    \
+        for (int64_t r = 0; r < nr; r++) {                                                        \
+            const uint8_t *row = r0 + (size_t)r * stride;                                         \
+            float o[LOOM_CPU_Q8_G];                                                               \
+            if (mr <= 4) body(row, K, x, 0, 4, o);                                                \
+            else if (QD_KG == 8) body(row, K, x, 0, 8, o);                                        \
+            else body(row, K, x, 0, 4, o), body(row, K, x, 4, 4, o + 4);                          \
+            memcpy(out + r * ldo, o, (size_t)mr * sizeof(float));                                 \
+        }                                                                                         \
+    }
+#define QD_Q4_KG(r, K, x, t0, MR, o) qd_qk_g(r, K, x, t0, MR, o, 0)
+#define QD_Q5_KG(r, K, x, t0, MR, o) qd_qk_g(r, K, x, t0, MR, o, 1)
+QD_KGENTRY(qd_gemm_q4_k, QD_Q4_KG)
+QD_KGENTRY(qd_gemm_q5_k, QD_Q5_KG)
+QD_KGENTRY(qd_gemm_q6_k, qd_q6_k_g)
+
 loom_cpu_q8gemm_fn *const QD_TABLEG[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qd_gemm_q4_0, [LOOM_CPU_Q8_Q4_1] = qd_gemm_q4_1,
-    [LOOM_CPU_Q8_Q8_0] = qd_gemm_q8_0};
+    [LOOM_CPU_Q8_Q8_0] = qd_gemm_q8_0, [LOOM_CPU_Q8_Q4_K] = qd_gemm_q4_k,
+    [LOOM_CPU_Q8_Q6_K] = qd_gemm_q6_k, [LOOM_CPU_Q8_Q5_K] = qd_gemm_q5_k};
 
 /* ------------------------------------------------ 16-bit float weights */
 
