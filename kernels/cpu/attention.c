@@ -37,14 +37,29 @@
 /* The vector path is F16C's; the scalar one (and every tail) is
  * formats/half.h's, which rounds as F16C does (to nearest even). */
 
+/* What the KV cache stores of x in f16: x, with |x| above the largest
+ * finite half (65504) saturated to +-65504 as the E4M3 cache saturates at
+ * 448 — an inf key or value would turn every later score or output of
+ * that head into inf or NaN (0 * inf where a probability underflows). NaN
+ * stays NaN. */
+#define KV_F16_MAX 65504.0f
+static inline float kv_f16_clamp(float x) {
+    return x > KV_F16_MAX ? KV_F16_MAX : x < -KV_F16_MAX ? -KV_F16_MAX : x;
+}
+
 #ifdef CPU_HAVE_F16C_PATH
+/* sat: clamp first (kv_f16_clamp; max / min return their second operand
+ * when one is NaN, which keeps NaN) */
 __attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(uint16_t *dst, const float *src,
-                                                                 int64_t n) {
+                                                                 int64_t n, bool sat) {
+    const __m256 hi = _mm256_set1_ps(KV_F16_MAX), lo = _mm256_set1_ps(-KV_F16_MAX);
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(dst + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++) dst[i] = loom_fp32_to_fp16(src[i]);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(src + i);
+        if (sat) x = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    }
+    for (; i < n; i++) dst[i] = loom_fp32_to_fp16(sat ? kv_f16_clamp(src[i]) : src[i]);
 }
 
 __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(float *dst, const uint16_t *src,
@@ -61,15 +76,17 @@ static bool cpu_has_f16c(void) {
 }
 #endif
 
-void loom_cpu_f32_to_f16(uint16_t *dst, const float *src, int64_t n) {
+static void f32_to_f16_row(uint16_t *dst, const float *src, int64_t n, bool sat) {
 #ifdef CPU_HAVE_F16C_PATH
     if (cpu_has_f16c()) {
-        f32_to_f16_f16c(dst, src, n);
+        f32_to_f16_f16c(dst, src, n, sat);
         return;
     }
 #endif
-    for (int64_t i = 0; i < n; i++) dst[i] = loom_fp32_to_fp16(src[i]);
+    for (int64_t i = 0; i < n; i++) dst[i] = loom_fp32_to_fp16(sat ? kv_f16_clamp(src[i]) : src[i]);
 }
+
+void loom_cpu_f32_to_f16(uint16_t *dst, const float *src, int64_t n) { f32_to_f16_row(dst, src, n, false); }
 
 void loom_cpu_f16_to_f32(float *dst, const uint16_t *src, int64_t n) {
 #ifdef CPU_HAVE_F16C_PATH
@@ -94,8 +111,8 @@ void loom_cpu_kv_write(const loom_cpu_kv *kv, const float *k, int64_t ldk, const
             int64_t dst = ((blk * H + h) * bs + off) * D; /* elements */
             const float *ks = k + t * ldk + h * D, *vs = v + t * ldv + h * D;
             if (kv->dtype == LOOM_DTYPE_F16) {
-                loom_cpu_f32_to_f16((uint16_t *)kv->k + dst, ks, D);
-                loom_cpu_f32_to_f16((uint16_t *)kv->v + dst, vs, D);
+                f32_to_f16_row((uint16_t *)kv->k + dst, ks, D, true);
+                f32_to_f16_row((uint16_t *)kv->v + dst, vs, D, true);
             } else if (kv->dtype == LOOM_DTYPE_FP8_E4M3) {
                 /* scale 1.0: |x| > 448 saturates (see cpu_kernels.h) */
                 loom_cpu_f32_to_e4m3((uint8_t *)kv->k + dst, ks, D, 1.0f);

@@ -134,9 +134,10 @@ void loom_cpu_rope_apply(float *x, int64_t ldx, int64_t T, int32_t n_heads, int3
 typedef struct loom_cpu_kv {
     void *k;                  /* K pool base                                  */
     void *v;                  /* V pool base                                  */
-    loom_dtype dtype;         /* LOOM_DTYPE_F32, F16 or FP8_E4M3 (E4M3 "fn",
-                                 scale 1.0: stored e4m3(x), |x| > 448
-                                 saturates to +-448)                          */
+    loom_dtype dtype;         /* LOOM_DTYPE_F32, F16 (|x| > 65504 saturates
+                                 to +-65504) or FP8_E4M3 (E4M3 "fn", scale
+                                 1.0: stored e4m3(x), |x| > 448 saturates to
+                                 +-448)                                       */
     int32_t num_blocks;       /* blocks in each pool                          */
     int32_t num_kv_heads;     /* KV heads                                     */
     int32_t block_size;       /* tokens per block                             */

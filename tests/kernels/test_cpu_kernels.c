@@ -854,3 +854,39 @@ Test(kernels, kv_write_skips_negative_slots) {
         cr_assert_eq(vp[24 + i], v[8 + i]);
     }
 }
+
+/* An f16 cache saturates what it cannot hold: |x| > 65504 is stored as
+ * +-65504 (an inf value would make a head's output inf or NaN for every
+ * later query, 0 * inf where a probability underflows), NaN stays NaN, and
+ * attention over the saturated rows stays finite: one query, a key row of
+ * 1e6 (its score dominates) and a value row of -1e6 give -65504 there. */
+Test(kernels, kv_write_f16_saturates) {
+    enum { D = 20, BS = 4 }; /* D = 20: the 8-lane loop and its tail */
+    float k[3 * D], v[3 * D];
+    for (int i = 0; i < 3 * D; i++) k[i] = 0.f, v[i] = (float)(i % 7) - 3.f;
+    for (int i = 0; i < D; i++) k[D + i] = 1e6f, v[D + i] = -1e6f;
+    v[2 * D + 3] = NAN;
+    uint16_t kp[BS * D], vp[BS * D];
+    loom_cpu_kv kv = {.k = kp, .v = vp, .dtype = LOOM_DTYPE_F16, .num_blocks = 1, .num_kv_heads = 1,
+                      .block_size = BS, .head_dim = D};
+    int64_t slots[3] = {0, 1, 2};
+    loom_cpu_kv_write(&kv, k, D, v, D, slots, 3);
+    float kb[BS * D], vb[BS * D];
+    loom_cpu_f16_to_f32(kb, kp, 3 * D);
+    loom_cpu_f16_to_f32(vb, vp, 3 * D);
+    for (int i = 0; i < D; i++) {
+        cr_assert_eq(kb[D + i], 65504.f, "key %d stored as %g", i, (double)kb[D + i]);
+        cr_assert_eq(vb[D + i], -65504.f, "value %d stored as %g", i, (double)vb[D + i]);
+        cr_assert_eq(vb[i], v[i]);
+    }
+    cr_assert(isnan(vb[2 * D + 3]), "NaN stored as %g", (double)vb[2 * D + 3]);
+    /* attention at position 1 (keys 0 and 1): the saturated key's score wins outright */
+    float q[D], out[D];
+    for (int i = 0; i < D; i++) q[i] = 1.f;
+    int32_t pos[1] = {1}, qs[2] = {0, 1}, bt[1] = {0};
+    loom_cpu_attn_args a = {.out = out, .ldo = D, .q = q, .ldq = D, .kv = &kv, .num_heads = 1,
+                            .num_tokens = 1, .num_seqs = 1, .query_start = qs, .positions = pos,
+                            .block_table = bt, .block_table_stride = 1, .scale = 0.125f};
+    loom_cpu_paged_attention(&a, NULL);
+    for (int i = 0; i < D; i++) cr_assert_eq(out[i], -65504.f, "output %d: %g", i, (double)out[i]);
+}
