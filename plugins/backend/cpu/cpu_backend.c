@@ -67,7 +67,8 @@ static const loom_param cpu_params[] = {
      .default_value = "f16", .min = 1, .max = 0, .choices = cpu_kv_dtype_choices,
      .doc = "KV-cache element type when the cache manager leaves it to the backend: f16 (as "
             "llama.cpp) halves the bytes a decode step reads from the cache and doubles the tokens a "
-            "budget holds; f32 keeps keys and values exact (float32 comparisons with transformers)"},
+            "budget holds (|x| > 65504 saturates); f32 keeps keys and values exact (float32 comparisons with "
+            "transformers)"},
     {.key = "weight_dtype", .type = LOOM_PARAM_ENUM,
      .offset = offsetof(cpu_backend_config, weight_dtype), .default_value = "gguf", .min = 1,
      .max = 0, .choices = cpu_weight_dtype_choices,
