@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # bench/cpu_vs_llamacpp.sh [BUILD_DIR] — loom's cpu backend and llama.cpp on
-# the same GGUF file (the default SmolLM2 Q4_1, or $LOOM_TEST_MODEL), side
-# by side: batch-1 decode (llama-bench tg64; loom: 64 tokens after a
+# the same GGUF file side by side: $LOOM_BENCH_MODEL (smollm2, the default,
+# or gemma3-270m: scripts/fetch-model.sh's names; its pipeline is
+# configs/default.yaml or configs/gemma3-270m.yaml), or the file
+# $LOOM_TEST_MODEL on the default pipeline: batch-1 decode (llama-bench tg64; loom: 64 tokens after a
 # 16-token prompt, 1 / TPOT p50) and prefill (llama-bench pp512; loom: a
 # 512-token prompt, 512 / TTFT), at 1 thread and at all cores, the two
 # engines interleaved in every repeat ($REPEATS, default 3; medians), next
 # to the byte roofline of the file's own weights (linear weights + LM head
 # as stored, read once a token, over memcpy bandwidth measured in the same
-# run). Writes bench/results/cpu-smollm2-vs-llamacpp.json (bench/record.py;
-# $LOOM_RESULTS moves it).
+# run). Writes bench/results/cpu-$LOOM_BENCH_MODEL-vs-llamacpp.json
+# (bench/record.py; $LOOM_RESULTS moves it).
 #
 # llama.cpp: the copy vendored in the llama-cpp-python sdist
 # ($LLAMACPP_PY_VERSION, default 0.3.36), fetched with `pip download
@@ -23,7 +25,13 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 B=${1:-$root/build}
-model=${LOOM_TEST_MODEL:-$("$root/scripts/fetch-model.sh")}
+name=${LOOM_BENCH_MODEL:-smollm2}
+case $name in
+  smollm2) cfg=$root/configs/default.yaml ;;
+  gemma3-270m) cfg=$root/configs/gemma3-270m.yaml ;;
+  *) echo "cpu_vs_llamacpp.sh: LOOM_BENCH_MODEL=$name: smollm2 or gemma3-270m" >&2; exit 2 ;;
+esac
+model=${LOOM_TEST_MODEL:-$("$root/scripts/fetch-model.sh" "$name")}
 ver=${LLAMACPP_PY_VERSION:-0.3.36}
 dir=${LOOM_LLAMACPP_DIR:-${LOOM_CACHE:-$HOME/.cache/loom}/llamacpp}
 reps=${REPEATS:-3}
@@ -55,7 +63,6 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 loom=$B/cli/loom
-cfg=$root/configs/default.yaml
 
 for r in $(seq 1 "$reps"); do
   for t in 1 "$all"; do
@@ -146,7 +153,7 @@ json.dump(out, sys.stdout, indent=1)
 EOF
 cat "$tmp/table.json"
 llama_commit=$(sed -n 's/.*"build_commit": "\([^"]*\)".*/\1/p' "$tmp/llama-1-1.json" | head -1)
-python3 "$root/bench/record.py" cpu-smollm2-vs-llamacpp --cpu \
-  --what "loom cpu backend (configs/default.yaml: GGUF blocks as stored, q8 activations) vs llama.cpp (llama-cpp-python $ver sdist, commit ${llama_commit:-?}, llama-bench, CPU build) on $(basename "$model"): batch-1 decode (tg64 / 64 tokens after 16) and prefill (pp512), 1 and $all threads, and decode at depths $depths ($all threads: tg64 -d D / 64 tokens after a D-token prompt), interleaved, medians of $reps; roofline = memcpy bandwidth / bytes of the file's linear weights + LM head" \
-  --command "bench/cpu_vs_llamacpp.sh" --json table="$tmp/table.json" \
+python3 "$root/bench/record.py" "cpu-$name-vs-llamacpp" --cpu \
+  --what "loom cpu backend ($(basename "$cfg"): GGUF blocks as stored, q8 activations) vs llama.cpp (llama-cpp-python $ver sdist, commit ${llama_commit:-?}, llama-bench, CPU build) on $(basename "$model"): batch-1 decode (tg64 / 64 tokens after 16) and prefill (pp512), 1 and $all threads, and decode at depths $depths ($all threads: tg64 -d D / 64 tokens after a D-token prompt), interleaved, medians of $reps; roofline = memcpy bandwidth / bytes of the file's linear weights + LM head" \
+  --command "LOOM_BENCH_MODEL=$name bench/cpu_vs_llamacpp.sh" --json table="$tmp/table.json" \
   --value load_average_before="$load_before" --value load_average_after="$(cut -d' ' -f1-3 /proc/loadavg)"
