@@ -56,6 +56,24 @@ int loom_cpu_pool_size(const loom_cpu_pool *p);
  * pool is NULL, has one thread, or n <= grain. */
 void loom_cpu_pool_for(loom_cpu_pool *p, int64_t n, int64_t grain, loom_cpu_task_fn fn, void *ctx);
 
+/* ------------------------------------------------------------ top-k */
+
+/* Most ids loom_cpu_logits_topk returns (loom/backend.h's
+ * LOOM_LOGITS_TOPK_MAX: the cpu backend checks the two agree). */
+#define LOOM_CPU_TOPK_MAX 64
+
+/* host->logits_topk_row (allowed NULL) or _masked_row's result for one
+ * logits row, over the pool: the k (1..LOOM_CPU_TOPK_MAX) largest of
+ * row[0..vocab) in ids / vals, descending, equal values by ascending id,
+ * NaN and ids outside `allowed` (bit v of allowed[v / 32], when given)
+ * ranked as -inf, k > vocab padded with id -1 and -inf — the same ids and
+ * values as the host's; *lse = log(sum exp(row)) over the raw row, NaN
+ * terms 0, from float exps summed in float64 (within a few parts in 1e7 of
+ * the host's float64 one); +-inf when the row's max is. The same bits at
+ * any thread count. k <= 0 writes nothing. */
+void loom_cpu_logits_topk(const float *row, int64_t vocab, const uint32_t *allowed, int32_t k, int32_t *ids,
+                          float *vals, float *lse, loom_cpu_pool *pool);
+
 /* ------------------------------------------------------------ element-wise */
 
 /* RMSNorm, per row t: y[t,:] = x[t,:] / sqrt(mean(x[t,:]^2) + eps) * w.

@@ -890,3 +890,88 @@ Test(kernels, kv_write_f16_saturates) {
     loom_cpu_paged_attention(&a, NULL);
     for (int i = 0; i < D; i++) cr_assert_eq(out[i], -65504.f, "output %d: %g", i, (double)out[i]);
 }
+
+/* The host's rule (core/plugin/host_rules.c, one pass, float64 exps):
+ * the reference loom_cpu_logits_topk must reproduce in ids and values. */
+static void ref_topk(const float *row, int64_t V, const uint32_t *allowed, int k, int32_t *ids, float *vals,
+                     double *lse) {
+    int n = 0;
+    float mx = -INFINITY;
+    for (int64_t v = 0; v < V; v++) {
+        float x = row[v];
+        if (x != x) x = -INFINITY;
+        if (x > mx) mx = x;
+        if (allowed && !((allowed[v >> 5] >> (v & 31)) & 1u)) x = -INFINITY;
+        if (n == k && !(x > vals[k - 1])) continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && x > vals[j - 1]) vals[j] = vals[j - 1], ids[j] = ids[j - 1], j--;
+        vals[j] = x, ids[j] = (int32_t)v;
+    }
+    for (; n < k; n++) ids[n] = -1, vals[n] = -INFINITY;
+    if (!(mx > -INFINITY) || mx == INFINITY) {
+        *lse = mx;
+        return;
+    }
+    double z = 0;
+    for (int64_t v = 0; v < V; v++)
+        if (row[v] == row[v]) z += exp((double)row[v] - mx);
+    *lse = mx + log(z);
+}
+
+/* loom_cpu_logits_topk against the host's rule: the same ids and values
+ * (ties by ascending id across its chunks, NaN and masked ids as -inf,
+ * padding past the vocabulary), the log-sum-exp within 1e-6 relative, and
+ * the same bits at 1, 2 and 3 threads; vocabularies from 1 to past 64
+ * chunks of 8192, ties, NaN, +-inf, sparse and dense masks. */
+Test(kernels, logits_topk_matches_the_host_rule) {
+    test_rng r = rng_seeded("kernels.logits_topk");
+    loom_cpu_pool *pools[3] = {NULL, loom_cpu_pool_create(2), loom_cpu_pool_create(3)};
+    const int64_t vocabs[] = {1, 7, 100, 8191, 8197, 49152, 262144, 600011};
+    for (int it = 0; it < 48; it++) {
+        const int64_t V = vocabs[it % 8];
+        const int ks[] = {1, 5, 64, 10};
+        const int k = ks[(it / 8) % 4];
+        float *row = xmalloc(sizeof(float) * V);
+        uint32_t *allowed = xmalloc(sizeof(uint32_t) * (V / 32 + 1));
+        const int kind = it % 6; /* 0 plain, 1 ties, 2 NaN / -inf, 3 +inf, 4 sparse mask, 5 dense mask */
+        for (int64_t v = 0; v < V; v++) {
+            double x = 3.0 * rng_normal(&r);
+            row[v] = (float)(kind == 1 ? floor(x * 2) / 2 : x);
+        }
+        if (kind == 2)
+            for (int64_t v = 0; v < V; v += 1 + rng_int(&r, 50)) row[v] = rng_int(&r, 2) ? NAN : -INFINITY;
+        if (kind == 3) row[rng_int(&r, V)] = INFINITY;
+        for (int64_t w = 0; w <= V / 32; w++)
+            allowed[w] = kind == 4 ? 0u : (uint32_t)rng_int(&r, 1ll << 32);
+        if (kind == 4)
+            for (int j = 0; j < 3; j++) {
+                const int64_t v = rng_int(&r, V);
+                allowed[v >> 5] |= 1u << (v & 31);
+            }
+        const uint32_t *mask = kind >= 4 ? allowed : NULL;
+        int32_t rid[64], gid[3][64];
+        float rv[64], gv[3][64], glse[3];
+        double rlse;
+        ref_topk(row, V, mask, k, rid, rv, &rlse);
+        for (int p = 0; p < 3; p++) {
+            loom_cpu_logits_topk(row, V, mask, k, gid[p], gv[p], &glse[p], pools[p]);
+            for (int j = 0; j < k; j++)
+                cr_assert(gid[p][j] == rid[j] && (gv[p][j] == rv[j] || (gv[p][j] != gv[p][j] && rv[j] != rv[j])),
+                          "vocab %lld k %d kind %d threads %d: entry %d is id %d %g, host id %d %g", (long long)V, k,
+                          kind, p + 1, j, gid[p][j], (double)gv[p][j], rid[j], (double)rv[j]);
+            if (isinf(rlse)) cr_assert_eq(glse[p], (float)rlse);
+            else
+                cr_assert_leq(fabs(glse[p] - rlse), 1e-6 * fmax(1.0, fabs(rlse)),
+                              "vocab %lld kind %d: lse %.9g, host %.9g", (long long)V, kind, (double)glse[p], rlse);
+            cr_assert(!memcmp(&glse[p], &glse[0], sizeof(float)) && !memcmp(gid[p], gid[0], sizeof(int32_t) * k),
+                      "vocab %lld: %d threads differ from one", (long long)V, p + 1);
+        }
+        free(row), free(allowed);
+    }
+    /* every entry NaN: no max, lse -inf, the first k ids at -inf */
+    float nan_row[5] = {NAN, NAN, NAN, NAN, NAN}, v3[3], lse = 0;
+    int32_t i3[3];
+    loom_cpu_logits_topk(nan_row, 5, NULL, 3, i3, v3, &lse, pools[1]);
+    cr_assert(lse == -INFINITY && i3[0] == 0 && i3[1] == 1 && i3[2] == 2 && v3[2] == -INFINITY);
+    for (int p = 1; p < 3; p++) loom_cpu_pool_destroy(pools[p]);
+}

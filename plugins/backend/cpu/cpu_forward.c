@@ -473,8 +473,11 @@ loom_status cpu_backend_forward(void *self, const loom_batch *bt, float *logits,
 }
 
 /* The logits are on the host already: forward() into a kept buffer, then
- * the summary host->logits_topk_row defines. It saves the engine no transfer
- * here, but runs the engine's candidate path in every CPU test. */
+ * the summary host->logits_topk_row defines, on the pool
+ * (loom_cpu_logits_topk: the host's ids and values; the log-sum-exp from
+ * float exps). It saves the engine no transfer here, but runs the engine's
+ * candidate path in every CPU test. */
+_Static_assert(LOOM_LOGITS_TOPK_MAX <= LOOM_CPU_TOPK_MAX, "the cpu top-k kernel holds every k forward_topk takes");
 loom_status cpu_backend_forward_topk(void *self, const loom_batch *bt, const loom_logits_topk *out,
                                      loom_error *err) {
     cpu_backend *b = self;
@@ -505,8 +508,7 @@ loom_status cpu_backend_forward_topk(void *self, const loom_batch *bt, const loo
         const uint32_t *m = masks ? out->allowed[r] : NULL;
         int32_t *ids = out->top_ids + r * out->k;
         float *vals = out->top_vals + r * out->k;
-        if (m) b->host->logits_topk_masked_row(row, (int32_t)V, m, out->k, ids, vals, out->lse + r);
-        else b->host->logits_topk_row(row, (int32_t)V, out->k, ids, vals, out->lse + r);
+        loom_cpu_logits_topk(row, V, m, out->k, ids, vals, out->lse + r, b->pool);
         if (out->want_full[r]) {
             if (!out->full)
                 return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID, "backend cpu: forward_topk: row %lld wants "
