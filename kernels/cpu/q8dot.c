@@ -57,17 +57,32 @@ void loom_cpu_q8g_pack(const loom_cpu_q8 *x, int mr, int64_t K, void *buf, loom_
 
 /* ------------------------------------------------------------ portable */
 
+/* The 32-element block types with one scale and an offset: q4_0 (w = d (q -
+ * 8)), q4_1 (w = d q + m) and q5_0 (w = d (q - 16), bit 4 of q from qh).
+ * The codes stay unsigned; the offset meets the activations' d * sum. */
+enum { QP_Q4_0, QP_Q4_1, QP_Q5_0 };
+
 static void qp_q4(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out,
-                  int q41) {
-    const size_t bb = q41 ? LOOM_GGUF_Q4_1_BYTES : LOOM_GGUF_Q4_0_BYTES;
+                  const int kind) {
+    const size_t bb = kind == QP_Q4_1 ? LOOM_GGUF_Q4_1_BYTES
+                      : kind == QP_Q5_0 ? LOOM_GGUF_Q5_0_BYTES : LOOM_GGUF_Q4_0_BYTES;
+    const size_t qs_at = kind == QP_Q4_1 ? 4 : kind == QP_Q5_0 ? LOOM_GGUF_Q5_0_QS : 2;
     for (int t = 0; t < mr; t++) {
         float acc = 0.0f;
         for (int64_t b = 0; b < K / 32; b++) {
-            const uint8_t *blk = row + (size_t)b * bb, *qs = blk + (q41 ? 4 : 2);
-            const float d = loom_gguf_f16(blk), m = q41 ? loom_gguf_f16(blk + 2) : -8.0f * d;
+            const uint8_t *blk = row + (size_t)b * bb, *qs = blk + qs_at;
+            const float d = loom_gguf_f16(blk);
+            const float m = kind == QP_Q4_1 ? loom_gguf_f16(blk + 2) : kind == QP_Q5_0 ? -16.0f * d : -8.0f * d;
+            const uint8_t *h = blk + LOOM_GGUF_Q5_0_QH;
+            const uint32_t qh = kind != QP_Q5_0 ? 0
+                                : (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
             const int8_t *xq = x[t].q + 32 * b;
             int32_t s = 0;
-            for (int j = 0; j < 16; j++) s += (qs[j] & 15) * xq[j] + (qs[j] >> 4) * xq[j + 16];
+            for (int j = 0; j < 16; j++) {
+                const int lo = (qs[j] & 15) | (int)((qh >> j) & 1) << 4;
+                const int hi = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+                s += lo * xq[j] + hi * xq[j + 16];
+            }
             acc += d * x[t].d[b] * (float)s + m * x[t].s[b];
         }
         out[t] = acc;
@@ -75,11 +90,15 @@ static void qp_q4(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, f
 }
 
 static void qp_q4_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
-    qp_q4(row, K, x, mr, out, 0);
+    qp_q4(row, K, x, mr, out, QP_Q4_0);
 }
 
 static void qp_q4_1(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
-    qp_q4(row, K, x, mr, out, 1);
+    qp_q4(row, K, x, mr, out, QP_Q4_1);
+}
+
+static void qp_q5_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
+    qp_q4(row, K, x, mr, out, QP_Q5_0);
 }
 
 static void qp_q8_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
@@ -163,7 +182,8 @@ static void qp_q6_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr,
 
 loom_cpu_q8dot_fn *const loom_cpu_q8dot_portable[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qp_q4_0, [LOOM_CPU_Q8_Q4_1] = qp_q4_1, [LOOM_CPU_Q8_Q8_0] = qp_q8_0,
-    [LOOM_CPU_Q8_Q4_K] = qp_q4_k, [LOOM_CPU_Q8_Q6_K] = qp_q6_k, [LOOM_CPU_Q8_Q5_K] = qp_q5_k};
+    [LOOM_CPU_Q8_Q4_K] = qp_q4_k, [LOOM_CPU_Q8_Q6_K] = qp_q6_k, [LOOM_CPU_Q8_Q5_K] = qp_q5_k,
+    [LOOM_CPU_Q8_Q5_0] = qp_q5_0};
 
 /* Two rows as two row calls. */
 #define QP_PAIR(name, row)                                                                        \
@@ -178,10 +198,12 @@ QP_PAIR(qp2_q8_0, qp_q8_0)
 QP_PAIR(qp2_q4_k, qp_q4_k)
 QP_PAIR(qp2_q6_k, qp_q6_k)
 QP_PAIR(qp2_q5_k, qp_q5_k)
+QP_PAIR(qp2_q5_0, qp_q5_0)
 
 loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_portable[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qp2_q4_0, [LOOM_CPU_Q8_Q4_1] = qp2_q4_1, [LOOM_CPU_Q8_Q8_0] = qp2_q8_0,
-    [LOOM_CPU_Q8_Q4_K] = qp2_q4_k, [LOOM_CPU_Q8_Q6_K] = qp2_q6_k, [LOOM_CPU_Q8_Q5_K] = qp2_q5_k};
+    [LOOM_CPU_Q8_Q4_K] = qp2_q4_k, [LOOM_CPU_Q8_Q6_K] = qp2_q6_k, [LOOM_CPU_Q8_Q5_K] = qp2_q5_k,
+    [LOOM_CPU_Q8_Q5_0] = qp2_q5_0};
 
 /* Four rows as four row calls. */
 #define QP_QUAD(name, row)                                                                        \
@@ -195,10 +217,12 @@ QP_QUAD(qp4_q8_0, qp_q8_0)
 QP_QUAD(qp4_q4_k, qp_q4_k)
 QP_QUAD(qp4_q6_k, qp_q6_k)
 QP_QUAD(qp4_q5_k, qp_q5_k)
+QP_QUAD(qp4_q5_0, qp_q5_0)
 
 loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_portable[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qp4_q4_0, [LOOM_CPU_Q8_Q4_1] = qp4_q4_1, [LOOM_CPU_Q8_Q8_0] = qp4_q8_0,
-    [LOOM_CPU_Q8_Q4_K] = qp4_q4_k, [LOOM_CPU_Q8_Q6_K] = qp4_q6_k, [LOOM_CPU_Q8_Q5_K] = qp4_q5_k};
+    [LOOM_CPU_Q8_Q4_K] = qp4_q4_k, [LOOM_CPU_Q8_Q6_K] = qp4_q6_k, [LOOM_CPU_Q8_Q5_K] = qp4_q5_k,
+    [LOOM_CPU_Q8_Q5_0] = qp4_q5_0};
 
 /* 16-bit weights: float products summed in element order (the x86 kernels
  * sum 16 lanes apart, so the instruction sets agree to float32 rounding). */
@@ -318,6 +342,7 @@ static int qd_kind(loom_dtype dtype) {
     case LOOM_DTYPE_Q4_K: return LOOM_CPU_Q8_Q4_K;
     case LOOM_DTYPE_Q6_K: return LOOM_CPU_Q8_Q6_K;
     case LOOM_DTYPE_Q5_K: return LOOM_CPU_Q8_Q5_K;
+    case LOOM_DTYPE_Q5_0: return LOOM_CPU_Q8_Q5_0;
     default: return -1;
     }
 }
