@@ -155,8 +155,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cpu_qlinear_isa: layers %d not in 1..64\n", nl);
         return 2;
     }
-    static const loom_dtype types[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q8_0, LOOM_DTYPE_Q4_K,
-                                       LOOM_DTYPE_Q5_K, LOOM_DTYPE_Q6_K, LOOM_DTYPE_F16,  LOOM_DTYPE_BF16};
+    static const loom_dtype types[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q5_0, LOOM_DTYPE_Q8_0,
+                                       LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q5_K, LOOM_DTYPE_Q6_K, LOOM_DTYPE_F16,
+                                       LOOM_DTYPE_BF16};
     static const char *const isas[] = {"avx512vnni", "avx512", "avx2", "portable"};
     static const int64_t ms[] = {1, 4, 16};
     float *x = calloc((size_t)QB_MAXM * 2 * QB_I, sizeof *x), *y = calloc((size_t)QB_MAXM * 2 * QB_I, sizeof *y);

@@ -17,7 +17,7 @@ bool loom_dequant_supported(loom_dtype t) {
     switch (t) {
     case LOOM_DTYPE_F32: case LOOM_DTYPE_F16: case LOOM_DTYPE_BF16: case LOOM_DTYPE_Q8_0:
     case LOOM_DTYPE_Q4_0: case LOOM_DTYPE_Q4_1: case LOOM_DTYPE_Q4_K: case LOOM_DTYPE_Q6_K:
-    case LOOM_DTYPE_Q5_K: case LOOM_DTYPE_I8: case LOOM_DTYPE_I32:
+    case LOOM_DTYPE_Q5_K: case LOOM_DTYPE_Q5_0: case LOOM_DTYPE_I8: case LOOM_DTYPE_I32:
         return true;
     default:
         return false;
@@ -52,6 +52,7 @@ loom_status loom_dequant_row(loom_dtype t, const void *src, float *dst, int64_t 
     case LOOM_DTYPE_Q4_K: DEQ_BLOCKS(Q4_K, loom_gguf_dec_q4_k); break;
     case LOOM_DTYPE_Q6_K: DEQ_BLOCKS(Q6_K, loom_gguf_dec_q6_k); break;
     case LOOM_DTYPE_Q5_K: DEQ_BLOCKS(Q5_K, loom_gguf_dec_q5_k); break;
+    case LOOM_DTYPE_Q5_0: DEQ_BLOCKS(Q5_0, loom_gguf_dec_q5_0); break;
     default: return LOOM_ERR_INVALID;
     }
     return LOOM_OK;

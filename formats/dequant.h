@@ -18,7 +18,7 @@
 #include "formats/dtype.h"
 
 /* True for the types loom_dequant_row() accepts: F32, F16, BF16, Q8_0,
- * Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, I8, I32 (integers convert by value). */
+ * Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, I8, I32 (integers convert by value). */
 bool loom_dequant_supported(loom_dtype t);
 
 /* Convert n elements at src (loom_dtype_row_bytes(t, n) bytes, any alignment)

@@ -21,6 +21,7 @@ int64_t loom_dtype_block_elems(loom_dtype t) {
     case LOOM_DTYPE_Q4_K: return LOOM_GGUF_Q4_K_ELEMS;
     case LOOM_DTYPE_Q6_K: return LOOM_GGUF_Q6_K_ELEMS;
     case LOOM_DTYPE_Q5_K: return LOOM_GGUF_Q5_K_ELEMS;
+    case LOOM_DTYPE_Q5_0: return LOOM_GGUF_Q5_0_ELEMS;
     case LOOM_DTYPE_F32: case LOOM_DTYPE_F16: case LOOM_DTYPE_BF16: case LOOM_DTYPE_I8:
     case LOOM_DTYPE_I32: case LOOM_DTYPE_FP8_E4M3: case LOOM_DTYPE_U8: return 1;
     default: return 0;
@@ -38,6 +39,7 @@ size_t loom_dtype_block_bytes(loom_dtype t) {
     case LOOM_DTYPE_Q4_K: return LOOM_GGUF_Q4_K_BYTES;
     case LOOM_DTYPE_Q6_K: return LOOM_GGUF_Q6_K_BYTES;
     case LOOM_DTYPE_Q5_K: return LOOM_GGUF_Q5_K_BYTES;
+    case LOOM_DTYPE_Q5_0: return LOOM_GGUF_Q5_0_BYTES;
     default: return 0;
     }
 }
@@ -50,7 +52,7 @@ size_t loom_dtype_row_bytes(loom_dtype t, int64_t n) {
 
 const char *loom_dtype_name(loom_dtype t) {
     static const char *const names[LOOM_DTYPE_COUNT] = {
-        "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "i8", "i32", "fp8_e4m3", "u8", "q5_k"};
+        "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "i8", "i32", "fp8_e4m3", "u8", "q5_k", "q5_0"};
     return ((int)t >= 0 && t < LOOM_DTYPE_COUNT) ? names[t] : "unknown";
 }
 

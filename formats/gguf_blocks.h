@@ -15,8 +15,9 @@
  *   Q4_1 (32 elems, 20 B):   f16 d; f16 m; u8 qs[16]      x[j] = d lo(qs[j]) + m, x[j + 16] = d hi(qs[j]) + m
  *   Q5_0 (32 elems, 22 B):   f16 d; u8 qh[4]; u8 qs[16]   q[j] = lo(qs[j]) | bit j of qh << 4,
  *                            q[j + 16] = hi(qs[j]) | bit j + 16 of qh << 4 (qh little-endian): x = d (q - 16)
- *        Not a loom dtype: the GGUF loader widens Q5_0 to Q8_0 (loom_gguf_q5_0_to_q8_0),
- *        which is exact (same d, codes -16..15 fit int8).
+ *        LOOM_DTYPE_Q5_0. loom_gguf_q5_0_to_q8_0 rewrites a block as the Q8_0 block of
+ *        the same values (exact: same d, codes -16..15 fit int8), for a backend with
+ *        Q8_0 kernels and none for Q5_0 (cuda).
  *   Q4_K (256 elems, 144 B): f16 d; f16 dmin; u8 scales[12]; u8 qs[128]
  *        8 sub-blocks of 32, each a 6-bit scale sc and 6-bit min mn packed
  *        in `scales` (loom_q4k_scale_min); sub-blocks 2i and 2i + 1 are the
@@ -63,6 +64,8 @@
 #define LOOM_GGUF_Q6_K_BYTES 210
 
 /* Byte offsets inside a block. */
+#define LOOM_GGUF_Q5_0_QH 2      /* the 4 fifth-bit bytes (32 bits, little-endian) */
+#define LOOM_GGUF_Q5_0_QS 6      /* the 16 nibble bytes                */
 #define LOOM_GGUF_Q4_K_SCALES 4  /* the 12 packed (scale, min) bytes (Q5_K: the same place) */
 #define LOOM_GGUF_Q4_K_QS 16     /* the 128 nibble bytes               */
 #define LOOM_GGUF_Q5_K_QH 16     /* the 32 fifth-bit bytes             */
@@ -147,8 +150,8 @@ static inline void loom_gguf_dec_q4_1(const uint8_t *b, float *y) {
 
 /* Q5_0 block b's 32 codes, 0..31 (x = d (q - 16)). */
 static inline void loom_gguf_q5_0_codes(const uint8_t *b, int *q) {
-    const uint32_t qh = (uint32_t)b[2] | (uint32_t)b[3] << 8 | (uint32_t)b[4] << 16 | (uint32_t)b[5] << 24;
-    const uint8_t *qs = b + 6;
+    const uint8_t *h = b + LOOM_GGUF_Q5_0_QH, *qs = b + LOOM_GGUF_Q5_0_QS;
+    const uint32_t qh = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
     for (int j = 0; j < 16; j++) {
         q[j] = (qs[j] & 0xF) | (int)((qh >> j) & 1) << 4;
         q[j + 16] = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;

@@ -32,9 +32,6 @@ typedef struct loom_gguf_str {
 
 typedef struct loom_gguf loom_gguf;
 
-/* GGML type numbers the loaders name (ggml.h). */
-#define LOOM_GGML_TYPE_Q5_0 6   /* read by widening to Q8_0 (model_gguf.c) */
-
 typedef struct loom_gguf_tensor_info {
     loom_gguf_str name;
     uint32_t ggml_type;     /* raw GGML type number from the file          */

@@ -340,8 +340,8 @@ static bool is_float_type(loom_dtype t) {
 static bool is_weight_type(loom_dtype t) {
     switch (t) {
     case LOOM_DTYPE_F32: case LOOM_DTYPE_F16: case LOOM_DTYPE_BF16: case LOOM_DTYPE_Q8_0:
-    case LOOM_DTYPE_Q4_0: case LOOM_DTYPE_Q4_1: case LOOM_DTYPE_Q4_K: case LOOM_DTYPE_Q5_K:
-    case LOOM_DTYPE_Q6_K:
+    case LOOM_DTYPE_Q4_0: case LOOM_DTYPE_Q4_1: case LOOM_DTYPE_Q5_0: case LOOM_DTYPE_Q4_K:
+    case LOOM_DTYPE_Q5_K: case LOOM_DTYPE_Q6_K:
         return true;
     default:
         return false;
@@ -371,7 +371,7 @@ static loom_status check_tensor(loom_model *m, const char *src, const lm_keys *k
         return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
                               "%s: tensor %s has type %s, which loom does not accept for a %s; use %s", src, name,
                               loom_dtype_name(t->dtype), ndim == 1 ? "norm/bias vector" : "weight matrix",
-                              ndim == 1 ? "f32, f16 or bf16" : "f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q5_k or q6_k");
+                              ndim == 1 ? "f32, f16 or bf16" : "f32, f16, bf16, q8_0, q5_0, q4_0, q4_1, q4_k, q5_k or q6_k");
     int dims[3] = {d0, d1, d2};
     bool ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == dim_value(c, dims[i]);

@@ -10,7 +10,6 @@
  * quantized rows are moved, never dequantized). qwen2 and gemma3 GGUFs are
  * converted without that permutation (llama.cpp uses NeoX RoPE for them;
  * so are the Qwen3 and Qwen MoE ones).
- * Q5_0 tensors are widened to Q8_0 (exact; add_widened_q5_0).
  */
 #include <float.h>
 #include <math.h>
@@ -18,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "formats/gguf_blocks.h"
 #include "model/model_internal.h"
 #include "util/util.h"
 
@@ -368,24 +366,6 @@ static bool is_qk(const char *name, bool *is_q) {
     return false;
 }
 
-/* A Q5_0 tensor (not a loom dtype) as Q8_0 blocks in owned memory: exact,
- * the same scale per 32 elements and the 5-bit codes minus 16 as int8, so
- * every backend and quantizer reads it as the Q8_0 it already knows, at
- * 34 / 22 of the bytes. */
-static loom_status add_widened_q5_0(loom_model *m, const loom_gguf_tensor_info *ti, const char *name,
-                                    const int64_t *shape, loom_error *err) {
-    const size_t nblocks = ti->nbytes / LOOM_GGUF_Q5_0_BYTES;
-    uint8_t *wide = lm_alloc(m, nblocks * LOOM_GGUF_Q8_0_BYTES);
-    if (!wide)
-        return loom_error_set(err, LOOM_ERR_NOMEM, "out of memory widening q5_0 tensor %s to q8_0 (%zu bytes)",
-                              name, nblocks * LOOM_GGUF_Q8_0_BYTES);
-    const uint8_t *src = ti->data;
-    for (size_t b = 0; b < nblocks; b++)
-        loom_gguf_q5_0_to_q8_0(src + b * LOOM_GGUF_Q5_0_BYTES, wide + b * LOOM_GGUF_Q8_0_BYTES);
-    return lm_add_tensor(m, name, LOOM_DTYPE_Q8_0, (int)ti->n_dims, shape, wide, nblocks * LOOM_GGUF_Q8_0_BYTES,
-                         err);
-}
-
 /* The model's directory (for tokenizer files next to it): that of path, or
  * none for an image in memory. */
 static loom_status set_dir(loom_model *m, const loom_model_load_opts *o, loom_error *err) {
@@ -426,10 +406,6 @@ loom_status lm_load_gguf(loom_model *m, const loom_model_load_opts *o, loom_erro
         snprintf(name, sizeof name, "%.*s", (int)ti->name.len, ti->name.ptr);
         int64_t shape[4];
         for (uint32_t d = 0; d < ti->n_dims; d++) shape[d] = (int64_t)ti->ne[ti->n_dims - 1 - d];
-        if (ti->ggml_type == LOOM_GGML_TYPE_Q5_0) {
-            if ((st = add_widened_q5_0(m, ti, name, shape, err))) return st;
-            continue;
-        }
         if (!ti->supported) {
             if ((st = lm_add_unsupported(m, name, loom_gguf_type_name(ti->ggml_type), err))) return st;
             continue;

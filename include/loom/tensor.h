@@ -36,6 +36,9 @@ typedef enum loom_dtype {
     /* since ABI 2.5 (an older host names it "unknown" and refuses it; a
      * plugin of ABI 2.4 or older built LOOM_DTYPE_COUNT as 12) */
     LOOM_DTYPE_Q5_K = 12,  /* GGUF: 256-elem super-blocks, 176 B             */
+    /* since ABI 2.7 (a plugin of ABI 2.6 or older built LOOM_DTYPE_COUNT
+     * as 13 or less) */
+    LOOM_DTYPE_Q5_0 = 13,  /* GGUF: 32 elems, f16 scale + 4 B high bits + 16 B nibbles */
     LOOM_DTYPE_COUNT
 } loom_dtype;
 

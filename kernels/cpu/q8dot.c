@@ -57,29 +57,76 @@ void loom_cpu_q8g_pack(const loom_cpu_q8 *x, int mr, int64_t K, void *buf, loom_
 
 /* ------------------------------------------------------------ portable */
 
-static void qp_q4(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out,
-                  int q41) {
-    const size_t bb = q41 ? LOOM_GGUF_Q4_1_BYTES : LOOM_GGUF_Q4_0_BYTES;
-    for (int t = 0; t < mr; t++) {
-        float acc = 0.0f;
-        for (int64_t b = 0; b < K / 32; b++) {
-            const uint8_t *blk = row + (size_t)b * bb, *qs = blk + (q41 ? 4 : 2);
-            const float d = loom_gguf_f16(blk), m = q41 ? loom_gguf_f16(blk + 2) : -8.0f * d;
-            const int8_t *xq = x[t].q + 32 * b;
-            int32_t s = 0;
-            for (int j = 0; j < 16; j++) s += (qs[j] & 15) * xq[j] + (qs[j] >> 4) * xq[j + 16];
-            acc += d * x[t].d[b] * (float)s + m * x[t].s[b];
-        }
-        out[t] = acc;
+/* The 32-element block types with one scale and an offset: q4_0 (w = d (q -
+ * 8)), q4_1 (w = d q + m) and q5_0 (w = d (q - 16), bit 4 of q from qh).
+ * The codes stay unsigned; the offset meets the activations' d * sum. A
+ * block's codes are unpacked once for all the tokens of a call. */
+enum { QP_Q4_0, QP_Q4_1, QP_Q5_0 };
+
+/* Bytes p[0..8) as a little-endian word, and back (one load / store on a
+ * little-endian CPU, right on any). */
+static inline uint64_t qp_le64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int k = 0; k < 8; k++) v |= (uint64_t)p[k] << (8 * k);
+    return v;
+}
+
+static inline void qp_st64(uint8_t *p, uint64_t v) {
+    for (int k = 0; k < 8; k++) p[k] = (uint8_t)(v >> (8 * k));
+}
+
+/* A block's 32 codes in element order, once for every token. q5_0 builds
+ * them in 64-bit words: byte k of h * 0x01..01 masked with 1 << k keeps
+ * bit k of h, adding 0x7F carries it into bit 7 (no byte overflows), and
+ * >> 3 puts it at bit 4. (A loop over the 32 bits with variable shifts or
+ * byte stores ran 5x slower than q4_0 on baseline x86-64.) */
+static inline void qp_codes(const uint8_t *blk, const int kind, uint8_t *c) {
+    if (kind != QP_Q5_0) {
+        const uint8_t *qs = blk + (kind == QP_Q4_1 ? 4 : 2);
+        for (int j = 0; j < 16; j++) c[j] = qs[j] & 15, c[j + 16] = qs[j] >> 4;
+        return;
+    }
+    const uint8_t *qs = blk + LOOM_GGUF_Q5_0_QS, *h = blk + LOOM_GGUF_Q5_0_QH; /* bit j: element j */
+    const uint64_t m4 = 0x0F0F0F0F0F0F0F0Full, q0 = qp_le64(qs), q1 = qp_le64(qs + 8);
+    const uint64_t lo[4] = {q0 & m4, q1 & m4, (q0 >> 4) & m4, (q1 >> 4) & m4};
+    for (int i = 0; i < 4; i++) {
+        uint64_t v = (h[i] * 0x0101010101010101ull) & 0x8040201008040201ull;
+        v = ((v + 0x7F7F7F7F7F7F7F7Full) & 0x8080808080808080ull) >> 3;
+        qp_st64(c + 8 * i, lo[i] | v);
     }
 }
 
+static void qp_q4(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out,
+                  const int kind) {
+    const size_t bb = kind == QP_Q4_1 ? LOOM_GGUF_Q4_1_BYTES
+                      : kind == QP_Q5_0 ? LOOM_GGUF_Q5_0_BYTES : LOOM_GGUF_Q4_0_BYTES;
+    float acc[LOOM_CPU_Q8_MR] = {0};
+    for (int64_t b = 0; b < K / 32; b++) {
+        const uint8_t *blk = row + (size_t)b * bb;
+        const float d = loom_gguf_f16(blk);
+        const float m = kind == QP_Q4_1 ? loom_gguf_f16(blk + 2) : kind == QP_Q5_0 ? -16.0f * d : -8.0f * d;
+        uint8_t c[32];
+        qp_codes(blk, kind, c);
+        for (int t = 0; t < mr; t++) {
+            const int8_t *xq = x[t].q + 32 * b;
+            int32_t s = 0;
+            for (int j = 0; j < 32; j++) s += c[j] * xq[j];
+            acc[t] += d * x[t].d[b] * (float)s + m * x[t].s[b];
+        }
+    }
+    for (int t = 0; t < mr; t++) out[t] = acc[t];
+}
+
 static void qp_q4_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
-    qp_q4(row, K, x, mr, out, 0);
+    qp_q4(row, K, x, mr, out, QP_Q4_0);
 }
 
 static void qp_q4_1(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
-    qp_q4(row, K, x, mr, out, 1);
+    qp_q4(row, K, x, mr, out, QP_Q4_1);
+}
+
+static void qp_q5_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
+    qp_q4(row, K, x, mr, out, QP_Q5_0);
 }
 
 static void qp_q8_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
@@ -163,7 +210,8 @@ static void qp_q6_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr,
 
 loom_cpu_q8dot_fn *const loom_cpu_q8dot_portable[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qp_q4_0, [LOOM_CPU_Q8_Q4_1] = qp_q4_1, [LOOM_CPU_Q8_Q8_0] = qp_q8_0,
-    [LOOM_CPU_Q8_Q4_K] = qp_q4_k, [LOOM_CPU_Q8_Q6_K] = qp_q6_k, [LOOM_CPU_Q8_Q5_K] = qp_q5_k};
+    [LOOM_CPU_Q8_Q4_K] = qp_q4_k, [LOOM_CPU_Q8_Q6_K] = qp_q6_k, [LOOM_CPU_Q8_Q5_K] = qp_q5_k,
+    [LOOM_CPU_Q8_Q5_0] = qp_q5_0};
 
 /* Two rows as two row calls. */
 #define QP_PAIR(name, row)                                                                        \
@@ -178,10 +226,12 @@ QP_PAIR(qp2_q8_0, qp_q8_0)
 QP_PAIR(qp2_q4_k, qp_q4_k)
 QP_PAIR(qp2_q6_k, qp_q6_k)
 QP_PAIR(qp2_q5_k, qp_q5_k)
+QP_PAIR(qp2_q5_0, qp_q5_0)
 
 loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_portable[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qp2_q4_0, [LOOM_CPU_Q8_Q4_1] = qp2_q4_1, [LOOM_CPU_Q8_Q8_0] = qp2_q8_0,
-    [LOOM_CPU_Q8_Q4_K] = qp2_q4_k, [LOOM_CPU_Q8_Q6_K] = qp2_q6_k, [LOOM_CPU_Q8_Q5_K] = qp2_q5_k};
+    [LOOM_CPU_Q8_Q4_K] = qp2_q4_k, [LOOM_CPU_Q8_Q6_K] = qp2_q6_k, [LOOM_CPU_Q8_Q5_K] = qp2_q5_k,
+    [LOOM_CPU_Q8_Q5_0] = qp2_q5_0};
 
 /* Four rows as four row calls. */
 #define QP_QUAD(name, row)                                                                        \
@@ -195,10 +245,12 @@ QP_QUAD(qp4_q8_0, qp_q8_0)
 QP_QUAD(qp4_q4_k, qp_q4_k)
 QP_QUAD(qp4_q6_k, qp_q6_k)
 QP_QUAD(qp4_q5_k, qp_q5_k)
+QP_QUAD(qp4_q5_0, qp_q5_0)
 
 loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_portable[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qp4_q4_0, [LOOM_CPU_Q8_Q4_1] = qp4_q4_1, [LOOM_CPU_Q8_Q8_0] = qp4_q8_0,
-    [LOOM_CPU_Q8_Q4_K] = qp4_q4_k, [LOOM_CPU_Q8_Q6_K] = qp4_q6_k, [LOOM_CPU_Q8_Q5_K] = qp4_q5_k};
+    [LOOM_CPU_Q8_Q4_K] = qp4_q4_k, [LOOM_CPU_Q8_Q6_K] = qp4_q6_k, [LOOM_CPU_Q8_Q5_K] = qp4_q5_k,
+    [LOOM_CPU_Q8_Q5_0] = qp4_q5_0};
 
 /* 16-bit weights: float products summed in element order (the x86 kernels
  * sum 16 lanes apart, so the instruction sets agree to float32 rounding). */
@@ -318,6 +370,7 @@ static int qd_kind(loom_dtype dtype) {
     case LOOM_DTYPE_Q4_K: return LOOM_CPU_Q8_Q4_K;
     case LOOM_DTYPE_Q6_K: return LOOM_CPU_Q8_Q6_K;
     case LOOM_DTYPE_Q5_K: return LOOM_CPU_Q8_Q5_K;
+    case LOOM_DTYPE_Q5_0: return LOOM_CPU_Q8_Q5_0;
     default: return -1;
     }
 }

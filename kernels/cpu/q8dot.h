@@ -1,13 +1,13 @@
 /*
- * kernels/cpu/q8dot.h — dot products of GGUF weight rows (q4_0, q4_1, q8_0,
- * q4_k, q5_k, q6_k blocks as stored) with activations quantized to 8 bits per
+ * kernels/cpu/q8dot.h — dot products of GGUF weight rows (q4_0, q4_1, q5_0,
+ * q8_0, q4_k, q5_k, q6_k blocks as stored) with activations quantized to 8 bits per
  * block of 32, in integer arithmetic: the batch-1 and small-batch path of
  * kernels/cpu/qlinear.c for GGUF weights.
  *
  * Activations: each token's K floats become K/32 blocks of int8 codes with
  * one float scale each (d = max|x| / 127, q = rint(x / d)) and the block's
  * d * sum(q) (the term a weight offset multiplies: q4_1's min, q4_0's -8,
- * q4_k's and q5_k's mins). Weight codes times activation codes accumulate in int32
+ * q5_0's -16, q4_k's and q5_k's mins). Weight codes times activation codes accumulate in int32
  * per block (or per 16-weight scale group), and only then meet the float
  * scales. The result differs from the float-activation product by the
  * activation rounding alone: at most d/2 per activation.
@@ -53,7 +53,7 @@ typedef void loom_cpu_q8dot_fn(const uint8_t *row, int64_t K, const loom_cpu_q8 
                                float *out);
 
 /* The row kernel for a GGUF block type on this CPU, or NULL when the type
- * has none (q4_0, q4_1, q8_0, q4_k, q5_k and q6_k do). */
+ * has none (q4_0, q4_1, q5_0, q8_0, q4_k, q5_k and q6_k do). */
 loom_cpu_q8dot_fn *loom_cpu_q8dot(loom_dtype dtype);
 
 /* Batch 1, two rows: out[0] = row0 . x, out[1] = row1 . x (x one token),
@@ -68,8 +68,8 @@ typedef void loom_cpu_q8dot2_fn(const uint8_t *row0, const uint8_t *row1, int64_
 loom_cpu_q8dot2_fn *loom_cpu_q8dot2(loom_dtype dtype);
 
 /* Batch 1, four rows at `stride` bytes apart: out[r] = row r . x, each bit
- * for bit the row kernel's result; q4_0 / q4_1 / q8_0 interleave the four
- * rows block by block (the k-quants make four row calls). */
+ * for bit the row kernel's result; q4_0 / q4_1 / q5_0 / q8_0 interleave the
+ * four rows block by block (the k-quants make four row calls). */
 typedef void loom_cpu_q8dot4_fn(const uint8_t *row0, size_t stride, int64_t K,
                                 const loom_cpu_q8 *x, float *out);
 
@@ -138,7 +138,7 @@ bool loom_cpu_q8_force_isa(const char *name);
 
 /* ---- per-ISA tables (q8dot_*.c); index by loom_cpu_q8_kind */
 enum { LOOM_CPU_Q8_Q4_0, LOOM_CPU_Q8_Q4_1, LOOM_CPU_Q8_Q8_0, LOOM_CPU_Q8_Q4_K, LOOM_CPU_Q8_Q6_K,
-       LOOM_CPU_Q8_Q5_K, LOOM_CPU_Q8_NKINDS };
+       LOOM_CPU_Q8_Q5_K, LOOM_CPU_Q8_Q5_0, LOOM_CPU_Q8_NKINDS };
 extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_portable[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_avx2[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_vnni[LOOM_CPU_Q8_NKINDS];

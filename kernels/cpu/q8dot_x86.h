@@ -3,10 +3,11 @@
  * and built once per instruction set: q8dot_avx2.c (-mavx2 -mfma -mf16c),
  * q8dot_avx512.c (adds AVX-512 F, BW, VL) and q8dot_vnni.c (adds VNNI too)
  * include it with QD_TABLE, QD_TABLE2 and QD_TABLE4 naming the tables, QD_QUANTIZE the
- * activation quantizer, QD_HTABLE the 16-bit float kernels and QD_VNNI 0 or 1. The only difference is the unsigned
+ * activation quantizer, QD_HTABLE the 16-bit float kernels and QD_VNNI 0 or 1. The main difference is the unsigned
  * x signed byte dot: AVX2 multiplies pairs into int16 (maddubs) and adds
  * pairs into int32 (madd); VNNI does both in one vpdpbusd. Either way
- * int32 lane i holds the sum over bytes 4i..4i+3.
+ * int32 lane i holds the sum over bytes 4i..4i+3. (AVX-512 also turns
+ * q5_0's bit field into bytes with a mask move: qd_q5_0_bits.)
  *
  * Shape of every kernel: one weight row, up to LOOM_CPU_Q8_MR tokens; each
  * weight block is unpacked to bytes once and dotted with every token's
@@ -64,26 +65,69 @@ QD_INLINE __m256i qd_nibbles16(const uint8_t *p) {
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 
-/* A q4_0 (q41 = 0: w = d (q - 8)) or q4_1 (w = d q + m) block's scale d
- * in lane 0 of the result and its offset (-8 d or m) in lane 1: q4_1's two
- * f16 sit side by side and convert in one instruction. */
-QD_INLINE __m128 qd_q4_dm(const uint8_t *blk, const int q41) {
-    if (q41) {
+/* The 32-element block types with one scale and one offset a block, all
+ * dotted alike (codes unsigned, the offset times the activations' d * sum
+ * apart): q4_0 (w = d (q - 8)), q4_1 (w = d q + m) and q5_0 (w = d (q -
+ * 16), q's bit 4 from qh). `kind` is a constant after inlining. */
+enum { QD_KIND_Q4_0, QD_KIND_Q4_1, QD_KIND_Q5_0 };
+
+QD_INLINE size_t qd_q4_bytes(const int kind) {
+    return kind == QD_KIND_Q4_1 ? LOOM_GGUF_Q4_1_BYTES
+           : kind == QD_KIND_Q5_0 ? LOOM_GGUF_Q5_0_BYTES : LOOM_GGUF_Q4_0_BYTES;
+}
+
+/* A block's scale d in lane 0 of the result and its offset (-8 d, m or
+ * -16 d) in lane 1: q4_1's two f16 sit side by side and convert in one
+ * instruction; q4_0's and q5_0's d stays in the vector unit, and one
+ * multiply by (1, -8 or -16) makes both lanes (exact: powers of two), ~7%
+ * less time a q5_0 row than a scalar d and two inserts. */
+QD_INLINE __m128 qd_q4_dm(const uint8_t *blk, const int kind) {
+    if (kind == QD_KIND_Q4_1) {
         int32_t dm;
         memcpy(&dm, blk, 4);
         return _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
     }
-    const float d = qd_f16(blk);
-    return _mm_setr_ps(d, -8.0f * d, 0.0f, 0.0f);
+    uint16_t h;
+    memcpy(&h, blk, 2);
+    const __m128 d = _mm_moveldup_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+    return _mm_mul_ps(d, _mm_setr_ps(1.0f, kind == QD_KIND_Q5_0 ? -16.0f : -8.0f, 0.0f, 0.0f));
 }
 
-/* One block b of a q4 row against MR tokens: acc[t] += (d dx) (w . x),
- * off[t] += offset * s (the offset times the block's sum of x). */
+/* q5_0's fifth code bits: bit j of the 32 little-endian bits at p as bit 4
+ * of byte j (element j), the rest 0. AVX-512 BW takes the bits as a byte
+ * mask as they are; AVX2 gives each byte the byte of p that holds its bit
+ * and compares that bit with itself. */
+QD_INLINE __m256i qd_q5_0_bits(const uint8_t *p) {
+    uint32_t h;
+    memcpy(&h, p, 4);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_maskz_mov_epi8((__mmask32)h, _mm256_set1_epi8(0x10));
+#else
+    /* set1_epi32 repeats p's 4 bytes in both 128-bit lanes, which the
+     * byte shuffle stays inside */
+    const __m256i at = _mm256_shuffle_epi8(_mm256_set1_epi32((int32_t)h),
+                                           _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(at, bit), bit), _mm256_set1_epi8(0x10));
+#endif
+}
+
+/* A block's 32 codes as unsigned bytes, in element order. */
+QD_INLINE __m256i qd_q4_codes(const uint8_t *blk, const int kind) {
+    if (kind == QD_KIND_Q4_0) return qd_nibbles16(blk + 2);
+    if (kind == QD_KIND_Q4_1) return qd_nibbles16(blk + 4);
+    return _mm256_or_si256(qd_nibbles16(blk + LOOM_GGUF_Q5_0_QS), qd_q5_0_bits(blk + LOOM_GGUF_Q5_0_QH));
+}
+
+/* One block b of a q4_0 / q4_1 / q5_0 row against MR tokens: acc[t] +=
+ * (d dx) (w . x), off[t] += offset * s (the offset times the block's sum
+ * of x). */
 QD_INLINE void qd_q4_block(const uint8_t *blk, int64_t b, const loom_cpu_q8 *const *xt,
-                           const int MR, const int q41, __m256 *acc, __m128 *off) {
-    const __m128 dm = qd_q4_dm(blk, q41);
+                           const int MR, const int kind, __m256 *acc, __m128 *off) {
+    const __m128 dm = qd_q4_dm(blk, kind);
     const __m128 m = _mm_movehdup_ps(dm);
-    const __m256i w = qd_nibbles16(blk + (q41 ? 4 : 2));
+    const __m256i w = qd_q4_codes(blk, kind);
     for (int t = 0; t < MR; t++) {
         const __m256 p = _mm256_cvtepi32_ps(qd_dot(w, qd_load(xt[t]->q + 32 * b)));
         const __m128 ddx = _mm_mul_ss(dm, _mm_load_ss(xt[t]->d + b));
@@ -92,12 +136,12 @@ QD_INLINE void qd_q4_block(const uint8_t *blk, int64_t b, const loom_cpu_q8 *con
     }
 }
 
-/* q4_0 / q4_1 rows: one accumulator (and one offset sum) per token, blocks
- * in order. At batch 1 the independent FMA chains come from rows instead
- * (qd_q4_rows), which repeat this arithmetic per row exactly. */
+/* q4_0 / q4_1 / q5_0 rows: one accumulator (and one offset sum) per
+ * token, blocks in order. At batch 1 the independent FMA chains come from
+ * rows instead (qd_q4_rows), which repeat this arithmetic per row exactly. */
 QD_INLINE void qd_q4(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int MR, int mr,
-                     float *out, const int q41) {
-    const size_t bb = q41 ? LOOM_GGUF_Q4_1_BYTES : LOOM_GGUF_Q4_0_BYTES;
+                     float *out, const int kind) {
+    const size_t bb = qd_q4_bytes(kind);
     __m256 acc[LOOM_CPU_Q8_MR];
     __m128 off[LOOM_CPU_Q8_MR];
     const loom_cpu_q8 *xt[LOOM_CPU_Q8_MR];
@@ -106,7 +150,7 @@ QD_INLINE void qd_q4(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const 
         off[t] = _mm_setzero_ps();
         xt[t] = &x[t < mr ? t : 0];
     }
-    for (int64_t b = 0; b < K / 32; b++) qd_q4_block(row + (size_t)b * bb, b, xt, MR, q41, acc, off);
+    for (int64_t b = 0; b < K / 32; b++) qd_q4_block(row + (size_t)b * bb, b, xt, MR, kind, acc, off);
     for (int t = 0; t < mr; t++) out[t] = qd_hsum(acc[t]) + _mm_cvtss_f32(off[t]);
 }
 
@@ -247,15 +291,15 @@ QD_INLINE void qd_q6_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, cons
  * batch it is in). Four rows were ~5-10% faster than two a block on
  * SmolLM2's q4_1 rows (dev machine, one core). */
 QD_INLINE void qd_q4_rows(const uint8_t *r0, size_t stride, const int R, int64_t K,
-                          const loom_cpu_q8 *x, float *out, const int q41) {
-    const size_t bb = q41 ? LOOM_GGUF_Q4_1_BYTES : LOOM_GGUF_Q4_0_BYTES;
+                          const loom_cpu_q8 *x, float *out, const int kind) {
+    const size_t bb = qd_q4_bytes(kind);
     const loom_cpu_q8 *xt[1] = {x};
     __m256 a[4];
     __m128 o[4];
     for (int r = 0; r < R; r++) a[r] = _mm256_setzero_ps(), o[r] = _mm_setzero_ps();
     for (int64_t b = 0; b < K / 32; b++)
         for (int r = 0; r < R; r++)
-            qd_q4_block(r0 + (size_t)r * stride + (size_t)b * bb, b, xt, 1, q41, &a[r], &o[r]);
+            qd_q4_block(r0 + (size_t)r * stride + (size_t)b * bb, b, xt, 1, kind, &a[r], &o[r]);
     for (int r = 0; r < R; r++) out[r] = qd_hsum(a[r]) + _mm_cvtss_f32(o[r]);
 }
 
@@ -273,12 +317,17 @@ QD_INLINE void qd_q8_0_rows(const uint8_t *r0, size_t stride, const int R, int64
 
 static void qd_pair_q4_0(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
                          float *out) {
-    qd_q4_rows(r0, (size_t)(r1 - r0), 2, K, x, out, 0);
+    qd_q4_rows(r0, (size_t)(r1 - r0), 2, K, x, out, QD_KIND_Q4_0);
 }
 
 static void qd_pair_q4_1(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
                          float *out) {
-    qd_q4_rows(r0, (size_t)(r1 - r0), 2, K, x, out, 1);
+    qd_q4_rows(r0, (size_t)(r1 - r0), 2, K, x, out, QD_KIND_Q4_1);
+}
+
+static void qd_pair_q5_0(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
+                         float *out) {
+    qd_q4_rows(r0, (size_t)(r1 - r0), 2, K, x, out, QD_KIND_Q5_0);
 }
 
 static void qd_pair_q8_0(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
@@ -288,12 +337,17 @@ static void qd_pair_q8_0(const uint8_t *r0, const uint8_t *r1, int64_t K, const 
 
 static void qd_quad_q4_0(const uint8_t *r0, size_t stride, int64_t K, const loom_cpu_q8 *x,
                          float *out) {
-    qd_q4_rows(r0, stride, 4, K, x, out, 0);
+    qd_q4_rows(r0, stride, 4, K, x, out, QD_KIND_Q4_0);
 }
 
 static void qd_quad_q4_1(const uint8_t *r0, size_t stride, int64_t K, const loom_cpu_q8 *x,
                          float *out) {
-    qd_q4_rows(r0, stride, 4, K, x, out, 1);
+    qd_q4_rows(r0, stride, 4, K, x, out, QD_KIND_Q4_1);
+}
+
+static void qd_quad_q5_0(const uint8_t *r0, size_t stride, int64_t K, const loom_cpu_q8 *x,
+                         float *out) {
+    qd_q4_rows(r0, stride, 4, K, x, out, QD_KIND_Q5_0);
 }
 
 static void qd_quad_q8_0(const uint8_t *r0, size_t stride, int64_t K, const loom_cpu_q8 *x,
@@ -347,10 +401,12 @@ void QD_QUANTIZE(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
         if (mr == 1) body(row, K, x, 1, 1, out);                                                  \
         else body(row, K, x, LOOM_CPU_Q8_MR, mr, out);                                            \
     }
-#define QD_Q4_0(r, K, x, MR, mr, o) qd_q4(r, K, x, MR, mr, o, 0)
-#define QD_Q4_1(r, K, x, MR, mr, o) qd_q4(r, K, x, MR, mr, o, 1)
+#define QD_Q4_0(r, K, x, MR, mr, o) qd_q4(r, K, x, MR, mr, o, QD_KIND_Q4_0)
+#define QD_Q4_1(r, K, x, MR, mr, o) qd_q4(r, K, x, MR, mr, o, QD_KIND_Q4_1)
+#define QD_Q5_0(r, K, x, MR, mr, o) qd_q4(r, K, x, MR, mr, o, QD_KIND_Q5_0)
 QD_ENTRY(qd_row_q4_0, QD_Q4_0)
 QD_ENTRY(qd_row_q4_1, QD_Q4_1)
+QD_ENTRY(qd_row_q5_0, QD_Q5_0)
 #define QD_Q4_K(r, K, x, MR, mr, o) qd_qk(r, K, x, MR, mr, o, 0)
 #define QD_Q5_K(r, K, x, MR, mr, o) qd_qk(r, K, x, MR, mr, o, 1)
 QD_ENTRY(qd_row_q8_0, qd_q8_0)
@@ -361,7 +417,8 @@ QD_ENTRY(qd_row_q6_k, qd_q6_k)
 loom_cpu_q8dot_fn *const QD_TABLE[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qd_row_q4_0, [LOOM_CPU_Q8_Q4_1] = qd_row_q4_1,
     [LOOM_CPU_Q8_Q8_0] = qd_row_q8_0, [LOOM_CPU_Q8_Q4_K] = qd_row_q4_k,
-    [LOOM_CPU_Q8_Q6_K] = qd_row_q6_k, [LOOM_CPU_Q8_Q5_K] = qd_row_q5_k};
+    [LOOM_CPU_Q8_Q6_K] = qd_row_q6_k, [LOOM_CPU_Q8_Q5_K] = qd_row_q5_k,
+    [LOOM_CPU_Q8_Q5_0] = qd_row_q5_0};
 
 /* The super-block types' rows already hold 8 FMAs a block: two (four) row
  * calls. */
@@ -382,16 +439,18 @@ QD_KQUANT_ROWS(qd_pair_q6_k, qd_quad_q6_k, qd_row_q6_k)
 loom_cpu_q8dot2_fn *const QD_TABLE2[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qd_pair_q4_0, [LOOM_CPU_Q8_Q4_1] = qd_pair_q4_1,
     [LOOM_CPU_Q8_Q8_0] = qd_pair_q8_0, [LOOM_CPU_Q8_Q4_K] = qd_pair_q4_k,
-    [LOOM_CPU_Q8_Q6_K] = qd_pair_q6_k, [LOOM_CPU_Q8_Q5_K] = qd_pair_q5_k};
+    [LOOM_CPU_Q8_Q6_K] = qd_pair_q6_k, [LOOM_CPU_Q8_Q5_K] = qd_pair_q5_k,
+    [LOOM_CPU_Q8_Q5_0] = qd_pair_q5_0};
 
 loom_cpu_q8dot4_fn *const QD_TABLE4[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qd_quad_q4_0, [LOOM_CPU_Q8_Q4_1] = qd_quad_q4_1,
     [LOOM_CPU_Q8_Q8_0] = qd_quad_q8_0, [LOOM_CPU_Q8_Q4_K] = qd_quad_q4_k,
-    [LOOM_CPU_Q8_Q6_K] = qd_quad_q6_k, [LOOM_CPU_Q8_Q5_K] = qd_quad_q5_k};
+    [LOOM_CPU_Q8_Q6_K] = qd_quad_q6_k, [LOOM_CPU_Q8_Q5_K] = qd_quad_q5_k,
+    [LOOM_CPU_Q8_Q5_0] = qd_quad_q5_0};
 
 /* ------------------------------------------------ small batches (q8g) */
 
-/* One q4_0 / q4_1 row against MR (4 or 8) tokens of a q8g group: per
+/* One q4_0 / q4_1 / q5_0 row against MR (4 or 8) tokens of a q8g group: per
  * token exactly qd_q4's operations in qd_q4's order (the products d dx of
  * all tokens in one multiply, the offset sums of all tokens in one FMA,
  * lane t doing what the row kernel's scalar does), so every token's result
@@ -399,16 +458,16 @@ loom_cpu_q8dot4_fn *const QD_TABLE4[LOOM_CPU_Q8_NKINDS] = {
  * pointer for every token's codes and scales, and per block one unpack of
  * the weights, one scale product and one offset FMA for all tokens. */
 QD_INLINE void qd_q4_g(const uint8_t *row, int64_t K, const loom_cpu_q8g *x, const int MR, float *out,
-                       const int q41) {
-    const size_t bb = q41 ? LOOM_GGUF_Q4_1_BYTES : LOOM_GGUF_Q4_0_BYTES;
+                       const int kind) {
+    const size_t bb = qd_q4_bytes(kind);
     __m256 acc[LOOM_CPU_Q8_G];
     __m256 off8 = _mm256_setzero_ps();
     __m128 off4 = _mm_setzero_ps();
     for (int t = 0; t < MR; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < K / 32; b++) {
         const uint8_t *blk = row + (size_t)b * bb;
-        const __m128 dm = qd_q4_dm(blk, q41);
-        const __m256i w = qd_nibbles16(blk + (q41 ? 4 : 2));
+        const __m128 dm = qd_q4_dm(blk, kind);
+        const __m256i w = qd_q4_codes(blk, kind);
         const int8_t *xq = x->q + b * (32 * LOOM_CPU_Q8_G);
         const float *xd = x->d + b * LOOM_CPU_Q8_G, *xs = x->s + b * LOOM_CPU_Q8_G;
         float dd[LOOM_CPU_Q8_G];
@@ -577,10 +636,12 @@ QD_INLINE void qd_q6_k_g(const uint8_t *row, int64_t K, const loom_cpu_q8g *x, c
             memcpy(out + r * ldo, o, (size_t)mr * sizeof(float));                                 \
         }                                                                                         \
     }
-#define QD_Q4_0G(r, K, x, MR, o) qd_q4_g(r, K, x, MR, o, 0)
-#define QD_Q4_1G(r, K, x, MR, o) qd_q4_g(r, K, x, MR, o, 1)
+#define QD_Q4_0G(r, K, x, MR, o) qd_q4_g(r, K, x, MR, o, QD_KIND_Q4_0)
+#define QD_Q4_1G(r, K, x, MR, o) qd_q4_g(r, K, x, MR, o, QD_KIND_Q4_1)
+#define QD_Q5_0G(r, K, x, MR, o) qd_q4_g(r, K, x, MR, o, QD_KIND_Q5_0)
 QD_GENTRY(qd_gemm_q4_0, QD_Q4_0G)
 QD_GENTRY(qd_gemm_q4_1, QD_Q4_1G)
+QD_GENTRY(qd_gemm_q5_0, QD_Q5_0G)
 QD_GENTRY(qd_gemm_q8_0, qd_q8_0_g)
 
 /* The k-quants: passes of QD_KG tokens from token t0. */
@@ -605,7 +666,8 @@ QD_KGENTRY(qd_gemm_q6_k, qd_q6_k_g)
 loom_cpu_q8gemm_fn *const QD_TABLEG[LOOM_CPU_Q8_NKINDS] = {
     [LOOM_CPU_Q8_Q4_0] = qd_gemm_q4_0, [LOOM_CPU_Q8_Q4_1] = qd_gemm_q4_1,
     [LOOM_CPU_Q8_Q8_0] = qd_gemm_q8_0, [LOOM_CPU_Q8_Q4_K] = qd_gemm_q4_k,
-    [LOOM_CPU_Q8_Q6_K] = qd_gemm_q6_k, [LOOM_CPU_Q8_Q5_K] = qd_gemm_q5_k};
+    [LOOM_CPU_Q8_Q6_K] = qd_gemm_q6_k, [LOOM_CPU_Q8_Q5_K] = qd_gemm_q5_k,
+    [LOOM_CPU_Q8_Q5_0] = qd_gemm_q5_0};
 
 /* ------------------------------------------------ 16-bit float weights */
 

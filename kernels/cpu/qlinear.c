@@ -8,7 +8,7 @@
  * rows are spread over the pool, by M:
  *   GGUF      at every M, each row's blocks are dotted in integers with the
  *             q8 activations (q8dot.h): 4 rows a call at M = 1; above, the
- *             group kernel (8 tokens interleaved; q4_0, q4_1, q8_0) or 4
+ *             group kernel (8 tokens interleaved; q4_0, q4_1, q5_0, q8_0) or 4
  *             tokens a row call in 16-token tiles (k-quants);
  *   M <= 4    each row is decoded 32 weights at a time into vector registers
  *             and multiplied with every token (decode is the cost at batch 1,
@@ -119,8 +119,9 @@ bool loom_cpu_qformat_supported(loom_qformat format, loom_dtype dtype) {
     case LOOM_QFMT_INT4_W4A16:
         return true;
     case LOOM_QFMT_GGUF:
-        return dtype == LOOM_DTYPE_Q4_0 || dtype == LOOM_DTYPE_Q4_1 || dtype == LOOM_DTYPE_Q4_K ||
-               dtype == LOOM_DTYPE_Q8_0 || dtype == LOOM_DTYPE_Q6_K || dtype == LOOM_DTYPE_Q5_K ||
+        return dtype == LOOM_DTYPE_Q4_0 || dtype == LOOM_DTYPE_Q4_1 || dtype == LOOM_DTYPE_Q5_0 ||
+               dtype == LOOM_DTYPE_Q4_K || dtype == LOOM_DTYPE_Q8_0 || dtype == LOOM_DTYPE_Q6_K ||
+               dtype == LOOM_DTYPE_Q5_K ||
                dtype == LOOM_DTYPE_F16 || dtype == LOOM_DTYPE_BF16;
     default:
         return false;
@@ -211,7 +212,7 @@ bool loom_cpu_qweight_gguf(loom_cpu_qweight *w, const loom_tensor *t, char *why,
     memset(w, 0, sizeof *w);
     if (!t || t->ndim != 2) return ql_why(why, size, "not a 2-D tensor");
     if (!loom_cpu_qformat_supported(LOOM_QFMT_GGUF, t->dtype))
-        return ql_why(why, size, "type %s has no CPU kernel as stored (q4_0, q4_1, q4_k, q5_k, q8_0, q6_k, f16, bf16 do)",
+        return ql_why(why, size, "type %s has no CPU kernel as stored (q4_0, q4_1, q5_0, q4_k, q5_k, q8_0, q6_k, f16, bf16 do)",
                       loom_dtype_name(t->dtype));
     const int64_t n = t->shape[0], k = t->shape[1];
     size_t rb = loom_dtype_row_bytes(t->dtype, k);
@@ -284,6 +285,7 @@ QL_INLINE void ql_dec_gguf(loom_dtype t, const uint8_t *b, int64_t K, float *y) 
     switch (t) {
     case LOOM_DTYPE_Q8_0: QL_GGUF_ROW(Q8_0, loom_gguf_dec_q8_0); break;
     case LOOM_DTYPE_Q4_0: QL_GGUF_ROW(Q4_0, loom_gguf_dec_q4_0); break;
+    case LOOM_DTYPE_Q5_0: QL_GGUF_ROW(Q5_0, loom_gguf_dec_q5_0); break;
     case LOOM_DTYPE_Q4_1: QL_GGUF_ROW(Q4_1, loom_gguf_dec_q4_1); break;
     case LOOM_DTYPE_Q4_K: QL_GGUF_ROW(Q4_K, loom_gguf_dec_q4_k); break;
     case LOOM_DTYPE_Q6_K: QL_GGUF_ROW(Q6_K, loom_gguf_dec_q6_k); break;
@@ -302,8 +304,9 @@ QL_INLINE void ql_dec_gguf(loom_dtype t, const uint8_t *b, int64_t K, float *y) 
 
 /* Formats decoded 16 weights at a time into one vector (every 16-aligned
  * run of a row shares one scale / zero / block): the fused small-M kernel
- * and the tile decoder use them. Others (q4_k, q5_k, q6_k, int4 groups that are
- * not multiples of 16) take the scalar decoder. */
+ * and the tile decoder use them. Others (q5_0, q4_k, q5_k, q6_k, int4 groups
+ * that are not multiples of 16) take the scalar decoder: GGUF blocks reach
+ * these decoders only through loom_cpu_qweight_rows (they run on q8dot.h). */
 enum { QK_I8, QK_FP8, QK_I4, QK_Q4_0, QK_Q4_1, QK_Q8_0, QK_F16, QK_BF16, QK_NONE };
 
 /* 16-bit float weights kept as stored. */
@@ -797,7 +800,7 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
 
 /* GGUF: rows [n0, n1) of w dotted with the q8 activations (q8dot.h).
  * Batch 1 through the one-, two- and four-row kernels; more tokens through
- * the group kernel where the type has one (q4_0, q4_1, q8_0): the rows go
+ * the group kernel where the type has one (q4_0, q4_1, q5_0, q8_0): the rows go
  * in panels of ~12 KiB (in L1), and every group of 8 tokens passes over a
  * panel before the next, so each weight row is read from L2 or memory
  * once a call and unpacked once a group. Other types: up to

@@ -15,7 +15,7 @@
  *               With a SmoothQuant vector, x / smooth is quantized.
  *   INT4_W4A16  U8 (N, K/2) nibbles (low = even column), f32 scale and zero
  *               per (row, group): w = (q - zero) * scale; unpack fused.
- *   GGUF        rows of q4_0 / q4_1 / q4_k / q5_k / q8_0 / q6_k blocks as stored;
+ *   GGUF        rows of q4_0 / q4_1 / q5_0 / q4_k / q5_k / q8_0 / q6_k blocks as stored;
  *               each token is quantized to 8-bit blocks of 32 (q8dot.h:
  *               scale max|x| / 127 per block) and dotted with the blocks in
  *               int32, as llama.cpp does, at every M (so a token's result

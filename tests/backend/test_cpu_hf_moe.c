@@ -36,6 +36,7 @@
 
 #include "../model/hf_gguf_image.h"
 #include "fake_host.h"
+#include "formats/dtype.h"
 #include "formats/half.h"
 #include "model/model.h"
 #include "tb_util.h"
@@ -338,10 +339,22 @@ Test(hf_moe, bad_gguf_are_named) {
 }
 
 /* Teacher-forced log p(next) of checkpoint `name` loaded as a GGUF with
- * Q8_0 experts, on weight_dtype wd (0 f32, 1 gguf); (n - 1) values. */
-static double *hm_q8_logprobs(const char *name, int wd, int *n_out, const cJSON **ref, cJSON **doc) {
+ * the block types `go` asks for, on weight_dtype wd (0 f32, 1 gguf); (n - 1)
+ * values. */
+static double *hm_quant_logprobs(const char *name, hm_gguf_opts go, int wd, int *n_out, const cJSON **ref,
+                                 cJSON **doc) {
     hm_ctx c;
-    hm_setup_as(&c, name, true, (hm_gguf_opts){.q8_experts = true}, wd);
+    hm_setup_as(&c, name, true, go, wd);
+    if (go.q5_0_matrices) { /* kept as stored by the loader, the embedding too */
+        const loom_model_view *v = loom_model_view_get(c.model);
+        int q5 = 0;
+        for (int32_t i = 0; i < v->count(v->ctx); i++) {
+            const loom_tensor *t = v->at(v->ctx, i);
+            if (t->ndim == 2) cr_assert_eq(t->dtype, LOOM_DTYPE_Q5_0, "%s is %s, not q5_0", t->name, loom_dtype_name(t->dtype));
+            q5 += t->ndim == 2 && !strcmp(t->name, "token_embd.weight");
+        }
+        cr_assert_eq(q5, 1, "no 2-D token_embd.weight");
+    }
     int n;
     int32_t *ids = hm_ids(c.doc, "tokens", &n, 0);
     float *lg = malloc(sizeof(float) * (size_t)n * (size_t)c.V);
@@ -375,8 +388,8 @@ static void hm_q8(const char *name) {
     int n;
     const cJSON *ref;
     cJSON *doc_f, *doc_g;
-    double *f = hm_q8_logprobs(name, 0, &n, &ref, &doc_f);
-    double *g = hm_q8_logprobs(name, 1, &n, &ref, &doc_g);
+    double *f = hm_quant_logprobs(name, (hm_gguf_opts){.q8_experts = true}, 0, &n, &ref, &doc_f);
+    double *g = hm_quant_logprobs(name, (hm_gguf_opts){.q8_experts = true}, 1, &n, &ref, &doc_g);
     double mean_f = 0, mean_g = 0, fg = 0;
     for (int t = 0; t + 1 < n; t++) {
         const double r = cJSON_GetArrayItem(ref, t + 1)->valuedouble;
@@ -395,6 +408,42 @@ static void hm_q8(const char *name) {
 
 Test(hf_moe, qwen3_moe_q8_0_experts) { hm_q8("qwen3_moe"); }
 Test(hf_moe, mixtral_q8_0_experts) { hm_q8("mixtral"); }
+
+/* Every matrix of Qwen3's GGUF as Q5_0 blocks, the tied embedding too.
+ * weight_dtype gguf keeps them as stored: the projections and the tied LM
+ * head on the q5_0 integer kernels, each token's embedding decoded from its
+ * row of blocks; weight_dtype f32 dequantizes them. The two run the same
+ * weights, so they differ by the activations' 8-bit rounding alone
+ * (measured mean |diff| 0.057, max 0.20; all matrices as Q8_0 instead:
+ * max 0.19), and not at all would mean the blocks were not run as stored.
+ * Against transformers' float weights both carry the 5-bit blocks'
+ * rounding of this tiny random model (measured mean 0.59; a decoder or
+ * quantizer that scrambled the codes would be several nats off). */
+Test(hf_moe, qwen3_q5_0_matrices) {
+    int n;
+    const cJSON *ref;
+    cJSON *doc_f, *doc_g;
+    double *f = hm_quant_logprobs("qwen3", (hm_gguf_opts){.q5_0_matrices = true}, 0, &n, &ref, &doc_f);
+    double *g = hm_quant_logprobs("qwen3", (hm_gguf_opts){.q5_0_matrices = true}, 1, &n, &ref, &doc_g);
+    double mean_f = 0, mean_g = 0, mean_fg = 0, fg = 0;
+    for (int t = 0; t + 1 < n; t++) {
+        const double r = cJSON_GetArrayItem(ref, t + 1)->valuedouble;
+        mean_f += fabs(f[t] - r) / (n - 1);
+        mean_g += fabs(g[t] - r) / (n - 1);
+        mean_fg += fabs(f[t] - g[t]) / (n - 1);
+        fg = fmax(fg, fabs(f[t] - g[t]));
+    }
+    fprintf(stderr, "[hf_moe] qwen3, Q5_0 matrices: mean |log-prob diff| to transformers %.3g dequantized, %.3g as "
+            "stored; between them mean %.3g, max %.3g\n", mean_f, mean_g, mean_fg, fg);
+    cr_assert(mean_f < 1.0 && mean_g < 1.0, "qwen3 q5_0: mean |diff| to transformers %g / %g (bound 1)", mean_f,
+              mean_g);
+    cr_assert(mean_fg < 0.1 && fg < 0.4, "qwen3 q5_0: as stored vs dequantized: mean |diff| %g (bound 0.1), max %g "
+              "(bound 0.4)", mean_fg, fg);
+    cr_assert(fg > 1e-6, "qwen3 q5_0: weight_dtype gguf gave the dequantized path's log-probs exactly: the blocks "
+              "were not run as stored");
+    free(f), free(g);
+    cJSON_Delete(doc_f), cJSON_Delete(doc_g);
+}
 
 /* A safetensors file whose 64 experts' entries all alias one 4 KiB region:
  * stacking them would allocate 64 times what the file holds, so the loader

@@ -16,8 +16,8 @@ typedef struct badkv_config {
 } badkv_config;
 
 static const loom_param badkv_params[] = {
-    {"kv", LOOM_PARAM_INT, offsetof(badkv_config, kv), "13", -1000, 1000, NULL,
-     "the loom_dtype value kv_dtype() returns (13 = LOOM_DTYPE_COUNT, the backend's default)"},
+    {"kv", LOOM_PARAM_INT, offsetof(badkv_config, kv), "14", -1000, 1000, NULL,
+     "the loom_dtype value kv_dtype() returns (14 = LOOM_DTYPE_COUNT, the backend's default)"},
     {NULL, 0, 0, NULL, 0, 0, NULL, NULL},
 };
 

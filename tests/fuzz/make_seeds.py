@@ -84,7 +84,7 @@ def gguf(with_tokenizer=True, align=32):
 
 def gemma3():
     """A tiny Gemma 3 (hidden 32, 2 heads of 16, one layer, window 4, SentencePiece vocabulary):
-    its extra keys and norms, Q5_0 matrices (widened to Q8_0 at load), a Q8_0 embedding."""
+    its extra keys and norms, Q5_0 matrices (kept as stored), a Q8_0 embedding."""
     gh, gi, ghd = 32, 32, 16
     kvs = [kv("general.architecture", 8, "gemma3"), kv("gemma3.block_count", 4, 1),
            kv("gemma3.embedding_length", 4, gh), kv("gemma3.feed_forward_length", 4, gi),

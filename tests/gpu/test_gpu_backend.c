@@ -278,6 +278,7 @@ static void fm_add_gguf(fake_model *m, const char *name, int64_t d0, int64_t d1,
             break;
         }
         case LOOM_DTYPE_Q8_0: put_f16(b, neg * u * a / 127); break;
+        case LOOM_DTYPE_Q5_0: put_f16(b, neg * u * a / 16); break;
         case LOOM_DTYPE_Q4_K: put_f16(b, u * a / (63 * 8)), put_f16(b + 2, u * a / 63); break;
         case LOOM_DTYPE_Q6_K: put_f16(b + 208, neg * u * a / (127 * 32)); break;
         default: break;
@@ -1749,11 +1750,14 @@ quant:;
     /* GGUF blocks as stored (int4 quantizer, source gguf) on both backends:
      * SmolLM2-like all-q4_1; Q4_K_M-like (q4_k with q6_k V and down: two
      * segments in Q/K/V) then a layer of three types in Q/K/V, with a q6_k
-     * LM head; q8_0 / q4_0 on the Qwen2 shape (hidden 384: no k-quants) */
+     * LM head; q8_0 / q4_0 on the Qwen2 shape (hidden 384: no k-quants);
+     * Gemma 3 Q4_K_M-like q5_0 (rewritten as q8_0 by the cuda loader: one
+     * segment with a q8_0 V), with a q5_0 LM head */
     {
 #define Q40 LOOM_DTYPE_Q4_0
 #define Q41 LOOM_DTYPE_Q4_1
 #define Q80 LOOM_DTYPE_Q8_0
+#define Q50 LOOM_DTYPE_Q5_0
 #define Q4K LOOM_DTYPE_Q4_K
 #define Q6K LOOM_DTYPE_Q6_K
 #define BF LOOM_DTYPE_BF16
@@ -1763,18 +1767,23 @@ quant:;
                                           Q40, Q80, Q41, Q80, Q40, Q41, Q40, Q6K};
         static const loom_dtype q8q4[15] = {Q80, Q80, Q80, Q40, Q40, Q40, Q80,
                                             Q40, Q40, Q40, Q80, Q80, Q80, Q40, BF};
+        static const loom_dtype q5m[15] = {Q50, Q50, Q80, Q4K, Q50, Q50, Q6K,
+                                           Q50, Q50, Q50, Q4K, Q50, Q50, Q4K, Q50};
         const shape g_q41 = {"g-q4_1-d64", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, true, false, false, false, NULL, all_q41};
         const shape g_km = {"g-q4_k_m-d64", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, false, false, false, false, NULL, km};
         const shape g_qwen = {"g-q8_0-qwen2", LOOM_ARCH_QWEN2, 384, 384, 768, 2, 6, 2, 128, 1000000, false, true, false, false, NULL, q8q4};
+        const shape g_q5m = {"g-q5_0-d64", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, false, false, false, false, NULL, q5m};
         const shape g_f16 = {"g-q4_1-d64-f16", LOOM_ARCH_LLAMA, 512, 256, 512, 2, 4, 2, 64, 10000, true, false, false, false, "f16", all_q41};
         const char *gg[] = {"source=gguf", NULL}, *gg_lm[] = {"source=gguf", "skip=token_embd", NULL};
         run_quant(&cpu_p, &cuda_p, qdir, "int4", gg, "gguf-as-stored", &g_q41, 3e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "int4", gg_lm, "gguf-as-stored+lm_head", &g_km, 3e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "int4", gg, "gguf-as-stored", &g_qwen, 3e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "int4", gg, "gguf-as-stored", &g_f16, 3e-2);
+        run_quant(&cpu_p, &cuda_p, qdir, "int4", gg_lm, "gguf-as-stored+lm_head", &g_q5m, 3e-2);
 #undef Q40
 #undef Q41
 #undef Q80
+#undef Q50
 #undef Q4K
 #undef Q6K
 #undef BF

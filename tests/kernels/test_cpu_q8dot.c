@@ -1,7 +1,7 @@
 /*
  * tests/kernels/test_cpu_q8dot.c — kernels/cpu/q8dot.h (GGUF weight rows
  * dotted with 8-bit block-quantized activations) against float64
- * references, for every block type (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k), every
+ * references, for every block type (q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k), every
  * instruction set this CPU runs (portable always; avx2, avx512,
  * avx512vnni where present), batch 1 (one row, two and four rows a call) and small batches
  * (1..4 tokens a call; one, two and four rows a call at one token), the group kernel (1..8
@@ -36,7 +36,7 @@
 static void fini(void) { loom_cpu_q8_force_isa(NULL); }
 TestSuite(q8dot, .fini = fini);
 
-static const loom_dtype types[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q8_0,
+static const loom_dtype types[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q5_0, LOOM_DTYPE_Q8_0,
                                    LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q5_K, LOOM_DTYPE_Q6_K};
 static const char *const isas[] = {"portable", "avx2", "avx512", "avx512vnni"};
 
@@ -44,6 +44,7 @@ static size_t blk_bytes(loom_dtype t) {
     switch (t) {
     case LOOM_DTYPE_Q4_0: return LOOM_GGUF_Q4_0_BYTES;
     case LOOM_DTYPE_Q4_1: return LOOM_GGUF_Q4_1_BYTES;
+    case LOOM_DTYPE_Q5_0: return LOOM_GGUF_Q5_0_BYTES;
     case LOOM_DTYPE_Q8_0: return LOOM_GGUF_Q8_0_BYTES;
     case LOOM_DTYPE_Q4_K: return LOOM_GGUF_Q4_K_BYTES;
     case LOOM_DTYPE_Q5_K: return LOOM_GGUF_Q5_K_BYTES;
@@ -67,7 +68,9 @@ static void make_row(test_rng *r, loom_dtype t, int64_t K, uint8_t *row) {
     for (size_t b = 0; b < nb; b++) {
         uint8_t *p = row + b * bb;
         switch (t) {
-        case LOOM_DTYPE_Q4_0: case LOOM_DTYPE_Q8_0: put_f16(p, rng_range(r, -0.05, 0.05)); break;
+        case LOOM_DTYPE_Q4_0: case LOOM_DTYPE_Q5_0: case LOOM_DTYPE_Q8_0:
+            put_f16(p, rng_range(r, -0.05, 0.05));
+            break;
         case LOOM_DTYPE_Q4_1:
             put_f16(p, rng_range(r, 0.001, 0.05));
             put_f16(p + 2, rng_range(r, -0.4, 0.0));
@@ -91,6 +94,7 @@ static void decode_row(loom_dtype t, const uint8_t *row, int64_t K, float *w) {
         switch (t) {
         case LOOM_DTYPE_Q4_0: loom_gguf_dec_q4_0(p, o); break;
         case LOOM_DTYPE_Q4_1: loom_gguf_dec_q4_1(p, o); break;
+        case LOOM_DTYPE_Q5_0: loom_gguf_dec_q5_0(p, o); break;
         case LOOM_DTYPE_Q8_0: loom_gguf_dec_q8_0(p, o); break;
         case LOOM_DTYPE_Q4_K: loom_gguf_dec_q4_k(p, o); break;
         case LOOM_DTYPE_Q5_K: loom_gguf_dec_q5_k(p, o); break;
@@ -99,11 +103,13 @@ static void decode_row(loom_dtype t, const uint8_t *row, int64_t K, float *w) {
     }
 }
 
-/* |additive term| per element of block type t (q4_0's 8 d, q4_1's m,
- * q4_k's and q5_k's dmin mn): decoded weights cancel it, the kernels keep it apart. */
+/* |additive term| per element of block type t (q4_0's 8 d, q5_0's 16 d,
+ * q4_1's m, q4_k's and q5_k's dmin mn): decoded weights cancel it, the
+ * kernels keep it apart. */
 static double offset_mag(loom_dtype t, const uint8_t *row, int64_t k) {
     const uint8_t *p = row + (size_t)(k / blk_elems(t)) * blk_bytes(t);
     if (t == LOOM_DTYPE_Q4_0) return 8 * fabs(loom_gguf_f16(p));
+    if (t == LOOM_DTYPE_Q5_0) return 16 * fabs(loom_gguf_f16(p));
     if (t == LOOM_DTYPE_Q4_1) return fabs(loom_gguf_f16(p + 2));
     if (t == LOOM_DTYPE_Q4_K || t == LOOM_DTYPE_Q5_K) return 63 * fabs(loom_gguf_f16(p + 2));
     return 0;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate golden vectors for tests/model/test_dequant.c.
 
-For each GGML block type loom dequantizes (Q5_0: widens to Q8_0 at load; Q5_K), writes tests/model/data/<type>.raw
+For each GGML block type loom dequantizes (Q5_0 and Q5_K included), writes tests/model/data/<type>.raw
 (random blocks, with the f16 scale fields set to ordinary values so results
 are finite) and <type>.f32 (little-endian float32 as computed by the `gguf`
 Python package, llama.cpp's own reference: gguf.quants.dequantize). F16 and

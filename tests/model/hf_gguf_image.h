@@ -23,6 +23,7 @@ typedef struct hm_gguf_opts {
     const char *rename_from, *rename_to; /* write tensor rename_from under this name */
     const char *drop_key;                /* leave out <arch>.<drop_key>              */
     bool q8_experts;                     /* stacked experts with 32-multiple rows as Q8_0 */
+    bool q5_0_matrices;                  /* every 2-D tensor with 32-multiple rows as Q5_0 */
 } hm_gguf_opts;
 
 /* Q8_0 blocks of n floats (n % 32 == 0): per 32, an f16 scale d = max|x| /
@@ -45,11 +46,41 @@ static inline uint8_t *hm_q8_0(const float *x, int64_t n) {
     return out;
 }
 
+/* Q5_0 blocks of n floats (n % 32 == 0): per 32, the value of largest
+ * magnitude m, an f16 scale d = m / -16 (so m takes code 0) and codes
+ * round(x / d) + 16 clamped to 0..31, low nibbles of elements j and j + 16
+ * in byte j, bit 4 of element j in bit j of the 32-bit qh (ggml's
+ * quantize_row_q5_0, written here from the layout). */
+static inline uint8_t *hm_q5_0(const float *x, int64_t n) {
+    uint8_t *out = malloc((size_t)(n / 32) * 22);
+    if (!out) abort();
+    for (int64_t b = 0; b < n / 32; b++) {
+        float m = 0;
+        for (int i = 0; i < 32; i++)
+            if (fabsf(x[b * 32 + i]) > fabsf(m)) m = x[b * 32 + i];
+        const uint16_t d = loom_fp32_to_fp16(m / -16.0f);
+        const float df = loom_fp16_to_fp32(d);
+        uint8_t *o = out + b * 22;
+        uint32_t qh = 0;
+        memset(o + 6, 0, 16);
+        for (int i = 0; i < 32; i++) {
+            const float q = df != 0 ? roundf(x[b * 32 + i] / df) + 16 : 16;
+            const uint32_t c = (uint32_t)fmaxf(0, fminf(31, q));
+            o[6 + i % 16] |= (uint8_t)((c & 15) << (i < 16 ? 0 : 4));
+            qh |= (c >> 4) << i;
+        }
+        memcpy(o, &d, 2);
+        for (int k = 0; k < 4; k++) o[2 + k] = (uint8_t)(qh >> (8 * k));
+    }
+    return out;
+}
+
 /* The llama.cpp GGUF of model m (canonical names and layout already; GGML
  * dims reversed) into *img, as llama.cpp's converter writes it: arch qwen3 /
  * qwen3moe / qwen2moe, or Mixtral as "llama" with expert keys and Q/K rows
  * in its interleaved order. Every tensor float32 (Q8_0 experts with
- * o.q8_experts). NULL, or why not (img left empty). */
+ * o.q8_experts, Q5_0 matrices with o.q5_0_matrices). NULL, or why not (img
+ * left empty). */
 static inline const char *hf_gguf_image(const loom_model *m, hm_gguf_opts o, gw *img) {
     const loom_model_view *v = loom_model_view_get(m);
     const loom_model_config *c = v->config;
@@ -102,6 +133,13 @@ static inline const char *hf_gguf_image(const loom_model *m, hm_gguf_opts o, gw 
         if (o.q8_experts && strstr(t->name, "_exps.") && cols % 32 == 0) {
             perm[i] = hm_q8_0(t->data, numel);
             gb_tensor_add(&b, t->name, GG_Q8_0, (uint32_t)t->ndim, ne, perm[i], (size_t)(numel / 32) * 34);
+            continue;
+        }
+        if (o.q5_0_matrices && t->ndim == 2 && cols % 32 == 0) {
+            uint8_t *q5 = hm_q5_0(data, numel);
+            free(perm[i]);
+            perm[i] = q5;
+            gb_tensor_add(&b, ren ? o.rename_to : t->name, GG_Q5_0, 2, ne, q5, (size_t)(numel / 32) * 22);
             continue;
         }
         gb_tensor_add(&b, ren ? o.rename_to : t->name, GG_F32, (uint32_t)t->ndim, ne, data, t->nbytes);

@@ -6,8 +6,8 @@
  * `gguf` Python package (tests/model/gen_dequant.py, llama.cpp's reference
  * implementation), and a float64 re-implementation below written from the
  * format description with per-element index arithmetic (not the loop
- * structure of formats/gguf_blocks.h). Q5_K's blocks also go through a
- * GGUF file written here and read back by the GGUF reader.
+ * structure of formats/gguf_blocks.h). Q5_K's and Q5_0's blocks also go
+ * through a GGUF file written here and read back by the GGUF reader.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -178,10 +178,12 @@ Test(model, dequant_q4_1) { check_type("q4_1", LOOM_DTYPE_Q4_1, ref_q4_1); }
 Test(model, dequant_q4_k) { check_type("q4_k", LOOM_DTYPE_Q4_K, ref_q4_k); }
 Test(model, dequant_q6_k) { check_type("q6_k", LOOM_DTYPE_Q6_K, ref_q6_k); }
 Test(model, dequant_q5_k) { check_type("q5_k", LOOM_DTYPE_Q5_K, ref_q5_k); }
+Test(model, dequant_q5_0) { check_type("q5_0", LOOM_DTYPE_Q5_0, ref_q5_0); }
 
-/* Q5_0 is not a loom dtype: the GGUF loader widens each block to Q8_0. The
- * widened blocks and the direct decode must both give exactly the values
- * of gguf-py and of the float64 reference (every product is exact). */
+/* Q5_0 blocks rewritten as Q8_0 (what the cuda backend uploads: it has no
+ * Q5_0 kernel): the widened blocks and the direct decode must both give
+ * exactly the values of gguf-py and of the float64 reference (every
+ * product is exact). */
 Test(model, dequant_q5_0_widened_to_q8_0) {
     size_t rawlen, reflen;
     uint8_t *raw = read_data("q5_0.raw", &rawlen);
@@ -329,41 +331,48 @@ Test(model, half_bf16) {
     cr_assert_eq(loom_fp32_to_bf16(3.4e38f), 0x7f80, "overflow rounds to inf");
 }
 
-/* Q5_K blocks (gguf-py's golden ones) as a 2-D tensor of a GGUF file: the
- * reader maps GGML type 13 to LOOM_DTYPE_Q5_K with the bytes as written,
- * and a row of it dequantizes to gguf-py's values. */
-Test(model, gguf_q5_k_tensor_reads_back) {
+/* A type's gguf-py golden blocks as a 2-D tensor (rows of `cols`) of a
+ * GGUF file: the reader maps GGML type `ggml` to loom type t with the bytes
+ * as written, and each row dequantizes to gguf-py's values. */
+static void check_gguf_reads_back(const char *name, uint32_t ggml, loom_dtype t, int64_t cols) {
+    char fn[64];
     size_t rawlen, reflen;
-    uint8_t *raw = read_data("q5_k.raw", &rawlen);
-    float *gold = read_data("q5_k.f32", &reflen);
-    const int64_t n = (int64_t)(reflen / 4), cols = 512, rows = n / cols;
-    cr_assert_eq(rows * cols, n, "q5_k golden data: %lld values are not rows of %lld", (long long)n,
+    snprintf(fn, sizeof fn, "%s.raw", name);
+    uint8_t *raw = read_data(fn, &rawlen);
+    snprintf(fn, sizeof fn, "%s.f32", name);
+    float *gold = read_data(fn, &reflen);
+    const int64_t n = (int64_t)(reflen / 4), rows = n / cols;
+    cr_assert_eq(rows * cols, n, "%s golden data: %lld values are not rows of %lld", name, (long long)n,
                  (long long)cols);
     gb b;
     gb_init(&b);
     gb_s(&b, "general.architecture", "llama");
     uint64_t ne[2] = {(uint64_t)cols, (uint64_t)rows};
-    gb_tensor_add(&b, "blk.0.ffn_down.weight", GG_Q5_K, 2, ne, raw, rawlen);
+    gb_tensor_add(&b, "blk.0.ffn_down.weight", ggml, 2, ne, raw, rawlen);
     gw f = gb_finish(&b);
     loom_gguf *g = NULL;
     loom_error err = {0};
-    cr_assert_eq(loom_gguf_open_buffer(f.buf, f.len, "q5k.gguf", &g, &err), LOOM_OK, "%s", err.message);
-    const loom_gguf_tensor_info *t = loom_gguf_find_tensor(g, "blk.0.ffn_down.weight");
-    cr_assert(t && t->supported && t->dtype == LOOM_DTYPE_Q5_K && t->ggml_type == 13);
-    cr_assert_str_eq(loom_dtype_name(t->dtype), "q5_k");
-    cr_assert_eq(t->nbytes, rawlen);
-    cr_assert_eq(memcmp(t->data, raw, rawlen), 0);
-    float row[512];
+    cr_assert_eq(loom_gguf_open_buffer(f.buf, f.len, "q5.gguf", &g, &err), LOOM_OK, "%s", err.message);
+    const loom_gguf_tensor_info *ti = loom_gguf_find_tensor(g, "blk.0.ffn_down.weight");
+    cr_assert(ti && ti->supported && ti->dtype == t && ti->ggml_type == ggml);
+    cr_assert_str_eq(loom_dtype_name(ti->dtype), name);
+    cr_assert_eq(ti->nbytes, rawlen);
+    cr_assert_eq(memcmp(ti->data, raw, rawlen), 0);
+    float *row = malloc((size_t)cols * sizeof *row);
     for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *src = (const uint8_t *)t->data + (size_t)r * loom_dtype_row_bytes(LOOM_DTYPE_Q5_K, cols);
-        cr_assert_eq(loom_dequant_row(LOOM_DTYPE_Q5_K, src, row, cols), LOOM_OK);
+        const uint8_t *src = (const uint8_t *)ti->data + (size_t)r * loom_dtype_row_bytes(t, cols);
+        cr_assert_eq(loom_dequant_row(t, src, row, cols), LOOM_OK);
         for (int64_t c = 0; c < cols; c++)
-            cr_assert_eq(row[c], gold[r * cols + c], "row %lld col %lld: %.9g, gguf-py %.9g", (long long)r,
-                         (long long)c, (double)row[c], (double)gold[r * cols + c]);
+            cr_assert_eq(row[c], gold[r * cols + c], "%s row %lld col %lld: %.9g, gguf-py %.9g", name,
+                         (long long)r, (long long)c, (double)row[c], (double)gold[r * cols + c]);
     }
+    free(row);
     loom_gguf_close(g);
     free(f.buf);
     gb_free(&b);
     free(raw);
     free(gold);
 }
+
+Test(model, gguf_q5_k_tensor_reads_back) { check_gguf_reads_back("q5_k", GG_Q5_K, LOOM_DTYPE_Q5_K, 512); }
+Test(model, gguf_q5_0_tensor_reads_back) { check_gguf_reads_back("q5_0", GG_Q5_0, LOOM_DTYPE_Q5_0, 64); }

@@ -409,7 +409,7 @@ Test(quant_roundtrip, int4_gguf_source_keeps_blocks) {
     qt_model m;
     qt_model_init(&m);
     static const loom_dtype ok[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q4_K,
-                                    LOOM_DTYPE_Q8_0, LOOM_DTYPE_Q6_K, LOOM_DTYPE_Q5_K};
+                                    LOOM_DTYPE_Q8_0, LOOM_DTYPE_Q6_K, LOOM_DTYPE_Q5_K, LOOM_DTYPE_Q5_0};
     const int nok = (int)(sizeof ok / sizeof ok[0]);
     for (int i = 0; i < nok; i++) {
         char nm[64];

@@ -3,7 +3,7 @@
  * references on fresh random inputs, every format:
  *   INT8_W8A16, INT8_W8A8 (with and without a SmoothQuant vector),
  *   FP8_W8A8 (per-channel and per-tensor scales), INT4_W4A16 (several group
- *   sizes), GGUF q4_0 / q4_1 / q8_0 / q4_k / q5_k / q6_k;
+ *   sizes), GGUF q4_0 / q4_1 / q5_0 / q8_0 / q4_k / q5_k / q6_k;
  * many shapes (M = 1 .. 40 tokens, K not a multiple of 16 or 32 wherever the
  * format allows it), row strides, bias, beta, with and without a thread
  * pool; fused multi-part products against separate ones; the weight views'
@@ -93,7 +93,7 @@ static void tw_make(tw *t, test_rng *r, loom_qformat fmt, loom_dtype gt, int64_t
             uint8_t *p = d + b * bb;
             uint16_t h;
             switch (gt) {
-            case LOOM_DTYPE_Q8_0: case LOOM_DTYPE_Q4_0:
+            case LOOM_DTYPE_Q8_0: case LOOM_DTYPE_Q4_0: case LOOM_DTYPE_Q5_0:
                 h = rand_f16(r, -0.05, 0.05), memcpy(p, &h, 2);
                 break;
             case LOOM_DTYPE_Q4_1:
@@ -118,10 +118,11 @@ static void tw_make(tw *t, test_rng *r, loom_qformat fmt, loom_dtype gt, int64_t
             cr_assert_eq(loom_dequant_row(gt, d + (size_t)i * rb, row, k), LOOM_OK);
             for (int64_t c = 0; c < k; c++) {
                 t->ref[i * k + c] = row[c];
-                /* the block's additive term: -8 d (q4_0), m (q4_1), dmin*m (q4_k, q5_k) */
+                /* the block's additive term: -8 d (q4_0), -16 d (q5_0), m (q4_1), dmin*m (q4_k, q5_k) */
                 const uint8_t *blk = d + (size_t)i * rb + (size_t)(c / be) * bb;
                 double off = 0;
                 if (gt == LOOM_DTYPE_Q4_0) off = 8 * fabs(loom_fp16_to_fp32((uint16_t)(blk[0] | blk[1] << 8)));
+                if (gt == LOOM_DTYPE_Q5_0) off = 16 * fabs(loom_fp16_to_fp32((uint16_t)(blk[0] | blk[1] << 8)));
                 if (gt == LOOM_DTYPE_Q4_1) off = fabs(loom_fp16_to_fp32((uint16_t)(blk[2] | blk[3] << 8)));
                 if (gt == LOOM_DTYPE_Q4_K || gt == LOOM_DTYPE_Q5_K) off = 63 * fabs(loom_fp16_to_fp32((uint16_t)(blk[2] | blk[3] << 8)));
                 t->mag[i * k + c] = fabs(row[c]) + off;
@@ -334,10 +335,11 @@ Test(qlinear, int4_w4a16) {
 
 Test(qlinear, gguf_blocks) {
     test_rng r = rng_seeded("qlinear.gguf");
-    static const loom_dtype types[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q8_0,
+    static const loom_dtype types[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q5_0, LOOM_DTYPE_Q8_0,
                                        LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q5_K, LOOM_DTYPE_Q6_K};
-    for (int it = 0; it < 60; it++) {
-        loom_dtype gt = types[it % 6];
+    const int ntypes = (int)(sizeof types / sizeof types[0]);
+    for (int it = 0; it < 10 * ntypes; it++) {
+        loom_dtype gt = types[it % ntypes];
         int64_t be = loom_dtype_block_elems(gt);
         int64_t K = be * (1 + rng_int(&r, be == 32 ? 20 : 3)), n = 1 + rng_int(&r, 50);
         int64_t M = rand_m(&r);
@@ -499,6 +501,7 @@ Test(qlinear, slices_match_reference) {
         {LOOM_QFMT_GGUF, LOOM_DTYPE_Q4_1, 0, false, false},
         {LOOM_QFMT_GGUF, LOOM_DTYPE_Q4_K, 0, false, false},
         {LOOM_QFMT_GGUF, LOOM_DTYPE_Q5_K, 0, false, false},
+        {LOOM_QFMT_GGUF, LOOM_DTYPE_Q5_0, 0, false, false},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (int it = 0; it < 4; it++) {
@@ -559,6 +562,19 @@ Test(qlinear, decode_rows_matches_reference) {
         cr_assert_float_eq(out[i], t.ref[2 * 64 + i], 1e-6);
     cr_assert_eq(loom_cpu_qweight_bytes(&t.w), (size_t)(7 * 32 + 7 * 4 * 8));
     tw_free(&t);
+    /* GGUF blocks with no 16-wide decoder (q5_0, q5_k) decode exactly as the
+     * core's dequantizer does */
+    static const loom_dtype gts[] = {LOOM_DTYPE_Q5_0, LOOM_DTYPE_Q5_K};
+    for (int i = 0; i < 2; i++) {
+        const int64_t K = gts[i] == LOOM_DTYPE_Q5_0 ? 96 : 256;
+        float rows[3 * 256];
+        tw_make(&t, &r, LOOM_QFMT_GGUF, gts[i], 5, K, 0, false);
+        loom_cpu_qweight_rows(&t.w, 1, 3, rows);
+        for (int64_t e = 0; e < 3 * K; e++)
+            cr_assert(rows[e] == t.ref[K + e], "%s row %lld col %lld: %.9g, dequantizer %.9g", loom_dtype_name(gts[i]),
+                      (long long)(1 + e / K), (long long)(e % K), rows[e], t.ref[K + e]);
+        tw_free(&t);
+    }
 }
 
 Test(qlinear, weight_views_check_sizes) {

@@ -17,7 +17,7 @@
  * with the cuda backend; this file dequantizes and carves what it lists.
  *
  * GGUF blocks (weight_dtype: gguf, the default): with no quantizer bound,
- * every linear weight stored as q4_0 / q4_1 / q8_0 / q4_k / q5_k / q6_k
+ * every linear weight stored as q4_0 / q4_1 / q5_0 / q8_0 / q4_k / q5_k / q6_k
  * blocks, and a tied LM head stored so, stays as stored (a zero-copy view of
  * the mmap) and runs on the kernels' integer q8 path, as llama.cpp runs a
  * GGUF file; f16 / bf16 linear weights (host tensors of any format) stay 16-bit
@@ -73,7 +73,7 @@ static const loom_param cpu_params[] = {
      .offset = offsetof(cpu_backend_config, weight_dtype), .default_value = "gguf", .min = 1,
      .max = 0, .choices = cpu_weight_dtype_choices,
      .doc = "without a quantizer: gguf keeps the linear weights (and a tied LM head) as stored: "
-            "GGUF q4_0/q4_1/q8_0/q4_k/q5_k/q6_k blocks on 8-bit integer kernels, f16/bf16 "
+            "GGUF q4_0/q4_1/q5_0/q8_0/q4_k/q5_k/q6_k blocks on 8-bit integer kernels, f16/bf16 "
             "converted to float as they are read; f32 dequantizes every weight at load"},
     {.key = "cpu_isa", .type = LOOM_PARAM_ENUM, .offset = offsetof(cpu_backend_config, cpu_isa),
      .default_value = "auto", .min = 1, .max = 0, .choices = cpu_isa_choices,

@@ -21,7 +21,9 @@
  * memory as they are (cb_upload_gguf), a group's parts of one block type
  * sharing a segment and a change of type (q4_k Q/K, q6_k V) starting the
  * next (kernels/cuda/gguf_layout.h); a rank keeps whole rows, and its
- * column window (O, down) must fall on whole blocks.
+ * column window (O, down) must fall on whole blocks. q5_0 has no kernel
+ * here: its blocks are rewritten on the host as the q8_0 blocks of the same
+ * values as they upload (exact), and run on the q8_0 kernels.
  *
  * Which tensors there are, each tensor-parallel rank's window of each and
  * the quantizer's plans are the weight walk's (plugins/backend/common/
@@ -32,6 +34,8 @@
  */
 #include "cuda_backend.h"
 #include "weight_walk.h"
+
+#include "formats/gguf_blocks.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -63,10 +67,17 @@ _Static_assert((int)CB_G_QKV == (int)LOOM_WW_G_QKV && (int)CB_G_O == (int)LOOM_W
                    (int)CB_NGROUPS == (int)LOOM_WW_NGROUPS,
                "cuda_layer.q[] is indexed by the weight walk's groups");
 
+/* The block type a GGUF tensor has on the device: its own, but q8_0 for
+ * q5_0, which the kernels do not read; cb_upload_gguf rewrites its blocks
+ * (exact: same scale, codes - 16 fit int8) at 34 / 22 of the bytes. */
+static loom_cuda_gguf cb_gguf_type(loom_dtype t) {
+    return t == LOOM_DTYPE_Q5_0 ? LOOM_CUDA_GGUF_Q8_0 : (loom_cuda_gguf)t;
+}
+
 /* The weight walk's hook: the quantized formats this backend has kernels
  * for — INT8_W8A16, INT8_W8A8, FP8_W8A8, INT4_W4A16, and GGUF blocks as
- * stored of q4_0, q4_1, q4_k, q6_k and q8_0 (whole blocks per row; the cpu
- * backend's set). */
+ * stored of q4_0, q4_1, q4_k, q6_k and q8_0, and q5_0 as q8_0 (whole
+ * blocks per row). */
 static loom_status cb_runnable(void *ctx, const loom_quant_binding *q, const loom_tensor *t,
                                const char *name, const loom_quant_plan *plan, loom_error *err) {
     cuda_backend *b = ctx;
@@ -78,13 +89,13 @@ static loom_status cb_runnable(void *ctx, const loom_quant_binding *q, const loo
         return LOOM_OK;
     case LOOM_QFMT_GGUF:
         /* the blocks are read as stored: their type needs a kernel here */
-        if (loom_cuda_gguf_ok((loom_cuda_gguf)t->dtype, t->shape[1])) return LOOM_OK;
+        if (loom_cuda_gguf_ok(cb_gguf_type(t->dtype), t->shape[1])) return LOOM_OK;
         return b->host->error(
             b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
             "backend cuda: quantizer '%s' planned GGUF blocks as stored for tensor '%s', but "
             "it is %s with %lld columns; the cuda kernels read rows of whole q4_0, q4_1, "
-            "q4_k, q6_k and q8_0 blocks; skip the tensor in the quantizer or use source: "
-            "quantize",
+            "q4_k, q6_k and q8_0 blocks (q5_0 as q8_0); skip the tensor in the quantizer or "
+            "use source: quantize",
             q->name ? q->name : "?", name, loom_dtype_name(t->dtype), (long long)t->shape[1]);
     default:
         return b->host->error(
@@ -459,29 +470,62 @@ out:
 
 /* ----------------------------------------------------- GGUF as stored */
 
+/* Rows [r0, r0 + nr) x columns [c0, c0 + nc) of q5_0 tensor t (rows of
+ * `pitch` bytes) to dst as dense q8_0 rows of `width` bytes: rewritten on
+ * the host (loom_gguf_q5_0_to_q8_0) a staging buffer at a time, each
+ * uploaded before the buffer is refilled. */
+static loom_status cb_upload_q5_0(cuda_backend *b, const loom_tensor *t, int64_t r0, int64_t nr, int64_t c0,
+                                  int64_t nc, size_t pitch, void *dst, size_t width, loom_error *err) {
+    const loom_host *h = b->host;
+    const int64_t nb = nc / LOOM_GGUF_Q5_0_ELEMS;
+    const size_t src_off = loom_dtype_row_bytes(LOOM_DTYPE_Q5_0, c0);
+    int64_t chunk = (int64_t)(CB_STAGE_BYTES / width);
+    chunk = chunk < 1 ? 1 : chunk > nr ? nr : chunk;
+    uint8_t *buf = h->alloc(h->ctx, (size_t)chunk * width);
+    if (!buf)
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cuda: out of host memory rewriting q5_0 tensor "
+                        "'%s' as q8_0", t->name ? t->name : "?");
+    loom_status st = LOOM_OK;
+    for (int64_t r = 0; r < nr && !st; r += chunk) {
+        const int64_t n = nr - r < chunk ? nr - r : chunk;
+        for (int64_t i = 0; i < n; i++) {
+            const uint8_t *src = (const uint8_t *)t->data + (size_t)(r0 + r + i) * pitch + src_off;
+            uint8_t *out = buf + (size_t)i * width;
+            for (int64_t k = 0; k < nb; k++)
+                loom_gguf_q5_0_to_q8_0(src + (size_t)k * LOOM_GGUF_Q5_0_BYTES, out + (size_t)k * LOOM_GGUF_Q8_0_BYTES);
+        }
+        if (!(st = CB_CUDA(b, err, cudaMemcpyAsync((uint8_t *)dst + (size_t)r * width, buf, (size_t)n * width,
+                                                   cudaMemcpyHostToDevice, b->stream))))
+            st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
+    }
+    h->free(h->ctx, buf);
+    return st;
+}
+
 /* p's window, rows [r0, r0 + nr) x columns [c0, c0 + nc) of a GGUF
  * tensor, to dst as a dense (nr, row_bytes(nc)) block matrix: one 2-D copy
- * straight from the model's (mmap'd) memory, the blocks byte for byte. The
- * window was checked at planning (cb_gguf_group); checked again here
- * because the copy trusts it. */
+ * straight from the model's (mmap'd) memory, the blocks byte for byte
+ * (q5_0: rewritten as q8_0, cb_upload_q5_0). The window was checked at
+ * planning (cb_gguf_group); checked again here because the copy trusts it. */
 static loom_status cb_upload_gguf(cuda_backend *b, const loom_ww_part *p, void *dst, loom_error *err) {
     const loom_tensor *t = p->t;
     const char *name = p->name;
     const int64_t r0 = p->r0, nr = p->nr, c0 = p->c0, nc = p->nc;
     if (nr <= 0) return LOOM_OK;
-    const loom_cuda_gguf ty = (loom_cuda_gguf)t->dtype;
+    const loom_cuda_gguf ty = cb_gguf_type(t->dtype);
     const int64_t cols = t->shape[1];
-    const size_t pitch = loom_cuda_gguf_row_bytes(ty, cols);
+    const size_t pitch = loom_dtype_row_bytes(t->dtype, cols); /* as stored */
     size_t src_off = 0, width = 0;
     char why[160] = "";
     if (!loom_cuda_gguf_window(ty, cols, c0, nc, &src_off, &width, why, sizeof why) || !t->data ||
-        t->nbytes < (size_t)(r0 + nr) * pitch)
+        pitch == 0 || t->nbytes < (size_t)(r0 + nr) * pitch)
         return b->host->error(b->host->ctx, err, LOOM_ERR_FORMAT,
                               "backend cuda: GGUF tensor '%s' (%s, %zu bytes): cannot copy rows "
                               "[%lld, %lld) x columns [%lld, %lld) as stored%s%s",
                               name, loom_dtype_name(t->dtype), t->nbytes, (long long)r0,
                               (long long)(r0 + nr), (long long)c0, (long long)(c0 + nc),
                               why[0] ? ": " : "", why);
+    if (t->dtype == LOOM_DTYPE_Q5_0) return cb_upload_q5_0(b, t, r0, nr, c0, nc, pitch, dst, width, err);
     return CB_CUDA(b, err, cudaMemcpy2DAsync(dst, width,
                                              (const uint8_t *)t->data + (size_t)r0 * pitch + src_off,
                                              pitch, width, (size_t)nr, cudaMemcpyHostToDevice,
@@ -669,7 +713,7 @@ static loom_status cb_gguf_group(cuda_backend *b, const loom_ww *w, int32_t l, i
     for (int k = g->first; k < g->end; k++) {
         const loom_ww_part *p = &w->layer[l].lin[k].w;
         const loom_tensor *t = p->t;
-        types[k - g->first] = (loom_cuda_gguf)t->dtype;
+        types[k - g->first] = cb_gguf_type(t->dtype);
         rows[k - g->first] = p->nr;
         size_t so, wd;
         if (!loom_cuda_gguf_window(types[k - g->first], t->shape[1], p->c0, g->k, &so, &wd, why,
@@ -749,7 +793,7 @@ static loom_status cb_check_lm(cuda_backend *b, const loom_ww *w, loom_cuda_gguf
     const int64_t H = w->hidden, Vp = w->shard.vocab_pad;
     if (!w->out.t || p->format == LOOM_QFMT_NONE) return LOOM_OK;
     if (p->format == LOOM_QFMT_GGUF) {
-        const loom_cuda_gguf ty = (loom_cuda_gguf)w->out.t->dtype;
+        const loom_cuda_gguf ty = cb_gguf_type(w->out.t->dtype);
         char why[160];
         if (!loom_cuda_gguf_plan_group(&ty, &Vp, 1, H, lay, why, sizeof why))
             return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,

@@ -7,7 +7,7 @@
  *             `group_size` inputs a scale and an f32 zero (w = (q - zero) *
  *             scale), the group's range chosen among a few clipped copies
  *             of [min, max] by squared error (see qc_int4_rows);
- *   gguf      GGUF Q4_0 / Q4_1 / Q4_K / Q5_K / Q8_0 / Q6_K tensors kept exactly as
+ *   gguf      GGUF Q4_0 / Q4_1 / Q5_0 / Q4_K / Q5_K / Q8_0 / Q6_K tensors kept exactly as
  *             stored (plan LOOM_QFMT_GGUF; nothing is dequantized at load);
  *   awq, gptq, gptq_v2
  *             a packed checkpoint's <name>.qweight / .qzeros / .scales /
@@ -182,7 +182,7 @@ static loom_status int4_plan(void *self, const loom_model_view *model, const loo
                             "set quantizer.source: awq or gptq",
                             INT4_WHO, w->name);
         switch (w->dtype) {
-        case LOOM_DTYPE_Q4_0: case LOOM_DTYPE_Q4_1: case LOOM_DTYPE_Q4_K:
+        case LOOM_DTYPE_Q4_0: case LOOM_DTYPE_Q4_1: case LOOM_DTYPE_Q5_0: case LOOM_DTYPE_Q4_K:
         case LOOM_DTYPE_Q5_K: case LOOM_DTYPE_Q8_0: case LOOM_DTYPE_Q6_K:
             if (h->dtype_row_bytes(w->dtype, cols) == 0)
                 return h->error(h->ctx, err, LOOM_ERR_FORMAT,
@@ -194,7 +194,7 @@ static loom_status int4_plan(void *self, const loom_model_view *model, const loo
             return LOOM_OK;
         default:
             return h->error(h->ctx, err, LOOM_ERR_INVALID,
-                            "%s: source gguf keeps GGUF q4_0/q4_1/q4_k/q5_k/q8_0/q6_k tensors as "
+                            "%s: source gguf keeps GGUF q4_0/q4_1/q5_0/q4_k/q5_k/q8_0/q6_k tensors as "
                             "stored, but tensor '%s' is %s; use source: quantize, or add it to "
                             "skip (e.g. skip: \"token_embd,output,%s\")",
                             INT4_WHO, w->name, h->dtype_name(w->dtype), w->name);
