@@ -58,9 +58,10 @@ void loom_cpu_q8g_pack(const loom_cpu_q8 *x, int mr, int64_t K, void *buf, loom_
 /* ------------------------------------------------------------ portable */
 
 /* The 32-element block types with one scale and an offset: q4_0 (w = d (q -
- * 8)), q4_1 (w = d q + m) and q5_0 (w = d (q - 16), bit 4 of q from qh).
- * The codes stay unsigned; the offset meets the activations' d * sum. A
- * block's codes are unpacked once for all the tokens of a call. */
+ * 8)) and q4_1 (w = d q + m). The codes stay unsigned; the offset meets
+ * the activations' d * sum. A block's codes are unpacked once for all the
+ * tokens of a call (qp_codes also builds q5_0's 0..31, which qp_q8 dots
+ * signed). */
 enum { QP_Q4_0, QP_Q4_1, QP_Q5_0 };
 
 /* Bytes p[0..8) as a little-endian word, and back (one load / store on a
@@ -98,13 +99,12 @@ static inline void qp_codes(const uint8_t *blk, const int kind, uint8_t *c) {
 
 static void qp_q4(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out,
                   const int kind) {
-    const size_t bb = kind == QP_Q4_1 ? LOOM_GGUF_Q4_1_BYTES
-                      : kind == QP_Q5_0 ? LOOM_GGUF_Q5_0_BYTES : LOOM_GGUF_Q4_0_BYTES;
+    const size_t bb = kind == QP_Q4_1 ? LOOM_GGUF_Q4_1_BYTES : LOOM_GGUF_Q4_0_BYTES;
     float acc[LOOM_CPU_Q8_MR] = {0};
     for (int64_t b = 0; b < K / 32; b++) {
         const uint8_t *blk = row + (size_t)b * bb;
         const float d = loom_gguf_f16(blk);
-        const float m = kind == QP_Q4_1 ? loom_gguf_f16(blk + 2) : kind == QP_Q5_0 ? -16.0f * d : -8.0f * d;
+        const float m = kind == QP_Q4_1 ? loom_gguf_f16(blk + 2) : -8.0f * d;
         uint8_t c[32];
         qp_codes(blk, kind, c);
         for (int t = 0; t < mr; t++) {
@@ -125,22 +125,38 @@ static void qp_q4_1(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr,
     qp_q4(row, K, x, mr, out, QP_Q4_1);
 }
 
+/* q8_0 and q5_0 (q5 = 1): signed codes and one scale a block. q5_0's codes
+ * minus 16 are q8_0's block of the same values, so its result is the q8_0
+ * kernel's on that block, bit for bit (no offset term). */
+static void qp_q8(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out, const int q5) {
+    float acc[LOOM_CPU_Q8_MR] = {0};
+    for (int64_t b = 0; b < K / 32; b++) {
+        const uint8_t *blk = row + (size_t)b * (q5 ? LOOM_GGUF_Q5_0_BYTES : LOOM_GGUF_Q8_0_BYTES);
+        int8_t c[32];
+        const int8_t *w = (const int8_t *)(blk + 2);
+        if (q5) {
+            uint8_t u[32];
+            qp_codes(blk, QP_Q5_0, u);
+            for (int j = 0; j < 32; j++) c[j] = (int8_t)(u[j] - 16);
+            w = c;
+        }
+        const float d = loom_gguf_f16(blk);
+        for (int t = 0; t < mr; t++) {
+            const int8_t *xq = x[t].q + 32 * b;
+            int32_t s = 0;
+            for (int j = 0; j < 32; j++) s += w[j] * xq[j];
+            acc[t] += d * x[t].d[b] * (float)s;
+        }
+    }
+    for (int t = 0; t < mr; t++) out[t] = acc[t];
+}
+
 static void qp_q5_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
-    qp_q4(row, K, x, mr, out, QP_Q5_0);
+    qp_q8(row, K, x, mr, out, 1);
 }
 
 static void qp_q8_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) {
-    for (int t = 0; t < mr; t++) {
-        float acc = 0.0f;
-        for (int64_t b = 0; b < K / 32; b++) {
-            const uint8_t *blk = row + (size_t)b * LOOM_GGUF_Q8_0_BYTES;
-            const int8_t *w = (const int8_t *)(blk + 2), *xq = x[t].q + 32 * b;
-            int32_t s = 0;
-            for (int j = 0; j < 32; j++) s += w[j] * xq[j];
-            acc += loom_gguf_f16(blk) * x[t].d[b] * (float)s;
-        }
-        out[t] = acc;
-    }
+    qp_q8(row, K, x, mr, out, 0);
 }
 
 /* q4_k (q5 = 0) and q5_k (q5 = 1): the same scales and nibbles; q5_k's

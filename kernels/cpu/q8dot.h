@@ -7,7 +7,8 @@
  * Activations: each token's K floats become K/32 blocks of int8 codes with
  * one float scale each (d = max|x| / 127, q = rint(x / d)) and the block's
  * d * sum(q) (the term a weight offset multiplies: q4_1's min, q4_0's -8,
- * q5_0's -16, q4_k's and q5_k's mins). Weight codes times activation codes accumulate in int32
+ * q4_k's and q5_k's mins; q5_0 is dotted as the q8_0 block of its values,
+ * codes - 16). Weight codes times activation codes accumulate in int32
  * per block (or per 16-weight scale group), and only then meet the float
  * scales. The result differs from the float-activation product by the
  * activation rounding alone: at most d/2 per activation.

@@ -65,22 +65,20 @@ QD_INLINE __m256i qd_nibbles16(const uint8_t *p) {
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 
-/* The 32-element block types with one scale and one offset a block, all
- * dotted alike (codes unsigned, the offset times the activations' d * sum
- * apart): q4_0 (w = d (q - 8)), q4_1 (w = d q + m) and q5_0 (w = d (q -
- * 16), q's bit 4 from qh). `kind` is a constant after inlining. */
-enum { QD_KIND_Q4_0, QD_KIND_Q4_1, QD_KIND_Q5_0 };
+/* The 32-element block types with one scale and one offset a block, dotted
+ * alike (codes unsigned, the offset times the activations' d * sum apart):
+ * q4_0 (w = d (q - 8)) and q4_1 (w = d q + m). `kind` is a constant after
+ * inlining. */
+enum { QD_KIND_Q4_0, QD_KIND_Q4_1 };
 
 QD_INLINE size_t qd_q4_bytes(const int kind) {
-    return kind == QD_KIND_Q4_1 ? LOOM_GGUF_Q4_1_BYTES
-           : kind == QD_KIND_Q5_0 ? LOOM_GGUF_Q5_0_BYTES : LOOM_GGUF_Q4_0_BYTES;
+    return kind == QD_KIND_Q4_1 ? LOOM_GGUF_Q4_1_BYTES : LOOM_GGUF_Q4_0_BYTES;
 }
 
-/* A block's scale d in lane 0 of the result and its offset (-8 d, m or
- * -16 d) in lane 1: q4_1's two f16 sit side by side and convert in one
- * instruction; q4_0's and q5_0's d stays in the vector unit, and one
- * multiply by (1, -8 or -16) makes both lanes (exact: powers of two), ~7%
- * less time a q5_0 row than a scalar d and two inserts. */
+/* A block's scale d in lane 0 of the result and its offset (-8 d or m) in
+ * lane 1: q4_1's two f16 sit side by side and convert in one instruction;
+ * q4_0's d stays in the vector unit, and one multiply by (1, -8) makes both
+ * lanes (exact: a power of two). */
 QD_INLINE __m128 qd_q4_dm(const uint8_t *blk, const int kind) {
     if (kind == QD_KIND_Q4_1) {
         int32_t dm;
@@ -90,7 +88,7 @@ QD_INLINE __m128 qd_q4_dm(const uint8_t *blk, const int kind) {
     uint16_t h;
     memcpy(&h, blk, 2);
     const __m128 d = _mm_moveldup_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
-    return _mm_mul_ps(d, _mm_setr_ps(1.0f, kind == QD_KIND_Q5_0 ? -16.0f : -8.0f, 0.0f, 0.0f));
+    return _mm_mul_ps(d, _mm_setr_ps(1.0f, -8.0f, 0.0f, 0.0f));
 }
 
 /* q5_0's fifth code bits: bit j of the 32 little-endian bits at p as bit 4
@@ -113,14 +111,26 @@ QD_INLINE __m256i qd_q5_0_bits(const uint8_t *p) {
 #endif
 }
 
-/* A block's 32 codes as unsigned bytes, in element order. */
+/* A q4 block's 32 codes as unsigned bytes, in element order. */
 QD_INLINE __m256i qd_q4_codes(const uint8_t *blk, const int kind) {
-    if (kind == QD_KIND_Q4_0) return qd_nibbles16(blk + 2);
-    if (kind == QD_KIND_Q4_1) return qd_nibbles16(blk + 4);
-    return _mm256_or_si256(qd_nibbles16(blk + LOOM_GGUF_Q5_0_QS), qd_q5_0_bits(blk + LOOM_GGUF_Q5_0_QH));
+    return qd_nibbles16(blk + (kind == QD_KIND_Q4_1 ? 4 : 2));
 }
 
-/* One block b of a q4_0 / q4_1 / q5_0 row against MR tokens: acc[t] +=
+/* The two block types with signed codes and one scale a block, dotted
+ * alike: q8_0 (32 int8 codes) and q5_0 (q5 = 1: codes nibble | bit 4 from
+ * qh, minus 16, which is q8_0's block of the same values — the result is
+ * the q8_0 kernel's on that block, bit for bit, and needs no offset term
+ * whose rounding would stand next to a large dot). */
+QD_INLINE size_t qd_q8_bytes(const int q5) { return q5 ? LOOM_GGUF_Q5_0_BYTES : LOOM_GGUF_Q8_0_BYTES; }
+
+QD_INLINE __m256i qd_q8_codes(const uint8_t *blk, const int q5) {
+    if (!q5) return qd_load(blk + 2);
+    const __m256i u =
+        _mm256_or_si256(qd_nibbles16(blk + LOOM_GGUF_Q5_0_QS), qd_q5_0_bits(blk + LOOM_GGUF_Q5_0_QH));
+    return _mm256_sub_epi8(u, _mm256_set1_epi8(16));
+}
+
+/* One block b of a q4_0 / q4_1 row against MR tokens: acc[t] +=
  * (d dx) (w . x), off[t] += offset * s (the offset times the block's sum
  * of x). */
 QD_INLINE void qd_q4_block(const uint8_t *blk, int64_t b, const loom_cpu_q8 *const *xt,
@@ -136,7 +146,7 @@ QD_INLINE void qd_q4_block(const uint8_t *blk, int64_t b, const loom_cpu_q8 *con
     }
 }
 
-/* q4_0 / q4_1 / q5_0 rows: one accumulator (and one offset sum) per
+/* q4_0 / q4_1 rows: one accumulator (and one offset sum) per
  * token, blocks in order. At batch 1 the independent FMA chains come from
  * rows instead (qd_q4_rows), which repeat this arithmetic per row exactly. */
 QD_INLINE void qd_q4(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int MR, int mr,
@@ -155,9 +165,9 @@ QD_INLINE void qd_q4(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const 
 }
 
 QD_INLINE void qd_q8_0_block(const uint8_t *blk, int64_t b, const loom_cpu_q8 *const *xt,
-                             const int MR, __m256 *acc) {
+                             const int MR, __m256 *acc, const int q5) {
     const __m128 d = _mm_set_ss(qd_f16(blk));
-    const __m256i w = qd_load(blk + 2);
+    const __m256i w = qd_q8_codes(blk, q5);
     for (int t = 0; t < MR; t++) {
         const __m256 p = _mm256_cvtepi32_ps(qd_dot_ss(w, qd_load(xt[t]->q + 32 * b)));
         const __m128 ddx = _mm_mul_ss(d, _mm_load_ss(xt[t]->d + b));
@@ -165,9 +175,9 @@ QD_INLINE void qd_q8_0_block(const uint8_t *blk, int64_t b, const loom_cpu_q8 *c
     }
 }
 
-/* q8_0 rows; one accumulator per token as in qd_q4. */
+/* q8_0 / q5_0 rows; one accumulator per token as in qd_q4. */
 QD_INLINE void qd_q8_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int MR, int mr,
-                       float *out) {
+                       float *out, const int q5) {
     __m256 acc[LOOM_CPU_Q8_MR];
     const loom_cpu_q8 *xt[LOOM_CPU_Q8_MR];
     for (int t = 0; t < MR; t++) {
@@ -175,7 +185,7 @@ QD_INLINE void qd_q8_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, cons
         xt[t] = &x[t < mr ? t : 0];
     }
     for (int64_t b = 0; b < K / 32; b++)
-        qd_q8_0_block(row + (size_t)b * LOOM_GGUF_Q8_0_BYTES, b, xt, MR, acc);
+        qd_q8_0_block(row + (size_t)b * qd_q8_bytes(q5), b, xt, MR, acc, q5);
     for (int t = 0; t < mr; t++) out[t] = qd_hsum(acc[t]);
 }
 
@@ -303,15 +313,15 @@ QD_INLINE void qd_q4_rows(const uint8_t *r0, size_t stride, const int R, int64_t
     for (int r = 0; r < R; r++) out[r] = qd_hsum(a[r]) + _mm_cvtss_f32(o[r]);
 }
 
-/* R q8_0 rows, one token, as qd_q4_rows. */
+/* R q8_0 / q5_0 rows, one token, as qd_q4_rows. */
 QD_INLINE void qd_q8_0_rows(const uint8_t *r0, size_t stride, const int R, int64_t K,
-                            const loom_cpu_q8 *x, float *out) {
+                            const loom_cpu_q8 *x, float *out, const int q5) {
     const loom_cpu_q8 *xt[1] = {x};
     __m256 a[4];
     for (int r = 0; r < R; r++) a[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < K / 32; b++)
         for (int r = 0; r < R; r++)
-            qd_q8_0_block(r0 + (size_t)r * stride + (size_t)b * LOOM_GGUF_Q8_0_BYTES, b, xt, 1, &a[r]);
+            qd_q8_0_block(r0 + (size_t)r * stride + (size_t)b * qd_q8_bytes(q5), b, xt, 1, &a[r], q5);
     for (int r = 0; r < R; r++) out[r] = qd_hsum(a[r]);
 }
 
@@ -327,12 +337,12 @@ static void qd_pair_q4_1(const uint8_t *r0, const uint8_t *r1, int64_t K, const 
 
 static void qd_pair_q5_0(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
                          float *out) {
-    qd_q4_rows(r0, (size_t)(r1 - r0), 2, K, x, out, QD_KIND_Q5_0);
+    qd_q8_0_rows(r0, (size_t)(r1 - r0), 2, K, x, out, 1);
 }
 
 static void qd_pair_q8_0(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x,
                          float *out) {
-    qd_q8_0_rows(r0, (size_t)(r1 - r0), 2, K, x, out);
+    qd_q8_0_rows(r0, (size_t)(r1 - r0), 2, K, x, out, 0);
 }
 
 static void qd_quad_q4_0(const uint8_t *r0, size_t stride, int64_t K, const loom_cpu_q8 *x,
@@ -347,12 +357,12 @@ static void qd_quad_q4_1(const uint8_t *r0, size_t stride, int64_t K, const loom
 
 static void qd_quad_q5_0(const uint8_t *r0, size_t stride, int64_t K, const loom_cpu_q8 *x,
                          float *out) {
-    qd_q4_rows(r0, stride, 4, K, x, out, QD_KIND_Q5_0);
+    qd_q8_0_rows(r0, stride, 4, K, x, out, 1);
 }
 
 static void qd_quad_q8_0(const uint8_t *r0, size_t stride, int64_t K, const loom_cpu_q8 *x,
                          float *out) {
-    qd_q8_0_rows(r0, stride, 4, K, x, out);
+    qd_q8_0_rows(r0, stride, 4, K, x, out, 0);
 }
 
 /* The activation quantizer of q8dot.h, 32 floats a block: max |x| and
@@ -403,13 +413,14 @@ void QD_QUANTIZE(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
     }
 #define QD_Q4_0(r, K, x, MR, mr, o) qd_q4(r, K, x, MR, mr, o, QD_KIND_Q4_0)
 #define QD_Q4_1(r, K, x, MR, mr, o) qd_q4(r, K, x, MR, mr, o, QD_KIND_Q4_1)
-#define QD_Q5_0(r, K, x, MR, mr, o) qd_q4(r, K, x, MR, mr, o, QD_KIND_Q5_0)
+#define QD_Q5_0(r, K, x, MR, mr, o) qd_q8_0(r, K, x, MR, mr, o, 1)
+#define QD_Q8_0(r, K, x, MR, mr, o) qd_q8_0(r, K, x, MR, mr, o, 0)
 QD_ENTRY(qd_row_q4_0, QD_Q4_0)
 QD_ENTRY(qd_row_q4_1, QD_Q4_1)
 QD_ENTRY(qd_row_q5_0, QD_Q5_0)
 #define QD_Q4_K(r, K, x, MR, mr, o) qd_qk(r, K, x, MR, mr, o, 0)
 #define QD_Q5_K(r, K, x, MR, mr, o) qd_qk(r, K, x, MR, mr, o, 1)
-QD_ENTRY(qd_row_q8_0, qd_q8_0)
+QD_ENTRY(qd_row_q8_0, QD_Q8_0)
 QD_ENTRY(qd_row_q4_k, QD_Q4_K)
 QD_ENTRY(qd_row_q5_k, QD_Q5_K)
 QD_ENTRY(qd_row_q6_k, qd_q6_k)
@@ -450,7 +461,7 @@ loom_cpu_q8dot4_fn *const QD_TABLE4[LOOM_CPU_Q8_NKINDS] = {
 
 /* ------------------------------------------------ small batches (q8g) */
 
-/* One q4_0 / q4_1 / q5_0 row against MR (4 or 8) tokens of a q8g group: per
+/* One q4_0 / q4_1 row against MR (4 or 8) tokens of a q8g group: per
  * token exactly qd_q4's operations in qd_q4's order (the products d dx of
  * all tokens in one multiply, the offset sums of all tokens in one FMA,
  * lane t doing what the row kernel's scalar does), so every token's result
@@ -489,14 +500,15 @@ QD_INLINE void qd_q4_g(const uint8_t *row, int64_t K, const loom_cpu_q8g *x, con
     for (int t = 0; t < MR; t++) out[t] = qd_hsum(acc[t]) + o[t];
 }
 
-/* One q8_0 row against MR tokens of a q8g group: qd_q8_0's operations per
- * token, as qd_q4_g. */
-QD_INLINE void qd_q8_0_g(const uint8_t *row, int64_t K, const loom_cpu_q8g *x, const int MR, float *out) {
+/* One q8_0 / q5_0 row against MR tokens of a q8g group: qd_q8_0's
+ * operations per token, as qd_q4_g. */
+QD_INLINE void qd_q8_0_g(const uint8_t *row, int64_t K, const loom_cpu_q8g *x, const int MR, float *out,
+                         const int q5) {
     __m256 acc[LOOM_CPU_Q8_G];
     for (int t = 0; t < MR; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < K / 32; b++) {
-        const uint8_t *blk = row + (size_t)b * LOOM_GGUF_Q8_0_BYTES;
-        const __m256i w = qd_load(blk + 2);
+        const uint8_t *blk = row + (size_t)b * qd_q8_bytes(q5);
+        const __m256i w = qd_q8_codes(blk, q5);
         const __m256i wa = _mm256_sign_epi8(w, w);
         const int8_t *xq = x->q + b * (32 * LOOM_CPU_Q8_G);
         const float *xd = x->d + b * LOOM_CPU_Q8_G;
@@ -638,11 +650,12 @@ QD_INLINE void qd_q6_k_g(const uint8_t *row, int64_t K, const loom_cpu_q8g *x, c
     }
 #define QD_Q4_0G(r, K, x, MR, o) qd_q4_g(r, K, x, MR, o, QD_KIND_Q4_0)
 #define QD_Q4_1G(r, K, x, MR, o) qd_q4_g(r, K, x, MR, o, QD_KIND_Q4_1)
-#define QD_Q5_0G(r, K, x, MR, o) qd_q4_g(r, K, x, MR, o, QD_KIND_Q5_0)
+#define QD_Q5_0G(r, K, x, MR, o) qd_q8_0_g(r, K, x, MR, o, 1)
+#define QD_Q8_0G(r, K, x, MR, o) qd_q8_0_g(r, K, x, MR, o, 0)
 QD_GENTRY(qd_gemm_q4_0, QD_Q4_0G)
 QD_GENTRY(qd_gemm_q4_1, QD_Q4_1G)
 QD_GENTRY(qd_gemm_q5_0, QD_Q5_0G)
-QD_GENTRY(qd_gemm_q8_0, qd_q8_0_g)
+QD_GENTRY(qd_gemm_q8_0, QD_Q8_0G)
 
 /* The k-quants: passes of QD_KG tokens from token t0. */
 #define QD_KGENTRY(name, body)                                                                    \

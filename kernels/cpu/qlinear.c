@@ -8,8 +8,7 @@
  * rows are spread over the pool, by M:
  *   GGUF      at every M, each row's blocks are dotted in integers with the
  *             q8 activations (q8dot.h): 4 rows a call at M = 1; above, the
- *             group kernel (8 tokens interleaved; q4_0, q4_1, q5_0, q8_0) or 4
- *             tokens a row call in 16-token tiles (k-quants);
+ *             group kernel (8 tokens interleaved, every block type);
  *   M <= 4    each row is decoded 32 weights at a time into vector registers
  *             and multiplied with every token (decode is the cost at batch 1,
  *             so it happens once per weight, next to the FMAs);

@@ -16,12 +16,10 @@
  *                      tokens equal, max |diff| 1e-5).
  *   weight_dtype gguf: the blocks as stored, dotted with 8-bit block
  *                      activations (llama.cpp's scheme) where the reference
- *                      keeps float32 activations: 0.3 (measured: max 0.25,
- *                      mean 0.022 over 46 equal tokens on the x86 kernels,
- *                      max 0.09 over 38 on the portable ones; the
- *                      reference's own top-2 margins fall to 0.006, 0.014
- *                      and 0.14, where the runs swap the two tokens and
- *                      stop comparing).
+ *                      keeps float32 activations: 0.3 (measured: max 0.11,
+ *                      mean 0.02 over 30 equal tokens; the reference's own
+ *                      top-2 margins fall to 0.006, 0.014 and 0.14, where
+ *                      the runs swap the two tokens and stop comparing).
  * Then the window-aware cache (block-table groups, local layers' blocks
  * freed behind the window) against one that keeps everything: bit-equal
  * greedy and sampled tokens and log-probs with prompts past the window, a

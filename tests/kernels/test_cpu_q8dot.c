@@ -355,6 +355,60 @@ Test(q8dot, group_kernel_is_the_row_kernel_bit_for_bit) {
  * activations, every instruction set here, 1..4 tokens: within float32
  * rounding of the float64 product (the weights convert exactly), and each
  * token's result the same whatever the token count of the call. */
+/* q5_0 is dotted as the q8_0 block of the same values (codes - 16): on
+ * every ISA here each of its kernels (row at 1..4 tokens, pair, quad,
+ * group) gives bit for bit what the q8_0 kernel gives on the row widened by
+ * loom_gguf_q5_0_to_q8_0 — the numbers the GGUF loader's widening gave. */
+Test(q8dot, q5_0_is_q8_0_of_the_widened_row_bit_for_bit) {
+    test_rng r = rng_seeded("q8dot.q5_0_widened");
+    static uint8_t row[4 * MAXK], wide[4 * MAXK * 2];
+    static float x[LOOM_CPU_Q8_G][MAXK];
+    static _Alignas(64) uint8_t xb[LOOM_CPU_Q8_G][MAXK * 2];
+    static _Alignas(64) uint8_t gb[LOOM_CPU_Q8_G * MAXK * 2];
+    loom_cpu_q8 xq[LOOM_CPU_Q8_G];
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        if (!loom_cpu_q8_force_isa(isas[i])) continue;
+        for (int it = 0; it < 30; it++) {
+            const int64_t K = 32 * (1 + rng_int(&r, MAXK / 32)), nb = K / 32;
+            const size_t rb = (size_t)nb * LOOM_GGUF_Q5_0_BYTES, wb = (size_t)nb * LOOM_GGUF_Q8_0_BYTES;
+            for (int k = 0; k < 4; k++) {
+                make_row(&r, LOOM_DTYPE_Q5_0, K, row + k * rb);
+                for (int64_t b = 0; b < nb; b++)
+                    loom_gguf_q5_0_to_q8_0(row + k * rb + b * LOOM_GGUF_Q5_0_BYTES,
+                                           wide + k * wb + b * LOOM_GGUF_Q8_0_BYTES);
+            }
+            for (int m = 0; m < LOOM_CPU_Q8_G; m++) {
+                rng_fill(&r, x[m], K, rng_range(&r, 0.1, 4.0));
+                loom_cpu_q8_quantize(x[m], K, xb[m], &xq[m]);
+            }
+            const int mr = 1 + it % LOOM_CPU_Q8_MR;
+            float a[LOOM_CPU_Q8_G * 4], b[LOOM_CPU_Q8_G * 4];
+            loom_cpu_q8dot(LOOM_DTYPE_Q5_0)(row, K, xq, mr, a);
+            loom_cpu_q8dot(LOOM_DTYPE_Q8_0)(wide, K, xq, mr, b);
+            cr_assert(!memcmp(a, b, sizeof(float) * mr), "%s K %lld: q5_0 row %.9g, widened q8_0 %.9g", isas[i],
+                      (long long)K, a[0], b[0]);
+            loom_cpu_q8dot2(LOOM_DTYPE_Q5_0)(row, row + rb, K, xq, a);
+            loom_cpu_q8dot2(LOOM_DTYPE_Q8_0)(wide, wide + wb, K, xq, b);
+            cr_assert(!memcmp(a, b, sizeof(float) * 2), "%s K %lld: pair", isas[i], (long long)K);
+            loom_cpu_q8dot4(LOOM_DTYPE_Q5_0)(row, rb, K, xq, a);
+            loom_cpu_q8dot4(LOOM_DTYPE_Q8_0)(wide, wb, K, xq, b);
+            cr_assert(!memcmp(a, b, sizeof(float) * 4), "%s K %lld: quad", isas[i], (long long)K);
+            loom_cpu_q8gemm_fn *g5 = loom_cpu_q8gemm(LOOM_DTYPE_Q5_0), *g8 = loom_cpu_q8gemm(LOOM_DTYPE_Q8_0);
+            cr_assert((g5 == NULL) == (g8 == NULL));
+            if (!g5) continue;
+            const int gm = 1 + it % LOOM_CPU_Q8_G;
+            loom_cpu_q8g g;
+            loom_cpu_q8g_pack(xq, gm, K, gb, &g);
+            g5(row, rb, 4, K, &g, gm, a, LOOM_CPU_Q8_G);
+            g8(wide, wb, 4, K, &g, gm, b, LOOM_CPU_Q8_G);
+            for (int k = 0; k < 4; k++)
+                cr_assert(!memcmp(a + k * LOOM_CPU_Q8_G, b + k * LOOM_CPU_Q8_G, sizeof(float) * gm),
+                          "%s K %lld: group, row %d of %d tokens", isas[i], (long long)K, k, gm);
+        }
+    }
+    cr_assert(loom_cpu_q8_force_isa(NULL));
+}
+
 Test(q8dot, sixteen_bit_rows_match_float64_on_every_isa) {
     test_rng r = rng_seeded("q8dot.hdot");
     static uint16_t row[MAXK];
