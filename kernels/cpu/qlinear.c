@@ -799,10 +799,10 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
 
 /* GGUF: rows [n0, n1) of w dotted with the q8 activations (q8dot.h).
  * Batch 1 through the one-, two- and four-row kernels; more tokens through
- * the group kernel where the type has one (q4_0, q4_1, q5_0, q8_0): the rows go
- * in panels of ~12 KiB (in L1), and every group of 8 tokens passes over a
- * panel before the next, so each weight row is read from L2 or memory
- * once a call and unpacked once a group. Other types: up to
+ * the group kernel (every type on x86): the rows go in panels of ~12 KiB
+ * (in L1), and every group of 8 tokens passes over a panel before the
+ * next, so each weight row is read from L2 or memory once a call and
+ * unpacked once a group. Without one (the portable set): up to
  * LOOM_CPU_Q8_MR tokens a call, tokens in tiles of QL_Q8_TILE_M (their
  * codes ~10 KiB at K 576, in L1) with the rows inside. */
 #define QL_Q8_TILE_M 16
