@@ -198,6 +198,35 @@ QD_INLINE __m256i qd_q5_bit(__m256i qh, const int j) {
     return _mm256_and_si256(at, _mm256_set1_epi8(0x10));
 }
 
+/* A q4_k / q5_k super-block's 8 sub-block scales a[j] = d sc_j and
+ * offsets c[j] = dmin mn_j (the row and group kernels' common start). */
+QD_INLINE void qd_qk_scales(const uint8_t *blk, float *a, float *c) {
+    const float d = qd_f16(blk), dmin = qd_f16(blk + 2);
+    uint32_t sw[3];
+    memcpy(sw, blk + LOOM_GGUF_Q4_K_SCALES, sizeof sw);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        uint32_t sc, mn;
+        loom_q4k_scale_min(sw, j, &sc, &mn);
+        a[j] = d * (float)sc;
+        c[j] = dmin * (float)mn;
+    }
+}
+
+/* Sub-blocks 2i (lo) and 2i + 1 (hi) of a q4_k (q5 = 0) / q5_k super-block
+ * as unsigned codes, q5_k's bit 4 from qh (its 32 bytes, loaded once). */
+QD_INLINE void qd_qk_codes(const uint8_t *blk, const int i, const __m256i qh, const int q5, __m256i *lo,
+                           __m256i *hi) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i raw = qd_load(blk + (q5 ? LOOM_GGUF_Q5_K_QS : LOOM_GGUF_Q4_K_QS) + 32 * i);
+    *lo = _mm256_and_si256(raw, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+    if (q5) {
+        *lo = _mm256_or_si256(*lo, qd_q5_bit(qh, 2 * i));
+        *hi = _mm256_or_si256(*hi, qd_q5_bit(qh, 2 * i + 1));
+    }
+}
+
 /* q4_k (q5 = 0) and q5_k (q5 = 1): 8 sub-blocks of 32 a super-block, each
  * w = (d sc) q - dmin mn; sub-blocks 2i and 2i + 1 are the low and high
  * nibbles of the same 32 bytes, and each lines up with one activation
@@ -215,31 +244,15 @@ QD_INLINE void qd_qk(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const 
         xt[t] = &x[t < mr ? t : 0];
     }
     const size_t bb = q5 ? LOOM_GGUF_Q5_K_BYTES : LOOM_GGUF_Q4_K_BYTES;
-    const size_t qs_at = q5 ? LOOM_GGUF_Q5_K_QS : LOOM_GGUF_Q4_K_QS;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t sb = 0; sb < K / 256; sb++) {
         const uint8_t *blk = row + (size_t)sb * bb;
-        const float d = qd_f16(blk), dmin = qd_f16(blk + 2);
-        uint32_t sw[3];
-        memcpy(sw, blk + LOOM_GGUF_Q4_K_SCALES, sizeof sw);
         float a[8], c[8];
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            uint32_t sc, mn;
-            loom_q4k_scale_min(sw, j, &sc, &mn);
-            a[j] = d * (float)sc;
-            c[j] = dmin * (float)mn;
-        }
+        qd_qk_scales(blk, a, c);
         const __m256i qh = q5 ? qd_load(blk + LOOM_GGUF_Q5_K_QH) : _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
-            const __m256i raw = qd_load(blk + qs_at + 32 * i);
-            __m256i lo = _mm256_and_si256(raw, m4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-            if (q5) {
-                lo = _mm256_or_si256(lo, qd_q5_bit(qh, 2 * i));
-                hi = _mm256_or_si256(hi, qd_q5_bit(qh, 2 * i + 1));
-            }
+            __m256i lo, hi;
+            qd_qk_codes(blk, i, qh, q5, &lo, &hi);
             const int64_t xb = 8 * sb + 2 * i;
             for (int t = 0; t < MR; t++) {
                 const loom_cpu_q8 *v = xt[t];
@@ -547,31 +560,15 @@ QD_INLINE void qd_qk_g(const uint8_t *row, int64_t K, const loom_cpu_q8g *x, con
     __m128 off4 = _mm_setzero_ps();
     for (int t = 0; t < MR; t++) acc[t] = acc1[t] = _mm256_setzero_ps();
     const size_t bb = q5 ? LOOM_GGUF_Q5_K_BYTES : LOOM_GGUF_Q4_K_BYTES;
-    const size_t qs_at = q5 ? LOOM_GGUF_Q5_K_QS : LOOM_GGUF_Q4_K_QS;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t sb = 0; sb < K / 256; sb++) {
         const uint8_t *blk = row + (size_t)sb * bb;
-        const float d = qd_f16(blk), dmin = qd_f16(blk + 2);
-        uint32_t sw[3];
-        memcpy(sw, blk + LOOM_GGUF_Q4_K_SCALES, sizeof sw);
         float a[8], c[8];
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            uint32_t sc, mn;
-            loom_q4k_scale_min(sw, j, &sc, &mn);
-            a[j] = d * (float)sc;
-            c[j] = dmin * (float)mn;
-        }
+        qd_qk_scales(blk, a, c);
         const __m256i qh = q5 ? qd_load(blk + LOOM_GGUF_Q5_K_QH) : _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
-            const __m256i raw = qd_load(blk + qs_at + 32 * i);
-            __m256i lo = _mm256_and_si256(raw, m4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-            if (q5) {
-                lo = _mm256_or_si256(lo, qd_q5_bit(qh, 2 * i));
-                hi = _mm256_or_si256(hi, qd_q5_bit(qh, 2 * i + 1));
-            }
+            __m256i lo, hi;
+            qd_qk_codes(blk, i, qh, q5, &lo, &hi);
             const int64_t xb = 8 * sb + 2 * i;
             const int8_t *q0 = x->q + (xb * G + t0) * 32, *q1 = q0 + G * 32;
             const float *d0 = x->d + xb * G + t0, *s0 = x->s + xb * G + t0;
