@@ -269,6 +269,20 @@ QD_INLINE void qd_qk(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const 
     for (int t = 0; t < mr; t++) out[t] = qd_hsum(_mm256_add_ps(acc[t], acc1[t])) - off[t];
 }
 
+/* Sub-block g of a q6_k super-block as signed codes q - 32, and its two
+ * scales d sc (lanes 0..3: the first 16 weights, 4..7: the second). */
+QD_INLINE __m256i qd_q6_k_codes(const uint8_t *blk, const loom_q6k_sub g) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    const __m256i ql = qd_load(blk + g.lo), qh = qd_load(blk + g.ho);
+    const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, g.nsh), m4);
+    const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, g.hsh), m2), 4);
+    return _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+}
+
+QD_INLINE __m256 qd_q6_k_scale(const uint8_t *blk, const loom_q6k_sub g, const float d) {
+    return _mm256_set_m128(_mm_set1_ps(d * (float)(int8_t)blk[g.sc + 1]), _mm_set1_ps(d * (float)(int8_t)blk[g.sc]));
+}
+
 /* q6_k: 8 sub-blocks of 32 (loom_q6k_sub_at), codes q - 32 in [-32, 31],
  * one int8 scale per 16 weights: int32 lanes 0..3 are the first 16, lanes
  * 4..7 the second, so one float vector carries both scales. */
@@ -280,8 +294,6 @@ QD_INLINE void qd_q6_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, cons
         acc[0][t] = acc[1][t] = _mm256_setzero_ps();
         xt[t] = &x[t < mr ? t : 0];
     }
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-    const __m256i m32 = _mm256_set1_epi8(32);
     for (int64_t sb = 0; sb < K / 256; sb++) {
         const uint8_t *blk = row + (size_t)sb * LOOM_GGUF_Q6_K_BYTES;
         const float d = qd_f16(blk + LOOM_GGUF_Q6_K_D);
@@ -289,12 +301,8 @@ QD_INLINE void qd_q6_k(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, cons
         for (int s = 0; s < 8; s++) {
             /* unrolled: the sub-block's places and shifts are constants */
             const loom_q6k_sub g = loom_q6k_sub_at(s);
-            const __m256i ql = qd_load(blk + g.lo), qh = qd_load(blk + g.ho);
-            const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, g.nsh), m4);
-            const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, g.hsh), m2), 4);
-            const __m256i w = _mm256_sub_epi8(_mm256_or_si256(lo, hi), m32);
-            const __m256 sc = _mm256_set_m128(_mm_set1_ps(d * (float)(int8_t)blk[g.sc + 1]),
-                                              _mm_set1_ps(d * (float)(int8_t)blk[g.sc]));
+            const __m256i w = qd_q6_k_codes(blk, g);
+            const __m256 sc = qd_q6_k_scale(blk, g, d);
             const int64_t xb = 8 * sb + s;
             for (int t = 0; t < MR; t++) {
                 const loom_cpu_q8 *v = xt[t];
@@ -605,21 +613,15 @@ QD_INLINE void qd_q6_k_g(const uint8_t *row, int64_t K, const loom_cpu_q8g *x, c
     enum { G = LOOM_CPU_Q8_G };
     __m256 acc[2][G];
     for (int t = 0; t < MR; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-    const __m256i m32 = _mm256_set1_epi8(32);
     for (int64_t sb = 0; sb < K / 256; sb++) {
         const uint8_t *blk = row + (size_t)sb * LOOM_GGUF_Q6_K_BYTES;
         const float d = qd_f16(blk + LOOM_GGUF_Q6_K_D);
 #pragma GCC unroll 8
         for (int s = 0; s < 8; s++) {
             const loom_q6k_sub g = loom_q6k_sub_at(s);
-            const __m256i ql = qd_load(blk + g.lo), qh = qd_load(blk + g.ho);
-            const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, g.nsh), m4);
-            const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, g.hsh), m2), 4);
-            const __m256i w = _mm256_sub_epi8(_mm256_or_si256(lo, hi), m32);
+            const __m256i w = qd_q6_k_codes(blk, g);
             const __m256i wa = _mm256_sign_epi8(w, w);
-            const __m256 sc = _mm256_set_m128(_mm_set1_ps(d * (float)(int8_t)blk[g.sc + 1]),
-                                              _mm_set1_ps(d * (float)(int8_t)blk[g.sc]));
+            const __m256 sc = qd_q6_k_scale(blk, g, d);
             const int64_t xb = 8 * sb + s;
             const int8_t *q0 = x->q + (xb * G + t0) * 32;
             const float *d0 = x->d + xb * G + t0;
