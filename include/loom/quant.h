@@ -57,7 +57,7 @@ typedef struct loom_quant_plan {
  *   INT4     : data U8 (rows, cols/2), low nibble = even column;
  *              scales F32 (rows, cols/group); zeros F32 (rows, cols/group);
  *              w = (q - zero) * scale
- *   GGUF     : data as stored (dtype q4_0/q4_1/q4_k/q8_0/q6_k), no scales
+ *   GGUF     : data as stored (dtype q4_0/q4_1/q5_0/q8_0/q4_k/q5_k/q6_k), no scales
  *   smooth   : SmoothQuant, INT8_W8A8 and FP8_W8A8 only: F32 (cols),
  *              activations are divided by it before quantization (weights
  *              were multiplied); else empty.

@@ -4,6 +4,7 @@
  * CPU that has them).
  */
 #define QD_VNNI 0
+#define QD_AVX512 0
 #define QD_TABLE loom_cpu_q8dot_avx2
 #define QD_TABLE2 loom_cpu_q8dot2_avx2
 #define QD_TABLE4 loom_cpu_q8dot4_avx2

@@ -4,6 +4,7 @@
  * flags for this file alone; q8dot.c calls it only on a CPU that has them).
  */
 #define QD_VNNI 1
+#define QD_AVX512 1
 #define QD_TABLE loom_cpu_q8dot_vnni
 #define QD_TABLE2 loom_cpu_q8dot2_vnni
 #define QD_TABLE4 loom_cpu_q8dot4_vnni

@@ -3,7 +3,8 @@
  * and built once per instruction set: q8dot_avx2.c (-mavx2 -mfma -mf16c),
  * q8dot_avx512.c (adds AVX-512 F, BW, VL) and q8dot_vnni.c (adds VNNI too)
  * include it with QD_TABLE, QD_TABLE2 and QD_TABLE4 naming the tables, QD_QUANTIZE the
- * activation quantizer, QD_HTABLE the 16-bit float kernels and QD_VNNI 0 or 1. The main difference is the unsigned
+ * activation quantizer, QD_HTABLE the 16-bit float kernels, QD_VNNI and QD_AVX512 0 or 1
+ * (the file's own instruction set, not whatever -m flags the build adds). The main difference is the unsigned
  * x signed byte dot: AVX2 multiplies pairs into int16 (maddubs) and adds
  * pairs into int32 (madd); VNNI does both in one vpdpbusd. Either way
  * int32 lane i holds the sum over bytes 4i..4i+3. (AVX-512 also turns
@@ -98,7 +99,7 @@ QD_INLINE __m128 qd_q4_dm(const uint8_t *blk, const int kind) {
 QD_INLINE __m256i qd_q5_0_bits(const uint8_t *p) {
     uint32_t h;
     memcpy(&h, p, 4);
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#if QD_AVX512
     return _mm256_maskz_mov_epi8((__mmask32)h, _mm256_set1_epi8(0x10));
 #else
     /* set1_epi32 repeats p's 4 bytes in both 128-bit lanes, which the
@@ -548,7 +549,7 @@ QD_INLINE void qd_q8_0_g(const uint8_t *row, int64_t K, const loom_cpu_q8g *x, c
 /* Tokens a k-quant group pass holds: eight need 16 accumulators (two a
  * token), which fit AVX-512's 32 registers; AVX2's 16 take two passes of
  * four. */
-#ifdef __AVX512F__
+#if QD_AVX512
 #define QD_KG 8
 #else
 #define QD_KG 4

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "formats/dtype.h"
+#include "formats/gguf_blocks.h"
 
 static int gl_why(char *why, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int gl_why(char *why, size_t n, const char *fmt, ...) {
@@ -103,5 +104,19 @@ int loom_cuda_gguf_window(loom_cuda_gguf t, int64_t cols, int64_t c0, int64_t nc
                       loom_cuda_gguf_name(t), be);
     *src_offset = loom_cuda_gguf_row_bytes(t, c0);
     *width = loom_cuda_gguf_row_bytes(t, nc);
+    return 1;
+}
+
+int loom_cuda_q5_0_rows_as_q8_0(const uint8_t *src, size_t pitch, int64_t cols, int64_t nr, int64_t c0,
+                                int64_t nc, uint8_t *dst, char *why, size_t n) {
+    /* q5_0 and q8_0 blocks hold the same 32 elements: q8_0's window check
+     * is q5_0's */
+    size_t off8, width;
+    if (!loom_cuda_gguf_window(LOOM_CUDA_GGUF_Q8_0, cols, c0, nc, &off8, &width, why, n)) return 0;
+    const size_t off5 = (size_t)(c0 / LOOM_GGUF_Q5_0_ELEMS) * LOOM_GGUF_Q5_0_BYTES;
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t b = 0; b < nc / LOOM_GGUF_Q5_0_ELEMS; b++)
+            loom_gguf_q5_0_to_q8_0(src + (size_t)r * pitch + off5 + (size_t)b * LOOM_GGUF_Q5_0_BYTES,
+                                   dst + (size_t)r * width + (size_t)b * LOOM_GGUF_Q8_0_BYTES);
     return 1;
 }

@@ -81,6 +81,15 @@ int loom_cuda_gguf_plan_group(const loom_cuda_gguf *types, const int64_t *rows, 
 int loom_cuda_gguf_window(loom_cuda_gguf t, int64_t cols, int64_t c0, int64_t nc,
                           size_t *src_offset, size_t *width, char *why, size_t n);
 
+/* q5_0 has no kernel here: the loader uploads its blocks as the q8_0 blocks
+ * of the same values (same scale, codes - 16: exact). Rows [0, nr) of the
+ * column window [c0, c0 + nc) of a q5_0 tensor with rows of `cols`
+ * elements at src, `pitch` bytes apart, to dst as dense q8_0 rows of
+ * loom_cuda_gguf_row_bytes(Q8_0, nc) bytes. Returns 1, or 0 with the reason
+ * when the window is outside the row or cuts a block. */
+int loom_cuda_q5_0_rows_as_q8_0(const uint8_t *src, size_t pitch, int64_t cols, int64_t nr, int64_t c0,
+                                int64_t nc, uint8_t *dst, char *why, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -16,8 +16,8 @@ typedef struct badkv_config {
 } badkv_config;
 
 static const loom_param badkv_params[] = {
-    {"kv", LOOM_PARAM_INT, offsetof(badkv_config, kv), "14", -1000, 1000, NULL,
-     "the loom_dtype value kv_dtype() returns (14 = LOOM_DTYPE_COUNT, the backend's default)"},
+    {"kv", LOOM_PARAM_INT, offsetof(badkv_config, kv), "1000", -1000, 1000, NULL,
+     "the loom_dtype value kv_dtype() returns (1000, the default: LOOM_DTYPE_COUNT, the backend's default)"},
     {NULL, 0, 0, NULL, 0, 0, NULL, NULL},
 };
 
@@ -31,6 +31,7 @@ static loom_status badkv_create(const loom_host *h, const void *config, void **s
     if (!q) return h->error(h->ctx, err, LOOM_ERR_NOMEM, "quantizer.badkv: out of memory");
     q->h = h;
     q->kv = ((const badkv_config *)config)->kv;
+    if (q->kv == 1000) q->kv = LOOM_DTYPE_COUNT; /* the value moves as dtypes are added */
     *self = q;
     return LOOM_OK;
 }

@@ -3,8 +3,9 @@
  * (engine.device_sampling, loom/backend.h forward_topk): the host reference
  * summary of a logits row (loom/logits_topk.h) against a sort, and the same
  * mixed workload with device_sampling on and off giving identical tokens
- * and log-probs, with the candidate path really taken for exactly the rows
- * it can serve exactly.
+ * and log-probs within 1e-4 (a backend's log-sum-exp may round differently
+ * from the host's: the cpu backend's sums float exps), with the candidate
+ * path really taken for exactly the rows it can serve.
  */
 #include <criterion/criterion.h>
 #include <math.h>

@@ -351,14 +351,10 @@ Test(q8dot, group_kernel_is_the_row_kernel_bit_for_bit) {
     cr_assert(loom_cpu_q8_force_isa(NULL));
 }
 
-/* 16-bit float rows (f16, bf16; any K, tails included) times float
- * activations, every instruction set here, 1..4 tokens: within float32
- * rounding of the float64 product (the weights convert exactly), and each
- * token's result the same whatever the token count of the call. */
 /* q5_0 is dotted as the q8_0 block of the same values (codes - 16): on
  * every ISA here each of its kernels (row at 1..4 tokens, pair, quad,
  * group) gives bit for bit what the q8_0 kernel gives on the row widened by
- * loom_gguf_q5_0_to_q8_0 — the numbers the GGUF loader's widening gave. */
+ * loom_gguf_q5_0_to_q8_0. */
 Test(q8dot, q5_0_is_q8_0_of_the_widened_row_bit_for_bit) {
     test_rng r = rng_seeded("q8dot.q5_0_widened");
     static uint8_t row[4 * MAXK], wide[4 * MAXK * 2];
@@ -409,6 +405,10 @@ Test(q8dot, q5_0_is_q8_0_of_the_widened_row_bit_for_bit) {
     cr_assert(loom_cpu_q8_force_isa(NULL));
 }
 
+/* 16-bit float rows (f16, bf16; any K, tails included) times float
+ * activations, every instruction set here, 1..4 tokens: within float32
+ * rounding of the float64 product (the weights convert exactly), and each
+ * token's result the same whatever the token count of the call. */
 Test(q8dot, sixteen_bit_rows_match_float64_on_every_isa) {
     test_rng r = rng_seeded("q8dot.hdot");
     static uint16_t row[MAXK];

@@ -8,7 +8,10 @@
  * copies their rows and windows the way the loader does (cb_upload_gguf: a
  * strided copy per part), then checks every device row is byte for byte the
  * file's row window and that the kernels' reads (up to the next 16-byte
- * boundary of a segment) stay inside the allocation.
+ * boundary of a segment) stay inside the allocation. And q5_0, which the
+ * loader rewrites as q8_0 (loom_cuda_q5_0_rows_as_q8_0): every element of
+ * a rank's column window keeps its value, nothing outside the window's
+ * rows is written, and a window that cuts a block is refused.
  */
 #include <criterion/criterion.h>
 #include <stdbool.h>
@@ -19,6 +22,7 @@
 #include "rng.h"
 #include "loom/tensor.h"
 #include "formats/dtype.h"
+#include "formats/gguf_blocks.h"
 
 static const loom_cuda_gguf all_types[5] = {LOOM_CUDA_GGUF_Q4_0, LOOM_CUDA_GGUF_Q4_1,
                                             LOOM_CUDA_GGUF_Q4_K, LOOM_CUDA_GGUF_Q6_K,
@@ -216,4 +220,37 @@ Test(cuda_gguf_layout, loader_copies_land_on_segment_rows) {
         free(dev);
         for (int i = 0; i < nparts; i++) free(src[i]);
     }
+}
+
+Test(cuda_gguf_layout, q5_0_windows_rewritten_as_q8_0_keep_every_value) {
+    test_rng r = rng_seeded("cuda_gguf_layout.q5_0_as_q8_0");
+    enum { MAXB = 24, MAXR = 5 };
+    static uint8_t src[MAXR * MAXB * LOOM_GGUF_Q5_0_BYTES + 7], dst[MAXR * MAXB * LOOM_GGUF_Q8_0_BYTES + 64];
+    for (int it = 0; it < 200; it++) {
+        const int64_t nb = 1 + rng_int(&r, MAXB), cols = 32 * nb, nr = 1 + rng_int(&r, MAXR);
+        const int64_t b0 = rng_int(&r, nb), nbw = 1 + rng_int(&r, nb - b0);
+        const size_t pitch = (size_t)nb * LOOM_GGUF_Q5_0_BYTES + (size_t)rng_int(&r, 8);
+        for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)rng_int(&r, 256);
+        for (int64_t row = 0; row < nr; row++) /* finite scales: f16 exponents below 31 */
+            for (int64_t b = 0; b < nb; b++) src[(size_t)row * pitch + (size_t)b * LOOM_GGUF_Q5_0_BYTES + 1] &= 0x3B;
+        memset(dst, 0xEE, sizeof dst);
+        char why[160] = "";
+        cr_assert(loom_cuda_q5_0_rows_as_q8_0(src, pitch, cols, nr, 32 * b0, 32 * nbw, dst, why, sizeof why), "%s",
+                  why);
+        const size_t width = loom_cuda_gguf_row_bytes(LOOM_CUDA_GGUF_Q8_0, 32 * nbw);
+        for (int64_t row = 0; row < nr; row++)
+            for (int64_t b = 0; b < nbw; b++) {
+                float want[32], got[32];
+                loom_gguf_dec_q5_0(src + (size_t)row * pitch + (size_t)(b0 + b) * LOOM_GGUF_Q5_0_BYTES, want);
+                loom_gguf_dec_q8_0(dst + (size_t)row * width + (size_t)b * LOOM_GGUF_Q8_0_BYTES, got);
+                cr_assert(!memcmp(want, got, sizeof want), "row %lld block %lld of window [%lld, %lld)",
+                          (long long)row, (long long)b, (long long)b0, (long long)(b0 + nbw));
+            }
+        for (size_t i = (size_t)nr * width; i < sizeof dst; i++) cr_assert_eq(dst[i], 0xEE, "wrote byte %zu", i);
+    }
+    char why[160] = "";
+    cr_assert(!loom_cuda_q5_0_rows_as_q8_0(src, 64 * 22 / 32, 64, 1, 16, 32, dst, why, sizeof why));
+    cr_assert(strstr(why, "whole"), "%s", why);
+    cr_assert(!loom_cuda_q5_0_rows_as_q8_0(src, 64 * 22 / 32, 64, 1, 32, 64, dst, why, sizeof why));
+    cr_assert(strstr(why, "outside"), "%s", why);
 }

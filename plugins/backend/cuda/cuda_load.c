@@ -35,8 +35,6 @@
 #include "cuda_backend.h"
 #include "weight_walk.h"
 
-#include "formats/gguf_blocks.h"
-
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -472,13 +470,12 @@ out:
 
 /* Rows [r0, r0 + nr) x columns [c0, c0 + nc) of q5_0 tensor t (rows of
  * `pitch` bytes) to dst as dense q8_0 rows of `width` bytes: rewritten on
- * the host (loom_gguf_q5_0_to_q8_0) a staging buffer at a time, each
+ * the host (loom_cuda_q5_0_rows_as_q8_0) a staging buffer at a time, each
  * uploaded before the buffer is refilled. */
 static loom_status cb_upload_q5_0(cuda_backend *b, const loom_tensor *t, int64_t r0, int64_t nr, int64_t c0,
                                   int64_t nc, size_t pitch, void *dst, size_t width, loom_error *err) {
     const loom_host *h = b->host;
-    const int64_t nb = nc / LOOM_GGUF_Q5_0_ELEMS;
-    const size_t src_off = loom_dtype_row_bytes(LOOM_DTYPE_Q5_0, c0);
+    const int64_t cols = t->shape[1];
     int64_t chunk = (int64_t)(CB_STAGE_BYTES / width);
     chunk = chunk < 1 ? 1 : chunk > nr ? nr : chunk;
     uint8_t *buf = h->alloc(h->ctx, (size_t)chunk * width);
@@ -488,11 +485,12 @@ static loom_status cb_upload_q5_0(cuda_backend *b, const loom_tensor *t, int64_t
     loom_status st = LOOM_OK;
     for (int64_t r = 0; r < nr && !st; r += chunk) {
         const int64_t n = nr - r < chunk ? nr - r : chunk;
-        for (int64_t i = 0; i < n; i++) {
-            const uint8_t *src = (const uint8_t *)t->data + (size_t)(r0 + r + i) * pitch + src_off;
-            uint8_t *out = buf + (size_t)i * width;
-            for (int64_t k = 0; k < nb; k++)
-                loom_gguf_q5_0_to_q8_0(src + (size_t)k * LOOM_GGUF_Q5_0_BYTES, out + (size_t)k * LOOM_GGUF_Q8_0_BYTES);
+        char why[160] = "";
+        if (!loom_cuda_q5_0_rows_as_q8_0((const uint8_t *)t->data + (size_t)(r0 + r) * pitch, pitch, cols, n, c0, nc,
+                                         buf, why, sizeof why)) {
+            st = h->error(h->ctx, err, LOOM_ERR_FORMAT, "backend cuda: q5_0 tensor '%s': %s", t->name ? t->name : "?",
+                          why);
+            break;
         }
         if (!(st = CB_CUDA(b, err, cudaMemcpyAsync((uint8_t *)dst + (size_t)r * width, buf, (size_t)n * width,
                                                    cudaMemcpyHostToDevice, b->stream))))
