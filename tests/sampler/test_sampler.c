@@ -460,10 +460,16 @@ static void check_big_nucleus(int V, uint64_t seed, double scale, float top_p, f
     free(pr);
 }
 
+/* Gemma 3's vocabulary too, peaked (the first weight threshold of
+ * std_nucleus_bound holds the mass), in between, and flat (no threshold
+ * does: the whole row is ranked). */
 Test(sampler, top_p_large_vocab_matches_full_sort) {
     check_big_nucleus(5000, 11, 2.0, 0.9f, 1.0f);
     check_big_nucleus(128256, 12, 1.5, 0.9f, 0.8f);
     check_big_nucleus(128256, 13, 3.0, 0.5f, 1.0f);
+    check_big_nucleus(262144, 14, 8.0, 0.95f, 0.7f);
+    check_big_nucleus(262144, 15, 2.5, 0.99f, 1.0f);
+    check_big_nucleus(262144, 16, 0.05, 0.9f, 1.0f);
 }
 
 /* ------------------------------------------------------------------ min-p */
