@@ -45,8 +45,9 @@
  * Ranking ties are broken by lower token id everywhere (select.h). Cost per
  * row is O(vocab) for the log-softmax and the filters; sorting is limited
  * to the surviving candidates: a bounded heap for top-k <= STD_HEAP_MAX,
- * quickselect above, and top-p without top-k sorts growing chunks of the
- * best candidates until the nucleus is complete.
+ * quickselect above, and top-p without top-k keeps the candidates above a
+ * weight threshold that already holds the nucleus mass (std_nucleus_bound)
+ * and sorts growing chunks of them until the nucleus is complete.
  *
  * Threads: sample() and probs() are [instance] (loom/sampler.h): the
  * scratch below is per instance, so one instance serves one thread at a
