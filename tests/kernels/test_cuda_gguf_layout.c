@@ -225,7 +225,8 @@ Test(cuda_gguf_layout, loader_copies_land_on_segment_rows) {
 Test(cuda_gguf_layout, q5_0_windows_rewritten_as_q8_0_keep_every_value) {
     test_rng r = rng_seeded("cuda_gguf_layout.q5_0_as_q8_0");
     enum { MAXB = 24, MAXR = 5 };
-    static uint8_t src[MAXR * MAXB * LOOM_GGUF_Q5_0_BYTES + 7], dst[MAXR * MAXB * LOOM_GGUF_Q8_0_BYTES + 64];
+    /* rows up to 7 bytes apart beyond their blocks */
+    static uint8_t src[MAXR * (MAXB * LOOM_GGUF_Q5_0_BYTES + 7)], dst[MAXR * MAXB * LOOM_GGUF_Q8_0_BYTES + 64];
     for (int it = 0; it < 200; it++) {
         const int64_t nb = 1 + rng_int(&r, MAXB), cols = 32 * nb, nr = 1 + rng_int(&r, MAXR);
         const int64_t b0 = rng_int(&r, nb), nbw = 1 + rng_int(&r, nb - b0);
