@@ -37,7 +37,14 @@ dir=${LOOM_LLAMACPP_DIR:-${LOOM_CACHE:-$HOME/.cache/loom}/llamacpp}
 reps=${REPEATS:-3}
 depths=${DEPTHS:-3000 7000}
 all=$(nproc)
-lb=$dir/build-$ver/bin/llama-bench
+# llama.cpp's AMX matmul (ggml_backend_amx_mul_mat, compiled in by
+# GGML_NATIVE where the CPU has AMX) dies on its first ldtilecfg on the
+# Sapphire Rapids machines here (a general protection fault, permission
+# granted or not): build it without AMX there, as its AVX-512 kernels
+amx=""
+grep -qw amx_tile /proc/cpuinfo && amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+bdir=$dir/build-$ver${amx:+-noamx}
+lb=$bdir/bin/llama-bench
 
 # the table at the end reads the file with gguf-py and measures memcpy
 # bandwidth with numpy: say so now, not after minutes of benchmarks
@@ -52,11 +59,12 @@ if [ ! -x "$lb" ]; then
   [ -f "$sdist" ] || pip download --no-binary :all: --no-deps "llama-cpp-python==$ver" -d "$dir"
   tar -xzf "$sdist" -C "$dir"
   src=$dir/llama_cpp_python-$ver/vendor/llama.cpp
-  cmake -S "$src" -B "$dir/build-$ver" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  cmake -S "$src" -B "$bdir" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DCMAKE_C_FLAGS="$amx" -DCMAKE_CXX_FLAGS="$amx" \
     -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF >/dev/null
-  cmake --build "$dir/build-$ver" --target llama-bench -j "$all"
+  cmake --build "$bdir" --target llama-bench -j "$all"
 fi
 
 tmp=$(mktemp -d)
