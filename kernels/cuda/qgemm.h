@@ -126,6 +126,15 @@ long lc_qtiled_wgmma_count(void);
 void lc_qtiled_set_wgmma_tma(int mode);
 /* TMA calls of the wgmma path that fell back to cp.async (no tensor map). */
 long lc_qtiled_tma_fallback_count(void);
+/* The stream kernel (no staging, K split over a CTA's warps) from 1 to
+ * this many rows, not in batch-invariant mode; the mma.sync kernel above
+ * and with 0. For gpu_bench and the kernel tests, process-wide. */
+#define LC_QG_MAX_M 8
+void lc_qtiled_set_gemv_max_m(int m);
+/* the stream kernel's weight tiles in flight a warp: 4 (default) or 8 */
+void lc_qtiled_set_gemv_u(int u);
+/* lc_qtiled calls that ran the stream kernel so far. */
+long lc_qtiled_gemv_count(void);
 cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s);
 /* The tiled bound of loom_cuda_qgemm_set_tiled_max_m (gemm.c holds it). */
 int lc_gemm_q_tiled_max_m(const loom_cuda_gemm *g);

@@ -443,6 +443,107 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
 }
 
 
+/* ------------------------------------------ up to 8 rows: a stream (GEMV) */
+
+/* At 1 .. LC_QG_MAX_M rows (the mma's n: 8 tokens) nothing is staged: a CTA
+ * owns one row tile (16 weight rows) for all of K, its LC_QG_WARPS warps
+ * split K (warp w takes warp tiles [C w / 8, C (w + 1) / 8) of the row
+ * tile's C), and each warp streams its tiles straight from global memory
+ * into registers — one evict-first 16-byte load a lane a tile, the tiled
+ * layout making a warp tile's 512 bytes contiguous — U tiles in flight
+ * while the last U are decoded (lc_qg_u). The decode and the mma are the
+ * mma.sync kernel's (the fused INT4 decode, W8A16's exact codes); the B
+ * fragments are x's words read from global memory (every CTA reads the same
+ * x: L1 and L2 hold it), zeros for tokens past M. The warps' fp32 sums meet
+ * in shared memory and warp 0 adds them in warp order (fixed: the same bits
+ * every run). The mma.sync kernel at these rows stages everything through
+ * shared memory with cp.async and splits small matrices' K over CTAs into
+ * partial sums and a reduce kernel; here no copy instruction, no barrier
+ * in the loop and no second kernel. The first U tiles are asked for before
+ * griddepcontrol.wait (weights do not depend on the kernel before). Not in
+ * batch-invariant mode (the mma.sync kernel's split of one row there). */
+#define LC_QG_WARPS 8
+
+template <typename T, int FMT, bool F32, int U>
+__global__ void __launch_bounds__(LC_QG_WARPS * 32)
+    lc_qtiled_gemv_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd,
+                          const float *__restrict__ sc, void *__restrict__ y, int M, int N, int K, int group) {
+    typedef lc_qt<FMT> F;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x, C = K / F::KC;
+    const int c_lo = (int)((long long)C * warp / LC_QG_WARPS), c_hi = (int)((long long)C * (warp + 1) / LC_QG_WARPS);
+    const uint8_t *wt = wd + (size_t)tile * C * 512 + lane * 16;
+    const int groups = F::I4 ? K / group : 1;
+    /* INT4: the row tile's (s, b') dt pairs, 16 words (its rows) a group */
+    const uint32_t *sp = reinterpret_cast<const uint32_t *>(sc) + (size_t)tile * groups * 16;
+    const bool live = g < M; /* lane's token: B column g */
+    /* x's word of columns (2t, 2t + 1) of the lane's token */
+    const uint32_t *xw = reinterpret_cast<const uint32_t *>(x + (size_t)(live ? g : 0) * K) + t;
+    uint4 nxt[U];
+    auto load = [&](int c) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            nxt[u] = c + u < c_hi ? __ldcs(reinterpret_cast<const uint4 *>(wt + (size_t)(c + u) * 512))
+                                  : make_uint4(0u, 0u, 0u, 0u);
+    };
+    load(c_lo);
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int c = c_lo; c < c_hi; c += U) {
+        uint4 cur[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) cur[u] = nxt[u];
+        if (c + U < c_hi) load(c + U);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int cc = c + u;
+            if (cc >= c_hi) break;
+            uint32_t s2a = 0, b2a = 0, s2b = 0, b2b = 0;
+            if constexpr (F::I4) {
+                const uint32_t *gp = sp + (size_t)((cc * F::KC) / group) * 16;
+                const uint32_t pa = __ldg(gp + g), pb = __ldg(gp + g + 8);
+                s2a = __byte_perm(pa, 0, 0x1010), b2a = __byte_perm(pa, 0, 0x3232);
+                s2b = __byte_perm(pb, 0, 0x1010), b2b = __byte_perm(pb, 0, 0x3232);
+            }
+#pragma unroll
+            for (int j = 0; j < F::J; j++) {
+                const int kw = (cc * F::KC + 16 * j) >> 1; /* the step's first column, in words */
+                const uint32_t b0 = live ? __ldg(xw + kw) : 0u, b1 = live ? __ldg(xw + kw + 4) : 0u;
+                uint32_t a[4];
+                if constexpr (F::I4) {
+                    lc_qt_dec4<T>(lc_qt_word(cur[u], j), s2a, b2a, s2b, b2b, a);
+                } else {
+                    lc_qt_dec8<T>(lc_qt_word(cur[u], 2 * j), a[0], a[1]);
+                    lc_qt_dec8<T>(lc_qt_word(cur[u], 2 * j + 1), a[2], a[3]);
+                }
+                lc_mma16816<T>(acc, a, b0, b1);
+            }
+        }
+    }
+    __shared__ float4 red[LC_QG_WARPS][32];
+    red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __syncthreads();
+    if (warp != 0) return;
+    float v[4] = {acc[0], acc[1], acc[2], acc[3]};
+#pragma unroll
+    for (int w = 1; w < LC_QG_WARPS; w++) {
+        const float4 o = red[w][lane];
+        v[0] += o.x, v[1] += o.y, v[2] += o.z, v[3] += o.w;
+    }
+    /* C: rows g, g + 8 of the tile; tokens 2t, 2t + 1 */
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int n = tile * 16 + g + (i >= 2 ? 8 : 0), m = 2 * t + (i & 1);
+        if (m >= M) continue;
+        float val = v[i];
+        if constexpr (!F::I4) val *= __ldg(sc + n);
+        const size_t o = (size_t)m * N + n;
+        if (F32) static_cast<float *>(y)[o] = val;
+        else static_cast<T *>(y)[o] = lc_from_f<T>(val);
+    }
+}
+
 /* ------------------------------------------------- wgmma (Hopper) path */
 
 /* From 17 rows (lc_qtiled's wgmma_min_m) a CTA of two warpgroups owns the
@@ -1183,11 +1284,37 @@ extern "C" void lc_qtiled_set_wgmma_tma(int mode) {
 static long lc_qtiled_wg_runs; /* calls that took the wgmma path (the kernel tests check the dispatch) */
 extern "C" long lc_qtiled_wgmma_count(void) { return __atomic_load_n(&lc_qtiled_wg_runs, __ATOMIC_RELAXED); }
 
-/* one format and output type: the mma.sync kernel, or the wgmma path's
- * kernel that `mode` (lc_qw_tma's) picks */
+/* the stream kernel from 1 to this many rows (lc_qtiled_set_gemv_max_m) */
+static int lc_qg_max_m = LC_QG_MAX_M;
+static long lc_qg_runs;
+extern "C" void lc_qtiled_set_gemv_max_m(int m) {
+    __atomic_store_n(&lc_qg_max_m, m < 0 ? 0 : m > LC_QG_MAX_M ? LC_QG_MAX_M : m, __ATOMIC_RELAXED);
+}
+/* tiles a warp keeps in flight, 4 or 8 (lc_qtiled_set_gemv_u) */
+static int lc_qg_u = 4;
+extern "C" void lc_qtiled_set_gemv_u(int u) { __atomic_store_n(&lc_qg_u, u == 8 ? 8 : 4, __ATOMIC_RELAXED); }
+extern "C" long lc_qtiled_gemv_count(void) { return __atomic_load_n(&lc_qg_runs, __ATOMIC_RELAXED); }
+
+template <typename T, int FMT, bool F32>
+static cudaError_t lc_qtiled_gemv_t(int M, const loom_cuda_qweight *w, const void *x, void *y, cudaStream_t s) {
+    __atomic_fetch_add(&lc_qg_runs, 1, __ATOMIC_RELAXED);
+    const dim3 grid((unsigned)(w->N / 16)), block(LC_QG_WARPS * 32);
+    const uint16_t *xs = static_cast<const uint16_t *>(x);
+    const uint8_t *wd = static_cast<const uint8_t *>(w->data);
+    if (__atomic_load_n(&lc_qg_u, __ATOMIC_RELAXED) == 8)
+        return lc_launch(lc_qtiled_gemv_kernel<T, FMT, F32, 8>, grid, block, 0, s, xs, wd, (const float *)w->scales,
+                         y, M, w->N, w->K, w->group);
+    return lc_launch(lc_qtiled_gemv_kernel<T, FMT, F32, 4>, grid, block, 0, s, xs, wd, (const float *)w->scales, y,
+                     M, w->N, w->K, w->group);
+}
+
+/* one format and output type: the stream kernel, the mma.sync kernel, or
+ * the wgmma path's kernel that `mode` (lc_qw_tma's) picks */
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
                                 int invariant, bool wg, int mode, cudaStream_t s) {
+    if (!wg && !invariant && M <= __atomic_load_n(&lc_qg_max_m, __ATOMIC_RELAXED))
+        return lc_qtiled_gemv_t<T, FMT, F32>(M, w, x, y, s);
     if (!wg) return lc_qtiled_t<T, FMT, F32>(M, w, x, y, part, invariant, s);
     if (mode == 2) mode = FMT == LOOM_CUDA_Q_INT8_W8A16 && M > 64 ? 1 : 0;
     if (mode == 0) return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);

@@ -1403,11 +1403,12 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     long tc0, cc0, tc1, cc1, v0, e0, v1, e1;
     lc_qgemv_count(&tc0, &cc0);
     lc_qgemm_fp8_count(&v0, &e0);
-    const long q0 = lc_qgemm_qmma_count(), t0 = lc_qgemm_qtiled_count(), wg0 = lc_qtiled_wgmma_count();
+    const long q0 = lc_qgemm_qmma_count(), t0 = lc_qgemm_qtiled_count(), wg0 = lc_qtiled_wgmma_count(),
+               sg0 = lc_qtiled_gemv_count();
     int rc = tile_rc ? 10000 + tile_rc : loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
     if (tile_rc) snprintf(msg, sizeof msg, "loom_cuda_qweight_tile: %s", cudaGetErrorString((cudaError_t)tile_rc));
     const bool qmma = lc_qgemm_qmma_count() > q0, tiled = lc_qgemm_qtiled_count() > t0;
-    const bool wgmma = lc_qtiled_wgmma_count() > wg0;
+    const bool wgmma = lc_qtiled_wgmma_count() > wg0, stream = lc_qtiled_gemv_count() > sg0;
     if (!rc && path == 1 && qmma) {
         snprintf(msg, sizeof msg, "path 1 (the GEMV) ran qmma.cu's kernel: pick a shape it does not take");
         rc = -1;
@@ -1424,7 +1425,7 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     /* an FP8 GEMM: cuBLASLt's scale vectors, or unit scales + the epilogue */
     if (v1 > v0 || e1 > e0) kern = v1 > v0 ? (e1 > e0 ? " scale-vec+epilogue" : " scale-vec") : " epilogue";
     if (qmma) kern = " qmma";
-    if (tiled) kern = wgmma ? " tiled-wgmma" : " tiled";
+    if (tiled) kern = wgmma ? " tiled-wgmma" : stream ? " tiled-stream" : " tiled";
     else if (g_q_tile) kern = " tiled+dequant";
     char wild[16] = "";
     if (g_qx_wild) snprintf(wild, sizeof wild, M == 1 && g_qx_wild >= 2 ? " wild%d" : " wild", g_qx_wild);
@@ -2180,11 +2181,32 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
     for (int fi = 0; fi < 2; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
         const bool i4 = f == LOOM_CUDA_Q_INT4;
-        const long wg0 = lc_qtiled_wgmma_count();
+        const long wg0 = lc_qtiled_wgmma_count(), sg0 = lc_qtiled_gemv_count();
         for (int mi = 0; mi < NM; mi++) {
             test_qgemm(g, LOOM_CUDA_BF16, f, Ms[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
             test_qgemm(g, LOOM_CUDA_F16, f, Ms[mi], 208, 2048, i4 ? 64 : 0, 0, Ms[mi] % 2 == 1, false);
         }
+        /* up to 8 rows the stream kernel: rows 1, 2, 3 and 8 above, twice */
+        report_count(i4 ? "tiled int4: calls at <= 8 rows missing the stream kernel"
+                        : "tiled w8a16: calls at <= 8 rows missing the stream kernel",
+                     labs(8 - (lc_qtiled_gemv_count() - sg0)), 8);
+        /* the stream kernel with 8 tiles in flight a warp, then the mma.sync
+         * kernel at those rows (the stream kernel off): partial row blocks,
+         * K over 8 warps unevenly (1536 / 64 = 24 INT4 tiles; 14336 at 48
+         * rows), groups ending mid-tile-run (192), f32 output */
+        for (int v = 0; v < 2; v++) {
+            if (v == 0) lc_qtiled_set_gemv_u(8);
+            else lc_qtiled_set_gemv_max_m(0);
+            const int Mc[3] = {1, 3, 8};
+            for (int mi = 0; mi < 3; mi++) {
+                test_qgemm(g, LOOM_CUDA_BF16, f, Mc[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
+                test_qgemm(g, LOOM_CUDA_F16, f, Mc[mi], 208, 2048, i4 ? 64 : 0, 0, Mc[mi] % 2 == 1, false);
+            }
+            test_qgemm(g, LOOM_CUDA_BF16, f, 5, 304, 1536, i4 ? 192 : 0, 0, true, false);
+            test_qgemm(g, LOOM_CUDA_F16, f, 2, 48, 14336, i4 ? 128 : 0, 0, false, false);
+        }
+        lc_qtiled_set_gemv_u(4);
+        lc_qtiled_set_gemv_max_m(LC_QG_MAX_M);
         /* the wgmma path: wide N (one K slice), K split over many slices,
          * groups ending mid-stage (192), f32 output; then the mma.sync path
          * at the same rows (wgmma bound off) */
