@@ -135,6 +135,12 @@ void lc_qtiled_set_gemv_max_m(int m);
 void lc_qtiled_set_gemv_u(int u);
 /* lc_qtiled calls that ran the stream kernel so far. */
 long lc_qtiled_gemv_count(void);
+/* One row of a tiled weight with the pair epilogue fused into the stream
+ * kernel (loom_cuda_epi, y dt): cudaErrorNotSupported where lc_qtiled would
+ * not run the stream kernel or the pairs' P is not a multiple of 16
+ * (nothing launched then). */
+cudaError_t lc_qtiled_epi(loom_cuda_dt dt, const loom_cuda_qweight *w, const void *x, void *y,
+                          const loom_cuda_epi *epi, int invariant, int wgmma_min_m, cudaStream_t s);
 cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s);
 /* The tiled bound of loom_cuda_qgemm_set_tiled_max_m (gemm.c holds it). */
 int lc_gemm_q_tiled_max_m(const loom_cuda_gemm *g);

@@ -76,6 +76,8 @@
 #include "common.cuh"
 
 #include "cp_async.cuh"
+#include "epilogue.cuh"
+#include "gemv.h" /* lc_epi_count */
 #include "mma.cuh"
 #include "qgemm.h"
 #include "wgmma.cuh"
@@ -461,86 +463,136 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
  * partial sums and a reduce kernel; here no copy instruction, no barrier
  * in the loop and no second kernel. The first U tiles are asked for before
  * griddepcontrol.wait (weights do not depend on the kernel before). Not in
- * batch-invariant mode (the mma.sync kernel's split of one row there). */
+ * batch-invariant mode (the mma.sync kernel's split of one row there).
+ *
+ * PAIR (M = 1, y dt; epilogue.cuh's pair epilogue of P rows, P % 16 == 0):
+ * a CTA owns the 16 pairs q0 .. q0 + 15 (q0 = 16 blockIdx.x): the row tile
+ * of their first rows and the one P rows further on, each warp both (RT =
+ * 2, one B fragment for two mmas), and 16 lanes of warp 0 finish one pair
+ * each from the same float sums the plain kernel stores. */
 #define LC_QG_WARPS 8
 
-template <typename T, int FMT, bool F32, int U>
+template <typename T, int FMT, bool F32, int U, bool PAIR = false>
 __global__ void __launch_bounds__(LC_QG_WARPS * 32)
     lc_qtiled_gemv_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd,
-                          const float *__restrict__ sc, void *__restrict__ y, int M, int N, int K, int group) {
+                          const float *__restrict__ sc, void *__restrict__ y, int M, int N, int K, int group, int P,
+                          loom_cuda_epi epi) {
+    static_assert(!PAIR || !F32, "pair epilogue: dt output");
     typedef lc_qt<FMT> F;
+    constexpr int RT = PAIR ? 2 : 1;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int tile = blockIdx.x, C = K / F::KC;
+    const int C = K / F::KC;
     const int c_lo = (int)((long long)C * warp / LC_QG_WARPS), c_hi = (int)((long long)C * (warp + 1) / LC_QG_WARPS);
-    const uint8_t *wt = wd + (size_t)tile * C * 512 + lane * 16;
+    int tile[RT];
+    if constexpr (PAIR) {
+        const int q0 = (int)blockIdx.x * 16, na = (q0 / P) * 2 * P + q0 % P;
+        tile[0] = na / 16, tile[1] = (na + P) / 16;
+    } else {
+        tile[0] = (int)blockIdx.x;
+    }
     const int groups = F::I4 ? K / group : 1;
-    /* INT4: the row tile's (s, b') dt pairs, 16 words (its rows) a group */
-    const uint32_t *sp = reinterpret_cast<const uint32_t *>(sc) + (size_t)tile * groups * 16;
+    const uint8_t *wt[RT];
+    const uint32_t *sp[RT]; /* INT4: the row tile's (s, b') dt pairs, 16 words (its rows) a group */
+#pragma unroll
+    for (int r = 0; r < RT; r++) {
+        wt[r] = wd + (size_t)tile[r] * C * 512 + lane * 16;
+        sp[r] = reinterpret_cast<const uint32_t *>(sc) + (size_t)tile[r] * groups * 16;
+    }
     const bool live = g < M; /* lane's token: B column g */
     /* x's word of columns (2t, 2t + 1) of the lane's token */
     const uint32_t *xw = reinterpret_cast<const uint32_t *>(x + (size_t)(live ? g : 0) * K) + t;
-    uint4 nxt[U];
+    uint4 nxt[U][RT];
     auto load = [&](int c) {
 #pragma unroll
         for (int u = 0; u < U; u++)
-            nxt[u] = c + u < c_hi ? __ldcs(reinterpret_cast<const uint4 *>(wt + (size_t)(c + u) * 512))
-                                  : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (int r = 0; r < RT; r++)
+                nxt[u][r] = c + u < c_hi ? __ldcs(reinterpret_cast<const uint4 *>(wt[r] + (size_t)(c + u) * 512))
+                                         : make_uint4(0u, 0u, 0u, 0u);
     };
     load(c_lo);
     lc_pdl_wait();
     lc_pdl_trigger();
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int c = c_lo; c < c_hi; c += U) {
-        uint4 cur[U];
+    float acc[RT][4];
 #pragma unroll
-        for (int u = 0; u < U; u++) cur[u] = nxt[u];
+    for (int r = 0; r < RT; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
+    for (int c = c_lo; c < c_hi; c += U) {
+        uint4 cur[U][RT];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < RT; r++) cur[u][r] = nxt[u][r];
         if (c + U < c_hi) load(c + U);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int cc = c + u;
             if (cc >= c_hi) break;
-            uint32_t s2a = 0, b2a = 0, s2b = 0, b2b = 0;
-            if constexpr (F::I4) {
-                const uint32_t *gp = sp + (size_t)((cc * F::KC) / group) * 16;
-                const uint32_t pa = __ldg(gp + g), pb = __ldg(gp + g + 8);
-                s2a = __byte_perm(pa, 0, 0x1010), b2a = __byte_perm(pa, 0, 0x3232);
-                s2b = __byte_perm(pb, 0, 0x1010), b2b = __byte_perm(pb, 0, 0x3232);
+            uint32_t s2a[RT], b2a[RT], s2b[RT], b2b[RT];
+#pragma unroll
+            for (int r = 0; r < RT; r++) {
+                s2a[r] = b2a[r] = s2b[r] = b2b[r] = 0;
+                if constexpr (F::I4) {
+                    const uint32_t *gp = sp[r] + (size_t)((cc * F::KC) / group) * 16;
+                    const uint32_t pa = __ldg(gp + g), pb = __ldg(gp + g + 8);
+                    s2a[r] = __byte_perm(pa, 0, 0x1010), b2a[r] = __byte_perm(pa, 0, 0x3232);
+                    s2b[r] = __byte_perm(pb, 0, 0x1010), b2b[r] = __byte_perm(pb, 0, 0x3232);
+                }
             }
 #pragma unroll
             for (int j = 0; j < F::J; j++) {
                 const int kw = (cc * F::KC + 16 * j) >> 1; /* the step's first column, in words */
                 const uint32_t b0 = live ? __ldg(xw + kw) : 0u, b1 = live ? __ldg(xw + kw + 4) : 0u;
-                uint32_t a[4];
-                if constexpr (F::I4) {
-                    lc_qt_dec4<T>(lc_qt_word(cur[u], j), s2a, b2a, s2b, b2b, a);
-                } else {
-                    lc_qt_dec8<T>(lc_qt_word(cur[u], 2 * j), a[0], a[1]);
-                    lc_qt_dec8<T>(lc_qt_word(cur[u], 2 * j + 1), a[2], a[3]);
+#pragma unroll
+                for (int r = 0; r < RT; r++) {
+                    uint32_t a[4];
+                    if constexpr (F::I4) {
+                        lc_qt_dec4<T>(lc_qt_word(cur[u][r], j), s2a[r], b2a[r], s2b[r], b2b[r], a);
+                    } else {
+                        lc_qt_dec8<T>(lc_qt_word(cur[u][r], 2 * j), a[0], a[1]);
+                        lc_qt_dec8<T>(lc_qt_word(cur[u][r], 2 * j + 1), a[2], a[3]);
+                    }
+                    lc_mma16816<T>(acc[r], a, b0, b1);
                 }
-                lc_mma16816<T>(acc, a, b0, b1);
             }
         }
     }
-    __shared__ float4 red[LC_QG_WARPS][32];
-    red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __shared__ float4 red[LC_QG_WARPS][RT][32];
+#pragma unroll
+    for (int r = 0; r < RT; r++) red[warp][r][lane] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
     __syncthreads();
     if (warp != 0) return;
-    float v[4] = {acc[0], acc[1], acc[2], acc[3]};
+    float v[RT][4];
 #pragma unroll
-    for (int w = 1; w < LC_QG_WARPS; w++) {
-        const float4 o = red[w][lane];
-        v[0] += o.x, v[1] += o.y, v[2] += o.z, v[3] += o.w;
+    for (int r = 0; r < RT; r++) {
+        v[r][0] = acc[r][0], v[r][1] = acc[r][1], v[r][2] = acc[r][2], v[r][3] = acc[r][3];
+#pragma unroll
+        for (int w = 1; w < LC_QG_WARPS; w++) {
+            const float4 o = red[w][r][lane];
+            v[r][0] += o.x, v[r][1] += o.y, v[r][2] += o.z, v[r][3] += o.w;
+        }
+        if constexpr (!F::I4) { /* W8A16's row scale */
+            const float sa = __ldg(sc + tile[r] * 16 + g), sb = __ldg(sc + tile[r] * 16 + g + 8);
+            v[r][0] *= sa, v[r][1] *= sa, v[r][2] *= sb, v[r][3] *= sb;
+        }
     }
-    /* C: rows g, g + 8 of the tile; tokens 2t, 2t + 1 */
+    if constexpr (PAIR) {
+        /* token 0's sums (lanes t = 0: rows g and g + 8) to the pair lanes */
+        __shared__ float pv[RT][16];
+        if (t == 0)
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int n = tile * 16 + g + (i >= 2 ? 8 : 0), m = 2 * t + (i & 1);
-        if (m >= M) continue;
-        float val = v[i];
-        if constexpr (!F::I4) val *= __ldg(sc + n);
-        const size_t o = (size_t)m * N + n;
-        if (F32) static_cast<float *>(y)[o] = val;
-        else static_cast<T *>(y)[o] = lc_from_f<T>(val);
+            for (int r = 0; r < RT; r++) pv[r][g] = v[r][0], pv[r][g + 8] = v[r][2];
+        __syncwarp();
+        if (lane < 16) lc_epi_pair<T>(epi, static_cast<T *>(y), (int)blockIdx.x * 16 + lane, P, pv[0][lane], pv[1][lane]);
+    } else {
+        /* C: rows g, g + 8 of the tile; tokens 2t, 2t + 1 */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int n = tile[0] * 16 + g + (i >= 2 ? 8 : 0), m = 2 * t + (i & 1);
+            if (m >= M) continue;
+            const size_t o = (size_t)m * N + n;
+            if (F32) static_cast<float *>(y)[o] = v[0][i];
+            else static_cast<T *>(y)[o] = lc_from_f<T>(v[0][i]);
+        }
     }
 }
 
@@ -1303,9 +1355,42 @@ static cudaError_t lc_qtiled_gemv_t(int M, const loom_cuda_qweight *w, const voi
     const uint8_t *wd = static_cast<const uint8_t *>(w->data);
     if (__atomic_load_n(&lc_qg_u, __ATOMIC_RELAXED) == 8)
         return lc_launch(lc_qtiled_gemv_kernel<T, FMT, F32, 8>, grid, block, 0, s, xs, wd, (const float *)w->scales,
-                         y, M, w->N, w->K, w->group);
+                         y, M, w->N, w->K, w->group, 0, loom_cuda_epi{});
     return lc_launch(lc_qtiled_gemv_kernel<T, FMT, F32, 4>, grid, block, 0, s, xs, wd, (const float *)w->scales, y,
-                     M, w->N, w->K, w->group);
+                     M, w->N, w->K, w->group, 0, loom_cuda_epi{});
+}
+
+/* One row with the pair epilogue of P rows: N / 32 CTAs of 16 pairs. */
+template <typename T, int FMT>
+static cudaError_t lc_qtiled_pair_t(const loom_cuda_qweight *w, const void *x, void *y, int P,
+                                    const loom_cuda_epi *epi, cudaStream_t s) {
+    __atomic_fetch_add(&lc_qg_runs, 1, __ATOMIC_RELAXED);
+    return lc_launch(lc_qtiled_gemv_kernel<T, FMT, false, 4, true>, dim3((unsigned)(w->N / 32)),
+                     dim3(LC_QG_WARPS * 32), 0, s, static_cast<const uint16_t *>(x),
+                     static_cast<const uint8_t *>(w->data), (const float *)w->scales, y, 1, w->N, w->K, w->group, P,
+                     *epi);
+}
+
+/* The pair epilogue fused into the stream kernel at one row, where the
+ * stream kernel is what lc_qtiled would run and P % 16 == 0; else
+ * cudaErrorNotSupported (nothing launched: the caller runs the plain call
+ * and the separate kernel). */
+extern "C" cudaError_t lc_qtiled_epi(loom_cuda_dt dt, const loom_cuda_qweight *w, const void *x, void *y,
+                                     const loom_cuda_epi *epi, int invariant, int wgmma_min_m, cudaStream_t s) {
+    const int P = lc_epi_p(epi, w->N);
+    if (!P || P % 16 || invariant || (wgmma_min_m > 0 && wgmma_min_m <= 1) ||
+        __atomic_load_n(&lc_qg_max_m, __ATOMIC_RELAXED) < 1 || !lc_qtiled_ok(w) ||
+        w->layout != LOOM_CUDA_QLAYOUT_TILED || (w->fmt == LOOM_CUDA_Q_INT4 && dt != w->tile_dt))
+        return cudaErrorNotSupported;
+    cudaError_t e;
+    if (dt == LOOM_CUDA_F16)
+        e = w->fmt == LOOM_CUDA_Q_INT4 ? lc_qtiled_pair_t<__half, LOOM_CUDA_Q_INT4>(w, x, y, P, epi, s)
+                                       : lc_qtiled_pair_t<__half, LOOM_CUDA_Q_INT8_W8A16>(w, x, y, P, epi, s);
+    else
+        e = w->fmt == LOOM_CUDA_Q_INT4 ? lc_qtiled_pair_t<__nv_bfloat16, LOOM_CUDA_Q_INT4>(w, x, y, P, epi, s)
+                                       : lc_qtiled_pair_t<__nv_bfloat16, LOOM_CUDA_Q_INT8_W8A16>(w, x, y, P, epi, s);
+    if (e == cudaSuccess) lc_epi_count();
+    return e;
 }
 
 /* one format and output type: the stream kernel, the mma.sync kernel, or
