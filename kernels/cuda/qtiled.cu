@@ -2,9 +2,10 @@
  * kernels/cuda/qtiled.cu — W8A16 and INT4 linear layers on weights repacked
  * once at load into a tensor-core tile layout ("tiled", Marlin's idea), one
  * kernel family for 1 .. LC_QT_MAX_M rows: lc_qtiled_pack (load time),
- * lc_qtiled (qgemm.c dispatches: mma.sync below wgmma_min_m rows, from
- * there the Hopper wgmma kernels further down), lc_qtiled_dequant (the
- * large-M path).
+ * lc_qtiled (qgemm.c dispatches: the stream kernel up to LC_QG_MAX_M rows,
+ * mma.sync below wgmma_min_m rows, from there the Hopper wgmma kernels
+ * further down), lc_qtiled_epi (one row with a pair epilogue),
+ * lc_qtiled_dequant (the large-M path).
  *
  * Layout (loom_cuda_qweight.layout == LOOM_CUDA_QLAYOUT_TILED): the weight
  * (N, K) is cut into row tiles of 16 rows (N % 16 == 0); a row tile is K /
