@@ -2,9 +2,9 @@
  * kernels/cuda/qtiled.cu — W8A16 and INT4 linear layers on weights repacked
  * once at load into a tensor-core tile layout ("tiled", Marlin's idea), one
  * kernel family for 1 .. LC_QT_MAX_M rows: lc_qtiled_pack (load time),
- * lc_qtiled (qgemm.c dispatches: the stream kernel up to LC_QG_MAX_M rows,
- * mma.sync below wgmma_min_m rows, from there the Hopper wgmma kernels
- * further down), lc_qtiled_epi (one row with a pair epilogue),
+ * lc_qtiled (qgemm.c dispatches: from wgmma_min_m rows the Hopper wgmma
+ * kernels further down, below them the stream kernel up to LC_QG_MAX_M
+ * rows and mma.sync above), lc_qtiled_epi (one row with a pair epilogue),
  * lc_qtiled_dequant (the large-M path).
  *
  * Layout (loom_cuda_qweight.layout == LOOM_CUDA_QLAYOUT_TILED): the weight
@@ -470,11 +470,12 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
  * a CTA owns the 16 pairs q0 .. q0 + 15 (q0 = 16 blockIdx.x): the row tile
  * of their first rows and the one P rows further on, each warp both (RT =
  * 2, one B fragment for two mmas), and 16 lanes of warp 0 finish one pair
- * each from the same float sums the plain kernel stores. */
+ * each from the same float sums the plain kernel stores (U = 4 always:
+ * two row tiles a warp hold twice the registers). */
 #define LC_QG_WARPS 8
 
 template <typename T, int FMT, bool F32, int U, bool PAIR = false>
-__global__ void __launch_bounds__(LC_QG_WARPS * 32)
+__global__ void __launch_bounds__(LC_QG_WARPS * 32, 2)
     lc_qtiled_gemv_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd,
                           const float *__restrict__ sc, void *__restrict__ y, int M, int N, int K, int group, int P,
                           loom_cuda_epi epi) {
@@ -499,17 +500,29 @@ __global__ void __launch_bounds__(LC_QG_WARPS * 32)
         wt[r] = wd + (size_t)tile[r] * C * 512 + lane * 16;
         sp[r] = reinterpret_cast<const uint32_t *>(sc) + (size_t)tile[r] * groups * 16;
     }
-    const bool live = g < M; /* lane's token: B column g */
+    /* lane's token: B column g; a lane past M reads token 0's words and
+     * masks them to zeros (no branch in front of the loads) */
+    const uint32_t xmask = g < M ? ~0u : 0u;
     /* x's word of columns (2t, 2t + 1) of the lane's token */
-    const uint32_t *xw = reinterpret_cast<const uint32_t *>(x + (size_t)(live ? g : 0) * K) + t;
+    const uint32_t *xw = reinterpret_cast<const uint32_t *>(x + (size_t)(g < M ? g : 0) * K) + t;
+    /* a tile's weights and (INT4) its group's scale pairs of rows g, g + 8
+     * are asked for U tiles ahead */
+    const int tpg = F::I4 ? group / F::KC : 1; /* warp tiles a group */
     uint4 nxt[U][RT];
+    uint32_t npa[U][RT], npb[U][RT];
     auto load = [&](int c) {
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int r = 0; r < RT; r++)
-                nxt[u][r] = c + u < c_hi ? __ldcs(reinterpret_cast<const uint4 *>(wt[r] + (size_t)(c + u) * 512))
-                                         : make_uint4(0u, 0u, 0u, 0u);
+            for (int r = 0; r < RT; r++) {
+                const bool in = c + u < c_hi;
+                nxt[u][r] = in ? __ldcs(reinterpret_cast<const uint4 *>(wt[r] + (size_t)(c + u) * 512))
+                               : make_uint4(0u, 0u, 0u, 0u);
+                if constexpr (F::I4) {
+                    const uint32_t *gp = sp[r] + (size_t)((c + u) / tpg) * 16;
+                    npa[u][r] = in ? __ldg(gp + g) : 0u, npb[u][r] = in ? __ldg(gp + g + 8) : 0u;
+                }
+            }
     };
     load(c_lo);
     lc_pdl_wait();
@@ -519,10 +532,11 @@ __global__ void __launch_bounds__(LC_QG_WARPS * 32)
     for (int r = 0; r < RT; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
     for (int c = c_lo; c < c_hi; c += U) {
         uint4 cur[U][RT];
+        uint32_t cpa[U][RT], cpb[U][RT];
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int r = 0; r < RT; r++) cur[u][r] = nxt[u][r];
+            for (int r = 0; r < RT; r++) cur[u][r] = nxt[u][r], cpa[u][r] = npa[u][r], cpb[u][r] = npb[u][r];
         if (c + U < c_hi) load(c + U);
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -533,16 +547,14 @@ __global__ void __launch_bounds__(LC_QG_WARPS * 32)
             for (int r = 0; r < RT; r++) {
                 s2a[r] = b2a[r] = s2b[r] = b2b[r] = 0;
                 if constexpr (F::I4) {
-                    const uint32_t *gp = sp[r] + (size_t)((cc * F::KC) / group) * 16;
-                    const uint32_t pa = __ldg(gp + g), pb = __ldg(gp + g + 8);
-                    s2a[r] = __byte_perm(pa, 0, 0x1010), b2a[r] = __byte_perm(pa, 0, 0x3232);
-                    s2b[r] = __byte_perm(pb, 0, 0x1010), b2b[r] = __byte_perm(pb, 0, 0x3232);
+                    s2a[r] = __byte_perm(cpa[u][r], 0, 0x1010), b2a[r] = __byte_perm(cpa[u][r], 0, 0x3232);
+                    s2b[r] = __byte_perm(cpb[u][r], 0, 0x1010), b2b[r] = __byte_perm(cpb[u][r], 0, 0x3232);
                 }
             }
 #pragma unroll
             for (int j = 0; j < F::J; j++) {
                 const int kw = (cc * F::KC + 16 * j) >> 1; /* the step's first column, in words */
-                const uint32_t b0 = live ? __ldg(xw + kw) : 0u, b1 = live ? __ldg(xw + kw + 4) : 0u;
+                const uint32_t b0 = __ldg(xw + kw) & xmask, b1 = __ldg(xw + kw + 4) & xmask;
 #pragma unroll
                 for (int r = 0; r < RT; r++) {
                     uint32_t a[4];

@@ -2199,20 +2199,35 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         report_count(i4 ? "tiled int4: calls at <= 8 rows missing the stream kernel"
                         : "tiled w8a16: calls at <= 8 rows missing the stream kernel",
                      labs(8 - (lc_qtiled_gemv_count() - sg0)), 8);
-        /* the stream kernel with 8 tiles in flight a warp, then the mma.sync
-         * kernel at those rows (the stream kernel off): partial row blocks,
-         * K over 8 warps unevenly (1536 / 64 = 24 INT4 tiles; 14336 at 48
-         * rows), groups ending mid-tile-run (192), f32 output */
-        for (int v = 0; v < 2; v++) {
-            if (v == 0) lc_qtiled_set_gemv_u(8);
-            else lc_qtiled_set_gemv_max_m(0);
-            const int Mc[3] = {1, 3, 8};
-            for (int mi = 0; mi < 3; mi++) {
-                test_qgemm(g, LOOM_CUDA_BF16, f, Mc[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
-                test_qgemm(g, LOOM_CUDA_F16, f, Mc[mi], 208, 2048, i4 ? 64 : 0, 0, Mc[mi] % 2 == 1, false);
+        /* K over the 8 warps unevenly (1152: 18 INT4 / 36 int8 tiles, groups
+         * of 192 across warp boundaries; 1408: 22 / 44), then the stream
+         * kernel with 8 tiles in flight a warp, then the mma.sync kernel at
+         * those rows (the stream kernel off): partial row blocks, groups of
+         * 192, long K at few rows, f32 output — each pass counted */
+        for (int v = 0; v < 3; v++) {
+            if (v == 1) lc_qtiled_set_gemv_u(8);
+            if (v == 2) lc_qtiled_set_gemv_max_m(0);
+            const long s0 = lc_qtiled_gemv_count();
+            int calls = 0;
+            if (v == 0) {
+                test_qgemm(g, LOOM_CUDA_BF16, f, 1, 208, 1152, i4 ? 192 : 0, 0, true, false);
+                test_qgemm(g, LOOM_CUDA_F16, f, 6, 96, 1408, i4 ? 128 : 0, 0, false, false);
+                calls = 2;
+            } else {
+                const int Mc[3] = {1, 3, 8};
+                for (int mi = 0; mi < 3; mi++) {
+                    test_qgemm(g, LOOM_CUDA_BF16, f, Mc[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
+                    test_qgemm(g, LOOM_CUDA_F16, f, Mc[mi], 208, 2048, i4 ? 64 : 0, 0, Mc[mi] % 2 == 1, false);
+                }
+                test_qgemm(g, LOOM_CUDA_BF16, f, 5, 304, 1536, i4 ? 192 : 0, 0, true, false);
+                test_qgemm(g, LOOM_CUDA_F16, f, 2, 48, 14336, i4 ? 128 : 0, 0, false, false);
+                test_qgemm(g, LOOM_CUDA_BF16, f, 7, 208, 1152, i4 ? 192 : 0, 0, false, false);
+                calls = v == 1 ? 9 : 0;
             }
-            test_qgemm(g, LOOM_CUDA_BF16, f, 5, 304, 1536, i4 ? 192 : 0, 0, true, false);
-            test_qgemm(g, LOOM_CUDA_F16, f, 2, 48, 14336, i4 ? 128 : 0, 0, false, false);
+            char what[96];
+            snprintf(what, sizeof what, "tiled %s: stream-kernel calls off their count (%s)", i4 ? "int4" : "w8a16",
+                     v == 0 ? "uneven K" : v == 1 ? "8 tiles in flight" : "stream kernel off");
+            report_count(what, labs(calls - (lc_qtiled_gemv_count() - s0)), calls ? calls : 1);
         }
         lc_qtiled_set_gemv_u(4);
         lc_qtiled_set_gemv_max_m(LC_QG_MAX_M);

@@ -29,7 +29,7 @@
 #define __global__
 #define __forceinline__ inline
 #define __restrict__
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static /* one CTA runs at a time */
 struct uint4 { uint32_t x, y, z, w; };
 struct float4 { float x, y, z, w; };
@@ -228,6 +228,9 @@ int main() {
         keep(check<__nv_bfloat16, LOOM_CUDA_Q_INT8_W8A16>(48, 1024, M, 0, 4, 0, &pair_bad));
         keep(check<__half, LOOM_CUDA_Q_INT8_W8A16>(32, 384, M, 0, 8, 0, &pair_bad));
     }
+    /* K over the warps unevenly, groups across warp boundaries */
+    keep(check<__nv_bfloat16, LOOM_CUDA_Q_INT4>(32, 1152, 2, 192, 4, 0, &pair_bad));
+    keep(check<__half, LOOM_CUDA_Q_INT8_W8A16>(32, 1408, 1, 0, 8, 0, &pair_bad));
     /* K shorter than 8 warps' tiles (some warps sum nothing) */
     keep(check<__nv_bfloat16, LOOM_CUDA_Q_INT4>(32, 256, 2, 64, 4, 0, &pair_bad));
     /* pairs: SwiGLU's (P = N / 2) and RoPE's (P = 32: head_dim 64) */
