@@ -509,22 +509,22 @@ static void bench_quant(int M) {
      * kernel (256-row CTAs), "_tiled_wide", and with the path off: its
      * mma.sync one, "_tiled_mma"; above 64 rows also with the tiled bound
      * at 0: the tiled weight dequantized for cuBLASLt, "_tiled_deq" —
-     * where the bounds belong; up to LC_QG_MAX_M rows, where the tiled
-     * default is the stream kernel, also that kernel with 8 tiles in
-     * flight a warp, "_tiled_u8", and the mma.sync kernel, "_tiled_mma") */
+     * where the bounds belong; up to LC_QG_MAX_M rows also the stream
+     * kernel (off by default), "_tiled_stream", and with 8 tiles in flight
+     * a warp, "_tiled_u8") */
     const int nmma = M >= LC_QT_DEFAULT_WG_MIN_M ? 8 : 0; /* _tiled_cpa, _tiled_tma, _tiled_wide, _tiled_mma */
-    const int ndeq = M > 64 ? 2 : 0, nsm = M <= LC_QG_MAX_M ? 4 : 0; /* _tiled_deq; _tiled_u8, _tiled_mma */
+    const int ndeq = M > 64 ? 2 : 0, nsm = M <= LC_QG_MAX_M ? 4 : 0; /* _tiled_deq; _tiled_stream, _tiled_u8 */
     const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF, nv = nv0 + 2 + nmma + ndeq + nsm;
     const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
         const bool tiled = vi >= nv0, cpa = tiled && vi >= nv0 + 2 && vi < nv0 + 4 && nmma,
                    tma = tiled && vi >= nv0 + 4 && vi < nv0 + 6 && nmma,
                    wide = tiled && vi >= nv0 + 6 && vi < nv0 + 8 && nmma,
-                   deq = ndeq && vi >= nv0 + 2 + nmma, u8 = nsm && vi >= nv0 + 2 && vi < nv0 + 4,
-                   mma = tiled && ((vi >= nv0 + 8 && vi < nv0 + 2 + nmma) || (nsm && vi >= nv0 + 4));
+                   deq = ndeq && vi >= nv0 + 2 + nmma, stream = nsm && vi >= nv0 + 2 && vi < nv0 + 4,
+                   u8 = nsm && vi >= nv0 + 4, mma = tiled && vi >= nv0 + 8 && vi < nv0 + 2 + nmma;
         lc_qtiled_set_wgmma_tma(cpa ? 0 : tma ? 1 : wide ? 4 : 2);
         lc_qtiled_set_gemv_u(u8 ? 8 : 4);
-        lc_qtiled_set_gemv_max_m(mma ? 0 : LC_QG_MAX_M);
+        loom_cuda_qgemm_set_tiled_stream_max_m(g, stream || u8 ? LC_QG_MAX_M : LC_QG_DEFAULT_MAX_M);
         loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : 256);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, mma ? 0 : LC_QT_DEFAULT_WG_MIN_M);
         const bool epi = !tiled && M > 8 && vi == NF;
@@ -576,6 +576,7 @@ static void bench_quant(int M) {
                  : epi ? "_epi"
                  : deq ? "_tiled_deq"
                  : mma ? "_tiled_mma"
+                 : stream ? "_tiled_stream"
                  : u8 ? "_tiled_u8"
                  : cpa ? "_tiled_cpa"
                  : tma ? "_tiled_tma"
@@ -595,7 +596,7 @@ static void bench_quant(int M) {
     }
     lc_gemm_set_fp8_vec(g, vec0);
     lc_qtiled_set_gemv_u(4);
-    lc_qtiled_set_gemv_max_m(LC_QG_MAX_M);
+    loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_DEFAULT_MAX_M);
     loom_cuda_qgemm_set_tiled_max_m(g, 256);
     loom_cuda_qgemm_set_tiled_wgmma_min_m(g, LC_QT_DEFAULT_WG_MIN_M);
     cudaFree(x), cudaFree(y);

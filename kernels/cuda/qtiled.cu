@@ -1349,12 +1349,7 @@ extern "C" void lc_qtiled_set_wgmma_tma(int mode) {
 static long lc_qtiled_wg_runs; /* calls that took the wgmma path (the kernel tests check the dispatch) */
 extern "C" long lc_qtiled_wgmma_count(void) { return __atomic_load_n(&lc_qtiled_wg_runs, __ATOMIC_RELAXED); }
 
-/* the stream kernel from 1 to this many rows (lc_qtiled_set_gemv_max_m) */
-static int lc_qg_max_m = LC_QG_MAX_M;
 static long lc_qg_runs;
-extern "C" void lc_qtiled_set_gemv_max_m(int m) {
-    __atomic_store_n(&lc_qg_max_m, m < 0 ? 0 : m > LC_QG_MAX_M ? LC_QG_MAX_M : m, __ATOMIC_RELAXED);
-}
 /* tiles a warp keeps in flight, 4 or 8 (lc_qtiled_set_gemv_u) */
 static int lc_qg_u = 4;
 extern "C" void lc_qtiled_set_gemv_u(int u) { __atomic_store_n(&lc_qg_u, u == 8 ? 8 : 4, __ATOMIC_RELAXED); }
@@ -1389,10 +1384,10 @@ static cudaError_t lc_qtiled_pair_t(const loom_cuda_qweight *w, const void *x, v
  * cudaErrorNotSupported (nothing launched: the caller runs the plain call
  * and the separate kernel). */
 extern "C" cudaError_t lc_qtiled_epi(loom_cuda_dt dt, const loom_cuda_qweight *w, const void *x, void *y,
-                                     const loom_cuda_epi *epi, int invariant, int wgmma_min_m, cudaStream_t s) {
+                                     const loom_cuda_epi *epi, int invariant, int wgmma_min_m, int stream_max_m,
+                                     cudaStream_t s) {
     const int P = lc_epi_p(epi, w->N);
-    if (!P || P % 16 || invariant || (wgmma_min_m > 0 && wgmma_min_m <= 1) ||
-        __atomic_load_n(&lc_qg_max_m, __ATOMIC_RELAXED) < 1 || !lc_qtiled_ok(w) ||
+    if (!P || P % 16 || invariant || (wgmma_min_m > 0 && wgmma_min_m <= 1) || stream_max_m < 1 || !lc_qtiled_ok(w) ||
         w->layout != LOOM_CUDA_QLAYOUT_TILED || (w->fmt == LOOM_CUDA_Q_INT4 && dt != w->tile_dt))
         return cudaErrorNotSupported;
     cudaError_t e;
@@ -1410,8 +1405,8 @@ extern "C" cudaError_t lc_qtiled_epi(loom_cuda_dt dt, const loom_cuda_qweight *w
  * the wgmma path's kernel that `mode` (lc_qw_tma's) picks */
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
-                                int invariant, bool wg, int mode, cudaStream_t s) {
-    if (!wg && !invariant && M <= __atomic_load_n(&lc_qg_max_m, __ATOMIC_RELAXED))
+                                int invariant, bool wg, int mode, int stream_max_m, cudaStream_t s) {
+    if (!wg && !invariant && M <= stream_max_m)
         return lc_qtiled_gemv_t<T, FMT, F32>(M, w, x, y, s);
     if (!wg) return lc_qtiled_t<T, FMT, F32>(M, w, x, y, part, invariant, s);
     if (mode == 2) mode = FMT == LOOM_CUDA_Q_INT8_W8A16 && M > 64 ? 1 : 0;
@@ -1421,7 +1416,8 @@ static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x
 }
 
 extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,
-                                 void *y, void *scratch, int invariant, int wgmma_min_m, cudaStream_t s) {
+                                 void *y, void *scratch, int invariant, int wgmma_min_m, int stream_max_m,
+                                 cudaStream_t s) {
     if (!lc_qtiled_ok(w) || w->layout != LOOM_CUDA_QLAYOUT_TILED || M < 1 || M > LC_QT_MAX_M ||
         (w->fmt == LOOM_CUDA_Q_INT4 && dt != w->tile_dt))
         return cudaErrorInvalidValue;
@@ -1431,8 +1427,8 @@ extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom
     const int mode = __atomic_load_n(&lc_qw_tma, __ATOMIC_RELAXED);
     if (wg) __atomic_fetch_add(&lc_qtiled_wg_runs, 1, __ATOMIC_RELAXED);
 #define LC_QT_F(T, FMT)                                                                            \
-    (out_f32 ? lc_qtiled_go<T, FMT, true>(M, w, x, y, part, invariant, wg, mode, s)                \
-             : lc_qtiled_go<T, FMT, false>(M, w, x, y, part, invariant, wg, mode, s))
+    (out_f32 ? lc_qtiled_go<T, FMT, true>(M, w, x, y, part, invariant, wg, mode, stream_max_m, s)  \
+             : lc_qtiled_go<T, FMT, false>(M, w, x, y, part, invariant, wg, mode, stream_max_m, s))
 #define LC_QT_T(T) (w->fmt == LOOM_CUDA_Q_INT4 ? LC_QT_F(T, LOOM_CUDA_Q_INT4) : LC_QT_F(T, LOOM_CUDA_Q_INT8_W8A16))
     return dt == LOOM_CUDA_F16 ? LC_QT_T(__half) : LC_QT_T(__nv_bfloat16);
 #undef LC_QT_T

@@ -1633,6 +1633,7 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                                            LOOM_CUDA_Q_INT4};
     char msg[256] = "", name[240];
     const int bs = 16, nblk = 4, max_pos = 512;
+    loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_MAX_M); /* off by default */
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const bool rope = cases[ci].kind == LOOM_CUDA_EPI_ROPE_KV;
         const int H = cases[ci].H, KVH = cases[ci].KVH, D = cases[ci].D, K = cases[ci].K;
@@ -1745,6 +1746,7 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
         free(cs), free(bias);
     }
     loom_cuda_gemm_set_batch_invariant(g, 0);
+    loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_DEFAULT_MAX_M);
 }
 
 /* Where the one-row CUDA-core GEMV is not what runs, the pair epilogue
@@ -2187,6 +2189,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
     const int Ms[NM] = {1, 2, 3, 8, 9, 16, 17, 31, 33, 63, 64, 65, 100, 127, 128, 129, 200, 255, 256, 248};
     g_q_tile = true;
     loom_cuda_qgemm_set_tiled_max_m(g, 256); /* the kernel at every M below (the default) */
+    loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_MAX_M); /* the stream kernel up to 8 rows (off by default) */
     for (int fi = 0; fi < 2; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
         const bool i4 = f == LOOM_CUDA_Q_INT4;
@@ -2206,7 +2209,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
          * 192, long K at few rows, f32 output — each pass counted */
         for (int v = 0; v < 3; v++) {
             if (v == 1) lc_qtiled_set_gemv_u(8);
-            if (v == 2) lc_qtiled_set_gemv_max_m(0);
+            if (v == 2) loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_DEFAULT_MAX_M);
             const long s0 = lc_qtiled_gemv_count();
             int calls = 0;
             if (v == 0) {
@@ -2226,11 +2229,11 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
             }
             char what[96];
             snprintf(what, sizeof what, "tiled %s: stream-kernel calls off their count (%s)", i4 ? "int4" : "w8a16",
-                     v == 0 ? "uneven K" : v == 1 ? "8 tiles in flight" : "stream kernel off");
+                     v == 0 ? "uneven K" : v == 1 ? "8 tiles in flight" : "the default: stream kernel off");
             report_count(what, labs(calls - (lc_qtiled_gemv_count() - s0)), calls ? calls : 1);
         }
         lc_qtiled_set_gemv_u(4);
-        lc_qtiled_set_gemv_max_m(LC_QG_MAX_M);
+        loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_MAX_M);
         /* the wgmma path: wide N (one K slice), K split over many slices,
          * groups ending mid-stage (192), f32 output; then the mma.sync path
          * at the same rows (wgmma bound off) */
@@ -2308,6 +2311,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
     }
     g_q_tile = false;
     loom_cuda_qgemm_set_tiled_max_m(g, LC_QT_DEFAULT_MAX_M);
+    loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_DEFAULT_MAX_M);
 }
 
 /* The scratch bytes returned for max_m must serve every M <= max_m, also
