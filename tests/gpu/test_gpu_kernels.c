@@ -2183,6 +2183,17 @@ static void test_qgemm_qmma(loom_cuda_gemm *g) {
  * tiled dequantize + cuBLASLt; batch-invariant bits. */
 static void test_qgemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, int N, int K,
                                   int group, bool out_f32, int Mmax);
+/* Tiled f at each of the n row counts Ms: a bf16 weight of 592 x 1024 (two
+ * full 128-row blocks and a partial one), an f16 one of 208 x 2048 (f32
+ * output at odd M); INT4 groups of 128 / 64. */
+static void tiled_rows(loom_cuda_gemm *g, loom_cuda_qfmt f, const int *Ms, int n) {
+    const bool i4 = f == LOOM_CUDA_Q_INT4;
+    for (int mi = 0; mi < n; mi++) {
+        test_qgemm(g, LOOM_CUDA_BF16, f, Ms[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, Ms[mi], 208, 2048, i4 ? 64 : 0, 0, Ms[mi] % 2 == 1, false);
+    }
+}
+
 static void test_qgemm_tiled(loom_cuda_gemm *g) {
     const loom_cuda_qfmt fmts[2] = {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
     enum { NM = 20 };
@@ -2194,10 +2205,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         const loom_cuda_qfmt f = fmts[fi];
         const bool i4 = f == LOOM_CUDA_Q_INT4;
         const long wg0 = lc_qtiled_wgmma_count(), sg0 = lc_qtiled_gemv_count();
-        for (int mi = 0; mi < NM; mi++) {
-            test_qgemm(g, LOOM_CUDA_BF16, f, Ms[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
-            test_qgemm(g, LOOM_CUDA_F16, f, Ms[mi], 208, 2048, i4 ? 64 : 0, 0, Ms[mi] % 2 == 1, false);
-        }
+        tiled_rows(g, f, Ms, NM);
         /* up to 8 rows the stream kernel: rows 1, 2, 3 and 8 above, twice */
         report_count(i4 ? "tiled int4: calls at <= 8 rows missing the stream kernel"
                         : "tiled w8a16: calls at <= 8 rows missing the stream kernel",
@@ -2218,10 +2226,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
                 calls = 2;
             } else {
                 const int Mc[3] = {1, 3, 8};
-                for (int mi = 0; mi < 3; mi++) {
-                    test_qgemm(g, LOOM_CUDA_BF16, f, Mc[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
-                    test_qgemm(g, LOOM_CUDA_F16, f, Mc[mi], 208, 2048, i4 ? 64 : 0, 0, Mc[mi] % 2 == 1, false);
-                }
+                tiled_rows(g, f, Mc, 3);
                 test_qgemm(g, LOOM_CUDA_BF16, f, 5, 304, 1536, i4 ? 192 : 0, 0, true, false);
                 test_qgemm(g, LOOM_CUDA_F16, f, 2, 48, 14336, i4 ? 128 : 0, 0, false, false);
                 test_qgemm(g, LOOM_CUDA_BF16, f, 7, 208, 1152, i4 ? 192 : 0, 0, false, false);
@@ -2258,10 +2263,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         for (int mo = 0; mo < 3; mo++) {
             lc_qtiled_set_wgmma_tma(modes[mo]);
             const int Mc[7] = {17, 63, 65, 128, 129, 200, 256};
-            for (int mi = 0; mi < 7; mi++) {
-                test_qgemm(g, LOOM_CUDA_BF16, f, Mc[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
-                test_qgemm(g, LOOM_CUDA_F16, f, Mc[mi], 208, 2048, i4 ? 64 : 0, 0, Mc[mi] % 2 == 1, false);
-            }
+            tiled_rows(g, f, Mc, 7);
             test_qgemm(g, LOOM_CUDA_BF16, f, 150, 304, 1536, i4 ? 192 : 0, 0, false, false);
             test_qgemm(g, LOOM_CUDA_BF16, f, 256, 4096, 4096, i4 ? 128 : 0, 0, true, false);
             test_qgemm(g, LOOM_CUDA_F16, f, 40, 48, 14336, i4 ? 128 : 0, 0, true, false);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "formats/half.h" /* the f16 / bf16 conversions CUDA does in hardware */
+#include "tests/gpu/host_emu/host_cuda.h"
 
 // ------------------------------------------------ CUDA, as the host sees it
 #define __device__
@@ -30,19 +31,9 @@
 #define __align__(x)
 #define __launch_bounds__(x)
 #define __shared__ static /* one warp runs at a time */
-struct uint4 { uint32_t x, y, z, w; };
-static inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
-static inline uint4 __ldcs(const uint4 *p) { uint4 v; memcpy(&v, p, 16); return v; }
 static inline uint4 lc_ldg16(const void *p) { uint4 v; memcpy(&v, p, 16); return v; }
 static inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t sh) {
     return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));
-}
-static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
-    uint8_t b[8];
-    memcpy(b, &x, 4), memcpy(b + 4, &y, 4);
-    uint32_t r = 0;
-    for (int i = 0; i < 4; i++) r |= (uint32_t)b[(s >> (4 * i)) & 7] << (8 * i);
-    return r;
 }
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 struct __half_raw { unsigned short x; };

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "formats/half.h"
+#include "tests/gpu/host_emu/host_cuda.h"
 
 // ------------------------------------------------ CUDA, as the host sees it
 #define __device__
@@ -31,19 +32,9 @@
 #define __restrict__
 #define __launch_bounds__(...)
 #define __shared__ static /* one CTA runs at a time */
-struct uint4 { uint32_t x, y, z, w; };
 struct float4 { float x, y, z, w; };
-static inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 template <typename V> static inline V __ldg(const V *p) { return *p; }
-static inline uint4 __ldcs(const uint4 *p) { uint4 v; memcpy(&v, p, 16); return v; }
-static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
-    uint8_t b[8];
-    memcpy(b, &x, 4), memcpy(b + 4, &y, 4);
-    uint32_t r = 0;
-    for (int i = 0; i < 4; i++) r |= (uint32_t)b[(s >> (4 * i)) & 7] << (8 * i);
-    return r;
-}
 static inline float __uint_as_float(uint32_t i) { float f; memcpy(&f, &i, 4); return f; }
 static inline uint32_t __float_as_uint(float f) { uint32_t i; memcpy(&i, &f, 4); return i; }
 struct __half { uint16_t v; };
