@@ -220,6 +220,7 @@ typedef struct shape {
     const loom_dtype *gguf;
     bool kv_fp8;        /* KV cache fp8_e4m3 on every instance               */
     const char *cuda_ov; /* one more cuda backend parameter ("key=value"), or NULL */
+    const char *cuda_ov2; /* and a second (only with cuda_ov), or NULL          */
     bool qk_norm;       /* Qwen3: RMSNorm of each q and k head before RoPE    */
     bool groups;        /* KV layout with the backends' block-table groups   */
     int32_t want_groups; /* with groups: the number kv_groups() must propose
@@ -695,8 +696,8 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
               .kv_fp8 = kv_fp8};
     char dt_ov[32];
     snprintf(dt_ov, sizeof dt_ov, "dtype=%s", sh->dtype ? sh->dtype : "bf16");
-    const char *ov_eager[] = {"cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL};
-    const char *ov_graph[] = {"cuda_graphs=true", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL};
+    const char *ov_eager[] = {"cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, sh->cuda_ov2, NULL};
+    const char *ov_graph[] = {"cuda_graphs=true", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, sh->cuda_ov2, NULL};
     void *c_cpu = gpu_config_make(cpu_p->comp, NULL), *c_e = gpu_config_make(cuda_p->comp, ov_eager),
          *c_g = gpu_config_make(cuda_p->comp, ov_graph);
     loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = BS, .num_blocks = NB,
@@ -937,10 +938,11 @@ static void run_invariant(const plugin *cuda_p, const shape *sh, const loom_quan
     const int V = sh->vocab, NI = 3;
     char dt_ov[32];
     snprintf(dt_ov, sizeof dt_ov, "dtype=%s", sh->dtype ? sh->dtype : "bf16");
-    const char *ov[3][6] = {
-        {"batch_invariant=true", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL},
-        {"batch_invariant=true", "cuda_graphs=true", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL},
-        {"batch_invariant=false", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL}};
+    const char *ov[3][7] = {
+        {"batch_invariant=true", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, sh->cuda_ov2, NULL},
+        {"batch_invariant=true", "cuda_graphs=true", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, sh->cuda_ov2, NULL},
+        {"batch_invariant=false", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, sh->cuda_ov2,
+         NULL}};
     const char *iname[3] = {"eager", "graphs", "ordinary"};
     void *cfg[3] = {NULL, NULL, NULL}, *inst[3] = {NULL, NULL, NULL};
     float *L[3][6] = {{NULL}}; /* [instance][(a), (b), (b'), (c), (c'), (d)]: (5, V) each */
@@ -1743,6 +1745,14 @@ quant:;
         shape tt = qs_tiny, t8b = qs_8b;
         tt.name = "q-tiny-d64 quant_layout=tiled", tt.cuda_ov = "quant_layout=tiled";
         t8b.name = "q-llama3-8b-2layer quant_layout=tiled", t8b.cuda_ov = "quant_layout=tiled";
+        run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16, "int8-w8a16", &tt, 3e-2);
+        run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &tt, 3e-2);
+        run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &t8b, 3e-2);
+        /* and with the stream kernel at 1..8 rows (off by default): decode
+         * steps on it, one-row steps with the RoPE + KV write and SwiGLU
+         * epilogues fused */
+        tt.name = "q-tiny-d64 quant_layout=tiled qtiled_stream_rows=8", tt.cuda_ov2 = "qtiled_stream_rows=8";
+        t8b.name = "q-llama3-8b-2layer quant_layout=tiled qtiled_stream_rows=8", t8b.cuda_ov2 = "qtiled_stream_rows=8";
         run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16, "int8-w8a16", &tt, 3e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &tt, 3e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &t8b, 3e-2);
