@@ -524,7 +524,7 @@ static void bench_quant(int M) {
                    u8 = nsm && vi >= nv0 + 4, mma = tiled && vi >= nv0 + 8 && vi < nv0 + 2 + nmma;
         lc_qtiled_set_wgmma_tma(cpa ? 0 : tma ? 1 : wide ? 4 : 2);
         lc_qtiled_set_gemv_u(u8 ? 8 : 4);
-        loom_cuda_qgemm_set_tiled_stream_max_m(g, stream || u8 ? LC_QG_MAX_M : LC_QG_DEFAULT_MAX_M);
+        loom_cuda_qgemm_set_tiled_stream_max_m(g, stream || u8 ? LC_QG_MAX_M : 0);
         loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : 256);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, mma ? 0 : LC_QT_DEFAULT_WG_MIN_M);
         const bool epi = !tiled && M > 8 && vi == NF;
@@ -623,12 +623,21 @@ static void bench_quant(int M) {
  * kernels. */
 static void bench_quant_chain(int M, bool mixed) {
     const int(*shp)[2] = l8b_linears;
-    /* the last two: W8A16 / INT4 on tiled weights (qtiled.cu) */
-    static const loom_cuda_qfmt fmts[7] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
-                                           LOOM_CUDA_Q_FP8,  LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16,
-                                           LOOM_CUDA_Q_INT4};
-    static const char *names[7] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128", "int8_w8a16_tiled",
-                                   "int4_g128_tiled"};
+    /* the last four: W8A16 / INT4 on tiled weights (qtiled.cu) as
+     * dispatched, then with its stream kernel (off by default) */
+    enum { NCF = 9 };
+    static const loom_cuda_qfmt fmts[NCF] = {LOOM_CUDA_Q_NONE,       LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
+                                             LOOM_CUDA_Q_FP8,        LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16,
+                                             LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
+    static const char *names[NCF] = {"bf16",
+                                     "int8_w8a16",
+                                     "int8_w8a8",
+                                     "fp8",
+                                     "int4_g128",
+                                     "int8_w8a16_tiled",
+                                     "int4_g128_tiled",
+                                     "int8_w8a16_tiled_stream",
+                                     "int4_g128_tiled_stream"};
     enum { DEPTH = 8 };
     int code;
     char msg[256];
@@ -657,8 +666,9 @@ static void bench_quant_chain(int M, bool mixed) {
     }
     double bf16_us = 0;
     const char *kind = mixed ? "mixed  " : "chained";
-    for (int fi = 0; fi < 7; fi++) {
+    for (int fi = 0; fi < NCF; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
+        loom_cuda_qgemm_set_tiled_stream_max_m(g, fi >= 7 ? LC_QG_MAX_M : 0);
         void *data[4] = {0};
         float *sc[4] = {0};
         loom_cuda_qweight w[4];

@@ -3,8 +3,9 @@
  * once at load into a tensor-core tile layout ("tiled", Marlin's idea), one
  * kernel family for 1 .. LC_QT_MAX_M rows: lc_qtiled_pack (load time),
  * lc_qtiled (qgemm.c dispatches: from wgmma_min_m rows the Hopper wgmma
- * kernels further down, below them the stream kernel up to LC_QG_MAX_M
- * rows and mma.sync above), lc_qtiled_epi (one row with a pair epilogue),
+ * kernels further down, below them the stream kernel up to stream_max_m
+ * rows — the cuda backend's qtiled_stream_rows, 0 by default — and
+ * mma.sync above), lc_qtiled_epi (one row with a pair epilogue),
  * lc_qtiled_dequant (the large-M path).
  *
  * Layout (loom_cuda_qweight.layout == LOOM_CUDA_QLAYOUT_TILED): the weight

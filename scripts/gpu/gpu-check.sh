@@ -36,10 +36,11 @@
 #           the stream kernel and its fused pair epilogues included), one
 #           Llama-3-8B layer's linears per format and row count (gpu_bench
 #           --quant: *_tiled, *_tiled_stream, *_tiled_u8, *_tiled_cpa /
-#           _tma / _wide / _mma), and INT4 with its LM head, row-major vs
-#           tiled with the stream kernel, batch-1 decode on the Llama-3-8B
-#           shape cut to 8 layers (quantizing the whole shape twice takes
-#           ~4.5 minutes).
+#           _tma / _wide / _mma; chained at M <= 8), and INT4 with its LM
+#           head, row-major vs tiled with the stream kernel, batch-1 decode
+#           on the Llama-3-8B shape cut to 8 layers (quantizing the whole
+#           shape twice takes ~4.5 minutes). Its limits add up to 590 s, one
+#           device call.
 #   kprofile: kernels under ncu where a target waits on a profile: the
 #           tiled W8A16 / INT4 kernels (each variant gpu_bench times,
 #           --set full) on one Llama-3-8B layer's linears at KPROFILE_M
@@ -557,18 +558,18 @@ profile)
 tiled)
   step "kernel tests: the tiled layout, then the pair epilogues (tiled weights' fused ones included)"
   for only in tiled epilogue; do
-    LOOM_GPU_KERNEL_TESTS=$only timeout 200 "$LB/tests/gpu/gpu_kernel_tests" > "$O/kernels-$only.log" 2>&1 \
+    LOOM_GPU_KERNEL_TESTS=$only timeout $([ $only = tiled ] && echo 150 || echo 60) "$LB/tests/gpu/gpu_kernel_tests" > "$O/kernels-$only.log" 2>&1 \
       || fails=$((fails + 1))
     grep -E '^FAIL' "$O/kernels-$only.log" | head -20; tail -1 "$O/kernels-$only.log"
   done
   step "one Llama-3-8B layer's linears per format and row count (gpu_bench --quant)"
-  timeout 240 "$LB/bench/gpu/gpu_bench" "$O/quant-linears.json" "$LB/plugins/backend/cuda/loom-backend-cuda.so" \
+  timeout 180 "$LB/bench/gpu/gpu_bench" "$O/quant-linears.json" "$LB/plugins/backend/cuda/loom-backend-cuda.so" \
     --quant > "$O/quant-linears.log" 2>&1 || fails=$((fails + 1))
   grep -E 'x vs bf16' "$O/quant-linears.log" | grep -E 'bf16 |int4|w8a16'
-  rec '{hw}-quant-tiled-wgmma' --what "one Llama-3-8B layer's four linears (QKV, O, gate|up, down) per format and row count, us, each GEMM timed alone; *_tiled: quant_layout tiled as dispatched; *_tiled_stream / *_tiled_u8: its stream kernel (4 / 8 tiles in flight a warp) at <= 8 rows; *_tiled_cpa / *_tiled_tma / *_tiled_wide: the wgmma path with cp.async copies, TMA (128-row CTAs), the wide TMA kernel (256-row CTAs) forced; *_tiled_mma: the mma.sync path; *_tiled_deq: dequantized + cuBLASLt" \
+  rec '{hw}-quant-linears' --what "one Llama-3-8B layer's four linears (QKV, O, gate|up, down) per format and row count, us, each GEMM timed alone (chained: M <= 8 in a CUDA graph); *_tiled: quant_layout tiled as dispatched; *_tiled_stream / *_tiled_u8: its stream kernel (4 / 8 tiles in flight a warp) at <= 8 rows; *_tiled_cpa / *_tiled_tma / *_tiled_wide: the wgmma path with cp.async copies, TMA (128-row CTAs), the wide TMA kernel (256-row CTAs) forced; *_tiled_mma: the mma.sync path; *_tiled_deq: dequantized + cuBLASLt" \
     --json gpu_bench="$O/quant-linears.json"
   step "INT4 with its LM head: row-major (a) vs tiled with the stream kernel (b), batch-1 decode, 8 layers"
-  timeout 300 loom bench --compare configs/gpu/llama3-8b-int4-head.yaml configs/gpu/llama3-8b-int4-head-tiled.yaml \
+  timeout 200 loom bench --compare configs/gpu/llama3-8b-int4-head.yaml configs/gpu/llama3-8b-int4-head-tiled.yaml \
     --set model.layers=8 --num-requests 3 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1 \
     --no-progress --json "$O/int4-tiled-b1.json" > "$O/int4-tiled-b1.txt" 2>&1 || fails=$((fails + 1))
   grep -E "output tokens/s|TPOT p50|TTFT p50" "$O/int4-tiled-b1.txt"
@@ -761,7 +762,7 @@ PY
   rec '{hw}-gemma3-vs-transformers' --merge --what "$G3_WHAT" --text tiny-gemma3-qwen3="$O/gemma-summary.txt"
   ;;
 gemma-ab) gemma_ab_both ;;
-*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|kprofile|throughput|serve|gemma|gemma-ab" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|kprofile|throughput|serve|gemma|gemma-ab|tiled" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

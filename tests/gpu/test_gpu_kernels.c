@@ -2200,10 +2200,10 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
     const int Ms[NM] = {1, 2, 3, 8, 9, 16, 17, 31, 33, 63, 64, 65, 100, 127, 128, 129, 200, 255, 256, 248};
     g_q_tile = true;
     loom_cuda_qgemm_set_tiled_max_m(g, 256); /* the kernel at every M below (the default) */
-    loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_MAX_M); /* the stream kernel up to 8 rows (off by default) */
     for (int fi = 0; fi < 2; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
         const bool i4 = f == LOOM_CUDA_Q_INT4;
+        loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_MAX_M); /* the stream kernel up to 8 rows (off by default) */
         const long wg0 = lc_qtiled_wgmma_count(), sg0 = lc_qtiled_gemv_count();
         tiled_rows(g, f, Ms, NM);
         /* up to 8 rows the stream kernel: rows 1, 2, 3 and 8 above, twice */
@@ -2217,7 +2217,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
          * 192, long K at few rows, f32 output — each pass counted */
         for (int v = 0; v < 3; v++) {
             if (v == 1) lc_qtiled_set_gemv_u(8);
-            if (v == 2) loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_DEFAULT_MAX_M);
+            if (v == 2) loom_cuda_qgemm_set_tiled_stream_max_m(g, 0);
             const long s0 = lc_qtiled_gemv_count();
             int calls = 0;
             if (v == 0) {
@@ -2234,11 +2234,12 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
             }
             char what[96];
             snprintf(what, sizeof what, "tiled %s: stream-kernel calls off their count (%s)", i4 ? "int4" : "w8a16",
-                     v == 0 ? "uneven K" : v == 1 ? "8 tiles in flight" : "the default: stream kernel off");
+                     v == 0 ? "uneven K" : v == 1 ? "8 tiles in flight" : "stream kernel off");
             report_count(what, labs(calls - (lc_qtiled_gemv_count() - s0)), calls ? calls : 1);
         }
+        /* the rest (raw decode edges, wild tokens, bounds) on the default path */
         lc_qtiled_set_gemv_u(4);
-        loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_MAX_M);
+        loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_DEFAULT_MAX_M);
         /* the wgmma path: wide N (one K slice), K split over many slices,
          * groups ending mid-stage (192), f32 output; then the mma.sync path
          * at the same rows (wgmma bound off) */
