@@ -40,7 +40,7 @@ all=$(nproc)
 # llama.cpp's AMX matmul (ggml_backend_amx_mul_mat, compiled in by
 # GGML_NATIVE where the CPU has AMX) dies on its first ldtilecfg on the
 # Sapphire Rapids machines here (a general protection fault, permission
-# granted or not): build it without AMX there, as its AVX-512 kernels
+# granted or not): build it without AMX there, so its AVX-512 kernels run
 amx=""
 grep -qw amx_tile /proc/cpuinfo && amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 bdir=$dir/build-$ver${amx:+-noamx}

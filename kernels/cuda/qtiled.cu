@@ -537,7 +537,10 @@ __global__ void __launch_bounds__(LC_QG_WARPS * 32, 2)
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int r = 0; r < RT; r++) cur[u][r] = nxt[u][r], cpa[u][r] = npa[u][r], cpb[u][r] = npb[u][r];
+            for (int r = 0; r < RT; r++) {
+                cur[u][r] = nxt[u][r];
+                if constexpr (F::I4) cpa[u][r] = npa[u][r], cpb[u][r] = npb[u][r];
+            }
         if (c + U < c_hi) load(c + U);
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -1356,6 +1359,19 @@ static int lc_qg_u = 4;
 extern "C" void lc_qtiled_set_gemv_u(int u) { __atomic_store_n(&lc_qg_u, u == 8 ? 8 : 4, __ATOMIC_RELAXED); }
 extern "C" long lc_qtiled_gemv_count(void) { return __atomic_load_n(&lc_qg_runs, __ATOMIC_RELAXED); }
 
+/* whether the kernels take w (tiled, a tileable shape, INT4 tiled for dt) */
+static bool lc_qtiled_takes(loom_cuda_dt dt, const loom_cuda_qweight *w) {
+    return lc_qtiled_ok(w) && w->layout == LOOM_CUDA_QLAYOUT_TILED && (w->fmt != LOOM_CUDA_Q_INT4 || dt == w->tile_dt);
+}
+/* the wgmma path from wgmma_min_m rows (0: never); below it the stream
+ * kernel from 1 to stream_max_m rows; neither in batch-invariant mode */
+static bool lc_qtiled_wgmma_at(int M, int invariant, int wgmma_min_m) {
+    return !invariant && wgmma_min_m > 0 && M >= wgmma_min_m;
+}
+static bool lc_qtiled_stream_at(int M, int invariant, int wgmma_min_m, int stream_max_m) {
+    return !invariant && !lc_qtiled_wgmma_at(M, invariant, wgmma_min_m) && M <= stream_max_m;
+}
+
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qtiled_gemv_t(int M, const loom_cuda_qweight *w, const void *x, void *y, cudaStream_t s) {
     __atomic_fetch_add(&lc_qg_runs, 1, __ATOMIC_RELAXED);
@@ -1388,8 +1404,7 @@ extern "C" cudaError_t lc_qtiled_epi(loom_cuda_dt dt, const loom_cuda_qweight *w
                                      const loom_cuda_epi *epi, int invariant, int wgmma_min_m, int stream_max_m,
                                      cudaStream_t s) {
     const int P = lc_epi_p(epi, w->N);
-    if (!P || P % 16 || invariant || (wgmma_min_m > 0 && wgmma_min_m <= 1) || stream_max_m < 1 || !lc_qtiled_ok(w) ||
-        w->layout != LOOM_CUDA_QLAYOUT_TILED || (w->fmt == LOOM_CUDA_Q_INT4 && dt != w->tile_dt))
+    if (!P || P % 16 || !lc_qtiled_stream_at(1, invariant, wgmma_min_m, stream_max_m) || !lc_qtiled_takes(dt, w))
         return cudaErrorNotSupported;
     cudaError_t e;
     if (dt == LOOM_CUDA_F16)
@@ -1406,9 +1421,8 @@ extern "C" cudaError_t lc_qtiled_epi(loom_cuda_dt dt, const loom_cuda_qweight *w
  * the wgmma path's kernel that `mode` (lc_qw_tma's) picks */
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
-                                int invariant, bool wg, int mode, int stream_max_m, cudaStream_t s) {
-    if (!wg && !invariant && M <= stream_max_m)
-        return lc_qtiled_gemv_t<T, FMT, F32>(M, w, x, y, s);
+                                int invariant, bool wg, int mode, bool stream, cudaStream_t s) {
+    if (stream) return lc_qtiled_gemv_t<T, FMT, F32>(M, w, x, y, s);
     if (!wg) return lc_qtiled_t<T, FMT, F32>(M, w, x, y, part, invariant, s);
     if (mode == 2) mode = FMT == LOOM_CUDA_Q_INT8_W8A16 && M > 64 ? 1 : 0;
     if (mode == 0) return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);
@@ -1419,17 +1433,15 @@ static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x
 extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,
                                  void *y, void *scratch, int invariant, int wgmma_min_m, int stream_max_m,
                                  cudaStream_t s) {
-    if (!lc_qtiled_ok(w) || w->layout != LOOM_CUDA_QLAYOUT_TILED || M < 1 || M > LC_QT_MAX_M ||
-        (w->fmt == LOOM_CUDA_Q_INT4 && dt != w->tile_dt))
-        return cudaErrorInvalidValue;
+    if (!lc_qtiled_takes(dt, w) || M < 1 || M > LC_QT_MAX_M) return cudaErrorInvalidValue;
     float *part = static_cast<float *>(scratch);
-    /* the wgmma path from wgmma_min_m rows (0: never), not batch-invariant */
-    const bool wg = !invariant && wgmma_min_m > 0 && M >= wgmma_min_m;
+    const bool wg = lc_qtiled_wgmma_at(M, invariant, wgmma_min_m),
+               stream = lc_qtiled_stream_at(M, invariant, wgmma_min_m, stream_max_m);
     const int mode = __atomic_load_n(&lc_qw_tma, __ATOMIC_RELAXED);
     if (wg) __atomic_fetch_add(&lc_qtiled_wg_runs, 1, __ATOMIC_RELAXED);
 #define LC_QT_F(T, FMT)                                                                            \
-    (out_f32 ? lc_qtiled_go<T, FMT, true>(M, w, x, y, part, invariant, wg, mode, stream_max_m, s)  \
-             : lc_qtiled_go<T, FMT, false>(M, w, x, y, part, invariant, wg, mode, stream_max_m, s))
+    (out_f32 ? lc_qtiled_go<T, FMT, true>(M, w, x, y, part, invariant, wg, mode, stream, s)        \
+             : lc_qtiled_go<T, FMT, false>(M, w, x, y, part, invariant, wg, mode, stream, s))
 #define LC_QT_T(T) (w->fmt == LOOM_CUDA_Q_INT4 ? LC_QT_F(T, LOOM_CUDA_Q_INT4) : LC_QT_F(T, LOOM_CUDA_Q_INT8_W8A16))
     return dt == LOOM_CUDA_F16 ? LC_QT_T(__half) : LC_QT_T(__nv_bfloat16);
 #undef LC_QT_T
@@ -1437,8 +1449,7 @@ extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom
 }
 
 extern "C" cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s) {
-    if (!lc_qtiled_ok(w) || w->layout != LOOM_CUDA_QLAYOUT_TILED || (w->fmt == LOOM_CUDA_Q_INT4 && dt != w->tile_dt))
-        return cudaErrorInvalidValue;
+    if (!lc_qtiled_takes(dt, w)) return cudaErrorInvalidValue;
     const size_t ntile = (size_t)(w->N / 16) * (w->K / (w->fmt == LOOM_CUDA_Q_INT4 ? 64 : 32));
     const unsigned grid = (unsigned)((ntile + 7) / 8 < 65535 ? (ntile + 7) / 8 : 65535);
     const int i4 = w->fmt == LOOM_CUDA_Q_INT4;
