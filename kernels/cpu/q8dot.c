@@ -13,12 +13,13 @@
 #include <stdatomic.h>
 #include <string.h>
 
-size_t loom_cpu_q8_bytes(int64_t K) { return (size_t)K + 2 * sizeof(float) * (size_t)(K / 32); }
+size_t loom_cpu_q8_bytes(int64_t K) { return (size_t)K + 3 * sizeof(float) * (size_t)(K / 32); }
 
 void loom_cpu_q8_quantize_portable(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
     const int64_t nb = K / LOOM_CPU_Q8_BLOCK;
     int8_t *q = buf;
     float *d = (float *)(q + K), *s = d + nb;
+    int32_t *n = (int32_t *)(s + nb);
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
@@ -35,8 +36,9 @@ void loom_cpu_q8_quantize_portable(const float *x, int64_t K, void *buf, loom_cp
         }
         d[b] = db;
         s[b] = db * (float)sum;
+        n[b] = sum;
     }
-    *out = (loom_cpu_q8){.q = q, .d = d, .s = s};
+    *out = (loom_cpu_q8){.q = q, .d = d, .s = s, .n = n};
 }
 
 size_t loom_cpu_q8g_bytes(int64_t K) { return LOOM_CPU_Q8_G * loom_cpu_q8_bytes(K); }
@@ -45,14 +47,16 @@ void loom_cpu_q8g_pack(const loom_cpu_q8 *x, int mr, int64_t K, void *buf, loom_
     const int64_t nb = K / LOOM_CPU_Q8_BLOCK;
     int8_t *q = buf;
     float *d = (float *)(q + LOOM_CPU_Q8_G * K), *s = d + LOOM_CPU_Q8_G * nb;
+    int32_t *n = (int32_t *)(s + LOOM_CPU_Q8_G * nb);
     for (int64_t b = 0; b < nb; b++)
         for (int t = 0; t < LOOM_CPU_Q8_G; t++) {
             const loom_cpu_q8 *xt = &x[t < mr ? t : 0];
             memcpy(q + (LOOM_CPU_Q8_G * b + t) * 32, xt->q + 32 * b, 32);
             d[LOOM_CPU_Q8_G * b + t] = xt->d[b];
             s[LOOM_CPU_Q8_G * b + t] = xt->s[b];
+            n[LOOM_CPU_Q8_G * b + t] = xt->n[b];
         }
-    *out = (loom_cpu_q8g){.q = q, .d = d, .s = s};
+    *out = (loom_cpu_q8g){.q = q, .d = d, .s = s, .n = n};
 }
 
 /* ------------------------------------------------------------ portable */
@@ -301,6 +305,7 @@ typedef struct qd_isa {
     loom_cpu_q8dot4_fn *const *table4;
     loom_cpu_q8gemm_fn *const *tableg; /* NULL: none */
     loom_cpu_hdot_fn *const *htable;
+    const loom_cpu_q8exact *exact;     /* NULL: none */
     void (*quantize)(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
     int (*usable)(void);
 } qd_isa;
@@ -327,14 +332,15 @@ static int qd_always(void) { return 1; }
 static const qd_isa qd_isas[] = {
 #if defined(__x86_64__) && defined(__GNUC__)
     {"avx512vnni", loom_cpu_q8dot_vnni, loom_cpu_q8dot2_vnni, loom_cpu_q8dot4_vnni,
-     loom_cpu_q8gemm_vnni, loom_cpu_hdot_vnni, loom_cpu_q8_quantize_vnni, qd_has_vnni},
+     loom_cpu_q8gemm_vnni, loom_cpu_hdot_vnni, &loom_cpu_q8exact_vnni, loom_cpu_q8_quantize_vnni,
+     qd_has_vnni},
     {"avx512", loom_cpu_q8dot_avx512, loom_cpu_q8dot2_avx512, loom_cpu_q8dot4_avx512,
-     loom_cpu_q8gemm_avx512, loom_cpu_hdot_avx512, loom_cpu_q8_quantize_avx512, qd_has_avx512},
+     loom_cpu_q8gemm_avx512, loom_cpu_hdot_avx512, NULL, loom_cpu_q8_quantize_avx512, qd_has_avx512},
     {"avx2", loom_cpu_q8dot_avx2, loom_cpu_q8dot2_avx2, loom_cpu_q8dot4_avx2,
-     loom_cpu_q8gemm_avx2, loom_cpu_hdot_avx2, loom_cpu_q8_quantize_avx2, qd_has_avx2},
+     loom_cpu_q8gemm_avx2, loom_cpu_hdot_avx2, NULL, loom_cpu_q8_quantize_avx2, qd_has_avx2},
 #endif
     {"portable", loom_cpu_q8dot_portable, loom_cpu_q8dot2_portable, loom_cpu_q8dot4_portable,
-     NULL, loom_cpu_hdot_portable, loom_cpu_q8_quantize_portable, qd_always},
+     NULL, loom_cpu_hdot_portable, NULL, loom_cpu_q8_quantize_portable, qd_always},
 };
 
 static const qd_isa *qd_best;
@@ -395,26 +401,37 @@ void loom_cpu_q8_quantize(const float *x, int64_t K, void *buf, loom_cpu_q8 *out
     qd_now()->quantize(x, K, buf, out);
 }
 
+/* A set's block-exact kernel of kind k, where it has one, else its table's. */
+#define QD_PICK(isa, k, field, table) \
+    ((isa)->exact && (isa)->exact->field[k] ? (isa)->exact->field[k] : (isa)->table ? (isa)->table[k] : NULL)
+
 loom_cpu_q8dot_fn *loom_cpu_q8dot(loom_dtype dtype) {
     const int k = qd_kind(dtype);
-    return k < 0 ? NULL : qd_now()->table[k];
+    return k < 0 ? NULL : QD_PICK(qd_now(), k, row, table);
 }
 
 loom_cpu_q8dot2_fn *loom_cpu_q8dot2(loom_dtype dtype) {
     const int k = qd_kind(dtype);
-    return k < 0 ? NULL : qd_now()->table2[k];
+    return k < 0 ? NULL : QD_PICK(qd_now(), k, pair, table2);
 }
 
 loom_cpu_q8dot4_fn *loom_cpu_q8dot4(loom_dtype dtype) {
     const int k = qd_kind(dtype);
-    return k < 0 ? NULL : qd_now()->table4[k];
+    return k < 0 ? NULL : QD_PICK(qd_now(), k, quad, table4);
 }
 
 loom_cpu_q8gemm_fn *loom_cpu_q8gemm(loom_dtype dtype) {
     const int k = qd_kind(dtype);
-    const qd_isa *isa = qd_now();
-    return k < 0 || !isa->tableg ? NULL : isa->tableg[k];
+    return k < 0 ? NULL : QD_PICK(qd_now(), k, group, tableg);
 }
+
+const loom_cpu_q8tile_kernel *loom_cpu_q8tile(loom_dtype dtype) {
+    const int k = qd_kind(dtype);
+    const qd_isa *isa = qd_now();
+    return k < 0 || !isa->exact ? NULL : isa->exact->tile[k];
+}
+
+size_t loom_cpu_q8tile_bytes(int64_t K) { return (size_t)(K / 32) * LOOM_CPU_Q8_TILE_BLOCK; }
 
 loom_cpu_hdot_fn *loom_cpu_hdot(loom_dtype dtype) {
     if (dtype != LOOM_DTYPE_F16 && dtype != LOOM_DTYPE_BF16) return NULL;

@@ -38,6 +38,7 @@ typedef struct loom_cpu_q8 {
     const int8_t *q;           /* (K) codes in [-127, 127]                     */
     const float *d;            /* (K/32) block scales                          */
     const float *s;            /* (K/32) d * sum of the block's codes          */
+    const int32_t *n;          /* (K/32) sum of the block's codes              */
 } loom_cpu_q8;
 
 /* Bytes one token of K activations takes (K a multiple of 32). */
@@ -91,6 +92,7 @@ typedef struct loom_cpu_q8g {
     const int8_t *q;           /* (K/32, 8, 32) codes                          */
     const float *d;            /* (K/32, 8) block scales                       */
     const float *s;            /* (K/32, 8) d * sum of the block's codes       */
+    const int32_t *n;          /* (K/32, 8) sum of the block's codes           */
 } loom_cpu_q8g;
 
 /* Bytes one group of K activations takes (K a multiple of 32). */
@@ -122,6 +124,47 @@ typedef void loom_cpu_hdot_fn(const uint8_t *row, int64_t K, const float *const 
 
 /* The kernel for LOOM_DTYPE_F16 or LOOM_DTYPE_BF16 on this CPU, or NULL. */
 loom_cpu_hdot_fn *loom_cpu_hdot(loom_dtype dtype);
+
+/* ---- tiles of 16 rows: the 32-element types on AVX-512 VNNI
+ *
+ * q4_0, q4_1, q5_0 and q8_0 on the avx512vnni set are dotted block-exact:
+ * per block the integer dot sum (c - z) q of the codes c, unsigned, with
+ * their zero z (q4_0 8, q5_0 16, q8_0's int8 codes as c = w + 128 with z
+ * 128, q4_1 0), exact in int32; then acc = fma(float(dot), d dx, acc) in
+ * block order, d dx one float product (q4_1: its offsets m s summed apart
+ * the same way and added at the end). Every kernel of those types on that
+ * set — row, pair, quad, group and tile — gives these bits, so a token's
+ * result does not depend on the batch or the rows around it.
+ *
+ * Why: with one integer dot a block, 16 rows share each instruction (a
+ * row a 32-bit lane, 4 codes of each row a vpdpbusd, the token's 4 codes
+ * broadcast), and a block costs 11 vector instructions per token for 16
+ * rows, where the 8-lane form of the other sets costs 4 per row. The rows
+ * are repacked into that layout per call (pack), once for all the tokens
+ * of the call. */
+#define LOOM_CPU_Q8_TILE 16
+#define LOOM_CPU_Q8_TILE_BLOCK 640 /* tile bytes a block of 32 columns */
+#define LOOM_CPU_Q8_TILE_MAX_STRIDE ((size_t)1 << 27) /* 16 rows' offsets fit int32 */
+
+typedef struct loom_cpu_q8tile_kernel {
+    /* Repack nr (1..16) rows at `stride` (< LOOM_CPU_Q8_TILE_MAX_STRIDE)
+     * bytes of K columns into tile (loom_cpu_q8tile_bytes(K)); rows past
+     * nr are zero. `next` (or NULL)
+     * is the first row of the tile the caller packs next: its 16 rows are
+     * prefetched meanwhile (a hint; it is never read). */
+    void (*pack)(const uint8_t *row0, size_t stride, int nr, int64_t K, const uint8_t *next,
+                 void *tile);
+    /* out[16 t + r] = row r . x[t] for t < mr (>= 1), every r < 16 (rows
+     * past the tile's nr give 0). */
+    void (*dot)(const void *tile, int64_t K, const loom_cpu_q8 *x, int64_t mr, float *out);
+} loom_cpu_q8tile_kernel;
+
+/* Bytes one tile of K columns takes. */
+size_t loom_cpu_q8tile_bytes(int64_t K);
+
+/* The tile kernel for `dtype` on the current instruction set, or NULL
+ * (every type but the four above; every set but avx512vnni). */
+const loom_cpu_q8tile_kernel *loom_cpu_q8tile(loom_dtype dtype);
 
 /* Which instruction set the kernels use here: "avx512vnni", "avx512",
  * "avx2" or "portable". */
@@ -155,6 +198,16 @@ extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_avx512[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8gemm_fn *const loom_cpu_q8gemm_avx2[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8gemm_fn *const loom_cpu_q8gemm_avx512[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8gemm_fn *const loom_cpu_q8gemm_vnni[LOOM_CPU_Q8_NKINDS];
+/* the block-exact kernels of the 32-element types on a set (q8dot_tile.c:
+ * avx512vnni), which replace its tables' entries for those types */
+typedef struct loom_cpu_q8exact {
+    loom_cpu_q8dot_fn *row[LOOM_CPU_Q8_NKINDS];
+    loom_cpu_q8dot2_fn *pair[LOOM_CPU_Q8_NKINDS];
+    loom_cpu_q8dot4_fn *quad[LOOM_CPU_Q8_NKINDS];
+    loom_cpu_q8gemm_fn *group[LOOM_CPU_Q8_NKINDS];
+    const loom_cpu_q8tile_kernel *tile[LOOM_CPU_Q8_NKINDS];
+} loom_cpu_q8exact;
+extern const loom_cpu_q8exact loom_cpu_q8exact_vnni;
 /* the 16-bit kernels of each instruction set: [0] f16, [1] bf16 */
 extern loom_cpu_hdot_fn *const loom_cpu_hdot_portable[2];
 extern loom_cpu_hdot_fn *const loom_cpu_hdot_avx2[2];

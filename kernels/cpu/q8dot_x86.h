@@ -395,6 +395,7 @@ void QD_QUANTIZE(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
     const int64_t nb = K / LOOM_CPU_Q8_BLOCK;
     int8_t *q = buf;
     float *d = (float *)(q + K), *s = d + nb;
+    int32_t *n = (int32_t *)(s + nb);
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < nb; b++) {
         __m256 v[4], m = _mm256_setzero_ps();
@@ -422,9 +423,10 @@ void QD_QUANTIZE(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
         d[b] = db;
-        s[b] = db * (float)_mm_cvtsi128_si32(s4);
+        n[b] = _mm_cvtsi128_si32(s4);
+        s[b] = db * (float)n[b];
     }
-    *out = (loom_cpu_q8){.q = q, .d = d, .s = s};
+    *out = (loom_cpu_q8){.q = q, .d = d, .s = s, .n = n};
 }
 
 /* One function per type: a token count of 1 gets its own copy (decode). */

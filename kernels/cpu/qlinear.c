@@ -634,6 +634,8 @@ struct loom_cpu_qscratch {
     size_t x8g_cap;    /* bytes                                             */
     loom_cpu_q8g *x8gv; /* GGUF, M > 1: views into x8g                      */
     size_t x8gv_cap;   /* entries                                           */
+    uint8_t *q8t;      /* GGUF tiles: (threads, ql_q8t_bytes(K))            */
+    size_t q8t_cap;    /* bytes                                             */
 };
 
 loom_cpu_qscratch *loom_cpu_qscratch_create(void) {
@@ -652,6 +654,7 @@ void loom_cpu_qscratch_destroy(loom_cpu_qscratch *s) {
     free(s->x8v);
     free(s->x8g);
     free(s->x8gv);
+    free(s->q8t);
     free(s);
 }
 
@@ -692,6 +695,8 @@ typedef struct ql_job {
     float *tiles;              /* (threads, tile_floats)                        */
     size_t tile_floats;
     int64_t tile_rows;         /* R                                             */
+    uint8_t *q8t;              /* GGUF tiles: (threads, q8t_bytes) or NULL      */
+    size_t q8t_bytes;
 } ql_job;
 
 QL_INLINE void ql_store(const ql_job *j, int64_t m, int64_t col, float v) {
@@ -825,6 +830,38 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
  * stall on miss buffers, farther they are evicted before use (measured in
  * docs/performance.md, the CPU section; bench/cpu_smollm2_chain.c). */
 #define QL_PF_AHEAD_BYTES 6144
+
+/* The 16-row tiles (q8dot.h; the 32-element types on AVX-512 VNNI), at
+ * every M: each tile of rows repacked once, then dotted with the tokens
+ * QL_Q8T_TOKENS at a time. A thread's scratch: the tile, then the results
+ * of one pass of tokens. */
+#define QL_Q8T_TOKENS 64
+static size_t ql_q8t_bytes(int64_t K) {
+    return (loom_cpu_q8tile_bytes(K) + QL_ALIGN - 1) / QL_ALIGN * QL_ALIGN +
+           sizeof(float) * LOOM_CPU_Q8_TILE * QL_Q8T_TOKENS;
+}
+
+static void ql_q8_tiles(const ql_job *j, const loom_cpu_qweight *w, const loom_cpu_q8tile_kernel *tk,
+                        int64_t n0, int64_t n1, int64_t col, const float *bias, int worker) {
+    uint8_t *tile = j->q8t + (size_t)worker * j->q8t_bytes;
+    float *o = (float *)(tile + (loom_cpu_q8tile_bytes(j->K) + QL_ALIGN - 1) / QL_ALIGN * QL_ALIGN);
+    const size_t rs = w->row_stride;
+    for (int64_t n = n0; n < n1; n += LOOM_CPU_Q8_TILE) {
+        const int nr = n1 - n < LOOM_CPU_Q8_TILE ? (int)(n1 - n) : LOOM_CPU_Q8_TILE;
+        const int64_t nx = n + LOOM_CPU_Q8_TILE;
+        tk->pack(w->data + (size_t)n * rs, rs, nr, j->K, nx < n1 ? w->data + (size_t)nx * rs : NULL, tile);
+        for (int64_t m = 0; m < j->M; m += QL_Q8T_TOKENS) {
+            const int64_t mr = j->M - m < QL_Q8T_TOKENS ? j->M - m : QL_Q8T_TOKENS;
+            tk->dot(tile, j->K, j->x8 + m, mr, o);
+            for (int64_t t = 0; t < mr; t++)
+                for (int r = 0; r < nr; r++) {
+                    const float v = o[LOOM_CPU_Q8_TILE * t + r];
+                    ql_store(j, m + t, col + n + r - n0, bias ? v + bias[n + r - n0] : v);
+                }
+        }
+    }
+}
+
 QL_INLINE void ql_q8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t n0, int64_t n1,
                           int64_t col, const float *bias) {
     loom_cpu_q8dot_fn *dot = loom_cpu_q8dot(w->dtype);
@@ -996,7 +1033,11 @@ static void ql_range(const ql_job *j, int64_t b, int64_t e, int worker) {
             continue;
         }
         if (ql_is_q8(w)) {
-            ql_q8_rows(j, w, n0, n1, s, bias ? bias + n0 : NULL);
+            /* a row too wide for the tiles runs the row kernels: the same bits */
+            const loom_cpu_q8tile_kernel *tk =
+                j->q8t && w->row_stride < LOOM_CPU_Q8_TILE_MAX_STRIDE ? loom_cpu_q8tile(w->dtype) : NULL;
+            if (tk) ql_q8_tiles(j, w, tk, n0, n1, s, bias ? bias + n0 : NULL, worker);
+            else ql_q8_rows(j, w, n0, n1, s, bias ? bias + n0 : NULL);
             continue;
         }
         if (ql_is_16(w)) { /* M >= LOOM_CPU_QLINEAR_PANEL_M went to sgemm panels */
@@ -1035,6 +1076,13 @@ static void ql_range(const ql_job *j, int64_t b, int64_t e, int worker) {
 }
 
 static void ql_task(void *ctx, int64_t b, int64_t e, int worker) { ql_range(ctx, b, e, worker); }
+
+/* Items are 16-row tiles: a thread's rows start on one. */
+static void ql_task_tiles(void *ctx, int64_t b, int64_t e, int worker) {
+    const ql_job *j = ctx;
+    const int64_t N = j->off[j->nparts], r1 = e * LOOM_CPU_Q8_TILE;
+    ql_range(ctx, b * LOOM_CPU_Q8_TILE, r1 < N ? r1 : N, worker);
+}
 
 /* ------------------------------------------------- activation quantizers */
 
@@ -1189,6 +1237,7 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
      * vectors quantize it differently: run them one call each */
     const float *smooth = NULL;
     bool any_w8a8 = false, any_fp8 = false, any_act = false, any_gguf = false, any_g = false;
+    bool any_t = false; /* a part on the 16-row tiles */
     for (int p = 0; p < nparts; p++) {
         const bool act = w[p]->format == LOOM_QFMT_INT8_W8A8 || w[p]->format == LOOM_QFMT_FP8_W8A8;
         if (act) {
@@ -1208,7 +1257,9 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
         any_w8a8 |= w[p]->format == LOOM_QFMT_INT8_W8A8;
         any_fp8 |= w[p]->format == LOOM_QFMT_FP8_W8A8;
         any_gguf |= ql_is_q8(w[p]);
-        any_g |= M > 1 && ql_is_q8(w[p]) && loom_cpu_q8gemm(w[p]->dtype);
+        const bool tiles = ql_is_q8(w[p]) && loom_cpu_q8tile(w[p]->dtype);
+        any_t |= tiles;
+        any_g |= M > 1 && ql_is_q8(w[p]) && !tiles && loom_cpu_q8gemm(w[p]->dtype);
     }
 
     ql_job j = {.y = y, .ldy = ldy, .x = x, .ldx = ldx, .smooth = smooth, .M = M, .K = w[0]->k,
@@ -1230,7 +1281,8 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
         (any_w8a8 && !ql_grow((void **)&s->xq, &s->xq_cap, (size_t)(M * K), 1)) ||
         (any_fp8 && !ql_grow((void **)&s->xf, &s->xf_cap, (size_t)(M * K), sizeof(float))) ||
         (any_gguf && !ql_grow((void **)&s->x8, &s->x8_cap, (size_t)M * loom_cpu_q8_bytes(K), 1)) ||
-        (any_gguf && !ql_grow((void **)&s->x8v, &s->x8v_cap, (size_t)M, sizeof(loom_cpu_q8))))
+        (any_gguf && !ql_grow((void **)&s->x8v, &s->x8v_cap, (size_t)M, sizeof(loom_cpu_q8))) ||
+        (any_t && !ql_grow((void **)&s->q8t, &s->q8t_cap, ql_q8t_bytes(K) * threads, 1)))
         return false;
     const int64_t groups = (M + LOOM_CPU_Q8_G - 1) / LOOM_CPU_Q8_G;
     if (any_g && (!ql_grow((void **)&s->x8g, &s->x8g_cap, (size_t)groups * loom_cpu_q8g_bytes(K), 1) ||
@@ -1257,7 +1309,14 @@ bool loom_cpu_qlinear_multi(float *y, int64_t ldy, const float *x, int64_t ldx,
         j.x8g = s->x8gv;
         loom_cpu_pool_for(pool, groups, 1, ql_prep_q8g, &j);
     }
-    loom_cpu_pool_for(pool, N, R, ql_task, &j);
+    if (any_t) {
+        j.q8t = s->q8t;
+        j.q8t_bytes = ql_q8t_bytes(K);
+        const int64_t tiles = (N + LOOM_CPU_Q8_TILE - 1) / LOOM_CPU_Q8_TILE;
+        loom_cpu_pool_for(pool, tiles, (R + LOOM_CPU_Q8_TILE - 1) / LOOM_CPU_Q8_TILE, ql_task_tiles, &j);
+    } else {
+        loom_cpu_pool_for(pool, N, R, ql_task, &j);
+    }
     return true;
 }
 

@@ -210,7 +210,7 @@ Test(q8dot, quantizer_rounds_within_half_a_step) {
         if (it % 5 == 0) memset(x, 0, 32 * sizeof(float));
         loom_cpu_q8 q;
         loom_cpu_q8_quantize(x, K, buf, &q);
-        cr_assert_eq(loom_cpu_q8_bytes(K), (size_t)K + 8 * (size_t)(K / 32));
+        cr_assert_eq(loom_cpu_q8_bytes(K), (size_t)K + 12 * (size_t)(K / 32));
         for (int64_t b = 0; b < K / 32; b++) {
             double amax = 0;
             int64_t sum = 0;
@@ -225,6 +225,7 @@ Test(q8dot, quantizer_rounds_within_half_a_step) {
                 sum += v;
             }
             cr_assert(fabs(q.s[b] - (double)q.d[b] * (double)sum) <= 1e-6 * fabs(q.d[b] * (double)sum) + 1e-30);
+            cr_assert_eq(q.n[b], sum, "block %lld: code sum %d, want %lld", (long long)b, q.n[b], (long long)sum);
         }
     }
 }
@@ -400,6 +401,99 @@ Test(q8dot, q5_0_is_q8_0_of_the_widened_row_bit_for_bit) {
             for (int k = 0; k < 4; k++)
                 cr_assert(!memcmp(a + k * LOOM_CPU_Q8_G, b + k * LOOM_CPU_Q8_G, sizeof(float) * gm),
                           "%s K %lld: group, row %d of %d tokens", isas[i], (long long)K, k, gm);
+        }
+    }
+    cr_assert(loom_cpu_q8_force_isa(NULL));
+}
+
+/* Block-exact reference (q8dot.h) for one row of a 32-element type and
+ * one token, from the raw bytes: per block the integer dot of (c - z) with
+ * the codes, then acc = fma(dot, d dx, acc); q4_1's offsets m s apart. */
+static float exact_ref(loom_dtype t, const uint8_t *row, int64_t K, const loom_cpu_q8 *x) {
+    const size_t bb = blk_bytes(t);
+    float acc = 0.0f, off = 0.0f;
+    for (int64_t b = 0; b < K / 32; b++) {
+        const uint8_t *p = row + (size_t)b * bb;
+        int64_t dot = 0;
+        for (int e = 0; e < 32; e++) {
+            int v;
+            switch (t) {
+            case LOOM_DTYPE_Q4_0: v = (e < 16 ? p[2 + e] & 15 : p[2 + e - 16] >> 4) - 8; break;
+            case LOOM_DTYPE_Q4_1: v = e < 16 ? p[4 + e] & 15 : p[4 + e - 16] >> 4; break;
+            case LOOM_DTYPE_Q5_0: {
+                const uint32_t qh =
+                    (uint32_t)p[2] | (uint32_t)p[3] << 8 | (uint32_t)p[4] << 16 | (uint32_t)p[5] << 24;
+                v = ((e < 16 ? p[6 + e] & 15 : p[6 + e - 16] >> 4) | (int)((qh >> e) & 1) << 4) - 16;
+                break;
+            }
+            default: v = (int8_t)p[2 + e]; break;
+            }
+            dot += (int64_t)v * x->q[32 * b + e];
+        }
+        acc = fmaf((float)dot, loom_gguf_f16(p) * x->d[b], acc);
+        if (t == LOOM_DTYPE_Q4_1) off = fmaf(loom_gguf_f16(p + 2), x->s[b], off);
+    }
+    return t == LOOM_DTYPE_Q4_1 ? acc + off : acc;
+}
+
+/* The 16-row tiles (avx512vnni: q4_0, q4_1, q5_0, q8_0): 1..16 rows at a
+ * stride, 1..70 tokens; every result bit for bit the block-exact reference
+ * and the set's row kernel (a token's result is the same in a tile as
+ * alone); rows past nr give 0; nothing past the mr tokens is written. The
+ * other sets have no tiles. */
+Test(q8dot, tiles_are_block_exact) {
+    test_rng r = rng_seeded("q8dot.tiles");
+    enum { MT = 70, TK = 512 };
+    static uint8_t rows[16 * TK * 2], tile[TK / 32 * LOOM_CPU_Q8_TILE_BLOCK];
+    static float x[TK];
+    static _Alignas(64) uint8_t xb[MT][TK * 2];
+    static float out[16 * (MT + 1)];
+    loom_cpu_q8 xq[MT];
+    const loom_dtype four[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q5_0, LOOM_DTYPE_Q8_0};
+    cr_assert_eq(loom_cpu_q8tile_bytes(TK), sizeof tile);
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        if (!loom_cpu_q8_force_isa(isas[i])) continue;
+        if (strcmp(isas[i], "avx512vnni")) {
+            for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+                cr_assert_null(loom_cpu_q8tile(types[ti]), "%s has tiles", isas[i]);
+            continue;
+        }
+        for (size_t ti = 0; ti < 4; ti++) {
+            const loom_dtype t = four[ti];
+            const loom_cpu_q8tile_kernel *tk = loom_cpu_q8tile(t);
+            cr_assert(tk && tk->pack && tk->dot);
+            for (int it = 0; it < 25; it++) {
+                const int64_t K = 32 * (1 + rng_int(&r, TK / 32));
+                const int nr = 1 + (int)rng_int(&r, 16), mr = 1 + (int)rng_int(&r, MT);
+                const size_t stride = (size_t)(K / 32) * blk_bytes(t) + (size_t)rng_int(&r, 5);
+                for (int k = 0; k < nr; k++) make_row(&r, t, K, rows + k * stride);
+                for (int m = 0; m < mr; m++) {
+                    rng_fill(&r, x, K, rng_range(&r, 0.1, 4.0));
+                    x[rng_int(&r, K)] *= 30.0f;
+                    loom_cpu_q8_quantize(x, K, xb[m], &xq[m]);
+                }
+                for (size_t e = 0; e < sizeof out / sizeof *out; e++) out[e] = 777.f;
+                tk->pack(rows, stride, nr, K, it % 2 ? rows : NULL, tile);
+                tk->dot(tile, K, xq, mr, out);
+                for (int m = 0; m < mr; m++)
+                    for (int k = 0; k < 16; k++) {
+                        const float got = out[16 * m + k];
+                        if (k >= nr) {
+                            cr_assert(got == 0.0f, "%s K %lld: row %d past %d gave %g", loom_dtype_name(t),
+                                      (long long)K, k, nr, got);
+                            continue;
+                        }
+                        float one;
+                        loom_cpu_q8dot(t)(rows + k * stride, K, &xq[m], 1, &one);
+                        const float want = exact_ref(t, rows + k * stride, K, &xq[m]);
+                        cr_assert(!memcmp(&got, &want, 4) && !memcmp(&one, &want, 4),
+                                  "%s K %lld row %d/%d token %d/%d: tile %.9g, row kernel %.9g, "
+                                  "reference %.9g",
+                                  loom_dtype_name(t), (long long)K, k, nr, m, mr, got, one, want);
+                    }
+                for (size_t e = 16 * (size_t)mr; e < sizeof out / sizeof *out; e++)
+                    cr_assert(out[e] == 777.f, "%s: the tile wrote past %d tokens", loom_dtype_name(t), mr);
+            }
         }
     }
     cr_assert(loom_cpu_q8_force_isa(NULL));

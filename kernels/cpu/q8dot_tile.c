@@ -1,0 +1,259 @@
+/*
+ * kernels/cpu/q8dot_tile.c — the block-exact kernels of q8dot.h for the
+ * 32-element types (q4_0, q4_1, q5_0, q8_0) on AVX-512 VNNI: the 16-row
+ * tiles, and the row, pair, quad and group kernels of those types on that
+ * set, which give the tiles' bits (q8dot.h says the arithmetic). Built
+ * with the vnni flags; q8dot.c calls it only on a CPU that has them.
+ *
+ * A tile holds, per block of 32 columns, LOOM_CPU_Q8_TILE_BLOCK bytes:
+ *   codes  8 vectors of 64 bytes: vector j, 32-bit lane r = row r's
+ *          codes 4j..4j+3 (unsigned), so one vpdpbusd with the token's
+ *          codes 4j..4j+3 broadcast dots 4 columns of all 16 rows;
+ *   d      16 floats, row r's scale;
+ *   m      16 floats, row r's offset (q4_1; 0 for the others).
+ */
+#include "q8dot.h"
+
+#include "formats/gguf_blocks.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define QT_INLINE static inline __attribute__((always_inline))
+
+enum { QT_D = 512, QT_M = 576 };
+
+QT_INLINE size_t qt_block_bytes(const int kind) {
+    switch (kind) {
+    case LOOM_CPU_Q8_Q4_0: return LOOM_GGUF_Q4_0_BYTES;
+    case LOOM_CPU_Q8_Q4_1: return LOOM_GGUF_Q4_1_BYTES;
+    case LOOM_CPU_Q8_Q5_0: return LOOM_GGUF_Q5_0_BYTES;
+    default: return LOOM_GGUF_Q8_0_BYTES;
+    }
+}
+
+/* The zero z of a kind's unsigned codes: w = d (c - z) (+ m for q4_1). */
+QT_INLINE int qt_zero(const int kind) {
+    switch (kind) {
+    case LOOM_CPU_Q8_Q4_0: return 8;
+    case LOOM_CPU_Q8_Q4_1: return 0;
+    case LOOM_CPU_Q8_Q5_0: return 16;
+    default: return 128;
+    }
+}
+
+QT_INLINE float qt_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 16 bytes of nibbles -> 32 codes: low nibbles first, then high ones. */
+QT_INLINE __m256i qt_nibbles(const uint8_t *p) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
+}
+
+/* A block's 32 codes, unsigned, in element order. */
+QT_INLINE __m256i qt_codes(const uint8_t *blk, const int kind) {
+    switch (kind) {
+    case LOOM_CPU_Q8_Q4_0: return qt_nibbles(blk + 2);
+    case LOOM_CPU_Q8_Q4_1: return qt_nibbles(blk + 4);
+    case LOOM_CPU_Q8_Q5_0: {
+        uint32_t h;
+        memcpy(&h, blk + LOOM_GGUF_Q5_0_QH, 4);
+        return _mm256_or_si256(qt_nibbles(blk + LOOM_GGUF_Q5_0_QS),
+                               _mm256_maskz_mov_epi8((__mmask32)h, _mm256_set1_epi8(0x10)));
+    }
+    default: /* int8 codes + 128 */
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)), _mm256_set1_epi8((char)0x80));
+    }
+}
+
+QT_INLINE float qt_offset(const uint8_t *blk, const int kind) {
+    return kind == LOOM_CPU_Q8_Q4_1 ? qt_f16(blk + 2) : 0.0f;
+}
+
+/* ------------------------------------------------------------ the tile */
+
+/* z[k] holds rows 2k (lanes 0..7) and 2k + 1 (lanes 8..15), 8 words of
+ * codes each; afterwards z[j] holds word j of rows 0..15. Three rounds of
+ * two-source permutes, each swapping one bit of the vector index with one
+ * bit of the word index (the last also puts the rows in lane order). */
+QT_INLINE void qt_transpose(__m512i z[8]) {
+    static const int32_t ix[3][2][16] = {
+        {{0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30},
+         {1, 9, 17, 25, 3, 11, 19, 27, 5, 13, 21, 29, 7, 15, 23, 31}},
+        {{0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+         {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}},
+        {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+         {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}}};
+    for (int s = 0; s < 3; s++) {
+        const __m512i i0 = _mm512_loadu_si512(ix[s][0]), i1 = _mm512_loadu_si512(ix[s][1]);
+        const int bit = 1 << s;
+        for (int k = 0; k < 8; k++) {
+            if (k & bit) continue;
+            const __m512i a = z[k], b = z[k | bit];
+            z[k] = _mm512_permutex2var_epi32(a, i0, b);
+            z[k | bit] = _mm512_permutex2var_epi32(a, i1, b);
+        }
+    }
+}
+
+/* Pack rows [0, nr) of a tile; `next` (or NULL) is what the caller packs
+ * next, prefetched a 1/nb share a block so that it arrives while this
+ * tile is dotted: 16 row streams are more than the hardware prefetcher
+ * keeps ahead of one core. */
+QT_INLINE void qt_pack(const uint8_t *row0, size_t stride, int nr, int64_t K, const uint8_t *next,
+                       void *tile, const int kind) {
+    const size_t bb = qt_block_bytes(kind);
+    const int64_t nb = K / 32;
+    const size_t pf = next ? (16 * stride + (size_t)nb - 1) / (size_t)nb : 0;
+    /* the 16 rows' block starts; the scales come in one gather (a 32-bit
+     * word at each start: d, and q4_1's m above it) */
+    const __m512i rows = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i at = _mm512_mullo_epi32(rows, _mm512_set1_epi32((int)stride));
+    const __mmask16 live = (__mmask16)((1u << nr) - 1);
+    uint8_t *t = tile;
+    for (int64_t b = 0; b < nb; b++, t += LOOM_CPU_Q8_TILE_BLOCK) {
+        for (size_t o = 0; o < pf; o += 64) __builtin_prefetch(next + (size_t)b * pf + o, 0, 1);
+        const uint8_t *base = row0 + (size_t)b * bb;
+        __m512i z[8];
+        for (int k = 0; k < 8; k++) {
+            __m256i c[2];
+            for (int h = 0; h < 2; h++) {
+                const int r = 2 * k + h;
+                c[h] = r < nr ? qt_codes(base + (size_t)r * stride, kind) : _mm256_setzero_si256();
+            }
+            z[k] = _mm512_inserti64x4(_mm512_castsi256_si512(c[0]), c[1], 1);
+        }
+        qt_transpose(z);
+        for (int j = 0; j < 8; j++) _mm512_storeu_si512(t + 64 * j, z[j]);
+        const __m512i dm = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, at, base, 1);
+        _mm512_storeu_ps(t + QT_D, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
+        _mm512_storeu_ps(t + QT_M, kind == LOOM_CPU_Q8_Q4_1
+                                       ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)))
+                                       : _mm512_setzero_ps());
+    }
+}
+
+/* G tokens (1 or 4) against a tile: per token two vpdpbusd chains (words
+ * 0, 2, 4, 6 and 1, 3, 5, 7; integer sums, so the split is exact) started
+ * at -z n, so that the sum is sum (c - z) q. */
+QT_INLINE void qt_dot_g(const uint8_t *tile, int64_t K, const loom_cpu_q8 *x, const int G,
+                        float *out, const int kind) {
+    const int z = qt_zero(kind);
+    __m512 acc[4], off[4];
+    for (int t = 0; t < G; t++) acc[t] = off[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < K / 32; b++, tile += LOOM_CPU_Q8_TILE_BLOCK) {
+        __m512i w[8];
+        for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(tile + 64 * j);
+        const __m512 d = _mm512_loadu_ps(tile + QT_D);
+        for (int t = 0; t < G; t++) {
+            const uint8_t *q = (const uint8_t *)(x[t].q + 32 * b);
+            __m512i s0 = z ? _mm512_set1_epi32(-z * x[t].n[b]) : _mm512_setzero_si512();
+            __m512i s1 = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j += 2) {
+                int32_t q0, q1;
+                memcpy(&q0, q + 4 * j, 4);
+                memcpy(&q1, q + 4 * j + 4, 4);
+                s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(q0));
+                s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32(q1));
+            }
+            const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(x[t].d[b]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), dd, acc[t]);
+            if (kind == LOOM_CPU_Q8_Q4_1)
+                off[t] = _mm512_fmadd_ps(_mm512_loadu_ps(tile + QT_M), _mm512_set1_ps(x[t].s[b]), off[t]);
+        }
+    }
+    for (int t = 0; t < G; t++)
+        _mm512_storeu_ps(out + 16 * t, kind == LOOM_CPU_Q8_Q4_1 ? _mm512_add_ps(acc[t], off[t]) : acc[t]);
+}
+
+QT_INLINE void qt_dot(const void *tile, int64_t K, const loom_cpu_q8 *x, int64_t mr, float *out,
+                      const int kind) {
+    int64_t t = 0;
+    for (; t + 4 <= mr; t += 4) qt_dot_g(tile, K, x + t, 4, out + 16 * t, kind);
+    for (; t < mr; t++) qt_dot_g(tile, K, x + t, 1, out + 16 * t, kind);
+}
+
+#define QT_KERNEL(name, kind)                                                                     \
+    static void name##_pack(const uint8_t *row0, size_t stride, int nr, int64_t K,             \
+                            const uint8_t *next, void *tile) {                                    \
+        qt_pack(row0, stride, nr, K, next, tile, kind);                                           \
+    }                                                                                             \
+    static void name##_dot(const void *tile, int64_t K, const loom_cpu_q8 *x, int64_t mr,        \
+                           float *out) {                                                          \
+        qt_dot(tile, K, x, mr, out, kind);                                                        \
+    }                                                                                             \
+    static const loom_cpu_q8tile_kernel name = {name##_pack, name##_dot};
+QT_KERNEL(qt_q4_0, LOOM_CPU_Q8_Q4_0)
+QT_KERNEL(qt_q4_1, LOOM_CPU_Q8_Q4_1)
+QT_KERNEL(qt_q5_0, LOOM_CPU_Q8_Q5_0)
+QT_KERNEL(qt_q8_0, LOOM_CPU_Q8_Q8_0)
+
+/* ------------------------------------- one row at a time, the same bits */
+
+/* Row . token for one row of K columns: block b of the token's codes at
+ * xq + b * xstep bytes, its d, s and n at index b * sstep. */
+QT_INLINE float qt_row(const uint8_t *row, int64_t K, const int8_t *xq, size_t xstep, const float *xd,
+                       const float *xs, const int32_t *xn, size_t sstep, const int kind) {
+    const size_t bb = qt_block_bytes(kind);
+    const int z = qt_zero(kind);
+    float acc = 0.0f, off = 0.0f;
+    for (int64_t b = 0; b < K / 32; b++) {
+        const uint8_t *blk = row + (size_t)b * bb;
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), qt_codes(blk, kind),
+                                              _mm256_loadu_si256((const __m256i *)(xq + b * xstep)));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        const int32_t dot = _mm_cvtsi128_si32(s4) - z * xn[b * sstep];
+        const float dd = qt_f16(blk) * xd[b * sstep];
+        acc = fmaf((float)dot, dd, acc);
+        if (kind == LOOM_CPU_Q8_Q4_1) off = fmaf(qt_offset(blk, kind), xs[b * sstep], off);
+    }
+    return kind == LOOM_CPU_Q8_Q4_1 ? acc + off : acc;
+}
+
+QT_INLINE float qt_row1(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int kind) {
+    return qt_row(row, K, x->q, 32, x->d, x->s, x->n, 1, kind);
+}
+
+#define QT_ROWS(name, kind)                                                                        \
+    static void name##_row(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, int mr, float *out) { \
+        for (int t = 0; t < mr; t++) out[t] = qt_row1(row, K, &x[t], kind);                        \
+    }                                                                                              \
+    static void name##_pair(const uint8_t *r0, const uint8_t *r1, int64_t K, const loom_cpu_q8 *x, \
+                            float *out) {                                                          \
+        out[0] = qt_row1(r0, K, x, kind);                                                          \
+        out[1] = qt_row1(r1, K, x, kind);                                                          \
+    }                                                                                              \
+    static void name##_quad(const uint8_t *r0, size_t stride, int64_t K, const loom_cpu_q8 *x,    \
+                            float *out) {                                                          \
+        for (int r = 0; r < 4; r++) out[r] = qt_row1(r0 + (size_t)r * stride, K, x, kind);        \
+    }                                                                                              \
+    static void name##_group(const uint8_t *r0, size_t stride, int64_t nr, int64_t K,             \
+                             const loom_cpu_q8g *x, int mr, float *out, int64_t ldo) {             \
+        for (int64_t r = 0; r < nr; r++)                                                           \
+            for (int t = 0; t < mr; t++)                                                           \
+                out[r * ldo + t] = qt_row(r0 + (size_t)r * stride, K, x->q + 32 * t,               \
+                                          32 * LOOM_CPU_Q8_G, x->d + t, x->s + t, x->n + t,        \
+                                          LOOM_CPU_Q8_G, kind);                                    \
+    }
+QT_ROWS(qt_q4_0, LOOM_CPU_Q8_Q4_0)
+QT_ROWS(qt_q4_1, LOOM_CPU_Q8_Q4_1)
+QT_ROWS(qt_q5_0, LOOM_CPU_Q8_Q5_0)
+QT_ROWS(qt_q8_0, LOOM_CPU_Q8_Q8_0)
+
+#define QT_KINDS(pre, post)                                                                        \
+    {[LOOM_CPU_Q8_Q4_0] = pre##q4_0##post, [LOOM_CPU_Q8_Q4_1] = pre##q4_1##post,                  \
+     [LOOM_CPU_Q8_Q5_0] = pre##q5_0##post, [LOOM_CPU_Q8_Q8_0] = pre##q8_0##post}
+const loom_cpu_q8exact loom_cpu_q8exact_vnni = {
+    .row = QT_KINDS(qt_, _row),
+    .pair = QT_KINDS(qt_, _pair),
+    .quad = QT_KINDS(qt_, _quad),
+    .group = QT_KINDS(qt_, _group),
+    .tile = QT_KINDS(&qt_, ),
+};
