@@ -402,8 +402,9 @@ void loom_cpu_q8_quantize(const float *x, int64_t K, void *buf, loom_cpu_q8 *out
 }
 
 /* A set's block-exact kernel of kind k, where it has one, else its table's. */
-#define QD_PICK(isa, k, field, table) \
-    ((isa)->exact && (isa)->exact->field[k] ? (isa)->exact->field[k] : (isa)->table ? (isa)->table[k] : NULL)
+#define QD_PICK(isa, k, field, table)                                                        \
+    (((isa)->exact && (isa)->exact->field[k]) ? (isa)->exact->field[k]                       \
+                                              : ((isa)->table ? (isa)->table[k] : NULL))
 
 loom_cpu_q8dot_fn *loom_cpu_q8dot(loom_dtype dtype) {
     const int k = qd_kind(dtype);

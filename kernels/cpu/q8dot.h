@@ -5,18 +5,21 @@
  * kernels/cpu/qlinear.c for GGUF weights.
  *
  * Activations: each token's K floats become K/32 blocks of int8 codes with
- * one float scale each (d = max|x| / 127, q = rint(x / d)) and the block's
+ * one float scale each (d = max|x| / 127, q = rint(x / d)), the block's
  * d * sum(q) (the term a weight offset multiplies: q4_1's min, q4_0's -8,
  * q4_k's and q5_k's mins; q5_0 is dotted as the q8_0 block of its values,
- * codes - 16). Weight codes times activation codes accumulate in int32
+ * codes - 16) and sum(q) itself (the block-exact kernels' start: below).
+ * Weight codes times activation codes accumulate in int32
  * per block (or per 16-weight scale group), and only then meet the float
  * scales. The result differs from the float-activation product by the
  * activation rounding alone: at most d/2 per activation.
  *
  * Instruction sets: AVX2 (maddubs / madd), AVX-512 (the same code with
- * EVEX encodings and 32 registers), AVX-512 VNNI (vpdpbusd on 256 bits),
- * and portable C, each built as its own object and picked once per process
- * from the CPU's features (loom_cpu_q8_isa), or forced by name.
+ * EVEX encodings and 32 registers), AVX-512 VNNI (vpdpbusd on 256 bits;
+ * for q4_0, q4_1, q5_0 and q8_0 the block-exact 16-row tiles on 512, whose
+ * arithmetic every kernel of those types on that set shares: "tiles"
+ * below), and portable C, each built as its own object and picked once
+ * per process from the CPU's features (loom_cpu_q8_isa), or forced by name.
  *
  * Internal to kernels/cpu, its tests, and the cpu backend (its cpu_isa
  * parameter forces an instruction set).
@@ -61,7 +64,9 @@ loom_cpu_q8dot_fn *loom_cpu_q8dot(loom_dtype dtype);
 /* Batch 1, two rows: out[0] = row0 . x, out[1] = row1 . x (x one token),
  * each bit for bit the row kernel's result. One pass over the activations
  * serves both rows, with twice the independent FMA chains: on SmolLM2's
- * short rows (18 blocks) ~20-35% faster than two row calls. */
+ * short rows (18 blocks) ~20-35% faster than two row calls (on the
+ * avx512vnni set the four 32-element types' pair and quad kernels are
+ * row calls: qlinear.c runs those types as tiles). */
 typedef void loom_cpu_q8dot2_fn(const uint8_t *row0, const uint8_t *row1, int64_t K,
                                 const loom_cpu_q8 *x, float *out);
 
@@ -85,7 +90,7 @@ loom_cpu_q8dot4_fn *loom_cpu_q8dot4(loom_dtype dtype);
 
 /* A group of tokens' activations, interleaved: block b of token t's codes
  * at q + (8 b + t) 32, its scale at d[8 b + t] and its d * sum at
- * s[8 b + t]. One pointer reaches every token, and the scales of all the
+ * s[8 b + t] (its code sum at n[8 b + t]). One pointer reaches every token, and the scales of all the
  * tokens for one block are one vector. Tokens past the group's count
  * repeat token 0 (computed by the kernels, never stored). */
 typedef struct loom_cpu_q8g {
@@ -138,8 +143,8 @@ loom_cpu_hdot_fn *loom_cpu_hdot(loom_dtype dtype);
  *
  * Why: with one integer dot a block, 16 rows share each instruction (a
  * row a 32-bit lane, 4 codes of each row a vpdpbusd, the token's 4 codes
- * broadcast), and a block costs 11 vector instructions per token for 16
- * rows, where the 8-lane form of the other sets costs 4 per row. The rows
+ * broadcast), and a block costs ~12 vector instructions per token for 16
+ * rows, where the 8-lane form of the other sets costs ~4 per row. The rows
  * are repacked into that layout per call (pack), once for all the tokens
  * of the call. */
 #define LOOM_CPU_Q8_TILE 16
@@ -149,9 +154,9 @@ loom_cpu_hdot_fn *loom_cpu_hdot(loom_dtype dtype);
 typedef struct loom_cpu_q8tile_kernel {
     /* Repack nr (1..16) rows at `stride` (< LOOM_CPU_Q8_TILE_MAX_STRIDE)
      * bytes of K columns into tile (loom_cpu_q8tile_bytes(K)); rows past
-     * nr are zero. `next` (or NULL)
-     * is the first row of the tile the caller packs next: its 16 rows are
-     * prefetched meanwhile (a hint; it is never read). */
+     * nr are zero. `next` (or NULL) is the first of the 16 rows, at the
+     * same stride, that the caller packs next: their K columns are
+     * prefetched meanwhile (a hint; never read). */
     void (*pack)(const uint8_t *row0, size_t stride, int nr, int64_t K, const uint8_t *next,
                  void *tile);
     /* out[16 t + r] = row r . x[t] for t < mr (>= 1), every r < 16 (rows

@@ -101,15 +101,15 @@ QT_INLINE void qt_transpose(__m512i z[8]) {
     }
 }
 
-/* Pack rows [0, nr) of a tile; `next` (or NULL) is what the caller packs
- * next, prefetched a 1/nb share a block so that it arrives while this
- * tile is dotted: 16 row streams are more than the hardware prefetcher
- * keeps ahead of one core. */
+/* Pack rows [0, nr) of a tile. `next` (or NULL): the first of 16 rows at
+ * the same stride that the caller packs next, prefetched a block at a time
+ * (each cache line once: where a block's last byte enters a new line) so
+ * that they arrive while this tile is dotted — 16 row streams are more
+ * than the hardware prefetcher keeps ahead of one core. */
 QT_INLINE void qt_pack(const uint8_t *row0, size_t stride, int nr, int64_t K, const uint8_t *next,
                        void *tile, const int kind) {
     const size_t bb = qt_block_bytes(kind);
     const int64_t nb = K / 32;
-    const size_t pf = next ? (16 * stride + (size_t)nb - 1) / (size_t)nb : 0;
     /* the 16 rows' block starts; the scales come in one gather (a 32-bit
      * word at each start: d, and q4_1's m above it) */
     const __m512i rows = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -117,7 +117,10 @@ QT_INLINE void qt_pack(const uint8_t *row0, size_t stride, int nr, int64_t K, co
     const __mmask16 live = (__mmask16)((1u << nr) - 1);
     uint8_t *t = tile;
     for (int64_t b = 0; b < nb; b++, t += LOOM_CPU_Q8_TILE_BLOCK) {
-        for (size_t o = 0; o < pf; o += 64) __builtin_prefetch(next + (size_t)b * pf + o, 0, 1);
+        const size_t last = (size_t)(b + 1) * bb - 1;
+        if (next && (b == 0 || last / 64 != (last - bb) / 64))
+            for (int r = 0; r < LOOM_CPU_Q8_TILE; r++)
+                __builtin_prefetch(next + (size_t)r * stride + last, 0, 1);
         const uint8_t *base = row0 + (size_t)b * bb;
         __m512i z[8];
         for (int k = 0; k < 8; k++) {

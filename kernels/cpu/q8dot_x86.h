@@ -10,6 +10,9 @@
  * int32 lane i holds the sum over bytes 4i..4i+3. (AVX-512 also turns
  * q5_0's bit field into bytes with a mask move: qd_q5_0_bits.)
  *
+ * On the VNNI build the tables' entries for q4_0, q4_1, q5_0 and q8_0 are
+ * not reached: q8dot.c hands out q8dot_tile.c's block-exact kernels there.
+ *
  * Shape of every kernel: one weight row, up to LOOM_CPU_Q8_MR tokens; each
  * weight block is unpacked to bytes once and dotted with every token's
  * block (MR is a constant after inlining; missing tokens alias token 0 and

@@ -802,9 +802,10 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
     }
 }
 
-/* GGUF: rows [n0, n1) of w dotted with the q8 activations (q8dot.h).
+/* GGUF: rows [n0, n1) of w dotted with the q8 activations (q8dot.h), for
+ * the types without tiles on this instruction set (ql_q8_tiles above).
  * Batch 1 through the one-, two- and four-row kernels; more tokens through
- * the group kernel (every type on x86): the rows go in panels of ~12 KiB
+ * the group kernel (every such type on x86): the rows go in panels of ~12 KiB
  * (in L1), and every group of 8 tokens passes over a panel before the
  * next, so each weight row is read from L2 or memory once a call and
  * unpacked once a group. Without one (the portable set): up to
@@ -836,20 +837,24 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
  * QL_Q8T_TOKENS at a time. A thread's scratch: the tile, then the results
  * of one pass of tokens. */
 #define QL_Q8T_TOKENS 64
+static size_t ql_q8t_tile_bytes(int64_t K) {
+    return (loom_cpu_q8tile_bytes(K) + QL_ALIGN - 1) / QL_ALIGN * QL_ALIGN;
+}
 static size_t ql_q8t_bytes(int64_t K) {
-    return (loom_cpu_q8tile_bytes(K) + QL_ALIGN - 1) / QL_ALIGN * QL_ALIGN +
-           sizeof(float) * LOOM_CPU_Q8_TILE * QL_Q8T_TOKENS;
+    return ql_q8t_tile_bytes(K) + sizeof(float) * LOOM_CPU_Q8_TILE * QL_Q8T_TOKENS;
 }
 
-static void ql_q8_tiles(const ql_job *j, const loom_cpu_qweight *w, const loom_cpu_q8tile_kernel *tk,
-                        int64_t n0, int64_t n1, int64_t col, const float *bias, int worker) {
+QL_INLINE void ql_q8_tiles(const ql_job *j, const loom_cpu_qweight *w, const loom_cpu_q8tile_kernel *tk,
+                           int64_t n0, int64_t n1, int64_t col, const float *bias, int worker) {
     uint8_t *tile = j->q8t + (size_t)worker * j->q8t_bytes;
-    float *o = (float *)(tile + (loom_cpu_q8tile_bytes(j->K) + QL_ALIGN - 1) / QL_ALIGN * QL_ALIGN);
+    float *o = (float *)(tile + ql_q8t_tile_bytes(j->K));
     const size_t rs = w->row_stride;
     for (int64_t n = n0; n < n1; n += LOOM_CPU_Q8_TILE) {
         const int nr = n1 - n < LOOM_CPU_Q8_TILE ? (int)(n1 - n) : LOOM_CPU_Q8_TILE;
+        /* the next tile's rows are prefetched when it is a whole one */
         const int64_t nx = n + LOOM_CPU_Q8_TILE;
-        tk->pack(w->data + (size_t)n * rs, rs, nr, j->K, nx < n1 ? w->data + (size_t)nx * rs : NULL, tile);
+        const uint8_t *next = nx + LOOM_CPU_Q8_TILE <= n1 ? w->data + (size_t)nx * rs : NULL;
+        tk->pack(w->data + (size_t)n * rs, rs, nr, j->K, next, tile);
         for (int64_t m = 0; m < j->M; m += QL_Q8T_TOKENS) {
             const int64_t mr = j->M - m < QL_Q8T_TOKENS ? j->M - m : QL_Q8T_TOKENS;
             tk->dot(tile, j->K, j->x8 + m, mr, o);

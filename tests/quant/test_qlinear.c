@@ -21,6 +21,7 @@
 #include "rng.h"
 #include "formats/dequant.h"
 #include "formats/half.h"
+#include "q8dot.h"
 #include "qlinear.h"
 
 static loom_cpu_pool *g_pool;
@@ -348,6 +349,50 @@ Test(qlinear, gguf_blocks) {
         run_one(&r, &t, M, NULL, loom_dtype_name(gt));
         tw_free(&t);
     }
+}
+
+/* A GGUF token's result does not depend on the batch it is in: M tokens at
+ * once (past one 64-token pass of the 16-row tiles: 65, 130), the same
+ * tokens alone and as a run of 8 give the same bits, with and without the
+ * pool, for rows that end mid-tile, on every instruction set here (the
+ * block-exact tiles on avx512vnni, the 8-lane kernels elsewhere). */
+Test(qlinear, gguf_token_bits_do_not_depend_on_the_batch) {
+    test_rng r = rng_seeded("qlinear.gguf_batch_bits");
+    static const loom_dtype types[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q5_0, LOOM_DTYPE_Q8_0,
+                                       LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q5_K, LOOM_DTYPE_Q6_K};
+    static const char *const isas[] = {NULL, "avx512", "avx2", "portable"};
+    const int ntypes = (int)(sizeof types / sizeof types[0]);
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        if (!loom_cpu_q8_force_isa(isas[i])) continue;
+        for (int it = 0; it < 2 * ntypes; it++) {
+            const loom_dtype gt = types[it % ntypes];
+            const int64_t be = loom_dtype_block_elems(gt), K = be * (1 + rng_int(&r, be == 32 ? 12 : 2));
+            const int64_t n = 1 + rng_int(&r, 70), M = it % 2 ? 130 : 65;
+            tw t;
+            tw_make(&t, &r, LOOM_QFMT_GGUF, gt, n, K, 0, false);
+            float *x = malloc((size_t)(M * K) * 4), *all = malloc((size_t)(M * n) * 4);
+            float *one = malloc((size_t)n * 4), *run = malloc((size_t)(8 * n) * 4);
+            rng_fill(&r, x, M * K, 1.0);
+            cr_assert(loom_cpu_qlinear(all, n, x, K, &t.w, NULL, M, 0.0f, g_scratch, g_pool));
+            const int64_t m0 = rng_int(&r, M - 8);
+            cr_assert(loom_cpu_qlinear(run, n, x + m0 * K, K, &t.w, NULL, 8, 0.0f, g_scratch, NULL));
+            for (int64_t m = 0; m < M; m++) {
+                cr_assert(loom_cpu_qlinear(one, n, x + m * K, K, &t.w, NULL, 1, 0.0f, g_scratch,
+                                           m % 2 ? g_pool : NULL));
+                cr_assert(!memcmp(one, all + m * n, (size_t)n * 4), "%s %s n %lld K %lld: token %lld of %lld "
+                          "alone differs from the batch", isas[i] ? isas[i] : "best", loom_dtype_name(gt),
+                          (long long)n, (long long)K, (long long)m, (long long)M);
+                if (m >= m0 && m < m0 + 8)
+                    cr_assert(!memcmp(run + (m - m0) * n, all + m * n, (size_t)n * 4),
+                              "%s %s: token %lld in a run of 8 differs", isas[i] ? isas[i] : "best",
+                              loom_dtype_name(gt), (long long)m);
+            }
+            check_part(&t, x, K, M, NULL, 0.0f, all, all, n, 0, NULL, loom_dtype_name(gt));
+            free(x), free(all), free(one), free(run);
+            tw_free(&t);
+        }
+    }
+    cr_assert(loom_cpu_q8_force_isa(NULL));
 }
 
 /* f16 / bf16 weights kept as stored (what the cpu backend does with a 16-bit
