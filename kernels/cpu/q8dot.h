@@ -16,7 +16,7 @@
  *
  * Instruction sets: AVX2 (maddubs / madd), AVX-512 (the same code with
  * EVEX encodings and 32 registers), AVX-512 VNNI (vpdpbusd on 256 bits;
- * for q4_0, q4_1, q5_0 and q8_0 the block-exact 16-row tiles on 512, whose
+ * for q4_0, q4_1, q5_0, q8_0, q4_k and q5_k the block-exact 16-row tiles on 512, whose
  * arithmetic every kernel of those types on that set shares: "tiles"
  * below), and portable C, each built as its own object and picked once
  * per process from the CPU's features (loom_cpu_q8_isa), or forced by name.
@@ -65,7 +65,7 @@ loom_cpu_q8dot_fn *loom_cpu_q8dot(loom_dtype dtype);
  * each bit for bit the row kernel's result. One pass over the activations
  * serves both rows, with twice the independent FMA chains: on SmolLM2's
  * short rows (18 blocks) ~20-35% faster than two row calls (on the
- * avx512vnni set the four 32-element types' pair and quad kernels are
+ * avx512vnni set the tiled types' pair and quad kernels are
  * row calls: qlinear.c runs those types as tiles). */
 typedef void loom_cpu_q8dot2_fn(const uint8_t *row0, const uint8_t *row1, int64_t K,
                                 const loom_cpu_q8 *x, float *out);
@@ -130,14 +130,17 @@ typedef void loom_cpu_hdot_fn(const uint8_t *row, int64_t K, const float *const 
 /* The kernel for LOOM_DTYPE_F16 or LOOM_DTYPE_BF16 on this CPU, or NULL. */
 loom_cpu_hdot_fn *loom_cpu_hdot(loom_dtype dtype);
 
-/* ---- tiles of 16 rows: the 32-element types on AVX-512 VNNI
+/* ---- tiles of 16 rows on AVX-512 VNNI
  *
- * q4_0, q4_1, q5_0 and q8_0 on the avx512vnni set are dotted block-exact:
- * per block the integer dot sum (c - z) q of the codes c, unsigned, with
- * their zero z (q4_0 8, q5_0 16, q8_0's int8 codes as c = w + 128 with z
- * 128, q4_1 0), exact in int32; then acc = fma(float(dot), d dx, acc) in
- * block order, d dx one float product (q4_1: its offsets m s summed apart
- * the same way and added at the end). Every kernel of those types on that
+ * q4_0, q4_1, q5_0, q8_0, q4_k and q5_k on the avx512vnni set are dotted
+ * block-exact: per block of 32 (a k-quant's sub-block) the integer dot
+ * sum (c - z) q of the codes c, unsigned, with their zero z (q4_0 8, q5_0
+ * 16, q8_0's int8 codes as c = w + 128 with z 128, q4_1 and the k-quants
+ * 0), exact in int32; then acc = fma(float(dot), d dx, acc) in block
+ * order, d dx one float product (the k-quants: d sc for d); q4_1's offsets
+ * m s summed apart the same way and added at the end, the k-quants'
+ * (dmin mn) s subtracted. q6_k (two scales a block of 32) keeps the
+ * 8-lane kernels. Every kernel of those types on that
  * set — row, pair, quad, group and tile — gives these bits, so a token's
  * result does not depend on the batch or the rows around it.
  *
@@ -203,7 +206,7 @@ extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_avx512[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8gemm_fn *const loom_cpu_q8gemm_avx2[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8gemm_fn *const loom_cpu_q8gemm_avx512[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8gemm_fn *const loom_cpu_q8gemm_vnni[LOOM_CPU_Q8_NKINDS];
-/* the block-exact kernels of the 32-element types on a set (q8dot_tile.c:
+/* the block-exact kernels of the tiled types on a set (q8dot_tile.c:
  * avx512vnni), which replace its tables' entries for those types */
 typedef struct loom_cpu_q8exact {
     loom_cpu_q8dot_fn *row[LOOM_CPU_Q8_NKINDS];

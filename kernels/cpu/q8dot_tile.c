@@ -1,16 +1,19 @@
 /*
- * kernels/cpu/q8dot_tile.c — the block-exact kernels of q8dot.h for the
- * 32-element types (q4_0, q4_1, q5_0, q8_0) on AVX-512 VNNI: the 16-row
- * tiles, and the row, pair, quad and group kernels of those types on that
- * set, which give the tiles' bits (q8dot.h says the arithmetic). Built
- * with the vnni flags; q8dot.c calls it only on a CPU that has them.
+ * kernels/cpu/q8dot_tile.c — the block-exact kernels of q8dot.h on AVX-512
+ * VNNI for q4_0, q4_1, q5_0, q8_0 and the k-quants whose sub-blocks are 32
+ * columns with one scale and one offset (q4_k, q5_k): the 16-row tiles,
+ * and the row, pair, quad and group kernels of those types on that set,
+ * which give the tiles' bits (q8dot.h says the arithmetic). Built with the
+ * vnni flags; q8dot.c calls it only on a CPU that has them.
  *
  * A tile holds, per block of 32 columns, LOOM_CPU_Q8_TILE_BLOCK bytes:
  *   codes  8 vectors of 64 bytes: vector j, 32-bit lane r = row r's
  *          codes 4j..4j+3 (unsigned), so one vpdpbusd with the token's
  *          codes 4j..4j+3 broadcast dots 4 columns of all 16 rows;
- *   d      16 floats, row r's scale;
- *   m      16 floats, row r's offset (q4_1; 0 for the others).
+ *   d      16 floats, row r's scale (the k-quants: the sub-block's d sc);
+ *   m      16 floats, row r's offset (q4_1's m; the k-quants' dmin mn,
+ *          subtracted; 0 for the others).
+ * A k-quant super-block is 8 such blocks.
  */
 #include "q8dot.h"
 
@@ -24,8 +27,20 @@
 
 enum { QT_D = 512, QT_M = 576 };
 
+/* q4_k and q5_k: super-blocks of 8 sub-blocks, each w = (d sc) c - dmin mn */
+QT_INLINE int qt_is_k(const int kind) { return kind == LOOM_CPU_Q8_Q4_K || kind == LOOM_CPU_Q8_Q5_K; }
+
+/* The offset's sign in the result: q4_1 adds m s, the k-quants subtract
+ * (dmin mn) s, the others have none. */
+QT_INLINE int qt_off_sign(const int kind) {
+    return kind == LOOM_CPU_Q8_Q4_1 ? 1 : qt_is_k(kind) ? -1 : 0;
+}
+
+/* Bytes of one block (a k-quant's: one super-block). */
 QT_INLINE size_t qt_block_bytes(const int kind) {
     switch (kind) {
+    case LOOM_CPU_Q8_Q4_K: return LOOM_GGUF_Q4_K_BYTES;
+    case LOOM_CPU_Q8_Q5_K: return LOOM_GGUF_Q5_K_BYTES;
     case LOOM_CPU_Q8_Q4_0: return LOOM_GGUF_Q4_0_BYTES;
     case LOOM_CPU_Q8_Q4_1: return LOOM_GGUF_Q4_1_BYTES;
     case LOOM_CPU_Q8_Q5_0: return LOOM_GGUF_Q5_0_BYTES;
@@ -37,7 +52,7 @@ QT_INLINE size_t qt_block_bytes(const int kind) {
 QT_INLINE int qt_zero(const int kind) {
     switch (kind) {
     case LOOM_CPU_Q8_Q4_0: return 8;
-    case LOOM_CPU_Q8_Q4_1: return 0;
+    case LOOM_CPU_Q8_Q4_1: case LOOM_CPU_Q8_Q4_K: case LOOM_CPU_Q8_Q5_K: return 0;
     case LOOM_CPU_Q8_Q5_0: return 16;
     default: return 128;
     }
@@ -73,6 +88,47 @@ QT_INLINE __m256i qt_codes(const uint8_t *blk, const int kind) {
 
 QT_INLINE float qt_offset(const uint8_t *blk, const int kind) {
     return kind == LOOM_CPU_Q8_Q4_1 ? qt_f16(blk + 2) : 0.0f;
+}
+
+/* Sub-block j's 32 codes of a q4_k / q5_k super-block, unsigned: the low
+ * (j even) or high nibbles of bytes 32 (j / 2).., q5_k's bit 4 from bit j
+ * of its 32 qh bytes. */
+QT_INLINE __m256i qt_k_codes(const uint8_t *sb, const int j, const int kind) {
+    const int q5 = kind == LOOM_CPU_Q8_Q5_K;
+    const __m256i raw = _mm256_loadu_si256(
+        (const __m256i *)(sb + (q5 ? LOOM_GGUF_Q5_K_QS : LOOM_GGUF_Q4_K_QS) + 32 * (j / 2)));
+    __m256i c = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
+    if (q5) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(sb + LOOM_GGUF_Q5_K_QH));
+        const __m256i m = _mm256_set1_epi8((char)(1 << j));
+        c = _mm256_or_si256(c, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m),
+                                                _mm256_set1_epi8(0x10)));
+    }
+    return c;
+}
+
+/* A q4_k / q5_k super-block's 8 sub-block scales d sc and offsets dmin mn
+ * (exact products: an f16 times a 6-bit integer). */
+QT_INLINE void qt_k_scales(const uint8_t *sb, float *a, float *c) {
+    const float d = qt_f16(sb), dmin = qt_f16(sb + 2);
+    uint32_t sw[3];
+    memcpy(sw, sb + LOOM_GGUF_Q4_K_SCALES, sizeof sw);
+    for (int j = 0; j < 8; j++) {
+        uint32_t sc, mn;
+        loom_q4k_scale_min(sw, j, &sc, &mn);
+        a[j] = d * (float)sc;
+        c[j] = dmin * (float)mn;
+    }
+}
+
+/* Prefetch, for each of the 16 rows at `stride` from `next`, the cache
+ * lines of bytes [from, to). */
+QT_INLINE void qt_prefetch(const uint8_t *next, size_t stride, size_t from, size_t to) {
+    for (int r = 0; r < LOOM_CPU_Q8_TILE; r++) {
+        const uint8_t *p = next + (size_t)r * stride;
+        for (size_t o = from; o < to; o += 64) __builtin_prefetch(p + o, 0, 1);
+        __builtin_prefetch(p + to - 1, 0, 1);
+    }
 }
 
 /* ------------------------------------------------------------ the tile */
@@ -141,6 +197,39 @@ QT_INLINE void qt_pack(const uint8_t *row0, size_t stride, int nr, int64_t K, co
     }
 }
 
+/* Pack rows [0, nr) of a q4_k / q5_k tile: each super-block's 8 sub-blocks
+ * become 8 tile blocks; `next` as qt_pack's, a super-block at a time. */
+QT_INLINE void qt_pack_k(const uint8_t *row0, size_t stride, int nr, int64_t K, const uint8_t *next,
+                         void *tile, const int kind) {
+    const size_t bb = qt_block_bytes(kind);
+    uint8_t *t = tile;
+    for (int64_t sb = 0; sb < K / 256; sb++, t += 8 * LOOM_CPU_Q8_TILE_BLOCK) {
+        const uint8_t *base = row0 + (size_t)sb * bb;
+        if (next) qt_prefetch(next, stride, (size_t)sb * bb, (size_t)(sb + 1) * bb);
+        for (int r = 0; r < LOOM_CPU_Q8_TILE; r++) {
+            float a[8] = {0}, c[8] = {0};
+            if (r < nr) qt_k_scales(base + (size_t)r * stride, a, c);
+            for (int j = 0; j < 8; j++) {
+                memcpy(t + j * LOOM_CPU_Q8_TILE_BLOCK + QT_D + 4 * r, &a[j], 4);
+                memcpy(t + j * LOOM_CPU_Q8_TILE_BLOCK + QT_M + 4 * r, &c[j], 4);
+            }
+        }
+        for (int j = 0; j < 8; j++) {
+            __m512i z[8];
+            for (int k = 0; k < 8; k++) {
+                __m256i cd[2];
+                for (int h = 0; h < 2; h++) {
+                    const int r = 2 * k + h;
+                    cd[h] = r < nr ? qt_k_codes(base + (size_t)r * stride, j, kind) : _mm256_setzero_si256();
+                }
+                z[k] = _mm512_inserti64x4(_mm512_castsi256_si512(cd[0]), cd[1], 1);
+            }
+            qt_transpose(z);
+            for (int w = 0; w < 8; w++) _mm512_storeu_si512(t + j * LOOM_CPU_Q8_TILE_BLOCK + 64 * w, z[w]);
+        }
+    }
+}
+
 /* G tokens (1 or 4) against a tile: per token two vpdpbusd chains (words
  * 0, 2, 4, 6 and 1, 3, 5, 7; integer sums, so the split is exact) started
  * at -z n, so that the sum is sum (c - z) q. */
@@ -166,12 +255,14 @@ QT_INLINE void qt_dot_g(const uint8_t *tile, int64_t K, const loom_cpu_q8 *x, co
             }
             const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(x[t].d[b]));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), dd, acc[t]);
-            if (kind == LOOM_CPU_Q8_Q4_1)
+            if (qt_off_sign(kind))
                 off[t] = _mm512_fmadd_ps(_mm512_loadu_ps(tile + QT_M), _mm512_set1_ps(x[t].s[b]), off[t]);
         }
     }
     for (int t = 0; t < G; t++)
-        _mm512_storeu_ps(out + 16 * t, kind == LOOM_CPU_Q8_Q4_1 ? _mm512_add_ps(acc[t], off[t]) : acc[t]);
+        _mm512_storeu_ps(out + 16 * t, qt_off_sign(kind) > 0   ? _mm512_add_ps(acc[t], off[t])
+                                       : qt_off_sign(kind) < 0 ? _mm512_sub_ps(acc[t], off[t])
+                                                               : acc[t]);
 }
 
 QT_INLINE void qt_dot(const void *tile, int64_t K, const loom_cpu_q8 *x, int64_t mr, float *out,
@@ -184,7 +275,8 @@ QT_INLINE void qt_dot(const void *tile, int64_t K, const loom_cpu_q8 *x, int64_t
 #define QT_KERNEL(name, kind)                                                                     \
     static void name##_pack(const uint8_t *row0, size_t stride, int nr, int64_t K,             \
                             const uint8_t *next, void *tile) {                                    \
-        qt_pack(row0, stride, nr, K, next, tile, kind);                                           \
+        if (qt_is_k(kind)) qt_pack_k(row0, stride, nr, K, next, tile, kind);                      \
+        else qt_pack(row0, stride, nr, K, next, tile, kind);                                      \
     }                                                                                             \
     static void name##_dot(const void *tile, int64_t K, const loom_cpu_q8 *x, int64_t mr,        \
                            float *out) {                                                          \
@@ -195,29 +287,42 @@ QT_KERNEL(qt_q4_0, LOOM_CPU_Q8_Q4_0)
 QT_KERNEL(qt_q4_1, LOOM_CPU_Q8_Q4_1)
 QT_KERNEL(qt_q5_0, LOOM_CPU_Q8_Q5_0)
 QT_KERNEL(qt_q8_0, LOOM_CPU_Q8_Q8_0)
+QT_KERNEL(qt_q4_k, LOOM_CPU_Q8_Q4_K)
+QT_KERNEL(qt_q5_k, LOOM_CPU_Q8_Q5_K)
 
 /* ------------------------------------- one row at a time, the same bits */
 
 /* Row . token for one row of K columns: block b of the token's codes at
- * xq + b * xstep bytes, its d, s and n at index b * sstep. */
+ * xq + b * xstep bytes, its d, s and n at index b * sstep. The tile dot's
+ * operations per row, in its order. */
 QT_INLINE float qt_row(const uint8_t *row, int64_t K, const int8_t *xq, size_t xstep, const float *xd,
                        const float *xs, const int32_t *xn, size_t sstep, const int kind) {
     const size_t bb = qt_block_bytes(kind);
-    const int z = qt_zero(kind);
-    float acc = 0.0f, off = 0.0f;
+    const int z = qt_zero(kind), sign = qt_off_sign(kind);
+    float acc = 0.0f, off = 0.0f, ka[8], kc[8];
     for (int64_t b = 0; b < K / 32; b++) {
-        const uint8_t *blk = row + (size_t)b * bb;
-        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), qt_codes(blk, kind),
+        __m256i codes;
+        float a, c;
+        if (qt_is_k(kind)) {
+            const uint8_t *sb = row + (size_t)(b / 8) * bb;
+            if (b % 8 == 0) qt_k_scales(sb, ka, kc);
+            codes = qt_k_codes(sb, (int)(b % 8), kind);
+            a = ka[b % 8], c = kc[b % 8];
+        } else {
+            const uint8_t *blk = row + (size_t)b * bb;
+            codes = qt_codes(blk, kind);
+            a = qt_f16(blk), c = qt_offset(blk, kind);
+        }
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes,
                                               _mm256_loadu_si256((const __m256i *)(xq + b * xstep)));
         __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
         const int32_t dot = _mm_cvtsi128_si32(s4) - z * xn[b * sstep];
-        const float dd = qt_f16(blk) * xd[b * sstep];
-        acc = fmaf((float)dot, dd, acc);
-        if (kind == LOOM_CPU_Q8_Q4_1) off = fmaf(qt_offset(blk, kind), xs[b * sstep], off);
+        acc = fmaf((float)dot, a * xd[b * sstep], acc);
+        if (sign) off = fmaf(c, xs[b * sstep], off);
     }
-    return kind == LOOM_CPU_Q8_Q4_1 ? acc + off : acc;
+    return sign > 0 ? acc + off : sign < 0 ? acc - off : acc;
 }
 
 QT_INLINE float qt_row1(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int kind) {
@@ -249,10 +354,13 @@ QT_ROWS(qt_q4_0, LOOM_CPU_Q8_Q4_0)
 QT_ROWS(qt_q4_1, LOOM_CPU_Q8_Q4_1)
 QT_ROWS(qt_q5_0, LOOM_CPU_Q8_Q5_0)
 QT_ROWS(qt_q8_0, LOOM_CPU_Q8_Q8_0)
+QT_ROWS(qt_q4_k, LOOM_CPU_Q8_Q4_K)
+QT_ROWS(qt_q5_k, LOOM_CPU_Q8_Q5_K)
 
 #define QT_KINDS(pre, post)                                                                        \
     {[LOOM_CPU_Q8_Q4_0] = pre##q4_0##post, [LOOM_CPU_Q8_Q4_1] = pre##q4_1##post,                  \
-     [LOOM_CPU_Q8_Q5_0] = pre##q5_0##post, [LOOM_CPU_Q8_Q8_0] = pre##q8_0##post}
+     [LOOM_CPU_Q8_Q5_0] = pre##q5_0##post, [LOOM_CPU_Q8_Q8_0] = pre##q8_0##post,                  \
+     [LOOM_CPU_Q8_Q4_K] = pre##q4_k##post, [LOOM_CPU_Q8_Q5_K] = pre##q5_k##post}
 const loom_cpu_q8exact loom_cpu_q8exact_vnni = {
     .row = QT_KINDS(qt_, _row),
     .pair = QT_KINDS(qt_, _pair),

@@ -10,7 +10,7 @@
  * int32 lane i holds the sum over bytes 4i..4i+3. (AVX-512 also turns
  * q5_0's bit field into bytes with a mask move: qd_q5_0_bits.)
  *
- * On the VNNI build the tables' entries for q4_0, q4_1, q5_0 and q8_0 are
+ * On the VNNI build the tables' entries for q4_0, q4_1, q5_0, q8_0, q4_k and q5_k are
  * not reached: q8dot.c hands out q8dot_tile.c's block-exact kernels there.
  *
  * Shape of every kernel: one weight row, up to LOOM_CPU_Q8_MR tokens; each

@@ -406,14 +406,29 @@ Test(q8dot, q5_0_is_q8_0_of_the_widened_row_bit_for_bit) {
     cr_assert(loom_cpu_q8_force_isa(NULL));
 }
 
-/* Block-exact reference (q8dot.h) for one row of a 32-element type and
- * one token, from the raw bytes: per block the integer dot of (c - z) with
- * the codes, then acc = fma(dot, d dx, acc); q4_1's offsets m s apart. */
+/* Block-exact reference (q8dot.h) for one row and one token, from the raw
+ * bytes: per block of 32 the integer dot of (c - z) with the codes, then
+ * acc = fma(dot, d dx, acc) (the k-quants: d sc of the sub-block); q4_1's
+ * offsets m s and the k-quants' dmin mn s summed apart, added / subtracted
+ * at the end. */
 static float exact_ref(loom_dtype t, const uint8_t *row, int64_t K, const loom_cpu_q8 *x) {
     const size_t bb = blk_bytes(t);
+    const bool kq = t == LOOM_DTYPE_Q4_K || t == LOOM_DTYPE_Q5_K;
     float acc = 0.0f, off = 0.0f;
     for (int64_t b = 0; b < K / 32; b++) {
-        const uint8_t *p = row + (size_t)b * bb;
+        const uint8_t *p = kq ? row + (size_t)(b / 8) * bb : row + (size_t)b * bb;
+        const int j = (int)(b % 8);
+        float scale, offset = 0.0f;
+        if (kq) {
+            uint32_t sw[3], sc, mn;
+            memcpy(sw, p + LOOM_GGUF_Q4_K_SCALES, sizeof sw);
+            loom_q4k_scale_min(sw, j, &sc, &mn);
+            scale = loom_gguf_f16(p) * (float)sc;
+            offset = loom_gguf_f16(p + 2) * (float)mn;
+        } else {
+            scale = loom_gguf_f16(p);
+            if (t == LOOM_DTYPE_Q4_1) offset = loom_gguf_f16(p + 2);
+        }
         int64_t dot = 0;
         for (int e = 0; e < 32; e++) {
             int v;
@@ -426,17 +441,22 @@ static float exact_ref(loom_dtype t, const uint8_t *row, int64_t K, const loom_c
                 v = ((e < 16 ? p[6 + e] & 15 : p[6 + e - 16] >> 4) | (int)((qh >> e) & 1) << 4) - 16;
                 break;
             }
+            case LOOM_DTYPE_Q4_K: v = (p[LOOM_GGUF_Q4_K_QS + 32 * (j / 2) + e] >> (4 * (j & 1))) & 15; break;
+            case LOOM_DTYPE_Q5_K:
+                v = ((p[LOOM_GGUF_Q5_K_QS + 32 * (j / 2) + e] >> (4 * (j & 1))) & 15) |
+                    ((p[LOOM_GGUF_Q5_K_QH + e] >> j) & 1) << 4;
+                break;
             default: v = (int8_t)p[2 + e]; break;
             }
             dot += (int64_t)v * x->q[32 * b + e];
         }
-        acc = fmaf((float)dot, loom_gguf_f16(p) * x->d[b], acc);
-        if (t == LOOM_DTYPE_Q4_1) off = fmaf(loom_gguf_f16(p + 2), x->s[b], off);
+        acc = fmaf((float)dot, scale * x->d[b], acc);
+        if (t == LOOM_DTYPE_Q4_1 || kq) off = fmaf(offset, x->s[b], off);
     }
-    return t == LOOM_DTYPE_Q4_1 ? acc + off : acc;
+    return t == LOOM_DTYPE_Q4_1 ? acc + off : kq ? acc - off : acc;
 }
 
-/* The 16-row tiles (avx512vnni: q4_0, q4_1, q5_0, q8_0): 1..16 rows at a
+/* The 16-row tiles (avx512vnni: q4_0, q4_1, q5_0, q8_0, q4_k, q5_k): 1..16 rows at a
  * stride, 1..70 tokens; every result bit for bit the block-exact reference
  * and the set's row kernel (a token's result is the same in a tile as
  * alone); rows past nr give 0; nothing past the mr tokens is written. The
@@ -449,7 +469,8 @@ Test(q8dot, tiles_are_block_exact) {
     static _Alignas(64) uint8_t xb[MT][TK * 2];
     static float out[16 * (MT + 1)];
     loom_cpu_q8 xq[MT];
-    const loom_dtype four[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q5_0, LOOM_DTYPE_Q8_0};
+    const loom_dtype tiled[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q5_0,
+                                LOOM_DTYPE_Q8_0, LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q5_K};
     cr_assert_eq(loom_cpu_q8tile_bytes(TK), sizeof tile);
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
         if (!loom_cpu_q8_force_isa(isas[i])) continue;
@@ -458,14 +479,15 @@ Test(q8dot, tiles_are_block_exact) {
                 cr_assert_null(loom_cpu_q8tile(types[ti]), "%s has tiles", isas[i]);
             continue;
         }
-        for (size_t ti = 0; ti < 4; ti++) {
-            const loom_dtype t = four[ti];
+        cr_assert_null(loom_cpu_q8tile(LOOM_DTYPE_Q6_K));
+        for (size_t ti = 0; ti < sizeof tiled / sizeof tiled[0]; ti++) {
+            const loom_dtype t = tiled[ti];
             const loom_cpu_q8tile_kernel *tk = loom_cpu_q8tile(t);
             cr_assert(tk && tk->pack && tk->dot);
             for (int it = 0; it < 25; it++) {
-                const int64_t K = 32 * (1 + rng_int(&r, TK / 32));
+                const int64_t be = blk_elems(t), K = be * (1 + rng_int(&r, TK / be));
                 const int nr = 1 + (int)rng_int(&r, 16), mr = 1 + (int)rng_int(&r, MT);
-                const size_t stride = (size_t)(K / 32) * blk_bytes(t) + (size_t)rng_int(&r, 5);
+                const size_t stride = (size_t)(K / be) * blk_bytes(t) + (size_t)rng_int(&r, 5);
                 for (int k = 0; k < nr; k++) make_row(&r, t, K, rows + k * stride);
                 for (int m = 0; m < mr; m++) {
                     rng_fill(&r, x, K, rng_range(&r, 0.1, 4.0));
