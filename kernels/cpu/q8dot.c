@@ -13,13 +13,13 @@
 #include <stdatomic.h>
 #include <string.h>
 
-size_t loom_cpu_q8_bytes(int64_t K) { return (size_t)K + 3 * sizeof(float) * (size_t)(K / 32); }
+size_t loom_cpu_q8_bytes(int64_t K) { return (size_t)K + 5 * sizeof(float) * (size_t)(K / 32); }
 
 void loom_cpu_q8_quantize_portable(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
     const int64_t nb = K / LOOM_CPU_Q8_BLOCK;
     int8_t *q = buf;
     float *d = (float *)(q + K), *s = d + nb;
-    int32_t *n = (int32_t *)(s + nb);
+    int32_t *n = (int32_t *)(s + nb), *h = n + nb;
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
@@ -28,17 +28,20 @@ void loom_cpu_q8_quantize_portable(const float *x, int64_t K, void *buf, loom_cp
             amax = a > amax ? a : amax;
         }
         const float db = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int32_t sum = 0;
+        int32_t half[2] = {0, 0};
         for (int j = 0; j < 32; j++) {
             const int32_t v = (int32_t)rintf(xb[j] * inv);
             q[32 * b + j] = (int8_t)v;
-            sum += v;
+            half[j / 16] += v;
         }
+        const int32_t sum = half[0] + half[1];
         d[b] = db;
         s[b] = db * (float)sum;
         n[b] = sum;
+        h[2 * b] = half[0];
+        h[2 * b + 1] = half[1];
     }
-    *out = (loom_cpu_q8){.q = q, .d = d, .s = s, .n = n};
+    *out = (loom_cpu_q8){.q = q, .d = d, .s = s, .n = n, .h = h};
 }
 
 size_t loom_cpu_q8g_bytes(int64_t K) { return LOOM_CPU_Q8_G * loom_cpu_q8_bytes(K); }
@@ -47,7 +50,7 @@ void loom_cpu_q8g_pack(const loom_cpu_q8 *x, int mr, int64_t K, void *buf, loom_
     const int64_t nb = K / LOOM_CPU_Q8_BLOCK;
     int8_t *q = buf;
     float *d = (float *)(q + LOOM_CPU_Q8_G * K), *s = d + LOOM_CPU_Q8_G * nb;
-    int32_t *n = (int32_t *)(s + LOOM_CPU_Q8_G * nb);
+    int32_t *n = (int32_t *)(s + LOOM_CPU_Q8_G * nb), *h = n + LOOM_CPU_Q8_G * nb;
     for (int64_t b = 0; b < nb; b++)
         for (int t = 0; t < LOOM_CPU_Q8_G; t++) {
             const loom_cpu_q8 *xt = &x[t < mr ? t : 0];
@@ -55,8 +58,10 @@ void loom_cpu_q8g_pack(const loom_cpu_q8 *x, int mr, int64_t K, void *buf, loom_
             d[LOOM_CPU_Q8_G * b + t] = xt->d[b];
             s[LOOM_CPU_Q8_G * b + t] = xt->s[b];
             n[LOOM_CPU_Q8_G * b + t] = xt->n[b];
+            h[2 * (LOOM_CPU_Q8_G * b + t)] = xt->h[2 * b];
+            h[2 * (LOOM_CPU_Q8_G * b + t) + 1] = xt->h[2 * b + 1];
         }
-    *out = (loom_cpu_q8g){.q = q, .d = d, .s = s, .n = n};
+    *out = (loom_cpu_q8g){.q = q, .d = d, .s = s, .n = n, .h = h};
 }
 
 /* ------------------------------------------------------------ portable */

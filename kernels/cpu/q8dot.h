@@ -8,7 +8,8 @@
  * one float scale each (d = max|x| / 127, q = rint(x / d)), the block's
  * d * sum(q) (the term a weight offset multiplies: q4_1's min, q4_0's -8,
  * q4_k's and q5_k's mins; q5_0 is dotted as the q8_0 block of its values,
- * codes - 16) and sum(q) itself (the block-exact kernels' start: below).
+ * codes - 16) and sum(q) itself, whole and by halves of 16 (the
+ * block-exact kernels' start: below).
  * Weight codes times activation codes accumulate in int32
  * per block (or per 16-weight scale group), and only then meet the float
  * scales. The result differs from the float-activation product by the
@@ -16,7 +17,7 @@
  *
  * Instruction sets: AVX2 (maddubs / madd), AVX-512 (the same code with
  * EVEX encodings and 32 registers), AVX-512 VNNI (vpdpbusd on 256 bits;
- * for q4_0, q4_1, q5_0, q8_0, q4_k and q5_k the block-exact 16-row tiles on 512, whose
+ * for every block type the block-exact 16-row tiles on 512, whose
  * arithmetic every kernel of those types on that set shares: "tiles"
  * below), and portable C, each built as its own object and picked once
  * per process from the CPU's features (loom_cpu_q8_isa), or forced by name.
@@ -42,6 +43,7 @@ typedef struct loom_cpu_q8 {
     const float *d;            /* (K/32) block scales                          */
     const float *s;            /* (K/32) d * sum of the block's codes          */
     const int32_t *n;          /* (K/32) sum of the block's codes              */
+    const int32_t *h;          /* (K/16) sums of its halves (q6_k's scale groups) */
 } loom_cpu_q8;
 
 /* Bytes one token of K activations takes (K a multiple of 32). */
@@ -89,15 +91,17 @@ loom_cpu_q8dot4_fn *loom_cpu_q8dot4(loom_dtype dtype);
 #define LOOM_CPU_Q8_G 8        /* tokens one group holds                      */
 
 /* A group of tokens' activations, interleaved: block b of token t's codes
- * at q + (8 b + t) 32, its scale at d[8 b + t] and its d * sum at
- * s[8 b + t] (its code sum at n[8 b + t]). One pointer reaches every token, and the scales of all the
- * tokens for one block are one vector. Tokens past the group's count
+ * at q + (8 b + t) 32, its scale at d[8 b + t], its d * sum at s[8 b + t]
+ * (its code sums at n[8 b + t] and h[2 (8 b + t)]). One pointer reaches
+ * every token, and the scales of all the tokens for one block are one
+ * vector. Tokens past the group's count
  * repeat token 0 (computed by the kernels, never stored). */
 typedef struct loom_cpu_q8g {
     const int8_t *q;           /* (K/32, 8, 32) codes                          */
     const float *d;            /* (K/32, 8) block scales                       */
     const float *s;            /* (K/32, 8) d * sum of the block's codes       */
     const int32_t *n;          /* (K/32, 8) sum of the block's codes           */
+    const int32_t *h;          /* (K/32, 8, 2) sums of its halves              */
 } loom_cpu_q8g;
 
 /* Bytes one group of K activations takes (K a multiple of 32). */
@@ -132,15 +136,16 @@ loom_cpu_hdot_fn *loom_cpu_hdot(loom_dtype dtype);
 
 /* ---- tiles of 16 rows on AVX-512 VNNI
  *
- * q4_0, q4_1, q5_0, q8_0, q4_k and q5_k on the avx512vnni set are dotted
- * block-exact: per block of 32 (a k-quant's sub-block) the integer dot
+ * Every block type (q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k) on the
+ * avx512vnni set is dotted block-exact: per block of 32 (a k-quant's sub-block) the integer dot
  * sum (c - z) q of the codes c, unsigned, with their zero z (q4_0 8, q5_0
  * 16, q8_0's int8 codes as c = w + 128 with z 128, q4_1 and the k-quants
  * 0), exact in int32; then acc = fma(float(dot), d dx, acc) in block
  * order, d dx one float product (the k-quants: d sc for d); q4_1's offsets
  * m s summed apart the same way and added at the end, the k-quants'
- * (dmin mn) s subtracted. q6_k (two scales a block of 32) keeps the
- * 8-lane kernels. Every kernel of those types on that
+ * (dmin mn) s subtracted. q6_k (codes c - 32, an int8 scale a half of 16):
+ * the dot is sc0 sum_0 + sc1 sum_1 over the halves, exact in int32, then
+ * the same FMA with the super-block's d. Every kernel of those types on that
  * set — row, pair, quad, group and tile — gives these bits, so a token's
  * result does not depend on the batch or the rows around it.
  *
@@ -151,7 +156,7 @@ loom_cpu_hdot_fn *loom_cpu_hdot(loom_dtype dtype);
  * are repacked into that layout per call (pack), once for all the tokens
  * of the call. */
 #define LOOM_CPU_Q8_TILE 16
-#define LOOM_CPU_Q8_TILE_BLOCK 640 /* tile bytes a block of 32 columns */
+#define LOOM_CPU_Q8_TILE_BLOCK 704 /* tile bytes a block of 32 columns */
 #define LOOM_CPU_Q8_TILE_MAX_STRIDE ((size_t)1 << 27) /* 16 rows' offsets fit int32 */
 
 typedef struct loom_cpu_q8tile_kernel {

@@ -1,8 +1,8 @@
 /*
  * kernels/cpu/q8dot_tile.c — the block-exact kernels of q8dot.h on AVX-512
- * VNNI for q4_0, q4_1, q5_0, q8_0 and the k-quants whose sub-blocks are 32
- * columns with one scale and one offset (q4_k, q5_k): the 16-row tiles,
- * and the row, pair, quad and group kernels of those types on that set,
+ * VNNI for every block type (q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k):
+ * the 16-row tiles, and the row, pair, quad and group kernels of those
+ * types on that set,
  * which give the tiles' bits (q8dot.h says the arithmetic). Built with the
  * vnni flags; q8dot.c calls it only on a CPU that has them.
  *
@@ -10,9 +10,12 @@
  *   codes  8 vectors of 64 bytes: vector j, 32-bit lane r = row r's
  *          codes 4j..4j+3 (unsigned), so one vpdpbusd with the token's
  *          codes 4j..4j+3 broadcast dots 4 columns of all 16 rows;
- *   d      16 floats, row r's scale (the k-quants: the sub-block's d sc);
- *   m      16 floats, row r's offset (q4_1's m; the k-quants' dmin mn,
- *          subtracted; 0 for the others).
+ *   d      16 floats, row r's scale (q4_k / q5_k: the sub-block's d sc;
+ *          q6_k: the super-block's d);
+ *   m      16 floats, row r's offset (q4_1's m; q4_k's / q5_k's dmin mn,
+ *          subtracted; 0 for the others); q6_k: int32, the first half's
+ *          scale;
+ *   s1     q6_k: 16 int32, the second half's scale.
  * A k-quant super-block is 8 such blocks.
  */
 #include "q8dot.h"
@@ -25,10 +28,14 @@
 
 #define QT_INLINE static inline __attribute__((always_inline))
 
-enum { QT_D = 512, QT_M = 576 };
+enum { QT_D = 512, QT_M = 576, QT_S1 = 640 };
 
 /* q4_k and q5_k: super-blocks of 8 sub-blocks, each w = (d sc) c - dmin mn */
 QT_INLINE int qt_is_k(const int kind) { return kind == LOOM_CPU_Q8_Q4_K || kind == LOOM_CPU_Q8_Q5_K; }
+
+/* q6_k: super-blocks of 8 sub-blocks, w = d sc (c - 32), sc an int8 a half
+ * of 16 */
+QT_INLINE int qt_is_6(const int kind) { return kind == LOOM_CPU_Q8_Q6_K; }
 
 /* The offset's sign in the result: q4_1 adds m s, the k-quants subtract
  * (dmin mn) s, the others have none. */
@@ -41,6 +48,7 @@ QT_INLINE size_t qt_block_bytes(const int kind) {
     switch (kind) {
     case LOOM_CPU_Q8_Q4_K: return LOOM_GGUF_Q4_K_BYTES;
     case LOOM_CPU_Q8_Q5_K: return LOOM_GGUF_Q5_K_BYTES;
+    case LOOM_CPU_Q8_Q6_K: return LOOM_GGUF_Q6_K_BYTES;
     case LOOM_CPU_Q8_Q4_0: return LOOM_GGUF_Q4_0_BYTES;
     case LOOM_CPU_Q8_Q4_1: return LOOM_GGUF_Q4_1_BYTES;
     case LOOM_CPU_Q8_Q5_0: return LOOM_GGUF_Q5_0_BYTES;
@@ -54,6 +62,7 @@ QT_INLINE int qt_zero(const int kind) {
     case LOOM_CPU_Q8_Q4_0: return 8;
     case LOOM_CPU_Q8_Q4_1: case LOOM_CPU_Q8_Q4_K: case LOOM_CPU_Q8_Q5_K: return 0;
     case LOOM_CPU_Q8_Q5_0: return 16;
+    case LOOM_CPU_Q8_Q6_K: return 32;
     default: return 128;
     }
 }
@@ -119,6 +128,17 @@ QT_INLINE void qt_k_scales(const uint8_t *sb, float *a, float *c) {
         a[j] = d * (float)sc;
         c[j] = dmin * (float)mn;
     }
+}
+
+/* Sub-block s's 32 codes of a q6_k super-block, unsigned (0..63): low
+ * nibble and two high bits as loom_q6k_sub_at places them. */
+QT_INLINE __m256i qt_6_codes(const uint8_t *sb, const int s) {
+    const loom_q6k_sub g = loom_q6k_sub_at(s);
+    const __m256i ql = _mm256_loadu_si256((const __m256i *)(sb + g.lo));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(sb + g.ho));
+    const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, g.nsh), _mm256_set1_epi8(0x0F));
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, g.hsh), _mm256_set1_epi8(3));
+    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
 }
 
 /* Prefetch, for each of the 16 rows at `stride` from `next`, the cache
@@ -197,7 +217,7 @@ QT_INLINE void qt_pack(const uint8_t *row0, size_t stride, int nr, int64_t K, co
     }
 }
 
-/* Pack rows [0, nr) of a q4_k / q5_k tile: each super-block's 8 sub-blocks
+/* Pack rows [0, nr) of a k-quant tile: each super-block's 8 sub-blocks
  * become 8 tile blocks; `next` as qt_pack's, a super-block at a time. */
 QT_INLINE void qt_pack_k(const uint8_t *row0, size_t stride, int nr, int64_t K, const uint8_t *next,
                          void *tile, const int kind) {
@@ -207,11 +227,25 @@ QT_INLINE void qt_pack_k(const uint8_t *row0, size_t stride, int nr, int64_t K, 
         const uint8_t *base = row0 + (size_t)sb * bb;
         if (next) qt_prefetch(next, stride, (size_t)sb * bb, (size_t)(sb + 1) * bb);
         for (int r = 0; r < LOOM_CPU_Q8_TILE; r++) {
-            float a[8] = {0}, c[8] = {0};
-            if (r < nr) qt_k_scales(base + (size_t)r * stride, a, c);
+            const uint8_t *rb = base + (size_t)r * stride;
             for (int j = 0; j < 8; j++) {
-                memcpy(t + j * LOOM_CPU_Q8_TILE_BLOCK + QT_D + 4 * r, &a[j], 4);
-                memcpy(t + j * LOOM_CPU_Q8_TILE_BLOCK + QT_M + 4 * r, &c[j], 4);
+                uint8_t *tj = t + j * LOOM_CPU_Q8_TILE_BLOCK;
+                if (qt_is_6(kind)) {
+                    const int sc = loom_q6k_sub_at(j).sc;
+                    const float d = r < nr ? qt_f16(rb + LOOM_GGUF_Q6_K_D) : 0.0f;
+                    const int32_t s0 = r < nr ? (int8_t)rb[sc] : 0, s1 = r < nr ? (int8_t)rb[sc + 1] : 0;
+                    memcpy(tj + QT_D + 4 * r, &d, 4);
+                    memcpy(tj + QT_M + 4 * r, &s0, 4);
+                    memcpy(tj + QT_S1 + 4 * r, &s1, 4);
+                }
+            }
+            if (!qt_is_6(kind)) {
+                float a[8] = {0}, c[8] = {0};
+                if (r < nr) qt_k_scales(rb, a, c);
+                for (int j = 0; j < 8; j++) {
+                    memcpy(t + j * LOOM_CPU_Q8_TILE_BLOCK + QT_D + 4 * r, &a[j], 4);
+                    memcpy(t + j * LOOM_CPU_Q8_TILE_BLOCK + QT_M + 4 * r, &c[j], 4);
+                }
             }
         }
         for (int j = 0; j < 8; j++) {
@@ -220,7 +254,10 @@ QT_INLINE void qt_pack_k(const uint8_t *row0, size_t stride, int nr, int64_t K, 
                 __m256i cd[2];
                 for (int h = 0; h < 2; h++) {
                     const int r = 2 * k + h;
-                    cd[h] = r < nr ? qt_k_codes(base + (size_t)r * stride, j, kind) : _mm256_setzero_si256();
+                    const uint8_t *rb = base + (size_t)r * stride;
+                    cd[h] = r >= nr            ? _mm256_setzero_si256()
+                            : qt_is_6(kind) ? qt_6_codes(rb, j)
+                                            : qt_k_codes(rb, j, kind);
                 }
                 z[k] = _mm512_inserti64x4(_mm512_castsi256_si512(cd[0]), cd[1], 1);
             }
@@ -230,9 +267,10 @@ QT_INLINE void qt_pack_k(const uint8_t *row0, size_t stride, int nr, int64_t K, 
     }
 }
 
-/* G tokens (1 or 4) against a tile: per token two vpdpbusd chains (words
- * 0, 2, 4, 6 and 1, 3, 5, 7; integer sums, so the split is exact) started
- * at -z n, so that the sum is sum (c - z) q. */
+/* G tokens (1 or 4) against a tile: per token two vpdpbusd chains, the
+ * block's halves (words 0..3 and 4..7; integer sums, so any split is
+ * exact), started at -z n (q6_k: -32 h of each half, each half then times
+ * its scale), so that the sum is sum (c - z) q. */
 QT_INLINE void qt_dot_g(const uint8_t *tile, int64_t K, const loom_cpu_q8 *x, const int G,
                         float *out, const int kind) {
     const int z = qt_zero(kind);
@@ -244,17 +282,27 @@ QT_INLINE void qt_dot_g(const uint8_t *tile, int64_t K, const loom_cpu_q8 *x, co
         const __m512 d = _mm512_loadu_ps(tile + QT_D);
         for (int t = 0; t < G; t++) {
             const uint8_t *q = (const uint8_t *)(x[t].q + 32 * b);
-            __m512i s0 = z ? _mm512_set1_epi32(-z * x[t].n[b]) : _mm512_setzero_si512();
-            __m512i s1 = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j += 2) {
+            __m512i s0, s1;
+            if (qt_is_6(kind)) {
+                s0 = _mm512_set1_epi32(-z * x[t].h[2 * b]);
+                s1 = _mm512_set1_epi32(-z * x[t].h[2 * b + 1]);
+            } else {
+                s0 = z ? _mm512_set1_epi32(-z * x[t].n[b]) : _mm512_setzero_si512();
+                s1 = _mm512_setzero_si512();
+            }
+            for (int j = 0; j < 4; j++) {
                 int32_t q0, q1;
                 memcpy(&q0, q + 4 * j, 4);
-                memcpy(&q1, q + 4 * j + 4, 4);
+                memcpy(&q1, q + 4 * j + 16, 4);
                 s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(q0));
-                s1 = _mm512_dpbusd_epi32(s1, w[j + 1], _mm512_set1_epi32(q1));
+                s1 = _mm512_dpbusd_epi32(s1, w[j + 4], _mm512_set1_epi32(q1));
             }
+            const __m512i dot = qt_is_6(kind)
+                                    ? _mm512_add_epi32(_mm512_mullo_epi32(s0, _mm512_loadu_si512(tile + QT_M)),
+                                                       _mm512_mullo_epi32(s1, _mm512_loadu_si512(tile + QT_S1)))
+                                    : _mm512_add_epi32(s0, s1);
             const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(x[t].d[b]));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), dd, acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dd, acc[t]);
             if (qt_off_sign(kind))
                 off[t] = _mm512_fmadd_ps(_mm512_loadu_ps(tile + QT_M), _mm512_set1_ps(x[t].s[b]), off[t]);
         }
@@ -275,7 +323,7 @@ QT_INLINE void qt_dot(const void *tile, int64_t K, const loom_cpu_q8 *x, int64_t
 #define QT_KERNEL(name, kind)                                                                     \
     static void name##_pack(const uint8_t *row0, size_t stride, int nr, int64_t K,             \
                             const uint8_t *next, void *tile) {                                    \
-        if (qt_is_k(kind)) qt_pack_k(row0, stride, nr, K, next, tile, kind);                      \
+        if (qt_is_k(kind) || qt_is_6(kind)) qt_pack_k(row0, stride, nr, K, next, tile, kind);     \
         else qt_pack(row0, stride, nr, K, next, tile, kind);                                      \
     }                                                                                             \
     static void name##_dot(const void *tile, int64_t K, const loom_cpu_q8 *x, int64_t mr,        \
@@ -289,21 +337,30 @@ QT_KERNEL(qt_q5_0, LOOM_CPU_Q8_Q5_0)
 QT_KERNEL(qt_q8_0, LOOM_CPU_Q8_Q8_0)
 QT_KERNEL(qt_q4_k, LOOM_CPU_Q8_Q4_K)
 QT_KERNEL(qt_q5_k, LOOM_CPU_Q8_Q5_K)
+QT_KERNEL(qt_q6_k, LOOM_CPU_Q8_Q6_K)
 
 /* ------------------------------------- one row at a time, the same bits */
 
 /* Row . token for one row of K columns: block b of the token's codes at
- * xq + b * xstep bytes, its d, s and n at index b * sstep. The tile dot's
- * operations per row, in its order. */
+ * xq + b * xstep bytes, its d, s and n at index b * sstep, its halves'
+ * sums at 2 b sstep and 2 b sstep + 1. The tile dot's operations per
+ * row, in its order. */
 QT_INLINE float qt_row(const uint8_t *row, int64_t K, const int8_t *xq, size_t xstep, const float *xd,
-                       const float *xs, const int32_t *xn, size_t sstep, const int kind) {
+                       const float *xs, const int32_t *xn, const int32_t *xh, size_t sstep, const int kind) {
     const size_t bb = qt_block_bytes(kind);
     const int z = qt_zero(kind), sign = qt_off_sign(kind);
     float acc = 0.0f, off = 0.0f, ka[8], kc[8];
     for (int64_t b = 0; b < K / 32; b++) {
         __m256i codes;
-        float a, c;
-        if (qt_is_k(kind)) {
+        float a, c = 0.0f;
+        int32_t sc0 = 0, sc1 = 0;
+        if (qt_is_6(kind)) {
+            const uint8_t *sb = row + (size_t)(b / 8) * bb;
+            const int s = (int)(b % 8), at = loom_q6k_sub_at(s).sc;
+            codes = qt_6_codes(sb, s);
+            a = qt_f16(sb + LOOM_GGUF_Q6_K_D);
+            sc0 = (int8_t)sb[at], sc1 = (int8_t)sb[at + 1];
+        } else if (qt_is_k(kind)) {
             const uint8_t *sb = row + (size_t)(b / 8) * bb;
             if (b % 8 == 0) qt_k_scales(sb, ka, kc);
             codes = qt_k_codes(sb, (int)(b % 8), kind);
@@ -315,10 +372,15 @@ QT_INLINE float qt_row(const uint8_t *row, int64_t K, const int8_t *xq, size_t x
         }
         const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes,
                                               _mm256_loadu_si256((const __m256i *)(xq + b * xstep)));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-        const int32_t dot = _mm_cvtsi128_si32(s4) - z * xn[b * sstep];
+        /* lanes 0..3 hold the first half's sums, 4..7 the second's */
+        __m128i h0 = _mm256_castsi256_si128(p), h1 = _mm256_extracti128_si256(p, 1);
+        h0 = _mm_add_epi32(h0, _mm_shuffle_epi32(h0, 0x4E));
+        h0 = _mm_add_epi32(h0, _mm_shuffle_epi32(h0, 0xB1));
+        h1 = _mm_add_epi32(h1, _mm_shuffle_epi32(h1, 0x4E));
+        h1 = _mm_add_epi32(h1, _mm_shuffle_epi32(h1, 0xB1));
+        const int32_t lo = _mm_cvtsi128_si32(h0), hi = _mm_cvtsi128_si32(h1);
+        const int32_t dot = qt_is_6(kind) ? sc0 * (lo - z * xh[2 * b * sstep]) + sc1 * (hi - z * xh[2 * b * sstep + 1])
+                                          : lo + hi - z * xn[b * sstep];
         acc = fmaf((float)dot, a * xd[b * sstep], acc);
         if (sign) off = fmaf(c, xs[b * sstep], off);
     }
@@ -326,7 +388,7 @@ QT_INLINE float qt_row(const uint8_t *row, int64_t K, const int8_t *xq, size_t x
 }
 
 QT_INLINE float qt_row1(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int kind) {
-    return qt_row(row, K, x->q, 32, x->d, x->s, x->n, 1, kind);
+    return qt_row(row, K, x->q, 32, x->d, x->s, x->n, x->h, 1, kind);
 }
 
 #define QT_ROWS(name, kind)                                                                        \
@@ -348,7 +410,7 @@ QT_INLINE float qt_row1(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, con
             for (int t = 0; t < mr; t++)                                                           \
                 out[r * ldo + t] = qt_row(r0 + (size_t)r * stride, K, x->q + 32 * t,               \
                                           32 * LOOM_CPU_Q8_G, x->d + t, x->s + t, x->n + t,        \
-                                          LOOM_CPU_Q8_G, kind);                                    \
+                                          x->h + 2 * t, LOOM_CPU_Q8_G, kind);                      \
     }
 QT_ROWS(qt_q4_0, LOOM_CPU_Q8_Q4_0)
 QT_ROWS(qt_q4_1, LOOM_CPU_Q8_Q4_1)
@@ -356,11 +418,13 @@ QT_ROWS(qt_q5_0, LOOM_CPU_Q8_Q5_0)
 QT_ROWS(qt_q8_0, LOOM_CPU_Q8_Q8_0)
 QT_ROWS(qt_q4_k, LOOM_CPU_Q8_Q4_K)
 QT_ROWS(qt_q5_k, LOOM_CPU_Q8_Q5_K)
+QT_ROWS(qt_q6_k, LOOM_CPU_Q8_Q6_K)
 
 #define QT_KINDS(pre, post)                                                                        \
     {[LOOM_CPU_Q8_Q4_0] = pre##q4_0##post, [LOOM_CPU_Q8_Q4_1] = pre##q4_1##post,                  \
      [LOOM_CPU_Q8_Q5_0] = pre##q5_0##post, [LOOM_CPU_Q8_Q8_0] = pre##q8_0##post,                  \
-     [LOOM_CPU_Q8_Q4_K] = pre##q4_k##post, [LOOM_CPU_Q8_Q5_K] = pre##q5_k##post}
+     [LOOM_CPU_Q8_Q4_K] = pre##q4_k##post, [LOOM_CPU_Q8_Q5_K] = pre##q5_k##post,                  \
+     [LOOM_CPU_Q8_Q6_K] = pre##q6_k##post}
 const loom_cpu_q8exact loom_cpu_q8exact_vnni = {
     .row = QT_KINDS(qt_, _row),
     .pair = QT_KINDS(qt_, _pair),

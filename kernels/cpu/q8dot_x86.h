@@ -10,7 +10,7 @@
  * int32 lane i holds the sum over bytes 4i..4i+3. (AVX-512 also turns
  * q5_0's bit field into bytes with a mask move: qd_q5_0_bits.)
  *
- * On the VNNI build the tables' entries for q4_0, q4_1, q5_0, q8_0, q4_k and q5_k are
+ * On the VNNI build the tables' entries of every block type are
  * not reached: q8dot.c hands out q8dot_tile.c's block-exact kernels there.
  *
  * Shape of every kernel: one weight row, up to LOOM_CPU_Q8_MR tokens; each
@@ -398,7 +398,7 @@ void QD_QUANTIZE(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
     const int64_t nb = K / LOOM_CPU_Q8_BLOCK;
     int8_t *q = buf;
     float *d = (float *)(q + K), *s = d + nb;
-    int32_t *n = (int32_t *)(s + nb);
+    int32_t *n = (int32_t *)(s + nb), *halves = n + nb;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < nb; b++) {
         __m256 v[4], m = _mm256_setzero_ps();
@@ -421,15 +421,18 @@ void QD_QUANTIZE(const float *x, int64_t K, void *buf, loom_cpu_q8 *out) {
         const __m256i b8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16, x16),
                                                        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)(q + 32 * b), b8);
-        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        for (int hf = 0; hf < 2; hf++) { /* codes 16 hf .. 16 hf + 15 */
+            const __m256i sum = _mm256_add_epi32(c[2 * hf], c[2 * hf + 1]);
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+            halves[2 * b + hf] = _mm_cvtsi128_si32(s4);
+        }
         d[b] = db;
-        n[b] = _mm_cvtsi128_si32(s4);
+        n[b] = halves[2 * b] + halves[2 * b + 1];
         s[b] = db * (float)n[b];
     }
-    *out = (loom_cpu_q8){.q = q, .d = d, .s = s, .n = n};
+    *out = (loom_cpu_q8){.q = q, .d = d, .s = s, .n = n, .h = halves};
 }
 
 /* One function per type: a token count of 1 gets its own copy (decode). */

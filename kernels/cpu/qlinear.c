@@ -832,7 +832,7 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
  * docs/performance.md, the CPU section; bench/cpu_smollm2_chain.c). */
 #define QL_PF_AHEAD_BYTES 6144
 
-/* The 16-row tiles (q8dot.h; q4_0 .. q8_0, q4_k, q5_k on AVX-512 VNNI), at
+/* The 16-row tiles (q8dot.h; every block type on AVX-512 VNNI), at
  * every M: each tile of rows repacked once, then dotted with the tokens
  * QL_Q8T_TOKENS at a time. A thread's scratch: the tile, then the results
  * of one pass of tokens. */

@@ -20,7 +20,7 @@
  *               scale max|x| / 127 per block) and dotted with the blocks in
  *               int32, as llama.cpp does, at every M (so a token's result
  *               does not depend on the batch it is in). On AVX-512 VNNI the
- *               types but q6_k go in 16-row tiles at every M (q8dot.h).
+ *               block types go in 16-row tiles at every M (q8dot.h).
  *
  * How: rows of W are spread over the pool. At M <= 4 (decode) each row is
  * decoded 16/32 weights at a time straight into vector registers and

@@ -210,7 +210,7 @@ Test(q8dot, quantizer_rounds_within_half_a_step) {
         if (it % 5 == 0) memset(x, 0, 32 * sizeof(float));
         loom_cpu_q8 q;
         loom_cpu_q8_quantize(x, K, buf, &q);
-        cr_assert_eq(loom_cpu_q8_bytes(K), (size_t)K + 12 * (size_t)(K / 32));
+        cr_assert_eq(loom_cpu_q8_bytes(K), (size_t)K + 20 * (size_t)(K / 32));
         for (int64_t b = 0; b < K / 32; b++) {
             double amax = 0;
             int64_t sum = 0;
@@ -226,6 +226,10 @@ Test(q8dot, quantizer_rounds_within_half_a_step) {
             }
             cr_assert(fabs(q.s[b] - (double)q.d[b] * (double)sum) <= 1e-6 * fabs(q.d[b] * (double)sum) + 1e-30);
             cr_assert_eq(q.n[b], sum, "block %lld: code sum %d, want %lld", (long long)b, q.n[b], (long long)sum);
+            int64_t half = 0;
+            for (int j = 0; j < 16; j++) half += q.q[32 * b + j];
+            cr_assert(q.h[2 * b] == half && q.h[2 * b + 1] == sum - half, "block %lld: half sums %d %d",
+                      (long long)b, q.h[2 * b], q.h[2 * b + 1]);
         }
     }
 }
@@ -408,18 +412,23 @@ Test(q8dot, q5_0_is_q8_0_of_the_widened_row_bit_for_bit) {
 
 /* Block-exact reference (q8dot.h) for one row and one token, from the raw
  * bytes: per block of 32 the integer dot of (c - z) with the codes, then
- * acc = fma(dot, d dx, acc) (the k-quants: d sc of the sub-block); q4_1's
- * offsets m s and the k-quants' dmin mn s summed apart, added / subtracted
- * at the end. */
+ * acc = fma(dot, d dx, acc) (q4_k / q5_k: d sc of the sub-block; q6_k: the
+ * dot is sc0 dot0 + sc1 dot1 over the halves); q4_1's offsets m s and the
+ * k-quants' dmin mn s summed apart, added / subtracted at the end. q6_k's
+ * codes as ggml's dequantize_row_q6_K reads them. */
 static float exact_ref(loom_dtype t, const uint8_t *row, int64_t K, const loom_cpu_q8 *x) {
     const size_t bb = blk_bytes(t);
     const bool kq = t == LOOM_DTYPE_Q4_K || t == LOOM_DTYPE_Q5_K;
     float acc = 0.0f, off = 0.0f;
     for (int64_t b = 0; b < K / 32; b++) {
-        const uint8_t *p = kq ? row + (size_t)(b / 8) * bb : row + (size_t)b * bb;
+        const bool super = kq || t == LOOM_DTYPE_Q6_K; /* 8 blocks of 32 a super-block */
+        const uint8_t *p = super ? row + (size_t)(b / 8) * bb : row + (size_t)b * bb;
         const int j = (int)(b % 8);
         float scale, offset = 0.0f;
-        if (kq) {
+        int sc6[2] = {0, 0};
+        if (t == LOOM_DTYPE_Q6_K) {
+            scale = loom_gguf_f16(p + LOOM_GGUF_Q6_K_D);
+        } else if (kq) {
             uint32_t sw[3], sc, mn;
             memcpy(sw, p + LOOM_GGUF_Q4_K_SCALES, sizeof sw);
             loom_q4k_scale_min(sw, j, &sc, &mn);
@@ -429,7 +438,7 @@ static float exact_ref(loom_dtype t, const uint8_t *row, int64_t K, const loom_c
             scale = loom_gguf_f16(p);
             if (t == LOOM_DTYPE_Q4_1) offset = loom_gguf_f16(p + 2);
         }
-        int64_t dot = 0;
+        int64_t dot = 0, half[2] = {0, 0};
         for (int e = 0; e < 32; e++) {
             int v;
             switch (t) {
@@ -446,17 +455,25 @@ static float exact_ref(loom_dtype t, const uint8_t *row, int64_t K, const loom_c
                 v = ((p[LOOM_GGUF_Q5_K_QS + 32 * (j / 2) + e] >> (4 * (j & 1))) & 15) |
                     ((p[LOOM_GGUF_Q5_K_QH + e] >> j) & 1) << 4;
                 break;
+            case LOOM_DTYPE_Q6_K: { /* element l of 128-weight half n, quarter j % 4 */
+                const int n = j / 4, qq = j % 4;
+                const uint8_t lb = p[64 * n + e + 32 * (qq & 1)], hb = p[128 + 32 * n + e];
+                v = ((qq < 2 ? lb & 15 : lb >> 4) | ((hb >> (2 * qq)) & 3) << 4) - 32;
+                sc6[e / 16] = (int8_t)p[192 + 8 * n + 2 * qq + e / 16];
+                break;
+            }
             default: v = (int8_t)p[2 + e]; break;
             }
-            dot += (int64_t)v * x->q[32 * b + e];
+            half[e / 16] += (int64_t)v * x->q[32 * b + e];
         }
+        dot = t == LOOM_DTYPE_Q6_K ? sc6[0] * half[0] + sc6[1] * half[1] : half[0] + half[1];
         acc = fmaf((float)dot, scale * x->d[b], acc);
         if (t == LOOM_DTYPE_Q4_1 || kq) off = fmaf(offset, x->s[b], off);
     }
     return t == LOOM_DTYPE_Q4_1 ? acc + off : kq ? acc - off : acc;
 }
 
-/* The 16-row tiles (avx512vnni: q4_0, q4_1, q5_0, q8_0, q4_k, q5_k): 1..16 rows at a
+/* The 16-row tiles (avx512vnni: every block type): 1..16 rows at a
  * stride, 1..70 tokens; every result bit for bit the block-exact reference
  * and the set's row kernel (a token's result is the same in a tile as
  * alone); rows past nr give 0; nothing past the mr tokens is written. The
@@ -469,8 +486,6 @@ Test(q8dot, tiles_are_block_exact) {
     static _Alignas(64) uint8_t xb[MT][TK * 2];
     static float out[16 * (MT + 1)];
     loom_cpu_q8 xq[MT];
-    const loom_dtype tiled[] = {LOOM_DTYPE_Q4_0, LOOM_DTYPE_Q4_1, LOOM_DTYPE_Q5_0,
-                                LOOM_DTYPE_Q8_0, LOOM_DTYPE_Q4_K, LOOM_DTYPE_Q5_K};
     cr_assert_eq(loom_cpu_q8tile_bytes(TK), sizeof tile);
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
         if (!loom_cpu_q8_force_isa(isas[i])) continue;
@@ -479,9 +494,8 @@ Test(q8dot, tiles_are_block_exact) {
                 cr_assert_null(loom_cpu_q8tile(types[ti]), "%s has tiles", isas[i]);
             continue;
         }
-        cr_assert_null(loom_cpu_q8tile(LOOM_DTYPE_Q6_K));
-        for (size_t ti = 0; ti < sizeof tiled / sizeof tiled[0]; ti++) {
-            const loom_dtype t = tiled[ti];
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            const loom_dtype t = types[ti];
             const loom_cpu_q8tile_kernel *tk = loom_cpu_q8tile(t);
             cr_assert(tk && tk->pack && tk->dot);
             for (int it = 0; it < 25; it++) {
