@@ -78,7 +78,8 @@ loom_cpu_q8dot2_fn *loom_cpu_q8dot2(loom_dtype dtype);
 
 /* Batch 1, four rows at `stride` bytes apart: out[r] = row r . x, each bit
  * for bit the row kernel's result; q4_0 / q4_1 / q5_0 / q8_0 interleave the
- * four rows block by block (the k-quants make four row calls). */
+ * four rows block by block (the k-quants, and every type on the
+ * avx512vnni set, make four row calls). */
 typedef void loom_cpu_q8dot4_fn(const uint8_t *row0, size_t stride, int64_t K,
                                 const loom_cpu_q8 *x, float *out);
 
@@ -139,10 +140,10 @@ loom_cpu_hdot_fn *loom_cpu_hdot(loom_dtype dtype);
  * Every block type (q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k) on the
  * avx512vnni set is dotted block-exact: per block of 32 (a k-quant's sub-block) the integer dot
  * sum (c - z) q of the codes c, unsigned, with their zero z (q4_0 8, q5_0
- * 16, q8_0's int8 codes as c = w + 128 with z 128, q4_1 and the k-quants
+ * 16, q8_0's int8 codes as c = w + 128 with z 128, q4_1, q4_k and q5_k
  * 0), exact in int32; then acc = fma(float(dot), d dx, acc) in block
- * order, d dx one float product (the k-quants: d sc for d); q4_1's offsets
- * m s summed apart the same way and added at the end, the k-quants'
+ * order, d dx one float product (q4_k / q5_k: d sc for d); q4_1's offsets
+ * m s summed apart the same way and added at the end, q4_k's / q5_k's
  * (dmin mn) s subtracted. q6_k (codes c - 32, an int8 scale a half of 16):
  * the dot is sc0 sum_0 + sc1 sum_1 over the halves, exact in int32, then
  * the same FMA with the super-block's d. Every kernel of those types on that
@@ -176,7 +177,7 @@ typedef struct loom_cpu_q8tile_kernel {
 size_t loom_cpu_q8tile_bytes(int64_t K);
 
 /* The tile kernel for `dtype` on the current instruction set, or NULL
- * (every type but the four above; every set but avx512vnni). */
+ * (every set but avx512vnni; a dtype that is no block type above). */
 const loom_cpu_q8tile_kernel *loom_cpu_q8tile(loom_dtype dtype);
 
 /* Which instruction set the kernels use here: "avx512vnni", "avx512",

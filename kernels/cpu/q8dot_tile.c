@@ -37,7 +37,7 @@ QT_INLINE int qt_is_k(const int kind) { return kind == LOOM_CPU_Q8_Q4_K || kind 
  * of 16 */
 QT_INLINE int qt_is_6(const int kind) { return kind == LOOM_CPU_Q8_Q6_K; }
 
-/* The offset's sign in the result: q4_1 adds m s, the k-quants subtract
+/* The offset's sign in the result: q4_1 adds m s, q4_k and q5_k subtract
  * (dmin mn) s, the others have none. */
 QT_INLINE int qt_off_sign(const int kind) {
     return kind == LOOM_CPU_Q8_Q4_1 ? 1 : qt_is_k(kind) ? -1 : 0;
@@ -179,7 +179,7 @@ QT_INLINE void qt_transpose(__m512i z[8]) {
 
 /* Pack rows [0, nr) of a tile. `next` (or NULL): the first of 16 rows at
  * the same stride that the caller packs next, prefetched a block at a time
- * (each cache line once: where a block's last byte enters a new line) so
+ * (each cache line once: where a block's last byte enters a new one) so
  * that they arrive while this tile is dotted — 16 row streams are more
  * than the hardware prefetcher keeps ahead of one core. */
 QT_INLINE void qt_pack(const uint8_t *row0, size_t stride, int nr, int64_t K, const uint8_t *next,
@@ -193,10 +193,14 @@ QT_INLINE void qt_pack(const uint8_t *row0, size_t stride, int nr, int64_t K, co
     const __mmask16 live = (__mmask16)((1u << nr) - 1);
     uint8_t *t = tile;
     for (int64_t b = 0; b < nb; b++, t += LOOM_CPU_Q8_TILE_BLOCK) {
-        const size_t last = (size_t)(b + 1) * bb - 1;
-        if (next && (b == 0 || last / 64 != (last - bb) / 64))
-            for (int r = 0; r < LOOM_CPU_Q8_TILE; r++)
-                __builtin_prefetch(next + (size_t)r * stride + last, 0, 1);
+        if (next)
+            for (int r = 0; r < LOOM_CPU_Q8_TILE; r++) {
+                /* the line of the block's last byte, where it is not the
+                 * previous block's (bb < 64: at most one line is new) */
+                const uint8_t *row = next + (size_t)r * stride, *e = row + (size_t)(b + 1) * bb - 1;
+                if (b == 0) __builtin_prefetch(row, 0, 1);
+                if (b == 0 || (uintptr_t)e / 64 != (uintptr_t)(e - bb) / 64) __builtin_prefetch(e, 0, 1);
+            }
         const uint8_t *base = row0 + (size_t)b * bb;
         __m512i z[8];
         for (int k = 0; k < 8; k++) {

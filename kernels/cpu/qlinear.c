@@ -7,8 +7,9 @@
  * FP8, q8 blocks for GGUF; all spread over the pool by token), then weight
  * rows are spread over the pool, by M:
  *   GGUF      at every M, each row's blocks are dotted in integers with the
- *             q8 activations (q8dot.h): 4 rows a call at M = 1; above, the
- *             group kernel (8 tokens interleaved, every block type);
+ *             q8 activations (q8dot.h): on AVX-512 VNNI as 16-row tiles
+ *             repacked once a call; elsewhere 4 rows a call at M = 1 and
+ *             above, the group kernel (8 tokens interleaved);
  *   M <= 4    each row is decoded 32 weights at a time into vector registers
  *             and multiplied with every token (decode is the cost at batch 1,
  *             so it happens once per weight, next to the FMAs);
@@ -803,7 +804,7 @@ QL_INLINE void ql_int8_rows(const ql_job *j, const loom_cpu_qweight *w, int64_t 
 }
 
 /* GGUF: rows [n0, n1) of w dotted with the q8 activations (q8dot.h), for
- * the types without tiles on this instruction set (ql_q8_tiles above).
+ * the instruction sets without tiles (ql_q8_tiles below).
  * Batch 1 through the one-, two- and four-row kernels; more tokens through
  * the group kernel (every such type on x86): the rows go in panels of ~12 KiB
  * (in L1), and every group of 8 tokens passes over a panel before the
