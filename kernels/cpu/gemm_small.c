@@ -124,9 +124,9 @@ static void sm_rows(const sm_job *j, int64_t n0, int64_t n1) {
             }
             sm_v16 r3 = SM_L3(SM_L2(SM_L1(a00, a01), SM_L1(a02, a03)),
                               SM_L2(SM_L1(a10, a11), SM_L1(a12, a13)));
-            sm_v8 r = __builtin_shufflevector(r3, r3, 0, 2, 4, 6, 8, 10, 12, 14) +
-                      __builtin_shufflevector(r3, r3, 1, 3, 5, 7, 9, 11, 13, 15);
-            float s[2][4] = {{r[0], r[1], r[2], r[3]}, {r[4], r[5], r[6], r[7]}};
+            sm_v8 sums = __builtin_shufflevector(r3, r3, 0, 2, 4, 6, 8, 10, 12, 14) +
+                         __builtin_shufflevector(r3, r3, 1, 3, 5, 7, 9, 11, 13, 15);
+            float s[2][4] = {{sums[0], sums[1], sums[2], sums[3]}, {sums[4], sums[5], sums[6], sums[7]}};
             for (int64_t k = K16; k < K; k++) {
                 s[0][0] += w0[k] * x0[k], s[0][1] += w0[k] * x1[k];
                 s[0][2] += w0[k] * x2[k], s[0][3] += w0[k] * x3[k];
