@@ -132,6 +132,22 @@ Test(cache, property_paged_groups_bs4_prefix_swap, .timeout = 120) {
     cr_assert_eq(y.num_groups, 4, "the paged manager did not take the proposed groups");
 }
 
+/* The same traffic from a seed that once reached a step where a global
+ * group's copy-on-write needed the block a windowed group's drop frees
+ * (the pool full): the copy was taken before the drop and got the free
+ * list's sentinel, block 121 of 120. */
+Test(cache, property_paged_groups_copy_after_drops, .timeout = 120) {
+    loom_conformance_cache_case c = {
+        "paged bs=4 4 groups (0/9/9/9) prefix+swap, seed 0x4009b5cd4753",
+        "block_size=4,num_blocks=120,num_cpu_blocks=40,prefix_caching=true,watermark=0.02", 128, 20000, true, true,
+        true, true, &k_gemma_like, true};
+    loom_conformance_cache_tally y = {0};
+    char why[1024] = "";
+    cr_assert(loom_conformance_cache_traffic(&k_paged, &c, &k_paged_probe, 0x4009b5cd4753ULL, &y, why, sizeof why),
+              "%s", why);
+    cr_assert_geq(y.copies, 1);
+}
+
 /* Windows of 1 (a query sees only itself) and 14 beside a global group in
  * the middle; 3-token blocks so windows end inside blocks. */
 Test(cache, property_paged_groups_mixed_windows, .timeout = 120) {

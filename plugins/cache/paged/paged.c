@@ -976,8 +976,11 @@ static void paged_plan_grow(const paged *p, const paged_seq *s, int32_t num_toke
     }
 }
 
-/* Carry out a plan checked to fit: release, copy or unregister the written
- * partial block, take the new entries. */
+/* Carry out a plan checked to fit: release what every group drops, then
+ * copy or unregister the written partial block, take the new entries. The
+ * plan counts the blocks the drops free toward the copies' room, so every
+ * group's drops come before any group's copy (a copy in group 0 may need a
+ * block that group 3's window frees). */
 static void paged_commit_grow(paged *p, paged_seq *s, const paged_plan *pl) {
     for (int32_t g = 0; g < p->G; g++) {
         int32_t *tab = paged_tab(s, g);
@@ -987,6 +990,9 @@ static void paged_commit_grow(paged *p, paged_seq *s, const paged_plan *pl) {
             tab[j] = -1;
         }
         s->dropped[g] = pl->drop_to[g];
+    }
+    for (int32_t g = 0; g < p->G; g++) {
+        int32_t *tab = paged_tab(s, g);
         if (pl->last < 0 || pl->last < pl->drop_to[g] || tab[pl->last] < 0) continue;
         int32_t old = tab[pl->last];
         if (pl->cow[g]) {
