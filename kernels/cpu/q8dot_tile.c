@@ -2,9 +2,9 @@
  * kernels/cpu/q8dot_tile.c — the block-exact kernels of q8dot.h on AVX-512
  * VNNI for every block type (q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k):
  * the 16-row tiles, and the row, pair, quad and group kernels of those
- * types on that set,
- * which give the tiles' bits (q8dot.h says the arithmetic). Built with the
- * vnni flags; q8dot.c calls it only on a CPU that has them.
+ * types on that set, which give the tiles' bits (q8dot.h says the
+ * arithmetic). Built with the vnni flags; q8dot.c calls it only on a CPU
+ * that has them.
  *
  * A tile holds, per block of 32 columns, LOOM_CPU_Q8_TILE_BLOCK bytes:
  *   codes  8 vectors of 64 bytes: vector j, 32-bit lane r = row r's
@@ -18,33 +18,29 @@
  *   s1     q6_k: 16 int32, the second half's scale.
  * A k-quant super-block is 8 such blocks.
  */
-#include "q8dot.h"
+#define QD_AVX512 1
+#include "q8dot_codes.h"
 
-#include "formats/gguf_blocks.h"
-
-#include <immintrin.h>
 #include <math.h>
-#include <string.h>
 
-#define QT_INLINE static inline __attribute__((always_inline))
 
 enum { QT_D = 512, QT_M = 576, QT_S1 = 640 };
 
 /* q4_k and q5_k: super-blocks of 8 sub-blocks, each w = (d sc) c - dmin mn */
-QT_INLINE int qt_is_k(const int kind) { return kind == LOOM_CPU_Q8_Q4_K || kind == LOOM_CPU_Q8_Q5_K; }
+QD_INLINE int qt_is_k(const int kind) { return kind == LOOM_CPU_Q8_Q4_K || kind == LOOM_CPU_Q8_Q5_K; }
 
 /* q6_k: super-blocks of 8 sub-blocks, w = d sc (c - 32), sc an int8 a half
  * of 16 */
-QT_INLINE int qt_is_6(const int kind) { return kind == LOOM_CPU_Q8_Q6_K; }
+QD_INLINE int qt_is_6(const int kind) { return kind == LOOM_CPU_Q8_Q6_K; }
 
 /* The offset's sign in the result: q4_1 adds m s, q4_k and q5_k subtract
  * (dmin mn) s, the others have none. */
-QT_INLINE int qt_off_sign(const int kind) {
+QD_INLINE int qt_off_sign(const int kind) {
     return kind == LOOM_CPU_Q8_Q4_1 ? 1 : qt_is_k(kind) ? -1 : 0;
 }
 
 /* Bytes of one block (a k-quant's: one super-block). */
-QT_INLINE size_t qt_block_bytes(const int kind) {
+QD_INLINE size_t qt_block_bytes(const int kind) {
     switch (kind) {
     case LOOM_CPU_Q8_Q4_K: return LOOM_GGUF_Q4_K_BYTES;
     case LOOM_CPU_Q8_Q5_K: return LOOM_GGUF_Q5_K_BYTES;
@@ -57,7 +53,7 @@ QT_INLINE size_t qt_block_bytes(const int kind) {
 }
 
 /* The zero z of a kind's unsigned codes: w = d (c - z) (+ m for q4_1). */
-QT_INLINE int qt_zero(const int kind) {
+QD_INLINE int qt_zero(const int kind) {
     switch (kind) {
     case LOOM_CPU_Q8_Q4_0: return 8;
     case LOOM_CPU_Q8_Q4_1: case LOOM_CPU_Q8_Q4_K: case LOOM_CPU_Q8_Q5_K: return 0;
@@ -67,83 +63,34 @@ QT_INLINE int qt_zero(const int kind) {
     }
 }
 
-QT_INLINE float qt_f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-/* 16 bytes of nibbles -> 32 codes: low nibbles first, then high ones. */
-QT_INLINE __m256i qt_nibbles(const uint8_t *p) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
-}
-
 /* A block's 32 codes, unsigned, in element order. */
-QT_INLINE __m256i qt_codes(const uint8_t *blk, const int kind) {
+QD_INLINE __m256i qt_codes(const uint8_t *blk, const int kind) {
     switch (kind) {
-    case LOOM_CPU_Q8_Q4_0: return qt_nibbles(blk + 2);
-    case LOOM_CPU_Q8_Q4_1: return qt_nibbles(blk + 4);
-    case LOOM_CPU_Q8_Q5_0: {
-        uint32_t h;
-        memcpy(&h, blk + LOOM_GGUF_Q5_0_QH, 4);
-        return _mm256_or_si256(qt_nibbles(blk + LOOM_GGUF_Q5_0_QS),
-                               _mm256_maskz_mov_epi8((__mmask32)h, _mm256_set1_epi8(0x10)));
-    }
+    case LOOM_CPU_Q8_Q4_0: return qd_nibbles16(blk + 2);
+    case LOOM_CPU_Q8_Q4_1: return qd_nibbles16(blk + 4);
+    case LOOM_CPU_Q8_Q5_0:
+        return _mm256_or_si256(qd_nibbles16(blk + LOOM_GGUF_Q5_0_QS), qd_q5_0_bits(blk + LOOM_GGUF_Q5_0_QH));
     default: /* int8 codes + 128 */
         return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)), _mm256_set1_epi8((char)0x80));
     }
 }
 
-QT_INLINE float qt_offset(const uint8_t *blk, const int kind) {
-    return kind == LOOM_CPU_Q8_Q4_1 ? qt_f16(blk + 2) : 0.0f;
+QD_INLINE float qt_offset(const uint8_t *blk, const int kind) {
+    return kind == LOOM_CPU_Q8_Q4_1 ? qd_f16(blk + 2) : 0.0f;
 }
 
-/* Sub-block j's 32 codes of a q4_k / q5_k super-block, unsigned: the low
- * (j even) or high nibbles of bytes 32 (j / 2).., q5_k's bit 4 from bit j
- * of its 32 qh bytes. */
-QT_INLINE __m256i qt_k_codes(const uint8_t *sb, const int j, const int kind) {
+/* Sub-block j's 32 codes of a q4_k / q5_k super-block, unsigned. */
+QD_INLINE __m256i qt_k_codes(const uint8_t *sb, const int j, const int kind) {
     const int q5 = kind == LOOM_CPU_Q8_Q5_K;
-    const __m256i raw = _mm256_loadu_si256(
-        (const __m256i *)(sb + (q5 ? LOOM_GGUF_Q5_K_QS : LOOM_GGUF_Q4_K_QS) + 32 * (j / 2)));
-    __m256i c = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
-    if (q5) {
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(sb + LOOM_GGUF_Q5_K_QH));
-        const __m256i m = _mm256_set1_epi8((char)(1 << j));
-        c = _mm256_or_si256(c, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m),
-                                                _mm256_set1_epi8(0x10)));
-    }
-    return c;
-}
-
-/* A q4_k / q5_k super-block's 8 sub-block scales d sc and offsets dmin mn
- * (exact products: an f16 times a 6-bit integer). */
-QT_INLINE void qt_k_scales(const uint8_t *sb, float *a, float *c) {
-    const float d = qt_f16(sb), dmin = qt_f16(sb + 2);
-    uint32_t sw[3];
-    memcpy(sw, sb + LOOM_GGUF_Q4_K_SCALES, sizeof sw);
-    for (int j = 0; j < 8; j++) {
-        uint32_t sc, mn;
-        loom_q4k_scale_min(sw, j, &sc, &mn);
-        a[j] = d * (float)sc;
-        c[j] = dmin * (float)mn;
-    }
-}
-
-/* Sub-block s's 32 codes of a q6_k super-block, unsigned (0..63): low
- * nibble and two high bits as loom_q6k_sub_at places them. */
-QT_INLINE __m256i qt_6_codes(const uint8_t *sb, const int s) {
-    const loom_q6k_sub g = loom_q6k_sub_at(s);
-    const __m256i ql = _mm256_loadu_si256((const __m256i *)(sb + g.lo));
-    const __m256i qh = _mm256_loadu_si256((const __m256i *)(sb + g.ho));
-    const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, g.nsh), _mm256_set1_epi8(0x0F));
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, g.hsh), _mm256_set1_epi8(3));
-    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+    const __m256i qh = q5 ? qd_load(sb + LOOM_GGUF_Q5_K_QH) : _mm256_setzero_si256();
+    __m256i lo, hi;
+    qd_qk_codes(sb, j / 2, qh, q5, &lo, &hi);
+    return j & 1 ? hi : lo;
 }
 
 /* Prefetch, for each of the 16 rows at `stride` from `next`, the cache
  * lines of bytes [from, to). */
-QT_INLINE void qt_prefetch(const uint8_t *next, size_t stride, size_t from, size_t to) {
+QD_INLINE void qt_prefetch(const uint8_t *next, size_t stride, size_t from, size_t to) {
     for (int r = 0; r < LOOM_CPU_Q8_TILE; r++) {
         const uint8_t *p = next + (size_t)r * stride;
         for (size_t o = from; o < to; o += 64) __builtin_prefetch(p + o, 0, 1);
@@ -157,7 +104,7 @@ QT_INLINE void qt_prefetch(const uint8_t *next, size_t stride, size_t from, size
  * codes each; afterwards z[j] holds word j of rows 0..15. Three rounds of
  * two-source permutes, each swapping one bit of the vector index with one
  * bit of the word index (the last also puts the rows in lane order). */
-QT_INLINE void qt_transpose(__m512i z[8]) {
+QD_INLINE void qt_transpose(__m512i z[8]) {
     static const int32_t ix[3][2][16] = {
         {{0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30},
          {1, 9, 17, 25, 3, 11, 19, 27, 5, 13, 21, 29, 7, 15, 23, 31}},
@@ -182,7 +129,7 @@ QT_INLINE void qt_transpose(__m512i z[8]) {
  * (each cache line once: where a block's last byte enters a new one) so
  * that they arrive while this tile is dotted — 16 row streams are more
  * than the hardware prefetcher keeps ahead of one core. */
-QT_INLINE void qt_pack(const uint8_t *row0, size_t stride, int nr, int64_t K, const uint8_t *next,
+QD_INLINE void qt_pack(const uint8_t *row0, size_t stride, int nr, int64_t K, const uint8_t *next,
                        void *tile, const int kind) {
     const size_t bb = qt_block_bytes(kind);
     const int64_t nb = K / 32;
@@ -223,7 +170,7 @@ QT_INLINE void qt_pack(const uint8_t *row0, size_t stride, int nr, int64_t K, co
 
 /* Pack rows [0, nr) of a k-quant tile: each super-block's 8 sub-blocks
  * become 8 tile blocks; `next` as qt_pack's, a super-block at a time. */
-QT_INLINE void qt_pack_k(const uint8_t *row0, size_t stride, int nr, int64_t K, const uint8_t *next,
+QD_INLINE void qt_pack_k(const uint8_t *row0, size_t stride, int nr, int64_t K, const uint8_t *next,
                          void *tile, const int kind) {
     const size_t bb = qt_block_bytes(kind);
     uint8_t *t = tile;
@@ -236,7 +183,7 @@ QT_INLINE void qt_pack_k(const uint8_t *row0, size_t stride, int nr, int64_t K, 
                 uint8_t *tj = t + j * LOOM_CPU_Q8_TILE_BLOCK;
                 if (qt_is_6(kind)) {
                     const int sc = loom_q6k_sub_at(j).sc;
-                    const float d = r < nr ? qt_f16(rb + LOOM_GGUF_Q6_K_D) : 0.0f;
+                    const float d = r < nr ? qd_f16(rb + LOOM_GGUF_Q6_K_D) : 0.0f;
                     const int32_t s0 = r < nr ? (int8_t)rb[sc] : 0, s1 = r < nr ? (int8_t)rb[sc + 1] : 0;
                     memcpy(tj + QT_D + 4 * r, &d, 4);
                     memcpy(tj + QT_M + 4 * r, &s0, 4);
@@ -245,7 +192,7 @@ QT_INLINE void qt_pack_k(const uint8_t *row0, size_t stride, int nr, int64_t K, 
             }
             if (!qt_is_6(kind)) {
                 float a[8] = {0}, c[8] = {0};
-                if (r < nr) qt_k_scales(rb, a, c);
+                if (r < nr) qd_qk_scales(rb, a, c);
                 for (int j = 0; j < 8; j++) {
                     memcpy(t + j * LOOM_CPU_Q8_TILE_BLOCK + QT_D + 4 * r, &a[j], 4);
                     memcpy(t + j * LOOM_CPU_Q8_TILE_BLOCK + QT_M + 4 * r, &c[j], 4);
@@ -260,7 +207,7 @@ QT_INLINE void qt_pack_k(const uint8_t *row0, size_t stride, int nr, int64_t K, 
                     const int r = 2 * k + h;
                     const uint8_t *rb = base + (size_t)r * stride;
                     cd[h] = r >= nr            ? _mm256_setzero_si256()
-                            : qt_is_6(kind) ? qt_6_codes(rb, j)
+                            : qt_is_6(kind) ? qd_q6_k_ucodes(rb, loom_q6k_sub_at(j))
                                             : qt_k_codes(rb, j, kind);
                 }
                 z[k] = _mm512_inserti64x4(_mm512_castsi256_si512(cd[0]), cd[1], 1);
@@ -275,7 +222,7 @@ QT_INLINE void qt_pack_k(const uint8_t *row0, size_t stride, int nr, int64_t K, 
  * block's halves (words 0..3 and 4..7; integer sums, so any split is
  * exact), started at -z n (q6_k: -32 h of each half, each half then times
  * its scale), so that the sum is sum (c - z) q. */
-QT_INLINE void qt_dot_g(const uint8_t *tile, int64_t K, const loom_cpu_q8 *x, const int G,
+QD_INLINE void qt_dot_g(const uint8_t *tile, int64_t K, const loom_cpu_q8 *x, const int G,
                         float *out, const int kind) {
     const int z = qt_zero(kind);
     __m512 acc[4], off[4];
@@ -301,10 +248,11 @@ QT_INLINE void qt_dot_g(const uint8_t *tile, int64_t K, const loom_cpu_q8 *x, co
                 s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(q0));
                 s1 = _mm512_dpbusd_epi32(s1, w[j + 4], _mm512_set1_epi32(q1));
             }
-            const __m512i dot = qt_is_6(kind)
-                                    ? _mm512_add_epi32(_mm512_mullo_epi32(s0, _mm512_loadu_si512(tile + QT_M)),
-                                                       _mm512_mullo_epi32(s1, _mm512_loadu_si512(tile + QT_S1)))
-                                    : _mm512_add_epi32(s0, s1);
+            if (qt_is_6(kind)) { /* each half times its scale */
+                s0 = _mm512_mullo_epi32(s0, _mm512_loadu_si512(tile + QT_M));
+                s1 = _mm512_mullo_epi32(s1, _mm512_loadu_si512(tile + QT_S1));
+            }
+            const __m512i dot = _mm512_add_epi32(s0, s1);
             const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(x[t].d[b]));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dd, acc[t]);
             if (qt_off_sign(kind))
@@ -317,7 +265,7 @@ QT_INLINE void qt_dot_g(const uint8_t *tile, int64_t K, const loom_cpu_q8 *x, co
                                                                : acc[t]);
 }
 
-QT_INLINE void qt_dot(const void *tile, int64_t K, const loom_cpu_q8 *x, int64_t mr, float *out,
+QD_INLINE void qt_dot(const void *tile, int64_t K, const loom_cpu_q8 *x, int64_t mr, float *out,
                       const int kind) {
     int64_t t = 0;
     for (; t + 4 <= mr; t += 4) qt_dot_g(tile, K, x + t, 4, out + 16 * t, kind);
@@ -349,7 +297,7 @@ QT_KERNEL(qt_q6_k, LOOM_CPU_Q8_Q6_K)
  * xq + b * xstep bytes, its d, s and n at index b * sstep, its halves'
  * sums at 2 b sstep and 2 b sstep + 1. The tile dot's operations per
  * row, in its order. */
-QT_INLINE float qt_row(const uint8_t *row, int64_t K, const int8_t *xq, size_t xstep, const float *xd,
+QD_INLINE float qt_row(const uint8_t *row, int64_t K, const int8_t *xq, size_t xstep, const float *xd,
                        const float *xs, const int32_t *xn, const int32_t *xh, size_t sstep, const int kind) {
     const size_t bb = qt_block_bytes(kind);
     const int z = qt_zero(kind), sign = qt_off_sign(kind);
@@ -361,18 +309,18 @@ QT_INLINE float qt_row(const uint8_t *row, int64_t K, const int8_t *xq, size_t x
         if (qt_is_6(kind)) {
             const uint8_t *sb = row + (size_t)(b / 8) * bb;
             const int s = (int)(b % 8), at = loom_q6k_sub_at(s).sc;
-            codes = qt_6_codes(sb, s);
-            a = qt_f16(sb + LOOM_GGUF_Q6_K_D);
+            codes = qd_q6_k_ucodes(sb, loom_q6k_sub_at(s));
+            a = qd_f16(sb + LOOM_GGUF_Q6_K_D);
             sc0 = (int8_t)sb[at], sc1 = (int8_t)sb[at + 1];
         } else if (qt_is_k(kind)) {
             const uint8_t *sb = row + (size_t)(b / 8) * bb;
-            if (b % 8 == 0) qt_k_scales(sb, ka, kc);
+            if (b % 8 == 0) qd_qk_scales(sb, ka, kc);
             codes = qt_k_codes(sb, (int)(b % 8), kind);
             a = ka[b % 8], c = kc[b % 8];
         } else {
             const uint8_t *blk = row + (size_t)b * bb;
             codes = qt_codes(blk, kind);
-            a = qt_f16(blk), c = qt_offset(blk, kind);
+            a = qd_f16(blk), c = qt_offset(blk, kind);
         }
         const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes,
                                               _mm256_loadu_si256((const __m256i *)(xq + b * xstep)));
@@ -383,15 +331,16 @@ QT_INLINE float qt_row(const uint8_t *row, int64_t K, const int8_t *xq, size_t x
         h1 = _mm_add_epi32(h1, _mm_shuffle_epi32(h1, 0x4E));
         h1 = _mm_add_epi32(h1, _mm_shuffle_epi32(h1, 0xB1));
         const int32_t lo = _mm_cvtsi128_si32(h0), hi = _mm_cvtsi128_si32(h1);
-        const int32_t dot = qt_is_6(kind) ? sc0 * (lo - z * xh[2 * b * sstep]) + sc1 * (hi - z * xh[2 * b * sstep + 1])
-                                          : lo + hi - z * xn[b * sstep];
+        const int32_t *h = xh + 2 * b * sstep;
+        const int32_t dot =
+            qt_is_6(kind) ? sc0 * (lo - z * h[0]) + sc1 * (hi - z * h[1]) : lo + hi - z * xn[b * sstep];
         acc = fmaf((float)dot, a * xd[b * sstep], acc);
         if (sign) off = fmaf(c, xs[b * sstep], off);
     }
     return sign > 0 ? acc + off : sign < 0 ? acc - off : acc;
 }
 
-QT_INLINE float qt_row1(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int kind) {
+QD_INLINE float qt_row1(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const int kind) {
     return qt_row(row, K, x->q, 32, x->d, x->s, x->n, x->h, 1, kind);
 }
 

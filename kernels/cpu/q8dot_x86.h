@@ -21,15 +21,9 @@
  * accumulators (alternating, so consecutive FMAs do not wait on each
  * other).
  */
-#include "q8dot.h"
+#include "q8dot_codes.h"
 
-#include "formats/gguf_blocks.h"
-
-#include <immintrin.h>
 #include <math.h>
-#include <string.h>
-
-#define QD_INLINE static inline __attribute__((always_inline))
 
 /* Sum over groups of four of u (unsigned bytes) x s (signed bytes). */
 QD_INLINE __m256i qd_dot(__m256i u, __m256i s) {
@@ -51,22 +45,6 @@ QD_INLINE float qd_hsum(__m256 v) {
     a = _mm_add_ps(a, _mm_movehl_ps(a, a));
     a = _mm_add_ss(a, _mm_movehdup_ps(a));
     return _mm_cvtss_f32(a);
-}
-
-QD_INLINE float qd_f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-QD_INLINE __m256i qd_load(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-
-/* 16 bytes of nibbles -> 32 bytes: low nibbles first, then high ones (the
- * element order of a q4_0 / q4_1 block). */
-QD_INLINE __m256i qd_nibbles16(const uint8_t *p) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)p);
-    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 
 /* The 32-element block types with one scale and one offset a block, dotted
@@ -93,26 +71,6 @@ QD_INLINE __m128 qd_q4_dm(const uint8_t *blk, const int kind) {
     memcpy(&h, blk, 2);
     const __m128 d = _mm_moveldup_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
     return _mm_mul_ps(d, _mm_setr_ps(1.0f, -8.0f, 0.0f, 0.0f));
-}
-
-/* q5_0's fifth code bits: bit j of the 32 little-endian bits at p as bit 4
- * of byte j (element j), the rest 0. AVX-512 BW takes the bits as a byte
- * mask as they are; AVX2 gives each byte the byte of p that holds its bit
- * and compares that bit with itself. */
-QD_INLINE __m256i qd_q5_0_bits(const uint8_t *p) {
-    uint32_t h;
-    memcpy(&h, p, 4);
-#if QD_AVX512
-    return _mm256_maskz_mov_epi8((__mmask32)h, _mm256_set1_epi8(0x10));
-#else
-    /* set1_epi32 repeats p's 4 bytes in both 128-bit lanes, which the
-     * byte shuffle stays inside */
-    const __m256i at = _mm256_shuffle_epi8(_mm256_set1_epi32((int32_t)h),
-                                           _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(at, bit), bit), _mm256_set1_epi8(0x10));
-#endif
 }
 
 /* A q4 block's 32 codes as unsigned bytes, in element order. */
@@ -193,44 +151,6 @@ QD_INLINE void qd_q8_0(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, cons
     for (int t = 0; t < mr; t++) out[t] = qd_hsum(acc[t]);
 }
 
-/* Bit j (0..7) of every byte of qh at bit 4, the rest 0 (q5_k's fifth
- * code bit of sub-block j). 16-bit shifts move both bytes of a lane alike;
- * shifting toward bit 4 keeps the wanted bit of the upper byte inside the
- * lane, and the mask drops what crossed from the other byte. */
-QD_INLINE __m256i qd_q5_bit(__m256i qh, const int j) {
-    const __m256i at = j <= 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
-    return _mm256_and_si256(at, _mm256_set1_epi8(0x10));
-}
-
-/* A q4_k / q5_k super-block's 8 sub-block scales a[j] = d sc_j and
- * offsets c[j] = dmin mn_j (the row and group kernels' common start). */
-QD_INLINE void qd_qk_scales(const uint8_t *blk, float *a, float *c) {
-    const float d = qd_f16(blk), dmin = qd_f16(blk + 2);
-    uint32_t sw[3];
-    memcpy(sw, blk + LOOM_GGUF_Q4_K_SCALES, sizeof sw);
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; j++) {
-        uint32_t sc, mn;
-        loom_q4k_scale_min(sw, j, &sc, &mn);
-        a[j] = d * (float)sc;
-        c[j] = dmin * (float)mn;
-    }
-}
-
-/* Sub-blocks 2i (lo) and 2i + 1 (hi) of a q4_k (q5 = 0) / q5_k super-block
- * as unsigned codes, q5_k's bit 4 from qh (its 32 bytes, loaded once). */
-QD_INLINE void qd_qk_codes(const uint8_t *blk, const int i, const __m256i qh, const int q5, __m256i *lo,
-                           __m256i *hi) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i raw = qd_load(blk + (q5 ? LOOM_GGUF_Q5_K_QS : LOOM_GGUF_Q4_K_QS) + 32 * i);
-    *lo = _mm256_and_si256(raw, m4);
-    *hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-    if (q5) {
-        *lo = _mm256_or_si256(*lo, qd_q5_bit(qh, 2 * i));
-        *hi = _mm256_or_si256(*hi, qd_q5_bit(qh, 2 * i + 1));
-    }
-}
-
 /* q4_k (q5 = 0) and q5_k (q5 = 1): 8 sub-blocks of 32 a super-block, each
  * w = (d sc) q - dmin mn; sub-blocks 2i and 2i + 1 are the low and high
  * nibbles of the same 32 bytes, and each lines up with one activation
@@ -276,11 +196,7 @@ QD_INLINE void qd_qk(const uint8_t *row, int64_t K, const loom_cpu_q8 *x, const 
 /* Sub-block g of a q6_k super-block as signed codes q - 32, and its two
  * scales d sc (lanes 0..3: the first 16 weights, 4..7: the second). */
 QD_INLINE __m256i qd_q6_k_codes(const uint8_t *blk, const loom_q6k_sub g) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-    const __m256i ql = qd_load(blk + g.lo), qh = qd_load(blk + g.ho);
-    const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, g.nsh), m4);
-    const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, g.hsh), m2), 4);
-    return _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+    return _mm256_sub_epi8(qd_q6_k_ucodes(blk, g), _mm256_set1_epi8(32));
 }
 
 QD_INLINE __m256 qd_q6_k_scale(const uint8_t *blk, const loom_q6k_sub g, const float d) {
