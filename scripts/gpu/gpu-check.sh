@@ -46,7 +46,8 @@
 #           --set full) on one Llama-3-8B layer's linears at KPROFILE_M
 #           (default 16 64 256), and each kernel of a Qwen3-30B-A3B-shape
 #           (4 layers) batch-1 decode step inside its CUDA graph, warm
-#           caches, against the step's wall time.
+#           caches, against the step's wall time (KPROFILE_M=none: only
+#           the latter).
 #   backend-ab: this tree's CUDA backend against an older commit's (packed by
 #           scripts/gpu/pack-old-backend.sh REV into .devpack/), new / old
 #           alternated in one machine: batch-1 decode of each config in
@@ -582,6 +583,7 @@ kprofile)
   CUDA_SO=$LB/plugins/backend/cuda/loom-backend-cuda.so
   qargs=()
   for M in ${KPROFILE_M:-16 64 256}; do
+    [ "$M" = none ] && break
     step "tiled W8A16 / INT4 kernels (mma.sync, wgmma) at M = $M (ncu --set full, one timed launch a variant and shape)"
     # LOOM_BENCH_REPS=1: one warm-up and one timed launch of each GEMM
     LOOM_BENCH_REPS=1 timeout 420 "$NCU" --set full --import-source no -k regex:'lc_qtiled_(w|kernel)' -f -o "/tmp/qtiled-m$M" \
