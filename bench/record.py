@@ -64,7 +64,10 @@ def hw_slug(cpu_only):
     g = [] if cpu_only else gpus()
     if not g:
         return "cpu"
-    name = g[0][0].split()[-1].lower()
+    # the model's token ("NVIDIA H100 80GB HBM3" -> h100), not the last
+    # word, which names the memory on some cards
+    m = re.search(r"\b(G?[A-Z]{1,2}\d{2,4}[A-Z]?)\b", g[0][0])
+    name = (m.group(1) if m else g[0][0].split()[-1]).lower()
     return name if len(g) == 1 else f"{name}x{len(g)}"
 
 

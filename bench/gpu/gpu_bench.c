@@ -1339,6 +1339,7 @@ int main(int argc, char **argv) {
                 "                  batch-1 and batch-8 decode at 512 tokens of context (bytes: the weights the\n"
                 "                  tokens' experts read) and a 2048-token prefill\n"
                 "  --moe-shape S   that shape: mixtral-8x7b (default) or qwen3-30b-a3b\n"
+                "  --moe-batch1    with --moe: batch-1 decode only (a profiler's window then holds only its steps)\n"
                 "  --moe-quant LAYERS  the Mixtral-8x7B shape in bf16, then quantized by each quantizer (int8 w8a16,\n"
                 "                  int8 w8a8, fp8, int4 g128; from --quantizer-dir DIR, default plugins/quantizer):\n"
                 "                  batch-1 decode and a 2048-token prefill each\n");
@@ -1346,7 +1347,7 @@ int main(int argc, char **argv) {
     }
     const char *out_path = argv[1];
     const char *so = LOOM_CUDA_BACKEND_DEFAULT;
-    bool quick = false, components_only = false, quant_only = false, attention_only = false;
+    bool quick = false, components_only = false, quant_only = false, attention_only = false, moe_batch1 = false;
     int quant_m = 0, layer_ctx = 0, moe_layers = 0, moe_quant_layers = 0;
     const char *quant_dir = "plugins/quantizer";
     const char *moe_shape = "mixtral-8x7b";
@@ -1362,6 +1363,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--moe-quant") && i + 1 < argc) moe_quant_layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quantizer-dir") && i + 1 < argc) quant_dir = argv[++i];
         else if (!strcmp(argv[i], "--moe-shape") && i + 1 < argc) moe_shape = argv[++i];
+        else if (!strcmp(argv[i], "--moe-batch1")) moe_batch1 = true;
         else so = argv[i];
     }
     struct cudaDeviceProp prop;
@@ -1434,7 +1436,8 @@ engine:;
         }
         if (moe_layers > 0) { /* --moe LAYERS: that only */
             static const int moe_batches[2] = {1, 8};
-            failed += !run_model_q(&be, moe_shape, moe_layers, moe_batches, 2, 512, 2048, 100, NULL, NULL, 2.0);
+            failed += !run_model_q(&be, moe_shape, moe_layers, moe_batches, moe_batch1 ? 1 : 2, 512,
+                                   moe_batch1 ? 0 : 2048, 100, NULL, NULL, 2.0);
             goto write;
         }
         failed += !run_model(&be, "smollm2-135m", 0, 1, 512, 0, quick ? 50 : 200);

@@ -1339,13 +1339,13 @@ static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void
 /* which kernel and copies the wgmma path runs (lc_qtiled_set_wgmma_tma):
  * 0 cp.async + CTA barriers, 1 TMA + mbarriers, 3 TMA as if no tensor map
  * could be made (its cp.async fallback, for the kernel tests), 4 the wide
- * TMA kernel (256-row CTAs, a producer warpgroup; not yet timed on the
- * H200), 2 (the default) as measured on the H200 (one Llama-3-8B layer's
- * linears, docs/performance.md): TMA for W8A16 above 64 rows (128: 184.6
- * vs 190.8 us, 256: 318.6 vs 362.8), cp.async for INT4 everywhere (its
- * scale copies make twice the bulk copies a stage for one producer lane: 64
- * rows 186.4 vs 137.1, 256 rows 394.9 vs 360.7) and for W8A16 up to 64
- * rows (64: 154.5 vs 137.8). gpu_bench and the kernel tests force each. */
+ * TMA kernel (256-row CTAs, a producer warpgroup), 2 (the default) as
+ * measured on an H100 (one Llama-3-8B layer's linears, gpu_bench --quant;
+ * cp.async / TMA / wide, us): INT4 the wide kernel from 64 rows (64: 135.2 /
+ * 122.3 / 115.6, 128: 199.6 / 160.6 / 153.1, 256: 362.4 / 269.8 / 258.9),
+ * W8A16 TMA above 64 rows (128: 190.9 / 172.8 / 185.9, 256: 361.3 / 272.9
+ * / 287.3; 64: 141.3 / 139.1 / 146.0), cp.async below those. gpu_bench and
+ * the kernel tests force each. */
 extern "C" void lc_qtiled_set_wgmma_tma(int mode) {
     __atomic_store_n(&lc_qw_tma, mode < 0 || mode > 4 ? 2 : mode, __ATOMIC_RELAXED);
 }
@@ -1424,7 +1424,7 @@ static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x
                                 int invariant, bool wg, int mode, bool stream, cudaStream_t s) {
     if (stream) return lc_qtiled_gemv_t<T, FMT, F32>(M, w, x, y, s);
     if (!wg) return lc_qtiled_t<T, FMT, F32>(M, w, x, y, part, invariant, s);
-    if (mode == 2) mode = FMT == LOOM_CUDA_Q_INT8_W8A16 && M > 64 ? 1 : 0;
+    if (mode == 2) mode = FMT == LOOM_CUDA_Q_INT8_W8A16 ? (M > 64 ? 1 : 0) : (M >= 64 ? 4 : 0);
     if (mode == 0) return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);
     if (mode == 4) return lc_qtiled_tma_t<T, FMT, F32, 2>(M, w, x, y, part, s);
     return lc_qtiled_tma_t<T, FMT, F32, 1>(M, w, x, y, part, s); /* 1, 3 */

@@ -594,9 +594,10 @@ kprofile)
       && qargs+=(--text "tiled_m$M=$O/qtiled-m$M-summary.txt")
   done
   step "Qwen3-30B-A3B shape (4 layers), batch-1 decode: each kernel's time inside its graph (ncu, warm caches)"
-  # past the context's prefill and the graph captures: ~10 whole steps
+  # batch 1 only (--moe-batch1): the context's prefill, then ~30 decode
+  # steps; ncu-summary.py keeps the steps whose kernels are the last one's
   timeout 300 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
-    --launch-skip 300 --launch-count 500 "$LB/bench/gpu/gpu_bench" /tmp/kprof-moe.json "$CUDA_SO" --moe 4 \
+    --launch-count 1500 "$LB/bench/gpu/gpu_bench" /tmp/kprof-moe.json "$CUDA_SO" --moe 4 --moe-batch1 \
     --moe-shape qwen3-30b-a3b > "$O/ncu-moe.csv" 2> "$O/ncu-moe.err" || { fails=$((fails + 1)); tail -3 "$O/ncu-moe.err"; }
   python3 scripts/gpu/ncu-summary.py "$O/ncu-moe.csv" --step-kernel lc_embedding_kernel | tee "$O/ncu-moe-summary.txt" | head -30
   step "the same step's wall time without the profiler (gpu_bench --moe 4)"

@@ -5,7 +5,8 @@ one decode step from an `ncu --csv --metrics gpu__time_duration.sum` capture
 
 A step is cut at each launch of the step's last kernel (default: the logits
 top-k, tk_*), so whole steps are averaged and partial ones at the ends are
-dropped. Prints, per kernel name: launches per step, microseconds per step and
+dropped, as are steps whose kernels differ from the last whole step's (a
+prefill or another batch size in the window). Prints, per kernel name: launches per step, microseconds per step and
 the share; then the sum — which, set against the step's wall time measured
 without the profiler, says how much of a step is kernels and how much is the
 gaps between them.
@@ -129,6 +130,14 @@ def main():
         steps = [ks]
     else:
         steps = [ks[a + 1:b + 1] for a, b in zip(ends, ends[1:])]
+        # only steps of the last one's kernels: a prefill or a step of
+        # another batch size in the window would skew the average
+        like = [short(n) for n, _ in steps[-1]]
+        kept = [s for s in steps if [short(n) for n, _ in s] == like]
+        if len(kept) < len(steps):
+            print(f"ncu-summary: {len(steps) - len(kept)} of {len(steps)} whole steps ran other kernels "
+                  f"than the last one (a prefill, another batch size): left out")
+        steps = kept
     per = defaultdict(lambda: [0, 0.0])
     for s in steps:
         for n, us in s:
