@@ -289,6 +289,16 @@ static bool check_load(cf_run *r, const void *arg) {
     bool ok = (b4 > 0 && b8 > 0) || cf_fail(r, "kv_block_bytes(4) = %zu, (8) = %zu for a model any backend runs", b4, b8);
     if (ok && !(b8 == 2 * b4 && b4 >= least))
         ok = cf_fail(r, "kv_block_bytes: %zu bytes for 4 tokens, %zu for 8 (want linear, >= %zu for 4)", b4, b8, least);
+    /* kv_default_dtype (optional, ABI 2.8): a concrete type, the one a layout of LOOM_DTYPE_COUNT gets */
+    if (ok && !b.executor && LOOM_HAS_FIELD(b.bops, loom_backend_ops, kv_default_dtype) && b.bops->kv_default_dtype) {
+        cf_where(r, "kv_default_dtype()");
+        const loom_dtype d = b.bops->kv_default_dtype(b.self);
+        if (d != LOOM_DTYPE_F32 && d != LOOM_DTYPE_F16 && d != LOOM_DTYPE_BF16 && d != LOOM_DTYPE_FP8_E4M3)
+            ok = cf_fail(r, "kv_default_dtype() = %d: not F32, F16, BF16 or FP8_E4M3", (int)d);
+        else if (b.bops->kv_block_bytes(b.self, 4, d) != b4)
+            ok = cf_fail(r, "kv_block_bytes(4, kv_default_dtype() = %d) = %zu, but %zu for the default", (int)d,
+                         b.bops->kv_block_bytes(b.self, 4, d), b4);
+    }
     loom_backend_memory m;
     loom_error err = {0};
     if (ok && bk_memory(&b, &m, &err) != LOOM_OK) ok = cf_fail(r, "memory() failed: %s", err.message);

@@ -5,6 +5,8 @@
  */
 #include "disagg/wire.h"
 
+#include "formats/dtype.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,10 +61,10 @@ loom_status disagg_prefill_parse(const uint8_t *head, size_t len, const loom_kv_
     if (bs != (uint32_t)info->block_size || bb != (uint64_t)info->block_bytes || dt != (uint32_t)info->kv_dtype ||
         layers != (uint32_t)info->num_layers || vocab != (uint32_t)info->vocab) {
         snprintf(why, cap,
-                 "engines differ: decode has block_size %u, block bytes %llu, KV dtype %u, %u layers, vocab %u; "
-                 "prefill has %d, %zu, %d, %d, %d (same model, cache block_size and KV dtype on both)",
-                 bs, (unsigned long long)bb, dt, layers, vocab, info->block_size, info->block_bytes,
-                 (int)info->kv_dtype, info->num_layers, info->vocab);
+                 "engines differ: decode has block_size %u, block bytes %llu, KV dtype %s, %u layers, vocab %u; "
+                 "prefill has %d, %zu, %s, %d, %d (same model, cache block_size and KV dtype on both)",
+                 bs, (unsigned long long)bb, loom_dtype_name((loom_dtype)dt), layers, vocab, info->block_size,
+                 info->block_bytes, loom_dtype_name(info->kv_dtype), info->num_layers, info->vocab);
         return LOOM_ERR_INVALID;
     }
     if (count < 2 || (len - DISAGG_PREFILL_FIXED) / 4 != count || (len - DISAGG_PREFILL_FIXED) % 4 != 0) {

@@ -207,6 +207,7 @@ static void runner_from_backend(loom_runner *r, const loom_backend_ops *o) {
     }
     r->kv_groups = LOOM_HAS_FIELD(o, loom_backend_ops, kv_groups) ? o->kv_groups : NULL;
     r->kv_image_device = LOOM_HAS_FIELD(o, loom_backend_ops, kv_image_device) ? o->kv_image_device : NULL;
+    r->kv_default_dtype = LOOM_HAS_FIELD(o, loom_backend_ops, kv_default_dtype) ? o->kv_default_dtype : NULL;
 }
 
 /* An executor and the N backend instances it drives (one per rank). */
@@ -311,6 +312,25 @@ static loom_status kv_dtype(loom_engine *e, const char *path, loom_dtype *out, l
                           LOOM_DTYPE_F32, LOOM_DTYPE_F16, LOOM_DTYPE_BF16, LOOM_DTYPE_FP8_E4M3, LOOM_DTYPE_COUNT);
 }
 
+/* The backend's own KV type in place of LOOM_DTYPE_COUNT, where it can
+ * name it (loom/backend.h kv_default_dtype): the layout the engine hands
+ * on, and loom_engine_kv_info's kv_dtype, then say what the pools hold —
+ * f16 and bf16 have the same block size, so the size alone cannot tell
+ * two engines' block images apart. */
+static loom_status kv_default_dtype(loom_engine *e, const char *path, loom_dtype *dt, loom_error *err) {
+    if (*dt != LOOM_DTYPE_COUNT || !e->run.kv_default_dtype) return LOOM_OK;
+    const loom_dtype d = e->run.kv_default_dtype(e->run.self);
+    if (d == LOOM_DTYPE_F32 || d == LOOM_DTYPE_F16 || d == LOOM_DTYPE_BF16 || d == LOOM_DTYPE_FP8_E4M3) {
+        *dt = d;
+        return LOOM_OK;
+    }
+    return loom_error_set(err, LOOM_ERR_INTERNAL,
+                          "%s: backend '%s' kv_default_dtype() returned %d, which is not a KV-cache type: "
+                          "loom/backend.h allows F32 (%d), F16 (%d), BF16 (%d) or FP8_E4M3 (%d)",
+                          path, e->run.name, (int)d, LOOM_DTYPE_F32, LOOM_DTYPE_F16, LOOM_DTYPE_BF16,
+                          LOOM_DTYPE_FP8_E4M3);
+}
+
 /* The runner's proposal of block-table groups (loom/backend.h), checked;
  * *out NULL when it makes none (executors, backends before ABI 2.4). */
 static loom_status runner_groups(loom_engine *e, const char *path, const loom_kv_groups **out, loom_error *err) {
@@ -360,6 +380,7 @@ static loom_status take_groups(loom_engine *e, const loom_kv_groups *proposal, l
 static loom_status size_cache(loom_engine *e, const char *path, loom_error *err) {
     e->layout.struct_size = sizeof e->layout;
     loom_status st = kv_dtype(e, path, &e->layout.dtype, err);
+    if (st == LOOM_OK) st = kv_default_dtype(e, path, &e->layout.dtype, err);
     if (st != LOOM_OK) return st;
     loom_backend_memory mem = {.struct_size = sizeof mem};
     st = e->run.memory(e->run.self, &mem, err);

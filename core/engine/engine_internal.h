@@ -139,6 +139,7 @@ typedef struct loom_runner {
     loom_status (*kv_groups)(void *self, loom_kv_groups *out,
                              loom_error *err);    /* NULL: one table (executors) */
     int32_t (*kv_image_device)(void *self);      /* NULL: host images only  */
+    loom_dtype (*kv_default_dtype)(void *self);  /* NULL: cannot name it    */
 } loom_runner;
 
 /* A copy of a loom_kv_handoff the engine owns (kv_transfer.c). */

@@ -302,6 +302,11 @@ loom_status loom_engine_kv_info(const loom_engine *e, loom_kv_info *out, loom_er
                               "disaggregated serving needs a backend that can, e.g. cpu",
                               e->run.kind == LOOM_KIND_EXECUTOR ? "executor" : "backend", e->run.name);
     if (e->num_groups > 1) return grouped_refusal(e, err);
+    if (e->layout.dtype == LOOM_DTYPE_COUNT)
+        return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
+                              "backend '%s' does not name its KV element type (kv_default_dtype, ABI 2.8): a "
+                              "peer could not tell its block images from another type of the same size",
+                              e->run.name);
     if (out->struct_size < offsetof(loom_kv_info, image_device))
         return loom_error_set(err, LOOM_ERR_ABI, "loom_engine_kv_info: struct_size %u is below ABI 2.4's %zu",
                               out->struct_size, offsetof(loom_kv_info, image_device));

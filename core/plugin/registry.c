@@ -67,7 +67,8 @@ static const ops_member backend_members[] = {
     OPT(loom_backend_ops, swap_blocks), OPT(loom_backend_ops, load_shard), OPT(loom_backend_ops, set_observer),
     OPT_SINCE(3, loom_backend_ops, load_stage), OPT_SINCE(4, loom_backend_ops, kv_read_blocks),
     OPT_SINCE(4, loom_backend_ops, kv_write_blocks), OPT_SINCE(4, loom_backend_ops, kv_groups),
-    OPT_SINCE(6, loom_backend_ops, kv_image_device), {0, NULL, false, 0}};
+    OPT_SINCE(6, loom_backend_ops, kv_image_device), OPT_SINCE(8, loom_backend_ops, kv_default_dtype),
+    {0, NULL, false, 0}};
 static const ops_member executor_members[] = {
     REQ(loom_executor_ops, create), REQ(loom_executor_ops, destroy), REQ(loom_executor_ops, inner_count),
     REQ(loom_executor_ops, attach_inner), REQ(loom_executor_ops, load), REQ(loom_executor_ops, kv_block_bytes),

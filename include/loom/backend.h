@@ -86,7 +86,9 @@ typedef struct loom_kv_layout {
     int32_t num_blocks;        /* device blocks (all layers share block ids) */
     int32_t num_cpu_blocks;    /* host blocks for swap-out; 0 = no swapping  */
     loom_dtype dtype;          /* K/V element type (f32, f16, bf16, fp8_e4m3);
-                                  LOOM_DTYPE_COUNT = the backend's own default */
+                                  LOOM_DTYPE_COUNT = the backend's own default
+                                  (the engine resolves it through
+                                  kv_default_dtype where the backend has it) */
     /* since ABI 2.4 — add new members below this line only */
     int32_t num_groups;        /* set by the cache manager: 0 = it ignored the
                                   backend's kv_groups() proposal (one table,
@@ -466,6 +468,17 @@ typedef struct loom_backend_ops {
      * host copy; -1 when this instance has none. */
     int32_t (*kv_image_device)(void *self);
     /* since ABI 2.6 — add new members below this line only */
+
+    /* OPTIONAL, since ABI 2.8 (NULL = the engine cannot name this
+     * backend's KV element type, and loom_engine_kv_info() refuses it: a
+     * peer could not tell its block images from another type of the same
+     * size, f16 from bf16). [any], after load(): the element type kv_alloc()
+     * gives a layout whose dtype is LOOM_DTYPE_COUNT (the backend's
+     * default) — F32, F16, BF16 or FP8_E4M3, never LOOM_DTYPE_COUNT. The
+     * engine asks it before kv_alloc() and passes the answer, so every
+     * layout it hands on names a concrete type. */
+    loom_dtype (*kv_default_dtype)(void *self);
+    /* since ABI 2.8 — add new members below this line only */
 } loom_backend_ops;
 
 #ifdef __cplusplus

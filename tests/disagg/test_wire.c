@@ -190,6 +190,23 @@ Test(disagg_wire, prefill_round_trip_and_mutations) {
     cr_assert_gt(accepted_mutants, 0, "no mutant parsed: mutations too destructive to test acceptance");
 }
 
+/* Peers whose block images have the same size but another element type
+ * (f16 vs bf16: 2 bytes each) are refused by name, not read as each other. */
+Test(disagg_wire, same_size_other_kv_type_refused) {
+    loom_kv_info f16 = info, bf16 = info;
+    f16.kv_dtype = LOOM_DTYPE_F16, bf16.kv_dtype = LOOM_DTYPE_BF16;
+    int32_t toks[4] = {1, 2, 3, 4};
+    uint8_t buf[DISAGG_PREFILL_FIXED + 4 * 4];
+    size_t len = disagg_prefill_encode(buf, &f16, toks, 4);
+    int32_t *got = NULL, m = 0;
+    char why[256] = "";
+    cr_assert_neq(disagg_prefill_parse(buf, len, &bf16, &got, &m, why, sizeof why), LOOM_OK);
+    cr_assert_null(got);
+    cr_assert(strstr(why, "dtype") || strstr(why, "type"), "the refusal should name the type: %s", why);
+    cr_assert_eq(disagg_prefill_parse(buf, len, &f16, &got, &m, why, sizeof why), LOOM_OK, "%s", why);
+    free(got);
+}
+
 Test(disagg_wire, kv_head_checked_against_the_request) {
     uint8_t h[DISAGG_KV_HEAD];
     char why[256];

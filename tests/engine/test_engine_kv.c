@@ -187,6 +187,28 @@ static void run_matches(bool seeded, bool in_place) {
     loom_engine_destroy(D);
 }
 
+/* kv_info names the pools' element type with the backend's default
+ * resolved (loom/backend.h kv_default_dtype): f16 and bf16 block images
+ * have the same size, so a size alone would let a cpu engine (f16 by
+ * default) and a cuda one (bf16) read each other's KV as their own. */
+Test(engine_kv, info_names_the_pools_type) {
+    const char *f16[] = {"backend.kv_dtype=f16", NULL}, *f32[] = {"backend.kv_dtype=f32", NULL};
+    loom_engine *d = eng_open("tiny.yaml", NULL), *a = eng_open("tiny.yaml", f16), *b = eng_open("tiny.yaml", f32);
+    loom_kv_info kd = {.struct_size = sizeof kd}, ka = kd, kb = kd;
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_kv_info(d, &kd, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(loom_engine_kv_info(a, &ka, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(loom_engine_kv_info(b, &kb, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(kd.kv_dtype, LOOM_DTYPE_F16, "the cpu backend's default (f16) named, got %d", (int)kd.kv_dtype);
+    cr_assert_eq(ka.kv_dtype, LOOM_DTYPE_F16);
+    cr_assert_eq(kb.kv_dtype, LOOM_DTYPE_F32);
+    cr_assert_eq(kb.block_bytes, 2 * ka.block_bytes);
+    cr_assert_eq(kd.block_bytes, ka.block_bytes);
+    loom_engine_destroy(d);
+    loom_engine_destroy(a);
+    loom_engine_destroy(b);
+}
+
 Test(engine_kv, greedy_handover_matches_colocated) { run_matches(false, false); }
 Test(engine_kv, seeded_handover_matches_colocated) { run_matches(true, false); }
 Test(engine_kv, in_place_handover_matches_colocated) { run_matches(false, true); }

@@ -583,9 +583,11 @@ static void advance(seq **seqs, const int *nnew, int n) {
  * into host memory and into device memory of kv_image_device(); written
  * back from device memory into fresh blocks (of both cuda instances, the
  * graph one from the eager one's image) and from host memory into the cpu's,
- * the next decode step still matches. With equal image sizes the cpu's own
- * image goes into the cuda blocks instead: block images are one layout
- * across backends. q moves to the fresh blocks. */
+ * the next decode step still matches. Where both pools hold the same type
+ * (kv_default_dtype resolves the backends' defaults: the cpu's f16 and
+ * cuda's bf16 have the same size and are not one layout) the cpu's own image
+ * goes into the cuda blocks instead: block images are one layout across
+ * backends. q moves to the fresh blocks. */
 static bool check_block_images(trio *t, const char *shape, seq *q, sched *sc, loom_dtype kv_dt) {
     const loom_backend_ops *cu = t->cuda_p->ops, *cp = t->cpu_p->ops;
     char name[160];
@@ -593,7 +595,9 @@ static bool check_block_images(trio *t, const char *shape, seq *q, sched *sc, lo
     const int32_t nb = q->nblocks;
     const size_t per = cu->kv_block_bytes(t->eager, BS, kv_dt), len = per * (size_t)nb;
     const size_t cpu_len = cp->kv_block_bytes(t->cpu, BS, kv_dt) * (size_t)nb; /* its own pool type */
-    const bool same_layout = cpu_len == len;
+    const loom_dtype t_cu = kv_dt != LOOM_DTYPE_COUNT ? kv_dt : cu->kv_default_dtype(t->eager),
+                     t_cp = kv_dt != LOOM_DTYPE_COUNT ? kv_dt : cp->kv_default_dtype(t->cpu);
+    const bool same_layout = cpu_len == len && t_cu == t_cp;
     const int32_t dev = cu->kv_image_device ? cu->kv_image_device(t->eager) : -1;
     snprintf(name, sizeof name, "%s block images: kv_image_device() names the device", shape);
     expect_status(name, dev >= 0 ? LOOM_OK : LOOM_ERR_UNSUPPORTED, LOOM_OK, NULL);

@@ -953,6 +953,9 @@ static loom_status cpu_kv_write_blocks(void *self, const int32_t *blocks, int32_
     return LOOM_OK;
 }
 
+/* the kv_dtype parameter's type: what a layout of LOOM_DTYPE_COUNT gets */
+static loom_dtype cpu_kv_default_dtype(void *self) { return cpu_kv_resolve(self, LOOM_DTYPE_COUNT); }
+
 /* ------------------------------------------------------------- descriptor */
 
 static const loom_backend_ops cpu_ops = {
@@ -973,6 +976,7 @@ static const loom_backend_ops cpu_ops = {
     .load_stage = cpu_load_stage,
     .kv_read_blocks = cpu_kv_read_blocks,
     .kv_write_blocks = cpu_kv_write_blocks,
+    .kv_default_dtype = cpu_kv_default_dtype,
 };
 
 static const loom_component cpu_components[] = {{

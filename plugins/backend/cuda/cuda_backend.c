@@ -935,6 +935,9 @@ static int32_t cb_kv_image_device(void *self) {
     return b->kv_ready ? b->device : -1;
 }
 
+/* the compute type: what a layout of LOOM_DTYPE_COUNT gets (cb_kv_resolve) */
+static loom_dtype cb_kv_default_dtype(void *self) { return cb_kv_resolve(self, LOOM_DTYPE_COUNT); }
+
 static loom_status cb_kv_read_blocks(void *self, const int32_t *blocks, int32_t n, void *buf, size_t len,
                                      loom_error *err) {
     return cb_kv_image(self, "kv_read_blocks", blocks, n, buf, len, true, err);
@@ -962,6 +965,7 @@ static const loom_backend_ops cb_ops = {
     .kv_read_blocks = cb_kv_read_blocks,
     .kv_write_blocks = cb_kv_write_blocks,
     .kv_image_device = cb_kv_image_device,
+    .kv_default_dtype = cb_kv_default_dtype,
     .kv_groups = cb_kv_groups,
     .load_shard = cb_load_shard,
     .load_stage = cb_load_stage,
