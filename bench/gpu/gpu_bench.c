@@ -509,22 +509,16 @@ static void bench_quant(int M) {
      * kernel (256-row CTAs), "_tiled_wide", and with the path off: its
      * mma.sync one, "_tiled_mma"; above 64 rows also with the tiled bound
      * at 0: the tiled weight dequantized for cuBLASLt, "_tiled_deq" —
-     * where the bounds belong; up to LC_QG_MAX_M rows also the stream
-     * kernel (off by default), "_tiled_stream", and with 8 tiles in flight
-     * a warp, "_tiled_u8") */
+     * where the bounds belong) */
     const int nmma = M >= LC_QT_DEFAULT_WG_MIN_M ? 8 : 0; /* _tiled_cpa, _tiled_tma, _tiled_wide, _tiled_mma */
-    const int ndeq = M > 64 ? 2 : 0, nsm = M <= LC_QG_MAX_M ? 4 : 0; /* _tiled_deq; _tiled_stream, _tiled_u8 */
-    const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF, nv = nv0 + 2 + nmma + ndeq + nsm;
+    const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF, nv = nv0 + 2 + nmma + (M > 64 ? 2 : 0);
     const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
         const bool tiled = vi >= nv0, cpa = tiled && vi >= nv0 + 2 && vi < nv0 + 4 && nmma,
                    tma = tiled && vi >= nv0 + 4 && vi < nv0 + 6 && nmma,
                    wide = tiled && vi >= nv0 + 6 && vi < nv0 + 8 && nmma,
-                   deq = ndeq && vi >= nv0 + 2 + nmma, stream = nsm && vi >= nv0 + 2 && vi < nv0 + 4,
-                   u8 = nsm && vi >= nv0 + 4, mma = tiled && vi >= nv0 + 8 && vi < nv0 + 2 + nmma;
+                   mma = tiled && vi >= nv0 + 8 && vi < nv0 + 2 + nmma, deq = vi >= nv0 + 2 + nmma;
         lc_qtiled_set_wgmma_tma(cpa ? 0 : tma ? 1 : wide ? 4 : 2);
-        lc_qtiled_set_gemv_u(u8 ? 8 : 4);
-        loom_cuda_qgemm_set_tiled_stream_max_m(g, stream || u8 ? LC_QG_MAX_M : 0);
         loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : 256);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, mma ? 0 : LC_QT_DEFAULT_WG_MIN_M);
         const bool epi = !tiled && M > 8 && vi == NF;
@@ -576,8 +570,6 @@ static void bench_quant(int M) {
                  : epi ? "_epi"
                  : deq ? "_tiled_deq"
                  : mma ? "_tiled_mma"
-                 : stream ? "_tiled_stream"
-                 : u8 ? "_tiled_u8"
                  : cpa ? "_tiled_cpa"
                  : tma ? "_tiled_tma"
                  : wide ? "_tiled_wide"
@@ -595,8 +587,6 @@ static void bench_quant(int M) {
         }
     }
     lc_gemm_set_fp8_vec(g, vec0);
-    lc_qtiled_set_gemv_u(4);
-    loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_DEFAULT_MAX_M);
     loom_cuda_qgemm_set_tiled_max_m(g, 256);
     loom_cuda_qgemm_set_tiled_wgmma_min_m(g, LC_QT_DEFAULT_WG_MIN_M);
     cudaFree(x), cudaFree(y);
@@ -623,21 +613,12 @@ static void bench_quant(int M) {
  * kernels. */
 static void bench_quant_chain(int M, bool mixed) {
     const int(*shp)[2] = l8b_linears;
-    /* the last four: W8A16 / INT4 on tiled weights (qtiled.cu) as
-     * dispatched, then with its stream kernel (off by default) */
-    enum { NCF = 9 };
-    static const loom_cuda_qfmt fmts[NCF] = {LOOM_CUDA_Q_NONE,       LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
-                                             LOOM_CUDA_Q_FP8,        LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16,
-                                             LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
-    static const char *names[NCF] = {"bf16",
-                                     "int8_w8a16",
-                                     "int8_w8a8",
-                                     "fp8",
-                                     "int4_g128",
-                                     "int8_w8a16_tiled",
-                                     "int4_g128_tiled",
-                                     "int8_w8a16_tiled_stream",
-                                     "int4_g128_tiled_stream"};
+    /* the last two: W8A16 / INT4 on tiled weights (qtiled.cu) */
+    static const loom_cuda_qfmt fmts[7] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
+                                           LOOM_CUDA_Q_FP8,  LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16,
+                                           LOOM_CUDA_Q_INT4};
+    static const char *names[7] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128", "int8_w8a16_tiled",
+                                   "int4_g128_tiled"};
     enum { DEPTH = 8 };
     int code;
     char msg[256];
@@ -666,9 +647,8 @@ static void bench_quant_chain(int M, bool mixed) {
     }
     double bf16_us = 0;
     const char *kind = mixed ? "mixed  " : "chained";
-    for (int fi = 0; fi < NCF; fi++) {
+    for (int fi = 0; fi < 7; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
-        loom_cuda_qgemm_set_tiled_stream_max_m(g, fi >= 7 ? LC_QG_MAX_M : 0);
         void *data[4] = {0};
         float *sc[4] = {0};
         loom_cuda_qweight w[4];

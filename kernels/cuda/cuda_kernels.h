@@ -581,12 +581,6 @@ void loom_cuda_qgemm_set_tiled_max_m(loom_cuda_gemm *g, int max_m);
  * warpgroup MMA), below it the mma.sync one; 0 = never (default 17; not in
  * batch-invariant mode). The cuda backend's qtiled_wgmma_rows. */
 void loom_cuda_qgemm_set_tiled_wgmma_min_m(loom_cuda_gemm *g, int min_m);
-/* Tiled weights at 1..max_m rows (0..8; below the wgmma bound, not in
- * batch-invariant mode) run qtiled.cu's stream kernel — no staging, K over
- * a CTA's warps, the pair epilogues fused at one row — instead of the
- * mma.sync one; 0 = never (the default: not yet timed on a GPU). The cuda
- * backend's qtiled_stream_rows. */
-void loom_cuda_qgemm_set_tiled_stream_max_m(loom_cuda_gemm *g, int max_m);
 
 /* ------------------------------------------------------ quantized experts */
 

@@ -260,23 +260,12 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
         /* tiled weights: qtiled.cu's kernel (in chunks of its 256 rows in
          * batch-invariant mode), or dequantize + cuBLASLt above the bound */
         if (lc_tiled_kernel(g, M)) {
-            if (epi && epi->kind != LOOM_CUDA_EPI_NONE && M == 1 && !out_f32) {
-                e = lc_qtiled_epi(dt, w, x, y, epi, invariant, lc_gemm_q_tiled_wg_min_m(g),
-                                  lc_gemm_q_tiled_stream_max_m(g), s);
-                if (e == cudaSuccess) {
-                    *fused = 1;
-                    lc_qtiled_runs++;
-                    return 0;
-                }
-                if (e != cudaErrorNotSupported)
-                    return lc_cuda_fail(e, "tiled quantized GEMV (fused epilogue) launch", w, 1, msg, msg_size);
-            }
             const size_t yel = out_f32 ? 4 : 2;
             for (int m0 = 0; m0 < M; m0 += LC_QT_MAX_M) {
                 const int mc = M - m0 < LC_QT_MAX_M ? M - m0 : LC_QT_MAX_M;
                 if ((e = lc_qtiled(dt, out_f32, mc, w, (const uint8_t *)x + (size_t)m0 * w->K * 2,
                                    (uint8_t *)y + (size_t)m0 * w->N * yel, big, invariant,
-                                   lc_gemm_q_tiled_wg_min_m(g), lc_gemm_q_tiled_stream_max_m(g), s)) != cudaSuccess)
+                                   lc_gemm_q_tiled_wg_min_m(g), s)) != cudaSuccess)
                     return lc_cuda_fail(e, "tiled quantized GEMM launch", w, mc, msg, msg_size);
                 lc_qtiled_runs++;
             }

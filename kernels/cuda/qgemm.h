@@ -112,7 +112,7 @@ cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight
 int lc_qtiled_ok(const loom_cuda_qweight *w);
 size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m);
 cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x, void *y,
-                      void *scratch, int invariant, int wgmma_min_m, int stream_max_m, cudaStream_t s);
+                      void *scratch, int invariant, int wgmma_min_m, cudaStream_t s);
 /* the default of loom_cuda_qgemm_set_tiled_wgmma_min_m: the wgmma path
  * (Hopper warpgroup MMA) from this many rows, mma.sync below */
 #define LC_QT_DEFAULT_WG_MIN_M 17
@@ -126,24 +126,6 @@ long lc_qtiled_wgmma_count(void);
 void lc_qtiled_set_wgmma_tma(int mode);
 /* TMA calls of the wgmma path that fell back to cp.async (no tensor map). */
 long lc_qtiled_tma_fallback_count(void);
-/* The stream kernel (no staging, K split over a CTA's warps) takes at most
- * this many rows (stream_max_m above: from 1 to that many, below
- * wgmma_min_m, not in batch-invariant mode; the mma.sync kernel else). Off
- * by default (LC_QG_DEFAULT_MAX_M) until measured on a GPU. */
-#define LC_QG_MAX_M 8
-#define LC_QG_DEFAULT_MAX_M 0
-int lc_gemm_q_tiled_stream_max_m(const loom_cuda_gemm *g);
-/* the stream kernel's weight tiles in flight a warp: 4 (default) or 8 */
-void lc_qtiled_set_gemv_u(int u);
-/* lc_qtiled calls that ran the stream kernel so far. */
-long lc_qtiled_gemv_count(void);
-/* One row of a tiled weight with the pair epilogue fused into the stream
- * kernel (loom_cuda_epi, y dt): cudaErrorNotSupported where lc_qtiled would
- * not run the stream kernel or the pairs' P is not a multiple of 16
- * (nothing launched then). */
-cudaError_t lc_qtiled_epi(loom_cuda_dt dt, const loom_cuda_qweight *w, const void *x, void *y,
-                          const loom_cuda_epi *epi, int invariant, int wgmma_min_m, int stream_max_m,
-                          cudaStream_t s);
 cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s);
 /* The tiled bound of loom_cuda_qgemm_set_tiled_max_m (gemm.c holds it). */
 int lc_gemm_q_tiled_max_m(const loom_cuda_gemm *g);

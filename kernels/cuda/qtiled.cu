@@ -2,11 +2,9 @@
  * kernels/cuda/qtiled.cu — W8A16 and INT4 linear layers on weights repacked
  * once at load into a tensor-core tile layout ("tiled", Marlin's idea), one
  * kernel family for 1 .. LC_QT_MAX_M rows: lc_qtiled_pack (load time),
- * lc_qtiled (qgemm.c dispatches: from wgmma_min_m rows the Hopper wgmma
- * kernels further down, below them the stream kernel up to stream_max_m
- * rows — the cuda backend's qtiled_stream_rows, 0 by default — and
- * mma.sync above), lc_qtiled_epi (one row with a pair epilogue),
- * lc_qtiled_dequant (the large-M path).
+ * lc_qtiled (qgemm.c dispatches: mma.sync below wgmma_min_m rows, from
+ * there the Hopper wgmma kernels further down), lc_qtiled_dequant (the
+ * large-M path).
  *
  * Layout (loom_cuda_qweight.layout == LOOM_CUDA_QLAYOUT_TILED): the weight
  * (N, K) is cut into row tiles of 16 rows (N % 16 == 0); a row tile is K /
@@ -78,8 +76,6 @@
 #include "common.cuh"
 
 #include "cp_async.cuh"
-#include "epilogue.cuh"
-#include "gemv.h" /* lc_epi_count */
 #include "mma.cuh"
 #include "qgemm.h"
 #include "wgmma.cuh"
@@ -446,172 +442,6 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     }
 }
 
-
-/* ------------------------------------------ up to 8 rows: a stream (GEMV) */
-
-/* At 1 .. LC_QG_MAX_M rows (the mma's n: 8 tokens) nothing is staged: a CTA
- * owns one row tile (16 weight rows) for all of K, its LC_QG_WARPS warps
- * split K (warp w takes warp tiles [C w / 8, C (w + 1) / 8) of the row
- * tile's C), and each warp streams its tiles straight from global memory
- * into registers — one evict-first 16-byte load a lane a tile, the tiled
- * layout making a warp tile's 512 bytes contiguous — U tiles in flight
- * while the last U are decoded (lc_qg_u). The decode and the mma are the
- * mma.sync kernel's (the fused INT4 decode, W8A16's exact codes); the B
- * fragments are x's words read from global memory (every CTA reads the same
- * x: L1 and L2 hold it), zeros for tokens past M. The warps' fp32 sums meet
- * in shared memory and warp 0 adds them in warp order (fixed: the same bits
- * every run). The mma.sync kernel at these rows stages everything through
- * shared memory with cp.async and splits small matrices' K over CTAs into
- * partial sums and a reduce kernel; here no copy instruction, no barrier
- * in the loop and no second kernel. The first U tiles are asked for before
- * griddepcontrol.wait (weights do not depend on the kernel before). Not in
- * batch-invariant mode (the mma.sync kernel's split of one row there).
- *
- * PAIR (M = 1, y dt; epilogue.cuh's pair epilogue of P rows, P % 16 == 0):
- * a CTA owns the 16 pairs q0 .. q0 + 15 (q0 = 16 blockIdx.x): the row tile
- * of their first rows and the one P rows further on, each warp both (RT =
- * 2, one B fragment for two mmas), and 16 lanes of warp 0 finish one pair
- * each from the same float sums the plain kernel stores (U = 4 always:
- * two row tiles a warp hold twice the registers). */
-#define LC_QG_WARPS 8
-
-template <typename T, int FMT, bool F32, int U, bool PAIR = false>
-__global__ void __launch_bounds__(LC_QG_WARPS * 32, 2)
-    lc_qtiled_gemv_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd,
-                          const float *__restrict__ sc, void *__restrict__ y, int M, int N, int K, int group, int P,
-                          loom_cuda_epi epi) {
-    static_assert(!PAIR || !F32, "pair epilogue: dt output");
-    typedef lc_qt<FMT> F;
-    constexpr int RT = PAIR ? 2 : 1;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int C = K / F::KC;
-    const int c_lo = (int)((long long)C * warp / LC_QG_WARPS), c_hi = (int)((long long)C * (warp + 1) / LC_QG_WARPS);
-    int tile[RT];
-    if constexpr (PAIR) {
-        const int q0 = (int)blockIdx.x * 16, na = (q0 / P) * 2 * P + q0 % P;
-        tile[0] = na / 16, tile[1] = (na + P) / 16;
-    } else {
-        tile[0] = (int)blockIdx.x;
-    }
-    const int groups = F::I4 ? K / group : 1;
-    const uint8_t *wt[RT];
-    const uint32_t *sp[RT]; /* INT4: the row tile's (s, b') dt pairs, 16 words (its rows) a group */
-#pragma unroll
-    for (int r = 0; r < RT; r++) {
-        wt[r] = wd + (size_t)tile[r] * C * 512 + lane * 16;
-        sp[r] = reinterpret_cast<const uint32_t *>(sc) + (size_t)tile[r] * groups * 16;
-    }
-    /* lane's token: B column g; a lane past M reads token 0's words and
-     * masks them to zeros (no branch in front of the loads) */
-    const uint32_t xmask = g < M ? ~0u : 0u;
-    /* x's word of columns (2t, 2t + 1) of the lane's token */
-    const uint32_t *xw = reinterpret_cast<const uint32_t *>(x + (size_t)(g < M ? g : 0) * K) + t;
-    /* a tile's weights and (INT4) its group's scale pairs of rows g, g + 8
-     * are asked for U tiles ahead */
-    const int tpg = F::I4 ? group / F::KC : 1; /* warp tiles a group */
-    uint4 nxt[U][RT];
-    uint32_t npa[U][RT], npb[U][RT];
-    auto load = [&](int c) {
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int r = 0; r < RT; r++) {
-                const bool in = c + u < c_hi;
-                nxt[u][r] = in ? __ldcs(reinterpret_cast<const uint4 *>(wt[r] + (size_t)(c + u) * 512))
-                               : make_uint4(0u, 0u, 0u, 0u);
-                if constexpr (F::I4) {
-                    const uint32_t *gp = sp[r] + (size_t)((c + u) / tpg) * 16;
-                    npa[u][r] = in ? __ldg(gp + g) : 0u, npb[u][r] = in ? __ldg(gp + g + 8) : 0u;
-                }
-            }
-    };
-    load(c_lo);
-    lc_pdl_wait();
-    lc_pdl_trigger();
-    float acc[RT][4];
-#pragma unroll
-    for (int r = 0; r < RT; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
-    for (int c = c_lo; c < c_hi; c += U) {
-        uint4 cur[U][RT];
-        uint32_t cpa[U][RT], cpb[U][RT];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int r = 0; r < RT; r++) {
-                cur[u][r] = nxt[u][r];
-                if constexpr (F::I4) cpa[u][r] = npa[u][r], cpb[u][r] = npb[u][r];
-            }
-        if (c + U < c_hi) load(c + U);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int cc = c + u;
-            if (cc >= c_hi) break;
-            uint32_t s2a[RT], b2a[RT], s2b[RT], b2b[RT];
-#pragma unroll
-            for (int r = 0; r < RT; r++) {
-                s2a[r] = b2a[r] = s2b[r] = b2b[r] = 0;
-                if constexpr (F::I4) {
-                    s2a[r] = __byte_perm(cpa[u][r], 0, 0x1010), b2a[r] = __byte_perm(cpa[u][r], 0, 0x3232);
-                    s2b[r] = __byte_perm(cpb[u][r], 0, 0x1010), b2b[r] = __byte_perm(cpb[u][r], 0, 0x3232);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < F::J; j++) {
-                const int kw = (cc * F::KC + 16 * j) >> 1; /* the step's first column, in words */
-                const uint32_t b0 = __ldg(xw + kw) & xmask, b1 = __ldg(xw + kw + 4) & xmask;
-#pragma unroll
-                for (int r = 0; r < RT; r++) {
-                    uint32_t a[4];
-                    if constexpr (F::I4) {
-                        lc_qt_dec4<T>(lc_qt_word(cur[u][r], j), s2a[r], b2a[r], s2b[r], b2b[r], a);
-                    } else {
-                        lc_qt_dec8<T>(lc_qt_word(cur[u][r], 2 * j), a[0], a[1]);
-                        lc_qt_dec8<T>(lc_qt_word(cur[u][r], 2 * j + 1), a[2], a[3]);
-                    }
-                    lc_mma16816<T>(acc[r], a, b0, b1);
-                }
-            }
-        }
-    }
-    __shared__ float4 red[LC_QG_WARPS][RT][32];
-#pragma unroll
-    for (int r = 0; r < RT; r++) red[warp][r][lane] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-    __syncthreads();
-    if (warp != 0) return;
-    float v[RT][4];
-#pragma unroll
-    for (int r = 0; r < RT; r++) {
-        v[r][0] = acc[r][0], v[r][1] = acc[r][1], v[r][2] = acc[r][2], v[r][3] = acc[r][3];
-#pragma unroll
-        for (int w = 1; w < LC_QG_WARPS; w++) {
-            const float4 o = red[w][r][lane];
-            v[r][0] += o.x, v[r][1] += o.y, v[r][2] += o.z, v[r][3] += o.w;
-        }
-        if constexpr (!F::I4) { /* W8A16's row scale */
-            const float sa = __ldg(sc + tile[r] * 16 + g), sb = __ldg(sc + tile[r] * 16 + g + 8);
-            v[r][0] *= sa, v[r][1] *= sa, v[r][2] *= sb, v[r][3] *= sb;
-        }
-    }
-    if constexpr (PAIR) {
-        /* token 0's sums (lanes t = 0: rows g and g + 8) to the pair lanes */
-        __shared__ float pv[RT][16];
-        if (t == 0)
-#pragma unroll
-            for (int r = 0; r < RT; r++) pv[r][g] = v[r][0], pv[r][g + 8] = v[r][2];
-        __syncwarp();
-        if (lane < 16) lc_epi_pair<T>(epi, static_cast<T *>(y), (int)blockIdx.x * 16 + lane, P, pv[0][lane], pv[1][lane]);
-    } else {
-        /* C: rows g, g + 8 of the tile; tokens 2t, 2t + 1 */
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int n = tile[0] * 16 + g + (i >= 2 ? 8 : 0), m = 2 * t + (i & 1);
-            if (m >= M) continue;
-            const size_t o = (size_t)m * N + n;
-            if (F32) static_cast<float *>(y)[o] = v[0][i];
-            else static_cast<T *>(y)[o] = lc_from_f<T>(v[0][i]);
-        }
-    }
-}
 
 /* ------------------------------------------------- wgmma (Hopper) path */
 
@@ -1353,76 +1183,21 @@ extern "C" void lc_qtiled_set_wgmma_tma(int mode) {
 static long lc_qtiled_wg_runs; /* calls that took the wgmma path (the kernel tests check the dispatch) */
 extern "C" long lc_qtiled_wgmma_count(void) { return __atomic_load_n(&lc_qtiled_wg_runs, __ATOMIC_RELAXED); }
 
-static long lc_qg_runs;
-/* tiles a warp keeps in flight, 4 or 8 (lc_qtiled_set_gemv_u) */
-static int lc_qg_u = 4;
-extern "C" void lc_qtiled_set_gemv_u(int u) { __atomic_store_n(&lc_qg_u, u == 8 ? 8 : 4, __ATOMIC_RELAXED); }
-extern "C" long lc_qtiled_gemv_count(void) { return __atomic_load_n(&lc_qg_runs, __ATOMIC_RELAXED); }
-
 /* whether the kernels take w (tiled, a tileable shape, INT4 tiled for dt) */
 static bool lc_qtiled_takes(loom_cuda_dt dt, const loom_cuda_qweight *w) {
     return lc_qtiled_ok(w) && w->layout == LOOM_CUDA_QLAYOUT_TILED && (w->fmt != LOOM_CUDA_Q_INT4 || dt == w->tile_dt);
 }
-/* the wgmma path from wgmma_min_m rows (0: never); below it the stream
- * kernel from 1 to stream_max_m rows; neither in batch-invariant mode */
+/* the wgmma path from wgmma_min_m rows (0: never), not in batch-invariant
+ * mode */
 static bool lc_qtiled_wgmma_at(int M, int invariant, int wgmma_min_m) {
     return !invariant && wgmma_min_m > 0 && M >= wgmma_min_m;
 }
-static bool lc_qtiled_stream_at(int M, int invariant, int wgmma_min_m, int stream_max_m) {
-    return !invariant && !lc_qtiled_wgmma_at(M, invariant, wgmma_min_m) && M <= stream_max_m;
-}
 
-template <typename T, int FMT, bool F32>
-static cudaError_t lc_qtiled_gemv_t(int M, const loom_cuda_qweight *w, const void *x, void *y, cudaStream_t s) {
-    __atomic_fetch_add(&lc_qg_runs, 1, __ATOMIC_RELAXED);
-    const dim3 grid((unsigned)(w->N / 16)), block(LC_QG_WARPS * 32);
-    const uint16_t *xs = static_cast<const uint16_t *>(x);
-    const uint8_t *wd = static_cast<const uint8_t *>(w->data);
-    if (__atomic_load_n(&lc_qg_u, __ATOMIC_RELAXED) == 8)
-        return lc_launch(lc_qtiled_gemv_kernel<T, FMT, F32, 8>, grid, block, 0, s, xs, wd, (const float *)w->scales,
-                         y, M, w->N, w->K, w->group, 0, loom_cuda_epi{});
-    return lc_launch(lc_qtiled_gemv_kernel<T, FMT, F32, 4>, grid, block, 0, s, xs, wd, (const float *)w->scales, y,
-                     M, w->N, w->K, w->group, 0, loom_cuda_epi{});
-}
-
-/* One row with the pair epilogue of P rows: N / 32 CTAs of 16 pairs. */
-template <typename T, int FMT>
-static cudaError_t lc_qtiled_pair_t(const loom_cuda_qweight *w, const void *x, void *y, int P,
-                                    const loom_cuda_epi *epi, cudaStream_t s) {
-    __atomic_fetch_add(&lc_qg_runs, 1, __ATOMIC_RELAXED);
-    return lc_launch(lc_qtiled_gemv_kernel<T, FMT, false, 4, true>, dim3((unsigned)(w->N / 32)),
-                     dim3(LC_QG_WARPS * 32), 0, s, static_cast<const uint16_t *>(x),
-                     static_cast<const uint8_t *>(w->data), (const float *)w->scales, y, 1, w->N, w->K, w->group, P,
-                     *epi);
-}
-
-/* The pair epilogue fused into the stream kernel at one row, where the
- * stream kernel is what lc_qtiled would run and P % 16 == 0; else
- * cudaErrorNotSupported (nothing launched: the caller runs the plain call
- * and the separate kernel). */
-extern "C" cudaError_t lc_qtiled_epi(loom_cuda_dt dt, const loom_cuda_qweight *w, const void *x, void *y,
-                                     const loom_cuda_epi *epi, int invariant, int wgmma_min_m, int stream_max_m,
-                                     cudaStream_t s) {
-    const int P = lc_epi_p(epi, w->N);
-    if (!P || P % 16 || !lc_qtiled_stream_at(1, invariant, wgmma_min_m, stream_max_m) || !lc_qtiled_takes(dt, w))
-        return cudaErrorNotSupported;
-    cudaError_t e;
-    if (dt == LOOM_CUDA_F16)
-        e = w->fmt == LOOM_CUDA_Q_INT4 ? lc_qtiled_pair_t<__half, LOOM_CUDA_Q_INT4>(w, x, y, P, epi, s)
-                                       : lc_qtiled_pair_t<__half, LOOM_CUDA_Q_INT8_W8A16>(w, x, y, P, epi, s);
-    else
-        e = w->fmt == LOOM_CUDA_Q_INT4 ? lc_qtiled_pair_t<__nv_bfloat16, LOOM_CUDA_Q_INT4>(w, x, y, P, epi, s)
-                                       : lc_qtiled_pair_t<__nv_bfloat16, LOOM_CUDA_Q_INT8_W8A16>(w, x, y, P, epi, s);
-    if (e == cudaSuccess) lc_epi_count();
-    return e;
-}
-
-/* one format and output type: the stream kernel, the mma.sync kernel, or
- * the wgmma path's kernel that `mode` (lc_qw_tma's) picks */
+/* one format and output type: the mma.sync kernel or the wgmma path's
+ * kernel that `mode` (lc_qw_tma's) picks */
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
-                                int invariant, bool wg, int mode, bool stream, cudaStream_t s) {
-    if (stream) return lc_qtiled_gemv_t<T, FMT, F32>(M, w, x, y, s);
+                                int invariant, bool wg, int mode, cudaStream_t s) {
     if (!wg) return lc_qtiled_t<T, FMT, F32>(M, w, x, y, part, invariant, s);
     if (mode == 2) mode = FMT == LOOM_CUDA_Q_INT8_W8A16 ? (M > 64 ? 1 : 0) : (M >= 64 ? 4 : 0);
     if (mode == 0) return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);
@@ -1431,17 +1206,15 @@ static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x
 }
 
 extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,
-                                 void *y, void *scratch, int invariant, int wgmma_min_m, int stream_max_m,
-                                 cudaStream_t s) {
+                                 void *y, void *scratch, int invariant, int wgmma_min_m, cudaStream_t s) {
     if (!lc_qtiled_takes(dt, w) || M < 1 || M > LC_QT_MAX_M) return cudaErrorInvalidValue;
     float *part = static_cast<float *>(scratch);
-    const bool wg = lc_qtiled_wgmma_at(M, invariant, wgmma_min_m),
-               stream = lc_qtiled_stream_at(M, invariant, wgmma_min_m, stream_max_m);
+    const bool wg = lc_qtiled_wgmma_at(M, invariant, wgmma_min_m);
     const int mode = __atomic_load_n(&lc_qw_tma, __ATOMIC_RELAXED);
     if (wg) __atomic_fetch_add(&lc_qtiled_wg_runs, 1, __ATOMIC_RELAXED);
 #define LC_QT_F(T, FMT)                                                                            \
-    (out_f32 ? lc_qtiled_go<T, FMT, true>(M, w, x, y, part, invariant, wg, mode, stream, s)        \
-             : lc_qtiled_go<T, FMT, false>(M, w, x, y, part, invariant, wg, mode, stream, s))
+    (out_f32 ? lc_qtiled_go<T, FMT, true>(M, w, x, y, part, invariant, wg, mode, s)                \
+             : lc_qtiled_go<T, FMT, false>(M, w, x, y, part, invariant, wg, mode, s))
 #define LC_QT_T(T) (w->fmt == LOOM_CUDA_Q_INT4 ? LC_QT_F(T, LOOM_CUDA_Q_INT4) : LC_QT_F(T, LOOM_CUDA_Q_INT8_W8A16))
     return dt == LOOM_CUDA_F16 ? LC_QT_T(__half) : LC_QT_T(__nv_bfloat16);
 #undef LC_QT_T

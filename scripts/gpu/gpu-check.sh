@@ -32,15 +32,13 @@
 #           per-token logprobs, greedy ids, batch-1 and offline speed.
 #   profile: SmolLM2 batch-1 decode per-kernel GPU time (ncu) against the
 #           step's wall time, graphs on and off (needs SmolLM2).
-#   tiled:  the tiled W8A16 / INT4 layout: its kernel tests (every path,
-#           the stream kernel and its fused pair epilogues included), one
-#           Llama-3-8B layer's linears per format and row count (gpu_bench
-#           --quant: *_tiled, *_tiled_stream, *_tiled_u8, *_tiled_cpa /
-#           _tma / _wide / _mma; chained at M <= 8), and INT4 with its LM
-#           head, row-major vs tiled with the stream kernel, batch-1 decode
-#           on the Llama-3-8B shape cut to 8 layers (quantizing the whole
-#           shape twice takes ~4.5 minutes). Its limits add up to 590 s, one
-#           device call.
+#   tiled:  the tiled W8A16 / INT4 layout: its kernel tests (every path),
+#           one Llama-3-8B layer's linears per format and row count
+#           (gpu_bench --quant: *_tiled, *_tiled_cpa / _tma / _wide / _mma;
+#           chained at M <= 8), and INT4 with its LM head, row-major vs
+#           tiled, batch-1 decode on the Llama-3-8B shape cut to 8 layers
+#           (quantizing the whole shape twice takes ~4.5 minutes). Its
+#           limits add up to 530 s, one device call.
 #   kprofile: kernels under ncu where a target waits on a profile: the
 #           tiled W8A16 / INT4 kernels (each variant gpu_bench times,
 #           --set full) on one Llama-3-8B layer's linears at KPROFILE_M
@@ -557,24 +555,22 @@ profile)
     --text kernels="$O/ncu-smollm2-summary.txt" --text step_wall="$O/step-wall.txt"
   ;;
 tiled)
-  step "kernel tests: the tiled layout, then the pair epilogues (tiled weights' fused ones included)"
-  for only in tiled epilogue; do
-    LOOM_GPU_KERNEL_TESTS=$only timeout $([ $only = tiled ] && echo 150 || echo 60) "$LB/tests/gpu/gpu_kernel_tests" > "$O/kernels-$only.log" 2>&1 \
-      || fails=$((fails + 1))
-    grep -E '^FAIL' "$O/kernels-$only.log" | head -20; tail -1 "$O/kernels-$only.log"
-  done
+  step "kernel tests: the tiled layout"
+  LOOM_GPU_KERNEL_TESTS=tiled timeout 150 "$LB/tests/gpu/gpu_kernel_tests" > "$O/kernels-tiled.log" 2>&1 \
+    || fails=$((fails + 1))
+  grep -E '^FAIL' "$O/kernels-tiled.log" | head -20; tail -1 "$O/kernels-tiled.log"
   step "one Llama-3-8B layer's linears per format and row count (gpu_bench --quant)"
   timeout 180 "$LB/bench/gpu/gpu_bench" "$O/quant-linears.json" "$LB/plugins/backend/cuda/loom-backend-cuda.so" \
     --quant > "$O/quant-linears.log" 2>&1 || fails=$((fails + 1))
   grep -E 'x vs bf16' "$O/quant-linears.log" | grep -E 'bf16 |int4|w8a16'
-  rec '{hw}-quant-linears' --what "one Llama-3-8B layer's four linears (QKV, O, gate|up, down) per format and row count, us, each GEMM timed alone (chained: M <= 8 in a CUDA graph); *_tiled: quant_layout tiled as dispatched; *_tiled_stream / *_tiled_u8: its stream kernel (4 / 8 tiles in flight a warp) at <= 8 rows; *_tiled_cpa / *_tiled_tma / *_tiled_wide: the wgmma path with cp.async copies, TMA (128-row CTAs), the wide TMA kernel (256-row CTAs) forced; *_tiled_mma: the mma.sync path; *_tiled_deq: dequantized + cuBLASLt" \
+  rec '{hw}-quant-linears' --what "one Llama-3-8B layer's four linears (QKV, O, gate|up, down) per format and row count, us, each GEMM timed alone (chained: M <= 8 in a CUDA graph); *_tiled: quant_layout tiled as dispatched; *_tiled_cpa / *_tiled_tma / *_tiled_wide: the wgmma path with cp.async copies, TMA (128-row CTAs), the wide TMA kernel (256-row CTAs) forced; *_tiled_mma: the mma.sync path; *_tiled_deq: dequantized + cuBLASLt" \
     --json gpu_bench="$O/quant-linears.json"
-  step "INT4 with its LM head: row-major (a) vs tiled with the stream kernel (b), batch-1 decode, 8 layers"
+  step "INT4 with its LM head: row-major (a) vs tiled (b), batch-1 decode, 8 layers"
   timeout 200 loom bench --compare configs/gpu/llama3-8b-int4-head.yaml configs/gpu/llama3-8b-int4-head-tiled.yaml \
     --set model.layers=8 --num-requests 3 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1 \
     --no-progress --json "$O/int4-tiled-b1.json" > "$O/int4-tiled-b1.txt" 2>&1 || fails=$((fails + 1))
   grep -E "output tokens/s|TPOT p50|TTFT p50" "$O/int4-tiled-b1.txt"
-  rec '{hw}-quant-int4-tiled-vs-rows' --what "Llama-3-8B shape cut to 8 layers, INT4 with its LM head: the row-major layout (a) vs quant_layout tiled with its stream kernel (b), batch-1 decode" \
+  rec '{hw}-quant-int4-tiled-vs-rows' --what "Llama-3-8B shape cut to 8 layers, INT4 with its LM head: the row-major layout (a) vs quant_layout tiled (b), batch-1 decode" \
     --bench b1_8layers="$O/int4-tiled-b1.json"
   ;;
 kprofile)

@@ -1752,14 +1752,6 @@ quant:;
         run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16, "int8-w8a16", &tt, 3e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &tt, 3e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &t8b, 3e-2);
-        /* and with the stream kernel at 1..8 rows (off by default): decode
-         * steps on it, one-row steps with the RoPE + KV write and SwiGLU
-         * epilogues fused */
-        tt.name = "q-tiny-d64 quant_layout=tiled qtiled_stream_rows=8", tt.cuda_ov2 = "qtiled_stream_rows=8";
-        t8b.name = "q-llama3-8b-2layer quant_layout=tiled qtiled_stream_rows=8", t8b.cuda_ov2 = "qtiled_stream_rows=8";
-        run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16, "int8-w8a16", &tt, 3e-2);
-        run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &tt, 3e-2);
-        run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &t8b, 3e-2);
     }
     /* GGUF blocks as stored (int4 quantizer, source gguf) on both backends:
      * SmolLM2-like all-q4_1; Q4_K_M-like (q4_k with q6_k V and down: two

@@ -1403,12 +1403,11 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     long tc0, cc0, tc1, cc1, v0, e0, v1, e1;
     lc_qgemv_count(&tc0, &cc0);
     lc_qgemm_fp8_count(&v0, &e0);
-    const long q0 = lc_qgemm_qmma_count(), t0 = lc_qgemm_qtiled_count(), wg0 = lc_qtiled_wgmma_count(),
-               sg0 = lc_qtiled_gemv_count();
+    const long q0 = lc_qgemm_qmma_count(), t0 = lc_qgemm_qtiled_count(), wg0 = lc_qtiled_wgmma_count();
     int rc = tile_rc ? 10000 + tile_rc : loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
     if (tile_rc) snprintf(msg, sizeof msg, "loom_cuda_qweight_tile: %s", cudaGetErrorString((cudaError_t)tile_rc));
     const bool qmma = lc_qgemm_qmma_count() > q0, tiled = lc_qgemm_qtiled_count() > t0;
-    const bool wgmma = lc_qtiled_wgmma_count() > wg0, stream = lc_qtiled_gemv_count() > sg0;
+    const bool wgmma = lc_qtiled_wgmma_count() > wg0;
     if (!rc && path == 1 && qmma) {
         snprintf(msg, sizeof msg, "path 1 (the GEMV) ran qmma.cu's kernel: pick a shape it does not take");
         rc = -1;
@@ -1425,7 +1424,7 @@ static void test_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, i
     /* an FP8 GEMM: cuBLASLt's scale vectors, or unit scales + the epilogue */
     if (v1 > v0 || e1 > e0) kern = v1 > v0 ? (e1 > e0 ? " scale-vec+epilogue" : " scale-vec") : " epilogue";
     if (qmma) kern = " qmma";
-    if (tiled) kern = wgmma ? " tiled-wgmma" : stream ? " tiled-stream" : " tiled";
+    if (tiled) kern = wgmma ? " tiled-wgmma" : " tiled";
     else if (g_q_tile) kern = " tiled+dequant";
     char wild[16] = "";
     if (g_qx_wild) snprintf(wild, sizeof wild, M == 1 && g_qx_wild >= 2 ? " wild%d" : " wild", g_qx_wild);
@@ -1624,16 +1623,10 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
         {LOOM_CUDA_EPI_SWIGLU, 14336, 0, 0, 4096, 0, 0, 0},
         {LOOM_CUDA_EPI_SWIGLU, 1536, 0, 0, 576, 0, 0, 0},
     };
-    /* the last two: W8A16 / INT4 repacked into the tiled layout (qtiled.cu's
-     * stream kernel; fused where the pairs' P is a multiple of 16, and its
-     * separate run outside batch-invariant mode: that mode runs another
-     * kernel there) */
-    static const loom_cuda_qfmt fmts[7] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
-                                           LOOM_CUDA_Q_FP8,  LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16,
-                                           LOOM_CUDA_Q_INT4};
+    static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
+                                           LOOM_CUDA_Q_FP8, LOOM_CUDA_Q_INT4};
     char msg[256] = "", name[240];
     const int bs = 16, nblk = 4, max_pos = 512;
-    loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_MAX_M); /* off by default */
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const bool rope = cases[ci].kind == LOOM_CUDA_EPI_ROPE_KV;
         const int H = cases[ci].H, KVH = cases[ci].KVH, D = cases[ci].D, K = cases[ci].K;
@@ -1657,13 +1650,10 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
             uint16_t *xn = rand16(dt, (size_t)K, -1, 1, NULL), *wb = NULL;
             float *d_xres = dev_upload(xres, (size_t)K * 4), *d_nw = dev_upload(nw, (size_t)K * 4);
             void *d_xn = dev_upload(xn, (size_t)K * 2);
-            for (int fi = 0; fi < 7; fi++) {
+            for (int fi = 0; fi < 5; fi++) {
                 const loom_cuda_qfmt f = fmts[fi];
-                const bool i4 = f == LOOM_CUDA_Q_INT4, tiled = fi >= 5;
-                if ((i4 || tiled) && K % 128) continue;
-                /* the stream kernel fuses pairs of whole row tiles only */
-                const int P = rope ? D / 2 : I;
-                const long want_fused = tiled ? P % 16 == 0 : 1;
+                const bool i4 = f == LOOM_CUDA_Q_INT4;
+                if (i4 && K % 128) continue;
                 loom_cuda_qweight qw = {.fmt = f, .N = N, .K = K};
                 void *d_w = NULL, *d_sc = NULL;
                 if (f == LOOM_CUDA_Q_NONE) {
@@ -1673,7 +1663,6 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                 } else {
                     qw = dev_rand_qweight(f, N, K);
                     d_w = (void *)qw.data, d_sc = (void *)qw.scales;
-                    if (tiled) CK(loom_cuda_qweight_tile(&qw, dt, 0));
                 }
                 const size_t scr = f == LOOM_CUDA_Q_NONE ? 0 : loom_cuda_qgemm_scratch_bytes(g, dt, 0, &qw, 1);
                 void *d_scr = scr ? dev_poison(scr) : NULL;
@@ -1683,7 +1672,7 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                 long fused[2] = {0, 0};
                 int rc = 0;
                 for (int run = 0; run < 2 && !rc; run++) { /* fused, then the separate kernel by hand */
-                    loom_cuda_gemm_set_batch_invariant(g, run == 1 && !tiled);
+                    loom_cuda_gemm_set_batch_invariant(g, run == 1);
                     void *d_y = dev_poison(sz[0]), *d_a = dev_poison(sz[1] ? sz[1] : 16),
                          *d_v = dev_poison(sz[2] ? sz[2] : 16);
                     loom_cuda_epi e = {.kind = (loom_cuda_epi_kind)cases[ci].kind};
@@ -1723,17 +1712,17 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                 }
                 long differ = rc ? 1 : 0;
                 for (int b = 0; b < 3 && !rc; b++) differ += bits_differ(out[0][b], out[1][b], sz[b], 1);
-                /* the fused launch ran, once (tiled: where it fuses) */
-                if (fused[0] != want_fused || fused[1] != 0) differ++;
+                /* the fused launch ran, once */
+                if (fused[0] != 1 || fused[1] != 0) differ++;
                 /* something was written: y has no poison left */
                 if (!rc) differ += count_nan(dt, out[0][0], (size_t)N, 2);
                 snprintf(name, sizeof name,
-                         "pair epilogue %s %s %s%s N=%d K=%d%s%s%s: fused = separate kernel, bit for bit",
+                         "pair epilogue %s %s %s N=%d K=%d%s%s%s: fused = separate kernel, bit for bit",
                          rope ? "rope_kv" : "swiglu", dtn(dt), f == LOOM_CUDA_Q_NONE ? "bf16-weights" : qfmt_name(f),
-                         tiled ? (want_fused ? " tiled" : " tiled (not fused: P % 16)") : "", N, K, rope && cases[ci].bias ? " bias" : "", rope && cases[ci].f8 ? " e4m3-KV" : "",
+                         N, K, rope && cases[ci].bias ? " bias" : "", rope && cases[ci].f8 ? " e4m3-KV" : "",
                          rope && slot < 0 ? " no slot" : "");
                 if (rc) printf("      error: %s\n", msg);
-                if (fused[0] != want_fused || fused[1]) printf("      fused launches %ld / %ld\n", fused[0], fused[1]);
+                if (fused[0] != 1 || fused[1]) printf("      fused launches %ld / %ld\n", fused[0], fused[1]);
                 report_bits(name, differ, 1);
                 for (int r = 0; r < 2; r++)
                     for (int b = 0; b < 3; b++) free(out[r][b]);
@@ -1746,7 +1735,6 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
         free(cs), free(bias);
     }
     loom_cuda_gemm_set_batch_invariant(g, 0);
-    loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_DEFAULT_MAX_M);
 }
 
 /* Where the one-row CUDA-core GEMV is not what runs, the pair epilogue
@@ -2203,43 +2191,8 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
     for (int fi = 0; fi < 2; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
         const bool i4 = f == LOOM_CUDA_Q_INT4;
-        loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_MAX_M); /* the stream kernel up to 8 rows (off by default) */
-        const long wg0 = lc_qtiled_wgmma_count(), sg0 = lc_qtiled_gemv_count();
+        const long wg0 = lc_qtiled_wgmma_count();
         tiled_rows(g, f, Ms, NM);
-        /* up to 8 rows the stream kernel: rows 1, 2, 3 and 8 above, twice */
-        report_count(i4 ? "tiled int4: calls at <= 8 rows missing the stream kernel"
-                        : "tiled w8a16: calls at <= 8 rows missing the stream kernel",
-                     labs(8 - (lc_qtiled_gemv_count() - sg0)), 8);
-        /* K over the 8 warps unevenly (1152: 18 INT4 / 36 int8 tiles, groups
-         * of 192 across warp boundaries; 1408: 22 / 44), then the stream
-         * kernel with 8 tiles in flight a warp, then the mma.sync kernel at
-         * those rows (the stream kernel off): partial row blocks, groups of
-         * 192, long K at few rows, f32 output — each pass counted */
-        for (int v = 0; v < 3; v++) {
-            if (v == 1) lc_qtiled_set_gemv_u(8);
-            if (v == 2) loom_cuda_qgemm_set_tiled_stream_max_m(g, 0);
-            const long s0 = lc_qtiled_gemv_count();
-            int calls = 0;
-            if (v == 0) {
-                test_qgemm(g, LOOM_CUDA_BF16, f, 1, 208, 1152, i4 ? 192 : 0, 0, true, false);
-                test_qgemm(g, LOOM_CUDA_F16, f, 6, 96, 1408, i4 ? 128 : 0, 0, false, false);
-                calls = 2;
-            } else {
-                const int Mc[3] = {1, 3, 8};
-                tiled_rows(g, f, Mc, 3);
-                test_qgemm(g, LOOM_CUDA_BF16, f, 5, 304, 1536, i4 ? 192 : 0, 0, true, false);
-                test_qgemm(g, LOOM_CUDA_F16, f, 2, 48, 14336, i4 ? 128 : 0, 0, false, false);
-                test_qgemm(g, LOOM_CUDA_BF16, f, 7, 208, 1152, i4 ? 192 : 0, 0, false, false);
-                calls = v == 1 ? 9 : 0;
-            }
-            char what[96];
-            snprintf(what, sizeof what, "tiled %s: stream-kernel calls off their count (%s)", i4 ? "int4" : "w8a16",
-                     v == 0 ? "uneven K" : v == 1 ? "8 tiles in flight" : "stream kernel off");
-            report_count(what, labs(calls - (lc_qtiled_gemv_count() - s0)), calls ? calls : 1);
-        }
-        /* the rest (raw decode edges, wild tokens, bounds) on the default path */
-        lc_qtiled_set_gemv_u(4);
-        loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_DEFAULT_MAX_M);
         /* the wgmma path: wide N (one K slice), K split over many slices,
          * groups ending mid-stage (192), f32 output; then the mma.sync path
          * at the same rows (wgmma bound off) */
@@ -2314,7 +2267,6 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
     }
     g_q_tile = false;
     loom_cuda_qgemm_set_tiled_max_m(g, LC_QT_DEFAULT_MAX_M);
-    loom_cuda_qgemm_set_tiled_stream_max_m(g, LC_QG_DEFAULT_MAX_M);
 }
 
 /* The scratch bytes returned for max_m must serve every M <= max_m, also

@@ -96,11 +96,6 @@ static const loom_param cb_params[] = {
      .doc = "quant_layout tiled: fewest rows (M) from which the tiled kernel runs its Hopper wgmma path "
             "(warpgroup MMA, 32..256-token tiles), below it the mma.sync one; 0 = never (batch_invariant: "
             "never)"},
-    {.key = "qtiled_stream_rows", .type = LOOM_PARAM_INT,
-     .offset = offsetof(cuda_backend_config, qtiled_stream_rows), .default_value = "0", .min = 0, .max = 8,
-     .doc = "quant_layout tiled: up to these rows (M) the tiled weights run the stream kernel (no staging, K "
-            "split over a CTA's warps; at one row the RoPE + KV write and SwiGLU epilogues fused) instead of "
-            "the mma.sync one; 0 = never (the default: not yet timed on a GPU; batch_invariant: never)"},
     {.key = "step_split", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, step_split),
      .default_value = "false",
      .doc = "time each step's host phases (prep, launch, masks, emit, wait, out) per path and the GPU's busy "
@@ -295,7 +290,7 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                                .max_graph_batch = 256, .piecewise_graphs = true,
                                .max_graph_tokens = 2048, .max_batched_tokens = 8192,
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0,
-                               .quant_layout = 0, .qtiled_max_rows = 256, .qtiled_wgmma_rows = 17, .qtiled_stream_rows = 0,
+                               .quant_layout = 0, .qtiled_max_rows = 256, .qtiled_wgmma_rows = 17,
                                .sm_count = 0, .sm_partition = 0, .kv_groups = true};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.device < 0 || cfg.dtype < 0 || cfg.dtype > 1 || cfg.max_graph_batch < 1 ||

@@ -107,8 +107,6 @@ typedef struct cuda_backend_config {
                                    dequantize + cuBLASLt (0..256)               */
     int64_t qtiled_wgmma_rows;  /* tiled: its wgmma path from these rows
                                    (0 = never)                                  */
-    int64_t qtiled_stream_rows; /* tiled: its stream kernel up to these rows
-                                   (0 = never)                                  */
     bool step_split;            /* per-phase step timing (cuda_forward.c)     */
     bool kv_groups;             /* propose block-table groups (kv_groups())    */
     int64_t sm_count;           /* > 0: run on a green context of that many SMs */
