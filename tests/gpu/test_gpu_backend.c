@@ -220,7 +220,6 @@ typedef struct shape {
     const loom_dtype *gguf;
     bool kv_fp8;        /* KV cache fp8_e4m3 on every instance               */
     const char *cuda_ov; /* one more cuda backend parameter ("key=value"), or NULL */
-    const char *cuda_ov2; /* and a second (only with cuda_ov), or NULL          */
     bool qk_norm;       /* Qwen3: RMSNorm of each q and k head before RoPE    */
     bool groups;        /* KV layout with the backends' block-table groups   */
     int32_t want_groups; /* with groups: the number kv_groups() must propose
@@ -700,8 +699,8 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
               .kv_fp8 = kv_fp8};
     char dt_ov[32];
     snprintf(dt_ov, sizeof dt_ov, "dtype=%s", sh->dtype ? sh->dtype : "bf16");
-    const char *ov_eager[] = {"cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, sh->cuda_ov2, NULL};
-    const char *ov_graph[] = {"cuda_graphs=true", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, sh->cuda_ov2, NULL};
+    const char *ov_eager[] = {"cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL};
+    const char *ov_graph[] = {"cuda_graphs=true", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL};
     void *c_cpu = gpu_config_make(cpu_p->comp, NULL), *c_e = gpu_config_make(cuda_p->comp, ov_eager),
          *c_g = gpu_config_make(cuda_p->comp, ov_graph);
     loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = BS, .num_blocks = NB,
@@ -942,11 +941,10 @@ static void run_invariant(const plugin *cuda_p, const shape *sh, const loom_quan
     const int V = sh->vocab, NI = 3;
     char dt_ov[32];
     snprintf(dt_ov, sizeof dt_ov, "dtype=%s", sh->dtype ? sh->dtype : "bf16");
-    const char *ov[3][7] = {
-        {"batch_invariant=true", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, sh->cuda_ov2, NULL},
-        {"batch_invariant=true", "cuda_graphs=true", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, sh->cuda_ov2, NULL},
-        {"batch_invariant=false", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, sh->cuda_ov2,
-         NULL}};
+    const char *ov[3][6] = {
+        {"batch_invariant=true", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL},
+        {"batch_invariant=true", "cuda_graphs=true", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL},
+        {"batch_invariant=false", "cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL}};
     const char *iname[3] = {"eager", "graphs", "ordinary"};
     void *cfg[3] = {NULL, NULL, NULL}, *inst[3] = {NULL, NULL, NULL};
     float *L[3][6] = {{NULL}}; /* [instance][(a), (b), (b'), (c), (c'), (d)]: (5, V) each */
