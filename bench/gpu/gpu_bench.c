@@ -1346,6 +1346,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--moe-batch1")) moe_batch1 = true;
         else so = argv[i];
     }
+    if (moe_batch1 && moe_layers <= 0) {
+        fprintf(stderr, "gpu_bench: --moe-batch1 needs --moe LAYERS\n");
+        return 2;
+    }
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     time_t now = time(NULL);

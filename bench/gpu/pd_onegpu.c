@@ -537,8 +537,8 @@ static int run_mode(const opts *o, const char *mode, FILE *js, bool *first, req 
         rc = 1;
     }
     if (!rc && dis && (pi.block_size != di.block_size || pi.block_bytes != di.block_bytes || pi.kv_dtype != di.kv_dtype)) {
-        fprintf(stderr, "pd_onegpu: the engines' KV differs (block size %d vs %d, block bytes %zu vs %zu)\n",
-                pi.block_size, di.block_size, pi.block_bytes, di.block_bytes);
+        fprintf(stderr, "pd_onegpu: the engines' KV differs (block size %d vs %d, block bytes %zu vs %zu, KV dtype %d vs %d)\n",
+                pi.block_size, di.block_size, pi.block_bytes, di.block_bytes, (int)pi.kv_dtype, (int)di.kv_dtype);
         rc = 1;
     }
     if (!rc) {

@@ -305,7 +305,9 @@ loom_status loom_engine_kv_info(const loom_engine *e, loom_kv_info *out, loom_er
     if (e->layout.dtype == LOOM_DTYPE_COUNT)
         return loom_error_set(err, LOOM_ERR_UNSUPPORTED,
                               "backend '%s' does not name its KV element type (kv_default_dtype, ABI 2.8): a "
-                              "peer could not tell its block images from another type of the same size",
+                              "peer could not tell its block images from another type of the same size; "
+                              "rebuild the backend against this loom's SDK, or name the type through the "
+                              "quantizer (kv_cache)",
                               e->run.name);
     if (out->struct_size < offsetof(loom_kv_info, image_device))
         return loom_error_set(err, LOOM_ERR_ABI, "loom_engine_kv_info: struct_size %u is below ABI 2.4's %zu",

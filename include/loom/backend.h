@@ -470,13 +470,14 @@ typedef struct loom_backend_ops {
     /* since ABI 2.6 — add new members below this line only */
 
     /* OPTIONAL, since ABI 2.8 (NULL = the engine cannot name this
-     * backend's KV element type, and loom_engine_kv_info() refuses it: a
-     * peer could not tell its block images from another type of the same
-     * size, f16 from bf16). [any], after load(): the element type kv_alloc()
-     * gives a layout whose dtype is LOOM_DTYPE_COUNT (the backend's
-     * default) — F32, F16, BF16 or FP8_E4M3, never LOOM_DTYPE_COUNT. The
-     * engine asks it before kv_alloc() and passes the answer, so every
-     * layout it hands on names a concrete type. */
+     * backend's KV element type; unless the quantizer names one,
+     * loom_engine_kv_info() refuses the engine: a peer could not tell its
+     * block images from another type of the same size, f16 from bf16).
+     * [any], after load(): the element type kv_alloc() gives a layout whose
+     * dtype is LOOM_DTYPE_COUNT (the backend's default) — F32, F16, BF16 or
+     * FP8_E4M3, never LOOM_DTYPE_COUNT. The engine asks it before
+     * kv_alloc() and passes the answer in the layout (an executor's inner
+     * backends are not asked: they still get LOOM_DTYPE_COUNT). */
     loom_dtype (*kv_default_dtype)(void *self);
     /* since ABI 2.8 — add new members below this line only */
 } loom_backend_ops;

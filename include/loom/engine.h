@@ -352,8 +352,10 @@ void loom_engine_get_stats(loom_engine *e, loom_engine_stats *out, size_t size);
  * out->struct_size (its header's sizeof); the engine writes the fields that
  * fit and sets struct_size to what it wrote (an ABI 2.4 caller's struct
  * ends before image_device). LOOM_ERR_UNSUPPORTED, naming the runner, when
- * its KV cannot leave it (an executor, or a backend without kv_read_blocks
- * / kv_write_blocks). */
+ * its KV cannot leave it (an executor, a backend without kv_read_blocks /
+ * kv_write_blocks, block tables in groups), or when neither the quantizer
+ * nor the backend names the pools' element type (a backend without
+ * kv_default_dtype, ABI 2.8): kv_dtype is always a concrete type. */
 loom_status loom_engine_kv_info(const loom_engine *e, loom_kv_info *out, loom_error *err);
 /* [any] Hand a kv_remote request its prompt's KV (since ABI 2.4): the
  * engine copies h (its blocks too unless h->done is set: then they are

@@ -126,6 +126,8 @@ long lc_qtiled_wgmma_count(void);
 void lc_qtiled_set_wgmma_tma(int mode);
 /* TMA calls of the wgmma path that fell back to cp.async (no tensor map). */
 long lc_qtiled_tma_fallback_count(void);
+/* Launches of the wide (256-row CTA) TMA kernel so far. */
+long lc_qtiled_wide_count(void);
 cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s);
 /* The tiled bound of loom_cuda_qgemm_set_tiled_max_m (gemm.c holds it). */
 int lc_gemm_q_tiled_max_m(const loom_cuda_gemm *g);

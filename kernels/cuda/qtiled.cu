@@ -1076,6 +1076,8 @@ static PFN_cuTensorMapEncodeTiled_v12000 lc_qw_encode_fn(void) {
 static int lc_qw_tma = 2;        /* lc_qtiled_set_wgmma_tma */
 static long lc_qw_fallbacks;      /* TMA calls that ran cp.async for want of a tensor map */
 extern "C" long lc_qtiled_tma_fallback_count(void) { return __atomic_load_n(&lc_qw_fallbacks, __ATOMIC_RELAXED); }
+static long lc_qw_wide_runs; /* launches of the wide (256-row) TMA kernel (the kernel tests check the dispatch) */
+extern "C" long lc_qtiled_wide_count(void) { return __atomic_load_n(&lc_qw_wide_runs, __ATOMIC_RELAXED); }
 
 static cudaError_t lc_qw_xmap(CUtensorMap *map, const void *x, int M, int K, int tok) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = lc_qw_encode_fn();
@@ -1154,6 +1156,7 @@ static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void
         if (attr != cudaSuccess) return attr;                                                          \
         e = lc_launch(lc_qtiled_tma_kernel<T, FMT, TOK_, F32, RT>, grid, dim3(lc_qw_tma_threads<RT>()), \
                       smem, s, xm, wm, smp, (const float *)w->scales, y, part, M, w->N, w->K, w->group); \
+        if (RT == 2 && e == cudaSuccess) __atomic_fetch_add(&lc_qw_wide_runs, 1, __ATOMIC_RELAXED);   \
     } while (0)
     switch (tok) {
     case 32: LC_QWT_GO(32); break;

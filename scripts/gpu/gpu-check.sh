@@ -599,7 +599,9 @@ kprofile)
   step "the same step's wall time without the profiler (gpu_bench --moe 4)"
   timeout 200 "$LB/bench/gpu/gpu_bench" "$O/moe-wall.json" "$CUDA_SO" --moe 4 --moe-shape qwen3-30b-a3b 2>&1 \
     | grep -E "decode batch 1 |loaded" | tee "$O/moe-wall.txt"
-  rec '{hw}-kernel-profiles' --what "kernels under ncu: the tiled W8A16 / INT4 wgmma variants per launch (--set full: duration, speed-of-light shares, occupancy, tensor pipes, stall reasons) on one Llama-3-8B layer's linears; each kernel of a Qwen3-30B-A3B-shape (4 layers) batch-1 decode step inside its CUDA graph (warm caches) and the step's wall time unprofiled" \
+  tiled_what="the tiled W8A16 / INT4 wgmma variants per launch (--set full: duration, speed-of-light shares, occupancy, tensor pipes, stall reasons) on one Llama-3-8B layer's linears; "
+  [ "${KPROFILE_M:-}" = none ] && tiled_what=""
+  rec '{hw}-kernel-profiles' --what "kernels under ncu: ${tiled_what}each kernel of a Qwen3-30B-A3B-shape (4 layers) batch-1 decode step inside its CUDA graph (warm caches) and the step's wall time unprofiled" \
     "${qargs[@]}" --text moe_kernels="$O/ncu-moe-summary.txt" --text moe_wall="$O/moe-wall.txt"
   ;;
 backend-ab)

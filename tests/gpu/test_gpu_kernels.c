@@ -2206,6 +2206,22 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         report_count(i4 ? "tiled int4: calls missing the wgmma path from 17 rows"
                         : "tiled w8a16: calls missing the wgmma path from 17 rows",
                      labs(2 * 14 + 6 - (lc_qtiled_wgmma_count() - wg0)), 2 * 14 + 6);
+        /* the default's kernel by format and rows (qtiled.cu): INT4 from 64
+         * rows the wide TMA kernel — groups of 512 and of all K too — never
+         * its cp.async fallback; W8A16 never the wide kernel */
+        {
+            const long wide0 = lc_qtiled_wide_count(), fb0d = lc_qtiled_tma_fallback_count();
+            test_qgemm(g, LOOM_CUDA_BF16, f, 64, 592, 2048, i4 ? 512 : 0, 0, false, false);
+            test_qgemm(g, LOOM_CUDA_F16, f, 130, 304, 1024, i4 ? 1024 : 0, 0, true, false);
+            test_qgemm(g, LOOM_CUDA_BF16, f, 256, 208, 4096, i4 ? 128 : 0, 0, false, false);
+            const long wide = lc_qtiled_wide_count() - wide0;
+            report_count(i4 ? "tiled int4: default calls from 64 rows not on the wide TMA kernel"
+                            : "tiled w8a16: default calls on the wide TMA kernel",
+                         i4 ? labs(3 - wide) : wide, 3);
+            report_count(i4 ? "tiled int4: default calls that fell back to cp.async"
+                            : "tiled w8a16: default calls that fell back to cp.async",
+                         lc_qtiled_tma_fallback_count() - fb0d, 3);
+        }
         /* the wgmma path with each of its kernels forced (the default picks
          * by format and M): cp.async copies, TMA copies, the wide TMA kernel
          * (256-row CTAs: 592 rows are two full blocks and a partial one, 208
