@@ -105,7 +105,9 @@ static inline gb_tensor *gb_tensor_add(gb *b, const char *name, uint32_t type, u
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);
     t->nd = nd;
-    for (uint32_t i = 0; i < 4; i++) t->ne[i] = i < nd ? ne[i] : 1;
+    uint32_t i = 0;
+    for (; i < nd && i < 4; i++) t->ne[i] = ne[i]; /* read only the nd dims given */
+    for (; i < 4; i++) t->ne[i] = 1;
     t->type = type;
     t->data = data;
     t->nbytes = nbytes;
