@@ -209,6 +209,37 @@ Test(engine_kv, info_names_the_pools_type) {
     loom_engine_destroy(b);
 }
 
+/* A backend built against ABI 2.7 (test backend "oldkv": the cpu backend
+ * with its ops table cut before kv_default_dtype) loads and decodes the
+ * cpu backend's tokens; loom_engine_kv_info refuses to hand its KV on,
+ * naming why, unless the quantizer names the type (badkv's kv = F16). */
+Test(engine_kv, backend_of_abi_2_7_runs_but_its_kv_stays) {
+    const char *old[] = {"backend.plugin=oldkv", NULL}, *named[] = {"backend.plugin=oldkv", "quantizer.plugin=badkv",
+                                                                     "quantizer.kv=1", NULL};
+    loom_engine *o = eng_open("tiny.yaml", old), *c = eng_open("tiny.yaml", NULL), *n = eng_open("tiny.yaml", named);
+    int32_t p[20];
+    eng_prompt(p, 20, 3u, VOCAB);
+    eng_rec ro, rc;
+    eng_rec_init(&ro, 1), eng_rec_init(&rc, 1);
+    eng_add(o, eng_req_tokens(p, 20, 8), &ro);
+    eng_add(c, eng_req_tokens(p, 20, 8), &rc);
+    eng_run(o, 200);
+    eng_run(c, 200);
+    eng_rec_check_done(&ro), eng_rec_check_done(&rc);
+    cr_assert_eq(ro.s[0].ntok, 8);
+    cr_assert_arr_eq(ro.s[0].tokens, rc.s[0].tokens, 8 * sizeof(int32_t), "the 2.7 backend decodes as the cpu backend");
+    loom_kv_info k = {.struct_size = sizeof k};
+    loom_error err = {0};
+    cr_assert_eq(loom_engine_kv_info(o, &k, &err), LOOM_ERR_UNSUPPORTED);
+    cr_assert(strstr(err.message, "'oldkv'") && strstr(err.message, "kv_default_dtype"), "%s", err.message);
+    cr_assert_eq(loom_engine_kv_info(n, &k, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(k.kv_dtype, LOOM_DTYPE_F16);
+    eng_rec_free(&ro), eng_rec_free(&rc);
+    loom_engine_destroy(o);
+    loom_engine_destroy(c);
+    loom_engine_destroy(n);
+}
+
 Test(engine_kv, greedy_handover_matches_colocated) { run_matches(false, false); }
 Test(engine_kv, seeded_handover_matches_colocated) { run_matches(true, false); }
 Test(engine_kv, in_place_handover_matches_colocated) { run_matches(false, true); }
