@@ -2,7 +2,7 @@
  * kernels/cpu/q8dot.c — the activation quantizer, the portable row kernels
  * and the pick of an instruction set (see q8dot.h). The x86 kernels are
  * q8dot_x86.h, built once per instruction set (q8dot_avx2.c,
- * q8dot_avx512.c, q8dot_vnni.c).
+ * q8dot_avx512.c); AVX-512 VNNI runs q8dot_tile.c's block-exact kernels.
  */
 #include "q8dot.h"
 
@@ -336,9 +336,11 @@ static int qd_always(void) { return 1; }
 /* Best first. */
 static const qd_isa qd_isas[] = {
 #if defined(__x86_64__) && defined(__GNUC__)
-    {"avx512vnni", loom_cpu_q8dot_vnni, loom_cpu_q8dot2_vnni, loom_cpu_q8dot4_vnni,
-     loom_cpu_q8gemm_vnni, loom_cpu_hdot_vnni, &loom_cpu_q8exact_vnni, loom_cpu_q8_quantize_vnni,
-     qd_has_vnni},
+    /* every block type's rows, pairs, quads and groups are the tiles' (the
+     * exact table covers all kinds); the quantizer and the 16-bit kernels
+     * are AVX-512's */
+    {"avx512vnni", NULL, NULL, NULL, NULL, loom_cpu_hdot_avx512, &loom_cpu_q8exact_vnni,
+     loom_cpu_q8_quantize_avx512, qd_has_vnni},
     {"avx512", loom_cpu_q8dot_avx512, loom_cpu_q8dot2_avx512, loom_cpu_q8dot4_avx512,
      loom_cpu_q8gemm_avx512, loom_cpu_hdot_avx512, NULL, loom_cpu_q8_quantize_avx512, qd_has_avx512},
     {"avx2", loom_cpu_q8dot_avx2, loom_cpu_q8dot2_avx2, loom_cpu_q8dot4_avx2,

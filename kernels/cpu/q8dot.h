@@ -199,21 +199,17 @@ enum { LOOM_CPU_Q8_Q4_0, LOOM_CPU_Q8_Q4_1, LOOM_CPU_Q8_Q8_0, LOOM_CPU_Q8_Q4_K, L
        LOOM_CPU_Q8_Q5_K, LOOM_CPU_Q8_Q5_0, LOOM_CPU_Q8_NKINDS };
 extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_portable[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_avx2[LOOM_CPU_Q8_NKINDS];
-extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_vnni[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_portable[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_avx2[LOOM_CPU_Q8_NKINDS];
-extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_vnni[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot_fn *const loom_cpu_q8dot_avx512[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_portable[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_avx2[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_avx512[LOOM_CPU_Q8_NKINDS];
-extern loom_cpu_q8dot4_fn *const loom_cpu_q8dot4_vnni[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8dot2_fn *const loom_cpu_q8dot2_avx512[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8gemm_fn *const loom_cpu_q8gemm_avx2[LOOM_CPU_Q8_NKINDS];
 extern loom_cpu_q8gemm_fn *const loom_cpu_q8gemm_avx512[LOOM_CPU_Q8_NKINDS];
-extern loom_cpu_q8gemm_fn *const loom_cpu_q8gemm_vnni[LOOM_CPU_Q8_NKINDS];
 /* the block-exact kernels of the tiled types on a set (q8dot_tile.c:
- * avx512vnni), which replace its tables' entries for those types */
+ * avx512vnni, every block type: that set has no tables of its own) */
 typedef struct loom_cpu_q8exact {
     loom_cpu_q8dot_fn *row[LOOM_CPU_Q8_NKINDS];
     loom_cpu_q8dot2_fn *pair[LOOM_CPU_Q8_NKINDS];
@@ -226,11 +222,9 @@ extern const loom_cpu_q8exact loom_cpu_q8exact_vnni;
 extern loom_cpu_hdot_fn *const loom_cpu_hdot_portable[2];
 extern loom_cpu_hdot_fn *const loom_cpu_hdot_avx2[2];
 extern loom_cpu_hdot_fn *const loom_cpu_hdot_avx512[2];
-extern loom_cpu_hdot_fn *const loom_cpu_hdot_vnni[2];
 /* the quantizer of each instruction set (bit for bit the same results) */
 void loom_cpu_q8_quantize_portable(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
 void loom_cpu_q8_quantize_avx2(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
 void loom_cpu_q8_quantize_avx512(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
-void loom_cpu_q8_quantize_vnni(const float *x, int64_t K, void *buf, loom_cpu_q8 *out);
 
 #endif

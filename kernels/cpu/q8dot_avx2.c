@@ -3,7 +3,6 @@
  * (meson adds the flags for this file alone; q8dot.c calls it only on a
  * CPU that has them).
  */
-#define QD_VNNI 0
 #define QD_AVX512 0
 #define QD_TABLE loom_cpu_q8dot_avx2
 #define QD_TABLE2 loom_cpu_q8dot2_avx2

@@ -5,7 +5,6 @@
  * keep the multi-token accumulators in (meson adds the flags for this file
  * alone; q8dot.c calls it only on a CPU that has them).
  */
-#define QD_VNNI 0
 #define QD_AVX512 1
 #define QD_TABLE loom_cpu_q8dot_avx512
 #define QD_TABLE2 loom_cpu_q8dot2_avx512

@@ -1,17 +1,15 @@
 /*
  * kernels/cpu/q8dot_x86.h — the x86 row kernels of q8dot.h, written once
- * and built once per instruction set: q8dot_avx2.c (-mavx2 -mfma -mf16c),
- * q8dot_avx512.c (adds AVX-512 F, BW, VL) and q8dot_vnni.c (adds VNNI too)
- * include it with QD_TABLE, QD_TABLE2 and QD_TABLE4 naming the tables, QD_QUANTIZE the
- * activation quantizer, QD_HTABLE the 16-bit float kernels, QD_VNNI and QD_AVX512 0 or 1
- * (the file's own instruction set, not whatever -m flags the build adds). The main difference is the unsigned
- * x signed byte dot: AVX2 multiplies pairs into int16 (maddubs) and adds
- * pairs into int32 (madd); VNNI does both in one vpdpbusd. Either way
- * int32 lane i holds the sum over bytes 4i..4i+3. (AVX-512 also turns
- * q5_0's bit field into bytes with a mask move: qd_q5_0_bits.)
- *
- * On the VNNI build the tables' entries of every block type are
- * not reached: q8dot.c hands out q8dot_tile.c's block-exact kernels there.
+ * and built once per instruction set: q8dot_avx2.c (-mavx2 -mfma -mf16c)
+ * and q8dot_avx512.c (adds AVX-512 F, BW, VL) include it with QD_TABLE,
+ * QD_TABLE2 and QD_TABLE4 naming the tables, QD_QUANTIZE the activation
+ * quantizer, QD_HTABLE the 16-bit float kernels, QD_AVX512 0 or 1 (the
+ * file's own instruction set, not whatever -m flags the build adds). The
+ * unsigned x signed byte dot multiplies pairs into int16 (maddubs) and adds
+ * pairs into int32 (madd): int32 lane i holds the sum over bytes 4i..4i+3.
+ * (AVX-512 also turns q5_0's bit field into bytes with a mask move:
+ * qd_q5_0_bits.) AVX-512 VNNI has no build of this file: every block type
+ * runs q8dot_tile.c's block-exact kernels there.
  *
  * Shape of every kernel: one weight row, up to LOOM_CPU_Q8_MR tokens; each
  * weight block is unpacked to bytes once and dotted with every token's
@@ -27,11 +25,7 @@
 
 /* Sum over groups of four of u (unsigned bytes) x s (signed bytes). */
 QD_INLINE __m256i qd_dot(__m256i u, __m256i s) {
-#if QD_VNNI
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
 }
 
 /* Signed w x signed s: |w| x (s with w's sign); |w| <= 128 and |s| <= 127
