@@ -16,10 +16,10 @@
  * activation rounding alone: at most d/2 per activation.
  *
  * Instruction sets: AVX2 (maddubs / madd), AVX-512 (the same code with
- * EVEX encodings and 32 registers), AVX-512 VNNI (vpdpbusd on 256 bits;
- * for every block type the block-exact 16-row tiles on 512, whose
- * arithmetic every kernel of those types on that set shares: "tiles"
- * below), and portable C, each built as its own object and picked once
+ * EVEX encodings and 32 registers), AVX-512 VNNI (for every block type the
+ * block-exact 16-row tiles, vpdpbusd on 512 bits, whose arithmetic every
+ * kernel on that set shares: "tiles" below; its quantizer and 16-bit
+ * kernels are AVX-512's), and portable C, each built as its own object and picked once
  * per process from the CPU's features (loom_cpu_q8_isa), or forced by name.
  *
  * Internal to kernels/cpu, its tests, and the cpu backend (its cpu_isa
