@@ -292,6 +292,12 @@ static loom_status load_weights(loom_engine *e, const char *path, loom_error *er
     return st;
 }
 
+/* A type a KV cache may hold (the answers loom/quant.h and loom/backend.h
+ * allow, besides LOOM_DTYPE_COUNT). */
+static bool kv_cache_type(loom_dtype d) {
+    return d == LOOM_DTYPE_F32 || d == LOOM_DTYPE_F16 || d == LOOM_DTYPE_BF16 || d == LOOM_DTYPE_FP8_E4M3;
+}
+
 /* The KV element type: the quantizer's kv_dtype() when it has one, and
  * only a type loom/quant.h allows there (F32, F16, BF16, FP8_E4M3, or
  * LOOM_DTYPE_COUNT for the backend's default). */
@@ -299,8 +305,7 @@ static loom_status kv_dtype(loom_engine *e, const char *path, loom_dtype *out, l
     *out = LOOM_DTYPE_COUNT;
     if (!e->quant || !e->quant->kv_dtype) return LOOM_OK;
     const loom_dtype d = e->quant->kv_dtype(e->quant_self);
-    if (d == LOOM_DTYPE_F32 || d == LOOM_DTYPE_F16 || d == LOOM_DTYPE_BF16 || d == LOOM_DTYPE_FP8_E4M3 ||
-        d == LOOM_DTYPE_COUNT) {
+    if (kv_cache_type(d) || d == LOOM_DTYPE_COUNT) {
         *out = d;
         return LOOM_OK;
     }
@@ -320,7 +325,7 @@ static loom_status kv_dtype(loom_engine *e, const char *path, loom_dtype *out, l
 static loom_status kv_default_dtype(loom_engine *e, const char *path, loom_dtype *dt, loom_error *err) {
     if (*dt != LOOM_DTYPE_COUNT || !e->run.kv_default_dtype) return LOOM_OK;
     const loom_dtype d = e->run.kv_default_dtype(e->run.self);
-    if (d == LOOM_DTYPE_F32 || d == LOOM_DTYPE_F16 || d == LOOM_DTYPE_BF16 || d == LOOM_DTYPE_FP8_E4M3) {
+    if (kv_cache_type(d)) {
         *dt = d;
         return LOOM_OK;
     }
