@@ -46,11 +46,13 @@ typedef struct tp_ov {
     const char *list[16];
 } tp_ov;
 
-static const char *const *tp_with_size(tp_ov *o, int size, const char *const *base) {
+/* (not inlined: GCC's -O2 unrolls the copy into each caller's short array
+ * and warns of reads past its NULL, which the loop never makes) */
+__attribute__((noinline)) static const char *const *tp_with_size(tp_ov *o, int size, const char *const *base) {
     int n = 0;
     snprintf(o->size, sizeof o->size, "executor.size=%d", size);
     o->list[n++] = o->size;
-    for (int i = 0; base && base[i] && n < 15; i++) o->list[n++] = base[i];
+    for (const char *const *p = base; p && *p && n < 15; p++) o->list[n++] = *p;
     o->list[n] = NULL;
     return o->list;
 }
