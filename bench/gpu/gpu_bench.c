@@ -471,6 +471,41 @@ static loom_cuda_qweight qb_weight(loom_cuda_qfmt f, int N, int K, void **data, 
     return (loom_cuda_qweight){.fmt = f, .N = N, .K = K, .group = i4 ? G : 0, .data = *data, .scales = *sc};
 }
 
+/* The tiled layout's dequantize (the path above its kernel's bound: large
+ * prefill chunks) alone on Llama-3-8B's gate|up weight, W8A16 and INT4
+ * (g128): its bytes (codes and scales read, N K dt written) against the
+ * copy bandwidth. */
+typedef struct dq_ctx {
+    loom_cuda_qweight w;
+    void *out;
+} dq_ctx;
+static void op_tiled_dequant(void *p) {
+    dq_ctx *c = p;
+    CK(lc_qtiled_dequant(LOOM_CUDA_BF16, &c->w, c->out, 0));
+}
+static void bench_tiled_dequant(void) {
+    const int N = 28672, K = 4096;
+    const loom_cuda_qfmt fmts[2] = {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
+    for (int fi = 0; fi < 2; fi++) {
+        void *data = NULL;
+        float *sc = NULL;
+        double bytes = 0;
+        dq_ctx c = {.w = qb_weight(fmts[fi], N, K, &data, &sc, &bytes)};
+        /* what it reads once tiled: the codes and INT4's dt pairs (4 bytes a
+         * row and group) or W8A16's f32 row scales */
+        bytes = fi ? (double)N * K / 2 + (double)N * (K / 128) * 4 : (double)N * K + (double)N * 4;
+        CK(loom_cuda_qweight_tile(&c.w, LOOM_CUDA_BF16, 0));
+        CK(cudaMalloc(&c.out, (size_t)N * K * 2));
+        const double ms = time_op(op_tiled_dequant, &c, 30);
+        bytes += (double)N * K * 2;
+        char nm[96];
+        snprintf(nm, sizeof nm, "tiled dequantize %s %dx%d", fi ? "int4_g128" : "int8_w8a16", N, K);
+        add_row(nm, ms, bytes, 0, 0);
+        printf("    %-40s %8.1f us  %6.2f TB/s\n", nm, ms * 1e3, bytes / (ms * 1e-3) / 1e12);
+        cudaFree(data), cudaFree(sc), cudaFree(c.out);
+    }
+}
+
 static void bench_quant(int M) {
     const int(*shp)[2] = l8b_linears;
     enum { NF = 9 };
@@ -1312,7 +1347,8 @@ int main(int argc, char **argv) {
                 "  --components    every kernel of one Llama-3-8B layer timed alone, several batch sizes\n"
                 "  --quant         the quantized linear layers only (M = 1, 2, 8, 16, 64, 128, 256, 2048; M = 1 also chained)\n"
                 "  --quant-m M     those at M only; M <= 8 also chained in a CUDA graph (M = 1: also with a\n"
-                "                  layer's small kernels between the linears, 'mixed')\n"
+                "                  layer's small kernels between the linears, 'mixed'; M > 256: also the tiled\n"
+                "                  layout's dequantize alone, against the copy bandwidth)\n"
                 "  --attention     the decode attention rows only (bf16 and E4M3 caches)\n"
                 "  --layer CTX     one whole decode layer (norms, linears, RoPE, attention over CTX keys, SwiGLU)\n"
                 "                  in a CUDA graph, every format; bf16 also with each small kernel left out\n"
@@ -1370,6 +1406,7 @@ int main(int argc, char **argv) {
     printf("  quantized linear layers (one Llama-3-8B layer: QKV, O, gate/up, down):\n");
     if (quant_m > 0) { /* --quant-m M: that M only */
         bench_quant(quant_m);
+        if (quant_m > 256) bench_tiled_dequant();
         if (quant_m <= 8) bench_quant_chain(quant_m, false);
         if (quant_m == 1) bench_quant_chain(1, true);
         goto write;
@@ -1384,6 +1421,7 @@ int main(int argc, char **argv) {
     bench_quant(128);
     bench_quant(256);
     bench_quant(2048);
+    bench_tiled_dequant();
     if (quant_only) goto write;
     bench_components(1, 512, 8);
     bench_components(1, 512, 0);

@@ -867,49 +867,75 @@ __global__ void lc_qtiled_scales_kernel(const float *__restrict__ src, uint32_t 
     }
 }
 
-/* tiled -> (N, K) dt: INT4 (q - 8) s + b' in fp32 with the tiled dt pairs,
- * int8 q s. A warp per warp tile (16 rows x KC columns): each lane decodes
- * its vector into shared memory, then the warp writes the 16 rows' KC
- * columns as 16-byte stores. */
-template <typename T>
-__global__ void __launch_bounds__(256)
+/* tiled -> (N, K) dt: INT4 (q - 8) s + b' in one fma in dt from the tiled
+ * dt pairs (lc_qt_dec4: the fused decode's very weights), int8 q s in fp32
+ * rounded to dt. A warp per warp tile (16 rows x KC columns), two tiles in
+ * flight: each lane decodes its vector — the tile's A fragments, four dt
+ * pairs a k16 step — into a shared tile whose rows are padded by 16 bytes
+ * (a store's 32 lanes then hit 32 banks), and the warp writes the 16 rows
+ * as 16-byte stores. */
+#define LC_QT_DQ_WARPS 8
+template <typename T, bool I4>
+__device__ __forceinline__ void lc_qt_dequant_tile(const uint4 u, size_t wt, int C, int groups, int group,
+                                                   const float *__restrict__ sc, uint32_t *tl,
+                                                   T *__restrict__ out, int K, int lane) {
+    constexpr int KC = I4 ? 64 : 32, J = I4 ? 4 : 2, PW = (KC + 8) / 2; /* padded row, 32-bit words */
+    const int g = lane >> 2, t = lane & 3, c = (int)(wt % C);
+    const size_t rt = wt / C;
+    uint32_t a[J][4];
+    if constexpr (I4) {
+        const uint32_t *p = reinterpret_cast<const uint32_t *>(sc) + (rt * groups + (size_t)c * KC / group) * 16;
+        const uint32_t pa = __ldg(p + g), pb = __ldg(p + g + 8);
+        const uint32_t s2a = __byte_perm(pa, 0, 0x1010), b2a = __byte_perm(pa, 0, 0x3232);
+        const uint32_t s2b = __byte_perm(pb, 0, 0x1010), b2b = __byte_perm(pb, 0, 0x3232);
+#pragma unroll
+        for (int j = 0; j < J; j++) lc_qt_dec4<T>(lc_qt_word(u, j), s2a, b2a, s2b, b2b, a[j]);
+    } else {
+        /* word 2j + h: bytes 0, 1 row g, 2, 3 row g + 8, columns 16 j + 2 t + 8 h */
+        const float sa = __ldg(sc + rt * 16 + g), sb = __ldg(sc + rt * 16 + g + 8);
+#pragma unroll
+        for (int i = 0; i < 2 * J; i++) {
+            const uint32_t w = lc_qt_word(u, i);
+            const float q0 = (float)(int8_t)(w & 255u), q1 = (float)(int8_t)((w >> 8) & 255u);
+            const float q2 = (float)(int8_t)((w >> 16) & 255u), q3 = (float)(int8_t)(w >> 24);
+            a[i >> 1][(i & 1) * 2] = lc_pack2<T>(q0 * sa, q1 * sa);
+            a[i >> 1][(i & 1) * 2 + 1] = lc_pack2<T>(q2 * sb, q3 * sb);
+        }
+    }
+    /* a[j]: (row g, cols 16 j + 2 t), (row g + 8, the same), both again 8 columns on */
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int w0 = 8 * j + t;
+        tl[g * PW + w0] = a[j][0], tl[(g + 8) * PW + w0] = a[j][1];
+        tl[g * PW + w0 + 4] = a[j][2], tl[(g + 8) * PW + w0 + 4] = a[j][3];
+    }
+    __syncwarp();
+    constexpr int CPR = KC / 8; /* 16-byte chunks a row */
+#pragma unroll
+    for (int i = lane; i < 16 * CPR; i += 32) {
+        const int r = i / CPR, q = i % CPR;
+        *reinterpret_cast<uint4 *>(out + (rt * 16 + r) * (size_t)K + (size_t)c * KC + q * 8) =
+            *reinterpret_cast<const uint4 *>(tl + r * PW + q * 4);
+    }
+    __syncwarp();
+}
+
+template <typename T, bool I4>
+__global__ void __launch_bounds__(LC_QT_DQ_WARPS * 32)
     lc_qtiled_dequant_kernel(const uint8_t *__restrict__ wd, const float *__restrict__ sc, T *__restrict__ out,
-                             int N, int K, int group, int i4) {
-    __shared__ __align__(16) T tile[8][16][64];
+                             int N, int K, int group) {
+    constexpr int KC = I4 ? 64 : 32;
+    __shared__ __align__(16) uint32_t tile[LC_QT_DQ_WARPS][16 * (KC + 8) / 2];
     lc_pdl_wait();
     lc_pdl_trigger();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int KC = i4 ? 64 : 32, C = K / KC;
-    const size_t ntile = (size_t)(N / 16) * C;
-    const int groups = i4 ? K / group : 1;
-    for (size_t wt = (size_t)blockIdx.x * 8 + warp; wt < ntile; wt += (size_t)gridDim.x * 8) {
-        const int c = (int)(wt % C);
-        const size_t rt = wt / C;
-        const uint4 u = reinterpret_cast<const uint4 *>(wd)[wt * 32 + lane];
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-        for (int e = 0; e < (i4 ? 32 : 16); e++) {
-            int r, col;
-            lc_qt_src(i4 != 0, lane, c, e, &r, &col);
-            const size_t n = rt * 16 + r;
-            float val;
-            if (i4) {
-                const int nib = e & 7;
-                const uint32_t q = (w[e >> 3] >> (4 * (nib & 3) + 16 * (nib >> 2))) & 15u;
-                const uint32_t p = reinterpret_cast<const uint32_t *>(sc)[(rt * groups + col / group) * 16 + r];
-                val = fmaf((float)q - 8.0f, lc_qt_half_f<T>(p & 0xFFFFu), lc_qt_half_f<T>(p >> 16));
-            } else {
-                val = (float)(int8_t)((w[e >> 2] >> (8 * (e & 3))) & 255u) * sc[n];
-            }
-            tile[warp][r][col - c * KC] = lc_from_f<T>(val);
-        }
-        __syncwarp();
-        const int cpr = KC / 8; /* 16-byte chunks a row */
-        for (int i = lane; i < 16 * cpr; i += 32) {
-            const int r = i / cpr, q = i % cpr;
-            *reinterpret_cast<uint4 *>(out + (rt * 16 + r) * (size_t)K + (size_t)c * KC + q * 8) =
-                *reinterpret_cast<const uint4 *>(&tile[warp][r][q * 8]);
-        }
-        __syncwarp();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, C = K / KC, groups = I4 ? K / group : 1;
+    const size_t ntile = (size_t)(N / 16) * C, step = (size_t)gridDim.x * LC_QT_DQ_WARPS;
+    for (size_t wt = (size_t)blockIdx.x * LC_QT_DQ_WARPS + warp; wt < ntile; wt += 2 * step) {
+        const bool two = wt + step < ntile;
+        const uint4 u0 = lc_ldg16(wd + (wt * 32 + lane) * 16);
+        const uint4 u1 = two ? lc_ldg16(wd + ((wt + step) * 32 + lane) * 16) : u0;
+        lc_qt_dequant_tile<T, I4>(u0, wt, C, groups, group, sc, tile[warp], out, K, lane);
+        if (two) lc_qt_dequant_tile<T, I4>(u1, wt + step, C, groups, group, sc, tile[warp], out, K, lane);
     }
 }
 
@@ -1226,16 +1252,19 @@ extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom
 
 extern "C" cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s) {
     if (!lc_qtiled_takes(dt, w)) return cudaErrorInvalidValue;
-    const size_t ntile = (size_t)(w->N / 16) * (w->K / (w->fmt == LOOM_CUDA_Q_INT4 ? 64 : 32));
-    const unsigned grid = (unsigned)((ntile + 7) / 8 < 65535 ? (ntile + 7) / 8 : 65535);
     const int i4 = w->fmt == LOOM_CUDA_Q_INT4;
-    if (dt == LOOM_CUDA_F16)
-        return lc_launch(lc_qtiled_dequant_kernel<__half>, dim3(grid), dim3(256), 0, s,
-                         static_cast<const uint8_t *>(w->data), (const float *)w->scales, static_cast<__half *>(out),
-                         w->N, w->K, w->group, i4);
-    return lc_launch(lc_qtiled_dequant_kernel<__nv_bfloat16>, dim3(grid), dim3(256), 0, s,
-                     static_cast<const uint8_t *>(w->data), (const float *)w->scales,
-                     static_cast<__nv_bfloat16 *>(out), w->N, w->K, w->group, i4);
+    const size_t ntile = (size_t)(w->N / 16) * (w->K / (i4 ? 64 : 32)), per = 2 * LC_QT_DQ_WARPS;
+    const unsigned grid = (unsigned)((ntile + per - 1) / per < 65535 ? (ntile + per - 1) / per : 65535);
+    const uint8_t *wd = static_cast<const uint8_t *>(w->data);
+    const float *sc = (const float *)w->scales;
+    const dim3 blk(LC_QT_DQ_WARPS * 32);
+#define LC_QT_DQ(T)                                                                                             \
+    (i4 ? lc_launch(lc_qtiled_dequant_kernel<T, true>, dim3(grid), blk, 0, s, wd, sc, static_cast<T *>(out), w->N, \
+                    w->K, w->group)                                                                             \
+        : lc_launch(lc_qtiled_dequant_kernel<T, false>, dim3(grid), blk, 0, s, wd, sc, static_cast<T *>(out),    \
+                    w->N, w->K, w->group))
+    return dt == LOOM_CUDA_F16 ? LC_QT_DQ(__half) : LC_QT_DQ(__nv_bfloat16);
+#undef LC_QT_DQ
 }
 
 /* Repack w's row-major codes into the tiled layout in place (through a

@@ -2182,6 +2182,67 @@ static void tiled_rows(loom_cuda_gemm *g, loom_cuda_qfmt f, const int *Ms, int n
     }
 }
 
+/* d rounded once to dt: to float by round-to-odd (toward zero, last bit
+ * set), whose 13+ extra bits leave to16's rounding the only one */
+static uint16_t to16_once(loom_cuda_dt dt, double d) {
+    float f = (float)d;
+    if ((double)f != d) {
+        if (fabs((double)f) > fabs(d)) f = nextafterf(f, 0.0f);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        u |= 1u;
+        memcpy(&f, &u, 4);
+    }
+    return to16(dt, f);
+}
+
+/* lc_qtiled_dequant (the tiled path above its bound) against the host's
+ * decode of the same codes, every bit: INT4 (q - 8) s + b' rounded once to
+ * dt from the tile pairs (s and b' = b + 8 s rounded to dt, as
+ * loom_cuda_qweight_tile writes them), int8 q s in fp32 rounded to dt.
+ * Random codes and scales, zero groups and rows among them. */
+static void test_qtiled_dequant(loom_cuda_dt dt, loom_cuda_qfmt fmt, int N, int K, int group) {
+    const bool i4 = fmt == LOOM_CUDA_Q_INT4;
+    const int ng = i4 ? K / group : 1;
+    const size_t data_bytes = i4 ? (size_t)N * K / 2 : (size_t)N * K, ns = (size_t)N * (i4 ? 2 * ng : 1);
+    uint8_t *data = malloc(data_bytes);
+    float *scales = malloc(ns * 4);
+    for (size_t i = 0; i < data_bytes; i++) data[i] = (uint8_t)rng_int(256);
+    for (size_t i = 0; i < ns; i++) scales[i] = rng_int(16) == 0 ? 0.0f : gpu_rng_unif(-0.05f, 0.05f);
+    uint16_t *ref = malloc((size_t)N * K * 2), *out = malloc((size_t)N * K * 2);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) {
+            if (i4) {
+                const int q = (data[(size_t)n * (K / 2) + k / 2] >> (k % 2 * 4)) & 15;
+                const float sv = scales[((size_t)n * ng + k / group) * 2], bv = scales[((size_t)n * ng + k / group) * 2 + 1];
+                const double s16 = from16(dt, to16(dt, sv)), b16 = from16(dt, to16(dt, fmaf(8.0f, sv, bv)));
+                ref[(size_t)n * K + k] = to16_once(dt, (double)(q - 8) * s16 + b16);
+            } else {
+                ref[(size_t)n * K + k] = to16(dt, (float)(int8_t)data[(size_t)n * K + k] * scales[n]);
+            }
+        }
+    loom_cuda_qweight w = {.fmt = fmt, .N = N, .K = K, .group = i4 ? group : 0,
+                           .data = dev_upload(data, data_bytes), .scales = dev_upload(scales, ns * 4)};
+    void *d_out = dev_poison((size_t)N * K * 2);
+    const cudaError_t e1 = loom_cuda_qweight_tile(&w, dt, 0);
+    const cudaError_t e2 = e1 == cudaSuccess ? lc_qtiled_dequant(dt, &w, d_out, 0) : e1;
+    CK(cudaDeviceSynchronize());
+    long bad = e2 == cudaSuccess ? 0 : (long)N * K;
+    if (e2 == cudaSuccess) {
+        CK(cudaMemcpy(out, d_out, (size_t)N * K * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < (size_t)N * K; i++) bad += out[i] != ref[i];
+    } else {
+        printf("      %s\n", cudaGetErrorString(e2));
+    }
+    char name[128], gs[16] = "";
+    if (i4) snprintf(gs, sizeof gs, " g%d", group);
+    snprintf(name, sizeof name, "tiled dequantize %s %s N=%d K=%d%s: elements off by a bit", qfmt_name(fmt),
+             dtn(dt), N, K, gs);
+    report_count(name, bad, (long)N * K);
+    cudaFree((void *)w.data), cudaFree((void *)w.scales), cudaFree(d_out);
+    free(data), free(scales), free(ref), free(out);
+}
+
 static void test_qgemm_tiled(loom_cuda_gemm *g) {
     const loom_cuda_qfmt fmts[2] = {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
     enum { NM = 20 };
@@ -2274,6 +2335,11 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         test_qgemm(g, LOOM_CUDA_F16, f, 1, 304, 2048, i4 ? 128 : 0, 0, true, false);
         g_qx_wild = false;
         /* above the tiled bound: the tiled weight dequantized + cuBLASLt */
+        test_qtiled_dequant(LOOM_CUDA_BF16, f, 592, 1024, i4 ? 128 : 0);
+        test_qtiled_dequant(LOOM_CUDA_F16, f, 208, 2048, i4 ? 64 : 0);
+        test_qtiled_dequant(LOOM_CUDA_BF16, f, 48, 1536, i4 ? 1536 : 0);
+        test_qtiled_dequant(LOOM_CUDA_BF16, f, 4096, 4608, i4 ? 192 : 0);
+        test_qtiled_dequant(LOOM_CUDA_F16, f, 16, 384, i4 ? 128 : 0); /* fewer tiles than one CTA's warps */
         loom_cuda_qgemm_set_tiled_max_m(g, 16);
         test_qgemm(g, LOOM_CUDA_BF16, f, 40, 592, 1024, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_F16, f, 300, 208, 1024, i4 ? 64 : 0, 0, true, false);
