@@ -538,15 +538,14 @@ static void bench_quant(int M) {
     /* last, W8A16 and INT4 once more on weights repacked into the tiled
      * layout (loom_cuda_qweight_tile: qtiled.cu's kernel, or above its
      * bound the tiled dequantize + cuBLASLt) — old vs new in one run */
-    /* (from 9 rows also with the tiled kernel's wgmma path forced on and
-     * its copies forced to cp.async, "_tiled_cpa", and to TMA,
+    /* (from 17 rows, where the tiled kernel runs its wgmma path, also with
+     * that path's copies forced to cp.async, "_tiled_cpa", and to TMA,
      * "_tiled_tma" (the default picks by format and M), the wide TMA
      * kernel (256-row CTAs), "_tiled_wide", and with the path off: its
-     * mma.sync one, "_tiled_mma" — below 17 rows, where the default runs
-     * mma.sync, whether wgmma's 32-token tile would pay there; above 64
-     * rows also with the tiled bound at 0: the tiled weight dequantized
-     * for cuBLASLt, "_tiled_deq" — where the bounds belong) */
-    const int nmma = M >= 9 ? 8 : 0; /* _tiled_cpa, _tiled_tma, _tiled_wide, _tiled_mma */
+     * mma.sync one, "_tiled_mma"; above 64 rows also with the tiled bound
+     * at 0: the tiled weight dequantized for cuBLASLt, "_tiled_deq" —
+     * where the bounds belong) */
+    const int nmma = M >= LC_QT_DEFAULT_WG_MIN_M ? 8 : 0; /* _tiled_cpa, _tiled_tma, _tiled_wide, _tiled_mma */
     const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF, nv = nv0 + 2 + nmma + (M > 64 ? 2 : 0);
     const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
@@ -556,7 +555,7 @@ static void bench_quant(int M) {
                    mma = tiled && vi >= nv0 + 8 && vi < nv0 + 2 + nmma, deq = vi >= nv0 + 2 + nmma;
         lc_qtiled_set_wgmma_tma(cpa ? 0 : tma ? 1 : wide ? 4 : 2);
         loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : 256);
-        loom_cuda_qgemm_set_tiled_wgmma_min_m(g, mma ? 0 : cpa || tma || wide ? 9 : LC_QT_DEFAULT_WG_MIN_M);
+        loom_cuda_qgemm_set_tiled_wgmma_min_m(g, mma ? 0 : LC_QT_DEFAULT_WG_MIN_M);
         const bool epi = !tiled && M > 8 && vi == NF;
         const int fi = tiled ? ((vi - nv0) % 2 == 0 ? 1 : 4) : epi ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
         const bool cores = !tiled && vi >= NF && !epi;
@@ -1221,7 +1220,12 @@ static bool run_model_q(const backend *be, const char *shape, int layers, const 
     const int per_seq = (max_seq_tokens + bs - 1) / bs;
     int nseq_max = 1;
     for (int i = 0; i < nbatch; i++) nseq_max = batches[i] > nseq_max ? batches[i] : nseq_max;
-    const char *ov[] = {"cuda_graphs=true", "max_batched_tokens=4096", NULL};
+    /* no prefill to time (--moe-batch1, the batch-64 decode): no piecewise
+     * graphs, whose captures at kv_alloc — a warm forward for each of ~130
+     * token buckets — would fill a profiler's launch window before the first
+     * decode step; decode steps replay their own graphs either way */
+    const char *ov[] = {"cuda_graphs=true", "max_batched_tokens=4096",
+                        prefill_tokens > 0 ? NULL : "piecewise_graphs=false", NULL};
     void *cfg = gpu_config_make(be->comp, ov), *inst = NULL;
     loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = bs,
                           .num_blocks = per_seq * nseq_max, .dtype = LOOM_DTYPE_COUNT};
