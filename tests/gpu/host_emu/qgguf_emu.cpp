@@ -23,14 +23,6 @@
 #include "tests/gpu/host_emu/host_cuda.h"
 
 // ------------------------------------------------ CUDA, as the host sees it
-#define __device__
-#define __host__
-#define __global__
-#define __forceinline__ inline
-#define __restrict__
-#define __align__(x)
-#define __launch_bounds__(x)
-#define __shared__ static /* one warp runs at a time */
 static inline uint4 lc_ldg16(const void *p) { uint4 v; memcpy(&v, p, 16); return v; }
 static inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t sh) {
     return (uint32_t)((((uint64_t)hi << 32) | lo) >> (sh & 31));

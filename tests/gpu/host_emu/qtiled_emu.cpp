@@ -24,14 +24,6 @@
 #include "tests/gpu/host_emu/host_cuda.h"
 
 // ------------------------------------------------ CUDA, as the host sees it
-#define __device__
-#define __host__
-#define __global__
-#define __forceinline__ inline
-#define __restrict__
-#define __align__(x)
-#define __launch_bounds__(x)
-#define __shared__ static /* one warp runs at a time */
 struct __half { uint16_t v; };
 struct __nv_bfloat16 { uint16_t v; };
 struct dim { unsigned x; };
