@@ -1220,7 +1220,7 @@ static bool run_model_q(const backend *be, const char *shape, int layers, const 
     const int per_seq = (max_seq_tokens + bs - 1) / bs;
     int nseq_max = 1;
     for (int i = 0; i < nbatch; i++) nseq_max = batches[i] > nseq_max ? batches[i] : nseq_max;
-    /* no prefill to time (--moe-batch1, the batch-64 decode): no piecewise
+    /* no prefill to time (--moe-batch1, run_model's decode-only rows): no piecewise
      * graphs, whose captures at kv_alloc — a warm forward for each of ~130
      * token buckets — would fill a profiler's launch window before the first
      * decode step; decode steps replay their own graphs either way */
