@@ -868,7 +868,7 @@ __global__ void lc_qtiled_scales_kernel(const float *__restrict__ src, uint32_t 
 }
 
 /* tiled -> (N, K) dt: INT4 (q - 8) s + b' in one fma in dt from the tiled
- * dt pairs (lc_qt_dec4: the fused decode's very weights), int8 q s in fp32
+ * dt pairs (lc_qt_dec4: the weights of the kernel's fused decode), int8 q s in fp32
  * rounded to dt. A warp per warp tile (16 rows x KC columns), two tiles in
  * flight: each lane decodes its vector — the tile's A fragments, four dt
  * pairs a k16 step — into a shared tile whose rows are padded by 16 bytes
