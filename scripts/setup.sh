@@ -38,7 +38,7 @@ if [ -z "$build" ]; then
   else build="$root/build"; fi
 fi
 
-pkgs=(meson ninja-build pkg-config gcc libyaml-dev libpcre2-dev libcjson-dev libmicrohttpd-dev libopenblas-dev
+pkgs=(meson ninja-build pkg-config gcc g++ libyaml-dev libpcre2-dev libcjson-dev libmicrohttpd-dev libopenblas-dev
       libcriterion-dev python3 python3-pip python3-venv unzip ca-certificates)
 [ $fuzz = 1 ] && pkgs+=(clang) # libFuzzer and its sanitizer runtimes come with Debian's clang
 missing=()
