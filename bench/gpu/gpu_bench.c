@@ -1440,7 +1440,8 @@ int main(int argc, char **argv) {
 attention:
     { /* per shape: a bf16 KV cache, then E4M3 (half the bytes) */
         static const int shapes[][2] = {{1, 32768}, {8, 32768}, {512, 256}, /* a 128/128 decode step */
-                                        {256, 1024}, {512, 1024}, {64, 4096}};
+                                        {256, 1024}, {512, 1024}, {64, 4096},
+                                        {256, 3072}}; /* a 2048/2048 decode step, halfway */
         const int nsh = quick ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
         for (int i = 0; i < nsh; i++) {
             bench_attention(shapes[i][0], shapes[i][1], LOOM_CUDA_KV_DT);
