@@ -277,8 +277,6 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     __shared__ int row_pos[ROWS];
     __shared__ float ml[WN][ROWS][2];
     __shared__ int s_kvlen[2], s_last;
-    /* block of each key of the stages in flight (slot = stage % STAGES) */
-    __shared__ int s_blk[STAGES][S::CTA_N];
 
     lc_pdl_wait();
     lc_pdl_trigger();
@@ -348,16 +346,11 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     /* K/V rows [kb, kb + CTA_N) -> stage st, through the block table.
      * Thread tid always copies chunk c = tid % CPRG of rows j0 + i * JSTEP, so
      * its shared-memory offsets are fixed and its global offsets need one
-     * block-table entry and a multiply-add per row; a power-of-two block size
+     * block-table read and a multiply-add per row; a power-of-two block size
      * (the usual 16) replaces the division by a shift. Element offsets fit
      * 32 bits (a pool of up to 4 G elements). dt stages are swizzled for
      * ldmatrix; code stages are plain rows of D bytes (read linearly by the
-     * decode below).
-     * The entries come from s_blk, filled a whole iteration ahead (thread
-     * tid < CTA_N reads key kb + tid's entry into a register one iteration
-     * before it stores it; fetch_blk below): read from the block table here,
-     * each row's copy waited on its global load, NPASS loads in a row at the
-     * top of every iteration while the memory system is busiest. */
+     * decode below). */
     constexpr int EB = F8 ? 1 : 2;              /* bytes per cache element   */
     constexpr int ROWB = D * EB;                /* bytes per staged row      */
     constexpr int CPRG = ROWB / 16;             /* 16-byte chunks per row    */
@@ -374,13 +367,6 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     const uint32_t head_off = (uint32_t)kvh * bs * D + c_ld * (16 / EB);
     const int bs_shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
     const uint32_t kst_s = F8 ? lc_smem_u32(K8) : k_s, vst_s = F8 ? lc_smem_u32(V8) : v_s;
-    static_assert(CTA_N <= LC_ATT_THREADS, "a thread per key of a stage");
-    /* the block of key kb + tid (threads tid < CTA_N; 0 past the range) */
-    auto fetch_blk = [&](int kb) -> int {
-        const int key = kb + tid;
-        if (tid >= CTA_N || key >= k_end) return 0;
-        return bs_shift >= 0 ? bt[key >> bs_shift] : bt[key / bs];
-    };
     auto load_kv = [&](int st, int kb) {
         const uint32_t sbase = st * CTA_N * ROWB + s_off0;
 #pragma unroll
@@ -390,8 +376,9 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
             const bool ok = key < k_end;
             uint32_t e = 0;
             if (ok) {
-                const int blk = s_blk[st][j0 + i * JSTEP];
-                const int off = bs_shift >= 0 ? key & (bs - 1) : key % bs;
+                int blk, off;
+                if (bs_shift >= 0) blk = bt[key >> bs_shift], off = key & (bs - 1);
+                else blk = bt[key / bs], off = key % bs;
                 e = (uint32_t)blk * blk_elems + head_off + (uint32_t)off * D;
             }
             /* a dt row of more than 16 chunks (head_dim 256): JSTEP = 4 rows,
@@ -431,14 +418,7 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
         return stage + row * ROWB + (((byte >> 4) ^ (row & SWM)) << 4) + (byte & 15);
     };
     /* prologue: stages 0 .. STAGES-2 in flight (one commit group each, empty
-     * when past the range, so group counting stays uniform), after the
-     * block entries of stages 0 .. STAGES-1 are in s_blk and stage STAGES's
-     * are on their way into nb */
-#pragma unroll
-    for (int sp = 0; sp < STAGES; sp++)
-        if (tid < CTA_N) s_blk[sp][tid] = fetch_blk(k_begin + sp * CTA_N);
-    int nb = fetch_blk(k_begin + STAGES * CTA_N);
-    __syncthreads();
+     * when past the range, so group counting stays uniform) */
 #pragma unroll
     for (int sp = 0; sp < STAGES - 1; sp++) {
         if (sp < n_iter) load_kv(sp, k_begin + sp * CTA_N);
@@ -684,11 +664,6 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
                 lc_mma<MT>(o[d + 1], pa, b + 2);
             }
         }
-        /* stage it's entries were used by its load: its slot takes stage
-         * it + STAGES's (read by the next iteration's load), and the
-         * register the next stage's */
-        if (tid < CTA_N) s_blk[it % STAGES][tid] = nb;
-        nb = fetch_blk(k_begin + (it + STAGES + 1) * CTA_N);
         __syncthreads(); /* the next iteration's load overwrites this stage */
     }
 
