@@ -116,6 +116,48 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+/* The same pass inside the K-split kernel, for one tile (weight rows n0 ..
+ * n0 + nrows, tokens m0 .. m0 + ntok; cut at N and M): every CTA of the
+ * tile has written its slice's partial sums, counts itself on the tile's
+ * semaphore *sem, and the last of the Z to arrive adds the Z partials in z
+ * order exactly as lc_ksplit_reduce_kernel does (same bits) and sets the
+ * semaphore back to zero for the next launch — no second kernel and its
+ * launch at the end of every split GEMM. Called by the nthr threads that
+ * wrote the partials (tid 0 .. nthr - 1, every one of them; nthr ==
+ * blockDim.x, or the named barrier 1 among them when other warps of the CTA
+ * have returned). */
+__device__ __forceinline__ void lc_ksplit_bar(int nthr) {
+    if (nthr == (int)blockDim.x) __syncthreads();
+    else asm volatile("bar.sync 1, %0;" ::"r"(nthr) : "memory");
+}
+template <typename T, bool W8, bool F32>
+__device__ __forceinline__ void lc_ksplit_fixup(const float *part, const float *__restrict__ sc, void *__restrict__ y,
+                                                int M, int N, int Z, int *sem, int n0, int nrows, int m0, int ntok,
+                                                int tid, int nthr) {
+    __shared__ int s_last;
+    __threadfence(); /* this CTA's partials are visible before it counts */
+    lc_ksplit_bar(nthr);
+    if (tid == 0) {
+        const int last = atomicAdd(sem, 1) == Z - 1;
+        if (last) atomicExch(sem, 0);
+        s_last = last;
+    }
+    lc_ksplit_bar(nthr);
+    if (!s_last) return;
+    __threadfence(); /* and the other slices' */
+    nrows = min(nrows, N - n0), ntok = min(ntok, M - m0);
+    const size_t MN = (size_t)M * N;
+    for (int e = tid; e < nrows * ntok; e += nthr) {
+        const int n = n0 + e % nrows;
+        const size_t o = (size_t)(m0 + e / nrows) * N + n;
+        float v = 0.0f;
+        for (int z = 0; z < Z; z++) v += __ldcg(part + (size_t)z * MN + o);
+        if constexpr (W8) v *= sc[n];
+        if (F32) static_cast<float *>(y)[o] = v;
+        else static_cast<T *>(y)[o] = lc_from_f<T>(v);
+    }
+}
+
 template <typename T, bool W8, bool F32>
 static cudaError_t lc_ksplit_reduce(const float *part, const float *inv, const float *sc, void *y, int M, int N, int Z,
                                     cudaStream_t s) {
