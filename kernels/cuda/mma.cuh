@@ -130,20 +130,31 @@ __device__ __forceinline__ void lc_ksplit_bar(int nthr) {
     if (nthr == (int)blockDim.x) __syncthreads();
     else asm volatile("bar.sync 1, %0;" ::"r"(nthr) : "memory");
 }
+/* the same barrier, returning whether pred was set in any thread (no
+ * shared memory: a static variable would move the kernels' 1024-aligned
+ * dynamic shared memory up by 1 KB) */
+__device__ __forceinline__ int lc_ksplit_bar_or(int nthr, int pred) {
+    if (nthr == (int)blockDim.x) return __syncthreads_or(pred);
+    int r;
+    asm volatile("{\n\t.reg .pred p, q;\n\tsetp.ne.s32 q, %1, 0;\n\tbar.red.or.pred p, 1, %2, q;\n\t"
+                 "selp.s32 %0, 1, 0, p;\n\t}"
+                 : "=r"(r)
+                 : "r"(pred), "r"(nthr)
+                 : "memory");
+    return r;
+}
 template <typename T, bool W8, bool F32>
 __device__ __forceinline__ void lc_ksplit_fixup(const float *part, const float *__restrict__ sc, void *__restrict__ y,
                                                 int M, int N, int Z, int *sem, int n0, int nrows, int m0, int ntok,
                                                 int tid, int nthr) {
-    __shared__ int s_last;
     __threadfence(); /* this CTA's partials are visible before it counts */
     lc_ksplit_bar(nthr);
+    int last = 0;
     if (tid == 0) {
-        const int last = atomicAdd(sem, 1) == Z - 1;
+        last = atomicAdd(sem, 1) == Z - 1;
         if (last) atomicExch(sem, 0);
-        s_last = last;
     }
-    lc_ksplit_bar(nthr);
-    if (!s_last) return;
+    if (!lc_ksplit_bar_or(nthr, last)) return;
     __threadfence(); /* and the other slices' */
     nrows = min(nrows, N - n0), ntok = min(ntok, M - m0);
     const size_t MN = (size_t)M * N;
