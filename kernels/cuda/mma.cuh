@@ -143,6 +143,8 @@ __device__ __forceinline__ int lc_ksplit_bar_or(int nthr, int pred) {
                  : "memory");
     return r;
 }
+/* the most K slices a fixup sums (the kernels split K 8 ways at most) */
+#define LC_KSPLIT_ZMAX 8
 template <typename T, bool W8, bool F32>
 __device__ __forceinline__ void lc_ksplit_fixup(const float *part, const float *__restrict__ sc, void *__restrict__ y,
                                                 int M, int N, int Z, int *sem, int n0, int nrows, int m0, int ntok,
@@ -156,16 +158,40 @@ __device__ __forceinline__ void lc_ksplit_fixup(const float *part, const float *
     }
     if (!lc_ksplit_bar_or(nthr, last)) return;
     __threadfence(); /* and the other slices' */
+    /* four weight rows a 16-byte load (n0 and nrows are multiples of 16),
+     * every slice's loads of two of them in flight before the first sum:
+     * one thread walking the slices load by load waited Z L2 round trips
+     * per element */
     nrows = min(nrows, N - n0), ntok = min(ntok, M - m0);
     const size_t MN = (size_t)M * N;
-    for (int e = tid; e < nrows * ntok; e += nthr) {
-        const int n = n0 + e % nrows;
-        const size_t o = (size_t)(m0 + e / nrows) * N + n;
-        float v = 0.0f;
-        for (int z = 0; z < Z; z++) v += __ldcg(part + (size_t)z * MN + o);
-        if constexpr (W8) v *= sc[n];
-        if (F32) static_cast<float *>(y)[o] = v;
-        else static_cast<T *>(y)[o] = lc_from_f<T>(v);
+    const int nv4 = nrows / 4, total = ntok * nv4;
+    for (int base = tid; base < total; base += 2 * nthr) {
+        float4 p[2][LC_KSPLIT_ZMAX];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int v = base + u * nthr;
+            const size_t o = (size_t)(m0 + v / nv4) * N + n0 + 4 * (v % nv4);
+#pragma unroll
+            for (int z = 0; z < LC_KSPLIT_ZMAX; z++)
+                if (v < total && z < Z) p[u][z] = __ldcg(reinterpret_cast<const float4 *>(part + (size_t)z * MN + o));
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int v = base + u * nthr;
+            if (v >= total) break;
+            const int n = n0 + 4 * (v % nv4);
+            const size_t o = (size_t)(m0 + v / nv4) * N + n;
+            float r[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int z = 0; z < LC_KSPLIT_ZMAX; z++)
+                if (z < Z) r[0] += p[u][z].x, r[1] += p[u][z].y, r[2] += p[u][z].z, r[3] += p[u][z].w;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if constexpr (W8) r[i] *= sc[n + i];
+                if (F32) static_cast<float *>(y)[o + i] = r[i];
+                else static_cast<T *>(y)[o + i] = lc_from_f<T>(r[i]);
+            }
+        }
     }
 }
 

@@ -125,7 +125,7 @@ int *lc_gemm_ksplit_sem(const loom_cuda_gemm *g);
 /* rows up to which the tiled kernels sum K slices in-kernel (0: never; < 0:
  * the default); process-wide, for gpu_bench and the kernel tests */
 void lc_qtiled_set_fixup_max_m(int max_m);
-#define LC_QT_DEFAULT_FIXUP_MAX_M 256
+#define LC_QT_DEFAULT_FIXUP_MAX_M 16
 /* lc_qtiled launches whose K slices were summed in-kernel so far. */
 long lc_qtiled_fixup_count(void);
 /* the default of loom_cuda_qgemm_set_tiled_wgmma_min_m: the wgmma path

@@ -1024,7 +1024,7 @@ extern "C" long lc_qtiled_fixup_count(void) { return __atomic_load_n(&lc_qt_fixu
 /* the semaphores a launch of `grid` at M rows sums its K slices on, or
  * NULL for lc_ksplit_reduce */
 static int *lc_qt_fixup_sem(int *sem, dim3 grid, int M) {
-    if (!sem || grid.z < 2 || M > __atomic_load_n(&lc_qt_fixup_max, __ATOMIC_RELAXED) ||
+    if (!sem || grid.z < 2 || grid.z > LC_KSPLIT_ZMAX || M > __atomic_load_n(&lc_qt_fixup_max, __ATOMIC_RELAXED) ||
         (size_t)grid.x * grid.y > LC_KSPLIT_SEMS)
         return nullptr;
     __atomic_fetch_add(&lc_qt_fixups, 1, __ATOMIC_RELAXED);
