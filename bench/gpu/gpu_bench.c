@@ -544,20 +544,16 @@ static void bench_quant(int M) {
      * kernel (256-row CTAs), "_tiled_wide", and with the path off: its
      * mma.sync one, "_tiled_mma"; above 64 rows also with the tiled bound
      * at 0: the tiled weight dequantized for cuBLASLt, "_tiled_deq" —
-     * where the bounds belong; and as dispatched with the K slices summed
-     * by a second kernel instead of in-kernel, "_tiled_red") */
+     * where the bounds belong) */
     const int nmma = M >= LC_QT_DEFAULT_WG_MIN_M ? 8 : 0; /* _tiled_cpa, _tiled_tma, _tiled_wide, _tiled_mma */
-    const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF;
-    const int nred0 = nv0 + 2 + nmma + (M > 64 ? 2 : 0), nv = nred0 + 2;
+    const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF, nv = nv0 + 2 + nmma + (M > 64 ? 2 : 0);
     const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
         const bool tiled = vi >= nv0, cpa = tiled && vi >= nv0 + 2 && vi < nv0 + 4 && nmma,
                    tma = tiled && vi >= nv0 + 4 && vi < nv0 + 6 && nmma,
                    wide = tiled && vi >= nv0 + 6 && vi < nv0 + 8 && nmma,
-                   mma = tiled && vi >= nv0 + 8 && vi < nv0 + 2 + nmma, deq = vi >= nv0 + 2 + nmma && vi < nred0,
-                   red = vi >= nred0;
+                   mma = tiled && vi >= nv0 + 8 && vi < nv0 + 2 + nmma, deq = vi >= nv0 + 2 + nmma;
         lc_qtiled_set_wgmma_tma(cpa ? 0 : tma ? 1 : wide ? 4 : 2);
-        lc_qtiled_set_fixup_max_m(red ? 0 : -1);
         loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : 256);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, mma ? 0 : LC_QT_DEFAULT_WG_MIN_M);
         const bool epi = !tiled && M > 8 && vi == NF;
@@ -608,7 +604,6 @@ static void bench_quant(int M) {
                  cores ? "_cc"
                  : epi ? "_epi"
                  : deq ? "_tiled_deq"
-                 : red ? "_tiled_red"
                  : mma ? "_tiled_mma"
                  : cpa ? "_tiled_cpa"
                  : tma ? "_tiled_tma"
@@ -627,7 +622,6 @@ static void bench_quant(int M) {
         }
     }
     lc_gemm_set_fp8_vec(g, vec0);
-    lc_qtiled_set_fixup_max_m(-1);
     loom_cuda_qgemm_set_tiled_max_m(g, 256);
     loom_cuda_qgemm_set_tiled_wgmma_min_m(g, LC_QT_DEFAULT_WG_MIN_M);
     cudaFree(x), cudaFree(y);

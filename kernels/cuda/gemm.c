@@ -62,7 +62,6 @@ struct loom_cuda_gemm {
     int q_tc_min_m; /* rows from which the quantized GEMV takes the tensor cores (0: per format) */
     long long plans_made;  /* plan-cache misses: descriptors + heuristic query */
     double plan_seconds;   /* host time they took                              */
-    int *ksplit_sem;       /* LC_KSPLIT_SEMS zeroed counters: the tiled kernels' in-kernel K-split sums */
 };
 
 static const float lc_one_f = 1.0f, lc_zero_f = 0.0f;
@@ -110,13 +109,6 @@ loom_cuda_gemm *loom_cuda_gemm_create(size_t workspace_bytes, int *code, char *m
         }
         g->ws_bytes = workspace_bytes;
     }
-    /* without them the tiled kernels sum their K slices in a second kernel */
-    if (cudaMalloc((void **)&g->ksplit_sem, LC_KSPLIT_SEMS * sizeof(int)) != cudaSuccess ||
-        cudaMemset(g->ksplit_sem, 0, LC_KSPLIT_SEMS * sizeof(int)) != cudaSuccess) {
-        if (g->ksplit_sem) cudaFree(g->ksplit_sem);
-        g->ksplit_sem = NULL;
-        (void)cudaGetLastError();
-    }
     g->gemv_max_m = LC_GEMV_MAX_M;
     /* quantized GEMV bounds: passes of 8 rows re-read the (small) weights;
      * the GEMM path pays a dt copy (W8A16 / INT4) or runs on tensor cores
@@ -141,7 +133,6 @@ void loom_cuda_gemm_destroy(loom_cuda_gemm *g) {
     if (!g) return;
     for (int i = 0; i < LC_GEMM_CACHE; i++) lc_plan_free(&g->plans[i]);
     if (g->ws) cudaFree(g->ws);
-    if (g->ksplit_sem) cudaFree(g->ksplit_sem);
     cublasLtDestroy(g->lt);
     free(g);
 }
@@ -388,8 +379,6 @@ void loom_cuda_qgemm_set_tiled_max_m(loom_cuda_gemm *g, int max_m) {
 }
 
 int lc_gemm_q_tiled_wg_min_m(const loom_cuda_gemm *g) { return g->q_tiled_wg_min_m; }
-
-int *lc_gemm_ksplit_sem(const loom_cuda_gemm *g) { return g->ksplit_sem; }
 
 void loom_cuda_qgemm_set_tiled_wgmma_min_m(loom_cuda_gemm *g, int min_m) {
     g->q_tiled_wg_min_m = min_m <= 0 ? 0 : min_m < 2 ? 2 : min_m > LC_QT_MAX_M + 1 ? LC_QT_MAX_M + 1 : min_m;

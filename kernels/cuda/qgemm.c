@@ -264,7 +264,7 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
             for (int m0 = 0; m0 < M; m0 += LC_QT_MAX_M) {
                 const int mc = M - m0 < LC_QT_MAX_M ? M - m0 : LC_QT_MAX_M;
                 if ((e = lc_qtiled(dt, out_f32, mc, w, (const uint8_t *)x + (size_t)m0 * w->K * 2,
-                                   (uint8_t *)y + (size_t)m0 * w->N * yel, big, lc_gemm_ksplit_sem(g), invariant,
+                                   (uint8_t *)y + (size_t)m0 * w->N * yel, big, invariant,
                                    lc_gemm_q_tiled_wg_min_m(g), s)) != cudaSuccess)
                     return lc_cuda_fail(e, "tiled quantized GEMM launch", w, mc, msg, msg_size);
                 lc_qtiled_runs++;

@@ -112,22 +112,7 @@ cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight
 int lc_qtiled_ok(const loom_cuda_qweight *w);
 size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m);
 cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x, void *y,
-                      void *scratch, int *ksplit_sem, int invariant, int wgmma_min_m, cudaStream_t s);
-/* K-split sums inside the tiled kernels: ksplit_sem is LC_KSPLIT_SEMS
- * zeroed counters (the gemm handle's, lc_gemm_ksplit_sem), one a tile of
- * (row block, token block) of a launch, each back at zero when the launch
- * ends; the last of a tile's K slices to finish sums them in slice order —
- * lc_ksplit_reduce's arithmetic, the same bits — instead of a second
- * kernel. NULL, a grid of more tiles, or more rows than the bound below:
- * lc_ksplit_reduce. */
-#define LC_KSPLIT_SEMS 4096
-int *lc_gemm_ksplit_sem(const loom_cuda_gemm *g);
-/* rows up to which the tiled kernels sum K slices in-kernel (0: never; < 0:
- * the default); process-wide, for gpu_bench and the kernel tests */
-void lc_qtiled_set_fixup_max_m(int max_m);
-#define LC_QT_DEFAULT_FIXUP_MAX_M 16
-/* lc_qtiled launches whose K slices were summed in-kernel so far. */
-long lc_qtiled_fixup_count(void);
+                      void *scratch, int invariant, int wgmma_min_m, cudaStream_t s);
 /* the default of loom_cuda_qgemm_set_tiled_wgmma_min_m: the wgmma path
  * (Hopper warpgroup MMA) from this many rows, mma.sync below */
 #define LC_QT_DEFAULT_WG_MIN_M 17

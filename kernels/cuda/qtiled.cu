@@ -203,8 +203,8 @@ template <int NT> constexpr int lc_qt_wn() { return NT >= 8 ? 2 : 1; }
 template <typename T, int FMT, int NT, bool F32, bool RAWP>
 __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     lc_qtiled_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd,
-                     const float *__restrict__ sc, void *__restrict__ y, float *__restrict__ part,
-                     int *__restrict__ sem, int M, int N, int K, int group) {
+                     const float *__restrict__ sc, void *__restrict__ y, float *__restrict__ part, int M, int N,
+                     int K, int group) {
     typedef lc_qt<FMT> F;
     constexpr int TOK = 8 * NT, ST = lc_qt_stages<FMT, NT>(), WN = lc_qt_wn<NT>(), NTW = NT / WN;
     constexpr int NTHR = LC_QT_WARPS * 32 * WN;
@@ -440,9 +440,6 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
                 else static_cast<T *>(y)[o] = lc_from_f<T>(val);
             }
     }
-    if (Z > 1 && sem)
-        lc_ksplit_fixup<T, !F::I4, F32>(part, sc, y, M, N, Z, sem + blockIdx.x + gridDim.x * blockIdx.y, tile0 * 16,
-                                        LC_QT_ROWS, m0, TOK, tid, NTHR);
 }
 
 
@@ -592,8 +589,7 @@ __device__ __forceinline__ void lc_qw_store(const float *acc, const float *__res
 template <typename T, int FMT, int TOK, bool F32>
 __global__ void __launch_bounds__(LC_QW_THREADS, 1)
     lc_qtiled_wg_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd, const float *__restrict__ sc,
-                        void *__restrict__ y, float *__restrict__ part, int *__restrict__ sem, int M, int N, int K,
-                        int group) {
+                        void *__restrict__ y, float *__restrict__ part, int M, int N, int K, int group) {
     typedef lc_qt<FMT> F;
     constexpr int KS = lc_qw_ks<TOK>(), V = KS / F::KC, NSL = KS / 64;
     constexpr int XB = TOK * KS * 2, WB = lc_qw_wb<FMT, TOK>(), STB = lc_qw_stb<FMT, TOK>();
@@ -683,9 +679,6 @@ __global__ void __launch_bounds__(LC_QW_THREADS, 1)
     for (int i = 0; i < TOK / 2; i++) lc_wg_reg_fence(acc[i]);
     lc_cp_wait<0>(); /* no copy may land after the CTA has gone */
     lc_qw_store<T, FMT, TOK, F32>(acc, sc, y, part, M, N, m0, (tile0 + warp) * 16, z, Z, lane);
-    if (Z > 1 && sem)
-        lc_ksplit_fixup<T, !F::I4, F32>(part, sc, y, M, N, Z, sem + blockIdx.x + gridDim.x * blockIdx.y, tile0 * 16,
-                                        LC_QT_ROWS, m0, TOK, tid, LC_QW_THREADS);
 }
 
 
@@ -721,7 +714,7 @@ template <typename T, int FMT, int TOK, bool F32, int RT>
 __global__ void __launch_bounds__(lc_qw_tma_threads<RT>(), 1)
     lc_qtiled_tma_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
                          const __grid_constant__ CUtensorMap smap, const float *__restrict__ sc, void *__restrict__ y,
-                         float *__restrict__ part, int *__restrict__ sem, int M, int N, int K, int group) {
+                         float *__restrict__ part, int M, int N, int K, int group) {
     typedef lc_qt<FMT> F;
     constexpr int TL = RT * LC_QT_TILES, KS = lc_qw_ks<TOK, TL>(), V = KS / F::KC, SUB = KS / 64;
     constexpr int XB = TOK * KS * 2, WB = lc_qw_wb<FMT, TOK, TL>(), STB = lc_qw_stb<FMT, TOK, TL>();
@@ -812,9 +805,6 @@ __global__ void __launch_bounds__(lc_qw_tma_threads<RT>(), 1)
     for (int j = 0; j < RT; j++)
         lc_qw_store<T, FMT, TOK, F32>(acc + j * (TOK / 2), sc, y, part, M, N, m0,
                                       (tile0 + lc_qw_tile<RT>(warp, j)) * 16, z, Z, lane);
-    if (Z > 1 && sem) /* the consumers (the producer has returned) */
-        lc_ksplit_fixup<T, !F::I4, F32>(part, sc, y, M, N, Z, sem + blockIdx.x + gridDim.x * blockIdx.y, tile0 * 16,
-                                        TL * 16, m0, TOK, tid, LC_QW_THREADS);
 }
 
 /* ------------------------------------------------------- layout mapping */
@@ -1013,26 +1003,8 @@ template <typename T, int FMT, int NT, bool F32, bool RAW> static cudaError_t lc
     return lc_smem_limit(&done, (const void *)lc_qtiled_kernel<T, FMT, NT, F32, RAW>, smem);
 }
 
-/* the K-split sums in-kernel (lc_qtiled_set_fixup_max_m): the bound and
- * the launches that took them */
-static int lc_qt_fixup_max = LC_QT_DEFAULT_FIXUP_MAX_M;
-static long lc_qt_fixups;
-extern "C" void lc_qtiled_set_fixup_max_m(int max_m) {
-    __atomic_store_n(&lc_qt_fixup_max, max_m < 0 ? LC_QT_DEFAULT_FIXUP_MAX_M : max_m, __ATOMIC_RELAXED);
-}
-extern "C" long lc_qtiled_fixup_count(void) { return __atomic_load_n(&lc_qt_fixups, __ATOMIC_RELAXED); }
-/* the semaphores a launch of `grid` at M rows sums its K slices on, or
- * NULL for lc_ksplit_reduce */
-static int *lc_qt_fixup_sem(int *sem, dim3 grid, int M) {
-    if (!sem || grid.z < 2 || grid.z > LC_KSPLIT_ZMAX || M > __atomic_load_n(&lc_qt_fixup_max, __ATOMIC_RELAXED) ||
-        (size_t)grid.x * grid.y > LC_KSPLIT_SEMS)
-        return nullptr;
-    __atomic_fetch_add(&lc_qt_fixups, 1, __ATOMIC_RELAXED);
-    return sem;
-}
-
 template <typename T, int FMT, bool F32>
-static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part, int *sem,
+static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
                                int invariant, cudaStream_t s) {
     const int NT = lc_qt_nt(M), tok = 8 * NT;
     /* batch-invariant: the split of one row at every M (each output's sum
@@ -1040,7 +1012,6 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
     const int Z = lc_qt_splits(w, invariant ? 1 : M);
     const dim3 grid((unsigned)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES), (unsigned)((M + tok - 1) / tok),
                     (unsigned)Z);
-    int *fs = lc_qt_fixup_sem(sem, grid, M);
     cudaError_t e;
 #define LC_QT_GO(NT_, RAW_)                                                                            \
     do {                                                                                               \
@@ -1050,7 +1021,7 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
         e = lc_launch(lc_qtiled_kernel<T, FMT, NT_, F32, RAW_>,                                        \
                       grid, dim3(LC_QT_WARPS * 32 * lc_qt_wn<NT_>()), smem, s,                         \
                       static_cast<const uint16_t *>(x), static_cast<const uint8_t *>(w->data),         \
-                      (const float *)w->scales, y, part, fs, M, w->N, w->K, w->group);                 \
+                      (const float *)w->scales, y, part, M, w->N, w->K, w->group);                     \
     } while (0)
     /* the raw INT4 decode at up to 16 tokens, not in batch-invariant mode */
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
@@ -1068,7 +1039,7 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
     default: LC_QT_GO(16, false); break;
     }
 #undef LC_QT_GO
-    if (e != cudaSuccess || Z == 1 || fs) return e;
+    if (e != cudaSuccess || Z == 1) return e;
     return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
                                                                    w->N, Z, s);
 }
@@ -1080,11 +1051,10 @@ template <typename T, int FMT, int TOK, bool F32> static cudaError_t lc_qw_prepa
 
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qtiled_wg_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
-                                  int *sem, cudaStream_t s) {
+                                  cudaStream_t s) {
     const int tok = lc_qw_tok(M), Z = lc_qw_splits(w, M, tok);
     const dim3 grid((unsigned)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES), (unsigned)((M + tok - 1) / tok),
                     (unsigned)Z);
-    int *fs = lc_qt_fixup_sem(sem, grid, M);
     cudaError_t e;
 #define LC_QW_GO(TOK_)                                                                                 \
     do {                                                                                               \
@@ -1093,7 +1063,7 @@ static cudaError_t lc_qtiled_wg_t(int M, const loom_cuda_qweight *w, const void 
         if (attr != cudaSuccess) return attr;                                                          \
         e = lc_launch(lc_qtiled_wg_kernel<T, FMT, TOK_, F32>, grid, dim3(LC_QW_THREADS), smem, s,      \
                       static_cast<const uint16_t *>(x), static_cast<const uint8_t *>(w->data),         \
-                      (const float *)w->scales, y, part, fs, M, w->N, w->K, w->group);                 \
+                      (const float *)w->scales, y, part, M, w->N, w->K, w->group);                     \
     } while (0)
     switch (tok) {
     case 32: LC_QW_GO(32); break;
@@ -1102,7 +1072,7 @@ static cudaError_t lc_qtiled_wg_t(int M, const loom_cuda_qweight *w, const void 
     default: LC_QW_GO(256); break;
     }
 #undef LC_QW_GO
-    if (e != cudaSuccess || Z == 1 || fs) return e;
+    if (e != cudaSuccess || Z == 1) return e;
     return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
                                                                    w->N, Z, s);
 }
@@ -1191,14 +1161,13 @@ template <typename T, int FMT, int TOK, bool F32, int RT> static cudaError_t lc_
 /* the TMA kernel of RT row tiles a warp (128 or 256 rows a CTA) */
 template <typename T, int FMT, bool F32, int RT>
 static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
-                                   int *sem, cudaStream_t s) {
+                                   cudaStream_t s) {
     constexpr int TL = RT * LC_QT_TILES;
     /* at most 128 tokens a tile; the token tiles of a row block side by
      * side in the grid (x), so they run together and the second reads its
      * weights from L2 */
     const int tok = lc_qw_tok(M < 128 ? M : 128), Z = lc_qw_splits(w, M, tok, TL);
     const dim3 grid((unsigned)((M + tok - 1) / tok), (unsigned)((w->N / 16 + TL - 1) / TL), (unsigned)Z);
-    int *fs = nullptr; /* taken once a tensor map is made (the fallback takes its own) */
     CUtensorMap xm, wm, smp;
     cudaError_t e = cudaSuccess;
 #define LC_QWT_GO(TOK_)                                                                                \
@@ -1206,14 +1175,13 @@ static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void
         if ((e = lc_qw_maps<FMT, TOK_, TL>(&xm, &wm, &smp, w, x, M)) != cudaSuccess) {                 \
             /* no tensor map: cp.async */                                                              \
             __atomic_fetch_add(&lc_qw_fallbacks, 1, __ATOMIC_RELAXED);                                 \
-            return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, sem, s);                              \
+            return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);                                   \
         }                                                                                              \
-        fs = lc_qt_fixup_sem(sem, grid, M);                                                            \
         constexpr size_t smem = lc_qw_smem<FMT, TOK_, TL>() + 128; /* + the mbarriers */               \
         const cudaError_t attr = lc_qwt_prepare<T, FMT, TOK_, F32, RT>(smem);                          \
         if (attr != cudaSuccess) return attr;                                                          \
         e = lc_launch(lc_qtiled_tma_kernel<T, FMT, TOK_, F32, RT>, grid, dim3(lc_qw_tma_threads<RT>()), \
-                      smem, s, xm, wm, smp, (const float *)w->scales, y, part, fs, M, w->N, w->K, w->group); \
+                      smem, s, xm, wm, smp, (const float *)w->scales, y, part, M, w->N, w->K, w->group); \
         if (RT == 2 && e == cudaSuccess) __atomic_fetch_add(&lc_qw_wide_runs, 1, __ATOMIC_RELAXED);   \
     } while (0)
     switch (tok) {
@@ -1222,7 +1190,7 @@ static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void
     default: LC_QWT_GO(128); break;
     }
 #undef LC_QWT_GO
-    if (e != cudaSuccess || Z == 1 || fs) return e;
+    if (e != cudaSuccess || Z == 1) return e;
     return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
                                                                    w->N, Z, s);
 }
@@ -1257,26 +1225,25 @@ static bool lc_qtiled_wgmma_at(int M, int invariant, int wgmma_min_m) {
 /* one format and output type: the mma.sync kernel or the wgmma path's
  * kernel that `mode` (lc_qw_tma's) picks */
 template <typename T, int FMT, bool F32>
-static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part, int *sem,
+static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
                                 int invariant, bool wg, int mode, cudaStream_t s) {
-    if (!wg) return lc_qtiled_t<T, FMT, F32>(M, w, x, y, part, sem, invariant, s);
+    if (!wg) return lc_qtiled_t<T, FMT, F32>(M, w, x, y, part, invariant, s);
     if (mode == 2) mode = FMT == LOOM_CUDA_Q_INT8_W8A16 ? (M > 64 ? 1 : 0) : (M >= 64 ? 4 : 0);
-    if (mode == 0) return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, sem, s);
-    if (mode == 4) return lc_qtiled_tma_t<T, FMT, F32, 2>(M, w, x, y, part, sem, s);
-    return lc_qtiled_tma_t<T, FMT, F32, 1>(M, w, x, y, part, sem, s); /* 1, 3 */
+    if (mode == 0) return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);
+    if (mode == 4) return lc_qtiled_tma_t<T, FMT, F32, 2>(M, w, x, y, part, s);
+    return lc_qtiled_tma_t<T, FMT, F32, 1>(M, w, x, y, part, s); /* 1, 3 */
 }
 
 extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,
-                                 void *y, void *scratch, int *ksplit_sem, int invariant, int wgmma_min_m,
-                                 cudaStream_t s) {
+                                 void *y, void *scratch, int invariant, int wgmma_min_m, cudaStream_t s) {
     if (!lc_qtiled_takes(dt, w) || M < 1 || M > LC_QT_MAX_M) return cudaErrorInvalidValue;
     float *part = static_cast<float *>(scratch);
     const bool wg = lc_qtiled_wgmma_at(M, invariant, wgmma_min_m);
     const int mode = __atomic_load_n(&lc_qw_tma, __ATOMIC_RELAXED);
     if (wg) __atomic_fetch_add(&lc_qtiled_wg_runs, 1, __ATOMIC_RELAXED);
 #define LC_QT_F(T, FMT)                                                                            \
-    (out_f32 ? lc_qtiled_go<T, FMT, true>(M, w, x, y, part, ksplit_sem, invariant, wg, mode, s)    \
-             : lc_qtiled_go<T, FMT, false>(M, w, x, y, part, ksplit_sem, invariant, wg, mode, s))
+    (out_f32 ? lc_qtiled_go<T, FMT, true>(M, w, x, y, part, invariant, wg, mode, s)                \
+             : lc_qtiled_go<T, FMT, false>(M, w, x, y, part, invariant, wg, mode, s))
 #define LC_QT_T(T) (w->fmt == LOOM_CUDA_Q_INT4 ? LC_QT_F(T, LOOM_CUDA_Q_INT4) : LC_QT_F(T, LOOM_CUDA_Q_INT8_W8A16))
     return dt == LOOM_CUDA_F16 ? LC_QT_T(__half) : LC_QT_T(__nv_bfloat16);
 #undef LC_QT_T
