@@ -580,9 +580,9 @@ kprofile)
   qargs=()
   for M in ${KPROFILE_M:-16 64 256}; do
     [ "$M" = none ] && break
-    step "tiled W8A16 / INT4 kernels (mma.sync, wgmma) at M = $M (ncu --set full, one timed launch a variant and shape)"
+    step "tiled W8A16 / INT4 kernels (mma.sync, wgmma) and their K-split reduce at M = $M (ncu --set full, one timed launch a variant and shape)"
     # LOOM_BENCH_REPS=1: one warm-up and one timed launch of each GEMM
-    LOOM_BENCH_REPS=1 timeout 420 "$NCU" --set full --import-source no -k regex:'lc_qtiled_(w|kernel)' -f -o "/tmp/qtiled-m$M" \
+    LOOM_BENCH_REPS=1 timeout 420 "$NCU" --set full --import-source no -k regex:'lc_qtiled_(w|kernel)|lc_ksplit' -f -o "/tmp/qtiled-m$M" \
       "$LB/bench/gpu/gpu_bench" "/tmp/kprof-m$M.json" "$CUDA_SO" --quant-m "$M" > "$O/kprofile-m$M.log" 2>&1 \
       || { fails=$((fails + 1)); tail -3 "$O/kprofile-m$M.log"; }
     "$NCU" -i "/tmp/qtiled-m$M.ncu-rep" --page raw --csv > "$O/qtiled-m$M-raw.csv" 2>> "$O/kprofile-m$M.log" \

@@ -56,7 +56,9 @@ SOL = [  # (label, exact metric names tried in order)
     ("regs", ["launch__registers_per_thread"]),
     ("smem", ["launch__shared_mem_per_block_dynamic"]),
 ]
-STALL = re.compile(r"^smsp__average_warp_latency_issue_stalled_(\w+)\.ratio$")
+# cycles stalled per issued instruction: the older ncu's name, then the
+# one ncu 2025 writes (smsp__average_warps_issue_stalled_X_per_issue_active)
+STALL = re.compile(r"^smsp__average_warp(?:_latency|s)_issue_stalled_(\w+?)(?:_per_issue_active)?\.ratio$")
 STALL_PCT = re.compile(r"^smsp__warp_issue_stalled_(\w+)_per_warp_active\.pct$")
 TENSOR = re.compile(r"pipe_tensor.*(pct_of_peak_sustained_active|pct_of_peak_sustained_elapsed)$")
 
