@@ -53,6 +53,8 @@ SOL = [  # (label, exact metric names tried in order)
     ("L2%", ["lts__throughput.avg.pct_of_peak_sustained_elapsed"]),
     ("L1%", ["l1tex__throughput.avg.pct_of_peak_sustained_active"]),
     ("occ%", ["sm__warps_active.avg.pct_of_peak_sustained_active"]),
+    ("issue%", ["smsp__issue_active.avg.pct_of_peak_sustained_active"]),
+    ("Minst", ["smsp__inst_executed.sum"]),  # warp instructions, millions (scaled below)
     ("regs", ["launch__registers_per_thread"]),
     ("smem", ["launch__shared_mem_per_block_dynamic"]),
 ]
@@ -98,7 +100,8 @@ def raw_summary(path):
             v = mean(n) if n else None
             if v is not None:
                 unit = units[col[n]] if label == "smem" and col[n] < len(units) else ""
-                parts.append(f"{label} {v:.0f}{' ' + unit if unit else ''}")
+                val = f"{v / 1e6:.2f}" if label == "Minst" else f"{v:.0f}"
+                parts.append(f"{label} {val}{' ' + unit if unit else ''}")
         tens = [(h, mean(h)) for h in head if TENSOR.search(h)]
         tens = [(h, v) for h, v in tens if v]
         if tens:
@@ -106,7 +109,8 @@ def raw_summary(path):
         stalls = [(m.group(1), mean(h)) for h in head for m in [STALL.match(h)] if m]
         if not stalls:
             stalls = [(m.group(1), mean(h)) for h in head for m in [STALL_PCT.match(h)] if m]
-        stalls = sorted(((k, v) for k, v in stalls if v), key=lambda kv: -kv[1])[:6]
+        # "selected" is the cycle a warp issues, not a stall
+        stalls = sorted(((k, v) for k, v in stalls if v and k != "selected"), key=lambda kv: -kv[1])[:6]
         if stalls:
             parts.append("stalls " + ", ".join(f"{k} {v:.1f}" for k, v in stalls))
         print("; ".join(parts))
