@@ -148,10 +148,12 @@ static bool pp_nccl_type(loom_dtype d, ncclDataType_t *t) {
     }
 }
 
-/* Checks common to every call. */
+/* Checks common to every call; *type is always set (ncclFloat32 when the
+ * call is refused). */
 static loom_status pp_nccl_prep(pp_nccl *c, const char *what, int32_t rank, loom_dtype dtype, const void *stream,
                                 ncclDataType_t *type, loom_error *err) {
     const loom_host *h = c->host;
+    *type = ncclFloat32;
     if (atomic_load(&c->aborted))
         return h->error(h->ctx, err, LOOM_ERR_DEVICE,
                         "executor pp: rank %d: %s on an aborted NCCL communicator (a rank failed earlier); "
@@ -171,7 +173,7 @@ static loom_status pp_nccl_prep(pp_nccl *c, const char *what, int32_t rank, loom
 loom_status pp_nccl_send(void *ctx, const void *buf, int64_t count, loom_dtype dtype, void *stream,
                          loom_error *err) {
     const pp_nccl_end *e = ctx;
-    ncclDataType_t type = ncclFloat32; /* (set by pp_nccl_prep; named for the compiler) */
+    ncclDataType_t type;
     loom_status st = pp_nccl_prep(e->nc, "send_next", e->rank, dtype, stream, &type, err);
     if (st != LOOM_OK) return st;
     ncclResult_t r = ncclSend(buf, (size_t)count, type, e->next, e->nc->world[e->rank], (cudaStream_t)stream);
@@ -180,7 +182,7 @@ loom_status pp_nccl_send(void *ctx, const void *buf, int64_t count, loom_dtype d
 
 loom_status pp_nccl_recv(void *ctx, void *buf, int64_t count, loom_dtype dtype, void *stream, loom_error *err) {
     const pp_nccl_end *e = ctx;
-    ncclDataType_t type = ncclFloat32; /* (set by pp_nccl_prep; named for the compiler) */
+    ncclDataType_t type;
     loom_status st = pp_nccl_prep(e->nc, "recv_prev", e->rank, dtype, stream, &type, err);
     if (st != LOOM_OK) return st;
     ncclResult_t r = ncclRecv(buf, (size_t)count, type, e->prev, e->nc->world[e->rank], (cudaStream_t)stream);
@@ -195,7 +197,7 @@ static ncclComm_t pp_nccl_stage_comm(const pp_nccl_stage *s, int32_t trank) {
 loom_status pp_nccl_all_reduce(void *ctx, int32_t rank, void *buf, int64_t count, loom_dtype dtype, void *stream,
                                loom_error *err) {
     const pp_nccl_stage *s = ctx;
-    ncclDataType_t type = ncclFloat32; /* (set by pp_nccl_prep; named for the compiler) */
+    ncclDataType_t type;
     loom_status st = pp_nccl_prep(s->nc, "all_reduce_sum", rank, dtype, stream, &type, err);
     if (st != LOOM_OK) return st;
     ncclResult_t r = ncclAllReduce(buf, buf, (size_t)count, type, ncclSum, pp_nccl_stage_comm(s, rank),
@@ -206,7 +208,7 @@ loom_status pp_nccl_all_reduce(void *ctx, int32_t rank, void *buf, int64_t count
 loom_status pp_nccl_all_gather(void *ctx, int32_t rank, const void *send, void *recv, int64_t count,
                                loom_dtype dtype, void *stream, loom_error *err) {
     const pp_nccl_stage *s = ctx;
-    ncclDataType_t type = ncclFloat32; /* (set by pp_nccl_prep; named for the compiler) */
+    ncclDataType_t type;
     loom_status st = pp_nccl_prep(s->nc, "all_gather", rank, dtype, stream, &type, err);
     if (st != LOOM_OK) return st;
     ncclResult_t r =
