@@ -14,6 +14,11 @@ __device__ __forceinline__ void lc_cp16(void *smem, const void *gmem, bool valid
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
 }
+/* 16 bytes global -> shared at a shared-window address (a kernel that
+ * issues many copies a stage converts its buffer's address once). */
+__device__ __forceinline__ void lc_cp16s(uint32_t s, const void *gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
 /* 4 bytes global -> shared (.ca); zeros when !valid. */
 __device__ __forceinline__ void lc_cp4(void *smem, const void *gmem, bool valid) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);

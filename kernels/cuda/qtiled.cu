@@ -184,6 +184,21 @@ template <typename T> __device__ __forceinline__ float lc_qt_half_f(uint32_t h) 
     else return __uint_as_float(h << 16);
 }
 
+/* An INT4 stage's first column, its group and the column where the next
+ * group starts, stepped a stage at a time (group % 64 == 0: a stage of 128
+ * columns crosses at most two boundaries) — no division in the loop. */
+struct lc_qt_gcur {
+    int col, g, next;
+    __device__ __forceinline__ void init(int c, int group) {
+        col = c, g = c / group, next = (g + 1) * group;
+    }
+    __device__ __forceinline__ void step(int group) {
+        col += LC_QT_KS;
+        if (col >= next) g++, next += group;
+        if (col >= next) g++, next += group;
+    }
+};
+
 /* Warps along the tokens: from 64-token tiles a CTA has 8 warps, 4 over its
  * 128 rows times 2 over its tokens (each decodes its rows' weights for its
  * half of the tokens), so an SM keeps 8-16 warps issuing mma.sync. */
@@ -222,62 +237,73 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     const size_t tile_bytes = (size_t)K / F::KC * 512;
     const int groups = F::I4 ? K / group : 1;
 
-    /* Each thread's copies are fixed but for the stage: weights, vector
-     * rem of row tiles tl0, tl0 + TPK, ...; tokens, chunk c of rows r0,
-     * r0 + NTHR / 16, ... Row tiles past N and tokens past M are not copied:
-     * their shared memory holds stale or undefined values that only reach
-     * output rows / token columns never stored. */
+    /* Each thread's copies are fixed but for the stage, so their shared
+     * addresses, source pointers and validity are set up once and the
+     * pointers step a stage at a time (no index math or division in the
+     * loop): weights, vector rem of row tiles tl0, tl0 + TPK, ...; tokens,
+     * chunk c of rows r0, r0 + NTHR / 16, ...; INT4's scales, 16 bytes of
+     * (row tile, group h) a thread of the first 64. Row tiles past N and
+     * tokens past M are not copied: their shared memory holds stale or
+     * undefined values that only reach output rows / token columns never
+     * stored. */
     constexpr int VW = F::V * 32, TPK = NTHR / VW, CPW = LC_QT_TILES / TPK;
+    const uint32_t sm0 = (uint32_t)__cvta_generic_to_shared(lc_qt_sm);
     const int w_tl0 = tid / VW;
-    const uint8_t *w_src = wd + (size_t)(tile0 + w_tl0) * tile_bytes + (tid % VW) * 16;
+    const size_t w_step = (size_t)TPK * tile_bytes;
+    const uint8_t *w_src = wd + (size_t)(tile0 + w_tl0) * tile_bytes + (tid % VW) * 16 + (size_t)s_lo * VW * 16;
+    unsigned w_ok = 0;
+#pragma unroll
+    for (int k = 0; k < CPW; k++)
+        if (tile0 + w_tl0 + k * TPK < ntiles) w_ok |= 1u << k;
     constexpr int XPT = (TOK * 16 + NTHR - 1) / NTHR, XRS = NTHR / 16; /* copies a thread, rows apart */
     const int x_r0 = tid >> 4, x_c = tid & 15;
-    const uint16_t *x_src = x + (size_t)(m0 + x_r0) * K + x_c * 8;
-    auto load_w = [&](int s, int b) {
-        uint8_t *ws = lc_qt_sm + (size_t)b * STB;
+    const uint16_t *x_src = x + (size_t)(m0 + x_r0) * K + x_c * 8 + (size_t)s_lo * LC_QT_KS;
+    unsigned x_ok = 0;
+#pragma unroll
+    for (int k = 0; k < XPT; k++)
+        if (x_r0 + k * XRS < TOK && m0 + x_r0 + k * XRS < M) x_ok |= 1u << k;
+    /* the tiles' (s, b) dt pairs of the stage's groups (at most two: group
+     * % 64 == 0): 64 bytes a (row tile, group), four copies */
+    const int s_h = (tid >> 2) & 1;
+    const bool s_ok = F::I4 && tid < LC_QT_TILES * 2 * 4 && tile0 + (tid >> 3) < ntiles;
+    const float *s_src = F::I4 ? sc + ((size_t)(tile0 + (tid >> 3)) * groups + s_h) * 16 + (tid & 3) * 4 : sc;
+    lc_qt_gcur lg{}, cg{}; /* the loads' stage and the math's */
+    if constexpr (F::I4) lg.init(s_lo * LC_QT_KS, group), cg = lg;
+    auto load_w = [&](int b) {
+        const uint32_t ws = sm0 + (uint32_t)(b * STB);
 #pragma unroll
         for (int k = 0; k < CPW; k++)
-            if (tile0 + w_tl0 + k * TPK < ntiles)
-                lc_cp16(ws + (size_t)(tid + k * NTHR) * 16, w_src + (size_t)k * TPK * tile_bytes + (size_t)s * VW * 16,
-                           true);
+            if (w_ok >> k & 1) lc_cp16s(ws + (uint32_t)((tid + k * NTHR) * 16), w_src + k * w_step);
+        w_src += VW * 16;
         if constexpr (F::I4) {
-            /* the tiles' (s, b) dt pairs of the stage's groups (at most two:
-             * group % 64 == 0): 64 bytes a (row tile, group), four copies */
-            uint8_t *ss = ws + WB + XB;
-            const int g0 = (s * LC_QT_KS) / group;
-            for (int i = tid; i < LC_QT_TILES * 2 * 4; i += NTHR) {
-                const int tl = i >> 3, h = (i >> 2) & 1, q = i & 3, gt = tile0 + tl;
-                if (gt < ntiles && g0 + h < groups)
-                    lc_cp16(ss + i * 16, sc + ((size_t)gt * groups + g0 + h) * 16 + q * 4, true);
-            }
+            if (s_ok && lg.g + s_h < groups) lc_cp16s(ws + (uint32_t)(WB + XB + tid * 16), s_src + (size_t)lg.g * 16);
+            lg.step(group);
         }
     };
-    auto load_x = [&](int s, int b) {
-        uint16_t *xs = reinterpret_cast<uint16_t *>(lc_qt_sm + (size_t)b * STB + WB);
+    auto load_x = [&](int b) {
+        const uint32_t xs = sm0 + (uint32_t)(b * STB + WB);
 #pragma unroll
-        for (int k = 0; k < XPT; k++) {
-            const int r = x_r0 + k * XRS;
-            if (r < TOK && m0 + r < M)
-                lc_cp16(xs + r * LC_QT_XR + x_c * 8, x_src + (size_t)k * XRS * K + (size_t)s * LC_QT_KS,
-                           true);
-        }
+        for (int k = 0; k < XPT; k++)
+            if (x_ok >> k & 1)
+                lc_cp16s(xs + (uint32_t)(((x_r0 + k * XRS) * LC_QT_XR + x_c * 8) * 2), x_src + (size_t)k * XRS * K);
+        x_src += LC_QT_KS;
     };
 
     /* the weights do not depend on the kernel before */
 #pragma unroll
     for (int i = 0; i < ST - 1; i++)
-        if (i < nst) load_w(s_lo + i, i);
+        if (i < nst) load_w(i);
     lc_pdl_wait();
     lc_pdl_trigger();
 #pragma unroll
     for (int i = 0; i < ST - 1; i++) {
-        if (i < nst) load_x(s_lo + i, i);
+        if (i < nst) load_x(i);
         lc_cp_commit();
     }
 
     float acc[LC_QT_MT][NTW][4];
     /* RAW: the group's partial sums and the tokens' sums over it */
-    float dg[RAW ? LC_QT_MT : 1][RAW ? NTW : 1][4], xg[RAW ? NTW : 1][2];
+    float dg[RAW ? LC_QT_MT : 1][RAW ? NTW : 1][4], xg[RAW ? NTW : 1][4]; /* xg: rows g, g + 8 alike */
 #pragma unroll
     for (int mt = 0; mt < LC_QT_MT; mt++)
 #pragma unroll
@@ -289,7 +315,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
 #pragma unroll
                 for (int j = 0; j < NTW; j++) dg[mt][j][0] = dg[mt][j][1] = dg[mt][j][2] = dg[mt][j][3] = 0.0f;
 #pragma unroll
-            for (int j = 0; j < NTW; j++) xg[j][0] = xg[j][1] = 0.0f;
+            for (int j = 0; j < NTW; j++) xg[j][0] = xg[j][1] = xg[j][2] = xg[j][3] = 0.0f;
         }
     };
     zero_group();
@@ -307,26 +333,26 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     const int lm_mat = lane >> 3, lm_r = lane & 7;
     const int r_base = wc * NTW * 8; /* the warp's first token row in the tile */
 
+    int rb = 0, wb = ST - 1; /* the buffers read and refilled */
     for (int it = 0; it < nst; it++) {
         lc_cp_wait<ST - 2>();
         __syncthreads();
-        {
-            const int nx = it + ST - 1;
-            if (nx < nst) {
-                load_w(s_lo + nx, nx % ST);
-                load_x(s_lo + nx, nx % ST);
-            }
-            lc_cp_commit();
+        if (it + ST - 1 < nst) {
+            load_w(wb);
+            load_x(wb);
         }
-        const uint8_t *ws = lc_qt_sm + (size_t)(it % ST) * STB;
+        lc_cp_commit();
+        wb = wb == ST - 1 ? 0 : wb + 1;
+        const uint8_t *ws = lc_qt_sm + (size_t)rb * STB;
+        rb = rb == ST - 1 ? 0 : rb + 1;
         const uint16_t *xs = reinterpret_cast<const uint16_t *>(ws + WB);
         const uint32_t *ss = reinterpret_cast<const uint32_t *>(ws + WB + XB);
-        const int s_col = (s_lo + it) * LC_QT_KS, g_st = F::I4 ? s_col / group : 0;
 #pragma unroll
         for (int v = 0; v < F::V; v++) {
             uint4 av[LC_QT_MT];
             uint32_t pa[LC_QT_MT], pb[LC_QT_MT], s2a[LC_QT_MT], b2a[LC_QT_MT], s2b[LC_QT_MT], b2b[LC_QT_MT];
-            const int h = F::I4 ? (s_col + v * F::KC) / group - g_st : 0;
+            /* the vector's group past the stage's first (group >= KC) */
+            const int h = F::I4 && v > 0 ? cg.col + v * F::KC >= cg.next : 0;
 #pragma unroll
             for (int mt = 0; mt < LC_QT_MT; mt++) {
                 const int tl = wr * LC_QT_MT + mt;
@@ -363,11 +389,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
                     const int r = r_base + lm_r, c = kc + (lm_mat & 1);
                     uint32_t b0, b1;
                     lc_qt_ldsm2(xs + r * LC_QT_XR + c * 8, b0, b1);
-                    if constexpr (RAW) {
-                        float xx[4] = {xg[0][0], xg[0][1], 0.0f, 0.0f};
-                        lc_mma16816<T>(xx, ones, b0, b1);
-                        xg[0][0] = xx[0], xg[0][1] = xx[1];
-                    }
+                    if constexpr (RAW) lc_mma16816<T>(xg[0], ones, b0, b1);
 #pragma unroll
                     for (int mt = 0; mt < LC_QT_MT; mt++) lc_mma16816<T>(sum_of(mt, 0), a[mt], b0, b1);
                 } else {
@@ -377,12 +399,8 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
                         uint32_t b0, b1, b2, b3;
                         lc_qt_ldsm4(xs + r * LC_QT_XR + c * 8, b0, b1, b2, b3);
                         if constexpr (RAW) {
-                            float x0[4] = {xg[2 * np][0], xg[2 * np][1], 0.0f, 0.0f};
-                            float x1[4] = {xg[2 * np + 1][0], xg[2 * np + 1][1], 0.0f, 0.0f};
-                            lc_mma16816<T>(x0, ones, b0, b1);
-                            lc_mma16816<T>(x1, ones, b2, b3);
-                            xg[2 * np][0] = x0[0], xg[2 * np][1] = x0[1];
-                            xg[2 * np + 1][0] = x1[0], xg[2 * np + 1][1] = x1[1];
+                            lc_mma16816<T>(xg[2 * np], ones, b0, b1);
+                            lc_mma16816<T>(xg[2 * np + 1], ones, b2, b3);
                         }
 #pragma unroll
                         for (int mt = 0; mt < LC_QT_MT; mt++) {
@@ -395,8 +413,8 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
             if constexpr (RAW) {
                 /* the group ends with this vector (group % 64 == 0), or the
                  * slice does: acc += s d + (b - M s) X, then a fresh group */
-                const int end = s_col + (v + 1) * F::KC;
-                if (end % group == 0 || (it == nst - 1 && v == F::V - 1)) {
+                const int end = cg.col + (v + 1) * F::KC;
+                if (end == cg.next || end == cg.next + group || (it == nst - 1 && v == F::V - 1)) {
 #pragma unroll
                     for (int mt = 0; mt < LC_QT_MT; mt++) {
                         const float sa = lc_qt_half_f<T>(pa[mt] & 0xFFFFu), sb = lc_qt_half_f<T>(pb[mt] & 0xFFFFu);
@@ -415,6 +433,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
                 }
             }
         }
+        if constexpr (F::I4) cg.step(group);
     }
     lc_cp_wait<0>(); /* no copy may land after the CTA has gone */
 
