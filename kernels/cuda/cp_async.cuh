@@ -15,8 +15,9 @@ __device__ __forceinline__ void lc_cp16(void *smem, const void *gmem, bool valid
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
 }
 /* 16 bytes global -> shared at a shared-window address (a kernel that
- * issues many copies a stage converts its buffer's address once). */
-__device__ __forceinline__ void lc_cp16s(uint32_t s, const void *gmem) {
+ * issues many copies a stage converts its buffer's address once); no
+ * validity flag: the caller skips a copy past the matrix's edge. */
+__device__ __forceinline__ void lc_cp16s(unsigned s, const void *gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
 }
 /* 4 bytes global -> shared (.ca); zeros when !valid. */

@@ -98,11 +98,10 @@ template <bool I4> __device__ __forceinline__ uint4 lc_pack_h8(const float *v) {
 /* The K-split kernels' second pass (qmma.cu, qtiled.cu): y (M, N) = the
  * sum over z of part (z, M, N) in z order (so results do not depend on
  * timing), times the token's inv[m] when inv, and W8A16's row scale sc[n]
- * when W8. VW = 4 outputs a thread (N % 4 == 0) with every slice's 16-byte
- * load issued before the first addition: a thread per output, loading a
- * slice after the other, spent its time waiting on L2 (~5 us for a few MB
- * under ncu). */
-template <typename T, bool W8, bool F32, int VW>
+ * when W8. NOUT outputs a thread (4 where N % 4 == 0: 16-byte loads), the
+ * loads of up to ZB slices issued before their additions, so a thread
+ * waits on L2 once for eight slices, not once a slice. */
+template <typename T, bool W8, bool F32, int NOUT>
 __global__ void __launch_bounds__(256)
     lc_ksplit_reduce_kernel(const float *__restrict__ part, const float *__restrict__ inv,
                             const float *__restrict__ sc, void *__restrict__ y, int M, int N, int Z) {
@@ -110,15 +109,15 @@ __global__ void __launch_bounds__(256)
     lc_pdl_trigger();
     constexpr int ZB = 8; /* slices in flight */
     const size_t MN = (size_t)M * N;
-    for (size_t o = ((size_t)blockIdx.x * 256 + threadIdx.x) * VW; o < MN; o += (size_t)gridDim.x * 256 * VW) {
-        float v[VW] = {};
+    for (size_t o = ((size_t)blockIdx.x * 256 + threadIdx.x) * NOUT; o < MN; o += (size_t)gridDim.x * 256 * NOUT) {
+        float v[NOUT] = {};
         for (int z0 = 0; z0 < Z; z0 += ZB) {
-            float p[ZB][VW];
+            float p[ZB][NOUT];
 #pragma unroll
             for (int i = 0; i < ZB; i++) {
                 if (z0 + i >= Z) continue;
                 const float *src = part + (size_t)(z0 + i) * MN + o; /* read once */
-                if constexpr (VW == 4) {
+                if constexpr (NOUT == 4) {
                     const float4 t = __ldcs(reinterpret_cast<const float4 *>(src));
                     p[i][0] = t.x, p[i][1] = t.y, p[i][2] = t.z, p[i][3] = t.w;
                 } else {
@@ -129,18 +128,18 @@ __global__ void __launch_bounds__(256)
             for (int i = 0; i < ZB; i++)
                 if (z0 + i < Z)
 #pragma unroll
-                    for (int e = 0; e < VW; e++) v[e] += p[i][e];
+                    for (int e = 0; e < NOUT; e++) v[e] += p[i][e];
         }
-        if (inv || W8) { /* the VW outputs lie in one row */
+        if (inv || W8) { /* the NOUT outputs lie in one row */
             const size_t row = o / (size_t)N, n = o - row * N;
             const float r = inv ? inv[row] : 1.0f;
 #pragma unroll
-            for (int e = 0; e < VW; e++) {
+            for (int e = 0; e < NOUT; e++) {
                 v[e] *= r;
                 if constexpr (W8) v[e] *= sc[n + e];
             }
         }
-        if constexpr (VW == 4) {
+        if constexpr (NOUT == 4) {
             if (F32) reinterpret_cast<float4 *>(y)[o / 4] = make_float4(v[0], v[1], v[2], v[3]);
             else reinterpret_cast<uint2 *>(y)[o / 4] = make_uint2(lc_pack2<T>(v[0], v[1]), lc_pack2<T>(v[2], v[3]));
         } else {
@@ -153,6 +152,9 @@ __global__ void __launch_bounds__(256)
 template <typename T, bool W8, bool F32>
 static cudaError_t lc_ksplit_reduce(const float *part, const float *inv, const float *sc, void *y, int M, int N, int Z,
                                     cudaStream_t s) {
+    /* four outputs a thread read part and write y 16 (f32) / 8 bytes at a
+     * time: every caller's part is scratch at 256-byte offsets and its y
+     * rows start at multiples of N */
     const size_t mn = (size_t)M * N;
     if (N % 4 == 0) {
         const size_t n4 = (mn / 4 + 255) / 256;

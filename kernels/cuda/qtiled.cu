@@ -49,7 +49,7 @@
  * and multiplies them with the token tiles by mma.sync m16n8k16 in dt, B
  * fragments by ldmatrix from token rows padded to 272 bytes. Matrices with
  * few row tiles are split over K (grid z) into f32 partial sums that
- * lc_qtiled_reduce adds in slice order (results never depend on timing; the
+ * lc_ksplit_reduce (mma.cuh) adds in slice order (results never depend on timing; the
  * split depends on N, K and M only; batch-invariant mode: the split of one
  * row and the fused decode at every M).
  *
@@ -239,8 +239,8 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
 
     /* Each thread's copies are fixed but for the stage, so their shared
      * addresses, source pointers and validity are set up once and the
-     * pointers step a stage at a time (no index math or division in the
-     * loop): weights, vector rem of row tiles tl0, tl0 + TPK, ...; tokens,
+     * pointers step a stage at a time (each copy's address one offset from
+     * its stream's base; no division in the loop): weights, vector rem of row tiles tl0, tl0 + TPK, ...; tokens,
      * chunk c of rows r0, r0 + NTHR / 16, ...; INT4's scales, 16 bytes of
      * (row tile, group h) a thread of the first 64. Row tiles past N and
      * tokens past M are not copied: their shared memory holds stale or
@@ -333,18 +333,18 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     const int lm_mat = lane >> 3, lm_r = lane & 7;
     const int r_base = wc * NTW * 8; /* the warp's first token row in the tile */
 
-    int rb = 0, wb = ST - 1; /* the buffers read and refilled */
+    int read_buf = 0, fill_buf = ST - 1; /* the stage buffers read and refilled */
     for (int it = 0; it < nst; it++) {
         lc_cp_wait<ST - 2>();
         __syncthreads();
         if (it + ST - 1 < nst) {
-            load_w(wb);
-            load_x(wb);
+            load_w(fill_buf);
+            load_x(fill_buf);
         }
         lc_cp_commit();
-        wb = wb == ST - 1 ? 0 : wb + 1;
-        const uint8_t *ws = lc_qt_sm + (size_t)rb * STB;
-        rb = rb == ST - 1 ? 0 : rb + 1;
+        fill_buf = fill_buf == ST - 1 ? 0 : fill_buf + 1;
+        const uint8_t *ws = lc_qt_sm + (size_t)read_buf * STB;
+        read_buf = read_buf == ST - 1 ? 0 : read_buf + 1;
         const uint16_t *xs = reinterpret_cast<const uint16_t *>(ws + WB);
         const uint32_t *ss = reinterpret_cast<const uint32_t *>(ws + WB + XB);
 #pragma unroll

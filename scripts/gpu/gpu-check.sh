@@ -24,8 +24,8 @@
 #   quant:  each quantizer scheme vs bf16 on the Llama-3-8B shape, each a
 #           `loom bench --compare`: batch-1 decode, batch-64 decode,
 #           2048-token prefill (QUANT_SCHEMES / QUANT_RUNS narrow it;
-#           QUANT_RUNS=b16 adds batch-16 decode; the SmolLM2 perplexities
-#           are the ppl stage).
+#           QUANT_RUNS may name b16, batch-16 decode; the SmolLM2
+#           perplexities are the ppl stage).
 #   offline: the 1000-request offline run at 256 and 512 sequences a step.
 #   spec2:  draft-model speculation (SmolLM2 drafted by its int4 self) and
 #           the cost side of ngram on the Llama-3-8B shape (needs SmolLM2).
