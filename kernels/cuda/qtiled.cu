@@ -49,21 +49,20 @@
  * and multiplies them with the token tiles by mma.sync m16n8k16 in dt, B
  * fragments by ldmatrix from token rows padded to 272 bytes. Matrices with
  * few row tiles are split over K (grid z) into f32 partial sums that
- * lc_ksplit_reduce (mma.cuh) adds in slice order (results never depend on timing; the
- * split depends on N, K and M only; batch-invariant mode: the split of one
- * row and the fused decode at every M).
+ * lc_ksplit_reduce (mma.cuh) adds in slice order (results never depend on
+ * timing; the split depends on N, K and M only; batch-invariant mode: the
+ * split of one row and the fused decode at every M).
  *
  * Measured (H200, one Llama-3-8B layer's four linears, bench/results/
- * h200-quant-linears.json): INT4 beats the row-major kernels from 2 to
- * 128 rows (8 rows 88 vs 192 us, 64 rows 194 vs 235) and loses at one row
- * (89 vs 74; chained 63 vs 48: ~1.9 TB/s, issue-bound on the decode and
- * copies); W8A16 wins only at 8..16 rows. mma.sync here reaches ~145-190
- * TFLOP/s at 64-256 rows: below bf16's cuBLASLt from ~30 rows. (Timed
- * before the INT4 codes were centred, 6bb08a0.) The wgmma path from 17
- * rows (bench/results/h200-quant-tiled-wgmma.json): 1.4-1.8x mma.sync from
- * 32 rows; vs bf16 INT4 / W8A16 1.49x / 1.44x at 32 rows, 1.13x / 1.12x
- * at 64, 0.58x / 0.65x at 256 (~350-370 TFLOP/s on gate|up, cuBLASLt's
- * bf16 590).
+ * h200-quant-linears.json gpu_bench_mM), tiled vs row-major vs bf16, us:
+ * INT4 1 row 73.6 / 73.6 / 132.2, 8 rows 74.3 / 193.2 / 193.8, 16 rows
+ * 88.4 / 131.1 / 145.7, 64 rows 114.9 / 227.8 / 154.7, 256 rows 251.7 /
+ * 550.4 / 213.1; W8A16 1 row 100.4 / 87.0, 16 rows 110.6 / 134.2, 64
+ * rows 145.8 / 213.2. Up to 16 rows the mma.sync kernel is bound by the
+ * instructions it issues (~3 a weight at 16 rows, 49% of DRAM peak on an
+ * H100's gate|up: docs/performance.md), not by bytes; from 17 rows the
+ * wgmma kernels (gate|up at 256 rows: INT4 114.4 us, ~525 TFLOP/s,
+ * against cuBLASLt's bf16 101.8 us).
  *
  * Contract (lc_qtiled_ok): N % 16 == 0, K % 128 == 0, INT4 group % 64 == 0
  * dividing K; x rows 16-byte aligned (K % 8).
