@@ -196,6 +196,10 @@ struct lc_qt_gcur {
         if (col >= next) g++, next += group;
         if (col >= next) g++, next += group;
     }
+    /* whether column c (inside the stage) lies past the stage's first group */
+    __device__ __forceinline__ bool past_first(int c) const { return c >= next; }
+    /* whether a group ends at column c (col < c <= col + LC_QT_KS) */
+    __device__ __forceinline__ bool ends_at(int c, int group) const { return c == next || c == next + group; }
 };
 
 /* Warps along the tokens: from 64-token tiles a CTA has 8 warps, 4 over its
@@ -351,7 +355,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
             uint4 av[LC_QT_MT];
             uint32_t pa[LC_QT_MT], pb[LC_QT_MT], s2a[LC_QT_MT], b2a[LC_QT_MT], s2b[LC_QT_MT], b2b[LC_QT_MT];
             /* the vector's group past the stage's first (group >= KC) */
-            const int h = F::I4 && v > 0 ? cg.col + v * F::KC >= cg.next : 0;
+            const int h = F::I4 && v > 0 ? cg.past_first(cg.col + v * F::KC) : 0;
 #pragma unroll
             for (int mt = 0; mt < LC_QT_MT; mt++) {
                 const int tl = wr * LC_QT_MT + mt;
@@ -412,8 +416,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
             if constexpr (RAW) {
                 /* the group ends with this vector (group % 64 == 0), or the
                  * slice does: acc += s d + (b - M s) X, then a fresh group */
-                const int end = cg.col + (v + 1) * F::KC;
-                if (end == cg.next || end == cg.next + group || (it == nst - 1 && v == F::V - 1)) {
+                if (cg.ends_at(cg.col + (v + 1) * F::KC, group) || (it == nst - 1 && v == F::V - 1)) {
 #pragma unroll
                     for (int mt = 0; mt < LC_QT_MT; mt++) {
                         const float sa = lc_qt_half_f<T>(pa[mt] & 0xFFFFu), sb = lc_qt_half_f<T>(pb[mt] & 0xFFFFu);
