@@ -541,22 +541,19 @@ static void bench_quant(int M) {
     /* (from 17 rows, where the tiled kernel runs its wgmma path, also with
      * that path's copies forced to cp.async, "_tiled_cpa", and to TMA,
      * "_tiled_tma" (the default picks by format and M), the wide TMA
-     * kernel (256-row CTAs), "_tiled_wide", with the path off: its
-     * mma.sync one, "_tiled_mma"; at every M as dispatched but its K slices
-     * summed by the reduce kernel instead of in clusters, "_tiled_red"
-     * (lc_qtiled_set_cluster_sum(0)); above 64 rows also with the tiled bound
+     * kernel (256-row CTAs), "_tiled_wide", and with the path off: its
+     * mma.sync one, "_tiled_mma"; above 64 rows also with the tiled bound
      * at 0: the tiled weight dequantized for cuBLASLt, "_tiled_deq" —
      * where the bounds belong) */
     const int nmma = M >= LC_QT_DEFAULT_WG_MIN_M ? 8 : 0; /* _tiled_cpa, _tiled_tma, _tiled_wide, _tiled_mma */
-    const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF, nv = nv0 + 4 + nmma + (M > 64 ? 2 : 0);
+    const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF, nv = nv0 + 2 + nmma + (M > 64 ? 2 : 0);
     const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
-        const int tv = vi - nv0; /* the tiled variants: default, _red, then the wgmma ones, _deq */
-        const bool tiled = vi >= nv0, red = tiled && tv >= 2 && tv < 4, cpa = tiled && tv >= 4 && tv < 6 && nmma,
-                   tma = tiled && tv >= 6 && tv < 8 && nmma, wide = tiled && tv >= 8 && tv < 10 && nmma,
-                   mma = tiled && tv >= 10 && tv < 4 + nmma, deq = tiled && tv >= 4 + nmma;
+        const bool tiled = vi >= nv0, cpa = tiled && vi >= nv0 + 2 && vi < nv0 + 4 && nmma,
+                   tma = tiled && vi >= nv0 + 4 && vi < nv0 + 6 && nmma,
+                   wide = tiled && vi >= nv0 + 6 && vi < nv0 + 8 && nmma,
+                   mma = tiled && vi >= nv0 + 8 && vi < nv0 + 2 + nmma, deq = vi >= nv0 + 2 + nmma;
         lc_qtiled_set_wgmma_tma(cpa ? 0 : tma ? 1 : wide ? 4 : 2);
-        lc_qtiled_set_cluster_sum(!red);
         loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : 256);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, mma ? 0 : LC_QT_DEFAULT_WG_MIN_M);
         const bool epi = !tiled && M > 8 && vi == NF;
@@ -611,7 +608,6 @@ static void bench_quant(int M) {
                  : cpa ? "_tiled_cpa"
                  : tma ? "_tiled_tma"
                  : wide ? "_tiled_wide"
-                 : red ? "_tiled_red"
                  : tiled ? "_tiled"
                          : "");
         snprintf(nm, sizeof nm, "llama3-8b layer linears %s M=%d", label, M);
@@ -626,7 +622,6 @@ static void bench_quant(int M) {
         }
     }
     lc_gemm_set_fp8_vec(g, vec0);
-    lc_qtiled_set_cluster_sum(1);
     loom_cuda_qgemm_set_tiled_max_m(g, 256);
     loom_cuda_qgemm_set_tiled_wgmma_min_m(g, LC_QT_DEFAULT_WG_MIN_M);
     cudaFree(x), cudaFree(y);

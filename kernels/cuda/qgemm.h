@@ -128,13 +128,6 @@ void lc_qtiled_set_wgmma_tma(int mode);
 long lc_qtiled_tma_fallback_count(void);
 /* Launches of the wide (256-row CTA) TMA kernel so far. */
 long lc_qtiled_wide_count(void);
-/* Whether the tiled kernels' K slices add inside a cluster of CTAs (1, the
- * default, where the GPU can hold the cluster) or through partial sums in
- * scratch and a reduce kernel (0); the same bits either way. For gpu_bench
- * and the kernel tests, process-wide. */
-void lc_qtiled_set_cluster_sum(int on);
-/* tiled-kernel launches whose K slices were summed in a cluster so far. */
-long lc_qtiled_cluster_count(void);
 cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s);
 /* The tiled bound of loom_cuda_qgemm_set_tiled_max_m (gemm.c holds it). */
 int lc_gemm_q_tiled_max_m(const loom_cuda_gemm *g);

@@ -205,87 +205,6 @@ struct lc_qt_gcur {
 /* Warps along the tokens: from 64-token tiles a CTA has 8 warps, 4 over its
  * 128 rows times 2 over its tokens (each decodes its rows' weights for its
  * half of the tokens), so an SM keeps 8-16 warps issuing mma.sync. */
-/* output (token m, row n) of a finished sum: W8A16's row scale, y's type */
-template <typename T, int FMT, bool F32>
-__device__ __forceinline__ void lc_qw_put(float val, const float *__restrict__ sc, void *__restrict__ y, int N, int m,
-                                          int n) {
-    const size_t o = (size_t)m * N + n;
-    if constexpr (!lc_qt<FMT>::I4) val *= __ldg(sc + n);
-    if (F32) static_cast<float *>(y)[o] = val;
-    else static_cast<T *>(y)[o] = lc_from_f<T>(val);
-}
-
-/* K slices summed inside a cluster. A CTA launched in a cluster of Z along
- * z (lc_qw_launch) holds slice z of its output tile; instead of partial
- * sums through global memory and lc_ksplit_reduce's launch, the slices add
- * in shared memory. Each thread's accumulators are VPT 4-float vectors
- * (acc[4 v .. 4 v + 3]: rows r, r + 8, tokens c, c + 1 as mma's C has
- * them); lc_cl_leave puts them in the CTA's drained stage buffers (vector
- * v of thread i at v NTHR + i), and after a cluster barrier CTA r adds the
- * r-th of Z equal shares of the tile's vectors over the Z CTAs' copies in
- * slice order from 0 — lc_ksplit_reduce's sum, the same bits — and stores
- * them where `at` (vector, thread -> row tile base + r, first token)
- * says (lc_cl_sum); a second cluster barrier keeps every CTA's shared
- * memory alive until its peers have read it. */
-template <int VPT, int NTHR> constexpr int lc_cl_bytes() { return VPT * NTHR * 16; }
-
-template <int VPT, int NTHR> __device__ __forceinline__ void lc_cl_leave(const float *acc, uint8_t *sm, int tid) {
-    float4 *v = reinterpret_cast<float4 *>(sm);
-#pragma unroll
-    for (int i = 0; i < VPT; i++) v[i * NTHR + tid] = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
-}
-
-/* (not inlined: inlined, ptxas serializes the 32-token wgmma kernels'
- * wgmmas, C7513) */
-template <typename T, int FMT, bool F32, int VPT, int NTHR, typename At>
-__device__ __noinline__ void lc_cl_sum(uint32_t sm_s, const float *__restrict__ sc, void *__restrict__ y, int M, int N,
-                                       int tid, At at) {
-    constexpr int Q = VPT * NTHR, ZMAX = 8;
-    const int Z = (int)lc_cl_size(), r = (int)lc_cl_rank();
-    for (int f = Q * r / Z + tid; f < Q * (r + 1) / Z; f += NTHR) {
-        int n0, m0;
-        at(f / NTHR, f % NTHR, n0, m0);
-        if (n0 - n0 % 16 >= N) continue; /* a row tile past N */
-        float4 p[ZMAX];
-#pragma unroll
-        for (int k = 0; k < ZMAX; k++)
-            if (k < Z) p[k] = lc_cl_ld4(lc_cl_map(sm_s + (uint32_t)f * 16, (uint32_t)k));
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int k = 0; k < ZMAX; k++)
-            if (k < Z) v[0] += p[k].x, v[1] += p[k].y, v[2] += p[k].z, v[3] += p[k].w;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int n = n0 + (e >= 2 ? 8 : 0), m = m0 + (e & 1);
-            if (m < M) lc_qw_put<T, FMT, F32>(v[e], sc, y, N, m, n);
-        }
-    }
-}
-
-/* the cluster sum's steps after a kernel's main loop, for every thread
- * (`mine`: its accumulators are the tile's; the others — a producer —
- * only take part in the barriers) */
-template <typename T, int FMT, bool F32, int VPT, int NTHR, typename At>
-__device__ __forceinline__ void lc_cl_finish(bool mine, const float *acc, uint8_t *sm, uint32_t sm_s,
-                                             const float *__restrict__ sc, void *__restrict__ y, int M, int N,
-                                             int tid, At at) {
-    if (mine) lc_cl_leave<VPT, NTHR>(acc, sm, tid);
-    lc_cl_sync();
-    if (mine) lc_cl_sum<T, FMT, F32, VPT, NTHR>(sm_s, sc, y, M, N, tid, at);
-    lc_cl_sync();
-}
-
-/* the mma.sync kernel's vector v = mt NTW + nt of thread c: row tile
- * wr LC_QT_MT + mt, tokens (wc NTW + nt) 8 + 2 t (warp = wc warps + wr) */
-template <int NTW> struct lc_qt_at {
-    int tile0, m0;
-    __device__ void operator()(int v, int c, int &n0, int &mb) const {
-        const int l = c & 31, w = c >> 5, wr = w % LC_QT_WARPS, wc = w / LC_QT_WARPS;
-        n0 = (tile0 + wr * LC_QT_MT + v / NTW) * 16 + (l >> 2);
-        mb = m0 + (wc * NTW + v % NTW) * 8 + 2 * (l & 3);
-    }
-};
-
 template <int NT> constexpr int lc_qt_wn() { return NT >= 8 ? 2 : 1; }
 /* INT4 at up to 16 tokens ("raw"): the mma takes the codes as decoded under
  * the magic, M + q (M = 128 in bf16, 1024 in f16: one LOP3 per two weights,
@@ -519,13 +438,6 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
         if constexpr (F::I4) cg.step(group);
     }
     lc_cp_wait<0>(); /* no copy may land after the CTA has gone */
-    if (lc_cl_size() > 1) { /* the K slices add in the cluster */
-        static_assert(lc_cl_bytes<LC_QT_MT * NTW, NTHR>() <= ST * STB, "cluster sum: shared memory");
-        __syncthreads(); /* every thread's copies landed, every warp done reading them */
-        lc_cl_finish<T, FMT, F32, LC_QT_MT * NTW, NTHR>(true, &acc[0][0][0], lc_qt_sm, sm0, sc, y, M, N, tid,
-                                                      lc_qt_at<NTW>{tile0, m0});
-        return;
-    }
 
     /* C: rows g, g + 8 of each row tile; tokens 2t, 2t + 1 of each n-tile */
 #pragma unroll
@@ -668,11 +580,13 @@ __device__ __forceinline__ void lc_qw_stage(float *acc, const uint8_t *st, uint3
 }
 
 /* The accumulators of a consumer warp (rows nb + g, + 8 of its row tile;
- * tokens m0 + 8 i + 2 t, + 1) to y, or to its K slice's partial sums. */
+ * tokens m0 + 8 i + 2 t, + 1) to y, scaled by W8A16's row scale, or to
+ * its K slice's partial sums. */
 template <typename T, int FMT, int TOK, bool F32>
 __device__ __forceinline__ void lc_qw_store(const float *acc, const float *__restrict__ sc, void *__restrict__ y,
                                             float *__restrict__ part, int M, int N, int m0, int nb, int z, int Z,
                                             int lane) {
+    typedef lc_qt<FMT> F;
     const int g = lane >> 2, t = lane & 3;
     if (nb >= N) return;
 #pragma unroll
@@ -681,21 +595,17 @@ __device__ __forceinline__ void lc_qw_store(const float *acc, const float *__res
         for (int e = 0; e < 4; e++) {
             const int n = nb + g + (e >= 2 ? 8 : 0), m = m0 + 8 * i + 2 * t + (e & 1);
             if (m >= M) continue;
-            if (Z > 1) part[(size_t)z * M * N + (size_t)m * N + n] = acc[4 * i + e];
-            else lc_qw_put<T, FMT, F32>(acc[4 * i + e], sc, y, N, m, n);
+            const size_t o = (size_t)m * N + n;
+            if (Z > 1) {
+                part[(size_t)z * M * N + o] = acc[4 * i + e];
+                continue;
+            }
+            float val = acc[4 * i + e];
+            if constexpr (!F::I4) val *= __ldg(sc + n);
+            if (F32) static_cast<float *>(y)[o] = val;
+            else static_cast<T *>(y)[o] = lc_from_f<T>(val);
         }
 }
-
-/* the wgmma kernels' vector v = j TOK / 8 + i of consumer thread c: row
- * tile lc_qw_tile<RT>(warp, j), tokens 8 i + 2 t */
-template <int TOK, int RT> struct lc_qw_at {
-    int tile0, m0;
-    __device__ void operator()(int v, int c, int &n0, int &mb) const {
-        const int l = c & 31;
-        n0 = (tile0 + lc_qw_tile<RT>(c >> 5, v / (TOK / 8))) * 16 + (l >> 2);
-        mb = m0 + 8 * (v % (TOK / 8)) + 2 * (l & 3);
-    }
-};
 
 template <typename T, int FMT, int TOK, bool F32>
 __global__ void __launch_bounds__(LC_QW_THREADS, 1)
@@ -789,13 +699,6 @@ __global__ void __launch_bounds__(LC_QW_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < TOK / 2; i++) lc_wg_reg_fence(acc[i]);
     lc_cp_wait<0>(); /* no copy may land after the CTA has gone */
-    if (lc_cl_size() > 1) { /* the K slices add in the cluster */
-        static_assert(lc_cl_bytes<TOK / 8, LC_QW_THREADS>() <= ST * STB, "cluster sum: shared memory");
-        __syncthreads(); /* every warp's copies landed and wgmmas done */
-        lc_cl_finish<T, FMT, F32, TOK / 8, LC_QW_THREADS>(true, acc, sm, sm_s, sc, y, M, N, tid,
-                                                         lc_qw_at<TOK, 1>{tile0, m0});
-        return;
-    }
     lc_qw_store<T, FMT, TOK, F32>(acc, sc, y, part, M, N, m0, (tile0 + warp) * 16, z, Z, lane);
 }
 
@@ -864,17 +767,19 @@ __global__ void __launch_bounds__(lc_qw_tma_threads<RT>(), 1)
     }
     __syncthreads();
 
-    /* the producer lane: stage it's bytes announced on its `full` barrier,
-     * then its weights (warp tiles (s V .. + V) of row tiles tile0 ..) and
-     * INT4's scales (groups from the stage's first) */
-    auto weights = [&](int it) {
-        const int s = s_lo + it, b = it % ST;
-        const uint32_t ws = sm_s + b * STB + XB, fb = full0 + b * 8;
-        lc_mbar_arrive_tx(fb, BYTES);
-        lc_tma_3d(ws, &wmap, 0, s * V, tile0, fb);
-        if constexpr (F::I4) lc_tma_3d(ws + WB, &smap, 0, (s * KS) / group, tile0, fb);
-    };
-    auto produce = [&] {
+    if (warp >= LC_QT_TILES) { /* the producer (RT = 2: its warpgroup, one lane working) */
+        if constexpr (RT == 2) lc_wg_regs_dec<40>();
+        if (warp != LC_QT_TILES || lane != 0) return;
+        /* stage it's bytes announced on its `full` barrier, then its
+         * weights (warp tiles (s V .. + V) of row tiles tile0 ..) and
+         * INT4's scales (groups from the stage's first) */
+        auto weights = [&](int it) {
+            const int s = s_lo + it, b = it % ST;
+            const uint32_t ws = sm_s + b * STB + XB, fb = full0 + b * 8;
+            lc_mbar_arrive_tx(fb, BYTES);
+            lc_tma_3d(ws, &wmap, 0, s * V, tile0, fb);
+            if constexpr (F::I4) lc_tma_3d(ws + WB, &smap, 0, (s * KS) / group, tile0, fb);
+        };
         /* the weights of the first ST stages before the kernel before has
          * finished (they do not depend on it), then their tokens */
         const int pre = nst < ST ? nst : ST;
@@ -891,15 +796,6 @@ __global__ void __launch_bounds__(lc_qw_tma_threads<RT>(), 1)
             for (int sub = 0; sub < SUB; sub++)
                 lc_tma_2d(sm_s + b * STB + sub * (TOK * 128), &xmap, (s_lo + it) * KS + sub * 64, m0, full0 + b * 8);
         }
-    };
-    /* K slices added in the cluster (lc_cl_sum): every thread takes
-     * part in its two barriers, the producer's too */
-    const bool cl = lc_cl_size() > 1;
-    if (warp >= LC_QT_TILES) { /* the producer (RT = 2: its warpgroup, one lane working) */
-        if constexpr (RT == 2) lc_wg_regs_dec<40>();
-        if (warp == LC_QT_TILES && lane == 0) produce();
-        if (cl) lc_cl_finish<T, FMT, F32, RT * TOK / 8, LC_QW_THREADS>(false, nullptr, sm, sm_s, sc, y, M, N, 0,
-                                                                       lc_qw_at<TOK, RT>{tile0, m0});
         return;
     }
 
@@ -926,15 +822,6 @@ __global__ void __launch_bounds__(lc_qw_tma_threads<RT>(), 1)
     lc_wg_wait<0>();
 #pragma unroll
     for (int i = 0; i < RT * (TOK / 2); i++) lc_wg_reg_fence(acc[i]);
-    if (cl) {
-        static_assert(lc_cl_bytes<RT * TOK / 8, LC_QW_THREADS>() <= ST * STB, "cluster sum: shared memory");
-        /* the consumers' named barrier: every wgmma of the CTA has read its
-         * stages (the copies all landed: each was waited for) */
-        asm volatile("bar.sync 1, %0;" ::"n"(LC_QW_THREADS) : "memory");
-        lc_cl_finish<T, FMT, F32, RT * TOK / 8, LC_QW_THREADS>(true, acc, sm, sm_s, sc, y, M, N, tid,
-                                                              lc_qw_at<TOK, RT>{tile0, m0});
-        return;
-    }
 #pragma unroll
     for (int j = 0; j < RT; j++)
         lc_qw_store<T, FMT, TOK, F32>(acc + j * (TOK / 2), sc, y, part, M, N, m0,
@@ -1132,58 +1019,6 @@ extern "C" size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m)
     return b;
 }
 
-/* The tiled kernels' K slices summed in clusters (lc_cl_sum) or through
- * part and lc_ksplit_reduce (lc_qtiled_set_cluster_sum; the kernel tests
- * compare the two bit for bit). */
-static int lc_qw_cl_on = 1;
-static long lc_qw_cl_runs; /* launches whose slices were summed in clusters */
-extern "C" void lc_qtiled_set_cluster_sum(int on) { __atomic_store_n(&lc_qw_cl_on, on ? 1 : 0, __ATOMIC_RELAXED); }
-extern "C" long lc_qtiled_cluster_count(void) { return __atomic_load_n(&lc_qw_cl_runs, __ATOMIC_RELAXED); }
-
-template <typename... KArgs, typename... Args>
-static cudaError_t lc_launch_cfg(const cudaLaunchConfig_t *cfg, void (*kern)(KArgs...), Args... args) {
-    return cudaLaunchKernelEx(cfg, kern, static_cast<KArgs>(args)...);
-}
-
-/* KERN over grid as lc_launch does, its grid.z K slices (2 .. 8) one
- * cluster where the GPU can hold such a cluster of it (asked once a device
- * and size; a cluster's CTAs all run at once, on SMs of one GPC); *cl says
- * whether the slices are summed in the cluster, else the caller reduces. */
-template <auto KERN, typename... Args>
-static cudaError_t lc_qw_launch(bool *cl, dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {
-    static unsigned long long fits[9], asked[9]; /* a bit a device */
-    *cl = false;
-    const unsigned Z = grid.z;
-    int dev = 0;
-    if (Z < 2 || Z > 8 || !__atomic_load_n(&lc_qw_cl_on, __ATOMIC_RELAXED) || cudaGetDevice(&dev) != cudaSuccess)
-        return lc_launch(KERN, grid, block, smem, s, args...);
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = 1, attr[1].val.clusterDim.y = 1, attr[1].val.clusterDim.z = Z;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
-    cfg.attrs = attr, cfg.numAttrs = 2;
-    const unsigned long long bit = 1ull << (dev & 63);
-    if (!(__atomic_load_n(&asked[Z], __ATOMIC_ACQUIRE) & bit)) {
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, (const void *)KERN, &cfg) != cudaSuccess) {
-            (void)cudaGetLastError(); /* not sticky: the plain launch below */
-            n = 0;
-        }
-        if (n > 0) __atomic_fetch_or(&fits[Z], bit, __ATOMIC_RELAXED);
-        __atomic_fetch_or(&asked[Z], bit, __ATOMIC_RELEASE);
-    }
-    if (!(__atomic_load_n(&fits[Z], __ATOMIC_RELAXED) & bit)) return lc_launch(KERN, grid, block, smem, s, args...);
-    const cudaError_t e = lc_launch_cfg(&cfg, KERN, args...);
-    if (e == cudaSuccess) {
-        *cl = true;
-        __atomic_fetch_add(&lc_qw_cl_runs, 1, __ATOMIC_RELAXED);
-    }
-    return e;
-}
-
 template <typename T, int FMT, int NT, bool F32, bool RAW> static cudaError_t lc_qt_prepare(size_t smem) {
     static unsigned long long done = 0;
     return lc_smem_limit(&done, (const void *)lc_qtiled_kernel<T, FMT, NT, F32, RAW>, smem);
@@ -1199,15 +1034,15 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
     const dim3 grid((unsigned)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES), (unsigned)((M + tok - 1) / tok),
                     (unsigned)Z);
     cudaError_t e;
-    bool cl = false; /* the K slices summed in clusters */
 #define LC_QT_GO(NT_, RAW_)                                                                            \
     do {                                                                                               \
         constexpr size_t smem = lc_qt_smem<FMT, NT_>();                                                \
         const cudaError_t attr = lc_qt_prepare<T, FMT, NT_, F32, RAW_>(smem);                          \
         if (attr != cudaSuccess) return attr;                                                          \
-        e = lc_qw_launch<lc_qtiled_kernel<T, FMT, NT_, F32, RAW_>>(                                   \
-            &cl, grid, dim3(LC_QT_WARPS * 32 * lc_qt_wn<NT_>()), smem, s, static_cast<const uint16_t *>(x), \
-            static_cast<const uint8_t *>(w->data), (const float *)w->scales, y, part, M, w->N, w->K, w->group); \
+        e = lc_launch(lc_qtiled_kernel<T, FMT, NT_, F32, RAW_>,                                        \
+                      grid, dim3(LC_QT_WARPS * 32 * lc_qt_wn<NT_>()), smem, s,                         \
+                      static_cast<const uint16_t *>(x), static_cast<const uint8_t *>(w->data),         \
+                      (const float *)w->scales, y, part, M, w->N, w->K, w->group);                     \
     } while (0)
     /* the raw INT4 decode at up to 16 tokens, not in batch-invariant mode */
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
@@ -1225,7 +1060,7 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
     default: LC_QT_GO(16, false); break;
     }
 #undef LC_QT_GO
-    if (e != cudaSuccess || Z == 1 || cl) return e;
+    if (e != cudaSuccess || Z == 1) return e;
     return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
                                                                    w->N, Z, s);
 }
@@ -1242,15 +1077,14 @@ static cudaError_t lc_qtiled_wg_t(int M, const loom_cuda_qweight *w, const void 
     const dim3 grid((unsigned)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES), (unsigned)((M + tok - 1) / tok),
                     (unsigned)Z);
     cudaError_t e;
-    bool cl = false; /* the K slices summed in clusters */
 #define LC_QW_GO(TOK_)                                                                                 \
     do {                                                                                               \
         constexpr size_t smem = lc_qw_smem<FMT, TOK_>();                                               \
         const cudaError_t attr = lc_qw_prepare<T, FMT, TOK_, F32>(smem);                               \
         if (attr != cudaSuccess) return attr;                                                          \
-        e = lc_qw_launch<lc_qtiled_wg_kernel<T, FMT, TOK_, F32>>(                                        \
-            &cl, grid, dim3(LC_QW_THREADS), smem, s, static_cast<const uint16_t *>(x),                    \
-            static_cast<const uint8_t *>(w->data), (const float *)w->scales, y, part, M, w->N, w->K, w->group); \
+        e = lc_launch(lc_qtiled_wg_kernel<T, FMT, TOK_, F32>, grid, dim3(LC_QW_THREADS), smem, s,      \
+                      static_cast<const uint16_t *>(x), static_cast<const uint8_t *>(w->data),         \
+                      (const float *)w->scales, y, part, M, w->N, w->K, w->group);                     \
     } while (0)
     switch (tok) {
     case 32: LC_QW_GO(32); break;
@@ -1259,7 +1093,7 @@ static cudaError_t lc_qtiled_wg_t(int M, const loom_cuda_qweight *w, const void 
     default: LC_QW_GO(256); break;
     }
 #undef LC_QW_GO
-    if (e != cudaSuccess || Z == 1 || cl) return e;
+    if (e != cudaSuccess || Z == 1) return e;
     return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
                                                                    w->N, Z, s);
 }
@@ -1357,7 +1191,6 @@ static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void
     const dim3 grid((unsigned)((M + tok - 1) / tok), (unsigned)((w->N / 16 + TL - 1) / TL), (unsigned)Z);
     CUtensorMap xm, wm, smp;
     cudaError_t e = cudaSuccess;
-    bool cl = false; /* the K slices summed in clusters */
 #define LC_QWT_GO(TOK_)                                                                                \
     do {                                                                                               \
         if ((e = lc_qw_maps<FMT, TOK_, TL>(&xm, &wm, &smp, w, x, M)) != cudaSuccess) {                 \
@@ -1368,9 +1201,8 @@ static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void
         constexpr size_t smem = lc_qw_smem<FMT, TOK_, TL>() + 128; /* + the mbarriers */               \
         const cudaError_t attr = lc_qwt_prepare<T, FMT, TOK_, F32, RT>(smem);                          \
         if (attr != cudaSuccess) return attr;                                                          \
-        e = lc_qw_launch<lc_qtiled_tma_kernel<T, FMT, TOK_, F32, RT>>(&cl, grid, dim3(lc_qw_tma_threads<RT>()), \
-                                                                     smem, s, xm, wm, smp, (const float *)w->scales, \
-                                                                     y, part, M, w->N, w->K, w->group);         \
+        e = lc_launch(lc_qtiled_tma_kernel<T, FMT, TOK_, F32, RT>, grid, dim3(lc_qw_tma_threads<RT>()), \
+                      smem, s, xm, wm, smp, (const float *)w->scales, y, part, M, w->N, w->K, w->group); \
         if (RT == 2 && e == cudaSuccess) __atomic_fetch_add(&lc_qw_wide_runs, 1, __ATOMIC_RELAXED);   \
     } while (0)
     switch (tok) {
@@ -1379,7 +1211,7 @@ static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void
     default: LC_QWT_GO(128); break;
     }
 #undef LC_QWT_GO
-    if (e != cudaSuccess || Z == 1 || cl) return e;
+    if (e != cudaSuccess || Z == 1) return e;
     return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
                                                                    w->N, Z, s);
 }

@@ -116,38 +116,6 @@ __device__ __forceinline__ void lc_tma_3d(uint32_t dst, const void *tmap, int c0
         : "memory");
 }
 
-/* ------------------------------------------------- thread block clusters
- * (the K slices of one output tile adding their sums in shared memory). */
-__device__ __forceinline__ uint32_t lc_cl_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ uint32_t lc_cl_size() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-    return r;
-}
-/* Every thread of every CTA of the cluster, once a phase: writes to shared
- * memory before it are visible to every CTA's reads after it. */
-__device__ __forceinline__ void lc_cl_sync() {
-    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-}
-/* the shared::cluster address of CTA `rank`'s copy of this CTA's shared address a */
-__device__ __forceinline__ uint32_t lc_cl_map(uint32_t a, uint32_t rank) {
-    uint32_t d;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(rank));
-    return d;
-}
-__device__ __forceinline__ float4 lc_cl_ld4(uint32_t a) {
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(a)
-                 : "memory");
-    return v;
-}
-
 template <typename T, int N> struct lc_wgmma;
 
 /* The accumulator operands, 8 at a time (the instruction takes D as N / 2

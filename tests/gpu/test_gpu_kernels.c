@@ -2243,53 +2243,6 @@ static void test_qtiled_dequant(loom_cuda_dt dt, loom_cuda_qfmt fmt, int N, int 
     free(data), free(scales), free(ref), free(out);
 }
 
-/* The tiled kernels' K slices summed inside a cluster (the default) against
- * partial sums through scratch and the reduce kernel: every output the same
- * bits, nothing left unwritten, and the cluster launches counted — under
- * the wgmma kernel `mode` (lc_qtiled_set_wgmma_tma; from 17 rows) at shapes
- * whose grid splits K over 2..8 slices. */
-static void test_qtiled_cluster_sum(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_qfmt fmt, int mode, int M, int N,
-                                    int K, int group, bool out_f32) {
-    const bool i4 = fmt == LOOM_CUDA_Q_INT4;
-    const size_t db = i4 ? (size_t)N * K / 2 : (size_t)N * K, ns = (size_t)N * (i4 ? 2 * (K / group) : 1);
-    uint8_t *data = malloc(db);
-    float *sc = malloc(ns * 4);
-    for (size_t i = 0; i < db; i++) data[i] = (uint8_t)rng_int(256);
-    for (size_t i = 0; i < ns; i++) sc[i] = i4 && i % 2 ? gpu_rng_unif(-0.1f, 0.1f) : gpu_rng_unif(0.001f, 0.02f);
-    uint16_t *x = rand16(dt, (size_t)M * K, -2, 2, NULL);
-    loom_cuda_qweight w = {.fmt = fmt, .N = N, .K = K, .group = i4 ? group : 0,
-                           .data = dev_upload(data, db), .scales = dev_upload(sc, ns * 4)};
-    void *d_x = dev_upload(x, (size_t)M * K * 2);
-    const size_t oel = out_f32 ? 4 : 2, bytes = (size_t)M * N * oel;
-    char *on = malloc(bytes), *off = malloc(bytes), msg[256] = "", name[192];
-    int rc = loom_cuda_qweight_tile(&w, dt, 0) == cudaSuccess ? 0 : 1;
-    const size_t sb = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, &w, M);
-    void *d_s = dev_poison(sb), *d_y = dev_poison(bytes);
-    lc_qtiled_set_wgmma_tma(mode);
-    const long cl0 = lc_qtiled_cluster_count();
-    if (!rc) rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
-    const long clusters = lc_qtiled_cluster_count() - cl0;
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(on, d_y, bytes, cudaMemcpyDeviceToHost));
-    lc_qtiled_set_cluster_sum(0);
-    CK(cudaMemset(d_y, 0xff, bytes));
-    if (!rc) rc = loom_cuda_qgemm_run(g, dt, out_f32, M, &w, d_x, d_y, d_s, sb, 0, msg, sizeof msg);
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(off, d_y, bytes, cudaMemcpyDeviceToHost));
-    lc_qtiled_set_cluster_sum(1);
-    lc_qtiled_set_wgmma_tma(2);
-    if (rc) printf("      qgemm error: %s\n", msg);
-    snprintf(name, sizeof name, "tiled %s %s kernel %d M=%d N=%d K=%d -> %s: cluster sum = reduce kernel, bits",
-             qfmt_name(fmt), dtn(dt), mode, M, N, K, out_f32 ? "f32" : dtn(dt));
-    report_bits(name, rc ? 1 : bits_differ(on, off, (size_t)M * N, oel) + count_nan(dt, on, (size_t)M * N, oel),
-                (long)M * N);
-    snprintf(name, sizeof name, "tiled %s kernel %d M=%d N=%d K=%d: launches not summed in a cluster",
-             qfmt_name(fmt), mode, M, N, K);
-    report_count(name, clusters == 1 ? 0 : 1, 1);
-    cudaFree((void *)w.data), cudaFree((void *)w.scales), cudaFree(d_x), cudaFree(d_s), cudaFree(d_y);
-    free(data), free(sc), free(x), free(on), free(off);
-}
-
 static void test_qgemm_tiled(loom_cuda_gemm *g) {
     const loom_cuda_qfmt fmts[2] = {LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
     enum { NM = 20 };
@@ -2347,22 +2300,6 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
             test_qgemm(g, LOOM_CUDA_F16, f, 40, 48, 14336, i4 ? 128 : 0, 0, true, false);
             test_qgemm(g, LOOM_CUDA_BF16, f, 256, 16896, 512, i4 ? 256 : 0, 0, false, false);
             test_qgemm(g, LOOM_CUDA_F16, f, 200, 16896, 512, i4 ? 128 : 0, 0, true, false);
-        }
-        /* K split 2..8 ways, summed in clusters: the mma.sync kernel (the
-         * raw INT4 decode at up to 16 rows, the fused one above), every
-         * wgmma kernel */
-        test_qtiled_cluster_sum(g, LOOM_CUDA_BF16, f, 2, 1, 4096, 4096, i4 ? 128 : 0, false);
-        test_qtiled_cluster_sum(g, LOOM_CUDA_F16, f, 2, 16, 6144, 4096, i4 ? 128 : 0, true);
-        test_qtiled_cluster_sum(g, LOOM_CUDA_BF16, f, 2, 9, 48, 14336, i4 ? 128 : 0, false);
-        loom_cuda_qgemm_set_tiled_wgmma_min_m(g, 0);
-        test_qtiled_cluster_sum(g, LOOM_CUDA_BF16, f, 2, 40, 592, 2048, i4 ? 64 : 0, false);
-        loom_cuda_qgemm_set_tiled_wgmma_min_m(g, LC_QT_DEFAULT_WG_MIN_M);
-        for (int mo = 0; mo < 3; mo++) {
-            test_qtiled_cluster_sum(g, LOOM_CUDA_BF16, f, modes[mo], 256, 4096, 4096, i4 ? 128 : 0, false);
-            test_qtiled_cluster_sum(g, LOOM_CUDA_F16, f, modes[mo], 64, 6144, 4096, i4 ? 128 : 0, true);
-            test_qtiled_cluster_sum(g, LOOM_CUDA_BF16, f, modes[mo], 200, 304, 1536, i4 ? 192 : 0, false);
-            test_qtiled_cluster_sum(g, LOOM_CUDA_BF16, f, modes[mo], 17, 48, 14336, i4 ? 128 : 0, true);
-            test_qtiled_cluster_sum(g, LOOM_CUDA_F16, f, modes[mo], 129, 592, 2048, i4 ? 512 : 0, false);
         }
         report_count(i4 ? "tiled int4: forced wgmma kernels that fell back to cp.async"
                         : "tiled w8a16: forced wgmma kernels that fell back to cp.async",
