@@ -972,13 +972,16 @@ extern "C" int loom_cuda_qweight_tileable(const loom_cuda_qweight *w) { return l
 
 static int lc_qt_nt(int M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : M <= 64 ? 8 : 16; }
 
-/* K slices: aim at two CTAs per SM (one at 128-token tiles), >= 4 stages a slice */
+/* K slices: as many as fit one wave of two CTAs an SM (one at 128-token
+ * tiles), >= 4 stages a slice. Rounded down: rounded up, QKV's 48 row
+ * blocks took 6 slices (288 CTAs for 264 places) and gate|up's 224 two
+ * (a wave and a half, and a reduce) where one slice fills the wave alike. */
 static int lc_qt_splits(const loom_cuda_qweight *w, int M) {
     const int nt = lc_qt_nt(M), tok = 8 * nt;
     const long ctas = (long)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES) * ((M + tok - 1) / tok);
     const long want = nt >= 16 ? LC_QT_SMS : 2 * LC_QT_SMS;
     const int S = w->K / LC_QT_KS;
-    int z = ctas >= want ? 1 : (int)((want + ctas - 1) / ctas);
+    int z = ctas >= want ? 1 : (int)(want / ctas);
     if (z > 8) z = 8;
     if (z > S / 4) z = S / 4 > 0 ? S / 4 : 1;
     return z;
