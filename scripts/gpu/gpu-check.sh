@@ -43,8 +43,8 @@
 #   kprofile: kernels under ncu where a target waits on a profile: the
 #           tiled W8A16 / INT4 kernels (mma.sync, wgmma with cp.async, TMA
 #           and wide TMA copies, and the K-split reduce kernels — the
-#           row-major kernels' too; --set full) on one Llama-3-8B layer's
-#           linears at KPROFILE_M
+#           row-major kernels' too; --set full, then their durations again
+#           with warm caches) on one Llama-3-8B layer's linears at KPROFILE_M
 #           (default 16 64 256), and each kernel of a Qwen3-30B-A3B-shape
 #           (4 layers) batch-1 decode step inside its CUDA graph, warm
 #           caches, against the step's wall time (KPROFILE_M=none: only
@@ -583,16 +583,23 @@ kprofile)
   [ -n "$NCU" ] || { echo "FAIL no ncu on this machine"; exit 1; }
   CUDA_SO=$LB/plugins/backend/cuda/loom-backend-cuda.so
   qargs=()
+  kre='lc_qtiled_(wg_|tma_)?kernel|lc_ksplit'
   for M in ${KPROFILE_M:-16 64 256}; do
     [ "$M" = none ] && break
     step "tiled W8A16 / INT4 kernels (mma.sync, wgmma) and their K-split reduce at M = $M (ncu --set full, one timed launch a variant and shape)"
     # LOOM_BENCH_REPS=1: one warm-up and one timed launch of each GEMM
-    LOOM_BENCH_REPS=1 timeout 420 "$NCU" --set full --import-source no -k regex:'lc_qtiled_(wg_|tma_)?kernel|lc_ksplit' -f -o "/tmp/qtiled-m$M" \
+    LOOM_BENCH_REPS=1 timeout 420 "$NCU" --set full --import-source no -k regex:"$kre" -f -o "/tmp/qtiled-m$M" \
       "$LB/bench/gpu/gpu_bench" "/tmp/kprof-m$M.json" "$CUDA_SO" --quant-m "$M" > "$O/kprofile-m$M.log" 2>&1 \
       || { fails=$((fails + 1)); tail -3 "$O/kprofile-m$M.log"; }
     "$NCU" -i "/tmp/qtiled-m$M.ncu-rep" --page raw --csv > "$O/qtiled-m$M-raw.csv" 2>> "$O/kprofile-m$M.log" \
       && python3 scripts/gpu/ncu-summary.py --raw "$O/qtiled-m$M-raw.csv" | tee "$O/qtiled-m$M-summary.txt" \
       && qargs+=(--text "tiled_m$M=$O/qtiled-m$M-summary.txt")
+    step "the same kernels' times as the timing loop sees them (ncu, warm caches, clocks as they run) at M = $M"
+    LOOM_BENCH_REPS=1 timeout 240 "$NCU" --clock-control none --cache-control none --csv -k regex:"$kre" \
+      --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed \
+      "$LB/bench/gpu/gpu_bench" "/tmp/kprof-w$M.json" "$CUDA_SO" --quant-m "$M" > "$O/qtiled-warm-m$M.csv" 2>> "$O/kprofile-m$M.log" \
+      && python3 scripts/gpu/ncu-summary.py --grid "$O/qtiled-warm-m$M.csv" "$kre" | tee "$O/qtiled-warm-m$M.txt" \
+      && qargs+=(--text "tiled_times_m$M=$O/qtiled-warm-m$M.txt") || fails=$((fails + 1))
   done
   step "Qwen3-30B-A3B shape (4 layers), batch-1 decode: each kernel's time inside its graph (ncu, warm caches)"
   # batch 1 only (--moe-batch1): the context's prefill, then ~30 decode
@@ -604,7 +611,7 @@ kprofile)
   step "the same step's wall time without the profiler (gpu_bench --moe 4)"
   timeout 200 "$LB/bench/gpu/gpu_bench" "$O/moe-wall.json" "$CUDA_SO" --moe 4 --moe-shape qwen3-30b-a3b 2>&1 \
     | grep -E "decode batch 1 |loaded" | tee "$O/moe-wall.txt"
-  tiled_what="the tiled W8A16 / INT4 kernels and the K-split reduce per launch (--set full: duration, speed-of-light shares, occupancy, issue activity, instructions, tensor pipes, stall reasons) on one Llama-3-8B layer's linears; "
+  tiled_what="the tiled W8A16 / INT4 kernels and the K-split reduce per launch (--set full, each launch alone with flushed caches: duration, speed-of-light shares, occupancy, issue activity, instructions, tensor pipes, stall reasons; tiled_times_m*: durations with warm caches and running clocks, a line per shape in launch order) on one Llama-3-8B layer's linears; "
   [ "${KPROFILE_M:-}" = none ] && tiled_what=""
   rec '{hw}-kernel-profiles' --what "kernels under ncu: ${tiled_what}each kernel of a Qwen3-30B-A3B-shape (4 layers) batch-1 decode step inside its CUDA graph (warm caches) and the step's wall time unprofiled" \
     "${qargs[@]}" --text moe_kernels="$O/ncu-moe-summary.txt" --text moe_wall="$O/moe-wall.txt"

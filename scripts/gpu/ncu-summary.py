@@ -18,7 +18,14 @@ scripts/gpu/ncu-summary.py --raw RAW.csv — one line per kernel and grid of an
 dynamic shared memory, the tensor pipes' activity and the largest warp stall
 reasons (cycles a warp spends stalled per issued instruction, by reason).
 Metrics are found by name patterns, so one this ncu version lacks is left out
-of the line rather than failing the summary."""
+of the line rather than failing the summary.
+
+scripts/gpu/ncu-summary.py --grid NCU.csv [REGEX] — one line per kernel and
+grid of an `ncu --csv --metrics ...` capture (gpu-check.sh kprofile's warm
+timings), kernels whose name matches REGEX only: launches, mean duration and
+the mean of each speed-of-light share captured (SM, DRAM, L2), in launch
+order; launches of one kernel and grid group while they alternate with at
+most one other (a GEMM and its reduce, timed twice)."""
 import csv
 import re
 import sys
@@ -117,12 +124,56 @@ def raw_summary(path):
     return 0
 
 
+GRID_SOL = [("SM%", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+            ("dram%", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+            ("L2%", "lts__throughput.avg.pct_of_peak_sustained_elapsed")]
+
+
+def grid_summary(path, pattern):
+    with open(path, newline="") as f:
+        lines = [l for l in f if l.startswith('"')]
+    launches = {}  # ID -> (kernel, grid, {metric: value in its unit})
+    for r in csv.DictReader(lines):
+        if not re.search(pattern, r.get("Kernel Name", "")):
+            continue
+        k = launches.setdefault(r["ID"], (short(r["Kernel Name"]), r.get("Grid Size", ""), {}))
+        v = num(r.get("Metric Value"))
+        if v is not None:
+            scale = UNIT.get(r.get("Metric Unit", ""), 1e-3) if r["Metric Name"] == "gpu__time_duration.sum" else 1
+            k[2][r["Metric Name"]] = v * scale
+    if not launches:
+        print(f"ncu-summary: no launches matching '{pattern}' in {path}")
+        return 1
+    # a launch joins the group of its kernel and grid among the last two
+    # groups (GEMM, reduce, GEMM, reduce: one shape), else starts one, so
+    # two shapes of the same grid (O and down) stay apart
+    groups = []
+    for name, grid, m in launches.values():
+        g = next((g for g in groups[-2:] if g[0] == (name, grid)), None)
+        if g is None:
+            g = ((name, grid), [])
+            groups.append(g)
+        g[1].append(m)
+    for (name, grid), ms in groups:
+        def mean(key):
+            vs = [m[key] for m in ms if key in m]
+            return sum(vs) / len(vs) if vs else None
+
+        d = mean("gpu__time_duration.sum")
+        parts = [f"{name} grid {grid}: {len(ms)} launches", f"{d:.1f} us" if d is not None else "? us"]
+        parts += [f"{label} {v:.0f}" for label, key in GRID_SOL for v in [mean(key)] if v is not None]
+        print("; ".join(parts))
+    return 0
+
+
 def main():
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
         return 0 if len(sys.argv) > 1 else 2
     if sys.argv[1] == "--raw":
         return raw_summary(sys.argv[2]) if len(sys.argv) > 2 else 2
+    if sys.argv[1] == "--grid":
+        return grid_summary(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "") if len(sys.argv) > 2 else 2
     marker = sys.argv[sys.argv.index("--step-kernel") + 1] if "--step-kernel" in sys.argv else "tk_"
     ks = list(rows(sys.argv[1]))
     if not ks:
