@@ -598,8 +598,9 @@ kprofile)
     LOOM_BENCH_REPS=1 timeout 240 "$NCU" --clock-control none --cache-control none --csv -k regex:"$kre" \
       --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed \
       "$LB/bench/gpu/gpu_bench" "/tmp/kprof-w$M.json" "$CUDA_SO" --quant-m "$M" > "$O/qtiled-warm-m$M.csv" 2>> "$O/kprofile-m$M.log" \
-      && python3 scripts/gpu/ncu-summary.py --grid "$O/qtiled-warm-m$M.csv" "$kre" | tee "$O/qtiled-warm-m$M.txt" \
-      && qargs+=(--text "tiled_times_m$M=$O/qtiled-warm-m$M.txt") || fails=$((fails + 1))
+      && python3 scripts/gpu/ncu-summary.py --grid "$O/qtiled-warm-m$M.csv" "$kre" > "$O/qtiled-warm-m$M.txt" \
+      && cat "$O/qtiled-warm-m$M.txt" && qargs+=(--text "tiled_times_m$M=$O/qtiled-warm-m$M.txt") \
+      || fails=$((fails + 1))
   done
   step "Qwen3-30B-A3B shape (4 layers), batch-1 decode: each kernel's time inside its graph (ncu, warm caches)"
   # batch 1 only (--moe-batch1): the context's prefill, then ~30 decode

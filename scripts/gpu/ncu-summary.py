@@ -134,6 +134,9 @@ def grid_summary(path, pattern):
         lines = [l for l in f if l.startswith('"')]
     launches = {}  # ID -> (kernel, grid, {metric: value in its unit})
     for r in csv.DictReader(lines):
+        if "ID" not in r or "Metric Name" not in r:
+            print(f"ncu-summary: {path} is not an `ncu --csv --metrics` capture (no ID / Metric Name column)")
+            return 1
         if not re.search(pattern, r.get("Kernel Name", "")):
             continue
         k = launches.setdefault(r["ID"], (short(r["Kernel Name"]), r.get("Grid Size", ""), {}))
