@@ -320,7 +320,7 @@ extern "C" int lc_qmma_ok(const loom_cuda_qweight *w, int M) {
 static int lc_qmma_splits(const loom_cuda_qweight *w) {
     const int tiles = (w->N + LC_QMMA_ROWS - 1) / LC_QMMA_ROWS;
     const int steps = w->K / (w->fmt == LOOM_CUDA_Q_INT4 ? 256 : 128);
-    int z = tiles >= 2 * LC_QMMA_SMS ? 1 : 2 * LC_QMMA_SMS / tiles;
+    int z = tiles >= 2 * LC_QMMA_SMS ? 1 : (2 * LC_QMMA_SMS + tiles - 1) / tiles;
     if (z > 8) z = 8;
     if (z > steps / 4) z = steps / 4 > 0 ? steps / 4 : 1;
     return z;
