@@ -975,7 +975,7 @@ static int lc_qt_nt(int M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : M <
 /* K slices: as many as fit one wave of two CTAs an SM (one at 128-token
  * tiles), >= 4 stages a slice. Rounded down: rounded up, QKV's 48 row
  * blocks took 6 slices (288 CTAs for 264 places) and gate|up's 224 two
- * (a wave and a half, and a reduce) where one slice fills the wave alike. */
+ * (1.7 waves, and a reduce) where one slice fills the wave alike. */
 static int lc_qt_splits(const loom_cuda_qweight *w, int M) {
     const int nt = lc_qt_nt(M), tok = 8 * nt;
     const long ctas = (long)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES) * ((M + tok - 1) / tok);
