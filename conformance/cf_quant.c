@@ -289,7 +289,10 @@ static bool qx_bounds(qx *x, const loom_qtensor *q, const float *ref, const floa
     return true;
 }
 
-/* INT4: each group within min/max rounding's hard bound. */
+/* INT4: each group within min/max rounding's hard bound, plus the read-back's
+ * own float rounding: a few ulps (2^-21) of the group's largest magnitude an
+ * element, which a group of nearly equal values (a range below one ulp of
+ * them) is off by however it is coded. */
 static bool qx_int4_groups(qx *x, const loom_qtensor *q, const float *ref, const float *back, const char *nm) {
     int64_t cols = q->cols, g = q->group_size;
     for (int64_t i = 0; i < q->rows; i++)
@@ -300,9 +303,10 @@ static bool qx_int4_groups(qx *x, const loom_qtensor *q, const float *ref, const
                 double e = (double)back[i * cols + k] - ref[i * cols + k];
                 ge += e * e;
             }
-            double D = (hi - lo) / 15.0;
-            CF_ENSURE(x->r, ge <= g * D * D / 4.0 * 1.001 + 1e-18, "%s row %lld group %lld: squared error %g beyond "
-                      "min/max rounding's %g", nm, (long long)i, (long long)gi, ge, g * D * D / 4.0);
+            const double D = (hi - lo) / 15.0, ulps = fmax(fabs(lo), fabs(hi)) * 0x1p-21;
+            CF_ENSURE(x->r, ge <= g * D * D / 4.0 * 1.001 + g * ulps * ulps + 1e-18,
+                      "%s row %lld group %lld: squared error %g beyond min/max rounding's %g (and float rounding's %g)",
+                      nm, (long long)i, (long long)gi, ge, g * D * D / 4.0, g * ulps * ulps);
         }
     return true;
 }
