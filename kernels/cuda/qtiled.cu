@@ -243,12 +243,12 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     /* Each thread's copies are fixed but for the stage, so their shared
      * addresses, source pointers and validity are set up once and the
      * pointers step a stage at a time (each copy's address one offset from
-     * its stream's base; no division in the loop): weights, vector rem of row tiles tl0, tl0 + TPK, ...; tokens,
-     * chunk c of rows r0, r0 + NTHR / 16, ...; INT4's scales, 16 bytes of
-     * (row tile, group h) a thread of the first 64. Row tiles past N and
-     * tokens past M are not copied: their shared memory holds stale or
-     * undefined values that only reach output rows / token columns never
-     * stored. */
+     * its stream's base; no division in the loop): weights, vector rem of
+     * row tiles tl0, tl0 + TPK, ...; tokens, chunk c of rows r0, r0 +
+     * NTHR / 16, ...; INT4's scales, 16 bytes of (row tile, group h) a
+     * thread of the first 64. Row tiles past N and tokens past M are not
+     * copied: their shared memory holds stale or undefined values that only
+     * reach output rows / token columns never stored. */
     constexpr int VW = F::V * 32, TPK = NTHR / VW, CPW = LC_QT_TILES / TPK;
     const uint32_t sm0 = (uint32_t)__cvta_generic_to_shared(lc_qt_sm);
     const int w_tl0 = tid / VW;
@@ -692,8 +692,8 @@ __global__ void __launch_bounds__(LC_QW_THREADS, 1)
             lc_cp_commit();
         }
         const int b = it % ST;
-        lc_qw_stage<T, FMT, TOK, 1, LC_QT_TILES>(acc, sm + (size_t)b * STB, sm_s + (uint32_t)(b * STB), (s_lo + it) * KS, group,
-                                 warp, lane, [] {});
+        lc_qw_stage<T, FMT, TOK, 1, LC_QT_TILES>(acc, sm + (size_t)b * STB, sm_s + (uint32_t)(b * STB),
+                                                 (s_lo + it) * KS, group, warp, lane, [] {});
     }
     lc_wg_wait<0>();
 #pragma unroll
