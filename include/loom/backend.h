@@ -178,6 +178,13 @@ typedef struct loom_comm {
     loom_status (*all_to_allv)(void *ctx, int32_t rank, const void *send, const int64_t *send_counts,
                                void *recv, const int64_t *recv_counts, loom_dtype dtype, void *stream,
                                loom_error *err);
+    /* since ABI 2.9 (read it only when LOOM_HAS_FIELD(comm, loom_comm,
+     * host_memory); an older communicator reads as 0). 1: the collectives
+     * take host memory and stream NULL (the tp executor's threads
+     * communicator) — a device backend stages its buffers through host
+     * memory for them, and its ranks may share one GPU; 0: device buffers
+     * in `stream` order (NCCL). */
+    int32_t host_memory;
 } loom_comm;
 
 /*

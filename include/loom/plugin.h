@@ -67,7 +67,7 @@ extern "C" {
 /* ---------------------------------------------------------------- versions */
 
 #define LOOM_ABI_MAJOR 2
-#define LOOM_ABI_MINOR 8
+#define LOOM_ABI_MINOR 9
 
 /* Bumped whenever loom_tensor or the batch layout changes meaning. */
 #define LOOM_TENSOR_LAYOUT_REV 1

@@ -399,6 +399,7 @@ typedef struct wrap {
 
 static const loom_backend_ops *g_cpu_ops;
 static atomic_int g_fail_rank = -1;
+static atomic_int g_host_memory_ranks; /* ranks handed a host-memory communicator */
 
 static loom_status w_create(const loom_host *h, const void *cfg, void **self, loom_error *err) {
     wrap *w = calloc(1, sizeof *w);
@@ -423,6 +424,7 @@ static loom_status w_load(void *self, const loom_model_view *m, const loom_quant
 static loom_status w_load_shard(void *self, const loom_model_view *m, const loom_quant_binding *q,
                                 const loom_comm *c, loom_error *err) {
     ((wrap *)self)->rank = c->rank;
+    if (LOOM_HAS_FIELD(c, loom_comm, host_memory) && c->host_memory == 1) atomic_fetch_add(&g_host_memory_ranks, 1);
     return g_cpu_ops->load_shard(((wrap *)self)->inner, m, q, c, err);
 }
 static size_t w_kv_bytes(void *self, int32_t bs, loom_dtype dt) {
@@ -471,6 +473,9 @@ Test(tp, a_rank_failing_alone_releases_its_peers) {
     loom_error err = {0};
     cr_assert_eq(rig_open(&ref, 0, m, &err), LOOM_OK, "%s", err.message);
     cr_assert_eq(rig_open(&g, 2, m, &err), LOOM_OK, "%s", err.message);
+    /* the threads communicator says it takes host memory (ABI 2.9), so a
+     * GPU backend knows to stage its buffers */
+    cr_assert_eq(atomic_load(&g_host_memory_ranks), 2);
     rig_kv(&ref, 8, 16, 0);
     rig_kv(&g, 8, 16, 0);
     int32_t toks[12] = {1, 5, 9, 33, 2, 7, 100, 250, 3, 3, 8, 60};

@@ -355,7 +355,8 @@ static void pp_init_rank(pp_exec *pp, pp_rank *rk, int32_t i, void *inst) {
     if (pp->tp > 1)
         rk->comm = (loom_comm){.struct_size = sizeof rk->comm, .rank = t, .size = pp->tp,
                                .ctx = pp->tc[s], .all_reduce_sum = tp_threads_all_reduce,
-                               .all_gather = tp_threads_all_gather, .all_to_allv = tp_threads_all_to_allv};
+                               .all_gather = tp_threads_all_gather, .all_to_allv = tp_threads_all_to_allv,
+                               .host_memory = 1};
 #ifdef LOOM_PP_HAVE_NCCL
     if (!pp->nc) return;
     rk->nend = (pp_nccl_end){.nc = pp->nc, .rank = i, .prev = s > 0 ? i - pp->tp : -1,
@@ -368,6 +369,7 @@ static void pp_init_rank(pp_exec *pp, pp_rank *rk, int32_t i, void *inst) {
     rk->comm.all_reduce_sum = pp_nccl_all_reduce;
     rk->comm.all_gather = pp_nccl_all_gather;
     rk->comm.all_to_allv = NULL; /* the stage communicators have no all-to-all over NCCL */
+    rk->comm.host_memory = 0;
 #endif
 }
 

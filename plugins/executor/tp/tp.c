@@ -421,6 +421,7 @@ static loom_status tp_attach_inner(void *self, const loom_backend_ops *inner,
         proto.all_reduce_sum = tp_threads_all_reduce;
         proto.all_gather = tp_threads_all_gather;
         proto.all_to_allv = tp_threads_all_to_allv;
+        proto.host_memory = 1; /* a GPU backend stages through host memory; its ranks may share a GPU */
     } else {
 #ifdef LOOM_TP_HAVE_NCCL
         if ((st = tp_nccl_create(h, tp->size, (int32_t)tp->cfg.nodes, (int32_t)tp->cfg.node_rank,

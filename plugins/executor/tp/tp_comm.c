@@ -1,7 +1,9 @@
 /*
  * plugins/executor/tp/tp_comm.c — the threads communicator: all-reduce and
  * all-gather among tensor-parallel ranks that are threads of this process,
- * over host memory, for host backends (cpu). It is what lets the sharding
+ * over host memory (loom_comm.host_memory = 1): host backends (cpu) pass
+ * their buffers, device backends (cuda) stage theirs through pinned host
+ * memory, so their ranks may share one GPU. It is what lets the sharding
  * be tested without several GPUs: the same backend code calls the same
  * loom_comm entry points it would call with NCCL.
  *
@@ -201,8 +203,8 @@ static loom_status tp_check_call(tp_threads *g, const char *what, int32_t rank, 
     if (stream)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "executor tp: rank %d passed a device stream to %s, but the threads "
-                        "communicator works on host memory; set executor.comm: nccl for GPU "
-                        "backends",
+                        "communicator works on host memory (loom_comm.host_memory): stage the "
+                        "buffers through host memory, or set executor.comm: nccl",
                         rank, what);
     if (rank < 0 || rank >= g->n || count < 0 || es == 0)
         return h->error(h->ctx, err, LOOM_ERR_INVALID,
