@@ -634,9 +634,14 @@ cudaError_t loom_cuda_moe_qgemm(loom_cuda_dt dt, const void *x, const void *xq, 
  * probabilities: the lower expert first) into sel (T, K) in descending
  * order and their p into wt (T, K), divided by their sum when norm != 0
  * (transformers' order: softmax over all experts, then top-k). E in
- * [1, LOOM_CUDA_MOE_MAX_EXPERTS], K in [1, min(E, 32)]. */
-cudaError_t loom_cuda_moe_route(const float *logits, int T, int E, int K, int norm, int32_t *sel,
-                                float *wt, cudaStream_t s);
+ * [1, LOOM_CUDA_MOE_MAX_EXPERTS], K in [1, min(E, 32)].
+ * Expert parallelism: this rank holds experts [e0, e0 + el) (0 and E for
+ * a whole model); sel names them 0 .. el - 1, and a choice of another
+ * rank's expert is -1 — the kernels below read nothing for such a pair
+ * and give it no weight (grouping leaves it out, the GEMVs write zeros,
+ * the combines skip it), so each rank's r is its share of the sum. */
+cudaError_t loom_cuda_moe_route(const float *logits, int T, int E, int K, int norm, int e0, int el,
+                                int32_t *sel, float *wt, cudaStream_t s);
 
 /* Tiles of the grouped GEMM that any routing of P pairs over E experts
  * may need: the grid height of loom_cuda_moe_gemm and the room of the
@@ -646,7 +651,7 @@ int loom_cuda_moe_max_tiles(int P, int E);
 /* Group the P pairs of sel (P) by expert, on the device: off (E + 1) the
  * exclusive prefix of the per-expert counts; perm (P): sorted row i holds
  * pair perm[i], ascending experts; inv (P): pair p sits at sorted row
- * inv[p]; tiles (1 + 3 max_tiles): tiles[0] = n, then n (expert, first
+ * inv[p] (-1 for sel[p] < 0: no row, no tile); tiles (1 + 3 max_tiles): tiles[0] = n, then n (expert, first
  * sorted row, rows <= 64) triples covering every expert's rows. One CTA. */
 cudaError_t loom_cuda_moe_group(const int32_t *sel, int P, int E, int32_t *off, int32_t *perm,
                                 int32_t *inv, int32_t *tiles, cudaStream_t s);
@@ -668,7 +673,7 @@ cudaError_t loom_cuda_moe_gemv(loom_cuda_dt dt, const void *x, int div, const in
                                const void *w, int P, int N, int K, void *y, cudaStream_t s);
 
 /* r[t, :] (dt) = sum_j wt[t K + j] y[row] (j ascending; row = inv[t K + j],
- * or t K + j when inv is NULL), plus, when ysh != NULL,
+ * skipped when -1, or t K + j when inv is NULL), plus, when ysh != NULL,
  * sigmoid(xn[t] . sh_gate) ysh[t, :]. y (P, H), ysh / xn (T, H) dt,
  * sh_gate (H) f32. H % 8 == 0. */
 cudaError_t loom_cuda_moe_combine(loom_cuda_dt dt, void *r, const void *y, const int32_t *inv,

@@ -25,10 +25,12 @@
 
 /* One warp per token: p = softmax(logits) over E in float32, its K largest
  * (ties to the lower expert) in descending order, divided by their sum when
- * `norm`. The probabilities live in registers, E / 32 a lane. */
+ * `norm`; sel holds each choice as an expert of [e0, e0 + el) (this rank's,
+ * numbered from 0) or -1 (another rank's). The probabilities live in
+ * registers, E / 32 a lane. */
 template <int PER>
-__global__ void lc_moe_route_kernel(const float *__restrict__ logits, int T, int E, int K, int norm,
-                                    int32_t *__restrict__ sel, float *__restrict__ wt) {
+__global__ void lc_moe_route_kernel(const float *__restrict__ logits, int T, int E, int K, int norm, int e0,
+                                    int el, int32_t *__restrict__ sel, float *__restrict__ wt) {
     lc_pdl_wait();
     lc_pdl_trigger();
     const int lane = threadIdx.x & 31;
@@ -75,20 +77,22 @@ __global__ void lc_moe_route_kernel(const float *__restrict__ logits, int T, int
         be = be < E ? be : 0; /* NaN logits: no order; stay in bounds */
         ksum += bv;
         if (lane == j) mine = bv;
-        if (lane == 0) sel[(size_t)t * K + j] = be;
+        if (lane == 0) sel[(size_t)t * K + j] = be >= e0 && be < e0 + el ? be - e0 : -1;
     }
     if (lane < K) wt[(size_t)t * K + lane] = norm ? mine / ksum : mine;
 }
 
-extern "C" cudaError_t loom_cuda_moe_route(const float *logits, int T, int E, int K, int norm, int32_t *sel,
-                                           float *wt, cudaStream_t s) {
+extern "C" cudaError_t loom_cuda_moe_route(const float *logits, int T, int E, int K, int norm, int e0, int el,
+                                           int32_t *sel, float *wt, cudaStream_t s) {
     if (T <= 0) return cudaSuccess;
-    if (E < 1 || E > LOOM_CUDA_MOE_MAX_EXPERTS || K < 1 || K > E || K > 32) return cudaErrorInvalidValue;
+    if (E < 1 || E > LOOM_CUDA_MOE_MAX_EXPERTS || K < 1 || K > E || K > 32 || e0 < 0 || el < 1 || e0 + el > E)
+        return cudaErrorInvalidValue;
     const dim3 grid((unsigned)lc_ceil_div(T, 4)), block(128);
-    if (E <= 32) return lc_launch(lc_moe_route_kernel<1>, grid, block, 0, s, logits, T, E, K, norm, sel, wt);
-    if (E <= 64) return lc_launch(lc_moe_route_kernel<2>, grid, block, 0, s, logits, T, E, K, norm, sel, wt);
-    if (E <= 128) return lc_launch(lc_moe_route_kernel<4>, grid, block, 0, s, logits, T, E, K, norm, sel, wt);
-    return lc_launch(lc_moe_route_kernel<8>, grid, block, 0, s, logits, T, E, K, norm, sel, wt);
+    if (E <= 32) return lc_launch(lc_moe_route_kernel<1>, grid, block, 0, s, logits, T, E, K, norm, e0, el, sel, wt);
+    if (E <= 64) return lc_launch(lc_moe_route_kernel<2>, grid, block, 0, s, logits, T, E, K, norm, e0, el, sel, wt);
+    if (E <= 128)
+        return lc_launch(lc_moe_route_kernel<4>, grid, block, 0, s, logits, T, E, K, norm, e0, el, sel, wt);
+    return lc_launch(lc_moe_route_kernel<8>, grid, block, 0, s, logits, T, E, K, norm, e0, el, sel, wt);
 }
 
 /* ------------------------------------------------------------ grouping */
@@ -99,7 +103,8 @@ extern "C" int loom_cuda_moe_max_tiles(int P, int E) {
 
 /* One CTA: counts per expert (shared atomics), their exclusive scan into
  * off (E + 1), each pair's row (perm / inv), and the tile list: tile i is
- * (expert, first sorted row, rows) with tiles[0] = their count. */
+ * (expert, first sorted row, rows) with tiles[0] = their count. A pair of
+ * another rank's expert (sel < 0) gets no row: inv = -1. */
 __global__ void __launch_bounds__(1024)
     lc_moe_group_kernel(const int32_t *__restrict__ sel, int P, int E, int32_t *__restrict__ off,
                         int32_t *__restrict__ perm, int32_t *__restrict__ inv, int32_t *__restrict__ tiles) {
@@ -109,7 +114,8 @@ __global__ void __launch_bounds__(1024)
     int32_t *cnt = sm, *cur = sm + E, *toff = sm + 2 * E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
-    for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[sel[p]], 1);
+    for (int p = threadIdx.x; p < P; p += blockDim.x)
+        if (sel[p] >= 0) atomicAdd(&cnt[sel[p]], 1);
     __syncthreads();
     if (threadIdx.x == 0) {
         int32_t o = 0, to = 0;
@@ -126,6 +132,10 @@ __global__ void __launch_bounds__(1024)
     }
     __syncthreads();
     for (int p = threadIdx.x; p < P; p += blockDim.x) {
+        if (sel[p] < 0) {
+            inv[p] = -1;
+            continue;
+        }
         const int32_t i = atomicAdd(&cur[sel[p]], 1);
         perm[i] = p;
         inv[p] = i;
@@ -263,7 +273,8 @@ extern "C" cudaError_t loom_cuda_moe_gemm(loom_cuda_dt dt, const void *x, const 
 
 /* y (P, N) = per pair p: x[p / div] @ W_{sel[p]}^T. A warp per output row,
  * lanes over K in 8-element chunks; blockIdx.y is the pair. Only the
- * chosen experts' rows are read. */
+ * chosen experts' rows are read; a pair of another rank's expert (sel < 0)
+ * reads nothing and gets zeros. */
 template <typename T>
 __global__ void __launch_bounds__(LC_MOE_GEMV_WARPS * 32)
     lc_moe_gemv_kernel(const T *__restrict__ x, int div, const int32_t *__restrict__ sel, const T *__restrict__ w,
@@ -273,6 +284,10 @@ __global__ void __launch_bounds__(LC_MOE_GEMV_WARPS * 32)
     const int lane = threadIdx.x & 31, p = blockIdx.y;
     const int n = blockIdx.x * LC_MOE_GEMV_WARPS + (threadIdx.x >> 5);
     if (n >= N) return;
+    if (sel[p] < 0) {
+        if (lane == 0) y[(size_t)p * N + n] = lc_from_f<T>(0.0f);
+        return;
+    }
     const T *xr = x + (size_t)(p / div) * K;
     const T *wr = w + ((size_t)sel[p] * N + n) * K;
     float acc = 0.0f;
@@ -324,7 +339,8 @@ extern "C" cudaError_t loom_cuda_moe_gemv(loom_cuda_dt dt, const void *x, int di
 /* ------------------------------------------------------------- combine */
 
 /* One CTA per token: g = sigmoid(xn[t] . sh_gate) when there is a shared
- * expert; r[t] = sum_j wt[t, j] y[row(t, j)] (+ g ysh[t]), in slot order. */
+ * expert; r[t] = sum_j wt[t, j] y[row(t, j)] (+ g ysh[t]), in slot order,
+ * leaving out the pairs without a sorted row (inv = -1: another rank's). */
 template <typename T>
 __global__ void __launch_bounds__(256)
     lc_moe_combine_kernel(T *__restrict__ r, const T *__restrict__ y, const int32_t *__restrict__ inv,
@@ -344,9 +360,10 @@ __global__ void __launch_bounds__(256)
     for (int c = threadIdx.x * 8; c < H; c += blockDim.x * 8) {
         float o[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v[8];
         for (int j = 0; j < K; j++) {
-            const int p = t * K + j;
+            const int p = t * K + j, row = inv ? inv[p] : p;
+            if (row < 0) continue;
             const float a = wt[p];
-            lc_unpack8<T>(lc_ldg16(y + (size_t)(inv ? inv[p] : p) * H + c), v);
+            lc_unpack8<T>(lc_ldg16(y + (size_t)row * H + c), v);
 #pragma unroll
             for (int i = 0; i < 8; i++) o[i] += a * v[i];
         }
@@ -414,7 +431,8 @@ __device__ __forceinline__ float lc_moe_warp_sum(float v) {
 }
 
 /* act[p, n] = silu(g) u, g / u = x[p / div] . rows n / I + n of W_{sel[p]}
- * (E, 2I, K): a warp per n, blockIdx.y the pair. */
+ * (E, 2I, K): a warp per n, blockIdx.y the pair; zeros for a pair of
+ * another rank's expert (sel < 0). */
 template <typename T>
 __global__ void __launch_bounds__(LC_MOE_GEMV_WARPS * 32)
     lc_moe_gemv_swiglu_kernel(const T *__restrict__ x, int div, const int32_t *__restrict__ sel,
@@ -424,6 +442,10 @@ __global__ void __launch_bounds__(LC_MOE_GEMV_WARPS * 32)
     const int lane = threadIdx.x & 31, p = blockIdx.y;
     const int n = blockIdx.x * LC_MOE_GEMV_WARPS + (threadIdx.x >> 5);
     if (n >= I) return;
+    if (sel[p] < 0) {
+        if (lane == 0) act[(size_t)p * I + n] = lc_from_f<T>(0.0f);
+        return;
+    }
     const T *xr = x + (size_t)(p / div) * K;
     const T *wg = w + ((size_t)sel[p] * 2 * I + n) * K;
     const T *xs[2] = {xr, xr}, *ws[2] = {wg, wg + (size_t)I * K};
@@ -452,7 +474,8 @@ extern "C" cudaError_t loom_cuda_moe_gemv_swiglu(loom_cuda_dt dt, const void *x,
 }
 
 /* r[t, n] = sum_j wt[t K + j] (act[t K + j] . row n of W_{sel[t K + j]})
- * (W (E, H, I)): the down GEMVs and the combine in one. A CTA per
+ * (W (E, H, I)) over the slots of this rank's experts (sel >= 0): the down
+ * GEMVs and the combine in one. A CTA per
  * (LC_MOE_CMB_ROWS rows n, token t = blockIdx.y); its warp w takes row
  * w % ROWS and every (WARPS / ROWS)-th of the token's experts from w / ROWS,
  * up to four dots in flight, so one round of loads covers Qwen3-MoE's 8
@@ -469,32 +492,41 @@ __global__ void __launch_bounds__(LC_MOE_CMB_WARPS * 32)
     lc_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.y;
     const int n = blockIdx.x * LC_MOE_CMB_ROWS + warp % LC_MOE_CMB_ROWS;
-    const int step = LC_MOE_CMB_WARPS / LC_MOE_CMB_ROWS, p0 = t * Kx;
+    const int step = LC_MOE_CMB_WARPS / LC_MOE_CMB_ROWS, p0 = t * Kx, j0 = warp / LC_MOE_CMB_ROWS;
     float tot = 0.0f;
     if (n < H) {
-        int j = warp / LC_MOE_CMB_ROWS;
-        for (; j + 3 * step < Kx; j += 4 * step) {
+        /* the warp's slots j0, j0 + step, ... whose expert is this rank's
+         * (sel >= 0), taken in ascending order: 4, then 2, then 1 at once */
+        const bool mine = lane < Kx && lane >= j0 && (lane - j0) % step == 0 && sel[p0 + lane] >= 0;
+        unsigned m = __ballot_sync(0xffffffffu, mine);
+        auto next = [&]() {
+            const int j = __ffs((int)m) - 1;
+            m &= m - 1;
+            return p0 + j;
+        };
+        while (__popc(m) >= 4) {
             const T *xs[4], *ws[4];
+            int p[4];
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                const int p = p0 + j + q * step;
-                xs[q] = act + (size_t)p * I, ws[q] = w + ((size_t)sel[p] * H + n) * I;
+                p[q] = next();
+                xs[q] = act + (size_t)p[q] * I, ws[q] = w + ((size_t)sel[p[q]] * H + n) * I;
             }
             lc_moe_dots<T, 4>(xs, ws, I, lane, acc);
 #pragma unroll
-            for (int q = 0; q < 4; q++) tot += wt[p0 + j + q * step] * acc[q];
+            for (int q = 0; q < 4; q++) tot += wt[p[q]] * acc[q];
         }
-        for (; j + step < Kx; j += 2 * step) {
-            const int p = p0 + j;
-            const T *xs[2] = {act + (size_t)p * I, act + (size_t)(p + step) * I};
-            const T *ws[2] = {w + ((size_t)sel[p] * H + n) * I, w + ((size_t)sel[p + step] * H + n) * I};
+        if (__popc(m) >= 2) {
+            const int pa = next(), pb = next();
+            const T *xs[2] = {act + (size_t)pa * I, act + (size_t)pb * I};
+            const T *ws[2] = {w + ((size_t)sel[pa] * H + n) * I, w + ((size_t)sel[pb] * H + n) * I};
             float acc[2] = {0.0f, 0.0f};
             lc_moe_dots<T, 2>(xs, ws, I, lane, acc);
-            tot += wt[p] * acc[0] + wt[p + step] * acc[1];
+            tot += wt[pa] * acc[0] + wt[pb] * acc[1];
         }
-        if (j < Kx) {
-            const int p = p0 + j;
+        if (m) {
+            const int p = next();
             const T *xs[1] = {act + (size_t)p * I}, *ws[1] = {w + ((size_t)sel[p] * H + n) * I};
             float acc[1] = {0.0f};
             lc_moe_dots<T, 1>(xs, ws, I, lane, acc);

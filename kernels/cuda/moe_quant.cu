@@ -68,7 +68,8 @@ extern "C" cudaError_t loom_cuda_moe_quant_act(loom_cuda_dt dt, loom_cuda_qfmt f
 
 /* y (P, N) = per pair p: row p / div of x (xq, sx) @ dequant(W_{sel[p]})^T.
  * A warp per R output rows, blockIdx.y the pair: qgemm.cu's one-row
- * kernel (lc_qgemv_pass) on the pair's expert. */
+ * kernel (lc_qgemv_pass) on the pair's expert; zeros for a pair of another
+ * rank's expert (sel < 0). */
 template <typename T, int FMT, int R, int U>
 __global__ void __launch_bounds__(LC_MQ_WARPS * 32)
     lc_moe_qgemv_kernel(const T *__restrict__ x, const uint8_t *__restrict__ xq, const float *__restrict__ sx,
@@ -80,6 +81,10 @@ __global__ void __launch_bounds__(LC_MQ_WARPS * 32)
     const int n0 = (blockIdx.x * LC_MQ_WARPS + warp) * R;
     if (n0 >= N) return;
     const int t = p / div, e = sel[p];
+    if (e < 0) { /* another rank's expert: zeros, nothing read */
+        for (int r = lane; r < R && n0 + r < N; r += 32) y[(size_t)p * N + n0 + r] = lc_from_f<T>(0.0f);
+        return;
+    }
     const T *xr = x ? x + (size_t)t * K : nullptr;
     const uint8_t *xqr = xq ? xq + (size_t)t * K : nullptr;
     const uint8_t *we = wd + (size_t)e * wstride;

@@ -2757,12 +2757,26 @@ static void test_moe_route(int T, int E, int K, bool norm, int mode) {
     float *lg = moe_logits(T, E, K, mode);
     float *d_lg = dev_upload(lg, (size_t)T * E * 4), *d_wt = dev_poison((size_t)T * K * 4);
     int32_t *d_sel = dev_poison((size_t)T * K * 4);
-    CK(loom_cuda_moe_route(d_lg, T, E, K, norm, d_sel, d_wt, 0));
+    /* expert parallelism: the same routing as a rank holding experts
+     * [e0, e0 + el) sees it (local numbers, -1 for the others; weights
+     * bit for bit) */
+    const int e0 = E / 3, el = E - E / 3 - E / 4 > 0 ? E - E / 3 - E / 4 : 1;
+    float *d_wtl = dev_poison((size_t)T * K * 4);
+    int32_t *d_sell = dev_poison((size_t)T * K * 4);
+    CK(loom_cuda_moe_route(d_lg, T, E, K, norm, 0, E, d_sel, d_wt, 0));
+    CK(loom_cuda_moe_route(d_lg, T, E, K, norm, e0, el, d_sell, d_wtl, 0));
     CK(cudaDeviceSynchronize());
-    int32_t *sel = malloc((size_t)T * K * 4);
-    float *wt = malloc((size_t)T * K * 4);
+    int32_t *sel = malloc((size_t)T * K * 4), *sell = malloc((size_t)T * K * 4);
+    float *wt = malloc((size_t)T * K * 4), *wtl = malloc((size_t)T * K * 4);
     CK(cudaMemcpy(sel, d_sel, (size_t)T * K * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(wt, d_wt, (size_t)T * K * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(sell, d_sell, (size_t)T * K * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(wtl, d_wtl, (size_t)T * K * 4, cudaMemcpyDeviceToHost));
+    long slice_bad = 0;
+    for (int i = 0; i < T * K; i++) {
+        const int want = sel[i] >= e0 && sel[i] < e0 + el ? sel[i] - e0 : -1;
+        slice_bad += sell[i] != want || memcmp(&wt[i], &wtl[i], 4) != 0;
+    }
     double *p = malloc((size_t)E * 8);
     long bad = 0;
     double werr = 0;
@@ -2809,8 +2823,11 @@ static void test_moe_route(int T, int E, int K, bool norm, int mode) {
              modes[mode]);
     err_acc a = {.worst = werr, .rows = T};
     report(name, &a, TOL32);
-    cudaFree(d_lg), cudaFree(d_wt), cudaFree(d_sel);
-    free(lg), free(sel), free(wt), free(p);
+    snprintf(name, sizeof name, "moe route T=%d E=%d K=%d %s %s (experts %d..%d of a rank)", T, E, K,
+             norm ? "renorm" : "raw", modes[mode], e0, e0 + el - 1);
+    report_count(name, slice_bad, (long)T * K);
+    cudaFree(d_lg), cudaFree(d_wt), cudaFree(d_sel), cudaFree(d_wtl), cudaFree(d_sell);
+    free(lg), free(sel), free(wt), free(p), free(sell), free(wtl);
 }
 
 /* Grouping P pairs by expert: off the prefix of the counts, perm a
@@ -2819,8 +2836,9 @@ static void test_moe_route(int T, int E, int K, bool norm, int mode) {
  * and no more of them than loom_cuda_moe_max_tiles. */
 static void test_moe_group(int P, int E, int mode) {
     int32_t *sel = malloc((size_t)P * 4);
-    for (int p = 0; p < P; p++)
-        sel[p] = mode == 0 ? rng_int(E) : mode == 1 ? E - 1 : (rng_int(2) ? 0 : E / 2);
+    for (int p = 0; p < P; p++) /* mode 3: about half the pairs another rank's (-1) */
+        sel[p] = mode == 0 ? rng_int(E) : mode == 1 ? E - 1 : mode == 2 ? (rng_int(2) ? 0 : E / 2)
+                                                             : (rng_int(2) ? rng_int(E) : -1);
     const int mt = loom_cuda_moe_max_tiles(P, E);
     int32_t *d_sel = dev_upload(sel, (size_t)P * 4), *d_off = dev_poison((size_t)(E + 1) * 4);
     int32_t *d_perm = dev_poison((size_t)P * 4), *d_inv = dev_poison((size_t)P * 4);
@@ -2834,16 +2852,21 @@ static void test_moe_group(int P, int E, int mode) {
     CK(cudaMemcpy(inv, d_inv, (size_t)P * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(tiles, d_tiles, (size_t)(1 + 3 * mt) * 4, cudaMemcpyDeviceToHost));
     long bad = 0;
-    for (int p = 0; p < P; p++) cnt[sel[p]]++;
+    int32_t local = 0; /* pairs of this rank's experts: they alone get rows */
+    for (int p = 0; p < P; p++) {
+        if (sel[p] >= 0) cnt[sel[p]]++, local++;
+        else bad += inv[p] != -1;
+    }
     int32_t o = 0;
     for (int e = 0; e < E; e++) {
         bad += off[e] != o;
         o += cnt[e];
     }
-    bad += off[E] != P;
-    for (int i = 0; i < P && !bad; i++) {
+    bad += off[E] != local;
+    for (int i = 0; i < local && !bad; i++) {
         const int32_t p = perm[i];
-        if (p < 0 || p >= P || seen[p]++ || inv[p] != i || i < off[sel[p]] || i >= off[sel[p] + 1]) bad++;
+        if (p < 0 || p >= P || sel[p] < 0 || seen[p]++ || inv[p] != i || i < off[sel[p]] || i >= off[sel[p] + 1])
+            bad++;
     }
     const int n = tiles[0];
     bad += n < 0 || n > mt;
@@ -2853,8 +2876,8 @@ static void test_moe_group(int P, int E, int mode) {
         if (e < 0 || e >= E || r != next || m < 1 || m > 64 || r < off[e] || r + m > off[e + 1]) bad++;
         next = r + m;
     }
-    bad += !bad && next != P;
-    static const char *const modes[3] = {"uniform", "all-one-expert", "two-experts"};
+    bad += !bad && next != local;
+    static const char *const modes[4] = {"uniform", "all-one-expert", "two-experts", "half another rank's"};
     char name[128];
     snprintf(name, sizeof name, "moe group P=%d E=%d %s", P, E, modes[mode]);
     report_count(name, bad, P);
@@ -2868,11 +2891,16 @@ static void test_moe_group(int P, int E, int mode) {
  * over the same dt inputs, with the device's routing and its dt roundings
  * of gu, act and the expert outputs mirrored. gemv 2: the fused pair
  * (loom_cuda_moe_gemv_swiglu, loom_cuda_moe_gemv_combine: only act is
- * rounded; no shared expert). */
-static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int S, int mode, int gemv) {
+ * rounded; no shared expert). Expert parallelism: as rank `rank` of
+ * `ranks` (E % ranks == 0) — its E / ranks experts' slice of the stacked
+ * weights, the routing's local numbers checked against a whole routing,
+ * and only that rank's choices in the reference. */
+static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int S, int mode, int gemv, int ranks,
+                         int rank) {
     if (gemv == 2 && S) return; /* the fused pair has no shared expert */
     const bool fused = gemv == 2;
-    const int P = T * K, mt = loom_cuda_moe_max_tiles(P, E);
+    const int el = E / ranks, e0 = rank * el;
+    const int P = T * K, mt = loom_cuda_moe_max_tiles(P, el);
     float *xf = malloc((size_t)T * H * 4), *wguf = malloc((size_t)E * 2 * I * H * 4);
     float *wdf = malloc((size_t)E * H * I * 4), *ysf = malloc((size_t)T * H * 4), *gate = malloc((size_t)H * 4);
     const float a1 = 1.0f / sqrtf((float)H), a2 = 1.0f / sqrtf((float)I);
@@ -2886,30 +2914,35 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
     float *d_wt = dev_poison((size_t)P * 4);
     int32_t *d_sel = dev_poison((size_t)P * 4), *d_off = dev_poison((size_t)(E + 1) * 4);
     int32_t *d_perm = dev_poison((size_t)P * 4), *d_inv = dev_poison((size_t)P * 4);
-    int32_t *d_tiles = dev_poison((size_t)(1 + 3 * mt) * 4);
+    int32_t *d_tiles = dev_poison((size_t)(1 + 3 * mt) * 4), *d_selg = dev_poison((size_t)P * 4);
     void *d_gu = dev_poison((size_t)P * 2 * I * 2), *d_act = dev_poison((size_t)P * I * 2);
     void *d_y = dev_poison((size_t)P * H * 2), *d_r = dev_poison((size_t)T * H * 2);
-    CK(loom_cuda_moe_route(d_lg, T, E, K, 1, d_sel, d_wt, 0));
+    /* the rank's experts: a window of the stacked weights */
+    const void *d_wgu_l = (const uint8_t *)d_wgu + (size_t)e0 * 2 * I * H * 2;
+    const void *d_wd_l = (const uint8_t *)d_wd + (size_t)e0 * H * I * 2;
+    CK(loom_cuda_moe_route(d_lg, T, E, K, 1, 0, E, d_selg, d_wt, 0));
+    CK(loom_cuda_moe_route(d_lg, T, E, K, 1, e0, el, d_sel, d_wt, 0));
     if (fused) {
-        CK(loom_cuda_moe_gemv_swiglu(dt, d_x, K, d_sel, d_wgu, P, I, H, d_act, 0));
-        CK(loom_cuda_moe_gemv_combine(dt, d_act, d_sel, d_wt, d_wd, T, K, H, I, d_r, 0));
+        CK(loom_cuda_moe_gemv_swiglu(dt, d_x, K, d_sel, d_wgu_l, P, I, H, d_act, 0));
+        CK(loom_cuda_moe_gemv_combine(dt, d_act, d_sel, d_wt, d_wd_l, T, K, H, I, d_r, 0));
     } else if (gemv) {
-        CK(loom_cuda_moe_gemv(dt, d_x, K, d_sel, d_wgu, P, 2 * I, H, d_gu, 0));
+        CK(loom_cuda_moe_gemv(dt, d_x, K, d_sel, d_wgu_l, P, 2 * I, H, d_gu, 0));
         CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
-        CK(loom_cuda_moe_gemv(dt, d_act, 1, d_sel, d_wd, P, H, I, d_y, 0));
+        CK(loom_cuda_moe_gemv(dt, d_act, 1, d_sel, d_wd_l, P, H, I, d_y, 0));
     } else {
-        CK(loom_cuda_moe_group(d_sel, P, E, d_off, d_perm, d_inv, d_tiles, 0));
-        CK(loom_cuda_moe_gemm(dt, d_x, d_perm, K, d_wgu, d_tiles, mt, 2 * I, H, d_gu, 0));
+        CK(loom_cuda_moe_group(d_sel, P, el, d_off, d_perm, d_inv, d_tiles, 0));
+        CK(loom_cuda_moe_gemm(dt, d_x, d_perm, K, d_wgu_l, d_tiles, mt, 2 * I, H, d_gu, 0));
         CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
-        CK(loom_cuda_moe_gemm(dt, d_act, NULL, 1, d_wd, d_tiles, mt, H, I, d_y, 0));
+        CK(loom_cuda_moe_gemm(dt, d_act, NULL, 1, d_wd_l, d_tiles, mt, H, I, d_y, 0));
     }
     if (!fused)
         CK(loom_cuda_moe_combine(dt, d_r, d_y, gemv ? NULL : d_inv, d_wt, T, K, H, S ? d_ysh : NULL, d_x, d_gate, 0));
     CK(cudaDeviceSynchronize());
-    int32_t *sel = malloc((size_t)P * 4);
+    int32_t *sel = malloc((size_t)P * 4), *selg = malloc((size_t)P * 4);
     float *wt = malloc((size_t)P * 4);
     uint16_t *r = malloc((size_t)T * H * 2);
     CK(cudaMemcpy(sel, d_sel, (size_t)P * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(selg, d_selg, (size_t)P * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(wt, d_wt, (size_t)P * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(r, d_r, (size_t)T * H * 2, cudaMemcpyDeviceToHost));
     double *gu = malloc((size_t)2 * I * 8), *act = malloc((size_t)I * 8), *ref = malloc((size_t)H * 8);
@@ -2919,11 +2952,13 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
         const float *xr = xf + (size_t)t * H;
         for (int h = 0; h < H; h++) ref[h] = 0;
         for (int j = 0; j < K; j++) {
-            const int e = sel[(size_t)t * K + j];
-            if (e < 0 || e >= E) {
+            const int e = selg[(size_t)t * K + j]; /* the whole model's number */
+            const bool mine = e >= e0 && e < e0 + el;
+            if (e < 0 || e >= E || sel[(size_t)t * K + j] != (mine ? e - e0 : -1)) {
                 a.nan = true;
                 continue;
             }
+            if (!mine) continue; /* another rank's share */
             for (int n = 0; n < 2 * I; n++) {
                 double s = 0;
                 for (int k = 0; k < H; k++) s += (double)xr[k] * wguf[((size_t)e * 2 * I + n) * H + k];
@@ -2946,15 +2981,17 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
         err_row(&a, out, ref, H);
     }
     static const char *const modes[4] = {"uniform", "ties", "one-expert", "idle-experts"};
-    char name[160];
-    snprintf(name, sizeof name, "moe ffn %s %s T=%d E=%d K=%d I=%d H=%d%s %s", dtn(dt),
+    char name[160], rk[32] = "";
+    if (ranks > 1) snprintf(rk, sizeof rk, " rank %d/%d", rank, ranks);
+    snprintf(name, sizeof name, "moe ffn %s %s T=%d E=%d K=%d I=%d H=%d%s %s%s", dtn(dt),
              fused ? "gemv+swiglu, gemv+combine" : gemv ? "gemv" : "grouped", T, E,
-             K, I, H, S ? " +shared" : "", modes[mode]);
+             K, I, H, S ? " +shared" : "", modes[mode], rk);
     report(name, &a, TOL16);
-    void *dv[] = {d_x, d_wgu, d_wd, d_ysh, d_gate, d_lg, d_wt, d_sel, d_off, d_perm, d_inv, d_tiles, d_gu, d_act, d_y, d_r};
+    void *dv[] = {d_x,    d_wgu, d_wd,    d_ysh, d_gate, d_lg, d_wt, d_sel, d_off,
+                  d_perm, d_inv, d_tiles, d_gu,  d_act,  d_y,  d_r,  d_selg};
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) cudaFree(dv[i]);
     free(xf), free(wguf), free(wdf), free(ysf), free(gate), free(x), free(wgu), free(wd), free(ysh), free(lg);
-    free(sel), free(wt), free(r), free(gu), free(act), free(ref), free(out);
+    free(sel), free(selg), free(wt), free(r), free(gu), free(act), free(ref), free(out);
 }
 
 /* A stacked quantized expert weight (loom_cuda_moe_qgemv's layout): E
@@ -3056,10 +3093,11 @@ static long mq_codes_bad(int aq, const double *deq, const double *ref, int n, fl
  * the grouped GEMM: rounded to dt as its loader does, mq_host), with the
  * device's routing, its activation codes (checked on their own against the
  * rows they encode, mq_codes_bad) and its dt roundings of gu, act and y
- * mirrored. */
+ * mirrored. ranks / rank: as test_moe_ffn's expert-parallel rank. */
 static void test_moe_qffn(loom_cuda_dt dt, loom_cuda_qfmt f, int T, int E, int K, int I, int H, int g, int mode,
-                          bool gemv) {
-    const int P = T * K, mt = loom_cuda_moe_max_tiles(P, E), aq = loom_cuda_moe_qacts(f);
+                          bool gemv, int ranks, int rank) {
+    const int el = E / ranks, e0 = rank * el;
+    const int P = T * K, mt = loom_cuda_moe_max_tiles(P, el), aq = loom_cuda_moe_qacts(f);
     float *xf = malloc((size_t)T * H * 4);
     uint16_t *x = rand16(dt, (size_t)T * H, -2, 2, xf);
     mq_host mgu, md;
@@ -3077,21 +3115,30 @@ static void test_moe_qffn(loom_cuda_dt dt, loom_cuda_qfmt f, int T, int E, int K
     void *d_y = dev_poison((size_t)P * H * 2), *d_r = dev_poison((size_t)T * H * 2);
     uint8_t *d_xq = dev_poison((size_t)T * H), *d_aq = dev_poison((size_t)P * I);
     float *d_xsx = dev_poison((size_t)T * 4), *d_asx = dev_poison((size_t)P * 4);
-    CK(loom_cuda_moe_route(d_lg, T, E, K, 1, d_sel, d_wt, 0));
+    int32_t *d_selg = dev_poison((size_t)P * 4);
+    /* the rank's experts: a window of each stacked weight */
+    loom_cuda_qweight qgu_l = qgu, qd_l = qd;
+    qgu_l.data = (const uint8_t *)qgu.data + (size_t)e0 * loom_cuda_moe_qdata_bytes(&qgu);
+    qgu_l.scales = qgu.scales + (size_t)e0 * loom_cuda_moe_qscale_floats(&qgu);
+    qd_l.data = (const uint8_t *)qd.data + (size_t)e0 * loom_cuda_moe_qdata_bytes(&qd);
+    qd_l.scales = qd.scales + (size_t)e0 * loom_cuda_moe_qscale_floats(&qd);
+    CK(loom_cuda_moe_route(d_lg, T, E, K, 1, 0, E, d_selg, d_wt, 0));
+    CK(loom_cuda_moe_route(d_lg, T, E, K, 1, e0, el, d_sel, d_wt, 0));
     if (aq) CK(loom_cuda_moe_quant_act(dt, f, 0, T, H, d_x, d_xq, d_xsx, 0));
     if (gemv) {
-        CK(loom_cuda_moe_qgemv(dt, d_x, d_xq, d_xsx, K, d_sel, &qgu, P, d_gu, 0));
+        CK(loom_cuda_moe_qgemv(dt, d_x, d_xq, d_xsx, K, d_sel, &qgu_l, P, d_gu, 0));
     } else {
-        CK(loom_cuda_moe_group(d_sel, P, E, d_off, d_perm, d_inv, d_tiles, 0));
-        CK(loom_cuda_moe_qgemm(dt, d_x, d_xq, d_xsx, d_perm, K, &qgu, d_tiles, mt, d_gu, 0));
+        CK(loom_cuda_moe_group(d_sel, P, el, d_off, d_perm, d_inv, d_tiles, 0));
+        CK(loom_cuda_moe_qgemm(dt, d_x, d_xq, d_xsx, d_perm, K, &qgu_l, d_tiles, mt, d_gu, 0));
     }
     if (aq) CK(loom_cuda_moe_quant_act(dt, f, 1, P, I, d_gu, d_aq, d_asx, 0));
     else CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
-    if (gemv) CK(loom_cuda_moe_qgemv(dt, d_act, d_aq, d_asx, 1, d_sel, &qd, P, d_y, 0));
-    else CK(loom_cuda_moe_qgemm(dt, d_act, d_aq, d_asx, NULL, 1, &qd, d_tiles, mt, d_y, 0));
+    if (gemv) CK(loom_cuda_moe_qgemv(dt, d_act, d_aq, d_asx, 1, d_sel, &qd_l, P, d_y, 0));
+    else CK(loom_cuda_moe_qgemm(dt, d_act, d_aq, d_asx, NULL, 1, &qd_l, d_tiles, mt, d_y, 0));
     CK(loom_cuda_moe_combine(dt, d_r, d_y, gemv ? NULL : d_inv, d_wt, T, K, H, NULL, d_x, NULL, 0));
     CK(cudaDeviceSynchronize());
-    int32_t *sel = malloc((size_t)P * 4), *inv = malloc((size_t)P * 4);
+    int32_t *sel = malloc((size_t)P * 4), *inv = malloc((size_t)P * 4), *selg = malloc((size_t)P * 4);
+    CK(cudaMemcpy(selg, d_selg, (size_t)P * 4, cudaMemcpyDeviceToHost));
     float *wt = malloc((size_t)P * 4), *xsx = malloc((size_t)T * 4), *asx = malloc((size_t)P * 4);
     uint16_t *r = malloc((size_t)T * H * 2);
     uint8_t *xq = malloc((size_t)T * H), *aqc = malloc((size_t)P * I);
@@ -3121,11 +3168,13 @@ static void test_moe_qffn(loom_cuda_dt dt, loom_cuda_qfmt f, int T, int E, int K
         if (aq) cbad += mq_codes_bad(aq, xin, xr, H, xsx[t], 0.0), cn += H;
         for (int h = 0; h < H; h++) ref[h] = 0;
         for (int j = 0; j < K; j++) {
-            const int p = t * K + j, e = sel[p];
-            if (e < 0 || e >= E) {
+            const int p = t * K + j, e = selg[p]; /* the whole model's number */
+            const bool mine = e >= e0 && e < e0 + el;
+            if (e < 0 || e >= E || sel[p] != (mine ? e - e0 : -1)) {
                 a.nan = true;
                 continue;
             }
+            if (!mine) continue; /* another rank's share */
             for (int n = 0; n < 2 * I; n++) {
                 double s = 0;
                 const double *w = wgu + ((size_t)e * 2 * I + n) * H;
@@ -3160,20 +3209,23 @@ static void test_moe_qffn(loom_cuda_dt dt, loom_cuda_qfmt f, int T, int E, int K
     }
 #undef MQ_CODE
     static const char *const modes[4] = {"uniform", "ties", "one-expert", "idle-experts"};
-    char name[160], gs[16] = "";
+    char name[160], gs[16] = "", rk[32] = "";
     if (f == LOOM_CUDA_Q_INT4) snprintf(gs, sizeof gs, "-g%d", g);
-    snprintf(name, sizeof name, "moe qffn %s %s%s %s T=%d E=%d K=%d I=%d H=%d %s", dtn(dt), qfn(f), gs,
-             gemv ? "gemv" : "grouped", T, E, K, I, H, modes[mode]);
+    if (ranks > 1) snprintf(rk, sizeof rk, " rank %d/%d", rank, ranks);
+    snprintf(name, sizeof name, "moe qffn %s %s%s %s T=%d E=%d K=%d I=%d H=%d %s%s", dtn(dt), qfn(f), gs,
+             gemv ? "gemv" : "grouped", T, E, K, I, H, modes[mode], rk);
     report(name, &a, TOL16);
     if (aq) {
         snprintf(name, sizeof name, "moe qffn %s %s activation codes T=%d K=%d (bad of %ld)", dtn(dt), qfn(f), T, K,
                  cn);
         report_count(name, cbad, cn);
     }
-    void *dv[] = {d_x, d_lg, d_wt, d_sel, d_off, d_perm, d_inv, d_tiles, d_gu, d_act, d_y, d_r, d_xq, d_aq, d_xsx, d_asx};
+    void *dv[] = {d_x, d_lg,  d_wt, d_sel, d_off, d_perm, d_inv, d_tiles, d_gu,
+                  d_act, d_y, d_r, d_xq, d_aq, d_xsx, d_asx, d_selg};
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) cudaFree(dv[i]);
     mq_free(&mgu), mq_free(&md);
-    free(xf), free(x), free(lg), free(sel), free(inv), free(wt), free(xsx), free(asx), free(r), free(xq), free(aqc), free(gud);
+    free(selg), free(xf), free(x), free(lg), free(sel), free(inv), free(wt), free(xsx), free(asx), free(r);
+    free(xq), free(aqc), free(gud);
     free(xin), free(gu), free(act), free(actref), free(ref), free(out), free(xr);
 }
 
@@ -3206,16 +3258,21 @@ static void test_moe_q_all(void) {
     for (int fi = 0; fi < 4; fi++)
         for (int gemv = 0; gemv < 2; gemv++) {
             const loom_cuda_qfmt f = fs[fi];
-            test_moe_qffn(LOOM_CUDA_BF16, f, 1, 8, 2, 256, 128, 64, 0, gemv);
-            test_moe_qffn(LOOM_CUDA_BF16, f, 3, 16, 8, 64, 64, 32, 1, gemv);
-            test_moe_qffn(LOOM_CUDA_BF16, f, 17, 8, 1, 96, 256, 32, 2, gemv);
-            test_moe_qffn(LOOM_CUDA_BF16, f, 300, 8, 2, 128, 64, 64, 3, gemv);
-            test_moe_qffn(LOOM_CUDA_BF16, f, 130, 60, 4, 256, 128, 128, 0, gemv);
-            test_moe_qffn(LOOM_CUDA_F16, f, 37, 16, 4, 64, 128, 32, 0, gemv);
+            test_moe_qffn(LOOM_CUDA_BF16, f, 1, 8, 2, 256, 128, 64, 0, gemv, 1, 0);
+            test_moe_qffn(LOOM_CUDA_BF16, f, 3, 16, 8, 64, 64, 32, 1, gemv, 1, 0);
+            test_moe_qffn(LOOM_CUDA_BF16, f, 17, 8, 1, 96, 256, 32, 2, gemv, 1, 0);
+            test_moe_qffn(LOOM_CUDA_BF16, f, 300, 8, 2, 128, 64, 64, 3, gemv, 1, 0);
+            test_moe_qffn(LOOM_CUDA_BF16, f, 130, 60, 4, 256, 128, 128, 0, gemv, 1, 0);
+            test_moe_qffn(LOOM_CUDA_F16, f, 37, 16, 4, 64, 128, 32, 0, gemv, 1, 0);
         }
-    test_moe_qffn(LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 64, 8, 2, 1024, 512, 0, 0, false);
-    test_moe_qffn(LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 64, 8, 2, 1024, 512, 0, 0, false);
-    test_moe_qffn(LOOM_CUDA_BF16, LOOM_CUDA_Q_INT4, 64, 8, 2, 1024, 512, 128, 0, false);
+    test_moe_qffn(LOOM_CUDA_BF16, LOOM_CUDA_Q_INT8_W8A16, 64, 8, 2, 1024, 512, 0, 0, false, 1, 0);
+    test_moe_qffn(LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 64, 8, 2, 1024, 512, 0, 0, false, 1, 0);
+    test_moe_qffn(LOOM_CUDA_BF16, LOOM_CUDA_Q_INT4, 64, 8, 2, 1024, 512, 128, 0, false, 1, 0);
+    for (int fi = 0; fi < 4; fi++)
+        for (int gemv = 0; gemv < 2; gemv++) { /* expert parallelism (test_moe_all's) */
+            test_moe_qffn(LOOM_CUDA_BF16, fs[fi], 3, 16, 8, 64, 64, 32, 1, gemv, 2, 1);
+            test_moe_qffn(LOOM_CUDA_BF16, fs[fi], 130, 60, 4, 256, 128, 128, 0, gemv, 4, 2);
+        }
     test_moe_q_refused();
 }
 
@@ -3228,7 +3285,7 @@ static void test_moe_all(void) {
         }
     test_moe_route(5, 256, 8, true, 0);
     test_moe_route(64, 60, 4, false, 1);
-    for (int mode = 0; mode < 3; mode++) {
+    for (int mode = 0; mode < 4; mode++) {
         test_moe_group(1, 8, mode);
         test_moe_group(600, 8, mode);
         test_moe_group(2400, 128, mode);
@@ -3238,14 +3295,24 @@ static void test_moe_all(void) {
     for (int di = 0; di < 2; di++)
         for (int gemv = 0; gemv < 3; gemv++) {
             const loom_cuda_dt dt = dts[di];
-            test_moe_ffn(dt, 1, 8, 2, 256, 128, 0, 0, gemv);
-            test_moe_ffn(dt, 3, 16, 8, 64, 72, 48, 1, gemv);
-            test_moe_ffn(dt, 17, 8, 1, 40, 200, 0, 2, gemv);
-            test_moe_ffn(dt, 300, 8, 2, 136, 64, 32, 3, gemv);
-            test_moe_ffn(dt, 130, 60, 4, 96, 256, 0, 0, gemv);
-            test_moe_ffn(dt, 2, 128, 8, 768, 2048, 0, 1, gemv); /* Qwen3-30B-A3B's widths */
+            test_moe_ffn(dt, 1, 8, 2, 256, 128, 0, 0, gemv, 1, 0);
+            test_moe_ffn(dt, 3, 16, 8, 64, 72, 48, 1, gemv, 1, 0);
+            test_moe_ffn(dt, 17, 8, 1, 40, 200, 0, 2, gemv, 1, 0);
+            test_moe_ffn(dt, 300, 8, 2, 136, 64, 32, 3, gemv, 1, 0);
+            test_moe_ffn(dt, 130, 60, 4, 96, 256, 0, 0, gemv, 1, 0);
+            test_moe_ffn(dt, 2, 128, 8, 768, 2048, 0, 1, gemv, 1, 0); /* Qwen3-30B-A3B's widths */
         }
-    test_moe_ffn(LOOM_CUDA_BF16, 64, 8, 2, 1024, 512, 0, 0, false);
+    test_moe_ffn(LOOM_CUDA_BF16, 64, 8, 2, 1024, 512, 0, 0, false, 1, 0);
+    /* expert parallelism: each rank's share, every path; rank 1 of 2 in
+     * idle-experts mode holds no chosen expert (only zeros to write) */
+    for (int gemv = 0; gemv < 3; gemv++) {
+        for (int r = 0; r < 2; r++) {
+            test_moe_ffn(LOOM_CUDA_BF16, 3, 16, 8, 64, 72, 48, 1, gemv, 2, r);
+            test_moe_ffn(LOOM_CUDA_BF16, 300, 8, 2, 136, 64, 32, 3, gemv, 2, r);
+        }
+        test_moe_ffn(LOOM_CUDA_F16, 130, 60, 4, 96, 256, 0, 0, gemv, 4, 2);
+        test_moe_ffn(LOOM_CUDA_BF16, 2, 128, 8, 768, 2048, 0, 1, gemv, 4, 3); /* Qwen3-30B-A3B over 4 */
+    }
     test_moe_q_all();
 }
 

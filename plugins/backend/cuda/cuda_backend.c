@@ -445,6 +445,7 @@ static void cb_destroy(void *self) {
     if (b->logits_host) cudaFreeHost(b->logits_host);
     if (b->topk_host) cudaFreeHost(b->topk_host);
     if (b->mask_host) cudaFreeHost(b->mask_host);
+    if (b->comm_stage) cudaFreeHost(b->comm_stage);
     cb_link_buf_free(b);
     h->free(h->ctx, b->layers);
     loom_cuda_gemm_destroy(b->gemm);

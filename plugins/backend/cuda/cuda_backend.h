@@ -283,6 +283,10 @@ typedef struct cuda_backend {
     void *moe_qwork;
     uint8_t *moe_xq, *moe_aq;
     float *moe_xsx, *moe_asx;
+    /* expert parallelism (load_shard): this rank's experts [moe_e0, moe_e0 +
+     * moe_el) and its columns of the shared expert, moe_sh wide (0, E and
+     * the whole width for a whole model; docs/moe.md) */
+    int32_t moe_e0, moe_el, moe_sh;
 
     /* per-step metadata: pinned staging and its device copy */
     uint8_t *meta_host, *meta_dev;
@@ -300,6 +304,11 @@ typedef struct cuda_backend {
                                    when not sharded                           */
     float *logits_local;        /* (logits_rows, vocab_pad) f32, sharded only */
     float *logits_gathered;     /* (size, logits_rows, vocab_pad) f32, ditto  */
+    bool comm_host;             /* comm.host_memory: the collectives take host
+                                   buffers (the tp executor's threads, every
+                                   rank on one GPU), staged through comm_stage */
+    void *comm_stage;           /* pinned, comm_stage_bytes; grown on demand  */
+    size_t comm_stage_bytes;
 
     /* --- pipeline parallelism: set by load_stage; every layer after load() */
     loom_stage stage;           /* copy (struct_size 0: not a stage)          */
@@ -387,9 +396,9 @@ void cb_link_buf_free(cuda_backend *b);
 
 /* cuda_moe.c: the mixture-of-experts FFN (docs/moe.md) */
 /* What this backend runs of a mixture-of-experts config: LOOM_OK, or
- * UNSUPPORTED naming what (expert parallelism,
- * shapes the kernels do not take). */
-loom_status cb_moe_check_config(cuda_backend *b, const loom_model_config *c, bool sharded, loom_error *err);
+ * UNSUPPORTED naming what (post-norms or GeGLU experts, shapes the kernels
+ * do not take). */
+loom_status cb_moe_check_config(cuda_backend *b, const loom_model_config *c, loom_error *err);
 /* The work buffers, after the dense ones (mc as this rank runs it). */
 loom_status cb_moe_work_init(cuda_backend *b, loom_error *err);
 /* r (T, H) dt = the FFN of layer l over xn (T, H), the normed rows. */

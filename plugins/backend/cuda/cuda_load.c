@@ -823,6 +823,21 @@ static size_t cb_norms_bytes(const cuda_backend *b, const loom_ww *w) {
 
 /* ------------------------------------------------- mixture of experts */
 
+/* This rank's experts and shared-expert columns, as the walk split them
+ * (loom_ww_collect: the whole model's without a communicator), within what
+ * the kernels take. */
+static loom_status cb_moe_split(cuda_backend *b, const loom_ww *w, loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    b->moe_e0 = w->expert0, b->moe_el = w->experts, b->moe_sh = (int32_t)w->shexp_rows;
+    if (c->num_experts > 0 && (b->moe_el < 1 || b->moe_sh % 8 != 0))
+        return b->host->error(b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
+                              "backend cuda: model '%s' over %d ranks leaves %d experts and %d shared-expert "
+                              "columns a rank; the cuda kernels need at least one expert and a multiple of 8 "
+                              "columns: pick a rank count that keeps shared width / ranks a multiple of 8",
+                              c->name, w->shard.size, b->moe_el, b->moe_sh);
+    return LOOM_OK;
+}
+
 /* Is group gi replaced by the experts (its dense matrix absent)? */
 static bool cb_moe_group(const cuda_backend *b, int gi) {
     return b->mc.num_experts > 0 && (gi == CB_G_GU || gi == CB_G_DOWN);
@@ -843,16 +858,16 @@ static size_t cb_moe_qstack_bytes(size_t E, const loom_cuda_qweight *q) {
            (CB_SMOOTHED((loom_qformat)q->fmt) ? cb_round((size_t)q->K * 4) : 0);
 }
 
-/* Device bytes of one layer's router, routed experts and shared expert,
- * as cb_carve_moe carves them (0 for a dense model); *qbytes: the
- * quantized ones among them. */
+/* Device bytes of one layer's router, this rank's routed experts and its
+ * slice of the shared expert, as cb_carve_moe carves them (0 for a dense
+ * model); *qbytes: the quantized ones among them. */
 static size_t cb_moe_bytes(const cuda_backend *b, const loom_ww_layer *wl, size_t *qbytes) {
     const loom_model_config *c = &b->mc;
     *qbytes = 0;
     if (c->num_experts <= 0) return 0;
-    const size_t E = (size_t)c->num_experts, H = (size_t)c->hidden_size, I = (size_t)c->expert_intermediate_size;
-    const size_t S = (size_t)c->shared_expert_intermediate_size, e = b->elt;
-    size_t n = cb_round(E * H * e);
+    const size_t E = (size_t)b->moe_el, H = (size_t)c->hidden_size, I = (size_t)c->expert_intermediate_size;
+    const size_t S = (size_t)b->moe_sh, e = b->elt;
+    size_t n = cb_round((size_t)c->num_experts * H * e); /* the router, whole */
     for (int k = 0; k < 3; k += 2) { /* gate|up (plans 0 and 1 agree), down */
         const loom_quant_plan *p = &wl->exps_plan[k];
         if (p->format == LOOM_QFMT_NONE) {
@@ -881,7 +896,7 @@ static loom_status cb_check_moe_layer(cuda_backend *b, const loom_ww *w, int32_t
     const loom_host *h = b->host;
     const loom_ww_layer *wl = &w->layer[l];
     if (!wl->router.t) return LOOM_OK;
-    const int H = b->mc.hidden_size, I = b->mc.expert_intermediate_size, S = b->mc.shared_expert_intermediate_size;
+    const int H = b->mc.hidden_size, I = b->mc.expert_intermediate_size, S = b->moe_sh;
     for (int sh = 0; sh < 2; sh++) {
         if (sh && !wl->shexp[0].w.t) break;
         const loom_quant_plan *p[3];
@@ -1071,13 +1086,14 @@ static loom_cuda_qweight cb_carve_qstack(uint8_t **cur, size_t E, loom_cuda_qwei
     return q;
 }
 
-/* Layer l's router and experts, after its other weights (cb_moe_bytes):
- * each matrix in dt or, planned so, quantized. */
+/* Layer l's router (whole), this rank's experts and shared-expert slice,
+ * after its other weights (cb_moe_bytes): each matrix in dt or, planned
+ * so, quantized. */
 static void cb_carve_moe(cuda_backend *b, const loom_ww_layer *wl, cuda_layer *ly, uint8_t **cur) {
     const loom_model_config *c = &b->mc;
-    const size_t E = (size_t)c->num_experts, H = (size_t)c->hidden_size, I = (size_t)c->expert_intermediate_size;
-    const size_t S = (size_t)c->shared_expert_intermediate_size, e = b->elt;
-    ly->router = cb_carve(cur, E * H * e);
+    const size_t E = (size_t)b->moe_el, H = (size_t)c->hidden_size, I = (size_t)c->expert_intermediate_size;
+    const size_t S = (size_t)b->moe_sh, e = b->elt;
+    ly->router = cb_carve(cur, (size_t)c->num_experts * H * e);
     if (wl->exps_plan[0].format == LOOM_QFMT_NONE) ly->wgu_exps = cb_carve(cur, E * 2 * I * H * e);
     else ly->q_gu_exps = cb_carve_qstack(cur, E, cb_moe_qshape(b, &wl->exps_plan[0], true));
     if (wl->exps_plan[2].format == LOOM_QFMT_NONE) ly->wdown_exps = cb_carve(cur, E * H * I * e);
@@ -1162,14 +1178,15 @@ static loom_status cb_upload_moe_q(cuda_backend *b, const loom_model_view *m, co
     return st;
 }
 
-/* Layer l's router and experts, each matrix in dt or quantized by the
- * quantizer (the shared expert's gate vector f32): each expert's gate and
- * up as rows [0, I) and [I, 2I) of its gate|up matrix, its down matrix
- * after the one before. */
+/* Layer l's router and this rank's experts (w->expert0 ..), each matrix in
+ * dt or quantized by the quantizer (the shared expert's gate vector f32):
+ * each expert's gate and up as rows [0, I) and [I, 2I) of its gate|up
+ * matrix, its down matrix after the one before; the shared expert's
+ * window of the rank (gate, up by rows, down by columns). */
 static loom_status cb_upload_moe(cb_uploader *up, const loom_model_view *m, const loom_quant_binding *quant,
                                  const loom_ww *w, const loom_ww_layer *wl, cuda_layer *ly, loom_error *err) {
     cuda_backend *b = up->b;
-    const int64_t H = w->hidden, I = b->mc.expert_intermediate_size, S = b->mc.shared_expert_intermediate_size;
+    const int64_t H = w->hidden, I = b->mc.expert_intermediate_size, S = b->moe_sh;
     const size_t e = b->elt;
     const bool qgu = wl->exps_plan[0].format != LOOM_QFMT_NONE, qd = wl->exps_plan[2].format != LOOM_QFMT_NONE;
     const loom_quant_plan *ep[3] = {&wl->exps_plan[0], &wl->exps_plan[1], &wl->exps_plan[2]};
@@ -1314,7 +1331,7 @@ static loom_status cb_load_begin(cuda_backend *b, const loom_ww *w, loom_error *
     const loom_host *h = b->host;
     const loom_model_config *c = &b->mc;
     loom_status st;
-    if (w->shard.inter % 8 != 0)
+    if (c->num_experts == 0 && w->shard.inter % 8 != 0)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cuda: model '%s' FFN width %d over %d ranks leaves %d columns per "
                         "rank, not a multiple of 8 as the cuda kernels need; use a size that "
@@ -1366,7 +1383,7 @@ static loom_status cb_load_done(cuda_backend *b, const loom_ww *w, const loom_co
     /* a mixture of experts has no dense FFN: gu / act serve its shared
      * expert (width 8 when it has none: buffers of a few bytes) */
     if (c->num_experts > 0)
-        b->mc.intermediate_size = c->shared_expert_intermediate_size ? c->shared_expert_intermediate_size : 8;
+        b->mc.intermediate_size = b->moe_sh ? b->moe_sh : 8;
     b->vocab_lo = sh->vocab_lo;
     b->vocab_rows = sh->vocab_rows;
     b->vocab_pad = sh->vocab_pad;
@@ -1374,6 +1391,7 @@ static loom_status cb_load_done(cuda_backend *b, const loom_ww *w, const loom_co
     if (b->sharded) { /* an older executor's table is shorter: its new fields read 0 */
         memset(&b->comm, 0, sizeof b->comm);
         memcpy(&b->comm, comm, comm->struct_size < sizeof b->comm ? comm->struct_size : sizeof b->comm);
+        b->comm_host = b->comm.host_memory != 0;
     }
     if ((st = cb_rope_init(b, err)) || (st = cb_work_init(b, err)) || (st = cb_link_buf_init(b, err)) ||
         (c->num_experts > 0 && ((st = cb_moe_work_init(b, err)) || (st = cb_moe_qwork_init(b, err)))))
@@ -1400,6 +1418,7 @@ static loom_status cb_load_done(cuda_backend *b, const loom_ww *w, const loom_co
                sh->vocab_lo, sh->vocab_lo + sh->vocab_rows - 1, cb_mib(b->weight_bytes),
                loom_dtype_name(b->ldt),
                !b->cfg.cuda_graphs || !b->sharded ? ""
+               : b->comm_host ? "; collectives through pinned host memory (threads), CUDA graphs off"
                : b->comm.graph_safe_bytes > 0 ? "; CUDA graphs for steps whose collectives are peer-to-peer kernels"
                                               : "; CUDA graphs off (NCCL collectives; executor.p2p_kib enables them)");
     else
@@ -1440,7 +1459,7 @@ static void cb_load_undo(cuda_backend *b) {
     b->weight_bytes = 0;
     b->qweight_bytes = 0;
     b->lm_q = (loom_cuda_qweight){0};
-    b->sharded = false;
+    b->sharded = b->comm_host = false;
     b->logits_local = b->logits_gathered = NULL;
 }
 
@@ -1506,7 +1525,7 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                         c->name, c->hidden_size, c->intermediate_size, c->num_heads, c->num_kv_heads,
                         LOOM_CUDA_MAX_GQA, c->head_dim);
     /* mixtures of experts: cuda_moe.c says which it runs */
-    if (c->num_experts > 0 && (st = cb_moe_check_config(b, c, comm && comm->size > 1, err))) return st;
+    if (c->num_experts > 0 && (st = cb_moe_check_config(b, c, err))) return st;
     /* Gemma 3's and Qwen3's pieces run here (QK-norm, post-norms, GeGLU,
      * sliding windows, scales); an activation this backend has no kernel
      * for is refused rather than run as SiLU */
@@ -1525,7 +1544,7 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
         return h->error(h->ctx, err, LOOM_ERR_NOMEM,
                         "backend cuda: out of host memory for %d layers' GGUF layouts", w.layers);
     const loom_ww_hooks hooks = {.ctx = b, .runnable = cb_runnable};
-    if ((st = loom_ww_collect(&w, m, quant, &hooks, err)) ||
+    if ((st = loom_ww_collect(&w, m, quant, &hooks, err)) || (st = cb_moe_split(b, &w, err)) ||
         (st = cb_check_lm(b, &w, &glay[(size_t)w.layers * CB_NGROUPS], err)))
         goto fail;
     for (int32_t l = 0; l < w.layers; l++)
@@ -1555,12 +1574,13 @@ loom_status cb_load(void *self, const loom_model_view *m, const loom_quant_bindi
     return cb_load_impl(self, m, quant, NULL, NULL, err);
 }
 
-/* Tensor parallelism: bind to the rank's GPU (current on this thread, made
- * so by the executor), keep rank comm->rank's shard and join the ranks
- * through `comm` in forward() (cuda_forward.c). Collectives get this
- * instance's stream, so the communicator must take device buffers (the tp
- * executor's nccl). No collective is called here: ranks load one after
- * another. */
+/* Tensor parallelism: keep rank comm->rank's shard and join the ranks
+ * through `comm` in forward() (cuda_forward.c). A device communicator
+ * (nccl) gets this instance's stream and device buffers: bind to the
+ * rank's GPU, current on this thread (the executor made it so). A host one
+ * (comm->host_memory, the executor's threads) gets pinned host copies
+ * (cb_all_reduce): stay on the configured device — every rank may share
+ * one GPU. No collective is called here: ranks load one after another. */
 loom_status cb_load_shard(void *self, const loom_model_view *m, const loom_quant_binding *quant,
                           const loom_comm *comm, loom_error *err) {
     cuda_backend *b = self;
@@ -1572,7 +1592,8 @@ loom_status cb_load_shard(void *self, const loom_model_view *m, const loom_quant
         return b->host->error(b->host->ctx, err, LOOM_ERR_INVALID,
                               "backend cuda: load() called twice; create a new instance per "
                               "model");
-    if ((st = cb_bind_current_device(b, err)) != LOOM_OK) return st;
+    const bool host_comm = LOOM_HAS_FIELD(comm, loom_comm, host_memory) && comm->host_memory;
+    if (!host_comm && (st = cb_bind_current_device(b, err)) != LOOM_OK) return st;
     return cb_load_impl(b, m, quant, comm, NULL, err);
 }
 
@@ -1582,10 +1603,12 @@ static loom_status cb_check_stage(cuda_backend *b, const loom_model_view *m, con
     const loom_host *h = b->host;
     loom_status st = loom_ww_check_stage(h, "backend cuda", m, stage, err);
     if (st != LOOM_OK) return st;
-    /* host links come with host collectives (the executor's threads): a
-     * sharded step would hand them device buffers */
+    /* host links come with host collectives (the executor's threads), which
+     * cb_all_reduce stages through host memory; a communicator that does
+     * not say so would be handed device buffers */
     const bool device_links = LOOM_HAS_FIELD(stage, loom_stage, device_links) && stage->device_links;
-    if (comm && comm->size > 1 && !device_links)
+    const bool host_comm = comm && LOOM_HAS_FIELD(comm, loom_comm, host_memory) && comm->host_memory;
+    if (comm && comm->size > 1 && !device_links && !host_comm)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cuda: tensor parallelism inside a pipeline stage needs device links and "
                         "collectives (executor comm: nccl); comm: threads works on host memory");

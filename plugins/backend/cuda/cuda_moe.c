@@ -12,6 +12,15 @@
  * Nothing waits for the host and no launch is sized by the routing, so
  * decode steps and piecewise steps are captured in CUDA graphs like a dense
  * model's. The loading side (weights per expert in dt) is in cuda_load.c.
+ *
+ * Expert parallelism (load_shard; docs/moe.md, the all-reduce form): a rank
+ * holds experts [moe_e0, moe_e0 + moe_el) and moe_sh columns of the shared
+ * expert. Every rank routes every token (the router is whole), the routing
+ * marks other ranks' choices -1 and the kernels pass them over, so r is
+ * this rank's share of the FFN — its experts' weighted outputs plus the
+ * gate times its slice of the shared expert — and the all-reduce after the
+ * block (cuda_forward.c) sums the ranks, as after a dense row-parallel
+ * down projection.
  */
 #include "cuda_backend.h"
 
@@ -25,7 +34,7 @@
 
 static size_t cb_moe_round(size_t n) { return (n + 255) & ~(size_t)255; }
 
-loom_status cb_moe_check_config(cuda_backend *b, const loom_model_config *c, bool sharded, loom_error *err) {
+loom_status cb_moe_check_config(cuda_backend *b, const loom_model_config *c, loom_error *err) {
     const loom_host *h = b->host;
     const char *who = c->name;
     /* the MoE block runs rmsnorm(x += r), the experts' SwiGLU and leaves r
@@ -35,11 +44,6 @@ loom_status cb_moe_check_config(cuda_backend *b, const loom_model_config *c, boo
                         "backend cuda: model '%s' is a mixture of experts with %s; the cuda MoE layer runs SwiGLU "
                         "experts without post-norms; use backend: cpu",
                         who, c->post_norms ? "post-norms" : "a non-SiLU FFN activation");
-    if (sharded)
-        return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
-                        "backend cuda: model '%s' is a mixture of experts; expert parallelism (tp size > 1) "
-                        "is not implemented on the cuda backend; run it on one GPU or with backend: cpu",
-                        who);
     const int32_t E = c->num_experts, K = c->num_experts_used, I = c->expert_intermediate_size,
                   S = c->shared_expert_intermediate_size;
     if (E > LOOM_CUDA_MOE_MAX_EXPERTS || K < 1 || K > E || K > 32 || I <= 0 || I % 8 || S < 0 || S % 8)
@@ -136,7 +140,7 @@ static loom_status cb_moe_experts(cuda_backend *b, int32_t T, int32_t l, const i
                                   loom_error *err) {
     const loom_model_config *c = &b->mc;
     const cuda_layer *ly = &b->layers[l];
-    const int K = c->num_experts_used, E = c->num_experts, I = c->expert_intermediate_size, H = c->hidden_size;
+    const int K = c->num_experts_used, E = b->moe_el, I = c->expert_intermediate_size, H = c->hidden_size;
     const int P = T * K;
     cudaStream_t s = b->stream;
     loom_status st;
@@ -178,7 +182,7 @@ static loom_status cb_moe_experts(cuda_backend *b, int32_t T, int32_t l, const i
 loom_status cb_moe_ffn(cuda_backend *b, int32_t T, int32_t l, loom_error *err) {
     const loom_model_config *c = &b->mc;
     const cuda_layer *ly = &b->layers[l];
-    const int K = c->num_experts_used, E = c->num_experts, H = c->hidden_size, S = c->shared_expert_intermediate_size;
+    const int K = c->num_experts_used, E = c->num_experts, H = c->hidden_size, S = b->moe_sh;
     cudaStream_t s = b->stream;
     char msg[256] = "";
     const int32_t *rows = NULL;
@@ -189,7 +193,9 @@ loom_status cb_moe_ffn(cuda_backend *b, int32_t T, int32_t l, loom_error *err) {
                         loom_cuda_gemm_run(b->gemm, b->dt, 1, T, E, H, b->xn, ly->router, b->moe_logits, s, msg,
                                            sizeof msg),
                         msg, "router GEMM", l, err)) ||
-        (st = cb_moe_launch(b, loom_cuda_moe_route(b->moe_logits, T, E, K, c->moe_norm_topk, b->moe_sel, b->moe_wt, s),
+        (st = cb_moe_launch(b,
+                            loom_cuda_moe_route(b->moe_logits, T, E, K, c->moe_norm_topk, b->moe_e0, b->moe_el,
+                                                b->moe_sel, b->moe_wt, s),
                             "routing", l, err)) ||
         (st = cb_moe_experts(b, T, l, &rows, &combined, err)) || combined)
         return st;

@@ -66,7 +66,7 @@ loom_status cb_moe_qexperts(cuda_backend *b, int32_t T, int32_t l, bool gemv, co
                             loom_error *err) {
     const loom_model_config *c = &b->mc;
     const cuda_layer *ly = &b->layers[l];
-    const int K = c->num_experts_used, E = c->num_experts, I = c->expert_intermediate_size, H = c->hidden_size;
+    const int K = c->num_experts_used, E = b->moe_el, I = c->expert_intermediate_size, H = c->hidden_size;
     const int P = T * K;
     const loom_cuda_qweight *qgu = ly->q_gu_exps.fmt != LOOM_CUDA_Q_NONE ? &ly->q_gu_exps : NULL;
     const loom_cuda_qweight *qd = ly->q_down_exps.fmt != LOOM_CUDA_Q_NONE ? &ly->q_down_exps : NULL;
@@ -112,7 +112,7 @@ loom_status cb_moe_qexperts(cuda_backend *b, int32_t T, int32_t l, bool gemv, co
 loom_status cb_moe_qshared(cuda_backend *b, int32_t T, int32_t l, loom_error *err) {
     const loom_model_config *c = &b->mc;
     const cuda_layer *ly = &b->layers[l];
-    const int H = c->hidden_size, S = c->shared_expert_intermediate_size;
+    const int H = c->hidden_size, S = b->moe_sh;
     cudaStream_t s = b->stream;
     char msg[256] = "";
     int rc = ly->q_gu_sh.fmt != LOOM_CUDA_Q_NONE
