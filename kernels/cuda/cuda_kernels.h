@@ -656,6 +656,19 @@ int loom_cuda_moe_max_tiles(int P, int E);
 cudaError_t loom_cuda_moe_group(const int32_t *sel, int P, int E, int32_t *off, int32_t *perm,
                                 int32_t *inv, int32_t *tiles, cudaStream_t s);
 
+/* Expert parallelism's all-to-all form (the cuda backend's moe_dispatch:
+ * all_to_all) moves pairs between ranks in grouped order:
+ * loom_cuda_moe_ids: out[i] (n) = v if 0 <= v < lim, else -1, with v =
+ * sel[perm[i]] + add (perm NULL: sel[i] + add) — the expert of each sorted
+ * pair, or a received expert number made local (add = -e0, lim = el);
+ * loom_cuda_moe_gather: row i of out (n, H) = row rows[i] / div of x (rows
+ * NULL: i / div), 2-byte elements, H % 8 == 0 — the sorted pairs' input
+ * rows, or results put back in the order received. */
+cudaError_t loom_cuda_moe_ids(const int32_t *sel, const int32_t *perm, int n, int add, int lim, int32_t *out,
+                              cudaStream_t s);
+cudaError_t loom_cuda_moe_gather(const void *x, const int32_t *rows, int div, int n, int H, void *out,
+                                 cudaStream_t s);
+
 /* Grouped GEMM over the tile list: for each tile (e, r0, n) and sorted rows
  * r in [r0, r0 + n): y[r, :N] (dt) = x[row] @ W_e^T with row = perm[r] / div
  * (perm NULL: row = r), W (E, N, K) dt. Tensor cores (mma.sync), float32
@@ -675,7 +688,8 @@ cudaError_t loom_cuda_moe_gemv(loom_cuda_dt dt, const void *x, int div, const in
 /* r[t, :] (dt) = sum_j wt[t K + j] y[row] (j ascending; row = inv[t K + j],
  * skipped when -1, or t K + j when inv is NULL), plus, when ysh != NULL,
  * sigmoid(xn[t] . sh_gate) ysh[t, :]. y (P, H), ysh / xn (T, H) dt,
- * sh_gate (H) f32. H % 8 == 0. */
+ * sh_gate (H) f32. H % 8 == 0. K may be 0: the shared expert alone (y,
+ * inv and wt unused). */
 cudaError_t loom_cuda_moe_combine(loom_cuda_dt dt, void *r, const void *y, const int32_t *inv,
                                   const float *wt, int T, int K, int H, const void *ysh, const void *xn,
                                   const float *sh_gate, cudaStream_t s);

@@ -159,6 +159,44 @@ extern "C" cudaError_t loom_cuda_moe_group(const int32_t *sel, int P, int E, int
                      off, perm, inv, tiles);
 }
 
+/* ------------------------------------ expert parallelism: all-to-all */
+
+/* out[i] = v when 0 <= v < lim, else -1, v = sel[perm ? perm[i] : i] + add. */
+__global__ void lc_moe_ids_kernel(const int32_t *__restrict__ sel, const int32_t *__restrict__ perm, int n,
+                                  int add, int lim, int32_t *__restrict__ out) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int v = sel[perm ? perm[i] : i] + add;
+    out[i] = v >= 0 && v < lim ? v : -1;
+}
+
+extern "C" cudaError_t loom_cuda_moe_ids(const int32_t *sel, const int32_t *perm, int n, int add, int lim,
+                                         int32_t *out, cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    return lc_launch(lc_moe_ids_kernel, dim3((unsigned)lc_ceil_div(n, 256)), dim3(256), 0, s, sel, perm, n, add,
+                     lim, out);
+}
+
+/* Row i of out = row rows[i] / div of x (rows NULL: row i / div); 16-byte
+ * vectors, a CTA a row. */
+__global__ void lc_moe_gather_kernel(const uint4 *__restrict__ x, const int32_t *__restrict__ rows, int div,
+                                     int vecs, uint4 *__restrict__ out) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int i = blockIdx.x, src = (rows ? rows[i] : i) / div;
+    for (int v = threadIdx.x; v < vecs; v += blockDim.x) out[(size_t)i * vecs + v] = x[(size_t)src * vecs + v];
+}
+
+extern "C" cudaError_t loom_cuda_moe_gather(const void *x, const int32_t *rows, int div, int n, int H, void *out,
+                                            cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    if (H % 8 || div < 1) return cudaErrorInvalidValue;
+    return lc_launch(lc_moe_gather_kernel, dim3((unsigned)n), dim3(128), 0, s, (const uint4 *)x, rows, div, H / 8,
+                     (uint4 *)out);
+}
+
 /* --------------------------------------------------------- grouped GEMM */
 
 __device__ __forceinline__ void lc_cp_async16(void *smem, const void *gmem, bool pred) {

@@ -2885,6 +2885,51 @@ static void test_moe_group(int P, int E, int mode) {
     free(sel), free(off), free(perm), free(inv), free(tiles), free(cnt), free(seen);
 }
 
+/* The all-to-all form's packing (loom_cuda_moe_ids, loom_cuda_moe_gather)
+ * against the host: ids through a permutation with an offset and a limit
+ * (out of range -> -1), without one; rows gathered through rows[i] / div
+ * and without rows, byte for byte. */
+static void test_moe_pack(int n, int H, int div) {
+    int32_t *sel = malloc((size_t)n * 4), *perm = malloc((size_t)n * 4);
+    const int nx = (n + div - 1) / div;
+    uint16_t *x = malloc((size_t)nx * H * 2);
+    for (int i = 0; i < n; i++) sel[i] = rng_int(64) - 8, perm[i] = i;
+    for (int i = n - 1; i > 0; i--) { /* a random permutation */
+        const int j = rng_int(i + 1), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (size_t i = 0; i < (size_t)nx * H; i++) x[i] = (uint16_t)rng_int(65536);
+    int32_t *d_sel = dev_upload(sel, (size_t)n * 4), *d_perm = dev_upload(perm, (size_t)n * 4);
+    int32_t *d_a = dev_poison((size_t)n * 4), *d_b = dev_poison((size_t)n * 4);
+    void *d_x = dev_upload(x, (size_t)nx * H * 2), *d_g = dev_poison((size_t)n * H * 2);
+    void *d_h = dev_poison((size_t)nx * H * 2);
+    CK(loom_cuda_moe_ids(d_sel, d_perm, n, -5, 40, d_a, 0));
+    CK(loom_cuda_moe_ids(d_sel, NULL, n, 0, 64, d_b, 0));
+    CK(loom_cuda_moe_gather(d_x, d_perm, div, n, H, d_g, 0));
+    CK(loom_cuda_moe_gather(d_x, NULL, 1, nx, H, d_h, 0));
+    CK(cudaDeviceSynchronize());
+    int32_t *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+    uint16_t *g = malloc((size_t)n * H * 2), *hh = malloc((size_t)nx * H * 2);
+    CK(cudaMemcpy(a, d_a, (size_t)n * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(b, d_b, (size_t)n * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(g, d_g, (size_t)n * H * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hh, d_h, (size_t)nx * H * 2, cudaMemcpyDeviceToHost));
+    long bad = 0;
+    for (int i = 0; i < n; i++) {
+        const int v = sel[perm[i]] - 5, w = sel[i];
+        bad += a[i] != (v >= 0 && v < 40 ? v : -1);
+        bad += b[i] != (w >= 0 && w < 64 ? w : -1);
+        bad += memcmp(g + (size_t)i * H, x + (size_t)(perm[i] / div) * H, (size_t)H * 2) != 0;
+    }
+    bad += memcmp(hh, x, (size_t)nx * H * 2) != 0;
+    char name[96];
+    snprintf(name, sizeof name, "moe all-to-all packing n=%d H=%d div=%d (ids, rows)", n, H, div);
+    report_count(name, bad, 3L * n + 1);
+    void *dv[] = {d_sel, d_perm, d_a, d_b, d_x, d_g, d_h};
+    for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) cudaFree(dv[i]);
+    free(sel), free(perm), free(x), free(a), free(b), free(g), free(hh);
+}
+
 /* The routed FFN for T tokens as the backend runs it — route, then either
  * the per-pair GEMVs (gemv 1) or group + grouped GEMMs (0), SwiGLU between,
  * combine (with a shared expert of width S when S > 0) — against float64
@@ -3291,6 +3336,9 @@ static void test_moe_all(void) {
         test_moe_group(2400, 128, mode);
         test_moe_group(8192 * 8, 128, mode);
     }
+    test_moe_pack(1, 8, 1);
+    test_moe_pack(300, 64, 2);
+    test_moe_pack(4096, 2048, 8);
     const loom_cuda_dt dts[2] = {LOOM_CUDA_BF16, LOOM_CUDA_F16};
     for (int di = 0; di < 2; di++)
         for (int gemv = 0; gemv < 3; gemv++) {

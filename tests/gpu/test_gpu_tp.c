@@ -234,6 +234,9 @@ static void rig_close(rig *g) {
     memset(g, 0, sizeof *g);
 }
 
+/* One more backend override for the rigs opened while set (NULL: none). */
+static const char *g_backend_ov;
+
 /* size 0: a plain backend; else the executor `tp` (tp or pp) with the
  * overrides xov over `size` cuda instances. */
 static loom_status rig_open_exec(rig *g, const plugin *cuda, const plugin *tp, int size, const char *const *xov,
@@ -241,7 +244,7 @@ static loom_status rig_open_exec(rig *g, const plugin *cuda, const plugin *tp, i
     memset(g, 0, sizeof *g);
     g->cuda = cuda, g->tp = tp;
     const char *ov[] = {graphs ? "cuda_graphs=true" : "cuda_graphs=false",
-                        "max_batched_tokens=512", NULL};
+                        "max_batched_tokens=512", g_backend_ov, NULL};
     void *bcfg = gpu_config_make(cuda->comp, ov);
     const loom_host *h = loom_host_default();
     loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = BS, .num_blocks = NB,
@@ -644,7 +647,8 @@ static void run_tp_threads_model(const plugin *cuda, const plugin *tp, const plu
         char sz[32];
         snprintf(sz, sizeof sz, "size=%d", n);
         const char *xov[] = {sz, "comm=threads", NULL};
-        snprintf(label, sizeof label, "%s tp %d threads, one GPU", name, n);
+        snprintf(label, sizeof label, "%s tp %d threads, one GPU%s", name, n,
+                 g_backend_ov ? " (all-to-all)" : "");
         run_out got = run_rig(cuda, tp, n, xov, false, false, view, label);
         if (got.ok) {
             const double err = rows_err(got.logits, ref.logits, ref.rows, V);
@@ -732,7 +736,13 @@ int main(int argc, char **argv) {
         };
         for (size_t i = 0; i < sizeof tm / sizeof tm[0]; i++)
             if ((m = load_dummy(tm[i].shape, LOOM_DTYPE_BF16, tm[i].layers))) {
-                run_tp_threads_model(&cuda, &tpt, i == 0 ? &pp : NULL, tm[i].name, loom_model_view_get(m));
+                const loom_model_view *v = loom_model_view_get(m);
+                run_tp_threads_model(&cuda, &tpt, i == 0 ? &pp : NULL, tm[i].name, v);
+                if (v->config->num_experts > 0) { /* the experts' other form: tokens dispatched */
+                    g_backend_ov = "moe_dispatch=all_to_all";
+                    run_tp_threads_model(&cuda, &tpt, NULL, tm[i].name, v);
+                    g_backend_ov = NULL;
+                }
                 loom_model_free(m);
             }
     }

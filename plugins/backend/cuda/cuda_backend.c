@@ -35,6 +35,7 @@
 static const char *const cb_dtype_choices[] = {"bf16", "f16", NULL};
 static const char *const cb_partition_choices[] = {"first", "rest", NULL};
 static const char *const cb_qlayout_choices[] = {"rows", "tiled", NULL};
+static const char *const cb_moe_dispatch_choices[] = {"all_reduce", "all_to_all", NULL};
 
 static const loom_param cb_params[] = {
     {.key = "device", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, device),
@@ -115,6 +116,13 @@ static const loom_param cb_params[] = {
      .default_value = "first", .min = 1, .max = 0, .choices = cb_partition_choices,
      .doc = "with sm_count: first = the sm_count SMs split off the device, rest = the SMs that split "
             "leaves over (what a second engine with the same sm_count and first does not use)"},
+    {.key = "moe_dispatch", .type = LOOM_PARAM_ENUM, .offset = offsetof(cuda_backend_config, moe_dispatch),
+     .default_value = "all_reduce", .min = 1, .max = 0, .choices = cb_moe_dispatch_choices,
+     .doc = "expert parallelism under the tp executor (mixtures of experts): all_reduce = every rank routes every "
+            "token through its own experts and the block's all-reduce sums the ranks; all_to_all = each rank "
+            "routes its slice of the tokens and sends each (token, expert) pair to the expert's owner and back "
+            "(loom_comm.all_to_allv; the counts cross the host, so those steps run without CUDA graphs); "
+            "docs/moe.md"},
     {.key = NULL},
 };
 
@@ -291,22 +299,25 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                                .max_graph_tokens = 2048, .max_batched_tokens = 8192,
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0,
                                .quant_layout = 0, .qtiled_max_rows = 256, .qtiled_wgmma_rows = 17,
-                               .sm_count = 0, .sm_partition = 0, .kv_groups = true};
+                               .sm_count = 0, .sm_partition = 0, .kv_groups = true, .moe_dispatch = 0};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.device < 0 || cfg.dtype < 0 || cfg.dtype > 1 || cfg.max_graph_batch < 1 ||
         cfg.max_graph_batch > CB_MAX_GRAPH_BATCH || cfg.max_graph_tokens < 1 ||
         cfg.max_graph_tokens > CB_MAX_GRAPH_TOKENS || cfg.max_batched_tokens < 1 ||
         cfg.max_batched_tokens > (1 << 20) || cfg.max_positions < 0 || cfg.sm_count < 0 ||
-        cfg.sm_partition < 0 || cfg.sm_partition > 1 || (cfg.sm_partition == 1 && cfg.sm_count == 0))
+        cfg.sm_partition < 0 || cfg.sm_partition > 1 || (cfg.sm_partition == 1 && cfg.sm_count == 0) ||
+        cfg.moe_dispatch < 0 || cfg.moe_dispatch > 1)
         return host->error(host->ctx, err, LOOM_ERR_INVALID,
                            "backend cuda: bad config (device %lld >= 0, dtype %lld in {0 bf16, "
                            "1 f16}, max_graph_batch %lld in [1, %d], max_graph_tokens %lld in [1, %d], "
                            "max_batched_tokens %lld in [1, 1048576], max_positions %lld >= 0, sm_count "
-                           "%lld >= 0, sm_partition %lld in {0 first, 1 rest}, rest only with an sm_count)",
+                           "%lld >= 0, sm_partition %lld in {0 first, 1 rest}, rest only with an sm_count, "
+                           "moe_dispatch %lld in {0 all_reduce, 1 all_to_all})",
                            (long long)cfg.device, (long long)cfg.dtype,
                            (long long)cfg.max_graph_batch, CB_MAX_GRAPH_BATCH, (long long)cfg.max_graph_tokens,
                            CB_MAX_GRAPH_TOKENS, (long long)cfg.max_batched_tokens,
-                           (long long)cfg.max_positions, (long long)cfg.sm_count, (long long)cfg.sm_partition);
+                           (long long)cfg.max_positions, (long long)cfg.sm_count, (long long)cfg.sm_partition,
+                           (long long)cfg.moe_dispatch);
 
     /* a batch between two buckets pads to the upper one, which this bound
      * would exclude: keep the largest bucket it admits */
@@ -437,6 +448,7 @@ static void cb_destroy(void *self) {
     cudaFree(b->work);
     cudaFree(b->moe_work);
     cudaFree(b->moe_qwork);
+    cb_moe_ep_free(b);
     cudaFree(b->weights);
     cudaFree(b->rope_cs);
     cudaFree(b->rope_cs_local);

@@ -112,6 +112,8 @@ typedef struct cuda_backend_config {
     int64_t sm_count;           /* > 0: run on a green context of that many SMs */
     int64_t sm_partition;       /* 0 "first": those sm_count SMs; 1 "rest": the
                                    SMs the split leaves over (the complement) */
+    int64_t moe_dispatch;       /* expert parallelism: 0 "all_reduce", 1
+                                   "all_to_all" (cuda_moe.c)                    */
 } cuda_backend_config;
 
 /* Rows of the logits work buffers (and the largest graph bucket's rows). */
@@ -287,6 +289,19 @@ typedef struct cuda_backend {
      * moe_el) and its columns of the shared expert, moe_sh wide (0, E and
      * the whole width for a whole model; docs/moe.md) */
     int32_t moe_e0, moe_el, moe_sh;
+    /* expert parallelism's all-to-all form (cfg.moe_dispatch, cuda_moe.c),
+     * for P pairs and n ranks; NULL / unused otherwise */
+    struct {
+        void *dev;                       /* one device allocation             */
+        int32_t *sid, *rid, *rsel, *inv; /* (P) experts of the pairs sent and
+                                            received (local numbers), the sent
+                                            pairs' sorted rows                 */
+        int32_t *cnt, *all;              /* (n), (n, n) pair counts           */
+        void *sx, *rx;                   /* (P, hidden) dt rows sent / received */
+        void *gs, *gr;                   /* (slice, hidden), (n, slice, hidden) dt */
+        int32_t *off_h, *all_h;          /* host: (E + 1), (n, n)             */
+        int64_t *sc, *rc;                /* host: (n) pairs sent / received    */
+    } ep;
 
     /* per-step metadata: pinned staging and its device copy */
     uint8_t *meta_host, *meta_dev;
@@ -394,15 +409,44 @@ loom_status cb_load_stage(void *self, const loom_model_view *m, const loom_quant
 /* Free the pipeline link buffer (pinned host or device memory), if any. */
 void cb_link_buf_free(cuda_backend *b);
 
+/* cuda_comm.c: collectives of a sharded instance, on its stream; a
+ * host-memory communicator (comm_host) gets pinned copies */
+/* sum count elements of buf over the ranks, in place (no-op unsharded) */
+loom_status cb_all_reduce(cuda_backend *b, void *buf, int64_t count, loom_dtype dt, loom_error *err);
+/* every rank's count elements of send into recv (size x count, rank-major) */
+loom_status cb_all_gather(cuda_backend *b, const void *send, void *recv, int64_t count, loom_dtype dt,
+                          loom_error *err);
+/* loom_comm.all_to_allv on device buffers (counts host memory, elements) */
+loom_status cb_all_to_allv(cuda_backend *b, const void *send, const int64_t *send_counts, void *recv,
+                           const int64_t *recv_counts, loom_dtype dt, loom_error *err);
+
 /* cuda_moe.c: the mixture-of-experts FFN (docs/moe.md) */
 /* What this backend runs of a mixture-of-experts config: LOOM_OK, or
  * UNSUPPORTED naming what (post-norms or GeGLU experts, shapes the kernels
  * do not take). */
 loom_status cb_moe_check_config(cuda_backend *b, const loom_model_config *c, loom_error *err);
+/* moe_dispatch: all_to_all needs a communicator with all_to_allv (ABI
+ * 2.5); LOOM_OK for anything else. */
+loom_status cb_moe_check_comm(cuda_backend *b, const loom_model_config *c, const loom_comm *comm, loom_error *err);
 /* The work buffers, after the dense ones (mc as this rank runs it). */
 loom_status cb_moe_work_init(cuda_backend *b, loom_error *err);
-/* r (T, H) dt = the FFN of layer l over xn (T, H), the normed rows. */
-loom_status cb_moe_ffn(cuda_backend *b, int32_t T, int32_t l, loom_error *err);
+/* r (T, H) dt = the FFN of layer l over xn (T, H), the normed rows —
+ * sharded, this rank's share, unless *summed (the all-to-all form without
+ * a shared expert: r holds every rank's rows already, no all-reduce). */
+loom_status cb_moe_ffn(cuda_backend *b, int32_t T, int32_t l, bool *summed, loom_error *err);
+/* Whether this instance runs the all-to-all form (sharded, a mixture of
+ * experts, moe_dispatch all_to_all): its steps wait for the host. */
+bool cb_moe_a2a(const cuda_backend *b);
+/* Free b->ep (any part made); safe to call twice. */
+void cb_moe_ep_free(cuda_backend *b);
+
+/* The rows a layer's routed experts run over: pair p < P reads row p / div
+ * of x (nx rows, dt) and this rank's expert sel[p] (-1: none of its). */
+typedef struct cb_moe_rows {
+    const void *x;
+    int32_t nx, div, P;
+    const int32_t *sel;
+} cb_moe_rows;
 
 /* cuda_moe_quant.c: quantized expert weights (docs/moe.md) */
 /* Whether layer ly has a quantized routed (shared) expert matrix. */
@@ -417,7 +461,7 @@ loom_status cb_moe_qwork_init(cuda_backend *b, loom_error *err);
 /* cb_moe_experts for a layer with quantized routed experts (either
  * projection; the other may be dt): moe_y (P, H), *rows as there; gemv:
  * per-pair GEMVs (cuda_moe.c decides), else the grouped GEMM. */
-loom_status cb_moe_qexperts(cuda_backend *b, int32_t T, int32_t l, bool gemv, const int32_t **rows,
+loom_status cb_moe_qexperts(cuda_backend *b, int32_t l, const cb_moe_rows *in, bool gemv, const int32_t **rows,
                             loom_error *err);
 /* moe_ysh (T, H) = the shared expert of layer l over xn, when quantized. */
 loom_status cb_moe_qshared(cuda_backend *b, int32_t T, int32_t l, loom_error *err);

@@ -353,66 +353,6 @@ static loom_status cb_swiglu_down(cuda_backend *b, int32_t T, const void *wdown,
                           b->device, T, H, I, msg);
 }
 
-/* The pinned staging of a host-memory communicator (b->comm_host), at
- * least `bytes`: grown here, so only the collectives actually made size
- * it. Steps with such collectives are never captured (graph_safe_bytes 0),
- * so the allocation cannot land inside a graph. */
-static loom_status cb_comm_stage(cuda_backend *b, size_t bytes, loom_error *err) {
-    if (bytes <= b->comm_stage_bytes) return LOOM_OK;
-    loom_status st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
-    if (st) return st;
-    if (b->comm_stage) cudaFreeHost(b->comm_stage);
-    b->comm_stage = NULL, b->comm_stage_bytes = 0;
-    if ((st = CB_CUDA(b, err, cudaHostAlloc(&b->comm_stage, bytes, cudaHostAllocDefault)))) return st;
-    b->comm_stage_bytes = bytes;
-    return LOOM_OK;
-}
-
-/* Device bytes [0, n) of `dev` into the staging at `off`, the stream
- * drained so the host may read them. */
-static loom_status cb_comm_down(cuda_backend *b, size_t off, const void *dev, size_t n, loom_error *err) {
-    loom_status st = CB_CUDA(b, err, cudaMemcpyAsync((uint8_t *)b->comm_stage + off, dev, n,
-                                                     cudaMemcpyDeviceToHost, b->stream));
-    return st ? st : CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
-}
-
-/* Tensor parallelism: sum `count` elements of buf (device memory, dtype
- * dt) over the ranks, in place, on this instance's stream. Nothing to do
- * for a whole model. A host-memory communicator gets the pinned copy; the
- * sum goes back on the stream, before anything the step enqueues next
- * (the next collective's copy down included), so one staging serves every
- * call. */
-static loom_status cb_all_reduce(cuda_backend *b, void *buf, int64_t count, loom_dtype dt,
-                                 loom_error *err) {
-    if (!b->sharded) return LOOM_OK;
-    if (!b->comm_host)
-        return b->comm.all_reduce_sum(b->comm.ctx, b->comm.rank, buf, count, dt, (void *)b->stream, err);
-    const size_t n = loom_dtype_row_bytes(dt, count);
-    loom_status st;
-    if ((st = cb_comm_stage(b, n, err)) || (st = cb_comm_down(b, 0, buf, n, err)) ||
-        (st = b->comm.all_reduce_sum(b->comm.ctx, b->comm.rank, b->comm_stage, count, dt, NULL, err)))
-        return st;
-    return CB_CUDA(b, err, cudaMemcpyAsync(buf, b->comm_stage, n, cudaMemcpyHostToDevice, b->stream));
-}
-
-/* Tensor parallelism: every rank's `count` f32 of send into recv (size x
- * count, rank-major), as cb_all_reduce for either kind of communicator
- * (host: send and recv side by side in the staging). */
-static loom_status cb_all_gather_f32(cuda_backend *b, const float *send, float *recv, int64_t count,
-                                     loom_error *err) {
-    if (!b->comm_host)
-        return b->comm.all_gather(b->comm.ctx, b->comm.rank, send, recv, count, LOOM_DTYPE_F32, (void *)b->stream,
-                                  err);
-    const size_t n = (size_t)count * sizeof(float), all = n * (size_t)b->comm.size;
-    loom_status st;
-    if ((st = cb_comm_stage(b, n + all, err)) || (st = cb_comm_down(b, 0, send, n, err)) ||
-        (st = b->comm.all_gather(b->comm.ctx, b->comm.rank, b->comm_stage, (uint8_t *)b->comm_stage + n, count,
-                                 LOOM_DTYPE_F32, NULL, err)))
-        return st;
-    return CB_CUDA(b, err, cudaMemcpyAsync(recv, (uint8_t *)b->comm_stage + n, all, cudaMemcpyHostToDevice,
-                                           b->stream));
-}
-
 /* Whether a one-token step fuses SwiGLU into the gate|up GEMV for a layer
  * whose down projection is q. bf16 / W8A8 / FP8: yes. W8A16 / INT4: only
  * where that down projection's one-row GEMV splits K (loom_cuda_qgemm_splits):
@@ -528,13 +468,15 @@ static loom_status cb_record_post_attention(cuda_backend *b, const cuda_plan *p,
     const bool gelu = b->mc.ffn_act == LOOM_FFN_GELU_TANH;
     if (b->mc.num_experts > 0) { /* r = the experts' FFN of rmsnorm(x += r) (cuda_moe.c) */
         loom_status st;
+        bool summed = false;
         if ((st = cb_gemm(b, false, T, H, b->q_dim, b->att, ly->wo, &ly->q[CB_G_O], b->r, "attn_output", err)) ||
             (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)) ||
             (st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, b->r, ly->ffn_norm, NULL, T, H,
                                                         b->mc.rms_norm_eps, b->stream))) ||
-            (st = cb_moe_ffn(b, T, l, err)))
+            (st = cb_moe_ffn(b, T, l, &summed, err)))
             return st;
-        return cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err); /* expert parallelism: the ranks' shares */
+        /* expert parallelism: the ranks' shares (unless already gathered) */
+        return summed ? LOOM_OK : cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err);
     }
     const loom_cuda_epi swiglu = {.kind = LOOM_CUDA_EPI_SWIGLU, .act = b->act};
     const bool swiglu1 = T == 1 && !gelu && cb_swiglu_fuses(b, &ly->q[CB_G_DOWN]);
@@ -600,7 +542,7 @@ static loom_status cb_lm_head_shard(cuda_backend *b, int32_t n, bool to_host, lo
     loom_status st;
     if ((st = cb_gemm(b, true, n, (int32_t)P, (int32_t)H, b->xs, b->lm_head, &b->lm_q,
                       b->logits_local, "lm_head", err)) ||
-        (st = cb_all_gather_f32(b, b->logits_local, b->logits_gathered, (int64_t)n * P, err)))
+        (st = cb_all_gather(b, b->logits_local, b->logits_gathered, (int64_t)n * P, LOOM_DTYPE_F32, err)))
         return st;
     if (!to_host) return LOOM_OK;
     for (int64_t r = 0; r < b->comm.size; r++) {
@@ -1033,7 +975,7 @@ static int cb_graph_bucket(const cuda_backend *b, const loom_batch *bt, int32_t 
      * step that captured NCCL collectives (two ranks, one thread each, one
      * process) never finished. Every rank sees the
      * same batches, so all capture and replay the same buckets together. */
-    if (!b->cfg.cuda_graphs) return -1;
+    if (!b->cfg.cuda_graphs || cb_moe_a2a(b)) return -1; /* the all-to-all form waits for the host */
     const int64_t comm_row_bytes =
         4 * (b->mc.hidden_size > b->vocab_pad ? (int64_t)b->mc.hidden_size : (int64_t)b->vocab_pad);
     const int32_t S = bt->num_seqs;

@@ -1441,6 +1441,7 @@ static void cb_load_undo(cuda_backend *b) {
     cudaFree(b->work);
     cudaFree(b->moe_work);
     cudaFree(b->moe_qwork);
+    cb_moe_ep_free(b);
     cudaFree(b->meta_dev);
     if (b->meta_host) cudaFreeHost(b->meta_host);
     if (b->logits_host) cudaFreeHost(b->logits_host);
@@ -1525,7 +1526,8 @@ static loom_status cb_load_impl(cuda_backend *b, const loom_model_view *m,
                         c->name, c->hidden_size, c->intermediate_size, c->num_heads, c->num_kv_heads,
                         LOOM_CUDA_MAX_GQA, c->head_dim);
     /* mixtures of experts: cuda_moe.c says which it runs */
-    if (c->num_experts > 0 && (st = cb_moe_check_config(b, c, err))) return st;
+    if (c->num_experts > 0 && ((st = cb_moe_check_config(b, c, err)) || (st = cb_moe_check_comm(b, c, comm, err))))
+        return st;
     /* Gemma 3's and Qwen3's pieces run here (QK-norm, post-norms, GeGLU,
      * sliding windows, scales); an activation this backend has no kernel
      * for is refused rather than run as SiLU */

@@ -26,6 +26,7 @@
 
 #include <limits.h>
 #include <stdio.h>
+#include <string.h>
 
 /* Pairs up to which a step runs per-pair GEMVs instead of the grouped
  * GEMM: a batch-1 decode step of Mixtral (2) or Qwen3-MoE (8), and small
@@ -52,6 +53,59 @@ loom_status cb_moe_check_config(cuda_backend *b, const loom_model_config *c, loo
                         "expert of width %d; the cuda kernels take at most %d experts, 1..32 per token, "
                         "widths multiples of 8",
                         who, E, K, I, S, LOOM_CUDA_MOE_MAX_EXPERTS);
+    return LOOM_OK;
+}
+
+bool cb_moe_a2a(const cuda_backend *b) {
+    return b->sharded && b->mc.num_experts > 0 && b->cfg.moe_dispatch == 1;
+}
+
+loom_status cb_moe_check_comm(cuda_backend *b, const loom_model_config *c, const loom_comm *comm, loom_error *err) {
+    if (!comm || comm->size < 2 || c->num_experts <= 0 || b->cfg.moe_dispatch != 1) return LOOM_OK;
+    if (LOOM_HAS_FIELD(comm, loom_comm, all_to_allv) && comm->all_to_allv) return LOOM_OK;
+    return b->host->error(b->host->ctx, err, LOOM_ERR_UNSUPPORTED,
+                          "backend cuda: moe_dispatch: all_to_all, but the executor's communicator has no "
+                          "all_to_allv (struct_size %u; ABI 2.5 added it, the pp executor's NCCL stages lack it); "
+                          "use moe_dispatch: all_reduce",
+                          comm->struct_size);
+}
+
+void cb_moe_ep_free(cuda_backend *b) {
+    cudaFree(b->ep.dev);
+    b->host->free(b->host->ctx, b->ep.off_h);
+    b->host->free(b->host->ctx, b->ep.sc);
+    memset(&b->ep, 0, sizeof b->ep);
+}
+
+/* The all-to-all form's buffers (b->ep) for max_tokens x K pairs over n
+ * ranks: device ones in one allocation, the host counts beside. */
+static loom_status cb_moe_ep_init(cuda_backend *b, loom_error *err) {
+    const loom_host *h = b->host;
+    const size_t MT = (size_t)b->max_tokens, P = MT * (size_t)b->mc.num_experts_used, n = (size_t)b->comm.size;
+    const size_t H = (size_t)b->mc.hidden_size, e = b->elt, slice = (MT + n - 1) / n;
+    enum { N = 10 };
+    const size_t sz[N] = {P * 4, P * 4, P * 4, P * 4, n * 4, n * n * 4, P * H * e, P * H * e, slice * H * e,
+                          n * slice * H * e};
+    void **dst[N] = {(void **)&b->ep.sid, (void **)&b->ep.rid, (void **)&b->ep.rsel, (void **)&b->ep.inv,
+                     (void **)&b->ep.cnt, (void **)&b->ep.all, &b->ep.sx,           &b->ep.rx,
+                     &b->ep.gs,           &b->ep.gr};
+    size_t total = 0;
+    for (int i = 0; i < N; i++) total += cb_moe_round(sz[i]);
+    loom_status st = CB_CUDA(b, err, cudaMalloc(&b->ep.dev, total));
+    if (st) return st;
+    uint8_t *p = b->ep.dev;
+    for (int i = 0; i < N; i++) {
+        *dst[i] = p;
+        p += cb_moe_round(sz[i]);
+    }
+    b->ep.off_h = h->calloc(h->ctx, (size_t)b->mc.num_experts + 1 + n * n, sizeof(int32_t));
+    b->ep.sc = h->calloc(h->ctx, 2 * n, sizeof(int64_t));
+    if (!b->ep.off_h || !b->ep.sc)
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cuda: out of host memory for the all-to-all counts");
+    b->ep.all_h = b->ep.off_h + b->mc.num_experts + 1;
+    b->ep.rc = b->ep.sc + n;
+    h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "expert all-to-all buffers: %.1f MiB (%zu pairs over %zu ranks)",
+           (double)total / 1048576.0, P, n);
     return LOOM_OK;
 }
 
@@ -95,7 +149,7 @@ loom_status cb_moe_work_init(cuda_backend *b, loom_error *err) {
     if (!sz[N - 1]) b->moe_ysh = NULL;
     h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "expert work buffers: %.1f MiB for %zu tokens/step (%zu pairs)",
            (double)total / 1048576.0, MT, P);
-    return LOOM_OK;
+    return cb_moe_a2a(b) ? cb_moe_ep_init(b, err) : LOOM_OK;
 }
 
 /* A kernel's launch status as the step's error (cuda_backend.h). */
@@ -133,43 +187,44 @@ static loom_status cb_moe_gemv_fused(cuda_backend *b, int32_t T, int32_t l, loom
                          "expert down GEMVs + combine", l, err);
 }
 
-/* moe_y (P, H) = the chosen experts' SwiGLU FFNs of their pairs' rows;
+/* moe_y (P, H) = the chosen experts' SwiGLU FFNs of the pairs of `in`;
  * *rows: the row of pair p in moe_y (NULL: row p). *combined: r already
- * holds the combine (cb_moe_gemv_fused). */
-static loom_status cb_moe_experts(cuda_backend *b, int32_t T, int32_t l, const int32_t **rows, bool *combined,
-                                  loom_error *err) {
+ * holds the combine (cb_moe_gemv_fused: only when `fuse`, for the tokens'
+ * own pairs, div = K). */
+static loom_status cb_moe_experts(cuda_backend *b, int32_t l, const cb_moe_rows *in, bool fuse, const int32_t **rows,
+                                  bool *combined, loom_error *err) {
     const loom_model_config *c = &b->mc;
     const cuda_layer *ly = &b->layers[l];
-    const int K = c->num_experts_used, E = b->moe_el, I = c->expert_intermediate_size, H = c->hidden_size;
-    const int P = T * K;
+    const int E = b->moe_el, I = c->expert_intermediate_size, H = c->hidden_size, P = in->P, div = in->div;
+    const bool gemv = P <= CB_MOE_GEMV_PAIRS || b->cfg.batch_invariant;
     cudaStream_t s = b->stream;
     loom_status st;
     if (cb_moe_q_routed(ly)) /* quantized experts: cuda_moe_quant.c */
-        return cb_moe_qexperts(b, T, l, P <= CB_MOE_GEMV_PAIRS || b->cfg.batch_invariant, rows, err);
-    if (P <= CB_MOE_GEMV_PAIRS || b->cfg.batch_invariant) {
+        return cb_moe_qexperts(b, l, in, gemv, rows, err);
+    if (gemv) {
         *rows = NULL;
         /* the fused pair writes the combine itself: only without a shared
          * expert (a quantized one leaves wgu_sh NULL, so ask the config) */
-        if (!c->shared_expert_intermediate_size) {
+        if (fuse && !c->shared_expert_intermediate_size) {
             *combined = true;
-            return cb_moe_gemv_fused(b, T, l, err);
+            return cb_moe_gemv_fused(b, in->nx, l, err);
         }
-        if ((st = cb_moe_launch(b, loom_cuda_moe_gemv(b->dt, b->xn, K, b->moe_sel, ly->wgu_exps, P, 2 * I, H,
+        if ((st = cb_moe_launch(b, loom_cuda_moe_gemv(b->dt, in->x, div, in->sel, ly->wgu_exps, P, 2 * I, H,
                                                       b->moe_gu, s),
                                 "expert gate|up GEMVs", l, err)) ||
             (st = cb_moe_launch(b, loom_cuda_swiglu(b->dt, b->moe_act, b->moe_gu, P, I, s), "expert SwiGLU", l,
                                 err)))
             return st;
-        return cb_moe_launch(b, loom_cuda_moe_gemv(b->dt, b->moe_act, 1, b->moe_sel, ly->wdown_exps, P, H, I,
+        return cb_moe_launch(b, loom_cuda_moe_gemv(b->dt, b->moe_act, 1, in->sel, ly->wdown_exps, P, H, I,
                                                    b->moe_y, s),
                              "expert down GEMVs", l, err);
     }
     const int tiles = loom_cuda_moe_max_tiles(P, E);
     *rows = b->moe_inv;
-    if ((st = cb_moe_launch(b, loom_cuda_moe_group(b->moe_sel, P, E, b->moe_off, b->moe_perm, b->moe_inv,
+    if ((st = cb_moe_launch(b, loom_cuda_moe_group(in->sel, P, E, b->moe_off, b->moe_perm, b->moe_inv,
                                                    b->moe_tiles, s),
                             "expert grouping", l, err)) ||
-        (st = cb_moe_launch(b, loom_cuda_moe_gemm(b->dt, b->xn, b->moe_perm, K, ly->wgu_exps, b->moe_tiles, tiles,
+        (st = cb_moe_launch(b, loom_cuda_moe_gemm(b->dt, in->x, b->moe_perm, div, ly->wgu_exps, b->moe_tiles, tiles,
                                                   2 * I, H, b->moe_gu, s),
                             "expert gate|up GEMM", l, err)) ||
         (st = cb_moe_launch(b, loom_cuda_swiglu(b->dt, b->moe_act, b->moe_gu, P, I, s), "expert SwiGLU", l, err)))
@@ -179,39 +234,193 @@ static loom_status cb_moe_experts(cuda_backend *b, int32_t T, int32_t l, const i
                          "expert down GEMM", l, err);
 }
 
-loom_status cb_moe_ffn(cuda_backend *b, int32_t T, int32_t l, loom_error *err) {
+/* logits (T, E) f32 of the T rows from x and their routing into moe_sel /
+ * moe_wt as this rank sees it (experts [e0, e0 + el)). */
+static loom_status cb_moe_route(cuda_backend *b, int32_t l, const void *x, int32_t T, int e0, int el,
+                                loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    char msg[256] = "";
+    loom_status st = cb_moe_rc(b,
+                               loom_cuda_gemm_run(b->gemm, b->dt, 1, T, c->num_experts, c->hidden_size, x,
+                                                  b->layers[l].router, b->moe_logits, b->stream, msg, sizeof msg),
+                               msg, "router GEMM", l, err);
+    if (st) return st;
+    return cb_moe_launch(b,
+                         loom_cuda_moe_route(b->moe_logits, T, c->num_experts, c->num_experts_used, c->moe_norm_topk,
+                                             e0, el, b->moe_sel, b->moe_wt, b->stream),
+                         "routing", l, err);
+}
+
+/* moe_ysh (T, H) = this rank's slice of the shared expert over xn. */
+static loom_status cb_moe_shared(cuda_backend *b, int32_t T, int32_t l, loom_error *err) {
+    const cuda_layer *ly = &b->layers[l];
+    const int H = b->mc.hidden_size, S = b->moe_sh;
+    char msg[256] = "";
+    if (cb_moe_q_shared(ly)) return cb_moe_qshared(b, T, l, err);
+    loom_status st = cb_moe_rc(
+        b, loom_cuda_gemm_run(b->gemm, b->dt, 0, T, 2 * S, H, b->xn, ly->wgu_sh, b->gu, b->stream, msg, sizeof msg),
+        msg, "shared expert gate|up GEMM", l, err);
+    if (st) return st;
+    return cb_moe_rc(b,
+                     loom_cuda_gemm_swiglu_run(b->gemm, b->dt, T, H, S, b->gu, ly->wdown_sh, b->act, b->moe_ysh,
+                                               b->stream, msg, sizeof msg),
+                     msg, "shared expert down GEMM", l, err);
+}
+
+/* ------------------------------------------ expert parallel: all-to-all */
+
+/* Route this rank's slice [t0, t0 + ts) of the T tokens and pack its
+ * pairs in expert order (so each owner's, a block of experts, are
+ * contiguous): ep.sid their experts, ep.sx their rows, ep.inv where each
+ * pair's result will sit; ep.sc the pairs for each rank (host). */
+static loom_status cb_ep_pack(cuda_backend *b, int32_t l, int32_t t0, int32_t ts, loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    const int n = b->comm.size, K = c->num_experts_used, E = c->num_experts, H = c->hidden_size, P = ts * K;
+    cudaStream_t s = b->stream;
+    loom_status st;
+    for (int d = 0; d < n; d++) b->ep.sc[d] = 0;
+    if (ts == 0) return LOOM_OK;
+    const void *xs = (const uint8_t *)b->xn + (size_t)t0 * H * b->elt;
+    if ((st = cb_moe_route(b, l, xs, ts, 0, E, err)) ||
+        (st = cb_moe_launch(b, loom_cuda_moe_group(b->moe_sel, P, E, b->moe_off, b->moe_perm, b->moe_inv,
+                                                   b->moe_tiles, s),
+                            "expert grouping (dispatch)", l, err)) ||
+        (st = cb_moe_launch(b, loom_cuda_moe_ids(b->moe_sel, b->moe_perm, P, 0, E, b->ep.sid, s), "dispatch ids", l,
+                            err)) ||
+        (st = cb_moe_launch(b, loom_cuda_moe_gather(xs, b->moe_perm, K, P, H, b->ep.sx, s), "dispatch rows", l,
+                            err)) ||
+        (st = CB_CUDA(b, err, cudaMemcpyAsync(b->ep.inv, b->moe_inv, (size_t)P * 4, cudaMemcpyDeviceToDevice, s))) ||
+        (st = CB_CUDA(b, err, cudaMemcpyAsync(b->ep.off_h, b->moe_off, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost,
+                                              s))) ||
+        (st = CB_CUDA(b, err, cudaStreamSynchronize(s))))
+        return st;
+    const int El = b->moe_el;
+    for (int d = 0; d < n; d++) b->ep.sc[d] = b->ep.off_h[(d + 1) * El] - b->ep.off_h[d * El];
+    return LOOM_OK;
+}
+
+/* Every rank's pair counts (all-gathered), then each pair's expert and row
+ * to its owner: *R pairs received into ep.rid / ep.rx. */
+static loom_status cb_ep_dispatch(cuda_backend *b, int64_t *R, loom_error *err) {
+    const int n = b->comm.size, r = b->comm.rank;
+    const int64_t H = b->mc.hidden_size;
+    int32_t cnt[LOOM_CUDA_MOE_MAX_EXPERTS];
+    int64_t scx[LOOM_CUDA_MOE_MAX_EXPERTS], rcx[LOOM_CUDA_MOE_MAX_EXPERTS];
+    loom_status st;
+    for (int d = 0; d < n; d++) cnt[d] = (int32_t)b->ep.sc[d];
+    if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->ep.cnt, cnt, (size_t)n * 4, cudaMemcpyHostToDevice, b->stream))) ||
+        (st = cb_all_gather(b, b->ep.cnt, b->ep.all, n, LOOM_DTYPE_I32, err)) ||
+        (st = CB_CUDA(b, err, cudaMemcpyAsync(b->ep.all_h, b->ep.all, (size_t)n * n * 4, cudaMemcpyDeviceToHost,
+                                              b->stream))) ||
+        (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream))))
+        return st;
+    *R = 0;
+    for (int k = 0; k < n; k++) {
+        b->ep.rc[k] = b->ep.all_h[k * n + r];
+        scx[k] = b->ep.sc[k] * H, rcx[k] = b->ep.rc[k] * H;
+        *R += b->ep.rc[k];
+    }
+    if ((st = cb_all_to_allv(b, b->ep.sid, b->ep.sc, b->ep.rid, b->ep.rc, LOOM_DTYPE_I32, err))) return st;
+    return cb_all_to_allv(b, b->ep.sx, scx, b->ep.rx, rcx, b->ldt, err);
+}
+
+/* This rank's experts over the R rows received, each result back over its
+ * row of ep.rx, then every result to the rank that sent it, into ep.sx in
+ * the order it was sent. */
+static loom_status cb_ep_experts(cuda_backend *b, int32_t l, int64_t R, loom_error *err) {
+    const int n = b->comm.size, H = b->mc.hidden_size;
+    int64_t scx[LOOM_CUDA_MOE_MAX_EXPERTS], rcx[LOOM_CUDA_MOE_MAX_EXPERTS];
+    for (int k = 0; k < n; k++) scx[k] = b->ep.sc[k] * H, rcx[k] = b->ep.rc[k] * H;
+    loom_status st;
+    if (R > 0) {
+        /* a received number outside this rank's experts cannot happen (the
+         * senders split by the same blocks); made -1, it would be skipped */
+        const cb_moe_rows in = {.x = b->ep.rx, .nx = (int32_t)R, .div = 1, .P = (int32_t)R, .sel = b->ep.rsel};
+        const int32_t *rows = NULL;
+        bool combined = false;
+        if ((st = cb_moe_launch(b, loom_cuda_moe_ids(b->ep.rid, NULL, (int)R, -b->moe_e0, b->moe_el, b->ep.rsel,
+                                                     b->stream),
+                                "received expert ids", l, err)) ||
+            (st = cb_moe_experts(b, l, &in, false, &rows, &combined, err)) ||
+            (st = cb_moe_launch(b, loom_cuda_moe_gather(b->moe_y, rows, 1, (int)R, H, b->ep.rx, b->stream),
+                                "results in the order received", l, err)))
+            return st;
+    }
+    return cb_all_to_allv(b, b->ep.rx, rcx, b->ep.sx, scx, b->ldt, err);
+}
+
+/* The all-to-all form (docs/moe.md): this rank routes its slice of the
+ * tokens, sends each pair to its expert's owner, runs its own experts on
+ * what it receives and sends the results back, then combines its slice.
+ * Without a shared expert the slices are all-gathered into r (*summed);
+ * with one, r holds the slice's rows plus this rank's shared-expert part
+ * on every row, and the block's all-reduce sums the ranks. The counts
+ * cross the host: such steps are never captured in a graph. */
+static loom_status cb_moe_ffn_a2a(cuda_backend *b, int32_t T, int32_t l, bool *summed, loom_error *err) {
     const loom_model_config *c = &b->mc;
     const cuda_layer *ly = &b->layers[l];
-    const int K = c->num_experts_used, E = c->num_experts, H = c->hidden_size, S = b->moe_sh;
+    const int n = b->comm.size, r = b->comm.rank, K = c->num_experts_used, H = c->hidden_size;
+    const int32_t t0 = (int32_t)((int64_t)T * r / n), ts = (int32_t)((int64_t)T * (r + 1) / n) - t0;
+    const size_t row = (size_t)H * b->elt;
     cudaStream_t s = b->stream;
-    char msg[256] = "";
+    int64_t R = 0;
+    loom_status st;
+    if ((st = cb_ep_pack(b, l, t0, ts, err)) || (st = cb_ep_dispatch(b, &R, err)) ||
+        (st = cb_ep_experts(b, l, R, err)))
+        return st;
+    const void *ysh = NULL;
+    if (ly->sh_gate) {
+        if ((st = cb_moe_shared(b, T, l, err))) return st;
+        ysh = b->moe_ysh;
+    }
+    /* r rows: [0, t0) and [t0 + ts, T) the shared expert alone (K = 0), the
+     * slice its pairs in slot order as one backend sums them */
+    const int32_t lo[3] = {0, t0, t0 + ts}, cnt[3] = {t0, ts, T - t0 - ts};
+    uint8_t *out = ysh ? (uint8_t *)b->r : (uint8_t *)b->ep.gs;
+    for (int i = 0; i < 3; i++) {
+        if (cnt[i] == 0 || (!ysh && i != 1)) continue;
+        const size_t o = (size_t)lo[i] * row;
+        const bool mine = i == 1;
+        if ((st = cb_moe_launch(b,
+                                loom_cuda_moe_combine(b->dt, out + (ysh ? o : 0), mine ? b->ep.sx : NULL,
+                                                      mine ? b->ep.inv : NULL, mine ? b->moe_wt : NULL, cnt[i],
+                                                      mine ? K : 0, H, ysh ? (const uint8_t *)ysh + o : NULL,
+                                                      (const uint8_t *)b->xn + o, ly->sh_gate, s),
+                                "expert combine", l, err)))
+            return st;
+    }
+    if (ysh) return LOOM_OK;
+    /* every rank's slice (ceil(T / n) rows each, the tail unused) into r */
+    const int32_t slice = (T + n - 1) / n;
+    if ((st = cb_all_gather(b, b->ep.gs, b->ep.gr, (int64_t)slice * H, b->ldt, err))) return st;
+    for (int q = 0; q < n; q++) {
+        const int32_t q0 = (int32_t)((int64_t)T * q / n), qs = (int32_t)((int64_t)T * (q + 1) / n) - q0;
+        if (qs > 0 &&
+            (st = CB_CUDA(b, err, cudaMemcpyAsync((uint8_t *)b->r + (size_t)q0 * row,
+                                                  (const uint8_t *)b->ep.gr + (size_t)q * slice * row,
+                                                  (size_t)qs * row, cudaMemcpyDeviceToDevice, s))))
+            return st;
+    }
+    *summed = true;
+    return LOOM_OK;
+}
+
+loom_status cb_moe_ffn(cuda_backend *b, int32_t T, int32_t l, bool *summed, loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    const cuda_layer *ly = &b->layers[l];
+    const int K = c->num_experts_used, H = c->hidden_size;
     const int32_t *rows = NULL;
     bool combined = false;
     loom_status st;
-    /* (T, H) -> logits (T, E) f32 -> sel / wt (T, K) */
-    if ((st = cb_moe_rc(b,
-                        loom_cuda_gemm_run(b->gemm, b->dt, 1, T, E, H, b->xn, ly->router, b->moe_logits, s, msg,
-                                           sizeof msg),
-                        msg, "router GEMM", l, err)) ||
-        (st = cb_moe_launch(b,
-                            loom_cuda_moe_route(b->moe_logits, T, E, K, c->moe_norm_topk, b->moe_e0, b->moe_el,
-                                                b->moe_sel, b->moe_wt, s),
-                            "routing", l, err)) ||
-        (st = cb_moe_experts(b, T, l, &rows, &combined, err)) || combined)
+    *summed = false;
+    if (cb_moe_a2a(b)) return cb_moe_ffn_a2a(b, T, l, summed, err);
+    const cb_moe_rows in = {.x = b->xn, .nx = T, .div = K, .P = T * K, .sel = b->moe_sel};
+    if ((st = cb_moe_route(b, l, b->xn, T, b->moe_e0, b->moe_el, err)) ||
+        (st = cb_moe_experts(b, l, &in, true, &rows, &combined, err)) || combined)
         return st;
-    if (cb_moe_q_shared(ly) && (st = cb_moe_qshared(b, T, l, err))) return st;
-    if (ly->wgu_sh && !cb_moe_q_shared(ly) &&
-        ((st = cb_moe_rc(b,
-                         loom_cuda_gemm_run(b->gemm, b->dt, 0, T, 2 * S, H, b->xn, ly->wgu_sh, b->gu, s, msg,
-                                            sizeof msg),
-                         msg, "shared expert gate|up GEMM", l, err)) ||
-         (st = cb_moe_rc(b,
-                         loom_cuda_gemm_swiglu_run(b->gemm, b->dt, T, H, S, b->gu, ly->wdown_sh, b->act, b->moe_ysh,
-                                                   s, msg, sizeof msg),
-                         msg, "shared expert down GEMM", l, err))))
-        return st;
+    if (ly->sh_gate && (st = cb_moe_shared(b, T, l, err))) return st;
     return cb_moe_launch(b,
                          loom_cuda_moe_combine(b->dt, b->r, b->moe_y, rows, b->moe_wt, T, K, H,
-                                               ly->sh_gate ? b->moe_ysh : NULL, b->xn, ly->sh_gate, s),
+                                               ly->sh_gate ? b->moe_ysh : NULL, b->xn, ly->sh_gate, b->stream),
                          "expert combine", l, err);
 }

@@ -40,7 +40,8 @@ loom_status cb_moe_qwork_init(cuda_backend *b, loom_error *err) {
     if (!gu && !down) return LOOM_OK;
     const size_t MT = (size_t)b->max_tokens, P = MT * (size_t)c->num_experts_used;
     const size_t H = (size_t)c->hidden_size, I = (size_t)c->expert_intermediate_size;
-    const size_t sz[4] = {gu ? MT * H : 0, gu ? MT * 4 : 0, down ? P * I : 0, down ? P * 4 : 0};
+    const size_t XR = cb_moe_a2a(b) ? P : MT; /* input rows: the tokens, or the pairs received */
+    const size_t sz[4] = {gu ? XR * H : 0, gu ? XR * 4 : 0, down ? P * I : 0, down ? P * 4 : 0};
     size_t total = 0, free_b = 0, tot = 0;
     for (int i = 0; i < 4; i++) total += cb_mq_round(sz[i]);
     loom_status st;
@@ -62,12 +63,11 @@ loom_status cb_moe_qwork_init(cuda_backend *b, loom_error *err) {
     return LOOM_OK;
 }
 
-loom_status cb_moe_qexperts(cuda_backend *b, int32_t T, int32_t l, bool gemv, const int32_t **rows,
+loom_status cb_moe_qexperts(cuda_backend *b, int32_t l, const cb_moe_rows *in, bool gemv, const int32_t **rows,
                             loom_error *err) {
     const loom_model_config *c = &b->mc;
     const cuda_layer *ly = &b->layers[l];
-    const int K = c->num_experts_used, E = b->moe_el, I = c->expert_intermediate_size, H = c->hidden_size;
-    const int P = T * K;
+    const int E = b->moe_el, I = c->expert_intermediate_size, H = c->hidden_size, P = in->P, div = in->div;
     const loom_cuda_qweight *qgu = ly->q_gu_exps.fmt != LOOM_CUDA_Q_NONE ? &ly->q_gu_exps : NULL;
     const loom_cuda_qweight *qd = ly->q_down_exps.fmt != LOOM_CUDA_Q_NONE ? &ly->q_down_exps : NULL;
     const bool agu = qgu && loom_cuda_moe_qacts(qgu->fmt), ad = qd && loom_cuda_moe_qacts(qd->fmt);
@@ -75,22 +75,24 @@ loom_status cb_moe_qexperts(cuda_backend *b, int32_t T, int32_t l, bool gemv, co
     const int tiles = loom_cuda_moe_max_tiles(P, E);
     loom_status st;
     *rows = gemv ? NULL : b->moe_inv;
-    /* gate|up: (T, H) -> moe_gu (P, 2I), pair rows or sorted rows */
-    if (agu && (st = cb_moe_launch(b, loom_cuda_moe_quant_act(b->dt, qgu->fmt, 0, T, H, b->xn, b->moe_xq, b->moe_xsx, s),
-                                  "expert input codes", l, err)))
+    /* gate|up: in->x (nx, H) -> moe_gu (P, 2I), pair rows or sorted rows */
+    if (agu && (st = cb_moe_launch(b,
+                                   loom_cuda_moe_quant_act(b->dt, qgu->fmt, 0, in->nx, H, in->x, b->moe_xq,
+                                                           b->moe_xsx, s),
+                                   "expert input codes", l, err)))
         return st;
-    if (!gemv && (st = cb_moe_launch(b, loom_cuda_moe_group(b->moe_sel, P, E, b->moe_off, b->moe_perm, b->moe_inv,
+    if (!gemv && (st = cb_moe_launch(b, loom_cuda_moe_group(in->sel, P, E, b->moe_off, b->moe_perm, b->moe_inv,
                                                            b->moe_tiles, s),
                                     "expert grouping", l, err)))
         return st;
     cudaError_t e;
     if (gemv)
-        e = qgu ? loom_cuda_moe_qgemv(b->dt, b->xn, b->moe_xq, b->moe_xsx, K, b->moe_sel, qgu, P, b->moe_gu, s)
-                : loom_cuda_moe_gemv(b->dt, b->xn, K, b->moe_sel, ly->wgu_exps, P, 2 * I, H, b->moe_gu, s);
+        e = qgu ? loom_cuda_moe_qgemv(b->dt, in->x, b->moe_xq, b->moe_xsx, div, in->sel, qgu, P, b->moe_gu, s)
+                : loom_cuda_moe_gemv(b->dt, in->x, div, in->sel, ly->wgu_exps, P, 2 * I, H, b->moe_gu, s);
     else
-        e = qgu ? loom_cuda_moe_qgemm(b->dt, b->xn, b->moe_xq, b->moe_xsx, b->moe_perm, K, qgu, b->moe_tiles, tiles,
-                                      b->moe_gu, s)
-                : loom_cuda_moe_gemm(b->dt, b->xn, b->moe_perm, K, ly->wgu_exps, b->moe_tiles, tiles, 2 * I, H,
+        e = qgu ? loom_cuda_moe_qgemm(b->dt, in->x, b->moe_xq, b->moe_xsx, b->moe_perm, div, qgu, b->moe_tiles,
+                                      tiles, b->moe_gu, s)
+                : loom_cuda_moe_gemm(b->dt, in->x, b->moe_perm, div, ly->wgu_exps, b->moe_tiles, tiles, 2 * I, H,
                                      b->moe_gu, s);
     if ((st = cb_moe_launch(b, e, gemv ? "expert gate|up GEMVs" : "expert gate|up GEMM", l, err))) return st;
     /* SwiGLU: into the codes of the down projection's input, or moe_act */
@@ -99,8 +101,8 @@ loom_status cb_moe_qexperts(cuda_backend *b, int32_t T, int32_t l, bool gemv, co
     if ((st = cb_moe_launch(b, e, ad ? "expert SwiGLU codes" : "expert SwiGLU", l, err))) return st;
     /* down: moe_act / codes (P, I) -> moe_y (P, H), same rows */
     if (gemv)
-        e = qd ? loom_cuda_moe_qgemv(b->dt, b->moe_act, b->moe_aq, b->moe_asx, 1, b->moe_sel, qd, P, b->moe_y, s)
-               : loom_cuda_moe_gemv(b->dt, b->moe_act, 1, b->moe_sel, ly->wdown_exps, P, H, I, b->moe_y, s);
+        e = qd ? loom_cuda_moe_qgemv(b->dt, b->moe_act, b->moe_aq, b->moe_asx, 1, in->sel, qd, P, b->moe_y, s)
+               : loom_cuda_moe_gemv(b->dt, b->moe_act, 1, in->sel, ly->wdown_exps, P, H, I, b->moe_y, s);
     else
         e = qd ? loom_cuda_moe_qgemm(b->dt, b->moe_act, b->moe_aq, b->moe_asx, NULL, 1, qd, b->moe_tiles, tiles,
                                      b->moe_y, s)

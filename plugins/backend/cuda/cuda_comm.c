@@ -1,0 +1,89 @@
+/*
+ * plugins/backend/cuda/cuda_comm.c — the collectives of a sharded cuda
+ * instance (tensor and expert parallelism), over whichever communicator the
+ * executor handed load_shard / load_stage:
+ *   device (NCCL, loom's peer-to-peer kernels): the device buffers go to
+ *     the communicator with this instance's stream, nothing synchronises;
+ *   host (loom_comm.host_memory: the tp / pp executors' threads, every rank
+ *     possibly on one GPU): each buffer is copied into one pinned staging
+ *     area, the stream drained, the host collective run on the copies, and
+ *     the result copied back on the stream. The copy back is enqueued before
+ *     anything the step enqueues next (the next collective's copy down
+ *     included), so one staging area serves every call; steps that make
+ *     such calls are never captured in a graph (graph_safe_bytes is 0).
+ * Nothing to do for a whole model (b->sharded false) in cb_all_reduce.
+ */
+#include "cuda_backend.h"
+
+#include <stdint.h>
+
+/* The staging, at least `bytes`: grown here, so only the collectives
+ * actually made size it (the stream drained first: a copy back may still
+ * read the old area). */
+static loom_status cb_comm_stage(cuda_backend *b, size_t bytes, loom_error *err) {
+    if (bytes <= b->comm_stage_bytes) return LOOM_OK;
+    loom_status st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
+    if (st) return st;
+    if (b->comm_stage) cudaFreeHost(b->comm_stage);
+    b->comm_stage = NULL, b->comm_stage_bytes = 0;
+    if ((st = CB_CUDA(b, err, cudaHostAlloc(&b->comm_stage, bytes, cudaHostAllocDefault)))) return st;
+    b->comm_stage_bytes = bytes;
+    return LOOM_OK;
+}
+
+/* Device bytes [0, n) of `dev` into the staging at `off`, the stream
+ * drained so the host may read them. */
+static loom_status cb_comm_down(cuda_backend *b, size_t off, const void *dev, size_t n, loom_error *err) {
+    loom_status st = LOOM_OK;
+    if (n > 0)
+        st = CB_CUDA(b, err,
+                     cudaMemcpyAsync((uint8_t *)b->comm_stage + off, dev, n, cudaMemcpyDeviceToHost, b->stream));
+    return st ? st : CB_CUDA(b, err, cudaStreamSynchronize(b->stream));
+}
+
+/* Staging bytes [off, off + n) back into `dev`, on the stream. */
+static loom_status cb_comm_up(cuda_backend *b, void *dev, size_t off, size_t n, loom_error *err) {
+    if (n == 0) return LOOM_OK;
+    return CB_CUDA(b, err, cudaMemcpyAsync(dev, (uint8_t *)b->comm_stage + off, n, cudaMemcpyHostToDevice, b->stream));
+}
+
+loom_status cb_all_reduce(cuda_backend *b, void *buf, int64_t count, loom_dtype dt, loom_error *err) {
+    if (!b->sharded) return LOOM_OK;
+    if (!b->comm_host)
+        return b->comm.all_reduce_sum(b->comm.ctx, b->comm.rank, buf, count, dt, (void *)b->stream, err);
+    const size_t n = loom_dtype_row_bytes(dt, count);
+    loom_status st;
+    if ((st = cb_comm_stage(b, n, err)) || (st = cb_comm_down(b, 0, buf, n, err)) ||
+        (st = b->comm.all_reduce_sum(b->comm.ctx, b->comm.rank, b->comm_stage, count, dt, NULL, err)))
+        return st;
+    return cb_comm_up(b, buf, 0, n, err);
+}
+
+loom_status cb_all_gather(cuda_backend *b, const void *send, void *recv, int64_t count, loom_dtype dt,
+                          loom_error *err) {
+    if (!b->comm_host)
+        return b->comm.all_gather(b->comm.ctx, b->comm.rank, send, recv, count, dt, (void *)b->stream, err);
+    const size_t n = loom_dtype_row_bytes(dt, count), all = n * (size_t)b->comm.size;
+    loom_status st;
+    if ((st = cb_comm_stage(b, n + all, err)) || (st = cb_comm_down(b, 0, send, n, err)) ||
+        (st = b->comm.all_gather(b->comm.ctx, b->comm.rank, b->comm_stage, (uint8_t *)b->comm_stage + n, count, dt,
+                                 NULL, err)))
+        return st;
+    return cb_comm_up(b, recv, n, all, err);
+}
+
+loom_status cb_all_to_allv(cuda_backend *b, const void *send, const int64_t *send_counts, void *recv,
+                           const int64_t *recv_counts, loom_dtype dt, loom_error *err) {
+    if (!b->comm_host)
+        return b->comm.all_to_allv(b->comm.ctx, b->comm.rank, send, send_counts, recv, recv_counts, dt,
+                                   (void *)b->stream, err);
+    int64_t ns = 0, nr = 0;
+    for (int32_t k = 0; k < b->comm.size; k++) ns += send_counts[k], nr += recv_counts[k];
+    const size_t sb = loom_dtype_row_bytes(dt, ns), rb = loom_dtype_row_bytes(dt, nr);
+    loom_status st;
+    if ((st = cb_comm_stage(b, sb + rb, err)) || (st = cb_comm_down(b, 0, send, sb, err)) ||
+        (st = b->comm.all_to_allv(b->comm.ctx, b->comm.rank, sb ? b->comm_stage : NULL, send_counts,
+                                  rb ? (uint8_t *)b->comm_stage + sb : NULL, recv_counts, dt, NULL, err)))
+        return st;
+    return cb_comm_up(b, recv, sb, rb, err);
+}
