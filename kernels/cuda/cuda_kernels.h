@@ -700,8 +700,9 @@ cudaError_t loom_cuda_moe_combine(loom_cuda_dt dt, void *r, const void *y, const
  * the rows n and I + n of W_{sel[p]} (E, 2I, K) dotted with x[p / div]
  * (float32, not rounded between); K % 8 == 0, div <= 32768.
  * loom_cuda_moe_gemv_combine: r[t, :H] (dt) = sum_j wt[t K + j]
- * (act[t K + j] . rows of W_{sel[t K + j]} (E, H, I)), float32 throughout,
- * one rounding; I % 8 == 0. Each token's result is the same at any T. */
+ * (act[t K + j] . rows of W_{sel[t K + j]} (E, H, I)) over the slots with
+ * sel >= 0, float32 throughout, one rounding; I % 8 == 0, K <= 32. Each
+ * token's result is the same at any T. */
 cudaError_t loom_cuda_moe_gemv_swiglu(loom_cuda_dt dt, const void *x, int div, const int32_t *sel,
                                       const void *w, int P, int I, int K, void *act, cudaStream_t s);
 cudaError_t loom_cuda_moe_gemv_combine(loom_cuda_dt dt, const void *act, const int32_t *sel, const float *wt,

@@ -586,7 +586,7 @@ extern "C" cudaError_t loom_cuda_moe_gemv_combine(loom_cuda_dt dt, const void *a
                                                   const float *wt, const void *w, int T, int K, int H, int I,
                                                   void *r, cudaStream_t s) {
     if (T <= 0) return cudaSuccess;
-    if (I % 8 || K < 1) return cudaErrorInvalidValue;
+    if (I % 8 || K < 1 || K > 32) return cudaErrorInvalidValue; /* a warp's ballot holds the slots */
     for (int t0 = 0; t0 < T; t0 += 32768) {
         const int n = T - t0 < 32768 ? T - t0 : 32768;
         const dim3 grid((unsigned)lc_ceil_div(H, LC_MOE_CMB_ROWS), (unsigned)n);

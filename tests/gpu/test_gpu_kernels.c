@@ -3351,15 +3351,19 @@ static void test_moe_all(void) {
             test_moe_ffn(dt, 2, 128, 8, 768, 2048, 0, 1, gemv, 1, 0); /* Qwen3-30B-A3B's widths */
         }
     test_moe_ffn(LOOM_CUDA_BF16, 64, 8, 2, 1024, 512, 0, 0, false, 1, 0);
-    /* expert parallelism: each rank's share, every path; rank 1 of 2 in
-     * idle-experts mode holds no chosen expert (only zeros to write) */
+    /* expert parallelism: each rank's share, every path. Idle-experts mode
+     * over 2 ranks gives rank 0 every choice and rank 1 none (only zeros
+     * to write); 12 of 16 experts a token over 2 ranks leave each rank 4..8
+     * of a token's slots, so the fused combine's warps (6 slots each) meet
+     * masks of 4 and more with other ranks' slots between them */
     for (int gemv = 0; gemv < 3; gemv++) {
         for (int r = 0; r < 2; r++) {
             test_moe_ffn(LOOM_CUDA_BF16, 3, 16, 8, 64, 72, 48, 1, gemv, 2, r);
             test_moe_ffn(LOOM_CUDA_BF16, 300, 8, 2, 136, 64, 32, 3, gemv, 2, r);
+            test_moe_ffn(LOOM_CUDA_BF16, 5, 16, 12, 64, 128, 0, 0, gemv, 2, r);
         }
         test_moe_ffn(LOOM_CUDA_F16, 130, 60, 4, 96, 256, 0, 0, gemv, 4, 2);
-        test_moe_ffn(LOOM_CUDA_BF16, 2, 128, 8, 768, 2048, 0, 1, gemv, 4, 3); /* Qwen3-30B-A3B over 4 */
+        test_moe_ffn(LOOM_CUDA_BF16, 2, 128, 8, 768, 2048, 0, 0, gemv, 4, 3); /* Qwen3-30B-A3B over 4 */
     }
     test_moe_q_all();
 }

@@ -662,6 +662,21 @@ static void run_tp_threads_model(const plugin *cuda, const plugin *tp, const plu
             snprintf(what, sizeof what, "%s fork via copy_blocks == original", label);
             result(fe <= TOL_SAME, what, fe, NULL);
         }
+        if (got.ok && n == 2) { /* graphs requested: none captured (host collectives), the same bits */
+            const char *gov[] = {sz, "comm=threads", NULL};
+            const double cap0 = loom_metrics_get("backend.cuda.graph_captures");
+            snprintf(label, sizeof label, "%s tp 2 threads, one GPU, graphs requested%s", name,
+                     g_backend_ov ? " (all-to-all)" : "");
+            run_out gg = run_rig(cuda, tp, n, gov, true, false, view, label);
+            if (gg.ok) {
+                const double caps = loom_metrics_get("backend.cuda.graph_captures") - cap0;
+                const bool same = gg.rows == got.rows &&
+                                  !memcmp(gg.logits, got.logits, sizeof(float) * (size_t)got.rows * V);
+                snprintf(what, sizeof what, "%s: no graph captured (%g), == the eager run", label, caps);
+                result(caps == 0 && same, what, rows_err(gg.logits, got.logits, got.rows, V), NULL);
+            }
+            free(gg.logits);
+        }
         free(got.logits);
     }
     if (ref.ok && pp && splits(c, 2) && c->num_layers >= 2) {
@@ -727,7 +742,10 @@ int main(int argc, char **argv) {
     }
     /* tensor and expert parallelism on one GPU (threads communicator) */
     plugin tpt;
-    if (plugin_open(&tpt, tp_so, LOOM_KIND_EXECUTOR, "tp")) {
+    if (!plugin_open(&tpt, tp_so, LOOM_KIND_EXECUTOR, "tp")) {
+        printf("FAIL tp executor %s: cannot open it for the one-GPU runs\n", tp_so);
+        g_fail++;
+    } else {
         static const struct { const char *shape; int32_t layers; const char *name; } tm[] = {
             {"tiny", 0, "tiny bf16"},
             {"qwen2-0.5b", 2, "qwen2-0.5b 2 layers (bias, tied)"},

@@ -24,6 +24,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -459,6 +460,35 @@ Test(pp, error_backend_without_load_stage) {
     g.inner_ops = &ops;
     st = rig_open(&g, 2, 1, 1, m, &err);
     cr_assert_eq(st, LOOM_ERR_UNSUPPORTED, "%s", err.message);
+    rig_close(&g);
+    tiny_free(m);
+}
+
+/* The stage communicators of tp inside pp say they take host memory (ABI
+ * 2.9): a GPU stage then stages its collectives instead of refusing. */
+static atomic_int g_host_comm_ranks;
+static loom_status (*g_real_load_stage)(void *, const loom_model_view *, const loom_quant_binding *,
+                                        const loom_stage *, const loom_comm *, loom_error *);
+static loom_status counting_load_stage(void *self, const loom_model_view *m, const loom_quant_binding *q,
+                                       const loom_stage *st, const loom_comm *comm, loom_error *err) {
+    if (comm && LOOM_HAS_FIELD(comm, loom_comm, host_memory) && comm->host_memory == 1)
+        atomic_fetch_add(&g_host_comm_ranks, 1);
+    return g_real_load_stage(self, m, q, st, comm, err);
+}
+
+Test(pp, stage_communicators_take_host_memory) {
+    tiny_model *m = pp_model(1);
+    rig g;
+    rig_plugins(&g);
+    static loom_backend_ops ops;
+    ops = *g.cpu.ops;
+    g_real_load_stage = ops.load_stage;
+    ops.load_stage = counting_load_stage;
+    g.inner_ops = &ops;
+    atomic_store(&g_host_comm_ranks, 0);
+    loom_error err = {0};
+    cr_assert_eq(rig_open(&g, 2, 3, 1, m, &err), LOOM_OK, "%s", err.message);
+    cr_assert_eq(atomic_load(&g_host_comm_ranks), 6, "2 stages x 3 tensor ranks, each with host_memory 1");
     rig_close(&g);
     tiny_free(m);
 }

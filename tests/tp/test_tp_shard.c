@@ -470,6 +470,7 @@ Test(tp, a_rank_failing_alone_releases_its_peers) {
     rig_plugins(&g);
     g_cpu_ops = g.cpu.ops;
     g.inner_ops = &g_wrap_ops;
+    atomic_store(&g_host_memory_ranks, 0);
     loom_error err = {0};
     cr_assert_eq(rig_open(&ref, 0, m, &err), LOOM_OK, "%s", err.message);
     cr_assert_eq(rig_open(&g, 2, m, &err), LOOM_OK, "%s", err.message);

@@ -21,8 +21,9 @@
  *
  * What it refuses to be: a multi-GPU backend by itself: the tp executor
  * drives one instance per GPU through load_shard (cuda_load.c) and joins
- * them with NCCL collectives in forward (cuda_forward.c). Built for sm_90a
- * (Hopper) only.
+ * them with NCCL collectives in forward (cuda_comm.c) — or, over its
+ * threads communicator, several instances on one GPU for testing. Built
+ * for sm_90a (Hopper) only.
  */
 #include "cuda_backend.h"
 #include "kv_groups.h"

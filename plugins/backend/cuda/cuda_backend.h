@@ -411,6 +411,9 @@ void cb_link_buf_free(cuda_backend *b);
 
 /* cuda_comm.c: collectives of a sharded instance, on its stream; a
  * host-memory communicator (comm_host) gets pinned copies */
+/* a host-memory communicator: its staging sized for every step's
+ * collectives (after the work buffers), a warning when GPUs sit idle */
+loom_status cb_comm_init(cuda_backend *b, loom_error *err);
 /* sum count elements of buf over the ranks, in place (no-op unsharded) */
 loom_status cb_all_reduce(cuda_backend *b, void *buf, int64_t count, loom_dtype dt, loom_error *err);
 /* every rank's count elements of send into recv (size x count, rank-major) */

@@ -31,6 +31,23 @@ static loom_status cb_comm_stage(cuda_backend *b, size_t bytes, loom_error *err)
     return LOOM_OK;
 }
 
+loom_status cb_comm_init(cuda_backend *b, loom_error *err) {
+    if (!b->sharded || !b->comm_host) return LOOM_OK;
+    const loom_host *h = b->host;
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 1)
+        h->log(h->ctx, LOOM_LOG_WARN, CB_WHO,
+               "rank %d of %d on device %d with collectives through host memory (the executor's threads "
+               "communicator): a test setup, every rank on one GPU; executor comm: nccl puts a rank on each "
+               "of the %d GPUs",
+               b->comm.rank, b->comm.size, b->device, ndev);
+    /* what every step needs (x after the embedding, the logits gather), so
+     * no step regrows it; the all-to-all form may still */
+    const size_t x = (size_t)b->max_tokens * (size_t)b->mc.hidden_size * 4;
+    const size_t lg = (size_t)b->logits_rows * (size_t)b->vocab_pad * 4 * (size_t)(b->comm.size + 1);
+    return cb_comm_stage(b, x > lg ? x : lg, err);
+}
+
 /* Device bytes [0, n) of `dev` into the staging at `off`, the stream
  * drained so the host may read them. */
 static loom_status cb_comm_down(cuda_backend *b, size_t off, const void *dev, size_t n, loom_error *err) {

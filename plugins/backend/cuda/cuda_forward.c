@@ -52,9 +52,11 @@
  * logits are read.
  *
  * Loaded by load_shard (tensor parallelism), a rank holds its heads, FFN
- * columns and vocabulary rows, and the step gains collectives, all enqueued
- * on this instance's stream (the NCCL communicator orders them with the
- * kernels; nothing here waits for a peer): token ids are mapped to this
+ * columns and vocabulary rows, and the step gains collectives (cuda_comm.c),
+ * enqueued on this instance's stream — a device communicator (NCCL) orders
+ * them with the kernels and nothing waits for a peer; a host one (the
+ * executor's threads) syncs the stream and meets the peers in each call,
+ * so its steps never run as graphs: token ids are mapped to this
  * rank's embedding rows at packing time (-1 outside its slice, a zero row)
  * and x is all-reduced after the embedding; after each row-parallel GEMM
  * (O and down, the last layer's too) its partial output r is all-reduced in
@@ -975,7 +977,8 @@ static int cb_graph_bucket(const cuda_backend *b, const loom_batch *bt, int32_t 
      * step that captured NCCL collectives (two ranks, one thread each, one
      * process) never finished. Every rank sees the
      * same batches, so all capture and replay the same buckets together. */
-    if (!b->cfg.cuda_graphs || cb_moe_a2a(b)) return -1; /* the all-to-all form waits for the host */
+    /* host collectives and the all-to-all form wait for the host */
+    if (!b->cfg.cuda_graphs || b->comm_host || cb_moe_a2a(b)) return -1;
     const int64_t comm_row_bytes =
         4 * (b->mc.hidden_size > b->vocab_pad ? (int64_t)b->mc.hidden_size : (int64_t)b->vocab_pad);
     const int32_t S = bt->num_seqs;

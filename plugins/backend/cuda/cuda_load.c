@@ -1394,6 +1394,7 @@ static loom_status cb_load_done(cuda_backend *b, const loom_ww *w, const loom_co
         b->comm_host = b->comm.host_memory != 0;
     }
     if ((st = cb_rope_init(b, err)) || (st = cb_work_init(b, err)) || (st = cb_link_buf_init(b, err)) ||
+        (st = cb_comm_init(b, err)) ||
         (c->num_experts > 0 && ((st = cb_moe_work_init(b, err)) || (st = cb_moe_qwork_init(b, err)))))
         return st;
     b->loaded = true;
@@ -1442,6 +1443,8 @@ static void cb_load_undo(cuda_backend *b) {
     cudaFree(b->moe_work);
     cudaFree(b->moe_qwork);
     cb_moe_ep_free(b);
+    if (b->comm_stage) cudaFreeHost(b->comm_stage);
+    b->comm_stage = NULL, b->comm_stage_bytes = 0;
     cudaFree(b->meta_dev);
     if (b->meta_host) cudaFreeHost(b->meta_host);
     if (b->logits_host) cudaFreeHost(b->logits_host);
@@ -1613,7 +1616,8 @@ static loom_status cb_check_stage(cuda_backend *b, const loom_model_view *m, con
     if (comm && comm->size > 1 && !device_links && !host_comm)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cuda: tensor parallelism inside a pipeline stage needs device links and "
-                        "collectives (executor comm: nccl); comm: threads works on host memory");
+                        "collectives (executor comm: nccl), or a communicator that says it takes host memory "
+                        "(loom_comm.host_memory, ABI 2.9); this executor's has neither");
     return LOOM_OK;
 }
 

@@ -221,6 +221,9 @@ static loom_status cb_moe_experts(cuda_backend *b, int32_t l, const cb_moe_rows 
     }
     const int tiles = loom_cuda_moe_max_tiles(P, E);
     *rows = b->moe_inv;
+    /* SwiGLU runs over all P rows though only the first off[E] are this
+     * rank's pairs (no grid sized by the routing): the rest are stale
+     * rows nothing reads — under expert parallelism most of them */
     if ((st = cb_moe_launch(b, loom_cuda_moe_group(in->sel, P, E, b->moe_off, b->moe_perm, b->moe_inv,
                                                    b->moe_tiles, s),
                             "expert grouping", l, err)) ||

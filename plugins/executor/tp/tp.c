@@ -66,8 +66,9 @@ static const loom_param tp_params[] = {
             "nccl); heads and the FFN width must divide by size x nodes"},
     {.key = "comm", .type = LOOM_PARAM_ENUM, .offset = offsetof(tp_config, comm),
      .default_value = "auto", .min = 1, .max = 0, .choices = tp_comm_choices,
-     .doc = "collectives: threads (shared memory, host backends such as cpu), nccl (one GPU per "
-            "rank), auto = nccl when a rendezvous is set, else threads"},
+     .doc = "collectives: threads (shared memory: cpu ranks, or GPU ranks staging through host memory, "
+            "all on one GPU, for testing), nccl (one GPU per rank), auto = nccl when a rendezvous is set, "
+            "else threads"},
     {.key = "rendezvous", .type = LOOM_PARAM_STRING, .offset = offsetof(tp_config, rendezvous),
      .default_value = "", .min = 1, .max = 0,
      .doc = "multi-node: host:port where node 0 serves the NCCL id (same on every node)"},
