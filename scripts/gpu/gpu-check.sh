@@ -40,6 +40,12 @@
 #           tiled, batch-1 decode on the Llama-3-8B shape cut to 8 layers
 #           (quantizing the whole shape twice takes ~4.5 minutes). Its
 #           limits add up to 530 s, one device call.
+#   ep:     expert parallelism and tensor parallelism on one GPU: the MoE
+#           kernel tests (routing as a rank, grouping with other ranks'
+#           pairs, the all-to-all packing, every expert path as rank r of
+#           2 or 4, dt and quantized) and gpu_tp_test (pp stages, then tp
+#           1/2/4 over the threads communicator on GPU 0, MoE dummies with
+#           both moe_dispatch forms; two GPUs add the NCCL runs).
 #   kprofile: kernels under ncu where a target waits on a profile: the
 #           tiled W8A16 / INT4 kernels (mma.sync, wgmma with cp.async, TMA
 #           and wide TMA copies, and the K-split reduce kernels — the
@@ -578,6 +584,20 @@ tiled)
   rec '{hw}-quant-int4-tiled-vs-rows' --what "Llama-3-8B shape cut to 8 layers, INT4 with its LM head: the row-major layout (a) vs quant_layout tiled (b), batch-1 decode" \
     --bench b1_8layers="$O/int4-tiled-b1.json"
   ;;
+ep)
+  step "kernel tests: mixtures of experts (expert-parallel ranks included)"
+  LOOM_GPU_KERNEL_TESTS=moe timeout 240 "$LB/tests/gpu/gpu_kernel_tests" > "$O/kernels-moe.log" 2>&1 \
+    || fails=$((fails + 1))
+  grep -E '^FAIL' "$O/kernels-moe.log" | head -20; grep -E 'rank [0-9]/|packing|of a rank' "$O/kernels-moe.log" | head -60
+  tail -1 "$O/kernels-moe.log"
+  step "gpu_tp_test: pp stages and tp over threads on one GPU (MoE: both forms)"
+  timeout 300 "$LB/tests/gpu/gpu_tp_test" "$LB/plugins/backend/cuda/loom-backend-cuda.so" \
+    "$LB/plugins/executor/tp/loom-executor-tp.so" "$LB/plugins/executor/pp/loom-executor-pp.so" \
+    > "$O/tp-test.log" 2>&1 || fails=$((fails + 1))
+  grep -E '^FAIL|^SKIP|threads, one GPU' "$O/tp-test.log" | head -60; tail -1 "$O/tp-test.log"
+  rec '{hw}-ep-tests' --what "expert parallelism on cuda and tp over the threads communicator on one GPU: the MoE kernel tests (LOOM_GPU_KERNEL_TESTS=moe gpu_kernel_tests) and gpu_tp_test, their logs' last lines" \
+    --text kernels_moe="$O/kernels-moe.log" --text gpu_tp_test="$O/tp-test.log"
+  ;;
 kprofile)
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   [ -n "$NCU" ] || { echo "FAIL no ncu on this machine"; exit 1; }
@@ -776,7 +796,7 @@ PY
   rec '{hw}-gemma3-vs-transformers' --merge --what "$G3_WHAT" --text tiny-gemma3-qwen3="$O/gemma-summary.txt"
   ;;
 gemma-ab) gemma_ab_both ;;
-*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|backend-ab|awq|kvfp8|profile|kprofile|throughput|serve|gemma|gemma-ab|tiled" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|ep|backend-ab|awq|kvfp8|profile|kprofile|throughput|serve|gemma|gemma-ab|tiled" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails
