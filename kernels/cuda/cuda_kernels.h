@@ -662,12 +662,15 @@ cudaError_t loom_cuda_moe_group(const int32_t *sel, int P, int E, int32_t *off, 
  * sel[perm[i]] + add (perm NULL: sel[i] + add) — the expert of each sorted
  * pair, or a received expert number made local (add = -e0, lim = el);
  * loom_cuda_moe_gather: row i of out (n, H) = row rows[i] / div of x (rows
- * NULL: i / div), 2-byte elements, H % 8 == 0 — the sorted pairs' input
- * rows, or results put back in the order received. */
+ * NULL: i / div; rows[i] < 0: zeros), 2-byte elements, H % 8 == 0 — the
+ * sorted pairs' input rows, or results put back in the order received;
+ * loom_cuda_moe_owner_counts: cnt[d] (n) = off[(d + 1) el] - off[d el],
+ * the grouped pairs of each rank's el experts (off from loom_cuda_moe_group). */
 cudaError_t loom_cuda_moe_ids(const int32_t *sel, const int32_t *perm, int n, int add, int lim, int32_t *out,
                               cudaStream_t s);
 cudaError_t loom_cuda_moe_gather(const void *x, const int32_t *rows, int div, int n, int H, void *out,
                                  cudaStream_t s);
+cudaError_t loom_cuda_moe_owner_counts(const int32_t *off, int n, int el, int32_t *cnt, cudaStream_t s);
 
 /* Grouped GEMM over the tile list: for each tile (e, r0, n) and sorted rows
  * r in [r0, r0 + n): y[r, :N] (dt) = x[row] @ W_e^T with row = perm[r] / div

@@ -179,14 +179,30 @@ extern "C" cudaError_t loom_cuda_moe_ids(const int32_t *sel, const int32_t *perm
                      lim, out);
 }
 
-/* Row i of out = row rows[i] / div of x (rows NULL: row i / div); 16-byte
- * vectors, a CTA a row. */
+/* Row i of out = row rows[i] / div of x (rows NULL: row i / div; rows[i]
+ * < 0: zeros); 16-byte vectors, a CTA a row. */
 __global__ void lc_moe_gather_kernel(const uint4 *__restrict__ x, const int32_t *__restrict__ rows, int div,
                                      int vecs, uint4 *__restrict__ out) {
     lc_pdl_wait();
     lc_pdl_trigger();
-    const int i = blockIdx.x, src = (rows ? rows[i] : i) / div;
-    for (int v = threadIdx.x; v < vecs; v += blockDim.x) out[(size_t)i * vecs + v] = x[(size_t)src * vecs + v];
+    const int i = blockIdx.x, r = rows ? rows[i] : i;
+    for (int v = threadIdx.x; v < vecs; v += blockDim.x)
+        out[(size_t)i * vecs + v] = r < 0 ? make_uint4(0u, 0u, 0u, 0u) : x[(size_t)(r / div) * vecs + v];
+}
+
+/* cnt[d] = off[(d + 1) el] - off[d el], d < n: the pairs for each owner of
+ * el experts. */
+__global__ void lc_moe_owner_counts_kernel(const int32_t *__restrict__ off, int n, int el, int32_t *__restrict__ cnt) {
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d < n) cnt[d] = off[(d + 1) * el] - off[d * el];
+}
+
+extern "C" cudaError_t loom_cuda_moe_owner_counts(const int32_t *off, int n, int el, int32_t *cnt, cudaStream_t s) {
+    if (n < 1 || el < 1) return cudaErrorInvalidValue;
+    return lc_launch(lc_moe_owner_counts_kernel, dim3((unsigned)lc_ceil_div(n, 256)), dim3(256), 0, s, off, n, el,
+                     cnt);
 }
 
 extern "C" cudaError_t loom_cuda_moe_gather(const void *x, const int32_t *rows, int div, int n, int H, void *out,

@@ -2885,10 +2885,12 @@ static void test_moe_group(int P, int E, int mode) {
     free(sel), free(off), free(perm), free(inv), free(tiles), free(cnt), free(seen);
 }
 
-/* The all-to-all form's packing (loom_cuda_moe_ids, loom_cuda_moe_gather)
- * against the host: ids through a permutation with an offset and a limit
- * (out of range -> -1), without one; rows gathered through rows[i] / div
- * and without rows, byte for byte. */
+/* The all-to-all form's packing (loom_cuda_moe_ids, loom_cuda_moe_gather,
+ * loom_cuda_moe_owner_counts) against the host: ids through a permutation
+ * with an offset and a limit (out of range -> -1), without one; rows
+ * gathered through rows[i] / div, without rows, and with every 7th row -1
+ * (zeros), byte for byte; each of 4 owners' pairs from a grouping's
+ * offsets. */
 static void test_moe_pack(int n, int H, int div) {
     int32_t *sel = malloc((size_t)n * 4), *perm = malloc((size_t)n * 4);
     const int nx = (n + div - 1) / div;
@@ -2902,7 +2904,15 @@ static void test_moe_pack(int n, int H, int div) {
     int32_t *d_sel = dev_upload(sel, (size_t)n * 4), *d_perm = dev_upload(perm, (size_t)n * 4);
     int32_t *d_a = dev_poison((size_t)n * 4), *d_b = dev_poison((size_t)n * 4);
     void *d_x = dev_upload(x, (size_t)nx * H * 2), *d_g = dev_poison((size_t)n * H * 2);
-    void *d_h = dev_poison((size_t)nx * H * 2);
+    void *d_h = dev_poison((size_t)nx * H * 2), *d_z = dev_poison((size_t)n * H * 2);
+    int32_t *neg = malloc((size_t)n * 4), off[17], cnt4[4];
+    for (int i = 0; i < n; i++) neg[i] = i % 7 == 3 ? -1 : perm[i];
+    off[0] = 0;
+    for (int e = 0; e < 16; e++) off[e + 1] = off[e] + rng_int(5);
+    int32_t *d_neg = dev_upload(neg, (size_t)n * 4), *d_off = dev_upload(off, sizeof off);
+    int32_t *d_cnt = dev_poison(sizeof cnt4);
+    CK(loom_cuda_moe_gather(d_x, d_neg, div, n, H, d_z, 0));
+    CK(loom_cuda_moe_owner_counts(d_off, 4, 4, d_cnt, 0));
     CK(loom_cuda_moe_ids(d_sel, d_perm, n, -5, 40, d_a, 0));
     CK(loom_cuda_moe_ids(d_sel, NULL, n, 0, 64, d_b, 0));
     CK(loom_cuda_moe_gather(d_x, d_perm, div, n, H, d_g, 0));
@@ -2914,7 +2924,13 @@ static void test_moe_pack(int n, int H, int div) {
     CK(cudaMemcpy(b, d_b, (size_t)n * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(g, d_g, (size_t)n * H * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hh, d_h, (size_t)nx * H * 2, cudaMemcpyDeviceToHost));
+    uint16_t *z = malloc((size_t)n * H * 2), *zero = calloc((size_t)H, 2);
+    CK(cudaMemcpy(z, d_z, (size_t)n * H * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(cnt4, d_cnt, sizeof cnt4, cudaMemcpyDeviceToHost));
     long bad = 0;
+    for (int d = 0; d < 4; d++) bad += cnt4[d] != off[4 * d + 4] - off[4 * d];
+    for (int i = 0; i < n; i++)
+        bad += memcmp(z + (size_t)i * H, neg[i] < 0 ? zero : x + (size_t)(neg[i] / div) * H, (size_t)H * 2) != 0;
     for (int i = 0; i < n; i++) {
         const int v = sel[perm[i]] - 5, w = sel[i];
         bad += a[i] != (v >= 0 && v < 40 ? v : -1);
@@ -2924,10 +2940,10 @@ static void test_moe_pack(int n, int H, int div) {
     bad += memcmp(hh, x, (size_t)nx * H * 2) != 0;
     char name[96];
     snprintf(name, sizeof name, "moe all-to-all packing n=%d H=%d div=%d (ids, rows)", n, H, div);
-    report_count(name, bad, 3L * n + 1);
-    void *dv[] = {d_sel, d_perm, d_a, d_b, d_x, d_g, d_h};
+    report_count(name, bad, 4L * n + 5);
+    void *dv[] = {d_sel, d_perm, d_a, d_b, d_x, d_g, d_h, d_z, d_neg, d_off, d_cnt};
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) cudaFree(dv[i]);
-    free(sel), free(perm), free(x), free(a), free(b), free(g), free(hh);
+    free(sel), free(perm), free(x), free(a), free(b), free(g), free(hh), free(z), free(zero), free(neg);
 }
 
 /* The routed FFN for T tokens as the backend runs it — route, then either

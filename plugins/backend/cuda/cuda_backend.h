@@ -299,7 +299,7 @@ typedef struct cuda_backend {
         int32_t *cnt, *all;              /* (n), (n, n) pair counts           */
         void *sx, *rx;                   /* (P, hidden) dt rows sent / received */
         void *gs, *gr;                   /* (slice, hidden), (n, slice, hidden) dt */
-        int32_t *off_h, *all_h;          /* host: (E + 1), (n, n)             */
+        int32_t *all_h;                  /* host: (n, n) every rank's counts   */
         int64_t *sc, *rc;                /* host: (n) pairs sent / received    */
     } ep;
 

@@ -10,7 +10,7 @@
  *     the result copied back on the stream. The copy back is enqueued before
  *     anything the step enqueues next (the next collective's copy down
  *     included), so one staging area serves every call; steps that make
- *     such calls are never captured in a graph (graph_safe_bytes is 0).
+ *     such calls are never captured in a graph (cb_graph_bucket).
  * Nothing to do for a whole model (b->sharded false) in cb_all_reduce.
  */
 #include "cuda_backend.h"
@@ -41,11 +41,18 @@ loom_status cb_comm_init(cuda_backend *b, loom_error *err) {
                "communicator): a test setup, every rank on one GPU; executor comm: nccl puts a rank on each "
                "of the %d GPUs",
                b->comm.rank, b->comm.size, b->device, ndev);
-    /* what every step needs (x after the embedding, the logits gather), so
-     * no step regrows it; the all-to-all form may still */
-    const size_t x = (size_t)b->max_tokens * (size_t)b->mc.hidden_size * 4;
-    const size_t lg = (size_t)b->logits_rows * (size_t)b->vocab_pad * 4 * (size_t)(b->comm.size + 1);
-    return cb_comm_stage(b, x > lg ? x : lg, err);
+    /* what any step needs, so none regrows it: x after the embedding, the
+     * logits gather, and the all-to-all form's rows (a slice's pairs out,
+     * up to every token's pairs in) */
+    const size_t MT = (size_t)b->max_tokens, H = (size_t)b->mc.hidden_size, n = (size_t)b->comm.size;
+    size_t need = MT * H * 4;
+    const size_t lg = (size_t)b->logits_rows * (size_t)b->vocab_pad * 4 * (n + 1);
+    if (lg > need) need = lg;
+    if (cb_moe_a2a(b)) {
+        const size_t rows = ((MT + n - 1) / n + MT) * (size_t)b->mc.num_experts_used * H * b->elt;
+        if (rows > need) need = rows;
+    }
+    return cb_comm_stage(b, need, err);
 }
 
 /* Device bytes [0, n) of `dev` into the staging at `off`, the stream

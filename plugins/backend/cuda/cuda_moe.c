@@ -72,7 +72,7 @@ loom_status cb_moe_check_comm(cuda_backend *b, const loom_model_config *c, const
 
 void cb_moe_ep_free(cuda_backend *b) {
     cudaFree(b->ep.dev);
-    b->host->free(b->host->ctx, b->ep.off_h);
+    b->host->free(b->host->ctx, b->ep.all_h);
     b->host->free(b->host->ctx, b->ep.sc);
     memset(&b->ep, 0, sizeof b->ep);
 }
@@ -89,20 +89,26 @@ static loom_status cb_moe_ep_init(cuda_backend *b, loom_error *err) {
     void **dst[N] = {(void **)&b->ep.sid, (void **)&b->ep.rid, (void **)&b->ep.rsel, (void **)&b->ep.inv,
                      (void **)&b->ep.cnt, (void **)&b->ep.all, &b->ep.sx,           &b->ep.rx,
                      &b->ep.gs,           &b->ep.gr};
-    size_t total = 0;
+    size_t total = 0, free_b = 0, tot = 0;
     for (int i = 0; i < N; i++) total += cb_moe_round(sz[i]);
-    loom_status st = CB_CUDA(b, err, cudaMalloc(&b->ep.dev, total));
+    loom_status st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &tot));
     if (st) return st;
+    if (total > free_b)
+        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
+                        "backend cuda: moe_dispatch all_to_all's buffers for max_batched_tokens = %zu need %.1f MiB, "
+                        "device %d has %.1f MiB free; lower the backend's max_batched_tokens or use "
+                        "moe_dispatch: all_reduce",
+                        MT, (double)total / 1048576.0, b->device, (double)free_b / 1048576.0);
+    if ((st = CB_CUDA(b, err, cudaMalloc(&b->ep.dev, total)))) return st;
     uint8_t *p = b->ep.dev;
     for (int i = 0; i < N; i++) {
         *dst[i] = p;
         p += cb_moe_round(sz[i]);
     }
-    b->ep.off_h = h->calloc(h->ctx, (size_t)b->mc.num_experts + 1 + n * n, sizeof(int32_t));
+    b->ep.all_h = h->calloc(h->ctx, n * n, sizeof(int32_t));
     b->ep.sc = h->calloc(h->ctx, 2 * n, sizeof(int64_t));
-    if (!b->ep.off_h || !b->ep.sc)
+    if (!b->ep.all_h || !b->ep.sc)
         return h->error(h->ctx, err, LOOM_ERR_NOMEM, "backend cuda: out of host memory for the all-to-all counts");
-    b->ep.all_h = b->ep.off_h + b->mc.num_experts + 1;
     b->ep.rc = b->ep.sc + n;
     h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "expert all-to-all buffers: %.1f MiB (%zu pairs over %zu ranks)",
            (double)total / 1048576.0, P, n);
@@ -275,14 +281,13 @@ static loom_status cb_moe_shared(cuda_backend *b, int32_t T, int32_t l, loom_err
 /* Route this rank's slice [t0, t0 + ts) of the T tokens and pack its
  * pairs in expert order (so each owner's, a block of experts, are
  * contiguous): ep.sid their experts, ep.sx their rows, ep.inv where each
- * pair's result will sit; ep.sc the pairs for each rank (host). */
+ * pair's result will sit, ep.cnt the pairs for each rank (device). */
 static loom_status cb_ep_pack(cuda_backend *b, int32_t l, int32_t t0, int32_t ts, loom_error *err) {
     const loom_model_config *c = &b->mc;
     const int n = b->comm.size, K = c->num_experts_used, E = c->num_experts, H = c->hidden_size, P = ts * K;
     cudaStream_t s = b->stream;
     loom_status st;
-    for (int d = 0; d < n; d++) b->ep.sc[d] = 0;
-    if (ts == 0) return LOOM_OK;
+    if (ts == 0) return CB_CUDA(b, err, cudaMemsetAsync(b->ep.cnt, 0, (size_t)n * 4, s));
     const void *xs = (const uint8_t *)b->xn + (size_t)t0 * H * b->elt;
     if ((st = cb_moe_route(b, l, xs, ts, 0, E, err)) ||
         (st = cb_moe_launch(b, loom_cuda_moe_group(b->moe_sel, P, E, b->moe_off, b->moe_perm, b->moe_inv,
@@ -292,33 +297,29 @@ static loom_status cb_ep_pack(cuda_backend *b, int32_t l, int32_t t0, int32_t ts
                             err)) ||
         (st = cb_moe_launch(b, loom_cuda_moe_gather(xs, b->moe_perm, K, P, H, b->ep.sx, s), "dispatch rows", l,
                             err)) ||
-        (st = CB_CUDA(b, err, cudaMemcpyAsync(b->ep.inv, b->moe_inv, (size_t)P * 4, cudaMemcpyDeviceToDevice, s))) ||
-        (st = CB_CUDA(b, err, cudaMemcpyAsync(b->ep.off_h, b->moe_off, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost,
-                                              s))) ||
-        (st = CB_CUDA(b, err, cudaStreamSynchronize(s))))
+        (st = CB_CUDA(b, err, cudaMemcpyAsync(b->ep.inv, b->moe_inv, (size_t)P * 4, cudaMemcpyDeviceToDevice, s))))
         return st;
-    const int El = b->moe_el;
-    for (int d = 0; d < n; d++) b->ep.sc[d] = b->ep.off_h[(d + 1) * El] - b->ep.off_h[d * El];
-    return LOOM_OK;
+    return cb_moe_launch(b, loom_cuda_moe_owner_counts(b->moe_off, n, b->moe_el, b->ep.cnt, s), "dispatch counts", l,
+                         err);
 }
 
-/* Every rank's pair counts (all-gathered), then each pair's expert and row
- * to its owner: *R pairs received into ep.rid / ep.rx. */
+/* Every rank's pair counts (all-gathered, then read on the host: the one
+ * wait of the dispatch), then each pair's expert and row to its owner: *R
+ * pairs received into ep.rid / ep.rx. n <= E <= LOOM_CUDA_MOE_MAX_EXPERTS
+ * (every rank holds an expert). */
 static loom_status cb_ep_dispatch(cuda_backend *b, int64_t *R, loom_error *err) {
     const int n = b->comm.size, r = b->comm.rank;
     const int64_t H = b->mc.hidden_size;
-    int32_t cnt[LOOM_CUDA_MOE_MAX_EXPERTS];
     int64_t scx[LOOM_CUDA_MOE_MAX_EXPERTS], rcx[LOOM_CUDA_MOE_MAX_EXPERTS];
     loom_status st;
-    for (int d = 0; d < n; d++) cnt[d] = (int32_t)b->ep.sc[d];
-    if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->ep.cnt, cnt, (size_t)n * 4, cudaMemcpyHostToDevice, b->stream))) ||
-        (st = cb_all_gather(b, b->ep.cnt, b->ep.all, n, LOOM_DTYPE_I32, err)) ||
+    if ((st = cb_all_gather(b, b->ep.cnt, b->ep.all, n, LOOM_DTYPE_I32, err)) ||
         (st = CB_CUDA(b, err, cudaMemcpyAsync(b->ep.all_h, b->ep.all, (size_t)n * n * 4, cudaMemcpyDeviceToHost,
                                               b->stream))) ||
         (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream))))
         return st;
     *R = 0;
-    for (int k = 0; k < n; k++) {
+    for (int k = 0; k < n; k++) { /* row q of all: what rank q sends to each rank */
+        b->ep.sc[k] = b->ep.all_h[r * n + k];
         b->ep.rc[k] = b->ep.all_h[k * n + r];
         scx[k] = b->ep.sc[k] * H, rcx[k] = b->ep.rc[k] * H;
         *R += b->ep.rc[k];
@@ -337,7 +338,8 @@ static loom_status cb_ep_experts(cuda_backend *b, int32_t l, int64_t R, loom_err
     loom_status st;
     if (R > 0) {
         /* a received number outside this rank's experts cannot happen (the
-         * senders split by the same blocks); made -1, it would be skipped */
+         * senders split by the same blocks); made -1, it would get a zero
+         * row (the GEMVs' zeros, or no sorted row: the gather's zeros) */
         const cb_moe_rows in = {.x = b->ep.rx, .nx = (int32_t)R, .div = 1, .P = (int32_t)R, .sel = b->ep.rsel};
         const int32_t *rows = NULL;
         bool combined = false;
