@@ -59,7 +59,7 @@ static const shape_def k_shapes[] = {
     {"qwen3-moe-tiny", LOOM_ARCH_QWEN3_MOE, 256, 64, 128, 2, 4, 2, 16, 256, 10000.0f, 1e-6f, true, 1, 2,
      "dummy tiny Qwen3-MoE", 8, 2, 32, 0, true},
     {"qwen2-moe-tiny", LOOM_ARCH_QWEN2_MOE, 256, 64, 128, 2, 4, 2, 16, 256, 10000.0f, 1e-6f, false, 1, 2,
-     "dummy tiny Qwen2-MoE (shared expert)", 8, 2, 32, 48, false},
+     "dummy tiny Qwen2-MoE (shared expert)", 8, 2, 32, 64, false},
     {"gemma3-270m", LOOM_ARCH_GEMMA3, 262144, 640, 2048, 18, 4, 1, 256, 32768, 1000000.0f, 1e-6f, true, 2, 1,
      "dummy Gemma-3-270M", 0, 0, 0, 0, false},
     {"qwen3-0.6b", LOOM_ARCH_QWEN3, 151936, 1024, 3072, 28, 16, 8, 128, 40960, 1000000.0f, 1e-6f, true, 151643,

@@ -124,7 +124,7 @@ Test(tp, tiny_greedy_identical) {
 /* ------------------------------------- mixture of experts: expert parallel */
 
 /* The tiny Qwen3-MoE (8 experts, top-2) and Qwen2-MoE (8 experts, top-2,
- * shared expert of width 48) dummies on 1, 2, 4 ranks: each rank holds a
+ * shared expert of width 64) dummies on 1, 2, 4 ranks: each rank holds a
  * block of the experts and a slice of the shared expert, attention is
  * tensor-parallel; `dispatch` picks the backend's moe_dispatch form.
  * Teacher-forced log-probs within 1e-4 of one backend (size 1
