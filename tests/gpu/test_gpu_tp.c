@@ -676,6 +676,12 @@ static void run_tp_threads_model(const plugin *cuda, const plugin *tp, const plu
                 result(caps == 0 && same, what, rows_err(gg.logits, got.logits, got.rows, V), NULL);
             }
             free(gg.logits);
+            /* forward_topk: rank 0 gathers the rows (staged) and reduces them on the GPU */
+            snprintf(label, sizeof label, "%s tp 2 threads, one GPU, forward_topk%s", name,
+                     g_backend_ov ? " (all-to-all)" : "");
+            run_out tk = run_rig(cuda, tp, n, xov, false, true, view, label);
+            if (tk.ok) check_topk(label, &tk, &got, V, "the eager threads run");
+            free(tk.logits);
         }
         free(got.logits);
     }
