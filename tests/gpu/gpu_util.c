@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 const loom_component *gpu_plugin_find(void **lib, const char *path, loom_kind kind,
                                       const char *name) {
@@ -24,6 +25,13 @@ const loom_component *gpu_plugin_find(void **lib, const char *path, loom_kind ki
             comp = &d->components[i];
     if (!comp) fprintf(stderr, "%s: no component '%s' of kind %d\n", path, name, (int)kind);
     return comp;
+}
+
+const loom_component *gpu_quantizer_find(void **lib, const char *dir, const char *name) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s/loom-quantizer-%s.so", dir, name, name);
+    if (access(path, R_OK) != 0) snprintf(path, sizeof path, "%s/loom-quantizer-%s.so", dir, name);
+    return gpu_plugin_find(lib, path, LOOM_KIND_QUANTIZER, name);
 }
 
 void *gpu_config_make(const loom_component *c, const char *const *overrides) {

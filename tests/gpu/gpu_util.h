@@ -18,6 +18,10 @@
 const loom_component *gpu_plugin_find(void **lib, const char *path, loom_kind kind,
                                       const char *name);
 
+/* The quantizer NAME of DIR/NAME/loom-quantizer-NAME.so (a build tree's
+ * plugins/quantizer) or DIR/loom-quantizer-NAME.so, as gpu_plugin_find. */
+const loom_component *gpu_quantizer_find(void **lib, const char *dir, const char *name);
+
 /* A calloc'd config struct (config_size + 16 bytes) from c's parameter
  * defaults, each overridden by a "key=value" of the NULL-terminated
  * `overrides` (may be NULL). Booleans take "true" or "1". */

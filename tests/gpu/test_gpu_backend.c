@@ -1114,11 +1114,8 @@ typedef struct qplugin {
 /* dlopen DIR/NAME/loom-quantizer-NAME.so (or DIR/loom-quantizer-NAME.so)
  * and find its quantizer NAME. */
 static bool qplugin_open(qplugin *q, const char *dir, const char *name) {
-    char path[1024];
     memset(q, 0, sizeof *q);
-    snprintf(path, sizeof path, "%s/%s/loom-quantizer-%s.so", dir, name, name);
-    if (access(path, R_OK) != 0) snprintf(path, sizeof path, "%s/loom-quantizer-%s.so", dir, name);
-    q->comp = gpu_plugin_find(&q->lib, path, LOOM_KIND_QUANTIZER, name);
+    q->comp = gpu_quantizer_find(&q->lib, dir, name);
     if (q->comp) q->ops = q->comp->ops;
     return q->comp != NULL;
 }

@@ -53,6 +53,7 @@
 
 #include "loom/backend.h"
 #include "loom/executor.h"
+#include "loom/quant.h"
 #include "formats/dtype.h"
 #include "gpu_util.h"
 #include "plugin/host_rules.h"
@@ -70,6 +71,9 @@
 #define LOOM_PP_EXECUTOR_DEFAULT "loom-executor-pp.so"
 #endif
 
+#ifndef LOOM_QUANTIZER_DIR_DEFAULT /* DIR/NAME/loom-quantizer-NAME.so; $LOOM_QUANTIZER_DIR overrides */
+#define LOOM_QUANTIZER_DIR_DEFAULT "plugins/quantizer"
+#endif
 #define TOL_TP 2e-2   /* sharded vs one backend: bf16 all-reduce of partial sums */
 #define TOL_SAME 1e-6 /* fork vs original; graphs-on vs eager sharded runs */
 
@@ -234,8 +238,10 @@ static void rig_close(rig *g) {
     memset(g, 0, sizeof *g);
 }
 
-/* One more backend override for the rigs opened while set (NULL: none). */
+/* One more backend override, and a quantizer, for the rigs opened while
+ * set (NULL: none). */
 static const char *g_backend_ov;
+static const loom_quant_binding *g_quant;
 
 /* size 0: a plain backend; else the executor `tp` (tp or pp) with the
  * overrides xov over `size` cuda instances. */
@@ -269,7 +275,7 @@ static loom_status rig_open_exec(rig *g, const plugin *cuda, const plugin *tp, i
             .forward_topk = x->forward_topk, .swap_blocks = x->swap_blocks};
         g->ops = &g->exec_runner, g->self = g->exec;
     }
-    if ((st = g->ops->load(g->self, view, NULL, e)) || (st = g->ops->kv_alloc(g->self, &kvl, e)))
+    if ((st = g->ops->load(g->self, view, g_quant, e)) || (st = g->ops->kv_alloc(g->self, &kvl, e)))
         goto out;
 out:
     free(bcfg);
@@ -647,8 +653,8 @@ static void run_tp_threads_model(const plugin *cuda, const plugin *tp, const plu
         char sz[32];
         snprintf(sz, sizeof sz, "size=%d", n);
         const char *xov[] = {sz, "comm=threads", NULL};
-        snprintf(label, sizeof label, "%s tp %d threads, one GPU%s", name, n,
-                 g_backend_ov ? " (all-to-all)" : "");
+        snprintf(label, sizeof label, "%s tp %d threads, one GPU%s%s", name, n,
+                 g_backend_ov ? " (all-to-all)" : "", g_quant ? " int8" : "");
         run_out got = run_rig(cuda, tp, n, xov, false, false, view, label);
         if (got.ok) {
             const double err = rows_err(got.logits, ref.logits, ref.rows, V);
@@ -665,8 +671,8 @@ static void run_tp_threads_model(const plugin *cuda, const plugin *tp, const plu
         if (got.ok && n == 2) { /* graphs requested: none captured (host collectives), the same bits */
             const char *gov[] = {sz, "comm=threads", NULL};
             const double cap0 = loom_metrics_get("backend.cuda.graph_captures");
-            snprintf(label, sizeof label, "%s tp 2 threads, one GPU, graphs requested%s", name,
-                     g_backend_ov ? " (all-to-all)" : "");
+            snprintf(label, sizeof label, "%s tp 2 threads, one GPU, graphs requested%s%s", name,
+                     g_backend_ov ? " (all-to-all)" : "", g_quant ? " int8" : "");
             run_out gg = run_rig(cuda, tp, n, gov, true, false, view, label);
             if (gg.ok) {
                 const double caps = loom_metrics_get("backend.cuda.graph_captures") - cap0;
@@ -677,8 +683,8 @@ static void run_tp_threads_model(const plugin *cuda, const plugin *tp, const plu
             }
             free(gg.logits);
             /* forward_topk: rank 0 gathers the rows (staged) and reduces them on the GPU */
-            snprintf(label, sizeof label, "%s tp 2 threads, one GPU, forward_topk%s", name,
-                     g_backend_ov ? " (all-to-all)" : "");
+            snprintf(label, sizeof label, "%s tp 2 threads, one GPU, forward_topk%s%s", name,
+                     g_backend_ov ? " (all-to-all)" : "", g_quant ? " int8" : "");
             run_out tk = run_rig(cuda, tp, n, xov, false, true, view, label);
             if (tk.ok) check_topk(label, &tk, &got, V, "the eager threads run");
             free(tk.logits);
@@ -697,6 +703,39 @@ static void run_tp_threads_model(const plugin *cuda, const plugin *tp, const plu
         free(got.logits);
     }
     free(ref.logits);
+}
+
+/* Expert parallelism on int8 (W8A16) weights, every linear of the model
+ * (routed experts, shared expert, attention): the quantized experts'
+ * stacks carved and uploaded for a rank's experts, its shared expert's
+ * column window quantized, both forms, against the plain backend on the
+ * same quantizer. */
+static void run_quantized_ep(const plugin *cuda, const plugin *tp, const char *name, const loom_model_view *view) {
+    const char *dir = getenv("LOOM_QUANTIZER_DIR") ? getenv("LOOM_QUANTIZER_DIR") : LOOM_QUANTIZER_DIR_DEFAULT;
+    void *lib = NULL, *self = NULL;
+    const loom_component *qc = gpu_quantizer_find(&lib, dir, "int8");
+    if (!qc) {
+        printf("FAIL quantizer int8: cannot open it from %s (set LOOM_QUANTIZER_DIR)\n", dir);
+        g_fail++;
+        return;
+    }
+    const loom_quant_ops *ops = qc->ops;
+    void *cfg = gpu_config_make(qc, NULL);
+    loom_error e = {0};
+    if (ops->create(loom_host_default(), cfg, &self, &e) != LOOM_OK) {
+        printf("FAIL quantizer int8 create: %s\n", e.message);
+        g_fail++;
+        free(cfg);
+        return;
+    }
+    const loom_quant_binding qb = {.struct_size = sizeof qb, .ops = ops, .self = self, .name = "int8"};
+    g_quant = &qb;
+    run_tp_threads_model(cuda, tp, NULL, name, view);
+    g_backend_ov = "moe_dispatch=all_to_all";
+    run_tp_threads_model(cuda, tp, NULL, name, view);
+    g_backend_ov = NULL, g_quant = NULL;
+    ops->destroy(self);
+    free(cfg);
 }
 
 static loom_model *load_dummy(const char *shape, loom_dtype dt, int32_t layers) {
@@ -766,6 +805,7 @@ int main(int argc, char **argv) {
                     g_backend_ov = "moe_dispatch=all_to_all";
                     run_tp_threads_model(&cuda, &tpt, NULL, tm[i].name, v);
                     g_backend_ov = NULL;
+                    run_quantized_ep(&cuda, &tpt, tm[i].name, v);
                 }
                 loom_model_free(m);
             }
