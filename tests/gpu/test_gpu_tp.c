@@ -631,6 +631,65 @@ static bool splits(const loom_model_config *c, int n) {
     return c->intermediate_size % n == 0 && (c->intermediate_size / n) % 8 == 0;
 }
 
+/* " (all-to-all) int8": what the one-GPU runs' labels add for the
+ * settings in force (g_backend_ov, g_quant). */
+static const char *threads_variant(void) {
+    static char v[64];
+    snprintf(v, sizeof v, "%s%s", g_backend_ov ? " (all-to-all)" : "", g_quant ? " int8" : "");
+    return v;
+}
+
+/* tp 2 over threads again, each other way a step can run: graphs requested
+ * (none may be captured: host collectives; the eager run's bits) and
+ * forward_topk (rank 0 gathers the rows, staged, and reduces them on the
+ * GPU; against the host reference on the eager rows `eager`). */
+static void check_threads_tp2_variants(const plugin *cuda, const plugin *tp, const char *name,
+                                       const loom_model_view *view, const run_out *eager) {
+    const int V = view->config->vocab_size;
+    const char *xov[] = {"size=2", "comm=threads", NULL};
+    char label[200], what[400];
+    const double cap0 = loom_metrics_get("backend.cuda.graph_captures");
+    snprintf(label, sizeof label, "%s tp 2 threads, one GPU, graphs requested%s", name, threads_variant());
+    run_out gg = run_rig(cuda, tp, 2, xov, true, false, view, label);
+    if (gg.ok) {
+        const double caps = loom_metrics_get("backend.cuda.graph_captures") - cap0;
+        const bool same = gg.rows == eager->rows &&
+                          !memcmp(gg.logits, eager->logits, sizeof(float) * (size_t)eager->rows * V);
+        snprintf(what, sizeof what, "%s: no graph captured (%g), == the eager run", label, caps);
+        result(caps == 0 && same, what, rows_err(gg.logits, eager->logits, eager->rows, V), NULL);
+    }
+    free(gg.logits);
+    snprintf(label, sizeof label, "%s tp 2 threads, one GPU, forward_topk%s", name, threads_variant());
+    run_out tk = run_rig(cuda, tp, 2, xov, false, true, view, label);
+    if (tk.ok) check_topk(label, &tk, eager, V, "the eager threads run");
+    free(tk.logits);
+}
+
+/* One tp run of n ranks over threads against the plain backend's rows
+ * `ref` (size 1 bit for bit, else TOL_TP) and its fork check; returns the
+ * run (its logits the caller's to free). */
+static run_out check_threads_tp(const plugin *cuda, const plugin *tp, int n, const char *name,
+                                const loom_model_view *view, const run_out *ref) {
+    const int V = view->config->vocab_size;
+    char sz[32], label[200], what[400];
+    snprintf(sz, sizeof sz, "size=%d", n);
+    const char *xov[] = {sz, "comm=threads", NULL};
+    snprintf(label, sizeof label, "%s tp %d threads, one GPU%s", name, n, threads_variant());
+    run_out got = run_rig(cuda, tp, n, xov, false, false, view, label);
+    if (!got.ok) return got;
+    const double err = rows_err(got.logits, ref->logits, ref->rows, V);
+    const bool same = got.rows == ref->rows &&
+                      !memcmp(got.logits, ref->logits, sizeof(float) * (size_t)ref->rows * V);
+    snprintf(what, sizeof what, "%s vs plain backend (%d rows)", label, ref->rows);
+    result(got.rows == ref->rows && err <= (n == 1 ? TOL_SAME : TOL_TP), what, err,
+           same ? " (bit-identical)" : " (not bit-identical)");
+    const double fe = rows_err(got.logits + (size_t)(got.fork_row + 1) * V, got.logits + (size_t)got.fork_row * V,
+                               1, V);
+    snprintf(what, sizeof what, "%s fork via copy_blocks == original", label);
+    result(fe <= TOL_SAME, what, fe, NULL);
+    return got;
+}
+
 /* The tp executor with the threads communicator (loom_comm.host_memory:
  * each cuda rank stages its collectives through pinned host memory), its
  * 1, 2 and 4 ranks all on GPU 0, against one plain backend — what proves
@@ -648,47 +707,9 @@ static void run_tp_threads_model(const plugin *cuda, const plugin *tp, const plu
     run_out ref = run_rig(cuda, NULL, 0, NULL, false, false, view, label);
     static const int sizes[3] = {1, 2, 4};
     for (int k = 0; ref.ok && k < 3; k++) {
-        const int n = sizes[k];
-        if (!splits(c, n)) continue;
-        char sz[32];
-        snprintf(sz, sizeof sz, "size=%d", n);
-        const char *xov[] = {sz, "comm=threads", NULL};
-        snprintf(label, sizeof label, "%s tp %d threads, one GPU%s%s", name, n,
-                 g_backend_ov ? " (all-to-all)" : "", g_quant ? " int8" : "");
-        run_out got = run_rig(cuda, tp, n, xov, false, false, view, label);
-        if (got.ok) {
-            const double err = rows_err(got.logits, ref.logits, ref.rows, V);
-            const bool same = got.rows == ref.rows &&
-                              !memcmp(got.logits, ref.logits, sizeof(float) * (size_t)ref.rows * V);
-            snprintf(what, sizeof what, "%s vs plain backend (%d rows)", label, ref.rows);
-            result(got.rows == ref.rows && err <= (n == 1 ? TOL_SAME : TOL_TP), what, err,
-                   same ? " (bit-identical)" : " (not bit-identical)");
-            const double fe = rows_err(got.logits + (size_t)(got.fork_row + 1) * V,
-                                       got.logits + (size_t)got.fork_row * V, 1, V);
-            snprintf(what, sizeof what, "%s fork via copy_blocks == original", label);
-            result(fe <= TOL_SAME, what, fe, NULL);
-        }
-        if (got.ok && n == 2) { /* graphs requested: none captured (host collectives), the same bits */
-            const char *gov[] = {sz, "comm=threads", NULL};
-            const double cap0 = loom_metrics_get("backend.cuda.graph_captures");
-            snprintf(label, sizeof label, "%s tp 2 threads, one GPU, graphs requested%s%s", name,
-                     g_backend_ov ? " (all-to-all)" : "", g_quant ? " int8" : "");
-            run_out gg = run_rig(cuda, tp, n, gov, true, false, view, label);
-            if (gg.ok) {
-                const double caps = loom_metrics_get("backend.cuda.graph_captures") - cap0;
-                const bool same = gg.rows == got.rows &&
-                                  !memcmp(gg.logits, got.logits, sizeof(float) * (size_t)got.rows * V);
-                snprintf(what, sizeof what, "%s: no graph captured (%g), == the eager run", label, caps);
-                result(caps == 0 && same, what, rows_err(gg.logits, got.logits, got.rows, V), NULL);
-            }
-            free(gg.logits);
-            /* forward_topk: rank 0 gathers the rows (staged) and reduces them on the GPU */
-            snprintf(label, sizeof label, "%s tp 2 threads, one GPU, forward_topk%s%s", name,
-                     g_backend_ov ? " (all-to-all)" : "", g_quant ? " int8" : "");
-            run_out tk = run_rig(cuda, tp, n, xov, false, true, view, label);
-            if (tk.ok) check_topk(label, &tk, &got, V, "the eager threads run");
-            free(tk.logits);
-        }
+        if (!splits(c, sizes[k])) continue;
+        run_out got = check_threads_tp(cuda, tp, sizes[k], name, view, &ref);
+        if (got.ok && sizes[k] == 2) check_threads_tp2_variants(cuda, tp, name, view, &got);
         free(got.logits);
     }
     if (ref.ok && pp && splits(c, 2) && c->num_layers >= 2) {
@@ -751,6 +772,37 @@ static loom_model *load_dummy(const char *shape, loom_dtype dt, int32_t layers) 
     return m;
 }
 
+/* Tensor and expert parallelism on one GPU (the tp executor's threads
+ * communicator, opened from tp_so): dense and MoE dummies, the MoE ones in
+ * both moe_dispatch forms and on int8 weights too; pp 2 x tp 2 on tiny. */
+static void run_one_gpu_tp(const plugin *cuda, const plugin *pp, const char *tp_so) {
+    plugin tpt;
+    if (!plugin_open(&tpt, tp_so, LOOM_KIND_EXECUTOR, "tp")) {
+        printf("FAIL tp executor %s: cannot open it for the one-GPU runs\n", tp_so);
+        g_fail++;
+        return;
+    }
+    static const struct { const char *shape; int32_t layers; const char *name; } tm[] = {
+        {"tiny", 0, "tiny bf16"},
+        {"qwen2-0.5b", 2, "qwen2-0.5b 2 layers (bias, tied)"},
+        {"qwen3-moe-tiny", 0, "qwen3-moe-tiny (experts, QK-norm)"},
+        {"qwen2-moe-tiny", 0, "qwen2-moe-tiny (shared expert, bias)"},
+    };
+    for (size_t i = 0; i < sizeof tm / sizeof tm[0]; i++) {
+        loom_model *m = load_dummy(tm[i].shape, LOOM_DTYPE_BF16, tm[i].layers);
+        if (!m) continue;
+        const loom_model_view *v = loom_model_view_get(m);
+        run_tp_threads_model(cuda, &tpt, i == 0 ? pp : NULL, tm[i].name, v);
+        if (v->config->num_experts > 0) { /* the experts' other form: tokens dispatched */
+            g_backend_ov = "moe_dispatch=all_to_all";
+            run_tp_threads_model(cuda, &tpt, NULL, tm[i].name, v);
+            g_backend_ov = NULL;
+            run_quantized_ep(cuda, &tpt, tm[i].name, v);
+        }
+        loom_model_free(m);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *cuda_so = argc > 2 ? argv[1] : getenv("LOOM_CUDA_BACKEND_SO");
     const char *tp_so = argc > 2 ? argv[2] : getenv("LOOM_TP_EXECUTOR_SO");
@@ -785,31 +837,7 @@ int main(int argc, char **argv) {
         run_pp_model(&cuda, &pp, "qwen3-moe-tiny (experts, QK-norm)", loom_model_view_get(m));
         loom_model_free(m);
     }
-    /* tensor and expert parallelism on one GPU (threads communicator) */
-    plugin tpt;
-    if (!plugin_open(&tpt, tp_so, LOOM_KIND_EXECUTOR, "tp")) {
-        printf("FAIL tp executor %s: cannot open it for the one-GPU runs\n", tp_so);
-        g_fail++;
-    } else {
-        static const struct { const char *shape; int32_t layers; const char *name; } tm[] = {
-            {"tiny", 0, "tiny bf16"},
-            {"qwen2-0.5b", 2, "qwen2-0.5b 2 layers (bias, tied)"},
-            {"qwen3-moe-tiny", 0, "qwen3-moe-tiny (experts, QK-norm)"},
-            {"qwen2-moe-tiny", 0, "qwen2-moe-tiny (shared expert, bias)"},
-        };
-        for (size_t i = 0; i < sizeof tm / sizeof tm[0]; i++)
-            if ((m = load_dummy(tm[i].shape, LOOM_DTYPE_BF16, tm[i].layers))) {
-                const loom_model_view *v = loom_model_view_get(m);
-                run_tp_threads_model(&cuda, &tpt, i == 0 ? &pp : NULL, tm[i].name, v);
-                if (v->config->num_experts > 0) { /* the experts' other form: tokens dispatched */
-                    g_backend_ov = "moe_dispatch=all_to_all";
-                    run_tp_threads_model(&cuda, &tpt, NULL, tm[i].name, v);
-                    g_backend_ov = NULL;
-                    run_quantized_ep(&cuda, &tpt, tm[i].name, v);
-                }
-                loom_model_free(m);
-            }
-    }
+    run_one_gpu_tp(&cuda, &pp, tp_so);
     int ndev = 0;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
 #ifndef GPU_TP_HAVE_NCCL
