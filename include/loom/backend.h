@@ -135,8 +135,9 @@ typedef struct loom_backend_memory {
  * A communicator among the ranks of one tensor-parallel group, handed by an
  * executor to each rank's backend in load_shard(). Collectives are called by
  * every rank of the group with the same count and dtype, each from its own
- * thread; `stream` is the backend's device stream (NULL on the host).
- * Grows only at its end.
+ * thread; `stream` is the backend's device stream (NULL on the host, and
+ * for a communicator with host_memory set: a device backend passes host
+ * copies then). Grows only at its end.
  */
 typedef struct loom_comm {
     uint32_t struct_size;
