@@ -541,6 +541,21 @@ out:
 
 /* ---------------------------------------------- pipeline stages, one GPU */
 
+/* A run's rows against the plain backend's (within tol; bit-identical
+ * said either way) and its forked sequence's rows against the original's. */
+static void check_vs_plain(const char *label, const run_out *got, const run_out *ref, int V, double tol) {
+    char what[400];
+    const double err = rows_err(got->logits, ref->logits, ref->rows, V);
+    const bool same = got->rows == ref->rows &&
+                      !memcmp(got->logits, ref->logits, sizeof(float) * (size_t)ref->rows * V);
+    snprintf(what, sizeof what, "%s vs plain backend (%d rows)", label, ref->rows);
+    result(got->rows == ref->rows && err <= tol, what, err, same ? " (bit-identical)" : " (not bit-identical)");
+    const double fe = rows_err(got->logits + (size_t)(got->fork_row + 1) * V,
+                               got->logits + (size_t)got->fork_row * V, 1, V);
+    snprintf(what, sizeof what, "%s fork via copy_blocks == original", label);
+    result(fe <= TOL_SAME, what, fe, NULL);
+}
+
 /* The scenario on a fresh rig (size 0: a plain backend). */
 static run_out run_rig(const plugin *cuda, const plugin *xp, int size, const char *const *xov, bool graphs,
                        bool topk, const loom_model_view *view, const char *label) {
@@ -593,16 +608,7 @@ static void run_pp_model(const plugin *cuda, const plugin *pp, const char *name,
         if (got.ok && topk) {
             check_topk(label, &got, ref, V, graphs ? "plain graphs run" : "plain eager run");
         } else if (got.ok) {
-            const double err = rows_err(got.logits, ref->logits, ref->rows, V);
-            const bool same = got.rows == ref->rows &&
-                              !memcmp(got.logits, ref->logits, sizeof(float) * (size_t)ref->rows * V);
-            snprintf(what, sizeof what, "%s vs plain backend (%d rows)", label, ref->rows);
-            result(got.rows == ref->rows && err <= (mb == 1 ? TOL_SAME : TOL_TP), what, err,
-                   same ? " (bit-identical)" : " (not bit-identical)");
-            const double fe = rows_err(got.logits + (size_t)(got.fork_row + 1) * V,
-                                       got.logits + (size_t)got.fork_row * V, 1, V);
-            snprintf(what, sizeof what, "%s fork via copy_blocks == original", label);
-            result(fe <= TOL_SAME, what, fe, NULL);
+            check_vs_plain(label, &got, ref, V, mb == 1 ? TOL_SAME : TOL_TP);
             const size_t most = (size_t)(L + n - 1) / (size_t)n; /* the largest stage's layers */
             snprintf(what, sizeof what, "%s kv_block_bytes %zu (plain %zu: %zu of %d layers)", label,
                      got.kv_block_bytes, ref->kv_block_bytes, most, L);
@@ -671,22 +677,12 @@ static void check_threads_tp2_variants(const plugin *cuda, const plugin *tp, con
 static run_out check_threads_tp(const plugin *cuda, const plugin *tp, int n, const char *name,
                                 const loom_model_view *view, const run_out *ref) {
     const int V = view->config->vocab_size;
-    char sz[32], label[200], what[400];
+    char sz[32], label[200];
     snprintf(sz, sizeof sz, "size=%d", n);
     const char *xov[] = {sz, "comm=threads", NULL};
     snprintf(label, sizeof label, "%s tp %d threads, one GPU%s", name, n, threads_variant());
     run_out got = run_rig(cuda, tp, n, xov, false, false, view, label);
-    if (!got.ok) return got;
-    const double err = rows_err(got.logits, ref->logits, ref->rows, V);
-    const bool same = got.rows == ref->rows &&
-                      !memcmp(got.logits, ref->logits, sizeof(float) * (size_t)ref->rows * V);
-    snprintf(what, sizeof what, "%s vs plain backend (%d rows)", label, ref->rows);
-    result(got.rows == ref->rows && err <= (n == 1 ? TOL_SAME : TOL_TP), what, err,
-           same ? " (bit-identical)" : " (not bit-identical)");
-    const double fe = rows_err(got.logits + (size_t)(got.fork_row + 1) * V, got.logits + (size_t)got.fork_row * V,
-                               1, V);
-    snprintf(what, sizeof what, "%s fork via copy_blocks == original", label);
-    result(fe <= TOL_SAME, what, fe, NULL);
+    if (got.ok) check_vs_plain(label, &got, ref, V, n == 1 ? TOL_SAME : TOL_TP);
     return got;
 }
 

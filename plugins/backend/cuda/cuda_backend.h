@@ -431,6 +431,11 @@ loom_status cb_moe_check_config(cuda_backend *b, const loom_model_config *c, loo
 /* moe_dispatch: all_to_all needs a communicator with all_to_allv (ABI
  * 2.5); LOOM_OK for anything else. */
 loom_status cb_moe_check_comm(cuda_backend *b, const loom_model_config *c, const loom_comm *comm, loom_error *err);
+/* n buffers of sz[i] bytes (256-aligned) carved from one device
+ * allocation *dev (*total bytes) into *dst[i] (NULL for size 0), after
+ * checking the device has room: else NOMEM naming `what` with `advice`. */
+loom_status cb_moe_alloc(cuda_backend *b, const size_t *sz, void **const *dst, int n, const char *what,
+                         const char *advice, void **dev, size_t *total, loom_error *err);
 /* The work buffers, after the dense ones (mc as this rank runs it). */
 loom_status cb_moe_work_init(cuda_backend *b, loom_error *err);
 /* r (T, H) dt = the FFN of layer l over xn (T, H), the normed rows —

@@ -35,6 +35,28 @@
 
 static size_t cb_moe_round(size_t n) { return (n + 255) & ~(size_t)255; }
 
+loom_status cb_moe_alloc(cuda_backend *b, const size_t *sz, void **const *dst, int n, const char *what,
+                         const char *advice, void **dev, size_t *total, loom_error *err) {
+    size_t free_b = 0, tot = 0;
+    *total = 0;
+    for (int i = 0; i < n; i++) *total += cb_moe_round(sz[i]);
+    loom_status st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &tot));
+    if (st) return st;
+    if (*total > free_b)
+        return b->host->error(b->host->ctx, err, LOOM_ERR_NOMEM,
+                              "backend cuda: %s for max_batched_tokens = %d need %.1f MiB, device %d has %.1f MiB "
+                              "free after the weights; %s",
+                              what, b->max_tokens, (double)*total / 1048576.0, b->device,
+                              (double)free_b / 1048576.0, advice);
+    if ((st = CB_CUDA(b, err, cudaMalloc(dev, *total)))) return st;
+    uint8_t *p = *dev;
+    for (int i = 0; i < n; i++) {
+        *dst[i] = sz[i] ? p : NULL;
+        p += cb_moe_round(sz[i]);
+    }
+    return LOOM_OK;
+}
+
 loom_status cb_moe_check_config(cuda_backend *b, const loom_model_config *c, loom_error *err) {
     const loom_host *h = b->host;
     const char *who = c->name;
@@ -89,22 +111,11 @@ static loom_status cb_moe_ep_init(cuda_backend *b, loom_error *err) {
     void **dst[N] = {(void **)&b->ep.sid, (void **)&b->ep.rid, (void **)&b->ep.rsel, (void **)&b->ep.inv,
                      (void **)&b->ep.cnt, (void **)&b->ep.all, &b->ep.sx,           &b->ep.rx,
                      &b->ep.gs,           &b->ep.gr};
-    size_t total = 0, free_b = 0, tot = 0;
-    for (int i = 0; i < N; i++) total += cb_moe_round(sz[i]);
-    loom_status st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &tot));
+    size_t total = 0;
+    loom_status st = cb_moe_alloc(b, sz, dst, N, "moe_dispatch all_to_all's buffers",
+                                  "lower the backend's max_batched_tokens or use moe_dispatch: all_reduce", &b->ep.dev,
+                                  &total, err);
     if (st) return st;
-    if (total > free_b)
-        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
-                        "backend cuda: moe_dispatch all_to_all's buffers for max_batched_tokens = %zu need %.1f MiB, "
-                        "device %d has %.1f MiB free; lower the backend's max_batched_tokens or use "
-                        "moe_dispatch: all_reduce",
-                        MT, (double)total / 1048576.0, b->device, (double)free_b / 1048576.0);
-    if ((st = CB_CUDA(b, err, cudaMalloc(&b->ep.dev, total)))) return st;
-    uint8_t *p = b->ep.dev;
-    for (int i = 0; i < N; i++) {
-        *dst[i] = p;
-        p += cb_moe_round(sz[i]);
-    }
     b->ep.all_h = h->calloc(h->ctx, n * n, sizeof(int32_t));
     b->ep.sc = h->calloc(h->ctx, 2 * n, sizeof(int64_t));
     if (!b->ep.all_h || !b->ep.sc)
@@ -137,22 +148,11 @@ loom_status cb_moe_work_init(cuda_backend *b, loom_error *err) {
                      (void **)&b->moe_off,    (void **)&b->moe_perm, (void **)&b->moe_inv,
                      (void **)&b->moe_tiles,  &b->moe_gu,            &b->moe_act,
                      &b->moe_y,               &b->moe_ysh};
-    size_t total = 0, free_b = 0, tot = 0;
-    for (int i = 0; i < N; i++) total += cb_moe_round(sz[i]);
-    if ((st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &tot)))) return st;
-    if (total > free_b)
-        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
-                        "backend cuda: the experts' work buffers for max_batched_tokens = %zu need %.1f MiB, "
-                        "device %d has %.1f MiB free after the weights; lower the backend's "
-                        "max_batched_tokens (and scheduler.max_batched_tokens with it)",
-                        MT, (double)total / 1048576.0, b->device, (double)free_b / 1048576.0);
-    if ((st = CB_CUDA(b, err, cudaMalloc(&b->moe_work, total)))) return st;
-    uint8_t *p = b->moe_work;
-    for (int i = 0; i < N; i++) {
-        *dst[i] = p;
-        p += cb_moe_round(sz[i]);
-    }
-    if (!sz[N - 1]) b->moe_ysh = NULL;
+    size_t total = 0;
+    if ((st = cb_moe_alloc(b, sz, dst, N, "the experts' work buffers",
+                           "lower the backend's max_batched_tokens (and scheduler.max_batched_tokens with it)",
+                           &b->moe_work, &total, err)))
+        return st;
     h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "expert work buffers: %.1f MiB for %zu tokens/step (%zu pairs)",
            (double)total / 1048576.0, MT, P);
     return cb_moe_a2a(b) ? cb_moe_ep_init(b, err) : LOOM_OK;

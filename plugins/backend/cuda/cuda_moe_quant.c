@@ -24,7 +24,6 @@ bool cb_moe_q_shared(const cuda_layer *ly) {
     return ly->q_gu_sh.fmt != LOOM_CUDA_Q_NONE || ly->q_down_sh.fmt != LOOM_CUDA_Q_NONE;
 }
 
-static size_t cb_mq_round(size_t n) { return (n + 255) & ~(size_t)255; }
 
 loom_status cb_moe_qwork_init(cuda_backend *b, loom_error *err) {
     const loom_host *h = b->host;
@@ -42,22 +41,11 @@ loom_status cb_moe_qwork_init(cuda_backend *b, loom_error *err) {
     const size_t H = (size_t)c->hidden_size, I = (size_t)c->expert_intermediate_size;
     const size_t XR = cb_moe_a2a(b) ? P : MT; /* input rows: the tokens, or the pairs received */
     const size_t sz[4] = {gu ? XR * H : 0, gu ? XR * 4 : 0, down ? P * I : 0, down ? P * 4 : 0};
-    size_t total = 0, free_b = 0, tot = 0;
-    for (int i = 0; i < 4; i++) total += cb_mq_round(sz[i]);
-    loom_status st;
-    if ((st = CB_CUDA(b, err, cudaMemGetInfo(&free_b, &tot)))) return st;
-    if (total > free_b)
-        return h->error(h->ctx, err, LOOM_ERR_NOMEM,
-                        "backend cuda: the quantized experts' activation codes for max_batched_tokens = %zu need "
-                        "%.1f MiB, device %d has %.1f MiB free; lower the backend's max_batched_tokens",
-                        MT, (double)total / 1048576.0, b->device, (double)free_b / 1048576.0);
-    if ((st = CB_CUDA(b, err, cudaMalloc(&b->moe_qwork, total)))) return st;
-    uint8_t *p = b->moe_qwork;
     void **dst[4] = {(void **)&b->moe_xq, (void **)&b->moe_xsx, (void **)&b->moe_aq, (void **)&b->moe_asx};
-    for (int i = 0; i < 4; i++) {
-        *dst[i] = sz[i] ? p : NULL;
-        p += cb_mq_round(sz[i]);
-    }
+    size_t total = 0;
+    loom_status st = cb_moe_alloc(b, sz, dst, 4, "the quantized experts' activation codes",
+                                  "lower the backend's max_batched_tokens", &b->moe_qwork, &total, err);
+    if (st) return st;
     h->log(h->ctx, LOOM_LOG_INFO, CB_WHO, "quantized experts' activation codes: %.1f MiB",
            (double)total / 1048576.0);
     return LOOM_OK;
