@@ -53,8 +53,10 @@ typedef struct pp_ov {
     const char *list[16];
 } pp_ov;
 
-static const char *const *pp_with(pp_ov *o, int pp, int tp, int mb, const char *layers,
-                                  const char *const *base) {
+/* noinline: inlined at a call site, GCC -O3 unrolls the copy loop past
+ * base's NULL and warns -Warray-bounds about reads the loop never makes. */
+__attribute__((noinline)) static const char *const *
+pp_with(pp_ov *o, int pp, int tp, int mb, const char *layers, const char *const *base) {
     int n = 0;
     snprintf(o->pp, sizeof o->pp, "executor.pp_size=%d", pp);
     snprintf(o->tp, sizeof o->tp, "executor.tp_size=%d", tp);
