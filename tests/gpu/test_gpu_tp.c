@@ -542,8 +542,10 @@ out:
 /* ---------------------------------------------- pipeline stages, one GPU */
 
 /* A run's rows against the plain backend's (within tol; bit-identical
- * said either way) and its forked sequence's rows against the original's. */
-static void check_vs_plain(const char *label, const run_out *got, const run_out *ref, int V, double tol) {
+ * said either way) and its forked sequence's rows against the original's
+ * (within fork_tol). */
+static void check_vs_plain(const char *label, const run_out *got, const run_out *ref, int V, double tol,
+                           double fork_tol) {
     char what[400];
     const double err = rows_err(got->logits, ref->logits, ref->rows, V);
     const bool same = got->rows == ref->rows &&
@@ -553,7 +555,7 @@ static void check_vs_plain(const char *label, const run_out *got, const run_out 
     const double fe = rows_err(got->logits + (size_t)(got->fork_row + 1) * V,
                                got->logits + (size_t)got->fork_row * V, 1, V);
     snprintf(what, sizeof what, "%s fork via copy_blocks == original", label);
-    result(fe <= TOL_SAME, what, fe, NULL);
+    result(fe <= fork_tol, what, fe, NULL);
 }
 
 /* The scenario on a fresh rig (size 0: a plain backend). */
@@ -608,7 +610,7 @@ static void run_pp_model(const plugin *cuda, const plugin *pp, const char *name,
         if (got.ok && topk) {
             check_topk(label, &got, ref, V, graphs ? "plain graphs run" : "plain eager run");
         } else if (got.ok) {
-            check_vs_plain(label, &got, ref, V, mb == 1 ? TOL_SAME : TOL_TP);
+            check_vs_plain(label, &got, ref, V, mb == 1 ? TOL_SAME : TOL_TP, TOL_SAME);
             const size_t most = (size_t)(L + n - 1) / (size_t)n; /* the largest stage's layers */
             snprintf(what, sizeof what, "%s kv_block_bytes %zu (plain %zu: %zu of %d layers)", label,
                      got.kv_block_bytes, ref->kv_block_bytes, most, L);
@@ -673,16 +675,22 @@ static void check_threads_tp2_variants(const plugin *cuda, const plugin *tp, con
 
 /* One tp run of n ranks over threads against the plain backend's rows
  * `ref` (size 1 bit for bit, else TOL_TP) and its fork check; returns the
- * run (its logits the caller's to free). */
+ * run (its logits the caller's to free). The fork's rows equal the
+ * original's bit for bit except in the all-to-all form with a shared
+ * expert: there a token's routed sum joins the shared part of the rank
+ * that owns its slice before the block's all-reduce, so two copies of a
+ * token in different slices are rounded in a different order (docs/moe.md). */
 static run_out check_threads_tp(const plugin *cuda, const plugin *tp, int n, const char *name,
                                 const loom_model_view *view, const run_out *ref) {
     const int V = view->config->vocab_size;
+    const bool a2a_shared = n > 1 && g_backend_ov && strstr(g_backend_ov, "all_to_all") &&
+                            view->config->shared_expert_intermediate_size > 0;
     char sz[32], label[200];
     snprintf(sz, sizeof sz, "size=%d", n);
     const char *xov[] = {sz, "comm=threads", NULL};
     snprintf(label, sizeof label, "%s tp %d threads, one GPU%s", name, n, threads_variant());
     run_out got = run_rig(cuda, tp, n, xov, false, false, view, label);
-    if (got.ok) check_vs_plain(label, &got, ref, V, n == 1 ? TOL_SAME : TOL_TP);
+    if (got.ok) check_vs_plain(label, &got, ref, V, n == 1 ? TOL_SAME : TOL_TP, a2a_shared ? TOL_TP : TOL_SAME);
     return got;
 }
 
