@@ -3365,6 +3365,9 @@ static void test_moe_all(void) {
             test_moe_ffn(dt, 300, 8, 2, 136, 64, 32, 3, gemv, 1, 0);
             test_moe_ffn(dt, 130, 60, 4, 96, 256, 0, 0, gemv, 1, 0);
             test_moe_ffn(dt, 2, 128, 8, 768, 2048, 0, 1, gemv, 1, 0); /* Qwen3-30B-A3B's widths */
+            /* hidden 776: the gate|up GEMV's rounds of four chunks a lane end
+             * part-way, lane 0 with a fourth chunk the others lack */
+            test_moe_ffn(dt, 5, 16, 4, 64, 776, 0, 0, gemv, 1, 0);
         }
     test_moe_ffn(LOOM_CUDA_BF16, 64, 8, 2, 1024, 512, 0, 0, false, 1, 0);
     /* expert parallelism: each rank's share, every path. Idle-experts mode
