@@ -16,6 +16,15 @@ mkdir -p "$P"
 # git's exclude file (a worktree's .git is a file: ask git where it is)
 git -C "$root" check-ignore -q .devpack/x 2>/dev/null ||
   echo '/.devpack/' >> "$(git -C "$root" rev-parse --git-path info/exclude)"
+# Debian's meson (1.0) records no header dependencies for .cu objects: an
+# edited kernels/cuda/*.cuh leaves every kernel object stale, and a device
+# run would time the old code. Refuse that build.
+lib="$B/kernels/cuda/libloom_cuda_kernels.a"
+if [ -f "$lib" ] && stale=$(find "$root/kernels/cuda" -name '*.cuh' -newer "$lib") && [ -n "$stale" ]; then
+  echo "pack-gpu: $(echo $stale | tr ' ' '\n' | sed "s|$root/||" | tr '\n' ' ')is newer than the kernel library, which ninja" \
+       "does not see (no .cu header dependencies with this meson): touch kernels/cuda/*.cu, rebuild, pack again" >&2
+  exit 1
+fi
 cd "$B"
 dirs=$(for d in core cli plugins tests/e2e tests/gpu bench/gpu tests/backend; do [ -d "$d" ] && echo "$d"; done)
 files=$(find $dirs -maxdepth 4 \( -name '*.so' -o -name '*.so.*' -o \( -perm -u+x -type f \) \) \
