@@ -40,6 +40,20 @@ __device__ __forceinline__ void lc_mma_f16(float *c, uint32_t a0, uint32_t a1, u
     lc_mma16816<__half>(c, a, b0, b1);
 }
 
+/* ldmatrix: four (x4) or two (x2) 8 x 8 b16 matrices from shared memory,
+ * lane l giving the address of row l % 8 of matrix l / 8; each lane gets
+ * one 32-bit word of each matrix, in the mma fragments' order. */
+__device__ __forceinline__ void lc_ldsm4(const void *p, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(s));
+}
+__device__ __forceinline__ void lc_ldsm2(const void *p, uint32_t &r0, uint32_t &r1) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(s));
+}
+
 __device__ __forceinline__ uint32_t lc_hsub2(uint32_t a, uint32_t b) {
     uint32_t d;
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));

@@ -19,6 +19,7 @@
  * a GEMM depends only on its own input row) — the combine sums each
  * token's K rows in slot order, so results are deterministic.
  */
+#include "cp_async.cuh"
 #include "moe_tile.cuh"
 
 /* ------------------------------------------------------------- routing */
@@ -215,23 +216,19 @@ extern "C" cudaError_t loom_cuda_moe_gather(const void *x, const int32_t *rows, 
 
 /* --------------------------------------------------------- grouped GEMM */
 
-__device__ __forceinline__ void lc_cp_async16(void *smem, const void *gmem, bool pred) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(gmem), "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void lc_cp_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void lc_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+#define LC_MOE_STAGES 3 /* x 15 KB: the most that static shared memory (48 KB) holds */
 
 /* y (P, N) sorted rows = x rows @ W_e^T per tile. Block (n tile, tile
  * slot): tile slot i < tiles[0] is (e, r0, n) of tiles[1 + 3i ..]; input
  * row of sorted row r: x[rows ? perm[r] / div : r]. 4 warps, 2 x 2, each
- * 32 x 64 of the 64 x 128 tile; K in steps of 32, double-buffered by
- * cp.async; columns past K and rows past the tile read as zeros. */
+ * 32 x 64 of the 64 x 128 tile; K in steps of 32 through a ring of
+ * LC_MOE_STAGES stages filled by cp.async (45 KB of static shared memory);
+ * columns past K and rows past the tile read as zeros. */
 template <typename T>
 __global__ void __launch_bounds__(128)
     lc_moe_gemm_kernel(const T *__restrict__ x, const int32_t *__restrict__ perm, int div, const T *__restrict__ w,
                        const int32_t *__restrict__ tiles, int N, int K, T *__restrict__ y) {
-    __shared__ __align__(16) lc_moe_stage<T> st[2];
+    __shared__ __align__(16) lc_moe_stage<T> st[LC_MOE_STAGES];
     lc_pdl_wait();
     lc_pdl_trigger();
     const int slot = blockIdx.y;
@@ -267,31 +264,33 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const bool ok = aok[i] && k0 + ac[i] < K;
-            lc_cp_async16(&st[s].a[ar[i]][ac[i]], ok ? arow[i] + k0 + ac[i] : arow[i], ok);
+            lc_cp16(&st[s].a[ar[i]][ac[i]], ok ? arow[i] + k0 + ac[i] : arow[i], ok);
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const bool ok = bok[i] && k0 + bc[i] < K;
-            lc_cp_async16(&st[s].b[br[i]][bc[i]], ok ? brow[i] + k0 + bc[i] : brow[i], ok);
+            lc_cp16(&st[s].b[br[i]][bc[i]], ok ? brow[i] + k0 + bc[i] : brow[i], ok);
         }
-        lc_cp_commit();
     };
     lc_moe_acc acc;
     lc_moe_acc_zero(acc);
     const int g = lane >> 2, c2 = (lane & 3) * 2;
     const int nk = (K + LC_MOE_BK - 1) / LC_MOE_BK;
-    load(0, 0);
+    /* the ring: stage kt + STAGES - 1 is copied while stage kt is multiplied;
+     * a group is committed every step, empty past K, so wait<STAGES - 2>
+     * always means "stage kt has landed" */
+#pragma unroll
+    for (int s = 0; s < LC_MOE_STAGES - 1; s++) {
+        if (s < nk) load(s, s * LC_MOE_BK);
+        lc_cp_commit();
+    }
     for (int kt = 0; kt < nk; kt++) {
-        const int s = kt & 1;
-        if (kt + 1 < nk) {
-            load(s ^ 1, (kt + 1) * LC_MOE_BK);
-            lc_cp_wait<1>();
-        } else {
-            lc_cp_wait<0>();
-        }
-        __syncthreads();
-        lc_moe_tile_step<T>(acc, st[s], wm, wn, lane);
-        __syncthreads();
+        lc_cp_wait<LC_MOE_STAGES - 2>();
+        __syncthreads(); /* stage kt visible to all; stage kt - 1 free for refill */
+        const int next = kt + LC_MOE_STAGES - 1;
+        if (next < nk) load(next % LC_MOE_STAGES, next * LC_MOE_BK);
+        lc_cp_commit();
+        lc_moe_tile_step<T>(acc, st[kt % LC_MOE_STAGES], wm, wn, lane);
     }
 #pragma unroll
     for (int i = 0; i < 2; i++)

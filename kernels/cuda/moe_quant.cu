@@ -23,8 +23,9 @@
  *
  * Weights (and W8A8 / FP8 activation codes) are loaded through registers
  * one k-step ahead, since their decode needs the bytes there anyway; dt
- * activation tiles come by cp.async. No ldmatrix, no deeper pipeline
- * (docs/moe.md says what that costs).
+ * activation tiles come by cp.async; two stages, not moe.cu's ring of three
+ * (the decoded tiles pass through registers). Fragments by ldmatrix
+ * (moe_tile.cuh).
  */
 #include "moe_tile.cuh"
 #include "qdecode.cuh"

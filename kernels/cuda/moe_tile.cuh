@@ -36,30 +36,25 @@ __device__ __forceinline__ void lc_moe_acc_zero(lc_moe_acc &acc) {
 }
 
 /* acc += the stage's A rows [wm, wm + 32) x its B rows [wn, wn + 64), over
- * the stage's LC_MOE_BK columns: fragments from shared memory, 2 x 8 mma
- * per 16 columns. */
+ * the stage's LC_MOE_BK columns: per 16 columns 2 + 4 ldmatrix.x4 and 2 x 8
+ * mma. A's x4 is a 16 x 16 fragment (lanes 0-15 rows at column kk, 16-31 at
+ * kk + 8); B's is two 8-row n tiles x k 0-7, 8-15 (lane l: row (l / 16) 8 +
+ * l % 8, column (l / 8 % 2) 8). The padded rows (80 bytes) put an
+ * ldmatrix's 8 rows on 8 distinct 4-bank groups. Measured against 32-bit
+ * fragment loads (24 a warp per 16 mma), the same bits: docs/moe.md. */
 template <typename T>
 __device__ __forceinline__ void lc_moe_tile_step(lc_moe_acc &acc, const lc_moe_stage<T> &st, int wm, int wn,
                                                  int lane) {
-    const int g = lane >> 2, c2 = (lane & 3) * 2;
+    const int ar = lane & 15, ac = (lane >> 4) * 8;
+    const int br = ((lane >> 4) << 3) + (lane & 7), bc = ((lane >> 3) & 1) * 8;
 #pragma unroll
     for (int kk = 0; kk < LC_MOE_BK; kk += 16) {
         uint32_t af[2][4], bf[8][2];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const T *a0 = &st.a[wm + 16 * i + g][kk + c2];
-            const T *a1 = &st.a[wm + 16 * i + g + 8][kk + c2];
-            af[i][0] = *reinterpret_cast<const uint32_t *>(a0);
-            af[i][1] = *reinterpret_cast<const uint32_t *>(a1);
-            af[i][2] = *reinterpret_cast<const uint32_t *>(a0 + 8);
-            af[i][3] = *reinterpret_cast<const uint32_t *>(a1 + 8);
-        }
+        for (int i = 0; i < 2; i++) lc_ldsm4(&st.a[wm + 16 * i + ar][kk + ac], af[i][0], af[i][1], af[i][2], af[i][3]);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const T *b0 = &st.b[wn + 8 * j + g][kk + c2];
-            bf[j][0] = *reinterpret_cast<const uint32_t *>(b0);
-            bf[j][1] = *reinterpret_cast<const uint32_t *>(b0 + 8);
-        }
+        for (int j = 0; j < 8; j += 2)
+            lc_ldsm4(&st.b[wn + 8 * j + br][kk + bc], bf[j][0], bf[j][1], bf[j + 1][0], bf[j + 1][1]);
 #pragma unroll
         for (int i = 0; i < 2; i++)
 #pragma unroll

@@ -107,17 +107,6 @@ template <int FMT, int NT> constexpr size_t lc_qt_smem() {
     return (size_t)lc_qt_stages<FMT, NT>() * lc_qt_stb<FMT, NT>();
 }
 
-__device__ __forceinline__ void lc_qt_ldsm4(const void *p, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(s));
-}
-__device__ __forceinline__ void lc_qt_ldsm2(const void *p, uint32_t &r0, uint32_t &r1) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(s));
-}
-
 __device__ __forceinline__ uint32_t lc_qt_word(const uint4 &v, int j) {
     return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
@@ -391,7 +380,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
                 if constexpr (NTW == 1) {
                     const int r = r_base + lm_r, c = kc + (lm_mat & 1);
                     uint32_t b0, b1;
-                    lc_qt_ldsm2(xs + r * LC_QT_XR + c * 8, b0, b1);
+                    lc_ldsm2(xs + r * LC_QT_XR + c * 8, b0, b1);
                     if constexpr (RAW) lc_mma16816<T>(xg[0], ones, b0, b1);
 #pragma unroll
                     for (int mt = 0; mt < LC_QT_MT; mt++) lc_mma16816<T>(sum_of(mt, 0), a[mt], b0, b1);
@@ -400,7 +389,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
                     for (int np = 0; np < NTW / 2; np++) {
                         const int r = r_base + np * 16 + (lm_mat >> 1) * 8 + lm_r, c = kc + (lm_mat & 1);
                         uint32_t b0, b1, b2, b3;
-                        lc_qt_ldsm4(xs + r * LC_QT_XR + c * 8, b0, b1, b2, b3);
+                        lc_ldsm4(xs + r * LC_QT_XR + c * 8, b0, b1, b2, b3);
                         if constexpr (RAW) {
                             lc_mma16816<T>(xg[2 * np], ones, b0, b1);
                             lc_mma16816<T>(xg[2 * np + 1], ones, b2, b3);
