@@ -1547,6 +1547,13 @@ static void run_moe_shapes(const plugin *cpu_p, const plugin *cuda_p) {
          "f16", .moe = &mixtral},
         {"qwen3-moe-like", LOOM_ARCH_QWEN3_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, false, false, false, NULL,
          .qk_norm = true, .moe = &qwen3moe}, /* QK-norm attention, norm_topk_prob */
+        /* every eager step's experts through one cuBLASLt GEMM each (the
+         * offsets read on the host, padded rows); the graph instance's
+         * captured steps keep the grouped kernel */
+        {"mixtral-like-expert-gemms", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false,
+         false, NULL, .moe = &mixtral, .cuda_ov = "moe_expert_gemm_rows=1"},
+        {"qwen2-moe-like-expert-gemms", LOOM_ARCH_QWEN2_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, true, false,
+         false, NULL, .moe = &qwen2moe, .cuda_ov = "moe_expert_gemm_rows=1"},
     };
     for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) run_shape(cpu_p, cuda_p, &moe[i], NULL, TOL_CPU);
     test_moe_refused(cuda_p, &moe[0]);

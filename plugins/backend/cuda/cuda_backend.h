@@ -114,6 +114,8 @@ typedef struct cuda_backend_config {
                                    SMs the split leaves over (the complement) */
     int64_t moe_dispatch;       /* expert parallelism: 0 "all_reduce", 1
                                    "all_to_all" (cuda_moe.c)                    */
+    int64_t moe_expert_gemm_rows; /* eager steps averaging these rows an expert:
+                                   one cuBLASLt GEMM an expert (0 = never)     */
 } cuda_backend_config;
 
 /* Rows of the logits work buffers (and the largest graph bucket's rows). */
@@ -289,6 +291,11 @@ typedef struct cuda_backend {
      * moe_el) and its columns of the shared expert, moe_sh wide (0, E and
      * the whole width for a whole model; docs/moe.md) */
     int32_t moe_e0, moe_el, moe_sh;
+    /* the grouping's expert offsets read back on the host by an eager step
+     * that runs a cuBLASLt GEMM an expert (cfg.moe_expert_gemm_rows), and
+     * how many layers have run so */
+    int32_t moe_off_h[LOOM_CUDA_MOE_MAX_EXPERTS + 1];
+    int64_t moe_lt_layers;
     /* expert parallelism's all-to-all form (cfg.moe_dispatch, cuda_moe.c),
      * for P pairs and n ranks; NULL / unused otherwise */
     struct {

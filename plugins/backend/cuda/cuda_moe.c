@@ -193,6 +193,78 @@ static loom_status cb_moe_gemv_fused(cuda_backend *b, int32_t T, int32_t l, loom
                          "expert down GEMVs + combine", l, err);
 }
 
+/* Whether this step's experts take cb_moe_experts_lt: only an eager step
+ * (a graph cannot carry a host read of routed counts) whose pairs average
+ * at least moe_expert_gemm_rows rows an expert, input rows not in moe_y
+ * (which that path gathers into). */
+static bool cb_moe_lt_pays(const cuda_backend *b, const cb_moe_rows *in, int E) {
+    const int64_t rows = b->cfg.moe_expert_gemm_rows;
+    if (rows <= 0 || b->cfg.batch_invariant || in->x == b->moe_y || (int64_t)in->P < rows * E) return false;
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(b->stream, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
+}
+
+/* Rows an expert's cuBLASLt GEMM runs for its n rows from sorted row r0:
+ * n rounded up to 64, so a step meets few GEMM shapes (cuBLASLt's
+ * heuristic runs once per shape, on the host) — at most `cap` rows, the
+ * work buffers' end. The rows past n are the next expert's, whose own
+ * GEMM runs later on the stream and overwrites them; every output row
+ * depends on its input row alone. */
+static int32_t cb_moe_lt_rows(int32_t n, int32_t r0, int32_t cap) {
+    const int32_t m = (n + 63) & ~63;
+    return m < cap - r0 ? m : cap - r0;
+}
+
+/* moe_y (P, H) in sorted rows = the experts' SwiGLU FFNs, one cuBLASLt GEMM
+ * an expert for gate|up and one for down, where the grouped mma.sync
+ * kernel (~140 TFLOP/s) leaves most of the tensor cores idle: the
+ * grouping's offsets are read on the host (the stream waits for the
+ * routing once a layer), the pairs' input rows gathered in sorted order
+ * into moe_y, which is free until the down GEMMs write it. */
+static loom_status cb_moe_experts_lt(cuda_backend *b, int32_t l, const cb_moe_rows *in, loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    const cuda_layer *ly = &b->layers[l];
+    const int E = b->moe_el;
+    const size_t I = (size_t)c->expert_intermediate_size, H = (size_t)c->hidden_size, e = b->elt;
+    const int32_t cap = b->max_tokens * c->num_experts_used;
+    cudaStream_t s = b->stream;
+    loom_status st;
+    if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->moe_off_h, b->moe_off, (size_t)(E + 1) * sizeof(int32_t),
+                                              cudaMemcpyDeviceToHost, s))) ||
+        (st = CB_CUDA(b, err, cudaStreamSynchronize(s))))
+        return st;
+    const int32_t *off = b->moe_off_h, nrows = off[E];
+    if (off[0] != 0 || nrows < 0 || nrows > in->P || nrows > cap)
+        return b->host->error(b->host->ctx, err, LOOM_ERR_INTERNAL,
+                              "backend cuda: layer %d: the expert grouping's offsets read back as %d..%d for %d pairs", l,
+                              off[0], nrows, in->P);
+    if ((st = cb_moe_launch(b, loom_cuda_moe_gather(in->x, b->moe_perm, in->div, nrows, (int)H, b->moe_y, s),
+                            "expert rows gathered", l, err)))
+        return st;
+    char msg[256];
+    for (int pass = 0; pass < 2; pass++) { /* gate|up for every expert, then (after SwiGLU) down */
+        const size_t N = pass ? H : 2 * I, K = pass ? I : H;
+        const char *x = pass ? b->moe_act : b->moe_y;
+        char *y = pass ? b->moe_y : b->moe_gu;
+        const char *w = pass ? ly->wdown_exps : ly->wgu_exps;
+        if (pass && (st = cb_moe_launch(b, loom_cuda_swiglu(b->dt, b->moe_act, b->moe_gu, nrows, (int)I, s),
+                                        "expert SwiGLU", l, err)))
+            return st;
+        for (int x_e = 0; x_e < E; x_e++) {
+            const int32_t r0 = off[x_e], n = off[x_e + 1] - r0;
+            if (n <= 0) continue;
+            const int rc = loom_cuda_gemm_run(b->gemm, b->dt, 0, cb_moe_lt_rows(n, r0, cap), (int)N, (int)K,
+                                              x + (size_t)r0 * K * e, w + (size_t)x_e * N * K * e,
+                                              y + (size_t)r0 * N * e, s, msg, sizeof msg);
+            if (rc)
+                return cb_moe_rc(b, rc, msg, pass ? "expert down GEMM (cuBLASLt)" : "expert gate|up GEMM (cuBLASLt)",
+                                 l, err);
+        }
+    }
+    b->moe_lt_layers++;
+    return LOOM_OK;
+}
+
 /* moe_y (P, H) = the chosen experts' SwiGLU FFNs of the pairs of `in`;
  * *rows: the row of pair p in moe_y (NULL: row p). *combined: r already
  * holds the combine (cb_moe_gemv_fused: only when `fuse`, for the tokens'
@@ -232,8 +304,10 @@ static loom_status cb_moe_experts(cuda_backend *b, int32_t l, const cb_moe_rows 
      * rows nothing reads — under expert parallelism most of them */
     if ((st = cb_moe_launch(b, loom_cuda_moe_group(in->sel, P, E, b->moe_off, b->moe_perm, b->moe_inv,
                                                    b->moe_tiles, s),
-                            "expert grouping", l, err)) ||
-        (st = cb_moe_launch(b, loom_cuda_moe_gemm(b->dt, in->x, b->moe_perm, div, ly->wgu_exps, b->moe_tiles, tiles,
+                            "expert grouping", l, err)))
+        return st;
+    if (cb_moe_lt_pays(b, in, E)) return cb_moe_experts_lt(b, l, in, err);
+    if ((st = cb_moe_launch(b, loom_cuda_moe_gemm(b->dt, in->x, b->moe_perm, div, ly->wgu_exps, b->moe_tiles, tiles,
                                                   2 * I, H, b->moe_gu, s),
                             "expert gate|up GEMM", l, err)) ||
         (st = cb_moe_launch(b, loom_cuda_swiglu(b->dt, b->moe_act, b->moe_gu, P, I, s), "expert SwiGLU", l, err)))
