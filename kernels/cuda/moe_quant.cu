@@ -27,6 +27,7 @@
  * (the decoded tiles pass through registers). Fragments by ldmatrix
  * (moe_tile.cuh).
  */
+#include "cp_async.cuh"
 #include "moe_tile.cuh"
 #include "qdecode.cuh"
 #include "qgemm.h"
@@ -233,12 +234,10 @@ __global__ void __launch_bounds__(128)
             if constexpr (AQ) {
                 areg[i] = ok ? __ldg(reinterpret_cast<const uint2 *>(xq + arow[i] * K + k0 + ac[i])) : make_uint2(0u, 0u);
             } else {
-                const T *src = x + arow[i] * K + (ok ? k0 + ac[i] : 0);
-                const unsigned sa = (unsigned)__cvta_generic_to_shared(&st[s].a[ar[i]][ac[i]]);
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(src), "r"(ok ? 16 : 0));
+                lc_cp16(&st[s].a[ar[i]][ac[i]], x + arow[i] * K + (ok ? k0 + ac[i] : 0), ok);
             }
         }
-        if constexpr (!AQ) asm volatile("cp.async.commit_group;");
+        if constexpr (!AQ) lc_cp_commit();
 #pragma unroll
         for (int i = 0; i < BL; i++) {
             const bool ok = bok[i] && k0 + (I4 ? 0 : bc[i]) < K;
@@ -289,7 +288,7 @@ __global__ void __launch_bounds__(128)
     const int nk = (K + LC_MOE_BK - 1) / LC_MOE_BK;
     fetch(0, 0);
     store(0);
-    if constexpr (!AQ) asm volatile("cp.async.wait_group 0;");
+    if constexpr (!AQ) lc_cp_wait<0>();
     __syncthreads();
     for (int kt = 0; kt < nk; kt++) {
         const int s = kt & 1;
@@ -298,7 +297,7 @@ __global__ void __launch_bounds__(128)
         lc_moe_tile_step<T>(acc, st[s], wm, wn, lane);
         if (more) {
             store(s ^ 1);
-            if constexpr (!AQ) asm volatile("cp.async.wait_group 0;");
+            if constexpr (!AQ) lc_cp_wait<0>();
         }
         __syncthreads();
     }

@@ -111,7 +111,7 @@
 #define TOL_KV_FP8_QUANT 1e-1 /* fp8 weights and activations too */
 
 static int g_fail, g_pass;
-static double g_graph_replays, g_graph_captures, g_piecewise_replays;
+static double g_graph_replays, g_graph_captures, g_piecewise_replays, g_moe_lt_layers;
 
 /* ---------------------------------------------------------------- host */
 
@@ -132,6 +132,7 @@ static void h_metric_add(void *ctx, const char *name, double d) {
     if (!strcmp(name, "backend.cuda.graph_replays")) g_graph_replays += d;
     if (!strcmp(name, "backend.cuda.graph_captures")) g_graph_captures += d;
     if (!strcmp(name, "backend.cuda.piecewise_replays")) g_piecewise_replays += d;
+    if (!strcmp(name, "backend.cuda.moe_expert_gemm_layers")) g_moe_lt_layers += d;
 }
 static void h_metric_set(void *ctx, const char *name, double v) { (void)ctx, (void)name, (void)v; }
 
@@ -1538,6 +1539,9 @@ out:
 static void run_moe_shapes(const plugin *cpu_p, const plugin *cuda_p) {
     static const moe_spec mixtral = {8, 2, 64, 0, true}, qwen2moe = {16, 4, 32, 48, false},
                           qwen3moe = {16, 4, 32, 0, true};
+    /* expert widths of 128: rows of 256 bytes, which the per-expert
+     * cuBLASLt path needs (cb_moe_lt_pays) */
+    static const moe_spec mixtral_w = {8, 2, 128, 0, true}, qwen2moe_w = {16, 4, 128, 48, false};
     const shape moe[] = {
         {"mixtral-like", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false, false, NULL,
          .moe = &mixtral},
@@ -1551,11 +1555,20 @@ static void run_moe_shapes(const plugin *cpu_p, const plugin *cuda_p) {
          * offsets read on the host, padded rows); the graph instance's
          * captured steps keep the grouped kernel */
         {"mixtral-like-expert-gemms", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false,
-         false, NULL, .moe = &mixtral, .cuda_ov = "moe_expert_gemm_rows=1"},
+         false, NULL, .moe = &mixtral_w, .cuda_ov = "moe_expert_gemm_rows=1"},
         {"qwen2-moe-like-expert-gemms", LOOM_ARCH_QWEN2_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, true, false,
-         false, NULL, .moe = &qwen2moe, .cuda_ov = "moe_expert_gemm_rows=1"},
+         false, NULL, .moe = &qwen2moe_w, .cuda_ov = "moe_expert_gemm_rows=1"},
     };
-    for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) run_shape(cpu_p, cuda_p, &moe[i], NULL, TOL_CPU);
+    for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
+        const double lt0 = g_moe_lt_layers;
+        run_shape(cpu_p, cuda_p, &moe[i], NULL, TOL_CPU);
+        /* the per-expert cuBLASLt path ran where asked for, and only there */
+        const bool want = moe[i].cuda_ov != NULL, ran = g_moe_lt_layers > lt0;
+        printf("%s %-64s %.0f layers\n", want == ran ? "PASS" : "FAIL",
+               want ? "moe: eager steps ran one cuBLASLt GEMM an expert" : "moe: grouped GEMM kept (default rows)",
+               g_moe_lt_layers - lt0);
+        g_pass += want == ran, g_fail += want != ran;
+    }
     test_moe_refused(cuda_p, &moe[0]);
     /* quantized experts (and attention): each quantizer on both backends,
      * cuda's expert kernels (moe_quant.cu) against the cpu backend's on the

@@ -11,7 +11,9 @@
  *   SwiGLU between; r (T, H) = sum_j wt y_j (+ sigmoid(xn . w) shared(xn)).
  * Nothing waits for the host and no launch is sized by the routing, so
  * decode steps and piecewise steps are captured in CUDA graphs like a dense
- * model's. The loading side (weights per expert in dt) is in cuda_load.c.
+ * model's — except eager steps whose experts are few and large
+ * (moe_expert_gemm_rows): they read the grouping's offsets on the host once
+ * a layer and run one cuBLASLt GEMM an expert. The loading side (weights per expert in dt) is in cuda_load.c.
  *
  * Expert parallelism (load_shard; docs/moe.md, the all-reduce form): a rank
  * holds experts [moe_e0, moe_e0 + moe_el) and moe_sh columns of the shared
@@ -195,23 +197,31 @@ static loom_status cb_moe_gemv_fused(cuda_backend *b, int32_t T, int32_t l, loom
 
 /* Whether this step's experts take cb_moe_experts_lt: only an eager step
  * (a graph cannot carry a host read of routed counts) whose pairs average
- * at least moe_expert_gemm_rows rows an expert, input rows not in moe_y
- * (which that path gathers into). */
+ * at least moe_expert_gemm_rows rows an expert — in the all-reduce form of
+ * expert parallelism P counts every rank's pairs, so over all experts —
+ * with rows of a whole number of 256-byte units (cuBLASLt's plans assume
+ * operands that aligned, and an expert's rows start anywhere), input rows
+ * not in moe_y (which that path gathers into). */
 static bool cb_moe_lt_pays(const cuda_backend *b, const cb_moe_rows *in, int E) {
-    const int64_t rows = b->cfg.moe_expert_gemm_rows;
-    if (rows <= 0 || b->cfg.batch_invariant || in->x == b->moe_y || (int64_t)in->P < rows * E) return false;
+    const int64_t rows = b->cfg.moe_expert_gemm_rows, experts = cb_moe_a2a(b) ? E : b->mc.num_experts;
+    const size_t H = (size_t)b->mc.hidden_size * b->elt, I = (size_t)b->mc.expert_intermediate_size * b->elt;
+    if (rows <= 0 || (int64_t)in->P < rows * experts || H % 256 || I % 256 || in->x == b->moe_y) return false;
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     return cudaStreamIsCapturing(b->stream, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
 }
 
 /* Rows an expert's cuBLASLt GEMM runs for its n rows from sorted row r0:
- * n rounded up to 64, so a step meets few GEMM shapes (cuBLASLt's
- * heuristic runs once per shape, on the host) — at most `cap` rows, the
- * work buffers' end. The rows past n are the next expert's, whose own
+ * n rounded up to a multiple of an eighth of its power of two (at least
+ * 64), so a step meets a few GEMM shapes an octave, not one per count
+ * (cuBLASLt's heuristic runs once per shape, on the host, and its plan
+ * cache holds 96), from 512 rows on at most 12.5% more — and at most `cap` rows,
+ * the work buffers' end. The rows past n are the next expert's, whose own
  * GEMM runs later on the stream and overwrites them; every output row
  * depends on its input row alone. */
 static int32_t cb_moe_lt_rows(int32_t n, int32_t r0, int32_t cap) {
-    const int32_t m = (n + 63) & ~63;
+    int32_t p2 = 1;
+    while (p2 <= n / 2) p2 *= 2;
+    const int32_t step = p2 / 8 > 64 ? p2 / 8 : 64, m = (n + step - 1) / step * step;
     return m < cap - r0 ? m : cap - r0;
 }
 
@@ -262,6 +272,7 @@ static loom_status cb_moe_experts_lt(cuda_backend *b, int32_t l, const cb_moe_ro
         }
     }
     b->moe_lt_layers++;
+    if (b->host->metric_add) b->host->metric_add(b->host->ctx, "backend.cuda.moe_expert_gemm_layers", 1);
     return LOOM_OK;
 }
 
