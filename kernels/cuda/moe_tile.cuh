@@ -40,8 +40,9 @@ __device__ __forceinline__ void lc_moe_acc_zero(lc_moe_acc &acc) {
  * mma. A's x4 is a 16 x 16 fragment (lanes 0-15 rows at column kk, 16-31 at
  * kk + 8); B's is two 8-row n tiles x k 0-7, 8-15 (lane l: row (l / 16) 8 +
  * l % 8, column (l / 8 % 2) 8). The padded rows (80 bytes) put an
- * ldmatrix's 8 rows on 8 distinct 4-bank groups. Measured against 32-bit
- * fragment loads (24 a warp per 16 mma), the same bits: docs/moe.md. */
+ * ldmatrix's 8 rows on 8 distinct 4-bank groups. The fragments (and so the
+ * bits) are those of 32-bit loads, at 6 instead of 24 loads a warp per 16
+ * mma; docs/performance.md has the timing. */
 template <typename T>
 __device__ __forceinline__ void lc_moe_tile_step(lc_moe_acc &acc, const lc_moe_stage<T> &st, int wm, int wn,
                                                  int lane) {
