@@ -17,13 +17,14 @@ mkdir -p "$P"
 git -C "$root" check-ignore -q .devpack/x 2>/dev/null ||
   echo '/.devpack/' >> "$(git -C "$root" rev-parse --git-path info/exclude)"
 # Debian's meson (1.0) records no header dependencies for .cu objects: an
-# edited kernels/cuda header (.cuh or .h) leaves kernel objects stale, and a
+# edited kernels/cuda or formats header (.cuh, .h) leaves kernel objects stale, and a
 # device run would time the old code. Refuse a build whose oldest .cu
 # object is older than a header (the library itself is relinked whenever
 # any object is rebuilt, so it proves nothing).
 objs="$B/kernels/cuda/libloom_cuda_kernels.a.p"
 if oldest=$(ls -tr "$objs"/*.cu.o 2>/dev/null | head -1) && [ -n "$oldest" ] &&
-   stale=$(find "$root/kernels/cuda" \( -name '*.cuh' -o -name '*.h' \) -newer "$oldest") && [ -n "$stale" ]; then
+   stale=$(find "$root/kernels/cuda" "$root/formats" \( -name '*.cuh' -o -name '*.h' \) -newer "$oldest") &&
+   [ -n "$stale" ]; then
   echo "pack-gpu: newer than $(basename "$oldest") ($B): $(echo "$stale" | sed "s|$root/||" | tr '\n' ' ')—" \
        "ninja does not see kernel headers with this meson: touch kernels/cuda/*.cu, rebuild, pack again" >&2
   exit 1

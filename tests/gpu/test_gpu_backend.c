@@ -1551,13 +1551,17 @@ static void run_moe_shapes(const plugin *cpu_p, const plugin *cuda_p) {
          "f16", .moe = &mixtral},
         {"qwen3-moe-like", LOOM_ARCH_QWEN3_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, false, false, false, NULL,
          .qk_norm = true, .moe = &qwen3moe}, /* QK-norm attention, norm_topk_prob */
-        /* every eager step's experts through one cuBLASLt GEMM each (the
-         * offsets read on the host, padded rows); the graph instance's
-         * captured steps keep the grouped kernel */
+        /* eager steps of more than 16 pairs run their experts as one
+         * cuBLASLt GEMM each (the offsets read on the host, padded rows);
+         * the graph instance's captured steps keep the grouped kernel. The
+         * same 128-wide shape without the parameter keeps the grouped
+         * kernel everywhere (the default is off) */
         {"mixtral-like-expert-gemms", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false,
          false, NULL, .moe = &mixtral_w, .cuda_ov = "moe_expert_gemm_rows=1"},
         {"qwen2-moe-like-expert-gemms", LOOM_ARCH_QWEN2_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, true, false,
          false, NULL, .moe = &qwen2moe_w, .cuda_ov = "moe_expert_gemm_rows=1"},
+        {"mixtral-like-128", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false, false, NULL,
+         .moe = &mixtral_w},
     };
     for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
         const double lt0 = g_moe_lt_layers;

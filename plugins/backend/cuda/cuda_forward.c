@@ -1061,9 +1061,11 @@ loom_status cb_warm_pieces(cuda_backend *b, loom_error *err) {
     for (int kt = cb_tok_bucket(CB_GRAPH_MAX_Q + 1); st == LOOM_OK && kt <= cb_tok_bucket(most); kt++) {
         const int32_t rows = cb_piece_rows(b, kt);
         cuda_plan p;
-        if ((st = cb_meta_dummy(b, rows, &p, err)) || (st = cb_upload_meta(b, &p, err)) ||
-            (st = cb_record_layers(b, &p, err)) ||
-            (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream)))) /* not cb_sync: no step's wait */
+        b->warming = true; /* the launches the capture will record, nothing eager-only */
+        st = cb_meta_dummy(b, rows, &p, err);
+        if (st == LOOM_OK && (st = cb_upload_meta(b, &p, err)) == LOOM_OK) st = cb_record_layers(b, &p, err);
+        b->warming = false;
+        if (st || (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream)))) /* not cb_sync: no step's wait */
             break;
         cb_capture_pieces(b, kt, &p);
         n += b->pieces[kt].exec != NULL;

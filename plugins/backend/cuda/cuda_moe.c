@@ -142,10 +142,14 @@ loom_status cb_moe_work_init(cuda_backend *b, loom_error *err) {
                         "backend's max_batched_tokens",
                         MT, K);
     const int tiles = loom_cuda_moe_max_tiles((int)P, (int)E);
+    /* the per-expert cuBLASLt GEMMs pad each expert's rows (cb_moe_lt_rows:
+     * under max(64, n / 8) more), the last expert's past P */
+    const size_t PL = b->cfg.moe_expert_gemm_rows > 0 ? P + P / 8 + 64 : P;
+    b->moe_rows_cap = (int32_t)PL;
     enum { N = 11 };
     const size_t sz[N] = {MT * E * 4, P * 4,         P * 4,     (E + 1) * 4,
                           P * 4,      P * 4,         (1 + 3 * (size_t)tiles) * 4,
-                          P * 2 * I * e, P * I * e, P * H * e, c->shared_expert_intermediate_size ? MT * H * e : 0};
+                          PL * 2 * I * e, PL * I * e, PL * H * e, c->shared_expert_intermediate_size ? MT * H * e : 0};
     void **dst[N] = {(void **)&b->moe_logits, (void **)&b->moe_sel,  (void **)&b->moe_wt,
                      (void **)&b->moe_off,    (void **)&b->moe_perm, (void **)&b->moe_inv,
                      (void **)&b->moe_tiles,  &b->moe_gu,            &b->moe_act,
@@ -205,7 +209,8 @@ static loom_status cb_moe_gemv_fused(cuda_backend *b, int32_t T, int32_t l, loom
 static bool cb_moe_lt_pays(const cuda_backend *b, const cb_moe_rows *in, int E) {
     const int64_t rows = b->cfg.moe_expert_gemm_rows, experts = cb_moe_a2a(b) ? E : b->mc.num_experts;
     const size_t H = (size_t)b->mc.hidden_size * b->elt, I = (size_t)b->mc.expert_intermediate_size * b->elt;
-    if (rows <= 0 || (int64_t)in->P < rows * experts || H % 256 || I % 256 || in->x == b->moe_y) return false;
+    if (rows <= 0 || b->warming || (int64_t)in->P < rows * experts || H % 256 || I % 256 || in->x == b->moe_y)
+        return false;
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     return cudaStreamIsCapturing(b->stream, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
 }
@@ -215,7 +220,8 @@ static bool cb_moe_lt_pays(const cuda_backend *b, const cb_moe_rows *in, int E) 
  * 64), so a step meets a few GEMM shapes an octave, not one per count
  * (cuBLASLt's heuristic runs once per shape, on the host, and its plan
  * cache holds 96), from 512 rows on at most 12.5% more — and at most `cap` rows,
- * the work buffers' end. The rows past n are the next expert's, whose own
+ * the work buffers' end (moe_rows_cap: room for that padding past P, so
+ * the clamp, which would make the shape the count itself, never acts). The rows past n are the next expert's, whose own
  * GEMM runs later on the stream and overwrites them; every output row
  * depends on its input row alone. */
 static int32_t cb_moe_lt_rows(int32_t n, int32_t r0, int32_t cap) {
@@ -236,7 +242,7 @@ static loom_status cb_moe_experts_lt(cuda_backend *b, int32_t l, const cb_moe_ro
     const cuda_layer *ly = &b->layers[l];
     const int E = b->moe_el;
     const size_t I = (size_t)c->expert_intermediate_size, H = (size_t)c->hidden_size, e = b->elt;
-    const int32_t cap = b->max_tokens * c->num_experts_used;
+    const int32_t cap = b->moe_rows_cap;
     cudaStream_t s = b->stream;
     loom_status st;
     if ((st = CB_CUDA(b, err, cudaMemcpyAsync(b->moe_off_h, b->moe_off, (size_t)(E + 1) * sizeof(int32_t),
