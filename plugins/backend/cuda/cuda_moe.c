@@ -219,9 +219,10 @@ static bool cb_moe_lt_pays(const cuda_backend *b, const cb_moe_rows *in, int E) 
  * n rounded up to a multiple of an eighth of its power of two (at least
  * 64), so a step meets a few GEMM shapes an octave, not one per count
  * (cuBLASLt's heuristic runs once per shape, on the host, and its plan
- * cache holds 96), from 512 rows on at most 12.5% more — and at most `cap` rows,
- * the work buffers' end (moe_rows_cap: room for that padding past P, so
- * the clamp, which would make the shape the count itself, never acts). The rows past n are the next expert's, whose own
+ * cache holds 96), from 512 rows on at most 12.5% more — and at most
+ * `cap` rows, the work buffers' end (moe_rows_cap leaves room for that
+ * padding past P, so the clamp, which would make the count itself the
+ * shape, never acts). The rows past n are the next expert's, whose own
  * GEMM runs later on the stream and overwrites them; every output row
  * depends on its input row alone. */
 static int32_t cb_moe_lt_rows(int32_t n, int32_t r0, int32_t cap) {
