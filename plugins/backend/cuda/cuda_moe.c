@@ -251,7 +251,7 @@ static loom_status cb_moe_experts_lt(cuda_backend *b, int32_t l, const cb_moe_ro
         (st = CB_CUDA(b, err, cudaStreamSynchronize(s))))
         return st;
     const int32_t *off = b->moe_off_h, nrows = off[E];
-    if (off[0] != 0 || nrows < 0 || nrows > in->P || nrows > cap)
+    if (off[0] != 0 || nrows < 0 || nrows > in->P) /* P <= cap */
         return b->host->error(b->host->ctx, err, LOOM_ERR_INTERNAL,
                               "backend cuda: layer %d: the expert grouping's offsets read back as %d..%d for %d pairs", l,
                               off[0], nrows, in->P);
