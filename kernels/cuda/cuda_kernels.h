@@ -681,6 +681,15 @@ cudaError_t loom_cuda_moe_gemm(loom_cuda_dt dt, const void *x, const int32_t *pe
                                const void *w, const int32_t *tiles, int max_tiles, int N, int K,
                                void *y, cudaStream_t s);
 
+/* loom_cuda_moe_gemm's contract on Hopper's warpgroup MMA (wgmma, sm_90a):
+ * 64 x 256 output tiles (the tile list's 64-row tiles, 256 columns a CTA),
+ * weights through a 5-stage cp.async ring in ~206 KB of shared memory, so
+ * one CTA an SM. The same float32 sums in another order: not the mma.sync
+ * kernel's bits. */
+cudaError_t loom_cuda_moe_gemm_wg(loom_cuda_dt dt, const void *x, const int32_t *perm, int div,
+                                  const void *w, const int32_t *tiles, int max_tiles, int N, int K,
+                                  void *y, cudaStream_t s);
+
 /* Per pair p < P: y[p, :N] (dt) = x[p / div] @ W_{sel[p]}^T, W (E, N, K)
  * dt — only the chosen experts' weights are read (small batches), each
  * output row one lane-strided float32 dot (the same bits at any P). K % 8

@@ -21,6 +21,7 @@
  */
 #include "cp_async.cuh"
 #include "moe_tile.cuh"
+#include "wgmma.cuh"
 
 /* ------------------------------------------------------------- routing */
 
@@ -317,6 +318,153 @@ extern "C" cudaError_t loom_cuda_moe_gemm(loom_cuda_dt dt, const void *x, const 
     cudaError_t e;
     LOOM_CUDA_DISPATCH_DT(dt, e = lc_launch(lc_moe_gemm_kernel<E>, grid, dim3(128), 0, s, (const E *)x, perm, div,
                                             (const E *)w, tiles, N, K, (E *)y));
+    return e;
+}
+
+/* The same grouped GEMM on Hopper's warpgroup MMA: a CTA of two
+ * warpgroups owns a 64-row tile of the list and 256 output columns, each
+ * warpgroup 128 of them as one wgmma m64n128k16 a k16 step — A (the tile's
+ * tokens, each warp its 16 rows) by ldmatrix from padded rows, B (the
+ * expert's weight rows, K-major) read by the tensor cores from shared
+ * memory in the 128-byte swizzle (a row's 64 columns one 128-byte row, its
+ * 16-byte chunk c at c ^ (row % 8)). K in stages of 64 columns through a
+ * ring of LC_MOE_WG_ST stages, cp.async filling LC_MOE_WG_ST - 2 ahead: a
+ * warpgroup waits for all but its latest wgmma after each one, so the
+ * buffer refilled at the top of stage it (read by stage it - 2) is free
+ * once the CTA has passed the barrier (qtiled.cu's wgmma path does the
+ * same). Four times the mma.sync kernel's columns a CTA: each weight chunk
+ * brought to shared memory feeds 64 rows through the tensor cores without
+ * passing through registers. */
+#define LC_MOE_WG_BN 256
+#define LC_MOE_WG_BK 64
+#define LC_MOE_WG_LDA (LC_MOE_WG_BK + 8) /* 144-byte A rows: an ldmatrix's 8 rows on distinct banks */
+#define LC_MOE_WG_AB (LC_MOE_BM * LC_MOE_WG_LDA * 2) /* 9 KB: keeps B 1024-aligned */
+#define LC_MOE_WG_STB (LC_MOE_WG_AB + LC_MOE_WG_BN * 128)
+#define LC_MOE_WG_ST 5
+#define LC_MOE_WG_SMEM ((size_t)LC_MOE_WG_ST * LC_MOE_WG_STB + 1024) /* + alignment slack */
+static_assert(LC_MOE_WG_AB % 1024 == 0, "B's swizzle atoms are 1024-aligned");
+static_assert(LC_MOE_WG_SMEM <= 227 * 1024, "grouped wgmma GEMM: shared memory");
+
+template <typename T>
+__global__ void __launch_bounds__(256, 1)
+    lc_moe_gemm_wg_kernel(const T *__restrict__ x, const int32_t *__restrict__ perm, int div, const T *__restrict__ w,
+                          const int32_t *__restrict__ tiles, int N, int K, T *__restrict__ y) {
+    constexpr int ST = LC_MOE_WG_ST, D = ST - 2;
+    extern __shared__ __align__(1024) uint8_t lc_mw_raw[];
+    const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(lc_mw_raw);
+    uint8_t *sm = lc_mw_raw + ((1024u - (raw_s & 1023u)) & 1023u);
+    const uint32_t sm_s = (uint32_t)__cvta_generic_to_shared(sm);
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    const int slot = blockIdx.y;
+    if (slot >= tiles[0]) return;
+    const int32_t e = tiles[1 + 3 * slot], r0 = tiles[2 + 3 * slot], nrows = tiles[3 + 3 * slot];
+    const int n0 = blockIdx.x * LC_MOE_WG_BN;
+    const T *we = w + (size_t)e * N * K;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+    /* loaders: thread tid copies chunk tid % 8 (8 columns) of rows tid / 8 + 32 i:
+     * A's 64 rows two a thread, B's 256 eight */
+    const int ch = tid & 7, rl = tid >> 3;
+    const T *arow[2];
+    bool aok[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = rl + 32 * i;
+        aok[i] = r < nrows;
+        const int32_t sr = r0 + (aok[i] ? r : 0);
+        arow[i] = x + (size_t)(perm ? perm[sr] / div : sr) * K + ch * 8;
+    }
+    const T *brow[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int n = n0 + rl + 32 * i;
+        brow[i] = n < N ? we + (size_t)n * K + ch * 8 : nullptr;
+    }
+    /* rl % 8 is each of a thread's B rows' place in its swizzle atom */
+    const uint32_t b_dst = (uint32_t)(rl * 128 + ((ch ^ (rl & 7)) << 4));
+    auto load = [&](int b, int k0) {
+        uint8_t *st = sm + (size_t)b * LC_MOE_WG_STB;
+        const bool kin = k0 + ch * 8 < K;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const bool ok = aok[i] && kin;
+            lc_cp16(st + ((rl + 32 * i) * LC_MOE_WG_LDA + ch * 8) * 2, ok ? arow[i] + k0 : arow[i], ok);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const bool ok = brow[i] && kin;
+            lc_cp16(st + LC_MOE_WG_AB + b_dst + i * 32 * 128, ok ? brow[i] + k0 : we, ok);
+        }
+    };
+    const int nk = (K + LC_MOE_WG_BK - 1) / LC_MOE_WG_BK;
+#pragma unroll
+    for (int i = 0; i < D; i++) {
+        if (i < nk) load(i, i * LC_MOE_WG_BK);
+        lc_cp_commit();
+    }
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 64; i++) lc_wg_reg_fence(acc[i]);
+    const int ar = wq * 16 + (lane & 15), ac = (lane >> 4) * 8;
+    for (int it = 0; it < nk; it++) {
+        lc_cp_wait<D - 1>();
+        lc_wg_proxy_fence(); /* the landed weights, for wgmma's reads */
+        __syncthreads();
+        {
+            const int nx = it + D;
+            if (nx < nk) load(nx % ST, nx * LC_MOE_WG_BK);
+            lc_cp_commit();
+        }
+        const int b = it % ST;
+        const T *as = reinterpret_cast<const T *>(sm + (size_t)b * LC_MOE_WG_STB);
+        const uint32_t bs = sm_s + (uint32_t)(b * LC_MOE_WG_STB + LC_MOE_WG_AB + wg * 128 * 128);
+#pragma unroll
+        for (int q = 0; q < LC_MOE_WG_BK / 16; q++) {
+            uint32_t a[4];
+            lc_ldsm4(as + ar * LC_MOE_WG_LDA + q * 16 + ac, a[0], a[1], a[2], a[3]);
+            lc_wg_fence();
+            lc_wgmma<T, 128>::mma(acc, a, lc_wg_desc_sw128(bs + (uint32_t)(q * 32)));
+            lc_wg_commit();
+            lc_wg_wait<1>();
+        }
+    }
+    lc_wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; i++) lc_wg_reg_fence(acc[i]);
+    lc_cp_wait<0>(); /* no copy may land after the CTA has gone */
+    /* accumulators: rows wq 16 + g, + 8; columns 8 i + 2 t, + 1 of the warpgroup's 128 */
+    const int g = lane >> 2, c2 = (lane & 3) * 2, nb = n0 + wg * 128;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int m = wq * 16 + g + 8 * h;
+        if (m >= nrows) continue;
+        T *yr = y + (size_t)(r0 + m) * N;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const int n = nb + 8 * i + c2;
+            if (n < N) /* N % 8 == 0: n + 1 < N too */
+                *reinterpret_cast<uint32_t *>(yr + n) = lc_pack2<T>(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+        }
+    }
+}
+
+template <typename T> static cudaError_t lc_moe_gemm_wg_prepare() {
+    static unsigned long long done = 0;
+    return lc_smem_limit(&done, (const void *)lc_moe_gemm_wg_kernel<T>, LC_MOE_WG_SMEM);
+}
+
+extern "C" cudaError_t loom_cuda_moe_gemm_wg(loom_cuda_dt dt, const void *x, const int32_t *perm, int div,
+                                             const void *w, const int32_t *tiles, int max_tiles, int N, int K,
+                                             void *y, cudaStream_t s) {
+    if (max_tiles <= 0) return cudaSuccess;
+    if (N % 8 || K % 8 || max_tiles > 65535) return cudaErrorInvalidValue;
+    const dim3 grid((unsigned)lc_ceil_div(N, LC_MOE_WG_BN), (unsigned)max_tiles);
+    cudaError_t e;
+    LOOM_CUDA_DISPATCH_DT(dt, if ((e = lc_moe_gemm_wg_prepare<E>()) == cudaSuccess) e = lc_launch(
+                                  lc_moe_gemm_wg_kernel<E>, grid, dim3(256), LC_MOE_WG_SMEM, s, (const E *)x, perm,
+                                  div, (const E *)w, tiles, N, K, (E *)y));
     return e;
 }
 

@@ -111,7 +111,7 @@
 #define TOL_KV_FP8_QUANT 1e-1 /* fp8 weights and activations too */
 
 static int g_fail, g_pass;
-static double g_graph_replays, g_graph_captures, g_piecewise_replays, g_moe_lt_layers;
+static double g_graph_replays, g_graph_captures, g_piecewise_replays, g_moe_lt_layers, g_moe_wg_layers;
 
 /* ---------------------------------------------------------------- host */
 
@@ -133,6 +133,7 @@ static void h_metric_add(void *ctx, const char *name, double d) {
     if (!strcmp(name, "backend.cuda.graph_captures")) g_graph_captures += d;
     if (!strcmp(name, "backend.cuda.piecewise_replays")) g_piecewise_replays += d;
     if (!strcmp(name, "backend.cuda.moe_expert_gemm_layers")) g_moe_lt_layers += d;
+    if (!strcmp(name, "backend.cuda.moe_wgmma_layers")) g_moe_wg_layers += d;
 }
 static void h_metric_set(void *ctx, const char *name, double v) { (void)ctx, (void)name, (void)v; }
 
@@ -1562,16 +1563,27 @@ static void run_moe_shapes(const plugin *cpu_p, const plugin *cuda_p) {
          false, NULL, .moe = &qwen2moe_w, .cuda_ov = "moe_expert_gemm_rows=1"},
         {"mixtral-like-128", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false, false, NULL,
          .moe = &mixtral_w},
+        /* every grouped step's expert GEMMs on wgmma, graphs included */
+        {"mixtral-like-wgmma", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false, false,
+         NULL, .moe = &mixtral, .cuda_ov = "moe_wgmma_rows=1"},
+        {"qwen2-moe-like-wgmma-f16", LOOM_ARCH_QWEN2_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, true, false,
+         false, "f16", .moe = &qwen2moe, .cuda_ov = "moe_wgmma_rows=1"},
     };
     for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
-        const double lt0 = g_moe_lt_layers;
+        const double lt0 = g_moe_lt_layers, wg0 = g_moe_wg_layers;
         run_shape(cpu_p, cuda_p, &moe[i], NULL, TOL_CPU);
-        /* the per-expert cuBLASLt path ran where asked for, and only there */
-        const bool want = moe[i].cuda_ov != NULL, ran = g_moe_lt_layers > lt0;
-        printf("%s %-64s %.0f layers\n", want == ran ? "PASS" : "FAIL",
-               want ? "moe: eager steps ran one cuBLASLt GEMM an expert" : "moe: grouped GEMM kept (default rows)",
-               g_moe_lt_layers - lt0);
-        g_pass += want == ran, g_fail += want != ran;
+        /* the per-expert cuBLASLt path and the wgmma kernel ran where asked
+         * for, and only there */
+        const char *ov = moe[i].cuda_ov ? moe[i].cuda_ov : "";
+        const bool want_lt = strstr(ov, "moe_expert_gemm_rows") != NULL, ran_lt = g_moe_lt_layers > lt0;
+        const bool want_wg = strstr(ov, "moe_wgmma_rows") != NULL, ran_wg = g_moe_wg_layers > wg0;
+        const bool ok = want_lt == ran_lt && want_wg == ran_wg;
+        printf("%s %-64s %.0f / %.0f layers\n", ok ? "PASS" : "FAIL",
+               want_lt   ? "moe: eager steps ran one cuBLASLt GEMM an expert"
+               : want_wg ? "moe: grouped steps ran the wgmma GEMM"
+                         : "moe: grouped mma.sync GEMM kept (defaults)",
+               g_moe_lt_layers - lt0, g_moe_wg_layers - wg0);
+        g_pass += ok, g_fail += !ok;
     }
     test_moe_refused(cuda_p, &moe[0]);
     /* quantized experts (and attention): each quantizer on both backends,

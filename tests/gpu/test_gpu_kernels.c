@@ -2950,7 +2950,8 @@ static void test_moe_pack(int n, int H, int div) {
  * the per-pair GEMVs (gemv 1) or group + grouped GEMMs (0), SwiGLU between,
  * combine (with a shared expert of width S when S > 0) — against float64
  * over the same dt inputs, with the device's routing and its dt roundings
- * of gu, act and the expert outputs mirrored. gemv 2: the fused pair
+ * of gu, act and the expert outputs mirrored. gemv 3: the grouped GEMMs on
+ * wgmma (loom_cuda_moe_gemm_wg). gemv 2: the fused pair
  * (loom_cuda_moe_gemv_swiglu, loom_cuda_moe_gemv_combine: only act is
  * rounded; no shared expert). Expert parallelism: as rank `rank` of
  * `ranks` (E % ranks == 0) — its E / ranks experts' slice of the stacked
@@ -2986,18 +2987,21 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
     if (fused) {
         CK(loom_cuda_moe_gemv_swiglu(dt, d_x, K, d_sel, d_wgu_l, P, I, H, d_act, 0));
         CK(loom_cuda_moe_gemv_combine(dt, d_act, d_sel, d_wt, d_wd_l, T, K, H, I, d_r, 0));
-    } else if (gemv) {
+    } else if (gemv == 1) {
         CK(loom_cuda_moe_gemv(dt, d_x, K, d_sel, d_wgu_l, P, 2 * I, H, d_gu, 0));
         CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
         CK(loom_cuda_moe_gemv(dt, d_act, 1, d_sel, d_wd_l, P, H, I, d_y, 0));
     } else {
+        cudaError_t (*gemm)(loom_cuda_dt, const void *, const int32_t *, int, const void *, const int32_t *, int,
+                            int, int, void *, cudaStream_t) = gemv == 3 ? loom_cuda_moe_gemm_wg : loom_cuda_moe_gemm;
         CK(loom_cuda_moe_group(d_sel, P, el, d_off, d_perm, d_inv, d_tiles, 0));
-        CK(loom_cuda_moe_gemm(dt, d_x, d_perm, K, d_wgu_l, d_tiles, mt, 2 * I, H, d_gu, 0));
+        CK(gemm(dt, d_x, d_perm, K, d_wgu_l, d_tiles, mt, 2 * I, H, d_gu, 0));
         CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
-        CK(loom_cuda_moe_gemm(dt, d_act, NULL, 1, d_wd_l, d_tiles, mt, H, I, d_y, 0));
+        CK(gemm(dt, d_act, NULL, 1, d_wd_l, d_tiles, mt, H, I, d_y, 0));
     }
     if (!fused)
-        CK(loom_cuda_moe_combine(dt, d_r, d_y, gemv ? NULL : d_inv, d_wt, T, K, H, S ? d_ysh : NULL, d_x, d_gate, 0));
+        CK(loom_cuda_moe_combine(dt, d_r, d_y, gemv == 1 ? NULL : d_inv, d_wt, T, K, H, S ? d_ysh : NULL, d_x, d_gate,
+                                 0));
     CK(cudaDeviceSynchronize());
     int32_t *sel = malloc((size_t)P * 4), *selg = malloc((size_t)P * 4);
     float *wt = malloc((size_t)P * 4);
@@ -3045,7 +3049,7 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
     char name[160], rk[32] = "";
     if (ranks > 1) snprintf(rk, sizeof rk, " rank %d/%d", rank, ranks);
     snprintf(name, sizeof name, "moe ffn %s %s T=%d E=%d K=%d I=%d H=%d%s %s%s", dtn(dt),
-             fused ? "gemv+swiglu, gemv+combine" : gemv ? "gemv" : "grouped", T, E,
+             fused ? "gemv+swiglu, gemv+combine" : gemv == 1 ? "gemv" : gemv == 3 ? "grouped wgmma" : "grouped", T, E,
              K, I, H, S ? " +shared" : "", modes[mode], rk);
     report(name, &a, TOL16);
     void *dv[] = {d_x,    d_wgu, d_wd,    d_ysh, d_gate, d_lg, d_wt, d_sel, d_off,
@@ -3357,7 +3361,7 @@ static void test_moe_all(void) {
     test_moe_pack(4096, 2048, 8);
     const loom_cuda_dt dts[2] = {LOOM_CUDA_BF16, LOOM_CUDA_F16};
     for (int di = 0; di < 2; di++)
-        for (int gemv = 0; gemv < 3; gemv++) {
+        for (int gemv = 0; gemv < 4; gemv++) {
             const loom_cuda_dt dt = dts[di];
             test_moe_ffn(dt, 1, 8, 2, 256, 128, 0, 0, gemv, 1, 0);
             test_moe_ffn(dt, 3, 16, 8, 64, 72, 48, 1, gemv, 1, 0);
@@ -3369,13 +3373,20 @@ static void test_moe_all(void) {
              * part-way, lane 0 with a fourth chunk the others lack */
             test_moe_ffn(dt, 5, 16, 4, 64, 776, 0, 0, gemv, 1, 0);
         }
-    test_moe_ffn(LOOM_CUDA_BF16, 64, 8, 2, 1024, 512, 0, 0, false, 1, 0);
+    /* several 64-row tiles an expert; widths past the wgmma kernel's 256
+     * columns and 64-column stages by a part (gate|up N 400 K 328, down N
+     * 328 K 200) */
+    for (int gemv = 0; gemv < 4; gemv += 3) {
+        test_moe_ffn(LOOM_CUDA_BF16, 64, 8, 2, 1024, 512, 0, 0, gemv, 1, 0);
+        test_moe_ffn(LOOM_CUDA_BF16, 300, 4, 2, 200, 328, 0, 0, gemv, 1, 0);
+        test_moe_ffn(LOOM_CUDA_F16, 300, 4, 2, 200, 328, 0, 1, gemv, 1, 0);
+    }
     /* expert parallelism: each rank's share, every path. Idle-experts mode
      * over 2 ranks gives rank 0 every choice and rank 1 none (only zeros
      * to write); 12 of 16 experts a token over 2 ranks leave each rank 4..8
      * of a token's slots, so the fused combine's warps (6 slots each) meet
      * masks of 4 and more with other ranks' slots between them */
-    for (int gemv = 0; gemv < 3; gemv++) {
+    for (int gemv = 0; gemv < 4; gemv++) {
         for (int r = 0; r < 2; r++) {
             test_moe_ffn(LOOM_CUDA_BF16, 3, 16, 8, 64, 72, 48, 1, gemv, 2, r);
             test_moe_ffn(LOOM_CUDA_BF16, 300, 8, 2, 136, 64, 32, 3, gemv, 2, r);

@@ -132,6 +132,12 @@ static const loom_param cb_params[] = {
             "an expert instead of the grouped mma.sync GEMM — few large experts, as Mixtral's in a long prefill "
             "step (hidden and expert widths of whole 256-byte rows); 0 = never, the default until it is measured "
             "(docs/moe.md)"},
+    {.key = "moe_wgmma_rows", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, moe_wgmma_rows),
+     .default_value = "0", .min = 0, .max = 1 << 20,
+     .doc = "mixtures of experts: a step whose (token, expert) pairs average at least this many rows an expert "
+            "runs the grouped expert GEMMs on Hopper's warpgroup MMA (wgmma: 64 x 256 tiles, one CTA an SM) "
+            "instead of mma.sync (64 x 128 tiles); decided by the step's size, so graphs capture it too; "
+            "0 = never, the default until it is measured (docs/moe.md)"},
     {.key = NULL},
 };
 
@@ -309,7 +315,8 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0,
                                .quant_layout = 0, .qtiled_max_rows = 256, .qtiled_wgmma_rows = 17,
                                .sm_count = 0, .sm_partition = 0, .kv_groups = true, .moe_dispatch = 0,
-                               .moe_expert_gemm_rows = 0};
+                               .moe_expert_gemm_rows = 0,
+                               .moe_wgmma_rows = 0};
     if (config) memcpy(&cfg, config, sizeof cfg);
     if (cfg.device < 0 || cfg.dtype < 0 || cfg.dtype > 1 || cfg.max_graph_batch < 1 ||
         cfg.max_graph_batch > CB_MAX_GRAPH_BATCH || cfg.max_graph_tokens < 1 ||

@@ -117,6 +117,8 @@ typedef struct cuda_backend_config {
     int64_t moe_expert_gemm_rows; /* eager steps averaging these rows an expert:
                                    one cuBLASLt GEMM an expert (0, the
                                    default: never)                              */
+    int64_t moe_wgmma_rows;     /* steps averaging these rows an expert: the
+                                   grouped GEMMs on wgmma (0: never)             */
 } cuda_backend_config;
 
 /* Rows of the logits work buffers (and the largest graph bucket's rows). */

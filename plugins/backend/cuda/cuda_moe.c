@@ -30,6 +30,10 @@
 #include <stdio.h>
 #include <string.h>
 
+/* loom_cuda_moe_gemm and its wgmma form (the same contract) */
+typedef cudaError_t (*cb_moe_gemm_fn)(loom_cuda_dt dt, const void *x, const int32_t *perm, int div, const void *w,
+                                      const int32_t *tiles, int max_tiles, int N, int K, void *y, cudaStream_t s);
+
 /* Pairs up to which a step runs per-pair GEMVs instead of the grouped
  * GEMM: a batch-1 decode step of Mixtral (2) or Qwen3-MoE (8), and small
  * decode batches, whose pairs mostly choose distinct experts. */
@@ -206,8 +210,12 @@ static loom_status cb_moe_gemv_fused(cuda_backend *b, int32_t T, int32_t l, loom
  * with rows of a whole number of 256-byte units (cuBLASLt's plans assume
  * operands that aligned, and an expert's rows start anywhere), input rows
  * not in moe_y (which that path gathers into). */
+static int64_t cb_moe_experts_of_pairs(const cuda_backend *b, int E) {
+    return cb_moe_a2a(b) ? E : b->mc.num_experts;
+}
+
 static bool cb_moe_lt_pays(const cuda_backend *b, const cb_moe_rows *in, int E) {
-    const int64_t rows = b->cfg.moe_expert_gemm_rows, experts = cb_moe_a2a(b) ? E : b->mc.num_experts;
+    const int64_t rows = b->cfg.moe_expert_gemm_rows, experts = cb_moe_experts_of_pairs(b, E);
     const size_t H = (size_t)b->mc.hidden_size * b->elt, I = (size_t)b->mc.expert_intermediate_size * b->elt;
     if (rows <= 0 || b->warming || (int64_t)in->P < rows * experts || H % 256 || I % 256 || in->x == b->moe_y)
         return false;
@@ -325,14 +333,23 @@ static loom_status cb_moe_experts(cuda_backend *b, int32_t l, const cb_moe_rows 
                             "expert grouping", l, err)))
         return st;
     if (cb_moe_lt_pays(b, in, E)) return cb_moe_experts_lt(b, l, in, err);
-    if ((st = cb_moe_launch(b, loom_cuda_moe_gemm(b->dt, in->x, b->moe_perm, div, ly->wgu_exps, b->moe_tiles, tiles,
-                                                  2 * I, H, b->moe_gu, s),
+    /* wgmma's 64 x 256 tiles where experts have rows enough to fill them
+     * (the step's size decides, so a captured graph holds the same choice) */
+    const int64_t wg_rows = b->cfg.moe_wgmma_rows;
+    const bool wg = wg_rows > 0 && (int64_t)P >= wg_rows * cb_moe_experts_of_pairs(b, E);
+    const cb_moe_gemm_fn gemm = wg ? loom_cuda_moe_gemm_wg : loom_cuda_moe_gemm;
+    if ((st = cb_moe_launch(b, gemm(b->dt, in->x, b->moe_perm, div, ly->wgu_exps, b->moe_tiles, tiles, 2 * I, H,
+                                    b->moe_gu, s),
                             "expert gate|up GEMM", l, err)) ||
         (st = cb_moe_launch(b, loom_cuda_swiglu(b->dt, b->moe_act, b->moe_gu, P, I, s), "expert SwiGLU", l, err)))
         return st;
-    return cb_moe_launch(b, loom_cuda_moe_gemm(b->dt, b->moe_act, NULL, 1, ly->wdown_exps, b->moe_tiles, tiles, H, I,
-                                               b->moe_y, s),
-                         "expert down GEMM", l, err);
+    if ((st = cb_moe_launch(b, gemm(b->dt, b->moe_act, NULL, 1, ly->wdown_exps, b->moe_tiles, tiles, H, I, b->moe_y,
+                                    s),
+                            "expert down GEMM", l, err)))
+        return st;
+    /* counted when launched (a captured step once, at capture): which kernel a step shape takes */
+    if (wg && b->host->metric_add) b->host->metric_add(b->host->ctx, "backend.cuda.moe_wgmma_layers", 1);
+    return LOOM_OK;
 }
 
 /* logits (T, E) f32 of the T rows from x and their routing into moe_sel /
