@@ -332,7 +332,7 @@ extern "C" cudaError_t loom_cuda_moe_gemm(loom_cuda_dt dt, const void *x, const 
  * warpgroup waits for all but its latest wgmma after each one, so the
  * buffer refilled at the top of stage it (read by stage it - 2) is free
  * once the CTA has passed the barrier (qtiled.cu's wgmma path does the
- * same). Four times the mma.sync kernel's columns a CTA: each weight chunk
+ * same). Twice the mma.sync kernel's columns a CTA, and each weight chunk
  * brought to shared memory feeds 64 rows through the tensor cores without
  * passing through registers. */
 #define LC_MOE_WG_BN 256
@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(256, 1)
     lc_moe_gemm_wg_kernel(const T *__restrict__ x, const int32_t *__restrict__ perm, int div, const T *__restrict__ w,
                           const int32_t *__restrict__ tiles, int N, int K, T *__restrict__ y) {
     constexpr int ST = LC_MOE_WG_ST, D = ST - 2;
-    extern __shared__ __align__(1024) uint8_t lc_mw_raw[];
+    extern __shared__ __align__(16) uint8_t lc_mw_raw[]; /* aligned to 1024 below, at run time */
     const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(lc_mw_raw);
     uint8_t *sm = lc_mw_raw + ((1024u - (raw_s & 1023u)) & 1023u);
     const uint32_t sm_s = (uint32_t)__cvta_generic_to_shared(sm);
@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const bool ok = aok[i] && kin;
-            lc_cp16(st + ((rl + 32 * i) * LC_MOE_WG_LDA + ch * 8) * 2, ok ? arow[i] + k0 : arow[i], ok);
+            lc_cp16(st + ((rl + 32 * i) * LC_MOE_WG_LDA + ch * 8) * 2, ok ? arow[i] + k0 : x, ok);
         }
 #pragma unroll
         for (int i = 0; i < 8; i++) {

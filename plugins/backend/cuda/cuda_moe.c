@@ -203,6 +203,13 @@ static loom_status cb_moe_gemv_fused(cuda_backend *b, int32_t T, int32_t l, loom
                          "expert down GEMVs + combine", l, err);
 }
 
+/* The experts a step's P pairs spread over: this rank's under all-to-all
+ * (it received only their pairs), every expert under all-reduce (each rank
+ * routes every token). */
+static int64_t cb_moe_experts_of_pairs(const cuda_backend *b, int E) {
+    return cb_moe_a2a(b) ? E : b->mc.num_experts;
+}
+
 /* Whether this step's experts take cb_moe_experts_lt: only an eager step
  * (a graph cannot carry a host read of routed counts) whose pairs average
  * at least moe_expert_gemm_rows rows an expert — in the all-reduce form of
@@ -210,10 +217,6 @@ static loom_status cb_moe_gemv_fused(cuda_backend *b, int32_t T, int32_t l, loom
  * with rows of a whole number of 256-byte units (cuBLASLt's plans assume
  * operands that aligned, and an expert's rows start anywhere), input rows
  * not in moe_y (which that path gathers into). */
-static int64_t cb_moe_experts_of_pairs(const cuda_backend *b, int E) {
-    return cb_moe_a2a(b) ? E : b->mc.num_experts;
-}
-
 static bool cb_moe_lt_pays(const cuda_backend *b, const cb_moe_rows *in, int E) {
     const int64_t rows = b->cfg.moe_expert_gemm_rows, experts = cb_moe_experts_of_pairs(b, E);
     const size_t H = (size_t)b->mc.hidden_size * b->elt, I = (size_t)b->mc.expert_intermediate_size * b->elt;
