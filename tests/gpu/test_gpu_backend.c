@@ -1555,33 +1555,36 @@ static void run_moe_shapes(const plugin *cpu_p, const plugin *cuda_p) {
         /* eager steps of more than 16 pairs run their experts as one
          * cuBLASLt GEMM each (the offsets read on the host, padded rows);
          * the graph instance's captured steps keep the grouped kernel. The
-         * same 128-wide shape without the parameter keeps the grouped
-         * kernel everywhere (the default is off) */
+         * same 128-wide shape with the default (1024 rows an expert, more
+         * than these steps have) keeps the grouped kernel everywhere */
         {"mixtral-like-expert-gemms", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false,
          false, NULL, .moe = &mixtral_w, .cuda_ov = "moe_expert_gemm_rows=1"},
         {"qwen2-moe-like-expert-gemms", LOOM_ARCH_QWEN2_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, true, false,
          false, NULL, .moe = &qwen2moe_w, .cuda_ov = "moe_expert_gemm_rows=1"},
         {"mixtral-like-128", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false, false, NULL,
          .moe = &mixtral_w},
-        /* every grouped step's expert GEMMs on wgmma, graphs included */
-        {"mixtral-like-wgmma", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false, false,
-         NULL, .moe = &mixtral, .cuda_ov = "moe_wgmma_rows=1"},
-        {"qwen2-moe-like-wgmma-f16", LOOM_ARCH_QWEN2_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, true, false,
-         false, "f16", .moe = &qwen2moe, .cuda_ov = "moe_wgmma_rows=1"},
+        /* the grouped steps' expert GEMMs on mma.sync instead of the
+         * default wgmma, graphs included */
+        {"mixtral-like-mma", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false, false, NULL,
+         .moe = &mixtral, .cuda_ov = "moe_wgmma_rows=0"},
+        {"qwen2-moe-like-mma-f16", LOOM_ARCH_QWEN2_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, true, false,
+         false, "f16", .moe = &qwen2moe, .cuda_ov = "moe_wgmma_rows=0"},
     };
     for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
         const double lt0 = g_moe_lt_layers, wg0 = g_moe_wg_layers;
         run_shape(cpu_p, cuda_p, &moe[i], NULL, TOL_CPU);
-        /* the per-expert cuBLASLt path and the wgmma kernel ran where asked
-         * for, and only there */
+        /* the per-expert cuBLASLt path ran where asked for (the default,
+         * 1024 rows an expert, is more than these steps have), the wgmma
+         * GEMM (the default) wherever not turned off — not asked of the
+         * cuBLASLt shapes, whose grouped steps are only the captured ones */
         const char *ov = moe[i].cuda_ov ? moe[i].cuda_ov : "";
-        const bool want_lt = strstr(ov, "moe_expert_gemm_rows") != NULL, ran_lt = g_moe_lt_layers > lt0;
-        const bool want_wg = strstr(ov, "moe_wgmma_rows") != NULL, ran_wg = g_moe_wg_layers > wg0;
-        const bool ok = want_lt == ran_lt && want_wg == ran_wg;
+        const bool want_lt = strstr(ov, "moe_expert_gemm_rows=1") != NULL, ran_lt = g_moe_lt_layers > lt0;
+        const bool want_wg = strstr(ov, "moe_wgmma_rows=0") == NULL, ran_wg = g_moe_wg_layers > wg0;
+        const bool ok = want_lt == ran_lt && (want_lt || want_wg == ran_wg);
         printf("%s %-64s %.0f / %.0f layers\n", ok ? "PASS" : "FAIL",
                want_lt   ? "moe: eager steps ran one cuBLASLt GEMM an expert"
-               : want_wg ? "moe: grouped steps ran the wgmma GEMM"
-                         : "moe: grouped mma.sync GEMM kept (defaults)",
+               : want_wg ? "moe: grouped steps ran the wgmma GEMM (defaults)"
+                         : "moe: grouped steps ran mma.sync (moe_wgmma_rows=0)",
                g_moe_lt_layers - lt0, g_moe_wg_layers - wg0);
         g_pass += ok, g_fail += !ok;
     }

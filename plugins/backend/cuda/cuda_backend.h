@@ -115,8 +115,7 @@ typedef struct cuda_backend_config {
     int64_t moe_dispatch;       /* expert parallelism: 0 "all_reduce", 1
                                    "all_to_all" (cuda_moe.c)                    */
     int64_t moe_expert_gemm_rows; /* eager steps averaging these rows an expert:
-                                   one cuBLASLt GEMM an expert (0, the
-                                   default: never)                              */
+                                   one cuBLASLt GEMM an expert (0: never)        */
     int64_t moe_wgmma_rows;     /* steps averaging these rows an expert: the
                                    grouped GEMMs on wgmma (0: never)             */
 } cuda_backend_config;

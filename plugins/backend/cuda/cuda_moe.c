@@ -147,8 +147,12 @@ loom_status cb_moe_work_init(cuda_backend *b, loom_error *err) {
                         MT, K);
     const int tiles = loom_cuda_moe_max_tiles((int)P, (int)E);
     /* the per-expert cuBLASLt GEMMs pad each expert's rows (cb_moe_lt_rows:
-     * under max(64, n / 8) more), the last expert's past P */
-    const size_t PL = b->cfg.moe_expert_gemm_rows > 0 ? P + P / 8 + 64 : P;
+     * under max(64, n / 8) more), the last expert's past P — room only where
+     * a step can take them (cb_moe_lt_pays; this rank's experts are the
+     * fewest its pairs can spread over) */
+    const int64_t lt_rows = b->cfg.moe_expert_gemm_rows;
+    const bool lt_can = lt_rows > 0 && (int64_t)P >= lt_rows * (b->moe_el > 0 ? b->moe_el : 1);
+    const size_t PL = lt_can ? P + P / 8 + 64 : P;
     b->moe_rows_cap = (int32_t)PL;
     enum { N = 11 };
     const size_t sz[N] = {MT * E * 4, P * 4,         P * 4,     (E + 1) * 4,
