@@ -1575,12 +1575,12 @@ static void run_moe_shapes(const plugin *cpu_p, const plugin *cuda_p) {
         run_shape(cpu_p, cuda_p, &moe[i], NULL, TOL_CPU);
         /* the per-expert cuBLASLt path ran where asked for (the default,
          * 1024 rows an expert, is more than these steps have), the wgmma
-         * GEMM (the default) wherever not turned off — not asked of the
-         * cuBLASLt shapes, whose grouped steps are only the captured ones */
+         * GEMM (the default) wherever not turned off: in the cuBLASLt
+         * shapes, their captured steps (cuda_ov is one key=value) */
         const char *ov = moe[i].cuda_ov ? moe[i].cuda_ov : "";
-        const bool want_lt = strstr(ov, "moe_expert_gemm_rows=1") != NULL, ran_lt = g_moe_lt_layers > lt0;
-        const bool want_wg = strstr(ov, "moe_wgmma_rows=0") == NULL, ran_wg = g_moe_wg_layers > wg0;
-        const bool ok = want_lt == ran_lt && (want_lt || want_wg == ran_wg);
+        const bool want_lt = !strcmp(ov, "moe_expert_gemm_rows=1"), ran_lt = g_moe_lt_layers > lt0;
+        const bool want_wg = strcmp(ov, "moe_wgmma_rows=0") != 0, ran_wg = g_moe_wg_layers > wg0;
+        const bool ok = want_lt == ran_lt && want_wg == ran_wg;
         printf("%s %-64s %.0f / %.0f layers\n", ok ? "PASS" : "FAIL",
                want_lt   ? "moe: eager steps ran one cuBLASLt GEMM an expert"
                : want_wg ? "moe: grouped steps ran the wgmma GEMM (defaults)"

@@ -130,15 +130,17 @@ static const loom_param cb_params[] = {
      .doc = "mixtures of experts: an eager step (not captured in a graph) whose (token, expert) pairs average at "
             "least this many rows an expert reads the experts' row counts on the host and runs one cuBLASLt GEMM "
             "an expert instead of the grouped GEMM — few large experts, as Mixtral's ~2048 in an 8192-token step "
-            "(hidden and expert widths of whole 256-byte rows); below ~1024 rows the grouped wgmma GEMM wins "
-            "(Qwen3-30B-A3B's 512: its 256 GEMMs a layer are launch-bound); 0 = never (docs/moe.md)"},
+            "(hidden and expert widths of whole 256-byte rows); the grouped wgmma GEMM wins at 512 rows "
+            "(Qwen3-30B-A3B's 512: its 256 GEMMs a layer are launch-bound; where between 512 and 2048 the two "
+            "cross was not measured); 0 = never (docs/moe.md)"},
     {.key = "moe_wgmma_rows", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, moe_wgmma_rows),
      .default_value = "1", .min = 0, .max = 1 << 20,
      .doc = "mixtures of experts: a step whose (token, expert) pairs average at least this many rows an expert "
             "runs the grouped expert GEMMs on Hopper's warpgroup MMA (wgmma: 64 x 256 tiles, one CTA an SM) "
             "instead of mma.sync (64 x 128 tiles); decided by the step's size, so graphs capture it too. "
-            "1 (the default) = every grouped step: never slower on an H100, 1.3-1.6x from 32 sequences; "
-            "0 = never (docs/moe.md)"},
+            "1 (the default) = every grouped step with at least as many pairs as experts (Qwen3-30B-A3B's decode "
+            "at 3-15 sequences keeps mma.sync): on an H100 1.3-1.6x mma.sync from 32 sequences and in "
+            "prefill; 0 = never (docs/moe.md)"},
     {.key = NULL},
 };
 

@@ -299,7 +299,7 @@ typedef struct cuda_backend {
     int32_t moe_off_h[LOOM_CUDA_MOE_MAX_EXPERTS + 1];
     int64_t moe_lt_layers;
     /* rows moe_gu / moe_act / moe_y hold: P, plus the padding of those
-     * GEMMs (P / 8 + 64) when moe_expert_gemm_rows is set */
+     * GEMMs (P / 8 + 64) where a step can take them (cb_moe_work_init) */
     int32_t moe_rows_cap;
     bool warming; /* cb_warm_pieces' eager runs: only what a capture records */
     /* expert parallelism's all-to-all form (cfg.moe_dispatch, cuda_moe.c),

@@ -88,6 +88,21 @@ bool cb_moe_a2a(const cuda_backend *b) {
     return b->sharded && b->mc.num_experts > 0 && b->cfg.moe_dispatch == 1;
 }
 
+/* The experts a step's P pairs spread over: this rank's under all-to-all
+ * (it received only their pairs), every expert under all-reduce (each rank
+ * routes every token). */
+static int64_t cb_moe_experts_of_pairs(const cuda_backend *b, int E) {
+    return cb_moe_a2a(b) ? E : b->mc.num_experts;
+}
+
+/* Whether the experts' widths suit one cuBLASLt GEMM an expert: hidden and
+ * expert rows of whole 256-byte units (cuBLASLt's plans assume operands
+ * that aligned, and an expert's rows start anywhere). */
+static bool cb_moe_lt_widths(const cuda_backend *b) {
+    const size_t H = (size_t)b->mc.hidden_size * b->elt, I = (size_t)b->mc.expert_intermediate_size * b->elt;
+    return H % 256 == 0 && I % 256 == 0;
+}
+
 loom_status cb_moe_check_comm(cuda_backend *b, const loom_model_config *c, const loom_comm *comm, loom_error *err) {
     if (!comm || comm->size < 2 || c->num_experts <= 0 || b->cfg.moe_dispatch != 1) return LOOM_OK;
     if (LOOM_HAS_FIELD(comm, loom_comm, all_to_allv) && comm->all_to_allv) return LOOM_OK;
@@ -151,7 +166,8 @@ loom_status cb_moe_work_init(cuda_backend *b, loom_error *err) {
      * a step can take them (cb_moe_lt_pays; this rank's experts are the
      * fewest its pairs can spread over) */
     const int64_t lt_rows = b->cfg.moe_expert_gemm_rows;
-    const bool lt_can = lt_rows > 0 && (int64_t)P >= lt_rows * (b->moe_el > 0 ? b->moe_el : 1);
+    const bool lt_can =
+        lt_rows > 0 && cb_moe_lt_widths(b) && (int64_t)P >= lt_rows * cb_moe_experts_of_pairs(b, b->moe_el);
     const size_t PL = lt_can ? P + P / 8 + 64 : P;
     b->moe_rows_cap = (int32_t)PL;
     enum { N = 11 };
@@ -207,24 +223,15 @@ static loom_status cb_moe_gemv_fused(cuda_backend *b, int32_t T, int32_t l, loom
                          "expert down GEMVs + combine", l, err);
 }
 
-/* The experts a step's P pairs spread over: this rank's under all-to-all
- * (it received only their pairs), every expert under all-reduce (each rank
- * routes every token). */
-static int64_t cb_moe_experts_of_pairs(const cuda_backend *b, int E) {
-    return cb_moe_a2a(b) ? E : b->mc.num_experts;
-}
-
 /* Whether this step's experts take cb_moe_experts_lt: only an eager step
  * (a graph cannot carry a host read of routed counts) whose pairs average
  * at least moe_expert_gemm_rows rows an expert — in the all-reduce form of
  * expert parallelism P counts every rank's pairs, so over all experts —
- * with rows of a whole number of 256-byte units (cuBLASLt's plans assume
- * operands that aligned, and an expert's rows start anywhere), input rows
- * not in moe_y (which that path gathers into). */
+ * with widths cb_moe_lt_widths takes, input rows not in moe_y (which that
+ * path gathers into). */
 static bool cb_moe_lt_pays(const cuda_backend *b, const cb_moe_rows *in, int E) {
     const int64_t rows = b->cfg.moe_expert_gemm_rows, experts = cb_moe_experts_of_pairs(b, E);
-    const size_t H = (size_t)b->mc.hidden_size * b->elt, I = (size_t)b->mc.expert_intermediate_size * b->elt;
-    if (rows <= 0 || b->warming || (int64_t)in->P < rows * experts || H % 256 || I % 256 || in->x == b->moe_y)
+    if (rows <= 0 || b->warming || (int64_t)in->P < rows * experts || !cb_moe_lt_widths(b) || in->x == b->moe_y)
         return false;
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     return cudaStreamIsCapturing(b->stream, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
@@ -248,10 +255,10 @@ static int32_t cb_moe_lt_rows(int32_t n, int32_t r0, int32_t cap) {
 }
 
 /* moe_y (P, H) in sorted rows = the experts' SwiGLU FFNs, one cuBLASLt GEMM
- * an expert for gate|up and one for down, where the grouped mma.sync
- * kernel (~140 TFLOP/s) leaves most of the tensor cores idle: the
- * grouping's offsets are read on the host (the stream waits for the
- * routing once a layer), the pairs' input rows gathered in sorted order
+ * an expert for gate|up and one for down, where few large experts give
+ * cuBLASLt whole GEMMs (Mixtral's prefill: ~2.6x the grouped wgmma kernel
+ * on an H100): the grouping's offsets are read on the host (the stream
+ * waits for the routing once a layer), the pairs' input rows gathered in sorted order
  * into moe_y, which is free until the down GEMMs write it. */
 static loom_status cb_moe_experts_lt(cuda_backend *b, int32_t l, const cb_moe_rows *in, loom_error *err) {
     const loom_model_config *c = &b->mc;
