@@ -13,7 +13,8 @@
  * decode steps and piecewise steps are captured in CUDA graphs like a dense
  * model's — except eager steps whose experts are few and large
  * (moe_expert_gemm_rows): they read the grouping's offsets on the host once
- * a layer and run one cuBLASLt GEMM an expert. The loading side (weights per expert in dt) is in cuda_load.c.
+ * a layer and run one cuBLASLt GEMM an expert. The loading side (weights
+ * per expert in dt) is in cuda_load.c.
  *
  * Expert parallelism (load_shard; docs/moe.md, the all-reduce form): a rank
  * holds experts [moe_e0, moe_e0 + moe_el) and moe_sh columns of the shared
