@@ -238,9 +238,10 @@ static void rig_close(rig *g) {
     memset(g, 0, sizeof *g);
 }
 
-/* One more backend override, and a quantizer, for the rigs opened while
- * set (NULL: none). */
-static const char *g_backend_ov;
+/* Two more backend overrides, and a quantizer, for the rigs opened while
+ * set (NULL: none): g_backend_ov the experts' dispatch form, g_lt_ov the
+ * cuBLASLt expert GEMMs (each tp run then checks that it took them). */
+static const char *g_backend_ov, *g_lt_ov;
 static const loom_quant_binding *g_quant;
 
 /* size 0: a plain backend; else the executor `tp` (tp or pp) with the
@@ -250,7 +251,8 @@ static loom_status rig_open_exec(rig *g, const plugin *cuda, const plugin *tp, i
     memset(g, 0, sizeof *g);
     g->cuda = cuda, g->tp = tp;
     const char *ov[] = {graphs ? "cuda_graphs=true" : "cuda_graphs=false",
-                        "max_batched_tokens=512", g_backend_ov, NULL};
+                        "max_batched_tokens=512", g_backend_ov ? g_backend_ov : g_lt_ov,
+                        g_backend_ov ? g_lt_ov : NULL, NULL};
     void *bcfg = gpu_config_make(cuda->comp, ov);
     const loom_host *h = loom_host_default();
     loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = BS, .num_blocks = NB,
@@ -643,7 +645,8 @@ static bool splits(const loom_model_config *c, int n) {
  * settings in force (g_backend_ov, g_quant). */
 static const char *threads_variant(void) {
     static char v[64];
-    snprintf(v, sizeof v, "%s%s", g_backend_ov ? " (all-to-all)" : "", g_quant ? " int8" : "");
+    snprintf(v, sizeof v, "%s%s%s", g_backend_ov ? " (all-to-all)" : "", g_quant ? " int8" : "",
+             g_lt_ov ? " cuBLASLt experts" : "");
     return v;
 }
 
@@ -689,8 +692,15 @@ static run_out check_threads_tp(const plugin *cuda, const plugin *tp, int n, con
     snprintf(sz, sizeof sz, "size=%d", n);
     const char *xov[] = {sz, "comm=threads", NULL};
     snprintf(label, sizeof label, "%s tp %d threads, one GPU%s", name, n, threads_variant());
+    const double lt0 = loom_metrics_get("backend.cuda.moe_expert_gemm_layers");
     run_out got = run_rig(cuda, tp, n, xov, false, false, view, label);
     if (got.ok) check_vs_plain(label, &got, ref, V, n == 1 ? TOL_SAME : TOL_TP, a2a_shared ? TOL_TP : TOL_SAME);
+    if (got.ok && g_lt_ov) {
+        char what[300];
+        const double lt = loom_metrics_get("backend.cuda.moe_expert_gemm_layers") - lt0;
+        snprintf(what, sizeof what, "%s: layers on cuBLASLt expert GEMMs (%g) > 0", label, lt);
+        result(lt > 0, what, 0, NULL);
+    }
     return got;
 }
 
@@ -803,6 +813,19 @@ static void run_one_gpu_tp(const plugin *cuda, const plugin *pp, const char *tp_
             g_backend_ov = NULL;
             run_quantized_ep(cuda, &tpt, tm[i].name, v);
         }
+        loom_model_free(m);
+    }
+    /* the cuBLASLt expert GEMMs (every eager step with a row an expert)
+     * under tp / EP, both forms: they need widths of whole 256-byte units,
+     * which the tiny shapes lack, so one layer of the Qwen3-30B-A3B shape */
+    loom_model *m = load_dummy("qwen3-30b-a3b", LOOM_DTYPE_BF16, 1);
+    if (m) {
+        const loom_model_view *v = loom_model_view_get(m);
+        g_lt_ov = "moe_expert_gemm_rows=1";
+        run_tp_threads_model(cuda, &tpt, NULL, "qwen3-30b-a3b 1 layer", v);
+        g_backend_ov = "moe_dispatch=all_to_all";
+        run_tp_threads_model(cuda, &tpt, NULL, "qwen3-30b-a3b 1 layer", v);
+        g_backend_ov = NULL, g_lt_ov = NULL;
         loom_model_free(m);
     }
 }
