@@ -629,6 +629,9 @@ cudaError_t loom_cuda_moe_qgemm(loom_cuda_dt dt, const void *x, const void *xq, 
  * No host synchronisation and no grid sized from routed data: capturable
  * in a CUDA graph. */
 #define LOOM_CUDA_MOE_MAX_EXPERTS 256
+/* Rows of the tiles loom_cuda_moe_gemm and loom_cuda_moe_qgemm take (the
+ * list's tile_rows, loom_cuda_moe_group). */
+#define LOOM_CUDA_MOE_TILE_ROWS 64
 
 /* Per token: p = softmax(logits[t, :E]) in float32; its K largest (equal
  * probabilities: the lower expert first) into sel (T, K) in descending
@@ -643,17 +646,20 @@ cudaError_t loom_cuda_moe_qgemm(loom_cuda_dt dt, const void *x, const void *xq, 
 cudaError_t loom_cuda_moe_route(const float *logits, int T, int E, int K, int norm, int e0, int el,
                                 int32_t *sel, float *wt, cudaStream_t s);
 
-/* Tiles of the grouped GEMM that any routing of P pairs over E experts
- * may need: the grid height of loom_cuda_moe_gemm and the room of the
- * tile list (1 + 3 max_tiles ints). */
-int loom_cuda_moe_max_tiles(int P, int E);
+/* Tiles of tile_rows rows that any routing of P pairs over E experts may
+ * need: the grid height of the grouped GEMMs and the room of the tile list
+ * (1 + 3 max_tiles ints). */
+int loom_cuda_moe_max_tiles(int P, int E, int tile_rows);
 
 /* Group the P pairs of sel (P) by expert, on the device: off (E + 1) the
  * exclusive prefix of the per-expert counts; perm (P): sorted row i holds
  * pair perm[i], ascending experts; inv (P): pair p sits at sorted row
- * inv[p] (-1 for sel[p] < 0: no row, no tile); tiles (1 + 3 max_tiles): tiles[0] = n, then n (expert, first
- * sorted row, rows <= 64) triples covering every expert's rows. One CTA. */
-cudaError_t loom_cuda_moe_group(const int32_t *sel, int P, int E, int32_t *off, int32_t *perm,
+ * inv[p] (-1 for sel[p] < 0: no row, no tile); tiles (1 + 3 max_tiles):
+ * tiles[0] = n, then n (expert, first sorted row, rows <= tile_rows)
+ * triples covering every expert's rows — tile_rows 64 for
+ * loom_cuda_moe_gemm, loom_cuda_moe_qgemm and loom_cuda_moe_gemm_wg's
+ * 64-row form, 128 for its 128-row form. One CTA. */
+cudaError_t loom_cuda_moe_group(const int32_t *sel, int P, int E, int tile_rows, int32_t *off, int32_t *perm,
                                 int32_t *inv, int32_t *tiles, cudaStream_t s);
 
 /* Expert parallelism's all-to-all form (the cuda backend's moe_dispatch:
@@ -681,13 +687,15 @@ cudaError_t loom_cuda_moe_gemm(loom_cuda_dt dt, const void *x, const int32_t *pe
                                const void *w, const int32_t *tiles, int max_tiles, int N, int K,
                                void *y, cudaStream_t s);
 
-/* loom_cuda_moe_gemm's contract on Hopper's warpgroup MMA (wgmma, sm_90a):
- * 64 x 256 output tiles (the tile list's 64-row tiles, 256 columns a CTA),
- * weights through a 5-stage cp.async ring in ~206 KB of shared memory, so
- * one CTA an SM. The same float32 sums in another order: not the mma.sync
- * kernel's bits. */
+/* loom_cuda_moe_gemm's contract on Hopper's warpgroup MMA (wgmma, sm_90a)
+ * over a list of tile_rows-row tiles (64 or 128: the list's, from
+ * loom_cuda_moe_group), 256 output columns a CTA; the weights through a
+ * cp.async ring of ~201-206 KB of shared memory, so one CTA an SM. 128-row
+ * tiles read each weight stage once for twice the rows (steps whose
+ * experts have that many). The same float32 sums in another order: not
+ * the mma.sync kernel's bits. */
 cudaError_t loom_cuda_moe_gemm_wg(loom_cuda_dt dt, const void *x, const int32_t *perm, int div,
-                                  const void *w, const int32_t *tiles, int max_tiles, int N, int K,
+                                  const void *w, const int32_t *tiles, int max_tiles, int tile_rows, int N, int K,
                                   void *y, cudaStream_t s);
 
 /* Per pair p < P: y[p, :N] (dt) = x[p / div] @ W_{sel[p]}^T, W (E, N, K)

@@ -99,8 +99,10 @@ extern "C" cudaError_t loom_cuda_moe_route(const float *logits, int T, int E, in
 
 /* ------------------------------------------------------------ grouping */
 
-extern "C" int loom_cuda_moe_max_tiles(int P, int E) {
-    return (P + LC_MOE_BM - 1) / LC_MOE_BM + (E < P ? E : P);
+static_assert(LC_MOE_BM == LOOM_CUDA_MOE_TILE_ROWS, "the mma.sync tiles are the list's 64-row tiles");
+
+extern "C" int loom_cuda_moe_max_tiles(int P, int E, int tile_rows) {
+    return (P + tile_rows - 1) / tile_rows + (E < P ? E : P);
 }
 
 /* One CTA: counts per expert (shared atomics), their exclusive scan into
@@ -108,7 +110,7 @@ extern "C" int loom_cuda_moe_max_tiles(int P, int E) {
  * (expert, first sorted row, rows) with tiles[0] = their count. A pair of
  * another rank's expert (sel < 0) gets no row: inv = -1. */
 __global__ void __launch_bounds__(1024)
-    lc_moe_group_kernel(const int32_t *__restrict__ sel, int P, int E, int32_t *__restrict__ off,
+    lc_moe_group_kernel(const int32_t *__restrict__ sel, int P, int E, int bm, int32_t *__restrict__ off,
                         int32_t *__restrict__ perm, int32_t *__restrict__ inv, int32_t *__restrict__ tiles) {
     extern __shared__ int32_t sm[]; /* cnt (E), cur (E), toff (E + 1) */
     lc_pdl_wait();
@@ -126,7 +128,7 @@ __global__ void __launch_bounds__(1024)
             toff[e] = to;
             off[e] = o;
             o += cnt[e];
-            to += (cnt[e] + LC_MOE_BM - 1) / LC_MOE_BM;
+            to += (cnt[e] + bm - 1) / bm;
         }
         off[E] = o;
         toff[E] = to;
@@ -146,19 +148,19 @@ __global__ void __launch_bounds__(1024)
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         const int32_t r0 = cur[e] - cnt[e]; /* cur ended at the expert's end */
         for (int32_t k = toff[e]; k < toff[e + 1]; k++) {
-            const int32_t r = r0 + (k - toff[e]) * LC_MOE_BM;
+            const int32_t r = r0 + (k - toff[e]) * bm;
             const int32_t n = r0 + cnt[e] - r;
             int32_t *tl = tiles + 1 + 3 * k;
-            tl[0] = e, tl[1] = r, tl[2] = n < LC_MOE_BM ? n : LC_MOE_BM;
+            tl[0] = e, tl[1] = r, tl[2] = n < bm ? n : bm;
         }
     }
 }
 
-extern "C" cudaError_t loom_cuda_moe_group(const int32_t *sel, int P, int E, int32_t *off, int32_t *perm,
-                                           int32_t *inv, int32_t *tiles, cudaStream_t s) {
-    if (P <= 0 || E < 1 || E > LOOM_CUDA_MOE_MAX_EXPERTS) return cudaErrorInvalidValue;
+extern "C" cudaError_t loom_cuda_moe_group(const int32_t *sel, int P, int E, int tile_rows, int32_t *off,
+                                           int32_t *perm, int32_t *inv, int32_t *tiles, cudaStream_t s) {
+    if (P <= 0 || E < 1 || E > LOOM_CUDA_MOE_MAX_EXPERTS || tile_rows < 1) return cudaErrorInvalidValue;
     return lc_launch(lc_moe_group_kernel, dim3(1), dim3(1024), (size_t)(3 * E + 1) * sizeof(int32_t), s, sel, P, E,
-                     off, perm, inv, tiles);
+                     tile_rows, off, perm, inv, tiles);
 }
 
 /* ------------------------------------ expert parallelism: all-to-all */
@@ -322,34 +324,41 @@ extern "C" cudaError_t loom_cuda_moe_gemm(loom_cuda_dt dt, const void *x, const 
 }
 
 /* The same grouped GEMM on Hopper's warpgroup MMA: a CTA of two
- * warpgroups owns a 64-row tile of the list and 256 output columns, each
- * warpgroup 128 of them as one wgmma m64n128k16 a k16 step — A (the tile's
- * tokens, each warp its 16 rows) by ldmatrix from padded rows, B (the
- * expert's weight rows, K-major) read by the tensor cores from shared
+ * warpgroups owns a tile of the list and 256 output columns — A (the
+ * tile's tokens, each warp its 16 rows) by ldmatrix from padded rows, B
+ * (the expert's weight rows, K-major) read by the tensor cores from shared
  * memory in the 128-byte swizzle (a row's 64 columns one 128-byte row, its
- * 16-byte chunk c at c ^ (row % 8)). K in stages of 64 columns through a
- * ring of LC_MOE_WG_ST stages, cp.async filling LC_MOE_WG_ST - 2 ahead: a
- * warpgroup waits for all but its latest wgmma after each one, so the
- * buffer refilled at the top of stage it (read by stage it - 2) is free
- * once the CTA has passed the barrier (qtiled.cu's wgmma path does the
- * same). Twice the mma.sync kernel's columns a CTA, and each weight chunk
- * brought to shared memory feeds 64 rows through the tensor cores without
- * passing through registers. */
+ * 16-byte chunk c at c ^ (row % 8)). Two tile heights (the list's):
+ *   BM 64: both warpgroups the tile's 64 rows, each 128 of the columns
+ *          (wgmma m64n128k16), a 5-stage ring of 40 KB;
+ *   BM 128: each warpgroup 64 of the rows and all 256 columns (m64n256k16,
+ *          128 accumulators a thread), a 4-stage ring of 50 KB — each
+ *          weight chunk brought to shared memory feeds 128 rows instead of
+ *          64, for steps whose experts have the rows to fill such tiles.
+ * K in stages of 64 columns through a ring of ST stages, cp.async filling
+ * ST - 2 ahead: a warpgroup waits for all but its latest wgmma after each
+ * one, so the buffer refilled at the top of stage it (read by stage it -
+ * 2) is free once the CTA has passed the barrier (qtiled.cu's wgmma path
+ * does the same). */
 #define LC_MOE_WG_BN 256
 #define LC_MOE_WG_BK 64
 #define LC_MOE_WG_LDA (LC_MOE_WG_BK + 8) /* 144-byte A rows: an ldmatrix's 8 rows on distinct banks */
-#define LC_MOE_WG_AB (LC_MOE_BM * LC_MOE_WG_LDA * 2) /* 9 KB: keeps B 1024-aligned */
-#define LC_MOE_WG_STB (LC_MOE_WG_AB + LC_MOE_WG_BN * 128)
-#define LC_MOE_WG_ST 5
-#define LC_MOE_WG_SMEM ((size_t)LC_MOE_WG_ST * LC_MOE_WG_STB + 1024) /* + alignment slack */
-static_assert(LC_MOE_WG_AB % 1024 == 0, "B's swizzle atoms are 1024-aligned");
-static_assert(LC_MOE_WG_SMEM <= 227 * 1024, "grouped wgmma GEMM: shared memory");
+template <int BM> struct lc_moe_wg_cfg {
+    static constexpr int ST = BM == 64 ? 5 : 4;            /* ring stages                         */
+    static constexpr int WN = BM == 64 ? 128 : 256;        /* columns a warpgroup                 */
+    static constexpr int AB = BM * LC_MOE_WG_LDA * 2;      /* 9 / 18 KB: keeps B 1024-aligned     */
+    static constexpr int STB = AB + LC_MOE_WG_BN * 128;    /* a stage: A, then B's 256 rows       */
+    static constexpr size_t SMEM = (size_t)ST * STB + 1024; /* + alignment slack                  */
+    static_assert(AB % 1024 == 0, "B's swizzle atoms are 1024-aligned");
+    static_assert(SMEM <= 227 * 1024, "grouped wgmma GEMM: shared memory");
+};
 
-template <typename T>
+template <typename T, int BM>
 __global__ void __launch_bounds__(256, 1)
     lc_moe_gemm_wg_kernel(const T *__restrict__ x, const int32_t *__restrict__ perm, int div, const T *__restrict__ w,
                           const int32_t *__restrict__ tiles, int N, int K, T *__restrict__ y) {
-    constexpr int ST = LC_MOE_WG_ST, D = ST - 2;
+    typedef lc_moe_wg_cfg<BM> C;
+    constexpr int ST = C::ST, D = ST - 2, WN = C::WN, AR = BM / 32;
     extern __shared__ __align__(16) uint8_t lc_mw_raw[]; /* aligned to 1024 below, at run time */
     const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(lc_mw_raw);
     uint8_t *sm = lc_mw_raw + ((1024u - (raw_s & 1023u)) & 1023u);
@@ -363,12 +372,12 @@ __global__ void __launch_bounds__(256, 1)
     const T *we = w + (size_t)e * N * K;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
     /* loaders: thread tid copies chunk tid % 8 (8 columns) of rows tid / 8 + 32 i:
-     * A's 64 rows two a thread, B's 256 eight */
+     * A's BM rows BM / 32 a thread, B's 256 eight */
     const int ch = tid & 7, rl = tid >> 3;
-    const T *arow[2];
-    bool aok[2];
+    const T *arow[AR];
+    bool aok[AR];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < AR; i++) {
         const int r = rl + 32 * i;
         aok[i] = r < nrows;
         const int32_t sr = r0 + (aok[i] ? r : 0);
@@ -383,17 +392,17 @@ __global__ void __launch_bounds__(256, 1)
     /* rl % 8 is each of a thread's B rows' place in its swizzle atom */
     const uint32_t b_dst = (uint32_t)(rl * 128 + ((ch ^ (rl & 7)) << 4));
     auto load = [&](int b, int k0) {
-        uint8_t *st = sm + (size_t)b * LC_MOE_WG_STB;
+        uint8_t *st = sm + (size_t)b * C::STB;
         const bool kin = k0 + ch * 8 < K;
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < AR; i++) {
             const bool ok = aok[i] && kin;
             lc_cp16(st + ((rl + 32 * i) * LC_MOE_WG_LDA + ch * 8) * 2, ok ? arow[i] + k0 : x, ok);
         }
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const bool ok = brow[i] && kin;
-            lc_cp16(st + LC_MOE_WG_AB + b_dst + i * 32 * 128, ok ? brow[i] + k0 : we, ok);
+            lc_cp16(st + C::AB + b_dst + i * 32 * 128, ok ? brow[i] + k0 : we, ok);
         }
     };
     const int nk = (K + LC_MOE_WG_BK - 1) / LC_MOE_WG_BK;
@@ -402,12 +411,15 @@ __global__ void __launch_bounds__(256, 1)
         if (i < nk) load(i, i * LC_MOE_WG_BK);
         lc_cp_commit();
     }
-    float acc[64];
+    float acc[WN / 2];
 #pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    for (int i = 0; i < WN / 2; i++) acc[i] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 64; i++) lc_wg_reg_fence(acc[i]);
-    const int ar = wq * 16 + (lane & 15), ac = (lane >> 4) * 8;
+    for (int i = 0; i < WN / 2; i++) lc_wg_reg_fence(acc[i]);
+    /* the warpgroup's rows (BM 128: its own 64) and its B columns (BM 64: its 128) */
+    const int m_wg = BM == 64 ? 0 : wg * 64;
+    const uint32_t b_wg = BM == 64 ? (uint32_t)(wg * 128 * 128) : 0u;
+    const int ar = m_wg + wq * 16 + (lane & 15), ac = (lane >> 4) * 8;
     for (int it = 0; it < nk; it++) {
         lc_cp_wait<D - 1>();
         lc_wg_proxy_fence(); /* the landed weights, for wgmma's reads */
@@ -418,31 +430,31 @@ __global__ void __launch_bounds__(256, 1)
             lc_cp_commit();
         }
         const int b = it % ST;
-        const T *as = reinterpret_cast<const T *>(sm + (size_t)b * LC_MOE_WG_STB);
-        const uint32_t bs = sm_s + (uint32_t)(b * LC_MOE_WG_STB + LC_MOE_WG_AB + wg * 128 * 128);
+        const T *as = reinterpret_cast<const T *>(sm + (size_t)b * C::STB);
+        const uint32_t bs = sm_s + (uint32_t)(b * C::STB + C::AB) + b_wg;
 #pragma unroll
         for (int q = 0; q < LC_MOE_WG_BK / 16; q++) {
             uint32_t a[4];
             lc_ldsm4(as + ar * LC_MOE_WG_LDA + q * 16 + ac, a[0], a[1], a[2], a[3]);
             lc_wg_fence();
-            lc_wgmma<T, 128>::mma(acc, a, lc_wg_desc_sw128(bs + (uint32_t)(q * 32)));
+            lc_wgmma<T, WN>::mma(acc, a, lc_wg_desc_sw128(bs + (uint32_t)(q * 32)));
             lc_wg_commit();
             lc_wg_wait<1>();
         }
     }
     lc_wg_wait<0>();
 #pragma unroll
-    for (int i = 0; i < 64; i++) lc_wg_reg_fence(acc[i]);
+    for (int i = 0; i < WN / 2; i++) lc_wg_reg_fence(acc[i]);
     lc_cp_wait<0>(); /* no copy may land after the CTA has gone */
-    /* accumulators: rows wq 16 + g, + 8; columns 8 i + 2 t, + 1 of the warpgroup's 128 */
-    const int g = lane >> 2, c2 = (lane & 3) * 2, nb = n0 + wg * 128;
+    /* accumulators: rows wq 16 + g, + 8 of the warpgroup's; columns 8 i + 2 t, + 1 of its WN */
+    const int g = lane >> 2, c2 = (lane & 3) * 2, nb = n0 + (BM == 64 ? wg * 128 : 0);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        const int m = wq * 16 + g + 8 * h;
+        const int m = m_wg + wq * 16 + g + 8 * h;
         if (m >= nrows) continue;
         T *yr = y + (size_t)(r0 + m) * N;
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
+        for (int i = 0; i < WN / 8; i++) {
             const int n = nb + 8 * i + c2;
             if (n < N) /* N % 8 == 0: n + 1 < N too */
                 *reinterpret_cast<uint32_t *>(yr + n) = lc_pack2<T>(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
@@ -450,21 +462,30 @@ __global__ void __launch_bounds__(256, 1)
     }
 }
 
-template <typename T> static cudaError_t lc_moe_gemm_wg_prepare() {
+template <typename T, int BM> static cudaError_t lc_moe_gemm_wg_prepare() {
     static unsigned long long done = 0;
-    return lc_smem_limit(&done, (const void *)lc_moe_gemm_wg_kernel<T>, LC_MOE_WG_SMEM);
+    return lc_smem_limit(&done, (const void *)lc_moe_gemm_wg_kernel<T, BM>, lc_moe_wg_cfg<BM>::SMEM);
+}
+
+template <typename T, int BM>
+static cudaError_t lc_moe_gemm_wg_launch(dim3 grid, const void *x, const int32_t *perm, int div, const void *w,
+                                         const int32_t *tiles, int N, int K, void *y, cudaStream_t s) {
+    cudaError_t e = lc_moe_gemm_wg_prepare<T, BM>();
+    if (e != cudaSuccess) return e;
+    return lc_launch(lc_moe_gemm_wg_kernel<T, BM>, grid, dim3(256), lc_moe_wg_cfg<BM>::SMEM, s, (const T *)x, perm,
+                     div, (const T *)w, tiles, N, K, (T *)y);
 }
 
 extern "C" cudaError_t loom_cuda_moe_gemm_wg(loom_cuda_dt dt, const void *x, const int32_t *perm, int div,
-                                             const void *w, const int32_t *tiles, int max_tiles, int N, int K,
-                                             void *y, cudaStream_t s) {
+                                             const void *w, const int32_t *tiles, int max_tiles, int tile_rows,
+                                             int N, int K, void *y, cudaStream_t s) {
     if (max_tiles <= 0) return cudaSuccess;
-    if (N % 8 || K % 8 || max_tiles > 65535) return cudaErrorInvalidValue;
+    if (N % 8 || K % 8 || max_tiles > 65535 || (tile_rows != 64 && tile_rows != 128)) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)lc_ceil_div(N, LC_MOE_WG_BN), (unsigned)max_tiles);
     cudaError_t e;
-    LOOM_CUDA_DISPATCH_DT(dt, if ((e = lc_moe_gemm_wg_prepare<E>()) == cudaSuccess) e = lc_launch(
-                                  lc_moe_gemm_wg_kernel<E>, grid, dim3(256), LC_MOE_WG_SMEM, s, (const E *)x, perm,
-                                  div, (const E *)w, tiles, N, K, (E *)y));
+    LOOM_CUDA_DISPATCH_DT(dt, e = tile_rows == 64
+                                      ? lc_moe_gemm_wg_launch<E, 64>(grid, x, perm, div, w, tiles, N, K, y, s)
+                                      : lc_moe_gemm_wg_launch<E, 128>(grid, x, perm, div, w, tiles, N, K, y, s));
     return e;
 }
 

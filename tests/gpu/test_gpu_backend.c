@@ -111,7 +111,8 @@
 #define TOL_KV_FP8_QUANT 1e-1 /* fp8 weights and activations too */
 
 static int g_fail, g_pass;
-static double g_graph_replays, g_graph_captures, g_piecewise_replays, g_moe_lt_layers, g_moe_wg_layers;
+static double g_graph_replays, g_graph_captures, g_piecewise_replays, g_moe_lt_layers, g_moe_wg_layers,
+    g_moe_wg128_layers;
 
 /* ---------------------------------------------------------------- host */
 
@@ -134,6 +135,7 @@ static void h_metric_add(void *ctx, const char *name, double d) {
     if (!strcmp(name, "backend.cuda.piecewise_replays")) g_piecewise_replays += d;
     if (!strcmp(name, "backend.cuda.moe_expert_gemm_layers")) g_moe_lt_layers += d;
     if (!strcmp(name, "backend.cuda.moe_wgmma_layers")) g_moe_wg_layers += d;
+    if (!strcmp(name, "backend.cuda.moe_wgmma_128_layers")) g_moe_wg128_layers += d;
 }
 static void h_metric_set(void *ctx, const char *name, double v) { (void)ctx, (void)name, (void)v; }
 
@@ -1569,9 +1571,15 @@ static void run_moe_shapes(const plugin *cpu_p, const plugin *cuda_p) {
          .moe = &mixtral, .cuda_ov = "moe_wgmma_rows=0"},
         {"qwen2-moe-like-mma-f16", LOOM_ARCH_QWEN2_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, true, false,
          false, "f16", .moe = &qwen2moe, .cuda_ov = "moe_wgmma_rows=0"},
+        /* the wgmma GEMMs over 128-row tiles in every grouped step (the
+         * default, 128 rows an expert, is more than these steps have) */
+        {"mixtral-like-wgmma-128", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false,
+         false, NULL, .moe = &mixtral, .cuda_ov = "moe_wgmma_128_rows=1"},
+        {"qwen2-moe-like-wgmma-128-f16", LOOM_ARCH_QWEN2_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, true,
+         false, false, "f16", .moe = &qwen2moe, .cuda_ov = "moe_wgmma_128_rows=1"},
     };
     for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
-        const double lt0 = g_moe_lt_layers, wg0 = g_moe_wg_layers;
+        const double lt0 = g_moe_lt_layers, wg0 = g_moe_wg_layers, t0 = g_moe_wg128_layers;
         run_shape(cpu_p, cuda_p, &moe[i], NULL, TOL_CPU);
         /* the per-expert cuBLASLt path ran where asked for (the default,
          * 1024 rows an expert, is more than these steps have), the wgmma
@@ -1580,12 +1588,15 @@ static void run_moe_shapes(const plugin *cpu_p, const plugin *cuda_p) {
         const char *ov = moe[i].cuda_ov ? moe[i].cuda_ov : "";
         const bool want_lt = !strcmp(ov, "moe_expert_gemm_rows=1"), ran_lt = g_moe_lt_layers > lt0;
         const bool want_wg = strcmp(ov, "moe_wgmma_rows=0") != 0, ran_wg = g_moe_wg_layers > wg0;
-        const bool ok = want_lt == ran_lt && want_wg == ran_wg;
-        printf("%s %-64s %.0f / %.0f layers\n", ok ? "PASS" : "FAIL",
-               want_lt   ? "moe: eager steps ran one cuBLASLt GEMM an expert"
-               : want_wg ? "moe: grouped steps ran the wgmma GEMM (defaults)"
-                         : "moe: grouped steps ran mma.sync (moe_wgmma_rows=0)",
-               g_moe_lt_layers - lt0, g_moe_wg_layers - wg0);
+        /* 128-row tiles: where asked for, and never off wgmma */
+        const bool want_128 = !strcmp(ov, "moe_wgmma_128_rows=1"), ran_128 = g_moe_wg128_layers > t0;
+        const bool ok = want_lt == ran_lt && want_wg == ran_wg && (!want_128 || ran_128) && (want_wg || !ran_128);
+        printf("%s %-64s %.0f / %.0f / %.0f layers\n", ok ? "PASS" : "FAIL",
+               want_lt    ? "moe: eager steps ran one cuBLASLt GEMM an expert"
+               : want_128 ? "moe: grouped steps ran the wgmma GEMM on 128-row tiles"
+               : want_wg  ? "moe: grouped steps ran the wgmma GEMM (defaults)"
+                          : "moe: grouped steps ran mma.sync (moe_wgmma_rows=0)",
+               g_moe_lt_layers - lt0, g_moe_wg_layers - wg0, g_moe_wg128_layers - t0);
         g_pass += ok, g_fail += !ok;
     }
     test_moe_refused(cuda_p, &moe[0]);

@@ -2832,18 +2832,18 @@ static void test_moe_route(int T, int E, int K, bool norm, int mode) {
 
 /* Grouping P pairs by expert: off the prefix of the counts, perm a
  * permutation with every sorted row in its expert's segment, inv its
- * inverse, the tiles covering each segment exactly (rows <= 64, in order)
+ * inverse, the tiles covering each segment exactly (rows <= bm, in order)
  * and no more of them than loom_cuda_moe_max_tiles. */
-static void test_moe_group(int P, int E, int mode) {
+static void test_moe_group(int P, int E, int mode, int bm) {
     int32_t *sel = malloc((size_t)P * 4);
     for (int p = 0; p < P; p++) /* mode 3: about half the pairs another rank's (-1) */
         sel[p] = mode == 0 ? rng_int(E) : mode == 1 ? E - 1 : mode == 2 ? (rng_int(2) ? 0 : E / 2)
                                                              : (rng_int(2) ? rng_int(E) : -1);
-    const int mt = loom_cuda_moe_max_tiles(P, E);
+    const int mt = loom_cuda_moe_max_tiles(P, E, bm);
     int32_t *d_sel = dev_upload(sel, (size_t)P * 4), *d_off = dev_poison((size_t)(E + 1) * 4);
     int32_t *d_perm = dev_poison((size_t)P * 4), *d_inv = dev_poison((size_t)P * 4);
     int32_t *d_tiles = dev_poison((size_t)(1 + 3 * mt) * 4);
-    CK(loom_cuda_moe_group(d_sel, P, E, d_off, d_perm, d_inv, d_tiles, 0));
+    CK(loom_cuda_moe_group(d_sel, P, E, bm, d_off, d_perm, d_inv, d_tiles, 0));
     CK(cudaDeviceSynchronize());
     int32_t *off = malloc((size_t)(E + 1) * 4), *perm = malloc((size_t)P * 4), *inv = malloc((size_t)P * 4);
     int32_t *tiles = malloc((size_t)(1 + 3 * mt) * 4), *cnt = calloc((size_t)E, 4), *seen = calloc((size_t)P, 4);
@@ -2873,13 +2873,13 @@ static void test_moe_group(int P, int E, int mode) {
     int32_t next = 0; /* tiles in order cover [0, P) expert by expert */
     for (int k = 0; k < n && !bad; k++) {
         const int32_t e = tiles[1 + 3 * k], r = tiles[2 + 3 * k], m = tiles[3 + 3 * k];
-        if (e < 0 || e >= E || r != next || m < 1 || m > 64 || r < off[e] || r + m > off[e + 1]) bad++;
+        if (e < 0 || e >= E || r != next || m < 1 || m > bm || r < off[e] || r + m > off[e + 1]) bad++;
         next = r + m;
     }
     bad += !bad && next != local;
     static const char *const modes[4] = {"uniform", "all-one-expert", "two-experts", "half another rank's"};
     char name[128];
-    snprintf(name, sizeof name, "moe group P=%d E=%d %s", P, E, modes[mode]);
+    snprintf(name, sizeof name, "moe group P=%d E=%d %s, %d-row tiles", P, E, modes[mode], bm);
     report_count(name, bad, P);
     cudaFree(d_sel), cudaFree(d_off), cudaFree(d_perm), cudaFree(d_inv), cudaFree(d_tiles);
     free(sel), free(off), free(perm), free(inv), free(tiles), free(cnt), free(seen);
@@ -2950,8 +2950,8 @@ static void test_moe_pack(int n, int H, int div) {
  * the per-pair GEMVs (gemv 1) or group + grouped GEMMs (0), SwiGLU between,
  * combine (with a shared expert of width S when S > 0) — against float64
  * over the same dt inputs, with the device's routing and its dt roundings
- * of gu, act and the expert outputs mirrored. gemv 3: the grouped GEMMs on
- * wgmma (loom_cuda_moe_gemm_wg). gemv 2: the fused pair
+ * of gu, act and the expert outputs mirrored. gemv 3 / 4: the grouped GEMMs
+ * on wgmma (loom_cuda_moe_gemm_wg) over 64- / 128-row tiles. gemv 2: the fused pair
  * (loom_cuda_moe_gemv_swiglu, loom_cuda_moe_gemv_combine: only act is
  * rounded; no shared expert). Expert parallelism: as rank `rank` of
  * `ranks` (E % ranks == 0) — its E / ranks experts' slice of the stacked
@@ -2962,7 +2962,8 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
     if (gemv == 2 && S) return; /* the fused pair has no shared expert */
     const bool fused = gemv == 2;
     const int el = E / ranks, e0 = rank * el;
-    const int P = T * K, mt = loom_cuda_moe_max_tiles(P, el);
+    const int bm = gemv == 4 ? 128 : LOOM_CUDA_MOE_TILE_ROWS;
+    const int P = T * K, mt = loom_cuda_moe_max_tiles(P, el, bm);
     float *xf = malloc((size_t)T * H * 4), *wguf = malloc((size_t)E * 2 * I * H * 4);
     float *wdf = malloc((size_t)E * H * I * 4), *ysf = malloc((size_t)T * H * 4), *gate = malloc((size_t)H * 4);
     const float a1 = 1.0f / sqrtf((float)H), a2 = 1.0f / sqrtf((float)I);
@@ -2992,12 +2993,16 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
         CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
         CK(loom_cuda_moe_gemv(dt, d_act, 1, d_sel, d_wd_l, P, H, I, d_y, 0));
     } else {
-        cudaError_t (*gemm)(loom_cuda_dt, const void *, const int32_t *, int, const void *, const int32_t *, int,
-                            int, int, void *, cudaStream_t) = gemv == 3 ? loom_cuda_moe_gemm_wg : loom_cuda_moe_gemm;
-        CK(loom_cuda_moe_group(d_sel, P, el, d_off, d_perm, d_inv, d_tiles, 0));
-        CK(gemm(dt, d_x, d_perm, K, d_wgu_l, d_tiles, mt, 2 * I, H, d_gu, 0));
-        CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
-        CK(gemm(dt, d_act, NULL, 1, d_wd_l, d_tiles, mt, H, I, d_y, 0));
+        CK(loom_cuda_moe_group(d_sel, P, el, bm, d_off, d_perm, d_inv, d_tiles, 0));
+        if (gemv >= 3) {
+            CK(loom_cuda_moe_gemm_wg(dt, d_x, d_perm, K, d_wgu_l, d_tiles, mt, bm, 2 * I, H, d_gu, 0));
+            CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
+            CK(loom_cuda_moe_gemm_wg(dt, d_act, NULL, 1, d_wd_l, d_tiles, mt, bm, H, I, d_y, 0));
+        } else {
+            CK(loom_cuda_moe_gemm(dt, d_x, d_perm, K, d_wgu_l, d_tiles, mt, 2 * I, H, d_gu, 0));
+            CK(loom_cuda_swiglu(dt, d_act, d_gu, P, I, 0));
+            CK(loom_cuda_moe_gemm(dt, d_act, NULL, 1, d_wd_l, d_tiles, mt, H, I, d_y, 0));
+        }
     }
     if (!fused)
         CK(loom_cuda_moe_combine(dt, d_r, d_y, gemv == 1 ? NULL : d_inv, d_wt, T, K, H, S ? d_ysh : NULL, d_x, d_gate,
@@ -3049,7 +3054,8 @@ static void test_moe_ffn(loom_cuda_dt dt, int T, int E, int K, int I, int H, int
     char name[160], rk[32] = "";
     if (ranks > 1) snprintf(rk, sizeof rk, " rank %d/%d", rank, ranks);
     snprintf(name, sizeof name, "moe ffn %s %s T=%d E=%d K=%d I=%d H=%d%s %s%s", dtn(dt),
-             fused ? "gemv+swiglu, gemv+combine" : gemv == 1 ? "gemv" : gemv == 3 ? "grouped wgmma" : "grouped", T, E,
+             fused ? "gemv+swiglu, gemv+combine" : gemv == 1 ? "gemv" : gemv == 3 ? "grouped wgmma"
+                                                 : gemv == 4 ? "grouped wgmma 128-row" : "grouped", T, E,
              K, I, H, S ? " +shared" : "", modes[mode], rk);
     report(name, &a, TOL16);
     void *dv[] = {d_x,    d_wgu, d_wd,    d_ysh, d_gate, d_lg, d_wt, d_sel, d_off,
@@ -3162,7 +3168,7 @@ static long mq_codes_bad(int aq, const double *deq, const double *ref, int n, fl
 static void test_moe_qffn(loom_cuda_dt dt, loom_cuda_qfmt f, int T, int E, int K, int I, int H, int g, int mode,
                           bool gemv, int ranks, int rank) {
     const int el = E / ranks, e0 = rank * el;
-    const int P = T * K, mt = loom_cuda_moe_max_tiles(P, el), aq = loom_cuda_moe_qacts(f);
+    const int P = T * K, mt = loom_cuda_moe_max_tiles(P, el, LOOM_CUDA_MOE_TILE_ROWS), aq = loom_cuda_moe_qacts(f);
     float *xf = malloc((size_t)T * H * 4);
     uint16_t *x = rand16(dt, (size_t)T * H, -2, 2, xf);
     mq_host mgu, md;
@@ -3193,7 +3199,7 @@ static void test_moe_qffn(loom_cuda_dt dt, loom_cuda_qfmt f, int T, int E, int K
     if (gemv) {
         CK(loom_cuda_moe_qgemv(dt, d_x, d_xq, d_xsx, K, d_sel, &qgu_l, P, d_gu, 0));
     } else {
-        CK(loom_cuda_moe_group(d_sel, P, el, d_off, d_perm, d_inv, d_tiles, 0));
+        CK(loom_cuda_moe_group(d_sel, P, el, LOOM_CUDA_MOE_TILE_ROWS, d_off, d_perm, d_inv, d_tiles, 0));
         CK(loom_cuda_moe_qgemm(dt, d_x, d_xq, d_xsx, d_perm, K, &qgu_l, d_tiles, mt, d_gu, 0));
     }
     if (aq) CK(loom_cuda_moe_quant_act(dt, f, 1, P, I, d_gu, d_aq, d_asx, 0));
@@ -3350,18 +3356,19 @@ static void test_moe_all(void) {
         }
     test_moe_route(5, 256, 8, true, 0);
     test_moe_route(64, 60, 4, false, 1);
-    for (int mode = 0; mode < 4; mode++) {
-        test_moe_group(1, 8, mode);
-        test_moe_group(600, 8, mode);
-        test_moe_group(2400, 128, mode);
-        test_moe_group(8192 * 8, 128, mode);
-    }
+    for (int mode = 0; mode < 4; mode++)
+        for (int bm = 64; bm <= 128; bm += 64) {
+            test_moe_group(1, 8, mode, bm);
+            test_moe_group(600, 8, mode, bm);
+            test_moe_group(2400, 128, mode, bm);
+            test_moe_group(8192 * 8, 128, mode, bm);
+        }
     test_moe_pack(1, 8, 1);
     test_moe_pack(300, 64, 2);
     test_moe_pack(4096, 2048, 8);
     const loom_cuda_dt dts[2] = {LOOM_CUDA_BF16, LOOM_CUDA_F16};
     for (int di = 0; di < 2; di++)
-        for (int gemv = 0; gemv < 4; gemv++) {
+        for (int gemv = 0; gemv < 5; gemv++) {
             const loom_cuda_dt dt = dts[di];
             test_moe_ffn(dt, 1, 8, 2, 256, 128, 0, 0, gemv, 1, 0);
             test_moe_ffn(dt, 3, 16, 8, 64, 72, 48, 1, gemv, 1, 0);
@@ -3373,20 +3380,22 @@ static void test_moe_all(void) {
              * part-way, lane 0 with a fourth chunk the others lack */
             test_moe_ffn(dt, 5, 16, 4, 64, 776, 0, 0, gemv, 1, 0);
         }
-    /* several 64-row tiles an expert; widths past the wgmma kernel's 256
-     * columns and 64-column stages by a part (gate|up N 400 K 328, down N
-     * 328 K 200) */
-    for (int gemv = 0; gemv < 4; gemv += 3) {
+    /* several 64- and 128-row tiles an expert; widths past the wgmma
+     * kernel's 256 columns and 64-column stages by a part (gate|up N 400 K
+     * 328, down N 328 K 200); 700 tokens of top-2 over 4 experts: 350 rows
+     * an expert, tiles of 128, 128 and a ragged 94 */
+    for (int gemv = 0; gemv < 5; gemv += gemv ? 1 : 3) {
         test_moe_ffn(LOOM_CUDA_BF16, 64, 8, 2, 1024, 512, 0, 0, gemv, 1, 0);
         test_moe_ffn(LOOM_CUDA_BF16, 300, 4, 2, 200, 328, 0, 0, gemv, 1, 0);
         test_moe_ffn(LOOM_CUDA_F16, 300, 4, 2, 200, 328, 0, 1, gemv, 1, 0);
+        test_moe_ffn(LOOM_CUDA_BF16, 700, 4, 2, 200, 328, 0, 0, gemv, 1, 0);
     }
     /* expert parallelism: each rank's share, every path. Idle-experts mode
      * over 2 ranks gives rank 0 every choice and rank 1 none (only zeros
      * to write); 12 of 16 experts a token over 2 ranks leave each rank 4..8
      * of a token's slots, so the fused combine's warps (6 slots each) meet
      * masks of 4 and more with other ranks' slots between them */
-    for (int gemv = 0; gemv < 4; gemv++) {
+    for (int gemv = 0; gemv < 5; gemv++) {
         for (int r = 0; r < 2; r++) {
             test_moe_ffn(LOOM_CUDA_BF16, 3, 16, 8, 64, 72, 48, 1, gemv, 2, r);
             test_moe_ffn(LOOM_CUDA_BF16, 300, 8, 2, 136, 64, 32, 3, gemv, 2, r);

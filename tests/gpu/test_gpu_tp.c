@@ -240,7 +240,7 @@ static void rig_close(rig *g) {
 
 /* Two more backend overrides, and a quantizer, for the rigs opened while
  * set (NULL: none): g_backend_ov the experts' dispatch form, g_lt_ov the
- * cuBLASLt expert GEMMs (each tp run then checks that it took them). */
+ * cuBLASLt expert GEMMs. */
 static const char *g_backend_ov, *g_lt_ov;
 static const loom_quant_binding *g_quant;
 
@@ -692,15 +692,8 @@ static run_out check_threads_tp(const plugin *cuda, const plugin *tp, int n, con
     snprintf(sz, sizeof sz, "size=%d", n);
     const char *xov[] = {sz, "comm=threads", NULL};
     snprintf(label, sizeof label, "%s tp %d threads, one GPU%s", name, n, threads_variant());
-    const double lt0 = loom_metrics_get("backend.cuda.moe_expert_gemm_layers");
     run_out got = run_rig(cuda, tp, n, xov, false, false, view, label);
     if (got.ok) check_vs_plain(label, &got, ref, V, n == 1 ? TOL_SAME : TOL_TP, a2a_shared ? TOL_TP : TOL_SAME);
-    if (got.ok && g_lt_ov) {
-        char what[300];
-        const double lt = loom_metrics_get("backend.cuda.moe_expert_gemm_layers") - lt0;
-        snprintf(what, sizeof what, "%s: layers on cuBLASLt expert GEMMs (%g) > 0", label, lt);
-        result(lt > 0, what, 0, NULL);
-    }
     return got;
 }
 
@@ -786,6 +779,47 @@ static loom_model *load_dummy(const char *shape, loom_dtype dt, int32_t layers) 
     return m;
 }
 
+/* The cuBLASLt expert GEMMs (moe_expert_gemm_rows=1: every eager step with
+ * a row an expert) under tp / EP in the form g_backend_ov names: each tp
+ * size's run against the same size's run on the grouped GEMM kernels —
+ * the same shards, so the same routing, and only the experts' GEMMs
+ * differ (bf16 outputs of other accumulation orders). Against the plain
+ * backend instead, Qwen3-30B-A3B's router (top-8 of 128) sees the sharded
+ * attention's bf16 partial sums and takes other experts at near ties
+ * whatever the GEMMs: that error is printed, not judged (the tiny MoE
+ * shapes above judge the sharded experts against the plain backend). */
+static void run_tp_lt_experts(const plugin *cuda, const plugin *tp, const char *name, const loom_model_view *view) {
+    const int V = view->config->vocab_size;
+    char label[200], what[400];
+    snprintf(label, sizeof label, "%s plain eager", name);
+    run_out plain = run_rig(cuda, NULL, 0, NULL, false, false, view, label);
+    static const int sizes[3] = {1, 2, 4};
+    for (int k = 0; plain.ok && k < 3; k++) {
+        if (!splits(view->config, sizes[k])) continue;
+        char sz[32];
+        snprintf(sz, sizeof sz, "size=%d", sizes[k]);
+        const char *xov[] = {sz, "comm=threads", NULL};
+        snprintf(label, sizeof label, "%s tp %d threads, one GPU%s", name, sizes[k], threads_variant());
+        run_out ref = run_rig(cuda, tp, sizes[k], xov, false, false, view, label);
+        g_lt_ov = "moe_expert_gemm_rows=1";
+        const double lt0 = loom_metrics_get("backend.cuda.moe_expert_gemm_layers");
+        snprintf(label, sizeof label, "%s tp %d threads, one GPU%s", name, sizes[k], threads_variant());
+        run_out got = run_rig(cuda, tp, sizes[k], xov, false, false, view, label);
+        const double lt = loom_metrics_get("backend.cuda.moe_expert_gemm_layers") - lt0;
+        g_lt_ov = NULL;
+        if (ref.ok && got.ok) {
+            const double err = rows_err(got.logits, ref.logits, ref.rows, V);
+            snprintf(what, sizeof what, "%s vs the grouped GEMMs' run (%d rows; %g layers on cuBLASLt)", label,
+                     ref.rows, lt);
+            result(got.rows == ref.rows && lt > 0 && err <= TOL_TP, what, err, NULL);
+            printf("INFO %s: the grouped GEMMs' tp run vs the plain backend %.3e\n", label,
+                   rows_err(ref.logits, plain.logits, plain.rows, V));
+        }
+        free(ref.logits), free(got.logits);
+    }
+    free(plain.logits);
+}
+
 /* Tensor and expert parallelism on one GPU (the tp executor's threads
  * communicator, opened from tp_so): dense and MoE dummies, the MoE ones in
  * both moe_dispatch forms and on int8 weights too; pp 2 x tp 2 on tiny. */
@@ -815,17 +849,16 @@ static void run_one_gpu_tp(const plugin *cuda, const plugin *pp, const char *tp_
         }
         loom_model_free(m);
     }
-    /* the cuBLASLt expert GEMMs (every eager step with a row an expert)
-     * under tp / EP, both forms: they need widths of whole 256-byte units,
-     * which the tiny shapes lack, so one layer of the Qwen3-30B-A3B shape */
+    /* the cuBLASLt expert GEMMs under tp / EP: they need widths of whole
+     * 256-byte units, which the tiny shapes lack, so one layer of the
+     * Qwen3-30B-A3B shape */
     loom_model *m = load_dummy("qwen3-30b-a3b", LOOM_DTYPE_BF16, 1);
     if (m) {
         const loom_model_view *v = loom_model_view_get(m);
-        g_lt_ov = "moe_expert_gemm_rows=1";
-        run_tp_threads_model(cuda, &tpt, NULL, "qwen3-30b-a3b 1 layer", v);
+        run_tp_lt_experts(cuda, &tpt, "qwen3-30b-a3b 1 layer", v);
         g_backend_ov = "moe_dispatch=all_to_all";
-        run_tp_threads_model(cuda, &tpt, NULL, "qwen3-30b-a3b 1 layer", v);
-        g_backend_ov = NULL, g_lt_ov = NULL;
+        run_tp_lt_experts(cuda, &tpt, "qwen3-30b-a3b 1 layer", v);
+        g_backend_ov = NULL;
         loom_model_free(m);
     }
 }

@@ -118,6 +118,8 @@ typedef struct cuda_backend_config {
                                    one cuBLASLt GEMM an expert (0: never)        */
     int64_t moe_wgmma_rows;     /* steps averaging these rows an expert: the
                                    grouped GEMMs on wgmma (0: never)             */
+    int64_t moe_wgmma_128_rows; /* wgmma steps averaging these rows an expert:
+                                   128-row tiles (0: never)                      */
 } cuda_backend_config;
 
 /* Rows of the logits work buffers (and the largest graph bucket's rows). */

@@ -31,10 +31,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* loom_cuda_moe_gemm and its wgmma form (the same contract) */
-typedef cudaError_t (*cb_moe_gemm_fn)(loom_cuda_dt dt, const void *x, const int32_t *perm, int div, const void *w,
-                                      const int32_t *tiles, int max_tiles, int N, int K, void *y, cudaStream_t s);
-
 /* Pairs up to which a step runs per-pair GEMVs instead of the grouped
  * GEMM: a batch-1 decode step of Mixtral (2) or Qwen3-MoE (8), and small
  * decode batches, whose pairs mostly choose distinct experts. */
@@ -155,13 +151,14 @@ loom_status cb_moe_work_init(cuda_backend *b, loom_error *err) {
     const size_t I = (size_t)c->expert_intermediate_size, H = (size_t)c->hidden_size, e = b->elt;
     const size_t P = MT * K;
     loom_status st;
-    if (P > (size_t)INT_MAX / 2 || loom_cuda_moe_max_tiles((int)P, (int)E) > 65535)
+    if (P > (size_t)INT_MAX / 2 || loom_cuda_moe_max_tiles((int)P, (int)E, LOOM_CUDA_MOE_TILE_ROWS) > 65535)
         return h->error(h->ctx, err, LOOM_ERR_UNSUPPORTED,
                         "backend cuda: max_batched_tokens %zu x %zu experts per token is more (token, expert) "
                         "pairs than the grouped expert GEMM's grid takes (about 4 million); lower the "
                         "backend's max_batched_tokens",
                         MT, K);
-    const int tiles = loom_cuda_moe_max_tiles((int)P, (int)E);
+    /* the 64-row list is the longer: room for either */
+    const int tiles = loom_cuda_moe_max_tiles((int)P, (int)E, LOOM_CUDA_MOE_TILE_ROWS);
     /* the per-expert cuBLASLt GEMMs pad each expert's rows (cb_moe_lt_rows:
      * under max(64, n / 8) more), the last expert's past P — room only where
      * a step can take them (cb_moe_lt_pays; this rank's experts are the
@@ -338,32 +335,40 @@ static loom_status cb_moe_experts(cuda_backend *b, int32_t l, const cb_moe_rows 
                                                    b->moe_y, s),
                              "expert down GEMVs", l, err);
     }
-    const int tiles = loom_cuda_moe_max_tiles(P, E);
+    /* wgmma's tiles where experts have rows enough to fill them, 128 rows
+     * high where they fill those (the step's size decides, so a captured
+     * graph holds the same choice) */
+    const int64_t experts = cb_moe_experts_of_pairs(b, E), wg_rows = b->cfg.moe_wgmma_rows;
+    const int64_t tall_rows = b->cfg.moe_wgmma_128_rows;
+    const bool wg = wg_rows > 0 && (int64_t)P >= wg_rows * experts;
+    const int tile_rows = wg && tall_rows > 0 && (int64_t)P >= tall_rows * experts ? 128 : LOOM_CUDA_MOE_TILE_ROWS;
+    const int tiles = loom_cuda_moe_max_tiles(P, E, tile_rows);
     *rows = b->moe_inv;
     /* SwiGLU runs over all P rows though only the first off[E] are this
      * rank's pairs (no grid sized by the routing): the rest are stale
      * rows nothing reads — under expert parallelism most of them */
-    if ((st = cb_moe_launch(b, loom_cuda_moe_group(in->sel, P, E, b->moe_off, b->moe_perm, b->moe_inv,
+    if ((st = cb_moe_launch(b, loom_cuda_moe_group(in->sel, P, E, tile_rows, b->moe_off, b->moe_perm, b->moe_inv,
                                                    b->moe_tiles, s),
                             "expert grouping", l, err)))
         return st;
     if (cb_moe_lt_pays(b, in, E)) return cb_moe_experts_lt(b, l, in, err);
-    /* wgmma's 64 x 256 tiles where experts have rows enough to fill them
-     * (the step's size decides, so a captured graph holds the same choice) */
-    const int64_t wg_rows = b->cfg.moe_wgmma_rows;
-    const bool wg = wg_rows > 0 && (int64_t)P >= wg_rows * cb_moe_experts_of_pairs(b, E);
-    const cb_moe_gemm_fn gemm = wg ? loom_cuda_moe_gemm_wg : loom_cuda_moe_gemm;
-    if ((st = cb_moe_launch(b, gemm(b->dt, in->x, b->moe_perm, div, ly->wgu_exps, b->moe_tiles, tiles, 2 * I, H,
-                                    b->moe_gu, s),
-                            "expert gate|up GEMM", l, err)) ||
-        (st = cb_moe_launch(b, loom_cuda_swiglu(b->dt, b->moe_act, b->moe_gu, P, I, s), "expert SwiGLU", l, err)))
-        return st;
-    if ((st = cb_moe_launch(b, gemm(b->dt, b->moe_act, NULL, 1, ly->wdown_exps, b->moe_tiles, tiles, H, I, b->moe_y,
-                                    s),
-                            "expert down GEMM", l, err)))
-        return st;
+    for (int pass = 0; pass < 2; pass++) { /* gate|up, then (after SwiGLU) down */
+        const void *x = pass ? b->moe_act : in->x, *w = pass ? ly->wdown_exps : ly->wgu_exps;
+        const int32_t *perm = pass ? NULL : b->moe_perm;
+        const int N = pass ? H : 2 * I, K = pass ? I : H, d = pass ? 1 : div;
+        void *y = pass ? b->moe_y : b->moe_gu;
+        if (pass && (st = cb_moe_launch(b, loom_cuda_swiglu(b->dt, b->moe_act, b->moe_gu, P, I, s), "expert SwiGLU",
+                                        l, err)))
+            return st;
+        const cudaError_t e =
+            wg ? loom_cuda_moe_gemm_wg(b->dt, x, perm, d, w, b->moe_tiles, tiles, tile_rows, N, K, y, s)
+               : loom_cuda_moe_gemm(b->dt, x, perm, d, w, b->moe_tiles, tiles, N, K, y, s);
+        if ((st = cb_moe_launch(b, e, pass ? "expert down GEMM" : "expert gate|up GEMM", l, err))) return st;
+    }
     /* counted when launched (a captured step once, at capture): which kernel a step shape takes */
     if (wg && b->host->metric_add) b->host->metric_add(b->host->ctx, "backend.cuda.moe_wgmma_layers", 1);
+    if (tile_rows == 128 && b->host->metric_add)
+        b->host->metric_add(b->host->ctx, "backend.cuda.moe_wgmma_128_layers", 1);
     return LOOM_OK;
 }
 
@@ -414,8 +419,8 @@ static loom_status cb_ep_pack(cuda_backend *b, int32_t l, int32_t t0, int32_t ts
     if (ts == 0) return CB_CUDA(b, err, cudaMemsetAsync(b->ep.cnt, 0, (size_t)n * 4, s));
     const void *xs = (const uint8_t *)b->xn + (size_t)t0 * H * b->elt;
     if ((st = cb_moe_route(b, l, xs, ts, 0, E, err)) ||
-        (st = cb_moe_launch(b, loom_cuda_moe_group(b->moe_sel, P, E, b->moe_off, b->moe_perm, b->moe_inv,
-                                                   b->moe_tiles, s),
+        (st = cb_moe_launch(b, loom_cuda_moe_group(b->moe_sel, P, E, LOOM_CUDA_MOE_TILE_ROWS, b->moe_off,
+                                                   b->moe_perm, b->moe_inv, b->moe_tiles, s),
                             "expert grouping (dispatch)", l, err)) ||
         (st = cb_moe_launch(b, loom_cuda_moe_ids(b->moe_sel, b->moe_perm, P, 0, E, b->ep.sid, s), "dispatch ids", l,
                             err)) ||

@@ -60,7 +60,7 @@ loom_status cb_moe_qexperts(cuda_backend *b, int32_t l, const cb_moe_rows *in, b
     const loom_cuda_qweight *qd = ly->q_down_exps.fmt != LOOM_CUDA_Q_NONE ? &ly->q_down_exps : NULL;
     const bool agu = qgu && loom_cuda_moe_qacts(qgu->fmt), ad = qd && loom_cuda_moe_qacts(qd->fmt);
     cudaStream_t s = b->stream;
-    const int tiles = loom_cuda_moe_max_tiles(P, E);
+    const int tiles = loom_cuda_moe_max_tiles(P, E, LOOM_CUDA_MOE_TILE_ROWS);
     loom_status st;
     *rows = gemv ? NULL : b->moe_inv;
     /* gate|up: in->x (nx, H) -> moe_gu (P, 2I), pair rows or sorted rows */
@@ -69,8 +69,8 @@ loom_status cb_moe_qexperts(cuda_backend *b, int32_t l, const cb_moe_rows *in, b
                                                            b->moe_xsx, s),
                                    "expert input codes", l, err)))
         return st;
-    if (!gemv && (st = cb_moe_launch(b, loom_cuda_moe_group(in->sel, P, E, b->moe_off, b->moe_perm, b->moe_inv,
-                                                           b->moe_tiles, s),
+    if (!gemv && (st = cb_moe_launch(b, loom_cuda_moe_group(in->sel, P, E, LOOM_CUDA_MOE_TILE_ROWS, b->moe_off,
+                                                           b->moe_perm, b->moe_inv, b->moe_tiles, s),
                                     "expert grouping", l, err)))
         return st;
     cudaError_t e;
