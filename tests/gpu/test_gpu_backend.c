@@ -1572,7 +1572,7 @@ static void run_moe_shapes(const plugin *cpu_p, const plugin *cuda_p) {
         {"qwen2-moe-like-mma-f16", LOOM_ARCH_QWEN2_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, true, false,
          false, "f16", .moe = &qwen2moe, .cuda_ov = "moe_wgmma_rows=0"},
         /* the wgmma GEMMs over 128-row tiles in every grouped step (the
-         * default, 128 rows an expert, is more than these steps have) */
+         * default, 64 rows an expert, is more than most of these steps have) */
         {"mixtral-like-wgmma-128", LOOM_ARCH_MIXTRAL, 512, 128, 128, 2, 4, 2, 32, 1000000, false, false, false,
          false, NULL, .moe = &mixtral, .cuda_ov = "moe_wgmma_128_rows=1"},
         {"qwen2-moe-like-wgmma-128-f16", LOOM_ARCH_QWEN2_MOE, 384, 128, 128, 2, 4, 2, 32, 1000000, false, true,
