@@ -330,9 +330,9 @@ extern "C" cudaError_t loom_cuda_moe_gemm(loom_cuda_dt dt, const void *x, const 
  * memory in the 128-byte swizzle (a row's 64 columns one 128-byte row, its
  * 16-byte chunk c at c ^ (row % 8)). Two tile heights (the list's):
  *   BM 64: both warpgroups the tile's 64 rows, each 128 of the columns
- *          (wgmma m64n128k16), a 5-stage ring of 40 KB;
+ *          (wgmma m64n128k16), a 5-stage ring of 41 KB stages;
  *   BM 128: each warpgroup 64 of the rows and all 256 columns (m64n256k16,
- *          128 accumulators a thread), a 4-stage ring of 50 KB — each
+ *          128 accumulators a thread), a 4-stage ring of 50 KB stages — each
  *          weight chunk brought to shared memory feeds 128 rows instead of
  *          64, for steps whose experts have the rows to fill such tiles.
  * K in stages of 64 columns through a ring of ST stages, cp.async filling

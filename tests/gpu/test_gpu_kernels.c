@@ -3382,8 +3382,8 @@ static void test_moe_all(void) {
         }
     /* several 64- and 128-row tiles an expert; widths past the wgmma
      * kernel's 256 columns and 64-column stages by a part (gate|up N 400 K
-     * 328, down N 328 K 200); 700 tokens of top-2 over 4 experts: 350 rows
-     * an expert, tiles of 128, 128 and a ragged 94 */
+     * 328, down N 328 K 200); 700 tokens of top-2 over 4 experts: about
+     * 350 rows an expert, two full 128-row tiles and a ragged third */
     for (int gemv = 0; gemv < 5; gemv += gemv ? 1 : 3) {
         test_moe_ffn(LOOM_CUDA_BF16, 64, 8, 2, 1024, 512, 0, 0, gemv, 1, 0);
         test_moe_ffn(LOOM_CUDA_BF16, 300, 4, 2, 200, 328, 0, 0, gemv, 1, 0);

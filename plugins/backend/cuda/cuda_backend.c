@@ -136,7 +136,8 @@ static const loom_param cb_params[] = {
     {.key = "moe_wgmma_rows", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, moe_wgmma_rows),
      .default_value = "1", .min = 0, .max = 1 << 20,
      .doc = "mixtures of experts: a step whose (token, expert) pairs average at least this many rows an expert "
-            "runs the grouped expert GEMMs on Hopper's warpgroup MMA (wgmma: 64 x 256 tiles, one CTA an SM) "
+            "runs the grouped expert GEMMs on Hopper's warpgroup MMA (wgmma: 64 x 256 tiles, 128 x 256 from "
+            "moe_wgmma_128_rows, one CTA an SM) "
             "instead of mma.sync (64 x 128 tiles); decided by the step's size, so graphs capture it too. "
             "1 (the default) = every grouped step with at least as many pairs as experts (Qwen3-30B-A3B's decode "
             "at 3-15 sequences keeps mma.sync): on an H100 1.3-1.6x mma.sync from 32 sequences and in "
@@ -146,9 +147,9 @@ static const loom_param cb_params[] = {
      .doc = "mixtures of experts: a step on the wgmma expert GEMMs (moe_wgmma_rows) whose (token, expert) pairs "
             "average at least this many rows an expert takes 128-row tiles — each warpgroup 64 rows x 256 columns, "
             "each weight stage in shared memory read once for 128 rows instead of 64 — instead of 64-row tiles; "
-            "decided by the step's size, so graphs capture it too. 64 (the default): on an H100 1.08-1.29x the "
-            "64-row tiles from 64 to 512 rows an expert (Mixtral's decode at 256 and 512 sequences, prefill), "
-            "0.99x at 32 (Qwen3-30B-A3B's decode at 512 sequences); 0 = never (docs/moe.md)"},
+            "decided by the step's size, so graphs capture it too. 64 (the default): on an H100 1.08-1.69x the "
+            "64-row tiles in prefill and 1.19-1.22x in Mixtral's decode at 64 and 128 rows an expert, 0.99x "
+            "at 32 (Qwen3-30B-A3B's decode at 512 sequences); 0 = never (docs/moe.md)"},
     {.key = NULL},
 };
 

@@ -303,38 +303,15 @@ static loom_status cb_moe_experts_lt(cuda_backend *b, int32_t l, const cb_moe_ro
     return LOOM_OK;
 }
 
-/* moe_y (P, H) = the chosen experts' SwiGLU FFNs of the pairs of `in`;
- * *rows: the row of pair p in moe_y (NULL: row p). *combined: r already
- * holds the combine (cb_moe_gemv_fused: only when `fuse`, for the tokens'
- * own pairs, div = K). */
-static loom_status cb_moe_experts(cuda_backend *b, int32_t l, const cb_moe_rows *in, bool fuse, const int32_t **rows,
-                                  bool *combined, loom_error *err) {
+/* moe_y (P, H) in sorted rows (moe_inv maps pairs to them) = the pairs'
+ * experts' SwiGLU FFNs through the grouping: the per-expert cuBLASLt GEMMs
+ * where they pay (cb_moe_lt_pays), else the grouped GEMM kernels. */
+static loom_status cb_moe_experts_grouped(cuda_backend *b, int32_t l, const cb_moe_rows *in, loom_error *err) {
     const loom_model_config *c = &b->mc;
     const cuda_layer *ly = &b->layers[l];
     const int E = b->moe_el, I = c->expert_intermediate_size, H = c->hidden_size, P = in->P, div = in->div;
-    const bool gemv = P <= CB_MOE_GEMV_PAIRS || b->cfg.batch_invariant;
     cudaStream_t s = b->stream;
     loom_status st;
-    if (cb_moe_q_routed(ly)) /* quantized experts: cuda_moe_quant.c */
-        return cb_moe_qexperts(b, l, in, gemv, rows, err);
-    if (gemv) {
-        *rows = NULL;
-        /* the fused pair writes the combine itself: only without a shared
-         * expert (a quantized one leaves wgu_sh NULL, so ask the config) */
-        if (fuse && !c->shared_expert_intermediate_size) {
-            *combined = true;
-            return cb_moe_gemv_fused(b, in->nx, l, err);
-        }
-        if ((st = cb_moe_launch(b, loom_cuda_moe_gemv(b->dt, in->x, div, in->sel, ly->wgu_exps, P, 2 * I, H,
-                                                      b->moe_gu, s),
-                                "expert gate|up GEMVs", l, err)) ||
-            (st = cb_moe_launch(b, loom_cuda_swiglu(b->dt, b->moe_act, b->moe_gu, P, I, s), "expert SwiGLU", l,
-                                err)))
-            return st;
-        return cb_moe_launch(b, loom_cuda_moe_gemv(b->dt, b->moe_act, 1, in->sel, ly->wdown_exps, P, H, I,
-                                                   b->moe_y, s),
-                             "expert down GEMVs", l, err);
-    }
     /* wgmma's tiles where experts have rows enough to fill them, 128 rows
      * high where they fill those (the step's size decides, so a captured
      * graph holds the same choice) */
@@ -343,7 +320,6 @@ static loom_status cb_moe_experts(cuda_backend *b, int32_t l, const cb_moe_rows 
     const bool wg = wg_rows > 0 && (int64_t)P >= wg_rows * experts;
     const int tile_rows = wg && tall_rows > 0 && (int64_t)P >= tall_rows * experts ? 128 : LOOM_CUDA_MOE_TILE_ROWS;
     const int tiles = loom_cuda_moe_max_tiles(P, E, tile_rows);
-    *rows = b->moe_inv;
     /* SwiGLU runs over all P rows though only the first off[E] are this
      * rank's pairs (no grid sized by the routing): the rest are stale
      * rows nothing reads — under expert parallelism most of them */
@@ -370,6 +346,42 @@ static loom_status cb_moe_experts(cuda_backend *b, int32_t l, const cb_moe_rows 
     if (tile_rows == 128 && b->host->metric_add)
         b->host->metric_add(b->host->ctx, "backend.cuda.moe_wgmma_128_layers", 1);
     return LOOM_OK;
+}
+
+/* moe_y (P, H) = the chosen experts' SwiGLU FFNs of the pairs of `in`;
+ * *rows: the row of pair p in moe_y (NULL: row p). *combined: r already
+ * holds the combine (cb_moe_gemv_fused: only when `fuse`, for the tokens'
+ * own pairs, div = K). */
+static loom_status cb_moe_experts(cuda_backend *b, int32_t l, const cb_moe_rows *in, bool fuse, const int32_t **rows,
+                                  bool *combined, loom_error *err) {
+    const loom_model_config *c = &b->mc;
+    const cuda_layer *ly = &b->layers[l];
+    const int I = c->expert_intermediate_size, H = c->hidden_size, P = in->P, div = in->div;
+    const bool gemv = P <= CB_MOE_GEMV_PAIRS || b->cfg.batch_invariant;
+    cudaStream_t s = b->stream;
+    loom_status st;
+    if (cb_moe_q_routed(ly)) /* quantized experts: cuda_moe_quant.c */
+        return cb_moe_qexperts(b, l, in, gemv, rows, err);
+    if (gemv) {
+        *rows = NULL;
+        /* the fused pair writes the combine itself: only without a shared
+         * expert (a quantized one leaves wgu_sh NULL, so ask the config) */
+        if (fuse && !c->shared_expert_intermediate_size) {
+            *combined = true;
+            return cb_moe_gemv_fused(b, in->nx, l, err);
+        }
+        if ((st = cb_moe_launch(b, loom_cuda_moe_gemv(b->dt, in->x, div, in->sel, ly->wgu_exps, P, 2 * I, H,
+                                                      b->moe_gu, s),
+                                "expert gate|up GEMVs", l, err)) ||
+            (st = cb_moe_launch(b, loom_cuda_swiglu(b->dt, b->moe_act, b->moe_gu, P, I, s), "expert SwiGLU", l,
+                                err)))
+            return st;
+        return cb_moe_launch(b, loom_cuda_moe_gemv(b->dt, b->moe_act, 1, in->sel, ly->wdown_exps, P, H, I,
+                                                   b->moe_y, s),
+                             "expert down GEMVs", l, err);
+    }
+    *rows = b->moe_inv;
+    return cb_moe_experts_grouped(b, l, in, err);
 }
 
 /* logits (T, E) f32 of the T rows from x and their routing into moe_sel /
