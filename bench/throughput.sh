@@ -8,7 +8,10 @@
 # table) and the ratio beside each FP8 row, and where each case's step time
 # went by kind of step (prefill only, mixed, decode only).
 #
-#   CASE      DTYPE:IN:OUT:REQUESTS, DTYPE bf16 or fp8 (default: both dtypes
+#   CASE      DTYPE:IN:OUT:REQUESTS, DTYPE bf16, fp8 or a pipeline's .yaml
+#             (its name without .yaml labels the row: another weight format,
+#             e.g. configs/gpu/llama3-8b-int4-head-tiled.yaml against bf16
+#             for the quantized kernels' offline target) (default: both dtypes
 #             at 128/128 x 3000, 128/2048 x 512, 1000/1000 x 512 and
 #             2048/2048 x 512 — fewer requests than trtllm-bench's 30000 /
 #             3000 / 3000 / 1500, so a case fits the GPU machine's minutes,
@@ -54,7 +57,9 @@ for c in "${cases[@]}"; do
   case "$dtype" in
     bf16) cfg=$BF16_CONFIG; sets=() ;;
     fp8) cfg=$FP8_CONFIG; sets=(--set quantizer.kv_cache=fp8) ;;
-    *) echo "bench/throughput.sh: case '$c': dtype must be bf16 or fp8" >&2; exit 2 ;;
+    *.yaml) [ -f "$dtype" ] || { echo "bench/throughput.sh: case '$c': no pipeline $dtype" >&2; exit 2; }
+            cfg=$dtype; sets=(); dtype=$(basename "$dtype" .yaml) ;;
+    *) echo "bench/throughput.sh: case '$c': dtype must be bf16, fp8 or a pipeline's .yaml" >&2; exit 2 ;;
   esac
   sets+=(--set "scheduler.max_num_seqs=$MAX_SEQS" --set scheduler.max_batched_tokens=8192)
   [ -n "${NO_GPU_SETS:-}" ] || sets+=(--set "backend.max_graph_batch=$MAX_SEQS" --set cache.memory_fraction=0.9)
@@ -109,6 +114,6 @@ for r in "${rows[@]}"; do
   args+=(--json "$dtype-$in-$out=$O/$dtype-$in-$out.row.json")
 done
 python3 bench/record.py "{hw}-$RESULT" --merge \
-  --what "offline throughput, trtllm-bench shape (fixed lengths, EOS ignored, all at once), $LABEL dummy weights, bf16 and FP8 weights + FP8 KV, vs TensorRT-LLM's H200 table (Llama-3.1-8B FP8); one entry per DTYPE-IN-OUT case, measured by '$cmd DTYPE:IN:OUT:REQUESTS'" \
+  --what "offline throughput, trtllm-bench shape (fixed lengths, EOS ignored, all at once), $LABEL dummy weights, bf16, FP8 weights + FP8 KV or a pipeline named by its file, vs TensorRT-LLM's H200 table (Llama-3.1-8B FP8); one entry per DTYPE-IN-OUT case, measured by '$cmd DTYPE:IN:OUT:REQUESTS'" \
   --command "$cmd" "${args[@]}"
 [ $failed = 0 ]

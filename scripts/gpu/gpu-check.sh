@@ -24,7 +24,7 @@
 #   quant:  each quantizer scheme vs bf16 on the Llama-3-8B shape, each a
 #           `loom bench --compare`: batch-1 decode, batch-64 decode,
 #           2048-token prefill (QUANT_SCHEMES / QUANT_RUNS narrow it;
-#           QUANT_RUNS may name b16, batch-16 decode; the SmolLM2
+#           QUANT_RUNS may name b16 / b256, batch-16 / batch-256 decode; the SmolLM2
 #           perplexities are the ppl stage).
 #   offline: the 1000-request offline run at 256 and 512 sequences a step.
 #   spec2:  draft-model speculation (SmolLM2 drafted by its int4 self) and
@@ -340,9 +340,11 @@ quant)
           args="--num-requests 32 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=16 --warmup 2" ;;
       b64) what="batch-64 decode (128 requests of 128 in, 256 out)"
           args="--num-requests 128 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=64 --warmup 2" ;;
+      b256) what="batch-256 decode (512 requests of 128 in, 256 out)"
+          args="--num-requests 512 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=256 --warmup 2" ;;
       prefill) what="2048-token prefill (8 prompts one at a time, 1 token out: total tokens/s, TTFT)"
           args="--num-requests 8 --input-len 2048 --output-len 1 --set scheduler.max_num_seqs=1 --warmup 1" ;;
-      *) echo "FAIL QUANT_RUNS has '$r'; the runs are b1, b16, b64, prefill"; fails=$((fails + 1)); continue ;;
+      *) echo "FAIL QUANT_RUNS has '$r'; the runs are b1, b16, b64, b256, prefill"; fails=$((fails + 1)); continue ;;
       esac
       [ -f "configs/gpu/llama3-8b-$c.yaml" ] || { echo "FAIL QUANT_SCHEMES has '$c': no configs/gpu/llama3-8b-$c.yaml"; fails=$((fails + 1)); break; }
       step "Llama-3-8B shape, bf16 vs $c: $what"
@@ -353,7 +355,7 @@ quant)
         $args --no-progress --json "$f.json" > "$f.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$f.txt"; }
       grep -E "output tokens/s|total tokens/s|TPOT p50|TTFT p50|wall" "$f.txt"
       rec '{hw}-quant-schemes-vs-bf16' --merge \
-        --what "Llama-3-8B shape: bf16 (a) vs each quantization scheme (b); b1 = batch-1 decode, b16 / b64 = batch-16 / batch-64 decode, prefill = 2048-token prompts" \
+        --what "Llama-3-8B shape: bf16 (a) vs each quantization scheme (b); b1 = batch-1 decode, b16 / b64 / b256 = batch-16 / 64 / 256 decode, prefill = 2048-token prompts" \
         --bench "$c $r=$f.json"
     done
   done
