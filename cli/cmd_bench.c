@@ -10,6 +10,10 @@
  * same work. Reported: throughput, TTFT and TPOT percentiles, peak KV use
  * (share of the pool, MiB, and the most one sequence held), preemptions and
  * prefix-cache hits; --json writes them for scripts.
+ * --concurrency runs the workload closed-loop (a request enters only
+ * while fewer than C are in flight), once per level on the same engine, so
+ * one load (minutes for a model quantized at load) gives the batch-1 to
+ * batch-256 rows of a table.
  * --constraint holds every request to a decoding constraint (structured
  * outputs): the request then ends where the constraint lets it or at its
  * output length, so a schema longer than the output keeps the work equal.
@@ -40,12 +44,17 @@ static void bench_usage(FILE *f) {
           "  --workload FILE        JSONL, one request per line:\n"
           "                         {\"prompt\": \"text\" | \"prompt_tokens\": [ids], \"output_len\": N,\n"
           "                          \"chat\": true = the prompt is one user turn (optional)}\n"
-          "  --num-requests N       generated requests (default 64)\n"
+          "  --num-requests N       generated requests (default 64); with --concurrency N,N,...\n"
+          "                         gives each level its own count (the first N of the workload)\n"
           "  --input-len A[:B]      prompt tokens, uniform in [A, B] (default 128)\n"
           "  --output-len A[:B]     output tokens, uniform in [A, B] (default 64)\n"
           "  --shared-prefix-ratio R  fraction of requests starting with one shared prefix (default 0)\n"
           "  --prefix-len N         length of that shared prefix in tokens (default 64)\n"
           "  --rate R               Poisson arrivals, requests/s (default: all at once)\n"
+          "  --concurrency C[,C...] closed loop: a request enters only while fewer than C are in\n"
+          "                         flight, its TTFT counted from then; with several levels\n"
+          "                         (ascending, at most 8) the workload runs once per level on the\n"
+          "                         same engine, one table each (peaks are since the engine opened)\n"
           "  --seed S               workload seed (default 0)\n"
           "  --constraint LANG      hold every request to a decoding constraint of the pipeline's\n"
           "                         constraint plugin (json_object, json_schema, regex, gbnf)\n"
@@ -56,7 +65,8 @@ static void bench_usage(FILE *f) {
           "                         and print each metric side by side with the ratio B/A\n"
           "  --repeat N             runs per pipeline, interleaved (default 1; medians reported)\n"
           "  --warmup N             N untimed requests (random ids, 16 new tokens) through each\n"
-          "                         engine first: GPU graph captures and GEMM plans (default 0)\n"
+          "                         engine first: GPU graph captures and GEMM plans (default 0;\n"
+          "                         with --concurrency before each level, at least C of them)\n"
           "  --set KEY=VALUE        override a pipeline key (applies to both in --compare)\n"
           "  --json FILE            also write the results as JSON ('-' = stdout)\n"
           "  --no-progress          no progress bar\n"
@@ -74,10 +84,13 @@ typedef struct bench_req {
     const char *constraint_lang, *constraint; /* --constraint, or NULL */
 } bench_req;
 
+#define BENCH_MAX_LEVELS 8
+
 typedef struct bench_track {
     double start_wall;
     double *first;       /* (n) time of first token, -1 = none yet */
     double *last;        /* (n) time of the last token              */
+    double *sent;        /* (n) time the request was added          */
     int32_t *count;      /* (n) tokens generated                    */
     int32_t *index_of;   /* engine request id - id_base -> workload index */
     int64_t id_base;     /* id of the first workload request (after warm-up) */
@@ -102,6 +115,24 @@ typedef struct bench_result {
     double step_seconds, backend_seconds; /* inside engine steps; inside the backend's forward */
     loom_engine_stats kinds;              /* the kind_* split of those (loom_step_kind) */
 } bench_result;
+
+/* What the command line asks for. */
+typedef struct bench_args {
+    const char *config, *cmp_a, *cmp_b;  /* CONFIG, or --compare A B                 */
+    const char *workload, *json_path;    /* --workload FILE, --json FILE ('-': stdout) */
+    cli_sets sets;
+    int repeat, warmup;
+    int32_t nreq, in_a, in_b, out_a, out_b, prefix_len;
+    double shared, rate;
+    uint64_t seed;
+    bool progress;
+    const char *constraint_lang;         /* --constraint                               */
+    char *constraint;                    /* --constraint-text, read (owned)            */
+    int32_t levels[BENCH_MAX_LEVELS];    /* --concurrency, ascending                   */
+    int nlev;                            /* 0: the open loop                           */
+    int32_t level_nreq[BENCH_MAX_LEVELS]; /* --num-requests N,N...: each level's count */
+    int n_level_nreq;                    /* 0: one count (nreq) for every level        */
+} bench_args;
 
 /* splitmix64: the workload generator's own deterministic stream. */
 static uint64_t mix(uint64_t *s) {
@@ -166,13 +197,15 @@ static void percentiles(double *v, int32_t n, double out[3]) {
     }
 }
 
-/* Untimed warm-up on a fresh engine: `count` requests of random token ids
- * (so they share no prefix with the workload), as long as the workload's
- * average token prompt (64 for text prompts), 16 new tokens each, all at
- * once — on a GPU the first steps of each batch shape pay CUDA-graph
- * captures and GEMM plan searches that the timed run should not. *base
- * gets the engine's counters afterwards, for run_once to subtract. */
-static int warm_up(loom_engine *eng, const bench_req *w, int32_t n, int32_t count, loom_engine_stats *base) {
+/* Untimed warm-up: `count` requests of random token ids (so they share no
+ * prefix with the workload), as long as the workload's average token prompt
+ * (64 for text prompts), 16 new tokens each, all at once or at most `limit`
+ * in flight (0: no limit) — on a GPU the first steps of each batch shape
+ * pay CUDA-graph captures and GEMM plan searches that the timed run should
+ * not. *base gets the engine's counters afterwards, for run_level to
+ * subtract. */
+static int warm_up(loom_engine *eng, const bench_req *w, int32_t n, int32_t count, int32_t limit,
+                   loom_engine_stats *base) {
     loom_error err = {0};
     int64_t sum = 0, cnt = 0;
     for (int32_t i = 0; i < n; i++)
@@ -184,26 +217,28 @@ static int warm_up(loom_engine *eng, const bench_req *w, int32_t n, int32_t coun
     int32_t *ids = malloc((size_t)len * sizeof *ids);
     if (!ids) return 1;
     uint64_t x = 0x9e3779b97f4a7c15ULL;
-    for (int32_t r = 0; r < count; r++) {
-        for (int32_t i = 0; i < len; i++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            ids[i] = 3 + (int32_t)(x % (uint64_t)(vocab - 3));
+    int32_t sent = 0, active = 0;
+    while (sent < count || active > 0) {
+        for (; sent < count && (limit <= 0 || active < limit); sent++, active++) {
+            for (int32_t i = 0; i < len; i++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                ids[i] = 3 + (int32_t)(x % (uint64_t)(vocab - 3));
+            }
+            loom_request rq = loom_request_default();
+            rq.tokens = ids, rq.num_tokens = len, rq.max_tokens = 16, rq.ignore_eos = true;
+            if (loom_engine_add_request(eng, &rq, &err) < 0) {
+                fprintf(stderr, "loom bench: warm-up request: %s\n", err.message);
+                free(ids);
+                return 1;
+            }
         }
-        loom_request rq = loom_request_default();
-        rq.tokens = ids, rq.num_tokens = len, rq.max_tokens = 16, rq.ignore_eos = true;
-        if (loom_engine_add_request(eng, &rq, &err) < 0) {
-            fprintf(stderr, "loom bench: warm-up request: %s\n", err.message);
+        if (loom_engine_step(eng, &active, &err) != LOOM_OK) {
+            fprintf(stderr, "loom bench: warm-up: %s\n", err.message);
             free(ids);
             return 1;
         }
     }
-    free(ids); /* the engine copied the prompt */
-    int32_t active = 1;
-    while (active > 0)
-        if (loom_engine_step(eng, &active, &err) != LOOM_OK) {
-            fprintf(stderr, "loom bench: warm-up: %s\n", err.message);
-            return 1;
-        }
+    free(ids); /* the engine copied each prompt */
     loom_engine_get_stats(eng, base, sizeof *base);
     return 0;
 }
@@ -212,11 +247,12 @@ static bool track_init(bench_track *t, int32_t n) {
     *t = (bench_track){.index_cap = n};
     t->first = malloc((size_t)n * sizeof(double));
     t->last = calloc((size_t)n, sizeof(double));
+    t->sent = calloc((size_t)n, sizeof(double));
     t->count = calloc((size_t)n, sizeof(int32_t));
     t->index_of = calloc((size_t)n, sizeof(int32_t));
     t->ttft = malloc((size_t)n * sizeof(double));
     t->tpot = malloc((size_t)n * sizeof(double));
-    if (!t->first || !t->last || !t->count || !t->index_of || !t->ttft || !t->tpot) return false;
+    if (!t->first || !t->last || !t->sent || !t->count || !t->index_of || !t->ttft || !t->tpot) return false;
     for (int32_t i = 0; i < n; i++) t->first[i] = -1;
     return true;
 }
@@ -224,6 +260,7 @@ static bool track_init(bench_track *t, int32_t n) {
 static void track_free(bench_track *t) {
     free(t->first);
     free(t->last);
+    free(t->sent);
     free(t->count);
     free(t->index_of);
     free(t->ttft);
@@ -231,11 +268,12 @@ static void track_free(bench_track *t) {
 }
 
 /* Add every request whose arrival time has passed (now, seconds since the
- * start); *next is the first not yet added. false after a message. */
-static bool submit_arrived(loom_engine *eng, const bench_req *w, int32_t n, double now, int32_t *next,
-                           bench_track *t) {
+ * start) while fewer than `limit` are in flight (0: no limit); *next is the
+ * first not yet added. false after a message. */
+static bool submit_arrived(loom_engine *eng, const bench_req *w, int32_t n, double now, int32_t limit,
+                           int32_t *next, bench_track *t) {
     loom_error err = {0};
-    for (; *next < n && w[*next].arrival <= now; (*next)++) {
+    for (; *next < n && w[*next].arrival <= now && (limit <= 0 || *next - t->finished < limit); (*next)++) {
         const bench_req *q = &w[*next];
         loom_request rq = loom_request_default();
         if (q->prompt) {
@@ -263,22 +301,24 @@ static bool submit_arrived(loom_engine *eng, const bench_req *w, int32_t n, doub
             return false;
         }
         t->index_of[id] = *next;
+        t->sent[*next] = now;
     }
     return true;
 }
 
 /* Step the engine until every request has arrived and finished, adding
- * requests on the wall clock and sleeping while none is due. *seconds: the
- * whole run. false after a message. */
-static bool drive(loom_engine *eng, const char *label, const bench_req *w, int32_t n, bool progress,
-                  bench_track *t, double *seconds) {
+ * requests on the wall clock (at most `limit` in flight, 0: any) and
+ * sleeping while none is due. *seconds: the whole run. false after a
+ * message. */
+static bool drive(loom_engine *eng, const char *label, const bench_req *w, int32_t n, int32_t limit,
+                  bool progress, bench_track *t, double *seconds) {
     loom_error err = {0};
     bool tty = isatty(2);
     t->start_wall = cli_now();
     int32_t next = 0, active = 0;
     double last_print = 0;
     while (next < n || active > 0) {
-        if (!submit_arrived(eng, w, n, cli_now() - t->start_wall, &next, t)) return false;
+        if (!submit_arrived(eng, w, n, cli_now() - t->start_wall, limit, &next, t)) return false;
         if (loom_engine_step(eng, &active, &err) != LOOM_OK) {
             fprintf(stderr, "\nloom bench: %s: %s\n", label, err.message);
             return false;
@@ -318,15 +358,17 @@ static void stats_minus(loom_engine_stats *st, const loom_engine_stats *base) {
     }
 }
 
-/* The run's metrics from the engine's counters and the per-request timing. */
+/* The run's metrics from the engine's counters and the per-request timing;
+ * closed (a --concurrency level): TTFT from the moment a request was added,
+ * not from its arrival, which only the open loop honours. */
 static void fill_result(bench_result *res, const loom_engine_stats *st, bench_track *t, const bench_req *w,
-                        int32_t n, double total) {
+                        int32_t n, double total, bool closed) {
     int32_t nt = 0, np = 0;
     int64_t out_tokens = 0, in_tokens = 0;
     for (int32_t i = 0; i < n; i++) {
         out_tokens += t->count[i];
         in_tokens += w[i].num_tokens;
-        if (t->first[i] >= 0) t->ttft[nt++] = t->first[i] - w[i].arrival;
+        if (t->first[i] >= 0) t->ttft[nt++] = t->first[i] - (closed ? t->sent[i] : w[i].arrival);
         if (t->count[i] > 1) t->tpot[np++] = (t->last[i] - t->first[i]) / (t->count[i] - 1);
     }
     memset(res, 0, sizeof *res);
@@ -363,28 +405,52 @@ static void fill_result(bench_result *res, const loom_engine_stats *st, bench_tr
     res->errors = t->errors;
 }
 
-/* Run the workload once through a fresh engine built from `config`, after
- * `warmup` untimed requests. */
-static int run_once(const char *label, const char *config, const cli_sets *sets, int warmup, bench_req *w,
-                    int32_t n, bool progress, bench_result *res) {
-    int rc = 1;
+/* Requests of level k: its --num-requests count, else all n of the
+ * workload (make_workload checked a workload file holds the largest). */
+static int32_t bench_level_count(const bench_args *b, int k, int32_t n) {
+    return b->n_level_nreq ? b->level_nreq[k] : n;
+}
+
+/* The workload once through `eng` at one concurrency level (0: the open
+ * loop), after `warmup` untimed requests (at least `limit` of them); the
+ * engine's counters before the level are subtracted. 0, or 1 after a
+ * message. */
+static int run_level(loom_engine *eng, const char *label, int warmup, int32_t limit, bench_req *w, int32_t n,
+                     bool progress, bench_result *res) {
     bench_track t = {0};
     double total;
-    loom_engine *eng = cli_engine_open("bench", config, config, sets, NULL);
-    if (!eng) return 1;
-    loom_engine_stats base = {0};
-    if (warmup > 0 && warm_up(eng, w, n, warmup, &base)) goto free_all;
-    if (!track_init(&t, n)) goto free_all;
-    if (!drive(eng, label, w, n, progress, &t, &total)) goto free_all;
+    loom_engine_stats base;
+    loom_engine_get_stats(eng, &base, sizeof base);
+    int rc = 1;
+    if (warmup > 0 && warm_up(eng, w, n, warmup > limit ? warmup : limit, limit, &base)) goto free_track;
+    if (!track_init(&t, n) || !drive(eng, label, w, n, limit, progress, &t, &total)) goto free_track;
     loom_engine_stats st;
     loom_engine_get_stats(eng, &st, sizeof st);
     stats_minus(&st, &base);
-    fill_result(res, &st, &t, w, n, total);
+    fill_result(res, &st, &t, w, n, total, limit > 0);
     if (t.errors) fprintf(stderr, "loom bench: %d requests failed, e.g.: %s\n", t.errors, t.error);
     rc = t.errors ? 1 : 0;
-free_all:
-    loom_engine_destroy(eng);
+free_track:
     track_free(&t);
+    return rc;
+}
+
+/* Run the workload through one fresh engine built from `config`, once per
+ * concurrency level (b->levels; none: once, the open loop) into
+ * res[0..max(nlev, 1)), level k over the first count_k requests (k's
+ * --num-requests, else all n). */
+static int run_once(const bench_args *b, const char *label, const char *config, bench_req *w, int32_t n,
+                    bench_result *res) {
+    loom_engine *eng = cli_engine_open("bench", config, config, &b->sets, NULL);
+    if (!eng) return 1;
+    int rc = 0;
+    for (int k = 0; k < (b->nlev ? b->nlev : 1) && !rc; k++) {
+        char tag[64];
+        snprintf(tag, sizeof tag, b->nlev ? "%s @%d" : "%s", label, b->nlev ? b->levels[k] : 0);
+        rc = run_level(eng, tag, b->warmup, b->nlev ? b->levels[k] : 0, w, bench_level_count(b, k, n), b->progress,
+                       &res[k]);
+    }
+    loom_engine_destroy(eng);
     return rc;
 }
 
@@ -652,19 +718,28 @@ static void median_result(bench_result *runs, int n, bench_result *out) {
     free(v);
 }
 
-/* What the command line asks for. */
-typedef struct bench_args {
-    const char *config, *cmp_a, *cmp_b;  /* CONFIG, or --compare A B                 */
-    const char *workload, *json_path;    /* --workload FILE, --json FILE ('-': stdout) */
-    cli_sets sets;
-    int repeat, warmup;
-    int32_t nreq, in_a, in_b, out_a, out_b, prefix_len;
-    double shared, rate;
-    uint64_t seed;
-    bool progress;
-    const char *constraint_lang;         /* --constraint                               */
-    char *constraint;                    /* --constraint-text, read (owned)            */
-} bench_args;
+
+/* A comma list of up to BENCH_MAX_LEVELS integers in [1, hi], ascending
+ * where `ascending` (--concurrency, --num-requests). false after a message
+ * naming `opt`. */
+static bool parse_list(const char *opt, const char *v, long hi, bool ascending, int32_t *out, int *count) {
+    const char *p = v;
+    *count = 0;
+    for (;;) {
+        char *end;
+        errno = 0;
+        long c = strtol(p, &end, 10);
+        if (end == p || errno || c < 1 || c > hi || (*end && *end != ',') || *count == BENCH_MAX_LEVELS ||
+            (ascending && *count && c <= out[*count - 1])) {
+            fprintf(stderr, "loom bench: %s expects up to %d%s numbers in 1..%ld separated by commas, got '%s'\n",
+                    opt, BENCH_MAX_LEVELS, ascending ? " ascending" : "", hi, v);
+            return false;
+        }
+        out[(*count)++] = (int32_t)c;
+        if (!*end) return true;
+        p = end + 1;
+    }
+}
 
 /* An integer option's value (as an int, the way it is stored) in [lo, hi];
  * false after "loom bench: OPT expects WHAT, got 'V'". */
@@ -705,8 +780,11 @@ static int bench_valued(bench_args *b, const char *a, const char *v) {
     if (!strcmp(a, "--workload")) {
         b->workload = v;
     } else if (!strcmp(a, "--num-requests")) {
-        if (!bench_int(a, v, 1, INT_MAX, "a positive integer", &l)) return LOOM_EXIT_USAGE;
-        b->nreq = (int32_t)l;
+        if (!parse_list(a, v, INT_MAX, false, b->level_nreq, &b->n_level_nreq)) return LOOM_EXIT_USAGE;
+        b->nreq = 0;
+        for (int k = 0; k < b->n_level_nreq; k++)
+            if (b->level_nreq[k] > b->nreq) b->nreq = b->level_nreq[k];
+        if (b->n_level_nreq == 1) b->n_level_nreq = 0;
     } else if (!strcmp(a, "--input-len")) {
         if (!parse_range(a, v, &b->in_a, &b->in_b)) return LOOM_EXIT_USAGE;
     } else if (!strcmp(a, "--output-len")) {
@@ -734,6 +812,8 @@ static int bench_valued(bench_args *b, const char *a, const char *v) {
         if (!bench_int(a, v, 1, 100, "1..100", &b->repeat)) return LOOM_EXIT_USAGE;
     } else if (!strcmp(a, "--set")) {
         cli_sets_add(&b->sets, v);
+    } else if (!strcmp(a, "--concurrency")) {
+        if (!parse_list(a, v, 65536, true, b->levels, &b->nlev)) return LOOM_EXIT_USAGE;
     } else if (!strcmp(a, "--constraint")) {
         b->constraint_lang = v;
     } else if (!strcmp(a, "--constraint-text")) {
@@ -750,7 +830,7 @@ static int bench_parse(bench_args *b, int argc, char **argv) {
     static const char *const valued[] = {"--workload", "--num-requests", "--input-len", "--output-len",
                                          "--shared-prefix-ratio", "--prefix-len", "--rate", "--seed",
                                          "--warmup", "--repeat", "--set", "--json", "--constraint",
-                                         "--constraint-text", NULL};
+                                         "--constraint-text", "--concurrency", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool takes = false;
@@ -794,13 +874,26 @@ static int bench_parse(bench_args *b, int argc, char **argv) {
         fprintf(stderr, "loom bench: give either CONFIG or --compare A B, not both\n");
         return LOOM_EXIT_USAGE;
     }
+    if (b->n_level_nreq && b->n_level_nreq != b->nlev) {
+        fprintf(stderr, "loom bench: --num-requests gives %d counts, one per --concurrency level: %d level(s)\n",
+                b->n_level_nreq, b->nlev);
+        return LOOM_EXIT_USAGE;
+    }
     return -1;
 }
 
 /* The workload: the --workload file, or generated with token ids bounded by
  * the vocabulary of a short-lived engine. -1 to go on, else the exit code. */
 static int make_workload(const bench_args *b, bench_req **w, int32_t *n) {
-    if (b->workload) return load_workload(b->workload, w, n) ? LOOM_EXIT_FAIL : -1;
+    if (b->workload) {
+        if (load_workload(b->workload, w, n)) return LOOM_EXIT_FAIL;
+        if (b->n_level_nreq && b->nreq > *n) {
+            fprintf(stderr, "loom bench: --num-requests asks for %d requests at one level; %s holds %d\n", b->nreq,
+                    b->workload, *n);
+            return LOOM_EXIT_USAGE;
+        }
+        return -1;
+    }
     loom_engine *probe = cli_engine_open("bench", NULL, b->config ? b->config : b->cmp_a, &b->sets, NULL);
     if (!probe) return LOOM_EXIT_FAIL;
     int32_t vocab = loom_engine_vocab_size(probe);
@@ -818,11 +911,14 @@ static int make_workload(const bench_args *b, bench_req **w, int32_t *n) {
     return -1;
 }
 
-/* The metrics table of one pipeline (B NULL), or of two side by side. */
-static void print_table(FILE *tbl, const bench_args *b, int32_t n, const char *la, const char *lb,
+/* The metrics table of one pipeline (B NULL), or of two side by side, at
+ * one concurrency level (0: the open loop). */
+static void print_table(FILE *tbl, const bench_args *b, int32_t n, int32_t level, const char *la, const char *lb,
                         const bench_result *A, const bench_result *B) {
-    fprintf(tbl, "\nworkload: %d requests%s%s, %d run(s) each\n", n, b->workload ? " from " : " generated",
+    fprintf(tbl, "\nworkload: %d requests%s%s, %d run(s) each", n, b->workload ? " from " : " generated",
            b->workload ? b->workload : "", b->repeat);
+    if (level > 0) fprintf(tbl, ", at most %d in flight", level);
+    fputc('\n', tbl);
     if (!lb) {
         fprintf(tbl, "%-18s %14s\n", "metric", la);
         for (size_t k = 0; k < sizeof metrics / sizeof metrics[0]; k++)
@@ -843,17 +939,27 @@ static void print_table(FILE *tbl, const bench_args *b, int32_t n, const char *l
     print_counts(tbl, "B counts:", B);
 }
 
-/* --json: the results as one document, to a file or stdout ('-'). */
+/* --json: the results as one document, to a file or stdout ('-'): A's
+ * (and B's) results, or with --concurrency a "levels" list of them, one per
+ * level (A[k], B[k]). */
 static void write_json(const bench_args *b, int32_t n, const char *la, const char *lb, const bench_result *A,
                        const bench_result *B) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddNumberToObject(root, "num_requests", n);
     cJSON_AddNumberToObject(root, "repeat", b->repeat);
     cJSON_AddStringToObject(root, "a", la);
-    cJSON_AddItemToObject(root, "a_results", result_json(A));
-    if (lb) {
-        cJSON_AddStringToObject(root, "b", lb);
-        cJSON_AddItemToObject(root, "b_results", result_json(B));
+    if (lb) cJSON_AddStringToObject(root, "b", lb);
+    cJSON *levels = b->nlev ? cJSON_AddArrayToObject(root, "levels") : NULL;
+    for (int k = 0; k < (b->nlev ? b->nlev : 1); k++) {
+        cJSON *o = root;
+        if (levels) {
+            o = cJSON_CreateObject();
+            cJSON_AddItemToArray(levels, o);
+            cJSON_AddNumberToObject(o, "concurrency", b->levels[k]);
+            cJSON_AddNumberToObject(o, "num_requests", bench_level_count(b, k, n));
+        }
+        cJSON_AddItemToObject(o, "a_results", result_json(&A[k]));
+        if (lb) cJSON_AddItemToObject(o, "b_results", result_json(&B[k]));
     }
     char *s = cJSON_Print(root);
     FILE *f = strcmp(b->json_path, "-") ? fopen(b->json_path, "w") : stdout;
@@ -867,28 +973,37 @@ static void write_json(const bench_args *b, int32_t n, const char *la, const cha
     cJSON_Delete(root);
 }
 
-/* Run A (and B) `repeat` times, interleaved, and report the medians; the
- * exit code. */
+/* Run A (and B) `repeat` times, interleaved, each run every concurrency
+ * level on one engine, and report the medians per level; the exit code. */
 static int bench_runs(const bench_args *b, bench_req *w, int32_t n) {
     const char *la = b->config ? b->config : b->cmp_a, *lb = b->cmp_b;
+    const int L = b->nlev ? b->nlev : 1, R = b->repeat;
     int rc = LOOM_EXIT_FAIL;
-    bench_result *ra = calloc((size_t)b->repeat, sizeof *ra);
-    bench_result *rb = calloc((size_t)b->repeat, sizeof *rb);
-    if (!ra || !rb) goto free_results;
-    for (int r = 0; r < b->repeat; r++) {
-        if (run_once("A", la, &b->sets, b->warmup, w, n, b->progress, &ra[r])) goto free_results;
-        if (lb && run_once("B", lb, &b->sets, b->warmup, w, n, b->progress, &rb[r])) goto free_results;
-    }
-    bench_result A, B;
-    median_result(ra, b->repeat, &A);
-    if (lb) median_result(rb, b->repeat, &B);
+    /* runs[k * R + r]: level k of run r; then the medians, one per level */
+    bench_result *ra = calloc((size_t)L * R, sizeof *ra), *rb = calloc((size_t)L * R, sizeof *rb);
+    bench_result *one = calloc((size_t)L, sizeof *one);
+    bench_result *A = calloc((size_t)L, sizeof *A), *B = calloc((size_t)L, sizeof *B);
+    if (!ra || !rb || !one || !A || !B) goto free_results;
+    for (int r = 0; r < R; r++)
+        for (int side = 0; side < (lb ? 2 : 1); side++) {
+            if (run_once(b, side ? "B" : "A", side ? lb : la, w, n, one)) goto free_results;
+            for (int k = 0; k < L; k++) (side ? rb : ra)[k * R + r] = one[k];
+        }
     /* With --json -, stdout carries only the JSON document. */
-    print_table(b->json_path && !strcmp(b->json_path, "-") ? stderr : stdout, b, n, la, lb, &A, &B);
-    if (b->json_path) write_json(b, n, la, lb, &A, &B);
+    FILE *tbl = b->json_path && !strcmp(b->json_path, "-") ? stderr : stdout;
+    for (int k = 0; k < L; k++) {
+        median_result(&ra[k * R], R, &A[k]);
+        if (lb) median_result(&rb[k * R], R, &B[k]);
+        print_table(tbl, b, bench_level_count(b, k, n), b->nlev ? b->levels[k] : 0, la, lb, &A[k], &B[k]);
+    }
+    if (b->json_path) write_json(b, n, la, lb, A, B);
     rc = LOOM_EXIT_OK;
 free_results:
     free(ra);
     free(rb);
+    free(one);
+    free(A);
+    free(B);
     return rc;
 }
 

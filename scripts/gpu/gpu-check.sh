@@ -24,8 +24,10 @@
 #   quant:  each quantizer scheme vs bf16 on the Llama-3-8B shape, each a
 #           `loom bench --compare`: batch-1 decode, batch-64 decode,
 #           2048-token prefill (QUANT_SCHEMES / QUANT_RUNS narrow it;
-#           QUANT_RUNS may name b16 / b256, batch-16 / batch-256 decode; the SmolLM2
-#           perplexities are the ppl stage).
+#           QUANT_RUNS may name b16 / b256, batch-16 / batch-256 decode, and
+#           sweep: b1, b16, b64 and b256 as the levels of one closed-loop
+#           `loom bench --concurrency` on one load of each pipeline, recorded
+#           under the same names; the SmolLM2 perplexities are the ppl stage).
 #   offline: the 1000-request offline run at 256 and 512 sequences a step.
 #   spec2:  draft-model speculation (SmolLM2 drafted by its int4 self) and
 #           the cost side of ngram on the Llama-3-8B shape (needs SmolLM2).
@@ -63,7 +65,8 @@
 #   awq:    AWQ / GPTQ / GPTQ-v2 4-bit checkpoints written by
 #           tests/e2e/hf_llama_reference.py --quant (a tiny Llama and the
 #           Llama-3-8B shape with 2 layers, group 128) through the int4
-#           quantizer on cuda (and the tiny one on cpu): teacher-forced
+#           quantizer on cuda, row-major and tiled (quant_layout), and the
+#           tiny one on cpu: teacher-forced
 #           logprobs and 32 greedy tokens vs transformers on the dequantized
 #           weights.
 #   throughput: gpu_backend_test (graph buckets), continuous vs static
@@ -344,19 +347,35 @@ quant)
           args="--num-requests 512 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=256 --warmup 2" ;;
       prefill) what="2048-token prefill (8 prompts one at a time, 1 token out: total tokens/s, TTFT)"
           args="--num-requests 8 --input-len 2048 --output-len 1 --set scheduler.max_num_seqs=1 --warmup 1" ;;
-      *) echo "FAIL QUANT_RUNS has '$r'; the runs are b1, b16, b64, b256, prefill"; fails=$((fails + 1)); continue ;;
+      sweep) what="decode at 1, 16, 64 and 256 requests in flight (3, 32, 128, 512 requests of 128 in, 256 out), one load"
+          args="--concurrency 1,16,64,256 --num-requests 3,32,128,512 --input-len 128 --output-len 256
+                --set scheduler.max_num_seqs=256 --warmup 2" ;;
+      *) echo "FAIL QUANT_RUNS has '$r'; the runs are b1, b16, b64, b256, sweep, prefill"; fails=$((fails + 1)); continue ;;
       esac
       [ -f "configs/gpu/llama3-8b-$c.yaml" ] || { echo "FAIL QUANT_SCHEMES has '$c': no configs/gpu/llama3-8b-$c.yaml"; fails=$((fails + 1)); break; }
       step "Llama-3-8B shape, bf16 vs $c: $what"
       f=$O/quant-$c-$r
       [ $r = b1 ] && f=$O/quant-$c   # the names of earlier runs
       # shellcheck disable=SC2086
-      timeout 330 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-$c.yaml \
+      timeout 400 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-$c.yaml \
         $args --no-progress --json "$f.json" > "$f.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$f.txt"; }
-      grep -E "output tokens/s|total tokens/s|TPOT p50|TTFT p50|wall" "$f.txt"
+      grep -E "at most|output tokens/s|total tokens/s|TPOT p50|TTFT p50|wall" "$f.txt"
+      benches=("$c $r=$f.json")
+      if [ $r = sweep ]; then # one document per level, named as the separate runs
+        benches=()
+        for lv in 1:b1 16:b16 64:b64 256:b256; do
+          python3 -c 'import json, sys
+d = json.load(open(sys.argv[1])); c = int(sys.argv[2])
+l = next(x for x in d["levels"] if x["concurrency"] == c)
+json.dump({"num_requests": l["num_requests"], "concurrency": c, "repeat": d["repeat"], "a": d["a"], "b": d["b"],
+           "a_results": l["a_results"], "b_results": l["b_results"]}, open(sys.argv[3], "w"), indent=1)' \
+            "$f.json" "${lv%%:*}" "$f-${lv#*:}.json" && benches+=("$c ${lv#*:}=$f-${lv#*:}.json")
+        done
+      fi
+      bargs=(); for x in "${benches[@]}"; do bargs+=(--bench "$x"); done
       rec '{hw}-quant-schemes-vs-bf16' --merge \
-        --what "Llama-3-8B shape: bf16 (a) vs each quantization scheme (b); b1 = batch-1 decode, b16 / b64 / b256 = batch-16 / 64 / 256 decode, prefill = 2048-token prompts" \
-        --bench "$c $r=$f.json"
+        --what "Llama-3-8B shape: bf16 (a) vs each quantization scheme (b); b1 = batch-1 decode, b16 / b64 / b256 = batch-16 / 64 / 256 decode (scheduler.max_num_seqs, or a level of one closed-loop run on one load where the entry has a concurrency), prefill = 2048-token prompts" \
+        "${bargs[@]}"
     done
   done
   ;;
@@ -364,8 +383,13 @@ ppl)
   smollm2_model || exit 1
   step "SmolLM2 perplexity on cuda per scheme (data/text/us-founding-documents.txt)"
   : > "$O/ppl-summary.txt"
-  for c in smollm2 smollm2-int8-w8a16 smollm2-int8-w8a8 smollm2-fp8 smollm2-int4 smollm2-gguf-native; do
-    timeout 120 loom perplexity configs/gpu/$c.yaml data/text/us-founding-documents.txt > "$O/ppl-$c.txt" 2>&1 \
+  # NAME-tiled: the same pipeline with backend.quant_layout=tiled (W8A16 / INT4)
+  for c in smollm2 smollm2-int8-w8a16 smollm2-int8-w8a16-tiled smollm2-int8-w8a8 smollm2-fp8 smollm2-int4 \
+           smollm2-int4-tiled smollm2-gguf-native; do
+    cfg=configs/gpu/${c%-tiled}.yaml sets=""
+    [ "$c" != "${c%-tiled}" ] && sets="--set backend.quant_layout=tiled"
+    # shellcheck disable=SC2086
+    timeout 120 loom perplexity $cfg data/text/us-founding-documents.txt $sets > "$O/ppl-$c.txt" 2>&1 \
       || { fails=$((fails + 1)); tail -2 "$O/ppl-$c.txt"; }
     echo "$c: $(grep -i perplexity "$O/ppl-$c.txt" | tail -1)"
     echo "$c $(grep -i '^perplexity' "$O/ppl-$c.txt" | tail -1)" >> "$O/ppl-summary.txt"
@@ -690,9 +714,11 @@ PY
         echo "FAIL the $m $shape reference: $(tail -1 "$O/$m-$shape-ref.log")" | tee -a "$sum"; fails=$((fails + 1)); continue
       fi
       tail -1 "$O/$m-$shape-ref.log"
-      backends=cuda; [ $shape = tiny ] && backends="cuda cpu"
+      # cuda twice: the row-major kernels (the default) and the tiled layout
+      backends="cuda cuda-tiled"; [ $shape = tiny ] && backends="cuda cuda-tiled cpu"
       for be in $backends; do
         set_q="--set quantizer.plugin=int4 --set quantizer.source=$m --set quantizer.group_size=128"
+        [ $be = cuda-tiled ] && set_q="$set_q --set backend.quant_layout=tiled"
         cfg=configs/gpu/hf-reference.yaml; [ $be = cpu ] && cfg=configs/gpu/hf-reference-cpu.yaml
         LOOM_HF_REF=$d/model timeout 200 "$LB/tests/e2e/engine_tool" score $cfg $d/tokens.txt \
           $set_q > "$O/$m-$shape-$be-logprobs.txt" 2> "$O/$m-$shape-$be.err" || { tail -3 "$O/$m-$shape-$be.err"; }

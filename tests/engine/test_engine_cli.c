@@ -230,6 +230,48 @@ Test(cli, bench_compare) {
     free(b);
 }
 
+/* --concurrency: a closed loop, once per level on one engine. At level 1
+ * no step runs two sequences (the warm-up included: the peak is the
+ * engine's since it opened), at level 3 at most three; each level runs its
+ * own --num-requests count; levels must ascend, counts match levels. */
+Test(cli, bench_concurrency_levels) {
+    char *tiny = eng_data("tiny.yaml");
+    const char *args[] = {"bench", tiny, "--num-requests", "2,7", "--input-len", "16", "--output-len", "5",
+                          "--concurrency", "1,3", "--warmup", "2", "--json", "-", "--no-progress", NULL};
+    cli_out r = cli(args);
+    cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
+    cJSON *j = cJSON_Parse(r.out);
+    cr_assert_not_null(j, "stdout is not JSON:\n%s", r.out);
+    const cJSON *levels = cJSON_GetObjectItemCaseSensitive(j, "levels");
+    cr_assert(cJSON_IsArray(levels) && cJSON_GetArraySize(levels) == 2, "no two levels: %s", r.out);
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(j, "a_results"), "results belong to the levels");
+    const int want[2] = {1, 3}, nreq[2] = {2, 7};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *l = cJSON_GetArrayItem(levels, k), *a = cJSON_GetObjectItemCaseSensitive(l, "a_results");
+        cr_assert_eq(num(l, "concurrency"), want[k]);
+        cr_assert_eq(num(l, "num_requests"), nreq[k]);
+        cr_assert(cJSON_IsObject(a));
+        cr_assert_eq(num(a, "output_tokens"), 5 * nreq[k], "level %d: %d requests x 5 tokens", want[k], nreq[k]);
+        cr_assert_eq(num(a, "prefill_tokens") + num(a, "cached_prompt_tokens"), 16 * nreq[k], "level %d", want[k]);
+        cr_assert_leq(num(a, "max_running"), want[k], "level %d ran more sequences in a step", want[k]);
+        cr_assert_eq(num(a, "errors"), 0);
+    }
+    cr_assert(strstr(r.err, "at most 3 in flight"), "no level header: %s", r.err);
+    cJSON_Delete(j);
+    cli_out_free(&r);
+    const char *bad[] = {"bench", tiny, "--concurrency", "4,2", NULL};
+    r = cli(bad);
+    cr_assert_eq(r.code, 2);
+    cr_assert(strstr(r.err, "--concurrency expects") && strstr(r.err, "'4,2'"), "stderr: %s", r.err);
+    cli_out_free(&r);
+    const char *mismatch[] = {"bench", tiny, "--num-requests", "2,7", "--concurrency", "4", NULL};
+    r = cli(mismatch);
+    cr_assert_eq(r.code, 2);
+    cr_assert(strstr(r.err, "--num-requests gives 2 counts"), "stderr: %s", r.err);
+    cli_out_free(&r);
+    free(tiny);
+}
+
 /* Issue 29 (13): generated text may hold NUL (byte 0 is a token of
  * SmolLM2's byte-level vocabulary, "Ā"); `loom run` printed it with
  * C-string calls and cut it. The test sampler "lazy" with force=ID makes
