@@ -45,7 +45,7 @@ static void bench_usage(FILE *f) {
           "                         {\"prompt\": \"text\" | \"prompt_tokens\": [ids], \"output_len\": N,\n"
           "                          \"chat\": true = the prompt is one user turn (optional)}\n"
           "  --num-requests N       generated requests (default 64); with --concurrency N,N,...\n"
-          "                         gives each level its own count (the first N of the workload)\n"
+          "                         gives each level its own count\n"
           "  --input-len A[:B]      prompt tokens, uniform in [A, B] (default 128)\n"
           "  --output-len A[:B]     output tokens, uniform in [A, B] (default 64)\n"
           "  --shared-prefix-ratio R  fraction of requests starting with one shared prefix (default 0)\n"
@@ -53,8 +53,10 @@ static void bench_usage(FILE *f) {
           "  --rate R               Poisson arrivals, requests/s (default: all at once)\n"
           "  --concurrency C[,C...] closed loop: a request enters only while fewer than C are in\n"
           "                         flight, its TTFT counted from then; with several levels\n"
-          "                         (ascending, at most 8) the workload runs once per level on the\n"
-          "                         same engine, one table each (peaks are since the engine opened)\n"
+          "                         (ascending, at most 8) each level runs its own requests (the\n"
+          "                         next ones of the workload; a --workload file without per-level\n"
+          "                         counts runs whole at each) on the same engine, one table each\n"
+          "                         (peaks are since the engine opened)\n"
           "  --seed S               workload seed (default 0)\n"
           "  --constraint LANG      hold every request to a decoding constraint of the pipeline's\n"
           "                         constraint plugin (json_object, json_schema, regex, gbnf)\n"
@@ -405,10 +407,22 @@ static void fill_result(bench_result *res, const loom_engine_stats *st, bench_tr
     res->errors = t->errors;
 }
 
-/* Requests of level k: its --num-requests count, else all n of the
- * workload (make_workload checked a workload file holds the largest). */
-static int32_t bench_level_count(const bench_args *b, int k, int32_t n) {
-    return b->n_level_nreq ? b->level_nreq[k] : n;
+/* Level k's requests, w[*off .. *off + count): each level its own (no
+ * prompt of one level is in the prefix cache for the next) — its
+ * --num-requests count after the earlier levels', or a generated
+ * workload's k-th slice of nreq; a workload file without counts runs whole
+ * at every level. Returns the count. */
+static int32_t bench_level_slice(const bench_args *b, int k, int32_t n, int32_t *off) {
+    *off = 0;
+    if (b->n_level_nreq) {
+        for (int j = 0; j < k; j++) *off += b->level_nreq[j];
+        return b->level_nreq[k];
+    }
+    if (b->nlev && !b->workload) {
+        *off = k * b->nreq;
+        return b->nreq;
+    }
+    return n;
 }
 
 /* The workload once through `eng` at one concurrency level (0: the open
@@ -447,8 +461,17 @@ static int run_once(const bench_args *b, const char *label, const char *config, 
     for (int k = 0; k < (b->nlev ? b->nlev : 1) && !rc; k++) {
         char tag[64];
         snprintf(tag, sizeof tag, b->nlev ? "%s @%d" : "%s", label, b->nlev ? b->levels[k] : 0);
-        rc = run_level(eng, tag, b->warmup, b->nlev ? b->levels[k] : 0, w, bench_level_count(b, k, n), b->progress,
-                       &res[k]);
+        int32_t off, cnt = bench_level_slice(b, k, n, &off);
+        bench_req *lw = w + off;
+        if (b->nlev) { /* a level's arrivals count from its first request's (Poisson: not 0 past level 0) */
+            if (!(lw = malloc((size_t)cnt * sizeof *lw))) {
+                rc = 1;
+                break;
+            }
+            for (int32_t i = 0; i < cnt; i++) lw[i] = w[off + i], lw[i].arrival -= w[off].arrival;
+        }
+        rc = run_level(eng, tag, b->warmup, b->nlev ? b->levels[k] : 0, lw, cnt, b->progress, &res[k]);
+        if (lw != w + off) free(lw); /* a shallow copy: the prompts are w's */
     }
     loom_engine_destroy(eng);
     return rc;
@@ -780,10 +803,8 @@ static int bench_valued(bench_args *b, const char *a, const char *v) {
     if (!strcmp(a, "--workload")) {
         b->workload = v;
     } else if (!strcmp(a, "--num-requests")) {
-        if (!parse_list(a, v, INT_MAX, false, b->level_nreq, &b->n_level_nreq)) return LOOM_EXIT_USAGE;
-        b->nreq = 0;
-        for (int k = 0; k < b->n_level_nreq; k++)
-            if (b->level_nreq[k] > b->nreq) b->nreq = b->level_nreq[k];
+        if (!parse_list(a, v, 1 << 24, false, b->level_nreq, &b->n_level_nreq)) return LOOM_EXIT_USAGE;
+        b->nreq = b->level_nreq[0];
         if (b->n_level_nreq == 1) b->n_level_nreq = 0;
     } else if (!strcmp(a, "--input-len")) {
         if (!parse_range(a, v, &b->in_a, &b->in_b)) return LOOM_EXIT_USAGE;
@@ -887,9 +908,10 @@ static int bench_parse(bench_args *b, int argc, char **argv) {
 static int make_workload(const bench_args *b, bench_req **w, int32_t *n) {
     if (b->workload) {
         if (load_workload(b->workload, w, n)) return LOOM_EXIT_FAIL;
-        if (b->n_level_nreq && b->nreq > *n) {
-            fprintf(stderr, "loom bench: --num-requests asks for %d requests at one level; %s holds %d\n", b->nreq,
-                    b->workload, *n);
+        int32_t off, last = b->n_level_nreq ? bench_level_slice(b, b->n_level_nreq - 1, *n, &off) : 0;
+        if (b->n_level_nreq && (int64_t)off + last > *n) {
+            fprintf(stderr, "loom bench: --num-requests asks for %lld requests over its levels; %s holds %d\n",
+                    (long long)off + last, b->workload, *n);
             return LOOM_EXIT_USAGE;
         }
         return -1;
@@ -904,10 +926,16 @@ static int make_workload(const bench_args *b, bench_req **w, int32_t *n) {
                 ctx);
         return LOOM_EXIT_USAGE;
     }
-    *w = gen_workload(b->nreq, b->in_a, b->in_b, b->out_a, b->out_b, b->shared, b->prefix_len, b->rate, b->seed,
+    /* every level its own requests, one after the other */
+    int32_t off, last = bench_level_slice(b, b->nlev ? b->nlev - 1 : 0, b->nreq, &off);
+    if ((int64_t)off + last > (1 << 24)) {
+        fprintf(stderr, "loom bench: %lld requests over the levels: at most %d\n", (long long)off + last, 1 << 24);
+        return LOOM_EXIT_USAGE;
+    }
+    *w = gen_workload(off + last, b->in_a, b->in_b, b->out_a, b->out_b, b->shared, b->prefix_len, b->rate, b->seed,
                       vocab);
     if (!*w) return LOOM_EXIT_FAIL;
-    *n = b->nreq;
+    *n = off + last;
     return -1;
 }
 
@@ -956,7 +984,8 @@ static void write_json(const bench_args *b, int32_t n, const char *la, const cha
             o = cJSON_CreateObject();
             cJSON_AddItemToArray(levels, o);
             cJSON_AddNumberToObject(o, "concurrency", b->levels[k]);
-            cJSON_AddNumberToObject(o, "num_requests", bench_level_count(b, k, n));
+            int32_t off;
+            cJSON_AddNumberToObject(o, "num_requests", bench_level_slice(b, k, n, &off));
         }
         cJSON_AddItemToObject(o, "a_results", result_json(&A[k]));
         if (lb) cJSON_AddItemToObject(o, "b_results", result_json(&B[k]));
@@ -994,7 +1023,8 @@ static int bench_runs(const bench_args *b, bench_req *w, int32_t n) {
     for (int k = 0; k < L; k++) {
         median_result(&ra[k * R], R, &A[k]);
         if (lb) median_result(&rb[k * R], R, &B[k]);
-        print_table(tbl, b, bench_level_count(b, k, n), b->nlev ? b->levels[k] : 0, la, lb, &A[k], &B[k]);
+        int32_t off;
+        print_table(tbl, b, bench_level_slice(b, k, n, &off), b->nlev ? b->levels[k] : 0, la, lb, &A[k], &B[k]);
     }
     if (b->json_path) write_json(b, n, la, lb, A, B);
     rc = LOOM_EXIT_OK;

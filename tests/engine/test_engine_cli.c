@@ -272,6 +272,48 @@ Test(cli, bench_concurrency_levels) {
     free(tiny);
 }
 
+/* Each level runs its own requests: a workload file of prompts of 5, 7 and
+ * 9 tokens with counts 1,2 gives level 1 the first (5 prompt tokens) and
+ * level 2 the other two (16); counts beyond the file are refused. */
+Test(cli, bench_concurrency_slices) {
+    char *tiny = eng_data("tiny.yaml");
+    char dir[] = "/tmp/loom-eng-lv-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char path[64];
+    snprintf(path, sizeof path, "%s/w.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs("{\"prompt_tokens\": [5, 6, 7, 8, 9], \"output_len\": 3}\n"
+          "{\"prompt_tokens\": [15, 16, 17, 18, 19, 20, 21], \"output_len\": 3}\n"
+          "{\"prompt_tokens\": [25, 26, 27, 28, 29, 30, 31, 32, 33], \"output_len\": 3}\n",
+          f);
+    fclose(f);
+    const char *args[] = {"bench", tiny, "--workload", path, "--concurrency", "1,2", "--num-requests", "1,2",
+                          "--json", "-", "--no-progress", NULL};
+    cli_out r = cli(args);
+    cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
+    cJSON *j = cJSON_Parse(r.out);
+    cr_assert_not_null(j, "stdout is not JSON:\n%s", r.out);
+    const cJSON *levels = cJSON_GetObjectItemCaseSensitive(j, "levels");
+    cr_assert(cJSON_IsArray(levels) && cJSON_GetArraySize(levels) == 2);
+    const int prompt[2] = {5, 16}, out[2] = {3, 6};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(levels, k), "a_results");
+        cr_assert_eq(num(a, "prefill_tokens") + num(a, "cached_prompt_tokens"), prompt[k], "level %d", k);
+        cr_assert_eq(num(a, "output_tokens"), out[k], "level %d", k);
+    }
+    cJSON_Delete(j);
+    cli_out_free(&r);
+    const char *over[] = {"bench", tiny, "--workload", path, "--concurrency", "1,2", "--num-requests", "2,2", NULL};
+    r = cli(over);
+    cr_assert_eq(r.code, 2);
+    cr_assert(strstr(r.err, "asks for 4 requests over its levels") && strstr(r.err, "holds 3"), "stderr: %s", r.err);
+    cli_out_free(&r);
+    unlink(path);
+    rmdir(dir);
+    free(tiny);
+}
+
 /* Issue 29 (13): generated text may hold NUL (byte 0 is a token of
  * SmolLM2's byte-level vocabulary, "Ā"); `loom run` printed it with
  * C-string calls and cut it. The test sampler "lazy" with force=ID makes
