@@ -516,7 +516,7 @@ static void bench_quant(int M) {
     static const loom_cuda_gguf gtypes[NF] = {0, 0, 0, 0, 0, LOOM_CUDA_GGUF_Q4_0,
                                               LOOM_CUDA_GGUF_Q4_1, LOOM_CUDA_GGUF_Q4_K,
                                               LOOM_CUDA_GGUF_Q6_K};
-    enum { QB_FP8 = 3 }; /* fmts[QB_FP8]: the FP8 row, run again as fp8_epi above 8 rows */
+    enum { QB_FP8 = 3 }; /* fmts[QB_FP8]: the FP8 row, run again above 8 rows with the other GEMM form */
     static const char *names[NF] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128",
                                     "gguf_q4_0", "gguf_q4_1", "gguf_q4_k", "gguf_q6_k"};
     int code;
@@ -533,8 +533,10 @@ static void bench_quant(int M) {
      * once more on the CUDA-core one (loom_cuda_qgemm_set_tc_min_m(g, 9),
      * the cuda backend's qgemv_tc_min_rows: 9): its gain, in one
      * run */
-    /* above 8 rows, FP8 once more with unit-scale cuBLASLt + the epilogue
-     * pass instead of cuBLASLt's scale vectors (lc_gemm_set_fp8_vec(0)) */
+    /* above 8 rows, FP8 once more with the GEMM form the dispatch does not
+     * take at M: unit-scale cuBLASLt + the epilogue pass ("_epi",
+     * lc_gemm_set_fp8_vec(0)) from LOOM_CUDA_FP8_VEC_MIN_M rows, cuBLASLt's
+     * scale vectors ("_vec", the bound at 0) below */
     /* last, W8A16 and INT4 once more on weights repacked into the tiled
      * layout (loom_cuda_qweight_tile: qtiled.cu's kernel, or above its
      * bound the tiled dequantize + cuBLASLt) — old vs new in one run */
@@ -556,11 +558,12 @@ static void bench_quant(int M) {
         lc_qtiled_set_wgmma_tma(cpa ? 0 : tma ? 1 : wide ? 4 : 2);
         loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : 256);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, mma ? 0 : LC_QT_DEFAULT_WG_MIN_M);
-        const bool epi = !tiled && M > 8 && vi == NF;
-        const int fi = tiled ? ((vi - nv0) % 2 == 0 ? 1 : 4) : epi ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
-        const bool cores = !tiled && vi >= NF && !epi;
+        const bool alt = !tiled && M > 8 && vi == NF, epi = alt && M >= LOOM_CUDA_FP8_VEC_MIN_M;
+        const int fi = tiled ? ((vi - nv0) % 2 == 0 ? 1 : 4) : alt ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
+        const bool cores = !tiled && vi >= NF && !alt;
         loom_cuda_qgemm_set_tc_min_m(g, cores ? 9 : 0); /* 9: never; 0: the default bound */
         lc_gemm_set_fp8_vec(g, epi ? 0 : vec0);
+        loom_cuda_qgemm_set_fp8_vec_min_m(g, alt && !epi ? 0 : LOOM_CUDA_FP8_VEC_MIN_M);
         const loom_cuda_qfmt f = fmts[fi];
         double ms = 0, bytes = 0, shape_us[4];
         long v0, e0;
@@ -603,6 +606,7 @@ static void bench_quant(int M) {
         snprintf(label, sizeof label, "%s%s", names[fi],
                  cores ? "_cc"
                  : epi ? "_epi"
+                 : alt ? "_vec"
                  : deq ? "_tiled_deq"
                  : mma ? "_tiled_mma"
                  : cpa ? "_tiled_cpa"
@@ -622,6 +626,7 @@ static void bench_quant(int M) {
         }
     }
     lc_gemm_set_fp8_vec(g, vec0);
+    loom_cuda_qgemm_set_fp8_vec_min_m(g, LOOM_CUDA_FP8_VEC_MIN_M);
     loom_cuda_qgemm_set_tiled_max_m(g, 256);
     loom_cuda_qgemm_set_tiled_wgmma_min_m(g, LC_QT_DEFAULT_WG_MIN_M);
     cudaFree(x), cudaFree(y);

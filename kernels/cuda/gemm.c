@@ -59,6 +59,7 @@ struct loom_cuda_gemm {
     int q_tiled_max_m; /* tiled W8A16 / INT4: largest M of qtiled.cu's kernel */
     int q_tiled_wg_min_m; /* tiled: fewest M of its wgmma path (0: never) */
     int fp8_vec;    /* FP8 GEMMs may take per-row / per-column scale vectors */
+    int fp8_vec_min_m; /* ... from this many rows (fewer: unit scales + epilogue) */
     int q_tc_min_m; /* rows from which the quantized GEMV takes the tensor cores (0: per format) */
     long long plans_made;  /* plan-cache misses: descriptors + heuristic query */
     double plan_seconds;   /* host time they took                              */
@@ -120,11 +121,13 @@ loom_cuda_gemm *loom_cuda_gemm_create(size_t workspace_bytes, int *code, char *m
     g->q_gemv_max_m[LOOM_CUDA_Q_FP8] = 8;
     g->q_gemv_max_m[LOOM_CUDA_Q_INT4] = 32;
     g->q_gemv_max_m[LOOM_CUDA_Q_GGUF] = 32; /* as INT4 (similar bytes per weight); not yet measured */
-    /* cuBLASLt's outer-vector scaling (LC_LT_FP8_VEC_*) for the FP8 GEMMs:
-     * one Llama-3-8B layer at 2048 rows 1.51x bf16 against 1.13x with the
-     * unit-scale GEMM + epilogue pass (H200); a shape it has no algorithm
-     * for falls back by itself (qgemm.c) */
+    /* cuBLASLt's outer-vector scaling (LC_LT_FP8_VEC_*) for the FP8 GEMMs
+     * from 129 rows: one Llama-3-8B layer at 2048 rows 1.51x bf16 against
+     * 1.13x with the unit-scale GEMM + epilogue pass (H200), which wins at
+     * 16-128 rows (cuda_kernels.h); a shape it has no algorithm for falls
+     * back by itself (qgemm.c) */
     g->fp8_vec = 1;
+    g->fp8_vec_min_m = LOOM_CUDA_FP8_VEC_MIN_M;
     if (code) *code = 0;
     return g;
 }
@@ -359,6 +362,10 @@ int lc_gemm_lt_q(loom_cuda_gemm *g, int kind, int M, int N, int K, const void *x
 
 int lc_gemm_fp8_vec(const loom_cuda_gemm *g) { return g->fp8_vec; }
 void lc_gemm_set_fp8_vec(loom_cuda_gemm *g, int on) { g->fp8_vec = on ? 1 : 0; }
+int lc_gemm_fp8_vec_min_m(const loom_cuda_gemm *g) { return g->fp8_vec_min_m; }
+void loom_cuda_qgemm_set_fp8_vec_min_m(loom_cuda_gemm *g, int min_m) {
+    g->fp8_vec_min_m = min_m < 0 ? 0 : min_m > 65536 ? 65536 : min_m;
+}
 
 int lc_gemm_q_gemv_max_m(const loom_cuda_gemm *g, loom_cuda_qfmt fmt) {
     if (fmt <= 0 || fmt > LOOM_CUDA_Q_GGUF) return 0;

@@ -173,6 +173,8 @@ int lc_gemm_lt_q(loom_cuda_gemm *g, int kind, int M, int N, int K, const void *x
  * epilogue pass) and compare both paths. */
 int lc_gemm_fp8_vec(const loom_cuda_gemm *g);
 void lc_gemm_set_fp8_vec(loom_cuda_gemm *g, int on);
+/* the fewest rows whose FP8 GEMM takes the scale vectors (loom_cuda_qgemm_set_fp8_vec_min_m) */
+int lc_gemm_fp8_vec_min_m(const loom_cuda_gemm *g);
 /* FP8 GEMM-path calls so far that ran with the scale vectors / with unit
  * scales and the epilogue (tests and gpu_bench name what ran). */
 void lc_qgemm_fp8_count(long *vec, long *epilogue);

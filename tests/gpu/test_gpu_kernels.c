@@ -1265,6 +1265,7 @@ static void qgemm_defaults(loom_cuda_gemm *g) {
     loom_cuda_qgemm_set_gemv_max_m(g, LOOM_CUDA_Q_INT8_W8A8, 8);
     loom_cuda_qgemm_set_gemv_max_m(g, LOOM_CUDA_Q_FP8, 8);
     loom_cuda_qgemm_set_gemv_max_m(g, LOOM_CUDA_Q_INT4, 32);
+    loom_cuda_qgemm_set_fp8_vec_min_m(g, LOOM_CUDA_FP8_VEC_MIN_M);
 }
 
 /* test_qgemm's activations: the [-2, 2] of every test, or (set) tokens of
@@ -2063,12 +2064,14 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
         test_qgemm(g, LOOM_CUDA_BF16, f, 4, 6144, 4096, i4 ? 128 : 0, 0, false, false);
         loom_cuda_qgemm_set_tc_min_m(g, 0);
     }
-    /* the FP8 GEMM path both ways: cuBLASLt's outer scale vectors (the
-     * default where it has an algorithm) and unit scales + the epilogue
-     * pass — bf16, f16 and f32 outputs, a Llama-3-8B prefill shape */
+    /* the FP8 GEMM path both ways at every M: cuBLASLt's outer scale
+     * vectors (the default from LOOM_CUDA_FP8_VEC_MIN_M rows where it has
+     * an algorithm; here from 0) and unit scales + the epilogue pass —
+     * bf16, f16 and f32 outputs, a Llama-3-8B prefill shape */
     for (int vec = 1; vec >= 0; vec--) {
         const int prev = lc_gemm_fp8_vec(g);
         lc_gemm_set_fp8_vec(g, vec);
+        loom_cuda_qgemm_set_fp8_vec_min_m(g, 0);
         test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 300, 512, 4096, 0, 2, false, false);
         test_qgemm(g, LOOM_CUDA_F16, LOOM_CUDA_Q_FP8, 64, 1000, 576, 0, 2, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 40, 4097, 576, 0, 2, true, false);
@@ -2084,6 +2087,20 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
         test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, 64, 515, 2048, 0, 2, false, false);
         g_qx_wild = false;
         lc_gemm_set_fp8_vec(g, prev);
+        loom_cuda_qgemm_set_fp8_vec_min_m(g, LOOM_CUDA_FP8_VEC_MIN_M);
+    }
+    /* as dispatched: unit scales + the epilogue below LOOM_CUDA_FP8_VEC_MIN_M
+     * rows, the scale vectors from there (the 8B shape has both on sm_90) */
+    for (int k = 0; k < 2; k++) {
+        const int M = k ? LOOM_CUDA_FP8_VEC_MIN_M : LOOM_CUDA_FP8_VEC_MIN_M - 1;
+        long v0, e0, v1, e1;
+        lc_qgemm_fp8_count(&v0, &e0);
+        test_qgemm(g, LOOM_CUDA_BF16, LOOM_CUDA_Q_FP8, M, 6144, 4096, 0, 0, false, false);
+        lc_qgemm_fp8_count(&v1, &e1);
+        char nm[96];
+        snprintf(nm, sizeof nm, "fp8 GEMM M=%d N=6144 K=4096 as dispatched: %s", M,
+                 k ? "cuBLASLt's scale vectors" : "unit scales + epilogue");
+        report_bits(nm, k ? (v1 == v0 + 1 && e1 == e0 ? 0 : 1) : (e1 == e0 + 1 && v1 == v0 ? 0 : 1), 1);
     }
     /* SwiGLU inside the activation quantization (the FFN down projection) */
     const int Msw[4] = {1, 5, 64, 300};

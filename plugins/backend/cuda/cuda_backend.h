@@ -107,6 +107,8 @@ typedef struct cuda_backend_config {
                                    dequantize + cuBLASLt (0..256)               */
     int64_t qtiled_wgmma_rows;  /* tiled: its wgmma path from these rows
                                    (0 = never)                                  */
+    int64_t fp8_vec_rows;       /* FP8 GEMMs: cuBLASLt's scale vectors from
+                                   these rows, unit scales + a scale pass below */
     bool step_split;            /* per-phase step timing (cuda_forward.c)     */
     bool kv_groups;             /* propose block-table groups (kv_groups())    */
     int64_t sm_count;           /* > 0: run on a green context of that many SMs */
