@@ -90,7 +90,8 @@ for spec in sys.argv[3:]:
            "max_num_seqs": max_seqs, "output_tok_s": round(r["output_tokens_s_tok_s"], 1),
            "tpot_p50_ms": round(r["TPOT_p50_ms"], 3), "wall_s": round(r["wall_time_s"], 3),
            "outside_steps_s": round(r["wall_time_s"] - r["step_seconds"], 3),
-           "steps_by_kind": r.get("steps_by_kind", {})}
+           "preemptions": r.get("preemptions"), "max_sequences_a_step": r.get("max_running"),
+           "case": "%s:%s:%s:%s" % (dtype, i, o, n), "steps_by_kind": r.get("steps_by_kind", {})}
     llama = os.environ["RESULT"] == "throughput-llama3-8b"  # TensorRT-LLM's figure is of that model
     ref = trt.get((int(i), int(o))) if dtype == "fp8" and llama else None
     if ref:

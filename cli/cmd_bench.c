@@ -52,11 +52,12 @@ static void bench_usage(FILE *f) {
           "  --prefix-len N         length of that shared prefix in tokens (default 64)\n"
           "  --rate R               Poisson arrivals, requests/s (default: all at once)\n"
           "  --concurrency C[,C...] closed loop: a request enters only while fewer than C are in\n"
-          "                         flight, its TTFT counted from then; with several levels\n"
+          "                         flight (and, with --rate, once it has arrived), its TTFT counted\n"
+          "                         from then, as vLLM's --max-concurrency; with several levels\n"
           "                         (ascending, at most 8) each level runs its own requests (the\n"
-          "                         next ones of the workload; a --workload file without per-level\n"
-          "                         counts runs whole at each) on the same engine, one table each\n"
-          "                         (peaks are since the engine opened)\n"
+          "                         next ones of the workload; a --workload file needs a count per\n"
+          "                         level) on the same engine, one table each (peaks are since the\n"
+          "                         engine opened)\n"
           "  --seed S               workload seed (default 0)\n"
           "  --constraint LANG      hold every request to a decoding constraint of the pipeline's\n"
           "                         constraint plugin (json_object, json_schema, regex, gbnf)\n"
@@ -87,6 +88,7 @@ typedef struct bench_req {
 } bench_req;
 
 #define BENCH_MAX_LEVELS 8
+#define BENCH_MAX_REQUESTS (1 << 24) /* generated requests, over every level */
 
 typedef struct bench_track {
     double start_wall;
@@ -96,6 +98,7 @@ typedef struct bench_track {
     int32_t *count;      /* (n) tokens generated                    */
     int32_t *index_of;   /* engine request id - id_base -> workload index */
     int64_t id_base;     /* id of the first workload request (after warm-up) */
+    int32_t first_index; /* the first request's index in the whole workload (messages) */
     int64_t index_cap;
     int32_t finished;
     int64_t tokens;
@@ -204,9 +207,10 @@ static void percentiles(double *v, int32_t n, double out[3]) {
  * (64 for text prompts), 16 new tokens each, all at once or at most `limit`
  * in flight (0: no limit) — on a GPU the first steps of each batch shape
  * pay CUDA-graph captures and GEMM plan searches that the timed run should
- * not. *base gets the engine's counters afterwards, for run_level to
- * subtract. */
-static int warm_up(loom_engine *eng, const bench_req *w, int32_t n, int32_t count, int32_t limit,
+ * not. `salt` varies the ids (a level's warm-up must not find the last
+ * level's in the prefix cache). *base gets the engine's counters afterwards,
+ * for run_level to subtract. */
+static int warm_up(loom_engine *eng, const bench_req *w, int32_t n, int32_t count, int32_t limit, uint64_t salt,
                    loom_engine_stats *base) {
     loom_error err = {0};
     int64_t sum = 0, cnt = 0;
@@ -218,7 +222,7 @@ static int warm_up(loom_engine *eng, const bench_req *w, int32_t n, int32_t coun
     if (len < 1 || vocab < 4) return 0;
     int32_t *ids = malloc((size_t)len * sizeof *ids);
     if (!ids) return 1;
-    uint64_t x = 0x9e3779b97f4a7c15ULL;
+    uint64_t x = 0x9e3779b97f4a7c15ULL ^ (salt * 0xbf58476d1ce4e5b9ULL);
     int32_t sent = 0, active = 0;
     while (sent < count || active > 0) {
         for (; sent < count && (limit <= 0 || active < limit); sent++, active++) {
@@ -293,12 +297,12 @@ static bool submit_arrived(loom_engine *eng, const bench_req *w, int32_t n, doub
         rq.user = t;
         int64_t id = loom_engine_add_request(eng, &rq, &err);
         if (id < 0) {
-            fprintf(stderr, "loom bench: request %d: %s\n", *next, err.message);
+            fprintf(stderr, "loom bench: request %d: %s\n", t->first_index + *next, err.message);
             return false;
         }
         if (*next == 0) t->id_base = id;
         id -= t->id_base;
-        if (id < 0 || id >= t->index_cap) { /* ids are dense in a fresh engine */
+        if (id < 0 || id >= t->index_cap) { /* an engine's ids are dense: nothing else adds requests */
             fprintf(stderr, "loom bench: unexpected request id %lld\n", (long long)id);
             return false;
         }
@@ -410,8 +414,9 @@ static void fill_result(bench_result *res, const loom_engine_stats *st, bench_tr
 /* Level k's requests, w[*off .. *off + count): each level its own (no
  * prompt of one level is in the prefix cache for the next) — its
  * --num-requests count after the earlier levels', or a generated
- * workload's k-th slice of nreq; a workload file without counts runs whole
- * at every level. Returns the count. */
+ * workload's k-th slice of nreq; the open loop, and a workload file at a
+ * single level, run all n (bench_parse refuses a file at several levels
+ * without counts). Returns the count. */
 static int32_t bench_level_slice(const bench_args *b, int k, int32_t n, int32_t *off) {
     *off = 0;
     if (b->n_level_nreq) {
@@ -425,19 +430,27 @@ static int32_t bench_level_slice(const bench_args *b, int k, int32_t n, int32_t 
     return n;
 }
 
-/* The workload once through `eng` at one concurrency level (0: the open
- * loop), after `warmup` untimed requests (at least `limit` of them); the
- * engine's counters before the level are subtracted. 0, or 1 after a
- * message. */
-static int run_level(loom_engine *eng, const char *label, int warmup, int32_t limit, bench_req *w, int32_t n,
-                     bool progress, bench_result *res) {
+static int32_t bench_level_count(const bench_args *b, int k, int32_t n) {
+    int32_t off;
+    return bench_level_slice(b, k, n, &off);
+}
+
+/* The workload once through `eng` at level k's concurrency `limit` (0: the
+ * open loop), w the level's n requests (w[0] the workload's `first`), after
+ * `warmup` untimed requests (at least `limit` of them); the engine's
+ * counters before the level are subtracted. 0, or 1 after a message. */
+static int run_level(loom_engine *eng, const char *label, int warmup, int k, int32_t limit, bench_req *w,
+                     int32_t n, int32_t first, bool progress, bench_result *res) {
     bench_track t = {0};
     double total;
     loom_engine_stats base;
     loom_engine_get_stats(eng, &base, sizeof base);
     int rc = 1;
-    if (warmup > 0 && warm_up(eng, w, n, warmup > limit ? warmup : limit, limit, &base)) goto free_track;
-    if (!track_init(&t, n) || !drive(eng, label, w, n, limit, progress, &t, &total)) goto free_track;
+    if (warmup > 0 && warm_up(eng, w, n, warmup > limit ? warmup : limit, limit, (uint64_t)k, &base))
+        goto free_track;
+    if (!track_init(&t, n)) goto free_track;
+    t.first_index = first;
+    if (!drive(eng, label, w, n, limit, progress, &t, &total)) goto free_track;
     loom_engine_stats st;
     loom_engine_get_stats(eng, &st, sizeof st);
     stats_minus(&st, &base);
@@ -451,8 +464,7 @@ free_track:
 
 /* Run the workload through one fresh engine built from `config`, once per
  * concurrency level (b->levels; none: once, the open loop) into
- * res[0..max(nlev, 1)), level k over the first count_k requests (k's
- * --num-requests, else all n). */
+ * res[0..max(nlev, 1)), level k over its slice (bench_level_slice). */
 static int run_once(const bench_args *b, const char *label, const char *config, bench_req *w, int32_t n,
                     bench_result *res) {
     loom_engine *eng = cli_engine_open("bench", config, config, &b->sets, NULL);
@@ -460,17 +472,18 @@ static int run_once(const bench_args *b, const char *label, const char *config, 
     int rc = 0;
     for (int k = 0; k < (b->nlev ? b->nlev : 1) && !rc; k++) {
         char tag[64];
-        snprintf(tag, sizeof tag, b->nlev ? "%s @%d" : "%s", label, b->nlev ? b->levels[k] : 0);
+        if (b->nlev) snprintf(tag, sizeof tag, "%s @%d", label, b->levels[k]);
+        else snprintf(tag, sizeof tag, "%s", label);
         int32_t off, cnt = bench_level_slice(b, k, n, &off);
         bench_req *lw = w + off;
-        if (b->nlev) { /* a level's arrivals count from its first request's (Poisson: not 0 past level 0) */
+        if (b->nlev) { /* a level's arrivals count from its first request's, as the open loop's from 0 */
             if (!(lw = malloc((size_t)cnt * sizeof *lw))) {
                 rc = 1;
                 break;
             }
             for (int32_t i = 0; i < cnt; i++) lw[i] = w[off + i], lw[i].arrival -= w[off].arrival;
         }
-        rc = run_level(eng, tag, b->warmup, b->nlev ? b->levels[k] : 0, lw, cnt, b->progress, &res[k]);
+        rc = run_level(eng, tag, b->warmup, k, b->nlev ? b->levels[k] : 0, lw, cnt, off, b->progress, &res[k]);
         if (lw != w + off) free(lw); /* a shallow copy: the prompts are w's */
     }
     loom_engine_destroy(eng);
@@ -803,7 +816,7 @@ static int bench_valued(bench_args *b, const char *a, const char *v) {
     if (!strcmp(a, "--workload")) {
         b->workload = v;
     } else if (!strcmp(a, "--num-requests")) {
-        if (!parse_list(a, v, 1 << 24, false, b->level_nreq, &b->n_level_nreq)) return LOOM_EXIT_USAGE;
+        if (!parse_list(a, v, BENCH_MAX_REQUESTS, false, b->level_nreq, &b->n_level_nreq)) return LOOM_EXIT_USAGE;
         b->nreq = b->level_nreq[0];
         if (b->n_level_nreq == 1) b->n_level_nreq = 0;
     } else if (!strcmp(a, "--input-len")) {
@@ -900,6 +913,18 @@ static int bench_parse(bench_args *b, int argc, char **argv) {
                 b->n_level_nreq, b->nlev);
         return LOOM_EXIT_USAGE;
     }
+    if (b->workload && b->nlev > 1 && !b->n_level_nreq) {
+        fprintf(stderr, "loom bench: --workload at %d --concurrency levels needs --num-requests N,N,...: each "
+                        "level its own requests of the file (one level's prompts would sit in the prefix cache "
+                        "for the next)\n", b->nlev);
+        return LOOM_EXIT_USAGE;
+    }
+    int32_t off, last = bench_level_slice(b, b->nlev ? b->nlev - 1 : 0, b->nreq, &off);
+    if (!b->workload && (int64_t)off + last > BENCH_MAX_REQUESTS) {
+        fprintf(stderr, "loom bench: %lld requests over the levels: at most %d\n", (long long)off + last,
+                BENCH_MAX_REQUESTS);
+        return LOOM_EXIT_USAGE;
+    }
     return -1;
 }
 
@@ -926,12 +951,8 @@ static int make_workload(const bench_args *b, bench_req **w, int32_t *n) {
                 ctx);
         return LOOM_EXIT_USAGE;
     }
-    /* every level its own requests, one after the other */
+    /* every level its own requests, one after the other (bench_parse bounded them) */
     int32_t off, last = bench_level_slice(b, b->nlev ? b->nlev - 1 : 0, b->nreq, &off);
-    if ((int64_t)off + last > (1 << 24)) {
-        fprintf(stderr, "loom bench: %lld requests over the levels: at most %d\n", (long long)off + last, 1 << 24);
-        return LOOM_EXIT_USAGE;
-    }
     *w = gen_workload(off + last, b->in_a, b->in_b, b->out_a, b->out_b, b->shared, b->prefix_len, b->rate, b->seed,
                       vocab);
     if (!*w) return LOOM_EXIT_FAIL;
@@ -984,8 +1005,7 @@ static void write_json(const bench_args *b, int32_t n, const char *la, const cha
             o = cJSON_CreateObject();
             cJSON_AddItemToArray(levels, o);
             cJSON_AddNumberToObject(o, "concurrency", b->levels[k]);
-            int32_t off;
-            cJSON_AddNumberToObject(o, "num_requests", bench_level_slice(b, k, n, &off));
+            cJSON_AddNumberToObject(o, "num_requests", bench_level_count(b, k, n));
         }
         cJSON_AddItemToObject(o, "a_results", result_json(&A[k]));
         if (lb) cJSON_AddItemToObject(o, "b_results", result_json(&B[k]));
@@ -1023,8 +1043,7 @@ static int bench_runs(const bench_args *b, bench_req *w, int32_t n) {
     for (int k = 0; k < L; k++) {
         median_result(&ra[k * R], R, &A[k]);
         if (lb) median_result(&rb[k * R], R, &B[k]);
-        int32_t off;
-        print_table(tbl, b, bench_level_slice(b, k, n, &off), b->nlev ? b->levels[k] : 0, la, lb, &A[k], &B[k]);
+        print_table(tbl, b, bench_level_count(b, k, n), b->nlev ? b->levels[k] : 0, la, lb, &A[k], &B[k]);
     }
     if (b->json_path) write_json(b, n, la, lb, A, B);
     rc = LOOM_EXIT_OK;

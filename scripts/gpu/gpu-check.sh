@@ -359,20 +359,25 @@ quant)
       # shellcheck disable=SC2086
       timeout 400 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-$c.yaml \
         $args --no-progress --json "$f.json" > "$f.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$f.txt"; }
-      grep -E "at most|output tokens/s|total tokens/s|TPOT p50|TTFT p50|wall" "$f.txt"
-      benches=("$c $r=$f.json")
+      grep -E "in flight|output tokens/s|total tokens/s|TPOT p50|TTFT p50|wall" "$f.txt"
+      [ -s "$f.json" ] || continue # the failure is counted above; nothing to record
+      bargs=(--bench "$c $r=$f.json")
       if [ $r = sweep ]; then # one document per level, named as the separate runs
-        benches=()
+        bargs=()
         for lv in 1:b1 16:b16 64:b64 256:b256; do
-          python3 -c 'import json, sys
+          if python3 -c 'import json, sys
 d = json.load(open(sys.argv[1])); c = int(sys.argv[2])
 l = next(x for x in d["levels"] if x["concurrency"] == c)
 json.dump({"num_requests": l["num_requests"], "concurrency": c, "repeat": d["repeat"], "a": d["a"], "b": d["b"],
            "a_results": l["a_results"], "b_results": l["b_results"]}, open(sys.argv[3], "w"), indent=1)' \
-            "$f.json" "${lv%%:*}" "$f-${lv#*:}.json" && benches+=("$c ${lv#*:}=$f-${lv#*:}.json")
+            "$f.json" "${lv%%:*}" "$f-${lv#*:}.json"; then
+            bargs+=(--bench "$c ${lv#*:}=$f-${lv#*:}.json")
+          else
+            echo "FAIL $f.json has no level ${lv%%:*}"; fails=$((fails + 1))
+          fi
         done
+        [ ${#bargs[@]} -gt 0 ] || continue
       fi
-      bargs=(); for x in "${benches[@]}"; do bargs+=(--bench "$x"); done
       rec '{hw}-quant-schemes-vs-bf16' --merge \
         --what "Llama-3-8B shape: bf16 (a) vs each quantization scheme (b); b1 = batch-1 decode, b16 / b64 / b256 = batch-16 / 64 / 256 decode (scheduler.max_num_seqs, or a level of one closed-loop run on one load where the entry has a concurrency), prefill = 2048-token prompts" \
         "${bargs[@]}"

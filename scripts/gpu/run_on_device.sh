@@ -55,8 +55,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 fails=0
 if [ $KT = 1 ]; then
   echo "=== gpu_kernel_tests"
+  t0=$SECONDS
   $SAN "$B/tests/gpu/gpu_kernel_tests" 2>&1 | tee "$O/kernel_tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+  echo "took $((SECONDS - t0)) s" > "$O/kernel_tests.took"
 fi
 if [ $RACE != 0 ]; then
   echo "=== gpu_kernel_tests under racecheck"
@@ -82,17 +84,21 @@ if [ $BT = 1 ]; then
   export LOOM_QUANTIZER_DIR=${LOOM_QUANTIZER_DIR:-$B/plugins/quantizer}   # int8/fp8/int4 checks
   # transformers' tiny Mixtral / Qwen2-MoE checkpoints, from the repository root
   [ -d tests/backend/data/moe ] && export LOOM_TEST_HF_MOE_DIR=${LOOM_TEST_HF_MOE_DIR:-$PWD/tests/backend/data/moe}
+  t0=$SECONDS
   $SAN "$B/tests/gpu/gpu_backend_test" "$B/plugins/backend/cuda/loom-backend-cuda.so" \
     "$B/plugins/backend/cpu/loom-backend-cpu.so" 2>&1 | tee "$O/backend_test.log"
   [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+  echo "took $((SECONDS - t0)) s" > "$O/backend_test.took"
 fi
 if [ -x "$B/tests/gpu/gpu_tp_test" ]; then
   echo "=== gpu_tp_test"
   export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}   # docs/tensor-parallel.md
+  t0=$SECONDS
   $SAN "$B/tests/gpu/gpu_tp_test" "$B/plugins/backend/cuda/loom-backend-cuda.so" \
     "$B/plugins/executor/tp/loom-executor-tp.so" "$B/plugins/executor/pp/loom-executor-pp.so" 2>&1 |
     tee "$O/tp_test.log"
   [ "${PIPESTATUS[0]}" = 0 ] || fails=$((fails + 1))
+  echo "took $((SECONDS - t0)) s" > "$O/tp_test.took"
 fi
 if [ $BENCH = 1 ]; then
   echo "=== gpu_bench"
@@ -112,7 +118,9 @@ for t in kernel_tests backend_test tp_test; do
   run=1
   [ $t = kernel_tests ] && [ $KT = 0 ] && run=0
   [ $t = backend_test ] && [ $BT = 0 ] && run=0
-  [ $run = 1 ] && [ -s "$O/$t.log" ] && grep -h 'passed,' "$O/$t.log" > "$O/$t.summary" && tests+=(--text "gpu_$t $mode=$O/$t.summary")
+  [ $run = 1 ] && [ -s "$O/$t.log" ] && grep -h 'passed,' "$O/$t.log" > "$O/$t.summary" &&
+    cat "$O/$t.took" >> "$O/$t.summary" 2>/dev/null; # the program's wall time
+  [ $run = 1 ] && [ -s "$O/$t.summary" ] && tests+=(--text "gpu_$t $mode=$O/$t.summary")
 done
 if [ $RACE != 0 ] && [ -s "$O/kernel_tests_racecheck.log" ]; then
   { grep -h 'passed,' "$O/kernel_tests_racecheck.log"

@@ -309,8 +309,61 @@ Test(cli, bench_concurrency_slices) {
     cr_assert_eq(r.code, 2);
     cr_assert(strstr(r.err, "asks for 4 requests over its levels") && strstr(r.err, "holds 3"), "stderr: %s", r.err);
     cli_out_free(&r);
+    const char *uncounted[] = {"bench", tiny, "--workload", path, "--concurrency", "1,2", NULL};
+    r = cli(uncounted);
+    cr_assert_eq(r.code, 2);
+    cr_assert(strstr(r.err, "needs --num-requests N,N"), "stderr: %s", r.err);
+    cli_out_free(&r);
     unlink(path);
     rmdir(dir);
+    free(tiny);
+}
+
+/* A generated workload at several levels with one --num-requests: each
+ * level its own slice of fresh prompts (three 16-token blocks each, so a
+ * prompt seen at an earlier level would come from the prefix cache), after
+ * warm-ups of their own. */
+Test(cli, bench_concurrency_generated_slices) {
+    char *tiny = eng_data("tiny.yaml");
+    const char *args[] = {"bench", tiny, "--num-requests", "2", "--input-len", "48", "--output-len", "4",
+                          "--concurrency", "1,3", "--warmup", "3", "--json", "-", "--no-progress", NULL};
+    cli_out r = cli(args);
+    cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
+    cJSON *j = cJSON_Parse(r.out);
+    cr_assert_not_null(j, "stdout is not JSON:\n%s", r.out);
+    const cJSON *levels = cJSON_GetObjectItemCaseSensitive(j, "levels");
+    cr_assert(cJSON_IsArray(levels) && cJSON_GetArraySize(levels) == 2);
+    for (int k = 0; k < 2; k++) {
+        const cJSON *l = cJSON_GetArrayItem(levels, k), *a = cJSON_GetObjectItemCaseSensitive(l, "a_results");
+        cr_assert_eq(num(l, "num_requests"), 2);
+        cr_assert_eq(num(a, "output_tokens"), 8, "level %d", k);
+        cr_assert_eq(num(a, "cached_prompt_tokens"), 0, "level %d ran prompts of an earlier level", k);
+        cr_assert_eq(num(a, "prefill_tokens"), 96, "level %d", k);
+    }
+    cJSON_Delete(j);
+    cli_out_free(&r);
+    free(tiny);
+}
+
+/* A closed loop counts TTFT from when a request entered, not from the
+ * workload's start: at one in flight, six requests in a row each wait for
+ * the one before, and counted from the start the last ones' TTFT would be
+ * most of the wall time. */
+Test(cli, bench_concurrency_ttft_from_entry) {
+    char *tiny = eng_data("tiny.yaml");
+    const char *args[] = {"bench", tiny, "--num-requests", "6", "--input-len", "16", "--output-len", "8",
+                          "--concurrency", "1", "--json", "-", "--no-progress", NULL};
+    cli_out r = cli(args);
+    cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
+    cJSON *j = cJSON_Parse(r.out);
+    cr_assert_not_null(j, "stdout is not JSON:\n%s", r.out);
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "levels"), 0),
+                                                      "a_results");
+    cr_assert(cJSON_IsObject(a));
+    cr_assert_lt(num(a, "TTFT_p99_ms"), 0.5 * 1e3 * num(a, "wall_time_s"), "TTFT p99 %.3f ms of a %.3f ms run",
+                 num(a, "TTFT_p99_ms"), 1e3 * num(a, "wall_time_s"));
+    cJSON_Delete(j);
+    cli_out_free(&r);
     free(tiny);
 }
 
