@@ -697,12 +697,16 @@ awq)
   # near-tie of two logits under bf16 arithmetic)
   greedy_cmp() { # reference file, loom's ids, label, summary file
     local line
-    line=$(python3 - "$(cat "$1" 2>/dev/null)" "$2" "$3" <<'PY'
+    line=$(python3 - "$(cat "$1" 2>/dev/null)" "$2" "$3" "$(cat "$(dirname "$1")/ref_margins.txt" 2>/dev/null)" <<'PY'
 import sys
 r, g, what = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3]
+margins = sys.argv[4].split()
 k = next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), min(len(r), len(g)))
 ok = bool(r) and (r == g or (len(g) == len(r) and k >= 16))  # no reference: a failure
-print(f"{'PASS' if ok else 'FAIL'} greedy {what}: {len(g)} tokens, identical for the first {k} of {len(r)}")
+# where they part: both tokens, and how near a tie the reference had there
+part = f" (reference {r[k]}, loom {g[k]}; the reference's top-2 log-prob gap there {margins[k]})" \
+    if k < min(len(r), len(g)) and k < len(margins) else ""
+print(f"{'PASS' if ok else 'FAIL'} greedy {what}: {len(g)} tokens, identical for the first {k} of {len(r)}{part}")
 sys.exit(0 if ok else 1)
 PY
 ) || fails=$((fails + 1))
