@@ -69,7 +69,7 @@ for c in "${cases[@]}"; do
   if "$LB/cli/loom" bench "$cfg" "${sets[@]}" --num-requests "$n" --input-len "$in" --output-len "$out" \
        --warmup 64 --no-progress --json "$O/$name.json" > "$O/$name.log" 2>&1; then
     grep -E 'output tokens/s|TPOT p50|steps|prefill |mixed |decode |outside' "$O/$name.log" || true
-    rows+=("$dtype:$in:$out:$n:$O/$name.json")
+    rows+=("$dtype:$in:$out:$n:$O/$name.json:$c") # the case as given last: it holds colons
   else # the other cases still run and are recorded
     echo "bench/throughput.sh: case $name failed:"; tail -3 "$O/$name.log"; failed=$((failed + 1))
   fi
@@ -84,14 +84,14 @@ out, max_seqs = sys.argv[1], int(sys.argv[2])
 print("| dtype | in / out | requests | output tok/s | TensorRT-LLM H200 FP8 | ratio | TPOT p50 ms | prefill / mixed / decode / outside s |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for spec in sys.argv[3:]:
-    dtype, i, o, n, f = spec.split(":", 4)
+    dtype, i, o, n, f, case = spec.split(":", 5)
     r = json.load(open(f))["a_results"]
     row = {"dtype": dtype, "input_len": int(i), "output_len": int(o), "requests": int(n),
            "max_num_seqs": max_seqs, "output_tok_s": round(r["output_tokens_s_tok_s"], 1),
            "tpot_p50_ms": round(r["TPOT_p50_ms"], 3), "wall_s": round(r["wall_time_s"], 3),
            "outside_steps_s": round(r["wall_time_s"] - r["step_seconds"], 3),
            "preemptions": r.get("preemptions"), "max_sequences_a_step": r.get("max_running"),
-           "case": "%s:%s:%s:%s" % (dtype, i, o, n), "steps_by_kind": r.get("steps_by_kind", {})}
+           "case": case, "steps_by_kind": r.get("steps_by_kind", {})}
     llama = os.environ["RESULT"] == "throughput-llama3-8b"  # TensorRT-LLM's figure is of that model
     ref = trt.get((int(i), int(o))) if dtype == "fp8" and llama else None
     if ref:
@@ -104,17 +104,19 @@ for spec in sys.argv[3:]:
         dtype, i, o, n, row["output_tok_s"], row.get("trtllm_h200_fp8_output_tok_s", "-"),
         row.get("ratio_to_trtllm", "-"), row["tpot_p50_ms"], split, row["outside_steps_s"]))
 PY
-# one entry per case (--merge keeps the other cases' entries and their commits)
-cmd="bench/throughput.sh"
-[ "$MAX_SEQS" = 512 ] || cmd="MAX_SEQS=$MAX_SEQS $cmd"
-[ "$RESULT" = throughput-llama3-8b ] || cmd="RESULT=$RESULT LABEL='$LABEL' BF16_CONFIG=$BF16_CONFIG $cmd"
-[ -z "${EXTRA_SETS:-}" ] || cmd="EXTRA_SETS='$EXTRA_SETS' $cmd"
+# one entry per case (--merge keeps the other cases' entries and their commits),
+# the command with the cases of this run
+base="bench/throughput.sh"
+[ "$MAX_SEQS" = 512 ] || base="MAX_SEQS=$MAX_SEQS $base"
+[ "$RESULT" = throughput-llama3-8b ] || base="RESULT=$RESULT LABEL='$LABEL' BF16_CONFIG=$BF16_CONFIG $base"
+[ -z "${EXTRA_SETS:-}" ] || base="EXTRA_SETS='$EXTRA_SETS' $base"
+cmd="$base ${cases[*]}"
 args=()
 for r in "${rows[@]}"; do
-  IFS=: read -r dtype in out n _ <<< "$r"
+  IFS=: read -r dtype in out n _ _ <<< "$r"
   args+=(--json "$dtype-$in-$out=$O/$dtype-$in-$out.row.json")
 done
 python3 bench/record.py "{hw}-$RESULT" --merge \
-  --what "offline throughput, trtllm-bench shape (fixed lengths, EOS ignored, all at once), $LABEL dummy weights, bf16, FP8 weights + FP8 KV or a pipeline named by its file, vs TensorRT-LLM's H200 table (Llama-3.1-8B FP8); one entry per DTYPE-IN-OUT case, measured by '$cmd DTYPE:IN:OUT:REQUESTS'" \
+  --what "offline throughput, trtllm-bench shape (fixed lengths, EOS ignored, all at once), $LABEL dummy weights, bf16, FP8 weights + FP8 KV or a pipeline named by its file, vs TensorRT-LLM's H200 table (Llama-3.1-8B FP8); one entry per DTYPE-IN-OUT case, measured by '$base DTYPE:IN:OUT:REQUESTS' (each entry: its case and the run's command)" \
   --command "$cmd" "${args[@]}"
 [ $failed = 0 ]

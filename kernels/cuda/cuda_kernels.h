@@ -581,14 +581,16 @@ void loom_cuda_qgemm_set_tiled_max_m(loom_cuda_gemm *g, int max_m);
  * warpgroup MMA), below it the mma.sync one; 0 = never (default 17; not in
  * batch-invariant mode). The cuda backend's qtiled_wgmma_rows. */
 void loom_cuda_qgemm_set_tiled_wgmma_min_m(loom_cuda_gemm *g, int min_m);
-/* FP8 GEMMs (above the GEMV's rows) from min_m rows take cuBLASLt's
- * per-token / per-channel scale vectors, one rounding into y; below, a
- * unit-scale GEMM and the scale epilogue pass, which is faster there (H200,
- * one Llama-3-8B layer's four linears: 125.7 vs 178.3 us at 16 rows, 139.8
- * vs 166.5 at 64, 151.7 vs 161.4 at 128; the vectors at 2048 rows: 762.7
- * vs 1003.3; an H100 alike: 129.8 vs 171.0 at 16, 150.6 vs 162.4 at 64, the
- * vectors at 256: 188.4 vs 206.0). 0..65536, default
- * LOOM_CUDA_FP8_VEC_MIN_M; the cuda backend's fp8_vec_rows. */
+/* FP8 GEMMs with bf16 output (above the GEMV's rows) take cuBLASLt's
+ * per-token / per-channel scale vectors, one rounding into y, from calls of
+ * min_m rows; below, a unit-scale GEMM writing y and the scale epilogue
+ * pass, which gpu_bench --quant timed faster there (H200, one Llama-3-8B
+ * layer's four linears: 125.7 vs 178.3 us at 16 rows, 139.8 vs 166.5 at 64,
+ * 151.7 vs 161.4 at 128; the vectors at 2048 rows: 799.2 vs 1053.2; an H100
+ * alike at 16 and 64 rows, 129.8 vs 171.0 and 150.6 vs 162.4, even at 128,
+ * the vectors ahead at 256: 188.4 vs 206.0). f16 / f32 outputs keep the
+ * vectors. 0..65536, default LOOM_CUDA_FP8_VEC_MIN_M; the cuda backend's
+ * fp8_vec_rows. */
 #define LOOM_CUDA_FP8_VEC_MIN_M 129
 void loom_cuda_qgemm_set_fp8_vec_min_m(loom_cuda_gemm *g, int min_m);
 

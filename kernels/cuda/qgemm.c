@@ -14,12 +14,15 @@
  *     extra write and read of a dt copy of the weight per call — acceptable
  *     for prefill, where the GEMM's arithmetic dominates;
  *   FP8 / W8A8 above it: per chunk of up to LC_QCHUNK_M rows, quantize x per
- *     token, then, from loom_cuda_qgemm_set_fp8_vec_min_m rows (129), cuBLASLt's
- *     e4m3 GEMM (fp32 accumulation) with sx and s as its outer scale
- *     vectors, written straight into y in one rounding (LC_LT_FP8_VEC_*).
- *     Below those rows (where cuBLASLt's vector-scaled kernels measure
- *     slower), where cuBLASLt has no algorithm for them (or a test asks:
- *     lc_gemm_set_fp8_vec), and for int8 (int32 accumulation), the
+ *     token, then cuBLASLt's e4m3 GEMM (fp32 accumulation) with sx and s as
+ *     its outer scale vectors, written straight into y in one rounding
+ *     (LC_LT_FP8_VEC_*) — for bf16 output from loom_cuda_qgemm_set_fp8_vec_min_m
+ *     rows of the call (129): below them the vector-scaled kernels measure
+ *     slower, and the unit-scale GEMM writes bf16 straight into y (f16 and
+ *     f32 outputs, the LM head's, would add an f32 scratch round trip, not
+ *     timed). Below those rows, where cuBLASLt has no algorithm for the
+ *     vectors (or a test asks: lc_gemm_set_fp8_vec), and for int8 (int32
+ *     accumulation), the
  *     GEMM runs with unit scales and lc_scale_epilogue multiplies row m /
  *     column n by sx[m] * s[n] in a second pass. That FP8 GEMM writes bf16 straight
  *     into y when dt is bf16 (rounding the unscaled sum is the same relative
@@ -322,7 +325,8 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
             continue;
         }
         /* FP8 with the scales applied by cuBLASLt, straight into y */
-        if (fp8 && lc_gemm_fp8_vec(g) && M >= lc_gemm_fp8_vec_min_m(g)) {
+        if (fp8 && lc_gemm_fp8_vec(g) &&
+            (M >= lc_gemm_fp8_vec_min_m(g) || dt != LOOM_CUDA_BF16 || out_f32)) {
             const int vk = out_f32 ? LC_LT_FP8_VEC_F32
                                    : dt == LOOM_CUDA_BF16 ? LC_LT_FP8_VEC_BF16 : LC_LT_FP8_VEC_F16;
             rc = lc_gemm_lt_q(g, vk, mc, w->N, w->K, xq, w->data, sx, w->scales, yc, s, msg, msg_size);

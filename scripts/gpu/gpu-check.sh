@@ -356,6 +356,7 @@ quant)
       step "Llama-3-8B shape, bf16 vs $c: $what"
       f=$O/quant-$c-$r
       [ $r = b1 ] && f=$O/quant-$c   # the names of earlier runs
+      rm -f "$f.json" "$f"-b*.json # a reused OUT: a failed run must not leave an older result to record
       # shellcheck disable=SC2086
       timeout 400 loom bench --compare configs/gpu/llama3-8b-dummy.yaml configs/gpu/llama3-8b-$c.yaml \
         $args --no-progress --json "$f.json" > "$f.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$f.txt"; }
@@ -704,7 +705,7 @@ margins = sys.argv[4].split()
 k = next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), min(len(r), len(g)))
 ok = bool(r) and (r == g or (len(g) == len(r) and k >= 16))  # no reference: a failure
 # where they part: both tokens, and how near a tie the reference had there
-part = f" (reference {r[k]}, loom {g[k]}; the reference's top-2 log-prob gap there {margins[k]})" \
+part = f" (reference {r[k]}, loom {g[k]}; the reference's logit gap to the next token there {margins[k]})" \
     if k < min(len(r), len(g)) and k < len(margins) else ""
 print(f"{'PASS' if ok else 'FAIL'} greedy {what}: {len(g)} tokens, identical for the first {k} of {len(r)}{part}")
 sys.exit(0 if ok else 1)

@@ -118,6 +118,7 @@ for t in kernel_tests backend_test tp_test; do
   run=1
   [ $t = kernel_tests ] && [ $KT = 0 ] && run=0
   [ $t = backend_test ] && [ $BT = 0 ] && run=0
+  rm -f "$O/$t.summary" # a reused OUT: only this run's programs are recorded
   [ $run = 1 ] && [ -s "$O/$t.log" ] && grep -h 'passed,' "$O/$t.log" > "$O/$t.summary" &&
     cat "$O/$t.took" >> "$O/$t.summary" 2>/dev/null; # the program's wall time
   [ $run = 1 ] && [ -s "$O/$t.summary" ] && tests+=(--text "gpu_$t $mode=$O/$t.summary")

@@ -24,17 +24,19 @@ def write_teacher_forced(model, ids, out, dev):
 def write_greedy(model, ids, prompt_len, new_tokens, out, dev):
     """prompt.txt (the first prompt_len ids), ref_greedy.txt (new_tokens
     greedy tokens after it, EOS ignored) and ref_margins.txt (at each of
-    them, the log-probability of the chosen token minus the runner-up's: a
-    small one is a near-tie another arithmetic may flip)."""
+    them, the chosen token's logit minus the best other one's: a small gap
+    is a near-tie another arithmetic may flip)."""
     prompt = ids[:, :prompt_len].to(dev)
     with torch.no_grad():
         gen = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
                              min_new_tokens=new_tokens, do_sample=False, num_beams=1, eos_token_id=None,
                              pad_token_id=0, output_logits=True, return_dict_in_generate=True)
     margins = []
-    for step in gen.logits:
-        top2 = torch.topk(torch.log_softmax(step[0].double(), dim=-1), 2).values
-        margins.append(float(top2[0] - top2[1]))
+    for i, step in enumerate(gen.logits):  # raw logits, one row a generated token
+        row = step[0].double()
+        chosen = int(gen.sequences[0, prompt_len + i])
+        others = torch.cat([row[:chosen], row[chosen + 1:]])
+        margins.append(float(row[chosen] - others.max()))
     with open(os.path.join(out, "prompt.txt"), "w") as f:
         f.write(" ".join(str(int(t)) for t in prompt[0]) + "\n")
     with open(os.path.join(out, "ref_greedy.txt"), "w") as f:

@@ -1265,7 +1265,6 @@ static void qgemm_defaults(loom_cuda_gemm *g) {
     loom_cuda_qgemm_set_gemv_max_m(g, LOOM_CUDA_Q_INT8_W8A8, 8);
     loom_cuda_qgemm_set_gemv_max_m(g, LOOM_CUDA_Q_FP8, 8);
     loom_cuda_qgemm_set_gemv_max_m(g, LOOM_CUDA_Q_INT4, 32);
-    loom_cuda_qgemm_set_fp8_vec_min_m(g, LOOM_CUDA_FP8_VEC_MIN_M);
 }
 
 /* test_qgemm's activations: the [-2, 2] of every test, or (set) tokens of
@@ -2066,8 +2065,9 @@ static void test_qgemm_all(loom_cuda_gemm *g) {
     }
     /* the FP8 GEMM path both ways at every M: cuBLASLt's outer scale
      * vectors (the default from LOOM_CUDA_FP8_VEC_MIN_M rows where it has
-     * an algorithm; here from 0) and unit scales + the epilogue pass —
-     * bf16, f16 and f32 outputs, a Llama-3-8B prefill shape */
+     * an algorithm, for bf16 output; here from 0, which qgemm_defaults
+     * leaves alone) and unit scales + the epilogue pass — bf16, f16 and f32
+     * outputs, a Llama-3-8B prefill shape */
     for (int vec = 1; vec >= 0; vec--) {
         const int prev = lc_gemm_fp8_vec(g);
         lc_gemm_set_fp8_vec(g, vec);
