@@ -230,6 +230,19 @@ Test(cli, bench_compare) {
     free(b);
 }
 
+/* `loom bench ARGS` (with --json -) that must exit 0 and print a "levels"
+ * list of n entries: the document (cJSON_Delete it) and *levels in it; *r
+ * for the caller to free. */
+static cJSON *bench_levels(const char *const *args, int n, cli_out *r, const cJSON **levels) {
+    *r = cli(args);
+    cr_assert_eq(r->code, 0, "exit %d, stderr: %s", r->code, r->err);
+    cJSON *j = cJSON_Parse(r->out);
+    cr_assert_not_null(j, "stdout is not JSON:\n%s", r->out);
+    *levels = cJSON_GetObjectItemCaseSensitive(j, "levels");
+    cr_assert(cJSON_IsArray(*levels) && cJSON_GetArraySize(*levels) == n, "no %d levels: %s", n, r->out);
+    return j;
+}
+
 /* --concurrency: a closed loop, once per level on one engine. At level 1
  * no step runs two sequences (the warm-up included: the peak is the
  * engine's since it opened), at level 3 at most three; each level runs its
@@ -238,12 +251,9 @@ Test(cli, bench_concurrency_levels) {
     char *tiny = eng_data("tiny.yaml");
     const char *args[] = {"bench", tiny, "--num-requests", "2,7", "--input-len", "16", "--output-len", "5",
                           "--concurrency", "1,3", "--warmup", "2", "--json", "-", "--no-progress", NULL};
-    cli_out r = cli(args);
-    cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
-    cJSON *j = cJSON_Parse(r.out);
-    cr_assert_not_null(j, "stdout is not JSON:\n%s", r.out);
-    const cJSON *levels = cJSON_GetObjectItemCaseSensitive(j, "levels");
-    cr_assert(cJSON_IsArray(levels) && cJSON_GetArraySize(levels) == 2, "no two levels: %s", r.out);
+    cli_out r;
+    const cJSON *levels;
+    cJSON *j = bench_levels(args, 2, &r, &levels);
     cr_assert_null(cJSON_GetObjectItemCaseSensitive(j, "a_results"), "results belong to the levels");
     const int want[2] = {1, 3}, nreq[2] = {2, 7};
     for (int k = 0; k < 2; k++) {
@@ -290,12 +300,9 @@ Test(cli, bench_concurrency_slices) {
     fclose(f);
     const char *args[] = {"bench", tiny, "--workload", path, "--concurrency", "1,2", "--num-requests", "1,2",
                           "--json", "-", "--no-progress", NULL};
-    cli_out r = cli(args);
-    cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
-    cJSON *j = cJSON_Parse(r.out);
-    cr_assert_not_null(j, "stdout is not JSON:\n%s", r.out);
-    const cJSON *levels = cJSON_GetObjectItemCaseSensitive(j, "levels");
-    cr_assert(cJSON_IsArray(levels) && cJSON_GetArraySize(levels) == 2);
+    cli_out r;
+    const cJSON *levels;
+    cJSON *j = bench_levels(args, 2, &r, &levels);
     const int prompt[2] = {5, 16}, out[2] = {3, 6};
     for (int k = 0; k < 2; k++) {
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(levels, k), "a_results");
@@ -327,12 +334,9 @@ Test(cli, bench_concurrency_generated_slices) {
     char *tiny = eng_data("tiny.yaml");
     const char *args[] = {"bench", tiny, "--num-requests", "2", "--input-len", "48", "--output-len", "4",
                           "--concurrency", "1,3", "--warmup", "3", "--json", "-", "--no-progress", NULL};
-    cli_out r = cli(args);
-    cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
-    cJSON *j = cJSON_Parse(r.out);
-    cr_assert_not_null(j, "stdout is not JSON:\n%s", r.out);
-    const cJSON *levels = cJSON_GetObjectItemCaseSensitive(j, "levels");
-    cr_assert(cJSON_IsArray(levels) && cJSON_GetArraySize(levels) == 2);
+    cli_out r;
+    const cJSON *levels;
+    cJSON *j = bench_levels(args, 2, &r, &levels);
     for (int k = 0; k < 2; k++) {
         const cJSON *l = cJSON_GetArrayItem(levels, k), *a = cJSON_GetObjectItemCaseSensitive(l, "a_results");
         cr_assert_eq(num(l, "num_requests"), 2);
@@ -353,12 +357,10 @@ Test(cli, bench_concurrency_ttft_from_entry) {
     char *tiny = eng_data("tiny.yaml");
     const char *args[] = {"bench", tiny, "--num-requests", "6", "--input-len", "16", "--output-len", "8",
                           "--concurrency", "1", "--json", "-", "--no-progress", NULL};
-    cli_out r = cli(args);
-    cr_assert_eq(r.code, 0, "exit %d, stderr: %s", r.code, r.err);
-    cJSON *j = cJSON_Parse(r.out);
-    cr_assert_not_null(j, "stdout is not JSON:\n%s", r.out);
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "levels"), 0),
-                                                      "a_results");
+    cli_out r;
+    const cJSON *levels;
+    cJSON *j = bench_levels(args, 1, &r, &levels);
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(levels, 0), "a_results");
     cr_assert(cJSON_IsObject(a));
     cr_assert_lt(num(a, "TTFT_p99_ms"), 0.5 * 1e3 * num(a, "wall_time_s"), "TTFT p99 %.3f ms of a %.3f ms run",
                  num(a, "TTFT_p99_ms"), 1e3 * num(a, "wall_time_s"));
