@@ -435,6 +435,13 @@ static int32_t bench_level_count(const bench_args *b, int k, int32_t n) {
     return bench_level_slice(b, k, n, &off);
 }
 
+/* Requests over every level: where the last level's slice ends (n: a
+ * workload file's size, or nreq for a generated one). */
+static int64_t bench_levels_total(const bench_args *b, int32_t n) {
+    int32_t off, last = bench_level_slice(b, b->nlev ? b->nlev - 1 : 0, n, &off);
+    return (int64_t)off + last;
+}
+
 /* The workload once through `eng` at level k's concurrency `limit` (0: the
  * open loop), w the level's n requests (w[0] the workload's `first`), after
  * `warmup` untimed requests (at least `limit` of them); the engine's
@@ -919,9 +926,9 @@ static int bench_parse(bench_args *b, int argc, char **argv) {
                         "for the next)\n", b->nlev);
         return LOOM_EXIT_USAGE;
     }
-    int32_t off, last = bench_level_slice(b, b->nlev ? b->nlev - 1 : 0, b->nreq, &off);
-    if (!b->workload && (int64_t)off + last > BENCH_MAX_REQUESTS) {
-        fprintf(stderr, "loom bench: %lld requests over the levels: at most %d\n", (long long)off + last,
+    const int64_t total = bench_levels_total(b, b->nreq);
+    if (!b->workload && total > BENCH_MAX_REQUESTS) {
+        fprintf(stderr, "loom bench: %lld requests over the levels: at most %d\n", (long long)total,
                 BENCH_MAX_REQUESTS);
         return LOOM_EXIT_USAGE;
     }
@@ -933,10 +940,10 @@ static int bench_parse(bench_args *b, int argc, char **argv) {
 static int make_workload(const bench_args *b, bench_req **w, int32_t *n) {
     if (b->workload) {
         if (load_workload(b->workload, w, n)) return LOOM_EXIT_FAIL;
-        int32_t off, last = b->n_level_nreq ? bench_level_slice(b, b->n_level_nreq - 1, *n, &off) : 0;
-        if (b->n_level_nreq && (int64_t)off + last > *n) {
+        const int64_t total = bench_levels_total(b, *n);
+        if (b->n_level_nreq && total > *n) {
             fprintf(stderr, "loom bench: --num-requests asks for %lld requests over its levels; %s holds %d\n",
-                    (long long)off + last, b->workload, *n);
+                    (long long)total, b->workload, *n);
             return LOOM_EXIT_USAGE;
         }
         return -1;
@@ -952,11 +959,11 @@ static int make_workload(const bench_args *b, bench_req **w, int32_t *n) {
         return LOOM_EXIT_USAGE;
     }
     /* every level its own requests, one after the other (bench_parse bounded them) */
-    int32_t off, last = bench_level_slice(b, b->nlev ? b->nlev - 1 : 0, b->nreq, &off);
-    *w = gen_workload(off + last, b->in_a, b->in_b, b->out_a, b->out_b, b->shared, b->prefix_len, b->rate, b->seed,
+    const int32_t total = (int32_t)bench_levels_total(b, b->nreq);
+    *w = gen_workload(total, b->in_a, b->in_b, b->out_a, b->out_b, b->shared, b->prefix_len, b->rate, b->seed,
                       vocab);
     if (!*w) return LOOM_EXIT_FAIL;
-    *n = off + last;
+    *n = total;
     return -1;
 }
 
