@@ -694,8 +694,10 @@ backend-ab)
   ;;
 awq)
   # tolerances as stage1's bf16 reference (compare_logprobs.py defaults);
-  # greedy: identical, or the first difference at token 16 or later (a
-  # near-tie of two logits under bf16 arithmetic)
+  # greedy: identical, or the first difference at token 16 or later and at
+  # a near-tie: the reference's top two logits there within 0.1 (the cuda
+  # runs part at gaps of 0.006 and 0.011 on the H100; bf16 arithmetic moves
+  # these log-probs by up to ~0.05)
   greedy_cmp() { # reference file, loom's ids, label, summary file
     local line
     line=$(python3 - "$(cat "$1" 2>/dev/null)" "$2" "$3" "$(cat "$(dirname "$1")/ref_margins.txt" 2>/dev/null)" <<'PY'
@@ -703,7 +705,8 @@ import sys
 r, g, what = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3]
 margins = sys.argv[4].split()
 k = next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), min(len(r), len(g)))
-ok = bool(r) and (r == g or (len(g) == len(r) and k >= 16))  # no reference: a failure
+tie = k < len(margins) and float(margins[k]) < 0.1  # no margins there: not a near-tie
+ok = bool(r) and (r == g or (len(g) == len(r) and k >= 16 and tie))  # no reference: a failure
 # where they part: both tokens, and how near a tie the reference had there
 part = f" (reference {r[k]}, loom {g[k]}; the reference's logit gap to the next token there {margins[k]})" \
     if k < min(len(r), len(g)) and k < len(margins) else ""
