@@ -545,18 +545,21 @@ static void bench_quant(int M) {
      * "_tiled_tma" (the default picks by format and M), the wide TMA
      * kernel (256-row CTAs), "_tiled_wide", and with the path off: its
      * mma.sync one, "_tiled_mma"; above 64 rows also with the tiled bound
-     * at 0: the tiled weight dequantized for cuBLASLt, "_tiled_deq" —
-     * where the bounds belong) */
+     * at 0: the tiled weight dequantized for cuBLASLt, "_tiled_deq", and
+     * above the default bound with it raised: the kernel in chunks of 256
+     * rows, "_tiled_chunks" — where the bounds belong) */
     const int nmma = M >= LC_QT_DEFAULT_WG_MIN_M ? 8 : 0; /* _tiled_cpa, _tiled_tma, _tiled_wide, _tiled_mma */
-    const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF, nv = nv0 + 2 + nmma + (M > 64 ? 2 : 0);
+    const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF,
+              nv = nv0 + 2 + nmma + (M > 64 ? 2 : 0) + (M > LC_QT_DEFAULT_MAX_M ? 2 : 0);
     const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
         const bool tiled = vi >= nv0, cpa = tiled && vi >= nv0 + 2 && vi < nv0 + 4 && nmma,
                    tma = tiled && vi >= nv0 + 4 && vi < nv0 + 6 && nmma,
                    wide = tiled && vi >= nv0 + 6 && vi < nv0 + 8 && nmma,
-                   mma = tiled && vi >= nv0 + 8 && vi < nv0 + 2 + nmma, deq = vi >= nv0 + 2 + nmma;
+                   mma = tiled && vi >= nv0 + 8 && vi < nv0 + 2 + nmma,
+                   deq = vi >= nv0 + 2 + nmma && vi < nv0 + 4 + nmma, chunks = vi >= nv0 + 4 + nmma;
         lc_qtiled_set_wgmma_tma(cpa ? 0 : tma ? 1 : wide ? 4 : 2);
-        loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : 256);
+        loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : chunks ? LC_QT_CHUNKED_MAX_M : LC_QT_DEFAULT_MAX_M);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, mma ? 0 : LC_QT_DEFAULT_WG_MIN_M);
         const bool alt = !tiled && M > 8 && vi == NF, epi = alt && M >= LOOM_CUDA_FP8_VEC_MIN_M;
         const int fi = tiled ? ((vi - nv0) % 2 == 0 ? 1 : 4) : alt ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
@@ -602,12 +605,13 @@ static void bench_quant(int M) {
             printf("    (fp8 GEMM calls of this row: %ld with cuBLASLt's scale vectors, %ld unit scales + epilogue)\n",
                    v - v0, e - e0);
         }
-        char nm[96], label[24]; /* "_cc": the CUDA-core GEMV (qgemm.cu), not the tensor-core one */
+        char nm[96], label[32]; /* "_cc": the CUDA-core GEMV (qgemm.cu), not the tensor-core one */
         snprintf(label, sizeof label, "%s%s", names[fi],
                  cores ? "_cc"
                  : epi ? "_epi"
                  : alt ? "_vec"
                  : deq ? "_tiled_deq"
+                 : chunks ? "_tiled_chunks"
                  : mma ? "_tiled_mma"
                  : cpa ? "_tiled_cpa"
                  : tma ? "_tiled_tma"
@@ -627,7 +631,7 @@ static void bench_quant(int M) {
     }
     lc_gemm_set_fp8_vec(g, vec0);
     loom_cuda_qgemm_set_fp8_vec_min_m(g, LOOM_CUDA_FP8_VEC_MIN_M);
-    loom_cuda_qgemm_set_tiled_max_m(g, 256);
+    loom_cuda_qgemm_set_tiled_max_m(g, LC_QT_DEFAULT_MAX_M);
     loom_cuda_qgemm_set_tiled_wgmma_min_m(g, LC_QT_DEFAULT_WG_MIN_M);
     cudaFree(x), cudaFree(y);
     loom_cuda_gemm_destroy(g);

@@ -573,9 +573,10 @@ void loom_cuda_qgemm_set_gemv_max_m(loom_cuda_gemm *g, loom_cuda_qfmt fmt, int m
  * batch-invariant mode. The cuda backend's qgemv_tc_min_rows. */
 void loom_cuda_qgemm_set_tc_min_m(loom_cuda_gemm *g, int min_m);
 /* Tiled W8A16 / INT4 weights (LOOM_CUDA_QLAYOUT_TILED) run qtiled.cu's
- * kernel up to max_m rows (0..256, default 256) and dequantize + cuBLASLt
- * above; batch-invariant mode runs the kernel at every M up to 256, then
- * in chunks of 256 rows. Set it before asking loom_cuda_qgemm_scratch_bytes. */
+ * kernel up to max_m rows (0..65536, default 256; above 256 in chunks of
+ * 256 rows, each reading the weight again) and dequantize + cuBLASLt above;
+ * batch-invariant mode runs the kernel at every M, in the same chunks. Set
+ * it before asking loom_cuda_qgemm_scratch_bytes. */
 void loom_cuda_qgemm_set_tiled_max_m(loom_cuda_gemm *g, int max_m);
 /* Tiled weights from min_m rows run the kernel's Hopper wgmma path (sm_90a
  * warpgroup MMA), below it the mma.sync one; 0 = never (default 17; not in

@@ -382,7 +382,7 @@ int lc_gemm_q_tc_min_m(const loom_cuda_gemm *g) { return g->q_tc_min_m; }
 int lc_gemm_q_tiled_max_m(const loom_cuda_gemm *g) { return g->invariant ? LC_QT_MAX_M : g->q_tiled_max_m; }
 
 void loom_cuda_qgemm_set_tiled_max_m(loom_cuda_gemm *g, int max_m) {
-    g->q_tiled_max_m = max_m < 0 ? 0 : max_m > LC_QT_MAX_M ? LC_QT_MAX_M : max_m;
+    g->q_tiled_max_m = max_m < 0 ? 0 : max_m > LC_QT_CHUNKED_MAX_M ? LC_QT_CHUNKED_MAX_M : max_m;
 }
 
 int lc_gemm_q_tiled_wg_min_m(const loom_cuda_gemm *g) { return g->q_tiled_wg_min_m; }

@@ -262,8 +262,8 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
     int rc;
 
     if (lc_tiled(w)) {
-        /* tiled weights: qtiled.cu's kernel (in chunks of its 256 rows in
-         * batch-invariant mode), or dequantize + cuBLASLt above the bound */
+        /* tiled weights: qtiled.cu's kernel up to the bound (in chunks of
+         * its 256 rows), or dequantize + cuBLASLt above it */
         if (lc_tiled_kernel(g, M)) {
             const size_t yel = out_f32 ? 4 : 2;
             for (int m0 = 0; m0 < M; m0 += LC_QT_MAX_M) {

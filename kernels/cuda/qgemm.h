@@ -109,6 +109,9 @@ cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight
  * (W8A16 185 vs 491 us, INT4 196 vs 559) and at 256 (W8A16 319 vs 536,
  * INT4 361 vs 606); the mma.sync path alone lost at 256 */
 #define LC_QT_DEFAULT_MAX_M 256
+/* the largest tiled bound: above LC_QT_MAX_M rows the kernel runs in chunks
+ * of LC_QT_MAX_M, each re-reading the weight */
+#define LC_QT_CHUNKED_MAX_M 65536
 int lc_qtiled_ok(const loom_cuda_qweight *w);
 size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m);
 cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x, void *y,

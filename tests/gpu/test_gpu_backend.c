@@ -1788,8 +1788,9 @@ quant:;
     }
     /* backend.quant_layout=tiled: W8A16 / INT4 repacked at load into
      * qtiled.cu's tiles (the default keeps the codes as uploaded), on the
-     * tiny shape (prefill steps past the tiled bound of 256 rows take the
-     * tiled dequantize) and the Llama-3-8B-like one */
+     * tiny shape and the Llama-3-8B-like one (steps of <= 100 tokens: the
+     * kernel; its 256-row chunks and the tiled dequantize above the bound
+     * are gpu_kernel_tests') */
     {
         shape tt = qs_tiny, t8b = qs_8b;
         tt.name = "q-tiny-d64 quant_layout=tiled", tt.cuda_ov = "quant_layout=tiled";

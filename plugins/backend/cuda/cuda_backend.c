@@ -90,9 +90,10 @@ static const loom_param cb_params[] = {
             "1..qtiled_max_rows rows (kernels/cuda/qtiled.cu: INT4 faster at 2..256 rows, W8A16 at 8..256); "
             "shapes that do not tile (N % 16, K % 128, int4 group % 64) stay rows"},
     {.key = "qtiled_max_rows", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, qtiled_max_rows),
-     .default_value = "256", .min = 0, .max = 256,
-     .doc = "quant_layout tiled: most rows (M) the tiled kernel runs; above, the tiled weight is dequantized "
-            "for cuBLASLt (batch_invariant: the kernel at every M)"},
+     .default_value = "256", .min = 0, .max = 65536,
+     .doc = "quant_layout tiled: most rows (M) the tiled kernel runs, above 256 in chunks of 256 rows that "
+            "each read the weight; above it the tiled weight is dequantized for cuBLASLt (batch_invariant: "
+            "the kernel at every M)"},
     {.key = "qtiled_wgmma_rows", .type = LOOM_PARAM_INT,
      .offset = offsetof(cuda_backend_config, qtiled_wgmma_rows), .default_value = "17", .min = 0, .max = 257,
      .doc = "quant_layout tiled: fewest rows (M) from which the tiled kernel runs its Hopper wgmma path "

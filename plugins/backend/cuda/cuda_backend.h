@@ -103,8 +103,8 @@ typedef struct cuda_backend_config {
                                    the tensor cores; 0 = as measured, 9 = never */
     int64_t quant_layout;       /* W8A16 / INT4 codes: 0 "rows" (as uploaded),
                                    1 "tiled" (repacked at load, qtiled.cu)     */
-    int64_t qtiled_max_rows;    /* tiled: the kernel up to these rows, then
-                                   dequantize + cuBLASLt (0..256)               */
+    int64_t qtiled_max_rows;    /* tiled: the kernel up to these rows (in
+                                   256-row chunks), then dequantize + cuBLASLt */
     int64_t qtiled_wgmma_rows;  /* tiled: its wgmma path from these rows
                                    (0 = never)                                  */
     int64_t fp8_vec_rows;       /* FP8 GEMMs: cuBLASLt's scale vectors from
