@@ -573,7 +573,7 @@ void loom_cuda_qgemm_set_gemv_max_m(loom_cuda_gemm *g, loom_cuda_qfmt fmt, int m
  * batch-invariant mode. The cuda backend's qgemv_tc_min_rows. */
 void loom_cuda_qgemm_set_tc_min_m(loom_cuda_gemm *g, int min_m);
 /* Tiled W8A16 / INT4 weights (LOOM_CUDA_QLAYOUT_TILED) run qtiled.cu's
- * kernel up to max_m rows (0..65536, default 256; above 256 in chunks of
+ * kernel up to max_m rows (0..65536, default 512; above 256 in chunks of
  * 256 rows, each reading the weight again) and dequantize + cuBLASLt above;
  * batch-invariant mode runs the kernel at every M, in the same chunks. Set
  * it before asking loom_cuda_qgemm_scratch_bytes. */
@@ -588,8 +588,8 @@ void loom_cuda_qgemm_set_tiled_wgmma_min_m(loom_cuda_gemm *g, int min_m);
  * pass, which gpu_bench --quant timed faster there (H200, one Llama-3-8B
  * layer's four linears: 125.7 vs 178.3 us at 16 rows, 139.8 vs 166.5 at 64,
  * 151.7 vs 161.4 at 128; the vectors at 2048 rows: 799.2 vs 1053.2; an H100
- * alike at 16 and 64 rows, 129.8 vs 171.0 and 150.6 vs 162.4, a tie at 128,
- * the vectors ahead at 256: 188.4 vs 206.0). f16 / f32 outputs keep the
+ * alike: 138.4 vs 168.0 at 16 rows, 151.8 vs 178.0 at 64, 178.4 vs 182.7 at
+ * 128, the vectors ahead at 256: 188.4 vs 206.0). f16 / f32 outputs keep the
  * vectors. 0..65536, default LOOM_CUDA_FP8_VEC_MIN_M; the cuda backend's
  * fp8_vec_rows. */
 #define LOOM_CUDA_FP8_VEC_MIN_M 129

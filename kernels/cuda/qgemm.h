@@ -107,8 +107,11 @@ cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight
 /* the default tiled bound: on the H200 (one Llama-3-8B layer's linears) the
  * kernel's wgmma path beats the tiled dequantize + cuBLASLt at 128 rows
  * (W8A16 185 vs 491 us, INT4 196 vs 559) and at 256 (W8A16 319 vs 536,
- * INT4 361 vs 606); the mma.sync path alone lost at 256 */
-#define LC_QT_DEFAULT_MAX_M 256
+ * INT4 361 vs 606); on an H100 its 256-row chunks still do at 384 rows
+ * (INT4 383 vs 515, W8A16 414 vs 548) and 512 (463 vs 532, 500 vs 557),
+ * tie at 768 (INT4 676 vs 675; W8A16 731 vs 702) and lose at 1024 (891 vs
+ * 797, 964 vs 821) */
+#define LC_QT_DEFAULT_MAX_M 512
 /* the largest tiled bound: above LC_QT_MAX_M rows the kernel runs in chunks
  * of LC_QT_MAX_M, each re-reading the weight */
 #define LC_QT_CHUNKED_MAX_M 65536

@@ -2265,7 +2265,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
     enum { NM = 20 };
     const int Ms[NM] = {1, 2, 3, 8, 9, 16, 17, 31, 33, 63, 64, 65, 100, 127, 128, 129, 200, 255, 256, 248};
     g_q_tile = true;
-    loom_cuda_qgemm_set_tiled_max_m(g, 256); /* the kernel at every M below (the default) */
+    loom_cuda_qgemm_set_tiled_max_m(g, 256); /* the kernel, one chunk, at every M below */
     for (int fi = 0; fi < 2; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
         const bool i4 = f == LOOM_CUDA_Q_INT4;

@@ -90,7 +90,7 @@ static const loom_param cb_params[] = {
             "1..qtiled_max_rows rows (kernels/cuda/qtiled.cu: INT4 faster at 2..256 rows, W8A16 at 8..256); "
             "shapes that do not tile (N % 16, K % 128, int4 group % 64) stay rows"},
     {.key = "qtiled_max_rows", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, qtiled_max_rows),
-     .default_value = "256", .min = 0, .max = 65536,
+     .default_value = "512", .min = 0, .max = 65536,
      .doc = "quant_layout tiled: most rows (M) the tiled kernel runs, above 256 in chunks of 256 rows that "
             "each read the weight; above it the tiled weight is dequantized for cuBLASLt (batch_invariant: "
             "the kernel at every M)"},
@@ -333,7 +333,7 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                                .max_graph_batch = 256, .piecewise_graphs = true,
                                .max_graph_tokens = 2048, .max_batched_tokens = 8192,
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0,
-                               .quant_layout = 0, .qtiled_max_rows = 256, .qtiled_wgmma_rows = 17,
+                               .quant_layout = 0, .qtiled_max_rows = 512, .qtiled_wgmma_rows = 17,
                                .fp8_vec_rows = LOOM_CUDA_FP8_VEC_MIN_M,
                                .sm_count = 0, .sm_partition = 0, .kv_groups = true, .moe_dispatch = 0,
                                .moe_expert_gemm_rows = 1024,
