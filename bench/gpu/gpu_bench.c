@@ -547,7 +547,8 @@ static void bench_quant(int M) {
      * mma.sync one, "_tiled_mma"; above 64 rows also with the tiled bound
      * at 0: the tiled weight dequantized for cuBLASLt, "_tiled_deq", and
      * above the default bound with it raised: the kernel in chunks of 256
-     * rows, "_tiled_chunks" — where the bounds belong) */
+     * rows, "_tiled_chunks" (the forced kernels' rows in chunks there
+     * too) — where the bounds belong) */
     const int nmma = M >= LC_QT_DEFAULT_WG_MIN_M ? 8 : 0; /* _tiled_cpa, _tiled_tma, _tiled_wide, _tiled_mma */
     const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF,
               nv = nv0 + 2 + nmma + (M > 64 ? 2 : 0) + (M > LC_QT_DEFAULT_MAX_M ? 2 : 0);
@@ -559,7 +560,10 @@ static void bench_quant(int M) {
                    mma = tiled && vi >= nv0 + 8 && vi < nv0 + 2 + nmma,
                    deq = vi >= nv0 + 2 + nmma && vi < nv0 + 4 + nmma, chunks = vi >= nv0 + 4 + nmma;
         lc_qtiled_set_wgmma_tma(cpa ? 0 : tma ? 1 : wide ? 4 : 2);
-        loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : chunks ? LC_QT_CHUNKED_MAX_M : LC_QT_DEFAULT_MAX_M);
+        /* above the default bound the forced kernels run in chunks too (else
+         * each would be the dequantize again) */
+        const bool raised = chunks || (M > LC_QT_DEFAULT_MAX_M && (cpa || tma || wide || mma));
+        loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : raised ? LC_QT_CHUNKED_MAX_M : LC_QT_DEFAULT_MAX_M);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, mma ? 0 : LC_QT_DEFAULT_WG_MIN_M);
         const bool alt = !tiled && M > 8 && vi == NF, epi = alt && M >= LOOM_CUDA_FP8_VEC_MIN_M;
         const int fi = tiled ? ((vi - nv0) % 2 == 0 ? 1 : 4) : alt ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
@@ -1419,7 +1423,7 @@ int main(int argc, char **argv) {
     printf("  quantized linear layers (one Llama-3-8B layer: QKV, O, gate/up, down):\n");
     if (quant_m > 0) { /* --quant-m M: that M only */
         bench_quant(quant_m);
-        if (quant_m > 256) bench_tiled_dequant();
+        if (quant_m > LC_QT_DEFAULT_MAX_M) bench_tiled_dequant();
         if (quant_m <= 8) bench_quant_chain(quant_m, false);
         if (quant_m == 1) bench_quant_chain(1, true);
         goto write;

@@ -100,7 +100,7 @@ cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight
  * K % 128, INT4 group % 64). Scratch: lc_qtiled_scratch_bytes (the K
  * slices' partial sums, up to max_m rows). invariant: the split of one row
  * at every M (batch-invariant mode). lc_qtiled_dequant: a tiled weight ->
- * (N, K) dt for the dequantize + cuBLASLt path above LC_QT_MAX_M.
+ * (N, K) dt for the dequantize + cuBLASLt path above the tiled bound.
  * wgmma_min_m: from these rows the Hopper wgmma kernel (0: never; not in
  * batch-invariant mode), below it the mma.sync one. */
 #define LC_QT_MAX_M 256
@@ -109,8 +109,9 @@ cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight
  * (W8A16 185 vs 491 us, INT4 196 vs 559) and at 256 (W8A16 319 vs 536,
  * INT4 361 vs 606); on an H100 its 256-row chunks still do at 384 rows
  * (INT4 383 vs 515, W8A16 414 vs 548) and 512 (463 vs 532, 500 vs 557),
- * tie at 768 (INT4 676 vs 675; W8A16 731 vs 702) and lose at 1024 (891 vs
- * 797, 964 vs 821) */
+ * not at 768 (INT4 676 vs 675, W8A16 731 vs 702) nor 1024 (891 vs 797, 964
+ * vs 821). An H100's figures: the H200's dequantize is cheaper next to the
+ * kernel, so its crossover may sit lower (not measured) */
 #define LC_QT_DEFAULT_MAX_M 512
 /* the largest tiled bound: above LC_QT_MAX_M rows the kernel runs in chunks
  * of LC_QT_MAX_M, each re-reading the weight */

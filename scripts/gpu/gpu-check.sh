@@ -606,7 +606,7 @@ tiled)
   timeout 180 "$LB/bench/gpu/gpu_bench" "$O/quant-linears.json" "$LB/plugins/backend/cuda/loom-backend-cuda.so" \
     --quant > "$O/quant-linears.log" 2>&1 || fails=$((fails + 1))
   grep -E 'x vs bf16' "$O/quant-linears.log" | grep -E 'bf16 |int4|w8a16'
-  rec '{hw}-quant-linears' --what "one Llama-3-8B layer's four linears (QKV, O, gate|up, down) per format and row count, us, each GEMM timed alone (chained: M <= 8 in a CUDA graph); *_tiled: quant_layout tiled as dispatched; *_tiled_cpa / *_tiled_tma / *_tiled_wide: the wgmma path with cp.async copies, TMA (128-row CTAs), the wide TMA kernel (256-row CTAs) forced; *_tiled_mma: the mma.sync path; *_tiled_deq: dequantized + cuBLASLt" \
+  rec '{hw}-quant-linears' --what "one Llama-3-8B layer's four linears (QKV, O, gate|up, down) per format and row count, us, each GEMM timed alone (chained: M <= 8 in a CUDA graph); *_tiled: quant_layout tiled as dispatched at the entry's commit (the default tiled bound: 256 before commit 92aeb4c, 512 from it); *_tiled_cpa / *_tiled_tma / *_tiled_wide: the wgmma path with cp.async copies, TMA (128-row CTAs), the wide TMA kernel (256-row CTAs) forced; *_tiled_mma: the mma.sync path; *_tiled_deq: dequantized + cuBLASLt; *_tiled_chunks (above the default tiled bound): the kernel in 256-row chunks; 'tiled dequantize': the tiled layout's dequantize alone on the gate|up weight" \
     --json gpu_bench="$O/quant-linears.json"
   step "INT4 with its LM head: row-major (a) vs tiled (b), batch-1 decode, 8 layers"
   timeout 200 loom bench --compare configs/gpu/llama3-8b-int4-head.yaml configs/gpu/llama3-8b-int4-head-tiled.yaml \
@@ -705,7 +705,12 @@ import sys
 r, g, what = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3]
 margins = sys.argv[4].split()
 k = next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), min(len(r), len(g)))
-tie = k < len(margins) and float(margins[k]) < 0.1  # no margins there: not a near-tie
+def gap(i):  # the reference's margin at i, None where missing or not a number
+    try:
+        return float(margins[i])
+    except (IndexError, ValueError):
+        return None
+tie = gap(k) is not None and 0 <= gap(k) < 0.1  # no margin there: not a near-tie
 ok = bool(r) and (r == g or (len(g) == len(r) and k >= 16 and tie))  # no reference: a failure
 # where they part: both tokens, and how near a tie the reference had there
 part = f" (reference {r[k]}, loom {g[k]}; the reference's logit gap to the next token there {margins[k]})" \

@@ -2360,16 +2360,19 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         loom_cuda_qgemm_set_tiled_max_m(g, 16);
         test_qgemm(g, LOOM_CUDA_BF16, f, 40, 592, 1024, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_F16, f, 300, 208, 1024, i4 ? 64 : 0, 0, true, false);
-        /* a bound above 256: the kernel in chunks of 256 rows (a partial
-         * last chunk, exact multiples), each call one kernel run a chunk */
+        /* a bound above 256: the kernel in chunks of 256 rows (a last chunk
+         * of 1 and of 14 rows on the mma.sync path, of 44 and 232 on wgmma,
+         * exact multiples), each call one kernel run a chunk */
         loom_cuda_qgemm_set_tiled_max_m(g, 1024);
         const long ch0 = lc_qgemm_qtiled_count();
+        test_qgemm(g, LOOM_CUDA_BF16, f, 257, 592, 1024, i4 ? 128 : 0, 0, true, false);
+        test_qgemm(g, LOOM_CUDA_F16, f, 270, 208, 2048, i4 ? 64 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 300, 592, 1024, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_F16, f, 512, 208, 2048, i4 ? 64 : 0, 0, true, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 1000, 304, 1536, i4 ? 192 : 0, 0, false, false);
-        report_count(i4 ? "tiled int4: chunk runs above 256 rows (300, 512, 1000 rows: 2 + 2 + 4) off"
-                        : "tiled w8a16: chunk runs above 256 rows (300, 512, 1000 rows: 2 + 2 + 4) off",
-                     labs(8 - (lc_qgemm_qtiled_count() - ch0)), 8);
+        report_count(i4 ? "tiled int4: chunk runs above 256 rows (257, 270, 300, 512, 1000 rows: 2+2+2+2+4) off"
+                        : "tiled w8a16: chunk runs above 256 rows (257, 270, 300, 512, 1000 rows: 2+2+2+2+4) off",
+                     labs(12 - (lc_qgemm_qtiled_count() - ch0)), 12);
         const long ch1 = lc_qgemm_qtiled_count(); /* above the bound: dequantized, no kernel run */
         test_qgemm(g, LOOM_CUDA_BF16, f, 1100, 208, 1024, i4 ? 128 : 0, 0, false, false);
         report_count(i4 ? "tiled int4: kernel runs at 1100 rows above a bound of 1024"
