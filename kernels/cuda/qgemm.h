@@ -108,8 +108,8 @@ cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight
  * kernel's wgmma path beats the tiled dequantize + cuBLASLt at 128 rows
  * (W8A16 185 vs 491 us, INT4 196 vs 559) and at 256 (W8A16 319 vs 536,
  * INT4 361 vs 606); on an H100 its 256-row chunks still do at 384 rows
- * (INT4 383 vs 515, W8A16 414 vs 548) and 512 (463 vs 532, 500 vs 557),
- * not at 768 (INT4 676 vs 675, W8A16 731 vs 702) nor 1024 (891 vs 797, 964
+ * (INT4 377 vs 502, W8A16 408 vs 529) and 512 (463 vs 532, 500 vs 557),
+ * not at 768 (INT4 673 vs 677, W8A16 730 vs 700) nor 1024 (891 vs 797, 964
  * vs 821). An H100's figures: the H200's dequantize is cheaper next to the
  * kernel, so its crossover may sit lower (not measured) */
 #define LC_QT_DEFAULT_MAX_M 512
