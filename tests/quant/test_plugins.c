@@ -404,6 +404,104 @@ Test(quant_roundtrip, int4_groupwise) {
     }
 }
 
+/* qc_int4_rows against the search written plainly, one candidate range at
+ * a time (try, least-squares refit, try again; the first of least error,
+ * stopping at an exact grid): the same codes, scales and zeros bit for bit,
+ * on Gaussian groups, groups with an outlier, constant groups, groups that
+ * already are a 4-bit grid (the early stop), at group sizes 2 .. 4096. */
+static double ref_int4_try(const float *v, int32_t g, float scale, float zero, uint8_t *q) {
+    double e = 0.0;
+    float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    for (int32_t i = 0; i < g; i++) {
+        float t = rintf(v[i] * inv + zero);
+        t = t < 0.0f ? 0.0f : t > 15.0f ? 15.0f : t;
+        q[i] = (uint8_t)t;
+        double d = (double)((t - zero) * scale) - (double)v[i];
+        e += d * d;
+    }
+    return e;
+}
+
+static bool ref_int4_refit(const float *v, const uint8_t *q, int32_t g, float *scale, float *zero) {
+    double sq = 0, sw = 0, sqq = 0, sqw = 0;
+    for (int32_t i = 0; i < g; i++) {
+        sq += q[i];
+        sw += v[i];
+        sqq += (double)q[i] * q[i];
+        sqw += (double)q[i] * v[i];
+    }
+    double den = g * sqq - sq * sq;
+    if (den <= 0) return false;
+    double s = (g * sqw - sq * sw) / den, b = (sw - s * sq) / g;
+    if (!(s > 0)) return false;
+    *scale = (float)s;
+    *zero = (float)(-b / s);
+    return true;
+}
+
+static void ref_int4_group(const float *v, int32_t g, uint8_t *best, float *bs, float *bz) {
+    static const float ratios[8] = {1.0f, 0.96f, 0.92f, 0.88f, 0.84f, 0.80f, 0.76f, 0.72f};
+    static uint8_t cur[4096], fit[4096];
+    float lo = v[0], hi = v[0];
+    double energy = 0.0;
+    for (int32_t i = 1; i < g; i++) lo = fminf(lo, v[i]), hi = fmaxf(hi, v[i]);
+    for (int32_t i = 0; i < g; i++) energy += (double)v[i] * v[i];
+    *bs = 1.0f, *bz = -lo;
+    memset(best, 0, (size_t)g);
+    if (hi == lo) return;
+    double berr = INFINITY;
+    float c = 0.5f * (lo + hi), half = 0.5f * (hi - lo);
+    for (int k = 0; k < 8; k++) {
+        float l = c - half * ratios[k], h = c + half * ratios[k];
+        float s = (h - l) / 15.0f, z = -l / s, s2 = s, z2 = z;
+        double e = ref_int4_try(v, g, s, z, cur);
+        if (ref_int4_refit(v, cur, g, &s2, &z2)) {
+            double e2 = ref_int4_try(v, g, s2, z2, fit);
+            if (e2 < e) e = e2, s = s2, z = z2, memcpy(cur, fit, (size_t)g);
+        }
+        if (e < berr) berr = e, *bs = s, *bz = z, memcpy(best, cur, (size_t)g);
+        if (berr <= 1e-12 * energy) break;
+    }
+}
+
+Test(quant_roundtrip, int4_search_matches_plain_reference) {
+    test_rng r = rng_seeded("int4.search.reference");
+    static const int32_t groups[] = {2, 32, 64, 96, 128, 4096};
+    static uint8_t best[4096];
+    for (int gi = 0; gi < 6; gi++) {
+        const int32_t g = groups[gi];
+        const int64_t rows = 24, ng = g == 4096 ? 1 : 4, cols = ng * g;
+        float *w = malloc((size_t)(rows * cols) * sizeof *w);
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t k = 0; k < ng; k++) {
+                float *v = w + i * cols + k * g;
+                const int kind = (int)((i * ng + k) % 4); /* Gaussian, outlier, constant, 4-bit grid */
+                for (int32_t j = 0; j < g; j++) {
+                    v[j] = (float)(rng_normal(&r) * 0.02);
+                    if (kind == 2) v[j] = 0.125f;
+                    if (kind == 3) v[j] = -0.3f + 0.05f * (float)rng_int(&r, 16);
+                }
+                if (kind == 1) v[rng_int(&r, g)] = 0.5f;
+            }
+        uint8_t *data = malloc((size_t)(rows * cols / 2));
+        float *scales = malloc((size_t)(rows * ng) * sizeof *scales), *zeros = malloc((size_t)(rows * ng) * sizeof *zeros);
+        qc_int4_rows(fake_host(), w, rows, cols, g, data, scales, zeros);
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t k = 0; k < ng; k++) {
+                float bs, bz;
+                ref_int4_group(w + i * cols + k * g, g, best, &bs, &bz);
+                cr_assert(memcmp(&bs, &scales[i * ng + k], 4) == 0 && memcmp(&bz, &zeros[i * ng + k], 4) == 0,
+                          "g%d row %ld group %ld: scale %a zero %a, reference %a %a", g, (long)i, (long)k,
+                          (double)scales[i * ng + k], (double)zeros[i * ng + k], (double)bs, (double)bz);
+                const uint8_t *d = data + i * (cols / 2) + k * (g / 2);
+                for (int32_t j = 0; j < g; j += 2)
+                    cr_assert_eq(d[j / 2], (uint8_t)(best[j] | (best[j + 1] << 4)),
+                                 "g%d row %ld group %ld: codes %d, %d differ", g, (long)i, (long)k, j, j + 1);
+            }
+        free(w), free(data), free(scales), free(zeros);
+    }
+}
+
 Test(quant_roundtrip, int4_gguf_source_keeps_blocks) {
     const loom_component *c = qt_component("LOOM_QUANT_INT4_SO");
     qt_model m;

@@ -373,48 +373,92 @@ static void qc_fp8_range(const float *w, int64_t r0, int64_t r1, int64_t cols, b
     }
 }
 
-/* Quantize one group with (scale, zero): codes into q, returns the squared
- * error. */
-static double qc_int4_try(const float *v, int32_t g, float scale, float zero, uint8_t *q) {
-    double e = 0.0;
-    float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-    for (int32_t i = 0; i < g; i++) {
-        float t = rintf(v[i] * inv + zero);
-        t = t < 0.0f ? 0.0f : t > 15.0f ? 15.0f : t;
-        q[i] = (uint8_t)t;
-        double d = (double)((t - zero) * scale) - (double)v[i];
-        e += d * d;
-    }
-    return e;
+/* The clipped ranges tried per group: [min, max] shrunk about its centre. */
+enum { QC_RATIOS = 8 };
+static const float qc_ratios[QC_RATIOS] = {1.0f, 0.96f, 0.92f, 0.88f, 0.84f, 0.80f, 0.76f, 0.72f};
+
+/* Quantize one group with each candidate's (scale, zero): element i's codes
+ * into q[i][k], squared errors into err[k]. A candidate's operations and the
+ * order of its sum are those of one candidate at a time (the results are
+ * bit for bit those, tests/quant); side by side, the candidates' independent
+ * sums overlap instead of each addition waiting on the one before. */
+static void qc_int4_try(const float *v, int32_t g, const float *scale, const float *zero,
+                        uint8_t (*q)[QC_RATIOS], double *err) {
+    float inv[QC_RATIOS];
+    double e[QC_RATIOS];
+    for (int k = 0; k < QC_RATIOS; k++) inv[k] = scale[k] > 0.0f ? 1.0f / scale[k] : 0.0f, e[k] = 0.0;
+    for (int32_t i = 0; i < g; i++)
+        for (int k = 0; k < QC_RATIOS; k++) {
+            float t = rintf(v[i] * inv[k] + zero[k]);
+            t = t > 0.0f ? t : 0.0f; /* -0 to +0: the same code and error */
+            t = t < 15.0f ? t : 15.0f;
+            q[i][k] = (uint8_t)t;
+            double d = (double)((t - zero[k]) * scale[k]) - (double)v[i];
+            e[k] += d * d;
+        }
+    for (int k = 0; k < QC_RATIOS; k++) err[k] = e[k];
 }
 
-/* Least-squares refit of (scale, zero) for fixed codes q: w ~ s*q + b,
- * zero = -b / s. False when the codes are all equal (no fit). */
-static bool qc_int4_refit(const float *v, const uint8_t *q, int32_t g, float *scale, float *zero) {
-    double sq = 0, sw = 0, sqq = 0, sqw = 0;
+/* Least-squares refit of each candidate's (scale, zero) for its fixed codes
+ * q[k]: w ~ s*q + b, zero = -b / s; ok[k] false when the codes are all equal
+ * (no fit). Candidates side by side as in qc_int4_try. */
+static void qc_int4_refit(const float *v, uint8_t (*q)[QC_RATIOS], int32_t g, float *scale, float *zero,
+                          bool *ok) {
+    double sq[QC_RATIOS] = {0}, sw = 0, sqq[QC_RATIOS] = {0}, sqw[QC_RATIOS] = {0};
     for (int32_t i = 0; i < g; i++) {
-        sq += q[i];
         sw += v[i];
-        sqq += (double)q[i] * q[i];
-        sqw += (double)q[i] * v[i];
+        for (int k = 0; k < QC_RATIOS; k++) {
+            sq[k] += q[i][k];
+            sqq[k] += (double)q[i][k] * q[i][k];
+            sqw[k] += (double)q[i][k] * v[i];
+        }
     }
-    double den = g * sqq - sq * sq;
-    if (den <= 0) return false;
-    double s = (g * sqw - sq * sw) / den, b = (sw - s * sq) / g;
-    if (!(s > 0)) return false;
-    *scale = (float)s;
-    *zero = (float)(-b / s);
-    return true;
+    for (int k = 0; k < QC_RATIOS; k++) {
+        double den = g * sqq[k] - sq[k] * sq[k];
+        double s = den > 0 ? (g * sqw[k] - sq[k] * sw) / den : 0.0, b = (sw - s * sq[k]) / g;
+        ok[k] = den > 0 && s > 0;
+        if (ok[k]) scale[k] = (float)s, zero[k] = (float)(-b / s);
+    }
+}
+
+/* One non-constant group [lo, hi]: every candidate range, its refit, and
+ * the first of least error (in candidate order, stopping where the error
+ * is zero up to float rounding: the group already is a 4-bit grid, e.g. a
+ * GGUF q4_1 block). Returns its codes: element i at [i * QC_RATIOS]. */
+static const uint8_t *qc_int4_pick(const float *v, int32_t group, float lo, float hi, double energy,
+                                   uint8_t (*c)[QC_INT4_MAX_GROUP][QC_RATIOS], float *bs, float *bz) {
+    float s[QC_RATIOS], z[QC_RATIOS], s2[QC_RATIOS], z2[QC_RATIOS];
+    double e[QC_RATIOS], e2[QC_RATIOS];
+    bool ok[QC_RATIOS];
+    const float mid = 0.5f * (lo + hi), half = 0.5f * (hi - lo);
+    for (int k = 0; k < QC_RATIOS; k++) {
+        const float l = mid - half * qc_ratios[k], h = mid + half * qc_ratios[k];
+        s[k] = s2[k] = (h - l) / 15.0f, z[k] = z2[k] = -l / s[k];
+    }
+    qc_int4_try(v, group, s, z, c[0], e);
+    qc_int4_refit(v, c[0], group, s2, z2, ok);
+    qc_int4_try(v, group, s2, z2, c[1], e2);
+    const uint8_t *best = &c[0][0][0];
+    double berr = INFINITY;
+    for (int k = 0; k < QC_RATIOS; k++) {
+        const bool fit = ok[k] && e2[k] < e[k];
+        const double ek = fit ? e2[k] : e[k];
+        if (ek < berr) {
+            berr = ek, *bs = fit ? s2[k] : s[k], *bz = fit ? z2[k] : z[k];
+            best = &c[fit][0][k];
+        }
+        if (berr <= 1e-12 * energy) break;
+    }
+    return best;
 }
 
 static void qc_int4_range(const float *w, int64_t r0, int64_t r1, int64_t cols, int32_t group, uint8_t *data,
                           float *scales, float *zeros) {
-    enum { QC_RATIOS = 8 };
-    static const float ratios[QC_RATIOS] = {1.0f, 0.96f, 0.92f, 0.88f, 0.84f, 0.80f, 0.76f, 0.72f};
     int64_t ng = cols / group;
-    /* codes of the best candidate, of the current one, of its refit;
-     * group <= QC_INT4_MAX_GROUP (checked by callers) */
-    uint8_t best[QC_INT4_MAX_GROUP], cur[QC_INT4_MAX_GROUP], fit[QC_INT4_MAX_GROUP];
+    /* the candidates' codes, first tries and refit tries, element-major so
+     * that one element's candidates share a cache line (64 KiB of stack;
+     * group <= QC_INT4_MAX_GROUP is checked by callers) */
+    uint8_t c[2][QC_INT4_MAX_GROUP][QC_RATIOS];
     for (int64_t r = r0; r < r1; r++) {
         for (int64_t gi = 0; gi < ng; gi++) {
             const float *v = w + r * cols + gi * group;
@@ -423,37 +467,14 @@ static void qc_int4_range(const float *w, int64_t r0, int64_t r1, int64_t cols, 
             for (int32_t i = 1; i < group; i++) lo = fminf(lo, v[i]), hi = fmaxf(hi, v[i]);
             for (int32_t i = 0; i < group; i++) energy += (double)v[i] * v[i];
             float bs = 1.0f, bz = -lo;
-            if (hi == lo) {
-                /* constant group: scale 1, zero -lo, all codes 0 is exact */
-                memset(best, 0, (size_t)group);
-            } else {
-                double berr = INFINITY;
-                float c = 0.5f * (lo + hi), half = 0.5f * (hi - lo);
-                for (int k = 0; k < QC_RATIOS; k++) {
-                    float l = c - half * ratios[k], h = c + half * ratios[k];
-                    float s = (h - l) / 15.0f, z = -l / s, s2 = s, z2 = z;
-                    double e = qc_int4_try(v, group, s, z, cur);
-                    if (qc_int4_refit(v, cur, group, &s2, &z2)) {
-                        double e2 = qc_int4_try(v, group, s2, z2, fit);
-                        if (e2 < e) {
-                            e = e2, s = s2, z = z2;
-                            memcpy(cur, fit, (size_t)group);
-                        }
-                    }
-                    if (e < berr) {
-                        berr = e, bs = s, bz = z;
-                        memcpy(best, cur, (size_t)group);
-                    }
-                    /* exact up to float rounding: the group already is a
-                     * 4-bit grid (e.g. a GGUF q4_1 block) */
-                    if (berr <= 1e-12 * energy) break;
-                }
-            }
+            /* constant group: scale 1, zero -lo, all codes 0 is exact */
+            static const uint8_t zero_codes[QC_INT4_MAX_GROUP * QC_RATIOS];
+            const uint8_t *best = hi == lo ? zero_codes : qc_int4_pick(v, group, lo, hi, energy, c, &bs, &bz);
             scales[r * ng + gi] = bs;
             zeros[r * ng + gi] = bz;
             uint8_t *dst = data + r * (cols / 2) + gi * (group / 2);
             for (int32_t i = 0; i < group; i += 2)
-                dst[i / 2] = (uint8_t)(best[i] | (best[i + 1] << 4));
+                dst[i / 2] = (uint8_t)(best[i * QC_RATIOS] | (best[(i + 1) * QC_RATIOS] << 4));
         }
     }
 }
