@@ -500,6 +500,15 @@ Test(quant_roundtrip, int4_search_matches_plain_reference) {
             }
         free(w), free(data), free(scales), free(zeros);
     }
+    /* a range below ~4e-38 with an exact zero: subnormal scales, 0 * inf in
+     * the search; still finite and within the group's range */
+    float tiny[4] = {0.0f, 2e-38f, 1e-38f, 0.0f}, sc, zr;
+    uint8_t d[2];
+    qc_int4_rows(fake_host(), tiny, 1, 4, 4, d, &sc, &zr);
+    for (int j = 0; j < 4; j++) {
+        const double back = (((d[j / 2] >> (j % 2 * 4)) & 15) - (double)zr) * sc;
+        cr_assert(isfinite(back) && fabs(back - tiny[j]) <= 2e-38, "tiny group: element %d reads back %g", j, back);
+    }
 }
 
 Test(quant_roundtrip, int4_gguf_source_keeps_blocks) {

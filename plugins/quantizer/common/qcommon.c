@@ -379,9 +379,9 @@ static const float qc_ratios[QC_RATIOS] = {1.0f, 0.96f, 0.92f, 0.88f, 0.84f, 0.8
 
 /* Quantize one group with each candidate's (scale, zero): element i's codes
  * into q[i][k], squared errors into err[k]. A candidate's operations and the
- * order of its sum are those of one candidate at a time (the results are
- * bit for bit those, tests/quant); side by side, the candidates' independent
- * sums overlap instead of each addition waiting on the one before. */
+ * order of its sum are those of one candidate at a time (bit for bit,
+ * tests/quant); side by side, the candidates' independent sums overlap
+ * instead of each addition waiting on the one before. */
 static void qc_int4_try(const float *v, int32_t g, const float *scale, const float *zero,
                         uint8_t (*q)[QC_RATIOS], double *err) {
     float inv[QC_RATIOS];
@@ -390,7 +390,9 @@ static void qc_int4_try(const float *v, int32_t g, const float *scale, const flo
     for (int32_t i = 0; i < g; i++)
         for (int k = 0; k < QC_RATIOS; k++) {
             float t = rintf(v[i] * inv[k] + zero[k]);
-            t = t > 0.0f ? t : 0.0f; /* -0 to +0: the same code and error */
+            /* -0 to +0: the same code and error; NaN (0 * inf where a
+             * range below ~4e-38 gives a subnormal scale) to code 0 */
+            t = t > 0.0f ? t : 0.0f;
             t = t < 15.0f ? t : 15.0f;
             q[i][k] = (uint8_t)t;
             double d = (double)((t - zero[k]) * scale[k]) - (double)v[i];
@@ -421,10 +423,15 @@ static void qc_int4_refit(const float *v, uint8_t (*q)[QC_RATIOS], int32_t g, fl
     }
 }
 
+/* All-zero codes: a constant group's (scale 1, zero -lo is exact), and the
+ * pick's when no candidate has a finite error. Element i at [i * QC_RATIOS]. */
+static const uint8_t qc_int4_zero_codes[QC_INT4_MAX_GROUP * QC_RATIOS] = {0};
+
 /* One non-constant group [lo, hi]: every candidate range, its refit, and
- * the first of least error (in candidate order, stopping where the error
- * is zero up to float rounding: the group already is a 4-bit grid, e.g. a
- * GGUF q4_1 block). Returns its codes: element i at [i * QC_RATIOS]. */
+ * the first of least error in candidate order (the selection stops where
+ * the error is zero up to float rounding: the group already is a 4-bit
+ * grid, e.g. a GGUF q4_1 block). Returns its codes: element i at
+ * [i * QC_RATIOS]; *bs, *bz are left alone when no error is finite. */
 static const uint8_t *qc_int4_pick(const float *v, int32_t group, float lo, float hi, double energy,
                                    uint8_t (*c)[QC_INT4_MAX_GROUP][QC_RATIOS], float *bs, float *bz) {
     float s[QC_RATIOS], z[QC_RATIOS], s2[QC_RATIOS], z2[QC_RATIOS];
@@ -438,14 +445,14 @@ static const uint8_t *qc_int4_pick(const float *v, int32_t group, float lo, floa
     qc_int4_try(v, group, s, z, c[0], e);
     qc_int4_refit(v, c[0], group, s2, z2, ok);
     qc_int4_try(v, group, s2, z2, c[1], e2);
-    const uint8_t *best = &c[0][0][0];
+    const uint8_t *best = qc_int4_zero_codes;
     double berr = INFINITY;
     for (int k = 0; k < QC_RATIOS; k++) {
         const bool fit = ok[k] && e2[k] < e[k];
         const double ek = fit ? e2[k] : e[k];
         if (ek < berr) {
             berr = ek, *bs = fit ? s2[k] : s[k], *bz = fit ? z2[k] : z[k];
-            best = &c[fit][0][k];
+            best = (const uint8_t *)c[fit] + k;
         }
         if (berr <= 1e-12 * energy) break;
     }
@@ -467,9 +474,8 @@ static void qc_int4_range(const float *w, int64_t r0, int64_t r1, int64_t cols, 
             for (int32_t i = 1; i < group; i++) lo = fminf(lo, v[i]), hi = fmaxf(hi, v[i]);
             for (int32_t i = 0; i < group; i++) energy += (double)v[i] * v[i];
             float bs = 1.0f, bz = -lo;
-            /* constant group: scale 1, zero -lo, all codes 0 is exact */
-            static const uint8_t zero_codes[QC_INT4_MAX_GROUP * QC_RATIOS];
-            const uint8_t *best = hi == lo ? zero_codes : qc_int4_pick(v, group, lo, hi, energy, c, &bs, &bz);
+            const uint8_t *best =
+                hi == lo ? qc_int4_zero_codes : qc_int4_pick(v, group, lo, hi, energy, c, &bs, &bz);
             scales[r * ng + gi] = bs;
             zeros[r * ng + gi] = bz;
             uint8_t *dst = data + r * (cols / 2) + gi * (group / 2);
