@@ -22,12 +22,12 @@
  *     f32 outputs, the LM head's, would add an f32 scratch round trip, not
  *     timed). Below those rows, where cuBLASLt has no algorithm for the
  *     vectors (or a test asks: lc_gemm_set_fp8_vec), and for int8 (int32
- *     accumulation), the
- *     GEMM runs with unit scales and lc_scale_epilogue multiplies row m /
- *     column n by sx[m] * s[n] in a second pass. That FP8 GEMM writes bf16 straight
- *     into y when dt is bf16 (rounding the unscaled sum is the same relative
- *     error as rounding the scaled one) and float32 into scratch otherwise
- *     (f16 would overflow on unscaled sums; the LM head wants float32).
+ *     accumulation), the GEMM runs with unit scales and lc_scale_epilogue
+ *     multiplies row m / column n by sx[m] * s[n] in a second pass. That
+ *     FP8 GEMM writes bf16 straight into y when dt is bf16 (rounding the
+ *     unscaled sum is the same relative error as rounding the scaled one)
+ *     and float32 into scratch otherwise (f16 would overflow on unscaled
+ *     sums; the LM head wants float32).
  *     Should cuBLASLt have no algorithm for the shape (alignment), the GEMV
  *     runs in passes of 8 rows instead — slow but always correct.
  *

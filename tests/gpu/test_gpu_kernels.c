@@ -2362,7 +2362,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         test_qgemm(g, LOOM_CUDA_F16, f, 300, 208, 1024, i4 ? 64 : 0, 0, true, false);
         /* a bound above 256: the kernel in chunks of 256 rows (a last chunk
          * of 1 and of 14 rows on the mma.sync path, of 44 and 232 on wgmma,
-         * exact multiples), each call one kernel run a chunk */
+         * and whole chunks only), one kernel launch per chunk */
         loom_cuda_qgemm_set_tiled_max_m(g, 1024);
         const long ch0 = lc_qgemm_qtiled_count();
         test_qgemm(g, LOOM_CUDA_BF16, f, 257, 592, 1024, i4 ? 128 : 0, 0, true, false);
