@@ -52,8 +52,10 @@
  * first and the partial last wave holds the short ones), and key tiles
  * entirely below every row's diagonal skip the mask arithmetic.
  *
- * Every kernel starts with griddepcontrol.wait (programmatic dependent
- * launch, common.cuh). Measured on an H200 (docs/gpu.md): 150 TFLOP/s for a
+ * Programmatic dependent launch (common.cuh): the kernel plans its splits
+ * and reads its first block-table rows before griddepcontrol.wait — the
+ * step's metadata, which no kernel writes — and Q and the cache after it.
+ * Measured on an H200 (docs/gpu.md): 150 TFLOP/s for a
  * causal 2048-token prefill at head_dim 128, 78% of copy bandwidth for
  * decode over 32k contexts at batch 8.
  *
@@ -136,6 +138,9 @@
 #define LC_ATT_THREADS 128
 /* Upper bound on splits per (tile, kv head). */
 #define LC_SPLIT_MAX 64
+/* kv_offsets' mark of a row not to load: no 16-byte chunk starts at an odd
+ * element offset. */
+#define LC_ATT_NO_ROW 0xFFFFFFFFu
 
 /* ------------------------------------------------------- PTX wrappers */
 
@@ -278,11 +283,18 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     __shared__ float ml[WN][ROWS][2];
     __shared__ int s_kvlen[2], s_last;
 
-    lc_pdl_wait();
-    lc_pdl_trigger();
+    /* Up to lc_pdl_wait() this reads only the step's metadata — tiles,
+     * positions, block table — which no kernel writes (loom_cuda_attn_args'
+     * contract), so the split plan and the first stages' block-table reads
+     * overlap the kernel before (RoPE + KV write). A CTA that leaves early
+     * waits first, as every grid must not complete before the one it
+     * follows. */
     const int ti = gridDim.x - 1 - blockIdx.x; /* longest tiles first */
     const loom_cuda_attn_tile tile = a.tiles[ti];
-    if (tile.ntok <= 0) return;
+    if (tile.ntok <= 0) {
+        lc_pdl_wait();
+        return;
+    }
     const int kvh = blockIdx.y, z = blockIdx.z;
     const int KVH = a.num_kv_heads, G = a.num_heads / a.num_kv_heads;
     const int bs = a.block_size;
@@ -302,7 +314,10 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     const int kv_len = lc_tile_kv_len(a.positions, tile, a.window, s_kvlen, &k_lo); /* syncs */
     int splits, chunk;
     lc_split_plan(kv_len - k_lo, a.max_splits, CTA_N, S::SPLIT_MIN, &splits, &chunk);
-    if (z >= splits) return; /* uniform over the CTA */
+    if (z >= splits) { /* uniform over the CTA */
+        lc_pdl_wait();
+        return;
+    }
     const int k_begin = k_lo + z * chunk;
     const int k_end = min(kv_len, k_begin + chunk);
     const int n_iter = (k_end - k_begin + CTA_N - 1) / CTA_N;
@@ -332,17 +347,6 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     uint8_t *V8 = K8 + STAGES * CTA_N * D;
     const uint32_t q_s = lc_smem_u32(Qs), k_s = lc_smem_u32(Ks), v_s = lc_smem_u32(Vs);
 
-    /* Q rows -> shared (zero rows past nrows); RD reads Q straight into
-     * registers below and commits an empty group here */
-    for (int idx = tid; !RD && idx < ROWS * CPR; idx += LC_ATT_THREADS) {
-        const int r = idx / CPR, c = idx % CPR;
-        const bool ok = r < nrows;
-        const T *src = ok ? q + (size_t)(tile.tok0 + r / G) * a.ldq + (size_t)(kvh * G + r % G) * D + c * 8
-                          : q;
-        lc_cp_async16(q_s + lc_swz<CPR>(r, c) * 16, src, ok);
-    }
-    lc_cp_async_commit();
-
     /* K/V rows [kb, kb + CTA_N) -> stage st, through the block table.
      * Thread tid always copies chunk c = tid % CPRG of rows j0 + i * JSTEP, so
      * its shared-memory offsets are fixed and its global offsets need one
@@ -367,20 +371,27 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     const uint32_t head_off = (uint32_t)kvh * bs * D + c_ld * (16 / EB);
     const int bs_shift = (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
     const uint32_t kst_s = F8 ? lc_smem_u32(K8) : k_s, vst_s = F8 ? lc_smem_u32(V8) : v_s;
-    auto load_kv = [&](int st, int kb) {
+    /* The element offset of each of this thread's rows of the key tile at
+     * kb (block-table reads only), LC_ATT_NO_ROW past k_end or the tile. */
+    auto kv_offsets = [&](int kb, uint32_t (&e)[NPASS]) {
+#pragma unroll
+        for (int i = 0; i < NPASS; i++) {
+            const int key = kb + j0 + i * JSTEP;
+            e[i] = LC_ATT_NO_ROW;
+            if ((NPASS * JSTEP > CTA_N && j0 + i * JSTEP >= CTA_N) || key >= k_end) continue;
+            int blk, off;
+            if (bs_shift >= 0) blk = bt[key >> bs_shift], off = key & (bs - 1);
+            else blk = bt[key / bs], off = key % bs;
+            e[i] = (uint32_t)blk * blk_elems + head_off + (uint32_t)off * D;
+        }
+    };
+    auto issue_kv = [&](int st, const uint32_t (&eo)[NPASS]) {
         const uint32_t sbase = st * CTA_N * ROWB + s_off0;
 #pragma unroll
         for (int i = 0; i < NPASS; i++) {
             if (NPASS * JSTEP > CTA_N && j0 + i * JSTEP >= CTA_N) break;
-            const int key = kb + j0 + i * JSTEP;
-            const bool ok = key < k_end;
-            uint32_t e = 0;
-            if (ok) {
-                int blk, off;
-                if (bs_shift >= 0) blk = bt[key >> bs_shift], off = key & (bs - 1);
-                else blk = bt[key / bs], off = key % bs;
-                e = (uint32_t)blk * blk_elems + head_off + (uint32_t)off * D;
-            }
+            const bool ok = eo[i] != LC_ATT_NO_ROW;
+            const uint32_t e = ok ? eo[i] : 0u;
             /* a dt row of more than 16 chunks (head_dim 256): JSTEP = 4 rows,
              * less than the swizzle period, so each row's chunk is placed anew */
             const uint32_t so = !F8 && JSTEP % 8 != 0
@@ -394,6 +405,11 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
                 lc_cp_async16(vst_s + so, vc + e, ok);
             }
         }
+    };
+    auto load_kv = [&](int st, int kb) {
+        uint32_t e[NPASS];
+        kv_offsets(kb, e);
+        issue_kv(st, e);
     };
     /* F8: decode code stage st into the dt tiles. Thread tid converts the
      * 8-code units u = tid + k * 128 (row u / CPR, dt chunk u % CPR): an
@@ -418,10 +434,29 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
         return stage + row * ROWB + (((byte >> 4) ^ (row & SWM)) << 4) + (byte & 15);
     };
     /* prologue: stages 0 .. STAGES-2 in flight (one commit group each, empty
-     * when past the range, so group counting stays uniform) */
+     * when past the range, so group counting stays uniform); their
+     * block-table rows are read before the wait, Q and the cache after it
+     * (the kernels before write them) */
+    uint32_t e_pro[STAGES - 1][NPASS];
+#pragma unroll
+    for (int sp = 0; sp < STAGES - 1; sp++)
+        if (sp < n_iter) kv_offsets(k_begin + sp * CTA_N, e_pro[sp]);
+    lc_pdl_wait();
+    lc_pdl_trigger();
+    /* Q rows -> shared (zero rows past nrows); RD reads Q straight into
+     * registers below and commits an empty group here */
+    for (int idx = tid; !RD && idx < ROWS * CPR; idx += LC_ATT_THREADS) {
+        const int r = idx / CPR, c = idx % CPR;
+        const bool ok = r < nrows;
+        const T *src = ok ? q + (size_t)(tile.tok0 + r / G) * a.ldq + (size_t)(kvh * G + r % G) * D + c * 8
+                          : q;
+        lc_cp_async16(q_s + lc_swz<CPR>(r, c) * 16, src, ok);
+    }
+    lc_cp_async_commit();
+
 #pragma unroll
     for (int sp = 0; sp < STAGES - 1; sp++) {
-        if (sp < n_iter) load_kv(sp, k_begin + sp * CTA_N);
+        if (sp < n_iter) issue_kv(sp, e_pro[sp]);
         lc_cp_async_commit();
     }
 

@@ -154,7 +154,10 @@ cudaError_t loom_cuda_rope_table(float *cs, const double *inv_freq, int max_pos,
  * the cpu backend does (round to nearest even, +-448 saturation).
  * qkv (T, ld) dt; bias (H*D + 2*KVH*D) float32 or NULL; cs from
  * loom_cuda_rope_table (pos[t] < its max_pos); pos (T); slot (T) int64;
- * k_cache, v_cache (num_blocks, KVH, block_size, D) of kv. D % 16 == 0. */
+ * k_cache, v_cache (num_blocks, KVH, block_size, D) of kv. D % 16 == 0.
+ * pos and slot are step metadata and cs a load-time table: no kernel of a
+ * step writes them, as the kernel reads them before its programmatic-launch
+ * wait (loom_cuda_rope_kv_norm also its q_norm / k_norm). */
 cudaError_t loom_cuda_rope_kv(loom_cuda_dt dt, loom_cuda_kv kv, void *qkv, int ld,
                               const float *bias, const float *cs, const int32_t *pos,
                               const int64_t *slot, void *k_cache, void *v_cache, int T, int H,
@@ -201,7 +204,11 @@ typedef enum loom_cuda_attn_shape {
 /* Rows (token x head pairs) one tile of `shape` holds. */
 int loom_cuda_attn_rows(loom_cuda_attn_shape shape);
 
-/* Arguments of loom_cuda_attention. Device pointers unless stated. */
+/* Arguments of loom_cuda_attention. Device pointers unless stated.
+ * block_table, bt_stride, positions and tiles are the step's metadata: no
+ * kernel may write them (host copies ordered before the launch do), since
+ * the kernel reads them before its programmatic-launch wait, while the
+ * kernel before it still runs. */
 typedef struct loom_cuda_attn_args {
     loom_cuda_dt dt;
     loom_cuda_attn_shape shape;

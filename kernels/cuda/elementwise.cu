@@ -363,12 +363,14 @@ __global__ void lc_rope_kv_kernel(T *__restrict__ qkv, int ld, const float *__re
                                   const float *__restrict__ cs, const int32_t *__restrict__ pos,
                                   const int64_t *__restrict__ slot, void *__restrict__ kc,
                                   void *__restrict__ vc, int H, int KVH, int D, int bs) {
-    lc_pdl_wait();
-    lc_pdl_trigger();
     const int t = blockIdx.x;
     const int half = D / 2;
+    /* metadata (loom_cuda_rope_kv: no kernel writes pos / slot): read while
+     * the kernel before still runs */
     const int p = pos[t];
     const int64_t sl = slot[t];
+    lc_pdl_wait();
+    lc_pdl_trigger();
     const int64_t blk = sl >= 0 ? sl / bs : 0, off = sl >= 0 ? sl % bs : 0;
     T *row = qkv + (size_t)t * ld;
     const int cph = D / 16; /* rotation units per head */
@@ -463,11 +465,26 @@ __global__ void lc_rope_kv_norm_kernel(T *__restrict__ qkv, int ld, const float 
                                        const float *__restrict__ cs, const int32_t *__restrict__ pos,
                                        const int64_t *__restrict__ slot, void *__restrict__ kc,
                                        void *__restrict__ vc, int H, int KVH, int D, int bs) {
-    lc_pdl_wait();
-    lc_pdl_trigger();
     const int t = blockIdx.x, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    /* Before the wait, what no kernel writes (loom_cuda_rope_kv_norm): the
+     * position and slot, and the cos / sin and norm weights of this lane's
+     * pairs, the same for every head. */
     const int half = D / 2, p = pos[t];
     const int64_t sl = slot[t];
+    float2 rot[LC_QKN_MAXP];
+    float wq[LC_QKN_MAXP][2], wk[LC_QKN_MAXP][2];
+#pragma unroll
+    for (int i = 0; i < LC_QKN_MAXP; i++) {
+        const int j = lane + 32 * i;
+        rot[i] = make_float2(1.0f, 0.0f);
+        wq[i][0] = wq[i][1] = wk[i][0] = wk[i][1] = 1.0f;
+        if (j >= half) continue;
+        rot[i] = *reinterpret_cast<const float2 *>(cs + ((size_t)p * half + j) * 2);
+        if (qw) wq[i][0] = qw[j], wq[i][1] = qw[j + half];
+        if (kw) wk[i][0] = kw[j], wk[i][1] = kw[j + half];
+    }
+    lc_pdl_wait();
+    lc_pdl_trigger();
     const int64_t blk = sl >= 0 ? sl / bs : 0, off = sl >= 0 ? sl % bs : 0;
     T *row = qkv + (size_t)t * ld;
     for (int hh = blockIdx.y * nw + (threadIdx.x >> 5); hh < H + 2 * KVH; hh += nw * gridDim.y) {
@@ -504,10 +521,12 @@ __global__ void lc_rope_kv_norm_kernel(T *__restrict__ qkv, int ld, const float 
         for (int i = 0; i < LC_QKN_MAXP; i++) {
             const int j = lane + 32 * i;
             if (j >= half) continue;
-            if (w) a[i] = a[i] * inv * w[j], b[i] = b[i] * inv * w[j + half];
-            const float2 c = *reinterpret_cast<const float2 *>(cs + ((size_t)p * half + j) * 2);
+            if (w) {
+                const float *wj = is_q ? wq[i] : wk[i];
+                a[i] = a[i] * inv * wj[0], b[i] = b[i] * inv * wj[1];
+            }
             float ra, rb;
-            lc_rope_rot(a[i], b[i], c.x, c.y, ra, rb);
+            lc_rope_rot(a[i], b[i], rot[i].x, rot[i].y, ra, rb);
             if (is_q) {
                 row[(size_t)hh * D + j] = lc_from_f<T>(ra);
                 row[(size_t)hh * D + j + half] = lc_from_f<T>(rb);
