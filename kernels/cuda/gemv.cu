@@ -41,34 +41,74 @@ __device__ __forceinline__ void lc_gemv_x8(const T *__restrict__ x, int K, int m
     lc_unpack8<T>(lc_ldg16(x + (size_t)m * K + (size_t)c * 8), xf);
 }
 
+/* A lane's round: its chunks c + 32 u (u < LC_GEMV_U) of the R rows at wr
+ * into wv — those at or past nc as zeros when GUARD — and then their dots
+ * with x's rows added to acc, chunk by chunk in ascending order. */
+template <typename T, int R, bool GUARD>
+__device__ __forceinline__ void lc_gemv_load(uint4 (&wv)[R][LC_GEMV_U], const T *const (&wr)[R], int c, int nc) {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int u = 0; u < LC_GEMV_U; u++)
+            wv[r][u] = !GUARD || c + 32 * u < nc
+                           ? __ldcs(reinterpret_cast<const uint4 *>(wr[r] + (size_t)(c + 32 * u) * 8))
+                           : make_uint4(0u, 0u, 0u, 0u);
+}
+template <typename T, int M, int R, bool GUARD>
+__device__ __forceinline__ void lc_gemv_dots(const uint4 (&wv)[R][LC_GEMV_U], const T *__restrict__ x, int K,
+                                             int c, int nc, float (&acc)[R][M]) {
+#pragma unroll
+    for (int u = 0; u < LC_GEMV_U; u++) {
+        if (GUARD && c + 32 * u >= nc) break;
+        float wf[R][8];
+#pragma unroll
+        for (int r = 0; r < R; r++) lc_unpack8<T>(wv[r][u], wf[r]);
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            float xf[8];
+            lc_gemv_x8<T>(x, K, m, c + 32 * u, xf);
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
+        }
+    }
+}
+
 /* grid (row tiles x passes): block b computes pass b % passes — input and
  * output rows [pass M, pass M + M) — of row tile b / passes, so the passes
  * over one tile of weight rows run side by side and share it in L2.
  * PAIR (M = 1, one pass): the rows in pairs (n, n + P) and epi applied to
- * them (epilogue.cuh) — same dot per row, so the same sums. */
+ * them (epilogue.cuh) — same dot per row, so the same sums.
+ * At M = 1 a lane loads its first round of weights before lc_pdl_wait()
+ * (common.cuh, "Early weights"), the L2 prefetch's place; more rows keep
+ * the prefetch. */
 template <typename T, int M, int R, bool F32, bool PAIR = false>
 __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
     lc_gemv_kernel(const T *__restrict__ x, const T *__restrict__ w, void *__restrict__ y, int N,
                    int K, int passes, int pf, int P, loom_cuda_epi epi) {
     static_assert(!PAIR || (M == 1 && !F32 && LC_GEMV_WARPS == LC_EPI_WARPS), "pair epilogue: one dt row");
+    constexpr bool EARLY = M == 1;
     const int lane = threadIdx.x & 31;
     const int pass = (int)(blockIdx.x % (unsigned)passes), tile = (int)(blockIdx.x / (unsigned)passes);
     bool live = true;
     const int n0 = PAIR ? lc_epi_row0(R, P, N, threadIdx.x >> 5, &live)
                         : (tile * LC_GEMV_WARPS + (threadIdx.x >> 5)) * R;
     if (!PAIR) live = n0 < N;
-    /* this warp's R weight rows are contiguous: ask L2 for them first */
-    if (pf && live && pass == 0)
+    const int nc = K / 8;
+    const T *wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wr[r] = w + (size_t)(n0 + r < N ? n0 + r : n0) * K;
+    uint4 wv[R][LC_GEMV_U];
+    if (EARLY && live) lc_gemv_load<T, R, true>(wv, wr, lane, nc);
+    /* else this warp's R weight rows are contiguous: ask L2 for them first */
+    if (!EARLY && pf && live && pass == 0)
         lc_prefetch_rows(w + (size_t)n0 * K, N - n0 < R ? N - n0 : R, (size_t)K * sizeof(T), lane);
     lc_pdl_wait();
     lc_pdl_trigger();
     if (!PAIR && !live) return; /* PAIR: every warp reaches lc_epi_finish's barrier */
     const size_t row0 = (size_t)pass * M; /* first input / output row of this pass */
     x += row0 * (size_t)K;
-    const int nc = K / 8;
-    const T *wr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) wr[r] = w + (size_t)(n0 + r < N ? n0 + r : n0) * K;
     float acc[R][M];
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -76,58 +116,22 @@ __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
         for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
 
     int c = lane;
+    if (EARLY) { /* the round loaded above (dead lanes of a PAIR warp: zeros, never stored) */
+        if (!live) lc_gemv_load<T, R, true>(wv, wr, c, 0);
+        lc_gemv_dots<T, M, R, true>(wv, x, K, c, nc, acc);
+        c += 32 * LC_GEMV_U;
+    }
     for (; c + 32 * (LC_GEMV_U - 1) < nc; c += 32 * LC_GEMV_U) {
-        uint4 wv[R][LC_GEMV_U];
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int u = 0; u < LC_GEMV_U; u++)
-                wv[r][u] = __ldcs(reinterpret_cast<const uint4 *>(wr[r] + (size_t)(c + 32 * u) * 8));
-#pragma unroll
-        for (int u = 0; u < LC_GEMV_U; u++) {
-            float wf[R][8];
-#pragma unroll
-            for (int r = 0; r < R; r++) lc_unpack8<T>(wv[r][u], wf[r]);
-#pragma unroll
-            for (int m = 0; m < M; m++) {
-                float xf[8];
-                lc_gemv_x8<T>(x, K, m, c + 32 * u, xf);
-#pragma unroll
-                for (int r = 0; r < R; r++)
-#pragma unroll
-                    for (int e = 0; e < 8; e++) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
-            }
-        }
+        lc_gemv_load<T, R, false>(wv, wr, c, nc);
+        lc_gemv_dots<T, M, R, false>(wv, x, K, c, nc, acc);
     }
     if (c < nc) {
         /* the tail, fewer than U chunks for this lane: its loads issued
          * together, not one round trip each (small K is all tail: SmolLM2's
          * K = 576 is 2-3 chunks a lane). Same chunks in the same order as
          * a chunk-at-a-time loop, so the same bits. */
-        uint4 wv[R][LC_GEMV_U];
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int u = 0; u < LC_GEMV_U; u++)
-                wv[r][u] = c + 32 * u < nc
-                               ? __ldcs(reinterpret_cast<const uint4 *>(wr[r] + (size_t)(c + 32 * u) * 8))
-                               : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-        for (int u = 0; u < LC_GEMV_U; u++) {
-            if (c + 32 * u >= nc) break;
-            float wf[R][8];
-#pragma unroll
-            for (int r = 0; r < R; r++) lc_unpack8<T>(wv[r][u], wf[r]);
-#pragma unroll
-            for (int m = 0; m < M; m++) {
-                float xf[8];
-                lc_gemv_x8<T>(x, K, m, c + 32 * u, xf);
-#pragma unroll
-                for (int r = 0; r < R; r++)
-#pragma unroll
-                    for (int e = 0; e < 8; e++) acc[r][m] = fmaf(wf[r][e], xf[e], acc[r][m]);
-            }
-        }
+        lc_gemv_load<T, R, true>(wv, wr, c, nc);
+        lc_gemv_dots<T, M, R, true>(wv, x, K, c, nc, acc);
     }
 #pragma unroll
     for (int r = 0; r < R; r++)
