@@ -91,11 +91,19 @@ __global__ void __launch_bounds__(1024)
                           float eps, const float *__restrict__ smooth = nullptr,
                           uint8_t *__restrict__ xq = nullptr, float *__restrict__ sx = nullptr) {
     __shared__ float red[32];
+    const int nc = H / 8;
+    /* the weights of the first chunk (all of them up to H = 8192) before
+     * the wait, as no kernel writes them: their load is otherwise the round
+     * trip after the row's sum */
+    float4 w0p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), w1p = w0p;
+    if (threadIdx.x < nc) {
+        w0p = __ldg(reinterpret_cast<const float4 *>(w + threadIdx.x * 8));
+        w1p = __ldg(reinterpret_cast<const float4 *>(w + threadIdx.x * 8) + 1);
+    }
     lc_pdl_wait();
     lc_pdl_trigger();
     const int i = blockIdx.x;
     const int j = rows ? rows[i] : i;
-    const int nc = H / 8;
     float *xr = x + (size_t)j * H;
     const T *rr = r ? r + (size_t)j * H : nullptr;
     const bool write_x = r && !rows;
@@ -127,8 +135,8 @@ __global__ void __launch_bounds__(1024)
     for (int k = 0; k < LC_NORM_MAXC; k++) {
         const int c = threadIdx.x + k * blockDim.x;
         if (c < nc) {
-            const float4 w0 = __ldg(reinterpret_cast<const float4 *>(w + c * 8));
-            const float4 w1 = __ldg(reinterpret_cast<const float4 *>(w + c * 8) + 1);
+            const float4 w0 = k == 0 ? w0p : __ldg(reinterpret_cast<const float4 *>(w + c * 8));
+            const float4 w1 = k == 0 ? w1p : __ldg(reinterpret_cast<const float4 *>(w + c * 8) + 1);
             const float wf[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
             if (write_x) {
                 float4 *d = reinterpret_cast<float4 *>(xr + c * 8);
@@ -218,9 +226,15 @@ __global__ void __launch_bounds__(1024)
     lc_add_normed_kernel(float *__restrict__ x, const T *__restrict__ r, const float *__restrict__ w, int H,
                          float eps) {
     __shared__ float red[32];
+    const int t = blockIdx.x, nc = H / 8;
+    /* the first chunk's weights before the wait (lc_add_rmsnorm_kernel) */
+    float4 w0p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), w1p = w0p;
+    if (threadIdx.x < nc) {
+        w0p = __ldg(reinterpret_cast<const float4 *>(w + threadIdx.x * 8));
+        w1p = __ldg(reinterpret_cast<const float4 *>(w + threadIdx.x * 8) + 1);
+    }
     lc_pdl_wait();
     lc_pdl_trigger();
-    const int t = blockIdx.x, nc = H / 8;
     float *xr = x + (size_t)t * H;
     const T *rr = r + (size_t)t * H;
     float v[LC_NORM_MAXC][8];
@@ -243,7 +257,7 @@ __global__ void __launch_bounds__(1024)
             float4 *d = reinterpret_cast<float4 *>(xr + c * 8);
             const float4 *w4 = reinterpret_cast<const float4 *>(w + c * 8);
             float4 a = d[0], b = d[1];
-            const float4 w0 = __ldg(w4), w1 = __ldg(w4 + 1);
+            const float4 w0 = k == 0 ? w0p : __ldg(w4), w1 = k == 0 ? w1p : __ldg(w4 + 1);
             a.x += v[k][0] * inv * w0.x, a.y += v[k][1] * inv * w0.y;
             a.z += v[k][2] * inv * w0.z, a.w += v[k][3] * inv * w0.w;
             b.x += v[k][4] * inv * w1.x, b.y += v[k][5] * inv * w1.y;
@@ -521,9 +535,9 @@ __global__ void lc_rope_kv_norm_kernel(T *__restrict__ qkv, int ld, const float 
         for (int i = 0; i < LC_QKN_MAXP; i++) {
             const int j = lane + 32 * i;
             if (j >= half) continue;
-            if (w) {
-                const float *wj = is_q ? wq[i] : wk[i];
-                a[i] = a[i] * inv * wj[0], b[i] = b[i] * inv * wj[1];
+            if (w) { /* values, not a pointer into the arrays: they stay in registers */
+                const float wa = is_q ? wq[i][0] : wk[i][0], wb = is_q ? wq[i][1] : wk[i][1];
+                a[i] = a[i] * inv * wa, b[i] = b[i] * inv * wb;
             }
             float ra, rb;
             lc_rope_rot(a[i], b[i], rot[i].x, rot[i].y, ra, rb);
