@@ -57,11 +57,11 @@
 #           (4 layers) batch-1 decode step inside its CUDA graph, warm
 #           caches, against the step's wall time (KPROFILE_M=none: only
 #           the latter).
-#   backend-ab: this tree's CUDA backend against an older commit's (packed by
-#           scripts/gpu/pack-old-backend.sh REV into .devpack/), new / old
-#           alternated in one machine: batch-1 decode of each config in
-#           AB_CONFIGS (default: Llama-3-8B bf16, W8A16 with its LM head
-#           quantized, fp8), AB_REPEATS rounds (default 1).
+#   backend-ab: this tree's CUDA backend against older commits' (each packed
+#           by scripts/gpu/pack-old-backend.sh REV [NAME] into .devpack/),
+#           new and the old ones alternated in one machine: batch-1 decode
+#           of each config in AB_CONFIGS (default: Llama-3-8B bf16, W8A16
+#           with its LM head quantized, fp8), AB_REPEATS rounds (default 1).
 #   awq:    AWQ / GPTQ / GPTQ-v2 4-bit checkpoints written by
 #           tests/e2e/hf_llama_reference.py --quant (a tiny Llama and the
 #           Llama-3-8B shape with 2 layers, group 128) through the int4
@@ -670,19 +670,22 @@ kprofile)
     "${qargs[@]}" --text moe_kernels="$O/ncu-moe-summary.txt" --text moe_wall="$O/moe-wall.txt"
   ;;
 backend-ab)
-  # The old plugin swapped into a copy of the plugin directory: the rest
-  # of the build (core, CLI, other plugins) is this tree's for both. An A/B
-  # of one change: its numbers belong in that change's commit message, so
-  # nothing is recorded under bench/results.
-  [ -s .devpack/old-backend-cuda.so.xz ] || { echo "FAIL no .devpack/old-backend-cuda.so.xz (scripts/gpu/pack-old-backend.sh REV)"; exit 1; }
-  old=/tmp/loom-old-plugins; rm -rf "$old"; mkdir -p "$old" && cp -a "$LB/plugins/." "$old/"
-  xz -dc .devpack/old-backend-cuda.so.xz > "$old/backend/cuda/loom-backend-cuda.so"
-  step "batch-1 decode, this tree's cuda backend (new) vs $(cat .devpack/old-backend.rev 2>/dev/null || echo '?') (old), alternated"
+  # The rest of the build (core, CLI, other plugins) is this tree's for
+  # every side. An A/B of one change: its numbers belong in that change's
+  # commit message, so nothing is recorded under bench/results.
+  olds=$(ls .devpack/old-*-cuda.so.xz 2>/dev/null | sed 's#.*/old-\(.*\)-cuda\.so\.xz#\1#')
+  [ -n "$olds" ] || { echo "FAIL no .devpack/old-NAME-cuda.so.xz (scripts/gpu/pack-old-backend.sh REV [NAME])"; exit 1; }
+  for n in $olds; do # each old plugin swapped into its own copy of the plugin directory
+    rm -rf "/tmp/loom-old-$n"; mkdir -p "/tmp/loom-old-$n" && cp -a "$LB/plugins/." "/tmp/loom-old-$n/"
+    xz -dc ".devpack/old-$n-cuda.so.xz" > "/tmp/loom-old-$n/backend/cuda/loom-backend-cuda.so"
+    echo "old $n: $(cat ".devpack/old-$n.rev" 2>/dev/null || echo '?')"
+  done
+  step "batch-1 decode, this tree's cuda backend (new) vs $(echo $olds), alternated"
   for r in $(seq 1 "${AB_REPEATS:-1}"); do
     for c in ${AB_CONFIGS:-llama3-8b-dummy llama3-8b-int8-w8a16-head llama3-8b-fp8}; do
       [ -f "configs/gpu/$c.yaml" ] || { echo "FAIL AB_CONFIGS has '$c': no configs/gpu/$c.yaml"; fails=$((fails + 1)); continue; }
-      for side in new old; do
-        dir="$LB/plugins"; [ $side = old ] && dir=$old
+      for side in new $olds; do
+        dir="$LB/plugins"; [ $side != new ] && dir=/tmp/loom-old-$side
         f="$O/ab-$c-$side-$r"
         LOOM_PLUGIN_PATH=$dir timeout 200 loom bench configs/gpu/$c.yaml --num-requests 3 --input-len 128 \
           --output-len 256 --set scheduler.max_num_seqs=1 --no-progress --json "$f.json" > "$f.txt" 2>&1 \
