@@ -435,14 +435,16 @@ __global__ void __launch_bounds__(LC_ATT_THREADS, MINB)
     };
     /* prologue: stages 0 .. STAGES-2 in flight (one commit group each, empty
      * when past the range, so group counting stays uniform); their
-     * block-table rows are read before the wait, Q and the cache after it
-     * (the kernels before write them) */
+     * block-table rows are read before the wait, Q and the cache after it:
+     * the kernel before writes this step's keys, and with prefix caching a
+     * block another sequence fills in this step may hold older keys of this
+     * one (the paged cache registers full blocks at allocation) */
     uint32_t e_pro[STAGES - 1][NPASS];
 #pragma unroll
     for (int sp = 0; sp < STAGES - 1; sp++)
         if (sp < n_iter) kv_offsets(k_begin + sp * CTA_N, e_pro[sp]);
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     /* Q rows -> shared (zero rows past nrows); RD reads Q straight into
      * registers below and commits an empty group here */
     for (int idx = tid; !RD && idx < ROWS * CPR; idx += LC_ATT_THREADS) {
@@ -986,8 +988,8 @@ extern "C" cudaError_t loom_cuda_attention(const loom_cuda_attn_args *a, cudaStr
 /* out (n) dt <- codes (n), 8 a thread, with the kernels' decoder. */
 template <typename T>
 __global__ void lc_e4m3_decode_kernel(uint4 *__restrict__ out, const uint2 *__restrict__ codes, size_t n8) {
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x)
         out[i] = lc_e4m3x8<T>(codes[i]);
 }

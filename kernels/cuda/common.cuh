@@ -158,16 +158,23 @@ __device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
  * Every kernel here is launched with programmatic stream serialisation
  * (lc_launch), so its launch and CTA rasterisation overlap the tail of the
  * kernel before it — in a decode step of ~320 small kernels that is most of
- * the gap between them. Correctness rests on two lines at the top of every
- * kernel: lc_pdl_wait() before the first global memory access that another
- * kernel may have written (it returns once the previous grid has completed
- * and its writes are visible; a no-op when launched without the attribute),
- * then lc_pdl_trigger() to let the next kernel start launching. Weights are
- * the one exception: no kernel writes them, so GEMVs prefetch or load them
- * before the wait (loom_cuda_qweight's contract). A kernel may also trigger
- * before it waits: the next kernel still waits for this one's completion
- * itself, so ordering holds; only more grids are in flight at a time.
- * Captured into CUDA graphs as programmatic edges. */
+ * the gap between them. Every kernel calls lc_pdl_trigger(), letting the
+ * next kernel start launching, then lc_pdl_wait() before the first global
+ * memory access that another kernel of the step may have written (it
+ * returns once the previous grid has completed and its writes are visible;
+ * a no-op when launched without the attribute). Triggering first is safe:
+ * the next kernel still waits for this one's completion itself, and the
+ * next grid launches only once every CTA of this one has started, so
+ * nothing waits for a CTA that cannot be scheduled; the next kernel's
+ * prologue (its early weights, its metadata) then overlaps this kernel's
+ * wait as well as its work. What may come before the wait: weights (no
+ * kernel writes them: GEMVs prefetch or load them there,
+ * loom_cuda_qweight's contract), norm weights and the RoPE table, and the
+ * step's metadata (positions, slots, block tables, attention tiles), which
+ * only host copies ordered before the step's first kernel write. Every
+ * grid has a CTA that waits before it exits, so no grid completes before
+ * the one it follows (the next kernel's wait relies on that). Captured into
+ * CUDA graphs as programmatic edges. */
 __device__ __forceinline__ void lc_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void lc_pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

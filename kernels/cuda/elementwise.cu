@@ -29,8 +29,8 @@
 template <typename T>
 __global__ void lc_embedding_kernel(float *__restrict__ x, const T *__restrict__ table,
                                     const int32_t *__restrict__ ids, int H, float scale) {
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int t = blockIdx.x;
     const int32_t id = ids[t];
     float *dst = x + (size_t)t * H;
@@ -100,8 +100,8 @@ __global__ void __launch_bounds__(1024)
         w0p = __ldg(reinterpret_cast<const float4 *>(w + threadIdx.x * 8));
         w1p = __ldg(reinterpret_cast<const float4 *>(w + threadIdx.x * 8) + 1);
     }
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int i = blockIdx.x;
     const int j = rows ? rows[i] : i;
     float *xr = x + (size_t)j * H;
@@ -233,8 +233,8 @@ __global__ void __launch_bounds__(1024)
         w0p = __ldg(reinterpret_cast<const float4 *>(w + threadIdx.x * 8));
         w1p = __ldg(reinterpret_cast<const float4 *>(w + threadIdx.x * 8) + 1);
     }
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     float *xr = x + (size_t)t * H;
     const T *rr = r + (size_t)t * H;
     float v[LC_NORM_MAXC][8];
@@ -284,8 +284,8 @@ extern "C" cudaError_t loom_cuda_add_normed(loom_cuda_dt dt, float *x, const voi
  * grid-stride over 8-element chunks. */
 template <typename T, bool GELU = false>
 __global__ void lc_swiglu_kernel(T *__restrict__ out, const T *__restrict__ gu, int T_, int I) {
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int nc = I / 8;
     const size_t total = (size_t)T_ * nc;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
@@ -383,8 +383,8 @@ __global__ void lc_rope_kv_kernel(T *__restrict__ qkv, int ld, const float *__re
      * the kernel before still runs */
     const int p = pos[t];
     const int64_t sl = slot[t];
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int64_t blk = sl >= 0 ? sl / bs : 0, off = sl >= 0 ? sl % bs : 0;
     T *row = qkv + (size_t)t * ld;
     const int cph = D / 16; /* rotation units per head */
@@ -497,8 +497,8 @@ __global__ void lc_rope_kv_norm_kernel(T *__restrict__ qkv, int ld, const float 
         if (qw) wq[i][0] = qw[j], wq[i][1] = qw[j + half];
         if (kw) wk[i][0] = kw[j], wk[i][1] = kw[j + half];
     }
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int64_t blk = sl >= 0 ? sl / bs : 0, off = sl >= 0 ? sl % bs : 0;
     T *row = qkv + (size_t)t * ld;
     for (int hh = blockIdx.y * nw + (threadIdx.x >> 5); hh < H + 2 * KVH; hh += nw * gridDim.y) {
@@ -581,8 +581,8 @@ extern "C" cudaError_t loom_cuda_rope_kv_norm(loom_cuda_dt dt, loom_cuda_kv kv, 
 __global__ void lc_copy_blocks_kernel(void *const *__restrict__ src_pools,
                                       void *const *__restrict__ dst_pools,
                                       const int32_t *__restrict__ pairs, size_t block_bytes) {
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int i = blockIdx.x, p = blockIdx.y;
     const size_t n16 = block_bytes / 16;
     const uint4 *src = reinterpret_cast<const uint4 *>(

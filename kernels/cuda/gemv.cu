@@ -104,8 +104,8 @@ __global__ void __launch_bounds__(LC_GEMV_WARPS * 32)
     /* else this warp's R weight rows are contiguous: ask L2 for them first */
     if (!EARLY && pf && live && pass == 0)
         lc_prefetch_rows(w + (size_t)n0 * K, N - n0 < R ? N - n0 : R, (size_t)K * sizeof(T), lane);
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     if (!PAIR && !live) return; /* PAIR: every warp reaches lc_epi_finish's barrier */
     const size_t row0 = (size_t)pass * M; /* first input / output row of this pass */
     x += row0 * (size_t)K;

@@ -119,8 +119,8 @@ template <typename T, bool W8, bool F32, int NOUT>
 __global__ void __launch_bounds__(256)
     lc_ksplit_reduce_kernel(const float *__restrict__ part, const float *__restrict__ inv,
                             const float *__restrict__ sc, void *__restrict__ y, int M, int N, int Z) {
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     constexpr int ZB = 8; /* slices in flight */
     const size_t MN = (size_t)M * N;
     for (size_t o = ((size_t)blockIdx.x * 256 + threadIdx.x) * NOUT; o < MN; o += (size_t)gridDim.x * 256 * NOUT) {

@@ -33,8 +33,8 @@
 template <int PER>
 __global__ void lc_moe_route_kernel(const float *__restrict__ logits, int T, int E, int K, int norm, int e0,
                                     int el, int32_t *__restrict__ sel, float *__restrict__ wt) {
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= T) return;
@@ -113,8 +113,8 @@ __global__ void __launch_bounds__(1024)
     lc_moe_group_kernel(const int32_t *__restrict__ sel, int P, int E, int bm, int32_t *__restrict__ off,
                         int32_t *__restrict__ perm, int32_t *__restrict__ inv, int32_t *__restrict__ tiles) {
     extern __shared__ int32_t sm[]; /* cnt (E), cur (E), toff (E + 1) */
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     int32_t *cnt = sm, *cur = sm + E, *toff = sm + 2 * E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
@@ -168,8 +168,8 @@ extern "C" cudaError_t loom_cuda_moe_group(const int32_t *sel, int P, int E, int
 /* out[i] = v when 0 <= v < lim, else -1, v = sel[perm ? perm[i] : i] + add. */
 __global__ void lc_moe_ids_kernel(const int32_t *__restrict__ sel, const int32_t *__restrict__ perm, int n,
                                   int add, int lim, int32_t *__restrict__ out) {
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int v = sel[perm ? perm[i] : i] + add;
@@ -187,8 +187,8 @@ extern "C" cudaError_t loom_cuda_moe_ids(const int32_t *sel, const int32_t *perm
  * < 0: zeros); 16-byte vectors, a CTA a row. */
 __global__ void lc_moe_gather_kernel(const uint4 *__restrict__ x, const int32_t *__restrict__ rows, int div,
                                      int vecs, uint4 *__restrict__ out) {
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int i = blockIdx.x, r = rows ? rows[i] : i;
     for (int v = threadIdx.x; v < vecs; v += blockDim.x)
         out[(size_t)i * vecs + v] = r < 0 ? make_uint4(0u, 0u, 0u, 0u) : x[(size_t)(r / div) * vecs + v];
@@ -197,8 +197,8 @@ __global__ void lc_moe_gather_kernel(const uint4 *__restrict__ x, const int32_t 
 /* cnt[d] = off[(d + 1) el] - off[d el], d < n: the pairs for each owner of
  * el experts. */
 __global__ void lc_moe_owner_counts_kernel(const int32_t *__restrict__ off, int n, int el, int32_t *__restrict__ cnt) {
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int d = blockIdx.x * blockDim.x + threadIdx.x;
     if (d < n) cnt[d] = off[(d + 1) * el] - off[d * el];
 }
@@ -232,8 +232,8 @@ __global__ void __launch_bounds__(128)
     lc_moe_gemm_kernel(const T *__restrict__ x, const int32_t *__restrict__ perm, int div, const T *__restrict__ w,
                        const int32_t *__restrict__ tiles, int N, int K, T *__restrict__ y) {
     __shared__ __align__(16) lc_moe_stage<T> st[LC_MOE_STAGES];
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int slot = blockIdx.y;
     if (slot >= tiles[0]) return;
     const int32_t e = tiles[1 + 3 * slot], r0 = tiles[2 + 3 * slot], nrows = tiles[3 + 3 * slot];
@@ -363,8 +363,8 @@ __global__ void __launch_bounds__(256, 1)
     const uint32_t raw_s = (uint32_t)__cvta_generic_to_shared(lc_mw_raw);
     uint8_t *sm = lc_mw_raw + ((1024u - (raw_s & 1023u)) & 1023u);
     const uint32_t sm_s = (uint32_t)__cvta_generic_to_shared(sm);
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int slot = blockIdx.y;
     if (slot >= tiles[0]) return;
     const int32_t e = tiles[1 + 3 * slot], r0 = tiles[2 + 3 * slot], nrows = tiles[3 + 3 * slot];
@@ -501,8 +501,8 @@ template <typename T>
 __global__ void __launch_bounds__(LC_MOE_GEMV_WARPS * 32)
     lc_moe_gemv_kernel(const T *__restrict__ x, int div, const int32_t *__restrict__ sel, const T *__restrict__ w,
                        int N, int K, T *__restrict__ y) {
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int lane = threadIdx.x & 31, p = blockIdx.y;
     const int n = blockIdx.x * LC_MOE_GEMV_WARPS + (threadIdx.x >> 5);
     if (n >= N) return;
@@ -569,8 +569,8 @@ __global__ void __launch_bounds__(256)
                           const float *__restrict__ wt, int K, int H, const T *__restrict__ ysh,
                           const T *__restrict__ xn, const float *__restrict__ sh_gate) {
     __shared__ float red[32];
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int t = blockIdx.x;
     float g = 0.0f;
     if (ysh) {
@@ -689,8 +689,8 @@ template <typename T>
 __global__ void __launch_bounds__(LC_MOE_GEMV_WARPS * 32)
     lc_moe_gemv_swiglu_kernel(const T *__restrict__ x, int div, const int32_t *__restrict__ sel,
                               const T *__restrict__ w, int I, int K, T *__restrict__ act) {
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int lane = threadIdx.x & 31, p = blockIdx.y;
     const int n = blockIdx.x * LC_MOE_GEMV_WARPS + (threadIdx.x >> 5);
     if (n >= I) return;
@@ -740,8 +740,8 @@ __global__ void __launch_bounds__(LC_MOE_CMB_WARPS * 32)
                                const float *__restrict__ wt, const T *__restrict__ w, int Kx, int H, int I,
                                T *__restrict__ r) {
     __shared__ float red[LC_MOE_CMB_WARPS];
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.y;
     const int n = blockIdx.x * LC_MOE_CMB_ROWS + warp % LC_MOE_CMB_ROWS;
     const int step = LC_MOE_CMB_WARPS / LC_MOE_CMB_ROWS, p0 = t * Kx, j0 = warp / LC_MOE_CMB_ROWS;

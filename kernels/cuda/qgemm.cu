@@ -115,8 +115,8 @@ __global__ void __launch_bounds__(LC_QGEMV_WARPS * 32)
     /* else the warp's R rows of codes are contiguous: ask L2 for them first */
     if (!pre && pf && live && ks == 0)
         lc_prefetch_rows(wd + (size_t)n0 * row_bytes, N - n0 < R ? N - n0 : R, row_bytes, lane);
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     if (!PAIR && !live) return; /* PAIR: every warp reaches lc_epi_finish's barrier */
     if constexpr (!EARLY) lc_qgemv_rows<R>(n0, N, wd, row_bytes, nr, wr);
     const int groups = I4 ? K / group : 1;
@@ -446,8 +446,8 @@ __device__ __forceinline__ void lc_qact_load8(const T *__restrict__ x, const flo
 template <typename T, bool FP8, bool SWIGLU, bool KEEP>
 __global__ void __launch_bounds__(LC_QACT_THREADS) lc_quant_act_kernel(const T *__restrict__ x, const float *__restrict__ smooth,
                                     uint8_t *__restrict__ xq, float *__restrict__ sx, int K) {
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     __shared__ float red[32];
     const int m = blockIdx.x, nc = K / 8;
     uint8_t *qr = xq + (size_t)m * K;
@@ -537,8 +537,8 @@ template <typename T, bool I4>
 __global__ void __launch_bounds__(LC_DQ_THREADS)
     lc_dequant_kernel(const uint8_t *__restrict__ wd, const float *__restrict__ sc,
                       T *__restrict__ out, int N, int K, int group) {
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const size_t row_bytes = I4 ? (size_t)K / 2 : (size_t)K;
     const size_t per_row = row_bytes / 16, total = per_row * (size_t)N;
     for (size_t i = (size_t)blockIdx.x * LC_DQ_THREADS + threadIdx.x; i < total;
@@ -601,8 +601,8 @@ template <typename T, int IN, bool F32>
 __global__ void __launch_bounds__(256)
     lc_scale_kernel(const void *in, void *y, const float *__restrict__ sx,
                     const float *__restrict__ sw, int M, int N) {
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const size_t total = (size_t)M * (size_t)N;
     for (size_t i = (size_t)blockIdx.x * 256 + threadIdx.x; i < total; i += (size_t)gridDim.x * 256) {
         const size_t m = i / (size_t)N, n = i % (size_t)N;

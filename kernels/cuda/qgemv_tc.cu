@@ -152,8 +152,8 @@ __global__ void __launch_bounds__(LC_TC_WARPS * 32)
     /* weights do not depend on the previous kernel: the first phase's are
      * in flight while it finishes */
     lc_tc_load_w<FMT>(wa, wb, sa, sb, warp * U, S, t, group, wa0, wb0, fa0, fb0);
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     /* and the second phase's, so two phases stream during the f16 prologue */
     if (NP > 1) lc_tc_load_w<FMT>(wa, wb, sa, sb, PS + warp * U, S, t, group, wa1, wb1, fa1, fb1);
 

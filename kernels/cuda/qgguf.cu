@@ -280,8 +280,8 @@ __global__ void __launch_bounds__(LC_GG_WARPS * 32)
     /* the warp's R rows of blocks are contiguous: ask L2 for them first */
     if (pf && n0 < rows)
         lc_prefetch_rows(wd + (size_t)n0 * row_bytes, rows - n0 < R ? rows - n0 : R, row_bytes, lane);
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     if (n0 >= rows) return; /* whole warps only; nothing below syncs the CTA */
     const int nsb = K >> 5, ntiles = (nsb + 31) >> 5;
     const uint8_t *wr[R]; /* rows past the end read row n0 again, never stored */
@@ -427,8 +427,8 @@ __global__ void __launch_bounds__(LC_GG_WARPS * 32)
     lc_gguf_dequant_kernel(const uint8_t *__restrict__ wd, int rows, int K, T *__restrict__ out) {
     using G = lc_gt<TYPE>;
     __shared__ __align__(16) uint32_t sm[LC_GG_WARPS][1][G::SM16 * 4];
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const size_t row_bytes = (size_t)(K / G::ELEMS) * G::BB;
     const int nsb = K >> 5, ntiles = (nsb + 31) >> 5;

@@ -96,8 +96,8 @@ __global__ void __launch_bounds__(256)
     __shared__ float red[32];
     const int m = blockIdx.x;
     const T *xr = x + (size_t)m * K;
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     float a = 0.0f;
     for (int k = threadIdx.x * 8; k < K; k += 256 * 8) {
         float v[8];
@@ -179,8 +179,8 @@ __global__ void __launch_bounds__(LC_QMMA_WARPS * 32)
                 wra[u][v] = __ldcs(reinterpret_cast<const uint4 *>(wa + (size_t)(s_lo + u) * 128 + v * F::VS));
                 wrb[u][v] = __ldcs(reinterpret_cast<const uint4 *>(wb + (size_t)(s_lo + u) * 128 + v * F::VS));
             }
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
 
     /* the token tile of step s into buffer b (zeros past M); one cp.async
      * group per call, empty past the slice so the waits count alike */

@@ -285,8 +285,8 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
 #pragma unroll
     for (int i = 0; i < ST - 1; i++)
         if (i < nst) load_w(i);
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
 #pragma unroll
     for (int i = 0; i < ST - 1; i++) {
         if (i < nst) load_x(i);
@@ -656,8 +656,8 @@ __global__ void __launch_bounds__(LC_QW_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < D; i++)
         if (i < nst) load_w(s_lo + i, i);
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
 #pragma unroll
     for (int i = 0; i < D; i++) {
         if (i < nst) load_x(s_lo + i, i);
@@ -773,8 +773,8 @@ __global__ void __launch_bounds__(lc_qw_tma_threads<RT>(), 1)
          * finished (they do not depend on it), then their tokens */
         const int pre = nst < ST ? nst : ST;
         for (int it = 0; it < pre; it++) weights(it);
-        lc_pdl_wait();
         lc_pdl_trigger();
+        lc_pdl_wait();
         for (int it = 0; it < nst; it++) {
             const int b = it % ST;
             if (it >= ST) {
@@ -789,8 +789,8 @@ __global__ void __launch_bounds__(lc_qw_tma_threads<RT>(), 1)
     }
 
     if constexpr (RT == 2) lc_wg_regs_inc<232>();
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     float acc[RT * (TOK / 2)];
 #pragma unroll
     for (int i = 0; i < RT * (TOK / 2); i++) acc[i] = 0.0f;
@@ -936,8 +936,8 @@ __global__ void __launch_bounds__(LC_QT_DQ_WARPS * 32)
                              int N, int K, int group) {
     constexpr int KC = I4 ? 64 : 32;
     __shared__ __align__(16) uint32_t tile[LC_QT_DQ_WARPS][16 * (KC + 8) / 2];
-    lc_pdl_wait();
     lc_pdl_trigger();
+    lc_pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, C = K / KC, groups = I4 ? K / group : 1;
     const size_t ntile = (size_t)(N / 16) * C, step = (size_t)gridDim.x * LC_QT_DQ_WARPS;
     for (size_t wt = (size_t)blockIdx.x * LC_QT_DQ_WARPS + warp; wt < ntile; wt += 2 * step) {
