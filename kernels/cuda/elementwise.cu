@@ -74,6 +74,17 @@ extern "C" cudaError_t loom_cuda_embedding(loom_cuda_dt dt, float *x, const void
  * threads, rows up to 4 * 8 * 1024 = 32768 wide. */
 #define LC_NORM_MAXC 4
 
+/* A thread's first chunk of norm weights (8 floats at threadIdx.x * 8;
+ * zeros past nc chunks), loaded before the launch wait as no kernel writes
+ * them: after the row's sum it is otherwise a round trip on the critical
+ * path of a one-CTA decode kernel. It covers a whole row up to H = 8192. */
+__device__ __forceinline__ void lc_norm_w_first(const float *__restrict__ w, int nc, float4 &w0, float4 &w1) {
+    w0 = w1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (threadIdx.x >= nc) return;
+    w0 = __ldg(reinterpret_cast<const float4 *>(w + threadIdx.x * 8));
+    w1 = __ldg(reinterpret_cast<const float4 *>(w + threadIdx.x * 8) + 1);
+}
+
 /* One CTA per output row i (input row j = rows ? rows[i] : i):
  * v = x[j] (+ r[j]); y[i] = v * rsqrt(mean(v^2) + eps) * w; x[j] = v when
  * writing back. v stays in registers between the two phases.
@@ -92,14 +103,8 @@ __global__ void __launch_bounds__(1024)
                           uint8_t *__restrict__ xq = nullptr, float *__restrict__ sx = nullptr) {
     __shared__ float red[32];
     const int nc = H / 8;
-    /* the weights of the first chunk (all of them up to H = 8192) before
-     * the wait, as no kernel writes them: their load is otherwise the round
-     * trip after the row's sum */
-    float4 w0p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), w1p = w0p;
-    if (threadIdx.x < nc) {
-        w0p = __ldg(reinterpret_cast<const float4 *>(w + threadIdx.x * 8));
-        w1p = __ldg(reinterpret_cast<const float4 *>(w + threadIdx.x * 8) + 1);
-    }
+    float4 w0p, w1p;
+    lc_norm_w_first(w, nc, w0p, w1p);
     lc_pdl_trigger();
     lc_pdl_wait();
     const int i = blockIdx.x;
@@ -227,12 +232,8 @@ __global__ void __launch_bounds__(1024)
                          float eps) {
     __shared__ float red[32];
     const int t = blockIdx.x, nc = H / 8;
-    /* the first chunk's weights before the wait (lc_add_rmsnorm_kernel) */
-    float4 w0p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), w1p = w0p;
-    if (threadIdx.x < nc) {
-        w0p = __ldg(reinterpret_cast<const float4 *>(w + threadIdx.x * 8));
-        w1p = __ldg(reinterpret_cast<const float4 *>(w + threadIdx.x * 8) + 1);
-    }
+    float4 w0p, w1p;
+    lc_norm_w_first(w, nc, w0p, w1p);
     lc_pdl_trigger();
     lc_pdl_wait();
     float *xr = x + (size_t)t * H;
