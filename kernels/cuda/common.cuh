@@ -208,9 +208,10 @@ extern "C" int lc_weight_prefetch(size_t matrix_bytes);
  * RMSNorm, the attention, SwiGLU) still runs, instead of starting a DRAM
  * round trip when it ends. Registers, not L2: nothing is loaded twice or
  * evicted before use (the prefetch above's failure on big matrices). Which
- * kernels do it is qgemm.cu's LC_QGEMV_EARLY (measured per kernel; today
- * the one-row FP8 GEMV: batch-1 decode 3.105 -> 3.004 ms a token on the
- * H200, the results bit for bit the same). */
+ * kernels do it was measured per kernel: the one-row bf16 / f16 GEMV
+ * (gemv.cu) and, of the quantized ones, qgemm.cu's LC_QGEMV_EARLY (the
+ * one-row FP8 GEMV: batch-1 decode 3.105 -> 3.004 ms a token on the H200);
+ * the results are bit for bit the same. */
 /* The first min(row_bytes, LC_PREFETCH_ROW_BYTES) of each of `rows` rows
  * that start at p, one 128-byte line per lane. */
 __device__ __forceinline__ void lc_prefetch_rows(const void *p, int rows, size_t row_bytes, int lane) {

@@ -21,8 +21,14 @@
  * given stream and return the launch status (cudaGetLastError) without
  * synchronising; they never exit and never allocate device memory, so each
  * may be captured into a CUDA graph. Kernels are launched with programmatic
- * dependent launch (each waits for its predecessor on the stream before
- * touching memory), so back-to-back launches overlap their set-up.
+ * dependent launch: each lets the next kernel launch, then waits for its
+ * predecessor on the stream before touching what another kernel of the step
+ * may write, so back-to-back launches overlap their set-up. Weights (GEMM /
+ * GEMV matrices, norm weights, the RoPE table) and the step's metadata
+ * (positions, slots, block tables, attention tiles) are read before that
+ * wait: no kernel may write them during a step — weights are written at
+ * load, metadata by host copies ordered before the step's first kernel
+ * (common.cuh, "programmatic dependent launch").
  *
  * Element type: `loom_cuda_dt` picks bf16 or IEEE f16 for every tensor the
  * comment calls "dt"; residual stream, norm weights, biases and RoPE tables
@@ -90,7 +96,8 @@ cudaError_t loom_cuda_embedding_scaled(loom_cuda_dt dt, float *x, const void *ta
  *   y[i,:] = dt(v / sqrt(mean(v^2) + eps) * w)
  * and, only when rows == NULL and r != NULL, x[j,:] = v (the residual
  * stream advances). With rows != NULL (the LM-head gather) x is not written.
- * x (., H) float32; r (., H) dt or NULL; w (H) float32; y (T, H) dt;
+ * x (., H) float32; r (., H) dt or NULL; w (H) float32, a weight (read
+ * before the launch wait: no kernel of the step may write it); y (T, H) dt;
  * rows (T) or NULL. H % 8 == 0. */
 cudaError_t loom_cuda_add_rmsnorm(loom_cuda_dt dt, void *y, float *x, const void *r,
                                   const float *w, const int32_t *rows, int T, int H, float eps,
@@ -99,7 +106,7 @@ cudaError_t loom_cuda_add_rmsnorm(loom_cuda_dt dt, void *y, float *x, const void
 /* Post-norm residual add (Gemma 3's post-attention and post-FFN norms):
  *   x[t,:] += r[t,:] * rsqrt(mean(r[t,:]^2) + eps) * w
  * in float32 on r's dt values. x (T, H) float32; r (T, H) dt; w (H)
- * float32. H % 8 == 0, H <= 32768. */
+ * float32, a weight as loom_cuda_add_rmsnorm's. H % 8 == 0, H <= 32768. */
 cudaError_t loom_cuda_add_normed(loom_cuda_dt dt, float *x, const void *r, const float *w, int T, int H,
                                  float eps, cudaStream_t s);
 
@@ -327,7 +334,9 @@ cudaError_t loom_cuda_copy_blocks(void *const *src_pools, void *const *dst_pools
 /* ------------------------------------------------------------------ GEMM */
 
 /* y (M, N) = x (M, K) @ w^T through cuBLASLt, bf16/f16 operands, float32
- * accumulation; w (N, K) row-major (PyTorch's (out, in)). The output is dt,
+ * accumulation; w (N, K) row-major (PyTorch's (out, in)), a weight: no
+ * kernel of the step may write it (the one-row GEMV loads its first chunks
+ * before its launch wait). The output is dt,
  * or float32 when out_f32. M <= 8 runs a streaming GEMV kernel; larger M
  * cuBLASLt, whose plans (descriptors + heuristic algorithm) are cached per
  * (M, N, K, output type). One context per backend instance; not

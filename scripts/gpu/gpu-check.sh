@@ -677,7 +677,8 @@ backend-ab)
   [ -n "$olds" ] || { echo "FAIL no .devpack/old-NAME-cuda.so.xz (scripts/gpu/pack-old-backend.sh REV [NAME])"; exit 1; }
   for n in $olds; do # each old plugin swapped into its own copy of the plugin directory
     rm -rf "/tmp/loom-old-$n"; mkdir -p "/tmp/loom-old-$n" && cp -a "$LB/plugins/." "/tmp/loom-old-$n/"
-    xz -dc ".devpack/old-$n-cuda.so.xz" > "/tmp/loom-old-$n/backend/cuda/loom-backend-cuda.so"
+    xz -dc ".devpack/old-$n-cuda.so.xz" > "/tmp/loom-old-$n/backend/cuda/loom-backend-cuda.so" \
+      || { echo "FAIL cannot unpack .devpack/old-$n-cuda.so.xz"; exit 1; }
     echo "old $n: $(cat ".devpack/old-$n.rev" 2>/dev/null || echo '?')"
   done
   step "batch-1 decode, this tree's cuda backend (new) vs $(echo $olds), alternated"

@@ -7,17 +7,18 @@
 # each packed one, alternated in one machine — the A/B a kernel change needs (two
 # device calls differ by a few percent on their own; docs/performance.md).
 # Two names (say base and mid) time a change in two steps in one call; each
-# plugin is ~12 MB of the 64 MiB a device call carries.
+# plugin is ~12 MB of the 64 MiB a device call carries, and backend-ab runs
+# every old-*-cuda.so.xz in .devpack/: remove the ones done with.
 # Takes several minutes (every CUDA kernel of REV is compiled).
 #   scripts/gpu/pack-gpu.sh build-gpu --slim && scripts/gpu/pack-old-backend.sh 54a8624
 set -euo pipefail
 case "${1:-}" in -h|--help|"")
-  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; [ -n "${1:-}" ]; exit $? ;;
+  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; [ -n "${1:-}" ]; exit $? ;;
 esac
 root=$(cd "$(dirname "$0")/../.." && pwd)
 rev=$(git -C "$root" rev-parse --verify -q "$1^{commit}") || { echo "pack-old-backend: '$1' is not a commit here" >&2; exit 2; }
 name=${2:-backend}
-case $name in *[!a-z0-9]*|"") echo "pack-old-backend: NAME '$name' is not [a-z0-9]+" >&2; exit 2 ;; esac
+case $name in *[!a-z0-9]*|""|new) echo "pack-old-backend: NAME '$name' is not [a-z0-9]+ or is 'new' (this tree's side)" >&2; exit 2 ;; esac
 wt=/tmp/loom-old-${rev:0:12}
 if [ ! -d "$wt" ]; then
   git -C "$root" worktree add --detach "$wt" "$rev" >/dev/null
