@@ -1105,8 +1105,13 @@ static loom_status cb_step_other(cuda_backend *b, const loom_batch *bt, float *l
     b->cur_path = kt >= 0 && b->pieces[kt].exec ? CB_PATH_PIECE : CB_PATH_EAGER;
     cb_mark(b, CB_PH_PREP);
     if (st || (st = cb_stage_in(b, &p, err))) return st;
-    if (kt >= 0 && b->pieces[kt].exec) return cb_run_piecewise(b, &p, kt, logits, tk, bt->num_logits, err);
-    if ((st = cb_run_eager(b, &p, logits, tk, bt->num_logits, err))) return st;
+    /* a failure after the metadata's copy was enqueued drains the stream
+     * (cb_drain): the next step rewrites the pinned staging it reads */
+    if (kt >= 0 && b->pieces[kt].exec) {
+        st = cb_run_piecewise(b, &p, kt, logits, tk, bt->num_logits, err);
+        return st ? cb_drain(b, st) : LOOM_OK;
+    }
+    if ((st = cb_run_eager(b, &p, logits, tk, bt->num_logits, err))) return cb_drain(b, st);
     if (kt >= 0 && !b->pieces[kt].tried) {
         cb_mark(b, CB_PH_OUT);
         cb_capture_pieces(b, kt, &p);
@@ -1135,14 +1140,14 @@ static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits,
         if ((st = cb_upload_meta(b, &p, err)) ||
             (st = CB_CUDA(b, err, cudaGraphLaunch(g->exec, b->stream))) ||
             (st = b->last_stage ? cb_emit_logits(b, 0, bt->num_logits, logits, tk, err) : cb_send_next(b, err)))
-            return st;
+            return cb_drain(b, st); /* as cb_step_other */
         b->graph_replays++;
         if (b->host->metric_add) b->host->metric_add(b->host->ctx, "backend.cuda.graph_replays", 1);
         return LOOM_OK;
     }
     /* first time for this bucket: the padded step eagerly (warm-up and this
      * step's logits), then capture it for the next ones */
-    if ((st = cb_run_eager(b, &p, logits, tk, bt->num_logits, err))) return st;
+    if ((st = cb_run_eager(b, &p, logits, tk, bt->num_logits, err))) return cb_drain(b, st);
     if (!g->tried) {
         cb_mark(b, CB_PH_OUT);
         cb_capture(b, q, k, &p);
