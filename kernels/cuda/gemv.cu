@@ -170,9 +170,10 @@ static cudaError_t lc_gemv_m(const void *x, const void *w, void *y, int N, int K
     const unsigned long long grid =
         (unsigned long long)((N + rows_per_cta - 1) / rows_per_cta) * (unsigned long long)passes;
     if (passes < 1 || grid > 0x7fffffffull) return cudaErrorInvalidValue;
+    const int pf = M > 1 && lc_weight_prefetch((size_t)N * K * sizeof(T)); /* one row loads early instead */
     return lc_launch(lc_gemv_kernel<T, M, R, F32>, dim3((unsigned)grid), dim3(LC_GEMV_WARPS * 32),
-                     0, s, static_cast<const T *>(x), static_cast<const T *>(w), y, N, K, passes,
-                     lc_weight_prefetch((size_t)N * K * sizeof(T)), 0, loom_cuda_epi{});
+                     0, s, static_cast<const T *>(x), static_cast<const T *>(w), y, N, K, passes, pf, 0,
+                     loom_cuda_epi{});
 }
 
 template <typename T, bool F32>
@@ -213,7 +214,7 @@ extern "C" cudaError_t lc_gemv_epi(loom_cuda_dt dt, int N, int K, const void *x,
     if (!P || K % 8) return cudaErrorNotSupported;
     constexpr int R = 1; /* as lc_gemv_m at M = 1 */
     const unsigned grid = (unsigned)((N / 2 + 2 * R - 1) / (2 * R));
-    const int pf = lc_weight_prefetch((size_t)N * K * 2);
+    const int pf = 0; /* one row: early weights, no L2 prefetch (lc_gemv_kernel) */
     cudaError_t e;
     if (dt == LOOM_CUDA_F16)
         e = lc_launch(lc_gemv_kernel<__half, 1, R, false, true>, dim3(grid), dim3(LC_GEMV_WARPS * 32), 0, s,
