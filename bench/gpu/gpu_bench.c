@@ -549,17 +549,23 @@ static void bench_quant(int M) {
      * above the default bound with it raised: the kernel in chunks of 256
      * rows, "_tiled_chunks" (the forced kernels' rows in chunks there
      * too) — where the bounds belong) */
+    /* (at one row also with the one-row kernel off: qtiled.cu's kernel,
+     * "_tiled_mma1") */
     const int nmma = M >= LC_QT_DEFAULT_WG_MIN_M ? 8 : 0; /* _tiled_cpa, _tiled_tma, _tiled_wide, _tiled_mma */
+    const int nrow = M == 1 ? 2 : 0;                      /* _tiled_mma1 */
     const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF,
-              nv = nv0 + 2 + nmma + (M > 64 ? 2 : 0) + (M > LC_QT_DEFAULT_MAX_M ? 2 : 0);
+              nv = nv0 + 2 + nmma + (M > 64 ? 2 : 0) + (M > LC_QT_DEFAULT_MAX_M ? 2 : 0) + nrow;
     const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
         const bool tiled = vi >= nv0, cpa = tiled && vi >= nv0 + 2 && vi < nv0 + 4 && nmma,
                    tma = tiled && vi >= nv0 + 4 && vi < nv0 + 6 && nmma,
                    wide = tiled && vi >= nv0 + 6 && vi < nv0 + 8 && nmma,
                    mma = tiled && vi >= nv0 + 8 && vi < nv0 + 2 + nmma,
-                   deq = vi >= nv0 + 2 + nmma && vi < nv0 + 4 + nmma, chunks = vi >= nv0 + 4 + nmma;
+                   row_off = nrow && vi >= nv0 + 2,
+                   deq = !row_off && vi >= nv0 + 2 + nmma && vi < nv0 + 4 + nmma,
+                   chunks = !row_off && vi >= nv0 + 4 + nmma;
         lc_qtiled_set_wgmma_tma(cpa ? 0 : tma ? 1 : wide ? 4 : 2);
+        lc_qtiled_set_row_kernel(!row_off);
         /* above the default bound the forced kernels run in chunks too (else
          * each would be the dequantize again) */
         const bool raised = chunks || (M > LC_QT_DEFAULT_MAX_M && (cpa || tma || wide || mma));
@@ -614,6 +620,7 @@ static void bench_quant(int M) {
                  cores ? "_cc"
                  : epi ? "_epi"
                  : alt ? "_vec"
+                 : row_off ? "_tiled_mma1"
                  : deq ? "_tiled_deq"
                  : chunks ? "_tiled_chunks"
                  : mma ? "_tiled_mma"
@@ -634,6 +641,7 @@ static void bench_quant(int M) {
         }
     }
     lc_gemm_set_fp8_vec(g, vec0);
+    lc_qtiled_set_row_kernel(1);
     loom_cuda_qgemm_set_fp8_vec_min_m(g, LOOM_CUDA_FP8_VEC_MIN_M);
     loom_cuda_qgemm_set_tiled_max_m(g, LC_QT_DEFAULT_MAX_M);
     loom_cuda_qgemm_set_tiled_wgmma_min_m(g, LC_QT_DEFAULT_WG_MIN_M);
@@ -661,12 +669,16 @@ static void bench_quant(int M) {
  * kernels. */
 static void bench_quant_chain(int M, bool mixed) {
     const int(*shp)[2] = l8b_linears;
-    /* the last two: W8A16 / INT4 on tiled weights (qtiled.cu) */
-    static const loom_cuda_qfmt fmts[7] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
-                                           LOOM_CUDA_Q_FP8,  LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16,
-                                           LOOM_CUDA_Q_INT4};
-    static const char *names[7] = {"bf16", "int8_w8a16", "int8_w8a8", "fp8", "int4_g128", "int8_w8a16_tiled",
-                                   "int4_g128_tiled"};
+    /* the last four: W8A16 / INT4 on tiled weights (qtiled.cu; at one row
+     * qtiled_row.cu's kernel), then with that kernel off ("_mma1": one row
+     * on qtiled.cu's) */
+    enum { NCF = 9 };
+    static const loom_cuda_qfmt fmts[NCF] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
+                                             LOOM_CUDA_Q_FP8,  LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16,
+                                             LOOM_CUDA_Q_INT4, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
+    static const char *names[NCF] = {"bf16",           "int8_w8a16",           "int8_w8a8",
+                                     "fp8",            "int4_g128",            "int8_w8a16_tiled",
+                                     "int4_g128_tiled", "int8_w8a16_tiled_mma1", "int4_g128_tiled_mma1"};
     enum { DEPTH = 8 };
     int code;
     char msg[256];
@@ -695,8 +707,10 @@ static void bench_quant_chain(int M, bool mixed) {
     }
     double bf16_us = 0;
     const char *kind = mixed ? "mixed  " : "chained";
-    for (int fi = 0; fi < 7; fi++) {
+    for (int fi = 0; fi < NCF; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
+        if (fi >= 7 && M != 1) break;
+        lc_qtiled_set_row_kernel(fi < 7);
         void *data[4] = {0};
         float *sc[4] = {0};
         loom_cuda_qweight w[4];
@@ -771,6 +785,7 @@ static void bench_quant_chain(int M, bool mixed) {
         for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
         cudaFree(scratch);
     }
+    lc_qtiled_set_row_kernel(1);
     cudaFree(x), cudaFree(y);
     cudaFree(resid), cudaFree(nw), cudaFree(xn), cudaFree(act);
     for (int k = 0; k < 4; k++) cudaFree(o[k]);
@@ -914,7 +929,9 @@ static void bench_decode_layer(int ctx) {
     /* unfused: a layer without the pair epilogues, bf16's ablations
      * against that; then fused (what a step runs). A variant with linears
      * or small kernels left out follows the one it is measured against. */
-    static const struct { loom_cuda_qfmt fmt; int skip, fuse; const char *name; } vars[] = {
+    /* tiled: 1 the weights repacked (qtiled_row.cu's one-row kernel), 2
+     * repacked with that kernel off (qtiled.cu's, its epilogues unfused) */
+    static const struct { loom_cuda_qfmt fmt; int skip, fuse; const char *name; int tiled; } vars[] = {
         {LOOM_CUDA_Q_NONE, 0, 0, "bf16 unfused"},
         {LOOM_CUDA_Q_NONE, DL_ROPE, 0, "bf16 without rope_kv"},
         {LOOM_CUDA_Q_NONE, DL_ATTN, 0, "bf16 without attention"},
@@ -943,6 +960,14 @@ static void bench_decode_layer(int ctx) {
         {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 both fused"},
         {LOOM_CUDA_Q_INT8_W8A16, 0, 1, "int8_w8a16 rope fused (again)"},
         {LOOM_CUDA_Q_INT8_W8A16, 0, 3, "int8_w8a16 both fused (again)"},
+        {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 tiled both fused", 1},
+        {LOOM_CUDA_Q_INT4, 0, 2, "int4_g128 tiled swiglu fused", 1},
+        {LOOM_CUDA_Q_INT4, 0, 0, "int4_g128 tiled unfused", 1},
+        {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 tiled one-row kernel off", 2},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, "int8_w8a16 tiled both fused", 1},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, "int8_w8a16 tiled one-row kernel off", 2},
+        {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 tiled both fused (again)", 1},
+        {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 tiled one-row kernel off (again)", 2},
         {LOOM_CUDA_Q_NONE, 0, 3, "bf16 both fused (again)"},
     };
     printf("  one Llama-3-8B decode layer, whole (ctx %d, %d deep in a CUDA graph):\n", ctx, DEPTH);
@@ -957,11 +982,13 @@ static void bench_decode_layer(int ctx) {
         for (int k = 0; k < 4; k++) {
             w[k] = qb_weight(f, l8b_linears[k][0], l8b_linears[k][1], &data[k], &sc[k], &bytes);
             if (f == LOOM_CUDA_Q_NONE) continue;
+            if (vars[vi].tiled) CK(loom_cuda_qweight_tile(&w[k], LOOM_CUDA_BF16, 0));
             const size_t b = loom_cuda_qgemm_scratch_bytes(c.g, LOOM_CUDA_BF16, 0, &w[k], 1);
             if (b > c.scr) c.scr = b;
         }
         c.scratch = NULL;
         if (c.scr) CK(cudaMalloc(&c.scratch, c.scr));
+        lc_qtiled_set_row_kernel(vars[vi].tiled != 2);
         int rc = 0;
         cudaGraph_t gr = NULL;
         const long fused0 = loom_cuda_epi_fused_count();
@@ -1001,6 +1028,7 @@ static void bench_decode_layer(int ctx) {
         for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
         cudaFree(c.scratch);
     }
+    lc_qtiled_set_row_kernel(1);
     cudaFree(c.xres), cudaFree(c.nw), cudaFree(c.cs), cudaFree(c.r), cudaFree(c.xn), cudaFree(c.qkv);
     cudaFree(c.att), cudaFree(c.gu), cudaFree(c.act), cudaFree(c.kc), cudaFree(c.vc), cudaFree(c.pos);
     cudaFree(c.slot), cudaFree(d_bt), cudaFree(d_stride), cudaFree(d_tiles), cudaFree(ws), cudaFree(sem);

@@ -513,7 +513,8 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
 
 /* Whether a one-row loom_cuda_qgemm_run of w splits K across the warps of
  * the GEMV's CTAs (kernels/cuda/qgemm.cu: where the unsplit grid leaves the
- * GPU short of a wave, e.g. Llama-3-8B's O and down projections; never in
+ * GPU short of a wave, e.g. Llama-3-8B's O and down projections; a tiled
+ * weight's one-row kernel, qtiled_row.cu, likewise; never in
  * batch-invariant mode). The step
  * fuses SwiGLU before a W8A16 / INT4 down projection only where it splits:
  * unsplit, that GEMV right after the gate|up one is the slower layer. */

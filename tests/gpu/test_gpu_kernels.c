@@ -1603,7 +1603,9 @@ static void test_qgemm_tc_min_m(loom_cuda_gemm *g) {
  * which kernel does the work, never its bits: the fused entry point and the
  * GEMM followed by the separate kernel (loom_cuda_rope_kv / _swiglu) called
  * by hand give the same y, act and KV caches, bit for bit, for bf16 weights
- * and every quantized format, bf16 / f16. RoPE + KV write: Llama-3-8B's heads (32 /
+ * and every quantized format, bf16 / f16, W8A16 and INT4 also tiled
+ * (qtiled_row.cu's kernel, which pairs whole 16-row tiles: heads of 16 get
+ * the separate kernel there). RoPE + KV write: Llama-3-8B's heads (32 /
  * 8 of 128) and small ones (4 / 2 of 64, 6 / 6 of 16), with and without
  * the QKV bias, dt and E4M3 caches, a token with a slot and one without
  * (slot -1: no cache write); SwiGLU: a Llama-3-8B-sized gate|up and a
@@ -1613,7 +1615,9 @@ static void test_qgemm_tc_min_m(loom_cuda_gemm *g) {
  * The separate run in batch-invariant mode, so that its GEMV is unsplit
  * (the fused kernel sums each row whole, and a split one adds its halves
  * in another order — the epilogue's arithmetic is what is checked here);
- * at one row that mode changes nothing else of the call. */
+ * at one row that mode changes nothing else of the call. The tiled kernel
+ * splits K alike with and without the epilogue, and runs outside that
+ * mode only: both of its runs are in the ordinary mode. */
 static void test_pair_epilogue(loom_cuda_gemm *g) {
     static const struct { int kind, H, KVH, D, K, bias, f8, slot; } cases[] = {
         {LOOM_CUDA_EPI_ROPE_KV, 32, 8, 128, 4096, 0, 0, 1}, {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 0, 1},
@@ -1623,8 +1627,10 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
         {LOOM_CUDA_EPI_SWIGLU, 14336, 0, 0, 4096, 0, 0, 0},
         {LOOM_CUDA_EPI_SWIGLU, 1536, 0, 0, 576, 0, 0, 0},
     };
-    static const loom_cuda_qfmt fmts[5] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
-                                           LOOM_CUDA_Q_FP8, LOOM_CUDA_Q_INT4};
+    /* the last two: W8A16 and INT4 tiled (qtiled_row.cu's kernel) */
+    static const loom_cuda_qfmt fmts[7] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
+                                           LOOM_CUDA_Q_FP8,  LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16,
+                                           LOOM_CUDA_Q_INT4};
     char msg[256] = "", name[240];
     const int bs = 16, nblk = 4, max_pos = 512;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -1650,10 +1656,10 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
             uint16_t *xn = rand16(dt, (size_t)K, -1, 1, NULL), *wb = NULL;
             float *d_xres = dev_upload(xres, (size_t)K * 4), *d_nw = dev_upload(nw, (size_t)K * 4);
             void *d_xn = dev_upload(xn, (size_t)K * 2);
-            for (int fi = 0; fi < 5; fi++) {
+            for (int fi = 0; fi < 7; fi++) {
                 const loom_cuda_qfmt f = fmts[fi];
-                const bool i4 = f == LOOM_CUDA_Q_INT4;
-                if (i4 && K % 128) continue;
+                const bool i4 = f == LOOM_CUDA_Q_INT4, tiled = fi >= 5;
+                if ((i4 || tiled) && K % 128) continue;
                 loom_cuda_qweight qw = {.fmt = f, .N = N, .K = K};
                 void *d_w = NULL, *d_sc = NULL;
                 if (f == LOOM_CUDA_Q_NONE) {
@@ -1663,7 +1669,10 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                 } else {
                     qw = dev_rand_qweight(f, N, K);
                     d_w = (void *)qw.data, d_sc = (void *)qw.scales;
+                    if (tiled) CK(loom_cuda_qweight_tile(&qw, dt, 0));
                 }
+                /* the tiled kernel pairs whole 16-row tiles: heads of 16 (P = 8) run the separate kernel */
+                const long want = !tiled || (rope ? D / 2 : I) % 16 == 0;
                 const size_t scr = f == LOOM_CUDA_Q_NONE ? 0 : loom_cuda_qgemm_scratch_bytes(g, dt, 0, &qw, 1);
                 void *d_scr = scr ? dev_poison(scr) : NULL;
                 /* per run: y, act / k, v caches, copied back */
@@ -1672,7 +1681,8 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                 long fused[2] = {0, 0};
                 int rc = 0;
                 for (int run = 0; run < 2 && !rc; run++) { /* fused, then the separate kernel by hand */
-                    loom_cuda_gemm_set_batch_invariant(g, run == 1);
+                    /* (tiled: the one-row kernel both times; it splits K alike with and without the epilogue) */
+                    loom_cuda_gemm_set_batch_invariant(g, run == 1 && !tiled);
                     void *d_y = dev_poison(sz[0]), *d_a = dev_poison(sz[1] ? sz[1] : 16),
                          *d_v = dev_poison(sz[2] ? sz[2] : 16);
                     loom_cuda_epi e = {.kind = (loom_cuda_epi_kind)cases[ci].kind};
@@ -1713,16 +1723,16 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                 long differ = rc ? 1 : 0;
                 for (int b = 0; b < 3 && !rc; b++) differ += bits_differ(out[0][b], out[1][b], sz[b], 1);
                 /* the fused launch ran, once */
-                if (fused[0] != 1 || fused[1] != 0) differ++;
+                if (fused[0] != want || fused[1] != 0) differ++;
                 /* something was written: y has no poison left */
                 if (!rc) differ += count_nan(dt, out[0][0], (size_t)N, 2);
                 snprintf(name, sizeof name,
-                         "pair epilogue %s %s %s N=%d K=%d%s%s%s: fused = separate kernel, bit for bit",
+                         "pair epilogue %s %s %s%s N=%d K=%d%s%s%s: fused = separate kernel, bit for bit",
                          rope ? "rope_kv" : "swiglu", dtn(dt), f == LOOM_CUDA_Q_NONE ? "bf16-weights" : qfmt_name(f),
-                         N, K, rope && cases[ci].bias ? " bias" : "", rope && cases[ci].f8 ? " e4m3-KV" : "",
+                         tiled ? " tiled" : "", N, K, rope && cases[ci].bias ? " bias" : "", rope && cases[ci].f8 ? " e4m3-KV" : "",
                          rope && slot < 0 ? " no slot" : "");
                 if (rc) printf("      error: %s\n", msg);
-                if (fused[0] != 1 || fused[1]) printf("      fused launches %ld / %ld\n", fused[0], fused[1]);
+                if (fused[0] != want || fused[1]) printf("      fused launches %ld / %ld\n", fused[0], fused[1]);
                 report_bits(name, differ, 1);
                 for (int r = 0; r < 2; r++)
                     for (int b = 0; b < 3; b++) free(out[r][b]);
@@ -2335,6 +2345,23 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         test_qgemm(g, LOOM_CUDA_F16, f, 200, 208, 2048, i4 ? 64 : 0, 0, true, false);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, LC_QT_DEFAULT_WG_MIN_M);
         test_qgemm(g, LOOM_CUDA_BF16, f, 1, 4096, 4096, i4 ? 128 : 0, 0, true, false);
+        /* one row: qtiled_row.cu's kernel (outside batch-invariant mode) —
+         * a CTA's row tiles past N (37 and 19 tiles), K split over 1, 2, 4
+         * and 8 warps a tile, groups of 192 (ranges starting and ending
+         * mid-group) and of all K (one group over several warps), K =
+         * 14336, f32 output and a wide N (the LM head's) */
+        {
+            const long r0 = lc_qtiled_row_count();
+            test_qgemm(g, LOOM_CUDA_BF16, f, 1, 592, 1536, i4 ? 192 : 0, 0, false, false);
+            test_qgemm(g, LOOM_CUDA_F16, f, 1, 592, 2048, i4 ? 64 : 0, 0, false, false);
+            test_qgemm(g, LOOM_CUDA_F16, f, 1, 48, 14336, i4 ? 128 : 0, 0, true, false);
+            test_qgemm(g, LOOM_CUDA_BF16, f, 1, 304, 1024, i4 ? 1024 : 0, 0, false, false);
+            test_qgemm(g, LOOM_CUDA_F16, f, 1, 16896, 512, i4 ? 64 : 0, 0, true, false);
+            test_qgemm(g, LOOM_CUDA_BF16, f, 1, 32768, 4096, i4 ? 128 : 0, 0, true, false);
+            report_count(i4 ? "tiled int4: one-row calls (6) not on the one-row kernel"
+                            : "tiled w8a16: one-row calls (6) not on the one-row kernel",
+                         labs(6 - (lc_qtiled_row_count() - r0)), 6);
+        }
         test_qgemm(g, LOOM_CUDA_BF16, f, 64, 4096, 4096, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 24, 16896, 512, i4 ? 256 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 5, 48, 14336, i4 ? 128 : 0, 0, true, false);

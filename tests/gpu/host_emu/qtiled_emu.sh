@@ -14,10 +14,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 src=$here/../../../kernels/cuda
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# the lane-vector word, the INT4 fragment decode, the layout mapping, the
-# repack kernels and the dequantize kernel (up to the dispatch)
-awk '/^__device__ __forceinline__ uint32_t lc_qt_word/{p=1} p{print} p&&/^}/{p=0}' "$src/qtiled.cu" > "$tmp/qtiled_part.inc"
-awk '/^\/\* INT4 word \(one k16 step\)/{p=1} /^\/\* int8 word \(bytes 0..3\)/{p=0} p' "$src/qtiled.cu" >> "$tmp/qtiled_part.inc"
+# the lane-vector word and the INT4 fragment decode (qtiled.cuh), the layout
+# mapping, the repack kernels and the dequantize kernel (qtiled.cu, up to the
+# dispatch)
+awk '/^__device__ __forceinline__ uint32_t lc_qt_word/{p=1} p{print} p&&/^}/{p=0}' "$src/qtiled.cuh" > "$tmp/qtiled_part.inc"
+awk '/^\/\* INT4 word \(one k16 step\)/{p=1} /^\/\* int8 word \(bytes 0..3\)/{p=0} p' "$src/qtiled.cuh" >> "$tmp/qtiled_part.inc"
 awk '/^\/\* -+ layout mapping \*\//{p=1} /^\/\* -+ dispatch \*\//{p=0} p' "$src/qtiled.cu" >> "$tmp/qtiled_part.inc"
 g++ -std=c++17 -O1 -Wall -Wno-unknown-pragmas -pthread -I"$tmp" -I"$here/../../.." -o "$tmp/emu" "$here/qtiled_emu.cpp"
 "$tmp/emu"

@@ -1,0 +1,294 @@
+/*
+ * kernels/cuda/qtiled_row.cu — one token through a W8A16 / INT4 weight in
+ * the tiled layout (qtiled.cu's top comment): batch-1 decode, where the
+ * weight stream is the whole cost.
+ *
+ * Why not qtiled.cu's kernel at one row: it stages every weight vector
+ * through shared memory (cp.async, a CTA barrier a stage) in CTAs of 128
+ * rows, so an SM holds 1-2 CTAs of 4 warps, and the short matrices (QKV, O,
+ * down) split K over CTAs into a second, reducing launch; at one row it
+ * streamed ~1.9 TB/s on an H200 where the row-major GEMV reached 2.5.
+ * Here each lane loads its 16-byte vectors straight into registers, LC_QR_U
+ * ahead (the first round before the launch wait: the weights do not depend
+ * on the kernel before), and a CTA of R x KW warps owns R row tiles, KW
+ * warps splitting each one's K; the KW partial sums meet in shared memory
+ * in a fixed order: no second launch, and the split depends on N and K
+ * only (lc_qr_kw).
+ *
+ * The token is staged once per CTA into shared memory in B-fragment order
+ * (lane t's 2J words of a warp tile contiguous), so a vector's B operand is
+ * one (W8A16) or two (INT4) 16-byte shared loads a lane, the same address
+ * for the 8 lanes of a t. Every lane supplies the token as its column, so
+ * the 8 columns of the mma's C are the same dot; lanes t = 0 keep rows g
+ * and g + 8.
+ *
+ * INT4: the raw decode (qtiled.cuh lc_qt_raw4, one LOP3 per two weights):
+ * the mma sums (M + q) x over a group; at the group's end, or the warp's
+ * range's, acc += s d + (b' - (M + 8) s) X with X the token's sum over the
+ * same columns, summed per 64-column warp tile at staging. W8A16: the
+ * exact codes (lc_qt_dec8), the row's scale after the CTA's sum.
+ *
+ * PAIR: the rows in pairs (n, n + P) (epilogue.cuh) — a CTA's first R / 2
+ * row tiles and their partners P / 16 tiles on — and the pair epilogue on
+ * the sums: the bits of this kernel without it followed by the separate
+ * kernel (PAIR changes which warps share a CTA, not the split).
+ *
+ * Not in batch-invariant mode: there qtiled.cu's kernel gives a row the
+ * bits it has at every M.
+ */
+#include "common.cuh"
+#include "epilogue.cuh"
+#include "gemv.h" /* lc_epi_count */
+#include "mma.cuh"
+#include "qgemm.h"
+#include "qtiled.cuh"
+
+#define LC_QR_U 4                 /* vectors a lane has in flight              */
+#define LC_QR_WARPS 8             /* warps a CTA (16 for PAIR at KW = 8)        */
+#define LC_QR_MAX_WARPS 16
+#define LC_QR_GRID_WARPS 2048     /* the split's aim: warps in the grid         */
+#define LC_QR_MAX_SMEM (160 << 10) /* the token's bytes limit K (~80k columns) */
+
+template <int FMT> struct lc_qr {
+    static constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
+    static constexpr int KC = I4 ? 64 : 32; /* columns of a warp tile (one lane vector) */
+    static constexpr int J = I4 ? 4 : 2;    /* k16 steps of a warp tile */
+};
+
+/* The shared word of token columns (c, c + 1), c even: warp tile c / KC,
+ * lane t, the step within the tile, the fragment half (b0: 2t, 2t + 1; b1:
+ * 8 on). */
+template <int FMT> __device__ __forceinline__ int lc_qr_slot(int c) {
+    constexpr int J = lc_qr<FMT>::J;
+    const int s = c >> 4, r = c & 15, t = (r & 7) >> 1, h = r >> 3;
+    return ((s / J) * 4 + t) * (2 * J) + 2 * (s % J) + h;
+}
+
+/* x (1, K) into shared memory in B-fragment order; INT4 also each warp
+ * tile's sum in float (8 values a thread in order, then a butterfly over
+ * the 8 threads of a tile: every thread runs every round). */
+template <typename T, int FMT>
+__device__ __forceinline__ void lc_qr_stage(const uint16_t *__restrict__ x, int K, uint32_t *xs, float *xt) {
+    constexpr int J = lc_qr<FMT>::J;
+    const int nc = K / 8, tid = (int)threadIdx.x;
+    for (int base = 0; base < nc; base += (int)blockDim.x) {
+        const int c8 = base + tid;
+        float sum = 0.0f;
+        if (c8 < nc) {
+            const uint4 u = lc_ldg16(x + (size_t)c8 * 8);
+            const int s0 = lc_qr_slot<FMT>(c8 * 8); /* columns 2p on: lane t = p */
+            xs[s0] = u.x, xs[s0 + 2 * J] = u.y, xs[s0 + 4 * J] = u.z, xs[s0 + 6 * J] = u.w;
+            if constexpr (lc_qr<FMT>::I4) {
+                float f[8];
+                lc_unpack8<T>(u, f);
+#pragma unroll
+                for (int e = 0; e < 8; e++) sum += f[e];
+            }
+        }
+        if constexpr (lc_qr<FMT>::I4) {
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+            if (c8 < nc && (tid & 7) == 0) xt[c8 >> 3] = sum;
+        }
+    }
+}
+
+/* grid: CTAs of R x KW warps (blockDim), R row tiles each (PAIR: R / 2
+ * pairs of row tiles). Shared: the token (K / 2 words), INT4's tile sums
+ * (K / 64), the warps' partial sums (16 each). */
+template <typename T, int FMT, bool F32, bool PAIR>
+__global__ void __launch_bounds__(LC_QR_MAX_WARPS * 32)
+    lc_qtiled_row_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd,
+                         const float *__restrict__ sc, void *__restrict__ y, int N, int K, int group, int KW, int P,
+                         loom_cuda_epi epi) {
+    typedef lc_qr<FMT> F;
+    constexpr int U = LC_QR_U;
+    extern __shared__ __align__(16) uint32_t lc_qr_sm[];
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int R = (int)(blockDim.x >> 5) / KW, slot = warp / KW, kp = warp % KW;
+    const int ntiles = N / 16, nv = K / F::KC;
+
+    /* this warp's row tile and its share of K, in warp tiles [v0, v1) */
+    int rt;
+    bool live;
+    if constexpr (PAIR) {
+        const int Pt = P / 16, half = R / 2, i = (int)blockIdx.x * half + slot % half;
+        live = i < ntiles / 2;
+        rt = (i / Pt) * 2 * Pt + i % Pt + (slot >= half ? Pt : 0);
+    } else {
+        rt = (int)blockIdx.x * R + slot;
+        live = rt < ntiles;
+    }
+    const int v0 = (int)((long long)nv * kp / KW), v1 = live ? (int)((long long)nv * (kp + 1) / KW) : v0;
+    const uint8_t *wp = wd + (size_t)(live ? rt : 0) * nv * 512 + lane * 16;
+    const int groups = F::I4 ? K / group : 1, vpg = F::I4 ? group / F::KC : 1;
+    const uint32_t *sp = reinterpret_cast<const uint32_t *>(sc) + (size_t)(live ? rt : 0) * groups * 16 + g;
+
+    /* the ring: vector v in slot (v - v0) % U, with INT4's (s, b') pairs of
+     * rows g and g + 8 for its group; loads go in order, so one cursor
+     * (group lg, place lc in it) steps with them */
+    uint4 ring[U];
+    uint32_t rsa[U], rsb[U];
+    int lg = v0 / vpg, lc = v0 % vpg;
+    auto load = [&](int u, int v) {
+        ring[u] = __ldcs(reinterpret_cast<const uint4 *>(wp + (size_t)v * 512));
+        if constexpr (F::I4) {
+            rsa[u] = __ldg(sp + (size_t)lg * 16), rsb[u] = __ldg(sp + (size_t)lg * 16 + 8);
+            if (++lc == vpg) lc = 0, lg++;
+        }
+    };
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (v0 + u < v1) load(u, v0 + u);
+    lc_pdl_trigger();
+    lc_pdl_wait();
+
+    uint32_t *xs = lc_qr_sm;
+    float *xt = reinterpret_cast<float *>(xs + K / 2);
+    float *part = xt + (F::I4 ? K / 64 : 0);
+    lc_qr_stage<T, FMT>(x, K, xs, xt);
+    __syncthreads();
+
+    const uint4 *xs4 = reinterpret_cast<const uint4 *>(xs);
+    constexpr float MAGF = std::is_same<T, __half>::value ? 1024.0f : 128.0f;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, xg = 0.0f;
+    int cg = v0 % vpg; /* the consumed vector's place in its group */
+    for (int vb = v0; vb < v1; vb += U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int v = vb + u;
+            if (v >= v1) break;
+            const uint4 wv = ring[u];
+            const uint32_t pa = F::I4 ? rsa[u] : 0u, pb = F::I4 ? rsb[u] : 0u;
+            if (v + U < v1) load(u, v + U);
+            uint32_t a[4];
+            if constexpr (F::I4) {
+                const uint4 b01 = xs4[(v * 4 + t) * 2], b23 = xs4[(v * 4 + t) * 2 + 1];
+                lc_qt_raw4<T>(wv.x, a);
+                lc_mma16816<T>(d, a, b01.x, b01.y);
+                lc_qt_raw4<T>(wv.y, a);
+                lc_mma16816<T>(d, a, b01.z, b01.w);
+                lc_qt_raw4<T>(wv.z, a);
+                lc_mma16816<T>(d, a, b23.x, b23.y);
+                lc_qt_raw4<T>(wv.w, a);
+                lc_mma16816<T>(d, a, b23.z, b23.w);
+                xg += xt[v];
+                if (++cg == vpg || v == v1 - 1) {
+                    /* b' = b + 8 s stored: b - M s = b' - (M + 8) s */
+                    const float sa = lc_qt_half_f<T>(pa & 0xFFFFu), sb = lc_qt_half_f<T>(pb & 0xFFFFu);
+                    const float ca = lc_qt_half_f<T>(pa >> 16) - (MAGF + 8.0f) * sa;
+                    const float cb = lc_qt_half_f<T>(pb >> 16) - (MAGF + 8.0f) * sb;
+                    acc[0] = fmaf(sa, d[0], fmaf(ca, xg, acc[0]));
+                    acc[2] = fmaf(sb, d[2], fmaf(cb, xg, acc[2]));
+                    d[0] = d[1] = d[2] = d[3] = 0.0f, xg = 0.0f, cg = 0;
+                }
+            } else {
+                const uint4 b = xs4[v * 4 + t];
+                lc_qt_dec8<T>(wv.x, a[0], a[1]);
+                lc_qt_dec8<T>(wv.y, a[2], a[3]);
+                lc_mma16816<T>(acc, a, b.x, b.y);
+                lc_qt_dec8<T>(wv.z, a[0], a[1]);
+                lc_qt_dec8<T>(wv.w, a[2], a[3]);
+                lc_mma16816<T>(acc, a, b.z, b.w);
+            }
+        }
+    }
+    if (t == 0) part[warp * 16 + g] = acc[0], part[warp * 16 + g + 8] = acc[2];
+    __syncthreads();
+
+    /* a row's sum: its KW warps' partial sums in order, then W8A16's scale */
+    auto row_sum = [&](int sl, int r, int n) {
+        float v = 0.0f;
+        for (int k = 0; k < KW; k++) v += part[(sl * KW + k) * 16 + r];
+        if constexpr (!F::I4) v *= __ldg(sc + n);
+        return v;
+    };
+    if constexpr (PAIR) {
+        const int half = R / 2, Pt = P / 16, sl = tid >> 4, r = tid & 15;
+        const int i = (int)blockIdx.x * half + sl;
+        if (tid < half * 16 && i < ntiles / 2) {
+            const int na = ((i / Pt) * 2 * Pt + i % Pt) * 16 + r;
+            lc_epi_pair<T>(epi, static_cast<T *>(y), i * 16 + r, P, row_sum(sl, r, na), row_sum(sl + half, r, na + P));
+        }
+    } else {
+        const int sl = tid >> 4, r = tid & 15, tile = (int)blockIdx.x * R + sl;
+        if (tid < R * 16 && tile < ntiles) {
+            const int n = tile * 16 + r;
+            const float v = row_sum(sl, r, n);
+            if constexpr (F32) static_cast<float *>(y)[n] = v;
+            else static_cast<T *>(y)[n] = lc_from_f<T>(v);
+        }
+    }
+}
+
+/* ------------------------------------------------------------- dispatch */
+
+/* Warps splitting a row tile's K: doubled (up to 8) while the grid has
+ * fewer than LC_QR_GRID_WARPS warps and each keeps >= 2 rounds of vectors
+ * (Llama-3-8B INT4: QKV, O and down 8, gate|up 2, the LM head 1). */
+static int lc_qr_kw(const loom_cuda_qweight *w) {
+    const long ntiles = w->N / 16;
+    const int nv = w->K / (w->fmt == LOOM_CUDA_Q_INT4 ? 64 : 32);
+    int kw = 1;
+    while (kw < 8 && ntiles * kw < LC_QR_GRID_WARPS && nv / (2 * kw) >= 2 * LC_QR_U) kw *= 2;
+    return kw;
+}
+
+static size_t lc_qr_smem(const loom_cuda_qweight *w, int warps) {
+    const bool i4 = w->fmt == LOOM_CUDA_Q_INT4;
+    return (size_t)w->K * 2 + (i4 ? (size_t)w->K / 64 * 4 : 0) + (size_t)warps * 16 * 4;
+}
+
+static long lc_qr_runs; /* __atomic builtins: launches may come from several threads */
+extern "C" long lc_qtiled_row_count(void) { return __atomic_load_n(&lc_qr_runs, __ATOMIC_RELAXED); }
+
+static int lc_qr_on = 1; /* lc_qtiled_set_row_kernel */
+extern "C" void lc_qtiled_set_row_kernel(int on) { __atomic_store_n(&lc_qr_on, on ? 1 : 0, __ATOMIC_RELAXED); }
+
+extern "C" int lc_qtiled_row_kw(const loom_cuda_qweight *w) {
+    if (!__atomic_load_n(&lc_qr_on, __ATOMIC_RELAXED) || !lc_qtiled_ok(w) || w->layout != LOOM_CUDA_QLAYOUT_TILED || lc_qr_smem(w, LC_QR_MAX_WARPS) > LC_QR_MAX_SMEM)
+        return 0;
+    return lc_qr_kw(w);
+}
+
+template <typename T, int FMT, bool F32, bool PAIR>
+static cudaError_t lc_qr_go(const loom_cuda_qweight *w, const void *x, void *y, int P, const loom_cuda_epi *epi,
+                            cudaStream_t s) {
+    static unsigned long long done = 0;
+    const int kw = lc_qr_kw(w), r = PAIR && LC_QR_WARPS / kw < 2 ? 2 : LC_QR_WARPS / kw;
+    const int per = PAIR ? r / 2 : r, units = PAIR ? w->N / 32 : w->N / 16;
+    const size_t smem = lc_qr_smem(w, r * kw);
+    const cudaError_t e = lc_smem_limit(&done, (const void *)lc_qtiled_row_kernel<T, FMT, F32, PAIR>, LC_QR_MAX_SMEM);
+    if (e != cudaSuccess) return e;
+    const loom_cuda_epi none = {};
+    return lc_launch(lc_qtiled_row_kernel<T, FMT, F32, PAIR>, dim3((unsigned)((units + per - 1) / per)),
+                     dim3((unsigned)(r * kw * 32)), smem, s, static_cast<const uint16_t *>(x),
+                     static_cast<const uint8_t *>(w->data), (const float *)w->scales, y, w->N, w->K, w->group, kw, P,
+                     epi ? *epi : none);
+}
+
+extern "C" cudaError_t lc_qtiled_row(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight *w, const void *x,
+                                     void *y, const loom_cuda_epi *epi, int *fused, cudaStream_t s) {
+    if (!lc_qtiled_row_kw(w) || (dt != LOOM_CUDA_BF16 && dt != LOOM_CUDA_F16) ||
+        (w->fmt == LOOM_CUDA_Q_INT4 && dt != w->tile_dt))
+        return cudaErrorNotSupported;
+    /* the pair epilogue where the rows pair by whole row tiles */
+    int P = epi && !out_f32 ? lc_epi_p(epi, w->N) : 0;
+    if (P % 16) P = 0;
+    cudaError_t e;
+#define LC_QR_F(T, FMT)                                                                                         \
+    (P ? lc_qr_go<T, FMT, false, true>(w, x, y, P, epi, s)                                                      \
+       : out_f32 ? lc_qr_go<T, FMT, true, false>(w, x, y, 0, NULL, s) : lc_qr_go<T, FMT, false, false>(w, x, y, 0, NULL, s))
+#define LC_QR_T(T) (w->fmt == LOOM_CUDA_Q_INT4 ? LC_QR_F(T, LOOM_CUDA_Q_INT4) : LC_QR_F(T, LOOM_CUDA_Q_INT8_W8A16))
+    e = dt == LOOM_CUDA_F16 ? LC_QR_T(__half) : LC_QR_T(__nv_bfloat16);
+#undef LC_QR_T
+#undef LC_QR_F
+    if (e != cudaSuccess) return e;
+    __atomic_fetch_add(&lc_qr_runs, 1, __ATOMIC_RELAXED);
+    if (P) {
+        lc_epi_count();
+        if (fused) *fused = 1;
+    }
+    return cudaSuccess;
+}
