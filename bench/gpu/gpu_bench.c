@@ -411,7 +411,7 @@ static void op_qgemm(void *p) {
 }
 
 typedef struct qres {
-    char fmt[40];
+    char fmt[64];
     int M;
     double ms, bf16_ms;
 } qres;

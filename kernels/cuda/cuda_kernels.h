@@ -482,8 +482,10 @@ typedef struct loom_cuda_qweight {
  * tensor-core tiles of kernels/cuda/qtiled.cu (same bytes, permuted within
  * 16-row blocks; W8A16's scales unchanged, INT4's rewritten in place as
  * (s, b) pairs of tile_dt, 16 rows of a group together: half the bytes). A tiled weight runs qtiled.cu's kernel
- * up to the tiled bound (loom_cuda_qgemm_set_tiled_max_m) and dequantize +
- * cuBLASLt above it; the row-major kernels never see it. */
+ * up to the tiled bound (loom_cuda_qgemm_set_tiled_max_m) — one row
+ * qtiled_row.cu's, with the pair epilogues (loom_cuda_epi), outside the
+ * batch-invariant mode — and dequantize + cuBLASLt above it; the
+ * row-major kernels never see it. */
 enum { LOOM_CUDA_QLAYOUT_ROWS = 0, LOOM_CUDA_QLAYOUT_TILED = 1 };
 
 /* Repack w (W8A16 / INT4 with N % 16 == 0, K % 128 == 0, INT4 group % 64

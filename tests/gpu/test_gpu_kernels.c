@@ -1626,6 +1626,11 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
         {LOOM_CUDA_EPI_ROPE_KV, 6, 6, 16, 2048, 1, 1, 1},
         {LOOM_CUDA_EPI_SWIGLU, 14336, 0, 0, 4096, 0, 0, 0},
         {LOOM_CUDA_EPI_SWIGLU, 1536, 0, 0, 576, 0, 0, 0},
+        /* K % 128 for the tiled kernel: bias, E4M3 cache, no slot; 97 pairs
+         * of row tiles (its last CTA holds dead pairs) */
+        {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 512, 1, 1, 0},
+        {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 512, 1, 0, 1},
+        {LOOM_CUDA_EPI_SWIGLU, 1552, 0, 0, 512, 0, 0, 0},
     };
     /* the last two: W8A16 and INT4 tiled (qtiled_row.cu's kernel) */
     static const loom_cuda_qfmt fmts[7] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
@@ -2347,9 +2352,9 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         test_qgemm(g, LOOM_CUDA_BF16, f, 1, 4096, 4096, i4 ? 128 : 0, 0, true, false);
         /* one row: qtiled_row.cu's kernel (outside batch-invariant mode) —
          * a CTA's row tiles past N (37 and 19 tiles), K split over 1, 2, 4
-         * and 8 warps a tile, groups of 192 (ranges starting and ending
-         * mid-group) and of all K (one group over several warps), K =
-         * 14336, f32 output and a wide N (the LM head's) */
+         * and 8 warps a tile, groups of 192 (K = 4224 over 8 warps: ranges
+         * starting mid-group and crossing into the next) and of all K (one
+         * group over several warps), K = 14336, f32 output, QKV's shape */
         {
             const long r0 = lc_qtiled_row_count();
             test_qgemm(g, LOOM_CUDA_BF16, f, 1, 592, 1536, i4 ? 192 : 0, 0, false, false);
@@ -2357,10 +2362,11 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
             test_qgemm(g, LOOM_CUDA_F16, f, 1, 48, 14336, i4 ? 128 : 0, 0, true, false);
             test_qgemm(g, LOOM_CUDA_BF16, f, 1, 304, 1024, i4 ? 1024 : 0, 0, false, false);
             test_qgemm(g, LOOM_CUDA_F16, f, 1, 16896, 512, i4 ? 64 : 0, 0, true, false);
-            test_qgemm(g, LOOM_CUDA_BF16, f, 1, 32768, 4096, i4 ? 128 : 0, 0, true, false);
-            report_count(i4 ? "tiled int4: one-row calls (6) not on the one-row kernel"
-                            : "tiled w8a16: one-row calls (6) not on the one-row kernel",
-                         labs(6 - (lc_qtiled_row_count() - r0)), 6);
+            test_qgemm(g, LOOM_CUDA_BF16, f, 1, 6144, 4096, i4 ? 128 : 0, 0, false, false);
+            test_qgemm(g, LOOM_CUDA_BF16, f, 1, 48, 4224, i4 ? 192 : 0, 0, true, false);
+            report_count(i4 ? "tiled int4: one-row calls (7) not on the one-row kernel"
+                            : "tiled w8a16: one-row calls (7) not on the one-row kernel",
+                         labs(7 - (lc_qtiled_row_count() - r0)), 7);
         }
         test_qgemm(g, LOOM_CUDA_BF16, f, 64, 4096, 4096, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 24, 16896, 512, i4 ? 256 : 0, 0, false, false);
