@@ -8,7 +8,7 @@
  * rows, so an SM holds 1-2 CTAs of 4 warps, and the short matrices (QKV, O,
  * down) split K over CTAs into a second, reducing launch; at one row it
  * streamed ~1.9 TB/s on an H200 where the row-major GEMV reached 2.5.
- * Here each lane loads its 16-byte vectors straight into registers, LC_QR_U
+ * Here each lane loads its 16-byte vectors straight into registers, U
  * ahead (the first round before the launch wait: the weights do not depend
  * on the kernel before), and a CTA of R x KW warps owns R row tiles, KW
  * warps splitting each one's K; the KW partial sums meet in shared memory
@@ -43,16 +43,19 @@
 #include "qgemm.h"
 #include "qtiled.cuh"
 
-#define LC_QR_U 4                 /* vectors a lane has in flight              */
 #define LC_QR_WARPS 8             /* warps a CTA (16 for PAIR at KW = 8)        */
 #define LC_QR_MAX_WARPS 16
-#define LC_QR_GRID_WARPS 2048     /* the split's aim: warps in the grid         */
+#define LC_QR_CTAS 4              /* CTAs of 8 warps an SM (64 registers a thread) */
+#define LC_QR_SMS 132             /* the split's SM count (H100 / H200)          */
 #define LC_QR_MAX_SMEM (160 << 10) /* the token's bytes limit K (~80k columns) */
 
 template <int FMT> struct lc_qr {
     static constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     static constexpr int KC = I4 ? 64 : 32; /* columns of a warp tile (one lane vector) */
     static constexpr int J = I4 ? 4 : 2;    /* k16 steps of a warp tile */
+    /* vectors a lane has in flight: as many as 64 registers hold (LC_QR_CTAS
+     * CTAs an SM) without spilling; an SM then has 32 warps' 48 / 64 KB in flight */
+    static constexpr int U = I4 ? 3 : 4;
 };
 
 /* The shared word of token columns (c, c + 1), c even: warp tile c / KC,
@@ -66,30 +69,39 @@ template <int FMT> __device__ __forceinline__ int lc_qr_slot(int c) {
 
 /* x (1, K) into shared memory in B-fragment order; INT4 also each warp
  * tile's sum in float (8 values a thread in order, then a butterfly over
- * the 8 threads of a tile: every thread runs every round). */
+ * the 8 threads of a tile: every thread runs every round). A thread's
+ * LC_QR_XR chunks of a round are loaded before any is used: one L2 round
+ * trip a round, not a chunk (K = 14336 at 256 threads: 7 chunks a thread). */
+#define LC_QR_XR 4
 template <typename T, int FMT>
 __device__ __forceinline__ void lc_qr_stage(const uint16_t *__restrict__ x, int K, uint32_t *xs, float *xt) {
     constexpr int J = lc_qr<FMT>::J;
-    const int nc = K / 8, tid = (int)threadIdx.x;
-    for (int base = 0; base < nc; base += (int)blockDim.x) {
-        const int c8 = base + tid;
-        float sum = 0.0f;
-        if (c8 < nc) {
-            const uint4 u = lc_ldg16(x + (size_t)c8 * 8);
-            const int s0 = lc_qr_slot<FMT>(c8 * 8); /* columns 2p on: lane t = p */
-            xs[s0] = u.x, xs[s0 + 2 * J] = u.y, xs[s0 + 4 * J] = u.z, xs[s0 + 6 * J] = u.w;
-            if constexpr (lc_qr<FMT>::I4) {
-                float f[8];
-                lc_unpack8<T>(u, f);
+    const int nc = K / 8, tid = (int)threadIdx.x, nt = (int)blockDim.x;
+    for (int base = 0; base < nc; base += LC_QR_XR * nt) {
+        uint4 u[LC_QR_XR];
 #pragma unroll
-                for (int e = 0; e < 8; e++) sum += f[e];
+        for (int r = 0; r < LC_QR_XR; r++)
+            if (base + r * nt + tid < nc) u[r] = lc_ldg16(x + (size_t)(base + r * nt + tid) * 8);
+#pragma unroll
+        for (int r = 0; r < LC_QR_XR; r++) {
+            const int c8 = base + r * nt + tid;
+            float sum = 0.0f;
+            if (c8 < nc) {
+                const int s0 = lc_qr_slot<FMT>(c8 * 8); /* columns 2p on: lane t = p */
+                xs[s0] = u[r].x, xs[s0 + 2 * J] = u[r].y, xs[s0 + 4 * J] = u[r].z, xs[s0 + 6 * J] = u[r].w;
+                if constexpr (lc_qr<FMT>::I4) {
+                    float f[8];
+                    lc_unpack8<T>(u[r], f);
+#pragma unroll
+                    for (int e = 0; e < 8; e++) sum += f[e];
+                }
             }
-        }
-        if constexpr (lc_qr<FMT>::I4) {
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-            if (c8 < nc && (tid & 7) == 0) xt[c8 >> 3] = sum;
+            if constexpr (lc_qr<FMT>::I4) {
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+                if (c8 < nc && (tid & 7) == 0) xt[c8 >> 3] = sum;
+            }
         }
     }
 }
@@ -98,12 +110,12 @@ __device__ __forceinline__ void lc_qr_stage(const uint16_t *__restrict__ x, int 
  * pairs of row tiles). Shared: the token (K / 2 words), INT4's tile sums
  * (K / 64), the warps' partial sums (16 each). */
 template <typename T, int FMT, bool F32, bool PAIR>
-__global__ void __launch_bounds__(LC_QR_MAX_WARPS * 32)
+__global__ void __launch_bounds__(PAIR ? LC_QR_MAX_WARPS * 32 : LC_QR_WARPS * 32, PAIR ? 2 : LC_QR_CTAS)
     lc_qtiled_row_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd,
                          const float *__restrict__ sc, void *__restrict__ y, int N, int K, int group, int KW, int P,
                          loom_cuda_epi epi) {
     typedef lc_qr<FMT> F;
-    constexpr int U = LC_QR_U;
+    constexpr int U = F::U;
     extern __shared__ __align__(16) uint32_t lc_qr_sm[];
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int R = (int)(blockDim.x >> 5) / KW, slot = warp / KW, kp = warp % KW;
@@ -125,22 +137,19 @@ __global__ void __launch_bounds__(LC_QR_MAX_WARPS * 32)
     const int groups = F::I4 ? K / group : 1, vpg = F::I4 ? group / F::KC : 1;
     const uint32_t *sp = reinterpret_cast<const uint32_t *>(sc) + (size_t)(live ? rt : 0) * groups * 16 + g;
 
-    /* the ring: vector v in slot (v - v0) % U, with INT4's (s, b') pairs of
-     * rows g and g + 8 for its group; loads go in order, so one cursor
-     * (group lg, place lc in it) steps with them */
+    /* the ring: vector v in slot (v - v0) % U. INT4: the (s, b') pairs of
+     * rows g and g + 8 for the group being summed (pa, pb) and the next
+     * one (na, nb), loaded a group ahead */
     uint4 ring[U];
-    uint32_t rsa[U], rsb[U];
-    int lg = v0 / vpg, lc = v0 % vpg;
-    auto load = [&](int u, int v) {
-        ring[u] = __ldcs(reinterpret_cast<const uint4 *>(wp + (size_t)v * 512));
-        if constexpr (F::I4) {
-            rsa[u] = __ldg(sp + (size_t)lg * 16), rsb[u] = __ldg(sp + (size_t)lg * 16 + 8);
-            if (++lc == vpg) lc = 0, lg++;
-        }
-    };
 #pragma unroll
     for (int u = 0; u < U; u++)
-        if (v0 + u < v1) load(u, v0 + u);
+        if (v0 + u < v1) ring[u] = __ldcs(reinterpret_cast<const uint4 *>(wp + (size_t)(v0 + u) * 512));
+    int gi = v0 / vpg; /* the group being summed */
+    uint32_t pa = 0, pb = 0, na = 0, nb = 0;
+    auto pair = [&](int gr, uint32_t &a, uint32_t &b) {
+        if (gr < groups && v0 < v1) a = __ldg(sp + (size_t)gr * 16), b = __ldg(sp + (size_t)gr * 16 + 8);
+    };
+    if constexpr (F::I4) pair(gi, pa, pb), pair(gi + 1, na, nb);
     lc_pdl_trigger();
     lc_pdl_wait();
 
@@ -160,8 +169,7 @@ __global__ void __launch_bounds__(LC_QR_MAX_WARPS * 32)
             const int v = vb + u;
             if (v >= v1) break;
             const uint4 wv = ring[u];
-            const uint32_t pa = F::I4 ? rsa[u] : 0u, pb = F::I4 ? rsb[u] : 0u;
-            if (v + U < v1) load(u, v + U);
+            if (v + U < v1) ring[u] = __ldcs(reinterpret_cast<const uint4 *>(wp + (size_t)(v + U) * 512));
             uint32_t a[4];
             if constexpr (F::I4) {
                 const uint4 b01 = xs4[(v * 4 + t) * 2], b23 = xs4[(v * 4 + t) * 2 + 1];
@@ -182,6 +190,8 @@ __global__ void __launch_bounds__(LC_QR_MAX_WARPS * 32)
                     acc[0] = fmaf(sa, d[0], fmaf(ca, xg, acc[0]));
                     acc[2] = fmaf(sb, d[2], fmaf(cb, xg, acc[2]));
                     d[0] = d[1] = d[2] = d[3] = 0.0f, xg = 0.0f, cg = 0;
+                    pa = na, pb = nb;
+                    pair(++gi + 1, na, nb);
                 }
             } else {
                 const uint4 b = xs4[v * 4 + t];
@@ -224,14 +234,17 @@ __global__ void __launch_bounds__(LC_QR_MAX_WARPS * 32)
 
 /* ------------------------------------------------------------- dispatch */
 
-/* Warps splitting a row tile's K: doubled (up to 8) while the grid has
- * fewer than LC_QR_GRID_WARPS warps and each keeps >= 2 rounds of vectors
+/* Warps splitting a row tile's K: doubled (up to 8) while the grid stays
+ * one wave (LC_QR_CTAS CTAs of 8 warps an SM: a second, partial wave would
+ * add a whole CTA's time) and each warp keeps >= 8 vectors
  * (Llama-3-8B INT4: QKV, O and down 8, gate|up 2, the LM head 1). */
 static int lc_qr_kw(const loom_cuda_qweight *w) {
     const long ntiles = w->N / 16;
     const int nv = w->K / (w->fmt == LOOM_CUDA_Q_INT4 ? 64 : 32);
     int kw = 1;
-    while (kw < 8 && ntiles * kw < LC_QR_GRID_WARPS && nv / (2 * kw) >= 2 * LC_QR_U) kw *= 2;
+    while (kw < 8 && (ntiles * 2 * kw + LC_QR_WARPS - 1) / LC_QR_WARPS <= (long)LC_QR_CTAS * LC_QR_SMS &&
+           nv / (2 * kw) >= 8)
+        kw *= 2;
     return kw;
 }
 
