@@ -351,8 +351,10 @@ Test(cli, bench_concurrency_generated_slices) {
 
 /* A closed loop counts TTFT from when a request entered, not from the
  * workload's start: at one in flight, six requests in a row each wait for
- * the one before, and counted from the start the last ones' TTFT would be
- * most of the wall time. */
+ * the one before, and counted from the start their median TTFT would be
+ * about half the wall time; from entry it is one prefill, a small share.
+ * The median, not p99: on a loaded machine one slow first request can be
+ * half of a run this short. */
 Test(cli, bench_concurrency_ttft_from_entry) {
     char *tiny = eng_data("tiny.yaml");
     const char *args[] = {"bench", tiny, "--num-requests", "6", "--input-len", "16", "--output-len", "8",
@@ -362,8 +364,8 @@ Test(cli, bench_concurrency_ttft_from_entry) {
     cJSON *j = bench_levels(args, 1, &r, &levels);
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(levels, 0), "a_results");
     cr_assert(cJSON_IsObject(a));
-    cr_assert_lt(num(a, "TTFT_p99_ms"), 0.5 * 1e3 * num(a, "wall_time_s"), "TTFT p99 %.3f ms of a %.3f ms run",
-                 num(a, "TTFT_p99_ms"), 1e3 * num(a, "wall_time_s"));
+    cr_assert_lt(num(a, "TTFT_p50_ms"), 0.25 * 1e3 * num(a, "wall_time_s"), "TTFT p50 %.3f ms of a %.3f ms run",
+                 num(a, "TTFT_p50_ms"), 1e3 * num(a, "wall_time_s"));
     cJSON_Delete(j);
     cli_out_free(&r);
     free(tiny);
