@@ -2356,17 +2356,18 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
          * starting mid-group and crossing into the next) and of all K (one
          * group over several warps), K = 14336, f32 output, QKV's shape */
         {
-            const long r0 = lc_qtiled_row_count();
-            test_qgemm(g, LOOM_CUDA_BF16, f, 1, 592, 1536, i4 ? 192 : 0, 0, false, false);
-            test_qgemm(g, LOOM_CUDA_F16, f, 1, 592, 2048, i4 ? 64 : 0, 0, false, false);
-            test_qgemm(g, LOOM_CUDA_F16, f, 1, 48, 14336, i4 ? 128 : 0, 0, true, false);
-            test_qgemm(g, LOOM_CUDA_BF16, f, 1, 304, 1024, i4 ? 1024 : 0, 0, false, false);
-            test_qgemm(g, LOOM_CUDA_F16, f, 1, 16896, 512, i4 ? 64 : 0, 0, true, false);
-            test_qgemm(g, LOOM_CUDA_BF16, f, 1, 6144, 4096, i4 ? 128 : 0, 0, false, false);
-            test_qgemm(g, LOOM_CUDA_BF16, f, 1, 48, 4224, i4 ? 192 : 0, 0, true, false);
-            report_count(i4 ? "tiled int4: one-row calls (7) not on the one-row kernel"
-                            : "tiled w8a16: one-row calls (7) not on the one-row kernel",
-                         labs(7 - (lc_qtiled_row_count() - r0)), 7);
+            static const struct { loom_cuda_dt dt; int N, K, group; bool f32; } one[] = {
+                {LOOM_CUDA_BF16, 592, 1536, 192, false}, {LOOM_CUDA_F16, 592, 2048, 64, false},
+                {LOOM_CUDA_F16, 48, 14336, 128, true},   {LOOM_CUDA_BF16, 304, 1024, 1024, false},
+                {LOOM_CUDA_F16, 16896, 512, 64, true},   {LOOM_CUDA_BF16, 6144, 4096, 128, false},
+                {LOOM_CUDA_BF16, 48, 4224, 192, true},
+            };
+            const long n1 = (long)(sizeof one / sizeof one[0]), r0 = lc_qtiled_row_count();
+            for (long i = 0; i < n1; i++)
+                test_qgemm(g, one[i].dt, f, 1, one[i].N, one[i].K, i4 ? one[i].group : 0, 0, one[i].f32, false);
+            report_count(i4 ? "tiled int4: one-row calls not on the one-row kernel"
+                            : "tiled w8a16: one-row calls not on the one-row kernel",
+                         labs(n1 - (lc_qtiled_row_count() - r0)), n1);
         }
         test_qgemm(g, LOOM_CUDA_BF16, f, 64, 4096, 4096, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 24, 16896, 512, i4 ? 256 : 0, 0, false, false);
