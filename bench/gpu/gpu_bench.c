@@ -565,7 +565,7 @@ static void bench_quant(int M) {
                    deq = !row_off && vi >= nv0 + 2 + nmma && vi < nv0 + 4 + nmma,
                    chunks = !row_off && vi >= nv0 + 4 + nmma;
         lc_qtiled_set_wgmma_tma(cpa ? 0 : tma ? 1 : wide ? 4 : 2);
-        lc_qtiled_set_row_kernel(!row_off);
+        loom_cuda_qgemm_set_tiled_row(g, !row_off);
         /* above the default bound the forced kernels run in chunks too (else
          * each would be the dequantize again) */
         const bool raised = chunks || (M > LC_QT_DEFAULT_MAX_M && (cpa || tma || wide || mma));
@@ -641,7 +641,6 @@ static void bench_quant(int M) {
         }
     }
     lc_gemm_set_fp8_vec(g, vec0);
-    lc_qtiled_set_row_kernel(1);
     loom_cuda_qgemm_set_fp8_vec_min_m(g, LOOM_CUDA_FP8_VEC_MIN_M);
     loom_cuda_qgemm_set_tiled_max_m(g, LC_QT_DEFAULT_MAX_M);
     loom_cuda_qgemm_set_tiled_wgmma_min_m(g, LC_QT_DEFAULT_WG_MIN_M);
@@ -710,7 +709,7 @@ static void bench_quant_chain(int M, bool mixed) {
     for (int fi = 0; fi < NCF; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
         if (fi >= 7 && M != 1) break;
-        lc_qtiled_set_row_kernel(fi < 7);
+        loom_cuda_qgemm_set_tiled_row(g, fi < 7);
         void *data[4] = {0};
         float *sc[4] = {0};
         loom_cuda_qweight w[4];
@@ -785,7 +784,6 @@ static void bench_quant_chain(int M, bool mixed) {
         for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
         cudaFree(scratch);
     }
-    lc_qtiled_set_row_kernel(1);
     cudaFree(x), cudaFree(y);
     cudaFree(resid), cudaFree(nw), cudaFree(xn), cudaFree(act);
     for (int k = 0; k < 4; k++) cudaFree(o[k]);
@@ -988,7 +986,7 @@ static void bench_decode_layer(int ctx) {
         }
         c.scratch = NULL;
         if (c.scr) CK(cudaMalloc(&c.scratch, c.scr));
-        lc_qtiled_set_row_kernel(vars[vi].tiled != 2);
+        loom_cuda_qgemm_set_tiled_row(c.g, vars[vi].tiled != 2);
         int rc = 0;
         cudaGraph_t gr = NULL;
         const long fused0 = loom_cuda_epi_fused_count();
@@ -1028,7 +1026,6 @@ static void bench_decode_layer(int ctx) {
         for (int k = 0; k < 4; k++) cudaFree(data[k]), cudaFree(sc[k]);
         cudaFree(c.scratch);
     }
-    lc_qtiled_set_row_kernel(1);
     cudaFree(c.xres), cudaFree(c.nw), cudaFree(c.cs), cudaFree(c.r), cudaFree(c.xn), cudaFree(c.qkv);
     cudaFree(c.att), cudaFree(c.gu), cudaFree(c.act), cudaFree(c.kc), cudaFree(c.vc), cudaFree(c.pos);
     cudaFree(c.slot), cudaFree(d_bt), cudaFree(d_stride), cudaFree(d_tiles), cudaFree(ws), cudaFree(sem);

@@ -601,6 +601,10 @@ void loom_cuda_qgemm_set_tiled_max_m(loom_cuda_gemm *g, int max_m);
  * warpgroup MMA), below it the mma.sync one; 0 = never (default 17; not in
  * batch-invariant mode). The cuda backend's qtiled_wgmma_rows. */
 void loom_cuda_qgemm_set_tiled_wgmma_min_m(loom_cuda_gemm *g, int min_m);
+/* Tiled weights at one row run qtiled_row.cu's kernel (1, the default) or
+ * qtiled.cu's (0; its RoPE / SwiGLU then as separate kernels). The cuda
+ * backend's qtiled_row. */
+void loom_cuda_qgemm_set_tiled_row(loom_cuda_gemm *g, int on);
 /* FP8 GEMMs with bf16 output (above the GEMV's rows) take cuBLASLt's
  * per-token / per-channel scale vectors, one rounding into y, from calls of
  * min_m rows; below, a unit-scale GEMM writing y and the scale epilogue

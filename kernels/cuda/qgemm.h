@@ -149,9 +149,8 @@ cudaError_t lc_qtiled_row(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight 
 int lc_qtiled_row_kw(const loom_cuda_qweight *w);
 /* lc_qtiled_row launches so far (the kernel tests check the dispatch). */
 long lc_qtiled_row_count(void);
-/* 0: lc_qtiled_row takes no weight, so one row runs qtiled.cu's kernel as
- * before it (1, the default); for gpu_bench's old-vs-new rows, process-wide */
-void lc_qtiled_set_row_kernel(int on);
+/* loom_cuda_qgemm_set_tiled_row's setting (gemm.c holds it). */
+int lc_gemm_q_tiled_row(const loom_cuda_gemm *g);
 /* The tiled bound of loom_cuda_qgemm_set_tiled_max_m (gemm.c holds it). */
 int lc_gemm_q_tiled_max_m(const loom_cuda_gemm *g);
 /* W8A16 / INT4 calls that ran lc_qtiled so far. */

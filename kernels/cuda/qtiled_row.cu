@@ -256,11 +256,8 @@ static size_t lc_qr_smem(const loom_cuda_qweight *w, int warps) {
 static long lc_qr_runs; /* __atomic builtins: launches may come from several threads */
 extern "C" long lc_qtiled_row_count(void) { return __atomic_load_n(&lc_qr_runs, __ATOMIC_RELAXED); }
 
-static int lc_qr_on = 1; /* lc_qtiled_set_row_kernel */
-extern "C" void lc_qtiled_set_row_kernel(int on) { __atomic_store_n(&lc_qr_on, on ? 1 : 0, __ATOMIC_RELAXED); }
-
 extern "C" int lc_qtiled_row_kw(const loom_cuda_qweight *w) {
-    if (!__atomic_load_n(&lc_qr_on, __ATOMIC_RELAXED) || !lc_qtiled_ok(w) || w->layout != LOOM_CUDA_QLAYOUT_TILED || lc_qr_smem(w, LC_QR_MAX_WARPS) > LC_QR_MAX_SMEM)
+    if (!lc_qtiled_ok(w) || w->layout != LOOM_CUDA_QLAYOUT_TILED || lc_qr_smem(w, LC_QR_MAX_WARPS) > LC_QR_MAX_SMEM)
         return 0;
     return lc_qr_kw(w);
 }

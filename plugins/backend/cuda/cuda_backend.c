@@ -100,6 +100,11 @@ static const loom_param cb_params[] = {
      .doc = "quant_layout tiled: fewest rows (M) from which the tiled kernel runs its Hopper wgmma path "
             "(warpgroup MMA, 32..256-token tiles), below it the mma.sync one; 0 = never (batch_invariant: "
             "never)"},
+    {.key = "qtiled_row", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, qtiled_row),
+     .default_value = "true",
+     .doc = "quant_layout tiled: one row (batch-1 decode) on its own kernel (kernels/cuda/qtiled_row.cu: vectors "
+            "straight into registers, K split inside a CTA, RoPE + KV write and SwiGLU fused); false = the "
+            "tiled kernel's mma.sync path with those as separate kernels (batch_invariant: always that)"},
     {.key = "fp8_vec_rows", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, fp8_vec_rows),
      .default_value = "129", .min = 0, .max = 65536,
      .doc = "FP8 GEMMs with bf16 output above the GEMV's 8 rows: from calls of this many rows cuBLASLt "
@@ -334,7 +339,7 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                                .max_graph_batch = 256, .piecewise_graphs = true,
                                .max_graph_tokens = 2048, .max_batched_tokens = 8192,
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0,
-                               .quant_layout = 0, .qtiled_max_rows = 512, .qtiled_wgmma_rows = 17,
+                               .quant_layout = 0, .qtiled_max_rows = 512, .qtiled_wgmma_rows = 17, .qtiled_row = true,
                                .fp8_vec_rows = LOOM_CUDA_FP8_VEC_MIN_M,
                                .sm_count = 0, .sm_partition = 0, .kv_groups = true, .moe_dispatch = 0,
                                .moe_expert_gemm_rows = 1024,
