@@ -549,8 +549,8 @@ static void bench_quant(int M) {
      * above the default bound with it raised: the kernel in chunks of 256
      * rows, "_tiled_chunks" (the forced kernels' rows in chunks there
      * too) — where the bounds belong) */
-    /* (at one row also with the one-row kernel off: qtiled.cu's kernel,
-     * "_tiled_mma1") */
+    /* (at one row INT4 also with the one-row kernel off: qtiled.cu's
+     * kernel, "_tiled_mma1") */
     const int nmma = M >= LC_QT_DEFAULT_WG_MIN_M ? 8 : 0; /* _tiled_cpa, _tiled_tma, _tiled_wide, _tiled_mma */
     const int nrow = M == 1 ? 2 : 0;                      /* _tiled_mma1 */
     const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF,
@@ -573,6 +573,7 @@ static void bench_quant(int M) {
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, mma ? 0 : LC_QT_DEFAULT_WG_MIN_M);
         const bool alt = !tiled && M > 8 && vi == NF, epi = alt && M >= LOOM_CUDA_FP8_VEC_MIN_M;
         const int fi = tiled ? ((vi - nv0) % 2 == 0 ? 1 : 4) : alt ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
+        if (row_off && fi != 4) continue; /* W8A16 never takes the one-row kernel */
         const bool cores = !tiled && vi >= NF && !alt;
         loom_cuda_qgemm_set_tc_min_m(g, cores ? 9 : 0); /* 9: never; 0: the default bound */
         lc_gemm_set_fp8_vec(g, epi ? 0 : vec0);
@@ -668,16 +669,15 @@ static void bench_quant(int M) {
  * kernels. */
 static void bench_quant_chain(int M, bool mixed) {
     const int(*shp)[2] = l8b_linears;
-    /* the last four: W8A16 / INT4 on tiled weights (qtiled.cu; at one row
-     * qtiled_row.cu's kernel), then with that kernel off ("_mma1": one row
-     * on qtiled.cu's) */
-    enum { NCF = 9 };
+    /* the last three: W8A16 / INT4 on tiled weights (qtiled.cu; INT4 at one
+     * row qtiled_row.cu's kernel), then INT4 with that kernel off ("_mma1":
+     * one row on qtiled.cu's) */
+    enum { NCF = 8 };
     static const loom_cuda_qfmt fmts[NCF] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
                                              LOOM_CUDA_Q_FP8,  LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16,
-                                             LOOM_CUDA_Q_INT4, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT4};
-    static const char *names[NCF] = {"bf16",           "int8_w8a16",           "int8_w8a8",
-                                     "fp8",            "int4_g128",            "int8_w8a16_tiled",
-                                     "int4_g128_tiled", "int8_w8a16_tiled_mma1", "int4_g128_tiled_mma1"};
+                                             LOOM_CUDA_Q_INT4, LOOM_CUDA_Q_INT4};
+    static const char *names[NCF] = {"bf16",      "int8_w8a16",       "int8_w8a8",       "fp8",
+                                     "int4_g128", "int8_w8a16_tiled", "int4_g128_tiled", "int4_g128_tiled_mma1"};
     enum { DEPTH = 8 };
     int code;
     char msg[256];
@@ -962,8 +962,7 @@ static void bench_decode_layer(int ctx) {
         {LOOM_CUDA_Q_INT4, 0, 2, "int4_g128 tiled swiglu fused", 1},
         {LOOM_CUDA_Q_INT4, 0, 0, "int4_g128 tiled unfused", 1},
         {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 tiled one-row kernel off", 2},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, "int8_w8a16 tiled both fused", 1},
-        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, "int8_w8a16 tiled one-row kernel off", 2},
+        {LOOM_CUDA_Q_INT8_W8A16, 0, 3, "int8_w8a16 tiled", 1},
         {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 tiled both fused (again)", 1},
         {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 tiled one-row kernel off (again)", 2},
         {LOOM_CUDA_Q_NONE, 0, 3, "bf16 both fused (again)"},

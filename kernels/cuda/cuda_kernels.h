@@ -482,9 +482,9 @@ typedef struct loom_cuda_qweight {
  * tensor-core tiles of kernels/cuda/qtiled.cu (same bytes, permuted within
  * 16-row blocks; W8A16's scales unchanged, INT4's rewritten in place as
  * (s, b) pairs of tile_dt, 16 rows of a group together: half the bytes). A tiled weight runs qtiled.cu's kernel
- * up to the tiled bound (loom_cuda_qgemm_set_tiled_max_m) — one row
- * qtiled_row.cu's, with the pair epilogues (loom_cuda_epi), outside the
- * batch-invariant mode — and dequantize + cuBLASLt above it; the
+ * up to the tiled bound (loom_cuda_qgemm_set_tiled_max_m) — INT4's one
+ * row qtiled_row.cu's, with the pair epilogues (loom_cuda_epi), outside
+ * the batch-invariant mode — and dequantize + cuBLASLt above it; the
  * row-major kernels never see it. */
 enum { LOOM_CUDA_QLAYOUT_ROWS = 0, LOOM_CUDA_QLAYOUT_TILED = 1 };
 
@@ -516,7 +516,7 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
 /* Whether a one-row loom_cuda_qgemm_run of w splits K across the warps of
  * the GEMV's CTAs (kernels/cuda/qgemm.cu: where the unsplit grid leaves the
  * GPU short of a wave, e.g. Llama-3-8B's O and down projections; a tiled
- * weight's one-row kernel, qtiled_row.cu, likewise; never in
+ * INT4 weight's one-row kernel, qtiled_row.cu, likewise; never in
  * batch-invariant mode). The step
  * fuses SwiGLU before a W8A16 / INT4 down projection only where it splits:
  * unsplit, that GEMV right after the gate|up one is the slower layer. */
@@ -601,9 +601,9 @@ void loom_cuda_qgemm_set_tiled_max_m(loom_cuda_gemm *g, int max_m);
  * warpgroup MMA), below it the mma.sync one; 0 = never (default 17; not in
  * batch-invariant mode). The cuda backend's qtiled_wgmma_rows. */
 void loom_cuda_qgemm_set_tiled_wgmma_min_m(loom_cuda_gemm *g, int min_m);
-/* Tiled weights at one row run qtiled_row.cu's kernel (1, the default) or
- * qtiled.cu's (0; its RoPE / SwiGLU then as separate kernels). The cuda
- * backend's qtiled_row. */
+/* Tiled INT4 weights at one row run qtiled_row.cu's kernel (1, the
+ * default) or qtiled.cu's (0; RoPE / SwiGLU then as separate kernels). The
+ * cuda backend's qtiled_row. */
 void loom_cuda_qgemm_set_tiled_row(loom_cuda_gemm *g, int on);
 /* FP8 GEMMs with bf16 output (above the GEMV's rows) take cuBLASLt's
  * per-token / per-channel scale vectors, one rounding into y, from calls of

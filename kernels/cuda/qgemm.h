@@ -136,12 +136,12 @@ long lc_qtiled_tma_fallback_count(void);
 /* Launches of the wide (256-row CTA) TMA kernel so far. */
 long lc_qtiled_wide_count(void);
 cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s);
-/* One row through a tiled weight (qtiled_row.cu; not for batch-invariant
- * mode): y (1, N) dt or f32 = x @ w^T, with epi's pair epilogue fused when
+/* One row through a tiled INT4 weight (qtiled_row.cu; not for
+ * batch-invariant mode): y (1, N) dt or f32 = x @ w^T, with epi's pair epilogue fused when
  * given, y dt and the rows pair by whole 16-row tiles (then *fused = 1,
  * else the caller runs the separate kernel). cudaErrorNotSupported, nothing
- * launched, for a weight it does not take (untiled, K past its shared
- * memory, INT4 tiled for the other dt). */
+ * launched, for a weight it does not take (untiled, W8A16, K past its
+ * shared memory, tiled for the other dt). */
 cudaError_t lc_qtiled_row(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight *w, const void *x, void *y,
                           const loom_cuda_epi *epi, int *fused, cudaStream_t s);
 /* The warps splitting each row tile's K in lc_qtiled_row for w (1, 2, 4,

@@ -1604,8 +1604,8 @@ static void test_qgemm_tc_min_m(loom_cuda_gemm *g) {
  * GEMM followed by the separate kernel (loom_cuda_rope_kv / _swiglu) called
  * by hand give the same y, act and KV caches, bit for bit, for bf16 weights
  * and every quantized format, bf16 / f16, W8A16 and INT4 also tiled
- * (qtiled_row.cu's kernel, which pairs whole 16-row tiles: heads of 16 get
- * the separate kernel there). RoPE + KV write: Llama-3-8B's heads (32 /
+ * (INT4: qtiled_row.cu's kernel, which pairs whole 16-row tiles — heads of
+ * 16 get the separate kernel there; W8A16: always the separate kernel). RoPE + KV write: Llama-3-8B's heads (32 /
  * 8 of 128) and small ones (4 / 2 of 64, 6 / 6 of 16), with and without
  * the QKV bias, dt and E4M3 caches, a token with a slot and one without
  * (slot -1: no cache write); SwiGLU: a Llama-3-8B-sized gate|up and a
@@ -1676,8 +1676,9 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                     d_w = (void *)qw.data, d_sc = (void *)qw.scales;
                     if (tiled) CK(loom_cuda_qweight_tile(&qw, dt, 0));
                 }
-                /* the tiled kernel pairs whole 16-row tiles: heads of 16 (P = 8) run the separate kernel */
-                const long want = !tiled || (rope ? D / 2 : I) % 16 == 0;
+                /* the one-row tiled kernel (INT4) pairs whole 16-row tiles: heads of 16 (P = 8) run the
+                 * separate kernel; tiled W8A16 always does */
+                const long want = !tiled || (i4 && (rope ? D / 2 : I) % 16 == 0);
                 const size_t scr = f == LOOM_CUDA_Q_NONE ? 0 : loom_cuda_qgemm_scratch_bytes(g, dt, 0, &qw, 1);
                 void *d_scr = scr ? dev_poison(scr) : NULL;
                 /* per run: y, act / k, v caches, copied back */
@@ -2350,7 +2351,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         test_qgemm(g, LOOM_CUDA_F16, f, 200, 208, 2048, i4 ? 64 : 0, 0, true, false);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, LC_QT_DEFAULT_WG_MIN_M);
         test_qgemm(g, LOOM_CUDA_BF16, f, 1, 4096, 4096, i4 ? 128 : 0, 0, true, false);
-        /* one row: qtiled_row.cu's kernel (outside batch-invariant mode) —
+        /* one row: INT4 on qtiled_row.cu's kernel (outside batch-invariant mode) —
          * a CTA's row tiles past N (37 and 19 tiles), K split over 1, 2, 4
          * and 8 warps a tile, groups of 192 (K = 4224 over 8 warps: ranges
          * starting mid-group and crossing into the next) and of all K (one
@@ -2365,9 +2366,10 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
             const long n1 = (long)(sizeof one / sizeof one[0]), r0 = lc_qtiled_row_count();
             for (long i = 0; i < n1; i++)
                 test_qgemm(g, one[i].dt, f, 1, one[i].N, one[i].K, i4 ? one[i].group : 0, 0, one[i].f32, false);
+            /* (W8A16 stays on qtiled.cu's kernel: none) */
             report_count(i4 ? "tiled int4: one-row calls not on the one-row kernel"
-                            : "tiled w8a16: one-row calls not on the one-row kernel",
-                         labs(n1 - (lc_qtiled_row_count() - r0)), n1);
+                            : "tiled w8a16: one-row calls on the one-row kernel",
+                         labs((i4 ? n1 : 0) - (lc_qtiled_row_count() - r0)), n1);
         }
         test_qgemm(g, LOOM_CUDA_BF16, f, 64, 4096, 4096, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 24, 16896, 512, i4 ? 256 : 0, 0, false, false);
