@@ -927,8 +927,9 @@ static void bench_decode_layer(int ctx) {
     /* unfused: a layer without the pair epilogues, bf16's ablations
      * against that; then fused (what a step runs). A variant with linears
      * or small kernels left out follows the one it is measured against. */
-    /* tiled: 1 the weights repacked (qtiled_row.cu's one-row kernel), 2
-     * repacked with that kernel off (qtiled.cu's, its epilogues unfused) */
+    /* tiled: 1 the weights repacked (INT4: qtiled_row.cu's one-row kernel;
+     * W8A16: qtiled.cu's), 2 repacked with that kernel off (qtiled.cu's,
+     * its epilogues unfused) */
     static const struct { loom_cuda_qfmt fmt; int skip, fuse; const char *name; int tiled; } vars[] = {
         {LOOM_CUDA_Q_NONE, 0, 0, "bf16 unfused"},
         {LOOM_CUDA_Q_NONE, DL_ROPE, 0, "bf16 without rope_kv"},

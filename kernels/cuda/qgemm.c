@@ -179,7 +179,7 @@ int loom_cuda_qgemm_splits(const loom_cuda_gemm *g, loom_cuda_dt dt, const loom_
     if (!w || w->fmt == LOOM_CUDA_Q_NONE) return 0;
     if (lc_tiled(w))
         return !lc_gemm_invariant(g) && lc_gemm_q_tiled_max_m(g) >= 1 && lc_gemm_q_tiled_row(g) &&
-               lc_qtiled_row_kw(w) > 1;
+               dt == w->tile_dt && lc_qtiled_row_kw(w) > 1;
     if (lc_gemm_q_gemv_max_m(g, w->fmt) < 1) return 0;
     return lc_qgemv_splits(dt, w, lc_gemm_invariant(g), lc_gemm_q_tc_min_m(g));
 }

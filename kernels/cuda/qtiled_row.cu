@@ -34,9 +34,10 @@
  * Not in batch-invariant mode: there qtiled.cu's kernel gives a row the
  * bits it has at every M. Not W8A16: the same design (its exact codes, the
  * row scale after the sum) measured slower than qtiled.cu's path on an H100
- * (one decode layer 108.8 vs 106.8 us, its down projection 37.3 vs 31.3 us:
- * twice INT4's vectors a warp at K = 14336 with 16 warps an SM;
- * bench/results/h100-llama3-8b-decode-layer.json).
+ * (one decode layer 108.8 vs 106.8 us, its down projection alone 37.3 vs
+ * 31.3 us: twice INT4's vectors a warp at K = 14336 with 16 warps an SM;
+ * bench/results/h100-llama3-8b-decode-layer.json, h100-quant-linears.json
+ * gpu_bench_m1_printed).
  */
 #include "common.cuh"
 #include "epilogue.cuh"
@@ -218,7 +219,8 @@ __global__ void __launch_bounds__(PAIR ? LC_QR_MAX_WARPS * 32 : LC_QR_WARPS * 32
 
 /* Warps splitting a row tile's K: doubled (up to 8) while the grid stays
  * one wave (LC_QR_CTAS CTAs of 8 warps an SM: a second, partial wave would
- * add a whole CTA's time) and each warp keeps >= 8 vectors
+ * add a whole CTA's time; shared memory holds 4 of them up to K ~ 27k, 3
+ * above, where the wave is an estimate) and each warp keeps >= 8 vectors
  * (Llama-3-8B: QKV, O and down 8, gate|up 2, the LM head 1). */
 static int lc_qr_kw(const loom_cuda_qweight *w) {
     const long ntiles = w->N / 16;

@@ -352,7 +352,7 @@ Test(cli, bench_concurrency_generated_slices) {
 /* A closed loop counts TTFT from when a request entered, not from the
  * workload's start: at one in flight, six requests in a row each wait for
  * the one before, and counted from the start their median TTFT would be
- * about half the wall time; from entry it is one prefill, a small share.
+ * about 5/12 of the wall time; from entry it is one prefill, a small share.
  * The median, not p99: on a loaded machine one slow first request can be
  * half of a run this short. */
 Test(cli, bench_concurrency_ttft_from_entry) {

@@ -1631,8 +1631,10 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
         {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 512, 1, 1, 0},
         {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 512, 1, 0, 1},
         {LOOM_CUDA_EPI_SWIGLU, 1552, 0, 0, 512, 0, 0, 0},
+        /* the tiled kernel's K split over 4 warps (2 row tiles a CTA) */
+        {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 2048, 1, 0, 1},
     };
-    /* the last two: W8A16 and INT4 tiled (qtiled_row.cu's kernel) */
+    /* the last two: W8A16 and INT4 tiled (INT4: qtiled_row.cu's kernel; W8A16: qtiled.cu's) */
     static const loom_cuda_qfmt fmts[7] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
                                            LOOM_CUDA_Q_FP8,  LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16,
                                            LOOM_CUDA_Q_INT4};
