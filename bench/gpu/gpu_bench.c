@@ -552,7 +552,7 @@ static void bench_quant(int M) {
     /* (at one row INT4 also with the one-row kernel off: qtiled.cu's
      * kernel, "_tiled_mma1") */
     const int nmma = M >= LC_QT_DEFAULT_WG_MIN_M ? 8 : 0; /* _tiled_cpa, _tiled_tma, _tiled_wide, _tiled_mma */
-    const int nrow = M == 1 ? 2 : 0;                      /* _tiled_mma1 */
+    const int nrow = M == 1 ? 1 : 0;                      /* _tiled_mma1 (INT4) */
     const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF,
               nv = nv0 + 2 + nmma + (M > 64 ? 2 : 0) + (M > LC_QT_DEFAULT_MAX_M ? 2 : 0) + nrow;
     const int vec0 = lc_gemm_fp8_vec(g);
@@ -572,8 +572,7 @@ static void bench_quant(int M) {
         loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : raised ? LC_QT_CHUNKED_MAX_M : LC_QT_DEFAULT_MAX_M);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, mma ? 0 : LC_QT_DEFAULT_WG_MIN_M);
         const bool alt = !tiled && M > 8 && vi == NF, epi = alt && M >= LOOM_CUDA_FP8_VEC_MIN_M;
-        const int fi = tiled ? ((vi - nv0) % 2 == 0 ? 1 : 4) : alt ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
-        if (row_off && fi != 4) continue; /* W8A16 never takes the one-row kernel */
+        const int fi = row_off ? 4 : tiled ? ((vi - nv0) % 2 == 0 ? 1 : 4) : alt ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
         const bool cores = !tiled && vi >= NF && !alt;
         loom_cuda_qgemm_set_tc_min_m(g, cores ? 9 : 0); /* 9: never; 0: the default bound */
         lc_gemm_set_fp8_vec(g, epi ? 0 : vec0);

@@ -247,10 +247,10 @@ extern "C" int lc_qtiled_row_kw(const loom_cuda_qweight *w) {
 }
 
 template <typename T, bool F32, bool PAIR>
-static cudaError_t lc_qr_go(const loom_cuda_qweight *w, const void *x, void *y, int P, const loom_cuda_epi *epi,
-                            cudaStream_t s) {
+static cudaError_t lc_qr_go(const loom_cuda_qweight *w, int kw, const void *x, void *y, int P,
+                            const loom_cuda_epi *epi, cudaStream_t s) {
     static unsigned long long done = 0;
-    const int kw = lc_qr_kw(w), r = PAIR && LC_QR_WARPS / kw < 2 ? 2 : LC_QR_WARPS / kw;
+    const int r = PAIR && LC_QR_WARPS / kw < 2 ? 2 : LC_QR_WARPS / kw;
     const int per = PAIR ? r / 2 : r, units = PAIR ? w->N / 32 : w->N / 16;
     const size_t smem = lc_qr_smem(w, r * kw);
     const cudaError_t e = lc_smem_limit(&done, (const void *)lc_qtiled_row_kernel<T, F32, PAIR>, LC_QR_MAX_SMEM);
@@ -264,15 +264,16 @@ static cudaError_t lc_qr_go(const loom_cuda_qweight *w, const void *x, void *y, 
 
 extern "C" cudaError_t lc_qtiled_row(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight *w, const void *x,
                                      void *y, const loom_cuda_epi *epi, int *fused, cudaStream_t s) {
-    if (!lc_qtiled_row_kw(w) || (dt != LOOM_CUDA_BF16 && dt != LOOM_CUDA_F16) || dt != w->tile_dt)
-        return cudaErrorNotSupported;
+    const int kw = lc_qtiled_row_kw(w); /* (tile_dt is bf16 or f16) */
+    if (!kw || dt != w->tile_dt) return cudaErrorNotSupported;
     /* the pair epilogue where the rows pair by whole row tiles */
     int P = epi && !out_f32 ? lc_epi_p(epi, w->N) : 0;
     if (P % 16) P = 0;
     cudaError_t e;
 #define LC_QR_T(T)                                                                                              \
-    (P ? lc_qr_go<T, false, true>(w, x, y, P, epi, s)                                                           \
-       : out_f32 ? lc_qr_go<T, true, false>(w, x, y, 0, NULL, s) : lc_qr_go<T, false, false>(w, x, y, 0, NULL, s))
+    (P ? lc_qr_go<T, false, true>(w, kw, x, y, P, epi, s)                                                       \
+       : out_f32 ? lc_qr_go<T, true, false>(w, kw, x, y, 0, NULL, s)                                             \
+                 : lc_qr_go<T, false, false>(w, kw, x, y, 0, NULL, s))
     e = dt == LOOM_CUDA_F16 ? LC_QR_T(__half) : LC_QR_T(__nv_bfloat16);
 #undef LC_QR_T
     if (e != cudaSuccess) return e;
