@@ -174,11 +174,24 @@ __device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
  * only host copies ordered before the step's first kernel write. Every
  * grid has a CTA that waits before it exits, so no grid completes before
  * the one it follows (the next kernel's wait relies on that). Captured into
- * CUDA graphs as programmatic edges. */
-__device__ __forceinline__ void lc_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void lc_pdl_trigger() {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+ * CUDA graphs as programmatic edges.
+ * The order is a setting (loom_cuda_set_trigger_first; the cuda backend's
+ * trigger_first): where it is off, lc_pdl_trigger() does nothing and
+ * lc_pdl_wait() triggers after the wait, so at most one grid launches
+ * ahead. Either order is correct, so a setting changed mid-step only mixes
+ * them. Its value lives in each translation unit's lc_pdl_first (this
+ * header's static __constant__), which loom_cuda_set_trigger_first writes
+ * through the setter every unit registers at load. */
+static __constant__ int lc_pdl_first = 1;
+__device__ __forceinline__ void lc_pdl_wait() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (!lc_pdl_first) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
+__device__ __forceinline__ void lc_pdl_trigger() {
+    if (lc_pdl_first) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+static cudaError_t lc_pdl_set_unit(int first) { return cudaMemcpyToSymbol(lc_pdl_first, &first, sizeof first); }
+[[maybe_unused]] static const int lc_pdl_registered = (lc_pdl_register(lc_pdl_set_unit), 0);
 
 /* Weight prefetch under PDL: a kernel's weights do not depend on the kernel
  * before it, so a GEMV asks L2 for its rows before lc_pdl_wait() — while the

@@ -605,6 +605,18 @@ void loom_cuda_qgemm_set_tiled_wgmma_min_m(loom_cuda_gemm *g, int min_m);
  * default) or qtiled.cu's (0; RoPE / SwiGLU then as separate kernels). The
  * cuda backend's qtiled_row. */
 void loom_cuda_qgemm_set_tiled_row(loom_cuda_gemm *g, int on);
+/* The launch order of every kernel on the current device (common.cuh,
+ * "programmatic dependent launch"): on (1, each device's default) a kernel
+ * lets the next one launch before its griddepcontrol.wait, off (0) after
+ * it. Per device and process-wide: it applies to every kernel launched (or
+ * graph replayed) on the device after the call, and costs nothing when the
+ * device already has it (the last value is remembered per device), so a
+ * backend calls it before each step. Thread-safe; devices 0..63. Returns
+ * cudaSuccess or the copy's error. The cuda backend's trigger_first. */
+int loom_cuda_set_trigger_first(int on);
+/* Each translation unit's setter of its own copy of the order (common.cuh
+ * registers one at load; at most 64). Not for callers. */
+void lc_pdl_register(cudaError_t (*set)(int));
 /* FP8 GEMMs with bf16 output (above the GEMV's rows) take cuBLASLt's
  * per-token / per-channel scale vectors, one rounding into y, from calls of
  * min_m rows; below, a unit-scale GEMM writing y and the scale epilogue

@@ -57,6 +57,13 @@
 #           (4 layers) batch-1 decode step inside its CUDA graph, warm
 #           caches, against the step's wall time (KPROFILE_M=none: only
 #           the latter).
+#   pdl-order: backend.trigger_first true vs false (the launch order of
+#           every kernel) in one `loom bench --compare` per case, two
+#           rounds interleaved: batch-1 decode of tiled INT4 with its LM
+#           head on 8 Llama-3-8B layers (qtiled_row false and true), the
+#           Llama-3-8B shape in bf16 at batch 1 and 8, Qwen3-30B-A3B and the
+#           SmolLM2 shape at batch 1 (PDL_CASES="CONFIG[@BATCH][:KEY=VALUE...]"
+#           narrows it; ~8 minutes).
 #   backend-ab: this tree's CUDA backend against older commits' (each packed
 #           by scripts/gpu/pack-old-backend.sh REV [NAME] into .devpack/),
 #           new and the old ones alternated in one machine: batch-1 decode
@@ -669,6 +676,31 @@ kprofile)
   rec '{hw}-kernel-profiles' --what "kernels under ncu: ${tiled_what}each kernel of a Qwen3-30B-A3B-shape (4 layers) batch-1 decode step inside its CUDA graph (warm caches) and the step's wall time unprofiled" \
     "${qargs[@]}" --text moe_kernels="$O/ncu-moe-summary.txt" --text moe_wall="$O/moe-wall.txt"
   ;;
+pdl-order)
+  # two pipelines that differ in backend.trigger_first alone, each
+  # including the case's config (an include is relative to its file)
+  : > "$O/pdl-order.txt"
+  bargs=()
+  for cs in ${PDL_CASES:-llama3-8b-int4-head-tiled:model.layers=8:backend.qtiled_row=false \
+                        llama3-8b-int4-head-tiled:model.layers=8 llama3-8b-dummy llama3-8b-dummy@8 \
+                        qwen3-30b-a3b-dummy smollm2-dummy}; do
+    IFS=: read -r cb sets <<< "$cs"
+    c=${cb%@*} bs=1; [ "$c" != "$cb" ] && bs=${cb#*@}
+    [ -f "configs/gpu/$c.yaml" ] || { echo "FAIL PDL_CASES has '$c': no configs/gpu/$c.yaml"; fails=$((fails + 1)); continue; }
+    rel=$(python3 -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "configs/gpu/$c.yaml" "$O")
+    for v in true false; do printf 'include: %s\nbackend:\n  trigger_first: %s\n' "$rel" $v > "$O/pdl-$v.yaml"; done
+    sargs=(); for kv in ${sets//:/ }; do sargs+=(--set "$kv"); done
+    name=$(echo "$cs" | tr ':=@' '_-b' | cut -c1-64)
+    step "backend.trigger_first true (a) vs false (b): $cs, batch $bs"
+    timeout 400 loom bench --compare "$O/pdl-true.yaml" "$O/pdl-false.yaml" --repeat 2 --num-requests $((bs * 2 + 1)) \
+      --input-len 128 --output-len 256 --set scheduler.max_num_seqs=$bs "${sargs[@]}" --no-progress \
+      --json "$O/pdl-$name.json" > "$O/pdl-$name.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$O/pdl-$name.txt"; continue; }
+    echo "$cs batch $bs: $(grep -E 'TPOT p50' "$O/pdl-$name.txt" | tr -s ' ')" | tee -a "$O/pdl-order.txt"
+    bargs+=(--bench "$name=$O/pdl-$name.json")
+  done
+  [ ${#bargs[@]} -gt 0 ] && rec '{hw}-pdl-order' --what "backend.trigger_first: every kernel lets the next launch before (a, true) or after (b, false) its griddepcontrol.wait; batch-N decode (N x 2 + 1 requests of 128 in, 256 out, max_num_seqs N), two runs each interleaved, medians; a case is CONFIG[@N][:--set ...]" \
+    --text summary="$O/pdl-order.txt" "${bargs[@]}"
+  ;;
 backend-ab)
   # The rest of the build (core, CLI, other plugins) is this tree's for
   # every side. An A/B of one change: its numbers belong in that change's
@@ -846,7 +878,7 @@ PY
   rec '{hw}-gemma3-vs-transformers' --merge --what "$G3_WHAT" --text tiny-gemma3-qwen3="$O/gemma-summary.txt"
   ;;
 gemma-ab) gemma_ab_both ;;
-*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|ep|backend-ab|awq|kvfp8|profile|kprofile|throughput|serve|gemma|gemma-ab|tiled" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|ep|pdl-order|backend-ab|awq|kvfp8|profile|kprofile|throughput|serve|gemma|gemma-ab|tiled" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

@@ -1704,6 +1704,16 @@ int main(int argc, char **argv) {
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         run_shape(&cpu_p, &cuda_p, &shapes[i], NULL, TOL_CPU);
+    /* backend.trigger_first=false: every kernel lets the next launch after
+     * its wait, the same arithmetic; the shapes after these set the default
+     * back before their steps (the setting is per device) */
+    {
+        shape wf0 = shapes[0], wf4 = shapes[4];
+        wf0.name = "tiny-d64 trigger_first=false", wf0.cuda_ov = "trigger_first=false";
+        wf4.name = "llama3-8b-2layer trigger_first=false", wf4.cuda_ov = "trigger_first=false";
+        run_shape(&cpu_p, &cuda_p, &wf0, NULL, TOL_CPU);
+        run_shape(&cpu_p, &cuda_p, &wf4, NULL, TOL_CPU);
+    }
     run_gemma(&cpu_p, &cuda_p);
     run_moe_shapes(&cpu_p, &cuda_p);
     /* FP8 E4M3 KV cache on both backends: head dims 64 and 128, GQA 2 / 3 / 4,

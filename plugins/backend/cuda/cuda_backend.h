@@ -108,6 +108,8 @@ typedef struct cuda_backend_config {
     int64_t qtiled_wgmma_rows;  /* tiled: its wgmma path from these rows
                                    (0 = never)                                  */
     bool qtiled_row;            /* tiled: one row on qtiled_row.cu's kernel   */
+    bool trigger_first;         /* kernels let the next launch before their
+                                   wait (loom_cuda_set_trigger_first)          */
     int64_t fp8_vec_rows;       /* FP8 GEMMs: cuBLASLt's scale vectors from
                                    these rows, unit scales + a scale pass below */
     bool step_split;            /* per-phase step timing (cuda_forward.c)     */

@@ -1130,7 +1130,10 @@ static loom_status cb_step_other(cuda_backend *b, const loom_batch *bt, float *l
 static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits, const loom_logits_topk *tk,
                            loom_error *err) {
     loom_status st;
-    if ((st = CB_CUDA(b, err, cudaSetDevice(b->device)))) return st;
+    /* the launch order is per device: another backend on it may differ */
+    if ((st = CB_CUDA(b, err, cudaSetDevice(b->device))) ||
+        (st = CB_CUDA(b, err, (cudaError_t)loom_cuda_set_trigger_first(b->cfg.trigger_first))))
+        return st;
     cuda_plan p;
     int32_t q = 1;
     const int k = cb_graph_bucket(b, bt, &q);

@@ -1337,7 +1337,9 @@ static loom_status cb_load_begin(cuda_backend *b, const loom_ww *w, loom_error *
                         "rank, not a multiple of 8 as the cuda kernels need; use a size that "
                         "keeps FFN width / size a multiple of 8",
                         c->name, c->intermediate_size, w->shard.size, w->shard.inter);
-    if ((st = CB_CUDA(b, err, cudaSetDevice(b->device)))) return st;
+    if ((st = CB_CUDA(b, err, cudaSetDevice(b->device))) ||
+        (st = CB_CUDA(b, err, (cudaError_t)loom_cuda_set_trigger_first(b->cfg.trigger_first))))
+        return st;
     /* before the quantized-GEMM scratch is sized: the mode moves the
      * quantized GEMV bound */
     loom_cuda_gemm_set_batch_invariant(b->gemm, b->cfg.batch_invariant);

@@ -1,0 +1,50 @@
+/*
+ * kernels/cuda/launch_order.c — the launch-order setting (cuda_kernels.h
+ * loom_cuda_set_trigger_first; common.cuh says what it changes).
+ *
+ * Every translation unit that includes common.cuh has its own copy of the
+ * flag its kernels read (a static __constant__: the kernels are not built
+ * with relocatable device code, so one symbol cannot serve them all), and
+ * registers a setter for it at load. Setting the order writes every copy on
+ * the current device; the value last written to each device is remembered,
+ * so a backend may call it before every step at no cost.
+ */
+#include <stdatomic.h>
+
+#include "cuda_kernels.h"
+
+#define LC_PDL_UNITS 64
+#define LC_PDL_DEVICES 64
+
+/* zero-initialised before any constructor runs, so registration order does
+ * not matter */
+static cudaError_t (*lc_pdl_setters[LC_PDL_UNITS])(int);
+static atomic_int lc_pdl_units;
+static atomic_int lc_pdl_overflow;
+/* per device: 0 unknown (the kernels' default, on), 1 on, 2 off */
+static atomic_int lc_pdl_state[LC_PDL_DEVICES];
+
+void lc_pdl_register(cudaError_t (*set)(int)) {
+    const int i = atomic_fetch_add(&lc_pdl_units, 1);
+    if (i < LC_PDL_UNITS) lc_pdl_setters[i] = set;
+    else atomic_store(&lc_pdl_overflow, 1);
+}
+
+int loom_cuda_set_trigger_first(int on) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return (int)e;
+    if (atomic_load(&lc_pdl_overflow)) return (int)cudaErrorNotSupported; /* a unit without its setter */
+    const int want = on ? 1 : 2;
+    atomic_int *st = dev >= 0 && dev < LC_PDL_DEVICES ? &lc_pdl_state[dev] : NULL;
+    if (st && atomic_load(st) == want) return (int)cudaSuccess;
+    if (!st && on) return (int)cudaSuccess; /* unremembered devices keep the default */
+    const int n = atomic_load(&lc_pdl_units);
+    for (int i = 0; i < n && i < LC_PDL_UNITS; i++)
+        if ((e = lc_pdl_setters[i](on ? 1 : 0)) != cudaSuccess) {
+            if (st) atomic_store(st, 0);
+            return (int)e;
+        }
+    if (st) atomic_store(st, want);
+    return (int)cudaSuccess;
+}
