@@ -184,8 +184,9 @@ __device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
  * through the setter every unit registers at load. */
 static __constant__ int lc_pdl_first = 1;
 __device__ __forceinline__ void lc_pdl_wait() {
+    const int first = lc_pdl_first; /* no kernel writes it: read before the wait */
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (!lc_pdl_first) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (!first) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 __device__ __forceinline__ void lc_pdl_trigger() {
     if (lc_pdl_first) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -608,12 +608,15 @@ void loom_cuda_qgemm_set_tiled_row(loom_cuda_gemm *g, int on);
 /* The launch order of every kernel on the current device (common.cuh,
  * "programmatic dependent launch"): on (1, each device's default) a kernel
  * lets the next one launch before its griddepcontrol.wait, off (0) after
- * it. Per device and process-wide: it applies to every kernel launched (or
- * graph replayed) on the device after the call, and costs nothing when the
- * device already has it (the last value is remembered per device), so a
- * backend calls it before each step. Thread-safe; devices 0..63. Returns
- * cudaSuccess or the copy's error. The cuda backend's trigger_first. */
-int loom_cuda_set_trigger_first(int on);
+ * it. Device-wide: the copies are synchronous writes on the legacy stream,
+ * so kernels in flight or launched just after may still see the old value
+ * (either order is correct). Costs nothing when the device already has the
+ * value (the last one written is remembered per device), so a backend calls
+ * it before each step; instances sharing a device should agree, or each
+ * step rewrites it. Thread-safe. Returns cudaSuccess or the copy's error
+ * (cudaErrorNotSupported: off asked with more than 64 units registered).
+ * The cuda backend's trigger_first. */
+cudaError_t loom_cuda_set_trigger_first(int on);
 /* Each translation unit's setter of its own copy of the order (common.cuh
  * registers one at load; at most 64). Not for callers. */
 void lc_pdl_register(cudaError_t (*set)(int));

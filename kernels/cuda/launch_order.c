@@ -9,6 +9,7 @@
  * the current device; the value last written to each device is remembered,
  * so a backend may call it before every step at no cost.
  */
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "cuda_kernels.h"
@@ -21,8 +22,10 @@
 static cudaError_t (*lc_pdl_setters[LC_PDL_UNITS])(int);
 static atomic_int lc_pdl_units;
 static atomic_int lc_pdl_overflow;
-/* per device: 0 unknown (the kernels' default, on), 1 on, 2 off */
+/* per device: 0 as loaded (the kernels' default, on), 1 on, 2 off */
 static atomic_int lc_pdl_state[LC_PDL_DEVICES];
+/* writers: a memo never says a value some unit does not hold */
+static pthread_mutex_t lc_pdl_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void lc_pdl_register(cudaError_t (*set)(int)) {
     const int i = atomic_fetch_add(&lc_pdl_units, 1);
@@ -30,21 +33,31 @@ void lc_pdl_register(cudaError_t (*set)(int)) {
     else atomic_store(&lc_pdl_overflow, 1);
 }
 
-int loom_cuda_set_trigger_first(int on) {
+/* every unit's copy on the current device */
+static cudaError_t lc_pdl_write(int on) {
+    const int n = atomic_load(&lc_pdl_units);
+    for (int i = 0; i < n && i < LC_PDL_UNITS; i++) {
+        const cudaError_t e = lc_pdl_setters[i](on);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t loom_cuda_set_trigger_first(int on) {
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess) return (int)e;
-    if (atomic_load(&lc_pdl_overflow)) return (int)cudaErrorNotSupported; /* a unit without its setter */
-    const int want = on ? 1 : 2;
+    if (e != cudaSuccess) return e;
+    on = on ? 1 : 0;
     atomic_int *st = dev >= 0 && dev < LC_PDL_DEVICES ? &lc_pdl_state[dev] : NULL;
-    if (st && atomic_load(st) == want) return (int)cudaSuccess;
-    if (!st && on) return (int)cudaSuccess; /* unremembered devices keep the default */
-    const int n = atomic_load(&lc_pdl_units);
-    for (int i = 0; i < n && i < LC_PDL_UNITS; i++)
-        if ((e = lc_pdl_setters[i](on ? 1 : 0)) != cudaSuccess) {
-            if (st) atomic_store(st, 0);
-            return (int)e;
-        }
-    if (st) atomic_store(st, want);
-    return (int)cudaSuccess;
+    const int have = st ? atomic_load(st) : -1;
+    if (have == (on ? 1 : 2) || (have == 0 && on)) return cudaSuccess;
+    /* a unit without its setter keeps the default: only "off" cannot hold */
+    if (!on || !st) {
+        if (atomic_load(&lc_pdl_overflow)) return on ? cudaSuccess : cudaErrorNotSupported;
+    }
+    pthread_mutex_lock(&lc_pdl_lock);
+    e = lc_pdl_write(on);
+    if (st) atomic_store(st, e == cudaSuccess ? (on ? 1 : 2) : -1);
+    pthread_mutex_unlock(&lc_pdl_lock);
+    return e;
 }

@@ -63,7 +63,8 @@
 #           head on 8 Llama-3-8B layers (qtiled_row false and true), the
 #           Llama-3-8B shape in bf16 at batch 1 and 8, Qwen3-30B-A3B and the
 #           SmolLM2 shape at batch 1 (PDL_CASES="CONFIG[@BATCH][:KEY=VALUE...]"
-#           narrows it; ~8 minutes).
+#           narrows it: each case loads its pipeline five times, Qwen3-30B-A3B
+#           61 GB each, so the six may not fit one 10-minute call).
 #   backend-ab: this tree's CUDA backend against older commits' (each packed
 #           by scripts/gpu/pack-old-backend.sh REV [NAME] into .devpack/),
 #           new and the old ones alternated in one machine: batch-1 decode
@@ -112,7 +113,7 @@ step() { echo; echo "=== [${SECONDS}s] $*"; }
 # rec NAME --what TEXT [record.py options]: the stage's current figure; the
 # command recorded is this stage with the variables that narrowed it
 CMD="scripts/gpu/gpu-check.sh ${1:-}"
-for v in QUANT_SCHEMES QUANT_RUNS AWQ_SHAPES KPROFILE_M THROUGHPUT_CASES GEMMA_AB_CASES GEMMA_AB_DECODE_CASES SKIP_AB SERVE_RATES SERVE_N SERVE_IN SERVE_OUT; do [ -n "${!v:-}" ] && CMD="$v=\"${!v}\" $CMD"; done
+for v in PDL_CASES QUANT_SCHEMES QUANT_RUNS AWQ_SHAPES KPROFILE_M THROUGHPUT_CASES GEMMA_AB_CASES GEMMA_AB_DECODE_CASES SKIP_AB SERVE_RATES SERVE_N SERVE_IN SERVE_OUT; do [ -n "${!v:-}" ] && CMD="$v=\"${!v}\" $CMD"; done
 rec() { python3 bench/record.py "$@" --dir "$RESULTS" --command "$CMD" || fails=$((fails + 1)); }
 # The SmolLM2 GGUF, carried in parts (split -b 33M; docs/gpu.md) across
 # back-to-back calls: each call copies the part it carries to /tmp, the
@@ -678,7 +679,7 @@ kprofile)
   ;;
 pdl-order)
   # two pipelines that differ in backend.trigger_first alone, each
-  # including the case's config (an include is relative to its file)
+  # including the case's config
   : > "$O/pdl-order.txt"
   bargs=()
   for cs in ${PDL_CASES:-llama3-8b-int4-head-tiled:model.layers=8:backend.qtiled_row=false \
@@ -687,12 +688,13 @@ pdl-order)
     IFS=: read -r cb sets <<< "$cs"
     c=${cb%@*} bs=1; [ "$c" != "$cb" ] && bs=${cb#*@}
     [ -f "configs/gpu/$c.yaml" ] || { echo "FAIL PDL_CASES has '$c': no configs/gpu/$c.yaml"; fails=$((fails + 1)); continue; }
-    rel=$(python3 -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "configs/gpu/$c.yaml" "$O")
-    for v in true false; do printf 'include: %s\nbackend:\n  trigger_first: %s\n' "$rel" $v > "$O/pdl-$v.yaml"; done
     sargs=(); for kv in ${sets//:/ }; do sargs+=(--set "$kv"); done
-    name=$(echo "$cs" | tr ':=@' '_-b' | cut -c1-64)
+    name=$(echo "$cs" | sed 's/backend\.//g; s/model\.//g; s/@/_b/' | tr ':=' '_-')
+    for v in true false; do
+      printf 'include: %s\nbackend:\n  trigger_first: %s\n' "$PWD/configs/gpu/$c.yaml" $v > "$O/pdl-$name-$v.yaml"
+    done
     step "backend.trigger_first true (a) vs false (b): $cs, batch $bs"
-    timeout 400 loom bench --compare "$O/pdl-true.yaml" "$O/pdl-false.yaml" --repeat 2 --num-requests $((bs * 2 + 1)) \
+    timeout 400 loom bench --compare "$O/pdl-$name-true.yaml" "$O/pdl-$name-false.yaml" --repeat 2 --num-requests $((bs * 2 + 1)) \
       --input-len 128 --output-len 256 --set scheduler.max_num_seqs=$bs "${sargs[@]}" --no-progress \
       --json "$O/pdl-$name.json" > "$O/pdl-$name.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$O/pdl-$name.txt"; continue; }
     echo "$cs batch $bs: $(grep -E 'TPOT p50' "$O/pdl-$name.txt" | tr -s ' ')" | tee -a "$O/pdl-order.txt"

@@ -234,6 +234,7 @@ typedef struct shape {
                            third layer global (RoPE base theta), the others
                            local over `window` tokens (base 10000)            */
     const struct moe_spec *moe; /* a mixture of experts, or NULL (dense FFN)  */
+    const char *cuda_ov2; /* a second cuda backend parameter, or NULL        */
 } shape;
 
 /* A mixture-of-experts FFN in every layer (fm_moe). */
@@ -703,8 +704,9 @@ static void run_shape(const plugin *cpu_p, const plugin *cuda_p, const shape *sh
               .kv_fp8 = kv_fp8};
     char dt_ov[32];
     snprintf(dt_ov, sizeof dt_ov, "dtype=%s", sh->dtype ? sh->dtype : "bf16");
-    const char *ov_eager[] = {"cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL};
-    const char *ov_graph[] = {"cuda_graphs=true", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, NULL};
+    /* (cuda_ov2 only after cuda_ov: the list ends at the first NULL) */
+    const char *ov_eager[] = {"cuda_graphs=false", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, sh->cuda_ov2, NULL};
+    const char *ov_graph[] = {"cuda_graphs=true", "max_batched_tokens=1024", dt_ov, sh->cuda_ov, sh->cuda_ov2, NULL};
     void *c_cpu = gpu_config_make(cpu_p->comp, NULL), *c_e = gpu_config_make(cuda_p->comp, ov_eager),
          *c_g = gpu_config_make(cuda_p->comp, ov_graph);
     loom_kv_layout kvl = {.struct_size = sizeof kvl, .block_size = BS, .num_blocks = NB,
@@ -1708,7 +1710,8 @@ int main(int argc, char **argv) {
      * its wait, the same arithmetic; the shapes after these set the default
      * back before their steps (the setting is per device) */
     {
-        shape wf0 = shapes[0], wf4 = shapes[4];
+        const size_t last = sizeof shapes / sizeof shapes[0] - 1; /* the Llama-3-8B-like one */
+        shape wf0 = shapes[0], wf4 = shapes[last];
         wf0.name = "tiny-d64 trigger_first=false", wf0.cuda_ov = "trigger_first=false";
         wf4.name = "llama3-8b-2layer trigger_first=false", wf4.cuda_ov = "trigger_first=false";
         run_shape(&cpu_p, &cuda_p, &wf0, NULL, TOL_CPU);
@@ -1808,6 +1811,10 @@ quant:;
         run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16, "int8-w8a16", &tt, 3e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &tt, 3e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &t8b, 3e-2);
+        /* the tiled kernels with every kernel triggering after its wait */
+        shape w8b = t8b;
+        w8b.name = "q-llama3-8b-2layer tiled trigger_first=false", w8b.cuda_ov2 = "trigger_first=false";
+        run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &w8b, 3e-2);
     }
     /* GGUF blocks as stored (int4 quantizer, source gguf) on both backends:
      * SmolLM2-like all-q4_1; Q4_K_M-like (q4_k with q6_k V and down: two

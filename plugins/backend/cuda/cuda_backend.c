@@ -110,10 +110,11 @@ static const loom_param cb_params[] = {
     {.key = "trigger_first", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, trigger_first),
      .default_value = "true",
      .doc = "every kernel lets the next one launch before its griddepcontrol.wait (programmatic dependent "
-            "launch), so several grids launch ahead; false = after the wait, at most one ahead. Per device: "
-            "set before each step. H100: true measured faster on Qwen3-30B-A3B (3.405 -> 3.25 ms a token) and "
-            "SmolLM2, false on tiled INT4 at one row (8 Llama-3-8B layers, mma.sync path 0.881 -> 0.724 ms) "
-            "and Llama-3-8B batch 8 (0.5-1.5%)"},
+            "launch), so several grids launch ahead; false = after the wait, at most one ahead. Device-wide: "
+            "set before each step, instances sharing a GPU should agree. H100: true measured faster on "
+            "Qwen3-30B-A3B batch 1 (3.405 -> 3.27 ms a token) and SmolLM2; false on Llama-3-8B batch 8 "
+            "(0.5-1.5%) and on tiled INT4 at one row with qtiled_row=false (8 Llama-3-8B layers: 0.724 ms "
+            "against the default's 0.80; with qtiled_row=true false is slower, 0.82)"},
     {.key = "fp8_vec_rows", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, fp8_vec_rows),
      .default_value = "129", .min = 0, .max = 65536,
      .doc = "FP8 GEMMs with bf16 output above the GEMV's 8 rows: from calls of this many rows cuBLASLt "
