@@ -52,9 +52,7 @@ cudaError_t loom_cuda_set_trigger_first(int on) {
     const int have = st ? atomic_load(st) : -1;
     if (have == (on ? 1 : 2) || (have == 0 && on)) return cudaSuccess;
     /* a unit without its setter keeps the default: only "off" cannot hold */
-    if (!on || !st) {
-        if (atomic_load(&lc_pdl_overflow)) return on ? cudaSuccess : cudaErrorNotSupported;
-    }
+    if (!on && atomic_load(&lc_pdl_overflow)) return cudaErrorNotSupported;
     pthread_mutex_lock(&lc_pdl_lock);
     e = lc_pdl_write(on);
     if (st) atomic_store(st, e == cudaSuccess ? (on ? 1 : 2) : -1);

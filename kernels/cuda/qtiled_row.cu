@@ -17,9 +17,9 @@
  *
  * The token is staged once per CTA into shared memory in B-fragment order
  * (lane t's 8 words of a warp tile contiguous), so a vector's B operand is
- * two 16-byte shared loads a lane, the same address for the 8 lanes of a t. Every lane supplies the token as its column, so
- * the 8 columns of the mma's C are the same dot; lanes t = 0 keep rows g
- * and g + 8.
+ * two 16-byte shared loads a lane, the same address for the 8 lanes of a
+ * t. Every lane supplies the token as its column, so the 8 columns of the
+ * mma's C are the same dot; lanes t = 0 keep rows g and g + 8.
  *
  * The raw decode (qtiled.cuh lc_qt_raw4, one LOP3 per two weights): the
  * mma sums (M + q) x over a group; at the group's end, or the warp's
