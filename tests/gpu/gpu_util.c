@@ -34,7 +34,21 @@ const loom_component *gpu_quantizer_find(void **lib, const char *dir, const char
     return gpu_plugin_find(lib, path, LOOM_KIND_QUANTIZER, name);
 }
 
+/* An override naming no parameter would silently test the default: stop. */
+static void config_check_overrides(const loom_component *c, const char *const *overrides) {
+    for (const char *const *o = overrides; o && *o; o++) {
+        const loom_param *p = c->params;
+        size_t kl = strcspn(*o, "=");
+        while (p && p->key && !(strlen(p->key) == kl && !strncmp(*o, p->key, kl))) p++;
+        if (!p || !p->key || (*o)[kl] != '=') {
+            fprintf(stderr, "gpu_config_make: override '%s' names no parameter of %s (key=value)\n", *o, c->name);
+            exit(2);
+        }
+    }
+}
+
 void *gpu_config_make(const loom_component *c, const char *const *overrides) {
+    config_check_overrides(c, overrides);
     uint8_t *cfg = calloc(1, c->config_size + 16);
     for (const loom_param *p = c->params; p && p->key; p++) {
         const char *v = p->default_value;

@@ -24,7 +24,8 @@ const loom_component *gpu_quantizer_find(void **lib, const char *dir, const char
 
 /* A calloc'd config struct (config_size + 16 bytes) from c's parameter
  * defaults, each overridden by a "key=value" of the NULL-terminated
- * `overrides` (may be NULL). Booleans take "true" or "1". */
+ * `overrides` (may be NULL). Booleans take "true" or "1". An override whose
+ * key is no parameter of c ends the program (exit 2) naming it. */
 void *gpu_config_make(const loom_component *c, const char *const *overrides);
 
 /* The tests' one random stream: seed it, then draw. */
