@@ -192,7 +192,8 @@ __device__ __forceinline__ void lc_pdl_trigger() {
     if (lc_pdl_first) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 static cudaError_t lc_pdl_set_unit(int first) { return cudaMemcpyToSymbol(lc_pdl_first, &first, sizeof first); }
-[[maybe_unused]] static const int lc_pdl_registered = (lc_pdl_register(lc_pdl_set_unit), 0);
+static cudaError_t lc_pdl_get_unit(int *first) { return cudaMemcpyFromSymbol(first, lc_pdl_first, sizeof *first); }
+[[maybe_unused]] static const int lc_pdl_registered = (lc_pdl_register(lc_pdl_set_unit, lc_pdl_get_unit), 0);
 
 /* Weight prefetch under PDL: a kernel's weights do not depend on the kernel
  * before it, so a GEMV asks L2 for its rows before lc_pdl_wait() — while the

@@ -617,9 +617,13 @@ void loom_cuda_qgemm_set_tiled_row(loom_cuda_gemm *g, int on);
  * (cudaErrorNotSupported: off asked with more than 64 units registered).
  * The cuda backend's trigger_first. */
 cudaError_t loom_cuda_set_trigger_first(int on);
-/* Each translation unit's setter of its own copy of the order (common.cuh
- * registers one at load; at most 64). Not for callers. */
-void lc_pdl_register(cudaError_t (*set)(int));
+/* What every unit's copy of the order holds on the current device: *units
+ * registered, *on of them on (a test's read-back; the results are the same
+ * either way). Returns cudaSuccess or the first copy's error. */
+cudaError_t loom_cuda_trigger_first_units(int *units, int *on);
+/* Each translation unit's setter and getter of its own copy of the order
+ * (common.cuh registers them at load; at most 64). Not for callers. */
+void lc_pdl_register(cudaError_t (*set)(int), cudaError_t (*get)(int *));
 /* FP8 GEMMs with bf16 output (above the GEMV's rows) take cuBLASLt's
  * per-token / per-channel scale vectors, one rounding into y, from calls of
  * min_m rows; below, a unit-scale GEMM writing y and the scale epilogue

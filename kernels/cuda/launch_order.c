@@ -20,6 +20,7 @@
 /* zero-initialised before any constructor runs, so registration order does
  * not matter */
 static cudaError_t (*lc_pdl_setters[LC_PDL_UNITS])(int);
+static cudaError_t (*lc_pdl_getters[LC_PDL_UNITS])(int *);
 static atomic_int lc_pdl_units;
 static atomic_int lc_pdl_overflow;
 /* per device: 0 as loaded (the kernels' default, on), 1 on, 2 off */
@@ -27,9 +28,9 @@ static atomic_int lc_pdl_state[LC_PDL_DEVICES];
 /* writers: a memo never says a value some unit does not hold */
 static pthread_mutex_t lc_pdl_lock = PTHREAD_MUTEX_INITIALIZER;
 
-void lc_pdl_register(cudaError_t (*set)(int)) {
+void lc_pdl_register(cudaError_t (*set)(int), cudaError_t (*get)(int *)) {
     const int i = atomic_fetch_add(&lc_pdl_units, 1);
-    if (i < LC_PDL_UNITS) lc_pdl_setters[i] = set;
+    if (i < LC_PDL_UNITS) lc_pdl_setters[i] = set, lc_pdl_getters[i] = get;
     else atomic_store(&lc_pdl_overflow, 1);
 }
 
@@ -58,4 +59,16 @@ cudaError_t loom_cuda_set_trigger_first(int on) {
     if (st) atomic_store(st, e == cudaSuccess ? (on ? 1 : 2) : -1);
     pthread_mutex_unlock(&lc_pdl_lock);
     return e;
+}
+
+cudaError_t loom_cuda_trigger_first_units(int *units, int *on) {
+    const int n = atomic_load(&lc_pdl_units);
+    *units = n, *on = 0;
+    for (int i = 0; i < n && i < LC_PDL_UNITS; i++) {
+        int v = 0;
+        const cudaError_t e = lc_pdl_getters[i](&v);
+        if (e != cudaSuccess) return e;
+        *on += v != 0;
+    }
+    return cudaSuccess;
 }

@@ -1160,6 +1160,22 @@ static void test_copy_blocks(bool to_host) {
     free(src_h), free(got);
 }
 
+/* ------------------------------------------------------------ launch order */
+
+/* loom_cuda_set_trigger_first reaches every translation unit's copy of the
+ * flag (read back: the kernels' results are the same either way). */
+static void test_launch_order(void) {
+    int units = 0, on = 0;
+    for (int k = 0; k < 2; k++) {
+        CK(loom_cuda_set_trigger_first(k));
+        CK(loom_cuda_trigger_first_units(&units, &on));
+        const bool ok = units >= 8 && on == (k ? units : 0);
+        printf("%s launch order %s: %d of %d units on\n", ok ? "PASS" : "FAIL", k ? "on" : "off", on, units);
+        if (ok) g_pass++;
+        else g_fail++;
+    }
+}
+
 /* ------------------------------------------------------------------ GEMM */
 
 static void test_gemm(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int K, bool out_f32) {
@@ -3845,6 +3861,7 @@ int main(int argc, char **argv) {
      * would otherwise fill with minutes of sanitizer time */
     /* =attention: the attention tests only (dt and E4M3 caches);
      * =epilogue: the GEMVs' pair-epilogue tests only (short device calls) */
+    test_launch_order(); /* every subset: it takes no time */
     const char *only = getenv("LOOM_GPU_KERNEL_TESTS");
     const bool only_att = only && strcmp(only, "attention") == 0, only_epi = only && strcmp(only, "epilogue") == 0;
     if (only && strcmp(only, "moe") == 0) { /* =moe: the mixture-of-experts kernels only */
@@ -3862,6 +3879,13 @@ int main(int argc, char **argv) {
         printf("gpu_kernel_tests: LOOM_GPU_KERNEL_TESTS=attention: the attention tests only\n");
         goto attention;
     }
+    /* a few elementwise kernels with every kernel waiting before it lets the
+     * next launch (the cuda backend's trigger_first=false); the rest as loaded */
+    CK(loom_cuda_set_trigger_first(0));
+    test_rmsnorm(LOOM_CUDA_BF16, 4096, 3, 1);
+    test_swiglu(LOOM_CUDA_BF16, 4096, 5, false);
+    test_add_normed(LOOM_CUDA_BF16, 4096, 3);
+    CK(loom_cuda_set_trigger_first(1));
     test_embedding(LOOM_CUDA_BF16, 1000, 4096, 7, false);
     test_embedding(LOOM_CUDA_F16, 49152, 576, 3, false);
     test_embedding(LOOM_CUDA_BF16, 1000, 64, 9, true);
