@@ -549,30 +549,24 @@ static void bench_quant(int M) {
      * above the default bound with it raised: the kernel in chunks of 256
      * rows, "_tiled_chunks" (the forced kernels' rows in chunks there
      * too) — where the bounds belong) */
-    /* (at one row INT4 also with the one-row kernel off: qtiled.cu's
-     * kernel, "_tiled_mma1") */
     const int nmma = M >= LC_QT_DEFAULT_WG_MIN_M ? 8 : 0; /* _tiled_cpa, _tiled_tma, _tiled_wide, _tiled_mma */
-    const int nrow = M == 1 ? 1 : 0;                      /* _tiled_mma1 (INT4) */
     const int nv0 = M >= 2 && M <= 8 ? NF + 4 : M > 8 ? NF + 1 : NF,
-              nv = nv0 + 2 + nmma + (M > 64 ? 2 : 0) + (M > LC_QT_DEFAULT_MAX_M ? 2 : 0) + nrow;
+              nv = nv0 + 2 + nmma + (M > 64 ? 2 : 0) + (M > LC_QT_DEFAULT_MAX_M ? 2 : 0);
     const int vec0 = lc_gemm_fp8_vec(g);
     for (int vi = 0; vi < nv; vi++) {
         const bool tiled = vi >= nv0, cpa = tiled && vi >= nv0 + 2 && vi < nv0 + 4 && nmma,
                    tma = tiled && vi >= nv0 + 4 && vi < nv0 + 6 && nmma,
                    wide = tiled && vi >= nv0 + 6 && vi < nv0 + 8 && nmma,
                    mma = tiled && vi >= nv0 + 8 && vi < nv0 + 2 + nmma,
-                   row_off = nrow && vi >= nv0 + 2,
-                   deq = !row_off && vi >= nv0 + 2 + nmma && vi < nv0 + 4 + nmma,
-                   chunks = !row_off && vi >= nv0 + 4 + nmma;
+                   deq = vi >= nv0 + 2 + nmma && vi < nv0 + 4 + nmma, chunks = vi >= nv0 + 4 + nmma;
         lc_qtiled_set_wgmma_tma(cpa ? 0 : tma ? 1 : wide ? 4 : 2);
-        loom_cuda_qgemm_set_tiled_row(g, !row_off);
         /* above the default bound the forced kernels run in chunks too (else
          * each would be the dequantize again) */
         const bool raised = chunks || (M > LC_QT_DEFAULT_MAX_M && (cpa || tma || wide || mma));
         loom_cuda_qgemm_set_tiled_max_m(g, deq ? 0 : raised ? LC_QT_CHUNKED_MAX_M : LC_QT_DEFAULT_MAX_M);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, mma ? 0 : LC_QT_DEFAULT_WG_MIN_M);
         const bool alt = !tiled && M > 8 && vi == NF, epi = alt && M >= LOOM_CUDA_FP8_VEC_MIN_M;
-        const int fi = row_off ? 4 : tiled ? ((vi - nv0) % 2 == 0 ? 1 : 4) : alt ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
+        const int fi = tiled ? ((vi - nv0) % 2 == 0 ? 1 : 4) : alt ? QB_FP8 : vi < NF ? vi : 1 + (vi - NF);
         const bool cores = !tiled && vi >= NF && !alt;
         loom_cuda_qgemm_set_tc_min_m(g, cores ? 9 : 0); /* 9: never; 0: the default bound */
         lc_gemm_set_fp8_vec(g, epi ? 0 : vec0);
@@ -620,7 +614,6 @@ static void bench_quant(int M) {
                  cores ? "_cc"
                  : epi ? "_epi"
                  : alt ? "_vec"
-                 : row_off ? "_tiled_mma1"
                  : deq ? "_tiled_deq"
                  : chunks ? "_tiled_chunks"
                  : mma ? "_tiled_mma"
@@ -668,15 +661,13 @@ static void bench_quant(int M) {
  * kernels. */
 static void bench_quant_chain(int M, bool mixed) {
     const int(*shp)[2] = l8b_linears;
-    /* the last three: W8A16 / INT4 on tiled weights (qtiled.cu; INT4 at one
-     * row qtiled_row.cu's kernel), then INT4 with that kernel off ("_mma1":
-     * one row on qtiled.cu's) */
-    enum { NCF = 8 };
+    /* the last two: W8A16 / INT4 on tiled weights (qtiled.cu) */
+    enum { NCF = 7 };
     static const loom_cuda_qfmt fmts[NCF] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
                                              LOOM_CUDA_Q_FP8,  LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16,
-                                             LOOM_CUDA_Q_INT4, LOOM_CUDA_Q_INT4};
-    static const char *names[NCF] = {"bf16",      "int8_w8a16",       "int8_w8a8",       "fp8",
-                                     "int4_g128", "int8_w8a16_tiled", "int4_g128_tiled", "int4_g128_tiled_mma1"};
+                                             LOOM_CUDA_Q_INT4};
+    static const char *names[NCF] = {"bf16",      "int8_w8a16",       "int8_w8a8",      "fp8",
+                                     "int4_g128", "int8_w8a16_tiled", "int4_g128_tiled"};
     enum { DEPTH = 8 };
     int code;
     char msg[256];
@@ -707,8 +698,6 @@ static void bench_quant_chain(int M, bool mixed) {
     const char *kind = mixed ? "mixed  " : "chained";
     for (int fi = 0; fi < NCF; fi++) {
         const loom_cuda_qfmt f = fmts[fi];
-        if (fi >= 7 && M != 1) break;
-        loom_cuda_qgemm_set_tiled_row(g, fi < 7);
         void *data[4] = {0};
         float *sc[4] = {0};
         loom_cuda_qweight w[4];
@@ -926,10 +915,10 @@ static void bench_decode_layer(int ctx) {
     /* unfused: a layer without the pair epilogues, bf16's ablations
      * against that; then fused (what a step runs). A variant with linears
      * or small kernels left out follows the one it is measured against. */
-    /* tiled: 1 the weights repacked (INT4: qtiled_row.cu's one-row kernel;
-     * W8A16: qtiled.cu's), 2 repacked with that kernel off (qtiled.cu's,
-     * its epilogues unfused) */
-    static const struct { loom_cuda_qfmt fmt; int skip, fuse; const char *name; int tiled; } vars[] = {
+    /* tiled: the weights repacked (qtiled.cu's kernel, which fuses no pair
+     * epilogue: RoPE + KV write and SwiGLU run as their own kernels
+     * whatever fuse asks, as in a step) */
+    static const struct { loom_cuda_qfmt fmt; int skip, fuse; const char *name; bool tiled; } vars[] = {
         {LOOM_CUDA_Q_NONE, 0, 0, "bf16 unfused"},
         {LOOM_CUDA_Q_NONE, DL_ROPE, 0, "bf16 without rope_kv"},
         {LOOM_CUDA_Q_NONE, DL_ATTN, 0, "bf16 without attention"},
@@ -958,13 +947,8 @@ static void bench_decode_layer(int ctx) {
         {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 both fused"},
         {LOOM_CUDA_Q_INT8_W8A16, 0, 1, "int8_w8a16 rope fused (again)"},
         {LOOM_CUDA_Q_INT8_W8A16, 0, 3, "int8_w8a16 both fused (again)"},
-        {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 tiled both fused", 1},
-        {LOOM_CUDA_Q_INT4, 0, 2, "int4_g128 tiled swiglu fused", 1},
-        {LOOM_CUDA_Q_INT4, 0, 0, "int4_g128 tiled unfused", 1},
-        {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 tiled one-row kernel off", 2},
+        {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 tiled", 1},
         {LOOM_CUDA_Q_INT8_W8A16, 0, 3, "int8_w8a16 tiled", 1},
-        {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 tiled both fused (again)", 1},
-        {LOOM_CUDA_Q_INT4, 0, 3, "int4_g128 tiled one-row kernel off (again)", 2},
         {LOOM_CUDA_Q_NONE, 0, 3, "bf16 both fused (again)"},
     };
     printf("  one Llama-3-8B decode layer, whole (ctx %d, %d deep in a CUDA graph):\n", ctx, DEPTH);
@@ -985,7 +969,6 @@ static void bench_decode_layer(int ctx) {
         }
         c.scratch = NULL;
         if (c.scr) CK(cudaMalloc(&c.scratch, c.scr));
-        loom_cuda_qgemm_set_tiled_row(c.g, vars[vi].tiled != 2);
         int rc = 0;
         cudaGraph_t gr = NULL;
         const long fused0 = loom_cuda_epi_fused_count();

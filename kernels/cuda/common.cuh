@@ -158,11 +158,14 @@ __device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
  * Every kernel here is launched with programmatic stream serialisation
  * (lc_launch), so its launch and CTA rasterisation overlap the tail of the
  * kernel before it — in a decode step of ~320 small kernels that is most of
- * the gap between them. Every kernel calls lc_pdl_trigger(), letting the
- * next kernel start launching, then lc_pdl_wait() before the first global
+ * the gap between them. Every kernel calls lc_pdl_trigger() and
+ * lc_pdl_wait(), the wait before the first global
  * memory access that another kernel of the step may have written (it
  * returns once the previous grid has completed and its writes are visible;
- * a no-op when launched without the attribute). Triggering first is safe:
+ * a no-op when launched without the attribute); by default the wait then
+ * lets the next kernel start launching, so at most one grid launches
+ * ahead. Triggering first (the trigger_first setting) lets a chain of grids
+ * launch ahead, which is safe too:
  * the next kernel still waits for this one's completion itself, and the
  * next grid launches only once every CTA of this one has started, so
  * nothing waits for a CTA that cannot be scheduled; the next kernel's
@@ -176,13 +179,15 @@ __device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
  * the one it follows (the next kernel's wait relies on that). Captured into
  * CUDA graphs as programmatic edges.
  * The order is a setting (loom_cuda_set_trigger_first; the cuda backend's
- * trigger_first): where it is off, lc_pdl_trigger() does nothing and
- * lc_pdl_wait() triggers after the wait, so at most one grid launches
- * ahead. Either order is correct, so a setting changed mid-step only mixes
- * them. Its value lives in each translation unit's lc_pdl_first (this
- * header's static __constant__), which loom_cuda_set_trigger_first writes
- * through the setter every unit registers at load. */
-static __constant__ int lc_pdl_first = 1;
+ * trigger_first): where it is on, lc_pdl_trigger() lets the next launch
+ * and lc_pdl_wait() does not. Off is the default: grids launched early
+ * hold SM slots while they wait, which slowed the tiled INT4 kernel's
+ * batch-1 path by ~20% (docs/performance.md, "Choices decided by a
+ * measurement"). Either order is correct, so a setting changed mid-step
+ * only mixes them. Its value lives in each translation unit's lc_pdl_first
+ * (this header's static __constant__), which loom_cuda_set_trigger_first
+ * writes through the setter every unit registers at load. */
+static __constant__ int lc_pdl_first = 0;
 __device__ __forceinline__ void lc_pdl_wait() {
     const int first = lc_pdl_first; /* no kernel writes it: read before the wait */
     asm volatile("griddepcontrol.wait;" ::: "memory");

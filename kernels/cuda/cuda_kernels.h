@@ -482,9 +482,9 @@ typedef struct loom_cuda_qweight {
  * tensor-core tiles of kernels/cuda/qtiled.cu (same bytes, permuted within
  * 16-row blocks; W8A16's scales unchanged, INT4's rewritten in place as
  * (s, b) pairs of tile_dt, 16 rows of a group together: half the bytes). A tiled weight runs qtiled.cu's kernel
- * up to the tiled bound (loom_cuda_qgemm_set_tiled_max_m) — INT4's one
- * row qtiled_row.cu's, with the pair epilogues (loom_cuda_epi), outside
- * the batch-invariant mode — and dequantize + cuBLASLt above it; the
+ * up to the tiled bound (loom_cuda_qgemm_set_tiled_max_m), one row
+ * included, without the pair epilogues (loom_cuda_epi: the separate
+ * kernels run after it), and dequantize + cuBLASLt above it; the
  * row-major kernels never see it. */
 enum { LOOM_CUDA_QLAYOUT_ROWS = 0, LOOM_CUDA_QLAYOUT_TILED = 1 };
 
@@ -515,8 +515,8 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
 
 /* Whether a one-row loom_cuda_qgemm_run of w splits K across the warps of
  * the GEMV's CTAs (kernels/cuda/qgemm.cu: where the unsplit grid leaves the
- * GPU short of a wave, e.g. Llama-3-8B's O and down projections; a tiled
- * INT4 weight's one-row kernel, qtiled_row.cu, likewise; never in
+ * GPU short of a wave, e.g. Llama-3-8B's O and down projections; never for
+ * a tiled weight, whose row runs qtiled.cu's kernel, nor in
  * batch-invariant mode). The step
  * fuses SwiGLU before a W8A16 / INT4 down projection only where it splits:
  * unsplit, that GEMV right after the gate|up one is the slower layer. */
@@ -601,20 +601,16 @@ void loom_cuda_qgemm_set_tiled_max_m(loom_cuda_gemm *g, int max_m);
  * warpgroup MMA), below it the mma.sync one; 0 = never (default 17; not in
  * batch-invariant mode). The cuda backend's qtiled_wgmma_rows. */
 void loom_cuda_qgemm_set_tiled_wgmma_min_m(loom_cuda_gemm *g, int min_m);
-/* Tiled INT4 weights at one row run qtiled_row.cu's kernel (1, the
- * default) or qtiled.cu's (0; RoPE / SwiGLU then as separate kernels). The
- * cuda backend's qtiled_row. */
-void loom_cuda_qgemm_set_tiled_row(loom_cuda_gemm *g, int on);
 /* The launch order of every kernel on the current device (common.cuh,
- * "programmatic dependent launch"): on (1, each device's default) a kernel
- * lets the next one launch before its griddepcontrol.wait, off (0) after
- * it. Device-wide: the copies are synchronous writes on the legacy stream,
+ * "programmatic dependent launch"): on (1) a kernel lets the next one
+ * launch before its griddepcontrol.wait, off (0, each device's default)
+ * after it. Device-wide: the copies are synchronous writes on the legacy stream,
  * so kernels in flight or launched just after may still see the old value
  * (either order is correct). Costs nothing when the device already has the
  * value (the last one written is remembered per device), so a backend calls
  * it before each step; instances sharing a device should agree, or each
  * step rewrites it. Thread-safe. Returns cudaSuccess or the copy's error
- * (cudaErrorNotSupported: off asked with more than 64 units registered).
+ * (cudaErrorNotSupported: on asked with more than 64 units registered).
  * The cuda backend's trigger_first. */
 cudaError_t loom_cuda_set_trigger_first(int on);
 /* What every unit's copy of the order holds on the current device: *units

@@ -58,7 +58,6 @@ struct loom_cuda_gemm {
     int invariant;  /* batch-invariant: the GEMVs at every M, no cuBLASLt */
     int q_tiled_max_m; /* tiled W8A16 / INT4: largest M of qtiled.cu's kernel */
     int q_tiled_wg_min_m; /* tiled: fewest M of its wgmma path (0: never) */
-    int q_tiled_row;      /* tiled: one row on qtiled_row.cu's kernel       */
     int fp8_vec;    /* FP8 GEMMs may take per-row / per-column scale vectors */
     int fp8_vec_min_m; /* ... from this many rows (fewer: unit scales + epilogue) */
     int q_tc_min_m; /* rows from which the quantized GEMV takes the tensor cores (0: per format) */
@@ -117,7 +116,6 @@ loom_cuda_gemm *loom_cuda_gemm_create(size_t workspace_bytes, int *code, char *m
      * (FP8 / W8A8). Starting points, to be tuned with gpu_bench. */
     g->q_tiled_max_m = LC_QT_DEFAULT_MAX_M;
     g->q_tiled_wg_min_m = LC_QT_DEFAULT_WG_MIN_M;
-    g->q_tiled_row = 1;
     g->q_gemv_max_m[LOOM_CUDA_Q_INT8_W8A16] = 16;
     g->q_gemv_max_m[LOOM_CUDA_Q_INT8_W8A8] = 8;
     g->q_gemv_max_m[LOOM_CUDA_Q_FP8] = 8;
@@ -388,10 +386,6 @@ void loom_cuda_qgemm_set_tiled_max_m(loom_cuda_gemm *g, int max_m) {
 }
 
 int lc_gemm_q_tiled_wg_min_m(const loom_cuda_gemm *g) { return g->q_tiled_wg_min_m; }
-
-int lc_gemm_q_tiled_row(const loom_cuda_gemm *g) { return g->q_tiled_row; }
-
-void loom_cuda_qgemm_set_tiled_row(loom_cuda_gemm *g, int on) { g->q_tiled_row = on ? 1 : 0; }
 
 void loom_cuda_qgemm_set_tiled_wgmma_min_m(loom_cuda_gemm *g, int min_m) {
     g->q_tiled_wg_min_m = min_m <= 0 ? 0 : min_m < 2 ? 2 : min_m > LC_QT_MAX_M + 1 ? LC_QT_MAX_M + 1 : min_m;

@@ -23,7 +23,7 @@ static cudaError_t (*lc_pdl_setters[LC_PDL_UNITS])(int);
 static cudaError_t (*lc_pdl_getters[LC_PDL_UNITS])(int *);
 static atomic_int lc_pdl_units;
 static atomic_int lc_pdl_overflow;
-/* per device: 0 as loaded (the kernels' default, on), 1 on, 2 off */
+/* per device: 0 as loaded (the kernels' default, off), 1 on, 2 off */
 static atomic_int lc_pdl_state[LC_PDL_DEVICES];
 /* writers: a memo never says a value some unit does not hold */
 static pthread_mutex_t lc_pdl_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -51,9 +51,9 @@ cudaError_t loom_cuda_set_trigger_first(int on) {
     on = on ? 1 : 0;
     atomic_int *st = dev >= 0 && dev < LC_PDL_DEVICES ? &lc_pdl_state[dev] : NULL;
     const int have = st ? atomic_load(st) : -1;
-    if (have == (on ? 1 : 2) || (have == 0 && on)) return cudaSuccess;
-    /* a unit without its setter keeps the default: only "off" cannot hold */
-    if (!on && atomic_load(&lc_pdl_overflow)) return cudaErrorNotSupported;
+    if (have == (on ? 1 : 2) || (have == 0 && !on)) return cudaSuccess;
+    /* a unit without its setter keeps the default: only "on" cannot hold */
+    if (on && atomic_load(&lc_pdl_overflow)) return cudaErrorNotSupported;
     pthread_mutex_lock(&lc_pdl_lock);
     e = lc_pdl_write(on);
     if (st) atomic_store(st, e == cudaSuccess ? (on ? 1 : 2) : -1);

@@ -109,13 +109,6 @@ long lc_qgemm_qtiled_count(void) { return lc_qtiled_runs; }
 static int lc_tiled(const loom_cuda_qweight *w) {
     return (w->fmt == LOOM_CUDA_Q_INT8_W8A16 || w->fmt == LOOM_CUDA_Q_INT4) && w->layout == LOOM_CUDA_QLAYOUT_TILED;
 }
-/* Whether one row of w runs qtiled_row.cu's kernel: tiled INT4 of dt that
- * kernel takes, the tiled bound admitting a row, the setting on, and not
- * the batch-invariant mode. */
-static int lc_tiled_row(const loom_cuda_gemm *g, loom_cuda_dt dt, const loom_cuda_qweight *w) {
-    return lc_tiled(w) && !lc_gemm_invariant(g) && lc_gemm_q_tiled_max_m(g) >= 1 && lc_gemm_q_tiled_row(g) &&
-           dt == w->tile_dt && lc_qtiled_row_kw(w) > 0;
-}
 /* Whether a tiled weight runs qtiled.cu's kernel at M rows (else dequantize
  * + cuBLASLt): up to the tiled bound, at every M in batch-invariant mode. */
 static int lc_tiled_kernel(const loom_cuda_gemm *g, int M) {
@@ -182,10 +175,10 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
 }
 
 int loom_cuda_qgemm_splits(const loom_cuda_gemm *g, loom_cuda_dt dt, const loom_cuda_qweight *w) {
-    /* one row goes to the GEMV (lc_gemv_passes) when its bound admits it */
-    if (!w || w->fmt == LOOM_CUDA_Q_NONE) return 0;
-    if (lc_tiled(w)) return lc_tiled_row(g, dt, w) && lc_qtiled_row_kw(w) > 1;
-    if (lc_gemm_q_gemv_max_m(g, w->fmt) < 1) return 0;
+    /* one row goes to the GEMV (lc_gemv_passes) when its bound admits it;
+     * a tiled weight's row to qtiled.cu's kernel, which fuses no pair
+     * epilogue (so the step keeps SwiGLU a kernel of its own) */
+    if (!w || w->fmt == LOOM_CUDA_Q_NONE || lc_tiled(w) || lc_gemm_q_gemv_max_m(g, w->fmt) < 1) return 0;
     return lc_qgemv_splits(dt, w, lc_gemm_invariant(g), lc_gemm_q_tc_min_m(g));
 }
 
@@ -271,17 +264,9 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
     int rc;
 
     if (lc_tiled(w)) {
-        /* one row: qtiled_row.cu's kernel (its pair epilogue too) */
-        if (M == 1 && lc_tiled_row(g, dt, w)) {
-            e = lc_qtiled_row(dt, out_f32, w, x, y, epi, fused, s);
-            if (e == cudaSuccess) {
-                lc_qtiled_runs++;
-                return 0;
-            }
-            if (e != cudaErrorNotSupported) return lc_cuda_fail(e, "tiled one-row kernel launch", w, 1, msg, msg_size);
-        }
         /* tiled weights: qtiled.cu's kernel up to the bound (in chunks of
-         * its 256 rows), or dequantize + cuBLASLt above it */
+         * its 256 rows), or dequantize + cuBLASLt above it; no pair
+         * epilogue (*fused stays 0: the caller runs the separate kernel) */
         if (lc_tiled_kernel(g, M)) {
             const size_t yel = out_f32 ? 4 : 2;
             for (int m0 = 0; m0 < M; m0 += LC_QT_MAX_M) {

@@ -136,21 +136,6 @@ long lc_qtiled_tma_fallback_count(void);
 /* Launches of the wide (256-row CTA) TMA kernel so far. */
 long lc_qtiled_wide_count(void);
 cudaError_t lc_qtiled_dequant(loom_cuda_dt dt, const loom_cuda_qweight *w, void *out, cudaStream_t s);
-/* One row through a tiled INT4 weight (qtiled_row.cu; not for
- * batch-invariant mode): y (1, N) dt or f32 = x @ w^T, with epi's pair epilogue fused when
- * given, y dt and the rows pair by whole 16-row tiles (then *fused = 1,
- * else the caller runs the separate kernel). cudaErrorNotSupported, nothing
- * launched, for a weight it does not take (untiled, W8A16, K past its
- * shared memory, tiled for the other dt). */
-cudaError_t lc_qtiled_row(loom_cuda_dt dt, int out_f32, const loom_cuda_qweight *w, const void *x, void *y,
-                          const loom_cuda_epi *epi, int *fused, cudaStream_t s);
-/* The warps splitting each row tile's K in lc_qtiled_row for w (1, 2, 4,
- * 8: by N and K only), or 0 where it does not take w. */
-int lc_qtiled_row_kw(const loom_cuda_qweight *w);
-/* lc_qtiled_row launches so far (the kernel tests check the dispatch). */
-long lc_qtiled_row_count(void);
-/* loom_cuda_qgemm_set_tiled_row's setting (gemm.c holds it). */
-int lc_gemm_q_tiled_row(const loom_cuda_gemm *g);
 /* The tiled bound of loom_cuda_qgemm_set_tiled_max_m (gemm.c holds it). */
 int lc_gemm_q_tiled_max_m(const loom_cuda_gemm *g);
 /* W8A16 / INT4 calls that ran lc_qtiled so far. */

@@ -138,8 +138,7 @@ template <int NT> constexpr int lc_qt_wn() { return NT >= 8 ? 2 : 1; }
  * the group's end acc += s d + (b - M s) X in fp32, s and b the tile's dt
  * pairs — w = q s + b exactly as the fused decode, fewer instructions where
  * the weight stream, not the mma, bounds the time. */
-/* (dispatch: at NT <= 2 outside batch-invariant mode — at one row there
- * qtiled_row.cu's kernel instead — whose rows must have
+/* (dispatch: at NT <= 2 outside batch-invariant mode, whose rows must have
  * the bits of one row at every M: there the fused decode at every NT) */
 
 /* grid (CTA row blocks of 128, token tiles of 8 NT, K slices). Z == 1: y

@@ -1,8 +1,9 @@
 /*
  * kernels/cuda/qtiled.cuh — internal: the tiled W8A16 / INT4 layout's
- * register decode, shared by qtiled.cu (1..512 rows, the dequantize) and
- * qtiled_row.cu (one row). The layout and what each lane's 16-byte vector
- * holds are described at the top of qtiled.cu.
+ * register decode, used by qtiled.cu's kernels (1..512 rows, the
+ * dequantize) and cut out as it is by tests/gpu/host_emu/qtiled_emu.sh.
+ * The layout and what each lane's 16-byte vector holds are described at
+ * the top of qtiled.cu.
  */
 #ifndef LOOM_CUDA_QTILED_CUH
 #define LOOM_CUDA_QTILED_CUH

@@ -60,11 +60,11 @@
 #   pdl-order: backend.trigger_first true vs false (the launch order of
 #           every kernel) in one `loom bench --compare` per case, two
 #           rounds interleaved: batch-1 decode of tiled INT4 with its LM
-#           head on 8 Llama-3-8B layers (qtiled_row false and true), the
-#           Llama-3-8B shape in bf16 at batch 1 and 8, Qwen3-30B-A3B and the
-#           SmolLM2 shape at batch 1 (PDL_CASES="CONFIG[@BATCH][:KEY=VALUE...]"
-#           narrows it: each case loads its pipeline five times, Qwen3-30B-A3B
-#           61 GB each, so the six may not fit one 10-minute call).
+#           head on 8 Llama-3-8B layers, the Llama-3-8B shape in bf16 at
+#           batch 1 and 8, Qwen3-30B-A3B and the SmolLM2 shape at batch 1
+#           (PDL_CASES="CONFIG[@BATCH][:KEY=VALUE...]" narrows it: each case
+#           loads its pipeline five times, Qwen3-30B-A3B 61 GB each, so the
+#           five may not fit one 10-minute call).
 #   backend-ab: this tree's CUDA backend against older commits' (each packed
 #           by scripts/gpu/pack-old-backend.sh REV [NAME] into .devpack/),
 #           new and the old ones alternated in one machine: batch-1 decode
@@ -682,8 +682,7 @@ pdl-order)
   # including the case's config
   : > "$O/pdl-order.txt"
   bargs=()
-  for cs in ${PDL_CASES:-llama3-8b-int4-head-tiled:model.layers=8:backend.qtiled_row=false \
-                        llama3-8b-int4-head-tiled:model.layers=8 llama3-8b-dummy llama3-8b-dummy@8 \
+  for cs in ${PDL_CASES:-llama3-8b-int4-head-tiled:model.layers=8 llama3-8b-dummy llama3-8b-dummy@8 \
                         qwen3-30b-a3b-dummy smollm2-dummy}; do
     IFS=: read -r cb sets <<< "$cs"
     c=${cb%@*} bs=1; [ "$c" != "$cb" ] && bs=${cb#*@}

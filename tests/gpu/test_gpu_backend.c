@@ -1706,14 +1706,14 @@ int main(int argc, char **argv) {
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         run_shape(&cpu_p, &cuda_p, &shapes[i], NULL, TOL_CPU);
-    /* backend.trigger_first=false: every kernel lets the next launch after
+    /* backend.trigger_first=true: every kernel lets the next launch before
      * its wait, the same arithmetic; the shapes after these set the default
      * back before their steps (the setting is per device) */
     {
         const size_t last = sizeof shapes / sizeof shapes[0] - 1; /* the Llama-3-8B-like one */
         shape wf0 = shapes[0], wf4 = shapes[last];
-        wf0.name = "tiny-d64 trigger_first=false", wf0.cuda_ov = "trigger_first=false";
-        wf4.name = "llama3-8b-2layer trigger_first=false", wf4.cuda_ov = "trigger_first=false";
+        wf0.name = "tiny-d64 trigger_first=true", wf0.cuda_ov = "trigger_first=true";
+        wf4.name = "llama3-8b-2layer trigger_first=true", wf4.cuda_ov = "trigger_first=true";
         run_shape(&cpu_p, &cuda_p, &wf0, NULL, TOL_CPU);
         run_shape(&cpu_p, &cuda_p, &wf4, NULL, TOL_CPU);
     }
@@ -1811,9 +1811,9 @@ quant:;
         run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16, "int8-w8a16", &tt, 3e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &tt, 3e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &t8b, 3e-2);
-        /* the tiled kernels with every kernel triggering after its wait */
+        /* the tiled kernels with every kernel triggering before its wait */
         shape w8b = t8b;
-        w8b.name = "q-llama3-8b-2layer tiled trigger_first=false", w8b.cuda_ov2 = "trigger_first=false";
+        w8b.name = "q-llama3-8b-2layer tiled trigger_first=true", w8b.cuda_ov2 = "trigger_first=true";
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &w8b, 3e-2);
     }
     /* GGUF blocks as stored (int4 quantizer, source gguf) on both backends:

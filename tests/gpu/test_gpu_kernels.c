@@ -1166,7 +1166,7 @@ static void test_copy_blocks(bool to_host) {
  * flag (read back: the kernels' results are the same either way). */
 static void test_launch_order(void) {
     int units = 0, on = 0;
-    for (int k = 0; k < 2; k++) {
+    for (int k = 1; k >= 0; k--) { /* ends at the default, off */
         CK(loom_cuda_set_trigger_first(k));
         CK(loom_cuda_trigger_first_units(&units, &on));
         const bool ok = units >= 8 && on == (k ? units : 0);
@@ -1620,20 +1620,21 @@ static void test_qgemm_tc_min_m(loom_cuda_gemm *g) {
  * GEMM followed by the separate kernel (loom_cuda_rope_kv / _swiglu) called
  * by hand give the same y, act and KV caches, bit for bit, for bf16 weights
  * and every quantized format, bf16 / f16, W8A16 and INT4 also tiled
- * (INT4: qtiled_row.cu's kernel, which pairs whole 16-row tiles — heads of
- * 16 get the separate kernel there; W8A16: always the separate kernel). RoPE + KV write: Llama-3-8B's heads (32 /
+ * (qtiled.cu's kernel, which fuses no pair epilogue: the entry point runs
+ * the separate kernel after it). RoPE + KV write: Llama-3-8B's heads (32 /
  * 8 of 128) and small ones (4 / 2 of 64, 6 / 6 of 16), with and without
  * the QKV bias, dt and E4M3 caches, a token with a slot and one without
  * (slot -1: no cache write); SwiGLU: a Llama-3-8B-sized gate|up and a
- * small one. The fused launch must have run (loom_cuda_epi_fused_count).
+ * small one. The fused launch must have run (loom_cuda_epi_fused_count),
+ * once — on a tiled weight never.
  * The quantized formats go through the norm-quantize entry points, as a
  * step does; the residual is left as it is (r NULL) so both runs see one x.
  * The separate run in batch-invariant mode, so that its GEMV is unsplit
  * (the fused kernel sums each row whole, and a split one adds its halves
  * in another order — the epilogue's arithmetic is what is checked here);
- * at one row that mode changes nothing else of the call. The tiled kernel
- * splits K alike with and without the epilogue, and runs outside that
- * mode only: both of its runs are in the ordinary mode. */
+ * at one row that mode changes nothing else of the call. A tiled weight
+ * runs the same launch of qtiled.cu's kernel in both runs, so both are in
+ * the ordinary mode (that mode would give INT4 another decode). */
 static void test_pair_epilogue(loom_cuda_gemm *g) {
     static const struct { int kind, H, KVH, D, K, bias, f8, slot; } cases[] = {
         {LOOM_CUDA_EPI_ROPE_KV, 32, 8, 128, 4096, 0, 0, 1}, {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 0, 1},
@@ -1642,15 +1643,15 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
         {LOOM_CUDA_EPI_ROPE_KV, 6, 6, 16, 2048, 1, 1, 1},
         {LOOM_CUDA_EPI_SWIGLU, 14336, 0, 0, 4096, 0, 0, 0},
         {LOOM_CUDA_EPI_SWIGLU, 1536, 0, 0, 576, 0, 0, 0},
-        /* K % 128 for the tiled kernel: bias, E4M3 cache, no slot; 97 pairs
-         * of row tiles (its last CTA holds dead pairs) */
+        /* K % 128, so INT4 and the tiled weights run too: bias, E4M3 cache,
+         * no slot; a gate|up of 194 row tiles */
         {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 512, 1, 1, 0},
         {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 512, 1, 0, 1},
         {LOOM_CUDA_EPI_SWIGLU, 1552, 0, 0, 512, 0, 0, 0},
-        /* the tiled kernel's K split over 4 warps (2 row tiles a CTA) */
+        /* a longer row of the small heads, K % 128 */
         {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 2048, 1, 0, 1},
     };
-    /* the last two: W8A16 and INT4 tiled (INT4: qtiled_row.cu's kernel; W8A16: qtiled.cu's) */
+    /* the last two: W8A16 and INT4 tiled (qtiled.cu's kernel) */
     static const loom_cuda_qfmt fmts[7] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
                                            LOOM_CUDA_Q_FP8,  LOOM_CUDA_Q_INT4,       LOOM_CUDA_Q_INT8_W8A16,
                                            LOOM_CUDA_Q_INT4};
@@ -1694,9 +1695,8 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                     d_w = (void *)qw.data, d_sc = (void *)qw.scales;
                     if (tiled) CK(loom_cuda_qweight_tile(&qw, dt, 0));
                 }
-                /* the one-row tiled kernel (INT4) pairs whole 16-row tiles: heads of 16 (P = 8) run the
-                 * separate kernel; tiled W8A16 always does */
-                const long want = !tiled || (i4 && (rope ? D / 2 : I) % 16 == 0);
+                /* tiled weights: qtiled.cu's kernel, then always the separate kernel */
+                const long want = !tiled;
                 const size_t scr = f == LOOM_CUDA_Q_NONE ? 0 : loom_cuda_qgemm_scratch_bytes(g, dt, 0, &qw, 1);
                 void *d_scr = scr ? dev_poison(scr) : NULL;
                 /* per run: y, act / k, v caches, copied back */
@@ -1705,7 +1705,7 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                 long fused[2] = {0, 0};
                 int rc = 0;
                 for (int run = 0; run < 2 && !rc; run++) { /* fused, then the separate kernel by hand */
-                    /* (tiled: the one-row kernel both times; it splits K alike with and without the epilogue) */
+                    /* (tiled: the same launch of qtiled.cu's kernel both times) */
                     loom_cuda_gemm_set_batch_invariant(g, run == 1 && !tiled);
                     void *d_y = dev_poison(sz[0]), *d_a = dev_poison(sz[1] ? sz[1] : 16),
                          *d_v = dev_poison(sz[2] ? sz[2] : 16);
@@ -2225,7 +2225,7 @@ static void test_qgemm_invariance(loom_cuda_gemm *g, loom_cuda_dt dt, loom_cuda_
 /* Tiled f at each of the n row counts Ms: a bf16 weight of 592 x 1024 (two
  * full 128-row blocks and a partial one), an f16 one of 208 x 2048 (f32
  * output at odd M); INT4 groups of 128 / 64. */
-static void tiled_rows(loom_cuda_gemm *g, loom_cuda_qfmt f, const int *Ms, int n) {
+static void tiled_at_rows(loom_cuda_gemm *g, loom_cuda_qfmt f, const int *Ms, int n) {
     const bool i4 = f == LOOM_CUDA_Q_INT4;
     for (int mi = 0; mi < n; mi++) {
         test_qgemm(g, LOOM_CUDA_BF16, f, Ms[mi], 592, 1024, i4 ? 128 : 0, 0, false, false);
@@ -2304,7 +2304,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         const loom_cuda_qfmt f = fmts[fi];
         const bool i4 = f == LOOM_CUDA_Q_INT4;
         const long wg0 = lc_qtiled_wgmma_count();
-        tiled_rows(g, f, Ms, NM);
+        tiled_at_rows(g, f, Ms, NM);
         /* the wgmma path: wide N (one K slice), K split over many slices,
          * groups ending mid-stage (192), f32 output; then the mma.sync path
          * at the same rows (wgmma bound off) */
@@ -2345,7 +2345,7 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         for (int mo = 0; mo < 3; mo++) {
             lc_qtiled_set_wgmma_tma(modes[mo]);
             const int Mc[7] = {17, 63, 65, 128, 129, 200, 256};
-            tiled_rows(g, f, Mc, 7);
+            tiled_at_rows(g, f, Mc, 7);
             test_qgemm(g, LOOM_CUDA_BF16, f, 150, 304, 1536, i4 ? 192 : 0, 0, false, false);
             test_qgemm(g, LOOM_CUDA_BF16, f, 256, 4096, 4096, i4 ? 128 : 0, 0, true, false);
             test_qgemm(g, LOOM_CUDA_F16, f, 40, 48, 14336, i4 ? 128 : 0, 0, true, false);
@@ -2369,11 +2369,11 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
         test_qgemm(g, LOOM_CUDA_F16, f, 200, 208, 2048, i4 ? 64 : 0, 0, true, false);
         loom_cuda_qgemm_set_tiled_wgmma_min_m(g, LC_QT_DEFAULT_WG_MIN_M);
         test_qgemm(g, LOOM_CUDA_BF16, f, 1, 4096, 4096, i4 ? 128 : 0, 0, true, false);
-        /* one row: INT4 on qtiled_row.cu's kernel (outside batch-invariant mode) —
-         * a CTA's row tiles past N (37 and 19 tiles), K split over 1, 2, 4
-         * and 8 warps a tile, groups of 192 (K = 4224 over 8 warps: ranges
-         * starting mid-group and crossing into the next) and of all K (one
-         * group over several warps), K = 14336, f32 output, QKV's shape */
+        /* one row on qtiled.cu's mma.sync path (INT4: the raw decode), once
+         * a call (lc_qtiled): partial 128-row blocks (592, 304, 48 rows), K split
+         * into slices (up to 8: K = 4224 in 33 stages, K = 14336) whose
+         * edges fall mid-group (groups of 192), one group of all K, no
+         * split (16896 rows), QKV's shape, f32 output */
         {
             static const struct { loom_cuda_dt dt; int N, K, group; bool f32; } one[] = {
                 {LOOM_CUDA_BF16, 592, 1536, 192, false}, {LOOM_CUDA_F16, 592, 2048, 64, false},
@@ -2381,13 +2381,13 @@ static void test_qgemm_tiled(loom_cuda_gemm *g) {
                 {LOOM_CUDA_F16, 16896, 512, 64, true},   {LOOM_CUDA_BF16, 6144, 4096, 128, false},
                 {LOOM_CUDA_BF16, 48, 4224, 192, true},
             };
-            const long n1 = (long)(sizeof one / sizeof one[0]), r0 = lc_qtiled_row_count();
+            const long n1 = (long)(sizeof one / sizeof one[0]);
+            const long t0 = lc_qgemm_qtiled_count(), wg0 = lc_qtiled_wgmma_count();
             for (long i = 0; i < n1; i++)
                 test_qgemm(g, one[i].dt, f, 1, one[i].N, one[i].K, i4 ? one[i].group : 0, 0, one[i].f32, false);
-            /* (W8A16 stays on qtiled.cu's kernel: none) */
-            report_count(i4 ? "tiled int4: one-row calls not on the one-row kernel"
-                            : "tiled w8a16: one-row calls on the one-row kernel",
-                         labs((i4 ? n1 : 0) - (lc_qtiled_row_count() - r0)), n1);
+            report_count(i4 ? "tiled int4: one-row calls not run once on qtiled.cu's mma.sync path"
+                            : "tiled w8a16: one-row calls not run once on qtiled.cu's mma.sync path",
+                         labs(n1 - (lc_qgemm_qtiled_count() - t0)) + (lc_qtiled_wgmma_count() - wg0), n1);
         }
         test_qgemm(g, LOOM_CUDA_BF16, f, 64, 4096, 4096, i4 ? 128 : 0, 0, false, false);
         test_qgemm(g, LOOM_CUDA_BF16, f, 24, 16896, 512, i4 ? 256 : 0, 0, false, false);
@@ -3879,13 +3879,14 @@ int main(int argc, char **argv) {
         printf("gpu_kernel_tests: LOOM_GPU_KERNEL_TESTS=attention: the attention tests only\n");
         goto attention;
     }
-    /* a few elementwise kernels with every kernel waiting before it lets the
-     * next launch (the cuda backend's trigger_first=false); the rest as loaded */
-    CK(loom_cuda_set_trigger_first(0));
+    /* a few elementwise kernels with every kernel letting the next launch
+     * before it waits (the cuda backend's trigger_first=true); the rest in
+     * the default order */
+    CK(loom_cuda_set_trigger_first(1));
     test_rmsnorm(LOOM_CUDA_BF16, 4096, 3, 1);
     test_swiglu(LOOM_CUDA_BF16, 4096, 5, false);
     test_add_normed(LOOM_CUDA_BF16, 4096, 3);
-    CK(loom_cuda_set_trigger_first(1));
+    CK(loom_cuda_set_trigger_first(0));
     test_embedding(LOOM_CUDA_BF16, 1000, 4096, 7, false);
     test_embedding(LOOM_CUDA_F16, 49152, 576, 3, false);
     test_embedding(LOOM_CUDA_BF16, 1000, 64, 9, true);

@@ -87,8 +87,8 @@ static const loom_param cb_params[] = {
      .default_value = "rows", .min = 1, .max = 0, .choices = cb_qlayout_choices,
      .doc = "W8A16 / INT4 weights: rows = as uploaded (one-row GEMVs, qmma.cu, dequantize + cuBLASLt: faster "
             "at batch 1), tiled = repacked once at load into tensor-core tiles (in place) for one kernel at "
-            "1..qtiled_max_rows rows (kernels/cuda/qtiled.cu: INT4 faster at 2..256 rows, W8A16 at 8..256; INT4's "
-            "one row kernels/cuda/qtiled_row.cu); "
+            "1..qtiled_max_rows rows (kernels/cuda/qtiled.cu: INT4 faster at 2..256 rows, W8A16 at 8..256; at one "
+            "row RoPE + KV write and SwiGLU run as separate kernels); "
             "shapes that do not tile (N % 16, K % 128, int4 group % 64) stay rows"},
     {.key = "qtiled_max_rows", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, qtiled_max_rows),
      .default_value = "512", .min = 0, .max = 65536,
@@ -100,21 +100,14 @@ static const loom_param cb_params[] = {
      .doc = "quant_layout tiled: fewest rows (M) from which the tiled kernel runs its Hopper wgmma path "
             "(warpgroup MMA, 32..256-token tiles), below it the mma.sync one; 0 = never (batch_invariant: "
             "never)"},
-    {.key = "qtiled_row", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, qtiled_row),
-     .default_value = "true",
-     .doc = "quant_layout tiled: INT4 at one row (batch-1 decode) on its own kernel (kernels/cuda/qtiled_row.cu: "
-            "vectors straight into registers, K split inside a CTA, RoPE + KV write and SwiGLU fused; H100, 8 "
-            "Llama-3-8B layers, two rounds: TPOT 0.886 / 0.887 -> 0.811 / 0.795 ms with trigger_first; without "
-            "it the mma.sync path measured 0.724 against this kernel's 0.816-0.819); false = the tiled kernel's "
-            "mma.sync path with those as separate kernels, as W8A16 always (batch_invariant: always that)"},
     {.key = "trigger_first", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, trigger_first),
-     .default_value = "true",
-     .doc = "every kernel lets the next one launch before its griddepcontrol.wait (programmatic dependent "
-            "launch), so several grids launch ahead; false = after the wait, at most one ahead. Device-wide: "
-            "set before each step, instances sharing a GPU should agree. H100: true measured faster on "
-            "Qwen3-30B-A3B batch 1 (3.405 -> 3.27 ms a token) and SmolLM2; false on Llama-3-8B batch 8 "
-            "(0.5-1.5%) and on tiled INT4 at one row with qtiled_row=false (8 Llama-3-8B layers: 0.724 ms "
-            "against the default's 0.80; with qtiled_row=true false is slower, 0.82)"},
+     .default_value = "false",
+     .doc = "true = every kernel lets the next one launch before its griddepcontrol.wait (programmatic "
+            "dependent launch), so several grids launch ahead; false = after the wait, at most one ahead. "
+            "Device-wide: set before each step, instances sharing a GPU should agree. H100, one machine, TPOT "
+            "true -> false: tiled INT4 batch 1 (8 Llama-3-8B layers) 0.930 -> 0.738 ms, Llama-3-8B bf16 "
+            "batch 1 5.61 -> 5.53, batch 8 7.50 -> 7.41, SmolLM2 shape 0.680 -> 0.657, Qwen3-30B-A3B "
+            "batch 1 3.363 -> 3.391"},
     {.key = "fp8_vec_rows", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, fp8_vec_rows),
      .default_value = "129", .min = 0, .max = 65536,
      .doc = "FP8 GEMMs with bf16 output above the GEMV's 8 rows: from calls of this many rows cuBLASLt "
@@ -349,8 +342,8 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                                .max_graph_batch = 256, .piecewise_graphs = true,
                                .max_graph_tokens = 2048, .max_batched_tokens = 8192,
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0,
-                               .quant_layout = 0, .qtiled_max_rows = 512, .qtiled_wgmma_rows = 17, .qtiled_row = true,
-                               .trigger_first = true,
+                               .quant_layout = 0, .qtiled_max_rows = 512, .qtiled_wgmma_rows = 17,
+                               .trigger_first = false,
                                .fp8_vec_rows = LOOM_CUDA_FP8_VEC_MIN_M,
                                .sm_count = 0, .sm_partition = 0, .kv_groups = true, .moe_dispatch = 0,
                                .moe_expert_gemm_rows = 1024,

@@ -362,12 +362,9 @@ static loom_status cb_swiglu_down(cuda_backend *b, int32_t T, const void *wdown,
  * of the warps an SM holds, which a kernel between hides, and the fused
  * layer is slower (W8A16 82.6 -> 87.8 us); split, it is the faster one
  * (W8A16 77.8 -> 77.2 us, INT4 63.5 -> 62.6; docs/performance.md, "Tried
- * and rejected"). So not in batch-invariant mode. Tiled INT4's one-row
- * kernel (qtiled_row.cu) splits K across a CTA's warps wherever the grid
- * is short: its down projection splits on Llama-3-8B (one layer 78.6 us
- * unfused, 77.7 with SwiGLU fused, 75.2 with RoPE too;
- * bench/results/h100-llama3-8b-decode-layer.json).
- * GGUF (its own GEMV, not measured): no. */
+ * and rejected"). So not in batch-invariant mode. Tiled weights: no (their
+ * row runs qtiled.cu's kernel, which fuses no pair epilogue, so
+ * loom_cuda_qgemm_splits says 0). GGUF (its own GEMV, not measured): no. */
 static bool cb_swiglu_fuses(const cuda_backend *b, const loom_cuda_qweight *q) {
     if (!q || q->fmt == LOOM_CUDA_Q_NONE || q->fmt == LOOM_CUDA_Q_INT8_W8A8 || q->fmt == LOOM_CUDA_Q_FP8)
         return true;

@@ -1346,7 +1346,6 @@ static loom_status cb_load_begin(cuda_backend *b, const loom_ww *w, loom_error *
     loom_cuda_qgemm_set_tc_min_m(b->gemm, (int)b->cfg.qgemv_tc_min_rows);
     loom_cuda_qgemm_set_tiled_max_m(b->gemm, (int)b->cfg.qtiled_max_rows);
     loom_cuda_qgemm_set_tiled_wgmma_min_m(b->gemm, (int)b->cfg.qtiled_wgmma_rows);
-    loom_cuda_qgemm_set_tiled_row(b->gemm, b->cfg.qtiled_row);
     loom_cuda_qgemm_set_fp8_vec_min_m(b->gemm, (int)b->cfg.fp8_vec_rows);
     b->q_dim = (int32_t)w->q_rows;
     b->kv_dim = (int32_t)w->kv_rows;
