@@ -181,8 +181,8 @@ __device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
  * The order is a setting (loom_cuda_set_trigger_first; the cuda backend's
  * trigger_first): where it is on, lc_pdl_trigger() lets the next launch
  * and lc_pdl_wait() does not. Off is the default: grids launched early
- * hold SM slots while they wait, which slowed the tiled INT4 kernel's
- * batch-1 path by ~20% (docs/performance.md, "Choices decided by a
+ * hold SM slots while they wait, which made the tiled INT4 batch-1 path
+ * take 26% more time (docs/performance.md, "Choices decided by a
  * measurement"). Either order is correct, so a setting changed mid-step
  * only mixes them. Its value lives in each translation unit's lc_pdl_first
  * (this header's static __constant__), which loom_cuda_set_trigger_first

@@ -5,7 +5,8 @@
  * Every translation unit that includes common.cuh has its own copy of the
  * flag its kernels read (a static __constant__: the kernels are not built
  * with relocatable device code, so one symbol cannot serve them all), and
- * registers a setter for it at load. Setting the order writes every copy on
+ * registers a setter and a getter for it at load (the getters serve
+ * loom_cuda_trigger_first_units, the tests' read-back). Setting the order writes every copy on
  * the current device; the value last written to each device is remembered,
  * so a backend may call it before every step at no cost.
  */

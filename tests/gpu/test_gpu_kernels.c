@@ -1162,10 +1162,17 @@ static void test_copy_blocks(bool to_host) {
 
 /* ------------------------------------------------------------ launch order */
 
-/* loom_cuda_set_trigger_first reaches every translation unit's copy of the
- * flag (read back: the kernels' results are the same either way). */
+/* Every translation unit's copy of the flag starts off, as the memo in
+ * launch_order.c assumes, and loom_cuda_set_trigger_first reaches each copy
+ * (read back: the kernels' results are the same either way). Runs before
+ * anything sets the order. */
 static void test_launch_order(void) {
     int units = 0, on = 0;
+    CK(loom_cuda_trigger_first_units(&units, &on));
+    const bool loaded_off = units >= 8 && on == 0;
+    printf("%s launch order as loaded: %d of %d units on\n", loaded_off ? "PASS" : "FAIL", on, units);
+    if (loaded_off) g_pass++;
+    else g_fail++;
     for (int k = 1; k >= 0; k--) { /* ends at the default, off */
         CK(loom_cuda_set_trigger_first(k));
         CK(loom_cuda_trigger_first_units(&units, &on));
