@@ -42,6 +42,10 @@
 #           tiled, batch-1 decode on the Llama-3-8B shape cut to 8 layers
 #           (quantizing the whole shape twice takes ~4.5 minutes). Its
 #           limits add up to 530 s, one device call.
+#   layout: the whole Llama-3-8B shape with its LM head quantized, batch-1
+#           decode, quant_layout rows vs tiled, INT4 then W8A16
+#           (LAYOUT_SCHEMES narrows it; INT4's side alone took ~250 s on an
+#           H100: both loads quantize the shape on the host).
 #   ep:     expert parallelism and tensor parallelism on one GPU: the MoE
 #           kernel tests (routing as a rank, grouping with other ranks'
 #           pairs, the all-to-all packing, every expert path as rank r of
@@ -397,11 +401,12 @@ ppl)
   smollm2_model || exit 1
   step "SmolLM2 perplexity on cuda per scheme (data/text/us-founding-documents.txt)"
   : > "$O/ppl-summary.txt"
-  # NAME-tiled: the same pipeline with backend.quant_layout=tiled (W8A16 / INT4)
-  for c in smollm2 smollm2-int8-w8a16 smollm2-int8-w8a16-tiled smollm2-int8-w8a8 smollm2-fp8 smollm2-int4 \
-           smollm2-int4-tiled smollm2-gguf-native; do
-    cfg=configs/gpu/${c%-tiled}.yaml sets=""
-    [ "$c" != "${c%-tiled}" ] && sets="--set backend.quant_layout=tiled"
+  # NAME-rows: the same pipeline with backend.quant_layout=rows (W8A16 / INT4;
+  # the default tiles the matrices whose shapes tile: SmolLM2's down)
+  for c in smollm2 smollm2-int8-w8a16 smollm2-int8-w8a16-rows smollm2-int8-w8a8 smollm2-fp8 smollm2-int4 \
+           smollm2-int4-rows smollm2-gguf-native; do
+    cfg=configs/gpu/${c%-rows}.yaml sets=""
+    [ "$c" != "${c%-rows}" ] && sets="--set backend.quant_layout=rows"
     # shellcheck disable=SC2086
     timeout 120 loom perplexity $cfg data/text/us-founding-documents.txt $sets > "$O/ppl-$c.txt" 2>&1 \
       || { fails=$((fails + 1)); tail -2 "$O/ppl-$c.txt"; }
@@ -617,12 +622,25 @@ tiled)
   rec '{hw}-quant-linears' --what "one Llama-3-8B layer's four linears (QKV, O, gate|up, down) per format and row count, us, each GEMM timed alone (chained: M <= 8 in a CUDA graph); *_tiled: quant_layout tiled as dispatched at the entry's commit (the default tiled bound: 256 before commit 92aeb4c, 512 from it); *_tiled_cpa / *_tiled_tma / *_tiled_wide: the wgmma path with cp.async copies, TMA (128-row CTAs), the wide TMA kernel (256-row CTAs) forced; *_tiled_mma: the mma.sync path; *_tiled_deq: dequantized + cuBLASLt; *_tiled_chunks (above the default tiled bound): the kernel in 256-row chunks; 'tiled dequantize': the tiled layout's dequantize alone on the gate|up weight" \
     --json gpu_bench="$O/quant-linears.json"
   step "INT4 with its LM head: row-major (a) vs tiled (b), batch-1 decode, 8 layers"
-  timeout 200 loom bench --compare configs/gpu/llama3-8b-int4-head.yaml configs/gpu/llama3-8b-int4-head-tiled.yaml \
+  timeout 200 loom bench --compare configs/gpu/llama3-8b-int4-head-rows.yaml configs/gpu/llama3-8b-int4-head-tiled.yaml \
     --set model.layers=8 --num-requests 3 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1 \
     --no-progress --json "$O/int4-tiled-b1.json" > "$O/int4-tiled-b1.txt" 2>&1 || fails=$((fails + 1))
   grep -E "output tokens/s|TPOT p50|TTFT p50" "$O/int4-tiled-b1.txt"
   rec '{hw}-quant-int4-tiled-vs-rows' --what "Llama-3-8B shape cut to 8 layers, INT4 with its LM head: the row-major layout (a) vs quant_layout tiled (b), batch-1 decode" \
     --bench b1_8layers="$O/int4-tiled-b1.json"
+  ;;
+layout)
+  # the whole shape at batch 1, rows (a) vs tiled (b), per format; INT4
+  # quantizes the 8B shape on the host at load, twice (~2 minutes each side)
+  for s in ${LAYOUT_SCHEMES:-int4-head int8-w8a16-head}; do
+    step "Llama-3-8B shape, $s: quant_layout rows (a) vs tiled (b), batch-1 decode"
+    timeout 330 loom bench --compare configs/gpu/llama3-8b-$s-rows.yaml configs/gpu/llama3-8b-$s-tiled.yaml \
+      --repeat ${LAYOUT_REPEAT:-1} --num-requests 3 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1 \
+      --no-progress --json "$O/layout-$s.json" > "$O/layout-$s.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$O/layout-$s.txt"; continue; }
+    grep -E "output tokens/s|TPOT p50" "$O/layout-$s.txt"
+    rec '{hw}-quant-layout-b1' --merge --what "Llama-3-8B shape with its LM head quantized: quant_layout rows (a) vs tiled (b), batch-1 decode (3 requests of 128 in, 256 out)" \
+      --bench "$s=$O/layout-$s.json"
+  done
   ;;
 ep)
   step "kernel tests: mixtures of experts (expert-parallel ranks included)"
@@ -769,11 +787,11 @@ PY
         echo "FAIL the $m $shape reference: $(tail -1 "$O/$m-$shape-ref.log")" | tee -a "$sum"; fails=$((fails + 1)); continue
       fi
       tail -1 "$O/$m-$shape-ref.log"
-      # cuda twice: the row-major kernels (the default) and the tiled layout
-      backends="cuda cuda-tiled"; [ $shape = tiny ] && backends="cuda cuda-tiled cpu"
+      # cuda twice: the tiled layout (the default) and the row-major kernels
+      backends="cuda cuda-rows"; [ $shape = tiny ] && backends="cuda cuda-rows cpu"
       for be in $backends; do
         set_q="--set quantizer.plugin=int4 --set quantizer.source=$m --set quantizer.group_size=128"
-        [ $be = cuda-tiled ] && set_q="$set_q --set backend.quant_layout=tiled"
+        [ $be = cuda-rows ] && set_q="$set_q --set backend.quant_layout=rows"
         cfg=configs/gpu/hf-reference.yaml; [ $be = cpu ] && cfg=configs/gpu/hf-reference-cpu.yaml
         LOOM_HF_REF=$d/model timeout 200 "$LB/tests/e2e/engine_tool" score $cfg $d/tokens.txt \
           $set_q > "$O/$m-$shape-$be-logprobs.txt" 2> "$O/$m-$shape-$be.err" || { tail -3 "$O/$m-$shape-$be.err"; }
@@ -879,7 +897,7 @@ PY
   rec '{hw}-gemma3-vs-transformers' --merge --what "$G3_WHAT" --text tiny-gemma3-qwen3="$O/gemma-summary.txt"
   ;;
 gemma-ab) gemma_ab_both ;;
-*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|ep|pdl-order|backend-ab|awq|kvfp8|profile|kprofile|throughput|serve|gemma|gemma-ab|tiled" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|ep|pdl-order|backend-ab|awq|kvfp8|profile|kprofile|throughput|serve|gemma|gemma-ab|tiled|layout" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

@@ -54,8 +54,10 @@
  * 256-wide residual); batch invariance under windows.
  * LOOM_GPU_BACKEND_TESTS=gemma runs only those; =quant only the quantizer
  * configs on dense shapes and what follows them (GGUF, SmoothQuant, the
- * quantized batch-invariant runs). W8A16 / INT4 run once more with
- * quant_layout=tiled (kernels/cuda/qtiled.cu), int4 also batch-invariant.
+ * quantized batch-invariant runs). W8A16 / INT4 run on the default
+ * quant_layout tiled (kernels/cuda/qtiled.cu) where the shapes tile, and
+ * once more with quant_layout=rows (the GEMVs, qmma.cu, the tensor-core
+ * GEMV), int4 also batch-invariant.
  * FP8 KV cache: shapes marked kv-fp8 give every instance (cpu, cuda eager,
  * cuda graphs) a kv layout of fp8_e4m3, as the engine does for a
  * quantizer's kv_cache: fp8 — both backends store e4m3(x) with scale 1.0;
@@ -1787,11 +1789,13 @@ quant:;
     run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8kv, "fp8-per-channel+kv_cache=fp8", &qs_tiny, TOL_KV_FP8_QUANT);
     run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8kv, "fp8-per-channel+kv_cache=fp8", &qs_8b, TOL_KV_FP8_QUANT);
     /* backend.qgemv_tc_min_rows: the CUDA-core GEMV at every batch (9), and
-     * the tensor-core one from a single row (1), W8A8 / FP8 / INT4 */
+     * the tensor-core one from a single row (1), W8A8 / FP8 / INT4 (INT4's
+     * GEMVs read the row layout) */
     {
         shape tc9 = qs_tiny, tc1 = qs_tiny;
-        tc9.name = "q-tiny-d64 qgemv_tc_min_rows=9", tc9.cuda_ov = "qgemv_tc_min_rows=9";
-        tc1.name = "q-tiny-d64 qgemv_tc_min_rows=1", tc1.cuda_ov = "qgemv_tc_min_rows=1";
+        tc9.name = "q-tiny-d64 qgemv_tc_min_rows=9 rows", tc9.cuda_ov = "qgemv_tc_min_rows=9";
+        tc1.name = "q-tiny-d64 qgemv_tc_min_rows=1 rows", tc1.cuda_ov = "qgemv_tc_min_rows=1";
+        tc9.cuda_ov2 = tc1.cuda_ov2 = "quant_layout=rows";
         for (int i = 0; i < 2; i++) {
             const shape *ts = i ? &tc1 : &tc9;
             run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a8, "int8-w8a8", ts, 6e-2);
@@ -1799,21 +1803,22 @@ quant:;
             run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", ts, 3e-2);
         }
     }
-    /* backend.quant_layout=tiled: W8A16 / INT4 repacked at load into
-     * qtiled.cu's tiles (the default keeps the codes as uploaded), on the
-     * tiny shape and the Llama-3-8B-like one (steps of <= 100 tokens: the
-     * kernel; its 256-row chunks and the tiled dequantize above the bound
-     * are gpu_kernel_tests') */
+    /* backend.quant_layout=rows: W8A16 / INT4 codes as uploaded (the
+     * default repacks them at load into qtiled.cu's tiles), on the tiny
+     * shape and the Llama-3-8B-like one: the one-row GEMVs with their fused
+     * epilogues, qmma.cu, dequantize + cuBLASLt (steps of <= 100 tokens;
+     * the tiled kernel's 256-row chunks and the tiled dequantize above its
+     * bound are gpu_kernel_tests') */
     {
         shape tt = qs_tiny, t8b = qs_8b;
-        tt.name = "q-tiny-d64 quant_layout=tiled", tt.cuda_ov = "quant_layout=tiled";
-        t8b.name = "q-llama3-8b-2layer quant_layout=tiled", t8b.cuda_ov = "quant_layout=tiled";
+        tt.name = "q-tiny-d64 quant_layout=rows", tt.cuda_ov = "quant_layout=rows";
+        t8b.name = "q-llama3-8b-2layer quant_layout=rows", t8b.cuda_ov = "quant_layout=rows";
         run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16, "int8-w8a16", &tt, 3e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &tt, 3e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &t8b, 3e-2);
         /* the tiled kernels with every kernel triggering before its wait */
-        shape w8b = t8b;
-        w8b.name = "q-llama3-8b-2layer tiled trigger_first=true", w8b.cuda_ov2 = "trigger_first=true";
+        shape w8b = qs_8b;
+        w8b.name = "q-llama3-8b-2layer tiled trigger_first=true", w8b.cuda_ov = "trigger_first=true";
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &w8b, 3e-2);
     }
     /* GGUF blocks as stored (int4 quantizer, source gguf) on both backends:
@@ -1870,7 +1875,8 @@ quant:;
         run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8_sq, "fp8+smoothquant", &qs_qwen, 8e-2);
         unlink(calib);
     }
-    /* batch_invariant with quantized weights: every M on the fused GEMV */
+    /* batch_invariant with quantized weights: every M on one kernel (W8A8 / FP8 the fused GEMV,
+     * INT4 the tiled kernel, then on the row layout its GEMV) */
     {
         const char *const *ovs[3] = {i4g64, fp8c, w8a8};
         const char *names[3] = {"int4", "fp8", "int8"}, *labels[3] = {"int4-g64", "fp8-per-channel", "int8-w8a8"};
@@ -1888,9 +1894,9 @@ quant:;
             }
             loom_quant_binding qb = {.struct_size = sizeof qb, .ops = qp.ops, .self = qself, .name = labels[i]};
             run_invariant(&cuda_p, &qs_qwen, &qb, 30, tols[i]);
-            if (i == 0) { /* int4 on tiled weights: the tiled kernel at every M */
+            if (i == 0) { /* int4 on the row layout too: the fused GEMV at every M */
                 shape tq = qs_qwen;
-                tq.name = "q-d128-qwen2 quant_layout=tiled", tq.cuda_ov = "quant_layout=tiled";
+                tq.name = "q-d128-qwen2 quant_layout=rows", tq.cuda_ov = "quant_layout=rows";
                 run_invariant(&cuda_p, &tq, &qb, 30, tols[i]);
             }
             qp.ops->destroy(qself);
