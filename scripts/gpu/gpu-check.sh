@@ -44,8 +44,9 @@
 #           limits add up to 530 s, one device call.
 #   layout: the whole Llama-3-8B shape with its LM head quantized, batch-1
 #           decode, quant_layout rows vs tiled, INT4 then W8A16
-#           (LAYOUT_SCHEMES narrows it; INT4's side alone took ~250 s on an
-#           H100: both loads quantize the shape on the host).
+#           (LAYOUT_SCHEMES narrows it; INT4's pair took ~250 s on an H100,
+#           both loads quantizing the shape on the host, W8A16's ~110 s with
+#           LAYOUT_REPEAT=2: limits of 290 s a scheme, one call together).
 #   ep:     expert parallelism and tensor parallelism on one GPU: the MoE
 #           kernel tests (routing as a rank, grouping with other ranks'
 #           pairs, the all-to-all packing, every expert path as rank r of
@@ -401,14 +402,10 @@ ppl)
   smollm2_model || exit 1
   step "SmolLM2 perplexity on cuda per scheme (data/text/us-founding-documents.txt)"
   : > "$O/ppl-summary.txt"
-  # NAME-rows: the same pipeline with backend.quant_layout=rows (W8A16 / INT4;
-  # the default tiles the matrices whose shapes tile: SmolLM2's down)
-  for c in smollm2 smollm2-int8-w8a16 smollm2-int8-w8a16-rows smollm2-int8-w8a8 smollm2-fp8 smollm2-int4 \
-           smollm2-int4-rows smollm2-gguf-native; do
-    cfg=configs/gpu/${c%-rows}.yaml sets=""
-    [ "$c" != "${c%-rows}" ] && sets="--set backend.quant_layout=rows"
-    # shellcheck disable=SC2086
-    timeout 120 loom perplexity $cfg data/text/us-founding-documents.txt $sets > "$O/ppl-$c.txt" 2>&1 \
+  # (SmolLM2's K = 576 does not tile: its layers keep the row layout under
+  # either quant_layout)
+  for c in smollm2 smollm2-int8-w8a16 smollm2-int8-w8a8 smollm2-fp8 smollm2-int4 smollm2-gguf-native; do
+    timeout 120 loom perplexity configs/gpu/$c.yaml data/text/us-founding-documents.txt > "$O/ppl-$c.txt" 2>&1 \
       || { fails=$((fails + 1)); tail -2 "$O/ppl-$c.txt"; }
     echo "$c: $(grep -i perplexity "$O/ppl-$c.txt" | tail -1)"
     echo "$c $(grep -i '^perplexity' "$O/ppl-$c.txt" | tail -1)" >> "$O/ppl-summary.txt"
@@ -634,7 +631,7 @@ layout)
   # quantizes the 8B shape on the host at load, twice (~2 minutes each side)
   for s in ${LAYOUT_SCHEMES:-int4-head int8-w8a16-head}; do
     step "Llama-3-8B shape, $s: quant_layout rows (a) vs tiled (b), batch-1 decode"
-    timeout 330 loom bench --compare configs/gpu/llama3-8b-$s-rows.yaml configs/gpu/llama3-8b-$s-tiled.yaml \
+    timeout 290 loom bench --compare configs/gpu/llama3-8b-$s-rows.yaml configs/gpu/llama3-8b-$s-tiled.yaml \
       --repeat ${LAYOUT_REPEAT:-1} --num-requests 3 --input-len 128 --output-len 256 --set scheduler.max_num_seqs=1 \
       --no-progress --json "$O/layout-$s.json" > "$O/layout-$s.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$O/layout-$s.txt"; continue; }
     grep -E "output tokens/s|TPOT p50" "$O/layout-$s.txt"

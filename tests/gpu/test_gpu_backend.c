@@ -1810,10 +1810,12 @@ quant:;
      * the tiled kernel's 256-row chunks and the tiled dequantize above its
      * bound are gpu_kernel_tests') */
     {
-        shape tt = qs_tiny, t8b = qs_8b;
+        shape tt = qs_tiny, t8b = qs_8b, tq = qs_qwen;
         tt.name = "q-tiny-d64 quant_layout=rows", tt.cuda_ov = "quant_layout=rows";
         t8b.name = "q-llama3-8b-2layer quant_layout=rows", t8b.cuda_ov = "quant_layout=rows";
+        tq.name = "q-d128-qwen2 quant_layout=rows", tq.cuda_ov = "quant_layout=rows";
         run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16, "int8-w8a16", &tt, 3e-2);
+        run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16_lm, "int8-w8a16+lm_head", &tq, 3e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &tt, 3e-2);
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &t8b, 3e-2);
         /* the tiled kernels with every kernel triggering before its wait */

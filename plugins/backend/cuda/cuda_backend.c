@@ -87,10 +87,11 @@ static const loom_param cb_params[] = {
      .default_value = "tiled", .min = 1, .max = 0, .choices = cb_qlayout_choices,
      .doc = "W8A16 / INT4 weights: tiled = repacked once at load into tensor-core tiles (in place) for one "
             "kernel at 1..qtiled_max_rows rows (kernels/cuda/qtiled.cu; through the engine on an H100, "
-            "Llama-3-8B: INT4 batch 1 7% faster than rows, W8A16 batch 1 13% slower; both beat bf16 to 64 "
-            "requests in flight, where rows lose to it), rows = as uploaded (one-row GEMVs with RoPE + KV "
+            "Llama-3-8B: INT4 batch 1 7% faster than rows, W8A16 batch 1 13% slower; both beat bf16 at 64 "
+            "requests in flight, where rows measured 0.74x / 0.77x bf16 on the H200), rows = as uploaded (one-row GEMVs with RoPE + KV "
             "write and SwiGLU fused, qmma.cu, dequantize + cuBLASLt: W8A16 batch-1 decode); "
-            "shapes that do not tile (N % 16, K % 128, int4 group % 64) stay rows"},
+            "shapes that do not tile (N % 16, K % 128, int4 group % 64) stay rows, with the W8A16 / INT4 weights "
+            "of their decoder layer"},
     {.key = "qtiled_max_rows", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, qtiled_max_rows),
      .default_value = "512", .min = 0, .max = 65536,
      .doc = "quant_layout tiled: most rows (M) the tiled kernel runs, above 256 in chunks of 256 rows that "

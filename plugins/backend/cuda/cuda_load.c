@@ -358,12 +358,24 @@ static void cb_qlayout_why(const loom_qtensor *qt, const loom_quant_plan *plan, 
  * carry the same vector (one activation quantization serves the group). */
 /* quant_layout tiled: repack a fully uploaded W8A16 / INT4 weight into
  * qtiled.cu's tiles in place (loom_cuda_qweight_tile: a temporary device
- * copy of its codes while it runs); shapes that do not tile keep their rows. */
+ * copy of its codes while it runs); shapes that do not tile keep their rows
+ * (and so do the other weights of their layer: cb_layer_tiles). */
 static loom_status cb_tile_q(cuda_backend *b, loom_cuda_qweight *q, loom_error *err) {
     if (b->cfg.quant_layout != 1 || (q->fmt != LOOM_CUDA_Q_INT8_W8A16 && q->fmt != LOOM_CUDA_Q_INT4) ||
         !loom_cuda_qweight_tileable(q))
         return LOOM_OK;
     return CB_CUDA(b, err, loom_cuda_qweight_tile(q, b->dt, b->stream));
+}
+
+/* A decoder layer's W8A16 / INT4 weights tile all together or not at all:
+ * in a layer of mixed layouts (SmolLM2's K = 576 keeps QKV, O and gate|up
+ * on rows while its down projection would tile) the row-layout GEMVs lose
+ * their fused SwiGLU to one tiled matrix (cb_swiglu_fuses). */
+static bool cb_layer_tiles(const loom_cuda_qweight *q, int n) {
+    for (int gi = 0; gi < n; gi++)
+        if ((q[gi].fmt == LOOM_CUDA_Q_INT8_W8A16 || q[gi].fmt == LOOM_CUDA_Q_INT4) && !loom_cuda_qweight_tileable(&q[gi]))
+            return false;
+    return true;
 }
 
 static loom_status cb_upload_q(cuda_backend *b, const loom_model_view *m,
@@ -1275,7 +1287,8 @@ static loom_status cb_upload_layer(cuda_backend *b, const loom_model_view *m,
     }
     h->free(h->ctx, smooth_ref);
     if (st != LOOM_OK) return st;
-    for (int gi = 0; gi < CB_NGROUPS; gi++)
+    const bool tiles = cb_layer_tiles(ly->q, CB_NGROUPS);
+    for (int gi = 0; gi < CB_NGROUPS && tiles; gi++)
         if ((st = cb_tile_q(b, &ly->q[gi], err))) return st;
     if ((st = cb_upload_win(up, &wl->attn_norm, ly->attn_norm, true, err)) ||
         (st = cb_upload_win(up, &wl->ffn_norm, ly->ffn_norm, true, err)))
