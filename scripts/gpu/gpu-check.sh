@@ -74,7 +74,9 @@
 #           by scripts/gpu/pack-old-backend.sh REV [NAME] into .devpack/),
 #           new and the old ones alternated in one machine: batch-1 decode
 #           of each config in AB_CONFIGS (default: Llama-3-8B bf16, W8A16
-#           with its LM head quantized, fp8), AB_REPEATS rounds (default 1).
+#           with its LM head quantized, fp8; an entry CONFIG[:key=value...]
+#           adds --sets, e.g. llama3-8b-int4-head:model.layers=8), AB_REPEATS
+#           rounds (default 1).
 #   awq:    AWQ / GPTQ / GPTQ-v2 4-bit checkpoints written by
 #           tests/e2e/hf_llama_reference.py --quant (a tiny Llama and the
 #           Llama-3-8B shape with 2 layers, group 128) through the int4
@@ -731,15 +733,18 @@ backend-ab)
   done
   step "batch-1 decode, this tree's cuda backend (new) vs $(echo $olds), alternated"
   for r in $(seq 1 "${AB_REPEATS:-1}"); do
-    for c in ${AB_CONFIGS:-llama3-8b-dummy llama3-8b-int8-w8a16-head llama3-8b-fp8}; do
+    for cs in ${AB_CONFIGS:-llama3-8b-dummy llama3-8b-int8-w8a16-head llama3-8b-fp8}; do
+      IFS=: read -r c sets <<< "$cs" # CONFIG[:key=value:...], e.g. llama3-8b-int4-head:model.layers=8
       [ -f "configs/gpu/$c.yaml" ] || { echo "FAIL AB_CONFIGS has '$c': no configs/gpu/$c.yaml"; fails=$((fails + 1)); continue; }
+      sargs=(); for kv in ${sets//:/ }; do sargs+=(--set "$kv"); done
+      name=$(echo "$cs" | tr ':=' '_-')
       for side in new $olds; do
         dir="$LB/plugins"; [ $side != new ] && dir=/tmp/loom-old-$side
-        f="$O/ab-$c-$side-$r"
+        f="$O/ab-$name-$side-$r"
         LOOM_PLUGIN_PATH=$dir timeout 200 loom bench configs/gpu/$c.yaml --num-requests 3 --input-len 128 \
-          --output-len 256 --set scheduler.max_num_seqs=1 --no-progress --json "$f.json" > "$f.txt" 2>&1 \
+          --output-len 256 --set scheduler.max_num_seqs=1 "${sargs[@]}" --no-progress --json "$f.json" > "$f.txt" 2>&1 \
           || { fails=$((fails + 1)); tail -3 "$f.txt"; }
-        echo "$c $side (round $r): $(grep -E 'TPOT p50' "$f.txt" | tr -s ' ')"
+        echo "$cs $side (round $r): $(grep -E 'TPOT p50' "$f.txt" | tr -s ' ')"
       done
     done
   done
