@@ -127,14 +127,6 @@ struct lc_qt_gcur {
     __device__ __forceinline__ bool ends_at(int c, int group) const { return c == next || c == next + group; }
 };
 
-/* v, made opaque to ptxas: a copy address set up once stays in its register
- * instead of being recomputed from the thread index at every stage */
-__device__ __forceinline__ uint32_t lc_qt_keep(uint32_t v) {
-    uint32_t r;
-    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
-    return r;
-}
-
 /* Warps along the tokens: from 64-token tiles a CTA has 8 warps, 4 over its
  * 128 rows times 2 over its tokens (each decodes its rows' weights for its
  * half of the tokens), so an SM keeps 8-16 warps issuing mma.sync. */
@@ -173,26 +165,24 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     const size_t tile_bytes = (size_t)K / F::KC * 512;
     const int groups = F::I4 ? K / group : 1;
 
-    /* Each thread's copies are fixed but for the stage, so their pointers
-     * are set up once and step a stage at a time (no index arithmetic in
-     * the loop). Weights: the stage's 8 row tiles x V warp tiles are 512-byte
-     * chunks, a warp copies CPW consecutive ones (one 16-byte vector a lane:
-     * each copy instruction a contiguous 512 bytes) — whole chunks of TPT row
-     * tiles, from one pointer a tile plus immediate offsets. A tile past N
-     * copies the CTA's last valid tile instead (its rows are never stored).
-     * Tokens: chunk c of rows r0, r0 + NTHR / 16, ...; INT4's scales, 16
-     * bytes of (row tile, group h) a thread of the first 64. Tokens past M
-     * are not copied: their shared memory holds stale or undefined values
-     * that only reach token columns never stored. */
-    constexpr int VW = F::V * 32, CPW = LC_QT_TILES * F::V * 32 / NTHR, TPT = CPW / F::V;
-    static_assert(CPW % F::V == 0, "a warp's copies are whole row tiles");
+    /* Each thread's copies are fixed but for the stage, so their shared
+     * addresses, source pointers and validity are set up once and the
+     * pointers step a stage at a time (each copy's address one offset from
+     * its stream's base; no division in the loop): weights, vector rem of
+     * row tiles tl0, tl0 + TPK, ...; tokens, chunk c of rows r0, r0 +
+     * NTHR / 16, ...; INT4's scales, 16 bytes of (row tile, group h) a
+     * thread of the first 64. Row tiles past N and tokens past M are not
+     * copied: their shared memory holds stale or undefined values that only
+     * reach output rows / token columns never stored. */
+    constexpr int VW = F::V * 32, TPK = NTHR / VW, CPW = LC_QT_TILES / TPK;
     const uint32_t sm0 = (uint32_t)__cvta_generic_to_shared(lc_qt_sm);
-    const uint8_t *w_src[TPT];
+    const int w_tl0 = tid / VW;
+    const size_t w_step = (size_t)TPK * tile_bytes;
+    const uint8_t *w_src = wd + (size_t)(tile0 + w_tl0) * tile_bytes + (tid % VW) * 16 + (size_t)s_lo * VW * 16;
+    unsigned w_ok = 0;
 #pragma unroll
-    for (int i = 0; i < TPT; i++) {
-        const int tl = min(tile0 + warp * TPT + i, ntiles - 1);
-        w_src[i] = wd + (size_t)tl * tile_bytes + (size_t)s_lo * VW * 16 + lane * 16;
-    }
+    for (int k = 0; k < CPW; k++)
+        if (tile0 + w_tl0 + k * TPK < ntiles) w_ok |= 1u << k;
     constexpr int XPT = (TOK * 16 + NTHR - 1) / NTHR, XRS = NTHR / 16; /* copies a thread, rows apart */
     const int x_r0 = tid >> 4, x_c = tid & 15;
     const uint16_t *x_src = x + (size_t)(m0 + x_r0) * K + x_c * 8 + (size_t)s_lo * LC_QT_KS;
@@ -204,35 +194,26 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
      * % 64 == 0): 64 bytes a (row tile, group), four copies */
     const int s_h = (tid >> 2) & 1;
     const bool s_ok = F::I4 && tid < LC_QT_TILES * 2 * 4 && tile0 + (tid >> 3) < ntiles;
-    const float *s_tile = F::I4 ? sc + (size_t)(tile0 + (tid >> 3)) * groups * 16 + (tid & 3) * 4 : sc;
-    const float *s_end = s_tile + (size_t)groups * 16; /* past the tile's last group */
+    const float *s_src = F::I4 ? sc + ((size_t)(tile0 + (tid >> 3)) * groups + s_h) * 16 + (tid & 3) * 4 : sc;
     lc_qt_gcur lg{}, cg{}; /* the loads' stage and the math's */
     if constexpr (F::I4) lg.init(s_lo * LC_QT_KS, group), cg = lg;
-    const float *s_src = s_tile + (size_t)(lg.g + s_h) * 16; /* this thread's group of the loads' stage */
-    const uint32_t w_dst = lc_qt_keep(sm0 + (uint32_t)((warp * CPW * 32 + lane) * 16));
-    const uint32_t s_dst = lc_qt_keep(sm0 + (uint32_t)(WB + XB + tid * 16));
     auto load_w = [&](int b) {
-        const uint32_t ws = w_dst + (uint32_t)(b * STB);
+        const uint32_t ws = sm0 + (uint32_t)(b * STB);
 #pragma unroll
-        for (int i = 0; i < TPT; i++) {
-#pragma unroll
-            for (int c = 0; c < F::V; c++) lc_cp16s(ws + (uint32_t)((i * F::V + c) * 512), w_src[i] + c * 512);
-            w_src[i] += VW * 16;
-        }
+        for (int k = 0; k < CPW; k++)
+            if (w_ok >> k & 1) lc_cp16s(ws + (uint32_t)((tid + k * NTHR) * 16), w_src + k * w_step);
+        w_src += VW * 16;
         if constexpr (F::I4) {
-            if (s_ok && s_src < s_end) lc_cp16s(s_dst + (uint32_t)(b * STB), s_src);
-            const int g0 = lg.g;
+            if (s_ok && lg.g + s_h < groups) lc_cp16s(ws + (uint32_t)(WB + XB + tid * 16), s_src + (size_t)lg.g * 16);
             lg.step(group);
-            s_src += (lg.g - g0) * 16;
         }
     };
-    const uint32_t x_dst = lc_qt_keep(sm0 + (uint32_t)(WB + (x_r0 * LC_QT_XR + x_c * 8) * 2));
-    const size_t x_step = (size_t)XRS * K; /* elements between a thread's token rows */
     auto load_x = [&](int b) {
+        const uint32_t xs = sm0 + (uint32_t)(b * STB + WB);
 #pragma unroll
         for (int k = 0; k < XPT; k++)
             if (x_ok >> k & 1)
-                lc_cp16s(x_dst + (uint32_t)(b * STB + k * XRS * LC_QT_XR * 2), x_src + k * x_step);
+                lc_cp16s(xs + (uint32_t)(((x_r0 + k * XRS) * LC_QT_XR + x_c * 8) * 2), x_src + (size_t)k * XRS * K);
         x_src += LC_QT_KS;
     };
 
