@@ -734,10 +734,11 @@ backend-ab)
   step "batch-1 decode, this tree's cuda backend (new) vs $(echo $olds), alternated"
   for r in $(seq 1 "${AB_REPEATS:-1}"); do
     for cs in ${AB_CONFIGS:-llama3-8b-dummy llama3-8b-int8-w8a16-head llama3-8b-fp8}; do
-      IFS=: read -r c sets <<< "$cs" # CONFIG[:key=value:...], e.g. llama3-8b-int4-head:model.layers=8
+      IFS=: read -ra parts <<< "$cs" # CONFIG[:key=value...], e.g. llama3-8b-int4-head:model.layers=8
+      c=${parts[0]}
       [ -f "configs/gpu/$c.yaml" ] || { echo "FAIL AB_CONFIGS has '$c': no configs/gpu/$c.yaml"; fails=$((fails + 1)); continue; }
-      sargs=(); for kv in ${sets//:/ }; do sargs+=(--set "$kv"); done
-      name=$(echo "$cs" | tr ':=' '_-')
+      sargs=(); for kv in "${parts[@]:1}"; do [ -n "$kv" ] && sargs+=(--set "$kv"); done
+      name=$(echo "$cs" | tr ':=/ ' '_-__')
       for side in new $olds; do
         dir="$LB/plugins"; [ $side != new ] && dir=/tmp/loom-old-$side
         f="$O/ab-$name-$side-$r"
