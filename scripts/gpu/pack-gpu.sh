@@ -7,10 +7,13 @@
 # package registry, so nothing can be installed there.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-B=$(cd "${1:?usage: pack-gpu.sh BUILD_DIR [--slim]}" && pwd)
+B=$(cd "${1:?usage: pack-gpu.sh BUILD_DIR [--slim | --no-bench]}" && pwd)
 # --slim: leave out gpu_kernel_tests and gpu_bench (each embeds every kernel,
-# ~16 MB), so a call can also carry a 49 MB model part within 64 MiB.
+# ~12 MB compressed), so a call can also carry a 49 MB model part within 64
+# MiB; --no-bench: only gpu_bench, so a kernel change's call carries its
+# kernel tests and an old backend (pack-old-backend.sh) together.
 SLIM=${2:-}
+case $SLIM in ""|--slim|--no-bench) ;; *) echo "pack-gpu: unknown option '$SLIM' (--slim or --no-bench)" >&2; exit 2 ;; esac
 P="$root/.devpack"
 mkdir -p "$P"
 # git's exclude file (a worktree's .git is a file: ask git where it is)
@@ -34,6 +37,7 @@ dirs=$(for d in core cli plugins tests/e2e tests/gpu bench/gpu tests/backend; do
 files=$(find $dirs -maxdepth 4 \( -name '*.so' -o -name '*.so.*' -o \( -perm -u+x -type f \) \) \
         \( -type f -o -type l \) | grep -v '\.p/' | grep -v meson- || true)
 [ "$SLIM" = --slim ] && files=$(echo "$files" | grep -v -e gpu_kernel_tests -e 'bench/gpu/gpu_bench')
+[ "$SLIM" = --no-bench ] && files=$(echo "$files" | grep -v -e 'bench/gpu/gpu_bench')
 tar -cJf "$P/build.tar.xz" $files loom_build_config.h
 # what the binaries were built from, for bench/record.py on the GPU machine
 # (the device's copy of the git metadata may be older than the tree)
