@@ -76,7 +76,8 @@
 #           of each config in AB_CONFIGS (default: Llama-3-8B bf16, W8A16
 #           with its LM head quantized, fp8; an entry CONFIG[:key=value...]
 #           adds --sets, e.g. llama3-8b-int4-head:model.layers=8), AB_REPEATS
-#           rounds (default 1).
+#           rounds (default 1); AB_BATCH=N decodes N at a time instead (2 N
+#           + 1 requests).
 #   awq:    AWQ / GPTQ / GPTQ-v2 4-bit checkpoints written by
 #           tests/e2e/hf_llama_reference.py --quant (a tiny Llama and the
 #           Llama-3-8B shape with 2 layers, group 128) through the int4
@@ -731,19 +732,20 @@ backend-ab)
       || { echo "FAIL cannot unpack .devpack/old-$n-cuda.so.xz"; exit 1; }
     echo "old $n: $(cat ".devpack/old-$n.rev" 2>/dev/null || echo '?')"
   done
-  step "batch-1 decode, this tree's cuda backend (new) vs $(echo $olds), alternated"
+  bs=${AB_BATCH:-1} # decode batch: 2 bs + 1 requests, bs at a time
+  step "batch-$bs decode, this tree's cuda backend (new) vs $(echo $olds), alternated"
   for r in $(seq 1 "${AB_REPEATS:-1}"); do
     for cs in ${AB_CONFIGS:-llama3-8b-dummy llama3-8b-int8-w8a16-head llama3-8b-fp8}; do
       IFS=: read -ra parts <<< "$cs" # CONFIG[:key=value...], e.g. llama3-8b-int4-head:model.layers=8
       c=${parts[0]}
       [ -f "configs/gpu/$c.yaml" ] || { echo "FAIL AB_CONFIGS has '$c': no configs/gpu/$c.yaml"; fails=$((fails + 1)); continue; }
       sargs=(); for kv in "${parts[@]:1}"; do [ -n "$kv" ] && sargs+=(--set "$kv"); done
-      name=$(echo "$cs" | tr ':=/ ' '_-__')
+      name=$(echo "$cs" | tr ':/ =' '___-')
       for side in new $olds; do
         dir="$LB/plugins"; [ $side != new ] && dir=/tmp/loom-old-$side
         f="$O/ab-$name-$side-$r"
-        LOOM_PLUGIN_PATH=$dir timeout 200 loom bench configs/gpu/$c.yaml --num-requests 3 --input-len 128 \
-          --output-len 256 --set scheduler.max_num_seqs=1 "${sargs[@]}" --no-progress --json "$f.json" > "$f.txt" 2>&1 \
+        LOOM_PLUGIN_PATH=$dir timeout 200 loom bench configs/gpu/$c.yaml --num-requests $((2 * bs + 1)) --input-len 128 \
+          --output-len 256 --set scheduler.max_num_seqs=$bs "${sargs[@]}" --no-progress --json "$f.json" > "$f.txt" 2>&1 \
           || { fails=$((fails + 1)); tail -3 "$f.txt"; }
         echo "$cs $side (round $r): $(grep -E 'TPOT p50' "$f.txt" | tr -s ' ')"
       done
