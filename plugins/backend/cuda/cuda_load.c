@@ -360,9 +360,12 @@ static void cb_qlayout_why(const loom_qtensor *qt, const loom_quant_plan *plan, 
  * qtiled.cu's tiles in place (loom_cuda_qweight_tile: a temporary device
  * copy of its codes while it runs); shapes that do not tile keep their rows
  * (and so do the other weights of their layer: cb_layer_tiles). */
+static bool cb_tiled_fmt(const loom_cuda_qweight *q) {
+    return q->fmt == LOOM_CUDA_Q_INT8_W8A16 || q->fmt == LOOM_CUDA_Q_INT4;
+}
+
 static loom_status cb_tile_q(cuda_backend *b, loom_cuda_qweight *q, loom_error *err) {
-    if (b->cfg.quant_layout != 1 || (q->fmt != LOOM_CUDA_Q_INT8_W8A16 && q->fmt != LOOM_CUDA_Q_INT4) ||
-        !loom_cuda_qweight_tileable(q))
+    if (b->cfg.quant_layout != 1 || !cb_tiled_fmt(q) || !loom_cuda_qweight_tileable(q))
         return LOOM_OK;
     return CB_CUDA(b, err, loom_cuda_qweight_tile(q, b->dt, b->stream));
 }
@@ -373,7 +376,7 @@ static loom_status cb_tile_q(cuda_backend *b, loom_cuda_qweight *q, loom_error *
  * their fused SwiGLU to one tiled matrix (cb_swiglu_fuses). */
 static bool cb_layer_tiles(const loom_cuda_qweight *q, int n) {
     for (int gi = 0; gi < n; gi++)
-        if ((q[gi].fmt == LOOM_CUDA_Q_INT8_W8A16 || q[gi].fmt == LOOM_CUDA_Q_INT4) && !loom_cuda_qweight_tileable(&q[gi]))
+        if (cb_tiled_fmt(&q[gi]) && !loom_cuda_qweight_tileable(&q[gi]))
             return false;
     return true;
 }
