@@ -733,12 +733,9 @@ static void run_tp_threads_model(const plugin *cuda, const plugin *tp, const plu
     free(ref.logits);
 }
 
-/* Expert parallelism on int8 (W8A16) weights, every linear of the model
- * (routed experts, shared expert, attention): the quantized experts'
- * stacks carved and uploaded for a rank's experts, its shared expert's
- * column window quantized, both forms, against the plain backend on the
- * same quantizer. */
-static void run_quantized_ep(const plugin *cuda, const plugin *tp, const char *name, const loom_model_view *view) {
+/* The int8 quantizer (mode w8a16) as g_quant for fn's runs. */
+static void with_int8(void (*fn)(const plugin *, const plugin *, const char *, const loom_model_view *),
+                      const plugin *cuda, const plugin *tp, const char *name, const loom_model_view *view) {
     const char *dir = getenv("LOOM_QUANTIZER_DIR") ? getenv("LOOM_QUANTIZER_DIR") : LOOM_QUANTIZER_DIR_DEFAULT;
     void *lib = NULL, *self = NULL;
     const loom_component *qc = gpu_quantizer_find(&lib, dir, "int8");
@@ -758,12 +755,51 @@ static void run_quantized_ep(const plugin *cuda, const plugin *tp, const char *n
     }
     const loom_quant_binding qb = {.struct_size = sizeof qb, .ops = ops, .self = self, .name = "int8"};
     g_quant = &qb;
+    fn(cuda, tp, name, view);
+    g_quant = NULL;
+    ops->destroy(self);
+    free(cfg);
+}
+
+/* Expert parallelism on int8 (W8A16) weights, every linear of the model
+ * (routed experts, shared expert, attention): the quantized experts'
+ * stacks carved and uploaded for a rank's experts, its shared expert's
+ * column window quantized, both forms, against the plain backend on the
+ * same quantizer. */
+static void quantized_ep(const plugin *cuda, const plugin *tp, const char *name, const loom_model_view *view) {
     run_tp_threads_model(cuda, tp, NULL, name, view);
     g_backend_ov = "moe_dispatch=all_to_all";
     run_tp_threads_model(cuda, tp, NULL, name, view);
-    g_backend_ov = NULL, g_quant = NULL;
-    ops->destroy(self);
-    free(cfg);
+    g_backend_ov = NULL;
+}
+
+/* Tensor parallelism on int8 (W8A16) weights in the tiled layout (the
+ * default quant_layout), against the plain backend on the same quantizer:
+ * every rank's windows must tile (the caller's shape: K and K / n whole
+ * 128-column stages for O and down), and each run's ranks must have loaded
+ * every layer tiled (backend.cuda.qtiled_layers: a rank whose window fell
+ * back to rows would pass the logits check on the GEMVs instead). */
+static void quantized_tiled_tp(const plugin *cuda, const plugin *tp, const char *name, const loom_model_view *view) {
+    const loom_model_config *c = view->config;
+    char label[200], what[400];
+    snprintf(label, sizeof label, "%s plain eager", name);
+    double t0 = loom_metrics_get("backend.cuda.qtiled_layers");
+    run_out ref = run_rig(cuda, NULL, 0, NULL, false, false, view, label);
+    double nt = loom_metrics_get("backend.cuda.qtiled_layers") - t0;
+    snprintf(what, sizeof what, "%s: its %d layers loaded tiled (%g)", label, (int)c->num_layers, nt);
+    result(ref.ok && nt >= c->num_layers, what, 0.0, NULL);
+    static const int sizes[3] = {1, 2, 4};
+    for (int k = 0; ref.ok && k < 3; k++) {
+        if (!splits(c, sizes[k])) continue;
+        t0 = loom_metrics_get("backend.cuda.qtiled_layers");
+        run_out got = check_threads_tp(cuda, tp, sizes[k], name, view, &ref);
+        nt = loom_metrics_get("backend.cuda.qtiled_layers") - t0;
+        snprintf(what, sizeof what, "%s tp %d threads: every rank's %d layers loaded tiled (%g)", name, sizes[k],
+                 (int)c->num_layers, nt);
+        result(got.ok && nt >= (double)sizes[k] * c->num_layers, what, 0.0, NULL);
+        free(got.logits);
+    }
+    free(ref.logits);
 }
 
 static loom_model *load_dummy(const char *shape, loom_dtype dt, int32_t layers) {
@@ -822,7 +858,8 @@ static void run_tp_lt_experts(const plugin *cuda, const plugin *tp, const char *
 
 /* Tensor and expert parallelism on one GPU (the tp executor's threads
  * communicator, opened from tp_so): dense and MoE dummies, the MoE ones in
- * both moe_dispatch forms and on int8 weights too; pp 2 x tp 2 on tiny. */
+ * both moe_dispatch forms and on int8 weights too; pp 2 x tp 2 on tiny;
+ * int8 on the tiled layout on a Llama-3-8B layer. */
 static void run_one_gpu_tp(const plugin *cuda, const plugin *pp, const char *tp_so) {
     plugin tpt;
     if (!plugin_open(&tpt, tp_so, LOOM_KIND_EXECUTOR, "tp")) {
@@ -845,9 +882,17 @@ static void run_one_gpu_tp(const plugin *cuda, const plugin *pp, const char *tp_
             g_backend_ov = "moe_dispatch=all_to_all";
             run_tp_threads_model(cuda, &tpt, NULL, tm[i].name, v);
             g_backend_ov = NULL;
-            run_quantized_ep(cuda, &tpt, tm[i].name, v);
+            with_int8(quantized_ep, cuda, &tpt, tm[i].name, v);
         }
         loom_model_free(m);
+    }
+    /* W8A16 on the tiled layout under tp: one layer of the Llama-3-8B
+     * shape (O's K 4096 / 4 and down's 14336 / 4 tile; the tiny shapes'
+     * windows do not) */
+    loom_model *ml = load_dummy("llama3-8b", LOOM_DTYPE_BF16, 1);
+    if (ml) {
+        with_int8(quantized_tiled_tp, cuda, &tpt, "llama3-8b 1 layer int8 tiled", loom_model_view_get(ml));
+        loom_model_free(ml);
     }
     /* the cuBLASLt expert GEMMs under tp / EP: they need widths of whole
      * 256-byte units, which the tiny shapes lack, so one layer of the

@@ -1291,8 +1291,14 @@ static loom_status cb_upload_layer(cuda_backend *b, const loom_model_view *m,
     h->free(h->ctx, smooth_ref);
     if (st != LOOM_OK) return st;
     const bool tiles = cb_layer_tiles(ly->q, CB_NGROUPS);
-    for (int gi = 0; gi < CB_NGROUPS && tiles; gi++)
+    bool tiled = false;
+    for (int gi = 0; gi < CB_NGROUPS && tiles; gi++) {
         if ((st = cb_tile_q(b, &ly->q[gi], err))) return st;
+        tiled |= ly->q[gi].layout == LOOM_CUDA_QLAYOUT_TILED;
+    }
+    /* the tests' evidence that a shape (a tp rank's windows, say) took the
+     * tiled kernels */
+    if (tiled && h->metric_add) h->metric_add(h->ctx, "backend.cuda.qtiled_layers", 1);
     if ((st = cb_upload_win(up, &wl->attn_norm, ly->attn_norm, true, err)) ||
         (st = cb_upload_win(up, &wl->ffn_norm, ly->ffn_norm, true, err)))
         return st;
