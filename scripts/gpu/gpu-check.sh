@@ -35,6 +35,12 @@
 #           per-token logprobs, greedy ids, batch-1 and offline speed.
 #   profile: SmolLM2 batch-1 decode per-kernel GPU time (ncu) against the
 #           step's wall time, graphs on and off (needs SmolLM2).
+#   qprofile: batch-1 decode of the Llama-3-8B shape cut to 8 layers with
+#           its LM head, bf16 and each of QPROFILE_SCHEMES (default
+#           int4-head-tiled int8-w8a16-head-tiled): each kernel's GPU time in
+#           a step and the DRAM bytes it reads (ncu, warm caches, graphs off:
+#           kernels unchanged, one launch each, serialized), a line per
+#           kernel and grid; then each pipeline's step wall time unprofiled.
 #   tiled:  the tiled W8A16 / INT4 layout: its kernel tests (every path),
 #           one Llama-3-8B layer's linears per format and row count
 #           (gpu_bench --quant: *_tiled, *_tiled_cpa / _tma / _wide / _mma;
@@ -610,6 +616,28 @@ profile)
   rec '{hw}-smollm2-decode-profile' --what "SmolLM2 batch-1 decode: each kernel's GPU time in a step (ncu, graphs off) and the step's wall time" \
     --text kernels="$O/ncu-smollm2-summary.txt" --text step_wall="$O/step-wall.txt"
   ;;
+qprofile)
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  [ -n "$NCU" ] || { echo "FAIL no ncu on this machine"; exit 1; }
+  qp_args=(--set model.layers=8 --num-requests 1 --input-len 128 --set scheduler.max_num_seqs=1 --no-progress)
+  : > "$O/qprofile-wall.txt"
+  qargs=()
+  for c in dummy ${QPROFILE_SCHEMES:-int4-head-tiled int8-w8a16-head-tiled}; do
+    step "llama3-8b-$c, 8 layers, batch-1 decode: each kernel's GPU time and DRAM bytes in a step (ncu, graphs off)"
+    # past the load and the prefill (a few thousand launches at most), 800
+    # launches of the ~90-launch decode steps
+    timeout 200 "$NCU" --clock-control none --cache-control none --csv \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum --launch-skip 3000 --launch-count 800 \
+      loom bench "configs/gpu/llama3-8b-$c.yaml" "${qp_args[@]}" --output-len 600 --set backend.cuda_graphs=false \
+      > "$O/qprofile-$c.csv" 2> "$O/qprofile-$c.err" || { tail -3 "$O/qprofile-$c.err"; fails=$((fails + 1)); }
+    python3 scripts/gpu/ncu-summary.py "$O/qprofile-$c.csv" --by-grid | tee "$O/qprofile-$c.txt" | head -24 \
+      && qargs+=(--text "kernels_$c=$O/qprofile-$c.txt")
+    echo "llama3-8b-$c (8 layers), graphs on: $(timeout 120 loom bench "configs/gpu/llama3-8b-$c.yaml" "${qp_args[@]}" \
+      --output-len 256 2>&1 | grep -E 'TPOT p50' | tr -s ' ')" | tee -a "$O/qprofile-wall.txt"
+  done
+  rec '{hw}-quant-decode-profile' --what "Llama-3-8B shape cut to 8 layers with its LM head, batch-1 decode, bf16 (dummy) and quantized pipelines: each kernel's GPU time and DRAM bytes read in a step (ncu, warm caches, graphs off, a line per kernel and grid) and the step's wall time unprofiled (graphs on)" \
+    "${qargs[@]}" --text step_wall="$O/qprofile-wall.txt"
+  ;;
 tiled)
   step "kernel tests: the tiled layout"
   LOOM_GPU_KERNEL_TESTS=tiled timeout 150 "$LB/tests/gpu/gpu_kernel_tests" > "$O/kernels-tiled.log" 2>&1 \
@@ -902,7 +930,7 @@ PY
   rec '{hw}-gemma3-vs-transformers' --merge --what "$G3_WHAT" --text tiny-gemma3-qwen3="$O/gemma-summary.txt"
   ;;
 gemma-ab) gemma_ab_both ;;
-*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|ep|pdl-order|backend-ab|awq|kvfp8|profile|kprofile|throughput|serve|gemma|gemma-ab|tiled|layout" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|ep|pdl-order|backend-ab|awq|kvfp8|profile|qprofile|kprofile|throughput|serve|gemma|gemma-ab|tiled|layout" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

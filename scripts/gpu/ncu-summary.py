@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""scripts/gpu/ncu-summary.py NCU.csv [--step-kernel NAME] — per-kernel GPU time of
-one decode step from an `ncu --csv --metrics gpu__time_duration.sum` capture
-(scripts/gpu/gpu-check.sh profile).
+"""scripts/gpu/ncu-summary.py NCU.csv [--step-kernel NAME] [--by-grid] — per-kernel GPU
+time of one decode step from an `ncu --csv --metrics gpu__time_duration.sum` capture
+(scripts/gpu/gpu-check.sh profile, qprofile). --by-grid keeps a kernel's grids apart
+(the GEMMs of one template: QKV, O, gate|up, down); with dram__bytes_read.sum
+captured too, each line adds the DRAM bytes a launch reads and their rate.
 
 A step is cut at each launch of the step's last kernel (default: the logits
 top-k, tk_*), so whole steps are averaged and partial ones at the ends are
@@ -35,14 +37,25 @@ UNIT = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, 
         "second": 1e6, "s": 1e6}
 
 
+BYTES = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
 def rows(path):
+    """(kernel, grid, microseconds, DRAM bytes read or None) a launch, in launch order"""
     with open(path, newline="") as f:
         lines = [l for l in f if l.startswith('"')]  # drop ncu's ==PROF== chatter
+    launches = {}
     for r in csv.DictReader(lines):
-        if r.get("Metric Name") != "gpu__time_duration.sum":
+        name, unit = r.get("Metric Name"), r.get("Metric Unit", "")
+        if name not in ("gpu__time_duration.sum", "dram__bytes_read.sum"):
             continue
+        k = launches.setdefault(r.get("ID", len(launches)), [r["Kernel Name"], r.get("Grid Size", ""), None, None])
         v = float(r["Metric Value"].replace(",", ""))
-        yield r["Kernel Name"], v * UNIT.get(r.get("Metric Unit", "nsecond"), 1e-3)
+        if name == "gpu__time_duration.sum":
+            k[2] = v * UNIT.get(unit or "nsecond", 1e-3)
+        else:
+            k[3] = v * BYTES.get(unit, 1)
+    return [tuple(k) for k in launches.values() if k[2] is not None]
 
 
 def short(name):
@@ -178,11 +191,12 @@ def main():
     if sys.argv[1] == "--grid":
         return grid_summary(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "") if len(sys.argv) > 2 else 2
     marker = sys.argv[sys.argv.index("--step-kernel") + 1] if "--step-kernel" in sys.argv else "tk_"
-    ks = list(rows(sys.argv[1]))
+    by_grid = "--by-grid" in sys.argv
+    ks = rows(sys.argv[1])
     if not ks:
         print(f"ncu-summary: no gpu__time_duration rows in {sys.argv[1]}")
         return 1
-    cuts = [i for i, (n, _) in enumerate(ks) if marker in n]
+    cuts = [i for i, k in enumerate(ks) if marker in k[0]]
     # a step's top-k may be several launches in a row: keep the last of each run
     ends = [c for j, c in enumerate(cuts) if j + 1 == len(cuts) or cuts[j + 1] != c + 1]
     if len(ends) < 2:
@@ -192,24 +206,36 @@ def main():
         steps = [ks[a + 1:b + 1] for a, b in zip(ends, ends[1:])]
         # only steps of the last one's kernels: a prefill or a step of
         # another batch size in the window would skew the average
-        like = [short(n) for n, _ in steps[-1]]
-        kept = [s for s in steps if [short(n) for n, _ in s] == like]
+        like = [short(k[0]) for k in steps[-1]]
+        kept = [s for s in steps if [short(k[0]) for k in s] == like]
         if len(kept) < len(steps):
             print(f"ncu-summary: {len(steps) - len(kept)} of {len(steps)} whole steps ran other kernels "
                   f"than the last one (a prefill, another batch size): left out")
         steps = kept
-    per = defaultdict(lambda: [0, 0.0])
+    per = defaultdict(lambda: [0, 0.0, 0.0])  # launches, us, DRAM bytes
     for s in steps:
-        for n, us in s:
-            per[short(n)][0] += 1
-            per[short(n)][1] += us
+        for n, grid, us, by in s:
+            p = per[(short(n), grid if by_grid else "")]
+            p[0] += 1
+            p[1] += us
+            p[2] += by or 0.0
     ns = len(steps)
     total = sum(v[1] for v in per.values()) / ns
+    has_bytes = any(k[3] is not None for s in steps for k in s)
+    tot_by = sum(v[2] for v in per.values()) / ns
     print(f"{ns} whole steps, {sum(len(s) for s in steps) / ns:.0f} kernels per step, "
-          f"{total:.1f} us of kernel time per step")
-    print(f"{'kernel':72} {'/step':>6} {'us/step':>9} {'us each':>8} {'share':>6}")
-    for n, (c, us) in sorted(per.items(), key=lambda kv: -kv[1][1]):
-        print(f"{n:72} {c / ns:6.1f} {us / ns:9.1f} {us / c:8.2f} {100 * us / ns / total:5.1f}%")
+          f"{total:.1f} us of kernel time per step" +
+          (f", {tot_by / 1e6:.1f} MB read from DRAM ({tot_by / total / 1e3:.0f} GB/s over the kernels' time)"
+           if has_bytes else ""))
+    w = 72 + (16 if by_grid else 0)
+    print(f"{'kernel':{w}} {'/step':>6} {'us/step':>9} {'us each':>8} {'share':>6}" +
+          (f" {'MB each':>8} {'GB/s':>6}" if has_bytes else ""))
+    for (n, grid), (c, us, by) in sorted(per.items(), key=lambda kv: -kv[1][1]):
+        name = f"{n} {grid}" if by_grid else n
+        line = f"{name:{w}} {c / ns:6.1f} {us / ns:9.1f} {us / c:8.2f} {100 * us / ns / total:5.1f}%"
+        if has_bytes:
+            line += f" {by / c / 1e6:8.2f} {by / us / 1e3:6.0f}"
+        print(line)
     return 0
 
 
