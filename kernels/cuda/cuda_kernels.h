@@ -118,7 +118,7 @@ cudaError_t loom_cuda_add_normed(loom_cuda_dt dt, float *x, const void *r, const
 /* For each of `rows` float32 logits rows (rows, V): its k largest values
  * (descending, equal values by ascending id, NaN as -inf) into vals/ids
  * (rows, k), and lse (rows) = log sum exp of the row. ws: device
- * workspace of loom_cuda_topk_ws_bytes(rows, V, k) bytes (0 for k = 1).
+ * workspace of loom_cuda_topk_ws_bytes(rows, V, k) bytes (16-byte aligned).
  * masks (device, (rows, (V + 31) / 32) words; NULL: none) with has_mask
  * (device, (rows) flags): a row whose flag is set ranks every token
  * whose bit is clear as -inf (loom/backend.h's loom_logits_topk.allowed);

@@ -10,9 +10,10 @@
  * by value, then by ascending id (the ranking the host sampler uses). NaN
  * ranks as -inf and -0 as +0, like host->logits_topk_row (core/plugin/host_rules.c).
  *
- *   pass 1 (every k): one block per row streams the row once: the best key
- *           and an online log-sum-exp (running max and scaled sum, merged
- *           once per batch of 8 values a thread).
+ *   pass 1 (every k): one block per 8192-logit chunk of a row folds it
+ *           into the chunk's best key and log-sum-exp (running max and scaled
+ *           sum, merged once per batch of 8 values a thread), then one warp
+ *           per row merges the chunks' pairs in a fixed order.
  *   k > 1:  pass 2 — one block per 4096-logit chunk of a row sorts the
  *           chunk's keys in shared memory (bitonic) and keeps its k best;
  *           pass 3 — one block per row sorts the chunks' candidates
@@ -84,14 +85,22 @@ __device__ __forceinline__ tk_lse tk_lse_merge(tk_lse a, tk_lse b) {
     return {a.m, a.s + b.s * __expf(b.m - a.m)};
 }
 
-/* Pass 1: grid (rows), block TK1_THREADS. A row is read in batches of
- * TK1_VEC values per thread, all loads of a batch in flight together; the
- * log-sum-exp folds a batch in with one merge (its own max, then the
- * batch's independent exps), not one dependent merge per logit — the first
- * version's chain of 96 merges per thread took 47 us on a 49k row (H200,
- * ncu), 6% of a SmolLM2 decode step. */
+/* Pass 1: grid (chunks of TK1_CHUNK, rows), block TK1_THREADS, one batch of
+ * TK1_VEC values a thread: all loads of a batch in flight together, the
+ * log-sum-exp folding a batch in with one merge (its own max, then the
+ * batch's independent exps). A row is split over blocks because one block a
+ * row took 37 us on a 128k row (H100, ncu): 2-5% of a batch-1 decode step
+ * of a quantized 8B model. The split depends on V alone, so a row's result
+ * has the same bits at every row count. */
 #define TK1_THREADS 1024
 #define TK1_VEC 8
+#define TK1_CHUNK (TK1_THREADS * TK1_VEC)
+
+/* a chunk's best key and log-sum-exp state */
+struct tk_part {
+    uint64_t key;
+    float m, s;
+};
 
 __device__ __forceinline__ void tk_fold(const float *f, int n, int v0, int stride, const uint32_t *mask,
                                         uint64_t &best, tk_lse &st) {
@@ -115,38 +124,33 @@ __device__ __forceinline__ void tk_fold(const float *f, int n, int v0, int strid
     st = tk_lse_merge(st, {m, sum});
 }
 
+/* a warp's pairs merged by a butterfly: every lane ends with the warp's */
+__device__ __forceinline__ void tk_warp_merge(uint64_t &best, tk_lse &st) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const uint64_t ok = __shfl_xor_sync(0xffffffffu, best, o);
+        best = ok > best ? ok : best;
+        const tk_lse other = {__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o)};
+        st = tk_lse_merge(st, other);
+    }
+}
+
 __global__ void __launch_bounds__(TK1_THREADS)
-    tk_best_lse_kernel(const float *__restrict__ logits, int V, tk_masks masks, int32_t *ids, float *vals,
-                       float *lse, int k) {
-    const int row = blockIdx.x;
+    tk_best_lse_kernel(const float *__restrict__ logits, int V, tk_masks masks, tk_part *part) {
+    const int row = blockIdx.y, c = blockIdx.x;
     const float *x = logits + (size_t)row * V;
     const uint32_t *mask = tk_row_mask(masks, row);
     uint64_t best = 0;
     tk_lse st = {-INFINITY, 0.0f};
-    const int step = TK1_THREADS * TK1_VEC;
-    int v = threadIdx.x;
-    for (; v + (TK1_VEC - 1) * TK1_THREADS < V; v += step) { /* whole batches: values v, v + T, ... */
-        float f[TK1_VEC];
+    const int v = c * TK1_CHUNK + threadIdx.x; /* values v, v + TK1_THREADS, ... */
+    float f[TK1_VEC];
+    int n = 0;
 #pragma unroll
-        for (int i = 0; i < TK1_VEC; i++) f[i] = __ldg(x + v + i * TK1_THREADS);
-        tk_fold(f, TK1_VEC, v, TK1_THREADS, mask, best, st);
-    }
-    if (v < V) { /* the tail: fewer than TK1_VEC values for this thread */
-        float f[TK1_VEC];
-        int n = 0;
-#pragma unroll
-        for (int i = 0; i < TK1_VEC; i++)
-            if (v + i * TK1_THREADS < V) f[i] = __ldg(x + v + i * TK1_THREADS), n = i + 1;
-        tk_fold(f, n, v, TK1_THREADS, mask, best, st);
-    }
+    for (int i = 0; i < TK1_VEC; i++)
+        if (v + i * TK1_THREADS < V) f[i] = __ldg(x + v + i * TK1_THREADS), n = i + 1;
+    tk_fold(f, n, v, TK1_THREADS, mask, best, st);
+    tk_warp_merge(best, st);
     __shared__ uint64_t sk[TK1_THREADS / 32];
     __shared__ float sm[TK1_THREADS / 32], ss[TK1_THREADS / 32];
-    for (int o = 16; o > 0; o >>= 1) {
-        uint64_t ok = __shfl_xor_sync(0xffffffffu, best, o);
-        best = ok > best ? ok : best;
-        tk_lse other = {__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o)};
-        st = tk_lse_merge(st, other);
-    }
     const int w = threadIdx.x / 32, nw = blockDim.x / 32;
     if ((threadIdx.x & 31) == 0) sk[w] = best, sm[w] = st.m, ss[w] = st.s;
     __syncthreads();
@@ -155,6 +159,23 @@ __global__ void __launch_bounds__(TK1_THREADS)
             best = sk[i] > best ? sk[i] : best;
             st = tk_lse_merge(st, {sm[i], ss[i]});
         }
+        part[(size_t)row * gridDim.x + c] = {best, st.m, st.s};
+    }
+}
+
+/* Pass 1b: grid (rows), one warp: lane i takes chunk i (chunks <= 32). */
+__global__ void __launch_bounds__(32)
+    tk_best_lse_merge_kernel(const tk_part *__restrict__ part, int chunks, int32_t *ids, float *vals, float *lse,
+                             int k) {
+    const int row = blockIdx.x, lane = threadIdx.x;
+    uint64_t best = 0;
+    tk_lse st = {-INFINITY, 0.0f};
+    if (lane < chunks) {
+        const tk_part p = part[(size_t)row * chunks + lane];
+        best = p.key, st = {p.m, p.s};
+    }
+    tk_warp_merge(best, st);
+    if (lane == 0) {
         float l = st.m;
         if (st.m > -INFINITY && st.m < INFINITY) l = st.m + logf(st.s);
         lse[row] = l;
@@ -217,14 +238,21 @@ __global__ void tk_merge_kernel(const uint64_t *__restrict__ cand, int k, int ch
 }
 
 static int tk_chunks(int V) { return (V + TK_CHUNK - 1) / TK_CHUNK; }
+static int tk1_chunks(int V) { return (V + TK1_CHUNK - 1) / TK1_CHUNK; }
+
+/* pass 2's candidates (k > 1), then pass 1's chunk pairs */
+static size_t tk_cand_bytes(int rows, int V, int k) {
+    return k > 1 ? (size_t)rows * (size_t)tk_chunks(V) * (size_t)k * sizeof(uint64_t) : 0;
+}
 
 extern "C" size_t loom_cuda_topk_ws_bytes(int rows, int V, int k) {
-    if (k <= 1) return 0;
-    return (size_t)rows * (size_t)tk_chunks(V) * (size_t)k * sizeof(uint64_t);
+    return tk_cand_bytes(rows, V, k) + (size_t)rows * (size_t)tk1_chunks(V) * sizeof(tk_part);
 }
 
 extern "C" int loom_cuda_topk_supported(int V, int k) {
-    return V >= 1 && k >= 1 && k <= LOOM_CUDA_TOPK_MAX && k <= V && tk_chunks(V) <= TK_MAX_CHUNKS;
+    /* 256k logits: 64 pass-2 chunks, 32 pass-1 chunks (a lane each) */
+    return V >= 1 && k >= 1 && k <= LOOM_CUDA_TOPK_MAX && k <= V && tk_chunks(V) <= TK_MAX_CHUNKS &&
+           tk1_chunks(V) <= 32;
 }
 
 extern "C" cudaError_t loom_cuda_logits_topk(const float *logits, int rows, int V, int k, const uint32_t *masks,
@@ -233,7 +261,9 @@ extern "C" cudaError_t loom_cuda_logits_topk(const float *logits, int rows, int 
     if (rows <= 0) return cudaSuccess;
     if (!loom_cuda_topk_supported(V, k) || (masks && !has_mask)) return cudaErrorInvalidValue;
     const tk_masks m = {masks, has_mask, (V + 31) / 32};
-    tk_best_lse_kernel<<<rows, TK1_THREADS, 0, s>>>(logits, V, m, ids, vals, lse, k);
+    tk_part *part = (tk_part *)((uint8_t *)ws + tk_cand_bytes(rows, V, k));
+    tk_best_lse_kernel<<<dim3((unsigned)tk1_chunks(V), (unsigned)rows), TK1_THREADS, 0, s>>>(logits, V, m, part);
+    tk_best_lse_merge_kernel<<<rows, 32, 0, s>>>(part, tk1_chunks(V), ids, vals, lse, k);
     if (k == 1) return cudaGetLastError();
     const int chunks = tk_chunks(V);
     int n2 = 1;

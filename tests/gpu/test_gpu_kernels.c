@@ -3852,7 +3852,7 @@ int main(int argc, char **argv) {
         printf("usage: gpu_kernel_tests [SEED]\n"
                "  every CUDA kernel against a float64 CPU reference on fresh random inputs (needs a GPU);\n"
                "  SEED repeats a run (each run prints its own). LOOM_GPU_KERNEL_TESTS=linear: the\n"
-               "  linear-layer tests only; =attention, =epilogue, =moe, =tiled: those only. Ends with 'N passed, N failed'; exit status: the failures (at most 255).\n");
+               "  linear-layer tests only; =attention, =epilogue, =moe, =tiled, =topk: those only. Ends with 'N passed, N failed'; exit status: the failures (at most 255).\n");
         return 0;
     }
     uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : (uint64_t)time(NULL);
@@ -3885,6 +3885,11 @@ int main(int argc, char **argv) {
     if (only_att) {
         printf("gpu_kernel_tests: LOOM_GPU_KERNEL_TESTS=attention: the attention tests only\n");
         goto attention;
+    }
+    const bool only_topk = only && strcmp(only, "topk") == 0;
+    if (only_topk) {
+        printf("gpu_kernel_tests: LOOM_GPU_KERNEL_TESTS=topk: the logits top-k tests only\n");
+        goto topk;
     }
     /* a few elementwise kernels with every kernel letting the next launch
      * before it waits (the cuda backend's trigger_first=true); the rest in
@@ -3943,6 +3948,7 @@ attention:;
     test_copy_blocks(false);
     test_copy_blocks(true);
 
+topk:;
     for (int masked = 0; masked < 2; masked++) {
         test_logits_topk(1, 1000, 1, masked);
         test_logits_topk(3, 49152, 1, masked);
@@ -3953,9 +3959,13 @@ attention:;
         test_logits_topk(2, 70, 64, masked);
         test_logits_topk(4, 4096, 7, masked);
         test_logits_topk(3, 4097, 2, masked);
+        test_logits_topk(2, 8193, 1, masked);   /* pass 1's last chunk: one logit */
+        test_logits_topk(2, 262144, 1, masked); /* Gemma 3: 32 pass-1 chunks, the most */
     }
     test_logits_topk_invariance(7, 49152, 1);
+    test_logits_topk_invariance(5, 128256, 1);
     test_logits_topk_invariance(7, 128256, 64);
+    if (only_topk) goto done;
 
 linear:;
     int code = 0;
