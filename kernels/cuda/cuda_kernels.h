@@ -118,13 +118,14 @@ cudaError_t loom_cuda_add_normed(loom_cuda_dt dt, float *x, const void *r, const
 /* For each of `rows` float32 logits rows (rows, V): its k largest values
  * (descending, equal values by ascending id, NaN as -inf) into vals/ids
  * (rows, k), and lse (rows) = log sum exp of the row. ws: device
- * workspace of loom_cuda_topk_ws_bytes(rows, V, k) bytes (16-byte aligned).
+ * workspace of loom_cuda_topk_ws_bytes(rows, V, k) bytes (8-byte aligned);
+ * rows <= 65535 (a grid dimension).
  * masks (device, (rows, (V + 31) / 32) words; NULL: none) with has_mask
  * (device, (rows) flags): a row whose flag is set ranks every token
  * whose bit is clear as -inf (loom/backend.h's loom_logits_topk.allowed);
  * its lse stays the raw row's. cudaErrorInvalidValue when
  * !loom_cuda_topk_supported(V, k) (vocabularies above 256k logits, k
- * outside 1..min(V, 64)) or masks without has_mask. */
+ * outside 1..min(V, 64)), masks without has_mask or rows > 65535. */
 size_t loom_cuda_topk_ws_bytes(int rows, int V, int k);
 int loom_cuda_topk_supported(int V, int k);
 cudaError_t loom_cuda_logits_topk(const float *logits, int rows, int V, int k, const uint32_t *masks,

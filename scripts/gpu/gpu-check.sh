@@ -630,8 +630,10 @@ qprofile)
       --metrics gpu__time_duration.sum,dram__bytes_read.sum --launch-skip 3000 --launch-count 800 \
       loom bench "configs/gpu/llama3-8b-$c.yaml" "${qp_args[@]}" --output-len 600 --set backend.cuda_graphs=false \
       > "$O/qprofile-$c.csv" 2> "$O/qprofile-$c.err" || { tail -3 "$O/qprofile-$c.err"; fails=$((fails + 1)); }
-    python3 scripts/gpu/ncu-summary.py "$O/qprofile-$c.csv" --by-grid | tee "$O/qprofile-$c.txt" | head -24 \
-      && qargs+=(--text "kernels_$c=$O/qprofile-$c.txt")
+    if python3 scripts/gpu/ncu-summary.py "$O/qprofile-$c.csv" --by-grid > "$O/qprofile-$c.txt"; then
+      qargs+=(--text "kernels_$c=$O/qprofile-$c.txt")
+    else fails=$((fails + 1)); fi
+    head -24 "$O/qprofile-$c.txt"
     echo "llama3-8b-$c (8 layers), graphs on: $(timeout 120 loom bench "configs/gpu/llama3-8b-$c.yaml" "${qp_args[@]}" \
       --output-len 256 2>&1 | grep -E 'TPOT p50' | tr -s ' ')" | tee -a "$O/qprofile-wall.txt"
   done

@@ -50,11 +50,15 @@ def rows(path):
         if name not in ("gpu__time_duration.sum", "dram__bytes_read.sum"):
             continue
         k = launches.setdefault(r.get("ID", len(launches)), [r["Kernel Name"], r.get("Grid Size", ""), None, None])
-        v = float(r["Metric Value"].replace(",", ""))
+        v = num(r["Metric Value"])
+        if v is None:  # "n/a": the launch keeps what it has
+            continue
         if name == "gpu__time_duration.sum":
             k[2] = v * UNIT.get(unit or "nsecond", 1e-3)
         else:
-            k[3] = v * BYTES.get(unit, 1)
+            if unit not in BYTES:
+                raise SystemExit(f"ncu-summary: unknown byte unit '{unit}' in {path}")
+            k[3] = v * BYTES[unit]
     return [tuple(k) for k in launches.values() if k[2] is not None]
 
 

@@ -3506,7 +3506,7 @@ static void test_moe_all(void) {
 /* ------------------------------------------------------------ logits top-k */
 
 /* A row's top-k and log-sum-exp must not depend on how many rows share the
- * call (one block per row in every pass): rows reduced together vs each
+ * call (every pass's split depends on V alone): rows reduced together vs each
  * alone, bit for bit. */
 static void test_logits_topk_invariance(int rows, int V, int k) {
     const size_t n = (size_t)rows * V;
