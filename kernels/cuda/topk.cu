@@ -90,8 +90,8 @@ __device__ __forceinline__ tk_lse tk_lse_merge(tk_lse a, tk_lse b) {
  * log-sum-exp folding a batch in with one merge (its own max, then the
  * batch's independent exps). A row is split over blocks because one block a
  * row took 37 us on a 128k row (H100, ncu): 3-4% of the kernel time of a
- * batch-1 step of the quantized Llama-3-8B shape cut to 8 layers. The split depends on V alone, so a row's result
- * has the same bits at every row count. */
+ * batch-1 step of the quantized Llama-3-8B shape cut to 8 layers. The split
+ * depends on V alone, so a row's result has the same bits at every row count. */
 #define TK1_THREADS 1024
 #define TK1_VEC 8
 #define TK1_CHUNK (TK1_THREADS * TK1_VEC)

@@ -124,6 +124,7 @@ O=${OUT:-/tmp/out}; mkdir -p "$O"
 RESULTS=${LOOM_RESULTS:-bench/results}
 fails=0
 step() { echo; echo "=== [${SECONDS}s] $*"; }
+find_ncu() { command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1; }
 # rec NAME --what TEXT [record.py options]: the stage's current figure; the
 # command recorded is this stage with the variables that narrowed it
 CMD="scripts/gpu/gpu-check.sh ${1:-}"
@@ -596,7 +597,7 @@ kvfp8)
   ;;
 profile)
   smollm2_model || exit 1
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  NCU=$(find_ncu)
   step "SmolLM2 batch-1 decode: each kernel's GPU time in a step (ncu; graphs off, kernels unchanged)"
   if [ -n "$NCU" ]; then
     timeout 240 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 1500 \
@@ -617,7 +618,7 @@ profile)
     --text kernels="$O/ncu-smollm2-summary.txt" --text step_wall="$O/step-wall.txt"
   ;;
 qprofile)
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  NCU=$(find_ncu)
   [ -n "$NCU" ] || { echo "FAIL no ncu on this machine"; exit 1; }
   qp_args=(--set model.layers=8 --num-requests 1 --input-len 128 --set scheduler.max_num_seqs=1 --no-progress)
   : > "$O/qprofile-wall.txt"
@@ -687,7 +688,7 @@ ep)
     --text kernels_moe="$O/kernels-moe.log" --text gpu_tp_test="$O/tp-test.log"
   ;;
 kprofile)
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  NCU=$(find_ncu)
   [ -n "$NCU" ] || { echo "FAIL no ncu on this machine"; exit 1; }
   CUDA_SO=$LB/plugins/backend/cuda/loom-backend-cuda.so
   qargs=()

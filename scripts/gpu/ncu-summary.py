@@ -40,26 +40,36 @@ UNIT = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, 
 BYTES = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
-def rows(path):
-    """(kernel, grid, microseconds, DRAM bytes read or None) a launch, in launch order"""
+def launches(path, pattern=""):
+    """An `ncu --csv --metrics` capture's launches whose kernel matches pattern, in
+    launch order: (kernel, grid, {metric: value}), durations in microseconds and
+    byte counts in bytes; None when the file is not such a capture."""
     with open(path, newline="") as f:
         lines = [l for l in f if l.startswith('"')]  # drop ncu's ==PROF== chatter
-    launches = {}
+    out = {}
     for r in csv.DictReader(lines):
-        name, unit = r.get("Metric Name"), r.get("Metric Unit", "")
-        if name not in ("gpu__time_duration.sum", "dram__bytes_read.sum"):
+        if "ID" not in r or "Metric Name" not in r:
+            return None
+        if not re.search(pattern, r.get("Kernel Name", "")):
             continue
-        k = launches.setdefault(r.get("ID", len(launches)), [r["Kernel Name"], r.get("Grid Size", ""), None, None])
-        v = num(r["Metric Value"])
+        k = out.setdefault(r["ID"], (r["Kernel Name"], r.get("Grid Size", ""), {}))
+        name, unit, v = r["Metric Name"], r.get("Metric Unit", ""), num(r.get("Metric Value"))
         if v is None:  # "n/a": the launch keeps what it has
             continue
         if name == "gpu__time_duration.sum":
-            k[2] = v * UNIT.get(unit or "nsecond", 1e-3)
-        else:
+            v *= UNIT.get(unit or "nsecond", 1e-3)
+        elif name.startswith("dram__bytes"):
             if unit not in BYTES:
                 raise SystemExit(f"ncu-summary: unknown byte unit '{unit}' in {path}")
-            k[3] = v * BYTES[unit]
-    return [tuple(k) for k in launches.values() if k[2] is not None]
+            v *= BYTES[unit]
+        k[2][name] = v
+    return list(out.values())
+
+
+def rows(path):
+    """(kernel, grid, microseconds, DRAM bytes read or None) a launch, in launch order"""
+    return [(n, grid, m["gpu__time_duration.sum"], m.get("dram__bytes_read.sum"))
+            for n, grid, m in launches(path) or [] if "gpu__time_duration.sum" in m]
 
 
 def short(name):
@@ -147,28 +157,19 @@ GRID_SOL = [("SM%", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
 
 
 def grid_summary(path, pattern):
-    with open(path, newline="") as f:
-        lines = [l for l in f if l.startswith('"')]
-    launches = {}  # ID -> (kernel, grid, {metric: value in its unit})
-    for r in csv.DictReader(lines):
-        if "ID" not in r or "Metric Name" not in r:
-            print(f"ncu-summary: {path} is not an `ncu --csv --metrics` capture (no ID / Metric Name column)")
-            return 1
-        if not re.search(pattern, r.get("Kernel Name", "")):
-            continue
-        k = launches.setdefault(r["ID"], (short(r["Kernel Name"]), r.get("Grid Size", ""), {}))
-        v = num(r.get("Metric Value"))
-        if v is not None:
-            scale = UNIT.get(r.get("Metric Unit", ""), 1e-3) if r["Metric Name"] == "gpu__time_duration.sum" else 1
-            k[2][r["Metric Name"]] = v * scale
-    if not launches:
+    ls = launches(path, pattern)
+    if ls is None:
+        print(f"ncu-summary: {path} is not an `ncu --csv --metrics` capture (no ID / Metric Name column)")
+        return 1
+    if not ls:
         print(f"ncu-summary: no launches matching '{pattern}' in {path}")
         return 1
     # a launch joins the group of its kernel and grid among the last two
     # groups (GEMM, reduce, GEMM, reduce: one shape), else starts one, so
     # two shapes of the same grid (O and down) stay apart
     groups = []
-    for name, grid, m in launches.values():
+    for name, grid, m in ls:
+        name = short(name)
         g = next((g for g in groups[-2:] if g[0] == (name, grid)), None)
         if g is None:
             g = ((name, grid), [])
