@@ -701,8 +701,8 @@ kprofile)
       "$LB/bench/gpu/gpu_bench" "/tmp/kprof-m$M.json" "$CUDA_SO" --quant-m "$M" > "$O/kprofile-m$M.log" 2>&1 \
       || { fails=$((fails + 1)); tail -3 "$O/kprofile-m$M.log"; }
     "$NCU" -i "/tmp/qtiled-m$M.ncu-rep" --page raw --csv > "$O/qtiled-m$M-raw.csv" 2>> "$O/kprofile-m$M.log" \
-      && python3 scripts/gpu/ncu-summary.py --raw "$O/qtiled-m$M-raw.csv" | tee "$O/qtiled-m$M-summary.txt" \
-      && qargs+=(--text "tiled_m$M=$O/qtiled-m$M-summary.txt")
+      && python3 scripts/gpu/ncu-summary.py --raw "$O/qtiled-m$M-raw.csv" > "$O/qtiled-m$M-summary.txt" \
+      && cat "$O/qtiled-m$M-summary.txt" && qargs+=(--text "tiled_m$M=$O/qtiled-m$M-summary.txt")
     step "the same kernels' times as the timing loop sees them (ncu, warm caches, clocks as they run) at M = $M"
     LOOM_BENCH_REPS=1 timeout 240 "$NCU" --clock-control none --cache-control none --csv -k regex:"$kre" \
       --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed \
