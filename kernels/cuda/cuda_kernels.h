@@ -378,9 +378,11 @@ int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, 
  *            rotated in y, k / v (+ bias) into the caches at slot[t].
  *   SWIGLU  (P = N / 2): y (M, N) is a gate|up output, stored as computed,
  *            and act (M, N / 2) dt = loom_cuda_swiglu of it.
- * Where the one-row GEMV is not what runs (M > 1, cuBLASLt, the
- * tensor-core kernels, GGUF blocks, N not pairable) the separate kernel
- * runs after the GEMM: the result is the same either way. Fusing was
+ * A tiled weight's one row (qtiled.cu) does it in its K-split reduce, or
+ * unsplit in the kernel where P % 64 == 0. Where none of these is what
+ * runs (M > 1, cuBLASLt, the other tensor-core kernels, GGUF blocks, N not
+ * pairable) the separate kernel runs after the GEMM: the result is the
+ * same either way. Fusing was
  * measured faster for both kinds (H200, one Llama-3-8B decode layer in a
  * graph: bf16 126.4 -> 122.0 us); the step fuses SwiGLU only where the
  * down projection after it gains too (plugins/backend/cuda:
@@ -482,11 +484,11 @@ typedef struct loom_cuda_qweight {
  * table above), or repacked once by loom_cuda_qweight_tile into the
  * tensor-core tiles of kernels/cuda/qtiled.cu (same bytes, permuted within
  * 16-row blocks; W8A16's scales unchanged, INT4's rewritten in place as
- * (s, b) pairs of tile_dt, 16 rows of a group together: half the bytes). A tiled weight runs qtiled.cu's kernel
- * up to the tiled bound (loom_cuda_qgemm_set_tiled_max_m), one row
- * included, without the pair epilogues (loom_cuda_epi: the separate
- * kernels run after it), and dequantize + cuBLASLt above it; the
- * row-major kernels never see it. */
+ * (s, b) pairs of tile_dt, 16 rows of a group together: half the bytes).
+ * A tiled weight runs qtiled.cu's kernel up to the tiled bound
+ * (loom_cuda_qgemm_set_tiled_max_m), one row included (with the pair
+ * epilogues where loom_cuda_epi says), and dequantize + cuBLASLt above
+ * it; the row-major kernels never see it. */
 enum { LOOM_CUDA_QLAYOUT_ROWS = 0, LOOM_CUDA_QLAYOUT_TILED = 1 };
 
 /* Repack w (W8A16 / INT4 with N % 16 == 0, K % 128 == 0, INT4 group % 64

@@ -1,7 +1,7 @@
 /*
  * kernels/cuda/epilogue.cuh — internal: the pair epilogue of the one-row
- * GEMVs (gemv.cu, qgemm.cu; the contract is cuda_kernels.h's
- * loom_cuda_epi). A CTA of LC_EPI_WARPS warps with R output rows a warp
+ * GEMVs (gemv.cu, qgemm.cu) and of the tiled kernel and its K-split reduce
+ * (qtiled.cu); the contract is cuda_kernels.h's loom_cuda_epi. A CTA of LC_EPI_WARPS warps with R output rows a warp
  * takes 2R pairs: warps 0 and 1 the first rows of pairs [0, R) and [R, 2R),
  * warps 2 and 3 their partners P rows further on — each warp's R rows stay
  * consecutive (P % R == 0), so its loads are the plain kernel's. Lane 0 of
@@ -42,17 +42,22 @@ __device__ __forceinline__ int lc_epi_row0(int R, int P, int N, int warp, bool *
     return (q0 / P) * 2 * P + q0 % P + (warp >> 1) * P;
 }
 
+/* SwiGLU's pair q (gate q, up q + P of y (1, 2P) dt): a and b their float
+ * sums. */
+template <typename T>
+__device__ __forceinline__ void lc_epi_swiglu(T *__restrict__ act, T *__restrict__ y, int q, int P, float a, float b) {
+    const T ta = lc_from_f<T>(a), tb = lc_from_f<T>(b);
+    y[q] = ta, y[q + P] = tb;
+    act[q] = lc_from_f<T>(lc_silu_mul(lc_to_f(ta), lc_to_f(tb)));
+}
+
 /* Pair q of y (1, N) dt: a and b the float sums of rows na and na + P. */
 template <typename T>
 __device__ __forceinline__ void lc_epi_pair(const loom_cuda_epi &e, T *__restrict__ y, int q, int P, float a,
                                             float b) {
+    if (e.kind == LOOM_CUDA_EPI_SWIGLU) return lc_epi_swiglu<T>(static_cast<T *>(e.act), y, q, P, a, b);
     const int na = (q / P) * 2 * P + q % P, nb = na + P;
     const T ta = lc_from_f<T>(a), tb = lc_from_f<T>(b);
-    if (e.kind == LOOM_CUDA_EPI_SWIGLU) {
-        y[na] = ta, y[nb] = tb;
-        static_cast<T *>(e.act)[q] = lc_from_f<T>(lc_silu_mul(lc_to_f(ta), lc_to_f(tb)));
-        return;
-    }
     /* ROPE_KV: loom_cuda_rope_kv's per-element work (elementwise.cu) */
     const int D = e.head_dim, H = e.num_heads, KVH = e.num_kv_heads, half = D / 2;
     const int hh = na / D, i = na - hh * D; /* i < half */
@@ -95,6 +100,36 @@ __device__ __forceinline__ void lc_epi_finish(const loom_cuda_epi &e, void *y, i
     __syncthreads();
     const int t = threadIdx.x, q = (int)blockIdx.x * 2 * R + t;
     if (t < 2 * R && q < N / 2) lc_epi_pair<T>(e, static_cast<T *>(y), q, P, pv[t / R][t % R], pv[2 + t / R][t % R]);
+}
+
+/* The K-split second pass (mma.cuh: lc_ksplit_reduce) of a one-row output
+ * with its pair epilogue: pair q of y (1, N) from the z-ordered sums of
+ * part (Z, 1, N) f32, times W8A16's row scale sc[n] when W8 — the plain
+ * reduce's sums, then lc_epi_pair on them, so the bits are those of the
+ * reduce followed by the separate kernel. */
+template <typename T, bool W8>
+__global__ void __launch_bounds__(256)
+    lc_ksplit_pair_kernel(const float *__restrict__ part, const float *__restrict__ sc, T *__restrict__ y, int N,
+                          int Z, int P, loom_cuda_epi e) {
+    lc_pdl_trigger();
+    lc_pdl_wait();
+    const int q = (int)blockIdx.x * 256 + (int)threadIdx.x;
+    if (q >= N / 2) return;
+    const int na = (q / P) * 2 * P + q % P, nb = na + P;
+    float a = 0.0f, b = 0.0f;
+#pragma unroll 8
+    for (int z = 0; z < Z; z++) a += __ldcs(part + (size_t)z * N + na), b += __ldcs(part + (size_t)z * N + nb);
+    if constexpr (W8) a *= sc[na], b *= sc[nb];
+    lc_epi_pair<T>(e, y, q, P, a, b);
+}
+
+/* Launches lc_ksplit_pair_kernel; P from lc_epi_p (> 0). */
+template <typename T, bool W8>
+static cudaError_t lc_ksplit_pair(const float *part, const float *sc, void *y, int N, int Z, int P,
+                                  const loom_cuda_epi *e, cudaStream_t s) {
+    const unsigned blocks = (unsigned)((N / 2 + 255) / 256);
+    return lc_launch(lc_ksplit_pair_kernel<T, W8>, dim3(blocks), dim3(256), 0, s, part, sc, static_cast<T *>(y), N,
+                     Z, P, *e);
 }
 
 #endif

@@ -176,8 +176,8 @@ size_t loom_cuda_qgemm_scratch_bytes(const loom_cuda_gemm *g, loom_cuda_dt dt, i
 
 int loom_cuda_qgemm_splits(const loom_cuda_gemm *g, loom_cuda_dt dt, const loom_cuda_qweight *w) {
     /* one row goes to the GEMV (lc_gemv_passes) when its bound admits it;
-     * a tiled weight's row to qtiled.cu's kernel, which fuses no pair
-     * epilogue (so the step keeps SwiGLU a kernel of its own) */
+     * a tiled weight's row to qtiled.cu's kernel (0 here: the step decides
+     * its SwiGLU fusion by the layout) */
     if (!w || w->fmt == LOOM_CUDA_Q_NONE || lc_tiled(w) || lc_gemm_q_gemv_max_m(g, w->fmt) < 1) return 0;
     return lc_qgemv_splits(dt, w, lc_gemm_invariant(g), lc_gemm_q_tc_min_m(g));
 }
@@ -265,17 +265,20 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
 
     if (lc_tiled(w)) {
         /* tiled weights: qtiled.cu's kernel up to the bound (in chunks of
-         * its 256 rows), or dequantize + cuBLASLt above it; no pair
-         * epilogue (*fused stays 0: the caller runs the separate kernel) */
+         * its 256 rows), or dequantize + cuBLASLt above it; a one-row call's
+         * pair epilogue where its kernel or K-split reduce takes it (else
+         * *fused stays 0: the caller runs the separate kernel) */
         if (lc_tiled_kernel(g, M)) {
             const size_t yel = out_f32 ? 4 : 2;
             for (int m0 = 0; m0 < M; m0 += LC_QT_MAX_M) {
                 const int mc = M - m0 < LC_QT_MAX_M ? M - m0 : LC_QT_MAX_M;
+                int fz = 0;
                 if ((e = lc_qtiled(dt, out_f32, mc, w, (const uint8_t *)x + (size_t)m0 * w->K * 2,
                                    (uint8_t *)y + (size_t)m0 * w->N * yel, big, invariant,
-                                   lc_gemm_q_tiled_wg_min_m(g), s)) != cudaSuccess)
+                                   lc_gemm_q_tiled_wg_min_m(g), epi, &fz, s)) != cudaSuccess)
                     return lc_cuda_fail(e, "tiled quantized GEMM launch", w, mc, msg, msg_size);
                 lc_qtiled_runs++;
+                if (fz) *fused = 1, lc_epi_count();
             }
             return 0;
         }

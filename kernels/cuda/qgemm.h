@@ -118,8 +118,11 @@ cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight
 #define LC_QT_CHUNKED_MAX_M 65536
 int lc_qtiled_ok(const loom_cuda_qweight *w);
 size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m);
+/* epi (NULL: none): the pair epilogue of a one-row dt call, fused where
+ * the kernel allows (*fused 1; else 0 and nothing of it ran). */
 cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x, void *y,
-                      void *scratch, int invariant, int wgmma_min_m, cudaStream_t s);
+                      void *scratch, int invariant, int wgmma_min_m, const loom_cuda_epi *epi, int *fused,
+                      cudaStream_t s);
 /* the default of loom_cuda_qgemm_set_tiled_wgmma_min_m: the wgmma path
  * (Hopper warpgroup MMA) from this many rows, mma.sync below */
 #define LC_QT_DEFAULT_WG_MIN_M 17

@@ -68,6 +68,9 @@
 #           (4 layers) batch-1 decode step inside its CUDA graph, warm
 #           caches, against the step's wall time (KPROFILE_M=none: only
 #           the latter).
+#   param-ab: backend.$PARAM_AB_KEY (a boolean) true vs false as pdl-order
+#           runs its cases, on PARAM_AB_CASES (default: tiled INT4 with its
+#           LM head on 8 Llama-3-8B layers, batch 1); printed, not recorded.
 #   pdl-order: backend.trigger_first true vs false (the launch order of
 #           every kernel) in one `loom bench --compare` per case, two
 #           rounds interleaved: batch-1 decode of tiled INT4 with its LM
@@ -175,6 +178,33 @@ PY
 # (b) holds one sequence at a time: gemma_ab OUTPUT_LEN "CTX:REQUESTS ..." KEY
 # — prompts of CTX - OUTPUT_LEN random ids; results under KEY<CTX>.
 G3_AB_WHAT="Gemma 3 270M shape (dummy bf16) on cuda at long contexts, KV budget 1.25 sequences without windows: window-aware cache (a, backend.kv_groups) vs every layer's history (b); ctxN: prompts of N - 16 tokens and 16 output tokens (prefill-bound), decode-ctxN: N - 512 and 512"
+# Backend boolean KEY true (a) vs false (b), one `loom bench --compare` a
+# case CONFIG[@N][:key=value...] (batch N, default 1), two rounds
+# interleaved: files $O/TAG-*, each case's TPOT line into $O/TAG.txt, its
+# JSON into the array bargs (as --bench NAME=FILE for rec).
+bool_ab() {
+  local key=$1 tag=$2 cs cb sets c bs name v kv sargs
+  shift 2
+  : > "$O/$tag.txt"
+  bargs=()
+  for cs in "$@"; do
+    IFS=: read -r cb sets <<< "$cs"
+    c=${cb%@*} bs=1; [ "$c" != "$cb" ] && bs=${cb#*@}
+    [ -f "configs/gpu/$c.yaml" ] || { echo "FAIL case '$c': no configs/gpu/$c.yaml"; fails=$((fails + 1)); continue; }
+    sargs=(); for kv in ${sets//:/ }; do sargs+=(--set "$kv"); done
+    name=$(echo "$cs" | sed 's/backend\.//g; s/model\.//g; s/@/_b/' | tr ':=' '_-')
+    for v in true false; do
+      printf 'include: %s\nbackend:\n  %s: %s\n' "$PWD/configs/gpu/$c.yaml" "$key" $v > "$O/$tag-$name-$v.yaml"
+    done
+    step "backend.$key true (a) vs false (b): $cs, batch $bs"
+    timeout 400 loom bench --compare "$O/$tag-$name-true.yaml" "$O/$tag-$name-false.yaml" --repeat 2 --num-requests $((bs * 2 + 1)) \
+      --input-len 128 --output-len 256 --set scheduler.max_num_seqs=$bs "${sargs[@]}" --no-progress \
+      --json "$O/$tag-$name.json" > "$O/$tag-$name.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$O/$tag-$name.txt"; continue; }
+    echo "$cs batch $bs: $(grep -E 'TPOT p50' "$O/$tag-$name.txt" | tr -s ' ')" | tee -a "$O/$tag.txt"
+    bargs+=(--bench "$name=$O/$tag-$name.json")
+  done
+}
+
 gemma_ab() {
   local out=$1 cases=$2 key=$3 c ctx n gib
   for c in $cases; do
@@ -727,29 +757,16 @@ kprofile)
     "${qargs[@]}" --text moe_kernels="$O/ncu-moe-summary.txt" --text moe_wall="$O/moe-wall.txt"
   ;;
 pdl-order)
-  # two pipelines that differ in backend.trigger_first alone, each
-  # including the case's config
-  : > "$O/pdl-order.txt"
-  bargs=()
-  for cs in ${PDL_CASES:-llama3-8b-int4-head-tiled:model.layers=8 llama3-8b-dummy llama3-8b-dummy@8 \
-                        qwen3-30b-a3b-dummy smollm2-dummy}; do
-    IFS=: read -r cb sets <<< "$cs"
-    c=${cb%@*} bs=1; [ "$c" != "$cb" ] && bs=${cb#*@}
-    [ -f "configs/gpu/$c.yaml" ] || { echo "FAIL PDL_CASES has '$c': no configs/gpu/$c.yaml"; fails=$((fails + 1)); continue; }
-    sargs=(); for kv in ${sets//:/ }; do sargs+=(--set "$kv"); done
-    name=$(echo "$cs" | sed 's/backend\.//g; s/model\.//g; s/@/_b/' | tr ':=' '_-')
-    for v in true false; do
-      printf 'include: %s\nbackend:\n  trigger_first: %s\n' "$PWD/configs/gpu/$c.yaml" $v > "$O/pdl-$name-$v.yaml"
-    done
-    step "backend.trigger_first true (a) vs false (b): $cs, batch $bs"
-    timeout 400 loom bench --compare "$O/pdl-$name-true.yaml" "$O/pdl-$name-false.yaml" --repeat 2 --num-requests $((bs * 2 + 1)) \
-      --input-len 128 --output-len 256 --set scheduler.max_num_seqs=$bs "${sargs[@]}" --no-progress \
-      --json "$O/pdl-$name.json" > "$O/pdl-$name.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$O/pdl-$name.txt"; continue; }
-    echo "$cs batch $bs: $(grep -E 'TPOT p50' "$O/pdl-$name.txt" | tr -s ' ')" | tee -a "$O/pdl-order.txt"
-    bargs+=(--bench "$name=$O/pdl-$name.json")
-  done
+  bool_ab trigger_first pdl ${PDL_CASES:-llama3-8b-int4-head-tiled:model.layers=8 llama3-8b-dummy llama3-8b-dummy@8 \
+                                          qwen3-30b-a3b-dummy smollm2-dummy}
   [ ${#bargs[@]} -gt 0 ] && rec '{hw}-pdl-order' --what "backend.trigger_first: every kernel lets the next launch before (a, true) or after (b, false) its griddepcontrol.wait; batch-N decode (N x 2 + 1 requests of 128 in, 256 out, max_num_seqs N), two runs each interleaved, medians; a case is CONFIG[@N][:--set ...]" \
-    --text summary="$O/pdl-order.txt" "${bargs[@]}"
+    --text summary="$O/pdl.txt" "${bargs[@]}"
+  ;;
+param-ab)
+  # a default's decision: printed, not recorded (its numbers go into the
+  # commit that sets the default, as backend-ab's)
+  [ -n "${PARAM_AB_KEY:-}" ] || { echo "FAIL param-ab needs PARAM_AB_KEY (a boolean backend parameter)"; exit 1; }
+  bool_ab "$PARAM_AB_KEY" param ${PARAM_AB_CASES:-llama3-8b-int4-head-tiled:model.layers=8}
   ;;
 backend-ab)
   # The rest of the build (core, CLI, other plugins) is this tree's for
@@ -933,7 +950,7 @@ PY
   rec '{hw}-gemma3-vs-transformers' --merge --what "$G3_WHAT" --text tiny-gemma3-qwen3="$O/gemma-summary.txt"
   ;;
 gemma-ab) gemma_ab_both ;;
-*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|ep|pdl-order|backend-ab|awq|kvfp8|profile|qprofile|kprofile|throughput|serve|gemma|gemma-ab|tiled|layout" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|ep|pdl-order|param-ab|backend-ab|awq|kvfp8|profile|qprofile|kprofile|throughput|serve|gemma|gemma-ab|tiled|layout" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

@@ -1627,13 +1627,15 @@ static void test_qgemm_tc_min_m(loom_cuda_gemm *g) {
  * GEMM followed by the separate kernel (loom_cuda_rope_kv / _swiglu) called
  * by hand give the same y, act and KV caches, bit for bit, for bf16 weights
  * and every quantized format, bf16 / f16, W8A16 and INT4 also tiled
- * (qtiled.cu's kernel, which fuses no pair epilogue: the entry point runs
- * the separate kernel after it). RoPE + KV write: Llama-3-8B's heads (32 /
- * 8 of 128) and small ones (4 / 2 of 64, 6 / 6 of 16), with and without
- * the QKV bias, dt and E4M3 caches, a token with a slot and one without
- * (slot -1: no cache write); SwiGLU: a Llama-3-8B-sized gate|up and a
- * small one. The fused launch must have run (loom_cuda_epi_fused_count),
- * once — on a tiled weight never.
+ * (qtiled.cu: in its K-split reduce, or unsplit SwiGLU in its kernel
+ * where the pairs lie a multiple of 64 rows apart; the entry point runs
+ * the separate kernel after it where neither holds — column tf says which
+ * the case expects). RoPE + KV write: Llama-3-8B's heads (32 / 8 of 128) and small
+ * ones (4 / 2 of 64 and of 128, 6 / 6 of 16), with and without the QKV
+ * bias, dt and E4M3 caches, a token with a slot and one without (slot -1:
+ * no cache write); SwiGLU: a Llama-3-8B-sized gate|up and small ones. The
+ * fused launch must have run (loom_cuda_epi_fused_count), once — on a
+ * tiled weight once where tf, else never.
  * The quantized formats go through the norm-quantize entry points, as a
  * step does; the residual is left as it is (r NULL) so both runs see one x.
  * The separate run in batch-invariant mode, so that its GEMV is unsplit
@@ -1643,20 +1645,29 @@ static void test_qgemm_tc_min_m(loom_cuda_gemm *g) {
  * runs the same launch of qtiled.cu's kernel in both runs, so both are in
  * the ordinary mode (that mode would give INT4 another decode). */
 static void test_pair_epilogue(loom_cuda_gemm *g) {
-    static const struct { int kind, H, KVH, D, K, bias, f8, slot; } cases[] = {
-        {LOOM_CUDA_EPI_ROPE_KV, 32, 8, 128, 4096, 0, 0, 1}, {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 0, 1},
-        {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 1, 1},    {LOOM_CUDA_EPI_ROPE_KV, 6, 6, 16, 256, 0, 1, 0},
+    /* tf: a tiled weight fuses — its one row splits K (qtiled.cu's
+     * lc_qt_splits: under 264 CTAs of 128 rows and K / 128 >= 8), or it
+     * does not and it is SwiGLU with P % 64 == 0 */
+    static const struct { int kind, H, KVH, D, K, bias, f8, slot, tf; } cases[] = {
+        {LOOM_CUDA_EPI_ROPE_KV, 32, 8, 128, 4096, 0, 0, 1, 1}, {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 0, 1, 0},
+        {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 1, 1, 0},    {LOOM_CUDA_EPI_ROPE_KV, 6, 6, 16, 256, 0, 1, 0, 0},
         /* small heads (P = 8), a longer row: bias, E4M3 cache */
-        {LOOM_CUDA_EPI_ROPE_KV, 6, 6, 16, 2048, 1, 1, 1},
-        {LOOM_CUDA_EPI_SWIGLU, 14336, 0, 0, 4096, 0, 0, 0},
-        {LOOM_CUDA_EPI_SWIGLU, 1536, 0, 0, 576, 0, 0, 0},
+        {LOOM_CUDA_EPI_ROPE_KV, 6, 6, 16, 2048, 1, 1, 1, 1},
+        {LOOM_CUDA_EPI_SWIGLU, 14336, 0, 0, 4096, 0, 0, 0, 1},
+        {LOOM_CUDA_EPI_SWIGLU, 1536, 0, 0, 576, 0, 0, 0, 0},
         /* K % 128, so INT4 and the tiled weights run too: bias, E4M3 cache,
-         * no slot; a gate|up of 194 row tiles */
-        {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 512, 1, 1, 0},
-        {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 512, 1, 0, 1},
-        {LOOM_CUDA_EPI_SWIGLU, 1552, 0, 0, 512, 0, 0, 0},
+         * no slot; a gate|up of 194 row tiles (P % 64 == 16: unfused) */
+        {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 512, 1, 1, 0, 0},
+        {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 512, 1, 0, 1, 0},
+        {LOOM_CUDA_EPI_SWIGLU, 1552, 0, 0, 512, 0, 0, 0, 0},
         /* a longer row of the small heads, K % 128 */
-        {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 2048, 1, 0, 1},
+        {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 2048, 1, 0, 1, 1},
+        /* tiled, unsplit: heads of 128 (P = 64: RoPE is not fused in the
+         * kernel), bias and E4M3 cache; a gate|up of P = 1024 (in the
+         * kernel); split: a gate|up of P = 512 */
+        {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 128, 512, 1, 1, 1, 0},
+        {LOOM_CUDA_EPI_SWIGLU, 1024, 0, 0, 512, 0, 0, 0, 1},
+        {LOOM_CUDA_EPI_SWIGLU, 512, 0, 0, 4096, 0, 0, 0, 1},
     };
     /* the last two: W8A16 and INT4 tiled (qtiled.cu's kernel) */
     static const loom_cuda_qfmt fmts[7] = {LOOM_CUDA_Q_NONE, LOOM_CUDA_Q_INT8_W8A16, LOOM_CUDA_Q_INT8_W8A8,
@@ -1702,8 +1713,7 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                     d_w = (void *)qw.data, d_sc = (void *)qw.scales;
                     if (tiled) CK(loom_cuda_qweight_tile(&qw, dt, 0));
                 }
-                /* tiled weights: qtiled.cu's kernel, then always the separate kernel */
-                const long want = !tiled;
+                const long want = !tiled || cases[ci].tf;
                 const size_t scr = f == LOOM_CUDA_Q_NONE ? 0 : loom_cuda_qgemm_scratch_bytes(g, dt, 0, &qw, 1);
                 void *d_scr = scr ? dev_poison(scr) : NULL;
                 /* per run: y, act / k, v caches, copied back */

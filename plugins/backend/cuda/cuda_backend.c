@@ -102,6 +102,12 @@ static const loom_param cb_params[] = {
      .doc = "quant_layout tiled: fewest rows (M) from which the tiled kernel runs its Hopper wgmma path "
             "(warpgroup MMA, 32..256-token tiles), below it the mma.sync one; 0 = never (batch_invariant: "
             "never)"},
+    {.key = "qtiled_epilogues", .type = LOOM_PARAM_BOOL,
+     .offset = offsetof(cuda_backend_config, qtiled_epilogues), .default_value = "false",
+     .doc = "quant_layout tiled, one-token steps: RoPE + KV write in QKV's K-split reduce and SwiGLU in the "
+            "unsplit gate|up kernel (kernels/cuda/qtiled.cu), not as kernels of their own; the same bits. Off "
+            "until timed in this form: an earlier one (RoPE in the kernel too, 96 registers) measured on an H100, "
+            "8 Llama-3-8B layers, batch-1 TPOT INT4 0.708 -> 0.744 ms, W8A16 1.062 -> 1.039 (docs/gpu.md)"},
     {.key = "trigger_first", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, trigger_first),
      .default_value = "false",
      .doc = "true = every kernel lets the next one launch before its griddepcontrol.wait (programmatic "
@@ -345,7 +351,7 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                                .max_graph_tokens = 2048, .max_batched_tokens = 8192,
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0,
                                .quant_layout = 1, .qtiled_max_rows = 512, .qtiled_wgmma_rows = 17,
-                               .trigger_first = false,
+                               .qtiled_epilogues = false, .trigger_first = false,
                                .fp8_vec_rows = LOOM_CUDA_FP8_VEC_MIN_M,
                                .sm_count = 0, .sm_partition = 0, .kv_groups = true, .moe_dispatch = 0,
                                .moe_expert_gemm_rows = 1024,

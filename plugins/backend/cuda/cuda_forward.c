@@ -362,13 +362,22 @@ static loom_status cb_swiglu_down(cuda_backend *b, int32_t T, const void *wdown,
  * of the warps an SM holds, which a kernel between hides, and the fused
  * layer is slower (W8A16 82.6 -> 87.8 us); split, it is the faster one
  * (W8A16 77.8 -> 77.2 us, INT4 63.5 -> 62.6; docs/performance.md, "Tried
- * and rejected"). So not in batch-invariant mode. Tiled weights: no (their
- * row runs qtiled.cu's kernel, which fuses no pair epilogue, so
- * loom_cuda_qgemm_splits says 0). GGUF (its own GEMV, not measured): no. */
+ * and rejected"). So not in batch-invariant mode. Tiled weights: with
+ * the qtiled_epilogues parameter, outside that mode (qtiled.cu fuses it in
+ * its kernel or K-split reduce; its down projections split K below two
+ * waves of 128-row CTAs, every model's). GGUF (its own GEMV, not
+ * measured): no. */
 static bool cb_swiglu_fuses(const cuda_backend *b, const loom_cuda_qweight *q) {
     if (!q || q->fmt == LOOM_CUDA_Q_NONE || q->fmt == LOOM_CUDA_Q_INT8_W8A8 || q->fmt == LOOM_CUDA_Q_FP8)
         return true;
+    if (q->layout == LOOM_CUDA_QLAYOUT_TILED) return b->cfg.qtiled_epilogues && !b->cfg.batch_invariant;
     return (q->fmt == LOOM_CUDA_Q_INT8_W8A16 || q->fmt == LOOM_CUDA_Q_INT4) && loom_cuda_qgemm_splits(b->gemm, b->dt, q);
+}
+
+/* Whether a one-token step hands q's GEMM its pair epilogue: yes but for
+ * a tiled weight without the qtiled_epilogues parameter. */
+static bool cb_epi_ok(const cuda_backend *b, const loom_cuda_qweight *q) {
+    return q->layout != LOOM_CUDA_QLAYOUT_TILED || b->cfg.qtiled_epilogues;
 }
 
 /* The residual's pending addend for the norm before a GEMM: the last O
@@ -394,7 +403,7 @@ static loom_status cb_record_pre_attention(cuda_backend *b, const cuda_plan *p, 
                                 .cs = cs, .pos = p->pos, .slot = slot, .k_cache = kc,
                                 .v_cache = vc, .num_heads = c->num_heads, .num_kv_heads = c->num_kv_heads,
                                 .head_dim = c->head_dim, .block_size = b->kv_layout.block_size};
-    const bool fuse = T == 1 && !ly->q_norm;
+    const bool fuse = T == 1 && !ly->q_norm && cb_epi_ok(b, &ly->q[CB_G_QKV]);
     loom_status st;
     if ((st = cb_norm_gemm(b, T, b->qkv_rows, ly->attn_norm, cb_pending(b, l), ly->wqkv, &ly->q[CB_G_QKV], b->qkv,
                            fuse ? &rope : NULL, "QKV", err)))
@@ -482,7 +491,8 @@ static loom_status cb_record_post_attention(cuda_backend *b, const cuda_plan *p,
         return summed ? LOOM_OK : cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err);
     }
     const loom_cuda_epi swiglu = {.kind = LOOM_CUDA_EPI_SWIGLU, .act = b->act};
-    const bool swiglu1 = T == 1 && !gelu && cb_swiglu_fuses(b, &ly->q[CB_G_DOWN]);
+    const bool swiglu1 =
+        T == 1 && !gelu && cb_swiglu_fuses(b, &ly->q[CB_G_DOWN]) && cb_epi_ok(b, &ly->q[CB_G_GU]);
     loom_status st;
     if ((st = cb_gemm(b, false, T, H, b->q_dim, b->att, ly->wo, &ly->q[CB_G_O], b->r, "attn_output", err)) ||
         (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)) ||
