@@ -378,15 +378,16 @@ int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, 
  *            rotated in y, k / v (+ bias) into the caches at slot[t].
  *   SWIGLU  (P = N / 2): y (M, N) is a gate|up output, stored as computed,
  *            and act (M, N / 2) dt = loom_cuda_swiglu of it.
- * A tiled weight's one row (qtiled.cu) does it in its K-split reduce, or
- * unsplit in the kernel where P % 64 == 0. Where none of these is what
- * runs (M > 1, cuBLASLt, the other tensor-core kernels, GGUF blocks, N not
- * pairable) the separate kernel runs after the GEMM: the result is the
- * same either way. Fusing was
- * measured faster for both kinds (H200, one Llama-3-8B decode layer in a
- * graph: bf16 126.4 -> 122.0 us); the step fuses SwiGLU only where the
- * down projection after it gains too (plugins/backend/cuda:
- * cb_swiglu_fuses). */
+ * A tiled weight's one row (qtiled.cu) does either kind in its K-split
+ * reduce where K is split, and SwiGLU in the kernel where K is not and
+ * P % 64 == 0. Where none of these is what runs (M > 1, cuBLASLt, the
+ * other tensor-core kernels, GGUF blocks, N not pairable, unsplit tiled
+ * RoPE) the separate kernel runs after the GEMM: the result is the same
+ * either way. Fusing was measured faster for both kinds (H200, one
+ * Llama-3-8B decode layer in a graph: bf16 126.4 -> 122.0 us); the step
+ * fuses SwiGLU only where the down projection after it gains too, and
+ * gives tiled weights their epilogues only with the qtiled_epilogues
+ * parameter (plugins/backend/cuda: cb_swiglu_fuses, cb_epi_ok). */
 typedef enum loom_cuda_epi_kind {
     LOOM_CUDA_EPI_NONE = 0,
     LOOM_CUDA_EPI_ROPE_KV = 1,

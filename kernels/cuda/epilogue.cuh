@@ -1,7 +1,8 @@
 /*
  * kernels/cuda/epilogue.cuh — internal: the pair epilogue of the one-row
  * GEMVs (gemv.cu, qgemm.cu) and of the tiled kernel and its K-split reduce
- * (qtiled.cu); the contract is cuda_kernels.h's loom_cuda_epi. A CTA of LC_EPI_WARPS warps with R output rows a warp
+ * (qtiled.cu); the contract is cuda_kernels.h's loom_cuda_epi. In a GEMV,
+ * a CTA of LC_EPI_WARPS warps with R output rows a warp
  * takes 2R pairs: warps 0 and 1 the first rows of pairs [0, R) and [R, 2R),
  * warps 2 and 3 their partners P rows further on — each warp's R rows stay
  * consecutive (P % R == 0), so its loads are the plain kernel's. Lane 0 of

@@ -51,7 +51,8 @@
  * few row tiles are split over K (grid z) into f32 partial sums that
  * lc_ksplit_reduce (mma.cuh) adds in slice order (results never depend on
  * timing; the split depends on N, K and M only; batch-invariant mode: the
- * split of one row and the fused decode at every M).
+ * split of one row and the fused decode at every M) — at one row with a
+ * pair epilogue lc_ksplit_pair (epilogue.cuh), which finishes the pairs.
  *
  * Measured (H200, one Llama-3-8B layer's four linears, bench/results/
  * h200-quant-linears.json gpu_bench_mM), tiled vs row-major vs bf16, us:
@@ -151,8 +152,9 @@ template <int NT> constexpr int lc_qt_wn() { return NT >= 8 ? 2 : 1; }
  * 1's rows, so the pairs meet in shared memory. A template flag, so that
  * the other launches keep their code; SwiGLU alone, and each copy's half
  * a constant: with RoPE's cache-index math (12 registers) and per-copy
- * source offsets (18) INT4's row kernel took 96 registers, not 66, and
- * its batch-1 step ran 5% slower than unfused. */
+ * source offsets (18) INT4's row kernel takes 96 registers, not 66, and
+ * its batch-1 step is 5% slower than unfused (docs/performance.md, "Tried
+ * and rejected"). */
 template <typename T, int FMT, int NT, bool F32, bool RAWP, bool PAIR = false>
 __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     lc_qtiled_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd,
@@ -380,54 +382,51 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     }
     lc_cp_wait<0>(); /* no copy may land after the CTA has gone */
 
-    if constexpr (pair) {
-        { /* token 0 (t == 0; i = 0, 2: rows g, g + 8) */
-            __shared__ float lc_qt_up[2][LC_QT_MT][16];
-            auto sum = [&](int mt, int h, int tile) {
-                float v = acc[mt][0][2 * h];
-                if constexpr (!F::I4) v *= __ldg(sc + tile * 16 + g + 8 * h);
-                return v;
-            };
-            if (wr >= 2 && t == 0)
+    if constexpr (pair) { /* token 0 (t == 0; i = 0, 2: rows g, g + 8) */
+        __shared__ float lc_qt_up[2][LC_QT_MT][16];
+        auto sum = [&](int mt, int h, int tile) {
+            float v = acc[mt][0][2 * h];
+            if constexpr (!F::I4) v *= __ldg(sc + tile * 16 + g + 8 * h);
+            return v;
+        };
+        if (wr >= 2 && t == 0)
 #pragma unroll
-                for (int mt = 0; mt < LC_QT_MT; mt++)
+            for (int mt = 0; mt < LC_QT_MT; mt++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        lc_qt_up[wr - 2][mt][g + 8 * h] = sum(mt, h, tile0 + wr * LC_QT_MT + mt + gap);
-            __syncthreads();
-            if (wr < 2 && t == 0)
+                for (int h = 0; h < 2; h++)
+                    lc_qt_up[wr - 2][mt][g + 8 * h] = sum(mt, h, tile0 + wr * LC_QT_MT + mt + gap);
+        __syncthreads();
+        if (wr < 2 && t == 0)
 #pragma unroll
-                for (int mt = 0; mt < LC_QT_MT; mt++)
+            for (int mt = 0; mt < LC_QT_MT; mt++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        lc_epi_swiglu<T>(static_cast<T *>(epi.act), static_cast<T *>(y),
-                                         q0 + (wr * LC_QT_MT + mt) * 16 + g + 8 * h, P,
-                                         sum(mt, h, tile0 + wr * LC_QT_MT + mt), lc_qt_up[wr][mt][g + 8 * h]);
-            return;
-        }
-    }
-
-    /* C: rows g, g + 8 of each row tile; tokens 2t, 2t + 1 of each n-tile */
+                for (int h = 0; h < 2; h++)
+                    lc_epi_swiglu<T>(static_cast<T *>(epi.act), static_cast<T *>(y),
+                                     q0 + (wr * LC_QT_MT + mt) * 16 + g + 8 * h, P,
+                                     sum(mt, h, tile0 + wr * LC_QT_MT + mt), lc_qt_up[wr][mt][g + 8 * h]);
+    } else {
+        /* C: rows g, g + 8 of each row tile; tokens 2t, 2t + 1 of each n-tile */
 #pragma unroll
-    for (int mt = 0; mt < LC_QT_MT; mt++) {
-        const int nb = (tile0 + wr * LC_QT_MT + mt) * 16;
-        if (nb >= N) continue;
+        for (int mt = 0; mt < LC_QT_MT; mt++) {
+            const int nb = (tile0 + wr * LC_QT_MT + mt) * 16;
+            if (nb >= N) continue;
 #pragma unroll
-        for (int nt = 0; nt < NTW; nt++)
+            for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int n = nb + g + (i >= 2 ? 8 : 0), m = m0 + (wc * NTW + nt) * 8 + 2 * t + (i & 1);
-                if (m >= M) continue;
-                const size_t o = (size_t)m * N + n;
-                if (Z > 1) {
-                    part[(size_t)z * M * N + o] = acc[mt][nt][i];
-                    continue;
+                for (int i = 0; i < 4; i++) {
+                    const int n = nb + g + (i >= 2 ? 8 : 0), m = m0 + (wc * NTW + nt) * 8 + 2 * t + (i & 1);
+                    if (m >= M) continue;
+                    const size_t o = (size_t)m * N + n;
+                    if (Z > 1) {
+                        part[(size_t)z * M * N + o] = acc[mt][nt][i];
+                        continue;
+                    }
+                    float val = acc[mt][nt][i];
+                    if constexpr (!F::I4) val *= __ldg(sc + n);
+                    if (F32) static_cast<float *>(y)[o] = val;
+                    else static_cast<T *>(y)[o] = lc_from_f<T>(val);
                 }
-                float val = acc[mt][nt][i];
-                if constexpr (!F::I4) val *= __ldg(sc + n);
-                if (F32) static_cast<float *>(y)[o] = val;
-                else static_cast<T *>(y)[o] = lc_from_f<T>(val);
-            }
+        }
     }
 }
 

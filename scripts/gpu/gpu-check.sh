@@ -732,7 +732,8 @@ kprofile)
       || { fails=$((fails + 1)); tail -3 "$O/kprofile-m$M.log"; }
     "$NCU" -i "/tmp/qtiled-m$M.ncu-rep" --page raw --csv > "$O/qtiled-m$M-raw.csv" 2>> "$O/kprofile-m$M.log" \
       && python3 scripts/gpu/ncu-summary.py --raw "$O/qtiled-m$M-raw.csv" > "$O/qtiled-m$M-summary.txt" \
-      && cat "$O/qtiled-m$M-summary.txt" && qargs+=(--text "tiled_m$M=$O/qtiled-m$M-summary.txt")
+      && cat "$O/qtiled-m$M-summary.txt" && qargs+=(--text "tiled_m$M=$O/qtiled-m$M-summary.txt") \
+      || fails=$((fails + 1))
     step "the same kernels' times as the timing loop sees them (ncu, warm caches, clocks as they run) at M = $M"
     LOOM_BENCH_REPS=1 timeout 240 "$NCU" --clock-control none --cache-control none --csv -k regex:"$kre" \
       --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed \
@@ -747,7 +748,9 @@ kprofile)
   timeout 300 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
     --launch-count 1500 "$LB/bench/gpu/gpu_bench" /tmp/kprof-moe.json "$CUDA_SO" --moe 4 --moe-batch1 \
     --moe-shape qwen3-30b-a3b > "$O/ncu-moe.csv" 2> "$O/ncu-moe.err" || { fails=$((fails + 1)); tail -3 "$O/ncu-moe.err"; }
-  python3 scripts/gpu/ncu-summary.py "$O/ncu-moe.csv" --step-kernel lc_embedding_kernel | tee "$O/ncu-moe-summary.txt" | head -30
+  python3 scripts/gpu/ncu-summary.py "$O/ncu-moe.csv" --step-kernel lc_embedding_kernel > "$O/ncu-moe-summary.txt" \
+    || fails=$((fails + 1))
+  head -30 "$O/ncu-moe-summary.txt"
   step "the same step's wall time without the profiler (gpu_bench --moe 4)"
   timeout 200 "$LB/bench/gpu/gpu_bench" "$O/moe-wall.json" "$CUDA_SO" --moe 4 --moe-shape qwen3-30b-a3b 2>&1 \
     | grep -E "decode batch 1 |loaded" | tee "$O/moe-wall.txt"

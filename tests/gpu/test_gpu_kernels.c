@@ -1643,10 +1643,10 @@ static void test_qgemm_tc_min_m(loom_cuda_gemm *g) {
  * in another order — the epilogue's arithmetic is what is checked here);
  * at one row that mode changes nothing else of the call. A tiled weight
  * runs the same launch of qtiled.cu's kernel in both runs, so both are in
- * the ordinary mode (that mode would give INT4 another decode). */
+ * one mode: the ordinary one, then batch-invariant (INT4's other decode). */
 static void test_pair_epilogue(loom_cuda_gemm *g) {
     /* tf: a tiled weight fuses — its one row splits K (qtiled.cu's
-     * lc_qt_splits: under 264 CTAs of 128 rows and K / 128 >= 8), or it
+     * lc_qt_splits: at most 132 CTAs of 128 rows and K / 128 >= 8), or it
      * does not and it is SwiGLU with P % 64 == 0 */
     static const struct { int kind, H, KVH, D, K, bias, f8, slot, tf; } cases[] = {
         {LOOM_CUDA_EPI_ROPE_KV, 32, 8, 128, 4096, 0, 0, 1, 1}, {LOOM_CUDA_EPI_ROPE_KV, 4, 2, 64, 576, 1, 0, 1, 0},
@@ -1714,69 +1714,78 @@ static void test_pair_epilogue(loom_cuda_gemm *g) {
                     if (tiled) CK(loom_cuda_qweight_tile(&qw, dt, 0));
                 }
                 const long want = !tiled || cases[ci].tf;
-                const size_t scr = f == LOOM_CUDA_Q_NONE ? 0 : loom_cuda_qgemm_scratch_bytes(g, dt, 0, &qw, 1);
-                void *d_scr = scr ? dev_poison(scr) : NULL;
-                /* per run: y, act / k, v caches, copied back */
-                char *out[2][3] = {{0}};
-                const size_t sz[3] = {(size_t)N * 2, rope ? cache * kve : (size_t)I * 2, rope ? cache * kve : 0};
-                long fused[2] = {0, 0};
-                int rc = 0;
-                for (int run = 0; run < 2 && !rc; run++) { /* fused, then the separate kernel by hand */
-                    /* (tiled: the same launch of qtiled.cu's kernel both times) */
-                    loom_cuda_gemm_set_batch_invariant(g, run == 1 && !tiled);
-                    void *d_y = dev_poison(sz[0]), *d_a = dev_poison(sz[1] ? sz[1] : 16),
-                         *d_v = dev_poison(sz[2] ? sz[2] : 16);
-                    loom_cuda_epi e = {.kind = (loom_cuda_epi_kind)cases[ci].kind};
-                    if (rope)
-                        e = (loom_cuda_epi){.kind = LOOM_CUDA_EPI_ROPE_KV,
-                                            .kv = cases[ci].f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT,
-                                            .bias = cases[ci].bias ? d_bias : NULL, .cs = d_cs, .pos = d_pos,
-                                            .slot = d_slot, .k_cache = d_a, .v_cache = d_v, .num_heads = H,
-                                            .num_kv_heads = KVH, .head_dim = D, .block_size = bs};
-                    else
-                        e.act = d_a;
-                    const long c0 = loom_cuda_epi_fused_count();
-                    if (run == 0) {
-                        rc = f == LOOM_CUDA_Q_NONE
-                                 ? loom_cuda_gemm_epi_run(g, dt, 1, N, K, d_xn, d_w, d_y, &e, 0, msg, sizeof msg)
-                                 : loom_cuda_qgemm_norm_epi_run(g, dt, 1, &qw, d_xres, NULL, d_nw, 1e-5f, d_xn, d_y,
-                                                                &e, d_scr, scr, 0, msg, sizeof msg);
-                    } else {
-                        rc = f == LOOM_CUDA_Q_NONE
-                                 ? loom_cuda_gemm_run(g, dt, 0, 1, N, K, d_xn, d_w, d_y, 0, msg, sizeof msg)
-                                 : loom_cuda_qgemm_norm_run(g, dt, 1, &qw, d_xres, NULL, d_nw, 1e-5f, d_xn, d_y, d_scr,
-                                                            scr, 0, msg, sizeof msg);
-                        if (!rc && rope)
-                            CK(loom_cuda_rope_kv(dt, e.kv, d_y, N, e.bias, d_cs, d_pos, d_slot, d_a, d_v, 1, H, KVH, D,
-                                                 bs, 0));
-                        else if (!rc)
-                            CK(loom_cuda_swiglu(dt, d_a, d_y, 1, I, 0));
-                    }
-                    CK(cudaDeviceSynchronize());
-                    fused[run] = loom_cuda_epi_fused_count() - c0;
-                    void *dev[3] = {d_y, d_a, d_v};
-                    for (int b = 0; b < 3; b++) {
-                        out[run][b] = malloc(sz[b] ? sz[b] : 1);
-                        if (sz[b]) CK(cudaMemcpy(out[run][b], dev[b], sz[b], cudaMemcpyDeviceToHost));
-                    }
-                    cudaFree(d_y), cudaFree(d_a), cudaFree(d_v);
+                /* (the most either mode asks: tiled runs both) */
+                size_t scr = f == LOOM_CUDA_Q_NONE ? 0 : loom_cuda_qgemm_scratch_bytes(g, dt, 0, &qw, 1);
+                if (f != LOOM_CUDA_Q_NONE) {
+                    loom_cuda_gemm_set_batch_invariant(g, 1);
+                    const size_t si = loom_cuda_qgemm_scratch_bytes(g, dt, 0, &qw, 1);
+                    loom_cuda_gemm_set_batch_invariant(g, 0);
+                    if (si > scr) scr = si;
                 }
-                long differ = rc ? 1 : 0;
-                for (int b = 0; b < 3 && !rc; b++) differ += bits_differ(out[0][b], out[1][b], sz[b], 1);
-                /* the fused launch ran, once */
-                if (fused[0] != want || fused[1] != 0) differ++;
-                /* something was written: y has no poison left */
-                if (!rc) differ += count_nan(dt, out[0][0], (size_t)N, 2);
-                snprintf(name, sizeof name,
-                         "pair epilogue %s %s %s%s N=%d K=%d%s%s%s: fused = separate kernel, bit for bit",
-                         rope ? "rope_kv" : "swiglu", dtn(dt), f == LOOM_CUDA_Q_NONE ? "bf16-weights" : qfmt_name(f),
-                         tiled ? " tiled" : "", N, K, rope && cases[ci].bias ? " bias" : "", rope && cases[ci].f8 ? " e4m3-KV" : "",
-                         rope && slot < 0 ? " no slot" : "");
-                if (rc) printf("      error: %s\n", msg);
-                if (fused[0] != want || fused[1]) printf("      fused launches %ld / %ld\n", fused[0], fused[1]);
-                report_bits(name, differ, 1);
-                for (int r = 0; r < 2; r++)
-                    for (int b = 0; b < 3; b++) free(out[r][b]);
+                void *d_scr = scr ? dev_poison(scr) : NULL;
+                for (int inv = 0; inv < (tiled ? 2 : 1); inv++) {
+                    /* per run: y, act / k, v caches, copied back */
+                    char *out[2][3] = {{0}};
+                    const size_t sz[3] = {(size_t)N * 2, rope ? cache * kve : (size_t)I * 2, rope ? cache * kve : 0};
+                    long fused[2] = {0, 0};
+                    int rc = 0;
+                    for (int run = 0; run < 2 && !rc; run++) { /* fused, then the separate kernel by hand */
+                        /* (tiled: the same launch of qtiled.cu's kernel both times) */
+                        loom_cuda_gemm_set_batch_invariant(g, tiled ? inv : run == 1);
+                        void *d_y = dev_poison(sz[0]), *d_a = dev_poison(sz[1] ? sz[1] : 16),
+                             *d_v = dev_poison(sz[2] ? sz[2] : 16);
+                        loom_cuda_epi e = {.kind = (loom_cuda_epi_kind)cases[ci].kind};
+                        if (rope)
+                            e = (loom_cuda_epi){.kind = LOOM_CUDA_EPI_ROPE_KV,
+                                                .kv = cases[ci].f8 ? LOOM_CUDA_KV_E4M3 : LOOM_CUDA_KV_DT,
+                                                .bias = cases[ci].bias ? d_bias : NULL, .cs = d_cs, .pos = d_pos,
+                                                .slot = d_slot, .k_cache = d_a, .v_cache = d_v, .num_heads = H,
+                                                .num_kv_heads = KVH, .head_dim = D, .block_size = bs};
+                        else
+                            e.act = d_a;
+                        const long c0 = loom_cuda_epi_fused_count();
+                        if (run == 0) {
+                            rc = f == LOOM_CUDA_Q_NONE
+                                     ? loom_cuda_gemm_epi_run(g, dt, 1, N, K, d_xn, d_w, d_y, &e, 0, msg, sizeof msg)
+                                     : loom_cuda_qgemm_norm_epi_run(g, dt, 1, &qw, d_xres, NULL, d_nw, 1e-5f, d_xn, d_y,
+                                                                    &e, d_scr, scr, 0, msg, sizeof msg);
+                        } else {
+                            rc = f == LOOM_CUDA_Q_NONE
+                                     ? loom_cuda_gemm_run(g, dt, 0, 1, N, K, d_xn, d_w, d_y, 0, msg, sizeof msg)
+                                     : loom_cuda_qgemm_norm_run(g, dt, 1, &qw, d_xres, NULL, d_nw, 1e-5f, d_xn, d_y, d_scr,
+                                                                scr, 0, msg, sizeof msg);
+                            if (!rc && rope)
+                                CK(loom_cuda_rope_kv(dt, e.kv, d_y, N, e.bias, d_cs, d_pos, d_slot, d_a, d_v, 1, H, KVH, D,
+                                                     bs, 0));
+                            else if (!rc)
+                                CK(loom_cuda_swiglu(dt, d_a, d_y, 1, I, 0));
+                        }
+                        CK(cudaDeviceSynchronize());
+                        fused[run] = loom_cuda_epi_fused_count() - c0;
+                        void *dev[3] = {d_y, d_a, d_v};
+                        for (int b = 0; b < 3; b++) {
+                            out[run][b] = malloc(sz[b] ? sz[b] : 1);
+                            if (sz[b]) CK(cudaMemcpy(out[run][b], dev[b], sz[b], cudaMemcpyDeviceToHost));
+                        }
+                        cudaFree(d_y), cudaFree(d_a), cudaFree(d_v);
+                    }
+                    long differ = rc ? 1 : 0;
+                    for (int b = 0; b < 3 && !rc; b++) differ += bits_differ(out[0][b], out[1][b], sz[b], 1);
+                    /* the fused launch ran, once */
+                    if (fused[0] != want || fused[1] != 0) differ++;
+                    /* something was written: y has no poison left */
+                    if (!rc) differ += count_nan(dt, out[0][0], (size_t)N, 2);
+                    snprintf(name, sizeof name,
+                             "pair epilogue %s %s %s%s N=%d K=%d%s%s%s: fused = separate kernel, bit for bit",
+                             rope ? "rope_kv" : "swiglu", dtn(dt), f == LOOM_CUDA_Q_NONE ? "bf16-weights" : qfmt_name(f),
+                             tiled ? (inv ? " tiled invariant" : " tiled") : "", N, K, rope && cases[ci].bias ? " bias" : "",
+                             rope && cases[ci].f8 ? " e4m3-KV" : "", rope && slot < 0 ? " no slot" : "");
+                    if (rc) printf("      error: %s\n", msg);
+                    if (fused[0] != want || fused[1]) printf("      fused launches %ld / %ld\n", fused[0], fused[1]);
+                    report_bits(name, differ, 1);
+                    for (int r = 0; r < 2; r++)
+                        for (int b = 0; b < 3; b++) free(out[r][b]);
+                }
                 cudaFree(d_w), cudaFree(d_sc), cudaFree(d_scr);
             }
             cudaFree(d_xres), cudaFree(d_nw), cudaFree(d_xn);

@@ -104,10 +104,11 @@ static const loom_param cb_params[] = {
             "never)"},
     {.key = "qtiled_epilogues", .type = LOOM_PARAM_BOOL,
      .offset = offsetof(cuda_backend_config, qtiled_epilogues), .default_value = "false",
-     .doc = "quant_layout tiled, one-token steps: RoPE + KV write in QKV's K-split reduce and SwiGLU in the "
-            "unsplit gate|up kernel (kernels/cuda/qtiled.cu), not as kernels of their own; the same bits. Off "
-            "until timed in this form: an earlier one (RoPE in the kernel too, 96 registers) measured on an H100, "
-            "8 Llama-3-8B layers, batch-1 TPOT INT4 0.708 -> 0.744 ms, W8A16 1.062 -> 1.039 (docs/gpu.md)"},
+     .doc = "quant_layout tiled, one-token steps: RoPE + KV write and SwiGLU done by the tiled kernels "
+            "(kernels/cuda/qtiled.cu: in the K-split reduce where K is split; SwiGLU in the kernel where it is "
+            "not and half of gate|up is a multiple of 64 rows), else as kernels of their own; the same bits. "
+            "Also fuses SwiGLU into the gate|up GEMM before a tiled down projection, whatever its format. "
+            "Not timed in this form (docs/gpu.md)"},
     {.key = "trigger_first", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, trigger_first),
      .default_value = "false",
      .doc = "true = every kernel lets the next one launch before its griddepcontrol.wait (programmatic "

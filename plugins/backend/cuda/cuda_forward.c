@@ -362,11 +362,11 @@ static loom_status cb_swiglu_down(cuda_backend *b, int32_t T, const void *wdown,
  * of the warps an SM holds, which a kernel between hides, and the fused
  * layer is slower (W8A16 82.6 -> 87.8 us); split, it is the faster one
  * (W8A16 77.8 -> 77.2 us, INT4 63.5 -> 62.6; docs/performance.md, "Tried
- * and rejected"). So not in batch-invariant mode. Tiled weights: with
- * the qtiled_epilogues parameter, outside that mode (qtiled.cu fuses it in
- * its kernel or K-split reduce; its down projections split K below two
- * waves of 128-row CTAs, every model's). GGUF (its own GEMV, not
- * measured): no. */
+ * and rejected"). So not in batch-invariant mode. A tiled down
+ * projection: with the qtiled_epilogues parameter, outside that mode,
+ * whether it splits or not (not measured apart) — then SwiGLU goes into
+ * the gate|up GEMM before it, whatever that one's format. GGUF (its own
+ * GEMV, not measured): no. */
 static bool cb_swiglu_fuses(const cuda_backend *b, const loom_cuda_qweight *q) {
     if (!q || q->fmt == LOOM_CUDA_Q_NONE || q->fmt == LOOM_CUDA_Q_INT8_W8A8 || q->fmt == LOOM_CUDA_Q_FP8)
         return true;
@@ -375,7 +375,9 @@ static bool cb_swiglu_fuses(const cuda_backend *b, const loom_cuda_qweight *q) {
 }
 
 /* Whether a one-token step hands q's GEMM its pair epilogue: yes but for
- * a tiled weight without the qtiled_epilogues parameter. */
+ * a tiled weight without the qtiled_epilogues parameter. (A tiled gate|up
+ * without it takes cb_swiglu_down's path, as one before an unsplit
+ * down projection does.) */
 static bool cb_epi_ok(const cuda_backend *b, const loom_cuda_qweight *q) {
     return q->layout != LOOM_CUDA_QLAYOUT_TILED || b->cfg.qtiled_epilogues;
 }
@@ -398,7 +400,8 @@ static loom_status cb_record_pre_attention(cuda_backend *b, const cuda_plan *p, 
     const int64_t *slot = p->slot + (size_t)ly->kv_group * T; /* this layer's group's mapping */
     const float *cs = loom_kv_layer_window(c, l) > 0 ? b->rope_cs_local : b->rope_cs;
     /* (T, H) -> (T, QKV), RoPE + KV write; the pair epilogue at one row
-     * (not with QK-norm: the norm sits between the GEMM and the rotation) */
+     * (not with QK-norm: the norm sits between the GEMM and the rotation;
+     * tiled weights only with qtiled_epilogues: cb_epi_ok) */
     const loom_cuda_epi rope = {.kind = LOOM_CUDA_EPI_ROPE_KV, .kv = b->kv, .bias = ly->bqkv,
                                 .cs = cs, .pos = p->pos, .slot = slot, .k_cache = kc,
                                 .v_cache = vc, .num_heads = c->num_heads, .num_kv_heads = c->num_kv_heads,
@@ -531,7 +534,8 @@ static loom_status cb_record_piece(cuda_backend *b, const cuda_plan *p, int32_t 
  * stream in x and the last layer's down projection in r (sharded: both
  * already summed over the ranks). A one-token step (batch-1 decode) hands
  * RoPE + KV write — and SwiGLU where it pays (cb_swiglu_fuses) — to the
- * QKV and gate|up GEMVs (pair epilogues, cuda_kernels.h: loom_cuda_epi; a
+ * QKV and gate|up GEMVs (tiled weights: with qtiled_epilogues, cb_epi_ok;
+ * pair epilogues, cuda_kernels.h: loom_cuda_epi; a
  * launch and a kernel boundary fewer each, the same bits as the separate
  * kernels after an unsplit GEMV; in a CUDA graph
  * on the H200 the separate kernels cost ~2.2 us each of a Llama-3-8B
