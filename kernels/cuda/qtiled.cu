@@ -1031,8 +1031,8 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
     /* the raw INT4 decode at up to 16 tokens, not in batch-invariant mode */
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     switch (NT) {
-    case 1: /* (the pair kernel only where it runs: one row, dt out) */
-        if (Pk && !F32) {
+    case 1: /* the pair kernel (Pk: one row, dt out; !F32 so no f32 copy is built) */
+        if (Pk) {
             if (I4 && !invariant) LC_QT_GO(1, I4, !F32);
             else LC_QT_GO(1, false, !F32);
         } else if (I4 && !invariant) {
