@@ -133,4 +133,103 @@ static cudaError_t lc_ksplit_pair(const float *part, const float *sc, void *y, i
                      Z, P, *e);
 }
 
+/* The K-split second pass of y (M, N) with ADD_NORM after it
+ * (cuda_kernels.h: loom_cuda_epi): row m's CTAs (blockIdx.y = m) of
+ * LC_KN_WARPS warps stand in for the norm kernel's one CTA of vt =
+ * lc_norm_threads(N) threads — warp w of CTA b is its warp b * LC_KN_WARPS
+ * + w, its lanes hold that warp's chunks and add their squares in its
+ * order, so each warp's sum is the norm kernel's. A chunk's y is the plain
+ * reduce's (the z-ordered sum, times sc[n] when W8), stored and added to
+ * res as dt; the warps' sums go to sync[m], and the row's last CTA to
+ * arrive (its counter there) adds them as lc_block_sum's second stage,
+ * normalises the row from res and zeroes the counter. */
+#define LC_KN_WARPS 4
+template <typename T, bool W8>
+__global__ void __launch_bounds__(LC_KN_WARPS * 32)
+    lc_ksplit_norm_kernel(const float *__restrict__ part, const float *__restrict__ sc, T *__restrict__ y, int M,
+                          int N, int Z, int vt, loom_cuda_epi e) {
+    __shared__ int last;
+    lc_pdl_trigger();
+    lc_pdl_wait();
+    const int m = (int)blockIdx.y, lane = (int)threadIdx.x & 31, nc = N / 8, nvw = vt / 32;
+    const int vw = (int)blockIdx.x * LC_KN_WARPS + ((int)threadIdx.x >> 5);
+    const size_t MN = (size_t)M * N;
+    float *xr = e.res + (size_t)m * N;
+    float ss = 0.0f;
+    for (int k = 0; k < LC_NORM_MAXC && vw < nvw; k++) {
+        const int c = vw * 32 + lane + k * vt;
+        if (c >= nc) continue;
+        const float *src = part + (size_t)m * N + (size_t)c * 8;
+        float v[8] = {};
+        for (int z0 = 0; z0 < Z; z0 += 4) { /* four slices' loads in flight */
+            float4 p[4][2];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (z0 + i < Z) {
+                    p[i][0] = __ldcs(reinterpret_cast<const float4 *>(src + (size_t)(z0 + i) * MN));
+                    p[i][1] = __ldcs(reinterpret_cast<const float4 *>(src + (size_t)(z0 + i) * MN) + 1);
+                }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (z0 + i < Z) {
+                    v[0] += p[i][0].x, v[1] += p[i][0].y, v[2] += p[i][0].z, v[3] += p[i][0].w;
+                    v[4] += p[i][1].x, v[5] += p[i][1].y, v[6] += p[i][1].z, v[7] += p[i][1].w;
+                }
+        }
+        if constexpr (W8) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[j] *= sc[c * 8 + j];
+        }
+        const uint4 yq = lc_pack8<T>(v);
+        lc_stg16(y + (size_t)m * N + c * 8, yq);
+        float f[8];
+        lc_unpack8<T>(yq, f);
+        float4 *xp = reinterpret_cast<float4 *>(xr + c * 8);
+        const float4 a = xp[0], b = xp[1];
+        const float x[8] = {a.x + f[0], a.y + f[1], a.z + f[2], a.w + f[3],
+                            b.x + f[4], b.y + f[5], b.z + f[6], b.w + f[7]};
+        xp[0] = make_float4(x[0], x[1], x[2], x[3]);
+        xp[1] = make_float4(x[4], x[5], x[6], x[7]);
+#pragma unroll
+        for (int j = 0; j < 8; j++) ss += x[j] * x[j];
+    }
+    ss = lc_warp_sum(ss);
+    float *sy = static_cast<float *>(e.sync) + (size_t)m * (LOOM_CUDA_NORM_SYNC_BYTES / 4);
+    if (lane == 0 && vw < nvw) sy[1 + vw] = ss;
+    __threadfence(); /* res and the sums before the count */
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(reinterpret_cast<unsigned *>(sy), 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* L2 reads (ld.cg): other SMs wrote res and the sums */
+    const float inv = rsqrtf(lc_warp_sum(lane < nvw ? __ldcg(sy + 1 + lane) : 0.0f) / (float)N + e.eps);
+    T *xn = static_cast<T *>(e.xn) + (size_t)m * N;
+    for (int c = (int)threadIdx.x; c < nc; c += LC_KN_WARPS * 32) {
+        const float4 a = __ldcg(reinterpret_cast<const float4 *>(xr + c * 8));
+        const float4 b = __ldcg(reinterpret_cast<const float4 *>(xr + c * 8) + 1);
+        const float4 w0 = __ldg(reinterpret_cast<const float4 *>(e.norm_w + c * 8));
+        const float4 w1 = __ldg(reinterpret_cast<const float4 *>(e.norm_w + c * 8) + 1);
+        const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        const float wf[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+        float o[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) o[j] = x[j] * inv * wf[j];
+        lc_stg16(xn + c * 8, lc_pack8<T>(o));
+    }
+    if (threadIdx.x == 0) *reinterpret_cast<unsigned *>(sy) = 0u; /* for the next call */
+}
+
+/* Launches lc_ksplit_norm_kernel, or cudaErrorNotSupported (nothing
+ * launched) where the norm kernel would not take the row (N % 8, N > 32768). */
+template <typename T, bool W8>
+static cudaError_t lc_ksplit_norm(const float *part, const float *sc, void *y, int M, int N, int Z,
+                                  const loom_cuda_epi *e, cudaStream_t s) {
+    const int vt = lc_norm_threads(N);
+    if (!vt || !e->sync || !e->res || !e->xn || !e->norm_w) return cudaErrorNotSupported;
+    const int G = (vt / 32 + LC_KN_WARPS - 1) / LC_KN_WARPS;
+    return lc_launch(lc_ksplit_norm_kernel<T, W8>, dim3((unsigned)G, (unsigned)M), dim3(LC_KN_WARPS * 32), 0, s,
+                     part, sc, static_cast<T *>(y), M, N, Z, vt, *e);
+}
+
 #endif

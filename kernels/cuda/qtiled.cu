@@ -144,22 +144,12 @@ template <int NT> constexpr int lc_qt_wn() { return NT >= 8 ? 2 : 1; }
  * the bits of one row at every M: there the fused decode at every NT) */
 
 /* grid (CTA row blocks of 128, token tiles of 8 NT, K slices). Z == 1: y
- * (M, N) dt or f32; else part (Z, M, N) f32 without W8A16's row scale.
- * PAIR (one row, NT == 1, Z == 1, dt output; SwiGLU with P = N / 2 % 64
- * == 0: lc_qt_pairs): SwiGLU in the kernel (epilogue.cuh) — a CTA then
- * owns the 4 row tiles of gate rows [64 bx, 64 bx + 64) and the 4 of
- * their up rows P on, warps 2 and 3 holding the partners of warps 0 and
- * 1's rows, so the pairs meet in shared memory. A template flag, so that
- * the other launches keep their code; SwiGLU alone, and each copy's half
- * a constant: with RoPE's cache-index math (12 registers) and per-copy
- * source offsets (18) INT4's row kernel takes 96 registers, not 66, and
- * its batch-1 step is 5% slower than unfused (docs/performance.md, "Tried
- * and rejected"). */
-template <typename T, int FMT, int NT, bool F32, bool RAWP, bool PAIR = false>
+ * (M, N) dt or f32; else part (Z, M, N) f32 without W8A16's row scale. */
+template <typename T, int FMT, int NT, bool F32, bool RAWP>
 __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     lc_qtiled_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd,
                      const float *__restrict__ sc, void *__restrict__ y, float *__restrict__ part, int M, int N,
-                     int K, int group, int P, loom_cuda_epi epi) {
+                     int K, int group) {
     typedef lc_qt<FMT> F;
     constexpr int TOK = 8 * NT, ST = lc_qt_stages<FMT, NT>(), WN = lc_qt_wn<NT>(), NTW = NT / WN;
     constexpr int NTHR = LC_QT_WARPS * 32 * WN;
@@ -169,12 +159,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wr = warp % LC_QT_WARPS, wc = warp / LC_QT_WARPS; /* row group, token group */
-    constexpr int HALF = LC_QT_TILES / 2;
-    constexpr bool pair = PAIR && NT == 1 && !F32;
-    const int q0 = pair ? blockIdx.x * HALF * 16 : 0; /* the CTA's first pair */
-    /* local row tile tl is tile0 + tl, or past gap more from HALF on */
-    const int tile0 = pair ? q0 / 16 : blockIdx.x * LC_QT_TILES, ntiles = N / 16;
-    const int gap = pair ? P / 16 - HALF : 0;
+    const int tile0 = blockIdx.x * LC_QT_TILES, ntiles = N / 16;
     const int m0 = blockIdx.y * TOK;
     const int S = K / LC_QT_KS, Z = (int)gridDim.z, z = (int)blockIdx.z;
     const int s_lo = (int)((long long)S * z / Z), s_hi = (int)((long long)S * (z + 1) / Z);
@@ -197,13 +182,9 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     const size_t w_step = (size_t)TPK * tile_bytes;
     const uint8_t *w_src = wd + (size_t)(tile0 + w_tl0) * tile_bytes + (tid % VW) * 16 + (size_t)s_lo * VW * 16;
     unsigned w_ok = 0;
-    /* copy k's tile lies in the second half from k TPK >= HALF on (w_tl0 <
-     * TPK, which divides HALF): a constant per k, one gap in bytes */
-    static_assert(HALF % TPK == 0, "a copy's half must not depend on the thread");
-    const size_t w_gap = (size_t)gap * tile_bytes;
 #pragma unroll
     for (int k = 0; k < CPW; k++)
-        if (tile0 + w_tl0 + k * TPK + (k * TPK >= HALF ? gap : 0) < ntiles) w_ok |= 1u << k;
+        if (tile0 + w_tl0 + k * TPK < ntiles) w_ok |= 1u << k;
     constexpr int XPT = (TOK * 16 + NTHR - 1) / NTHR, XRS = NTHR / 16; /* copies a thread, rows apart */
     const int x_r0 = tid >> 4, x_c = tid & 15;
     const uint16_t *x_src = x + (size_t)(m0 + x_r0) * K + x_c * 8 + (size_t)s_lo * LC_QT_KS;
@@ -213,18 +194,16 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
         if (x_r0 + k * XRS < TOK && m0 + x_r0 + k * XRS < M) x_ok |= 1u << k;
     /* the tiles' (s, b) dt pairs of the stage's groups (at most two: group
      * % 64 == 0): 64 bytes a (row tile, group), four copies */
-    const int s_h = (tid >> 2) & 1, s_tile = tile0 + (tid >> 3) + ((tid >> 3) >= HALF ? gap : 0);
-    const bool s_ok = F::I4 && tid < LC_QT_TILES * 2 * 4 && s_tile < ntiles;
-    const float *s_src = F::I4 ? sc + ((size_t)s_tile * groups + s_h) * 16 + (tid & 3) * 4 : sc;
+    const int s_h = (tid >> 2) & 1;
+    const bool s_ok = F::I4 && tid < LC_QT_TILES * 2 * 4 && tile0 + (tid >> 3) < ntiles;
+    const float *s_src = F::I4 ? sc + ((size_t)(tile0 + (tid >> 3)) * groups + s_h) * 16 + (tid & 3) * 4 : sc;
     lc_qt_gcur lg{}, cg{}; /* the loads' stage and the math's */
     if constexpr (F::I4) lg.init(s_lo * LC_QT_KS, group), cg = lg;
     auto load_w = [&](int b) {
         const uint32_t ws = sm0 + (uint32_t)(b * STB);
 #pragma unroll
         for (int k = 0; k < CPW; k++)
-            if (w_ok >> k & 1)
-                lc_cp16s(ws + (uint32_t)((tid + k * NTHR) * 16),
-                         w_src + k * w_step + (pair && k * TPK >= HALF ? w_gap : 0));
+            if (w_ok >> k & 1) lc_cp16s(ws + (uint32_t)((tid + k * NTHR) * 16), w_src + k * w_step);
         w_src += VW * 16;
         if constexpr (F::I4) {
             if (s_ok && lg.g + s_h < groups) lc_cp16s(ws + (uint32_t)(WB + XB + tid * 16), s_src + (size_t)lg.g * 16);
@@ -382,51 +361,27 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     }
     lc_cp_wait<0>(); /* no copy may land after the CTA has gone */
 
-    if constexpr (pair) { /* token 0 (t == 0; i = 0, 2: rows g, g + 8) */
-        __shared__ float lc_qt_up[2][LC_QT_MT][16];
-        auto sum = [&](int mt, int h, int tile) {
-            float v = acc[mt][0][2 * h];
-            if constexpr (!F::I4) v *= __ldg(sc + tile * 16 + g + 8 * h);
-            return v;
-        };
-        if (wr >= 2 && t == 0)
+    /* C: rows g, g + 8 of each row tile; tokens 2t, 2t + 1 of each n-tile */
 #pragma unroll
-            for (int mt = 0; mt < LC_QT_MT; mt++)
+    for (int mt = 0; mt < LC_QT_MT; mt++) {
+        const int nb = (tile0 + wr * LC_QT_MT + mt) * 16;
+        if (nb >= N) continue;
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    lc_qt_up[wr - 2][mt][g + 8 * h] = sum(mt, h, tile0 + wr * LC_QT_MT + mt + gap);
-        __syncthreads();
-        if (wr < 2 && t == 0)
+        for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
-            for (int mt = 0; mt < LC_QT_MT; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    lc_epi_swiglu<T>(static_cast<T *>(epi.act), static_cast<T *>(y),
-                                     q0 + (wr * LC_QT_MT + mt) * 16 + g + 8 * h, P,
-                                     sum(mt, h, tile0 + wr * LC_QT_MT + mt), lc_qt_up[wr][mt][g + 8 * h]);
-    } else {
-        /* C: rows g, g + 8 of each row tile; tokens 2t, 2t + 1 of each n-tile */
-#pragma unroll
-        for (int mt = 0; mt < LC_QT_MT; mt++) {
-            const int nb = (tile0 + wr * LC_QT_MT + mt) * 16;
-            if (nb >= N) continue;
-#pragma unroll
-            for (int nt = 0; nt < NTW; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int n = nb + g + (i >= 2 ? 8 : 0), m = m0 + (wc * NTW + nt) * 8 + 2 * t + (i & 1);
-                    if (m >= M) continue;
-                    const size_t o = (size_t)m * N + n;
-                    if (Z > 1) {
-                        part[(size_t)z * M * N + o] = acc[mt][nt][i];
-                        continue;
-                    }
-                    float val = acc[mt][nt][i];
-                    if constexpr (!F::I4) val *= __ldg(sc + n);
-                    if (F32) static_cast<float *>(y)[o] = val;
-                    else static_cast<T *>(y)[o] = lc_from_f<T>(val);
+            for (int i = 0; i < 4; i++) {
+                const int n = nb + g + (i >= 2 ? 8 : 0), m = m0 + (wc * NTW + nt) * 8 + 2 * t + (i & 1);
+                if (m >= M) continue;
+                const size_t o = (size_t)m * N + n;
+                if (Z > 1) {
+                    part[(size_t)z * M * N + o] = acc[mt][nt][i];
+                    continue;
                 }
-        }
+                float val = acc[mt][nt][i];
+                if constexpr (!F::I4) val *= __ldg(sc + n);
+                if (F32) static_cast<float *>(y)[o] = val;
+                else static_cast<T *>(y)[o] = lc_from_f<T>(val);
+            }
     }
 }
 
@@ -989,19 +944,34 @@ extern "C" size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m)
     return b;
 }
 
-template <typename T, int FMT, int NT, bool F32, bool RAW, bool PAIR>
-static cudaError_t lc_qt_prepare(size_t smem) {
+template <typename T, int FMT, int NT, bool F32, bool RAW> static cudaError_t lc_qt_prepare(size_t smem) {
     static unsigned long long done = 0;
-    return lc_smem_limit(&done, (const void *)lc_qtiled_kernel<T, FMT, NT, F32, RAW, PAIR>, smem);
+    return lc_smem_limit(&done, (const void *)lc_qtiled_kernel<T, FMT, NT, F32, RAW>, smem);
 }
 
-/* Where a one-row call with epi fuses its pair epilogue (*P its rows
- * apart): split, in the reduce at any P; unsplit, SwiGLU in the kernel
- * when P % 64 == 0 (a CTA's 4 row tiles of gate rows and their up rows').
- * 0: no. */
+/* Whether a one-row call with epi fuses its pair epilogue (*P its rows
+ * apart): where K is split, in the reduce. (SwiGLU in the unsplit kernel
+ * was slower: docs/performance.md, "Tried and rejected".) */
 static int lc_qt_pairs(const loom_cuda_qweight *w, const loom_cuda_epi *epi, int Z, int *P) {
     *P = lc_epi_p(epi, w->N);
-    return *P > 0 && (Z > 1 || (epi->kind == LOOM_CUDA_EPI_SWIGLU && *P % (LC_QT_ROWS / 2) == 0));
+    return *P > 0 && Z > 1;
+}
+
+/* The second pass of a split K (Z > 1): the plain reduce, or with epi's
+ * ADD_NORM (dt out) in the same launch (epilogue.cuh: lc_ksplit_norm; sets
+ * *fused). */
+template <typename T, int FMT, bool F32>
+static cudaError_t lc_qt_reduce(const float *part, const loom_cuda_qweight *w, void *y, int M, int Z,
+                                const loom_cuda_epi *epi, int *fused, cudaStream_t s) {
+    constexpr bool W8 = FMT == LOOM_CUDA_Q_INT8_W8A16;
+    if (!F32 && epi && epi->kind == LOOM_CUDA_EPI_ADD_NORM) {
+        const cudaError_t e = lc_ksplit_norm<T, W8>(part, w->scales, y, M, w->N, Z, epi, s);
+        if (e != cudaErrorNotSupported) {
+            *fused = e == cudaSuccess;
+            return e;
+        }
+    }
+    return lc_ksplit_reduce<T, W8, F32>(part, nullptr, w->scales, y, M, w->N, Z, s);
 }
 
 template <typename T, int FMT, bool F32>
@@ -1014,47 +984,38 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
     const dim3 grid((unsigned)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES), (unsigned)((M + tok - 1) / tok),
                     (unsigned)Z);
     int P = 0;
-    *fused = !F32 && M == 1 && epi && lc_qt_pairs(w, epi, Z, &P);
-    const int Pk = *fused && Z == 1 ? P : 0; /* the kernel's */
-    const loom_cuda_epi ek = Pk ? *epi : loom_cuda_epi{};
+    *fused = !F32 && M == 1 && epi && epi->kind != LOOM_CUDA_EPI_ADD_NORM && lc_qt_pairs(w, epi, Z, &P);
     cudaError_t e;
-#define LC_QT_GO(NT_, RAW_, PAIR_)                                                                     \
+#define LC_QT_GO(NT_, RAW_)                                                                            \
     do {                                                                                               \
         constexpr size_t smem = lc_qt_smem<FMT, NT_>();                                                \
-        const cudaError_t attr = lc_qt_prepare<T, FMT, NT_, F32, RAW_, PAIR_>(smem);                   \
+        const cudaError_t attr = lc_qt_prepare<T, FMT, NT_, F32, RAW_>(smem);                          \
         if (attr != cudaSuccess) return attr;                                                          \
-        e = lc_launch(lc_qtiled_kernel<T, FMT, NT_, F32, RAW_, PAIR_>,                                 \
+        e = lc_launch(lc_qtiled_kernel<T, FMT, NT_, F32, RAW_>,                                        \
                       grid, dim3(LC_QT_WARPS * 32 * lc_qt_wn<NT_>()), smem, s,                         \
                       static_cast<const uint16_t *>(x), static_cast<const uint8_t *>(w->data),         \
-                      (const float *)w->scales, y, part, M, w->N, w->K, w->group, Pk, ek);             \
+                      (const float *)w->scales, y, part, M, w->N, w->K, w->group);                     \
     } while (0)
     /* the raw INT4 decode at up to 16 tokens, not in batch-invariant mode */
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
     switch (NT) {
-    case 1: /* the pair kernel (Pk: one row, dt out; !F32 so no f32 copy is built) */
-        if (Pk) {
-            if (I4 && !invariant) LC_QT_GO(1, I4, !F32);
-            else LC_QT_GO(1, false, !F32);
-        } else if (I4 && !invariant) {
-            LC_QT_GO(1, I4, false);
-        } else {
-            LC_QT_GO(1, false, false);
-        }
+    case 1:
+        if (I4 && !invariant) LC_QT_GO(1, I4);
+        else LC_QT_GO(1, false);
         break;
     case 2:
-        if (I4 && !invariant) LC_QT_GO(2, I4, false);
-        else LC_QT_GO(2, false, false);
+        if (I4 && !invariant) LC_QT_GO(2, I4);
+        else LC_QT_GO(2, false);
         break;
-    case 4: LC_QT_GO(4, false, false); break;
-    case 8: LC_QT_GO(8, false, false); break;
-    default: LC_QT_GO(16, false, false); break;
+    case 4: LC_QT_GO(4, false); break;
+    case 8: LC_QT_GO(8, false); break;
+    default: LC_QT_GO(16, false); break;
     }
 #undef LC_QT_GO
     if (e != cudaSuccess || Z == 1) return e;
     if (*fused)
         return lc_ksplit_pair<T, FMT == LOOM_CUDA_Q_INT8_W8A16>((const float *)part, w->scales, y, w->N, Z, P, epi, s);
-    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
-                                                                   w->N, Z, s);
+    return lc_qt_reduce<T, FMT, F32>(part, w, y, M, Z, epi, fused, s);
 }
 
 template <typename T, int FMT, int TOK, bool F32> static cudaError_t lc_qw_prepare(size_t smem) {
@@ -1064,7 +1025,7 @@ template <typename T, int FMT, int TOK, bool F32> static cudaError_t lc_qw_prepa
 
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qtiled_wg_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
-                                  cudaStream_t s) {
+                                  const loom_cuda_epi *epi, int *fused, cudaStream_t s) {
     const int tok = lc_qw_tok(M), Z = lc_qw_splits(w, M, tok);
     const dim3 grid((unsigned)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES), (unsigned)((M + tok - 1) / tok),
                     (unsigned)Z);
@@ -1086,8 +1047,7 @@ static cudaError_t lc_qtiled_wg_t(int M, const loom_cuda_qweight *w, const void 
     }
 #undef LC_QW_GO
     if (e != cudaSuccess || Z == 1) return e;
-    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
-                                                                   w->N, Z, s);
+    return lc_qt_reduce<T, FMT, F32>(part, w, y, M, Z, epi, fused, s);
 }
 
 /* The TMA kernel: x (M, K) 16-bit row-major as a tensor map of boxes of
@@ -1174,7 +1134,7 @@ template <typename T, int FMT, int TOK, bool F32, int RT> static cudaError_t lc_
 /* the TMA kernel of RT row tiles a warp (128 or 256 rows a CTA) */
 template <typename T, int FMT, bool F32, int RT>
 static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
-                                   cudaStream_t s) {
+                                   const loom_cuda_epi *epi, int *fused, cudaStream_t s) {
     constexpr int TL = RT * LC_QT_TILES;
     /* at most 128 tokens a tile; the token tiles of a row block side by
      * side in the grid (x), so they run together and the second reads its
@@ -1188,7 +1148,7 @@ static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void
         if ((e = lc_qw_maps<FMT, TOK_, TL>(&xm, &wm, &smp, w, x, M)) != cudaSuccess) {                 \
             /* no tensor map: cp.async */                                                              \
             __atomic_fetch_add(&lc_qw_fallbacks, 1, __ATOMIC_RELAXED);                                 \
-            return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);                                   \
+            return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, epi, fused, s);                       \
         }                                                                                              \
         constexpr size_t smem = lc_qw_smem<FMT, TOK_, TL>() + 128; /* + the mbarriers */               \
         const cudaError_t attr = lc_qwt_prepare<T, FMT, TOK_, F32, RT>(smem);                          \
@@ -1204,8 +1164,7 @@ static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void
     }
 #undef LC_QWT_GO
     if (e != cudaSuccess || Z == 1) return e;
-    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
-                                                                   w->N, Z, s);
+    return lc_qt_reduce<T, FMT, F32>(part, w, y, M, Z, epi, fused, s);
 }
 
 /* which kernel and copies the wgmma path runs (lc_qtiled_set_wgmma_tma):
@@ -1243,9 +1202,9 @@ static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x
                                 cudaStream_t s) {
     if (!wg) return lc_qtiled_t<T, FMT, F32>(M, w, x, y, part, invariant, epi, fused, s);
     if (mode == 2) mode = FMT == LOOM_CUDA_Q_INT8_W8A16 ? (M > 64 ? 1 : 0) : (M >= 64 ? 4 : 0);
-    if (mode == 0) return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);
-    if (mode == 4) return lc_qtiled_tma_t<T, FMT, F32, 2>(M, w, x, y, part, s);
-    return lc_qtiled_tma_t<T, FMT, F32, 1>(M, w, x, y, part, s); /* 1, 3 */
+    if (mode == 0) return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, epi, fused, s);
+    if (mode == 4) return lc_qtiled_tma_t<T, FMT, F32, 2>(M, w, x, y, part, epi, fused, s);
+    return lc_qtiled_tma_t<T, FMT, F32, 1>(M, w, x, y, part, epi, fused, s); /* 1, 3 */
 }
 
 extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,
