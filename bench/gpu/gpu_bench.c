@@ -916,8 +916,7 @@ static void bench_decode_layer(int ctx) {
      * against that; then fused (what a step runs). A variant with linears
      * or small kernels left out follows the one it is measured against. */
     /* tiled: the weights repacked (qtiled.cu: RoPE + KV write in QKV's
-     * K-split reduce, SwiGLU in the gate|up kernel, as a step does with
-     * backend.qtiled_epilogues) */
+     * K-split reduce, as a step does with backend.qtiled_epilogues) */
     static const struct { loom_cuda_qfmt fmt; int skip, fuse; const char *name; bool tiled; } vars[] = {
         {LOOM_CUDA_Q_NONE, 0, 0, "bf16 unfused"},
         {LOOM_CUDA_Q_NONE, DL_ROPE, 0, "bf16 without rope_kv"},

@@ -101,43 +101,20 @@ __device__ __forceinline__ uint4 lc_ldg16(const void *p) {
 }
 __device__ __forceinline__ void lc_stg16(void *p, uint4 v) { *reinterpret_cast<uint4 *>(p) = v; }
 
-/* Sum over the warp's 32 lanes, every lane getting it: the order both
- * stages of lc_block_sum add in (epilogue.cuh's K-split norm repeats them
- * across CTAs for the same bits). */
-__device__ __forceinline__ float lc_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 /* Sum over the block (blockDim.x a multiple of 32, <= 1024). Every thread
  * gets the result. `red` is __shared__ float[32]. */
 __device__ __forceinline__ float lc_block_sum(float v, float *red) {
-    v = lc_warp_sum(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nwarps = blockDim.x >> 5;
     __syncthreads(); /* red may still be read by a previous call */
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    return lc_warp_sum(lane < nwarps ? red[lane] : 0.0f);
-}
-
-/* The add + RMSNorm kernels' row layout (elementwise.cu's
- * lc_add_rmsnorm_kernel, epilogue.cuh's K-split norm, which must give its
- * bits): thread t of lc_norm_threads(H) holds the 8-element chunks t + k *
- * threads, k < LC_NORM_MAXC — rows up to 4 * 8 * 1024 = 32768 wide. */
-#define LC_NORM_MAXC 4
-
-/* Threads of a row of width H: one 8-element chunk each where the row
- * allows (a decode step has a single row: spread it over as many threads as
- * possible), up to 1024; 0 when H % 8 or the row exceeds LC_NORM_MAXC
- * chunks a thread. */
-static inline int lc_norm_threads(int H) {
-    const int nc = H / 8;
-    int threads = ((nc + 31) / 32) * 32;
-    if (threads < 64) threads = 64;
-    if (threads > 1024) threads = 1024;
-    return H % 8 || nc > threads * LC_NORM_MAXC ? 0 : threads;
+    float s = lane < nwarps ? red[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
 }
 
 /* Max over the block, as lc_block_sum (the per-token amax of the

@@ -365,7 +365,7 @@ int loom_cuda_gemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, i
 int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, int I, const void *gu,
                               const void *w, void *act, void *y, cudaStream_t s, char *msg, size_t msg_size);
 
-/* ----------------------------------------------------- GEMM epilogues */
+/* ------------------------------------------- one-row GEMV pair epilogues */
 
 /* The kernel that follows a decode step's QKV or gate|up projection, done
  * by that projection's one-row GEMV instead: its warps take the output rows
@@ -386,27 +386,13 @@ int loom_cuda_gemm_swiglu_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, int N, 
  * faster for both kinds (H200, one Llama-3-8B decode layer in a graph:
  * bf16 126.4 -> 122.0 us); the step fuses SwiGLU only where the down
  * projection after it gains too, and gives tiled weights their epilogues
- * only with the qtiled_epilogues parameter (plugins/backend/cuda:
- * cb_swiglu_fuses, cb_epi_ok).
- *
- * ADD_NORM (any M; the O and down projections) is not a pair epilogue: y
- * (M, N) stored as computed, then loom_cuda_add_rmsnorm(dt, xn, res, y,
- * norm_w, NULL, M, N, eps) — res (M, N) f32 += y, xn (M, N) dt =
- * rmsnorm(res) * norm_w — bit for bit. A tiled weight does it in its
- * K-split reduce where K is split (one launch for two: the row's CTAs
- * each add their chunks as the norm kernel's warps would, and the last to
- * finish normalises the row); everything else runs the norm kernel after.
- * sync: M * LOOM_CUDA_NORM_SYNC_BYTES bytes of device memory, zeroed
- * before its first use (cudaMemset) and left zeroed by every call; one
- * stream's calls at a time. The step folds it with the qtiled_norm_fold
- * parameter (cb_folds_norm). */
+ * with the qtiled_epilogues parameter (plugins/backend/cuda:
+ * cb_swiglu_fuses, cb_epi_ok). */
 typedef enum loom_cuda_epi_kind {
     LOOM_CUDA_EPI_NONE = 0,
     LOOM_CUDA_EPI_ROPE_KV = 1,
     LOOM_CUDA_EPI_SWIGLU = 2,
-    LOOM_CUDA_EPI_ADD_NORM = 3,
 } loom_cuda_epi_kind;
-#define LOOM_CUDA_NORM_SYNC_BYTES 256
 typedef struct loom_cuda_epi {
     loom_cuda_epi_kind kind;
     /* ROPE_KV: as loom_cuda_rope_kv (qkv = y, ld = N, T = M) */
@@ -418,11 +404,6 @@ typedef struct loom_cuda_epi {
     int num_heads, num_kv_heads, head_dim, block_size;
     /* SWIGLU: act (M, N / 2) dt */
     void *act;
-    /* ADD_NORM: as above */
-    float *res;
-    const float *norm_w;
-    float eps;
-    void *xn, *sync;
 } loom_cuda_epi;
 
 /* y (M, N) dt = x @ w^T as loom_cuda_gemm_run, then epi (NULL or NONE:
@@ -589,13 +570,6 @@ int loom_cuda_qgemm_norm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const lo
                              float *x, const void *r, const float *norm_w, float eps, void *xn, void *y,
                              void *scratch, size_t scratch_bytes, cudaStream_t s, char *msg,
                              size_t msg_size);
-
-/* loom_cuda_qgemm_run (out dt), then epi (loom_cuda_epi; NULL or NONE:
- * nothing) — a pair epilogue fused as in loom_cuda_qgemm_norm_epi_run, an
- * ADD_NORM one into a tiled weight's K-split reduce. */
-int loom_cuda_qgemm_epi_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const loom_cuda_qweight *w, const void *x,
-                            void *y, const loom_cuda_epi *epi, void *scratch, size_t scratch_bytes, cudaStream_t s,
-                            char *msg, size_t msg_size);
 
 /* loom_cuda_qgemm_norm_run, then epi (cuda_kernels.h: loom_cuda_epi; NULL
  * or NONE: nothing) — fused into the one-row CUDA-core GEMV at M = 1. For

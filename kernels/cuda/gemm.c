@@ -420,12 +420,9 @@ int lc_epi_separate(loom_cuda_dt dt, int M, int N, void *y, const loom_cuda_epi 
                               M, epi->num_heads, epi->num_kv_heads, epi->head_dim, epi->block_size, s);
     else if (epi->kind == LOOM_CUDA_EPI_SWIGLU)
         e = N % 2 ? cudaErrorInvalidValue : loom_cuda_swiglu(dt, epi->act, y, M, N / 2, s);
-    else if (epi->kind == LOOM_CUDA_EPI_ADD_NORM)
-        e = loom_cuda_add_rmsnorm(dt, epi->xn, epi->res, y, epi->norm_w, NULL, M, N, epi->eps, s);
-    static const char *const names[] = {"none", "rope_kv", "swiglu", "add_rmsnorm"};
     if (e != cudaSuccess && msg && msg_size)
         snprintf(msg, msg_size, "%s launch after the GEMM (M=%d N=%d) failed: %s",
-                 (unsigned)epi->kind < 4 ? names[epi->kind] : "epilogue", M, N, cudaGetErrorString(e));
+                 epi->kind == LOOM_CUDA_EPI_ROPE_KV ? "rope_kv" : "swiglu", M, N, cudaGetErrorString(e));
     return e == cudaSuccess ? 0 : 10000 + (int)e;
 }
 

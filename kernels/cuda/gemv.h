@@ -33,8 +33,8 @@ cudaError_t lc_gemv_epi(loom_cuda_dt dt, int N, int K, const void *x, const void
 /* One more fused launch (loom_cuda_epi_fused_count; qgemm.cu's count). */
 void lc_epi_count(void);
 
-/* epi's separate kernel (rope_kv / swiglu / add_rmsnorm) over y (M, N)
- * after an unfused GEMM (gemm.c); returns like loom_cuda_gemm_run. */
+/* epi's separate kernel (rope_kv / swiglu) over y (M, N) after an unfused
+ * GEMM (gemm.c); returns like loom_cuda_gemm_run. */
 int lc_epi_separate(loom_cuda_dt dt, int M, int N, void *y, const loom_cuda_epi *epi, cudaStream_t s, char *msg,
                     size_t msg_size);
 

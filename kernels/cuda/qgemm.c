@@ -243,10 +243,7 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
                     void *scratch, size_t scratch_bytes, cudaStream_t s, char *msg, size_t msg_size) {
     if (M <= 0) return 0;
     out_f32 = out_f32 ? 1 : 0;
-    /* a pair epilogue: a one-row call only (not the last one-row chunk of
-     * a longer one); ADD_NORM: a tiled weight's, at any M */
-    const int add_norm = epi && epi->kind == LOOM_CUDA_EPI_ADD_NORM;
-    if (M != 1 && !add_norm) epi = NULL;
+    if (M != 1) epi = NULL; /* a one-row call only (not the last one-row chunk of a longer one) */
     if (!loom_cuda_qweight_valid(w, msg, msg_size)) return 10000 + (int)cudaErrorInvalidValue;
     const size_t need = loom_cuda_qgemm_scratch_bytes(g, dt, out_f32, w, M);
     if (scratch_bytes < need) {
@@ -269,27 +266,19 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
     if (lc_tiled(w)) {
         /* tiled weights: qtiled.cu's kernel up to the bound (in chunks of
          * its 256 rows), or dequantize + cuBLASLt above it; a one-row call's
-         * pair epilogue where its kernel or K-split reduce takes it (else
+         * pair epilogue where its K-split reduce takes it (else
          * *fused stays 0: the caller runs the separate kernel) */
         if (lc_tiled_kernel(g, M)) {
             const size_t yel = out_f32 ? 4 : 2;
             for (int m0 = 0; m0 < M; m0 += LC_QT_MAX_M) {
                 const int mc = M - m0 < LC_QT_MAX_M ? M - m0 : LC_QT_MAX_M;
-                void *yc = (uint8_t *)y + (size_t)m0 * w->N * yel;
-                loom_cuda_epi ec = epi ? *epi : (loom_cuda_epi){0};
-                if (add_norm) { /* this chunk's rows */
-                    ec.res += (size_t)m0 * w->N;
-                    ec.xn = (uint8_t *)ec.xn + (size_t)m0 * w->N * 2;
-                }
                 int fz = 0;
-                if ((e = lc_qtiled(dt, out_f32, mc, w, (const uint8_t *)x + (size_t)m0 * w->K * 2, yc, big,
-                                   invariant, lc_gemm_q_tiled_wg_min_m(g), epi ? &ec : NULL, &fz, s)) != cudaSuccess)
+                if ((e = lc_qtiled(dt, out_f32, mc, w, (const uint8_t *)x + (size_t)m0 * w->K * 2,
+                                   (uint8_t *)y + (size_t)m0 * w->N * yel, big, invariant,
+                                   lc_gemm_q_tiled_wg_min_m(g), epi, &fz, s)) != cudaSuccess)
                     return lc_cuda_fail(e, "tiled quantized GEMM launch", w, mc, msg, msg_size);
                 lc_qtiled_runs++;
-                if (fz) lc_epi_count();
-                else if (add_norm && (rc = lc_epi_separate(dt, mc, w->N, yc, &ec, s, msg, msg_size)))
-                    return rc;
-                if (fz || add_norm) *fused = 1; /* epi done, chunk by chunk */
+                if (fz) *fused = 1, lc_epi_count();
             }
             return 0;
         }
@@ -297,7 +286,6 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
             return lc_cuda_fail(e, "tiled dequantize kernel launch", w, M, msg, msg_size);
         return lc_gemm_run_lt(g, dt, out_f32, M, w->N, w->K, x, big, y, s, msg, msg_size);
     }
-    if (add_norm) epi = NULL; /* the caller's separate kernel */
     if (!acts) {
         /* above 8 rows the tensor-core kernel with the decode in registers
          * where it takes the shape (it beats passes of the GEMV: one
@@ -381,16 +369,6 @@ int loom_cuda_qgemm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M,
                         const loom_cuda_qweight *w, const void *x, void *y, void *scratch,
                         size_t scratch_bytes, cudaStream_t s, char *msg, size_t msg_size) {
     return lc_qgemm(g, dt, out_f32, M, w, x, &lc_in_x, y, NULL, NULL, scratch, scratch_bytes, s, msg, msg_size);
-}
-
-int loom_cuda_qgemm_epi_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const loom_cuda_qweight *w, const void *x,
-                            void *y, const loom_cuda_epi *epi, void *scratch, size_t scratch_bytes, cudaStream_t s,
-                            char *msg, size_t msg_size) {
-    if (M <= 0) return 0;
-    int fused = 0;
-    const int rc = lc_qgemm(g, dt, 0, M, w, x, &lc_in_x, y, epi, &fused, scratch, scratch_bytes, s, msg, msg_size);
-    if (rc || fused || !epi || epi->kind == LOOM_CUDA_EPI_NONE) return rc;
-    return lc_epi_separate(dt, M, w->N, y, epi, s, msg, msg_size);
 }
 
 int loom_cuda_qgemm_norm_epi_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const loom_cuda_qweight *w, float *x,

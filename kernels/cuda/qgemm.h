@@ -118,9 +118,9 @@ cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight
 #define LC_QT_CHUNKED_MAX_M 65536
 int lc_qtiled_ok(const loom_cuda_qweight *w);
 size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m);
-/* epi (NULL: none): the pair epilogue of a one-row dt call, or ADD_NORM at
- * any M, fused into the K-split reduce where K is split (*fused 1; else 0
- * and nothing of it ran). */
+/* epi (NULL: none): the pair epilogue of a one-row dt call, fused into
+ * the K-split reduce where K is split (*fused 1; else 0 and nothing of it
+ * ran). */
 cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x, void *y,
                       void *scratch, int invariant, int wgmma_min_m, const loom_cuda_epi *epi, int *fused,
                       cudaStream_t s);

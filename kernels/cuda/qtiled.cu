@@ -957,23 +957,6 @@ static int lc_qt_pairs(const loom_cuda_qweight *w, const loom_cuda_epi *epi, int
     return *P > 0 && Z > 1;
 }
 
-/* The second pass of a split K (Z > 1): the plain reduce, or with epi's
- * ADD_NORM (dt out) in the same launch (epilogue.cuh: lc_ksplit_norm; sets
- * *fused). */
-template <typename T, int FMT, bool F32>
-static cudaError_t lc_qt_reduce(const float *part, const loom_cuda_qweight *w, void *y, int M, int Z,
-                                const loom_cuda_epi *epi, int *fused, cudaStream_t s) {
-    constexpr bool W8 = FMT == LOOM_CUDA_Q_INT8_W8A16;
-    if (!F32 && epi && epi->kind == LOOM_CUDA_EPI_ADD_NORM) {
-        const cudaError_t e = lc_ksplit_norm<T, W8>(part, w->scales, y, M, w->N, Z, epi, s);
-        if (e != cudaErrorNotSupported) {
-            *fused = e == cudaSuccess;
-            return e;
-        }
-    }
-    return lc_ksplit_reduce<T, W8, F32>(part, nullptr, w->scales, y, M, w->N, Z, s);
-}
-
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
                                int invariant, const loom_cuda_epi *epi, int *fused, cudaStream_t s) {
@@ -984,7 +967,7 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
     const dim3 grid((unsigned)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES), (unsigned)((M + tok - 1) / tok),
                     (unsigned)Z);
     int P = 0;
-    *fused = !F32 && M == 1 && epi && epi->kind != LOOM_CUDA_EPI_ADD_NORM && lc_qt_pairs(w, epi, Z, &P);
+    *fused = !F32 && M == 1 && epi && lc_qt_pairs(w, epi, Z, &P);
     cudaError_t e;
 #define LC_QT_GO(NT_, RAW_)                                                                            \
     do {                                                                                               \
@@ -1015,7 +998,8 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
     if (e != cudaSuccess || Z == 1) return e;
     if (*fused)
         return lc_ksplit_pair<T, FMT == LOOM_CUDA_Q_INT8_W8A16>((const float *)part, w->scales, y, w->N, Z, P, epi, s);
-    return lc_qt_reduce<T, FMT, F32>(part, w, y, M, Z, epi, fused, s);
+    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
+                                                                   w->N, Z, s);
 }
 
 template <typename T, int FMT, int TOK, bool F32> static cudaError_t lc_qw_prepare(size_t smem) {
@@ -1025,7 +1009,7 @@ template <typename T, int FMT, int TOK, bool F32> static cudaError_t lc_qw_prepa
 
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qtiled_wg_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
-                                  const loom_cuda_epi *epi, int *fused, cudaStream_t s) {
+                                  cudaStream_t s) {
     const int tok = lc_qw_tok(M), Z = lc_qw_splits(w, M, tok);
     const dim3 grid((unsigned)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES), (unsigned)((M + tok - 1) / tok),
                     (unsigned)Z);
@@ -1047,7 +1031,8 @@ static cudaError_t lc_qtiled_wg_t(int M, const loom_cuda_qweight *w, const void 
     }
 #undef LC_QW_GO
     if (e != cudaSuccess || Z == 1) return e;
-    return lc_qt_reduce<T, FMT, F32>(part, w, y, M, Z, epi, fused, s);
+    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
+                                                                   w->N, Z, s);
 }
 
 /* The TMA kernel: x (M, K) 16-bit row-major as a tensor map of boxes of
@@ -1134,7 +1119,7 @@ template <typename T, int FMT, int TOK, bool F32, int RT> static cudaError_t lc_
 /* the TMA kernel of RT row tiles a warp (128 or 256 rows a CTA) */
 template <typename T, int FMT, bool F32, int RT>
 static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
-                                   const loom_cuda_epi *epi, int *fused, cudaStream_t s) {
+                                   cudaStream_t s) {
     constexpr int TL = RT * LC_QT_TILES;
     /* at most 128 tokens a tile; the token tiles of a row block side by
      * side in the grid (x), so they run together and the second reads its
@@ -1148,7 +1133,7 @@ static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void
         if ((e = lc_qw_maps<FMT, TOK_, TL>(&xm, &wm, &smp, w, x, M)) != cudaSuccess) {                 \
             /* no tensor map: cp.async */                                                              \
             __atomic_fetch_add(&lc_qw_fallbacks, 1, __ATOMIC_RELAXED);                                 \
-            return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, epi, fused, s);                       \
+            return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);                                   \
         }                                                                                              \
         constexpr size_t smem = lc_qw_smem<FMT, TOK_, TL>() + 128; /* + the mbarriers */               \
         const cudaError_t attr = lc_qwt_prepare<T, FMT, TOK_, F32, RT>(smem);                          \
@@ -1164,7 +1149,8 @@ static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void
     }
 #undef LC_QWT_GO
     if (e != cudaSuccess || Z == 1) return e;
-    return lc_qt_reduce<T, FMT, F32>(part, w, y, M, Z, epi, fused, s);
+    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
+                                                                   w->N, Z, s);
 }
 
 /* which kernel and copies the wgmma path runs (lc_qtiled_set_wgmma_tma):
@@ -1202,9 +1188,9 @@ static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x
                                 cudaStream_t s) {
     if (!wg) return lc_qtiled_t<T, FMT, F32>(M, w, x, y, part, invariant, epi, fused, s);
     if (mode == 2) mode = FMT == LOOM_CUDA_Q_INT8_W8A16 ? (M > 64 ? 1 : 0) : (M >= 64 ? 4 : 0);
-    if (mode == 0) return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, epi, fused, s);
-    if (mode == 4) return lc_qtiled_tma_t<T, FMT, F32, 2>(M, w, x, y, part, epi, fused, s);
-    return lc_qtiled_tma_t<T, FMT, F32, 1>(M, w, x, y, part, epi, fused, s); /* 1, 3 */
+    if (mode == 0) return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);
+    if (mode == 4) return lc_qtiled_tma_t<T, FMT, F32, 2>(M, w, x, y, part, s);
+    return lc_qtiled_tma_t<T, FMT, F32, 1>(M, w, x, y, part, s); /* 1, 3 */
 }
 
 extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,

@@ -108,9 +108,7 @@ typedef struct cuda_backend_config {
     int64_t qtiled_wgmma_rows;  /* tiled: its wgmma path from these rows
                                    (0 = never)                                  */
     bool qtiled_epilogues;      /* tiled: one-token steps fuse RoPE + KV write
-                                   and SwiGLU into the tiled kernels          */
-    bool qtiled_norm_fold;      /* tiled O / down: the add + RMSNorm after
-                                   them in their K-split reduce               */
+                                   and SwiGLU into the K-split reduce         */
     bool trigger_first;         /* kernels let the next launch before their
                                    wait (loom_cuda_set_trigger_first)          */
     int64_t fp8_vec_rows;       /* FP8 GEMMs: cuBLASLt's scale vectors from
@@ -265,9 +263,6 @@ typedef struct cuda_backend {
     int32_t attn_resident[2];   /* CTAs resident at once, per attention shape
                                    (for the KV type: set again by kv_alloc)   */
     int *attn_sem;              /* (rows, kv heads) split-K counters, kept zero */
-    void *norm_sync;            /* (rows) LOOM_CUDA_NORM_SYNC_BYTES each, kept
-                                   zero: the K-split norm's (cb_folds_norm);
-                                   NULL without quantized weights            */
     size_t attn_ws_floats;
     float *logits_host;         /* pinned (logits_rows, vocab) f32            */
     /* forward_topk: a step's summary, packed as ids (n, k) | values (n, k)

@@ -308,43 +308,19 @@ static loom_status cb_gemm(cuda_backend *b, bool out_f32, int32_t M, int32_t N, 
                           M, N, K, msg);
 }
 
-/* r (T, H) = x @ W^T for a tiled O or down projection q whose add +
- * RMSNorm after it folds (cb_folds_norm), then x += r and xn = rmsnorm(x)
- * * norm_w: in q's K-split reduce where K is split, else by the norm
- * kernel after it (loom_cuda_epi's ADD_NORM). */
-static loom_status cb_gemm_norm(cuda_backend *b, int32_t T, int32_t K, const void *x, const loom_cuda_qweight *q,
-                                const float *norm_w, const char *what, loom_error *err) {
-    const loom_cuda_epi epi = {.kind = LOOM_CUDA_EPI_ADD_NORM, .res = b->x, .norm_w = norm_w,
-                               .eps = b->mc.rms_norm_eps, .xn = b->xn, .sync = b->norm_sync};
-    char msg[256] = "";
-    const int rc = loom_cuda_qgemm_epi_run(b->gemm, b->dt, T, q, x, b->r, &epi, b->qscratch, b->qscratch_bytes,
-                                           b->stream, msg, sizeof msg);
-    if (rc == 0) return LOOM_OK;
-    (void)cudaGetLastError();
-    return b->host->error(b->host->ctx, err, LOOM_ERR_DEVICE, "backend cuda (device %d): %s GEMM + add_rmsnorm "
-                          "(%d x %d x %d): %s", b->device, what, T, b->mc.hidden_size, K, msg);
-}
-
 /* y (T, N) = rmsnorm(x (+)= r) @ W^T (QKV, gate|up): add_rmsnorm into xn
- * then the GEMM; a quantized weight goes to loom_cuda_qgemm_norm_epi_run, where
+ * then the GEMM; a quantized weight goes to loom_cuda_qgemm_norm_run, where
  * W8A8 / FP8 quantize the normalised rows inside the norm kernel (xn is not
  * written then: nothing after these GEMMs reads it). epi (NULL: none): the
  * kernel that follows (RoPE + KV write, SwiGLU), which a one-row GEMV does
- * itself (cuda_kernels.h: loom_cuda_epi). norm_w NULL: xn holds the normed
- * rows already (the projection before folded the norm: cb_gemm_norm). */
+ * itself (cuda_kernels.h: loom_cuda_epi). */
 static loom_status cb_norm_gemm(cuda_backend *b, int32_t T, int32_t N, const float *norm_w, const void *r,
                                 const void *w, const loom_cuda_qweight *q, void *y, const loom_cuda_epi *epi,
                                 const char *what, loom_error *err) {
     const int32_t H = b->mc.hidden_size;
     char msg[256] = "";
     int rc;
-    if (!norm_w) {
-        if (q && q->fmt != LOOM_CUDA_Q_NONE)
-            rc = loom_cuda_qgemm_epi_run(b->gemm, b->dt, T, q, b->xn, y, epi, b->qscratch, b->qscratch_bytes,
-                                         b->stream, msg, sizeof msg);
-        else if (!epi) return cb_gemm(b, false, T, N, H, b->xn, w, q, y, what, err);
-        else rc = loom_cuda_gemm_epi_run(b->gemm, b->dt, T, N, H, b->xn, w, y, epi, b->stream, msg, sizeof msg);
-    } else if (!q || q->fmt == LOOM_CUDA_Q_NONE) {
+    if (!q || q->fmt == LOOM_CUDA_Q_NONE) {
         loom_status st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, r, norm_w, NULL, T, H,
                                                                b->mc.rms_norm_eps, b->stream));
         if (st) return st;
@@ -406,26 +382,6 @@ static bool cb_epi_ok(const cuda_backend *b, const loom_cuda_qweight *q) {
     return q->layout != LOOM_CUDA_QLAYOUT_TILED || b->cfg.qtiled_epilogues;
 }
 
-/* Whether the add + RMSNorm between a tiled O or down projection prod and
- * the projection next after it goes into prod's GEMM (cb_gemm_norm): with
- * the qtiled_norm_fold parameter, where that norm is loom_cuda_add_rmsnorm
- * alone — one rank (no all-reduce between), no post-norms, a dense SwiGLU
- * FFN, and next not W8A8 / FP8 (they normalise inside their activation
- * quantizer). */
-static bool cb_folds_norm(const cuda_backend *b, const loom_cuda_qweight *prod, const loom_cuda_qweight *next) {
-    return b->cfg.qtiled_norm_fold && !b->sharded && !b->mc.post_norms && b->mc.num_experts == 0 &&
-           b->mc.ffn_act != LOOM_FFN_GELU_TANH && prod->layout == LOOM_CUDA_QLAYOUT_TILED &&
-           next->fmt != LOOM_CUDA_Q_INT8_W8A8 && next->fmt != LOOM_CUDA_Q_FP8;
-}
-
-/* Whether layer l's down projection folds layer l + 1's attention norm:
- * both held here (the last one's product goes to the final norm or the
- * next pipeline stage as r). */
-static bool cb_down_folds(const cuda_backend *b, int32_t l) {
-    return l >= b->layer0 && l + 1 < b->layer0 + b->nlayers &&
-           cb_folds_norm(b, &b->layers[l].q[CB_G_DOWN], &b->layers[l + 1].q[CB_G_QKV]);
-}
-
 /* The residual's pending addend for the norm before a GEMM: the last O
  * or down product r, or NULL where nothing is pending (the first layer;
  * post-norm models, whose products went into x through their norm). */
@@ -452,9 +408,8 @@ static loom_status cb_record_pre_attention(cuda_backend *b, const cuda_plan *p, 
                                 .head_dim = c->head_dim, .block_size = b->kv_layout.block_size};
     const bool fuse = T == 1 && !ly->q_norm && cb_epi_ok(b, &ly->q[CB_G_QKV]);
     loom_status st;
-    const bool normed = cb_down_folds(b, l - 1);
-    if ((st = cb_norm_gemm(b, T, b->qkv_rows, normed ? NULL : ly->attn_norm, normed ? NULL : cb_pending(b, l),
-                           ly->wqkv, &ly->q[CB_G_QKV], b->qkv, fuse ? &rope : NULL, "QKV", err)))
+    if ((st = cb_norm_gemm(b, T, b->qkv_rows, ly->attn_norm, cb_pending(b, l), ly->wqkv, &ly->q[CB_G_QKV], b->qkv,
+                           fuse ? &rope : NULL, "QKV", err)))
         return st;
     if (fuse) return LOOM_OK;
     if (ly->q_norm)
@@ -541,28 +496,16 @@ static loom_status cb_record_post_attention(cuda_backend *b, const cuda_plan *p,
     const loom_cuda_epi swiglu = {.kind = LOOM_CUDA_EPI_SWIGLU, .act = b->act};
     const bool swiglu1 =
         T == 1 && !gelu && cb_swiglu_fuses(b, &ly->q[CB_G_DOWN]) && cb_epi_ok(b, &ly->q[CB_G_GU]);
-    const bool fold_o = cb_folds_norm(b, &ly->q[CB_G_O], &ly->q[CB_G_GU]), fold_down = cb_down_folds(b, l);
     loom_status st;
-    if (fold_o) {
-        if ((st = cb_gemm_norm(b, T, b->q_dim, b->att, &ly->q[CB_G_O], ly->ffn_norm, "attn_output", err))) return st;
-    } else if ((st = cb_gemm(b, false, T, H, b->q_dim, b->att, ly->wo, &ly->q[CB_G_O], b->r, "attn_output", err)) ||
-               (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)) ||
-               (st = cb_post_norm(b, T, ly->post_attn_norm, err))) {
+    if ((st = cb_gemm(b, false, T, H, b->q_dim, b->att, ly->wo, &ly->q[CB_G_O], b->r, "attn_output", err)) ||
+        (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)) ||
+        (st = cb_post_norm(b, T, ly->post_attn_norm, err)) ||
+        (st = cb_norm_gemm(b, T, 2 * I, ly->ffn_norm, ly->post_attn_norm ? NULL : b->r, ly->wgu, &ly->q[CB_G_GU],
+                           b->gu, swiglu1 ? &swiglu : NULL, "ffn_gate_up", err)))
         return st;
-    }
-    if ((st = cb_norm_gemm(b, T, 2 * I, fold_o ? NULL : ly->ffn_norm, ly->post_attn_norm || fold_o ? NULL : b->r,
-                           ly->wgu, &ly->q[CB_G_GU], b->gu, swiglu1 ? &swiglu : NULL, "ffn_gate_up", err)))
-        return st;
-    if (gelu) {
-        st = cb_geglu_down(b, T, ly, err);
-    } else if (fold_down) { /* act = SwiGLU(gu), unless gate|up's epilogue wrote it */
-        if (!swiglu1 && (st = CB_CUDA(b, err, loom_cuda_swiglu(b->dt, b->act, b->gu, T, I, b->stream)))) return st;
-        st = cb_gemm_norm(b, T, I, b->act, &ly->q[CB_G_DOWN], b->layers[l + 1].attn_norm, "ffn_down", err);
-    } else if (swiglu1) {
-        st = cb_gemm(b, false, T, H, I, b->act, ly->wdown, &ly->q[CB_G_DOWN], b->r, "ffn_down", err);
-    } else {
-        st = cb_swiglu_down(b, T, ly->wdown, &ly->q[CB_G_DOWN], err);
-    }
+    if (gelu) st = cb_geglu_down(b, T, ly, err);
+    else if (swiglu1) st = cb_gemm(b, false, T, H, I, b->act, ly->wdown, &ly->q[CB_G_DOWN], b->r, "ffn_down", err);
+    else st = cb_swiglu_down(b, T, ly->wdown, &ly->q[CB_G_DOWN], err);
     if (st || (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err))) return st;
     return cb_post_norm(b, T, ly->post_ffn_norm, err);
 }

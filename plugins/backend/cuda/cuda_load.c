@@ -623,7 +623,7 @@ static loom_status cb_rope_init(cuda_backend *b, loom_error *err) {
 
 /* ---------------------------------------------------------- work buffers */
 
-#define CB_WORK_BUFS 18
+#define CB_WORK_BUFS 17
 
 /* forward_topk's mask staging: a chunk's rows of bits, then its flags. */
 static size_t cb_mask_bytes(const cuda_backend *b) {
@@ -657,8 +657,7 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
                      LR * H * e,      LR * V * 4,  attn_ws * 4,
                      MT * (size_t)c->num_kv_heads * sizeof(int), LR * VP * 4, NR * LR * VP * 4,
                      LR * (2 * TK + 1) * 4,
-                     loom_cuda_topk_ws_bytes((int)LR, (int)V, (int)TK), cb_mask_bytes(b),
-                     b->qscratch_bytes ? MT * LOOM_CUDA_NORM_SYNC_BYTES : 0, b->qscratch_bytes};
+                     loom_cuda_topk_ws_bytes((int)LR, (int)V, (int)TK), cb_mask_bytes(b), b->qscratch_bytes};
     size_t total = 0;
     for (int i = 0; i < CB_WORK_BUFS; i++) total += cb_round(sz[i]);
     size_t free_b = 0, tot = 0;
@@ -676,17 +675,15 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     void **dst[CB_WORK_BUFS] = {(void **)&b->x, &b->xn, &b->qkv, &b->att, &b->r, &b->gu, &b->act, &b->xs,
                       (void **)&b->logits_dev, (void **)&b->attn_ws, (void **)&b->attn_sem,
                       (void **)&b->logits_local, (void **)&b->logits_gathered,
-                      (void **)&b->topk_dev, &b->topk_ws, (void **)&b->mask_dev, &b->norm_sync, &b->qscratch};
+                      (void **)&b->topk_dev, &b->topk_ws, (void **)&b->mask_dev, &b->qscratch};
     for (int i = 0; i < CB_WORK_BUFS; i++) {
         *dst[i] = p;
         p += cb_round(sz[i]);
     }
     if (!b->sharded) b->logits_local = b->logits_gathered = NULL;
-    if (!b->qscratch_bytes) b->qscratch = b->norm_sync = NULL;
-    /* the split-K counters start at zero; the attention kernel and the
-     * K-split norm (loom_cuda_epi's ADD_NORM) leave them so */
+    if (!b->qscratch_bytes) b->qscratch = NULL;
+    /* the split-K counters start at zero; the attention kernel leaves them so */
     if ((st = CB_CUDA(b, err, cudaMemsetAsync(b->attn_sem, 0, sz[10], b->stream))) ||
-        (b->norm_sync && (st = CB_CUDA(b, err, cudaMemsetAsync(b->norm_sync, 0, sz[16], b->stream)))) ||
         (st = CB_CUDA(b, err, cudaStreamSynchronize(b->stream))))
         return st;
     b->attn_ws_floats = attn_ws;
