@@ -1,6 +1,6 @@
 /*
  * kernels/cuda/epilogue.cuh — internal: the pair epilogue of the one-row
- * GEMVs (gemv.cu, qgemm.cu) and of the tiled kernel and its K-split reduce
+ * GEMVs (gemv.cu, qgemm.cu) and of the tiled kernel's K-split reduce
  * (qtiled.cu); the contract is cuda_kernels.h's loom_cuda_epi. In a GEMV,
  * a CTA of LC_EPI_WARPS warps with R output rows a warp
  * takes 2R pairs: warps 0 and 1 the first rows of pairs [0, R) and [R, 2R),
@@ -43,22 +43,17 @@ __device__ __forceinline__ int lc_epi_row0(int R, int P, int N, int warp, bool *
     return (q0 / P) * 2 * P + q0 % P + (warp >> 1) * P;
 }
 
-/* SwiGLU's pair q (gate q, up q + P of y (1, 2P) dt): a and b their float
- * sums. */
-template <typename T>
-__device__ __forceinline__ void lc_epi_swiglu(T *__restrict__ act, T *__restrict__ y, int q, int P, float a, float b) {
-    const T ta = lc_from_f<T>(a), tb = lc_from_f<T>(b);
-    y[q] = ta, y[q + P] = tb;
-    act[q] = lc_from_f<T>(lc_silu_mul(lc_to_f(ta), lc_to_f(tb)));
-}
-
 /* Pair q of y (1, N) dt: a and b the float sums of rows na and na + P. */
 template <typename T>
 __device__ __forceinline__ void lc_epi_pair(const loom_cuda_epi &e, T *__restrict__ y, int q, int P, float a,
                                             float b) {
-    if (e.kind == LOOM_CUDA_EPI_SWIGLU) return lc_epi_swiglu<T>(static_cast<T *>(e.act), y, q, P, a, b);
     const int na = (q / P) * 2 * P + q % P, nb = na + P;
     const T ta = lc_from_f<T>(a), tb = lc_from_f<T>(b);
+    if (e.kind == LOOM_CUDA_EPI_SWIGLU) {
+        y[na] = ta, y[nb] = tb;
+        static_cast<T *>(e.act)[q] = lc_from_f<T>(lc_silu_mul(lc_to_f(ta), lc_to_f(tb)));
+        return;
+    }
     /* ROPE_KV: loom_cuda_rope_kv's per-element work (elementwise.cu) */
     const int D = e.head_dim, H = e.num_heads, KVH = e.num_kv_heads, half = D / 2;
     const int hh = na / D, i = na - hh * D; /* i < half */

@@ -1782,6 +1782,7 @@ quant:;
     run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g64, "int4-g64", &qs_tiny, 3e-2);
     run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g32, "int4-g32", &qs_qwen, 3e-2);
     run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &qs_8b, 3e-2);
+    run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16, "int8-w8a16", &qs_8b, 3e-2); /* RoPE in W8A16's reduce */
     run_quant(&cpu_p, &cuda_p, qdir, "fp8", fp8c, "fp8-per-channel", &qs_8b, 8e-2);
     /* the fp8 quantizer asking for an E4M3 KV cache (kv_cache=fp8): both
      * backends hold one, as the engine would set it up */
@@ -1824,7 +1825,9 @@ quant:;
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &w8b, 3e-2);
         /* backend.qtiled_epilogues (default true: the runs above have
          * RoPE + KV write in the tiled QKV's K-split reduce at one row, the
-         * Llama-3-8B-like shape's 5 slices) off: those kernels of their own */
+         * Llama-3-8B-like shape's 5 slices) off: RoPE as its own kernel there;
+         * on the Qwen2-like shape (no split) SwiGLU then reaches the down
+         * projection through cb_swiglu_down rather than gate|up's epilogue */
         shape e8b = qs_8b, eq = qs_qwen;
         e8b.name = "q-llama3-8b-2layer tiled qtiled_epilogues=false", e8b.cuda_ov = "qtiled_epilogues=false";
         eq.name = "q-d128-qwen2 tiled qtiled_epilogues=false", eq.cuda_ov = "qtiled_epilogues=false";
@@ -1909,6 +1912,9 @@ quant:;
                 shape tq = qs_qwen;
                 tq.name = "q-d128-qwen2 quant_layout=rows", tq.cuda_ov = "quant_layout=rows";
                 run_invariant(&cuda_p, &tq, &qb, 30, tols[i]);
+                /* tiled, QKV's K split (5 slices): a one-token step's RoPE in
+                 * the reduce, the same bits as the separate kernel at more rows */
+                run_invariant(&cuda_p, &qs_8b, &qb, 30, tols[i]);
             }
             qp.ops->destroy(qself);
             free(qcfg);

@@ -108,7 +108,8 @@ typedef struct cuda_backend_config {
     int64_t qtiled_wgmma_rows;  /* tiled: its wgmma path from these rows
                                    (0 = never)                                  */
     bool qtiled_epilogues;      /* tiled: one-token steps fuse RoPE + KV write
-                                   and SwiGLU into the K-split reduce         */
+                                   and SwiGLU into the K-split reduce where
+                                   K is split                                 */
     bool trigger_first;         /* kernels let the next launch before their
                                    wait (loom_cuda_set_trigger_first)          */
     int64_t fp8_vec_rows;       /* FP8 GEMMs: cuBLASLt's scale vectors from
