@@ -117,22 +117,6 @@ __device__ __forceinline__ float lc_block_sum(float v, float *red) {
     return s;
 }
 
-/* Chunks of 8 elements a thread of lc_add_rmsnorm_kernel keeps in
- * registers: with up to 1024 threads, rows up to 4 * 8 * 1024 = 32768 wide. */
-#define LC_NORM_MAXC 4
-
-/* Threads of a row of width H: one 8-element chunk each where the row
- * allows (a decode step has a single row: spread it over as many threads as
- * possible), up to 1024; 0 when H % 8 or the row exceeds LC_NORM_MAXC
- * chunks a thread. */
-static inline int lc_norm_threads(int H) {
-    const int nc = H / 8;
-    int threads = ((nc + 31) / 32) * 32;
-    if (threads < 64) threads = 64;
-    if (threads > 1024) threads = 1024;
-    return H % 8 || nc > threads * LC_NORM_MAXC ? 0 : threads;
-}
-
 /* Max over the block, as lc_block_sum (the per-token amax of the
  * activation quantizers: exact, so no order can change it). */
 __device__ __forceinline__ float lc_block_max(float v, float *red) {

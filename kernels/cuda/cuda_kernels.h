@@ -580,25 +580,6 @@ int loom_cuda_qgemm_norm_epi_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, cons
                                  const loom_cuda_epi *epi, void *scratch, size_t scratch_bytes, cudaStream_t s,
                                  char *msg, size_t msg_size);
 
-/* Whether loom_cuda_qgemm_norm_to_run takes w at M rows: a tiled W8A16 /
- * INT4 weight at one row on qtiled.cu's mma.sync kernel (not the wgmma
- * path, not batch-invariant), K % 8 == 0 and K <= 8192. */
-int loom_cuda_qgemm_norm_fuses(const loom_cuda_gemm *g, loom_cuda_dt dt, int M, const loom_cuda_qweight *w);
-
-/* One row: y (1, N) = rmsnorm(x_out = x (+ r)) @ dequant(w)^T (then epi,
- * as loom_cuda_qgemm_norm_epi_run) with the norm inside the tiled GEMM —
- * each CTA forms its K slice's normalised row in shared memory, one writes
- * x_out — so no add + RMSNorm kernel runs and no xn is written; y, x_out
- * and the epilogue's outputs have the bits of loom_cuda_add_rmsnorm then
- * loom_cuda_qgemm_norm_epi_run. x_out != x (x is not changed: the ping-pong
- * of the residual is the caller's). Refused (an error naming why) where
- * loom_cuda_qgemm_norm_fuses(g, dt, 1, w) is not. scratch as for
- * loom_cuda_qgemm_run (w, M = 1). Capturable as loom_cuda_qgemm_run. */
-int loom_cuda_qgemm_norm_to_run(loom_cuda_gemm *g, loom_cuda_dt dt, const loom_cuda_qweight *w, const float *x,
-                                const void *r, const float *norm_w, float eps, float *x_out, void *y,
-                                const loom_cuda_epi *epi, void *scratch, size_t scratch_bytes, cudaStream_t s,
-                                char *msg, size_t msg_size);
-
 /* Largest M that runs the fused GEMV (in passes of 8 rows) for fmt; larger
  * M take the GEMM path (W8A16 / INT4 shapes the tensor-core kernel takes go
  * there from 9 rows whatever the bound). Defaults: INT4 / GGUF 32, W8A16 16, W8A8 / FP8 8 (the

@@ -70,6 +70,10 @@ extern "C" cudaError_t loom_cuda_embedding(loom_cuda_dt dt, float *x, const void
 
 /* ------------------------------------------------------ add + RMSNorm */
 
+/* Chunks of 8 elements a thread keeps in registers: with up to 1024
+ * threads, rows up to 4 * 8 * 1024 = 32768 wide. */
+#define LC_NORM_MAXC 4
+
 /* A thread's first chunk of norm weights (8 floats at threadIdx.x * 8;
  * zeros past nc chunks), loaded before the launch wait as no kernel writes
  * them: after the row's sum it is otherwise a round trip on the critical
@@ -172,6 +176,18 @@ __global__ void __launch_bounds__(1024)
             if (c < nc) lc_qact_store8<Q == LC_NORM_E4M3>(v[k], sc, qinv, xq + (size_t)i * H + c * 8);
         }
     }
+}
+
+/* Threads of a row of width H: one 8-element chunk each where the row
+ * allows (a decode step has a single row: spread it over as many threads as
+ * possible), up to 1024; 0 when H % 8 or the row exceeds LC_NORM_MAXC
+ * chunks a thread. */
+static int lc_norm_threads(int H) {
+    const int nc = H / 8;
+    int threads = ((nc + 31) / 32) * 32;
+    if (threads < 64) threads = 64;
+    if (threads > 1024) threads = 1024;
+    return H % 8 || nc > threads * LC_NORM_MAXC ? 0 : threads;
 }
 
 extern "C" cudaError_t loom_cuda_add_rmsnorm(loom_cuda_dt dt, void *y, float *x, const void *r,

@@ -275,7 +275,7 @@ static int lc_qgemm(loom_cuda_gemm *g, loom_cuda_dt dt, int out_f32, int M, cons
                 int fz = 0;
                 if ((e = lc_qtiled(dt, out_f32, mc, w, (const uint8_t *)x + (size_t)m0 * w->K * 2,
                                    (uint8_t *)y + (size_t)m0 * w->N * yel, big, invariant,
-                                   lc_gemm_q_tiled_wg_min_m(g), epi, &fz, NULL, s)) != cudaSuccess)
+                                   lc_gemm_q_tiled_wg_min_m(g), epi, &fz, s)) != cudaSuccess)
                     return lc_cuda_fail(e, "tiled quantized GEMM launch", w, mc, msg, msg_size);
                 lc_qtiled_runs++;
                 if (fz) *fused = 1, lc_epi_count();
@@ -394,40 +394,6 @@ int loom_cuda_qgemm_norm_epi_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, cons
     }
     if (rc || fused || !epi || epi->kind == LOOM_CUDA_EPI_NONE) return rc;
     return lc_epi_separate(dt, M, w->N, y, epi, s, msg, msg_size);
-}
-
-int loom_cuda_qgemm_norm_fuses(const loom_cuda_gemm *g, loom_cuda_dt dt, int M, const loom_cuda_qweight *w) {
-    return g && w && lc_tiled(w) && lc_tiled_kernel(g, M) && lc_qtiled_ok(w) &&
-           (w->fmt != LOOM_CUDA_Q_INT4 || w->tile_dt == dt) &&
-           lc_qtiled_norm_ok(w, M, 0, lc_gemm_invariant(g), lc_gemm_q_tiled_wg_min_m(g));
-}
-
-int loom_cuda_qgemm_norm_to_run(loom_cuda_gemm *g, loom_cuda_dt dt, const loom_cuda_qweight *w, const float *x,
-                                const void *r, const float *norm_w, float eps, float *x_out, void *y,
-                                const loom_cuda_epi *epi, void *scratch, size_t scratch_bytes, cudaStream_t s,
-                                char *msg, size_t msg_size) {
-    if (!loom_cuda_qgemm_norm_fuses(g, dt, 1, w) || !x || !norm_w || !x_out || x_out == x) {
-        if (msg && msg_size)
-            snprintf(msg, msg_size, "RMSNorm inside the tiled GEMM: not taken for this weight (format %d, "
-                     "K=%d) or buffers (x_out must differ from x)", w ? (int)w->fmt : -1, w ? w->K : 0);
-        return 10000 + (int)cudaErrorInvalidValue;
-    }
-    const size_t need = loom_cuda_qgemm_scratch_bytes(g, dt, 0, w, 1);
-    if (scratch_bytes < need) {
-        if (msg && msg_size)
-            snprintf(msg, msg_size, "quantized GEMM M=1 N=%d K=%d needs %zu bytes of scratch, got %zu", w->N, w->K,
-                     need, scratch_bytes);
-        return 10000 + (int)cudaErrorInvalidValue;
-    }
-    const lc_qt_norm nm = {.x = x, .r = r, .w = norm_w, .eps = eps, .xo = x_out};
-    int fz = 0;
-    const cudaError_t e = lc_qtiled(dt, 0, 1, w, NULL, y, scratch, lc_gemm_invariant(g),
-                                    lc_gemm_q_tiled_wg_min_m(g), epi, &fz, &nm, s);
-    if (e != cudaSuccess) return lc_cuda_fail(e, "tiled quantized GEMM (own RMSNorm) launch", w, 1, msg, msg_size);
-    lc_qtiled_runs++;
-    if (fz) lc_epi_count();
-    if (fz || !epi || epi->kind == LOOM_CUDA_EPI_NONE) return 0;
-    return lc_epi_separate(dt, 1, w->N, y, epi, s, msg, msg_size);
 }
 
 int loom_cuda_qgemm_norm_run(loom_cuda_gemm *g, loom_cuda_dt dt, int M, const loom_cuda_qweight *w,

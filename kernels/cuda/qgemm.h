@@ -118,29 +118,12 @@ cudaError_t lc_qmma(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight
 #define LC_QT_CHUNKED_MAX_M 65536
 int lc_qtiled_ok(const loom_cuda_qweight *w);
 size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m);
-/* A one-row call's input formed by the kernel: xo = x + r (x where r is
- * NULL; xo != x, x unchanged: one CTA writes xo while the others read x),
- * the row rmsnorm(xo) * w with eps, rounded to dt, bit for bit what
- * loom_cuda_add_rmsnorm stores. x, xo (1, K) f32; r (1, K) dt; w (K) f32. */
-typedef struct {
-    const float *x;
-    const void *r;
-    const float *w;
-    float eps;
-    float *xo;
-} lc_qt_norm;
-/* Whether lc_qtiled takes a norm for w at M rows: M = 1, dt output, not
- * batch-invariant, the mma.sync kernel (below wgmma_min_m), K % 8 == 0 and
- * K <= 8192 (one 8-column chunk a thread of the norm kernel it stands in
- * for). */
-int lc_qtiled_norm_ok(const loom_cuda_qweight *w, int M, int out_f32, int invariant, int wgmma_min_m);
 /* epi (NULL: none): the pair epilogue of a one-row dt call, fused into
  * the K-split reduce where K is split (*fused 1; else 0 and nothing of it
- * ran). norm (NULL: x is the input; else x unread): lc_qt_norm, refused
- * (cudaErrorInvalidValue) where lc_qtiled_norm_ok is not. */
+ * ran). */
 cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x, void *y,
                       void *scratch, int invariant, int wgmma_min_m, const loom_cuda_epi *epi, int *fused,
-                      const lc_qt_norm *norm, cudaStream_t s);
+                      cudaStream_t s);
 /* the default of loom_cuda_qgemm_set_tiled_wgmma_min_m: the wgmma path
  * (Hopper warpgroup MMA) from this many rows, mma.sync below */
 #define LC_QT_DEFAULT_WG_MIN_M 17

@@ -143,94 +143,13 @@ template <int NT> constexpr int lc_qt_wn() { return NT >= 8 ? 2 : 1; }
 /* (dispatch: at NT <= 2 outside batch-invariant mode, whose rows must have
  * the bits of one row at every M: there the fused decode at every NT) */
 
-/* The one-row kernel's own RMSNorm (lc_qt_norm, qgemm.h; NORM below): the
- * token row rmsnorm(x (+ r)) * w of a K-wide residual, which the CTA forms
- * for its K slice in shared memory instead of copying a stored xn. vt:
- * lc_norm_threads(K), the threads lc_add_rmsnorm_kernel would run. */
-struct lc_qt_nrm {
-    const float *x;
-    const void *r;
-    const float *w;
-    float *xo;
-    float eps;
-    int vt;
-};
-
-/* xs[0, n) = the dt row rmsnorm(x + r) * w over columns [c0, c0 + n),
- * bit for bit what lc_add_rmsnorm_kernel stores: its vt threads' sums (the
- * 8 squares of one chunk each, from 0), their warps' butterflies and the
- * block's over the warp sums, each NTHR threads of this CTA standing in for
- * vt / NTHR of them (virtual thread c = v0 + tid: lane tid % 32 of virtual
- * warp c / 32, as there). The CTA that `writes` stores x + r to xo (every
- * CTA reads x: the sum goes to another buffer). red: 32 floats of shared
- * memory. K % 8 == 0, K / 8 <= vt (one chunk a virtual thread). */
-template <typename T, int NTHR>
-__device__ __forceinline__ void lc_qt_norm_row(const lc_qt_nrm &nm, int K, int c0, int n, T *xs, float *red,
-                                               bool writes) {
-    const int tid = threadIdx.x, lane = tid & 31, nc = K / 8;
-    const T *r = static_cast<const T *>(nm.r);
-    auto row = [&](int c, float *v) {
-        const float4 a = reinterpret_cast<const float4 *>(nm.x + c * 8)[0];
-        const float4 b = reinterpret_cast<const float4 *>(nm.x + c * 8)[1];
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        if (r) {
-            float f[8];
-            lc_unpack8<T>(lc_ldg16(r + c * 8), f);
-#pragma unroll
-            for (int e = 0; e < 8; e++) v[e] += f[e];
-        }
-    };
-    for (int v0 = 0; v0 < nm.vt; v0 += NTHR) {
-        const int c = v0 + tid;
-        float ss = 0.0f;
-        if (c < nc) {
-            float v[8];
-            row(c, v);
-#pragma unroll
-            for (int e = 0; e < 8; e++) ss += v[e] * v[e];
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (lane == 0) red[c >> 5] = ss;
-    }
-    __syncthreads();
-    float ss = lane < (nm.vt >> 5) ? red[lane] : 0.0f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float inv = rsqrtf(ss / (float)K + nm.eps);
-    for (int c = tid; c < nc; c += NTHR) {
-        const bool mine = c * 8 >= c0 && c * 8 < c0 + n;
-        if (!mine && !writes) continue;
-        float v[8];
-        row(c, v);
-        if (writes) {
-            float4 *d = reinterpret_cast<float4 *>(nm.xo + c * 8);
-            d[0] = make_float4(v[0], v[1], v[2], v[3]);
-            d[1] = make_float4(v[4], v[5], v[6], v[7]);
-        }
-        if (!mine) continue;
-        const float4 w0 = __ldg(reinterpret_cast<const float4 *>(nm.w + c * 8));
-        const float4 w1 = __ldg(reinterpret_cast<const float4 *>(nm.w + c * 8) + 1);
-        const float wf[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-        float o[8];
-#pragma unroll
-        for (int e = 0; e < 8; e++) o[e] = v[e] * inv * wf[e];
-        *reinterpret_cast<uint4 *>(xs + (c * 8 - c0)) = lc_pack8<T>(o);
-    }
-}
-
 /* grid (CTA row blocks of 128, token tiles of 8 NT, K slices). Z == 1: y
- * (M, N) dt or f32; else part (Z, M, N) f32 without W8A16's row scale.
- * NORM (M = 1, NT = 1): the token row is nm's rmsnorm, formed by each CTA
- * for its K slice into shared memory after the stages (lc_qt_norm_smem; x
- * unread), the B fragments' 8 token rows all reading it (only token 0's
- * column is stored). */
-template <typename T, int FMT, int NT, bool F32, bool RAWP, bool NORM = false>
+ * (M, N) dt or f32; else part (Z, M, N) f32 without W8A16's row scale. */
+template <typename T, int FMT, int NT, bool F32, bool RAWP>
 __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     lc_qtiled_kernel(const uint16_t *__restrict__ x, const uint8_t *__restrict__ wd,
                      const float *__restrict__ sc, void *__restrict__ y, float *__restrict__ part, int M, int N,
-                     int K, int group, lc_qt_nrm nm) {
-    static_assert(!NORM || (NT == 1 && !F32), "the fused RMSNorm is a one-row dt kernel's");
+                     int K, int group) {
     typedef lc_qt<FMT> F;
     constexpr int TOK = 8 * NT, ST = lc_qt_stages<FMT, NT>(), WN = lc_qt_wn<NT>(), NTW = NT / WN;
     constexpr int NTHR = LC_QT_WARPS * 32 * WN;
@@ -268,11 +187,11 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
         if (tile0 + w_tl0 + k * TPK < ntiles) w_ok |= 1u << k;
     constexpr int XPT = (TOK * 16 + NTHR - 1) / NTHR, XRS = NTHR / 16; /* copies a thread, rows apart */
     const int x_r0 = tid >> 4, x_c = tid & 15;
-    const uint16_t *x_src = NORM ? x : x + (size_t)(m0 + x_r0) * K + x_c * 8 + (size_t)s_lo * LC_QT_KS;
+    const uint16_t *x_src = x + (size_t)(m0 + x_r0) * K + x_c * 8 + (size_t)s_lo * LC_QT_KS;
     unsigned x_ok = 0;
 #pragma unroll
     for (int k = 0; k < XPT; k++)
-        if (!NORM && x_r0 + k * XRS < TOK && m0 + x_r0 + k * XRS < M) x_ok |= 1u << k;
+        if (x_r0 + k * XRS < TOK && m0 + x_r0 + k * XRS < M) x_ok |= 1u << k;
     /* the tiles' (s, b) dt pairs of the stage's groups (at most two: group
      * % 64 == 0): 64 bytes a (row tile, group), four copies */
     const int s_h = (tid >> 2) & 1;
@@ -308,15 +227,9 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
     lc_pdl_wait();
 #pragma unroll
     for (int i = 0; i < ST - 1; i++) {
-        if (!NORM && i < nst) load_x(i);
+        if (i < nst) load_x(i);
         lc_cp_commit();
     }
-    /* NORM: the slice's normalised row (the loop's first barrier publishes it) */
-    T *xn = reinterpret_cast<T *>(lc_qt_sm + (size_t)ST * STB + 128);
-    if constexpr (NORM)
-        lc_qt_norm_row<T, NTHR>(nm, K, s_lo * LC_QT_KS, nst * LC_QT_KS, xn,
-                                reinterpret_cast<float *>(lc_qt_sm + (size_t)ST * STB),
-                                blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0);
 
     float acc[LC_QT_MT][NTW][4];
     /* RAW: the group's partial sums and the tokens' sums over it */
@@ -356,7 +269,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
         __syncthreads();
         if (it + ST - 1 < nst) {
             load_w(fill_buf);
-            if (!NORM) load_x(fill_buf);
+            load_x(fill_buf);
         }
         lc_cp_commit();
         fill_buf = fill_buf == ST - 1 ? 0 : fill_buf + 1;
@@ -400,8 +313,7 @@ __global__ void __launch_bounds__(LC_QT_WARPS * 32 * lc_qt_wn<NT>())
                 if constexpr (NTW == 1) {
                     const int r = r_base + lm_r, c = kc + (lm_mat & 1);
                     uint32_t b0, b1;
-                    if constexpr (NORM) lc_ldsm2(xn + it * LC_QT_KS + c * 8, b0, b1);
-                    else lc_ldsm2(xs + r * LC_QT_XR + c * 8, b0, b1);
+                    lc_ldsm2(xs + r * LC_QT_XR + c * 8, b0, b1);
                     if constexpr (RAW) lc_mma16816<T>(xg[0], ones, b0, b1);
 #pragma unroll
                     for (int mt = 0; mt < LC_QT_MT; mt++) lc_mma16816<T>(sum_of(mt, 0), a[mt], b0, b1);
@@ -1032,30 +944,9 @@ extern "C" size_t lc_qtiled_scratch_bytes(const loom_cuda_qweight *w, int max_m)
     return b;
 }
 
-template <typename T, int FMT, int NT, bool F32, bool RAW, bool NORM = false>
-static cudaError_t lc_qt_prepare(size_t smem) {
+template <typename T, int FMT, int NT, bool F32, bool RAW> static cudaError_t lc_qt_prepare(size_t smem) {
     static unsigned long long done = 0;
-    return lc_smem_limit(&done, (const void *)lc_qtiled_kernel<T, FMT, NT, F32, RAW, NORM>, smem);
-}
-
-/* The NORM kernel's shared memory past its stages: the 32 floats of its
- * block sum, then the widest K slice's normalised row (K <= 8192), so one
- * size serves every K */
-#define LC_QT_NORM_MAX_K 8192
-template <int FMT> constexpr size_t lc_qt_norm_smem() { return lc_qt_smem<FMT, 1>() + 128 + LC_QT_NORM_MAX_K * 2; }
-
-/* one row whose token row the kernel normalises itself (lc_qt_norm) */
-template <typename T, int FMT>
-static cudaError_t lc_qtiled_norm_t(const loom_cuda_qweight *w, const lc_qt_norm *nm, void *y, float *part,
-                                    const dim3 &grid, cudaStream_t s) {
-    constexpr bool RAW = FMT == LOOM_CUDA_Q_INT4;
-    constexpr size_t smem = lc_qt_norm_smem<FMT>();
-    const cudaError_t attr = lc_qt_prepare<T, FMT, 1, false, RAW, true>(smem);
-    if (attr != cudaSuccess) return attr;
-    const lc_qt_nrm k = {nm->x, nm->r, nm->w, nm->xo, nm->eps, lc_norm_threads(w->K)};
-    return lc_launch(lc_qtiled_kernel<T, FMT, 1, false, RAW, true>, grid, dim3(LC_QT_WARPS * 32), smem, s,
-                     static_cast<const uint16_t *>(nullptr), static_cast<const uint8_t *>(w->data),
-                     (const float *)w->scales, y, part, 1, w->N, w->K, w->group, k);
+    return lc_smem_limit(&done, (const void *)lc_qtiled_kernel<T, FMT, NT, F32, RAW>, smem);
 }
 
 /* Whether a one-row call with epi fuses its pair epilogue (*P its rows
@@ -1066,10 +957,17 @@ static int lc_qt_pairs(const loom_cuda_qweight *w, const loom_cuda_epi *epi, int
     return *P > 0 && Z > 1;
 }
 
-/* the kernel for M rows of x (NT: lc_qt_nt(M)) */
 template <typename T, int FMT, bool F32>
-static cudaError_t lc_qt_launch(int M, int NT, const loom_cuda_qweight *w, const void *x, void *y, float *part,
-                                int invariant, const dim3 &grid, cudaStream_t s) {
+static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
+                               int invariant, const loom_cuda_epi *epi, int *fused, cudaStream_t s) {
+    const int NT = lc_qt_nt(M), tok = 8 * NT;
+    /* batch-invariant: the split of one row at every M (each output's sum
+     * then runs the same mma steps in the same order whatever the tiling) */
+    const int Z = lc_qt_splits(w, invariant ? 1 : M);
+    const dim3 grid((unsigned)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES), (unsigned)((M + tok - 1) / tok),
+                    (unsigned)Z);
+    int P = 0;
+    *fused = !F32 && M == 1 && epi && lc_qt_pairs(w, epi, Z, &P);
     cudaError_t e;
 #define LC_QT_GO(NT_, RAW_)                                                                            \
     do {                                                                                               \
@@ -1079,7 +977,7 @@ static cudaError_t lc_qt_launch(int M, int NT, const loom_cuda_qweight *w, const
         e = lc_launch(lc_qtiled_kernel<T, FMT, NT_, F32, RAW_>,                                        \
                       grid, dim3(LC_QT_WARPS * 32 * lc_qt_wn<NT_>()), smem, s,                         \
                       static_cast<const uint16_t *>(x), static_cast<const uint8_t *>(w->data),         \
-                      (const float *)w->scales, y, part, M, w->N, w->K, w->group, lc_qt_nrm{});        \
+                      (const float *)w->scales, y, part, M, w->N, w->K, w->group);                     \
     } while (0)
     /* the raw INT4 decode at up to 16 tokens, not in batch-invariant mode */
     constexpr bool I4 = FMT == LOOM_CUDA_Q_INT4;
@@ -1097,25 +995,6 @@ static cudaError_t lc_qt_launch(int M, int NT, const loom_cuda_qweight *w, const
     default: LC_QT_GO(16, false); break;
     }
 #undef LC_QT_GO
-    return e;
-}
-
-/* norm (NULL: x is the input): a one-row dt call's token row formed by the
- * kernel (lc_qtiled checked lc_qtiled_norm_ok) */
-template <typename T, int FMT, bool F32>
-static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
-                               int invariant, const loom_cuda_epi *epi, int *fused, const lc_qt_norm *norm,
-                               cudaStream_t s) {
-    const int NT = lc_qt_nt(M), tok = 8 * NT;
-    /* batch-invariant: the split of one row at every M (each output's sum
-     * then runs the same mma steps in the same order whatever the tiling) */
-    const int Z = lc_qt_splits(w, invariant ? 1 : M);
-    const dim3 grid((unsigned)((w->N / 16 + LC_QT_TILES - 1) / LC_QT_TILES), (unsigned)((M + tok - 1) / tok),
-                    (unsigned)Z);
-    int P = 0;
-    *fused = !F32 && M == 1 && epi && lc_qt_pairs(w, epi, Z, &P);
-    const cudaError_t e = norm && !F32 ? lc_qtiled_norm_t<T, FMT>(w, norm, y, part, grid, s)
-                                       : lc_qt_launch<T, FMT, F32>(M, NT, w, x, y, part, invariant, grid, s);
     if (e != cudaSuccess || Z == 1) return e;
     if (*fused)
         return lc_ksplit_pair<T, FMT == LOOM_CUDA_Q_INT8_W8A16>((const float *)part, w->scales, y, w->N, Z, P, epi, s);
@@ -1301,19 +1180,13 @@ static bool lc_qtiled_wgmma_at(int M, int invariant, int wgmma_min_m) {
     return !invariant && wgmma_min_m > 0 && M >= wgmma_min_m;
 }
 
-extern "C" int lc_qtiled_norm_ok(const loom_cuda_qweight *w, int M, int out_f32, int invariant, int wgmma_min_m) {
-    return M == 1 && !out_f32 && !invariant && !lc_qtiled_wgmma_at(M, invariant, wgmma_min_m) && w &&
-           w->K % 8 == 0 && w->K <= LC_QT_NORM_MAX_K && lc_norm_threads(w->K) > 0;
-}
-
 /* one format and output type: the mma.sync kernel or the wgmma path's
  * kernel that `mode` (lc_qw_tma's) picks */
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
                                 int invariant, bool wg, int mode, const loom_cuda_epi *epi, int *fused,
-                                const lc_qt_norm *norm, cudaStream_t s) {
-    if (!wg) return lc_qtiled_t<T, FMT, F32>(M, w, x, y, part, invariant, epi, fused, norm, s);
-    if (norm) return cudaErrorInvalidValue;
+                                cudaStream_t s) {
+    if (!wg) return lc_qtiled_t<T, FMT, F32>(M, w, x, y, part, invariant, epi, fused, s);
     if (mode == 2) mode = FMT == LOOM_CUDA_Q_INT8_W8A16 ? (M > 64 ? 1 : 0) : (M >= 64 ? 4 : 0);
     if (mode == 0) return lc_qtiled_wg_t<T, FMT, F32>(M, w, x, y, part, s);
     if (mode == 4) return lc_qtiled_tma_t<T, FMT, F32, 2>(M, w, x, y, part, s);
@@ -1322,19 +1195,16 @@ static cudaError_t lc_qtiled_go(int M, const loom_cuda_qweight *w, const void *x
 
 extern "C" cudaError_t lc_qtiled(loom_cuda_dt dt, int out_f32, int M, const loom_cuda_qweight *w, const void *x,
                                  void *y, void *scratch, int invariant, int wgmma_min_m, const loom_cuda_epi *epi,
-                                 int *fused, const lc_qt_norm *norm, cudaStream_t s) {
+                                 int *fused, cudaStream_t s) {
     *fused = 0;
     if (!lc_qtiled_takes(dt, w) || M < 1 || M > LC_QT_MAX_M) return cudaErrorInvalidValue;
-    if (norm && (!lc_qtiled_norm_ok(w, M, out_f32, invariant, wgmma_min_m) || !norm->x || !norm->w || !norm->xo ||
-                 norm->xo == norm->x))
-        return cudaErrorInvalidValue;
     float *part = static_cast<float *>(scratch);
     const bool wg = lc_qtiled_wgmma_at(M, invariant, wgmma_min_m);
     const int mode = __atomic_load_n(&lc_qw_tma, __ATOMIC_RELAXED);
     if (wg) __atomic_fetch_add(&lc_qtiled_wg_runs, 1, __ATOMIC_RELAXED);
 #define LC_QT_F(T, FMT)                                                                            \
-    (out_f32 ? lc_qtiled_go<T, FMT, true>(M, w, x, y, part, invariant, wg, mode, epi, fused, norm, s)    \
-             : lc_qtiled_go<T, FMT, false>(M, w, x, y, part, invariant, wg, mode, epi, fused, norm, s))
+    (out_f32 ? lc_qtiled_go<T, FMT, true>(M, w, x, y, part, invariant, wg, mode, epi, fused, s)    \
+             : lc_qtiled_go<T, FMT, false>(M, w, x, y, part, invariant, wg, mode, epi, fused, s))
 #define LC_QT_T(T) (w->fmt == LOOM_CUDA_Q_INT4 ? LC_QT_F(T, LOOM_CUDA_Q_INT4) : LC_QT_F(T, LOOM_CUDA_Q_INT8_W8A16))
     return dt == LOOM_CUDA_F16 ? LC_QT_T(__half) : LC_QT_T(__nv_bfloat16);
 #undef LC_QT_T

@@ -108,13 +108,6 @@ static const loom_param cb_params[] = {
             "K-split reduce where K is split (kernels/cuda/qtiled.cu), else as kernels of their own; the same "
             "bits. Also fuses SwiGLU into the gate|up GEMM before a tiled down projection, whatever its "
             "format. INT4 batch 1 2% faster on an H100 (docs/gpu.md)"},
-    {.key = "qtiled_norm", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, qtiled_norm),
-     .default_value = "true",
-     .doc = "quant_layout tiled, one-token steps: the QKV and gate|up GEMMs form their own residual add + "
-            "RMSNorm (each CTA normalises the row for its K slice, one writes the residual), so those two "
-            "add + RMSNorm kernels a layer do not run; the same bits. Only where every layer's QKV and "
-            "gate|up are tiled W8A16 / INT4 on the mma.sync kernel (hidden <= 8192), no experts, no "
-            "post-norms, not batch_invariant"},
     {.key = "trigger_first", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, trigger_first),
      .default_value = "false",
      .doc = "true = every kernel lets the next one launch before its griddepcontrol.wait (programmatic "
@@ -358,7 +351,7 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                                .max_graph_tokens = 2048, .max_batched_tokens = 8192,
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0,
                                .quant_layout = 1, .qtiled_max_rows = 512, .qtiled_wgmma_rows = 17,
-                               .qtiled_epilogues = true, .qtiled_norm = true, .trigger_first = false,
+                               .qtiled_epilogues = true, .trigger_first = false,
                                .fp8_vec_rows = LOOM_CUDA_FP8_VEC_MIN_M,
                                .sm_count = 0, .sm_partition = 0, .kv_groups = true, .moe_dispatch = 0,
                                .moe_expert_gemm_rows = 1024,

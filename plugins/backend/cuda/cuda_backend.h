@@ -110,8 +110,6 @@ typedef struct cuda_backend_config {
     bool qtiled_epilogues;      /* tiled: one-token steps fuse RoPE + KV write
                                    and SwiGLU into the K-split reduce where
                                    K is split                                 */
-    bool qtiled_norm;           /* tiled: one-token steps' QKV and gate|up
-                                   GEMMs form their own add + RMSNorm         */
     bool trigger_first;         /* kernels let the next launch before their
                                    wait (loom_cuda_set_trigger_first)          */
     int64_t fp8_vec_rows;       /* FP8 GEMMs: cuBLASLt's scale vectors from
@@ -231,9 +229,6 @@ typedef struct cuda_backend {
 
     /* --- after load */
     bool loaded;
-    bool norm_in_gemm;          /* one-token steps: every layer's QKV and
-                                   gate|up GEMM forms its own add + RMSNorm
-                                   (qtiled_norm; cuda_forward.c: cb_norm_gemm) */
     loom_model_config mc;       /* the model's config as this rank runs it    */
     int32_t q_dim, kv_dim, qkv_rows, group; /* group = heads per kv head     */
     void *weights;              /* device arena                               */
@@ -258,9 +253,6 @@ typedef struct cuda_backend {
     void *work;
     float *x;                   /* (rows, hidden) f32 residual stream         */
     void *xn;                   /* (rows, hidden) dt normed                   */
-    float *x_alt;               /* (1, hidden) f32: the residual's other half
-                                   in a one-token step whose tiled GEMMs form
-                                   their own RMSNorm (cuda_forward.c)         */
     void *qkv;                  /* (rows, qkv_rows) dt                        */
     void *att;                  /* (rows, q_dim) dt attention output          */
     void *r;                    /* (rows, hidden) dt O / down projections     */

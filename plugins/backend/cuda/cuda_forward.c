@@ -313,23 +313,14 @@ static loom_status cb_gemm(cuda_backend *b, bool out_f32, int32_t M, int32_t N, 
  * W8A8 / FP8 quantize the normalised rows inside the norm kernel (xn is not
  * written then: nothing after these GEMMs reads it). epi (NULL: none): the
  * kernel that follows (RoPE + KV write, SwiGLU), which a one-row GEMV does
- * itself (cuda_kernels.h: loom_cuda_epi). In a one-token step of a backend
- * whose tiled GEMMs form their own norm (norm_in_gemm) the tiled kernel
- * does the add and the norm (loom_cuda_qgemm_norm_to_run) and the residual
- * moves to the other half of a ping-pong, as no CTA may overwrite the x
- * the others read: QKV's norm (ffn false) from x to x_alt, gate|up's back,
- * so a layer ends with it in x. */
+ * itself (cuda_kernels.h: loom_cuda_epi). */
 static loom_status cb_norm_gemm(cuda_backend *b, int32_t T, int32_t N, const float *norm_w, const void *r,
                                 const void *w, const loom_cuda_qweight *q, void *y, const loom_cuda_epi *epi,
-                                bool ffn, const char *what, loom_error *err) {
+                                const char *what, loom_error *err) {
     const int32_t H = b->mc.hidden_size;
     char msg[256] = "";
     int rc;
-    if (T == 1 && b->norm_in_gemm) {
-        rc = loom_cuda_qgemm_norm_to_run(b->gemm, b->dt, q, ffn ? b->x_alt : b->x, r, norm_w, b->mc.rms_norm_eps,
-                                         ffn ? b->x : b->x_alt, y, epi, b->qscratch, b->qscratch_bytes, b->stream,
-                                         msg, sizeof msg);
-    } else if (!q || q->fmt == LOOM_CUDA_Q_NONE) {
+    if (!q || q->fmt == LOOM_CUDA_Q_NONE) {
         loom_status st = CB_CUDA(b, err, loom_cuda_add_rmsnorm(b->dt, b->xn, b->x, r, norm_w, NULL, T, H,
                                                                b->mc.rms_norm_eps, b->stream));
         if (st) return st;
@@ -418,7 +409,7 @@ static loom_status cb_record_pre_attention(cuda_backend *b, const cuda_plan *p, 
     const bool fuse = T == 1 && !ly->q_norm && cb_epi_ok(b, &ly->q[CB_G_QKV]);
     loom_status st;
     if ((st = cb_norm_gemm(b, T, b->qkv_rows, ly->attn_norm, cb_pending(b, l), ly->wqkv, &ly->q[CB_G_QKV], b->qkv,
-                           fuse ? &rope : NULL, false, "QKV", err)))
+                           fuse ? &rope : NULL, "QKV", err)))
         return st;
     if (fuse) return LOOM_OK;
     if (ly->q_norm)
@@ -510,7 +501,7 @@ static loom_status cb_record_post_attention(cuda_backend *b, const cuda_plan *p,
         (st = cb_all_reduce(b, b->r, (int64_t)T * H, b->ldt, err)) ||
         (st = cb_post_norm(b, T, ly->post_attn_norm, err)) ||
         (st = cb_norm_gemm(b, T, 2 * I, ly->ffn_norm, ly->post_attn_norm ? NULL : b->r, ly->wgu, &ly->q[CB_G_GU],
-                           b->gu, swiglu1 ? &swiglu : NULL, true, "ffn_gate_up", err)))
+                           b->gu, swiglu1 ? &swiglu : NULL, "ffn_gate_up", err)))
         return st;
     if (gelu) st = cb_geglu_down(b, T, ly, err);
     else if (swiglu1) st = cb_gemm(b, false, T, H, I, b->act, ly->wdown, &ly->q[CB_G_DOWN], b->r, "ffn_down", err);

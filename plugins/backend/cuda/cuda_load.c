@@ -623,7 +623,7 @@ static loom_status cb_rope_init(cuda_backend *b, loom_error *err) {
 
 /* ---------------------------------------------------------- work buffers */
 
-#define CB_WORK_BUFS 18
+#define CB_WORK_BUFS 17
 
 /* forward_topk's mask staging: a chunk's rows of bits, then its flags. */
 static size_t cb_mask_bytes(const cuda_backend *b) {
@@ -657,8 +657,7 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
                      LR * H * e,      LR * V * 4,  attn_ws * 4,
                      MT * (size_t)c->num_kv_heads * sizeof(int), LR * VP * 4, NR * LR * VP * 4,
                      LR * (2 * TK + 1) * 4,
-                     loom_cuda_topk_ws_bytes((int)LR, (int)V, (int)TK), cb_mask_bytes(b), H * 4,
-                     b->qscratch_bytes};
+                     loom_cuda_topk_ws_bytes((int)LR, (int)V, (int)TK), cb_mask_bytes(b), b->qscratch_bytes};
     size_t total = 0;
     for (int i = 0; i < CB_WORK_BUFS; i++) total += cb_round(sz[i]);
     size_t free_b = 0, tot = 0;
@@ -676,8 +675,7 @@ static loom_status cb_work_init(cuda_backend *b, loom_error *err) {
     void **dst[CB_WORK_BUFS] = {(void **)&b->x, &b->xn, &b->qkv, &b->att, &b->r, &b->gu, &b->act, &b->xs,
                       (void **)&b->logits_dev, (void **)&b->attn_ws, (void **)&b->attn_sem,
                       (void **)&b->logits_local, (void **)&b->logits_gathered,
-                      (void **)&b->topk_dev, &b->topk_ws, (void **)&b->mask_dev, (void **)&b->x_alt,
-                      &b->qscratch};
+                      (void **)&b->topk_dev, &b->topk_ws, (void **)&b->mask_dev, &b->qscratch};
     for (int i = 0; i < CB_WORK_BUFS; i++) {
         *dst[i] = p;
         p += cb_round(sz[i]);
@@ -1396,20 +1394,6 @@ void cb_link_buf_free(cuda_backend *b) {
 
 /* After the weights: the model as this rank runs it, the communicator, the
  * RoPE table and the work buffers, the log line. */
-/* Whether one-token steps let every layer's QKV and gate|up GEMM form
- * its own add + RMSNorm (the qtiled_norm parameter): each of them takes it
- * (loom_cuda_qgemm_norm_fuses: tiled weights), no layer has experts or
- * post-norms, not batch-invariant. All or none: the residual's ping-pong
- * between x and x_alt (cuda_forward.c) needs every norm of the step. */
-static bool cb_norm_in_gemm_ok(const cuda_backend *b) {
-    if (!b->cfg.qtiled_norm || b->cfg.batch_invariant || b->mc.num_experts > 0 || b->mc.post_norms) return false;
-    for (int32_t l = b->layer0; l < b->layer0 + b->nlayers; l++)
-        if (!loom_cuda_qgemm_norm_fuses(b->gemm, b->dt, 1, &b->layers[l].q[CB_G_QKV]) ||
-            !loom_cuda_qgemm_norm_fuses(b->gemm, b->dt, 1, &b->layers[l].q[CB_G_GU]))
-            return false;
-    return b->nlayers > 0;
-}
-
 static loom_status cb_load_done(cuda_backend *b, const loom_ww *w, const loom_comm *comm,
                                 const loom_quant_binding *quant, bool any_quant, loom_error *err) {
     const loom_host *h = b->host;
@@ -1439,10 +1423,7 @@ static loom_status cb_load_done(cuda_backend *b, const loom_ww *w, const loom_co
         (c->num_experts > 0 && ((st = cb_moe_work_init(b, err)) || (st = cb_moe_qwork_init(b, err)))))
         return st;
     b->loaded = true;
-    b->norm_in_gemm = cb_norm_in_gemm_ok(b);
     if (h->metric_set) h->metric_set(h->ctx, "backend.cuda.weight_bytes", (double)b->weight_bytes);
-    /* the tests' evidence of which norm path one-token steps take */
-    if (b->norm_in_gemm && h->metric_add) h->metric_add(h->ctx, "backend.cuda.norm_in_gemm", 1);
     if (b->sharded && b->cfg.batch_invariant)
         h->log(h->ctx, LOOM_LOG_WARN, CB_WHO,
                "batch_invariant covers one GPU: with %d ranks the NCCL all-reduce's summation "
