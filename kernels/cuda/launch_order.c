@@ -24,7 +24,8 @@ static cudaError_t (*lc_pdl_setters[LC_PDL_UNITS])(int);
 static cudaError_t (*lc_pdl_getters[LC_PDL_UNITS])(int *);
 static atomic_int lc_pdl_units;
 static atomic_int lc_pdl_overflow;
-/* per device: 0 as loaded (the kernels' default, off), 1 on, 2 off */
+/* per device: 0 as loaded (the kernels' default, order 0), else the order
+ * last written + 1; -1 after a failed write */
 static atomic_int lc_pdl_state[LC_PDL_DEVICES];
 /* writers: a memo never says a value some unit does not hold */
 static pthread_mutex_t lc_pdl_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -36,28 +37,28 @@ void lc_pdl_register(cudaError_t (*set)(int), cudaError_t (*get)(int *)) {
 }
 
 /* every unit's copy on the current device */
-static cudaError_t lc_pdl_write(int on) {
+static cudaError_t lc_pdl_write(int order) {
     const int n = atomic_load(&lc_pdl_units);
     for (int i = 0; i < n && i < LC_PDL_UNITS; i++) {
-        const cudaError_t e = lc_pdl_setters[i](on);
+        const cudaError_t e = lc_pdl_setters[i](order);
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
 }
 
-cudaError_t loom_cuda_set_trigger_first(int on) {
+cudaError_t loom_cuda_set_trigger_first(int order) {
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return e;
-    on = on ? 1 : 0;
+    if (order < 0 || order > 2) return cudaErrorInvalidValue;
     atomic_int *st = dev >= 0 && dev < LC_PDL_DEVICES ? &lc_pdl_state[dev] : NULL;
     const int have = st ? atomic_load(st) : -1;
-    if (have == (on ? 1 : 2) || (have == 0 && !on)) return cudaSuccess;
-    /* a unit without its setter keeps the default: only "on" cannot hold */
-    if (on && atomic_load(&lc_pdl_overflow)) return cudaErrorNotSupported;
+    if (have == order + 1 || (have == 0 && order == 0)) return cudaSuccess;
+    /* a unit without its setter keeps the default: only order 0 can hold */
+    if (order && atomic_load(&lc_pdl_overflow)) return cudaErrorNotSupported;
     pthread_mutex_lock(&lc_pdl_lock);
-    e = lc_pdl_write(on);
-    if (st) atomic_store(st, e == cudaSuccess ? (on ? 1 : 2) : -1);
+    e = lc_pdl_write(order);
+    if (st) atomic_store(st, e == cudaSuccess ? order + 1 : -1);
     pthread_mutex_unlock(&lc_pdl_lock);
     return e;
 }

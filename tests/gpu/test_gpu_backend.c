@@ -1718,6 +1718,10 @@ int main(int argc, char **argv) {
         wf4.name = "llama3-8b-2layer trigger_first=true", wf4.cuda_ov = "trigger_first=true";
         run_shape(&cpu_p, &cuda_p, &wf0, NULL, TOL_CPU);
         run_shape(&cpu_p, &cuda_p, &wf4, NULL, TOL_CPU);
+        /* backend.small_grids_first=true: only grids of <= 32 CTAs do */
+        shape sg4 = shapes[last];
+        sg4.name = "llama3-8b-2layer small_grids_first=true", sg4.cuda_ov = "small_grids_first=true";
+        run_shape(&cpu_p, &cuda_p, &sg4, NULL, TOL_CPU);
     }
     run_gemma(&cpu_p, &cuda_p);
     run_moe_shapes(&cpu_p, &cuda_p);
@@ -1823,6 +1827,11 @@ quant:;
         shape w8b = qs_8b;
         w8b.name = "q-llama3-8b-2layer tiled trigger_first=true", w8b.cuda_ov = "trigger_first=true";
         run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &w8b, 3e-2);
+        /* and with only small grids doing so */
+        shape s8b = qs_8b;
+        s8b.name = "q-llama3-8b-2layer tiled small_grids_first=true", s8b.cuda_ov = "small_grids_first=true";
+        run_quant(&cpu_p, &cuda_p, qdir, "int4", i4g128, "int4-g128", &s8b, 3e-2);
+        run_quant(&cpu_p, &cuda_p, qdir, "int8", w8a16, "int8-w8a16", &s8b, 3e-2);
         /* backend.qtiled_epilogues (default true: the runs above have
          * RoPE + KV write in the tiled QKV's K-split reduce at one row, the
          * Llama-3-8B-like shape's 5 slices) off: RoPE as its own kernel there;

@@ -1173,14 +1173,18 @@ static void test_launch_order(void) {
     printf("%s launch order as loaded: %d of %d units on\n", loaded_off ? "PASS" : "FAIL", on, units);
     if (loaded_off) g_pass++;
     else g_fail++;
-    for (int k = 1; k >= 0; k--) { /* ends at the default, off */
+    for (int k = 2; k >= 0; k--) { /* small grids first, on, then the default, off */
         CK(loom_cuda_set_trigger_first(k));
         CK(loom_cuda_trigger_first_units(&units, &on));
         const bool ok = units >= 8 && on == (k ? units : 0);
-        printf("%s launch order %s: %d of %d units on\n", ok ? "PASS" : "FAIL", k ? "on" : "off", on, units);
+        printf("%s launch order %d: %d of %d units not 0\n", ok ? "PASS" : "FAIL", k, on, units);
         if (ok) g_pass++;
         else g_fail++;
     }
+    const bool refused = loom_cuda_set_trigger_first(3) == cudaErrorInvalidValue;
+    printf("%s launch order 3 refused\n", refused ? "PASS" : "FAIL");
+    if (refused) g_pass++;
+    else g_fail++;
 }
 
 /* ------------------------------------------------------------------ GEMM */
@@ -3908,12 +3912,15 @@ int main(int argc, char **argv) {
         goto topk;
     }
     /* a few elementwise kernels with every kernel letting the next launch
-     * before it waits (the cuda backend's trigger_first=true); the rest in
-     * the default order */
-    CK(loom_cuda_set_trigger_first(1));
-    test_rmsnorm(LOOM_CUDA_BF16, 4096, 3, 1);
-    test_swiglu(LOOM_CUDA_BF16, 4096, 5, false);
-    test_add_normed(LOOM_CUDA_BF16, 4096, 3);
+     * before it waits (the cuda backend's trigger_first=true), then with
+     * small grids doing so (small_grids_first: these grids are small); the
+     * rest in the default order */
+    for (int order = 1; order <= 2; order++) {
+        CK(loom_cuda_set_trigger_first(order));
+        test_rmsnorm(LOOM_CUDA_BF16, 4096, 3, 1);
+        test_swiglu(LOOM_CUDA_BF16, 4096, 5, false);
+        test_add_normed(LOOM_CUDA_BF16, 4096, 3);
+    }
     CK(loom_cuda_set_trigger_first(0));
     test_embedding(LOOM_CUDA_BF16, 1000, 4096, 7, false);
     test_embedding(LOOM_CUDA_F16, 49152, 576, 3, false);

@@ -1360,7 +1360,7 @@ static loom_status cb_load_begin(cuda_backend *b, const loom_ww *w, loom_error *
                         "keeps FFN width / size a multiple of 8",
                         c->name, c->intermediate_size, w->shard.size, w->shard.inter);
     if ((st = CB_CUDA(b, err, cudaSetDevice(b->device))) ||
-        (st = CB_CUDA(b, err, loom_cuda_set_trigger_first(b->cfg.trigger_first))))
+        (st = CB_CUDA(b, err, loom_cuda_set_trigger_first(cb_launch_order(&b->cfg)))))
         return st;
     /* before the quantized-GEMM scratch is sized: the mode moves the
      * quantized GEMV bound */
