@@ -187,15 +187,16 @@ __device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
  * most LC_PDL_SMALL_CTAS CTAs, off in the others — a one-token step's
  * norms, K-split reduces and SwiGLU let the GEMM after them launch, and
  * prefetch its first weight stages, while the GEMM before them still runs,
- * and no more than that one large grid waits ahead. Either order is
+ * and no more than that one large grid waits ahead. Every order is
  * correct, so a setting changed mid-step only mixes them. Its value lives
  * in each translation unit's lc_pdl_first (this header's static
  * __constant__), which loom_cuda_set_trigger_first writes through the
  * setter every unit registers at load. */
-#define LC_PDL_SMALL_CTAS 32
+#define LC_PDL_SMALL_CTAS 32 /* cuda_kernels.h, the backend's small_grids_first and docs/gpu.md say 32 */
 static __constant__ int lc_pdl_first = 0;
 __device__ __forceinline__ bool lc_pdl_early(int order) {
-    return order == 1 || (order == 2 && gridDim.x * gridDim.y * gridDim.z <= LC_PDL_SMALL_CTAS);
+    return order == 1 ||
+           (order == 2 && (unsigned long long)gridDim.x * gridDim.y * gridDim.z <= LC_PDL_SMALL_CTAS);
 }
 __device__ __forceinline__ void lc_pdl_wait() {
     const bool early = lc_pdl_early(lc_pdl_first); /* no kernel writes it: read before the wait */

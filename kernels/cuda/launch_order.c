@@ -3,7 +3,7 @@
  * loom_cuda_set_trigger_first; common.cuh says what it changes).
  *
  * Every translation unit that includes common.cuh has its own copy of the
- * flag its kernels read (a static __constant__: the kernels are not built
+ * order its kernels read (a static __constant__: the kernels are not built
  * with relocatable device code, so one symbol cannot serve them all), and
  * registers a setter and a getter for it at load (the getters serve
  * loom_cuda_trigger_first_units, the tests' read-back). Setting the order writes every copy on
@@ -63,14 +63,14 @@ cudaError_t loom_cuda_set_trigger_first(int order) {
     return e;
 }
 
-cudaError_t loom_cuda_trigger_first_units(int *units, int *on) {
+cudaError_t loom_cuda_trigger_first_units(int order, int *units, int *holding) {
     const int n = atomic_load(&lc_pdl_units);
-    *units = n, *on = 0;
+    *units = n, *holding = 0;
     for (int i = 0; i < n && i < LC_PDL_UNITS; i++) {
-        int v = 0;
+        int v = -1;
         const cudaError_t e = lc_pdl_getters[i](&v);
         if (e != cudaSuccess) return e;
-        *on += v != 0;
+        *holding += v == order;
     }
     return cudaSuccess;
 }

@@ -1162,22 +1162,25 @@ static void test_copy_blocks(bool to_host) {
 
 /* ------------------------------------------------------------ launch order */
 
-/* Every translation unit's copy of the flag starts off, as the memo in
+/* Every translation unit's copy of the order starts at 0, as the memo in
  * launch_order.c assumes, and loom_cuda_set_trigger_first reaches each copy
- * (read back: the kernels' results are the same either way). Runs before
- * anything sets the order. */
+ * with the order asked (read back: the kernels' results are the same in
+ * every order), also after another one was set. Runs before anything sets
+ * the order. */
 static void test_launch_order(void) {
-    int units = 0, on = 0;
-    CK(loom_cuda_trigger_first_units(&units, &on));
-    const bool loaded_off = units >= 8 && on == 0;
-    printf("%s launch order as loaded: %d of %d units on\n", loaded_off ? "PASS" : "FAIL", on, units);
+    int units = 0, holding = 0;
+    CK(loom_cuda_trigger_first_units(0, &units, &holding));
+    const bool loaded_off = units >= 8 && holding == units;
+    printf("%s launch order as loaded: %d of %d units hold 0\n", loaded_off ? "PASS" : "FAIL", holding, units);
     if (loaded_off) g_pass++;
     else g_fail++;
-    for (int k = 2; k >= 0; k--) { /* small grids first, on, then the default, off */
+    static const int orders[] = {2, 1, 2, 0}; /* ends at the default */
+    for (size_t i = 0; i < sizeof orders / sizeof orders[0]; i++) {
+        const int k = orders[i];
         CK(loom_cuda_set_trigger_first(k));
-        CK(loom_cuda_trigger_first_units(&units, &on));
-        const bool ok = units >= 8 && on == (k ? units : 0);
-        printf("%s launch order %d: %d of %d units not 0\n", ok ? "PASS" : "FAIL", k, on, units);
+        CK(loom_cuda_trigger_first_units(k, &units, &holding));
+        const bool ok = units >= 8 && holding == units;
+        printf("%s launch order %d: %d of %d units hold it\n", ok ? "PASS" : "FAIL", k, holding, units);
         if (ok) g_pass++;
         else g_fail++;
     }
@@ -3913,11 +3916,13 @@ int main(int argc, char **argv) {
     }
     /* a few elementwise kernels with every kernel letting the next launch
      * before it waits (the cuda backend's trigger_first=true), then with
-     * small grids doing so (small_grids_first: these grids are small); the
+     * small grids only doing so (small_grids_first): the norm at 64 rows is
+     * a grid of 64 CTAs, which waits first, between grids of 3 to 10; the
      * rest in the default order */
     for (int order = 1; order <= 2; order++) {
         CK(loom_cuda_set_trigger_first(order));
         test_rmsnorm(LOOM_CUDA_BF16, 4096, 3, 1);
+        test_rmsnorm(LOOM_CUDA_BF16, 4096, 64, 1);
         test_swiglu(LOOM_CUDA_BF16, 4096, 5, false);
         test_add_normed(LOOM_CUDA_BF16, 4096, 3);
     }
