@@ -179,32 +179,22 @@ __device__ __forceinline__ void lc_i8x4(uint32_t w, float *f) {
  * the one it follows (the next kernel's wait relies on that). Captured into
  * CUDA graphs as programmatic edges.
  * The order is a setting (loom_cuda_set_trigger_first; the cuda backend's
- * trigger_first and small_grids_first): where it is on (1), lc_pdl_trigger()
- * lets the next launch and lc_pdl_wait() does not. Off (0) is the default:
- * grids launched early hold SM slots while they wait, which made the tiled
- * INT4 batch-1 path take 26% more time (docs/performance.md, "Choices
- * decided by a measurement"). Small grids first (2): on in grids of at
- * most LC_PDL_SMALL_CTAS CTAs, off in the others — a one-token step's
- * norms, K-split reduces and SwiGLU let the GEMM after them launch, and
- * prefetch its first weight stages, while the GEMM before them still runs,
- * and no more than that one large grid waits ahead. Every order is
- * correct, so a setting changed mid-step only mixes them. Its value lives
- * in each translation unit's lc_pdl_first (this header's static
- * __constant__), which loom_cuda_set_trigger_first writes through the
- * setter every unit registers at load. */
-#define LC_PDL_SMALL_CTAS 32 /* cuda_kernels.h, the backend's small_grids_first and docs/gpu.md say 32 */
+ * trigger_first): where it is on, lc_pdl_trigger() lets the next launch
+ * and lc_pdl_wait() does not. Off is the default: grids launched early
+ * hold SM slots while they wait, which made the tiled INT4 batch-1 path
+ * take 26% more time (docs/performance.md, "Choices decided by a
+ * measurement"). Either order is correct, so a setting changed mid-step
+ * only mixes them. Its value lives in each translation unit's lc_pdl_first
+ * (this header's static __constant__), which loom_cuda_set_trigger_first
+ * writes through the setter every unit registers at load. */
 static __constant__ int lc_pdl_first = 0;
-__device__ __forceinline__ bool lc_pdl_early(int order) {
-    return order == 1 ||
-           (order == 2 && (unsigned long long)gridDim.x * gridDim.y * gridDim.z <= LC_PDL_SMALL_CTAS);
-}
 __device__ __forceinline__ void lc_pdl_wait() {
-    const bool early = lc_pdl_early(lc_pdl_first); /* no kernel writes it: read before the wait */
+    const int first = lc_pdl_first; /* no kernel writes it: read before the wait */
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (!early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (!first) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 __device__ __forceinline__ void lc_pdl_trigger() {
-    if (lc_pdl_early(lc_pdl_first)) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (lc_pdl_first) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 static cudaError_t lc_pdl_set_unit(int first) { return cudaMemcpyToSymbol(lc_pdl_first, &first, sizeof first); }
 static cudaError_t lc_pdl_get_unit(int *first) { return cudaMemcpyFromSymbol(first, lc_pdl_first, sizeof *first); }

@@ -606,25 +606,21 @@ void loom_cuda_qgemm_set_tiled_max_m(loom_cuda_gemm *g, int max_m);
  * batch-invariant mode). The cuda backend's qtiled_wgmma_rows. */
 void loom_cuda_qgemm_set_tiled_wgmma_min_m(loom_cuda_gemm *g, int min_m);
 /* The launch order of every kernel on the current device (common.cuh,
- * "programmatic dependent launch"): 1 a kernel lets the next one launch
- * before its griddepcontrol.wait; 0 (each device's default) after it; 2
- * before it in grids of at most 32 CTAs (common.cuh: LC_PDL_SMALL_CTAS),
- * after it in larger ones.
- * Device-wide: the copies are synchronous writes on the legacy stream,
+ * "programmatic dependent launch"): on (1) a kernel lets the next one
+ * launch before its griddepcontrol.wait, off (0, each device's default)
+ * after it. Device-wide: the copies are synchronous writes on the legacy stream,
  * so kernels in flight or launched just after may still see the old value
- * (every order is correct). Costs nothing when the device already has the
+ * (either order is correct). Costs nothing when the device already has the
  * value (the last one written is remembered per device), so a backend calls
  * it before each step; instances sharing a device should agree, or each
- * step rewrites it. Thread-safe. Returns cudaSuccess, cudaErrorInvalidValue
- * for an order outside 0..2, or the copy's error (cudaErrorNotSupported: an
- * order other than 0 asked with more than 64 units registered). The cuda
- * backend's trigger_first (1) and small_grids_first (2). */
-cudaError_t loom_cuda_set_trigger_first(int order);
+ * step rewrites it. Thread-safe. Returns cudaSuccess or the copy's error
+ * (cudaErrorNotSupported: on asked with more than 64 units registered).
+ * The cuda backend's trigger_first. */
+cudaError_t loom_cuda_set_trigger_first(int on);
 /* What every unit's copy of the order holds on the current device: *units
- * registered, *holding of them holding `order` (a test's read-back; the
- * results are the same in every order). Returns cudaSuccess or the first
- * copy's error. */
-cudaError_t loom_cuda_trigger_first_units(int order, int *units, int *holding);
+ * registered, *on of them on (a test's read-back; the results are the same
+ * either way). Returns cudaSuccess or the first copy's error. */
+cudaError_t loom_cuda_trigger_first_units(int *units, int *on);
 /* Each translation unit's setter and getter of its own copy of the order
  * (common.cuh registers them at load; at most 64). Not for callers. */
 void lc_pdl_register(cudaError_t (*set)(int), cudaError_t (*get)(int *));

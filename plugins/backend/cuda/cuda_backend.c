@@ -111,19 +111,11 @@ static const loom_param cb_params[] = {
     {.key = "trigger_first", .type = LOOM_PARAM_BOOL, .offset = offsetof(cuda_backend_config, trigger_first),
      .default_value = "false",
      .doc = "true = every kernel lets the next one launch before its griddepcontrol.wait (programmatic "
-            "dependent launch), so several grids launch ahead; false = after the wait, at most one ahead (but "
-            "small grids with small_grids_first). "
+            "dependent launch), so several grids launch ahead; false = after the wait, at most one ahead. "
             "Device-wide: set before each step, instances sharing a GPU should agree. H100, one machine, TPOT "
             "true -> false: tiled INT4 batch 1 (8 Llama-3-8B layers) 0.930 -> 0.738 ms, Llama-3-8B bf16 "
             "batch 1 5.61 -> 5.53, batch 8 7.50 -> 7.41, SmolLM2 shape 0.680 -> 0.657, Qwen3-30B-A3B "
             "batch 1 3.363 -> 3.391"},
-    {.key = "small_grids_first", .type = LOOM_PARAM_BOOL,
-     .offset = offsetof(cuda_backend_config, small_grids_first), .default_value = "false",
-     .doc = "with trigger_first false: grids of at most 32 CTAs (a one-token step's norms, K-split "
-            "reduces, SwiGLU) let the next kernel launch before their griddepcontrol.wait, larger grids after "
-            "it, so the GEMM after a small kernel launches and prefetches its first weight stages while the "
-            "GEMM before it still runs; at most one large grid waits ahead. Ignored where trigger_first is true. "
-            "Not measured yet"},
     {.key = "fp8_vec_rows", .type = LOOM_PARAM_INT, .offset = offsetof(cuda_backend_config, fp8_vec_rows),
      .default_value = "129", .min = 0, .max = 65536,
      .doc = "FP8 GEMMs with bf16 output above the GEMV's 8 rows: from calls of this many rows cuBLASLt "
@@ -359,7 +351,7 @@ static loom_status cb_create(const loom_host *host, const void *config, void **s
                                .max_graph_tokens = 2048, .max_batched_tokens = 8192,
                                .max_positions = 0, .batch_invariant = false, .qgemv_tc_min_rows = 0,
                                .quant_layout = 1, .qtiled_max_rows = 512, .qtiled_wgmma_rows = 17,
-                               .qtiled_epilogues = true, .trigger_first = false, .small_grids_first = false,
+                               .qtiled_epilogues = true, .trigger_first = false,
                                .fp8_vec_rows = LOOM_CUDA_FP8_VEC_MIN_M,
                                .sm_count = 0, .sm_partition = 0, .kv_groups = true, .moe_dispatch = 0,
                                .moe_expert_gemm_rows = 1024,

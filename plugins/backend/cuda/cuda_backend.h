@@ -112,8 +112,6 @@ typedef struct cuda_backend_config {
                                    K is split                                 */
     bool trigger_first;         /* kernels let the next launch before their
                                    wait (loom_cuda_set_trigger_first)          */
-    bool small_grids_first;     /* trigger_first only in grids of <= 32 CTAs
-                                   (launch order 2)                            */
     int64_t fp8_vec_rows;       /* FP8 GEMMs: cuBLASLt's scale vectors from
                                    these rows, unit scales + a scale pass below */
     bool step_split;            /* per-phase step timing (cuda_forward.c)     */
@@ -130,12 +128,6 @@ typedef struct cuda_backend_config {
     int64_t moe_wgmma_128_rows; /* wgmma steps averaging these rows an expert:
                                    128-row tiles (0: never)                      */
 } cuda_backend_config;
-
-/* loom_cuda_set_trigger_first's order for cfg: 1 trigger_first, 2
- * small_grids_first, else 0 */
-static inline int cb_launch_order(const cuda_backend_config *cfg) {
-    return cfg->trigger_first ? 1 : cfg->small_grids_first ? 2 : 0;
-}
 
 /* Rows of the logits work buffers (and the largest graph bucket's rows). */
 static inline int32_t cb_logits_rows(const cuda_backend_config *cfg) {

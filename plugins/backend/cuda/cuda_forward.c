@@ -1143,7 +1143,7 @@ static loom_status cb_step(cuda_backend *b, const loom_batch *bt, float *logits,
     loom_status st;
     /* the launch order is per device: another backend on it may differ */
     if ((st = CB_CUDA(b, err, cudaSetDevice(b->device))) ||
-        (st = CB_CUDA(b, err, loom_cuda_set_trigger_first(cb_launch_order(&b->cfg)))))
+        (st = CB_CUDA(b, err, loom_cuda_set_trigger_first(b->cfg.trigger_first))))
         return st;
     cuda_plan p;
     int32_t q = 1;

@@ -1360,11 +1360,8 @@ static loom_status cb_load_begin(cuda_backend *b, const loom_ww *w, loom_error *
                         "keeps FFN width / size a multiple of 8",
                         c->name, c->intermediate_size, w->shard.size, w->shard.inter);
     if ((st = CB_CUDA(b, err, cudaSetDevice(b->device))) ||
-        (st = CB_CUDA(b, err, loom_cuda_set_trigger_first(cb_launch_order(&b->cfg)))))
+        (st = CB_CUDA(b, err, loom_cuda_set_trigger_first(b->cfg.trigger_first))))
         return st;
-    /* the tests' evidence of the order the steps set (the kernels' results
-     * are the same in every order) */
-    if (h->metric_set) h->metric_set(h->ctx, "backend.cuda.launch_order", cb_launch_order(&b->cfg));
     /* before the quantized-GEMM scratch is sized: the mode moves the
      * quantized GEMV bound */
     loom_cuda_gemm_set_batch_invariant(b->gemm, b->cfg.batch_invariant);
