@@ -59,6 +59,12 @@
 #           2 or 4, dt and quantized) and gpu_tp_test (pp stages, then tp
 #           1/2/4 over the threads communicator on GPU 0, MoE dummies with
 #           both moe_dispatch forms; two GPUs add the NCCL runs).
+#   tprofile: the throughput shape's steps by kind: 128-token prompts, 64 new tokens, on the
+#           Llama-3-8B shape cut to 8 layers, TPROFILE_SEQS (512) sequences a
+#           step, for each of TPROFILE_PIPELINES (fp8: FP8 weights + FP8 KV;
+#           dummy: bf16): each kernel's GPU time and DRAM bytes per decode and
+#           per mixed step (ncu, warm caches, graphs off, one pass;
+#           ncu-summary.py --by-kind).
 #   kprofile: kernels under ncu where a target waits on a profile: the
 #           tiled W8A16 / INT4 kernels (mma.sync, wgmma with cp.async, TMA
 #           and wide TMA copies, and the K-split reduce kernels — the
@@ -131,7 +137,7 @@ find_ncu() { command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cu
 # rec NAME --what TEXT [record.py options]: the stage's current figure; the
 # command recorded is this stage with the variables that narrowed it
 CMD="scripts/gpu/gpu-check.sh ${1:-}"
-for v in PDL_CASES QUANT_SCHEMES QUANT_RUNS AWQ_SHAPES KPROFILE_M THROUGHPUT_CASES GEMMA_AB_CASES GEMMA_AB_DECODE_CASES SKIP_AB SERVE_RATES SERVE_N SERVE_IN SERVE_OUT; do [ -n "${!v:-}" ] && CMD="$v=\"${!v}\" $CMD"; done
+for v in PDL_CASES TPROFILE_SEQS TPROFILE_PIPELINES QUANT_SCHEMES QUANT_RUNS AWQ_SHAPES KPROFILE_M THROUGHPUT_CASES GEMMA_AB_CASES GEMMA_AB_DECODE_CASES SKIP_AB SERVE_RATES SERVE_N SERVE_IN SERVE_OUT; do [ -n "${!v:-}" ] && CMD="$v=\"${!v}\" $CMD"; done
 rec() { python3 bench/record.py "$@" --dir "$RESULTS" --command "$CMD" || fails=$((fails + 1)); }
 # The SmolLM2 GGUF, carried in parts (split -b 33M; docs/gpu.md) across
 # back-to-back calls: each call copies the part it carries to /tmp, the
@@ -646,6 +652,29 @@ profile)
   done | tee "$O/step-wall.txt"
   rec '{hw}-smollm2-decode-profile' --what "SmolLM2 batch-1 decode: each kernel's GPU time in a step (ncu, graphs off) and the step's wall time" \
     --text kernels="$O/ncu-smollm2-summary.txt" --text step_wall="$O/step-wall.txt"
+  ;;
+tprofile)
+  NCU=$(find_ncu)
+  [ -n "$NCU" ] || { echo "FAIL no ncu on this machine"; exit 1; }
+  n=${TPROFILE_SEQS:-512}
+  targs=()
+  for c in ${TPROFILE_PIPELINES:-fp8 dummy}; do
+    step "llama3-8b-$c, 8 layers, $n requests of 128 prompt + 64 new tokens at $n sequences a step: each kernel's GPU time per kind of step (ncu, graphs off)"
+    kv=(); [ "$c" = fp8 ] && kv=(--set quantizer.kv_cache=fp8)
+    # one metric pass (no replay); ~9 mixed steps, then decode steps of ~90 launches
+    timeout 220 "$NCU" --clock-control none --cache-control none --csv \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum --launch-count 4000 \
+      loom bench "configs/gpu/llama3-8b-$c.yaml" "${kv[@]}" --set model.layers=8 --set backend.cuda_graphs=false \
+      --set scheduler.max_num_seqs=$n --set scheduler.max_batched_tokens=8192 --set backend.max_graph_batch=$n \
+      --set cache.memory_fraction=0.9 --num-requests $n --input-len 128 --output-len 64 --warmup 0 --no-progress \
+      > "$O/tprofile-$c.csv" 2> "$O/tprofile-$c.err" || { tail -3 "$O/tprofile-$c.err"; fails=$((fails + 1)); }
+    if python3 scripts/gpu/ncu-summary.py "$O/tprofile-$c.csv" --by-kind > "$O/tprofile-$c.txt"; then
+      targs+=(--text "kernels_$c=$O/tprofile-$c.txt")
+    else fails=$((fails + 1)); fi
+    grep -E '^kind' "$O/tprofile-$c.txt"
+  done
+  rec '{hw}-throughput-step-profile' --what "Llama-3-8B shape cut to 8 layers with its LM head, TPROFILE_SEQS requests of 128 prompt + 64 new tokens at TPROFILE_SEQS sequences a step (max_batched_tokens 8192), FP8 weights + FP8 KV (fp8) and bf16 (dummy): each kernel's GPU time and DRAM bytes per kind of step (the decode steps, the mixed prefill + decode steps; ncu, warm caches, graphs off)" \
+    "${targs[@]}"
   ;;
 qprofile)
   NCU=$(find_ncu)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/gpu/ncu-summary.py NCU.csv [--step-kernel NAME] [--by-grid] — per-kernel GPU
+"""scripts/gpu/ncu-summary.py NCU.csv [--step-kernel NAME] [--by-grid] [--by-kind] — per-kernel GPU
 time of one decode step from an `ncu --csv --metrics gpu__time_duration.sum` capture
 (scripts/gpu/gpu-check.sh profile, qprofile). --by-grid keeps a kernel's grids apart
 (the GEMMs of one template: QKV, O, gate|up, down); with dram__bytes_read.sum
@@ -8,7 +8,10 @@ captured too, each line adds the DRAM bytes a launch reads and their rate.
 A step is cut at each launch of the step's last kernel (default: the logits
 top-k, tk_*), so whole steps are averaged and partial ones at the ends are
 dropped, as are steps whose kernels differ from the last whole step's (a
-prefill or another batch size in the window). Prints, per kernel name: launches per step, microseconds per step and
+prefill or another batch size in the window); --by-kind keeps every step and prints a table per
+kind of step instead (the steps that ran the same kernels in the same order, the kind of most
+steps first: the decode and the mixed steps of a throughput run apart, gpu-check.sh tprofile).
+Prints, per kernel name: launches per step, microseconds per step and
 the share; then the sum — which, set against the step's wall time measured
 without the profiler, says how much of a step is kernels and how much is the
 gaps between them.
@@ -187,36 +190,27 @@ def grid_summary(path, pattern):
     return 0
 
 
-def main():
-    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
-        print(__doc__)
-        return 0 if len(sys.argv) > 1 else 2
-    if sys.argv[1] == "--raw":
-        return raw_summary(sys.argv[2]) if len(sys.argv) > 2 else 2
-    if sys.argv[1] == "--grid":
-        return grid_summary(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "") if len(sys.argv) > 2 else 2
-    marker = sys.argv[sys.argv.index("--step-kernel") + 1] if "--step-kernel" in sys.argv else "tk_"
-    by_grid = "--by-grid" in sys.argv
-    ks = rows(sys.argv[1])
-    if not ks:
-        print(f"ncu-summary: no gpu__time_duration rows in {sys.argv[1]}")
-        return 1
+def cut_steps(ks, marker):
+    """The whole steps of a capture, each ending at a run of the marker's launches."""
     cuts = [i for i, k in enumerate(ks) if marker in k[0]]
     # a step's top-k may be several launches in a row: keep the last of each run
     ends = [c for j, c in enumerate(cuts) if j + 1 == len(cuts) or cuts[j + 1] != c + 1]
     if len(ends) < 2:
         print(f"ncu-summary: fewer than two '{marker}' launches: summing all {len(ks)} kernels as one step")
-        steps = [ks]
-    else:
-        steps = [ks[a + 1:b + 1] for a, b in zip(ends, ends[1:])]
-        # only steps of the last one's kernels: a prefill or a step of
-        # another batch size in the window would skew the average
-        like = [short(k[0]) for k in steps[-1]]
-        kept = [s for s in steps if [short(k[0]) for k in s] == like]
-        if len(kept) < len(steps):
-            print(f"ncu-summary: {len(steps) - len(kept)} of {len(steps)} whole steps ran other kernels "
-                  f"than the last one (a prefill, another batch size): left out")
-        steps = kept
+        return [ks]
+    return [ks[a + 1:b + 1] for a, b in zip(ends, ends[1:])]
+
+
+def kinds(steps):
+    """Steps grouped by the kernels they ran (decode, mixed, a batch size's
+    own kernels), the group of most steps first."""
+    groups = defaultdict(list)
+    for s in steps:
+        groups[tuple(short(k[0]) for k in s)].append(s)
+    return sorted(groups.values(), key=lambda g: -len(g))
+
+
+def print_steps(steps, by_grid):
     per = defaultdict(lambda: [0, 0.0, 0.0])  # launches, us, DRAM bytes
     for s in steps:
         for n, grid, us, by in s:
@@ -241,6 +235,36 @@ def main():
         if has_bytes:
             line += f" {by / c / 1e6:8.2f} {by / us / 1e3:6.0f}"
         print(line)
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if len(sys.argv) > 1 else 2
+    if sys.argv[1] == "--raw":
+        return raw_summary(sys.argv[2]) if len(sys.argv) > 2 else 2
+    if sys.argv[1] == "--grid":
+        return grid_summary(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "") if len(sys.argv) > 2 else 2
+    marker = sys.argv[sys.argv.index("--step-kernel") + 1] if "--step-kernel" in sys.argv else "tk_"
+    by_grid = "--by-grid" in sys.argv
+    ks = rows(sys.argv[1])
+    if not ks:
+        print(f"ncu-summary: no gpu__time_duration rows in {sys.argv[1]}")
+        return 1
+    steps = cut_steps(ks, marker)
+    if "--by-kind" in sys.argv:
+        for i, group in enumerate(kinds(steps)):
+            print(("\n" if i else "") + f"kind {i + 1}: ", end="")
+            print_steps(group, by_grid)
+        return 0
+    # only steps of the last one's kernels: a prefill or a step of another
+    # batch size in the window would skew the average
+    like = [short(k[0]) for k in steps[-1]]
+    kept = [s for s in steps if [short(k[0]) for k in s] == like]
+    if len(kept) < len(steps):
+        print(f"ncu-summary: {len(steps) - len(kept)} of {len(steps)} whole steps ran other kernels "
+              f"than the last one (a prefill, another batch size): left out")
+    print_steps(kept, by_grid)
     return 0
 
 

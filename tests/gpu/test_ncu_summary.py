@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """scripts/gpu/ncu-summary.py's step mode on a synthetic ncu capture: steps cut
 at the top-k, a partial first step and a prefill step left out, the metrics of
-one launch joined by ID, grids kept apart with --by-grid, DRAM bytes and rates."""
+one launch joined by ID, grids kept apart with --by-grid, DRAM bytes and rates;
+--by-kind's table per kind of step."""
 import csv
 import io
 import os
@@ -59,3 +60,8 @@ check(line.split()[1:3] == ["2.0", "40.0"], "without --by-grid the grids of one 
 no_bytes = capture(launches).replace("dram__bytes_read.sum", "sm__cycles_elapsed.avg")
 out = run(no_bytes)
 check("MB" not in out and "42.0 us of kernel time per step" in out, "a duration-only capture prints no byte columns", out)
+out = run(capture(launches + prefill), "--by-kind")
+heads = [l for l in out.splitlines() if l.startswith("kind ")]
+check(len(heads) == 2 and heads[0].startswith("kind 1: 3 whole steps, 3 kernels per step, 42.0 us")
+      and heads[1].startswith("kind 2: 2 whole steps, 2 kernels per step, 502.0 us"),
+      "--by-kind: a table per kind of step, every whole step kept", out)
