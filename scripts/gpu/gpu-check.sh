@@ -59,12 +59,13 @@
 #           2 or 4, dt and quantized) and gpu_tp_test (pp stages, then tp
 #           1/2/4 over the threads communicator on GPU 0, MoE dummies with
 #           both moe_dispatch forms; two GPUs add the NCCL runs).
-#   tprofile: the throughput shape's steps by kind: 128-token prompts, 64 new tokens, on the
-#           Llama-3-8B shape cut to 8 layers, TPROFILE_SEQS (512) sequences a
-#           step, for each of TPROFILE_PIPELINES (fp8: FP8 weights + FP8 KV;
-#           dummy: bf16): each kernel's GPU time and DRAM bytes per decode and
-#           per mixed step (ncu, warm caches, graphs off, one pass;
-#           ncu-summary.py --by-kind).
+#   tprofile: the throughput shape's steps by kind: TPROFILE_SEQS (512,
+#           at most 1024) requests of 128 prompt + 64 new tokens at as many
+#           sequences a step on the Llama-3-8B shape cut to 8 layers, for
+#           each of TPROFILE_PIPELINES (fp8: FP8 weights + FP8 KV; dummy:
+#           bf16): each kernel's GPU time and DRAM bytes per kind of step,
+#           the mixed and the decode steps apart (ncu, warm caches, graphs
+#           off, one pass; ncu-summary.py --by-kind).
 #   kprofile: kernels under ncu where a target waits on a profile: the
 #           tiled W8A16 / INT4 kernels (mma.sync, wgmma with cp.async, TMA
 #           and wide TMA copies, and the K-split reduce kernels — the
@@ -657,23 +658,26 @@ tprofile)
   NCU=$(find_ncu)
   [ -n "$NCU" ] || { echo "FAIL no ncu on this machine"; exit 1; }
   n=${TPROFILE_SEQS:-512}
+  pipes=${TPROFILE_PIPELINES:-fp8 dummy}
   targs=()
-  for c in ${TPROFILE_PIPELINES:-fp8 dummy}; do
+  for c in $pipes; do
     step "llama3-8b-$c, 8 layers, $n requests of 128 prompt + 64 new tokens at $n sequences a step: each kernel's GPU time per kind of step (ncu, graphs off)"
     kv=(); [ "$c" = fp8 ] && kv=(--set quantizer.kv_cache=fp8)
-    # one metric pass (no replay); ~9 mixed steps, then decode steps of ~90 launches
+    # max_graph_batch sizes the logits buffer: below n a decode step runs its
+    # LM head and top-k in two parts, and the summary would cut it in two.
+    # One metric pass (no replay); ~9 mixed steps, then the decode steps.
     timeout 220 "$NCU" --clock-control none --cache-control none --csv \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum --launch-count 4000 \
       loom bench "configs/gpu/llama3-8b-$c.yaml" "${kv[@]}" --set model.layers=8 --set backend.cuda_graphs=false \
       --set scheduler.max_num_seqs=$n --set scheduler.max_batched_tokens=8192 --set backend.max_graph_batch=$n \
-      --set cache.memory_fraction=0.9 --num-requests $n --input-len 128 --output-len 64 --warmup 0 --no-progress \
-      > "$O/tprofile-$c.csv" 2> "$O/tprofile-$c.err" || { tail -3 "$O/tprofile-$c.err"; fails=$((fails + 1)); }
+      --num-requests $n --input-len 128 --output-len 64 --warmup 0 --no-progress \
+      > "$O/tprofile-$c.csv" 2> "$O/tprofile-$c.err" || { tail -3 "$O/tprofile-$c.err"; fails=$((fails + 1)); continue; }
     if python3 scripts/gpu/ncu-summary.py "$O/tprofile-$c.csv" --by-kind > "$O/tprofile-$c.txt"; then
       targs+=(--text "kernels_$c=$O/tprofile-$c.txt")
     else fails=$((fails + 1)); fi
-    grep -E '^kind' "$O/tprofile-$c.txt"
+    grep -E '^(kind|ncu-summary)' "$O/tprofile-$c.txt"
   done
-  rec '{hw}-throughput-step-profile' --what "Llama-3-8B shape cut to 8 layers with its LM head, TPROFILE_SEQS requests of 128 prompt + 64 new tokens at TPROFILE_SEQS sequences a step (max_batched_tokens 8192), FP8 weights + FP8 KV (fp8) and bf16 (dummy): each kernel's GPU time and DRAM bytes per kind of step (the decode steps, the mixed prefill + decode steps; ncu, warm caches, graphs off)" \
+  [ ${#targs[@]} -gt 0 ] && rec '{hw}-throughput-step-profile' --what "Llama-3-8B shape cut to 8 layers with its LM head, $n requests of 128 prompt + 64 new tokens at $n sequences a step (max_batched_tokens 8192), pipelines $pipes (fp8: FP8 weights + FP8 KV; dummy: bf16): each kernel's GPU time and DRAM bytes per kind of step (the steps that ran the same kernels; the mixed prefill + decode steps and the decode steps apart; ncu, warm caches, graphs off)" \
     "${targs[@]}"
   ;;
 qprofile)
@@ -982,7 +986,7 @@ PY
   rec '{hw}-gemma3-vs-transformers' --merge --what "$G3_WHAT" --text tiny-gemma3-qwen3="$O/gemma-summary.txt"
   ;;
 gemma-ab) gemma_ab_both ;;
-*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|ep|pdl-order|param-ab|backend-ab|awq|kvfp8|profile|qprofile|kprofile|throughput|serve|gemma|gemma-ab|tiled|layout" >&2; exit 2 ;;
+*) echo "usage: scripts/gpu/gpu-check.sh stage1|stage2|invariant|quant|ppl|offline|spec2|tp|ep|pdl-order|param-ab|backend-ab|awq|kvfp8|profile|qprofile|tprofile|kprofile|throughput|serve|gemma|gemma-ab|tiled|layout" >&2; exit 2 ;;
 esac
 echo; echo "stage ${1}: $fails failed"
 exit $fails

@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
-"""scripts/gpu/ncu-summary.py NCU.csv [--step-kernel NAME] [--by-grid] [--by-kind] — per-kernel GPU
-time of one decode step from an `ncu --csv --metrics gpu__time_duration.sum` capture
-(scripts/gpu/gpu-check.sh profile, qprofile). --by-grid keeps a kernel's grids apart
+"""scripts/gpu/ncu-summary.py NCU.csv [--step-kernel NAME] [--by-grid] [--by-kind] — per-kernel
+GPU time of one decode step from an `ncu --csv --metrics gpu__time_duration.sum` capture
+(scripts/gpu/gpu-check.sh profile, qprofile, tprofile). --by-grid keeps a kernel's grids apart
 (the GEMMs of one template: QKV, O, gate|up, down); with dram__bytes_read.sum
 captured too, each line adds the DRAM bytes a launch reads and their rate.
 
 A step is cut at each launch of the step's last kernel (default: the logits
 top-k, tk_*), so whole steps are averaged and partial ones at the ends are
 dropped, as are steps whose kernels differ from the last whole step's (a
-prefill or another batch size in the window); --by-kind keeps every step and prints a table per
-kind of step instead (the steps that ran the same kernels in the same order, the kind of most
-steps first: the decode and the mixed steps of a throughput run apart, gpu-check.sh tprofile).
+prefill or another batch size in the window); --by-kind keeps every whole step and prints a
+table per kind of step instead (the steps that ran the same kernels in the same order, the kind
+of most steps first, with the positions of its first and last step among the whole steps: the
+mixed and the decode steps of a throughput run apart).
 Prints, per kernel name: launches per step, microseconds per step and
 the share; then the sum — which, set against the step's wall time measured
 without the profiler, says how much of a step is kernels and how much is the
@@ -197,7 +198,7 @@ def cut_steps(ks, marker):
     ends = [c for j, c in enumerate(cuts) if j + 1 == len(cuts) or cuts[j + 1] != c + 1]
     if len(ends) < 2:
         print(f"ncu-summary: fewer than two '{marker}' launches: summing all {len(ks)} kernels as one step")
-        return [ks]
+        return None
     return [ks[a + 1:b + 1] for a, b in zip(ends, ends[1:])]
 
 
@@ -205,8 +206,8 @@ def kinds(steps):
     """Steps grouped by the kernels they ran (decode, mixed, a batch size's
     own kernels), the group of most steps first."""
     groups = defaultdict(list)
-    for s in steps:
-        groups[tuple(short(k[0]) for k in s)].append(s)
+    for i, s in enumerate(steps):
+        groups[tuple(short(k[0]) for k in s)].append((i, s))
     return sorted(groups.values(), key=lambda g: -len(g))
 
 
@@ -253,9 +254,15 @@ def main():
         return 1
     steps = cut_steps(ks, marker)
     if "--by-kind" in sys.argv:
-        for i, group in enumerate(kinds(steps)):
-            print(("\n" if i else "") + f"kind {i + 1}: ", end="")
-            print_steps(group, by_grid)
+        if steps is None:  # no whole step to tell kinds apart
+            return 1
+        for j, group in enumerate(kinds(steps)):
+            first, last = group[0][0] + 1, group[-1][0] + 1
+            print(("\n" if j else "") + f"kind {j + 1} (steps {first}..{last} of {len(steps)}): ", end="")
+            print_steps([s for _, s in group], by_grid)
+        return 0
+    if steps is None:
+        print_steps([ks], by_grid)
         return 0
     # only steps of the last one's kernels: a prefill or a step of another
     # batch size in the window would skew the average

@@ -62,6 +62,8 @@ out = run(no_bytes)
 check("MB" not in out and "42.0 us of kernel time per step" in out, "a duration-only capture prints no byte columns", out)
 out = run(capture(launches + prefill), "--by-kind")
 heads = [l for l in out.splitlines() if l.startswith("kind ")]
-check(len(heads) == 2 and heads[0].startswith("kind 1: 3 whole steps, 3 kernels per step, 42.0 us")
-      and heads[1].startswith("kind 2: 2 whole steps, 2 kernels per step, 502.0 us"),
+check(len(heads) == 2 and heads[0].startswith("kind 1 (steps 2..4 of 5): 3 whole steps, 3 kernels per step, 42.0 us")
+      and heads[1].startswith("kind 2 (steps 1..5 of 5): 2 whole steps, 2 kernels per step, 502.0 us"),
       "--by-kind: a table per kind of step, every whole step kept", out)
+r = subprocess.run([sys.executable, SCRIPT, "/dev/stdin", "--by-kind"], input=capture(STEP), capture_output=True, text=True)
+check(r.returncode == 1 and "fewer than two" in r.stdout, "--by-kind refuses a capture of less than two whole steps", r.stdout)
