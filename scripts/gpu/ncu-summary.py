@@ -192,7 +192,8 @@ def grid_summary(path, pattern):
 
 
 def cut_steps(ks, marker):
-    """The whole steps of a capture, each ending at a run of the marker's launches."""
+    """The whole steps of a capture, each ending at a run of the marker's launches;
+    None where fewer than two such runs leave no whole step."""
     cuts = [i for i, k in enumerate(ks) if marker in k[0]]
     # a step's top-k may be several launches in a row: keep the last of each run
     ends = [c for j, c in enumerate(cuts) if j + 1 == len(cuts) or cuts[j + 1] != c + 1]
