@@ -203,12 +203,17 @@ def cut_steps(ks, marker):
     return [ks[a + 1:b + 1] for a, b in zip(ends, ends[1:])]
 
 
+def kernels_of(step):
+    """What makes two steps of a kind: the kernels they ran, in order."""
+    return tuple(short(k[0]) for k in step)
+
+
 def kinds(steps):
     """Steps grouped by the kernels they ran (decode, mixed, a batch size's
     own kernels), the group of most steps first."""
     groups = defaultdict(list)
     for i, s in enumerate(steps):
-        groups[tuple(short(k[0]) for k in s)].append((i, s))
+        groups[kernels_of(s)].append((i, s))
     return sorted(groups.values(), key=lambda g: -len(g))
 
 
@@ -267,8 +272,8 @@ def main():
         return 0
     # only steps of the last one's kernels: a prefill or a step of another
     # batch size in the window would skew the average
-    like = [short(k[0]) for k in steps[-1]]
-    kept = [s for s in steps if [short(k[0]) for k in s] == like]
+    like = kernels_of(steps[-1])
+    kept = [s for s in steps if kernels_of(s) == like]
     if len(kept) < len(steps):
         print(f"ncu-summary: {len(steps) - len(kept)} of {len(steps)} whole steps ran other kernels "
               f"than the last one (a prefill, another batch size): left out")
