@@ -124,6 +124,16 @@ QD_INLINE void qt_transpose(__m512i z[8]) {
     }
 }
 
+/* The 16 rows' 32-bit words at byte `off` of their blocks at `base`
+ * (rows past `live` read nothing and give 0). */
+QD_INLINE __m512i qt_words(const uint8_t *base, const __m512i at, const __mmask16 live, const size_t off) {
+    return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, at, base + off, 1);
+}
+
+QD_INLINE __m512i qt_bits(const __m512i w, const int shift, const int mask) {
+    return _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_set1_epi32(shift)), _mm512_set1_epi32(mask));
+}
+
 /* Pack rows [0, nr) of a tile. `next` (or NULL): the first of 16 rows at
  * the same stride that the caller packs next, prefetched a block at a time
  * (each cache line once: where a block's last byte enters a new one) so
@@ -160,11 +170,59 @@ QD_INLINE void qt_pack(const uint8_t *row0, size_t stride, int nr, int64_t K, co
         }
         qt_transpose(z);
         for (int j = 0; j < 8; j++) _mm512_storeu_si512(t + 64 * j, z[j]);
-        const __m512i dm = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, at, base, 1);
+        const __m512i dm = qt_words(base, at, live, 0);
         _mm512_storeu_ps(t + QT_D, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
         _mm512_storeu_ps(t + QT_M, kind == LOOM_CPU_Q8_Q4_1
                                        ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)))
                                        : _mm512_setzero_ps());
+    }
+}
+
+/* A q4_k / q5_k super-block's scales for 16 rows at once: sub-block j's
+ * d sc and dmin mn (loom_q4k_scale_min's fields, the same products) into
+ * tile block j's d and m. One gather a word of the 12 scale bytes, where
+ * unpacking them a row at a time cost more than the dots. */
+QD_INLINE void qt_k_scales(const uint8_t *base, const __m512i at, const __mmask16 live, uint8_t *t) {
+    const __m512i dm = qt_words(base, at, live, 0);
+    const __m512i s0 = qt_words(base, at, live, LOOM_GGUF_Q4_K_SCALES);
+    const __m512i s1 = qt_words(base, at, live, LOOM_GGUF_Q4_K_SCALES + 4);
+    const __m512i s2 = qt_words(base, at, live, LOOM_GGUF_Q4_K_SCALES + 8);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+    const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+    for (int j = 0; j < 8; j++) {
+        __m512i sc, mn;
+        if (j < 4) { /* bytes j and j + 4, low 6 bits */
+            sc = qt_bits(s0, 8 * j, 63);
+            mn = qt_bits(s1, 8 * j, 63);
+        } else { /* byte j + 4's nibbles, the top 2 bits of bytes j - 4 and j above them */
+            const int i = j - 4;
+            sc = _mm512_or_si512(qt_bits(s2, 8 * i, 15), _mm512_slli_epi32(qt_bits(s0, 8 * i + 6, 3), 4));
+            mn = _mm512_or_si512(qt_bits(s2, 8 * i + 4, 15), _mm512_slli_epi32(qt_bits(s1, 8 * i + 6, 3), 4));
+        }
+        uint8_t *tj = t + j * LOOM_CPU_Q8_TILE_BLOCK;
+        _mm512_storeu_ps(tj + QT_D, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+        _mm512_storeu_ps(tj + QT_M, _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn)));
+    }
+}
+
+/* A q6_k super-block's scales for 16 rows at once: its d into every tile
+ * block, and sub-block j's two int8 scales (bytes 2j and 2j + 1 of the 16,
+ * loom_q6k_sub_at) into block j's two halves. */
+QD_INLINE void qt_6_scales(const uint8_t *base, const __m512i at, const __mmask16 live, uint8_t *t) {
+    /* d is the upper half of the word 2 bytes before it: a word at d would
+     * read past the last block of a row */
+    const __m512i dw = qt_words(base, at, live, LOOM_GGUF_Q6_K_D - 2);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dw, 16)));
+    for (int q = 0; q < 4; q++) {
+        const __m512i w = qt_words(base, at, live, (size_t)loom_q6k_sub_at(2 * q).sc);
+        for (int h = 0; h < 2; h++) { /* sub-block 2q + h: bytes 2h, 2h + 1 of w, sign-extended */
+            uint8_t *tj = t + (2 * q + h) * LOOM_CPU_Q8_TILE_BLOCK;
+            const __m512i s0 = _mm512_sllv_epi32(w, _mm512_set1_epi32(24 - 16 * h));
+            const __m512i s1 = _mm512_sllv_epi32(w, _mm512_set1_epi32(16 - 16 * h));
+            _mm512_storeu_ps(tj + QT_D, d);
+            _mm512_storeu_si512(tj + QT_M, _mm512_srai_epi32(s0, 24));
+            _mm512_storeu_si512(tj + QT_S1, _mm512_srai_epi32(s1, 24));
+        }
     }
 }
 
@@ -173,32 +231,15 @@ QD_INLINE void qt_pack(const uint8_t *row0, size_t stride, int nr, int64_t K, co
 QD_INLINE void qt_pack_k(const uint8_t *row0, size_t stride, int nr, int64_t K, const uint8_t *next,
                          void *tile, const int kind) {
     const size_t bb = qt_block_bytes(kind);
+    const __m512i rows = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i at = _mm512_mullo_epi32(rows, _mm512_set1_epi32((int)stride));
+    const __mmask16 live = (__mmask16)((1u << nr) - 1);
     uint8_t *t = tile;
     for (int64_t sb = 0; sb < K / 256; sb++, t += 8 * LOOM_CPU_Q8_TILE_BLOCK) {
         const uint8_t *base = row0 + (size_t)sb * bb;
         if (next) qt_prefetch(next, stride, (size_t)sb * bb, (size_t)(sb + 1) * bb);
-        for (int r = 0; r < LOOM_CPU_Q8_TILE; r++) {
-            const uint8_t *rb = base + (size_t)r * stride;
-            for (int j = 0; j < 8; j++) {
-                uint8_t *tj = t + j * LOOM_CPU_Q8_TILE_BLOCK;
-                if (qt_is_6(kind)) {
-                    const int sc = loom_q6k_sub_at(j).sc;
-                    const float d = r < nr ? qd_f16(rb + LOOM_GGUF_Q6_K_D) : 0.0f;
-                    const int32_t s0 = r < nr ? (int8_t)rb[sc] : 0, s1 = r < nr ? (int8_t)rb[sc + 1] : 0;
-                    memcpy(tj + QT_D + 4 * r, &d, 4);
-                    memcpy(tj + QT_M + 4 * r, &s0, 4);
-                    memcpy(tj + QT_S1 + 4 * r, &s1, 4);
-                }
-            }
-            if (!qt_is_6(kind)) {
-                float a[8] = {0}, c[8] = {0};
-                if (r < nr) qd_qk_scales(rb, a, c);
-                for (int j = 0; j < 8; j++) {
-                    memcpy(t + j * LOOM_CPU_Q8_TILE_BLOCK + QT_D + 4 * r, &a[j], 4);
-                    memcpy(t + j * LOOM_CPU_Q8_TILE_BLOCK + QT_M + 4 * r, &c[j], 4);
-                }
-            }
-        }
+        if (qt_is_6(kind)) qt_6_scales(base, at, live, t);
+        else qt_k_scales(base, at, live, t);
         for (int j = 0; j < 8; j++) {
             __m512i z[8];
             for (int k = 0; k < 8; k++) {
