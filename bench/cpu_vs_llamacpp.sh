@@ -2,7 +2,9 @@
 # bench/cpu_vs_llamacpp.sh [BUILD_DIR] — loom's cpu backend and llama.cpp on
 # the same GGUF file side by side: $LOOM_BENCH_MODEL (smollm2, the default,
 # or gemma3-270m: scripts/fetch-model.sh's names; its pipeline is
-# configs/default.yaml or configs/gemma3-270m.yaml), or the file
+# configs/default.yaml or configs/gemma3-270m.yaml; or qwen3-moe-cut: a
+# mixture of experts at Qwen3-30B-A3B's widths cut to 4 layers, Q4_K blocks
+# with random values, written once by bench/make_moe_gguf.py), or the file
 # $LOOM_TEST_MODEL on the default pipeline: batch-1 decode (llama-bench tg64; loom: 64 tokens after a
 # 16-token prompt, 1 / TPOT p50) and prefill (llama-bench pp512; loom: a
 # 512-token prompt, 512 / TTFT), at 1 thread and at all cores, the two
@@ -29,9 +31,9 @@ name=${LOOM_BENCH_MODEL:-smollm2}
 case $name in
   smollm2) cfg=$root/configs/default.yaml ;;
   gemma3-270m) cfg=$root/configs/gemma3-270m.yaml ;;
-  *) echo "cpu_vs_llamacpp.sh: LOOM_BENCH_MODEL=$name: smollm2 or gemma3-270m" >&2; exit 2 ;;
+  qwen3-moe-cut) cfg=$root/configs/default.yaml ;;
+  *) echo "cpu_vs_llamacpp.sh: LOOM_BENCH_MODEL=$name: smollm2, gemma3-270m or qwen3-moe-cut" >&2; exit 2 ;;
 esac
-model=${LOOM_TEST_MODEL:-$("$root/scripts/fetch-model.sh" "$name")}
 ver=${LLAMACPP_PY_VERSION:-0.3.36}
 dir=${LOOM_LLAMACPP_DIR:-${LOOM_CACHE:-$HOME/.cache/loom}/llamacpp}
 reps=${REPEATS:-3}
@@ -66,6 +68,15 @@ if [ ! -x "$lb" ]; then
     -DLLAMA_BUILD_SERVER=OFF >/dev/null
   cmake --build "$bdir" --target llama-bench -j "$all"
 fi
+gguf_py=$dir/llama_cpp_python-$ver/vendor/llama.cpp/gguf-py
+if [ "$name" = qwen3-moe-cut ]; then # its writer needs llama.cpp's gguf-py, fetched above
+  model=${LOOM_TEST_MODEL:-${LOOM_CACHE:-$HOME/.cache/loom}/models/random-qwen3moe-4l-q4_k.gguf}
+  [ -f "$model" ] || PYTHONPATH=$gguf_py python3 "$root/bench/make_moe_gguf.py" "$model.part" \
+    --tokenizer "$("$root/scripts/fetch-model.sh" smollm2)" --layers 4 --type q4_k
+  [ -f "$model" ] || mv "$model.part" "$model"
+else
+  model=${LOOM_TEST_MODEL:-$("$root/scripts/fetch-model.sh" "$name")}
+fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -90,7 +101,7 @@ for r in $(seq 1 "$reps"); do
 done
 
 # the roofline's two figures: bytes a decode step streams, and memcpy bandwidth
-python3 - "$model" "$tmp" "$reps" "$all" "$dir/llama_cpp_python-$ver/vendor/llama.cpp/gguf-py" "$depths" \
+python3 - "$model" "$tmp" "$reps" "$all" "$gguf_py" "$depths" \
   >"$tmp/table.json" <<'EOF'
 import json, statistics, sys, threading, time
 model, tmp, reps, nall, gguf_py = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -100,11 +111,18 @@ import gguf
 import numpy as np
 
 # every 2-D weight of the file as stored, except the embedding table (one
-# row a token) unless it is also the LM head (tied: no output.weight)
-tensors = gguf.GGUFReader(model).tensors
+# row a token) unless it is also the LM head (tied: no output.weight), and
+# of the stacked experts (3-D) the share a token uses: expert_used_count of
+# expert_count
+reader = gguf.GGUFReader(model)
+tensors = reader.tensors
 names = {t.name for t in tensors}
+arch = reader.fields["general.architecture"].contents()
+meta = lambda k: reader.fields[f"{arch}.{k}"].contents() if f"{arch}.{k}" in reader.fields else None
+used = (meta("expert_used_count") or 0) / (meta("expert_count") or 1)
 step = sum(int(t.n_bytes) for t in tensors
            if len(t.shape) == 2 and (t.name != "token_embd.weight" or "output.weight" not in names))
+step += round(used * sum(int(t.n_bytes) for t in tensors if len(t.shape) == 3 and "_exps" in t.name))
 
 def copy_bw(threads, mib=512):
     a, b = np.ones(mib << 18, np.float32), np.empty(mib << 18, np.float32)
@@ -162,6 +180,6 @@ EOF
 cat "$tmp/table.json"
 llama_commit=$(sed -n 's/.*"build_commit": "\([^"]*\)".*/\1/p' "$tmp/llama-1-1.json" | head -1)
 python3 "$root/bench/record.py" "cpu-$name-vs-llamacpp" --cpu \
-  --what "loom cpu backend ($(basename "$cfg"): GGUF blocks as stored, q8 activations) vs llama.cpp (llama-cpp-python $ver sdist, commit ${llama_commit:-?}, llama-bench, CPU build) on $(basename "$model"): batch-1 decode (tg64 / 64 tokens after 16) and prefill (pp512), 1 and $all threads, and decode at depths $depths ($all threads: tg64 -d D / 64 tokens after a D-token prompt), interleaved, medians of $reps; roofline = memcpy bandwidth / bytes of the file's linear weights + LM head" \
+  --what "loom cpu backend ($(basename "$cfg"): GGUF blocks as stored, q8 activations) vs llama.cpp (llama-cpp-python $ver sdist, commit ${llama_commit:-?}, llama-bench, CPU build) on $(basename "$model"): batch-1 decode (tg64 / 64 tokens after 16) and prefill (pp512), 1 and $all threads, and decode at depths $depths ($all threads: tg64 -d D / 64 tokens after a D-token prompt), interleaved, medians of $reps; roofline = memcpy bandwidth / bytes of the file's linear weights + LM head (experts: the used share)" \
   --command "LOOM_BENCH_MODEL=$name bench/cpu_vs_llamacpp.sh" --json table="$tmp/table.json" \
   --value load_average_before="$load_before" --value load_average_after="$(cut -d' ' -f1-3 /proc/loadavg)"

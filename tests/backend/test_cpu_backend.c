@@ -273,6 +273,7 @@ typedef struct tb_opts {
     int num_blocks;
     int num_cpu_blocks;
     uint64_t shuffle;   /* 0: blocks handed out in order */
+    int weight_dtype;   /* 0 f32 (dequantized at load), 1 gguf (16-bit kept as stored) */
 } tb_opts;
 
 static void tb_start(tb *b, tiny_model *m, tb_opts o) {
@@ -280,7 +281,7 @@ static void tb_start(tb *b, tiny_model *m, tb_opts o) {
     memset(b, 0, sizeof *b);
     cr_assert(tb_load_plugin(b, msg, sizeof msg), "%s", msg);
     const loom_host *host = fake_host();
-    tb_config cfg = {.threads = o.threads, .kv_dtype = o.kv_dtype, .weight_dtype = 0};
+    tb_config cfg = {.threads = o.threads, .kv_dtype = o.kv_dtype, .weight_dtype = o.weight_dtype};
     loom_error err = {0};
     cr_assert_eq(b->ops->create(host, &cfg, &b->self, &err), LOOM_OK, "create: %s", err.message);
     cr_assert_eq(b->ops->load(b->self, &m->view, NULL, &err), LOOM_OK, "load: %s", err.message);
@@ -517,12 +518,16 @@ Test(backend, shuffled_block_table_is_bit_identical) {
 /* A decode step of one token reads only the experts it chose: every other
  * expert's weights are set to NaN (0 x NaN is NaN, so any read of them
  * would reach the logits), and the step still gives the float64
- * reference's logits. */
+ * reference's logits — with the weights as float32 rows and, for the f16
+ * model, kept as stored (weight_dtype gguf: the experts through the
+ * 16-bit kernels), at top-3 and top-5. */
 Test(backend, moe_batch1_reads_only_chosen_experts) {
     test_rng r = rng_seeded("backend.moe_batch1");
-    static const tm_variant vs[] = {TM_QWEN3_MOE, TM_QWEN2_MOE};
-    for (int vi = 0; vi < 2; vi++) {
+    static const tm_variant vs[] = {TM_QWEN3_MOE, TM_QWEN2_MOE, TM_QWEN2_MOE};
+    static const int32_t used[] = {0, 0, 5};
+    for (int vi = 0; vi < 3; vi++) {
         tiny_model *m = tm_make(vs[vi], &r);
+        if (used[vi]) m->cfg.num_experts_used = used[vi];
         const loom_model_config *c = &m->cfg;
         const int V = c->vocab_size, K = c->num_experts_used;
         int32_t tok = (int32_t)rng_int(&r, V);
@@ -548,20 +553,22 @@ Test(backend, moe_batch1_reads_only_chosen_experts) {
                 poisoned++;
             }
         cr_assert_eq(poisoned, c->num_layers * (c->num_experts - K));
-        tb b;
-        tb_start(&b, m, (tb_opts){.threads = 2, .block_size = 16, .num_blocks = 4});
-        tb_seq s = {.tokens = &tok, .len = 1};
-        tb_seq *ss[1] = {&s};
-        int32_t nn[1] = {1};
-        float *lg;
-        cr_assert_eq(tb_run(&b, ss, nn, 1, true, V, &lg), 1);
-        double e = row_err(lg, ref, V);
-        fprintf(stderr, "[backend.moe_batch1] %s: %d of %d experts per layer NaN, rel err %.3g\n", variant_names[vs[vi]],
-                c->num_experts - K, c->num_experts, e);
-        cr_assert_lt(e, LOGIT_TOL, "%s: a one-token step read an expert it did not choose (rel err %g)",
-                     variant_names[vs[vi]], e);
-        free(lg);
-        tb_close(&b);
+        for (int wd = 0; wd < 2; wd++) {
+            tb b;
+            tb_start(&b, m, (tb_opts){.threads = 2, .block_size = 16, .num_blocks = 4, .weight_dtype = wd});
+            tb_seq s = {.tokens = &tok, .len = 1};
+            tb_seq *ss[1] = {&s};
+            int32_t nn[1] = {1};
+            float *lg;
+            cr_assert_eq(tb_run(&b, ss, nn, 1, true, V, &lg), 1);
+            double e = row_err(lg, ref, V);
+            fprintf(stderr, "[backend.moe_batch1] %s, top-%d, weight_dtype %s: %d of %d experts per layer NaN, "
+                    "rel err %.3g\n", variant_names[vs[vi]], K, wd ? "gguf" : "f32", c->num_experts - K, c->num_experts, e);
+            cr_assert_lt(e, LOGIT_TOL, "%s, weight_dtype %d: a one-token step read an expert it did not choose, "
+                         "or combined them wrongly (rel err %g)", variant_names[vs[vi]], wd, e);
+            free(lg);
+            tb_close(&b);
+        }
         free(ref);
         tiny_free(m);
     }
