@@ -5,13 +5,13 @@
 # configs/default.yaml or configs/gemma3-270m.yaml; or qwen3-moe-cut: a
 # mixture of experts at Qwen3-30B-A3B's widths cut to 4 layers, Q4_K blocks
 # with random values, written once by bench/make_moe_gguf.py), or the file
-# $LOOM_TEST_MODEL on the default pipeline: batch-1 decode (llama-bench tg64; loom: 64 tokens after a
+# $LOOM_TEST_MODEL on the default pipeline (not for qwen3-moe-cut): batch-1 decode (llama-bench tg64; loom: 64 tokens after a
 # 16-token prompt, 1 / TPOT p50) and prefill (llama-bench pp512; loom: a
 # 512-token prompt, 512 / TTFT), at 1 thread and at all cores, the two
 # engines interleaved in every repeat ($REPEATS, default 3; medians), next
 # to the byte roofline of the file's own weights (linear weights + LM head
-# as stored, read once a token, over memcpy bandwidth measured in the same
-# run). Writes bench/results/cpu-$LOOM_BENCH_MODEL-vs-llamacpp.json
+# as stored, read once a token — of stacked experts the share a token
+# chooses — over memcpy bandwidth measured in the same run). Writes bench/results/cpu-$LOOM_BENCH_MODEL-vs-llamacpp.json
 # (bench/record.py; $LOOM_RESULTS moves it).
 #
 # llama.cpp: the copy vendored in the llama-cpp-python sdist
@@ -69,11 +69,16 @@ if [ ! -x "$lb" ]; then
   cmake --build "$bdir" --target llama-bench -j "$all"
 fi
 gguf_py=$dir/llama_cpp_python-$ver/vendor/llama.cpp/gguf-py
-if [ "$name" = qwen3-moe-cut ]; then # its writer needs llama.cpp's gguf-py, fetched above
-  model=${LOOM_TEST_MODEL:-${LOOM_CACHE:-$HOME/.cache/loom}/models/random-qwen3moe-4l-q4_k.gguf}
-  [ -f "$model" ] || PYTHONPATH=$gguf_py python3 "$root/bench/make_moe_gguf.py" "$model.part" \
-    --tokenizer "$("$root/scripts/fetch-model.sh" smollm2)" --layers 4 --type q4_k
-  [ -f "$model" ] || mv "$model.part" "$model"
+if [ "$name" = qwen3-moe-cut ]; then
+  # always the generated file (not $LOOM_TEST_MODEL, which names the default
+  # model in test runs); its writer needs llama.cpp's gguf-py, fetched above
+  model=${LOOM_CACHE:-$HOME/.cache/loom}/models/random-qwen3moe-4l-q4_k.gguf
+  if [ ! -f "$model" ]; then
+    tok=$("$root/scripts/fetch-model.sh" smollm2)
+    PYTHONPATH=$gguf_py python3 "$root/bench/make_moe_gguf.py" "$model.part" --tokenizer "$tok" \
+      --layers 4 --type q4_k
+    mv "$model.part" "$model"
+  fi
 else
   model=${LOOM_TEST_MODEL:-$("$root/scripts/fetch-model.sh" "$name")}
 fi

@@ -180,8 +180,9 @@ QD_INLINE void qt_pack(const uint8_t *row0, size_t stride, int nr, int64_t K, co
 
 /* A q4_k / q5_k super-block's scales for 16 rows at once: sub-block j's
  * d sc and dmin mn (loom_q4k_scale_min's fields, the same products) into
- * tile block j's d and m. One gather a word of the 12 scale bytes, where
- * unpacking them a row at a time cost more than the dots. */
+ * tile block j's d and m. One gather a word of the 12 scale bytes and a
+ * few vector ops a sub-block serve all 16 rows: at batch 1 a row-by-row
+ * scalar unpack would cost more than the tile's dots. */
 QD_INLINE void qt_k_scales(const uint8_t *base, const __m512i at, const __mmask16 live, uint8_t *t) {
     const __m512i dm = qt_words(base, at, live, 0);
     const __m512i s0 = qt_words(base, at, live, LOOM_GGUF_Q4_K_SCALES);
