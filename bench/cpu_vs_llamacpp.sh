@@ -5,14 +5,16 @@
 # configs/default.yaml or configs/gemma3-270m.yaml; or qwen3-moe-cut: a
 # mixture of experts at Qwen3-30B-A3B's widths cut to 4 layers, Q4_K blocks
 # with random values, written once by bench/make_moe_gguf.py), or the file
-# $LOOM_TEST_MODEL on the default pipeline (not for qwen3-moe-cut): batch-1 decode (llama-bench tg64; loom: 64 tokens after a
-# 16-token prompt, 1 / TPOT p50) and prefill (llama-bench pp512; loom: a
+# $LOOM_TEST_MODEL on the default pipeline (not for qwen3-moe-cut): batch-1
+# decode (llama-bench tg64; loom: 64 tokens after a 16-token prompt,
+# 1 / TPOT p50) and prefill (llama-bench pp512; loom: a
 # 512-token prompt, 512 / TTFT), at 1 thread and at all cores, the two
 # engines interleaved in every repeat ($REPEATS, default 3; medians), next
 # to the byte roofline of the file's own weights (linear weights + LM head
 # as stored, read once a token — of stacked experts the share a token
-# chooses — over memcpy bandwidth measured in the same run). Writes bench/results/cpu-$LOOM_BENCH_MODEL-vs-llamacpp.json
-# (bench/record.py; $LOOM_RESULTS moves it).
+# chooses — over memcpy bandwidth measured in the same run). Writes
+# bench/results/cpu-$LOOM_BENCH_MODEL-vs-llamacpp.json (bench/record.py;
+# $LOOM_RESULTS moves it).
 #
 # llama.cpp: the copy vendored in the llama-cpp-python sdist
 # ($LLAMACPP_PY_VERSION, default 0.3.36), fetched with `pip download

@@ -124,6 +124,13 @@ QD_INLINE void qt_transpose(__m512i z[8]) {
     }
 }
 
+/* Byte offsets of the 16 rows at `stride` (a tile's row stride is below
+ * LOOM_CPU_Q8_TILE_MAX_STRIDE, so 15 strides fit an int32). */
+QD_INLINE __m512i qt_row_starts(const size_t stride) {
+    const __m512i rows = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_mullo_epi32(rows, _mm512_set1_epi32((int)stride));
+}
+
 /* The 16 rows' 32-bit words at byte `off` of their blocks at `base`
  * (rows past `live` read nothing and give 0). */
 QD_INLINE __m512i qt_words(const uint8_t *base, const __m512i at, const __mmask16 live, const size_t off) {
@@ -145,8 +152,7 @@ QD_INLINE void qt_pack(const uint8_t *row0, size_t stride, int nr, int64_t K, co
     const int64_t nb = K / 32;
     /* the 16 rows' block starts; the scales come in one gather (a 32-bit
      * word at each start: d, and q4_1's m above it) */
-    const __m512i rows = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i at = _mm512_mullo_epi32(rows, _mm512_set1_epi32((int)stride));
+    const __m512i at = qt_row_starts(stride);
     const __mmask16 live = (__mmask16)((1u << nr) - 1);
     uint8_t *t = tile;
     for (int64_t b = 0; b < nb; b++, t += LOOM_CPU_Q8_TILE_BLOCK) {
@@ -232,8 +238,7 @@ QD_INLINE void qt_6_scales(const uint8_t *base, const __m512i at, const __mmask1
 QD_INLINE void qt_pack_k(const uint8_t *row0, size_t stride, int nr, int64_t K, const uint8_t *next,
                          void *tile, const int kind) {
     const size_t bb = qt_block_bytes(kind);
-    const __m512i rows = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i at = _mm512_mullo_epi32(rows, _mm512_set1_epi32((int)stride));
+    const __m512i at = qt_row_starts(stride);
     const __mmask16 live = (__mmask16)((1u << nr) - 1);
     uint8_t *t = tile;
     for (int64_t sb = 0; sb < K / 256; sb++, t += 8 * LOOM_CPU_Q8_TILE_BLOCK) {

@@ -564,7 +564,8 @@ Test(backend, moe_batch1_reads_only_chosen_experts) {
             cr_assert_eq(tb_run(&b, ss, nn, 1, true, V, &lg), 1);
             double e = row_err(lg, ref, V);
             fprintf(stderr, "[backend.moe_batch1] %s, top-%d, weight_dtype %s: %d of %d experts per layer NaN, "
-                    "rel err %.3g\n", variant_names[vs[vi]], K, wd ? "gguf" : "f32", c->num_experts - K, c->num_experts, e);
+                    "rel err %.3g\n",
+                    variant_names[vs[vi]], K, wd ? "gguf" : "f32", c->num_experts - K, c->num_experts, e);
             cr_assert_lt(e, LOGIT_TOL, "%s, weight_dtype %d: a one-token step read an expert it did not choose, "
                          "or combined them wrongly (rel err %g)", variant_names[vs[vi]], wd, e);
             free(lg);
