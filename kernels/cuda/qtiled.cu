@@ -957,6 +957,13 @@ static int lc_qt_pairs(const loom_cuda_qweight *w, const loom_cuda_epi *epi, int
     return *P > 0 && Z > 1;
 }
 
+/* the K-split second pass of every tiled kernel: Z slices of part summed
+ * in slice order, times the scales where W8A16 left them out */
+template <typename T, int FMT, bool F32>
+static cudaError_t lc_qt_reduce(const float *part, const loom_cuda_qweight *w, void *y, int M, int Z, cudaStream_t s) {
+    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>(part, nullptr, w->scales, y, M, w->N, Z, s);
+}
+
 template <typename T, int FMT, bool F32>
 static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x, void *y, float *part,
                                int invariant, const loom_cuda_epi *epi, int *fused, cudaStream_t s) {
@@ -998,8 +1005,7 @@ static cudaError_t lc_qtiled_t(int M, const loom_cuda_qweight *w, const void *x,
     if (e != cudaSuccess || Z == 1) return e;
     if (*fused)
         return lc_ksplit_pair<T, FMT == LOOM_CUDA_Q_INT8_W8A16>((const float *)part, w->scales, y, w->N, Z, P, epi, s);
-    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
-                                                                   w->N, Z, s);
+    return lc_qt_reduce<T, FMT, F32>(part, w, y, M, Z, s);
 }
 
 template <typename T, int FMT, int TOK, bool F32> static cudaError_t lc_qw_prepare(size_t smem) {
@@ -1031,8 +1037,7 @@ static cudaError_t lc_qtiled_wg_t(int M, const loom_cuda_qweight *w, const void 
     }
 #undef LC_QW_GO
     if (e != cudaSuccess || Z == 1) return e;
-    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
-                                                                   w->N, Z, s);
+    return lc_qt_reduce<T, FMT, F32>(part, w, y, M, Z, s);
 }
 
 /* The TMA kernel: x (M, K) 16-bit row-major as a tensor map of boxes of
@@ -1149,8 +1154,7 @@ static cudaError_t lc_qtiled_tma_t(int M, const loom_cuda_qweight *w, const void
     }
 #undef LC_QWT_GO
     if (e != cudaSuccess || Z == 1) return e;
-    return lc_ksplit_reduce<T, FMT == LOOM_CUDA_Q_INT8_W8A16, F32>((const float *)part, nullptr, w->scales, y, M,
-                                                                   w->N, Z, s);
+    return lc_qt_reduce<T, FMT, F32>(part, w, y, M, Z, s);
 }
 
 /* which kernel and copies the wgmma path runs (lc_qtiled_set_wgmma_tma):
