@@ -410,7 +410,7 @@ extern "C" cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_
 /* -------------------------------------------------- activation quantizer */
 
 #define LC_QACT_MAXC 8      /* 8-element chunks a thread keeps in registers    */
-#define LC_QACT_THREADS 512 /* at most: ~90 registers x 512 fit the SM's 65536 */
+#define LC_QACT_THREADS 512 /* at most: <= 112 registers x 512 fit the SM's 65536 */
 #define LC_QACT_STREAM_M 128 /* rows from which threads are few and chunks many */
 
 /* Eight activations of row m at chunk c: x (M, K) dt, or with SWIGLU
@@ -419,14 +419,15 @@ extern "C" cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_
  * divided by its SmoothQuant factor when there is one. Two halves: the
  * loads (lc_qact_fetch8: x's 16 bytes, or g's and u's) and the arithmetic
  * (lc_qact_finish8), so a thread keeping several chunks issues all their
- * loads before any arithmetic. Written as one function, the IEEE divisions
+ * activation loads before any arithmetic (smooth's stay with it: small and
+ * shared by every row, so cached). Written as one function, the IEEE divisions
  * (subroutine calls) and the smooth branch between the chunks kept ptxas
  * from hoisting the next chunk's loads: one chunk's 16-32 bytes in flight a
  * thread, the wide SwiGLU quantizer at ~1.2 TB/s on an H100 (ncu, FP8
  * 128/128 mixed steps). */
 template <typename T, bool SWIGLU>
 __device__ __forceinline__ void lc_qact_fetch8(const T *__restrict__ x, int m, int c, int K, uint4 *raw) {
-    if (SWIGLU) {
+    if constexpr (SWIGLU) {
         const T *g = x + (size_t)m * 2 * K + (size_t)c * 8;
         raw[0] = lc_ldg16(g);
         raw[1] = lc_ldg16(g + K);
@@ -437,7 +438,7 @@ __device__ __forceinline__ void lc_qact_fetch8(const T *__restrict__ x, int m, i
 template <typename T, bool SWIGLU>
 __device__ __forceinline__ void lc_qact_finish8(const uint4 *raw, const float *__restrict__ smooth, int c,
                                                 float *v) {
-    if (SWIGLU) {
+    if constexpr (SWIGLU) {
         float gf[8], uf[8];
         lc_unpack8<T>(raw[0], gf);
         lc_unpack8<T>(raw[1], uf);
@@ -520,7 +521,8 @@ static cudaError_t lc_quant_act_t(int M, int K, const void *x, const float *smoo
                                   float *sx, cudaStream_t s) {
     /* Few rows (decode): latency — a chunk a thread where the row allows,
      * up to LC_QACT_THREADS threads. Many rows (prefill): bytes in flight —
-     * the keeping kernel holds ~90 registers a thread, so a 512-thread CTA
+     * the keeping kernel holds ~95 registers a thread (~110 with SwiGLU: a
+     * row's loads all in flight), so a 512-thread CTA
      * with one chunk a thread is one CTA and 8 KB of loads an SM (H200: a
      * 2048-token FP8 prefill fell from 1.38x to 1.30x bf16 so); instead as
      * few threads as give each LC_QACT_MAXC chunks, all loaded at once
