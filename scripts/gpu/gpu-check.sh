@@ -60,10 +60,11 @@
 #           1/2/4 over the threads communicator on GPU 0, MoE dummies with
 #           both moe_dispatch forms; two GPUs add the NCCL runs).
 #   tprofile: the throughput shape's steps by kind: TPROFILE_SEQS (512,
-#           at most 1024) requests of 128 prompt + 64 new tokens at as many
-#           sequences a step on the Llama-3-8B shape cut to 8 layers, for
-#           each of TPROFILE_PIPELINES (fp8: FP8 weights + FP8 KV; dummy:
-#           bf16): each kernel's GPU time and DRAM bytes per kind of step,
+#           bench/throughput.sh runs 1024; at most 1024) requests of 128
+#           prompt + 64 new tokens at as many sequences a step on the
+#           Llama-3-8B shape cut to 8 layers, for each of
+#           TPROFILE_PIPELINES (fp8: FP8 weights + FP8 KV; dummy: bf16):
+#           each kernel's GPU time and DRAM bytes per kind of step,
 #           the mixed and the decode steps apart (ncu, warm caches, graphs
 #           off, one pass; ncu-summary.py --by-kind).
 #   kprofile: kernels under ncu where a target waits on a profile: the
