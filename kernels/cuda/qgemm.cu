@@ -410,43 +410,26 @@ extern "C" cudaError_t lc_qgemv(loom_cuda_dt dt, int out_f32, int M, const loom_
 /* -------------------------------------------------- activation quantizer */
 
 #define LC_QACT_MAXC 8      /* 8-element chunks a thread keeps in registers    */
-#define LC_QACT_THREADS 512 /* at most: <= 112 registers x 512 fit the SM's 65536 */
+#define LC_QACT_THREADS 512 /* at most: ~90 registers x 512 fit the SM's 65536 */
 #define LC_QACT_STREAM_M 128 /* rows from which threads are few and chunks many */
 
 /* Eight activations of row m at chunk c: x (M, K) dt, or with SWIGLU
  * silu(g) * u from gu (M, 2K) rounded to dt — loom_cuda_swiglu's expression
  * and rounding, so the codes equal those of swiglu then quantize — each
- * divided by its SmoothQuant factor when there is one. Two halves: the
- * loads (lc_qact_fetch8: x's 16 bytes, or g's and u's) and the arithmetic
- * (lc_qact_finish8), so a thread keeping several chunks issues all their
- * activation loads before any arithmetic (smooth's stay with it: small and
- * shared by every row, so cached). Written as one function, the IEEE divisions
- * (subroutine calls) and the smooth branch between the chunks kept ptxas
- * from hoisting the next chunk's loads: one chunk's 16-32 bytes in flight a
- * thread, the wide SwiGLU quantizer at ~1.2 TB/s on an H100 (ncu, FP8
- * 128/128 mixed steps). */
+ * divided by its SmoothQuant factor when there is one. */
 template <typename T, bool SWIGLU>
-__device__ __forceinline__ void lc_qact_fetch8(const T *__restrict__ x, int m, int c, int K, uint4 *raw) {
-    if constexpr (SWIGLU) {
+__device__ __forceinline__ void lc_qact_load8(const T *__restrict__ x, const float *__restrict__ smooth,
+                                              int m, int c, int K, float *v) {
+    if (SWIGLU) {
         const T *g = x + (size_t)m * 2 * K + (size_t)c * 8;
-        raw[0] = lc_ldg16(g);
-        raw[1] = lc_ldg16(g + K);
-    } else {
-        raw[0] = lc_ldg16(x + (size_t)m * K + (size_t)c * 8);
-    }
-}
-template <typename T, bool SWIGLU>
-__device__ __forceinline__ void lc_qact_finish8(const uint4 *raw, const float *__restrict__ smooth, int c,
-                                                float *v) {
-    if constexpr (SWIGLU) {
         float gf[8], uf[8];
-        lc_unpack8<T>(raw[0], gf);
-        lc_unpack8<T>(raw[1], uf);
+        lc_unpack8<T>(lc_ldg16(g), gf);
+        lc_unpack8<T>(lc_ldg16(g + K), uf);
 #pragma unroll
         for (int e = 0; e < 8; e++) v[e] = lc_silu_mul(gf[e], uf[e]);
         lc_unpack8<T>(lc_pack8<T>(v), v);
     } else {
-        lc_unpack8<T>(raw[0], v);
+        lc_unpack8<T>(lc_ldg16(x + (size_t)m * K + (size_t)c * 8), v);
     }
     if (smooth) {
         const float4 s0 = __ldg(reinterpret_cast<const float4 *>(smooth + (size_t)c * 8));
@@ -458,40 +441,31 @@ __device__ __forceinline__ void lc_qact_finish8(const uint4 *raw, const float *_
 
 /* One CTA per row m; see qgemm.h for the arithmetic. 16-byte loads, the
  * row kept in registers between the max and the quantization (KEEP: at
- * most LC_QACT_MAXC chunks a thread, all loaded at once) or else loaded
- * twice (the second time from L1/L2). 8 codes stored at a time. */
+ * most LC_QACT_MAXC chunks a thread) or else loaded twice (the second time
+ * from L1/L2). 8 codes stored at a time. */
 template <typename T, bool FP8, bool SWIGLU, bool KEEP>
 __global__ void __launch_bounds__(LC_QACT_THREADS) lc_quant_act_kernel(const T *__restrict__ x, const float *__restrict__ smooth,
                                     uint8_t *__restrict__ xq, float *__restrict__ sx, int K) {
     lc_pdl_trigger();
     lc_pdl_wait();
     __shared__ float red[32];
-    constexpr int R = SWIGLU ? 2 : 1; /* 16-byte loads a chunk */
     const int m = blockIdx.x, nc = K / 8;
     uint8_t *qr = xq + (size_t)m * K;
     float v[KEEP ? LC_QACT_MAXC : 1][8];
     float amax = 0.0f;
     if constexpr (KEEP) {
-        uint4 raw[LC_QACT_MAXC][R];
-#pragma unroll
-        for (int j = 0; j < LC_QACT_MAXC; j++) {
-            const int c = threadIdx.x + j * blockDim.x;
-            if (c < nc) lc_qact_fetch8<T, SWIGLU>(x, m, c, K, raw[j]);
-        }
 #pragma unroll
         for (int j = 0; j < LC_QACT_MAXC; j++) {
             const int c = threadIdx.x + j * blockDim.x;
             if (c < nc) {
-                lc_qact_finish8<T, SWIGLU>(raw[j], smooth, c, v[j]);
+                lc_qact_load8<T, SWIGLU>(x, smooth, m, c, K, v[j]);
 #pragma unroll
                 for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(v[j][e]));
             }
         }
     } else {
         for (int c = threadIdx.x; c < nc; c += blockDim.x) {
-            uint4 raw[R];
-            lc_qact_fetch8<T, SWIGLU>(x, m, c, K, raw);
-            lc_qact_finish8<T, SWIGLU>(raw, smooth, c, v[0]);
+            lc_qact_load8<T, SWIGLU>(x, smooth, m, c, K, v[0]);
 #pragma unroll
             for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(v[0][e]));
         }
@@ -508,9 +482,7 @@ __global__ void __launch_bounds__(LC_QACT_THREADS) lc_quant_act_kernel(const T *
         }
     } else {
         for (int c = threadIdx.x; c < nc; c += blockDim.x) {
-            uint4 raw[R];
-            lc_qact_fetch8<T, SWIGLU>(x, m, c, K, raw);
-            lc_qact_finish8<T, SWIGLU>(raw, smooth, c, v[0]);
+            lc_qact_load8<T, SWIGLU>(x, smooth, m, c, K, v[0]);
             lc_qact_store8<FP8>(v[0], sc, inv, qr + (size_t)c * 8);
         }
     }
@@ -521,8 +493,7 @@ static cudaError_t lc_quant_act_t(int M, int K, const void *x, const float *smoo
                                   float *sx, cudaStream_t s) {
     /* Few rows (decode): latency — a chunk a thread where the row allows,
      * up to LC_QACT_THREADS threads. Many rows (prefill): bytes in flight —
-     * the keeping kernel holds ~95 registers a thread (~110 with SwiGLU: a
-     * row's loads all in flight), so a 512-thread CTA
+     * the keeping kernel holds ~90 registers a thread, so a 512-thread CTA
      * with one chunk a thread is one CTA and 8 KB of loads an SM (H200: a
      * 2048-token FP8 prefill fell from 1.38x to 1.30x bf16 so); instead as
      * few threads as give each LC_QACT_MAXC chunks, all loaded at once
