@@ -94,7 +94,9 @@
 #           with its LM head quantized, fp8; an entry CONFIG[:key=value...]
 #           adds --sets, e.g. llama3-8b-int4-head:model.layers=8), AB_REPEATS
 #           rounds (default 1); AB_BATCH=N decodes N at a time instead (2 N
-#           + 1 requests).
+#           + 1 requests). AB_THROUGHPUT="CASE..." (bench/throughput.sh's
+#           DTYPE:IN:OUT:REQUESTS) times those offline cases instead, the
+#           sides' order reversed every other round (new old, old new, ...).
 #   awq:    AWQ / GPTQ / GPTQ-v2 4-bit checkpoints written by
 #           tests/e2e/hf_llama_reference.py --quant (a tiny Llama and the
 #           Llama-3-8B shape with 2 layers, group 128) through the int4
@@ -817,25 +819,41 @@ backend-ab)
       || { echo "FAIL cannot unpack .devpack/old-$n-cuda.so.xz"; exit 1; }
     echo "old $n: $(cat ".devpack/old-$n.rev" 2>/dev/null || echo '?')"
   done
-  bs=${AB_BATCH:-1} # decode batch: 2 bs + 1 requests, bs at a time
-  step "batch-$bs decode, this tree's cuda backend (new) vs $(echo $olds), alternated"
-  for r in $(seq 1 "${AB_REPEATS:-1}"); do
-    for cs in ${AB_CONFIGS:-llama3-8b-dummy llama3-8b-int8-w8a16-head llama3-8b-fp8}; do
-      IFS=: read -ra parts <<< "$cs" # CONFIG[:key=value...], e.g. llama3-8b-int4-head:model.layers=8
-      c=${parts[0]}
-      [ -f "configs/gpu/$c.yaml" ] || { echo "FAIL AB_CONFIGS has '$c': no configs/gpu/$c.yaml"; fails=$((fails + 1)); continue; }
-      sargs=(); for kv in "${parts[@]:1}"; do [ -n "$kv" ] && sargs+=(--set "$kv"); done
-      name=$(echo "$cs" | tr ':/ =' '___-')
-      for side in new $olds; do
-        dir="$LB/plugins"; [ $side != new ] && dir=/tmp/loom-old-$side
-        f="$O/ab-$name-$side-$r"
-        LOOM_PLUGIN_PATH=$dir timeout 200 loom bench configs/gpu/$c.yaml --num-requests $((2 * bs + 1)) --input-len 128 \
-          --output-len 256 --set scheduler.max_num_seqs=$bs "${sargs[@]}" --no-progress --json "$f.json" > "$f.txt" 2>&1 \
-          || { fails=$((fails + 1)); tail -3 "$f.txt"; }
-        echo "$cs $side (round $r): $(grep -E 'TPOT p50' "$f.txt" | tr -s ' ')"
+  if [ -n "${AB_THROUGHPUT:-}" ]; then
+    step "bench/throughput.sh $AB_THROUGHPUT, this tree's cuda backend (new) vs $(echo $olds), alternated"
+    for r in $(seq 1 "${AB_REPEATS:-1}"); do
+      sides="new $olds"; [ $((r % 2)) = 0 ] && sides="$olds new"
+      for c in $AB_THROUGHPUT; do
+        for side in $sides; do
+          dir="$LB/plugins"; [ $side != new ] && dir=/tmp/loom-old-$side
+          f="$O/abt-$(echo "$c" | tr ':/' '__')-$side-$r"
+          LOOM_PLUGIN_PATH=$dir LB=$LB OUT=$f LOOM_RESULTS=$f/results timeout 400 bench/throughput.sh "$c" \
+            > "$f.txt" 2>&1 || { fails=$((fails + 1)); tail -3 "$f.txt"; }
+          echo "$c $side (round $r): $(grep -E '^\| [^ -]' "$f.txt" | tail -1 | tr -s ' ')"
+        done
       done
     done
-  done
+  else
+    bs=${AB_BATCH:-1} # decode batch: 2 bs + 1 requests, bs at a time
+    step "batch-$bs decode, this tree's cuda backend (new) vs $(echo $olds), alternated"
+    for r in $(seq 1 "${AB_REPEATS:-1}"); do
+      for cs in ${AB_CONFIGS:-llama3-8b-dummy llama3-8b-int8-w8a16-head llama3-8b-fp8}; do
+        IFS=: read -ra parts <<< "$cs" # CONFIG[:key=value...], e.g. llama3-8b-int4-head:model.layers=8
+        c=${parts[0]}
+        [ -f "configs/gpu/$c.yaml" ] || { echo "FAIL AB_CONFIGS has '$c': no configs/gpu/$c.yaml"; fails=$((fails + 1)); continue; }
+        sargs=(); for kv in "${parts[@]:1}"; do [ -n "$kv" ] && sargs+=(--set "$kv"); done
+        name=$(echo "$cs" | tr ':/ =' '___-')
+        for side in new $olds; do
+          dir="$LB/plugins"; [ $side != new ] && dir=/tmp/loom-old-$side
+          f="$O/ab-$name-$side-$r"
+          LOOM_PLUGIN_PATH=$dir timeout 200 loom bench configs/gpu/$c.yaml --num-requests $((2 * bs + 1)) --input-len 128 \
+            --output-len 256 --set scheduler.max_num_seqs=$bs "${sargs[@]}" --no-progress --json "$f.json" > "$f.txt" 2>&1 \
+            || { fails=$((fails + 1)); tail -3 "$f.txt"; }
+          echo "$cs $side (round $r): $(grep -E 'TPOT p50' "$f.txt" | tr -s ' ')"
+        done
+      done
+    done
+  fi
   ;;
 awq)
   # tolerances as stage1's bf16 reference (compare_logprobs.py defaults);
