@@ -95,8 +95,10 @@
 #           adds --sets, e.g. llama3-8b-int4-head:model.layers=8), AB_REPEATS
 #           rounds (default 1); AB_BATCH=N decodes N at a time instead (2 N
 #           + 1 requests). AB_THROUGHPUT="CASE..." (bench/throughput.sh's
-#           DTYPE:IN:OUT:REQUESTS) times those offline cases instead, the
-#           sides' order reversed every other round (new old, old new, ...).
+#           DTYPE:IN:OUT:REQUESTS) times those offline cases instead,
+#           AB_REPEATS rounds (default 2 there), the sides' order reversed
+#           every other round (new old, old new, ...); a case and side may
+#           take minutes, so few fit one 10-minute call.
 #   awq:    AWQ / GPTQ / GPTQ-v2 4-bit checkpoints written by
 #           tests/e2e/hf_llama_reference.py --quant (a tiny Llama and the
 #           Llama-3-8B shape with 2 layers, group 128) through the int4
@@ -821,8 +823,8 @@ backend-ab)
   done
   if [ -n "${AB_THROUGHPUT:-}" ]; then
     step "bench/throughput.sh $AB_THROUGHPUT, this tree's cuda backend (new) vs $(echo $olds), alternated"
-    for r in $(seq 1 "${AB_REPEATS:-1}"); do
-      sides="new $olds"; [ $((r % 2)) = 0 ] && sides="$olds new"
+    for r in $(seq 1 "${AB_REPEATS:-2}"); do
+      sides="new $olds"; [ $((r % 2)) = 0 ] && sides=$(printf '%s\n' new $olds | tac | xargs)
       for c in $AB_THROUGHPUT; do
         for side in $sides; do
           dir="$LB/plugins"; [ $side != new ] && dir=/tmp/loom-old-$side
